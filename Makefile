@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# PyTorch's CPU build (a local file on these machines) and Triton, whose interpreter runs our
+# generated kernels on the CPU in the tests.
+TORCH  ?= torch==2.13.0
+TRITON ?= triton==3.9.0
+
+.PHONY: demo test install clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)" "$(TRITON)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,graphviz]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/opgraph demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -n 2 -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

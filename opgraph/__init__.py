@@ -1,0 +1,41 @@
+"""opgraph: an open, debuggable operation-graph library for deep-learning primitives.
+
+Declare tensors and ops on a `Graph`, `build()` an `ExecutionPlan`, `execute()` it on a variant
+pack of buffers. Every graph also runs on the CPU through the reference engine.
+"""
+
+from .dtypes import DataType
+from .device import Device
+from .engines.base import BehaviorNote, EngineConfig, NumericalNote
+from .errors import (
+    AttributeValueError,
+    DataflowError,
+    DataTypeError,
+    DuplicateUIDError,
+    ExecutionError,
+    GraphError,
+    SerializationError,
+    ShapeError,
+    UnsupportedGraphError,
+    VariantPackError,
+)
+from .graph import Graph
+from .heuristics import HeurMode, PieceConfigs
+from .ir import Const, FinalGraph, Node
+from .ops.conv import ConvolutionMode
+from .ops.norm import NormForwardPhase
+from .ops.pointwise import PointwiseMode
+from .ops.pooling import ResampleMode
+from .ops.reduction import ReductionMode
+from .plan import ExecutionPlan
+from .tensor import Tensor, TensorDesc
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
+    "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
+    "FinalGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
+    "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError",
+]

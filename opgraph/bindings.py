@@ -1,0 +1,168 @@
+"""Variant packs: the buffers a plan runs on, keyed by Tensor handle, TensorDesc, UID or name.
+
+Everything is checked before anything runs (unknown, missing or doubly bound tensors; dims,
+strides, type and device of every buffer; outputs overlapping other buffers or read-only), so a
+bad pack raises a VariantPackError naming the tensor and no buffer is written.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Mapping
+
+import numpy as np
+
+from .buffers import BufferInfo, buffer_info
+from .device import Device
+from .errors import VariantPackError
+from .ir import FinalGraph
+from .tensor import Tensor, TensorDesc, storage_extent
+
+
+def resolve_key(graph: FinalGraph, key: Any) -> int:
+    if isinstance(key, Tensor):
+        uid = key.uid
+        if uid is None or uid not in graph.tensors:
+            raise VariantPackError(
+                "the tensor handle is not part of this plan's graph", tensor=key, rule="pack.unknown",
+                hint="bind the tensors of the graph the plan was built from (or use UIDs)",
+            )
+        return uid
+    if isinstance(key, TensorDesc):
+        key = key.uid
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        if int(key) not in graph.tensors:
+            raise VariantPackError(
+                f"UID {int(key)} is not a tensor of this graph", rule="pack.unknown",
+                hint=f"known UIDs: {sorted(graph.tensors)}",
+            )
+        return int(key)
+    if isinstance(key, str):
+        matches = [t.uid for t in graph.tensors.values() if t.name == key]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            names = sorted(t.name for t in graph.tensors.values() if not t.is_virtual and t.name)
+            raise VariantPackError(
+                f"no tensor is named {key!r}", rule="pack.unknown", hint=f"known names: {names}"
+            )
+        raise VariantPackError(
+            f"{len(matches)} tensors are named {key!r} (UIDs {matches})", rule="pack.ambiguous_name",
+            hint="bind them by UID or by tensor handle",
+        )
+    raise VariantPackError(
+        f"a variant pack key must be a Tensor, a UID or a name, got {type(key).__name__}", rule="pack.key",
+        hint="use the tensor handles the builders returned, their .uid, or their names",
+    )
+
+
+def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
+    if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, complex):
+        return value.item() if isinstance(value, np.generic) else value
+    try:
+        info = buffer_info(value)
+    except VariantPackError:
+        info = None
+    if info is not None and info.device == "cpu" and int(np.prod(info.shape)) == 1:
+        return np.asarray(info.obj).reshape(()).item()
+    raise VariantPackError(
+        f"a pass-by-value tensor takes a host number, got {type(value).__name__}", tensor=desc,
+        rule="pack.pass_by_value", hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
+    )
+
+
+def _check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
+    want_device = "cpu" if not device.is_cuda else f"cuda:{device.index}"
+    if info.device != want_device:
+        raise VariantPackError(
+            f"the buffer is on {info.device} but the plan runs on {want_device}", tensor=desc,
+            rule="pack.device", hint=f"move the buffer to {want_device}, or build the plan for {info.device}",
+        )
+    if info.data_type is not desc.data_type:
+        raise VariantPackError(
+            f"the buffer holds {info.data_type.name} but the tensor is {desc.data_type.name}", tensor=desc,
+            rule="pack.dtype", hint=f"bind a {desc.data_type.name} buffer (or change the tensor's data_type)",
+        )
+    if desc.numel == 1 and int(np.prod(info.shape)) == 1:
+        return  # a scalar binds whatever its rank
+    if tuple(info.shape) != desc.dim:
+        raise VariantPackError(
+            f"the buffer has shape {list(info.shape)} but the tensor has dims {list(desc.dim)}", tensor=desc,
+            rule="pack.shape", hint=f"bind a buffer of shape {list(desc.dim)} (reshape or view it)",
+        )
+    for axis, (d, want, got) in enumerate(zip(desc.dim, desc.stride, info.strides)):
+        if d > 1 and want != got:
+            raise VariantPackError(
+                f"the buffer has strides {list(info.strides)} but the tensor has strides {list(desc.stride)} "
+                f"(axis {axis} differs)", tensor=desc, rule="pack.strides",
+                hint="bind a buffer with the declared layout (e.g. .contiguous(memory_format=torch."
+                "channels_last) for NHWC), or declare the tensor with the buffer's strides",
+            )
+
+
+def _span(info: BufferInfo) -> tuple[int, int]:
+    itemsize = info.data_type.itemsize
+    lo = info.ptr + sum(min(0, s) * (d - 1) for d, s in zip(info.shape, info.strides)) * itemsize
+    return lo, lo + storage_extent(info.shape, [abs(s) for s in info.strides]) * itemsize
+
+
+def _overlap(a: BufferInfo, b: BufferInfo) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    if isinstance(a.obj, np.ndarray) and isinstance(b.obj, np.ndarray):
+        return bool(np.shares_memory(a.obj, b.obj, max_work=10**6))
+    return True
+
+
+def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int, Any]:
+    """Check a variant pack against the graph; return {uid: array or device tensor or number}."""
+    if not isinstance(pack, Mapping):
+        raise VariantPackError(
+            f"a variant pack is a dict, got {type(pack).__name__}", rule="pack.type",
+            hint="pass {tensor_or_uid_or_name: buffer, ...}",
+        )
+    values: dict[int, Any] = {}
+    for key, value in pack.items():
+        uid = resolve_key(graph, key)
+        desc = graph.tensors[uid]
+        if desc.is_virtual:
+            raise VariantPackError(
+                "the tensor is virtual (internal to the graph) and cannot be bound", tensor=desc,
+                rule="pack.virtual", hint="mark it with .set_output(True) before building to read it",
+            )
+        if uid in values:
+            raise VariantPackError("the tensor is bound twice (under two keys)", tensor=desc,
+                                   rule="pack.duplicate", hint="bind each tensor once")
+        values[uid] = value
+    required = (*graph.inputs, *graph.outputs)
+    missing = [graph.tensors[u] for u in required if u not in values]
+    if missing:
+        names = ", ".join(f"'{t.name}' (uid {t.uid})" for t in missing)
+        raise VariantPackError(
+            f"the variant pack lacks {len(missing)} tensor(s): {names}", tensor=missing[0], rule="pack.missing",
+            hint="bind every non-virtual input and output of the graph",
+        )
+    out: dict[int, Any] = {}
+    infos: dict[int, BufferInfo] = {}
+    for uid, value in values.items():
+        desc = graph.tensors[uid]
+        if desc.is_pass_by_value:
+            out[uid] = _scalar(value, desc)
+            continue
+        info = buffer_info(value)
+        _check_buffer(info, desc, device)
+        if uid in graph.outputs and isinstance(info.obj, np.ndarray) and not info.obj.flags.writeable:
+            raise VariantPackError("the output buffer is read-only", tensor=desc, rule="pack.readonly",
+                                   hint="bind a writeable array")
+        infos[uid] = info
+        out[uid] = info.obj if device.is_cuda or desc.numel != 1 else info.obj.reshape(desc.dim)
+    for o in graph.outputs:
+        for uid, info in infos.items():
+            if uid != o and _overlap(infos[o], info):
+                raise VariantPackError(
+                    f"the output buffer overlaps the buffer of {graph.tensors[uid].label()}",
+                    tensor=graph.tensors[o], rule="pack.overlap",
+                    hint="give every output its own memory (in-place updates reuse the input's UID)",
+                )
+    return out

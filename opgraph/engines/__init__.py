@@ -1,0 +1,42 @@
+"""Engines by name. An engine module registers itself; `get_engine` finds it.
+
+    reference  NumPy, float64 accumulation, any op on the CPU: the executable specification
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ..errors import UnsupportedGraphError
+from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+
+ENGINES: dict[str, Engine] = {}
+# Engines that live in modules of their own, loaded on first use so that the core imports no
+# GPU library.
+_LAZY = {"reference": ".reference"}
+
+
+def register_engine(engine: Engine) -> Engine:
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def get_engine(name: str) -> Engine:
+    if name not in ENGINES and name in _LAZY:
+        importlib.import_module(_LAZY[name], __name__)
+    if name not in ENGINES:
+        known = ", ".join(sorted(set(ENGINES) | set(_LAZY)))
+        raise UnsupportedGraphError(
+            f"there is no engine named {name!r}", rule="engine.unknown", hint=f"pick from: {known}"
+        )
+    return ENGINES[name]
+
+
+def engine_names() -> list[str]:
+    return sorted(set(ENGINES) | set(_LAZY))
+
+
+__all__ = [
+    "BehaviorNote", "Engine", "EngineConfig", "Kernel", "NumericalNote", "Support", "ENGINES",
+    "register_engine", "get_engine", "engine_names",
+]

@@ -1,0 +1,95 @@
+"""The reference engine: NumPy, float64 arithmetic, every op, on the CPU.
+
+Each op's `reference` method is its definition; this engine only moves data: it reads inputs as
+float64, calls the ops in order, rounds every output to its declared type (virtual tensors
+included: an intermediate declared fp16 is rounded to fp16 here as on the GPU) and writes the
+piece's outputs into their buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..device import Device
+from ..heuristics import HeurMode
+from ..ir import Const, Node
+from ..partition import Piece
+from ..rounding import round_to, to_f64
+from ..tensor import TensorDesc
+from . import register_engine
+from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+
+CONFIG = EngineConfig(
+    "reference",
+    numerical_notes=frozenset({NumericalNote.FP64_ACCUMULATION}),
+    behavior_notes=frozenset({BehaviorNote.HOST_EXECUTION, BehaviorNote.DEVICE_SCALARS}),
+    why="the executable specification; runs any op on the CPU",
+)
+
+
+def load(value: Any, desc: TensorDesc) -> np.ndarray:
+    """A bound buffer (array or pass-by-value number) as float64 in logical dims."""
+    if isinstance(value, np.ndarray):
+        arr = to_f64(value)
+        return arr.reshape(desc.dim) if arr.shape != desc.dim else arr
+    return np.full(desc.dim, float(value), dtype=np.float64)
+
+
+def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.ndarray | None]:
+    """Evaluate one node; `read(uid)` gives an input as float64. Returns outputs rounded to type."""
+    ins: list[np.ndarray | None] = []
+    for v in node.inputs:
+        if v is None:
+            ins.append(None)
+        elif isinstance(v, Const):
+            ins.append(np.asarray(float(v.value), dtype=np.float64))
+        else:
+            ins.append(read(v))
+    outs = [None if u is None else tensors[u] for u in node.outputs]
+    results = node.op.reference(ins, outs)
+    return [None if d is None or r is None else round_to(r, d.data_type) for d, r in zip(outs, results)]
+
+
+class ReferenceKernel(Kernel):
+    def run(self, buffers: Mapping[int, Any], stream: Any = None) -> None:
+        piece = self.piece
+        env: dict[int, np.ndarray] = {}
+
+        def read(uid: int) -> np.ndarray:
+            if uid in env:
+                return to_f64(env[uid])
+            return load(buffers[uid], piece.tensor(uid))
+
+        results: dict[int, np.ndarray] = {}
+        for node in piece.nodes:
+            for uid, value in zip(node.outputs, run_node(node, piece.graph.tensors, read)):
+                if uid is not None and value is not None:
+                    env[uid] = value
+                    if uid in piece.outputs:
+                        results[uid] = value
+        # Outputs are written only once every op ran, so an in-place update reads its old value.
+        for uid, value in results.items():
+            buffers[uid][...] = value
+
+
+class ReferenceEngine(Engine):
+    name = "reference"
+
+    def available(self, device: Device) -> Support:
+        if device.is_cuda:
+            return Support.no("the reference engine runs on the CPU only")
+        return Support.yes()
+
+    def supports(self, piece: Piece, device: Device) -> Support:
+        return self.available(device)
+
+    def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
+        return [CONFIG]
+
+    def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        return ReferenceKernel(piece, config)
+
+
+register_engine(ReferenceEngine())

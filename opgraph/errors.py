@@ -1,0 +1,106 @@
+"""The exception family. Every error names the op, the tensor, the rule it broke and what to do next.
+
+    GraphError                      anything wrong with a graph or its use
+      ShapeError                    dims/strides/rank/broadcasting/geometry
+      DataTypeError                 an unsupported or inconsistent data type
+      AttributeValueError           an op attribute out of range or of the wrong kind
+      DataflowError                 cycles, double producers, dangling tensors, in-place writes
+      DuplicateUIDError             two tensors with one UID
+      SerializationError            a graph or plan file that cannot be read
+      UnsupportedGraphError         no allowed engine runs a piece (names each engine's reason)
+      VariantPackError              a variant pack that does not fit the plan
+      ExecutionError                a failure while running a plan
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def describe_tensor(tensor: Any) -> str:
+    """`'name' (uid N)` for a tensor descriptor or handle; strings pass through."""
+    if tensor is None:
+        return ""
+    if isinstance(tensor, str):
+        return tensor
+    name = getattr(tensor, "name", "") or "<unnamed>"
+    uid = getattr(tensor, "uid", None)
+    return f"tensor '{name}' (uid {uid})" if uid is not None else f"tensor '{name}'"
+
+
+def describe_op(op: Any) -> str:
+    if op is None:
+        return ""
+    if isinstance(op, str):
+        return op
+    label = getattr(op, "label", None)
+    return label() if callable(label) else str(op)
+
+
+class GraphError(Exception):
+    """Base of every opgraph error.
+
+    Attributes: `op` and `tensor` (labels of what is at fault, may be empty), `rule` (a stable id such
+    as ``conv.channels``), `hint` (what to do about it) and `detail` (the message proper).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: Any = None,
+        tensor: Any = None,
+        rule: str = "",
+        hint: str = "",
+    ) -> None:
+        self.detail = message
+        self.op = describe_op(op)
+        self.tensor = describe_tensor(tensor)
+        self.rule = rule
+        self.hint = hint
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ": ".join(part for part in (self.op, self.tensor) if part)
+        text = f"{where}: {self.detail}" if where else self.detail
+        if self.rule:
+            text += f" [rule {self.rule}]"
+        if self.hint:
+            text += f"\n  What to do: {self.hint}"
+        return text
+
+
+class ShapeError(GraphError):
+    pass
+
+
+class DataTypeError(GraphError):
+    pass
+
+
+class AttributeValueError(GraphError):
+    pass
+
+
+class DataflowError(GraphError):
+    pass
+
+
+class DuplicateUIDError(GraphError):
+    pass
+
+
+class SerializationError(GraphError):
+    pass
+
+
+class UnsupportedGraphError(GraphError):
+    pass
+
+
+class VariantPackError(GraphError):
+    pass
+
+
+class ExecutionError(GraphError):
+    pass

@@ -1,0 +1,307 @@
+"""Finalize: from the user's handles to a `FinalGraph`.
+
+1. UIDs: explicit ones must be unique (one exception: an op's output may reuse the UID of an input
+   of the same op, an in-place update, only in a single-op graph); missing ones are assigned.
+2. Dataflow from UIDs: one producer per tensor, topological order whatever order ops were added in,
+   no cycles.
+3. Inference in that order: each op fills in its outputs' dims/strides/types; what the user set
+   must agree.
+4. Checks: every op's own rules, scalar operands, dangling tensors, layouts of outputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from .dtypes import DataType
+from .errors import DataflowError, DuplicateUIDError, GraphError, ShapeError
+from .ir import Const, FinalGraph, Node
+from .ops.base import Draft, NodeContext, TensorSpec, strides_like
+from .tensor import Tensor, TensorDesc, packed_strides, stride_order
+
+if TYPE_CHECKING:
+    from .graph import Graph, OpRecord
+
+
+def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
+    records = g._records
+    if not records:
+        raise GraphError(
+            f"graph '{g.name}' has no ops", rule="graph.empty",
+            hint="add at least one op (e.g. g.conv_fprop(...)) before validate/build",
+        )
+    producer_of = {id(t): i for i, r in enumerate(records) for t in r.outputs if t is not None}
+    uids = _assign_uids(g, records, producer_of)
+    order = _topological_order(records, uids)
+    readers: dict[int, int] = {}
+    for r in records:
+        for v in r.inputs:
+            if isinstance(v, Tensor):
+                readers[uids[id(v)]] = readers.get(uids[id(v)], 0) + 1
+    _check_dangling(g, records, uids, producer_of, readers)
+    descs: dict[int, TensorDesc] = {}
+    for t in g._tensors:
+        if id(t) not in producer_of:
+            descs.setdefault(uids[id(t)], _input_desc(g, t, uids[id(t)]))
+    nodes = [_finalize_node(g, records[i], uids, descs) for i in order]
+    if len(nodes) > 1:
+        for n in nodes:
+            shared = set(n.input_uids()) & set(n.output_uids())
+            if shared:
+                t = descs[shared.pop()]
+                raise DataflowError(
+                    "an op writes the tensor it reads (same UID as input and output) in a graph of "
+                    f"{len(nodes)} ops", op=n.label(), tensor=t, rule="dataflow.inplace",
+                    hint="give the output its own UID; in-place updates are allowed only in single-op graphs",
+                )
+    final = FinalGraph(
+        name=g.name, tensors=descs, nodes=tuple(nodes), io_data_type=g.io_data_type,
+        intermediate_data_type=g.intermediate_data_type, compute_data_type=g.compute_data_type,
+    )
+    return final, uids
+
+
+def _assign_uids(g: Graph, records: list[OpRecord], producer_of: dict[int, int]) -> dict[int, int]:
+    by_uid: dict[int, list[Tensor]] = {}
+    for t in g._tensors:
+        if t._uid is not None:
+            by_uid.setdefault(t._uid, []).append(t)
+    for uid, handles in by_uid.items():
+        if len(handles) > 1 and not _is_inplace_pair(handles, records, producer_of):
+            names = ", ".join(f"'{h.name or '<unnamed>'}'" for h in handles)
+            raise DuplicateUIDError(
+                f"UID {uid} is given to {len(handles)} tensors ({names})", tensor=handles[1],
+                rule="tensor.duplicate_uid",
+                hint="give each tensor its own UID (or leave uid unset to have one assigned); an op may "
+                "reuse its input's UID for its output only for an in-place update",
+            )
+    uids: dict[int, int] = {}
+    next_uid = 1
+    for t in g._tensors:
+        if t._uid is not None:
+            uids[id(t)] = t._uid
+            continue
+        while next_uid in by_uid:
+            next_uid += 1
+        uids[id(t)] = next_uid
+        by_uid[next_uid] = [t]
+    return uids
+
+
+def _is_inplace_pair(handles: list[Tensor], records: list[OpRecord], producer_of: dict[int, int]) -> bool:
+    if len(handles) != 2:
+        return False
+    outs = [h for h in handles if id(h) in producer_of]
+    ins = [h for h in handles if id(h) not in producer_of]
+    if len(outs) != 1 or len(ins) != 1:
+        return False
+    rec = records[producer_of[id(outs[0])]]
+    return any(v is ins[0] for v in rec.inputs) and not ins[0].is_virtual and not outs[0].is_virtual
+
+
+def _topological_order(records: list[OpRecord], uids: dict[int, int]) -> list[int]:
+    producer: dict[int, int] = {}
+    for i, r in enumerate(records):
+        for t in r.outputs:
+            if t is None:
+                continue
+            uid = uids[id(t)]
+            if uid in producer:
+                first = records[producer[uid]]
+                raise DataflowError(
+                    f"the tensor is produced by two ops ('{first.name}' and '{r.name}')",
+                    op=f"{r.op.kind} '{r.name}'", tensor=_label(t, uid), rule="dataflow.two_producers",
+                    hint="each tensor must be written by exactly one op: give one of the outputs another UID",
+                )
+            producer[uid] = i
+    deps: list[set[int]] = []
+    users: list[list[int]] = [[] for _ in records]
+    for i, r in enumerate(records):
+        d = {producer[uids[id(v)]] for v in r.inputs if isinstance(v, Tensor) and uids[id(v)] in producer}
+        d.discard(i)  # an in-place update reads its own output's UID
+        deps.append(d)
+        for p in d:
+            users[p].append(i)
+    pending = [len(d) for d in deps]
+    ready = [i for i, n in enumerate(pending) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(records):
+        stuck = [records[i] for i, n in enumerate(pending) if n > 0]
+        names = ", ".join(f"'{r.name}'" for r in stuck)
+        culprit = next(v for v in stuck[0].inputs if isinstance(v, Tensor) and uids[id(v)] in producer
+                       and records[producer[uids[id(v)]]] in stuck)
+        raise DataflowError(
+            f"the ops {names} form a cycle through their UIDs", op=f"{stuck[0].op.kind} '{stuck[0].name}'",
+            tensor=_label(culprit, uids[id(culprit)]), rule="dataflow.cycle",
+            hint="an op cannot depend on its own output; check the UIDs of the tensors in the cycle",
+        )
+    return order
+
+
+def _label(t: Tensor, uid: int) -> str:
+    return f"tensor '{t.name or '<unnamed>'}' (uid {uid})"
+
+
+def _input_desc(g: Graph, t: Tensor, uid: int) -> TensorDesc:
+    label = _label(t, uid)
+    if t._dim is None:
+        raise ShapeError(
+            "the tensor has no dims", tensor=label, rule="tensor.no_dims",
+            hint="give graph inputs their dims: g.tensor(dim=[...]) or t.set_dim([...])",
+        )
+    stride = t._stride if t._stride is not None else packed_strides(t._dim)
+    _check_stride_rank(t._dim, stride, label)
+    dt = t._data_type or (g.intermediate_data_type if t.is_virtual else g.io_data_type)
+    if t.is_pass_by_value and _numel(t._dim) != 1:
+        raise ShapeError(
+            f"a pass-by-value tensor must hold one value, this one has dims {list(t._dim)}", tensor=label,
+            rule="tensor.pass_by_value",
+            hint="declare pass-by-value scalars with dims [1] (or all ones); pass arrays as ordinary tensors",
+        )
+    return TensorDesc(uid, t.name, t._dim, tuple(stride), dt, t.is_virtual, t.is_pass_by_value)
+
+
+def _numel(dim: tuple[int, ...]) -> int:
+    n = 1
+    for d in dim:
+        n *= d
+    return n
+
+
+def _check_stride_rank(dim: tuple[int, ...], stride: tuple[int, ...], label: str) -> None:
+    if len(stride) != len(dim):
+        raise ShapeError(
+            f"dims {list(dim)} have rank {len(dim)} but strides {list(stride)} have rank {len(stride)}",
+            tensor=label, rule="tensor.stride_rank", hint="give one stride per dim",
+        )
+
+
+def _self_overlapping(dim: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """True when two different indices of the tensor map to one element."""
+    extent = 1
+    for axis in reversed(stride_order(stride)):
+        if dim[axis] == 1:
+            continue
+        if stride[axis] < extent:
+            return True
+        extent = stride[axis] * (dim[axis] - 1) + extent
+    return False
+
+
+def _finalize_node(g: Graph, rec: OpRecord, uids: dict[int, int], descs: dict[int, TensorDesc]) -> Node:
+    op = rec.op
+    label = f"{op.kind} '{rec.name}'"
+    roles = op.input_roles()
+    inputs: list[TensorDesc | Const | None] = []
+    operands: list[int | Const | None] = []
+    for role, v in zip(roles, rec.inputs):
+        if isinstance(v, Tensor):
+            desc = descs[uids[id(v)]]
+            if desc.is_pass_by_value and role not in op.literal_inputs():
+                raise ShapeError(
+                    f"input '{role}' cannot be a pass-by-value scalar", op=label, tensor=desc,
+                    rule="op.pass_by_value", hint=f"pass an ordinary tensor in device memory as '{role}'",
+                )
+            if role in op.scalar_inputs() and desc.numel != 1:
+                raise ShapeError(
+                    f"input '{role}' takes one value, but the tensor has dims {list(desc.dim)}",
+                    op=label, tensor=desc, rule="op.scalar_input",
+                    hint=f"bind a 1-element tensor (dims [1]), a pass-by-value tensor or a Python number as '{role}'",
+                )
+            inputs.append(desc)
+            operands.append(desc.uid)
+        else:
+            inputs.append(v)
+            operands.append(v)
+    drafts = [
+        None if t is None else Draft(uids[id(t)], t.name, t._dim, t._stride, t._data_type, t.is_virtual)
+        for t in rec.outputs
+    ]
+    cdt = rec.compute_data_type or g.compute_data_type
+    ctx = NodeContext(label, roles, inputs, op.output_roles(), drafts, cdt, g.intermediate_data_type)
+    specs = op.infer(ctx)
+    if len(specs) != len(drafts):
+        raise RuntimeError(f"{op.kind}.infer returned {len(specs)} specs for {len(drafts)} outputs")
+    outs: list[TensorDesc | None] = []
+    for role, draft, spec in zip(op.output_roles(), drafts, specs):
+        if draft is None:
+            outs.append(None)
+            continue
+        desc = _merge(g, label, role, draft, spec, inputs)
+        descs[desc.uid] = desc
+        outs.append(desc)
+    check_ctx = NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type)
+    op.check(check_ctx)
+    return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
+
+
+def _merge(
+    g: Graph, label: str, role: str, draft: Draft, spec: TensorSpec, inputs: list[TensorDesc | Const | None]
+) -> TensorDesc:
+    tlabel = draft.label()
+    if draft.dim is not None and spec.dim is not None and tuple(draft.dim) != tuple(spec.dim):
+        raise ShapeError(
+            f"output '{role}' was set to dims {list(draft.dim)} but the op computes dims {list(spec.dim)}",
+            op=label, tensor=tlabel, rule="infer.dims_mismatch",
+            hint=f"remove the set_dim call or set dims {list(spec.dim)}",
+        )
+    dim = draft.dim if draft.dim is not None else spec.dim
+    if dim is None:
+        raise ShapeError(
+            f"the dims of output '{role}' cannot be inferred from the inputs", op=label, tensor=tlabel,
+            rule="infer.dims_unknown", hint="set them on the output with .set_dim([...])",
+        )
+    like = next((t for t in inputs if isinstance(t, TensorDesc) and len(t.dim) == len(dim)), None)
+    stride = draft.stride or spec.stride or strides_like(dim, like)
+    _check_stride_rank(tuple(dim), tuple(stride), tlabel)
+    if _self_overlapping(tuple(dim), tuple(stride)):
+        raise ShapeError(
+            f"output strides {list(stride)} for dims {list(dim)} make different elements share memory",
+            op=label, tensor=tlabel, rule="tensor.overlapping_output",
+            hint="give outputs strides where each element has its own address (e.g. packed strides)",
+        )
+    default = g.intermediate_data_type if draft.is_virtual else g.io_data_type
+    dt: DataType = draft.data_type or spec.data_type or default
+    return TensorDesc(draft.uid or 0, draft.name, tuple(dim), tuple(stride), dt, draft.is_virtual, False)
+
+
+def _check_dangling(
+    g: Graph, records: list[OpRecord], uids: dict[int, int], producer_of: dict[int, int], readers: dict[int, int]
+) -> None:
+    produced = {uids[k] for k in (id(t) for r in records for t in r.outputs if t is not None)}
+    for t in g._tensors:
+        uid = uids[id(t)]
+        label = _label(t, uid)
+        is_produced = id(t) in producer_of
+        read = readers.get(uid, 0) > 0
+        if is_produced and t.is_pass_by_value:
+            raise DataflowError(
+                "an op output cannot be pass-by-value", tensor=label, rule="dataflow.pass_by_value_output",
+                hint="pass-by-value tensors are host scalars given at execute; drop set_is_pass_by_value",
+            )
+        if t.is_virtual and not is_produced and uid not in produced:
+            raise DataflowError(
+                "the virtual tensor is read but no op produces it", tensor=label, rule="dataflow.unproduced_virtual",
+                hint="make it a graph input (is_virtual=False) or produce it with an op",
+            )
+        if t.is_virtual and is_produced and not read:
+            rec = records[producer_of[id(t)]]
+            raise DataflowError(
+                f"the virtual output of '{rec.name}' is never read", tensor=label,
+                op=f"{rec.op.kind} '{rec.name}'", rule="dataflow.unread_virtual",
+                hint="mark it as a graph output with .set_output(True), or stop requesting it",
+            )
+        if not t.is_virtual and not is_produced and not read and uid not in produced:
+            raise DataflowError(
+                "the tensor is declared but no op reads or produces it", tensor=label, rule="dataflow.unused",
+                hint="use it as an op input, or remove it from the graph",
+            )

@@ -1,0 +1,276 @@
+"""`Graph`: where users declare tensors and ops. Op builders (conv_fprop, add, batchnorm, ...) are
+attached from the op modules' registry; validation lives in `finalize.py`, JSON in `serialize.py`,
+planning in `plan.py`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from . import ops as _ops  # noqa: F401  (registers every op family)
+from .dtypes import DataType, as_data_type
+from .errors import GraphError, ShapeError
+from .ir import Const, FinalGraph
+from .ops.base import BUILDERS, Op
+from .tensor import Tensor
+
+if TYPE_CHECKING:
+    from .heuristics import HeurMode, PieceConfigs
+    from .plan import ExecutionPlan
+
+
+@dataclass
+class OpRecord:
+    """An op as the user added it: handles, not UIDs (UIDs may still change until validate)."""
+
+    op: Op
+    name: str
+    inputs: list[Tensor | Const | None]
+    outputs: list[Tensor | None]
+    compute_data_type: DataType | None
+
+
+class Graph:
+    """An operation graph under construction.
+
+    >>> g = Graph(io_data_type=DataType.HALF)
+    >>> x = g.tensor(dim=[8, 16], name="x")
+    >>> y = g.relu(x).set_output(True)
+    """
+
+    def __init__(
+        self,
+        name: str = "",
+        io_data_type: Any = DataType.HALF,
+        intermediate_data_type: Any = DataType.FLOAT,
+        compute_data_type: Any = DataType.FLOAT,
+    ) -> None:
+        self.name = str(name)
+        self.io_data_type = as_data_type(io_data_type, what="io_data_type")
+        self.intermediate_data_type = as_data_type(intermediate_data_type, what="intermediate_data_type")
+        self.compute_data_type = as_data_type(compute_data_type, what="compute_data_type")
+        self._tensors: list[Tensor] = []
+        self._records: list[OpRecord] = []
+        self._final: FinalGraph | None = None
+        self._handle_uid: dict[int, int] = {}  # id(Tensor) -> uid, valid while _final is
+        self._plan: ExecutionPlan | None = None
+
+    # -- tensors ---------------------------------------------------------------------------------
+    def tensor(
+        self,
+        dim: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
+        data_type: Any = None,
+        name: str = "",
+        uid: int | None = None,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+    ) -> Tensor:
+        """Declare a tensor. Strides default to packed row-major over `dim`; the data type defaults to
+        the graph's io_data_type (or intermediate_data_type when virtual)."""
+        t = Tensor(
+            self, dim=dim, stride=stride, data_type=data_type, name=name, uid=uid,
+            is_virtual=is_virtual, is_pass_by_value=is_pass_by_value,
+        )
+        self._tensors.append(t)
+        return t
+
+    def tensor_like(self, like: Any, name: str = "", uid: int | None = None) -> Tensor:
+        """A tensor with the dims, strides and type of a NumPy array, PyTorch tensor or DLPack object.
+        A Python number gives a pass-by-value scalar of the graph's compute type."""
+        from .buffers import buffer_info
+
+        if isinstance(like, numbers.Number) and not isinstance(like, bool):
+            return self.tensor(dim=[1], stride=[1], data_type=self.compute_data_type, name=name, uid=uid,
+                               is_pass_by_value=True)
+        info = buffer_info(like)
+        dim = info.shape or (1,)
+        stride = info.strides or (1,)
+        return self.tensor(dim=dim, stride=stride, data_type=info.data_type, name=name, uid=uid)
+
+    # -- ops ---------------------------------------------------------------------------------------
+    def _operand(self, value: Any, op: Op, role: str, name: str) -> Tensor | Const | None:
+        if value is None:
+            if role not in op.optional_inputs():
+                raise ShapeError(
+                    f"input '{role}' is required", op=f"{op.kind} '{name}'", rule="op.missing_input",
+                    hint=f"pass a tensor as '{role}'",
+                )
+            return None
+        if isinstance(value, Tensor):
+            if value.graph is not self:
+                raise GraphError(
+                    f"input '{role}' belongs to another graph", op=f"{op.kind} '{name}'", tensor=value,
+                    rule="op.foreign_tensor",
+                    hint="declare the tensor in this graph (g.tensor / g.tensor_like); UIDs may repeat "
+                    "across graphs",
+                )
+            return value
+        if isinstance(value, (numbers.Number, np.generic)) and role in op.literal_inputs():
+            v = value.item() if isinstance(value, np.generic) else value
+            return Const(v if isinstance(v, (bool, int)) else float(v))
+        kind = "a tensor or a Python number" if role in op.literal_inputs() else "a tensor"
+        raise ShapeError(
+            f"input '{role}' must be {kind}, got {type(value).__name__} {value!r}",
+            op=f"{op.kind} '{name}'", rule="op.operand",
+            hint=f"pass {kind} made in this graph as '{role}'",
+        )
+
+    def _add_op(
+        self,
+        op: Op,
+        inputs: Sequence[Any],
+        *,
+        name: str = "",
+        compute_data_type: Any = None,
+        outputs: Sequence[str] | None = None,
+        out_handles: Sequence[Tensor | None] | None = None,
+    ) -> list[Tensor | None]:
+        """Record `op` reading `inputs` (one per input role) and return its output handles, one per
+        output role; roles not in `outputs` (default: all) are absent (None). `out_handles` gives
+        existing handles instead (graph loading)."""
+        name = name or f"{op.kind}_{len(self._records)}"
+        roles = op.input_roles()
+        if len(inputs) != len(roles):
+            raise TypeError(f"{op.kind} takes {len(roles)} inputs {roles}, got {len(inputs)}")
+        operands = [self._operand(v, op, r, name) for v, r in zip(inputs, roles)]
+        wanted = set(op.output_roles() if outputs is None else outputs)
+        outs: list[Tensor | None] = []
+        for i, role in enumerate(op.output_roles()):
+            if out_handles is not None:
+                outs.append(out_handles[i])
+            elif role in wanted:
+                t = Tensor(self, name=f"{name}::{role}", is_virtual=True)
+                self._tensors.append(t)
+                outs.append(t)
+            else:
+                outs.append(None)
+        cdt = None if compute_data_type is None else as_data_type(compute_data_type, what="compute_data_type")
+        self._records.append(OpRecord(op, name, operands, outs, cdt))
+        self._invalidate()
+        return outs
+
+    def __getattr__(self, name: str) -> Any:
+        # Builders registered after Graph was defined (e.g. custom ops) are found here.
+        builder = BUILDERS.get(name)
+        if builder is None:
+            raise AttributeError(f"'Graph' has no attribute or op builder '{name}'")
+        return builder.__get__(self, Graph)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(BUILDERS))
+
+    # -- finalize ----------------------------------------------------------------------------------
+    def _invalidate(self) -> None:
+        self._final = None
+        self._handle_uid = {}
+
+    def validate(self) -> Graph:
+        """Derive the dataflow, sort, infer and check everything. Idempotent; raises GraphError."""
+        if self._final is None:
+            from .finalize import finalize
+
+            self._final, self._handle_uid = finalize(self)
+        return self
+
+    @property
+    def final(self) -> FinalGraph:
+        """The validated, frozen graph (validates first if needed)."""
+        self.validate()
+        assert self._final is not None
+        return self._final
+
+    def _inferred(self, t: Tensor):  # -> TensorDesc | None
+        if self._final is None:
+            return None
+        uid = self._handle_uid.get(id(t))
+        return None if uid is None else self._final.tensors.get(uid)
+
+    def key(self) -> str:
+        """A stable hash of the graph (its JSON form)."""
+        from .serialize import graph_key
+
+        return graph_key(self.final)
+
+    # -- JSON -------------------------------------------------------------------------------------
+    def to_json(self, indent: int | None = 2) -> str:
+        from .serialize import graph_to_json
+
+        return graph_to_json(self.final, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        from .serialize import graph_from_json
+
+        return graph_from_json(text)
+
+    # -- plans --------------------------------------------------------------------------------------
+    def engine_configs(
+        self,
+        heur_mode: HeurMode | Sequence[HeurMode] | None = None,
+        device: str | None = None,
+        engines: Sequence[str] | None = None,
+    ) -> list[PieceConfigs]:
+        """Ranked engine configs per piece of the graph, for the given heuristic modes."""
+        from .plan import engine_configs
+
+        return engine_configs(self.final, heur_mode=heur_mode, device=device, engines=engines)
+
+    def build(
+        self,
+        heur_mode: HeurMode | Sequence[HeurMode] | None = None,
+        device: str | None = None,
+        engines: Sequence[str] | None = None,
+        allow_partition: bool = True,
+        autotune: bool = False,
+        **options: Any,
+    ) -> ExecutionPlan:
+        """Validate, partition, choose an engine config per piece and compile: an ExecutionPlan.
+
+        device None picks CUDA when a GPU is usable, else "cpu" (the reference engine)."""
+        from .plan import build_plan
+
+        self._plan = build_plan(
+            self.final, heur_mode=heur_mode, device=device, engines=engines,
+            allow_partition=allow_partition, autotune=autotune, **options,
+        )
+        return self._plan
+
+    def get_workspace_size(self) -> int:
+        return self._require_plan().workspace_size
+
+    def execute(self, variant_pack: dict[Any, Any], workspace: Any = None, **kwargs: Any) -> None:
+        """Run the last plan built with `build`."""
+        self._require_plan().execute(variant_pack, workspace, **kwargs)
+
+    def _require_plan(self) -> ExecutionPlan:
+        if self._plan is None or self._plan.graph != self._final:
+            raise GraphError(
+                "the graph has no plan built since its last change", rule="plan.missing",
+                hint="call g.build() (or g.build(device='cpu')) before g.execute(...)",
+            )
+        return self._plan
+
+    # -- printing -----------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        try:
+            return str(self.final)
+        except GraphError as err:
+            lines = [f"graph '{self.name}' (not valid yet: {err.detail})"]
+            for r in self._records:
+                ins = ", ".join("-" if v is None else str(v) if isinstance(v, Const) else v.label()
+                                for v in r.inputs)
+                lines.append(f"    {r.op.kind} '{r.name}'({ins})")
+            return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<opgraph.Graph '{self.name}': {len(self._tensors)} tensors, {len(self._records)} ops"
+                f"{', validated' if self._final is not None else ''}>")
+
+
+for _name, _builder in BUILDERS.items():
+    setattr(Graph, _name, _builder)

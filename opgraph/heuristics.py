@@ -1,0 +1,73 @@
+"""Heuristic modes and ranking of engine configs per piece.
+
+    INSTANT   rules only, the first config each engine proposes
+    A         rules and the cost model (bytes and math against the device's rates)
+    B         like A; engines may refine with short probes
+    FALLBACK  the broadest configs, which always work (reference on the CPU, op-by-op on the GPU)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from .engines.base import EngineConfig, Support
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .engines.base import Engine
+    from .partition import Piece
+
+
+class HeurMode(enum.Enum):
+    INSTANT = "instant"
+    A = "a"
+    B = "b"
+    FALLBACK = "fallback"
+
+    def __repr__(self) -> str:
+        return f"HeurMode.{self.name}"
+
+
+DEFAULT_MODES = (HeurMode.A, HeurMode.FALLBACK)
+
+
+def as_modes(heur_mode: HeurMode | str | Sequence[HeurMode | str] | None) -> tuple[HeurMode, ...]:
+    if heur_mode is None:
+        return DEFAULT_MODES
+    items = [heur_mode] if isinstance(heur_mode, (HeurMode, str)) else list(heur_mode)
+    return tuple(m if isinstance(m, HeurMode) else HeurMode[str(m).upper()] for m in items)
+
+
+@dataclass(frozen=True)
+class PieceConfigs:
+    """The ranked configs for one piece, and the engines that declined it with their reasons."""
+
+    piece: Piece
+    configs: tuple[EngineConfig, ...]
+    declined: tuple[tuple[str, str], ...]
+
+    def __str__(self) -> str:
+        lines = [f"{self.piece.label()}:"]
+        lines += [f"  {i}. {c}" for i, c in enumerate(self.configs)]
+        lines += [f"  - {name} declined: {why}" for name, why in self.declined]
+        return "\n".join(lines)
+
+
+def rank_configs(
+    piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]
+) -> PieceConfigs:
+    configs: list[EngineConfig] = []
+    declined: list[tuple[str, str]] = []
+    for engine in engines:
+        verdict: Support = engine.supports(piece, device)
+        if not verdict.ok:
+            declined.append((engine.name, verdict.reason))
+    supporting = [e for e in engines if e.name not in {n for n, _ in declined}]
+    for mode in modes:
+        for engine in supporting:
+            for cfg in engine.configs(piece, device, mode):
+                if cfg not in configs:
+                    configs.append(cfg)
+    return PieceConfigs(piece, tuple(configs), tuple(declined))

@@ -1,0 +1,169 @@
+"""The finalized graph: frozen nodes over frozen tensor descriptors, in topological order.
+
+`FinalGraph` is what every later stage (partition, engines, plans, serialization) reads; it is made
+by `Graph.validate()` and never changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
+
+from .dtypes import DataType
+from .tensor import TensorDesc
+
+if TYPE_CHECKING:
+    from .ops.base import Op
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal operand baked into the graph (a Python number given where a tensor may go)."""
+
+    value: float | int | bool
+
+    def __str__(self) -> str:
+        return repr(self.value)
+
+
+Operand = Union[int, Const, None]  # a tensor UID, a literal, or an absent optional input
+
+
+@dataclass(frozen=True)
+class Node:
+    """One op instance: its attributes (`op`), name, compute type and the UIDs it reads and writes.
+
+    `inputs` and `outputs` line up with `op.input_roles()` and `op.output_roles()`.
+    """
+
+    op: Op
+    name: str
+    inputs: tuple[Operand, ...]
+    outputs: tuple[int | None, ...]
+    compute_data_type: DataType
+
+    @property
+    def kind(self) -> str:
+        return self.op.kind
+
+    def label(self) -> str:
+        return f"{self.op.kind} '{self.name}'"
+
+    def input(self, role: str) -> Operand:
+        return self.inputs[self.op.input_roles().index(role)]
+
+    def output(self, role: str) -> int | None:
+        return self.outputs[self.op.output_roles().index(role)]
+
+    def input_uids(self) -> tuple[int, ...]:
+        return tuple(u for u in self.inputs if isinstance(u, int))
+
+    def output_uids(self) -> tuple[int, ...]:
+        return tuple(u for u in self.outputs if u is not None)
+
+    def attr_items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self.op, f.name)) for f in fields(self.op)]
+
+    def render(self, tensors: Mapping[int, TensorDesc]) -> str:
+        def operand(role: str, value: Operand) -> str:
+            if value is None:
+                return ""
+            text = f"%{value}" if isinstance(value, int) else str(value)
+            return f"{role}={text}"
+
+        outs = ", ".join(
+            f"%{u}:{tensors[u].type_str()}" + (f" '{tensors[u].name}'" if tensors[u].name else "")
+            for u in self.output_uids()
+        )
+        args = ", ".join(
+            filter(None, (operand(r, v) for r, v in zip(self.op.input_roles(), self.inputs)))
+        )
+        attrs = " ".join(f"{k}={_fmt(v)}" for k, v in self.attr_items() if v is not None)
+        attrs = f" {{{attrs}}}" if attrs else ""
+        return f"{outs} = {self.op.kind} '{self.name}'({args}){attrs}"
+
+
+def _fmt(value: Any) -> str:
+    if hasattr(value, "name") and hasattr(value, "value") and not isinstance(value, (int, float)):
+        return value.name  # an enum
+    if isinstance(value, tuple):
+        return "(" + ",".join(_fmt(v) for v in value) + ")"
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class FinalGraph:
+    """A validated graph. `nodes` are topologically sorted; `tensors` maps every UID to its descriptor."""
+
+    name: str
+    tensors: Mapping[int, TensorDesc]
+    nodes: tuple[Node, ...]
+    io_data_type: DataType
+    intermediate_data_type: DataType
+    compute_data_type: DataType
+    _producer: Mapping[int, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        producer = {u: i for i, n in enumerate(self.nodes) for u in n.output_uids()}
+        object.__setattr__(self, "_producer", producer)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.nodes))
+
+    @cached_property
+    def inputs(self) -> tuple[int, ...]:
+        """Non-virtual tensors that no op produces: what the variant pack must supply."""
+        return tuple(
+            u for u, t in self.tensors.items() if not t.is_virtual and u not in self._producer
+        )
+
+    @cached_property
+    def outputs(self) -> tuple[int, ...]:
+        """Non-virtual tensors that an op produces: what the variant pack receives."""
+        return tuple(u for u, t in self.tensors.items() if not t.is_virtual and u in self._producer)
+
+    @cached_property
+    def _consumers(self) -> dict[int, tuple[int, ...]]:
+        out: dict[int, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for u in set(n.input_uids()):
+                out.setdefault(u, []).append(i)
+        return {u: tuple(v) for u, v in out.items()}
+
+    def producer(self, uid: int) -> Node | None:
+        i = self._producer.get(uid)
+        return None if i is None else self.nodes[i]
+
+    def producer_index(self, uid: int) -> int | None:
+        return self._producer.get(uid)
+
+    def consumers(self, uid: int) -> tuple[Node, ...]:
+        return tuple(self.nodes[i] for i in self._consumers.get(uid, ()))
+
+    def consumer_indices(self, uid: int) -> tuple[int, ...]:
+        return self._consumers.get(uid, ())
+
+    def tensor(self, key: int | str) -> TensorDesc:
+        if isinstance(key, str):
+            for t in self.tensors.values():
+                if t.name == key:
+                    return t
+            raise KeyError(key)
+        return self.tensors[key]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __str__(self) -> str:
+        head = (
+            f"graph '{self.name}' (io {self.io_data_type.short}, intermediate "
+            f"{self.intermediate_data_type.short}, compute {self.compute_data_type.short})"
+        )
+        lines = [head, "  inputs:"]
+        lines += [f"    {self.tensors[u]}" for u in self.inputs]
+        lines.append("  ops:")
+        lines += [f"    {n.render(self.tensors)}" for n in self.nodes]
+        lines.append("  outputs:")
+        lines += [f"    {self.tensors[u]}" for u in self.outputs]
+        return "\n".join(lines)

@@ -1,0 +1,445 @@
+"""Pointwise ops: one op kind (`pointwise`) whose `mode` picks the math, with NumPy-free broadcasting
+rules of cuDNN (operands of equal rank, 1 in broadcast axes; 1-element tensors and Python numbers
+broadcast to anything).
+
+Formulas (x = input0, y = input1, dy = the loss, i.e. the incoming gradient):
+    ADD x+y   SUB x-y   MUL x*y   DIV x/y   MAX max(x,y)   MIN min(x,y)   POW x**y   MOD fmod(x,y)
+    ADD_SQUARE x + y*y
+    CMP_* 1 where the comparison holds else 0 (BOOLEAN by default); LOGICAL_* on x != 0
+    BINARY_SELECT input2 ? input0 : input1
+    IDENTITY x (a cast to the output type)   RECIPROCAL 1/x   RSQRT 1/sqrt(x)   ... (unary NumPy math)
+    RELU_FWD   lower + negative_slope*(x - lower) if x < lower, min(x, upper_clip) otherwise
+               (lower_clip=0, upper_clip=+inf, negative_slope=0 by default: plain relu; leaky relu
+               with a slope; relu6 with upper_clip=6)
+    RELU_BWD   dy * (1 if lower < x < upper, negative_slope if x <= lower, 0 if x >= upper)
+    ELU_FWD    x if x > 0 else alpha*(exp(x)-1)           ELU_BWD dy * (1 if x > 0 else alpha*exp(x))
+    GELU_FWD   x*Phi(x) (erf form)                        GELU_BWD dy * (Phi(x) + x*phi(x))
+    GELU_APPROX_TANH_FWD 0.5x(1+tanh(k(x+0.044715x^3))), k=sqrt(2/pi), and its exact derivative
+    SOFTPLUS_FWD log1p(exp(beta*x))/beta                  SOFTPLUS_BWD dy * sigmoid(beta*x)
+    SWISH_FWD  x*sigmoid(swish_beta*x)                    SWISH_BWD dy * (s + beta*x*s*(1-s))
+    TANH_BWD   dy*(1-tanh(x)^2)                           SIGMOID_BWD dy*s*(1-s), s = sigmoid(x)
+    GEN_INDEX  the index along `axis` of each element of input0's dims (INT32 by default)
+Backward modes take the forward *input* x (not the forward output), as cuDNN's do.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..dtypes import DataType
+from ..errors import AttributeValueError
+from ..tensor import TensorDesc
+from .base import NodeContext, Op, TensorSpec, broadcast_dims, first_tensor, graph_method, register_op
+
+
+class PointwiseMode(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    MOD = "mod"
+    ADD_SQUARE = "add_square"
+    CMP_EQ = "cmp_eq"
+    CMP_NEQ = "cmp_neq"
+    CMP_GT = "cmp_gt"
+    CMP_GE = "cmp_ge"
+    CMP_LT = "cmp_lt"
+    CMP_LE = "cmp_le"
+    LOGICAL_AND = "logical_and"
+    LOGICAL_OR = "logical_or"
+    LOGICAL_NOT = "logical_not"
+    BINARY_SELECT = "binary_select"
+    IDENTITY = "identity"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    EXP = "exp"
+    LOG = "log"
+    NEG = "neg"
+    ABS = "abs"
+    CEIL = "ceil"
+    FLOOR = "floor"
+    RECIPROCAL = "reciprocal"
+    SIN = "sin"
+    COS = "cos"
+    TAN = "tan"
+    ERF = "erf"
+    TANH_FWD = "tanh"
+    SIGMOID_FWD = "sigmoid"
+    ELU_FWD = "elu"
+    GELU_FWD = "gelu"
+    GELU_APPROX_TANH_FWD = "gelu_approx_tanh"
+    SOFTPLUS_FWD = "softplus"
+    SWISH_FWD = "swish"
+    RELU_FWD = "relu"
+    GEN_INDEX = "gen_index"
+    RELU_BWD = "relu_backward"
+    TANH_BWD = "tanh_backward"
+    SIGMOID_BWD = "sigmoid_backward"
+    ELU_BWD = "elu_backward"
+    GELU_BWD = "gelu_backward"
+    GELU_APPROX_TANH_BWD = "gelu_approx_tanh_backward"
+    SOFTPLUS_BWD = "softplus_backward"
+    SWISH_BWD = "swish_backward"
+
+    def __repr__(self) -> str:
+        return f"PointwiseMode.{self.name}"
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Elementwise erf in float64 (math.erf is exact to double precision)."""
+    return _erf(x)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _phi_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
+    t = np.tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _relu(x: np.ndarray, lower_clip: Any, upper_clip: Any, negative_slope: Any) -> np.ndarray:
+    y = np.minimum(x, upper_clip)
+    return np.where(x < lower_clip, lower_clip + negative_slope * (x - lower_clip), y)
+
+
+def _relu_bwd(dy, x, lower_clip, upper_clip, negative_slope):
+    slope = np.where(x <= lower_clip, negative_slope, np.where(x >= upper_clip, 0.0, 1.0))
+    return dy * slope
+
+
+def _softplus(x, beta):
+    return np.logaddexp(0.0, beta * x) / beta
+
+
+def _swish_bwd(dy, x, swish_beta):
+    s = _sigmoid(swish_beta * x)
+    return dy * (s + swish_beta * x * s * (1.0 - s))
+
+
+def _t(x: np.ndarray) -> np.ndarray:
+    return x != 0
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    arity: int
+    fn: Callable[..., np.ndarray]
+    params: tuple[tuple[str, float], ...] = ()  # scalar parameter roles and their defaults
+    bool_out: bool = False
+
+
+_INF = math.inf
+_RELU_PARAMS = (("lower_clip", 0.0), ("upper_clip", _INF), ("negative_slope", 0.0))
+M = PointwiseMode
+MODES: dict[PointwiseMode, ModeInfo] = {
+    M.ADD: ModeInfo(2, np.add), M.SUB: ModeInfo(2, np.subtract), M.MUL: ModeInfo(2, np.multiply),
+    M.DIV: ModeInfo(2, np.divide), M.MAX: ModeInfo(2, np.maximum), M.MIN: ModeInfo(2, np.minimum),
+    M.POW: ModeInfo(2, np.power), M.MOD: ModeInfo(2, np.fmod),
+    M.ADD_SQUARE: ModeInfo(2, lambda a, b: a + b * b),
+    M.CMP_EQ: ModeInfo(2, np.equal, bool_out=True), M.CMP_NEQ: ModeInfo(2, np.not_equal, bool_out=True),
+    M.CMP_GT: ModeInfo(2, np.greater, bool_out=True), M.CMP_GE: ModeInfo(2, np.greater_equal, bool_out=True),
+    M.CMP_LT: ModeInfo(2, np.less, bool_out=True), M.CMP_LE: ModeInfo(2, np.less_equal, bool_out=True),
+    M.LOGICAL_AND: ModeInfo(2, lambda a, b: _t(a) & _t(b), bool_out=True),
+    M.LOGICAL_OR: ModeInfo(2, lambda a, b: _t(a) | _t(b), bool_out=True),
+    M.LOGICAL_NOT: ModeInfo(1, lambda a: ~_t(a), bool_out=True),
+    M.BINARY_SELECT: ModeInfo(3, lambda a, b, mask: np.where(_t(mask), a, b)),
+    M.IDENTITY: ModeInfo(1, lambda a: a),
+    M.SQRT: ModeInfo(1, np.sqrt), M.RSQRT: ModeInfo(1, lambda a: 1.0 / np.sqrt(a)),
+    M.EXP: ModeInfo(1, np.exp), M.LOG: ModeInfo(1, np.log), M.NEG: ModeInfo(1, np.negative),
+    M.ABS: ModeInfo(1, np.abs), M.CEIL: ModeInfo(1, np.ceil), M.FLOOR: ModeInfo(1, np.floor),
+    M.RECIPROCAL: ModeInfo(1, lambda a: 1.0 / a), M.SIN: ModeInfo(1, np.sin), M.COS: ModeInfo(1, np.cos),
+    M.TAN: ModeInfo(1, np.tan), M.ERF: ModeInfo(1, erf), M.TANH_FWD: ModeInfo(1, np.tanh),
+    M.SIGMOID_FWD: ModeInfo(1, _sigmoid),
+    M.ELU_FWD: ModeInfo(1, lambda x, alpha: np.where(x > 0, x, alpha * np.expm1(x)), (("alpha", 1.0),)),
+    M.GELU_FWD: ModeInfo(1, lambda x: x * _phi_cdf(x)),
+    M.GELU_APPROX_TANH_FWD: ModeInfo(1, _gelu_tanh),
+    M.SOFTPLUS_FWD: ModeInfo(1, _softplus, (("beta", 1.0),)),
+    M.SWISH_FWD: ModeInfo(1, lambda x, swish_beta: x * _sigmoid(swish_beta * x), (("swish_beta", 1.0),)),
+    M.RELU_FWD: ModeInfo(1, _relu, _RELU_PARAMS),
+    M.GEN_INDEX: ModeInfo(1, lambda x: x),  # replaced by the axis logic in Pointwise.reference
+    M.RELU_BWD: ModeInfo(2, _relu_bwd, _RELU_PARAMS),
+    M.TANH_BWD: ModeInfo(2, lambda dy, x: dy * (1.0 - np.tanh(x) ** 2)),
+    M.SIGMOID_BWD: ModeInfo(2, lambda dy, x: dy * _sigmoid(x) * (1.0 - _sigmoid(x))),
+    M.ELU_BWD: ModeInfo(2, lambda dy, x, alpha: dy * np.where(x > 0, 1.0, alpha * np.exp(x)), (("alpha", 1.0),)),
+    M.GELU_BWD: ModeInfo(2, lambda dy, x: dy * (_phi_cdf(x) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))),
+    M.GELU_APPROX_TANH_BWD: ModeInfo(2, lambda dy, x: dy * _gelu_tanh_grad(x)),
+    M.SOFTPLUS_BWD: ModeInfo(2, lambda dy, x, beta: dy * _sigmoid(beta * x), (("beta", 1.0),)),
+    M.SWISH_BWD: ModeInfo(2, _swish_bwd, (("swish_beta", 1.0),)),
+}
+OPERAND_ROLES = ("input0", "input1", "input2")
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Pointwise(Op):
+    """An elementwise op; `mode` selects the formula (see the module docstring)."""
+
+    kind = "pointwise"
+    mode: PointwiseMode
+    axis: int | None = None  # GEN_INDEX only
+
+    @property
+    def info(self) -> ModeInfo:
+        return MODES[self.mode]
+
+    def operand_roles(self) -> tuple[str, ...]:
+        return OPERAND_ROLES[: self.info.arity]
+
+    def input_roles(self) -> tuple[str, ...]:
+        return self.operand_roles() + tuple(p for p, _ in self.info.params)
+
+    def output_roles(self) -> tuple[str, ...]:
+        return ("output",)
+
+    def optional_inputs(self) -> frozenset[str]:
+        return frozenset(p for p, _ in self.info.params)
+
+    def scalar_inputs(self) -> frozenset[str]:
+        return frozenset(p for p, _ in self.info.params)
+
+    def literal_inputs(self) -> frozenset[str]:
+        return frozenset(self.input_roles())
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        dim = broadcast_dims(ctx, self.operand_roles())
+        if self.mode is PointwiseMode.GEN_INDEX:
+            dt: DataType | None = DataType.INT32
+        elif self.info.bool_out:
+            dt = DataType.BOOLEAN
+        else:
+            dt = None
+        like = first_tensor(ctx, self.operand_roles(), dim)
+        from .base import strides_like
+
+        return [TensorSpec(dim, strides_like(dim, like), dt)]
+
+    def check(self, ctx: NodeContext) -> None:
+        if self.mode is PointwiseMode.GEN_INDEX:
+            out = ctx.output("output")
+            assert isinstance(out, TensorDesc)
+            if self.axis is None or not (0 <= self.axis < len(out.dim)):
+                ctx.error(
+                    AttributeValueError, f"gen_index axis={self.axis} is outside the output's rank "
+                    f"{len(out.dim)}", tensor="output", rule="pointwise.gen_index_axis",
+                    hint=f"pick an axis in [0, {len(out.dim) - 1}]",
+                )
+        elif self.axis is not None:
+            ctx.error(AttributeValueError, f"axis is only used by GEN_INDEX, not {self.mode.name}",
+                      rule="pointwise.axis", hint="drop the axis argument")
+
+    def reference(self, ins, outs):
+        out = outs[0]
+        assert out is not None
+        if self.mode is PointwiseMode.GEN_INDEX:
+            shape = [1] * len(out.dim)
+            shape[self.axis] = out.dim[self.axis]  # type: ignore[index]
+            idx = np.arange(out.dim[self.axis], dtype=np.float64).reshape(shape)  # type: ignore[index]
+            return [np.broadcast_to(idx, out.dim)]
+        n = self.info.arity
+        operands = ins[:n]
+        params = {
+            p: (default if v is None else v.reshape(()))
+            for (p, default), v in zip(self.info.params, ins[n:])
+        }
+        with np.errstate(all="ignore"):
+            result = self.info.fn(*operands, **params)
+        return [np.broadcast_to(np.asarray(result, dtype=np.float64), out.dim)]
+
+
+# -- builders (names and keyword arguments as in cuDNN frontend's Python API) -----------------------
+
+
+def _pw(g, mode: PointwiseMode, operands, params=None, *, name, compute_data_type, axis=None):
+    info = MODES[mode]
+    values = dict(params or {})
+    unknown = set(values) - {p for p, _ in info.params}
+    if unknown:
+        raise TypeError(f"{mode.name} takes no parameter(s) {sorted(unknown)}")
+    inputs = list(operands) + [values.get(p) for p, _ in info.params]
+    return g._add_op(Pointwise(mode=mode, axis=axis), inputs, name=name,
+                     compute_data_type=compute_data_type)[0]
+
+
+@graph_method
+def pointwise(self, input0, input1=None, input2=None, *, mode, compute_data_type=None, name="", **params):
+    """Any pointwise mode by enum: ``g.pointwise(x, y, mode=PointwiseMode.ADD)``."""
+    mode = PointwiseMode[mode] if isinstance(mode, str) else mode
+    operands = [input0, input1, input2][: MODES[mode].arity]
+    axis = params.pop("axis", None)
+    return _pw(self, mode, operands, params, name=name, compute_data_type=compute_data_type, axis=axis)
+
+
+def _bind(op: str, names: tuple[str, str], args: tuple, kwargs: dict):
+    """Positional-or-keyword binding of (first, second, compute_data_type, name) with per-mode names."""
+    order = (*names, "compute_data_type", "name")
+    if len(args) > len(order):
+        raise TypeError(f"{op}() takes at most {len(order)} arguments ({len(args)} given)")
+    values = dict(zip(order, args))
+    for k, v in kwargs.items():
+        if k not in order:
+            raise TypeError(f"{op}() got an unexpected keyword argument '{k}' (it takes {', '.join(order)})")
+        if k in values:
+            raise TypeError(f"{op}() got multiple values for argument '{k}'")
+        values[k] = v
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise TypeError(f"{op}() missing required argument(s): {', '.join(missing)}")
+    return (values[names[0]], values[names[1]]), values.get("compute_data_type"), values.get("name", "")
+
+
+def _binary(mode: PointwiseMode, doc: str, first: str = "a", second: str = "b"):
+    def builder(self, *args, **kwargs):
+        (x, y), cdt, name = _bind(mode.value, (first, second), args, kwargs)
+        return _pw(self, mode, [x, y], name=name, compute_data_type=cdt)
+
+    builder.__name__ = mode.value
+    builder.__doc__ = doc
+    P = inspect.Parameter
+    builder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [P("self", P.POSITIONAL_OR_KEYWORD), P(first, P.POSITIONAL_OR_KEYWORD), P(second, P.POSITIONAL_OR_KEYWORD),
+         P("compute_data_type", P.POSITIONAL_OR_KEYWORD, default=None),
+         P("name", P.POSITIONAL_OR_KEYWORD, default="")]
+    )
+    return graph_method(builder)
+
+
+def _unary(mode: PointwiseMode, doc: str, builder_name: str | None = None):
+    def builder(self, input, compute_data_type=None, name=""):
+        return _pw(self, mode, [input], name=name, compute_data_type=compute_data_type)
+
+    builder.__name__ = builder_name or mode.value
+    builder.__doc__ = doc
+    return graph_method(builder)
+
+
+def _backward(mode: PointwiseMode, doc: str):
+    def builder(self, loss, input, compute_data_type=None, name="", **params):
+        return _pw(self, mode, [loss, input], params, name=name, compute_data_type=compute_data_type)
+
+    builder.__name__ = mode.value
+    builder.__doc__ = doc
+    return graph_method(builder)
+
+
+for _mode, _doc in [
+    (M.ADD, "a + b"), (M.SUB, "a - b"), (M.MUL, "a * b"), (M.DIV, "a / b"), (M.ADD_SQUARE, "a + b*b"),
+    (M.LOGICAL_AND, "a && b"), (M.LOGICAL_OR, "a || b"),
+]:
+    _binary(_mode, _doc)
+for _mode, _doc in [(M.MAX, "max(input0, input1)"), (M.MIN, "min(input0, input1)"),
+                    (M.POW, "input0 ** input1"), (M.MOD, "fmod(input0, input1)")]:
+    _binary(_mode, _doc, "input0", "input1")
+for _mode, _doc in [(M.CMP_EQ, "=="), (M.CMP_NEQ, "!="), (M.CMP_GT, ">"), (M.CMP_GE, ">="),
+                    (M.CMP_LT, "<"), (M.CMP_LE, "<=")]:
+    _binary(_mode, f"input {_doc} comparison (BOOLEAN unless typed otherwise)", "input", "comparison")
+
+for _mode, _doc in [
+    (M.LOGICAL_NOT, "!x"), (M.IDENTITY, "x, cast to the output type"), (M.SQRT, "sqrt(x)"),
+    (M.RSQRT, "1/sqrt(x)"), (M.EXP, "exp(x)"), (M.LOG, "log(x)"), (M.NEG, "-x"), (M.ABS, "|x|"),
+    (M.CEIL, "ceil(x)"), (M.FLOOR, "floor(x)"), (M.RECIPROCAL, "1/x"), (M.SIN, "sin(x)"),
+    (M.COS, "cos(x)"), (M.TAN, "tan(x)"), (M.ERF, "erf(x)"), (M.TANH_FWD, "tanh(x)"),
+    (M.SIGMOID_FWD, "1/(1+exp(-x))"), (M.GELU_FWD, "x*Phi(x)"),
+    (M.GELU_APPROX_TANH_FWD, "0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))"),
+]:
+    _unary(_mode, _doc)
+
+for _mode in [M.TANH_BWD, M.SIGMOID_BWD, M.ELU_BWD, M.GELU_BWD, M.GELU_APPROX_TANH_BWD, M.SOFTPLUS_BWD,
+              M.SWISH_BWD]:
+    _backward(_mode, f"{_mode.name}: the gradient of the forward op at input, times loss")
+
+
+@graph_method
+def bias(self, input, bias, compute_data_type=None, name=""):
+    """input + bias (bias broadcast, e.g. dims [1, C, 1, 1])."""
+    return _pw(self, M.ADD, [input, bias], name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def scale(self, input, scale, compute_data_type=None, name=""):
+    """input * scale (scale broadcast, e.g. dims [1, C, 1, 1] or a scalar)."""
+    return _pw(self, M.MUL, [input, scale], name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def binary_select(self, input0, input1, mask, compute_data_type=None, name=""):
+    """mask ? input0 : input1."""
+    return _pw(self, M.BINARY_SELECT, [input0, input1, mask], name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def relu(self, input, negative_slope=None, lower_clip=None, upper_clip=None, compute_data_type=None,
+         name=""):
+    """Clipped, leaky relu (see RELU_FWD). Each parameter: a number, a pass-by-value or 1-element tensor."""
+    params = {"negative_slope": negative_slope, "lower_clip": lower_clip, "upper_clip": upper_clip}
+    return _pw(self, M.RELU_FWD, [input], params, name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def leaky_relu(self, input, negative_slope, compute_data_type=None, name=""):
+    """x if x > 0 else negative_slope * x."""
+    return _pw(self, M.RELU_FWD, [input], {"negative_slope": negative_slope}, name=name,
+               compute_data_type=compute_data_type)
+
+
+@graph_method
+def relu_backward(self, loss, input, negative_slope=None, lower_clip=None, upper_clip=None,
+                  compute_data_type=None, name=""):
+    """loss * relu'(input) (see RELU_BWD)."""
+    params = {"negative_slope": negative_slope, "lower_clip": lower_clip, "upper_clip": upper_clip}
+    return _pw(self, M.RELU_BWD, [loss, input], params, name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def leaky_relu_backward(self, loss, input, negative_slope, compute_data_type=None, name=""):
+    return _pw(self, M.RELU_BWD, [loss, input], {"negative_slope": negative_slope}, name=name,
+               compute_data_type=compute_data_type)
+
+
+@graph_method
+def elu(self, input, compute_data_type=None, name="", *, alpha=None):
+    """x if x > 0 else alpha*(exp(x)-1); alpha (an opgraph extension) defaults to 1."""
+    return _pw(self, M.ELU_FWD, [input], {"alpha": alpha}, name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def softplus(self, input, compute_data_type=None, name="", *, beta=None):
+    """log(1+exp(beta*x))/beta; beta (an opgraph extension) defaults to 1."""
+    return _pw(self, M.SOFTPLUS_FWD, [input], {"beta": beta}, name=name, compute_data_type=compute_data_type)
+
+
+@graph_method
+def swish(self, input, swish_beta=None, compute_data_type=None, name=""):
+    """x*sigmoid(swish_beta*x); swish_beta defaults to 1 (SiLU)."""
+    return _pw(self, M.SWISH_FWD, [input], {"swish_beta": swish_beta}, name=name,
+               compute_data_type=compute_data_type)
+
+
+@graph_method
+def gen_index(self, input, axis, compute_data_type=None, name=""):
+    """The index along `axis` of every element of input's dims (INT32 unless set otherwise)."""
+    return _pw(self, M.GEN_INDEX, [input], name=name, compute_data_type=compute_data_type, axis=int(axis))

@@ -1,0 +1,131 @@
+"""Cutting a finalized graph into pieces, each a connected run of ops that one engine kernel runs.
+
+Pieces are contiguous runs of the topological order, so the pieces' order is always a valid
+execution order and no piece can need another's output before that piece ran. A tensor crossing
+pieces is materialised once (the plan gives it workspace unless it is a graph output); tensors that
+stay inside a piece stay virtual. For every cut the partitioner keeps each engine's reason for not
+extending the piece over it: `describe()` prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from .errors import UnsupportedGraphError
+from .ir import FinalGraph, Node
+from .tensor import TensorDesc
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .engines.base import Engine
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A sub-graph run by one kernel. `inputs` are read from outside it; `outputs` are produced here
+    and needed outside (graph outputs or later pieces); everything else is internal."""
+
+    index: int
+    nodes: tuple[Node, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    graph: FinalGraph = field(compare=False, repr=False)
+
+    def tensor(self, uid: int) -> TensorDesc:
+        return self.graph.tensors[uid]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(n.kind for n in self.nodes)
+
+    def label(self) -> str:
+        return f"piece {self.index} [" + ", ".join(n.name for n in self.nodes) + "]"
+
+    def signature(self) -> str:
+        """A hash of what the piece computes (ops, attributes, tensor shapes, strides and types,
+        roles of its boundary tensors), not of names or UIDs: the key of tuning caches."""
+        renumber: dict[int, int] = {}
+
+        def num(uid: int) -> int:
+            return renumber.setdefault(uid, len(renumber))
+
+        def desc(uid: int) -> list:
+            t = self.tensor(uid)
+            return [num(uid), list(t.dim), list(t.stride), t.data_type.value, t.is_pass_by_value]
+
+        from .serialize import encode_attrs  # late: serialize imports the op registry
+
+        doc = {
+            "in": [desc(u) for u in self.inputs],
+            "nodes": [
+                [n.kind, encode_attrs(n.op), n.compute_data_type.value,
+                 [None if v is None else (num(v) if isinstance(v, int) else repr(v.value)) for v in n.inputs],
+                 [None if u is None else desc(u) for u in n.outputs]]
+                for n in self.nodes
+            ],
+            "out": [num(u) for u in self.outputs],
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Why piece `before` was not extended over the first op of the next piece."""
+
+    before: int
+    node: Node
+    reasons: tuple[tuple[str, str], ...]  # (engine, reason)
+
+
+def make_piece(graph: FinalGraph, index: int, nodes: Sequence[Node]) -> Piece:
+    produced = {u for n in nodes for u in n.output_uids()}
+    members = {id(n) for n in nodes}
+    inputs: list[int] = []
+    for n in nodes:
+        for u in n.input_uids():
+            if u not in produced and u not in inputs:
+                inputs.append(u)
+    outputs = []
+    for u in sorted(produced, key=lambda u: graph.producer_index(u) or 0):
+        t = graph.tensors[u]
+        read_outside = any(id(c) not in members for c in graph.consumers(u))
+        if not t.is_virtual or read_outside:
+            outputs.append(u)
+    return Piece(index, tuple(nodes), tuple(inputs), tuple(outputs), graph)
+
+
+def partition(
+    graph: FinalGraph, engines: Sequence[Engine], device: Device, *, allow_partition: bool = True
+) -> tuple[list[Piece], list[Cut]]:
+    """Greedy: extend the current piece with the next op while some engine supports the result."""
+    groups: list[list[Node]] = []
+    cuts: list[Cut] = []
+    for node in graph.nodes:
+        if groups:
+            candidate = make_piece(graph, len(groups) - 1, [*groups[-1], node])
+            verdicts = [(e.name, e.supports(candidate, device)) for e in engines]
+            if any(v.ok for _, v in verdicts):
+                groups[-1].append(node)
+                continue
+            cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
+        alone = make_piece(graph, len(groups), [node])
+        verdicts = [(e.name, e.supports(alone, device)) for e in engines]
+        if not any(v.ok for _, v in verdicts):
+            reasons = "; ".join(f"{name}: {v.reason}" for name, v in verdicts)
+            raise UnsupportedGraphError(
+                f"no allowed engine runs this op ({reasons})", op=node.label(), rule="engine.no_support",
+                hint="allow another engine (engines=[...]); 'reference' runs every op on the CPU",
+            )
+        groups.append([node])
+    if not allow_partition and len(groups) > 1:
+        cut = cuts[0]
+        reasons = "; ".join(f"{name}: {why}" for name, why in cut.reasons)
+        raise UnsupportedGraphError(
+            f"the graph needs {len(groups)} kernels, and allow_partition=False asks for one; fusion broke "
+            f"at this op ({reasons})", op=cut.node.label(), rule="partition.strict",
+            hint="build with allow_partition=True to run it as several kernels, or change the op",
+        )
+    return [make_piece(graph, i, g) for i, g in enumerate(groups)], cuts

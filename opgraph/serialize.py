@@ -1,0 +1,241 @@
+"""Graph JSON: a versioned, self-describing schema, validated on load.
+
+    {"format": "opgraph.graph", "version": 1, "name": ..., "io_data_type": "HALF", ...,
+     "tensors": [{"uid": 1, "name": "X", "dim": [...], "stride": [...], "data_type": "HALF",
+                  "is_virtual": false, "is_pass_by_value": false}, ...],
+     "ops": [{"op": "pointwise", "name": "relu0", "compute_data_type": "FLOAT",
+              "attrs": {"mode": "RELU_FWD", ...},
+              "inputs": {"input0": 1, "lower_clip": {"const": 0.5}}, "outputs": {"output": 2}}, ...]}
+
+Loading rebuilds a `Graph` through the same builders' machinery and validates it, so a file can
+never produce a graph the API could not.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import types
+import typing
+from dataclasses import fields
+from typing import Any
+
+from .dtypes import as_data_type
+from .errors import GraphError, SerializationError
+from .ir import Const, FinalGraph
+from .ops.base import OPS, Op
+
+FORMAT = "opgraph.graph"
+VERSION = 1
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def encode_attrs(op: Op) -> dict[str, Any]:
+    return {f.name: _encode(getattr(op, f.name)) for f in fields(op)}
+
+
+def _decode(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arm in args:
+            if arm is type(None):
+                continue
+            try:
+                return _decode(value, arm, where)
+            except SerializationError as err:
+                errors.append(err.detail)
+        raise SerializationError(f"{where}: {value!r} fits none of {hint}", rule="json.attr_type")
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise SerializationError(f"{where}: expected a list, got {value!r}", rule="json.attr_type")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise SerializationError(f"{where}: expected {len(args)} items, got {value!r}", rule="json.attr_type")
+        return tuple(_decode(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if not isinstance(value, str) or value not in hint.__members__:
+            raise SerializationError(
+                f"{where}: {value!r} is not one of {list(hint.__members__)}", rule="json.attr_enum"
+            )
+        return hint[value]
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SerializationError(f"{where}: expected a number, got {value!r}", rule="json.attr_type")
+        return float(value)
+    if hint in (int, bool, str):
+        if type(value) is not hint:
+            raise SerializationError(f"{where}: expected {hint.__name__}, got {value!r}", rule="json.attr_type")
+        return value
+    raise SerializationError(f"{where}: cannot decode attributes of type {hint}", rule="json.attr_type")
+
+
+def decode_op(kind: str, attrs: Any, where: str) -> Op:
+    cls = OPS.get(kind)
+    if cls is None:
+        raise SerializationError(
+            f"{where}: unknown op kind {kind!r}", rule="json.op_kind",
+            hint=f"known kinds: {sorted(OPS)} (a custom op must be registered before loading)",
+        )
+    if not isinstance(attrs, dict):
+        raise SerializationError(f"{where}: 'attrs' must be an object", rule="json.attrs")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = set(attrs) - names
+    if unknown:
+        raise SerializationError(f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}", rule="json.attrs")
+    values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
+    try:
+        return cls(**values)
+    except TypeError as err:
+        raise SerializationError(f"{where}: {err}", rule="json.attrs") from None
+
+
+def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
+    def operand(v: Any) -> Any:
+        return {"const": v.value} if isinstance(v, Const) else v
+
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": g.name,
+        "io_data_type": g.io_data_type.name,
+        "intermediate_data_type": g.intermediate_data_type.name,
+        "compute_data_type": g.compute_data_type.name,
+        "tensors": [
+            {"uid": t.uid, "name": t.name, "dim": list(t.dim), "stride": list(t.stride),
+             "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value}
+            for t in g.tensors.values()
+        ],
+        "ops": [
+            {"op": n.kind, "name": n.name, "compute_data_type": n.compute_data_type.name,
+             "attrs": encode_attrs(n.op),
+             "inputs": {r: operand(v) for r, v in zip(n.op.input_roles(), n.inputs) if v is not None},
+             "outputs": {r: u for r, u in zip(n.op.output_roles(), n.outputs) if u is not None}}
+            for n in g.nodes
+        ],
+    }
+
+
+def graph_to_json(g: FinalGraph, indent: int | None = 2) -> str:
+    return json.dumps(graph_to_dict(g), indent=indent)
+
+
+def graph_key(g: FinalGraph) -> str:
+    return hashlib.sha256(json.dumps(graph_to_dict(g), sort_keys=True).encode()).hexdigest()
+
+
+def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
+    if key not in obj:
+        if default is not ...:
+            return default
+        raise SerializationError(f"{where}: missing '{key}'", rule="json.missing_field")
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SerializationError(f"{where}.{key}: expected {kind}, got {value!r}", rule="json.field_type")
+    return value
+
+
+def graph_from_json(text: str | bytes) -> Any:
+    from .graph import Graph
+
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SerializationError(f"not valid JSON: {err}", rule="json.syntax") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SerializationError(
+            f"not an opgraph graph file (format is {doc.get('format') if isinstance(doc, dict) else None!r})",
+            rule="json.format", hint=f"graph files have \"format\": \"{FORMAT}\"",
+        )
+    version = doc.get("version")
+    if version != VERSION:
+        raise SerializationError(
+            f"graph file version {version!r} is not supported (this opgraph reads version {VERSION})",
+            rule="json.version", hint="re-export the graph with this opgraph version",
+        )
+    try:
+        return _load(doc, Graph)
+    except GraphError as err:
+        if isinstance(err, SerializationError):
+            raise
+        raise type(err)(f"in the graph file: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule,
+                        hint=err.hint) from None
+
+
+def _load(doc: dict, graph_cls: Any) -> Any:
+    g = graph_cls(
+        name=_field(doc, "name", str, "graph", ""),
+        io_data_type=as_data_type(_field(doc, "io_data_type", str, "graph")),
+        intermediate_data_type=as_data_type(_field(doc, "intermediate_data_type", str, "graph")),
+        compute_data_type=as_data_type(_field(doc, "compute_data_type", str, "graph")),
+    )
+    handles: dict[int, Any] = {}
+    entries: dict[int, dict] = {}
+    for i, t in enumerate(_field(doc, "tensors", list, "graph")):
+        where = f"tensors[{i}]"
+        if not isinstance(t, dict):
+            raise SerializationError(f"{where}: expected an object", rule="json.tensor")
+        uid = _field(t, "uid", int, where)
+        if uid in entries:
+            raise SerializationError(f"{where}: UID {uid} listed twice", rule="json.duplicate_uid")
+        entries[uid] = t
+        handles[uid] = g.tensor(
+            dim=_field(t, "dim", list, where), stride=_field(t, "stride", list, where),
+            data_type=as_data_type(_field(t, "data_type", str, where)), name=_field(t, "name", str, where, ""),
+            uid=uid, is_virtual=_field(t, "is_virtual", bool, where, False),
+            is_pass_by_value=_field(t, "is_pass_by_value", bool, where, False),
+        )
+    for i, o in enumerate(_field(doc, "ops", list, "graph")):
+        where = f"ops[{i}]"
+        if not isinstance(o, dict):
+            raise SerializationError(f"{where}: expected an object", rule="json.op")
+        op = decode_op(_field(o, "op", str, where), _field(o, "attrs", dict, where, {}), where)
+        ins = _field(o, "inputs", dict, where)
+        outs = _field(o, "outputs", dict, where)
+        for role in (*ins, *outs):
+            if role not in op.input_roles() and role not in op.output_roles():
+                raise SerializationError(f"{where}: {op.kind} has no role '{role}'", rule="json.role")
+
+        def operand(role: str) -> Any:
+            v = ins.get(role)
+            if v is None:
+                return None
+            if isinstance(v, dict) and set(v) == {"const"} and isinstance(v["const"], (int, float, bool)):
+                return v["const"]
+            if isinstance(v, int) and not isinstance(v, bool) and v in handles:
+                return handles[v]
+            raise SerializationError(f"{where}.inputs.{role}: {v!r} is neither a listed UID nor a constant",
+                                     rule="json.operand")
+
+        out_handles = []
+        for role in op.output_roles():
+            uid = outs.get(role)
+            if uid is None:
+                out_handles.append(None)
+                continue
+            if not isinstance(uid, int) or uid not in handles:
+                raise SerializationError(f"{where}.outputs.{role}: {uid!r} is not a listed UID", rule="json.operand")
+            if uid in ins.values():  # an in-place update: the output is a second handle on the UID
+                e = entries[uid]
+                handles_out = g.tensor(dim=e["dim"], stride=e["stride"], data_type=e["data_type"],
+                                       name=e.get("name", ""), uid=uid)
+                out_handles.append(handles_out)
+            else:
+                out_handles.append(handles[uid])
+        g._add_op(op, [operand(r) for r in op.input_roles()], name=_field(o, "name", str, where, ""),
+                  compute_data_type=as_data_type(_field(o, "compute_data_type", str, where)),
+                  out_handles=out_handles)
+    return g.validate()

@@ -1,0 +1,290 @@
+"""Tensors: the mutable handle a user builds with (`Tensor`) and the frozen descriptor a finalized
+graph is made of (`TensorDesc`).
+
+Dims are logical (N, C, spatial... for images; batch..., M, K for matmul); the layout is the strides
+alone, so NHWC is dims [N, C, H, W] with strides [H*W*C, 1, W*C, C].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .dtypes import DataType, as_data_type
+from .errors import ShapeError
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+INT64_MAX = 2**63 - 1
+
+
+def packed_strides(dim: Sequence[int], order: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Strides of a packed tensor. `order` lists axes from outermost to innermost (default: row-major)."""
+    order = list(range(len(dim))) if order is None else list(order)
+    strides = [0] * len(dim)
+    step = 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= max(int(dim[axis]), 1)
+    return tuple(strides)
+
+
+def stride_order(stride: Sequence[int]) -> tuple[int, ...]:
+    """Axes from outermost to innermost by stride (ties keep the logical order)."""
+    return tuple(sorted(range(len(stride)), key=lambda a: (-stride[a], a)))
+
+
+def channels_last_order(rank: int) -> tuple[int, ...]:
+    """N, spatial..., C: the axis order of NHWC / NDHWC / NWC."""
+    return (0, *range(2, rank), 1) if rank >= 3 else tuple(range(rank))
+
+
+def layout_name(dim: Sequence[int], stride: Sequence[int]) -> str:
+    """'nchw' / 'nhwc' style name when the strides are a packed image layout, else the strides."""
+    rank = len(dim)
+    if rank == 0:
+        return "scalar"
+    names = {3: "ncw", 4: "nchw", 5: "ncdhw"}
+    if tuple(stride) == packed_strides(dim):
+        return names.get(rank, "row-major")
+    if rank in names and tuple(stride) == packed_strides(dim, channels_last_order(rank)):
+        base = names[rank]
+        return base[0] + base[2:] + base[1]
+    return "strides[" + ",".join(str(s) for s in stride) + "]"
+
+
+def storage_extent(dim: Sequence[int], stride: Sequence[int]) -> int:
+    """Number of elements a buffer must hold for these dims and strides."""
+    if any(d == 0 for d in dim):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(dim, stride))
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """A fully known tensor of a finalized graph."""
+
+    uid: int
+    name: str
+    dim: tuple[int, ...]
+    stride: tuple[int, ...]
+    data_type: DataType
+    is_virtual: bool = False
+    is_pass_by_value: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.dim)
+
+    @property
+    def nbytes(self) -> int:
+        return storage_extent(self.dim, self.stride) * self.data_type.itemsize
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.numel == 1
+
+    @property
+    def layout(self) -> str:
+        return layout_name(self.dim, self.stride)
+
+    def label(self) -> str:
+        return f"tensor '{self.name or '<unnamed>'}' (uid {self.uid})"
+
+    def type_str(self) -> str:
+        dims = ",".join(str(d) for d in self.dim)
+        text = f"{self.data_type.short}[{dims}]"
+        if len(self.dim) > 1:
+            text += f" {self.layout}"
+        return text
+
+    def __str__(self) -> str:
+        flags = [f for f, on in (("virtual", self.is_virtual), ("by-value", self.is_pass_by_value)) if on]
+        extra = f" ({', '.join(flags)})" if flags else ""
+        return f"%{self.uid} '{self.name}': {self.type_str()}{extra}"
+
+
+def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -> tuple[int, ...]:
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise ShapeError(
+            f"{what} must be a sequence of ints, got {values!r}", tensor=tensor, rule=f"tensor.{what}",
+            hint=f"pass {what} as a list such as [32, 64, 56, 56]",
+        ) from None
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise ShapeError(
+                f"{what} must hold ints, got {values!r}", tensor=tensor, rule=f"tensor.{what}",
+                hint=f"pass {what} as a list of Python ints",
+            )
+        v = int(v)
+        if v < 0 or (v == 0 and not allow_zero) or v > INT64_MAX:
+            raise ShapeError(
+                f"{what} {list(items)} has an entry out of range ({v})", tensor=tensor, rule=f"tensor.{what}",
+                hint="dims must be >= 1 and strides >= 0",
+            )
+        out.append(v)
+    return tuple(out)
+
+
+class Tensor:
+    """A tensor of a graph under construction, as returned by `Graph.tensor` and every op builder.
+
+    Setters return the tensor so they chain: ``y.set_output(True).set_data_type(HALF)``.
+    """
+
+    __slots__ = ("_graph", "_uid", "_name", "_dim", "_stride", "_data_type", "_is_virtual",
+                 "_is_pass_by_value")
+
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        dim: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
+        data_type: Any = None,
+        name: str = "",
+        uid: int | None = None,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+    ) -> None:
+        self._graph = graph
+        self._uid: int | None = None
+        self._name = ""
+        self._dim: tuple[int, ...] | None = None
+        self._stride: tuple[int, ...] | None = None
+        self._data_type: DataType | None = None
+        self._is_virtual = bool(is_virtual)
+        self._is_pass_by_value = bool(is_pass_by_value)
+        self.set_name(name)
+        if uid is not None:
+            self.set_uid(uid)
+        if dim is not None:
+            self.set_dim(dim)
+        if stride is not None:
+            self.set_stride(stride)
+        if data_type is not None:
+            self.set_data_type(data_type)
+
+    # -- read access -------------------------------------------------------------------------
+    @property
+    def graph(self) -> Graph:
+        return self._graph
+
+    def _final_desc(self) -> TensorDesc | None:
+        return self._graph._inferred(self)
+
+    @property
+    def uid(self) -> int | None:
+        """The int64 UID; assigned by `Graph.validate()` when the user set none."""
+        if self._uid is None and (d := self._final_desc()) is not None:
+            return d.uid
+        return self._uid
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> tuple[int, ...] | None:
+        if self._dim is None and (d := self._final_desc()) is not None:
+            return d.dim
+        return self._dim
+
+    @property
+    def stride(self) -> tuple[int, ...] | None:
+        if self._stride is None and (d := self._final_desc()) is not None:
+            return d.stride
+        return self._stride
+
+    @property
+    def data_type(self) -> DataType | None:
+        if self._data_type is None and (d := self._final_desc()) is not None:
+            return d.data_type
+        return self._data_type
+
+    @property
+    def is_virtual(self) -> bool:
+        return self._is_virtual
+
+    @property
+    def is_pass_by_value(self) -> bool:
+        return self._is_pass_by_value
+
+    @property
+    def is_output(self) -> bool:
+        return not self._is_virtual
+
+    def get_uid(self) -> int | None:
+        return self.uid
+
+    def get_name(self) -> str:
+        return self._name
+
+    def get_dim(self) -> list[int] | None:
+        return None if self.dim is None else list(self.dim)
+
+    def get_stride(self) -> list[int] | None:
+        return None if self.stride is None else list(self.stride)
+
+    def get_data_type(self) -> DataType | None:
+        return self.data_type
+
+    def label(self) -> str:
+        uid = "unassigned" if self.uid is None else self.uid
+        return f"tensor '{self._name or '<unnamed>'}' (uid {uid})"
+
+    # -- chainable setters ---------------------------------------------------------------------
+    def _touch(self) -> Tensor:
+        self._graph._invalidate()
+        return self
+
+    def set_output(self, is_output: bool = True) -> Tensor:
+        """Mark a tensor as a graph output (non-virtual, bound in the variant pack) or back to virtual."""
+        self._is_virtual = not bool(is_output)
+        return self._touch()
+
+    def set_is_virtual(self, is_virtual: bool = True) -> Tensor:
+        self._is_virtual = bool(is_virtual)
+        return self._touch()
+
+    def set_is_pass_by_value(self, is_pass_by_value: bool = True) -> Tensor:
+        self._is_pass_by_value = bool(is_pass_by_value)
+        return self._touch()
+
+    def set_uid(self, uid: int) -> Tensor:
+        if isinstance(uid, bool) or not hasattr(uid, "__index__") or not (0 <= int(uid) <= INT64_MAX):
+            from .errors import DuplicateUIDError
+
+            raise DuplicateUIDError(
+                f"UID must be an int in [0, 2**63 - 1], got {uid!r}", tensor=self, rule="tensor.uid",
+                hint="pick a non-negative int64 UID, or leave uid=None to have one assigned",
+            )
+        self._uid = int(uid)
+        return self._touch()
+
+    def set_name(self, name: str) -> Tensor:
+        self._name = str(name)
+        return self._touch()
+
+    def set_dim(self, dim: Sequence[int]) -> Tensor:
+        self._dim = _check_int_tuple(dim, "dim", self, allow_zero=False)
+        return self._touch()
+
+    def set_stride(self, stride: Sequence[int]) -> Tensor:
+        self._stride = _check_int_tuple(stride, "stride", self, allow_zero=True)
+        return self._touch()
+
+    def set_data_type(self, data_type: Any) -> Tensor:
+        self._data_type = as_data_type(data_type)
+        return self._touch()
+
+    def __repr__(self) -> str:
+        dims = "?" if self._dim is None else ",".join(str(d) for d in self._dim)
+        dt = "?" if self._data_type is None else self._data_type.short
+        kind = "virtual" if self._is_virtual else "io"
+        return f"<Tensor {self.label()} {dt}[{dims}] {kind}>"

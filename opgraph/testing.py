@@ -1,0 +1,127 @@
+"""Helpers to check plans against the reference engine: buffers with a tensor's exact layout,
+random non-zero inputs, poisoned outputs, per-dtype tolerances and a comparison that names the
+tensor and the worst element. The tests, `opgraph run` and `opgraph demo` use them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .dtypes import DataType
+from .ir import FinalGraph
+from .tensor import TensorDesc, storage_extent
+
+# (relative, absolute) tolerance of an engine's result against the float64 reference, by output type
+TOLERANCE: dict[DataType, tuple[float, float]] = {
+    DataType.DOUBLE: (1e-10, 1e-12),
+    DataType.FLOAT: (1e-4, 1e-5),
+    DataType.HALF: (4e-3, 2e-3),
+    DataType.BFLOAT16: (3e-2, 1.6e-2),
+    DataType.FP8_E4M3: (1.3e-1, 6e-2),
+    DataType.FP8_E5M2: (2.6e-1, 1.2e-1),
+}
+
+
+def empty_like_desc(desc: TensorDesc) -> np.ndarray:
+    """An uninitialised NumPy array with exactly the descriptor's dims and strides."""
+    itemsize = desc.data_type.itemsize
+    base = np.empty(max(storage_extent(desc.dim, desc.stride), 1), dtype=desc.data_type.numpy)
+    return np.lib.stride_tricks.as_strided(base, shape=desc.dim, strides=[s * itemsize for s in desc.stride])
+
+
+def poison(arr: np.ndarray) -> np.ndarray:
+    """Fill with a value no correct kernel writes: NaN for floats, the max for ints, True for bools."""
+    dt = arr.dtype
+    if dt == np.bool_:
+        arr[...] = True
+    elif np.issubdtype(dt, np.integer):
+        arr[...] = np.iinfo(dt).max
+    else:
+        arr[...] = np.nan
+    return arr
+
+
+def random_values(desc: TensorDesc, rng: np.random.Generator, *, low: float = -2.0, high: float = 2.0,
+                  integers: bool = False) -> np.ndarray:
+    """Random non-zero data of the tensor's type and layout. `integers` draws small integers, which
+    every float type holds exactly (so low-precision results can be compared exactly)."""
+    arr = empty_like_desc(desc)
+    dt = desc.data_type
+    if dt is DataType.BOOLEAN:
+        arr[...] = rng.random(desc.dim) < 0.5
+    elif dt.is_integer:
+        lo, hi = (1, 8) if dt is DataType.UINT8 else (-8, 8)
+        vals = rng.integers(lo, hi, size=desc.dim)
+        arr[...] = np.where(vals == 0, 1, vals)
+    else:
+        if integers:
+            vals = rng.integers(int(low), int(high) + 1, size=desc.dim).astype(np.float64)
+            vals[vals == 0] = 1.0
+        else:
+            vals = rng.uniform(low, high, size=desc.dim)
+            vals = np.where(np.abs(vals) < 1e-3, 0.5, vals)
+        arr[...] = vals.astype(dt.numpy)
+    return arr
+
+
+def random_pack(graph: FinalGraph, rng: np.random.Generator, **kw: Any) -> dict[int, Any]:
+    """Random inputs and poisoned outputs for every non-virtual tensor of the graph, keyed by UID.
+    Pass-by-value scalars get Python floats in (0.1, 1)."""
+    pack: dict[int, Any] = {}
+    for uid in graph.inputs:
+        t = graph.tensors[uid]
+        if t.is_pass_by_value:
+            pack[uid] = float(rng.uniform(0.1, 1.0))
+        else:
+            pack[uid] = random_values(t, rng, **kw)
+    for uid in graph.outputs:
+        pack[uid] = poison(empty_like_desc(graph.tensors[uid]))
+    return pack
+
+
+def reference_outputs(graph: FinalGraph, pack: Mapping[int, Any]) -> dict[int, np.ndarray]:
+    """Run the graph on the reference engine over copies of `pack`'s inputs; outputs by UID."""
+    from .plan import build_plan
+
+    plan = build_plan(graph, device="cpu", engines=["reference"])
+    ref = {u: (v.copy() if isinstance(v, np.ndarray) else v) for u, v in pack.items()}
+    for uid in graph.outputs:
+        ref[uid] = poison(empty_like_desc(graph.tensors[uid]))
+    plan.execute(ref)
+    return {u: ref[u] for u in graph.outputs}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    tensor: TensorDesc
+    worst_index: tuple[int, ...]
+    got: float
+    want: float
+    max_abs_err: float
+    unwritten: int  # elements still holding the poison
+
+    def __str__(self) -> str:
+        text = (f"{self.tensor.label()}: max |err| {self.max_abs_err:.3g} at {list(self.worst_index)} "
+                f"(got {self.got!r}, want {self.want!r})")
+        return text + (f"; {self.unwritten} element(s) never written" if self.unwritten else "")
+
+
+def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, *, rtol: float | None = None,
+            atol: float | None = None) -> Mismatch | None:
+    """None when `got` matches `want` within the type's tolerance (NaN where the reference has NaN)."""
+    g = np.asarray(got).astype(np.float64)
+    w = np.asarray(want).astype(np.float64)
+    r, a = TOLERANCE.get(desc.data_type, (0.0, 0.0))
+    r = r if rtol is None else rtol
+    a = a if atol is None else atol
+    both_nan = np.isnan(g) & np.isnan(w)
+    same_inf = np.isinf(w) & (g == w)
+    bad = ~(both_nan | same_inf | (np.abs(g - w) <= a + r * np.abs(w)))
+    if not bad.any():
+        return None
+    err = np.where(bad, np.nan_to_num(np.abs(g - w), nan=np.inf), 0.0)
+    idx = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
+    unwritten = int((np.isnan(g) & ~np.isnan(w)).sum()) if desc.data_type.is_floating else 0
+    return Mismatch(desc, tuple(int(i) for i in idx), float(g[idx]), float(w[idx]), float(err.max()), unwritten)
