@@ -7,6 +7,7 @@ bad pack raises a VariantPackError naming the tensor and no buffer is written.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Mapping
 
@@ -14,17 +15,19 @@ import numpy as np
 
 from .buffers import BufferInfo, buffer_info
 from .device import Device
-from .errors import VariantPackError
+from .errors import GraphError, VariantPackError
 from .ir import FinalGraph
+from .rounding import round_to
 from .tensor import Tensor, TensorDesc, storage_extent
 
 
 def resolve_key(graph: FinalGraph, key: Any) -> int:
     if isinstance(key, Tensor):
-        uid = key.uid
-        if uid is None or uid not in graph.tensors:
+        uid = graph.handle_uid(key)
+        if uid is None:
             raise VariantPackError(
-                "the tensor handle is not part of this plan's graph", tensor=key, rule="pack.unknown",
+                "the tensor handle is not part of the graph this plan was built from", tensor=key,
+                rule="pack.unknown",
                 hint="bind the tensors of the graph the plan was built from (or use UIDs)",
             )
         return uid
@@ -57,18 +60,30 @@ def resolve_key(graph: FinalGraph, key: Any) -> int:
 
 
 def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
-    if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, complex):
-        return value.item() if isinstance(value, np.generic) else value
+    """The host value of a pass-by-value tensor, as a value of its declared type."""
+    if isinstance(value, (numbers.Real, np.bool_)):
+        v = value.item() if isinstance(value, np.generic) else value
+    else:
+        try:
+            info = buffer_info(value)
+        except GraphError:
+            info = None
+        if info is None or info.device != "cpu" or int(np.prod(info.shape)) != 1:
+            raise VariantPackError(
+                f"a pass-by-value tensor takes a host number, got {type(value).__name__}", tensor=desc,
+                rule="pack.pass_by_value", hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
+            )
+        v = np.asarray(info.obj).reshape(()).item()
+    # the tensor holds a value of its type, as a 1-element buffer of that type would
+    dt = desc.data_type
+    if dt.is_integer and isinstance(v, int):
+        info_ = np.iinfo(dt.numpy)
+        return min(max(int(v), int(info_.min)), int(info_.max))
     try:
-        info = buffer_info(value)
-    except VariantPackError:
-        info = None
-    if info is not None and info.device == "cpu" and int(np.prod(info.shape)) == 1:
-        return np.asarray(info.obj).reshape(()).item()
-    raise VariantPackError(
-        f"a pass-by-value tensor takes a host number, got {type(value).__name__}", tensor=desc,
-        rule="pack.pass_by_value", hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
-    )
+        f = float(v)
+    except OverflowError:
+        f = math.inf if v > 0 else -math.inf
+    return round_to(np.asarray(f), dt).item()
 
 
 def _check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
@@ -111,8 +126,16 @@ def _overlap(a: BufferInfo, b: BufferInfo) -> bool:
     if a1 <= b0 or b1 <= a0:
         return False
     if isinstance(a.obj, np.ndarray) and isinstance(b.obj, np.ndarray):
-        return bool(np.shares_memory(a.obj, b.obj, max_work=10**6))
+        return arrays_overlap(a.obj, b.obj)
     return True
+
+
+def arrays_overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays share an element (True when NumPy cannot decide within its budget)."""
+    try:
+        return bool(np.shares_memory(a, b, max_work=10**6))
+    except np.exceptions.TooHardError:
+        return True
 
 
 def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int, Any]:
@@ -150,7 +173,11 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int
         if desc.is_pass_by_value:
             out[uid] = _scalar(value, desc)
             continue
-        info = buffer_info(value)
+        try:
+            info = buffer_info(value)
+        except GraphError as err:  # not a buffer, or one of a type opgraph does not know: name the tensor
+            raise VariantPackError(err.detail, tensor=desc, rule=err.rule if isinstance(err, VariantPackError)
+                                   else "pack.dtype", hint=err.hint) from None
         _check_buffer(info, desc, device)
         if uid in graph.outputs and isinstance(info.obj, np.ndarray) and not info.obj.flags.writeable:
             raise VariantPackError("the output buffer is read-only", tensor=desc, rule="pack.readonly",

@@ -50,6 +50,11 @@ def buffer_info(obj: Any) -> BufferInfo:
     """Describe any supported buffer; raise VariantPackError for anything else."""
     if isinstance(obj, np.ndarray):
         itemsize = obj.dtype.itemsize
+        if any(s % itemsize for s, d in zip(obj.strides, obj.shape) if d > 1):
+            raise VariantPackError(
+                f"the array's byte strides {list(obj.strides)} are not multiples of its element size {itemsize}",
+                rule="pack.strides", hint="bind an array whose elements are aligned (e.g. np.ascontiguousarray)",
+            )
         return BufferInfo(
             tuple(obj.shape), tuple(s // itemsize for s in obj.strides), as_data_type(obj.dtype),
             "cpu", obj.__array_interface__["data"][0], obj,

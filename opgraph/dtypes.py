@@ -112,6 +112,8 @@ def as_data_type(value: Any, *, what: str = "data_type") -> DataType:
                 return dt
         if low in _ALIASES:
             return _ALIASES[low]
+    elif value is None:
+        pass  # np.dtype(None) would say float64
     elif type(value).__module__ == "torch":  # a torch.dtype, without importing torch
         name = str(value).removeprefix("torch.")
         if name in _FROM_TORCH_NAME:

@@ -1,7 +1,10 @@
 """Finalize: from the user's handles to a `FinalGraph`.
 
-1. UIDs: explicit ones must be unique (one exception: an op's output may reuse the UID of an input
-   of the same op, an in-place update, only in a single-op graph); missing ones are assigned.
+1. UIDs: explicit ones must be unique, with one exception: an op output may share its UID with one
+   declared (not produced) handle, which then stands for that output. That is a forward reference
+   (declare a tensor with a UID, read it, produce it later with an op whose output gets the UID) or,
+   when the producing op reads that handle itself, an in-place update (single-op graphs only).
+   Missing UIDs are assigned.
 2. Dataflow from UIDs: one producer per tensor, topological order whatever order ops were added in,
    no cycles.
 3. Inference in that order: each op fills in its outputs' dims/strides/types; what the user set
@@ -15,7 +18,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from .dtypes import DataType
-from .errors import DataflowError, DuplicateUIDError, GraphError, ShapeError
+from .errors import DataflowError, DataTypeError, DuplicateUIDError, GraphError, ShapeError
 from .ir import Const, FinalGraph, Node
 from .ops.base import Draft, NodeContext, TensorSpec, strides_like
 from .tensor import Tensor, TensorDesc, packed_strides, stride_order
@@ -31,8 +34,14 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
             f"graph '{g.name}' has no ops", rule="graph.empty",
             hint="add at least one op (e.g. g.conv_fprop(...)) before validate/build",
         )
+    for r in records:
+        if all(t is None for t in r.outputs):
+            raise DataflowError(
+                "the op produces no output", op=f"{r.op.kind} '{r.name}'", rule="dataflow.no_output",
+                hint=f"give it at least one of its outputs {list(r.op.output_roles())}",
+            )
     producer_of = {id(t): i for i, r in enumerate(records) for t in r.outputs if t is not None}
-    uids = _assign_uids(g, records, producer_of)
+    uids, aliases, inplace = _assign_uids(g, records, producer_of)
     order = _topological_order(records, uids)
     readers: dict[int, int] = {}
     for r in records:
@@ -42,9 +51,12 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
     _check_dangling(g, records, uids, producer_of, readers)
     descs: dict[int, TensorDesc] = {}
     for t in g._tensors:
-        if id(t) not in producer_of:
-            descs.setdefault(uids[id(t)], _input_desc(g, t, uids[id(t)]))
-    nodes = [_finalize_node(g, records[i], uids, descs) for i in order]
+        uid = uids[id(t)]
+        # A forward reference gets its descriptor from its producer; an in-place input is read
+        # before it is overwritten, so it is described like any graph input.
+        if id(t) not in producer_of and (uid not in aliases or uid in inplace):
+            descs.setdefault(uid, _input_desc(g, t, uid))
+    nodes = [_finalize_node(g, records[i], uids, descs, aliases) for i in order]
     if len(nodes) > 1:
         for n in nodes:
             shared = set(n.input_uids()) & set(n.output_uids())
@@ -58,24 +70,59 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
     final = FinalGraph(
         name=g.name, tensors=descs, nodes=tuple(nodes), io_data_type=g.io_data_type,
         intermediate_data_type=g.intermediate_data_type, compute_data_type=g.compute_data_type,
+        handles={id(t): (t, uids[id(t)]) for t in g._tensors},
     )
     return final, uids
 
 
-def _assign_uids(g: Graph, records: list[OpRecord], producer_of: dict[int, int]) -> dict[int, int]:
+def _assign_uids(
+    g: Graph, records: list[OpRecord], producer_of: dict[int, int]
+) -> tuple[dict[int, int], dict[int, Tensor], set[int]]:
+    """UIDs of every handle, the declared handles that stand for an op output (by UID), and the
+    UIDs updated in place."""
     by_uid: dict[int, list[Tensor]] = {}
     for t in g._tensors:
         if t._uid is not None:
             by_uid.setdefault(t._uid, []).append(t)
+    aliases: dict[int, Tensor] = {}
+    inplace: set[int] = set()
     for uid, handles in by_uid.items():
-        if len(handles) > 1 and not _is_inplace_pair(handles, records, producer_of):
+        if len(handles) < 2:
+            continue
+        declared = [h for h in handles if id(h) not in producer_of]
+        produced = [h for h in handles if id(h) in producer_of]
+        if len(declared) > 1 or not produced:
             names = ", ".join(f"'{h.name or '<unnamed>'}'" for h in handles)
             raise DuplicateUIDError(
-                f"UID {uid} is given to {len(handles)} tensors ({names})", tensor=handles[1],
+                f"UID {uid} is given to {len(handles)} tensors ({names})", tensor=_label(handles[1], uid),
                 rule="tensor.duplicate_uid",
-                hint="give each tensor its own UID (or leave uid unset to have one assigned); an op may "
-                "reuse its input's UID for its output only for an in-place update",
+                hint="give each tensor its own UID (or leave uid unset to have one assigned); a declared "
+                "tensor may share its UID only with the op output it stands for",
             )
+        if not declared or len(produced) > 1:
+            continue  # several producers: the dataflow check names the tensor produced twice
+        ref, out = declared[0], produced[0]
+        rec = records[producer_of[id(out)]]
+        if any(v is ref for v in rec.inputs):
+            if ref.is_virtual or out.is_virtual:
+                raise DataflowError(
+                    f"'{rec.name}' updates a virtual tensor in place (input '{ref.name or '<unnamed>'}' "
+                    f"and output '{out.name or '<unnamed>'}' share UID {uid})", op=f"{rec.op.kind} '{rec.name}'",
+                    tensor=_label(ref, uid), rule="dataflow.inplace",
+                    hint="an in-place update reads and writes a bound buffer: make both handles "
+                    "non-virtual (set_output(True) on the output), or give the output its own UID",
+                )
+            inplace.add(uid)
+        elif ref.is_virtual != out.is_virtual:
+            which = "virtual" if ref.is_virtual else "non-virtual"
+            raise DataflowError(
+                f"the declared tensor is {which} but the output of '{rec.name}' that shares its UID {uid} "
+                f"('{out.name or '<unnamed>'}') is not", op=f"{rec.op.kind} '{rec.name}'",
+                tensor=_label(ref, uid), rule="tensor.uid_alias",
+                hint="a declared tensor that shares its UID with an op output stands for that output: "
+                "declare both virtual, or both non-virtual (set_output(True) on the output)",
+            )
+        aliases[uid] = ref
     uids: dict[int, int] = {}
     next_uid = 1
     for t in g._tensors:
@@ -86,18 +133,7 @@ def _assign_uids(g: Graph, records: list[OpRecord], producer_of: dict[int, int])
             next_uid += 1
         uids[id(t)] = next_uid
         by_uid[next_uid] = [t]
-    return uids
-
-
-def _is_inplace_pair(handles: list[Tensor], records: list[OpRecord], producer_of: dict[int, int]) -> bool:
-    if len(handles) != 2:
-        return False
-    outs = [h for h in handles if id(h) in producer_of]
-    ins = [h for h in handles if id(h) not in producer_of]
-    if len(outs) != 1 or len(ins) != 1:
-        return False
-    rec = records[producer_of[id(outs[0])]]
-    return any(v is ins[0] for v in rec.inputs) and not ins[0].is_virtual and not outs[0].is_virtual
+    return uids, aliases, inplace
 
 
 def _topological_order(records: list[OpRecord], uids: dict[int, int]) -> list[int]:
@@ -135,13 +171,21 @@ def _topological_order(records: list[OpRecord], uids: dict[int, int]) -> list[in
             if pending[u] == 0:
                 heapq.heappush(ready, u)
     if len(order) != len(records):
-        stuck = [records[i] for i, n in enumerate(pending) if n > 0]
-        names = ", ".join(f"'{r.name}'" for r in stuck)
-        culprit = next(v for v in stuck[0].inputs if isinstance(v, Tensor) and uids[id(v)] in producer
-                       and records[producer[uids[id(v)]]] in stuck)
+        # Every op left waits on another one left: walking back along those waits closes a cycle.
+        stuck = {i for i, n in enumerate(pending) if n > 0}
+        walk: list[int] = []
+        i = min(stuck)
+        while i not in walk:
+            walk.append(i)
+            i = min(d for d in deps[i] if d in stuck)
+        cycle = walk[walk.index(i):]
+        first = records[cycle[0]]
+        culprit = next(v for v in first.inputs if isinstance(v, Tensor)
+                       and producer.get(uids[id(v)]) == cycle[1 % len(cycle)])
+        names = " <- ".join(f"'{records[j].name}'" for j in (*cycle, cycle[0]))
         raise DataflowError(
-            f"the ops {names} form a cycle through their UIDs", op=f"{stuck[0].op.kind} '{stuck[0].name}'",
-            tensor=_label(culprit, uids[id(culprit)]), rule="dataflow.cycle",
+            f"the ops form a cycle through their UIDs ({names}: each reads what the next one writes)",
+            op=f"{first.op.kind} '{first.name}'", tensor=_label(culprit, uids[id(culprit)]), rule="dataflow.cycle",
             hint="an op cannot depend on its own output; check the UIDs of the tensors in the cycle",
         )
     return order
@@ -197,7 +241,9 @@ def _self_overlapping(dim: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return False
 
 
-def _finalize_node(g: Graph, rec: OpRecord, uids: dict[int, int], descs: dict[int, TensorDesc]) -> Node:
+def _finalize_node(
+    g: Graph, rec: OpRecord, uids: dict[int, int], descs: dict[int, TensorDesc], aliases: dict[int, Tensor]
+) -> Node:
     op = rec.op
     label = f"{op.kind} '{rec.name}'"
     roles = op.input_roles()
@@ -223,8 +269,8 @@ def _finalize_node(g: Graph, rec: OpRecord, uids: dict[int, int], descs: dict[in
             inputs.append(v)
             operands.append(v)
     drafts = [
-        None if t is None else Draft(uids[id(t)], t.name, t._dim, t._stride, t._data_type, t.is_virtual)
-        for t in rec.outputs
+        None if t is None else _draft(t, uids[id(t)], aliases.get(uids[id(t)]), f"{rec.name}::{role}", label)
+        for t, role in zip(rec.outputs, op.output_roles())
     ]
     cdt = rec.compute_data_type or g.compute_data_type
     ctx = NodeContext(label, roles, inputs, op.output_roles(), drafts, cdt, g.intermediate_data_type)
@@ -242,6 +288,31 @@ def _finalize_node(g: Graph, rec: OpRecord, uids: dict[int, int], descs: dict[in
     check_ctx = NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type)
     op.check(check_ctx)
     return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
+
+
+def _draft(t: Tensor, uid: int, alias: Tensor | None, generated_name: str, op_label: str) -> Draft:
+    """What the user set on an op output, together with what they set on the declared handle that
+    shares its UID (which must agree)."""
+    if alias is None:
+        return Draft(uid, t.name, t._dim, t._stride, t._data_type, t.is_virtual)
+
+    def pick(what: str, mine, theirs):
+        if mine is not None and theirs is not None and mine != theirs:
+            cls = DataTypeError if what == "data_type" else ShapeError
+            raise cls(
+                f"the output sets {what} {_show(mine)} but the declared tensor '{alias.name or '<unnamed>'}' "
+                f"sharing its UID sets {what} {_show(theirs)}", op=op_label, tensor=_label(t, uid),
+                rule="tensor.uid_alias", hint=f"set {what} on one of the two handles only, or make them agree",
+            )
+        return mine if mine is not None else theirs
+
+    name = alias.name if t.name in ("", generated_name) and alias.name else t.name
+    return Draft(uid, name, pick("dim", t._dim, alias._dim), pick("stride", t._stride, alias._stride),
+                 pick("data_type", t._data_type, alias._data_type), t.is_virtual)
+
+
+def _show(value) -> str:
+    return value.name if isinstance(value, DataType) else str(list(value))
 
 
 def _merge(
@@ -283,7 +354,7 @@ def _check_dangling(
         label = _label(t, uid)
         is_produced = id(t) in producer_of
         read = readers.get(uid, 0) > 0
-        if is_produced and t.is_pass_by_value:
+        if uid in produced and t.is_pass_by_value:
             raise DataflowError(
                 "an op output cannot be pass-by-value", tensor=label, rule="dataflow.pass_by_value_output",
                 hint="pass-by-value tensors are host scalars given at execute; drop set_is_pass_by_value",

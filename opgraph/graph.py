@@ -110,7 +110,7 @@ class Graph:
                     "across graphs",
                 )
             return value
-        if isinstance(value, (numbers.Number, np.generic)) and role in op.literal_inputs():
+        if isinstance(value, (numbers.Real, np.bool_)) and role in op.literal_inputs():
             v = value.item() if isinstance(value, np.generic) else value
             return Const(v if isinstance(v, (bool, int)) else float(v))
         kind = "a tensor or a Python number" if role in op.literal_inputs() else "a tensor"

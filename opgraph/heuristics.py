@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .engines.base import EngineConfig, Support
+from .errors import AttributeValueError
 
 if TYPE_CHECKING:
     from .device import Device
@@ -37,7 +38,17 @@ def as_modes(heur_mode: HeurMode | str | Sequence[HeurMode | str] | None) -> tup
     if heur_mode is None:
         return DEFAULT_MODES
     items = [heur_mode] if isinstance(heur_mode, (HeurMode, str)) else list(heur_mode)
-    return tuple(m if isinstance(m, HeurMode) else HeurMode[str(m).upper()] for m in items)
+    modes = []
+    for m in items:
+        if isinstance(m, str) and m.strip().upper() in HeurMode.__members__:
+            m = HeurMode[m.strip().upper()]
+        if not isinstance(m, HeurMode):
+            raise AttributeValueError(
+                f"heur_mode {m!r} is not a heuristic mode", rule="heur_mode.unknown",
+                hint=f"pass opgraph.HeurMode values ({', '.join(HeurMode.__members__)}) or a list of them",
+            )
+        modes.append(m)
+    return tuple(modes)
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,9 @@ class FinalGraph:
     intermediate_data_type: DataType
     compute_data_type: DataType
     _producer: Mapping[int, int] = field(default_factory=dict, repr=False, compare=False)
+    # id(handle) -> (handle, uid) for the Tensor handles the graph was finalized from; the handle is
+    # kept so that its id cannot be reused by another object while this graph lives.
+    handles: Mapping[int, tuple[Any, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         producer = {u: i for i, n in enumerate(self.nodes) for u in n.output_uids()}
@@ -130,6 +133,11 @@ class FinalGraph:
             for u in set(n.input_uids()):
                 out.setdefault(u, []).append(i)
         return {u: tuple(v) for u, v in out.items()}
+
+    def handle_uid(self, handle: Any) -> int | None:
+        """The UID a Tensor handle had when this graph was finalized; None for a handle of another graph."""
+        entry = self.handles.get(id(handle))
+        return entry[1] if entry is not None and entry[0] is handle else None
 
     def producer(self, uid: int) -> Node | None:
         i = self._producer.get(uid)

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .bindings import bind
+from .bindings import arrays_overlap, bind
 from .device import Device, resolve_device
 from .engines import get_engine
 from .engines.base import Engine, EngineConfig, Kernel
@@ -16,6 +16,7 @@ from .errors import GraphError, UnsupportedGraphError, VariantPackError
 from .heuristics import HeurMode, PieceConfigs, as_modes, rank_configs
 from .ir import FinalGraph
 from .partition import Cut, Piece, partition
+from .tensor import strided_view
 
 ALIGN = 256  # bytes; every workspace slot starts on this boundary
 
@@ -34,6 +35,8 @@ def default_engines(device: Device) -> list[str]:
 
 
 def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
+    if isinstance(names, str):
+        names = [names]
     chosen = list(names) if names is not None else default_engines(device)
     if not chosen:
         raise UnsupportedGraphError(
@@ -121,20 +124,21 @@ class ExecutionPlan:
         """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
         `workspace_size` bytes on the plan's device."""
         buffers = bind(self.graph, self.device, variant_pack)
-        buffers.update(self._workspace_views(workspace))
+        buffers.update(self._workspace_views(workspace, buffers))  # checked before any step runs
         for step in self.steps:
             step.kernel.run(buffers, stream)
 
-    def _workspace_views(self, workspace: Any) -> dict[int, Any]:
-        if not self.workspace_layout:
+    def _workspace_views(self, workspace: Any, bound: Mapping[int, Any]) -> dict[int, Any]:
+        if workspace is None and not self.workspace_layout:
             return {}
         if workspace is None:
             if self._workspace is None:
                 self._workspace = np.empty(self.workspace_size, dtype=np.uint8)
             workspace = self._workspace
-        if not isinstance(workspace, np.ndarray) or workspace.dtype != np.uint8 or workspace.ndim != 1:
+        if (not isinstance(workspace, np.ndarray) or workspace.dtype != np.uint8 or workspace.ndim != 1
+                or not workspace.flags.c_contiguous):
             raise VariantPackError(
-                "the workspace must be a 1-D uint8 NumPy array on the CPU", rule="pack.workspace",
+                "the workspace must be a contiguous 1-D uint8 NumPy array on the CPU", rule="pack.workspace",
                 hint="pass np.empty(plan.workspace_size, np.uint8), or None to let the plan allocate",
             )
         if workspace.nbytes < self.workspace_size:
@@ -142,14 +146,19 @@ class ExecutionPlan:
                 f"the workspace has {workspace.nbytes} bytes but the plan needs {self.workspace_size}",
                 rule="pack.workspace_size", hint="allocate plan.workspace_size bytes",
             )
+        if not workspace.flags.writeable:
+            raise VariantPackError("the workspace is read-only", rule="pack.workspace",
+                                   hint="pass a writeable np.empty(plan.workspace_size, np.uint8)")
+        for uid, buf in bound.items():
+            if isinstance(buf, np.ndarray) and arrays_overlap(workspace[:self.workspace_size], buf):
+                raise VariantPackError(
+                    "the workspace overlaps the buffer bound to this tensor", tensor=self.graph.tensors[uid],
+                    rule="pack.workspace_overlap", hint="give the workspace memory of its own",
+                )
         views = {}
         for uid, (offset, nbytes) in self.workspace_layout.items():
             t = self.graph.tensors[uid]
-            itemsize = t.data_type.itemsize
-            views[uid] = np.lib.stride_tricks.as_strided(
-                workspace[offset:offset + nbytes].view(t.data_type.numpy),
-                shape=t.dim, strides=[s * itemsize for s in t.stride],
-            )
+            views[uid] = strided_view(workspace[offset:offset + nbytes].view(t.data_type.numpy), t.dim, t.stride)
         return views
 
     # -- explaining ----------------------------------------------------------------------------------

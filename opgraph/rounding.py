@@ -1,7 +1,9 @@
 """Rounding float64 results to a declared data type, the way every engine must agree on.
 
 Floats round to nearest even (overflow gives inf, NaN stays NaN; fp8 E4M3 has no inf and saturates
-to NaN as ml_dtypes does). Integers round half to even and saturate to the type's range (NaN -> 0).
+to +-448, infinities included, as PyTorch's conversion and the GPU's satfinite conversion do, where
+ml_dtypes alone would give NaN). Integers round half to even and saturate to the type's range
+(NaN -> 0).
 Booleans are `value != 0`.
 """
 
@@ -12,6 +14,9 @@ import numpy as np
 from .dtypes import DataType
 
 
+_E4M3_MAX = 448.0
+
+
 def round_to(values: np.ndarray, data_type: DataType) -> np.ndarray:
     """float64 (or bool) array -> array of `data_type`'s NumPy dtype."""
     values = np.asarray(values)
@@ -20,10 +25,16 @@ def round_to(values: np.ndarray, data_type: DataType) -> np.ndarray:
     if data_type.is_integer:
         info = np.iinfo(data_type.numpy)
         with np.errstate(invalid="ignore"):
-            r = np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0))
-        return np.clip(r, info.min, info.max).astype(data_type.numpy)
+            r = np.clip(np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0)), info.min, info.max)
+        # float(INT64 max) rounds up to 2**63, which does not cast back: saturate those by hand.
+        top = r >= float(info.max)
+        out = np.where(top, 0.0, r).astype(data_type.numpy)
+        out[top] = info.max
+        return out
     # bfloat16/fp8: ml_dtypes rounds float64 through float32, as PyTorch does and as a GPU kernel
     # computing in fp32 does; engines agree on that.
+    if data_type is DataType.FP8_E4M3:
+        values = np.clip(values, -_E4M3_MAX, _E4M3_MAX)  # NaN stays NaN
     with np.errstate(over="ignore"):
         return values.astype(data_type.numpy)
 

@@ -99,7 +99,7 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
     try:
         return cls(**values)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise SerializationError(f"{where}: {err}", rule="json.attrs") from None
 
 
@@ -153,15 +153,19 @@ def graph_from_json(text: str | bytes) -> Any:
 
     try:
         doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SerializationError(f"not valid JSON: {err}", rule="json.syntax") from None
+    except (ValueError, RecursionError) as err:  # bad syntax or encoding, huge numbers, deep nesting
+        raise SerializationError(f"not valid JSON: {type(err).__name__}: {str(err)[:200]}",
+                                 rule="json.syntax") from None
+    except TypeError as err:
+        raise SerializationError(f"a graph file is text or bytes, not {type(text).__name__}",
+                                 rule="json.syntax") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(
             f"not an opgraph graph file (format is {doc.get('format') if isinstance(doc, dict) else None!r})",
             rule="json.format", hint=f"graph files have \"format\": \"{FORMAT}\"",
         )
     version = doc.get("version")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:
         raise SerializationError(
             f"graph file version {version!r} is not supported (this opgraph reads version {VERSION})",
             rule="json.version", hint="re-export the graph with this opgraph version",
@@ -205,9 +209,11 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         op = decode_op(_field(o, "op", str, where), _field(o, "attrs", dict, where, {}), where)
         ins = _field(o, "inputs", dict, where)
         outs = _field(o, "outputs", dict, where)
-        for role in (*ins, *outs):
-            if role not in op.input_roles() and role not in op.output_roles():
-                raise SerializationError(f"{where}: {op.kind} has no role '{role}'", rule="json.role")
+        for roles, given, what in ((op.input_roles(), ins, "input"), (op.output_roles(), outs, "output")):
+            for role in given:
+                if role not in roles:
+                    raise SerializationError(f"{where}: {op.kind} has no {what} role '{role}'", rule="json.role",
+                                             hint=f"its {what} roles are {list(roles)}")
 
         def operand(role: str) -> Any:
             v = ins.get(role)
@@ -226,9 +232,10 @@ def _load(doc: dict, graph_cls: Any) -> Any:
             if uid is None:
                 out_handles.append(None)
                 continue
-            if not isinstance(uid, int) or uid not in handles:
+            if not isinstance(uid, int) or isinstance(uid, bool) or uid not in handles:
                 raise SerializationError(f"{where}.outputs.{role}: {uid!r} is not a listed UID", rule="json.operand")
-            if uid in ins.values():  # an in-place update: the output is a second handle on the UID
+            if any(v == uid and type(v) is int for v in ins.values()):  # an in-place update: the
+                # output is a second handle on the UID
                 e = entries[uid]
                 handles_out = g.tensor(dim=e["dim"], stride=e["stride"], data_type=e["data_type"],
                                        name=e.get("name", ""), uid=uid)

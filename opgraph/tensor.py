@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 from .dtypes import DataType, as_data_type
 from .errors import ShapeError
 
@@ -60,6 +62,19 @@ def storage_extent(dim: Sequence[int], stride: Sequence[int]) -> int:
     if any(d == 0 for d in dim):
         return 0
     return 1 + sum((d - 1) * s for d, s in zip(dim, stride))
+
+
+def strided_view(base: np.ndarray, dim: Sequence[int], stride: Sequence[int]) -> np.ndarray:
+    """A view of NumPy array `base` with these dims and element strides, from its first element.
+
+    np.lib.stride_tricks.as_strided cannot take every ml_dtypes type (float8_e5m2's typestr '<f1'
+    is not understood), so the view is made on an unsigned integer type of the same size."""
+    dtype = base.dtype
+    carrier = np.dtype(f"u{dtype.itemsize}")
+    view = np.lib.stride_tricks.as_strided(
+        base.view(carrier), shape=tuple(dim), strides=[s * dtype.itemsize for s in stride]
+    )
+    return view.view(dtype)
 
 
 @dataclass(frozen=True)

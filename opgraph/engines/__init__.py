@@ -1,6 +1,7 @@
 """Engines by name. An engine module registers itself; `get_engine` finds it.
 
     reference  NumPy, float64 accumulation, any op on the CPU: the executable specification
+    triton     generated Triton kernels (compiled on CUDA, interpreted on the CPU)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Sup
 ENGINES: dict[str, Engine] = {}
 # Engines that live in modules of their own, loaded on first use so that the core imports no
 # GPU library.
-_LAZY = {"reference": ".reference"}
+_LAZY = {"reference": ".reference", "triton": ".triton"}
 
 
 def register_engine(engine: Engine) -> Engine:

@@ -81,12 +81,14 @@ class Kernel(ABC):
     """A compiled piece. `run` reads and writes buffers keyed by UID (arrays or device tensors;
     pass-by-value scalars as Python numbers)."""
 
+    scratch_bytes: int = 0  # private workspace the kernel needs, provided by the plan as `scratch`
+
     def __init__(self, piece: Piece, config: EngineConfig) -> None:
         self.piece = piece
         self.config = config
 
     @abstractmethod
-    def run(self, buffers: Mapping[int, Any], stream: Any = None) -> None: ...
+    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None: ...
 
     def source(self) -> str | None:
         """Generated source code, for engines that generate it."""

@@ -53,7 +53,7 @@ def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.nda
 
 
 class ReferenceKernel(Kernel):
-    def run(self, buffers: Mapping[int, Any], stream: Any = None) -> None:
+    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         piece = self.piece
         env: dict[int, np.ndarray] = {}
 

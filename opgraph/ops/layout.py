@@ -1,1 +1,333 @@
-"""layout ops."""
+"""Layout ops: reshape, transpose, slice, concatenate. They move data and never round it
+(`MOVES_DATA_ONLY`); each output's type defaults to its input's (not to the graph's io /
+intermediate type), and compute_data_type has no effect on them.
+
+reshape(x, dim)          y has dims `dim` (or the output's set_dim when `dim` is None, as in cuDNN,
+                         whose reshape takes no dims); numel(y) == numel(x). One entry of `dim` may
+                         be -1 (inferred). Elements keep their logical row-major order:
+                         y.flat[i] == x.flat[i] with `.flat` in row-major order of the *logical* dims,
+                         whatever the strides (cuDNN's reshape_mode LOGICAL). y is packed row-major.
+transpose(x, perm)       y.dim[i] = x.dim[perm[i]];  y[j_0, ..., j_r-1] = x[i] with i[perm[k]] = j_k
+                         (output axis k reads input axis perm[k], like torch.permute). y's strides
+                         are the input's memory order carried along with its axes: output axis k gets
+                         the place in memory that input axis perm[k] had, packed. For a packed x that
+                         is exactly y.stride[k] = x.stride[perm[k]], so the transpose is a copy of
+                         the same bytes in the same order (a view, zero data movement in a fused
+                         kernel). `strides_like(x)` would instead keep *output axis k* where *input
+                         axis k* was, i.e. physically move the data; set_stride asks for that.
+slice(x, slices)         y = x[s_0, s_1, ...] with Python slice semantics per axis (negative indices
+                         count from the end, out-of-range bounds clamp), step >= 1; axes past the
+                         given slices are taken whole. Every axis must keep >= 1 element. Stored as
+                         Python's (start, stop, step) int triples, None made explicit (start 0,
+                         stop 2**63 - 1, step 1); negative and out-of-range bounds are normalised
+                         against the input's dims at inference (`Slice.bounds`), so the attribute
+                         stays right if the input's dims change after the builder call.
+                         y is packed in the input's axis order.
+concatenate(xs, axis)    y = the inputs joined along `axis` (all other dims equal, one data type);
+                         y is packed in the first input's axis order. in_place_index (cuDNN) says
+                         that input already sits in its slot of y's memory, so an engine may skip
+                         copying it; it does not change the values.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import AttributeValueError, DataTypeError, ShapeError
+from ..tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
+from .base import NodeContext, Op, TensorSpec, graph_method, register_op, strides_like
+
+
+# -- reshape -----------------------------------------------------------------------------------------
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Reshape(Op):
+    """y = x's elements, in logical row-major order, in dims `dim` (see the module docstring)."""
+
+    kind = "reshape"
+    INPUTS = ("input",)
+    OUTPUTS = ("output",)
+    MOVES_DATA_ONLY = True
+    dim: tuple[int, ...] | None = None
+
+    def _target(self, ctx: NodeContext, x: TensorDesc) -> tuple[int, ...] | None:
+        if self.dim is None:
+            out = ctx.output("output")
+            return None if out is None or out.dim is None else tuple(out.dim)
+        bad = [d for d in self.dim if d < 1 and d != -1]
+        if not self.dim or bad or list(self.dim).count(-1) > 1:
+            ctx.error(
+                AttributeValueError, f"reshape dims {list(self.dim)} are not a shape (entries >= 1, at most one -1)",
+                tensor="input", rule="reshape.dim", hint="give dims >= 1; one -1 stands for the remaining size",
+            )
+        if -1 not in self.dim:
+            return tuple(self.dim)
+        known = math.prod(d for d in self.dim if d != -1)
+        if x.numel % known:
+            ctx.error(
+                ShapeError, f"input dims {list(x.dim)} ({x.numel} elements) do not fit dims {list(self.dim)}: "
+                f"{x.numel} is not a multiple of {known}", tensor="input", rule="reshape.numel",
+                hint="choose dims whose product is the input's element count",
+            )
+        return tuple(x.numel // known if d == -1 else d for d in self.dim)
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        x = ctx.tensor("input")
+        dim = self._target(ctx, x)
+        return [TensorSpec(dim, None if dim is None else packed_strides(dim), x.data_type)]
+
+    def check(self, ctx: NodeContext) -> None:
+        x = ctx.tensor("input")
+        y = ctx.output("output")
+        assert isinstance(y, TensorDesc)
+        if y.numel != x.numel:
+            ctx.error(
+                ShapeError, f"output dims {list(y.dim)} hold {y.numel} elements but the input dims {list(x.dim)} "
+                f"hold {x.numel}", tensor="output", rule="reshape.numel",
+                hint="choose output dims whose product is the input's element count",
+            )
+
+    def reference(self, ins, outs):
+        x = ins[0]
+        assert x is not None and outs[0] is not None
+        return [np.reshape(x, outs[0].dim)]  # logical row-major (C) order
+
+
+# -- transpose ---------------------------------------------------------------------------------------
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Transpose(Op):
+    """Output axis k is input axis permutation[k] (see the module docstring for the strides)."""
+
+    kind = "transpose"
+    INPUTS = ("input",)
+    OUTPUTS = ("output",)
+    MOVES_DATA_ONLY = True
+    permutation: tuple[int, ...]
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        x = ctx.tensor("input")
+        perm = tuple(self.permutation)
+        if sorted(perm) != list(range(len(x.dim))):
+            ctx.error(
+                AttributeValueError, f"permutation {list(perm)} is not a permutation of the input's "
+                f"{len(x.dim)} axes (dims {list(x.dim)})", tensor="input", rule="transpose.permutation",
+                hint=f"list each axis 0..{len(x.dim) - 1} exactly once; output axis k reads input axis permutation[k]",
+            )
+        dim = tuple(x.dim[p] for p in perm)
+        # the input's memory order, carried along with its axes (a packed input: x.stride[perm[k]])
+        stride = packed_strides(dim, stride_order(tuple(x.stride[p] for p in perm)))
+        return [TensorSpec(dim, stride, x.data_type)]
+
+    def reference(self, ins, outs):
+        x = ins[0]
+        assert x is not None
+        return [np.transpose(x, self.permutation)]
+
+
+# -- slice ---------------------------------------------------------------------------------------------
+
+
+def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
+    if not isinstance(s, builtins.slice):
+        raise AttributeValueError(
+            f"slices[{axis}] is {s!r}, not a Python slice", op=f"slice '{name}'", rule="slice.type",
+            hint="pass one slice object per axis, e.g. [slice(None), slice(2, 10, 2)] (an int index would drop "
+            "the axis: use slice(i, i + 1))",
+        )
+    for what, v in (("start", s.start), ("stop", s.stop), ("step", s.step)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise AttributeValueError(
+                f"slices[{axis}].{what} is {v!r}, not an int or None", op=f"slice '{name}'", rule="slice.type",
+                hint="slice bounds and steps are ints (or None)",
+            )
+    step = 1 if s.step is None else int(s.step)
+    start = 0 if s.start is None else int(s.start)
+    stop = INT64_MAX if s.stop is None else int(s.stop)
+    return (start, stop, step)
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Slice(Op):
+    """y = x[slices...] with Python slice semantics, step >= 1 (see the module docstring)."""
+
+    kind = "slice"
+    INPUTS = ("input",)
+    OUTPUTS = ("output",)
+    MOVES_DATA_ONLY = True
+    slices: tuple[tuple[int, int, int], ...]
+
+    def bounds(self, ctx: NodeContext | None, dim: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+        """The normalised (start, stop, step) of every axis of an input of dims `dim`."""
+        if ctx is not None and len(self.slices) > len(dim):
+            ctx.error(
+                ShapeError, f"{len(self.slices)} slices given for an input of rank {len(dim)} (dims {list(dim)})",
+                tensor="input", rule="slice.rank", hint="give at most one slice per input axis",
+            )
+        out = []
+        for axis, size in enumerate(dim):
+            if axis >= len(self.slices):
+                out.append((0, size, 1))
+                continue
+            start, stop, step = self.slices[axis]
+            if ctx is not None and step < 1:
+                ctx.error(
+                    AttributeValueError, f"slices[{axis}] has step {step}; steps must be >= 1", tensor="input",
+                    rule="slice.step", hint="use a positive step (reverse an axis with another op)",
+                )
+            start, stop, step = builtins.slice(start, stop, step).indices(size)
+            if ctx is not None and len(range(start, stop, step)) == 0:
+                ctx.error(
+                    ShapeError, f"slices[{axis}] = {start}:{stop}:{step} selects no element of axis {axis} "
+                    f"(size {size}, input dims {list(dim)})", tensor="input", rule="slice.empty",
+                    hint="every axis of the output must keep at least one element",
+                )
+            out.append((start, stop, step))
+        return tuple(out)
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        x = ctx.tensor("input")
+        dim = tuple(len(range(*b)) for b in self.bounds(ctx, x.dim))
+        return [TensorSpec(dim, strides_like(dim, x), x.data_type)]
+
+    def reference(self, ins, outs):
+        x = ins[0]
+        assert x is not None
+        return [x[tuple(builtins.slice(*b) for b in self.bounds(None, x.shape))]]
+
+
+# -- concatenate ---------------------------------------------------------------------------------------
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Concatenate(Op):
+    """y = inputs joined along `axis` (see the module docstring). Roles input0 .. input{n-1}."""
+
+    kind = "concatenate"
+    OUTPUTS = ("output",)
+    MOVES_DATA_ONLY = True
+    num_inputs: int
+    axis: int
+    in_place_index: int | None = None
+
+    def input_roles(self) -> tuple[str, ...]:
+        return tuple(f"input{i}" for i in range(self.num_inputs))
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        roles = self.input_roles()
+        if not roles:
+            ctx.error(AttributeValueError, "concatenate has no inputs", rule="concatenate.count",
+                      hint="pass a list of at least one tensor")
+        xs = [ctx.tensor(r) for r in roles]
+        first = xs[0]
+        rank = len(first.dim)
+        if not -rank <= self.axis < rank:
+            ctx.error(
+                AttributeValueError, f"axis {self.axis} is outside the inputs' rank {rank} (dims {list(first.dim)})",
+                tensor=roles[0], rule="concatenate.axis", hint=f"pick an axis in [{-rank}, {rank - 1}]",
+            )
+        axis = self.axis % rank
+        for role, x in zip(roles[1:], xs[1:]):
+            if len(x.dim) != rank:
+                ctx.error(
+                    ShapeError, f"input '{role}' has rank {len(x.dim)} (dims {list(x.dim)}) but input0 has rank "
+                    f"{rank} (dims {list(first.dim)})", tensor=role, rule="concatenate.rank",
+                    hint="give every input the same rank",
+                )
+            off = [a for a in range(rank) if a != axis and x.dim[a] != first.dim[a]]
+            if off:
+                ctx.error(
+                    ShapeError, f"input '{role}' dims {list(x.dim)} differ from input0 dims {list(first.dim)} at "
+                    f"axis {off[0]}, which is not the concatenation axis {axis}", tensor=role,
+                    rule="concatenate.dims", hint=f"make every dim except axis {axis} equal across the inputs",
+                )
+            if x.data_type is not first.data_type:
+                ctx.error(
+                    DataTypeError, f"input '{role}' has type {x.data_type.name} but input0 has "
+                    f"{first.data_type.name}; concatenate moves data, it does not convert it", tensor=role,
+                    rule="concatenate.data_type", hint="cast the inputs to one type first (e.g. g.identity)",
+                )
+        if self.in_place_index is not None and not 0 <= self.in_place_index < len(roles):
+            ctx.error(
+                AttributeValueError, f"in_place_index {self.in_place_index} is not an input index "
+                f"(there are {len(roles)} inputs)", tensor=roles[0], rule="concatenate.in_place_index",
+                hint=f"pick an index in [0, {len(roles) - 1}] or leave it None",
+            )
+        dim = list(first.dim)
+        dim[axis] = sum(x.dim[axis] for x in xs)
+        dim_t = tuple(dim)
+        return [TensorSpec(dim_t, strides_like(dim_t, first), first.data_type)]
+
+    def reference(self, ins, outs):
+        assert all(x is not None for x in ins)
+        return [np.concatenate(ins, axis=self.axis % ins[0].ndim)]
+
+
+# -- builders (names and keyword arguments as in cuDNN frontend's Python API) -----------------------
+
+
+def _dims(value: Any, name: str) -> tuple[int, ...]:
+    try:
+        out = tuple(value)
+    except TypeError:
+        out = None
+    if out is None or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in out):
+        raise AttributeValueError(
+            f"dim must be a list of ints, got {value!r}", op=f"reshape '{name}'", rule="reshape.dim",
+            hint="pass dims such as [8, -1] or leave dim=None and set_dim the output",
+        )
+    return tuple(int(v) for v in out)
+
+
+@graph_method
+def reshape(self, input, dim=None, compute_data_type=None, name=""):
+    """The input's elements, in logical row-major order, in dims `dim` (one entry may be -1); with
+    dim=None (cuDNN's way) the caller sets the output's dims with ``set_dim``."""
+    op = Reshape(dim=None if dim is None else _dims(dim, name))
+    return self._add_op(op, [input], name=name, compute_data_type=compute_data_type)[0]
+
+
+@graph_method
+def transpose(self, input, permutation, compute_data_type=None, name=""):
+    """Output axis i reads input axis permutation[i] (torch.permute); see layout's docstring for strides."""
+    try:
+        perm = tuple(int(p) for p in permutation)
+    except (TypeError, ValueError):
+        raise AttributeValueError(
+            f"permutation must be a list of ints, got {permutation!r}", op=f"transpose '{name}'",
+            rule="transpose.permutation", hint="pass e.g. [0, 2, 3, 1]",
+        ) from None
+    return self._add_op(Transpose(permutation=perm), [input], name=name, compute_data_type=compute_data_type)[0]
+
+
+@graph_method
+def slice(self, input, slices, compute_data_type=None, name=""):  # noqa: A001 (cuDNN's name)
+    """input[slices...]: one Python slice per leading axis (fewer: the rest are whole), steps >= 1."""
+    if isinstance(slices, builtins.slice):
+        slices = [slices]
+    triples = tuple(_slice_triple(s, a, name) for a, s in enumerate(slices))
+    return self._add_op(Slice(slices=triples), [input], name=name, compute_data_type=compute_data_type)[0]
+
+
+@graph_method
+def concatenate(self, inputs, axis, in_place_index=None, name=""):
+    """The inputs joined along `axis` (negative counts from the end)."""
+    if isinstance(inputs, Tensor) or not isinstance(inputs, (list, tuple)) or not inputs:
+        raise AttributeValueError(
+            f"inputs must be a non-empty list of tensors, got {inputs!r}", op=f"concatenate '{name}'",
+            rule="concatenate.count", hint="pass the tensors to join as a list: g.concatenate([a, b], axis=1)",
+        )
+    op = Concatenate(num_inputs=len(inputs), axis=int(axis),
+                     in_place_index=None if in_place_index is None else int(in_place_index))
+    return self._add_op(op, list(inputs), name=name)[0]

@@ -1,1 +1,102 @@
-"""matmul ops."""
+"""Matmul: C = A @ B over the last two axes, batch axes broadcast.
+
+    A [b..., M, K],  B [b'..., K, N]  ->  C [B..., M, N],   C[i, m, n] = sum_k A[i, m, k] * B[i, k, n]
+
+A and B have the same rank (>= 2); each batch axis is equal in both or 1 in one of them, which
+broadcasts (the pointwise rule: a batch of weights shared by every batch entry is dims [1, K, N]).
+Operands may have any strides (row-major, column-major i.e. transposed, gapped); dims are logical.
+C is packed row-major by default.
+
+Types: floating operands of any (possibly mixed) float types, or integer operands (INT8, UINT8,
+INT32, INT64) which accumulate exactly (the reference is exact while |partial sums| < 2**53; an
+engine must accumulate in a wide integer). Integer and float operands do not mix and BOOLEAN is
+rejected. C's type follows the graph defaults (io type for an output, intermediate type when
+virtual); int8 GEMMs usually set C to INT32.
+
+cuDNN's `padding` attribute (the value of out-of-bound elements of ragged operands) is accepted
+only as 0.0: opgraph has no ragged tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import DataType
+from ..errors import AttributeValueError, DataTypeError, ShapeError
+from ..tensor import packed_strides
+from .base import NodeContext, Op, TensorSpec, graph_method, register_op
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Matmul(Op):
+    """C = A @ B with broadcast batch axes (see the module docstring)."""
+
+    kind = "matmul"
+    INPUTS = ("A", "B")
+    OUTPUTS = ("C",)
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        a = ctx.tensor("A")
+        b = ctx.tensor("B")
+        for role, t in (("A", a), ("B", b)):
+            if len(t.dim) < 2:
+                ctx.error(
+                    ShapeError, f"input '{role}' dims {list(t.dim)} have rank {len(t.dim)}; matmul needs rank >= 2",
+                    tensor=role, rule="matmul.rank",
+                    hint="give a vector a unit axis: [K] becomes [1, K] (A) or [K, 1] (B)",
+                )
+            if t.data_type is DataType.BOOLEAN:
+                ctx.error(
+                    DataTypeError, f"input '{role}' is BOOLEAN; matmul multiplies numbers", tensor=role,
+                    rule="matmul.bool", hint="cast it to a float or integer type first",
+                )
+        if a.data_type.is_integer != b.data_type.is_integer:
+            ctx.error(
+                DataTypeError, f"input 'A' is {a.data_type.name} but 'B' is {b.data_type.name}: integer and float "
+                "operands do not mix", tensor="B", rule="matmul.dtype_mix",
+                hint="cast one operand so both are integer (int8 GEMM) or both floating",
+            )
+        if len(a.dim) != len(b.dim):
+            ctx.error(
+                ShapeError, f"input 'B' has rank {len(b.dim)} (dims {list(b.dim)}) but 'A' has rank {len(a.dim)} "
+                f"(dims {list(a.dim)})", tensor="B", rule="matmul.batch_rank",
+                hint="give both operands the same rank, with 1 in broadcast batch axes",
+            )
+        m, k = a.dim[-2:]
+        k2, n = b.dim[-2:]
+        if k != k2:
+            ctx.error(
+                ShapeError, f"input 'A' dims {list(a.dim)} have K = {k} (last axis) but 'B' dims {list(b.dim)} "
+                f"have K = {k2} (second-to-last axis)", tensor="B", rule="matmul.k",
+                hint="A is [..., M, K] and B [..., K, N]; to use B's transpose, give B transposed strides",
+            )
+        batch = []
+        for axis, (x, y) in enumerate(zip(a.dim[:-2], b.dim[:-2])):
+            if x != y and x != 1 and y != 1:
+                ctx.error(
+                    ShapeError, f"batch axis {axis} of 'A' {list(a.dim)} and 'B' {list(b.dim)} do not broadcast "
+                    f"({x} vs {y})", tensor="B", rule="matmul.batch",
+                    hint="make batch axes equal, or 1 in one operand",
+                )
+            batch.append(max(x, y))
+        dim = (*batch, m, n)
+        return [TensorSpec(dim, packed_strides(dim))]
+
+    def reference(self, ins, outs):
+        a, b = ins
+        assert a is not None and b is not None
+        return [np.matmul(a, b)]
+
+
+@graph_method
+def matmul(self, A, B, compute_data_type=None, padding=0.0, name=""):
+    """C = A @ B: A [..., M, K], B [..., K, N], batch axes broadcast; returns C [..., M, N]."""
+    if not isinstance(padding, (int, float)) or isinstance(padding, bool) or padding != 0:
+        raise AttributeValueError(
+            f"padding={padding!r} is not supported; opgraph's matmul has no ragged operands to pad",
+            op=f"matmul '{name}'", rule="matmul.padding", hint="leave padding at 0.0",
+        )
+    return self._add_op(Matmul(), [A, B], name=name, compute_data_type=compute_data_type)[0]

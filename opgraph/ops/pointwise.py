@@ -124,7 +124,9 @@ def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
 
 def _relu(x: np.ndarray, lower_clip: Any, upper_clip: Any, negative_slope: Any) -> np.ndarray:
     y = np.minimum(x, upper_clip)
-    return np.where(x < lower_clip, lower_clip + negative_slope * (x - lower_clip), y)
+    # slope 0 is exactly the clip, also at x = -inf (0 * inf would be NaN)
+    below = np.where(negative_slope == 0, lower_clip, lower_clip + negative_slope * (x - lower_clip))
+    return np.where(x < lower_clip, below, y)
 
 
 def _relu_bwd(dy, x, lower_clip, upper_clip, negative_slope):
@@ -261,7 +263,8 @@ class Pointwise(Op):
             idx = np.arange(out.dim[self.axis], dtype=np.float64).reshape(shape)  # type: ignore[index]
             return [np.broadcast_to(idx, out.dim)]
         n = self.info.arity
-        operands = ins[:n]
+        # 1-element operands broadcast to anything, whatever their rank (finalize allows it)
+        operands = [v.reshape(()) if v.size == 1 else v for v in ins[:n]]
         params = {
             p: (default if v is None else v.reshape(()))
             for (p, default), v in zip(self.info.params, ins[n:])
@@ -288,9 +291,16 @@ def _pw(g, mode: PointwiseMode, operands, params=None, *, name, compute_data_typ
 @graph_method
 def pointwise(self, input0, input1=None, input2=None, *, mode, compute_data_type=None, name="", **params):
     """Any pointwise mode by enum: ``g.pointwise(x, y, mode=PointwiseMode.ADD)``."""
-    mode = PointwiseMode[mode] if isinstance(mode, str) else mode
+    if isinstance(mode, str) and mode.upper() in PointwiseMode.__members__:
+        mode = PointwiseMode[mode.upper()]
+    if not isinstance(mode, PointwiseMode):
+        raise AttributeValueError(
+            f"mode={mode!r} is not a pointwise mode", op="pointwise", rule="pointwise.mode",
+            hint="pass an opgraph.PointwiseMode (e.g. PointwiseMode.ADD) or its name",
+        )
     operands = [input0, input1, input2][: MODES[mode].arity]
     axis = params.pop("axis", None)
+    axis = None if axis is None else _axis(axis, name)
     return _pw(self, mode, operands, params, name=name, compute_data_type=compute_data_type, axis=axis)
 
 
@@ -442,4 +452,12 @@ def swish(self, input, swish_beta=None, compute_data_type=None, name=""):
 @graph_method
 def gen_index(self, input, axis, compute_data_type=None, name=""):
     """The index along `axis` of every element of input's dims (INT32 unless set otherwise)."""
-    return _pw(self, M.GEN_INDEX, [input], name=name, compute_data_type=compute_data_type, axis=int(axis))
+    return _pw(self, M.GEN_INDEX, [input], name=name, compute_data_type=compute_data_type,
+               axis=_axis(axis, name))
+
+
+def _axis(axis: Any, name: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise AttributeValueError(f"gen_index axis must be an int, got {axis!r}", op=f"gen_index '{name}'",
+                                  rule="pointwise.gen_index_axis", hint="pass the axis as an int")
+    return int(axis)

@@ -1,0 +1,133 @@
+"""The Triton engine: generated kernels, one per piece, from templates.
+
+On CUDA the kernels are compiled by Triton; on the CPU (device="cpu", engines=["triton"]) the very
+same kernels run in Triton's interpreter, which is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Mapping
+
+import numpy as np
+
+from ...device import Device
+from ...heuristics import HeurMode
+from ...partition import Piece
+from .. import register_engine
+from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from .loader import load_module
+from .templates.base import Arg, Generated, Template
+from .templates.pointwise import PointwiseTemplate
+
+TEMPLATES: list[Template] = [PointwiseTemplate()]
+
+
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("torch") is not None
+
+
+def _as_torch(value: Any) -> Any:
+    """Kernel argument for a bound buffer: torch tensors pass through; NumPy arrays become zero-copy
+    CPU tensors (for the interpreter)."""
+    if isinstance(value, np.ndarray):
+        import torch
+
+        from ...dtypes import DataType, as_data_type
+
+        dt = as_data_type(value.dtype)
+        if dt in (DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2):
+            carrier = np.int16 if dt is DataType.BFLOAT16 else np.uint8
+            return torch.from_numpy(value.view(carrier)).view(dt.to_torch())
+        return torch.from_numpy(value)
+    return value
+
+
+class TritonKernel(Kernel):
+    def __init__(self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool) -> None:
+        super().__init__(piece, config)
+        self.generated = generated
+        self.interpret = interpret
+        self.module = load_module(generated.source, interpret=interpret)
+        self.scratch_bytes = generated.scratch_bytes
+
+    def source(self) -> str:
+        return self.generated.source
+
+    def _arg(self, arg: Arg, buffers: Mapping[int, Any], scratch: Any) -> Any:
+        if arg.kind == "buf":
+            return _as_torch(buffers[arg.uid])
+        if arg.kind == "scalar":
+            return float(buffers[arg.uid])
+        if arg.kind == "scratch":
+            import torch
+
+            base = _as_torch(scratch)
+            return base[arg.offset:].view(getattr(torch, arg.dtype))
+        raise ValueError(arg.kind)
+
+    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        for launch in self.generated.launches:
+            fn = getattr(self.module, launch.kernel)
+            args = [self._arg(a, buffers, scratch) for a in launch.args]
+            fn[launch.grid](*args, **dict(launch.meta))
+
+
+class TritonEngine(Engine):
+    name = "triton"
+
+    def available(self, device: Device) -> Support:
+        if not _triton_installed():
+            return Support.no("Triton and PyTorch are not installed (pip install 'opgraph[triton,torch]')")
+        return Support.yes()
+
+    def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:
+        reasons = []
+        for t in TEMPLATES:
+            verdict = t.match(piece, device)
+            if verdict.ok:
+                return t, ""
+            reasons.append(f"{t.name}: {verdict.reason}")
+        return None, "; ".join(reasons)
+
+    def supports(self, piece: Piece, device: Device) -> Support:
+        avail = self.available(device)
+        if not avail.ok:
+            return avail
+        template, why = self._template(piece, device)
+        return Support.yes() if template else Support.no(why)
+
+    def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
+        template, _ = self._template(piece, device)
+        if template is None:
+            return []
+        candidates = template.candidates(piece, device)
+        if mode is HeurMode.FALLBACK:
+            candidates = candidates[-1:]
+        elif mode in (HeurMode.INSTANT, HeurMode.A):
+            candidates = candidates[:1]
+        behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
+        if device.is_cuda:
+            behavior.add(BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API)
+        else:
+            behavior |= {BehaviorNote.INTERPRETED, BehaviorNote.HOST_EXECUTION}
+        return [
+            EngineConfig(
+                "triton", (("template", template.name), *sorted(k.items())),
+                numerical_notes=frozenset(), behavior_notes=frozenset(behavior),
+                why=f"{template.name} template, {mode.name} heuristic",
+            )
+            for k in candidates
+        ]
+
+    def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        knobs = dict(config.knobs)
+        name = knobs.pop("template")
+        template = next(t for t in TEMPLATES if t.name == name)
+        generated = template.generate(piece, knobs, device)
+        return TritonKernel(piece, config, generated, interpret=not device.is_cuda)
+
+
+register_engine(TritonEngine())
+__all__ = ["TritonEngine", "TritonKernel", "TEMPLATES"]
+_ = NumericalNote

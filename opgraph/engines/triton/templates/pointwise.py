@@ -1,0 +1,145 @@
+"""Elementwise pieces: any DAG of pointwise ops with broadcasting, mixed types and several outputs,
+as one kernel over the outputs' iteration space.
+
+The space is walked in the memory order of the first output, one flat index `lin` per element. A
+tensor laid out like that output (same dims, packed, same axis order) is addressed by `lin` itself,
+which Triton vectorises; any other tensor (broadcast, transposed, gapped) by the coordinates
+it needs, each `(lin // inner) % dim` with constants folded in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ....device import Device
+from ....ops.pointwise import Pointwise
+from ....partition import Piece
+from ....tensor import TensorDesc, packed_strides, stride_order
+from ...base import Support
+from ..expr import Emitter, compute_type
+from .base import Arg, Generated, Launch, Template, indent, module_source, pow2_at_least
+
+INT32_LIMIT = 2**31 - 1
+
+
+class FlatIndexer:
+    """Loads and stores at flat index `lin` of an iteration space, in a given axis order."""
+
+    def __init__(self, dims: tuple[int, ...], order: tuple[int, ...]) -> None:
+        self.dims = dims
+        self.order = order
+        self.packed = packed_strides(dims, order)
+        self.needed: set[int] = set()
+
+    def offset(self, desc: TensorDesc) -> str:
+        if desc.dim == self.dims and all(
+            d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)
+        ):
+            return "lin"
+        terms = []
+        for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
+            if d > 1 and s != 0:
+                self.needed.add(axis)
+                terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
+        return " + ".join(terms) or "0"
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        if desc.numel == 1:
+            return f"tl.load({ptr})"
+        return f"tl.load({ptr} + {self.offset(desc)}, mask=mask, other=0)"
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        return f"tl.store({ptr} + {self.offset(desc)}, {value}, mask=mask)"
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        if desc.dim[axis] == 1:
+            return "tl.zeros_like(lin)"
+        self.needed.add(axis)
+        return f"c{axis}"
+
+    def coordinate_lines(self) -> list[str]:
+        lines = []
+        for axis in sorted(self.needed):
+            inner = self.packed[axis]
+            outermost = axis == self.order[0]
+            expr = "lin" if inner == 1 else f"(lin // {inner})"
+            if not outermost:
+                expr = f"{expr} % {self.dims[axis]}"
+            lines.append(f"c{axis} = {expr}")
+        return lines
+
+
+def _extent(desc: TensorDesc) -> int:
+    return 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
+
+
+class PointwiseTemplate(Template):
+    name = "pointwise"
+
+    def match(self, piece: Piece, device: Device) -> Support:
+        for node in piece.nodes:
+            if not isinstance(node.op, Pointwise):
+                return Support.no(f"the pointwise template runs pointwise ops only, not {node.kind}", node)
+        dims = {piece.tensor(u).dim for u in piece.outputs}
+        if len(dims) != 1:
+            return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
+        (space,) = dims
+        for node in piece.nodes:
+            for u in node.output_uids():
+                d = piece.tensor(u).dim
+                if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
+                    return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
+                                      f"piece's space {list(space)}", node)
+        return Support.yes()
+
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        numel = math.prod(piece.tensor(piece.outputs[0]).dim)
+        if numel >= 1 << 22:
+            ranked = [(2048, 8), (4096, 8), (1024, 4), (2048, 4)]
+        else:
+            b = min(1024, pow2_at_least(numel, 16))
+            ranked = [(b, 4), (min(2048, pow2_at_least(numel, 16)), 8)]
+        seen, out = set(), []
+        for block, warps in ranked:
+            if (block, warps) not in seen:
+                seen.add((block, warps))
+                out.append({"BLOCK": block, "num_warps": warps})
+        return out
+
+    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+        first = piece.tensor(piece.outputs[0])
+        dims = first.dim
+        numel = math.prod(dims)
+        indexer = FlatIndexer(dims, stride_order(first.stride))
+        externals = [*piece.inputs, *piece.outputs]
+        big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel > INT32_LIMIT
+        types = [piece.tensor(u).data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        emitter = Emitter(piece.graph.tensors, compute_type(types), indexer,
+                          ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
+        for node in piece.nodes:
+            emitter.emit(node)
+        for u in piece.outputs:
+            emitter.store(u)
+        params, args = [], []
+        for u in externals:
+            if piece.tensor(u).is_pass_by_value:
+                params.append(f"s{u}")
+                args.append(Arg("scalar", u))
+            else:
+                params.append(f"p{u}")
+                args.append(Arg("buf", u))
+        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+        body = [
+            f"lin = {pid} * BLOCK + tl.arange(0, BLOCK)",
+            f"mask = lin < {numel}",
+            *indexer.coordinate_lines(),
+            *emitter.lines,
+        ]
+        source = module_source(
+            f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
+        )
+        block = int(knobs["BLOCK"])
+        launch = Launch("kernel", (-(-numel // block),), tuple(args),
+                        (("BLOCK", block), ("num_warps", int(knobs["num_warps"]))))
+        return Generated(source, (launch,))

@@ -1,0 +1,219 @@
+"""Tensors: g.tensor arguments, tensor_like (NumPy, PyTorch, DLPack), setters, inferred properties,
+bad dims/strides/UIDs."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.testing import compare, poison
+
+D = og.DataType
+
+
+def test_tensor_arguments_read_back():
+    g = og.Graph(io_data_type=D.FLOAT)
+    t = g.tensor([2, 3, 4], [1, 8, 2], D.HALF, "t", 42, False, False)
+    assert (t.dim, t.stride, t.data_type, t.name, t.uid) == ((2, 3, 4), (1, 8, 2), D.HALF, "t", 42)
+    assert not t.is_virtual and not t.is_pass_by_value and t.is_output
+    assert (t.get_dim(), t.get_stride(), t.get_data_type(), t.get_name(), t.get_uid()) == (
+        [2, 3, 4], [1, 8, 2], D.HALF, "t", 42)
+    v = g.tensor(dim=[1], is_virtual=True, is_pass_by_value=True)
+    assert v.is_virtual and v.is_pass_by_value and not v.is_output
+    assert v.uid is None and v.stride is None and v.data_type is None  # nothing assigned before validate
+    assert t.graph is g
+    assert "'t'" in repr(t) and "uid 42" in repr(t)
+
+
+def test_defaults_after_validate():
+    g = og.Graph(io_data_type=D.HALF, intermediate_data_type=D.FLOAT)
+    x = g.tensor(dim=[2, 3, 4, 5], name="x")  # no stride, no type
+    h = g.exp(x)  # virtual
+    y = g.relu(h).set_output(True)
+    assert x.stride is None and h.dim is None and y.uid is None
+    g.validate()
+    assert x.stride == (60, 20, 5, 1)  # packed row-major
+    assert x.data_type is D.HALF  # io type for non-virtual
+    assert h.data_type is D.FLOAT and h.dim == (2, 3, 4, 5) and h.stride == (60, 20, 5, 1)
+    assert y.data_type is D.HALF and y.dim == (2, 3, 4, 5)
+    uids = [x.uid, h.uid, y.uid]
+    assert all(isinstance(u, int) for u in uids) and len(set(uids)) == 3
+    assert g.final.tensors[h.uid].is_virtual and not g.final.tensors[y.uid].is_virtual
+
+
+def test_assigned_uids_avoid_user_uids_and_repeat_across_graphs():
+    for _ in range(2):  # two graphs with the same UIDs
+        g = og.Graph()
+        a = g.tensor(dim=[4], name="a", uid=1)
+        b = g.tensor(dim=[4], name="b")
+        c = g.tensor(dim=[4], name="c", uid=3)
+        ab = g.add(a, b)
+        s = g.add(ab, c).set_output(True)
+        g.validate()
+        assert a.uid == 1 and c.uid == 3
+        uids = [a.uid, b.uid, c.uid, ab.uid, s.uid]
+        assert len(set(uids)) == 5 and set(g.final.tensors) == set(uids)
+
+
+def test_setters_chain_and_invalidate():
+    g = og.Graph(io_data_type=D.FLOAT)
+    x = g.tensor(dim=[2, 3], name="x")
+    y = g.relu(x)
+    assert y.set_output(True) is y
+    assert y.set_name("y").set_data_type(D.HALF).set_uid(77).set_dim([2, 3]).set_stride([1, 2]) is y
+    assert x.set_is_virtual(False).set_is_pass_by_value(False) is x
+    final = g.validate().final
+    assert final.tensors[77].name == "y" and final.tensors[77].data_type is D.HALF
+    assert final.tensors[77].stride == (1, 2)
+    assert "validated" in repr(g)
+    y.set_name("renamed")  # any setter drops the validated graph
+    assert "validated" not in repr(g)
+    assert g.final is not final and g.final.tensors[77].name == "renamed"
+    y.set_uid(78)
+    assert 78 in g.final.tensors and 77 not in g.final.tensors
+    y.set_output(False)  # back to virtual: nobody reads it now
+    with pytest.raises(og.DataflowError, match="never read"):
+        g.validate()
+    y.set_output(True)
+    g.validate()
+
+
+def test_inferred_properties_do_not_override_user_values():
+    g = og.Graph(io_data_type=D.FLOAT)
+    x = g.tensor(dim=[2, 3, 4, 5], stride=[60, 1, 15, 3], name="x")  # NHWC
+    y = g.sigmoid(x).set_output(True)
+    g.validate()
+    assert y.stride == (60, 1, 15, 3)  # follows the input's layout
+    assert x.uid is not None
+    y.set_data_type(D.BFLOAT16)
+    assert y.data_type is D.BFLOAT16  # the user's value, before and after validate
+    g.validate()
+    assert y.data_type is D.BFLOAT16
+
+
+# -- tensor_like ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, dims, strides, dt", [
+    (lambda: np.zeros((2, 3, 4, 5), np.float32), (2, 3, 4, 5), (60, 20, 5, 1), D.FLOAT),
+    (lambda: np.zeros((2, 4, 5, 3), np.float16).transpose(0, 3, 1, 2), (2, 3, 4, 5), (60, 1, 15, 3), D.HALF),
+    (lambda: np.zeros((4, 6), np.int8)[:, ::2], (4, 3), (6, 2), D.INT8),
+    (lambda: np.zeros((3, 4), np.float64).T, (4, 3), (1, 4), D.DOUBLE),
+    (lambda: np.zeros((5,), ml_dtypes.bfloat16), (5,), (1,), D.BFLOAT16),
+    (lambda: np.zeros((2, 2), ml_dtypes.float8_e4m3fn), (2, 2), (2, 1), D.FP8_E4M3),
+    (lambda: np.zeros((2, 1, 3), np.bool_), (2, 1, 3), (3, 3, 1), D.BOOLEAN),
+    (lambda: np.zeros((), np.float32), (1,), (1,), D.FLOAT),
+], ids=["nchw", "nhwc-view", "strided", "transposed", "bf16", "fp8", "bool", "0d"])
+def test_tensor_like_numpy(make, dims, strides, dt):
+    g = og.Graph()
+    t = g.tensor_like(make(), name="t", uid=9)
+    assert (t.dim, t.stride, t.data_type, t.name, t.uid) == (dims, strides, dt, "t", 9)
+    assert not t.is_virtual and not t.is_pass_by_value
+
+
+def test_tensor_like_python_number_is_pass_by_value():
+    g = og.Graph(compute_data_type=D.FLOAT)
+    s = g.tensor_like(0.5, name="s")
+    assert s.is_pass_by_value and s.dim == (1,) and s.data_type is D.FLOAT
+
+
+def test_tensor_like_rejects_what_it_cannot_describe():
+    g = og.Graph()
+    with pytest.raises(og.ShapeError) as ei:
+        g.tensor_like(np.zeros((3, 4), np.float32)[::-1])  # negative strides
+    assert "[rule tensor.stride]" in str(ei.value)
+    with pytest.raises(og.DataTypeError):
+        g.tensor_like(np.zeros(3, np.complex64))
+    with pytest.raises(og.VariantPackError):
+        g.tensor_like("not a buffer")
+    with pytest.raises(og.ShapeError):
+        g.tensor_like(np.zeros((2, 0), np.float32))  # zero-sized
+    assert g._tensors == []  # nothing half-declared
+
+
+def test_tensor_like_torch():
+    torch = pytest.importorskip("torch")
+    g = og.Graph()
+    cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    t = g.tensor_like(cl)
+    assert t.dim == (2, 3, 4, 5) and t.stride == (60, 1, 15, 3) and t.data_type is D.FLOAT
+    t = g.tensor_like(torch.zeros(4, 6, dtype=torch.bfloat16)[:, 1::2])
+    assert t.dim == (4, 3) and t.stride == (6, 2) and t.data_type is D.BFLOAT16
+    t = g.tensor_like(torch.zeros(3, dtype=torch.float8_e5m2, requires_grad=False))
+    assert t.data_type is D.FP8_E5M2
+    t = g.tensor_like(torch.zeros(2, 3, dtype=torch.float16, requires_grad=True))
+    assert t.dim == (2, 3) and t.data_type is D.HALF
+
+
+class DLPackOnly:
+    """Any object with the DLPack protocol and nothing else."""
+
+    def __init__(self, array):
+        self._a = array
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_tensor_like_dlpack():
+    g = og.Graph()
+    a = np.arange(24, dtype=np.int32).reshape(2, 3, 4).transpose(0, 2, 1)
+    t = g.tensor_like(DLPackOnly(a))
+    assert t.dim == (2, 4, 3) and t.stride == (12, 1, 4) and t.data_type is D.INT32
+
+
+def test_tensor_like_layouts_execute(rng):
+    """Tensors described by tensor_like take those very buffers in the variant pack."""
+    torch = pytest.importorskip("torch")
+    x_t = torch.from_numpy(rng.uniform(-2, 2, (2, 3, 4, 5)).astype(np.float32)).to(
+        memory_format=torch.channels_last)
+    b_np = rng.uniform(-2, 2, (1, 3, 1, 1)).astype(np.float32)
+    g = og.Graph(io_data_type=D.FLOAT)
+    x = g.tensor_like(x_t, name="x")
+    b = g.tensor_like(DLPackOnly(b_np), name="b")
+    y = g.add(x, b).set_output(True).set_name("y")
+    g.validate()
+    assert y.stride == (60, 1, 15, 3)
+    out = poison(torch.empty_like(x_t).numpy())  # channels_last too
+    out_t = torch.from_numpy(out)
+    g.build(device="cpu").execute({x: x_t, b: b_np, y: out_t})
+    want = (x_t.double() + torch.from_numpy(b_np).double()).numpy()
+    assert compare(g.final.tensors[y.uid], out, want) is None
+
+
+# -- bad values ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim", [[0, 2], [-1, 2], [1.5, 2], 5, [True, 2], ["2"], [2**63]],
+                         ids=lambda v: repr(v))
+def test_bad_dims(dim):
+    g = og.Graph()
+    with pytest.raises(og.ShapeError) as ei:
+        g.tensor(dim=dim, name="bad")
+    assert "[rule tensor.dim]" in str(ei.value) and "'bad'" in str(ei.value)
+    t = g.tensor(dim=[2], name="ok")
+    with pytest.raises(og.ShapeError):
+        t.set_dim(dim)
+    assert t.dim == (2,)  # unchanged by the failed setter
+
+
+@pytest.mark.parametrize("stride", [[-1, 1], [1.0, 1], "ab", [None, 1]], ids=lambda v: repr(v))
+def test_bad_strides(stride):
+    g = og.Graph()
+    with pytest.raises(og.ShapeError) as ei:
+        g.tensor(dim=[2, 2], stride=stride, name="bad")
+    assert "[rule tensor.stride]" in str(ei.value) and "'bad'" in str(ei.value)
+
+
+@pytest.mark.parametrize("uid", [-1, 2**63, "7", 1.0, True], ids=lambda v: repr(v))
+def test_bad_uids(uid):
+    g = og.Graph()
+    with pytest.raises(og.GraphError) as ei:
+        g.tensor(dim=[2], uid=uid, name="bad")
+    assert "[rule tensor.uid]" in str(ei.value) and "'bad'" in str(ei.value)
+    assert g.tensor(dim=[2], uid=np.int64(2**63 - 1)).uid == 2**63 - 1  # the largest int64 is fine
