@@ -15,6 +15,7 @@ class Device:
     index: int = 0
     name: str = "cpu"
     capability: tuple[int, int] | None = None
+    sm_count: int = 4  # multiprocessors: sizes grids (a few "programs" on the CPU interpreter)
 
     @property
     def is_cuda(self) -> bool:
@@ -55,5 +56,5 @@ def resolve_device(device: str | Device | None) -> Device:
         import torch
 
         props = torch.cuda.get_device_properties(index)
-        return Device("cuda", index, props.name, (props.major, props.minor))
+        return Device("cuda", index, props.name, (props.major, props.minor), props.multi_processor_count)
     raise GraphError(f"unknown device {device!r}", rule="device.unknown", hint="use 'cpu', 'cuda' or 'cuda:N'")

@@ -274,6 +274,7 @@ def _finalize_node(
     ]
     cdt = rec.compute_data_type or g.compute_data_type
     ctx = NodeContext(label, roles, inputs, op.output_roles(), drafts, cdt, g.intermediate_data_type)
+    op = op.normalize(ctx)
     specs = op.infer(ctx)
     if len(specs) != len(drafts):
         raise RuntimeError(f"{op.kind}.infer returned {len(specs)} specs for {len(drafts)} outputs")

@@ -146,3 +146,26 @@ def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, *, rtol: float 
     idx = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
     unwritten = int((np.isnan(g) & ~np.isnan(w)).sum()) if desc.data_type.is_floating else 0
     return Mismatch(desc, tuple(int(i) for i in idx), float(g[idx]), float(w[idx]), float(err.max()), unwritten)
+
+
+def check_plan(plan: Any, rng: np.random.Generator, *, prepare: Any = None, rtol: float | None = None,
+               atol: float | None = None, **kw: Any) -> list[Mismatch]:
+    """Run `plan` on random inputs (poisoned outputs) and compare every output with the reference
+    engine. `prepare(pack)` may adjust the NumPy inputs first (e.g. positive variances). On CUDA
+    the pack is copied to the device with the same strides. Returns the mismatches (empty = pass)."""
+    graph = plan.graph
+    pack = random_pack(graph, rng, **kw)
+    if prepare is not None:
+        prepare(pack)
+    want = reference_outputs(graph, pack)
+    if plan.device.is_cuda:
+        from .torch_interop import pack_to_device, torch_to_numpy
+
+        dev = pack_to_device(pack, f"cuda:{plan.device.index}")
+        plan.execute(dev)
+        got = {u: torch_to_numpy(dev[u]) for u in graph.outputs}
+    else:
+        plan.execute(pack)
+        got = {u: pack[u] for u in graph.outputs}
+    return [m for u in graph.outputs
+            if (m := compare(graph.tensors[u], got[u], want[u], rtol=rtol, atol=atol)) is not None]

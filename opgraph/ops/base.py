@@ -153,6 +153,12 @@ class Op:
         """Roles that accept a Python number (a `Const`)."""
         return self.scalar_inputs()
 
+    def normalize(self, ctx: NodeContext) -> Op:
+        """The op with attributes made explicit now that input dims are known (e.g. one padding
+        value for every spatial dim expanded to a tuple). The finalized graph stores the result, so
+        equal graphs have equal attributes whatever form the builder was given."""
+        return self
+
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         """Output dims/strides/dtypes from the inputs, one TensorSpec per output role."""
         raise NotImplementedError

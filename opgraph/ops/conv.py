@@ -14,6 +14,8 @@ spatial axes are per axis (o*s + r*d means the vector of o_i*s_i + r_i*d_i).
 
 from __future__ import annotations
 
+import dataclasses
+
 import enum
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -175,15 +177,26 @@ class _Conv(Op):
     """Attributes and rules shared by the three convolution ops. An empty tuple means the default
     for every spatial axis (padding 0, stride 1, dilation 1), as cuDNN's empty lists do."""
 
-    pre_padding: tuple[int, ...] = ()
-    post_padding: tuple[int, ...] = ()
-    stride: tuple[int, ...] = ()
-    dilation: tuple[int, ...] = ()
+    pre_padding: tuple[int, ...] | int = ()
+    post_padding: tuple[int, ...] | int = ()
+    stride: tuple[int, ...] | int = ()
+    dilation: tuple[int, ...] | int = ()
     convolution_mode: ConvolutionMode = ConvolutionMode.CROSS_CORRELATION
+
+    def normalize(self, ctx: NodeContext) -> _Conv:
+        """Expand defaults (empty tuples) and one-int-for-every-dim values to full tuples."""
+        first = ctx.input(self.INPUTS[0])
+        if not isinstance(first, TensorDesc) or not 3 <= len(first.dim) <= 5:
+            return self  # infer reports the rank
+        geo = self.geometry(len(first.dim) - 2)
+        return dataclasses.replace(self, pre_padding=geo.pre, post_padding=geo.post, stride=geo.stride,
+                                   dilation=geo.dilation)
 
     def geometry(self, nsp: int) -> Geometry:
         """The attributes resolved for `nsp` spatial axes (no checks: see `_checked_geometry`)."""
-        def full(values: tuple[int, ...], default: int) -> tuple[int, ...]:
+        def full(values: tuple[int, ...] | int, default: int) -> tuple[int, ...]:
+            if isinstance(values, int):
+                return (values,) * nsp
             return values if values else (default,) * nsp
 
         return Geometry(full(self.pre_padding, 0), full(self.post_padding, 0), full(self.stride, 1),
@@ -212,7 +225,7 @@ class _Conv(Op):
         role = self.INPUTS[0]
         for attr in ("pre_padding", "post_padding", "stride", "dilation"):
             values = getattr(self, attr)
-            if values and len(values) != nsp:
+            if isinstance(values, tuple) and values and len(values) != nsp:
                 ctx.error(
                     AttributeValueError, f"{attr} {list(values)} has {len(values)} value(s) but the "
                     f"convolution has {nsp} spatial dim(s)", tensor=role, rule="conv.attr_length",
@@ -462,14 +475,8 @@ def _ints(value: IntOrInts, default: int, what: str, nsp: int | None, label: str
     if value is None or isinstance(value, (int, np.integer)):
         if isinstance(value, bool):
             raise bad()
-        if nsp is None:
-            if value is None:
-                return ()  # resolved to the default at validation, once the rank is known
-            raise AttributeValueError(
-                f"{what}={value} is one value for every spatial dim, but no input has dims yet to say how "
-                "many spatial dims there are", op=label, rule="conv.attr_scalar",
-                hint=f"pass {what} as a list with one int per spatial dim, or set the inputs' dims first",
-            )
+        if nsp is None:  # expanded by normalize() at validation, once the rank is known
+            return () if value is None else int(value)  # type: ignore[return-value]
         return (default if value is None else int(value),) * nsp
     try:
         items = tuple(value)

@@ -404,12 +404,15 @@ def test_attr_type(kwargs):
     assert info.value.rule == "conv.attr_type" and "[rule conv.attr_type]" in str(info.value)
 
 
-def test_scalar_needs_a_known_rank():
+def test_scalar_attrs_expand_once_the_rank_is_known():
     g, t = _graph(X=[1, 4, 5, 5], W=[2, 4, 3, 3])
     x, w = g.relu(t["X"]), g.relu(t["W"])  # op outputs: no dims before validation
-    with pytest.raises(og.AttributeValueError) as info:
-        g.conv_fprop(x, w, stride=2)
-    assert info.value.rule == "conv.attr_scalar" and "stride=2" in str(info.value)
-    y = g.conv_fprop(x, w, padding=[1, 1]).set_output(True)  # lists, and defaults, are fine
+    y = g.conv_fprop(x, w, padding=1, stride=2, name="c").set_output(True)
     g.validate()
-    assert y.dim == (1, 2, 5, 5)
+    assert y.dim == (1, 2, 3, 3)
+    node = next(n for n in g.final.nodes if n.kind == "conv_fprop")
+    assert node.op.pre_padding == (1, 1) and node.op.stride == (2, 2) and node.op.dilation == (1, 1)
+    # the same conv given lists has the same attributes, hence the same graph key
+    g2, t2 = _graph(X=[1, 4, 5, 5], W=[2, 4, 3, 3])
+    g2.conv_fprop(g2.relu(t2["X"]), g2.relu(t2["W"]), padding=[1, 1], stride=[2, 2], name="c").set_output(True)
+    assert [n.op for n in g2.final.nodes] == [n.op for n in g.final.nodes]

@@ -7,24 +7,35 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from typing import Any, Mapping
 
 import numpy as np
 
-from ...device import Device
+from ...device import Device, cuda_usable
 from ...heuristics import HeurMode
 from ...partition import Piece
 from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
 from .loader import load_module
+from .templates import discover
 from .templates.base import Arg, Generated, Template
-from .templates.pointwise import PointwiseTemplate
 
-TEMPLATES: list[Template] = [PointwiseTemplate()]
+TEMPLATES: list[Template] = discover()
 
 
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("torch") is not None
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter. Triton decides this when it is imported (its
+    own library functions are compiled or interpreted then), so on a machine without a GPU opgraph
+    turns the interpreter on before Triton's first import."""
+    if "triton" not in sys.modules and not cuda_usable():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _as_torch(value: Any) -> Any:
@@ -79,6 +90,11 @@ class TritonEngine(Engine):
     def available(self, device: Device) -> Support:
         if not _triton_installed():
             return Support.no("Triton and PyTorch are not installed (pip install 'opgraph[triton,torch]')")
+        if device.is_cuda and interpreting():
+            return Support.no("TRITON_INTERPRET=1 is set, so Triton cannot compile for the GPU in this process")
+        if not device.is_cuda and not interpreting():
+            return Support.no("on the CPU Triton kernels need Triton's interpreter: set TRITON_INTERPRET=1 "
+                              "before Triton is first imported")
         return Support.yes()
 
     def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:

@@ -43,6 +43,7 @@ class Generated:
 
 class Template(ABC):
     name: str
+    priority: int = 0  # higher is tried first
 
     @abstractmethod
     def match(self, piece: Piece, device: Device) -> Support: ...

@@ -143,3 +143,6 @@ class PointwiseTemplate(Template):
         launch = Launch("kernel", (-(-numel // block),), tuple(args),
                         (("BLOCK", block), ("num_warps", int(knobs["num_warps"]))))
         return Generated(source, (launch,))
+
+
+TEMPLATE = PointwiseTemplate()
