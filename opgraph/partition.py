@@ -100,27 +100,38 @@ def make_piece(graph: FinalGraph, index: int, nodes: Sequence[Node]) -> Piece:
 def partition(
     graph: FinalGraph, engines: Sequence[Engine], device: Device, *, allow_partition: bool = True
 ) -> tuple[list[Piece], list[Cut]]:
-    """Greedy: extend the current piece with the next op while some engine supports the result."""
+    """Greedy over the topological order. `engines` are in order of preference: a piece belongs to
+    the most preferred engine that runs it, and grows by the next op only while an engine at least
+    as preferred runs the grown piece (so a catch-all engine never swallows what a better one fuses)."""
     groups: list[list[Node]] = []
+    owners: list[int] = []
     cuts: list[Cut] = []
     for node in graph.nodes:
         if groups:
             candidate = make_piece(graph, len(groups) - 1, [*groups[-1], node])
-            verdicts = [(e.name, e.supports(candidate, device)) for e in engines]
-            if any(v.ok for _, v in verdicts):
+            verdicts = [(e.name, e.supports(candidate, device)) for e in engines[: owners[-1] + 1]]
+            fit = next((rank for rank, (_, v) in enumerate(verdicts) if v.ok), None)
+            if fit is not None:
                 groups[-1].append(node)
+                owners[-1] = fit
                 continue
             cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
         alone = make_piece(graph, len(groups), [node])
         verdicts = [(e.name, e.supports(alone, device)) for e in engines]
-        if not any(v.ok for _, v in verdicts):
+        best = next((rank for rank, (_, v) in enumerate(verdicts) if v.ok), None)
+        if best is None:
             reasons = "; ".join(f"{name}: {v.reason}" for name, v in verdicts)
             raise UnsupportedGraphError(
                 f"no allowed engine runs this op ({reasons})", op=node.label(), rule="engine.no_support",
                 hint="allow another engine (engines=[...]); 'reference' runs every op on the CPU",
             )
         groups.append([node])
+        owners.append(best)
     if not allow_partition and len(groups) > 1:
+        whole = make_piece(graph, 0, graph.nodes)
+        single = next((e for e in engines if e.supports(whole, device).ok), None)
+        if single is not None:
+            return [whole], []
         cut = cuts[0]
         reasons = "; ".join(f"{name}: {why}" for name, why in cut.reasons)
         raise UnsupportedGraphError(

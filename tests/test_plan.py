@@ -129,10 +129,13 @@ def test_engine_configs_per_heuristic_mode(modes):
 
 def test_engine_configs_rank_per_mode_for_each_engine():
     g, _ = chain_graph()
-    pieces = g.engine_configs(heur_mode=[H.B, H.INSTANT], device="cpu", engines=["test_one_op", "reference"])
-    assert len(pieces) == 1  # the reference engine runs the whole graph as one piece
+    pieces = g.engine_configs(heur_mode=[H.B, H.INSTANT], device="cpu", engines=["reference", "test_one_op"])
+    assert len(pieces) == 1  # the preferred reference engine runs the whole graph as one piece
     assert [c.engine for c in pieces[0].configs] == ["reference"]
     assert pieces[0].declined == (("test_one_op", "one op per kernel"),)
+    # engines are in order of preference: a preferred one-op engine gets one piece per op
+    pieces = g.engine_configs(heur_mode=[H.B], device="cpu", engines=["test_one_op", "reference"])
+    assert [p.configs[0].engine for p in pieces] == ["test_one_op"] * 4
 
 
 def test_bad_heuristic_modes():
