@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .buffers import BufferInfo, buffer_info
+from .buffers import BufferInfo, buffer_info, tensor_from_pointer
 from .device import Device
 from .errors import GraphError, VariantPackError
 from .ir import FinalGraph
@@ -173,6 +173,11 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int
         if desc.is_pass_by_value:
             out[uid] = _scalar(value, desc)
             continue
+        if device.is_cuda and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            if int(value) <= 0:
+                raise VariantPackError(f"a raw device pointer must be a positive address, got {value}",
+                                       tensor=desc, rule="pack.pointer", hint="pass tensor.data_ptr()")
+            value = tensor_from_pointer(int(value), desc.dim, desc.stride, desc.data_type, device.index)
         try:
             info = buffer_info(value)
         except GraphError as err:  # not a buffer, or one of a type opgraph does not know: name the tensor

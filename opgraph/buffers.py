@@ -73,6 +73,9 @@ def buffer_info(obj: Any) -> BufferInfo:
                 f"__cuda_array_interface__ typestr {cai['typestr']!r} is not supported",
                 rule="pack.dtype", hint="pass a float16/32/64, int8/32/64, uint8 or bool buffer",
             )
+        torch = sys.modules.get("torch")
+        if torch is not None:  # a zero-copy torch view, so every engine can use it
+            return buffer_info(torch.as_tensor(obj, device="cuda"))
         dt = as_data_type(_TYPESTR[typestr])
         shape = tuple(cai["shape"])
         strides = cai.get("strides")
@@ -94,3 +97,28 @@ def buffer_info(obj: Any) -> BufferInfo:
         hint="bind a NumPy array, a PyTorch tensor, a DLPack or __cuda_array_interface__ object "
         "(or, on CUDA, a raw device pointer as an int)",
     )
+
+
+_CARRIER_TYPESTR = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+class _PointerView:
+    """A raw device pointer presented through __cuda_array_interface__ (as unsigned carriers of the
+    element size), so PyTorch can wrap it without a copy."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape, "strides": tuple(s * itemsize for s in strides),
+            "typestr": _CARRIER_TYPESTR[itemsize], "data": (int(ptr), False), "version": 3,
+        }
+
+
+def tensor_from_pointer(ptr: int, dim: tuple[int, ...], stride: tuple[int, ...], data_type: DataType,
+                        device_index: int) -> Any:
+    """A torch tensor over device memory at `ptr` with the given dims, strides and type. opgraph
+    cannot check that the memory is there: a raw pointer is the caller's promise."""
+    import torch
+
+    view = _PointerView(ptr, dim, stride, data_type.itemsize)
+    carrier = torch.as_tensor(view, device=f"cuda:{device_index}")
+    return carrier.view(data_type.to_torch())

@@ -3,12 +3,12 @@ tensors crossing pieces. `execute` binds a variant pack and runs the steps in or
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
-from .bindings import arrays_overlap, bind
+from . import workspace as wsp
+from .bindings import bind
 from .device import Device, resolve_device
 from .engines import get_engine
 from .engines.base import Engine, EngineConfig, Kernel
@@ -16,9 +16,6 @@ from .errors import GraphError, UnsupportedGraphError, VariantPackError
 from .heuristics import HeurMode, PieceConfigs, as_modes, rank_configs
 from .ir import FinalGraph
 from .partition import Cut, Piece, partition
-from .tensor import strided_view
-
-ALIGN = 256  # bytes; every workspace slot starts on this boundary
 
 
 @dataclass(frozen=True)
@@ -28,6 +25,17 @@ class Step:
     config: EngineConfig
     kernel: Kernel = field(compare=False, repr=False)
     alternatives: tuple[EngineConfig, ...] = ()
+
+
+def _on_stream(stream: Any, device: Device) -> Any:
+    """A context that makes `stream` current (torch), or does nothing."""
+    if stream is None or not device.is_cuda:
+        return contextlib.nullcontext()
+    import torch
+
+    if isinstance(stream, int):
+        stream = torch.cuda.ExternalStream(stream, device=f"cuda:{device.index}")
+    return torch.cuda.stream(stream)
 
 
 def default_engines(device: Device) -> list[str]:
@@ -103,63 +111,40 @@ class ExecutionPlan:
         self.device = device
         self.steps = steps
         self.cuts = cuts
-        self.workspace_layout = self._layout()
-        self.workspace_size = max((off + n for off, n in self.workspace_layout.values()), default=0)
-        self._workspace: Any = None
+        self.layout = wsp.plan_layout(
+            graph, [s.piece.outputs for s in steps], [getattr(s.kernel, "scratch_bytes", 0) for s in steps]
+        )
+        self.workspace_size = self.layout.size
+        self._owned: Any = None  # the workspace the plan allocated, and its views
+        self._owned_views: dict[int, Any] = {}
 
-    def _layout(self) -> dict[int, tuple[int, int]]:
-        """Workspace slots (offset, bytes) for virtual tensors that cross pieces."""
-        layout: dict[int, tuple[int, int]] = {}
-        offset = 0
-        for step in self.steps:
-            for uid in step.piece.outputs:
-                t = self.graph.tensors[uid]
-                if t.is_virtual and uid not in layout:
-                    layout[uid] = (offset, t.nbytes)
-                    offset += -(-t.nbytes // ALIGN) * ALIGN
-        return layout
+    @property
+    def workspace_layout(self) -> Mapping[int, tuple[int, int]]:
+        """Workspace slots (offset, bytes) of the virtual tensors that cross pieces."""
+        return self.layout.tensors
 
     # -- running -----------------------------------------------------------------------------------
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
         """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
-        `workspace_size` bytes on the plan's device."""
+        `workspace_size` bytes on the plan's device. `stream`: a torch.cuda.Stream (or a raw
+        cudaStream_t as an int) to run on; default the current stream."""
         buffers = bind(self.graph, self.device, variant_pack)
-        buffers.update(self._workspace_views(workspace, buffers))  # checked before any step runs
-        for step in self.steps:
-            step.kernel.run(buffers, stream)
+        base, views = self._workspace(workspace, buffers)  # checked before any step runs
+        buffers.update(views)
+        with _on_stream(stream, self.device):
+            for step in self.steps:
+                step.kernel.run(buffers, stream, wsp.scratch_view(base, self.layout, step.index))
 
-    def _workspace_views(self, workspace: Any, bound: Mapping[int, Any]) -> dict[int, Any]:
-        if workspace is None and not self.workspace_layout:
-            return {}
-        if workspace is None:
-            if self._workspace is None:
-                self._workspace = np.empty(self.workspace_size, dtype=np.uint8)
-            workspace = self._workspace
-        if (not isinstance(workspace, np.ndarray) or workspace.dtype != np.uint8 or workspace.ndim != 1
-                or not workspace.flags.c_contiguous):
-            raise VariantPackError(
-                "the workspace must be a contiguous 1-D uint8 NumPy array on the CPU", rule="pack.workspace",
-                hint="pass np.empty(plan.workspace_size, np.uint8), or None to let the plan allocate",
-            )
-        if workspace.nbytes < self.workspace_size:
-            raise VariantPackError(
-                f"the workspace has {workspace.nbytes} bytes but the plan needs {self.workspace_size}",
-                rule="pack.workspace_size", hint="allocate plan.workspace_size bytes",
-            )
-        if not workspace.flags.writeable:
-            raise VariantPackError("the workspace is read-only", rule="pack.workspace",
-                                   hint="pass a writeable np.empty(plan.workspace_size, np.uint8)")
-        for uid, buf in bound.items():
-            if isinstance(buf, np.ndarray) and arrays_overlap(workspace[:self.workspace_size], buf):
-                raise VariantPackError(
-                    "the workspace overlaps the buffer bound to this tensor", tensor=self.graph.tensors[uid],
-                    rule="pack.workspace_overlap", hint="give the workspace memory of its own",
-                )
-        views = {}
-        for uid, (offset, nbytes) in self.workspace_layout.items():
-            t = self.graph.tensors[uid]
-            views[uid] = strided_view(workspace[offset:offset + nbytes].view(t.data_type.numpy), t.dim, t.stride)
-        return views
+    def _workspace(self, user: Any, bound: Mapping[int, Any]) -> tuple[Any, dict[int, Any]]:
+        if user is not None:
+            base = wsp.check(user, self.workspace_size, self.device, self.graph, bound)
+            return base, wsp.tensor_views(base, self.layout, self.graph)
+        if self.workspace_size == 0:
+            return None, {}
+        if self._owned is None:
+            self._owned = wsp.allocate(self.workspace_size, self.device)
+            self._owned_views = wsp.tensor_views(self._owned, self.layout, self.graph)
+        return self._owned, self._owned_views
 
     # -- explaining ----------------------------------------------------------------------------------
     def describe(self) -> str:

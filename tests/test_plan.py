@@ -10,7 +10,7 @@ import opgraph as og
 from opgraph.engines import get_engine, register_engine
 from opgraph.engines.base import Engine, EngineConfig, Support
 from opgraph.engines.reference import ReferenceKernel
-from opgraph.plan import ALIGN
+from opgraph.workspace import ALIGN
 from opgraph.testing import compare, poison, random_pack, random_values, reference_outputs
 
 D = og.DataType
