@@ -14,7 +14,7 @@ from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Sup
 ENGINES: dict[str, Engine] = {}
 # Engines that live in modules of their own, loaded on first use so that the core imports no
 # GPU library.
-_LAZY = {"reference": ".reference", "triton": ".triton"}
+_LAZY = {"reference": ".reference", "triton": ".triton", "torch": ".torch_engine"}
 
 
 def register_engine(engine: Engine) -> Engine:

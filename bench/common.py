@@ -1,0 +1,71 @@
+"""Helpers shared by the workload modules: tensors, the opgraph and peer implementations."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+import opgraph as og
+
+from .harness import Session, Workload, relerr
+
+DEV = "cuda"
+
+
+def cl(t: torch.Tensor) -> torch.Tensor:
+    return t.to(memory_format=torch.channels_last)
+
+
+def randn(*shape: int, dtype=torch.float16, scale: float = 1.0, channels_last: bool = False) -> torch.Tensor:
+    t = torch.randn(*shape, device=DEV, dtype=torch.float32).mul_(scale).to(dtype)
+    return cl(t) if channels_last else t
+
+
+def like(g: og.Graph, t: torch.Tensor, name: str) -> og.Tensor:
+    return g.tensor_like(t, name=name)
+
+
+def out_like(t: og.Tensor) -> torch.Tensor:
+    """An empty device tensor with the output's dims, strides and type (after validation)."""
+    return torch.empty_strided(t.dim, t.stride, dtype=t.data_type.to_torch(), device=DEV)
+
+
+def run_opgraph(s: Session, w: Workload, g: og.Graph, pack: Mapping[Any, Any],
+                checks: Mapping[og.Tensor, Callable[[], torch.Tensor]], *, autotune: bool = False,
+                engines: list[str] | None = None) -> og.ExecutionPlan | None:
+    """Build g (heuristics, and tuned when asked), check the outputs against float64 references,
+    time plan.execute and a CUDA-graph replay of it."""
+    plan = None
+    for label, tuned in (("opgraph", False), ("opgraph tuned", True)):
+        if tuned and not autotune:
+            continue
+        try:
+            plan = g.build(device="cuda", autotune=tuned, **({"engines": engines} if engines else {}))
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            s.run(w, label, lambda e=e: (_ for _ in ()).throw(e))
+            continue
+        steps = ", ".join(st.config.engine + ":" + str(st.config.knob("template", "")) for st in plan.steps)
+
+        def check(plan=plan) -> float:
+            plan.execute(pack)
+            torch.cuda.synchronize()
+            return max(relerr(pack[t], ref()) for t, ref in checks.items())
+
+        s.run(w, label, lambda plan=plan: plan.execute(pack), check=check, note=f"[{len(plan.steps)} steps: {steps}]")
+    return plan
+
+
+def run_compiled(s: Session, w: Workload, fn: Callable[..., Any], args: tuple, **kw: Any) -> None:
+    def make():
+        f = torch.compile(fn)
+        f(*args)
+        f(*args)
+        return f
+
+    try:
+        f = make()
+    except Exception as e:  # noqa: BLE001
+        s.run(w, "torch.compile", lambda e=e: (_ for _ in ()).throw(e))
+        return
+    s.run(w, "torch.compile", lambda: f(*args), **kw)

@@ -1,0 +1,69 @@
+"""Run the benchmark suite on a GPU: `python -m bench.run [GROUP_OR_WORKLOAD ...] [--autotune]`.
+
+Writes results.json and results.md into --out (default $OUT or /tmp) and prints the table."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import gemm, memory
+    from .harness import Session
+
+    table = {**memory.WORKLOADS, **gemm.WORKLOADS}
+    groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS)}
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("which", nargs="*", help=f"groups {list(groups)} or workloads {list(table)} (default: all)")
+    ap.add_argument("--autotune", action="store_true", help="also time plans built with autotune=True")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = ap.parse_args(argv)
+    names: list[str] = []
+    for w in args.which or list(groups):
+        names += groups.get(w, [w])
+    torch.backends.cudnn.benchmark = True
+    s = Session()
+    s.meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    try:
+        import triton
+
+        s.meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    from . import peers
+
+    s.meta["cudnn_frontend"] = getattr(peers.cudnn, "__version__", None) if peers.available() else None
+    print(s.meta, flush=True)
+    s.measure_ceilings()
+    for n in names:
+        if n not in table:
+            print(f"unknown workload {n}; known: {list(table)}", file=sys.stderr)
+            return 2
+        try:
+            table[n](s, args.autotune)
+        except Exception:  # noqa: BLE001 - keep going: one broken workload must not lose the run
+            import traceback
+
+            traceback.print_exc()
+    md = s.markdown()
+    header = (f"Measured {s.meta['date']} on {s.meta['device']}: torch {s.meta['torch']}, cuDNN {s.meta['cudnn']}, "
+              f"Triton {s.meta.get('triton')}, cuDNN frontend {s.meta['cudnn_frontend']}. Ceilings: copy "
+              f"{s.ceilings['copy_gbps']:.0f} GB/s, fp16 GEMM {s.ceilings['gemm_tflops']:.0f} TFLOP/s. "
+              "Times in µs (median, CUDA events, triton.testing.do_bench), one run.\n\n")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        f.write(s.to_json())
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(header + md + "\n")
+    print("\n" + header + md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

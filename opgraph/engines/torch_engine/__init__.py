@@ -1,0 +1,162 @@
+"""The torch engine: every op, one by one, through PyTorch on the plan's device.
+
+It is the fallback that makes every valid graph run on a GPU: a piece of any ops is one kernel
+whose `run` calls the ops' torch mappings in order (cuDNN/cuBLAS for convolutions and matmuls,
+ATen kernels for the rest). On the CPU (device="cpu") the same mappings run on CPU tensors that
+alias the NumPy buffers, which is how the tests check them.
+
+Behaviour:
+- numerics follow the reference engine: float32 compute (float64 for DOUBLE, INT32 or INT64 data),
+  every op output rounded to its declared type, intermediates included (see common.py);
+- fp32 convolutions and matmuls are exact fp32 on CUDA (TF32 off, see precision.py); fp16/bf16 ones
+  whose output has the operands' type run in that type on tensor cores with fp32 accumulation
+  (NumericalNote.TENSOR_CORE); elsewhere operands are upcast to fp32;
+- scalars (epsilon, momentum, clips) given as 1-element tensors stay on the device: no op of the
+  engine reads a device value on the host, except the host fallback;
+- an op without a torch mapping runs its reference implementation on the host (HOST_EXECUTION,
+  a synchronisation per such op);
+- a piece's outputs are written with `copy_` into the bound buffers (any strides), once every op
+  of the piece ran, so an in-place update reads its old value.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import nullcontext
+from typing import Any, Mapping
+
+from ...device import Device
+from ...heuristics import HeurMode
+from ...partition import Piece
+from .. import register_engine
+from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from . import conv, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
+from .common import IMPLS, Call, as_torch, finish, wide_compute
+from .host import run_on_host
+from .precision import exact_math
+
+_GEMM = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
+_LOW = ("half", "bfloat16")
+
+
+def _torch_device(device: Device) -> Any:
+    import torch
+
+    return torch.device(f"cuda:{device.index}" if device.is_cuda else "cpu")
+
+
+def host_ops(piece: Piece) -> list[str]:
+    """Labels of the piece's ops that have no torch mapping (they run on the host)."""
+    return [n.label() for n in piece.nodes if n.kind not in IMPLS]
+
+
+def _tensor_core_ops(piece: Piece) -> bool:
+    """Whether a conv/matmul of the piece runs natively in fp16/bf16 (on CUDA)."""
+    for n in piece.nodes:
+        if n.kind not in _GEMM or wide_compute(n, piece.graph.tensors):
+            continue
+        types = {piece.graph.tensors[u].data_type.value for u in (*n.input_uids(), *n.output_uids())}
+        if len(types) == 1 and types <= set(_LOW):
+            return True
+    return False
+
+
+def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
+    fallback = host_ops(piece)
+    numerical: set[NumericalNote] = set()
+    behavior: set[BehaviorNote] = set()
+    if any(wide_compute(n, piece.graph.tensors) for n in piece.nodes):
+        numerical.add(NumericalNote.FP64_ACCUMULATION)
+    if device.is_cuda and _tensor_core_ops(piece):
+        numerical.add(NumericalNote.TENSOR_CORE)
+    if device.is_cuda and any(n.kind in ("conv_dgrad", "conv_wgrad") for n in piece.nodes):
+        numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick atomics-based algorithms
+    if fallback or not device.is_cuda:
+        behavior.add(BehaviorNote.HOST_EXECUTION)
+    if not fallback:
+        behavior.add(BehaviorNote.DEVICE_SCALARS)
+        if device.is_cuda:
+            behavior.add(BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API)
+    why = f"op by op through PyTorch on {device.kind} ({len(piece.nodes)} op(s))"
+    if fallback:
+        why += "; on the host through the reference engine (no torch mapping): " + ", ".join(fallback)
+    return EngineConfig("torch", (), frozenset(numerical), frozenset(behavior), why=why)
+
+
+class TorchKernel(Kernel):
+    """Runs a piece's nodes in order with their torch mappings (or the host fallback)."""
+
+    def __init__(self, piece: Piece, config: EngineConfig, device: Device) -> None:
+        super().__init__(piece, config)
+        self.device = device
+        self.native_low_precision = device.is_cuda
+        # resolved at compile time, so that a mapping removed later does not change a built plan
+        self.steps = [(n, IMPLS.get(n.kind, run_on_host)) for n in piece.nodes]
+
+    def _stream(self, stream: Any) -> Any:
+        if stream is None or not self.device.is_cuda:
+            return nullcontext()
+        import torch
+
+        if isinstance(stream, int):
+            stream = torch.cuda.ExternalStream(stream, device=_torch_device(self.device))
+        return torch.cuda.stream(stream)
+
+    def _inputs(self, buffers: Mapping[int, Any], dev: Any) -> dict[int, Any]:
+        values: dict[int, Any] = {}
+        for uid in self.piece.inputs:
+            desc = self.piece.tensor(uid)
+            t = as_torch(buffers[uid], desc, dev)
+            if not desc.is_pass_by_value and tuple(t.shape) != desc.dim and t.numel() == 1:
+                t = t.reshape(desc.dim)  # a 1-element buffer binds whatever its rank
+            values[uid] = t
+        return values
+
+    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        tensors = self.piece.graph.tensors
+        dev = _torch_device(self.device)
+        with self._stream(stream), exact_math(self.device.is_cuda):
+            values = self._inputs(buffers, dev)
+            for node, impl in self.steps:
+                call = Call(node, tensors, values, dev, self.native_low_precision)
+                results = impl(call)
+                for uid, result in zip(node.outputs, results):
+                    if uid is not None and result is not None:
+                        values[uid] = finish(result, tensors[uid])
+            self._write(buffers, values, dev)
+
+    def _write(self, buffers: Mapping[int, Any], values: Mapping[int, Any], dev: Any) -> None:
+        for uid in self.piece.outputs:
+            dst = as_torch(buffers[uid], self.piece.tensor(uid), dev)
+            src = values[uid]
+            if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+                src = src.clone()  # an in-place update whose result still aliases its input
+            dst.copy_(src.reshape(dst.shape) if src.shape != dst.shape else src)
+
+
+class TorchEngine(Engine):
+    name = "torch"
+
+    def available(self, device: Device) -> Support:
+        if importlib.util.find_spec("torch") is None:
+            return Support.no("PyTorch is not installed (pip install 'opgraph[torch]')")
+        if device.is_cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                return Support.no("this PyTorch build sees no CUDA GPU")
+        return Support.yes()
+
+    def supports(self, piece: Piece, device: Device) -> Support:
+        # Every op has a torch mapping or runs on the host through the reference engine.
+        return self.available(device)
+
+    def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
+        return [make_config(piece, device, mode)]
+
+    def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        return TorchKernel(piece, config, device)
+
+
+register_engine(TorchEngine())
+__all__ = ["TorchEngine", "TorchKernel", "IMPLS", "host_ops", "make_config"]

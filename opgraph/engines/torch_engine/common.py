@@ -1,0 +1,196 @@
+"""What every op mapping of the torch engine shares: the registry of mappings, the view of one node
+that a mapping gets (`Call`), buffer conversion and the reference engine's rounding, in torch.
+
+Numerics (the reference semantics, see opgraph/rounding.py): a node computes in float32, or in
+float64 when its compute type or any of its tensors is DOUBLE, INT32 or INT64 (so integer values
+stay exact, as in the float64 reference); every output is rounded to its declared type
+(`round_to`), intermediates included, so that an fp16 intermediate is fp16 here as everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ...dtypes import DataType, as_data_type
+from ...ir import Const, Node
+from ...tensor import TensorDesc
+
+if TYPE_CHECKING:
+    import torch
+
+# kind -> mapping. A mapping takes a `Call` and returns one torch tensor (or None) per output role,
+# in any dtype and any dims that broadcast to the output's (rounding and broadcasting follow).
+Mapping_ = Callable[["Call"], Sequence[Any]]
+IMPLS: dict[str, Mapping_] = {}
+
+_WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
+_CARRIER = {DataType.BFLOAT16: np.int16, DataType.FP8_E4M3: np.uint8, DataType.FP8_E5M2: np.uint8}
+_E4M3_MAX = 448.0
+
+
+def implements(*kinds: str) -> Callable[[Mapping_], Mapping_]:
+    """Decorator: register a mapping for op kinds."""
+    def register(fn: Mapping_) -> Mapping_:
+        for kind in kinds:
+            IMPLS[kind] = fn
+        return fn
+    return register
+
+
+def node_descs(node: Node, tensors: Mapping[int, TensorDesc]) -> list[TensorDesc]:
+    return [tensors[u] for u in (*node.input_uids(), *node.output_uids())]
+
+
+def wide_compute(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
+    """Whether `node` computes in float64 (see the module docstring)."""
+    return node.compute_data_type is DataType.DOUBLE or any(
+        d.data_type in _WIDE for d in node_descs(node, tensors))
+
+
+def as_torch(value: Any, desc: TensorDesc, device: torch.device) -> Any:
+    """A bound buffer as a torch tensor on `device`, zero-copy (NumPy arrays via torch.from_numpy,
+    bfloat16/fp8 through an integer view; __cuda_array_interface__ objects through torch.as_tensor).
+    Pass-by-value numbers stay Python numbers."""
+    import torch
+
+    if isinstance(value, torch.Tensor) or desc.is_pass_by_value:
+        return value
+    if isinstance(value, np.ndarray):
+        dt = as_data_type(value.dtype)
+        carrier = _CARRIER.get(dt)
+        with warnings.catch_warnings():  # read-only inputs: we never write them
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(value.view(carrier) if carrier is not None else value)
+        return t.view(dt.to_torch()) if carrier is not None else t
+    return torch.as_tensor(value, device=device)
+
+
+def to_numpy_f64(t: Any) -> np.ndarray:
+    """A torch tensor (any dtype, any device) or number as a float64 host array."""
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(float(t), dtype=np.float64)
+
+
+def round_to(t: torch.Tensor, dt: DataType) -> torch.Tensor:
+    """`t` in declared type `dt`, rounded as opgraph.rounding.round_to does: floats to nearest even
+    (fp8 E4M3 saturating to +-448), integers half to even with saturation and NaN -> 0, booleans as
+    value != 0."""
+    import torch
+
+    target = dt.to_torch()
+    if t.dtype == target:
+        return t
+    if dt is DataType.BOOLEAN:
+        return t != 0
+    if dt.is_integer:
+        info = np.iinfo(dt.numpy)
+        r = torch.nan_to_num(t.to(torch.float64), nan=0.0).round()  # torch.round: half to even
+        out = r.clamp(float(info.min), float(info.max)).to(target)
+        if dt is DataType.INT64:  # float(INT64 max) is 2**63, which does not cast back
+            out = torch.where(r >= 2.0**63, torch.full_like(out, info.max), out)
+        return out
+    if t.dtype == torch.bool:
+        t = t.to(torch.float32)
+    if dt is DataType.FP8_E4M3:
+        t = t.clamp(-_E4M3_MAX, _E4M3_MAX)  # NaN stays NaN
+    return t.to(target)
+
+
+@dataclass
+class Call:
+    """One node as a mapping sees it: operands in the compute type, scalars, output descriptors.
+
+    `values` holds every tensor computed so far or bound (torch tensors, or Python numbers for
+    pass-by-value scalars); `native_low_precision` lets GEMM-class mappings run fp16/bf16 operands
+    in their own type (tensor cores, fp32 accumulation) when the output has that type too.
+    """
+
+    node: Node
+    tensors: Mapping[int, TensorDesc]
+    values: Mapping[int, Any]
+    device: Any
+    native_low_precision: bool = False
+    _roles: dict[str, Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        self._roles = dict(zip(self.node.op.input_roles(), self.node.inputs))
+        self.compute = torch.float64 if wide_compute(self.node, self.tensors) else torch.float32
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def has(self, role: str) -> bool:
+        return self._roles.get(role) is not None
+
+    def desc(self, role: str) -> TensorDesc | None:
+        v = self._roles.get(role)
+        return self.tensors[v] if isinstance(v, int) else None
+
+    def raw(self, role: str) -> Any:
+        """The input as stored: a torch tensor of its declared type, a Python number or None."""
+        v = self._roles.get(role)
+        if v is None:
+            return None
+        if isinstance(v, Const):
+            return v.value
+        return self.values[v]
+
+    def tensor(self, role: str, dtype: Any = None) -> torch.Tensor:
+        """The input as a torch tensor in the compute type (or `dtype`), logical dims."""
+        import torch
+
+        value = self.raw(role)
+        dtype = self.compute if dtype is None else dtype
+        if not isinstance(value, torch.Tensor):
+            return torch.full((), float(value), dtype=dtype, device=self.device)
+        return value.to(dtype)
+
+    def operand(self, role: str) -> torch.Tensor | None:
+        """A pointwise-style operand: 1-element tensors and numbers become 0-d (they broadcast to
+        anything, whatever their rank)."""
+        if not self.has(role):
+            return None
+        t = self.tensor(role)
+        return t.reshape(()) if t.numel() == 1 else t
+
+    def scalar(self, role: str, default: float | None = None) -> torch.Tensor | None:
+        """A scalar input (epsilon, momentum, a clip) as a 0-d tensor in the compute type, read on
+        the device at run time (no host synchronisation)."""
+        if not self.has(role):
+            if default is None:
+                return None
+            import torch
+
+            return torch.full((), float(default), dtype=self.compute, device=self.device)
+        return self.tensor(role).reshape(())
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def out(self, role: str) -> TensorDesc | None:
+        uid = self.node.outputs[self.node.op.output_roles().index(role)]
+        return None if uid is None else self.tensors[uid]
+
+    def wants(self, role: str) -> bool:
+        return self.out(role) is not None
+
+
+def finish(result: Any, desc: TensorDesc) -> Any:
+    """A mapping's result for output `desc`: broadcast to its dims, rounded to its type."""
+    import torch
+
+    if not isinstance(result, torch.Tensor):
+        raise TypeError(f"a torch mapping returned {type(result).__name__} for {desc.label()}")
+    if tuple(result.shape) != desc.dim:
+        result = torch.broadcast_to(result, desc.dim)
+    return round_to(result, desc.data_type)
+
+
+def numel(dim: Sequence[int]) -> int:
+    return math.prod(dim)
