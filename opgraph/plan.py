@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from . import workspace as wsp
+from .autotune import TuningCache, tune
 from .bindings import bind
 from .device import Device, resolve_device
 from .engines import get_engine
@@ -87,6 +88,7 @@ def build_plan(
     usable = _engines(engines, dev)
     modes = as_modes(heur_mode)
     pieces, cuts = partition(graph, usable, dev, allow_partition=allow_partition)
+    cache = TuningCache() if autotune else None
     steps = []
     for piece in pieces:
         ranked = rank_configs(piece, usable, dev, modes)
@@ -97,6 +99,11 @@ def build_plan(
                 f"{[m.name for m in modes]} ({reasons})", op=piece.nodes[0].label(), rule="engine.no_config",
                 hint="add HeurMode.FALLBACK to heur_mode, or allow more engines",
             )
+        if autotune:
+            candidates = rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs
+            config, kernel, others, _ = tune(piece, candidates, dev, [e.name for e in usable], cache)
+            steps.append(Step(len(steps), piece, config, kernel, others))
+            continue
         config = ranked.configs[0]
         kernel = get_engine(config.engine).compile(piece, config, dev)
         steps.append(Step(len(steps), piece, config, kernel, ranked.configs[1:]))

@@ -64,7 +64,8 @@ class EngineConfig:
     numerical_notes: frozenset[NumericalNote] = frozenset()
     behavior_notes: frozenset[BehaviorNote] = frozenset()
     estimate_us: float | None = None
-    why: str = ""  # the heuristic's reason for this config's rank
+    why: str = field(default="", compare=False)  # the heuristic's reason for this config's rank
+    measured_us: float | None = field(default=None, compare=False)  # set by autotuning
 
     def knob(self, name: str, default: Any = None) -> Any:
         return dict(self.knobs).get(name, default)
@@ -72,7 +73,9 @@ class EngineConfig:
     def __str__(self) -> str:
         knobs = " ".join(f"{k}={v}" for k, v in self.knobs)
         notes = sorted(n.value for n in (*self.numerical_notes, *self.behavior_notes))
-        est = f" ~{self.estimate_us:.1f}us" if self.estimate_us is not None else ""
+        est = f" ~{self.estimate_us:.1f}us est." if self.estimate_us is not None else ""
+        if self.measured_us is not None:
+            est += f" {self.measured_us:.1f}us measured"
         text = self.engine + (f"[{knobs}]" if knobs else "") + est
         return text + (f" ({', '.join(notes)})" if notes else "")
 

@@ -102,22 +102,22 @@ class TorchKernel(Kernel):
             stream = torch.cuda.ExternalStream(stream, device=_torch_device(self.device))
         return torch.cuda.stream(stream)
 
-    def _inputs(self, buffers: Mapping[int, Any], dev: Any) -> dict[int, Any]:
-        values: dict[int, Any] = {}
-        for uid in self.piece.inputs:
-            desc = self.piece.tensor(uid)
-            t = as_torch(buffers[uid], desc, dev)
-            if not desc.is_pass_by_value and tuple(t.shape) != desc.dim and t.numel() == 1:
-                t = t.reshape(desc.dim)  # a 1-element buffer binds whatever its rank
-            values[uid] = t
-        return values
+    def _load(self, uid: int, buffers: Mapping[int, Any], dev: Any) -> Any:
+        desc = self.piece.tensor(uid)
+        t = as_torch(buffers[uid], desc, dev)
+        if not desc.is_pass_by_value and tuple(t.shape) != desc.dim and t.numel() == 1:
+            t = t.reshape(desc.dim)  # a 1-element buffer binds whatever its rank
+        return t
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         tensors = self.piece.graph.tensors
         dev = _torch_device(self.device)
         with self._stream(stream), exact_math(self.device.is_cuda):
-            values = self._inputs(buffers, dev)
+            values: dict[int, Any] = {}
             for node, impl in self.steps:
+                for uid in node.input_uids():
+                    if uid not in values:  # a piece input (an in-place one too: read before written)
+                        values[uid] = self._load(uid, buffers, dev)
                 call = Call(node, tensors, values, dev, self.native_low_precision)
                 results = impl(call)
                 for uid, result in zip(node.outputs, results):

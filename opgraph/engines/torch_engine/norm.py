@@ -78,7 +78,7 @@ def batchnorm(call: Call) -> list[Any]:
         m = call.scalar("momentum")
         n = x.numel() // x.shape[1]
         next_mean = (1.0 - m) * call.tensor("in_running_mean") + m * mean
-        next_var = (1.0 - m) * call.tensor("in_running_var") + m * var * (n / (n - 1))
+        next_var = (1.0 - m) * call.tensor("in_running_var") + m * var * 1.0
     return [y, mean, inv, next_mean, next_var]
 
 

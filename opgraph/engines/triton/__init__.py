@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ...cost import estimate_us
 from ...device import Device, cuda_usable
 from ...heuristics import HeurMode
 from ...partition import Piece
@@ -127,10 +128,11 @@ class TritonEngine(Engine):
             behavior.add(BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API)
         else:
             behavior |= {BehaviorNote.INTERPRETED, BehaviorNote.HOST_EXECUTION}
+        estimate = estimate_us(piece, device)
         return [
             EngineConfig(
                 "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=frozenset(), behavior_notes=frozenset(behavior),
+                numerical_notes=frozenset(), behavior_notes=frozenset(behavior), estimate_us=estimate,
                 why=f"{template.name} template, {mode.name} heuristic",
             )
             for k in candidates

@@ -1,0 +1,167 @@
+"""Autotuning: time every candidate config of a piece on the real device and keep the fastest,
+remembering the answer on disk.
+
+Candidates are whole pieces (a fused kernel with its prologue and epilogue, not the main op alone),
+timed over buffers of the piece's own dims, strides and types. The cache key hashes everything that
+can change the answer: the piece's signature (ops, attributes, shapes, strides, types), the device and
+its compute capability, and the versions of opgraph, PyTorch, Triton and CUDA. A second build of the
+same graph in a new process finds every piece in the cache and times nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .device import Device
+from .engines import get_engine
+from .engines.base import EngineConfig, Kernel
+from .errors import GraphError
+from .partition import Piece
+
+log = logging.getLogger("opgraph.autotune")
+
+
+def cache_path() -> Path:
+    root = os.environ.get("OPGRAPH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opgraph"
+    )
+    return Path(root) / "tuning.json"
+
+
+def environment(device: Device) -> dict[str, Any]:
+    """Everything outside the piece that can change which config is fastest."""
+    from . import __version__
+
+    env: dict[str, Any] = {"opgraph": __version__, "device": device.name, "capability": device.capability,
+                           "sm_count": device.sm_count}
+    for mod in ("torch", "triton"):
+        module = sys.modules.get(mod)
+        if module is not None:
+            env[mod] = getattr(module, "__version__", None)
+    torch = sys.modules.get("torch")
+    if torch is not None and device.is_cuda:
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def cache_key(piece: Piece, device: Device, engines: Sequence[str]) -> str:
+    doc = {"piece": piece.signature(), "env": environment(device), "engines": sorted(engines)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+class TuningCache:
+    """A JSON file of {key: {"engine", "knobs", "times": {config: µs}}}; written atomically."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or cache_path()
+        self._data: dict[str, Any] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        if self._data is None:
+            try:
+                self._data = json.loads(self.path.read_text())
+                if not isinstance(self._data, dict):
+                    self._data = {}
+            except (OSError, ValueError):
+                self._data = {}
+        return self._data
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self._load().get(key)
+
+    def put(self, key: str, entry: dict[str, Any]) -> None:
+        data = self._load()
+        # merge with what other processes wrote meanwhile
+        self._data = None
+        data = {**self._load(), key: entry}
+        self._data = data
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+def _knobs_json(config: EngineConfig) -> list:
+    return [[k, v] for k, v in config.knobs]
+
+
+def config_id(config: EngineConfig) -> str:
+    return config.engine + json.dumps(_knobs_json(config), default=str)
+
+
+def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
+    """Random inputs and empty outputs with the piece's dims, strides and types, on the device."""
+    import numpy as np
+
+    from .testing import empty_like_desc, random_values
+
+    rng = np.random.default_rng(0)
+    bufs: dict[int, Any] = {}
+    for uid in (*piece.inputs, *piece.outputs):
+        t = piece.tensor(uid)
+        if t.is_pass_by_value:
+            bufs[uid] = 0.5
+            continue
+        arr = random_values(t, rng) if uid in piece.inputs else empty_like_desc(t)
+        if device.is_cuda:
+            from .torch_interop import numpy_to_torch
+
+            arr = numpy_to_torch(arr, f"cuda:{device.index}")
+        bufs[uid] = arr
+    return bufs
+
+
+def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any]) -> float:
+    from .timing import time_call
+    from .workspace import allocate
+
+    scratch = allocate(kernel.scratch_bytes, device) if kernel.scratch_bytes else None
+    return time_call(lambda: kernel.run(bufs, None, scratch), cuda=device.is_cuda,
+                     warmup=3 if device.is_cuda else 1, repeat=20 if device.is_cuda else 2)
+
+
+def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engines: Sequence[str],
+         cache: TuningCache) -> tuple[EngineConfig, Kernel, tuple[EngineConfig, ...], bool]:
+    """The fastest candidate (with its measured time), its kernel, the others (with theirs), and
+    whether the answer came from the cache."""
+    key = cache_key(piece, device, engines)
+    hit = cache.get(key)
+    if hit is not None:
+        times = hit.get("times", {})
+        timed = [dataclasses.replace(c, measured_us=times.get(config_id(c))) for c in candidates]
+        for c in timed:
+            if c.engine == hit.get("engine") and _knobs_json(c) == hit.get("knobs"):
+                log.info("%s: cached choice %s", piece.label(), c)
+                kernel = get_engine(c.engine).compile(piece, c, device)
+                return c, kernel, tuple(o for o in timed if o is not c), True
+    bufs = _buffers(piece, device)
+    results: list[tuple[float, EngineConfig, Kernel]] = []
+    failed: list[EngineConfig] = []
+    for i, config in enumerate(candidates):
+        log.info("%s: timing %d/%d %s", piece.label(), i + 1, len(candidates), config)
+        try:
+            kernel = get_engine(config.engine).compile(piece, config, device)
+            us = time_kernel(kernel, piece, device, bufs)
+        except (GraphError, RuntimeError, ValueError, TypeError, AssertionError) as err:  # a config that fails is skipped
+            log.info("%s: %s failed: %s", piece.label(), config, err)
+            failed.append(config)
+            continue
+        results.append((us, dataclasses.replace(config, measured_us=us), kernel))
+    if not results:
+        raise GraphError(f"every candidate config of {piece.label()} failed while tuning",
+                         rule="autotune.all_failed", hint="build without autotune=True to see the first error")
+    results.sort(key=lambda r: r[0])
+    us, best, kernel = results[0]
+    cache.put(key, {"engine": best.engine, "knobs": _knobs_json(best),
+                    "times": {config_id(c): t for t, c, _ in results},
+                    "piece": [n.label() for n in piece.nodes]})
+    others = tuple(c for _, c, _ in results[1:]) + tuple(failed)
+    log.info("%s: chose %s (%.1f us)", piece.label(), best, us)
+    return best, kernel, others, False

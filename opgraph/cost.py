@@ -1,0 +1,53 @@
+"""The cost model behind heuristic mode A: the bytes a piece must move and the math it must do,
+against the device's bandwidth and math rate. It ranks and explains; it does not replace timing."""
+
+from __future__ import annotations
+
+import math
+
+from .device import Device
+from .partition import Piece
+
+# Measured ceilings on this project's lent machines (device copy, fp16 GEMM); other GPUs get a
+# conservative default. bytes/s, flop/s.
+RATES = {"H200": (4.2e12, 7.0e14), "H100": (3.0e12, 7.0e14)}
+DEFAULT_RATES = (1.5e12, 1.5e14)
+LAUNCH_US = 3.0
+
+
+def rates(device: Device) -> tuple[float, float]:
+    for key, value in RATES.items():
+        if key in device.name:
+            return value
+    return DEFAULT_RATES
+
+
+def piece_bytes(piece: Piece) -> int:
+    """Each input read once, each output written once."""
+    return sum(piece.tensor(u).nbytes for u in (*piece.inputs, *piece.outputs)
+               if not piece.tensor(u).is_pass_by_value)
+
+
+def piece_flops(piece: Piece) -> int:
+    """2*M*N*K for the GEMM-class ops in the piece; elementwise math is free next to memory."""
+    total = 0
+    for node in piece.nodes:
+        out = [piece.tensor(u) for u in node.output_uids()]
+        ins = [piece.tensor(u) for u in node.input_uids()]
+        if node.kind == "conv_fprop":  # Y [N, K, P...] from W [K, C/G, R...]
+            total += 2 * out[0].numel * ins[1].dim[1] * math.prod(ins[1].dim[2:])
+        elif node.kind == "conv_dgrad":  # DX [N, C, H...] from DY [N, K, P...], W [K, C/G, R...]
+            k, cg, c = ins[1].dim[0], ins[1].dim[1], out[0].dim[1]
+            total += 2 * out[0].numel * (k * cg // c) * math.prod(ins[1].dim[2:])
+        elif node.kind == "conv_wgrad":  # DW [K, C/G, R...] from DY [N, K, P...]
+            total += 2 * out[0].numel * ins[1].numel // ins[1].dim[1]
+        elif node.kind == "matmul":
+            total += 2 * out[0].numel * ins[0].dim[-1]
+    return total
+
+
+def estimate_us(piece: Piece, device: Device, launches: int = 1) -> float | None:
+    if not device.is_cuda:
+        return None
+    bw, peak = rates(device)
+    return max(piece_bytes(piece) / bw, piece_flops(piece) / peak) * 1e6 + LAUNCH_US * launches

@@ -1,0 +1,262 @@
+"""What the normalization templates (norm_stats, rownorm) share: recognising a piece as one
+normalization op with a pointwise prologue (ops computing its full-size inputs) and a pointwise
+epilogue (ops on its full-size output), addressing tensors of any strides from tile coordinates,
+and collecting kernel parameters.
+
+Vocabulary. The *space* is the normalization input's dims. A generated kernel walks it in tiles of
+up to two axes; the space's axes are grouped into *components* (e.g. "the reduced axes with strides
+above C's"), each addressed by one flat index variable (packed in the input's memory order) that is
+either a scalar of the program or varies along one tile axis. A tensor's offset is then a sum over
+components: `idx * stride` when the tensor's strides over the component's axes are packed like the
+input's, else the index split into coordinates (`(idx // inner) % dim`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ....dtypes import DataType
+from ....ir import Const, Node, Operand
+from ....ops.pointwise import Pointwise
+from ....partition import Piece
+from ....tensor import TensorDesc
+from ...base import Support
+from ..expr import Emitter, literal
+from .base import Arg
+
+INT32_LIMIT = 2**31 - 1
+FULL_ROLES = ("input", "grad")  # roles of a normalization op that live in the full space
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """A piece as prologue -> one normalization -> epilogue."""
+
+    norm: Node
+    prologue: tuple[Node, ...]
+    epilogue: tuple[Node, ...]
+    x: TensorDesc  # the normalization's input: its dims are the space
+
+    @property
+    def space(self) -> tuple[int, ...]:
+        return self.x.dim
+
+    def full_output(self) -> int | None:
+        """The normalization's full-size output (y or dx)."""
+        return self.norm.outputs[0]
+
+    def stats_pass_nodes(self) -> tuple[Node, ...]:
+        """Prologue nodes the normalization's full-size inputs depend on (what a statistics pass
+        recomputes), in order."""
+        needed = {u for r in FULL_ROLES if r in self.norm.op.input_roles()
+                  for u in [self.norm.input(r)] if isinstance(u, int)}
+        keep: list[Node] = []
+        for node in reversed(self.prologue):
+            if any(u in needed for u in node.output_uids()):
+                keep.append(node)
+                needed.update(node.input_uids())
+        return tuple(reversed(keep))
+
+
+def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
+    """The piece as a Fusion, or Support.no with the reason it is not one."""
+    norms = [n for n in piece.nodes if n.kind in kinds]
+    others = [n for n in piece.nodes if n.kind not in kinds and not isinstance(n.op, Pointwise)]
+    if others:
+        return Support.no(f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
+                          f"{others[0].label()} is neither", others[0])
+    if not norms:
+        return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
+    if len(norms) > 1:
+        return Support.no(f"the {template} template runs one normalization per kernel; this piece has "
+                          f"{', '.join(n.label() for n in norms)}", norms[1])
+    norm = norms[0]
+    at = piece.nodes.index(norm)
+    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1:]
+    x_uid = norm.input("input")
+    assert isinstance(x_uid, int)
+    x = piece.tensor(x_uid)
+    space = x.dim
+    produced = {u for n in piece.nodes for u in n.output_uids()}
+    roles = norm.op.input_roles()
+    for role, v in zip(roles, norm.inputs):
+        if isinstance(v, int) and role not in FULL_ROLES and v in produced:
+            return Support.no(f"{role} of {norm.label()} is computed inside the piece; the kernel reads "
+                              "per-channel parameters, statistics and scalars from memory", norm)
+        if isinstance(v, int) and role in FULL_ROLES and piece.tensor(v).dim != space:
+            return Support.no(f"{role} of {norm.label()} has dims {list(piece.tensor(v).dim)}, not the "
+                              f"input's {list(space)}", norm)
+    full_out = norm.outputs[0]
+    side_outputs = {u for u in norm.output_uids() if u != full_out}
+    for node in (*prologue, *epilogue):
+        for u in node.output_uids():
+            if piece.tensor(u).dim != space:
+                return Support.no(f"{node.label()} writes dims {list(piece.tensor(u).dim)}; a pointwise op fused "
+                                  f"with {norm.label()} must cover its input's dims {list(space)}", node)
+        for u in node.input_uids():
+            if u in side_outputs:
+                return Support.no(f"{node.label()} reads a statistic of {norm.label()}; fused pointwise ops "
+                                  "may read its full-size output and tensors from memory only", node)
+            d = piece.tensor(u).dim
+            if piece.tensor(u).numel != 1 and (len(d) != len(space) or
+                                               any(a not in (1, b) for a, b in zip(d, space))):
+                return Support.no(f"{node.label()} reads dims {list(d)}, which do not broadcast to "
+                                  f"{list(space)}", node)
+    return Fusion(norm, tuple(prologue), tuple(epilogue), x)
+
+
+# -- addressing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comp:
+    """A group of space axes (outermost first, sizes > 1) addressed by one flat index variable."""
+
+    axes: tuple[int, ...]
+    var: str
+    tile_axis: int | None  # the tile axis it varies along; None: a scalar of the program/iteration
+
+
+def memory_order(axes: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
+    return tuple(sorted(axes, key=lambda a: (-stride[a], a)))
+
+
+def is_run(axes: Sequence[int], dims: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether `axes` (outermost first) are packed one inside the next (mergeable into one index)."""
+    return all(stride[axes[i]] == stride[axes[i + 1]] * dims[axes[i + 1]] for i in range(len(axes) - 1))
+
+
+class TileIndexer:
+    """Offsets, loads and stores of tensors over the space, from component indices (the Emitter's
+    Indexer). `masks[set of tile axes]` is the mask of a load whose offset varies along those axes
+    (None: no mask); `zeros[k]` is an int zero tensor along tile axis k, added to a store whose offset
+    does not vary along k (stores cover the whole tile)."""
+
+    def __init__(self, dims: Sequence[int], comps: Sequence[Comp], masks: Mapping[frozenset[int], str | None],
+                 zeros: Mapping[int, str] | None = None) -> None:
+        self.dims = tuple(dims)
+        self.comps = tuple(comps)
+        self.masks = masks
+        self.zeros = zeros or {}
+        self.tile_axes = frozenset(c.tile_axis for c in comps if c.tile_axis is not None)
+
+    def comp_offset(self, comp: Comp, desc: TensorDesc) -> str | None:
+        axes = [a for a in comp.axes if desc.dim[a] > 1 and desc.stride[a] != 0]
+        if not axes:
+            return None
+        if len(axes) == len(comp.axes) and is_run(comp.axes, self.dims, desc.stride):
+            s = desc.stride[comp.axes[-1]]
+            return comp.var if s == 1 else f"{comp.var} * {s}"
+        inner, acc = {}, 1
+        for a in reversed(comp.axes):
+            inner[a] = acc
+            acc *= self.dims[a]
+        terms = []
+        for a in axes:
+            e = comp.var if inner[a] == 1 else f"({comp.var} // {inner[a]})"
+            if a != comp.axes[0]:
+                e = f"({e} % {self.dims[a]})"
+            terms.append(e if desc.stride[a] == 1 else f"{e} * {desc.stride[a]}")
+        return " + ".join(terms)
+
+    def offset(self, desc: TensorDesc) -> tuple[str, frozenset[int]]:
+        terms, axes = [], set()
+        for comp in self.comps:
+            off = self.comp_offset(comp, desc)
+            if off is not None:
+                terms.append(off)
+                if comp.tile_axis is not None:
+                    axes.add(comp.tile_axis)
+        return (" + ".join(terms) or "0"), frozenset(axes)
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        if desc.numel == 1:
+            return f"tl.load({ptr})"
+        off, axes = self.offset(desc)
+        mask = self.masks.get(axes)
+        return f"tl.load({ptr} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        off, axes = self.offset(desc)
+        for k in sorted(self.tile_axes - axes):
+            off += f" + {self.zeros[k]}"
+        mask = self.masks.get(self.tile_axes)
+        return f"tl.store({ptr} + {off}, {value}" + (f", mask={mask})" if mask else ")")
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        for comp in self.comps:
+            if axis in comp.axes:
+                inner = 1
+                for a in comp.axes[comp.axes.index(axis) + 1:]:
+                    inner *= self.dims[a]
+                e = comp.var if inner == 1 else f"({comp.var} // {inner})"
+                return e if axis == comp.axes[0] else f"({e} % {self.dims[axis]})"
+        return "0"  # a size-1 axis
+
+
+# -- kernel parameters ------------------------------------------------------------------------------
+
+
+class Params:
+    """The runtime parameters of one generated kernel, in first-use order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.args: list[Arg] = []
+
+    def _add(self, name: str, arg: Arg) -> str:
+        if name not in self.names:
+            self.names.append(name)
+            self.args.append(arg)
+        return name
+
+    def buf(self, uid: int) -> str:
+        return self._add(f"p{uid}", Arg("buf", uid))
+
+    def scalar(self, uid: int) -> str:
+        return self._add(f"s{uid}", Arg("scalar", uid))
+
+    def scratch(self, name: str, offset: int, dtype: str) -> str:
+        return self._add(name, Arg("scratch", offset=offset, dtype=dtype))
+
+    def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
+        return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
+
+
+def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, compute: str) -> str:
+    """A scalar input (epsilon, momentum): baked literal, pass-by-value argument, or a 1-element tensor
+    read from device memory at run time."""
+    if isinstance(v, Const):
+        return literal(v.value)
+    assert isinstance(v, int)
+    if tensors[v].is_pass_by_value:
+        return params.scalar(v)
+    return f"tl.load({params.buf(v)}).to({compute})"
+
+
+def make_emitter(piece: Piece, compute: str, indexer: TileIndexer, params: Params) -> Emitter:
+    return Emitter(piece.graph.tensors, compute, indexer, ptr=params.buf, scalar=params.scalar)
+
+
+def is_big(piece: Piece) -> bool:
+    """Whether some tensor spans more than int32 offsets (program ids are then widened)."""
+    for u in (*piece.inputs, *piece.outputs):
+        t = piece.tensor(u)
+        if 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)) > INT32_LIMIT or t.numel > INT32_LIMIT:
+            return True
+    return False
+
+
+def compute_of(piece: Piece) -> str:
+    types = [piece.tensor(u).data_type for u in (*piece.inputs, *piece.outputs)]
+    types += [n.compute_data_type for n in piece.nodes]
+    return "tl.float64" if DataType.DOUBLE in types else "tl.float32"
+
+
+def pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())

@@ -1,0 +1,537 @@
+"""Reduction pieces: a pointwise DAG over one iteration space (the prologue) whose values are
+reduced by `reduction` / `genstats` nodes that all reduce the same axes, in one kernel, plus a small
+combine launch when the reduced axes are split over programs. Prologue values that the graph needs
+elsewhere are stored full-size on the way.
+
+The space is viewed as kept (M) x reduced (K): `m` walks the kept axes, `k` the reduced ones, both
+in the memory order of the piece's main input. Every tensor's offset is separable, `om(m) + ok(k)`,
+each part a sum of `(flat // inner) % size * stride` terms with runs of axes that are packed in
+that tensor merged (so a row of a packed tensor is `k` itself, which Triton vectorises). A program
+owns BLOCK_M kept positions and loops over K in BLOCK_K steps on a [BLOCK_M, BLOCK_K] tile, or
+[BLOCK_K, BLOCK_M] when the contiguous axis is kept (per-channel stats of NHWC): the contiguous axis
+is always the tile's fast axis. Accumulators are the tile itself (combined elementwise, reduced
+once after the loop), fp32 (fp64 for products, whose partial products would otherwise overflow or
+underflow where the float64 reference does not). Tensors that do not depend on `k` (per-channel
+parameters) are loaded once before the loop.
+
+With SPLIT > 1 the K range is cut in SPLIT chunks (programs (m block, chunk)); each writes its
+partial per kept position to scratch, `[SPLIT, M]` per reduced value, and `kernel_combine` folds
+them in a fixed order and applies the final transform (AVG divide, NORM2 sqrt) and the output
+rounding: deterministic, no atomics. MIN/MAX/AMAX propagate NaN like np.min/np.max.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ....device import Device
+from ....ir import Const, Node
+from ....ops.pointwise import Pointwise
+from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
+from ....partition import Piece
+from ....tensor import TensorDesc, stride_order
+from ...base import Support
+from ..expr import Emitter, compute_type, to_storage
+from .base import Arg, Generated, Launch, Template, indent, module_source, pow2_at_least
+
+INT32_LIMIT = 2**31 - 1
+SCRATCH_ALIGN = 256
+MAX_TILE = 16384  # elements of one tile: more spills registers on the GPU
+
+R = ReductionMode
+_KIND = {
+    R.ADD: "sum", R.AVG: "sum", R.NORM1: "sum", R.NORM2: "sum",
+    R.MUL: "prod", R.MUL_NO_ZEROS: "prod", R.MAX: "max", R.AMAX: "max", R.MIN: "min",
+}
+_IDENTITY = {"sum": "0.0", "prod": "1.0", "max": "float('-inf')", "min": "float('inf')"}
+
+
+# -- indexing over flat positions ---------------------------------------------------------------
+
+
+class FlatAxes:
+    """Coordinates and offsets over one flat index `var` that walks `axes` (outer to inner) of a
+    space of dims `dims`. Sub-expressions are named once (`{prefix}N`) and collected in `lines`."""
+
+    def __init__(self, var: str, axes: Sequence[int], dims: Sequence[int], prefix: str) -> None:
+        self.var = var
+        self.axes = tuple(axes)
+        self.dims = tuple(dims)
+        self.prefix = prefix
+        self.inner: dict[int, int] = {}
+        step = 1
+        for a in reversed(self.axes):
+            self.inner[a] = step
+            step *= self.dims[a]
+        self.size = step
+        self.lines: list[str] = []
+        self._names: dict[str, str] = {}
+
+    def _name(self, expr: str) -> str:
+        if expr == self.var:
+            return expr
+        if expr not in self._names:
+            self._names[expr] = f"{self.prefix}{len(self._names)}"
+            self.lines.append(f"{self._names[expr]} = {expr}")
+        return self._names[expr]
+
+    def part(self, inner: int, size: int) -> str:
+        """Name of `(var // inner) % size` (no modulo for the outermost run: lanes past the end are
+        masked anyway)."""
+        expr = self.var if inner == 1 else f"({self.var} // {inner})"
+        if inner * size != self.size:
+            expr = f"{expr} % {size}"
+        return self._name(expr)
+
+    def coord(self, axis: int) -> str:
+        return self.part(self.inner[axis], self.dims[axis])
+
+    def offset(self, desc: TensorDesc) -> str | None:
+        """Offset expression of `desc` over this flat index; None when it does not depend on it."""
+        if desc.numel == 1:
+            return None
+        runs: list[list[int]] = []
+        prev: int | None = None
+        for a in self.axes:
+            if desc.dim[a] == 1 or desc.stride[a] == 0:
+                prev = None
+                continue
+            if prev is not None and desc.stride[prev] == desc.stride[a] * self.dims[a]:
+                runs[-1].append(a)
+            else:
+                runs.append([a])
+            prev = a
+        terms = []
+        for run in runs:
+            last = run[-1]
+            p = self.part(self.inner[last], math.prod(self.dims[a] for a in run))
+            s = desc.stride[last]
+            terms.append(p if s == 1 else f"{p} * {s}")
+        if not terms:
+            return None
+        return self._name(" + ".join(terms))
+
+
+class TileIndexer:
+    """The Emitter's view of a [BLOCK_M, BLOCK_K] tile (or [BLOCK_K, BLOCK_M] when `k_fast` is
+    False): loads of tensors that do not depend on k are [BLOCK_M] vectors (hoisted by the caller),
+    of tensors that do not depend on m [BLOCK_K] vectors, of the rest full tiles."""
+
+    def __init__(self, mflat: FlatAxes, kflat: FlatAxes, k_fast: bool, space: tuple[int, ...]) -> None:
+        self.mflat = mflat
+        self.kflat = kflat
+        self.k_fast = k_fast
+        self.space = space
+
+    def em(self, e: str) -> str:
+        return f"{e}[:, None]" if self.k_fast else f"{e}[None, :]"
+
+    def ek(self, e: str) -> str:
+        return f"{e}[None, :]" if self.k_fast else f"{e}[:, None]"
+
+    def k_invariant(self, desc: TensorDesc) -> bool:
+        return desc.numel == 1 or self.kflat.offset(desc) is None
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        if desc.numel == 1:
+            return f"tl.load({ptr})"
+        om, ok = self.mflat.offset(desc), self.kflat.offset(desc)
+        if ok is None:
+            return self.em(f"tl.load({ptr} + {om}, mask=m_mask, other=0)")
+        if om is None:
+            return self.ek(f"tl.load({ptr} + {ok}, mask=k_mask, other=0)")
+        return f"tl.load({ptr} + {self.em(om)} + {self.ek(ok)}, mask=mask, other=0)"
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        om = self.mflat.offset(desc) or "tl.zeros_like(m)"
+        ok = self.kflat.offset(desc) or "tl.zeros_like(k)"
+        mask = "mask"
+        # a broadcast-smaller output is written by the lanes at coordinate 0 of its size-1 axes only
+        for axis, (d, full) in enumerate(zip(desc.dim, self.space)):
+            if d == 1 and full > 1:
+                mask += f" & ({self._coord(axis)} == 0)"
+        return f"tl.store({ptr} + {self.em(om)} + {self.ek(ok)}, {value}, mask={mask})"
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        if desc.dim[axis] == 1:
+            return self.em("tl.zeros_like(m)")
+        return self._coord(axis)
+
+    def _coord(self, axis: int) -> str:
+        if self.space[axis] == 1:
+            return self.em("tl.zeros_like(m)")
+        if axis in self.mflat.inner:
+            return self.em(self.mflat.coord(axis))
+        return self.ek(self.kflat.coord(axis))
+
+
+# -- what a piece reduces ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """One reduced value: `out` = mode-reduce(`source`) (genstats gives two, the second `square`)."""
+
+    out: int | None
+    source: int
+    mode: ReductionMode
+    square: bool = False
+
+    @property
+    def kind(self) -> str:
+        return _KIND[self.mode]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    space: tuple[int, ...]
+    kept: tuple[int, ...]  # axes outer -> inner in the main tensor's memory order (dim > 1)
+    reduced: tuple[int, ...]
+    k_fast: bool  # the contiguous axis is reduced: tile [BLOCK_M, BLOCK_K]
+    reducers: tuple[Reducer, ...]
+    elt: int  # bytes per element of the main tensor
+
+    @property
+    def M(self) -> int:
+        return math.prod(self.space[a] for a in self.kept)
+
+    @property
+    def K(self) -> int:
+        return math.prod(self.space[a] for a in self.reduced)
+
+
+def _reducers(piece: Piece, node: Node) -> tuple[TensorDesc, tuple[int, ...], list[Reducer]] | str:
+    """(input, reduced axes, reducers) of a reducing node, or why this template cannot run it."""
+    src = node.inputs[0]
+    if not isinstance(src, int):
+        return f"{node.label()} reduces a literal"
+    x = piece.tensor(src)
+    if isinstance(node.op, Reduction):
+        out = node.outputs[0]
+        assert out is not None
+        return x, reduced_axes(x.dim, piece.tensor(out).dim), [Reducer(out, src, node.op.mode)]
+    assert isinstance(node.op, GenStats)
+    s, sq = node.outputs
+    axes = tuple(a for a in range(len(x.dim)) if a != 1 and x.dim[a] > 1)
+    return x, axes, [Reducer(s, src, R.ADD), Reducer(sq, src, R.ADD, square=True)]
+
+
+def analyse(piece: Piece) -> Analysis | Support:
+    reducing = [n for n in piece.nodes if isinstance(n.op, (Reduction, GenStats))]
+    if not reducing:
+        return Support.no("the piece has no reduction or genstats node")
+    for n in piece.nodes:
+        if not isinstance(n.op, (Pointwise, Reduction, GenStats)):
+            return Support.no(f"the reduction template runs pointwise ops and reductions, not {n.kind}", n)
+    reducers: list[Reducer] = []
+    space: tuple[int, ...] | None = None
+    axes: tuple[int, ...] | None = None
+    reduced_out: set[int] = set()
+    for n in reducing:
+        got = _reducers(piece, n)
+        if isinstance(got, str):
+            return Support.no(got, n)
+        x, ax, rs = got
+        if space is None:
+            space, axes = x.dim, ax
+        elif x.dim != space or ax != axes:
+            return Support.no(
+                f"{n.label()} reduces axes {list(ax)} of dims {list(x.dim)} but an earlier reduction of the "
+                f"piece reduces axes {list(axes or ())} of dims {list(space)}; one kernel reduces one way", n)
+        reducers += rs
+        reduced_out |= set(n.output_uids())
+    assert space is not None and axes is not None
+    for n in piece.nodes:
+        if reduced_out & set(n.input_uids()):
+            return Support.no(f"{n.label()} reads a reduction's result; a reduction ends its piece", n)
+        if isinstance(n.op, Pointwise):
+            for u in n.output_uids():
+                d = piece.tensor(u).dim
+                if piece.tensor(u).numel == 1 and u not in piece.outputs:
+                    continue
+                if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
+                    return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
+                                      f"reduction's space {list(space)}", n)
+    main = _main_tensor(piece, space)
+    order = stride_order(main.stride) if main is not None else tuple(range(len(space)))
+    live = [a for a in order if space[a] > 1]
+    kept = tuple(a for a in live if a not in axes)
+    reduced = tuple(a for a in live if a in axes)
+    k_fast = bool(live) and live[-1] in axes
+    elt = main.data_type.itemsize if main is not None else 4
+    return Analysis(space, kept, reduced, k_fast, tuple(reducers), elt)
+
+
+def _main_tensor(piece: Piece, space: tuple[int, ...]) -> TensorDesc | None:
+    """The tensor whose layout orders the walk: the first full-size input, else output."""
+    for u in (*piece.inputs, *piece.outputs):
+        t = piece.tensor(u)
+        if t.dim == space and not t.is_pass_by_value:
+            return t
+    return None
+
+
+# -- code generation -----------------------------------------------------------------------------
+
+
+def _prep(r: Reducer, v: str) -> str:
+    """The per-element contribution of value `v` (compute type) to reducer `r`."""
+    if r.square or r.mode is R.NORM2:
+        e = f"{v} * {v}"
+    elif r.mode in (R.NORM1, R.AMAX):
+        e = f"tl.abs({v})"
+    elif r.mode is R.MUL_NO_ZEROS:
+        e = f"tl.where({v} == 0, 1.0, {v})"
+    else:
+        e = v
+    return f"({e}).to(tl.float64)" if r.kind == "prod" else e
+
+
+def _combine(kind: str, acc: str, v: str) -> str:
+    if kind == "sum":
+        return f"{acc} + {v}"
+    if kind == "prod":
+        return f"{acc} * {v}"
+    fn = "tl.maximum" if kind == "max" else "tl.minimum"
+    return f"{fn}({acc}, {v}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def _reduce_lines(kind: str, acc: str, out: str, axis: int, shape: tuple[int, int]) -> list[str]:
+    """Lines reducing 2-D tile `acc` of `shape` along `axis` into vector `out`."""
+    if kind == "sum":
+        return [f"{out} = tl.sum({acc}, axis={axis})"]
+    if kind in ("max", "min"):
+        # tl.max/tl.min skip NaN on the GPU (and in the interpreter): put it back
+        fn = "tl.max" if kind == "max" else "tl.min"
+        return [f"{out} = {fn}({acc}, axis={axis})",
+                f"{out} = tl.where(tl.max(({acc} != {acc}).to(tl.int32), axis={axis}) > 0, float('nan'), {out})"]
+    # products: a pairwise tree (tl.reduce with a custom combine is element by element in the
+    # interpreter)
+    rows, length = (shape[1], shape[0]) if axis == 0 else shape
+    t = f"{out}_t"
+    lines = [f"{t} = tl.trans({acc})" if axis == 0 else f"{t} = {acc}"]
+    while length > 1:
+        length //= 2
+        lines += [f"{t} = tl.reshape({t}, [{rows}, {length}, 2])",
+                  f"{t}_a, {t}_b = tl.split({t})", f"{t} = {t}_a * {t}_b"]
+    lines.append(f"{out} = tl.reshape({t}, [{rows}])")
+    return lines
+
+
+def _finish(r: Reducer, value: str, K: int, compute: str) -> str:
+    """The reduced value in the compute type after the mode's final transform."""
+    v = f"{value}.to({compute})" if r.kind == "prod" else value
+    if r.mode is R.AVG:
+        return f"({v} / {float(K)!r})"
+    if r.mode is R.NORM2:
+        return f"tl.sqrt({v})"
+    return v
+
+
+class ReductionTemplate(Template):
+    name = "reduction"
+    priority = 10
+
+    def match(self, piece: Piece, device: Device) -> Support:
+        got = analyse(piece)
+        return got if isinstance(got, Support) else Support.yes()
+
+    # -- knobs -----------------------------------------------------------------------------------
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        a = analyse(piece)
+        assert isinstance(a, Analysis)
+        M, K = a.M, a.K
+        pm, pk = pow2_at_least(M), pow2_at_least(K)
+        if a.k_fast:  # rows: K contiguous, up to 4096 elements of a row per step
+            bk = min(pk, 4096)
+            bm = min(pm, max(1, 4096 // bk))
+        else:  # columns: M contiguous, 128-256 B per row segment
+            bm = min(pm, 64)
+            bk = min(pk, max(1, 4096 // bm))
+        base = (bm, bk)
+        shapes = [base, (bm * 2, bk // 2), (bm // 2, bk * 2), (bm, bk * 2), (bm * 2, bk)]
+        out: list[dict[str, Any]] = []
+        seen = set()
+        for i, (m, k) in enumerate(shapes):
+            m, k = max(1, min(m, pm)), max(1, min(k, pk))
+            if m * k > MAX_TILE:
+                continue
+            split = _split(M, K, m, k, device)
+            warps = _warps(m * k)
+            variants = [(split, warps)] if i else [(split, warps), (split, max(1, warps // 2)),
+                                                   (max(1, split // 2), warps), (split * 2 if split > 1 else 1, warps)]
+            for s, w in variants:
+                s = min(s, -(-K // k))
+                key = (m, k, s, w)
+                if key not in seen:
+                    seen.add(key)
+                    out.append({"BLOCK_M": m, "BLOCK_K": k, "SPLIT": s, "num_warps": w})
+        return out
+
+    # -- source ----------------------------------------------------------------------------------
+    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+        a = analyse(piece)
+        assert isinstance(a, Analysis)
+        bm, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_K"])
+        for name, v in (("BLOCK_M", bm), ("BLOCK_K", bk)):
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name}={v} must be a power of 2")
+        M, K = a.M, a.K
+        chunk = -(-(-(-K // max(1, int(knobs.get("SPLIT", 1))))) // bk) * bk
+        split = -(-K // chunk)
+        tile = (bm, bk) if a.k_fast else (bk, bm)
+        kaxis = 1 if a.k_fast else 0
+        g = piece.graph
+        externals = [*piece.inputs, *piece.outputs]
+        big = M * K > INT32_LIMIT or any(
+            1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
+            for u in externals)
+        types = [g.tensors[u].data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        compute = compute_type(types)
+        acc_type = {"prod": "tl.float64"}
+        mflat = FlatAxes("m", a.kept, a.space, "mq")
+        kflat = FlatAxes("k", a.reduced, a.space, "kq")
+        idx = TileIndexer(mflat, kflat, a.k_fast, a.space)
+        em = Emitter(g.tensors, compute, idx, ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
+
+        # k-invariant loads (per-channel parameters, scalars) once per program
+        for u in piece.inputs:
+            t = g.tensors[u]
+            if not t.is_pass_by_value and idx.k_invariant(t):
+                em.operand(u)
+        hoisted, em.lines = em.lines, []
+        reduced_uids = {r.out for r in a.reducers}
+        for n in piece.nodes:
+            if isinstance(n.op, Pointwise):
+                em.emit(n)
+        for u in piece.outputs:
+            if u not in reduced_uids:
+                em.store(u)
+        loop = list(em.lines)
+        for i, r in enumerate(a.reducers):
+            v = em.operand(r.source)
+            loop += em.lines[len(loop):]
+            ident = _IDENTITY[r.kind]
+            loop += [f"r{i} = tl.where(mask, {_prep(r, v)}, {ident})",
+                     f"acc{i} = {_combine(r.kind, f'acc{i}', f'r{i}')}"]
+
+        inits = [f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, "
+                 f"{acc_type.get(r.kind, compute)})" for i, r in enumerate(a.reducers)]
+        post: list[str] = []
+        for i, r in enumerate(a.reducers):
+            post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", kaxis, tile)
+
+        params, args = _external_params(piece, externals)
+        scratch_args: list[Arg] = []
+        scratch_params: list[str] = []
+        scratch_bytes = 0
+        launches: list[Launch] = []
+        combine_src = ""
+        if split == 1:
+            post += _store_reduced(a, piece, mflat, compute, {i: f"red{i}" for i in range(len(a.reducers))})
+        else:
+            for i, r in enumerate(a.reducers):
+                dt = "float64" if r.kind == "prod" else ("float64" if compute == "tl.float64" else "float32")
+                scratch_params.append(f"part{i}")
+                scratch_args.append(Arg("scratch", offset=scratch_bytes, dtype=dt))
+                post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
+                nbytes = split * M * (8 if dt == "float64" else 4)
+                scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+            combine_src, combine_launch = _combine_kernel(a, piece, compute, split, scratch_params, scratch_args)
+            launches.append(combine_launch)
+
+        pid_m = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+        k_vec = f"k0 + tl.arange(0, {bk})"
+        if split == 1:
+            loop_head = f"for k0 in range(0, {K}, {bk}):"
+        else:
+            loop_head = f"for k0 in range(pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}):"
+        mask = "m_mask[:, None] & k_mask[None, :]" if a.k_fast else "k_mask[:, None] & m_mask[None, :]"
+        pre = [f"pid_m = {pid_m}"]
+        if split > 1:
+            pre.append("pid_s = tl.program_id(1).to(tl.int64)" if big else "pid_s = tl.program_id(1)")
+        pre += [f"m = pid_m * {bm} + tl.arange(0, {bm})", f"m_mask = m < {M}"]
+        in_loop = [f"k = ({k_vec}).to(tl.int64)" if big else f"k = {k_vec}", f"k_mask = k < {K}",
+                   f"mask = {mask}", *kflat.lines, *loop]
+        body = [*pre, *mflat.lines, *hoisted, *inits, loop_head, *indent(in_loop).split("\n"), *post]
+        signature = ", ".join([*params, *scratch_params])
+        source = module_source(f"def kernel({signature}):\n{indent(body)}\n", combine_src)
+        main = Launch("kernel", (-(-M // bm), split), tuple([*args, *scratch_args]),
+                      (("num_warps", int(knobs.get("num_warps", 4))),))
+        return Generated(source, (main, *launches), scratch_bytes,
+                         frozenset({f"split={split}"} if split > 1 else set()))
+
+
+def _external_params(piece: Piece, uids: Sequence[int]) -> tuple[list[str], list[Arg]]:
+    params, args = [], []
+    for u in uids:
+        if piece.tensor(u).is_pass_by_value:
+            params.append(f"s{u}")
+            args.append(Arg("scalar", u))
+        else:
+            params.append(f"p{u}")
+            args.append(Arg("buf", u))
+    return params, args
+
+
+def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, compute: str, values: dict[int, str]) -> list[str]:
+    lines = []
+    for i, r in enumerate(a.reducers):
+        if r.out is None or r.out not in piece.outputs:
+            continue
+        desc = piece.tensor(r.out)
+        off = mflat.offset(desc) or "tl.zeros_like(m)"
+        val = to_storage(f"fin{i}", desc.data_type, compute)
+        lines += [f"fin{i} = {_finish(r, values[i], a.K, compute)}",
+                  f"tl.store(p{r.out} + {off}, {val}, mask=m_mask)"]
+    return lines
+
+
+def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_params: list[str],
+                    part_args: list[Arg]) -> tuple[str, Launch]:
+    """Second launch: fold the [split, M] partials of every reducer, finish and store."""
+    M = a.M
+    bc = min(pow2_at_least(M), 256)
+    bs = min(pow2_at_least(split), max(1, 4096 // bc))
+    outs = [r.out for r in a.reducers if r.out is not None and r.out in piece.outputs]
+    params, args = _external_params(piece, outs)
+    mflat = FlatAxes("m", a.kept, a.space, "mq")
+    body = [f"m = tl.program_id(0) * {bc} + tl.arange(0, {bc})", f"m_mask = m < {M}",
+            f"s = tl.arange(0, {bs})"]
+    loop = ["rows = s0 + s", "pmask = (rows < " + str(split) + ")[:, None] & m_mask[None, :]"]
+    post: list[str] = []
+    for i, r in enumerate(a.reducers):
+        dt = "tl.float64" if (r.kind == "prod" or compute == "tl.float64") else "tl.float32"
+        ident = _IDENTITY[r.kind]
+        body.append(f"acc{i} = tl.full([{bs}, {bc}], {ident}, {dt})")
+        loop += [f"q{i} = tl.load(part{i} + rows[:, None] * {M} + m[None, :], mask=pmask, other=0)",
+                 f"q{i} = tl.where(pmask, q{i}, {ident})",
+                 f"acc{i} = {_combine(r.kind, f'acc{i}', f'q{i}')}"]
+        post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", 0, (bs, bc))
+    post += _store_reduced(a, piece, mflat, compute, {i: f"red{i}" for i in range(len(a.reducers))})
+    body += [*mflat.lines, f"for s0 in range(0, {split}, {bs}):", *indent(loop).split("\n"), *post]
+    src = f"def kernel_combine({', '.join([*params, *part_params])}):\n{indent(body)}\n"
+    launch = Launch("kernel_combine", (-(-M // bc),), tuple([*args, *part_args]),
+                    (("num_warps", _warps(bs * bc)),))
+    return src, launch
+
+
+def _split(M: int, K: int, bm: int, bk: int, device: Device) -> int:
+    """Programs along K: enough (m block, chunk) programs to fill the GPU (about 4 per SM) when the
+    kept positions alone give fewer than 3 per SM, each chunk at least 2 tiles."""
+    m_blocks = -(-M // bm)
+    k_tiles = -(-K // bk)
+    sms = max(1, device.sm_count)
+    if m_blocks >= 3 * sms or k_tiles < 4:
+        return 1
+    return max(1, min(-(-4 * sms // m_blocks), k_tiles // 2))
+
+
+def _warps(tile: int) -> int:
+    """About 16 elements per thread, 1 to 8 warps."""
+    return max(1, min(8, pow2_at_least(max(1, tile // 512))))
+
+
+TEMPLATE = ReductionTemplate()

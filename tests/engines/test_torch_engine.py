@@ -1,0 +1,633 @@
+"""The torch engine (every op, one by one, through PyTorch) against the reference engine: every op
+family on the CPU (device="cpu", engines=["torch"]) over NCHW/NHWC, FLOAT/HALF/BFLOAT16 and scalars
+given three ways; multi-op and mixed-engine plans; the host fallback; configs and notes. GPU
+versions at realistic sizes are marked gpu."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph import BehaviorNote, ConvolutionMode, NormForwardPhase, NumericalNote, ReductionMode, ResampleMode
+from opgraph.engines import get_engine
+from opgraph.ops.pointwise import MODES, PointwiseMode
+from opgraph.partition import make_piece
+from opgraph.plan import engine_configs
+from opgraph.samples import nhwc
+
+from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+
+torch = pytest.importorskip("torch")
+
+DT = og.DataType
+M = PointwiseMode
+FLOAT, HALF, BF16, DOUBLE = DT.FLOAT, DT.HALF, DT.BFLOAT16, DT.DOUBLE
+DTYPES = [FLOAT, HALF, BF16]
+TRAIN, INFER = NormForwardPhase.TRAINING, NormForwardPhase.INFERENCE
+CROSS, CONV = ConvolutionMode.CROSS_CORRELATION, ConvolutionMode.CONVOLUTION
+EPS = 2.0**-10  # exact in every float type, so the three kinds of scalar hold the same value
+SCALAR_KINDS = ["number", "by_value", "tensor"]
+
+
+def check(g: og.Graph, rng, **kw):
+    return assert_engine_matches(g, rng, engines=("torch",), **kw)
+
+
+def strides(dim, layout):
+    return nhwc(list(dim)) if layout == "nhwc" else None
+
+
+def graph(io=FLOAT, name="g", compute=FLOAT) -> og.Graph:
+    return og.Graph(name, io_data_type=io, intermediate_data_type=FLOAT, compute_data_type=compute)
+
+
+def scalar(g: og.Graph, kind: str, value: float, name: str):
+    """A scalar operand as a Python number, a pass-by-value tensor or a 1-element device tensor."""
+    if kind == "number":
+        return value
+    return g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=kind == "by_value", name=name)
+
+
+def setter(**values):
+    """A `prepare` for check_plan: give the named scalar tensors their values (whatever kind)."""
+    def prepare(pack):
+        for t, value in values.values():
+            if not isinstance(t, og.Tensor):
+                continue
+            if isinstance(pack[t.uid], np.ndarray):
+                pack[t.uid][...] = value
+            else:
+                pack[t.uid] = float(value)
+    return prepare
+
+
+def outputs(*tensors):
+    for t in tensors:
+        if t is not None:
+            t.set_output(True)
+
+
+# -- pointwise ---------------------------------------------------------------------------------------
+
+POSITIVE = {M.SQRT, M.RSQRT, M.LOG, M.POW}
+
+
+def pointwise_graph(mode, dt, layout, dims=(2, 3, 4, 5)):
+    g = graph(dt, "pw")
+    arity = MODES[mode].arity
+    xs = [g.tensor(dim=list(dims), stride=strides(dims, layout), name=f"x{i}") for i in range(arity)]
+    if mode in POSITIVE:
+        xs = [g.add(g.abs(x), 0.5) for x in xs]
+    if mode is M.BINARY_SELECT:
+        xs[2] = g.cmp_gt(xs[2], 0.0)
+    g.pointwise(*xs, mode=mode).set_output(True).set_name("y")
+    return g
+
+
+@pytest.mark.parametrize("mode", [m for m in PointwiseMode if m is not M.GEN_INDEX], ids=lambda m: m.name)
+def test_pointwise_every_mode(mode, rng):
+    check(pointwise_graph(mode, FLOAT, "nhwc"), rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("mode", [M.ADD, M.GELU_FWD, M.SWISH_BWD, M.CMP_GE, M.DIV, M.TANH_FWD])
+def test_pointwise_dtypes_and_layouts(mode, dt, layout, rng):
+    check(pointwise_graph(mode, dt, layout), rng)
+
+
+@pytest.mark.parametrize("kind", SCALAR_KINDS)
+def test_relu_clips_slope_and_backward_boundaries(kind, rng):
+    """Clipped leaky relu and its backward with the clips given three ways; integer inputs hit the
+    clips exactly (the RELU_BWD boundaries); slope 0 is the plain clip."""
+    g = graph(FLOAT, "relu")
+    x = g.tensor(dim=[3, 4, 5], name="x")
+    dy = g.tensor(dim=[3, 4, 5], name="dy")
+    lo, hi, k = scalar(g, kind, -1.0, "lo"), scalar(g, kind, 2.0, "hi"), scalar(g, kind, 0.25, "k")
+    zero = scalar(g, kind, 0.0, "zero")
+    g.relu(x, negative_slope=k, lower_clip=lo, upper_clip=hi).set_output(True)
+    g.relu(x, negative_slope=zero, lower_clip=lo).set_output(True)
+    g.relu_backward(dy, x, negative_slope=k, lower_clip=lo, upper_clip=hi).set_output(True)
+    g.leaky_relu_backward(dy, x, negative_slope=k).set_output(True)
+    prep = setter(lo=(lo, -1.0), hi=(hi, 2.0), k=(k, 0.25), zero=(zero, 0.0))
+    check(g, rng, prepare=prep, integers=True, low=-3, high=3)
+
+
+@pytest.mark.parametrize("kind", SCALAR_KINDS)
+def test_parametrised_activations(kind, rng):
+    g = graph(FLOAT, "act")
+    x = g.tensor(dim=[4, 6], name="x")
+    dy = g.tensor(dim=[4, 6], name="dy")
+    a, b, s = scalar(g, kind, 0.5, "a"), scalar(g, kind, 1.5, "b"), scalar(g, kind, 0.75, "s")
+    outputs(g.elu(x, alpha=a), g.softplus(x, beta=b), g.swish(x, swish_beta=s),
+            g.pointwise(dy, x, mode=M.ELU_BWD, alpha=a), g.pointwise(dy, x, mode=M.SOFTPLUS_BWD, beta=b),
+            g.pointwise(dy, x, mode=M.SWISH_BWD, swish_beta=s))
+    check(g, rng, prepare=setter(a=(a, 0.5), b=(b, 1.5), s=(s, 0.75)))
+
+
+def test_gen_index_comparisons_and_integer_casts(rng):
+    g = graph(FLOAT, "gi")
+    x = g.tensor(dim=[2, 3, 4], name="x")
+    g.gen_index(x, axis=1).set_output(True).set_data_type(DT.INT32)
+    g.add(g.gen_index(x, axis=2), x).set_output(True)
+    g.cmp_lt(x, 0.5).set_output(True)  # BOOLEAN
+    g.cmp_ge(x, 0.0).set_output(True).set_data_type(FLOAT)
+    g.identity(g.mul(x, 100.0)).set_output(True).set_data_type(DT.INT8)  # saturates
+    g.identity(g.mul(x, 2.5)).set_output(True).set_data_type(DT.INT32)  # rounds half to even
+    g.identity(g.mul(x, 1000.0)).set_output(True).set_data_type(DT.FP8_E4M3)  # saturates to +-448
+    check(g, rng, expect_steps=1)
+
+
+def test_broadcast_per_channel_rows_and_scalars(rng):
+    dims = [2, 8, 3, 4]
+    g = graph(HALF, "bcast")
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    b = g.tensor(dim=[1, 8, 1, 1], name="b")
+    row = g.tensor(dim=[1, 1, 1, 4], name="row")
+    s = g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=True, name="s")
+    one = g.tensor(dim=[1, 1, 1, 1], data_type=FLOAT, name="one")
+    g.add(g.mul(g.bias(g.mul(x, s), b), row), one).set_output(True)
+    check(g, rng)
+
+
+def test_half_intermediate_is_rounded_like_the_reference(rng):
+    g = graph(FLOAT, "round")
+    x = g.tensor(dim=[64], name="x")
+    h = g.mul(x, 1.0 / 3.0).set_data_type(HALF)  # a virtual fp16 intermediate
+    g.sub(g.mul(h, 3.0), x).set_output(True)
+    check(g, rng, rtol=0, atol=1e-7)
+
+
+def test_double_graph_computes_in_float64(rng):
+    g = graph(DOUBLE, "f64", compute=DOUBLE)
+    x = g.tensor(dim=[5, 7], name="x")
+    g.gelu(g.mul(g.exp(x), 1.0 / 3.0)).set_output(True)
+    plan = check(g, rng)
+    assert NumericalNote.FP64_ACCUMULATION in plan.steps[0].config.numerical_notes
+
+
+# -- convolutions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conv:
+    id: str
+    n: int
+    c: int
+    k: int
+    x: tuple[int, ...]
+    r: tuple[int, ...]
+    pre: tuple[int, ...]
+    post: tuple[int, ...]
+    stride: tuple[int, ...] | None = None
+    dilation: tuple[int, ...] | None = None
+    groups: int = 1
+    mode: ConvolutionMode = CROSS
+
+    def dims(self):
+        ones = (1,) * len(self.x)
+        s, d = self.stride or ones, self.dilation or ones
+        y = tuple((x + p0 + p1 - ((r - 1) * dd + 1)) // ss + 1
+                  for x, r, p0, p1, ss, dd in zip(self.x, self.r, self.pre, self.post, s, d))
+        return {"X": [self.n, self.c, *self.x], "W": [self.k, self.c // self.groups, *self.r],
+                "DY": [self.n, self.k, *y]}
+
+    def kwargs(self):
+        pad = ({"padding": list(self.pre)} if self.pre == self.post
+               else {"pre_padding": list(self.pre), "post_padding": list(self.post)})
+        return {**pad, "stride": list(self.stride or ()) or None, "dilation": list(self.dilation or ()) or None,
+                "convolution_mode": self.mode}
+
+
+CONVS = [
+    Conv("1d", 2, 4, 6, (11,), (3,), (1,), (1,)),
+    Conv("1d_s3_d2_g3_asym_conv", 2, 6, 9, (17,), (3,), (2,), (0,), (3,), (2,), groups=3, mode=CONV),
+    Conv("2d", 2, 4, 8, (9, 10), (3, 3), (1, 1), (1, 1)),
+    Conv("2d_stride_dilation", 2, 4, 4, (13, 12), (3, 3), (0, 1), (0, 1), (2, 3), (2, 1)),
+    Conv("2d_depthwise", 2, 4, 8, (8, 8), (3, 3), (1, 1), (1, 1), groups=4),
+    Conv("2d_asym_pad_convolution", 2, 3, 5, (8, 9), (3, 2), (0, 2), (1, 0), mode=CONV),
+    Conv("3d", 1, 2, 3, (5, 6, 4), (3, 2, 2), (1, 0, 1), (1, 1, 0), (1, 2, 1), (1, 1, 2)),
+    Conv("3d_groups_conv", 2, 4, 4, (4, 5, 5), (2, 3, 3), (0, 1, 1), (0, 1, 1), (2, 1, 1), groups=2, mode=CONV),
+]
+CONV_IO = {"conv_fprop": ("X", "W", "DY"), "conv_dgrad": ("DY", "W", "X"), "conv_wgrad": ("X", "DY", "W")}
+
+
+def conv_graph(op, case: Conv, layout="nchw", io=FLOAT, out_type=None, compute=FLOAT):
+    g = graph(io, op, compute)
+    dims = case.dims()
+    first, second, result = CONV_IO[op]
+    a, b = (g.tensor(dim=dims[n], stride=strides(dims[n], layout), name=n) for n in (first, second))
+    out = getattr(g, op)(a, b, **case.kwargs(), name="conv").set_output(True).set_dim(dims[result])
+    if out_type is not None:
+        out.set_data_type(out_type)
+    return g
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", CONVS, ids=lambda c: c.id)
+@pytest.mark.parametrize("op", list(CONV_IO))
+def test_conv_geometries(op, case, layout, rng):
+    check(conv_graph(op, case, layout), rng, expect_steps=1)
+
+
+@pytest.mark.parametrize(("io", "out_type"), [
+    (HALF, None), (BF16, None), (HALF, FLOAT), (DT.FP8_E4M3, FLOAT), (DT.INT8, DT.INT32), (DT.UINT8, DT.INT32),
+], ids=["f16", "bf16", "f16_to_f32", "fp8_to_f32", "i8_to_i32", "u8_to_i32"])
+@pytest.mark.parametrize("op", list(CONV_IO))
+def test_conv_dtypes(op, io, out_type, rng):
+    compute = DT.INT32 if io.is_integer else FLOAT
+    check(conv_graph(op, CONVS[3], "nhwc", io, out_type, compute), rng)
+
+
+# -- matmul --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+def test_matmul_broadcast_batch_and_transposed_operands(dt, rng):
+    g = graph(dt, "mm")
+    a = g.tensor(dim=[2, 1, 5, 7], name="A")
+    b = g.tensor(dim=[1, 3, 7, 4], stride=[84, 28, 1, 7], name="B")  # column-major K x N
+    g.matmul(a, b).set_output(True)
+    check(g, rng)
+
+
+def test_matmul_gapped_rows_and_int8_exact(rng):
+    g = og.Graph("mm8", io_data_type=DT.INT8, intermediate_data_type=DT.INT32, compute_data_type=DT.INT32)
+    a = g.tensor(dim=[3, 6, 40], stride=[600, 100, 1], name="A")  # gapped rows
+    b = g.tensor(dim=[3, 40, 5], name="B")
+    g.matmul(a, b).set_output(True).set_data_type(DT.INT32)
+    g.matmul(a, b).set_output(True).set_data_type(DT.INT8)  # saturates
+    check(g, rng)
+
+
+# -- reductions ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", list(ReductionMode), ids=lambda m: m.name)
+@pytest.mark.parametrize("out_dim", [[1, 3, 1, 1], [2, 1, 1, 5], [1, 1, 1, 1], [2, 3, 4, 5]],
+                         ids=["per_channel", "middle", "full", "none"])
+def test_reduction_modes_and_axes(mode, out_dim, rng):
+    dims = [2, 3, 4, 5]
+    g = graph(HALF, "red")
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    g.reduction(x, mode).set_output(True).set_dim(out_dim)
+    check(g, rng, low=0.5, high=1.5)  # products of 120 elements stay finite
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_genstats(layout, rng):
+    dims = [3, 4, 5, 6]
+    g = graph(BF16, "gs")
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    outputs(*g.genstats(x))
+    check(g, rng)
+
+
+# -- normalizations ------------------------------------------------------------------------------------
+
+
+def per_channel(dim):
+    return [1, dim[1]] + [1] * (len(dim) - 2)
+
+
+def positive(*tensors, value=EPS):
+    """prepare: positive values for scalars/variances given as tensors."""
+    def prepare(pack):
+        for t in tensors:
+            if isinstance(t, og.Tensor):
+                if isinstance(pack[t.uid], np.ndarray):
+                    pack[t.uid][...] = np.abs(pack[t.uid].astype(np.float64)) + value
+                else:
+                    pack[t.uid] = value
+    return prepare
+
+
+@pytest.mark.parametrize("kind", SCALAR_KINDS)
+@pytest.mark.parametrize("dt,layout", [(FLOAT, "nchw"), (HALF, "nhwc"), (BF16, "nhwc")])
+def test_batchnorm_training_with_running_stats(dt, layout, kind, rng):
+    dims = [3, 4, 5, 6]
+    g = graph(dt, "bn")
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    c = per_channel(dims)
+    scale, bias, rm, rv = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("s", "b", "rm", "rv"))
+    eps, mom = scalar(g, kind, EPS, "eps"), scalar(g, kind, 0.125, "mom")
+    outputs(*g.batchnorm(x, scale, bias, rm, rv, epsilon=eps, momentum=mom))
+    check(g, rng, prepare=setter(eps=(eps, EPS), mom=(mom, 0.125)))
+
+
+def test_batchnorm_in_place_running_stats(rng):
+    g = graph(FLOAT, "bn_inplace")
+    dim, c = [4, 3, 2, 2], [1, 3, 1, 1]
+    x = g.tensor(dim=dim, name="x")
+    scale, bias = g.tensor(dim=c, name="s"), g.tensor(dim=c, name="b")
+    rm, rv = g.tensor(dim=c, name="rm", uid=100), g.tensor(dim=c, name="rv", uid=101)
+    y, mean, inv, next_rm, next_rv = g.batchnorm(x, scale, bias, rm, rv, epsilon=EPS, momentum=0.25)
+    outputs(y, mean, inv, next_rm, next_rv)
+    next_rm.set_uid(100)
+    next_rv.set_uid(101)
+    check(g, rng)
+
+
+@pytest.mark.parametrize("dt,layout", [(FLOAT, "nchw"), (HALF, "nhwc"), (BF16, "nchw")])
+def test_batchnorm_inference(dt, layout, rng):
+    dims = [2, 3, 4, 5]
+    g = graph(dt, "bni")
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    c = per_channel(dims)
+    mean, inv, s, b = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("m", "iv", "s", "b"))
+    g.batchnorm_inference(x, mean, inv, s, b).set_output(True)
+    check(g, rng)
+
+
+@pytest.mark.parametrize("stats", ["saved", "recomputed"])
+@pytest.mark.parametrize("dt,layout", [(FLOAT, "nhwc"), (HALF, "nchw"), (BF16, "nhwc")])
+def test_batchnorm_backward(dt, layout, stats, rng):
+    dims = [3, 4, 3, 5]
+    g = graph(dt, "bnb")
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    dy = g.tensor(dim=dims, stride=strides(dims, layout), name="dy")
+    c = per_channel(dims)
+    s = g.tensor(dim=c, data_type=FLOAT, name="s")
+    if stats == "saved":
+        mean, inv = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("m", "iv"))
+        outs = g.batchnorm_backward(dy, x, s, mean=mean, inv_variance=inv)
+    else:
+        eps = g.tensor(dim=[1], data_type=FLOAT, name="eps")
+        outs = g.batchnorm_backward(dy, x, s, epsilon=eps)
+    outputs(*outs)
+    check(g, rng, prepare=None if stats == "saved" else positive(eps))
+
+
+LN = [([6, 16], [1, 16], "nchw"), ([2, 3, 8], [1, 1, 8], "nchw"), ([2, 3, 4, 5], [1, 3, 4, 5], "nhwc")]
+
+
+@pytest.mark.parametrize("kind", SCALAR_KINDS)
+@pytest.mark.parametrize("dim,sdim,layout", LN)
+def test_layernorm_and_rmsnorm_forward(dim, sdim, layout, kind, rng):
+    g = graph(HALF, "ln")
+    x = g.tensor(dim=dim, stride=strides(dim, layout), name="x")
+    s, b = (g.tensor(dim=sdim, data_type=FLOAT, name=n) for n in ("s", "b"))
+    eps = scalar(g, kind, EPS, "eps")
+    outputs(*g.layernorm(TRAIN, x, s, b, epsilon=eps))
+    outputs(*g.rmsnorm(TRAIN, x, s, b, epsilon=eps))
+    outputs(*g.layernorm(INFER, x, None, None, epsilon=eps))
+    outputs(*g.rmsnorm(INFER, x, s, epsilon=eps))
+    check(g, rng, prepare=setter(eps=(eps, EPS)))
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dim,sdim,layout", LN)
+def test_layernorm_and_rmsnorm_backward(dim, sdim, layout, dt, rng):
+    stats = [1 if s == d else d for s, d in zip(sdim, dim)]
+    g = graph(dt, "lnb")
+    x = g.tensor(dim=dim, stride=strides(dim, layout), name="x")
+    dy = g.tensor(dim=dim, stride=strides(dim, layout), name="dy")
+    s = g.tensor(dim=sdim, data_type=FLOAT, name="s")
+    mean, inv = (g.tensor(dim=stats, data_type=FLOAT, name=n) for n in ("m", "iv"))
+    outputs(*g.layernorm_backward(dy, x, s, mean, inv))
+    outputs(*g.rmsnorm_backward(dy, x, s, inv, has_dbias=True))
+    outputs(*g.rmsnorm_backward(dy, x, s, inv, has_dbias=False))
+    check(g, rng)
+
+
+@pytest.mark.parametrize("dt,layout", [(FLOAT, "nhwc"), (HALF, "nchw"), (BF16, "nhwc")])
+def test_instancenorm_forward_and_backward(dt, layout, rng):
+    dims = [2, 3, 4, 5]
+    c, stats = per_channel(dims), [2, 3, 1, 1]
+    g = graph(dt, "in")
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    dy = g.tensor(dim=dims, stride=strides(dims, layout), name="dy")
+    s, b = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("s", "b"))
+    mean, inv = (g.tensor(dim=stats, data_type=FLOAT, name=n) for n in ("m", "iv"))
+    eps = g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=True, name="eps")
+    outputs(*g.instancenorm(TRAIN, x, s, b, epsilon=eps))
+    outputs(*g.instancenorm(INFER, x, s, b, epsilon=EPS))
+    outputs(*g.instancenorm_backward(dy, x, s, mean, inv))
+    outputs(*g.instancenorm_backward(dy, x, s, epsilon=eps))
+    check(g, rng, prepare=positive(eps))
+
+
+# -- pooling -------------------------------------------------------------------------------------------
+
+POOLS = [
+    ("1d", [2, 3, 11], [3], [2], [1], [0]),
+    ("2d", [2, 3, 7, 8], [3, 2], [2, 2], [1, 0], [2, 1]),
+    ("2d_overlap", [1, 4, 6, 6], [3, 3], [1, 1], [2, 1], [1, 2]),
+    ("3d", [1, 2, 5, 4, 6], [2, 2, 3], [1, 2, 2], [1, 0, 2], [0, 1, 1]),
+]
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("mode", [ResampleMode.MAX, ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING],
+                         ids=lambda m: m.name)
+@pytest.mark.parametrize("case", POOLS, ids=lambda c: c[0])
+def test_resample(case, mode, layout, rng):
+    _, dims, window, stride, pre, post = case
+    g = graph(HALF, "pool")
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    index = mode is ResampleMode.MAX
+    y, idx = g.resample(x, mode=mode, window=window, stride=stride, pre_padding=pre, post_padding=post,
+                        generate_index=index)
+    outputs(y, idx)
+    if idx is not None:
+        idx.set_data_type(DT.INT32)
+    check(g, rng, expect_steps=1)
+
+
+def test_max_pool_index_ties_pick_the_first(rng):
+    g = graph(FLOAT, "ties")
+    x = g.tensor(dim=[1, 2, 6, 6], name="x")
+    outputs(*g.resample(x, mode="max", window=[3, 3], stride=[2, 2], padding=[1, 1], generate_index=True))
+    check(g, rng, integers=True, low=-1, high=1)  # many equal maxima per window
+
+
+# -- layout ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [FLOAT, BF16, DT.INT32], ids=lambda d: d.name)
+def test_layout_ops(dt, rng):
+    dims = [2, 3, 4, 5]
+    g = graph(dt, "layout")
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    z = g.tensor(dim=[2, 2, 4, 5], name="z")
+    g.reshape(x, [6, -1]).set_output(True)
+    g.transpose(x, [0, 2, 3, 1]).set_output(True)
+    g.slice(x, [slice(None), slice(1, None), slice(0, 4, 2), slice(-3, None)]).set_output(True)
+    g.concatenate([x, z], axis=1).set_output(True)
+    g.transpose(g.reshape(x, [6, 20]), [1, 0]).set_output(True).set_stride([1, 20])
+    check(g, rng, expect_steps=1)
+
+
+# -- graphs of several ops, several engines ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv_bias_relu_batchnorm_reduction(layout, rng):
+    dims, wdims = [2, 4, 6, 6], [8, 4, 3, 3]
+    g = og.Graph("multi", io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    w = g.tensor(dim=wdims, stride=strides(wdims, layout), name="w")
+    c = [1, 8, 1, 1]
+    b, s, sb = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("b", "s", "sb"))
+    rm, rv = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("rm", "rv"))
+    mom = g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=True, name="mom")
+    h = g.relu(g.bias(g.conv_fprop(x, w, padding=1), b))
+    y, mean, inv, nrm, nrv = g.batchnorm(h, s, sb, rm, rv, epsilon=EPS, momentum=mom)
+    outputs(y, mean, inv, nrm, nrv)
+    g.reduction(y, ReductionMode.AVG).set_output(True).set_dim([2, 1, 1, 1])
+    plan = check(g, rng, expect_steps=1)
+    assert [n.kind for n in plan.steps[0].piece.nodes] == [
+        "conv_fprop", "pointwise", "pointwise", "batchnorm", "reduction"]
+
+
+@requires_interpreter
+def test_mixed_engines_pointwise_to_triton_rest_to_torch(rng):
+    """Engines in order of preference: the pointwise prologue is a Triton piece, the conv (and, as the
+    partitioner grows pieces, what follows it) runs on torch; a tensor crossing pieces is in the
+    workspace."""
+    dims, wdims = [2, 4, 5, 5], [6, 4, 3, 3]
+    g = graph(FLOAT, "mixed")
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    w = g.tensor(dim=wdims, name="w")
+    s = g.tensor(dim=[1, 4, 1, 1], name="s")
+    a = g.relu(g.mul(x, s))
+    y = g.conv_fprop(a, w, padding=1)
+    g.relu(y).set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
+    engines = [st.config.engine for st in plan.steps]
+    assert engines[0] == "triton" and set(plan.steps[0].piece.kinds) == {"pointwise"}
+    conv_alone = make_piece(g.final, 0, [n for n in g.final.nodes if n.kind == "conv_fprop"])
+    if not get_engine("triton").supports(conv_alone, plan.device).ok:
+        assert engines[1:] == ["torch"], plan.describe()
+        assert plan.workspace_size > 0
+
+
+def test_strict_build_is_one_torch_kernel(rng):
+    g = graph(FLOAT, "strict")
+    x = g.tensor(dim=[2, 4, 3, 3], name="x")
+    r = g.reduction(g.relu(x), ReductionMode.MAX).set_dim([1, 4, 1, 1])
+    g.exp(r).set_output(True)
+    plan = g.build(device="cpu", engines=["torch"], allow_partition=False)
+    assert len(plan.steps) == 1 and plan.steps[0].config.engine == "torch"
+
+
+def test_host_fallback_runs_unmapped_ops_on_the_reference(monkeypatch, rng):
+    from opgraph.engines.torch_engine import IMPLS
+
+    monkeypatch.delitem(IMPLS, "genstats")
+    dims = [2, 3, 4, 4]
+    g = graph(HALF, "fallback")
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    outputs(*g.genstats(g.relu(x)))
+    plan = check(g, rng, expect_steps=1)
+    config = plan.steps[0].config
+    assert BehaviorNote.HOST_EXECUTION in config.behavior_notes
+    assert BehaviorNote.DEVICE_SCALARS not in config.behavior_notes
+    assert "genstats" in config.why and "host" in config.why
+
+
+def test_config_notes_on_the_cpu():
+    g = graph(FLOAT, "notes")
+    g.relu(g.tensor(dim=[4], name="x")).set_output(True)
+    configs = engine_configs(g.final, device="cpu", engines=["torch"])
+    (only,) = configs[0].configs
+    assert only.engine == "torch" and only.knobs == ()
+    assert only.behavior_notes == {BehaviorNote.HOST_EXECUTION, BehaviorNote.DEVICE_SCALARS}
+    assert not only.numerical_notes
+
+
+def test_variant_pack_of_cpu_torch_tensors(rng):
+    g = graph(BF16, "tt")
+    x = g.tensor(dim=[3, 8], name="x")
+    w = g.tensor(dim=[8, 4], name="w")
+    y = g.matmul(g.relu(x), w).set_output(True)
+    plan = g.build(device="cpu", engines=["torch"])
+    xs = torch.randn(3, 8).to(torch.bfloat16)
+    ws = torch.randn(8, 4).to(torch.bfloat16)
+    out = torch.full((3, 4), float("nan"), dtype=torch.bfloat16)
+    plan.execute({x: xs, w: ws, y: out})
+    want = (torch.relu(xs.float()) @ ws.float()).to(torch.bfloat16)
+    torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dt", [HALF, BF16], ids=lambda d: d.name)
+def test_native_low_precision_gemms(dt, rng):
+    """The CUDA path for fp16/bf16 conv and matmul (operands kept in their type), exercised on the CPU."""
+    g = graph(dt, "native")
+    x = g.tensor(dim=[2, 4, 6, 6], stride=nhwc([2, 4, 6, 6]), name="x")
+    w = g.tensor(dim=[4, 4, 3, 3], stride=nhwc([4, 4, 3, 3]), name="w")
+    conv = g.conv_fprop(x, w, padding=1).set_data_type(dt)
+    g.relu(conv).set_output(True)
+    a = g.tensor(dim=[5, 16], name="a")
+    b = g.tensor(dim=[16, 3], name="b")
+    g.matmul(a, b).set_output(True)
+    plan = g.build(device="cpu", engines=["torch"])
+    for step in plan.steps:
+        step.kernel.native_low_precision = True
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+# -- GPU --------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+def test_gpu_conv_bias_relu_batchnorm_reduction(dt, rng):
+    dims, wdims = [8, 64, 28, 28], [64, 64, 3, 3]
+    g = og.Graph("multi", io_data_type=dt, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    w = g.tensor(dim=wdims, stride=nhwc(wdims), name="w")
+    c = [1, 64, 1, 1]
+    b, s, sb, rm, rv = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("b", "s", "sb", "rm", "rv"))
+    mom = g.tensor(dim=[1], data_type=FLOAT, name="mom")  # read on the device
+    h = g.relu(g.bias(g.conv_fprop(x, w, padding=1).set_data_type(dt), b))
+    outputs(*g.batchnorm(h, s, sb, rm, rv, epsilon=1e-5, momentum=mom))
+    g.reduction(h, ReductionMode.ADD).set_output(True).set_dim([1, 64, 1, 1])
+    plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda", expect_steps=1)
+    notes = plan.steps[0].config.behavior_notes
+    assert BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API in notes and BehaviorNote.HOST_EXECUTION not in notes
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("op", list(CONV_IO))
+@pytest.mark.parametrize("io", [FLOAT, HALF, BF16, DT.INT8], ids=lambda d: d.name)
+def test_gpu_conv(op, io, rng):
+    case = Conv("resnet", 8, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1))
+    out = DT.INT32 if io.is_integer else None
+    compute = DT.INT32 if io.is_integer else FLOAT
+    assert_engine_matches(conv_graph(op, case, "nhwc", io, out, compute), rng, engines=("torch",),
+                          device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("io", [FLOAT, HALF, BF16, DT.INT8], ids=lambda d: d.name)
+def test_gpu_matmul(io, rng):
+    g = og.Graph("mm", io_data_type=io, intermediate_data_type=FLOAT,
+                 compute_data_type=DT.INT32 if io.is_integer else FLOAT)
+    a = g.tensor(dim=[4, 512, 1024], name="A")
+    b = g.tensor(dim=[1, 1024, 768], stride=[1024 * 768, 1, 1024], name="B")
+    c = g.matmul(a, b).set_output(True)
+    if io.is_integer:
+        c.set_data_type(DT.INT32)
+    assert_engine_matches(g, rng, engines=("torch",), device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_norms_pooling_layout(rng):
+    g = og.Graph("mix", io_data_type=BF16, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    x = g.tensor(dim=[2048, 1024], name="x")
+    s, b = (g.tensor(dim=[1, 1024], data_type=FLOAT, name=n) for n in ("s", "b"))
+    eps = g.tensor(dim=[1], data_type=FLOAT, name="eps")
+    outputs(*g.layernorm(TRAIN, x, s, b, epsilon=eps))
+    outputs(*g.rmsnorm(TRAIN, x, s, epsilon=eps))
+    img = g.tensor(dim=[16, 64, 56, 56], stride=nhwc([16, 64, 56, 56]), name="img")
+    outputs(*g.resample(img, mode="max", window=[3, 3], stride=[2, 2], padding=[1, 1], generate_index=True))
+    g.transpose(g.slice(x, [slice(0, 1024), slice(None)]), [1, 0]).set_output(True)
+    assert_engine_matches(g, rng, engines=("torch",), device="cuda", prepare=positive(eps, value=1e-5))

@@ -1,0 +1,93 @@
+"""Autotuning: candidates timed whole, the fastest kept, the answer cached on disk by a key of
+everything that can change it; a second build times nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph import autotune
+
+from .helpers import requires_interpreter
+
+pytestmark = requires_interpreter
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _graph(width=64):
+    g = og.Graph("tune", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, width], name="x")
+    b = g.tensor(dim=[1, width], name="b")
+    g.relu(g.add(x, b)).set_output(True).set_name("y")
+    return g
+
+
+def test_first_build_times_every_candidate_and_caches(cache_dir, rng, monkeypatch):
+    timed = []
+    real = autotune.time_kernel
+    monkeypatch.setattr(autotune, "time_kernel", lambda k, *a: timed.append(k.config) or real(k, *a))
+    plan = _graph().build(device="cpu", engines=["triton"], autotune=True)
+    assert len(timed) >= 2 and len(set(timed)) == len(timed)  # each candidate once
+    step = plan.steps[0]
+    assert step.config.measured_us is not None
+    assert all(c.measured_us is None or c.measured_us >= step.config.measured_us for c in step.alternatives)
+    data = json.loads((cache_dir / "tuning.json").read_text())
+    (entry,) = data.values()
+    assert entry["engine"] == "triton" and len(entry["times"]) == len(timed)
+    assert not og.testing.check_plan(plan, rng)
+
+
+def test_second_build_times_nothing(monkeypatch):
+    first = _graph().build(device="cpu", engines=["triton"], autotune=True)
+
+    def boom(*a, **k):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(autotune, "time_kernel", boom)
+    second = _graph().build(device="cpu", engines=["triton"], autotune=True)
+    assert second.steps[0].config == first.steps[0].config
+    assert second.steps[0].config.measured_us == pytest.approx(first.steps[0].config.measured_us)
+
+
+def test_key_depends_on_the_piece_not_on_names():
+    dev = og.Device("cpu")
+    a = _graph(64).build(device="cpu", engines=["triton"]).steps[0].piece
+    b = _graph(128).build(device="cpu", engines=["triton"]).steps[0].piece
+    g = _graph(64)
+    g.final.tensor("x")  # same structure, same names -> same key; renamed tensors too
+    c = g.build(device="cpu", engines=["triton"]).steps[0].piece
+    key = autotune.cache_key
+    assert key(a, dev, ["triton"]) == key(c, dev, ["triton"])
+    assert key(a, dev, ["triton"]) != key(b, dev, ["triton"])
+    assert key(a, dev, ["triton"]) != key(a, og.Device("cpu", name="other"), ["triton"])
+
+
+def test_corrupt_cache_file_is_ignored(cache_dir, rng):
+    (cache_dir / "tuning.json").write_text("{ not json")
+    plan = _graph().build(device="cpu", engines=["triton"], autotune=True)
+    assert not og.testing.check_plan(plan, rng)
+    assert json.loads((cache_dir / "tuning.json").read_text())
+
+
+def test_failing_candidates_are_skipped(monkeypatch, rng):
+    real = autotune.time_kernel
+    calls = []
+
+    def flaky(kernel, *a):
+        calls.append(kernel)
+        if len(calls) == 1:
+            raise RuntimeError("this config does not compile here")
+        return real(kernel, *a)
+
+    monkeypatch.setattr(autotune, "time_kernel", flaky)
+    plan = _graph().build(device="cpu", engines=["triton"], autotune=True)
+    assert plan.steps[0].config.measured_us is not None
+    assert not og.testing.check_plan(plan, np.random.default_rng(0))
