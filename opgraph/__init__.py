@@ -33,6 +33,10 @@ from .tensor import Tensor, TensorDesc
 
 __version__ = "0.1.0"
 
+from .log import configure_from_env as _configure_logging  # noqa: E402
+
+_configure_logging()
+
 __all__ = [
     "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",

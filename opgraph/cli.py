@@ -136,6 +136,38 @@ def run(file: str, device: str | None, engines: tuple[str, ...], seed: int, repe
 
 
 @main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
+@click.option("--engine", "engines", multiple=True, help="allowed engine (repeatable)")
+@click.option("--autotune", is_flag=True, help="time the candidates (cached on disk)")
+@click.option("--dot", "dot_path", type=click.Path(dir_okay=False), help="write the plan as Graphviz DOT")
+@click.option("--svg", "svg_path", type=click.Path(dir_okay=False), help="draw the plan as SVG (needs Graphviz)")
+def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: bool, dot_path: str | None,
+            svg_path: str | None) -> None:
+    """Build a graph file and explain the plan: pieces, engines, knobs, estimates, why ops were not fused."""
+    from .draw import plan_to_dot, render_svg
+
+    g = _load(file)
+    try:
+        with console.status("building..."):
+            plan = g.build(device=device, engines=list(engines) or None, autotune=autotune)
+    except GraphError as err:
+        _fail(err)
+    console.print(plan.describe(), highlight=False, soft_wrap=True)
+    dot = plan_to_dot(plan)
+    if dot_path:
+        Path(dot_path).write_text(dot)
+        console.print(f"wrote {dot_path}")
+    if svg_path:
+        try:
+            Path(svg_path).write_bytes(render_svg(dot))
+        except Exception as err:  # noqa: BLE001 - Graphviz missing is a user-environment problem
+            console.print(f"[red]could not draw SVG[/]: {err} (pip install graphviz; apt install graphviz)")
+            sys.exit(1)
+        console.print(f"wrote {svg_path}")
+
+
+@main.command()
 @click.option("--device", default=None)
 def engines(device: str | None) -> None:
     """List the engines and whether each can run here."""

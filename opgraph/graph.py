@@ -5,6 +5,7 @@ planning in `plan.py`.
 
 from __future__ import annotations
 
+import logging
 import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -17,6 +18,8 @@ from .errors import GraphError, ShapeError
 from .ir import Const, FinalGraph
 from .ops.base import BUILDERS, Op
 from .tensor import Tensor
+
+log = logging.getLogger("opgraph.finalize")
 
 if TYPE_CHECKING:
     from .heuristics import HeurMode, PieceConfigs
@@ -175,6 +178,9 @@ class Graph:
             from .finalize import finalize
 
             self._final, self._handle_uid = finalize(self)
+            log.info("finalize '%s': %d ops, %d tensors (%d inputs, %d outputs)", self.name, len(self._final.nodes),
+                     len(self._final.tensors), len(self._final.inputs), len(self._final.outputs))
+            log.debug("%s", self._final)
         return self
 
     @property

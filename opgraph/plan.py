@@ -4,6 +4,8 @@ tensors crossing pieces. `execute` binds a variant pack and runs the steps in or
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +28,9 @@ class Step:
     config: EngineConfig
     kernel: Kernel = field(compare=False, repr=False)
     alternatives: tuple[EngineConfig, ...] = ()
+
+
+log = logging.getLogger("opgraph.build")
 
 
 def _on_stream(stream: Any, device: Device) -> Any:
@@ -88,6 +93,10 @@ def build_plan(
     usable = _engines(engines, dev)
     modes = as_modes(heur_mode)
     pieces, cuts = partition(graph, usable, dev, allow_partition=allow_partition)
+    log.info("partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable],
+             len(pieces))
+    for cut in cuts:
+        log.info("  not fused before %s: %s", cut.node.label(), "; ".join(f"{e}: {w}" for e, w in cut.reasons))
     cache = TuningCache() if autotune else None
     steps = []
     for piece in pieces:
@@ -104,8 +113,13 @@ def build_plan(
             config, kernel, others, _ = tune(piece, candidates, dev, [e.name for e in usable], cache)
             steps.append(Step(len(steps), piece, config, kernel, others))
             continue
+        for name, why in ranked.declined:
+            log.info("  %s: %s declined: %s", piece.label(), name, why)
         config = ranked.configs[0]
+        t0 = time.perf_counter()
         kernel = get_engine(config.engine).compile(piece, config, dev)
+        log.info("  %s -> %s (%d candidate configs; compiled in %.1f ms)", piece.label(), config,
+                 len(ranked.configs), (time.perf_counter() - t0) * 1e3)
         steps.append(Step(len(steps), piece, config, kernel, ranked.configs[1:]))
     return ExecutionPlan(graph, dev, tuple(steps), tuple(cuts))
 

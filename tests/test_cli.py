@@ -69,3 +69,25 @@ def test_run_with_the_triton_engine_in_the_interpreter(tmp_path):
 def test_engines_lists_reference():
     result = CliRunner().invoke(main, ["engines", "--device", "cpu"])
     assert result.exit_code == 0 and "reference" in result.output
+
+
+def test_explain_prints_the_plan_and_writes_dot(tmp_path):
+    dot = tmp_path / "plan.dot"
+    result = CliRunner().invoke(main, ["explain", str(_graph_file(tmp_path)), "--device", "cpu", "--dot", str(dot)])
+    assert result.exit_code == 0, result.output
+    assert "step 0" in result.output and "reference" in result.output
+    text = dot.read_text()
+    assert text.startswith("digraph") and "cluster_0" in text and "RELU_FWD" in text and "y %" in text
+
+
+def test_explain_svg(tmp_path):
+    import shutil
+
+    import pytest
+
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot program is not installed")
+    svg = tmp_path / "plan.svg"
+    result = CliRunner().invoke(main, ["explain", str(_graph_file(tmp_path)), "--device", "cpu", "--svg", str(svg)])
+    assert result.exit_code == 0, result.output
+    assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))

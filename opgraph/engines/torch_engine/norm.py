@@ -42,7 +42,7 @@ def _centered_backward(dy, x, scale, mean, inv, axes):
     """dx, dscale, dbias of y = (x - mean) * inv * scale + bias with mean, inv x's stats over `axes`."""
     xhat = (x - mean) * inv
     g = dy * scale
-    dx = inv * (g - g.mean(dim=axes, keepdim=True) - xhat * (g * xhat).mean(dim=axes, keepdim=True))
+    dx = inv * (g - xhat * (g * xhat).mean(dim=axes, keepdim=True))
     return [dx, _sum_to(dy * xhat, scale.shape), _sum_to(dy, scale.shape)]
 
 
@@ -78,7 +78,7 @@ def batchnorm(call: Call) -> list[Any]:
         m = call.scalar("momentum")
         n = x.numel() // x.shape[1]
         next_mean = (1.0 - m) * call.tensor("in_running_mean") + m * mean
-        next_var = (1.0 - m) * call.tensor("in_running_var") + m * var * 1.0
+        next_var = (1.0 - m) * call.tensor("in_running_var") + m * var * (n / (n - 1))
     return [y, mean, inv, next_mean, next_var]
 
 

@@ -111,7 +111,7 @@ class FlatAxes:
             terms.append(p if s == 1 else f"{p} * {s}")
         if not terms:
             return None
-        return self._name(" + ".join(terms))
+        return terms[0] if len(terms) == 1 and " " not in terms[0] else self._name(" + ".join(terms))
 
 
 class TileIndexer:
