@@ -28,7 +28,7 @@ from .ops.norm import NormForwardPhase
 from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
 from .ops.reduction import ReductionMode
-from .plan import ExecutionPlan
+from .plan import ExecutionPlan, load_plan
 from .tensor import Tensor, TensorDesc
 
 __version__ = "0.1.0"
@@ -42,5 +42,5 @@ __all__ = [
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan",
 ]

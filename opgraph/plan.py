@@ -167,6 +167,26 @@ class ExecutionPlan:
             self._owned_views = wsp.tensor_views(self._owned, self.layout, self.graph)
         return self._owned, self._owned_views
 
+    # -- saving and loading ----------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The plan as bytes (versioned JSON: graph, pieces, engine configs, environment)."""
+        from .plan_io import plan_to_bytes
+
+        return plan_to_bytes(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, device: Any = None, on_mismatch: str = "error") -> ExecutionPlan:
+        """A plan from `to_bytes` output: compiled from the stored configs, without partitioning,
+        heuristics or tuning. See opgraph.plan_io for `on_mismatch`."""
+        from .plan_io import plan_from_bytes
+
+        return plan_from_bytes(data, device=device, on_mismatch=on_mismatch)
+
+    def save(self, path: Any) -> None:
+        from pathlib import Path
+
+        Path(path).write_bytes(self.to_bytes())
+
     # -- explaining ----------------------------------------------------------------------------------
     def describe(self) -> str:
         g = self.graph
@@ -202,4 +222,17 @@ class ExecutionPlan:
     __str__ = describe
 
 
-__all__ = ["ExecutionPlan", "Step", "build_plan", "engine_configs", "HeurMode"]
+__all__ = ["ExecutionPlan", "Step", "build_plan", "engine_configs", "load_plan", "HeurMode"]
+
+
+def load_plan(path: Any, *, device: Any = None, on_mismatch: str = "error") -> ExecutionPlan:
+    """Load a plan saved with ExecutionPlan.save."""
+    from pathlib import Path
+
+    from .errors import SerializationError
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise SerializationError(f"cannot read the plan file: {err}", rule="plan.io") from None
+    return ExecutionPlan.from_bytes(data, device=device, on_mismatch=on_mismatch)

@@ -159,6 +159,13 @@ def graph_from_json(text: str | bytes) -> Any:
     except TypeError as err:
         raise SerializationError(f"a graph file is text or bytes, not {type(text).__name__}",
                                  rule="json.syntax") from None
+    return graph_from_dict(doc)
+
+
+def graph_from_dict(doc: Any) -> Any:
+    """A validated Graph from a parsed graph document (see graph_from_json)."""
+    from .graph import Graph
+
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(
             f"not an opgraph graph file (format is {doc.get('format') if isinstance(doc, dict) else None!r})",

@@ -42,7 +42,7 @@ def _centered_backward(dy, x, scale, mean, inv, axes):
     """dx, dscale, dbias of y = (x - mean) * inv * scale + bias with mean, inv x's stats over `axes`."""
     xhat = (x - mean) * inv
     g = dy * scale
-    dx = inv * (g - xhat * (g * xhat).mean(dim=axes, keepdim=True))
+    dx = inv * (g - g.mean(dim=axes, keepdim=True) - xhat * (g * xhat).mean(dim=axes, keepdim=True))
     return [dx, _sum_to(dy * xhat, scale.shape), _sum_to(dy, scale.shape)]
 
 

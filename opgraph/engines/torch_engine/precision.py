@@ -1,46 +1,90 @@
-"""Exact math around torch's GEMM-class calls on CUDA: PyTorch lets cuDNN convolutions use TF32 by
-default, and cuBLAS may reduce fp16/bf16 GEMMs in reduced precision. The torch engine promises
-full fp32 (and fp32 accumulation for fp16/bf16), so it switches these off for the duration of a
-kernel and restores the caller's settings afterwards. They are process-wide flags: a thread running
-torch GEMMs at the same moment sees them too (harmless: it only gets more exact math).
+"""Exact math around torch's GEMM-class calls on CUDA. PyTorch lets cuDNN convolutions use TF32 by
+default, may let cuBLAS use TF32 for fp32 GEMMs, and lets it reduce fp16/bf16 GEMMs in reduced
+precision. The torch engine promises full fp32 (and fp32 accumulation for fp16/bf16), so a kernel
+pins these flags for its duration and restores the caller's settings afterwards.
+
+They are process-wide flags: a thread running torch GEMMs at the same moment sees them too (it only
+gets more exact math). How each one is pinned, so that PyTorch's consistency checks between its
+legacy and new (>= 2.9) TF32 APIs keep passing:
+- cuDNN conv: `torch.backends.cudnn.conv.fp32_precision = "ieee"` (what convolutions read since
+  2.9), else the legacy `torch.backends.cudnn.allow_tf32 = False`;
+- cuBLAS fp32: `torch.set_float32_matmul_precision("highest")`, which sets the legacy and the new
+  flags together; the caller's legacy value and new per-backend values are restored one by one;
+- fp16/bf16 GEMMs: no reduced-precision reductions, no fp16 accumulation (split-K kept as it was).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+Undo = list[Callable[[], None]]
 
 
-def _settings(torch: Any) -> list[tuple[Any, str, Any]]:
-    """(object, attribute, exact value) for every flag we pin."""
-    cuda_mm = torch.backends.cuda.matmul
-    out = []
+def _pin_attr(obj: Any, name: str, value: Any, undo: Undo) -> None:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    undo.append(lambda: setattr(obj, name, old))
+
+
+def _pin_conv(torch: Any, undo: Undo) -> None:
     conv = getattr(torch.backends.cudnn, "conv", None)
-    if hasattr(cuda_mm, "fp32_precision") and conv is not None and hasattr(conv, "fp32_precision"):
-        out += [(cuda_mm, "fp32_precision", "ieee"), (conv, "fp32_precision", "ieee")]  # torch >= 2.9
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        _pin_attr(conv, "fp32_precision", "ieee", undo)
     else:
-        out += [(cuda_mm, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False)]
-    for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
-        out.append((cuda_mm, name, False))
-    return out
+        _pin_attr(torch.backends.cudnn, "allow_tf32", False, undo)
+
+
+def _pin_matmul(torch: Any, undo: Undo) -> None:
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return  # the caller mixed PyTorch's legacy and new TF32 APIs inconsistently: leave them be
+    per_backend = [m for m in (torch.backends.cuda.matmul, getattr(getattr(torch.backends, "mkldnn", None),
+                                                                   "matmul", None))
+                   if m is not None and hasattr(m, "fp32_precision")]
+    saved = [(m, m.fp32_precision) for m in per_backend]
+    torch.set_float32_matmul_precision("highest")
+
+    def restore() -> None:
+        torch.set_float32_matmul_precision(legacy)
+        for m, value in saved:
+            m.fp32_precision = value
+
+    undo.append(restore)
+
+
+def _pin_reductions(torch: Any, undo: Undo) -> None:
+    mm = torch.backends.cuda.matmul
+    for kind in ("fp16", "bf16"):
+        name = f"allow_{kind}_reduced_precision_reduction"
+        try:
+            old = (getattr(mm, name), getattr(mm, f"{name}_split_k"))
+        except AttributeError:  # torch without the split-K flag
+            old = getattr(mm, name)
+        split_k = old[1] if isinstance(old, tuple) else True
+        setattr(mm, name, (False, split_k) if isinstance(old, tuple) else False)
+        undo.append(lambda name=name, old=old: setattr(mm, name, old))
+    try:
+        _pin_attr(mm, "allow_fp16_accumulation", False, undo)
+    except (AttributeError, RuntimeError):
+        pass
 
 
 @contextmanager
 def exact_math(on_cuda: bool) -> Iterator[None]:
+    """Pin exact fp32 / fp32-accumulating GEMMs on CUDA for the duration (nothing on the CPU)."""
     if not on_cuda:
         yield
         return
     import torch
 
-    saved = []
-    for obj, name, value in _settings(torch):
-        try:
-            saved.append((obj, name, getattr(obj, name)))
-            setattr(obj, name, value)
-        except (AttributeError, RuntimeError, ValueError):
-            pass  # a flag this torch version does not have
+    undo: Undo = []
     try:
+        _pin_conv(torch, undo)
+        _pin_matmul(torch, undo)
+        _pin_reductions(torch, undo)
         yield
     finally:
-        for obj, name, value in reversed(saved):
-            setattr(obj, name, value)
+        for fn in reversed(undo):
+            fn()

@@ -260,3 +260,8 @@ def pow2_floor(n: int) -> int:
 
 def pow2_ceil(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def nest(header: str, lines: Sequence[str]) -> list[str]:
+    """A block statement: `header` then `lines` (which may hold nested blocks) indented once."""
+    return [header, *("    " + line for text in lines for line in text.split("\n"))]

@@ -1,0 +1,99 @@
+"""Saving and loading plans: round trips, and damaged, truncated or foreign files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.plan_io import MAGIC
+from opgraph.samples import batchnorm_relu, conv_bias_relu
+
+from .helpers import requires_interpreter
+
+
+def _same_results(a, b, rng):
+    pack = og.testing.random_pack(a.graph, rng)
+    pack_b = {u: (og.testing.clone(v) if isinstance(v, np.ndarray) else v) for u, v in pack.items()}
+    a.execute(pack)
+    b.execute(pack_b)
+    for u in a.graph.outputs:
+        np.testing.assert_array_equal(pack[u], pack_b[u])
+
+
+@pytest.mark.parametrize("make", [lambda: conv_bias_relu(n=2, c=4, k=4, hw=6), lambda: batchnorm_relu(n=2, c=4, hw=5)])
+def test_reference_plan_round_trip(make, tmp_path, rng):
+    plan = make().build(device="cpu")
+    path = tmp_path / "p.ogplan"
+    plan.save(path)
+    loaded = og.load_plan(path)
+    assert [s.config for s in loaded.steps] == [s.config for s in plan.steps]
+    assert loaded.graph == plan.graph
+    assert loaded.describe() == plan.describe()
+    _same_results(plan, loaded, rng)
+
+
+@requires_interpreter
+def test_triton_plan_round_trip_keeps_tuned_configs(tmp_path, rng, monkeypatch):
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path))
+    g = og.Graph("pw", io_data_type=og.DataType.HALF)
+    x = g.tensor(dim=[4, 32], name="x")
+    g.sigmoid(g.mul(x, 3.0)).set_output(True)
+    plan = g.build(device="cpu", engines=["triton"], autotune=True)
+    loaded = og.ExecutionPlan.from_bytes(plan.to_bytes())
+    assert loaded.steps[0].config == plan.steps[0].config
+    assert loaded.steps[0].config.measured_us == plan.steps[0].config.measured_us
+    assert loaded.source(0) == plan.source(0)
+    _same_results(plan, loaded, rng)
+
+
+def _doc(plan):
+    return json.loads(plan.to_bytes()[len(MAGIC):])
+
+
+def _bytes(doc):
+    return MAGIC + json.dumps(doc).encode()
+
+
+def test_damaged_files_raise_serialization_errors():
+    plan = conv_bias_relu(n=1, c=2, k=2, hw=4).build(device="cpu")
+    good = plan.to_bytes()
+    bad_inputs = [b"", b"garbage", good[: len(good) // 2], MAGIC + b"[1, 2]", good.replace(b"opgraph.plan", b"x")]
+    doc = _doc(plan)
+    for mutate in [
+        lambda d: d.update(version=99),
+        lambda d: d["steps"][0].update(nodes=[0, 7]),
+        lambda d: d["steps"][0].update(nodes=[2, 1, 0]),
+        lambda d: d["steps"][0]["config"].update(engine="nope"),
+        lambda d: d["steps"][0]["config"].update(knobs=[["a", {"x": 1}]]),
+        lambda d: d.update(steps=[]),
+        lambda d: d["graph"]["ops"][0].update(op="nope"),
+        lambda d: d.update(device={"kind": "tpu", "index": 0}),
+        lambda d: d["graph"]["tensors"][0].update(dim="big"),
+    ]:
+        d = json.loads(json.dumps(doc))
+        mutate(d)
+        bad_inputs.append(_bytes(d))
+    for data in bad_inputs:
+        with pytest.raises(og.GraphError) as err:
+            og.ExecutionPlan.from_bytes(data)
+        assert isinstance(err.value, (og.SerializationError, og.UnsupportedGraphError)), (data[:80], err.value)
+
+
+def test_environment_mismatch_is_an_error_or_a_recompile(rng):
+    plan = conv_bias_relu(n=1, c=2, k=2, hw=4).build(device="cpu")
+    doc = _doc(plan)
+    doc["environment"]["device"] = "NVIDIA H100 80GB HBM3"
+    doc["environment"]["opgraph"] = "0.0.1"
+    with pytest.raises(og.SerializationError) as err:
+        og.ExecutionPlan.from_bytes(_bytes(doc))
+    assert err.value.rule == "plan.environment" and "H100" in str(err.value) and "0.0.1" in str(err.value)
+    again = og.ExecutionPlan.from_bytes(_bytes(doc), on_mismatch="recompile")
+    _same_results(plan, again, rng)
+
+
+def test_missing_file():
+    with pytest.raises(og.SerializationError):
+        og.load_plan("/nonexistent/plan.ogplan")
