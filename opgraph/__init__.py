@@ -24,6 +24,7 @@ from .graph import Graph
 from .heuristics import HeurMode, PieceConfigs
 from .ir import Const, FinalGraph, Node
 from .ops.conv import ConvolutionMode
+from .ops.custom import register_custom_op
 from .ops.norm import NormForwardPhase
 from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
@@ -42,5 +43,5 @@ __all__ = [
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op",
 ]

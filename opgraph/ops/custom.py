@@ -1,0 +1,166 @@
+"""Custom ops (plugins): a user-registered op lives in graphs, JSON and plans like any other.
+
+    def swiglu_ref(x, g):                      # the reference: float64 NumPy arrays in and out
+        return x * g / (1 + np.exp(-g))
+
+    og.register_custom_op(
+        "swiglu", num_inputs=2, reference=swiglu_ref,
+        infer=lambda x, g: [x.dim],            # output dims from the input descriptors
+        torch=lambda x, g: x * torch.nn.functional.silu(g),   # optional device implementation
+        triton=swiglu_tl, pointwise=True,      # optional @triton.jit elementwise function: fusable
+    )
+    y = g.custom("swiglu", x, gate)
+
+`infer(*input_descs, **params)` returns one entry per output: dims, or (dims, data_type). A pointwise
+custom op (elementwise with broadcasting, outputs of the broadcast dims) given as a Triton function
+`f(*values, **params)` of compute-type values is fused into generated kernels like a built-in mode.
+Graph files name the op; loading one needs the op registered first (the error says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import AttributeValueError, GraphError, ShapeError
+from ..tensor import TensorDesc
+from .base import NodeContext, Op, TensorSpec, broadcast_dims, first_tensor, graph_method, register_op, strides_like
+
+Param = int | float | str | bool
+
+
+@dataclass(frozen=True)
+class CustomOpDef:
+    name: str
+    num_inputs: int
+    num_outputs: int
+    reference: Callable[..., Any]
+    infer: Callable[..., Any] | None = None
+    torch: Callable[..., Any] | None = None
+    triton: Any = None
+    pointwise: bool = False
+
+
+CUSTOM_OPS: dict[str, CustomOpDef] = {}
+
+
+def register_custom_op(
+    name: str, *, num_inputs: int, reference: Callable[..., Any], num_outputs: int = 1,
+    infer: Callable[..., Any] | None = None, torch: Callable[..., Any] | None = None, triton: Any = None,
+    pointwise: bool = False,
+) -> CustomOpDef:
+    """Register (or replace) a custom op. `infer` may be omitted for pointwise ops (outputs take the
+    broadcast dims of the inputs)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise AttributeValueError(f"custom op name {name!r} must be an identifier", rule="custom.name",
+                                  hint="use letters, digits and underscores, e.g. 'swiglu'")
+    if num_inputs < 1 or num_outputs < 1:
+        raise AttributeValueError("a custom op takes at least one input and makes at least one output",
+                                  rule="custom.arity", hint="set num_inputs and num_outputs >= 1")
+    if infer is None and not pointwise:
+        raise AttributeValueError(f"custom op '{name}' needs an infer function (or pointwise=True)",
+                                  rule="custom.infer", hint="pass infer=lambda *inputs: [dims, ...]")
+    if triton is not None and not pointwise:
+        raise AttributeValueError(f"custom op '{name}': a Triton function is fused only for pointwise ops",
+                                  rule="custom.triton", hint="set pointwise=True, or drop triton=")
+    definition = CustomOpDef(name, num_inputs, num_outputs, reference, infer, torch, triton, pointwise)
+    CUSTOM_OPS[name] = definition
+    return definition
+
+
+def custom_op_def(name: str) -> CustomOpDef:
+    if name not in CUSTOM_OPS:
+        raise GraphError(
+            f"custom op '{name}' is not registered in this process", rule="custom.unregistered",
+            hint=f"call opgraph.register_custom_op('{name}', ...) before building or loading the graph",
+        )
+    return CUSTOM_OPS[name]
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class Custom(Op):
+    """A registered custom op; its math is the registered reference function."""
+
+    kind = "custom"
+    op_name: str
+    num_inputs: int
+    num_outputs: int
+    params: tuple[tuple[str, int | float | str | bool], ...] = ()
+
+    def input_roles(self) -> tuple[str, ...]:
+        return tuple(f"input{i}" for i in range(self.num_inputs))
+
+    def output_roles(self) -> tuple[str, ...]:
+        return tuple(f"output{i}" for i in range(self.num_outputs))
+
+    def literal_inputs(self) -> frozenset[str]:
+        return frozenset(self.input_roles()) if self.definition.pointwise else frozenset()
+
+    @property
+    def definition(self) -> CustomOpDef:
+        return custom_op_def(self.op_name)
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        d = self.definition
+        if (d.num_inputs, d.num_outputs) != (self.num_inputs, self.num_outputs):
+            ctx.error(ShapeError, f"custom op '{d.name}' is registered with {d.num_inputs} inputs and "
+                      f"{d.num_outputs} outputs, the graph has {self.num_inputs} and {self.num_outputs}",
+                      rule="custom.arity", hint="register the op as the graph uses it")
+        ins = [ctx.input(r) for r in self.input_roles()]
+        if d.infer is None:  # pointwise: broadcast dims, the first full-size operand's layout
+            dim = broadcast_dims(ctx, self.input_roles())
+            like = first_tensor(ctx, self.input_roles(), dim)
+            return [TensorSpec(dim, strides_like(dim, like))] * self.num_outputs
+        try:
+            result = d.infer(*ins, **dict(self.params))
+        except GraphError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's function: report it as a graph error
+            ctx.error(ShapeError, f"the infer function of custom op '{d.name}' failed: {type(err).__name__}: "
+                      f"{err}", rule="custom.infer_failed", hint="fix the registered infer function")
+        if not isinstance(result, (list, tuple)) or len(result) != self.num_outputs:
+            ctx.error(ShapeError, f"the infer function of '{d.name}' must return {self.num_outputs} entries, got "
+                      f"{result!r}", rule="custom.infer_result", hint="return [dims, ...] or [(dims, dtype), ...]")
+        specs = []
+        first = next((t for t in ins if isinstance(t, TensorDesc)), None)
+        for entry in result:
+            dims, dtype = (entry if isinstance(entry, tuple) and len(entry) == 2 and not
+                           isinstance(entry[1], int) else (entry, None))
+            dims = tuple(int(v) for v in dims)
+            specs.append(TensorSpec(dims, strides_like(dims, first), None if dtype is None else _dtype(dtype)))
+        return specs
+
+    def reference(self, ins, outs):
+        result = self.definition.reference(*ins, **dict(self.params))
+        results = list(result) if isinstance(result, (list, tuple)) else [result]
+        return [np.broadcast_to(np.asarray(r, dtype=np.float64), o.dim) if o is not None else None
+                for r, o in zip(results, outs)]
+
+
+def _dtype(value: Any):
+    from ..dtypes import as_data_type
+
+    return as_data_type(value)
+
+
+@graph_method
+def custom(self, op_name: str, *inputs: Any, params: dict[str, Param] | None = None, compute_data_type=None,
+           name: str = ""):
+    """Apply a registered custom op; returns its output (or the list of its outputs)."""
+    d = custom_op_def(op_name)
+    if len(inputs) != d.num_inputs:
+        raise AttributeValueError(f"custom op '{op_name}' takes {d.num_inputs} inputs, got {len(inputs)}",
+                                  op=f"custom '{name or op_name}'", rule="custom.arity",
+                                  hint=f"pass {d.num_inputs} tensors")
+    items = tuple(sorted((params or {}).items()))
+    for key, value in items:
+        if not isinstance(value, (int, float, str, bool)):
+            raise AttributeValueError(f"custom op parameter {key}={value!r} is not a plain value",
+                                      op=f"custom '{name or op_name}'", rule="custom.param",
+                                      hint="parameters are ints, floats, strings or bools")
+    op = Custom(op_name=op_name, num_inputs=d.num_inputs, num_outputs=d.num_outputs, params=items)
+    outs = self._add_op(op, list(inputs), name=name or op_name, compute_data_type=compute_data_type)
+    return outs[0] if d.num_outputs == 1 else outs
