@@ -160,6 +160,58 @@ def test_gen_index_in_the_prologue(rng):
     assert_engine_matches(g, rng, expect_steps=1)
 
 
+# -- compiled for Hopper (see test_triton_reduction.compile_for_hopper) ----------------------------
+
+
+def _stem(mode, dt=DT.HALF):
+    def build():
+        dims = [32, 64, 112, 112]
+        g = og.Graph("stem", io_data_type=dt)
+        x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+        b = g.tensor(dim=[1, 64, 1, 1], name="b")
+        y, idx = g.resample(g.relu(g.add(x, b)), mode=mode, window=[3, 3], stride=[2, 2], padding=[1, 1],
+                            generate_index=mode is P.MAX)
+        g.relu(g.mul(y, 2.0)).set_output(True)
+        if idx is not None:
+            idx.set_output(True)
+        return g
+    return build
+
+
+def _big_3d():
+    geo = ([2, 16, 12, 12, 12], [4, 4, 4], [2, 2, 2], [1, 1, 1], [1, 1, 1])
+    return _pool_graph(P.MAX, geo, layout="nhwc", index=True, index_type=DT.INT32)
+
+
+HOPPER_CASES = {
+    **{f"stem_{m.name}": (_stem(m), "pooling", None)
+       for m in (P.MAX, P.AVG_INCLUDE_PADDING, P.AVG_EXCLUDE_PADDING)},
+    "stem_bf16": (_stem(P.MAX, DT.BFLOAT16), "pooling", None),
+    "nchw_1d": (lambda: _pool_graph(P.AVG_EXCLUDE_PADDING, "1d"), "pooling", None),
+    "big_3d": (_big_3d, "pooling", None),
+    "int64_offsets": (lambda: _pool_graph(P.MAX, ([64, 256, 384, 384], [2, 2], [2, 2], [0, 0], [0, 0]),
+                                          dt=DT.HALF, layout="nhwc", index=True), "pooling", None),
+}
+
+
+def test_kernels_compile_for_hopper():
+    from .test_triton_reduction import compile_for_hopper
+
+    out = compile_for_hopper(__name__)
+    assert out.count("compiled") >= len(HOPPER_CASES)
+
+
+def test_int64_offsets_past_2_gib_elements():
+    from opgraph.device import Device
+    from opgraph.engines.triton.templates.pooling import TEMPLATE
+    from opgraph.partition import make_piece
+
+    final = HOPPER_CASES["int64_offsets"][0]().final
+    piece = make_piece(final, 0, final.nodes)
+    gpu = Device("cuda", 0, "H100", (9, 0), 132)
+    assert "tl.program_id(0).to(tl.int64)" in TEMPLATE.generate(piece, TEMPLATE.candidates(piece, gpu)[0], gpu).source
+
+
 # -- GPU, realistic sizes --------------------------------------------------------------------------
 
 

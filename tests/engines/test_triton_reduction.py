@@ -44,7 +44,7 @@ def _zeros(pack):
 def _nans(pack):
     """A NaN in a few rows/columns of every input (MIN/MAX/AMAX must propagate it)."""
     for v in pack.values():
-        if isinstance(v, np.ndarray) and v.size > 4:
+        if isinstance(v, np.ndarray) and v.size > 4 and v.dtype.kind == "f":
             idx = np.unravel_index([1, v.size // 2], v.shape)
             v[idx] = np.nan
 
@@ -118,6 +118,21 @@ def test_prologue_dag_two_reductions_and_a_full_output_in_one_kernel(layout, rng
     g.reduction(g.mul(x, x), R.MAX).set_dim([1, 8, 1, 1]).set_output(True).set_name("max")
     plan = assert_engine_matches(g, rng, expect_steps=1)
     assert plan.steps[0].config.knob("template") == "reduction"
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_genstats_and_a_reduction_of_another_input(split, monkeypatch, rng):
+    """genstats of relu(x) and the max of z (an input nothing else reads) per channel, one kernel."""
+    _force(monkeypatch, BLOCK_M=4, BLOCK_K=8, SPLIT=split, num_warps=4)
+    dims = [2, 4, 3, 5]
+    g = og.Graph("mix", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    z = g.tensor(dim=dims, stride=nhwc(dims), name="z")
+    s, sq = g.genstats(g.relu(x))
+    s.set_output(True)
+    sq.set_output(True)
+    g.reduction(z, R.AMAX).set_dim([1, 4, 1, 1]).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
 
 
 @pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
@@ -288,7 +303,117 @@ def test_heuristic_full_reduction_splits():
     assert first["SPLIT"] >= 3 * H100.sm_count
 
 
+# -- compiled for Hopper (no GPU needed: Triton's compiler and ptxas, in a process without the
+# interpreter) ---------------------------------------------------------------------------------------
+
+_COMPILE = """
+import importlib, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+try:
+    from triton.backends.compiler import GPUTarget
+    import triton.backends.nvidia  # noqa: F401
+except ImportError:
+    sys.exit(77)
+from opgraph.device import Device
+from opgraph.engines.triton.loader import load_module
+from opgraph.engines.triton.templates import discover
+from opgraph.partition import make_piece
+
+SIG = {"FLOAT": "fp32", "DOUBLE": "fp64", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "UINT8": "u8",
+       "INT32": "i32", "INT64": "i64", "BOOLEAN": "i1"}
+H100 = Device("cuda", 0, "H100", (9, 0), 132)
+templates = {t.name: t for t in discover()}
+cases = importlib.import_module(sys.argv[1]).HOPPER_CASES
+for name, (build, template, knobs) in cases.items():
+    final = build().final
+    piece = make_piece(final, 0, final.nodes)
+    t = templates[template]
+    for k in knobs or t.candidates(piece, H100)[:1]:
+        gen = t.generate(piece, k, H100)
+        module = load_module(gen.source, interpret=False)
+        for launch in gen.launches:
+            fn = getattr(module, launch.kernel)
+            sig = {}
+            for arg_name, arg in zip(fn.arg_names, launch.args):
+                if arg.kind == "buf":
+                    sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
+                elif arg.kind == "scalar":
+                    sig[arg_name] = "fp32"
+                else:
+                    sig[arg_name] = "*" + {"float32": "fp32", "float64": "fp64"}[arg.dtype]
+            src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs={})
+            triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(launch.meta))
+            print("compiled", name, launch.kernel, k)
+"""
+
+
+def compile_for_hopper(module: str) -> str:
+    """Compile every kernel of `module`'s HOPPER_CASES for sm_90 in a child process; its output."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    done = subprocess.run([sys.executable, "-c", _COMPILE, module], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode == 77:
+        pytest.skip("Triton has no NVIDIA backend here")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _genstats_nhwc_prologue():
+    dims = [32, 256, 56, 56]
+    g = og.Graph("gs", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    b = g.tensor(dim=[1, 256, 1, 1], name="b")
+    s = g.tensor(dim=[1], data_type=DT.FLOAT, is_pass_by_value=True, name="s")
+    t = g.relu(g.bias(g.mul(x, s), b)).set_output(True)
+    a, q = g.genstats(t)
+    a.set_output(True)
+    q.set_output(True)
+    return g
+
+
+def _row(mode):
+    return lambda: _graph(mode, (8192, 4096), (8192, 1), dt=DT.BFLOAT16)
+
+
+def _full(mode):
+    return lambda: _graph(mode, (1 << 22,), (1,), out_type=DT.HALF)
+
+
+HOPPER_CASES = {
+    "genstats_nhwc": (_genstats_nhwc_prologue, "reduction", None),
+    "genstats_nchw": (lambda: _graph(R.ADD, (8, 64, 56, 56), (1, 64, 1, 1), dt=DT.HALF), "reduction", None),
+    **{f"row_{m.name}": (_row(m), "reduction", None) for m in (R.ADD, R.MAX, R.MUL_NO_ZEROS, R.NORM2)},
+    **{f"full_{m.name}": (_full(m), "reduction", None) for m in (R.MUL, R.MIN, R.AVG)},
+    "int64_offsets": (lambda: _graph(R.MAX, (40000, 65536), (1, 65536), dt=DT.HALF), "reduction", None),
+    "middle_split": (lambda: _graph(R.AVG, (16, 64, 1024), (16, 1, 1024)), "reduction",
+                     [{"BLOCK_M": 64, "BLOCK_K": 32, "SPLIT": 4, "num_warps": 4}]),
+}
+
+
+def test_kernels_compile_for_hopper():
+    out = compile_for_hopper(__name__)
+    assert out.count("compiled") >= len(HOPPER_CASES)
+
+
+def test_int64_offsets_past_2_gib_elements():
+    p = _piece(HOPPER_CASES["int64_offsets"][0]())
+    source = TEMPLATE.generate(p, TEMPLATE.candidates(p, H100)[0], H100).source
+    assert "tl.program_id(0).to(tl.int64)" in source and "k = (k0 + tl.arange" in source
+
+
 # -- GPU, realistic sizes --------------------------------------------------------------------------
+# Sums of thousands of random reals can cancel to near 0, where fp32 rounding of the partial sums
+# exceeds the absolute tolerance; small integers keep every sum exact in fp32 (and check it is).
+EXACT = {"integers": True, "low": -2, "high": 2}
 
 
 @pytest.mark.gpu
@@ -300,7 +425,7 @@ def test_gpu_genstats_nhwc(rng):
     s, sq = g.genstats(x)
     s.set_output(True)
     sq.set_output(True)
-    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
 
 
 @pytest.mark.gpu
@@ -308,7 +433,7 @@ def test_gpu_genstats_nhwc(rng):
 @pytest.mark.parametrize("mode", [R.ADD, R.MAX, R.NORM2])
 def test_gpu_row_reduction_bf16(mode, rng):
     g = _graph(mode, (8192, 4096), (8192, 1), dt=DT.BFLOAT16)
-    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
 
 
 @pytest.mark.gpu
@@ -317,6 +442,6 @@ def test_gpu_full_and_column_reductions(rng):
     g = og.Graph("fc", io_data_type=DT.FLOAT)
     x = g.tensor(dim=[4096, 1024], name="x")
     g.reduction(x, R.ADD).set_dim([1, 1024]).set_output(True)
-    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
     g = _graph(R.AVG, (1 << 22,), (1,))
     assert_engine_matches(g, rng, device="cuda", expect_steps=1)

@@ -128,11 +128,11 @@ class TritonEngine(Engine):
             behavior.add(BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API)
         else:
             behavior |= {BehaviorNote.INTERPRETED, BehaviorNote.HOST_EXECUTION}
-        estimate = estimate_us(piece, device)
         return [
             EngineConfig(
                 "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=frozenset(), behavior_notes=frozenset(behavior), estimate_us=estimate,
+                numerical_notes=frozenset(), behavior_notes=frozenset(behavior),
+                estimate_us=estimate_us(piece, device, launches=2 if int(k.get("SPLIT", 1)) > 1 else 1),
                 why=f"{template.name} template, {mode.name} heuristic",
             )
             for k in candidates

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ....device import Device
-from ....ir import Const, Node
+from ....ir import Node
 from ....ops.pointwise import Pointwise
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....partition import Piece
@@ -320,6 +320,11 @@ def _reduce_lines(kind: str, acc: str, out: str, axis: int, shape: tuple[int, in
     return lines
 
 
+def _acc_type(r: Reducer, compute: str) -> str:
+    """Accumulator and partial type: the compute type, fp64 for products."""
+    return "tl.float64" if r.kind == "prod" else compute
+
+
 def _finish(r: Reducer, value: str, K: int, compute: str) -> str:
     """The reduced value in the compute type after the mode's final transform."""
     v = f"{value}.to({compute})" if r.kind == "prod" else value
@@ -347,6 +352,9 @@ class ReductionTemplate(Template):
         if a.k_fast:  # rows: K contiguous, up to 4096 elements of a row per step
             bk = min(pk, 4096)
             bm = min(pm, max(1, 4096 // bk))
+            # few rows: shorter steps, so that more programs can share a row (down to 1 KiB)
+            while bk * a.elt > 1024 and _programs(M, K, bm, bk, device) < 3 * device.sm_count:
+                bk //= 2
         else:  # columns: M contiguous, 128-256 B per row segment
             bm = min(pm, 64)
             bk = min(pk, max(1, 4096 // bm))
@@ -379,8 +387,9 @@ class ReductionTemplate(Template):
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name}={v} must be a power of 2")
         M, K = a.M, a.K
-        chunk = -(-(-(-K // max(1, int(knobs.get("SPLIT", 1))))) // bk) * bk
-        split = -(-K // chunk)
+        per_chunk = -(-K // max(1, int(knobs.get("SPLIT", 1))))
+        chunk = -(-per_chunk // bk) * bk  # whole tiles per chunk
+        split = -(-K // chunk)  # chunks that hold any of K
         tile = (bm, bk) if a.k_fast else (bk, bm)
         kaxis = 1 if a.k_fast else 0
         g = piece.graph
@@ -390,7 +399,6 @@ class ReductionTemplate(Template):
             for u in externals)
         types = [g.tensors[u].data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
         compute = compute_type(types)
-        acc_type = {"prod": "tl.float64"}
         mflat = FlatAxes("m", a.kept, a.space, "mq")
         kflat = FlatAxes("k", a.reduced, a.space, "kq")
         idx = TileIndexer(mflat, kflat, a.k_fast, a.space)
@@ -409,16 +417,17 @@ class ReductionTemplate(Template):
         for u in piece.outputs:
             if u not in reduced_uids:
                 em.store(u)
-        loop = list(em.lines)
+        loop, em.lines = em.lines, []
         for i, r in enumerate(a.reducers):
-            v = em.operand(r.source)
-            loop += em.lines[len(loop):]
+            v = em.operand(r.source)  # a reduced input that no pointwise op reads is loaded here
+            loop += em.lines
+            em.lines = []
             ident = _IDENTITY[r.kind]
             loop += [f"r{i} = tl.where(mask, {_prep(r, v)}, {ident})",
                      f"acc{i} = {_combine(r.kind, f'acc{i}', f'r{i}')}"]
 
-        inits = [f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, "
-                 f"{acc_type.get(r.kind, compute)})" for i, r in enumerate(a.reducers)]
+        inits = [f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, {_acc_type(r, compute)})"
+                 for i, r in enumerate(a.reducers)]
         post: list[str] = []
         for i, r in enumerate(a.reducers):
             post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", kaxis, tile)
@@ -433,7 +442,7 @@ class ReductionTemplate(Template):
             post += _store_reduced(a, piece, mflat, compute, {i: f"red{i}" for i in range(len(a.reducers))})
         else:
             for i, r in enumerate(a.reducers):
-                dt = "float64" if r.kind == "prod" else ("float64" if compute == "tl.float64" else "float32")
+                dt = _acc_type(r, compute).removeprefix("tl.")
                 scratch_params.append(f"part{i}")
                 scratch_args.append(Arg("scratch", offset=scratch_bytes, dtype=dt))
                 post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
@@ -503,9 +512,8 @@ def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_pa
     loop = ["rows = s0 + s", "pmask = (rows < " + str(split) + ")[:, None] & m_mask[None, :]"]
     post: list[str] = []
     for i, r in enumerate(a.reducers):
-        dt = "tl.float64" if (r.kind == "prod" or compute == "tl.float64") else "tl.float32"
         ident = _IDENTITY[r.kind]
-        body.append(f"acc{i} = tl.full([{bs}, {bc}], {ident}, {dt})")
+        body.append(f"acc{i} = tl.full([{bs}, {bc}], {ident}, {_acc_type(r, compute)})")
         loop += [f"q{i} = tl.load(part{i} + rows[:, None] * {M} + m[None, :], mask=pmask, other=0)",
                  f"q{i} = tl.where(pmask, q{i}, {ident})",
                  f"acc{i} = {_combine(r.kind, f'acc{i}', f'q{i}')}"]
@@ -527,6 +535,10 @@ def _split(M: int, K: int, bm: int, bk: int, device: Device) -> int:
     if m_blocks >= 3 * sms or k_tiles < 4:
         return 1
     return max(1, min(-(-4 * sms // m_blocks), k_tiles // 2))
+
+
+def _programs(M: int, K: int, bm: int, bk: int, device: Device) -> int:
+    return -(-M // bm) * _split(M, K, bm, bk, device)
 
 
 def _warps(tile: int) -> int:
