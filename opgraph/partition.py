@@ -107,6 +107,17 @@ def partition(
     owners: list[int] = []
     cuts: list[Cut] = []
     for node in graph.nodes:
+        if groups and owners[-1] > 0:
+            # a piece of a less preferred engine (e.g. op-by-op torch) does not absorb an op that a
+            # more preferred engine (e.g. generated kernels) runs: that op starts a piece of its own
+            alone = make_piece(graph, len(groups), [node])
+            better = next((e for e in engines[: owners[-1]] if e.supports(alone, device).ok), None)
+            if better is not None:
+                cuts.append(Cut(len(groups) - 1, node, (
+                    (engines[owners[-1]].name, f"this op runs on the preferred engine '{better.name}' instead"),)))
+                groups.append([node])
+                owners.append(engines.index(better))
+                continue
         if groups:
             candidate = make_piece(graph, len(groups) - 1, [*groups[-1], node])
             verdicts = [(e.name, e.supports(candidate, device)) for e in engines[: owners[-1] + 1]]

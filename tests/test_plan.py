@@ -397,8 +397,9 @@ def test_op_no_engine_runs_is_refused_with_reasons():
 def test_mixed_engines_split_where_needed(rng):
     g, h = chain_graph()
     plan = g.build(device="cpu", engines=["test_no_exp", "reference"])
-    # greedy: [e] can only be the reference engine, which then takes the rest as well
-    assert [s.config.engine for s in plan.steps] == ["reference"]
+    # [e] can only be the reference engine; the ops after it go back to the preferred engine
+    assert [s.config.engine for s in plan.steps] == ["reference", "test_no_exp"]
+    assert "preferred engine 'test_no_exp'" in plan.describe()
     g2 = og.Graph(io_data_type=D.FLOAT)
     x = g2.tensor(dim=[8], name="x")
     y = g2.exp(g2.neg(x), name="e").set_output(True)

@@ -12,7 +12,6 @@ import pytest
 
 import opgraph as og
 from opgraph import BehaviorNote, ConvolutionMode, NormForwardPhase, NumericalNote, ReductionMode, ResampleMode
-from opgraph.engines import get_engine
 from opgraph.ops.pointwise import MODES, PointwiseMode
 from opgraph.partition import make_piece
 from opgraph.plan import engine_configs
@@ -135,9 +134,11 @@ def test_gen_index_comparisons_and_integer_casts(rng):
     g.add(g.gen_index(x, axis=2), x).set_output(True)
     g.cmp_lt(x, 0.5).set_output(True)  # BOOLEAN
     g.cmp_ge(x, 0.0).set_output(True).set_data_type(FLOAT)
+    g.mul(x, 0.5).set_output(True).set_data_type(DT.BOOLEAN)  # nonzero, negatives included
     g.identity(g.mul(x, 100.0)).set_output(True).set_data_type(DT.INT8)  # saturates
     g.identity(g.mul(x, 2.5)).set_output(True).set_data_type(DT.INT32)  # rounds half to even
     g.identity(g.mul(x, 1000.0)).set_output(True).set_data_type(DT.FP8_E4M3)  # saturates to +-448
+    g.identity(g.mul(x, 1e19)).set_output(True).set_data_type(DT.INT64)  # saturates, 2**63 included
     check(g, rng, expect_steps=1)
 
 
@@ -263,6 +264,24 @@ def test_matmul_gapped_rows_and_int8_exact(rng):
     check(g, rng)
 
 
+def test_int32_data_stays_exact_beyond_float32(rng):
+    """INT32 data computes in float64 (matmul in int64 on the CPU): values and sums above 2**24 stay
+    exact."""
+    g = og.Graph("i32", io_data_type=DT.INT32, intermediate_data_type=DT.INT32, compute_data_type=DT.INT32)
+    a = g.tensor(dim=[4, 40], name="A")
+    b = g.tensor(dim=[40, 3], name="B")
+    big = g.tensor(dim=[4, 40], name="big")
+    g.matmul(a, b).set_output(True)
+    g.add(big, 1).set_output(True)
+
+    def prepare(pack):
+        sign = rng.choice([-1, 1], size=(4, 40))
+        pack[a.uid][...] = rng.integers(2**20, 2**21, size=(4, 40)) * sign
+        pack[big.uid][...] = rng.integers(2**28, 2**30, size=(4, 40)) * sign
+
+    check(g, rng, prepare=prepare)
+
+
 # -- reductions ----------------------------------------------------------------------------------------
 
 
@@ -274,7 +293,13 @@ def test_reduction_modes_and_axes(mode, out_dim, rng):
     g = graph(HALF, "red")
     x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
     g.reduction(x, mode).set_output(True).set_dim(out_dim)
-    check(g, rng, low=0.5, high=1.5)  # products of 120 elements stay finite
+
+    def prepare(pack):  # signs and zeros (AMAX, NORM1, MUL_NO_ZEROS); products of 120 values stay finite
+        v = pack[x.uid]
+        v[...] = (np.abs(v.astype(np.float64)) * 0.5 + 0.5) * rng.choice([-1, 1], size=dims)
+        v[rng.random(dims) < 0.2] = 0
+
+    check(g, rng, prepare=prepare)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
@@ -461,6 +486,14 @@ def test_layout_ops(dt, rng):
     check(g, rng, expect_steps=1)
 
 
+def test_in_place_transpose_reads_its_input_before_writing(rng):
+    """A single-op in-place update whose result is a view of the buffer it overwrites."""
+    g = graph(FLOAT, "inplace_t")
+    x = g.tensor(dim=[4, 4], name="x", uid=7)
+    g.transpose(x, [1, 0]).set_output(True).set_uid(7).set_stride([4, 1])
+    check(g, rng)
+
+
 # -- graphs of several ops, several engines ------------------------------------------------------------
 
 
@@ -484,25 +517,30 @@ def test_conv_bias_relu_batchnorm_reduction(layout, rng):
 
 
 @requires_interpreter
-def test_mixed_engines_pointwise_to_triton_rest_to_torch(rng):
-    """Engines in order of preference: the pointwise prologue is a Triton piece, the conv (and, as the
-    partitioner grows pieces, what follows it) runs on torch; a tensor crossing pieces is in the
-    workspace."""
+@pytest.mark.parametrize("templates", ["pointwise_only", "all"])
+def test_mixed_engines_triton_first_torch_for_the_rest(templates, monkeypatch, rng):
+    """engines=["triton", "torch"]: Triton takes what its templates run, torch the rest. With only the
+    pointwise template, the pointwise prologue is a Triton piece, the conv a torch piece, the relu after
+    it a Triton piece again (a torch piece never absorbs an op the preferred engine runs) and the
+    reduction torch; with every template the plan still matches the reference."""
+    import opgraph.engines.triton as triton_engine
+
+    if templates == "pointwise_only":
+        monkeypatch.setattr(triton_engine, "TEMPLATES", [t for t in triton_engine.TEMPLATES if t.name == "pointwise"])
     dims, wdims = [2, 4, 5, 5], [6, 4, 3, 3]
     g = graph(FLOAT, "mixed")
     x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
     w = g.tensor(dim=wdims, name="w")
     s = g.tensor(dim=[1, 4, 1, 1], name="s")
-    a = g.relu(g.mul(x, s))
-    y = g.conv_fprop(a, w, padding=1)
+    y = g.conv_fprop(g.relu(g.mul(x, s)), w, padding=1)
     g.relu(y).set_output(True)
+    g.reduction(y, ReductionMode.MAX).set_output(True).set_dim([1, 6, 1, 1])
     plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
     engines = [st.config.engine for st in plan.steps]
-    assert engines[0] == "triton" and set(plan.steps[0].piece.kinds) == {"pointwise"}
-    conv_alone = make_piece(g.final, 0, [n for n in g.final.nodes if n.kind == "conv_fprop"])
-    if not get_engine("triton").supports(conv_alone, plan.device).ok:
-        assert engines[1:] == ["torch"], plan.describe()
-        assert plan.workspace_size > 0
+    assert set(engines) <= {"triton", "torch"} and engines[0] == "triton", plan.describe()
+    if templates == "pointwise_only":
+        assert engines == ["triton", "torch", "triton", "torch"], plan.describe()
+        assert set(plan.steps[0].piece.kinds) == {"pointwise"} and plan.workspace_size > 0
 
 
 def test_strict_build_is_one_torch_kernel(rng):
@@ -527,6 +565,22 @@ def test_host_fallback_runs_unmapped_ops_on_the_reference(monkeypatch, rng):
     assert BehaviorNote.HOST_EXECUTION in config.behavior_notes
     assert BehaviorNote.DEVICE_SCALARS not in config.behavior_notes
     assert "genstats" in config.why and "host" in config.why
+
+
+def test_a_failing_torch_call_is_a_typed_error(monkeypatch, rng):
+    from opgraph.engines.torch_engine import IMPLS
+
+    def broken(call):
+        raise RuntimeError("no kernel for this dtype")
+
+    monkeypatch.setitem(IMPLS, "reduction", broken)
+    g = graph(FLOAT, "broken")
+    x = g.tensor(dim=[2, 3], name="x")
+    g.reduction(x, ReductionMode.ADD).set_output(True).set_dim([2, 1])
+    plan = g.build(device="cpu", engines=["torch"])
+    with pytest.raises(og.ExecutionError, match="no kernel for this dtype") as err:
+        og.testing.check_plan(plan, rng)
+    assert err.value.rule == "torch.op_failed" and "reduction" in err.value.op
 
 
 def test_config_notes_on_the_cpu():
@@ -554,21 +608,73 @@ def test_variant_pack_of_cpu_torch_tensors(rng):
 
 
 @pytest.mark.parametrize("dt", [HALF, BF16], ids=lambda d: d.name)
-def test_native_low_precision_gemms(dt, rng):
-    """The CUDA path for fp16/bf16 conv and matmul (operands kept in their type), exercised on the CPU."""
+def test_tensor_cores_gemms(dt, rng):
+    """The CUDA paths of fp16/bf16 convs and matmuls (operands in their own type; fp32 for an fp32
+    output), exercised on the CPU."""
     g = graph(dt, "native")
     x = g.tensor(dim=[2, 4, 6, 6], stride=nhwc([2, 4, 6, 6]), name="x")
     w = g.tensor(dim=[4, 4, 3, 3], stride=nhwc([4, 4, 3, 3]), name="w")
     conv = g.conv_fprop(x, w, padding=1).set_data_type(dt)
     g.relu(conv).set_output(True)
+    g.conv_fprop(x, w, padding=1).set_output(True).set_data_type(FLOAT)  # the fp32-with-TF32 path on CUDA
     a = g.tensor(dim=[5, 16], name="a")
     b = g.tensor(dim=[16, 3], name="b")
     g.matmul(a, b).set_output(True)
     plan = g.build(device="cpu", engines=["torch"])
     for step in plan.steps:
-        step.kernel.native_low_precision = True
+        step.kernel.tensor_cores = True
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
+
+
+def test_config_notes_on_cuda():
+    """Notes as a CUDA device gets them (configs need no GPU to be made)."""
+    from opgraph.engines.torch_engine import make_config
+
+    cuda = og.Device("cuda", 0, "H100", (9, 0), 132)
+    g = graph(HALF, "cuda_notes")
+    x = g.tensor(dim=[2, 8, 4, 4], stride=nhwc([2, 8, 4, 4]), name="x")
+    w = g.tensor(dim=[8, 8, 3, 3], stride=nhwc([8, 8, 3, 3]), name="w")
+    g.relu(g.conv_fprop(x, w, padding=1)).set_output(True)  # the conv output is a FLOAT intermediate
+    dy = g.tensor(dim=[2, 8, 4, 4], stride=nhwc([2, 8, 4, 4]), name="dy")
+    g.conv_wgrad(x, dy, padding=1).set_output(True)
+    pieces = [make_piece(g.final, 0, g.final.nodes)]
+    config = make_config(pieces[0], cuda, og.HeurMode.A)
+    assert config.behavior_notes == {BehaviorNote.DEVICE_SCALARS, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
+    assert config.numerical_notes == {NumericalNote.TENSOR_CORE, NumericalNote.NONDETERMINISTIC}
+    assert config.estimate_us is not None and config.estimate_us > 3 * 3.0  # three ops' launches at least
+    g32 = graph(FLOAT, "fp32")
+    g32.matmul(g32.tensor(dim=[4, 4], name="a"), g32.tensor(dim=[4, 4], name="b")).set_output(True)
+    assert not make_config(make_piece(g32.final, 0, g32.final.nodes), cuda, og.HeurMode.A).numerical_notes
+
+
+def test_exact_math_pins_and_restores_torch_flags():
+    from opgraph.engines.torch_engine.gemm import math_mode
+    from opgraph.engines.torch_engine.precision import exact_math
+
+    mm, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+
+    def state():
+        return (torch.get_float32_matmul_precision(), mm.fp32_precision, conv.fp32_precision,
+                mm.allow_fp16_reduced_precision_reduction, mm.allow_fp16_reduced_precision_reduction_split_k,
+                mm.allow_bf16_reduced_precision_reduction)
+
+    before = state()
+    torch.set_float32_matmul_precision("high")  # a caller that allows TF32
+    try:
+        caller = state()
+        with exact_math(True):
+            assert state()[:3] == ("highest", "ieee", "ieee") and not mm.allow_tf32
+            assert not mm.allow_fp16_reduced_precision_reduction and not mm.allow_bf16_reduced_precision_reduction
+            call = type("C", (), {"device": torch.device("cuda")})()
+            with math_mode(call, True):
+                assert mm.allow_tf32 and conv.fp32_precision == "tf32"
+            assert state()[:3] == ("highest", "ieee", "ieee") and not mm.allow_tf32
+        assert state() == caller
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        mm.fp32_precision = before[1]
+    assert state() == before
 
 
 # -- GPU --------------------------------------------------------------------------------------------
@@ -602,6 +708,23 @@ def test_gpu_conv(op, io, rng):
     compute = DT.INT32 if io.is_integer else FLOAT
     assert_engine_matches(conv_graph(op, case, "nhwc", io, out, compute), rng, engines=("torch",),
                           device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("op", [*CONV_IO, "matmul"])
+@pytest.mark.parametrize("io", [HALF, BF16], ids=lambda d: d.name)
+def test_gpu_low_precision_operands_fp32_output_are_exact(op, io, rng):
+    """fp16/bf16 operands with an fp32 output run as fp32 with TF32 (gemm.py): exact fp32 results,
+    checked at fp32 tolerance. If this fails, set gemm.TF32_FOR_EXACT_INPUTS = False."""
+    if op == "matmul":
+        g = og.Graph("mm", io_data_type=io, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+        g.matmul(g.tensor(dim=[2, 512, 1024], name="A"), g.tensor(dim=[2, 1024, 256], name="B")) \
+            .set_output(True).set_data_type(FLOAT)
+    else:
+        g = conv_graph(op, Conv("resnet", 8, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1)), "nhwc", io, FLOAT)
+    plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda")
+    assert NumericalNote.TENSOR_CORE in plan.steps[0].config.numerical_notes
 
 
 @pytest.mark.gpu

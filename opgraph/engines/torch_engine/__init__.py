@@ -9,8 +9,9 @@ Behaviour:
 - numerics follow the reference engine: float32 compute (float64 for DOUBLE, INT32 or INT64 data),
   every op output rounded to its declared type, intermediates included (see common.py);
 - fp32 convolutions and matmuls are exact fp32 on CUDA (TF32 off, see precision.py); fp16/bf16 ones
-  whose output has the operands' type run in that type on tensor cores with fp32 accumulation
-  (NumericalNote.TENSOR_CORE); elsewhere operands are upcast to fp32;
+  run on tensor cores where that is exact: natively with fp32 accumulation when the output has the
+  operands' type, else as fp32 with TF32, which holds fp16/bf16/fp8 values exactly (gemm.py;
+  NumericalNote.TENSOR_CORE); on the CPU operands are upcast to fp32;
 - scalars (epsilon, momentum, clips) given as 1-element tensors stay on the device: no op of the
   engine reads a device value on the host, except the host fallback;
 - an op without a torch mapping runs its reference implementation on the host (HOST_EXECUTION,
@@ -22,21 +23,23 @@ Behaviour:
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from contextlib import nullcontext
-from typing import Any, Mapping
+from typing import Any
 
 from ...device import Device
+from ...errors import ExecutionError
 from ...heuristics import HeurMode
 from ...partition import Piece
 from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
-from . import conv, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
+from . import conv, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
 from .common import IMPLS, Call, as_torch, finish, wide_compute
+from .estimate import estimate_us
 from .host import run_on_host
 from .precision import exact_math
 
 _GEMM = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
-_LOW = ("half", "bfloat16")
 
 
 def _torch_device(device: Device) -> Any:
@@ -51,13 +54,14 @@ def host_ops(piece: Piece) -> list[str]:
 
 
 def _tensor_core_ops(piece: Piece) -> bool:
-    """Whether a conv/matmul of the piece runs natively in fp16/bf16 (on CUDA)."""
+    """Whether a conv/matmul of the piece runs on tensor cores (on CUDA, see gemm.py)."""
+    tensors = piece.graph.tensors
     for n in piece.nodes:
-        if n.kind not in _GEMM or wide_compute(n, piece.graph.tensors):
-            continue
-        types = {piece.graph.tensors[u].data_type.value for u in (*n.input_uids(), *n.output_uids())}
-        if len(types) == 1 and types <= set(_LOW):
-            return True
+        if n.kind in _GEMM:
+            a, b = (tensors[u].data_type for u in n.input_uids()[:2])
+            out = tensors[n.output_uids()[0]].data_type
+            if gemm.uses_tensor_cores(a, b, out, wide_compute(n, tensors)):
+                return True
     return False
 
 
@@ -67,7 +71,8 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     behavior: set[BehaviorNote] = set()
     if any(wide_compute(n, piece.graph.tensors) for n in piece.nodes):
         numerical.add(NumericalNote.FP64_ACCUMULATION)
-    if device.is_cuda and _tensor_core_ops(piece):
+    tensor_cores = device.is_cuda and _tensor_core_ops(piece)
+    if tensor_cores:
         numerical.add(NumericalNote.TENSOR_CORE)
     if device.is_cuda and any(n.kind in ("conv_dgrad", "conv_wgrad") for n in piece.nodes):
         numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick atomics-based algorithms
@@ -80,7 +85,8 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     why = f"op by op through PyTorch on {device.kind} ({len(piece.nodes)} op(s))"
     if fallback:
         why += "; on the host through the reference engine (no torch mapping): " + ", ".join(fallback)
-    return EngineConfig("torch", (), frozenset(numerical), frozenset(behavior), why=why)
+    return EngineConfig("torch", (), frozenset(numerical), frozenset(behavior),
+                        estimate_us=estimate_us(piece, device, tensor_cores), why=why)
 
 
 class TorchKernel(Kernel):
@@ -89,7 +95,7 @@ class TorchKernel(Kernel):
     def __init__(self, piece: Piece, config: EngineConfig, device: Device) -> None:
         super().__init__(piece, config)
         self.device = device
-        self.native_low_precision = device.is_cuda
+        self.tensor_cores = device.is_cuda
         # resolved at compile time, so that a mapping removed later does not change a built plan
         self.steps = [(n, IMPLS.get(n.kind, run_on_host)) for n in piece.nodes]
 
@@ -118,12 +124,22 @@ class TorchKernel(Kernel):
                 for uid in node.input_uids():
                     if uid not in values:  # a piece input (an in-place one too: read before written)
                         values[uid] = self._load(uid, buffers, dev)
-                call = Call(node, tensors, values, dev, self.native_low_precision)
-                results = impl(call)
+                results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
                 for uid, result in zip(node.outputs, results):
                     if uid is not None and result is not None:
-                        values[uid] = finish(result, tensors[uid])
+                        values[uid] = finish(result, tensors[uid], node)
             self._write(buffers, values, dev)
+
+    def _call(self, node: Any, impl: Any, call: Call) -> Any:
+        try:
+            return impl(call)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
+            raise ExecutionError(
+                f"PyTorch failed on {self.device}: {type(err).__name__}: {err}", op=node.label(),
+                rule="torch.op_failed",
+                hint="build without the 'torch' engine for this graph (e.g. engines=['reference'] on the CPU), "
+                "and report the graph (opgraph JSON) so the torch mapping can be fixed",
+            ) from err
 
     def _write(self, buffers: Mapping[int, Any], values: Mapping[int, Any], dev: Any) -> None:
         for uid in self.piece.outputs:
@@ -159,4 +175,4 @@ class TorchEngine(Engine):
 
 
 register_engine(TorchEngine())
-__all__ = ["TorchEngine", "TorchKernel", "IMPLS", "host_ops", "make_config"]
+__all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config"]

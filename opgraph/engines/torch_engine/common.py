@@ -9,14 +9,15 @@ stay exact, as in the float64 reference); every output is rounded to its declare
 
 from __future__ import annotations
 
-import math
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...dtypes import DataType, as_data_type
+from ...errors import ExecutionError
 from ...ir import Const, Node
 from ...tensor import TensorDesc
 
@@ -25,17 +26,17 @@ if TYPE_CHECKING:
 
 # kind -> mapping. A mapping takes a `Call` and returns one torch tensor (or None) per output role,
 # in any dtype and any dims that broadcast to the output's (rounding and broadcasting follow).
-Mapping_ = Callable[["Call"], Sequence[Any]]
-IMPLS: dict[str, Mapping_] = {}
+OpMapping = Callable[["Call"], Sequence[Any]]
+IMPLS: dict[str, OpMapping] = {}
 
 _WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
 _CARRIER = {DataType.BFLOAT16: np.int16, DataType.FP8_E4M3: np.uint8, DataType.FP8_E5M2: np.uint8}
 _E4M3_MAX = 448.0
 
 
-def implements(*kinds: str) -> Callable[[Mapping_], Mapping_]:
+def implements(*kinds: str) -> Callable[[OpMapping], OpMapping]:
     """Decorator: register a mapping for op kinds."""
-    def register(fn: Mapping_) -> Mapping_:
+    def register(fn: OpMapping) -> OpMapping:
         for kind in kinds:
             IMPLS[kind] = fn
         return fn
@@ -109,15 +110,15 @@ class Call:
     """One node as a mapping sees it: operands in the compute type, scalars, output descriptors.
 
     `values` holds every tensor computed so far or bound (torch tensors, or Python numbers for
-    pass-by-value scalars); `native_low_precision` lets GEMM-class mappings run fp16/bf16 operands
-    in their own type (tensor cores, fp32 accumulation) when the output has that type too.
+    pass-by-value scalars); `tensor_cores` (on CUDA) lets GEMM-class mappings use tensor cores
+    where that is exact (see gemm.py).
     """
 
     node: Node
     tensors: Mapping[int, TensorDesc]
     values: Mapping[int, Any]
     device: Any
-    native_low_precision: bool = False
+    tensor_cores: bool = False
     _roles: dict[str, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -181,16 +182,15 @@ class Call:
         return self.out(role) is not None
 
 
-def finish(result: Any, desc: TensorDesc) -> Any:
+def finish(result: Any, desc: TensorDesc, node: Node) -> Any:
     """A mapping's result for output `desc`: broadcast to its dims, rounded to its type."""
     import torch
 
     if not isinstance(result, torch.Tensor):
-        raise TypeError(f"a torch mapping returned {type(result).__name__} for {desc.label()}")
+        raise ExecutionError(
+            f"the torch mapping returned a {type(result).__name__}, not a tensor", op=node.label(), tensor=desc,
+            rule="torch.mapping_result", hint="a bug in opgraph's torch engine: please report it with the graph",
+        )
     if tuple(result.shape) != desc.dim:
         result = torch.broadcast_to(result, desc.dim)
     return round_to(result, desc.data_type)
-
-
-def numel(dim: Sequence[int]) -> int:
-    return math.prod(dim)

@@ -5,38 +5,25 @@ Geometry: groups = C / W.dim[1]; symmetric padding goes to torch as is, asymmetr
 with F.pad (fprop, wgrad) or by computing the gradient of the padded image and cropping it (dgrad);
 CONVOLUTION mode flips the filter (fprop, dgrad) or the filter gradient (wgrad) in every spatial axis.
 
-Types: float operands compute in float32 (exact fp32: TF32 is switched off around the call on CUDA),
-or, with `native_low_precision` (CUDA), fp16/bf16 operands whose output has their type run in that
-type (tensor cores, fp32 accumulation). Integer operands (INT8/UINT8) compute in float64, which is
-exact while partial sums stay below 2**53 (always, for int8 products and any realistic size), on
-the CPU and on CUDA alike: torch has no integer convolution.
+Types: see gemm.py (exact fp32 or fp64; fp16/bf16 natively or fp32 with TF32 on CUDA where that is
+exact; integer operands in float64, exact while partial sums stay below 2**53).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...dtypes import DataType
 from ...ops.conv import ConvolutionMode
+from . import gemm
 from .common import Call, implements
-
-_LOW = (DataType.HALF, DataType.BFLOAT16)
 
 
 def _operands(call: Call, first: str, second: str, out_role: str):
-    """Both operands in the type the convolution runs in."""
-    import torch
-
+    """Both operands in the type the convolution runs in, and whether TF32 may be used."""
     a, b, out = call.desc(first), call.desc(second), call.out(out_role)
     assert a is not None and b is not None and out is not None
-    if not a.data_type.is_floating:
-        dtype = torch.float64
-    elif (call.native_low_precision and call.compute is torch.float32 and a.data_type in _LOW
-          and a.data_type is b.data_type is out.data_type):
-        dtype = a.data_type.to_torch()
-    else:
-        dtype = call.compute
-    return call.tensor(first, dtype), call.tensor(second, dtype)
+    dtype, tf32 = gemm.plan(call, a, b, out)
+    return call.tensor(first, dtype), call.tensor(second, dtype), tf32
 
 
 def _geometry(call: Call, nsp: int):
@@ -79,19 +66,20 @@ def _padded(x: Any, geo) -> tuple[Any, tuple[int, ...]]:
 
 @implements("conv_fprop")
 def conv_fprop(call: Call) -> list[Any]:
-    x, w = _operands(call, "image", "weight", "Y")
+    x, w, tf32 = _operands(call, "image", "weight", "Y")
     nsp = x.dim() - 2
     geo = _geometry(call, nsp)
     if call.node.op.convolution_mode is ConvolutionMode.CONVOLUTION:
         w = _flip(w)
     x, padding = _padded(x, geo)
     groups = x.shape[1] // w.shape[1]
-    return [_functional(nsp)(x, w, None, geo.stride, padding, geo.dilation, groups)]
+    with gemm.math_mode(call, tf32):
+        return [_functional(nsp)(x, w, None, geo.stride, padding, geo.dilation, groups)]
 
 
 @implements("conv_dgrad")
 def conv_dgrad(call: Call) -> list[Any]:
-    dy, w = _operands(call, "loss", "filter", "DX")
+    dy, w, tf32 = _operands(call, "loss", "filter", "DX")
     out = call.out("DX")
     assert out is not None
     nsp = dy.dim() - 2
@@ -101,17 +89,19 @@ def conv_dgrad(call: Call) -> list[Any]:
     groups = out.dim[1] // w.shape[1]
     data_grad, _ = _grad_fns(nsp)
     if geo.pre == geo.post:
-        return [data_grad(out.dim, w, dy, geo.stride, geo.pre, geo.dilation, groups)]
+        with gemm.math_mode(call, tf32):
+            return [data_grad(out.dim, w, dy, geo.stride, geo.pre, geo.dilation, groups)]
     # the gradient of the explicitly padded image, cropped back to the image
     padded = [*out.dim[:2], *(x + p0 + p1 for x, p0, p1 in zip(out.dim[2:], geo.pre, geo.post))]
-    dxp = data_grad(padded, w, dy, geo.stride, (0,) * nsp, geo.dilation, groups)
+    with gemm.math_mode(call, tf32):
+        dxp = data_grad(padded, w, dy, geo.stride, (0,) * nsp, geo.dilation, groups)
     crop = tuple(slice(p0, p0 + x) for p0, x in zip(geo.pre, out.dim[2:]))
     return [dxp[(slice(None), slice(None), *crop)]]
 
 
 @implements("conv_wgrad")
 def conv_wgrad(call: Call) -> list[Any]:
-    x, dy = _operands(call, "image", "loss", "DW")
+    x, dy, tf32 = _operands(call, "image", "loss", "DW")
     out = call.out("DW")
     assert out is not None
     nsp = x.dim() - 2
@@ -119,5 +109,6 @@ def conv_wgrad(call: Call) -> list[Any]:
     groups = x.shape[1] // out.dim[1]
     x, padding = _padded(x, geo)
     _, weight_grad = _grad_fns(nsp)
-    dw = weight_grad(x, out.dim, dy, geo.stride, padding, geo.dilation, groups)
+    with gemm.math_mode(call, tf32):
+        dw = weight_grad(x, out.dim, dy, geo.stride, padding, geo.dilation, groups)
     return [_flip(dw) if call.node.op.convolution_mode is ConvolutionMode.CONVOLUTION else dw]

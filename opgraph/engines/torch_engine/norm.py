@@ -8,7 +8,8 @@ pass, biased variance); epsilon and momentum are 0-d device tensors, so nothing 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .common import Call, implements
 
@@ -27,9 +28,20 @@ def _inv_std(var: Any, eps: Any) -> Any:
     return torch.rsqrt(var + eps)
 
 
-def _affine(xhat: Any, scale: Any, bias: Any) -> Any:
-    y = xhat if scale is None else xhat * scale
-    return y if bias is None else y + bias
+def _normalize(x: Any, mean: Any, inv: Any, scale: Any, bias: Any) -> Any:
+    """(x - mean) * inv * scale + bias (scale, bias optional) in as few passes over x as torch
+    allows: a per-channel inv * scale is folded into one factor, the bias into an addcmul."""
+    import torch
+
+    xc = x if mean is None else x - mean
+    if scale is not None and scale.shape == inv.shape:
+        factor, scale = inv * scale, None  # both small (per channel): one factor
+    else:
+        factor = inv
+    if scale is not None:
+        xc = xc * factor
+        factor = scale
+    return xc * factor if bias is None else torch.addcmul(bias, xc, factor)
 
 
 def _sum_to(a: Any, dim: Sequence[int]) -> Any:
@@ -72,7 +84,7 @@ def batchnorm(call: Call) -> list[Any]:
     axes = _channel_axes(x)
     mean, var = _moments(x, axes)
     inv = _inv_std(var, call.scalar("epsilon"))
-    y = _affine((x - mean) * inv, call.tensor("scale"), call.tensor("bias"))
+    y = _normalize(x, mean, inv, call.tensor("scale"), call.tensor("bias"))
     next_mean = next_var = None
     if call.has("momentum") and (call.wants("next_running_mean") or call.wants("next_running_var")):
         m = call.scalar("momentum")
@@ -86,7 +98,7 @@ def batchnorm(call: Call) -> list[Any]:
 def batchnorm_inference(call: Call) -> list[Any]:
     x = call.tensor("input")
     mean, inv = call.tensor("mean"), call.tensor("inv_variance")
-    return [(x - mean) * inv * call.tensor("scale") + call.tensor("bias")]
+    return [_normalize(x, mean, inv, call.tensor("scale"), call.tensor("bias"))]
 
 
 @implements("batchnorm_backward")
@@ -113,7 +125,7 @@ def layernorm(call: Call) -> list[Any]:
     x = call.tensor("input")
     mean, var = _moments(x, _norm_axes(call, x))
     inv = _inv_std(var, call.scalar("epsilon"))
-    return [_affine((x - mean) * inv, _opt(call, "scale"), _opt(call, "bias")), mean, inv]
+    return [_normalize(x, mean, inv, _opt(call, "scale"), _opt(call, "bias")), mean, inv]
 
 
 @implements("layernorm_backward")
@@ -129,7 +141,7 @@ def rmsnorm(call: Call) -> list[Any]:
     x = call.tensor("input")
     axes = _norm_axes(call, x)
     inv = _inv_std((x * x).mean(dim=axes, keepdim=True), call.scalar("epsilon"))
-    return [_affine(x * inv, call.tensor("scale"), _opt(call, "bias")), inv]
+    return [_normalize(x, None, inv, call.tensor("scale"), _opt(call, "bias")), inv]
 
 
 @implements("rmsnorm_backward")
@@ -154,7 +166,7 @@ def instancenorm(call: Call) -> list[Any]:
     x = call.tensor("input")
     mean, var = _moments(x, _spatial_axes(x))
     inv = _inv_std(var, call.scalar("epsilon"))
-    return [_affine((x - mean) * inv, call.tensor("scale"), call.tensor("bias")), mean, inv]
+    return [_normalize(x, mean, inv, call.tensor("scale"), call.tensor("bias")), mean, inv]
 
 
 @implements("instancenorm_backward")

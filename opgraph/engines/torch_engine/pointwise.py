@@ -7,7 +7,8 @@ is one to a few torch elementwise kernels (one read of each operand, one write).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...ops.pointwise import MODES, PointwiseMode
 from .common import Call, implements

@@ -15,8 +15,9 @@ legacy and new (>= 2.9) TF32 APIs keep passing:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 Undo = list[Callable[[], None]]
 

@@ -1,6 +1,7 @@
-"""Reductions and genstats in torch. The reduced axes are read off the output's dims (as in the op);
-they are moved last and flattened into one axis, which every mode then reduces (an empty set of
-axes becomes an axis of size 1, so each element is reduced on its own, as in the reference).
+"""Reductions and genstats in torch. The reduced axes are read off the output's dims (as in the op).
+Sums, means and extrema reduce them in one torch call (one pass over the input, any strides);
+products (torch.prod takes one axis) and the no-axis case (each element reduced on its own, as in
+the reference) first move the reduced axes last and flatten them into one.
 """
 
 from __future__ import annotations
@@ -19,27 +20,27 @@ def _flattened(x: Any, axes: tuple[int, ...]) -> Any:
     return x.permute(*kept, *axes).reshape(*(x.shape[a] for a in kept), -1)
 
 
-def _reduce(mode: ReductionMode, v: Any) -> Any:
+def _reduce(mode: ReductionMode, v: Any, dim: Any) -> Any:
     import torch
 
     if mode is R.ADD:
-        return v.sum(-1)
+        return v.sum(dim, keepdim=True)
     if mode is R.MUL:
-        return v.prod(-1)
+        return v.prod(dim, keepdim=True)
     if mode is R.MIN:
-        return v.amin(-1)  # NaN propagates
+        return v.amin(dim, keepdim=True)  # NaN propagates
     if mode is R.MAX:
-        return v.amax(-1)
+        return v.amax(dim, keepdim=True)
     if mode is R.AMAX:
-        return v.abs().amax(-1)
+        return v.abs().amax(dim, keepdim=True)
     if mode is R.AVG:
-        return v.mean(-1)
+        return v.mean(dim, keepdim=True)
     if mode is R.NORM1:
-        return v.abs().sum(-1)
+        return v.abs().sum(dim, keepdim=True)
     if mode is R.NORM2:
-        return torch.sqrt((v * v).sum(-1))
+        return torch.sqrt((v * v).sum(dim, keepdim=True))
     if mode is R.MUL_NO_ZEROS:
-        return torch.where(v == 0, torch.ones_like(v), v).prod(-1)
+        return torch.where(v == 0, torch.ones_like(v), v).prod(dim, keepdim=True)
     raise AssertionError(mode)
 
 
@@ -48,8 +49,11 @@ def reduction(call: Call) -> list[Any]:
     x = call.tensor("input")
     out = call.out("output")
     assert out is not None
+    mode = call.node.op.mode
     axes = reduced_axes(tuple(x.shape), out.dim)
-    return [_reduce(call.node.op.mode, _flattened(x, axes)).reshape(out.dim)]
+    if axes and mode not in (R.MUL, R.MUL_NO_ZEROS):
+        return [_reduce(mode, x, axes)]
+    return [_reduce(mode, _flattened(x, axes), -1).reshape(out.dim)]
 
 
 @implements("genstats")

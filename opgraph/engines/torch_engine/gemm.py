@@ -1,0 +1,87 @@
+"""How a convolution or matmul runs in torch, from its operand and output types.
+
+    integer operands                      float64 (exact while partial sums stay below 2**53; torch
+                                          has no general integer conv/GEMM on CUDA); on the CPU,
+                                          matmul uses int64
+    fp16/bf16 operands, output of that    that type: tensor cores with fp32 accumulation (CUDA only,
+    same type (`tensor_cores`)            see `Call.tensor_cores`)
+    operands of at most 10 mantissa bits  float32 with TF32 allowed: TF32 holds fp16/bf16/fp8 values
+    (fp16/bf16/fp8), any other output     exactly and tensor cores accumulate in fp32, so this is
+    (`tensor_cores`)                      the exact fp32 result at tensor-core speed
+    anything else                         the compute type with TF32 off (exact fp32 / fp64)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from ...dtypes import DataType
+from ...tensor import TensorDesc
+from .common import Call
+
+# The TF32 path relies on cuDNN/cuBLAS computing products of TF32-representable values exactly and
+# accumulating in fp32 (implicit-GEMM algorithms do; a transform-based algorithm would not be exact):
+# switch it off here if the GPU tests of fp16/bf16 operands with fp32 outputs show otherwise.
+TF32_FOR_EXACT_INPUTS = True
+_NATIVE = (DataType.HALF, DataType.BFLOAT16)
+_TF32_EXACT = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2})
+
+
+def plan(call: Call, a: TensorDesc, b: TensorDesc, out: TensorDesc, *, int_dtype: Any = None) -> tuple[Any, bool]:
+    """(torch dtype to run in, whether TF32 may be used) for operands `a`, `b` and output `out`."""
+    import torch
+
+    if a.data_type.is_integer or not a.data_type.is_floating:
+        return (int_dtype or torch.float64), False
+    if call.tensor_cores and call.compute is torch.float32:
+        if a.data_type in _NATIVE and a.data_type is b.data_type is out.data_type:
+            return a.data_type.to_torch(), False
+        if TF32_FOR_EXACT_INPUTS and a.data_type in _TF32_EXACT and b.data_type in _TF32_EXACT:
+            return torch.float32, True
+    return call.compute, False
+
+
+def uses_tensor_cores(a: DataType, b: DataType, out: DataType, wide: bool) -> bool:
+    """Whether `plan` picks a tensor-core path (with `tensor_cores` on) for these types."""
+    if wide or not a.is_floating:
+        return False
+    return (a in _NATIVE and a is b is out) or (TF32_FOR_EXACT_INPUTS and a in _TF32_EXACT and b in _TF32_EXACT)
+
+
+@contextmanager
+def _tf32() -> Iterator[None]:
+    """TF32 allowed for cuDNN convs and cuBLAS fp32 GEMMs, restored afterwards (see precision.py)."""
+    import torch
+
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:  # inconsistent legacy/new TF32 flags of the caller: leave them, stay exact
+        yield
+        return
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    new_api = conv is not None and hasattr(conv, "fp32_precision")
+    old_conv = conv.fp32_precision if new_api else torch.backends.cudnn.allow_tf32
+    matmul = torch.backends.cuda.matmul
+    old_matmul = matmul.fp32_precision if hasattr(matmul, "fp32_precision") else None
+    if new_api:
+        conv.fp32_precision = "tf32"
+    else:
+        torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(legacy)
+        if old_matmul is not None:
+            matmul.fp32_precision = old_matmul
+        if new_api:
+            conv.fp32_precision = old_conv
+        else:
+            torch.backends.cudnn.allow_tf32 = old_conv
+
+
+def math_mode(call: Call, allow_tf32: bool) -> Any:
+    """The context a GEMM-class call runs in: TF32 allowed (CUDA, exact inputs), else as pinned."""
+    return _tf32() if allow_tf32 and call.device.type == "cuda" else nullcontext()
