@@ -27,3 +27,29 @@ def pytest_configure(config):
         has_cuda = False
     if not has_cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only with CUDA; other tests marked `interpreter` (the generated kernels
+    on the CPU) run only when Triton interprets. A module can mark all its tests `interpreter` and
+    still hold GPU tests: the `gpu` mark wins."""
+    import os
+
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    try:
+        import triton  # noqa: F401
+
+        interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    except ImportError:
+        interpreting = False
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            if not has_cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        elif item.get_closest_marker("interpreter") is not None and not interpreting:
+            item.add_marker(pytest.mark.skip(reason="needs Triton's interpreter (set when there is no GPU)"))

@@ -13,7 +13,7 @@ from opgraph import autotune
 
 from .helpers import requires_interpreter
 
-pytestmark = requires_interpreter
+pytestmark = pytest.mark.interpreter
 
 
 @pytest.fixture(autouse=True)

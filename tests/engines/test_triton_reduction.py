@@ -18,7 +18,7 @@ from opgraph.testing import compare, random_pack, reference_outputs
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
 
-pytestmark = requires_interpreter
+pytestmark = pytest.mark.interpreter
 DT = og.DataType
 R = ReductionMode
 H100 = Device("cuda", 0, "H100", (9, 0), 132)

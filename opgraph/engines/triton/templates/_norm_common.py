@@ -13,8 +13,9 @@ input's, else the index split into coordinates (`(idx // inner) % dim`).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from ....dtypes import DataType
 from ....ir import Const, Node, Operand
@@ -38,25 +39,20 @@ class Fusion:
     epilogue: tuple[Node, ...]
     x: TensorDesc  # the normalization's input: its dims are the space
 
-    @property
-    def space(self) -> tuple[int, ...]:
-        return self.x.dim
-
-    def full_output(self) -> int | None:
-        """The normalization's full-size output (y or dx)."""
-        return self.norm.outputs[0]
-
-    def stats_pass_nodes(self) -> tuple[Node, ...]:
-        """Prologue nodes the normalization's full-size inputs depend on (what a statistics pass
-        recomputes), in order."""
-        needed = {u for r in FULL_ROLES if r in self.norm.op.input_roles()
-                  for u in [self.norm.input(r)] if isinstance(u, int)}
+    def prologue_for(self, uids: set[int]) -> tuple[Node, ...]:
+        """The prologue nodes that tensors `uids` depend on, in order."""
+        needed = set(uids)
         keep: list[Node] = []
         for node in reversed(self.prologue):
             if any(u in needed for u in node.output_uids()):
                 keep.append(node)
                 needed.update(node.input_uids())
         return tuple(reversed(keep))
+
+    def full_inputs(self) -> set[int]:
+        """The normalization's full-size inputs (x, and dy for a backward)."""
+        return {u for r in FULL_ROLES if r in self.norm.op.input_roles()
+                for u in [self.norm.input(r)] if isinstance(u, int)}
 
 
 def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
@@ -78,7 +74,7 @@ def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
     assert isinstance(x_uid, int)
     x = piece.tensor(x_uid)
     space = x.dim
-    produced = {u for n in piece.nodes for u in n.output_uids()}
+    produced = {u for n in piece.nodes if n is not norm for u in n.output_uids()}
     roles = norm.op.input_roles()
     for role, v in zip(roles, norm.inputs):
         if isinstance(v, int) and role not in FULL_ROLES and v in produced:
@@ -90,10 +86,6 @@ def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
     full_out = norm.outputs[0]
     side_outputs = {u for u in norm.output_uids() if u != full_out}
     for node in (*prologue, *epilogue):
-        for u in node.output_uids():
-            if piece.tensor(u).dim != space:
-                return Support.no(f"{node.label()} writes dims {list(piece.tensor(u).dim)}; a pointwise op fused "
-                                  f"with {norm.label()} must cover its input's dims {list(space)}", node)
         for u in node.input_uids():
             if u in side_outputs:
                 return Support.no(f"{node.label()} reads a statistic of {norm.label()}; fused pointwise ops "
@@ -103,6 +95,10 @@ def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
                                                any(a not in (1, b) for a, b in zip(d, space))):
                 return Support.no(f"{node.label()} reads dims {list(d)}, which do not broadcast to "
                                   f"{list(space)}", node)
+        for u in node.output_uids():
+            if piece.tensor(u).dim != space:
+                return Support.no(f"{node.label()} writes dims {list(piece.tensor(u).dim)}; a pointwise op fused "
+                                  f"with {norm.label()} must cover its input's dims {list(space)}", node)
     return Fusion(norm, tuple(prologue), tuple(epilogue), x)
 
 
@@ -265,3 +261,14 @@ def pow2_ceil(n: int) -> int:
 def nest(header: str, lines: Sequence[str]) -> list[str]:
     """A block statement: `header` then `lines` (which may hold nested blocks) indented once."""
     return [header, *("    " + line for text in lines for line in text.split("\n"))]
+
+
+_VALUE = re.compile(r"\bv(\d+)\b")
+
+
+def renamed(text: str, prefix: str) -> str:
+    """An Emitter region's value names (v{uid}) renamed to {prefix}{uid}. Two regions of one kernel
+    that compute the same tensor with different tile shapes (e.g. the shift before a loop and the tile
+    inside it) must not share names: Triton would take them for loop-carried variables whose type
+    changes."""
+    return _VALUE.sub(lambda m: f"{prefix}{m.group(1)}", text)

@@ -6,14 +6,18 @@ pointwise epilogue on its full-size output (relu, residual add, clips, casts, se
 Training and backward pieces run in three launches and two passes over the input:
   1. stats:   a 2-D grid (chunks of the reduced axes x channel blocks [x samples for instancenorm]);
               each program keeps fp32 tile accumulators of the shifted values (x - K, K = x at the
-              chunk's first element, which keeps the sums well conditioned), reduces them once and
-              stores its partials (count, mean, M2; for backward sum(dy), sum(dy * (x - mean))) to
-              scratch;
-  2. combine: one program per channel block merges the chunks' partials exactly (total mean first,
-              then M2 = sum(M2_i + n_i * (mean_i - mean)^2)), writes mean / inv_variance / running
-              stats (or dscale / dbias) and the per-slot coefficients of the apply pass to scratch;
-  3. apply:   y = (x - mean) * (scale * inv) + bias (or dx = a * ((dy - k1) - k2 * (x - mean))),
-              then the epilogue, each output written once.
+              slot's first element, the same in every chunk, which keeps the sums well conditioned),
+              reduces them once and stores its partials (count, mean - K, M2; for a backward sum(dy)
+              and sum(dy * (x - mean_chunk))) to scratch;
+  2. combine: one program per block of statistic slots (b * C + c) merges the chunks' partials
+              exactly (total mean first, then M2 = sum(M2_i + n_i * (mean_i - mean)^2)), writes
+              mean / inv_variance / running stats (or dscale / dbias) and the per-slot coefficients
+              of the apply pass to scratch (an instancenorm backward sums dscale / dbias over the
+              samples in a 4th, tiny launch);
+  3. apply:   y = ((x - K) - (mean - K)) * (scale * inv) + bias (or, for a backward,
+              dx = a * ((dy - k1) - k2 * (x - mean)), a = scale * inv, k1 = mean(dy),
+              k2 = inv^2 * mean(dy * (x - mean))), then the epilogue, each output written once. It
+              reads first what the stats pass read last (knob ORDER), which L2 may still hold.
 batchnorm_inference is the apply pass alone, its coefficients read from the op's inputs.
 
 Layouts are whatever the strides say. The input's axes are grouped into B (the sample axis of
@@ -33,7 +37,18 @@ from ....partition import Piece
 from ...base import Support
 from ..expr import round_in_compute
 from ._norm_common import (
-    Comp, Fusion, Params, TileIndexer, analyse, compute_of, is_big, make_emitter, memory_order, nest, pow2_ceil,
+    Comp,
+    Fusion,
+    Params,
+    TileIndexer,
+    analyse,
+    compute_of,
+    is_big,
+    make_emitter,
+    memory_order,
+    nest,
+    pow2_ceil,
+    renamed,
     scalar_expr,
 )
 from .base import Generated, Launch, Template, indent, module_source
@@ -103,52 +118,62 @@ def geometry(fusion: Fusion) -> Geometry:
 
 
 def _best_q_block(q: int, cap: int) -> int:
-    """The largest power-of-2 block (<= cap) that wastes under ~6% of the Q axis in its ragged edge."""
-    best = min(pow2_ceil(q), 16)
-    b = 16
+    """The largest power-of-2 block in [16, cap] whose ragged edge wastes at most ~6% of the Q axis."""
+    best, b = 16, 32
     while b <= min(cap, pow2_ceil(q)):
-        if -(-q // b) * b <= q * 1.0625 or b <= best:
+        if -(-q // b) * b <= q * 1.0625:
             best = b
         b *= 2
-    return best
+    return min(best, pow2_ceil(q))
 
 
-def heuristic_knobs(g: Geometry, device: Device, variant: int = 0) -> dict[str, Any]:
-    """Tile sizes and chunking. On the GPU: stats tiles of ~4096 elements with at least 4 programs per
-    SM (chunks x channel blocks x samples), apply tiles of 4096 elements (8 warps, >= 8 elements a
-    thread); on the CPU interpreter small tiles (few programs, but several chunks and channel blocks
-    so every code path runs)."""
+def _knobs(g: Geometry, device: Device, *, bc: int | None = None, q_cap: int = 1024, per_sm: int = 4,
+           order: int = 1) -> dict[str, Any]:
     gpu = device.is_cuda
     cp = pow2_ceil(g.C)
+    accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else 2
     if g.channels_last:
-        if gpu:
-            bc = min(cp, (64, 32, 128)[variant % 3])
-            br = max(1, 4096 // bc)
-            abc = min(cp, 128 if variant % 2 == 0 else 64)
+        if gpu:  # stats and apply tiles of 4096 elements; apply rows divide stats rows (ORDER)
+            bc = min(cp, bc or 64)
+            br, abc = 4096 // bc, min(cp, 128)
             abr = max(1, 4096 // abc)
         else:
-            bc, br, abc, abr = min(cp, 4), 8, min(cp, 8), 16
+            bc, br, abc, abr = min(cp, 4), 8, min(cp, 8), 8
         tiles = -(-g.P // br)
     else:
         if gpu:
-            br = _best_q_block(g.Q, 1024 if variant % 2 == 0 else 256)
+            br = _best_q_block(g.Q, q_cap)
             bc = min(cp, max(1, 4096 // br))
-            abr = _best_q_block(g.Q, 1024)
-            abc = min(cp, max(1, 4096 // abr))
         else:
             br, bc = min(pow2_ceil(g.Q), 8), min(cp, 4)
-            abr, abc = min(pow2_ceil(g.Q), 16), min(cp, 8)
+        abr, abc = br, min(cp, max(1, (4096 if gpu else 64) // br))
         tiles = g.P * -(-g.Q // br)
     cblocks = -(-g.C // bc)
-    want = (4 * device.sm_count) if gpu else 3
+    want = per_sm * device.sm_count if gpu else 8
     chunks = max(1, min(tiles, -(-want // (cblocks * g.B))))
-    chunk = -(-tiles // chunks)
-    bs = min(cp, 32 if gpu else 4)
     return {
-        "BR": br, "BC": bc, "CHUNK": chunk, "W": 4 if br * bc <= 4096 else 8,
+        "BR": br, "BC": bc, "CHUNK": -(-tiles // chunks), "W": 4 * accumulators // 2 if gpu else 4,
         "ABR": abr, "ABC": abc, "AW": 8 if gpu and abr * abc >= 4096 else 4,
-        "BS": bs, "CW": 4,
+        "BS": min(pow2_ceil(g.S), 16 if gpu else 4), "CW": 4, "ORDER": order,
     }
+
+
+def candidate_knobs(g: Geometry, device: Device) -> list[dict[str, Any]]:
+    """Knob settings, the heuristic's first. Stats pass: tiles of ~4096 elements (channel blocks of 64
+    contiguous channels, or Q blocks that waste < 6% in their ragged edge), 4 warps per 2 fp32
+    accumulators, >= 4 programs per SM; combine: 16 slots a program; apply: 4096-element tiles, 8
+    warps (>= 8 elements a thread), read in L2-friendly order (ORDER 1). The alternatives: the other
+    orders, other tile shapes, more programs. On the CPU interpreter small tiles, several chunks and
+    channel blocks, so every code path runs."""
+    variants: list[dict[str, Any]] = [{}, {"order": 0}, {"order": 2}]
+    if device.is_cuda:
+        variants += [{"bc": 32}, {"bc": 128}, {"q_cap": 256}, {"per_sm": 8}]
+    out: list[dict[str, Any]] = []
+    for v in variants:
+        knobs = _knobs(g, device, **v)
+        if knobs not in out:
+            out.append(knobs)
+    return out
 
 
 # -- code generation ------------------------------------------------------------------------------
@@ -178,10 +203,10 @@ class _Gen:
         # scratch: partial arrays [chunks, S] then coefficient arrays [S]
         if self.forward:
             self.partials = ("cnt", "mu", "m2")
-            self.coefs = ("mu", "sc", "sh")
+            self.coefs = ("k0", "mu", "sc", "sh")
         elif self.backward:
             self.partials = ("gd", "ge") if self.saved else ("cnt", "mu", "m2", "gd", "ge")
-            self.coefs = ("mu", "a", "k1", "k2")
+            self.coefs = ("k0", "a", "k1", "k2") if self.saved else ("k0", "mu", "a", "k1", "k2")
         else:
             self.partials, self.coefs = (), ()
         self.offsets: dict[str, int] = {}
@@ -189,7 +214,8 @@ class _Gen:
         for name in self.partials:
             self.offsets["q_" + name] = off
             off += -(-self.chunks * g.S * self.acc_bytes // ALIGN) * ALIGN
-        for name in self.coefs:
+        per_slot = list(self.coefs) + (["pe", "pd"] if self.backward and g.B > 1 else [])
+        for name in per_slot:
             self.offsets["c_" + name] = off
             off += -(-g.S * self.acc_bytes // ALIGN) * ALIGN
         self.scratch_bytes = off
@@ -210,9 +236,10 @@ class _Gen:
         return -(-self._tiles() // int(self.k["CHUNK"]))
 
     def comps(self, *, p: str | None, q: str | None, c_axis: int | None, p_axis: int | None,
-              q_axis: int | None, c: str = "cc") -> list[Comp]:
+              q_axis: int | None) -> list[Comp]:
+        """The B (scalar bb), C (cc), P and Q components, with the tile axes they vary along."""
         g = self.g
-        out = [Comp(g.b_axes, "bb", None), Comp(g.c_axes, c, c_axis)]
+        out = [Comp(g.b_axes, "bb", None), Comp(g.c_axes, "cc", c_axis)]
         if p is not None:
             out.append(Comp(g.p_axes, p, p_axis))
         if q is not None:
@@ -256,31 +283,33 @@ class _Gen:
         params = Params()
         br, bc, chunk = int(k["BR"]), int(k["BC"]), int(k["CHUNK"])
         acc = self.compute
-        nodes = self.g.fusion.stats_pass_nodes()
+        fusion = g.fusion
+        nodes = fusion.prologue_for(fusion.full_inputs())
         head, comps, masks, zeros = self._tile_layout("BC")
         body = [f"pid_r = {self.pid(0)}", *head]
         cl = g.channels_last
         red_axis = 0 if cl else 1
         shape = "[BR, BC]" if cl else "[BC, BR]"
-        # the shift K: x at the chunk's first element (or the saved mean for a backward)
+        # the shift K: x at the first element of the slot (every chunk shifts by the same K, so the
+        # partial means are small numbers relative to K; the saved mean for a backward)
         if cl:
             body += [f"p_lo = pid_r * {chunk * br}", f"p_hi = tl.minimum(p_lo + {chunk * br}, {g.P})",
-                     "rp = p_lo"]
-            shift_comps = self.comps(p="rp", q=None, c_axis=1, p_axis=None, q_axis=None)
+                     "rp0 = 0"]
+            shift_comps = self.comps(p="rp0", q=None, c_axis=1, p_axis=None, q_axis=None)
             shift_masks = {frozenset(): None, frozenset({1}): "cmask"}
         else:
             nqb = -(-g.Q // br)
             tiles = g.P * nqb
             body += [f"t_lo = pid_r * {chunk}", f"t_hi = tl.minimum(t_lo + {chunk}, {tiles})",
-                     f"pp = t_lo // {nqb}", f"qq = (t_lo % {nqb}) * BR"]
-            shift_comps = self.comps(p="pp", q="qq", c_axis=0, p_axis=None, q_axis=None)
+                     "pp0 = 0", "qq0 = 0"]
+            shift_comps = self.comps(p="pp0", q="qq0", c_axis=0, p_axis=None, q_axis=None)
             shift_masks = {frozenset(): None, frozenset({0}): "cmask"}
         em = self.region(shift_comps, shift_masks, None, params)
         if self.saved:
             shift = em.operand(self.node.input("mean"))
         else:
-            shift, _ = self.full_values(em, [n for n in nodes if self._feeds_x(n, nodes)], grad=False)
-        body += [*em.lines, f"K = {shift}"]
+            shift, _ = self.full_values(em, fusion.prologue_for({self.x_uid}), grad=False)
+        body += [renamed(line, "sv") for line in [*em.lines, f"K = {shift}"]]
         need_moments = not self.saved
         accs = (["a1", "a2"] if need_moments else []) + (["ad", "ae"] if self.backward else [])
         body += [f"{a} = tl.zeros({shape}, {acc})" for a in accs]
@@ -318,29 +347,25 @@ class _Gen:
         body.append(f"off = pid_r * {g.S} + {slot}")
         stores: dict[str, str] = {}
         if need_moments:
-            body += ["mu = K + s_a1 / n", "m2 = s_a2 - s_a1 * s_a1 / n"]
-            stores.update(cnt=f"n + tl.zeros_like(mu)", mu="mu", m2="m2")
+            body += ["mu = s_a1 / n", "m2 = s_a2 - s_a1 * s_a1 / n"]
+            stores.update(cnt="n + tl.zeros_like(mu)", mu="mu", m2="m2")
         if self.backward:
             stores["gd"] = "s_ad"
-            stores["ge"] = "s_ae" if self.saved else "s_ae - (mu - K) * s_ad"
+            stores["ge"] = "s_ae" if self.saved else "s_ae - mu * s_ad"
         for name in self.partials:
             body.append(f"tl.store({self.scratch(params, 'q_' + name)} + off, {stores[name]}, mask=cmask)")
+        if not self.saved:  # the first chunk's programs publish K (every chunk has the same)
+            body.append(f"tl.store({self.scratch(params, 'c_k0')} + {slot}, K, mask=cmask & (cc * 0 + pid_r == 0))")
         src = params.signature("kernel_stats", ["BR", "BC"]) + "\n" + indent(body)
         cblocks = -(-g.C // bc)
         launch = Launch("kernel_stats", (self.chunks, cblocks, g.B), tuple(params.args),
                         (("BR", br), ("BC", bc), ("num_warps", int(k["W"]))))
         return src, launch
 
-    def _feeds_x(self, node, nodes) -> bool:
-        """Whether a stats-pass prologue node is an ancestor of x (the shift needs x only)."""
-        needed = {self.x_uid}
-        for n in reversed(nodes):
-            if any(u in needed for u in n.output_uids()):
-                needed.update(n.input_uids())
-        return any(u in needed for u in node.output_uids())
-
     # launch 2: combine ----------------------------------------------------------------------------
     def combine_kernel(self) -> tuple[str, Launch]:
+        """One program per BS statistic slots (slot = b * C + c): merge the chunks' partials, write the
+        stats outputs and the apply pass's coefficients."""
         g, k = self.g, self.k
         params = Params()
         acc = self.compute
@@ -348,21 +373,18 @@ class _Gen:
         node = self.node
         bs = int(k["BS"])
         bk = max(2, min(pow2_ceil(self.chunks), max(16, 8192 // bs)))
-        # per-slot tensors (stats, scale, running stats, dscale) are [1, BS] vectors over channels
-        em = self.region([Comp(g.b_axes, "bb", None), Comp(g.c_axes, "cc", 1)],
-                         {frozenset(): None, frozenset({1}): "cmask"}, {1: "zc"}, params)
+        # per-slot tensors (stats, scale, running stats, dscale) are [1, BS] vectors
+        em = self.region([Comp(g.b_axes, "bb", 1), Comp(g.c_axes, "cc", 1)],
+                         {frozenset(): None, frozenset({1}): "smask"}, {1: "zs"}, params)
 
         def take() -> list[str]:
             lines = list(em.lines)
             em.lines.clear()
             return lines
 
-        def stored(role: str) -> int | None:
-            u = node.output(role)
-            return u if u is not None and u in self.piece.outputs else None
-
         def store(role: str, value: str) -> None:
-            if (u := stored(role)) is not None:
+            u = node.output(role)
+            if u is not None and u in self.piece.outputs:
                 em.values[u] = value
                 em.store(u)
 
@@ -373,65 +395,96 @@ class _Gen:
 
         def over_chunks(lines: list[str]) -> list[str]:
             return nest(f"for k0 in range(0, {self.chunks}, BK):",
-                        ["kk = k0 + kk0", f"km = (kk < {self.chunks}) & cmask", f"ko = kk * {g.S} + slot", *lines])
+                        ["kk = k0 + kk0", f"km = (kk < {self.chunks}) & smask", f"ko = kk * {g.S} + slot", *lines])
 
         def zeros(*names: str) -> list[str]:
             return [f"{n} = tl.zeros([1, BS], {acc})" for n in names]
 
         red = "axis=0, keep_dims=True"
-        per_slot: list[str] = [f"slot = bb * {g.C} + cc"]
+        body = [f"slot = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"smask = slot < {g.S}", "zs = slot * 0",
+                *([f"bb = slot // {g.C}", f"cc = slot % {g.C}"] if g.b_axes else ["cc = slot"]),
+                "kk0 = tl.arange(0, BK)[:, None]"]
         if self.saved:
-            per_slot += zeros("t_d", "t_e")
-            per_slot += over_chunks([f"t_d += tl.sum({ld('gd')}, {red})", f"t_e += tl.sum({ld('ge')}, {red})"])
+            body += zeros("t_d", "t_e")
+            body += over_chunks([f"t_d += tl.sum({ld('gd')}, {red})", f"t_e += tl.sum({ld('ge')}, {red})"])
             mean_v, inv_v = em.operand(node.input("mean")), em.operand(node.input("inv_variance"))
-            per_slot += take() + [f"mean = {mean_v}", f"inv = {inv_v}"]
+            body += take() + [f"mean = {mean_v}", f"inv = {inv_v}", "k0 = mean"]
         else:
             # exact merge of the chunks: the total mean first, then M2 about it
-            per_slot += zeros("t_n", "t_m")
-            per_slot += over_chunks([f"n_i = {ld('cnt')}", f"t_n += tl.sum(n_i, {red})",
-                                     f"t_m += tl.sum(n_i * {ld('mu')}, {red})"])
-            per_slot += ["mean = t_m / tl.where(cmask, t_n, 1.0)", *zeros("t_2")]
-            second = [f"n_i = {ld('cnt')}", f"dm = {ld('mu')} - mean", f"t_2 += tl.sum({ld('m2')} + n_i * dm * dm, {red})"]
+            body += zeros("t_n", "t_m")
+            body += over_chunks([f"n_i = {ld('cnt')}", f"t_n += tl.sum(n_i, {red})",
+                                 f"t_m += tl.sum(n_i * {ld('mu')}, {red})"])
+            # partial means are relative to the shift K (stored by the stats pass as k0)
+            body += ["rel = t_m / tl.where(smask, t_n, 1.0)",
+                     f"mean = tl.load({self.scratch(params, 'c_k0')} + slot, mask=smask, other=0.0) + rel",
+                     *zeros("t_2")]
+            second = [f"n_i = {ld('cnt')}", f"dm = {ld('mu')} - rel",
+                      f"t_2 += tl.sum({ld('m2')} + n_i * dm * dm, {red})"]
             if self.backward:
-                per_slot += zeros("t_d", "t_e")
-                second += [f"d_i = {ld('gd')}", f"t_d += tl.sum(d_i, {red})", f"t_e += tl.sum({ld('ge')} + dm * d_i, {red})"]
-            per_slot += over_chunks(second)
+                body += zeros("t_d", "t_e")
+                second += [f"d_i = {ld('gd')}", f"t_d += tl.sum(d_i, {red})",
+                           f"t_e += tl.sum({ld('ge')} + dm * d_i, {red})"]
+            body += over_chunks(second)
             eps = scalar_expr(node.input("epsilon"), tensors, params, acc)
-            per_slot += [f"inv = 1.0 / tl.sqrt(t_2 / {float(g.M)!r} + {eps})"]
+            body += [f"inv = 1.0 / tl.sqrt(t_2 / {float(g.M)!r} + {eps})"]
         gamma = em.operand(node.input("scale"))
-        per_slot += take()
+        body += take()
         if self.forward:
-            coef = {"mu": "mean", "sc": f"{gamma} * inv", "sh": em.operand(node.input("bias"))}
-            per_slot += take()
+            coef = {"mu": "rel", "sc": f"{gamma} * inv", "sh": em.operand(node.input("bias"))}
             store("mean", "mean")
             store("inv_variance", "inv")
             if node.kind == "batchnorm" and node.input("momentum") is not None:
                 mom = scalar_expr(node.input("momentum"), tensors, params, acc)
                 rm, rv = em.operand(node.input("in_running_mean")), em.operand(node.input("in_running_var"))
                 unbiased = f"t_2 / {float(max(g.M - 1, 1))!r}"
-                per_slot += take() + [f"r_mean = (1.0 - {mom}) * {rm} + {mom} * mean",
-                                      f"r_var = (1.0 - {mom}) * {rv} + {mom} * {unbiased}"]
+                body += take() + [f"r_mean = (1.0 - {mom}) * {rm} + {mom} * mean",
+                                  f"r_var = (1.0 - {mom}) * {rv} + {mom} * {unbiased}"]
                 store("next_running_mean", "r_mean")
                 store("next_running_var", "r_var")
-            per_slot += take()
+            body += take()
         else:
             m = float(g.M)
-            coef = {"mu": "mean", "a": f"{gamma} * inv", "k1": f"t_d / {m!r}", "k2": f"inv * inv * t_e / {m!r}"}
-            per_slot += ["t_ds += inv * t_e", "t_db += t_d"]
+            coef = {"k0": "k0", "mu": "rel", "a": f"{gamma} * inv", "k1": f"t_d / {m!r}",
+                    "k2": f"inv * inv * t_e / {m!r}"}
+            if g.B == 1:
+                store("dscale", "inv * t_e")
+                store("dbias", "t_d")
+                body += take()
+            else:  # per-slot terms; launch 4 sums them over the samples
+                for name, value in (("c_pe", "inv * t_e"), ("c_pd", "t_d")):
+                    body.append(f"tl.store({self.scratch(params, name)} + slot, {value}, mask=smask)")
         for name in self.coefs:
-            per_slot.append(f"tl.store({self.scratch(params, 'c_' + name)} + slot, {coef[name]}, mask=cmask)")
-        body = [f"cc = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"cmask = cc < {g.C}", "zc = cc * 0",
-                "kk0 = tl.arange(0, BK)[:, None]"]
-        if self.backward:
-            body += zeros("t_ds", "t_db")
-        body += nest(f"for bb in range(0, {g.B}):", per_slot) if g.B > 1 else ["bb = 0", *per_slot]
-        if self.backward:  # dscale, dbias sum over the samples too (instancenorm)
-            store("dscale", "t_ds")
-            store("dbias", "t_db")
-            body += take()
+            if name != "k0" or self.saved:
+                body.append(f"tl.store({self.scratch(params, 'c_' + name)} + slot, {coef[name]}, mask=smask)")
         src = params.signature("kernel_combine", ["BS", "BK"]) + "\n" + indent(body)
-        launch = Launch("kernel_combine", (-(-g.C // bs),), tuple(params.args),
+        launch = Launch("kernel_combine", (-(-g.S // bs),), tuple(params.args),
                         (("BS", bs), ("BK", bk), ("num_warps", int(k["CW"]))))
+        return src, launch
+
+    def dparams_kernel(self) -> tuple[str, Launch]:
+        """instancenorm backward: dscale and dbias, sums over the samples of the per-slot terms."""
+        g, k = self.g, self.k
+        params = Params()
+        bs = int(k["BS"])
+        bb = max(2, min(pow2_ceil(g.B), max(8, 4096 // bs)))
+        em = self.region([Comp(g.c_axes, "cc", 1)], {frozenset(): None, frozenset({1}): "cmask"}, {1: "zc"}, params)
+        body = [f"cc = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"cmask = cc < {g.C}", "zc = cc * 0",
+                "bb0 = tl.arange(0, BB)[:, None]", f"t_ds = tl.zeros([1, BS], {self.compute})",
+                f"t_db = tl.zeros([1, BS], {self.compute})"]
+        pe, pd = self.scratch(params, "c_pe"), self.scratch(params, "c_pd")
+        body += nest(f"for b0 in range(0, {g.B}, BB):", [
+            "bm = (b0 + bb0 < " + str(g.B) + ") & cmask", f"bo = (b0 + bb0) * {g.C} + cc",
+            f"t_ds += tl.sum(tl.load({pe} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)",
+            f"t_db += tl.sum(tl.load({pd} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)"])
+        for role, value in (("dscale", "t_ds"), ("dbias", "t_db")):
+            u = self.node.output(role)
+            if u is not None and u in self.piece.outputs:
+                em.values[u] = value
+                em.store(u)
+        body += em.lines
+        src = params.signature("kernel_dparams", ["BS", "BB"]) + "\n" + indent(body)
+        launch = Launch("kernel_dparams", (-(-g.C // bs),), tuple(params.args),
+                        (("BS", bs), ("BB", bb), ("num_warps", int(k["CW"]))))
         return src, launch
 
     # launch 3: apply --------------------------------------------------------------------------------
@@ -439,17 +492,45 @@ class _Gen:
         g, k = self.g, self.k
         params = Params()
         abr, abc = int(k["ABR"]), int(k["ABC"])
-        head, comps, masks, zeros = self._tile_layout("ABC")
+        _, comps, masks, zeros = self._tile_layout("ABC")
         cl = g.channels_last
+        ncb = -(-g.C // abc)
+        order = self.apply_order()
+        # program i: channel block i % ncb (fastest, so a tile row's channels are read together) of
+        # tile row r = i // ncb; `order` maps r to the rows of the input
+        body = [f"i = {self.pid(0)}", f"cb = i % {ncb}", f"r = i // {ncb}"]
         if cl:
-            body = [f"rp = {self.pid(0)} * ABR + tl.arange(0, ABR)[:, None]", f"pmask = rp < {g.P}", *head,
-                    "mask = pmask & cmask", "z0 = rp * 0", "z1 = cc * 0"]
-            grid = (-(-g.P // abr), -(-g.C // abc), g.B)
+            row_tiles = -(-g.P // abr)
+            if order:
+                chr_, nch = int(k["CHUNK"]) * int(k["BR"]), self.chunks
+                tpc = chr_ // abr
+                row_tiles = nch * tpc
+                if order == 2:
+                    body.append(f"r = {row_tiles - 1} - r")
+                else:  # the last tile rows of every stats chunk first: what the stats pass read last
+                    body += [f"r = (r % {nch}) * {tpc} + {tpc - 1} - r // {nch}"]
+            body += ["rp = r * ABR + tl.arange(0, ABR)[:, None]", f"pmask = rp < {g.P}"]
+            body += ["cc = cb * ABC + tl.arange(0, ABC)[None, :]", f"cmask = cc < {g.C}", "mask = pmask & cmask",
+                     "z0 = rp * 0", "z1 = cc * 0"]
         else:
             nqb = -(-g.Q // abr)
-            body = [f"t = {self.pid(0)}", f"pp = t // {nqb}", f"qq = (t % {nqb}) * ABR + tl.arange(0, ABR)[None, :]",
-                    f"qmask = qq < {g.Q}", *head, "mask = cmask & qmask", "z0 = cc * 0", "z1 = qq * 0"]
-            grid = (g.P * nqb, -(-g.C // abc), g.B)
+            row_tiles = g.P * nqb
+            qvalid = ""
+            if order:
+                ch, nch = int(k["CHUNK"]), self.chunks
+                if order == 2:
+                    body.append(f"r = {row_tiles - 1} - r")
+                else:
+                    body.append(f"r = (r % {nch}) * {ch} + {ch - 1} - r // {nch}")
+                    qvalid = f" & (qq * 0 + r < {row_tiles})"
+                    row_tiles = nch * ch
+            body += [f"pp = r // {nqb}", f"qq = (r % {nqb}) * ABR + tl.arange(0, ABR)[None, :]",
+                     f"qmask = (qq < {g.Q}){qvalid}"]
+            body += ["cc = cb * ABC + tl.arange(0, ABC)[:, None]", f"cmask = cc < {g.C}", "mask = cmask & qmask",
+                     "z0 = cc * 0", "z1 = qq * 0"]
+        if g.b_axes:  # the stats pass walked samples last-major: the last ones are the freshest in L2
+            body.append(f"bb = {g.B - 1} - {self.pid(1)}" if order else f"bb = {self.pid(1)}")
+        grid = (ncb * row_tiles, g.B)
         em = self.region(comps, masks, zeros, params)
         fusion = g.fusion
         xv, gv = self.full_values(em, fusion.prologue)
@@ -463,10 +544,11 @@ class _Gen:
             c = {name: f"tl.load({self.scratch(params, 'c_' + name)} + {slot}, mask=cmask, other=0.0)"
                  for name in self.coefs}
             em.lines += [f"k_{name} = {c[name]}" for name in self.coefs]
+            centered = f"(({xv} - k_k0) - k_mu)" if "mu" in self.coefs else f"({xv} - k_k0)"
             if self.forward:
-                value = f"({xv} - k_mu) * k_sc + k_sh"
+                value = f"{centered} * k_sc + k_sh"
             else:
-                value = f"k_a * (({gv} - k_k1) - k_k2 * ({xv} - k_mu))"
+                value = f"k_a * (({gv} - k_k1) - k_k2 * {centered})"
         y = self.y_uid
         assert y is not None
         em.lines.append(f"v{y} = {value}")
@@ -485,10 +567,24 @@ class _Gen:
                         (("ABR", abr), ("ABC", abc), ("num_warps", int(k["AW"]))))
         return src, launch
 
+    def apply_order(self) -> int:
+        """The apply pass's tile order (knob ORDER): 0 in memory order; 1 the last tile rows of every
+        stats chunk first, 2 the input's last rows first (both read first what the stats pass read
+        last, which L2 may still hold). 1 and 2 need apply tiles that split the stats chunks."""
+        order = int(self.k.get("ORDER", 0))
+        if self.inference or not order:
+            return 0
+        if self.g.channels_last:
+            return order if (int(self.k["CHUNK"]) * int(self.k["BR"])) % int(self.k["ABR"]) == 0 else 0
+        return order if int(self.k["ABR"]) == int(self.k["BR"]) else 0
+
     def generate(self) -> Generated:
         sources, launches = [], []
         if not self.inference:
-            for make in (self.stats_kernel, self.combine_kernel):
+            makers = [self.stats_kernel, self.combine_kernel]
+            if self.backward and self.g.B > 1:
+                makers.append(self.dparams_kernel)
+            for make in makers:
                 s, launch = make()
                 sources.append(s)
                 launches.append(launch)
@@ -518,12 +614,7 @@ class NormStatsTemplate(Template):
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         g = self._geometry(piece)
         assert isinstance(g, Geometry)
-        out: list[dict[str, Any]] = []
-        for v in range(3):
-            knobs = heuristic_knobs(g, device, v)
-            if knobs not in out:
-                out.append(knobs)
-        return out
+        return candidate_knobs(g, device)
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         g = self._geometry(piece)

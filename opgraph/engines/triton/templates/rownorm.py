@@ -1,0 +1,352 @@
+"""Layernorm and rmsnorm, forward and backward, as fused pieces, where the normalized axes are one
+contiguous run of memory that fits a program (hidden <= 16384 elements), with a pointwise prologue on
+the full-size inputs (a residual add before the norm) and a pointwise epilogue on the full-size
+output.
+
+  forward:  one launch, a [ROWS, BLOCK] tile per program (BLOCK = next power of 2 of hidden, ROWS so
+            that a tile holds ~16K elements): x is read once, mean / inv_variance and y (and the
+            epilogue's outputs) written once.
+  backward: launch 1, a grid of about 2 programs per SM, each walking a contiguous range of rows: dx
+            per row, and fp32 partial dscale / dbias rows kept in registers and stored once per
+            program to scratch (deterministic, no atomics); launch 2 sums the partial rows.
+
+Rows are the kept axes (any strides: a row's offset is computed per tensor from its coordinates);
+columns are the normalized axes, packed innermost in the input (other tensors, e.g. a scale declared
+in another layout, are addressed through their own strides).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ....device import Device
+from ....partition import Piece
+from ...base import Support
+from ..expr import round_in_compute
+from ._norm_common import (
+    Comp,
+    Fusion,
+    Params,
+    TileIndexer,
+    analyse,
+    compute_of,
+    is_big,
+    is_run,
+    make_emitter,
+    memory_order,
+    nest,
+    pow2_ceil,
+    scalar_expr,
+)
+from .base import Generated, Launch, Template, indent, module_source
+
+SHORT = {"dscale": "ds", "dbias": "db"}
+KINDS = ("layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward")
+MAX_HIDDEN = 16384  # elements of a row held in registers
+ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Geometry:
+    fusion: Fusion
+    dims: tuple[int, ...]
+    row_axes: tuple[int, ...]  # kept axes, memory order
+    col_axes: tuple[int, ...]  # normalized axes, memory order (packed, innermost stride 1)
+
+    @property
+    def R(self) -> int:
+        return math.prod(self.dims[a] for a in self.row_axes)
+
+    @property
+    def H(self) -> int:
+        return math.prod(self.dims[a] for a in self.col_axes)
+
+    @property
+    def kind(self) -> str:
+        return self.fusion.norm.kind
+
+
+def geometry(fusion: Fusion, piece: Piece) -> Geometry | Support:
+    node, x = fusion.norm, fusion.x
+    dims = x.dim
+    ref = next((v for r in ("scale", "bias") if r in node.op.input_roles()
+                for v in [node.input(r)] if isinstance(v, int)), None)
+    if ref is None:
+        normalized = [a for a in range(1, len(dims))]
+    else:
+        rd = piece.tensor(ref).dim
+        normalized = [a for a in range(len(dims)) if rd[a] == dims[a]]
+    cols = memory_order([a for a in normalized if dims[a] > 1], x.stride)
+    rows = memory_order([a for a in range(len(dims)) if a not in normalized and dims[a] > 1], x.stride)
+    if cols and (not is_run(cols, dims, x.stride) or x.stride[cols[-1]] != 1):
+        return Support.no(
+            f"{node.label()} normalizes axes {sorted(cols)} of input dims {list(dims)} with strides "
+            f"{list(x.stride)}: they are not one contiguous run of memory (the rownorm template holds a "
+            "row in registers); the torch or reference engine runs this layout", node)
+    g = Geometry(fusion, dims, rows, cols)
+    if g.H > MAX_HIDDEN:
+        return Support.no(f"{node.label()} normalizes {g.H} elements per row, more than the {MAX_HIDDEN} a "
+                          "program holds in registers; the torch or reference engine runs it", node)
+    return g
+
+
+def _knobs(g: Geometry, device: Device, *, tile: int = 16384, warps: int | None = None,
+           per_sm: int = 2) -> dict[str, Any]:
+    block = pow2_ceil(g.H)
+    if not device.is_cuda:  # interpreter: 2 rows a tile, a few programs, so the loops and masks all run
+        return {"BLOCK": block, "ROWS": min(2, pow2_ceil(g.R)), "W": 4, "PROGRAMS": min(3, g.R),
+                "RB": 2 if g.R > 2 else 1, "BW": 4, "BH": min(block, 8), "SW": 4}
+    rows = max(1, min(pow2_ceil(g.R), tile // block))
+    return {
+        "BLOCK": block, "ROWS": rows, "W": warps or min(16, max(4, rows * block // 1024)),
+        "PROGRAMS": per_sm * device.sm_count, "RB": 1, "BW": warps or min(16, max(4, block // 512)),
+        "BH": min(block, 256), "SW": 4,
+    }
+
+
+def candidate_knobs(g: Geometry, device: Device, backward: bool) -> list[dict[str, Any]]:
+    """Forward: tiles of ~16384 elements (4 rows of 4096: scale and bias, fp32, are read from L2 once
+    per tile, not once per row), 32 elements a thread (16 warps). Backward: 2 programs per SM each
+    walking a contiguous range of rows one at a time, 8 elements a thread. The alternatives: smaller
+    tiles (1 or 2 rows of 4096), 1 or 4 programs per SM, 16 warps."""
+    variants: list[dict[str, Any]] = [{}]
+    if device.is_cuda:
+        variants += ([{"per_sm": 1}, {"per_sm": 4}, {"warps": 16}] if backward
+                     else [{"tile": 4096, "warps": 8}, {"tile": 8192, "warps": 8}, {"tile": 16384, "warps": 8}])
+    out: list[dict[str, Any]] = []
+    for v in variants:
+        knobs = _knobs(g, device, **v)
+        if knobs not in out:
+            out.append(knobs)
+    return out
+
+
+class _Gen:
+    def __init__(self, piece: Piece, g: Geometry, knobs: dict[str, Any]) -> None:
+        self.piece, self.g, self.k = piece, g, knobs
+        self.node = g.fusion.norm
+        self.compute = compute_of(piece)
+        self.acc_bytes = 8 if self.compute == "tl.float64" else 4
+        self.scratch_dtype = "float64" if self.compute == "tl.float64" else "float32"
+        self.big = is_big(piece)
+        self.rms = g.kind.startswith("rmsnorm")
+        self.backward = g.kind.endswith("_backward")
+        self.x_uid = self.node.input("input")
+        self.grad_uid = self.node.input("grad") if self.backward else None
+
+    def pid(self) -> str:
+        return "tl.program_id(0).to(tl.int64)" if self.big else "tl.program_id(0)"
+
+    def stored(self, role: str) -> int | None:
+        u = self.node.output(role) if role in self.node.op.output_roles() else None
+        return u if u is not None and u in self.piece.outputs else None
+
+    def indexers(self, params: Params):
+        """The tile's emitter ([rows, BLOCK], rows rr, columns jj) and a per-row emitter (stats)."""
+        g = self.g
+        row, col = Comp(g.row_axes, "rr", 0), Comp(g.col_axes, "jj", 1)
+        tile = TileIndexer(g.dims, [row, col], {frozenset(): None, frozenset({0}): "rmask",
+                                                 frozenset({1}): "jmask", frozenset({0, 1}): "mask"},
+                           {0: "z0", 1: "z1"})
+        per_row = TileIndexer(g.dims, [row], {frozenset(): None, frozenset({0}): "rmask"}, {0: "z0"})
+        return (make_emitter(self.piece, self.compute, tile, params),
+                make_emitter(self.piece, self.compute, per_row, params))
+
+    def epilogue(self, em, value: str) -> None:
+        """y / dx = `value`, rounded to its declared type, then the epilogue and the full-size stores."""
+        out = self.node.outputs[0]
+        assert out is not None
+        em.lines.append(f"v{out} = {value}")
+        rounded = round_in_compute(f"v{out}", self.piece.tensor(out).data_type, self.compute)
+        if rounded is not None:
+            em.lines.append(f"v{out} = {rounded}")
+        em.values[out] = f"v{out}"
+        for n in self.g.fusion.epilogue:
+            em.emit(n)
+        for u in self.piece.outputs:
+            if self.piece.tensor(u).dim == self.g.dims and u in em.values:
+                em.store(u)
+
+    def param(self, em, role: str) -> str | None:
+        v = self.node.input(role) if role in self.node.op.input_roles() else None
+        return em.operand(v) if isinstance(v, int) else None
+
+    # forward ----------------------------------------------------------------------------------------
+    def forward(self) -> Generated:
+        g, k = self.g, self.k
+        params = Params()
+        acc = self.compute
+        block, rows = int(k["BLOCK"]), int(k["ROWS"])
+        em, em_row = self.indexers(params)
+        for n in g.fusion.prologue:
+            em.emit(n)
+        xv = em.operand(self.x_uid)
+        eps = scalar_expr(self.node.input("epsilon"), self.piece.graph.tensors, params, acc)
+        h = float(g.H)
+        lines = [f"xm = tl.where(mask, {xv}, 0.0)"]
+        if self.rms:
+            lines += [f"inv = 1.0 / tl.sqrt(tl.sum(xm * xm, axis=1, keep_dims=True) / {h!r} + {eps})",
+                      "xhat = xm * inv"]
+        else:
+            lines += [f"mean = tl.sum(xm, axis=1, keep_dims=True) / {h!r}",
+                      "xc = tl.where(mask, xm - mean, 0.0)",
+                      f"inv = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1, keep_dims=True) / {h!r} + {eps})",
+                      "xhat = xc * inv"]
+        em.lines += lines
+        value = "xhat"
+        if (sc := self.param(em, "scale")) is not None:
+            value = f"{value} * {sc}"
+        if (bi := self.param(em, "bias")) is not None:
+            value = f"{value} + {bi}"
+        self.epilogue(em, value)
+        for role, name in (("mean", "mean"), ("inv_variance", "inv")):
+            if (u := self.stored(role)) is not None:
+                em_row.values[u] = name
+                em_row.store(u)
+        body = [
+            f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
+            f"rmask = rr < {g.R}",
+            "jj = tl.arange(0, BLOCK)[None, :]",
+            f"jmask = jj < {g.H}",
+            "mask = rmask & jmask",
+            "z0 = rr * 0",
+            "z1 = jj * 0",
+            *em.lines,
+            *em_row.lines,
+        ]
+        src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
+        launch = Launch("kernel_rownorm", (-(-g.R // rows),), tuple(params.args),
+                        (("ROWS", rows), ("BLOCK", block), ("num_warps", int(k["W"]))))
+        return Generated(module_source(src), (launch,))
+
+    # backward -------------------------------------------------------------------------------------
+    def backward_pass(self) -> Generated:
+        g, k = self.g, self.k
+        params = Params()
+        acc = self.compute
+        block, rb = int(k["BLOCK"]), int(k["RB"])
+        programs = max(1, min(int(k["PROGRAMS"]), -(-g.R // rb)))
+        rpp = -(-g.R // programs)
+        programs = -(-g.R // rpp)
+        h = float(g.H)
+        partial_roles = [r for r in ("dscale", "dbias") if self.stored(r) is not None]
+        em, em_row = self.indexers(params)
+        for n in g.fusion.prologue:
+            em.emit(n)
+        xv, dy = em.operand(self.x_uid), em.operand(self.grad_uid)
+        # scale is the same for every row: loaded once, before the row loop
+        em_col = make_emitter(self.piece, self.compute, TileIndexer(
+            g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}), params)
+        gamma = self.param(em_col, "scale")
+        inv = em_row.operand(self.node.input("inv_variance"))
+        loop = ["rr = r0 + tl.arange(0, RB)[:, None]", "rmask = rr < r_hi", "mask = rmask & jmask",
+                "z0 = rr * 0"]
+        loop += em_row.lines
+        em_row.lines.clear()
+        math_lines = [f"xm = tl.where(mask, {xv}, 0.0)", f"dym = tl.where(mask, {dy}, 0.0)",
+                      f"gm = dym * {gamma}"]
+        if self.rms:
+            math_lines += [f"r = {inv}", f"c = tl.sum(gm * xm, axis=1, keep_dims=True) / {h!r}",
+                           "xhat = xm * r"]
+            dx = "r * (gm - xm * r * r * c)"
+        else:
+            mean = em_row.operand(self.node.input("mean"))
+            loop += em_row.lines
+            math_lines += [f"xhat = tl.where(mask, (xm - {mean}) * {inv}, 0.0)",
+                           f"c1 = tl.sum(xhat * gm, axis=1, keep_dims=True) / {h!r}",
+                           f"c2 = tl.sum(gm, axis=1, keep_dims=True) / {h!r}"]
+            dx = f"(gm - (xhat * c1 + c2)) * {inv}"
+        em.lines += math_lines
+        if "dscale" in partial_roles:
+            em.lines.append("a_ds += dym * xhat")
+        if "dbias" in partial_roles:
+            em.lines.append("a_db += dym")
+        self.epilogue(em, dx)
+        loop += em.lines
+        body = [
+            f"pid = {self.pid()}",
+            "jj = tl.arange(0, BLOCK)[None, :]",
+            f"jmask = jj < {g.H}",
+            "z1 = jj * 0",
+            f"r_lo = pid * {rpp}",
+            f"r_hi = tl.minimum(r_lo + {rpp}, {g.R})",
+            *em_col.lines,
+            *(f"a_{SHORT[r]} = tl.zeros([RB, BLOCK], {acc})" for r in partial_roles),
+            *nest("for r0 in range(r_lo, r_hi, RB):", loop),
+        ]
+        offsets, off = {}, 0
+        for role in partial_roles:
+            offsets[role] = off
+            off += -(-programs * g.H * self.acc_bytes // ALIGN) * ALIGN
+        for role in partial_roles:
+            q = params.scratch(f"q_{role}", offsets[role], self.scratch_dtype)
+            body.append(f"tl.store({q} + pid * {g.H} + jj, tl.sum(a_{SHORT[role]}, axis=0, keep_dims=True), "
+                        "mask=jmask)")
+        sources = [params.signature("kernel_rownorm_bwd", ["RB", "BLOCK"]) + "\n" + indent(body)]
+        launches = [Launch("kernel_rownorm_bwd", (programs,), tuple(params.args),
+                           (("RB", rb), ("BLOCK", block), ("num_warps", int(k["BW"]))))]
+        if partial_roles:
+            src, launch = self.sum_partials(partial_roles, offsets, programs)
+            sources.append(src)
+            launches.append(launch)
+        return Generated(module_source(*sources), tuple(launches), off)
+
+    def sum_partials(self, roles: list[str], offsets: dict[str, int], programs: int) -> tuple[str, Launch]:
+        g, k = self.g, self.k
+        params = Params()
+        bh = int(k["BH"])
+        bg = max(2, min(pow2_ceil(programs), max(8, 4096 // bh)))
+        col = Comp(g.col_axes, "jj", 1)
+        em = make_emitter(self.piece, self.compute,
+                          TileIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
+                          params)
+        body = [f"jj = {self.pid()} * BH + tl.arange(0, BH)[None, :]", f"jmask = jj < {g.H}", "z1 = jj * 0",
+                "gg0 = tl.arange(0, BG)[:, None]"]
+        body += [f"t_{SHORT[r]} = tl.zeros([1, BH], {self.compute})" for r in roles]
+        loop = ["gg = g0 + gg0", f"m = (gg < {programs}) & jmask"]
+        for role in roles:
+            q = params.scratch(f"q_{role}", offsets[role], self.scratch_dtype)
+            loop.append(f"t_{SHORT[role]} += tl.sum(tl.load({q} + gg * {g.H} + jj, mask=m, other=0.0), "
+                        "axis=0, keep_dims=True)")
+        body += nest(f"for g0 in range(0, {programs}, BG):", loop)
+        for role in roles:
+            u = self.stored(role)
+            assert u is not None
+            em.values[u] = f"t_{SHORT[role]}"
+            em.store(u)
+        body += em.lines
+        src = params.signature("kernel_rownorm_sum", ["BH", "BG"]) + "\n" + indent(body)
+        launch = Launch("kernel_rownorm_sum", (-(-g.H // bh),), tuple(params.args),
+                        (("BH", bh), ("BG", bg), ("num_warps", int(k["SW"]))))
+        return src, launch
+
+
+class RownormTemplate(Template):
+    name = "rownorm"
+    priority = 31
+
+    def _geometry(self, piece: Piece) -> Geometry | Support:
+        fusion = analyse(piece, KINDS, self.name)
+        if isinstance(fusion, Support):
+            return fusion
+        return geometry(fusion, piece)
+
+    def match(self, piece: Piece, device: Device) -> Support:
+        g = self._geometry(piece)
+        return g if isinstance(g, Support) else Support.yes()
+
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        g = self._geometry(piece)
+        assert isinstance(g, Geometry)
+        return candidate_knobs(g, device, g.kind.endswith("_backward"))
+
+    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+        g = self._geometry(piece)
+        assert isinstance(g, Geometry)
+        gen = _Gen(piece, g, knobs)
+        return gen.backward_pass() if gen.backward else gen.forward()
+
+
+TEMPLATE = RownormTemplate()

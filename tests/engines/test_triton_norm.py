@@ -1,0 +1,543 @@
+"""The Triton normalization templates (norm_stats: batchnorm training/inference/backward and
+instancenorm; rownorm: layernorm and rmsnorm) against the reference engine: under the interpreter on
+the CPU (small shapes), alone and fused with pointwise prologues and epilogues, NCHW and NHWC,
+fp32/fp16/bf16, scalars given three ways; marked gpu, on CUDA at the benchmark shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.device import Device
+from opgraph.engines import get_engine
+from opgraph.engines.base import EngineConfig
+from opgraph.engines.triton.templates import norm_stats, rownorm
+from opgraph.errors import UnsupportedGraphError
+from opgraph.plan import ExecutionPlan, Step
+from opgraph.samples import nhwc
+from opgraph.testing import check_plan
+
+from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+
+# CPU tests run the kernels in Triton's interpreter (requires_interpreter), GPU tests compile them
+# (gpu + requires_cuda); neither kind runs on the other machine.
+DT = og.DataType
+FLOAT, HALF, BF16 = DT.FLOAT, DT.HALF, DT.BFLOAT16
+DTYPES = [FLOAT, HALF, BF16]
+TRAIN, INFER = og.NormForwardPhase.TRAINING, og.NormForwardPhase.INFERENCE
+H100 = Device("cuda", 0, "H100", (9, 0), 132)
+EPS, MOMENTUM = 2.0**-10, 0.125
+
+
+def strides(dims, layout):
+    return nhwc(list(dims)) if layout == "nhwc" else None
+
+
+def per_channel(dims):
+    return [1, dims[1]] + [1] * (len(dims) - 2)
+
+
+def scalar(g, kind, name):
+    """epsilon/momentum as a Python number, a pass-by-value tensor or a 1-element device tensor."""
+    if kind == "number":
+        return EPS if name == "eps" else MOMENTUM
+    return g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=kind == "by_value", name=name)
+
+
+def setter(values):
+    """A `prepare` hook: overwrite the named inputs (tensor handle -> value) in the pack."""
+    def prepare(pack):
+        for t, v in values.items():
+            if isinstance(t, og.Tensor):
+                if isinstance(pack[t.uid], np.ndarray):
+                    pack[t.uid][...] = np.asarray(v)
+                else:
+                    pack[t.uid] = float(v)
+    return prepare
+
+
+def outputs(*tensors):
+    for t in tensors:
+        if t is not None:
+            t.set_output(True)
+
+
+def template_of(plan, step=0):
+    return plan.steps[step].config.knob("template")
+
+
+def run_knobs(g, rng, template, knobs, **kw):
+    """Run g's single piece with explicit knobs (e.g. the GPU heuristic's) under the interpreter."""
+    plan = g.build(device="cpu", engines=["triton"])
+    assert len(plan.steps) == 1
+    piece = plan.steps[0].piece
+    cfg = EngineConfig("triton", (("template", template), *sorted(knobs.items())))
+    kernel = get_engine("triton").compile(piece, cfg, plan.device)
+    plan = ExecutionPlan(plan.graph, plan.device, (Step(0, piece, cfg, kernel),), ())
+    bad = check_plan(plan, rng, **kw)
+    assert not bad, "\n".join(map(str, bad))
+
+
+# -- batchnorm training forward ---------------------------------------------------------------------
+
+
+def bn_graph(dims, layout, dt, *, eps="number", momentum="number", running=True, stats_out=True,
+             relu=True, y_out=False):
+    g = og.Graph("bn", io_data_type=dt)
+    c = per_channel(dims)
+    x = g.tensor(dim=list(dims), stride=strides(dims, layout), name="x")
+    scale, bias = g.tensor(dim=c, data_type=FLOAT, name="scale"), g.tensor(dim=c, data_type=FLOAT, name="bias")
+    rm = rv = mom = None
+    if running:
+        rm, rv = g.tensor(dim=c, data_type=FLOAT, name="rm"), g.tensor(dim=c, data_type=FLOAT, name="rv")
+        mom = scalar(g, momentum, "momentum")
+    e = scalar(g, eps, "eps")
+    y, mean, inv, nrm, nrv = g.batchnorm(x, scale, bias, rm, rv, epsilon=e, momentum=mom, name="bn")
+    if stats_out:
+        outputs(mean, inv)
+    outputs(nrm, nrv)
+    if relu:
+        g.relu(y, name="relu").set_output(True).set_name("out")
+    if y_out or not relu:
+        y.set_output(True)
+    values = {e: EPS, mom: MOMENTUM} if running else {e: EPS}
+    if running:
+        values[rv] = np.random.default_rng(1).uniform(0.5, 2.0, c)
+    return g, setter(values)
+
+
+@pytest.mark.parametrize("kind", ["number", "by_value", "tensor"])
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@requires_interpreter
+def test_batchnorm_relu_running_stats(layout, dt, kind, rng):
+    """Statistics, saved mean/inv_variance, running-stat update and relu as one step."""
+    g, prep = bn_graph([2, 6, 5, 6], layout, dt, eps=kind, momentum=kind)
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+    assert template_of(plan) == "norm_stats"
+    assert len(plan.steps[0].kernel.generated.launches) == 3
+
+
+@pytest.mark.parametrize("dims,layout", [([7, 5], "nchw"), ([3, 4, 5], "nhwc"), ([2, 3, 2, 3, 4], "nhwc"),
+                                         ([2, 3, 2, 3, 4], "nchw"), ([2, 1, 3, 5], "nchw"), ([1, 3, 1, 1], "nchw")])
+@requires_interpreter
+def test_batchnorm_ranks_and_edge_shapes(dims, layout, rng):
+    g, prep = bn_graph(dims, layout, FLOAT, running=int(np.prod(dims)) // dims[1] > 1, y_out=True)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+
+
+@requires_interpreter
+def test_batchnorm_optional_outputs_absent(rng):
+    """No running stats and y virtual: mean, inv_variance and relu's output are written."""
+    g, prep = bn_graph([2, 5, 3, 4], "nhwc", HALF, running=False)
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+    assert len(plan.graph.outputs) == 3
+
+
+@requires_interpreter
+def test_batchnorm_inplace_running_stats(rng):
+    """next_running_* reuse the UIDs of in_running_* (a cuDNN-style in-place update)."""
+    g = og.Graph("bn", io_data_type=FLOAT)
+    dims, c = [4, 3, 2, 2], [1, 3, 1, 1]
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    scale, bias = g.tensor(dim=c, name="s"), g.tensor(dim=c, name="b")
+    rm, rv = g.tensor(dim=c, name="rm", uid=100), g.tensor(dim=c, name="rv", uid=101)
+    y, mean, inv, nrm, nrv = g.batchnorm(x, scale, bias, rm, rv, epsilon=EPS, momentum=MOMENTUM)
+    outputs(y, mean, inv, nrm, nrv)
+    nrm.set_uid(100)
+    nrv.set_uid(101)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=setter({rv: np.full(c, 2.0)}))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@requires_interpreter
+def test_batchnorm_prologue_epilogue_several_outputs(layout, rng):
+    """relu(bn(x + r) + r2) with a clip read from memory, the sum x + r also written, an int8 cast and a
+    mask output: one step, x read twice (stats pass, apply pass)."""
+    dims = [2, 6, 5, 6]
+    other = None if layout == "nhwc" else nhwc(dims)
+    g = og.Graph("bn_fused", io_data_type=HALF)
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    r = g.tensor(dim=dims, stride=other, name="r")  # the residual in the other layout
+    r2 = g.tensor(dim=dims, stride=strides(dims, layout), name="r2")
+    c = per_channel(dims)
+    scale, bias = g.tensor(dim=c, data_type=FLOAT, name="s"), g.tensor(dim=c, data_type=FLOAT, name="b")
+    clip = g.tensor(dim=[1], data_type=FLOAT, name="clip")
+    s = g.add(x, r, name="residual")
+    s.set_output(True)
+    y, mean, inv, _, _ = g.batchnorm(s, scale, bias, epsilon=1e-5, name="bn")
+    z = g.relu(g.add(y, r2, name="add2"), upper_clip=clip, name="relu").set_output(True)
+    g.cmp_gt(y, 0.0, name="mask").set_output(True)
+    g.identity(g.mul(z, 10.0), name="q").set_output(True).set_data_type(DT.INT8)
+    outputs(mean, inv)
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=setter({clip: 1.5}))
+    assert template_of(plan) == "norm_stats"
+
+
+@requires_interpreter
+def test_batchnorm_large_mean_small_variance(rng):
+    """Statistics stay accurate in fp32 when |mean| >> std (shifted sums and an exact chunk merge)."""
+    g, prep = bn_graph([4, 3, 8, 8], "nhwc", FLOAT, running=False, relu=False)
+    x = g.final.tensor("x")
+
+    def prepare(pack):
+        prep(pack)
+        pack[x.uid][...] = 1000.0 + np.random.default_rng(5).uniform(-1, 1, x.dim)
+    # unshifted sums of squares in fp32 would get the variance wrong by ~10%, and (x - mean) with mean
+    # rounded to fp32 near 1000 would be off by ~3e-5
+    assert_engine_matches(g, rng, expect_steps=1, prepare=prepare)
+
+
+@requires_interpreter
+def test_statistic_read_by_a_pointwise_op_is_a_separate_piece(rng):
+    """An op reading bn's mean cannot join the fused piece: the plan cuts there and says why."""
+    g, prep = bn_graph([2, 4, 3, 3], "nchw", FLOAT, running=False)
+    mean = next(t for t in g._tensors if t.name == "bn::mean")
+    g.mul(mean, 2.0, name="twice").set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=2, prepare=prep)
+    assert "reads a statistic of batchnorm" in plan.describe()
+
+
+# -- batchnorm backward -----------------------------------------------------------------------------
+
+
+def bn_bwd_graph(dims, layout, dt, *, saved=True, drelu=True, eps="number", kind="batchnorm",
+                 grads_out=("dscale", "dbias")):
+    g = og.Graph("bnb", io_data_type=dt)
+    st = strides(dims, layout)
+    c = per_channel(dims)
+    stats = c if kind == "batchnorm" else list(dims[:2]) + [1] * (len(dims) - 2)
+    x = g.tensor(dim=list(dims), stride=st, name="x")
+    dy = g.tensor(dim=list(dims), stride=st, name="dy")
+    scale = g.tensor(dim=c, data_type=FLOAT, name="scale")
+    values = {}
+    if drelu:
+        yf = g.tensor(dim=list(dims), stride=st, name="y_fwd")
+        dy = g.relu_backward(dy, yf, name="drelu")
+    build = g.batchnorm_backward if kind == "batchnorm" else g.instancenorm_backward
+    if saved:
+        mean, inv = g.tensor(dim=stats, data_type=FLOAT, name="mean"), g.tensor(dim=stats, data_type=FLOAT, name="inv")
+        dx, dscale, dbias = build(dy, x, scale, mean, inv, name="bwd")
+    else:
+        e = scalar(g, eps, "eps")
+        values[e] = EPS
+        dx, dscale, dbias = build(dy, x, scale, epsilon=e, name="bwd")
+    dx.set_output(True)
+    for name, t in (("dscale", dscale), ("dbias", dbias)):
+        if name in grads_out:
+            t.set_output(True)
+    return g, setter(values)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("saved", [True, False], ids=["saved", "recompute"])
+@requires_interpreter
+def test_batchnorm_backward_drelu(saved, layout, dt, rng):
+    """dx, dscale, dbias with relu_backward producing the gradient: one step, two passes."""
+    g, prep = bn_bwd_graph([2, 6, 5, 6], layout, dt, saved=saved)
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+    assert template_of(plan) == "norm_stats"
+
+
+@pytest.mark.parametrize("kind", ["by_value", "tensor"])
+@requires_interpreter
+def test_batchnorm_backward_epsilon_tensor(kind, rng):
+    g, prep = bn_bwd_graph([3, 5, 4, 2], "nhwc", FLOAT, saved=False, drelu=False, eps=kind)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+
+
+@requires_interpreter
+def test_batchnorm_backward_dscale_feeds_the_next_piece(rng):
+    """dscale and dbias virtual, read by an update of the parameters (a separate pointwise piece):
+    they cross pieces through the workspace."""
+    g, prep = bn_bwd_graph([2, 3, 4, 4], "nchw", HALF, grads_out=())
+    dscale, dbias = (next(t for t in g._tensors if t.name == f"bwd::{n}") for n in ("dscale", "dbias"))
+    scale = next(t for t in g._tensors if t.name == "scale")
+    g.sub(scale, g.mul(g.add(dscale, dbias), 0.5), name="update").set_output(True).set_data_type(FLOAT)
+    plan = assert_engine_matches(g, rng, expect_steps=2, prepare=prep)
+    assert plan.workspace_size > 0
+
+
+@requires_interpreter
+def test_batchnorm_backward_with_dx_epilogue(rng):
+    """dx + a second gradient (a residual branch) written as one tensor."""
+    dims = [2, 4, 3, 5]
+    g, prep = bn_bwd_graph(dims, "nhwc", HALF, drelu=False)
+    dx = next(t for t in g._tensors if t.name == "bwd::dx")
+    dx.set_output(False)
+    other = g.tensor(dim=dims, stride=nhwc(dims), name="other_grad")
+    g.add(dx, other, name="sum_grads").set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+
+
+# -- batchnorm inference ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@requires_interpreter
+def test_batchnorm_inference_fused(layout, dt, rng):
+    """relu(bn_inference(x + r)): one pass."""
+    dims = [2, 6, 3, 5]
+    g = og.Graph("bni", io_data_type=dt)
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    r = g.tensor(dim=dims, stride=strides(dims, layout), name="r")
+    c = per_channel(dims)
+    mean, inv, scale, bias = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("m", "iv", "s", "b"))
+    y = g.batchnorm_inference(g.add(x, r), mean, inv, scale, bias, name="bni")
+    g.relu(y).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert len(plan.steps[0].kernel.generated.launches) == 1
+
+
+@requires_interpreter
+def test_batchnorm_inference_alone_2d(rng):
+    g = og.Graph("bni", io_data_type=HALF)
+    x = g.tensor(dim=[9, 5], name="x")
+    c = [1, 5]
+    mean, inv, scale, bias = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("m", "iv", "s", "b"))
+    g.batchnorm_inference(x, mean, inv, scale, bias).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+# -- instancenorm ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("phase", [TRAIN, INFER], ids=["training", "inference"])
+@requires_interpreter
+def test_instancenorm_forward(phase, layout, dt, rng):
+    dims = [3, 5, 4, 3]
+    g = og.Graph("in", io_data_type=dt)
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    c = per_channel(dims)
+    scale, bias = g.tensor(dim=c, data_type=FLOAT, name="s"), g.tensor(dim=c, data_type=FLOAT, name="b")
+    eps = scalar(g, "by_value" if dt is HALF else "tensor" if dt is BF16 else "number", "eps")
+    y, mean, inv = g.instancenorm(phase, x, scale, bias, eps, name="in")
+    outputs(mean, inv)
+    g.gelu(y, name="gelu").set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=setter({eps: EPS}))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("saved", [True, False], ids=["saved", "recompute"])
+@requires_interpreter
+def test_instancenorm_backward(saved, layout, rng):
+    g, prep = bn_bwd_graph([3, 5, 4, 3], layout, HALF, saved=saved, kind="instancenorm", drelu=saved)
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=prep)
+    assert template_of(plan) == "norm_stats"
+
+
+# -- layernorm / rmsnorm ------------------------------------------------------------------------------
+
+LN_CASES = {  # name: (input dims, scale dims, layout)
+    "2d": ([6, 20], [1, 20], "nchw"),
+    "3d_last": ([2, 3, 8], [1, 1, 8], "nchw"),
+    "4d_nchw": ([3, 3, 4, 5], [1, 3, 4, 5], "nchw"),
+    "4d_nhwc": ([3, 3, 4, 5], [1, 3, 4, 5], "nhwc"),
+    "4d_nhwc_channels": ([2, 6, 2, 3], [1, 6, 1, 1], "nhwc"),
+}
+
+
+def stats_dims(dims, sdims):
+    return [d if s == 1 else 1 for d, s in zip(dims, sdims)]
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("case", LN_CASES)
+@requires_interpreter
+def test_layernorm_forward(case, dt, rng):
+    dims, sdims, layout = LN_CASES[case]
+    g = og.Graph("ln", io_data_type=dt)
+    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    scale, bias = g.tensor(dim=sdims, data_type=FLOAT, name="s"), g.tensor(dim=sdims, data_type=FLOAT, name="b")
+    y, mean, inv = g.layernorm(TRAIN, x, scale, bias, epsilon=EPS, name="ln")
+    outputs(y, mean, inv)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert template_of(plan) == "rownorm"
+
+
+@pytest.mark.parametrize("dims", [[1, 20], [1, 1, 6], [3, 1]])
+@requires_interpreter
+def test_layernorm_single_row_or_column(dims, rng):
+    g = og.Graph("ln", io_data_type=HALF)
+    x = g.tensor(dim=dims, name="x")
+    sdims = [1] + dims[1:]
+    scale, bias = (None, None) if dims[-1] == 1 else (
+        g.tensor(dim=sdims, data_type=FLOAT, name="s"), g.tensor(dim=sdims, data_type=FLOAT, name="b"))
+    outputs(*g.layernorm(TRAIN, x, scale, bias, epsilon=EPS))
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("kind", ["number", "by_value", "tensor"])
+@requires_interpreter
+def test_layernorm_residual_prologue_gelu_epilogue(kind, rng):
+    """h = x + r (written: the residual stream), y = gelu(layernorm(h)), inference phase."""
+    dims = [5, 24]
+    g = og.Graph("ln", io_data_type=BF16)
+    x, r = g.tensor(dim=dims, name="x"), g.tensor(dim=dims, name="r")
+    scale, bias = g.tensor(dim=[1, 24], data_type=FLOAT, name="s"), g.tensor(dim=[1, 24], data_type=FLOAT, name="b")
+    eps = scalar(g, kind, "eps")
+    h = g.add(x, r, name="residual").set_output(True)
+    y, _, _ = g.layernorm(INFER, h, scale, bias, epsilon=eps, name="ln")
+    g.gelu(y, name="gelu").set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=setter({eps: EPS}))
+
+
+@pytest.mark.parametrize("params", ["none", "scale", "bias"])
+@requires_interpreter
+def test_layernorm_without_scale_or_bias(params, rng):
+    dims = [4, 3, 5]
+    g = og.Graph("ln", io_data_type=FLOAT)
+    x = g.tensor(dim=dims, name="x")
+    scale = g.tensor(dim=[1, 3, 5], name="s") if params == "scale" else None
+    bias = g.tensor(dim=[1, 3, 5], name="b") if params == "bias" else None
+    y, mean, inv = g.layernorm(TRAIN, x, scale, bias, epsilon=EPS)
+    outputs(y, mean, inv)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("case", ["2d", "4d_nchw", "4d_nhwc"])
+@requires_interpreter
+def test_layernorm_backward(case, dt, rng):
+    dims, sdims, layout = LN_CASES[case]
+    st = strides(dims, layout)
+    g = og.Graph("lnb", io_data_type=dt)
+    x, dy = g.tensor(dim=dims, stride=st, name="x"), g.tensor(dim=dims, stride=st, name="dy")
+    scale = g.tensor(dim=sdims, data_type=FLOAT, name="s")
+    mean, inv = (g.tensor(dim=stats_dims(dims, sdims), data_type=FLOAT, name=n) for n in ("m", "iv"))
+    outputs(*g.layernorm_backward(dy, x, scale, mean, inv, name="lnb"))
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert len(plan.steps[0].kernel.generated.launches) == 2
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@requires_interpreter
+def test_rmsnorm_forward(dt, bias, rng):
+    dims = [7, 12]
+    g = og.Graph("rms", io_data_type=dt)
+    x = g.tensor(dim=dims, name="x")
+    scale = g.tensor(dim=[1, 12], data_type=FLOAT, name="s")
+    b = g.tensor(dim=[1, 12], data_type=FLOAT, name="b") if bias else None
+    y, inv = g.rmsnorm(TRAIN, x, scale, b, epsilon=EPS)
+    outputs(y, inv)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("dbias", [False, True], ids=["no_dbias", "dbias"])
+@pytest.mark.parametrize("case", ["2d", "4d_nhwc"])
+@requires_interpreter
+def test_rmsnorm_backward(case, dbias, rng):
+    dims, sdims, layout = LN_CASES[case]
+    st = strides(dims, layout)
+    g = og.Graph("rmsb", io_data_type=HALF)
+    x, dy = g.tensor(dim=dims, stride=st, name="x"), g.tensor(dim=dims, stride=st, name="dy")
+    scale = g.tensor(dim=sdims, data_type=FLOAT, name="s")
+    inv = g.tensor(dim=stats_dims(dims, sdims), data_type=FLOAT, name="iv")
+    dx, dscale, db = g.rmsnorm_backward(dy, x, scale, inv, has_dbias=dbias)
+    outputs(dx, dscale, db)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@requires_interpreter
+def test_rownorm_declines_a_non_contiguous_row(rng):
+    """NCHW input normalized over C alone: the row is strided, rownorm says so, and with the reference
+    engine allowed the plan falls back to it."""
+    dims = [2, 6, 2, 3]
+    g = og.Graph("ln", io_data_type=FLOAT)
+    x = g.tensor(dim=dims, name="x")
+    scale = g.tensor(dim=[1, 6, 1, 1], name="s")
+    outputs(*g.layernorm(TRAIN, x, scale, None, epsilon=EPS))
+    with pytest.raises(UnsupportedGraphError, match="not one contiguous run of memory"):
+        g.build(device="cpu", engines=["triton"])
+    plan = assert_engine_matches(g, rng, engines=("triton", "reference"))
+    assert plan.steps[0].config.engine == "reference"
+
+
+# -- knob variants (the GPU heuristics' tiles, run by the interpreter) -------------------------------
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@requires_interpreter
+def test_norm_stats_gpu_and_alternative_knobs(layout, rng):
+    """Every candidate the templates propose, on the GPU (big tiles, mostly masked here) and on the
+    CPU (small tiles, several chunks: each apply order)."""
+    for dims, device in (([2, 40, 3, 5], H100), ([2, 12, 5, 7], Device("cpu"))):
+        g, prep = bn_graph(dims, layout, HALF)
+        piece = g.build(device="cpu", engines=["triton"]).steps[0].piece
+        for k in norm_stats.TEMPLATE.candidates(piece, device):
+            run_knobs(g, rng, "norm_stats", k, prepare=prep)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@requires_interpreter
+def test_rownorm_gpu_and_alternative_knobs(backward, rng):
+    dims = [9, 40]
+    g = og.Graph("ln", io_data_type=HALF)
+    x = g.tensor(dim=dims, name="x")
+    scale = g.tensor(dim=[1, 40], data_type=FLOAT, name="s")
+    if backward:
+        dy = g.tensor(dim=dims, name="dy")
+        mean, inv = (g.tensor(dim=[9, 1], data_type=FLOAT, name=n) for n in ("m", "iv"))
+        outputs(*g.layernorm_backward(dy, x, scale, mean, inv))
+    else:
+        outputs(*g.layernorm(TRAIN, x, scale, None, epsilon=EPS))
+    piece = g.build(device="cpu", engines=["triton"]).steps[0].piece
+    for k in rownorm.TEMPLATE.candidates(piece, H100):
+        run_knobs(g, rng, "rownorm", k)
+
+
+# -- on the GPU, at the benchmark shapes ----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_gpu_batchnorm_relu(layout, rng):
+    g, prep = bn_graph([32, 256, 56, 56], layout, HALF)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, prepare=prep)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_batchnorm_backward_drelu(rng):
+    g, prep = bn_bwd_graph([32, 256, 56, 56], "nhwc", HALF)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, prepare=prep)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backward", [False, True])
+def test_gpu_layernorm(backward, rng):
+    dims = [8192, 4096]
+    g = og.Graph("ln", io_data_type=BF16)
+    x = g.tensor(dim=dims, name="x")
+    scale, bias = g.tensor(dim=[1, 4096], data_type=FLOAT, name="s"), g.tensor(dim=[1, 4096], data_type=FLOAT, name="b")
+    if backward:
+        dy = g.tensor(dim=dims, name="dy")
+        mean, inv = (g.tensor(dim=[8192, 1], data_type=FLOAT, name=n) for n in ("m", "iv"))
+        outputs(*g.layernorm_backward(dy, x, scale, mean, inv))
+    else:
+        outputs(*g.layernorm(TRAIN, x, scale, bias, epsilon=1e-5))
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_instancenorm_and_rmsnorm(rng):
+    g = og.Graph("in", io_data_type=HALF)
+    dims = [8, 64, 56, 56]
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    c = per_channel(dims)
+    y, mean, inv = g.instancenorm(TRAIN, x, g.tensor(dim=c, data_type=FLOAT), g.tensor(dim=c, data_type=FLOAT), 1e-5)
+    outputs(y, mean, inv)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    g = og.Graph("rms", io_data_type=BF16)
+    x = g.tensor(dim=[4096, 8192], name="x")
+    outputs(*g.rmsnorm(TRAIN, x, g.tensor(dim=[1, 8192], data_type=FLOAT), epsilon=1e-6))
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
