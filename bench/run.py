@@ -13,11 +13,11 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import gemm, memory
+    from . import gemm, host, memory
     from .harness import Session
 
-    table = {**memory.WORKLOADS, **gemm.WORKLOADS}
-    groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS)}
+    table = {**memory.WORKLOADS, **gemm.WORKLOADS, **host.WORKLOADS}
+    groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS), "host": list(host.WORKLOADS)}
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("which", nargs="*", help=f"groups {list(groups)} or workloads {list(table)} (default: all)")
     ap.add_argument("--autotune", action="store_true", help="also time plans built with autotune=True")

@@ -198,3 +198,78 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int
                     hint="give every output its own memory (in-place updates reuse the input's UID)",
                 )
     return out
+
+
+class FastBinder:
+    """The common case of a CUDA plan executed again and again: a pack of torch tensors (and numbers)
+    under keys seen before. It checks dims, strides, type and device of every buffer and the overlap of
+    outputs with a few comparisons per tensor, and answers None for anything unusual, which then goes
+    through `bind` (whose errors are the detailed ones)."""
+
+    def __init__(self, graph: FinalGraph, device: Device) -> None:
+        import torch
+
+        self.graph = graph
+        self.device_index = device.index
+        self.tensor_type = torch.Tensor
+        self.keys: dict[Any, int] = {}
+        self.required = len(graph.inputs) + len(graph.outputs)
+        self.outputs = tuple(graph.outputs)
+        self.pass_by_value = {u for u in graph.inputs if graph.tensors[u].is_pass_by_value}
+        self.expect: dict[int, tuple] = {}
+        for uid in (*graph.inputs, *graph.outputs):
+            t = graph.tensors[uid]
+            if t.is_pass_by_value:
+                continue
+            loose = tuple(d == 1 for d in t.dim)
+            self.expect[uid] = (torch.Size(t.dim), t.stride, loose, t.data_type.to_torch(), t.nbytes)
+
+    def learn(self, pack: Mapping[Any, Any]) -> None:
+        """Remember how the keys of a pack that `bind` accepted resolve."""
+        for key in pack:
+            try:
+                hash(key)
+            except TypeError:
+                continue
+            if len(self.keys) < 4096:
+                self.keys[key] = resolve_key(self.graph, key)
+
+    def bind(self, pack: Mapping[Any, Any]) -> dict[int, Any] | None:
+        keys = self.keys
+        out: dict[int, Any] = {}
+        try:
+            for key, value in pack.items():
+                uid = keys[key]
+                if uid in out:
+                    return None
+                out[uid] = value
+        except (KeyError, TypeError, AttributeError):
+            return None
+        if len(out) != self.required:
+            return None
+        spans = []
+        for uid, value in out.items():
+            if uid in self.pass_by_value:
+                if type(value) not in (int, float):
+                    return None
+                continue
+            expect = self.expect.get(uid)
+            if expect is None or type(value) is not self.tensor_type:
+                return None
+            shape, stride, loose, dtype, nbytes = expect
+            if value.shape != shape or value.dtype is not dtype or not value.is_cuda \
+                    or value.device.index != self.device_index:
+                return None
+            got = value.stride()
+            if got != stride and any(g != s for g, s, l in zip(got, stride, loose) if not l):
+                return None
+            ptr = value.data_ptr()
+            spans.append((ptr, ptr + nbytes, uid))
+        for uid in self.outputs:
+            value = out[uid]
+            lo = value.data_ptr()
+            hi = lo + self.expect[uid][4]
+            for a, b, other in spans:
+                if other != uid and a < hi and lo < b:
+                    return None  # let `bind` decide (and explain) the overlap
+        return out

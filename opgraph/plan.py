@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from . import workspace as wsp
 from .autotune import TuningCache, tune
-from .bindings import bind
+from .bindings import FastBinder, bind
 from .device import Device, resolve_device
 from .engines import get_engine
 from .engines.base import Engine, EngineConfig, Kernel
@@ -140,6 +140,7 @@ class ExecutionPlan:
         self.workspace_size = self.layout.size
         self._owned: Any = None  # the workspace the plan allocated, and its views
         self._owned_views: dict[int, Any] = {}
+        self._fast = FastBinder(graph, device) if device.is_cuda else None
 
     @property
     def workspace_layout(self) -> Mapping[int, tuple[int, int]]:
@@ -151,7 +152,11 @@ class ExecutionPlan:
         """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
         `workspace_size` bytes on the plan's device. `stream`: a torch.cuda.Stream (or a raw
         cudaStream_t as an int) to run on; default the current stream."""
-        buffers = bind(self.graph, self.device, variant_pack)
+        buffers = self._fast.bind(variant_pack) if self._fast is not None else None
+        if buffers is None:
+            buffers = bind(self.graph, self.device, variant_pack)
+            if self._fast is not None:
+                self._fast.learn(variant_pack)
         base, views = self._workspace(workspace, buffers)  # checked before any step runs
         buffers.update(views)
         with _on_stream(stream, self.device):

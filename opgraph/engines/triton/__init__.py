@@ -19,6 +19,7 @@ from ...heuristics import HeurMode
 from ...partition import Piece
 from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from .launch import Launcher
 from .loader import load_module
 from .templates import discover
 from .templates.base import Arg, Generated, Template
@@ -62,9 +63,24 @@ class TritonKernel(Kernel):
         self.interpret = interpret
         self.module = load_module(generated.source, interpret=interpret)
         self.scratch_bytes = generated.scratch_bytes
+        self.launchers = [Launcher(getattr(self.module, l.kernel), l.grid, dict(l.meta), direct=not interpret)
+                          for l in generated.launches]
+        self._scratch_views: dict[tuple[int, int, str], Any] = {}
 
     def source(self) -> str:
         return self.generated.source
+
+    def _scratch(self, scratch: Any, arg: Arg) -> Any:
+        base = _as_torch(scratch)
+        key = (base.data_ptr(), arg.offset, arg.dtype)
+        view = self._scratch_views.get(key)
+        if view is None:
+            import torch
+
+            view = base[arg.offset:].view(getattr(torch, arg.dtype))
+            if len(self._scratch_views) < 64:
+                self._scratch_views[key] = view
+        return view
 
     def _arg(self, arg: Arg, buffers: Mapping[int, Any], scratch: Any) -> Any:
         if arg.kind == "buf":
@@ -72,17 +88,12 @@ class TritonKernel(Kernel):
         if arg.kind == "scalar":
             return float(buffers[arg.uid])
         if arg.kind == "scratch":
-            import torch
-
-            base = _as_torch(scratch)
-            return base[arg.offset:].view(getattr(torch, arg.dtype))
+            return self._scratch(scratch, arg)
         raise ValueError(arg.kind)
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
-        for launch in self.generated.launches:
-            fn = getattr(self.module, launch.kernel)
-            args = [self._arg(a, buffers, scratch) for a in launch.args]
-            fn[launch.grid](*args, **dict(launch.meta))
+        for launch, launcher in zip(self.generated.launches, self.launchers):
+            launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
 
 
 class TritonEngine(Engine):

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU session on the lent machine: environment, the GPU test tier, then the benchmark suite.
+# Usage (from the repo root, on the GPU machine): scripts/gpu_session.sh [tests|bench|all] [bench args...]
+# Results go to $OUT (default /tmp/opgraph-gpu).
+set -uo pipefail
+OUT=${OUT:-/tmp/opgraph-gpu}
+mkdir -p "$OUT"
+what=${1:-all}
+shift || true
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OPGRAPH_CACHE_DIR=${OPGRAPH_CACHE_DIR:-/tmp/opgraph-cache}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
+# the cuDNN frontend peer, when its wheel was carried in .whl/
+if ls .whl/nvidia_cudnn_frontend*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  lib=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), 'lib'))" 2>/dev/null)
+  [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
+fi
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -n 4 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 -m bench.run --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+fi

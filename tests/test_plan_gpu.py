@@ -1,0 +1,88 @@
+"""Plans on CUDA: the fast path of repeated executes, streams, workspaces, raw pointers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.samples import nhwc
+
+from .helpers import requires_cuda
+
+pytestmark = [pytest.mark.gpu, requires_cuda]
+DT = og.DataType
+
+
+def _graph():
+    dims = [4, 32, 8, 8]
+    g = og.Graph("fast", io_data_type=DT.HALF)
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    b = g.tensor(dim=[1, 32, 1, 1], name="b")
+    y = g.relu(g.bias(x, b)).set_output(True).set_name("y")
+    g.validate()
+    return g, x, b, y
+
+
+def test_repeated_executes_with_new_buffers_are_right():
+    import torch
+
+    g, x, b, y = _graph()
+    plan = g.build(device="cuda")
+    for i in range(4):  # the first execute takes the slow path, the others the fast one
+        xv = torch.randn(4, 32, 8, 8, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        bv = torch.randn(1, 32, 1, 1, device="cuda", dtype=torch.float16)
+        yv = torch.full_like(xv, float("nan"))
+        plan.execute({x: xv, b: bv, y: yv})
+        torch.testing.assert_close(yv, torch.relu(xv.float() + bv.float()).half())
+
+
+def test_fast_path_still_rejects_bad_packs():
+    import torch
+
+    g, x, b, y = _graph()
+    plan = g.build(device="cuda")
+    xv = torch.randn(4, 32, 8, 8, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    bv = torch.randn(1, 32, 1, 1, device="cuda", dtype=torch.float16)
+    yv = torch.empty_like(xv)
+    plan.execute({x: xv, b: bv, y: yv})
+    with pytest.raises(og.VariantPackError):
+        plan.execute({x: xv.contiguous(), b: bv, y: yv})  # NCHW strides
+    with pytest.raises(og.VariantPackError):
+        plan.execute({x: xv, b: bv, y: xv})  # output overlaps input
+    with pytest.raises(og.VariantPackError):
+        plan.execute({x: xv.float(), b: bv, y: yv})
+
+
+def test_raw_pointers_and_streams():
+    import torch
+
+    g, x, b, y = _graph()
+    plan = g.build(device="cuda")
+    xv = torch.randn(4, 32, 8, 8, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    bv = torch.randn(1, 32, 1, 1, device="cuda", dtype=torch.float16)
+    yv = torch.full_like(xv, float("nan"))
+    s = torch.cuda.Stream()
+    plan.execute({x: xv.data_ptr(), b: bv.data_ptr(), y: yv.data_ptr()}, stream=s)
+    s.synchronize()
+    torch.testing.assert_close(yv, torch.relu(xv.float() + bv.float()).half())
+
+
+def test_partitioned_plan_uses_the_device_workspace(rng):
+    import torch
+
+    g = og.Graph("ws", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[64, 128], name="x")
+    t = g.exp(x)
+    r = g.reduction(t, og.ReductionMode.ADD).set_dim([64, 1])
+    g.div(x, r).set_output(True).set_name("y")
+    plan = g.build(device="cuda")
+    assert len(plan.steps) >= 2 and plan.workspace_size > 0, plan.describe()
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, bad
+    ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+    pack = {u: v for u, v in og.torch_interop.pack_to_device(og.testing.random_pack(g.final, rng), "cuda").items()}
+    plan.execute(pack, workspace=ws)
+    with pytest.raises(og.VariantPackError):
+        plan.execute(pack, workspace=torch.empty(1, dtype=torch.uint8, device="cuda"))
+    _ = np
