@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import opgraph as og
@@ -81,8 +80,9 @@ def test_partitioned_plan_uses_the_device_workspace(rng):
     bad = og.testing.check_plan(plan, rng)
     assert not bad, bad
     ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
-    pack = {u: v for u, v in og.torch_interop.pack_to_device(og.testing.random_pack(g.final, rng), "cuda").items()}
+    from opgraph.torch_interop import pack_to_device
+
+    pack = pack_to_device(og.testing.random_pack(g.final, rng), "cuda")
     plan.execute(pack, workspace=ws)
     with pytest.raises(og.VariantPackError):
         plan.execute(pack, workspace=torch.empty(1, dtype=torch.uint8, device="cuda"))
-    _ = np
