@@ -108,8 +108,16 @@ def partition(
     cuts: list[Cut] = []
     for node in graph.nodes:
         if groups and owners[-1] > 0:
-            # a piece of a less preferred engine (e.g. op-by-op torch) does not absorb an op that a
-            # more preferred engine (e.g. generated kernels) runs: that op starts a piece of its own
+            # a piece of a less preferred engine (e.g. op-by-op torch, or a lone slice on the
+            # reference engine) first tries to become a piece of a more preferred engine with this op
+            # (a slice folded into the matmul after it); failing that, it does not absorb an op that a
+            # more preferred engine runs: that op starts a piece of its own
+            grown = make_piece(graph, len(groups) - 1, [*groups[-1], node])
+            promoted = next((r for r, e in enumerate(engines[: owners[-1]]) if e.supports(grown, device).ok), None)
+            if promoted is not None:
+                groups[-1].append(node)
+                owners[-1] = promoted
+                continue
             alone = make_piece(graph, len(groups), [node])
             better = next((e for e in engines[: owners[-1]] if e.supports(alone, device).ok), None)
             if better is not None:

@@ -19,8 +19,8 @@ if ls .whl/nvidia_cudnn_frontend*.whl >/dev/null 2>&1; then
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -n 4 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -n 4 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 -m bench.run --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+  timeout ${BENCH_TIMEOUT:-420} python3 -m bench.run --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
 fi

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 from typing import Any, Mapping
 
 import numpy as np
@@ -56,6 +57,20 @@ def _as_torch(value: Any) -> Any:
     return value
 
 
+_THREAD = threading.local()
+
+
+def _ensure_allocator() -> None:
+    """Device-side TMA descriptors need Triton's allocator, which is set per thread."""
+    if getattr(_THREAD, "allocator", False):
+        return
+    import torch
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+    _THREAD.allocator = True
+
+
 class TritonKernel(Kernel):
     def __init__(self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool) -> None:
         super().__init__(piece, config)
@@ -66,6 +81,7 @@ class TritonKernel(Kernel):
         self.launchers = [Launcher(getattr(self.module, l.kernel), l.grid, dict(l.meta), direct=not interpret)
                           for l in generated.launches]
         self._scratch_views: dict[tuple[int, int, str], Any] = {}
+        self._needs_allocator = "needs_allocator" in generated.notes and not interpret
 
     def source(self) -> str:
         return self.generated.source
@@ -92,6 +108,8 @@ class TritonKernel(Kernel):
         raise ValueError(arg.kind)
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        if self._needs_allocator:
+            _ensure_allocator()
         for launch, launcher in zip(self.generated.launches, self.launchers):
             launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
 
@@ -142,8 +160,11 @@ class TritonEngine(Engine):
         return [
             EngineConfig(
                 "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=frozenset(), behavior_notes=frozenset(behavior),
-                estimate_us=estimate_us(piece, device, launches=2 if int(k.get("SPLIT", 1)) > 1 else 1),
+                numerical_notes=frozenset(template.notes(piece, k, device)) if hasattr(template, "notes")
+                else frozenset(),
+                behavior_notes=frozenset(behavior),
+                estimate_us=template.estimate(piece, k, device) if hasattr(template, "estimate")
+                else estimate_us(piece, device, launches=2 if int(k.get("SPLIT", 1)) > 1 else 1),
                 why=f"{template.name} template, {mode.name} heuristic",
             )
             for k in candidates

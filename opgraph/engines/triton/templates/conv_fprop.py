@@ -1,0 +1,162 @@
+"""conv_fprop as an implicit GEMM, with the shared prologue / epilogue / reductions of gemm.py.
+
+GEMM view: M = N * prod(output spatial) output pixels (the tile's rows), N = K / groups output
+channels of one group (the columns; the group is fixed per program), and the reduction runs over
+(filter taps x C / groups) in one flat loop of taps * cdiv(C/groups, BLOCK_K) steps, so that the
+compiler pipelines it whatever the filter size (`num_stages`). Each step gathers an A tile
+[BLOCK_M pixels, BLOCK_K channels] of the image at one filter tap (zero outside the image: any
+pre/post padding, stride, dilation; 1-D, 2-D and 3-D alike) and a B tile [BLOCK_K, BLOCK_N] of the
+filter (flipped in CONVOLUTION mode). Layouts come from the strides: NHWC makes the A loads
+contiguous along channels, KRSC the B loads.
+
+A prologue on the image (scale + bias + relu of a preceding batchnorm) runs on the gathered tile,
+and the padded positions are zeroed after it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from ....device import Device
+from ....ir import Node
+from ....ops.conv import ConvFprop, ConvolutionMode
+from ....partition import Piece
+from ...base import Support
+from .gemm import (
+    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, dot_kind, estimate_us,
+    gemm_candidates, operand_bytes, operand_tile, with_subtile, uses_fp32,
+)
+
+
+class ConvFpropTemplate(TileTemplate):
+    name = "conv_fprop"
+    priority = 50
+    main_kinds = ("conv_fprop",)
+    main_label = "conv_fprop"
+
+    def space(self, main: Node, piece: Piece) -> OutputSpace:
+        y = piece.tensor(main.output_uids()[0])
+        x = piece.tensor(main.input("image"))  # type: ignore[arg-type]
+        w = piece.tensor(main.input("weight"))  # type: ignore[arg-type]
+        return OutputSpace(y.dim, rows=(0, *range(2, len(y.dim))), col=1, groups=x.dim[1] // w.dim[1])
+
+    def check(self, gp: GemmPiece, device: Device) -> Support:
+        x, w = gp.operand("image"), gp.operand("weight")
+        kind = dot_kind(x.data_type, w.data_type, interpret=not device.is_cuda)
+        if isinstance(kind, str):
+            return Support.no(kind, gp.main)
+        return Support.yes()
+
+    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
+        x, w = gp.operand("image"), gp.operand("weight")
+        kind = dot_kind(x.data_type, w.data_type, interpret=not device.is_cuda,
+                        fp32_precision=knobs.get("fp32_precision", "tf32"))
+        assert not isinstance(kind, str)
+        return kind
+
+    @staticmethod
+    def _shape(gp: GemmPiece) -> tuple[int, int, int]:
+        """(channels per group, filter taps, groups)."""
+        w = gp.operand("weight")
+        x = gp.operand("image")
+        return w.dim[1], math.prod(w.dim[2:]), x.dim[1] // w.dim[1]
+
+    def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+        cg, taps, _ = self._shape(gp)
+        return taps * -(-cg // int(knobs["BLOCK_K"]))
+
+    def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
+        return {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"])}
+
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        gp, verdict = self.analyze(piece)
+        assert gp is not None, verdict.reason
+        cg, taps, groups = self._shape(gp)
+        x, w = gp.operand("image"), gp.operand("weight")
+        extra = {"fp32_precision": "tf32"} if uses_fp32(x.data_type, w.data_type) else {}
+        elem = operand_bytes(x.data_type, w.data_type)
+        configs = gemm_candidates(gp.space.m, gp.space.n, cg * taps, nprog=groups, device=device,
+                                  elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes(), extra=extra)
+        if device.is_cuda and gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
+            # the prologue runs on the image tile in registers: keep that tile at 128 rows
+            small = [c for c in configs[:-1] if c["BLOCK_M"] <= 128]
+            configs = small[:1] + [c for c in configs if c not in small[:1]]
+        configs = with_subtile(configs, gp, device)
+        if extra:
+            configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
+        return configs
+
+    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+        gp, _ = self.analyze(piece)
+        if gp is None or not device.is_cuda:
+            return None
+        cg, taps, groups = self._shape(gp)
+        elem = operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type)
+        return estimate_us(gp.space.m, gp.space.n, cg * taps, knobs, nprog=groups, device=device,
+                           elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes())
+
+    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
+        gp = ctx.gp
+        op = gp.main.op
+        assert isinstance(op, ConvFprop) and ctx.dot is not None
+        x, w = gp.operand("image"), gp.operand("weight")
+        nsp = len(x.dim) - 2
+        geo = op.geometry(nsp)
+        taps = w.dim[2:]
+        ydims = gp.space.dims
+        cg, ntaps, groups = self._shape(gp)
+        bk = int(knobs["BLOCK_K"])
+        ncb = -(-cg // bk)
+        lines = []
+        for i in range(nsp):
+            s, p0 = geo.stride[i], geo.pre[i]
+            expr = f"y{2 + i}" if s == 1 else f"y{2 + i} * {s}"
+            lines.append(f"o{i} = {expr} - {p0}" if p0 else f"o{i} = {expr}")
+        lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
+        body = []
+        if ncb > 1:
+            body += [f"tap = it // {ncb}", f"kc = (it % {ncb}) * BLOCK_K + tl.arange(0, BLOCK_K)"]
+        else:
+            body += ["tap = it", "kc = tl.arange(0, BLOCK_K)"]
+        moving = [(i, r) for i, r in enumerate(taps) if r > 1]
+        body += decompose("tap", moving, "t") if ntaps > 1 else []
+        checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
+        for i in range(nsp):
+            r, d = taps[i], geo.dilation[i]
+            body.append(f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else
+                        f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}")
+            if geo.pre[i] > 0:
+                checks.append(f"(xi{i} >= 0)")
+            top = (ydims[2 + i] - 1) * geo.stride[i] - geo.pre[i] + (r - 1) * d
+            if top > x.dim[2 + i] - 1:
+                checks.append(f"(xi{i} < {x.dim[2 + i]})")
+            flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
+            body.append(f"wt{i} = {r - 1} - t{i}" if flip and r > 1 else f"wt{i} = t{i}" if r > 1 else f"wt{i} = 0")
+        amask = None
+        if checks:
+            body.append(f"amask = {' & '.join(checks)}")
+            amask = "amask"
+        kmask = None
+        if cg % bk:
+            body.append(f"kmask = kc < {cg}")
+            kmask = "kmask"
+        body.append(f"xc = g * {cg} + kc" if groups > 1 else "xc = kc")
+        ptr = ctx.ptr_of(sig)
+        x_axes = [("r", "y0"), ("c", "xc"), *(("r", f"xi{i}") for i in range(nsp))]
+        flat = None
+        if all(r == 1 for r in taps) and all(s == 1 for s in geo.stride) and not any(geo.pre) \
+                and tuple(x.dim[2:]) == tuple(ydims[2:]):
+            flat = ("rm", tuple((a, ydims[a]) for a in gp.space.rows))  # a 1x1 conv reads pixel rows as they are
+        a_idx = TileIndexer(x_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), flat, zero=("rm", "kc"))
+        w_axes = [("c", "col"), ("r", "kc"), *(("s", f"wt{i}") for i in range(nsp))]
+        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"))
+        body += operand_tile(ctx, sig, "image", a_idx, "a")
+        body += operand_tile(ctx, sig, "weight", b_idx, "b")
+        body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
+        lines.append(f"for it in range({lo}, {hi}):")
+        lines += ["    " + line for line in body]
+        return lines
+
+
+TEMPLATE = ConvFpropTemplate()

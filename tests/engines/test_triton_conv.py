@@ -1,0 +1,546 @@
+"""The Triton conv_fprop (implicit GEMM) and depthwise templates against the reference engine: every
+geometry class, prologues, epilogues, reductions, data types and the cuDNN frontend's conv fusion
+patterns, each built as one fused piece; a seeded fuzzer on small integers (exact results). Under
+the interpreter on the CPU with tiny shapes; marked gpu, on CUDA at ResNet sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.device import Device
+from opgraph.engines import get_engine
+from opgraph.engines.base import NumericalNote
+from opgraph.engines.triton import TEMPLATES
+from opgraph.heuristics import HeurMode
+from opgraph.partition import make_piece
+from opgraph.plan import ExecutionPlan, Step
+from opgraph.samples import nhwc
+
+from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+
+pytestmark = requires_interpreter
+DT = og.DataType
+
+
+def _strides(dims, layout):
+    return nhwc(list(dims)) if layout == "nhwc" else None
+
+
+def conv_graph(x_dims, w_dims, *, dt=DT.HALF, layout="nhwc", name="conv", out_dt=None, **conv):
+    """x -> conv -> y (an output); returns (graph, x, w, y)."""
+    g = og.Graph(name, io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=list(x_dims), stride=_strides(x_dims, layout), name="x")
+    w = g.tensor(dim=list(w_dims), stride=_strides(w_dims, layout), name="w")
+    y = g.conv_fprop(x, w, name="conv", **conv)
+    return g, x, w, y
+
+
+def _templates(plan) -> list[str]:
+    return [s.config.knob("template") for s in plan.steps]
+
+
+# -- geometry -------------------------------------------------------------------------------------------
+
+GEOMETRIES = {
+    "1d": dict(x=(2, 8, 11), w=(16, 8, 3), padding=[1]),
+    "1d_stride_dilation": dict(x=(2, 8, 17), w=(16, 8, 3), padding=[2], stride=[2], dilation=[2]),
+    "2d_3x3": dict(x=(2, 8, 6, 6), w=(16, 8, 3, 3), padding=[1, 1]),
+    "2d_1x1": dict(x=(2, 16, 5, 5), w=(8, 16, 1, 1)),
+    "2d_asymmetric": dict(x=(2, 8, 6, 7), w=(16, 8, 3, 2), pre_padding=[0, 2], post_padding=[2, 1]),
+    "2d_stride2": dict(x=(2, 8, 9, 8), w=(16, 8, 3, 3), padding=[1, 1], stride=[2, 2]),
+    "2d_dilation": dict(x=(2, 8, 9, 9), w=(16, 8, 3, 3), padding=[2, 2], dilation=[2, 2]),
+    "2d_rect_filter_stride": dict(x=(1, 8, 10, 9), w=(16, 8, 1, 5), padding=[0, 2], stride=[3, 1]),
+    "2d_groups": dict(x=(2, 16, 5, 5), w=(32, 8, 3, 3), padding=[1, 1]),
+    "2d_groups4": dict(x=(2, 32, 4, 4), w=(32, 8, 3, 3), padding=[1, 1]),
+    "2d_ragged_channels": dict(x=(2, 20, 5, 5), w=(24, 20, 3, 3), padding=[1, 1]),
+    "3d": dict(x=(1, 8, 4, 5, 4), w=(16, 8, 3, 3, 3), padding=[1, 1, 1]),
+    "3d_stride_asym": dict(x=(1, 8, 5, 6, 5), w=(16, 8, 2, 3, 3), pre_padding=[1, 0, 1], post_padding=[0, 1, 2],
+                           stride=[2, 1, 2]),
+}
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", sorted(GEOMETRIES))
+def test_geometry(case, layout, rng):
+    spec = dict(GEOMETRIES[case])
+    g, _, _, y = conv_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
+    y.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert _templates(plan) == ["conv_fprop"]
+
+
+def test_convolution_mode_flips_the_filter(rng):
+    g, _, _, y = conv_graph((2, 8, 6, 5), (16, 8, 3, 2), padding=[1, 1], convolution_mode="convolution")
+    y.set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+# -- depthwise ------------------------------------------------------------------------------------------
+
+DEPTHWISE = {
+    "3x3": dict(x=(2, 16, 6, 6), w=(16, 1, 3, 3), padding=[1, 1]),
+    "3x3_stride2": dict(x=(2, 16, 7, 7), w=(16, 1, 3, 3), padding=[1, 1], stride=[2, 2]),
+    "5x5_dilation_asym": dict(x=(1, 24, 8, 7), w=(24, 1, 3, 3), pre_padding=[2, 1], post_padding=[1, 2],
+                              dilation=[2, 1]),
+    "multiplier2": dict(x=(2, 8, 5, 5), w=(16, 1, 3, 3), padding=[1, 1]),
+    "1d": dict(x=(2, 16, 9), w=(16, 1, 5), padding=[2]),
+    "3d": dict(x=(1, 16, 4, 4, 4), w=(16, 1, 3, 3, 3), padding=[1, 1, 1]),
+    "single_channel": dict(x=(2, 1, 6, 6), w=(8, 1, 3, 3), padding=[1, 1]),
+}
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", sorted(DEPTHWISE))
+def test_depthwise(case, layout, rng):
+    spec = dict(DEPTHWISE[case])
+    g, _, _, y = conv_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
+    g.relu(y).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert _templates(plan) == ["depthwise"]
+
+
+def test_depthwise_convolution_mode_bias_relu_genstats(rng):
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 1, 3, 3), padding=[1, 1], convolution_mode="convolution")
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    r = g.relu(g.bias(y, b)).set_output(True).set_data_type(DT.HALF)
+    s, sq = g.genstats(r)
+    s.set_output(True)
+    sq.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert _templates(plan) == ["depthwise"]
+
+
+# -- data types -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16, DT.FLOAT], ids=lambda d: d.name)
+def test_dtypes(dt, rng):
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), dt=dt, padding=[1, 1])
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_fp32_ieee_knob_and_tf32_note():
+    g, _, _, y = conv_graph((1, 16, 4, 4), (16, 16, 3, 3), dt=DT.FLOAT, padding=[1, 1])
+    y.set_output(True)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    template = next(t for t in TEMPLATES if t.name == "conv_fprop")
+    cands = template.candidates(piece, og.device.CPU)
+    assert {c["fp32_precision"] for c in cands} == {"tf32", "ieee"}
+    gpu = Device("cuda", 0, "H100", (9, 0), 132)
+    assert template.notes(piece, {"fp32_precision": "tf32"}, gpu) == {NumericalNote.DOWN_CONVERT_INPUTS}
+    assert template.notes(piece, {"fp32_precision": "ieee"}, gpu) == frozenset()
+    source = template.generate(piece, {**cands[0], "fp32_precision": "tf32"}, gpu).source
+    assert 'input_precision="tf32"' in source
+
+
+def test_int8_conv_int32_output(rng):
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), dt=DT.INT8, padding=[1, 1])
+    y.set_output(True).set_data_type(DT.INT32)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=0, atol=0)
+
+
+def test_int8_conv_scale_cast_to_int8(rng):
+    """The quantized pattern: int8 conv -> int32 -> * scale + bias -> relu -> int8."""
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), dt=DT.INT8, padding=[1, 1])
+    y.set_data_type(DT.INT32)
+    s = g.tensor(dim=[1, 16, 1, 1], data_type=DT.FLOAT, name="scale")
+    b = g.tensor(dim=[1, 16, 1, 1], data_type=DT.FLOAT, name="bias")
+    g.relu(g.bias(g.scale(y, s), b)).set_output(True).set_data_type(DT.INT8)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=0, atol=1)
+
+
+def test_half_virtual_conv_output_is_rounded_before_the_epilogue(rng):
+    """y declared fp16 and virtual: the fused kernel rounds it before y*3 - y... exactly like the reference."""
+    g, _, _, y = conv_graph((1, 16, 4, 4), (16, 16, 3, 3), dt=DT.FLOAT, padding=[1, 1])
+    y.set_data_type(DT.HALF)
+    g.sub(g.mul(y, 1.0 / 3.0), g.mul(y, 0.25)).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_depthwise(rng):
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 1, 3, 3), dt=DT.INT8, padding=[1, 1])
+    y.set_output(True).set_data_type(DT.INT32)
+    plan = assert_engine_matches(g, rng, expect_steps=1, rtol=0, atol=0)
+    assert _templates(plan) == ["depthwise"]
+
+
+# -- prologues -----------------------------------------------------------------------------------------------
+
+
+def sbr_conv_genstats(n=2, c=8, k=16, hw=5, r=3, *, dt=DT.HALF, intermediate=DT.HALF, padding=1, stride=1,
+                      store_y=True):
+    """The ResNet training pattern (cuDNN's conv_genstats sample): relu(x*s + b) -> conv -> genstats."""
+    g = og.Graph("sbr_conv_genstats", io_data_type=dt, intermediate_data_type=intermediate,
+                 compute_data_type=DT.FLOAT)
+    xd, wd, cd = [n, c, hw, hw], [k, c, r, r], [1, c, 1, 1]
+    x = g.tensor(dim=xd, stride=nhwc(xd), name="X")
+    w = g.tensor(dim=wd, stride=nhwc(wd), name="W")
+    s = g.tensor(dim=cd, stride=nhwc(cd), name="S")
+    b = g.tensor(dim=cd, stride=nhwc(cd), name="B")
+    conv_in = g.relu(g.bias(g.scale(x, s, name="scale"), b, name="bias"), name="relu")
+    y = g.conv_fprop(conv_in, w, padding=[padding] * 2, stride=[stride] * 2, name="conv")
+    if store_y:
+        y.set_output(True).set_name("Y")
+    ssum, sqsum = g.genstats(y, name="genstats")
+    ssum.set_output(True).set_data_type(DT.FLOAT)
+    sqsum.set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
+@pytest.mark.parametrize("intermediate", [DT.HALF, DT.FLOAT], ids=lambda d: d.name)
+def test_sbr_conv_genstats_is_one_piece(intermediate, rng):
+    g = sbr_conv_genstats(intermediate=intermediate)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert _templates(plan) == ["conv_fprop"]
+
+
+def test_sbr_conv_genstats_many_row_tiles(rng):
+    """More row tiles than one: genstats goes through per-program partials and the combine launch."""
+    g = sbr_conv_genstats(n=3, c=8, k=16, hw=6, store_y=False)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert len(plan.steps[0].kernel.generated.launches) == 2
+
+
+def test_prologue_result_is_zero_in_the_padding(rng):
+    """x*s + b with b != 0: padded positions must read 0 (conv of the padded prologue), not b."""
+    g = og.Graph("pad", io_data_type=DT.FLOAT)
+    xd = [1, 16, 4, 4]
+    x = g.tensor(dim=xd, stride=nhwc(xd), name="x")
+    w = g.tensor(dim=[16, 16, 3, 3], name="w")
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    y = g.conv_fprop(g.add(g.mul(x, 2.0), b), w, pre_padding=[2, 1], post_padding=[1, 2])
+    y.set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1, prepare=lambda p: p[b.uid].__iadd__(5.0))
+
+
+def test_prologue_with_a_residual_in_another_layout(rng):
+    """conv(relu(x + r)): a full-size prologue operand (NCHW) next to an NHWC image."""
+    g = og.Graph("pro", io_data_type=DT.HALF)
+    xd = [2, 16, 5, 5]
+    x = g.tensor(dim=xd, stride=nhwc(xd), name="x")
+    r = g.tensor(dim=xd, name="r")
+    w = g.tensor(dim=[16, 16, 3, 3], name="w")
+    g.conv_fprop(g.relu(g.add(x, r)), w, padding=[1, 1]).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_prologue_on_the_filter(rng):
+    g = og.Graph("wpro", io_data_type=DT.HALF)
+    x = g.tensor(dim=[2, 16, 5, 5], name="x")
+    w = g.tensor(dim=[16, 16, 3, 3], name="w")
+    s = g.tensor(dim=[16, 1, 1, 1], data_type=DT.FLOAT, name="s")
+    g.conv_fprop(x, g.mul(w, s).set_data_type(DT.HALF), padding=[1, 1]).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_prologue_value_needed_outside_is_not_fused(rng):
+    g = og.Graph("cut", io_data_type=DT.HALF)
+    x = g.tensor(dim=[1, 16, 4, 4], name="x")
+    w = g.tensor(dim=[16, 16, 3, 3], name="w")
+    a = g.relu(x).set_output(True)
+    g.conv_fprop(a, w, padding=[1, 1]).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=2)
+    assert "prologue" in plan.describe()
+
+
+# -- epilogues ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("res_layout", ["nhwc", "nchw"])
+def test_epilogue_bias_scale_residual_clip_and_casts(res_layout, rng):
+    """y = relu6(conv*alpha + b + r) with alpha a pass-by-value scalar, the clip read from memory, r a
+    residual in either layout; plus a mask output, an fp16 copy and an int8 cast."""
+    g, _, _, conv = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), dt=DT.HALF, padding=[1, 1])
+    yd = [2, 16, 5, 5]
+    r = g.tensor(dim=yd, stride=_strides(yd, res_layout), name="r")
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    alpha = g.tensor(dim=[1], data_type=DT.FLOAT, is_pass_by_value=True, name="alpha")
+    clip = g.tensor(dim=[1], data_type=DT.FLOAT, name="clip")
+    t = g.add(g.bias(g.mul(conv, alpha), b), r)
+    y = g.relu(t, upper_clip=clip).set_output(True).set_name("y")
+    g.cmp_gt(t, 0.5).set_output(True).set_name("mask")
+    g.identity(g.mul(y, 4.0)).set_output(True).set_data_type(DT.INT8).set_name("q")
+    assert_engine_matches(g, rng, expect_steps=1, prepare=lambda p: p[clip.uid].fill(3.0))
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_approx_tanh", "sigmoid", "tanh", "swish", "elu"])
+def test_epilogue_activations(act, rng):
+    g, _, _, y = conv_graph((1, 16, 4, 4), (16, 16, 3, 3), dt=DT.FLOAT, padding=[1, 1])
+    getattr(g, act)(y).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=1e-3, atol=1e-4)
+
+
+def test_epilogue_gen_index_and_select(rng):
+    g, _, _, y = conv_graph((1, 16, 4, 4), (16, 16, 3, 3), dt=DT.FLOAT, padding=[1, 1])
+    idx = g.gen_index(y, axis=1).set_data_type(DT.FLOAT)
+    g.binary_select(y, g.mul(y, 0.0), g.cmp_lt(idx, 8.0)).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_conv_output_and_epilogue_both_stored_in_bf16(rng):
+    g, _, _, y = conv_graph((2, 16, 5, 5), (32, 16, 3, 3), dt=DT.BFLOAT16, padding=[1, 1])
+    y.set_output(True)
+    g.relu(y).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_genstats_of_the_epilogue_grouped(rng):
+    g, _, _, y = conv_graph((2, 16, 5, 5), (32, 8, 3, 3), dt=DT.HALF, padding=[1, 1])
+    b = g.tensor(dim=[1, 32, 1, 1], name="b")
+    z = g.relu(g.bias(y, b)).set_output(True)
+    s, sq = g.genstats(z)
+    s.set_output(True)
+    sq.set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("mode", ["ADD", "AVG", "MAX", "MIN", "AMAX", "NORM1", "NORM2"])
+def test_channel_reduction(mode, rng):
+    """cuDNN's conv -> reduction over channels ([N, 1, H, W]) and per-channel reductions."""
+    g, _, _, y = conv_graph((2, 8, 5, 5), (40, 8, 3, 3), dt=DT.HALF, padding=[1, 1])
+    g.reduction(y, mode=mode).set_output(True).set_dim([2, 1, 5, 5])
+    g.reduction(y, mode=mode).set_output(True).set_dim([1, 40, 1, 1])
+    plan = assert_engine_matches(g, rng, expect_steps=1, rtol=1e-3, atol=1e-3)
+    assert _templates(plan) == ["conv_fprop"]
+
+
+def test_an_op_reading_genstats_results_starts_another_piece(rng):
+    g, _, _, y = conv_graph((2, 8, 5, 5), (16, 8, 3, 3), dt=DT.HALF, padding=[1, 1])
+    y.set_output(True)
+    s, sq = g.genstats(y)
+    sq.set_output(True)
+    g.mul(s, 1.0 / 50).set_output(True).set_name("mean")
+    plan = assert_engine_matches(g, rng, expect_steps=2)
+    assert _templates(plan)[0] == "conv_fprop"
+    assert "complete only after the kernel" in plan.describe()
+
+
+def test_reduction_of_some_row_axes_is_not_fused(rng):
+    g, _, _, y = conv_graph((2, 8, 5, 5), (16, 8, 3, 3), dt=DT.HALF, padding=[1, 1])
+    y.set_output(True)
+    g.reduction(y, mode="ADD").set_output(True).set_dim([2, 16, 1, 5])
+    plan = g.build(device="cpu", engines=["triton", "reference"])
+    assert len(plan.steps) == 2
+
+
+# -- the cuDNN frontend's fusion patterns: one piece each ---------------------------------------------------
+
+
+def test_pattern_conv_bias_relu_with_clips(rng):
+    g, _, _, y = conv_graph((2, 16, 6, 6), (32, 16, 3, 3), dt=DT.HALF, padding=[1, 1])
+    b = g.tensor(dim=[1, 32, 1, 1], stride=nhwc([1, 32, 1, 1]), name="b")
+    g.relu(g.bias(y, b), lower_clip=0.5, upper_clip=4.0).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+
+def test_pattern_asymmetric_conv_relu(rng):
+    g, _, _, y = conv_graph((2, 16, 7, 6), (16, 16, 3, 3), dt=DT.HALF, pre_padding=[0, 1], post_padding=[2, 0])
+    g.relu(y).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+
+def test_pattern_conv3d_bias_leaky_relu(rng):
+    g, _, _, y = conv_graph((1, 16, 4, 4, 4), (16, 16, 3, 3, 3), dt=DT.HALF, padding=[1, 1, 1])
+    b = g.tensor(dim=[1, 16, 1, 1, 1], name="b")
+    g.leaky_relu(g.bias(y, b), negative_slope=0.1).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+
+def test_pattern_sbr_conv_genstats_strict(rng):
+    g = sbr_conv_genstats()
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+
+def test_pattern_conv_channel_reduction(rng):
+    g, _, _, y = conv_graph((2, 16, 6, 6), (32, 16, 3, 3), dt=DT.HALF, padding=[1, 1])
+    g.reduction(y, mode="ADD").set_output(True).set_dim([2, 1, 6, 6]).set_data_type(DT.FLOAT)
+    assert_engine_matches(g, rng, expect_steps=1)
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+
+# -- split-K and every candidate --------------------------------------------------------------------------
+
+
+def _plan_with(g, knobs):
+    """A plan whose only step runs the conv template with `knobs` (all other knobs from its heuristic)."""
+    plan = g.build(device="cpu", engines=["triton"])
+    (step,) = plan.steps
+    config = og.engines.EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
+    kernel = get_engine("triton").compile(step.piece, config, plan.device)
+    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+
+
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_split_k_with_epilogue_and_genstats(split, rng):
+    g = sbr_conv_genstats(n=1, c=40, k=16, hw=4)
+    plan = _plan_with(g, {"SPLIT_K": split, "BLOCK_K": 16})
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_split_k_with_epilogue_subtile_and_groups(rng):
+    g, _, _, y = conv_graph((1, 64, 4, 4), (64, 32, 3, 3), dt=DT.HALF, padding=[1, 1])
+    b = g.tensor(dim=[1, 64, 1, 1], name="b")
+    z = g.relu(g.bias(y, b)).set_output(True)
+    s, sq = g.genstats(z)
+    s.set_output(True)
+    sq.set_output(True)
+    plan = _plan_with(g, {"SPLIT_K": 3, "EPILOGUE_SUBTILE": 2, "BLOCK_N": 32, "BLOCK_K": 16})
+    assert "tl.split" in plan.source(0)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_large_channel_count_takes_split_k_by_heuristic(rng):
+    g, _, _, y = conv_graph((1, 96, 3, 3), (16, 96, 3, 3), dt=DT.HALF, padding=[1, 1])
+    g.relu(y).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("SPLIT_K") > 1
+
+
+def test_every_candidate_matches(rng):
+    g = sbr_conv_genstats(n=2, c=8, k=24, hw=5)
+    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
+    step = plan.steps[0]
+    for config in (step.config, *step.alternatives):
+        kernel = get_engine("triton").compile(step.piece, config, plan.device)
+        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+        bad = og.testing.check_plan(one, rng)
+        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+
+
+# -- the fuzzer -----------------------------------------------------------------------------------------------
+
+
+def _fuzz_case(seed: int):
+    rng = np.random.default_rng(seed)
+    nsp = int(rng.choice([1, 2, 2, 3]))
+    depthwise = rng.random() < 0.25
+    groups = 1 if depthwise else int(rng.choice([1, 1, 2]))
+    cg = 1 if depthwise else int(rng.choice([3, 8, 16, 20]))
+    c = 8 * int(rng.integers(1, 3)) if depthwise else cg * groups
+    k = c * int(rng.choice([1, 2])) if depthwise else groups * int(rng.choice([8, 16, 24]))
+    taps = [int(rng.choice([1, 2, 3])) for _ in range(nsp)]
+    dil = [int(rng.choice([1, 1, 2])) for _ in range(nsp)]
+    stride = [int(rng.choice([1, 1, 2])) for _ in range(nsp)]
+    pre = [int(rng.integers(0, 3)) for _ in range(nsp)]
+    post = [int(rng.integers(0, 3)) for _ in range(nsp)]
+    size = {1: 12, 2: 6, 3: 4}[nsp]
+    x_sp = [int(max(size + rng.integers(-1, 2), (t - 1) * d + 1)) for t, d in zip(taps, dil)]
+    dt = rng.choice([DT.HALF, DT.BFLOAT16, DT.FLOAT])
+    layout = rng.choice(["nhwc", "nchw"])
+    n = int(rng.integers(1, 3))
+    return dict(nsp=nsp, c=c, k=k, cg=cg, taps=taps, dil=dil, stride=stride, pre=pre, post=post, x_sp=x_sp,
+                dt=dt, layout=layout, n=n, epi=rng.choice(["none", "bias_relu", "residual_clip", "scale_mask",
+                                                            "genstats"]), prologue=rng.random() < 0.3,
+                mode=rng.choice(["cross_correlation", "convolution"]))
+
+
+def fuzz_graph(seed: int) -> og.Graph:
+    f = _fuzz_case(seed)
+    xd = [f["n"], f["c"], *f["x_sp"]]
+    wd = [f["k"], f["cg"], *f["taps"]]
+    g = og.Graph(f"fuzz{seed}", io_data_type=f["dt"], intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=xd, stride=_strides(xd, f["layout"]), name="x")
+    w = g.tensor(dim=wd, stride=_strides(wd, f["layout"]), name="w")
+    xin = g.relu(g.add(x, 1.0)) if f["prologue"] else x
+    y = g.conv_fprop(xin, w, pre_padding=f["pre"], post_padding=f["post"], stride=f["stride"],
+                     dilation=f["dil"], convolution_mode=f["mode"])
+    kd = [1, f["k"]] + [1] * f["nsp"]
+    epi = f["epi"]
+    if epi == "none":
+        y.set_output(True)
+    elif epi == "bias_relu":
+        g.relu(g.bias(y, g.tensor(dim=kd, name="b"))).set_output(True)
+    elif epi == "residual_clip":
+        y.set_output(True)
+        yd = list(g.final.tensors[y.uid].dim)
+        y.set_output(False)
+        r = g.tensor(dim=yd, stride=_strides(yd, "nchw" if f["layout"] == "nhwc" else "nhwc"), name="r")
+        g.relu(g.add(y, r), lower_clip=-4.0, upper_clip=24.0).set_output(True)
+    elif epi == "scale_mask":
+        z = g.mul(y, 2.0)
+        z.set_output(True)
+        g.cmp_ge(z, 0.0).set_output(True)
+    else:
+        y.set_output(True)
+        s, sq = g.genstats(y)
+        s.set_output(True)
+        sq.set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_fuzz(seed, rng):
+    """Random geometry, layout, type, prologue and epilogue; small-integer inputs make every result
+    exact, so the comparison is exact too."""
+    assert_engine_matches(fuzz_graph(seed), rng, expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0)
+
+
+# -- GPU, realistic sizes ------------------------------------------------------------------------------------
+
+RESNET = [  # (C, K, HW, R): the benchmark's conv+bias+relu shapes at N=32
+    (64, 64, 56, 3), (256, 64, 56, 1), (256, 256, 14, 3), (512, 512, 7, 3),
+]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("c,k,hw,r", RESNET)
+def test_gpu_resnet_conv_bias_relu(c, k, hw, r, rng):
+    from opgraph.samples import conv_bias_relu
+
+    g = conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
+    assert _templates(plan) == ["conv_fprop"]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16, DT.FLOAT], ids=lambda d: d.name)
+def test_gpu_conv_dtypes(dt, rng):
+    g, _, _, y = conv_graph((8, 64, 28, 28), (128, 64, 3, 3), dt=dt, padding=[1, 1], stride=[2, 2])
+    b = g.tensor(dim=[1, 128, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
+    tol = {DT.FLOAT: 5e-3, DT.HALF: 1e-2, DT.BFLOAT16: 5e-2}[dt]
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_depthwise_bias_relu(rng):
+    g, _, _, y = conv_graph((32, 256, 28, 28), (256, 1, 3, 3), dt=DT.HALF, padding=[1, 1])
+    b = g.tensor(dim=[1, 256, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    assert _templates(plan) == ["depthwise"]
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_sbr_conv_genstats(rng):
+    g = sbr_conv_genstats(n=32, c=64, k=64, hw=56)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-1)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_int8_conv(rng):
+    g, _, _, y = conv_graph((8, 64, 14, 14), (64, 64, 3, 3), dt=DT.INT8, padding=[1, 1])
+    y.set_output(True).set_data_type(DT.INT32)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_fuzz(seed, rng):
+    assert_engine_matches(fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2,
+                          rtol=0, atol=0)

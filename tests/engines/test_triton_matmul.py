@@ -1,0 +1,411 @@
+"""The Triton matmul template against the reference engine: layouts (row/column-major, gapped,
+broadcast batch, views), data types, prologues, epilogues, row/column reductions, split-K and the
+cuDNN frontend's matmul fusion patterns, each one fused piece; a seeded fuzzer on small integers.
+Under the interpreter on the CPU with tiny shapes; marked gpu, on CUDA at realistic sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.engines import get_engine
+from opgraph.heuristics import HeurMode
+from opgraph.plan import ExecutionPlan, Step
+from opgraph.tensor import packed_strides
+
+from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+
+pytestmark = requires_interpreter
+DT = og.DataType
+
+
+def layout_strides(dims, layout):
+    """row: packed row-major; col: the last two axes swapped in memory; gap: row-major with padded rows."""
+    dims = list(dims)
+    if layout == "row":
+        return list(packed_strides(dims))
+    if layout == "col":
+        order = [*range(len(dims) - 2), len(dims) - 1, len(dims) - 2]
+        return list(packed_strides(dims, order))
+    assert layout == "gap"
+    strides = [0] * len(dims)
+    step = 1
+    for axis in reversed(range(len(dims))):
+        strides[axis] = step
+        step *= dims[axis] + (3 if axis == len(dims) - 1 else 1)
+    return strides
+
+
+def mm_graph(a_dims, b_dims, *, dt=DT.HALF, a_layout="row", b_layout="row", name="mm"):
+    g = og.Graph(name, io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(dim=list(a_dims), stride=layout_strides(a_dims, a_layout), name="A")
+    b = g.tensor(dim=list(b_dims), stride=layout_strides(b_dims, b_layout), name="B")
+    c = g.matmul(a, b, name="mm")
+    return g, a, b, c
+
+
+def _templates(plan):
+    return [s.config.knob("template") for s in plan.steps]
+
+
+# -- layouts ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("a_layout", ["row", "col", "gap"])
+@pytest.mark.parametrize("b_layout", ["row", "col", "gap"])
+def test_layouts(a_layout, b_layout, rng):
+    g, _, _, c = mm_graph((24, 40), (40, 20), a_layout=a_layout, b_layout=b_layout)
+    c.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert _templates(plan) == ["matmul"]
+
+
+@pytest.mark.parametrize("a_dims,b_dims", [
+    ((3, 17, 24), (3, 24, 9)),           # batched
+    ((2, 1, 8, 16), (1, 3, 16, 24)),     # broadcast batch axes in both operands
+    ((4, 16, 16), (1, 16, 16)),          # one weight for every batch entry
+    ((1, 33, 5), (1, 5, 18)),            # ragged M, N, K smaller than a block
+])
+def test_batched_and_broadcast(a_dims, b_dims, rng):
+    g, _, _, c = mm_graph(a_dims, b_dims, a_layout="col")
+    c.set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_output_in_column_major_and_gapped_layouts(rng):
+    g, _, _, c = mm_graph((2, 20, 24), (2, 24, 36))
+    c.set_output(True).set_stride(layout_strides((2, 20, 36), "col"))
+    g.relu(c).set_output(True).set_stride(layout_strides((2, 20, 36), "gap"))
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+# -- data types -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16, DT.FLOAT], ids=lambda d: d.name)
+def test_dtypes(dt, rng):
+    g, _, _, c = mm_graph((2, 24, 48), (2, 48, 40), dt=dt)
+    c.set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_int8_int32_accumulation(rng):
+    g, _, _, c = mm_graph((32, 64), (64, 24), dt=DT.INT8)
+    c.set_output(True).set_data_type(DT.INT32)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=0, atol=0)
+
+
+def test_unsupported_operand_types_are_declined():
+    g, _, _, c = mm_graph((16, 16), (16, 16), dt=DT.INT32)
+    c.set_output(True)
+    plan = g.build(device="cpu", engines=["triton", "reference"])
+    assert [s.config.engine for s in plan.steps] == ["reference"]
+    assert "INT8" in plan.describe() or plan.cuts == ()
+
+
+# -- the cuDNN frontend's matmul fusion patterns ------------------------------------------------------------
+
+
+def test_pattern_matmul_bias(rng):
+    g, _, _, c = mm_graph((2, 32, 48), (2, 48, 24))
+    bias = g.tensor(dim=[2, 1, 24], name="bias")
+    g.add(c, bias).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+
+def test_pattern_mixed_precision_matmul_with_casts(rng):
+    """int8 A cast to bf16 (a prologue), times bf16 B, fp32 out; and fp32 A cast to fp16 x fp16 B."""
+    g = og.Graph("mixed", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    a = g.tensor(dim=[2, 24, 32], data_type=DT.INT8, name="A")
+    b = g.tensor(dim=[2, 32, 16], name="B")
+    a16 = g.identity(a).set_data_type(DT.BFLOAT16)
+    g.matmul(a16, b).set_output(True).set_data_type(DT.FLOAT)
+    assert_engine_matches(g, rng, expect_steps=1)
+    g.build(device="cpu", engines=["triton"], allow_partition=False)
+
+    h = og.Graph("mixed16", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    a = h.tensor(dim=[24, 32], data_type=DT.FLOAT, name="A")
+    b = h.tensor(dim=[32, 16], name="B")
+    h.matmul(h.identity(a).set_data_type(DT.HALF), b).set_output(True)
+    assert_engine_matches(h, rng, expect_steps=1)
+
+
+def _strict_fused(g, rng):
+    """Build g as one fused piece (allow_partition=False) and check it against the reference.
+
+    A lone slice/transpose is no Triton kernel, and the greedy partitioner does not let the
+    reference engine's piece holding it grow into the matmul, so the default build runs the view
+    as its own step; strict mode finds that the matmul template runs the whole graph."""
+    plan = g.build(device="cpu", engines=["triton", "reference"], allow_partition=False)
+    assert _templates(plan) == ["matmul"], plan.describe()
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad)) + "\n" + plan.describe()
+    return plan
+
+
+def test_pattern_slice_matmul(rng):
+    """A slice of a graph input, read in place through the operand's addressing."""
+    g = og.Graph("slice_mm", io_data_type=DT.HALF, intermediate_data_type=DT.HALF)
+    big = g.tensor(dim=[3, 40, 48], name="A_big")
+    b = g.tensor(dim=[2, 24, 16], name="B")
+    a = g.slice(big, [slice(1, 3), slice(5, 37, 2), slice(8, 32)])
+    g.matmul(a, b).set_output(True)
+    plan = _strict_fused(g, rng)
+    assert "slice" in plan.describe() and "(p1 + " in plan.source(0)
+
+
+def test_transposed_view_and_prologue(rng):
+    """C = relu(A * s) @ transpose(Bt): a per-K scale in the prologue of A, B read transposed."""
+    g = og.Graph("tv", io_data_type=DT.HALF)
+    a = g.tensor(dim=[2, 20, 24], name="A")
+    s = g.tensor(dim=[1, 1, 24], data_type=DT.FLOAT, name="s")
+    bt = g.tensor(dim=[2, 16, 24], name="Bt")
+    b = g.transpose(bt, [0, 2, 1])
+    g.matmul(g.relu(g.mul(a, s)).set_data_type(DT.HALF), b).set_output(True)
+    _strict_fused(g, rng)
+
+
+def test_same_prologue_on_both_operands(rng):
+    g = og.Graph("both", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[32, 32], name="x")
+    r = g.relu(x)
+    g.matmul(r, r).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+# -- epilogues and reductions --------------------------------------------------------------------------------
+
+
+def test_bias_gelu_and_several_outputs(rng):
+    g, _, _, c = mm_graph((40, 32), (32, 48))
+    bias = g.tensor(dim=[1, 48], name="bias")
+    t = g.add(c, bias)
+    g.gelu(t).set_output(True)
+    g.cmp_gt(t, 0.0).set_output(True)
+    g.identity(t).set_output(True).set_data_type(DT.FLOAT)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("mode", ["ADD", "AVG", "MAX", "AMAX", "NORM2"])
+@pytest.mark.parametrize("n", [24, 72])
+def test_row_reduction(mode, n, rng):
+    """A row reduction of the product (one program per row tile when N fits, partials otherwise)."""
+    g, _, _, c = mm_graph((2, 36, 32), (2, 32, n), dt=DT.FLOAT)
+    c.set_output(True)
+    g.reduction(c, mode=mode).set_output(True).set_dim([2, 36, 1])
+    assert_engine_matches(g, rng, expect_steps=1, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch_reduced", [False, True])
+def test_column_reduction(batch_reduced, rng):
+    g, _, _, c = mm_graph((3, 40, 16), (3, 16, 24), dt=DT.FLOAT)
+    r = g.relu(c).set_output(True)
+    g.reduction(r, mode="ADD").set_output(True).set_dim([1 if batch_reduced else 3, 1, 24])
+    assert_engine_matches(g, rng, expect_steps=1, rtol=1e-4, atol=1e-4)
+
+
+def test_genstats_of_a_matmul(rng):
+    g, _, _, c = mm_graph((48, 32), (32, 24), dt=DT.HALF)
+    c.set_output(True)
+    s, sq = g.genstats(c)
+    s.set_output(True)
+    sq.set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+# -- split-K and candidates ------------------------------------------------------------------------------------
+
+
+def test_long_k_takes_split_k_by_heuristic(rng):
+    g, _, _, c = mm_graph((16, 512), (512, 16), dt=DT.FLOAT)
+    bias = g.tensor(dim=[1, 16], name="bias")
+    y = g.relu(g.add(c, bias)).set_output(True)
+    g.reduction(y, mode="ADD").set_output(True).set_dim([16, 1])
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("SPLIT_K") > 1
+
+
+def test_int8_split_k(rng):
+    g, _, _, c = mm_graph((16, 512), (512, 16), dt=DT.INT8)
+    c.set_output(True).set_data_type(DT.INT32)
+    plan = assert_engine_matches(g, rng, expect_steps=1, rtol=0, atol=0)
+    assert plan.steps[0].config.knob("SPLIT_K") > 1
+
+
+def test_every_candidate_matches(rng):
+    g, _, _, c = mm_graph((2, 40, 48), (1, 48, 36), a_layout="col")
+    g.relu(c).set_output(True)
+    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
+    step = plan.steps[0]
+    for config in (step.config, *step.alternatives):
+        kernel = get_engine("triton").compile(step.piece, config, plan.device)
+        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+        bad = og.testing.check_plan(one, rng)
+        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+
+
+def _plan_with(g, knobs):
+    """A plan whose only step runs the matmul template with `knobs` over its heuristic's choice."""
+    plan = g.build(device="cpu", engines=["triton", "reference"], allow_partition=False)
+    (step,) = plan.steps
+    config = og.engines.EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
+    kernel = get_engine("triton").compile(step.piece, config, plan.device)
+    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+
+
+@pytest.mark.parametrize("persistent", [0, 3])
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("col", "col"), ("row", "gap"), ("col", "row")])
+def test_tma_descriptors_and_persistent_grid(a_layout, b_layout, persistent, rng):
+    """TMA=1 reads the operands through tensor descriptors (zero-filled edges: ragged M, N, K here),
+    PERSISTENT loops fewer programs over the tiles; batch axes, a broadcast B and an epilogue."""
+    g, _, _, c = mm_graph((3, 40, 40), (1, 40, 24), a_layout=a_layout, b_layout=b_layout)
+    bias = g.tensor(dim=[1, 1, 24], name="bias")
+    y = g.relu(g.add(c, bias)).set_output(True)
+    g.reduction(y, mode="ADD").set_output(True).set_dim([3, 40, 1])
+    plan = _plan_with(g, {"TMA": 1, "PERSISTENT": persistent, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+    source = plan.source(0)
+    assert "make_tensor_descriptor" in source
+    if persistent:
+        assert "for work in tl.range" in source and plan.steps[0].kernel.generated.launches[0].grid == (3,)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.INT8, DT.FLOAT], ids=lambda d: d.name)
+def test_tma_dtypes_and_slice_view(dt, rng):
+    g = og.Graph("tma_view", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    big = g.tensor(dim=[2, 48, 64], name="A_big")
+    b = g.tensor(dim=[2, 32, 16], name="B")
+    a = g.slice(big, [slice(None), slice(8, 40), slice(16, 48)])  # offsets keep 16-byte alignment
+    c = g.matmul(a, b)
+    c.set_output(True).set_data_type(DT.INT32 if dt is DT.INT8 else dt)
+    plan = _plan_with(g, {"TMA": 1, "PERSISTENT": 2, "BLOCK_K": 32 if dt is DT.INT8 else 16})
+    assert plan.source(0).count("make_tensor_descriptor") == 2
+    bad = og.testing.check_plan(plan, rng, rtol=0 if dt is DT.INT8 else None, atol=0 if dt is DT.INT8 else None)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("reduce", ["genstats", "rowsum"])
+def test_epilogue_subtile(reduce, rng):
+    """EPILOGUE_SUBTILE=2: the epilogue on the tile's column halves (a row sum falls back to whole tiles)."""
+    g, _, _, c = mm_graph((40, 32), (32, 72))
+    bias = g.tensor(dim=[1, 72], name="bias")
+    y = g.gelu(g.add(c, bias)).set_output(True)
+    if reduce == "genstats":
+        s, sq = g.genstats(y)
+        s.set_output(True)
+        sq.set_output(True)
+    else:
+        g.reduction(y, mode="ADD").set_output(True).set_dim([40, 1])
+    plan = _plan_with(g, {"EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 32})
+    assert ("tl.split" in plan.source(0)) == (reduce == "genstats")
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_gpu_heuristic_ranks_tma_persistent_first_for_a_large_gemm():
+    from opgraph.device import Device
+    from opgraph.engines.triton import TEMPLATES
+    from opgraph.partition import make_piece
+
+    g, _, _, c = mm_graph((8192, 4096), (4096, 4096))
+    bias = g.tensor(dim=[1, 4096], name="bias")
+    g.gelu(g.add(c, bias)).set_output(True)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    template = next(t for t in TEMPLATES if t.name == "matmul")
+    h200 = Device("cuda", 0, "H200", (9, 0), 132)
+    first = template.candidates(piece, h200)[0]
+    assert first["TMA"] == 1 and first["PERSISTENT"] == 132 and (first["BLOCK_M"], first["BLOCK_N"]) == (128, 256)
+    assert first["EPILOGUE_SUBTILE"] == 2
+
+
+# -- the fuzzer --------------------------------------------------------------------------------------------------
+
+
+def fuzz_graph(seed: int) -> og.Graph:
+    r = np.random.default_rng(seed)
+    nb = int(r.integers(0, 3))
+    batch = [int(r.integers(1, 4)) for _ in range(nb)]
+    a_batch = [b if r.random() < 0.7 else 1 for b in batch]
+    b_batch = [b if r.random() < 0.7 else 1 for b in batch]
+    m, n, k = (int(r.integers(1, 50)) for _ in range(3))
+    dt = r.choice([DT.HALF, DT.BFLOAT16, DT.FLOAT, DT.INT8])
+    g = og.Graph(f"mmfuzz{seed}", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    ad, bd = [*a_batch, m, k], [*b_batch, k, n]
+    a = g.tensor(dim=ad, stride=layout_strides(ad, r.choice(["row", "col", "gap"])), name="A")
+    b = g.tensor(dim=bd, stride=layout_strides(bd, r.choice(["row", "col", "gap"])), name="B")
+    c = g.matmul(a, b)
+    out_dt = DT.INT32 if dt is DT.INT8 else dt
+    cd = [max(x, y) for x, y in zip(a_batch, b_batch)] + [m, n]
+    epi = r.choice(["none", "bias_relu", "residual", "rowsum"])
+    if epi == "none":
+        c.set_output(True).set_data_type(out_dt)
+    elif epi == "bias_relu":
+        bias = g.tensor(dim=[1] * nb + [1, n], data_type=DT.FLOAT if dt is DT.INT8 else dt, name="bias")
+        c.set_data_type(out_dt)
+        g.relu(g.add(c, bias)).set_output(True).set_data_type(DT.FLOAT)
+    elif epi == "residual":
+        res = g.tensor(dim=cd, stride=layout_strides(cd, r.choice(["row", "col"])), name="res",
+                       data_type=DT.FLOAT)
+        c.set_output(True).set_data_type(out_dt)
+        g.add(c, res).set_output(True).set_data_type(DT.FLOAT)
+    else:
+        c.set_output(True).set_data_type(out_dt)
+        g.reduction(c, mode="ADD").set_output(True).set_dim([*cd[:-1], 1])
+    return g
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_fuzz(seed, rng):
+    assert_engine_matches(fuzz_graph(seed), rng, expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0)
+
+
+# -- GPU, realistic sizes ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16, DT.FLOAT], ids=lambda d: d.name)
+def test_gpu_matmul_bias_gelu(dt, rng):
+    g, _, _, c = mm_graph((2048, 1024), (1024, 1536), dt=dt)
+    bias = g.tensor(dim=[1, 1536], name="bias")
+    g.gelu(g.add(c, bias)).set_output(True)
+    tol = {DT.FLOAT: 5e-3, DT.HALF: 1e-2, DT.BFLOAT16: 5e-2}[dt]
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=tol, atol=tol)
+    assert _templates(plan) == ["matmul"]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "col"), ("col", "row"), ("gap", "gap")])
+def test_gpu_layouts_batched(a_layout, b_layout, rng):
+    g, _, _, c = mm_graph((8, 512, 384), (1, 384, 640), a_layout=a_layout, b_layout=b_layout)
+    c.set_output(True)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_int8(rng):
+    g, _, _, c = mm_graph((1024, 2048), (2048, 512), dt=DT.INT8)
+    c.set_output(True).set_data_type(DT.INT32)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_split_k_small_mn_long_k(rng):
+    g, _, _, c = mm_graph((128, 16384), (16384, 128), dt=DT.HALF)
+    g.relu(c).set_output(True)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=5e-2)
+    assert plan.steps[0].config.knob("SPLIT_K") > 1
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_fuzz(seed, rng):
+    assert_engine_matches(fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2,
+                          rtol=0, atol=0)
