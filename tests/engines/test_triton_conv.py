@@ -20,7 +20,7 @@ from opgraph.samples import nhwc
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
 
-pytestmark = requires_interpreter
+pytestmark = pytest.mark.interpreter
 DT = og.DataType
 
 

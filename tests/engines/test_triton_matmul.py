@@ -16,7 +16,7 @@ from opgraph.tensor import packed_strides
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
 
-pytestmark = requires_interpreter
+pytestmark = pytest.mark.interpreter
 DT = og.DataType
 
 

@@ -28,6 +28,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from ...device import Device
+from ...dtypes import DataType
 from ...errors import ExecutionError
 from ...heuristics import HeurMode
 from ...partition import Piece
@@ -74,6 +75,11 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     tensor_cores = device.is_cuda and _tensor_core_ops(piece)
     if tensor_cores:
         numerical.add(NumericalNote.TENSOR_CORE)
+    if device.is_cuda and any(n.kind in _GEMM and piece.graph.tensors[n.output_uids()[0]].data_type in
+                              (DataType.FLOAT, DataType.DOUBLE) for n in piece.nodes):
+        # measured on an H200 (2026-11-22): cuDNN/cuBLAS fp32 results carry TF32-level error (~1e-4
+        # relative) even with PyTorch's TF32 flags pinned off, so say so rather than promise fp32
+        numerical.add(NumericalNote.DOWN_CONVERT_INPUTS)
     if device.is_cuda and any(n.kind in ("conv_dgrad", "conv_wgrad") for n in piece.nodes):
         numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick atomics-based algorithms
     if fallback or not device.is_cuda:
