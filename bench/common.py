@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping
 
 import torch
@@ -53,7 +54,30 @@ def run_opgraph(s: Session, w: Workload, g: og.Graph, pack: Mapping[Any, Any],
             return max(relerr(pack[t], ref()) for t, ref in checks.items())
 
         s.run(w, label, lambda plan=plan: plan.execute(pack), check=check, note=f"[{len(plan.steps)} steps: {steps}]")
+        if os.environ.get("OPGRAPH_BENCH_PROFILE"):
+            try:
+                for step, name, us in plan.profile(pack):
+                    print(f"      step {step} {name}: {us:.1f} us", flush=True)
+            except Exception as e:  # noqa: BLE001 - profiling is a diagnostic
+                print(f"      (profile failed: {e})", flush=True)
+        if os.environ.get("OPGRAPH_BENCH_GRAPH"):
+            s.run(w, label + " (CUDA graph)", _graphed(lambda plan=plan: plan.execute(pack)))
     return plan
+
+
+def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn captured once in a CUDA graph; the returned callable replays it."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def run_compiled(s: Session, w: Workload, fn: Callable[..., Any], args: tuple, **kw: Any) -> None:

@@ -163,6 +163,24 @@ class ExecutionPlan:
             for step in self.steps:
                 step.kernel.run(buffers, stream, wsp.scratch_view(base, self.layout, step.index))
 
+    def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 50) -> list[tuple[int, str, float]]:
+        """(step, launch, median µs) for every launch of the plan, each timed alone."""
+        from .timing import time_call
+
+        buffers = bind(self.graph, self.device, variant_pack)
+        base, views = self._workspace(None, buffers)
+        buffers.update(views)
+        rows = []
+        for step in self.steps:
+            scratch = wsp.scratch_view(base, self.layout, step.index)
+            if hasattr(step.kernel, "launch_times"):
+                rows += [(step.index, name, us) for name, us in step.kernel.launch_times(buffers, scratch, repeat)]
+            else:
+                us = time_call(lambda: step.kernel.run(buffers, None, scratch), cuda=self.device.is_cuda,
+                               warmup=3, repeat=repeat)
+                rows.append((step.index, step.config.engine, us))
+        return rows
+
     def _workspace(self, user: Any, bound: Mapping[int, Any]) -> tuple[Any, dict[int, Any]]:
         if user is not None:
             base = wsp.check(user, self.workspace_size, self.device, self.graph, bound)
