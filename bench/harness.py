@@ -112,18 +112,20 @@ class Session:
 
     def markdown(self) -> str:
         peers = ["torch eager", "torch.compile", "cuDNN frontend"]
-        head = ("| workload | floor (µs) | opgraph | opgraph tuned | " + " | ".join(peers)
+        graphed = any(r.impl.endswith("(CUDA graph)") for w in self.workloads for r in w.results)
+        ours = ["opgraph", "opgraph tuned"] + (["opgraph (CUDA graph)"] if graphed else [])
+        head = ("| workload | floor (µs) | " + " | ".join(ours) + " | " + " | ".join(peers)
                 + " | best peer | opgraph / best peer |")
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         ratios = []
         for w in self.workloads:
             by = {}
             for r in w.results:
-                key = r.impl.split("(")[0].strip()
+                key = r.impl if r.impl.startswith("opgraph") else r.impl.split("(")[0].strip()
                 if r.us is not None and not r.error and (key not in by or r.us < by[key].us):
                     by[key] = r
-            ours = [by[k].us for k in ("opgraph", "opgraph tuned") if k in by]
-            best_ours = min(ours) if ours else None
+            mine = [by[k].us for k in ("opgraph", "opgraph tuned") if k in by]
+            best_ours = min(mine) if mine else None
             peer_times = [(by[p].us, p) for p in peers if p in by]
             best_peer = min(peer_times) if peer_times else None
             ratio = best_ours / best_peer[0] if best_ours and best_peer else None
@@ -134,8 +136,8 @@ class Session:
                 return f"{by[k].us:.1f}" if k in by else "—"
 
             lines.append(
-                f"| {w.name} | {w.floor_us(self.ceilings):.1f} ({w.floor_kind(self.ceilings)}) | {cell('opgraph')} | "
-                f"{cell('opgraph tuned')} | " + " | ".join(cell(p) for p in peers)
+                f"| {w.name} | {w.floor_us(self.ceilings):.1f} ({w.floor_kind(self.ceilings)}) | "
+                + " | ".join(cell(k) for k in ours) + " | " + " | ".join(cell(p) for p in peers)
                 + f" | {f'{best_peer[0]:.1f} ({best_peer[1]})' if best_peer else '—'} | "
                 f"{f'{ratio:.2f}' if ratio else '—'} |"
             )
