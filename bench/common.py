@@ -56,8 +56,8 @@ def run_opgraph(s: Session, w: Workload, g: og.Graph, pack: Mapping[Any, Any],
         s.run(w, label, lambda plan=plan: plan.execute(pack), check=check, note=f"[{len(plan.steps)} steps: {steps}]")
         if os.environ.get("OPGRAPH_BENCH_PROFILE"):
             try:
-                for step, name, us in plan.profile(pack):
-                    print(f"      step {step} {name}: {us:.1f} us", flush=True)
+                for name, count, us in plan.profile(pack)[:8]:
+                    print(f"      {name[:60]:60s} x{count}: {us:.1f} us", flush=True)
             except Exception as e:  # noqa: BLE001 - profiling is a diagnostic
                 print(f"      (profile failed: {e})", flush=True)
         if os.environ.get("OPGRAPH_BENCH_GRAPH"):

@@ -163,23 +163,33 @@ class ExecutionPlan:
             for step in self.steps:
                 step.kernel.run(buffers, stream, wsp.scratch_view(base, self.layout, step.index))
 
-    def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 50) -> list[tuple[int, str, float]]:
-        """(step, launch, median µs) for every launch of the plan, each timed alone."""
+    def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 20) -> list[tuple[str, int, float]]:
+        """(kernel, launches per execute, mean device µs per launch) for every GPU kernel the plan runs,
+        from PyTorch's profiler over `repeat` executes; on the CPU, (step, 1, µs) per step."""
         from .timing import time_call
 
-        buffers = bind(self.graph, self.device, variant_pack)
-        base, views = self._workspace(None, buffers)
-        buffers.update(views)
+        if not self.device.is_cuda:
+            buffers = bind(self.graph, self.device, variant_pack)
+            base, views = self._workspace(None, buffers)
+            buffers.update(views)
+            return [(f"step {s.index} ({s.config.engine})", 1,
+                     time_call(lambda s=s: s.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, s.index)),
+                               cuda=False, warmup=1, repeat=3)) for s in self.steps]
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.execute(variant_pack)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeat):
+                self.execute(variant_pack)
+            torch.cuda.synchronize()
         rows = []
-        for step in self.steps:
-            scratch = wsp.scratch_view(base, self.layout, step.index)
-            if hasattr(step.kernel, "launch_times"):
-                rows += [(step.index, name, us) for name, us in step.kernel.launch_times(buffers, scratch, repeat)]
-            else:
-                us = time_call(lambda: step.kernel.run(buffers, None, scratch), cuda=self.device.is_cuda,
-                               warmup=3, repeat=repeat)
-                rows.append((step.index, step.config.engine, us))
-        return rows
+        for ev in prof.key_averages():
+            total = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if ev.count and total:
+                rows.append((ev.key, round(ev.count / repeat), total / ev.count))
+        return sorted(rows, key=lambda r: -r[1] * r[2])
 
     def _workspace(self, user: Any, bound: Mapping[int, Any]) -> tuple[Any, dict[int, Any]]:
         if user is not None:

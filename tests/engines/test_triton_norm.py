@@ -525,7 +525,9 @@ def test_gpu_layernorm(backward, rng):
     else:
         bias = g.tensor(dim=[1, 4096], data_type=FLOAT, name="b")
         outputs(*g.layernorm(TRAIN, x, scale, bias, epsilon=1e-5))
-    assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    # dscale/dbias sum 8192 rows in fp32 in another order than the float64 reference: cancellation
+    # makes elementwise relative error meaningless near 0, so allow an absolute 1e-4
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, atol=1e-4)
 
 
 @pytest.mark.gpu

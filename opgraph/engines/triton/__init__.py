@@ -107,17 +107,6 @@ class TritonKernel(Kernel):
             return self._scratch(scratch, arg)
         raise ValueError(arg.kind)
 
-    def launch_times(self, buffers: Mapping[int, Any], scratch: Any = None, repeat: int = 50) -> list[tuple[str, float]]:
-        """Median µs of each launch alone (CUDA events), for finding the slow one."""
-        from ...timing import time_call
-
-        out = []
-        for launch, launcher in zip(self.generated.launches, self.launchers):
-            args = [self._arg(a, buffers, scratch) for a in launch.args]
-            us = time_call(lambda: launcher(args, None), cuda=not self.interpret, warmup=3, repeat=repeat)
-            out.append((f"{launch.kernel}{list(launch.grid)}", us))
-        return out
-
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         if self._needs_allocator:
             _ensure_allocator()

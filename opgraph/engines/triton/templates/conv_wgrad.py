@@ -1,0 +1,510 @@
+"""conv_wgrad (the filter gradient DW of a convolution) as a GEMM whose reduction runs over the batch and
+the output pixels, with the shared prologue / epilogue / reductions of gemm.py: "SBR -> wgrad" (the
+scale + bias + relu of a preceding batchnorm applied to the image while it is loaded, the padding
+zero after it) and an optimizer step on DW (W - lr * DW, lr read at run time) are one kernel.
+
+GEMM view, per filter tap t (DW[:, :, t] is one GEMM): rows = C / groups input channels c', columns =
+K / groups filters of the group (the group is fixed per program), reduction over the N * prod(P)
+output pixels j in BLOCK_K steps: A = X^[n, g*Cg + c', o*stride + t*dil - pre] ([BLOCK_M, BLOCK_K],
+zero outside the image), B = DY[n, g*Kg + k, o] ([BLOCK_K, BLOCK_N]; NHWC DY is a plain
+[pixels, K] matrix). The taps are the per-program "batch" axes of the output space.
+
+The reduction is huge (100k pixels for a ResNet stage at batch 32) and the output small (K x C x
+taps), so it is split over SPLIT_K programs (split-K over the pixels): each writes an fp32 (int32)
+partial tile to scratch and a combine launch sums the partials in fixed order (deterministic), then
+runs the epilogue; it uses its own finer tiles so that it too spreads over the GPU. TAPS=T > 1 gives
+each program T taps of the filter with one accumulator each: the DY tile is loaded once per step
+for all T (T must divide the number of taps), which cuts the operand traffic when channels are few.
+
+Depthwise (one channel per group): each filter element is a dot product over the pixels of one
+channel, not a GEMM: each program owns all taps (rows, padded to a power of two) x BLOCK_N channels,
+loads a DY tile [pixels, channels] once per step and, for every tap (unrolled), the shifted image
+tile, and accumulates their products in fp32 (no tl.dot); split over the pixels as above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ....device import Device
+from ....dtypes import DataType
+from ....errors import AttributeValueError
+from ....ir import Node
+from ....ops.conv import ConvolutionMode, ConvWgrad, Geometry
+from ....partition import Piece
+from ...base import Support
+from .base import Generated, Launch, module_source, pow2_at_least
+from .gemm import (
+    Context, DotKind, GemmPiece, OutputSpace, ReductionPlan, Scratch, Signature, TileIndexer, TileTemplate, Tiling,
+    _check_knobs, decompose, dot_kind, epilogue, estimate_us, gemm_candidates, make_context, needs_int64,
+    operand_bytes, operand_tile, split_range, split_store, split_sum, uses_fp32, with_subtile,
+)
+
+UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
+
+
+@dataclass(frozen=True)
+class TapTiling(Tiling):
+    """Tiles with `per_program` taps (the output space's batch axes) per program: the header leaves
+    the tap group `tg` instead of the tap; `tap_lines(j)` then sets bb / pb / y{tap axes} of tap j
+    of the group (what the epilogue and the split-K store address)."""
+
+    per_program: int = 1
+
+    @property
+    def per_split(self) -> int:
+        return self.tiles * (self.space.nbatch // self.per_program) * self.space.groups
+
+    def header(self, *, with_split: bool, pid: str = "tl.program_id(0)") -> list[str]:
+        lines = super().header(with_split=with_split, pid=pid)
+        if self.per_program == 1:
+            return lines
+        sp = self.space
+        tap_lines = tuple(f"{p}{a} = " for a in sp.batch for p in ("y", "q_y"))
+        out = []
+        for line in lines:
+            if line.startswith("bb = "):
+                out.append(f"tg = pb // {sp.groups}" if sp.groups > 1 else "tg = pb")
+            elif not line.startswith(tap_lines):
+                out.append(line)
+        return out
+
+    def tap_lines(self, j: int) -> list[str]:
+        sp = self.space
+        if self.per_program == 1:
+            return []
+        lines = [f"bb = tg * {self.per_program} + {j}"]
+        lines.append(f"pb = bb * {sp.groups} + g" if sp.groups > 1 else "pb = bb")
+        return lines + decompose("bb", [(a, sp.dims[a]) for a in sp.batch], "y")
+
+    def tap_coords(self, j: int) -> tuple[list[str], list[str]]:
+        """Lines computing tap j's coordinates, and their names per spatial axis (before the loop)."""
+        sp = self.space
+        if self.per_program == 1:
+            return [], [f"y{a}" for a in sp.batch]
+        lines = [f"tb{j} = tg * {self.per_program} + {j}"]
+        lines += decompose(f"tb{j}", [(a, sp.dims[a]) for a in sp.batch], f"tt{j}_")
+        return lines, [f"tt{j}_{a}" for a in sp.batch]
+
+
+class ConvWgradTemplate(TileTemplate):
+    name = "conv_wgrad"
+    priority = 50
+    main_kinds = ("conv_wgrad",)
+    main_label = "conv_wgrad"
+
+    # -- shapes --
+    @staticmethod
+    def _stencil(dw_dim: tuple[int, ...], x_dim: tuple[int, ...]) -> bool:
+        """Depthwise (one channel per group, one filter per group): per-channel dot products."""
+        return dw_dim[1] == 1 and dw_dim[0] == x_dim[1]
+
+    def _is_stencil(self, gp: GemmPiece) -> bool:
+        return self._stencil(gp.space.dims, gp.operand("image").dim)
+
+    def space(self, main: Node, piece: Piece) -> OutputSpace:
+        dw = piece.tensor(main.output_uids()[0])
+        x = piece.tensor(main.input("image"))  # type: ignore[arg-type]
+        taps = tuple(range(2, len(dw.dim)))
+        if self._stencil(dw.dim, x.dim):
+            return OutputSpace(dw.dim, rows=taps, col=0)
+        return OutputSpace(dw.dim, rows=(1,), col=0, batch=taps, groups=x.dim[1] // dw.dim[1])
+
+    def _geometry(self, gp: GemmPiece) -> Geometry:
+        op = gp.main.op
+        assert isinstance(op, ConvWgrad)
+        return op.geometry(len(gp.space.dims) - 2)
+
+    @staticmethod
+    def _pixels(gp: GemmPiece) -> int:
+        dy = gp.operand("loss")
+        return dy.dim[0] * math.prod(dy.dim[2:])
+
+    @staticmethod
+    def _ntaps(gp: GemmPiece) -> int:
+        return math.prod(gp.space.dims[2:])
+
+    # -- TileTemplate hooks --
+    def check(self, gp: GemmPiece, device: Device) -> Support:
+        x, dy = gp.operand("image"), gp.operand("loss")
+        if self._is_stencil(gp):
+            if x.data_type.is_integer or dy.data_type.is_integer:
+                if x.data_type is not DataType.INT8 or dy.data_type is not DataType.INT8:
+                    return Support.no("integer depthwise wgrads need INT8 image and loss", gp.main)
+            if DataType.DOUBLE in (x.data_type, dy.data_type):
+                return Support.no("DOUBLE convolutions are not supported by the Triton templates", gp.main)
+            return Support.yes()
+        kind = dot_kind(x.data_type, dy.data_type, interpret=not device.is_cuda)
+        if isinstance(kind, str):
+            return Support.no(kind, gp.main)
+        return Support.yes()
+
+    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
+        x, dy = gp.operand("image"), gp.operand("loss")
+        if self._is_stencil(gp):
+            return DotKind("tl.int32", "tl.int32") if x.data_type.is_integer else DotKind("tl.float32", "tl.float32")
+        kind = dot_kind(x.data_type, dy.data_type, interpret=not device.is_cuda,
+                        fp32_precision=knobs.get("fp32_precision", "tf32"))
+        assert not isinstance(kind, str)
+        return kind
+
+    def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+        return -(-self._pixels(gp) // int(knobs["BLOCK_K"]))
+
+    def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
+        return {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"])}
+
+    def _per_program(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+        taps = 1 if self._is_stencil(gp) else int(knobs.get("TAPS", 1))
+        ntaps = self._ntaps(gp)
+        if taps < 1 or ntaps % taps:
+            divisors = [d for d in range(1, ntaps + 1) if ntaps % d == 0]
+            raise AttributeValueError(
+                f"TAPS={taps} must divide the filter's {ntaps} taps", op=gp.main.label(), rule="triton.conv_wgrad.knob",
+                hint=f"use one of {divisors}",
+            )
+        return taps
+
+    def tiling(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Tiling:
+        split = int(knobs.get("SPLIT_K", 1))
+        sp = gp.space
+        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
+        return TapTiling(sp, int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs.get("GROUP_M", 8)), split,
+                         needs_int64(gp, scratch), per_program=self._per_program(gp, knobs))
+
+    def combine_tiling(self, tiling: Tiling, knobs: Mapping[str, Any], device: Device) -> Tiling:
+        """The split-K combine launch's tiles: finer than the main tiles until there are about two
+        programs per SM (each sums SPLIT_K partial tiles), down to 16 x 16; knobs COMBINE_M/N set them."""
+        bm, bn = tiling.block_m, tiling.block_n
+        if "COMBINE_M" in knobs or "COMBINE_N" in knobs:
+            bm, bn = int(knobs.get("COMBINE_M", bm)), int(knobs.get("COMBINE_N", bn))
+        else:
+            sp = tiling.space
+            want = 2 * device.sm_count
+            while bm * bn > 256:
+                t = Tiling(sp, bm, bn)
+                if t.per_split >= want:
+                    break
+                if bm >= bn and bm > 16:
+                    bm //= 2
+                elif bn > 16:
+                    bn //= 2
+                else:
+                    break
+        return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)
+
+    # -- knobs --
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        gp, verdict = self.analyze(piece)
+        assert gp is not None, verdict.reason
+        if self._is_stencil(gp):
+            return self._stencil_candidates(gp, device)
+        x, dy = gp.operand("image"), gp.operand("loss")
+        extra: dict[str, Any] = {"fp32_precision": "tf32"} if uses_fp32(x.data_type, dy.data_type) else {}
+        elem = operand_bytes(x.data_type, dy.data_type)
+        sp = gp.space
+        pixels, ntaps = self._pixels(gp), self._ntaps(gp)
+        if not device.is_cuda:
+            configs = gemm_candidates(sp.m, sp.n, pixels, nprog=sp.nbatch * sp.groups, device=device,
+                                      elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra)
+            first = dict(configs[0])
+            iters = -(-pixels // first["BLOCK_K"])
+            # a split whenever the loop is long, so that the tests run the combine launch
+            first["SPLIT_K"] = max(first["SPLIT_K"], min(4, iters // 2)) if iters >= 4 else 1
+            configs = [first, *configs[1:]]
+        else:
+            configs = self._gpu_candidates(gp, device, elem, extra)
+        configs = with_subtile(configs, gp, device)
+        if "fp32_precision" in extra:
+            configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
+        return configs
+
+    def _gpu_candidates(self, gp: GemmPiece, device: Device, elem: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+        """Tiles as wide as the channels need (a ResNet wgrad is 64-256 x 64-256 per tap), TAPS along
+        the filter's last axis when the tiles are small, and SPLIT_K so that the grid holds ~2
+        programs per SM, capped so that the partials stay small next to the operands."""
+        sp = gp.space
+        pixels, ntaps = self._pixels(gp), self._ntaps(gp)
+        bk = {1: 128, 2: 64}.get(elem, 32)
+        sms = max(device.sm_count, 1)
+        out = []
+        shapes = [(128, 128), (64, 128), (128, 64), (64, 64), (64, 32), (32, 64), (32, 32)]
+        last_axis = sp.dims[-1] if len(sp.dims) > 2 else 1
+        for bm, bn in shapes:
+            if bm > max(32, pow2_at_least(sp.m, 32)) or bn > max(32, pow2_at_least(sp.n, 32)):
+                continue
+            for taps in sorted({1, last_axis if ntaps % last_axis == 0 else 1}):
+                if taps > 1 and bm * bn > 8192:
+                    continue  # big tiles already reuse operands; T accumulators would spill
+                t = TapTiling(sp, bm, bn, per_program=taps)
+                programs = t.per_split
+                iters = -(-pixels // bk)
+                split = max(1, min(iters // 8, -(-2 * sms // programs)))
+                partials = split * sp.nbatch * sp.groups * sp.m * sp.n * 4
+                while split > 1 and partials > gp.moved_bytes() // 2:
+                    split = max(1, split // 2)
+                    partials = split * sp.nbatch * sp.groups * sp.m * sp.n * 4
+                warps = 8 if bm * bn >= 16384 or taps > 1 and bm * bn >= 8192 else 4
+                stages = 3 if taps > 1 or bm * bn >= 16384 else 4
+                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
+                            "TAPS": taps, "num_warps": warps, "num_stages": stages, **extra})
+        out.sort(key=lambda c: self._estimate(gp, c, device, elem))
+        out = out[:6]
+        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": min(bk, 32) if elem != 1 else bk, "GROUP_M": 8,
+                    "SPLIT_K": 1, "TAPS": 1, "num_warps": 4, "num_stages": 2, **extra})
+        seen, unique = set(), []
+        for c in out:
+            key = tuple(sorted(c.items()))
+            if key not in seen:
+                seen.add(key)
+                unique.append(c)
+        return unique
+
+    def _stencil_candidates(self, gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
+        sp = gp.space
+        bm = max(16, pow2_at_least(sp.m, 16))  # all taps in one tile
+        pixels = self._pixels(gp)
+        if not device.is_cuda:
+            bn = min(32, pow2_at_least(sp.n, 16))
+            iters = -(-pixels // 16)
+            return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 16, "SPLIT_K": min(4, max(1, iters // 2)),
+                     "num_warps": 4},
+                    {"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1, "num_warps": 4}]
+        sms = max(device.sm_count, 1)
+        out = []
+        for bn, bk, warps in ((64, 16, 4), (128, 8, 4), (32, 32, 4), (64, 32, 8)):
+            if bn > max(16, pow2_at_least(sp.n, 16)):
+                continue
+            tiles = -(-sp.n // bn)
+            iters = -(-pixels // bk)
+            split = max(1, min(iters // 8, -(-2 * sms // tiles)))
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps})
+        out.append({"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1, "num_warps": 4})
+        return out
+
+    def _estimate(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device, elem: int) -> float:
+        sp = gp.space
+        taps = int(knobs.get("TAPS", 1))
+        pixels = self._pixels(gp)
+        t = estimate_us(sp.m, sp.n, pixels, knobs, nprog=sp.nbatch * sp.groups, device=device, elem_bytes=elem,
+                        moved_bytes=gp.moved_bytes())
+        # operand traffic through L2: the image once per tap, DY once per tap group (~8 TB/s on Hopper)
+        x, dy = gp.operand("image"), gp.operand("loss")
+        tiles_m, tiles_n = -(-sp.m // int(knobs["BLOCK_M"])), -(-sp.n // int(knobs["BLOCK_N"]))
+        l2 = sp.nbatch * (x.nbytes * tiles_n + dy.nbytes * tiles_m / taps)
+        return max(t, l2 / 8e12 * 1e6 + 3.0)
+
+    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+        gp, _ = self.analyze(piece)
+        if gp is None or not device.is_cuda:
+            return None
+        if self._is_stencil(gp):
+            return gp.moved_bytes() / (0.6 * 3.0e12) * 1e6 + 5.0
+        elem = operand_bytes(gp.operand("image").data_type, gp.operand("loss").data_type)
+        return self._estimate(gp, knobs, device, elem)
+
+    # -- generation --
+    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+        gp, verdict = self.analyze(piece)
+        if gp is None:
+            raise AttributeValueError(f"the {self.name} template cannot run this piece: {verdict.reason}",
+                                      op=verdict.node.label() if verdict.node else None,
+                                      rule="triton.gemm.match", hint="ask the engine which template matches")
+        _check_knobs(knobs)
+        tiling = self.tiling(gp, knobs)
+        assert isinstance(tiling, TapTiling)
+        ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
+        split, subtile = tiling.split, int(knobs.get("EPILOGUE_SUBTILE", 1))
+        constexprs = self.constexprs(knobs)
+        warps = int(knobs.get("num_warps", 4))
+        meta = (*constexprs.items(), ("num_warps", warps), ("num_stages", int(knobs.get("num_stages", 2))))
+        sig = Signature()
+        body = tiling.header(with_split=True)
+        split_lines, lo, hi = split_range(self.iterations(gp, knobs), split)
+        body += split_lines
+        accs = self._mainloop(ctx, sig, knobs, lo, hi)
+        body += accs[0]
+        functions: list[str] = []
+        launches: list[Launch] = []
+        plans, plan_ctx = ctx.reductions, ctx
+        if split > 1:
+            # the partials, then a combine launch on finer tiles that sums them and runs the epilogue
+            ctx.scratch, ctx.reductions = Scratch(), []
+            sp = gp.space
+            acc_off = ctx.scratch.alloc(split * sp.nbatch * sp.groups * sp.m * sp.n * 4)
+            for j, acc in enumerate(accs[1]):
+                body += tiling.tap_lines(j) + ([f"acc = {acc}"] if acc != "acc" else []) + \
+                    split_store(ctx, sig, acc_off)
+            etiling = self.combine_tiling(tiling, knobs, device)
+            ectx = dataclasses.replace(ctx, tiling=etiling)
+            ectx.reductions = [ReductionPlan.make(r, ectx) for r in gp.reductions]
+            esig = Signature()
+            ebody = etiling.header(with_split=False) + split_sum(ectx, esig, acc_off) + \
+                epilogue(ectx, esig, "acc", subtile)
+            functions.append(sig.source("kernel", list(constexprs), body))
+            launches.append(Launch("kernel", (split * tiling.per_split,), tuple(sig.args), meta))
+            emeta = (("BLOCK_M", etiling.block_m), ("BLOCK_N", etiling.block_n), ("num_warps", 4))
+            functions.append(esig.source("kernel_epilogue", ["BLOCK_M", "BLOCK_N"], ebody))
+            launches.append(Launch("kernel_epilogue", (etiling.per_split,), tuple(esig.args), emeta))
+            plans, plan_ctx = ectx.reductions, ectx
+        else:
+            for j, acc in enumerate(accs[1]):
+                body += tiling.tap_lines(j) + epilogue(ctx, sig, acc, subtile)
+            functions.append(sig.source("kernel", list(constexprs), body))
+            launches.append(Launch("kernel", (tiling.per_split,), tuple(sig.args), meta))
+        for i, plan in enumerate(plans):
+            if plan.slots > 1:
+                source, launch = plan.combine_source(plan_ctx, i)
+                functions.append(source)
+                launches.append(launch)
+        return Generated(module_source(*functions), tuple(launches), ctx.scratch.size)
+
+    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
+        return self._mainloop(ctx, sig, knobs, lo, hi)[0]
+
+    def _mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str,
+                  hi: str) -> tuple[list[str], list[str]]:
+        """Lines of the main loop and the names of its accumulators (one per tap of the program)."""
+        if self._is_stencil(ctx.gp):
+            return self._stencil_loop(ctx, sig, knobs, lo, hi), ["acc"]
+        return self._gemm_loop(ctx, sig, knobs, lo, hi)
+
+    def _pixel_lines(self, ctx: Context, bk: int) -> tuple[list[str], str | None]:
+        """The step's output pixels: flat index `j` ([BLOCK_K]), its mask and coordinates jp{axis}."""
+        gp = ctx.gp
+        dy = gp.operand("loss")
+        pixels = self._pixels(gp)
+        lines = ["j = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
+        jmask = None
+        if pixels % bk:
+            lines.append(f"jmask = j < {pixels}")
+            jmask = "jmask"
+        axes = [(0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))]
+        lines += decompose("j", axes, "jp")
+        return lines, jmask
+
+    def _image_positions(self, ctx: Context, taps: list[str], jmask: str | None, name: str) -> tuple[list[str], str | None]:
+        """Image positions xi{a} of the step's pixels at the taps named `taps` (per spatial axis), and
+        their mask `name` (None: all inside)."""
+        gp = ctx.gp
+        op = gp.main.op
+        assert isinstance(op, ConvWgrad)
+        geo = self._geometry(gp)
+        x, dy = gp.operand("image"), gp.operand("loss")
+        dw = gp.space.dims
+        flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
+        lines, checks = [], [jmask] if jmask else []
+        for a in range(len(dw) - 2):
+            r, s, d, p0 = dw[2 + a], geo.stride[a], geo.dilation[a], geo.pre[a]
+            tap = f"({r - 1} - {taps[a]})" if flip and r > 1 else taps[a] if r > 1 else "0"
+            terms = [f"jp{2 + a}" if s == 1 else f"jp{2 + a} * {s}"]
+            if r > 1:
+                terms.append(tap if d == 1 else f"{tap} * {d}")
+            expr = " + ".join(terms) + (f" - {p0}" if p0 else "")
+            lines.append(f"{name}_{a} = {expr}")
+            if p0 > 0:
+                checks.append(f"({name}_{a} >= 0)")
+            if (dy.dim[2 + a] - 1) * s + (r - 1) * d - p0 > x.dim[2 + a] - 1:
+                checks.append(f"({name}_{a} < {x.dim[2 + a]})")
+        if not checks:
+            return lines, None
+        lines.append(f"{name}_m = {' & '.join(checks)}")
+        return lines, f"{name}_m"
+
+    def _gemm_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str,
+                   hi: str) -> tuple[list[str], list[str]]:
+        gp = ctx.gp
+        assert ctx.dot is not None and isinstance(ctx.tiling, TapTiling)
+        tiling = ctx.tiling
+        x, dy = gp.operand("image"), gp.operand("loss")
+        nsp = len(x.dim) - 2
+        sp = gp.space
+        ptr = ctx.ptr_of(sig)
+        per = tiling.per_program
+        accs = ["acc"] if per == 1 else [f"acc{j}" for j in range(per)]
+        lines = [f"xc = g * {sp.dims[1]} + rm" if sp.groups > 1 else "xc = rm"]
+        tap_names = []
+        for j in range(per):
+            coord_lines, names = tiling.tap_coords(j)
+            lines += coord_lines
+            tap_names.append(names)
+        lines += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})" for acc in accs]
+        body, jmask = self._pixel_lines(ctx, int(knobs["BLOCK_K"]))
+        pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
+        dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(nsp))]
+        b_idx = TileIndexer(dy_axes, jmask, tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn"))
+        body += operand_tile(ctx, sig, "loss", b_idx, "b")
+        for j, acc in enumerate(accs):
+            pos, pmask = self._image_positions(ctx, tap_names[j], jmask, f"xi{j}")
+            body += pos
+            x_axes = [("c", "jp0"), ("r", "xc"), *(("c", f"xi{j}_{a}") for a in range(nsp))]
+            a_idx = TileIndexer(x_axes, tiling.rmask, pmask, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "j"))
+            body += operand_tile(ctx, sig, "image", a_idx, "a")
+            body.append(f"{acc} = {ctx.dot.call('a', 'b', acc)}")
+        lines.append(f"for it in range({lo}, {hi}):")
+        return lines + ["    " + line for line in body], accs
+
+    def _stencil_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
+        """Depthwise: per step a DY tile [BLOCK_K pixels, BLOCK_N channels] and, per tap, the shifted
+        image tile; acc_t[channels] += sum over pixels of their product; the taps' sums are placed in
+        the rows of `acc` at the end."""
+        gp = ctx.gp
+        assert ctx.dot is not None
+        x, dy = gp.operand("image"), gp.operand("loss")
+        nsp = len(x.dim) - 2
+        sp = gp.space
+        ntaps = self._ntaps(gp)
+        ptr = ctx.ptr_of(sig)
+        acc_t = ctx.dot.acc
+        unroll = ntaps <= UNROLL_TAPS
+        lines = []
+        if unroll:
+            lines += [f"acc_t{t} = tl.zeros((BLOCK_K, BLOCK_N), {acc_t})" for t in range(ntaps)]
+        else:
+            lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {acc_t})")
+        body, jmask = self._pixel_lines(ctx, int(knobs["BLOCK_K"]))
+        pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
+        dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(nsp))]
+        b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn"))
+        body += operand_tile(ctx, sig, "loss", b_idx, "b")
+        taps = [(a, sp.dims[a]) for a in range(2, len(sp.dims))]
+        if unroll:
+            for t in range(ntaps):
+                coords = _unravel(t, [r for _, r in taps])
+                pos, pmask = self._image_positions(ctx, [str(c) for c in coords], jmask, "xi")
+                body += pos
+                x_axes = [("r", "jp0"), ("c", "col"), *(("r", f"xi_{a}") for a in range(nsp))]
+                a_idx = TileIndexer(x_axes, pmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("j", "rn"))
+                body += operand_tile(ctx, sig, "image", a_idx, "a")
+                body.append(f"acc_t{t} += a * b")
+            lines.append(f"for it in range({lo}, {hi}):")
+            lines += ["    " + line for line in body]
+            lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {acc_t})")
+            for t in range(ntaps):
+                lines.append(f"acc = tl.where((rm == {t})[:, None], tl.sum(acc_t{t}, axis=0)[None, :], acc)")
+            return lines
+        # many taps (3-D): a runtime tap loop, each tap's sum placed in its row at once
+        inner = ["for tap in range(" + str(ntaps) + "):"]
+        tap_lines = decompose("tap", [(a - 2, r) for a, r in taps], "tc")
+        pos, pmask = self._image_positions(ctx, [f"tc{a}" for a in range(nsp)], jmask, "xi")
+        x_axes = [("r", "jp0"), ("c", "col"), *(("r", f"xi_{a}") for a in range(nsp))]
+        a_idx = TileIndexer(x_axes, pmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("j", "rn"))
+        tap_body = tap_lines + pos + operand_tile(ctx, sig, "image", a_idx, "a")
+        tap_body.append("acc = tl.where((rm == tap)[:, None], acc + tl.sum(a * b, axis=0)[None, :], acc)")
+        body += inner + ["    " + line for line in tap_body]
+        lines.append(f"for it in range({lo}, {hi}):")
+        return lines + ["    " + line for line in body]
+
+
+def _unravel(index: int, sizes: list[int]) -> list[int]:
+    out = []
+    for size in reversed(sizes):
+        out.append(index % size)
+        index //= size
+    return list(reversed(out))
+
+
+TEMPLATE = ConvWgradTemplate()
