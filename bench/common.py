@@ -81,6 +81,9 @@ def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def run_compiled(s: Session, w: Workload, fn: Callable[..., Any], args: tuple, **kw: Any) -> None:
+    if os.environ.get("OPGRAPH_BENCH_NO_COMPILE"):
+        return
+
     def make():
         f = torch.compile(fn)
         f(*args)

@@ -22,7 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("which", nargs="*", help=f"groups {list(groups)} or workloads {list(table)} (default: all)")
     ap.add_argument("--autotune", action="store_true", help="also time plans built with autotune=True")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
+    ap.add_argument("--profile", action="store_true", help="print each plan's kernels and their device times")
+    ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of each plan")
     args = ap.parse_args(argv)
+    for flag, var in ((args.no_compile, "OPGRAPH_BENCH_NO_COMPILE"), (args.profile, "OPGRAPH_BENCH_PROFILE"),
+                      (args.graph, "OPGRAPH_BENCH_GRAPH")):
+        if flag:
+            os.environ[var] = "1"
     names: list[str] = []
     for w in args.which or list(groups):
         names += groups.get(w, [w])
