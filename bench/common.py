@@ -12,6 +12,18 @@ import opgraph as og
 from .harness import Session, Workload, relerr
 
 DEV = "cuda"
+TO_PROFILE: list[tuple[str, Any, Any]] = []
+
+
+def print_profiles() -> None:
+    """Each profiled plan's kernels with their device time per execute (PyTorch's profiler)."""
+    for title, plan, pack in TO_PROFILE:
+        print(f"== profile: {title}", flush=True)
+        try:
+            for name, count, us in plan.profile(pack)[:8]:
+                print(f"      {name[:60]:60s} x{count}: {us:.1f} us", flush=True)
+        except Exception as e:  # noqa: BLE001 - profiling is a diagnostic
+            print(f"      (profile failed: {e})", flush=True)
 
 
 def cl(t: torch.Tensor) -> torch.Tensor:
@@ -55,11 +67,8 @@ def run_opgraph(s: Session, w: Workload, g: og.Graph, pack: Mapping[Any, Any],
 
         s.run(w, label, lambda plan=plan: plan.execute(pack), check=check, note=f"[{len(plan.steps)} steps: {steps}]")
         if os.environ.get("OPGRAPH_BENCH_PROFILE"):
-            try:
-                for name, count, us in plan.profile(pack)[:8]:
-                    print(f"      {name[:60]:60s} x{count}: {us:.1f} us", flush=True)
-            except Exception as e:  # noqa: BLE001 - profiling is a diagnostic
-                print(f"      (profile failed: {e})", flush=True)
+            # profiled at the end of the run: the profiler slows host launches while it is attached
+            TO_PROFILE.append((f"{w.name} [{label}]", plan, pack))
         if os.environ.get("OPGRAPH_BENCH_GRAPH"):
             s.run(w, label + " (CUDA graph)", _graphed(lambda plan=plan: plan.execute(pack)))
     return plan

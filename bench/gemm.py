@@ -80,7 +80,9 @@ def sbr_conv_genstats(s: Session, autotune: bool) -> None:
 
     g = og.Graph("sbr_conv_genstats", io_data_type=DT.HALF)
     X, W, S, B = like(g, x, "x"), like(g, w, "w"), like(g, sc, "s"), like(g, bb, "b")
-    Y = g.conv_fprop(g.relu(g.bias(g.scale(X, S), B)), W, padding=1).set_output(True).set_name("y")
+    # the conv's input (the SBR output) declared fp16: what cuDNN's fused graph computes with too
+    act = g.relu(g.bias(g.scale(X, S), B)).set_data_type(DT.HALF)
+    Y = g.conv_fprop(act, W, padding=1).set_output(True).set_name("y")
     SUM, SQ = g.genstats(Y)
     SUM.set_output(True).set_name("sum")
     SQ.set_output(True).set_name("sq_sum")
@@ -152,7 +154,8 @@ def conv_backward(s: Session, autotune: bool) -> None:
     sdw_ref = lambda: torch.nn.grad.conv2d_weight(torch.relu(x.double() * sc.double() + bb.double()), w.shape, dy.double(), padding=1)  # noqa: E731,E501
     g = og.Graph("sbr_wgrad", io_data_type=DT.HALF)
     X, DY, S, B = like(g, x, "x"), like(g, dy, "dy"), like(g, sc, "s"), like(g, bb, "b")
-    DW = g.conv_wgrad(g.relu(g.bias(g.scale(X, S), B)), DY, padding=1).set_output(True).set_name("dw")
+    act = g.relu(g.bias(g.scale(X, S), B)).set_data_type(DT.HALF)  # fp16, as the unfused eager path has it
+    DW = g.conv_wgrad(act, DY, padding=1).set_output(True).set_name("dw")
     DW.set_dim([K, C, 3, 3]).set_stride(list(w.stride()))
     g.validate()
     run_opgraph(s, w_, g, {X: x, DY: dy, S: sc, B: bb, DW: out_like(DW)}, {DW: sdw_ref}, autotune=autotune)

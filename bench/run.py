@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
+    from .common import print_profiles
+
+    print_profiles()
     md = s.markdown()
     header = (f"Measured {s.meta['date']} on {s.meta['device']}: torch {s.meta['torch']}, cuDNN {s.meta['cudnn']}, "
               f"Triton {s.meta.get('triton')}, cuDNN frontend {s.meta['cudnn_frontend']}. Ceilings: copy "
