@@ -158,7 +158,12 @@ class ExecutionPlan:
             if self._fast is not None:
                 self._fast.learn(variant_pack)
         base, views = self._workspace(workspace, buffers)  # checked before any step runs
-        buffers.update(views)
+        if views:
+            buffers.update(views)
+        if stream is None:
+            for step in self.steps:
+                step.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, step.index))
+            return
         with _on_stream(stream, self.device):
             for step in self.steps:
                 step.kernel.run(buffers, stream, wsp.scratch_view(base, self.layout, step.index))

@@ -72,16 +72,20 @@ def _ensure_allocator() -> None:
 
 
 class TritonKernel(Kernel):
-    def __init__(self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool) -> None:
+    def __init__(self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool,
+                 device_index: int = 0) -> None:
         super().__init__(piece, config)
         self.generated = generated
         self.interpret = interpret
         self.module = load_module(generated.source, interpret=interpret)
         self.scratch_bytes = generated.scratch_bytes
-        self.launchers = [Launcher(getattr(self.module, l.kernel), l.grid, dict(l.meta), direct=not interpret)
-                          for l in generated.launches]
+        self.launchers = [Launcher(getattr(self.module, l.kernel), l.grid, dict(l.meta), direct=not interpret,
+                                   device_index=device_index) for l in generated.launches]
         self._scratch_views: dict[tuple[int, int, str], Any] = {}
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
+        plain = not interpret and all(a.kind == "buf" for l in generated.launches for a in l.args)
+        self._plain = [(tuple(a.uid for a in l.args), launcher)
+                       for l, launcher in zip(generated.launches, self.launchers)] if plain else None
 
     def source(self) -> str:
         return self.generated.source
@@ -110,6 +114,10 @@ class TritonKernel(Kernel):
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         if self._needs_allocator:
             _ensure_allocator()
+        if self._plain:  # CUDA, buffers and scalars only: the hot path, no per-argument dispatch
+            for uids, launcher in self._plain:
+                launcher([buffers[u] for u in uids], stream)
+            return
         for launch, launcher in zip(self.generated.launches, self.launchers):
             launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
 
@@ -175,7 +183,7 @@ class TritonEngine(Engine):
         name = knobs.pop("template")
         template = next(t for t in TEMPLATES if t.name == name)
         generated = template.generate(piece, knobs, device)
-        return TritonKernel(piece, config, generated, interpret=not device.is_cuda)
+        return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device_index=device.index)
 
 
 register_engine(TritonEngine())

@@ -40,7 +40,7 @@ from .base import Generated, Launch, module_source, pow2_at_least
 from .gemm import (
     Context, DotKind, GemmPiece, OutputSpace, ReductionPlan, Scratch, Signature, TileIndexer, TileTemplate, Tiling,
     _check_knobs, decompose, dot_kind, epilogue, estimate_us, gemm_candidates, make_context, needs_int64,
-    operand_bytes, operand_tile, split_range, split_store, split_sum, uses_fp32, with_subtile,
+    operand_bytes, operand_tile, split_range, split_store, uses_fp32, with_subtile,
 )
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
@@ -342,12 +342,14 @@ class ConvWgradTemplate(TileTemplate):
             ectx = dataclasses.replace(ctx, tiling=etiling)
             ectx.reductions = [ReductionPlan.make(r, ectx) for r in gp.reductions]
             esig = Signature()
-            ebody = etiling.header(with_split=False) + split_sum(ectx, esig, acc_off) + \
+            block_s = _slice_block(split, etiling, ctx.interpret)
+            ebody = etiling.header(with_split=False) + split_sum_blocked(ectx, esig, acc_off) + \
                 epilogue(ectx, esig, "acc", subtile)
             functions.append(sig.source("kernel", list(constexprs), body))
             launches.append(Launch("kernel", (split * tiling.per_split,), tuple(sig.args), meta))
-            emeta = (("BLOCK_M", etiling.block_m), ("BLOCK_N", etiling.block_n), ("num_warps", 4))
-            functions.append(esig.source("kernel_epilogue", ["BLOCK_M", "BLOCK_N"], ebody))
+            emeta = (("BLOCK_M", etiling.block_m), ("BLOCK_N", etiling.block_n), ("BLOCK_S", block_s),
+                     ("num_warps", 4))
+            functions.append(esig.source("kernel_epilogue", ["BLOCK_M", "BLOCK_N", "BLOCK_S"], ebody))
             launches.append(Launch("kernel_epilogue", (etiling.per_split,), tuple(esig.args), emeta))
             plans, plan_ctx = ectx.reductions, ectx
         else:
@@ -497,6 +499,40 @@ class ConvWgradTemplate(TileTemplate):
         body += inner + ["    " + line for line in tap_body]
         lines.append(f"for it in range({lo}, {hi}):")
         return lines + ["    " + line for line in body]
+
+
+def _slice_block(split: int, tiling: Tiling, interpret: bool) -> int:
+    """Partial slices the combine launch loads at once: about 4096 elements (16 KB) per load, so
+    that a few programs keep enough bytes in flight whatever the split."""
+    budget = (1024 if interpret else 4096) // (tiling.block_m * tiling.block_n)
+    return max(2, min(pow2_at_least(split), 1 << max(0, budget.bit_length() - 1)))
+
+
+def split_sum_blocked(ctx: Context, sig: Signature, offset: int) -> list[str]:
+    """The combine launch's start under split-K: `acc` as the sum of the SPLIT_K partial tiles,
+    BLOCK_S slices per (pipelined) load and a fixed-order sum over them (deterministic). gemm.py's
+    split_sum adds one slice per step, which serialises on the load latency for deep splits."""
+    t = ctx.tiling
+    sp = t.space
+    dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
+    ws = sig.scratch("ws_acc", offset, dtype)
+    nprog = sp.nbatch * sp.groups
+    rows = f"pb * {sp.m} + rm" if nprog > 1 else "rm"
+    masks = [f"(s < {t.split})[:, None, None]"]
+    if t.rmask:
+        masks.append(f"{t.rmask}[None, :, None]")
+    if t.cmask:
+        masks.append(f"{t.cmask}[None, None, :]")
+    s_expr = "s0 + tl.arange(0, BLOCK_S)"
+    return [
+        f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})",
+        f"at = ({rows})[:, None] * {sp.n} + rn[None, :]",
+        f"for s0 in tl.range(0, {t.split}, BLOCK_S, num_stages=2):",
+        f"    s = ({s_expr}).to(tl.int64)" if t.big else f"    s = {s_expr}",
+        f"    part = tl.load({ws} + s[:, None, None] * {nprog * sp.m * sp.n} + at[None, :, :], "
+        f"mask={' & '.join(masks)}, other=0)",
+        "    acc += tl.sum(part, axis=0)",
+    ]
 
 
 def _unravel(index: int, sizes: list[int]) -> list[int]:

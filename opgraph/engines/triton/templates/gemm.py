@@ -1029,8 +1029,7 @@ def split_sum(ctx: Context, sig: Signature, offset: int) -> list[str]:
     mask = t.output_indexer(ctx.ptr_of(sig)).mask()
     nprog = sp.nbatch * sp.groups
     lines = [f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})"]
-    # unrolled for the usual few slices; a loop (same fixed order) for the deep splits of a wgrad
-    lines.append(f"for kss in tl.static_range({t.split}):" if t.split <= 8 else f"for kss in range({t.split}):")
+    lines.append(f"for kss in tl.static_range({t.split}):")
     row = f"(kss * {nprog} + pb) * {sp.m} + rm" if nprog > 1 else f"kss * {sp.m} + rm"
     masked = f", mask={mask}, other=0" if mask else ""
     lines.append(f"    acc += tl.load({ws} + ({row})[:, None] * {sp.n} + rn[None, :]{masked})")
