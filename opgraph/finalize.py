@@ -211,7 +211,8 @@ def _input_desc(g: Graph, t: Tensor, uid: int) -> TensorDesc:
             rule="tensor.pass_by_value",
             hint="declare pass-by-value scalars with dims [1] (or all ones); pass arrays as ordinary tensors",
         )
-    return TensorDesc(uid, t.name, t._dim, tuple(stride), dt, t.is_virtual, t.is_pass_by_value)
+    return TensorDesc(uid, t.name, t._dim, tuple(stride), dt, t.is_virtual, t.is_pass_by_value,
+                      t.is_by_reference and not t.is_virtual)
 
 
 def _numel(dim: tuple[int, ...]) -> int:
@@ -295,7 +296,7 @@ def _draft(t: Tensor, uid: int, alias: Tensor | None, generated_name: str, op_la
     """What the user set on an op output, together with what they set on the declared handle that
     shares its UID (which must agree)."""
     if alias is None:
-        return Draft(uid, t.name, t._dim, t._stride, t._data_type, t.is_virtual)
+        return Draft(uid, t.name, t._dim, t._stride, t._data_type, t.is_virtual, t.is_by_reference)
 
     def pick(what: str, mine, theirs):
         if mine is not None and theirs is not None and mine != theirs:
@@ -309,7 +310,8 @@ def _draft(t: Tensor, uid: int, alias: Tensor | None, generated_name: str, op_la
 
     name = alias.name if t.name in ("", generated_name) and alias.name else t.name
     return Draft(uid, name, pick("dim", t._dim, alias._dim), pick("stride", t._stride, alias._stride),
-                 pick("data_type", t._data_type, alias._data_type), t.is_virtual)
+                 pick("data_type", t._data_type, alias._data_type), t.is_virtual,
+                 t.is_by_reference or alias.is_by_reference)
 
 
 def _show(value) -> str:
@@ -343,7 +345,8 @@ def _merge(
         )
     default = g.intermediate_data_type if draft.is_virtual else g.io_data_type
     dt: DataType = draft.data_type or spec.data_type or default
-    return TensorDesc(draft.uid or 0, draft.name, tuple(dim), tuple(stride), dt, draft.is_virtual, False)
+    return TensorDesc(draft.uid or 0, draft.name, tuple(dim), tuple(stride), dt, draft.is_virtual, False,
+                      draft.is_by_reference and not draft.is_virtual)
 
 
 def _check_dangling(

@@ -72,12 +72,13 @@ class Graph:
         uid: int | None = None,
         is_virtual: bool = False,
         is_pass_by_value: bool = False,
+        is_by_reference: bool = False,
     ) -> Tensor:
         """Declare a tensor. Strides default to packed row-major over `dim`; the data type defaults to
         the graph's io_data_type (or intermediate_data_type when virtual)."""
         t = Tensor(
             self, dim=dim, stride=stride, data_type=data_type, name=name, uid=uid,
-            is_virtual=is_virtual, is_pass_by_value=is_pass_by_value,
+            is_virtual=is_virtual, is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference,
         )
         self._tensors.append(t)
         return t

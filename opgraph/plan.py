@@ -4,6 +4,7 @@ tensors crossing pieces. `execute` binds a variant pack and runs the steps in or
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from . import workspace as wsp
 from .autotune import TuningCache, tune
+from .addresses import AddressTable
 from .bindings import FastBinder, bind
 from .device import Device, resolve_device
 from .engines import get_engine
@@ -70,6 +72,13 @@ def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
     return usable
 
 
+def _all_by_reference(graph: FinalGraph) -> FinalGraph:
+    """The graph with every bound (non-virtual, not pass-by-value) tensor by reference."""
+    tensors = {u: (dataclasses.replace(t, is_by_reference=True) if not t.is_virtual and not t.is_pass_by_value else t)
+               for u, t in graph.tensors.items()}
+    return dataclasses.replace(graph, tensors=tensors)
+
+
 def engine_configs(
     graph: FinalGraph, *, heur_mode: Any = None, device: Any = None, engines: Sequence[str] | None = None
 ) -> list[PieceConfigs]:
@@ -89,9 +98,21 @@ def build_plan(
     autotune: bool = False,
     **options: Any,
 ) -> ExecutionPlan:
+    by_reference = options.pop("by_reference", False)
     if options:
         raise TypeError(f"build() got unexpected option(s): {', '.join(sorted(options))}")
+    if by_reference:
+        graph = _all_by_reference(graph)
     dev = resolve_device(device)
+    if autotune and dev.is_cuda:
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            raise GraphError(
+                "build(autotune=True) was called while a CUDA graph is being captured: timing candidates "
+                "synchronises the device, which breaks the capture", rule="autotune.capturing",
+                hint="build (and tune) before capturing; the cache makes later builds time nothing",
+            )
     usable = _engines(engines, dev)
     modes = as_modes(heur_mode)
     pieces, cuts = partition(graph, usable, dev, allow_partition=allow_partition)
@@ -141,6 +162,8 @@ class ExecutionPlan:
         self._owned: Any = None  # the workspace the plan allocated, and its views
         self._owned_views: dict[int, Any] = {}
         self._fast = FastBinder(graph, device) if device.is_cuda else None
+        self._table = AddressTable(graph, device)
+        self._captures: dict[int, _Capture] = {}
 
     @property
     def workspace_layout(self) -> Mapping[int, tuple[int, int]]:
@@ -160,6 +183,8 @@ class ExecutionPlan:
         base, views = self._workspace(workspace, buffers)  # checked before any step runs
         if views:
             buffers.update(views)
+        if self._table:
+            self._table.update(buffers)
         if stream is None:
             for step in self.steps:
                 step.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, step.index))
@@ -206,6 +231,48 @@ class ExecutionPlan:
             self._owned = wsp.allocate(self.workspace_size, self.device)
             self._owned_views = wsp.tensor_views(self._owned, self.layout, self.graph)
         return self._owned, self._owned_views
+
+    # -- CUDA graphs and by-reference tensors (see opgraph.cudagraph) ----------------------------
+    def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
+        """A torch.cuda.CUDAGraph running the whole plan on these buffers; replay with .replay()."""
+        from .cudagraph import populate
+
+        return populate(self, variant_pack, workspace)
+
+    def update_cuda_graph(self, graph: Any, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
+        """Re-point a graph from populate_cuda_graph at new buffers: by-reference tensors through the
+        address table, others by re-capture (the returned UpdateResult says which)."""
+        from .cudagraph import update
+
+        return update(self, graph, variant_pack, workspace)
+
+    @property
+    def address_table(self) -> Any:
+        """The int64 device tensor of by-reference addresses (None without by-reference tensors)."""
+        return self._table.tensor
+
+    def table_slot(self, tensor: Any) -> int:
+        from .bindings import resolve_key
+
+        uid = resolve_key(self.graph, tensor)
+        if uid not in self._table.slots:
+            raise GraphError(f"{self.graph.tensors[uid].label()} is not by reference", rule="plan.not_by_reference",
+                             hint="declare it with is_by_reference=True (or build(by_reference=True))")
+        return self._table.slots[uid][0]
+
+    def set_address(self, tensor: Any, buffer: Any) -> None:
+        """Point a by-reference tensor at another buffer (checked like a variant-pack entry); ordered on
+        the current stream, so a captured graph replayed afterwards reads the new buffer."""
+        from .bindings import resolve_key
+        from .buffers import buffer_info
+        from .bindings import _check_buffer
+
+        uid = resolve_key(self.graph, tensor)
+        slot = self.table_slot(uid)
+        _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
+        addresses = list(self._table.current)
+        addresses[slot] = buffer.data_ptr() if hasattr(buffer, "data_ptr") else buffer.__array_interface__["data"][0]
+        self._table.write(addresses)
 
     # -- saving and loading ----------------------------------------------------------------------
     def to_bytes(self) -> bytes:

@@ -116,7 +116,8 @@ def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
         "compute_data_type": g.compute_data_type.name,
         "tensors": [
             {"uid": t.uid, "name": t.name, "dim": list(t.dim), "stride": list(t.stride),
-             "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value}
+             "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value,
+             **({"is_by_reference": True} if t.is_by_reference else {})}
             for t in g.tensors.values()
         ],
         "ops": [
@@ -208,6 +209,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
             data_type=as_data_type(_field(t, "data_type", str, where)), name=_field(t, "name", str, where, ""),
             uid=uid, is_virtual=_field(t, "is_virtual", bool, where, False),
             is_pass_by_value=_field(t, "is_pass_by_value", bool, where, False),
+            is_by_reference=_field(t, "is_by_reference", bool, where, False),
         )
     for i, o in enumerate(_field(doc, "ops", list, "graph")):
         where = f"ops[{i}]"

@@ -88,6 +88,9 @@ class TensorDesc:
     data_type: DataType
     is_virtual: bool = False
     is_pass_by_value: bool = False
+    # kernels read the buffer's address from the plan's address table at run time (double buffering,
+    # CUDA-graph updates without re-capture)
+    is_by_reference: bool = False
 
     @property
     def numel(self) -> int:
@@ -116,7 +119,8 @@ class TensorDesc:
         return text
 
     def __str__(self) -> str:
-        flags = [f for f, on in (("virtual", self.is_virtual), ("by-value", self.is_pass_by_value)) if on]
+        flags = [f for f, on in (("virtual", self.is_virtual), ("by-value", self.is_pass_by_value),
+                                 ("by-reference", self.is_by_reference)) if on]
         extra = f" ({', '.join(flags)})" if flags else ""
         return f"%{self.uid} '{self.name}': {self.type_str()}{extra}"
 
@@ -153,7 +157,7 @@ class Tensor:
     """
 
     __slots__ = ("_graph", "_uid", "_name", "_dim", "_stride", "_data_type", "_is_virtual",
-                 "_is_pass_by_value")
+                 "_is_pass_by_value", "_is_by_reference")
 
     def __init__(
         self,
@@ -166,6 +170,7 @@ class Tensor:
         uid: int | None = None,
         is_virtual: bool = False,
         is_pass_by_value: bool = False,
+        is_by_reference: bool = False,
     ) -> None:
         self._graph = graph
         self._uid: int | None = None
@@ -175,6 +180,7 @@ class Tensor:
         self._data_type: DataType | None = None
         self._is_virtual = bool(is_virtual)
         self._is_pass_by_value = bool(is_pass_by_value)
+        self._is_by_reference = bool(is_by_reference)
         self.set_name(name)
         if uid is not None:
             self.set_uid(uid)
@@ -265,6 +271,16 @@ class Tensor:
 
     def set_is_virtual(self, is_virtual: bool = True) -> Tensor:
         self._is_virtual = bool(is_virtual)
+        return self._touch()
+
+    @property
+    def is_by_reference(self) -> bool:
+        return self._is_by_reference
+
+    def set_is_by_reference(self, is_by_reference: bool = True) -> Tensor:
+        """Generated kernels read this buffer's address from the plan's address table at run time, so
+        a new address (plan.set_address) redirects even a captured CUDA graph."""
+        self._is_by_reference = bool(is_by_reference)
         return self._touch()
 
     def set_is_pass_by_value(self, is_pass_by_value: bool = True) -> Tensor:

@@ -69,6 +69,7 @@ class Draft:
     stride: tuple[int, ...] | None
     data_type: DataType | None
     is_virtual: bool
+    is_by_reference: bool = False
 
     def label(self) -> str:
         return f"tensor '{self.name or '<unnamed>'}' (uid {self.uid})"

@@ -20,6 +20,8 @@ from ...heuristics import HeurMode
 from ...partition import Piece
 from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from ...addresses import TABLE_KEY, table_slots
+from .indirect import make_indirect
 from .launch import Launcher
 from .loader import load_module
 from .templates import discover
@@ -83,8 +85,8 @@ class TritonKernel(Kernel):
                                    device_index=device_index) for l in generated.launches]
         self._scratch_views: dict[tuple[int, int, str], Any] = {}
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
-        plain = not interpret and all(a.kind == "buf" for l in generated.launches for a in l.args)
-        self._plain = [(tuple(a.uid for a in l.args), launcher)
+        plain = not interpret and all(a.kind in ("buf", "table") for l in generated.launches for a in l.args)
+        self._plain = [(tuple(a.uid if a.kind == "buf" else TABLE_KEY for a in l.args), launcher)
                        for l, launcher in zip(generated.launches, self.launchers)] if plain else None
 
     def source(self) -> str:
@@ -109,6 +111,8 @@ class TritonKernel(Kernel):
             return float(buffers[arg.uid])
         if arg.kind == "scratch":
             return self._scratch(scratch, arg)
+        if arg.kind == "table":
+            return buffers[TABLE_KEY]
         raise ValueError(arg.kind)
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
@@ -182,7 +186,7 @@ class TritonEngine(Engine):
         knobs = dict(config.knobs)
         name = knobs.pop("template")
         template = next(t for t in TEMPLATES if t.name == name)
-        generated = template.generate(piece, knobs, device)
+        generated = make_indirect(template.generate(piece, knobs, device), table_slots(piece.graph))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device_index=device.index)
 
 

@@ -289,7 +289,6 @@ class ConvDgradTemplate(TileTemplate):
         if self._stencil(gp.operand("filter").dim):
             return gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
         kg, _, ntaps, groups = self._shape(gp)
-        geo = self._geometry(gp)
         phases = self._phases(gp, knobs)
         taps = phases.mean_taps() if phases is not None else float(ntaps)  # masked holes still cost
         elem = operand_bytes(gp.operand("loss").data_type, gp.operand("filter").data_type)

@@ -181,6 +181,10 @@ class ConvWgradTemplate(TileTemplate):
         bm, bn = tiling.block_m, tiling.block_n
         if "COMBINE_M" in knobs or "COMBINE_N" in knobs:
             bm, bn = int(knobs.get("COMBINE_M", bm)), int(knobs.get("COMBINE_N", bn))
+            for key, value in (("COMBINE_M", bm), ("COMBINE_N", bn)):
+                if value < 16 or value & (value - 1):
+                    raise AttributeValueError(f"{key}={value} must be a power of two >= 16",
+                                              rule="triton.conv_wgrad.knob", hint=f"pick {key} from 16, 32, 64")
         else:
             sp = tiling.space
             want = 2 * device.sm_count
@@ -206,7 +210,7 @@ class ConvWgradTemplate(TileTemplate):
         extra: dict[str, Any] = {"fp32_precision": "tf32"} if uses_fp32(x.data_type, dy.data_type) else {}
         elem = operand_bytes(x.data_type, dy.data_type)
         sp = gp.space
-        pixels, ntaps = self._pixels(gp), self._ntaps(gp)
+        pixels = self._pixels(gp)
         if not device.is_cuda:
             configs = gemm_candidates(sp.m, sp.n, pixels, nprog=sp.nbatch * sp.groups, device=device,
                                       elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra)
@@ -225,36 +229,34 @@ class ConvWgradTemplate(TileTemplate):
     def _gpu_candidates(self, gp: GemmPiece, device: Device, elem: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
         """Tiles as wide as the channels need (a ResNet wgrad is 64-256 x 64-256 per tap), TAPS along
         the filter's last axis when the tiles are small, and SPLIT_K so that the grid holds ~2
-        programs per SM, capped so that the partials stay small next to the operands."""
+        programs per SM, capped so that the partials stay small next to the operands; ranked by the
+        cost model. The top config also comes with twice its split (more programs, more partials)."""
         sp = gp.space
-        pixels, ntaps = self._pixels(gp), self._ntaps(gp)
         bk = {1: 128, 2: 64}.get(elem, 32)
-        sms = max(device.sm_count, 1)
         out = []
         shapes = [(128, 128), (64, 128), (128, 64), (64, 64), (64, 32), (32, 64), (32, 32)]
         last_axis = sp.dims[-1] if len(sp.dims) > 2 else 1
         for bm, bn in shapes:
             if bm > max(32, pow2_at_least(sp.m, 32)) or bn > max(32, pow2_at_least(sp.n, 32)):
                 continue
-            for taps in sorted({1, last_axis if ntaps % last_axis == 0 else 1}):
+            for taps in sorted({1, last_axis}):
                 if taps > 1 and bm * bn > 8192:
                     continue  # big tiles already reuse operands; T accumulators would spill
-                t = TapTiling(sp, bm, bn, per_program=taps)
-                programs = t.per_split
-                iters = -(-pixels // bk)
-                split = max(1, min(iters // 8, -(-2 * sms // programs)))
-                partials = split * sp.nbatch * sp.groups * sp.m * sp.n * 4
-                while split > 1 and partials > gp.moved_bytes() // 2:
-                    split = max(1, split // 2)
-                    partials = split * sp.nbatch * sp.groups * sp.m * sp.n * 4
                 warps = 8 if bm * bn >= 16384 or taps > 1 and bm * bn >= 8192 else 4
                 stages = 3 if taps > 1 or bm * bn >= 16384 else 4
-                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
-                            "TAPS": taps, "num_warps": warps, "num_stages": stages, **extra})
+                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                            "SPLIT_K": self._split(gp, bm, bn, taps, bk, device), "TAPS": taps,
+                            "num_warps": warps, "num_stages": stages, **extra})
         out.sort(key=lambda c: self._estimate(gp, c, device, elem))
         out = out[:6]
-        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": min(bk, 32) if elem != 1 else bk, "GROUP_M": 8,
-                    "SPLIT_K": 1, "TAPS": 1, "num_warps": 4, "num_stages": 2, **extra})
+        top = out[0]
+        if -(-self._pixels(gp) // bk) // (2 * top["SPLIT_K"]) >= 8:
+            out.insert(1, {**top, "SPLIT_K": 2 * top["SPLIT_K"]})
+        # the fallback: one tap per program, plain 64 x 64 tiles, the reduction still split
+        small = min(bk, 32) if elem != 1 else bk
+        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": small, "GROUP_M": 8,
+                    "SPLIT_K": self._split(gp, 64, 64, 1, small, device), "TAPS": 1, "num_warps": 4,
+                    "num_stages": 2, **extra})
         seen, unique = set(), []
         for c in out:
             key = tuple(sorted(c.items()))
@@ -262,6 +264,17 @@ class ConvWgradTemplate(TileTemplate):
                 seen.add(key)
                 unique.append(c)
         return unique
+
+    def _split(self, gp: GemmPiece, bm: int, bn: int, taps: int, bk: int, device: Device) -> int:
+        """SPLIT_K for ~2 programs per SM with >= 8 steps each, halved while the partials exceed half
+        the bytes of the operands."""
+        sp = gp.space
+        programs = TapTiling(sp, bm, bn, per_program=taps).per_split
+        iters = -(-self._pixels(gp) // bk)
+        split = max(1, min(iters // 8, -(-2 * max(device.sm_count, 1) // programs)))
+        while split > 1 and split * sp.nbatch * sp.groups * sp.m * sp.n * 4 > gp.moved_bytes() // 2:
+            split //= 2
+        return split
 
     def _stencil_candidates(self, gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
         sp = gp.space
@@ -388,7 +401,8 @@ class ConvWgradTemplate(TileTemplate):
         lines += decompose("j", axes, "jp")
         return lines, jmask
 
-    def _image_positions(self, ctx: Context, taps: list[str], jmask: str | None, name: str) -> tuple[list[str], str | None]:
+    def _image_positions(self, ctx: Context, taps: list[str], jmask: str | None,
+                         name: str) -> tuple[list[str], str | None]:
         """Image positions xi{a} of the step's pixels at the taps named `taps` (per spatial axis), and
         their mask `name` (None: all inside)."""
         gp = ctx.gp

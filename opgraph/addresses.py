@@ -1,0 +1,79 @@
+"""The address table of by-reference tensors: one int64 slot per tensor, in device memory (host
+memory on the CPU), read by generated kernels at run time.
+
+Writing a slot (`AddressTable.write`, or any device-side copy into `plan.address_table`) redirects
+every later launch that reads it, including launches replayed from a captured CUDA graph, without
+an update call. Writes from the host are ordered on the current stream (a pinned, asynchronous copy),
+so kernels enqueued before the write still see the old address.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .device import Device
+from .dtypes import DataType
+from .errors import VariantPackError
+from .ir import FinalGraph
+
+TABLE_KEY = -1  # the table's entry in a plan's buffer map (UIDs are >= 0)
+
+
+def table_slots(graph: FinalGraph) -> dict[int, tuple[int, DataType]]:
+    """{uid: (slot, data type)} of the graph's by-reference tensors, in UID order."""
+    uids = sorted(u for u, t in graph.tensors.items() if t.is_by_reference and not t.is_virtual)
+    return {u: (i, graph.tensors[u].data_type) for i, u in enumerate(uids)}
+
+
+class AddressTable:
+    def __init__(self, graph: FinalGraph, device: Device) -> None:
+        self.graph = graph
+        self.device = device
+        self.slots = table_slots(graph)
+        self.current: list[int] = [0] * len(self.slots)
+        self.tensor: Any = None
+        if self.slots:
+            import torch
+
+            where = f"cuda:{device.index}" if device.is_cuda else "cpu"
+            self.tensor = torch.zeros(len(self.slots), dtype=torch.int64, device=where)
+
+    def __bool__(self) -> bool:
+        return bool(self.slots)
+
+    def addresses(self, buffers: dict[int, Any]) -> list[int]:
+        out = list(self.current)
+        for uid, (slot, _) in self.slots.items():
+            out[slot] = _address(buffers[uid])
+        return out
+
+    def write(self, addresses: list[int]) -> None:
+        """Point the table at `addresses` (ordered on the current stream); no-op when unchanged."""
+        if addresses == self.current:
+            return
+        for uid, (slot, _) in self.slots.items():
+            if addresses[slot] % 16:
+                raise VariantPackError(
+                    f"the buffer's address {addresses[slot]:#x} is not 16-byte aligned", tensor=self.graph.tensors[uid],
+                    rule="pack.alignment",
+                    hint="by-reference buffers must start on a 16-byte boundary (fresh allocations do)",
+                )
+        import torch
+
+        host = torch.tensor(addresses, dtype=torch.int64)
+        if self.device.is_cuda:
+            self.tensor.copy_(host.pin_memory(), non_blocking=True)
+        else:
+            self.tensor.copy_(host)
+        self.current = list(addresses)
+
+    def update(self, buffers: dict[int, Any]) -> None:
+        if self.slots:
+            self.write(self.addresses(buffers))
+            buffers[TABLE_KEY] = self.tensor
+
+
+def _address(buffer: Any) -> int:
+    if hasattr(buffer, "data_ptr"):
+        return int(buffer.data_ptr())
+    return int(buffer.__array_interface__["data"][0])  # a NumPy array
