@@ -29,6 +29,10 @@ class NumericalNote(enum.Enum):
 
 class BehaviorNote(enum.Enum):
     RUNTIME_COMPILATION = "runtime_compilation"
+    # the kernels can be captured in a CUDA graph (no host synchronisation or host computation)
+    CUDA_GRAPH_CAPTURABLE = "cuda_graph_capturable"
+    # ... and re-pointed by update_cuda_graph without re-capture (addresses of by-reference tensors
+    # read from the plan's address table)
     SUPPORTS_CUDA_GRAPH_NATIVE_API = "supports_cuda_graph_native_api"
     DEVICE_SCALARS = "device_scalars"  # reads 1-element tensors from memory at run time
     HOST_EXECUTION = "host_execution"  # computes on the CPU

@@ -640,7 +640,7 @@ def test_config_notes_on_cuda():
     g.conv_wgrad(x, dy, padding=1).set_output(True)
     pieces = [make_piece(g.final, 0, g.final.nodes)]
     config = make_config(pieces[0], cuda, og.HeurMode.A)
-    assert config.behavior_notes == {BehaviorNote.DEVICE_SCALARS, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
+    assert config.behavior_notes == {BehaviorNote.DEVICE_SCALARS, BehaviorNote.CUDA_GRAPH_CAPTURABLE}
     assert config.numerical_notes == {NumericalNote.TENSOR_CORE, NumericalNote.NONDETERMINISTIC,
                                       NumericalNote.DOWN_CONVERT_INPUTS}  # fp32 conv outputs: TF32-level
     assert config.estimate_us is not None and config.estimate_us > 3 * 3.0  # three ops' launches at least
@@ -697,7 +697,7 @@ def test_gpu_conv_bias_relu_batchnorm_reduction(dt, rng):
     g.reduction(h, ReductionMode.ADD).set_output(True).set_dim([1, 64, 1, 1])
     plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda", expect_steps=1)
     notes = plan.steps[0].config.behavior_notes
-    assert BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API in notes and BehaviorNote.HOST_EXECUTION not in notes
+    assert BehaviorNote.CUDA_GRAPH_CAPTURABLE in notes and BehaviorNote.HOST_EXECUTION not in notes
 
 
 @pytest.mark.gpu

@@ -87,7 +87,7 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     if not fallback:
         behavior.add(BehaviorNote.DEVICE_SCALARS)
         if device.is_cuda:
-            behavior.add(BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API)
+            behavior.add(BehaviorNote.CUDA_GRAPH_CAPTURABLE)  # capturable; updates re-capture
     why = f"op by op through PyTorch on {device.kind} ({len(piece.nodes)} op(s))"
     if fallback:
         why += "; on the host through the reference engine (no torch mapping): " + ", ".join(fallback)

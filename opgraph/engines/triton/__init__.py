@@ -166,7 +166,7 @@ class TritonEngine(Engine):
             candidates = candidates[:1]
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
-            behavior.add(BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API)
+            behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
         else:
             behavior |= {BehaviorNote.INTERPRETED, BehaviorNote.HOST_EXECUTION}
         return [
