@@ -119,6 +119,8 @@ class Session:
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         ratios = []
         for w in self.workloads:
+            if w.group == "host":
+                continue
             by = {}
             for r in w.results:
                 key = r.impl if r.impl.startswith("opgraph") else r.impl.split("(")[0].strip()
@@ -146,6 +148,13 @@ class Session:
 
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
             lines.append(f"\nGeometric mean of opgraph / best peer over {len(ratios)} workloads: {geo:.2f}")
+        host = [w for w in self.workloads if w.group == "host"]
+        if host:
+            lines += ["", "| host-side measurement | implementation | µs | note |", "|---|---|---|---|"]
+            for w in host:
+                for r in w.results:
+                    us = f"{r.us:.1f}" if r.us is not None else "—"
+                    lines.append(f"| {w.name} | {r.impl} | {us} | {(r.note + ' ' + r.error).strip()} |")
         return "\n".join(lines)
 
 

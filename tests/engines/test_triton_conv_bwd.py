@@ -196,6 +196,17 @@ def test_dgrad_split_k_with_epilogue_and_reductions(split, stride, rng):
     _check(plan, rng)
 
 
+@pytest.mark.parametrize("knobs", [{"PERSISTENT": 3}, {"PERSISTENT": 2, "SPLIT_K": 2, "BLOCK_K": 16},
+                                   {"EPILOGUE_SUBTILE": 2, "BLOCK_N": 32}], ids=str)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_dgrad_gemm_knobs_of_the_shared_machinery(knobs, stride, rng):
+    """dgrad runs gemm.py's generate: persistent programs and epilogue subtiles work with phases too."""
+    g, _, _, dx = dgrad_graph((2, 16, 6, 6), (40, 16, 3, 3), padding=[1, 1], stride=[stride, stride])
+    yf = g.tensor(dim=[2, 16, 6, 6], stride=nhwc([2, 16, 6, 6]), name="yf")
+    g.relu_backward(dx, yf).set_output(True)
+    _check(_plan_with(g, knobs), rng)
+
+
 def test_dgrad_stencil_has_no_dot_and_fuses_drelu(rng):
     g, _, _, dx = dgrad_graph((2, 16, 6, 6), (16, 1, 3, 3), padding=[1, 1], stride=[2, 2])
     yf = g.tensor(dim=[2, 16, 6, 6], stride=nhwc([2, 16, 6, 6]), name="yf")

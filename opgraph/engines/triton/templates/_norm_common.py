@@ -191,6 +191,51 @@ class TileIndexer:
         return "0"  # a size-1 axis
 
 
+class PrefetchIndexer(TileIndexer):
+    """A TileIndexer for the body of a loop over tiles whose loads are issued one iteration ahead
+    (register double buffering): a load whose offset involves a component in `walked` (one that
+    changes from one iteration to the next) reads `pf_<ptr>`, the raw (storage-type) tile loaded
+    for this iteration by the previous one, and `nxt` (the same components and masks named for the
+    next tile, its masks false past the loop's end) gives the load of the next tile. The caller
+    emits `first()` before the loop (with the next-tile names set to the first tile), `issue()` at
+    the top of the body (so the next tile is in flight while the body waits for this one) and
+    `rotate()` at its end. Other loads (per-channel parameters, scalars) are left as they are."""
+
+    def __init__(self, dims: Sequence[int], comps: Sequence[Comp], masks: Mapping[frozenset[int], str | None],
+                 zeros: Mapping[int, str] | None, walked: set[str], nxt: TileIndexer) -> None:
+        super().__init__(dims, comps, masks, zeros)
+        self.walked = walked
+        self.nxt = nxt
+        self.loads: dict[str, str] = {}  # register name -> load over the next tile's indices
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        if desc.numel == 1 or not any(c.var in self.walked and self.comp_offset(c, desc) is not None
+                                      for c in self.comps):
+            return super().load(desc, ptr)
+        name = f"pf_{ptr}"
+        self.loads.setdefault(name, self.nxt.load(desc, ptr))
+        return name
+
+    def first(self) -> list[str]:
+        return [f"{n} = {e}" for n, e in self.loads.items()]
+
+    def issue(self) -> list[str]:
+        return [f"{n}_n = {e}" for n, e in self.loads.items()]
+
+    def rotate(self) -> list[str]:
+        return [f"{n} = {n}_n" for n in self.loads]
+
+
+def loop_header(var: str, lo: str, hi: str, step: str | None, stages: int) -> str:
+    """`for var in range(lo, hi[, step]):`; with stages > 1, `tl.range(..., num_stages=stages)`, which
+    software-pipelines every load of the body (cp.async into shared memory on sm_80+: `stages - 1`
+    tiles in flight per program without holding them in registers; the interpreter ignores it)."""
+    args = ", ".join([lo, hi] + ([step] if step else []))
+    if stages > 1:
+        return f"for {var} in tl.range({args}, num_stages={stages}):"
+    return f"for {var} in range({args}):"
+
+
 # -- kernel parameters ------------------------------------------------------------------------------
 
 

@@ -327,6 +327,9 @@ class ConvWgradTemplate(TileTemplate):
                                       op=verdict.node.label() if verdict.node else None,
                                       rule="triton.gemm.match", hint="ask the engine which template matches")
         _check_knobs(knobs)
+        if int(knobs.get("PERSISTENT", 0)):
+            raise AttributeValueError("PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
+                                      op=gp.main.label(), rule="triton.conv_wgrad.knob", hint="drop PERSISTENT")
         tiling = self.tiling(gp, knobs)
         assert isinstance(tiling, TapTiling)
         ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
