@@ -32,6 +32,8 @@ class AddressTable:
         self.slots = table_slots(graph)
         self.current: list[int] = [0] * len(self.slots)
         self.tensor: Any = None
+        self._ring: list[tuple[Any, Any]] = []
+        self._next = 0
         if self.slots:
             import torch
 
@@ -58,14 +60,28 @@ class AddressTable:
                     rule="pack.alignment",
                     hint="by-reference buffers must start on a 16-byte boundary (fresh allocations do)",
                 )
+        if self.device.is_cuda:
+            self._write_async(addresses)
+        else:
+            import torch
+
+            self.tensor.copy_(torch.tensor(addresses, dtype=torch.int64))
+        self.current = list(addresses)
+
+    def _write_async(self, addresses: list[int]) -> None:
+        """An asynchronous copy from one of a few pinned host buffers, reused once the copy that last
+        read it has completed (an event per buffer), so the host never waits in the common case."""
         import torch
 
-        host = torch.tensor(addresses, dtype=torch.int64)
-        if self.device.is_cuda:
-            self.tensor.copy_(host.pin_memory(), non_blocking=True)
-        else:
-            self.tensor.copy_(host)
-        self.current = list(addresses)
+        if not self._ring:
+            self._ring = [(torch.empty(len(addresses), dtype=torch.int64).pin_memory(), torch.cuda.Event())
+                          for _ in range(4)]
+        host, done = self._ring[self._next]
+        self._next = (self._next + 1) % len(self._ring)
+        done.synchronize()
+        host.copy_(torch.tensor(addresses, dtype=torch.int64))
+        self.tensor.copy_(host, non_blocking=True)
+        done.record()
 
     def update(self, buffers: dict[int, Any]) -> None:
         if self.slots:

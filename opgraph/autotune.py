@@ -41,14 +41,22 @@ def environment(device: Device) -> dict[str, Any]:
 
     env: dict[str, Any] = {"opgraph": __version__, "device": device.name, "capability": device.capability,
                            "sm_count": device.sm_count}
-    for mod in ("torch", "triton"):
-        module = sys.modules.get(mod)
-        if module is not None:
-            env[mod] = getattr(module, "__version__", None)
+    for dist in ("torch", "triton"):
+        env[dist] = _version(dist)
     torch = sys.modules.get("torch")
     if torch is not None and device.is_cuda:
         env["cuda"] = torch.version.cuda
     return env
+
+
+def _version(dist: str) -> str | None:
+    """An installed distribution's version, without importing it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def cache_key(piece: Piece, device: Device, engines: Sequence[str]) -> str:

@@ -234,6 +234,17 @@ class FastBinder:
             if len(self.keys) < 4096:
                 self.keys[key] = resolve_key(self.graph, key)
 
+    def bind_one(self, uid: int, value: Any) -> bool:
+        """Whether one torch tensor fits tensor `uid` (dims, strides, type, device)."""
+        expect = self.expect.get(uid)
+        if expect is None or type(value) is not self.tensor_type:
+            return False
+        shape, stride, loose, dtype, _ = expect
+        if value.shape != shape or value.dtype is not dtype or not value.is_cuda or value.device.index != self.device_index:
+            return False
+        got = value.stride()
+        return got == stride or all(g == s for g, s, l in zip(got, stride, loose) if not l)
+
     def bind(self, pack: Mapping[Any, Any]) -> dict[int, Any] | None:
         keys = self.keys
         out: dict[int, Any] = {}

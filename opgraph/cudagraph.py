@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .addresses import TABLE_KEY
-from .bindings import bind
 from .errors import GraphError
 
 if TYPE_CHECKING:
@@ -58,8 +57,8 @@ def _require_cuda(plan: ExecutionPlan) -> Any:
     return torch
 
 
-def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any]]:
-    buffers = bind(plan.graph, plan.device, pack)
+def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any], dict[int, Any]]:
+    buffers = plan._bind(pack)
     direct, values = {}, {}
     for uid, value in buffers.items():
         t = plan.graph.tensors[uid]
@@ -67,7 +66,7 @@ def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, i
             values[uid] = value
         elif not t.is_by_reference:
             direct[uid] = value.data_ptr()
-    return direct, values
+    return direct, values, buffers
 
 
 def _capture(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: Any) -> None:
@@ -84,7 +83,7 @@ def _capture(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace
 
 def populate(plan: ExecutionPlan, pack: Mapping[Any, Any], workspace: Any = None) -> Any:
     torch = _require_cuda(plan)
-    direct, values = _snapshot(plan, pack)
+    direct, values, _ = _snapshot(plan, pack)
     graph = torch.cuda.CUDAGraph()
     _capture(plan, graph, pack, workspace)
     plan._captures[id(graph)] = Capture(dict(pack), direct, values, workspace)
@@ -97,13 +96,12 @@ def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: 
     if record is None:
         raise GraphError("this CUDA graph was not populated by this plan", rule="cudagraph.unknown",
                          hint="update graphs returned by this plan's populate_cuda_graph")
-    direct, values = _snapshot(plan, pack)  # raises VariantPackError when the pack does not fit
+    direct, values, buffers = _snapshot(plan, pack)  # raises VariantPackError when the pack does not fit
     moved = tuple(u for u, a in direct.items() if record.direct.get(u) != a)
     changed = tuple(u for u, v in values.items() if record.values.get(u) != v)
     if workspace is not record.workspace and plan.workspace_size:
         moved += (TABLE_KEY,)
     if not moved and not changed:
-        buffers = bind(plan.graph, plan.device, pack)
         plan._table.update(buffers)  # by-reference tensors: new addresses, no re-capture
         record.pack = dict(pack)
         return UpdateResult(False)

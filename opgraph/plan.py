@@ -72,6 +72,14 @@ def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
     return usable
 
 
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
 def _all_by_reference(graph: FinalGraph) -> FinalGraph:
     """The graph with every bound (non-virtual, not pass-by-value) tensor by reference."""
     tensors = {u: (dataclasses.replace(t, is_by_reference=True) if not t.is_virtual and not t.is_pass_by_value else t)
@@ -175,11 +183,7 @@ class ExecutionPlan:
         """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
         `workspace_size` bytes on the plan's device. `stream`: a torch.cuda.Stream (or a raw
         cudaStream_t as an int) to run on; default the current stream."""
-        buffers = self._fast.bind(variant_pack) if self._fast is not None else None
-        if buffers is None:
-            buffers = bind(self.graph, self.device, variant_pack)
-            if self._fast is not None:
-                self._fast.learn(variant_pack)
+        buffers = self._bind(variant_pack)
         base, views = self._workspace(workspace, buffers)  # checked before any step runs
         if views:
             buffers.update(views)
@@ -220,6 +224,15 @@ class ExecutionPlan:
             if ev.count and total:
                 rows.append((ev.key, round(ev.count / repeat), total / ev.count))
         return sorted(rows, key=lambda r: -r[1] * r[2])
+
+    def _bind(self, variant_pack: Mapping[Any, Any]) -> dict[int, Any]:
+        """The checked pack: the fast path for packs like the last ones, else the full check."""
+        buffers = self._fast.bind(variant_pack) if self._fast is not None else None
+        if buffers is None:
+            buffers = bind(self.graph, self.device, variant_pack)
+            if self._fast is not None:
+                self._fast.learn(variant_pack)
+        return buffers
 
     def _workspace(self, user: Any, bound: Mapping[int, Any]) -> tuple[Any, dict[int, Any]]:
         if user is not None:
@@ -267,9 +280,13 @@ class ExecutionPlan:
         from .buffers import buffer_info
         from .bindings import _check_buffer
 
-        uid = resolve_key(self.graph, tensor)
+        uid = self._fast.keys.get(tensor) if self._fast is not None and _hashable(tensor) else None
+        if uid is None:
+            uid = resolve_key(self.graph, tensor)
         slot = self.table_slot(uid)
-        _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
+        fast = self._fast.bind_one(uid, buffer) if self._fast is not None else False
+        if not fast:
+            _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
         addresses = list(self._table.current)
         addresses[slot] = buffer.data_ptr() if hasattr(buffer, "data_ptr") else buffer.__array_interface__["data"][0]
         self._table.write(addresses)

@@ -56,6 +56,7 @@ and `estimate()` give a config's numerical notes and estimated time for the engi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -715,6 +716,7 @@ class Context:
     scratch: Scratch = field(default_factory=Scratch)
     tensors: dict[int, TensorDesc] = field(default_factory=dict)
     reductions: list["ReductionPlan"] = field(default_factory=list)
+    sm_count: int = 132  # the device's SMs (sizes the combine launches)
 
     def ptr_of(self, sig: Signature) -> Callable[[int], str]:
         def ptr(uid: int) -> str:
@@ -747,9 +749,15 @@ def needs_int64(gp: GemmPiece, extra: int = 0) -> bool:
     return max(extents) > INT32_LIMIT
 
 
-def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, name: str) -> list[str]:
+def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, name: str,
+                 preset: Mapping[int, str] | None = None) -> list[str]:
     """Lines that leave operand `role` of the main op as tile `name`, in the dot's operand type:
-    loaded directly, or computed by its prologue and then zeroed where out of bounds (padding)."""
+    loaded directly, or computed by its prologue and then zeroed where out of bounds (padding).
+
+    `preset` maps tensor uids to names of values already computed before the tile (per-channel
+    vectors a loop reads once, outside it). When the prologue's result is declared in the dot's
+    16-bit operand type (an fp16 scale+bias+relu feeding an fp16 conv), its rounding is the one cast
+    to that type and the padding is zeroed on the 16-bit values: no fp32 round trip."""
     gp = ctx.gp
     uid = gp.main.input(role)
     assert isinstance(uid, int)
@@ -762,26 +770,36 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
             return [f"{name} = {load}"]
         return [f"{name} = {load}.to({target})"]
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
+    if preset:
+        em.values.update(preset)
     for node in nodes:
         em.emit(node)
     value = em.values[uid]
+    lines = list(em.lines)
+    rounded = round_in_compute(value, desc.data_type, ctx.compute)
+    if (desc.data_type in (DataType.HALF, DataType.BFLOAT16) and TL_DTYPE[desc.data_type] == target
+            and rounded is not None and lines and lines[-1] == f"{value} = {rounded}"):
+        lines.pop()
+        value = to_storage(value, desc.data_type, ctx.compute)
     mask = indexer.mask()
     rows, cols = indexer.shape
     if mask is None:
-        lines = [*em.lines, f"{name} = tl.broadcast_to({value}, ({rows}, {cols}))"]
+        lines.append(f"{name} = tl.broadcast_to({value}, ({rows}, {cols}))")
     else:
-        lines = [*em.lines, f"{name} = tl.where({mask}, {value}, 0.0)"]
+        lines.append(f"{name} = tl.where({mask}, {value}, 0.0)")
     return lines + [f"{name} = {name}.to({target})"]
 
 
-def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1) -> list[str]:
+def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
+             preset: Mapping[int, str] | None = None) -> list[str]:
     """The accumulator -> the main output's value (rounded to its declared type) -> the epilogue's
     pointwise ops -> stores -> reduction partials (or results, when one program covers them).
 
     subtile=2 runs it on the two column halves of the tile one after the other (EPILOGUE_SUBTILE):
-    a heavy epilogue (erf-based GELU) then holds half as many temporaries next to the accumulator."""
+    a heavy epilogue (erf-based GELU) then holds half as many temporaries next to the accumulator.
+    `preset` (whole tiles only) maps tensor uids to values loaded before (`preload_lines`)."""
     if subtile <= 1 or not can_subtile(ctx):
-        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)))
+        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset)
     t, sp = ctx.tiling, ctx.tiling.space
     half = t.block_n // 2
     lines = [f"{acc}_h0, {acc}_h1 = tl.split(tl.permute(tl.reshape({acc}, (BLOCK_M, 2, {half})), (0, 2, 1)))"]
@@ -796,15 +814,40 @@ def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1) -> list[s
     return lines
 
 
+def preload_lines(ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: TileIndexer,
+                  skip: Sequence[int] = ()) -> tuple[list[str], dict[int, str]]:
+    """Loads, before a loop, of the tensors that `nodes` read and that are constant along the tile's
+    rows (per-channel bias, scale, shift): lines and {uid: value name} for `preset`. A tensor
+    qualifies when every axis it does not broadcast is a column axis of `indexer`."""
+    lines: list[str] = []
+    names: dict[int, str] = {}
+    produced = {u for n in nodes for u in n.output_uids()}
+    for node in nodes:
+        for u in node.input_uids():
+            if u in names or u in produced or u in skip:
+                continue
+            desc = ctx.tensors[u]
+            if desc.is_pass_by_value or desc.numel == 1:
+                continue
+            if any(d > 1 and s != 0 and indexer.axes[a][0] != "c" for a, (d, s) in enumerate(zip(desc.dim, desc.stride))):
+                continue
+            names[u] = f"pre{u}"
+            lines.append(f"pre{u} = {indexer.load(desc, ctx.ptr_of(sig)(u))}.to({ctx.compute})")
+    return lines, names
+
+
 def can_subtile(ctx: Context) -> bool:
     """Halves work when each is a power of two >= 16 and no reduction runs along the tile's columns
     (its two halves would need adding)."""
     return ctx.tiling.block_n >= 32 and not any(p.red.along == "cols" for p in ctx.reductions)
 
 
-def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer) -> list[str]:
+def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
+                   preset: Mapping[int, str] | None = None) -> list[str]:
     gp = ctx.gp
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
+    if preset:
+        em.values.update(preset)
     out = gp.out
     out_desc = gp.tensor(out)
     name = f"v{out}"
@@ -944,14 +987,20 @@ class ReductionPlan:
         return f"{ptr} + {' + '.join(terms)}"
 
     def combine_source(self, ctx: Context, index: int) -> tuple[str, Launch]:
-        """A kernel summing (or min/max-ing) the partials of each kept position and writing the
-        results. A [BLOCK_S, BLOCK_L] tile per step keeps many loads in flight."""
+        """A kernel reducing the partials of each kept position in fixed order and writing the
+        results (deterministic). Its grid is (position blocks x arrays): each program takes BLOCK_L
+        positions of one output array (a sum and a sum of squares run side by side) and all of their
+        slots, BLOCK_S slots per (pipelined) load. On the GPU the blocks are sized for about two
+        programs per SM and <= 8K elements per load; rows of >= 8 floats keep the loads sector-wide."""
         sp = ctx.tiling.space
         sig = Signature()
-        block_l = min(pow2_at_least(self.length, 16), 64 if not ctx.interpret else 32)
-        block_s = min(pow2_at_least(self.slots, 2), 256 if not ctx.interpret else 16)
+        block_s, block_l, warps = self.combine_blocks(ctx)
+        narr = len(self.arrays)
+        nl = -(-self.length // block_l)
         body = [
-            "l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)",
+            f"arr = tl.program_id(0) // {nl}" if narr > 1 else "arr = 0",
+            f"l = (tl.program_id(0) % {nl}) * BLOCK_L + tl.arange(0, BLOCK_L)" if narr > 1
+            else "l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)",
             f"lmask = l < {self.length}",
         ]
         # decode the kept index into output coordinates
@@ -967,32 +1016,54 @@ class ReductionPlan:
         else:
             body.append("ki = l")
         body += decompose("ki", inner, "y")
-        for uid, kind, fin, offset in self.arrays:
+        for i, (uid, kind, fin, offset) in enumerate(self.arrays):
             _, identity, combine = _PARTIAL[kind]
             ws = sig.scratch(f"ws{uid}", offset)
             desc = ctx.tensors[uid]
             op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}[combine]
-            body += [
-                f"acc_{uid} = tl.full((BLOCK_S, BLOCK_L), {identity}, tl.float32)",
-                f"for s0 in range(0, {self.slots}, BLOCK_S):",
-                "    s = s0 + tl.arange(0, BLOCK_S)",
-                f"    part = tl.load({ws} + s[:, None] * {self.length} + l[None, :], "
-                f"mask=(s < {self.slots})[:, None] & lmask[None, :], other={identity})",
-                f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
-                f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
-            ]
+            smask = "" if self.slots % block_s == 0 else f"(s < {self.slots})[:, None] & "
             terms = []
-            for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-                if d > 1 and s != 0:
-                    terms.append(f"y{axis}" if s == 1 else f"y{axis} * {s}")
+            for axis, (d, st) in enumerate(zip(desc.dim, desc.stride)):
+                if d > 1 and st != 0:
+                    terms.append(f"y{axis}" if st == 1 else f"y{axis} * {st}")
             terms.append("l * 0")
             value = to_storage(self.finalize(f"r_{uid}", fin), desc.data_type, "tl.float32")
-            body.append(f"tl.store({sig.buf(uid)} + {' + '.join(terms)}, {value}, mask=lmask)")
+            block = [
+                f"acc_{uid} = tl.full((BLOCK_S, BLOCK_L), {identity}, tl.float32)",
+                f"for s0 in tl.range(0, {self.slots}, BLOCK_S, num_stages=2):",
+                "    s = s0 + tl.arange(0, BLOCK_S)",
+                f"    part = tl.load({ws} + s[:, None] * {self.length} + l[None, :], "
+                f"mask={smask}lmask[None, :], other={identity})",
+                f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
+                f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
+                f"tl.store({sig.buf(uid)} + {' + '.join(terms)}, {value}, mask=lmask)",
+            ]
+            if narr > 1:
+                body.append(f"if arr == {i}:")
+                body += ["    " + line for line in block]
+            else:
+                body += block
         name = f"kernel_combine{index}"
         source = sig.source(name, ["BLOCK_S", "BLOCK_L"], body)
-        grid = (-(-self.length // block_l),)
-        launch = Launch(name, grid, tuple(sig.args), (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", 4)))
+        grid = (nl * narr,)
+        launch = Launch(name, grid, tuple(sig.args),
+                        (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps)))
         return source, launch
+
+    def combine_blocks(self, ctx: Context) -> tuple[int, int, int]:
+        """(BLOCK_S, BLOCK_L, num_warps) of the combine launch. Under the interpreter: small blocks
+        that still loop over slots and positions in the tests."""
+        if ctx.interpret:
+            return min(pow2_at_least(self.slots, 2), 16), min(pow2_at_least(self.length, 16), 32), 4
+        sms = max(ctx.sm_count, 1)
+        narr = len(self.arrays)
+        block_l = pow2_at_least(self.length, 8)
+        while block_l > 8 and -(-self.length // block_l) * narr < 2 * sms:
+            block_l //= 2
+        block_s = min(pow2_at_least(self.slots, 2), max(2, 8192 // block_l))
+        block_l = min(block_l, max(8, 8192 // block_s))
+        warps = 8 if block_s * block_l >= 4096 else 4
+        return block_s, block_l, warps
 
 
 # -- split-K -------------------------------------------------------------------------------------------
@@ -1070,6 +1141,26 @@ def tma_ok(desc: TensorDesc, offset: int, inner: int) -> bool:
     if desc.stride[inner] != 1 or (offset * size) % 16:
         return False
     return all((s * size) % 16 == 0 for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and d > 1)
+
+
+def epilogue_tiling(tiling: Tiling, knobs: Mapping[str, Any], device: Device) -> Tiling:
+    """The tiles of the split-K epilogue launch. Each program sums SPLIT_K partial tiles (all
+    loads issued at once) and runs the epilogue, so a tile of the main kernel's size would give few
+    programs, each with SPLIT_K x (BM x BN / threads) loads in flight (a 128 x 128 tile split 2: 52
+    programs for a 1568 x 512 conv). Finer tiles, down to 32 x 32, until there are about two programs
+    per SM (knobs EPI_M / EPI_N set them)."""
+    bm, bn = tiling.block_m, tiling.block_n
+    if "EPI_M" in knobs or "EPI_N" in knobs:
+        bm, bn = int(knobs.get("EPI_M", bm)), int(knobs.get("EPI_N", bn))
+    else:
+        bm, bn = min(bm, 64), min(bn, 128)
+        want = 2 * max(device.sm_count, 1)
+        while bm * bn > 1024 and Tiling(tiling.space, bm, bn).per_split < want:
+            if bm >= bn and bm > 32 or bn <= 32:
+                bm //= 2
+            else:
+                bn //= 2
+    return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)
 
 
 # -- the template base -------------------------------------------------------------------------------
@@ -1153,6 +1244,9 @@ class TileTemplate(Template):
         _check_knobs(knobs)
         tiling = self.tiling(gp, knobs)
         ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
+        ctx.sm_count = device.sm_count
+        if tiling.split > 1:  # the epilogue launch owns the reductions (their partials follow its tiles)
+            ctx.scratch, ctx.reductions = Scratch(), []
         constexprs = self.constexprs(knobs)
         warps = int(knobs.get("num_warps", 4))
         meta = (*constexprs.items(), ("num_warps", warps), ("num_stages", int(knobs.get("num_stages", 2))))
@@ -1168,10 +1262,17 @@ class TileTemplate(Template):
         tile += split_lines
         tile += self.mainloop(ctx, sig, knobs, lo, hi)
         acc_off = -1
+        plans, plan_ctx = ctx.reductions, ctx
+        ectx = ctx
         if tiling.split > 1:
+            # the main kernel stores partial tiles; the epilogue launch sums them on its own, finer
+            # tiles (enough programs to stream the partials) and owns the reductions' partials
             acc_bytes = tiling.split * gp.space.nbatch * gp.space.groups * gp.space.m * gp.space.n * 4
             acc_off = ctx.scratch.alloc(acc_bytes)
             tile += split_store(ctx, sig, acc_off)
+            ectx = dataclasses.replace(ctx, tiling=epilogue_tiling(tiling, knobs, device))
+            ectx.reductions = [ReductionPlan.make(r, ectx) for r in gp.reductions]
+            plans, plan_ctx = ectx.reductions, ectx
         else:
             tile += epilogue(ctx, sig, "acc", int(knobs.get("EPILOGUE_SUBTILE", 1)))
         body = self.setup(ctx, sig, knobs)
@@ -1183,15 +1284,18 @@ class TileTemplate(Template):
         functions.append(sig.source("kernel", list(constexprs), body))
         launches.append(Launch("kernel", (programs,), tuple(sig.args), meta))
         if tiling.split > 1:
+            et = ectx.tiling
             esig = Signature()
-            ebody = tiling.header(with_split=False) + split_sum(ctx, esig, acc_off) + \
-                epilogue(ctx, esig, "acc", int(knobs.get("EPILOGUE_SUBTILE", 1)))
-            emeta = (("BLOCK_M", tiling.block_m), ("BLOCK_N", tiling.block_n), ("num_warps", warps))
+            subtile = int(knobs.get("EPILOGUE_SUBTILE", 1)) if et.block_n == tiling.block_n else 1
+            ebody = et.header(with_split=False) + split_sum(ectx, esig, acc_off) + \
+                epilogue(ectx, esig, "acc", subtile)
+            ewarps = warps if et.block_m * et.block_n >= 16384 else 4
+            emeta = (("BLOCK_M", et.block_m), ("BLOCK_N", et.block_n), ("num_warps", ewarps))
             functions.append(esig.source("kernel_epilogue", ["BLOCK_M", "BLOCK_N"], ebody))
-            launches.append(Launch("kernel_epilogue", (tiling.per_split,), tuple(esig.args), emeta))
-        for i, plan in enumerate(ctx.reductions):
+            launches.append(Launch("kernel_epilogue", (et.per_split,), tuple(esig.args), emeta))
+        for i, plan in enumerate(plans):
             if plan.slots > 1:
-                source, launch = plan.combine_source(ctx, i)
+                source, launch = plan.combine_source(plan_ctx, i)
                 functions.append(source)
                 launches.append(launch)
         source = module_source(*functions)
@@ -1201,7 +1305,7 @@ class TileTemplate(Template):
 
 
 def _check_knobs(knobs: Mapping[str, Any]) -> None:
-    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "EPI_M", "EPI_N"):
         value = knobs.get(key)
         if value is not None and (int(value) < 16 or int(value) & (int(value) - 1)):
             raise AttributeValueError(

@@ -40,10 +40,12 @@ from ._norm_common import (
     Comp,
     Fusion,
     Params,
+    PrefetchIndexer,
     TileIndexer,
     analyse,
     compute_of,
     is_big,
+    loop_header,
     make_emitter,
     memory_order,
     nest,
@@ -127,15 +129,31 @@ def _best_q_block(q: int, cap: int) -> int:
     return min(best, pow2_ceil(q))
 
 
-def _knobs(g: Geometry, device: Device, *, bc: int | None = None, q_cap: int = 1024, per_sm: int = 4,
-           order: int = 1) -> dict[str, Any]:
+def stats_bytes(g: Geometry, piece: Piece) -> int:
+    """Bytes the stats pass reads per element of the space: its full-size inputs (x, dy, the
+    prologue's inputs)."""
+    fusion = g.fusion
+    full = fusion.full_inputs()
+    uids = {u for n in fusion.prologue_for(full) for u in n.input_uids()} | full
+    return sum(piece.tensor(u).data_type.itemsize for u in uids
+               if u in piece.inputs and piece.tensor(u).dim == g.dims) or 2
+
+
+def _stages(tile_bytes: int) -> int:
+    """Pipeline depth of the stats loop: about 24 KiB in flight per program (2-4 tiles)."""
+    return 1 + max(1, min(3, round(24576 / max(1, tile_bytes))))
+
+
+def _knobs(g: Geometry, device: Device, elt: int = 2, *, bc: int | None = None, q_cap: int = 1024,
+           per_sm: int = 4, order: int = 1, stages: int | None = None, prefetch: int = 0,
+           tile: int = 4096) -> dict[str, Any]:
     gpu = device.is_cuda
     cp = pow2_ceil(g.C)
     accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else 2
     if g.channels_last:
         if gpu:  # stats and apply tiles of 4096 elements; apply rows divide stats rows (ORDER)
             bc = min(cp, bc or 64)
-            br, abc = 4096 // bc, min(cp, 128)
+            br, abc = max(1, tile // bc), min(cp, 128)
             abr = max(1, 4096 // abc)
         else:
             bc, br, abc, abr = min(cp, 4), 8, min(cp, 8), 8
@@ -143,7 +161,7 @@ def _knobs(g: Geometry, device: Device, *, bc: int | None = None, q_cap: int = 1
     else:
         if gpu:
             br = _best_q_block(g.Q, q_cap)
-            bc = min(cp, max(1, 4096 // br))
+            bc = min(cp, max(1, tile // br))
         else:
             br, bc = min(pow2_ceil(g.Q), 8), min(cp, 4)
         abr, abc = br, min(cp, max(1, (4096 if gpu else 64) // br))
@@ -151,26 +169,40 @@ def _knobs(g: Geometry, device: Device, *, bc: int | None = None, q_cap: int = 1
     cblocks = -(-g.C // bc)
     want = per_sm * device.sm_count if gpu else 8
     chunks = max(1, min(tiles, -(-want // (cblocks * g.B))))
+    if stages is None:
+        stages = _stages(br * bc * elt) if gpu else 0
     return {
-        "BR": br, "BC": bc, "CHUNK": -(-tiles // chunks), "W": 4 * accumulators // 2 if gpu else 4,
+        "BR": br, "BC": bc, "CHUNK": -(-tiles // chunks),
+        "W": max(4, br * bc // 1024 * accumulators // 2) if gpu else 4,
+        "ST": 0 if prefetch else stages, "PF": prefetch,
         "ABR": abr, "ABC": abc, "AW": 8 if gpu and abr * abc >= 4096 else 4,
-        "BS": min(pow2_ceil(g.S), 16 if gpu else 4), "CW": 4, "ORDER": order,
+        "BS": min(pow2_ceil(g.S), 8 if gpu else 4), "CW": 4, "ORDER": order,
     }
 
 
-def candidate_knobs(g: Geometry, device: Device) -> list[dict[str, Any]]:
+def candidate_knobs(g: Geometry, device: Device, elt: int = 2) -> list[dict[str, Any]]:
     """Knob settings, the heuristic's first. Stats pass: tiles of ~4096 elements (channel blocks of 64
     contiguous channels, or Q blocks that waste < 6% in their ragged edge), 4 warps per 2 fp32
-    accumulators, >= 4 programs per SM; combine: 16 slots a program; apply: 4096-element tiles, 8
-    warps (>= 8 elements a thread), read in L2-friendly order (ORDER 1). The alternatives: the other
-    orders, other tile shapes, more programs. On the CPU interpreter small tiles, several chunks and
-    channel blocks, so every code path runs."""
+    accumulators (32 elements a thread), >= 4 programs per SM, the row loop software-pipelined
+    (ST: `tl.range(num_stages=ST)`, cp.async into shared memory: ST - 1 tiles, ~24 KiB, in flight per
+    program, ~96 KiB per SM, where the plain loop had one 8 KiB tile per program and waited for it
+    every iteration); combine: 8 slots a program, every partial loaded once; apply: 4096-element
+    tiles, 8 warps (>= 8 elements a thread), read in L2-friendly order (ORDER 1). The alternatives:
+    the other orders, the plain loop (ST 0), register double buffering instead of cp.async (PF 1:
+    the next tile's loads issued before this one is used), other pipeline depths, tile shapes and
+    program counts. On the CPU interpreter small tiles, several chunks and channel blocks, so every
+    code path runs (register prefetch included)."""
     variants: list[dict[str, Any]] = [{}, {"order": 0}, {"order": 2}]
     if device.is_cuda:
-        variants += [{"bc": 32}, {"bc": 128}, {"q_cap": 256}, {"per_sm": 8}]
+        st = _knobs(g, device, elt)["ST"]
+        variants += [{"stages": 0}, {"prefetch": 1}, {"stages": st - 1}, {"stages": st + 1},
+                     {"tile": 8192}, {"bc": 32}, {"bc": 128}, {"bc": 256}, {"q_cap": 256}, {"per_sm": 8},
+                     {"per_sm": 8, "prefetch": 1}]
+    else:
+        variants += [{"prefetch": 1}, {"stages": 2}]
     out: list[dict[str, Any]] = []
     for v in variants:
-        knobs = _knobs(g, device, **v)
+        knobs = _knobs(g, device, elt, **v)
         if knobs not in out:
             out.append(knobs)
     return out
@@ -313,29 +345,58 @@ class _Gen:
         need_moments = not self.saved
         accs = (["a1", "a2"] if need_moments else []) + (["ad", "ae"] if self.backward else [])
         body += [f"{a} = tl.zeros({shape}, {acc})" for a in accs]
-        em = self.region(comps, masks, zeros, params)
-        xv, gv = self.full_values(em, nodes)
+        stages, prefetch = int(k.get("ST", 0)), bool(int(k.get("PF", 0)))
         if cl:
-            loop = [
-                "rp = p0 + tl.arange(0, BR)[:, None]",
-                "pmask = rp < p_hi",
-                "mask = pmask & cmask",
-            ]
-            header = "for p0 in range(p_lo, p_hi, BR):"
+            current = ["rp = p0 + tl.arange(0, BR)[:, None]", "pmask = rp < p_hi", "mask = pmask & cmask"]
+            header = loop_header("p0", "p_lo", "p_hi", "BR", 0 if prefetch else stages)
+            # the next tile's indices, from its first row; its masks are false past the chunk's end
+            walked = {"rp"}
+            nxt_comps = self.comps(p="rn", q=None, c_axis=1, p_axis=0, q_axis=None)
+            nxt_masks = {frozenset(): None, frozenset({0}): "pnmask", frozenset({1}): "cmask",
+                         frozenset({0, 1}): "nmask"}
+
+            def nxt_index(start: str) -> list[str]:
+                return [f"rn = {start} + tl.arange(0, BR)[:, None]", "pnmask = rn < p_hi", "nmask = pnmask & cmask"]
+
+            first, following = nxt_index("p_lo"), nxt_index("p0 + BR")
         else:
-            loop = [
+            current = [
                 f"pp = t // {nqb}",
                 f"qq = (t % {nqb}) * BR + tl.arange(0, BR)[None, :]",
                 f"qmask = qq < {g.Q}",
                 "mask = cmask & qmask",
             ]
-            header = "for t in range(t_lo, t_hi):"
+            header = loop_header("t", "t_lo", "t_hi", None, 0 if prefetch else stages)
+            walked = {"pp", "qq"}
+            nxt_comps = self.comps(p="pn", q="qn", c_axis=0, p_axis=None, q_axis=1)
+            nxt_masks = {frozenset(): "nok", frozenset({0}): "ncmask", frozenset({1}): "qnmask",
+                         frozenset({0, 1}): "nmask"}
+
+            def nxt_index(start: str) -> list[str]:
+                # (bounds folded into the comparisons: `bool_tile & bool_scalar` gives int32 in the
+                # interpreter, which its loads reject)
+                return [f"tn = {start}", "nok = tn < t_hi", f"pn = tn // {nqb}",
+                        f"qn = (tn % {nqb}) * BR + tl.arange(0, BR)[None, :]",
+                        f"qnmask = qn < tl.where(nok, {g.Q}, 0)", f"ncmask = cc < tl.where(nok, {g.C}, 0)",
+                        "nmask = ncmask & qnmask"]
+
+            first, following = nxt_index("t_lo"), nxt_index("t + 1")
+        if prefetch:
+            pf = PrefetchIndexer(g.dims, comps, masks, zeros, walked, TileIndexer(g.dims, nxt_comps, nxt_masks))
+            em = make_emitter(self.piece, self.compute, pf, params)
+        else:
+            em = self.region(comps, masks, zeros, params)
+        xv, gv = self.full_values(em, nodes)
+        loop = list(current)
         loop += em.lines
         loop.append(f"d = tl.where(mask, {xv} - K, 0.0)")
         if need_moments:
             loop += ["a1 += d", "a2 += d * d"]
         if self.backward:
             loop += [f"gr = tl.where(mask, {gv}, 0.0)", "ad += gr", "ae += gr * d"]
+        if prefetch and pf.loads:
+            body += first + pf.first()
+            loop = following + pf.issue() + loop + pf.rotate()
         body += nest(header, loop)
         if cl:
             body.append(f"n = (p_hi - p_lo).to({acc})")
@@ -404,27 +465,53 @@ class _Gen:
         body = [f"slot = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"smask = slot < {g.S}", "zs = slot * 0",
                 *([f"bb = slot // {g.C}", f"cc = slot % {g.C}"] if g.b_axes else ["cc = slot"]),
                 "kk0 = tl.arange(0, BK)[:, None]"]
+        # the per-slot inputs first: their loads are in flight with the partials'
+        for role in ("mean", "inv_variance") if self.saved else ():
+            em.operand(node.input(role))
+        em.operand(node.input("scale"))
+        if self.forward:
+            em.operand(node.input("bias"))
+            if node.kind == "batchnorm" and node.input("momentum") is not None:
+                em.operand(node.input("in_running_mean"))
+                em.operand(node.input("in_running_var"))
+        body += take()
+        # every chunk's partials in one [BK, BS] block (the usual case: chunks <= BK) are loaded once,
+        # all at the top, and both passes of the exact merge read them from registers
+        one = self.chunks <= bk and pow2_ceil(self.chunks) * bs * len(self.partials) <= 8192
+        if not self.saved:
+            body.append(f"kshift = tl.load({self.scratch(params, 'c_k0')} + slot, mask=smask, other=0.0)")
+        if one:
+            names = {"cnt": "n_i", "mu": "mu_i", "m2": "m2_i", "gd": "d_i", "ge": "e_i"}
+            body += ["kk = kk0", f"km = (kk < {self.chunks}) & smask", f"ko = kk * {g.S} + slot"]
+            body += [f"{names[p]} = {ld(p)}" for p in self.partials]
         if self.saved:
             body += zeros("t_d", "t_e")
-            body += over_chunks([f"t_d += tl.sum({ld('gd')}, {red})", f"t_e += tl.sum({ld('ge')}, {red})"])
+            if one:
+                body += [f"t_d += tl.sum(d_i, {red})", f"t_e += tl.sum(e_i, {red})"]
+            else:
+                body += over_chunks([f"t_d += tl.sum({ld('gd')}, {red})", f"t_e += tl.sum({ld('ge')}, {red})"])
             mean_v, inv_v = em.operand(node.input("mean")), em.operand(node.input("inv_variance"))
             body += take() + [f"mean = {mean_v}", f"inv = {inv_v}", "k0 = mean"]
         else:
             # exact merge of the chunks: the total mean first, then M2 about it
             body += zeros("t_n", "t_m")
-            body += over_chunks([f"n_i = {ld('cnt')}", f"t_n += tl.sum(n_i, {red})",
-                                 f"t_m += tl.sum(n_i * {ld('mu')}, {red})"])
+            first = [f"t_n += tl.sum(n_i, {red})", f"t_m += tl.sum(n_i * mu_i, {red})"]
+            body += first if one else over_chunks([f"n_i = {ld('cnt')}", f"mu_i = {ld('mu')}", *first])
             # partial means are relative to the shift K (stored by the stats pass as k0)
             body += ["rel = t_m / tl.where(smask, t_n, 1.0)",
-                     f"mean = tl.load({self.scratch(params, 'c_k0')} + slot, mask=smask, other=0.0) + rel",
+                     "mean = kshift + rel",
                      *zeros("t_2")]
-            second = [f"n_i = {ld('cnt')}", f"dm = {ld('mu')} - rel",
-                      f"t_2 += tl.sum({ld('m2')} + n_i * dm * dm, {red})"]
+            second = ["dm = mu_i - rel", f"t_2 += tl.sum(m2_i + n_i * dm * dm, {red})"]
             if self.backward:
                 body += zeros("t_d", "t_e")
-                second += [f"d_i = {ld('gd')}", f"t_d += tl.sum(d_i, {red})",
-                           f"t_e += tl.sum({ld('ge')} + dm * d_i, {red})"]
-            body += over_chunks(second)
+                second += [f"t_d += tl.sum(d_i, {red})", f"t_e += tl.sum(e_i + dm * d_i, {red})"]
+            if one:
+                body += second
+            else:
+                loads = [f"n_i = {ld('cnt')}", f"mu_i = {ld('mu')}", f"m2_i = {ld('m2')}"]
+                if self.backward:
+                    loads += [f"d_i = {ld('gd')}", f"e_i = {ld('ge')}"]
+                body += over_chunks(loads + second)
             eps = scalar_expr(node.input("epsilon"), tensors, params, acc)
             body += [f"inv = 1.0 / tl.sqrt(t_2 / {float(g.M)!r} + {eps})"]
         gamma = em.operand(node.input("scale"))
@@ -614,7 +701,7 @@ class NormStatsTemplate(Template):
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         g = self._geometry(piece)
         assert isinstance(g, Geometry)
-        return candidate_knobs(g, device)
+        return candidate_knobs(g, device, stats_bytes(g, piece))
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         g = self._geometry(piece)

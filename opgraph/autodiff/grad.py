@@ -1,0 +1,449 @@
+"""Gradient graphs: `grad(graph, outputs, wrt)` builds the backward graph of a forward graph.
+
+The algorithm (reverse mode, on the finalized forward graph):
+
+1. A forward tensor *requires grad* when it is one of `wrt`, or a floating output of an op one of
+   whose differentiable inputs requires grad (a comparison's BOOLEAN output, or any output of an op
+   whose rule declares no differentiable input, stops the flow).
+2. Each tensor of `outputs` gets its incoming gradient, a new input of the backward graph named
+   ``grad_<name>`` (same dims, strides and type as the output).
+3. Ops are visited in reverse topological order. An op with incoming gradients and an input that
+   requires grad runs its backward rule (rules*.py); each gradient it returns is reduced to the
+   input's dims (gradients of broadcast operands are summed) and added to the input's
+   contributions. A tensor read several times sums its contributions (pointwise ADD).
+4. Each `wrt` tensor's summed gradient becomes an output of the backward graph named
+   ``grad_<name>``, with the dims, strides and type of the forward tensor.
+
+Forward tensors the rules read are *saved* or *recomputed* (split mode, the default):
+
+- a forward input or a non-virtual forward output is saved: it is an input of the backward graph
+  with the same UID, name, dims, strides and type, so the forward pack's buffer binds to it as is;
+- a virtual tensor produced by a heavy op (conv, matmul, normalization, reduction, pooling, custom)
+  is saved; the forward graph must then output it: `GradGraph.must_keep` lists these UIDs and
+  `GradGraph.keep_in(forward_graph)` marks them (set_output) in the user's forward graph;
+- a virtual tensor produced by a cheap op (pointwise, reshape, transpose, slice, concatenate) is
+  recomputed in the backward graph from the chain of cheap ops that makes it, back to tensors that
+  are kept anyway, when the tensors this forces to be kept take fewer bytes than the tensor
+  itself (always when they are forward inputs, outputs or already saved: conv -> relu -> conv
+  keeps the first conv's output, which relu's backward reads, and recomputes the relu). Otherwise
+  it is saved. Decisions are taken in forward order once all rules ran, so a tensor saved for one
+  rule is free for the next. `recompute=False` saves every tensor read.
+
+Batchnorm, layernorm, rmsnorm and instancenorm backward read the saved mean / inv_variance when the
+forward op outputs them (small), else recompute them from the input and epsilon.
+
+`combined=True` builds one graph with the forward ops (same UIDs, names and outputs) followed by
+the backward ops, which read forward tensors directly: the training-step graph. Nothing is saved or
+recomputed there; `saved` lists the forward tensors the backward part reads (virtual ones stay
+virtual: the partitioner materialises them where they cross pieces).
+
+New tensors get UIDs above every forward UID, so forward and backward buffers can share one pack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import DataTypeError, GraphError, UnsupportedGraphError
+from ..graph import Graph
+from ..ir import Const, FinalGraph, Node
+from ..ops.pointwise import PointwiseMode
+from ..tensor import Tensor, TensorDesc
+from .rules import GradBuilder, RuleContext, Value, rule_for, unsupported
+
+CHEAP_KINDS = frozenset({"pointwise", "reshape", "transpose", "slice", "concatenate"})
+MAX_RECOMPUTE_OPS = 32  # a longer cheap chain is saved rather than recomputed
+
+
+@dataclass
+class GradGraph:
+    """The result of `grad`.
+
+    graph        the backward graph (or forward + backward with combined=True)
+    grad_inputs  forward output UID -> the incoming-gradient input tensor ``grad_<name>``
+    grads        wrt UID -> the gradient output tensor ``grad_<name>``
+    saved        forward UID -> its handle in `graph`: in split mode an input of the backward graph
+                 with the forward tensor's UID (bind the forward buffer); in combined mode the
+                 forward tensor the backward part reads
+    recomputed   forward UIDs recomputed in the backward graph (split mode)
+    must_keep    saved forward tensors that are virtual in the forward graph: the forward plan must
+                 output them (`keep_in`)
+    """
+
+    graph: Graph
+    forward: FinalGraph
+    grad_inputs: dict[int, Tensor]
+    grads: dict[int, Tensor]
+    saved: dict[int, Tensor]
+    recomputed: tuple[int, ...] = ()
+    combined: bool = False
+    must_keep: tuple[int, ...] = field(default=())
+
+    def grad_of(self, key: Any) -> Tensor:
+        """The gradient output of a wrt tensor (handle, UID or name of the forward tensor)."""
+        uid = resolve(self.forward, key, "key")
+        if uid not in self.grads:
+            raise GraphError(f"no gradient was asked for {self.forward.tensors[uid].label()}", rule="autodiff.key",
+                             hint=f"pass it in wrt; gradients exist for UIDs {sorted(self.grads)}")
+        return self.grads[uid]
+
+    def grad_input_of(self, key: Any) -> Tensor:
+        """The incoming-gradient input of a forward output (handle, UID or name)."""
+        uid = resolve(self.forward, key, "key")
+        if uid not in self.grad_inputs:
+            raise GraphError(f"{self.forward.tensors[uid].label()} is not one of the outputs", rule="autodiff.key",
+                             hint=f"incoming gradients exist for UIDs {sorted(self.grad_inputs)}")
+        return self.grad_inputs[uid]
+
+    def keep_in(self, forward: Graph) -> Graph:
+        """Mark the `must_keep` tensors as outputs of the user's forward graph (and pin every UID the
+        forward graph was finalized with, so the saved UIDs stay valid). Returns `forward`."""
+        if forward.final is not self.forward and forward.final != self.forward:
+            raise GraphError("keep_in got another graph than the one differentiated", rule="autodiff.keep_in",
+                             hint="pass the forward Graph given to grad()")
+        for handle, uid in list(self.forward.handles.values()):
+            if handle._uid is None:
+                handle.set_uid(uid)
+        keep = set(self.must_keep)
+        for handle, uid in list(self.forward.handles.values()):
+            if uid in keep and handle.is_virtual:
+                handle.set_output(True)
+        return forward
+
+    def describe(self) -> str:
+        f = self.forward
+        lines = [f"gradient graph '{self.graph.name}' ({'forward + backward' if self.combined else 'backward'})"]
+        lines += [f"  incoming gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}" for u, t in self.grad_inputs.items()]
+        lines += [f"  gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}" for u, t in self.grads.items()]
+        lines += [f"  saved {f.tensors[u].label()}" + (" (forward must output it)" if u in self.must_keep else "")
+                  for u in self.saved]
+        lines += [f"  recomputed {f.tensors[u].label()}" for u in self.recomputed]
+        return "\n".join(lines)
+
+
+def resolve(fg: FinalGraph, key: Any, what: str) -> int:
+    """The UID of a forward tensor given as a handle, descriptor, UID or name."""
+    if isinstance(key, Tensor):
+        uid = fg.handle_uid(key)
+        if uid is None:
+            raise GraphError("the tensor handle is not part of the differentiated graph", tensor=key,
+                             rule="autodiff.unknown_tensor", hint=f"pass {what} as handles of that graph, UIDs or names")
+        return uid
+    if isinstance(key, TensorDesc):
+        key = key.uid
+    if isinstance(key, int) and not isinstance(key, bool):
+        if key not in fg.tensors:
+            raise GraphError(f"UID {key} is not a tensor of graph '{fg.name}'", rule="autodiff.unknown_tensor",
+                             hint=f"known UIDs: {sorted(fg.tensors)}")
+        return key
+    if isinstance(key, str):
+        matches = [u for u, t in fg.tensors.items() if t.name == key]
+        if len(matches) != 1:
+            raise GraphError(f"{len(matches)} tensors are named {key!r}", rule="autodiff.unknown_tensor",
+                             hint="pass the tensor handle or its UID")
+        return matches[0]
+    raise GraphError(f"{what} must hold tensors, UIDs or names, got {type(key).__name__}", rule="autodiff.key",
+                     hint="pass the Tensor handles the builders returned")
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = False, recompute: bool = True,
+         allow_unused: bool = False, name: str | None = None) -> GradGraph:
+    """The gradient graph of `graph`: the gradients of `wrt` given incoming gradients of `outputs`.
+
+    outputs, wrt: a tensor or a list of tensors (handles, UIDs or names of the forward graph).
+    combined: one graph holding the forward ops and then the backward ops (a training step).
+    recompute: recompute cheap virtual tensors rather than saving them (split mode; see the module).
+    allow_unused: a wrt tensor with no (nonzero) path to the outputs gets zeros instead of an error.
+    """
+    fg = graph.final if isinstance(graph, Graph) else graph
+    if not isinstance(fg, FinalGraph):
+        raise GraphError(f"grad takes a Graph or FinalGraph, got {type(graph).__name__}", rule="autodiff.graph",
+                         hint="pass the forward opgraph.Graph")
+    return _Pass(fg, _as_list(outputs), _as_list(wrt), combined=combined, recompute=recompute,
+                 allow_unused=allow_unused, name=name).run()
+
+
+class _Ctx(RuleContext):
+    def __init__(self, p: _Pass, node: Node, needed: Sequence[str]) -> None:
+        self.p = p
+        self.node = node
+        self.graph = p.fg
+        self.b = p.b
+        self._needed = frozenset(needed)
+
+    def needs(self, role: str) -> bool:
+        return role in self._needed
+
+    def input(self, role: str) -> Value | None:
+        v = self.node.input(role)
+        if v is None:
+            return None
+        if isinstance(v, Const):
+            return v.value
+        return self.p.fwd(v)
+
+    def output(self, role: str) -> Tensor:
+        uid = self.node.output(role)
+        assert uid is not None, f"{self.node.label()} has no output {role}"
+        return self.p.fwd(uid)
+
+    def grad(self, role: str) -> Tensor | None:
+        uid = self.node.output(role)
+        if uid is None or not self.p.contrib.get(uid):
+            return None
+        return self.p.total(uid)
+
+    def grad_full(self, role: str) -> Tensor:
+        uid = self.node.output(role)
+        assert uid is not None
+        return self.p.total_full(uid)
+
+
+class _Pass:
+    def __init__(self, fg: FinalGraph, outputs: list[Any], wrt: list[Any], *, combined: bool, recompute: bool,
+                 allow_unused: bool, name: str | None) -> None:
+        self.fg = fg
+        self.outputs = list(dict.fromkeys(resolve(fg, k, "outputs") for k in outputs))
+        self.wrt = list(dict.fromkeys(resolve(fg, k, "wrt") for k in wrt))
+        if not self.outputs or not self.wrt:
+            raise GraphError("grad needs at least one output and one wrt tensor", rule="autodiff.empty",
+                             hint="pass outputs=[loss] and wrt=[weights, ...]")
+        for uid in self.wrt:
+            d = fg.tensors[uid]
+            if not d.data_type.is_floating:
+                raise DataTypeError(f"the gradient of a {d.data_type.name} tensor is not defined", tensor=d,
+                                    rule="autodiff.wrt_type", hint="differentiate with respect to floating tensors")
+        self.combined = combined
+        self.recompute = recompute
+        self.allow_unused = allow_unused
+        suffix = "train_step" if combined else "grad"
+        self.g = Graph(name or f"{fg.name or 'graph'}_{suffix}", io_data_type=fg.io_data_type,
+                       intermediate_data_type=fg.intermediate_data_type, compute_data_type=fg.compute_data_type)
+        self.b = GradBuilder(self.g)
+        self._uid = max(fg.tensors, default=0) + 1
+        self.handles: dict[int, Tensor] = {}  # forward UID -> handle in self.g
+        self.requested: dict[int, None] = {}  # forward UIDs the backward reads (ordered set)
+        self.contrib: dict[int, list[Value]] = {}
+        self.requires: set[int] = set()
+
+    # -- the pass -----------------------------------------------------------------------------------
+    def run(self) -> GradGraph:
+        if self.combined:
+            self._copy_forward()
+        self.requires = self._requires_grad()
+        grad_inputs: dict[int, Tensor] = {}
+        for uid in self.outputs:
+            d = self.fg.tensors[uid]
+            t = self.g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"grad_{_name(d)}",
+                              uid=self._new_uid())
+            grad_inputs[uid] = self.b.note(t)
+            self.contrib.setdefault(uid, []).append(t)
+        for node in reversed(self.fg.nodes):
+            self._backward(node)
+        self.b.prefix = "grad"
+        grads = {uid: self._grad_output(uid) for uid in self.wrt}
+        recomputed: tuple[int, ...] = ()
+        if not self.combined:
+            recomputed = self._resolve_saved()
+        saved = {u: self.handles[u] for u in self.requested if u not in recomputed}
+        must_keep = () if self.combined else tuple(u for u in saved if self.fg.tensors[u].is_virtual)
+        return GradGraph(self.g, self.fg, grad_inputs, grads, saved, recomputed, self.combined, must_keep)
+
+    def _new_uid(self) -> int:
+        self._uid += 1
+        return self._uid - 1
+
+    def _requires_grad(self) -> set[int]:
+        req = set(self.wrt)
+        for node in self.fg.nodes:
+            rule = rule_for(node)
+            diff = rule.inputs(node) if rule is not None else frozenset(node.op.input_roles())
+            if any(isinstance(v, int) and v in req and role in diff
+                   for role, v in zip(node.op.input_roles(), node.inputs)):
+                req.update(u for u in node.output_uids() if self.fg.tensors[u].data_type.is_floating)
+        return req
+
+    def _backward(self, node: Node) -> None:
+        arriving = [(role, uid) for role, uid in zip(node.op.output_roles(), node.outputs)
+                    if uid is not None and self.contrib.get(uid)]
+        if not arriving:
+            return
+        rule = rule_for(node)
+        diff = rule.inputs(node) if rule is not None else frozenset(node.op.input_roles())
+        needed = [role for role, v in zip(node.op.input_roles(), node.inputs)
+                  if isinstance(v, int) and v in self.requires and role in diff]
+        if not needed:
+            return
+        if rule is None:
+            what = node.kind if node.kind != "pointwise" else f"pointwise mode {node.op.mode.name}"
+            raise unsupported(node, f"no backward rule for {what}, but a gradient flows through it (into "
+                              f"{', '.join(needed)})",
+                              "differentiate a graph without this op, or add a rule (opgraph.autodiff."
+                              "register_rule / register_custom_grad)")
+        outs = rule.outputs(node)
+        bad = [role for role, _ in arriving if role not in outs]
+        if bad:
+            raise unsupported(node, f"a gradient arrives at output '{bad[0]}', through which {node.kind} is not "
+                              "differentiated", "do not use that output on the path to the differentiated outputs",
+                              rule="autodiff.output")
+        self.b.prefix = f"d{node.name}"
+        result = rule.fn(_Ctx(self, node, needed))
+        for role in needed:
+            g = result.get(role)
+            if g is None:
+                raise unsupported(node, f"the backward rule gave no gradient for input '{role}'",
+                                  "this input is not differentiated by the rule", rule="autodiff.no_input_grad")
+            uid = node.input(role)
+            assert isinstance(uid, int)
+            self.contrib.setdefault(uid, []).append(self.b.unbroadcast(g, self.fg.tensors[uid].dim))
+
+    def total(self, uid: int) -> Tensor:
+        """The summed gradient of forward tensor `uid` (possibly in broadcast dims)."""
+        parts = self.contrib[uid]
+        if len(parts) > 1:
+            acc = parts[0]
+            for p in parts[1:]:
+                acc = self.b.add(acc, p)
+            parts[:] = [acc]
+        return parts[0]  # type: ignore[return-value]
+
+    def total_full(self, uid: int) -> Tensor:
+        t = self.b.expand(self.total(uid), self.fg.tensors[uid].dim, carrier=lambda: self.fwd(uid))
+        self.contrib[uid] = [t]
+        return t
+
+    def _grad_output(self, uid: int) -> Tensor:
+        d = self.fg.tensors[uid]
+        if not self.contrib.get(uid):
+            if not self.allow_unused:
+                raise GraphError(
+                    "no gradient reaches this wrt tensor from the outputs (it is not used on a path to them, or "
+                    "only through ops with zero gradient such as comparisons)", tensor=d, rule="autodiff.unused",
+                    hint="drop it from wrt, or pass allow_unused=True to get zeros",
+                )
+            full = self.b.expand(0.0, d.dim, carrier=lambda: self.fwd(uid))
+        else:
+            full = self.total_full(uid)
+        out = full if self._claimable(full, d) else self.b.pw(PointwiseMode.IDENTITY, full)
+        out.set_output(True).set_name(f"grad_{_name(d)}").set_uid(self._new_uid())
+        out.set_data_type(d.data_type).set_stride(d.stride)
+        return out
+
+    def _claimable(self, t: Value, d: TensorDesc) -> bool:
+        """Can the gradient tensor itself be the output (else an identity copies it)?"""
+        return (isinstance(t, Tensor) and t.is_virtual and t._uid is None and any(
+            t is o for r in self.g._records for o in r.outputs) and (t._data_type or self.g.intermediate_data_type)
+            is d.data_type)
+
+    # -- forward tensors ------------------------------------------------------------------------------
+    def fwd(self, uid: int) -> Tensor:
+        """The handle standing for forward tensor `uid` in the backward graph."""
+        self.requested.setdefault(uid, None)
+        if uid not in self.handles:
+            assert not self.combined
+            d = self.fg.tensors[uid]
+            self.handles[uid] = self.g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name,
+                                              uid=uid, is_pass_by_value=d.is_pass_by_value)
+        return self.handles[uid]
+
+    def _copy_forward(self) -> None:
+        fg, g = self.fg, self.g
+        for uid in fg.inputs:
+            d = fg.tensors[uid]
+            self.handles[uid] = g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name, uid=uid,
+                                         is_pass_by_value=d.is_pass_by_value)
+        for node in fg.nodes:
+            self._replay(node, node.output_uids())
+
+    def _replay(self, node: Node, uids: Iterable[int]) -> None:
+        """Add `node` to self.g with outputs `uids` (its other outputs absent) described as in the forward."""
+        keep = set(uids)
+        roles = [r for r, u in zip(node.op.output_roles(), node.outputs) if u is not None and u in keep]
+        ins = [None if v is None else v.value if isinstance(v, Const) else self.handles[v] for v in node.inputs]
+        outs = self.g._add_op(node.op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
+        for role, t in zip(node.op.output_roles(), outs):
+            if t is None:
+                continue
+            d = self.fg.tensors[node.output(role)]  # type: ignore[index]
+            t.set_uid(d.uid).set_name(d.name).set_dim(d.dim).set_stride(d.stride).set_data_type(d.data_type)
+            t.set_is_virtual(d.is_virtual if self.combined else True)
+            if d.uid in self.handles:  # a placeholder read before the recomputation was decided
+                self.handles[d.uid].set_is_virtual(True)
+            else:
+                self.handles[d.uid] = t
+
+    # -- save or recompute (split mode) ---------------------------------------------------------------
+    def _resolve_saved(self) -> tuple[int, ...]:
+        fg = self.fg
+
+        def free(u: int) -> bool:
+            return not fg.tensors[u].is_virtual
+
+        def cheap(u: int) -> bool:
+            p = fg.producer(u)
+            return p is not None and p.kind in CHEAP_KINDS
+
+        kept = {u for u in self.requested if free(u) or not cheap(u) or not self.recompute}
+        chosen: set[int] = set()
+        pending = sorted((u for u in self.requested if u not in kept), key=lambda u: fg.producer_index(u))
+        for uid in pending:
+            if uid in chosen:
+                continue
+            chain, leaves = self._chain(uid, kept, chosen)
+            extra = sum(fg.tensors[u].nbytes for u in leaves if u not in kept and not free(u))
+            if chain is not None and extra < fg.tensors[uid].nbytes:
+                chosen |= chain
+                kept |= leaves
+            else:
+                kept.add(uid)
+        for u in sorted(chosen, key=lambda u: fg.producer_index(u)):
+            node = fg.producer(u)
+            assert node is not None
+            for v in node.input_uids():
+                if v not in chosen:
+                    self.fwd(v)
+            self._replay(node, [u])
+        return tuple(sorted(chosen, key=lambda u: fg.producer_index(u)))
+
+    def _chain(self, uid: int, kept: set[int], chosen: set[int]) -> tuple[set[int] | None, set[int]]:
+        """The cheap ops' outputs that recompute `uid`, and the tensors they start from."""
+        fg = self.fg
+        chain: set[int] = set()
+        leaves: set[int] = set()
+        stack = [uid]
+        while stack:
+            u = stack.pop()
+            if u in chain or u in chosen:
+                continue
+            p = fg.producer(u)
+            d = fg.tensors[u]
+            if u != uid and (u in kept or not d.is_virtual or p is None or p.kind not in CHEAP_KINDS):
+                leaves.add(u)
+                continue
+            assert p is not None
+            chain.add(u)
+            if len(chain) > MAX_RECOMPUTE_OPS:
+                return None, leaves
+            stack.extend(p.input_uids())
+        return chain, leaves
+
+
+def _name(d: TensorDesc) -> str:
+    return d.name or f"uid{d.uid}"
+
+
+def saved_pack(result: GradGraph, forward_pack: Mapping[Any, Any]) -> dict[int, Any]:
+    """The saved tensors' buffers out of a forward variant pack keyed by UID (a convenience)."""
+    missing = [u for u in result.saved if u not in forward_pack]
+    if missing and not result.combined:
+        labels = ", ".join(result.forward.tensors[u].label() for u in missing)
+        raise UnsupportedGraphError(f"the forward pack lacks saved tensors {labels}", rule="autodiff.saved",
+                                    hint="mark them as forward outputs (GradGraph.keep_in) and run the forward plan")
+    return {u: forward_pack[u] for u in result.saved if u in forward_pack}

@@ -1,0 +1,360 @@
+"""Backward rules: the registry keyed by op kind, the context a rule gets, and the builder it emits
+backward ops with.
+
+A rule is a function of a `RuleContext` that returns, for each input role whose gradient is wanted
+(`ctx.needs(role)`), a tensor of the backward graph holding that gradient. Adding an op's rule means
+adding one function in the module of its family:
+
+    @register_rule("my_op", inputs=("x",))          # the input roles a gradient flows into
+    def my_op(ctx: RuleContext) -> dict[str, Tensor]:
+        x = ctx.input("x")                           # the forward input, as the backward graph sees it
+        dy = ctx.grad("y")                           # the incoming gradient of output 'y'
+        return {"x": ctx.b.mul(dy, ctx.b.pw(PointwiseMode.COS, x))}
+
+A returned gradient may have the op output's broadcast dims: the algorithm reduces it (reduction ADD)
+to the input's dims. It may also be *smaller* than the input where it is constant along an axis (the
+gradient of a sum is the same for every summed element): such a gradient stays in its small dims
+(dims 1 in those axes) as long as the ops that read it broadcast, and is expanded only where a full
+tensor is needed (`ctx.grad_full`, `GradBuilder.expand`).
+
+Rules never read forward tensors from a buffer directly: `ctx.input` / `ctx.output` give a handle
+that the algorithm later resolves to a saved tensor (an input of the backward graph) or to a
+recomputation (see `grad.py` for the policy).
+
+Pointwise modes have their own registry (`register_pointwise`); custom ops theirs
+(`register_custom_grad`), keyed by the registered op name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, Union
+
+import numpy as np
+
+from ..dtypes import DataType
+from ..errors import UnsupportedGraphError
+from ..ir import FinalGraph, Node
+from ..ops.base import Op
+from ..ops.layout import Concatenate, Reshape, Slice, Transpose
+from ..ops.pointwise import MODES, Pointwise, PointwiseMode
+from ..ops.reduction import Reduction, ReductionMode
+from ..tensor import Tensor, TensorDesc
+
+if TYPE_CHECKING:
+    pass
+
+Value = Union[Tensor, float, int, bool]  # a backward-graph tensor or a literal
+RuleFn = Callable[["RuleContext"], "dict[str, Tensor]"]
+Roles = Union[Sequence[str], Callable[[Node], Iterable[str]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one op kind is differentiated.
+
+    `inputs(node)`: the input roles a gradient flows into (others, such as a mask, epsilon or a
+    comparison's operands, get none). `outputs(node)`: the output roles whose gradient the rule can
+    take (a gradient arriving at another output, e.g. batchnorm's running stats, is an error).
+    """
+
+    kind: str
+    fn: RuleFn
+    inputs: Callable[[Node], frozenset[str]]
+    outputs: Callable[[Node], frozenset[str]]
+
+
+RULES: dict[str, Rule] = {}
+POINTWISE_RULES: dict[PointwiseMode, Rule] = {}
+CUSTOM_RULES: dict[str, Rule] = {}
+
+
+def _roles(spec: Roles | None, default: Callable[[Node], Iterable[str]]) -> Callable[[Node], frozenset[str]]:
+    if spec is None:
+        return lambda node: frozenset(default(node))
+    if callable(spec):
+        return lambda node: frozenset(spec(node))  # type: ignore[operator]
+    fixed = frozenset(spec)
+    return lambda node: fixed
+
+
+def _all_inputs(node: Node) -> Iterable[str]:
+    return node.op.input_roles()
+
+
+def _all_outputs(node: Node) -> Iterable[str]:
+    return node.op.output_roles()
+
+
+def register_rule(kind: str, *, inputs: Roles | None = None, outputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
+    """Decorator: the backward rule of op kind `kind` (see the module docstring)."""
+    def deco(fn: RuleFn) -> RuleFn:
+        RULES[kind] = Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs))
+        return fn
+
+    return deco
+
+
+def register_pointwise(*modes: PointwiseMode, inputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
+    """Decorator: the backward rule of pointwise `modes` (inputs default to the operands)."""
+    def deco(fn: RuleFn) -> RuleFn:
+        for mode in modes:
+            operands = lambda node: node.op.operand_roles()  # noqa: E731
+            POINTWISE_RULES[mode] = Rule(f"pointwise {mode.name}", fn, _roles(inputs, operands),
+                                         _roles(None, _all_outputs))
+        return fn
+
+    return deco
+
+
+def register_custom_grad(op_name: str, fn: RuleFn, *, inputs: Roles | None = None,
+                         outputs: Roles | None = None) -> None:
+    """The backward rule of the custom op registered as `op_name` (opgraph.register_custom_op).
+    `fn(ctx)` returns {"input0": gradient, ...} like any rule."""
+    CUSTOM_RULES[op_name] = Rule(f"custom {op_name}", fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs))
+
+
+def rule_for(node: Node) -> Rule | None:
+    """The rule that differentiates `node`, or None when there is none."""
+    if node.kind == "pointwise":
+        return POINTWISE_RULES.get(node.op.mode)
+    if node.kind == "custom":
+        return CUSTOM_RULES.get(node.op.op_name)
+    return RULES.get(node.kind)
+
+
+def unsupported(node: Node, what: str, hint: str, rule: str = "autodiff.no_rule") -> UnsupportedGraphError:
+    return UnsupportedGraphError(what, op=node.label(), rule=rule, hint=hint)
+
+
+# -- the builder rules emit backward ops with ----------------------------------------------------------
+
+
+def _numel(dim: Sequence[int]) -> int:
+    return math.prod(dim)
+
+
+def broadcast(dims: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+    """The pointwise broadcast of `dims` (equal ranks; 1-element dims broadcast to anything)."""
+    dims = list(dims)
+    full = [d for d in dims if _numel(d) != 1]
+    if not full:
+        return max(dims, key=len, default=(1,))
+    rank = len(full[0])
+    out = [1] * rank
+    for d in full:
+        assert len(d) == rank, f"broadcast of {dims}"
+        out = [max(a, b) for a, b in zip(out, d)]
+    return tuple(out)
+
+
+class GradBuilder:
+    """Adds backward ops to a `Graph`, with every output's dims set (so rules know them before the
+    graph is validated, and validation checks them), constant folding of literal-only pointwise ops,
+    and the gradient-specific helpers (reduce to an operand's dims, expand a broadcast gradient)."""
+
+    def __init__(self, graph: Any) -> None:
+        self.g = graph
+        self.dtype: DataType = graph.intermediate_data_type
+        self._count = 0
+        self._by_dims: dict[tuple[int, ...], Tensor] = {}  # full tensors an expand can take dims from
+        self.prefix = "bwd"
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def name(self, tag: str) -> str:
+        self._count += 1
+        return f"{self.prefix}.{tag}.{self._count}"
+
+    @staticmethod
+    def dims(v: Value) -> tuple[int, ...] | None:
+        return tuple(v.dim) if isinstance(v, Tensor) and v.dim is not None else None
+
+    def note(self, t: Tensor) -> Tensor:
+        """Remember `t` as a tensor whose dims an expand may borrow."""
+        if t.dim is not None and not t.is_pass_by_value:
+            self._by_dims.setdefault(tuple(t.dim), t)
+        return t
+
+    def op(self, op: Op, inputs: Sequence[Any], outputs: Sequence[str], dims: Sequence[Sequence[int]], *,
+           tag: str, float_outputs: bool = False) -> list[Tensor]:
+        """Add `op` with only the output roles `outputs` (of dims `dims`). `float_outputs`: give
+        them the intermediate type (ops whose outputs default to FLOAT or BOOLEAN)."""
+        handles = self.g._add_op(op, list(inputs), name=self.name(tag), outputs=list(outputs))
+        roles = op.output_roles()
+        out = []
+        for role, dim in zip(outputs, dims):
+            t = handles[roles.index(role)]
+            t.set_dim(tuple(dim))
+            if float_outputs:
+                t.set_data_type(self.dtype)
+            out.append(self.note(t))
+        return out
+
+    # -- pointwise ----------------------------------------------------------------------------------
+    def pw(self, mode: PointwiseMode, *operands: Value, tag: str = "", **params: Value) -> Value:
+        """A pointwise op (literal-only operands are folded to a number)."""
+        info = MODES[mode]
+        values = [params.get(p) for p, _ in info.params]
+        if not any(isinstance(v, Tensor) for v in (*operands, *values)):
+            with np.errstate(all="ignore"):
+                kw = {p: (d if v is None else v) for (p, d), v in zip(info.params, values)}
+                return float(np.asarray(info.fn(*(np.float64(o) for o in operands), **kw), dtype=np.float64))
+        dims = broadcast(d for o in operands if (d := self.dims(o)) is not None)
+        (out,) = self.op(Pointwise(mode=mode), [*operands, *values], ["output"], [dims],
+                         tag=tag or mode.value, float_outputs=info.bool_out)
+        return out
+
+    def add(self, a: Value, b: Value) -> Value:
+        if not isinstance(b, Tensor) and b == 0:
+            return a
+        if not isinstance(a, Tensor) and a == 0:
+            return b
+        return self.pw(PointwiseMode.ADD, a, b)
+
+    def sub(self, a: Value, b: Value) -> Value:
+        if not isinstance(b, Tensor) and b == 0:
+            return a
+        return self.pw(PointwiseMode.SUB, a, b)
+
+    def mul(self, a: Value, b: Value) -> Value:
+        if not isinstance(b, Tensor) and b == 1:
+            return a
+        if not isinstance(a, Tensor) and a == 1:
+            return b
+        return self.pw(PointwiseMode.MUL, a, b)
+
+    def div(self, a: Value, b: Value) -> Value:
+        if not isinstance(b, Tensor) and b == 1:
+            return a
+        return self.pw(PointwiseMode.DIV, a, b)
+
+    def neg(self, a: Value) -> Value:
+        return self.pw(PointwiseMode.NEG, a)
+
+    def select(self, a: Value, b: Value, mask: Value) -> Value:
+        """mask ? a : b."""
+        return self.pw(PointwiseMode.BINARY_SELECT, a, b, mask)
+
+    def mask(self, mode: PointwiseMode, a: Value, b: Value) -> Value:
+        """A comparison as 1.0 / 0.0 in the intermediate type."""
+        return self.pw(mode, a, b)
+
+    def sign(self, x: Value) -> Value:
+        """sign(x) with sign(0) = 0 (PyTorch's)."""
+        return self.sub(self.mask(PointwiseMode.CMP_GT, x, 0.0), self.mask(PointwiseMode.CMP_LT, x, 0.0))
+
+    # -- reductions and layout ------------------------------------------------------------------------
+    def reduce(self, t: Tensor, dims: Sequence[int], mode: ReductionMode = ReductionMode.ADD) -> Tensor:
+        dims = tuple(dims)
+        if tuple(t.dim) == dims:
+            return t
+        (out,) = self.op(Reduction(mode=mode), [t], ["output"], [dims], tag=f"reduce_{mode.value}",
+                         float_outputs=True)
+        return out
+
+    def reshape(self, t: Tensor, dims: Sequence[int]) -> Tensor:
+        dims = tuple(dims)
+        if tuple(t.dim) == dims:
+            return t
+        (out,) = self.op(Reshape(dim=dims), [t], ["output"], [dims], tag="reshape")
+        return out
+
+    def transpose(self, t: Tensor, perm: Sequence[int]) -> Tensor:
+        perm = tuple(perm)
+        if perm == tuple(range(len(perm))):
+            return t
+        dims = tuple(t.dim[p] for p in perm)
+        (out,) = self.op(Transpose(permutation=perm), [t], ["output"], [dims], tag="transpose")
+        return out
+
+    def slice(self, t: Tensor, bounds: Sequence[tuple[int, int, int]]) -> Tensor:
+        dims = tuple(len(range(*b)) for b in bounds)
+        if dims == tuple(t.dim) and all(b[0] == 0 and b[2] == 1 for b in bounds):
+            return t
+        (out,) = self.op(Slice(slices=tuple(tuple(b) for b in bounds)), [t], ["output"], [dims], tag="slice")
+        return out
+
+    def concatenate(self, ts: Sequence[Tensor], axis: int) -> Tensor:
+        dims = list(ts[0].dim)
+        dims[axis] = sum(t.dim[axis] for t in ts)
+        (out,) = self.op(Concatenate(num_inputs=len(ts), axis=axis), list(ts), ["output"], [dims], tag="concat")
+        return out
+
+    # -- broadcast gradients --------------------------------------------------------------------------
+    def unbroadcast(self, g: Value, dims: Sequence[int]) -> Value:
+        """`g` reduced (ADD) over the axes where it is larger than `dims`. Axes where g is 1 and dims
+        are not stay 1 (a broadcast gradient, expanded only where needed)."""
+        dims = tuple(dims)
+        if not isinstance(g, Tensor):
+            return g
+        gd = tuple(g.dim)
+        if gd == dims:
+            return g
+        if _numel(dims) == 1:
+            if _numel(gd) != 1:
+                g = self.reduce(g, (1,) * len(gd))
+            return g
+        if _numel(gd) == 1:
+            return g
+        assert len(gd) == len(dims), f"gradient dims {gd} do not fit {dims}"
+        target = tuple(1 if d == 1 and gdim != 1 else gdim for gdim, d in zip(gd, dims))
+        return self.reduce(g, target)
+
+    def expand(self, g: Value, dims: Sequence[int], carrier: Callable[[], Tensor] | None = None) -> Tensor:
+        """`g` (broadcastable to `dims`) as a tensor of exactly `dims`. The broadcast is a
+        binary_select(g, g, c) whose mask c is any tensor of those dims (its values do not matter):
+        one already in the backward graph if there is one, else `carrier()`."""
+        dims = tuple(dims)
+        if isinstance(g, Tensor) and tuple(g.dim) == dims:
+            return g
+        if isinstance(g, Tensor) and len(g.dim) != len(dims):
+            g = self.reshape(g, (1,) * len(dims))
+        c = self._by_dims.get(dims)
+        if c is None:
+            assert carrier is not None, f"no tensor of dims {dims} to expand a gradient to"
+            c = carrier()
+        (out,) = self.op(Pointwise(mode=PointwiseMode.BINARY_SELECT), [g, g, c], ["output"], [dims], tag="expand")
+        return out
+
+
+class RuleContext:
+    """What a rule sees of one forward node (implemented by the algorithm in grad.py)."""
+
+    node: Node
+    graph: FinalGraph
+    b: GradBuilder
+
+    def input_desc(self, role: str) -> TensorDesc | None:
+        """The forward descriptor of input `role` (None for a literal or an absent input)."""
+        v = self.node.input(role)
+        return self.graph.tensors[v] if isinstance(v, int) else None
+
+    def output_desc(self, role: str) -> TensorDesc | None:
+        u = self.node.output(role)
+        return None if u is None else self.graph.tensors[u]
+
+    def has_input(self, role: str) -> bool:
+        return self.node.input(role) is not None
+
+    def has_output(self, role: str) -> bool:
+        return self.node.output(role) is not None
+
+    def input(self, role: str) -> Value | None:  # pragma: no cover - implemented in grad.py
+        raise NotImplementedError
+
+    def output(self, role: str) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def grad(self, role: str) -> Tensor | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def grad_full(self, role: str) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def needs(self, role: str) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+
+# Every family registers its rules on import.
+from . import rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: E402,F401

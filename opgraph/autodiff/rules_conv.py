@@ -1,0 +1,89 @@
+"""Backward rules of the GEMM-class ops: convolutions and matmul.
+
+    conv_fprop  Y = conv(X, W)      dX = conv_dgrad(dY, W), dW = conv_wgrad(X, dY)
+    conv_dgrad  DX = dgrad(DY, W)   dDY = conv_fprop(dDX, W), dW = conv_wgrad(dDX, DY)
+    conv_wgrad  DW = wgrad(X, DY)   dX = conv_dgrad(DY, dDW), dDY = conv_fprop(X, dDW)
+    matmul      C = A @ B           dA = dC @ B^T, dB = A^T @ dC (summed over broadcast batch axes)
+
+Every backward conv keeps the forward's padding, stride, dilation and convolution mode, and has its
+output dims set explicitly (dgrad's image dims are ambiguous for stride > 1, wgrad's filter dims for
+groups > 1). Transposes are layout ops whose strides make them views of the operand.
+"""
+
+from __future__ import annotations
+
+from ..ops.conv import ConvDgrad, ConvFprop, ConvWgrad, _Conv
+from ..ops.matmul import Matmul
+from .rules import RuleContext, register_rule
+
+
+def _attrs(op: _Conv) -> dict:
+    return dict(pre_padding=op.pre_padding, post_padding=op.post_padding, stride=op.stride, dilation=op.dilation,
+                convolution_mode=op.convolution_mode)
+
+
+def _fprop(ctx: RuleContext, x, w, dims):
+    return ctx.b.op(ConvFprop(**_attrs(ctx.node.op)), [x, w], ["Y"], [dims], tag="fprop")[0]
+
+
+def _dgrad(ctx: RuleContext, dy, w, dims):
+    return ctx.b.op(ConvDgrad(**_attrs(ctx.node.op)), [dy, w], ["DX"], [dims], tag="dgrad")[0]
+
+
+def _wgrad(ctx: RuleContext, x, dy, dims):
+    return ctx.b.op(ConvWgrad(**_attrs(ctx.node.op)), [x, dy], ["DW"], [dims], tag="wgrad")[0]
+
+
+@register_rule("conv_fprop", inputs=("image", "weight"))
+def conv_fprop(ctx: RuleContext):
+    dy = ctx.grad_full("Y")
+    out = {}
+    if ctx.needs("image"):
+        out["image"] = _dgrad(ctx, dy, ctx.input("weight"), ctx.input_desc("image").dim)
+    if ctx.needs("weight"):
+        out["weight"] = _wgrad(ctx, ctx.input("image"), dy, ctx.input_desc("weight").dim)
+    return out
+
+
+@register_rule("conv_dgrad", inputs=("loss", "filter"))
+def conv_dgrad(ctx: RuleContext):
+    ddx = ctx.grad_full("DX")
+    out = {}
+    if ctx.needs("loss"):
+        out["loss"] = _fprop(ctx, ddx, ctx.input("filter"), ctx.input_desc("loss").dim)
+    if ctx.needs("filter"):
+        out["filter"] = _wgrad(ctx, ddx, ctx.input("loss"), ctx.input_desc("filter").dim)
+    return out
+
+
+@register_rule("conv_wgrad", inputs=("image", "loss"))
+def conv_wgrad(ctx: RuleContext):
+    ddw = ctx.grad_full("DW")
+    out = {}
+    if ctx.needs("image"):
+        out["image"] = _dgrad(ctx, ctx.input("loss"), ddw, ctx.input_desc("image").dim)
+    if ctx.needs("loss"):
+        out["loss"] = _fprop(ctx, ctx.input("image"), ddw, ctx.input_desc("loss").dim)
+    return out
+
+
+def _swap_last(rank: int) -> tuple[int, ...]:
+    return (*range(rank - 2), rank - 1, rank - 2)
+
+
+@register_rule("matmul", inputs=("A", "B"))
+def matmul(ctx: RuleContext):
+    b = ctx.b
+    dc = ctx.grad_full("C")
+    c = ctx.output_desc("C")
+    a_desc, b_desc = ctx.input_desc("A"), ctx.input_desc("B")
+    rank = len(c.dim)
+    batch = c.dim[:-2]
+    out = {}
+    if ctx.needs("A"):
+        bt = b.transpose(ctx.input("B"), _swap_last(rank))
+        out["A"] = b.op(Matmul(), [dc, bt], ["C"], [(*batch, a_desc.dim[-2], a_desc.dim[-1])], tag="dA")[0]
+    if ctx.needs("B"):
+        at = b.transpose(ctx.input("A"), _swap_last(rank))
+        out["B"] = b.op(Matmul(), [at, dc], ["C"], [(*batch, b_desc.dim[-2], b_desc.dim[-1])], tag="dB")[0]
+    return out

@@ -1,0 +1,95 @@
+"""Backward rules of the layout ops.
+
+    reshape      dx = reshape(dy, x's dims)
+    transpose    dx = transpose(dy, inverse permutation)
+    concatenate  d(input i) = slice of dy along the axis at input i's offset
+    slice        dx = dy scattered into zeros of x's dims: the custom op ``slice_backward``
+                 (no existing op writes into zeros: a pad is not in the op set and a concatenate
+                 with zero blocks cannot express steps > 1), registered here with a NumPy reference
+                 and a PyTorch implementation (dy -> dx; params in_dim and bounds as text)
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from ..ops.custom import CUSTOM_OPS, Custom, register_custom_op
+from .rules import RuleContext, register_rule
+
+SLICE_BACKWARD = "slice_backward"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",")) if text else ()
+
+
+def _bounds(text: str) -> tuple[builtins.slice, ...]:
+    return tuple(builtins.slice(*(int(v) for v in item.split(":"))) for item in text.split(","))
+
+
+def _slice_backward_ref(dy: np.ndarray, *, in_dim: str, bounds: str) -> np.ndarray:
+    dx = np.zeros(_ints(in_dim))
+    dx[_bounds(bounds)] = dy
+    return dx
+
+
+def _slice_backward_torch(dy, *, in_dim: str, bounds: str):
+    import torch
+
+    dx = torch.zeros(_ints(in_dim), dtype=dy.dtype, device=dy.device)
+    dx[_bounds(bounds)] = dy
+    return dx
+
+
+def ensure_registered() -> None:
+    """Register the custom op (again, if a test emptied the registry)."""
+    if SLICE_BACKWARD not in CUSTOM_OPS:
+        register_custom_op(SLICE_BACKWARD, num_inputs=1, reference=_slice_backward_ref,
+                           infer=lambda dy, in_dim, bounds: [_ints(in_dim)], torch=_slice_backward_torch)
+
+
+ensure_registered()
+
+
+@register_rule("reshape", inputs=("input",))
+def reshape(ctx: RuleContext):
+    return {"input": ctx.b.reshape(ctx.grad_full("output"), ctx.input_desc("input").dim)}
+
+
+@register_rule("transpose", inputs=("input",))
+def transpose(ctx: RuleContext):
+    perm = ctx.node.op.permutation
+    inverse = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inverse[p] = k
+    return {"input": ctx.b.transpose(ctx.grad("output"), inverse)}
+
+
+@register_rule("concatenate")
+def concatenate(ctx: RuleContext):
+    dy = ctx.grad_full("output")
+    rank = len(dy.dim)
+    axis = ctx.node.op.axis % rank
+    out, offset = {}, 0
+    for role in ctx.node.op.input_roles():
+        size = ctx.input_desc(role).dim[axis]
+        if ctx.needs(role):
+            bounds = [(0, d, 1) for d in dy.dim]
+            bounds[axis] = (offset, offset + size, 1)
+            out[role] = ctx.b.slice(dy, bounds)
+        offset += size
+    return out
+
+
+@register_rule("slice", inputs=("input",))
+def slice_(ctx: RuleContext):
+    ensure_registered()
+    x = ctx.input_desc("input")
+    dy = ctx.grad_full("output")
+    bounds = ctx.node.op.bounds(None, x.dim)
+    params = (("bounds", ",".join(f"{a}:{b}:{c}" for a, b, c in bounds)),
+              ("in_dim", ",".join(str(d) for d in x.dim)))
+    op = Custom(op_name=SLICE_BACKWARD, num_inputs=1, num_outputs=1, params=params)
+    return {"input": ctx.b.op(op, [dy], ["output0"], [x.dim], tag="slice_backward")[0]}
