@@ -779,8 +779,7 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     rounded = round_in_compute(value, desc.data_type, ctx.compute)
     if (desc.data_type in (DataType.HALF, DataType.BFLOAT16) and TL_DTYPE[desc.data_type] == target
             and rounded is not None and lines and lines[-1] == f"{value} = {rounded}"):
-        lines.pop()
-        value = to_storage(value, desc.data_type, ctx.compute)
+        lines.pop()  # rounded once, by the cast to the operand type below
     mask = indexer.mask()
     rows, cols = indexer.shape
     if mask is None:

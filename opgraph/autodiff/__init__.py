@@ -1,0 +1,28 @@
+"""Gradient graphs: `grad(graph, outputs, wrt)` builds the backward graph of a forward graph from
+per-op backward rules (grad.py has the algorithm and the save / recompute policy, rules.py the
+registry and the builder rules use, rules_<family>.py the rules).
+
+    res = opgraph.grad(g, outputs=[loss], wrt=[w1, w2])
+    res.keep_in(g)                      # forward outputs the tensors the backward reads
+    bwd = res.graph                     # inputs: grad_loss and the saved tensors (forward UIDs)
+    res.grads[w1.uid]                   # the output grad_w1
+"""
+
+from .grad import CHEAP_KINDS, GradGraph, grad, saved_pack
+from .rules import (
+    CUSTOM_RULES,
+    POINTWISE_RULES,
+    RULES,
+    GradBuilder,
+    Rule,
+    RuleContext,
+    register_custom_grad,
+    register_pointwise,
+    register_rule,
+    rule_for,
+)
+
+__all__ = [
+    "CHEAP_KINDS", "CUSTOM_RULES", "GradBuilder", "GradGraph", "POINTWISE_RULES", "RULES", "Rule", "RuleContext",
+    "grad", "register_custom_grad", "register_pointwise", "register_rule", "rule_for", "saved_pack",
+]
