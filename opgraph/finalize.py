@@ -42,7 +42,7 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
             )
     producer_of = {id(t): i for i, r in enumerate(records) for t in r.outputs if t is not None}
     uids, aliases, inplace = _assign_uids(g, records, producer_of)
-    order = _topological_order(records, uids)
+    order = _topological_order(records, uids, inplace, set(producer_of))
     readers: dict[int, int] = {}
     for r in records:
         for v in r.inputs:
@@ -58,21 +58,32 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
             descs.setdefault(uid, _input_desc(g, t, uid))
     nodes = [_finalize_node(g, records[i], uids, descs, aliases) for i in order]
     if len(nodes) > 1:
-        for n in nodes:
-            shared = set(n.input_uids()) & set(n.output_uids())
-            if shared:
-                t = descs[shared.pop()]
-                raise DataflowError(
-                    "an op writes the tensor it reads (same UID as input and output) in a graph of "
-                    f"{len(nodes)} ops", op=n.label(), tensor=t, rule="dataflow.inplace",
-                    hint="give the output its own UID; in-place updates are allowed only in single-op graphs",
-                )
+        _check_inplace(nodes, descs)
     final = FinalGraph(
         name=g.name, tensors=descs, nodes=tuple(nodes), io_data_type=g.io_data_type,
         intermediate_data_type=g.intermediate_data_type, compute_data_type=g.compute_data_type,
         handles={id(t): (t, uids[id(t)]) for t in g._tensors},
     )
     return final, uids
+
+
+def _check_inplace(nodes: list[Node], descs: dict[int, TensorDesc]) -> None:
+    """An op may write the tensor it reads (same UID as input and output: an in-place update such as
+    W = W - lr * dW) in a multi-op graph when each element is read before it is written by the same
+    thread: the writer must be a pointwise op (it produces the tensor's full dims, element by element).
+    Every other read of the old value is ordered before the update (see _topological_order), and the
+    partitioner keeps ops that read other elements (a conv reading W as its filter) out of the
+    writer's kernel."""
+    for n in nodes:
+        for uid in set(n.input_uids()) & set(n.output_uids()):
+            if n.kind != "pointwise":
+                raise DataflowError(
+                    f"{n.kind} cannot update its input in place in a graph of {len(nodes)} ops (its output "
+                    "elements depend on other input elements)", op=n.label(), tensor=descs[uid],
+                    rule="dataflow.inplace",
+                    hint="update in place with a pointwise op (e.g. W = sub(W, mul(lr, dW)) sharing W's UID), or "
+                    "give the output its own UID",
+                )
 
 
 def _assign_uids(
@@ -136,7 +147,8 @@ def _assign_uids(
     return uids, aliases, inplace
 
 
-def _topological_order(records: list[OpRecord], uids: dict[int, int]) -> list[int]:
+def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: set[int] = frozenset(),
+                       produced: set[int] = frozenset()) -> list[int]:
     producer: dict[int, int] = {}
     for i, r in enumerate(records):
         for t in r.outputs:
@@ -154,9 +166,19 @@ def _topological_order(records: list[OpRecord], uids: dict[int, int]) -> list[in
     deps: list[set[int]] = []
     users: list[list[int]] = [[] for _ in records]
     for i, r in enumerate(records):
-        d = {producer[uids[id(v)]] for v in r.inputs if isinstance(v, Tensor) and uids[id(v)] in producer}
-        d.discard(i)  # an in-place update reads its own output's UID
+        # the declared handle of a tensor updated in place is its old value: reading it does not wait
+        # for the update (and the update's own read of it is not a dependency either)
+        d = {producer[uids[id(v)]] for v in r.inputs if isinstance(v, Tensor) and uids[id(v)] in producer
+             and not (uids[id(v)] in inplace and id(v) not in produced)}
+        d.discard(i)
         deps.append(d)
+    for i, r in enumerate(records):  # ... and every other read of the old value runs before the update
+        for v in r.inputs:
+            if isinstance(v, Tensor) and uids[id(v)] in inplace and id(v) not in produced:
+                writer = producer[uids[id(v)]]
+                if writer != i:
+                    deps[writer].add(i)
+    for i, d in enumerate(deps):
         for p in d:
             users[p].append(i)
     pending = [len(d) for d in deps]

@@ -80,6 +80,20 @@ class Cut:
     reasons: tuple[tuple[str, str], ...]  # (engine, reason)
 
 
+def _inplace_race(group: Sequence[Node], node: Node, graph: FinalGraph) -> str | None:
+    """Why `node`, which updates a tensor in place, cannot join `group`: an op of the group reads other
+    elements of that tensor (a conv reading W as its filter) while `node` writes it."""
+    for uid in set(node.input_uids()) & set(node.output_uids()):
+        dims = graph.tensors[uid].dim
+        for other in group:
+            if uid in other.input_uids():
+                out = [graph.tensors[u].dim for u in other.output_uids()]
+                if other.kind != "pointwise" or any(d != dims for d in out):
+                    return (f"{node.label()} updates {graph.tensors[uid].label()} in place, which {other.label()} "
+                            "reads at other elements: they cannot share a kernel")
+    return None
+
+
 def make_piece(graph: FinalGraph, index: int, nodes: Sequence[Node]) -> Piece:
     produced = {u for n in nodes for u in n.output_uids()}
     members = {id(n) for n in nodes}
@@ -126,7 +140,16 @@ def partition(
                 groups.append([node])
                 owners.append(engines.index(better))
                 continue
-        if groups:
+        race = _inplace_race(groups[-1], node, graph) if groups else None
+        if race is not None:
+            cuts.append(Cut(len(groups) - 1, node, (("partition", race),)))
+            alone = make_piece(graph, len(groups), [node])
+            best = next((r for r, e in enumerate(engines) if e.supports(alone, device).ok), None)
+            if best is not None:
+                groups.append([node])
+                owners.append(best)
+                continue
+        if groups and race is None:
             candidate = make_piece(graph, len(groups) - 1, [*groups[-1], node])
             verdicts = [(e.name, e.supports(candidate, device)) for e in engines[: owners[-1] + 1]]
             fit = next((rank for rank, (_, v) in enumerate(verdicts) if v.ok), None)
