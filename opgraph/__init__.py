@@ -21,6 +21,7 @@ from .errors import (
     VariantPackError,
 )
 from .graph import Graph
+from .autodiff import GradGraph, grad
 from .heuristics import HeurMode, PieceConfigs
 from .ir import Const, FinalGraph, Node
 from .ops.conv import ConvolutionMode
@@ -41,7 +42,7 @@ _configure_logging()
 __all__ = [
     "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
-    "FinalGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
+    "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op", "grad",
 ]

@@ -23,6 +23,18 @@ from .rules import (
 )
 
 __all__ = [
-    "CHEAP_KINDS", "CUSTOM_RULES", "GradBuilder", "GradGraph", "POINTWISE_RULES", "RULES", "Rule", "RuleContext",
-    "grad", "register_custom_grad", "register_pointwise", "register_rule", "rule_for", "saved_pack",
+    "CHEAP_KINDS",
+    "CUSTOM_RULES",
+    "POINTWISE_RULES",
+    "RULES",
+    "GradBuilder",
+    "GradGraph",
+    "Rule",
+    "RuleContext",
+    "grad",
+    "register_custom_grad",
+    "register_pointwise",
+    "register_rule",
+    "rule_for",
+    "saved_pack",
 ]

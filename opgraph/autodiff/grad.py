@@ -27,7 +27,12 @@ Forward tensors the rules read are *saved* or *recomputed* (split mode, the defa
   itself (always when they are forward inputs, outputs or already saved: conv -> relu -> conv
   keeps the first conv's output, which relu's backward reads, and recomputes the relu). Otherwise
   it is saved. Decisions are taken in forward order once all rules ran, so a tensor saved for one
-  rule is free for the next. `recompute=False` saves every tensor read.
+  rule is free for the next. `recompute=False` saves every tensor read;
+- a training batchnorm's y (when the op outputs mean and inv_variance) counts as cheap too: it is
+  recomputed as (x - mean) * inv_variance * scale + bias, pointwise ops that fuse into the kernel of
+  the batchnorm backward that reads them, so conv -> batchnorm -> relu keeps only the conv output
+  and the per-channel stats (the stats are read as stored, FLOAT by default, where the forward
+  normalised with its unrounded ones).
 
 Batchnorm, layernorm, rmsnorm and instancenorm backward read the saved mean / inv_variance when the
 forward op outputs them (small), else recompute them from the input and epsilon.
@@ -43,11 +48,11 @@ New tensors get UIDs above every forward UID, so forward and backward buffers ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import DataTypeError, GraphError, UnsupportedGraphError
 from ..graph import Graph
-from ..ir import Const, FinalGraph, Node
+from ..ir import Const, FinalGraph, Node, Operand
 from ..ops.pointwise import PointwiseMode
 from ..tensor import Tensor, TensorDesc
 from .rules import GradBuilder, RuleContext, Value, rule_for, unsupported
@@ -99,7 +104,7 @@ class GradGraph:
     def keep_in(self, forward: Graph) -> Graph:
         """Mark the `must_keep` tensors as outputs of the user's forward graph (and pin every UID the
         forward graph was finalized with, so the saved UIDs stay valid). Returns `forward`."""
-        if forward.final is not self.forward and forward.final != self.forward:
+        if any(handle.graph is not forward for handle, _ in self.forward.handles.values()):
             raise GraphError("keep_in got another graph than the one differentiated", rule="autodiff.keep_in",
                              hint="pass the forward Graph given to grad()")
         for handle, uid in list(self.forward.handles.values()):
@@ -108,13 +113,15 @@ class GradGraph:
         keep = set(self.must_keep)
         for handle, uid in list(self.forward.handles.values()):
             if uid in keep and handle.is_virtual:
-                handle.set_output(True)
+                d = self.forward.tensors[uid]  # as saved: a virtual tensor's type is the intermediate one
+                handle.set_output(True).set_data_type(d.data_type).set_stride(d.stride)
         return forward
 
     def describe(self) -> str:
         f = self.forward
         lines = [f"gradient graph '{self.graph.name}' ({'forward + backward' if self.combined else 'backward'})"]
-        lines += [f"  incoming gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}" for u, t in self.grad_inputs.items()]
+        lines += [f"  incoming gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}"
+                  for u, t in self.grad_inputs.items()]
         lines += [f"  gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}" for u, t in self.grads.items()]
         lines += [f"  saved {f.tensors[u].label()}" + (" (forward must output it)" if u in self.must_keep else "")
                   for u in self.saved]
@@ -128,7 +135,8 @@ def resolve(fg: FinalGraph, key: Any, what: str) -> int:
         uid = fg.handle_uid(key)
         if uid is None:
             raise GraphError("the tensor handle is not part of the differentiated graph", tensor=key,
-                             rule="autodiff.unknown_tensor", hint=f"pass {what} as handles of that graph, UIDs or names")
+                             rule="autodiff.unknown_tensor",
+                             hint=f"pass {what} as handles of that graph, UIDs or names")
         return uid
     if isinstance(key, TensorDesc):
         key = key.uid
@@ -154,20 +162,23 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = False, recompute: bool = True,
-         allow_unused: bool = False, name: str | None = None) -> GradGraph:
+         allow_unused: bool = False, intermediate_data_type: Any = None, name: str | None = None) -> GradGraph:
     """The gradient graph of `graph`: the gradients of `wrt` given incoming gradients of `outputs`.
 
     outputs, wrt: a tensor or a list of tensors (handles, UIDs or names of the forward graph).
     combined: one graph holding the forward ops and then the backward ops (a training step).
     recompute: recompute cheap virtual tensors rather than saving them (split mode; see the module).
     allow_unused: a wrt tensor with no (nonzero) path to the outputs gets zeros instead of an error.
+    intermediate_data_type: the type of the backward graph's virtual tensors (the gradients between
+        ops); the forward graph's intermediate type by default. HALF halves the memory traffic of
+        the gradients that cross kernels, at fp16 precision.
     """
     fg = graph.final if isinstance(graph, Graph) else graph
     if not isinstance(fg, FinalGraph):
         raise GraphError(f"grad takes a Graph or FinalGraph, got {type(graph).__name__}", rule="autodiff.graph",
                          hint="pass the forward opgraph.Graph")
     return _Pass(fg, _as_list(outputs), _as_list(wrt), combined=combined, recompute=recompute,
-                 allow_unused=allow_unused, name=name).run()
+                 allow_unused=allow_unused, intermediate=intermediate_data_type, name=name).run()
 
 
 class _Ctx(RuleContext):
@@ -208,7 +219,7 @@ class _Ctx(RuleContext):
 
 class _Pass:
     def __init__(self, fg: FinalGraph, outputs: list[Any], wrt: list[Any], *, combined: bool, recompute: bool,
-                 allow_unused: bool, name: str | None) -> None:
+                 allow_unused: bool, intermediate: Any, name: str | None) -> None:
         self.fg = fg
         self.outputs = list(dict.fromkeys(resolve(fg, k, "outputs") for k in outputs))
         self.wrt = list(dict.fromkeys(resolve(fg, k, "wrt") for k in wrt))
@@ -225,9 +236,10 @@ class _Pass:
         self.allow_unused = allow_unused
         suffix = "train_step" if combined else "grad"
         self.g = Graph(name or f"{fg.name or 'graph'}_{suffix}", io_data_type=fg.io_data_type,
-                       intermediate_data_type=fg.intermediate_data_type, compute_data_type=fg.compute_data_type)
+                       intermediate_data_type=intermediate or fg.intermediate_data_type,
+                       compute_data_type=fg.compute_data_type)
         self.b = GradBuilder(self.g)
-        self._uid = max(fg.tensors, default=0) + 1
+        self.b.next_uid = max(fg.tensors, default=0) + 1
         self.handles: dict[int, Tensor] = {}  # forward UID -> handle in self.g
         self.requested: dict[int, None] = {}  # forward UIDs the backward reads (ordered set)
         self.contrib: dict[int, list[Value]] = {}
@@ -240,9 +252,11 @@ class _Pass:
         self.requires = self._requires_grad()
         grad_inputs: dict[int, Tensor] = {}
         for uid in self.outputs:
+            if uid not in self.requires:  # no wrt tensor reaches it: no gradient to take in
+                continue
             d = self.fg.tensors[uid]
             t = self.g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"grad_{_name(d)}",
-                              uid=self._new_uid())
+                              uid=self.b.new_uid())
             grad_inputs[uid] = self.b.note(t)
             self.contrib.setdefault(uid, []).append(t)
         for node in reversed(self.fg.nodes):
@@ -255,10 +269,6 @@ class _Pass:
         saved = {u: self.handles[u] for u in self.requested if u not in recomputed}
         must_keep = () if self.combined else tuple(u for u in saved if self.fg.tensors[u].is_virtual)
         return GradGraph(self.g, self.fg, grad_inputs, grads, saved, recomputed, self.combined, must_keep)
-
-    def _new_uid(self) -> int:
-        self._uid += 1
-        return self._uid - 1
 
     def _requires_grad(self) -> set[int]:
         req = set(self.wrt)
@@ -332,15 +342,17 @@ class _Pass:
         else:
             full = self.total_full(uid)
         out = full if self._claimable(full, d) else self.b.pw(PointwiseMode.IDENTITY, full)
-        out.set_output(True).set_name(f"grad_{_name(d)}").set_uid(self._new_uid())
+        out.set_output(True).set_name(f"grad_{_name(d)}")
         out.set_data_type(d.data_type).set_stride(d.stride)
         return out
 
     def _claimable(self, t: Value, d: TensorDesc) -> bool:
-        """Can the gradient tensor itself be the output (else an identity copies it)?"""
-        return (isinstance(t, Tensor) and t.is_virtual and t._uid is None and any(
-            t is o for r in self.g._records for o in r.outputs) and (t._data_type or self.g.intermediate_data_type)
-            is d.data_type)
+        """Can the gradient tensor itself be the output (else an identity copies it)? It must be
+        made by a backward op and not be another gradient already; its type may change to the wrt
+        tensor's when no other op reads its value (so the op writes the output type directly)."""
+        if not (isinstance(t, Tensor) and t.is_virtual and id(t) in self.b.produced):
+            return False
+        return (t._data_type or self.g.intermediate_data_type) is d.data_type or self.b.value_readers(t) == 0
 
     # -- forward tensors ------------------------------------------------------------------------------
     def fwd(self, uid: int) -> Tensor:
@@ -362,35 +374,60 @@ class _Pass:
         for node in fg.nodes:
             self._replay(node, node.output_uids())
 
-    def _replay(self, node: Node, uids: Iterable[int]) -> None:
+    def _replay(self, node: Node, uids: Iterable[int]) -> list[Tensor]:
         """Add `node` to self.g with outputs `uids` (its other outputs absent) described as in the forward."""
         keep = set(uids)
         roles = [r for r, u in zip(node.op.output_roles(), node.outputs) if u is not None and u in keep]
         ins = [None if v is None else v.value if isinstance(v, Const) else self.handles[v] for v in node.inputs]
         outs = self.g._add_op(node.op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
-        for role, t in zip(node.op.output_roles(), outs):
-            if t is None:
-                continue
-            d = self.fg.tensors[node.output(role)]  # type: ignore[index]
-            t.set_uid(d.uid).set_name(d.name).set_dim(d.dim).set_stride(d.stride).set_data_type(d.data_type)
-            t.set_is_virtual(d.is_virtual if self.combined else True)
-            if d.uid in self.handles:  # a placeholder read before the recomputation was decided
-                self.handles[d.uid].set_is_virtual(True)
-            else:
-                self.handles[d.uid] = t
+        placed = [t for t in outs if t is not None]
+        for t, role in zip(placed, roles):
+            self._place(t, node.output(role))  # type: ignore[arg-type]
+        return placed
+
+    def _place(self, t: Tensor, uid: int) -> None:
+        """Make `t` stand for forward tensor `uid` (same UID, name, dims, strides, type)."""
+        d = self.fg.tensors[uid]
+        t.set_uid(d.uid).set_name(d.name).set_dim(d.dim).set_stride(d.stride).set_data_type(d.data_type)
+        t.set_is_virtual(d.is_virtual if self.combined else True)
+        if d.uid in self.handles:  # a placeholder read before the recomputation was decided
+            self.handles[d.uid].set_is_virtual(True)
+        else:
+            self.handles[d.uid] = t
 
     # -- save or recompute (split mode) ---------------------------------------------------------------
+    def _recipe(self, uid: int) -> tuple[tuple[Operand, ...], Callable[[], Tensor]] | None:
+        """How to recompute forward tensor `uid` cheaply: (the forward operands it reads, a function
+        adding the ops and returning the result), or None. A cheap op is replayed; a batchnorm's y is
+        recomputed from its saved stats as (x - mean) * inv_variance * scale + bias, pointwise ops
+        that fuse into the kernel of the batchnorm backward reading them."""
+        node = self.fg.producer(uid)
+        if node is None:
+            return None
+        if node.kind in CHEAP_KINDS:
+            return node.inputs, lambda: self._replay(node, [uid])[0]
+        if (node.kind == "batchnorm" and uid == node.output("y") and node.output("mean") is not None
+                and node.output("inv_variance") is not None):
+            ins = (node.input("input"), node.output("mean"), node.output("inv_variance"), node.input("scale"),
+                   node.input("bias"))
+
+            def build() -> Tensor:
+                b = self.b
+                x, mean, inv, scale, bias = (self.handles[v] for v in ins)  # type: ignore[index]
+                y = b.add(b.mul(b.mul(b.sub(x, mean), inv), scale), bias)
+                self._place(y, uid)  # type: ignore[arg-type]
+                return y  # type: ignore[return-value]
+
+            return ins, build
+        return None
+
     def _resolve_saved(self) -> tuple[int, ...]:
         fg = self.fg
 
         def free(u: int) -> bool:
             return not fg.tensors[u].is_virtual
 
-        def cheap(u: int) -> bool:
-            p = fg.producer(u)
-            return p is not None and p.kind in CHEAP_KINDS
-
-        kept = {u for u in self.requested if free(u) or not cheap(u) or not self.recompute}
+        kept = {u for u in self.requested if free(u) or self._recipe(u) is None or not self.recompute}
         chosen: set[int] = set()
         pending = sorted((u for u in self.requested if u not in kept), key=lambda u: fg.producer_index(u))
         for uid in pending:
@@ -403,18 +440,17 @@ class _Pass:
                 kept |= leaves
             else:
                 kept.add(uid)
-        for u in sorted(chosen, key=lambda u: fg.producer_index(u)):
-            node = fg.producer(u)
-            assert node is not None
-            for v in node.input_uids():
-                if v not in chosen:
+        order = sorted(chosen, key=lambda u: fg.producer_index(u))
+        for u in order:
+            inputs, build = self._recipe(u)  # type: ignore[misc]
+            for v in inputs:
+                if isinstance(v, int) and v not in chosen:
                     self.fwd(v)
-            self._replay(node, [u])
-        return tuple(sorted(chosen, key=lambda u: fg.producer_index(u)))
+            build()
+        return tuple(order)
 
     def _chain(self, uid: int, kept: set[int], chosen: set[int]) -> tuple[set[int] | None, set[int]]:
-        """The cheap ops' outputs that recompute `uid`, and the tensors they start from."""
-        fg = self.fg
+        """The tensors to recompute for `uid` (by their recipes), and the tensors they start from."""
         chain: set[int] = set()
         leaves: set[int] = set()
         stack = [uid]
@@ -422,16 +458,15 @@ class _Pass:
             u = stack.pop()
             if u in chain or u in chosen:
                 continue
-            p = fg.producer(u)
-            d = fg.tensors[u]
-            if u != uid and (u in kept or not d.is_virtual or p is None or p.kind not in CHEAP_KINDS):
+            recipe = self._recipe(u)
+            if u != uid and (u in kept or not self.fg.tensors[u].is_virtual or recipe is None):
                 leaves.add(u)
                 continue
-            assert p is not None
+            assert recipe is not None
             chain.add(u)
             if len(chain) > MAX_RECOMPUTE_OPS:
                 return None, leaves
-            stack.extend(p.input_uids())
+            stack.extend(v for v in recipe[0] if isinstance(v, int))
         return chain, leaves
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -41,9 +41,6 @@ from ..ops.layout import Concatenate, Reshape, Slice, Transpose
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.reduction import Reduction, ReductionMode
 from ..tensor import Tensor, TensorDesc
-
-if TYPE_CHECKING:
-    pass
 
 Value = Union[Tensor, float, int, bool]  # a backward-graph tensor or a literal
 RuleFn = Callable[["RuleContext"], "dict[str, Tensor]"]
@@ -87,7 +84,12 @@ def _all_outputs(node: Node) -> Iterable[str]:
     return node.op.output_roles()
 
 
-def register_rule(kind: str, *, inputs: Roles | None = None, outputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
+def _operands(node: Node) -> Iterable[str]:
+    return node.op.operand_roles()
+
+
+def register_rule(kind: str, *, inputs: Roles | None = None,
+                  outputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
     """Decorator: the backward rule of op kind `kind` (see the module docstring)."""
     def deco(fn: RuleFn) -> RuleFn:
         RULES[kind] = Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs))
@@ -100,8 +102,7 @@ def register_pointwise(*modes: PointwiseMode, inputs: Roles | None = None) -> Ca
     """Decorator: the backward rule of pointwise `modes` (inputs default to the operands)."""
     def deco(fn: RuleFn) -> RuleFn:
         for mode in modes:
-            operands = lambda node: node.op.operand_roles()  # noqa: E731
-            POINTWISE_RULES[mode] = Rule(f"pointwise {mode.name}", fn, _roles(inputs, operands),
+            POINTWISE_RULES[mode] = Rule(f"pointwise {mode.name}", fn, _roles(inputs, _operands),
                                          _roles(None, _all_outputs))
         return fn
 
@@ -159,7 +160,15 @@ class GradBuilder:
         self.dtype: DataType = graph.intermediate_data_type
         self._count = 0
         self._by_dims: dict[tuple[int, ...], Tensor] = {}  # full tensors an expand can take dims from
+        self.produced: set[int] = set()  # id() of the op outputs made here
+        self._expands: set[str] = set()  # names of the expand ops (their mask is a dims carrier)
         self.prefix = "bwd"
+        self.next_uid = 1
+
+    def new_uid(self) -> int:
+        """A UID for a new tensor (the algorithm starts them above every forward UID)."""
+        self.next_uid += 1
+        return self.next_uid - 1
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def name(self, tag: str) -> str:
@@ -185,11 +194,20 @@ class GradBuilder:
         out = []
         for role, dim in zip(outputs, dims):
             t = handles[roles.index(role)]
-            t.set_dim(tuple(dim))
+            t.set_dim(tuple(dim)).set_uid(self.new_uid())
+            self.produced.add(id(t))
             if float_outputs:
                 t.set_data_type(self.dtype)
             out.append(self.note(t))
         return out
+
+    def value_readers(self, t: Tensor) -> int:
+        """How many ops read the values of `t` (an expand reads only the dims of its mask)."""
+        n = 0
+        for r in self.g._records:
+            expand = r.name in self._expands
+            n += sum(1 for i, v in enumerate(r.inputs) if v is t and not (expand and i == 2))
+        return n
 
     # -- pointwise ----------------------------------------------------------------------------------
     def pw(self, mode: PointwiseMode, *operands: Value, tag: str = "", **params: Value) -> Value:
@@ -310,11 +328,14 @@ class GradBuilder:
             return g
         if isinstance(g, Tensor) and len(g.dim) != len(dims):
             g = self.reshape(g, (1,) * len(dims))
+            if tuple(g.dim) == dims:
+                return g
         c = self._by_dims.get(dims)
         if c is None:
             assert carrier is not None, f"no tensor of dims {dims} to expand a gradient to"
             c = carrier()
         (out,) = self.op(Pointwise(mode=PointwiseMode.BINARY_SELECT), [g, g, c], ["output"], [dims], tag="expand")
+        self._expands.add(self.g._records[-1].name)
         return out
 
 
@@ -357,4 +378,4 @@ class RuleContext:
 
 
 # Every family registers its rules on import.
-from . import rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: E402,F401
+from . import rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: F401

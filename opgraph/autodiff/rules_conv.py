@@ -18,8 +18,8 @@ from .rules import RuleContext, register_rule
 
 
 def _attrs(op: _Conv) -> dict:
-    return dict(pre_padding=op.pre_padding, post_padding=op.post_padding, stride=op.stride, dilation=op.dilation,
-                convolution_mode=op.convolution_mode)
+    return {"pre_padding": op.pre_padding, "post_padding": op.post_padding, "stride": op.stride,
+            "dilation": op.dilation, "convolution_mode": op.convolution_mode}
 
 
 def _fprop(ctx: RuleContext, x, w, dims):

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ..dtypes import DataType
 from ..ops.pointwise import PointwiseMode as M
-from ..ops.reduction import Reduction, ReductionMode as R
+from ..ops.reduction import Reduction
+from ..ops.reduction import ReductionMode as R
 from .rules import RuleContext, register_rule
 
 _WIDTH = {DataType.FP8_E4M3: 0, DataType.FP8_E5M2: 0, DataType.HALF: 1, DataType.BFLOAT16: 1, DataType.FLOAT: 2,

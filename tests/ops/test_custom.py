@@ -78,3 +78,21 @@ def test_bad_registrations_and_failing_infer():
     assert "ZeroDivisionError" in str(err.value) and "custom 'b'" in str(err.value)
     with pytest.raises(og.AttributeValueError):
         g.custom("broken")
+
+
+def test_custom_op_on_the_torch_engine_uses_its_torch_implementation(rng):
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    def torch_impl(x, g, beta=1.0):
+        calls.append(1)
+        return x * g * torch.sigmoid(beta * g)
+
+    og.register_custom_op("swiglu_t", num_inputs=2, pointwise=True, torch=torch_impl,
+                          reference=lambda x, g, beta=1.0: x * g / (1 + np.exp(-beta * g)))
+    g = og.Graph("c", io_data_type=og.DataType.FLOAT)
+    x, gate = g.tensor(dim=[3, 8], name="x"), g.tensor(dim=[3, 8], name="gate")
+    g.custom("swiglu_t", x, gate, params={"beta": 2.0}).set_output(True)
+    plan = g.build(device="cpu", engines=["torch"])
+    assert og.BehaviorNote.HOST_EXECUTION in plan.steps[0].config.behavior_notes  # the CPU is the host
+    assert not og.testing.check_plan(plan, rng) and calls

@@ -34,7 +34,7 @@ from ...heuristics import HeurMode
 from ...partition import Piece
 from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
-from . import conv, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
+from . import conv, custom, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
 from .common import IMPLS, Call, as_torch, finish, wide_compute
 from .estimate import estimate_us
 from .host import run_on_host
@@ -51,7 +51,8 @@ def _torch_device(device: Device) -> Any:
 
 def host_ops(piece: Piece) -> list[str]:
     """Labels of the piece's ops that have no torch mapping (they run on the host)."""
-    return [n.label() for n in piece.nodes if n.kind not in IMPLS]
+    return [n.label() for n in piece.nodes
+            if n.kind not in IMPLS or (n.kind == "custom" and n.op.definition.torch is None)]
 
 
 def _tensor_core_ops(piece: Piece) -> bool:
