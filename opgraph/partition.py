@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from .engines.base import Support
 from .errors import UnsupportedGraphError
 from .ir import FinalGraph, Node
 from .tensor import TensorDesc
@@ -80,6 +81,15 @@ class Cut:
     reasons: tuple[tuple[str, str], ...]  # (engine, reason)
 
 
+def _unsupported(node: Node, graph: FinalGraph, engines: Sequence[Engine], device: Device) -> None:
+    verdicts = [(e.name, e.supports(make_piece(graph, 0, [node]), device)) for e in engines]
+    reasons = "; ".join(f"{name}: {v.reason}" for name, v in verdicts)
+    raise UnsupportedGraphError(
+        f"no allowed engine runs this op ({reasons})", op=node.label(), rule="engine.no_support",
+        hint="allow another engine (engines=[...]); 'reference' runs every op on the CPU",
+    )
+
+
 def _inplace_race(group: Sequence[Node], node: Node, graph: FinalGraph) -> str | None:
     """Why `node`, which updates a tensor in place, cannot join `group`: an op of the group reads other
     elements of that tensor (a conv reading W as its filter) while `node` writes it."""
@@ -115,60 +125,46 @@ def partition(
     graph: FinalGraph, engines: Sequence[Engine], device: Device, *, allow_partition: bool = True
 ) -> tuple[list[Piece], list[Cut]]:
     """Greedy over the topological order. `engines` are in order of preference: a piece belongs to
-    the most preferred engine that runs it, and grows by the next op only while an engine at least
-    as preferred runs the grown piece (so a catch-all engine never swallows what a better one fuses)."""
+    the most preferred engine that runs it. The next op joins the current piece when an engine at
+    least as preferred runs the grown piece (a lone slice on the reference engine becomes part of a
+    Triton matmul that folds it in); a piece of a less preferred engine (op-by-op torch) does not
+    absorb an op that a more preferred engine runs; an op that no engine runs alone (a transpose
+    only a GEMM template folds in) opens a pending piece that later ops may complete."""
     groups: list[list[Node]] = []
-    owners: list[int] = []
+    owners: list[int | None] = []  # None: no engine runs the group yet
     cuts: list[Cut] = []
+
+    def best(piece: Piece, limit: int) -> tuple[int | None, list[tuple[str, Support]]]:
+        verdicts = [(e.name, e.supports(piece, device)) for e in engines[:limit]]
+        return next((r for r, (_, v) in enumerate(verdicts) if v.ok), None), verdicts
+
     for node in graph.nodes:
-        if groups and owners[-1] > 0:
-            # a piece of a less preferred engine (e.g. op-by-op torch, or a lone slice on the
-            # reference engine) first tries to become a piece of a more preferred engine with this op
-            # (a slice folded into the matmul after it); failing that, it does not absorb an op that a
-            # more preferred engine runs: that op starts a piece of its own
-            grown = make_piece(graph, len(groups) - 1, [*groups[-1], node])
-            promoted = next((r for r, e in enumerate(engines[: owners[-1]]) if e.supports(grown, device).ok), None)
-            if promoted is not None:
-                groups[-1].append(node)
-                owners[-1] = promoted
-                continue
-            alone = make_piece(graph, len(groups), [node])
-            better = next((e for e in engines[: owners[-1]] if e.supports(alone, device).ok), None)
-            if better is not None:
-                cuts.append(Cut(len(groups) - 1, node, (
-                    (engines[owners[-1]].name, f"this op runs on the preferred engine '{better.name}' instead"),)))
-                groups.append([node])
-                owners.append(engines.index(better))
-                continue
-        race = _inplace_race(groups[-1], node, graph) if groups else None
-        if race is not None:
-            cuts.append(Cut(len(groups) - 1, node, (("partition", race),)))
-            alone = make_piece(graph, len(groups), [node])
-            best = next((r for r, e in enumerate(engines) if e.supports(alone, device).ok), None)
-            if best is not None:
-                groups.append([node])
-                owners.append(best)
-                continue
-        if groups and race is None:
-            candidate = make_piece(graph, len(groups) - 1, [*groups[-1], node])
-            verdicts = [(e.name, e.supports(candidate, device)) for e in engines[: owners[-1] + 1]]
-            fit = next((rank for rank, (_, v) in enumerate(verdicts) if v.ok), None)
-            if fit is not None:
-                groups[-1].append(node)
-                owners[-1] = fit
-                continue
-            cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
-        alone = make_piece(graph, len(groups), [node])
-        verdicts = [(e.name, e.supports(alone, device)) for e in engines]
-        best = next((rank for rank, (_, v) in enumerate(verdicts) if v.ok), None)
-        if best is None:
-            reasons = "; ".join(f"{name}: {v.reason}" for name, v in verdicts)
-            raise UnsupportedGraphError(
-                f"no allowed engine runs this op ({reasons})", op=node.label(), rule="engine.no_support",
-                hint="allow another engine (engines=[...]); 'reference' runs every op on the CPU",
-            )
+        if groups:
+            owner = owners[-1]
+            race = _inplace_race(groups[-1], node, graph)
+            if race is None:
+                grown = make_piece(graph, len(groups) - 1, [*groups[-1], node])
+                fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
+                if fit is not None and fit == owner and owner > 0:
+                    alone, _ = best(make_piece(graph, len(groups), [node]), owner)
+                    if alone is not None:
+                        verdicts = [(engines[owner].name,
+                                     Support.no(f"this op runs on the preferred engine '{engines[alone].name}'"))]
+                        fit = None
+                if fit is not None or owner is None:
+                    groups[-1].append(node)
+                    owners[-1] = fit
+                    continue
+                cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
+            else:
+                if owner is None:
+                    _unsupported(groups[-1][0], graph, engines, device)
+                cuts.append(Cut(len(groups) - 1, node, (("partition", race),)))
+        first, _ = best(make_piece(graph, len(groups), [node]), len(engines))
         groups.append([node])
-        owners.append(best)
+        owners.append(first)
+    if owners and owners[-1] is None:
+        _unsupported(groups[-1][0], graph, engines, device)
     if not allow_partition and len(groups) > 1:
         whole = make_piece(graph, 0, graph.nodes)
         single = next((e for e in engines if e.supports(whole, device).ok), None)
