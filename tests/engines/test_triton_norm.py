@@ -5,6 +5,8 @@ fp32/fp16/bf16, scalars given three ways; marked gpu, on CUDA at the benchmark s
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,7 @@ FLOAT, HALF, BF16 = DT.FLOAT, DT.HALF, DT.BFLOAT16
 DTYPES = [FLOAT, HALF, BF16]
 TRAIN, INFER = og.NormForwardPhase.TRAINING, og.NormForwardPhase.INFERENCE
 H100 = Device("cuda", 0, "H100", (9, 0), 132)
+CPU = Device("cpu")
 EPS, MOMENTUM = 2.0**-10, 0.125
 
 
@@ -474,22 +477,83 @@ def test_norm_stats_gpu_and_alternative_knobs(layout, rng):
             run_knobs(g, rng, "norm_stats", k, prepare=prep)
 
 
+def every_candidate(g, rng, template, devices=(H100, CPU), **kw):
+    """Run g's single piece with every candidate `template` proposes for each of `devices`."""
+    piece = g.build(device="cpu", engines=["triton"]).steps[0].piece
+    tpl = {"norm_stats": norm_stats, "rownorm": rownorm}[template].TEMPLATE
+    seen = []
+    for device in devices:
+        for k in tpl.candidates(piece, device):
+            if k not in seen:
+                seen.append(k)
+                run_knobs(g, rng, template, k, **kw)
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", ["fused_forward", "backward_saved", "backward_recompute", "instancenorm",
+                                  "instancenorm_backward"])
+@requires_interpreter
+def test_norm_stats_stats_loop_variants(case, layout, rng):
+    """The stats loop's variants (plain, pipelined (ST), register double buffering (PF)) with several
+    chunk iterations and ragged tiles, on pieces whose loop loads more than x: a residual prologue,
+    dy through relu_backward, per-sample statistics."""
+    dims = [2, 12, 5, 7]
+    if case == "fused_forward":
+        g = og.Graph("bn", io_data_type=HALF)
+        x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+        r = g.tensor(dim=dims, stride=None if layout == "nhwc" else nhwc(dims), name="r")
+        c = per_channel(dims)
+        y, mean, inv, _, _ = g.batchnorm(g.add(x, r), g.tensor(dim=c, data_type=FLOAT),
+                                         g.tensor(dim=c, data_type=FLOAT), epsilon=1e-5)
+        outputs(mean, inv)
+        g.relu(y).set_output(True)
+        prep = None
+    elif case.startswith("backward"):
+        g, prep = bn_bwd_graph(dims, layout, HALF, saved=case == "backward_saved")
+    elif case == "instancenorm":
+        g = og.Graph("in", io_data_type=BF16)
+        x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+        c = per_channel(dims)
+        outputs(*g.instancenorm(TRAIN, x, g.tensor(dim=c, data_type=FLOAT), g.tensor(dim=c, data_type=FLOAT), EPS))
+        prep = None
+    else:
+        g, prep = bn_bwd_graph(dims, layout, HALF, saved=False, kind="instancenorm")
+    seen = every_candidate(g, rng, "norm_stats", prepare=prep)
+    assert any(k["PF"] for k in seen) and any(k["ST"] > 1 for k in seen)
+
+
+@pytest.mark.parametrize("case", ["layernorm", "layernorm_fused", "rmsnorm"])
 @pytest.mark.parametrize("backward", [False, True])
 @requires_interpreter
-def test_rownorm_gpu_and_alternative_knobs(backward, rng):
+def test_rownorm_gpu_and_alternative_knobs(case, backward, rng):
+    """Every candidate (one tile or a row loop per program, pipelined or register double-buffered
+    backward) on rows that several loop iterations walk, with a ragged last tile."""
     dims = [9, 40]
     g = og.Graph("ln", io_data_type=HALF)
     x = g.tensor(dim=dims, name="x")
     scale = g.tensor(dim=[1, 40], data_type=FLOAT, name="s")
+    if case == "layernorm_fused":  # a residual prologue and an epilogue
+        x = g.add(x, g.tensor(dim=dims, name="r"), name="residual")
+    rms = case == "rmsnorm"
     if backward:
         dy = g.tensor(dim=dims, name="dy")
-        mean, inv = (g.tensor(dim=[9, 1], data_type=FLOAT, name=n) for n in ("m", "iv"))
-        outputs(*g.layernorm_backward(dy, x, scale, mean, inv))
+        inv = g.tensor(dim=[9, 1], data_type=FLOAT, name="iv")
+        if rms:
+            outputs(*g.rmsnorm_backward(dy, x, scale, inv, has_dbias=True))
+        else:
+            mean = g.tensor(dim=[9, 1], data_type=FLOAT, name="m")
+            dx, ds, db = g.layernorm_backward(dy, x, scale, mean, inv)
+            outputs(ds, db)
+            (g.mul(dx, 2.0, name="twice") if case == "layernorm_fused" else dx).set_output(True)
+    elif rms:
+        outputs(*g.rmsnorm(TRAIN, x, scale, epsilon=EPS))
     else:
-        outputs(*g.layernorm(TRAIN, x, scale, None, epsilon=EPS))
-    piece = g.build(device="cpu", engines=["triton"]).steps[0].piece
-    for k in rownorm.TEMPLATE.candidates(piece, H100):
-        run_knobs(g, rng, "rownorm", k)
+        y, mean, inv = g.layernorm(TRAIN, x, scale, None, epsilon=EPS)
+        outputs(mean, inv)
+        (g.gelu(y, name="gelu") if case == "layernorm_fused" else y).set_output(True)
+    seen = every_candidate(g, rng, "rownorm")
+    assert any(k["PF"] for k in seen) if backward else any(k["FP"] for k in seen)
 
 
 # -- on the GPU, at the benchmark shapes ----------------------------------------------------------
@@ -544,3 +608,85 @@ def test_gpu_instancenorm_and_rmsnorm(rng):
     x = g.tensor(dim=[4096, 8192], name="x")
     outputs(*g.rmsnorm(TRAIN, x, g.tensor(dim=[1, 8192], data_type=FLOAT), epsilon=1e-6))
     assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+
+
+# -- compiled for Hopper (no GPU needed): the benchmark shapes' kernels compile for sm_90 without
+# spilling, and the loops the knobs pipeline (ST > 1) are pipelined (cp.async) --------------------------
+
+
+def _with(**want):
+    """A HOPPER_CASES selector: the heuristic's choice and the first other candidate with `want`."""
+    def pick(cands):
+        return [cands[0], next(c for c in cands[1:] if all(c.get(k) == v for k, v in want.items()))]
+    return pick
+
+
+def _bn(layout="nhwc"):
+    return lambda: bn_graph([32, 256, 56, 56], layout, HALF, relu=True)[0]
+
+
+def _bn_bwd(saved=True):
+    return lambda: bn_bwd_graph([32, 256, 56, 56], "nhwc", HALF, saved=saved, drelu=False)[0]
+
+
+def _instancenorm(backward=False):
+    def build():
+        dims = [8, 64, 56, 56]
+        if backward:
+            return bn_bwd_graph(dims, "nhwc", HALF, kind="instancenorm", drelu=False)[0]
+        g = og.Graph("in", io_data_type=HALF)
+        x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+        c = per_channel(dims)
+        outputs(*g.instancenorm(TRAIN, x, g.tensor(dim=c, data_type=FLOAT), g.tensor(dim=c, data_type=FLOAT), 1e-5))
+        return g
+    return build
+
+
+def _rownorm(backward=False, rms=False, dims=(8192, 4096)):
+    def build():
+        r, h = dims
+        g = og.Graph("ln", io_data_type=BF16)
+        x = g.tensor(dim=[r, h], name="x")
+        scale = g.tensor(dim=[1, h], data_type=BF16, name="s")
+        if backward:
+            dy = g.tensor(dim=[r, h], name="dy")
+            inv = g.tensor(dim=[r, 1], data_type=FLOAT, name="iv")
+            if rms:
+                outputs(*g.rmsnorm_backward(dy, x, scale, inv, has_dbias=False))
+            else:
+                outputs(*g.layernorm_backward(dy, x, scale, g.tensor(dim=[r, 1], data_type=FLOAT, name="m"), inv))
+        elif rms:
+            outputs(*g.rmsnorm(TRAIN, x, scale, epsilon=1e-6))
+        else:
+            outputs(*g.layernorm(TRAIN, x, scale, g.tensor(dim=[1, h], data_type=BF16, name="b"), epsilon=1e-5))
+        return g
+    return build
+
+
+HOPPER_CASES = {  # name: (graph, template, knobs: see tests/engines/test_triton_reduction.py)
+    "bn_nhwc": (_bn(), "norm_stats", _with(PF=1)),
+    "bn_nchw": (_bn("nchw"), "norm_stats", _with(PF=1)),
+    "bn_bwd_saved": (_bn_bwd(), "norm_stats", _with(PF=1)),
+    "bn_bwd_recompute": (_bn_bwd(False), "norm_stats", None),
+    "instancenorm": (_instancenorm(), "norm_stats", None),
+    "instancenorm_bwd": (_instancenorm(True), "norm_stats", None),
+    "layernorm": (_rownorm(), "rownorm", _with(FP=0)),
+    "layernorm_bwd": (_rownorm(True), "rownorm", _with(PF=1)),
+    "rmsnorm": (_rownorm(rms=True, dims=(4096, 8192)), "rownorm", None),
+    "rmsnorm_bwd": (_rownorm(True, rms=True, dims=(4096, 8192)), "rownorm", None),
+}
+LOOPS = {"kernel_stats", "kernel_rownorm_bwd", "kernel_rownorm"}  # the kernels whose loop ST pipelines
+
+
+def test_kernels_compile_for_hopper():
+    from .test_triton_reduction import compile_for_hopper
+
+    lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    assert {line.split()[1] for line in lines} == set(HOPPER_CASES)
+    for line in lines:
+        words = line.split()
+        kernel, spills, cp_async = words[2], int(words[6]), int(words[10])
+        knobs = ast.literal_eval(line[line.index("{"):])
+        assert spills == 0, line
+        if kernel in LOOPS and int(knobs.get("ST", 0)) > 1 and (kernel != "kernel_rownorm" or knobs.get("FP")):
+            assert cp_async > 0, f"the loop was not pipelined: {line}"

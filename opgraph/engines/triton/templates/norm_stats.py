@@ -8,9 +8,13 @@ Training and backward pieces run in three launches and two passes over the input
               each program keeps fp32 tile accumulators of the shifted values (x - K, K = x at the
               slot's first element, the same in every chunk, which keeps the sums well conditioned),
               reduces them once and stores its partials (count, mean - K, M2; for a backward sum(dy)
-              and sum(dy * (x - mean_chunk))) to scratch;
+              and sum(dy * (x - mean_chunk))) to scratch. Its tile loop keeps several tiles in flight
+              (knob ST: `tl.range(num_stages=ST)`, cp.async into shared memory; or knob PF: the next
+              tile's loads issued into registers before this tile is used), as a pass that reads
+              ~50 MB at bandwidth needs ~40 KB in flight per SM, which one tile a program is not;
   2. combine: one program per block of statistic slots (b * C + c) merges the chunks' partials
-              exactly (total mean first, then M2 = sum(M2_i + n_i * (mean_i - mean)^2)), writes
+              exactly (total mean first, then M2 = sum(M2_i + n_i * (mean_i - mean)^2); every
+              partial loaded once, with the per-slot parameters, when the chunks fit a block), writes
               mean / inv_variance / running stats (or dscale / dbias) and the per-slot coefficients
               of the apply pass to scratch (an instancenorm backward sums dscale / dbias over the
               samples in a 4th, tiny launch);
@@ -145,11 +149,14 @@ def _stages(tile_bytes: int) -> int:
 
 
 def _knobs(g: Geometry, device: Device, elt: int = 2, *, bc: int | None = None, q_cap: int = 1024,
-           per_sm: int = 4, order: int = 1, stages: int | None = None, prefetch: int = 0,
+           per_sm: int | None = None, order: int = 1, stages: int | None = None, prefetch: int = 0,
            tile: int = 4096) -> dict[str, Any]:
     gpu = device.is_cuda
     cp = pow2_ceil(g.C)
     accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else 2
+    # 16 warps an SM: 4 programs of 4 warps (2 accumulators), 2 of 8 (4 accumulators); ~110-128
+    # registers a thread, so that is also what fits at once (one wave)
+    per_sm = per_sm or (8 // accumulators)
     if g.channels_last:
         if gpu:  # stats and apply tiles of 4096 elements; apply rows divide stats rows (ORDER)
             bc = min(cp, bc or 64)
@@ -170,7 +177,7 @@ def _knobs(g: Geometry, device: Device, elt: int = 2, *, bc: int | None = None, 
     want = per_sm * device.sm_count if gpu else 8
     chunks = max(1, min(tiles, -(-want // (cblocks * g.B))))
     if stages is None:
-        stages = _stages(br * bc * elt) if gpu else 0
+        stages = _stages(br * bc * elt) if gpu and -(-tiles // chunks) > 1 else 0
     return {
         "BR": br, "BC": bc, "CHUNK": -(-tiles // chunks),
         "W": max(4, br * bc // 1024 * accumulators // 2) if gpu else 4,
@@ -183,7 +190,8 @@ def _knobs(g: Geometry, device: Device, elt: int = 2, *, bc: int | None = None, 
 def candidate_knobs(g: Geometry, device: Device, elt: int = 2) -> list[dict[str, Any]]:
     """Knob settings, the heuristic's first. Stats pass: tiles of ~4096 elements (channel blocks of 64
     contiguous channels, or Q blocks that waste < 6% in their ragged edge), 4 warps per 2 fp32
-    accumulators (32 elements a thread), >= 4 programs per SM, the row loop software-pipelined
+    accumulators (32 elements a thread), 16 warps per SM (4 programs of 4 warps, or 2 of 8 when a
+    backward recomputes the mean: 4 accumulators), the row loop software-pipelined
     (ST: `tl.range(num_stages=ST)`, cp.async into shared memory: ST - 1 tiles, ~24 KiB, in flight per
     program, ~96 KiB per SM, where the plain loop had one 8 KiB tile per program and waited for it
     every iteration); combine: 8 slots a program, every partial loaded once; apply: 4096-element
@@ -195,9 +203,9 @@ def candidate_knobs(g: Geometry, device: Device, elt: int = 2) -> list[dict[str,
     variants: list[dict[str, Any]] = [{}, {"order": 0}, {"order": 2}]
     if device.is_cuda:
         st = _knobs(g, device, elt)["ST"]
-        variants += [{"stages": 0}, {"prefetch": 1}, {"stages": st - 1}, {"stages": st + 1},
+        variants += [{"stages": 0}, {"prefetch": 1}, *([{"stages": st - 1}, {"stages": st + 1}] if st > 1 else []),
                      {"tile": 8192}, {"bc": 32}, {"bc": 128}, {"bc": 256}, {"q_cap": 256}, {"per_sm": 8},
-                     {"per_sm": 8, "prefetch": 1}]
+                     {"per_sm": 8, "prefetch": 1}, {"per_sm": 2}]
     else:
         variants += [{"prefetch": 1}, {"stages": 2}]
     out: list[dict[str, Any]] = []

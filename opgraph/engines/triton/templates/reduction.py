@@ -14,10 +14,15 @@ once after the loop), fp32 (fp64 for products, whose partial products would othe
 underflow where the float64 reference does not). Tensors that do not depend on `k` (per-channel
 parameters) are loaded once before the loop.
 
+The K loop is software-pipelined on the GPU (knob STAGES: `tl.range(num_stages=STAGES)`, cp.async
+into shared memory, ~24 KiB of tiles in flight per program) where a program walks several tiles.
+
 With SPLIT > 1 the K range is cut in SPLIT chunks (programs (m block, chunk)); each writes its
 partial per kept position to scratch, `[SPLIT, M]` per reduced value, and `kernel_combine` folds
 them in a fixed order and applies the final transform (AVG divide, NORM2 sqrt) and the output
-rounding: deterministic, no atomics. MIN/MAX/AMAX propagate NaN like np.min/np.max.
+rounding: deterministic, no atomics. The combine's programs own 32-256 kept positions (>= 2 programs
+per SM where M allows) and load all the chunks' partials of them in one step where they fit.
+MIN/MAX/AMAX propagate NaN like np.min/np.max.
 """
 
 from __future__ import annotations
@@ -370,12 +375,14 @@ class ReductionTemplate(Template):
             warps = _warps(m * k)
             variants = [(split, warps)] if i else [(split, warps), (split, max(1, warps // 2)),
                                                    (max(1, split // 2), warps), (split * 2 if split > 1 else 1, warps)]
-            for s, w in variants:
+            for j, (s, w) in enumerate(variants):
                 s = min(s, -(-K // k))
-                key = (m, k, s, w)
-                if key not in seen:
-                    seen.add(key)
-                    out.append({"BLOCK_M": m, "BLOCK_K": k, "SPLIT": s, "num_warps": w})
+                st = _stages(a, piece, M, K, m, k, s, device)
+                for st_ in ([st, 0] if i == j == 0 and st else [st]):  # the plain loop: an alternative
+                    key = (m, k, s, w, st_)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append({"BLOCK_M": m, "BLOCK_K": k, "SPLIT": s, "num_warps": w, "STAGES": st_})
         return out
 
     # -- source ----------------------------------------------------------------------------------
@@ -448,15 +455,18 @@ class ReductionTemplate(Template):
                 post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
                 nbytes = split * M * (8 if dt == "float64" else 4)
                 scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
-            combine_src, combine_launch = _combine_kernel(a, piece, compute, split, scratch_params, scratch_args)
+            combine_src, combine_launch = _combine_kernel(a, piece, compute, split, scratch_params, scratch_args,
+                                                          device)
             launches.append(combine_launch)
 
         pid_m = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
         k_vec = f"k0 + tl.arange(0, {bk})"
-        if split == 1:
-            loop_head = f"for k0 in range(0, {K}, {bk}):"
-        else:
-            loop_head = f"for k0 in range(pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}):"
+        bounds = f"0, {K}, {bk}" if split == 1 else f"pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}"
+        stages = int(knobs.get("STAGES", 0))
+        # tl.range(num_stages=S) software-pipelines the loop's loads (cp.async into shared memory: S - 1
+        # tiles in flight per program); the interpreter ignores it
+        loop_head = (f"for k0 in tl.range({bounds}, num_stages={stages}):" if stages > 1
+                     else f"for k0 in range({bounds}):")
         mask = "m_mask[:, None] & k_mask[None, :]" if a.k_fast else "k_mask[:, None] & m_mask[None, :]"
         pre = [f"pid_m = {pid_m}"]
         if split > 1:
@@ -499,11 +509,20 @@ def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, compute: str, val
 
 
 def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_params: list[str],
-                    part_args: list[Arg]) -> tuple[str, Launch]:
-    """Second launch: fold the [split, M] partials of every reducer, finish and store."""
+                    part_args: list[Arg], device: Device) -> tuple[str, Launch]:
+    """Second launch: fold the [split, M] partials of every reducer, finish and store. Programs own
+    BC kept positions (32 to 256: at least 2 programs per SM where M allows, each partial row segment
+    >= 128 B) and load BS partial rows of them a step, BS covering every chunk where the tile
+    (<= 8192 fp32 accumulators, fewer for several or fp64 reducers) allows: one round trip, not a
+    loop of small loads."""
     M = a.M
+    sms = max(1, device.sm_count)
     bc = min(pow2_at_least(M), 256)
-    bs = min(pow2_at_least(split), max(1, 4096 // bc))
+    while bc > 32 and -(-M // bc) < 2 * sms:
+        bc //= 2
+    words = sum(2 if _acc_type(r, compute) == "tl.float64" else 1 for r in a.reducers)
+    cap = max(bc, 1 << ((16384 // max(1, words)).bit_length() - 1))
+    bs = min(pow2_at_least(split), max(1, cap // bc))
     outs = [r.out for r in a.reducers if r.out is not None and r.out in piece.outputs]
     params, args = _external_params(piece, outs)
     mflat = FlatAxes("m", a.kept, a.space, "mq")
@@ -535,6 +554,19 @@ def _split(M: int, K: int, bm: int, bk: int, device: Device) -> int:
     if m_blocks >= 3 * sms or k_tiles < 4:
         return 1
     return max(1, min(-(-4 * sms // m_blocks), k_tiles // 2))
+
+
+def _stages(a: Analysis, piece: Piece, M: int, K: int, bm: int, bk: int, split: int, device: Device) -> int:
+    """Pipeline depth of the main loop on the GPU (0: a plain loop): about 24 KiB of tiles in flight
+    per program (2-5 tiles), where a program walks >= 2 tiles."""
+    if not device.is_cuda:
+        return 0
+    per_chunk = -(-K // max(1, split))
+    if -(-per_chunk // bk) < 2:  # tiles a program walks
+        return 0
+    elt = sum(piece.tensor(u).data_type.itemsize for u in piece.inputs
+              if piece.tensor(u).dim == a.space and not piece.tensor(u).is_pass_by_value) or a.elt
+    return 1 + max(1, min(5, round(24576 / (bm * bk * elt))))
 
 
 def _programs(M: int, K: int, bm: int, bk: int, device: Device) -> int:

@@ -3,12 +3,17 @@ contiguous run of memory that fits a program (hidden <= 16384 elements), with a 
 the full-size inputs (a residual add before the norm) and a pointwise epilogue on the full-size
 output.
 
-  forward:  one launch, a [ROWS, BLOCK] tile per program (BLOCK = next power of 2 of hidden, ROWS so
-            that a tile holds ~16K elements): x is read once, mean / inv_variance and y (and the
-            epilogue's outputs) written once.
-  backward: launch 1, a grid of about 2 programs per SM, each walking a contiguous range of rows: dx
-            per row, and fp32 partial dscale / dbias rows kept in registers and stored once per
-            program to scratch (deterministic, no atomics); launch 2 sums the partial rows.
+  forward:  one launch: x is read once, mean / inv_variance and y (and the epilogue's outputs)
+            written once. Either a [ROWS, BLOCK] tile per program (BLOCK = next power of 2 of hidden),
+            or (knob FP, the GPU default) FP programs (2 per SM) each walking a contiguous range of
+            row tiles in a software-pipelined loop (knob ST: `tl.range(num_stages=ST)`, so the next
+            tiles' loads are in flight while this tile's row reductions run), scale and bias loaded
+            once per program.
+  backward: launch 1, a grid of about 2 programs per SM, each walking a contiguous range of rows
+            (software-pipelined, ST; or register double buffering, PF): dx per row (its two row
+            sums in one reduction), and fp32 partial dscale / dbias rows kept in registers and
+            stored once per program to scratch (deterministic, no atomics); launch 2 sums the
+            partial rows, BH columns a program, all the rows of a column block loaded at once.
 
 Rows are the kept axes (any strides: a row's offset is computed per tensor from its coordinates);
 columns are the normalized axes, packed innermost in the input (other tensors, e.g. a scale declared
@@ -29,11 +34,13 @@ from ._norm_common import (
     Comp,
     Fusion,
     Params,
+    PrefetchIndexer,
     TileIndexer,
     analyse,
     compute_of,
     is_big,
     is_run,
+    loop_header,
     make_emitter,
     memory_order,
     nest,
@@ -92,32 +99,67 @@ def geometry(fusion: Fusion, piece: Piece) -> Geometry | Support:
     return g
 
 
-def _knobs(g: Geometry, device: Device, *, tile: int = 16384, warps: int | None = None,
-           per_sm: int = 2) -> dict[str, Any]:
+def _knobs(g: Geometry, device: Device, backward: bool = False, *, tile: int | None = None,
+           warps: int | None = None, per_sm: int | None = None, stages: int | None = None, prefetch: int = 0,
+           persist: int | None = None) -> dict[str, Any]:
     block = pow2_ceil(g.H)
     if not device.is_cuda:  # interpreter: 2 rows a tile, a few programs, so the loops and masks all run
         return {"BLOCK": block, "ROWS": min(2, pow2_ceil(g.R)), "W": 4, "PROGRAMS": min(3, g.R),
-                "RB": 2 if g.R > 2 else 1, "BW": 4, "BH": min(block, 8), "SW": 4}
+                "RB": 2 if g.R > 2 else 1, "BW": 4, "ST": stages or 0, "PF": prefetch,
+                "FP": min(2, g.R) if persist else 0, "BH": min(block, 8), "BG": 2, "SW": 4}
+    # programs per SM: 2 where a program holds <= 16 elements of a row (tile) a thread in <= 16 warps
+    # (~64 registers at 16 warps, ~110 at 8: two fit an SM at once), else 1 (two would not be resident
+    # together: a second wave of equally long programs)
+    if backward:
+        persist, stages = 0, 3 if stages is None else stages
+        per_sm = per_sm or (2 if block <= 4096 else 1)
+    else:
+        persist = (2 if block <= 8192 else 1) if persist is None else persist
+        stages = 4 if stages is None else stages
+        per_sm = per_sm or 2
+    tile = tile or (8192 if persist else 16384)
     rows = max(1, min(pow2_ceil(g.R), tile // block))
+    programs = per_sm * device.sm_count
+    # launch 2 sums the launch-1 programs' partial rows: 32 columns (128 B of fp32) a program, every
+    # partial row of them loaded at once (<= 8192 elements a tile, 8 warps)
+    rpp = -(-g.R // max(1, min(programs, g.R)))
+    partial_rows = -(-g.R // rpp)
+    bh = min(block, 32)
+    bg = max(2, min(pow2_ceil(partial_rows), 8192 // bh))
     return {
-        "BLOCK": block, "ROWS": rows, "W": warps or min(16, max(4, rows * block // 1024)),
-        "PROGRAMS": per_sm * device.sm_count, "RB": 1, "BW": warps or min(16, max(4, block // 512)),
-        "BH": min(block, 256), "SW": 4,
+        "BLOCK": block, "ROWS": rows, "W": warps or min(16, max(4, rows * block // 512)),
+        "PROGRAMS": programs, "RB": 1, "BW": warps or min(16, max(4, block // 512)),
+        "ST": 0 if prefetch else stages, "PF": prefetch, "FP": persist * device.sm_count,
+        "BH": bh, "BG": bg, "SW": max(1, min(8, bh * bg // 1024)),
     }
 
 
 def candidate_knobs(g: Geometry, device: Device, backward: bool) -> list[dict[str, Any]]:
-    """Forward: tiles of ~16384 elements (4 rows of 4096: scale and bias, fp32, are read from L2 once
-    per tile, not once per row), 32 elements a thread (16 warps). Backward: 2 programs per SM each
-    walking a contiguous range of rows one at a time, 8 elements a thread. The alternatives: smaller
-    tiles (1 or 2 rows of 4096), 1 or 4 programs per SM, 16 warps."""
+    """Forward: 2 programs per SM, each walking a contiguous range of row tiles (2 rows of 4096,
+    16 warps: 16 elements a thread) in a software-pipelined loop (ST 4: `tl.range(num_stages=4)`,
+    cp.async: the next 3 tiles, 48 KiB, in flight while this tile's two row reductions and its
+    stores run), scale and bias loaded once per program. Backward: 2 programs per SM each walking a
+    contiguous range of rows one at a time, 8 elements a thread, the row loop software-pipelined
+    (ST 3: the next 2 rows of x and dy, 32 KiB, in flight while this row's reductions and dx store
+    run; the plain loop waited for every row), c1 and c2 reduced together (one cross-warp exchange);
+    then 32 columns a program (128 programs for 4096) sum the partial rows in one step. The
+    alternatives: forward one tile per program (16384 elements, 16 warps: the former default; 4096,
+    8192 or 16384 elements with 8 warps), other persistent shapes; backward 1 or 4 programs per SM,
+    16 warps, other pipeline depths, the plain loop, register double buffering (PF)."""
     variants: list[dict[str, Any]] = [{}]
     if device.is_cuda:
-        variants += ([{"per_sm": 1}, {"per_sm": 4}, {"warps": 16}] if backward
-                     else [{"tile": 4096, "warps": 8}, {"tile": 8192, "warps": 8}, {"tile": 16384, "warps": 8}])
+        variants += ([{"per_sm": 1}, {"per_sm": 4}, {"warps": 16}, {"stages": 2}, {"stages": 4},
+                      {"per_sm": 1, "stages": 4}, {"stages": 0}, {"prefetch": 1},
+                      {"prefetch": 1, "warps": 16}] if backward
+                     else [{"persist": 0}, {"persist": 0, "tile": 4096, "warps": 8},
+                           {"persist": 0, "tile": 8192, "warps": 8}, {"persist": 0, "tile": 16384, "warps": 8},
+                           {"stages": 3}, {"tile": 8192, "warps": 8, "stages": 3},
+                           {"persist": 4, "tile": 4096, "warps": 8}, {"stages": 0}])
+    else:
+        variants += [{"prefetch": 1}] if backward else [{"persist": 1}, {"persist": 1, "stages": 2}]
     out: list[dict[str, Any]] = []
     for v in variants:
-        knobs = _knobs(g, device, **v)
+        knobs = _knobs(g, device, backward, **v)
         if knobs not in out:
             out.append(knobs)
     return out
@@ -143,16 +185,26 @@ class _Gen:
         u = self.node.output(role) if role in self.node.op.output_roles() else None
         return u if u is not None and u in self.piece.outputs else None
 
-    def indexers(self, params: Params):
-        """The tile's emitter ([rows, BLOCK], rows rr, columns jj) and a per-row emitter (stats)."""
+    def indexers(self, params: Params, prefetch: bool = False):
+        """The tile's emitter ([rows, BLOCK], rows rr, columns jj) and a per-row emitter (stats). With
+        `prefetch` (the backward's row loop), their loads of row data read registers loaded one
+        iteration ahead, over the next rows rn (see PrefetchIndexer); the indexers are returned too."""
         g = self.g
         row, col = Comp(g.row_axes, "rr", 0), Comp(g.col_axes, "jj", 1)
-        tile = TileIndexer(g.dims, [row, col], {frozenset(): None, frozenset({0}): "rmask",
-                                                 frozenset({1}): "jmask", frozenset({0, 1}): "mask"},
-                           {0: "z0", 1: "z1"})
-        per_row = TileIndexer(g.dims, [row], {frozenset(): None, frozenset({0}): "rmask"}, {0: "z0"})
+        tile_masks = {frozenset(): None, frozenset({0}): "rmask", frozenset({1}): "jmask", frozenset({0, 1}): "mask"}
+        row_masks = {frozenset(): None, frozenset({0}): "rmask"}
+        if prefetch:
+            nrow = Comp(g.row_axes, "rn", 0)
+            tile = PrefetchIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, {"rr"}, TileIndexer(
+                g.dims, [nrow, col], {frozenset(): None, frozenset({0}): "rnmask", frozenset({1}): "jmask",
+                                      frozenset({0, 1}): "nmask"}))
+            per_row = PrefetchIndexer(g.dims, [row], row_masks, {0: "z0"}, {"rr"}, TileIndexer(
+                g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}))
+        else:
+            tile = TileIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"})
+            per_row = TileIndexer(g.dims, [row], row_masks, {0: "z0"})
         return (make_emitter(self.piece, self.compute, tile, params),
-                make_emitter(self.piece, self.compute, per_row, params))
+                make_emitter(self.piece, self.compute, per_row, params), [tile, per_row])
 
     def epilogue(self, em, value: str) -> None:
         """y / dx = `value`, rounded to its declared type, then the epilogue and the full-size stores."""
@@ -175,11 +227,22 @@ class _Gen:
 
     # forward ----------------------------------------------------------------------------------------
     def forward(self) -> Generated:
+        """One [ROWS, BLOCK] tile per program; or, with FP (a program count), FP programs each walking
+        a contiguous range of row tiles in a software-pipelined loop (ST stages), scale and bias
+        loaded once per program."""
         g, k = self.g, self.k
         params = Params()
         acc = self.compute
         block, rows = int(k["BLOCK"]), int(k["ROWS"])
-        em, em_row = self.indexers(params)
+        persistent = int(k.get("FP", 0)) > 0
+        em, em_row, _ = self.indexers(params)
+        em_par = em
+        if persistent:
+            em_par = make_emitter(self.piece, self.compute, TileIndexer(
+                g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}), params)
+        # scale and bias first: their loads are in flight with x's (after the row reductions, whose
+        # barriers the compiler does not move loads across, they would add an L2 round trip)
+        sc, bi = self.param(em_par, "scale"), self.param(em_par, "bias")
         for n in g.fusion.prologue:
             em.emit(n)
         xv = em.operand(self.x_uid)
@@ -196,28 +259,46 @@ class _Gen:
                       "xhat = xc * inv"]
         em.lines += lines
         value = "xhat"
-        if (sc := self.param(em, "scale")) is not None:
+        if sc is not None:
             value = f"{value} * {sc}"
-        if (bi := self.param(em, "bias")) is not None:
+        if bi is not None:
             value = f"{value} + {bi}"
         self.epilogue(em, value)
         for role, name in (("mean", "mean"), ("inv_variance", "inv")):
             if (u := self.stored(role)) is not None:
                 em_row.values[u] = name
                 em_row.store(u)
-        body = [
-            f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
-            f"rmask = rr < {g.R}",
-            "jj = tl.arange(0, BLOCK)[None, :]",
-            f"jmask = jj < {g.H}",
-            "mask = rmask & jmask",
-            "z0 = rr * 0",
-            "z1 = jj * 0",
-            *em.lines,
-            *em_row.lines,
-        ]
+        tiles = -(-g.R // rows)
+        if persistent:
+            programs = max(1, min(int(k["FP"]), tiles))
+            rpp = -(-tiles // programs) * rows
+            programs = -(-g.R // rpp)
+            loop = ["rr = r0 + tl.arange(0, ROWS)[:, None]", "rmask = rr < r_hi", "mask = rmask & jmask",
+                    "z0 = rr * 0", *em.lines, *em_row.lines]
+            body = [
+                f"r_lo = {self.pid()} * {rpp}",
+                f"r_hi = tl.minimum(r_lo + {rpp}, {g.R})",
+                "jj = tl.arange(0, BLOCK)[None, :]",
+                f"jmask = jj < {g.H}",
+                "z1 = jj * 0",
+                *em_par.lines,
+                *nest(loop_header("r0", "r_lo", "r_hi", "ROWS", int(k.get("ST", 0))), loop),
+            ]
+        else:
+            programs = tiles
+            body = [
+                f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
+                f"rmask = rr < {g.R}",
+                "jj = tl.arange(0, BLOCK)[None, :]",
+                f"jmask = jj < {g.H}",
+                "mask = rmask & jmask",
+                "z0 = rr * 0",
+                "z1 = jj * 0",
+                *em.lines,
+                *em_row.lines,
+            ]
         src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
-        launch = Launch("kernel_rownorm", (-(-g.R // rows),), tuple(params.args),
+        launch = Launch("kernel_rownorm", (programs,), tuple(params.args),
                         (("ROWS", rows), ("BLOCK", block), ("num_warps", int(k["W"]))))
         return Generated(module_source(src), (launch,))
 
@@ -232,7 +313,8 @@ class _Gen:
         programs = -(-g.R // rpp)
         h = float(g.H)
         partial_roles = [r for r in ("dscale", "dbias") if self.stored(r) is not None]
-        em, em_row = self.indexers(params)
+        stages, prefetch = int(k.get("ST", 0)), bool(int(k.get("PF", 0)))
+        em, em_row, idx = self.indexers(params, prefetch)
         for n in g.fusion.prologue:
             em.emit(n)
         xv, dy = em.operand(self.x_uid), em.operand(self.grad_uid)
@@ -254,9 +336,10 @@ class _Gen:
         else:
             mean = em_row.operand(self.node.input("mean"))
             loop += em_row.lines
+            # both row sums in one reduction: one cross-warp exchange (and its barriers) per row, not two
             math_lines += [f"xhat = tl.where(mask, (xm - {mean}) * {inv}, 0.0)",
-                           f"c1 = tl.sum(xhat * gm, axis=1, keep_dims=True) / {h!r}",
-                           f"c2 = tl.sum(gm, axis=1, keep_dims=True) / {h!r}"]
+                           "c1, c2 = tl.split(tl.sum(tl.join(xhat * gm, gm), axis=1, keep_dims=True))",
+                           f"c1 = c1 / {h!r}", f"c2 = c2 / {h!r}"]
             dx = f"(gm - (xhat * c1 + c2)) * {inv}"
         em.lines += math_lines
         if "dscale" in partial_roles:
@@ -265,6 +348,14 @@ class _Gen:
             em.lines.append("a_db += dym")
         self.epilogue(em, dx)
         loop += em.lines
+        before: list[str] = []
+        loads = [i for i in idx if isinstance(i, PrefetchIndexer) and i.loads]
+        if loads:
+            def nxt(start: str) -> list[str]:
+                return [f"rn = {start} + tl.arange(0, RB)[:, None]", "rnmask = rn < r_hi", "nmask = rnmask & jmask"]
+            before = nxt("r_lo") + [line for i in loads for line in i.first()]
+            loop = (nxt("r0 + RB") + [line for i in loads for line in i.issue()] + loop
+                    + [line for i in loads for line in i.rotate()])
         body = [
             f"pid = {self.pid()}",
             "jj = tl.arange(0, BLOCK)[None, :]",
@@ -274,7 +365,8 @@ class _Gen:
             f"r_hi = tl.minimum(r_lo + {rpp}, {g.R})",
             *em_col.lines,
             *(f"a_{SHORT[r]} = tl.zeros([RB, BLOCK], {acc})" for r in partial_roles),
-            *nest("for r0 in range(r_lo, r_hi, RB):", loop),
+            *before,
+            *nest(loop_header("r0", "r_lo", "r_hi", "RB", 0 if prefetch else stages), loop),
         ]
         offsets, off = {}, 0
         for role in partial_roles:
@@ -297,7 +389,7 @@ class _Gen:
         g, k = self.g, self.k
         params = Params()
         bh = int(k["BH"])
-        bg = max(2, min(pow2_ceil(programs), max(8, 4096 // bh)))
+        bg = int(k.get("BG") or max(2, min(pow2_ceil(programs), max(8, 4096 // bh))))
         col = Comp(g.col_axes, "jj", 1)
         em = make_emitter(self.piece, self.compute,
                           TileIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
