@@ -112,6 +112,124 @@ def test_depthwise_convolution_mode_bias_relu_genstats(rng):
     assert _templates(plan) == ["depthwise"]
 
 
+# -- depthwise row strips (knob ROWS > 0) ---------------------------------------------------------------
+
+
+def _plan_exact(g, knobs):
+    """A one-step plan running the graph's single piece with exactly `knobs` on the heuristic's template."""
+    plan = g.build(device="cpu", engines=["triton"])
+    (step,) = plan.steps
+    config = og.engines.EngineConfig("triton", tuple(sorted({"template": step.config.knob("template"),
+                                                             **knobs}.items())))
+    kernel = get_engine("triton").compile(step.piece, config, plan.device)
+    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+
+
+ROW_STRIPS = {
+    "3x3": dict(x=(2, 16, 7, 9), w=(16, 1, 3, 3), padding=[1, 1]),
+    "3x3_convolution_mode": dict(x=(1, 8, 6, 7), w=(8, 1, 3, 3), padding=[1, 1], convolution_mode="convolution"),
+    "w_stride_dilation_asym": dict(x=(2, 8, 6, 11), w=(8, 1, 3, 3), pre_padding=[1, 2], post_padding=[1, 0],
+                                   stride=[1, 2], dilation=[1, 2]),
+    "2x1_no_top_padding": dict(x=(1, 8, 6, 5), w=(8, 1, 2, 1), pre_padding=[0, 0], post_padding=[1, 0]),
+    "1x3": dict(x=(1, 8, 5, 6), w=(8, 1, 1, 3), padding=[0, 1]),
+    "multiplier2": dict(x=(2, 4, 5, 5), w=(8, 1, 3, 3), padding=[1, 1]),
+    "valid": dict(x=(1, 8, 7, 7), w=(8, 1, 3, 3)),
+}
+ROW_KNOBS = [  # all rows static (ROWS < R), a pipelined loop of 2-3 rows, ragged row blocks, W strips
+    dict(ROWS=1, BLOCK_W=8, BLOCK_N=16), dict(ROWS=2, BLOCK_W=4, BLOCK_N=4), dict(ROWS=4, BLOCK_W=16, BLOCK_N=8),
+    dict(ROWS=5, BLOCK_W=4, BLOCK_N=16), dict(ROWS=16, BLOCK_W=2, BLOCK_N=32),
+]
+
+
+@pytest.mark.parametrize("knobs", range(len(ROW_KNOBS)))
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", sorted(ROW_STRIPS))
+def test_depthwise_row_strips(case, layout, knobs, rng):
+    spec = dict(ROW_STRIPS[case])
+    g, _, _, y = conv_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
+    g.relu(y).set_output(True)
+    plan = _plan_exact(g, {**ROW_KNOBS[knobs], "num_warps": 1, "num_stages": 2})
+    assert "tl.range" in plan.source(0) or ROW_KNOBS[knobs]["ROWS"] < 3
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("knobs", [dict(ROWS=3, BLOCK_W=4, BLOCK_N=8), dict(ROWS=8, BLOCK_W=8, BLOCK_N=16)])
+@pytest.mark.parametrize("n", [1, 2])
+def test_depthwise_row_strips_prologue_epilogue_genstats(knobs, n, rng):
+    """relu(x * s + t) per channel (loaded once per program), then bias, an NCHW residual, relu, an
+    fp16 store and genstats accumulated over the program's rows (one slot when one program covers
+    the image: N=1 with ROWS=8 and BLOCK_W=8, i.e. the results are written directly)."""
+    xd, cd = [n, 16, 6, 5], [1, 16, 1, 1]
+    g = og.Graph("dw_rows", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=xd, stride=nhwc(xd), name="x")
+    w = g.tensor(dim=[16, 1, 3, 3], stride=nhwc([16, 1, 3, 3]), name="w")
+    sc = g.tensor(dim=cd, name="s")
+    sh = g.tensor(dim=cd, name="t")
+    b = g.tensor(dim=cd, name="b")
+    r = g.tensor(dim=xd, name="r")
+    y = g.conv_fprop(g.relu(g.add(g.mul(x, sc), sh)), w, padding=[1, 1])
+    z = g.relu(g.add(g.bias(y, b), r)).set_output(True).set_data_type(DT.HALF)
+    s1, s2 = g.genstats(z)
+    s1.set_output(True)
+    s2.set_output(True)
+    plan = _plan_exact(g, {**knobs, "num_warps": 1, "num_stages": 2})
+    source = plan.source(0)
+    assert "racc" in source and "pre" in source
+    assert len(plan.steps[0].kernel.generated.launches) == (1 if n == 1 and knobs["ROWS"] >= 6 else 2)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.FLOAT, DT.INT8], ids=lambda d: d.name)
+def test_depthwise_row_strips_dtypes(dt, rng):
+    g, _, _, y = conv_graph((2, 8, 6, 6), (8, 1, 3, 3), dt=dt, padding=[1, 1])
+    y.set_output(True)
+    if dt is DT.INT8:
+        y.set_data_type(DT.INT32)
+    plan = _plan_exact(g, dict(ROWS=4, BLOCK_W=8, BLOCK_N=8, num_warps=1, num_stages=2))
+    exact = dict(rtol=0, atol=0) if dt is DT.INT8 else {}
+    bad = og.testing.check_plan(plan, rng, **exact)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_depthwise_heuristic_takes_row_strips_where_they_apply():
+    from opgraph.engines.triton.templates.depthwise import TEMPLATE
+
+    def first(g, device):
+        final = g.final
+        return TEMPLATE.candidates(make_piece(final, 0, final.nodes), device)
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    g, _, _, y = conv_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    cands = first(g, h200)
+    top = cands[0]
+    assert top["ROWS"] > 0 and top["BLOCK_W"] == 32 and top["BLOCK_W"] * top["BLOCK_N"] == 256 * top["num_warps"]
+    programs = 32 * -(-28 // top["ROWS"]) * -(-256 // top["BLOCK_N"])
+    assert h200.sm_count <= programs <= 16 // top["num_warps"] * h200.sm_count
+    assert any(c.get("ROWS", 0) == 0 for c in cands)  # the pixel-tile kernel stays a candidate
+    assert first(g, Device("cpu"))[0]["ROWS"] > 0
+    g, _, _, y = conv_graph((2, 16, 7, 7), (16, 1, 3, 3), padding=[1, 1], stride=[2, 2])
+    y.set_output(True)
+    assert all(c.get("ROWS", 0) == 0 for c in first(g, h200))  # stride 2 along H: pixel tiles
+
+
+def test_depthwise_every_candidate_matches(rng):
+    g, _, _, y = conv_graph((2, 16, 5, 6), (16, 1, 3, 3), padding=[1, 1])
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
+    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
+    step = plan.steps[0]
+    configs = (step.config, *step.alternatives)
+    assert {c.knob("ROWS") is not None for c in configs} == {True, False}
+    for config in configs:
+        kernel = get_engine("triton").compile(step.piece, config, plan.device)
+        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+        bad = og.testing.check_plan(one, rng)
+        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+
+
 # -- data types -------------------------------------------------------------------------------------------
 
 
@@ -482,6 +600,185 @@ def test_fuzz(seed, rng):
     """Random geometry, layout, type, prologue and epilogue; small-integer inputs make every result
     exact, so the comparison is exact too."""
     assert_engine_matches(fuzz_graph(seed), rng, expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0)
+
+
+# -- GPU-sized launches run by the interpreter, and compiled for Hopper ---------------------------------------
+
+H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+
+
+def _gpu_source_on_cpu(g, knobs=None):
+    """A one-step plan whose kernel is generated for an H200 (GPU block sizes of the combine and
+    split-K epilogue launches, ...) but run by the interpreter (16-bit graphs only: the GPU source
+    multiplies bf16 as it is)."""
+    from opgraph.engines.triton import TritonKernel
+
+    plan = g.build(device="cpu", engines=["triton"])
+    (step,) = plan.steps
+    knobs = {**dict(step.config.knobs), **(knobs or {})}
+    name = knobs.pop("template")
+    template = next(t for t in TEMPLATES if t.name == name)
+    generated = template.generate(step.piece, knobs, H200)
+    kernel = TritonKernel(step.piece, step.config, generated, interpret=True)
+    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, step.config, kernel),), plan.cuts)
+
+
+def test_combine_launch_with_gpu_blocks(rng):
+    """genstats partials combined by the GPU-sized launch: (position blocks x arrays) programs."""
+    g = sbr_conv_genstats(n=3, c=8, k=16, hw=6, store_y=False)
+    plan = _gpu_source_on_cpu(g, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+    launches = plan.steps[0].kernel.generated.launches
+    combine = launches[-1]
+    assert combine.kernel.startswith("kernel_combine") and combine.grid == (4,)  # 2 blocks of 8 x 2 arrays
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_split_k_epilogue_launch_on_finer_tiles(rng):
+    g, _, _, y = conv_graph((2, 64, 8, 8), (64, 64, 3, 3), dt=DT.HALF, padding=[1, 1])
+    b = g.tensor(dim=[1, 64, 1, 1], name="b")
+    z = g.relu(g.bias(y, b)).set_output(True)
+    s, sq = g.genstats(z)
+    s.set_output(True)
+    sq.set_output(True)
+    plan = _gpu_source_on_cpu(g, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "SPLIT_K": 3})
+    main, epi, *_ = plan.steps[0].kernel.generated.launches
+    assert epi.kernel == "kernel_epilogue" and epi.grid[0] > main.grid[0] // 3  # finer than the main tiles
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_fp16_prologue_result_rounds_once():
+    """relu(x*s + b) declared fp16 into an fp16 conv: one cast to fp16 after the padding select (no
+    .to(fp16).to(fp32) round trip in the main loop)."""
+    g = sbr_conv_genstats(intermediate=DT.HALF)
+    source = g.build(device="cpu", engines=["triton"]).source(0)
+    loop = [line.strip() for line in source[source.index("for it in"):source.index("acc = tl.dot")].splitlines()]
+    at = next(i for i, line in enumerate(loop) if line.startswith("a = tl.where("))
+    assert "relu" not in loop[at - 1] and ".to(tl.float16).to(tl.float32)" not in loop[at - 1]
+    assert "tl.where(" in loop[at - 1] and loop[at + 1] == "a = a.to(tl.float16)"
+
+
+def test_gpu_heuristics_for_the_benchmark_convs():
+    """Deep-K convs with few tiles split K over more programs; the others keep their tiles."""
+    from opgraph.engines.triton.templates.conv_fprop import TEMPLATE
+
+    def first(c, k, hw, r):
+        from opgraph.samples import conv_bias_relu
+
+        final = conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2).final
+        return TEMPLATE.candidates(make_piece(final, 0, final.nodes), H200)
+
+    c512 = first(512, 512, 7, 3)
+    assert c512[0]["SPLIT_K"] > 1 and c512[0]["BLOCK_M"] * c512[0]["BLOCK_N"] >= 128 * 128
+    assert any(c["SPLIT_K"] == 2 and (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128) for c in c512)
+    assert first(64, 64, 56, 3)[0]["SPLIT_K"] == 1
+    assert first(256, 256, 14, 3)[0]["SPLIT_K"] == 1
+
+
+def _bench_depthwise():
+    g, _, _, y = conv_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])
+    b = g.tensor(dim=[1, 256, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
+    return g
+
+
+def _bench_conv(c, k, hw, r):
+    def build():
+        from opgraph.samples import conv_bias_relu
+
+        return conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2)
+    return build
+
+
+HOPPER_CASES = {  # (graph, template, candidates compiled, max registers)
+    "depthwise_rows": (_bench_depthwise, "depthwise", 3, 128),
+    "sbr_conv_genstats": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56), "conv_fprop", 2, 255),
+    "conv_512_7x7_split_k": (_bench_conv(512, 512, 7, 3), "conv_fprop", 3, 255),
+    "conv_64_56x56": (_bench_conv(64, 64, 56, 3), "conv_fprop", 1, 255),
+}
+
+_COMPILE = """
+import importlib, os, re, subprocess, sys, tempfile
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+except ImportError:
+    sys.exit(77)
+from opgraph.device import Device
+from opgraph.engines.triton.loader import load_module
+from opgraph.engines.triton.templates import discover
+from opgraph.partition import make_piece
+
+SIG = {"FLOAT": "fp32", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "INT32": "i32"}
+H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+templates = {t.name: t for t in discover()}
+ptxas = get_ptxas(90)
+ptxas = getattr(ptxas, "path", ptxas)
+for name, (build, template, count, _regs) in importlib.import_module(sys.argv[1]).HOPPER_CASES.items():
+    final = build().final
+    piece = make_piece(final, 0, final.nodes)
+    t = templates[template]
+    for k in t.candidates(piece, H200)[:count]:
+        gen = t.generate(piece, k, H200)
+        module = load_module(gen.source, interpret=False)
+        for launch in gen.launches:
+            fn = getattr(module, launch.kernel)
+            meta = dict(launch.meta)
+            sig, consts = {}, {}
+            for arg_name, arg in zip(fn.arg_names, launch.args):
+                if arg.kind == "buf":
+                    sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
+                elif arg.kind == "scalar":
+                    sig[arg_name] = "fp32"
+                else:
+                    sig[arg_name] = "*" + {"float32": "fp32", "int32": "i32"}[arg.dtype]
+            for a in fn.arg_names:
+                if a in meta:
+                    sig[a] = "constexpr"
+                    consts[(fn.arg_names.index(a),)] = meta.pop(a)
+            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                     if sig.get(a, "").startswith("*")}
+            src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                f.write(ck.asm["ptx"])
+            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                                 capture_output=True, text=True).stderr
+            os.unlink(f.name)
+            regs = max(int(r) for r in re.findall(r"Used (\\d+) registers", out))
+            spills = sum(int(s) for s in re.findall(r"(\\d+) bytes spill stores", out))
+            print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared, k)
+"""
+
+
+def test_kernels_compile_for_hopper_without_spills():
+    """The benchmark pieces' first candidates compiled for sm_90 (Triton's NVIDIA backend and ptxas,
+    no GPU needed): no spills, shared memory within an SM's 227 KB, and the depthwise row strips
+    at <= 128 registers (16 warps per SM)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    done = subprocess.run([sys.executable, "-c", _COMPILE, __name__], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode == 77:
+        pytest.skip("Triton has no NVIDIA backend here")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("compiled")]
+    assert len(lines) >= sum(c[2] for c in HOPPER_CASES.values())
+    for line in lines:
+        name, regs, spills, smem = re.match(r"compiled (\S+) \S+ regs (\d+) spills (\d+) smem (\d+)", line).groups()
+        assert int(spills) == 0 and int(smem) <= 227 * 1024, line
+        assert int(regs) <= HOPPER_CASES[name][3], line
 
 
 # -- GPU, realistic sizes ------------------------------------------------------------------------------------

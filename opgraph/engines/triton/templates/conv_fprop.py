@@ -23,6 +23,7 @@ from ....ir import Node
 from ....ops.conv import ConvFprop, ConvolutionMode
 from ....partition import Piece
 from ...base import Support
+from .base import pow2_at_least
 from .gemm import (
     Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, dot_kind, estimate_us,
     gemm_candidates, operand_bytes, operand_tile, with_subtile, uses_fp32,
@@ -78,14 +79,47 @@ class ConvFpropTemplate(TileTemplate):
         elem = operand_bytes(x.data_type, w.data_type)
         configs = gemm_candidates(gp.space.m, gp.space.n, cg * taps, nprog=groups, device=device,
                                   elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes(), extra=extra)
+        if device.is_cuda and elem == 2:
+            configs = self._ranked(gp, configs, device)
         if device.is_cuda and gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
             # the prologue runs on the image tile in registers: keep that tile at 128 rows
-            small = [c for c in configs[:-1] if c["BLOCK_M"] <= 128]
+            small = [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
             configs = small[:1] + [c for c in configs if c not in small[:1]]
         configs = with_subtile(configs, gp, device)
         if extra:
             configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
         return configs
+
+    def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
+        """16-bit operands on Hopper: gemm_candidates' configs plus larger tiles with the K loop split
+        over enough programs to fill the SMs, ranked by `conv_cost` (which knows that these implicit
+        GEMMs are bound by moving operand tiles from L2, see there). The first of gemm_candidates'
+        ranking stays among the alternatives; the plain fallback stays last."""
+        cg, taps, groups = self._shape(gp)
+        m, n = gp.space.m, gp.space.n
+        iters = taps * -(-cg // 64)
+        pool = list(base[:-1])
+        widest = max(32, pow2_at_least(n, 32))
+        for bm, bn in ((128, 256), (256, 128), (128, 128), (256, 64), (128, 64), (64, 128), (64, 64)):
+            if bn > widest:
+                continue
+            for split in (1, 2, 3, 4, 5, 6, 8):
+                if split > 1 and iters // split < 6:
+                    break
+                for stages in (3, 4):
+                    if stages * (bm + bn) * 64 * 2 > 200_000:
+                        continue
+                    pool.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(64, pow2_at_least(cg, 16)),
+                                 "GROUP_M": 8, "SPLIT_K": split, "num_warps": 8 if bm * bn >= 16384 else 4,
+                                 "num_stages": stages, **{k: v for k, v in base[0].items() if k == "fp32_precision"}})
+        unique = []
+        for c in pool:
+            if c not in unique:
+                unique.append(c)
+        ranked = sorted(unique, key=lambda c: conv_cost(gp, c, device))
+        out = ranked[:6]
+        out += [c for c in base[:3] if c not in out]  # the generic ranking's first picks, as alternatives
+        return out + base[-1:]
 
     def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
         gp, _ = self.analyze(piece)
@@ -93,6 +127,8 @@ class ConvFpropTemplate(TileTemplate):
             return None
         cg, taps, groups = self._shape(gp)
         elem = operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type)
+        if elem == 2:
+            return conv_cost(gp, knobs, device)
         return estimate_us(gp.space.m, gp.space.n, cg * taps, knobs, nprog=groups, device=device,
                            elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes())
 
@@ -157,6 +193,44 @@ class ConvFpropTemplate(TileTemplate):
         lines.append(f"for it in range({lo}, {hi}):")
         lines += ["    " + line for line in body]
         return lines
+
+
+def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> float:
+    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, fitted to H200
+    measurements (2026-11, ResNet-50 convs at N=32: 64x64 tiles 33 us and 128x128 x split 2 24 us for
+    C512 7x7, 128x128 25 us for C256 14x14, 256x64 28-31 us for C64 56x56).
+
+    As inferred from them, a program's K iteration (a BLOCK_M x BLOCK_K gathered image tile and a
+    BLOCK_K x BLOCK_N filter tile, cp.async through shared memory, one wgmma) takes ~0.37 us plus
+    ~0.11 us per MFLOP of its tile (0.43 us at 64x64x64, 0.61 us at 128x128x64), and an SM multiplies
+    at ~4 TFLOP/s with pointer loads (a 128x256 matmul tile: 531 TFLOP/s in all). The loop waits on
+    L2 far more than on the tensor cores, so bigger tiles (fewer operand bytes per flop: the image
+    tile is re-read once per column of tiles, the filter once per row) and more programs per SM
+    win, up to ~7 TB/s of L2 reads in all. Split-K fills the SMs when the tiles are few (a 7x7 or
+    14x14 image with 256-512 channels) at the cost of writing and re-reading fp32 partials and a
+    second launch."""
+    cg, taps, groups = ConvFpropTemplate._shape(gp)
+    m, n = gp.space.m, gp.space.n
+    k = cg * taps
+    bm, bn, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs["BLOCK_K"])
+    split, stages = int(knobs.get("SPLIT_K", 1)), int(knobs.get("num_stages", 3))
+    warps = int(knobs.get("num_warps", 4))
+    sms = max(device.sm_count, 1)
+    per = -(-(taps * -(-cg // bk)) // split)
+    programs = -(-m // bm) * -(-n // bn) * groups * split
+    smem = stages * (bm + bn) * bk * 2
+    resident = max(1, min(228_000 // (smem + 2048), 2 if warps >= 8 else 4))
+    busiest = -(-programs // sms)  # programs on the busiest SM
+    rounds, together = -(-busiest // resident), min(busiest, resident)
+    mflop = 2 * bm * bn * bk / 1e6
+    lag = 0.37 * 3 / max(1, stages - 1)  # prefetch distance stages - 1
+    t_it = max(lag + 0.114 * mflop, together * mflop / 4.0, together * (bm + bn) * bk * 2 / 120e3)
+    t_prog = per * t_it + (stages - 1) * t_it / 2 + bm * bn * 2 / 60e3 + 0.5
+    traffic = groups * ((m * k * 2) * -(-n // bn) + (n * k * 2) * -(-m // bm))
+    t = max(rounds * t_prog, traffic / 7e6, gp.moved_bytes() / 3.5e6)
+    if split > 1:
+        t += split * m * n * groups * 4 * 2 / 5e6 + 2.5
+    return t + 1.0
 
 
 TEMPLATE = ConvFpropTemplate()

@@ -2,31 +2,68 @@
 degenerate GEMM.
 
 Output channel k reads input channel k // (K / C) only, so there is no reduction over channels and
-no tl.dot: each program owns a tile of BLOCK_M output pixels x BLOCK_N channels and, for every filter
-tap (unrolled), loads the shifted image tile (zero outside the image, after the prologue), multiplies
-it by the tap's [BLOCK_N] weights and accumulates in fp32 (int32 for int8). With NHWC the channel
-axis is contiguous, so each row of a tile is one vector load; the taps re-read neighbouring pixels,
-which the L1/L2 caches serve, so DRAM sees the image about once: the kernel is bound by reading the
-image and writing the output. The shared epilogue (bias, activations, stores, genstats) follows.
+no tl.dot: each tap is a multiply-add of a shifted image tile by the tap's [BLOCK_N] weights,
+accumulated in fp32 (int32 for int8). Two kernels:
+
+* **row strips** (knob ROWS > 0; 2-D convs with unit stride and dilation along H, up to 9 taps,
+  and no reduction over channels): a program owns BLOCK_W output pixels along W x BLOCK_N channels
+  of ROWS consecutive output rows of one image. It walks the input rows once, top to bottom: each
+  input row is loaded S times (one per filter column, shifted along W; the shifted copies are cache
+  hits) and feeds the R output rows it touches, whose accumulators roll down; an output row is
+  complete after its last filter row and goes through the epilogue at once. The weights and
+  per-channel epilogue operands are loaded once per program (not per tap and tile), each input
+  element is converted to fp32 S times (not R x S) and the row loop is software-pipelined
+  (num_stages: rows ahead in flight). Reductions along rows (genstats) accumulate per program.
+  Knobs: ROWS, BLOCK_W (pixels per strip, a power of two), BLOCK_N, num_warps, num_stages and
+  MAXNREG (a register cap for ptxas: 128 keeps two 8-warp programs per SM, see `_row_candidates`).
+* **pixel tiles** (ROWS = 0, any geometry): a program owns a tile of BLOCK_M output pixels
+  (flattened) x BLOCK_N channels and, for every filter tap (unrolled), loads the shifted image tile
+  (zero outside the image, after the prologue), multiplies it by the tap's weights and accumulates.
+
+With NHWC the channel axis is contiguous, so each row of a tile is one vector load; the taps
+re-read neighbouring pixels, which the L1/L2 caches serve, so DRAM sees the image about once: the
+kernel is bound by reading the image and writing the output. The shared epilogue (bias,
+activations, stores, genstats) follows.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ....device import Device
 from ....dtypes import DataType
+from ....errors import AttributeValueError
 from ....ir import Node
 from ....ops.conv import ConvFprop, ConvolutionMode
 from ....partition import Piece
 from ...base import Support
-from .base import pow2_at_least
+from .base import Generated, Launch, module_source, pow2_at_least
 from .gemm import (
-    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, operand_tile,
+    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, epilogue,
+    make_context, needs_int64, operand_tile, preload_lines,
 )
 
 UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
+ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers: up to 3x3
+
+
+@dataclass(frozen=True)
+class RowTiling(Tiling):
+    """The row-strip grid: `groups_m` row groups (image, block of ROWS output rows, strip of
+    BLOCK_W pixels) x channel blocks. Rows are masked always (the strip's width and the last block
+    of rows are ragged)."""
+
+    groups_m: int = 1
+
+    @property
+    def npm(self) -> int:
+        return self.groups_m
+
+    @property
+    def rmask(self) -> str | None:
+        return "rmask"
 
 
 class DepthwiseTemplate(TileTemplate):
@@ -57,23 +94,80 @@ class DepthwiseTemplate(TileTemplate):
             return DotKind("tl.int32", "tl.int32")
         return DotKind("tl.float32", "tl.float32")
 
+    # -- knobs -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def rows_ok(gp: GemmPiece) -> bool:
+        """Whether the row-strip kernel runs this piece."""
+        op = gp.main.op
+        assert isinstance(op, ConvFprop)
+        x, w = gp.operand("image"), gp.operand("weight")
+        if len(x.dim) != 4:
+            return False
+        geo = op.geometry(2)
+        if geo.stride[0] != 1 or geo.dilation[0] != 1 or math.prod(w.dim[2:]) > ROW_TAPS:
+            return False
+        return all(r.along == "rows" for r in gp.reductions)
+
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         gp, verdict = self.analyze(piece)
         assert gp is not None, verdict.reason
         k = gp.space.dims[1]
+        rows = self._row_candidates(gp, device) if self.rows_ok(gp) else []
         if not device.is_cuda:
             bm = min(32, pow2_at_least(gp.space.m, 16))
             bn = min(32, pow2_at_least(k, 16))
-            return [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4},
-                    {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4}]
-        # >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide.
-        bn = min(128, max(16, pow2_at_least(k, 16)))
-        ranked = [(64, min(bn, 64), 4), (32, bn, 4), (128, min(bn, 64), 8), (64, bn, 8), (16, bn, 4)]
+            return rows[:1] + [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4},
+                               {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4}]
+        # pixel tiles: >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide;
+        # 16-32 elements per thread keep the registers (all 9 taps' loads in flight) under ~100, so
+        # that >= 16 warps fit on an SM
+        bn = min(64, max(16, pow2_at_least(k, 16)))
+        ranked = [(32, bn, 4), (64, bn, 8), (16, bn, 4), (64, bn, 4)]
         out, seen = [], set()
         for bm, width, warps in ranked:
             if (bm, width) not in seen:
                 seen.add((bm, width))
                 out.append({"BLOCK_M": bm, "BLOCK_N": width, "num_warps": warps})
+        return rows + out
+
+    def _row_candidates(self, gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
+        """Row-strip configs. A strip covers the output width (up to 64 pixels), BLOCK_N channels
+        make rows of >= 64 bytes, and BLOCK_W x BLOCK_N / threads = 8 elements per thread: the R x S
+        weight vectors (72 fp32 registers for 3x3) plus R accumulators keep a program near 128
+        registers, i.e. 16 warps per SM. ROWS trades the halo rows (R - 1 per program) and the
+        per-program loads of weights against filling the GPU: the smallest number of waves of
+        (4 programs of 4 warps per SM), then the most rows."""
+        sp = gp.space
+        n, k, ho, wo = sp.dims
+        r = gp.operand("weight").dim[2]
+        if not device.is_cuda:
+            bw = min(8, pow2_at_least(wo, 2))
+            return [{"ROWS": min(4, ho), "BLOCK_W": bw, "BLOCK_N": min(16, pow2_at_least(k, 4)), "num_warps": 1,
+                     "num_stages": 2}]
+        if gp.operand("image").data_type.itemsize == 1:
+            return []  # 16 int8 channels per thread: 144 weight registers
+        bw = min(64, pow2_at_least(wo, 4))
+        bn = min(pow2_at_least(k, 8), max(8, 2048 // bw), 64)
+        warps = max(4, min(8, bw * bn // 256))  # (narrow strips: 4 warps, fewer channels per thread)
+        slots = 16 // warps * max(device.sm_count, 1)  # programs resident at ~128 registers
+        strips = -(-wo // bw) * -(-k // bn) * n
+
+        def cost(rows: int) -> float:  # waves x (input rows + ~2 rows' worth of per-program set-up)
+            return -(-strips * -(-ho // rows) // slots) * (rows + r - 1 + 2)
+
+        # the fewest rows per program for each number of row blocks (no needlessly ragged blocks)
+        options = sorted({-(-ho // blocks) for blocks in range(1, ho + 1)}, key=lambda rows: (cost(rows), -rows))
+        best = options[0]
+        out = []
+        for rows in [best, *[o for o in options[1:4] if o != best]]:
+            out.append({"ROWS": rows, "BLOCK_W": bw, "BLOCK_N": bn, "num_warps": warps, "num_stages": 4,
+                        "MAXNREG": 128})
+        # 3 stages (less shared memory), plain cached loads (num_stages=1: the shifted copies of a row
+        # hit L1, nothing prefetched), half the channels per program
+        out[1:1] = [{**out[0], "num_stages": 3}, {**out[0], "num_stages": 1}]
+        if bn >= 16:
+            out.insert(3, {**out[0], "BLOCK_N": bn // 2, "num_warps": max(1, warps // 2)})
         return out
 
     def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
@@ -83,6 +177,174 @@ class DepthwiseTemplate(TileTemplate):
         if gp is None or not device.is_cuda:
             return None
         return gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
+
+    # -- code --------------------------------------------------------------------------------------
+
+    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+        if int(knobs.get("ROWS", 0)) <= 0:
+            return super().generate(piece, {k: v for k, v in knobs.items() if k not in ("ROWS", "BLOCK_W")}, device)
+        gp, verdict = self.analyze(piece)
+        if gp is None or not self.rows_ok(gp):
+            reason = verdict.reason if gp is None else "the row-strip kernel (ROWS > 0) needs a 2-D conv with " \
+                "unit stride and dilation along H, at most 9 taps and no reduction over channels"
+            raise AttributeValueError(f"the {self.name} template cannot run this piece with ROWS="
+                                      f"{knobs['ROWS']}: {reason}", rule="triton.depthwise.knob",
+                                      hint="use ROWS=0 (pixel tiles)")
+        rows, bw, bn = int(knobs["ROWS"]), int(knobs["BLOCK_W"]), int(knobs["BLOCK_N"])
+        for key, value in (("BLOCK_W", bw), ("BLOCK_N", bn)):
+            if value < 1 or value & (value - 1):
+                raise AttributeValueError(f"{key}={value} must be a power of two", rule="triton.depthwise.knob",
+                                          hint=f"pick {key} from 8, 16, 32, 64")
+        sp = gp.space
+        n, k, ho, wo = sp.dims
+        nhb, nwb = -(-ho // rows), -(-wo // bw)
+        tiling = RowTiling(sp, bw, bn, 1, 1, needs_int64(gp), groups_m=n * nhb * nwb)
+        ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
+        ctx.sm_count = device.sm_count
+        sig = Signature()
+        body = self._rows_kernel(ctx, sig, rows, nhb, nwb, int(knobs.get("num_stages", 3)))
+        meta = (("BLOCK_M", bw), ("BLOCK_N", bn), ("num_warps", int(knobs.get("num_warps", 4))),
+                ("num_stages", int(knobs.get("num_stages", 3))))
+        if int(knobs.get("MAXNREG", 0)):
+            meta += (("maxnreg", int(knobs["MAXNREG"])),)
+        functions = [sig.source("kernel", ["BLOCK_M", "BLOCK_N"], body)]
+        launches = [Launch("kernel", (tiling.per_split,), tuple(sig.args), meta)]
+        for i, plan in enumerate(ctx.reductions):
+            if plan.slots > 1:
+                source, launch = plan.combine_source(ctx, i)
+                functions.append(source)
+                launches.append(launch)
+        return Generated(module_source(*functions), tuple(launches), ctx.scratch.size)
+
+    def _rows_kernel(self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int,
+                     stages: int) -> list[str]:
+        gp = ctx.gp
+        op = gp.main.op
+        assert isinstance(op, ConvFprop) and ctx.dot is not None
+        t = ctx.tiling
+        sp = t.space
+        x, w = gp.operand("image"), gp.operand("weight")
+        geo = op.geometry(2)
+        r, s = w.dim[2], w.dim[3]
+        n, k, ho, wo = sp.dims
+        hi, wi = x.dim[2], x.dim[3]
+        mult = k // x.dim[1]
+        flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
+        lines = ["pid = tl.program_id(0)"]
+        if t.big:
+            lines.append("pid = pid.to(tl.int64)")
+        lines += [f"pid_n = pid % {t.npn}", f"pid_m = pid // {t.npn}", f"wb = pid_m % {nwb}", f"q = pid_m // {nwb}",
+                  f"hb = q % {nhb}", f"n = q // {nhb}", "pb = 0", "g = 0",
+                  "ow = wb * BLOCK_M + tl.arange(0, BLOCK_M)",
+                  "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"]
+        if t.cmask:
+            lines.append(f"cmask = rn < {sp.n}")
+        lines += ["col = rn", "y1 = col", f"cin = col // {mult}" if mult > 1 else "cin = col",
+                  f"owmask = ow < {wo}", f"h0 = hb * {rows}", "y0 = n + ow * 0", "y3 = ow"]
+        ptr = ctx.ptr_of(sig)
+        # the filter, once: R x S vectors of BLOCK_N weights (prologue included)
+        for kh in range(r):
+            for kw in range(s):
+                th, tw = (r - 1 - kh, s - 1 - kw) if flip else (kh, kw)
+                idx = TileIndexer([("c", "col"), ("r", "ow"), ("s", str(th)), ("s", str(tw))], None, t.cmask,
+                                  ptr, ("1", "BLOCK_N"), zero=("ow", "rn"))
+                lines += operand_tile(ctx, sig, "weight", idx, f"w{kh}_{kw}")
+        # the image columns each filter column reads, and their bounds (loop-invariant)
+        span = (nwb * t.block_m - 1) * geo.stride[1] - geo.pre[1] + (s - 1) * geo.dilation[1]
+        for kw in range(s):
+            base = f"ow * {geo.stride[1]}" if geo.stride[1] != 1 else "ow"
+            off = kw * geo.dilation[1] - geo.pre[1]
+            lines.append(f"iw{kw} = {base} + {off}" if off else f"iw{kw} = {base}")
+            checks = []
+            if geo.pre[1] > kw * geo.dilation[1]:
+                checks.append(f"(iw{kw} >= 0)")
+            if span - (s - 1 - kw) * geo.dilation[1] > wi - 1:
+                checks.append(f"(iw{kw} < {wi})")
+            lines.append(f"xm{kw} = {' & '.join(checks) if checks else 'ow >= 0'}")
+
+        def x_index(kw: int) -> TileIndexer:
+            axes = [("s", "n"), ("c", "cin"), ("s", "ih"), ("r", f"iw{kw}")]
+            return TileIndexer(axes, f"xr{kw}", t.cmask, ptr, ("BLOCK_M", "BLOCK_N"), zero=("ow", "rn"))
+
+        image = gp.main.input("image")
+        assert isinstance(image, int)
+        pre_lines, preset = preload_lines(ctx, sig, gp.prologue.get(image, ()), x_index(0))
+        out_idx = t.output_indexer(ptr)
+        epi_lines, epi_preset = preload_lines(ctx, sig, gp.epilogue, out_idx, skip=[gp.out])
+        lines += pre_lines + epi_lines
+        for plan in ctx.reductions:
+            lines += plan.init_lines("racc", "BLOCK_N")
+
+        def load_row(j: str) -> list[str]:
+            out = [f"ih = h0 + {j} - {geo.pre[0]}" if geo.pre[0] else f"ih = h0 + {j}",
+                   f"rv = (ih >= 0) & (ih < {hi})"]
+            for kw in range(s):
+                out.append(f"xr{kw} = (xm{kw} & rv) != 0")  # (!= 0: vector & scalar masks confuse the interpreter)
+                out += operand_tile(ctx, sig, "image", x_index(kw), f"x{kw}", preset)
+            return out
+
+        def taps(kh: int) -> str:
+            return " + ".join(f"x{kw} * w{kh}_{kw}" for kw in range(s))
+
+        def finish(acc: str, o: str) -> list[str]:
+            out = [f"oh = h0 + {o}", f"rmask = (owmask & (oh < {ho})) != 0", "y2 = oh + ow * 0",
+                   f"rm = (n * {ho} + oh) * {wo} + ow"]
+            return out + epilogue(ctx, sig, acc, 1, epi_preset, "racc" if ctx.reductions else None)
+
+        # input row j feeds output rows j - kh (kh = 0..R-1); output o completes at row o + R - 1.
+        # Rows j < R - 1 and j >= ROWS are peeled (static, only the outputs that exist); the rows in
+        # between run in a pipelined loop where the R - 1 open accumulators A0 (oldest) .. roll down.
+        names: dict[int, str] = {}
+        loop_lo, loop_hi = r - 1, rows  # dynamic rows: every tap feeds an output of the block
+
+        def static_row(j: int) -> list[str]:
+            out = load_row(str(j))
+            for kh in range(r):
+                o = j - kh
+                if 0 <= o < rows:
+                    if o in names:
+                        out.append(f"{names[o]} = {names[o]} + {taps(kh)}")
+                    else:
+                        names[o] = f"acc{o}"
+                        out.append(f"acc{o} = {taps(kh)}")
+            o = j - (r - 1)
+            if 0 <= o < rows:
+                out += finish(names.pop(o), str(o))
+            return out
+
+        if loop_hi - loop_lo < 2:  # short blocks: all rows static
+            for j in range(rows + r - 1):
+                lines += static_row(j)
+            return lines + self._reduction_stores(ctx, sig, out_idx)
+        for j in range(loop_lo):
+            lines += static_row(j)
+        opened = [f"A{i}" for i in range(r - 1)]
+        for i, name in enumerate(opened):
+            lines.append(f"{name} = {names.pop(i)}")
+        lines.append(f"for j in tl.range({loop_lo}, {loop_hi}, num_stages={stages}):")
+        body = load_row("j")
+        body.append(f"An = {taps(0)}")
+        for i, name in enumerate(opened):
+            body.append(f"{name} = {name} + {taps(r - 1 - i)}")
+        oldest = opened[0] if opened else "An"
+        body += finish(oldest, f"j - {r - 1}" if r > 1 else "j")
+        for name, nxt in zip(opened, [*opened[1:], "An"]):
+            body.append(f"{name} = {nxt}")
+        lines += ["    " + line for line in body]
+        # after the loop, A_i holds output rows - R + 1 + i
+        for i, name in enumerate(opened):
+            names[rows - r + 1 + i] = name
+        for j in range(loop_hi, rows + r - 1):
+            lines += static_row(j)
+        return lines + self._reduction_stores(ctx, sig, out_idx)
+
+    @staticmethod
+    def _reduction_stores(ctx: Context, sig: Signature, indexer: TileIndexer) -> list[str]:
+        """The program's partials (or, with one slot, the results) of the reductions along rows."""
+        lines = []
+        for plan in ctx.reductions:
+            lines += plan.store_lines(ctx, sig, {uid: f"racc{uid}" for uid, *_ in plan.arrays}, indexer)
+        return lines
 
     def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
         gp = ctx.gp

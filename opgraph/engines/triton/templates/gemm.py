@@ -37,14 +37,17 @@ matmul template swaps in device-side tensor descriptors (TMA) there when the ope
 
 Knobs every tile template understands: BLOCK_M, BLOCK_N (BLOCK_K for the GEMMs), GROUP_M (group-M
 swizzle of the tile order, for L2 reuse), SPLIT_K (the main loop split over programs; fp32/int32
-partial accumulators in scratch, summed in fixed order by a second kernel that runs the epilogue:
-deterministic), PERSISTENT (0: one tile per program; P: P programs loop over the tiles),
+partial accumulators in scratch, summed in fixed order by a second kernel that runs the epilogue on
+its own finer tiles, ~2 programs per SM (`epilogue_tiling`; EPI_M / EPI_N set them): deterministic), PERSISTENT (0: one tile per program; P: P programs loop over the tiles),
 EPILOGUE_SUBTILE (2: the epilogue runs on column halves, for heavy epilogues on 128x256 tiles),
 num_warps, num_stages, fp32_precision ("tf32" | "ieee", fp32 operands only).
 
-Reductions write one fp32 partial per program and kept position to scratch; a small combine launch
-(`ReductionPlan.combine_source`) reduces them in fixed order: deterministic, no atomics. When one
-program covers all partials of a position (e.g. N <= BLOCK_N for a row sum) it writes the result.
+Reductions write one fp32 partial per program and kept position to scratch; a combine launch
+(`ReductionPlan.combine_source`: a program per block of positions and output array, all slots each)
+reduces them in fixed order: deterministic, no atomics. When one program covers all partials of a
+position (e.g. N <= BLOCK_N for a row sum) it writes the result. A program that visits several row
+tiles (the depthwise row strips) folds its partials in registers and stores once
+(`epilogue(..., accumulate=)`, `ReductionPlan.init_lines` / `store_lines`).
 
 Adding a main op (conv_dgrad, conv_wgrad): subclass `TileTemplate`, give `main_kinds`, `space`
 (how its output maps onto tiles), `check`, `dot`, `iterations`, `candidates` (`gemm_candidates`
@@ -790,15 +793,17 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
 
 
 def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
-             preset: Mapping[int, str] | None = None) -> list[str]:
+             preset: Mapping[int, str] | None = None, accumulate: str | None = None) -> list[str]:
     """The accumulator -> the main output's value (rounded to its declared type) -> the epilogue's
     pointwise ops -> stores -> reduction partials (or results, when one program covers them).
 
     subtile=2 runs it on the two column halves of the tile one after the other (EPILOGUE_SUBTILE):
     a heavy epilogue (erf-based GELU) then holds half as many temporaries next to the accumulator.
-    `preset` (whole tiles only) maps tensor uids to values loaded before (`preload_lines`)."""
-    if subtile <= 1 or not can_subtile(ctx):
-        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset)
+    `preset` (whole tiles only) maps tensor uids to values loaded before (`preload_lines`);
+    `accumulate` (whole tiles only): the reductions fold their partials into running vectors named
+    {accumulate}{uid} instead of storing them (`ReductionPlan.init_lines` / `store_lines`)."""
+    if subtile <= 1 or not can_subtile(ctx) or accumulate:
+        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate)
     t, sp = ctx.tiling, ctx.tiling.space
     half = t.block_n // 2
     lines = [f"{acc}_h0, {acc}_h1 = tl.split(tl.permute(tl.reshape({acc}, (BLOCK_M, 2, {half})), (0, 2, 1)))"]
@@ -842,7 +847,7 @@ def can_subtile(ctx: Context) -> bool:
 
 
 def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
-                   preset: Mapping[int, str] | None = None) -> list[str]:
+                   preset: Mapping[int, str] | None = None, accumulate: str | None = None) -> list[str]:
     gp = ctx.gp
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:
@@ -865,7 +870,10 @@ def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
             em.store(uid)
     lines = em.lines
     for plan in ctx.reductions:
-        lines += plan.tile_lines(ctx, sig, em.values[plan.red.source], indexer)
+        if accumulate:
+            lines += plan.partial_lines(em.values[plan.red.source], indexer) + plan.accumulate_lines(accumulate)
+        else:
+            lines += plan.tile_lines(ctx, sig, em.values[plan.red.source], indexer)
     return lines
 
 
@@ -948,17 +956,45 @@ class ReductionPlan:
         return base, slot, mask
 
     def tile_lines(self, ctx: Context, sig: Signature, value: str, indexer: TileIndexer) -> list[str]:
+        lines = self.partial_lines(value, indexer)
+        return lines + self.store_lines(ctx, sig, {uid: f"red_{uid}" for uid, *_ in self.arrays}, indexer)
+
+    def partial_lines(self, value: str, indexer: TileIndexer) -> list[str]:
+        """Lines leaving this tile's partial of each array in red_{uid} (masked rows/columns read
+        the identity)."""
         axis = 0 if self.red.along == "rows" else 1
         full = indexer.mask()
-        kept, slot, mask = self._kept(ctx)
         lines = [f"red_v = tl.broadcast_to({value}, ({indexer.shape[0]}, {indexer.shape[1]}))"]
-        for uid, kind, fin, offset in self.arrays:
+        for uid, kind, _fin, _offset in self.arrays:
             expr, identity, combine = _PARTIAL[kind]
             term = expr.format(v="red_v")
             if full is not None:
                 term = f"tl.where({full}, {term}, {identity})"
-            part = f"red_{uid}"
-            lines.append(f"{part} = tl.{combine}({term}, axis={axis})")
+            lines.append(f"red_{uid} = tl.{combine}({term}, axis={axis})")
+        return lines
+
+    def accumulate_lines(self, into: str) -> list[str]:
+        """Lines folding the partials red_{uid} into running partials {into}{uid} (a program that
+        visits several tiles of rows, e.g. the depthwise row strips); `init_lines` starts them."""
+        out = []
+        for uid, kind, _fin, _offset in self.arrays:
+            combine = _PARTIAL[kind][2]
+            a, b = f"{into}{uid}", f"red_{uid}"
+            out.append(f"{a} = {a} + {b}" if combine == "sum" else f"{a} = tl.{combine}imum({a}, {b})")
+        return out
+
+    def init_lines(self, into: str, extent: str) -> list[str]:
+        return [f"{into}{uid} = tl.full(({extent},), {_PARTIAL[kind][1]}, tl.float32)"
+                for uid, kind, _fin, _offset in self.arrays]
+
+    def store_lines(self, ctx: Context, sig: Signature, names: Mapping[int, str], indexer: TileIndexer) -> list[str]:
+        """Stores of the partial vectors `names` ({uid: name}): this program's slot in scratch, or
+        the finalized results when one program covers all partials (one slot)."""
+        axis = 0 if self.red.along == "rows" else 1
+        kept, slot, mask = self._kept(ctx)
+        lines = []
+        for uid, kind, fin, offset in self.arrays:
+            part = names[uid]
             if self.slots == 1:
                 desc = ctx.tensors[uid]
                 address = self._result_address(ctx, desc, ctx.ptr_of(sig)(uid), "row" if axis == 1 else "col")
@@ -1448,5 +1484,6 @@ def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 __all__ = [
     "OutputSpace", "View", "Reduce", "GemmPiece", "analyze", "DotKind", "dot_kind", "Signature", "Scratch",
     "TileIndexer", "Tiling", "decompose", "Context", "make_context", "operand_tile", "epilogue",
-    "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal",
+    "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal", "preload_lines",
+    "epilogue_tiling",
 ]
