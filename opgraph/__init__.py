@@ -22,6 +22,7 @@ from .errors import (
 )
 from .graph import Graph
 from .autodiff import GradGraph, grad
+from .frontends import from_torch
 from .heuristics import HeurMode, PieceConfigs
 from .ir import Const, FinalGraph, Node
 from .ops.conv import ConvolutionMode
@@ -44,5 +45,5 @@ __all__ = [
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op", "grad",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op", "grad", "from_torch",
 ]

@@ -9,8 +9,10 @@ How it works:
 3. Parameters, buffers and constants become graph inputs named by their state_dict key with the
    tensor's own dims, strides and dtype (see `torch_runtime.Source`); view ops on them (the transpose
    of a linear weight, a bias reshaped to [1, C, 1, 1]) become views at bind time, not graph ops.
-   Computations on parameters alone (batchnorm's 1/sqrt(running_var + eps)) are emitted before any
-   activation op, so they do not cut the activation chain into extra pieces.
+   Computations on parameters alone (a model's own weight arithmetic; eval batchnorm's coefficients
+   when computed in the graph) are emitted before any activation op, so that they do not cut the
+   activation chain into extra pieces; by default eval batchnorm's coefficients are computed at bind
+   time instead (`torch_runtime.DerivedSpec`).
 4. Every other node goes through the translation table in `torch_ops.py` (one aten op -> one or more
    opgraph ops; each node's result gets the dtype PyTorch gives it, composite internals are FLOAT).
    A node the table does not cover becomes a custom op running the aten op itself
@@ -24,10 +26,11 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import GraphError, UnsupportedGraphError
+from ..errors import AttributeValueError, GraphError, UnsupportedGraphError
 from ..graph import Graph
 from ..tensor import Tensor
-from .torch_runtime import ImportedGraph, ImportReport, Mutation, OutputLeaf, RandomSpec, ReportEntry, Source
+from .torch_runtime import (DerivedSpec, ImportedGraph, ImportReport, Mutation, OutputLeaf, RandomSpec, ReportEntry,
+                            Source)
 
 
 class Untranslatable(Exception):
@@ -79,17 +82,21 @@ def _is_tensor(x: Any) -> bool:
 class Importer:
     """Translation state: the graph, the value of every traced node, and the bound inputs."""
 
-    def __init__(self, module: Any, program: Any, name: str) -> None:
+    def __init__(self, module: Any, program: Any, name: str, wide: Any, options: dict[str, Any]) -> None:
         import torch
 
         self.torch = torch
+        self.options = options
         self.module = module
         self.program = program
-        self.g = Graph(name, io_data_type="float", intermediate_data_type="float", compute_data_type="float")
+        # composite internals (a softmax's exp, a hardswish's relu6) are computed at least in fp32, in
+        # fp64 for fp64 models; each traced node's own result gets PyTorch's dtype
+        self.g = Graph(name, io_data_type=wide, intermediate_data_type=wide, compute_data_type=wide)
         self.env: dict[Any, Any] = {}
         self.report = ImportReport()
         self.constants: dict[str, Any] = {}
         self.randoms: dict[str, RandomSpec] = {}
+        self.derived: dict[str, DerivedSpec] = {}
         self.bound: list[tuple[Tensor, Source]] = []
         self.mutations: list[Mutation] = []
         self._declared: dict[Source, Tensor] = {}
@@ -100,7 +107,8 @@ class Importer:
 
     # -- values -------------------------------------------------------------------------------------
     def tensor(self, v: Value) -> Tensor:
-        """The graph tensor of a value, declaring a bound input on first use."""
+        """The graph tensor of a value, declaring a bound input on first use (looked up, not cached on
+        the value, so that a rolled-back translation leaves no stale handle behind)."""
         if v.tensor is not None:
             return v.tensor
         if v.uninit:
@@ -108,7 +116,9 @@ class Importer:
             self.note(f"{self.node.name}: reads an uninitialised tensor (aten.empty); bound as zeros")
             v.source, v.example = self.constant(zeros, "uninit"), zeros
             v.uninit = False
-        assert v.source is not None
+        if v.source is None:
+            raise UnsupportedGraphError(f"node '{self.node.name}' reads a value the importer has not translated",
+                                        rule="import.internal", hint="report this as an importer bug")
         source = v.source
         if source not in self._declared:
             ex = v.example
@@ -116,12 +126,27 @@ class Importer:
             t = self.g.tensor(dim=v.dims, stride=stride, data_type=v.dtype, name=self._unique(self._name(source)))
             self._declared[source] = t
             self.bound.append((t, source))
-        v.tensor = self._declared[source]
-        return v.tensor
+        return self._declared[source]
+
+    def checkpoint(self) -> tuple[int, int, int, int]:
+        return len(self.g._records), len(self.g._tensors), len(self.bound), len(self.mutations)
+
+    def rollback(self, mark: tuple[int, int, int, int]) -> None:
+        """Forget the ops, tensors and bound inputs made since `mark` (a translator gave up)."""
+        records, tensors, bound, mutations = mark
+        del self.g._records[records:]
+        del self.g._tensors[tensors:]
+        for t, source in self.bound[bound:]:
+            self._declared.pop(source, None)
+        del self.bound[bound:]
+        del self.mutations[mutations:]
+        self.g._invalidate()
 
     def _name(self, source: Source) -> str:
         if source.kind in ("parameter", "buffer"):
             return source.key
+        if source.kind == "derived":
+            return source.key.removeprefix("derived:")
         return f"{source.kind}:{source.key}"
 
     def _unique(self, name: str) -> str:
@@ -144,6 +169,14 @@ class Importer:
         self.randoms[key] = RandomSpec(dist, tuple(shape), dtype, float(p))
         example = self.torch.empty(shape, dtype=dtype)
         return Value(tuple(shape), dtype, source=Source("random", key), example=example)
+
+    def derived_value(self, fn: Any, inputs: list[Value], name: str) -> Value:
+        """A bound input computed at bind time as fn(*inputs) from bound values (see DerivedSpec)."""
+        key = self._unique(f"derived:{name}")
+        self.derived[key] = DerivedSpec(fn, tuple(v.source for v in inputs))
+        with self.torch.no_grad():
+            example = fn(*[v.example for v in inputs])
+        return Value(tuple(example.shape), example.dtype, source=Source("derived", key), example=example)
 
     def view(self, v: Value, op: Any, *args: Any) -> Value | None:
         """For a bound value, the same input seen through aten view op `op(*args)` (applied at bind
@@ -169,9 +202,15 @@ class Importer:
         broadcast as they are, others get leading 1s (torch aligns shapes on the right)."""
         if not isinstance(v, Value):
             return v
-        if v.rank >= rank or (v.rank == 0 or all(d == 1 for d in v.shape)) and v.dims == (1,):
+        if v.rank >= rank or v.dims == (1,):
             return self.tensor(v)
         return self.reshaped(v, (1,) * (rank - v.rank) + v.shape)
+
+    def reduction(self, t: Tensor, mode: Any, dims: Any, name: str) -> Tensor:
+        """A reduction to opgraph dims `dims`, in the graph's intermediate type (not FLOAT, the
+        reduction's own default, which would round fp64 models)."""
+        out = self.g.reduction(t, mode, name=name)
+        return out.set_dim(list(dims)).set_data_type(self.g.intermediate_data_type)
 
     def op_name(self, what: str = "") -> str:
         base = self.node.name if self.node is not None else "op"
@@ -190,12 +229,28 @@ class Importer:
 # -- tracing and the main loop -----------------------------------------------------------------------
 
 
-def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, strict: bool = False) -> ImportedGraph:
+def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, strict: bool = False,
+               eval_batchnorm: str = "folded") -> ImportedGraph:
     """Trace `module` with `example_inputs` (a tensor or a tuple of arguments) and translate it into an
     opgraph graph. Returns an `ImportedGraph` (graph, inputs, outputs, params, report, variant_pack,
     run, write_back). The module's mode (eval/train) at call time is what is imported; train mode
-    imports batchnorm in training form, with running-stat updates written back by `run`."""
+    imports batchnorm in training form, with running-stat updates written back by `run`.
+
+    strict: torch.export's strict (TorchDynamo) tracing instead of the default non-strict one.
+    eval_batchnorm: how eval-mode batchnorm is expressed. All forms follow the module's current
+        parameters and running stats.
+        'folded' (default): y = x * s + t, two pointwise ops (which generated conv/matmul kernels fuse
+            into their epilogue), with s = weight * rsqrt(running_var + eps) and
+            t = bias - running_mean * s bound as inputs computed at bind time (recomputed only when
+            one of the four tensors changes);
+        'scale_shift': the same, with s and t computed by graph ops from the bound parameters (run at
+            every execute, before the activations);
+        'op': batchnorm_inference(x, running_mean, rsqrt(running_var + eps), weight, bias)."""
     import torch
+
+    if eval_batchnorm not in ("folded", "scale_shift", "op"):
+        raise AttributeValueError(f"eval_batchnorm={eval_batchnorm!r} is not 'folded', 'scale_shift' or 'op'",
+                                  rule="import.option", hint="pass eval_batchnorm='folded', 'scale_shift' or 'op'")
 
     if not isinstance(module, torch.nn.Module):
         raise UnsupportedGraphError(f"from_torch takes a torch.nn.Module, got {type(module).__name__}",
@@ -209,7 +264,9 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
             rule="import.trace", hint="make the forward traceable by torch.export (no data-dependent Python "
             "control flow), or pass strict=True/False to try the other tracer",
         ) from err
-    imp = Importer(module, program, name or type(module).__name__)
+    tensors = [*program.state_dict.values(), *(a for a in args if isinstance(a, torch.Tensor))]
+    wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    imp = Importer(module, program, name or type(module).__name__, wide, {"eval_batchnorm": eval_batchnorm})
     return _translate(imp, args)
 
 
@@ -218,9 +275,12 @@ _EFFECTFUL = ("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cu
 
 
 def _op_key(target: Any) -> tuple[str, str]:
-    """(base name, overload) of an aten op, in-place variants named as their functional op."""
+    """(base name, overload) of an aten op, in-place variants named as their functional op; ops of
+    other namespaces (torch.library custom ops) keep their qualified name, which no table entry has."""
     schema = target._schema
-    base = schema.name.split("::", 1)[-1]
+    namespace, _, base = schema.name.rpartition("::")
+    if namespace != "aten":
+        return schema.name, target._overloadname
     if base.endswith("_") and not base.endswith("__"):
         base = base[:-1]
     return base, target._overloadname
@@ -286,6 +346,7 @@ def _analyse(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]])
     deps: dict[Any, list[Any]] = {}
     roots: list[Any] = []
     output_node = None
+    position = {n: i for i, n in enumerate(nodes)}
     for n in nodes:
         if n.op == "placeholder":
             continue
@@ -297,6 +358,7 @@ def _analyse(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]])
         if n.op == "call_function" and hasattr(n.target, "_schema"):
             target = _mutation_target(n)
             if target is not None:
+                _check_view_write(n, target, position)
                 versions.written(target, n)
             if _op_key(n.target)[0] in _EFFECTFUL:
                 roots.append(n)
@@ -309,11 +371,13 @@ def _analyse(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]])
         for d in ds:
             readers[d] = readers.get(d, 0) + 1
     for n in nodes:
-        if n.op != "placeholder" or kinds.get(n.name, ("", ""))[0] not in ("parameter", "buffer"):
+        if n.op != "placeholder" or versions.final(n) is n:
+            continue
+        if kinds.get(n.name, ("input", ""))[0] not in ("parameter", "buffer"):
+            imp.note(f"input '{n.name}' is updated in place by the module; the graph does not write the "
+                     "caller's tensor (its outputs are the module's results only)")
             continue
         final = versions.final(n)
-        if final is n:
-            continue
         kind, key = kinds[n.name]
         # `buf += k` on a buffer nothing else reads (num_batches_tracked): done on the host
         if (final.op == "call_function" and _op_key(final.target)[0] == "add" and final.args[0] is n
@@ -332,6 +396,31 @@ def _analyse(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]])
         live.add(n)
         stack += deps.get(n, [])
     return live, host, state
+
+
+def _is_view(node: Any) -> bool:
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _check_view_write(node: Any, target: Any, position: dict[Any, int]) -> None:
+    """An in-place write into a view changes its base too: refuse when the base is read afterwards
+    (functionalizing it would give those readers the old values)."""
+    base = target
+    while _is_view(base):
+        base = base.args[0]
+    if base is target:
+        return
+    later = [u for u in base.users if position.get(u, -1) > position[node]]
+    if later:
+        raise UnsupportedGraphError(
+            f"node '{node.name}' ({node.target}) writes in place into a view of '{base.name}', which "
+            f"'{later[0].name}' reads afterwards", op=node.name, rule="import.view_mutation",
+            hint="write the module's forward out of place (y = x.clone(); y[...] = ... or torch.cat)",
+        )
 
 
 def _used_outputs(nodes: list[Any], live: set[Any]) -> dict[Any, set[int]]:
@@ -422,13 +511,9 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
                                     f"{len(leaves)} leaves", rule="import.inputs",
                                     hint="pass the example inputs as the module's positional arguments")
 
-    # translation: parameter-only nodes first, then batchnorm preparations, then the rest
-    only = _param_only(nodes, live, kinds)
-    order = [n for n in nodes if n in only and n.op == "call_function"]
-    order += [n for n in nodes if n in live and n.op == "call_function" and n not in only]
+    # translation: parameter-only nodes first, then batchnorm preparations, then the rest; arguments
+    # are resolved through in-place writes in program order whatever the translation order
     versions = _Versions()
-    pos = {n: i for i, n in enumerate(nodes)}
-    # versions must follow program order, whatever the translation order: precompute per node
     resolved_args: dict[Any, tuple[Any, Any]] = {}
     for n in nodes:
         if n.op != "call_function":
@@ -438,15 +523,22 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
             target = _mutation_target(n)
             if target is not None:
                 versions.written(target, n)
-    for n in order:
-        if n.op == "call_function" and hasattr(n.target, "_schema"):
+    only = _param_only(nodes, live, kinds)
+    calls = [n for n in nodes if n in live and n.op == "call_function"]
+    for n in calls:
+        if n in only:
+            imp.node = n
+            _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
+    for n in calls:
+        if n not in only and hasattr(n.target, "_schema"):
             prepare = torch_ops.PREPARE.get(_op_key(n.target)[0])
-            if prepare is not None and n not in only:
+            if prepare is not None:
                 imp.node = n
-                imp.prepared[n] = prepare(imp, n, _bind(imp, n, resolved_args[n]))
-    for n in sorted(order, key=lambda m: (m not in only, pos[m])):
-        imp.node = n
-        _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
+                imp.prepared[n] = prepare(imp, n, _bind(imp, n, resolved_args[n], lenient=True))
+    for n in calls:
+        if n not in only:
+            imp.node = n
+            _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
     imp.node = None
 
     # outputs and module-state updates
@@ -500,22 +592,21 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     return ImportedGraph(
         graph=imp.g, module=imp.module, inputs=user_slots, input_spec=in_spec, output_leaves=leaves_out,
         output_spec=program.call_spec.out_spec, bound=imp.bound, constants=imp.constants, randoms=imp.randoms,
-        mutations=imp.mutations, report=imp.report,
+        derived=imp.derived, mutations=imp.mutations, report=imp.report,
     )
 
 
 def _as_output(imp: Importer, value: Value, made: dict[int, Tensor], name: str) -> Tensor:
-    """A non-virtual graph tensor holding `value` (an identity op when the value is a graph input or
-    already an output under another name)."""
+    """A non-virtual graph tensor holding `value`: the op output itself, or an identity op's output
+    when the value is a graph input. A tensor returned twice is one output."""
     t = imp.tensor(value)
     if id(t) in made:
         return made[id(t)]
-    if not t.is_virtual or value.is_bound or any(t is u for u, _ in imp.bound) or t.graph._records and \
-            not any(t is o for r in t.graph._records for o in r.outputs):
-        t = imp.g.identity(t, name=imp._unique(f"{name}.copy")).set_data_type(value.dtype)
-    made[id(imp.tensor(value))] = t
-    t.set_output(True).set_name(imp._unique(name))
-    return t
+    produced = any(o is t for r in imp.g._records for o in r.outputs)
+    out = t if produced else imp.g.identity(t, name=imp._unique(f"{name}.copy")).set_data_type(value.dtype)
+    out.set_output(True).set_name(imp._unique(name))
+    made[id(t)] = out
+    return out
 
 
 def _resolve_args(node: Any, versions: _Versions) -> tuple[Any, Any]:
@@ -533,13 +624,19 @@ def _resolve_args(node: Any, versions: _Versions) -> tuple[Any, Any]:
     return walk(node.args), walk(node.kwargs)
 
 
-def _values(imp: Importer, v: Any) -> Any:
+def _values(imp: Importer, v: Any, lenient: bool) -> Any:
     import torch.fx
 
     if isinstance(v, torch.fx.Node):
-        return imp.env[v]
+        if v in imp.env:
+            return imp.env[v]
+        if not lenient:
+            raise UnsupportedGraphError(f"node '{v.name}' is read before it was translated", rule="import.internal",
+                                        hint="report this as an importer bug")
+        meta = _meta(v)  # not translated yet: a value with its shape only
+        return Value(tuple(int(d) for d in meta.shape), meta.dtype) if _is_tensor(meta) else None
     if isinstance(v, (list, tuple)):
-        return type(v)(_values(imp, x) for x in v)
+        return type(v)(_values(imp, x, lenient) for x in v)
     return v
 
 
@@ -553,7 +650,7 @@ class Args(dict):
             raise AttributeError(name) from None
 
 
-def _bind(imp: Importer, node: Any, resolved: tuple[Any, Any]) -> Args:
+def _bind(imp: Importer, node: Any, resolved: tuple[Any, Any], lenient: bool = False) -> Args:
     args, kwargs = resolved
     schema = node.target._schema
     out = Args()
@@ -564,7 +661,7 @@ def _bind(imp: Importer, node: Any, resolved: tuple[Any, Any]) -> Args:
             value = kwargs[a.name]
         else:
             value = a.default_value if a.has_default_value() else None
-        out[a.name] = _values(imp, value)
+        out[a.name] = _values(imp, value, lenient)
     return out
 
 
@@ -589,18 +686,20 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
     if translator is None and _no_tensor_inputs(args):
         out, status, note = torch_ops.factory(imp, node, args)
     elif translator is None:
-        out, status, note = custom_node(imp, node, args, f"no translation for aten.{base}"), "custom", ""
+        out, status, note = custom_node(imp, node, args, f"no translation for {target}"), "custom", ""
     else:
+        mark = imp.checkpoint()
         try:
             out = translator(imp, node, args)
         except Untranslatable as why:
+            imp.rollback(mark)
             out, status, note = custom_node(imp, node, args, str(why)), "custom", str(why)
     imp.env[node] = _wrap(imp, node, out)
     kinds = tuple(r.op.kind for r in imp.g._records[before:])
     if status == "translated" and not kinds:
         status = "alias"
     if status == "custom":
-        note = note or f"no translation for aten.{base}"
+        note = note or f"no translation for {target}"
     imp.report.entries.append(ReportEntry(node.name, str(target), status, kinds, note))
 
 

@@ -7,6 +7,10 @@ that turns the module's tensor into the graph tensor. `variant_pack` applies the
 *current* tensors at every call, so updated or reassigned parameters are picked up (zero-copy views
 where PyTorch can make them). `params=` overrides any of them by key.
 
+Derived inputs. Eval-mode batchnorm folded into a per-channel scale and shift (the default) binds
+those two tensors, computed from the module's weight, bias and running stats at bind time and
+cached until one of them changes (`DerivedSpec`).
+
 Module state. Training-mode batchnorm updates running stats: the graph has `next_running_mean/var`
 outputs (named `<key>@next`), which `run()` copies into the module's buffers after executing;
 with your own `variant_pack` + `plan.execute`, call `write_back(pack)`. Increments of integer buffers
@@ -73,6 +77,16 @@ class RandomSpec:
     shape: tuple[int, ...]
     dtype: Any
     p: float = 0.5
+
+
+@dataclass(frozen=True)
+class DerivedSpec:
+    """A tensor computed at bind time from other bound inputs (`fn(*tensors)`, e.g. a folded
+    batchnorm's scale). It is recomputed only when one of those tensors changes: another object, other
+    storage, or an in-place update (PyTorch's version counter)."""
+
+    fn: Any
+    inputs: tuple[Source, ...]
 
 
 @dataclass(frozen=True)
@@ -155,8 +169,8 @@ class ImportedGraph:
 
     def __init__(self, *, graph: Graph, module: Any, inputs: list[Tensor | None], input_spec: Any,
                  output_leaves: list[OutputLeaf], output_spec: Any, bound: list[tuple[Tensor, Source]],
-                 constants: dict[str, Any], randoms: dict[str, RandomSpec], mutations: list[Mutation],
-                 report: ImportReport) -> None:
+                 constants: dict[str, Any], randoms: dict[str, RandomSpec], derived: dict[str, DerivedSpec],
+                 mutations: list[Mutation], report: ImportReport) -> None:
         self.graph = graph
         self.module = module
         self._input_slots = inputs
@@ -166,6 +180,8 @@ class ImportedGraph:
         self._bound = bound
         self.constants = constants
         self.randoms = randoms
+        self.derived = derived
+        self._derived_cache: dict[str, tuple[list, list, Any]] = {}
         self.mutations = mutations
         self.report = report
         self._plans: dict[Any, Any] = {}
@@ -298,6 +314,8 @@ class ImportedGraph:
                 base = self.module.get_buffer(source.key)
             elif source.kind == "constant":
                 base = self._constant(source.key, device)
+            elif source.kind == "derived":
+                base = self._derive(source.key, cache, params, device, generator)
             else:
                 spec = self.randoms[source.key]
                 base = torch.empty(spec.shape, dtype=spec.dtype, device=device or "cpu")
@@ -307,10 +325,25 @@ class ImportedGraph:
                     base.uniform_(generator=generator)
                 else:
                     base.normal_(generator=generator)
-            if isinstance(base, torch.Tensor):
-                base = base.detach()
-            cache[key] = base
-        return source.apply(cache[key])
+            cache[key] = base  # the module's own tensor object (derived inputs compare identities)
+        base = cache[key]
+        return source.apply(base.detach() if isinstance(base, torch.Tensor) and base.requires_grad else base)
+
+    def _derive(self, name: str, cache: dict, params: Mapping[str, Any], device: Any, generator: Any) -> Any:
+        spec = self.derived[name]
+        tensors = [self._resolve(s, cache, params, device, generator) for s in spec.inputs]
+        # the base tensors themselves are kept (so that a freed one's memory cannot alias a new one)
+        bases = [cache[(s.kind, s.key)] for s in spec.inputs]
+        versions = [b._version for b in bases]
+        hit = self._derived_cache.get(name)
+        if hit is None or len(hit[0]) != len(bases) or any(a is not b for a, b in zip(hit[0], bases)) \
+                or hit[1] != versions:
+            import torch
+
+            with torch.no_grad():
+                hit = (bases, versions, spec.fn(*tensors))
+            self._derived_cache[name] = hit
+        return hit[2]
 
     def _constant(self, name: str, device: Any) -> Any:
         value = self.constants[name]

@@ -6,7 +6,6 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
@@ -86,6 +85,8 @@ class TritonKernel(Kernel):
                                    device_index=device_index) for l in generated.launches]
         self._scratch_views: dict[tuple[int, int, str], Any] = {}
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
+        self._template_cache: list | None = None
+        self._template_key: Any = None
         plain = not interpret and all(a.kind in ("buf", "table") for l in generated.launches for a in l.args)
         self._plain = [(tuple(a.uid if a.kind == "buf" else TABLE_KEY for a in l.args), launcher)
                        for l, launcher in zip(generated.launches, self.launchers)] if plain else None
@@ -123,11 +124,35 @@ class TritonKernel(Kernel):
             for uids, launcher in self._plain:
                 launcher([buffers[u] for u in uids], stream)
             return
+        if not self.interpret:  # CUDA with scratch or scalars: scratch views are fixed per workspace
+            for template, bufs, scalars, launcher in self._templates(scratch):
+                args = list(template)
+                for i, uid in bufs:
+                    args[i] = buffers[uid]
+                for i, uid in scalars:
+                    args[i] = float(buffers[uid])
+                launcher(args, stream)
+            return
         # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
         # about them are noise
-        with np.errstate(all="ignore") if self.interpret else contextlib.nullcontext():
+        with np.errstate(all="ignore"):
             for launch, launcher in zip(self.generated.launches, self.launchers):
                 launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
+
+    def _templates(self, scratch: Any) -> list[tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]], Any]]:
+        """Per launch: the argument list with the scratch views filled in, and the positions of the
+        buffers and scalars to fill per call; cached per scratch buffer."""
+        key = None if scratch is None else scratch.data_ptr()
+        if self._template_key != key or self._template_cache is None:
+            cache = []
+            for launch, launcher in zip(self.generated.launches, self.launchers):
+                template = [self._arg(a, {}, scratch) if a.kind == "scratch" else None for a in launch.args]
+                bufs = [(i, a.uid if a.kind == "buf" else TABLE_KEY) for i, a in enumerate(launch.args)
+                        if a.kind in ("buf", "table")]
+                scalars = [(i, a.uid) for i, a in enumerate(launch.args) if a.kind == "scalar"]
+                cache.append((template, bufs, scalars, launcher))
+            self._template_cache, self._template_key = cache, key
+        return self._template_cache
 
 
 class TritonEngine(Engine):

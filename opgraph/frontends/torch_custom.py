@@ -1,0 +1,110 @@
+"""The fallback: an aten node the translation table does not cover becomes a custom op that runs the
+aten op itself, so that the import never fails on an op it does not know.
+
+Each such node registers its own custom op (`torch_<op>_<n>`), with the node's non-tensor arguments
+baked in:
+- reference: the aten op on CPU tensors made from the float64 NumPy inputs (float inputs stay
+  float64, integer and bool inputs get their traced dtype back), outputs returned as float64;
+- device implementation (`torch=`, used by the torch engine): the aten op on the device tensors
+  (integer and bool inputs in their traced dtypes, float inputs in the engine's compute type);
+- infer: the traced output shapes and dtypes.
+Custom ops registered this way exist in this process only: a graph or plan saved to JSON names them
+and loads only where the same module was imported first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedGraphError
+from ..ops.custom import Custom, register_custom_op
+from .torch_import import Args, Importer, Value, og_dims
+
+_COUNTER = itertools.count()
+
+
+class _Slot:
+    """Where the i-th tensor input goes in the rebuilt argument list."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _template(value: Any, slots: list[Value]) -> Any:
+    if isinstance(value, Value):
+        slots.append(value)
+        return _Slot(len(slots) - 1)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_template(v, slots) for v in value)
+    return value
+
+
+def _fill(value: Any, tensors: list[Any]) -> Any:
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    if isinstance(value, dict):
+        return {k: _fill(v, tensors) for k, v in value.items()}
+    return value
+
+
+def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
+    """Emit a custom op computing `node`; returns its output tensor (or a list, one per result)."""
+    import torch
+
+    from .torch_ops import call_schema
+
+    target = node.target
+    meta = node.meta.get("val")
+    multi = isinstance(meta, (list, tuple))
+    metas = list(meta) if multi else [meta]
+    if not all(m is None or isinstance(m, torch.Tensor) for m in metas):
+        raise UnsupportedGraphError(
+            f"node '{node.name}' ({target}) has no translation ({reason}) and returns non-tensor values",
+            op=node.name, rule="import.unsupported", hint="compute it outside the module, or avoid the op",
+        )
+    slots: list[Value] = []
+    template = {k: _template(v, slots) for k, v in args.items()}
+    if not slots:
+        raise UnsupportedGraphError(f"node '{node.name}' ({target}) has no tensor input", op=node.name,
+                                    rule="import.unsupported", hint="compute it outside the module")
+    in_meta = [(v.shape, v.dtype) for v in slots]
+    out_meta = [None if m is None else (tuple(int(d) for d in m.shape), m.dtype) for m in metas]
+
+    def call(tensors: list[Any]) -> list[Any]:
+        out = call_schema(target, _fill(template, tensors))
+        return list(out) if multi else [out]
+
+    def reference(*arrays: np.ndarray) -> list[np.ndarray | None]:
+        tensors = []
+        for arr, (shape, dtype) in zip(arrays, in_meta):
+            t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).reshape(shape)
+            tensors.append(t if dtype.is_floating_point else t.to(dtype))
+        return [None if o is None else o.detach().to(torch.float64).reshape(og_dims(o.shape)).numpy()
+                for o in call(tensors)]
+
+    def device(*tensors: Any) -> list[Any]:
+        # the torch engine passes operands in its compute type: integer and bool inputs (indices,
+        # masks) get their traced dtype back, float inputs are computed in the type they come in
+        shaped = [t.reshape(shape) if dtype.is_floating_point else t.reshape(shape).to(dtype)
+                  for t, (shape, dtype) in zip(tensors, in_meta)]
+        return [None if o is None else o.reshape(og_dims(o.shape)) for o in call(shaped)]
+
+    def infer(*_descs: Any) -> list[Any]:
+        return [((1,), torch.float32) if m is None else (og_dims(m[0]), m[1]) for m in out_meta]
+
+    name = "torch_" + re.sub(r"\W", "_", str(target).removeprefix("aten.")) + f"_{next(_COUNTER)}"
+    register_custom_op(name, num_inputs=len(slots), num_outputs=len(metas), reference=reference, infer=infer,
+                       torch=device)
+    used = imp.used.get(node, set(range(len(metas)))) if multi else {0}
+    op = Custom(op_name=name, num_inputs=len(slots), num_outputs=len(metas))
+    roles = [r for i, r in enumerate(op.output_roles()) if i in used and metas[i] is not None]
+    outs = imp.g._add_op(op, [imp.tensor(v) for v in slots], name=imp.op_name(name), outputs=roles)
+    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+        imp.note(f"{node.name}: {target} is random: the reference engine and PyTorch draw different values")
+    return outs if multi else outs[0]

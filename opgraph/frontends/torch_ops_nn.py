@@ -1,0 +1,650 @@
+"""Translators of the neural-network ops: reductions, softmax, losses, matmul/linear, convolution,
+normalization, pooling, dropout and random draws (the formulas are in `torch_ops`' docstring)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ops.norm import Batchnorm
+from ..ops.pooling import ResampleMode
+from ..ops.reduction import ReductionMode
+from ..tensor import Tensor
+from .torch_import import Args, Importer, Untranslatable, Value, og_dims
+from .torch_ops import PREPARE, TRANSLATORS, Translator, _axis, _ints, _meta, _operands, _scaled, _shape, op
+
+# -- reductions ---------------------------------------------------------------------------------------
+
+
+def reduce(imp: Importer, x: Value, axes: list[int], keepdim: bool, mode: ReductionMode,
+           out_shape: tuple[int, ...]) -> Tensor:
+    """Reduce `x` over `axes` (torch axes); the result has torch shape `out_shape`."""
+    rank = x.rank
+    axes = sorted({_axis(d, rank) for d in axes}) if axes else list(range(rank))
+    kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if rank else (1,)
+    t = imp.reduction(imp.tensor(x), mode, og_dims(kept), imp.op_name(mode.name.lower()))
+    if og_dims(out_shape) != og_dims(kept):
+        t = imp.g.reshape(t, list(og_dims(out_shape)), name=imp.op_name("squeeze"))
+    return t
+
+
+def _dims_arg(a: Args) -> list[int]:
+    dim = a.get("dim")
+    if dim is None:
+        return []
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+def _reduction(mode: ReductionMode) -> Translator:
+    def translate(imp: Importer, node: Any, a: Args) -> Tensor:
+        return reduce(imp, a["self"], _dims_arg(a), bool(a.get("keepdim")), mode, _shape(node))
+
+    return translate
+
+
+TRANSLATORS["mean"] = _reduction(ReductionMode.AVG)
+TRANSLATORS["sum"] = _reduction(ReductionMode.ADD)
+TRANSLATORS["amax"] = _reduction(ReductionMode.MAX)
+TRANSLATORS["amin"] = _reduction(ReductionMode.MIN)
+
+
+@op("max", "min")
+def _max_min(imp: Importer, node: Any, a: Args) -> Any:
+    base = node.target._schema.name.split("::")[-1]
+    mode = ReductionMode.MAX if base == "max" else ReductionMode.MIN
+    if a.get("other") is not None:  # max.other: elementwise
+        x, y = _operands(imp, node, a["self"], a["other"])
+        return getattr(imp.g, base)(x, y, name=imp.op_name())
+    meta = _meta(node)
+    if isinstance(meta, (list, tuple)):  # max.dim -> (values, indices)
+        if imp.used.get(node, set()) - {0}:
+            raise Untranslatable(f"{base}.dim indices")
+        return [reduce(imp, a["self"], [a["dim"]], bool(a.get("keepdim")), mode, tuple(meta[0].shape)), None]
+    return reduce(imp, a["self"], [], False, mode, _shape(node))
+
+
+def _softmax_parts(imp: Importer, x: Value, dim: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(x - max, exp(x - max), sum of it) over `dim`, keeping dims, and the shifted input."""
+    axis = _axis(dim, x.rank)
+    kept = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
+    t = imp.tensor(x)
+    m = imp.reduction(t, ReductionMode.MAX, og_dims(kept), imp.op_name("max"))
+    shifted = imp.g.sub(t, m, name=imp.op_name("shift"))
+    e = imp.g.exp(shifted, name=imp.op_name("exp"))
+    z = imp.reduction(e, ReductionMode.ADD, og_dims(kept), imp.op_name("sum"))
+    return shifted, e, z, m
+
+
+@op("softmax", "_softmax")
+def _softmax(imp: Importer, node: Any, a: Args) -> Tensor:
+    _, e, z, _ = _softmax_parts(imp, a["self"], a["dim"])
+    return imp.g.div(e, z, name=imp.op_name())
+
+
+@op("log_softmax", "_log_softmax")
+def _log_softmax(imp: Importer, node: Any, a: Args) -> Tensor:
+    shifted, _, z, _ = _softmax_parts(imp, a["self"], a["dim"])
+    return imp.g.sub(shifted, imp.g.log(z, name=imp.op_name("log")), name=imp.op_name())
+
+
+# -- losses -------------------------------------------------------------------------------------------
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _nll(imp: Importer, node: Any, logp: Tensor, x: Value, target: Value, weight: Value | None,
+         reduction: int, ignore_index: int, smoothing: float = 0.0) -> Tensor:
+    """The negative log-likelihood of class-index targets over log-probabilities `logp` (dims of x),
+    class axis 1, with PyTorch's weighting, ignore_index and reduction."""
+    g = imp.g
+    if x.rank < 2:
+        raise Untranslatable("a loss over unbatched input")
+    if target.dtype.is_floating_point:
+        raise Untranslatable("class-probability targets")
+    rows = (x.shape[0], 1) + x.shape[2:]
+    t = imp.reshaped(target, rows)
+    onehot = g.cmp_eq(g.gen_index(logp, 1, name=imp.op_name("classes")), t, name=imp.op_name("onehot"))
+    onehot.set_data_type("float")
+    pick = g.mul(onehot, logp, name=imp.op_name("pick"))
+    picked = imp.reduction(pick, ReductionMode.ADD, og_dims(rows), imp.op_name("nll"))
+    valid = g.cmp_neq(t, ignore_index, name=imp.op_name("valid"))
+    valid.set_data_type("float")
+    if weight is not None:
+        w = imp.reshaped(weight, (1, x.shape[1]) + (1,) * (x.rank - 2))
+        wpick = g.mul(onehot, w, name=imp.op_name("wpick"))
+        wr = imp.reduction(wpick, ReductionMode.ADD, og_dims(rows), imp.op_name("wrow"))
+        valid = g.mul(valid, wr, name=imp.op_name("weight"))
+    loss = g.neg(g.mul(picked, valid, name=imp.op_name("masked")), name=imp.op_name("loss"))
+    if smoothing:
+        if weight is not None:
+            raise Untranslatable("label_smoothing with class weights")
+        total = imp.reduction(logp, ReductionMode.ADD, og_dims(rows), imp.op_name("smooth"))
+        smooth = g.mul(g.mul(total, valid, name=imp.op_name("smask")), -smoothing / x.shape[1],
+                       name=imp.op_name("sscale"))
+        loss = g.add(g.mul(loss, 1.0 - smoothing, name=imp.op_name("lscale")), smooth, name=imp.op_name("smoothed"))
+    how = _REDUCTIONS.get(reduction)
+    if how == "none":
+        return g.reshape(loss, list(og_dims(_shape(node))), name=imp.op_name("rows"))
+    ones = [1] * len(rows)
+    total = imp.reduction(loss, ReductionMode.ADD, ones, imp.op_name("total"))
+    if how == "mean":
+        count = imp.reduction(valid, ReductionMode.ADD, ones, imp.op_name("count"))
+        total = g.div(total, count, name=imp.op_name("mean"))
+    return g.reshape(total, [1], name=imp.op_name("scalar"))
+
+
+@op("cross_entropy_loss")
+def _cross_entropy(imp: Importer, node: Any, a: Args) -> Tensor:
+    x = a["self"]
+    if x.rank < 2 or a["target"].rank != x.rank - 1:
+        raise Untranslatable("cross_entropy with probability targets or unbatched input")
+    shifted, _, z, _ = _softmax_parts(imp, x, 1)
+    logp = imp.g.sub(shifted, imp.g.log(z, name=imp.op_name("log")), name=imp.op_name("logp"))
+    return _nll(imp, node, logp, x, a["target"], a.get("weight"), a["reduction"], a["ignore_index"],
+                float(a.get("label_smoothing") or 0.0))
+
+
+@op("nll_loss", "nll_loss_nd", "nll_loss2d", "nll_loss_forward", "nll_loss2d_forward")
+def _nll_loss(imp: Importer, node: Any, a: Args) -> Any:
+    x = a["self"]
+    if a["target"].rank != x.rank - 1:
+        raise Untranslatable("nll_loss over unbatched input")
+    loss = _nll(imp, node if not isinstance(_meta(node), (list, tuple)) else _Sub(node, 0), imp.tensor(x), x,
+                a["target"], a.get("weight"), a["reduction"], a["ignore_index"])
+    if isinstance(_meta(node), (list, tuple)):  # *_forward -> (output, total_weight)
+        if imp.used.get(node, set()) - {0}:
+            raise Untranslatable("nll_loss total_weight")
+        return [loss, None]
+    return loss
+
+
+class _Sub:
+    """A stand-in node whose meta is one result of a multi-result node."""
+
+    def __init__(self, node: Any, index: int) -> None:
+        self.name = node.name
+        self.meta = {"val": node.meta["val"][index]}
+        self.target = node.target
+
+
+@op("mse_loss")
+def _mse_loss(imp: Importer, node: Any, a: Args) -> Tensor:
+    x, y = a["self"], a["target"]
+    rank = max(x.rank, y.rank)
+    d = imp.g.sub(imp.at_rank(x, rank), imp.at_rank(y, rank), name=imp.op_name("diff"))
+    sq = imp.g.mul(d, d, name=imp.op_name("sq"))
+    how = _REDUCTIONS.get(a["reduction"])
+    if how == "none":
+        return sq
+    mode = ReductionMode.AVG if how == "mean" else ReductionMode.ADD
+    r = imp.reduction(sq, mode, [1] * max(rank, 1), imp.op_name(how))
+    return r if rank <= 1 else imp.g.reshape(r, [1], name=imp.op_name("scalar"))
+
+
+# -- matmul, linear, convolution ------------------------------------------------------------------------
+
+
+def _transposed(imp: Importer, w: Value) -> Tensor:
+    """W^T of a 2-D value: a transposed view when W is bound, else a transpose op."""
+    viewed = imp.view(w, imp.torch.ops.aten.t.default)
+    if viewed is not None:
+        return imp.tensor(viewed)
+    return imp.g.transpose(imp.tensor(w), [1, 0], name=imp.op_name("wt"))
+
+
+def _lead_ones(imp: Importer, v: Value | Tensor, shape: tuple[int, ...], rank: int) -> Tensor:
+    if isinstance(v, Tensor):
+        if len(shape) == rank:
+            return v
+        return imp.g.reshape(v, [1] * (rank - len(shape)) + list(shape), name=imp.op_name("batch"))
+    return imp.at_rank(v, rank) if v.rank < rank else imp.tensor(v)
+
+
+@op("linear")
+def _linear(imp: Importer, node: Any, a: Args) -> Tensor:
+    x, w, b = a["input"], a["weight"], a.get("bias")
+    if x.rank < 2 or w.rank != 2:
+        raise Untranslatable("linear over a 1-D input")
+    wt_shape = (w.shape[1], w.shape[0])
+    if x.rank == 2:
+        bt = _transposed(imp, w)
+    elif w.is_bound:
+        bt = imp.reshaped(imp.view(w, imp.torch.ops.aten.t.default), (1,) * (x.rank - 2) + wt_shape)
+    else:
+        bt = _lead_ones(imp, _transposed(imp, w), wt_shape, x.rank)
+    y = imp.g.matmul(imp.tensor(x), bt, name=imp.op_name("matmul"))
+    if b is None:
+        return y
+    return imp.g.add(y, imp.at_rank(b, x.rank), name=imp.op_name("bias"))
+
+
+@op("matmul", "mm", "bmm")
+def _matmul(imp: Importer, node: Any, a: Args) -> Tensor:
+    x, y = a["self"], a.get("other", a.get("mat2"))
+    if x.rank < 2 or y.rank < 2:
+        raise Untranslatable("matmul with a 1-D operand")
+    rank = max(x.rank, y.rank)
+    return imp.g.matmul(_lead_ones(imp, x, x.shape, rank), _lead_ones(imp, y, y.shape, rank), name=imp.op_name())
+
+
+@op("addmm")
+def _addmm(imp: Importer, node: Any, a: Args) -> Tensor:
+    m = imp.g.matmul(imp.tensor(a["mat1"]), imp.tensor(a["mat2"]), name=imp.op_name("matmul"))
+    m = _scaled(imp, m, a.get("alpha"))
+    bias = a["self"]
+    beta = a.get("beta", 1)
+    if beta == 0:
+        return m
+    b = imp.at_rank(bias, 2)
+    return imp.g.add(m, _scaled(imp, b, beta), name=imp.op_name("bias"))
+
+
+@op("t")
+def _t(imp: Importer, node: Any, a: Args) -> Any:
+    x = a["self"]
+    if x.rank < 2:
+        return x
+    return imp.view(x, imp.torch.ops.aten.t.default) or imp.g.transpose(imp.tensor(x), [1, 0], name=imp.op_name())
+
+
+@op("permute")
+def _permute(imp: Importer, node: Any, a: Args) -> Any:
+    x = a["self"]
+    perm = [_axis(d, x.rank) for d in a["dims"]]
+    if perm == list(range(x.rank)):
+        return x
+    return imp.view(x, imp.torch.ops.aten.permute.default, perm) or imp.g.transpose(
+        imp.tensor(x), perm, name=imp.op_name())
+
+
+@op("transpose")
+def _transpose(imp: Importer, node: Any, a: Args) -> Any:
+    x = a["self"]
+    if x.rank < 2:
+        return x
+    d0, d1 = _axis(a["dim0"], x.rank), _axis(a["dim1"], x.rank)
+    if d0 == d1:
+        return x
+    perm = list(range(x.rank))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return imp.view(x, imp.torch.ops.aten.permute.default, perm) or imp.g.transpose(
+        imp.tensor(x), perm, name=imp.op_name())
+
+
+def _conv_padding(padding: Any, w: Value, dilation: list[int], nsp: int) -> tuple[list[int], list[int]]:
+    if isinstance(padding, str):
+        if padding == "valid":
+            return [0] * nsp, [0] * nsp
+        if padding == "same":
+            total = [d * (k - 1) for d, k in zip(dilation, w.shape[2:])]
+            return [t // 2 for t in total], [t - t // 2 for t in total]
+        raise Untranslatable(f"padding={padding!r}")
+    p = _ints(padding, nsp)
+    return p, p
+
+
+@op("conv1d", "conv2d", "conv3d", "convolution", "_convolution")
+def _conv(imp: Importer, node: Any, a: Args) -> Tensor:
+    x, w, b = a["input"], a["weight"], a.get("bias")
+    nsp = x.rank - 2
+    if nsp < 1 or x.rank != w.rank:
+        raise Untranslatable("convolution over an unbatched input")
+    stride, dilation = _ints(a["stride"], nsp), _ints(a["dilation"], nsp)
+    pre, post = _conv_padding(a["padding"], w, dilation, nsp)
+    g = imp.g
+    if a.get("transposed"):
+        y = g.conv_dgrad(imp.tensor(x), imp.tensor(w), pre_padding=pre, post_padding=post, stride=stride,
+                         dilation=dilation, name=imp.op_name("conv_transpose"))
+        y.set_dim(og_dims(_shape(node)))
+    else:
+        y = g.conv_fprop(imp.tensor(x), imp.tensor(w), pre_padding=pre, post_padding=post, stride=stride,
+                         dilation=dilation, name=imp.op_name("conv"))
+    if b is None:
+        return y
+    return g.add(y, imp.reshaped(b, (1, b.shape[0]) + (1,) * nsp), name=imp.op_name("bias"))
+
+
+# -- normalization -----------------------------------------------------------------------------------
+
+
+def _per_channel(imp: Importer, v: Value | None, x: Value, fill: float) -> Tensor | float:
+    """A [C] parameter as [1, C, 1, ...] (a bind-time view), or the number `fill` when absent."""
+    if v is None:
+        return fill
+    return imp.reshaped(v, (1, x.shape[1]) + (1,) * (x.rank - 2))
+
+
+def _filled(imp: Importer, value: Tensor | float, x: Value) -> Tensor:
+    """A per-channel tensor: `value`, or a constant [1, C, 1, ...] tensor of that number."""
+    if isinstance(value, Tensor):
+        return value
+    pc = (1, x.shape[1]) + (1,) * (x.rank - 2)
+    dtype = imp.g.intermediate_data_type.to_torch()
+    return imp.tensor(imp.constant_value(imp.torch.full(pc, float(value), dtype=dtype), "fill"))
+
+
+def _eval_coefficients(imp: Importer, x: Value, a: Args, eps: float) -> Any:
+    """Graph ops on the parameters alone, so that they follow rebinding. For eval_batchnorm
+    'scale_shift' (PyTorch's own CPU formula): s = weight * rsqrt(running_var + eps) and
+    t = bias - running_mean * s, applied as y = x * s + t, pointwise ops that fuse into a
+    preceding conv's epilogue; for 'op': rsqrt(running_var + eps), batchnorm_inference's inv_variance."""
+    g = imp.g
+    form = imp.options.get("eval_batchnorm", "folded")
+    if form == "folded":
+        folded = _folded(imp, x, a, eps)
+        if folded is not None:
+            return folded
+    var = _per_channel(imp, a["running_var"], x, 1.0)
+    inv = g.rsqrt(g.add(var, float(eps), name=imp.op_name("var_eps")), name=imp.op_name("inv_std"))
+    if form == "op":
+        return inv
+    w, b = _per_channel(imp, a.get("weight"), x, 1.0), _per_channel(imp, a.get("bias"), x, 0.0)
+    s = inv if not isinstance(w, Tensor) else g.mul(w, inv, name=imp.op_name("scale"))
+    m = g.mul(_per_channel(imp, a["running_mean"], x, 0.0), s, name=imp.op_name("mean_scale"))
+    t = g.neg(m, name=imp.op_name("shift")) if not isinstance(b, Tensor) else g.sub(b, m, name=imp.op_name("shift"))
+    return s, t
+
+
+def _folded(imp: Importer, x: Value, a: Args, eps: float) -> tuple[Tensor, Tensor] | None:
+    """s and t as bind-time derived inputs (None when a parameter is computed in the graph)."""
+    values = [a.get(k) for k in ("weight", "bias", "running_mean", "running_var")]
+    if not all(v is None or v.is_bound for v in values):
+        return None
+    pc = [1, x.shape[1]] + [1] * (x.rank - 2)
+    present = [imp.view(v, imp.torch.ops.aten.view.default, pc) for v in values if v is not None]
+    has_w, has_b = values[0] is not None, values[1] is not None
+    wide = imp.g.intermediate_data_type.to_torch()
+
+    def scale(*ts: Any) -> Any:
+        w = ts[0] if has_w else None
+        rv = ts[-1]
+        s = (rv.to(wide) + eps).rsqrt()
+        return s if w is None else s * w.to(wide)
+
+    def shift(*ts: Any) -> Any:
+        s = scale(*ts)
+        rm = ts[-2].to(wide)
+        b = ts[1 if has_w else 0].to(wide) if has_b else None
+        return -(rm * s) if b is None else b - rm * s
+
+    stem = _module_path(values[3]) or imp.node.name
+    s = imp.derived_value(scale, present, f"{stem}.folded_scale")
+    t = imp.derived_value(shift, present, f"{stem}.folded_shift")
+    return imp.tensor(s), imp.tensor(t)
+
+
+def _module_path(v: Value | None) -> str:
+    """'layer1.0.bn1' for the value of buffer 'layer1.0.bn1.running_var'."""
+    if v is None or v.source is None or v.source.kind not in ("parameter", "buffer"):
+        return ""
+    return v.source.key.rpartition(".")[0]
+
+
+def _bn_args(node: Any, a: Args) -> tuple[bool, float, float]:
+    """(training, momentum, eps) of any batch-norm variant."""
+    base = node.target._schema.name.split("::")[-1].rstrip("_")
+    if base == "_native_batch_norm_legit_no_training":
+        return False, a["momentum"], a["eps"]
+    if base == "cudnn_batch_norm" or base == "miopen_batch_norm":
+        return a["training"], a["exponential_average_factor"], a["epsilon"]
+    return a["training"], a["momentum"], a["eps"]
+
+
+def _ready(v: Any) -> bool:
+    return v is None or (isinstance(v, Value) and (v.tensor is not None or v.is_bound))
+
+
+def _prepare_bn(imp: Importer, node: Any, a: Args) -> Any:
+    training, _, eps = _bn_args(node, a)
+    x = a["input"]
+    stats = [a.get("running_mean"), a.get("running_var")]
+    if training or None in stats or not isinstance(x, Value) or x.rank < 2 \
+            or not all(_ready(a.get(k)) for k in ("running_mean", "running_var", "weight", "bias")):
+        return None
+    return _eval_coefficients(imp, x, a, eps)
+
+
+_BN_MUTATING = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm",
+                "miopen_batch_norm"}
+
+
+@op("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit_functional", "cudnn_batch_norm", "miopen_batch_norm")
+def _batch_norm(imp: Importer, node: Any, a: Args) -> Any:
+    base = node.target._schema.name.split("::")[-1]
+    x, rm, rv = a["input"], a.get("running_mean"), a.get("running_var")
+    training, momentum, eps = _bn_args(node, a)
+    if x.rank < 2:
+        raise Untranslatable("batch norm of a 1-D input")
+    g = imp.g
+    multi = isinstance(_meta(node), (list, tuple))
+    used = imp.used.get(node, {0}) if multi else {0}
+    if not training and (rm is None or rv is None):
+        raise Untranslatable("eval-mode batch norm without running stats")
+    if not training and used - {0}:
+        raise Untranslatable("saved stats of an eval-mode batch norm")
+    if not training:
+        coefficients = imp.prepared.get(node)
+        if coefficients is None:
+            coefficients = _eval_coefficients(imp, x, a, eps)
+        if isinstance(coefficients, tuple):
+            s, t = coefficients
+            y = g.add(g.mul(imp.tensor(x), s, name=imp.op_name("scale_x")), t, name=imp.op_name())
+        else:
+            y = g.batchnorm_inference(imp.tensor(x), _filled(imp, _per_channel(imp, rm, x, 0.0), x), coefficients,
+                                      _filled(imp, _per_channel(imp, a.get("weight"), x, 1.0), x),
+                                      _filled(imp, _per_channel(imp, a.get("bias"), x, 0.0), x), name=imp.op_name())
+        return [y] + [None] * (len(_meta(node)) - 1) if multi else y
+    scale = _filled(imp, _per_channel(imp, a.get("weight"), x, 1.0), x)
+    bias = _filled(imp, _per_channel(imp, a.get("bias"), x, 0.0), x)
+    running = rm is not None and rv is not None
+    wanted = ["y"] + [r for i, r in ((1, "mean"), (2, "inv_variance")) if i in used]
+    if running:
+        wanted += ["next_running_mean", "next_running_var"]
+    inputs = [imp.tensor(x), scale, bias, _per_channel(imp, rm, x, 0.0) if running else None,
+              _per_channel(imp, rv, x, 1.0) if running else None, float(eps), float(momentum) if running else None]
+    outs = dict(zip(Batchnorm().output_roles(), g._add_op(Batchnorm(), inputs, name=imp.op_name(), outputs=wanted)))
+    c = [x.shape[1]]
+    if running and base in _BN_MUTATING:
+        for role, v in (("next_running_mean", rm), ("next_running_var", rv)):
+            _write_back(imp, outs[role], v)
+    if not multi:
+        return outs["y"]
+    results: list[Any] = [outs["y"]]
+    for i, role in ((1, "mean"), (2, "inv_variance"), (3, "next_running_mean"), (4, "next_running_var")):
+        if i >= len(_meta(node)):
+            break
+        t = outs.get(role)
+        results.append(None if t is None or i not in used else g.reshape(t, c, name=imp.op_name(role)))
+    return results
+
+
+def _write_back(imp: Importer, t: Tensor, target: Value) -> None:
+    from .torch_runtime import Mutation, ReportEntry
+
+    src = target.source
+    if src is None or src.kind != "buffer" or src.views:
+        imp.note(f"{imp.node.name}: the running stats are not a module buffer; their update is not written back")
+        return
+    t.set_output(True).set_name(imp._unique(f"{src.key}@next")).set_data_type(target.dtype)
+    imp.mutations.append(Mutation("buffer", src.key, t))
+    imp.report.entries.append(ReportEntry(imp.node.name, f"buffer {src.key}", "translated", (),
+                                          f"output '{src.key}@next', copied into the module by write_back"))
+
+
+for _name in ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm",
+              "cudnn_batch_norm", "miopen_batch_norm"):
+    PREPARE[_name] = _prepare_bn
+
+
+@op("layer_norm")
+def _layer_norm(imp: Importer, node: Any, a: Args) -> Tensor:
+    x, shape = a["input"], list(a["normalized_shape"])
+    full = (1,) * (x.rank - len(shape)) + tuple(shape)
+    w, b = a.get("weight"), a.get("bias")
+    torch = imp.torch
+    scale = imp.reshaped(w, full) if w is not None else imp.tensor(
+        imp.constant_value(torch.ones(full, dtype=imp.g.intermediate_data_type.to_torch()), "ones"))
+    bias = imp.reshaped(b, full) if b is not None else None
+    y = imp.g.layernorm("inference", imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name())
+    return y[0]
+
+
+# -- pooling ----------------------------------------------------------------------------------------
+
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+@op("max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices")
+def _max_pool(imp: Importer, node: Any, a: Args) -> Any:
+    x = a["self"]
+    nsp = x.rank - 2
+    multi = isinstance(_meta(node), (list, tuple))
+    if multi and imp.used.get(node, set()) - {0}:
+        raise Untranslatable("max pooling indices")
+    if nsp < 1:
+        raise Untranslatable("pooling an unbatched input")
+    k = _ints(a["kernel_size"], nsp)
+    s = _ints(a["stride"], nsp) if a["stride"] else k
+    p, d = _ints(a["padding"], nsp), _ints(a["dilation"], nsp)
+    if any(v != 1 for v in d):
+        raise Untranslatable("dilated max pooling")
+    post = list(p)
+    if a["ceil_mode"]:
+        for i in range(nsp):
+            out = _pool_out(x.shape[2 + i], k[i], s[i], p[i], 1, True)
+            post[i] = (out - 1) * s[i] + k[i] - x.shape[2 + i] - p[i]
+            if post[i] >= k[i] or post[i] < 0:
+                raise Untranslatable("ceil_mode pooling with a window past the padding")
+    y, _ = imp.g.resample(imp.tensor(x), ResampleMode.MAX, window=k, stride=s, pre_padding=p, post_padding=post,
+                          name=imp.op_name())
+    return [y, None] if multi else y
+
+
+@op("avg_pool1d", "avg_pool2d", "avg_pool3d")
+def _avg_pool(imp: Importer, node: Any, a: Args) -> Tensor:
+    x = a["self"]
+    nsp = x.rank - 2
+    if nsp < 1:
+        raise Untranslatable("pooling an unbatched input")
+    if a.get("ceil_mode"):
+        raise Untranslatable("ceil_mode average pooling")
+    if a.get("divisor_override") is not None:
+        raise Untranslatable("avg_pool divisor_override")
+    k = _ints(a["kernel_size"], nsp)
+    s = _ints(a["stride"], nsp) if a["stride"] else k
+    p = _ints(a["padding"], nsp)
+    mode = ResampleMode.AVG_INCLUDE_PADDING if a.get("count_include_pad", True) else ResampleMode.AVG_EXCLUDE_PADDING
+    y, _ = imp.g.resample(imp.tensor(x), mode, window=k, stride=s, pre_padding=p, post_padding=p, name=imp.op_name())
+    return y
+
+
+def _adaptive(mode: ReductionMode, resample: ResampleMode) -> Translator:
+    def translate(imp: Importer, node: Any, a: Args) -> Any:
+        x = a["self"]
+        multi = isinstance(_meta(node), (list, tuple))
+        if multi and imp.used.get(node, set()) - {0}:
+            raise Untranslatable("adaptive max pooling indices")
+        nsp = x.rank - 2
+        out = _ints(a["output_size"], nsp)
+        sizes = x.shape[2:]
+        if nsp < 1:
+            raise Untranslatable("pooling an unbatched input")
+        if all(o == 1 for o in out):
+            y = reduce(imp, x, list(range(2, x.rank)), True, mode, x.shape[:2] + (1,) * nsp)
+        elif all(i % o == 0 for i, o in zip(sizes, out)):
+            win = [i // o for i, o in zip(sizes, out)]
+            y, _ = imp.g.resample(imp.tensor(x), resample, window=win, stride=win, name=imp.op_name())
+        else:
+            raise Untranslatable("adaptive pooling to a size that does not divide the input")
+        return [y, None] if multi else y
+
+    return translate
+
+
+for _name in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool2d",
+              "_adaptive_avg_pool3d"):
+    TRANSLATORS[_name] = _adaptive(ReductionMode.AVG, ResampleMode.AVG_INCLUDE_PADDING)
+for _name in ("adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"):
+    TRANSLATORS[_name] = _adaptive(ReductionMode.MAX, ResampleMode.MAX)
+
+
+# -- dropout and random draws ---------------------------------------------------------------------------
+
+
+def _mask_dropout(imp: Importer, x: Value, p: float, shape: tuple[int, ...]) -> Tensor:
+    keep = 1.0 - p
+    mask = imp.random_value("bernoulli", shape, x.dtype, keep)
+    scaled = imp.g.div(imp.tensor(mask), keep, name=imp.op_name("scale"))
+    imp.note("dropout in train mode: a Bernoulli mask input drawn by variant_pack from torch's RNG at every call "
+             "(the same draws as PyTorch's CPU dropout after the same seed)")
+    return imp.g.mul(imp.at_rank(x, len(shape)) if len(shape) < x.rank else imp.tensor(x),
+                     imp.at_rank(Value(shape, x.dtype, tensor=scaled), x.rank), name=imp.op_name())
+
+
+@op("dropout", "native_dropout", "feature_dropout")
+def _dropout(imp: Importer, node: Any, a: Args) -> Any:
+    x = a["input"] if "input" in a else a["self"]
+    p, train = float(a["p"]), a["train"]
+    multi = isinstance(_meta(node), (list, tuple))
+    if multi and imp.used.get(node, set()) - {0}:
+        raise Untranslatable("dropout mask output")
+    base = node.target._schema.name.split("::")[-1].rstrip("_")
+    if train is False or p == 0.0:
+        out: Any = x
+    elif p == 1.0:
+        out = imp.g.mul(imp.tensor(x), 0.0, name=imp.op_name())
+    else:
+        shape = x.shape if base != "feature_dropout" else x.shape[:2] + (1,) * (x.rank - 2)
+        out = _mask_dropout(imp, x, p, shape)
+    return [out, None] if multi else out
+
+
+@op("alpha_dropout", "feature_alpha_dropout")
+def _alpha_dropout(imp: Importer, node: Any, a: Args) -> Any:
+    if a["train"] and a["p"] > 0:
+        raise Untranslatable("alpha dropout in train mode")
+    return a["input"] if "input" in a else a["self"]
+
+
+@op("bernoulli")
+def _bernoulli(imp: Importer, node: Any, a: Args) -> Value:
+    x = a["self"]
+    p = a.get("p")
+    if not isinstance(p, (int, float)):
+        raise Untranslatable("bernoulli with tensor probabilities")
+    return imp.random_value("bernoulli", x.shape, _meta(node).dtype, p)
+
+
+@op("rand_like", "randn_like")
+def _rand_like(imp: Importer, node: Any, a: Args) -> Value:
+    base = node.target._schema.name.split("::")[-1]
+    meta = _meta(node)
+    return imp.random_value("uniform" if base == "rand_like" else "normal", tuple(meta.shape), meta.dtype)
+
+
+@op("zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full", "new_empty",
+    "fill", "zero")
+def _like(imp: Importer, node: Any, a: Args) -> Value:
+    base = node.target._schema.name.split("::")[-1].rstrip("_")
+    meta = _meta(node)
+    shape, dtype = tuple(int(d) for d in meta.shape), meta.dtype
+    torch = imp.torch
+    if base in ("empty_like", "new_empty"):
+        return Value(shape, dtype, uninit=True)
+    if base in ("zeros_like", "new_zeros", "zero"):
+        fill = 0
+    elif base in ("ones_like", "new_ones"):
+        fill = 1
+    else:
+        fill = a.get("fill_value", a.get("value"))
+        if isinstance(fill, Value):
+            raise Untranslatable("fill with a tensor value")
+    return imp.constant_value(torch.full(shape, fill, dtype=dtype), base)
+
+
