@@ -7,11 +7,25 @@ import zlib
 import numpy as np
 import pytest
 
+# the shared helpers assert for the tests: pytest explains their failures as it does the tests' own
+pytest.register_assert_rewrite("tests.helpers", "tests.engines.hopper_compile")
+
 
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A reproducible, per-test random stream (seeded from the test id)."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def custom_ops_restored():
+    """The custom-op registry as it was before the test (what the test registers is dropped after it)."""
+    from opgraph.ops.custom import CUSTOM_OPS
+
+    saved = dict(CUSTOM_OPS)
+    yield
+    CUSTOM_OPS.clear()
+    CUSTOM_OPS.update(saved)
 
 
 def pytest_configure(config):

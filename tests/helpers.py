@@ -6,6 +6,11 @@ import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.engines import EngineConfig, get_engine
+from opgraph.heuristics import HeurMode
+from opgraph.ops.pointwise import MODES, PointwiseMode
+from opgraph.plan import ExecutionPlan, Step
+from opgraph.samples import nhwc
 from opgraph.testing import compare, random_pack, reference_outputs  # noqa: F401
 
 
@@ -59,3 +64,97 @@ def assert_engine_matches(g: og.Graph, rng: np.random.Generator, *, engines=("tr
     bad = og.testing.check_plan(plan, rng, prepare=prepare, rtol=rtol, atol=atol, **kw)
     assert not bad, "\n".join(str(m) for m in bad) + "\n" + plan.describe()
     return plan
+
+
+# -- validation errors -----------------------------------------------------------------------------
+
+
+def raises_rule(g: og.Graph, cls: type[og.GraphError], rule: str, *names: str) -> og.GraphError:
+    """g.validate() must raise `cls` for `rule`, naming each of `names` (see check_rule)."""
+    with pytest.raises(cls) as info:
+        g.validate()
+    return check_rule(info.value, rule, *names)
+
+
+def check_rule(err: og.GraphError, rule: str, *names: str) -> og.GraphError:
+    """err is for `rule`, says so in its message and names each tensor or op of `names` in quotes."""
+    assert err.rule == rule, str(err)
+    text = str(err)
+    assert f"[rule {rule}]" in text
+    for n in names:
+        assert f"'{n}'" in text, text
+    return err
+
+
+# -- graphs ----------------------------------------------------------------------------------------
+
+
+def layout_stride(dims, layout: str):
+    """The stride to declare a tensor of `dims` with: channels-last for "nhwc", else None (packed)."""
+    return nhwc(list(dims)) if layout == "nhwc" else None
+
+
+def per_channel(dims) -> list[int]:
+    """[1, C, 1, ...]: the dims of a per-channel tensor of an image of `dims` ([N, C, ...])."""
+    return [1, dims[1]] + [1] * (len(dims) - 2)
+
+
+def outputs(*tensors) -> None:
+    """Mark the tensors outputs (None, an optional result left out, skipped)."""
+    for t in tensors:
+        if t is not None:
+            t.set_output(True)
+
+
+POSITIVE = {PointwiseMode.SQRT, PointwiseMode.RSQRT, PointwiseMode.LOG, PointwiseMode.POW}  # inputs kept > 0
+
+
+def pointwise_graph(mode: PointwiseMode, dt: og.DataType, layout: str, dims=(2, 3, 4, 5)) -> og.Graph:
+    """y = mode(x0, ...) over inputs of `dims` in `layout`, in a safe domain for the mode."""
+    g = og.Graph("pw", io_data_type=dt)
+    arity = MODES[mode].arity
+    xs = [g.tensor(dim=list(dims), stride=layout_stride(dims, layout), name=f"x{i}") for i in range(arity)]
+    if mode in POSITIVE:
+        xs = [g.add(g.abs(x), 0.5) for x in xs]
+    if mode is PointwiseMode.BINARY_SELECT:
+        xs[2] = g.cmp_gt(xs[2], 0.0)
+    g.pointwise(*xs, mode=mode).set_output(True).set_name("y")
+    return g
+
+
+# -- plans of chosen Triton configs ----------------------------------------------------------------
+
+
+def templates(plan) -> list[str]:
+    """The template of each step's config."""
+    return [s.config.knob("template") for s in plan.steps]
+
+
+def step_plan(plan, step, config: EngineConfig) -> ExecutionPlan:
+    """A plan running only `step` of `plan`, compiled by the Triton engine with `config`."""
+    kernel = get_engine("triton").compile(step.piece, config, plan.device)
+    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+
+
+def plan_with(g: og.Graph, knobs: dict, *, engines=("triton",), **build) -> ExecutionPlan:
+    """A plan whose only step runs its template with `knobs` (the other knobs from its heuristic)."""
+    plan = g.build(device="cpu", engines=list(engines), **build)
+    (step,) = plan.steps
+    config = EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
+    return step_plan(plan, step, config)
+
+
+def candidate_configs(g: og.Graph):
+    """g built for the CPU under heuristic mode B: (plan, its first step, the step's config and then
+    each alternative)."""
+    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
+    step = plan.steps[0]
+    return plan, step, (step.config, *step.alternatives)
+
+
+def assert_candidates_match(plan, step, configs, rng: np.random.Generator) -> None:
+    """Run `step` of `plan` alone with each of `configs` on random inputs; every output must match the
+    reference engine."""
+    for config in configs:
+        bad = og.testing.check_plan(step_plan(plan, step, config), rng)
+        assert not bad, f"{config}: " + "\n".join(map(str, bad))

@@ -17,7 +17,6 @@ import pytest
 import opgraph as og
 from opgraph.autodiff import grad, register_custom_grad, saved_pack
 from opgraph.autodiff.grad import resolve
-from opgraph.ops.custom import CUSTOM_OPS
 from opgraph.ops.norm import Batchnorm
 from opgraph.ops.pointwise import PointwiseMode as M
 from opgraph.tensor import channels_last_order, packed_strides
@@ -25,6 +24,7 @@ from opgraph.testing import clone, empty_like_desc, poison, random_values
 
 from ..helpers import requires_cuda, requires_interpreter
 
+pytestmark = pytest.mark.usefixtures("custom_ops_restored")
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
@@ -144,14 +144,6 @@ def check_fd(g, outs, wrt, rng, *, prepare=None, h=1e-6, rtol=1e-6):
         assert math.isclose(numeric, analytic, rel_tol=rtol, abs_tol=1e-7), (res.forward.tensors[uid].name,
                                                                               numeric, analytic)
     return res
-
-
-@pytest.fixture(autouse=True)
-def custom_registry():
-    saved = dict(CUSTOM_OPS)
-    yield
-    CUSTOM_OPS.clear()
-    CUSTOM_OPS.update(saved)
 
 
 # -- pointwise ---------------------------------------------------------------------------------------------------------

@@ -12,12 +12,20 @@ import pytest
 
 import opgraph as og
 from opgraph import BehaviorNote, ConvolutionMode, NormForwardPhase, NumericalNote, ReductionMode, ResampleMode
-from opgraph.ops.pointwise import MODES, PointwiseMode
+from opgraph.ops.pointwise import PointwiseMode
 from opgraph.partition import make_piece
 from opgraph.plan import engine_configs
 from opgraph.samples import nhwc
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import (
+    assert_engine_matches,
+    layout_stride,
+    outputs,
+    per_channel,
+    pointwise_graph,
+    requires_cuda,
+    requires_interpreter,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -33,10 +41,6 @@ SCALAR_KINDS = ["number", "by_value", "tensor"]
 
 def check(g: og.Graph, rng, **kw):
     return assert_engine_matches(g, rng, engines=("torch",), **kw)
-
-
-def strides(dim, layout):
-    return nhwc(list(dim)) if layout == "nhwc" else None
 
 
 def graph(io=FLOAT, name="g", compute=FLOAT) -> og.Graph:
@@ -63,28 +67,7 @@ def setter(**values):
     return prepare
 
 
-def outputs(*tensors):
-    for t in tensors:
-        if t is not None:
-            t.set_output(True)
-
-
 # -- pointwise ---------------------------------------------------------------------------------------
-
-POSITIVE = {M.SQRT, M.RSQRT, M.LOG, M.POW}
-
-
-def pointwise_graph(mode, dt, layout, dims=(2, 3, 4, 5)):
-    g = graph(dt, "pw")
-    arity = MODES[mode].arity
-    xs = [g.tensor(dim=list(dims), stride=strides(dims, layout), name=f"x{i}") for i in range(arity)]
-    if mode in POSITIVE:
-        xs = [g.add(g.abs(x), 0.5) for x in xs]
-    if mode is M.BINARY_SELECT:
-        xs[2] = g.cmp_gt(xs[2], 0.0)
-    g.pointwise(*xs, mode=mode).set_output(True).set_name("y")
-    return g
-
 
 @pytest.mark.parametrize("mode", [m for m in PointwiseMode if m is not M.GEN_INDEX], ids=lambda m: m.name)
 def test_pointwise_every_mode(mode, rng):
@@ -220,7 +203,7 @@ def conv_graph(op, case: Conv, layout="nchw", io=FLOAT, out_type=None, compute=F
     g = graph(io, op, compute)
     dims = case.dims()
     first, second, result = CONV_IO[op]
-    a, b = (g.tensor(dim=dims[n], stride=strides(dims[n], layout), name=n) for n in (first, second))
+    a, b = (g.tensor(dim=dims[n], stride=layout_stride(dims[n], layout), name=n) for n in (first, second))
     out = getattr(g, op)(a, b, **case.kwargs(), name="conv").set_output(True).set_dim(dims[result])
     if out_type is not None:
         out.set_data_type(out_type)
@@ -306,16 +289,12 @@ def test_reduction_modes_and_axes(mode, out_dim, rng):
 def test_genstats(layout, rng):
     dims = [3, 4, 5, 6]
     g = graph(BF16, "gs")
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     outputs(*g.genstats(x))
     check(g, rng)
 
 
 # -- normalizations ------------------------------------------------------------------------------------
-
-
-def per_channel(dim):
-    return [1, dim[1]] + [1] * (len(dim) - 2)
 
 
 def positive(*tensors, value=EPS):
@@ -335,7 +314,7 @@ def positive(*tensors, value=EPS):
 def test_batchnorm_training_with_running_stats(dt, layout, kind, rng):
     dims = [3, 4, 5, 6]
     g = graph(dt, "bn")
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     c = per_channel(dims)
     scale, bias, rm, rv = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("s", "b", "rm", "rv"))
     eps, mom = scalar(g, kind, EPS, "eps"), scalar(g, kind, 0.125, "mom")
@@ -360,7 +339,7 @@ def test_batchnorm_in_place_running_stats(rng):
 def test_batchnorm_inference(dt, layout, rng):
     dims = [2, 3, 4, 5]
     g = graph(dt, "bni")
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     c = per_channel(dims)
     mean, inv, s, b = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("m", "iv", "s", "b"))
     g.batchnorm_inference(x, mean, inv, s, b).set_output(True)
@@ -372,8 +351,8 @@ def test_batchnorm_inference(dt, layout, rng):
 def test_batchnorm_backward(dt, layout, stats, rng):
     dims = [3, 4, 3, 5]
     g = graph(dt, "bnb")
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
-    dy = g.tensor(dim=dims, stride=strides(dims, layout), name="dy")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
+    dy = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="dy")
     c = per_channel(dims)
     s = g.tensor(dim=c, data_type=FLOAT, name="s")
     if stats == "saved":
@@ -393,7 +372,7 @@ LN = [([6, 16], [1, 16], "nchw"), ([2, 3, 8], [1, 1, 8], "nchw"), ([2, 3, 4, 5],
 @pytest.mark.parametrize("dim,sdim,layout", LN)
 def test_layernorm_and_rmsnorm_forward(dim, sdim, layout, kind, rng):
     g = graph(HALF, "ln")
-    x = g.tensor(dim=dim, stride=strides(dim, layout), name="x")
+    x = g.tensor(dim=dim, stride=layout_stride(dim, layout), name="x")
     s, b = (g.tensor(dim=sdim, data_type=FLOAT, name=n) for n in ("s", "b"))
     eps = scalar(g, kind, EPS, "eps")
     outputs(*g.layernorm(TRAIN, x, s, b, epsilon=eps))
@@ -408,8 +387,8 @@ def test_layernorm_and_rmsnorm_forward(dim, sdim, layout, kind, rng):
 def test_layernorm_and_rmsnorm_backward(dim, sdim, layout, dt, rng):
     stats = [1 if s == d else d for s, d in zip(sdim, dim)]
     g = graph(dt, "lnb")
-    x = g.tensor(dim=dim, stride=strides(dim, layout), name="x")
-    dy = g.tensor(dim=dim, stride=strides(dim, layout), name="dy")
+    x = g.tensor(dim=dim, stride=layout_stride(dim, layout), name="x")
+    dy = g.tensor(dim=dim, stride=layout_stride(dim, layout), name="dy")
     s = g.tensor(dim=sdim, data_type=FLOAT, name="s")
     mean, inv = (g.tensor(dim=stats, data_type=FLOAT, name=n) for n in ("m", "iv"))
     outputs(*g.layernorm_backward(dy, x, s, mean, inv))
@@ -423,8 +402,8 @@ def test_instancenorm_forward_and_backward(dt, layout, rng):
     dims = [2, 3, 4, 5]
     c, stats = per_channel(dims), [2, 3, 1, 1]
     g = graph(dt, "in")
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
-    dy = g.tensor(dim=dims, stride=strides(dims, layout), name="dy")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
+    dy = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="dy")
     s, b = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("s", "b"))
     mean, inv = (g.tensor(dim=stats, data_type=FLOAT, name=n) for n in ("m", "iv"))
     eps = g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=True, name="eps")
@@ -452,7 +431,7 @@ POOLS = [
 def test_resample(case, mode, layout, rng):
     _, dims, window, stride, pre, post = case
     g = graph(HALF, "pool")
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     index = mode is ResampleMode.MAX
     y, idx = g.resample(x, mode=mode, window=window, stride=stride, pre_padding=pre, post_padding=post,
                         generate_index=index)
@@ -501,8 +480,8 @@ def test_in_place_transpose_reads_its_input_before_writing(rng):
 def test_conv_bias_relu_batchnorm_reduction(layout, rng):
     dims, wdims = [2, 4, 6, 6], [8, 4, 3, 3]
     g = og.Graph("multi", io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
-    w = g.tensor(dim=wdims, stride=strides(wdims, layout), name="w")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
+    w = g.tensor(dim=wdims, stride=layout_stride(wdims, layout), name="w")
     c = [1, 8, 1, 1]
     b, s, sb = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("b", "s", "sb"))
     rm, rv = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("rm", "rv"))

@@ -10,35 +10,36 @@ import pytest
 
 import opgraph as og
 from opgraph.device import Device
-from opgraph.engines import get_engine
 from opgraph.engines.base import NumericalNote
 from opgraph.engines.triton import TEMPLATES
-from opgraph.heuristics import HeurMode
 from opgraph.partition import make_piece
 from opgraph.plan import ExecutionPlan, Step
 from opgraph.samples import nhwc
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import (
+    assert_candidates_match,
+    assert_engine_matches,
+    candidate_configs,
+    layout_stride,
+    plan_with,
+    requires_cuda,
+    requires_interpreter,
+    step_plan,
+    templates,
+)
+from .hopper_compile import compile_for_hopper
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
 
 
-def _strides(dims, layout):
-    return nhwc(list(dims)) if layout == "nhwc" else None
-
-
 def conv_graph(x_dims, w_dims, *, dt=DT.HALF, layout="nhwc", name="conv", out_dt=None, **conv):
     """x -> conv -> y (an output); returns (graph, x, w, y)."""
     g = og.Graph(name, io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
-    x = g.tensor(dim=list(x_dims), stride=_strides(x_dims, layout), name="x")
-    w = g.tensor(dim=list(w_dims), stride=_strides(w_dims, layout), name="w")
+    x = g.tensor(dim=list(x_dims), stride=layout_stride(x_dims, layout), name="x")
+    w = g.tensor(dim=list(w_dims), stride=layout_stride(w_dims, layout), name="w")
     y = g.conv_fprop(x, w, name="conv", **conv)
     return g, x, w, y
-
-
-def _templates(plan) -> list[str]:
-    return [s.config.knob("template") for s in plan.steps]
 
 
 # -- geometry -------------------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_geometry(case, layout, rng):
     g, _, _, y = conv_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
     y.set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_fprop"]
+    assert templates(plan) == ["conv_fprop"]
 
 
 def test_convolution_mode_flips_the_filter(rng):
@@ -98,7 +99,7 @@ def test_depthwise(case, layout, rng):
     g, _, _, y = conv_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
     g.relu(y).set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["depthwise"]
+    assert templates(plan) == ["depthwise"]
 
 
 def test_depthwise_convolution_mode_bias_relu_genstats(rng):
@@ -109,7 +110,7 @@ def test_depthwise_convolution_mode_bias_relu_genstats(rng):
     s.set_output(True)
     sq.set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["depthwise"]
+    assert templates(plan) == ["depthwise"]
 
 
 # -- depthwise row strips (knob ROWS > 0) ---------------------------------------------------------------
@@ -121,8 +122,7 @@ def _plan_exact(g, knobs):
     (step,) = plan.steps
     config = og.engines.EngineConfig("triton", tuple(sorted({"template": step.config.knob("template"),
                                                              **knobs}.items())))
-    kernel = get_engine("triton").compile(step.piece, config, plan.device)
-    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+    return step_plan(plan, step, config)
 
 
 ROW_STRIPS = {
@@ -219,15 +219,9 @@ def test_depthwise_every_candidate_matches(rng):
     g, _, _, y = conv_graph((2, 16, 5, 6), (16, 1, 3, 3), padding=[1, 1])
     b = g.tensor(dim=[1, 16, 1, 1], name="b")
     g.relu(g.bias(y, b)).set_output(True)
-    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
-    step = plan.steps[0]
-    configs = (step.config, *step.alternatives)
+    plan, step, configs = candidate_configs(g)
     assert {c.knob("ROWS") is not None for c in configs} == {True, False}
-    for config in configs:
-        kernel = get_engine("triton").compile(step.piece, config, plan.device)
-        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
-        bad = og.testing.check_plan(one, rng)
-        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+    assert_candidates_match(plan, step, configs, rng)
 
 
 # -- data types -------------------------------------------------------------------------------------------
@@ -283,7 +277,7 @@ def test_int8_depthwise(rng):
     g, _, _, y = conv_graph((2, 16, 5, 5), (16, 1, 3, 3), dt=DT.INT8, padding=[1, 1])
     y.set_output(True).set_data_type(DT.INT32)
     plan = assert_engine_matches(g, rng, expect_steps=1, rtol=0, atol=0)
-    assert _templates(plan) == ["depthwise"]
+    assert templates(plan) == ["depthwise"]
 
 
 # -- prologues -----------------------------------------------------------------------------------------------
@@ -313,7 +307,7 @@ def sbr_conv_genstats(n=2, c=8, k=16, hw=5, r=3, *, dt=DT.HALF, intermediate=DT.
 def test_sbr_conv_genstats_is_one_piece(intermediate, rng):
     g = sbr_conv_genstats(intermediate=intermediate)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_fprop"]
+    assert templates(plan) == ["conv_fprop"]
 
 
 def test_sbr_conv_genstats_many_row_tiles(rng):
@@ -374,7 +368,7 @@ def test_epilogue_bias_scale_residual_clip_and_casts(res_layout, rng):
     residual in either layout; plus a mask output, an fp16 copy and an int8 cast."""
     g, _, _, conv = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), dt=DT.HALF, padding=[1, 1])
     yd = [2, 16, 5, 5]
-    r = g.tensor(dim=yd, stride=_strides(yd, res_layout), name="r")
+    r = g.tensor(dim=yd, stride=layout_stride(yd, res_layout), name="r")
     b = g.tensor(dim=[1, 16, 1, 1], name="b")
     alpha = g.tensor(dim=[1], data_type=DT.FLOAT, is_pass_by_value=True, name="alpha")
     clip = g.tensor(dim=[1], data_type=DT.FLOAT, name="clip")
@@ -423,7 +417,7 @@ def test_channel_reduction(mode, rng):
     g.reduction(y, mode=mode).set_output(True).set_dim([2, 1, 5, 5])
     g.reduction(y, mode=mode).set_output(True).set_dim([1, 40, 1, 1])
     plan = assert_engine_matches(g, rng, expect_steps=1, rtol=1e-3, atol=1e-3)
-    assert _templates(plan) == ["conv_fprop"]
+    assert templates(plan) == ["conv_fprop"]
 
 
 def test_an_op_reading_genstats_results_starts_another_piece(rng):
@@ -433,7 +427,7 @@ def test_an_op_reading_genstats_results_starts_another_piece(rng):
     sq.set_output(True)
     g.mul(s, 1.0 / 50).set_output(True).set_name("mean")
     plan = assert_engine_matches(g, rng, expect_steps=2)
-    assert _templates(plan)[0] == "conv_fprop"
+    assert templates(plan)[0] == "conv_fprop"
     assert "complete only after the kernel" in plan.describe()
 
 
@@ -486,19 +480,10 @@ def test_pattern_conv_channel_reduction(rng):
 # -- split-K and every candidate --------------------------------------------------------------------------
 
 
-def _plan_with(g, knobs):
-    """A plan whose only step runs the conv template with `knobs` (all other knobs from its heuristic)."""
-    plan = g.build(device="cpu", engines=["triton"])
-    (step,) = plan.steps
-    config = og.engines.EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
-    kernel = get_engine("triton").compile(step.piece, config, plan.device)
-    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
-
-
 @pytest.mark.parametrize("split", [2, 3, 5])
 def test_split_k_with_epilogue_and_genstats(split, rng):
     g = sbr_conv_genstats(n=1, c=40, k=16, hw=4)
-    plan = _plan_with(g, {"SPLIT_K": split, "BLOCK_K": 16})
+    plan = plan_with(g, {"SPLIT_K": split, "BLOCK_K": 16})
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
 
@@ -510,7 +495,7 @@ def test_split_k_with_epilogue_subtile_and_groups(rng):
     s, sq = g.genstats(z)
     s.set_output(True)
     sq.set_output(True)
-    plan = _plan_with(g, {"SPLIT_K": 3, "EPILOGUE_SUBTILE": 2, "BLOCK_N": 32, "BLOCK_K": 16})
+    plan = plan_with(g, {"SPLIT_K": 3, "EPILOGUE_SUBTILE": 2, "BLOCK_N": 32, "BLOCK_K": 16})
     assert "tl.split" in plan.source(0)
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
@@ -525,13 +510,7 @@ def test_large_channel_count_takes_split_k_by_heuristic(rng):
 
 def test_every_candidate_matches(rng):
     g = sbr_conv_genstats(n=2, c=8, k=24, hw=5)
-    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
-    step = plan.steps[0]
-    for config in (step.config, *step.alternatives):
-        kernel = get_engine("triton").compile(step.piece, config, plan.device)
-        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
-        bad = og.testing.check_plan(one, rng)
-        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+    assert_candidates_match(*candidate_configs(g), rng)
 
 
 # -- the fuzzer -----------------------------------------------------------------------------------------------
@@ -566,8 +545,8 @@ def fuzz_graph(seed: int) -> og.Graph:
     xd = [f["n"], f["c"], *f["x_sp"]]
     wd = [f["k"], f["cg"], *f["taps"]]
     g = og.Graph(f"fuzz{seed}", io_data_type=f["dt"], intermediate_data_type=DT.FLOAT)
-    x = g.tensor(dim=xd, stride=_strides(xd, f["layout"]), name="x")
-    w = g.tensor(dim=wd, stride=_strides(wd, f["layout"]), name="w")
+    x = g.tensor(dim=xd, stride=layout_stride(xd, f["layout"]), name="x")
+    w = g.tensor(dim=wd, stride=layout_stride(wd, f["layout"]), name="w")
     xin = g.relu(g.add(x, 1.0)) if f["prologue"] else x
     y = g.conv_fprop(xin, w, pre_padding=f["pre"], post_padding=f["post"], stride=f["stride"],
                      dilation=f["dil"], convolution_mode=f["mode"])
@@ -581,7 +560,7 @@ def fuzz_graph(seed: int) -> og.Graph:
         y.set_output(True)
         yd = list(g.final.tensors[y.uid].dim)
         y.set_output(False)
-        r = g.tensor(dim=yd, stride=_strides(yd, "nchw" if f["layout"] == "nhwc" else "nhwc"), name="r")
+        r = g.tensor(dim=yd, stride=layout_stride(yd, "nchw" if f["layout"] == "nhwc" else "nhwc"), name="r")
         g.relu(g.add(y, r), lower_clip=-4.0, upper_clip=24.0).set_output(True)
     elif epi == "scale_mask":
         z = g.mul(y, 2.0)
@@ -698,82 +677,14 @@ HOPPER_CASES = {  # (graph, template, candidates compiled, max registers)
     "conv_64_56x56": (_bench_conv(64, 64, 56, 3), "conv_fprop", 1, 255),
 }
 
-_COMPILE = """
-import importlib, os, re, subprocess, sys, tempfile
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-except ImportError:
-    sys.exit(77)
-from opgraph.device import Device
-from opgraph.engines.triton.loader import load_module
-from opgraph.engines.triton.templates import discover
-from opgraph.partition import make_piece
-
-SIG = {"FLOAT": "fp32", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "INT32": "i32"}
-H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
-templates = {t.name: t for t in discover()}
-ptxas = get_ptxas(90)
-ptxas = getattr(ptxas, "path", ptxas)
-for name, (build, template, count, _regs) in importlib.import_module(sys.argv[1]).HOPPER_CASES.items():
-    final = build().final
-    piece = make_piece(final, 0, final.nodes)
-    t = templates[template]
-    for k in t.candidates(piece, H200)[:count]:
-        gen = t.generate(piece, k, H200)
-        module = load_module(gen.source, interpret=False)
-        for launch in gen.launches:
-            fn = getattr(module, launch.kernel)
-            meta = dict(launch.meta)
-            sig, consts = {}, {}
-            for arg_name, arg in zip(fn.arg_names, launch.args):
-                if arg.kind == "buf":
-                    sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
-                elif arg.kind == "scalar":
-                    sig[arg_name] = "fp32"
-                else:
-                    sig[arg_name] = "*" + {"float32": "fp32", "int32": "i32"}[arg.dtype]
-            for a in fn.arg_names:
-                if a in meta:
-                    sig[a] = "constexpr"
-                    consts[(fn.arg_names.index(a),)] = meta.pop(a)
-            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                     if sig.get(a, "").startswith("*")}
-            src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-                f.write(ck.asm["ptx"])
-            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                                 capture_output=True, text=True).stderr
-            os.unlink(f.name)
-            regs = max(int(r) for r in re.findall(r"Used (\\d+) registers", out))
-            spills = sum(int(s) for s in re.findall(r"(\\d+) bytes spill stores", out))
-            print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared, k)
-"""
-
-
 def test_kernels_compile_for_hopper_without_spills():
     """The benchmark pieces' first candidates compiled for sm_90 (Triton's NVIDIA backend and ptxas,
     no GPU needed): no spills, shared memory within an SM's 227 KB, and the depthwise row strips
     at <= 128 registers (16 warps per SM)."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", _COMPILE, __name__], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=900)
-    if done.returncode == 77:
-        pytest.skip("Triton has no NVIDIA backend here")
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("compiled")]
+    out = compile_for_hopper(__name__, gpu=H200.name, timeout=900)
+    lines = [line for line in out.splitlines() if line.startswith("compiled")]
     assert len(lines) >= sum(c[2] for c in HOPPER_CASES.values())
     for line in lines:
         name, regs, spills, smem = re.match(r"compiled (\S+) \S+ regs (\d+) spills (\d+) smem (\d+)", line).groups()
@@ -796,7 +707,7 @@ def test_gpu_resnet_conv_bias_relu(c, k, hw, r, rng):
 
     g = conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2)
     plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
-    assert _templates(plan) == ["conv_fprop"]
+    assert templates(plan) == ["conv_fprop"]
 
 
 @pytest.mark.gpu
@@ -819,7 +730,7 @@ def test_gpu_depthwise_bias_relu(rng):
     b = g.tensor(dim=[1, 256, 1, 1], name="b")
     g.relu(g.bias(y, b)).set_output(True)
     plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1)
-    assert _templates(plan) == ["depthwise"]
+    assert templates(plan) == ["depthwise"]
 
 
 @pytest.mark.gpu

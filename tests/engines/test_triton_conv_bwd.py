@@ -11,26 +11,28 @@ import pytest
 
 import opgraph as og
 from opgraph.device import Device
-from opgraph.engines import get_engine
 from opgraph.engines.base import NumericalNote
 from opgraph.engines.triton import TEMPLATES
 from opgraph.errors import AttributeValueError
-from opgraph.heuristics import HeurMode
 from opgraph.ops.conv import Geometry
 from opgraph.partition import make_piece
-from opgraph.plan import ExecutionPlan, Step
 from opgraph.samples import nhwc
 
-from ..helpers import assert_engine_matches, requires_cuda
+from ..helpers import (
+    assert_candidates_match,
+    assert_engine_matches,
+    candidate_configs,
+    layout_stride,
+    plan_with,
+    requires_cuda,
+    templates,
+)
+from .hopper_compile import compile_for_hopper
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
 H100 = Device("cuda", 0, "H100", (9, 0), 132)
 EXACT = {"integers": True, "low": -2, "high": 2, "rtol": 0, "atol": 0}
-
-
-def _strides(dims, layout):
-    return nhwc(list(dims)) if layout == "nhwc" else None
 
 
 def _loss_dims(x_dims, w_dims, conv) -> list[int]:
@@ -52,8 +54,8 @@ def dgrad_graph(x_dims, w_dims, *, dt=DT.HALF, layout="nhwc", **conv):
     """dy, w -> conv_dgrad -> dx (dims and layout set as the forward image's); (graph, dy, w, dx)."""
     g = _graph("dgrad", dt)
     yd = _loss_dims(x_dims, w_dims, conv)
-    dy = g.tensor(dim=yd, stride=_strides(yd, layout), name="dy")
-    w = g.tensor(dim=list(w_dims), stride=_strides(w_dims, layout), name="w")
+    dy = g.tensor(dim=yd, stride=layout_stride(yd, layout), name="dy")
+    w = g.tensor(dim=list(w_dims), stride=layout_stride(w_dims, layout), name="w")
     dx = g.conv_dgrad(dy, w, name="dgrad", **conv).set_dim(list(x_dims))
     if layout == "nhwc":
         dx.set_stride(nhwc(list(x_dims)))
@@ -64,25 +66,12 @@ def wgrad_graph(x_dims, w_dims, *, dt=DT.HALF, layout="nhwc", **conv):
     """x, dy -> conv_wgrad -> dw (dims and layout set as the filter's); (graph, x, dy, dw)."""
     g = _graph("wgrad", dt)
     yd = _loss_dims(x_dims, w_dims, conv)
-    x = g.tensor(dim=list(x_dims), stride=_strides(x_dims, layout), name="x")
-    dy = g.tensor(dim=yd, stride=_strides(yd, layout), name="dy")
+    x = g.tensor(dim=list(x_dims), stride=layout_stride(x_dims, layout), name="x")
+    dy = g.tensor(dim=yd, stride=layout_stride(yd, layout), name="dy")
     dw = g.conv_wgrad(x, dy, name="wgrad", **conv).set_dim(list(w_dims))
     if layout == "nhwc":
         dw.set_stride(nhwc(list(w_dims)))
     return g, x, dy, dw
-
-
-def _templates(plan) -> list[str]:
-    return [s.config.knob("template") for s in plan.steps]
-
-
-def _plan_with(g, knobs):
-    """A plan whose only step runs its template with `knobs` (the other knobs from its heuristic)."""
-    plan = g.build(device="cpu", engines=["triton"])
-    (step,) = plan.steps
-    config = og.engines.EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
-    kernel = get_engine("triton").compile(step.piece, config, plan.device)
-    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
 
 
 def _check(plan, rng, **kw):
@@ -130,7 +119,7 @@ def test_dgrad_geometry(case, layout, rng):
     g, _, _, dx = dgrad_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
     dx.set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_dgrad"]
+    assert templates(plan) == ["conv_dgrad"]
 
 
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
@@ -140,7 +129,7 @@ def test_wgrad_geometry(case, layout, rng):
     g, _, _, dw = wgrad_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
     dw.set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_wgrad"]
+    assert templates(plan) == ["conv_wgrad"]
 
 
 @pytest.mark.parametrize("op", ["dgrad", "wgrad"])
@@ -169,7 +158,7 @@ def test_dgrad_stride_phases_by_default_and_masked_path(case, rng):
     plan = assert_engine_matches(g, rng, expect_steps=1)
     assert plan.steps[0].config.knob("PHASES") == 1
     assert "phase = pid_m //" in plan.source(0)
-    masked = _plan_with(g, {"PHASES": 0})
+    masked = plan_with(g, {"PHASES": 0})
     assert "phase" not in masked.source(0)
     _check(masked, rng)
 
@@ -191,7 +180,7 @@ def test_dgrad_split_k_with_epilogue_and_reductions(split, stride, rng):
     dz = g.relu_backward(dx, yf).set_output(True)
     s = g.reduction(dz, mode="ADD").set_dim([1, 8, 1, 1])
     s.set_output(True)
-    plan = _plan_with(g, {"SPLIT_K": split, "BLOCK_K": 16, "BLOCK_M": 16})
+    plan = plan_with(g, {"SPLIT_K": split, "BLOCK_K": 16, "BLOCK_M": 16})
     assert len(plan.steps[0].kernel.generated.launches) == 3  # main, split-K epilogue, reduction combine
     _check(plan, rng)
 
@@ -204,7 +193,7 @@ def test_dgrad_gemm_knobs_of_the_shared_machinery(knobs, stride, rng):
     g, _, _, dx = dgrad_graph((2, 16, 6, 6), (40, 16, 3, 3), padding=[1, 1], stride=[stride, stride])
     yf = g.tensor(dim=[2, 16, 6, 6], stride=nhwc([2, 16, 6, 6]), name="yf")
     g.relu_backward(dx, yf).set_output(True)
-    _check(_plan_with(g, knobs), rng)
+    _check(plan_with(g, knobs), rng)
 
 
 def test_dgrad_stencil_has_no_dot_and_fuses_drelu(rng):
@@ -228,7 +217,7 @@ def test_wgrad_split_and_taps_per_program(knobs, grouped, rng):
     g, _, _, dw = wgrad_graph(xd, wd, padding=[1, 1])
     w = g.tensor(dim=list(wd), stride=nhwc(list(wd)), name="w")
     g.add(dw, w).set_output(True)  # an epilogue reading a tensor in the filter's layout
-    plan = _plan_with(g, {"BLOCK_K": 16, **knobs})
+    plan = plan_with(g, {"BLOCK_K": 16, **knobs})
     if knobs.get("SPLIT_K", 1) > 1:
         assert "kernel_epilogue" in plan.source(0)
     _check(plan, rng)
@@ -256,7 +245,7 @@ def test_wgrad_depthwise_stencil(split, rng):
                               stride=[1, 2])
     w = g.tensor(dim=[16, 1, 3, 3], stride=nhwc([16, 1, 3, 3]), name="w")
     g.sub(w, g.mul(dw, 0.5)).set_output(True)
-    plan = _plan_with(g, {"SPLIT_K": split})
+    plan = plan_with(g, {"SPLIT_K": split})
     assert "tl.dot" not in plan.source(0)
     _check(plan, rng)
 
@@ -276,7 +265,7 @@ def test_wgrad_reductions_of_dw(knobs, rng):
     dw.set_output(True)
     g.reduction(dw, mode="NORM2").set_dim([16, 1, 1, 1]).set_output(True)
     g.reduction(dw, mode="ADD").set_dim([1, 8, 3, 3]).set_output(True)
-    _check(_plan_with(g, knobs), rng, rtol=1e-3, atol=1e-3)
+    _check(plan_with(g, knobs), rng, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("op", ["dgrad", "wgrad"])
@@ -347,7 +336,7 @@ def dgrad_drelu(n=2, c=8, k=16, hw=6, r=3, *, dt=DT.HALF, stride=1):
 def test_pattern_dgrad_drelu_is_one_piece(stride, rng):
     g = dgrad_drelu(stride=stride)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_dgrad"]
+    assert templates(plan) == ["conv_dgrad"]
     g.build(device="cpu", engines=["triton"], allow_partition=False)
 
 
@@ -372,7 +361,7 @@ def bn_backward_inputs(n=2, c=8, k=16, hw=6):
 def test_dgrad_batchnorm_backward_inputs(rng):
     g = bn_backward_inputs()
     plan = assert_engine_matches(g, rng, expect_steps=1, rtol=1e-3, atol=1e-3)
-    assert _templates(plan) == ["conv_dgrad"]
+    assert templates(plan) == ["conv_dgrad"]
 
 
 def test_dgrad_genstats_of_dx(rng):
@@ -382,7 +371,7 @@ def test_dgrad_genstats_of_dx(rng):
     s.set_output(True)
     sq.set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_dgrad"]
+    assert templates(plan) == ["conv_dgrad"]
 
 
 def test_dgrad_prologue_on_the_loss(rng):
@@ -394,7 +383,7 @@ def test_dgrad_prologue_on_the_loss(rng):
     w = g.tensor(dim=[16, 8, 3, 3], stride=nhwc([16, 8, 3, 3]), name="w")
     g.conv_dgrad(g.relu_backward(raw, act), w, padding=[1, 1]).set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_dgrad"]
+    assert templates(plan) == ["conv_dgrad"]
 
 
 def sbr_wgrad(n=2, c=8, k=16, hw=6, r=3, *, dt=DT.HALF, intermediate=DT.FLOAT, padding=1, stride=1, sgd=False):
@@ -424,7 +413,7 @@ def test_pattern_sbr_wgrad_is_one_piece(intermediate, stride, rng):
     """The padding of the image must read 0 after the prologue, not relu(b) (b > 0 here)."""
     g, b = sbr_wgrad(intermediate=intermediate, stride=stride)
     plan = assert_engine_matches(g, rng, expect_steps=1, prepare=lambda p: p[b.uid].__iadd__(3.0))
-    assert _templates(plan) == ["conv_wgrad"]
+    assert templates(plan) == ["conv_wgrad"]
     g.build(device="cpu", engines=["triton"], allow_partition=False)
 
 
@@ -433,8 +422,8 @@ def test_wgrad_sgd_step_is_one_piece_and_reads_lr_at_run_time(knobs, rng):
     """W_new = W - lr * DW with SBR on the image: one kernel (plus the split-K combine); lr lives in
     device memory, so a new learning rate needs no rebuild."""
     g, b = sbr_wgrad(sgd=True, intermediate=DT.HALF)
-    plan = _plan_with(g, knobs)
-    assert _templates(plan) == ["conv_wgrad"]
+    plan = plan_with(g, knobs)
+    assert templates(plan) == ["conv_wgrad"]
     final = plan.graph
     lr_uid = next(u for u in final.inputs if final.tensors[u].name == "lr")
     for value in (0.5, -2.0):
@@ -455,7 +444,7 @@ def test_wgrad_prologue_on_the_loss_and_cast_epilogue(rng):
     dw = g.conv_wgrad(x, g.relu_backward(raw, act), padding=[1, 1]).set_dim([16, 8, 3, 3])
     g.identity(g.mul(dw, 0.25)).set_output(True).set_data_type(DT.BFLOAT16)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["conv_wgrad"]
+    assert templates(plan) == ["conv_wgrad"]
 
 
 # -- every candidate ------------------------------------------------------------------------------------------
@@ -467,13 +456,7 @@ def test_every_candidate_matches(op, rng):
         g = dgrad_drelu(stride=2, k=24)
     else:
         g, _ = sbr_wgrad(sgd=True, n=3)
-    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
-    step = plan.steps[0]
-    for config in (step.config, *step.alternatives):
-        kernel = get_engine("triton").compile(step.piece, config, plan.device)
-        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
-        bad = og.testing.check_plan(one, rng)
-        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+    assert_candidates_match(*candidate_configs(g), rng)
 
 
 @pytest.mark.parametrize("op", ["dgrad", "wgrad"])
@@ -530,13 +513,13 @@ def fuzz_dgrad(seed: int) -> og.Graph:
         dx.set_output(True)
     elif epi == "drelu":
         other = "nchw" if layout == "nhwc" else "nhwc"
-        yf = g.tensor(dim=list(xd), stride=_strides(xd, other), name="yf")
+        yf = g.tensor(dim=list(xd), stride=layout_stride(xd, other), name="yf")
         g.relu_backward(dx, yf).set_output(True)
     elif epi == "drelu_bn":
-        yf = g.tensor(dim=list(xd), stride=_strides(xd, layout), name="yf")
+        yf = g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="yf")
         dz = g.relu_backward(dx, yf).set_output(True)
         g.reduction(dz, mode="ADD").set_dim(cd).set_output(True)
-        g.reduction(g.mul(dz, g.tensor(dim=list(xd), stride=_strides(xd, layout), name="xhat")),
+        g.reduction(g.mul(dz, g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="xhat")),
                     mode="ADD").set_dim(cd).set_output(True)
     elif epi == "scale_mask":
         z = g.mul(dx, 2.0)
@@ -558,8 +541,8 @@ def fuzz_wgrad(seed: int) -> og.Graph:
     xd, wd = geo.pop("x"), geo.pop("w")
     g = _graph(f"fuzz_wgrad{seed}", dt)
     yd = _loss_dims(xd, wd, geo)
-    x = g.tensor(dim=list(xd), stride=_strides(xd, layout), name="x")
-    dy = g.tensor(dim=yd, stride=_strides(yd, layout), name="dy")
+    x = g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="x")
+    dy = g.tensor(dim=yd, stride=layout_stride(yd, layout), name="dy")
     if rng.random() < 0.4:
         cd = [1, xd[1]] + [1] * (len(xd) - 2)
         x = g.relu(g.bias(g.scale(x, g.tensor(dim=cd, name="s")), g.tensor(dim=cd, name="b")))
@@ -570,7 +553,7 @@ def fuzz_wgrad(seed: int) -> og.Graph:
     if epi == "none":
         dw.set_output(True)
     elif epi == "sgd":
-        w = g.tensor(dim=list(wd), stride=_strides(wd, layout), name="w")
+        w = g.tensor(dim=list(wd), stride=layout_stride(wd, layout), name="w")
         lr = g.tensor(dim=[1], data_type=DT.FLOAT, name="lr")
         g.sub(w, g.mul(dw, lr)).set_output(True)
     else:
@@ -594,7 +577,7 @@ def test_fuzz_wgrad(seed, rng):
 @pytest.mark.parametrize("seed", range(6))
 def test_fuzz_dgrad_masked_path(seed, rng):
     g = fuzz_dgrad(100 + seed)
-    _check(_plan_with(g, {"PHASES": 0}), rng, **EXACT)
+    _check(plan_with(g, {"PHASES": 0}), rng, **EXACT)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -605,68 +588,10 @@ def test_fuzz_wgrad_forced_split_and_taps(seed, rng):
     knobs = {"SPLIT_K": 3 + seed % 3}
     if seed % 2:
         knobs["TAPS"] = max(t for t in range(1, 4) if ntaps % t == 0)
-    _check(_plan_with(g, knobs), rng, **EXACT)
+    _check(plan_with(g, knobs), rng, **EXACT)
 
 
 # -- compiled for Hopper (no GPU needed): registers and spills of the default configs ----------------------
-
-_COMPILE = """
-import importlib, os, re, subprocess, sys, tempfile
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-except ImportError:
-    sys.exit(77)
-from opgraph.device import Device
-from opgraph.engines.triton.loader import load_module
-from opgraph.engines.triton.templates import discover
-from opgraph.partition import make_piece
-
-SIG = {"FLOAT": "fp32", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "INT32": "i32"}
-H100 = Device("cuda", 0, "H100", (9, 0), 132)
-templates = {t.name: t for t in discover()}
-ptxas = get_ptxas(90)
-ptxas = getattr(ptxas, "path", ptxas)
-for name, (build, template, count) in importlib.import_module(sys.argv[1]).HOPPER_CASES.items():
-    final = build().final
-    piece = make_piece(final, 0, final.nodes)
-    t = templates[template]
-    for k in t.candidates(piece, H100)[:count]:
-        gen = t.generate(piece, k, H100)
-        module = load_module(gen.source, interpret=False)
-        for launch in gen.launches:
-            fn = getattr(module, launch.kernel)
-            meta = dict(launch.meta)
-            sig, consts = {}, {}
-            for arg_name, arg in zip(fn.arg_names, launch.args):
-                if arg.kind == "buf":
-                    sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
-                elif arg.kind == "scalar":
-                    sig[arg_name] = "fp32"
-                else:
-                    sig[arg_name] = "*" + {"float32": "fp32", "int32": "i32"}[arg.dtype]
-            for a in fn.arg_names:
-                if a in meta:
-                    sig[a] = "constexpr"
-                    consts[(fn.arg_names.index(a),)] = meta.pop(a)
-            # pointers are 16-byte aligned at run time: without the attribute nothing is vectorised
-            # or pipelined, and the registers seen would not be the GPU's
-            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                     if sig.get(a, "").startswith("*")}
-            src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-                f.write(ck.asm["ptx"])
-            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                                 capture_output=True, text=True).stderr
-            os.unlink(f.name)
-            regs = max(int(r) for r in re.findall(r"Used (\\d+) registers", out))
-            spills = sum(int(s) for s in re.findall(r"(\\d+) bytes spill stores", out))
-            print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared, k)
-"""
-
 
 def gpu_dgrad_drelu():
     return dgrad_drelu(n=32, c=64, k=64, hw=56)
@@ -710,22 +635,10 @@ def _stored(built, dt=None):
         out.set_data_type(dt)
     return g
 
-def test_kernels_compile_for_hopper_without_spills():
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", _COMPILE, __name__], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=900)
-    if done.returncode == 77:
-        pytest.skip("Triton has no NVIDIA backend here")
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("compiled")]
+def test_kernels_compile_for_hopper_without_spills():
+    out = compile_for_hopper(__name__, timeout=900)
+    lines = [line for line in out.splitlines() if line.startswith("compiled")]
     assert len(lines) >= 2 * len(HOPPER_CASES)
     spilled = [line for line in lines if " spills 0 " not in line]
     assert not spilled, "\n".join(spilled)
@@ -738,7 +651,7 @@ def test_kernels_compile_for_hopper_without_spills():
 @requires_cuda
 def test_gpu_dgrad_drelu_resnet(rng):
     plan = assert_engine_matches(gpu_dgrad_drelu(), rng, device="cuda", expect_steps=1, **EXACT)
-    assert _templates(plan) == ["conv_dgrad"]
+    assert templates(plan) == ["conv_dgrad"]
 
 
 @pytest.mark.gpu
@@ -752,7 +665,7 @@ def test_gpu_dgrad_drelu_stride2(rng):
 @requires_cuda
 def test_gpu_wgrad_resnet(rng):
     plan = assert_engine_matches(gpu_wgrad()[0], rng, device="cuda", expect_steps=1, **EXACT)
-    assert _templates(plan) == ["conv_wgrad"]
+    assert templates(plan) == ["conv_wgrad"]
 
 
 @pytest.mark.gpu
@@ -761,7 +674,7 @@ def test_gpu_wgrad_resnet(rng):
 def test_gpu_sbr_wgrad_sgd(intermediate, rng):
     g, _ = sbr_wgrad(n=32, c=64, k=64, hw=56, intermediate=intermediate, sgd=True)
     plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
-    assert _templates(plan) == ["conv_wgrad"]
+    assert templates(plan) == ["conv_wgrad"]
 
 
 @pytest.mark.gpu

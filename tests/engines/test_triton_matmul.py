@@ -9,12 +9,17 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.engines import get_engine
-from opgraph.heuristics import HeurMode
-from opgraph.plan import ExecutionPlan, Step
 from opgraph.tensor import packed_strides
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import (
+    assert_candidates_match,
+    assert_engine_matches,
+    candidate_configs,
+    plan_with,
+    requires_cuda,
+    requires_interpreter,
+    templates,
+)
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -45,10 +50,6 @@ def mm_graph(a_dims, b_dims, *, dt=DT.HALF, a_layout="row", b_layout="row", name
     return g, a, b, c
 
 
-def _templates(plan):
-    return [s.config.knob("template") for s in plan.steps]
-
-
 # -- layouts ----------------------------------------------------------------------------------------------
 
 
@@ -58,7 +59,7 @@ def test_layouts(a_layout, b_layout, rng):
     g, _, _, c = mm_graph((24, 40), (40, 20), a_layout=a_layout, b_layout=b_layout)
     c.set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert _templates(plan) == ["matmul"]
+    assert templates(plan) == ["matmul"]
 
 
 @pytest.mark.parametrize("a_dims,b_dims", [
@@ -139,7 +140,7 @@ def _strict_fused(g, rng):
     reference engine's piece holding it grow into the matmul, so the default build runs the view
     as its own step; strict mode finds that the matmul template runs the whole graph."""
     plan = g.build(device="cpu", engines=["triton", "reference"], allow_partition=False)
-    assert _templates(plan) == ["matmul"], plan.describe()
+    assert templates(plan) == ["matmul"], plan.describe()
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad)) + "\n" + plan.describe()
     return plan
@@ -237,22 +238,12 @@ def test_int8_split_k(rng):
 def test_every_candidate_matches(rng):
     g, _, _, c = mm_graph((2, 40, 48), (1, 48, 36), a_layout="col")
     g.relu(c).set_output(True)
-    plan = g.build(device="cpu", engines=["triton"], heur_mode=[HeurMode.B])
-    step = plan.steps[0]
-    for config in (step.config, *step.alternatives):
-        kernel = get_engine("triton").compile(step.piece, config, plan.device)
-        one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
-        bad = og.testing.check_plan(one, rng)
-        assert not bad, f"{config}: " + "\n".join(map(str, bad))
+    assert_candidates_match(*candidate_configs(g), rng)
 
 
 def _plan_with(g, knobs):
     """A plan whose only step runs the matmul template with `knobs` over its heuristic's choice."""
-    plan = g.build(device="cpu", engines=["triton", "reference"], allow_partition=False)
-    (step,) = plan.steps
-    config = og.engines.EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
-    kernel = get_engine("triton").compile(step.piece, config, plan.device)
-    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+    return plan_with(g, knobs, engines=("triton", "reference"), allow_partition=False)
 
 
 @pytest.mark.parametrize("persistent", [0, 3])
@@ -376,7 +367,7 @@ def test_gpu_matmul_bias_gelu(dt, rng):
     # summed over K ~ 10^3 terms of magnitude ~1): absolute errors of a few 1e-2 are expected
     rtol, atol = {DT.FLOAT: (2e-2, 2e-1), DT.HALF: (1e-2, 1e-2), DT.BFLOAT16: (5e-2, 5e-2)}[dt]
     plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=rtol, atol=atol)
-    assert _templates(plan) == ["matmul"]
+    assert templates(plan) == ["matmul"]
 
 
 @pytest.mark.gpu

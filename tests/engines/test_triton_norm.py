@@ -20,7 +20,8 @@ from opgraph.plan import ExecutionPlan, Step
 from opgraph.samples import nhwc
 from opgraph.testing import check_plan
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import assert_engine_matches, layout_stride, outputs, per_channel, requires_cuda, requires_interpreter
+from .hopper_compile import compile_for_hopper
 
 # CPU tests run the kernels in Triton's interpreter (requires_interpreter), GPU tests compile them
 # (gpu + requires_cuda); neither kind runs on the other machine.
@@ -31,14 +32,6 @@ TRAIN, INFER = og.NormForwardPhase.TRAINING, og.NormForwardPhase.INFERENCE
 H100 = Device("cuda", 0, "H100", (9, 0), 132)
 CPU = Device("cpu")
 EPS, MOMENTUM = 2.0**-10, 0.125
-
-
-def strides(dims, layout):
-    return nhwc(list(dims)) if layout == "nhwc" else None
-
-
-def per_channel(dims):
-    return [1, dims[1]] + [1] * (len(dims) - 2)
 
 
 def scalar(g, kind, name):
@@ -58,12 +51,6 @@ def setter(values):
                 else:
                     pack[t.uid] = float(v)
     return prepare
-
-
-def outputs(*tensors):
-    for t in tensors:
-        if t is not None:
-            t.set_output(True)
 
 
 def template_of(plan, step=0):
@@ -89,7 +76,7 @@ def bn_graph(dims, layout, dt, *, eps="number", momentum="number", running=True,
              relu=True, y_out=False):
     g = og.Graph("bn", io_data_type=dt)
     c = per_channel(dims)
-    x = g.tensor(dim=list(dims), stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=list(dims), stride=layout_stride(dims, layout), name="x")
     scale, bias = g.tensor(dim=c, data_type=FLOAT, name="scale"), g.tensor(dim=c, data_type=FLOAT, name="bias")
     rm = rv = mom = None
     if running:
@@ -161,9 +148,9 @@ def test_batchnorm_prologue_epilogue_several_outputs(layout, rng):
     dims = [2, 6, 5, 6]
     other = None if layout == "nhwc" else nhwc(dims)
     g = og.Graph("bn_fused", io_data_type=HALF)
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     r = g.tensor(dim=dims, stride=other, name="r")  # the residual in the other layout
-    r2 = g.tensor(dim=dims, stride=strides(dims, layout), name="r2")
+    r2 = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="r2")
     c = per_channel(dims)
     scale, bias = g.tensor(dim=c, data_type=FLOAT, name="s"), g.tensor(dim=c, data_type=FLOAT, name="b")
     clip = g.tensor(dim=[1], data_type=FLOAT, name="clip")
@@ -208,7 +195,7 @@ def test_statistic_read_by_a_pointwise_op_is_a_separate_piece(rng):
 def bn_bwd_graph(dims, layout, dt, *, saved=True, drelu=True, eps="number", kind="batchnorm",
                  grads_out=("dscale", "dbias")):
     g = og.Graph("bnb", io_data_type=dt)
-    st = strides(dims, layout)
+    st = layout_stride(dims, layout)
     c = per_channel(dims)
     stats = c if kind == "batchnorm" else list(dims[:2]) + [1] * (len(dims) - 2)
     x = g.tensor(dim=list(dims), stride=st, name="x")
@@ -285,8 +272,8 @@ def test_batchnorm_inference_fused(layout, dt, rng):
     """relu(bn_inference(x + r)): one pass."""
     dims = [2, 6, 3, 5]
     g = og.Graph("bni", io_data_type=dt)
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
-    r = g.tensor(dim=dims, stride=strides(dims, layout), name="r")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
+    r = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="r")
     c = per_channel(dims)
     mean, inv, scale, bias = (g.tensor(dim=c, data_type=FLOAT, name=n) for n in ("m", "iv", "s", "b"))
     y = g.batchnorm_inference(g.add(x, r), mean, inv, scale, bias, name="bni")
@@ -315,7 +302,7 @@ def test_batchnorm_inference_alone_2d(rng):
 def test_instancenorm_forward(phase, layout, dt, rng):
     dims = [3, 5, 4, 3]
     g = og.Graph("in", io_data_type=dt)
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     c = per_channel(dims)
     scale, bias = g.tensor(dim=c, data_type=FLOAT, name="s"), g.tensor(dim=c, data_type=FLOAT, name="b")
     eps = scalar(g, "by_value" if dt is HALF else "tensor" if dt is BF16 else "number", "eps")
@@ -355,7 +342,7 @@ def stats_dims(dims, sdims):
 def test_layernorm_forward(case, dt, rng):
     dims, sdims, layout = LN_CASES[case]
     g = og.Graph("ln", io_data_type=dt)
-    x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+    x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     scale, bias = g.tensor(dim=sdims, data_type=FLOAT, name="s"), g.tensor(dim=sdims, data_type=FLOAT, name="b")
     y, mean, inv = g.layernorm(TRAIN, x, scale, bias, epsilon=EPS, name="ln")
     outputs(y, mean, inv)
@@ -408,7 +395,7 @@ def test_layernorm_without_scale_or_bias(params, rng):
 @requires_interpreter
 def test_layernorm_backward(case, dt, rng):
     dims, sdims, layout = LN_CASES[case]
-    st = strides(dims, layout)
+    st = layout_stride(dims, layout)
     g = og.Graph("lnb", io_data_type=dt)
     x, dy = g.tensor(dim=dims, stride=st, name="x"), g.tensor(dim=dims, stride=st, name="dy")
     scale = g.tensor(dim=sdims, data_type=FLOAT, name="s")
@@ -437,7 +424,7 @@ def test_rmsnorm_forward(dt, bias, rng):
 @requires_interpreter
 def test_rmsnorm_backward(case, dbias, rng):
     dims, sdims, layout = LN_CASES[case]
-    st = strides(dims, layout)
+    st = layout_stride(dims, layout)
     g = og.Graph("rmsb", io_data_type=HALF)
     x, dy = g.tensor(dim=dims, stride=st, name="x"), g.tensor(dim=dims, stride=st, name="dy")
     scale = g.tensor(dim=sdims, data_type=FLOAT, name="s")
@@ -501,7 +488,7 @@ def test_norm_stats_stats_loop_variants(case, layout, rng):
     dims = [2, 12, 5, 7]
     if case == "fused_forward":
         g = og.Graph("bn", io_data_type=HALF)
-        x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+        x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
         r = g.tensor(dim=dims, stride=None if layout == "nhwc" else nhwc(dims), name="r")
         c = per_channel(dims)
         y, mean, inv, _, _ = g.batchnorm(g.add(x, r), g.tensor(dim=c, data_type=FLOAT),
@@ -513,7 +500,7 @@ def test_norm_stats_stats_loop_variants(case, layout, rng):
         g, prep = bn_bwd_graph(dims, layout, HALF, saved=case == "backward_saved")
     elif case == "instancenorm":
         g = og.Graph("in", io_data_type=BF16)
-        x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
+        x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
         c = per_channel(dims)
         outputs(*g.instancenorm(TRAIN, x, g.tensor(dim=c, data_type=FLOAT), g.tensor(dim=c, data_type=FLOAT), EPS))
         prep = None
@@ -663,7 +650,7 @@ def _rownorm(backward=False, rms=False, dims=(8192, 4096)):
     return build
 
 
-HOPPER_CASES = {  # name: (graph, template, knobs: see tests/engines/test_triton_reduction.py)
+HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_cases)
     "bn_nhwc": (_bn(), "norm_stats", _with(PF=1)),
     "bn_nchw": (_bn("nchw"), "norm_stats", _with(PF=1)),
     "bn_bwd_saved": (_bn_bwd(), "norm_stats", _with(PF=1)),
@@ -679,8 +666,6 @@ LOOPS = {"kernel_stats", "kernel_rownorm_bwd", "kernel_rownorm"}  # the kernels 
 
 
 def test_kernels_compile_for_hopper():
-    from .test_triton_reduction import compile_for_hopper
-
     lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
     assert {line.split()[1] for line in lines} == set(HOPPER_CASES)
     for line in lines:

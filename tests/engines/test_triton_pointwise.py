@@ -6,43 +6,28 @@ from __future__ import annotations
 import pytest
 
 import opgraph as og
-from opgraph.ops.pointwise import MODES, PointwiseMode
+from opgraph.ops.pointwise import PointwiseMode
 from opgraph.samples import nhwc
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import assert_engine_matches, pointwise_graph, requires_cuda, requires_interpreter
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
 M = PointwiseMode
 
-# inputs kept in a safe domain for these modes
-POSITIVE = {M.SQRT, M.RSQRT, M.LOG, M.POW}
 SKIP = {M.GEN_INDEX}
-
-
-def _graph(mode: PointwiseMode, dt: og.DataType, layout: str, dims=(2, 3, 4, 5)):
-    g = og.Graph("pw", io_data_type=dt)
-    stride = nhwc(list(dims)) if layout == "nhwc" else None
-    arity = MODES[mode].arity
-    xs = [g.tensor(dim=list(dims), stride=stride, name=f"x{i}") for i in range(arity)]
-    if mode in POSITIVE:
-        xs = [g.add(g.abs(x), 0.5) for x in xs]
-    if mode is M.BINARY_SELECT:
-        xs[2] = g.cmp_gt(xs[2], 0.0)
-    g.pointwise(*xs, mode=mode).set_output(True).set_name("y")
-    return g
 
 
 @pytest.mark.parametrize("mode", [m for m in PointwiseMode if m not in SKIP], ids=lambda m: m.name)
 def test_every_mode_fp32_nhwc(mode, rng):
-    assert_engine_matches(_graph(mode, DT.FLOAT, "nhwc"), rng, expect_steps=1)
+    assert_engine_matches(pointwise_graph(mode, DT.FLOAT, "nhwc"), rng, expect_steps=1)
 
 
 @pytest.mark.parametrize("dt", [DT.FLOAT, DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("mode", [M.ADD, M.RELU_FWD, M.GELU_FWD, M.SIGMOID_BWD, M.CMP_GE, M.DIV])
 def test_modes_by_dtype_and_layout(mode, dt, layout, rng):
-    assert_engine_matches(_graph(mode, dt, layout), rng, expect_steps=1)
+    assert_engine_matches(pointwise_graph(mode, dt, layout), rng, expect_steps=1)
 
 
 def test_gen_index(rng):

@@ -11,6 +11,7 @@ from opgraph.ops.pooling import ResampleMode
 from opgraph.samples import nhwc
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from .hopper_compile import compile_for_hopper
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -160,7 +161,7 @@ def test_gen_index_in_the_prologue(rng):
     assert_engine_matches(g, rng, expect_steps=1)
 
 
-# -- compiled for Hopper (see test_triton_reduction.compile_for_hopper) ----------------------------
+# -- compiled for Hopper (see hopper_compile.py) ---------------------------------------------------
 
 
 def _stem(mode, dt=DT.HALF):
@@ -195,8 +196,6 @@ HOPPER_CASES = {
 
 
 def test_kernels_compile_for_hopper():
-    from .test_triton_reduction import compile_for_hopper
-
     out = compile_for_hopper(__name__)
     assert out.count("compiled") >= len(HOPPER_CASES)
 

@@ -17,6 +17,7 @@ from opgraph.samples import nhwc
 from opgraph.testing import compare, random_pack, reference_outputs
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from .hopper_compile import compile_for_hopper
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -305,91 +306,6 @@ def test_heuristic_full_reduction_splits():
 
 # -- compiled for Hopper (no GPU needed: Triton's compiler and ptxas, in a process without the
 # interpreter) ---------------------------------------------------------------------------------------
-
-_COMPILE = """
-import importlib, os, re, subprocess, sys, tempfile
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-except ImportError:
-    sys.exit(77)
-from opgraph.device import Device
-from opgraph.engines.triton.loader import load_module
-from opgraph.engines.triton.templates import discover
-from opgraph.partition import make_piece
-
-SIG = {"FLOAT": "fp32", "DOUBLE": "fp64", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "UINT8": "u8",
-       "INT32": "i32", "INT64": "i64", "BOOLEAN": "i1"}
-H100 = Device("cuda", 0, "H100", (9, 0), 132)
-templates = {t.name: t for t in discover()}
-ptxas = get_ptxas(90)
-ptxas = getattr(ptxas, "path", ptxas)
-cases = importlib.import_module(sys.argv[1]).HOPPER_CASES
-for name, (build, template, knobs) in cases.items():
-    final = build().final
-    piece = make_piece(final, 0, final.nodes)
-    t = templates[template]
-    # knobs: None, the heuristic's choice; n, the first n candidates; a function of the candidates
-    # returning some of them; else a list of knob dicts
-    if knobs is None or isinstance(knobs, int):
-        knobs = t.candidates(piece, H100)[:knobs or 1]
-    elif callable(knobs):
-        knobs = knobs(t.candidates(piece, H100))
-    for k in knobs:
-        gen = t.generate(piece, k, H100)
-        module = load_module(gen.source, interpret=False)
-        for launch in gen.launches:
-            fn = getattr(module, launch.kernel)
-            meta = dict(launch.meta)
-            sig, consts = {}, {}
-            for arg_name, arg in zip(fn.arg_names, launch.args):
-                if arg.kind == "buf":
-                    sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
-                elif arg.kind == "scalar":
-                    sig[arg_name] = "fp32"
-                else:
-                    sig[arg_name] = "*" + {"float32": "fp32", "float64": "fp64", "int32": "i32"}[arg.dtype]
-            for a in fn.arg_names:
-                if a in meta:
-                    sig[a] = "constexpr"
-                    consts[(fn.arg_names.index(a),)] = meta.pop(a)
-            # pointers are 16-byte aligned at run time: without the attribute nothing is vectorised
-            # or pipelined, and the code (and registers) would not be the GPU's
-            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                     if sig.get(a, "").startswith("*")}
-            src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-                f.write(ck.asm["ptx"])
-            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                                 capture_output=True, text=True).stderr
-            os.unlink(f.name)
-            regs = max([int(r) for r in re.findall(r"Used (\\d+) registers", out)] or [0])
-            spills = sum(int(s) for s in re.findall(r"(\\d+) bytes spill stores", out))
-            print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
-                  "cp.async", ck.asm["ptx"].count("cp.async.cg") + ck.asm["ptx"].count("cp.async.ca"), k)
-"""
-
-
-def compile_for_hopper(module: str) -> str:
-    """Compile every kernel of `module`'s HOPPER_CASES for sm_90 in a child process; its output."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", _COMPILE, module], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
-    if done.returncode == 77:
-        pytest.skip("Triton has no NVIDIA backend here")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def _genstats_nhwc_prologue():

@@ -10,13 +10,7 @@ from opgraph.ops.custom import CUSTOM_OPS
 
 from ..helpers import run_reference
 
-
-@pytest.fixture(autouse=True)
-def registry():
-    saved = dict(CUSTOM_OPS)
-    yield
-    CUSTOM_OPS.clear()
-    CUSTOM_OPS.update(saved)
+pytestmark = pytest.mark.usefixtures("custom_ops_restored")
 
 
 def _swiglu():

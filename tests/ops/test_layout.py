@@ -12,7 +12,7 @@ import opgraph as og
 from opgraph import DataType
 from opgraph.ops.layout import Concatenate, Reshape, Slice, Transpose
 from opgraph.tensor import channels_last_order, packed_strides, storage_extent
-from tests.helpers import run_reference
+from tests.helpers import check_rule, raises_rule, run_reference
 
 torch = pytest.importorskip("torch")
 
@@ -236,58 +236,43 @@ def test_json_round_trip_with_slice_and_concatenate():
 # -- validation rules ---------------------------------------------------------------------------------
 
 
-def _raises(g, cls, rule, *names):
-    with pytest.raises(cls) as info:
-        g.validate()
-    return _check_err(info.value, rule, *names)
-
-
-def _check_err(err, rule, *names):
-    assert err.rule == rule, str(err)
-    text = str(err)
-    assert f"[rule {rule}]" in text
-    for n in names:
-        assert f"'{n}'" in text, text
-    return err
-
-
 @pytest.mark.parametrize("dim", [[2, 0, 3], [-1, -1], [-2, 12], []])
 def test_rule_reshape_dim(dim):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.reshape(x, dim).set_output(True)
-    _raises(g, og.AttributeValueError, "reshape.dim", "x")
+    raises_rule(g, og.AttributeValueError, "reshape.dim", "x")
 
 
 def test_rule_reshape_dim_type():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     with pytest.raises(og.AttributeValueError) as info:
         g.reshape(x, [2.0, 12], name="r")
-    _check_err(info.value, "reshape.dim", "r")
+    check_rule(info.value, "reshape.dim", "r")
 
 
 def test_rule_reshape_numel():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.reshape(x).set_dim([5, 5]).set_output(True).set_name("y")
-    _raises(g, og.ShapeError, "reshape.numel", "y")
+    raises_rule(g, og.ShapeError, "reshape.numel", "y")
 
 
 def test_rule_reshape_numel_inferred_axis():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.reshape(x, [5, -1]).set_output(True)
-    _raises(g, og.ShapeError, "reshape.numel", "x")
+    raises_rule(g, og.ShapeError, "reshape.numel", "x")
 
 
 def test_rule_reshape_needs_dims():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.reshape(x).set_output(True).set_name("y")
-    _raises(g, og.ShapeError, "infer.dims_unknown", "y")
+    raises_rule(g, og.ShapeError, "infer.dims_unknown", "y")
 
 
 @pytest.mark.parametrize("perm", [[0, 1], [0, 0, 1], [0, 1, 3]])
 def test_rule_transpose_permutation(perm):
     g, x = _graph((2, 3, 4), "nchw", DataType.FLOAT)
     g.transpose(x, perm).set_output(True)
-    _raises(g, og.AttributeValueError, "transpose.permutation", "x")
+    raises_rule(g, og.AttributeValueError, "transpose.permutation", "x")
 
 
 @pytest.mark.parametrize("bad", [3, slice(0.5, 2), slice("a", None)])
@@ -295,27 +280,27 @@ def test_rule_slice_type(bad):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     with pytest.raises(og.AttributeValueError) as info:
         g.slice(x, [slice(None), bad], name="s")
-    _check_err(info.value, "slice.type", "s")
+    check_rule(info.value, "slice.type", "s")
 
 
 def test_rule_slice_rank():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.slice(x, [slice(None)] * 3).set_output(True)
-    _raises(g, og.ShapeError, "slice.rank", "x")
+    raises_rule(g, og.ShapeError, "slice.rank", "x")
 
 
 @pytest.mark.parametrize("step", [0, -1])
 def test_rule_slice_step(step):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.slice(x, [slice(None), slice(None, None, step)]).set_output(True)
-    _raises(g, og.AttributeValueError, "slice.step", "x")
+    raises_rule(g, og.AttributeValueError, "slice.step", "x")
 
 
 @pytest.mark.parametrize("s", [slice(3, 3), slice(5, 2), slice(6, None), slice(-100, -50)])
 def test_rule_slice_empty(s):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.slice(x, [slice(None), s]).set_output(True)
-    _raises(g, og.ShapeError, "slice.empty", "x")
+    raises_rule(g, og.ShapeError, "slice.empty", "x")
 
 
 @pytest.mark.parametrize("inputs", [[], "x", None])
@@ -323,27 +308,27 @@ def test_rule_concatenate_count(inputs):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     with pytest.raises(og.AttributeValueError) as info:
         g.concatenate(x if inputs == "x" else inputs, 0, name="cat")
-    _check_err(info.value, "concatenate.count", "cat")
+    check_rule(info.value, "concatenate.count", "cat")
 
 
 @pytest.mark.parametrize("axis", [2, -3])
 def test_rule_concatenate_axis(axis):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     g.concatenate([x, x], axis).set_output(True)
-    _raises(g, og.AttributeValueError, "concatenate.axis", "x")
+    raises_rule(g, og.AttributeValueError, "concatenate.axis", "x")
 
 
 def test_rule_concatenate_rank():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     z = g.tensor(dim=[4, 6, 1], name="z")
     g.concatenate([x, z], 0).set_output(True)
-    _raises(g, og.ShapeError, "concatenate.rank", "z")
+    raises_rule(g, og.ShapeError, "concatenate.rank", "z")
 
 
 def test_rule_concatenate_dims():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     z = g.tensor(dim=[4, 5], name="z")
-    err = _raises(g.concatenate([x, z], 0).set_output(True).graph, og.ShapeError, "concatenate.dims", "z")
+    err = raises_rule(g.concatenate([x, z], 0).set_output(True).graph, og.ShapeError, "concatenate.dims", "z")
     assert "axis 1" in err.detail
 
 
@@ -351,7 +336,7 @@ def test_rule_concatenate_data_type():
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     z = g.tensor(dim=[4, 6], data_type=DataType.HALF, name="z")
     g.concatenate([x, z], 0).set_output(True)
-    _raises(g, og.DataTypeError, "concatenate.data_type", "z")
+    raises_rule(g, og.DataTypeError, "concatenate.data_type", "z")
 
 
 @pytest.mark.parametrize("index", [2, -1])
@@ -359,4 +344,4 @@ def test_rule_concatenate_in_place_index(index):
     g, x = _graph((4, 6), "nchw", DataType.FLOAT)
     z = g.tensor(dim=[4, 6], name="z")
     g.concatenate([x, z], 0, in_place_index=index).set_output(True)
-    _raises(g, og.AttributeValueError, "concatenate.in_place_index", "x")
+    raises_rule(g, og.AttributeValueError, "concatenate.in_place_index", "x")

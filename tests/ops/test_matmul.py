@@ -10,7 +10,7 @@ import opgraph as og
 from opgraph import DataType
 from opgraph.tensor import packed_strides
 from opgraph.testing import compare, random_pack
-from tests.helpers import run_reference
+from tests.helpers import check_rule, raises_rule, run_reference
 
 torch = pytest.importorskip("torch")
 
@@ -129,21 +129,6 @@ def test_matmul_json_round_trip():
 # -- validation rules ---------------------------------------------------------------------------------
 
 
-def _raises(g, cls, rule, *names):
-    with pytest.raises(cls) as info:
-        g.validate()
-    return _check_err(info.value, rule, *names)
-
-
-def _check_err(err, rule, *names):
-    assert err.rule == rule, str(err)
-    text = str(err)
-    assert f"[rule {rule}]" in text
-    for n in names:
-        assert f"'{n}'" in text, text
-    return err
-
-
 def _bad(a_dim, b_dim, a_type=DataType.FLOAT, b_type=DataType.FLOAT):
     g = og.Graph(io_data_type=DataType.FLOAT)
     a = g.tensor(dim=a_dim, data_type=a_type, name="A")
@@ -154,32 +139,32 @@ def _bad(a_dim, b_dim, a_type=DataType.FLOAT, b_type=DataType.FLOAT):
 
 @pytest.mark.parametrize("dims, culprit", [(((5,), (5, 3)), "A"), (((4, 5), (5,)), "B")])
 def test_rule_matmul_rank(dims, culprit):
-    _raises(_bad(*dims), og.ShapeError, "matmul.rank", culprit)
+    raises_rule(_bad(*dims), og.ShapeError, "matmul.rank", culprit)
 
 
 def test_rule_matmul_batch_rank():
-    _raises(_bad((2, 4, 5), (5, 3)), og.ShapeError, "matmul.batch_rank", "B")
+    raises_rule(_bad((2, 4, 5), (5, 3)), og.ShapeError, "matmul.batch_rank", "B")
 
 
 def test_rule_matmul_k():
-    err = _raises(_bad((4, 5), (6, 3)), og.ShapeError, "matmul.k", "B")
+    err = raises_rule(_bad((4, 5), (6, 3)), og.ShapeError, "matmul.k", "B")
     assert "K = 5" in err.detail and "K = 6" in err.detail
 
 
 def test_rule_matmul_batch():
-    err = _raises(_bad((2, 4, 5), (3, 5, 3)), og.ShapeError, "matmul.batch", "B")
+    err = raises_rule(_bad((2, 4, 5), (3, 5, 3)), og.ShapeError, "matmul.batch", "B")
     assert "2 vs 3" in err.detail
 
 
 @pytest.mark.parametrize("types, culprit", [((DataType.BOOLEAN, DataType.FLOAT), "A"),
                                              ((DataType.HALF, DataType.BOOLEAN), "B")])
 def test_rule_matmul_bool(types, culprit):
-    _raises(_bad((4, 5), (5, 3), *types), og.DataTypeError, "matmul.bool", culprit)
+    raises_rule(_bad((4, 5), (5, 3), *types), og.DataTypeError, "matmul.bool", culprit)
 
 
 @pytest.mark.parametrize("types", [(DataType.INT8, DataType.HALF), (DataType.FLOAT, DataType.INT32)])
 def test_rule_matmul_dtype_mix(types):
-    _raises(_bad((4, 5), (5, 3), *types), og.DataTypeError, "matmul.dtype_mix", "B")
+    raises_rule(_bad((4, 5), (5, 3), *types), og.DataTypeError, "matmul.dtype_mix", "B")
 
 
 @pytest.mark.parametrize("padding", [1.5, float("nan"), "0"])
@@ -189,7 +174,7 @@ def test_rule_matmul_padding(padding):
     b = g.tensor(dim=[5, 3], name="B")
     with pytest.raises(og.AttributeValueError) as info:
         g.matmul(a, b, padding=padding, name="mm")
-    _check_err(info.value, "matmul.padding", "mm")
+    check_rule(info.value, "matmul.padding", "mm")
 
 
 def test_matmul_padding_zero_is_accepted():

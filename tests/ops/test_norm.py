@@ -11,6 +11,7 @@ import opgraph as og
 from opgraph import DataType, NormForwardPhase
 from opgraph.tensor import channels_last_order, packed_strides
 from opgraph.testing import compare, random_pack
+from tests.helpers import outputs, per_channel
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -42,21 +43,11 @@ def strides(dim, layout):
     return packed_strides(dim, channels_last_order(len(dim)) if layout == "nhwc" else None)
 
 
-def per_channel(dim):
-    return [1, dim[1]] + [1] * (len(dim) - 2)
-
-
 def scalar(g, kind, name):
     """epsilon/momentum as a Python number, a pass-by-value tensor or a 1-element tensor."""
     if kind == "number":
         return EPS if name == "eps" else MOMENTUM
     return g.tensor(dim=[1], data_type=FLOAT, is_pass_by_value=kind == "by_value", name=name)
-
-
-def outputs(*tensors):
-    for t in tensors:
-        if t is not None:
-            t.set_output(True)
 
 
 def T(a) -> torch.Tensor:

@@ -10,7 +10,7 @@ from opgraph import DataType, ResampleMode
 from opgraph.ops.pooling import Resample
 from opgraph.tensor import channels_last_order, packed_strides
 from opgraph.testing import compare
-from tests.helpers import run_reference
+from tests.helpers import check_rule, raises_rule, run_reference
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -211,21 +211,6 @@ def test_resample_json_round_trip():
 # -- validation rules ---------------------------------------------------------------------------------
 
 
-def _raises(g, cls, rule, *names):
-    with pytest.raises(cls) as info:
-        g.validate()
-    return _check_err(info.value, rule, *names)
-
-
-def _check_err(err, rule, *names):
-    assert err.rule == rule, str(err)
-    text = str(err)
-    assert f"[rule {rule}]" in text
-    for n in names:
-        assert f"'{n}'" in text, text
-    return err
-
-
 def _pool(dims=(1, 2, 6, 6), **kw):
     g = og.Graph(io_data_type=DataType.FLOAT)
     x = g.tensor(dim=list(dims), name="x")
@@ -239,46 +224,46 @@ def _pool(dims=(1, 2, 6, 6), **kw):
 
 def test_rule_resample_rank():
     g, *_ = _pool(dims=(4, 6))
-    _raises(g, og.ShapeError, "resample.rank", "x")
+    raises_rule(g, og.ShapeError, "resample.rank", "x")
 
 
 @pytest.mark.parametrize("attr", ["window", "stride", "pre_padding", "post_padding"])
 def test_rule_resample_attr_length(attr):
     kw = {"window": [2, 2], attr: [1, 1, 1]}
     g, *_ = _pool(**kw)
-    err = _raises(g, og.AttributeValueError, f"resample.{attr}_length", "x")
+    err = raises_rule(g, og.AttributeValueError, f"resample.{attr}_length", "x")
     assert attr in err.detail
 
 
 def test_rule_resample_window_value():
     g, *_ = _pool(window=[2, 0], stride=[1, 1])
-    _raises(g, og.AttributeValueError, "resample.window_value", "x")
+    raises_rule(g, og.AttributeValueError, "resample.window_value", "x")
 
 
 def test_rule_resample_stride_value():
     g, *_ = _pool(stride=[0, 1])
-    _raises(g, og.AttributeValueError, "resample.stride_value", "x")
+    raises_rule(g, og.AttributeValueError, "resample.stride_value", "x")
 
 
 def test_rule_resample_padding_negative():
     g, *_ = _pool(pre_padding=[0, -1])
-    _raises(g, og.AttributeValueError, "resample.padding_negative", "x")
+    raises_rule(g, og.AttributeValueError, "resample.padding_negative", "x")
 
 
 def test_rule_resample_padding_window():
     g, *_ = _pool(window=[3, 3], pre_padding=[1, 3], post_padding=[1, 0])
-    err = _raises(g, og.AttributeValueError, "resample.padding_window", "x")
+    err = raises_rule(g, og.AttributeValueError, "resample.padding_window", "x")
     assert "spatial axis 1" in err.detail
 
 
 def test_rule_resample_output_size():
     g, *_ = _pool(dims=(1, 2, 6, 3), window=[2, 5])
-    _raises(g, og.ShapeError, "resample.output_size", "x")
+    raises_rule(g, og.ShapeError, "resample.output_size", "x")
 
 
 def test_rule_resample_index_mode():
     g, *_ = _pool(mode=ResampleMode.AVG_INCLUDE_PADDING, generate_index=True)
-    _raises(g, og.AttributeValueError, "resample.index_mode", "x")
+    raises_rule(g, og.AttributeValueError, "resample.index_mode", "x")
 
 
 def test_rule_resample_index_output():
@@ -288,18 +273,18 @@ def test_rule_resample_index_output():
     y, index = g._add_op(op, [x], outputs=["output", "index"])
     y.set_output(True)
     index.set_output(True)
-    _raises(g, og.DataflowError, "resample.index_output", "x")
+    raises_rule(g, og.DataflowError, "resample.index_output", "x")
 
 
 def test_rule_resample_index_type():
     g, _, _, index = _pool(generate_index=True)
     index.set_data_type(DataType.HALF)
-    _raises(g, og.DataTypeError, "resample.index_type", "idx")
+    raises_rule(g, og.DataTypeError, "resample.index_type", "idx")
 
 
 def test_rule_resample_index_range():
     g, _, _, index = _pool(dims=(1, 2, 16, 16), window=[12, 12], generate_index=True)
-    err = _raises(g, og.DataTypeError, "resample.index_range", "idx")
+    err = raises_rule(g, og.DataTypeError, "resample.index_range", "idx")
     assert "143" in err.detail and "INT32" in err.hint
 
 
@@ -308,7 +293,7 @@ def test_rule_resample_padding_conflict():
     x = g.tensor(dim=[1, 2, 6, 6], name="x")
     with pytest.raises(og.AttributeValueError) as info:
         g.resample(x, window=2, padding=1, pre_padding=[1, 1], name="pool")
-    _check_err(info.value, "resample.padding_conflict", "pool")
+    check_rule(info.value, "resample.padding_conflict", "pool")
 
 
 def test_rule_resample_attr_type():
@@ -316,7 +301,7 @@ def test_rule_resample_attr_type():
     x = g.tensor(dim=[1, 2, 6, 6], name="x")
     with pytest.raises(og.AttributeValueError) as info:
         g.resample(x, window=[2.5, 2], name="pool")
-    _check_err(info.value, "resample.window_type", "pool")
+    check_rule(info.value, "resample.window_type", "pool")
 
 
 @pytest.mark.parametrize("mode", ["BILINEAR", og.ReductionMode.MAX])
@@ -325,7 +310,7 @@ def test_rule_resample_mode(mode):
     x = g.tensor(dim=[1, 2, 6, 6], name="x")
     with pytest.raises(og.AttributeValueError) as info:
         g.resample(x, mode, window=2, name="pool")
-    _check_err(info.value, "resample.mode", "pool")
+    check_rule(info.value, "resample.mode", "pool")
 
 
 def test_resample_needs_a_window():

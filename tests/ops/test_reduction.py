@@ -10,7 +10,7 @@ from opgraph import DataType, ReductionMode
 from opgraph.ops.reduction import GenStats, Reduction
 from opgraph.tensor import channels_last_order, packed_strides
 from opgraph.testing import compare, random_pack
-from tests.helpers import run_reference
+from tests.helpers import raises_rule, run_reference
 
 torch = pytest.importorskip("torch")
 
@@ -176,30 +176,18 @@ def test_genstats_returns_a_list_of_two():
 # -- validation rules ---------------------------------------------------------------------------------
 
 
-def _raises(g, cls, rule, *names):
-    with pytest.raises(cls) as info:
-        g.validate()
-    err = info.value
-    assert err.rule == rule, str(err)
-    text = str(err)
-    assert f"[rule {rule}]" in text
-    for n in names:
-        assert f"'{n}'" in text, text
-    return err
-
-
 def test_rule_reduction_rank():
     g = og.Graph()
     x = g.tensor(dim=[2, 3, 4], name="x")
     g.reduction(x, ReductionMode.ADD).set_dim([2, 1]).set_output(True).set_name("y")
-    _raises(g, og.ShapeError, "reduction.rank", "y")
+    raises_rule(g, og.ShapeError, "reduction.rank", "y")
 
 
 def test_rule_reduction_dims():
     g = og.Graph()
     x = g.tensor(dim=[2, 3, 4], name="x")
     g.reduction(x, ReductionMode.ADD).set_dim([2, 2, 1]).set_output(True).set_name("y")
-    err = _raises(g, og.ShapeError, "reduction.dims", "y")
+    err = raises_rule(g, og.ShapeError, "reduction.dims", "y")
     assert "axis 1" in err.detail
 
 
@@ -217,7 +205,7 @@ def test_rule_reduction_needs_output_dims():
     g = og.Graph()
     x = g.tensor(dim=[2, 3, 4], name="x")
     g.reduction(x, ReductionMode.ADD).set_output(True).set_name("y")
-    err = _raises(g, og.ShapeError, "infer.dims_unknown", "y")
+    err = raises_rule(g, og.ShapeError, "infer.dims_unknown", "y")
     assert "set_dim" in err.hint
 
 
@@ -227,7 +215,7 @@ def test_rule_genstats_rank():
     s, sq = g.genstats(x)
     s.set_output(True)
     sq.set_output(True)
-    _raises(g, og.ShapeError, "genstats.rank", "x")
+    raises_rule(g, og.ShapeError, "genstats.rank", "x")
 
 
 def test_reduction_json_round_trip():

@@ -1,0 +1,113 @@
+"""Generated kernels compiled for Hopper (sm_90) without a GPU: Triton's NVIDIA backend and ptxas, in
+a child process without the interpreter. The engine tests use it to check registers, spills, shared
+memory and pipelining of the benchmark shapes' kernels."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# what the child process runs: this module's compile_cases, on the test module and the GPU's name
+_CHILD = "import sys\nfrom tests.engines.hopper_compile import compile_cases\ncompile_cases(*sys.argv[1:])"
+
+NO_BACKEND = 77  # the child's exit status where Triton has no NVIDIA backend
+
+
+def compile_for_hopper(module: str, *, gpu: str = "H100", timeout: float = 600) -> str:
+    """Compile every kernel of `module`'s HOPPER_CASES for sm_90 in a child process; its output (see
+    compile_cases). Skips the test where Triton has no NVIDIA backend."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    done = subprocess.run([sys.executable, "-c", _CHILD, module, gpu], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if done.returncode == NO_BACKEND:
+        pytest.skip("Triton has no NVIDIA backend here")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+SIG = {"FLOAT": "fp32", "DOUBLE": "fp64", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "UINT8": "u8",
+       "INT32": "i32", "INT64": "i64", "BOOLEAN": "i1"}
+SCRATCH_SIG = {"float32": "fp32", "float64": "fp64", "int32": "i32"}
+
+
+def compile_cases(module: str, gpu: str = "H100") -> None:
+    """In the child process: compile the kernels of `module`'s HOPPER_CASES for a Hopper GPU named `gpu`
+    and print a line per launch:
+
+        compiled CASE KERNEL regs R spills S smem B cp.async N KNOBS
+
+    HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
+    nodes make one piece, compiled with the template named; knobs None is the heuristic's choice, n the
+    first n candidates, a function of the candidates returns some of them, else a list of knob dicts.
+    Items after the knobs are the test's own."""
+    import importlib
+    import re
+    import tempfile
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:
+        sys.exit(NO_BACKEND)
+    from opgraph.device import Device
+    from opgraph.engines.triton.loader import load_module
+    from opgraph.engines.triton.templates import discover
+    from opgraph.partition import make_piece
+
+    device = Device("cuda", 0, gpu, (9, 0), 132)
+    templates = {t.name: t for t in discover()}
+    ptxas = get_ptxas(90)
+    ptxas = getattr(ptxas, "path", ptxas)
+    for name, (build, template, knobs, *_) in importlib.import_module(module).HOPPER_CASES.items():
+        final = build().final
+        piece = make_piece(final, 0, final.nodes)
+        t = templates[template]
+        if knobs is None or isinstance(knobs, int):
+            knobs = t.candidates(piece, device)[:knobs or 1]
+        elif callable(knobs):
+            knobs = knobs(t.candidates(piece, device))
+        for k in knobs:
+            gen = t.generate(piece, k, device)
+            loaded = load_module(gen.source, interpret=False)
+            for launch in gen.launches:
+                fn = getattr(loaded, launch.kernel)
+                meta = dict(launch.meta)
+                sig, consts = {}, {}
+                for arg_name, arg in zip(fn.arg_names, launch.args):
+                    if arg.kind == "buf":
+                        sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
+                    elif arg.kind == "scalar":
+                        sig[arg_name] = "fp32"
+                    else:
+                        sig[arg_name] = "*" + SCRATCH_SIG[arg.dtype]
+                for a in fn.arg_names:
+                    if a in meta:
+                        sig[a] = "constexpr"
+                        consts[(fn.arg_names.index(a),)] = meta.pop(a)
+                # pointers are 16-byte aligned at run time: without the attribute nothing is vectorised
+                # or pipelined, and the code (and registers) would not be the GPU's
+                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                         if sig.get(a, "").startswith("*")}
+                src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+                ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
+                with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                    f.write(ck.asm["ptx"])
+                out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                                     capture_output=True, text=True, check=False).stderr
+                os.unlink(f.name)
+                regs = max([int(r) for r in re.findall(r"Used (\d+) registers", out)] or [0])
+                spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", out))
+                cp_async = ck.asm["ptx"].count("cp.async.cg") + ck.asm["ptx"].count("cp.async.ca")
+                print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
+                      "cp.async", cp_async, k)
