@@ -4,7 +4,7 @@ Declare tensors and ops on a `Graph`, `build()` an `ExecutionPlan`, `execute()` 
 pack of buffers. Every graph also runs on the CPU through the reference engine.
 """
 
-from . import testing
+from . import testing, training
 from .dtypes import DataType
 from .device import Device
 from .engines.base import BehaviorNote, EngineConfig, NumericalNote

@@ -34,6 +34,7 @@ class AddressTable:
         self.tensor: Any = None
         self._ring: list[tuple[Any, Any]] = []
         self._next = 0
+        self.exposed = False  # the device tensor was handed to the user (plan.address_table)
         if self.slots:
             import torch
 
@@ -49,9 +50,11 @@ class AddressTable:
             out[slot] = _address(buffers[uid])
         return out
 
-    def write(self, addresses: list[int]) -> None:
-        """Point the table at `addresses` (ordered on the current stream); no-op when unchanged."""
-        if addresses == self.current:
+    def write(self, addresses: list[int], force: bool = False) -> None:
+        """Point the table at `addresses` (ordered on the current stream). Skipped when they equal the
+        host mirror, unless forced or the table was handed out (`exposed`): device-side writes into it
+        are invisible to the mirror, so from then on every write goes through."""
+        if addresses == self.current and not force and not self.exposed:
             return
         for uid, (slot, _) in self.slots.items():
             if addresses[slot] % 16:

@@ -261,7 +261,9 @@ class ExecutionPlan:
 
     @property
     def address_table(self) -> Any:
-        """The int64 device tensor of by-reference addresses (None without by-reference tensors)."""
+        """The int64 device tensor of by-reference addresses (None without by-reference tensors).
+        Writing into it (e.g. a device-side copy captured in a graph) redirects later launches."""
+        self._table.exposed = True
         return self._table.tensor
 
     def table_slot(self, tensor: Any) -> int:
@@ -289,7 +291,7 @@ class ExecutionPlan:
             _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
         addresses = list(self._table.current)
         addresses[slot] = buffer.data_ptr() if hasattr(buffer, "data_ptr") else buffer.__array_interface__["data"][0]
-        self._table.write(addresses)
+        self._table.write(addresses, force=True)
 
     # -- saving and loading ----------------------------------------------------------------------
     def to_bytes(self) -> bytes:

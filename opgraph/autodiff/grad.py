@@ -370,7 +370,7 @@ class _Pass:
         for uid in fg.inputs:
             d = fg.tensors[uid]
             self.handles[uid] = g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name, uid=uid,
-                                         is_pass_by_value=d.is_pass_by_value)
+                                         is_pass_by_value=d.is_pass_by_value, is_by_reference=d.is_by_reference)
         for node in fg.nodes:
             self._replay(node, node.output_uids())
 
