@@ -947,7 +947,7 @@ def test_backward_graph_round_trips_through_json():
 @requires_interpreter
 @pytest.mark.interpreter
 def test_backward_graph_runs_on_triton_interpreter(rng):
-    from ..helpers import assert_engine_matches
+    from ..helpers import assert_engine_close_l2, assert_engine_matches
 
     g = og.Graph("f", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[4, 8], name="x")
@@ -986,7 +986,7 @@ def test_batchnorm_output_is_recomputed_from_the_saved_conv_output(rng):
 def test_conv_bn_relu_backward_on_triton_interpreter(rng):
     """relu_backward + the recomputed batchnorm output + batchnorm_backward in one kernel, then
     dgrad and wgrad writing the fp16 gradients directly: three generated kernels."""
-    from ..helpers import assert_engine_matches
+    from ..helpers import assert_engine_close_l2, assert_engine_matches
 
     g, y, params = _conv_bn_relu(og.DataType.HALF, 2, 8, 4)
     res = grad(g, y, params)
@@ -1001,17 +1001,19 @@ def _gpu_block(dtype):
 @requires_cuda
 def test_gpu_conv_bn_relu_backward(rng):
     """The backward graph of a ResNet block's conv-bn-relu, fp16 NHWC, on the GPU engines."""
-    from ..helpers import assert_engine_matches
+    from ..helpers import assert_engine_close_l2, assert_engine_matches
 
     g, y, params = _gpu_block(og.DataType.HALF)
     res = grad(g, y, params)
-    assert_engine_matches(res.graph, rng, engines=("triton", "torch"), device="cuda", rtol=2e-2, atol=2e-2)
+    # fp16 gradients summed over 100k positions cancel: compare by relative L2 error (measured on an
+    # H200 on 2026-11-22: elementwise errors of a few % where the sums cancel)
+    assert_engine_close_l2(res.graph, rng, engines=("triton", "torch"), max_rel_l2=1e-2)
 
 
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_mlp_backward(rng):
-    from ..helpers import assert_engine_matches
+    from ..helpers import assert_engine_close_l2, assert_engine_matches
 
     g = og.Graph("mlp", io_data_type=og.DataType.BFLOAT16)
     x = g.tensor(dim=[4096, 1024], name="x")
@@ -1019,4 +1021,4 @@ def test_gpu_mlp_backward(rng):
     b = g.tensor(dim=[1, 4096], name="b", data_type=og.DataType.FLOAT)
     y = g.gelu(g.add(g.matmul(x, w), b)).set_output(True)
     res = grad(g, y, [x, w, b])
-    assert_engine_matches(res.graph, rng, engines=("triton", "torch"), device="cuda", rtol=5e-2, atol=5e-2)
+    assert_engine_close_l2(res.graph, rng, engines=("triton", "torch"), max_rel_l2=2e-2)
