@@ -13,11 +13,12 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import gemm, host, memory
+    from . import gemm, host, memory, networks
     from .harness import Session
 
-    table = {**memory.WORKLOADS, **gemm.WORKLOADS, **host.WORKLOADS}
-    groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS), "host": list(host.WORKLOADS)}
+    table = {**memory.WORKLOADS, **gemm.WORKLOADS, **host.WORKLOADS, **networks.WORKLOADS}
+    groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS), "host": list(host.WORKLOADS),
+              "networks": list(networks.WORKLOADS)}
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("which", nargs="*", help=f"groups {list(groups)} or workloads {list(table)} (default: all)")
     ap.add_argument("--autotune", action="store_true", help="also time plans built with autotune=True")
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
+        os.makedirs(args.out, exist_ok=True)  # what is done so far survives a time limit
+        with open(os.path.join(args.out, "results.partial.md"), "w") as f:
+            f.write(s.markdown() + "\n")
     from .common import print_profiles
 
     print_profiles()
