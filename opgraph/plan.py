@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import workspace as wsp
 from .autotune import TuningCache, tune
@@ -17,10 +17,13 @@ from .bindings import FastBinder, bind
 from .device import Device, resolve_device
 from .engines import get_engine
 from .engines.base import Engine, EngineConfig, Kernel
-from .errors import GraphError, UnsupportedGraphError, VariantPackError
+from .errors import GraphError, UnsupportedGraphError
 from .heuristics import HeurMode, PieceConfigs, as_modes, rank_configs
 from .ir import FinalGraph
 from .partition import Cut, Piece, partition
+
+if TYPE_CHECKING:
+    from .cudagraph import Capture
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ class ExecutionPlan:
         self._owned_views: dict[int, Any] = {}
         self._fast = FastBinder(graph, device) if device.is_cuda else None
         self._table = AddressTable(graph, device)
-        self._captures: dict[int, _Capture] = {}
+        self._captures: dict[int, Capture] = {}
 
     @property
     def workspace_layout(self) -> Mapping[int, tuple[int, int]]:

@@ -18,6 +18,11 @@ if ls .whl/nvidia_cudnn_frontend*.whl >/dev/null 2>&1; then
   lib=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), 'lib'))" 2>/dev/null)
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
 fi
+# torchvision for the whole-network benchmark, when its wheel (matching the image's torch) was carried
+if ls .whl/torchvision*.whl >/dev/null 2>&1 && ! python3 -c "import torchvision" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-tv .whl/torchvision*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site-tv"
+fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -n 4 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi

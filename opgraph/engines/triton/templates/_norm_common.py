@@ -14,9 +14,12 @@ input's, else the index split into coordinates (`(idx // inner) % dim`).
 from __future__ import annotations
 
 import re
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from ....device import Device
 from ....dtypes import DataType
 from ....ir import Const, Node, Operand
 from ....ops.pointwise import Pointwise
@@ -24,7 +27,7 @@ from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import Support
 from ..expr import Emitter, literal
-from .base import Arg
+from .base import Params, Template, assign, program_id
 
 INT32_LIMIT = 2**31 - 1
 FULL_ROLES = ("input", "grad")  # roles of a normalization op that live in the full space
@@ -226,6 +229,19 @@ class PrefetchIndexer(TileIndexer):
         return [f"{n} = {n}_n" for n in self.loads]
 
 
+def prefetched(indexers: Sequence[TileIndexer], first: list[str], following: list[str],
+               loop: list[str]) -> tuple[list[str], list[str]]:
+    """(lines before a tile loop, its body) with the loads of the PrefetchIndexers among `indexers`
+    issued one iteration ahead: `first` / `following` are the index lines of the first tile (before
+    the loop) and of the next one (in the body); `loop` is the body as it is without prefetching."""
+    loads = [i for i in indexers if isinstance(i, PrefetchIndexer) and i.loads]
+    if not loads:
+        return [], loop
+    return (first + [line for i in loads for line in i.first()],
+            following + [line for i in loads for line in i.issue()] + loop
+            + [line for i in loads for line in i.rotate()])
+
+
 def loop_header(var: str, lo: str, hi: str, step: str | None, stages: int) -> str:
     """`for var in range(lo, hi[, step]):`; with stages > 1, `tl.range(..., num_stages=stages)`, which
     software-pipelines every load of the body (cp.async into shared memory on sm_80+: `stages - 1`
@@ -239,30 +255,64 @@ def loop_header(var: str, lo: str, hi: str, step: str | None, stages: int) -> st
 # -- kernel parameters ------------------------------------------------------------------------------
 
 
-class Params:
-    """The runtime parameters of one generated kernel, in first-use order."""
+class NormGen:
+    """What the generators of one normalization piece's launches share: the piece, its geometry `g`
+    (with the piece as a Fusion, `g.fusion`, and the space's dims, `g.dims`), the knobs `k`, the
+    compute and accumulator types, and int64 program ids where offsets need them."""
 
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.args: list[Arg] = []
+    def __init__(self, piece: Piece, g: Any, knobs: dict[str, Any]) -> None:
+        self.piece, self.g, self.k = piece, g, knobs
+        self.node = g.fusion.norm
+        self.compute = compute_of(piece)
+        self.acc_bytes = 8 if self.compute == "tl.float64" else 4
+        self.scratch_dtype = "float64" if self.compute == "tl.float64" else "float32"
+        self.big = is_big(piece)
+        self.x_uid = self.node.input("input")
 
-    def _add(self, name: str, arg: Arg) -> str:
-        if name not in self.names:
-            self.names.append(name)
-            self.args.append(arg)
-        return name
+    def pid(self, axis: int = 0) -> str:
+        return program_id(axis, self.big)
 
-    def buf(self, uid: int) -> str:
-        return self._add(f"p{uid}", Arg("buf", uid))
+    def stored(self, role: str) -> int | None:
+        """The normalization's output of `role` where the piece writes it to memory, else None."""
+        u = self.node.output(role) if role in self.node.op.output_roles() else None
+        return u if u is not None and u in self.piece.outputs else None
 
-    def scalar(self, uid: int) -> str:
-        return self._add(f"s{uid}", Arg("scalar", uid))
+    def store_result(self, em: Emitter, role: str, value: str) -> None:
+        """Store `value` as the normalization's output of `role` where the piece writes it."""
+        u = self.stored(role)
+        if u is not None:
+            em.values[u] = value
+            em.store(u)
 
-    def scratch(self, name: str, offset: int, dtype: str) -> str:
-        return self._add(name, Arg("scratch", offset=offset, dtype=dtype))
+    def emit_output(self, em: Emitter, value: str) -> None:
+        """The normalization's full-size output (y, or dx) = `value`, rounded to its declared type,
+        then the epilogue and the stores of the full-size outputs."""
+        out = self.node.outputs[0]
+        assert out is not None
+        assign(em, out, value)
+        for n in self.g.fusion.epilogue:
+            em.emit(n)
+        for u in self.piece.outputs:
+            if self.piece.tensor(u).dim == self.g.dims and u in em.values:
+                em.store(u)
 
-    def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
-        return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
+
+class NormTemplate(Template):
+    """A template of pieces that are one normalization op with its fusion, described by a geometry
+    (`_geometry`: the geometry, or Support.no with the reason the piece is not one)."""
+
+    @abstractmethod
+    def _geometry(self, piece: Piece) -> Any: ...
+
+    def match(self, piece: Piece, device: Device) -> Support:
+        g = self._geometry(piece)
+        return g if isinstance(g, Support) else Support.yes()
+
+    def geometry_of(self, piece: Piece) -> Any:
+        """The geometry of a piece the template matches."""
+        g = self._geometry(piece)
+        assert not isinstance(g, Support), g.reason
+        return g
 
 
 def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, compute: str) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ....device import Device
 from ....partition import Piece
 from ...base import Support
-from ..expr import HELPERS
+from ..expr import HELPERS, Emitter, round_in_compute
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,76 @@ class Template(ABC):
 
     @abstractmethod
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated: ...
+
+
+class Params:
+    """The runtime parameters of one generated kernel and the launch arguments that fill them, in
+    first-use order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.args: list[Arg] = []
+
+    def _add(self, name: str, arg: Arg) -> str:
+        if name not in self.names:
+            self.names.append(name)
+            self.args.append(arg)
+        return name
+
+    def buf(self, uid: int) -> str:
+        return self._add(f"p{uid}", Arg("buf", uid))
+
+    def scalar(self, uid: int) -> str:
+        return self._add(f"s{uid}", Arg("scalar", uid))
+
+    def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
+        return self._add(name, Arg("scratch", offset=offset, dtype=dtype))
+
+    def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
+        return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
+
+    def source(self, name: str, constexprs: Sequence[str], body: list[str]) -> str:
+        return f"{self.signature(name, constexprs)}\n{indent(body)}\n"
+
+
+def external_params(piece: Piece, uids: Sequence[int]) -> tuple[list[str], list[Arg]]:
+    """Kernel parameters and launch arguments of tensors `uids`: s{uid} for a pass-by-value scalar,
+    p{uid} for a buffer."""
+    params, args = [], []
+    for u in uids:
+        if piece.tensor(u).is_pass_by_value:
+            params.append(f"s{u}")
+            args.append(Arg("scalar", u))
+        else:
+            params.append(f"p{u}")
+            args.append(Arg("buf", u))
+    return params, args
+
+
+def program_id(axis: int = 0, big: bool = False) -> str:
+    """The program's index along grid axis `axis`, widened to int64 where offsets need it."""
+    return f"tl.program_id({axis}).to(tl.int64)" if big else f"tl.program_id({axis})"
+
+
+def assign(em: Emitter, uid: int, value: str) -> None:
+    """Make `value` the value v{uid} of tensor uid in `em`, rounded to the tensor's declared type."""
+    name = f"v{uid}"
+    em.lines.append(f"{name} = {value}")
+    rounded = round_in_compute(name, em.tensors[uid].data_type, em.compute)
+    if rounded is not None:
+        em.lines.append(f"{name} = {rounded}")
+    em.values[uid] = name
+
+
+def unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`configs` without repeats, in order (the first of equal knob settings kept)."""
+    seen, out = set(), []
+    for c in configs:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
 
 
 def module_source(*functions: str) -> str:

@@ -22,11 +22,10 @@ from ....device import Device
 from ....ir import Node
 from ....ops.conv import ConvFprop, ConvolutionMode
 from ....partition import Piece
-from ...base import Support
-from .base import pow2_at_least
+from .base import pow2_at_least, unique
 from .gemm import (
-    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, dot_kind, estimate_us,
-    gemm_candidates, operand_bytes, operand_tile, with_subtile, uses_fp32,
+    Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, estimate_us, finish_candidates,
+    fp32_knobs, gemm_candidates, operand_bytes, operand_tile,
 )
 
 
@@ -35,26 +34,13 @@ class ConvFpropTemplate(TileTemplate):
     priority = 50
     main_kinds = ("conv_fprop",)
     main_label = "conv_fprop"
+    dot_roles = ("image", "weight")
 
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         y = piece.tensor(main.output_uids()[0])
         x = piece.tensor(main.input("image"))  # type: ignore[arg-type]
         w = piece.tensor(main.input("weight"))  # type: ignore[arg-type]
         return OutputSpace(y.dim, rows=(0, *range(2, len(y.dim))), col=1, groups=x.dim[1] // w.dim[1])
-
-    def check(self, gp: GemmPiece, device: Device) -> Support:
-        x, w = gp.operand("image"), gp.operand("weight")
-        kind = dot_kind(x.data_type, w.data_type, interpret=not device.is_cuda)
-        if isinstance(kind, str):
-            return Support.no(kind, gp.main)
-        return Support.yes()
-
-    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
-        x, w = gp.operand("image"), gp.operand("weight")
-        kind = dot_kind(x.data_type, w.data_type, interpret=not device.is_cuda,
-                        fp32_precision=knobs.get("fp32_precision", "tf32"))
-        assert not isinstance(kind, str)
-        return kind
 
     @staticmethod
     def _shape(gp: GemmPiece) -> tuple[int, int, int]:
@@ -67,15 +53,12 @@ class ConvFpropTemplate(TileTemplate):
         cg, taps, _ = self._shape(gp)
         return taps * -(-cg // int(knobs["BLOCK_K"]))
 
-    def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
-        return {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"])}
-
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         gp, verdict = self.analyze(piece)
         assert gp is not None, verdict.reason
         cg, taps, groups = self._shape(gp)
         x, w = gp.operand("image"), gp.operand("weight")
-        extra = {"fp32_precision": "tf32"} if uses_fp32(x.data_type, w.data_type) else {}
+        extra = fp32_knobs(x.data_type, w.data_type)
         elem = operand_bytes(x.data_type, w.data_type)
         configs = gemm_candidates(gp.space.m, gp.space.n, cg * taps, nprog=groups, device=device,
                                   elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes(), extra=extra)
@@ -85,10 +68,7 @@ class ConvFpropTemplate(TileTemplate):
             # the prologue runs on the image tile in registers: keep that tile at 128 rows
             small = [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
             configs = small[:1] + [c for c in configs if c not in small[:1]]
-        configs = with_subtile(configs, gp, device)
-        if extra:
-            configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
-        return configs
+        return finish_candidates(configs, gp, device, extra)
 
     def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
         """16-bit operands on Hopper: gemm_candidates' configs plus larger tiles with the K loop split
@@ -96,7 +76,7 @@ class ConvFpropTemplate(TileTemplate):
         GEMMs are bound by moving operand tiles from L2, see there). The first of gemm_candidates'
         ranking stays among the alternatives; the plain fallback stays last."""
         cg, taps, groups = self._shape(gp)
-        m, n = gp.space.m, gp.space.n
+        n = gp.space.n
         iters = taps * -(-cg // 64)
         pool = list(base[:-1])
         widest = max(32, pow2_at_least(n, 32))
@@ -112,11 +92,7 @@ class ConvFpropTemplate(TileTemplate):
                     pool.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(64, pow2_at_least(cg, 16)),
                                  "GROUP_M": 8, "SPLIT_K": split, "num_warps": 8 if bm * bn >= 16384 else 4,
                                  "num_stages": stages, **{k: v for k, v in base[0].items() if k == "fp32_precision"}})
-        unique = []
-        for c in pool:
-            if c not in unique:
-                unique.append(c)
-        ranked = sorted(unique, key=lambda c: conv_cost(gp, c, device))
+        ranked = sorted(unique(pool), key=lambda c: conv_cost(gp, c, device))
         out = ranked[:6]
         out += [c for c in base[:3] if c not in out]  # the generic ranking's first picks, as alternatives
         return out + base[-1:]

@@ -36,7 +36,7 @@ from ....ir import Node
 from ....ops.conv import ConvolutionMode, ConvWgrad, Geometry
 from ....partition import Piece
 from ...base import Support
-from .base import Generated, Launch, module_source, pow2_at_least
+from .base import Generated, Launch, module_source, pow2_at_least, unique
 from .gemm import (
     Context, DotKind, GemmPiece, OutputSpace, ReductionPlan, Scratch, Signature, TileIndexer, TileTemplate, Tiling,
     _check_knobs, decompose, dot_kind, epilogue, estimate_us, gemm_candidates, make_context, needs_int64,
@@ -257,13 +257,7 @@ class ConvWgradTemplate(TileTemplate):
         out.append({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": small, "GROUP_M": 8,
                     "SPLIT_K": self._split(gp, 64, 64, 1, small, device), "TAPS": 1, "num_warps": 4,
                     "num_stages": 2, **extra})
-        seen, unique = set(), []
-        for c in out:
-            key = tuple(sorted(c.items()))
-            if key not in seen:
-                seen.add(key)
-                unique.append(c)
-        return unique
+        return unique(out)
 
     def _split(self, gp: GemmPiece, bm: int, bn: int, taps: int, bk: int, device: Device) -> int:
         """SPLIT_K for ~2 programs per SM with >= 8 steps each, halved while the partials exceed half

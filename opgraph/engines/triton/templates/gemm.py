@@ -75,7 +75,7 @@ from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import NumericalNote, Support
 from ..expr import TL_DTYPE, Emitter, compute_type, literal, round_in_compute, to_storage
-from .base import Arg, Generated, Launch, Template, indent, module_source, pow2_at_least
+from .base import Generated, Launch, Params, Template, assign, module_source, pow2_at_least, unique
 
 INT32_LIMIT = 2**31 - 1
 SCRATCH_ALIGN = 256
@@ -423,6 +423,29 @@ def uses_fp32(a: DataType, b: DataType) -> bool:
     return DataType.FLOAT in (a, b)
 
 
+def fp32_knobs(a: DataType, b: DataType) -> dict[str, Any]:
+    """What every config of operand types `a` x `b` carries: fp32 operands multiply as tf32 unless
+    fp32_precision="ieee" (`finish_candidates` adds that alternative)."""
+    return {"fp32_precision": "tf32"} if uses_fp32(a, b) else {}
+
+
+def stencil_support(gp: GemmPiece, roles: tuple[str, str], ints: str, doubles: str) -> Support:
+    """Whether a stencil main loop (products without tl.dot, accumulated in fp32, or int32 for int8)
+    multiplies the operands of `roles`: integers only as INT8 x INT8 (else Support.no(`ints`)), and
+    no DOUBLE (else Support.no(`doubles`))."""
+    a, b = (gp.operand(role).data_type for role in roles)
+    if (a.is_integer or b.is_integer) and (a is not DataType.INT8 or b is not DataType.INT8):
+        return Support.no(ints, gp.main)
+    if DataType.DOUBLE in (a, b):
+        return Support.no(doubles, gp.main)
+    return Support.yes()
+
+
+def stencil_dot(a: DataType) -> DotKind:
+    """A stencil's products (no tl.dot) of operands of type `a` (see `stencil_support`)."""
+    return DotKind("tl.int32", "tl.int32") if a.is_integer else DotKind("tl.float32", "tl.float32")
+
+
 def operand_bytes(a: DataType, b: DataType) -> int:
     """Bytes per element of the tiles tl.dot multiplies (fp8 is widened to fp16, mixed 16-bit types
     and fp32 run as 32-bit): what shared memory holds per stage."""
@@ -435,31 +458,8 @@ def operand_bytes(a: DataType, b: DataType) -> int:
 # -- kernel signatures and scratch -----------------------------------------------------------------
 
 
-class Signature:
-    """The parameters of one generated kernel and the launch arguments that fill them, in order."""
-
-    def __init__(self) -> None:
-        self.params: list[str] = []
-        self.args: list[Arg] = []
-
-    def _add(self, name: str, arg: Arg) -> str:
-        if name not in self.params:
-            self.params.append(name)
-            self.args.append(arg)
-        return name
-
-    def buf(self, uid: int) -> str:
-        return self._add(f"p{uid}", Arg("buf", uid))
-
-    def scalar(self, uid: int) -> str:
-        return self._add(f"s{uid}", Arg("scalar", uid))
-
-    def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
-        return self._add(name, Arg("scratch", offset=offset, dtype=dtype))
-
-    def source(self, name: str, constexprs: Sequence[str], body: list[str]) -> str:
-        params = [*self.params, *(f"{c}: tl.constexpr" for c in constexprs)]
-        return f"def {name}({', '.join(params)}):\n{indent(body)}\n"
+# a kernel's parameters and the launch arguments that fill them (templates/base.py)
+Signature = Params
 
 
 class Scratch:
@@ -854,12 +854,7 @@ def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
         em.values.update(preset)
     out = gp.out
     out_desc = gp.tensor(out)
-    name = f"v{out}"
-    em.lines.append(f"{name} = {acc}.to({ctx.compute})")
-    rounded = round_in_compute(name, out_desc.data_type, ctx.compute)
-    if rounded is not None:
-        em.lines.append(f"{name} = {rounded}")
-    em.values[out] = name
+    assign(em, out, f"{acc}.to({ctx.compute})")
     for node in gp.epilogue:
         em.emit(node)
     int_acc = ctx.dot is not None and ctx.dot.is_int
@@ -1101,6 +1096,15 @@ class ReductionPlan:
         return block_s, block_l, warps
 
 
+def add_combines(plans: Sequence[ReductionPlan], ctx: Context, functions: list[str], launches: list[Launch]) -> None:
+    """The combine launches (and their kernels) of the reductions whose partials span several slots."""
+    for i, plan in enumerate(plans):
+        if plan.slots > 1:
+            source, launch = plan.combine_source(ctx, i)
+            functions.append(source)
+            launches.append(launch)
+
+
 # -- split-K -------------------------------------------------------------------------------------------
 
 
@@ -1209,16 +1213,29 @@ class TileTemplate(Template):
     main_kinds: tuple[str, ...] = ()
     main_label = ""
     splits_k = True  # whether SPLIT_K > 1 is meaningful (the main loop reduces)
+    dot_roles: tuple[str, ...] = ()  # the main op's inputs that tl.dot multiplies (A, B), if it does
 
     # -- subclass hooks --
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         raise NotImplementedError
 
     def check(self, gp: GemmPiece, device: Device) -> Support:
+        """By default, whether tl.dot multiplies the types of the `dot_roles` operands."""
+        if self.dot_roles:
+            a, b = (gp.operand(role).data_type for role in self.dot_roles)
+            kind = dot_kind(a, b, interpret=not device.is_cuda)
+            if isinstance(kind, str):
+                return Support.no(kind, gp.main)
         return Support.yes()
 
     def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind | None:
-        return None
+        """By default, how tl.dot multiplies the `dot_roles` operands (None: no tl.dot)."""
+        if not self.dot_roles:
+            return None
+        a, b = (gp.operand(role).data_type for role in self.dot_roles)
+        kind = dot_kind(a, b, interpret=not device.is_cuda, fp32_precision=knobs.get("fp32_precision", "tf32"))
+        assert not isinstance(kind, str)
+        return kind
 
     def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
         """Main-loop trip count (split-K divides it)."""
@@ -1229,11 +1246,24 @@ class TileTemplate(Template):
         raise NotImplementedError
 
     def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
-        return {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"])}
+        """The tile's blocks: BLOCK_M, BLOCK_N, and BLOCK_K where a product over K runs in its steps."""
+        out = {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"])}
+        if self.dot_roles and "BLOCK_K" in knobs:
+            out["BLOCK_K"] = int(knobs["BLOCK_K"])
+        return out
 
     # -- Template --
     def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
         return analyze(piece, self.main_kinds, lambda n: self.space(n, piece), self.main_label)
+
+    def analyzed(self, piece: Piece) -> GemmPiece:
+        """The analysis of a piece to generate; an error where the template does not match it."""
+        gp, verdict = self.analyze(piece)
+        if gp is None:
+            raise AttributeValueError(f"the {self.name} template cannot run this piece: {verdict.reason}",
+                                      op=verdict.node.label() if verdict.node else None,
+                                      rule="triton.gemm.match", hint="ask the engine which template matches")
+        return gp
 
     def match(self, piece: Piece, device: Device) -> Support:
         if not any(n.kind in self.main_kinds for n in piece.nodes):
@@ -1271,11 +1301,7 @@ class TileTemplate(Template):
         return []
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        gp, verdict = self.analyze(piece)
-        if gp is None:
-            raise AttributeValueError(f"the {self.name} template cannot run this piece: {verdict.reason}",
-                                      op=verdict.node.label() if verdict.node else None,
-                                      rule="triton.gemm.match", hint="ask the engine which template matches")
+        gp = self.analyzed(piece)
         _check_knobs(knobs)
         tiling = self.tiling(gp, knobs)
         ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
@@ -1328,11 +1354,7 @@ class TileTemplate(Template):
             emeta = (("BLOCK_M", et.block_m), ("BLOCK_N", et.block_n), ("num_warps", ewarps))
             functions.append(esig.source("kernel_epilogue", ["BLOCK_M", "BLOCK_N"], ebody))
             launches.append(Launch("kernel_epilogue", (et.per_split,), tuple(esig.args), emeta))
-        for i, plan in enumerate(plans):
-            if plan.slots > 1:
-                source, launch = plan.combine_source(plan_ctx, i)
-                functions.append(source)
-                launches.append(launch)
+        add_combines(plans, plan_ctx, functions, launches)
         source = module_source(*functions)
         # "needs_allocator": device-side tensor descriptors take global scratch at launch
         notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
@@ -1434,7 +1456,7 @@ def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_
                  "num_warps": 4, "num_stages": 1}
         last = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1,
                 "num_warps": 4, "num_stages": 1}
-        return _unique([{**first, **extra}, {**last, **extra}])
+        return unique([{**first, **extra}, {**last, **extra}])
     bk = {1: 128, 2: 64}.get(elem_bytes, 32)
     bk = min(bk, pow2_at_least(chunk, 16))
     if elem_bytes == 1:
@@ -1459,7 +1481,17 @@ def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_
     out.append({"BLOCK_M": 64, "BLOCK_N": min(64, widest), "BLOCK_K": bk if elem_bytes == 1 else min(bk, 32),
                 "GROUP_M": 8, "SPLIT_K": 1,
                 "num_warps": 4, "num_stages": 2, **extra})
-    return _unique(out)
+    return unique(out)
+
+
+def finish_candidates(configs: list[dict[str, Any]], gp: GemmPiece, device: Device,
+                      extra: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A GEMM template's ranked configs, finished: epilogue subtiles for large tiles (`with_subtile`)
+    and, for fp32 operands (`extra` from `fp32_knobs`), the first config in full fp32 as the second."""
+    configs = with_subtile(configs, gp, device)
+    if "fp32_precision" in extra:
+        configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
+    return configs
 
 
 def with_subtile(configs: list[dict[str, Any]], gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
@@ -1471,19 +1503,9 @@ def with_subtile(configs: list[dict[str, Any]], gp: GemmPiece, device: Device) -
     return [{**c, "EPILOGUE_SUBTILE": 2} if c["BLOCK_M"] * c["BLOCK_N"] >= 32768 else c for c in configs]
 
 
-def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    seen, out = set(), []
-    for c in configs:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
-
-
 __all__ = [
     "OutputSpace", "View", "Reduce", "GemmPiece", "analyze", "DotKind", "dot_kind", "Signature", "Scratch",
     "TileIndexer", "Tiling", "decompose", "Context", "make_context", "operand_tile", "epilogue",
     "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal", "preload_lines",
-    "epilogue_tiling",
+    "epilogue_tiling", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
 ]

@@ -24,11 +24,10 @@ from ....device import Device
 from ....ir import Node
 from ....partition import Piece
 from ....tensor import TensorDesc
-from ...base import Support
 from ..expr import TL_DTYPE
 from .gemm import (
-    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, dot_kind, estimate_us,
-    gemm_candidates, operand_bytes, operand_tile, with_subtile, tma_ok, tma_prelude, uses_fp32,
+    Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, estimate_us, finish_candidates,
+    fp32_knobs, gemm_candidates, operand_bytes, operand_tile, tma_ok, tma_prelude,
 )
 
 # per operand: (the tile's row index start, its column index start) in the main loop
@@ -71,31 +70,15 @@ class MatmulTemplate(TileTemplate):
     priority = 50
     main_kinds = ("matmul",)
     main_label = "matmul"
+    dot_roles = ("A", "B")
 
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])
         rank = len(c.dim)
         return OutputSpace(c.dim, rows=(rank - 2,), col=rank - 1, batch=tuple(range(rank - 2)))
 
-    def check(self, gp: GemmPiece, device: Device) -> Support:
-        a, b = gp.operand("A"), gp.operand("B")
-        kind = dot_kind(a.data_type, b.data_type, interpret=not device.is_cuda)
-        if isinstance(kind, str):
-            return Support.no(kind, gp.main)
-        return Support.yes()
-
-    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
-        a, b = gp.operand("A"), gp.operand("B")
-        kind = dot_kind(a.data_type, b.data_type, interpret=not device.is_cuda,
-                        fp32_precision=knobs.get("fp32_precision", "tf32"))
-        assert not isinstance(kind, str)
-        return kind
-
     def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
         return -(-gp.operand("A").dim[-1] // int(knobs["BLOCK_K"]))
-
-    def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
-        return {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"])}
 
     def _problem(self, gp: GemmPiece) -> tuple[int, int, int, int]:
         a, b = gp.operand("A"), gp.operand("B")
@@ -107,7 +90,7 @@ class MatmulTemplate(TileTemplate):
         assert gp is not None, verdict.reason
         m, n, k, elem = self._problem(gp)
         a, b = gp.operand("A"), gp.operand("B")
-        extra = {"fp32_precision": "tf32"} if uses_fp32(a.data_type, b.data_type) else {}
+        extra = fp32_knobs(a.data_type, b.data_type)
         configs = gemm_candidates(m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem,
                                   moved_bytes=gp.moved_bytes(), extra=extra)
         if device.is_cuda and descriptor(gp, "A") is not None and descriptor(gp, "B") is not None:
@@ -122,10 +105,7 @@ class MatmulTemplate(TileTemplate):
                                    moved_bytes=gp.moved_bytes())
 
             configs = sorted(tma + configs[:-1], key=cost)[:8] + configs[-1:]
-        configs = with_subtile(configs, gp, device)
-        if extra:
-            configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
-        return configs
+        return finish_candidates(configs, gp, device, extra)
 
     def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
         gp, _ = self.analyze(piece)

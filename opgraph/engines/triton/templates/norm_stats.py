@@ -39,25 +39,25 @@ from typing import Any
 from ....device import Device
 from ....partition import Piece
 from ...base import Support
-from ..expr import round_in_compute
 from ._norm_common import (
     Comp,
     Fusion,
+    NormGen,
+    NormTemplate,
     Params,
     PrefetchIndexer,
     TileIndexer,
     analyse,
-    compute_of,
-    is_big,
     loop_header,
     make_emitter,
     memory_order,
     nest,
     pow2_ceil,
+    prefetched,
     renamed,
     scalar_expr,
 )
-from .base import Generated, Launch, Template, indent, module_source
+from .base import Generated, Launch, indent, module_source, unique
 
 FORWARD = ("batchnorm", "instancenorm")
 BACKWARD = ("batchnorm_backward", "instancenorm_backward")
@@ -208,37 +208,25 @@ def candidate_knobs(g: Geometry, device: Device, elt: int = 2) -> list[dict[str,
                      {"per_sm": 8, "prefetch": 1}, {"per_sm": 2}]
     else:
         variants += [{"prefetch": 1}, {"stages": 2}]
-    out: list[dict[str, Any]] = []
-    for v in variants:
-        knobs = _knobs(g, device, elt, **v)
-        if knobs not in out:
-            out.append(knobs)
-    return out
+    return unique([_knobs(g, device, elt, **v) for v in variants])
 
 
 # -- code generation ------------------------------------------------------------------------------
 
 
-class _Gen:
+class _Gen(NormGen):
     """Generates the launches of one piece."""
 
+    g: Geometry
+
     def __init__(self, piece: Piece, g: Geometry, knobs: dict[str, Any]) -> None:
-        self.piece = piece
-        self.g = g
-        self.k = knobs
-        self.node = g.fusion.norm
-        self.compute = compute_of(piece)
-        self.acc_bytes = 8 if self.compute == "tl.float64" else 4
-        self.scratch_dtype = "float64" if self.compute == "tl.float64" else "float32"
-        self.big = is_big(piece)
+        super().__init__(piece, g, knobs)
         kind = g.kind
         self.forward = kind in FORWARD
         self.backward = kind in BACKWARD
         self.inference = kind == "batchnorm_inference"
         self.saved = self.backward and self.node.input("mean") is not None
-        self.x_uid = self.node.input("input")
         self.grad_uid = self.node.input("grad") if self.backward else None
-        self.y_uid = self.node.outputs[0]
         self.chunks = self._chunks()
         # scratch: partial arrays [chunks, S] then coefficient arrays [S]
         if self.forward:
@@ -261,9 +249,6 @@ class _Gen:
         self.scratch_bytes = off
 
     # helpers -----------------------------------------------------------------------------------------
-    def pid(self, axis: int) -> str:
-        return f"tl.program_id({axis}).to(tl.int64)" if self.big else f"tl.program_id({axis})"
-
     def scratch(self, params: Params, name: str) -> str:
         return params.scratch(name, self.offsets[name], self.scratch_dtype)
 
@@ -402,10 +387,8 @@ class _Gen:
             loop += ["a1 += d", "a2 += d * d"]
         if self.backward:
             loop += [f"gr = tl.where(mask, {gv}, 0.0)", "ad += gr", "ae += gr * d"]
-        if prefetch and pf.loads:
-            body += first + pf.first()
-            loop = following + pf.issue() + loop + pf.rotate()
-        body += nest(header, loop)
+        before, loop = prefetched([pf] if prefetch else [], first, following, loop)
+        body += before + nest(header, loop)
         if cl:
             body.append(f"n = (p_hi - p_lo).to({acc})")
         else:
@@ -450,12 +433,6 @@ class _Gen:
             lines = list(em.lines)
             em.lines.clear()
             return lines
-
-        def store(role: str, value: str) -> None:
-            u = node.output(role)
-            if u is not None and u in self.piece.outputs:
-                em.values[u] = value
-                em.store(u)
 
         q = {name: self.scratch(params, "q_" + name) for name in self.partials}
 
@@ -526,24 +503,24 @@ class _Gen:
         body += take()
         if self.forward:
             coef = {"mu": "rel", "sc": f"{gamma} * inv", "sh": em.operand(node.input("bias"))}
-            store("mean", "mean")
-            store("inv_variance", "inv")
+            self.store_result(em, "mean", "mean")
+            self.store_result(em, "inv_variance", "inv")
             if node.kind == "batchnorm" and node.input("momentum") is not None:
                 mom = scalar_expr(node.input("momentum"), tensors, params, acc)
                 rm, rv = em.operand(node.input("in_running_mean")), em.operand(node.input("in_running_var"))
                 unbiased = f"t_2 / {float(max(g.M - 1, 1))!r}"
                 body += take() + [f"r_mean = (1.0 - {mom}) * {rm} + {mom} * mean",
                                   f"r_var = (1.0 - {mom}) * {rv} + {mom} * {unbiased}"]
-                store("next_running_mean", "r_mean")
-                store("next_running_var", "r_var")
+                self.store_result(em, "next_running_mean", "r_mean")
+                self.store_result(em, "next_running_var", "r_var")
             body += take()
         else:
             m = float(g.M)
             coef = {"k0": "k0", "mu": "rel", "a": f"{gamma} * inv", "k1": f"t_d / {m!r}",
                     "k2": f"inv * inv * t_e / {m!r}"}
             if g.B == 1:
-                store("dscale", "inv * t_e")
-                store("dbias", "t_d")
+                self.store_result(em, "dscale", "inv * t_e")
+                self.store_result(em, "dbias", "t_d")
                 body += take()
             else:  # per-slot terms; launch 4 sums them over the samples
                 for name, value in (("c_pe", "inv * t_e"), ("c_pd", "t_d")):
@@ -572,10 +549,7 @@ class _Gen:
             f"t_ds += tl.sum(tl.load({pe} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)",
             f"t_db += tl.sum(tl.load({pd} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)"])
         for role, value in (("dscale", "t_ds"), ("dbias", "t_db")):
-            u = self.node.output(role)
-            if u is not None and u in self.piece.outputs:
-                em.values[u] = value
-                em.store(u)
+            self.store_result(em, role, value)
         body += em.lines
         src = params.signature("kernel_dparams", ["BS", "BB"]) + "\n" + indent(body)
         launch = Launch("kernel_dparams", (-(-g.C // bs),), tuple(params.args),
@@ -627,8 +601,7 @@ class _Gen:
             body.append(f"bb = {g.B - 1} - {self.pid(1)}" if order else f"bb = {self.pid(1)}")
         grid = (ncb * row_tiles, g.B)
         em = self.region(comps, masks, zeros, params)
-        fusion = g.fusion
-        xv, gv = self.full_values(em, fusion.prologue)
+        xv, gv = self.full_values(em, g.fusion.prologue)
         node = self.node
         slot = f"bb * {g.C} + cc" if g.b_axes else "cc"
         if self.inference:
@@ -644,18 +617,7 @@ class _Gen:
                 value = f"{centered} * k_sc + k_sh"
             else:
                 value = f"k_a * (({gv} - k_k1) - k_k2 * {centered})"
-        y = self.y_uid
-        assert y is not None
-        em.lines.append(f"v{y} = {value}")
-        rounded = round_in_compute(f"v{y}", self.piece.tensor(y).data_type, self.compute)
-        if rounded is not None:
-            em.lines.append(f"v{y} = {rounded}")
-        em.values[y] = f"v{y}"
-        for n in fusion.epilogue:
-            em.emit(n)
-        for u in self.piece.outputs:
-            if self.piece.tensor(u).dim == g.dims and u in em.values:
-                em.store(u)
+        self.emit_output(em, value)
         body += em.lines
         src = params.signature("kernel_apply", ["ABR", "ABC"]) + "\n" + indent(body)
         launch = Launch("kernel_apply", grid, tuple(params.args),
@@ -689,7 +651,7 @@ class _Gen:
         return Generated(module_source(*sources), tuple(launches), self.scratch_bytes)
 
 
-class NormStatsTemplate(Template):
+class NormStatsTemplate(NormTemplate):
     name = "norm_stats"
     priority = 30
 
@@ -702,19 +664,12 @@ class NormStatsTemplate(Template):
             return Support.no(f"{g.B} samples exceed the grid's third axis (65535)", fusion.norm)
         return g
 
-    def match(self, piece: Piece, device: Device) -> Support:
-        g = self._geometry(piece)
-        return g if isinstance(g, Support) else Support.yes()
-
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        g = self._geometry(piece)
-        assert isinstance(g, Geometry)
+        g = self.geometry_of(piece)
         return candidate_knobs(g, device, stats_bytes(g, piece))
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        g = self._geometry(piece)
-        assert isinstance(g, Geometry)
-        return _Gen(piece, g, knobs).generate()
+        return _Gen(piece, self.geometry_of(piece), knobs).generate()
 
 
 TEMPLATE = NormStatsTemplate()

@@ -18,7 +18,7 @@ from ....partition import Piece
 from ....tensor import TensorDesc, packed_strides, stride_order
 from ...base import Support
 from ..expr import Emitter, compute_type
-from .base import Arg, Generated, Launch, Template, indent, module_source, pow2_at_least
+from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 
 INT32_LIMIT = 2**31 - 1
 
@@ -100,12 +100,7 @@ class PointwiseTemplate(Template):
         else:
             b = min(1024, pow2_at_least(numel, 16))
             ranked = [(b, 4), (min(2048, pow2_at_least(numel, 16)), 8)]
-        seen, out = set(), []
-        for block, warps in ranked:
-            if (block, warps) not in seen:
-                seen.add((block, warps))
-                out.append({"BLOCK": block, "num_warps": warps})
-        return out
+        return unique([{"BLOCK": block, "num_warps": warps} for block, warps in ranked])
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         first = piece.tensor(piece.outputs[0])
@@ -121,17 +116,9 @@ class PointwiseTemplate(Template):
             emitter.emit(node)
         for u in piece.outputs:
             emitter.store(u)
-        params, args = [], []
-        for u in externals:
-            if piece.tensor(u).is_pass_by_value:
-                params.append(f"s{u}")
-                args.append(Arg("scalar", u))
-            else:
-                params.append(f"p{u}")
-                args.append(Arg("buf", u))
-        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+        params, args = external_params(piece, externals)
         body = [
-            f"lin = {pid} * BLOCK + tl.arange(0, BLOCK)",
+            f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",
             *indexer.coordinate_lines(),
             *emitter.lines,

@@ -27,7 +27,7 @@ from ....partition import Piece
 from ....tensor import TensorDesc, stride_order
 from ...base import Support
 from ..expr import TL_DTYPE, Emitter, compute_type, round_in_compute, to_storage
-from .base import Arg, Generated, Launch, Template, indent, module_source, pow2_at_least
+from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from .reduction import INT32_LIMIT, FlatAxes
 
 UNROLL_TAPS = 27  # windows up to 3x3x3 are unrolled
@@ -178,14 +178,11 @@ class PoolingTemplate(Template):
         # ~4 outputs per thread; big windows do more work per output, so smaller blocks
         first = 1024 if taps <= 16 else 512
         ranked = [(first, 4), (first // 2, 4), (first * 2, 8), (256, 2)]
-        out, seen = [], set()
+        out = []
         for block, warps in ranked:
             block = min(block, top)
-            warps = max(1, min(warps, block // 128))
-            if (block, warps) not in seen:
-                seen.add((block, warps))
-                out.append({"BLOCK": block, "num_warps": warps})
-        return out
+            out.append({"BLOCK": block, "num_warps": max(1, min(warps, block // 128))})
+        return unique(out)
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         p = analyse(piece)
@@ -260,17 +257,9 @@ class PoolingTemplate(Template):
 
         taps = math.prod(p.geo.window)
         loop = f"for t in tl.static_range({taps}):" if taps <= UNROLL_TAPS else f"for t in range({taps}):"
-        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
-        head = [f"lin = {pid} * {block} + tl.arange(0, {block})", f"mask = lin < {ny}"]
+        head = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {ny}"]
         body = [*head, *yflat.lines, *hoisted, *init, loop, *indent(tap_lines).split("\n"), *post]
-        params, args = [], []
-        for u in externals:
-            if g.tensors[u].is_pass_by_value:
-                params.append(f"s{u}")
-                args.append(Arg("scalar", u))
-            else:
-                params.append(f"p{u}")
-                args.append(Arg("buf", u))
+        params, args = external_params(piece, externals)
         source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
         launch = Launch("kernel", (-(-ny // block),), tuple(args), (("num_warps", int(knobs.get("num_warps", 4))),))
         return Generated(source, (launch,))

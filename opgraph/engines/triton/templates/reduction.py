@@ -39,7 +39,9 @@ from ....partition import Piece
 from ....tensor import TensorDesc, stride_order
 from ...base import Support
 from ..expr import Emitter, compute_type, to_storage
-from .base import Arg, Generated, Launch, Template, indent, module_source, pow2_at_least
+from .base import (
+    Arg, Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique,
+)
 
 INT32_LIMIT = 2**31 - 1
 SCRATCH_ALIGN = 256
@@ -366,7 +368,6 @@ class ReductionTemplate(Template):
         base = (bm, bk)
         shapes = [base, (bm * 2, bk // 2), (bm // 2, bk * 2), (bm, bk * 2), (bm * 2, bk)]
         out: list[dict[str, Any]] = []
-        seen = set()
         for i, (m, k) in enumerate(shapes):
             m, k = max(1, min(m, pm)), max(1, min(k, pk))
             if m * k > MAX_TILE:
@@ -379,11 +380,8 @@ class ReductionTemplate(Template):
                 s = min(s, -(-K // k))
                 st = _stages(a, piece, M, K, m, k, s, device)
                 for st_ in ([st, 0] if i == j == 0 and st else [st]):  # the plain loop: an alternative
-                    key = (m, k, s, w, st_)
-                    if key not in seen:
-                        seen.add(key)
-                        out.append({"BLOCK_M": m, "BLOCK_K": k, "SPLIT": s, "num_warps": w, "STAGES": st_})
-        return out
+                    out.append({"BLOCK_M": m, "BLOCK_K": k, "SPLIT": s, "num_warps": w, "STAGES": st_})
+        return unique(out)
 
     # -- source ----------------------------------------------------------------------------------
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
@@ -439,7 +437,7 @@ class ReductionTemplate(Template):
         for i, r in enumerate(a.reducers):
             post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", kaxis, tile)
 
-        params, args = _external_params(piece, externals)
+        params, args = external_params(piece, externals)
         scratch_args: list[Arg] = []
         scratch_params: list[str] = []
         scratch_bytes = 0
@@ -459,7 +457,6 @@ class ReductionTemplate(Template):
                                                           device)
             launches.append(combine_launch)
 
-        pid_m = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
         k_vec = f"k0 + tl.arange(0, {bk})"
         bounds = f"0, {K}, {bk}" if split == 1 else f"pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}"
         stages = int(knobs.get("STAGES", 0))
@@ -468,9 +465,9 @@ class ReductionTemplate(Template):
         loop_head = (f"for k0 in tl.range({bounds}, num_stages={stages}):" if stages > 1
                      else f"for k0 in range({bounds}):")
         mask = "m_mask[:, None] & k_mask[None, :]" if a.k_fast else "k_mask[:, None] & m_mask[None, :]"
-        pre = [f"pid_m = {pid_m}"]
+        pre = [f"pid_m = {program_id(0, big)}"]
         if split > 1:
-            pre.append("pid_s = tl.program_id(1).to(tl.int64)" if big else "pid_s = tl.program_id(1)")
+            pre.append(f"pid_s = {program_id(1, big)}")
         pre += [f"m = pid_m * {bm} + tl.arange(0, {bm})", f"m_mask = m < {M}"]
         in_loop = [f"k = ({k_vec}).to(tl.int64)" if big else f"k = {k_vec}", f"k_mask = k < {K}",
                    f"mask = {mask}", *kflat.lines, *loop]
@@ -481,18 +478,6 @@ class ReductionTemplate(Template):
                       (("num_warps", int(knobs.get("num_warps", 4))),))
         return Generated(source, (main, *launches), scratch_bytes,
                          frozenset({f"split={split}"} if split > 1 else set()))
-
-
-def _external_params(piece: Piece, uids: Sequence[int]) -> tuple[list[str], list[Arg]]:
-    params, args = [], []
-    for u in uids:
-        if piece.tensor(u).is_pass_by_value:
-            params.append(f"s{u}")
-            args.append(Arg("scalar", u))
-        else:
-            params.append(f"p{u}")
-            args.append(Arg("buf", u))
-    return params, args
 
 
 def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, compute: str, values: dict[int, str]) -> list[str]:
@@ -524,7 +509,7 @@ def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_pa
     cap = max(bc, 1 << ((16384 // max(1, words)).bit_length() - 1))
     bs = min(pow2_at_least(split), max(1, cap // bc))
     outs = [r.out for r in a.reducers if r.out is not None and r.out in piece.outputs]
-    params, args = _external_params(piece, outs)
+    params, args = external_params(piece, outs)
     mflat = FlatAxes("m", a.kept, a.space, "mq")
     body = [f"m = tl.program_id(0) * {bc} + tl.arange(0, {bc})", f"m_mask = m < {M}",
             f"s = tl.arange(0, {bs})"]

@@ -29,25 +29,25 @@ from typing import Any
 from ....device import Device
 from ....partition import Piece
 from ...base import Support
-from ..expr import round_in_compute
 from ._norm_common import (
     Comp,
     Fusion,
+    NormGen,
+    NormTemplate,
     Params,
     PrefetchIndexer,
     TileIndexer,
     analyse,
-    compute_of,
-    is_big,
     is_run,
     loop_header,
     make_emitter,
     memory_order,
     nest,
     pow2_ceil,
+    prefetched,
     scalar_expr,
 )
-from .base import Generated, Launch, Template, indent, module_source
+from .base import Generated, Launch, indent, module_source, unique
 
 SHORT = {"dscale": "ds", "dbias": "db"}
 KINDS = ("layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward")
@@ -157,33 +157,17 @@ def candidate_knobs(g: Geometry, device: Device, backward: bool) -> list[dict[st
                            {"persist": 4, "tile": 4096, "warps": 8}, {"stages": 0}])
     else:
         variants += [{"prefetch": 1}] if backward else [{"persist": 1}, {"persist": 1, "stages": 2}]
-    out: list[dict[str, Any]] = []
-    for v in variants:
-        knobs = _knobs(g, device, backward, **v)
-        if knobs not in out:
-            out.append(knobs)
-    return out
+    return unique([_knobs(g, device, backward, **v) for v in variants])
 
 
-class _Gen:
+class _Gen(NormGen):
+    g: Geometry
+
     def __init__(self, piece: Piece, g: Geometry, knobs: dict[str, Any]) -> None:
-        self.piece, self.g, self.k = piece, g, knobs
-        self.node = g.fusion.norm
-        self.compute = compute_of(piece)
-        self.acc_bytes = 8 if self.compute == "tl.float64" else 4
-        self.scratch_dtype = "float64" if self.compute == "tl.float64" else "float32"
-        self.big = is_big(piece)
+        super().__init__(piece, g, knobs)
         self.rms = g.kind.startswith("rmsnorm")
         self.backward = g.kind.endswith("_backward")
-        self.x_uid = self.node.input("input")
         self.grad_uid = self.node.input("grad") if self.backward else None
-
-    def pid(self) -> str:
-        return "tl.program_id(0).to(tl.int64)" if self.big else "tl.program_id(0)"
-
-    def stored(self, role: str) -> int | None:
-        u = self.node.output(role) if role in self.node.op.output_roles() else None
-        return u if u is not None and u in self.piece.outputs else None
 
     def indexers(self, params: Params, prefetch: bool = False):
         """The tile's emitter ([rows, BLOCK], rows rr, columns jj) and a per-row emitter (stats). With
@@ -205,21 +189,6 @@ class _Gen:
             per_row = TileIndexer(g.dims, [row], row_masks, {0: "z0"})
         return (make_emitter(self.piece, self.compute, tile, params),
                 make_emitter(self.piece, self.compute, per_row, params), [tile, per_row])
-
-    def epilogue(self, em, value: str) -> None:
-        """y / dx = `value`, rounded to its declared type, then the epilogue and the full-size stores."""
-        out = self.node.outputs[0]
-        assert out is not None
-        em.lines.append(f"v{out} = {value}")
-        rounded = round_in_compute(f"v{out}", self.piece.tensor(out).data_type, self.compute)
-        if rounded is not None:
-            em.lines.append(f"v{out} = {rounded}")
-        em.values[out] = f"v{out}"
-        for n in self.g.fusion.epilogue:
-            em.emit(n)
-        for u in self.piece.outputs:
-            if self.piece.tensor(u).dim == self.g.dims and u in em.values:
-                em.store(u)
 
     def param(self, em, role: str) -> str | None:
         v = self.node.input(role) if role in self.node.op.input_roles() else None
@@ -263,11 +232,9 @@ class _Gen:
             value = f"{value} * {sc}"
         if bi is not None:
             value = f"{value} + {bi}"
-        self.epilogue(em, value)
+        self.emit_output(em, value)
         for role, name in (("mean", "mean"), ("inv_variance", "inv")):
-            if (u := self.stored(role)) is not None:
-                em_row.values[u] = name
-                em_row.store(u)
+            self.store_result(em_row, role, name)
         tiles = -(-g.R // rows)
         if persistent:
             programs = max(1, min(int(k["FP"]), tiles))
@@ -346,16 +313,13 @@ class _Gen:
             em.lines.append("a_ds += dym * xhat")
         if "dbias" in partial_roles:
             em.lines.append("a_db += dym")
-        self.epilogue(em, dx)
+        self.emit_output(em, dx)
         loop += em.lines
-        before: list[str] = []
-        loads = [i for i in idx if isinstance(i, PrefetchIndexer) and i.loads]
-        if loads:
-            def nxt(start: str) -> list[str]:
-                return [f"rn = {start} + tl.arange(0, RB)[:, None]", "rnmask = rn < r_hi", "nmask = rnmask & jmask"]
-            before = nxt("r_lo") + [line for i in loads for line in i.first()]
-            loop = (nxt("r0 + RB") + [line for i in loads for line in i.issue()] + loop
-                    + [line for i in loads for line in i.rotate()])
+
+        def nxt(start: str) -> list[str]:
+            return [f"rn = {start} + tl.arange(0, RB)[:, None]", "rnmask = rn < r_hi", "nmask = rnmask & jmask"]
+
+        before, loop = prefetched(idx, nxt("r_lo"), nxt("r0 + RB"), loop)
         body = [
             f"pid = {self.pid()}",
             "jj = tl.arange(0, BLOCK)[None, :]",
@@ -404,10 +368,7 @@ class _Gen:
                         "axis=0, keep_dims=True)")
         body += nest(f"for g0 in range(0, {programs}, BG):", loop)
         for role in roles:
-            u = self.stored(role)
-            assert u is not None
-            em.values[u] = f"t_{SHORT[role]}"
-            em.store(u)
+            self.store_result(em, role, f"t_{SHORT[role]}")
         body += em.lines
         src = params.signature("kernel_rownorm_sum", ["BH", "BG"]) + "\n" + indent(body)
         launch = Launch("kernel_rownorm_sum", (-(-g.H // bh),), tuple(params.args),
@@ -415,7 +376,7 @@ class _Gen:
         return src, launch
 
 
-class RownormTemplate(Template):
+class RownormTemplate(NormTemplate):
     name = "rownorm"
     priority = 31
 
@@ -425,19 +386,12 @@ class RownormTemplate(Template):
             return fusion
         return geometry(fusion, piece)
 
-    def match(self, piece: Piece, device: Device) -> Support:
-        g = self._geometry(piece)
-        return g if isinstance(g, Support) else Support.yes()
-
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        g = self._geometry(piece)
-        assert isinstance(g, Geometry)
+        g = self.geometry_of(piece)
         return candidate_knobs(g, device, g.kind.endswith("_backward"))
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        g = self._geometry(piece)
-        assert isinstance(g, Geometry)
-        gen = _Gen(piece, g, knobs)
+        gen = _Gen(piece, self.geometry_of(piece), knobs)
         return gen.backward_pass() if gen.backward else gen.forward()
 
 
