@@ -70,11 +70,11 @@ def run_opgraph(s: Session, w: Workload, g: og.Graph, pack: Mapping[Any, Any],
             # profiled at the end of the run: the profiler slows host launches while it is attached
             TO_PROFILE.append((f"{w.name} [{label}]", plan, pack))
         if os.environ.get("OPGRAPH_BENCH_GRAPH"):
-            s.run(w, label + " (CUDA graph)", _graphed(lambda plan=plan: plan.execute(pack)))
+            s.run(w, label + " (CUDA graph)", graphed(lambda plan=plan: plan.execute(pack)))
     return plan
 
 
-def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
     """fn captured once in a CUDA graph; the returned callable replays it."""
     fn()
     torch.cuda.synchronize()

@@ -55,6 +55,10 @@ class Workload:
         t_math = self.floor_flops / (ceilings["gemm_tflops"] * 1e6) if self.floor_flops else 0.0
         return "bytes" if t_bytes >= t_math else "math"
 
+    def floor_text(self, ceilings: dict[str, float]) -> str:
+        floor = self.floor_us(ceilings)
+        return f"{floor:.1f} ({self.floor_kind(ceilings)})" if floor else "—"
+
 
 class Session:
     """Collects results; `run(workload, impl, fn)` times one implementation, never raising."""
@@ -72,15 +76,17 @@ class Session:
         return w
 
     def run(self, w: Workload, impl: str, fn: Callable[[], Any], *, check: Callable[[], float] | None = None,
-            note: str = "", timer: Callable[[Callable[[], Any]], float] | None = None) -> Result:
+            note: str = "", timer: Callable[[Callable[[], Any]], float] | None = None,
+            tolerance: float | None = None) -> Result:
+        tolerance = self.tolerance if tolerance is None else tolerance
         try:
             fn()
             torch.cuda.synchronize()
             err = check() if check is not None else None
             us = (timer or bench_ms)(fn) * (1e3 if timer is None else 1.0)
             r = Result(w.name, impl, us, err, note)
-            if err is not None and not err <= self.tolerance:
-                r.error = f"relerr {err:.3g} above {self.tolerance}"
+            if err is not None and not err <= tolerance:
+                r.error = f"relerr {err:.3g} above {tolerance:.3g}"
         except Exception as e:  # a peer that cannot run this workload is reported, not fatal
             traceback.print_exc(limit=3)
             r = Result(w.name, impl, None, None, note, f"{type(e).__name__}: {str(e)[:200]}")
@@ -138,7 +144,7 @@ class Session:
                 return f"{by[k].us:.1f}" if k in by else "—"
 
             lines.append(
-                f"| {w.name} | {w.floor_us(self.ceilings):.1f} ({w.floor_kind(self.ceilings)}) | "
+                f"| {w.name} | {w.floor_text(self.ceilings)} | "
                 + " | ".join(cell(k) for k in ours) + " | " + " | ".join(cell(p) for p in peers)
                 + f" | {f'{best_peer[0]:.1f} ({best_peer[1]})' if best_peer else '—'} | "
                 f"{f'{ratio:.2f}' if ratio else '—'} |"

@@ -775,3 +775,59 @@ def test_gpu_int8_conv(rng):
 def test_gpu_fuzz(seed, rng):
     assert_engine_matches(fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2,
                           rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("knobs", [{}, {"SPLIT_K": 4, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 16},
+                                   {"SPLIT_K": 7, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "num_stages": 2}],
+                         ids=["heuristic", "split4", "split7"])
+def test_gpu_resnet_stem_ragged_channels_split_k(knobs, rng):
+    """The ResNet stem at batch 1 (3 channels in a BLOCK_K of 16, split-K): Triton 3.6 on Hopper
+    computed wrong sums (relative error ~1) when the image load's mask combined pixels and channels;
+    the channel tail is now wrapped in the loads and zeroed by selects (TileIndexer's select)."""
+    g, _, _, y = conv_graph((1, 3, 224, 224), (64, 3, 7, 7), dt=DT.HALF, padding=[3, 3], stride=[2, 2])
+    y.set_output(True)
+    plan = g.build(device="cuda", engines=["triton"])
+    if knobs:
+        (step,) = plan.steps
+        plan = step_plan(plan, step, og.engines.EngineConfig(
+            "triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items()))))
+    bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("split", [1, 4])
+def test_gpu_dgrad_ragged_filters_split_k(split, rng):
+    """conv_dgrad with 3 filters in a BLOCK_K of 16 (the stem's backward): the filter tail wrapped
+    and selected, like the forward's channels."""
+    g = og.Graph("dgrad", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    dy = g.tensor(dim=[1, 3, 56, 56], stride=layout_stride((1, 3, 56, 56), "nhwc"), name="dy")
+    w = g.tensor(dim=[3, 64, 3, 3], stride=layout_stride((3, 64, 3, 3), "nhwc"), name="w")
+    g.conv_dgrad(dy, w, padding=[1, 1], name="dgrad").set_output(True).set_dim([1, 64, 56, 56]).set_stride(
+        list(layout_stride((1, 64, 56, 56), "nhwc")))
+    plan = g.build(device="cuda", engines=["triton"])
+    (step,) = plan.steps
+    knobs = {**dict(step.config.knobs), "SPLIT_K": split, "BLOCK_K": 16}
+    plan = step_plan(plan, step, og.engines.EngineConfig("triton", tuple(sorted(knobs.items()))))
+    bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_ragged_channels_1x1_big_tiles_deterministic(rng):
+    """MobileNetV2's 96 -> 576 1x1 conv (a channel tail of 32 in BLOCK_K 64, 128 x 128 tiles): a tail
+    clamped with tl.minimum read past the image and changed from run to run; wrapped, it matches."""
+    g, x, w, y = conv_graph((64, 96, 14, 14), (576, 96, 1, 1), dt=DT.HALF)
+    y.set_output(True)
+    plan = g.build(device="cuda", engines=["triton"])
+    (step,) = plan.steps
+    knobs = {**dict(step.config.knobs), "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1,
+             "num_stages": 3, "num_warps": 8}
+    plan = step_plan(plan, step, og.engines.EngineConfig("triton", tuple(sorted(knobs.items()))))
+    for _ in range(2):
+        bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)
+        assert not bad, "\n".join(map(str, bad))

@@ -312,9 +312,11 @@ class ConvDgradTemplate(TileTemplate):
         ptr = ctx.ptr_of(sig)
         dy_axes = [("r", "y0"), ("c", "dk"), *(("r", f"o{a}") for a in range(nsp))]
         rows = ("rm", tuple((a, gp.space.dims[a]) for a in gp.space.rows)) if flat else None
-        a_idx = TileIndexer(dy_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), rows, zero=("rm", "kc"))
+        a_idx = TileIndexer(dy_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), rows, zero=("rm", "kc"),
+                            select=kmask)
         w_axes = [("r", "dk"), ("c", "rn"), *(("s", f"wt{a}") for a in range(nsp))]
-        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"))
+        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"),
+                            select=kmask)
         lines = operand_tile(ctx, sig, "loss", a_idx, "a")
         lines += operand_tile(ctx, sig, "filter", b_idx, "b")
         lines.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
@@ -328,11 +330,11 @@ class ConvDgradTemplate(TileTemplate):
             lines = [f"tap = it // {nkb}", f"kc = (it % {nkb}) * BLOCK_K + tl.arange(0, BLOCK_K)"]
         else:
             lines = ["tap = it", "kc = tl.arange(0, BLOCK_K)"]
-        kmask = None
-        if kg % bk:
-            lines.append(f"kmask = kc < {kg}")
-            kmask = "kmask"
-        lines.append(f"dk = g * {kg} + kc" if groups > 1 else "dk = kc")
+        kmask, kc = None, "kc"
+        if kg % bk:  # filters past the group's end: wrapped in the loads, zeroed by selects
+            lines += [f"kmask = kc < {kg}", f"kcc = kc % {kg}"]
+            kmask, kc = "kmask", "kcc"
+        lines.append(f"dk = g * {kg} + {kc}" if groups > 1 else f"dk = {kc}")
         return lines, kmask
 
     def _masked_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:

@@ -149,20 +149,22 @@ class ConvFpropTemplate(TileTemplate):
         if checks:
             body.append(f"amask = {' & '.join(checks)}")
             amask = "amask"
-        kmask = None
-        if cg % bk:
-            body.append(f"kmask = kc < {cg}")
-            kmask = "kmask"
-        body.append(f"xc = g * {cg} + kc" if groups > 1 else "xc = kc")
+        kmask, kc = None, "kc"
+        if cg % bk:  # channels past the group's end: wrapped in the loads, zeroed by selects
+            body += [f"kmask = kc < {cg}", f"kcc = kc % {cg}"]
+            kmask, kc = "kmask", "kcc"
+        body.append(f"xc = g * {cg} + {kc}" if groups > 1 else f"xc = {kc}")
         ptr = ctx.ptr_of(sig)
         x_axes = [("r", "y0"), ("c", "xc"), *(("r", f"xi{i}") for i in range(nsp))]
         flat = None
         if all(r == 1 for r in taps) and all(s == 1 for s in geo.stride) and not any(geo.pre) \
                 and tuple(x.dim[2:]) == tuple(ydims[2:]):
             flat = ("rm", tuple((a, ydims[a]) for a in gp.space.rows))  # a 1x1 conv reads pixel rows as they are
-        a_idx = TileIndexer(x_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), flat, zero=("rm", "kc"))
-        w_axes = [("c", "col"), ("r", "kc"), *(("s", f"wt{i}") for i in range(nsp))]
-        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"))
+        a_idx = TileIndexer(x_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), flat, zero=("rm", "kc"),
+                            select=kmask)
+        w_axes = [("c", "col"), ("r", kc), *(("s", f"wt{i}") for i in range(nsp))]
+        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"),
+                            select=kmask)
         body += operand_tile(ctx, sig, "image", a_idx, "a")
         body += operand_tile(ctx, sig, "weight", b_idx, "b")
         body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")

@@ -484,16 +484,24 @@ class TileIndexer:
     [rows] vector), ("c", expr) a column coordinate, ("s", expr) a per-program scalar. `rmask` /
     `cmask` bound the rows / columns (None: all in bounds). `flat_rows` = (expr, ((axis, size), ...)):
     the row axes flattened, outermost first; a tensor packed over them is addressed by the flat index
-    (cheaper, and contiguity stays visible to the compiler)."""
+    (cheaper, and contiguity stays visible to the compiler).
+
+    `select`: a mask (`rmask` or `cmask`) that loads leave out, operand_tile applying it by a select
+    on the loaded tile; its axis' coordinates must then stay in bounds (the caller wraps them). A
+    conv's ragged channel tail goes this way: Triton 3.6 on Hopper computed wrong sums for the ResNet
+    stem (3 channels in a BLOCK_K of 16, split-K) with the channel mask in the loads, and a tail
+    clamped by tl.minimum read past the tensor (its contiguity taken from the unclamped index)."""
 
     def __init__(self, axes: Sequence[tuple[str, str]], rmask: str | None, cmask: str | None,
                  ptr: Callable[[int], str], shape: tuple[str, str],
                  flat_rows: tuple[str, tuple[tuple[int, int], ...]] | None = None,
-                 zero: tuple[str, str] = ("rm", "rn")) -> None:
+                 zero: tuple[str, str] = ("rm", "rn"), select: str | None = None) -> None:
         self.axes = tuple(axes)
         self.zero = zero  # a row and a column vector of the tile (for full-shape pointer blocks)
         self.rmask = rmask
         self.cmask = cmask
+        assert select is None or select in (rmask, cmask)
+        self.select = select
         self.ptr = ptr
         self.shape = shape
         self.flat_rows = flat_rows
@@ -549,11 +557,17 @@ class TileIndexer:
             terms.append(f"({' + '.join(cols)})[None, :]")
         terms += scal
         masks = []
-        if rows and self.rmask is not None:
+        if rows and self.rmask is not None and self.rmask != self.select:
             masks.append(f"{self.rmask}[:, None]")
-        if cols and self.cmask is not None:
+        if cols and self.cmask is not None and self.cmask != self.select:
             masks.append(f"{self.cmask}[None, :]")
         return f"{ptr} + {' + '.join(terms)}" if terms else ptr, " & ".join(masks) or None
+
+    def selected(self) -> str | None:
+        """The `select` mask broadcast over the tile."""
+        if self.select is None:
+            return None
+        return f"{self.select}[:, None]" if self.select == self.rmask else f"{self.select}[None, :]"
 
     def mask(self) -> str | None:
         masks = []
@@ -769,9 +783,10 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     nodes = gp.prologue.get(uid, ())
     if not nodes:
         load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
-        if TL_DTYPE[desc.data_type] == target:
-            return [f"{name} = {load}"]
-        return [f"{name} = {load}.to({target})"]
+        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else f"{name} = {load}.to({target})"]
+        if indexer.select is not None:
+            lines.append(f"{name} = tl.where({indexer.selected()}, {name}, 0)")
+        return lines
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:
         em.values.update(preset)
