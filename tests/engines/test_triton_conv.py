@@ -820,7 +820,7 @@ def test_gpu_dgrad_ragged_filters_split_k(split, rng):
 @requires_cuda
 def test_gpu_ragged_channels_1x1_big_tiles_deterministic(rng):
     """MobileNetV2's 96 -> 576 1x1 conv (a channel tail of 32 in BLOCK_K 64, 128 x 128 tiles): a tail
-    clamped with tl.minimum read past the image and changed from run to run; wrapped, it matches."""
+    clamped with tl.minimum gave sums that changed from run to run; wrapped by %, it matches."""
     g, x, w, y = conv_graph((64, 96, 14, 14), (576, 96, 1, 1), dt=DT.HALF)
     y.set_output(True)
     plan = g.build(device="cuda", engines=["triton"])

@@ -489,8 +489,9 @@ class TileIndexer:
     `select`: a mask (`rmask` or `cmask`) that loads leave out, operand_tile applying it by a select
     on the loaded tile; its axis' coordinates must then stay in bounds (the caller wraps them). A
     conv's ragged channel tail goes this way: Triton 3.6 on Hopper computed wrong sums for the ResNet
-    stem (3 channels in a BLOCK_K of 16, split-K) with the channel mask in the loads, and a tail
-    clamped by tl.minimum read past the tensor (its contiguity taken from the unclamped index)."""
+    stem (3 channels in a BLOCK_K of 16, split-K) with the channel mask in the loads, and with a tail
+    clamped by tl.minimum gave sums that changed from run to run (MobileNetV2's 96-channel 1x1 conv,
+    128 x 128 tiles), as reads past the tensor would; wrapped by `%`, both match (tests/engines)."""
 
     def __init__(self, axes: Sequence[tuple[str, str]], rmask: str | None, cmask: str | None,
                  ptr: Callable[[int], str], shape: tuple[str, str],
