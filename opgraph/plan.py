@@ -50,9 +50,9 @@ def _on_stream(stream: Any, device: Device) -> Any:
 
 
 def default_engines(device: Device) -> list[str]:
-    """In order of preference: generated kernels, then op-by-op PyTorch (which runs any op) on CUDA;
-    the reference engine on the CPU."""
-    return ["reference"] if not device.is_cuda else ["triton", "torch"]
+    """In order of preference: generated kernels, then a library conv/matmul with generated kernels
+    around it, then op-by-op PyTorch (which runs any op) on CUDA; the reference engine on the CPU."""
+    return ["reference"] if not device.is_cuda else ["triton", "library", "torch"]
 
 
 def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:

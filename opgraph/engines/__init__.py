@@ -2,6 +2,9 @@
 
     reference  NumPy, float64 accumulation, any op on the CPU: the executable specification
     triton     generated Triton kernels (compiled on CUDA, interpreted on the CPU)
+    torch      every op, one by one, through PyTorch (cuDNN and cuBLAS for convolutions and matmuls)
+    library    a convolution or matmul through PyTorch's library call, its prologue and epilogue
+               as generated Triton kernels around it
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Sup
 ENGINES: dict[str, Engine] = {}
 # Engines that live in modules of their own, loaded on first use so that the core imports no
 # GPU library.
-_LAZY = {"reference": ".reference", "triton": ".triton", "torch": ".torch_engine"}
+_LAZY = {"reference": ".reference", "triton": ".triton", "torch": ".torch_engine", "library": ".library"}
 
 
 def register_engine(engine: Engine) -> Engine:

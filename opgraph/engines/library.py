@@ -1,0 +1,152 @@
+"""The library engine: a piece's GEMM-class op (convolution forward, data or filter gradient,
+matmul) through the library PyTorch calls for it (cuDNN, cuBLAS), and the piece's prologue and
+epilogue as generated Triton kernels before and after it.
+
+It answers "should cuDNN's conv run, followed by my own fused kernel, or one generated kernel with
+everything fused?" by offering the first as an alternative to the second on every GEMM-class piece
+the Triton engine forms: `build(autotune=True)` times both and keeps the faster whole piece, and
+`describe()` lists the other with its time. The tensors between the parts (the conv's output before
+its epilogue, a prologue's output before the conv) live in the kernel's own scratch.
+
+A config's knobs are the parts' knobs under a prefix (`prologue.`, `epilogue.`), so a plan that names
+one compiles the same kernels again (plan files, the tuning cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..device import Device
+from ..heuristics import HeurMode
+from ..ir import Node
+from ..partition import Piece, make_piece
+from .. import workspace as wsp
+from . import get_engine, register_engine
+from .base import BehaviorNote, Engine, EngineConfig, Kernel, Support
+
+GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
+ROLES = ("prologue", "main", "epilogue")
+ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
+# a composite is only as capturable / device-scalar-reading as every part
+_ALL_PARTS = {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API,
+              BehaviorNote.DEVICE_SCALARS}
+
+
+def split(piece: Piece) -> list[tuple[str, Piece]] | str:
+    """The piece as (role, sub-piece) parts in run order, or why it has no such split."""
+    mains = [i for i, n in enumerate(piece.nodes) if n.kind in GEMM_KINDS]
+    if len(mains) != 1:
+        return f"the library engine runs pieces with one convolution or matmul; this one has {len(mains)}"
+    if len(piece.nodes) == 1:
+        return "a lone convolution or matmul is the torch engine's (nothing to generate around it)"
+    i = mains[0]
+    groups: list[tuple[str, Sequence[Node]]] = [("prologue", piece.nodes[:i]), ("main", piece.nodes[i:i + 1]),
+                                                 ("epilogue", piece.nodes[i + 1:])]
+    return [(role, make_piece(piece.graph, piece.index, list(nodes))) for role, nodes in groups if nodes]
+
+
+def _prefixed(role: str, config: EngineConfig) -> tuple[tuple[str, Any], ...]:
+    return tuple((f"{role}.{k}", v) for k, v in config.knobs)
+
+
+def _part_config(role: str, config: EngineConfig) -> EngineConfig:
+    prefix = f"{role}."
+    knobs = tuple((k[len(prefix):], v) for k, v in config.knobs if k.startswith(prefix))
+    return EngineConfig(ENGINE_OF[role], knobs)
+
+
+class LibraryKernel(Kernel):
+    """Runs the parts' kernels in order, with the tensors between them in its scratch."""
+
+    def __init__(self, piece: Piece, config: EngineConfig, parts: list[tuple[str, Piece, Kernel]]) -> None:
+        super().__init__(piece, config)
+        self.parts = parts
+        graph = piece.graph
+        between = [[u for u in sub.outputs if u not in piece.outputs] for _, sub, _ in parts]
+        self.layout = wsp.plan_layout(graph, between, [k.scratch_bytes for _, _, k in parts])
+        self.scratch_bytes = self.layout.size
+        self._views: tuple[Any, dict[int, Any]] | None = None
+
+    def _tensor_views(self, scratch: Any) -> dict[int, Any]:
+        if self._views is None or self._views[0] is not scratch:
+            self._views = (scratch, wsp.tensor_views(scratch, self.layout, self.piece.graph) if self.layout.tensors
+                           else {})
+        return self._views[1]
+
+    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        views = self._tensor_views(scratch) if self.scratch_bytes else {}
+        bound = {**buffers, **views} if views else buffers
+        for i, (_, _, kernel) in enumerate(self.parts):
+            kernel.run(bound, stream, wsp.scratch_view(scratch, self.layout, i))
+
+    def source(self) -> str | None:
+        sources = [f"# -- {role}: {sub.label()}\n{k.source()}" for role, sub, k in self.parts if k.source()]
+        return "\n\n".join(sources) or None
+
+
+class LibraryEngine(Engine):
+    name = "library"
+
+    def available(self, device: Device) -> Support:
+        for name in ("torch", "triton"):
+            verdict = get_engine(name).available(device)
+            if not verdict.ok:
+                return Support.no(f"needs the {name} engine: {verdict.reason}")
+        return Support.yes()
+
+    def supports(self, piece: Piece, device: Device) -> Support:
+        avail = self.available(device)
+        if not avail.ok:
+            return avail
+        parts = split(piece)
+        if isinstance(parts, str):
+            return Support.no(parts)
+        for role, sub in parts:
+            verdict = get_engine(ENGINE_OF[role]).supports(sub, device)
+            if not verdict.ok:
+                return Support.no(f"its {role} ({', '.join(n.name for n in sub.nodes)}) does not run as one "
+                                  f"{ENGINE_OF[role]} kernel: {verdict.reason}", verdict.node)
+        if role_has_host(parts):
+            return Support.no("the convolution or matmul has no torch mapping (it would run on the host)")
+        return Support.yes()
+
+    def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
+        parts = split(piece)
+        if isinstance(parts, str):
+            return []
+        chosen = []
+        for role, sub in parts:
+            options = get_engine(ENGINE_OF[role]).configs(sub, device, mode)
+            if not options:
+                return []
+            chosen.append((role, options[0]))
+        numerical = frozenset().union(*(c.numerical_notes for _, c in chosen))
+        behavior = frozenset().union(*(c.behavior_notes for _, c in chosen))
+        behavior -= {n for n in _ALL_PARTS if not all(n in c.behavior_notes for _, c in chosen)}
+        estimates = [c.estimate_us for _, c in chosen]
+        return [EngineConfig(
+            "library", (("main", "torch"), *(kv for role, c in chosen for kv in _prefixed(role, c))),
+            numerical_notes=numerical, behavior_notes=behavior,
+            estimate_us=None if None in estimates else sum(estimates),  # type: ignore[arg-type]
+            why=" then ".join(f"{role} on {c.engine}" for role, c in chosen) + f", {mode.name} heuristic",
+        )]
+
+    def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        parts = split(piece)
+        assert not isinstance(parts, str), parts
+        compiled = []
+        for role, sub in parts:
+            part = _part_config(role, config)
+            compiled.append((role, sub, get_engine(part.engine).compile(sub, part, device)))
+        return LibraryKernel(piece, config, compiled)
+
+
+def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
+    from .torch_engine import host_ops
+
+    return any(role == "main" and host_ops(sub) for role, sub in parts)
+
+
+register_engine(LibraryEngine())
+__all__ = ["LibraryEngine", "LibraryKernel", "split"]

@@ -1,0 +1,194 @@
+"""The library engine: a conv/matmul through PyTorch, its prologue and epilogue as generated Triton
+kernels. On the CPU the torch part runs PyTorch's CPU ops and the Triton parts Triton's interpreter;
+every plan is checked against the reference engine on random data with poisoned outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+from opgraph import DataType as DT
+from opgraph.device import CPU
+from opgraph.engines import get_engine
+from opgraph.engines.base import BehaviorNote
+from opgraph.engines.library import LibraryKernel
+from opgraph.heuristics import HeurMode, rank_configs
+from opgraph.partition import make_piece, partition
+from opgraph.samples import nhwc
+
+from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from .test_triton_conv import conv_graph, sbr_conv_genstats
+from .test_triton_conv_bwd import dgrad_graph, wgrad_graph
+from .test_triton_matmul import mm_graph
+
+pytestmark = [pytest.mark.interpreter, requires_interpreter]
+
+
+def roles(plan) -> list[str]:
+    (step,) = plan.steps
+    assert step.config.engine == "library", plan.describe()
+    assert isinstance(step.kernel, LibraryKernel)
+    return [role for role, _, _ in step.kernel.parts]
+
+
+def conv_bias_relu(dt=DT.HALF):
+    g, x, w, y = conv_graph((2, 8, 6, 6), (16, 8, 3, 3), dt=dt, padding=[1, 1])
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("dt", [DT.HALF, DT.FLOAT], ids=lambda d: d.name)
+def test_conv_bias_relu(dt, rng):
+    plan = assert_engine_matches(conv_bias_relu(dt), rng, engines=("library",), expect_steps=1)
+    assert roles(plan) == ["main", "epilogue"]
+    # the conv's output lives between the parts, in the kernel's scratch (the plan's workspace)
+    assert plan.steps[0].kernel.scratch_bytes >= 2 * 16 * 6 * 6 * 4 and plan.workspace_size > 0
+
+
+def test_prologue_conv_and_genstats_epilogue(rng):
+    plan = assert_engine_matches(sbr_conv_genstats(n=2, c=8, k=16, hw=5), rng, engines=("library",),
+                                 expect_steps=1)
+    assert roles(plan) == ["prologue", "main", "epilogue"]
+    source = plan.source(0)
+    assert "# -- prologue" in source and "# -- epilogue" in source
+
+
+def test_matmul_bias_gelu(rng):
+    g, _, _, c = mm_graph((2, 32, 48), (2, 48, 24))
+    bias = g.tensor(dim=[2, 1, 24], name="bias")
+    g.gelu(g.add(c, bias)).set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("library",), expect_steps=1)
+    assert roles(plan) == ["main", "epilogue"]
+
+
+def test_dgrad_drelu_reads_another_input(rng):
+    g, _, _, dx = dgrad_graph((2, 8, 6, 6), (16, 8, 3, 3), padding=[1, 1], stride=[2, 2])
+    yf = g.tensor(dim=[2, 8, 6, 6], stride=nhwc([2, 8, 6, 6]), name="yf")
+    g.relu_backward(dx, yf).set_output(True)
+    assert roles(assert_engine_matches(g, rng, engines=("library",), expect_steps=1)) == ["main", "epilogue"]
+
+
+def test_wgrad_with_a_scale_bias_relu_prologue(rng):
+    """Two wgrads of one DY: on the raw image and on its scale+bias+relu (the second's prologue)."""
+    g, x, dy, dw = wgrad_graph((2, 8, 6, 6), (16, 8, 3, 3), padding=[1, 1])
+    s = g.tensor(dim=[1, 8, 1, 1], name="s")
+    b = g.tensor(dim=[1, 8, 1, 1], name="b")
+    a = g.relu(g.bias(g.scale(x, s), b))
+    dw2 = g.conv_wgrad(a, dy, padding=[1, 1], name="wgrad2").set_dim([16, 8, 3, 3]).set_stride(nhwc([16, 8, 3, 3]))
+    dw2.set_output(True)
+    dw.set_output(True)
+    plan = g.build(device="cpu", engines=["triton", "library", "torch"])
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+    # the prologue + wgrad piece has the library config among its alternatives
+    piece = next(st for st in plan.steps if "wgrad2" in [n.name for n in st.piece.nodes])
+    assert any(c.engine == "library" for c in (piece.config, *piece.alternatives)), plan.describe()
+
+
+def test_declines_a_lone_op_and_two_main_ops():
+    lib = get_engine("library")
+    cpu = CPU
+    g, _, _, y = conv_graph((1, 4, 5, 5), (4, 4, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    (piece,), _ = partition(g.final, [get_engine("triton")], cpu)
+    verdict = lib.supports(piece, cpu)
+    assert not verdict and "lone convolution" in verdict.reason
+    g, _, _, y = conv_graph((1, 4, 5, 5), (4, 4, 3, 3), padding=[1, 1])
+    w2 = g.tensor(dim=[4, 4, 1, 1], stride=nhwc([4, 4, 1, 1]), name="w2")
+    g.conv_fprop(g.relu(y), w2).set_output(True)
+    with pytest.raises(og.UnsupportedGraphError):
+        g.build(device="cpu", engines=["library"], allow_partition=False)
+
+
+def test_declines_with_the_part_that_triton_cannot_run(monkeypatch):
+    """A conv whose epilogue Triton cannot run as one kernel: the reason names the epilogue."""
+    import opgraph.engines.triton as triton_engine
+
+    monkeypatch.setattr(triton_engine, "TEMPLATES", [t for t in triton_engine.TEMPLATES if t.name == "reduction"])
+    g = conv_bias_relu()
+    fg = g.final
+    piece = make_piece(fg, 0, list(fg.nodes))
+    verdict = get_engine("library").supports(piece, CPU)
+    assert not verdict and "epilogue" in verdict.reason
+
+
+def test_config_knobs_notes_and_a_plan_file(tmp_path, rng):
+    plan = conv_bias_relu().build(device="cpu", engines=["library"])
+    config = plan.steps[0].config
+    knobs = dict(config.knobs)
+    assert knobs["main"] == "torch" and knobs["epilogue.template"] == "pointwise"
+    assert BehaviorNote.RUNTIME_COMPILATION in config.behavior_notes
+    # a part that cannot be captured makes the whole config not capturable (the torch part on the CPU
+    # runs on the host)
+    assert BehaviorNote.CUDA_GRAPH_CAPTURABLE not in config.behavior_notes
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = og.load_plan(path)
+    assert loaded.steps[0].config == config
+    bad = og.testing.check_plan(loaded, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_partition_gives_an_unfusable_conv_its_neighbours(monkeypatch, rng):
+    """With only Triton's pointwise template, a conv that Triton cannot run takes its epilogue into a
+    library piece (PyTorch conv, then the epilogue's kernel; the prologue stays the Triton piece it
+    started, a preferred engine's piece never being handed to a less preferred one); without the
+    library engine the conv and its epilogue are two pieces."""
+    import opgraph.engines.triton as triton_engine
+
+    monkeypatch.setattr(triton_engine, "TEMPLATES", [t for t in triton_engine.TEMPLATES if t.name == "pointwise"])
+    dims, wdims = [2, 4, 5, 5], [6, 4, 3, 3]
+    g = og.Graph("mixed", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
+    w = g.tensor(dim=wdims, name="w")
+    s = g.tensor(dim=[1, 4, 1, 1], name="s")
+    y = g.conv_fprop(g.relu(g.mul(x, s)), w, padding=1)
+    g.relu(y).set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("triton", "library", "torch"))
+    assert [st.config.engine for st in plan.steps] == ["triton", "library"], plan.describe()
+    assert [role for role, _, _ in plan.steps[1].kernel.parts] == ["main", "epilogue"]
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
+    assert [st.config.engine for st in plan.steps] == ["triton", "torch", "triton"], plan.describe()
+
+
+def test_heuristic_ranks_the_fused_kernel_first_and_library_after():
+    g = conv_bias_relu()
+    fg = g.final
+    engines = [get_engine(n) for n in ("triton", "library", "torch")]
+    (piece,), _ = partition(fg, engines, CPU)
+    ranked = rank_configs(piece, engines, CPU, [HeurMode.A])
+    assert [c.engine for c in ranked.configs] == ["triton", "library", "torch"]
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_conv_bias_relu_and_capture(rng):
+    import torch
+
+    g, x, w, y = conv_graph((8, 64, 28, 28), (64, 64, 3, 3), dt=DT.HALF, padding=[1, 1])
+    b = g.tensor(dim=[1, 64, 1, 1], name="b")
+    out = g.relu(g.bias(y, b)).set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("library",), device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
+    config = plan.steps[0].config
+    assert BehaviorNote.CUDA_GRAPH_CAPTURABLE in config.behavior_notes
+    pack = {t.uid: torch.randn(*t.dim, device="cuda", dtype=torch.float16).as_strided(t.dim, t.stride)
+            for t in (x, w, b)}
+    pack[out.uid] = torch.empty_strided(out.dim, out.stride, device="cuda", dtype=torch.float16)
+    plan.execute(pack)
+    want = pack[out.uid].clone()
+    pack[out.uid].fill_(float("nan"))
+    graph = plan.populate_cuda_graph(pack)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(pack[out.uid], want)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_default_engines_offer_library_after_the_fused_kernel():
+    g = conv_bias_relu()
+    plan = g.build(device="cuda")
+    step = plan.steps[0]
+    assert step.config.engine == "triton"
+    assert any(c.engine == "library" for c in step.alternatives), plan.describe()
