@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .filters import ConfigFilter
 from .device import Device
 from .engines import get_engine
 from .engines.base import EngineConfig, Kernel
@@ -59,8 +60,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def cache_key(piece: Piece, device: Device, engines: Sequence[str]) -> str:
+def cache_key(piece: Piece, device: Device, engines: Sequence[str], filters: str = "") -> str:
     doc = {"piece": piece.signature(), "env": environment(device), "engines": sorted(engines)}
+    if filters:  # a build with config filters tunes (and remembers) apart from an unfiltered one
+        doc["filters"] = filters
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -136,10 +139,13 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
 
 
 def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engines: Sequence[str],
-         cache: TuningCache) -> tuple[EngineConfig, Kernel, tuple[EngineConfig, ...], bool]:
+         cache: TuningCache, filters: ConfigFilter | None = None
+         ) -> tuple[EngineConfig, Kernel, tuple[EngineConfig, ...], bool]:
     """The fastest candidate (with its measured time), its kernel, the others (with theirs), and
-    whether the answer came from the cache."""
-    key = cache_key(piece, device, engines)
+    whether the answer came from the cache. `filters` rejects kernels by workspace (candidates are
+    already filtered by notes and engine)."""
+    filters = filters or ConfigFilter()
+    key = cache_key(piece, device, engines, filters.key())
     hit = cache.get(key)
     if hit is not None:
         times = hit.get("times", {})
@@ -156,6 +162,11 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
         log.info("%s: timing %d/%d %s", piece.label(), i + 1, len(candidates), config)
         try:
             kernel = get_engine(config.engine).compile(piece, config, device)
+            too_big = filters.rejects_kernel(kernel)
+            if too_big is not None:
+                log.info("%s: %s filtered out: %s", piece.label(), config, too_big)
+                failed.append(config)
+                continue
             us = time_kernel(kernel, piece, device, bufs)
         except (GraphError, RuntimeError, ValueError, TypeError, AssertionError) as err:  # a config that fails is skipped
             log.info("%s: %s failed: %s", piece.label(), config, err)

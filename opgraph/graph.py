@@ -238,7 +238,11 @@ class Graph:
     ) -> ExecutionPlan:
         """Validate, partition, choose an engine config per piece and compile: an ExecutionPlan.
 
-        device None picks CUDA when a GPU is usable, else "cpu" (the reference engine)."""
+        device None picks CUDA when a GPU is usable, else "cpu" (the reference engine). Options:
+        `by_reference=True` (every bound tensor read through the address table), and cuDNN's config
+        filters `select_numeric_notes`, `deselect_numeric_notes`, `select_behavior_notes`,
+        `deselect_behavior_notes` (NumericalNote / BehaviorNote values or names), `deselect_engines`
+        and `deselect_workspace_greater_than` (bytes), applied to heuristics and autotuning alike."""
         from .plan import build_plan
 
         self._plan = build_plan(

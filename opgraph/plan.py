@@ -18,6 +18,7 @@ from .device import Device, resolve_device
 from .engines import get_engine
 from .engines.base import Engine, EngineConfig, Kernel
 from .errors import GraphError, UnsupportedGraphError
+from .filters import OPTIONS as FILTER_OPTIONS, ConfigFilter
 from .heuristics import HeurMode, PieceConfigs, as_modes, rank_configs
 from .ir import FinalGraph
 from .partition import Cut, Piece, partition
@@ -110,6 +111,7 @@ def build_plan(
     **options: Any,
 ) -> ExecutionPlan:
     by_reference = options.pop("by_reference", False)
+    filters = ConfigFilter.from_options({k: options.pop(k) for k in FILTER_OPTIONS if k in options})
     if options:
         raise TypeError(f"build() got unexpected option(s): {', '.join(sorted(options))}")
     if by_reference:
@@ -135,27 +137,49 @@ def build_plan(
     steps = []
     for piece in pieces:
         ranked = rank_configs(piece, usable, dev, modes)
-        if not ranked.configs:
-            reasons = "; ".join(f"{n}: {why}" for n, why in ranked.declined) or "no config in these modes"
+        configs, dropped = filters.keep(ranked.configs)
+        if not configs:
+            reasons = "; ".join([*(f"{n}: {why}" for n, why in ranked.declined),
+                                 *(f"{c} filtered out: {why}" for c, why in dropped)]) or "no config in these modes"
             raise UnsupportedGraphError(
                 f"no engine config for {piece.label()} in heuristic modes "
                 f"{[m.name for m in modes]} ({reasons})", op=piece.nodes[0].label(), rule="engine.no_config",
-                hint="add HeurMode.FALLBACK to heur_mode, or allow more engines",
+                hint="add HeurMode.FALLBACK to heur_mode, allow more engines, or relax the build's note, "
+                     "engine and workspace filters" if dropped else
+                     "add HeurMode.FALLBACK to heur_mode, or allow more engines",
             )
         if autotune:
-            candidates = rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs
-            config, kernel, others, _ = tune(piece, candidates, dev, [e.name for e in usable], cache)
+            candidates, _ = filters.keep(rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs)
+            config, kernel, others, _ = tune(piece, candidates, dev, [e.name for e in usable], cache, filters)
             steps.append(Step(len(steps), piece, config, kernel, others))
             continue
         for name, why in ranked.declined:
             log.info("  %s: %s declined: %s", piece.label(), name, why)
-        config = ranked.configs[0]
+        for config, why in dropped:
+            log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+        config, kernel = _first_within_workspace(piece, configs, dev, filters)
+        steps.append(Step(len(steps), piece, config, kernel, tuple(c for c in configs if c is not config)))
+    return ExecutionPlan(graph, dev, tuple(steps), tuple(cuts))
+
+
+def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: Device,
+                            filters: ConfigFilter) -> tuple[EngineConfig, Kernel]:
+    """The first config (in rank order) whose kernel's workspace passes the build's limit, compiled."""
+    too_big = []
+    for config in configs:
         t0 = time.perf_counter()
         kernel = get_engine(config.engine).compile(piece, config, dev)
-        log.info("  %s -> %s (%d candidate configs; compiled in %.1f ms)", piece.label(), config,
-                 len(ranked.configs), (time.perf_counter() - t0) * 1e3)
-        steps.append(Step(len(steps), piece, config, kernel, ranked.configs[1:]))
-    return ExecutionPlan(graph, dev, tuple(steps), tuple(cuts))
+        why = filters.rejects_kernel(kernel)
+        if why is None:
+            log.info("  %s -> %s (%d candidate configs; compiled in %.1f ms)", piece.label(), config,
+                     len(configs), (time.perf_counter() - t0) * 1e3)
+            return config, kernel
+        log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+        too_big.append(f"{config}: {why}")
+    raise UnsupportedGraphError(
+        f"every engine config of {piece.label()} needs more workspace than the build allows "
+        f"({'; '.join(too_big)})", op=piece.nodes[0].label(), rule="engine.workspace_limit",
+        hint="raise deselect_workspace_greater_than, or add HeurMode.B / FALLBACK for more candidates")
 
 
 class ExecutionPlan:

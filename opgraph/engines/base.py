@@ -25,6 +25,8 @@ class NumericalNote(enum.Enum):
     REDUCED_PRECISION_REDUCTION = "reduced_precision_reduction"
     NONDETERMINISTIC = "nondeterministic"  # atomics or split reductions in varying order
     FP64_ACCUMULATION = "fp64_accumulation"
+    # a wider intermediate (an fp32 conv output) stored in the operands' 16-bit type between kernels
+    ROUNDED_INTERMEDIATE = "rounded_intermediate"
 
 
 class BehaviorNote(enum.Enum):

@@ -9,41 +9,74 @@ the Triton engine forms: `build(autotune=True)` times both and keeps the faster 
 its epilogue, a prologue's output before the conv) live in the kernel's own scratch.
 
 A config's knobs are the parts' knobs under a prefix (`prologue.`, `epilogue.`), so a plan that names
-one compiles the same kernels again (plan files, the tuning cache).
+one compiles the same kernels again (plan files, the tuning cache). Knob `precision`: "exact" keeps a
+16-bit conv's declared fp32 output (PyTorch then convolves in fp32, TF32 on tensor cores: exact for
+16-bit inputs, but slower: 200-260 µs against 25-68 µs for the fused Triton kernel on the ResNet
+convs of the benchmark, H100, 2026-11-22); "native" (heuristic mode B, so autotuning weighs it) runs
+the conv in the operands' type, as eager PyTorch does, and says so with
+NumericalNote.ROUNDED_INTERMEDIATE.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..device import Device
+from ..dtypes import DataType
 from ..heuristics import HeurMode
-from ..ir import Node
+from ..ir import FinalGraph, Node
 from ..partition import Piece, make_piece
 from .. import workspace as wsp
 from . import get_engine, register_engine
-from .base import BehaviorNote, Engine, EngineConfig, Kernel, Support
+from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
-ROLES = ("prologue", "main", "epilogue")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
 # a composite is only as capturable / device-scalar-reading as every part
 _ALL_PARTS = {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API,
               BehaviorNote.DEVICE_SCALARS}
 
 
-def split(piece: Piece) -> list[tuple[str, Piece]] | str:
-    """The piece as (role, sub-piece) parts in run order, or why it has no such split."""
+_SIXTEEN_BIT = (DataType.HALF, DataType.BFLOAT16)
+
+
+def _main(piece: Piece) -> int | str:
     mains = [i for i, n in enumerate(piece.nodes) if n.kind in GEMM_KINDS]
     if len(mains) != 1:
         return f"the library engine runs pieces with one convolution or matmul; this one has {len(mains)}"
     if len(piece.nodes) == 1:
         return "a lone convolution or matmul is the torch engine's (nothing to generate around it)"
-    i = mains[0]
+    return mains[0]
+
+
+def native_graph(piece: Piece) -> FinalGraph | None:
+    """The piece's graph with the main op's output in its 16-bit operands' type, where that output is
+    a wider intermediate (virtual, read only inside the piece); None where "native" changes nothing."""
+    i = _main(piece)
+    if isinstance(i, str):
+        return None
+    node, tensors = piece.nodes[i], piece.graph.tensors
+    a, b = (tensors[u].data_type for u in node.input_uids()[:2])
+    out = node.output_uids()[0]
+    y = tensors[out]
+    if a is not b or a not in _SIXTEEN_BIT or y.data_type is a or not y.is_virtual or out in piece.outputs:
+        return None
+    return dataclasses.replace(piece.graph, tensors={**tensors, out: dataclasses.replace(y, data_type=a)})
+
+
+def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | str:
+    """The piece as (role, sub-piece) parts in run order, or why it has no such split. "native"
+    precision: the parts of `native_graph`."""
+    i = _main(piece)
+    if isinstance(i, str):
+        return i
+    graph = native_graph(piece) if precision == "native" else piece.graph
+    assert graph is not None, "native precision asked of a piece where it does not apply"
     groups: list[tuple[str, Sequence[Node]]] = [("prologue", piece.nodes[:i]), ("main", piece.nodes[i:i + 1]),
                                                  ("epilogue", piece.nodes[i + 1:])]
-    return [(role, make_piece(piece.graph, piece.index, list(nodes))) for role, nodes in groups if nodes]
+    return [(role, make_piece(graph, piece.index, list(nodes))) for role, nodes in groups if nodes]
 
 
 def _prefixed(role: str, config: EngineConfig) -> tuple[tuple[str, Any], ...]:
@@ -62,7 +95,7 @@ class LibraryKernel(Kernel):
     def __init__(self, piece: Piece, config: EngineConfig, parts: list[tuple[str, Piece, Kernel]]) -> None:
         super().__init__(piece, config)
         self.parts = parts
-        graph = piece.graph
+        graph = parts[0][1].graph  # the piece's, or its native_graph
         between = [[u for u in sub.outputs if u not in piece.outputs] for _, sub, _ in parts]
         self.layout = wsp.plan_layout(graph, between, [k.scratch_bytes for _, _, k in parts])
         self.scratch_bytes = self.layout.size
@@ -70,8 +103,8 @@ class LibraryKernel(Kernel):
 
     def _tensor_views(self, scratch: Any) -> dict[int, Any]:
         if self._views is None or self._views[0] is not scratch:
-            self._views = (scratch, wsp.tensor_views(scratch, self.layout, self.piece.graph) if self.layout.tensors
-                           else {})
+            graph = self.parts[0][1].graph
+            self._views = (scratch, wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {})
         return self._views[1]
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
@@ -112,28 +145,38 @@ class LibraryEngine(Engine):
         return Support.yes()
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
-        parts = split(piece)
+        precisions = ["exact"]
+        if mode is HeurMode.B and native_graph(piece) is not None:
+            precisions.append("native")
+        configs = [self._config(piece, device, mode, p) for p in precisions]
+        return [c for c in configs if c is not None]
+
+    def _config(self, piece: Piece, device: Device, mode: HeurMode, precision: str) -> EngineConfig | None:
+        parts = split(piece, precision)
         if isinstance(parts, str):
-            return []
+            return None
         chosen = []
         for role, sub in parts:
             options = get_engine(ENGINE_OF[role]).configs(sub, device, mode)
             if not options:
-                return []
+                return None
             chosen.append((role, options[0]))
         numerical = frozenset().union(*(c.numerical_notes for _, c in chosen))
+        if precision == "native":
+            numerical |= {NumericalNote.ROUNDED_INTERMEDIATE}
         behavior = frozenset().union(*(c.behavior_notes for _, c in chosen))
         behavior -= {n for n in _ALL_PARTS if not all(n in c.behavior_notes for _, c in chosen)}
         estimates = [c.estimate_us for _, c in chosen]
-        return [EngineConfig(
-            "library", (("main", "torch"), *(kv for role, c in chosen for kv in _prefixed(role, c))),
+        return EngineConfig(
+            "library", (("main", "torch"), ("precision", precision),
+                        *(kv for role, c in chosen for kv in _prefixed(role, c))),
             numerical_notes=numerical, behavior_notes=behavior,
             estimate_us=None if None in estimates else sum(estimates),  # type: ignore[arg-type]
-            why=" then ".join(f"{role} on {c.engine}" for role, c in chosen) + f", {mode.name} heuristic",
-        )]
+            why=" then ".join(f"{role} on {c.engine}" for role, c in chosen) + f", {precision}, {mode.name} heuristic",
+        )
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
-        parts = split(piece)
+        parts = split(piece, config.knob("precision", "exact"))
         assert not isinstance(parts, str), parts
         compiled = []
         for role, sub in parts:
@@ -149,4 +192,4 @@ def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
 
 
 register_engine(LibraryEngine())
-__all__ = ["LibraryEngine", "LibraryKernel", "split"]
+__all__ = ["LibraryEngine", "LibraryKernel", "split", "native_graph"]

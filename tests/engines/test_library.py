@@ -10,18 +10,18 @@ import opgraph as og
 from opgraph import DataType as DT
 from opgraph.device import CPU
 from opgraph.engines import get_engine
-from opgraph.engines.base import BehaviorNote
+from opgraph.engines.base import BehaviorNote, NumericalNote
 from opgraph.engines.library import LibraryKernel
 from opgraph.heuristics import HeurMode, rank_configs
 from opgraph.partition import make_piece, partition
 from opgraph.samples import nhwc
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import assert_engine_matches, requires_cuda
 from .test_triton_conv import conv_graph, sbr_conv_genstats
 from .test_triton_conv_bwd import dgrad_graph, wgrad_graph
 from .test_triton_matmul import mm_graph
 
-pytestmark = [pytest.mark.interpreter, requires_interpreter]
+pytestmark = pytest.mark.interpreter  # the gpu mark wins for the GPU tests (conftest)
 
 
 def roles(plan) -> list[str]:
@@ -159,6 +159,38 @@ def test_heuristic_ranks_the_fused_kernel_first_and_library_after():
     (piece,), _ = partition(fg, engines, CPU)
     ranked = rank_configs(piece, engines, CPU, [HeurMode.A])
     assert [c.engine for c in ranked.configs] == ["triton", "library", "torch"]
+
+
+def test_native_precision_is_offered_to_tuning_with_its_note():
+    """Mode B adds a config that runs the conv in fp16 (the fp32 intermediate rounded), noted; A and
+    fp32 graphs do not."""
+    engines = [get_engine(n) for n in ("library",)]
+    fg = conv_bias_relu().final
+    piece = make_piece(fg, 0, list(fg.nodes))
+    a = rank_configs(piece, engines, CPU, [HeurMode.A]).configs
+    b = rank_configs(piece, engines, CPU, [HeurMode.B]).configs
+    assert [c.knob("precision") for c in a] == ["exact"]
+    assert [c.knob("precision") for c in b] == ["exact", "native"]
+    assert NumericalNote.ROUNDED_INTERMEDIATE in b[1].numerical_notes
+    assert NumericalNote.ROUNDED_INTERMEDIATE not in b[0].numerical_notes
+    fg = conv_bias_relu(DT.FLOAT).final
+    piece = make_piece(fg, 0, list(fg.nodes))
+    assert [c.knob("precision") for c in rank_configs(piece, engines, CPU, [HeurMode.B]).configs] == ["exact"]
+
+
+def test_native_precision_runs_the_conv_in_fp16(rng):
+    g = conv_bias_relu()
+    exact = g.build(device="cpu", engines=["library"])
+    plan = conv_bias_relu().build(device="cpu", engines=["library"], heur_mode=[HeurMode.B],
+                                  select_numeric_notes=["rounded_intermediate"])
+    (step,) = plan.steps
+    assert step.config.knob("precision") == "native"
+    main = next(sub for role, sub, _ in step.kernel.parts if role == "main")
+    (y,) = main.outputs
+    assert main.tensor(y).data_type is DT.HALF and exact.steps[0].piece.tensor(y).data_type is DT.FLOAT
+    assert step.kernel.scratch_bytes < exact.steps[0].kernel.scratch_bytes
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
 
 
 @pytest.mark.gpu
