@@ -102,9 +102,13 @@ class LibraryKernel(Kernel):
         self._views: tuple[Any, dict[int, Any]] | None = None
 
     def _tensor_views(self, scratch: Any) -> dict[int, Any]:
-        if self._views is None or self._views[0] is not scratch:
+        # the plan passes a new slice of its workspace each run: views are remade only when the
+        # slice's address changes (the cached views keep the old memory alive, so an address cannot
+        # be reused by another buffer while they exist)
+        address = scratch.data_ptr() if hasattr(scratch, "data_ptr") else scratch.__array_interface__["data"][0]
+        if self._views is None or self._views[0] != address:
             graph = self.parts[0][1].graph
-            self._views = (scratch, wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {})
+            self._views = (address, wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {})
         return self._views[1]
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
