@@ -3,7 +3,7 @@ batch 64, fp16 channels-last 224², random weights with batchnorm statistics cal
 images (so activations stay at unit scale through the depth, as in a trained network), imported with
 opgraph.from_torch, beside PyTorch eager and torch.compile. Results are checked against the fp32
 module: a whole fp16 network drifts by a few percent even in eager PyTorch, so the tolerance is
-twice eager fp16's own error (at least the suite's 0.02). The floor is the network's convolution
+twice eager fp16's own error (at least the suite's 0.02, at most 0.1). The floor is the network's convolution
 and matmul FLOPs (torch.utils.flop_counter) at the dense fp16 ceiling."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def inference(s: Session, autotune: bool) -> None:
 
         with torch.no_grad():
             eager = s.run(w, "torch eager", lambda: model(x), check=lambda: relerr(model(x), want))
-        tolerance = max(s.tolerance, 2 * (eager.relerr or 0.0))
+        tolerance = min(0.1, max(s.tolerance, 2 * (eager.relerr or 0.0)))  # capped: an eager overflow passes nothing
         direct = lambda: plan.execute(pack)  # noqa: E731
         s.run(w, "opgraph", direct, check=checked(direct), tolerance=tolerance,
               note=f"[{len(plan.steps)} steps, {sum(st.config.engine == 'triton' for st in plan.steps)} triton]")

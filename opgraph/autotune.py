@@ -23,7 +23,7 @@ from .filters import ConfigFilter
 from .device import Device
 from .engines import get_engine
 from .engines.base import EngineConfig, Kernel
-from .errors import GraphError
+from .errors import GraphError, UnsupportedGraphError
 from .partition import Piece
 
 log = logging.getLogger("opgraph.autotune")
@@ -158,21 +158,28 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
     bufs = _buffers(piece, device)
     results: list[tuple[float, EngineConfig, Kernel]] = []
     failed: list[EngineConfig] = []
+    too_big: list[str] = []
     for i, config in enumerate(candidates):
         log.info("%s: timing %d/%d %s", piece.label(), i + 1, len(candidates), config)
         try:
             kernel = get_engine(config.engine).compile(piece, config, device)
-            too_big = filters.rejects_kernel(kernel)
-            if too_big is not None:
-                log.info("%s: %s filtered out: %s", piece.label(), config, too_big)
-                failed.append(config)
+            why = filters.rejects_kernel(kernel)
+            if why is not None:  # not a candidate of this build: neither timed nor an alternative
+                log.info("%s: %s filtered out: %s", piece.label(), config, why)
+                too_big.append(f"{config}: {why}")
                 continue
             us = time_kernel(kernel, piece, device, bufs)
+            kernel.drop_cached_buffers()  # views of the timing buffers
         except (GraphError, RuntimeError, ValueError, TypeError, AssertionError) as err:  # a config that fails is skipped
             log.info("%s: %s failed: %s", piece.label(), config, err)
             failed.append(config)
             continue
         results.append((us, dataclasses.replace(config, measured_us=us), kernel))
+    if not results and too_big and not failed:
+        raise UnsupportedGraphError(
+            f"every engine config of {piece.label()} needs more workspace than the build allows "
+            f"({'; '.join(too_big)})", op=piece.nodes[0].label(), rule="engine.workspace_limit",
+            hint="raise deselect_workspace_greater_than")
     if not results:
         raise GraphError(f"every candidate config of {piece.label()} failed while tuning",
                          rule="autotune.all_failed", hint="build without autotune=True to see the first error")

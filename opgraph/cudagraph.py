@@ -14,7 +14,8 @@ if it does not fit) and re-points the graph: by-reference tensors through the ta
 if a tensor that is not by reference moved, or a pass-by-value scalar changed value, those are baked
 into the captured launches, so the graph is re-captured, and the update says so (a log message and
 the returned `UpdateResult`). Engines whose kernels read addresses from the table (Triton) carry the
-behaviour note SUPPORTS_CUDA_GRAPH_NATIVE_API.
+behaviour note SUPPORTS_CUDA_GRAPH_NATIVE_API; a by-reference tensor that a step without it reads
+(a PyTorch call) moves like any other: re-captured, and set_address refuses it.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ def _require_cuda(plan: ExecutionPlan) -> Any:
 def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any], dict[int, Any]]:
     buffers = plan._bind(pack)
     direct, values = {}, {}
+    baked = plan.baked_addresses()  # by reference, but a step without table reads uses the address
     for uid, value in buffers.items():
         t = plan.graph.tensors[uid]
         if t.is_pass_by_value:
             values[uid] = value
-        elif not t.is_by_reference:
+        elif not t.is_by_reference or uid in baked:
             direct[uid] = value.data_ptr()
     return direct, values, buffers
 

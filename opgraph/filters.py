@@ -39,8 +39,10 @@ def _notes(kind: type[enum.Enum], values: Any, option: str) -> frozenset:
 @dataclass(frozen=True)
 class ConfigFilter:
     """Which configs a build may use. `select_*`: a config must carry every one of these notes;
-    `deselect_*`: it must carry none; `deselect_engines`: not these engines;
-    `deselect_workspace_greater_than`: its kernel's scratch at most this many bytes."""
+    `deselect_*`: it must carry none; `deselect_engines`: it runs no code of these engines (a
+    library config runs torch and triton code too); `deselect_workspace_greater_than`: its own
+    kernel's scratch at most this many bytes, as cuDNN counts an engine config's workspace (tensors
+    that cross pieces live in the plan's workspace too, whatever the limit)."""
 
     select_numeric_notes: frozenset[NumericalNote] = frozenset()
     deselect_numeric_notes: frozenset[NumericalNote] = frozenset()
@@ -57,12 +59,20 @@ class ConfigFilter:
                 f"build option deselect_workspace_greater_than={limit!r} is not a byte count",
                 rule="build.filter", hint="pass a non-negative int (bytes), or None for no limit")
         engines = options.get("deselect_engines") or ()
+        engines = [engines] if isinstance(engines, str) else list(engines)
+        from .engines import engine_names
+
+        unknown = [e for e in engines if e not in engine_names()]
+        if unknown:
+            raise AttributeValueError(
+                f"build option deselect_engines names no engine: {', '.join(map(repr, unknown))}",
+                rule="build.filter", hint=f"engines are: {', '.join(engine_names())}")
         return ConfigFilter(
             _notes(NumericalNote, options.get("select_numeric_notes"), "select_numeric_notes"),
             _notes(NumericalNote, options.get("deselect_numeric_notes"), "deselect_numeric_notes"),
             _notes(BehaviorNote, options.get("select_behavior_notes"), "select_behavior_notes"),
             _notes(BehaviorNote, options.get("deselect_behavior_notes"), "deselect_behavior_notes"),
-            frozenset([engines] if isinstance(engines, str) else engines),
+            frozenset(engines),
             limit,
         )
 
@@ -71,8 +81,12 @@ class ConfigFilter:
 
     def rejects(self, config: EngineConfig) -> str | None:
         """Why `config` is filtered out (None: it passes, its workspace unknown until compiled)."""
-        if config.engine in self.deselect_engines:
-            return f"engine {config.engine} deselected"
+        if self.deselect_engines:
+            from .engines import get_engine
+
+            used = get_engine(config.engine).engines_used(config) & self.deselect_engines
+            if used:
+                return f"engine {', '.join(sorted(used))} deselected"
         missing = (self.select_numeric_notes - config.numerical_notes) | \
             (self.select_behavior_notes - config.behavior_notes)
         if missing:

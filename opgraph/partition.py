@@ -128,7 +128,8 @@ def partition(
     the most preferred engine that runs it. The next op joins the current piece when an engine at
     least as preferred runs the grown piece (a lone slice on the reference engine becomes part of a
     Triton matmul that folds it in); a piece of a less preferred engine (op-by-op torch) does not
-    absorb an op that a more preferred engine runs; an op that no engine runs alone (a transpose
+    absorb an op that a more preferred engine runs, unless that engine fuses what it absorbs (the
+    library engine's generated epilogue); an op that no engine runs alone (a transpose
     only a GEMM template folds in) opens a pending piece that later ops may complete."""
     groups: list[list[Node]] = []
     owners: list[int | None] = []  # None: no engine runs the group yet
@@ -145,7 +146,7 @@ def partition(
             if race is None:
                 grown = make_piece(graph, len(groups) - 1, [*groups[-1], node])
                 fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
-                if fit is not None and fit == owner and owner > 0:
+                if fit is not None and fit == owner and owner > 0 and not engines[owner].fuses_neighbours:
                     alone, _ = best(make_piece(graph, len(groups), [node]), owner)
                     if alone is not None:
                         verdicts = [(engines[owner].name,

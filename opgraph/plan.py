@@ -16,7 +16,7 @@ from .addresses import AddressTable
 from .bindings import FastBinder, bind
 from .device import Device, resolve_device
 from .engines import get_engine
-from .engines.base import Engine, EngineConfig, Kernel
+from .engines.base import BehaviorNote, Engine, EngineConfig, Kernel
 from .errors import GraphError, UnsupportedGraphError
 from .filters import OPTIONS as FILTER_OPTIONS, ConfigFilter
 from .heuristics import HeurMode, PieceConfigs, as_modes, rank_configs
@@ -302,6 +302,20 @@ class ExecutionPlan:
                              hint="declare it with is_by_reference=True (or build(by_reference=True))")
         return self._table.slots[uid][0]
 
+    def baked_addresses(self) -> dict[int, Step]:
+        """By-reference tensors whose address some step bakes into its launches anyway (a step whose
+        config lacks SUPPORTS_CUDA_GRAPH_NATIVE_API: PyTorch calls, the library engine's cuDNN part),
+        each with the first such step: a captured graph must be re-captured when they move."""
+        out: dict[int, Step] = {}
+        if not self.device.is_cuda:  # no capture; interpreted kernels read the table
+            return out
+        for step in self.steps:
+            if BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API not in step.config.behavior_notes:
+                for uid in (*step.piece.inputs, *step.piece.outputs):
+                    if self.graph.tensors[uid].is_by_reference:
+                        out.setdefault(uid, step)
+        return out
+
     def set_address(self, tensor: Any, buffer: Any) -> None:
         """Point a by-reference tensor at another buffer (checked like a variant-pack entry); ordered on
         the current stream, so a captured graph replayed afterwards reads the new buffer."""
@@ -312,6 +326,14 @@ class ExecutionPlan:
         uid = self._fast.keys.get(tensor) if self._fast is not None and _hashable(tensor) else None
         if uid is None:
             uid = resolve_key(self.graph, tensor)
+        baked = self.baked_addresses().get(uid)
+        if baked is not None:
+            raise GraphError(
+                f"{self.graph.tensors[uid].label()} is by reference, but step {baked.index} "
+                f"({baked.config.engine}) bakes its address into its launches: set_address cannot redirect it",
+                rule="cudagraph.baked_address",
+                hint="use update_cuda_graph (it re-captures), or build with "
+                     "select_behavior_notes=['supports_cuda_graph_native_api'] so every step reads the table")
         slot = self.table_slot(uid)
         fast = self._fast.bind_one(uid, buffer) if self._fast is not None else False
         if not fast:

@@ -182,3 +182,33 @@ def test_update_cost_is_small():
     us = (time.perf_counter() - t0) / 100 * 1e6
     torch.cuda.synchronize()
     assert us < 500, us  # the benchmark reports the figure; this only guards against re-capturing
+
+
+def test_by_reference_tensor_read_by_a_torch_step_is_recaptured_not_redirected():
+    """A by-reference input of a step that bakes addresses (a PyTorch conv): update_cuda_graph
+    re-captures, set_address refuses (a replay would read the old buffer)."""
+    import torch
+
+    g = og.Graph("baked", io_data_type=og.DataType.HALF)
+    x = g.tensor(dim=[2, 8, 6, 6], stride=nhwc([2, 8, 6, 6]), name="x").set_is_by_reference(True)
+    w = g.tensor(dim=[8, 8, 3, 3], stride=nhwc([8, 8, 3, 3]), name="w")
+    y = g.conv_fprop(x, w, padding=[1, 1]).set_output(True)
+    plan = g.build(device="cuda", engines=["torch"])
+    assert x.uid in plan.baked_addresses()
+
+    def buf(t):
+        return torch.randn(*t.dim, device="cuda", dtype=torch.float16).as_strided(t.dim, t.stride)
+
+    pack = {x.uid: buf(x), w.uid: buf(w), y.uid: torch.empty_strided(y.dim, y.stride, device="cuda",
+                                                                       dtype=torch.float16)}
+    graph = plan.populate_cuda_graph(pack)
+    x2 = buf(x)
+    with pytest.raises(og.GraphError) as info:
+        plan.set_address(x, x2)
+    assert info.value.rule == "cudagraph.baked_address"
+    result = plan.update_cuda_graph(graph, {**pack, x.uid: x2})
+    assert result.recaptured and x.uid in result.moved
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.nn.functional.conv2d(x2.float(), pack[w.uid].float(), padding=1)
+    assert torch.allclose(pack[y.uid].float(), want, rtol=1e-2, atol=1e-2)

@@ -47,6 +47,7 @@ def test_select_needs_every_note_deselect_drops_any():
 
 
 @pytest.mark.parametrize("option,value", [("deselect_numeric_notes", ["fast_math"]),
+                                          ("deselect_engines", ["cudnn"]),
                                           ("deselect_workspace_greater_than", -1),
                                           ("deselect_workspace_greater_than", "1MB")])
 def test_bad_filter_values_are_typed_errors(option, value):
@@ -105,3 +106,14 @@ def test_autotuning_times_only_what_passes_and_caches_apart(tmp_path, monkeypatc
     assert_engine_matches(_conv_bias_relu(), rng, engines=("triton", "library", "torch"))
     entries = json.loads((tmp_path / "tuning.json").read_text())
     assert len(entries) == 2 and unfiltered.steps[0].config.measured_us is not None
+
+
+@pytest.mark.interpreter
+def test_deselecting_an_engine_removes_composites_that_run_its_code(rng):
+    """A library config runs Triton (epilogue) and torch (conv) code: deselecting either removes it."""
+    for gone, left in (("triton", "torch"), ("torch", "triton")):
+        plan = _conv_bias_relu().build(device="cpu", engines=["triton", "library", "torch"], heur_mode=["B"],
+                                       deselect_engines=[gone])
+        used = {st.config.engine for st in plan.steps} | {c.engine for st in plan.steps for c in st.alternatives}
+        assert used == {left}, plan.describe()
+        assert not og.testing.check_plan(plan, rng)

@@ -103,9 +103,15 @@ class Kernel(ABC):
         """Generated source code, for engines that generate it."""
         return None
 
+    def drop_cached_buffers(self) -> None:
+        """Forget anything kept from past runs' buffers (autotuning's timing buffers)."""
+
 
 class Engine(ABC):
     name: ClassVar[str]
+    # whether the engine's pieces run neighbouring ops fused (the library engine's generated
+    # prologue/epilogue): the partitioner then lets its piece take an op a preferred engine runs alone
+    fuses_neighbours: ClassVar[bool] = False
 
     @abstractmethod
     def available(self, device: Device) -> Support:
@@ -121,3 +127,7 @@ class Engine(ABC):
 
     @abstractmethod
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel: ...
+
+    def engines_used(self, config: EngineConfig) -> frozenset[str]:
+        """Every engine whose code a config of this engine runs (itself, and the parts of a composite)."""
+        return frozenset({self.name})

@@ -14,7 +14,8 @@ one compiles the same kernels again (plan files, the tuning cache). Knob `precis
 16-bit inputs, but slower: 200-260 µs against 25-68 µs for the fused Triton kernel on the ResNet
 convs of the benchmark, H100, 2026-11-22); "native" (heuristic mode B, so autotuning weighs it) runs
 the conv in the operands' type, as eager PyTorch does, and says so with
-NumericalNote.ROUNDED_INTERMEDIATE.
+NumericalNote.ROUNDED_INTERMEDIATE: build(autotune=True, deselect_numeric_notes=["rounded_intermediate"])
+keeps every intermediate in its declared type. Each part runs its engine's first config for the mode.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..device import Device
 from ..dtypes import DataType
+from ..errors import AttributeValueError
 from ..heuristics import HeurMode
 from ..ir import FinalGraph, Node
 from ..partition import Piece, make_piece
@@ -111,6 +113,11 @@ class LibraryKernel(Kernel):
             self._views = (address, wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {})
         return self._views[1]
 
+    def drop_cached_buffers(self) -> None:
+        self._views = None
+        for _, _, kernel in self.parts:
+            kernel.drop_cached_buffers()
+
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         views = self._tensor_views(scratch) if self.scratch_bytes else {}
         bound = {**buffers, **views} if views else buffers
@@ -124,6 +131,7 @@ class LibraryKernel(Kernel):
 
 class LibraryEngine(Engine):
     name = "library"
+    fuses_neighbours = True
 
     def available(self, device: Device) -> Support:
         for name in ("torch", "triton"):
@@ -179,14 +187,38 @@ class LibraryEngine(Engine):
             why=" then ".join(f"{role} on {c.engine}" for role, c in chosen) + f", {precision}, {mode.name} heuristic",
         )
 
+    def engines_used(self, config: EngineConfig) -> frozenset[str]:
+        roles = {k.split(".", 1)[0] for k, _ in config.knobs if "." in k}
+        return frozenset({self.name, "torch", *(ENGINE_OF[r] for r in roles if r in ENGINE_OF)})
+
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
-        parts = split(piece, config.knob("precision", "exact"))
-        assert not isinstance(parts, str), parts
         compiled = []
-        for role, sub in parts:
+        for role, sub in self._checked_parts(piece, config):
             part = _part_config(role, config)
             compiled.append((role, sub, get_engine(part.engine).compile(sub, part, device)))
         return LibraryKernel(piece, config, compiled)
+
+    @staticmethod
+    def _checked_parts(piece: Piece, config: EngineConfig) -> list[tuple[str, Piece]]:
+        """The parts `config` runs; a typed error where it cannot run the piece (a damaged plan file)."""
+        precision = config.knob("precision", "exact")
+        if precision not in ("exact", "native"):
+            problem = f"precision {precision!r} is neither 'exact' nor 'native'"
+        elif precision == "native" and native_graph(piece) is None:
+            problem = "precision 'native' applies to a 16-bit conv or matmul with a wider virtual output only"
+        else:
+            parts = split(piece, precision)
+            if isinstance(parts, str):
+                problem = parts
+            else:
+                missing = [role for role, _ in parts
+                           if ENGINE_OF[role] == "triton" and _part_config(role, config).knob("template") is None]
+                if not missing:
+                    return parts
+                problem = f"no knobs for its {' and '.join(missing)} (expected '{missing[0]}.template' and the rest)"
+        raise AttributeValueError(f"library config {config} cannot run {piece.label()}: {problem}",
+                                  op=piece.nodes[0].label(), rule="library.config",
+                                  hint="take library configs from engine_configs() or from a plan the engine built")
 
 
 def role_has_host(parts: list[tuple[str, Piece]]) -> bool:

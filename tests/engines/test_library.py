@@ -130,6 +130,17 @@ def test_config_knobs_notes_and_a_plan_file(tmp_path, rng):
     assert not bad, "\n".join(map(str, bad))
 
 
+@pytest.mark.parametrize("knobs", [(("precision", "fast"),), (("main", "torch"), ("precision", "exact"))],
+                         ids=["unknown_precision", "no_epilogue_knobs"])
+def test_a_damaged_config_is_a_typed_error(knobs):
+    g = conv_bias_relu()
+    plan = g.build(device="cpu", engines=["library"])
+    config = og.engines.EngineConfig("library", knobs)
+    with pytest.raises(og.AttributeValueError) as info:
+        get_engine("library").compile(plan.steps[0].piece, config, CPU)
+    assert info.value.rule == "library.config"
+
+
 def test_partition_gives_an_unfusable_conv_its_neighbours(monkeypatch, rng):
     """With only Triton's pointwise template, a conv that Triton cannot run takes its epilogue into a
     library piece (PyTorch conv, then the epilogue's kernel; the prologue stays the Triton piece it
@@ -144,10 +155,12 @@ def test_partition_gives_an_unfusable_conv_its_neighbours(monkeypatch, rng):
     w = g.tensor(dim=wdims, name="w")
     s = g.tensor(dim=[1, 4, 1, 1], name="s")
     y = g.conv_fprop(g.relu(g.mul(x, s)), w, padding=1)
-    g.relu(y).set_output(True)
+    b = g.tensor(dim=[1, 6, 1, 1], name="b")
+    g.relu(g.bias(y, b)).set_output(True)
     plan = assert_engine_matches(g, rng, engines=("triton", "library", "torch"))
     assert [st.config.engine for st in plan.steps] == ["triton", "library"], plan.describe()
     assert [role for role, _, _ in plan.steps[1].kernel.parts] == ["main", "epilogue"]
+    assert len(plan.steps[1].piece.nodes) == 3  # the conv, its bias and its relu: one epilogue kernel
     plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
     assert [st.config.engine for st in plan.steps] == ["triton", "torch", "triton"], plan.describe()
 
