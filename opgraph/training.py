@@ -28,6 +28,10 @@ of `TrainingStep` belong to the step graph). By-reference inputs stay by referen
 step can read double-buffered batches (examples/09_cuda_graph_training.py). A forward output that
 is not a parameter (batchnorm's next running stats) is an output of the step as well; the caller
 carries it over (examples/11_train_mobilenet_digits.py swaps the buffers).
+
+`classifier_step(imported)` does all of this for a PyTorch classifier imported with
+`opgraph.from_torch` in train mode: cross-entropy on its logits, SGD on every parameter of the module
+(bound as views, so the module itself is trained), its batchnorm running stats written back.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from .errors import GraphError
 from .graph import Graph
 from .tensor import Tensor, TensorDesc
 
-__all__ = ["TrainingStep", "sgd_momentum", "softmax_cross_entropy"]
+__all__ = ["TrainingStep", "sgd_momentum", "softmax_cross_entropy", "ClassifierStep", "classifier_step"]
 
 
 @dataclass
@@ -185,3 +189,61 @@ def softmax_cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, name: str = 
     lse = g.add(g.log(reduce(g.exp(g.sub(logits, m)), "add", per_sample, "sum_exp")), m)
     picked = reduce(g.mul(logits, onehot), "add", per_sample, "picked")
     return reduce(g.sub(lse, picked), "avg", [1] * len(dims), "mean").set_name(name)
+
+
+@dataclass
+class ClassifierStep:
+    """The training step of a PyTorch classifier imported with `opgraph.from_torch` (train mode):
+    softmax cross-entropy on its logits against one-hot labels, then `sgd_momentum` on every
+    parameter of the module. The module's parameters are bound as views, so each step trains the
+    module itself; `finish(pack)` copies the new batchnorm running stats into it.
+
+        imported = opgraph.from_torch(model.train(), (x,))
+        cs = opgraph.training.classifier_step(imported)
+        plan = cs.step.graph.build()
+        pack = cs.pack(x, onehot, lr=0.1, momentum=0.9)
+        plan.execute(pack); cs.finish(pack)       # = loss.backward(); SGD.step(); model's BN stats
+    """
+
+    imported: Any
+    step: TrainingStep
+    onehot: Tensor
+
+    def pack(self, x: Any, onehot: Any, *, lr: float, momentum: float) -> dict[int, Any]:
+        """A variant pack: the module's inputs and parameters (views), the labels, the optimizer state
+        (zero velocities: a new optimizer) and output buffers on the input's device."""
+        import torch
+
+        pack = self.imported.variant_pack(x)
+        device = x.device if isinstance(x, torch.Tensor) else None
+        pack.update(self.step.state(lr, momentum, device=device))
+        pack[self.onehot.uid] = onehot
+        final = self.step.graph.final
+        for uid in final.outputs:
+            if uid not in pack:
+                d = final.tensors[uid]
+                pack[uid] = (torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
+                             if device is not None else _filled(d, 0.0, None))
+        return pack
+
+    def finish(self, pack: dict[int, Any]) -> None:
+        """After an execute: the module's batchnorm running stats (and counters) from the pack."""
+        self.imported.write_back(pack)
+
+
+def classifier_step(imported: Any, *, weight_decay: float = 0.0) -> ClassifierStep:
+    """`ClassifierStep` of an imported classifier whose one output is logits [N, classes]. The
+    imported graph is copied, not changed (it still runs forward passes)."""
+    outputs = list(imported.outputs)
+    if len(outputs) != 1 or len(outputs[0].dim) != 2:
+        raise GraphError(f"classifier_step needs one output of dims [N, classes]; the module has "
+                         f"{[list(t.dim) for t in outputs]}", rule="training.classifier",
+                         hint="import a module that returns the logits alone (wrap it if it returns more)")
+    g = Graph.from_json(imported.graph.to_json())
+    logits = _handle(g, outputs[0].uid)
+    d = imported.graph.final.tensors[outputs[0].uid]
+    onehot = g.tensor(dim=list(d.dim), data_type=d.data_type, name="onehot")
+    loss = softmax_cross_entropy(g, logits, onehot).set_output(True)
+    params = [t.uid for t, source in imported.bound_inputs if source.kind == "parameter"]
+    step = sgd_momentum(g, loss, params, weight_decay=weight_decay)
+    return ClassifierStep(imported, step, _handle(step.graph, onehot.uid))

@@ -397,3 +397,68 @@ def test_example_11_on_the_gpu():
     pytest.importorskip("sklearn")
     out = _run_example("11_train_mobilenet_digits.py")
     assert "final test accuracy" in out
+
+
+# -- classifier_step: an imported PyTorch classifier trained through opgraph ------------------------------
+
+
+@pytest.mark.parametrize("arch,batch,tol", [("resnet18", 4, 1e-9), ("mobilenet_v2", 8, 1e-6)])
+def test_classifier_step_trains_the_module_like_torch_sgd(arch, batch, tol):
+    """Two steps of opgraph.training.classifier_step on the CPU reference engine against
+    cross_entropy + backward + torch.optim.SGD(momentum) on a copy: parameters, running stats and
+    the loss agree (float64; MobileNetV2's train-mode batchnorm over a few values per channel in its
+    deepest layers amplifies rounding, hence its looser bound)."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    from torch import nn
+
+    from .frontends.tv_models import build
+
+    torch.manual_seed(0)
+    model = build(arch, num_classes=10).double().train()
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    ref = copy.deepcopy(model)
+    x = torch.randn(batch, 3, 32, 32, dtype=torch.float64)
+    labels = torch.arange(batch) % 10
+    imported = og.from_torch(model, (x,))
+    cs = og.training.classifier_step(imported)
+    assert len(imported.graph.final.outputs) < len(cs.step.graph.final.outputs)  # the import is untouched
+    plan = cs.step.graph.build(device="cpu")
+    pack = cs.pack(x, torch.eye(10, dtype=torch.float64)[labels], lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        plan.execute(pack)
+        cs.finish(pack)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ref(x), labels)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        scale = max(float(p.abs().max()) for p in ref.parameters())
+        worst = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), ref.parameters()))
+        stats = max(float((a.double() - b.double()).abs().max()) for a, b in zip(model.buffers(), ref.buffers()))
+    assert worst <= tol * scale and stats <= tol * 10
+    want = float(loss.detach())
+    assert abs(float(np.asarray(pack[cs.step.loss.uid]).ravel()[0]) - want) <= tol * want
+    assert int(model.bn1.num_batches_tracked if arch == "resnet18" else model.features[0][1].num_batches_tracked) == 2
+
+
+def test_classifier_step_needs_one_logits_output():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.a(x), self.b(x)
+
+    imported = og.from_torch(TwoHeads().double(), (torch.randn(2, 4, dtype=torch.float64),))
+    with pytest.raises(og.GraphError) as info:
+        og.training.classifier_step(imported)
+    assert info.value.rule == "training.classifier"
