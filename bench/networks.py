@@ -4,10 +4,19 @@ images (so activations stay at unit scale through the depth, as in a trained net
 opgraph.from_torch, beside PyTorch eager and torch.compile. Results are checked against the fp32
 module: a whole fp16 network drifts by a few percent even in eager PyTorch, so the tolerance is
 twice eager fp16's own error (at least the suite's 0.02, at most 0.1). The floor is the network's convolution
-and matmul FLOPs (torch.utils.flop_counter) at the dense fp16 ceiling."""
+and matmul FLOPs (torch.utils.flop_counter) at the dense fp16 ceiling.
+
+Training steps (ResNet-18 and MobileNetV2 at batch 64): cross-entropy, backward and SGD with momentum
+on fp16 parameters, through `opgraph.training.classifier_step` (its execute plus the write-back of the
+batchnorm running stats) beside the same step in eager PyTorch and under torch.compile. Dropout is off
+(p=0) so that every implementation computes the same loss, and lr is 0 while timing so that every
+step sees the same parameters (the arithmetic is that of any lr). The loss is checked against the fp32
+module like the inference outputs; the floor is three times the forward FLOPs."""
 
 from __future__ import annotations
 
+import copy
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -85,4 +94,69 @@ def inference(s: Session, autotune: bool) -> None:
             run_compiled(s, w, model, (x,))
 
 
-WORKLOADS = {"networks": inference}
+TRAIN_CASES = [("resnet18", 64), ("mobilenet_v2", 64)]
+
+
+def training(s: Session, autotune: bool) -> None:
+    for name, batch in TRAIN_CASES:
+        w = s.workload(f"{name} training step batch {batch}, fp16 channels-last 224², SGD momentum", "network")
+        try:
+            _training_case(s, w, name, batch)
+        except Exception as e:  # noqa: BLE001 - a setup failure is reported, the suite goes on
+            traceback.print_exc(limit=6)
+            s.run(w, "opgraph", lambda e=e: (_ for _ in ()).throw(e))
+
+
+def _training_case(s: Session, w: Any, name: str, batch: int) -> None:
+    import torchvision.models as tvm
+    from torch.nn import functional as F
+
+    torch.manual_seed(0)
+    model = getattr(tvm, name)(weights=None).cuda().to(memory_format=torch.channels_last).train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    x = cl(torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16))
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+    want = F.cross_entropy(copy.deepcopy(model)(x.float()), labels).detach()  # fp32, batch statistics
+    w.floor_flops = 3 * network_flops(model, x.float())
+    model.half()
+    eager_model, compiled_model = copy.deepcopy(model), copy.deepcopy(model)
+
+    def torch_step(net: torch.nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x), labels)
+        loss.backward()
+        opt.step()
+        return loss
+
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.0, momentum=0.9)
+    eager = s.run(w, "torch eager", lambda: torch_step(eager_model, eager_opt),
+                  check=lambda: relerr(torch_step(eager_model, eager_opt).detach().float(), want))
+    tolerance = min(0.1, max(s.tolerance, 2 * (eager.relerr or 0.0)))
+
+    imported = og.from_torch(model, (x,))
+    cs = og.training.classifier_step(imported)
+    plan = cs.step.graph.build(device="cuda")
+    pack = cs.pack(x, torch.eye(1000, device="cuda", dtype=torch.float16)[labels], lr=0.0, momentum=0.9)
+    loss_uid = cs.step.loss.uid
+
+    def og_step() -> None:
+        plan.execute(pack)
+        cs.finish(pack)
+
+    def og_check() -> float:
+        og_step()
+        torch.cuda.synchronize()
+        return relerr(pack[loss_uid].reshape(()).float(), want)
+
+    triton_steps = sum(st.config.engine == "triton" for st in plan.steps)
+    s.run(w, "opgraph", og_step, check=og_check, tolerance=tolerance,
+          note=f"[{len(plan.steps)} steps, {triton_steps} triton; {len(cs.step.graph.final.nodes)} ops]")
+    compiled_opt = torch.optim.SGD(compiled_model.parameters(), lr=0.0, momentum=0.9)
+    run_compiled(s, w, lambda: torch_step(compiled_model, compiled_opt), (),
+                 check=lambda: relerr(torch_step(compiled_model, compiled_opt).detach().float(), want),
+                 tolerance=tolerance)
+
+
+WORKLOADS = {"networks": inference, "training": training}
