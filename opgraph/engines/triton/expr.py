@@ -9,10 +9,12 @@ kernels agree with the unfused graph; comparisons yield 1.0/0.0.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping, Protocol
 
 from ...dtypes import DataType
 from ...ir import Const, Node
+from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
 from ...tensor import TensorDesc
 
@@ -171,6 +173,48 @@ class Indexer(Protocol):
     def coord(self, axis: int, desc: TensorDesc) -> str: ...
 
 
+CUSTOM_PREFIX = "_og_custom_"  # a custom op's Triton function, imported into generated modules as this + name
+
+
+def fused_custom(node: Node) -> tuple[str, str] | str:
+    """(module, name) of the @triton.jit function that generated kernels call for custom op `node`,
+    or why the op cannot be fused."""
+    op = node.op
+    if not isinstance(op, Custom):
+        return f"{node.label()} is not a custom op"
+    d = op.definition
+    if d.triton is None or not d.pointwise:
+        return (f"custom op '{d.name}' has no Triton function: register it with pointwise=True and "
+                "triton=<an @triton.jit elementwise function> to fuse it")
+    if d.num_outputs != 1:
+        return f"custom op '{d.name}' has {d.num_outputs} outputs; fused custom ops have one"
+    fn = getattr(d.triton, "fn", d.triton)
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or not name.isidentifier():
+        return (f"custom op '{d.name}': its Triton function {name or fn!r} is not importable by name; define "
+                "the @triton.jit function at the top level of a module")
+    if any(not isinstance(v, (int, float, bool)) for _, v in op.params):
+        return f"custom op '{d.name}': a fused call takes numeric parameters only"
+    return module, name
+
+
+def elementwise(node: Node) -> bool:
+    """Whether the emitter computes `node` per element: a pointwise op, or a fusable custom op."""
+    return isinstance(node.op, Pointwise) or (isinstance(node.op, Custom) and not isinstance(fused_custom(node), str))
+
+
+def custom_imports(source: str) -> list[str]:
+    """Import lines for the custom ops' Triton functions that `source` calls."""
+    from ...ops.custom import CUSTOM_OPS
+
+    lines = []
+    for name in sorted(set(re.findall(CUSTOM_PREFIX + r"(\w+)\(", source))):
+        d = CUSTOM_OPS[name]
+        fn = getattr(d.triton, "fn", d.triton)
+        lines.append(f"from {fn.__module__} import {fn.__qualname__} as {CUSTOM_PREFIX}{name}")
+    return lines
+
+
 class Emitter:
     """Straight-line code for a set of pointwise nodes over one indexing scheme.
 
@@ -207,6 +251,9 @@ class Emitter:
 
     def emit(self, node: Node) -> None:
         op = node.op
+        if isinstance(op, Custom):
+            self._emit_custom(node, op)
+            return
         assert isinstance(op, Pointwise)
         info = MODES[op.mode]
         ins = [self.operand(v) for v in node.inputs]
@@ -214,17 +261,27 @@ class Emitter:
         params = {name: (ins[info.arity + i] or literal(default)) for i, (name, default) in enumerate(info.params)}
         out = node.outputs[0]
         assert out is not None
-        desc = self.tensors[out]
-        name = f"v{out}"
         if op.mode is PointwiseMode.GEN_INDEX:
-            expr = f"({self.indexer.coord(op.axis or 0, desc)}).to({self.compute})"
+            expr = f"({self.indexer.coord(op.axis or 0, self.tensors[out])}).to({self.compute})"
         else:
             expr = f"({_mode_expr(op.mode, operands, params)}).to({self.compute})"
-        self.lines.append(f"{name} = {expr}")
-        rounded = round_in_compute(name, desc.data_type, self.compute)
+        self.assign(out, expr)
+
+    def assign(self, uid: int, value: str) -> None:
+        """Make `value` the value v{uid} of tensor uid, rounded to the tensor's declared type."""
+        name = f"v{uid}"
+        self.lines.append(f"{name} = {value}")
+        rounded = round_in_compute(name, self.tensors[uid].data_type, self.compute)
         if rounded is not None:
             self.lines.append(f"{name} = {rounded}")
-        self.values[out] = name
+        self.values[uid] = name
+
+    def _emit_custom(self, node: Node, op: Custom) -> None:
+        """A fused custom op: its Triton function called on compute-type values (see fused_custom)."""
+        args = [self.operand(v) for v in node.inputs] + [f"{k}={literal(v)}" for k, v in op.params]
+        out = node.outputs[0]
+        assert out is not None
+        self.assign(out, f"({CUSTOM_PREFIX}{op.op_name}({', '.join(args)})).to({self.compute})")
 
     def store(self, uid: int) -> None:
         desc = self.tensors[uid]

@@ -22,12 +22,11 @@ from typing import Any
 from ....device import Device
 from ....dtypes import DataType
 from ....ir import Const, Node, Operand
-from ....ops.pointwise import Pointwise
 from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import Support
-from ..expr import Emitter, literal
-from .base import Params, Template, assign, program_id
+from ..expr import Emitter, elementwise, literal
+from .base import Params, Template, program_id
 
 INT32_LIMIT = 2**31 - 1
 FULL_ROLES = ("input", "grad")  # roles of a normalization op that live in the full space
@@ -61,7 +60,7 @@ class Fusion:
 def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
     """The piece as a Fusion, or Support.no with the reason it is not one."""
     norms = [n for n in piece.nodes if n.kind in kinds]
-    others = [n for n in piece.nodes if n.kind not in kinds and not isinstance(n.op, Pointwise)]
+    others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
     if others:
         return Support.no(f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
                           f"{others[0].label()} is neither", others[0])
@@ -289,7 +288,7 @@ class NormGen:
         then the epilogue and the stores of the full-size outputs."""
         out = self.node.outputs[0]
         assert out is not None
-        assign(em, out, value)
+        em.assign(out, value)
         for n in self.g.fusion.epilogue:
             em.emit(n)
         for u in self.piece.outputs:

@@ -12,7 +12,7 @@ from typing import Any
 from ....device import Device
 from ....partition import Piece
 from ...base import Support
-from ..expr import HELPERS, Emitter, round_in_compute
+from ..expr import HELPERS, custom_imports
 
 
 @dataclass(frozen=True)
@@ -106,16 +106,6 @@ def program_id(axis: int = 0, big: bool = False) -> str:
     return f"tl.program_id({axis}).to(tl.int64)" if big else f"tl.program_id({axis})"
 
 
-def assign(em: Emitter, uid: int, value: str) -> None:
-    """Make `value` the value v{uid} of tensor uid in `em`, rounded to the tensor's declared type."""
-    name = f"v{uid}"
-    em.lines.append(f"{name} = {value}")
-    rounded = round_in_compute(name, em.tensors[uid].data_type, em.compute)
-    if rounded is not None:
-        em.lines.append(f"{name} = {rounded}")
-    em.values[uid] = name
-
-
 def unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`configs` without repeats, in order (the first of equal knob settings kept)."""
     seen, out = set(), []
@@ -128,7 +118,10 @@ def unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def module_source(*functions: str) -> str:
-    return "\n".join(["import triton", "import triton.language as tl", HELPERS, *functions])
+    """A generated module: imports (and those of the custom ops' Triton functions it calls), the
+    helpers, the kernels."""
+    return "\n".join(["import triton", "import triton.language as tl", *custom_imports("\n".join(functions)),
+                      HELPERS, *functions])
 
 
 def pow2_at_least(n: int, lo: int = 1) -> int:

@@ -69,13 +69,12 @@ from ....dtypes import DataType
 from ....errors import AttributeValueError
 from ....ir import Node
 from ....ops.layout import Slice, Transpose
-from ....ops.pointwise import Pointwise
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import NumericalNote, Support
-from ..expr import TL_DTYPE, Emitter, compute_type, literal, round_in_compute, to_storage
-from .base import Generated, Launch, Params, Template, assign, module_source, pow2_at_least, unique
+from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, literal, round_in_compute, to_storage
+from .base import Generated, Launch, Params, Template, module_source, pow2_at_least, unique
 
 INT32_LIMIT = 2**31 - 1
 SCRATCH_ALIGN = 256
@@ -243,7 +242,7 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
                 chain.append(node)
                 stack.append(src)
                 continue
-            if not isinstance(node.op, Pointwise):
+            if not elementwise(node):
                 return None, Support.no(f"{node.label()} cannot run in the prologue of a {main.kind} "
                                         "(only pointwise ops and slice/transpose views can)", node)
             dim = piece.tensor(node.outputs[0]).dim
@@ -295,7 +294,7 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
             if p is not None and u not in epilogue_uids:
                 return None, Support.no(f"{node.label()} reads a value that is not on the {main.kind}'s "
                                         "epilogue path", node)
-        if isinstance(node.op, Pointwise):
+        if elementwise(node):
             out = node.outputs[0]
             assert out is not None
             dim = piece.tensor(out).dim
@@ -870,7 +869,7 @@ def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
         em.values.update(preset)
     out = gp.out
     out_desc = gp.tensor(out)
-    assign(em, out, f"{acc}.to({ctx.compute})")
+    em.assign(out, f"{acc}.to({ctx.compute})")
     for node in gp.epilogue:
         em.emit(node)
     int_acc = ctx.dot is not None and ctx.dot.is_int

@@ -13,11 +13,10 @@ import math
 from typing import Any
 
 from ....device import Device
-from ....ops.pointwise import Pointwise
 from ....partition import Piece
 from ....tensor import TensorDesc, packed_strides, stride_order
 from ...base import Support
-from ..expr import Emitter, compute_type
+from ..expr import Emitter, compute_type, elementwise, fused_custom
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 
 INT32_LIMIT = 2**31 - 1
@@ -79,8 +78,9 @@ class PointwiseTemplate(Template):
 
     def match(self, piece: Piece, device: Device) -> Support:
         for node in piece.nodes:
-            if not isinstance(node.op, Pointwise):
-                return Support.no(f"the pointwise template runs pointwise ops only, not {node.kind}", node)
+            if not elementwise(node):
+                why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
+                return Support.no(f"the pointwise template runs pointwise ops only, {why}", node)
         dims = {piece.tensor(u).dim for u in piece.outputs}
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")

@@ -21,12 +21,11 @@ from typing import Any
 
 from ....device import Device
 from ....ir import Node
-from ....ops.pointwise import Pointwise
 from ....ops.pooling import Geometry, Resample, ResampleMode
 from ....partition import Piece
 from ....tensor import TensorDesc, stride_order
 from ...base import Support
-from ..expr import TL_DTYPE, Emitter, compute_type, round_in_compute, to_storage
+from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, round_in_compute, to_storage
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from .reduction import INT32_LIMIT, FlatAxes
 
@@ -55,7 +54,7 @@ def analyse(piece: Piece) -> PoolPiece | Support:
         return Support.no("the piece has no resample node" if not pools else
                           "the piece has several resample nodes; one kernel pools once", pools[-1] if pools else None)
     for n in piece.nodes:
-        if not isinstance(n.op, (Pointwise, Resample)):
+        if not (elementwise(n) or isinstance(n.op, Resample)):
             return Support.no(f"the pooling template runs pointwise ops and one resample, not {n.kind}", n)
     node = pools[0]
     op = node.op

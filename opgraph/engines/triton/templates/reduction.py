@@ -33,12 +33,11 @@ from typing import Any, Sequence
 
 from ....device import Device
 from ....ir import Node
-from ....ops.pointwise import Pointwise
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....partition import Piece
 from ....tensor import TensorDesc, stride_order
 from ...base import Support
-from ..expr import Emitter, compute_type, to_storage
+from ..expr import Emitter, compute_type, elementwise, to_storage
 from .base import (
     Arg, Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique,
 )
@@ -230,7 +229,7 @@ def analyse(piece: Piece) -> Analysis | Support:
     if not reducing:
         return Support.no("the piece has no reduction or genstats node")
     for n in piece.nodes:
-        if not isinstance(n.op, (Pointwise, Reduction, GenStats)):
+        if not (elementwise(n) or isinstance(n.op, (Reduction, GenStats))):
             return Support.no(f"the reduction template runs pointwise ops and reductions, not {n.kind}", n)
     reducers: list[Reducer] = []
     space: tuple[int, ...] | None = None
@@ -253,7 +252,7 @@ def analyse(piece: Piece) -> Analysis | Support:
     for n in piece.nodes:
         if reduced_out & set(n.input_uids()):
             return Support.no(f"{n.label()} reads a reduction's result; a reduction ends its piece", n)
-        if isinstance(n.op, Pointwise):
+        if elementwise(n):
             for u in n.output_uids():
                 d = piece.tensor(u).dim
                 if piece.tensor(u).numel == 1 and u not in piece.outputs:
@@ -417,7 +416,7 @@ class ReductionTemplate(Template):
         hoisted, em.lines = em.lines, []
         reduced_uids = {r.out for r in a.reducers}
         for n in piece.nodes:
-            if isinstance(n.op, Pointwise):
+            if elementwise(n):
                 em.emit(n)
         for u in piece.outputs:
             if u not in reduced_uids:
