@@ -25,7 +25,7 @@ from ....partition import Piece
 from .base import pow2_at_least, unique
 from .gemm import (
     Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, estimate_us, finish_candidates,
-    fp32_knobs, gemm_candidates, operand_bytes, operand_tile,
+    fp32_knobs, gemm_candidates, input_taps, operand_bytes, operand_tile,
 )
 
 
@@ -134,17 +134,7 @@ class ConvFpropTemplate(TileTemplate):
         moving = [(i, r) for i, r in enumerate(taps) if r > 1]
         body += decompose("tap", moving, "t") if ntaps > 1 else []
         checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        for i in range(nsp):
-            r, d = taps[i], geo.dilation[i]
-            body.append(f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else
-                        f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}")
-            if geo.pre[i] > 0:
-                checks.append(f"(xi{i} >= 0)")
-            top = (ydims[2 + i] - 1) * geo.stride[i] - geo.pre[i] + (r - 1) * d
-            if top > x.dim[2 + i] - 1:
-                checks.append(f"(xi{i} < {x.dim[2 + i]})")
-            flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
-            body.append(f"wt{i} = {r - 1} - t{i}" if flip and r > 1 else f"wt{i} = t{i}" if r > 1 else f"wt{i} = 0")
+        body += input_taps(geo, taps, ydims, x.dim, op.convolution_mode is ConvolutionMode.CONVOLUTION, checks)
         amask = None
         if checks:
             body.append(f"amask = {' & '.join(checks)}")

@@ -42,7 +42,7 @@ from ...base import Support
 from .base import Generated, Launch, module_source, pow2_at_least
 from .gemm import (
     Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, epilogue,
-    make_context, needs_int64, operand_tile, preload_lines,
+    make_context, needs_int64, operand_tile, preload_lines, input_taps,
 )
 
 UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
@@ -367,17 +367,7 @@ class DepthwiseTemplate(TileTemplate):
         moving = [(i, r) for i, r in enumerate(taps) if r > 1]
         body = decompose("tap", moving, "t") if ntaps > 1 else []
         checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
-        for i in range(nsp):
-            r, d = taps[i], geo.dilation[i]
-            body.append(f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else
-                        f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}")
-            if geo.pre[i] > 0:
-                checks.append(f"(xi{i} >= 0)")
-            top = (ydims[2 + i] - 1) * geo.stride[i] - geo.pre[i] + (r - 1) * d
-            if top > x.dim[2 + i] - 1:
-                checks.append(f"(xi{i} < {x.dim[2 + i]})")
-            body.append(f"wt{i} = {r - 1} - t{i}" if flip and r > 1 else f"wt{i} = t{i}" if r > 1 else f"wt{i} = 0")
+        body += input_taps(geo, taps, ydims, x.dim, op.convolution_mode is ConvolutionMode.CONVOLUTION, checks)
         amask = None
         if checks:
             body.append(f"amask = {' & '.join(checks)}")

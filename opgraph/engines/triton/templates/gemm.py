@@ -697,6 +697,25 @@ class Tiling:
         return TileIndexer(axes, self.rmask, self.cmask, ptr, ("BLOCK_M", cols), flat)
 
 
+def input_taps(geo: Any, taps: Sequence[int], out_dims: Sequence[int], in_dims: Sequence[int], flip: bool,
+               checks: list[str]) -> list[str]:
+    """A forward conv's taps t{i} (from `decompose`) at output positions o{i}: lines giving the input
+    coordinate xi{i} and the filter tap wt{i} (flipped in CONVOLUTION mode), appending to `checks` the
+    bounds tests that padding needs (none where no tap can leave the image)."""
+    lines = []
+    for i, r in enumerate(taps):
+        d = geo.dilation[i]
+        lines.append(f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else
+                     f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}")
+        if geo.pre[i] > 0:
+            checks.append(f"(xi{i} >= 0)")
+        top = (out_dims[2 + i] - 1) * geo.stride[i] - geo.pre[i] + (r - 1) * d
+        if top > in_dims[2 + i] - 1:
+            checks.append(f"(xi{i} < {in_dims[2 + i]})")
+        lines.append(f"wt{i} = {r - 1} - t{i}" if flip and r > 1 else f"wt{i} = t{i}" if r > 1 else f"wt{i} = 0")
+    return lines
+
+
 def decompose(index: str, axes: Sequence[tuple[int, int]], prefix: str) -> list[str]:
     """Lines giving {prefix}{axis} for a flat `index` over `axes` (outermost first, row-major)."""
     axes = list(axes)
@@ -1522,5 +1541,5 @@ __all__ = [
     "OutputSpace", "View", "Reduce", "GemmPiece", "analyze", "DotKind", "dot_kind", "Signature", "Scratch",
     "TileIndexer", "Tiling", "decompose", "Context", "make_context", "operand_tile", "epilogue",
     "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal", "preload_lines",
-    "epilogue_tiling", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
+    "epilogue_tiling", "input_taps", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
 ]
