@@ -78,3 +78,47 @@ def test_gpu_fused_dag(dt, rng):
     s = g.tensor(dim=[1, 64, 1, 1], name="s")
     g.relu(g.add(g.bias(g.mul(x, s), b), r)).set_output(True)
     assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+
+
+# -- slices and transposes of tensors in memory, read in place ------------------------------------------
+
+
+def test_a_transposed_and_sliced_input_is_read_in_place(rng):
+    g = og.Graph("views", io_data_type=og.DataType.HALF)
+    x = g.tensor(dim=[2, 4, 8], name="x")
+    b = g.tensor(dim=[1, 8, 1], name="b")
+    view = g.slice(g.transpose(x, [0, 2, 1]), [slice(None), slice(None), slice(1, 4)])
+    g.relu(g.add(view, b)).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "pointwise" and plan.workspace_size == 0
+    assert "(p1 + 8)" in plan.source(0)  # the slice's start: column 1 of the transposed rows (stride 8)
+
+
+def test_a_view_of_a_computed_value_or_a_view_written_out_is_not_this_templates():
+    from opgraph.device import CPU
+    from opgraph.engines.triton.templates.pointwise import TEMPLATE
+    from opgraph.partition import make_piece
+
+    g = og.Graph("computed", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 8], name="x")
+    g.add(g.transpose(g.relu(x), [1, 0]), 1.0).set_output(True)
+    fg = g.final
+    verdict = TEMPLATE.match(make_piece(fg, 0, list(fg.nodes)), CPU)
+    assert not verdict and "takes a computed value" in verdict.reason
+    g = og.Graph("copy", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 8], name="x")
+    g.transpose(x, [1, 0]).set_output(True)
+    fg = g.final
+    verdict = TEMPLATE.match(make_piece(fg, 0, list(fg.nodes)), CPU)
+    assert not verdict and "does not copy them" in verdict.reason
+
+
+def test_a_view_read_by_two_pieces_runs_and_matches(rng):
+    g = og.Graph("two_readers", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 8], name="x")
+    b = g.tensor(dim=[8, 1], name="b")
+    y = g.tensor(dim=[8, 3], name="y")
+    t = g.transpose(x, [1, 0])
+    g.relu(g.add(t, b)).set_output(True)
+    g.add(g.slice(t, [slice(None), slice(1, 4)]), y).set_output(True)
+    assert_engine_matches(g, rng, engines=("triton", "torch"))

@@ -197,6 +197,30 @@ def _view(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View
     return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
 
 
+def memory_views(piece: Piece) -> dict[int, View] | Support:
+    """The piece's slice/transpose nodes as views of tensors in memory (a chain of them composes),
+    by output UID; Support.no where one reads a value the piece computes (that needs a copy)."""
+    produced = {u for n in piece.nodes for u in n.output_uids()}
+    views: dict[int, View] = {}
+    for node in piece.nodes:
+        if node.kind not in VIEW_KINDS:
+            continue
+        src, out = node.input_uids()[0], node.output_uids()[0]
+        if src in views:
+            v = _view(node, views[src].desc, views[src].base, views[src].offset, out)
+        elif src in produced:
+            return Support.no(f"{node.label()} takes a computed value; a slice/transpose is read in place "
+                              "from a tensor in memory only", node)
+        else:
+            v = _view(node, piece.tensor(src), src, 0, out)
+        if isinstance(v, str):
+            return Support.no(v, node)
+        if piece.tensor(out).data_type is not v.desc.data_type:
+            return Support.no(f"{node.label()} changes the data type; a view keeps its source's", node)
+        views[out] = v
+    return views
+
+
 def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], OutputSpace],
             main_label: str) -> tuple[GemmPiece | None, Support]:
     """Split `piece` into prologue / main op / epilogue / reductions, or say why it is not one
@@ -1541,5 +1565,5 @@ __all__ = [
     "OutputSpace", "View", "Reduce", "GemmPiece", "analyze", "DotKind", "dot_kind", "Signature", "Scratch",
     "TileIndexer", "Tiling", "decompose", "Context", "make_context", "operand_tile", "epilogue",
     "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal", "preload_lines",
-    "epilogue_tiling", "input_taps", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
+    "epilogue_tiling", "input_taps", "memory_views", "VIEW_KINDS", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
 ]

@@ -18,6 +18,7 @@ from ....tensor import TensorDesc, packed_strides, stride_order
 from ...base import Support
 from ..expr import Emitter, compute_type, elementwise, fused_custom
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
+from .gemm import VIEW_KINDS, memory_views
 
 INT32_LIMIT = 2**31 - 1
 
@@ -77,15 +78,25 @@ class PointwiseTemplate(Template):
     name = "pointwise"
 
     def match(self, piece: Piece, device: Device) -> Support:
+        views = memory_views(piece)
+        if isinstance(views, Support):
+            return views
         for node in piece.nodes:
-            if not elementwise(node):
+            if node.kind not in VIEW_KINDS and not elementwise(node):
                 why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
-                return Support.no(f"the pointwise template runs pointwise ops only, {why}", node)
+                return Support.no(f"the pointwise template runs pointwise ops (and reads slices/transposes "
+                                  f"of tensors in memory) only, {why}", node)
+        copied = [u for u in piece.outputs if u in views]
+        if copied:
+            return Support.no(f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
+                              "out; this template reads views in place but does not copy them")
         dims = {piece.tensor(u).dim for u in piece.outputs}
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
         for node in piece.nodes:
+            if node.kind in VIEW_KINDS:  # read where a pointwise op reads it, broadcast by that op's rule
+                continue
             for u in node.output_uids():
                 d = piece.tensor(u).dim
                 if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
@@ -110,10 +121,20 @@ class PointwiseTemplate(Template):
         externals = [*piece.inputs, *piece.outputs]
         big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel > INT32_LIMIT
         types = [piece.tensor(u).data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
-        emitter = Emitter(piece.graph.tensors, compute_type(types), indexer,
-                          ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
+        views = memory_views(piece)
+        assert not isinstance(views, Support), views.reason
+
+        def ptr(u: int) -> str:  # a view reads its source's buffer, from its offset
+            if u not in views:
+                return f"p{u}"
+            v = views[u]
+            return f"(p{v.base} + {v.offset})" if v.offset else f"p{v.base}"
+
+        tensors = {**piece.graph.tensors, **{u: v.desc for u, v in views.items()}}
+        emitter = Emitter(tensors, compute_type(types), indexer, ptr=ptr, scalar=lambda u: f"s{u}")
         for node in piece.nodes:
-            emitter.emit(node)
+            if node.kind not in VIEW_KINDS:
+                emitter.emit(node)
         for u in piece.outputs:
             emitter.store(u)
         params, args = external_params(piece, externals)
