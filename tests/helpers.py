@@ -186,3 +186,17 @@ def assert_engine_close_l2(g: og.Graph, rng: np.random.Generator, *, max_rel_l2:
         rel = float(np.linalg.norm(d) / max(np.linalg.norm(w), 1e-30))
         assert np.isfinite(rel) and rel <= max_rel_l2, (f.tensors[u].label(), rel, plan.describe())
     return plan
+
+
+def scale_mask_or_genstats(g: og.Graph, y: og.Tensor, epi: str) -> None:
+    """The fuzzers' shared epilogues of a GEMM-class output `y`: "scale_mask" (2y and its >= 0 mask
+    as outputs) or "genstats" (y with its per-channel sum and sum of squares)."""
+    if epi == "scale_mask":
+        z = g.mul(y, 2.0)
+        z.set_output(True)
+        g.cmp_ge(z, 0.0).set_output(True)
+    else:
+        y.set_output(True)
+        s, sq = g.genstats(y)
+        s.set_output(True)
+        sq.set_output(True)

@@ -24,6 +24,7 @@ from ..helpers import (
     plan_with,
     requires_cuda,
     requires_interpreter,
+    scale_mask_or_genstats,
     step_plan,
     templates,
 )
@@ -562,15 +563,8 @@ def fuzz_graph(seed: int) -> og.Graph:
         y.set_output(False)
         r = g.tensor(dim=yd, stride=layout_stride(yd, "nchw" if f["layout"] == "nhwc" else "nhwc"), name="r")
         g.relu(g.add(y, r), lower_clip=-4.0, upper_clip=24.0).set_output(True)
-    elif epi == "scale_mask":
-        z = g.mul(y, 2.0)
-        z.set_output(True)
-        g.cmp_ge(z, 0.0).set_output(True)
     else:
-        y.set_output(True)
-        s, sq = g.genstats(y)
-        s.set_output(True)
-        sq.set_output(True)
+        scale_mask_or_genstats(g, y, epi)
     return g
 
 

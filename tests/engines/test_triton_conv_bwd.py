@@ -25,6 +25,7 @@ from ..helpers import (
     layout_stride,
     plan_with,
     requires_cuda,
+    scale_mask_or_genstats,
     templates,
 )
 from .hopper_compile import compile_for_hopper
@@ -521,15 +522,8 @@ def fuzz_dgrad(seed: int) -> og.Graph:
         g.reduction(dz, mode="ADD").set_dim(cd).set_output(True)
         g.reduction(g.mul(dz, g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="xhat")),
                     mode="ADD").set_dim(cd).set_output(True)
-    elif epi == "scale_mask":
-        z = g.mul(dx, 2.0)
-        z.set_output(True)
-        g.cmp_ge(z, 0.0).set_output(True)
     else:
-        dx.set_output(True)
-        s, sq = g.genstats(dx)
-        s.set_output(True)
-        sq.set_output(True)
+        scale_mask_or_genstats(g, dx, epi)
     return g
 
 

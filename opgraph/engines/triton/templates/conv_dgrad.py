@@ -148,6 +148,19 @@ class PhaseTiling(Tiling):
         return lines[:start] + rows + rest
 
 
+@dataclass(frozen=True)
+class _LoopOperands:
+    """What every dgrad main loop starts from: the op, its geometry, DY, the spatial rank, the
+    filter taps and DX's dims."""
+
+    op: ConvDgrad
+    geo: Geometry
+    dy: Any
+    nsp: int
+    taps: tuple[int, ...]
+    xd: tuple[int, ...]
+
+
 class ConvDgradTemplate(TileTemplate):
     name = "conv_dgrad"
     priority = 50
@@ -179,6 +192,12 @@ class ConvDgradTemplate(TileTemplate):
         assert isinstance(op, ConvDgrad)
         return op.geometry(len(gp.space.dims) - 2)
 
+
+    def _loop_operands(self, gp: GemmPiece) -> _LoopOperands:
+        op = gp.main.op
+        assert isinstance(op, ConvDgrad)
+        dy, w = gp.operand("loss"), gp.operand("filter")
+        return _LoopOperands(op, self._geometry(gp), dy, len(dy.dim) - 2, tuple(w.dim[2:]), tuple(gp.space.dims))
     def _phases(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Phases | None:
         geo = self._geometry(gp)
         if self._stencil(gp.operand("filter").dim) or all(s == 1 for s in geo.stride):
@@ -341,13 +360,8 @@ class ConvDgradTemplate(TileTemplate):
         """Pixels in natural order; every tap, holes of a stride masked."""
         gp = ctx.gp
         assert ctx.dot is not None
-        op = gp.main.op
-        assert isinstance(op, ConvDgrad)
-        geo = self._geometry(gp)
-        dy, w = gp.operand("loss"), gp.operand("filter")
-        nsp = len(dy.dim) - 2
-        taps = w.dim[2:]
-        xd = gp.space.dims
+        lp = self._loop_operands(gp)
+        op, geo, dy, nsp, taps, xd = lp.op, lp.geo, lp.dy, lp.nsp, lp.taps, lp.xd
         kg, _, ntaps, _ = self._shape(gp)
         bk = int(knobs["BLOCK_K"])
         nkb = -(-kg // bk)
@@ -401,12 +415,8 @@ class ConvDgradTemplate(TileTemplate):
         assert ctx.dot is not None and isinstance(ctx.tiling, PhaseTiling)
         ph = ctx.tiling.phases
         assert ph is not None
-        op = gp.main.op
-        assert isinstance(op, ConvDgrad)
-        geo = self._geometry(gp)
-        dy, w = gp.operand("loss"), gp.operand("filter")
-        nsp = len(dy.dim) - 2
-        taps = w.dim[2:]
+        lp = self._loop_operands(gp)
+        op, geo, dy, nsp, taps = lp.op, lp.geo, lp.dy, lp.nsp, lp.taps
         kg, _, _, _ = self._shape(gp)
         bk = int(knobs["BLOCK_K"])
         nkb = -(-kg // bk)
@@ -459,13 +469,8 @@ class ConvDgradTemplate(TileTemplate):
         and the channel multiplier m, without tl.dot."""
         gp = ctx.gp
         assert ctx.dot is not None
-        op = gp.main.op
-        assert isinstance(op, ConvDgrad)
-        geo = self._geometry(gp)
-        dy, w = gp.operand("loss"), gp.operand("filter")
-        nsp = len(dy.dim) - 2
-        taps = w.dim[2:]
-        xd = gp.space.dims
+        lp = self._loop_operands(gp)
+        op, geo, dy, nsp, taps, xd = lp.op, lp.geo, lp.dy, lp.nsp, lp.taps, lp.xd
         mult, _, ntaps, _ = self._shape(gp)
         lines = [f"b{a} = y{2 + a} + {geo.pre[a]}" if geo.pre[a] else f"b{a} = y{2 + a}" for a in range(nsp)]
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
