@@ -26,6 +26,26 @@ def print_profiles() -> None:
             print(f"      (profile failed: {e})", flush=True)
 
 
+def print_step_profile(title: str, plan: og.ExecutionPlan, pack: Mapping[Any, Any], top: int = 25) -> None:
+    """Where an execute's time goes: device time per step (the slowest `top` with their ops) and
+    summed per engine/template (OPGRAPH_BENCH_STEPS=1)."""
+    rows = plan.profile_steps(pack)
+    total_d, total_h = sum(r.device_us for r in rows), sum(r.host_us for r in rows)
+    print(f"== steps: {title}: {len(rows)} steps, device {total_d:.0f} us, host {total_h:.0f} us", flush=True)
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        key = r.engine + (":" + r.template if r.template else "")
+        acc = by.setdefault(key, [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += r.device_us
+        acc[2] += r.host_us
+    for key, (n, d, h) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"      {key:28s} x{n:4d}  device {d:9.1f} us  host {h:8.1f} us", flush=True)
+    for r in sorted(rows, key=lambda r: -r.device_us)[:top]:
+        ops = ", ".join(f"{n.kind}:{n.name}" for n in plan.steps[r.step].piece.nodes)
+        print(f"      {r}  [{ops[:150]}]", flush=True)
+
+
 def cl(t: torch.Tensor) -> torch.Tensor:
     return t.to(memory_format=torch.channels_last)
 
@@ -66,6 +86,8 @@ def run_opgraph(s: Session, w: Workload, g: og.Graph, pack: Mapping[Any, Any],
             return max(relerr(pack[t], ref()) for t, ref in checks.items())
 
         s.run(w, label, lambda plan=plan: plan.execute(pack), check=check, note=f"[{len(plan.steps)} steps: {steps}]")
+        if os.environ.get("OPGRAPH_BENCH_DESCRIBE"):  # the chosen configs and every alternative's time
+            print("\n".join("      " + line for line in plan.describe().splitlines()), flush=True)
         if os.environ.get("OPGRAPH_BENCH_PROFILE"):
             # profiled at the end of the run: the profiler slows host launches while it is attached
             TO_PROFILE.append((f"{w.name} [{label}]", plan, pack))

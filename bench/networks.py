@@ -16,6 +16,9 @@ module like the inference outputs; the floor is three times the forward FLOPs.""
 from __future__ import annotations
 
 import copy
+import os
+import time
+from collections import Counter
 import traceback
 from typing import Any, Callable
 
@@ -23,7 +26,7 @@ import torch
 
 import opgraph as og
 
-from .common import cl, graphed, run_compiled
+from .common import cl, graphed, print_step_profile, run_compiled
 from .harness import Session, relerr
 
 CASES = [("resnet50", 64), ("mobilenet_v2", 64), ("resnet50", 1)]
@@ -137,7 +140,9 @@ def _training_case(s: Session, w: Any, name: str, batch: int) -> None:
 
     imported = og.from_torch(model, (x,))
     cs = og.training.classifier_step(imported)
+    t0 = time.perf_counter()
     plan = cs.step.graph.build(device="cuda")
+    print(f"   (opgraph: step graph built in {time.perf_counter() - t0:.1f} s)", flush=True)
     pack = cs.pack(x, torch.eye(1000, device="cuda", dtype=torch.float16)[labels], lr=0.0, momentum=0.9)
     loss_uid = cs.step.loss.uid
 
@@ -150,9 +155,27 @@ def _training_case(s: Session, w: Any, name: str, batch: int) -> None:
         torch.cuda.synchronize()
         return relerr(pack[loss_uid].reshape(()).float(), want)
 
-    triton_steps = sum(st.config.engine == "triton" for st in plan.steps)
+    if os.environ.get("OPGRAPH_BENCH_STEPS"):
+        print_step_profile(w.name, plan, pack)
+    t0 = time.perf_counter()
+    og_step()
+    torch.cuda.synchronize()
+    print(f"   (opgraph: first step, compiling its kernels, {time.perf_counter() - t0:.1f} s)", flush=True)
+    engines = ", ".join(f"{n} {e}" for e, n in sorted(Counter(st.config.engine for st in plan.steps).items()))
     s.run(w, "opgraph", og_step, check=og_check, tolerance=tolerance,
-          note=f"[{len(plan.steps)} steps, {triton_steps} triton; {len(cs.step.graph.final.nodes)} ops]")
+          note=f"[{len(plan.steps)} steps: {engines}; {len(cs.step.graph.final.nodes)} ops]")
+    try:
+        replay = graphed(og_step)
+
+        def replay_check() -> float:
+            pack[loss_uid].fill_(float("nan"))
+            replay()
+            torch.cuda.synchronize()
+            return relerr(pack[loss_uid].reshape(()).float(), want)
+
+        s.run(w, "opgraph (CUDA graph)", replay, check=replay_check, tolerance=tolerance)
+    except Exception as e:  # noqa: BLE001 - a step that cannot be captured: say so, time the rest
+        print(f"   opgraph (CUDA graph): not captured: {type(e).__name__}: {e}", flush=True)
     compiled_opt = torch.optim.SGD(compiled_model.parameters(), lr=0.0, momentum=0.9)
     run_compiled(s, w, lambda: torch_step(compiled_model, compiled_opt), (),
                  check=lambda: relerr(torch_step(compiled_model, compiled_opt).detach().float(), want),

@@ -26,9 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
     ap.add_argument("--profile", action="store_true", help="print each plan's kernels and their device times")
     ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of each plan")
+    ap.add_argument("--steps", action="store_true", help="print where each network plan's time goes, step by step")
+    ap.add_argument("--describe", action="store_true", help="print each plan's describe() (configs, alternatives)")
     args = ap.parse_args(argv)
     for flag, var in ((args.no_compile, "OPGRAPH_BENCH_NO_COMPILE"), (args.profile, "OPGRAPH_BENCH_PROFILE"),
-                      (args.graph, "OPGRAPH_BENCH_GRAPH")):
+                      (args.graph, "OPGRAPH_BENCH_GRAPH"), (args.describe, "OPGRAPH_BENCH_DESCRIBE"),
+                      (args.steps, "OPGRAPH_BENCH_STEPS")):
         if flag:
             os.environ[var] = "1"
     names: list[str] = []

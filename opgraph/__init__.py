@@ -31,7 +31,7 @@ from .ops.norm import NormForwardPhase
 from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
 from .ops.reduction import ReductionMode
-from .plan import ExecutionPlan, load_plan
+from .plan import ExecutionPlan, StepTime, load_plan
 from .tensor import Tensor, TensorDesc
 
 __version__ = "0.1.0"
@@ -44,6 +44,6 @@ __all__ = [
     "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
-    "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError",
+    "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
     "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op", "grad", "from_torch",
 ]

@@ -42,11 +42,12 @@ def environment(device: Device) -> dict[str, Any]:
 
     env: dict[str, Any] = {"opgraph": __version__, "device": device.name, "capability": device.capability,
                            "sm_count": device.sm_count}
-    for dist in ("torch", "triton"):
+    for dist in ("torch", "triton", "nvidia-cudnn-frontend"):
         env[dist] = _version(dist)
     torch = sys.modules.get("torch")
     if torch is not None and device.is_cuda:
         env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()  # the library engines' kernels come from it
     return env
 
 
@@ -130,12 +131,17 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
 
 
 def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any]) -> float:
-    from .timing import time_call
+    """A candidate's device µs per run on CUDA (its host time hidden, as in a captured CUDA graph or a
+    plan that runs ahead of the device; timing each run from an idle device would charge a library
+    call's host setup in full and pick by host overhead)."""
+    from .timing import time_call, time_device
     from .workspace import allocate
 
     scratch = allocate(kernel.scratch_bytes, device) if kernel.scratch_bytes else None
-    return time_call(lambda: kernel.run(bufs, None, scratch), cuda=device.is_cuda,
-                     warmup=3 if device.is_cuda else 1, repeat=20 if device.is_cuda else 2)
+    run = lambda: kernel.run(bufs, None, scratch)  # noqa: E731
+    if device.is_cuda:
+        return time_device(run)
+    return time_call(run, cuda=False, warmup=1, repeat=2)
 
 
 def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engines: Sequence[str],

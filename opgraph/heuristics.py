@@ -2,6 +2,9 @@
 
     INSTANT   rules only, the first config each engine proposes
     A         rules and the cost model (bytes and math against the device's rates)
+
+Engines are ranked in the build's order of preference, except where an engine's rule
+(`Engine.rank_first`) says its configs win on a piece (cuDNN's on convolutions).
     B         like A; engines may refine with short probes
     FALLBACK  the broadest configs, which always work (reference on the CPU, op-by-op on the GPU)
 """
@@ -76,6 +79,8 @@ def rank_configs(
         if not verdict.ok:
             declined.append((engine.name, verdict.reason))
     supporting = [e for e in engines if e.name not in {n for n, _ in declined}]
+    if any(m is not HeurMode.FALLBACK for m in modes):  # rules of INSTANT/A/B; FALLBACK keeps the order
+        supporting.sort(key=lambda e: not e.rank_first(piece, device))
     for mode in modes:
         for engine in supporting:
             for cfg in engine.configs(piece, device, mode):

@@ -17,7 +17,7 @@ from .bindings import FastBinder, bind
 from .device import Device, resolve_device
 from .engines import get_engine
 from .engines.base import BehaviorNote, Engine, EngineConfig, Kernel
-from .errors import GraphError, UnsupportedGraphError
+from .errors import ExecutionError, GraphError, UnsupportedGraphError
 from .filters import OPTIONS as FILTER_OPTIONS, ConfigFilter
 from .heuristics import HeurMode, PieceConfigs, as_modes, rank_configs
 from .ir import FinalGraph
@@ -36,6 +36,22 @@ class Step:
     alternatives: tuple[EngineConfig, ...] = ()
 
 
+@dataclass(frozen=True)
+class StepTime:
+    """One step's share of an execute (ExecutionPlan.profile_steps)."""
+
+    step: int
+    engine: str
+    template: str
+    ops: int
+    device_us: float
+    host_us: float
+
+    def __str__(self) -> str:
+        what = self.engine + (f":{self.template}" if self.template else "")
+        return f"step {self.step:4d} {what:24s} {self.ops:3d} ops  device {self.device_us:9.1f} us  host {self.host_us:7.1f} us"
+
+
 log = logging.getLogger("opgraph.build")
 
 
@@ -52,8 +68,10 @@ def _on_stream(stream: Any, device: Device) -> Any:
 
 def default_engines(device: Device) -> list[str]:
     """In order of preference: generated kernels, then a library conv/matmul with generated kernels
-    around it, then op-by-op PyTorch (which runs any op) on CUDA; the reference engine on the CPU."""
-    return ["reference"] if not device.is_cuda else ["triton", "library", "torch"]
+    around it, then a cuDNN frontend graph (where nvidia-cudnn-frontend is installed), then op-by-op
+    PyTorch (which runs any op) on CUDA; the reference engine on the CPU. Engines that are not
+    available on the device are left out of the build."""
+    return ["reference"] if not device.is_cuda else ["triton", "library", "cudnn", "torch"]
 
 
 def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
@@ -164,11 +182,19 @@ def build_plan(
 
 def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: Device,
                             filters: ConfigFilter) -> tuple[EngineConfig, Kernel]:
-    """The first config (in rank order) whose kernel's workspace passes the build's limit, compiled."""
+    """The first config (in rank order) that compiles and whose kernel's workspace passes the build's
+    limit, compiled. A config that fails to compile (a library plan its own support check accepted,
+    then could not build) gives way to the next one; if all fail, the first failure is raised."""
     too_big = []
+    failed: list[GraphError] = []
     for config in configs:
         t0 = time.perf_counter()
-        kernel = get_engine(config.engine).compile(piece, config, dev)
+        try:
+            kernel = get_engine(config.engine).compile(piece, config, dev)
+        except ExecutionError as err:
+            log.info("  %s: %s failed to compile, trying the next config: %s", piece.label(), config, err)
+            failed.append(err)
+            continue
         why = filters.rejects_kernel(kernel)
         if why is None:
             log.info("  %s -> %s (%d candidate configs; compiled in %.1f ms)", piece.label(), config,
@@ -176,6 +202,8 @@ def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: 
             return config, kernel
         log.info("  %s: %s filtered out: %s", piece.label(), config, why)
         too_big.append(f"{config}: {why}")
+    if failed and not too_big:
+        raise failed[0]
     raise UnsupportedGraphError(
         f"every engine config of {piece.label()} needs more workspace than the build allows "
         f"({'; '.join(too_big)})", op=piece.nodes[0].label(), rule="engine.workspace_limit",
@@ -251,6 +279,22 @@ class ExecutionPlan:
             if ev.count and total:
                 rows.append((ev.key, round(ev.count / repeat), total / ev.count))
         return sorted(rows, key=lambda r: -r[1] * r[2])
+
+    def profile_steps(self, variant_pack: Mapping[Any, Any], repeat: int = 10) -> list[StepTime]:
+        """Per step: device µs (median over `repeat`, the device idle before the step starts, so
+        that no launch gap of the steps before counts) and host µs to enqueue it. Where the whole
+        plan's time goes, step by step; `describe()` says what each step is."""
+        from .timing import step_times
+
+        buffers = self._bind(variant_pack)
+        base, views = self._workspace(None, buffers)
+        buffers.update(views)
+        if self._table:
+            self._table.update(buffers)
+        runs = [lambda s=s: s.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, s.index))
+                for s in self.steps]
+        return [StepTime(s.index, s.config.engine, str(s.config.knob("template", "")), len(s.piece.nodes), d, h)
+                for s, (d, h) in zip(self.steps, step_times(runs, cuda=self.device.is_cuda, repeat=repeat))]
 
     def _bind(self, variant_pack: Mapping[Any, Any]) -> dict[int, Any]:
         """The checked pack: the fast path for packs like the last ones, else the full check."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 
 def time_call(fn: Callable[[], Any], *, cuda: bool, warmup: int = 3, repeat: int = 20) -> float:
@@ -33,6 +33,32 @@ def time_call(fn: Callable[[], Any], *, cuda: bool, warmup: int = 3, repeat: int
     return statistics.median(times)
 
 
+SPIN_CYCLES = 2_000_000  # about 1 ms on an H100: more than the host time of what is timed behind it
+
+
+def time_device(fn: Callable[[], Any], *, warmup: int = 3, rounds: int = 5, burst: int = 10) -> float:
+    """Device microseconds per call of `fn`: `burst` calls back to back between two CUDA events,
+    enqueued while a spin kernel holds the device, so that none of their host time counts (median
+    over `rounds`). What a call costs in a captured CUDA graph, or in any plan whose host work runs
+    ahead of the device; the benchmark suite's do_bench hides host time the same way."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
+        start.record()
+        for _ in range(burst):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / burst)
+    return statistics.median(times)
+
+
 def host_time_per_call(fn: Callable[[], Any], *, calls: int = 200) -> float:
     """Host-side microseconds per call (what the CPU spends enqueueing), averaged."""
     fn()
@@ -40,3 +66,33 @@ def host_time_per_call(fn: Callable[[], Any], *, calls: int = 200) -> float:
     for _ in range(calls):
         fn()
     return (time.perf_counter() - t0) / calls * 1e6
+
+
+def step_times(runs: Sequence[Callable[[], Any]], *, cuda: bool, repeat: int = 10) -> list[tuple[float, float]]:
+    """(device µs, host µs) of each callable of `runs`, run in order `repeat` times (after one warm-up
+    pass): medians. On CUDA each call is enqueued behind a spin kernel on an otherwise idle device,
+    so its device time is its own, without the host's launch time (unless that exceeds the spin)."""
+    for fn in runs:
+        fn()
+    device: list[list[float]] = [[] for _ in runs]
+    host: list[list[float]] = [[] for _ in runs]
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+    for _ in range(repeat):
+        for i, fn in enumerate(runs):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(SPIN_CYCLES)  # the step is enqueued while this spins: no launch gap counts
+                start.record()
+            t0 = time.perf_counter()
+            fn()
+            host[i].append((time.perf_counter() - t0) * 1e6)
+            if cuda:
+                end.record()
+                end.synchronize()
+                device[i].append(start.elapsed_time(end) * 1e3)
+            else:
+                device[i].append(host[i][-1])
+    return [(statistics.median(d), statistics.median(h)) for d, h in zip(device, host)]

@@ -112,7 +112,8 @@ def _handle(g: Graph, uid: int) -> Tensor:
 
 
 def sgd_momentum(forward: Graph, loss: Tensor, params: Sequence[Tensor], *, weight_decay: float = 0.0,
-                 keep_grads: bool = False, scalar_data_type: Any = None, name: str | None = None) -> TrainingStep:
+                 keep_grads: bool = False, scalar_data_type: Any = None, grad_data_type: Any = None,
+                 name: str | None = None) -> TrainingStep:
     """The training step of `forward`: loss and gradients of `params`, then SGD with momentum.
 
     forward: the forward graph, with `loss` (a 1-element floating output) computed in it.
@@ -120,6 +121,9 @@ def sgd_momentum(forward: Graph, loss: Tensor, params: Sequence[Tensor], *, weig
     weight_decay: L2 penalty added to each gradient (torch.optim.SGD's weight_decay).
     keep_grads: make the gradients outputs (``grad_<name>``) as well.
     scalar_data_type: the type of lr and momentum (default: the forward's compute type).
+    grad_data_type: the type of the gradients and other backward intermediates (`opgraph.grad`'s
+        intermediate_data_type; default the forward's intermediate type). HALF for a HALF model is
+        PyTorch's fp16 training: half the gradient traffic, and conv backward on fp16 tensor cores.
     """
     fg = forward.final
     loss_uid = resolve(fg, loss, "loss")
@@ -133,7 +137,8 @@ def sgd_momentum(forward: Graph, loss: Tensor, params: Sequence[Tensor], *, weig
             raise GraphError("a trained parameter must be an input of the forward graph (it is updated in place)",
                              tensor=fg.tensors[uid], rule="training.param",
                              hint="declare the parameter with g.tensor(...) and pass that handle")
-    res = grad(forward, [loss], list(params), combined=True, name=name or f"{forward.name or 'graph'}_sgd")
+    res = grad(forward, [loss], list(params), combined=True, intermediate_data_type=grad_data_type,
+               name=name or f"{forward.name or 'graph'}_sgd")
     g = res.graph
     for uid in fg.inputs:  # combined graphs copy inputs without the flag: double-buffered inputs keep it
         if fg.tensors[uid].is_by_reference:
@@ -231,9 +236,11 @@ class ClassifierStep:
         self.imported.write_back(pack)
 
 
-def classifier_step(imported: Any, *, weight_decay: float = 0.0) -> ClassifierStep:
+def classifier_step(imported: Any, *, weight_decay: float = 0.0, grad_data_type: Any = None) -> ClassifierStep:
     """`ClassifierStep` of an imported classifier whose one output is logits [N, classes]. The
-    imported graph is copied, not changed (it still runs forward passes)."""
+    imported graph is copied, not changed (it still runs forward passes). Gradients have the
+    parameters' type, as in PyTorch (fp16 for a `.half()` model), unless `grad_data_type` says
+    otherwise (or the parameters' types differ: then the graph's intermediate type)."""
     outputs = list(imported.outputs)
     if len(outputs) != 1 or len(outputs[0].dim) != 2:
         raise GraphError(f"classifier_step needs one output of dims [N, classes]; the module has "
@@ -245,5 +252,8 @@ def classifier_step(imported: Any, *, weight_decay: float = 0.0) -> ClassifierSt
     onehot = g.tensor(dim=list(d.dim), data_type=d.data_type, name="onehot")
     loss = softmax_cross_entropy(g, logits, onehot).set_output(True)
     params = [t.uid for t, source in imported.bound_inputs if source.kind == "parameter"]
-    step = sgd_momentum(g, loss, params, weight_decay=weight_decay)
+    if grad_data_type is None:
+        types = {imported.graph.final.tensors[uid].data_type for uid in params}
+        grad_data_type = types.pop() if len(types) == 1 else None
+    step = sgd_momentum(g, loss, params, weight_decay=weight_decay, grad_data_type=grad_data_type)
     return ClassifierStep(imported, step, _handle(step.graph, onehot.uid))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session on the lent machine: environment, the GPU test tier, then the benchmark suite.
 # Usage (from the repo root, on the GPU machine): scripts/gpu_session.sh [tests|bench|all] [bench args...]
-# Results go to $OUT (default /tmp/opgraph-gpu).
+# Results go to $OUT (default /tmp/opgraph-gpu); TESTS picks test paths (default: tests).
 set -uo pipefail
 OUT=${OUT:-/tmp/opgraph-gpu}
 mkdir -p "$OUT"
@@ -24,7 +24,7 @@ if ls .whl/torchvision*.whl >/dev/null 2>&1 && ! python3 -c "import torchvision"
     && export PYTHONPATH="$PYTHONPATH:/tmp/site-tv"
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -n 4 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -n 4 ${TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   timeout ${BENCH_TIMEOUT:-420} python3 -m bench.run --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60

@@ -131,8 +131,8 @@ def templates(plan) -> list[str]:
 
 
 def step_plan(plan, step, config: EngineConfig) -> ExecutionPlan:
-    """A plan running only `step` of `plan`, compiled by the Triton engine with `config`."""
-    kernel = get_engine("triton").compile(step.piece, config, plan.device)
+    """A plan running only `step` of `plan`, compiled by `config`'s engine with `config`."""
+    kernel = get_engine(config.engine).compile(step.piece, config, plan.device)
     return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
 
 
@@ -152,11 +152,11 @@ def candidate_configs(g: og.Graph):
     return plan, step, (step.config, *step.alternatives)
 
 
-def assert_candidates_match(plan, step, configs, rng: np.random.Generator) -> None:
+def assert_candidates_match(plan, step, configs, rng: np.random.Generator, **tolerance) -> None:
     """Run `step` of `plan` alone with each of `configs` on random inputs; every output must match the
     reference engine."""
     for config in configs:
-        bad = og.testing.check_plan(step_plan(plan, step, config), rng)
+        bad = og.testing.check_plan(step_plan(plan, step, config), rng, **tolerance)
         assert not bad, f"{config}: " + "\n".join(map(str, bad))
 
 
@@ -200,3 +200,17 @@ def scale_mask_or_genstats(g: og.Graph, y: og.Tensor, epi: str) -> None:
         s, sq = g.genstats(y)
         s.set_output(True)
         sq.set_output(True)
+
+
+def assert_replay_equals_execute(plan, pack, out_uid: int) -> None:
+    """Execute `plan` on `pack`, then capture it in a CUDA graph and replay it over a poisoned output:
+    the replay must write exactly what the execute wrote."""
+    import torch
+
+    plan.execute(pack)
+    want = pack[out_uid].clone()
+    pack[out_uid].fill_(float("nan"))
+    graph = plan.populate_cuda_graph(pack)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(pack[out_uid], want)

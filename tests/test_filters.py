@@ -47,7 +47,7 @@ def test_select_needs_every_note_deselect_drops_any():
 
 
 @pytest.mark.parametrize("option,value", [("deselect_numeric_notes", ["fast_math"]),
-                                          ("deselect_engines", ["cudnn"]),
+                                          ("deselect_engines", ["tensorrt"]),
                                           ("deselect_workspace_greater_than", -1),
                                           ("deselect_workspace_greater_than", "1MB")])
 def test_bad_filter_values_are_typed_errors(option, value):

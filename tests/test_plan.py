@@ -112,6 +112,77 @@ def test_describe_lists_steps_ops_and_engine():
     assert "reference" in repr(plan) and "1 step(s)" in repr(plan)
 
 
+class EagerOneOpEngine(OneOpEngine):
+    """OneOpEngine whose rule puts its configs first on single-op pieces (Engine.rank_first)."""
+
+    name = "test_eager_one_op"
+
+    def configs(self, piece, device, mode):
+        return [EngineConfig(self.name, (("mode", mode.name),))]
+
+    def rank_first(self, piece, device):
+        return len(piece.nodes) == 1
+
+
+def test_rank_first_puts_a_later_engines_configs_first_except_in_fallback():
+    from opgraph.heuristics import rank_configs
+    from opgraph.partition import make_piece
+
+    g, _ = chain_graph()
+    g.validate()
+    piece = make_piece(g.final, 0, [g.final.nodes[0]])
+    engines = [get_engine("reference"), EagerOneOpEngine()]
+    ranked = rank_configs(piece, engines, og.device.CPU, [H.A])
+    assert [c.engine for c in ranked.configs] == ["test_eager_one_op", "reference"], ranked
+    ranked = rank_configs(piece, engines, og.device.CPU, [H.FALLBACK])
+    assert ranked.configs[0].engine == "reference", ranked
+    whole = make_piece(g.final, 0, list(g.final.nodes))
+    assert rank_configs(whole, engines, og.device.CPU, [H.A]).configs[0].engine == "reference"
+
+
+class FailingFirstEngine(OneOpEngine):
+    """Offers two configs per piece; the first fails to compile (as a cuDNN plan can after its
+    support check passed)."""
+
+    name = "test_failing_first"
+
+    def configs(self, piece, device, mode):
+        return [EngineConfig(self.name, (("which", "broken"),)), EngineConfig(self.name, (("which", "good"),))]
+
+    def compile(self, piece, config, device):
+        if config.knob("which") == "broken":
+            raise og.ExecutionError("cannot build this plan", rule="test.build")
+        return super().compile(piece, config, device)
+
+
+def test_a_config_that_fails_to_compile_gives_way_to_the_next(rng):
+    from opgraph.engines import ENGINES
+
+    register_engine(FailingFirstEngine())
+    try:
+        g, h = chain_graph()
+        plan = g.build(device="cpu", engines=["test_failing_first"])
+        assert all(s.config.knob("which") == "good" for s in plan.steps)
+        pack = random_pack(plan.graph, rng)
+        plan.execute(pack)
+        check(g, h, pack)
+    finally:
+        ENGINES.pop("test_failing_first", None)
+
+
+def test_profile_steps_times_every_step_and_leaves_the_outputs_right(rng):
+    g, h = chain_graph()
+    plan = g.build(device="cpu", engines=["test_one_op"])
+    pack = random_pack(plan.graph, rng)
+    rows = plan.profile_steps(pack, repeat=2)
+    assert [r.step for r in rows] == list(range(len(plan.steps))) and len(rows) > 1
+    assert all(r.engine == "test_one_op" and r.ops == 1 and r.device_us > 0 and r.host_us > 0 for r in rows)
+    assert "step    0 test_one_op" in str(rows[0])
+    want = reference_outputs(plan.graph, pack)
+    for uid, arr in want.items():
+        assert not compare(plan.graph.tensors[uid], pack[uid], arr), uid
+
+
 @pytest.mark.parametrize("modes", [[H.INSTANT], [H.A], [H.B], [H.FALLBACK], H.A, "fallback", ["INSTANT", H.B],
                                    None, [H.A, H.FALLBACK]], ids=repr)
 def test_engine_configs_per_heuristic_mode(modes):

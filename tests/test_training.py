@@ -446,6 +446,28 @@ def test_classifier_step_trains_the_module_like_torch_sgd(arch, batch, tol):
     assert int(model.bn1.num_batches_tracked if arch == "resnet18" else model.features[0][1].num_batches_tracked) == 2
 
 
+@pytest.mark.parametrize("dtype,want", [("half", "HALF"), ("float", "FLOAT"), ("explicit", "FLOAT")])
+def test_classifier_step_gradients_have_the_parameters_type(dtype, want):
+    """Like PyTorch, an fp16 model's gradients are fp16 (dgrad/wgrad on fp16 operands), unless
+    grad_data_type says otherwise."""
+    torch = pytest.importorskip("torch")
+
+    from .frontends.tv_models import build
+
+    model = build("resnet18", num_classes=10).train()
+    model = model.half() if dtype in ("half", "explicit") else model.float()
+    x = torch.randn(2, 3, 32, 32, dtype=next(model.parameters()).dtype)
+    cs = og.training.classifier_step(og.from_torch(model, (x,)),
+                                     **({"grad_data_type": og.DataType.FLOAT} if dtype == "explicit" else {}))
+    final = cs.step.graph.final
+    kinds = {}
+    for n in final.nodes:
+        if n.kind in ("conv_dgrad", "conv_wgrad"):
+            role = "loss" if n.kind == "conv_wgrad" else n.op.INPUTS[0]
+            kinds.setdefault(n.kind, set()).add(final.tensors[n.input(role)].data_type.name)
+    assert kinds == {"conv_dgrad": {want}, "conv_wgrad": {want}}, kinds
+
+
 def test_classifier_step_needs_one_logits_output():
     torch = pytest.importorskip("torch")
     from torch import nn

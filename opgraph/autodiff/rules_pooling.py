@@ -114,6 +114,19 @@ def _avg_backward_torch(dy, **params):
 
 
 def _max_backward_torch(dy, x, **params):
+    import torch
+
+    nsp = x.dim() - 2
+    w, s, pre, post = _geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
+    if nsp in (2, 3) and pre == post and all(2 * p <= k for p, k in zip(pre, w)):
+        # PyTorch's own pooling kernels, padding implicit: no padded copy of x and no autograd graph (the
+        # autograd route below took 1.5 ms of host and device time for ResNet's stem pool at batch 64)
+        aten = torch.ops.aten
+        fwd, bwd = ((aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward) if nsp == 2 else
+                    (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward))
+        ones = [1] * nsp
+        _, indices = fwd(x, list(w), list(s), list(pre), ones, False)
+        return bwd(dy, x, list(w), list(s), list(pre), ones, False, indices)
     return _torch_backward(x, dy, ResampleMode.MAX.value, params)
 
 

@@ -5,6 +5,7 @@
     torch      every op, one by one, through PyTorch (cuDNN and cuBLAS for convolutions and matmuls)
     library    a convolution or matmul through PyTorch's library call, its prologue and epilogue
                as generated Triton kernels around it
+    cudnn      a piece lowered to one cuDNN frontend graph (nvidia-cudnn-frontend, optional)
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Sup
 ENGINES: dict[str, Engine] = {}
 # Engines that live in modules of their own, loaded on first use so that the core imports no
 # GPU library.
-_LAZY = {"reference": ".reference", "triton": ".triton", "torch": ".torch_engine", "library": ".library"}
+_LAZY = {"reference": ".reference", "triton": ".triton", "torch": ".torch_engine", "library": ".library",
+         "cudnn": ".cudnn_frontend"}
 
 
 def register_engine(engine: Engine) -> Engine:

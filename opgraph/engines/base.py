@@ -128,6 +128,11 @@ class Engine(ABC):
     @abstractmethod
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel: ...
 
+    def rank_first(self, piece: Piece, device: Device) -> bool:
+        """A heuristic rule: whether this engine's configs for `piece` go before those of engines
+        preferred to it (measured to win on pieces like it). The default: engine order decides."""
+        return False
+
     def engines_used(self, config: EngineConfig) -> frozenset[str]:
         """Every engine whose code a config of this engine runs (itself, and the parts of a composite)."""
         return frozenset({self.name})

@@ -641,6 +641,32 @@ def test_max_pool_tie_goes_to_the_first_maximum(rng):
     assert grads[x.uid].ravel().tolist() == [float(dys[y.uid].ravel()[0]), 0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("layout", ["nchw", NHWC])
+@pytest.mark.parametrize("name", [n for n, c in POOLS.items() if c["mode"] == "max"] + ["max_3d"])
+def test_max_pool_backward_torch_implementation_matches_the_reference(name, layout, rng):
+    """The custom op's PyTorch implementation (aten's pooling kernels where the padding is symmetric,
+    autograd otherwise) against its NumPy reference, ties included."""
+    from opgraph.autodiff.rules_pooling import _geometry, _max_backward_ref, _max_backward_torch, _text
+
+    cfg = POOLS.get(name, dict(mode="max", window=[3, 3, 3], stride=[2, 2, 2], padding=1))
+    nsp = len(cfg["window"])
+    if layout == NHWC and nsp != 2:
+        pytest.skip("NHWC is a 2-D layout")
+    pre = cfg.get("pre_padding", [cfg.get("padding", 0)] * nsp)
+    post = cfg.get("post_padding", [cfg.get("padding", 0)] * nsp)
+    params = {"window": _text(cfg["window"]), "stride": _text(cfg["stride"]), "pre_padding": _text(pre),
+              "post_padding": _text(post)}
+    x = np.round(rng.uniform(-2, 2, size=[2, 3, *([7, 6, 5][:nsp])]) * 2) / 2  # ties
+    w, s, _, _ = _geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
+    out = [(d + a + b - k) // st + 1 for d, a, b, k, st in zip(x.shape[2:], pre, post, w, s)]
+    dy = rng.uniform(-1, 1, size=[2, 3, *out])
+    xt = torch.from_numpy(x)
+    if layout == NHWC:
+        xt = xt.to(memory_format=torch.channels_last)
+    got = _max_backward_torch(torch.from_numpy(dy), xt, **params).numpy()
+    np.testing.assert_allclose(got, _max_backward_ref(dy, x, **params), rtol=0, atol=1e-12)
+
+
 # -- layout ops --------------------------------------------------------------------------------------------------------
 
 

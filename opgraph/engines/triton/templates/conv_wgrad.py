@@ -44,6 +44,7 @@ from .gemm import (
 )
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
+MIN_GPU_CHANNELS = 8  # fewer input channels per group (not depthwise): no fused neighbours on the GPU
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,10 @@ class ConvWgradTemplate(TileTemplate):
             if DataType.DOUBLE in (x.data_type, dy.data_type):
                 return Support.no("DOUBLE convolutions are not supported by the Triton templates", gp.main)
             return Support.yes()
+        if device.is_cuda and gp.space.m < MIN_GPU_CHANNELS and len(gp.piece.nodes) > 1:
+            return Support.no(f"{gp.space.m} input channel(s) per group: the GEMM tiles (16+ rows of channels) are "
+                              "mostly padding (the ResNet stem's wgrad, 3 channels, took 5.4 ms on an H100), so this "
+                              "wgrad runs alone, where a library convolution can take it", gp.main)
         kind = dot_kind(x.data_type, dy.data_type, interpret=not device.is_cuda)
         if isinstance(kind, str):
             return Support.no(kind, gp.main)

@@ -1,0 +1,398 @@
+"""The cuDNN frontend engine ("cudnn"): a piece lowered to one cuDNN frontend graph
+(`pip install nvidia-cudnn-frontend`), so that cuDNN's own fused kernels (runtime-fusion conv with
+its epilogue, conv + genstats, dgrad + drelu) compete with the generated ones.
+
+opgraph's ops and their argument names are cuDNN frontend's, so lowering is a table: each node
+becomes the pygraph call of the same name with the same roles; literals become compile-time
+scalars; piece inputs and outputs keep their UIDs, dims, strides and types; intermediates are
+virtual tensors of their declared type. A piece is offered to cuDNN only around an fp16/bf16 convolution or matmul with no by-reference
+tensor; cuDNN's own support check (its heuristics query) then decides, and its message is the reason a piece is declined. Verdicts are cached per
+piece signature, since the partitioner and the heuristics ask about the same pieces many times.
+
+Configs are cuDNN's execution plans: heuristic mode A (and INSTANT) offers cuDNN's first plan for
+heur_mode.A, B its first `B_PLANS` plans, so that `build(autotune=True)` times them against the
+generated kernels; FALLBACK offers none (the torch engine is the fallback that always works, and
+asking cuDNN twice per piece would double the planning time of a network). Knobs name the cuDNN
+heuristic and plan (`heuristic`, `plan`: its position, `name`: cuDNN's name for it, checked when a
+plan file is compiled again). The plan's workspace is the kernel's scratch; the handle runs on the
+caller's stream. cuDNN bakes buffer addresses into its launches (no SUPPORTS_CUDA_GRAPH_NATIVE_API):
+update_cuda_graph re-captures such steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+from ..device import Device
+from ..dtypes import DataType
+from ..errors import AttributeValueError, ExecutionError
+from ..heuristics import HeurMode
+from ..ir import Const, Node
+from ..partition import Piece
+from . import register_engine
+from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+
+GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
+ANCHORS = GEMM_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
+OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
+# GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100.
+# An fp32 training graph (examples/11) gave NaN losses through cuDNN plans (2026-11-25, not yet
+# understood), so FLOAT pieces stay with the generated kernels.
+GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+B_PLANS = 4
+RANK_FIRST_US = 10.0  # cost-model µs below which a piece's host launch cost outweighs cuDNN's device win
+# opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method
+_PARAM_METHODS = {"relu", "relu_backward", "swish", "swish_backward"}
+_CONV_ATTRS = ("pre_padding", "post_padding", "stride", "dilation")
+
+
+class Declined(Exception):
+    """A piece the lowering cannot express in cuDNN's graph API (the message says why)."""
+
+
+def _cudnn() -> Any:
+    import cudnn  # noqa: PLC0415 - optional dependency
+
+    return cudnn
+
+
+@functools.lru_cache(maxsize=None)
+def _import_problem() -> str | None:
+    if importlib.util.find_spec("cudnn") is None:
+        return "the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)"
+    try:
+        _cudnn().backend_version()
+    except Exception as err:  # noqa: BLE001 - any failure to load cuDNN is a reason, not a crash
+        return f"the cuDNN frontend cannot load cuDNN: {type(err).__name__}: {err}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _handle(index: int) -> Any:
+    import torch
+
+    with torch.cuda.device(index):
+        return _cudnn().create_handle()
+
+
+def _dtype(cudnn: Any, dt: DataType) -> Any:
+    return getattr(cudnn.data_type, dt.name)
+
+
+def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
+    """Why the piece cannot be lowered, without asking cuDNN (None: it can be)."""
+    if not any(n.kind in ANCHORS for n in piece.nodes):
+        return ("the cudnn engine runs pieces around a convolution or matmul; generated kernels serve the rest",
+                None)
+    for uid in (*piece.inputs, *piece.outputs):
+        t = piece.tensor(uid)
+        if t.is_by_reference:
+            return (f"{t.label()} is by reference: cuDNN bakes buffer addresses into its launches, generated "
+                    "kernels read them from the plan's address table", None)
+    for node in piece.nodes:
+        if node.kind in GEMM_KINDS:
+            types = {piece.tensor(u).data_type for u in node.input_uids()}
+            if not types <= GEMM_TYPES:
+                return (f"the cudnn engine offers fp16/bf16 {node.kind} only (operands "
+                        f"{', '.join(sorted(t.name for t in types))})", node)
+        if node.kind not in ANCHORS | OTHER_KINDS:
+            return f"cuDNN's graph API has no {node.kind} op here", node
+        if set(node.output_uids()) & set(node.input_uids()) or set(node.output_uids()) & set(piece.inputs):
+            return "an in-place update (an output with its input's UID) is not a cuDNN graph", node
+        if node.kind in GEMM_KINDS - {"matmul"} and node.op.convolution_mode.name != "CROSS_CORRELATION":
+            return "cuDNN runs CROSS_CORRELATION convolutions only", node
+        if node.kind == "pointwise":
+            why = _pointwise_problem(node)
+            if why:
+                return why, node
+    for uid in piece.inputs:
+        t = piece.tensor(uid)
+        if t.is_pass_by_value and t.data_type is not DataType.FLOAT:
+            return f"pass-by-value scalar '{t.name}' (UID {uid}) is {t.data_type.name}; cuDNN's are FLOAT", None
+    return None
+
+
+def _pointwise_problem(node: Node) -> str | None:
+    mode = node.op.mode
+    if mode.name == "GEN_INDEX":
+        return "gen_index is left to generated kernels"
+    method = mode.value
+    defaults = dict(node.op.info.params)
+    for role, default in defaults.items():
+        value = node.input(role)
+        if value is None:
+            continue
+        if not isinstance(value, Const):
+            return f"cuDNN's {method} takes its {role} as a number, not a tensor"
+        if method not in _PARAM_METHODS and value.value != default:
+            return f"cuDNN's {method} has no {role} parameter ({role}={value.value} here)"
+    return None
+
+
+class _Lowering:
+    """Builds the cuDNN pygraph of a piece (the graph only: planning is the caller's)."""
+
+    def __init__(self, piece: Piece, handle: Any) -> None:
+        self.cudnn = cudnn = _cudnn()
+        self.piece = piece
+        self.graph = cudnn.pygraph(name=f"opgraph_piece_{piece.index}", io_data_type=cudnn.data_type.HALF,
+                                   intermediate_data_type=cudnn.data_type.FLOAT,
+                                   compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        self.tensors: dict[int, Any] = {}
+        self.by_value: list[int] = []
+        for uid in piece.inputs:
+            t = piece.tensor(uid)
+            self.tensors[uid] = self.graph.tensor(
+                dim=list(t.dim), stride=list(t.stride), data_type=_dtype(cudnn, t.data_type), uid=uid,
+                is_pass_by_value=t.is_pass_by_value, name=f"t{uid}")
+            if t.is_pass_by_value:
+                self.by_value.append(uid)
+        for node in piece.nodes:
+            self._node(node)
+
+    def _operand(self, value: Any) -> Any:
+        if isinstance(value, Const):
+            return self.graph.tensor_scalar(float(value.value), self.cudnn.scalar_type.COMPILE_TIME_CONST)
+        return self.tensors[value]
+
+    def _node(self, node: Node) -> None:
+        g, kind = self.graph, node.kind
+        kwargs: dict[str, Any] = {"compute_data_type": _dtype(self.cudnn, node.compute_data_type),
+                                  "name": f"n_{node.name}"}
+        roles = {r: self._operand(v) for r, v in zip(node.op.input_roles(), node.inputs) if v is not None}
+        if kind == "pointwise":
+            method = node.op.mode.value
+            operands = [roles.pop(r) for r in node.op.operand_roles()]
+            params = {r: float(node.input(r).value) for r in roles}
+            if method in _PARAM_METHODS:
+                kwargs.update(params)
+            if method in ("relu_backward", "swish_backward"):
+                outs = [getattr(g, method)(operands[0], operands[1], **kwargs)]
+            else:
+                outs = [getattr(g, method)(*operands, **kwargs)]
+        elif kind == "matmul":
+            outs = [g.matmul(roles["A"], roles["B"], **kwargs)]
+        elif kind == "reduction":
+            mode = getattr(self.cudnn.reduction_mode, node.op.mode.name)
+            out = self.piece.tensor(node.outputs[0])
+            outs = [g.reduction(roles["input"], mode=mode, out_dims=list(out.dim), **kwargs)]
+        elif kind in GEMM_KINDS:
+            attrs = {a: list(getattr(node.op, a)) for a in _CONV_ATTRS}
+            out = self.piece.tensor(node.outputs[0])
+            outs = [getattr(g, kind)(**roles, **attrs, out_dims=list(out.dim), **kwargs)]
+        else:  # genstats: same roles, outputs in the same order
+            result = getattr(g, kind)(**roles, **kwargs)
+            outs = list(result) if isinstance(result, (tuple, list)) else [result]
+        for uid, t in zip(node.outputs, outs):
+            if uid is None or t is None:
+                continue
+            desc = self.piece.tensor(uid)
+            t.set_data_type(_dtype(self.cudnn, desc.data_type)).set_dim(list(desc.dim)).set_stride(list(desc.stride))
+            if uid in self.piece.outputs:
+                t.set_output(True).set_uid(uid)
+            self.tensors[uid] = t
+
+
+def _plans(piece: Piece, device: Device, heuristic: str) -> tuple[Any, list[str]]:
+    """The piece's cuDNN graph planned with `heuristic`, and its plans' names (ranked)."""
+    cudnn = _cudnn()
+    lowered = _Lowering(piece, _handle(device.index))
+    g = lowered.graph
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([getattr(cudnn.heur_mode, heuristic)])
+    g.check_support()
+    names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
+    if not names:
+        raise Declined(f"cuDNN's heuristic {heuristic} offers no plan for it")
+    return lowered, names
+
+
+def _backend_launcher(graph: Any, index: int) -> tuple[Any, int] | None:
+    """(the lowered C++ graph, the plan's index in it) when plan `index` is a backend plan, so that
+    `run` can launch it with a map of UIDs to addresses: the frontend's public execute re-inspects
+    every buffer in Python on each call (tens of µs, more than a small conv takes). None (use the
+    public execute) for the frontend's Python-engine plans or a frontend without these internals."""
+    try:
+        if graph._engine_for(graph._plans[index]) is not None:
+            return None
+        cpp_index = graph._materialize_backend_plan(index).cpp_index
+        lowered = graph._lowered_graph
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    if cpp_index is None or not hasattr(lowered, "_execute_plan_at_index"):
+        return None
+    return lowered, int(cpp_index)
+
+
+_VERDICTS: dict[tuple[str, int], tuple[str | None, list[str]]] = {}
+
+
+def _verdict(piece: Piece, device: Device) -> tuple[str | None, list[str]]:
+    """(why cuDNN declines the piece or None, its plan names), asked once per piece signature."""
+    key = (piece.signature(), device.index)
+    if key not in _VERDICTS:
+        try:
+            _VERDICTS[key] = (None, _plans(piece, device, "A")[1])
+        except Exception as err:  # noqa: BLE001 - cuDNN's refusal, in its words
+            text = (str(err).strip().splitlines() or [""])[0][:300]
+            _VERDICTS[key] = (f"cuDNN declines it: {type(err).__name__}: {text}", [])
+    return _VERDICTS[key]
+
+
+def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNote]]:
+    tensors = piece.graph.tensors
+    numerical: set[NumericalNote] = set()
+    for n in piece.nodes:
+        if n.kind in GEMM_KINDS:
+            a = tensors[n.input_uids()[0]].data_type
+            numerical.add(NumericalNote.TENSOR_CORE if a.itemsize <= 2 else NumericalNote.DOWN_CONVERT_INPUTS)
+        if n.kind in ("conv_dgrad", "conv_wgrad"):
+            numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick split-K with atomics
+    behavior = {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
+    return frozenset(numerical), frozenset(behavior)
+
+
+class CudnnKernel(Kernel):
+    """One cuDNN execution plan, built; `run` binds the piece's buffers by UID."""
+
+    def __init__(self, piece: Piece, config: EngineConfig, device: Device) -> None:
+        super().__init__(piece, config)
+        self.device = device
+        heuristic, index, name = config.knob("heuristic"), config.knob("plan"), config.knob("name")
+        if heuristic not in ("A", "FALLBACK") or not isinstance(index, int):
+            raise AttributeValueError(
+                f"cudnn config {config} has no valid 'heuristic' (A or FALLBACK) and 'plan' (int) knobs",
+                op=piece.nodes[0].label(), rule="cudnn.config",
+                hint="take cudnn configs from engine_configs() or from a plan the engine built")
+        try:
+            self.lowered, names = _plans(piece, device, heuristic)
+            if name is not None and (index >= len(names) or names[index] != name):
+                if name not in names:
+                    raise Declined(f"cuDNN no longer offers plan {name!r} (this cuDNN offers {len(names)} plans)")
+                index = names.index(name)
+            self.graph = self.lowered.graph
+            self.graph.build_plan_at_index(index)
+            self.index = index
+            self.scratch_bytes = int(self.graph.get_workspace_size_plan_at_index(index))
+            self._launch = _backend_launcher(self.graph, index)
+        except (Declined, AttributeValueError):
+            raise
+        except Exception as err:  # noqa: BLE001 - cuDNN's own exception types vary by version
+            raise ExecutionError(f"cuDNN could not build plan {index} ({name}): {type(err).__name__}: {err}",
+                                 op=piece.nodes[0].label(), rule="cudnn.build",
+                                 hint="pick another cudnn plan (engine_configs(heur_mode='B')) or another engine"
+                                 ) from err
+        self._scalars: dict[tuple[int, float], Any] = {}
+        self._stream: Any = None
+        self._uids = (*piece.inputs, *piece.outputs)
+        self._by_value = frozenset(u for u in self._uids if piece.tensor(u).is_pass_by_value)
+
+    def _scalar(self, uid: int, value: Any) -> Any:
+        import torch
+
+        key = (uid, float(value))
+        if key not in self._scalars:
+            self._scalars[key] = torch.full((1,), float(value), dtype=torch.float32)
+        return self._scalars[key]
+
+    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        import torch
+
+        from .torch_engine.common import as_torch
+
+        dev = torch.device(f"cuda:{self.device.index}")
+        pack: dict[int, Any] = {}
+        for uid in self._uids:
+            value = buffers[uid]
+            if uid in self._by_value:
+                value = self._scalar(uid, value)
+            elif not isinstance(value, torch.Tensor):
+                value = as_torch(value, self.piece.tensor(uid), dev)
+            pack[uid] = value
+        if stream is None:
+            stream = torch.cuda.current_stream(dev)
+        raw = stream if isinstance(stream, int) else stream.cuda_stream
+        handle = _handle(self.device.index)
+        if raw != self._stream:
+            _cudnn().set_stream(handle=handle, stream=raw)
+            self._stream = raw
+        workspace = scratch if self.scratch_bytes else None
+        try:
+            if self._launch is not None:  # the backend's own launch: no per-call Python bookkeeping
+                lowered, cpp_index = self._launch
+                lowered._execute_plan_at_index({u: t.data_ptr() for u, t in pack.items()},
+                                               workspace.data_ptr() if workspace is not None else 0, cpp_index,
+                                               handle.backend_handle, None, None, None)
+            else:
+                self.graph.execute_plan_at_index(pack, workspace, index=self.index, handle=handle)
+        except Exception as err:  # noqa: BLE001
+            raise ExecutionError(f"cuDNN failed to execute: {type(err).__name__}: {err}",
+                                 op=self.piece.nodes[0].label(), rule="cudnn.execute",
+                                 hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])") from err
+
+
+class CudnnEngine(Engine):
+    name = "cudnn"
+    fuses_neighbours = True
+
+    def available(self, device: Device) -> Support:
+        if not device.is_cuda:
+            return Support.no("cuDNN runs on CUDA devices only")
+        problem = _import_problem()
+        return Support.no(problem) if problem else Support.yes()
+
+    def supports(self, piece: Piece, device: Device) -> Support:
+        avail = self.available(device)
+        if not avail.ok:
+            return avail
+        static = static_problem(piece)
+        if static is not None:
+            return Support.no(*static)
+        why, _ = _verdict(piece, device)
+        return Support.no(why) if why else Support.yes()
+
+    def rank_first(self, piece: Piece, device: Device) -> bool:
+        """cuDNN's plans first for convolutions that are not depthwise and not tiny: on the H100 they
+        beat the generated kernels on every ResNet conv shape benchmarked, fused epilogue, SBR prologue
+        and genstats included (bench/results), but a cuDNN launch costs ~50 µs of host time against
+        ~9 µs for a generated kernel, so below RANK_FIRST_US of estimated device time the generated
+        kernel goes first. Generated kernels stay first for matmul and depthwise."""
+        from ..cost import estimate_us
+
+        estimate = estimate_us(piece, device)
+        if estimate is None or estimate < RANK_FIRST_US:
+            return False
+        for node in piece.nodes:
+            if node.kind in GEMM_KINDS - {"matmul"}:
+                weight = piece.tensor(node.input_uids()[1] if node.kind != "conv_wgrad" else node.output_uids()[0])
+                return weight.dim[1] > 1  # C/groups: one input channel per group is depthwise
+        return False
+
+    def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
+        why, names = _verdict(piece, device)
+        if why or mode is HeurMode.FALLBACK:
+            return []
+        count = B_PLANS if mode is HeurMode.B else 1
+        numerical, behavior = _notes(piece)
+        from ..cost import estimate_us
+
+        return [EngineConfig("cudnn", (("heuristic", "A"), ("plan", i), ("name", name)),
+                             numerical_notes=numerical, behavior_notes=behavior,
+                             estimate_us=estimate_us(piece, device),
+                             why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic)")
+                for i, name in enumerate(names[:count])]
+
+    def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        try:
+            return CudnnKernel(piece, config, device)
+        except Declined as err:
+            raise ExecutionError(str(err), op=piece.nodes[0].label(), rule="cudnn.build",
+                                 hint="build again to let the heuristics pick a plan this cuDNN offers") from err
+
+
+register_engine(CudnnEngine())
+__all__ = ["CudnnEngine", "CudnnKernel", "static_problem"]
