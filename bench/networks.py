@@ -150,10 +150,13 @@ def _training_case(s: Session, w: Any, name: str, batch: int) -> None:
         plan.execute(pack)
         cs.finish(pack)
 
-    def og_check() -> float:
-        og_step()
-        torch.cuda.synchronize()
-        return relerr(pack[loss_uid].reshape(()).float(), want)
+    def loss_check(run: Callable[[], Any]) -> Callable[[], float]:
+        def check() -> float:
+            pack[loss_uid].fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            return relerr(pack[loss_uid].reshape(()).float(), want)
+        return check
 
     if os.environ.get("OPGRAPH_BENCH_STEPS"):
         print_step_profile(w.name, plan, pack)
@@ -162,18 +165,11 @@ def _training_case(s: Session, w: Any, name: str, batch: int) -> None:
     torch.cuda.synchronize()
     print(f"   (opgraph: first step, compiling its kernels, {time.perf_counter() - t0:.1f} s)", flush=True)
     engines = ", ".join(f"{n} {e}" for e, n in sorted(Counter(st.config.engine for st in plan.steps).items()))
-    s.run(w, "opgraph", og_step, check=og_check, tolerance=tolerance,
+    s.run(w, "opgraph", og_step, check=loss_check(og_step), tolerance=tolerance,
           note=f"[{len(plan.steps)} steps: {engines}; {len(cs.step.graph.final.nodes)} ops]")
     try:
         replay = graphed(og_step)
-
-        def replay_check() -> float:
-            pack[loss_uid].fill_(float("nan"))
-            replay()
-            torch.cuda.synchronize()
-            return relerr(pack[loss_uid].reshape(()).float(), want)
-
-        s.run(w, "opgraph (CUDA graph)", replay, check=replay_check, tolerance=tolerance)
+        s.run(w, "opgraph (CUDA graph)", replay, check=loss_check(replay), tolerance=tolerance)
     except Exception as e:  # noqa: BLE001 - a step that cannot be captured: say so, time the rest
         print(f"   opgraph (CUDA graph): not captured: {type(e).__name__}: {e}", flush=True)
     compiled_opt = torch.optim.SGD(compiled_model.parameters(), lr=0.0, momentum=0.9)

@@ -2,11 +2,11 @@
 
     INSTANT   rules only, the first config each engine proposes
     A         rules and the cost model (bytes and math against the device's rates)
-
-Engines are ranked in the build's order of preference, except where an engine's rule
-(`Engine.rank_first`) says its configs win on a piece (cuDNN's on convolutions).
     B         like A; engines may refine with short probes
     FALLBACK  the broadest configs, which always work (reference on the CPU, op-by-op on the GPU)
+
+Engines are ranked in the build's order of preference, except where an engine's rule
+(`Engine.rank_first`) says its configs win on a piece (cuDNN's on convolutions); FALLBACK keeps the order.
 """
 
 from __future__ import annotations

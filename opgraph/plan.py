@@ -238,12 +238,7 @@ class ExecutionPlan:
         """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
         `workspace_size` bytes on the plan's device. `stream`: a torch.cuda.Stream (or a raw
         cudaStream_t as an int) to run on; default the current stream."""
-        buffers = self._bind(variant_pack)
-        base, views = self._workspace(workspace, buffers)  # checked before any step runs
-        if views:
-            buffers.update(views)
-        if self._table:
-            self._table.update(buffers)
+        buffers, base = self._prepare(variant_pack, workspace)
         if stream is None:
             for step in self.steps:
                 step.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, step.index))
@@ -286,15 +281,22 @@ class ExecutionPlan:
         plan's time goes, step by step; `describe()` says what each step is."""
         from .timing import step_times
 
-        buffers = self._bind(variant_pack)
-        base, views = self._workspace(None, buffers)
-        buffers.update(views)
-        if self._table:
-            self._table.update(buffers)
+        buffers, base = self._prepare(variant_pack, None)
         runs = [lambda s=s: s.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, s.index))
                 for s in self.steps]
         return [StepTime(s.index, s.config.engine, str(s.config.knob("template", "")), len(s.piece.nodes), d, h)
                 for s, (d, h) in zip(self.steps, step_times(runs, cuda=self.device.is_cuda, repeat=repeat))]
+
+    def _prepare(self, variant_pack: Mapping[Any, Any], workspace: Any) -> tuple[dict[int, Any], Any]:
+        """The checked buffers (workspace views and the address table included) and the workspace base:
+        everything the steps need, checked before any step runs."""
+        buffers = self._bind(variant_pack)
+        base, views = self._workspace(workspace, buffers)
+        if views:
+            buffers.update(views)
+        if self._table:
+            self._table.update(buffers)
+        return buffers, base
 
     def _bind(self, variant_pack: Mapping[Any, Any]) -> dict[int, Any]:
         """The checked pack: the fast path for packs like the last ones, else the full check."""

@@ -46,17 +46,28 @@ def time_device(fn: Callable[[], Any], *, warmup: int = 3, rounds: int = 5, burs
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
+
+    def calls() -> None:
         for _ in range(burst):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / burst)
-    return statistics.median(times)
+
+    return statistics.median(_behind_spin(calls)[0] / burst for _ in range(rounds))
+
+
+def _behind_spin(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(device µs, host µs) of the work `fn` enqueues, timed with CUDA events while a spin kernel holds
+    the device: the work starts once it is all enqueued, so no host time counts in the device time."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SPIN_CYCLES)
+    start.record()
+    t0 = time.perf_counter()
+    fn()
+    host = (time.perf_counter() - t0) * 1e6
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3, host
 
 
 def host_time_per_call(fn: Callable[[], Any], *, calls: int = 200) -> float:
@@ -74,25 +85,14 @@ def step_times(runs: Sequence[Callable[[], Any]], *, cuda: bool, repeat: int = 1
     so its device time is its own, without the host's launch time (unless that exceeds the spin)."""
     for fn in runs:
         fn()
-    device: list[list[float]] = [[] for _ in runs]
-    host: list[list[float]] = [[] for _ in runs]
-    if cuda:
-        import torch
-
-        torch.cuda.synchronize()
+    samples: list[list[tuple[float, float]]] = [[] for _ in runs]
     for _ in range(repeat):
         for i, fn in enumerate(runs):
             if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(SPIN_CYCLES)  # the step is enqueued while this spins: no launch gap counts
-                start.record()
-            t0 = time.perf_counter()
-            fn()
-            host[i].append((time.perf_counter() - t0) * 1e6)
-            if cuda:
-                end.record()
-                end.synchronize()
-                device[i].append(start.elapsed_time(end) * 1e3)
+                samples[i].append(_behind_spin(fn))
             else:
-                device[i].append(host[i][-1])
-    return [(statistics.median(d), statistics.median(h)) for d, h in zip(device, host)]
+                t0 = time.perf_counter()
+                fn()
+                host = (time.perf_counter() - t0) * 1e6
+                samples[i].append((host, host))
+    return [(statistics.median(d for d, _ in rows), statistics.median(h for _, h in rows)) for rows in samples]

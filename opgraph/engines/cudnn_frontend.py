@@ -26,6 +26,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from ..cost import estimate_us
 from ..device import Device
 from ..dtypes import DataType
 from ..errors import AttributeValueError, ExecutionError
@@ -34,6 +35,7 @@ from ..ir import Const, Node
 from ..partition import Piece
 from . import register_engine
 from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from .torch_engine.common import as_torch
 
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 ANCHORS = GEMM_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
@@ -286,29 +288,31 @@ class CudnnKernel(Kernel):
                                  op=piece.nodes[0].label(), rule="cudnn.build",
                                  hint="pick another cudnn plan (engine_configs(heur_mode='B')) or another engine"
                                  ) from err
-        self._scalars: dict[tuple[int, float], Any] = {}
-        self._stream: Any = None
-        self._uids = (*piece.inputs, *piece.outputs)
-        self._by_value = frozenset(u for u in self._uids if piece.tensor(u).is_pass_by_value)
-
-    def _scalar(self, uid: int, value: Any) -> Any:
         import torch
 
-        key = (uid, float(value))
-        if key not in self._scalars:
-            self._scalars[key] = torch.full((1,), float(value), dtype=torch.float32)
-        return self._scalars[key]
+        self._torch_device = torch.device(f"cuda:{device.index}")
+        self._stream: Any = None
+        self._uids = (*piece.inputs, *piece.outputs)
+        # one host float per pass-by-value scalar, refilled when its value changes (cuDNN copies it at launch)
+        self._scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self._uids
+                         if piece.tensor(u).is_pass_by_value}
+        self._scalar_values: dict[int, float] = {}
+
+    def _scalar(self, uid: int, value: Any) -> Any:
+        host, value = self._scalars[uid], float(value)
+        if self._scalar_values.get(uid) != value:
+            host.fill_(value)
+            self._scalar_values[uid] = value
+        return host
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         import torch
 
-        from .torch_engine.common import as_torch
-
-        dev = torch.device(f"cuda:{self.device.index}")
+        dev = self._torch_device
         pack: dict[int, Any] = {}
         for uid in self._uids:
             value = buffers[uid]
-            if uid in self._by_value:
+            if uid in self._scalars:
                 value = self._scalar(uid, value)
             elif not isinstance(value, torch.Tensor):
                 value = as_torch(value, self.piece.tensor(uid), dev)
@@ -361,8 +365,6 @@ class CudnnEngine(Engine):
         and genstats included (bench/results), but a cuDNN launch costs ~50 µs of host time against
         ~9 µs for a generated kernel, so below RANK_FIRST_US of estimated device time the generated
         kernel goes first. Generated kernels stay first for matmul and depthwise."""
-        from ..cost import estimate_us
-
         estimate = estimate_us(piece, device)
         if estimate is None or estimate < RANK_FIRST_US:
             return False
@@ -378,8 +380,6 @@ class CudnnEngine(Engine):
             return []
         count = B_PLANS if mode is HeurMode.B else 1
         numerical, behavior = _notes(piece)
-        from ..cost import estimate_us
-
         return [EngineConfig("cudnn", (("heuristic", "A"), ("plan", i), ("name", name)),
                              numerical_notes=numerical, behavior_notes=behavior,
                              estimate_us=estimate_us(piece, device),
