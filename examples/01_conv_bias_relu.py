@@ -6,7 +6,7 @@ Runs on the GPU when there is one (generated Triton kernels), else on the CPU re
 import numpy as np
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 
 N, C, K, H = 2, 8, 16, 10
 g = og.Graph("conv_bias_relu", io_data_type=og.DataType.HALF, compute_data_type=og.DataType.FLOAT)
@@ -25,7 +25,7 @@ rng = np.random.default_rng(0)
 pack = og.testing.random_pack(g.final, rng)  # random inputs, NaN-poisoned outputs, right strides
 want = og.testing.reference_outputs(g.final, pack)
 if plan.device.is_cuda:
-    from opgraph.torch_interop import pack_to_device, torch_to_numpy
+    from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
 
     dev = pack_to_device(pack, "cuda")
     plan.execute(dev)

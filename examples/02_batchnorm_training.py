@@ -4,7 +4,7 @@ update and a following relu, with momentum as a pass-by-value scalar given at ex
 import numpy as np
 
 import opgraph as og
-from opgraph.samples import batchnorm_relu
+from opgraph.tools.samples import batchnorm_relu
 
 g = batchnorm_relu(n=4, c=8, hw=6, data_type=og.DataType.FLOAT)
 print(g)

@@ -6,10 +6,10 @@ generated code)."""
 import numpy as np
 
 import opgraph as og
-from opgraph.samples import conv_bias_relu
+from opgraph.tools.samples import conv_bias_relu
 
 g = conv_bias_relu(n=1, c=8, k=8, hw=6)
-device = "cuda" if og.device.cuda_usable() else "cpu"
+device = "cuda" if og.core.device.cuda_usable() else "cpu"
 
 for piece in g.engine_configs(heur_mode=[og.HeurMode.A, og.HeurMode.B, og.HeurMode.FALLBACK], device=device,
                               engines=["triton", "reference"] if device == "cpu" else None):

@@ -15,7 +15,7 @@ y = g.relu(g.bias(c, bias), negative_slope=0.1, upper_clip=4.0)
 g.mul(y, scale).set_output(True).set_name("out")
 g.cmp_gt(y, 1.0).set_output(True).set_name("mask")
 
-device = "cuda" if og.device.cuda_usable() else "cpu"
+device = "cuda" if og.core.device.cuda_usable() else "cpu"
 plan = g.build(device=device, engines=["triton"])
 print(plan.describe())
 assert len(plan.steps) == 1, "the epilogue should fuse into the matmul kernel"

@@ -14,7 +14,7 @@ p = g.div(e, s)
 y = g.conv_fprop(p, w, padding=1)  # ...feeding a convolution
 g.relu(y).set_output(True).set_name("y")
 
-device = "cuda" if og.device.cuda_usable() else "cpu"
+device = "cuda" if og.core.device.cuda_usable() else "cpu"
 plan = g.build(device=device, engines=["triton", "reference"] if device == "cpu" else None)
 print(plan.describe())  # the pieces, their engines, the workspace tensors, and "not fused: ..." lines
 bad = og.testing.check_plan(plan, np.random.default_rng(2))

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import opgraph as og
-from opgraph.samples import conv_bias_relu
+from opgraph.tools.samples import conv_bias_relu
 
-device = "cuda" if og.device.cuda_usable() else "cpu"
+device = "cuda" if og.core.device.cuda_usable() else "cpu"
 engines = None if device == "cuda" else ["reference"]
 g = conv_bias_relu(n=2, c=8, k=8, hw=8)
 t = time.perf_counter()

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 from opgraph.training import sgd_momentum, softmax_cross_entropy
 
 CPU = os.environ.get("OPGRAPH_EXAMPLE_CPU") == "1"
@@ -93,7 +93,7 @@ def make_pack(step, params, device):
         pack[f.tensor(name).uid] = og.testing.empty_like_desc(f.tensors[f.tensor(name).uid])
     if device == "cpu":
         return pack
-    from opgraph.torch_interop import pack_to_device
+    from opgraph.core.torch_interop import pack_to_device
 
     return pack_to_device(pack, device)
 
@@ -179,7 +179,7 @@ def train_torch(step, params, device):
     import torch
     import torch.nn.functional as F
 
-    from opgraph.torch_interop import numpy_to_torch
+    from opgraph.core.torch_interop import numpy_to_torch
 
     f = step.graph.final
     p = {f.tensors[u].name: numpy_to_torch(a, device).requires_grad_(True) for u, a in params.items()}
@@ -206,7 +206,7 @@ def max_rel_diff(a, b):
 
 def main():
     device = "cpu" if CPU else "cuda"
-    if not CPU and not og.device.cuda_usable():
+    if not CPU and not og.core.device.cuda_usable():
         sys.exit("needs a CUDA GPU (or OPGRAPH_EXAMPLE_CPU=1 for the CPU check)")
     g, loss, params = network()
     step = sgd_momentum(g, loss, params)

@@ -38,7 +38,7 @@ def small_resnet(num_classes=10):
     )
 
 
-device = "cuda" if og.device.cuda_usable() else "cpu"
+device = "cuda" if og.core.device.cuda_usable() else "cpu"
 try:
     import torchvision
 

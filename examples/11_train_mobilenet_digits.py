@@ -20,7 +20,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 from opgraph.training import sgd_momentum, softmax_cross_entropy
 
 STEM = 16
@@ -89,7 +89,7 @@ def main():
                                                         stratify=digits.target)
     print(f"digits: {len(x_train)} training and {len(x_test)} test images")
 
-    device = "cuda" if og.device.cuda_usable() else "cpu"
+    device = "cuda" if og.core.device.cuda_usable() else "cpu"
     g, loss, params = mobilenet(BATCH, training=True)
     step = sgd_momentum(g, loss, params, weight_decay=WEIGHT_DECAY)
     plan = step.graph.build(device=device)
@@ -109,7 +109,7 @@ def main():
         pack.setdefault(uid, og.testing.empty_like_desc(f.tensors[uid]))
     x_uid, onehot_uid, loss_uid, lr_uid = f.tensor("x").uid, f.tensor("onehot").uid, step.loss.uid, step.lr.uid
     if device == "cuda":
-        from opgraph.torch_interop import pack_to_device
+        from opgraph.core.torch_interop import pack_to_device
 
         pack = pack_to_device(pack, "cuda")
     # batchnorm writes the next running stats to other buffers: swapped after each step
@@ -133,7 +133,7 @@ def main():
                      if not t.is_virtual and t.name in names and t.name != "x"}  # shared parameters and stats
         eval_pack.update({"x": x_test, "logits": np.empty((len(x_test), CLASSES, 1, 1), np.float32)})
         if device == "cuda":
-            from opgraph.torch_interop import pack_to_device
+            from opgraph.core.torch_interop import pack_to_device
 
             eval_pack.update(pack_to_device({k: eval_pack[k] for k in ("x", "logits")}, "cuda"))
         eval_plan.execute(eval_pack)

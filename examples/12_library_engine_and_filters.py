@@ -12,10 +12,10 @@ without a GPU the Triton parts run in Triton's interpreter (TRITON_INTERPRET=1).
 import numpy as np
 
 import opgraph as og
-from opgraph.samples import conv_bias_relu
+from opgraph.tools.samples import conv_bias_relu
 
-device = "cuda" if og.device.cuda_usable() else "cpu"
-if not og.engines.get_engine("triton").available(og.device.resolve_device(device)).ok:
+device = "cuda" if og.core.device.cuda_usable() else "cpu"
+if not og.engines.get_engine("triton").available(og.core.device.resolve_device(device)).ok:
     print("Triton cannot run here (on a CPU set TRITON_INTERPRET=1 before starting Python); nothing to show")
     raise SystemExit(0)
 ENGINES = ["triton", "library", "torch"]

@@ -5,10 +5,10 @@ pack of buffers. Every graph also runs on the CPU through the reference engine.
 """
 
 from . import testing, training
-from .dtypes import DataType
-from .device import Device
-from .engines.base import BehaviorNote, EngineConfig, NumericalNote
-from .errors import (
+from .core.dtypes import DataType
+from .core.device import Device
+from .core.config import BehaviorNote, EngineConfig, NumericalNote
+from .core.errors import (
     AttributeValueError,
     DataflowError,
     DataTypeError,
@@ -20,23 +20,24 @@ from .errors import (
     UnsupportedGraphError,
     VariantPackError,
 )
-from .graph import Graph
+from .graph.builder import Graph
 from .autodiff import GradGraph, grad
 from .frontends import from_torch
-from .heuristics import HeurMode, PieceConfigs
-from .ir import Const, FinalGraph, Node
+from .core.config import HeurMode
+from .build.heuristics import PieceConfigs
+from .core.ir import Const, FinalGraph, Node
 from .ops.conv import ConvolutionMode
 from .ops.custom import register_custom_op
 from .ops.norm import NormForwardPhase
 from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
 from .ops.reduction import ReductionMode
-from .plan import ExecutionPlan, StepTime, load_plan
-from .tensor import Tensor, TensorDesc
+from .runtime.plan import ExecutionPlan, StepTime, load_plan
+from .core.tensor import Tensor, TensorDesc
 
 __version__ = "0.1.0"
 
-from .log import configure_from_env as _configure_logging  # noqa: E402
+from .core.log import configure_from_env as _configure_logging  # noqa: E402
 
 _configure_logging()
 

@@ -9,9 +9,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .dtypes import DataType
-from .ir import FinalGraph
-from .tensor import TensorDesc, storage_extent, strided_view
+from .core.dtypes import DataType
+from .core.ir import FinalGraph
+from .core.tensor import TensorDesc
+from .memory.fill import clone, empty_like_desc, poison, random_values
 
 # (relative, absolute) tolerance of an engine's result against the float64 reference, by output type
 TOLERANCE: dict[DataType, tuple[float, float]] = {
@@ -22,57 +23,6 @@ TOLERANCE: dict[DataType, tuple[float, float]] = {
     DataType.FP8_E4M3: (1.3e-1, 6e-2),
     DataType.FP8_E5M2: (2.6e-1, 1.2e-1),
 }
-
-
-def empty_like_desc(desc: TensorDesc) -> np.ndarray:
-    """An uninitialised NumPy array with exactly the descriptor's dims and strides."""
-    base = np.empty(max(storage_extent(desc.dim, desc.stride), 1), dtype=desc.data_type.numpy)
-    return strided_view(base, desc.dim, desc.stride)
-
-
-def clone(arr: np.ndarray) -> np.ndarray:
-    """A copy with the same dims and strides (ndarray.copy() would make it C-contiguous)."""
-    itemsize = arr.dtype.itemsize
-    strides = [s // itemsize for s in arr.strides]
-    base = np.empty(max(storage_extent(arr.shape, strides), 1), dtype=arr.dtype)
-    out = strided_view(base, arr.shape, strides)
-    out[...] = arr
-    return out
-
-
-def poison(arr: np.ndarray) -> np.ndarray:
-    """Fill with a value no correct kernel writes: NaN for floats, the max for ints, True for bools."""
-    dt = arr.dtype
-    if dt == np.bool_:
-        arr[...] = True
-    elif np.issubdtype(dt, np.integer):
-        arr[...] = np.iinfo(dt).max
-    else:
-        arr[...] = np.nan
-    return arr
-
-
-def random_values(desc: TensorDesc, rng: np.random.Generator, *, low: float = -2.0, high: float = 2.0,
-                  integers: bool = False) -> np.ndarray:
-    """Random non-zero data of the tensor's type and layout. `integers` draws small integers, which
-    every float type holds exactly (so low-precision results can be compared exactly)."""
-    arr = empty_like_desc(desc)
-    dt = desc.data_type
-    if dt is DataType.BOOLEAN:
-        arr[...] = rng.random(desc.dim) < 0.5
-    elif dt.is_integer:
-        lo, hi = (1, 8) if dt is DataType.UINT8 else (-8, 8)
-        vals = rng.integers(lo, hi, size=desc.dim)
-        arr[...] = np.where(vals == 0, 1, vals)
-    else:
-        if integers:
-            vals = rng.integers(int(low), int(high) + 1, size=desc.dim).astype(np.float64)
-            vals[vals == 0] = 1.0
-        else:
-            vals = rng.uniform(low, high, size=desc.dim)
-            vals = np.where(np.abs(vals) < 1e-3, 0.5, vals)
-        arr[...] = vals.astype(dt.numpy)
-    return arr
 
 
 def inplace_uids(graph: FinalGraph) -> set[int]:
@@ -100,7 +50,7 @@ def random_pack(graph: FinalGraph, rng: np.random.Generator, **kw: Any) -> dict[
 def reference_outputs(graph: FinalGraph, pack: Mapping[int, Any]) -> dict[int, np.ndarray]:
     """Run the graph on the reference engine over copies of `pack`'s inputs; outputs by UID.
     Call it before running the plan under test: in-place tensors are read from `pack`."""
-    from .plan import build_plan
+    from .runtime.plan import build_plan
 
     plan = build_plan(graph, device="cpu", engines=["reference"])
     ref = {u: (clone(v) if isinstance(v, np.ndarray) else v) for u, v in pack.items()}
@@ -159,7 +109,7 @@ def check_plan(plan: Any, rng: np.random.Generator, *, prepare: Any = None, rtol
         prepare(pack)
     want = reference_outputs(graph, pack)
     if plan.device.is_cuda:
-        from .torch_interop import pack_to_device, torch_to_numpy
+        from .core.torch_interop import pack_to_device, torch_to_numpy
 
         dev = pack_to_device(pack, f"cuda:{plan.device.index}")
         plan.execute(dev)

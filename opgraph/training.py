@@ -44,10 +44,10 @@ import numpy as np
 
 from .autodiff import GradGraph, grad
 from .autodiff.grad import resolve
-from .dtypes import as_data_type
-from .errors import GraphError
-from .graph import Graph
-from .tensor import Tensor, TensorDesc
+from .core.dtypes import as_data_type
+from .core.errors import GraphError
+from .graph.builder import Graph
+from .core.tensor import Tensor, TensorDesc
 
 __all__ = ["TrainingStep", "sgd_momentum", "softmax_cross_entropy", "ClassifierStep", "classifier_step"]
 
@@ -91,7 +91,7 @@ class TrainingStep:
 def _filled(desc: TensorDesc, value: float, device: Any) -> Any:
     """A buffer with the descriptor's dims and strides holding `value`."""
     if device is None:
-        from .testing import empty_like_desc
+        from .memory.fill import empty_like_desc
 
         arr = empty_like_desc(desc)
         arr[...] = np.asarray(value).astype(desc.data_type.numpy)

@@ -5,7 +5,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from opgraph.torch_interop import pack_to_device, torch_to_numpy  # noqa: E402
+from opgraph.core.torch_interop import pack_to_device, torch_to_numpy  # noqa: E402
 from tests.engines.test_triton_conv import sbr_conv_genstats  # noqa: E402
 
 g = sbr_conv_genstats(n=32, c=64, k=64, hw=56)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from opgraph.draw import plan_to_dot, render_svg  # noqa: E402
-from opgraph.samples import batchnorm_relu, conv_bias_relu  # noqa: E402
+from opgraph.tools.draw import plan_to_dot, render_svg  # noqa: E402
+from opgraph.tools.samples import batchnorm_relu, conv_bias_relu  # noqa: E402
 
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/img")
 out.mkdir(parents=True, exist_ok=True)

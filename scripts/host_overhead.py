@@ -6,8 +6,8 @@ import torch
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from opgraph.samples import batchnorm_relu, conv_bias_relu  # noqa: E402
-from opgraph.torch_interop import pack_to_device  # noqa: E402
+from opgraph.tools.samples import batchnorm_relu, conv_bias_relu  # noqa: E402
+from opgraph.core.torch_interop import pack_to_device  # noqa: E402
 
 
 def per_call(fn, n=3000):
@@ -34,7 +34,7 @@ for g in (conv_bias_relu(n=1, c=64, k=64, hw=8), batchnorm_relu(n=2, c=64, hw=8)
     buffers.update(views)
     step = plan.steps[0]
     k = step.kernel
-    from opgraph import workspace as wsp
+    from opgraph.memory import workspace as wsp
 
     scratch = wsp.scratch_view(base, plan.layout, 0)
     print("  kernel.run        %.1f us" % per_call(lambda: k.run(buffers, None, scratch)))

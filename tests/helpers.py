@@ -7,10 +7,11 @@ import pytest
 
 import opgraph as og
 from opgraph.engines import EngineConfig, get_engine
-from opgraph.heuristics import HeurMode
+from opgraph.core.config import HeurMode
 from opgraph.ops.pointwise import MODES, PointwiseMode
-from opgraph.plan import ExecutionPlan, Step
-from opgraph.samples import nhwc
+from opgraph.runtime.plan import ExecutionPlan
+from opgraph.build.planner import Step
+from opgraph.tools.samples import nhwc
 from opgraph.testing import compare, random_pack, reference_outputs  # noqa: F401
 
 
@@ -172,7 +173,7 @@ def assert_engine_close_l2(g: og.Graph, rng: np.random.Generator, *, max_rel_l2:
     pack = random_pack(f, rng, **kw)
     want = reference_outputs(f, pack)
     if plan.device.is_cuda:
-        from opgraph.torch_interop import pack_to_device, torch_to_numpy
+        from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
 
         dev = pack_to_device(pack, f"cuda:{plan.device.index}")
         plan.execute(dev)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph import autotune
+from opgraph.build import autotune
 
 from .helpers import requires_interpreter
 

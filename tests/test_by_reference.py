@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 from opgraph.testing import empty_like_desc, poison, random_values
 
 pytestmark = pytest.mark.interpreter
@@ -53,7 +53,7 @@ def test_set_address_redirects_without_a_pack(rng):
     np.testing.assert_allclose(yv, _want(xa, bv), rtol=1e-6)
     plan.set_address(x, xb)
     step = plan.steps[0]
-    from opgraph.addresses import TABLE_KEY
+    from opgraph.memory.addresses import TABLE_KEY
 
     step.kernel.run({b.uid: bv, TABLE_KEY: plan.address_table}, None, None)  # what a graph replay does
     np.testing.assert_allclose(yv, _want(xb, bv), rtol=1e-6)

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 import opgraph as og
-from opgraph.cli import main
+from opgraph.tools.cli import main
 
 
 def _graph_file(tmp_path, ok=True):

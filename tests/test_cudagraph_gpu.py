@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 
 from .helpers import requires_cuda
 

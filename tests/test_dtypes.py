@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.dtypes import as_data_type
-from opgraph.rounding import round_to
+from opgraph.core.dtypes import as_data_type
+from opgraph.core.rounding import round_to
 
 D = og.DataType
 torch = pytest.importorskip("torch")

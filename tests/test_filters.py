@@ -8,9 +8,9 @@ import pytest
 
 import opgraph as og
 from opgraph import DataType as DT
-from opgraph import autotune
-from opgraph.engines.base import BehaviorNote, EngineConfig, NumericalNote
-from opgraph.filters import ConfigFilter
+from opgraph.build import autotune
+from opgraph.core.config import BehaviorNote, EngineConfig, NumericalNote
+from opgraph.build.filters import ConfigFilter
 
 from .engines.test_triton_conv import conv_graph
 from .helpers import assert_engine_matches

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 from opgraph.testing import clone, random_pack
 
 DT = og.DataType
@@ -56,7 +56,7 @@ def test_generated_kernels_keep_the_forward_conv_apart_from_the_update(rng):
 
 
 def test_forward_conv_and_update_never_share_a_kernel():
-    from opgraph.partition import _inplace_race
+    from opgraph.build.partition import _inplace_race
 
     f = _sgd_graph().final
     conv = next(n for n in f.nodes if n.kind == "conv_fprop")

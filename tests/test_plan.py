@@ -8,9 +8,10 @@ import pytest
 
 import opgraph as og
 from opgraph.engines import get_engine, register_engine
-from opgraph.engines.base import Engine, EngineConfig, Support
+from opgraph.engines.base import Engine
+from opgraph.core.config import EngineConfig, Support
 from opgraph.engines.reference import ReferenceKernel
-from opgraph.workspace import ALIGN
+from opgraph.memory.workspace import ALIGN
 from opgraph.testing import compare, poison, random_pack, random_values, reference_outputs
 
 D = og.DataType
@@ -125,19 +126,19 @@ class EagerOneOpEngine(OneOpEngine):
 
 
 def test_rank_first_puts_a_later_engines_configs_first_except_in_fallback():
-    from opgraph.heuristics import rank_configs
-    from opgraph.partition import make_piece
+    from opgraph.build.heuristics import rank_configs
+    from opgraph.core.piece import make_piece
 
     g, _ = chain_graph()
     g.validate()
     piece = make_piece(g.final, 0, [g.final.nodes[0]])
     engines = [get_engine("reference"), EagerOneOpEngine()]
-    ranked = rank_configs(piece, engines, og.device.CPU, [H.A])
+    ranked = rank_configs(piece, engines, og.core.device.CPU, [H.A])
     assert [c.engine for c in ranked.configs] == ["test_eager_one_op", "reference"], ranked
-    ranked = rank_configs(piece, engines, og.device.CPU, [H.FALLBACK])
+    ranked = rank_configs(piece, engines, og.core.device.CPU, [H.FALLBACK])
     assert ranked.configs[0].engine == "reference", ranked
     whole = make_piece(g.final, 0, list(g.final.nodes))
-    assert rank_configs(whole, engines, og.device.CPU, [H.A]).configs[0].engine == "reference"
+    assert rank_configs(whole, engines, og.core.device.CPU, [H.A]).configs[0].engine == "reference"
 
 
 class FailingFirstEngine(OneOpEngine):
@@ -426,7 +427,7 @@ def test_workspace_intermediates_of_every_width(rng, dt):
     assert list(plan.workspace_layout) == [t.uid]
     pack = random_pack(g.final, rng)
     plan.execute(pack)
-    from opgraph.rounding import round_to
+    from opgraph.core.rounding import round_to
 
     want = round_to(pack[x.uid].astype(np.float64), dt).astype(np.float64) + 1.0
     np.testing.assert_array_equal(pack[y.uid], want.astype(np.float32))

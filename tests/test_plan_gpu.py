@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 
 from .helpers import requires_cuda
 
@@ -80,7 +80,7 @@ def test_partitioned_plan_uses_the_device_workspace(rng):
     bad = og.testing.check_plan(plan, rng)
     assert not bad, bad
     ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
-    from opgraph.torch_interop import pack_to_device
+    from opgraph.core.torch_interop import pack_to_device
 
     pack = pack_to_device(og.testing.random_pack(g.final, rng), "cuda")
     plan.execute(pack, workspace=ws)

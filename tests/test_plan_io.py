@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.plan_io import MAGIC
-from opgraph.samples import batchnorm_relu, conv_bias_relu
+from opgraph.runtime.plan_io import MAGIC
+from opgraph.tools.samples import batchnorm_relu, conv_bias_relu
 
 from .helpers import requires_interpreter
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 from opgraph.testing import clone, empty_like_desc
 from opgraph.training import sgd_momentum, softmax_cross_entropy
 
@@ -247,7 +247,7 @@ def _emulated_capture(plan, pack):
     """What a captured CUDA graph holds: the buffers of `pack` as bound once (workspace included)
     without the by-reference ones, which kernels read through the address table. `replay` runs the
     kernels on exactly those buffers (what cudagraph.populate records; the interpreter runs it)."""
-    from opgraph import workspace as wsp
+    from opgraph.memory import workspace as wsp
 
     buffers = plan._bind(pack)
     base, views = plan._workspace(None, buffers)
@@ -320,7 +320,7 @@ def test_set_address_after_a_device_side_write():
 
 
 def _gpu_pack(step, rng):
-    from opgraph.torch_interop import pack_to_device
+    from opgraph.core.torch_interop import pack_to_device
 
     return pack_to_device(init_pack(step, rng), "cuda")
 

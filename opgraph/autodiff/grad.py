@@ -50,11 +50,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..errors import DataTypeError, GraphError, UnsupportedGraphError
-from ..graph import Graph
-from ..ir import Const, FinalGraph, Node, Operand
+from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError
+from ..graph.builder import Graph
+from ..core.ir import Const, FinalGraph, Node, Operand
 from ..ops.pointwise import PointwiseMode
-from ..tensor import Tensor, TensorDesc
+from ..core.tensor import Tensor, TensorDesc
 from .rules import GradBuilder, RuleContext, Value, rule_for, unsupported
 
 CHEAP_KINDS = frozenset({"pointwise", "reshape", "transpose", "slice", "concatenate"})

@@ -33,14 +33,14 @@ from typing import Any, Callable, Iterable, Sequence, Union
 
 import numpy as np
 
-from ..dtypes import DataType
-from ..errors import UnsupportedGraphError
-from ..ir import FinalGraph, Node
-from ..ops.base import Op
+from ..core.dtypes import DataType
+from ..core.errors import UnsupportedGraphError
+from ..core.ir import FinalGraph, Node
+from ..core.op import Op
 from ..ops.layout import Concatenate, Reshape, Slice, Transpose
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.reduction import Reduction, ReductionMode
-from ..tensor import Tensor, TensorDesc
+from ..core.tensor import Tensor, TensorDesc
 
 Value = Union[Tensor, float, int, bool]  # a backward-graph tensor or a literal
 RuleFn = Callable[["RuleContext"], "dict[str, Tensor]"]

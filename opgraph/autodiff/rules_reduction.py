@@ -14,7 +14,7 @@ the input stays in those dims wherever it is the same along the reduced axes, se
 
 from __future__ import annotations
 
-from ..dtypes import DataType
+from ..core.dtypes import DataType
 from ..ops.pointwise import PointwiseMode as M
 from ..ops.reduction import Reduction
 from ..ops.reduction import ReductionMode as R

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import UnsupportedGraphError
-from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from ..core.errors import UnsupportedGraphError
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
+from .base import Engine, Kernel
 
 ENGINES: dict[str, Engine] = {}
 # Engines that live in modules of their own, loaded on first use so that the core imports no

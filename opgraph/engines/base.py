@@ -1,4 +1,4 @@
-"""The engine interface every backend implements, and the config/notes vocabulary of cuDNN.
+"""The engine interface every backend implements (the config/notes vocabulary is opgraph.core.config).
 
 An engine answers four questions about a piece of graph: can you run it (and if not, why), which
 configs would you use (knobs + notes, ranked by a heuristic mode), and give me a kernel for this
@@ -7,83 +7,16 @@ config. A kernel runs the piece over buffers keyed by UID.
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
+from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
+
 if TYPE_CHECKING:
-    from ..device import Device
-    from ..heuristics import HeurMode
-    from ..ir import Node
-    from ..partition import Piece
+    from ..core.device import Device
+    from ..core.piece import Piece
 
-
-class NumericalNote(enum.Enum):
-    TENSOR_CORE = "tensor_core"
-    DOWN_CONVERT_INPUTS = "down_convert_inputs"  # e.g. fp32 operands computed as tf32
-    REDUCED_PRECISION_REDUCTION = "reduced_precision_reduction"
-    NONDETERMINISTIC = "nondeterministic"  # atomics or split reductions in varying order
-    FP64_ACCUMULATION = "fp64_accumulation"
-    # a wider intermediate (an fp32 conv output) stored in the operands' 16-bit type between kernels
-    ROUNDED_INTERMEDIATE = "rounded_intermediate"
-
-
-class BehaviorNote(enum.Enum):
-    RUNTIME_COMPILATION = "runtime_compilation"
-    # the kernels can be captured in a CUDA graph (no host synchronisation or host computation)
-    CUDA_GRAPH_CAPTURABLE = "cuda_graph_capturable"
-    # ... and re-pointed by update_cuda_graph without re-capture (addresses of by-reference tensors
-    # read from the plan's address table)
-    SUPPORTS_CUDA_GRAPH_NATIVE_API = "supports_cuda_graph_native_api"
-    DEVICE_SCALARS = "device_scalars"  # reads 1-element tensors from memory at run time
-    HOST_EXECUTION = "host_execution"  # computes on the CPU
-    INTERPRETED = "interpreted"  # Triton kernels run by Triton's interpreter
-
-
-@dataclass(frozen=True)
-class Support:
-    """Whether an engine runs a piece; `reason` says why not, `node` names the op at fault."""
-
-    ok: bool
-    reason: str = ""
-    node: Node | None = field(default=None, compare=False)
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    @staticmethod
-    def yes() -> Support:
-        return Support(True)
-
-    @staticmethod
-    def no(reason: str, node: Node | None = None) -> Support:
-        return Support(False, reason, node)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """One way to run a piece: the engine, its knob values and what to know about it."""
-
-    engine: str
-    knobs: tuple[tuple[str, Any], ...] = ()
-    numerical_notes: frozenset[NumericalNote] = frozenset()
-    behavior_notes: frozenset[BehaviorNote] = frozenset()
-    estimate_us: float | None = None
-    why: str = field(default="", compare=False)  # the heuristic's reason for this config's rank
-    measured_us: float | None = field(default=None, compare=False)  # set by autotuning
-
-    def knob(self, name: str, default: Any = None) -> Any:
-        return dict(self.knobs).get(name, default)
-
-    def __str__(self) -> str:
-        knobs = " ".join(f"{k}={v}" for k, v in self.knobs)
-        notes = sorted(n.value for n in (*self.numerical_notes, *self.behavior_notes))
-        est = f" ~{self.estimate_us:.1f}us est." if self.estimate_us is not None else ""
-        if self.measured_us is not None:
-            est += f" {self.measured_us:.1f}us measured"
-        text = self.engine + (f"[{knobs}]" if knobs else "") + est
-        return text + (f" ({', '.join(notes)})" if notes else "")
+__all__ = ["BehaviorNote", "Engine", "EngineConfig", "HeurMode", "Kernel", "NumericalNote", "Support"]
 
 
 class Kernel(ABC):

@@ -26,15 +26,16 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from ..cost import estimate_us
-from ..device import Device
-from ..dtypes import DataType
-from ..errors import AttributeValueError, ExecutionError
-from ..heuristics import HeurMode
-from ..ir import Const, Node
-from ..partition import Piece
+from .cost import estimate_us
+from ..core.device import Device
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError, ExecutionError
+from ..core.config import HeurMode
+from ..core.ir import Const, Node
+from ..core.piece import Piece
 from . import register_engine
-from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
+from .base import Engine, Kernel
 from .torch_engine.common import as_torch
 
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})

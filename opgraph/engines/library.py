@@ -24,15 +24,16 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..device import Device
-from ..dtypes import DataType
-from ..errors import AttributeValueError
-from ..heuristics import HeurMode
-from ..ir import FinalGraph, Node
-from ..partition import Piece, make_piece
-from .. import workspace as wsp
+from ..core.device import Device
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError
+from ..core.config import HeurMode
+from ..core.ir import FinalGraph, Node
+from ..core.piece import Piece, make_piece
+from ..memory import workspace as wsp
 from . import get_engine, register_engine
-from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
+from .base import Engine, Kernel
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}

@@ -12,14 +12,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..device import Device
-from ..heuristics import HeurMode
-from ..ir import Const, Node
-from ..partition import Piece
-from ..rounding import round_to, to_f64
-from ..tensor import TensorDesc
+from ..core.device import Device
+from ..core.config import HeurMode
+from ..core.ir import Const, Node
+from ..core.piece import Piece
+from ..core.rounding import round_to, to_f64
+from ..core.tensor import TensorDesc
 from . import register_engine
-from .base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
+from .base import Engine, Kernel
 
 CONFIG = EngineConfig(
     "reference",

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedGraphError
+from ..core.errors import UnsupportedGraphError
 from ..ops.custom import Custom, register_custom_op
 from .torch_import import Args, Importer, Value, og_dims
 

@@ -26,9 +26,9 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import AttributeValueError, GraphError, UnsupportedGraphError
-from ..graph import Graph
-from ..tensor import Tensor
+from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
+from ..graph.builder import Graph
+from ..core.tensor import Tensor
 from .torch_runtime import (DerivedSpec, ImportedGraph, ImportReport, Mutation, OutputLeaf, RandomSpec, ReportEntry,
                             Source)
 

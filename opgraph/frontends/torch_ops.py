@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .torch_import import Args, Importer, Untranslatable, Value, og_dims
 
 Translator = Callable[[Importer, Any, Args], Any]
@@ -445,7 +445,7 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
     base = target._schema.name.split("::")[-1].rstrip("_")
     meta = _meta(node)
     if not isinstance(meta, torch.Tensor):
-        from ..errors import UnsupportedGraphError
+        from ..core.errors import UnsupportedGraphError
 
         raise UnsupportedGraphError(f"node '{node.name}' ({target}) does not make one tensor", rule="import.factory",
                                     hint="compute it outside the module and pass it as an input")
@@ -453,7 +453,7 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
     if torch.Tag.nondeterministic_seeded in target.tags:
         dist = {"rand": "uniform", "randn": "normal"}.get(base)
         if dist is None:
-            from ..errors import UnsupportedGraphError
+            from ..core.errors import UnsupportedGraphError
 
             raise UnsupportedGraphError(f"random op {target} is not supported", rule="import.random",
                                         hint="draw it outside the module and pass it as an input")

@@ -8,7 +8,7 @@ from typing import Any
 from ..ops.norm import Batchnorm
 from ..ops.pooling import ResampleMode
 from ..ops.reduction import ReductionMode
-from ..tensor import Tensor
+from ..core.tensor import Tensor
 from .torch_import import Args, Importer, Untranslatable, Value, og_dims
 from .torch_ops import PREPARE, TRANSLATORS, Translator, _axis, _ints, _meta, _operands, _scaled, _shape, op
 

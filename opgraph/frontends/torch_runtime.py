@@ -23,9 +23,9 @@ import collections
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from ..errors import VariantPackError
-from ..graph import Graph
-from ..tensor import Tensor
+from ..core.errors import VariantPackError
+from ..graph.builder import Graph
+from ..core.tensor import Tensor
 
 
 def _freeze(value: Any) -> Any:

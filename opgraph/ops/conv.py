@@ -23,10 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..dtypes import DataType
-from ..errors import AttributeValueError, DataTypeError, ShapeError
-from ..tensor import Tensor, TensorDesc
-from .base import Draft, NodeContext, Op, TensorSpec, graph_method, register_op, strides_like
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError, DataTypeError, ShapeError
+from ..core.tensor import Tensor, TensorDesc
+from ..core.op import Draft, NodeContext, Op, TensorSpec, graph_method, register_op
+from .base import strides_like
 
 
 class ConvolutionMode(enum.Enum):

@@ -24,9 +24,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import AttributeValueError, GraphError, ShapeError
-from ..tensor import TensorDesc
-from .base import NodeContext, Op, TensorSpec, broadcast_dims, first_tensor, graph_method, register_op, strides_like
+from ..core.errors import AttributeValueError, GraphError, ShapeError
+from ..core.tensor import TensorDesc
+from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from .base import broadcast_dims, first_tensor, strides_like
 
 Param = int | float | str | bool
 
@@ -141,7 +142,7 @@ class Custom(Op):
 
 
 def _dtype(value: Any):
-    from ..dtypes import as_data_type
+    from ..core.dtypes import as_data_type
 
     return as_data_type(value)
 

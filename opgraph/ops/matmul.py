@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import DataType
-from ..errors import AttributeValueError, DataTypeError, ShapeError
-from ..tensor import packed_strides
-from .base import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError, DataTypeError, ShapeError
+from ..core.tensor import packed_strides
+from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
 
 
 @register_op

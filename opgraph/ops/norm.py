@@ -35,14 +35,15 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
-from ..dtypes import DataType
-from ..errors import AttributeValueError, DataTypeError, ShapeError
-from ..ir import Const
-from ..tensor import TensorDesc, packed_strides
-from .base import NodeContext, Op, TensorSpec, graph_method, register_op, strides_like
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError, DataTypeError, ShapeError
+from ..core.ir import Const
+from ..core.tensor import TensorDesc, packed_strides
+from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from .base import strides_like
 
 if TYPE_CHECKING:
-    from ..tensor import Tensor
+    from ..core.tensor import Tensor
 
 Scalar = Union[float, "Tensor"]  # a Python number, a pass-by-value tensor or a 1-element tensor
 

@@ -32,10 +32,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dtypes import DataType
-from ..errors import AttributeValueError
-from ..tensor import TensorDesc
-from .base import NodeContext, Op, TensorSpec, broadcast_dims, first_tensor, graph_method, register_op
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError
+from ..core.tensor import TensorDesc
+from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from .base import broadcast_dims, first_tensor
 
 
 class PointwiseMode(enum.Enum):

@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import DataType
-from ..errors import AttributeValueError, DataflowError, DataTypeError, ShapeError
-from ..tensor import TensorDesc
-from .base import NodeContext, Op, TensorSpec, graph_method, register_op, strides_like
+from ..core.dtypes import DataType
+from ..core.errors import AttributeValueError, DataflowError, DataTypeError, ShapeError
+from ..core.tensor import TensorDesc
+from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from .base import strides_like
 
 
 class ResampleMode(enum.Enum):

@@ -19,7 +19,7 @@ from opgraph.autodiff import grad, register_custom_grad, saved_pack
 from opgraph.autodiff.grad import resolve
 from opgraph.ops.norm import Batchnorm
 from opgraph.ops.pointwise import PointwiseMode as M
-from opgraph.tensor import channels_last_order, packed_strides
+from opgraph.core.tensor import channels_last_order, packed_strides
 from opgraph.testing import clone, empty_like_desc, poison, random_values
 
 from ..helpers import requires_cuda, requires_interpreter

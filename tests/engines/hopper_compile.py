@@ -60,10 +60,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         from triton.backends.nvidia.compiler import get_ptxas
     except ImportError:
         sys.exit(NO_BACKEND)
-    from opgraph.device import Device
+    from opgraph.core.device import Device
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates import discover
-    from opgraph.partition import make_piece
+    from opgraph.core.piece import make_piece
 
     device = Device("cuda", 0, gpu, (9, 0), 132)
     templates = {t.name: t for t in discover()}

@@ -10,13 +10,13 @@ import pytest
 
 import opgraph as og
 from opgraph import DataType as DT
-from opgraph.device import CPU, Device
+from opgraph.core.device import CPU, Device
 from opgraph.engines import engine_names, get_engine
-from opgraph.engines.base import BehaviorNote, NumericalNote
+from opgraph.core.config import BehaviorNote, NumericalNote
 from opgraph.engines.cudnn_frontend import static_problem
-from opgraph.partition import make_piece
-from opgraph.plan import _all_by_reference, default_engines
-from opgraph.samples import nhwc
+from opgraph.core.piece import make_piece
+from opgraph.build.planner import _all_by_reference, default_engines
+from opgraph.tools.samples import nhwc
 
 from ..helpers import assert_candidates_match, assert_engine_matches, assert_replay_equals_execute, cuda_available
 from .test_triton_conv import conv_graph, sbr_conv_genstats
@@ -124,7 +124,7 @@ def test_in_place_update_is_declined():
 
 
 def test_a_damaged_config_is_a_typed_error():
-    from opgraph.engines.base import EngineConfig
+    from opgraph.core.config import EngineConfig
     from opgraph.engines.cudnn_frontend import CudnnKernel
 
     piece = whole(conv_bias_relu())

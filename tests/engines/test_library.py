@@ -8,13 +8,15 @@ import pytest
 
 import opgraph as og
 from opgraph import DataType as DT
-from opgraph.device import CPU
+from opgraph.core.device import CPU
 from opgraph.engines import get_engine
-from opgraph.engines.base import BehaviorNote, NumericalNote
+from opgraph.core.config import BehaviorNote, NumericalNote
 from opgraph.engines.library import LibraryKernel
-from opgraph.heuristics import HeurMode, rank_configs
-from opgraph.partition import make_piece, partition
-from opgraph.samples import nhwc
+from opgraph.core.config import HeurMode
+from opgraph.build.heuristics import rank_configs
+from opgraph.core.piece import make_piece
+from opgraph.build.partition import partition
+from opgraph.tools.samples import nhwc
 
 from ..helpers import assert_engine_matches, assert_replay_equals_execute, requires_cuda
 from .test_triton_conv import conv_graph, sbr_conv_genstats

@@ -13,9 +13,9 @@ import pytest
 import opgraph as og
 from opgraph import BehaviorNote, ConvolutionMode, NormForwardPhase, NumericalNote, ReductionMode, ResampleMode
 from opgraph.ops.pointwise import PointwiseMode
-from opgraph.partition import make_piece
-from opgraph.plan import engine_configs
-from opgraph.samples import nhwc
+from opgraph.core.piece import make_piece
+from opgraph.build.planner import engine_configs
+from opgraph.tools.samples import nhwc
 
 from ..helpers import (
     assert_engine_matches,

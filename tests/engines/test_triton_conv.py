@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.device import Device
-from opgraph.engines.base import NumericalNote
+from opgraph.core.device import Device
+from opgraph.core.config import NumericalNote
 from opgraph.engines.triton import TEMPLATES
-from opgraph.partition import make_piece
-from opgraph.plan import ExecutionPlan, Step
-from opgraph.samples import nhwc
+from opgraph.core.piece import make_piece
+from opgraph.runtime.plan import ExecutionPlan
+from opgraph.build.planner import Step
+from opgraph.tools.samples import nhwc
 
 from ..helpers import (
     assert_candidates_match,
@@ -241,7 +242,7 @@ def test_fp32_ieee_knob_and_tf32_note():
     y.set_output(True)
     piece = make_piece(g.final, 0, g.final.nodes)
     template = next(t for t in TEMPLATES if t.name == "conv_fprop")
-    cands = template.candidates(piece, og.device.CPU)
+    cands = template.candidates(piece, og.core.device.CPU)
     assert {c["fp32_precision"] for c in cands} == {"tf32", "ieee"}
     gpu = Device("cuda", 0, "H100", (9, 0), 132)
     assert template.notes(piece, {"fp32_precision": "tf32"}, gpu) == {NumericalNote.DOWN_CONVERT_INPUTS}
@@ -637,7 +638,7 @@ def test_gpu_heuristics_for_the_benchmark_convs():
     from opgraph.engines.triton.templates.conv_fprop import TEMPLATE
 
     def first(c, k, hw, r):
-        from opgraph.samples import conv_bias_relu
+        from opgraph.tools.samples import conv_bias_relu
 
         final = conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2).final
         return TEMPLATE.candidates(make_piece(final, 0, final.nodes), H200)
@@ -658,7 +659,7 @@ def _bench_depthwise():
 
 def _bench_conv(c, k, hw, r):
     def build():
-        from opgraph.samples import conv_bias_relu
+        from opgraph.tools.samples import conv_bias_relu
 
         return conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2)
     return build
@@ -697,7 +698,7 @@ RESNET = [  # (C, K, HW, R): the benchmark's conv+bias+relu shapes at N=32
 @requires_cuda
 @pytest.mark.parametrize("c,k,hw,r", RESNET)
 def test_gpu_resnet_conv_bias_relu(c, k, hw, r, rng):
-    from opgraph.samples import conv_bias_relu
+    from opgraph.tools.samples import conv_bias_relu
 
     g = conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2)
     plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
@@ -735,7 +736,7 @@ def test_gpu_sbr_conv_genstats(rng):
     IEEE fp32 by about an fp16 ulp on half of the outputs, with a slight bias, and the per-channel
     sum of 100k such values cancels to a few % of its terms: an elementwise tolerance on the sum would
     measure the hardware, not the kernel (cuDNN's fused graph shows the same)."""
-    from opgraph.torch_interop import pack_to_device, torch_to_numpy
+    from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
 
     g = sbr_conv_genstats(n=32, c=64, k=64, hw=56)
     plan = g.build(device="cuda")

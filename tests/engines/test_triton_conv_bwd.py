@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.device import Device
-from opgraph.engines.base import NumericalNote
+from opgraph.core.device import Device
+from opgraph.core.config import NumericalNote
 from opgraph.engines.triton import TEMPLATES
-from opgraph.errors import AttributeValueError
+from opgraph.core.errors import AttributeValueError
 from opgraph.ops.conv import Geometry
-from opgraph.partition import make_piece
-from opgraph.samples import nhwc
+from opgraph.core.piece import make_piece
+from opgraph.tools.samples import nhwc
 
 from ..helpers import (
     assert_candidates_match,
@@ -230,7 +230,7 @@ def test_wgrad_taps_must_divide_the_filter():
     piece = make_piece(g.final, 0, g.final.nodes)
     with pytest.raises(AttributeValueError, match="TAPS=2 must divide"):
         _template("conv_wgrad").generate(piece, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "TAPS": 2},
-                                         og.device.CPU)
+                                         og.core.device.CPU)
 
 
 def test_wgrad_heuristic_splits_the_pixels(rng):
@@ -305,7 +305,7 @@ def test_fp32_tf32_knob_and_note(op):
     out.set_output(True)
     piece = make_piece(g.final, 0, g.final.nodes)
     template = _template(f"conv_{op}")
-    cands = template.candidates(piece, og.device.CPU)
+    cands = template.candidates(piece, og.core.device.CPU)
     assert {c["fp32_precision"] for c in cands} == {"tf32", "ieee"}
     assert template.notes(piece, {"fp32_precision": "tf32"}, H100) == {NumericalNote.DOWN_CONVERT_INPUTS}
     assert template.notes(piece, {"fp32_precision": "ieee"}, H100) == frozenset()

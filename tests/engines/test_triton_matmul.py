@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.tensor import packed_strides
+from opgraph.core.tensor import packed_strides
 
 from ..helpers import (
     assert_candidates_match,
@@ -297,9 +297,9 @@ def test_epilogue_subtile(reduce, rng):
 
 
 def test_gpu_heuristic_ranks_tma_persistent_first_for_a_large_gemm():
-    from opgraph.device import Device
+    from opgraph.core.device import Device
     from opgraph.engines.triton import TEMPLATES
-    from opgraph.partition import make_piece
+    from opgraph.core.piece import make_piece
 
     g, _, _, c = mm_graph((8192, 4096), (4096, 4096))
     bias = g.tensor(dim=[1, 4096], name="bias")

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.device import Device
+from opgraph.core.device import Device
 from opgraph.engines import get_engine
-from opgraph.engines.base import EngineConfig
+from opgraph.core.config import EngineConfig
 from opgraph.engines.triton.templates import norm_stats, rownorm
-from opgraph.errors import UnsupportedGraphError
-from opgraph.plan import ExecutionPlan, Step
-from opgraph.samples import nhwc
+from opgraph.core.errors import UnsupportedGraphError
+from opgraph.runtime.plan import ExecutionPlan
+from opgraph.build.planner import Step
+from opgraph.tools.samples import nhwc
 from opgraph.testing import check_plan
 
 from ..helpers import assert_engine_matches, layout_stride, outputs, per_channel, requires_cuda, requires_interpreter

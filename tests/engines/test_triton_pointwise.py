@@ -7,7 +7,7 @@ import pytest
 
 import opgraph as og
 from opgraph.ops.pointwise import PointwiseMode
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 
 from ..helpers import assert_engine_matches, pointwise_graph, requires_cuda, requires_interpreter
 
@@ -95,9 +95,9 @@ def test_a_transposed_and_sliced_input_is_read_in_place(rng):
 
 
 def test_a_view_of_a_computed_value_or_a_view_written_out_is_not_this_templates():
-    from opgraph.device import CPU
+    from opgraph.core.device import CPU
     from opgraph.engines.triton.templates.pointwise import TEMPLATE
-    from opgraph.partition import make_piece
+    from opgraph.core.piece import make_piece
 
     g = og.Graph("computed", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[4, 8], name="x")

@@ -8,7 +8,7 @@ import pytest
 
 import opgraph as og
 from opgraph.ops.pooling import ResampleMode
-from opgraph.samples import nhwc
+from opgraph.tools.samples import nhwc
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
 from .hopper_compile import compile_for_hopper
@@ -201,9 +201,9 @@ def test_kernels_compile_for_hopper():
 
 
 def test_int64_offsets_past_2_gib_elements():
-    from opgraph.device import Device
+    from opgraph.core.device import Device
     from opgraph.engines.triton.templates.pooling import TEMPLATE
-    from opgraph.partition import make_piece
+    from opgraph.core.piece import make_piece
 
     final = HOPPER_CASES["int64_offsets"][0]().final
     piece = make_piece(final, 0, final.nodes)

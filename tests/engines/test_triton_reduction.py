@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.device import Device
+from opgraph.core.device import Device
 from opgraph.engines import get_engine
-from opgraph.engines.base import EngineConfig
+from opgraph.core.config import EngineConfig
 from opgraph.engines.triton.templates.reduction import MAX_TILE, TEMPLATE, analyse
 from opgraph.ops.reduction import ReductionMode
-from opgraph.partition import make_piece
-from opgraph.samples import nhwc
+from opgraph.core.piece import make_piece
+from opgraph.tools.samples import nhwc
 from opgraph.testing import compare, random_pack, reference_outputs
 
 from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter

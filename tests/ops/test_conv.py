@@ -13,7 +13,7 @@ import pytest
 import opgraph as og
 from opgraph import ConvolutionMode, DataType
 from opgraph.ops.conv import Geometry, conv_data_grad, conv_forward, conv_weight_grad
-from opgraph.tensor import channels_last_order, packed_strides
+from opgraph.core.tensor import channels_last_order, packed_strides
 from tests.helpers import compare, run_reference, torch_or_skip
 
 CROSS, CONV = ConvolutionMode.CROSS_CORRELATION, ConvolutionMode.CONVOLUTION

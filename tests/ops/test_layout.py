@@ -11,7 +11,7 @@ import pytest
 import opgraph as og
 from opgraph import DataType
 from opgraph.ops.layout import Concatenate, Reshape, Slice, Transpose
-from opgraph.tensor import channels_last_order, packed_strides, storage_extent
+from opgraph.core.tensor import channels_last_order, packed_strides, storage_extent
 from tests.helpers import check_rule, raises_rule, run_reference
 
 torch = pytest.importorskip("torch")

@@ -8,7 +8,7 @@ import pytest
 
 import opgraph as og
 from opgraph import DataType
-from opgraph.tensor import packed_strides
+from opgraph.core.tensor import packed_strides
 from opgraph.testing import compare, random_pack
 from tests.helpers import check_rule, raises_rule, run_reference
 

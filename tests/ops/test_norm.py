@@ -9,7 +9,7 @@ import pytest
 
 import opgraph as og
 from opgraph import DataType, NormForwardPhase
-from opgraph.tensor import channels_last_order, packed_strides
+from opgraph.core.tensor import channels_last_order, packed_strides
 from opgraph.testing import compare, random_pack
 from tests.helpers import outputs, per_channel
 

@@ -12,7 +12,7 @@ import pytest
 import opgraph as og
 from opgraph.ops.pointwise import PointwiseMode
 from opgraph.testing import compare, empty_like_desc, poison, random_values
-from opgraph.tensor import channels_last_order, packed_strides
+from opgraph.core.tensor import channels_last_order, packed_strides
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -8,7 +8,7 @@ import pytest
 import opgraph as og
 from opgraph import DataType, ResampleMode
 from opgraph.ops.pooling import Resample
-from opgraph.tensor import channels_last_order, packed_strides
+from opgraph.core.tensor import channels_last_order, packed_strides
 from opgraph.testing import compare
 from tests.helpers import check_rule, raises_rule, run_reference
 

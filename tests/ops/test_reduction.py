@@ -8,7 +8,7 @@ import pytest
 import opgraph as og
 from opgraph import DataType, ReductionMode
 from opgraph.ops.reduction import GenStats, Reduction
-from opgraph.tensor import channels_last_order, packed_strides
+from opgraph.core.tensor import channels_last_order, packed_strides
 from opgraph.testing import compare, random_pack
 from tests.helpers import raises_rule, run_reference
 

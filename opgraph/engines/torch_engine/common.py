@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...dtypes import DataType, as_data_type
-from ...errors import ExecutionError
-from ...ir import Const, Node
-from ...tensor import TensorDesc
+from ...core.dtypes import DataType, as_data_type
+from ...core.errors import ExecutionError
+from ...core.ir import Const, Node
+from ...core.tensor import TensorDesc
 
 if TYPE_CHECKING:
     import torch

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from ...dtypes import DataType
-from ...tensor import TensorDesc
+from ...core.dtypes import DataType
+from ...core.tensor import TensorDesc
 from .common import Call
 
 # The TF32 path relies on cuDNN/cuBLAS computing products of TF32-representable values exactly and

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...torch_interop import numpy_to_torch
+from ...core.torch_interop import numpy_to_torch
 from ..reference import run_node
 from .common import Call, to_numpy_f64
 

@@ -14,13 +14,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ...cost import estimate_us
-from ...device import Device, cuda_usable
-from ...heuristics import HeurMode
-from ...partition import Piece
+from ..cost import estimate_us
+from ...core.device import Device, cuda_usable
+from ...core.config import HeurMode
+from ...core.piece import Piece
 from .. import register_engine
-from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
-from ...addresses import TABLE_KEY, table_slots
+from ...core.config import BehaviorNote, EngineConfig, NumericalNote, Support
+from ..base import Engine, Kernel
+from ...memory.addresses import TABLE_KEY, table_slots
 from .indirect import make_indirect
 from .launch import Launcher
 from .loader import load_module
@@ -49,7 +50,7 @@ def _as_torch(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         import torch
 
-        from ...dtypes import DataType, as_data_type
+        from ...core.dtypes import DataType, as_data_type
 
         dt = as_data_type(value.dtype)
         if dt in (DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2):

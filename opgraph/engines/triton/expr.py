@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from typing import Callable, Mapping, Protocol
 
-from ...dtypes import DataType
-from ...ir import Const, Node
+from ...core.dtypes import DataType
+from ...core.ir import Const, Node
 from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
-from ...tensor import TensorDesc
+from ...core.tensor import TensorDesc
 
 TL_DTYPE = {
     DataType.FLOAT: "tl.float32", DataType.DOUBLE: "tl.float64", DataType.HALF: "tl.float16",

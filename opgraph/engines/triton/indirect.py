@@ -17,7 +17,7 @@ import ast
 from dataclasses import replace
 from typing import Mapping
 
-from ...dtypes import DataType
+from ...core.dtypes import DataType
 from .expr import TL_DTYPE
 from .templates.base import Arg, Generated, Launch
 

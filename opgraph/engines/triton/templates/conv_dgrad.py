@@ -31,12 +31,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ....device import Device
-from ....dtypes import DataType
-from ....ir import Node
+from ....core.device import Device
+from ....core.dtypes import DataType
+from ....core.ir import Node
 from ....ops.conv import ConvDgrad, ConvolutionMode, Geometry
-from ....partition import Piece
-from ...base import Support
+from ....core.piece import Piece
+from ....core.config import Support
 from .base import pow2_at_least
 from .gemm import (
     Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, dot_kind,

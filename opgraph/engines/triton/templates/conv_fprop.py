@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ....device import Device
-from ....ir import Node
+from ....core.device import Device
+from ....core.ir import Node
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ....partition import Piece
+from ....core.piece import Piece
 from .base import pow2_at_least, unique
 from .gemm import (
     Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, estimate_us, finish_candidates,

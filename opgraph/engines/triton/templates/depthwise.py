@@ -32,13 +32,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ....device import Device
-from ....dtypes import DataType
-from ....errors import AttributeValueError
-from ....ir import Node
+from ....core.device import Device
+from ....core.dtypes import DataType
+from ....core.errors import AttributeValueError
+from ....core.ir import Node
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ....partition import Piece
-from ...base import Support
+from ....core.piece import Piece
+from ....core.config import Support
 from .base import Generated, Launch, module_source, pow2_at_least
 from .gemm import (
     Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, epilogue,

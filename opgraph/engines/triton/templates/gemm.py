@@ -64,15 +64,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ....device import Device
-from ....dtypes import DataType
-from ....errors import AttributeValueError
-from ....ir import Node
+from ....core.device import Device
+from ....core.dtypes import DataType
+from ....core.errors import AttributeValueError
+from ....core.ir import Node
 from ....ops.layout import Slice, Transpose
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
-from ....partition import Piece
-from ....tensor import TensorDesc
-from ...base import NumericalNote, Support
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc
+from ....core.config import NumericalNote, Support
 from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, literal, round_in_compute, to_storage
 from .base import Generated, Launch, Params, Template, module_source, pow2_at_least, unique
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ....device import Device
-from ....ir import Node
-from ....partition import Piece
-from ....tensor import TensorDesc
+from ....core.device import Device
+from ....core.ir import Node
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
 from .gemm import (
     Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, estimate_us, finish_candidates,

@@ -36,9 +36,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ....device import Device
-from ....partition import Piece
-from ...base import Support
+from ....core.device import Device
+from ....core.piece import Piece
+from ....core.config import Support
 from ._norm_common import (
     Comp,
     Fusion,

@@ -31,12 +31,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ....device import Device
-from ....ir import Node
+from ....core.device import Device
+from ....core.ir import Node
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
-from ....partition import Piece
-from ....tensor import TensorDesc, stride_order
-from ...base import Support
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc, stride_order
+from ....core.config import Support
 from ..expr import Emitter, compute_type, elementwise, to_storage
 from .base import (
     Arg, Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique,

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from .dtypes import DataType, as_data_type
 from .errors import ShapeError
 
-if TYPE_CHECKING:
-    from .graph import Graph
 
 INT64_MAX = 2**63 - 1
 
@@ -148,6 +146,15 @@ def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -
             )
         out.append(v)
     return tuple(out)
+
+
+class Graph(Protocol):
+    """What a Tensor handle needs of the graph that owns it (opgraph.Graph is one; the builder lives in
+    the graph layer above this one)."""
+
+    def _invalidate(self) -> None: ...
+
+    def _inferred(self, t: Tensor) -> TensorDesc | None: ...
 
 
 class Tensor:

@@ -8,8 +8,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .engines.base import BehaviorNote, EngineConfig, Kernel, NumericalNote
-from .errors import AttributeValueError
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote
+from ..engines.base import Kernel
+from ..core.errors import AttributeValueError
 
 OPTIONS = ("select_numeric_notes", "deselect_numeric_notes", "select_behavior_notes", "deselect_behavior_notes",
            "deselect_engines", "deselect_workspace_greater_than")
@@ -60,7 +61,7 @@ class ConfigFilter:
                 rule="build.filter", hint="pass a non-negative int (bytes), or None for no limit")
         engines = options.get("deselect_engines") or ()
         engines = [engines] if isinstance(engines, str) else list(engines)
-        from .engines import engine_names
+        from ..engines import engine_names
 
         unknown = [e for e in engines if e not in engine_names()]
         if unknown:
@@ -82,7 +83,7 @@ class ConfigFilter:
     def rejects(self, config: EngineConfig) -> str | None:
         """Why `config` is filtered out (None: it passes, its workspace unknown until compiled)."""
         if self.deselect_engines:
-            from .engines import get_engine
+            from ..engines import get_engine
 
             used = get_engine(config.engine).engines_used(config) & self.deselect_engines
             if used:

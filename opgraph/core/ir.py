@@ -8,24 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
+from typing import Any, Iterator, Mapping, Union
 
 from .dtypes import DataType
+from .op import Const, Op
 from .tensor import TensorDesc
 
-if TYPE_CHECKING:
-    from .ops.base import Op
-
-
-@dataclass(frozen=True)
-class Const:
-    """A literal operand baked into the graph (a Python number given where a tensor may go)."""
-
-    value: float | int | bool
-
-    def __str__(self) -> str:
-        return repr(self.value)
-
+__all__ = ["Const", "FinalGraph", "Node", "Operand"]
 
 Operand = Union[int, Const, None]  # a tensor UID, a literal, or an absent optional input
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .device import Device
-from .dtypes import DataType
-from .errors import VariantPackError
-from .ir import FinalGraph
+from ..core.device import Device
+from ..core.dtypes import DataType
+from ..core.errors import VariantPackError
+from ..core.ir import FinalGraph
 
 TABLE_KEY = -1  # the table's entry in a plan's buffer map (UIDs are >= 0)
 

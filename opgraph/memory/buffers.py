@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DataType, as_data_type
-from .errors import VariantPackError
+from ..core.dtypes import DataType, as_data_type
+from ..core.errors import VariantPackError
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def buffer_info(obj: Any) -> BufferInfo:
         shape = tuple(cai["shape"])
         strides = cai.get("strides")
         if strides is None:
-            from .tensor import packed_strides
+            from ..core.tensor import packed_strides
 
             elem = packed_strides(shape)
         else:

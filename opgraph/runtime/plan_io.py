@@ -19,13 +19,14 @@ import hashlib
 import json
 from typing import Any
 
-from .autotune import environment
-from .device import resolve_device
-from .engines import get_engine
-from .engines.base import BehaviorNote, EngineConfig, NumericalNote
-from .errors import GraphError, SerializationError
-from .partition import Cut, make_piece
-from .serialize import graph_from_dict, graph_to_dict
+from ..build.autotune import environment
+from ..core.device import resolve_device
+from ..engines import get_engine
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote
+from ..core.errors import GraphError, SerializationError
+from ..build.partition import Cut
+from ..core.piece import make_piece
+from ..graph.serialize import graph_from_dict, graph_to_dict
 
 PLAN_FORMAT = "opgraph.plan"
 PLAN_VERSION = 1
@@ -102,7 +103,8 @@ def _config(doc: Any, where: str) -> EngineConfig:
 
 
 def plan_from_bytes(data: bytes, *, device: Any = None, on_mismatch: str = "error") -> Any:
-    from .plan import ExecutionPlan, Step
+    from .plan import ExecutionPlan
+    from ..build.planner import Step
 
     if on_mismatch not in ("error", "recompile"):
         raise SerializationError(f"on_mismatch={on_mismatch!r}", rule="plan.option",

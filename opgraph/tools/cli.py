@@ -11,8 +11,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .errors import GraphError
-from .graph import Graph
+from ..core.errors import GraphError
+from ..graph.builder import Graph
 
 console = Console()
 
@@ -32,8 +32,8 @@ def _load(path: str) -> Graph:
 
 def run_and_verify(g: Graph, *, device: str | None, engines: list[str] | None, seed: int, repeat: int) -> dict:
     """Build g, run it on random inputs, compare every output with the reference engine, time it."""
-    from .testing import compare, random_pack, reference_outputs
-    from .timing import time_call
+    from ..testing import compare, random_pack, reference_outputs
+    from ..core.timing import time_call
 
     final = g.final
     rng = np.random.default_rng(seed)
@@ -42,7 +42,7 @@ def run_and_verify(g: Graph, *, device: str | None, engines: list[str] | None, s
     pack = random_pack(final, rng)
     want = reference_outputs(final, pack)
     if plan.device.is_cuda:
-        from .torch_interop import pack_to_device, torch_to_numpy
+        from ..core.torch_interop import pack_to_device, torch_to_numpy
 
         dev_pack = pack_to_device(pack, f"cuda:{plan.device.index}")
         plan.execute(dev_pack)
@@ -83,7 +83,7 @@ def main() -> None:
 @click.option("--repeat", default=5, show_default=True, help="timed runs per graph")
 def demo(device: str | None, seed: int, repeat: int) -> None:
     """Build conv+bias+relu and batchnorm-training+relu, run them, check them, time them."""
-    from .device import resolve_device
+    from ..core.device import resolve_device
     from .samples import batchnorm_relu, conv_bias_relu
 
     dev = resolve_device(device)
@@ -171,8 +171,8 @@ def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: b
 @click.option("--device", default=None)
 def engines(device: str | None) -> None:
     """List the engines and whether each can run here."""
-    from .device import resolve_device
-    from .engines import engine_names, get_engine
+    from ..core.device import resolve_device
+    from ..engines import engine_names, get_engine
 
     dev = resolve_device(device)
     table = Table(title=f"engines on {dev}")

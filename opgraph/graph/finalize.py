@@ -17,14 +17,15 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from .dtypes import DataType
-from .errors import DataflowError, DataTypeError, DuplicateUIDError, GraphError, ShapeError
-from .ir import Const, FinalGraph, Node
-from .ops.base import Draft, NodeContext, TensorSpec, strides_like
-from .tensor import Tensor, TensorDesc, packed_strides, stride_order
+from ..core.dtypes import DataType
+from ..core.errors import DataflowError, DataTypeError, DuplicateUIDError, GraphError, ShapeError
+from ..core.ir import Const, FinalGraph, Node
+from ..core.op import Draft, NodeContext, TensorSpec
+from ..ops.base import strides_like
+from ..core.tensor import Tensor, TensorDesc, packed_strides, stride_order
 
 if TYPE_CHECKING:
-    from .graph import Graph, OpRecord
+    from .builder import Graph, OpRecord
 
 
 def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .filters import ConfigFilter
-from .device import Device
-from .engines import get_engine
-from .engines.base import EngineConfig, Kernel
-from .errors import GraphError, UnsupportedGraphError
-from .partition import Piece
+from ..core.device import Device
+from ..engines import get_engine
+from ..core.config import EngineConfig
+from ..engines.base import Kernel
+from ..core.errors import GraphError, UnsupportedGraphError
+from ..core.piece import Piece
 
 log = logging.getLogger("opgraph.autotune")
 
@@ -38,7 +39,7 @@ def cache_path() -> Path:
 
 def environment(device: Device) -> dict[str, Any]:
     """Everything outside the piece that can change which config is fastest."""
-    from . import __version__
+    from .. import __version__
 
     env: dict[str, Any] = {"opgraph": __version__, "device": device.name, "capability": device.capability,
                            "sm_count": device.sm_count}
@@ -112,7 +113,7 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
     """Random inputs and empty outputs with the piece's dims, strides and types, on the device."""
     import numpy as np
 
-    from .testing import empty_like_desc, random_values
+    from ..memory.fill import empty_like_desc, random_values
 
     rng = np.random.default_rng(0)
     bufs: dict[int, Any] = {}
@@ -123,7 +124,7 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
             continue
         arr = random_values(t, rng) if uid in piece.inputs else empty_like_desc(t)
         if device.is_cuda:
-            from .torch_interop import numpy_to_torch
+            from ..core.torch_interop import numpy_to_torch
 
             arr = numpy_to_torch(arr, f"cuda:{device.index}")
         bufs[uid] = arr
@@ -134,8 +135,8 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
     """A candidate's device µs per run on CUDA (its host time hidden, as in a captured CUDA graph or a
     plan that runs ahead of the device; timing each run from an idle device would charge a library
     call's host setup in full and pick by host overhead)."""
-    from .timing import time_call, time_device
-    from .workspace import allocate
+    from ..core.timing import time_call, time_device
+    from ..memory.workspace import allocate
 
     scratch = allocate(kernel.scratch_bytes, device) if kernel.scratch_bytes else None
     run = lambda: kernel.run(bufs, None, scratch)  # noqa: E731

@@ -24,8 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .addresses import TABLE_KEY
-from .errors import GraphError
+from ..memory.addresses import TABLE_KEY
+from ..core.errors import GraphError
 
 if TYPE_CHECKING:
     from .plan import ExecutionPlan

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .device import Device
-from .partition import Piece
+from ..core.device import Device
+from ..core.piece import Piece
 
 # Measured ceilings on this project's lent machines (device copy, fp16 GEMM); other GPUs get a
 # conservative default. bytes/s, flop/s.

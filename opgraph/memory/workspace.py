@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .buffers import buffer_info
-from .device import Device
-from .errors import VariantPackError
-from .ir import FinalGraph
-from .tensor import storage_extent, strided_view
+from ..core.device import Device
+from ..core.errors import VariantPackError
+from ..core.ir import FinalGraph
+from ..core.tensor import storage_extent, strided_view
 
 ALIGN = 256  # bytes; every slot starts on this boundary (TMA and vector loads like 16+)
 

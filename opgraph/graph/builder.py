@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from . import ops as _ops  # noqa: F401  (registers every op family)
-from .dtypes import DataType, as_data_type
-from .errors import GraphError, ShapeError
-from .ir import Const, FinalGraph
-from .ops.base import BUILDERS, Op
-from .tensor import Tensor
+from .. import ops as _ops  # noqa: F401  (registers every op family)
+from ..core.dtypes import DataType, as_data_type
+from ..core.errors import GraphError, ShapeError
+from ..core.ir import Const, FinalGraph
+from ..core.op import BUILDERS, Op
+from ..core.tensor import Tensor
 
 log = logging.getLogger("opgraph.finalize")
 
 if TYPE_CHECKING:
-    from .heuristics import HeurMode, PieceConfigs
-    from .plan import ExecutionPlan
+    from ..core.config import HeurMode
+    from ..build.heuristics import PieceConfigs
+    from ..runtime.plan import ExecutionPlan
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Graph:
     def tensor_like(self, like: Any, name: str = "", uid: int | None = None) -> Tensor:
         """A tensor with the dims, strides and type of a NumPy array, PyTorch tensor or DLPack object.
         A Python number gives a pass-by-value scalar of the graph's compute type."""
-        from .buffers import buffer_info
+        from ..memory.buffers import buffer_info
 
         if isinstance(like, numbers.Number) and not isinstance(like, bool):
             return self.tensor(dim=[1], stride=[1], data_type=self.compute_data_type, name=name, uid=uid,
@@ -223,7 +224,7 @@ class Graph:
         engines: Sequence[str] | None = None,
     ) -> list[PieceConfigs]:
         """Ranked engine configs per piece of the graph, for the given heuristic modes."""
-        from .plan import engine_configs
+        from ..build.planner import engine_configs
 
         return engine_configs(self.final, heur_mode=heur_mode, device=device, engines=engines)
 
@@ -243,7 +244,7 @@ class Graph:
         filters `select_numeric_notes`, `deselect_numeric_notes`, `select_behavior_notes`,
         `deselect_behavior_notes` (NumericalNote / BehaviorNote values or names), `deselect_engines`
         and `deselect_workspace_greater_than` (bytes), applied to heuristics and autotuning alike."""
-        from .plan import build_plan
+        from ..runtime.plan import build_plan
 
         self._plan = build_plan(
             self.final, heur_mode=heur_mode, device=device, engines=engines,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dtypes import DataType
-from .graph import Graph
-from .tensor import channels_last_order, packed_strides
+from ..core.dtypes import DataType
+from ..graph.builder import Graph
+from ..core.tensor import channels_last_order, packed_strides
 
 
 def nhwc(dim: list[int]) -> list[int]:

@@ -13,94 +13,17 @@ never produce a graph the API could not.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
-import types
-import typing
-from dataclasses import fields
 from typing import Any
 
-from .dtypes import as_data_type
-from .errors import GraphError, SerializationError
-from .ir import Const, FinalGraph
-from .ops.base import OPS, Op
+from ..core.attrs import decode_op, encode_attrs
+from ..core.dtypes import as_data_type
+from ..core.errors import GraphError, SerializationError
+from ..core.ir import Const, FinalGraph
 
 FORMAT = "opgraph.graph"
 VERSION = 1
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.name
-    if isinstance(value, tuple):
-        return [_encode(v) for v in value]
-    return value
-
-
-def encode_attrs(op: Op) -> dict[str, Any]:
-    return {f.name: _encode(getattr(op, f.name)) for f in fields(op)}
-
-
-def _decode(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arm in args:
-            if arm is type(None):
-                continue
-            try:
-                return _decode(value, arm, where)
-            except SerializationError as err:
-                errors.append(err.detail)
-        raise SerializationError(f"{where}: {value!r} fits none of {hint}", rule="json.attr_type")
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise SerializationError(f"{where}: expected a list, got {value!r}", rule="json.attr_type")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise SerializationError(f"{where}: expected {len(args)} items, got {value!r}", rule="json.attr_type")
-        return tuple(_decode(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        if not isinstance(value, str) or value not in hint.__members__:
-            raise SerializationError(
-                f"{where}: {value!r} is not one of {list(hint.__members__)}", rule="json.attr_enum"
-            )
-        return hint[value]
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SerializationError(f"{where}: expected a number, got {value!r}", rule="json.attr_type")
-        return float(value)
-    if hint in (int, bool, str):
-        if type(value) is not hint:
-            raise SerializationError(f"{where}: expected {hint.__name__}, got {value!r}", rule="json.attr_type")
-        return value
-    raise SerializationError(f"{where}: cannot decode attributes of type {hint}", rule="json.attr_type")
-
-
-def decode_op(kind: str, attrs: Any, where: str) -> Op:
-    cls = OPS.get(kind)
-    if cls is None:
-        raise SerializationError(
-            f"{where}: unknown op kind {kind!r}", rule="json.op_kind",
-            hint=f"known kinds: {sorted(OPS)} (a custom op must be registered before loading)",
-        )
-    if not isinstance(attrs, dict):
-        raise SerializationError(f"{where}: 'attrs' must be an object", rule="json.attrs")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
-    unknown = set(attrs) - names
-    if unknown:
-        raise SerializationError(f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}", rule="json.attrs")
-    values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as err:
-        raise SerializationError(f"{where}: {err}", rule="json.attrs") from None
 
 
 def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
@@ -150,7 +73,7 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str, defau
 
 
 def graph_from_json(text: str | bytes) -> Any:
-    from .graph import Graph
+    from .builder import Graph
 
     try:
         doc = json.loads(text)
@@ -165,7 +88,7 @@ def graph_from_json(text: str | bytes) -> Any:
 
 def graph_from_dict(doc: Any) -> Any:
     """A validated Graph from a parsed graph document (see graph_from_json)."""
-    from .graph import Graph
+    from .builder import Graph
 
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(

@@ -13,12 +13,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .buffers import BufferInfo, buffer_info, tensor_from_pointer
-from .device import Device
-from .errors import GraphError, VariantPackError
-from .ir import FinalGraph
-from .rounding import round_to
-from .tensor import Tensor, TensorDesc, storage_extent
+from ..memory.buffers import BufferInfo, buffer_info, tensor_from_pointer
+from ..core.device import Device
+from ..core.errors import GraphError, VariantPackError
+from ..core.ir import FinalGraph
+from ..core.rounding import round_to
+from ..core.tensor import Tensor, TensorDesc, storage_extent
 
 
 def resolve_key(graph: FinalGraph, key: Any) -> int:

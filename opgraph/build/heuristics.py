@@ -11,47 +11,15 @@ Engines are ranked in the build's order of preference, except where an engine's 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from .engines.base import EngineConfig, Support
-from .errors import AttributeValueError
+from ..core.config import EngineConfig, HeurMode, Support
 
 if TYPE_CHECKING:
-    from .device import Device
-    from .engines.base import Engine
-    from .partition import Piece
-
-
-class HeurMode(enum.Enum):
-    INSTANT = "instant"
-    A = "a"
-    B = "b"
-    FALLBACK = "fallback"
-
-    def __repr__(self) -> str:
-        return f"HeurMode.{self.name}"
-
-
-DEFAULT_MODES = (HeurMode.A, HeurMode.FALLBACK)
-
-
-def as_modes(heur_mode: HeurMode | str | Sequence[HeurMode | str] | None) -> tuple[HeurMode, ...]:
-    if heur_mode is None:
-        return DEFAULT_MODES
-    items = [heur_mode] if isinstance(heur_mode, (HeurMode, str)) else list(heur_mode)
-    modes = []
-    for m in items:
-        if isinstance(m, str) and m.strip().upper() in HeurMode.__members__:
-            m = HeurMode[m.strip().upper()]
-        if not isinstance(m, HeurMode):
-            raise AttributeValueError(
-                f"heur_mode {m!r} is not a heuristic mode", rule="heur_mode.unknown",
-                hint=f"pass opgraph.HeurMode values ({', '.join(HeurMode.__members__)}) or a list of them",
-            )
-        modes.append(m)
-    return tuple(modes)
+    from ..core.device import Device
+    from ..engines.base import Engine
+    from ..core.piece import Piece
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,183 @@
+"""What every op is: a frozen dataclass of attributes plus four rules (roles, inference, checks,
+reference semantics), and the registries that make an op module plug itself in (the IR layer: op families live in
+opgraph/ops/, one module each).
+
+Adding an op means writing one class and one builder in an op-family module:
+
+    @register_op
+    @dataclass(frozen=True, kw_only=True)
+    class MyOp(Op):
+        kind = "my_op"
+        INPUTS = ("x",)
+        OUTPUTS = ("y",)
+        def infer(self, ctx): ...
+        def reference(self, ins, outs): ...
+
+    @graph_method
+    def my_op(self, x, *, name="", compute_data_type=None):
+        return self._add_op(MyOp(), [x], name=name, compute_data_type=compute_data_type)[0]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NoReturn, Sequence
+
+import numpy as np
+
+from .dtypes import DataType
+from .errors import GraphError, ShapeError
+from .tensor import TensorDesc
+@dataclass(frozen=True)
+class Const:
+    """A literal operand baked into the graph (a Python number given where a tensor may go)."""
+
+    value: float | int | bool
+
+    def __str__(self) -> str:
+        return repr(self.value)
+
+
+OPS: dict[str, type["Op"]] = {}
+BUILDERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_op(cls: type[Op]) -> type[Op]:
+    """Class decorator: make an op kind known to finalize, JSON loading and the engines."""
+    if cls.kind in OPS and OPS[cls.kind] is not cls:
+        raise RuntimeError(f"op kind {cls.kind!r} registered twice")
+    OPS[cls.kind] = cls
+    return cls
+
+
+def graph_method(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Function decorator: attach a builder to `Graph` under the function's name."""
+    BUILDERS[fn.__name__] = fn
+    return fn
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What inference says about one output; None where the op does not determine it."""
+
+    dim: tuple[int, ...] | None = None
+    stride: tuple[int, ...] | None = None
+    data_type: DataType | None = None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What the user set on an op output before finalize (any field may be None)."""
+
+    uid: int | None
+    name: str
+    dim: tuple[int, ...] | None
+    stride: tuple[int, ...] | None
+    data_type: DataType | None
+    is_virtual: bool
+    is_by_reference: bool = False
+
+    def label(self) -> str:
+        return f"tensor '{self.name or '<unnamed>'}' (uid {self.uid})"
+
+
+class NodeContext:
+    """The view of one node that inference and checks get: its input descriptors (or constants),
+    its output drafts, the graph's default types, and an `error` helper that fills in the op label."""
+
+    def __init__(
+        self,
+        label: str,
+        roles: Sequence[str],
+        inputs: Sequence[TensorDesc | Const | None],
+        out_roles: Sequence[str],
+        outputs: Sequence[Draft | TensorDesc | None],
+        compute_data_type: DataType,
+        intermediate_data_type: DataType,
+    ) -> None:
+        self.label = label
+        self._in = dict(zip(roles, inputs))
+        self._out = dict(zip(out_roles, outputs))
+        self.compute_data_type = compute_data_type
+        self.intermediate_data_type = intermediate_data_type
+
+    def input(self, role: str) -> TensorDesc | Const | None:
+        return self._in[role]
+
+    def tensor(self, role: str) -> TensorDesc:
+        """The input under `role`, which must be a tensor (not a literal)."""
+        value = self._in[role]
+        if not isinstance(value, TensorDesc):
+            self.error(
+                ShapeError, f"input '{role}' must be a tensor, got {value}", rule="op.operand",
+                hint=f"pass a tensor made with g.tensor(...) as '{role}'",
+            )
+        return value
+
+    def has(self, role: str) -> bool:
+        return self._in.get(role) is not None
+
+    def output(self, role: str) -> Draft | TensorDesc | None:
+        return self._out[role]
+
+    def error(
+        self, cls: type[GraphError], message: str, *, tensor: Any = None, rule: str = "", hint: str = ""
+    ) -> NoReturn:
+        if isinstance(tensor, str):  # a role name
+            tensor = self._in.get(tensor) or self._out.get(tensor)
+            if isinstance(tensor, Const):
+                tensor = None
+        raise cls(message, op=self.label, tensor=tensor, rule=rule, hint=hint)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    """Attributes of one op instance. Subclasses set the class-level roles and override the rules."""
+
+    kind: ClassVar[str] = ""
+    INPUTS: ClassVar[tuple[str, ...]] = ()
+    OUTPUTS: ClassVar[tuple[str, ...]] = ()
+    OPTIONAL_INPUTS: ClassVar[frozenset[str]] = frozenset()
+    # Inputs that hold one value (epsilon, momentum, a clip, a scale): a Python number (baked in), a
+    # pass-by-value tensor or a 1-element tensor read from memory at run time.
+    SCALAR_INPUTS: ClassVar[frozenset[str]] = frozenset()
+    # The op's math is the same whatever the element type (layout ops move data, never round it).
+    MOVES_DATA_ONLY: ClassVar[bool] = False
+
+    def input_roles(self) -> tuple[str, ...]:
+        return self.INPUTS
+
+    def output_roles(self) -> tuple[str, ...]:
+        return self.OUTPUTS
+
+    def optional_inputs(self) -> frozenset[str]:
+        return self.OPTIONAL_INPUTS
+
+    def scalar_inputs(self) -> frozenset[str]:
+        return self.SCALAR_INPUTS
+
+    def literal_inputs(self) -> frozenset[str]:
+        """Roles that accept a Python number (a `Const`)."""
+        return self.scalar_inputs()
+
+    def normalize(self, ctx: NodeContext) -> Op:
+        """The op with attributes made explicit now that input dims are known (e.g. one padding
+        value for every spatial dim expanded to a tuple). The finalized graph stores the result, so
+        equal graphs have equal attributes whatever form the builder was given."""
+        return self
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        """Output dims/strides/dtypes from the inputs, one TensorSpec per output role."""
+        raise NotImplementedError
+
+    def check(self, ctx: NodeContext) -> None:
+        """Rules beyond inference, run once the outputs are fully known. Raise a typed GraphError."""
+
+    def reference(
+        self, ins: list[np.ndarray | None], outs: list[TensorDesc | None]
+    ) -> list[np.ndarray | None]:
+        """The op's meaning: float64 arrays in logical dims in, float64 arrays out (one per output
+        role; None where the output is absent). Rounding to the declared types is the engine's job."""
+        raise NotImplementedError
+
+
