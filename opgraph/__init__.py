@@ -2,12 +2,18 @@
 
 Declare tensors and ops on a `Graph`, `build()` an `ExecutionPlan`, `execute()` it on a variant
 pack of buffers. Every graph also runs on the CPU through the reference engine.
+
+The public names below are explicit re-exports; the layers they come from (core <- ops, memory <-
+graph <- engines <- build <- runtime <- autodiff, frontends, training <- tools) are described in
+docs/architecture.md.
 """
 
 from . import testing, training
-from .core.dtypes import DataType
+from .autodiff import GradGraph, grad
+from .build.heuristics import PieceConfigs
+from .core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote
 from .core.device import Device
-from .core.config import BehaviorNote, EngineConfig, NumericalNote
+from .core.dtypes import DataType
 from .core.errors import (
     AttributeValueError,
     DataflowError,
@@ -20,12 +26,12 @@ from .core.errors import (
     UnsupportedGraphError,
     VariantPackError,
 )
-from .graph.builder import Graph
-from .autodiff import GradGraph, grad
-from .frontends import from_torch
-from .core.config import HeurMode
-from .build.heuristics import PieceConfigs
 from .core.ir import Const, FinalGraph, Node
+from .core.log import configure_from_env as _configure_logging
+from .core.tensor import Tensor, TensorDesc
+from .core.version import __version__
+from .frontends import from_torch
+from .graph.builder import Graph
 from .ops.conv import ConvolutionMode
 from .ops.custom import register_custom_op
 from .ops.norm import NormForwardPhase
@@ -33,11 +39,6 @@ from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
 from .ops.reduction import ReductionMode
 from .runtime.plan import ExecutionPlan, StepTime, load_plan
-from .core.tensor import Tensor, TensorDesc
-
-__version__ = "0.1.0"
-
-from .core.log import configure_from_env as _configure_logging  # noqa: E402
 
 _configure_logging()
 
@@ -46,5 +47,6 @@ __all__ = [
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "load_plan", "register_custom_op", "grad", "from_torch",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "from_torch", "grad",
+    "load_plan", "register_custom_op", "testing", "training",
 ]

@@ -111,7 +111,7 @@ def check_plan(plan: Any, rng: np.random.Generator, *, prepare: Any = None, rtol
     if plan.device.is_cuda:
         from .core.torch_interop import pack_to_device, torch_to_numpy
 
-        dev = pack_to_device(pack, f"cuda:{plan.device.index}")
+        dev = pack_to_device(pack, plan.device.torch_name)
         plan.execute(dev)
         got = {u: torch_to_numpy(dev[u]) for u in graph.outputs}
     else:

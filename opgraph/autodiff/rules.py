@@ -376,6 +376,3 @@ class RuleContext:
     def needs(self, role: str) -> bool:  # pragma: no cover
         raise NotImplementedError
 
-
-# Every family registers its rules on import.
-from . import rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: F401

@@ -11,7 +11,7 @@ scatters each gradient to its window's argmax. So:
         dx[i] = sum over the windows o whose first maximum (padding is -inf) is i of dy[o]
         (PyTorch's rule: one position per window gets the gradient, the first one on a tie)
 
-Geometry parameters are comma-separated ints (custom-op parameters are plain values). Each op has a
+ConvGeometry parameters are comma-separated ints (custom-op parameters are plain values). Each op has a
 NumPy reference and a PyTorch implementation (autograd of the same pooling on the device); the
 reference engine runs them everywhere, the torch engine on the GPU.
 """

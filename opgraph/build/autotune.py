@@ -25,21 +25,19 @@ from ..engines import get_engine
 from ..core.config import EngineConfig
 from ..engines.base import Kernel
 from ..core.errors import GraphError, UnsupportedGraphError
+from ..core.paths import cache_root
 from ..core.piece import Piece
 
 log = logging.getLogger("opgraph.autotune")
 
 
 def cache_path() -> Path:
-    root = os.environ.get("OPGRAPH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opgraph"
-    )
-    return Path(root) / "tuning.json"
+    return cache_root() / "tuning.json"
 
 
 def environment(device: Device) -> dict[str, Any]:
     """Everything outside the piece that can change which config is fastest."""
-    from .. import __version__
+    from ..core.version import __version__
 
     env: dict[str, Any] = {"opgraph": __version__, "device": device.name, "capability": device.capability,
                            "sm_count": device.sm_count}
@@ -126,7 +124,7 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
         if device.is_cuda:
             from ..core.torch_interop import numpy_to_torch
 
-            arr = numpy_to_torch(arr, f"cuda:{device.index}")
+            arr = numpy_to_torch(arr, device.torch_name)
         bufs[uid] = arr
     return bufs
 

@@ -21,6 +21,11 @@ class Device:
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
+    @property
+    def torch_name(self) -> str:
+        """The device as PyTorch names it: "cpu" or "cuda:N"."""
+        return f"cuda:{self.index}" if self.kind == "cuda" else "cpu"
+
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index} ({self.name})"
 

@@ -291,7 +291,7 @@ class CudnnKernel(Kernel):
                                  ) from err
         import torch
 
-        self._torch_device = torch.device(f"cuda:{device.index}")
+        self._torch_device = torch.device(device.torch_name)
         self._stream: Any = None
         self._uids = (*piece.inputs, *piece.outputs)
         # one host float per pass-by-value scalar, refilled when its value changes (cuDNN copies it at launch)

@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..memory.buffers import address_of
 from ..core.device import Device
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError
@@ -108,7 +109,7 @@ class LibraryKernel(Kernel):
         # the plan passes a new slice of its workspace each run: views are remade only when the
         # slice's address changes (the cached views keep the old memory alive, so an address cannot
         # be reused by another buffer while they exist)
-        address = scratch.data_ptr() if hasattr(scratch, "data_ptr") else scratch.__array_interface__["data"][0]
+        address = address_of(scratch)
         if self._views is None or self._views[0] != address:
             graph = self.parts[0][1].graph
             self._views = (address, wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {})

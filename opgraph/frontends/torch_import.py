@@ -339,7 +339,7 @@ def _mutation_target(node: Any) -> Any:
     return arg if hasattr(arg, "op") else None
 
 
-def _analyse(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]]) -> tuple[set[Any], dict, list]:
+def _analyze(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]]) -> tuple[set[Any], dict, list]:
     """Liveness with in-place aliasing resolved. Returns (live nodes, host updates {buffer node:
     (key, amount)}, [(kind, key, final node)] module-state mutations translated in the graph)."""
     versions = _Versions()
@@ -465,14 +465,14 @@ def _param_only(nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, st
 def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     from torch.utils import _pytree as pytree
 
-    from . import torch_ops
+    from . import torch_ops, torch_ops_nn  # noqa: F401  (the translators register on import)
     from .torch_custom import custom_node
 
     program = imp.program
     graph = program.graph_module.graph
     nodes = list(graph.nodes)
     kinds = _placeholder_kinds(program)
-    live, host, state = _analyse(imp, nodes, kinds)
+    live, host, state = _analyze(imp, nodes, kinds)
     imp.used = _used_outputs(nodes, live)
 
     # placeholders

@@ -481,5 +481,3 @@ def call_schema(target: Any, args: dict[str, Any]) -> Any:
             positional.append(args[arg.name])
     return target(*positional, **keywords)
 
-
-from . import torch_ops_nn  # noqa: E402,F401  (registers the nn translators)

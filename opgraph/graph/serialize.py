@@ -73,7 +73,6 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str, defau
 
 
 def graph_from_json(text: str | bytes) -> Any:
-    from .builder import Graph
 
     try:
         doc = json.loads(text)

@@ -15,6 +15,7 @@ from ..core.device import Device
 from ..core.dtypes import DataType
 from ..core.errors import VariantPackError
 from ..core.ir import FinalGraph
+from .buffers import address_of
 
 TABLE_KEY = -1  # the table's entry in a plan's buffer map (UIDs are >= 0)
 
@@ -38,7 +39,7 @@ class AddressTable:
         if self.slots:
             import torch
 
-            where = f"cuda:{device.index}" if device.is_cuda else "cpu"
+            where = device.torch_name
             self.tensor = torch.zeros(len(self.slots), dtype=torch.int64, device=where)
 
     def __bool__(self) -> bool:
@@ -47,7 +48,7 @@ class AddressTable:
     def addresses(self, buffers: dict[int, Any]) -> list[int]:
         out = list(self.current)
         for uid, (slot, _) in self.slots.items():
-            out[slot] = _address(buffers[uid])
+            out[slot] = address_of(buffers[uid])
         return out
 
     def write(self, addresses: list[int], force: bool = False) -> None:
@@ -90,9 +91,3 @@ class AddressTable:
         if self.slots:
             self.write(self.addresses(buffers))
             buffers[TABLE_KEY] = self.tensor
-
-
-def _address(buffer: Any) -> int:
-    if hasattr(buffer, "data_ptr"):
-        return int(buffer.data_ptr())
-    return int(buffer.__array_interface__["data"][0])  # a NumPy array

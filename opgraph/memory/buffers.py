@@ -122,3 +122,10 @@ def tensor_from_pointer(ptr: int, dim: tuple[int, ...], stride: tuple[int, ...],
     view = _PointerView(ptr, dim, stride, data_type.itemsize)
     carrier = torch.as_tensor(view, device=f"cuda:{device_index}")
     return carrier.view(data_type.to_torch())
+
+
+def address_of(buffer: Any) -> int:
+    """The address of a bound buffer's first element: a torch tensor's data_ptr(), a NumPy array's data."""
+    if hasattr(buffer, "data_ptr"):
+        return int(buffer.data_ptr())
+    return int(buffer.__array_interface__["data"][0])

@@ -21,8 +21,9 @@ from ..core.tensor import storage_extent, strided_view
 ALIGN = 256  # bytes; every slot starts on this boundary (TMA and vector loads like 16+)
 
 
-def _round_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def align_up(n: int, alignment: int = ALIGN) -> int:
+    """`n` rounded up to a multiple of `alignment` (every workspace and scratch slot starts aligned)."""
+    return -(-n // alignment) * alignment
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,11 @@ def plan_layout(graph: FinalGraph, pieces_outputs: Sequence[Sequence[int]], scra
             t = graph.tensors[uid]
             if t.is_virtual and uid not in tensors:
                 tensors[uid] = (offset, t.nbytes)
-                offset += _round_up(t.nbytes)
+                offset += align_up(t.nbytes)
     for step, nbytes in enumerate(scratch_bytes):
         if nbytes:
             scratch[step] = (offset, nbytes)
-            offset += _round_up(nbytes)
+            offset += align_up(nbytes)
     return WorkspaceLayout(tensors, scratch, offset)
 
 
@@ -53,20 +54,20 @@ def allocate(size: int, device: Device) -> Any:
     if device.is_cuda:
         import torch
 
-        return torch.empty(max(size, 1), dtype=torch.uint8, device=f"cuda:{device.index}")
+        return torch.empty(max(size, 1), dtype=torch.uint8, device=device.torch_name)
     return np.empty(max(size, 1), dtype=np.uint8)
 
 
 def check(workspace: Any, size: int, device: Device, graph: FinalGraph, bound: Mapping[int, Any]) -> Any:
     """The user's workspace, validated (type, device, size, contiguity, overlap with bound buffers)."""
-    want = "a 1-D uint8 torch tensor on " + f"cuda:{device.index}" if device.is_cuda else \
+    want = "a 1-D uint8 torch tensor on " + device.torch_name if device.is_cuda else \
         "a contiguous 1-D uint8 NumPy array"
     try:
         info = buffer_info(workspace)
     except VariantPackError:
         info = None
     ok = (info is not None and info.data_type.name == "UINT8" and len(info.shape) == 1
-          and (info.strides in ((1,), ()) or info.shape[0] <= 1) and info.device == ("cpu" if not device.is_cuda else f"cuda:{device.index}"))
+          and (info.strides in ((1,), ()) or info.shape[0] <= 1) and info.device == device.torch_name)
     if isinstance(workspace, np.ndarray):
         ok = ok and workspace.flags.c_contiguous and workspace.flags.writeable and not device.is_cuda
     if not ok:

@@ -47,7 +47,7 @@ _TAP_LETTERS = "rst"  # ... and of the filter taps
 
 
 @dataclass(frozen=True)
-class Geometry:
+class ConvGeometry:
     """Padding, stride and dilation resolved to one value per spatial axis."""
 
     pre: tuple[int, ...]
@@ -101,14 +101,14 @@ def _flip_taps(w: np.ndarray) -> np.ndarray:
     return np.flip(w, axis=tuple(range(2, w.ndim)))
 
 
-def _pad_grouped(x: np.ndarray, groups: int, geo: Geometry) -> np.ndarray:
+def _pad_grouped(x: np.ndarray, groups: int, geo: ConvGeometry) -> np.ndarray:
     """X^ as [N, G, C/G, padded spatial...]."""
     xp = np.pad(x, [(0, 0), (0, 0), *zip(geo.pre, geo.post)])
     n, c = x.shape[:2]
     return xp.reshape(n, groups, c // groups, *xp.shape[2:])
 
 
-def _windows(xp: np.ndarray, taps: Sequence[int], out: Sequence[int], geo: Geometry) -> np.ndarray:
+def _windows(xp: np.ndarray, taps: Sequence[int], out: Sequence[int], geo: ConvGeometry) -> np.ndarray:
     """A read-only view V[..., o..., r...] = xp[..., o*s + r*d] over the trailing spatial axes of xp."""
     nsp = len(taps)
     extent = [(r - 1) * d + 1 for r, d in zip(taps, geo.dilation)]
@@ -119,7 +119,7 @@ def _windows(xp: np.ndarray, taps: Sequence[int], out: Sequence[int], geo: Geome
     return win[lead + at_out + at_tap]
 
 
-def conv_forward(x: np.ndarray, w: np.ndarray, geo: Geometry, mode: ConvolutionMode) -> np.ndarray:
+def conv_forward(x: np.ndarray, w: np.ndarray, geo: ConvGeometry, mode: ConvolutionMode) -> np.ndarray:
     """Y = conv_fprop(X, W) in float64 (see ConvFprop)."""
     n, c = x.shape[:2]
     k, cg = w.shape[:2]
@@ -134,7 +134,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, geo: Geometry, mode: ConvolutionM
     return y.reshape(n, k, *out)
 
 
-def conv_data_grad(dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: Geometry,
+def conv_data_grad(dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: ConvGeometry,
                    mode: ConvolutionMode) -> np.ndarray:
     """DX of image dims x_dim from DY and W in float64 (see ConvDgrad)."""
     n, k = dy.shape[:2]
@@ -157,7 +157,7 @@ def conv_data_grad(dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: Geo
     return dxp[lead + crop].reshape(n, c, *x_dim[2:])
 
 
-def conv_weight_grad(x: np.ndarray, dy: np.ndarray, w_dim: Sequence[int], geo: Geometry,
+def conv_weight_grad(x: np.ndarray, dy: np.ndarray, w_dim: Sequence[int], geo: ConvGeometry,
                      mode: ConvolutionMode) -> np.ndarray:
     """DW of filter dims w_dim from X and DY in float64 (see ConvWgrad)."""
     n, c = x.shape[:2]
@@ -193,14 +193,14 @@ class _Conv(Op):
         return dataclasses.replace(self, pre_padding=geo.pre, post_padding=geo.post, stride=geo.stride,
                                    dilation=geo.dilation)
 
-    def geometry(self, nsp: int) -> Geometry:
+    def geometry(self, nsp: int) -> ConvGeometry:
         """The attributes resolved for `nsp` spatial axes (no checks: see `_checked_geometry`)."""
         def full(values: tuple[int, ...] | int, default: int) -> tuple[int, ...]:
             if isinstance(values, int):
                 return (values,) * nsp
             return values if values else (default,) * nsp
 
-        return Geometry(full(self.pre_padding, 0), full(self.post_padding, 0), full(self.stride, 1),
+        return ConvGeometry(full(self.pre_padding, 0), full(self.post_padding, 0), full(self.stride, 1),
                         full(self.dilation, 1))
 
     def _checked_ranks(self, ctx: NodeContext) -> tuple[TensorDesc, TensorDesc]:
@@ -222,7 +222,7 @@ class _Conv(Op):
             )
         return a, b
 
-    def _checked_geometry(self, ctx: NodeContext, nsp: int) -> Geometry:
+    def _checked_geometry(self, ctx: NodeContext, nsp: int) -> ConvGeometry:
         role = self.INPUTS[0]
         for attr in ("pre_padding", "post_padding", "stride", "dilation"):
             values = getattr(self, attr)
@@ -269,7 +269,7 @@ class _Conv(Op):
             ctx.error(ShapeError, f"batch size {b[0]} of '{role}' does not match batch size {a[0]} of "
                       f"'{other}'", tensor=role, rule="conv.batch", hint="use the same N for image and loss")
 
-    def _check_loss(self, ctx: NodeContext, geo: Geometry, x: Sequence[int], r: Sequence[int],
+    def _check_loss(self, ctx: NodeContext, geo: ConvGeometry, x: Sequence[int], r: Sequence[int],
                     y: Sequence[int], role: str) -> None:
         want = geo.out_size(x, r)
         if tuple(y) != want:

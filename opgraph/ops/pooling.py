@@ -61,7 +61,7 @@ _GEOMETRY = ("window", "stride", "pre_padding", "post_padding")
 
 
 @dataclass(frozen=True)
-class Geometry:
+class PoolGeometry:
     """Per-spatial-axis window, stride, paddings and output sizes of one resample."""
 
     window: tuple[int, ...]
@@ -86,7 +86,7 @@ class Resample(Op):
     post_padding: tuple[int, ...] = (0,)
     generate_index: bool = False
 
-    def geometry(self, ctx: NodeContext | None, x: TensorDesc | tuple[int, ...]) -> Geometry:
+    def geometry(self, ctx: NodeContext | None, x: TensorDesc | tuple[int, ...]) -> PoolGeometry:
         """Validate the attributes against the input and compute the output sizes. With ctx None
         (reference), the attributes are known to be valid."""
         dims = x.dim if isinstance(x, TensorDesc) else tuple(x)
@@ -135,7 +135,7 @@ class Resample(Op):
                  f"spatial axis {axis} of size {dims[2 + axis]} with padding {pre[axis]}+{post[axis]} is smaller "
                  f"than the window {w[axis]}: the output would have {out[axis]} positions",
                  "resample.output_size", "use a smaller window or more padding, or a larger input")
-        return Geometry(w, s, pre, post, out)
+        return PoolGeometry(w, s, pre, post, out)
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         x = ctx.tensor("input")

@@ -87,7 +87,7 @@ def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
 
 
 def _check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
-    want_device = "cpu" if not device.is_cuda else f"cuda:{device.index}"
+    want_device = device.torch_name
     if info.device != want_device:
         raise VariantPackError(
             f"the buffer is on {info.device} but the plan runs on {want_device}", tensor=desc,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ..build.planner import Schedule, Step, engine_configs, plan_steps
 from ..core.config import BehaviorNote
@@ -16,9 +16,6 @@ from ..build.partition import Cut
 from ..memory import workspace as wsp
 from ..memory.addresses import AddressTable
 from .bindings import FastBinder, bind
-
-if TYPE_CHECKING:
-    from .cudagraph import Capture
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,7 @@ def _on_stream(stream: Any, device: Device) -> Any:
     import torch
 
     if isinstance(stream, int):
-        stream = torch.cuda.ExternalStream(stream, device=f"cuda:{device.index}")
+        stream = torch.cuda.ExternalStream(stream, device=device.torch_name)
     return torch.cuda.stream(stream)
 
 
@@ -79,7 +76,7 @@ class ExecutionPlan:
         self._owned_views: dict[int, Any] = {}
         self._fast = FastBinder(graph, device) if device.is_cuda else None
         self._table = AddressTable(graph, device)
-        self._captures: dict[int, Capture] = {}
+        self._captures: dict[int, Any] = {}  # id(CUDAGraph) -> cudagraph.Capture
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> ExecutionPlan:
@@ -223,7 +220,7 @@ class ExecutionPlan:
         """Point a by-reference tensor at another buffer (checked like a variant-pack entry); ordered on
         the current stream, so a captured graph replayed afterwards reads the new buffer."""
         from .bindings import resolve_key
-        from ..memory.buffers import buffer_info
+        from ..memory.buffers import address_of, buffer_info
         from .bindings import _check_buffer
 
         uid = self._fast.keys.get(tensor) if self._fast is not None and _hashable(tensor) else None
@@ -242,7 +239,7 @@ class ExecutionPlan:
         if not fast:
             _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
         addresses = list(self._table.current)
-        addresses[slot] = buffer.data_ptr() if hasattr(buffer, "data_ptr") else buffer.__array_interface__["data"][0]
+        addresses[slot] = address_of(buffer)
         self._table.write(addresses, force=True)
 
     # -- saving and loading ----------------------------------------------------------------------

@@ -44,7 +44,7 @@ def run_and_verify(g: Graph, *, device: str | None, engines: list[str] | None, s
     if plan.device.is_cuda:
         from ..core.torch_interop import pack_to_device, torch_to_numpy
 
-        dev_pack = pack_to_device(pack, f"cuda:{plan.device.index}")
+        dev_pack = pack_to_device(pack, plan.device.torch_name)
         plan.execute(dev_pack)
         got = {u: torch_to_numpy(dev_pack[u]) for u in final.outputs}
         run = lambda: plan.execute(dev_pack)  # noqa: E731

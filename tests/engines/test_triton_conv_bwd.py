@@ -14,7 +14,7 @@ from opgraph.core.device import Device
 from opgraph.core.config import NumericalNote
 from opgraph.engines.triton import TEMPLATES
 from opgraph.core.errors import AttributeValueError
-from opgraph.ops.conv import Geometry
+from opgraph.ops.conv import ConvGeometry
 from opgraph.core.piece import make_piece
 from opgraph.tools.samples import nhwc
 
@@ -43,7 +43,7 @@ def _loss_dims(x_dims, w_dims, conv) -> list[int]:
         v = conv.get(key, conv.get("padding") if key in ("pre_padding", "post_padding") else None)
         return tuple(v) if v is not None else (default,) * nsp
 
-    geo = Geometry(full("pre_padding", 0), full("post_padding", 0), full("stride", 1), full("dilation", 1))
+    geo = ConvGeometry(full("pre_padding", 0), full("post_padding", 0), full("stride", 1), full("dilation", 1))
     return [x_dims[0], w_dims[0], *geo.out_size(x_dims[2:], w_dims[2:])]
 
 

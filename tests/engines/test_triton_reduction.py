@@ -10,7 +10,7 @@ import opgraph as og
 from opgraph.core.device import Device
 from opgraph.engines import get_engine
 from opgraph.core.config import EngineConfig
-from opgraph.engines.triton.templates.reduction import MAX_TILE, TEMPLATE, analyse
+from opgraph.engines.triton.templates.reduction import MAX_TILE, TEMPLATE, analyze
 from opgraph.ops.reduction import ReductionMode
 from opgraph.core.piece import make_piece
 from opgraph.tools.samples import nhwc
@@ -146,7 +146,7 @@ def test_genstats_nhwc_with_prologue(dt, rng):
     s.set_output(True).set_name("sum")
     sq.set_output(True).set_name("sq_sum")
     plan = assert_engine_matches(g, rng, expect_steps=1)
-    assert analyse(plan.steps[0].piece).k_fast is False  # channels contiguous: columns
+    assert analyze(plan.steps[0].piece).k_fast is False  # channels contiguous: columns
 
 
 def test_reduction_result_ends_the_piece(rng):
@@ -275,7 +275,7 @@ def test_heuristic_per_channel_stats_of_nhwc_split_k_over_columns():
     sq.set_output(True)
     p = _piece(g)
     first = TEMPLATE.candidates(p, H100)[0]
-    assert not analyse(p).k_fast  # C contiguous: the tile's fast axis is M
+    assert not analyze(p).k_fast  # C contiguous: the tile's fast axis is M
     m_blocks = -(-256 // first["BLOCK_M"])
     assert m_blocks * first["SPLIT"] >= 3 * H100.sm_count  # enough programs to fill the GPU
     gen = TEMPLATE.generate(p, first, H100)
@@ -289,7 +289,7 @@ def test_heuristic_row_reduction_no_split():
     g.reduction(x, R.ADD).set_dim([8192, 1]).set_output(True)
     p = _piece(g)
     cands = TEMPLATE.candidates(p, H100)
-    assert analyse(p).k_fast and cands[0]["SPLIT"] == 1 and cands[0]["BLOCK_K"] >= 1024
+    assert analyze(p).k_fast and cands[0]["SPLIT"] == 1 and cands[0]["BLOCK_K"] >= 1024
     for c in cands:
         assert c["BLOCK_M"] * c["BLOCK_K"] <= MAX_TILE
         assert all(c[k] & (c[k] - 1) == 0 for k in ("BLOCK_M", "BLOCK_K"))

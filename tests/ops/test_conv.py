@@ -12,7 +12,7 @@ import pytest
 
 import opgraph as og
 from opgraph import ConvolutionMode, DataType
-from opgraph.ops.conv import Geometry, conv_data_grad, conv_forward, conv_weight_grad
+from opgraph.ops.conv import ConvGeometry, conv_data_grad, conv_forward, conv_weight_grad
 from opgraph.core.tensor import channels_last_order, packed_strides
 from tests.helpers import compare, run_reference, torch_or_skip
 
@@ -247,7 +247,7 @@ def test_json_round_trip():
 def test_reference_is_fast_enough():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((2, 16, 16, 16)), rng.standard_normal((16, 16, 3, 3))
-    geo = Geometry((1, 1), (1, 1), (1, 1), (1, 1))
+    geo = ConvGeometry((1, 1), (1, 1), (1, 1), (1, 1))
     start = time.perf_counter()
     y = conv_forward(x, w, geo, CROSS)
     conv_data_grad(y, w, x.shape, geo, CROSS)

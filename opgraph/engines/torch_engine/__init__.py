@@ -47,7 +47,7 @@ _GEMM = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 def _torch_device(device: Device) -> Any:
     import torch
 
-    return torch.device(f"cuda:{device.index}" if device.is_cuda else "cpu")
+    return torch.device(device.torch_name)
 
 
 def host_ops(piece: Piece) -> list[str]:

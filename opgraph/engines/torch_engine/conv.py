@@ -1,7 +1,7 @@
 """Convolutions in torch: conv_fprop through F.conv{1,2,3}d, conv_dgrad and conv_wgrad through
 torch.nn.grad.conv{1,2,3}d_input / _weight (cuDNN on CUDA, oneDNN or native on the CPU).
 
-Geometry: groups = C / W.dim[1]; symmetric padding goes to torch as is, asymmetric padding is applied
+ConvGeometry: groups = C / W.dim[1]; symmetric padding goes to torch as is, asymmetric padding is applied
 with F.pad (fprop, wgrad) or by computing the gradient of the padded image and cropping it (dgrad);
 CONVOLUTION mode flips the filter (fprop, dgrad) or the filter gradient (wgrad) in every spatial axis.
 

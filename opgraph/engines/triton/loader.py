@@ -15,14 +15,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ...core.paths import cache_root
+
 _MODULES: dict[tuple[str, bool], ModuleType] = {}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("OPGRAPH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opgraph"
-    )
-    path = Path(root) / "kernels"
+    path = cache_root() / "kernels"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

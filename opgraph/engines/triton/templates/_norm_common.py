@@ -57,7 +57,7 @@ class Fusion:
                 for u in [self.norm.input(r)] if isinstance(u, int)}
 
 
-def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
+def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
     """The piece as a Fusion, or Support.no with the reason it is not one."""
     norms = [n for n in piece.nodes if n.kind in kinds]
     others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
@@ -125,7 +125,7 @@ def is_run(axes: Sequence[int], dims: Sequence[int], stride: Sequence[int]) -> b
     return all(stride[axes[i]] == stride[axes[i + 1]] * dims[axes[i + 1]] for i in range(len(axes) - 1))
 
 
-class TileIndexer:
+class RowIndexer:
     """Offsets, loads and stores of tensors over the space, from component indices (the Emitter's
     Indexer). `masks[set of tile axes]` is the mask of a load whose offset varies along those axes
     (None: no mask); `zeros[k]` is an int zero tensor along tile axis k, added to a store whose offset
@@ -193,8 +193,8 @@ class TileIndexer:
         return "0"  # a size-1 axis
 
 
-class PrefetchIndexer(TileIndexer):
-    """A TileIndexer for the body of a loop over tiles whose loads are issued one iteration ahead
+class PrefetchIndexer(RowIndexer):
+    """A RowIndexer for the body of a loop over tiles whose loads are issued one iteration ahead
     (register double buffering): a load whose offset involves a component in `walked` (one that
     changes from one iteration to the next) reads `pf_<ptr>`, the raw (storage-type) tile loaded
     for this iteration by the previous one, and `nxt` (the same components and masks named for the
@@ -204,7 +204,7 @@ class PrefetchIndexer(TileIndexer):
     `rotate()` at its end. Other loads (per-channel parameters, scalars) are left as they are."""
 
     def __init__(self, dims: Sequence[int], comps: Sequence[Comp], masks: Mapping[frozenset[int], str | None],
-                 zeros: Mapping[int, str] | None, walked: set[str], nxt: TileIndexer) -> None:
+                 zeros: Mapping[int, str] | None, walked: set[str], nxt: RowIndexer) -> None:
         super().__init__(dims, comps, masks, zeros)
         self.walked = walked
         self.nxt = nxt
@@ -228,7 +228,7 @@ class PrefetchIndexer(TileIndexer):
         return [f"{n} = {n}_n" for n in self.loads]
 
 
-def prefetched(indexers: Sequence[TileIndexer], first: list[str], following: list[str],
+def prefetched(indexers: Sequence[RowIndexer], first: list[str], following: list[str],
                loop: list[str]) -> tuple[list[str], list[str]]:
     """(lines before a tile loop, its body) with the loads of the PrefetchIndexers among `indexers`
     issued one iteration ahead: `first` / `following` are the index lines of the first tile (before
@@ -325,7 +325,7 @@ def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, c
     return f"tl.load({params.buf(v)}).to({compute})"
 
 
-def make_emitter(piece: Piece, compute: str, indexer: TileIndexer, params: Params) -> Emitter:
+def make_emitter(piece: Piece, compute: str, indexer: RowIndexer, params: Params) -> Emitter:
     return Emitter(piece.graph.tensors, compute, indexer, ptr=params.buf, scalar=params.scalar)
 
 

@@ -34,11 +34,11 @@ from typing import Any, Mapping
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.ir import Node
-from ....ops.conv import ConvDgrad, ConvolutionMode, Geometry
+from ....ops.conv import ConvDgrad, ConvolutionMode, ConvGeometry
 from ....core.piece import Piece
 from ....core.config import Support
 from .base import pow2_at_least
-from .gemm import (
+from ..gemm import (
     Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, dot_kind,
     estimate_us, gemm_candidates, needs_int64, operand_bytes, operand_tile, uses_fp32, with_subtile,
 )
@@ -61,7 +61,7 @@ class Phases:
     step: tuple[int, ...]
 
     @staticmethod
-    def make(geo: Geometry, x_sp: tuple[int, ...], taps: tuple[int, ...]) -> Phases:
+    def make(geo: ConvGeometry, x_sp: tuple[int, ...], taps: tuple[int, ...]) -> Phases:
         first, count, step = [], [], []
         for s, p0, d, r in zip(geo.stride, geo.pre, geo.dilation, taps):
             valid = [[t for t in range(r) if (ph + p0 - t * d) % s == 0] for ph in range(s)]
@@ -154,7 +154,7 @@ class _LoopOperands:
     filter taps and DX's dims."""
 
     op: ConvDgrad
-    geo: Geometry
+    geo: ConvGeometry
     dy: Any
     nsp: int
     taps: tuple[int, ...]
@@ -187,7 +187,7 @@ class ConvDgradTemplate(TileTemplate):
         groups = c // w.dim[1]
         return w.dim[0] // groups, w.dim[1], math.prod(w.dim[2:]), groups
 
-    def _geometry(self, gp: GemmPiece) -> Geometry:
+    def _geometry(self, gp: GemmPiece) -> ConvGeometry:
         op = gp.main.op
         assert isinstance(op, ConvDgrad)
         return op.geometry(len(gp.space.dims) - 2)
@@ -383,7 +383,7 @@ class ConvDgradTemplate(TileTemplate):
         return lines + ["    " + line for line in body]
 
     @staticmethod
-    def _positions(geo: Geometry, taps: tuple[int, ...], xd: tuple[int, ...], yd: tuple[int, ...],
+    def _positions(geo: ConvGeometry, taps: tuple[int, ...], xd: tuple[int, ...], yd: tuple[int, ...],
                    checks: list[str], mode: ConvolutionMode) -> list[str]:
         """o{a} (DY positions of pixels b{a} = i + pre at taps t{a}), their validity checks, and the
         filter taps wt{a} to read (flipped in CONVOLUTION mode)."""

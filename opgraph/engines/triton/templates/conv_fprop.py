@@ -23,7 +23,7 @@ from ....core.ir import Node
 from ....ops.conv import ConvFprop, ConvolutionMode
 from ....core.piece import Piece
 from .base import pow2_at_least, unique
-from .gemm import (
+from ..gemm import (
     Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, estimate_us, finish_candidates,
     fp32_knobs, gemm_candidates, input_taps, operand_bytes, operand_tile,
 )

@@ -33,13 +33,13 @@ from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
-from ....ops.conv import ConvolutionMode, ConvWgrad, Geometry
+from ....ops.conv import ConvolutionMode, ConvWgrad, ConvGeometry
 from ....core.piece import Piece
 from ....core.config import Support
 from .base import Generated, Launch, module_source, pow2_at_least, unique
-from .gemm import (
+from ..gemm import (
     Context, DotKind, GemmPiece, OutputSpace, ReductionPlan, Scratch, Signature, TileIndexer, TileTemplate, Tiling,
-    _check_knobs, decompose, dot_kind, epilogue, estimate_us, gemm_candidates, make_context, needs_int64,
+    check_knobs, decompose, dot_kind, epilogue, estimate_us, gemm_candidates, make_context, needs_int64,
     operand_bytes, operand_tile, split_range, split_store, uses_fp32, with_subtile,
 )
 
@@ -114,7 +114,7 @@ class ConvWgradTemplate(TileTemplate):
             return OutputSpace(dw.dim, rows=taps, col=0)
         return OutputSpace(dw.dim, rows=(1,), col=0, batch=taps, groups=x.dim[1] // dw.dim[1])
 
-    def _geometry(self, gp: GemmPiece) -> Geometry:
+    def _geometry(self, gp: GemmPiece) -> ConvGeometry:
         op = gp.main.op
         assert isinstance(op, ConvWgrad)
         return op.geometry(len(gp.space.dims) - 2)
@@ -325,7 +325,7 @@ class ConvWgradTemplate(TileTemplate):
             raise AttributeValueError(f"the {self.name} template cannot run this piece: {verdict.reason}",
                                       op=verdict.node.label() if verdict.node else None,
                                       rule="triton.gemm.match", hint="ask the engine which template matches")
-        _check_knobs(knobs)
+        check_knobs(knobs)
         if int(knobs.get("PERSISTENT", 0)):
             raise AttributeValueError("PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
                                       op=gp.main.label(), rule="triton.conv_wgrad.knob", hint="drop PERSISTENT")

@@ -40,7 +40,7 @@ from ....ops.conv import ConvFprop, ConvolutionMode
 from ....core.piece import Piece
 from ....core.config import Support
 from .base import Generated, Launch, module_source, pow2_at_least
-from .gemm import (
+from ..gemm import (
     Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, epilogue,
     make_context, needs_int64, operand_tile, preload_lines, input_taps,
 )

@@ -25,7 +25,7 @@ from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
-from .gemm import (
+from ..gemm import (
     Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, estimate_us, finish_candidates,
     fp32_knobs, gemm_candidates, operand_bytes, operand_tile, tma_ok, tma_prelude,
 )

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ....memory.workspace import align_up
 from ....core.device import Device
 from ....core.piece import Piece
 from ....core.config import Support
@@ -46,8 +47,8 @@ from ._norm_common import (
     NormTemplate,
     Params,
     PrefetchIndexer,
-    TileIndexer,
-    analyse,
+    RowIndexer,
+    analyze,
     loop_header,
     make_emitter,
     memory_order,
@@ -62,11 +63,10 @@ from .base import Generated, Launch, indent, module_source, unique
 FORWARD = ("batchnorm", "instancenorm")
 BACKWARD = ("batchnorm_backward", "instancenorm_backward")
 KINDS = (*FORWARD, *BACKWARD, "batchnorm_inference")
-ALIGN = 256
 
 
 @dataclass(frozen=True)
-class Geometry:
+class StatsGeometry:
     fusion: Fusion
     dims: tuple[int, ...]
     B: int  # samples with their own statistics (instancenorm), else 1
@@ -103,7 +103,7 @@ class Geometry:
         return not self.q_axes
 
 
-def geometry(fusion: Fusion) -> Geometry:
+def geometry(fusion: Fusion) -> StatsGeometry:
     x = fusion.x
     dims = x.dim
     instance = fusion.norm.kind.startswith("instancenorm")
@@ -117,7 +117,7 @@ def geometry(fusion: Fusion) -> Geometry:
         q_axes = memory_order([a for a in reduced if x.stride[a] < sc], x.stride)
     else:  # one channel: walk every reduced axis as the contiguous one
         p_axes, q_axes = (), memory_order(reduced, x.stride)
-    return Geometry(fusion, dims, dims[0] if b_axes else 1, dims[1], b_axes, c_axes, p_axes, q_axes)
+    return StatsGeometry(fusion, dims, dims[0] if b_axes else 1, dims[1], b_axes, c_axes, p_axes, q_axes)
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def _best_q_block(q: int, cap: int) -> int:
     return min(best, pow2_ceil(q))
 
 
-def stats_bytes(g: Geometry, piece: Piece) -> int:
+def stats_bytes(g: StatsGeometry, piece: Piece) -> int:
     """Bytes the stats pass reads per element of the space: its full-size inputs (x, dy, the
     prologue's inputs)."""
     fusion = g.fusion
@@ -148,7 +148,7 @@ def _stages(tile_bytes: int) -> int:
     return 1 + max(1, min(3, round(24576 / max(1, tile_bytes))))
 
 
-def _knobs(g: Geometry, device: Device, elt: int = 2, *, bc: int | None = None, q_cap: int = 1024,
+def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = None, q_cap: int = 1024,
            per_sm: int | None = None, order: int = 1, stages: int | None = None, prefetch: int = 0,
            tile: int = 4096) -> dict[str, Any]:
     gpu = device.is_cuda
@@ -187,7 +187,7 @@ def _knobs(g: Geometry, device: Device, elt: int = 2, *, bc: int | None = None, 
     }
 
 
-def candidate_knobs(g: Geometry, device: Device, elt: int = 2) -> list[dict[str, Any]]:
+def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[dict[str, Any]]:
     """Knob settings, the heuristic's first. Stats pass: tiles of ~4096 elements (channel blocks of 64
     contiguous channels, or Q blocks that waste < 6% in their ragged edge), 4 warps per 2 fp32
     accumulators (32 elements a thread), 16 warps per SM (4 programs of 4 warps, or 2 of 8 when a
@@ -217,9 +217,9 @@ def candidate_knobs(g: Geometry, device: Device, elt: int = 2) -> list[dict[str,
 class _Gen(NormGen):
     """Generates the launches of one piece."""
 
-    g: Geometry
+    g: StatsGeometry
 
-    def __init__(self, piece: Piece, g: Geometry, knobs: dict[str, Any]) -> None:
+    def __init__(self, piece: Piece, g: StatsGeometry, knobs: dict[str, Any]) -> None:
         super().__init__(piece, g, knobs)
         kind = g.kind
         self.forward = kind in FORWARD
@@ -241,11 +241,11 @@ class _Gen(NormGen):
         off = 0
         for name in self.partials:
             self.offsets["q_" + name] = off
-            off += -(-self.chunks * g.S * self.acc_bytes // ALIGN) * ALIGN
+            off += align_up(self.chunks * g.S * self.acc_bytes)
         per_slot = list(self.coefs) + (["pe", "pd"] if self.backward and g.B > 1 else [])
         for name in per_slot:
             self.offsets["c_" + name] = off
-            off += -(-g.S * self.acc_bytes // ALIGN) * ALIGN
+            off += align_up(g.S * self.acc_bytes)
         self.scratch_bytes = off
 
     # helpers -----------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ class _Gen(NormGen):
         return out
 
     def region(self, comps: list[Comp], masks: dict, zeros: dict | None, params: Params):
-        indexer = TileIndexer(self.g.dims, comps, masks, zeros)
+        indexer = RowIndexer(self.g.dims, comps, masks, zeros)
         return make_emitter(self.piece, self.compute, indexer, params)
 
     def full_values(self, em, nodes, grad: bool = True) -> tuple[str, str | None]:
@@ -375,7 +375,7 @@ class _Gen(NormGen):
 
             first, following = nxt_index("t_lo"), nxt_index("t + 1")
         if prefetch:
-            pf = PrefetchIndexer(g.dims, comps, masks, zeros, walked, TileIndexer(g.dims, nxt_comps, nxt_masks))
+            pf = PrefetchIndexer(g.dims, comps, masks, zeros, walked, RowIndexer(g.dims, nxt_comps, nxt_masks))
             em = make_emitter(self.piece, self.compute, pf, params)
         else:
             em = self.region(comps, masks, zeros, params)
@@ -655,8 +655,8 @@ class NormStatsTemplate(NormTemplate):
     name = "norm_stats"
     priority = 30
 
-    def _geometry(self, piece: Piece) -> Geometry | Support:
-        fusion = analyse(piece, KINDS, self.name)
+    def _geometry(self, piece: Piece) -> StatsGeometry | Support:
+        fusion = analyze(piece, KINDS, self.name)
         if isinstance(fusion, Support):
             return fusion
         g = geometry(fusion)

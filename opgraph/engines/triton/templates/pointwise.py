@@ -18,7 +18,7 @@ from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ....core.config import Support
 from ..expr import Emitter, compute_type, elementwise, fused_custom
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
-from .gemm import VIEW_KINDS, memory_views
+from ..gemm import VIEW_KINDS, memory_views
 
 INT32_LIMIT = 2**31 - 1
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ....core.device import Device
 from ....core.ir import Node
-from ....ops.pooling import Geometry, Resample, ResampleMode
+from ....ops.pooling import PoolGeometry, Resample, ResampleMode
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....core.config import Support
@@ -39,7 +39,7 @@ class PoolPiece:
     x: TensorDesc  # the resample's input
     y: TensorDesc  # its output
     index: TensorDesc | None
-    geo: Geometry
+    geo: PoolGeometry
     prologue: tuple[Node, ...]
     epilogue: tuple[Node, ...]
 
@@ -48,7 +48,7 @@ def _fits(dims: tuple[int, ...], space: tuple[int, ...]) -> bool:
     return len(dims) == len(space) and all(a == b or a == 1 for a, b in zip(dims, space))
 
 
-def analyse(piece: Piece) -> PoolPiece | Support:
+def analyze(piece: Piece) -> PoolPiece | Support:
     pools = [n for n in piece.nodes if isinstance(n.op, Resample)]
     if len(pools) != 1:
         return Support.no("the piece has no resample node" if not pools else
@@ -165,11 +165,11 @@ class PoolingTemplate(Template):
     priority = 20
 
     def match(self, piece: Piece, device: Device) -> Support:
-        got = analyse(piece)
+        got = analyze(piece)
         return got if isinstance(got, Support) else Support.yes()
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        p = analyse(piece)
+        p = analyze(piece)
         assert isinstance(p, PoolPiece)
         n = p.y.numel
         top = pow2_at_least(n, 16)
@@ -184,7 +184,7 @@ class PoolingTemplate(Template):
         return unique(out)
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        p = analyse(piece)
+        p = analyze(piece)
         assert isinstance(p, PoolPiece)
         block = int(knobs["BLOCK"])
         if block < 1 or block & (block - 1):

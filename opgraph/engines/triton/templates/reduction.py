@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ....memory.workspace import align_up
 from ....core.device import Device
 from ....core.ir import Node
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
@@ -43,7 +44,6 @@ from .base import (
 )
 
 INT32_LIMIT = 2**31 - 1
-SCRATCH_ALIGN = 256
 MAX_TILE = 16384  # elements of one tile: more spills registers on the GPU
 
 R = ReductionMode
@@ -120,7 +120,7 @@ class FlatAxes:
         return terms[0] if len(terms) == 1 and " " not in terms[0] else self._name(" + ".join(terms))
 
 
-class TileIndexer:
+class ReductionIndexer:
     """The Emitter's view of a [BLOCK_M, BLOCK_K] tile (or [BLOCK_K, BLOCK_M] when `k_fast` is
     False): loads of tensors that do not depend on k are [BLOCK_M] vectors (hoisted by the caller),
     of tensors that do not depend on m [BLOCK_K] vectors, of the rest full tiles."""
@@ -224,7 +224,7 @@ def _reducers(piece: Piece, node: Node) -> tuple[TensorDesc, tuple[int, ...], li
     return x, axes, [Reducer(s, src, R.ADD), Reducer(sq, src, R.ADD, square=True)]
 
 
-def analyse(piece: Piece) -> Analysis | Support:
+def analyze(piece: Piece) -> Analysis | Support:
     reducing = [n for n in piece.nodes if isinstance(n.op, (Reduction, GenStats))]
     if not reducing:
         return Support.no("the piece has no reduction or genstats node")
@@ -346,12 +346,12 @@ class ReductionTemplate(Template):
     priority = 10
 
     def match(self, piece: Piece, device: Device) -> Support:
-        got = analyse(piece)
+        got = analyze(piece)
         return got if isinstance(got, Support) else Support.yes()
 
     # -- knobs -----------------------------------------------------------------------------------
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        a = analyse(piece)
+        a = analyze(piece)
         assert isinstance(a, Analysis)
         M, K = a.M, a.K
         pm, pk = pow2_at_least(M), pow2_at_least(K)
@@ -384,7 +384,7 @@ class ReductionTemplate(Template):
 
     # -- source ----------------------------------------------------------------------------------
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        a = analyse(piece)
+        a = analyze(piece)
         assert isinstance(a, Analysis)
         bm, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_K"])
         for name, v in (("BLOCK_M", bm), ("BLOCK_K", bk)):
@@ -405,7 +405,7 @@ class ReductionTemplate(Template):
         compute = compute_type(types)
         mflat = FlatAxes("m", a.kept, a.space, "mq")
         kflat = FlatAxes("k", a.reduced, a.space, "kq")
-        idx = TileIndexer(mflat, kflat, a.k_fast, a.space)
+        idx = ReductionIndexer(mflat, kflat, a.k_fast, a.space)
         em = Emitter(g.tensors, compute, idx, ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
 
         # k-invariant loads (per-channel parameters, scalars) once per program
@@ -451,7 +451,7 @@ class ReductionTemplate(Template):
                 scratch_args.append(Arg("scratch", offset=scratch_bytes, dtype=dt))
                 post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
                 nbytes = split * M * (8 if dt == "float64" else 4)
-                scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+                scratch_bytes += align_up(nbytes)
             combine_src, combine_launch = _combine_kernel(a, piece, compute, split, scratch_params, scratch_args,
                                                           device)
             launches.append(combine_launch)

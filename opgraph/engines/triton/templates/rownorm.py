@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ....memory.workspace import align_up
 from ....core.device import Device
 from ....core.piece import Piece
 from ....core.config import Support
@@ -36,8 +37,8 @@ from ._norm_common import (
     NormTemplate,
     Params,
     PrefetchIndexer,
-    TileIndexer,
-    analyse,
+    RowIndexer,
+    analyze,
     is_run,
     loop_header,
     make_emitter,
@@ -52,11 +53,10 @@ from .base import Generated, Launch, indent, module_source, unique
 SHORT = {"dscale": "ds", "dbias": "db"}
 KINDS = ("layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward")
 MAX_HIDDEN = 16384  # elements of a row held in registers
-ALIGN = 256
 
 
 @dataclass(frozen=True)
-class Geometry:
+class RowGeometry:
     fusion: Fusion
     dims: tuple[int, ...]
     row_axes: tuple[int, ...]  # kept axes, memory order
@@ -75,7 +75,7 @@ class Geometry:
         return self.fusion.norm.kind
 
 
-def geometry(fusion: Fusion, piece: Piece) -> Geometry | Support:
+def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
     node, x = fusion.norm, fusion.x
     dims = x.dim
     ref = next((v for r in ("scale", "bias") if r in node.op.input_roles()
@@ -92,14 +92,14 @@ def geometry(fusion: Fusion, piece: Piece) -> Geometry | Support:
             f"{node.label()} normalizes axes {sorted(cols)} of input dims {list(dims)} with strides "
             f"{list(x.stride)}: they are not one contiguous run of memory (the rownorm template holds a "
             "row in registers); the torch or reference engine runs this layout", node)
-    g = Geometry(fusion, dims, rows, cols)
+    g = RowGeometry(fusion, dims, rows, cols)
     if g.H > MAX_HIDDEN:
         return Support.no(f"{node.label()} normalizes {g.H} elements per row, more than the {MAX_HIDDEN} a "
                           "program holds in registers; the torch or reference engine runs it", node)
     return g
 
 
-def _knobs(g: Geometry, device: Device, backward: bool = False, *, tile: int | None = None,
+def _knobs(g: RowGeometry, device: Device, backward: bool = False, *, tile: int | None = None,
            warps: int | None = None, per_sm: int | None = None, stages: int | None = None, prefetch: int = 0,
            persist: int | None = None) -> dict[str, Any]:
     block = pow2_ceil(g.H)
@@ -134,7 +134,7 @@ def _knobs(g: Geometry, device: Device, backward: bool = False, *, tile: int | N
     }
 
 
-def candidate_knobs(g: Geometry, device: Device, backward: bool) -> list[dict[str, Any]]:
+def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[dict[str, Any]]:
     """Forward: 2 programs per SM, each walking a contiguous range of row tiles (2 rows of 4096,
     16 warps: 16 elements a thread) in a software-pipelined loop (ST 4: `tl.range(num_stages=4)`,
     cp.async: the next 3 tiles, 48 KiB, in flight while this tile's two row reductions and its
@@ -161,9 +161,9 @@ def candidate_knobs(g: Geometry, device: Device, backward: bool) -> list[dict[st
 
 
 class _Gen(NormGen):
-    g: Geometry
+    g: RowGeometry
 
-    def __init__(self, piece: Piece, g: Geometry, knobs: dict[str, Any]) -> None:
+    def __init__(self, piece: Piece, g: RowGeometry, knobs: dict[str, Any]) -> None:
         super().__init__(piece, g, knobs)
         self.rms = g.kind.startswith("rmsnorm")
         self.backward = g.kind.endswith("_backward")
@@ -179,14 +179,14 @@ class _Gen(NormGen):
         row_masks = {frozenset(): None, frozenset({0}): "rmask"}
         if prefetch:
             nrow = Comp(g.row_axes, "rn", 0)
-            tile = PrefetchIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, {"rr"}, TileIndexer(
+            tile = PrefetchIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, {"rr"}, RowIndexer(
                 g.dims, [nrow, col], {frozenset(): None, frozenset({0}): "rnmask", frozenset({1}): "jmask",
                                       frozenset({0, 1}): "nmask"}))
-            per_row = PrefetchIndexer(g.dims, [row], row_masks, {0: "z0"}, {"rr"}, TileIndexer(
+            per_row = PrefetchIndexer(g.dims, [row], row_masks, {0: "z0"}, {"rr"}, RowIndexer(
                 g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}))
         else:
-            tile = TileIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"})
-            per_row = TileIndexer(g.dims, [row], row_masks, {0: "z0"})
+            tile = RowIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"})
+            per_row = RowIndexer(g.dims, [row], row_masks, {0: "z0"})
         return (make_emitter(self.piece, self.compute, tile, params),
                 make_emitter(self.piece, self.compute, per_row, params), [tile, per_row])
 
@@ -207,7 +207,7 @@ class _Gen(NormGen):
         em, em_row, _ = self.indexers(params)
         em_par = em
         if persistent:
-            em_par = make_emitter(self.piece, self.compute, TileIndexer(
+            em_par = make_emitter(self.piece, self.compute, RowIndexer(
                 g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}), params)
         # scale and bias first: their loads are in flight with x's (after the row reductions, whose
         # barriers the compiler does not move loads across, they would add an L2 round trip)
@@ -286,7 +286,7 @@ class _Gen(NormGen):
             em.emit(n)
         xv, dy = em.operand(self.x_uid), em.operand(self.grad_uid)
         # scale is the same for every row: loaded once, before the row loop
-        em_col = make_emitter(self.piece, self.compute, TileIndexer(
+        em_col = make_emitter(self.piece, self.compute, RowIndexer(
             g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}), params)
         gamma = self.param(em_col, "scale")
         inv = em_row.operand(self.node.input("inv_variance"))
@@ -335,7 +335,7 @@ class _Gen(NormGen):
         offsets, off = {}, 0
         for role in partial_roles:
             offsets[role] = off
-            off += -(-programs * g.H * self.acc_bytes // ALIGN) * ALIGN
+            off += align_up(programs * g.H * self.acc_bytes)
         for role in partial_roles:
             q = params.scratch(f"q_{role}", offsets[role], self.scratch_dtype)
             body.append(f"tl.store({q} + pid * {g.H} + jj, tl.sum(a_{SHORT[role]}, axis=0, keep_dims=True), "
@@ -356,7 +356,7 @@ class _Gen(NormGen):
         bg = int(k.get("BG") or max(2, min(pow2_ceil(programs), max(8, 4096 // bh))))
         col = Comp(g.col_axes, "jj", 1)
         em = make_emitter(self.piece, self.compute,
-                          TileIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
+                          RowIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
                           params)
         body = [f"jj = {self.pid()} * BH + tl.arange(0, BH)[None, :]", f"jmask = jj < {g.H}", "z1 = jj * 0",
                 "gg0 = tl.arange(0, BG)[:, None]"]
@@ -380,8 +380,8 @@ class RownormTemplate(NormTemplate):
     name = "rownorm"
     priority = 31
 
-    def _geometry(self, piece: Piece) -> Geometry | Support:
-        fusion = analyse(piece, KINDS, self.name)
+    def _geometry(self, piece: Piece) -> RowGeometry | Support:
+        fusion = analyze(piece, KINDS, self.name)
         if isinstance(fusion, Support):
             return fusion
         return geometry(fusion, piece)

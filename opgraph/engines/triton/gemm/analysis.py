@@ -1,0 +1,279 @@
+"""Recognising a GEMM-class piece: the main op, operand prologues and memory views, the epilogue, the final reductions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from ....core.config import Support
+from ....core.ir import Node
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc
+from ....ops.layout import Slice, Transpose
+from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
+from ..expr import elementwise
+from .constants import REDUCE_KINDS, VIEW_KINDS
+from .space import OutputSpace
+
+
+@dataclass(frozen=True)
+class View:
+    """A slice/transpose of a tensor in memory, read in place: `desc` describes the view (its dims,
+    and strides into the buffer of `base`) from element `offset` of that buffer."""
+
+    base: int
+    offset: int
+    desc: TensorDesc
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """A reduction at the end of the epilogue. `along` is "rows" when it sums the tile's rows (one
+    result per column: genstats of a conv) or "cols" (one result per row: a row reduction);
+    `batch_reduced` says whether the per-program axes are reduced too."""
+
+    node: Node
+    source: int
+    along: str
+    batch_reduced: bool
+    count: int  # elements reduced into each result (AVG)
+
+
+@dataclass(frozen=True)
+class GemmPiece:
+    piece: Piece
+    main: Node
+    space: OutputSpace
+    prologue: Mapping[int, tuple[Node, ...]]  # operand uid -> the nodes computing it, in order
+    views: Mapping[int, View]
+    epilogue: tuple[Node, ...]
+    reductions: tuple[Reduce, ...]
+    stores: tuple[int, ...]  # uids the epilogue writes to memory (the main output included if needed)
+
+    @property
+    def out(self) -> int:
+        uid = self.main.output_uids()[0]
+        return uid
+
+    def tensor(self, uid: int) -> TensorDesc:
+        view = self.views.get(uid)
+        return view.desc if view is not None else self.piece.tensor(uid)
+
+    def operand(self, role: str) -> TensorDesc:
+        uid = self.main.input(role)
+        assert isinstance(uid, int)
+        return self.tensor(uid)
+
+    def moved_bytes(self) -> int:
+        """Bytes the piece reads and writes at least once (its inputs and outputs)."""
+        p = self.piece
+        return sum(p.tensor(u).nbytes for u in (*p.inputs, *p.outputs) if not p.tensor(u).is_pass_by_value)
+
+
+def _broadcasts_to(dim: tuple[int, ...], space: tuple[int, ...]) -> bool:
+    if math.prod(dim) == 1:
+        return True
+    return len(dim) == len(space) and all(a == b or a == 1 for a, b in zip(dim, space))
+
+
+def _view(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View | str:
+    """The view `node` makes of `src` (itself read from buffer `base` at `offset`), or why not."""
+    op = node.op
+    if isinstance(op, Slice):
+        bounds = op.bounds(None, src.dim)
+        offset += sum(start * s for (start, _, _), s in zip(bounds, src.stride))
+        dims = tuple(len(range(*b)) for b in bounds)
+        strides = tuple(s * step for (_, _, step), s in zip(bounds, src.stride))
+    elif isinstance(op, Transpose):
+        perm = tuple(op.permutation)
+        dims = tuple(src.dim[p] for p in perm)
+        strides = tuple(src.stride[p] for p in perm)
+    else:
+        return f"{node.label()} is not a view"
+    return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
+
+
+def memory_views(piece: Piece) -> dict[int, View] | Support:
+    """The piece's slice/transpose nodes as views of tensors in memory (a chain of them composes),
+    by output UID; Support.no where one reads a value the piece computes (that needs a copy)."""
+    produced = {u for n in piece.nodes for u in n.output_uids()}
+    views: dict[int, View] = {}
+    for node in piece.nodes:
+        if node.kind not in VIEW_KINDS:
+            continue
+        src, out = node.input_uids()[0], node.output_uids()[0]
+        if src in views:
+            v = _view(node, views[src].desc, views[src].base, views[src].offset, out)
+        elif src in produced:
+            return Support.no(f"{node.label()} takes a computed value; a slice/transpose is read in place "
+                              "from a tensor in memory only", node)
+        else:
+            v = _view(node, piece.tensor(src), src, 0, out)
+        if isinstance(v, str):
+            return Support.no(v, node)
+        if piece.tensor(out).data_type is not v.desc.data_type:
+            return Support.no(f"{node.label()} changes the data type; a view keeps its source's", node)
+        views[out] = v
+    return views
+
+
+def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], OutputSpace],
+            main_label: str) -> tuple[GemmPiece | None, Support]:
+    """Split `piece` into prologue / main op / epilogue / reductions, or say why it is not one
+    GEMM-class kernel."""
+    mains = [n for n in piece.nodes if n.kind in main_kinds]
+    if not mains:
+        return None, Support.no(f"the piece has no {main_label}")
+    if len(mains) > 1:
+        return None, Support.no(f"one {main_label} per kernel; this piece has {len(mains)}", mains[1])
+    main = mains[0]
+    at = piece.nodes.index(main)
+    before, after = piece.nodes[:at], piece.nodes[at + 1:]
+    producer = {u: n for n in piece.nodes for u in n.output_uids()}
+    outputs = set(piece.outputs)
+    graph = piece.graph
+    members = {id(n) for n in piece.nodes}
+
+    # -- prologue: what each operand is computed from --
+    views: dict[int, View] = {}
+    prologue: dict[int, tuple[Node, ...]] = {}
+    used: set[int] = set()
+    for role in main.op.input_roles():
+        operand = main.input(role)
+        if not isinstance(operand, int):
+            continue
+        space = piece.tensor(operand).dim
+        chain: list[Node] = []
+        stack = [operand]
+        while stack:
+            u = stack.pop()
+            node = producer.get(u)
+            if node is None or node is main or id(node) in {id(c) for c in chain}:
+                continue
+            if node not in before:
+                return None, Support.no(f"{node.label()} feeds the {main.kind} but comes after it", node)
+            if node.kind in VIEW_KINDS:
+                src = node.input_uids()[0]
+                src_node = producer.get(src)
+                if src_node is not None and src_node.kind not in VIEW_KINDS:
+                    return None, Support.no(
+                        f"{node.label()} takes a computed value; only tensors in memory are read through "
+                        "a slice/transpose in a GEMM prologue", node)
+                chain.append(node)
+                stack.append(src)
+                continue
+            if not elementwise(node):
+                return None, Support.no(f"{node.label()} cannot run in the prologue of a {main.kind} "
+                                        "(only pointwise ops and slice/transpose views can)", node)
+            dim = piece.tensor(node.outputs[0]).dim
+            if not _broadcasts_to(dim, space):
+                return None, Support.no(f"{node.label()} computes dims {list(dim)}, which do not broadcast "
+                                        f"to the {main.kind} operand's {list(space)}", node)
+            chain.append(node)
+            stack.extend(node.input_uids())
+        order = sorted(chain, key=lambda n: piece.nodes.index(n))
+        prologue[operand] = tuple(n for n in order if n.kind not in VIEW_KINDS)
+        for n in order:
+            used.add(id(n))
+            if n.kind in VIEW_KINDS:
+                src = n.input_uids()[0]
+                if src in views:
+                    base, off, src_desc = views[src].base, views[src].offset, views[src].desc
+                else:
+                    base, off, src_desc = src, 0, piece.tensor(src)
+                out_uid = n.output_uids()[0]
+                view = _view(n, src_desc, base, off, out_uid)
+                if isinstance(view, str):
+                    return None, Support.no(view, n)
+                if piece.tensor(out_uid).data_type is not src_desc.data_type:
+                    return None, Support.no(f"{n.label()} changes the data type; a view in a GEMM "
+                                            "prologue only moves data", n)
+                views[out_uid] = view
+    for node in before:
+        if id(node) not in used:
+            return None, Support.no(f"{node.label()} comes before the {main.kind} but does not compute "
+                                    "its operands", node)
+        for u in node.output_uids():
+            if u in outputs:
+                return None, Support.no(
+                    f"{node.label()} is in the {main.kind}'s prologue but its result is needed outside "
+                    "the kernel; prologue values are recomputed per tile and never stored", node)
+            for c in graph.consumers(u):
+                if id(c) in members and c is not main and c not in before:
+                    return None, Support.no(f"{c.label()} reads a prologue value of the {main.kind}", c)
+
+    # -- epilogue and reductions --
+    space = space_of(main)
+    epilogue_uids = {main.output_uids()[0]}
+    epilogue: list[Node] = []
+    reductions: list[Reduce] = []
+    stores = [main.output_uids()[0]] if main.output_uids()[0] in outputs else []
+    for node in after:
+        for u in node.input_uids():
+            p = producer.get(u)
+            if p is not None and u not in epilogue_uids:
+                return None, Support.no(f"{node.label()} reads a value that is not on the {main.kind}'s "
+                                        "epilogue path", node)
+        if elementwise(node):
+            out = node.outputs[0]
+            assert out is not None
+            dim = piece.tensor(out).dim
+            if not _broadcasts_to(dim, space.dims):
+                return None, Support.no(f"{node.label()} computes dims {list(dim)}, which do not broadcast to "
+                                        f"the {main.kind} output's {list(space.dims)}", node)
+            if out in outputs:
+                if dim != space.dims:
+                    return None, Support.no(f"{node.label()} stores dims {list(dim)}; the epilogue stores "
+                                            f"only results of the output's dims {list(space.dims)}", node)
+                stores.append(out)
+            epilogue.append(node)
+            epilogue_uids.add(out)
+            continue
+        if node.kind in REDUCE_KINDS:
+            if node.input_uids()[0] not in epilogue_uids:
+                return None, Support.no(f"{node.label()} does not reduce a value of the {main.kind}'s "
+                                        "epilogue", node)
+            red = _reduction(node, piece, space)
+            if isinstance(red, str):
+                return None, Support.no(red, node)
+            for u in node.output_uids():
+                if any(id(c) in members for c in graph.consumers(u)):
+                    return None, Support.no(f"an op of the piece reads the result of {node.label()}, which "
+                                            "is complete only after the kernel", node)
+            reductions.append(red)
+            continue
+        return None, Support.no(f"{node.label()} cannot follow a {main.kind} in one kernel (the epilogue "
+                                "runs pointwise ops, then genstats or a reduction)", node)
+    gp = GemmPiece(piece, main, space, prologue, views, tuple(epilogue), tuple(reductions), tuple(stores))
+    return gp, Support.yes()
+
+
+def _reduction(node: Node, piece: Piece, space: OutputSpace) -> Reduce | str:
+    src = node.input_uids()[0]
+    x = piece.tensor(src)
+    if x.dim != space.dims:
+        return f"{node.label()} reduces dims {list(x.dim)}, not the output's {list(space.dims)}"
+    if isinstance(node.op, GenStats):
+        axes = {a for a in range(len(x.dim)) if a != 1 and x.dim[a] > 1}
+    else:
+        assert isinstance(node.op, Reduction)
+        if node.op.mode in (ReductionMode.MUL, ReductionMode.MUL_NO_ZEROS):
+            return f"{node.label()}: product reductions are not fused into GEMM epilogues"
+        out = piece.tensor(node.outputs[0])  # type: ignore[arg-type]
+        axes = set(reduced_axes(x.dim, out.dim))
+    rows = {a for a in space.rows if space.dims[a] > 1}
+    cols = {space.col} if space.dims[space.col] > 1 else set()
+    batch = {a for a in space.batch if space.dims[a] > 1}
+    if not axes:
+        return f"{node.label()} reduces no axis"
+    batch_red = axes & batch
+    if batch_red and batch_red != batch:
+        return f"{node.label()} reduces some batch axes but not all"
+    count = math.prod(x.dim[a] for a in axes)
+    if rows and rows <= axes and not axes & cols and axes <= rows | batch:
+        return Reduce(node, src, "rows", bool(batch_red), count)
+    if cols and cols <= axes and not axes & rows and axes <= cols | batch:
+        return Reduce(node, src, "cols", bool(batch_red), count)
+    return (f"{node.label()} reduces axes {sorted(axes)}; a GEMM epilogue reduces all of the tile's row "
+            f"axes {sorted(rows)} or its column axis {sorted(cols)} (plus, optionally, the batch axes)")

@@ -1,0 +1,7 @@
+"""Constants shared by the GEMM-class kernel framework."""
+
+from __future__ import annotations
+
+INT32_LIMIT = 2**31 - 1
+VIEW_KINDS = ("slice", "transpose")
+REDUCE_KINDS = ("genstats", "reduction")

@@ -1,0 +1,419 @@
+"""Generating a piece's code around its main loop: context, operand tiles with their prologues, the epilogue,
+and the reductions at the end of the epilogue (per-program partials in scratch, deterministic combine launches)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ....core.dtypes import DataType
+from ....core.ir import Node
+from ....core.tensor import TensorDesc
+from ....ops.reduction import GenStats, Reduction, ReductionMode
+from ..expr import TL_DTYPE, Emitter, compute_type, round_in_compute, to_storage
+from ..templates.base import Launch, pow2_at_least
+from .analysis import GemmPiece, Reduce
+from .constants import INT32_LIMIT
+from .dots import DotKind
+from .indexing import TileIndexer
+from .scratch import Scratch, Signature
+from .tiling import Tiling, decompose
+
+
+@dataclass
+class Context:
+    """What the code of one generated piece shares: its analysis, tensors (views resolved),
+    compute type, tiling, scratch and the reduction plans."""
+
+    gp: GemmPiece
+    tiling: Tiling
+    compute: str
+    dot: DotKind | None
+    interpret: bool
+    scratch: Scratch = field(default_factory=Scratch)
+    tensors: dict[int, TensorDesc] = field(default_factory=dict)
+    reductions: list["ReductionPlan"] = field(default_factory=list)
+    sm_count: int = 132  # the device's SMs (sizes the combine launches)
+
+    def ptr_of(self, sig: Signature) -> Callable[[int], str]:
+        def ptr(uid: int) -> str:
+            view = self.gp.views.get(uid)
+            if view is None:
+                return sig.buf(uid)
+            base = sig.buf(view.base)
+            return f"({base} + {view.offset})" if view.offset else base
+        return ptr
+
+
+def make_context(gp: GemmPiece, tiling: Tiling, dot: DotKind | None, interpret: bool) -> Context:
+    piece = gp.piece
+    types = [piece.tensor(u).data_type for u in (*piece.inputs, *piece.outputs)]
+    types += [n.compute_data_type for n in piece.nodes if n is not gp.main]
+    tensors = dict(piece.graph.tensors)
+    for uid, view in gp.views.items():
+        tensors[uid] = view.desc
+    ctx = Context(gp, tiling, compute_type(types), dot, interpret, tensors=tensors)
+    ctx.reductions = [ReductionPlan.make(r, ctx) for r in gp.reductions]
+    return ctx
+
+
+def needs_int64(gp: GemmPiece, extra: int = 0) -> bool:
+    piece = gp.piece
+    extents = [extra]
+    for u in (*piece.inputs, *piece.outputs):
+        t = piece.tensor(u)
+        extents.append(1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)))
+    return max(extents) > INT32_LIMIT
+
+
+def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, name: str,
+                 preset: Mapping[int, str] | None = None) -> list[str]:
+    """Lines that leave operand `role` of the main op as tile `name`, in the dot's operand type:
+    loaded directly, or computed by its prologue and then zeroed where out of bounds (padding).
+
+    `preset` maps tensor uids to names of values already computed before the tile (per-channel
+    vectors a loop reads once, outside it). When the prologue's result is declared in the dot's
+    16-bit operand type (an fp16 scale+bias+relu feeding an fp16 conv), its rounding is the one cast
+    to that type and the padding is zeroed on the 16-bit values: no fp32 round trip."""
+    gp = ctx.gp
+    uid = gp.main.input(role)
+    assert isinstance(uid, int)
+    desc = gp.tensor(uid)
+    target = ctx.dot.operand if ctx.dot is not None else ctx.compute
+    nodes = gp.prologue.get(uid, ())
+    if not nodes:
+        load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
+        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else f"{name} = {load}.to({target})"]
+        if indexer.select is not None:
+            lines.append(f"{name} = tl.where({indexer.selected()}, {name}, 0)")
+        return lines
+    em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
+    if preset:
+        em.values.update(preset)
+    for node in nodes:
+        em.emit(node)
+    value = em.values[uid]
+    lines = list(em.lines)
+    rounded = round_in_compute(value, desc.data_type, ctx.compute)
+    if (desc.data_type in (DataType.HALF, DataType.BFLOAT16) and TL_DTYPE[desc.data_type] == target
+            and rounded is not None and lines and lines[-1] == f"{value} = {rounded}"):
+        lines.pop()  # rounded once, by the cast to the operand type below
+    mask = indexer.mask()
+    rows, cols = indexer.shape
+    if mask is None:
+        lines.append(f"{name} = tl.broadcast_to({value}, ({rows}, {cols}))")
+    else:
+        lines.append(f"{name} = tl.where({mask}, {value}, 0.0)")
+    return lines + [f"{name} = {name}.to({target})"]
+
+
+def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
+             preset: Mapping[int, str] | None = None, accumulate: str | None = None) -> list[str]:
+    """The accumulator -> the main output's value (rounded to its declared type) -> the epilogue's
+    pointwise ops -> stores -> reduction partials (or results, when one program covers them).
+
+    subtile=2 runs it on the two column halves of the tile one after the other (EPILOGUE_SUBTILE):
+    a heavy epilogue (erf-based GELU) then holds half as many temporaries next to the accumulator.
+    `preset` (whole tiles only) maps tensor uids to values loaded before (`preload_lines`);
+    `accumulate` (whole tiles only): the reductions fold their partials into running vectors named
+    {accumulate}{uid} instead of storing them (`ReductionPlan.init_lines` / `store_lines`)."""
+    if subtile <= 1 or not can_subtile(ctx) or accumulate:
+        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate)
+    t, sp = ctx.tiling, ctx.tiling.space
+    half = t.block_n // 2
+    lines = [f"{acc}_h0, {acc}_h1 = tl.split(tl.permute(tl.reshape({acc}, (BLOCK_M, 2, {half})), (0, 2, 1)))"]
+    for h in range(2):
+        lines.append(f"rn = pid_n * BLOCK_N + {h * half} + tl.arange(0, {half})")
+        if t.cmask:
+            lines.append(f"cmask = rn < {sp.n}")
+        lines.append(f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn")
+        lines.append(f"y{sp.col} = col")
+        indexer = t.output_indexer(ctx.ptr_of(sig), cols=str(half))
+        lines += _epilogue_tile(ctx, sig, f"{acc}_h{h}", indexer)
+    return lines
+
+
+def preload_lines(ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: TileIndexer,
+                  skip: Sequence[int] = ()) -> tuple[list[str], dict[int, str]]:
+    """Loads, before a loop, of the tensors that `nodes` read and that are constant along the tile's
+    rows (per-channel bias, scale, shift): lines and {uid: value name} for `preset`. A tensor
+    qualifies when every axis it does not broadcast is a column axis of `indexer`."""
+    lines: list[str] = []
+    names: dict[int, str] = {}
+    produced = {u for n in nodes for u in n.output_uids()}
+    for node in nodes:
+        for u in node.input_uids():
+            if u in names or u in produced or u in skip:
+                continue
+            desc = ctx.tensors[u]
+            if desc.is_pass_by_value or desc.numel == 1:
+                continue
+            if any(d > 1 and s != 0 and indexer.axes[a][0] != "c" for a, (d, s) in enumerate(zip(desc.dim, desc.stride))):
+                continue
+            names[u] = f"pre{u}"
+            lines.append(f"pre{u} = {indexer.load(desc, ctx.ptr_of(sig)(u))}.to({ctx.compute})")
+    return lines, names
+
+
+def can_subtile(ctx: Context) -> bool:
+    """Halves work when each is a power of two >= 16 and no reduction runs along the tile's columns
+    (its two halves would need adding)."""
+    return ctx.tiling.block_n >= 32 and not any(p.red.along == "cols" for p in ctx.reductions)
+
+
+def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
+                   preset: Mapping[int, str] | None = None, accumulate: str | None = None) -> list[str]:
+    gp = ctx.gp
+    em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
+    if preset:
+        em.values.update(preset)
+    out = gp.out
+    out_desc = gp.tensor(out)
+    em.assign(out, f"{acc}.to({ctx.compute})")
+    for node in gp.epilogue:
+        em.emit(node)
+    int_acc = ctx.dot is not None and ctx.dot.is_int
+    for uid in gp.stores:
+        if uid == out and int_acc and out_desc.data_type is DataType.INT32:
+            em.lines.append(indexer.store(out_desc, ctx.ptr_of(sig)(uid), acc))  # exact, not via fp32
+        else:
+            em.store(uid)
+    lines = em.lines
+    for plan in ctx.reductions:
+        if accumulate:
+            lines += plan.partial_lines(em.values[plan.red.source], indexer) + plan.accumulate_lines(accumulate)
+        else:
+            lines += plan.tile_lines(ctx, sig, em.values[plan.red.source], indexer)
+    return lines
+
+
+
+# per partial array: (in-tile transform of v, identity, combine)
+_PARTIAL = {
+    "sum": ("{v}", "0.0", "sum"),
+    "sumsq": ("{v} * {v}", "0.0", "sum"),
+    "abssum": ("tl.abs({v})", "0.0", "sum"),
+    "max": ("{v}", "float('-inf')", "max"),
+    "min": ("{v}", "float('inf')", "min"),
+    "amax": ("tl.abs({v})", "0.0", "max"),
+}
+_MODE_PARTIAL = {
+    ReductionMode.ADD: "sum", ReductionMode.AVG: "sum", ReductionMode.NORM1: "abssum",
+    ReductionMode.NORM2: "sumsq", ReductionMode.MAX: "max", ReductionMode.MIN: "min",
+    ReductionMode.AMAX: "amax",
+}
+
+
+@dataclass
+class ReductionPlan:
+    """One reduction's partials: `slots` partial results per kept position, `length` kept
+    positions, one fp32 array per output. With one slot the main kernel writes the results."""
+
+    red: Reduce
+    slots: int
+    length: int
+    arrays: list[tuple[int, str, str, int]]  # (output uid, partial kind, finalize, scratch offset)
+
+    @staticmethod
+    def make(red: Reduce, ctx: Context) -> ReductionPlan:
+        sp, t = ctx.tiling.space, ctx.tiling
+        nb_red = sp.nbatch if red.batch_reduced else 1
+        nb_keep = 1 if red.batch_reduced else sp.nbatch
+        if red.along == "rows":
+            slots, length = nb_red * t.npm, nb_keep * sp.dims[sp.col]
+        else:
+            slots, length = nb_red * sp.groups * t.npn, nb_keep * sp.m
+        node = red.node
+        outs: list[tuple[int, str, str]] = []
+        if isinstance(node.op, GenStats):
+            for uid, kind in zip(node.outputs, ("sum", "sumsq")):
+                if uid is not None:
+                    outs.append((uid, kind, ""))
+        else:
+            assert isinstance(node.op, Reduction)
+            mode = node.op.mode
+            fin = {ReductionMode.AVG: "avg", ReductionMode.NORM2: "sqrt"}.get(mode, "")
+            outs.append((node.outputs[0], _MODE_PARTIAL[mode], fin))  # type: ignore[arg-type]
+        arrays = []
+        for uid, kind, fin in outs:
+            offset = ctx.scratch.alloc(slots * length * 4) if slots > 1 else -1
+            arrays.append((uid, kind, fin, offset))
+        return ReductionPlan(red, slots, length, arrays)
+
+    def finalize(self, value: str, fin: str) -> str:
+        if fin == "avg":
+            return f"({value} / {float(self.red.count)!r})"
+        if fin == "sqrt":
+            return f"tl.sqrt({value})"
+        return value
+
+    def _kept(self, ctx: Context) -> tuple[str, str, str | None]:
+        """(kept index, slot index, mask) of this program's partial vector."""
+        sp, t = ctx.tiling.space, ctx.tiling
+        if self.red.along == "rows":
+            base, extent, mask = "col", sp.dims[sp.col], t.cmask
+            slot = "pid_m"
+            slot_extent = t.npm
+        else:
+            base, extent, mask = "rm", sp.m, t.rmask
+            slot = f"(g * {t.npn} + pid_n)" if sp.groups > 1 else "pid_n"
+            slot_extent = sp.groups * t.npn
+        if sp.nbatch > 1 and not self.red.batch_reduced:
+            base = f"bb * {extent} + {base}"
+        if sp.nbatch > 1 and self.red.batch_reduced:
+            slot = f"bb * {slot_extent} + {slot}"
+        return base, slot, mask
+
+    def tile_lines(self, ctx: Context, sig: Signature, value: str, indexer: TileIndexer) -> list[str]:
+        lines = self.partial_lines(value, indexer)
+        return lines + self.store_lines(ctx, sig, {uid: f"red_{uid}" for uid, *_ in self.arrays}, indexer)
+
+    def partial_lines(self, value: str, indexer: TileIndexer) -> list[str]:
+        """Lines leaving this tile's partial of each array in red_{uid} (masked rows/columns read
+        the identity)."""
+        axis = 0 if self.red.along == "rows" else 1
+        full = indexer.mask()
+        lines = [f"red_v = tl.broadcast_to({value}, ({indexer.shape[0]}, {indexer.shape[1]}))"]
+        for uid, kind, _fin, _offset in self.arrays:
+            expr, identity, combine = _PARTIAL[kind]
+            term = expr.format(v="red_v")
+            if full is not None:
+                term = f"tl.where({full}, {term}, {identity})"
+            lines.append(f"red_{uid} = tl.{combine}({term}, axis={axis})")
+        return lines
+
+    def accumulate_lines(self, into: str) -> list[str]:
+        """Lines folding the partials red_{uid} into running partials {into}{uid} (a program that
+        visits several tiles of rows, e.g. the depthwise row strips); `init_lines` starts them."""
+        out = []
+        for uid, kind, _fin, _offset in self.arrays:
+            combine = _PARTIAL[kind][2]
+            a, b = f"{into}{uid}", f"red_{uid}"
+            out.append(f"{a} = {a} + {b}" if combine == "sum" else f"{a} = tl.{combine}imum({a}, {b})")
+        return out
+
+    def init_lines(self, into: str, extent: str) -> list[str]:
+        return [f"{into}{uid} = tl.full(({extent},), {_PARTIAL[kind][1]}, tl.float32)"
+                for uid, kind, _fin, _offset in self.arrays]
+
+    def store_lines(self, ctx: Context, sig: Signature, names: Mapping[int, str], indexer: TileIndexer) -> list[str]:
+        """Stores of the partial vectors `names` ({uid: name}): this program's slot in scratch, or
+        the finalized results when one program covers all partials (one slot)."""
+        axis = 0 if self.red.along == "rows" else 1
+        kept, slot, mask = self._kept(ctx)
+        lines = []
+        for uid, kind, fin, offset in self.arrays:
+            part = names[uid]
+            if self.slots == 1:
+                desc = ctx.tensors[uid]
+                address = self._result_address(ctx, desc, ctx.ptr_of(sig)(uid), "row" if axis == 1 else "col")
+                value_out = to_storage(self.finalize(part, fin), desc.data_type, ctx.compute)
+                lines.append(f"tl.store({address}, {value_out}{f', mask={mask}' if mask else ''})")
+            else:
+                ws = sig.scratch(f"ws{uid}", offset)
+                lines.append(f"tl.store({ws} + ({slot}) * {self.length} + {kept}, {part}"
+                             f"{f', mask={mask}' if mask else ''})")
+        return lines
+
+    def _result_address(self, ctx: Context, desc: TensorDesc, ptr: str, vector: str) -> str:
+        """Address of the results of this program's partial vector in output `desc`: a vector along
+        the tile's columns (vector="col") or rows ("row"), in tile coordinates y{axis}."""
+        sp = ctx.tiling.space
+        terms = []
+        for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
+            if d == 1 or s == 0:
+                continue
+            terms.append(f"y{axis}" if s == 1 else f"y{axis} * {s}")
+        if vector == "col" and not any(sp.where(a) == "c" for a, d in enumerate(desc.dim) if d > 1):
+            terms.append("col * 0")
+        if vector == "row" and not any(sp.where(a) == "r" for a, d in enumerate(desc.dim) if d > 1):
+            terms.append("rm * 0")
+        return f"{ptr} + {' + '.join(terms)}"
+
+    def combine_source(self, ctx: Context, index: int) -> tuple[str, Launch]:
+        """A kernel reducing the partials of each kept position in fixed order and writing the
+        results (deterministic). Its grid is (position blocks x arrays): each program takes BLOCK_L
+        positions of one output array (a sum and a sum of squares run side by side) and all of their
+        slots, BLOCK_S slots per (pipelined) load. On the GPU the blocks are sized for about two
+        programs per SM and <= 8K elements per load; rows of >= 8 floats keep the loads sector-wide."""
+        sp = ctx.tiling.space
+        sig = Signature()
+        block_s, block_l, warps = self.combine_blocks(ctx)
+        narr = len(self.arrays)
+        nl = -(-self.length // block_l)
+        body = [
+            f"arr = tl.program_id(0) // {nl}" if narr > 1 else "arr = 0",
+            f"l = (tl.program_id(0) % {nl}) * BLOCK_L + tl.arange(0, BLOCK_L)" if narr > 1
+            else "l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)",
+            f"lmask = l < {self.length}",
+        ]
+        # decode the kept index into output coordinates
+        if self.red.along == "rows":
+            extent = sp.dims[sp.col]
+            inner = [(sp.col, extent)]
+        else:
+            extent = sp.m
+            inner = [(a, sp.dims[a]) for a in sp.rows]
+        if sp.nbatch > 1 and not self.red.batch_reduced:
+            body += [f"kb = l // {extent}", f"ki = l % {extent}"]
+            body += decompose("kb", [(a, sp.dims[a]) for a in sp.batch], "y")
+        else:
+            body.append("ki = l")
+        body += decompose("ki", inner, "y")
+        for i, (uid, kind, fin, offset) in enumerate(self.arrays):
+            _, identity, combine = _PARTIAL[kind]
+            ws = sig.scratch(f"ws{uid}", offset)
+            desc = ctx.tensors[uid]
+            op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}[combine]
+            smask = "" if self.slots % block_s == 0 else f"(s < {self.slots})[:, None] & "
+            terms = []
+            for axis, (d, st) in enumerate(zip(desc.dim, desc.stride)):
+                if d > 1 and st != 0:
+                    terms.append(f"y{axis}" if st == 1 else f"y{axis} * {st}")
+            terms.append("l * 0")
+            value = to_storage(self.finalize(f"r_{uid}", fin), desc.data_type, "tl.float32")
+            block = [
+                f"acc_{uid} = tl.full((BLOCK_S, BLOCK_L), {identity}, tl.float32)",
+                f"for s0 in tl.range(0, {self.slots}, BLOCK_S, num_stages=2):",
+                "    s = s0 + tl.arange(0, BLOCK_S)",
+                f"    part = tl.load({ws} + s[:, None] * {self.length} + l[None, :], "
+                f"mask={smask}lmask[None, :], other={identity})",
+                f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
+                f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
+                f"tl.store({sig.buf(uid)} + {' + '.join(terms)}, {value}, mask=lmask)",
+            ]
+            if narr > 1:
+                body.append(f"if arr == {i}:")
+                body += ["    " + line for line in block]
+            else:
+                body += block
+        name = f"kernel_combine{index}"
+        source = sig.source(name, ["BLOCK_S", "BLOCK_L"], body)
+        grid = (nl * narr,)
+        launch = Launch(name, grid, tuple(sig.args),
+                        (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps)))
+        return source, launch
+
+    def combine_blocks(self, ctx: Context) -> tuple[int, int, int]:
+        """(BLOCK_S, BLOCK_L, num_warps) of the combine launch. Under the interpreter: small blocks
+        that still loop over slots and positions in the tests."""
+        if ctx.interpret:
+            return min(pow2_at_least(self.slots, 2), 16), min(pow2_at_least(self.length, 16), 32), 4
+        sms = max(ctx.sm_count, 1)
+        narr = len(self.arrays)
+        block_l = pow2_at_least(self.length, 8)
+        while block_l > 8 and -(-self.length // block_l) * narr < 2 * sms:
+            block_l //= 2
+        block_s = min(pow2_at_least(self.slots, 2), max(2, 8192 // block_l))
+        block_l = min(block_l, max(8, 8192 // block_s))
+        warps = 8 if block_s * block_l >= 4096 else 4
+        return block_s, block_l, warps
+
+
+def add_combines(plans: Sequence[ReductionPlan], ctx: Context, functions: list[str], launches: list[Launch]) -> None:
+    """The combine launches (and their kernels) of the reductions whose partials span several slots."""
+    for i, plan in enumerate(plans):
+        if plan.slots > 1:
+            source, launch = plan.combine_source(ctx, i)
+            functions.append(source)
+            launches.append(launch)

@@ -1,0 +1,142 @@
+"""Addressing tiles: each logical axis of a tensor is a row, a column or a per-program coordinate of the tile."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ....core.tensor import TensorDesc
+
+
+class TileIndexer:
+    """Addresses tensors over a 2-D tile (expr.py's Indexer protocol).
+
+    `axes[a]` says what logical axis `a` is in the tile: ("r", expr) a row coordinate (a
+    [rows] vector), ("c", expr) a column coordinate, ("s", expr) a per-program scalar. `rmask` /
+    `cmask` bound the rows / columns (None: all in bounds). `flat_rows` = (expr, ((axis, size), ...)):
+    the row axes flattened, outermost first; a tensor packed over them is addressed by the flat index
+    (cheaper, and contiguity stays visible to the compiler).
+
+    `select`: a mask (`rmask` or `cmask`) that loads leave out, operand_tile applying it by a select
+    on the loaded tile; its axis' coordinates must then stay in bounds (the caller wraps them). A
+    conv's ragged channel tail goes this way: Triton 3.6 on Hopper computed wrong sums for the ResNet
+    stem (3 channels in a BLOCK_K of 16, split-K) with the channel mask in the loads, and with a tail
+    clamped by tl.minimum gave sums that changed from run to run (MobileNetV2's 96-channel 1x1 conv,
+    128 x 128 tiles), as reads past the tensor would; wrapped by `%`, both match (tests/engines)."""
+
+    def __init__(self, axes: Sequence[tuple[str, str]], rmask: str | None, cmask: str | None,
+                 ptr: Callable[[int], str], shape: tuple[str, str],
+                 flat_rows: tuple[str, tuple[tuple[int, int], ...]] | None = None,
+                 zero: tuple[str, str] = ("rm", "rn"), select: str | None = None) -> None:
+        self.axes = tuple(axes)
+        self.zero = zero  # a row and a column vector of the tile (for full-shape pointer blocks)
+        self.rmask = rmask
+        self.cmask = cmask
+        assert select is None or select in (rmask, cmask)
+        self.select = select
+        self.ptr = ptr
+        self.shape = shape
+        self.flat_rows = flat_rows
+
+    def _flat(self, desc: TensorDesc) -> str | None:
+        if self.flat_rows is None or len(desc.dim) != len(self.axes):
+            return None
+        expr, axes = self.flat_rows
+        step = inner = None
+        for axis, size in reversed(axes):
+            if desc.dim[axis] != size:
+                return None
+            if size == 1:
+                continue
+            if inner is None:
+                step, inner = desc.stride[axis], desc.stride[axis] * size
+            elif desc.stride[axis] != inner:
+                return None
+            else:
+                inner *= size
+        if step is None:
+            return None
+        return expr if step == 1 else f"{expr} * {step}"
+
+    def parts(self, desc: TensorDesc, full: bool = False) -> tuple[list[str], list[str], list[str]]:
+        """Offset terms of `desc` at the tile's coordinates: (row terms, column terms, scalars).
+        Broadcast axes (dim 1) drop out; `full` keeps both tile axes (a store's pointer block)."""
+        rows: list[str] = []
+        cols: list[str] = []
+        scal: list[str] = []
+        flat = self._flat(desc)
+        if flat is not None:
+            rows.append(flat)
+        for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
+            where, expr = self.axes[axis]
+            if (flat is not None and where == "r") or s == 0 or d == 1:
+                continue
+            term = expr if s == 1 else f"{expr} * {s}"
+            {"r": rows, "c": cols, "s": scal}[where].append(term)
+        if full:  # a tile axis of extent "1" (a weight row of the depthwise kernel) stays broadcast
+            if self.shape[0] != "1":
+                rows = rows or [f"{self.zero[0]} * 0"]
+            if self.shape[1] != "1":
+                cols = cols or [f"{self.zero[1]} * 0"]
+        return rows, cols, scal
+
+    def address(self, desc: TensorDesc, ptr: str, full: bool = False) -> tuple[str, str | None]:
+        rows, cols, scal = self.parts(desc, full)
+        terms = []
+        if rows:
+            terms.append(f"({' + '.join(rows)})[:, None]")
+        if cols:
+            terms.append(f"({' + '.join(cols)})[None, :]")
+        terms += scal
+        masks = []
+        if rows and self.rmask is not None and self.rmask != self.select:
+            masks.append(f"{self.rmask}[:, None]")
+        if cols and self.cmask is not None and self.cmask != self.select:
+            masks.append(f"{self.cmask}[None, :]")
+        return f"{ptr} + {' + '.join(terms)}" if terms else ptr, " & ".join(masks) or None
+
+    def selected(self) -> str | None:
+        """The `select` mask broadcast over the tile."""
+        if self.select is None:
+            return None
+        return f"{self.select}[:, None]" if self.select == self.rmask else f"{self.select}[None, :]"
+
+    def mask(self) -> str | None:
+        masks = []
+        if self.rmask is not None:
+            masks.append(f"{self.rmask}[:, None]")
+        if self.cmask is not None:
+            masks.append(f"{self.cmask}[None, :]")
+        return " & ".join(masks) or None
+
+    # -- expr.py's Indexer protocol --
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        if desc.numel == 1:
+            return f"tl.load({ptr})"
+        address, mask = self.address(desc, ptr)
+        if mask is None:
+            return f"tl.load({address})"
+        return f"tl.load({address}, mask={mask}, other=0)"
+
+    def load_tile(self, desc: TensorDesc, ptr: str) -> str:
+        """A load of the whole tile (both tile axes, both masks), whatever axes `desc` broadcasts:
+        what a GEMM operand needs (a size-1 K axis still gives a [rows, BLOCK_K] block, zero past K)."""
+        address, mask = self.address(desc, ptr, full=True)
+        if mask is None:
+            return f"tl.load({address})"
+        return f"tl.load({address}, mask={mask}, other=0)"
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        address, mask = self.address(desc, ptr, full=True)
+        if mask is None:
+            return f"tl.store({address}, {value})"
+        return f"tl.store({address}, {value}, mask={mask})"
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        where, expr = self.axes[axis]
+        if desc.dim[axis] == 1:
+            return "tl.zeros((1, 1), tl.int32)"
+        if where == "r":
+            return f"({expr})[:, None]"
+        if where == "c":
+            return f"({expr})[None, :]"
+        return f"({expr} + tl.zeros((1, 1), tl.int32))"

@@ -1,0 +1,68 @@
+"""Split-K: the main loop divided over programs, fp32/int32 partials summed in fixed order by a second kernel."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ....core.device import Device
+from .epilogue import Context
+from .scratch import Signature
+from .tiling import Tiling
+
+
+def split_range(iters: int, split: int) -> tuple[list[str], str, str]:
+    """Lines and (lo, hi) bounds of this program's share of `iters` main-loop iterations."""
+    if split <= 1:
+        return [], "0", str(iters)
+    per = -(-iters // split)
+    return [f"it_lo = ks * {per}", f"it_hi = tl.minimum(it_lo + {per}, {iters})"], "it_lo", "it_hi"
+
+
+def split_store(ctx: Context, sig: Signature, offset: int) -> list[str]:
+    """The main kernel's end under split-K: store this slice's accumulator."""
+    t = ctx.tiling
+    sp = t.space
+    dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
+    ws = sig.scratch("ws_acc", offset, dtype)
+    mask = t.output_indexer(ctx.ptr_of(sig)).mask()
+    nprog = sp.nbatch * sp.groups
+    row = f"(ks * {nprog} + pb) * {sp.m} + rm" if nprog > 1 else f"ks * {sp.m} + rm"
+    return [f"tl.store({ws} + ({row})[:, None] * {sp.n} + rn[None, :], acc"
+            f"{f', mask={mask}' if mask else ''})"]
+
+
+def split_sum(ctx: Context, sig: Signature, offset: int) -> list[str]:
+    """The epilogue kernel's start under split-K: the accumulator as the sum of the slices."""
+    t = ctx.tiling
+    sp = t.space
+    is_int = ctx.dot is not None and ctx.dot.is_int
+    dtype = "int32" if is_int else "float32"
+    ws = sig.scratch("ws_acc", offset, dtype)
+    mask = t.output_indexer(ctx.ptr_of(sig)).mask()
+    nprog = sp.nbatch * sp.groups
+    lines = [f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})"]
+    lines.append(f"for kss in tl.static_range({t.split}):")
+    row = f"(kss * {nprog} + pb) * {sp.m} + rm" if nprog > 1 else f"kss * {sp.m} + rm"
+    masked = f", mask={mask}, other=0" if mask else ""
+    lines.append(f"    acc += tl.load({ws} + ({row})[:, None] * {sp.n} + rn[None, :]{masked})")
+    return lines
+
+
+def epilogue_tiling(tiling: Tiling, knobs: Mapping[str, Any], device: Device) -> Tiling:
+    """The tiles of the split-K epilogue launch. Each program sums SPLIT_K partial tiles (all
+    loads issued at once) and runs the epilogue, so a tile of the main kernel's size would give few
+    programs, each with SPLIT_K x (BM x BN / threads) loads in flight (a 128 x 128 tile split 2: 52
+    programs for a 1568 x 512 conv). Finer tiles, down to 32 x 32, until there are about two programs
+    per SM (knobs EPI_M / EPI_N set them)."""
+    bm, bn = tiling.block_m, tiling.block_n
+    if "EPI_M" in knobs or "EPI_N" in knobs:
+        bm, bn = int(knobs.get("EPI_M", bm)), int(knobs.get("EPI_N", bn))
+    else:
+        bm, bn = min(bm, 64), min(bn, 128)
+        want = 2 * max(device.sm_count, 1)
+        while bm * bn > 1024 and Tiling(tiling.space, bm, bn).per_split < want:
+            if bm >= bn and bm > 32 or bn <= 32:
+                bm //= 2
+            else:
+                bn //= 2
+    return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)

@@ -1,0 +1,131 @@
+"""The tile grid: program ids, swizzle, persistent loops, split-K slices and the coordinates of output axes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .indexing import TileIndexer
+from .space import OutputSpace
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """A grid of output tiles: BLOCK_M x BLOCK_N tiles of `space`, group-M swizzled, times the
+    per-program batch/groups, times `split` slices of the reduction (split-K)."""
+
+    space: OutputSpace
+    block_m: int
+    block_n: int
+    group_m: int = 8
+    split: int = 1
+    big: bool = False  # int64 offsets
+
+    @property
+    def npm(self) -> int:
+        return -(-self.space.m // self.block_m)
+
+    @property
+    def npn(self) -> int:
+        return -(-self.space.n // self.block_n)
+
+    @property
+    def tiles(self) -> int:
+        return self.npm * self.npn
+
+    @property
+    def per_split(self) -> int:
+        return self.tiles * self.space.nbatch * self.space.groups
+
+    @property
+    def rmask(self) -> str | None:
+        return None if self.space.m % self.block_m == 0 else "rmask"
+
+    @property
+    def cmask(self) -> str | None:
+        return None if self.space.n % self.block_n == 0 else "cmask"
+
+    def header(self, *, with_split: bool, pid: str = "tl.program_id(0)") -> list[str]:
+        """pid -> ks, pb (g, bb), pid_m, pid_n, rm, rn, masks, col, and the output coordinates y{axis}.
+        `pid` is the program's work item (a persistent kernel's loop variable)."""
+        sp = self.space
+        lines = [f"pid = {pid}"]
+        if self.big:
+            lines.append("pid = pid.to(tl.int64)")
+        if with_split and self.split > 1:
+            lines += [f"ks = pid // {self.per_split}", f"pid = pid % {self.per_split}"]
+        nprog = sp.nbatch * sp.groups
+        if nprog > 1:
+            lines += [f"pb = pid // {self.tiles}", f"t = pid % {self.tiles}"]
+        else:
+            lines += ["pb = 0", "t = pid"]
+        lines.append(f"g = pb % {sp.groups}" if sp.groups > 1 else "g = 0")
+        lines.append(f"bb = pb // {sp.groups}" if sp.nbatch > 1 else "bb = 0")
+        width = min(self.group_m, self.npm)
+        if width > 1 and self.npn > 1:
+            lines += [
+                f"first_m = (t // {width * self.npn}) * {width}",
+                f"gsz = tl.minimum({self.npm} - first_m, {width})",
+                "pid_m = first_m + (t % gsz)",
+                f"pid_n = (t % {width * self.npn}) // gsz",
+            ]
+        else:
+            lines += [f"pid_m = t // {self.npn}", f"pid_n = t % {self.npn}"]
+        lines += [
+            "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        ]
+        if self.rmask:
+            lines.append(f"rmask = rm < {sp.m}")
+        if self.cmask:
+            lines.append(f"cmask = rn < {sp.n}")
+        lines.append(f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn")
+        lines += decompose("rm", [(a, sp.dims[a]) for a in sp.rows], "y")
+        lines += decompose("bb", [(a, sp.dims[a]) for a in sp.batch], "y")
+        lines.append(f"y{sp.col} = col")
+        return lines
+
+    def output_indexer(self, ptr: Callable[[int], str], cols: str = "BLOCK_N") -> TileIndexer:
+        sp = self.space
+        axes = [(sp.where(a), f"y{a}") for a in range(len(sp.dims))]
+        flat = ("rm", tuple((a, sp.dims[a]) for a in sp.rows))
+        return TileIndexer(axes, self.rmask, self.cmask, ptr, ("BLOCK_M", cols), flat)
+
+
+def input_taps(geo: Any, taps: Sequence[int], out_dims: Sequence[int], in_dims: Sequence[int], flip: bool,
+               checks: list[str]) -> list[str]:
+    """A forward conv's taps t{i} (from `decompose`) at output positions o{i}: lines giving the input
+    coordinate xi{i} and the filter tap wt{i} (flipped in CONVOLUTION mode), appending to `checks` the
+    bounds tests that padding needs (none where no tap can leave the image)."""
+    lines = []
+    for i, r in enumerate(taps):
+        d = geo.dilation[i]
+        lines.append(f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else
+                     f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}")
+        if geo.pre[i] > 0:
+            checks.append(f"(xi{i} >= 0)")
+        top = (out_dims[2 + i] - 1) * geo.stride[i] - geo.pre[i] + (r - 1) * d
+        if top > in_dims[2 + i] - 1:
+            checks.append(f"(xi{i} < {in_dims[2 + i]})")
+        lines.append(f"wt{i} = {r - 1} - t{i}" if flip and r > 1 else f"wt{i} = t{i}" if r > 1 else f"wt{i} = 0")
+    return lines
+
+
+def decompose(index: str, axes: Sequence[tuple[int, int]], prefix: str) -> list[str]:
+    """Lines giving {prefix}{axis} for a flat `index` over `axes` (outermost first, row-major)."""
+    axes = list(axes)
+    if not axes:
+        return []
+    if len(axes) == 1:
+        return [f"{prefix}{axes[0][0]} = {index}"]
+    lines = []
+    rest = index
+    for i, (axis, size) in enumerate(reversed(axes)):
+        if i == len(axes) - 1:
+            lines.append(f"{prefix}{axis} = {rest}")
+            break
+        lines.append(f"{prefix}{axis} = {rest} % {size}")
+        nxt = f"q_{prefix}{axis}"
+        lines.append(f"{nxt} = {rest} // {size}")
+        rest = nxt
+    return lines

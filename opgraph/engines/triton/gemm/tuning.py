@@ -1,0 +1,144 @@
+"""Knob heuristics: the tile-shape cost model and the ranked candidates of GEMM-class templates."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ....core.device import Device
+from ..templates.base import pow2_at_least, unique
+from .analysis import GemmPiece, Reduce, View, analyze, memory_views
+from .constants import VIEW_KINDS
+from .dots import DotKind, dot_kind, fp32_knobs, stencil_dot, stencil_support
+from .epilogue import Context, ReductionPlan, add_combines, epilogue, make_context, operand_tile, preload_lines
+from .indexing import TileIndexer
+from .scratch import Scratch, Signature
+from .space import OutputSpace
+from .splitk import epilogue_tiling
+from .template import TileTemplate
+from .tiling import Tiling, decompose, input_taps
+
+# Fraction of a Hopper SM's tensor-core rate a Triton tile of BM x BN reaches (pointer-load GEMMs
+# reach ~530-550 TFLOP/s at 128x256 on an H200; smaller tiles move more operand bytes per flop).
+_TILE_EFF = {(128, 256): 1.0, (256, 128): 0.95, (128, 128): 0.85, (256, 64): 0.8, (128, 64): 0.7,
+             (64, 128): 0.65, (64, 64): 0.5, (128, 32): 0.4, (64, 32): 0.3}
+_PEAK = {1: 1.5e15, 2: 0.75e15, 4: 0.37e15}  # realistic dense rates by operand bytes (int8, 16-bit, tf32)
+_BANDWIDTH = 3.0e12  # bytes/s an H100 streams (an H200 does ~4.2e12)
+
+
+def _iters(k: int, k_step: int, bk: int) -> int:
+    chunk = k_step or k
+    return -(-chunk // bk) * max(1, k // chunk)
+
+
+def estimate_us(m: int, n: int, k: int, knobs: Mapping[str, Any], *, nprog: int, device: Device,
+                elem_bytes: int = 2, k_step: int = 0, moved_bytes: int = 0) -> float:
+    """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
+    tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
+    outputs), plus split-K's partials and its extra launch."""
+    bm, bn, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs["BLOCK_K"])
+    split, stages = int(knobs.get("SPLIT_K", 1)), int(knobs.get("num_stages", 3))
+    sms = max(device.sm_count, 1)
+    iters = _iters(k, k_step, bk)
+    programs = -(-m // bm) * -(-n // bn) * nprog * split
+    smem = stages * (bm + bn) * bk * elem_bytes
+    ctas = max(1, min(2, 220_000 // max(smem, 1)))
+    eff = _TILE_EFF.get((bm, bn), 0.25)
+    if bm * bn < 16384:
+        eff = min(0.65, eff * (1 + 0.25 * (ctas - 1)))  # a second resident program hides some latency
+    chunk = k_step or k
+    eff *= chunk / (-(-chunk // bk) * bk)  # lanes wasted on a ragged channel chunk
+    peak = _PEAK.get(elem_bytes, _PEAK[2]) / sms
+    if int(knobs.get("TMA", 0)):
+        eff *= 1.2  # TMA copies: no address math or masks in the loop (measured 590-643 vs 531 TFLOP/s)
+    waves: float = -(-programs // (sms * ctas)) * ctas
+    if int(knobs.get("PERSISTENT", 0)):
+        eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
+        waves = programs / sms
+    t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
+    moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
+    t = max(t_math, moved / _BANDWIDTH)
+    if split > 1:
+        t += split * m * n * nprog * 8 / _BANDWIDTH + 2e-6
+    if int(knobs.get("TMA", 0)):
+        t += 7e-6  # the descriptors' scratch allocation at launch (CPU side; hidden by CUDA graphs)
+    return t * 1e6 + 3.0
+
+
+def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_bytes: int = 2,
+                    k_step: int = 0, moved_bytes: int = 0,
+                    extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Tile configs for an M x N x K product repeated `nprog` times, the heuristic's choice first.
+
+    On the GPU (Hopper) a grid of tile shapes (128x256 down to 64x32, only as wide as N needs),
+    BLOCK_K 64 (32 for fp32, 128 for int8), 3-4 stages, 4-8 warps, group-M 8 and split-K factors is
+    ranked by `estimate_us`: big tiles when they fill the SMs, smaller tiles or a split of K when
+    they do not (small images, deep channels). Under the interpreter: 16..32-wide tiles (few, small
+    programs); a split of K when the tiles are fewer than the "SMs" and the loop is long, so the
+    tests exercise it. The last candidate is the plain, smallest config (HeurMode.FALLBACK).
+    `k_step` is the natural K chunk (channels per filter tap of a conv) when smaller than K."""
+    extra = dict(extra or {})
+    chunk = k_step or k
+    if not device.is_cuda:
+        bm = min(32, pow2_at_least(m, 16))
+        bn = min(32, pow2_at_least(n, 16))
+        bk = min(32, pow2_at_least(chunk, 16))
+        tiles = -(-m // bm) * -(-n // bn) * nprog
+        iters = _iters(k, k_step, bk)
+        split = min(4, iters // 4) if tiles < device.sm_count and iters >= 16 else 1
+        first = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 2, "SPLIT_K": split,
+                 "num_warps": 4, "num_stages": 1}
+        last = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1,
+                "num_warps": 4, "num_stages": 1}
+        return unique([{**first, **extra}, {**last, **extra}])
+    bk = {1: 128, 2: 64}.get(elem_bytes, 32)
+    bk = min(bk, pow2_at_least(chunk, 16))
+    if elem_bytes == 1:
+        bk = max(bk, 32)  # 8-bit tl.dot needs K >= 32 on the GPU
+    shapes = [(128, 256), (128, 128), (256, 128), (128, 64), (256, 64), (64, 128), (64, 64), (128, 32), (64, 32)]
+    widest = max(32, pow2_at_least(n, 32))
+    out = []
+    for bm, bn in shapes:
+        if bn > widest or (elem_bytes >= 4 and bm * bn > 16384):
+            continue
+        stages = 3 if bm * bn >= 32768 or elem_bytes >= 4 else 4
+        warps = 8 if bm * bn >= 16384 or (elem_bytes >= 4 and bm >= 128) else 4  # fp32 128-row tiles spill at 4
+        iters = _iters(k, k_step, bk)
+        for split in (1, 2, 4, 8):
+            if split > 1 and iters // split < 4:
+                break
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
+                        "num_warps": warps, "num_stages": stages, **extra})
+    out.sort(key=lambda c: estimate_us(m, n, k, c, nprog=nprog, device=device, elem_bytes=elem_bytes,
+                                       k_step=k_step, moved_bytes=moved_bytes))
+    out = out[:6]
+    out.append({"BLOCK_M": 64, "BLOCK_N": min(64, widest), "BLOCK_K": bk if elem_bytes == 1 else min(bk, 32),
+                "GROUP_M": 8, "SPLIT_K": 1,
+                "num_warps": 4, "num_stages": 2, **extra})
+    return unique(out)
+
+
+def finish_candidates(configs: list[dict[str, Any]], gp: GemmPiece, device: Device,
+                      extra: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A GEMM template's ranked configs, finished: epilogue subtiles for large tiles (`with_subtile`)
+    and, for fp32 operands (`extra` from `fp32_knobs`), the first config in full fp32 as the second."""
+    configs = with_subtile(configs, gp, device)
+    if "fp32_precision" in extra:
+        configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
+    return configs
+
+
+def with_subtile(configs: list[dict[str, Any]], gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
+    """EPILOGUE_SUBTILE=2 for large tiles with an epilogue beyond a store: on an H200-class GPU a
+    128x256 fp32 accumulator already takes 128 registers per thread, and e.g. an erf-based GELU on
+    the whole tile spills (seen in ptxas: 255 registers + spills; halves: none)."""
+    if not device.is_cuda or not gp.epilogue:
+        return configs
+    return [{**c, "EPILOGUE_SUBTILE": 2} if c["BLOCK_M"] * c["BLOCK_N"] >= 32768 else c for c in configs]
+
+
+__all__ = [
+    "OutputSpace", "View", "Reduce", "GemmPiece", "analyze", "DotKind", "dot_kind", "Signature", "Scratch",
+    "TileIndexer", "Tiling", "decompose", "Context", "make_context", "operand_tile", "epilogue",
+    "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal", "preload_lines",
+    "epilogue_tiling", "input_taps", "memory_views", "VIEW_KINDS", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
+]
