@@ -7,12 +7,12 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)" "$(TRITON)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,graphviz]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,lint,graphviz]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -20,8 +20,13 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/opgraph demo
 
-test: $(VENV)/.installed
+test: lint
 	$(PY) -m pytest -n 2 -q
+
+# ruff (pyflakes, import order, bugbear, pyupgrade) and the layering test over the package
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check opgraph
+	$(PY) -m pytest -q tests/test_layers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,8 +4,9 @@ tensor and the worst element. The tests, `opgraph run` and `opgraph demo` use th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -46,8 +46,8 @@ from .autodiff import GradGraph, grad
 from .autodiff.grad import resolve
 from .core.dtypes import as_data_type
 from .core.errors import GraphError
-from .graph.builder import Graph
 from .core.tensor import Tensor, TensorDesc
+from .graph.builder import Graph
 
 __all__ = ["TrainingStep", "sgd_momentum", "softmax_cross_entropy", "ClassifierStep", "classifier_step"]
 

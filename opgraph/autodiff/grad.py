@@ -47,14 +47,15 @@ New tensors get UIDs above every forward UID, so forward and backward buffers ca
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError
-from ..graph.builder import Graph
 from ..core.ir import Const, FinalGraph, Node, Operand
-from ..ops.pointwise import PointwiseMode
 from ..core.tensor import Tensor, TensorDesc
+from ..graph.builder import Graph
+from ..ops.pointwise import PointwiseMode
 from .rules import GradBuilder, RuleContext, Value, rule_for, unsupported
 
 CHEAP_KINDS = frozenset({"pointwise", "reshape", "transpose", "slice", "concatenate"})

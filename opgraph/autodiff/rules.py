@@ -28,8 +28,9 @@ Pointwise modes have their own registry (`register_pointwise`); custom ops their
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -37,14 +38,14 @@ from ..core.dtypes import DataType
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph, Node
 from ..core.op import Op
+from ..core.tensor import Tensor, TensorDesc
 from ..ops.layout import Concatenate, Reshape, Slice, Transpose
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.reduction import Reduction, ReductionMode
-from ..core.tensor import Tensor, TensorDesc
 
-Value = Union[Tensor, float, int, bool]  # a backward-graph tensor or a literal
+Value = Tensor | float | int | bool  # a backward-graph tensor or a literal
 RuleFn = Callable[["RuleContext"], "dict[str, Tensor]"]
-Roles = Union[Sequence[str], Callable[[Node], Iterable[str]]]
+Roles = Sequence[str] | Callable[[Node], Iterable[str]]
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ notes, an engine's verdict on a piece (`Support`) and one way to run a piece (`E
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .errors import AttributeValueError
 

@@ -6,9 +6,10 @@ by `Graph.validate()` and never changes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, Iterator, Mapping, Union
+from typing import Any
 
 from .dtypes import DataType
 from .op import Const, Op
@@ -16,7 +17,7 @@ from .tensor import TensorDesc
 
 __all__ = ["Const", "FinalGraph", "Node", "Operand"]
 
-Operand = Union[int, Const, None]  # a tensor UID, a literal, or an absent optional input
+Operand = int | Const | None  # a tensor UID, a literal, or an absent optional input
 
 
 @dataclass(frozen=True)

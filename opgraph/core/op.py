@@ -20,14 +20,17 @@ Adding an op means writing one class and one builder in an op-family module:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NoReturn, Sequence
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
 from .dtypes import DataType
 from .errors import GraphError, ShapeError
 from .tensor import TensorDesc
+
+
 @dataclass(frozen=True)
 class Const:
     """A literal operand baked into the graph (a Python number given where a tensor may go)."""
@@ -38,7 +41,7 @@ class Const:
         return repr(self.value)
 
 
-OPS: dict[str, type["Op"]] = {}
+OPS: dict[str, type[Op]] = {}
 BUILDERS: dict[str, Callable[..., Any]] = {}
 
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from .dtypes import DataType
 
-
 _E4M3_MAX = 448.0
 
 

@@ -8,14 +8,14 @@ alone, so NHWC is dims [N, C, H, W] with strides [H*W*C, 1, W*C, C].
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from .dtypes import DataType, as_data_type
 from .errors import ShapeError
-
 
 INT64_MAX = 2**63 - 1
 

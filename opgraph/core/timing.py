@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def time_call(fn: Callable[[], Any], *, cuda: bool, warmup: int = 3, repeat: int = 20) -> float:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-from ..core.errors import UnsupportedGraphError
 from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
+from ..core.errors import UnsupportedGraphError
 from .base import Engine, Kernel
 
 ENGINES: dict[str, Engine] = {}

@@ -8,7 +8,8 @@ config. A kernel runs the piece over buffers keyed by UID.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 
@@ -36,7 +37,7 @@ class Kernel(ABC):
         """Generated source code, for engines that generate it."""
         return None
 
-    def drop_cached_buffers(self) -> None:
+    def drop_cached_buffers(self) -> None:  # noqa: B027  (optional hook: most kernels keep nothing)
         """Forget anything kept from past runs' buffers (autotuning's timing buffers)."""
 
 

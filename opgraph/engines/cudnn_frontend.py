@@ -26,16 +26,15 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from .cost import estimate_us
+from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, ExecutionError
-from ..core.config import HeurMode
 from ..core.ir import Const, Node
 from ..core.piece import Piece
 from . import register_engine
-from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
 from .base import Engine, Kernel
+from .cost import estimate_us
 from .torch_engine.common import as_torch
 
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
@@ -62,7 +61,7 @@ def _cudnn() -> Any:
     return cudnn
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_problem() -> str | None:
     if importlib.util.find_spec("cudnn") is None:
         return "the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)"
@@ -73,7 +72,7 @@ def _import_problem() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _handle(index: int) -> Any:
     import torch
 

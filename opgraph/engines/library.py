@@ -24,16 +24,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..memory.buffers import address_of
+from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError
-from ..core.config import HeurMode
 from ..core.ir import FinalGraph, Node
 from ..core.piece import Piece, make_piece
 from ..memory import workspace as wsp
+from ..memory.buffers import address_of
 from . import get_engine, register_engine
-from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
 from .base import Engine, Kernel
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")

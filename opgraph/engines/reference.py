@@ -8,18 +8,18 @@ piece's outputs into their buffers.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
+from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
-from ..core.config import HeurMode
 from ..core.ir import Const, Node
 from ..core.piece import Piece
 from ..core.rounding import round_to, to_f64
 from ..core.tensor import TensorDesc
 from . import register_engine
-from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
 from .base import Engine, Kernel
 
 CONFIG = EngineConfig(

@@ -23,14 +23,23 @@ User inputs keep the example tensors' strides (channels_last stays NHWC); interm
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
-from ..graph.builder import Graph
 from ..core.tensor import Tensor
-from .torch_runtime import (DerivedSpec, ImportedGraph, ImportReport, Mutation, OutputLeaf, RandomSpec, ReportEntry,
-                            Source)
+from ..graph.builder import Graph
+from .torch_runtime import (
+    DerivedSpec,
+    ImportedGraph,
+    ImportReport,
+    Mutation,
+    OutputLeaf,
+    RandomSpec,
+    ReportEntry,
+    Source,
+)
 
 
 class Untranslatable(Exception):
@@ -136,7 +145,7 @@ class Importer:
         records, tensors, bound, mutations = mark
         del self.g._records[records:]
         del self.g._tensors[tensors:]
-        for t, source in self.bound[bound:]:
+        for _t, source in self.bound[bound:]:
             self._declared.pop(source, None)
         del self.bound[bound:]
         del self.mutations[mutations:]
@@ -367,7 +376,7 @@ def _analyze(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]])
     state: list[tuple[str, str, Any]] = []
     host: dict[Any, tuple[str, str, float]] = {}
     readers: dict[Any, int] = {}
-    for n, ds in deps.items():
+    for ds in deps.values():
         for d in ds:
             readers[d] = readers.get(d, 0) + 1
     for n in nodes:

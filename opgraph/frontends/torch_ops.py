@@ -27,7 +27,8 @@ Composite translations (PyTorch formulas):
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..core.tensor import Tensor
 from .torch_import import Args, Importer, Untranslatable, Value, og_dims

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.tensor import Tensor
 from ..ops.norm import Batchnorm
 from ..ops.pooling import ResampleMode
 from ..ops.reduction import ReductionMode
-from ..core.tensor import Tensor
 from .torch_import import Args, Importer, Untranslatable, Value, og_dims
 from .torch_ops import PREPARE, TRANSLATORS, Translator, _axis, _ints, _meta, _operands, _scaled, _shape, op
 

@@ -20,12 +20,13 @@ with your own `variant_pack` + `plan.execute`, call `write_back(pack)`. Incremen
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..core.errors import VariantPackError
-from ..graph.builder import Graph
 from ..core.tensor import Tensor
+from ..graph.builder import Graph
 
 
 def _freeze(value: Any) -> Any:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,8 +23,8 @@ from ..core.tensor import Tensor
 log = logging.getLogger("opgraph.finalize")
 
 if TYPE_CHECKING:
-    from ..core.config import HeurMode
     from ..build.heuristics import PieceConfigs
+    from ..core.config import HeurMode
     from ..runtime.plan import ExecutionPlan
 
 

@@ -21,8 +21,8 @@ from ..core.dtypes import DataType
 from ..core.errors import DataflowError, DataTypeError, DuplicateUIDError, GraphError, ShapeError
 from ..core.ir import Const, FinalGraph, Node
 from ..core.op import Draft, NodeContext, TensorSpec
-from ..ops.base import strides_like
 from ..core.tensor import Tensor, TensorDesc, packed_strides, stride_order
+from ..ops.base import strides_like
 
 if TYPE_CHECKING:
     from .builder import Graph, OpRecord

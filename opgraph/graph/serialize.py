@@ -79,7 +79,7 @@ def graph_from_json(text: str | bytes) -> Any:
     except (ValueError, RecursionError) as err:  # bad syntax or encoding, huge numbers, deep nesting
         raise SerializationError(f"not valid JSON: {type(err).__name__}: {str(err)[:200]}",
                                  rule="json.syntax") from None
-    except TypeError as err:
+    except TypeError:
         raise SerializationError(f"a graph file is text or bytes, not {type(text).__name__}",
                                  rule="json.syntax") from None
     return graph_from_dict(doc)
@@ -146,7 +146,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                     raise SerializationError(f"{where}: {op.kind} has no {what} role '{role}'", rule="json.role",
                                              hint=f"its {what} roles are {list(roles)}")
 
-        def operand(role: str) -> Any:
+        def operand(role: str, ins: dict = ins, where: str = where) -> Any:
             v = ins.get(role)
             if v is None:
                 return None

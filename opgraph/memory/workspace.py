@@ -7,16 +7,17 @@ for type, device, size and overlap with the bound buffers) or let the plan alloc
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from .buffers import buffer_info
 from ..core.device import Device
 from ..core.errors import VariantPackError
 from ..core.ir import FinalGraph
 from ..core.tensor import storage_extent, strided_view
+from .buffers import buffer_info
 
 ALIGN = 256  # bytes; every slot starts on this boundary (TMA and vector loads like 16+)
 

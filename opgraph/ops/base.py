@@ -5,7 +5,7 @@ What an op is (Op, NodeContext, the registries) lives in opgraph.core.op.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..core.errors import ShapeError
 from ..core.ir import Const

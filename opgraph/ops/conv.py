@@ -15,18 +15,18 @@ spatial axes are per axis (o*s + r*d means the vector of o_i*s_i + r_i*d_i).
 from __future__ import annotations
 
 import dataclasses
-
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
-from ..core.tensor import Tensor, TensorDesc
 from ..core.op import Draft, NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import Tensor, TensorDesc
 from .base import strides_like
 
 

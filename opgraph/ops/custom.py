@@ -19,14 +19,15 @@ Graph files name the op; loading one needs the op registered first (the error sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import AttributeValueError, GraphError, ShapeError
-from ..core.tensor import TensorDesc
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import TensorDesc
 from .base import broadcast_dims, first_tensor, strides_like
 
 Param = int | float | str | bool

@@ -39,10 +39,9 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
-from ..core.tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
 from .base import strides_like
-
 
 # -- reshape -----------------------------------------------------------------------------------------
 

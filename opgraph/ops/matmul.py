@@ -25,8 +25,8 @@ import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
-from ..core.tensor import packed_strides
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import packed_strides
 
 
 @register_op

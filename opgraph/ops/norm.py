@@ -30,16 +30,17 @@ tensor.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
 from ..core.ir import Const
-from ..core.tensor import TensorDesc, packed_strides
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import TensorDesc, packed_strides
 from .base import strides_like
 
 if TYPE_CHECKING:

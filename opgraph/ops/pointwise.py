@@ -27,15 +27,16 @@ from __future__ import annotations
 import enum
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError
-from ..core.tensor import TensorDesc
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import TensorDesc
 from .base import broadcast_dims, first_tensor
 
 

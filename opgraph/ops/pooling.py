@@ -39,8 +39,8 @@ import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataflowError, DataTypeError, ShapeError
-from ..core.tensor import TensorDesc
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.tensor import TensorDesc
 from .base import strides_like
 
 

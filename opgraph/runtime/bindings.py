@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from ..memory.buffers import BufferInfo, buffer_info, tensor_from_pointer
 from ..core.device import Device
 from ..core.errors import GraphError, VariantPackError
 from ..core.ir import FinalGraph
 from ..core.rounding import round_to
 from ..core.tensor import Tensor, TensorDesc, storage_extent
+from ..memory.buffers import BufferInfo, buffer_info, tensor_from_pointer
 
 
 def resolve_key(graph: FinalGraph, key: Any) -> int:

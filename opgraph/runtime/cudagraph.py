@@ -21,11 +21,12 @@ behaviour note SUPPORTS_CUDA_GRAPH_NATIVE_API; a by-reference tensor that a step
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from ..memory.addresses import TABLE_KEY
 from ..core.errors import GraphError
+from ..memory.addresses import TABLE_KEY
 
 if TYPE_CHECKING:
     from .plan import ExecutionPlan

@@ -4,15 +4,16 @@ tensors crossing pieces. `execute` binds a variant pack and runs the steps in or
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from ..build.partition import Cut
 from ..build.planner import Schedule, Step, engine_configs, plan_steps
 from ..core.config import BehaviorNote
 from ..core.device import Device
 from ..core.errors import GraphError
 from ..core.ir import FinalGraph
-from ..build.partition import Cut
 from ..memory import workspace as wsp
 from ..memory.addresses import AddressTable
 from .bindings import FastBinder, bind
@@ -219,9 +220,8 @@ class ExecutionPlan:
     def set_address(self, tensor: Any, buffer: Any) -> None:
         """Point a by-reference tensor at another buffer (checked like a variant-pack entry); ordered on
         the current stream, so a captured graph replayed afterwards reads the new buffer."""
-        from .bindings import resolve_key
         from ..memory.buffers import address_of, buffer_info
-        from .bindings import _check_buffer
+        from .bindings import _check_buffer, resolve_key
 
         uid = self._fast.keys.get(tensor) if self._fast is not None and _hashable(tensor) else None
         if uid is None:

@@ -20,12 +20,12 @@ import json
 from typing import Any
 
 from ..build.autotune import environment
-from ..core.device import resolve_device
-from ..engines import get_engine
-from ..core.config import BehaviorNote, EngineConfig, NumericalNote
-from ..core.errors import GraphError, SerializationError
 from ..build.partition import Cut
+from ..core.config import BehaviorNote, EngineConfig, NumericalNote
+from ..core.device import resolve_device
+from ..core.errors import GraphError, SerializationError
 from ..core.piece import make_piece
+from ..engines import get_engine
 from ..graph.serialize import graph_from_dict, graph_to_dict
 
 PLAN_FORMAT = "opgraph.plan"
@@ -103,8 +103,8 @@ def _config(doc: Any, where: str) -> EngineConfig:
 
 
 def plan_from_bytes(data: bytes, *, device: Any = None, on_mismatch: str = "error") -> Any:
-    from .plan import ExecutionPlan
     from ..build.planner import Step
+    from .plan import ExecutionPlan
 
     if on_mismatch not in ("error", "recompile"):
         raise SerializationError(f"on_mismatch={on_mismatch!r}", rule="plan.option",

@@ -32,8 +32,8 @@ def _load(path: str) -> Graph:
 
 def run_and_verify(g: Graph, *, device: str | None, engines: list[str] | None, seed: int, repeat: int) -> dict:
     """Build g, run it on random inputs, compare every output with the reference engine, time it."""
-    from ..testing import compare, random_pack, reference_outputs
     from ..core.timing import time_call
+    from ..testing import compare, random_pack, reference_outputs
 
     final = g.final
     rng = np.random.default_rng(seed)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.dtypes import DataType
-from ..graph.builder import Graph
 from ..core.tensor import channels_last_order, packed_strides
+from ..graph.builder import Graph
 
 
 def nhwc(dim: list[int]) -> list[int]:

@@ -27,13 +27,12 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
+from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ...core.device import Device
 from ...core.dtypes import DataType
 from ...core.errors import ExecutionError
-from ...core.config import HeurMode
 from ...core.piece import Piece
 from .. import register_engine
-from ...core.config import BehaviorNote, EngineConfig, NumericalNote, Support
 from ..base import Engine, Kernel
 from . import conv, custom, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
 from .common import IMPLS, Call, as_torch, finish, wide_compute

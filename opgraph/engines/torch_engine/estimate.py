@@ -5,9 +5,9 @@ run at about a tenth of the tensor-core rate."""
 
 from __future__ import annotations
 
-from ..cost import LAUNCH_US, piece_flops, rates
 from ...core.device import Device
 from ...core.piece import Piece
+from ..cost import LAUNCH_US, piece_flops, rates
 
 LAUNCHES_PER_OP = 3
 FP32_GEMM_SLOWDOWN = 10.0

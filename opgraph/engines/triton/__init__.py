@@ -10,18 +10,18 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from ..cost import estimate_us
+from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ...core.device import Device, cuda_usable
-from ...core.config import HeurMode
 from ...core.piece import Piece
-from .. import register_engine
-from ...core.config import BehaviorNote, EngineConfig, NumericalNote, Support
-from ..base import Engine, Kernel
 from ...memory.addresses import TABLE_KEY, table_slots
+from .. import register_engine
+from ..base import Engine, Kernel
+from ..cost import estimate_us
 from .indirect import make_indirect
 from .launch import Launcher
 from .loader import load_module

@@ -10,13 +10,14 @@ kernels agree with the unfused graph; comparisons yield 1.0/0.0.
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from ...core.dtypes import DataType
 from ...core.ir import Const, Node
+from ...core.tensor import TensorDesc
 from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
-from ...core.tensor import TensorDesc
 
 TL_DTYPE = {
     DataType.FLOAT: "tl.float32", DataType.DOUBLE: "tl.float64", DataType.HALF: "tl.float16",

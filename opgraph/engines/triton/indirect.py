@@ -14,8 +14,8 @@ pointers are declared to have (Triton cannot infer it from a load, and vector lo
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Mapping
 
 from ...core.dtypes import DataType
 from .expr import TL_DTYPE

@@ -10,7 +10,8 @@ they are). Any failure of the direct path (another Triton version) turns it off 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def alignment_key(args: Sequence[Any]) -> tuple:

@@ -3,8 +3,8 @@ and the reductions at the end of the epilogue (per-program partials in scratch, 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from ....core.dtypes import DataType
 from ....core.ir import Node
@@ -32,7 +32,7 @@ class Context:
     interpret: bool
     scratch: Scratch = field(default_factory=Scratch)
     tensors: dict[int, TensorDesc] = field(default_factory=dict)
-    reductions: list["ReductionPlan"] = field(default_factory=list)
+    reductions: list[ReductionPlan] = field(default_factory=list)
     sm_count: int = 132  # the device's SMs (sizes the combine launches)
 
     def ptr_of(self, sig: Signature) -> Callable[[int], str]:
@@ -302,7 +302,7 @@ class ReductionPlan:
         axis = 0 if self.red.along == "rows" else 1
         kept, slot, mask = self._kept(ctx)
         lines = []
-        for uid, kind, fin, offset in self.arrays:
+        for uid, _kind, fin, offset in self.arrays:
             part = names[uid]
             if self.slots == 1:
                 desc = ctx.tensors[uid]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..templates.base import Params
 from ....memory.workspace import align_up
+from ..templates.base import Params
 
 # a kernel's parameters and the launch arguments that fill them (templates/base.py)
 Signature = Params

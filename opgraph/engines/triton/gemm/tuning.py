@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ....core.device import Device
 from ..templates.base import pow2_at_least, unique
-from .analysis import GemmPiece, Reduce, View, analyze, memory_views
-from .constants import VIEW_KINDS
-from .dots import DotKind, dot_kind, fp32_knobs, stencil_dot, stencil_support
-from .epilogue import Context, ReductionPlan, add_combines, epilogue, make_context, operand_tile, preload_lines
-from .indexing import TileIndexer
-from .scratch import Scratch, Signature
-from .space import OutputSpace
-from .splitk import epilogue_tiling
-from .template import TileTemplate
-from .tiling import Tiling, decompose, input_taps
+from .analysis import GemmPiece
 
 # Fraction of a Hopper SM's tensor-core rate a Triton tile of BM x BN reaches (pointer-load GEMMs
 # reach ~530-550 TFLOP/s at 128x256 on an H200; smaller tiles move more operand bytes per flop).
@@ -134,11 +126,3 @@ def with_subtile(configs: list[dict[str, Any]], gp: GemmPiece, device: Device) -
     if not device.is_cuda or not gp.epilogue:
         return configs
     return [{**c, "EPILOGUE_SUBTILE": 2} if c["BLOCK_M"] * c["BLOCK_N"] >= 32768 else c for c in configs]
-
-
-__all__ = [
-    "OutputSpace", "View", "Reduce", "GemmPiece", "analyze", "DotKind", "dot_kind", "Signature", "Scratch",
-    "TileIndexer", "Tiling", "decompose", "Context", "make_context", "operand_tile", "epilogue",
-    "ReductionPlan", "TileTemplate", "gemm_candidates", "estimate_us", "with_subtile", "literal", "preload_lines",
-    "epilogue_tiling", "input_taps", "memory_views", "VIEW_KINDS", "fp32_knobs", "finish_candidates", "stencil_support", "stencil_dot", "add_combines",
-]

@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.ir import Const, Node, Operand
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....core.config import Support
 from ..expr import Emitter, elementwise, literal
 from .base import Params, Template, program_id
 

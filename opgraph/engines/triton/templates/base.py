@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.piece import Piece
-from ....core.config import Support
 from ..expr import HELPERS, custom_imports
 
 

@@ -28,20 +28,36 @@ fp32 over the taps and the channel multiplier, a memory-bound stencil like depth
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.ir import Node
-from ....ops.conv import ConvDgrad, ConvolutionMode, ConvGeometry
 from ....core.piece import Piece
-from ....core.config import Support
-from .base import pow2_at_least
+from ....ops.conv import ConvDgrad, ConvGeometry, ConvolutionMode
 from ..gemm import (
-    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, dot_kind,
-    estimate_us, gemm_candidates, needs_int64, operand_bytes, operand_tile, uses_fp32, with_subtile,
+    Context,
+    DotKind,
+    GemmPiece,
+    OutputSpace,
+    Signature,
+    TileIndexer,
+    TileTemplate,
+    Tiling,
+    decompose,
+    dot_kind,
+    estimate_us,
+    gemm_candidates,
+    needs_int64,
+    operand_bytes,
+    operand_tile,
+    uses_fp32,
+    with_subtile,
 )
+from .base import pow2_at_least
 
 UNROLL_TAPS = 32  # stencil (depthwise) loops with more taps x multiplier steps are not unrolled
 

@@ -16,17 +16,30 @@ and the padded positions are zeroed after it.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ....core.device import Device
 from ....core.ir import Node
-from ....ops.conv import ConvFprop, ConvolutionMode
 from ....core.piece import Piece
-from .base import pow2_at_least, unique
+from ....ops.conv import ConvFprop, ConvolutionMode
 from ..gemm import (
-    Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, decompose, estimate_us, finish_candidates,
-    fp32_knobs, gemm_candidates, input_taps, operand_bytes, operand_tile,
+    Context,
+    GemmPiece,
+    OutputSpace,
+    Signature,
+    TileIndexer,
+    TileTemplate,
+    decompose,
+    estimate_us,
+    finish_candidates,
+    fp32_knobs,
+    gemm_candidates,
+    input_taps,
+    operand_bytes,
+    operand_tile,
 )
+from .base import pow2_at_least, unique
 
 
 class ConvFpropTemplate(TileTemplate):

@@ -26,22 +26,44 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
-from ....ops.conv import ConvolutionMode, ConvWgrad, ConvGeometry
 from ....core.piece import Piece
-from ....core.config import Support
-from .base import Generated, Launch, module_source, pow2_at_least, unique
+from ....ops.conv import ConvGeometry, ConvolutionMode, ConvWgrad
 from ..gemm import (
-    Context, DotKind, GemmPiece, OutputSpace, ReductionPlan, Scratch, Signature, TileIndexer, TileTemplate, Tiling,
-    check_knobs, decompose, dot_kind, epilogue, estimate_us, gemm_candidates, make_context, needs_int64,
-    operand_bytes, operand_tile, split_range, split_store, uses_fp32, with_subtile,
+    Context,
+    DotKind,
+    GemmPiece,
+    OutputSpace,
+    ReductionPlan,
+    Scratch,
+    Signature,
+    TileIndexer,
+    TileTemplate,
+    Tiling,
+    check_knobs,
+    decompose,
+    dot_kind,
+    epilogue,
+    estimate_us,
+    gemm_candidates,
+    make_context,
+    needs_int64,
+    operand_bytes,
+    operand_tile,
+    split_range,
+    split_store,
+    uses_fp32,
+    with_subtile,
 )
+from .base import Generated, Launch, module_source, pow2_at_least, unique
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
 MIN_GPU_CHANNELS = 8  # fewer input channels per group (not depthwise): no fused neighbours on the GPU

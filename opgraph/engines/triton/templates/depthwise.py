@@ -29,21 +29,35 @@ activations, stores, genstats) follows.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
-from ....ops.conv import ConvFprop, ConvolutionMode
 from ....core.piece import Piece
-from ....core.config import Support
-from .base import Generated, Launch, module_source, pow2_at_least
+from ....ops.conv import ConvFprop, ConvolutionMode
 from ..gemm import (
-    Context, DotKind, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, Tiling, decompose, epilogue,
-    make_context, needs_int64, operand_tile, preload_lines, input_taps,
+    Context,
+    DotKind,
+    GemmPiece,
+    OutputSpace,
+    Signature,
+    TileIndexer,
+    TileTemplate,
+    Tiling,
+    decompose,
+    epilogue,
+    input_taps,
+    make_context,
+    needs_int64,
+    operand_tile,
+    preload_lines,
 )
+from .base import Generated, Launch, module_source, pow2_at_least
 
 UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
 ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers: up to 3x3

@@ -17,8 +17,9 @@ Hopper (the research notes measured 663-694 TFLOP/s against 520-530 with pointer
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ....core.device import Device
 from ....core.ir import Node
@@ -26,8 +27,20 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
 from ..gemm import (
-    Context, GemmPiece, OutputSpace, Signature, TileIndexer, TileTemplate, estimate_us, finish_candidates,
-    fp32_knobs, gemm_candidates, operand_bytes, operand_tile, tma_ok, tma_prelude,
+    Context,
+    GemmPiece,
+    OutputSpace,
+    Signature,
+    TileIndexer,
+    TileTemplate,
+    estimate_us,
+    finish_candidates,
+    fp32_knobs,
+    gemm_candidates,
+    operand_bytes,
+    operand_tile,
+    tma_ok,
+    tma_prelude,
 )
 
 # per operand: (the tile's row index start, its column index start) in the main loop

@@ -36,10 +36,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ....memory.workspace import align_up
+from ....core.config import Support
 from ....core.device import Device
 from ....core.piece import Piece
-from ....core.config import Support
+from ....memory.workspace import align_up
 from ._norm_common import (
     Comp,
     Fusion,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
-from ....core.config import Support
 from ..expr import Emitter, compute_type, elementwise, fused_custom
-from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from ..gemm import VIEW_KINDS, memory_views
+from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 
 INT32_LIMIT = 2**31 - 1
 

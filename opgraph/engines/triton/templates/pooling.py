@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ....core.config import Support
 from ....core.device import Device
 from ....core.ir import Node
-from ....ops.pooling import PoolGeometry, Resample, ResampleMode
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
-from ....core.config import Support
+from ....ops.pooling import PoolGeometry, Resample, ResampleMode
 from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, round_in_compute, to_storage
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from .reduction import INT32_LIMIT, FlatAxes

@@ -28,19 +28,29 @@ MIN/MAX/AMAX propagate NaN like np.min/np.max.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from ....memory.workspace import align_up
+from ....core.config import Support
 from ....core.device import Device
 from ....core.ir import Node
-from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
-from ....core.config import Support
+from ....memory.workspace import align_up
+from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import Emitter, compute_type, elementwise, to_storage
 from .base import (
-    Arg, Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique,
+    Arg,
+    Generated,
+    Launch,
+    Template,
+    external_params,
+    indent,
+    module_source,
+    pow2_at_least,
+    program_id,
+    unique,
 )
 
 INT32_LIMIT = 2**31 - 1
