@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-import opgraph.cudnn as cudnn  # was: import cudnn
+from opgraph import cudnn  # was: import cudnn
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 handle = cudnn.create_handle()

@@ -15,8 +15,8 @@ failed. `plan_inplace` is computed once per plan; binding a pack only looks pair
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from .ir import FinalGraph, Node
 

@@ -11,7 +11,7 @@ import opgraph as og
 from opgraph.aliasing import dependents, plan_inplace
 from opgraph.bindings import _views_overlap
 from opgraph.buffers import BufferInfo
-from opgraph.testing import clone, compare, poison, random_pack, reference_outputs
+from opgraph.testing import clone, compare, random_pack, reference_outputs
 
 from .helpers import requires_cuda
 

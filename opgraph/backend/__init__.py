@@ -22,14 +22,16 @@ Extensions: ALPHA/BETA as a 1-element tensor descriptor or a device pointer, rea
 from __future__ import annotations
 
 from ..cudnn.handles import Handle, create_handle, destroy_handle, get_stream, set_stream
-from . import lowering as _lowering, plans as _plans  # noqa: F401  (register the finalizers)
-from .descriptors import (BackendError, Descriptor, create_descriptor, destroy_descriptor, finalize, get_attribute,
-                          set_attribute)
-from .names import (AttributeName, AttributeType, DescriptorType, Status, cudnnBackendBehaviorNote_t,
-                    cudnnBackendHeurMode_t, cudnnBackendKnobType_t, cudnnBackendNormFwdPhase_t, cudnnBackendNormMode_t,
-                    cudnnBackendNumericalNote_t, cudnnBackendTensorReordering_t, cudnnConvolutionMode_t, cudnnDataType_t,
-                    cudnnGenStatsMode_t, cudnnNanPropagation_t, cudnnPaddingMode_t, cudnnPointwiseMode_t,
-                    cudnnReduceTensorOp_t, cudnnResampleMode_t, exported)
+from . import lowering as _lowering, plans as _plans  # noqa: F401 (importing them registers the finalizers)
+from .descriptors import (
+    BackendError, Descriptor, create_descriptor, destroy_descriptor, finalize, get_attribute, set_attribute,
+)
+from .names import (
+    AttributeName, AttributeType, DescriptorType, Status, cudnnBackendBehaviorNote_t, cudnnBackendHeurMode_t,
+    cudnnBackendKnobType_t, cudnnBackendNormFwdPhase_t, cudnnBackendNormMode_t, cudnnBackendNumericalNote_t,
+    cudnnBackendTensorReordering_t, cudnnConvolutionMode_t, cudnnDataType_t, cudnnGenStatsMode_t, cudnnNanPropagation_t,
+    cudnnPaddingMode_t, cudnnPointwiseMode_t, cudnnReduceTensorOp_t, cudnnResampleMode_t, exported,
+)
 from .plans import execute, populate_cuda_graph, update_cuda_graph
 
 globals().update(exported())  # CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_..., CUDNN_TYPE_..., CUDNN_DATA_...

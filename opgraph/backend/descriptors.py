@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class Descriptor:
     """A backend descriptor: its type, the attributes set so far and, once finalized, what opgraph made
     of it (`state`)."""
 
-    __slots__ = ("type", "attrs", "finalized", "destroyed", "serial", "state", "__weakref__")
+    __slots__ = ("__weakref__", "attrs", "destroyed", "finalized", "serial", "state", "type")
 
     def __init__(self, kind: DescriptorType) -> None:
         self.type = kind
@@ -225,7 +226,7 @@ def get_attribute(desc: Descriptor, name: AttributeName, kind: AttributeType, re
                            hint=f"read it as {' or '.join(t.name for t in spec.types)}")
     derived = GETTERS.get(desc.type, lambda d, n: None)(desc, name) if desc.finalized else None
     if derived is None:
-        if not spec.settable:
+        if name not in desc.attrs and not spec.settable:  # (attributes the backend filled in are stored)
             raise BackendError(f"{name.name} is known once the descriptor is finalized", descriptor=desc,
                                attribute=name, status=Status.CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED,
                                rule="backend.not_finalized", hint="call finalize() first")
@@ -282,5 +283,15 @@ def destroy_descriptor(desc: Descriptor) -> Any:
     return Status.CUDNN_STATUS_SUCCESS
 
 
-__all__ = ["BackendError", "Descriptor", "FINALIZERS", "GETTERS", "create_descriptor", "destroy_descriptor",
-           "finalize", "get_attribute", "require", "set_attribute"]
+__all__ = [
+    "FINALIZERS",
+    "GETTERS",
+    "BackendError",
+    "Descriptor",
+    "create_descriptor",
+    "destroy_descriptor",
+    "finalize",
+    "get_attribute",
+    "require",
+    "set_attribute",
+]

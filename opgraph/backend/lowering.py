@@ -11,8 +11,9 @@ to Y's own buffer: an in-place update through the variant pack (opgraph.aliasing
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..cudnn.candidates import Planner
 from ..cudnn.handles import Handle
@@ -23,15 +24,28 @@ from ..graph import Graph
 from ..ir import FinalGraph
 from ..ops.conv import ConvDgrad, ConvFprop, ConvWgrad
 from ..ops.matmul import Matmul
-from ..ops.norm import (Batchnorm, BatchnormBackward, BatchnormInference, Instancenorm, InstancenormBackward, Layernorm,
-                        LayernormBackward, NormForwardPhase, Rmsnorm, RmsnormBackward)
+from ..ops.norm import (
+    Batchnorm,
+    BatchnormBackward,
+    BatchnormInference,
+    Instancenorm,
+    InstancenormBackward,
+    Layernorm,
+    LayernormBackward,
+    NormForwardPhase,
+    Rmsnorm,
+    RmsnormBackward,
+)
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.pooling import Resample
 from ..ops.reduction import GenStats, Reduction
 from ..tensor import Tensor
 from . import names as N
 from .descriptors import FINALIZERS, BackendError, Descriptor
-from .names import AttributeName as A, AttributeType as T, DescriptorType as D, Status
+from .names import AttributeName as A
+from .names import AttributeType as T
+from .names import DescriptorType as D
+from .names import Status
 
 NOT_SUPPORTED = Status.CUDNN_STATUS_NOT_SUPPORTED
 
@@ -414,8 +428,9 @@ def _norm_forward(lw: _Lowering, op: Descriptor) -> None:
         lw.add(op, BatchnormInference(), [x, lw.inp(op, a["MEAN_DESC"]), lw.inp(op, a["INV_VARIANCE_DESC"]), scale, bias],
                {"y": a["YDESC"]})
     elif mode == "batch":
-        running = [lw.inp(op, a[r]) for r in ("INPUT_RUNNING_MEAN_DESC", "INPUT_RUNNING_VAR_DESC", "EXP_AVG_FACTOR_DESC")]
-        lw.add(op, Batchnorm(), [x, scale, bias, *running, eps], outs)
+        rm, rv, momentum = (lw.inp(op, a[r]) for r in ("INPUT_RUNNING_MEAN_DESC", "INPUT_RUNNING_VAR_DESC",
+                                                       "EXP_AVG_FACTOR_DESC"))
+        lw.add(op, Batchnorm(), [x, scale, bias, rm, rv, eps, momentum], outs)
     else:
         kind = {"layer": Layernorm, "rms": Rmsnorm, "instance": Instancenorm}[mode](norm_forward_phase=phase)
         lw.add(op, kind, [x, scale, bias, eps], outs)

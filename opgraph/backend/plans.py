@@ -22,7 +22,9 @@ from ..plan import ExecutionPlan
 from . import names as N
 from .descriptors import FINALIZERS, GETTERS, BackendError, Descriptor, _usable
 from .lowering import LoweredGraph
-from .names import AttributeName as A, DescriptorType as D, Status
+from .names import AttributeName as A
+from .names import DescriptorType as D
+from .names import Status
 
 
 @dataclass
@@ -176,7 +178,7 @@ def _get_engine(desc: Descriptor, name: A) -> list | None:
     return {A.CUDNN_ATTR_ENGINE_KNOB_INFO: lambda: [_knob_info(max(len(c) for c in st.configs) - 1)],
             A.CUDNN_ATTR_ENGINE_NUMERICAL_NOTE: lambda: _notes(first, True),
             A.CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE: lambda: _notes(first, False),
-            A.CUDNN_ATTR_ENGINE_LAYOUT_INFO: lambda: []}.get(name, lambda: None)()
+            A.CUDNN_ATTR_ENGINE_LAYOUT_INFO: list}.get(name, lambda: None)()
 
 
 def _get_config(desc: Descriptor, name: A) -> list | None:
@@ -225,9 +227,12 @@ def _checked(handle: Any, plan: Descriptor, variant_pack: Descriptor) -> tuple[P
     st: PlanState = plan.state
     device = st.plan.device
     pack: dict[int, Any] = {}
+    tensors = st.plan.graph.tensors
     for uid, ptr in zip(variant_pack.values(A.CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS),
                         variant_pack.values(A.CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS)):
-        pack[uid] = _pointer(ptr, device, variant_pack, A.CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, uid)
+        by_value = uid in tensors and tensors[uid].is_pass_by_value
+        pack[uid] = _pointer(ptr, device if not by_value else None, variant_pack,
+                             A.CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, uid)
     for uid, (how, what) in (st.graph.auto.items() if st.graph is not None else ()):
         if how == "alias":
             if what not in pack:
@@ -249,6 +254,11 @@ def _checked(handle: Any, plan: Descriptor, variant_pack: Descriptor) -> tuple[P
 
 
 def _pointer(ptr: Any, device: Any, desc: Descriptor, attribute: Any, uid: int) -> Any:
+    """The buffer for `uid`; device None: a by-value tensor, whose "pointer" is its host value's buffer."""
+    if isinstance(ptr, (int, np.integer)) and device is None:
+        raise BackendError(f"UID {uid} is a by-value tensor bound to a raw address", descriptor=desc,
+                           attribute=attribute, rule="backend.by_value_pointer",
+                           hint="pass the host value's buffer instead, e.g. np.array([1e-5], np.float32)")
     if isinstance(ptr, (int, np.integer)) and not device.is_cuda:
         raise BackendError(f"UID {uid} is bound to a raw address, which cannot be checked on the CPU", descriptor=desc,
                            attribute=attribute, rule="backend.host_pointer",

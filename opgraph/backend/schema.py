@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .names import AttributeName as A, AttributeType as T, DescriptorType as D
+from .names import AttributeName as A
+from .names import AttributeType as T
+from .names import DescriptorType as D
 
 
 @dataclass(frozen=True)

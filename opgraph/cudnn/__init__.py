@@ -21,6 +21,7 @@ This module imports opgraph's graph and runtime; nothing in them imports it.
 
 from __future__ import annotations
 
+from ..tensor import Tensor as tensor
 from .enums import (
     behavior_note,
     build_plan_policy,
@@ -43,7 +44,6 @@ from .errors import cudnnGraphNotSupportedError
 from .handles import Handle, create_handle, destroy_handle, get_stream, set_stream
 from .pygraph import pygraph, tensor_attributes
 from .wrapper import Graph, graph, graph_cache, jit
-from ..tensor import Tensor as tensor
 
 __version__ = "1.10.0"  # the cuDNN frontend Python API this module mirrors
 # The cuDNN API level the shim answers for (programs gate features on it); no cuDNN library is loaded.

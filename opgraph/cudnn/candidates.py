@@ -10,14 +10,16 @@ the knob KERNEL_CFG = j picks each piece's j-th config of that engine. Shared by
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..device import Device
 from ..engines import get_engine
 from ..engines.base import BehaviorNote, Engine, EngineConfig, NumericalNote
 from ..errors import UnsupportedGraphError
-from ..filters import OPTIONS as FILTER_OPTIONS, ConfigFilter
+from ..filters import OPTIONS as FILTER_OPTIONS
+from ..filters import ConfigFilter
 from ..heuristics import HeurMode, as_modes, rank_configs
 from ..ir import FinalGraph
 from ..partition import Cut, Piece, partition
@@ -150,4 +152,4 @@ class Planner:
         return ExecutionPlan(self.graph, self.device, tuple(steps), tuple(self.cuts))
 
 
-__all__ = ["Candidate", "FILTER_OPTIONS", "Planner"]
+__all__ = ["FILTER_OPTIONS", "Candidate", "Planner"]

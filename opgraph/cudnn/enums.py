@@ -10,7 +10,8 @@ placeholders of their own: opgraph refuses them with a typed error when they are
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..dtypes import DataType
 from ..engines.base import BehaviorNote, NumericalNote
@@ -73,12 +74,12 @@ numerical_note = _namespace("numerical_note", {
 })
 
 
-class build_plan_policy(enum.Enum):  # noqa: N801 (cuDNN's name)
+class build_plan_policy(enum.Enum):
     HEURISTICS_CHOICE = "heuristics_choice"  # build the candidates in order until one builds
     ALL = "all"  # build every candidate that builds
 
 
-class knob_type(enum.Enum):  # noqa: N801
+class knob_type(enum.Enum):
     """cuDNN's knob vocabulary. opgraph answers KERNEL_CFG only: which of an engine's ranked configs
     (its template knobs, tile sizes, split) a plan uses; `cudnn.pygraph.get_knobs_for_engine`."""
 
@@ -113,32 +114,32 @@ class knob_type(enum.Enum):  # noqa: N801
     WARP_SPEC_CFG = 28
 
 
-class tensor_reordering(enum.Enum):  # noqa: N801
+class tensor_reordering(enum.Enum):
     NONE = "none"
     INT8x32 = "int8x32"
     F16x16 = "f16x16"
     F8_128x4 = "f8_128x4"
 
 
-class scalar_type(enum.Enum):  # noqa: N801
+class scalar_type(enum.Enum):
     RUNTIME_PARAM = "runtime_param"  # a pass-by-value tensor holding the value (no rebuild to change it)
     COMPILE_TIME_CONST = "compile_time_const"  # baked into the graph
 
 
-class reshape_mode(enum.Enum):  # noqa: N801
+class reshape_mode(enum.Enum):
     VIEW_ONLY = "view_only"
     LOGICAL = "logical"
 
 
-class diagonal_alignment(enum.Enum):  # noqa: N801 (attention masks; opgraph has no SDPA op)
+class diagonal_alignment(enum.Enum):
     TOP_LEFT = "top_left"
     BOTTOM_RIGHT = "bottom_right"
 
 
-class knob:  # noqa: N801
+class knob:
     """A knob of an engine: its type and the range of values (`min_value`..`max_value` by `stride`)."""
 
-    __slots__ = ("type", "max_value", "min_value", "stride")
+    __slots__ = ("max_value", "min_value", "stride", "type")
 
     def __init__(self, knob_type: knob_type = knob_type.NOT_SET, max_value: int = 0, min_value: int = 0,
                  stride: int = 1) -> None:

@@ -10,12 +10,13 @@ both catch a bad conv)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..errors import GraphError, UnsupportedGraphError
 
 
-class cudnnGraphNotSupportedError(UnsupportedGraphError, RuntimeError):  # noqa: N801 (cuDNN's name)
+class cudnnGraphNotSupportedError(UnsupportedGraphError, RuntimeError):
     """No engine (config) runs the graph, or none is left after the filters."""
 
 

@@ -17,7 +17,7 @@ from .errors import translated
 class Handle:
     """What `create_handle` returns; pass it as `handle=` to pygraph and execute."""
 
-    __slots__ = ("device", "stream", "destroyed")
+    __slots__ = ("destroyed", "device", "stream")
 
     def __init__(self, device: Device) -> None:
         self.device = device

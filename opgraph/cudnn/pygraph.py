@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import json
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from ..bindings import resolve_key
 from ..buffers import buffer_info, tensor_from_pointer
 from ..device import Device, resolve_device
 from ..dtypes import DataType
 from ..errors import AttributeValueError, GraphError, SerializationError, VariantPackError
+from ..finalize import _self_overlapping
 from ..graph import Graph
 from ..ops.base import BUILDERS
 from ..plan import ExecutionPlan
-from ..bindings import resolve_key
-from ..finalize import _self_overlapping
 from ..tensor import Tensor, TensorDesc, storage_extent, strided_view
 from . import enums
 from .candidates import Candidate, Planner
@@ -43,7 +44,7 @@ _IGNORED_OPTIONS = frozenset({"sm_count", "sm_version", "kernel_cache", "device_
                               "is_dynamic_shape_enabled", "is_cuda_graph_replay_expected"})
 
 
-class tensor_attributes:  # noqa: N801 (what cuDNN's query_tensor_attributes_of_uid returns)
+class tensor_attributes:
     """A read-only view of a tensor of a built graph."""
 
     def __init__(self, desc: TensorDesc) -> None:
@@ -74,7 +75,7 @@ class tensor_attributes:  # noqa: N801 (what cuDNN's query_tensor_attributes_of_
         return str(self._desc)
 
 
-class pygraph(Graph):  # noqa: N801 (cuDNN's name)
+class pygraph(Graph):
     """A cuDNN frontend graph: build it with the op builders, then validate, plan, build and execute.
 
     opgraph extensions: `device=` ("cpu", "cuda", "cuda:N"; default the handle's device, else the GPU
@@ -123,7 +124,7 @@ class pygraph(Graph):  # noqa: N801 (cuDNN's name)
                               is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference)
 
     @translated
-    def tensor_like(self, input: Any, name: str = "", uid: int | None = None) -> Tensor:  # noqa: A002
+    def tensor_like(self, input: Any, name: str = "", uid: int | None = None) -> Tensor:
         """A tensor shaped like a tensor of any graph, a buffer (PyTorch, NumPy, DLPack) or a number.
         A 1-element CPU buffer becomes a pass-by-value scalar, as in cuDNN."""
         if isinstance(input, Tensor):
@@ -145,7 +146,7 @@ class pygraph(Graph):  # noqa: N801 (cuDNN's name)
                               name=name, uid=uid)
 
     @translated
-    def tensor_scalar(self, value: float | int, scalar_type: Any = enums.scalar_type.COMPILE_TIME_CONST) -> Any:
+    def tensor_scalar(self, value: float, scalar_type: Any = enums.scalar_type.COMPILE_TIME_CONST) -> Any:
         """COMPILE_TIME_CONST: the number itself (baked into the op that reads it); RUNTIME_PARAM: a
         pass-by-value tensor the shim binds to `value` at execute (no rebuild to change it)."""
         if scalar_type is enums.scalar_type.COMPILE_TIME_CONST:

@@ -16,7 +16,8 @@ import contextlib
 import functools
 import itertools
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 

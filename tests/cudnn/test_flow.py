@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 import opgraph as og
-import opgraph.cudnn as cudnn
+from opgraph import cudnn
 from opgraph.testing import compare, reference_outputs
 
 torch = pytest.importorskip("torch")
@@ -118,7 +117,7 @@ def test_filters(handle):
 
 
 def test_build_shorthands(handle):
-    g, (X, W, B, Y), (x, w, b), want = _conv_bias_relu(handle)
+    g, (X, _, B, Y), (x, w, b), want = _conv_bias_relu(handle)
     g.build()  # validate + operation graph only
     assert g.get_execution_plan_count() == 0
     g.build([cudnn.heur_mode.A])
