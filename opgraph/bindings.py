@@ -2,7 +2,9 @@
 
 Everything is checked before anything runs (unknown, missing or doubly bound tensors; dims,
 strides, type and device of every buffer; outputs overlapping other buffers or read-only), so a
-bad pack raises a VariantPackError naming the tensor and no buffer is written.
+bad pack raises a VariantPackError naming the tensor and no buffer is written. The one overlap
+allowed is an output bound to the very buffer of an input that the plan's in-place rule accepts
+(opgraph.aliasing).
 """
 
 from __future__ import annotations
