@@ -105,6 +105,7 @@ class pygraph(Graph):
         self._built: dict[int, ExecutionPlan] = {}
         self._build_errors: dict[int, str] = {}
         self._loaded: ExecutionPlan | None = None  # a deserialized plan
+        self._pack_keys: tuple | None = None  # (plan, ids and UIDs to skip, {key: TensorDesc}): execute's lookups
 
     # -- tensors ---------------------------------------------------------------------------------
     @translated
@@ -420,14 +421,25 @@ class pygraph(Graph):
         if not isinstance(var_pack, dict):
             raise VariantPackError(f"a variant pack is a dict, got {type(var_pack).__name__}", rule="pack.type",
                                    hint="pass {tensor_or_uid: buffer, ...}")
-        dropped = {id(t) for t in self._dropped}
-        dropped_uids = {t._uid for t in self._dropped if t._uid is not None}
+        if self._pack_keys is None or self._pack_keys[0] is not plan:
+            skip_ids = {id(t) for t in self._dropped}
+            skip_uids = {t._uid for t in self._dropped if t._uid is not None and t._uid not in plan.graph.tensors}
+            self._pack_keys = (plan, skip_ids, skip_uids, {})
+        _, skip_ids, skip_uids, descs = self._pack_keys
         pack: dict[Any, Any] = {}
         for key, value in var_pack.items():
-            if key is None or value is None or id(key) in dropped or (isinstance(key, int) and key in dropped_uids
-                                                          and key not in plan.graph.tensors):
+            if key is None or value is None or id(key) in skip_ids or (type(key) is int and key in skip_uids):
                 continue
-            pack[key] = _as_declared(plan, key, value)
+            desc = descs.get(key) if _hashable(key) else None
+            if desc is None:
+                try:
+                    desc = plan.graph.tensors[resolve_key(plan.graph, key)]
+                except GraphError:
+                    pack[key] = value  # bind() names the problem
+                    continue
+                if _hashable(key) and len(descs) < 4096:
+                    descs[key] = desc
+            pack[key] = _as_declared(desc, value)
         for t, value in self._runtime_values.values():
             if plan.graph.handle_uid(t) is not None and t not in pack:
                 pack[t] = value
@@ -535,19 +547,30 @@ class pygraph(Graph):
             return json.dumps({"name": self.name, "invalid": err.detail})
 
 
-def _as_declared(plan: ExecutionPlan, key: Any, value: Any) -> Any:
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+def _as_declared(desc: TensorDesc, value: Any) -> Any:
     """cuDNN binds by address: a dense buffer whose shape or strides differ from the tensor's (a [N, H, W]
     result for a [N, 1, H, W] tensor) is read and written with the tensor's dims and strides, as cuDNN
     would, when it holds enough elements of the tensor's type. Anything else is bound as given (and
     checked as opgraph checks every buffer)."""
-    if isinstance(value, (numbers.Number, np.generic)) or not (isinstance(value, np.ndarray) or hasattr(value, "data_ptr")):
+    if desc.is_pass_by_value or isinstance(value, (numbers.Number, np.generic)):
+        return value
+    if hasattr(value, "data_ptr") and value.shape == desc.dim and value.stride() == desc.stride:
+        return value  # the common case, decided without a BufferInfo
+    if not (isinstance(value, np.ndarray) or hasattr(value, "data_ptr")):
         return value
     try:
-        desc = plan.graph.tensors[resolve_key(plan.graph, key)]
         info = buffer_info(value)
     except GraphError:
         return value  # bind() names the problem
-    if desc.is_pass_by_value or info.data_type is not desc.data_type or (
+    if info.data_type is not desc.data_type or (
             info.shape == desc.dim and all(a == b for d, a, b in zip(desc.dim, info.strides, desc.stride) if d > 1)):
         return value
     numel = int(np.prod(info.shape))
