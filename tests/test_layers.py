@@ -1,8 +1,9 @@
 """The package's layering, enforced: every import inside opgraph (module level, TYPE_CHECKING and
 function level alike) goes to the same layer or one below, and module-level imports form no cycle.
 
-    core  <-  ops, memory  <-  graph  <-  engines  <-  build  <-  runtime  <-  autodiff, frontends,
-    training  <-  testing, tools, the package's __init__
+    core  <-  ops, memory  <-  graph  <-  engines  <-  build  <-  runtime  <-  autodiff  <-  frontends,
+    training  <-  cudnn (the frontend API)  <-  backend (the descriptor API)  <-  testing  <-  tools
+    <-  the package's __init__
 
 The one documented exception is the graph builder's facade (`Graph.build`, `Graph.engine_configs`,
 `Graph.execute`), which calls the planner and the runtime lazily."""
@@ -27,13 +28,12 @@ LAYERS = {
     "autodiff": 6,
     "frontends": 7,
     "training": 7,
-    "compat": 8,
     "cudnn": 8,
-    "backend": 8,
-    "testing": 9,
-    "tools": 10,
-    "__init__": 11,
-    "__main__": 11,
+    "backend": 9,
+    "testing": 10,
+    "tools": 11,
+    "__init__": 12,
+    "__main__": 12,
 }
 
 # (importing module, imported module): imports that go up a layer on purpose, each documented where it is.

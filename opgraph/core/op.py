@@ -176,6 +176,14 @@ class Op:
     def check(self, ctx: NodeContext) -> None:
         """Rules beyond inference, run once the outputs are fully known. Raise a typed GraphError."""
 
+    def dependence(self, output: str, input: str) -> str:
+        """How output role `output` depends on input role `input`: "none" (not at all), "aligned" (each
+        output element reads only the input's element at the same index, where the two have equal
+        dims: pointwise math, a running-statistics update) or "any" (other elements too). An output
+        may be bound to the very buffer of an input it depends on only through aligned steps
+        (opgraph.runtime.aliasing)."""
+        return "any"
+
     def reference(
         self, ins: list[np.ndarray | None], outs: list[TensorDesc | None]
     ) -> list[np.ndarray | None]:

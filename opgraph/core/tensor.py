@@ -262,6 +262,12 @@ class Tensor:
     def get_data_type(self) -> DataType | None:
         return self.data_type
 
+    def get_is_virtual(self) -> bool:
+        return self._is_virtual
+
+    def get_is_pass_by_value(self) -> bool:
+        return self._is_pass_by_value
+
     def label(self) -> str:
         uid = "unassigned" if self.uid is None else self.uid
         return f"tensor '{self._name or '<unnamed>'}' (uid {uid})"

@@ -67,6 +67,14 @@ class Engine(ABC):
         preferred to it (measured to win on pieces like it). The default: engine order decides."""
         return False
 
+    def inplace_safe(self, config: EngineConfig) -> bool:
+        """Whether a kernel of this config may write an output over the buffer of an input that it
+        reads element for element (an in-place update through the variant pack, opgraph.aliasing):
+        every element of that input is read once, by the program that then writes the output's
+        element at the same index (or outputs are written only after everything was computed).
+        The default, False, refuses such packs for the engine's steps."""
+        return False
+
     def engines_used(self, config: EngineConfig) -> frozenset[str]:
         """Every engine whose code a config of this engine runs (itself, and the parts of a composite)."""
         return frozenset({self.name})

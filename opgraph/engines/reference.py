@@ -92,5 +92,8 @@ class ReferenceEngine(Engine):
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         return ReferenceKernel(piece, config)
 
+    def inplace_safe(self, config: EngineConfig) -> bool:
+        return True  # outputs are written once every op of the piece ran
+
 
 register_engine(ReferenceEngine())

@@ -105,6 +105,9 @@ class Custom(Op):
     def definition(self) -> CustomOpDef:
         return custom_op_def(self.op_name)
 
+    def dependence(self, output: str, input: str) -> str:
+        return "aligned" if self.definition.pointwise else "any"
+
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         d = self.definition
         if (d.num_inputs, d.num_outputs) != (self.num_inputs, self.num_outputs):

@@ -258,6 +258,13 @@ class Batchnorm(Op):
         rv = ctx.input("in_running_var")
         return [_y_spec(x), _float_spec(c), _float_spec(c), _float_spec(c, rm), _float_spec(c, rv)]
 
+    def dependence(self, output: str, input: str) -> str:
+        # a running stat is updated channel by channel from its previous value; nothing else reads it
+        running = {"next_running_mean": "in_running_mean", "next_running_var": "in_running_var"}
+        if input in ("in_running_mean", "in_running_var"):
+            return "aligned" if running.get(output) == input else "none"
+        return "any"
+
     def reference(self, ins, outs):
         x, scale, bias, rm, rv, eps, momentum = ins
         axes = tuple(i for i in range(x.ndim) if i != 1)

@@ -229,6 +229,9 @@ class Pointwise(Op):
     def literal_inputs(self) -> frozenset[str]:
         return frozenset(self.input_roles())
 
+    def dependence(self, output: str, input: str) -> str:
+        return "none" if self.mode is PointwiseMode.GEN_INDEX else "aligned"
+
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         dim = broadcast_dims(ctx, self.operand_roles())
         if self.mode is PointwiseMode.GEN_INDEX:

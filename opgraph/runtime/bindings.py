@@ -2,7 +2,9 @@
 
 Everything is checked before anything runs (unknown, missing or doubly bound tensors; dims,
 strides, type and device of every buffer; outputs overlapping other buffers or read-only), so a
-bad pack raises a VariantPackError naming the tensor and no buffer is written.
+bad pack raises a VariantPackError naming the tensor and no buffer is written. The one overlap
+allowed is an output bound to the very buffer of an input that the plan's in-place rule accepts
+(opgraph.aliasing).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..core.ir import FinalGraph
 from ..core.rounding import round_to
 from ..core.tensor import Tensor, TensorDesc, storage_extent
 from ..memory.buffers import BufferInfo, buffer_info, tensor_from_pointer
+from .aliasing import InplaceRule
 
 
 def resolve_key(graph: FinalGraph, key: Any) -> int:
@@ -128,7 +131,34 @@ def _overlap(a: BufferInfo, b: BufferInfo) -> bool:
         return False
     if isinstance(a.obj, np.ndarray) and isinstance(b.obj, np.ndarray):
         return arrays_overlap(a.obj, b.obj)
-    return True
+    return _views_overlap(a, b)
+
+
+def _views_overlap(a: BufferInfo, b: BufferInfo) -> bool:
+    """Whether two device views of one layout (same shape, strides and type; e.g. q[..., :16] and
+    q[..., 16:32]) share an element: their address difference must be sum(k_i * stride_i) with
+    |k_i| < dim_i. Where each stride exceeds the reach of the smaller ones, at most two k are possible
+    per axis; otherwise (interleaved strides, other layouts) True: overlapping unless proven apart."""
+    if a.shape != b.shape or a.strides != b.strides or a.data_type is not b.data_type:
+        return True
+    size = a.data_type.itemsize
+    if (a.ptr - b.ptr) % size:
+        return True
+    axes = sorted(((s, d) for s, d in zip(a.strides, a.shape) if d > 1 and s != 0), reverse=True)
+    reach = [0] * (len(axes) + 1)  # reach[j]: the largest |sum k_i s_i| over the axes after j
+    for j in range(len(axes) - 1, -1, -1):
+        reach[j] = reach[j + 1] + (axes[j][1] - 1) * axes[j][0]
+        if j + 1 < len(axes) and axes[j][0] <= reach[j + 1]:
+            return True
+
+    def reachable(diff: int, j: int) -> bool:
+        if j == len(axes):
+            return diff == 0
+        s, d = axes[j]
+        return any(abs(k) < d and abs(diff - k * s) <= reach[j + 1] and reachable(diff - k * s, j + 1)
+                   for k in {diff // s, diff // s + 1})
+
+    return reachable((a.ptr - b.ptr) // size, 0)
 
 
 def arrays_overlap(a: np.ndarray, b: np.ndarray) -> bool:
@@ -139,8 +169,10 @@ def arrays_overlap(a: np.ndarray, b: np.ndarray) -> bool:
         return True
 
 
-def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int, Any]:
-    """Check a variant pack against the graph; return {uid: array or device tensor or number}."""
+def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: InplaceRule | None = None
+         ) -> dict[int, Any]:
+    """Check a variant pack against the graph; return {uid: array or device tensor or number}. An output
+    may be bound to the very buffer of an input where `inplace` (the plan's rule) allows that pair."""
     if not isinstance(pack, Mapping):
         raise VariantPackError(
             f"a variant pack is a dict, got {type(pack).__name__}", rule="pack.type",
@@ -193,12 +225,23 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any]) -> dict[int
     for o in graph.outputs:
         for uid, info in infos.items():
             if uid != o and _overlap(infos[o], info):
+                same = _same_buffer(infos[o], info)
+                if same and inplace is not None and (uid, o) in inplace.allowed:
+                    continue  # an in-place update through the pack
+                why = inplace.reason(uid, o) if same and inplace is not None else ""
                 raise VariantPackError(
-                    f"the output buffer overlaps the buffer of {graph.tensors[uid].label()}",
+                    f"the output buffer overlaps the buffer of {graph.tensors[uid].label()}"
+                    + (f": it is that very buffer, but {why}" if why else ""),
                     tensor=graph.tensors[o], rule="pack.overlap",
-                    hint="give every output its own memory (in-place updates reuse the input's UID)",
+                    hint="give every output its own memory (in-place updates reuse the input's UID, or bind an "
+                    "output to the buffer of an input it updates element by element)",
                 )
     return out
+
+
+def _same_buffer(a: BufferInfo, b: BufferInfo) -> bool:
+    return a.ptr == b.ptr and a.data_type is b.data_type and a.shape == b.shape and all(
+        s == t for d, s, t in zip(a.shape, a.strides, b.strides) if d > 1)
 
 
 class FastBinder:
@@ -207,10 +250,11 @@ class FastBinder:
     outputs with a few comparisons per tensor, and answers None for anything unusual, which then goes
     through `bind` (whose errors are the detailed ones)."""
 
-    def __init__(self, graph: FinalGraph, device: Device) -> None:
+    def __init__(self, graph: FinalGraph, device: Device, inplace: InplaceRule | None = None) -> None:
         import torch
 
         self.graph = graph
+        self.inplace = inplace.allowed if inplace is not None else frozenset()
         self.device_index = device.index
         self.tensor_type = torch.Tensor
         self.keys: dict[Any, int] = {}
@@ -302,6 +346,6 @@ class FastBinder:
             lo = value.data_ptr()
             hi = lo + self.expect[uid][4]
             for a, b, other in spans:
-                if other != uid and a < hi and lo < b:
+                if other != uid and a < hi and lo < b and not (a == lo and (other, uid) in self.inplace):
                     return None  # let `bind` decide (and explain) the overlap
         return out

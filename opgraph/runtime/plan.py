@@ -14,8 +14,10 @@ from ..core.config import BehaviorNote
 from ..core.device import Device
 from ..core.errors import GraphError
 from ..core.ir import FinalGraph
+from ..engines import get_engine
 from ..memory import workspace as wsp
 from ..memory.addresses import AddressTable
+from .aliasing import plan_inplace
 from .bindings import FastBinder, bind
 
 
@@ -75,7 +77,11 @@ class ExecutionPlan:
         self.workspace_size = self.layout.size
         self._owned: Any = None  # the workspace the plan allocated, and its views
         self._owned_views: dict[int, Any] = {}
-        self._fast = FastBinder(graph, device) if device.is_cuda else None
+        # which outputs may be bound to the very buffer of an input (opgraph.aliasing), decided once here
+        self.inplace = plan_inplace(graph, [s.piece.nodes for s in steps],
+                                    [get_engine(s.config.engine).inplace_safe(s.config) for s in steps],
+                                    [str(s.config.engine) for s in steps])
+        self._fast = FastBinder(graph, device, self.inplace) if device.is_cuda else None
         self._table = AddressTable(graph, device)
         self._captures: dict[int, Any] = {}  # id(CUDAGraph) -> cudagraph.Capture
 
@@ -108,7 +114,7 @@ class ExecutionPlan:
         from ..core.timing import time_call
 
         if not self.device.is_cuda:
-            buffers = bind(self.graph, self.device, variant_pack)
+            buffers = bind(self.graph, self.device, variant_pack, self.inplace)
             base, views = self._workspace(None, buffers)
             buffers.update(views)
             return [(f"step {s.index} ({s.config.engine})", 1,
@@ -157,7 +163,7 @@ class ExecutionPlan:
         """The checked pack: the fast path for packs like the last ones, else the full check."""
         buffers = self._fast.bind(variant_pack) if self._fast is not None else None
         if buffers is None:
-            buffers = bind(self.graph, self.device, variant_pack)
+            buffers = bind(self.graph, self.device, variant_pack, self.inplace)
             if self._fast is not None:
                 self._fast.learn(variant_pack)
         return buffers

@@ -180,6 +180,9 @@ class TorchEngine(Engine):
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         return TorchKernel(piece, config, device)
 
+    def inplace_safe(self, config: EngineConfig) -> bool:
+        return True  # outputs are copied out once every op of the piece ran
+
 
 register_engine(TorchEngine())
 __all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config"]

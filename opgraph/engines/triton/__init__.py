@@ -219,6 +219,15 @@ class TritonEngine(Engine):
         generated = make_indirect(template.generate(piece, knobs, device), table_slots(piece.graph))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device_index=device.index)
 
+    # templates whose program that reads an element of a piece input (in its elementwise body, its
+    # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;
+    # the multi-launch row/reduction templates may read an input again after an earlier launch wrote
+    INPLACE_TEMPLATES = frozenset({"pointwise", "conv_fprop", "conv_dgrad", "conv_wgrad", "depthwise", "matmul",
+                                   "norm_stats"})
+
+    def inplace_safe(self, config: EngineConfig) -> bool:
+        return config.knob("template") in self.INPLACE_TEMPLATES
+
 
 register_engine(TritonEngine())
 __all__ = ["TritonEngine", "TritonKernel", "TEMPLATES"]
