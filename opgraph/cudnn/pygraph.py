@@ -494,7 +494,7 @@ class pygraph(Graph):
 
     @translated
     def update_cuda_graph(self, handle: Any, var_pack: dict, workspace: Any, cuda_graph: Any) -> Any:
-        """Re-point a graph from populate_cuda_graph at new buffers (see opgraph.cudagraph)."""
+        """Re-point a graph from populate_cuda_graph at new buffers (see opgraph.runtime.cudagraph)."""
         plan = self._selected()
         return plan.update_cuda_graph(cuda_graph, self._pack(plan, var_pack), self._workspace(plan, workspace))
 

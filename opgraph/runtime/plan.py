@@ -179,7 +179,7 @@ class ExecutionPlan:
             self._owned_views = wsp.tensor_views(self._owned, self.layout, self.graph)
         return self._owned, self._owned_views
 
-    # -- CUDA graphs and by-reference tensors (see opgraph.cudagraph) ----------------------------
+    # -- CUDA graphs and by-reference tensors (see opgraph.runtime.cudagraph) ----------------------------
     def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
         """A torch.cuda.CUDAGraph running the whole plan on these buffers; replay with .replay()."""
         from .cudagraph import populate
@@ -258,7 +258,7 @@ class ExecutionPlan:
     @classmethod
     def from_bytes(cls, data: bytes, *, device: Any = None, on_mismatch: str = "error") -> ExecutionPlan:
         """A plan from `to_bytes` output: compiled from the stored configs, without partitioning,
-        heuristics or tuning. See opgraph.plan_io for `on_mismatch`."""
+        heuristics or tuning. See opgraph.runtime.plan_io for `on_mismatch`."""
         from .plan_io import plan_from_bytes
 
         return plan_from_bytes(data, device=device, on_mismatch=on_mismatch)

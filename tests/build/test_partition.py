@@ -6,7 +6,7 @@ import pytest
 
 import opgraph as og
 
-from .helpers import assert_engine_matches
+from ..helpers import assert_engine_matches
 
 DT = og.DataType
 

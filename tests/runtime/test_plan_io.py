@@ -11,7 +11,7 @@ import opgraph as og
 from opgraph.runtime.plan_io import MAGIC
 from opgraph.tools.samples import batchnorm_relu, conv_bias_relu
 
-from .helpers import requires_interpreter
+from ..helpers import requires_interpreter
 
 
 def _same_results(a, b, rng):

@@ -11,7 +11,7 @@ import pytest
 import opgraph as og
 from opgraph.testing import compare
 
-from .helpers import run_reference
+from ..helpers import run_reference
 
 D = og.DataType
 

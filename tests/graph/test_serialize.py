@@ -17,7 +17,7 @@ import opgraph as og
 from opgraph.testing import random_pack
 
 D = og.DataType
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BUILD_RICH = '''
 def build_rich(og):

@@ -11,7 +11,7 @@ import pytest
 import opgraph as og
 from opgraph.build import autotune
 
-from .helpers import requires_interpreter
+from ..helpers import requires_interpreter
 
 pytestmark = pytest.mark.interpreter
 

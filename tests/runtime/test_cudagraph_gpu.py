@@ -7,7 +7,7 @@ import pytest
 import opgraph as og
 from opgraph.tools.samples import nhwc
 
-from .helpers import requires_cuda
+from ..helpers import requires_cuda
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 DT = og.DataType

@@ -13,7 +13,7 @@ from opgraph.runtime.bindings import _views_overlap
 from opgraph.memory.buffers import BufferInfo
 from opgraph.testing import clone, compare, random_pack, reference_outputs
 
-from .helpers import requires_cuda
+from ..helpers import requires_cuda
 
 D = og.DataType
 

@@ -12,8 +12,8 @@ from opgraph.build import autotune
 from opgraph.core.config import BehaviorNote, EngineConfig, NumericalNote
 from opgraph.build.filters import ConfigFilter
 
-from .engines.test_triton_conv import conv_graph
-from .helpers import assert_engine_matches
+from ..engines.test_triton_conv import conv_graph
+from ..helpers import assert_engine_matches
 
 
 def _relu_graph():

@@ -54,7 +54,7 @@ def test_run_verifies_against_the_reference(tmp_path):
 
 
 def test_run_with_the_triton_engine_in_the_interpreter(tmp_path):
-    from .helpers import interpreter_available
+    from ..helpers import interpreter_available
 
     if not interpreter_available():
         import pytest
