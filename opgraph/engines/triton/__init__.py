@@ -7,8 +7,6 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 import threading
 from typing import Any, Mapping
 
@@ -22,6 +20,7 @@ from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
 from ...addresses import TABLE_KEY, table_slots
 from .indirect import make_indirect
+from .interpret import interpreting_here, triton_imported_interpreting
 from .launch import Launcher
 from .loader import load_module
 from .templates import discover
@@ -35,12 +34,10 @@ def _triton_installed() -> bool:
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter. Triton decides this when it is imported (its
-    own library functions are compiled or interpreted then), so on a machine without a GPU opgraph
-    turns the interpreter on before Triton's first import."""
-    if "triton" not in sys.modules and not cuda_usable():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Whether Triton's library is in interpreter form in this process (TRITON_INTERPRET was set when
+    Triton was imported): then the engine cannot compile for a GPU here. The CPU needs no variable:
+    kernels for the CPU always run in the interpreter (see interpret.py)."""
+    return triton_imported_interpreting()
 
 
 def _as_torch(value: Any) -> Any:
@@ -135,7 +132,7 @@ class TritonKernel(Kernel):
             return
         # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
         # about them are noise
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), interpreting_here():
             for launch, launcher in zip(self.generated.launches, self.launchers):
                 launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
 
@@ -162,10 +159,8 @@ class TritonEngine(Engine):
         if not _triton_installed():
             return Support.no("Triton and PyTorch are not installed (pip install 'opgraph[triton,torch]')")
         if device.is_cuda and interpreting():
-            return Support.no("TRITON_INTERPRET=1 is set, so Triton cannot compile for the GPU in this process")
-        if not device.is_cuda and not interpreting():
-            return Support.no("on the CPU Triton kernels need Triton's interpreter: set TRITON_INTERPRET=1 "
-                              "before Triton is first imported")
+            return Support.no("Triton was imported with TRITON_INTERPRET=1, so it cannot compile for the GPU in "
+                              "this process (unset the variable, or run on device='cpu')")
         return Support.yes()
 
     def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:
