@@ -152,6 +152,26 @@ class TritonKernel(Kernel):
         return self._template_cache
 
 
+def refusal_text(piece: Piece, refusals: list[tuple[Template, str]]) -> str:
+    """Why no template runs `piece`, the main reason first: the templates built around the piece's
+    last op (the one that did not join), then those built around its other ops; templates for ops
+    the piece does not hold are only named."""
+    last = piece.nodes[-1].kind if piece.nodes else ""
+    kinds = {n.kind for n in piece.nodes}
+
+    def rank(t: Template) -> int:
+        if not t.main_kinds or last in t.main_kinds:
+            return 0
+        return 1 if kinds & set(t.main_kinds) else 2
+
+    ordered = sorted(refusals, key=lambda r: rank(r[0]))  # stable: template priority within a rank
+    text = "; ".join(f"{t.name}: {why}" for t, why in ordered if rank(t) < 2)
+    absent = [t.name for t, _ in ordered if rank(t) == 2]
+    if absent:
+        text += ("; " if text else "") + f"not applicable (no op of theirs here): {', '.join(absent)}"
+    return text
+
+
 class TritonEngine(Engine):
     name = "triton"
 
@@ -164,13 +184,13 @@ class TritonEngine(Engine):
         return Support.yes()
 
     def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:
-        reasons = []
+        refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)
             if verdict.ok:
                 return t, ""
-            reasons.append(f"{t.name}: {verdict.reason}")
-        return None, "; ".join(reasons)
+            refusals.append((t, verdict.reason))
+        return None, refusal_text(piece, refusals)
 
     def supports(self, piece: Piece, device: Device) -> Support:
         avail = self.available(device)
