@@ -4,7 +4,8 @@ Declare tensors and ops on a `Graph`, `build()` an `ExecutionPlan`, `execute()` 
 pack of buffers. Every graph also runs on the CPU through the reference engine.
 """
 
-from . import testing, training
+from typing import TYPE_CHECKING, Any
+
 from .dtypes import DataType
 from .device import Device
 from .engines.base import BehaviorNote, EngineConfig, NumericalNote
@@ -21,8 +22,6 @@ from .errors import (
     VariantPackError,
 )
 from .graph import Graph
-from .autodiff import GradGraph, grad
-from .frontends import from_torch
 from .heuristics import HeurMode, PieceConfigs
 from .ir import Const, FinalGraph, Node
 from .ops.conv import ConvolutionMode
@@ -34,7 +33,32 @@ from .ops.reduction import ReductionMode
 from .plan import ExecutionPlan, StepTime, load_plan
 from .tensor import Tensor, TensorDesc
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source (pyproject.toml reads it)
+
+# Loaded on first use: gradients, the PyTorch importer, training graphs and test helpers are not
+# needed to build and run a graph, and importing them costs most of `import opgraph`.
+_LAZY = {"grad": ".autodiff", "GradGraph": ".autodiff", "from_torch": ".frontends", "testing": ".testing",
+         "training": ".training"}
+
+if TYPE_CHECKING:
+    from . import testing, training
+    from .autodiff import GradGraph, grad
+    from .frontends import from_torch
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name], __name__)
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'opgraph' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 from .log import configure_from_env as _configure_logging  # noqa: E402
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import AttributeValueError
+from ..suggest import did_you_mean
 from ..tensor import TensorDesc
 from .base import NodeContext, Op, TensorSpec, broadcast_dims, first_tensor, graph_method, register_op
 
@@ -295,7 +296,8 @@ def pointwise(self, input0, input1=None, input2=None, *, mode, compute_data_type
         mode = PointwiseMode[mode.upper()]
     if not isinstance(mode, PointwiseMode):
         raise AttributeValueError(
-            f"mode={mode!r} is not a pointwise mode", op="pointwise", rule="pointwise.mode",
+            f"mode={mode!r} is not a pointwise mode{did_you_mean(str(mode), PointwiseMode.__members__)}",
+            op="pointwise", rule="pointwise.mode",
             hint="pass an opgraph.PointwiseMode (e.g. PointwiseMode.ADD) or its name",
         )
     operands = [input0, input1, input2][: MODES[mode].arity]
