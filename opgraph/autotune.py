@@ -30,10 +30,9 @@ log = logging.getLogger("opgraph.autotune")
 
 
 def cache_path() -> Path:
-    root = os.environ.get("OPGRAPH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opgraph"
-    )
-    return Path(root) / "tuning.json"
+    from .cache import tuning_path
+
+    return tuning_path()
 
 
 def environment(device: Device) -> dict[str, Any]:
