@@ -7,12 +7,12 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test install clean
+.PHONY: demo test docs install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)" "$(TRITON)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,graphviz]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,graphviz,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -23,5 +23,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -n 2 -q
 
+# the user guide (docs/, mkdocs.yml) into site/; every warning is an error
+docs: $(VENV)/.installed
+	$(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -532,7 +532,7 @@ def conv_fprop(self, image: Tensor, weight: Tensor, padding: IntOrInts = None, s
     `out_i = (in_i + pre_i + post_i - dilation_i * (filter_i - 1) - 1) // stride_i + 1`; groups is
     C / weight.dim[1] (depthwise: weight [C, 1, ...]).
 
-    Layouts: any strides. Channels-last (NHWC: strides [H*W*C, 1, W*C, C]) is the fast layout of the
+    Layouts: any strides. Channels-last (NHWC: strides `[H*W*C, 1, W*C, C]`) is the fast layout of the
     generated and cuDNN kernels; Y takes the image's axis order unless its strides are set.
 
     Types: image and weight of one type (HALF, BFLOAT16, FLOAT, DOUBLE, FP8, INT8); products summed
