@@ -12,7 +12,7 @@ op by op (plan.execute at every step, no graph); PyTorch autograd + torch.optim.
 
 Without a GPU (or with OPGRAPH_EXAMPLE_CPU=1 on a GPU machine) there is no CUDA graph to capture: the
 example trains a smaller network 5 steps op by op on the reference engine and checks the loss curve
-against PyTorch on the CPU (about 5 s).
+against PyTorch on the CPU: about 5 s of CPU time.
 """
 
 import functools

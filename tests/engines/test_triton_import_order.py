@@ -117,3 +117,51 @@ def test_a_jit_function_called_outside_a_kernel_still_raises_as_triton_says():
         pytest.skip("Triton is in interpreter mode in this process")
     with pytest.raises(RuntimeError, match="outside of the scope of a kernel"):
         f(1)
+
+
+GPU_CHILD = textwrap.dedent('''
+    import numpy as np
+    import torch
+    import triton                              # imported first, without TRITON_INTERPRET
+    import opgraph as og
+
+    g = og.Graph("both", io_data_type=og.DataType.FLOAT)
+    a = g.tensor(dim=[1, 64, 128], name="a")
+    b = g.tensor(dim=[1, 128, 32], name="b")
+    g.reduction(g.sigmoid(g.matmul(a, b)), mode="ADD").set_dim([1, 64, 1]).set_output(True).set_name("s")
+    for device in ("cuda", "cpu", "cuda"):     # one process, both kinds of kernel, in turn
+        plan = og.Graph.from_json(g.to_json()).build(device=device, engines=["triton"])
+        assert {s.config.engine for s in plan.steps} == {"triton"}, plan.describe()
+        bad = og.testing.check_plan(plan, np.random.default_rng(0))
+        assert not bad, (device, bad)
+        print("ok", device, [s.config.knob("template") for s in plan.steps])
+    print("all ok")
+''')
+
+
+@pytest.mark.gpu
+def test_cpu_and_gpu_kernels_in_one_process(tmp_path):
+    """The interpreter is decided per kernel: the same process compiles GPU kernels and interprets CPU
+    ones, in any order."""
+    script = tmp_path / "child.py"
+    script.write_text(GPU_CHILD)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("ok ") == 3 and "all ok" in done.stdout
+
+
+def test_the_engine_says_when_the_variable_blocks_the_gpu(monkeypatch):
+    """With TRITON_INTERPRET=1 before Triton's import, Triton cannot compile for a GPU in that process:
+    the engine says so instead of failing later."""
+    from opgraph.device import Device
+    from opgraph.engines.triton import interpret, TritonEngine
+
+    monkeypatch.setattr(interpret, "triton_imported_interpreting", lambda: True)
+    import opgraph.engines.triton as tri
+
+    monkeypatch.setattr(tri, "triton_imported_interpreting", lambda: True)
+    verdict = TritonEngine().available(Device("cuda", 0, "test GPU", (9, 0), 132))
+    assert not verdict.ok and "TRITON_INTERPRET" in verdict.reason

@@ -29,11 +29,10 @@ def interpret_env() -> bool:
 
 
 def triton_imported_interpreting() -> bool:
-    """Whether Triton is imported with its library in interpreter form (it then cannot compile for a
-    GPU in this process). False when Triton is not imported yet: opgraph leaves the variable alone
-    and Triton will import compiled-capable."""
+    """Whether Triton's library is (or, not imported yet, will be) in interpreter form in this process:
+    it then cannot compile for a GPU here."""
     if "triton" not in sys.modules:
-        return False
+        return interpret_env()  # Triton will read the variable when it is imported
     try:
         from triton.language import standard
         from triton.runtime.interpreter import InterpretedFunction
