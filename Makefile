@@ -7,12 +7,12 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint docs install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)" "$(TRITON)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,lint,graphviz]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,lint,graphviz,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -28,5 +28,9 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check opgraph
 	$(PY) -m pytest -q tests/test_layers.py
 
+# the user guide (docs/, mkdocs.yml) into site/; every warning is an error
+docs: $(VENV)/.installed
+	$(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -30,7 +30,7 @@ print("round-trips through JSON:", og.Graph.from_json(g.to_json()).key() == g.ke
 
 # With an @triton.jit elementwise function (at a module's top level), the op is fused into generated
 # kernels like a built-in mode: here swiglu and the "+ 1" run as one kernel. (On a machine without a
-# GPU, Triton's interpreter runs it: set TRITON_INTERPRET=1 before starting Python.)
+# GPU, Triton's interpreter runs it; nothing needs to be set.)
 device = og.core.device.resolve_device("cuda" if og.core.device.cuda_usable() else "cpu")
 if og.engines.get_engine("triton").available(device).ok:
     import triton

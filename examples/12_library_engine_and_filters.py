@@ -7,7 +7,7 @@
 
 Build options filter the configs as cuDNN's frontend does (deselect_engines, select/deselect notes,
 deselect_workspace_greater_than); a filter that leaves nothing says what it removed. On a machine
-without a GPU the Triton parts run in Triton's interpreter (TRITON_INTERPRET=1)."""
+without a GPU the Triton parts run in Triton's interpreter (nothing to set)."""
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from opgraph.tools.samples import conv_bias_relu
 
 device = "cuda" if og.core.device.cuda_usable() else "cpu"
 if not og.engines.get_engine("triton").available(og.core.device.resolve_device(device)).ok:
-    print("Triton cannot run here (on a CPU set TRITON_INTERPRET=1 before starting Python); nothing to show")
+    print("Triton cannot run here (pip install '.[triton,torch]'); nothing to show")
     raise SystemExit(0)
 ENGINES = ["triton", "library", "torch"]
 rng = np.random.default_rng(0)

@@ -8,8 +8,8 @@ graph <- engines <- build <- runtime <- autodiff, frontends, training <- tools) 
 docs/architecture.md.
 """
 
-from . import testing, training
-from .autodiff import GradGraph, grad
+from typing import TYPE_CHECKING, Any
+
 from .build.heuristics import PieceConfigs
 from .core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote
 from .core.device import Device
@@ -30,7 +30,6 @@ from .core.ir import Const, FinalGraph, Node
 from .core.log import configure_from_env as _configure_logging
 from .core.tensor import Tensor, TensorDesc
 from .core.version import __version__
-from .frontends import from_torch
 from .graph.builder import Graph
 from .ops.conv import ConvolutionMode
 from .ops.custom import register_custom_op
@@ -39,6 +38,32 @@ from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
 from .ops.reduction import ReductionMode
 from .runtime.plan import ExecutionPlan, StepTime, load_plan
+
+# Loaded on first use: gradients, the PyTorch importer, training graphs and test helpers are not
+# needed to build and run a graph, and importing them costs most of `import opgraph`.
+_LAZY = {"grad": ".autodiff", "GradGraph": ".autodiff", "from_torch": ".frontends", "testing": ".testing",
+         "training": ".training"}
+
+if TYPE_CHECKING:
+    from . import testing, training
+    from .autodiff import GradGraph, grad
+    from .frontends import from_torch
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name], __name__)
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'opgraph' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 _configure_logging()
 

@@ -48,6 +48,50 @@ def random_pack(graph: FinalGraph, rng: np.random.Generator, **kw: Any) -> dict[
     return pack
 
 
+def _fan_in_operands(graph: FinalGraph) -> dict[int, float]:
+    """Inputs that are weights of a matmul or convolution, and the 1/sqrt(fan-in) a user's
+    initialisation would scale them by (PyTorch's default init is of that size)."""
+    scales: dict[int, float] = {}
+    inputs = set(graph.inputs)
+
+    def mark(uid: object, fan_in: int) -> None:
+        if isinstance(uid, int) and uid in inputs and fan_in > 0:
+            scales[uid] = min(scales.get(uid, 1.0), fan_in ** -0.5)
+
+    for n in graph.nodes:
+        if n.kind == "matmul":
+            b = n.input("B")
+            if isinstance(b, int):
+                mark(b, graph.tensors[b].dim[-2])
+        elif n.kind in ("conv_fprop", "conv_dgrad"):
+            role = "weight" if n.kind == "conv_fprop" else "filter"
+            w = n.input(role)
+            if isinstance(w, int):
+                dims = graph.tensors[w].dim
+                fan = int(np.prod(dims[1:])) if n.kind == "conv_fprop" else dims[0] * int(np.prod(dims[2:]))
+                mark(w, fan)
+    return scales
+
+
+def user_scaled_pack(graph: FinalGraph, rng: np.random.Generator, **kw: Any) -> dict[int, Any]:
+    """`random_pack`, with the weights of matmuls and convolutions scaled by 1/sqrt(fan-in) as a
+    user's initialised model has them, so that a deep graph's outputs stay of order one instead of
+    growing layer by layer (what `opgraph run` feeds a graph file)."""
+    pack = random_pack(graph, rng, **kw)
+    for uid, factor in _fan_in_operands(graph).items():
+        arr = pack[uid]
+        if isinstance(arr, np.ndarray) and graph.tensors[uid].data_type.is_floating:
+            arr[...] = (arr.astype(np.float64) * factor).astype(arr.dtype)
+    return pack
+
+
+def output_scale(want: np.ndarray) -> float:
+    """The largest finite magnitude of a reference output (0 when it has none)."""
+    w = np.abs(np.asarray(want, dtype=np.float64))
+    w = w[np.isfinite(w)]
+    return float(w.max()) if w.size else 0.0
+
+
 def reference_outputs(graph: FinalGraph, pack: Mapping[int, Any]) -> dict[int, np.ndarray]:
     """Run the graph on the reference engine over copies of `pack`'s inputs; outputs by UID.
     Call it before running the plan under test: in-place tensors are read from `pack`."""
@@ -79,13 +123,18 @@ class Mismatch:
 
 
 def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, *, rtol: float | None = None,
-            atol: float | None = None) -> Mismatch | None:
-    """None when `got` matches `want` within the type's tolerance (NaN where the reference has NaN)."""
+            atol: float | None = None, relative_to_scale: bool = False) -> Mismatch | None:
+    """None when `got` matches `want` within the type's tolerance (NaN where the reference has NaN).
+    Per element: |got - want| <= atol + rtol * |want|. `relative_to_scale` also lets every element
+    be off by rtol times the output's largest magnitude: what rounding in a long sum allows (an
+    element near zero in a row of large products cannot be more exact than the products were)."""
     g = np.asarray(got).astype(np.float64)
     w = np.asarray(want).astype(np.float64)
     r, a = TOLERANCE.get(desc.data_type, (0.0, 0.0))
     r = r if rtol is None else rtol
     a = a if atol is None else atol
+    if relative_to_scale:
+        a = max(a, r * output_scale(w))
     both_nan = np.isnan(g) & np.isnan(w)
     same_inf = np.isinf(w) & (g == w)
     with np.errstate(invalid="ignore"):

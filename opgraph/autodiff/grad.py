@@ -86,6 +86,25 @@ class GradGraph:
     combined: bool = False
     must_keep: tuple[int, ...] = field(default=())
 
+    def __repr__(self) -> str:
+        """A summary (the dataclass default printed the forward graph and every handle: thousands of
+        characters); `print(gg.graph)` shows the ops."""
+
+        def names(uids: Any, limit: int = 6) -> str:
+            labels = [f"'{self.forward.tensors[u].name}'" for u in list(uids)[:limit]]
+            more = len(list(uids)) - limit
+            return ", ".join(labels) + (f" and {more} more" if more > 0 else "")
+
+        ops = len(self.graph._records)
+        mode = "forward + backward" if self.combined else "backward"
+        text = (f"<GradGraph '{self.graph.name}' ({mode}, {ops} ops): gradients of {names(self.grads)}; "
+                f"incoming gradients for {names(self.grad_inputs)}; {len(self.saved)} saved forward tensor(s)")
+        if self.recomputed:
+            text += f", {len(self.recomputed)} recomputed"
+        if self.must_keep:
+            text += f"; the forward plan must output {names(self.must_keep)} (keep_in)"
+        return text + ">"
+
     def grad_of(self, key: Any) -> Tensor:
         """The gradient output of a wrt tensor (handle, UID or name of the forward tensor)."""
         uid = resolve(self.forward, key, "key")

@@ -25,14 +25,16 @@ from ..engines import get_engine
 from ..core.config import EngineConfig
 from ..engines.base import Kernel
 from ..core.errors import GraphError, UnsupportedGraphError
-from ..core.paths import cache_root
+from ..core.cache import cache_root
 from ..core.piece import Piece
 
 log = logging.getLogger("opgraph.autotune")
 
 
 def cache_path() -> Path:
-    return cache_root() / "tuning.json"
+    from ..core.cache import tuning_path
+
+    return tuning_path()
 
 
 def environment(device: Device) -> dict[str, Any]:

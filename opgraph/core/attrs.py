@@ -11,6 +11,7 @@ from typing import Any
 
 from .errors import SerializationError
 from .op import OPS, Op
+from .suggest import did_you_mean
 
 
 def _encode(value: Any) -> Any:
@@ -49,11 +50,12 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
             raise SerializationError(f"{where}: expected {len(args)} items, got {value!r}", rule="json.attr_type")
         return tuple(_decode(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        if not isinstance(value, str) or value not in hint.__members__:
-            raise SerializationError(
-                f"{where}: {value!r} is not one of {list(hint.__members__)}", rule="json.attr_enum"
-            )
-        return hint[value]
+        if isinstance(value, str) and value in hint.__members__:
+            return hint[value]
+        raise SerializationError(
+            f"{where}: {value!r} is not a {hint.__name__}{did_you_mean(str(value), hint.__members__)}",
+            rule="json.attr_enum", hint=f"one of {list(hint.__members__)}",
+        )
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SerializationError(f"{where}: expected a number, got {value!r}", rule="json.attr_type")
@@ -69,8 +71,9 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     cls = OPS.get(kind)
     if cls is None:
         raise SerializationError(
-            f"{where}: unknown op kind {kind!r}", rule="json.op_kind",
-            hint=f"known kinds: {sorted(OPS)} (a custom op must be registered before loading)",
+            f"{where}: unknown op kind {kind!r}{did_you_mean(kind, OPS)}", rule="json.op_kind",
+            hint=f"known kinds: {sorted(OPS)} (a custom op is kind 'custom', registered before loading: "
+                 "`opgraph check --import MODULE`)",
         )
     if not isinstance(attrs, dict):
         raise SerializationError(f"{where}: 'attrs' must be an object", rule="json.attrs")
@@ -78,7 +81,10 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     names = {f.name for f in fields(cls)}
     unknown = set(attrs) - names
     if unknown:
-        raise SerializationError(f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}", rule="json.attrs")
+        first = sorted(unknown)[0]
+        raise SerializationError(f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}"
+                                 f"{did_you_mean(first, names)}", rule="json.attrs",
+                                 hint=f"{kind} takes {sorted(names)}")
     values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
     try:
         return cls(**values)

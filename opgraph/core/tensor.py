@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,17 +41,21 @@ def channels_last_order(rank: int) -> tuple[int, ...]:
     return (0, *range(2, rank), 1) if rank >= 3 else tuple(range(rank))
 
 
-def layout_name(dim: Sequence[int], stride: Sequence[int]) -> str:
-    """'nchw' / 'nhwc' style name when the strides are a packed image layout, else the strides."""
+def layout_name(dim: Sequence[int], stride: Sequence[int], image: bool = False) -> str:
+    """'row-major' for packed row-major strides; for an image tensor (its ops say its axes are N, C,
+    spatial...) 'nchw' / 'nhwc' style names of packed image layouts; else the strides."""
     rank = len(dim)
     if rank == 0:
         return "scalar"
     names = {3: "ncw", 4: "nchw", 5: "ncdhw"}
-    if tuple(stride) == packed_strides(dim):
-        return names.get(rank, "row-major")
-    if rank in names and tuple(stride) == packed_strides(dim, channels_last_order(rank)):
-        base = names[rank]
-        return base[0] + base[2:] + base[1]
+    if image and rank in names:
+        if tuple(stride) == packed_strides(dim):
+            return names[rank]
+        if tuple(stride) == packed_strides(dim, channels_last_order(rank)):
+            base = names[rank]
+            return base[0] + base[2:] + base[1]
+    elif tuple(stride) == packed_strides(dim):
+        return "row-major"
     return "strides[" + ",".join(str(s) for s in stride) + "]"
 
 
@@ -89,6 +93,8 @@ class TensorDesc:
     # kernels read the buffer's address from the plan's address table at run time (double buffering,
     # CUDA-graph updates without re-capture)
     is_by_reference: bool = False
+    # its ops treat it as N, C, spatial... (set by finalize; only changes how its layout prints)
+    is_image: bool = field(default=False, compare=False)
 
     @property
     def numel(self) -> int:
@@ -104,7 +110,7 @@ class TensorDesc:
 
     @property
     def layout(self) -> str:
-        return layout_name(self.dim, self.stride)
+        return layout_name(self.dim, self.stride, self.is_image)
 
     def label(self) -> str:
         return f"tensor '{self.name or '<unnamed>'}' (uid {self.uid})"

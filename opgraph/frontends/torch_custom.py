@@ -105,6 +105,20 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     op = Custom(op_name=name, num_inputs=len(slots), num_outputs=len(metas))
     roles = [r for i, r in enumerate(op.output_roles()) if i in used and metas[i] is not None]
     outs = imp.g._add_op(op, [imp.tensor(v) for v in slots], name=imp.op_name(name), outputs=roles)
-    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+    if _draws_random(target, args):
         imp.note(f"{node.name}: {target} is random: the reference engine and PyTorch draw different values")
     return outs if multi else outs[0]
+
+
+def _draws_random(target: Any, args: dict[str, Any]) -> bool:
+    """Whether the call draws random numbers: a seeded op (dropout, attention, rand...) unless its
+    arguments turn the randomness off (dropout_p=0 or p=0, train=False: an eval-mode model)."""
+    import torch
+
+    if torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+        return False
+    if "dropout_p" in args or ("p" in args and "train" in args):
+        p = args.get("dropout_p", args.get("p"))
+        if isinstance(p, (int, float)) and p == 0 or args.get("train", True) is False:
+            return False
+    return True

@@ -164,7 +164,9 @@ class Graph:
         # Builders registered after Graph was defined (e.g. custom ops) are found here.
         builder = BUILDERS.get(name)
         if builder is None:
-            raise AttributeError(f"'Graph' has no attribute or op builder '{name}'")
+            from ..core.suggest import did_you_mean
+
+            raise AttributeError(f"'Graph' has no attribute or op builder '{name}'{did_you_mean(name, BUILDERS)}")
         return builder.__get__(self, Graph)
 
     def __dir__(self) -> list[str]:

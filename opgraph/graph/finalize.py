@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..core.dtypes import DataType
 from ..core.errors import DataflowError, DataTypeError, DuplicateUIDError, GraphError, ShapeError
+from ..core.image_layout import mark_images
 from ..core.ir import Const, FinalGraph, Node
 from ..core.op import Draft, NodeContext, TensorSpec
 from ..core.tensor import Tensor, TensorDesc, packed_strides, stride_order
@@ -60,6 +61,7 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
     nodes = [_finalize_node(g, records[i], uids, descs, aliases) for i in order]
     if len(nodes) > 1:
         _check_inplace(nodes, descs)
+    mark_images(nodes, descs)
     final = FinalGraph(
         name=g.name, tensors=descs, nodes=tuple(nodes), io_data_type=g.io_data_type,
         intermediate_data_type=g.intermediate_data_type, compute_data_type=g.compute_data_type,

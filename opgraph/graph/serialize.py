@@ -21,6 +21,7 @@ from ..core.attrs import decode_op, encode_attrs
 from ..core.dtypes import as_data_type
 from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
+from ..core.suggest import did_you_mean
 
 FORMAT = "opgraph.graph"
 VERSION = 1
@@ -68,8 +69,26 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str, defau
         raise SerializationError(f"{where}: missing '{key}'", rule="json.missing_field")
     value = obj[key]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SerializationError(f"{where}.{key}: expected {kind}, got {value!r}", rule="json.field_type")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        names = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
+        raise SerializationError(f"{where}.{key}: expected {names}, got {value!r}", rule="json.field_type")
     return value
+
+
+_JSON_NAMES = {list: "a list", dict: "an object", str: "a string", int: "an integer", bool: "true or false"}
+# the keys each object of a graph file may have (schema/graph.schema.json says the same)
+GRAPH_KEYS = ("format", "version", "name", "io_data_type", "intermediate_data_type", "compute_data_type", "tensors",
+              "ops")
+TENSOR_KEYS = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_by_reference")
+OP_KEYS = ("op", "name", "compute_data_type", "attrs", "inputs", "outputs")
+
+
+def _known_keys(obj: dict, keys: tuple[str, ...], where: str) -> None:
+    """A misspelt key would otherwise be ignored silently (and its default used)."""
+    unknown = sorted(k for k in obj if k not in keys)
+    if unknown:
+        raise SerializationError(f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], keys)}",
+                                 rule="json.unknown_key", hint=f"the keys here are {list(keys)}")
 
 
 def graph_from_json(text: str | bytes) -> Any:
@@ -110,11 +129,13 @@ def graph_from_dict(doc: Any) -> Any:
 
 
 def _load(doc: dict, graph_cls: Any) -> Any:
+    _known_keys(doc, GRAPH_KEYS, "graph")
+    # keys the Python API defaults are optional here too, with the same defaults
     g = graph_cls(
         name=_field(doc, "name", str, "graph", ""),
-        io_data_type=as_data_type(_field(doc, "io_data_type", str, "graph")),
-        intermediate_data_type=as_data_type(_field(doc, "intermediate_data_type", str, "graph")),
-        compute_data_type=as_data_type(_field(doc, "compute_data_type", str, "graph")),
+        io_data_type=as_data_type(_field(doc, "io_data_type", str, "graph", "HALF")),
+        intermediate_data_type=as_data_type(_field(doc, "intermediate_data_type", str, "graph", "FLOAT")),
+        compute_data_type=as_data_type(_field(doc, "compute_data_type", str, "graph", "FLOAT")),
     )
     handles: dict[int, Any] = {}
     entries: dict[int, dict] = {}
@@ -122,13 +143,15 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         where = f"tensors[{i}]"
         if not isinstance(t, dict):
             raise SerializationError(f"{where}: expected an object", rule="json.tensor")
+        _known_keys(t, TENSOR_KEYS, where)
         uid = _field(t, "uid", int, where)
         if uid in entries:
             raise SerializationError(f"{where}: UID {uid} listed twice", rule="json.duplicate_uid")
         entries[uid] = t
+        dtype = _field(t, "data_type", str, where, None)
         handles[uid] = g.tensor(
-            dim=_field(t, "dim", list, where), stride=_field(t, "stride", list, where),
-            data_type=as_data_type(_field(t, "data_type", str, where)), name=_field(t, "name", str, where, ""),
+            dim=_field(t, "dim", list, where, None), stride=_field(t, "stride", list, where, None),
+            data_type=None if dtype is None else as_data_type(dtype), name=_field(t, "name", str, where, ""),
             uid=uid, is_virtual=_field(t, "is_virtual", bool, where, False),
             is_pass_by_value=_field(t, "is_pass_by_value", bool, where, False),
             is_by_reference=_field(t, "is_by_reference", bool, where, False),
@@ -137,13 +160,15 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         where = f"ops[{i}]"
         if not isinstance(o, dict):
             raise SerializationError(f"{where}: expected an object", rule="json.op")
+        _known_keys(o, OP_KEYS, where)
         op = decode_op(_field(o, "op", str, where), _field(o, "attrs", dict, where, {}), where)
         ins = _field(o, "inputs", dict, where)
         outs = _field(o, "outputs", dict, where)
         for roles, given, what in ((op.input_roles(), ins, "input"), (op.output_roles(), outs, "output")):
             for role in given:
                 if role not in roles:
-                    raise SerializationError(f"{where}: {op.kind} has no {what} role '{role}'", rule="json.role",
+                    raise SerializationError(f"{where}: {op.kind} has no {what} role '{role}'"
+                                             f"{did_you_mean(role, roles)}", rule="json.role",
                                              hint=f"its {what} roles are {list(roles)}")
 
         def operand(role: str, ins: dict = ins, where: str = where) -> Any:
@@ -168,12 +193,13 @@ def _load(doc: dict, graph_cls: Any) -> Any:
             if any(v == uid and type(v) is int for v in ins.values()):  # an in-place update: the
                 # output is a second handle on the UID
                 e = entries[uid]
-                handles_out = g.tensor(dim=e["dim"], stride=e["stride"], data_type=e["data_type"],
+                handles_out = g.tensor(dim=e.get("dim"), stride=e.get("stride"), data_type=e.get("data_type"),
                                        name=e.get("name", ""), uid=uid)
                 out_handles.append(handles_out)
             else:
                 out_handles.append(handles[uid])
+        cdt = _field(o, "compute_data_type", str, where, None)
         g._add_op(op, [operand(r) for r in op.input_roles()], name=_field(o, "name", str, where, ""),
-                  compute_data_type=as_data_type(_field(o, "compute_data_type", str, where)),
+                  compute_data_type=None if cdt is None else as_data_type(cdt),
                   out_handles=out_handles)
     return g.validate()

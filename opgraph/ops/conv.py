@@ -527,8 +527,45 @@ def conv_fprop(self, image: Tensor, weight: Tensor, padding: IntOrInts = None, s
                dilation: IntOrInts = None, convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
                compute_data_type: Any = None, name: str = "", *, pre_padding: IntOrInts = None,
                post_padding: IntOrInts = None) -> Tensor:
-    """Y = conv(image [N, C, spatial...], weight [K, C/groups, filter...]). `padding` is symmetric;
-    `pre_padding`/`post_padding` (keywords) pad each side separately. Ints mean every spatial dim."""
+    """Y = conv(image, weight): a 1-D, 2-D or 3-D (grouped, dilated, strided) convolution.
+
+    Shapes: image [N, C, *spatial], weight [K, C/groups, *filter] -> Y [N, K, *out] with
+    `out_i = (in_i + pre_i + post_i - dilation_i * (filter_i - 1) - 1) // stride_i + 1`; groups is
+    C / weight.dim[1] (depthwise: weight [C, 1, ...]).
+
+    Layouts: any strides. Channels-last (NHWC: strides `[H*W*C, 1, W*C, C]`) is the fast layout of the
+    generated and cuDNN kernels; Y takes the image's axis order unless its strides are set.
+
+    Types: image and weight of one type (HALF, BFLOAT16, FLOAT, DOUBLE, FP8, INT8); products summed
+    in `compute_data_type` (default the graph's, FLOAT); Y is the graph's intermediate type when
+    virtual, its io type when an output (or what `set_data_type` says).
+
+    Formula (CROSS_CORRELATION; CONVOLUTION flips the filter):
+    `Y[n, k, p] = sum_{c, r} image[n, g*C/groups + c, p*stride + r*dilation - pre_padding] * weight[k, c, r]`
+    with g = k // (K/groups) and zero outside the image.
+
+    Args:
+        image: the input feature map [N, C, *spatial].
+        weight: the filter [K, C/groups, *filter].
+        padding: zero padding on both sides of every spatial dim (an int means all of them).
+        stride: output step in the input, per spatial dim (default 1).
+        dilation: spacing of the filter taps (default 1).
+        convolution_mode: ConvolutionMode.CROSS_CORRELATION (PyTorch's) or CONVOLUTION, or its name.
+        compute_data_type: the type products are summed in.
+        name: the op's name (shown in plans and errors).
+        pre_padding: padding before each spatial dim (keyword; with post_padding, instead of padding).
+        post_padding: padding after each spatial dim.
+
+    Returns:
+        Y, a virtual tensor (mark it with `.set_output(True)` to read it).
+
+    Example:
+        ```python
+        x = g.tensor(dim=[8, 64, 56, 56], stride=[200704, 1, 3584, 64], name="X")   # NHWC
+        w = g.tensor(dim=[128, 64, 3, 3], stride=[576, 1, 192, 64], name="W")
+        y = g.conv_fprop(x, w, padding=1, stride=2)      # [8, 128, 28, 28]
+        ```
+    """
     attrs = _conv_attrs("conv_fprop", name, [image, weight], padding, pre_padding, post_padding, stride,
                         dilation, convolution_mode)
     return self._add_op(ConvFprop(**attrs), [image, weight], name=name, compute_data_type=compute_data_type)[0]
@@ -539,8 +576,40 @@ def conv_dgrad(self, loss: Tensor, filter: Tensor, padding: IntOrInts = None, st
                dilation: IntOrInts = None, convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
                compute_data_type: Any = None, name: str = "", *, pre_padding: IntOrInts = None,
                post_padding: IntOrInts = None) -> Tensor:
-    """DX, the gradient of conv_fprop with respect to its image, from loss DY [N, K, ...] and the
-    filter [K, C/groups, ...]. Set DX's dims when stride > 1 or groups > 1 leave them open."""
+    """DX, the gradient of `conv_fprop` with respect to its image (a transposed convolution).
+
+    Shapes: loss DY [N, K, *out], filter [K, C/groups, *filter] -> DX [N, C, *in]. The input size is
+    inferred as `(out_i - 1) * stride_i - pre_i - post_i + dilation_i * (filter_i - 1) + 1`, which a
+    stride > 1 can leave ambiguous (and groups > 1 leaves C open): set DX's dims with `set_dim` then.
+
+    Layouts: any strides; channels-last is the fast one. DX takes the loss's axis order.
+
+    Types: loss and filter of one type; sums in `compute_data_type` (default FLOAT).
+
+    Formula: `DX[n, c, q] = sum_{k, r} DY[n, k, p] * filter[k, c, r]` over the (p, r) with
+    `q = p*stride + r*dilation - pre_padding`: what conv_fprop's Y[n, k, p] read of image[n, c, q].
+
+    Args:
+        loss: the gradient of conv_fprop's output, DY [N, K, *out].
+        filter: conv_fprop's weight [K, C/groups, *filter].
+        padding: conv_fprop's padding (the same arguments as the forward op).
+        stride: conv_fprop's stride.
+        dilation: conv_fprop's dilation.
+        convolution_mode: conv_fprop's mode.
+        compute_data_type: the type products are summed in.
+        name: the op's name.
+        pre_padding: conv_fprop's pre_padding.
+        post_padding: conv_fprop's post_padding.
+
+    Returns:
+        DX, a virtual tensor.
+
+    Example:
+        ```python
+        dy = g.tensor(dim=[8, 128, 28, 28], stride=[100352, 1, 3584, 128], name="dY")
+        dx = g.conv_dgrad(dy, w, padding=1, stride=2).set_dim([8, 64, 56, 56]).set_output(True)
+        ```
+    """
     attrs = _conv_attrs("conv_dgrad", name, [loss, filter], padding, pre_padding, post_padding, stride,
                         dilation, convolution_mode)
     return self._add_op(ConvDgrad(**attrs), [loss, filter], name=name, compute_data_type=compute_data_type)[0]
@@ -551,8 +620,40 @@ def conv_wgrad(self, image: Tensor, loss: Tensor, padding: IntOrInts = None, str
                dilation: IntOrInts = None, convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
                compute_data_type: Any = None, name: str = "", *, pre_padding: IntOrInts = None,
                post_padding: IntOrInts = None) -> Tensor:
-    """DW, the gradient of conv_fprop with respect to its filter, from the image [N, C, ...] and loss
-    DY [N, K, ...]. Set DW's dims [K, C/groups, filter...] for grouped convs (inferred with groups=1)."""
+    """DW, the gradient of `conv_fprop` with respect to its filter.
+
+    Shapes: image [N, C, *in], loss DY [N, K, *out] -> DW [K, C/groups, *filter]. The filter size is
+    inferred from in, out, padding, stride and dilation with groups = 1; set DW's dims for a grouped
+    or depthwise convolution.
+
+    Layouts: any strides; channels-last inputs are the fast ones. DW is packed in the image's axis order.
+
+    Types: image and loss of one type; sums (over N and the output positions) in
+    `compute_data_type` (default FLOAT).
+
+    Formula: `DW[k, c, r] = sum_{n, p} DY[n, k, p] * image[n, c', p*stride + r*dilation - pre_padding]`
+    with c' the input channel of group k // (K/groups).
+
+    Args:
+        image: conv_fprop's input [N, C, *in].
+        loss: the gradient of conv_fprop's output, DY [N, K, *out].
+        padding: conv_fprop's padding.
+        stride: conv_fprop's stride.
+        dilation: conv_fprop's dilation.
+        convolution_mode: conv_fprop's mode.
+        compute_data_type: the type products are summed in.
+        name: the op's name.
+        pre_padding: conv_fprop's pre_padding.
+        post_padding: conv_fprop's post_padding.
+
+    Returns:
+        DW, a virtual tensor.
+
+    Example:
+        ```python
+        dw = g.conv_wgrad(x, dy, padding=1, stride=2).set_output(True).set_name("dW")   # [128, 64, 3, 3]
+        ```
+    """
     attrs = _conv_attrs("conv_wgrad", name, [image, loss], padding, pre_padding, post_padding, stride,
                         dilation, convolution_mode)
     return self._add_op(ConvWgrad(**attrs), [image, loss], name=name, compute_data_type=compute_data_type)[0]

@@ -53,8 +53,32 @@ def register_custom_op(
     infer: Callable[..., Any] | None = None, torch: Callable[..., Any] | None = None, triton: Any = None,
     pointwise: bool = False,
 ) -> CustomOpDef:
-    """Register (or replace) a custom op. `infer` may be omitted for pointwise ops (outputs take the
-    broadcast dims of the inputs)."""
+    """Register (or replace) a custom op, usable in graphs, graph files and plans like a built-in op.
+
+    Args:
+        name: an identifier; graphs and files name the op by it.
+        num_inputs: how many tensors `g.custom(name, ...)` takes.
+        reference: the op's meaning: float64 NumPy arrays in (one per input, logical dims) and the
+            output array (or a list of them) out; parameters come as keywords. The reference engine
+            runs it, and every other engine is checked against it.
+        num_outputs: how many outputs it makes.
+        infer: `infer(*input_descs, **params)` -> one entry per output: dims, or (dims, data_type);
+            may be left out for pointwise ops (outputs take the inputs' broadcast dims).
+        torch: an optional device implementation over PyTorch tensors (the torch engine runs it).
+        triton: an optional `@triton.jit` elementwise function `f(*values, **params)` defined at a
+            module's top level: a pointwise op given one is fused into generated kernels.
+        pointwise: whether the op is elementwise with broadcasting.
+
+    Returns:
+        The CustomOpDef registered.
+
+    Example:
+        ```python
+        og.register_custom_op("softsign", num_inputs=1, reference=lambda x: x / (1 + np.abs(x)),
+                              torch=lambda x: x / (1 + x.abs()), pointwise=True)
+        y = g.custom("softsign", x)
+        ```
+    """
     if not isinstance(name, str) or not name.isidentifier():
         raise AttributeValueError(f"custom op name {name!r} must be an identifier", rule="custom.name",
                                   hint="use letters, digits and underscores, e.g. 'swiglu'")
@@ -154,7 +178,32 @@ def _dtype(value: Any):
 @graph_method
 def custom(self, op_name: str, *inputs: Any, params: dict[str, Param] | None = None, compute_data_type=None,
            name: str = ""):
-    """Apply a registered custom op; returns its output (or the list of its outputs)."""
+    """Apply a custom op registered with `opgraph.register_custom_op`.
+
+    Shapes: what the op's `infer` says (a pointwise op: the inputs' broadcast dims).
+
+    Layouts: any input strides; outputs packed in the first full-size input's axis order.
+
+    Types: what `infer` says, else the graph's intermediate type when virtual, io type when an output.
+
+    Formula: the registered `reference` function.
+
+    Args:
+        op_name: the registered name.
+        *inputs: the input tensors, as many as registered.
+        params: plain parameters (ints, floats, strings, bools) passed to reference/infer/torch/triton
+            as keywords; they are part of the graph (and its files).
+        compute_data_type: the type its inputs are handed over in.
+        name: the op's name (default: op_name).
+
+    Returns:
+        Its output, or the list of its outputs.
+
+    Example:
+        ```python
+        y = g.custom("scaled_softsign", x, params={"alpha": 0.5})
+        ```
+    """
     d = custom_op_def(op_name)
     if len(inputs) != d.num_inputs:
         raise AttributeValueError(f"custom op '{op_name}' takes {d.num_inputs} inputs, got {len(inputs)}",

@@ -292,15 +292,64 @@ def _dims(value: Any, name: str) -> tuple[int, ...]:
 
 @graph_method
 def reshape(self, input, dim=None, compute_data_type=None, name=""):
-    """The input's elements, in logical row-major order, in dims `dim` (one entry may be -1); with
-    dim=None (cuDNN's way) the caller sets the output's dims with ``set_dim``."""
+    """The input's elements in new dims, in logical row-major order (cuDNN's LOGICAL reshape).
+
+    Shapes: input x -> y with dims `dim` (one entry may be -1, inferred), numel(y) == numel(x).
+
+    Layouts: any input strides; y is packed row-major. Elements keep their order in the *logical*
+    dims, whatever the input's strides (an NHWC input is read as N, C, H, W).
+
+    Types: y has the input's type (layout ops never round); compute_data_type has no effect.
+
+    Formula: `y.flat[i] = x.flat[i]`, `.flat` in row-major order of the logical dims.
+
+    Args:
+        input: x.
+        dim: the output's dims; None (cuDNN's way) leaves them to the output's `set_dim`.
+        compute_data_type: unused (kept for cuDNN frontend compatibility).
+        name: the op's name.
+
+    Returns:
+        y, a virtual tensor.
+
+    Example:
+        ```python
+        heads = g.reshape(x, [8, 128, 12, 64])       # x [8, 128, 768]
+        ```
+    """
     op = Reshape(dim=None if dim is None else _dims(dim, name))
     return self._add_op(op, [input], name=name, compute_data_type=compute_data_type)[0]
 
 
 @graph_method
 def transpose(self, input, permutation, compute_data_type=None, name=""):
-    """Output axis i reads input axis permutation[i] (torch.permute); see layout's docstring for strides."""
+    """The input's axes permuted, like `torch.permute`.
+
+    Shapes: input x of rank r -> y with `y.dim[k] = x.dim[permutation[k]]`.
+
+    Layouts: y keeps the input's memory order carried along with the axes (for a packed x,
+    `y.stride[k] = x.stride[permutation[k]]`: the same bytes, a view a fused kernel reads in place);
+    set y's strides to make a physical copy in another order.
+
+    Types: y has the input's type.
+
+    Formula: `y[j_0, ..., j_{r-1}] = x[i]` with `i[permutation[k]] = j_k`.
+
+    Args:
+        input: x.
+        permutation: output axis k reads input axis permutation[k].
+        compute_data_type: unused.
+        name: the op's name.
+
+    Returns:
+        y, a virtual tensor.
+
+    Example:
+        ```python
+        kt = g.transpose(k, [0, 2, 1])               # [B, T, D] -> [B, D, T], no copy
+        scores = g.matmul(q, kt)
+        ```
+    """
     try:
         perm = tuple(int(p) for p in permutation)
     except (TypeError, ValueError):
@@ -313,7 +362,31 @@ def transpose(self, input, permutation, compute_data_type=None, name=""):
 
 @graph_method
 def slice(self, input, slices, compute_data_type=None, name=""):  # noqa: A001 (cuDNN's name)
-    """input[slices...]: one Python slice per leading axis (fewer: the rest are whole), steps >= 1."""
+    """A strided window of the input, with Python slice semantics per axis.
+
+    Shapes: y's dims are the slices' lengths; axes past the given slices are taken whole. Negative
+    indices count from the end, out-of-range bounds clamp, steps >= 1, every axis keeps >= 1 element.
+
+    Layouts: y is packed in the input's axis order; generated kernels read the slice in place.
+
+    Types: y has the input's type.
+
+    Formula: `y = x[s_0, s_1, ...]`.
+
+    Args:
+        input: x.
+        slices: a Python slice or a list of them, one per leading axis.
+        compute_data_type: unused.
+        name: the op's name.
+
+    Returns:
+        y, a virtual tensor.
+
+    Example:
+        ```python
+        first_half = g.slice(x, [slice(None), slice(0, 384)])     # x [B, 768] -> [B, 384]
+        ```
+    """
     if isinstance(slices, builtins.slice):
         slices = [slices]
     triples = tuple(_slice_triple(s, a, name) for a, s in enumerate(slices))
@@ -322,7 +395,31 @@ def slice(self, input, slices, compute_data_type=None, name=""):  # noqa: A001 (
 
 @graph_method
 def concatenate(self, inputs, axis, in_place_index=None, name=""):
-    """The inputs joined along `axis` (negative counts from the end)."""
+    """The inputs joined along one axis.
+
+    Shapes: inputs of one rank with equal dims except along `axis` -> y with their sizes summed there.
+
+    Layouts: any input strides; y is packed in the first input's axis order.
+
+    Types: all inputs of one type, which y has.
+
+    Formula: `y[..., o_i + j, ...] = inputs[i][..., j, ...]`, o_i the sum of the earlier sizes.
+
+    Args:
+        inputs: the tensors to join, a list.
+        axis: the axis to join along (negative counts from the end).
+        in_place_index: cuDNN's hint that this input already sits in its slot of y's memory (an
+            engine may skip copying it; values are unchanged).
+        name: the op's name.
+
+    Returns:
+        y, a virtual tensor.
+
+    Example:
+        ```python
+        y = g.concatenate([a, b], axis=1)          # [N, 32, H, W] + [N, 64, H, W] -> [N, 96, H, W]
+        ```
+    """
     if isinstance(inputs, Tensor) or not isinstance(inputs, (list, tuple)) or not inputs:
         raise AttributeValueError(
             f"inputs must be a non-empty list of tensors, got {inputs!r}", op=f"concatenate '{name}'",

@@ -93,7 +93,39 @@ class Matmul(Op):
 
 @graph_method
 def matmul(self, A, B, compute_data_type=None, padding=0.0, name=""):
-    """C = A @ B: A [..., M, K], B [..., K, N], batch axes broadcast; returns C [..., M, N]."""
+    """C = A @ B over the last two axes, batch axes broadcast.
+
+    Shapes: A [b..., M, K] and B [b'..., K, N] of the same rank (>= 2; a plain GEMM is rank 3 with
+    batch 1) -> C [B..., M, N]; each batch axis is equal in both or 1 in one (a weight shared by the
+    whole batch is [1, K, N]).
+
+    Layouts: any strides: row-major, column-major (a transposed operand: strides [.., 1, K]), gapped
+    or sliced; the GEMM templates read them in place. C is packed row-major unless set.
+
+    Types: float operands (HALF, BFLOAT16, FLOAT, DOUBLE, FP8; may be mixed), summed in
+    `compute_data_type` (default FLOAT; FLOAT products may use TF32 on the GPU, noted
+    `down_convert_inputs`), or integer operands summed exactly (set C to INT32 for int8 GEMMs).
+
+    Formula: `C[i, m, n] = sum_k A[i, m, k] * B[i, k, n]`.
+
+    Args:
+        A: the left operand [b..., M, K].
+        B: the right operand [b'..., K, N].
+        compute_data_type: the type products are summed in.
+        padding: cuDNN's value for out-of-bound elements of ragged operands; opgraph has no ragged
+            tensors, so only 0.0 is accepted (kept for cuDNN frontend compatibility).
+        name: the op's name.
+
+    Returns:
+        C, a virtual tensor.
+
+    Example:
+        ```python
+        x = g.tensor(dim=[1, 4096, 1024], name="x")
+        w = g.tensor(dim=[1, 1024, 4096], stride=[4194304, 1, 1024], name="w")   # stored transposed
+        y = g.gelu(g.matmul(x, w)).set_output(True)    # [1, 4096, 4096], one fused kernel
+        ```
+    """
     if not isinstance(padding, (int, float)) or isinstance(padding, bool) or padding != 0:
         raise AttributeValueError(
             f"padding={padding!r} is not supported; opgraph's matmul has no ragged operands to pad",

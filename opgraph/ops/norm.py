@@ -645,10 +645,47 @@ def batchnorm(self, input: Tensor, scale: Tensor, bias: Tensor, in_running_mean:
               in_running_var: Tensor | None = None, epsilon: Scalar = _REQUIRED, momentum: Scalar | None = None,
               peer_stats: Sequence[Tensor] | None = None, compute_data_type: Any = None,
               name: str = "") -> list[Tensor | None]:
-    """Training-mode batchnorm (see `Batchnorm`): [y, mean, inv_variance, next_running_mean,
-    next_running_var]; the running outputs are None unless in_running_mean, in_running_var and
-    momentum are all given. y and inv_variance use the biased variance, next_running_var the unbiased
-    one (as PyTorch). peer_stats (multi-GPU) must be None or empty."""
+    """Training-mode batch normalization: statistics over N and the spatial axes, per channel.
+
+    Shapes: input [N, C, *spatial] (rank >= 2); scale, bias, in_running_mean, in_running_var and
+    every statistic output are per channel, [1, C, 1, ...] (the input's rank); y has the input's dims.
+
+    Layouts: any strides (NHWC is the fast one on the GPU); y takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, with M = N * prod(spatial) elements per channel:
+    `mean = sum(x) / M`, `var = sum((x - mean)^2) / M` (biased), `inv_variance = 1 / sqrt(var + epsilon)`,
+    `y = (x - mean) * inv_variance * scale + bias`,
+    `next_running_mean = (1 - momentum) * in_running_mean + momentum * mean`,
+    `next_running_var = (1 - momentum) * in_running_var + momentum * var * M / (M - 1)` (unbiased, as PyTorch).
+
+    Args:
+        input: x [N, C, *spatial].
+        scale: gamma [1, C, 1, ...].
+        bias: beta [1, C, 1, ...].
+        in_running_mean: the running mean to update (with in_running_var and momentum, or none of them).
+        in_running_var: the running variance to update.
+        epsilon: added to the variance: a number, a pass-by-value tensor or a 1-element tensor (required).
+        momentum: the running statistics' update weight (the same three forms).
+        peer_stats: cuDNN's multi-GPU statistics exchange; must be None or empty here.
+        compute_data_type: the statistics' type.
+        name: the op's name.
+
+    Returns:
+        [y, mean, inv_variance, next_running_mean, next_running_var]; the running outputs are None
+        unless in_running_mean, in_running_var and momentum are all given. mean and inv_variance are
+        what batchnorm_backward takes.
+
+    Example:
+        ```python
+        c = [1, 64, 1, 1]
+        scale, bias, rm, rv = (g.tensor(dim=c, name=n) for n in ("scale", "bias", "rmean", "rvar"))
+        y, mean, inv_var, next_rm, next_rv = g.batchnorm(x, scale, bias, rm, rv, epsilon=1e-5, momentum=0.1)
+        ```
+    """
     _need_epsilon(epsilon, "batchnorm")
     _no_peer_stats(peer_stats, "batchnorm", name)
     outputs = ["y", "mean", "inv_variance"]
@@ -661,7 +698,37 @@ def batchnorm(self, input: Tensor, scale: Tensor, bias: Tensor, in_running_mean:
 @graph_method
 def batchnorm_inference(self, input: Tensor, mean: Tensor, inv_variance: Tensor, scale: Tensor, bias: Tensor,
                         compute_data_type: Any = None, name: str = "") -> Tensor:
-    """(x - mean) * inv_variance * scale + bias with per-channel stats: y (a single tensor)."""
+    """Batch normalization with given per-channel statistics (inference).
+
+    Shapes: input [N, C, *spatial]; mean, inv_variance, scale, bias [1, C, 1, ...]; y as the input.
+
+    Layouts: any strides; y takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula: `y = (x - mean) * inv_variance * scale + bias`, where inv_variance is
+    `1 / sqrt(running_var + epsilon)` (the form cuDNN takes: compute it in the graph with
+    `g.rsqrt(g.add(running_var, eps))` to keep running_var as the input).
+
+    Args:
+        input: x [N, C, *spatial].
+        mean: the per-channel mean [1, C, 1, ...].
+        inv_variance: 1 / sqrt(var + epsilon), per channel.
+        scale: gamma, per channel.
+        bias: beta, per channel.
+        compute_data_type: the type the arithmetic runs in.
+        name: the op's name.
+
+    Returns:
+        y, a virtual tensor.
+
+    Example:
+        ```python
+        y = g.relu(g.batchnorm_inference(x, mean, g.rsqrt(g.add(var, 1e-5)), scale, bias))
+        ```
+    """
     return self._add_op(BatchnormInference(), [input, mean, inv_variance, scale, bias], name=name,
                         compute_data_type=compute_data_type)[0]
 
@@ -671,8 +738,40 @@ def batchnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: T
                        inv_variance: Tensor | None = None, epsilon: Scalar | None = None,
                        peer_stats: Sequence[Tensor] | None = None, compute_data_type: Any = None,
                        name: str = "") -> list[Tensor | None]:
-    """[dx, dscale, dbias] of training-mode batchnorm, from the saved mean and inv_variance or from
-    epsilon (stats recomputed). peer_stats (multi-GPU) must be None or empty."""
+    """The gradients of training-mode batchnorm: [dx, dscale, dbias].
+
+    Shapes: grad dy and input x [N, C, *spatial]; scale, mean, inv_variance [1, C, 1, ...];
+    dx as the input, dscale and dbias per channel.
+
+    Layouts: any strides; dx takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, with xhat = (x - mean) * inv_variance and M elements per channel:
+    `dbias = sum(dy)`, `dscale = sum(dy * xhat)`,
+    `dx = scale * inv_variance * (dy - dbias / M - xhat * dscale / M)`.
+
+    Args:
+        grad: dy, the gradient of batchnorm's y.
+        input: the forward op's input x.
+        scale: the forward op's scale.
+        mean: the saved mean (give mean and inv_variance, or epsilon to recompute them).
+        inv_variance: the saved inv_variance.
+        epsilon: recompute the statistics from x with this epsilon (instead of the saved ones).
+        peer_stats: must be None or empty.
+        compute_data_type: the type sums run in.
+        name: the op's name.
+
+    Returns:
+        [dx, dscale, dbias].
+
+    Example:
+        ```python
+        dx, dscale, dbias = g.batchnorm_backward(dy, x, scale, mean, inv_var)
+        ```
+    """
     _no_peer_stats(peer_stats, "batchnorm_backward", name)
     return self._add_op(BatchnormBackward(), [grad, input, scale, mean, inv_variance, epsilon], name=name,
                         compute_data_type=compute_data_type)
@@ -682,7 +781,43 @@ def batchnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: T
 def layernorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor | None = None,
               bias: Tensor | None = None, epsilon: Scalar = _REQUIRED, compute_data_type: Any = None,
               name: str = "") -> list[Tensor | None]:
-    """[y, mean, inv_variance] (see `Layernorm`); mean and inv_variance are None in INFERENCE."""
+    """Layer normalization over the axes where scale's dim equals the input's.
+
+    Shapes: input [rows..., hidden...]; scale and bias have the input's rank, with the input's dim on
+    each normalized axis and 1 elsewhere (input [B, T, H], scale [1, 1, H]; input [N, C, H, W], scale
+    [1, C, H, W]); mean and inv_variance keep the input's dims where scale's are 1 and 1 elsewhere
+    ([B, T, 1]). Without a scale, bias's dims pick the axes; without either, all but the first.
+
+    Layouts: any strides (rows contiguous is the fast case); y takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, over the normalized axes A: `mean = mean_A(x)`,
+    `inv_variance = 1 / sqrt(mean_A((x - mean)^2) + epsilon)` (biased),
+    `y = (x - mean) * inv_variance * scale + bias`.
+
+    Args:
+        norm_forward_phase: NormForwardPhase.TRAINING (also outputs mean and inv_variance) or
+            INFERENCE, or its name.
+        input: x.
+        scale: gamma (optional).
+        bias: beta (optional).
+        epsilon: added to the variance: a number, a pass-by-value or a 1-element tensor (required).
+        compute_data_type: the statistics' type.
+        name: the op's name.
+
+    Returns:
+        [y, mean, inv_variance]; mean and inv_variance are None in INFERENCE.
+
+    Example:
+        ```python
+        x = g.tensor(dim=[8, 128, 768], name="x")
+        gamma, beta = g.tensor(dim=[1, 1, 768], name="gamma"), g.tensor(dim=[1, 1, 768], name="beta")
+        y = g.layernorm("INFERENCE", x, gamma, beta, epsilon=1e-5)[0]
+        ```
+    """
     _need_epsilon(epsilon, "layernorm")
     phase = _as_phase(norm_forward_phase, "layernorm", name)
     outputs = ["y", "mean", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
@@ -693,7 +828,39 @@ def layernorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, s
 @graph_method
 def layernorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: Tensor, inv_variance: Tensor,
                        compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
-    """[dx, dscale, dbias] of layernorm from its saved mean and inv_variance."""
+    """The gradients of layernorm: [dx, dscale, dbias].
+
+    Shapes: grad dy and input x as layernorm's input; scale as layernorm's; mean and inv_variance as
+    layernorm saved them; dx as the input, dscale and dbias as scale.
+
+    Layouts: any strides; dx takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, with xhat = (x - mean) * inv_variance, n elements per row of the normalized axes and
+    g = dy * scale: `dbias = sum_rows(dy)`, `dscale = sum_rows(dy * xhat)`,
+    `dx = inv_variance * (g - mean_A(g) - xhat * mean_A(g * xhat))`.
+
+    Args:
+        grad: dy, the gradient of layernorm's y.
+        input: layernorm's input x.
+        scale: layernorm's scale.
+        mean: the saved mean.
+        inv_variance: the saved inv_variance.
+        compute_data_type: the type sums run in.
+        name: the op's name.
+
+    Returns:
+        [dx, dscale, dbias].
+
+    Example:
+        ```python
+        y, mean, inv_var = g.layernorm("TRAINING", x, gamma, beta, epsilon=1e-5)
+        dx, dgamma, dbeta = g.layernorm_backward(dy, x, gamma, mean, inv_var)
+        ```
+    """
     return self._add_op(LayernormBackward(), [grad, input, scale, mean, inv_variance], name=name,
                         compute_data_type=compute_data_type)
 
@@ -702,8 +869,37 @@ def layernorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: T
 def rmsnorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor,
             bias: Tensor | None = None, epsilon: Scalar = _REQUIRED, compute_data_type: Any = None,
             name: str = "") -> list[Tensor | None]:
-    """[y, inv_variance] (see `Rmsnorm`; inv_variance is the inverse RMS); inv_variance is None in
-    INFERENCE."""
+    """RMS normalization over the axes where scale's dim equals the input's (as in layernorm).
+
+    Shapes: input x; scale (and bias) of the input's rank with the input's dim on normalized axes and
+    1 elsewhere; inv_variance keeps the input's dims where scale's are 1 ([B, T, 1] for x [B, T, H]).
+
+    Layouts: any strides; y takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, over the normalized axes A: `inv_variance = 1 / sqrt(mean_A(x^2) + epsilon)` (the inverse
+    RMS; no mean is subtracted), `y = x * inv_variance * scale + bias`.
+
+    Args:
+        norm_forward_phase: TRAINING (also outputs inv_variance) or INFERENCE, or its name.
+        input: x.
+        scale: gamma.
+        bias: beta (optional).
+        epsilon: added to the mean square (required).
+        compute_data_type: the statistics' type.
+        name: the op's name.
+
+    Returns:
+        [y, inv_variance]; inv_variance is None in INFERENCE.
+
+    Example:
+        ```python
+        y = g.rmsnorm("INFERENCE", x, g.tensor(dim=[1, 1, 4096], name="w"), epsilon=1e-6)[0]
+        ```
+    """
     _need_epsilon(epsilon, "rmsnorm")
     phase = _as_phase(norm_forward_phase, "rmsnorm", name)
     outputs = ["y", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
@@ -714,7 +910,37 @@ def rmsnorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, sca
 @graph_method
 def rmsnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, inv_variance: Tensor, has_dbias: bool,
                      compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
-    """[dx, dscale, dbias] of rmsnorm from its saved inv_variance; dbias is None unless has_dbias."""
+    """The gradients of rmsnorm: [dx, dscale, dbias].
+
+    Shapes: grad dy and input x as rmsnorm's input; scale as rmsnorm's; inv_variance as saved; dx as
+    the input, dscale and dbias as scale.
+
+    Layouts: any strides; dx takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, with xhat = x * inv_variance and g = dy * scale: `dscale = sum_rows(dy * xhat)`,
+    `dbias = sum_rows(dy)`, `dx = inv_variance * (g - xhat * mean_A(g * xhat))`.
+
+    Args:
+        grad: dy, the gradient of rmsnorm's y.
+        input: rmsnorm's input x.
+        scale: rmsnorm's scale.
+        inv_variance: the saved inverse RMS.
+        has_dbias: whether to output dbias (rmsnorm had a bias).
+        compute_data_type: the type sums run in.
+        name: the op's name.
+
+    Returns:
+        [dx, dscale, dbias]; dbias is None unless has_dbias.
+
+    Example:
+        ```python
+        dx, dw, _ = g.rmsnorm_backward(dy, x, w, inv_rms, has_dbias=False)
+        ```
+    """
     outputs = ["dx", "dscale", "dbias"] if has_dbias else ["dx", "dscale"]
     return self._add_op(RmsnormBackward(), [grad, input, scale, inv_variance], name=name,
                         compute_data_type=compute_data_type, outputs=outputs)
@@ -723,7 +949,37 @@ def rmsnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, inv_varia
 @graph_method
 def instancenorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor, bias: Tensor,
                  epsilon: Scalar, compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
-    """[y, mean, inv_variance] (see `Instancenorm`); mean and inv_variance are None in INFERENCE."""
+    """Instance normalization: statistics over the spatial axes, per sample and channel.
+
+    Shapes: input [N, C, *spatial] (rank >= 3); scale and bias [1, C, 1, ...]; mean and inv_variance
+    [N, C, 1, ...]; y as the input.
+
+    Layouts: any strides; y takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula, over the spatial axes S: `mean = mean_S(x)`,
+    `inv_variance = 1 / sqrt(mean_S((x - mean)^2) + epsilon)`, `y = (x - mean) * inv_variance * scale + bias`.
+
+    Args:
+        norm_forward_phase: TRAINING (also outputs mean and inv_variance) or INFERENCE, or its name.
+        input: x [N, C, *spatial].
+        scale: gamma, per channel.
+        bias: beta, per channel.
+        epsilon: added to the variance.
+        compute_data_type: the statistics' type.
+        name: the op's name.
+
+    Returns:
+        [y, mean, inv_variance]; mean and inv_variance are None in INFERENCE.
+
+    Example:
+        ```python
+        y, mean, inv_var = g.instancenorm("TRAINING", x, scale, bias, epsilon=1e-5)
+        ```
+    """
     phase = _as_phase(norm_forward_phase, "instancenorm", name)
     outputs = ["y", "mean", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
     return self._add_op(Instancenorm(norm_forward_phase=phase), [input, scale, bias, epsilon], name=name,
@@ -734,7 +990,37 @@ def instancenorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor
 def instancenorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: Tensor | None = None,
                           inv_variance: Tensor | None = None, compute_data_type: Any = None, name: str = "", *,
                           epsilon: Scalar | None = None) -> list[Tensor | None]:
-    """[dx, dscale, dbias] of instancenorm from its saved mean and inv_variance, or (an opgraph
-    extension, keyword only) from epsilon with the stats recomputed."""
+    """The gradients of instancenorm: [dx, dscale, dbias].
+
+    Shapes: grad dy and input x [N, C, *spatial]; scale [1, C, 1, ...]; mean and inv_variance
+    [N, C, 1, ...]; dx as the input, dscale and dbias per channel.
+
+    Layouts: any strides; dx takes the input's axis order.
+
+    Types: floating inputs (HALF, BFLOAT16, FLOAT, DOUBLE); statistics in `compute_data_type`
+    (default FLOAT) and stored as FLOAT; y in the graph's intermediate type when virtual, its io type
+    when an output.
+
+    Formula: layernorm's backward over the spatial axes of each (n, c), with dscale and dbias summed
+    over N and the spatial axes.
+
+    Args:
+        grad: dy, the gradient of instancenorm's y.
+        input: instancenorm's input x.
+        scale: instancenorm's scale.
+        mean: the saved mean (or give epsilon).
+        inv_variance: the saved inv_variance.
+        compute_data_type: the type sums run in.
+        name: the op's name.
+        epsilon: (keyword, an opgraph extension) recompute the statistics from x with this epsilon.
+
+    Returns:
+        [dx, dscale, dbias].
+
+    Example:
+        ```python
+        dx, dscale, dbias = g.instancenorm_backward(dy, x, scale, mean, inv_var)
+        ```
+    """
     return self._add_op(InstancenormBackward(), [grad, input, scale, mean, inv_variance, epsilon], name=name,
                         compute_data_type=compute_data_type)

@@ -223,9 +223,41 @@ def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
 @graph_method
 def resample(self, input, mode=ResampleMode.MAX, window=None, stride=None, pre_padding=None, post_padding=None,
              generate_index=False, compute_data_type=None, name="", *, padding=None):
-    """Max / average pooling of an [N, C, spatial...] tensor; returns [Y, index] (index is None unless
-    generate_index, which only MAX takes). `padding` (keyword-only) sets pre and post padding at once.
-    Every geometry argument is an int (same for every spatial axis) or one int per spatial axis."""
+    """Max or average pooling over the spatial axes of an [N, C, spatial...] tensor.
+
+    Shapes: input [N, C, *spatial] (1-3 spatial axes) -> Y [N, C, *out] with
+    `out_d = (in_d + pre_d + post_d - window_d) // stride_d + 1`; index (MAX only) has Y's dims.
+
+    Layouts: any strides (NHWC is the fast one); Y takes the input's axis order.
+
+    Types: float inputs; Y in the graph's intermediate / io type; index INT8 by default (set INT32 on
+    it for windows of more than 128 elements).
+
+    Formula: output o reads input positions `o*stride - pre_padding + k`, k in [0, window). MAX: the
+    maximum (padding is -inf); AVG_INCLUDE_PADDING: the sum / prod(window) (padding is 0);
+    AVG_EXCLUDE_PADDING: the mean of the non-padded positions. index: the maximum's flat row-major
+    position within its window.
+
+    Args:
+        input: x [N, C, *spatial].
+        mode: ResampleMode.MAX, AVG_INCLUDE_PADDING or AVG_EXCLUDE_PADDING, or its name.
+        window: the window per spatial axis (an int: every axis); required.
+        stride: the step per spatial axis (default: the window).
+        pre_padding: padding before each spatial axis (each < its window).
+        post_padding: padding after each spatial axis.
+        generate_index: also output the index of each maximum (MAX only).
+        compute_data_type: the type averages are summed in.
+        name: the op's name.
+        padding: (keyword) pre and post padding at once.
+
+    Returns:
+        [Y, index]; index is None unless generate_index.
+
+    Example:
+        ```python
+        y, _ = g.resample(x, mode="MAX", window=3, stride=2, padding=1)      # ResNet's stem pool
+        ```
+    """
     try:
         mode = ResampleMode[mode.upper()] if isinstance(mode, str) else ResampleMode(mode)
     except (KeyError, ValueError):

@@ -169,8 +169,34 @@ class GenStats(Op):
 
 @graph_method
 def reduction(self, input, mode, compute_data_type=None, name=""):
-    """Reduce `input` with `mode` (a ReductionMode or its name) over the axes where the output's
-    dims, which the caller sets with ``set_dim``, are 1. Returns the output (FLOAT by default)."""
+    """Reduce `input` over the axes where the output's dims are 1 (set them with `set_dim`, as in cuDNN).
+
+    Shapes: input x of rank r; the output y of rank r with, per axis, x's dim (kept) or 1 (reduced).
+
+    Layouts: any input strides; y is packed row-major unless set.
+
+    Types: any numeric input; sums in `compute_data_type` (default FLOAT); y is FLOAT by default,
+    whatever the graph's io type (cuDNN's rule; `set_data_type` overrides it).
+
+    Formula, over the reduced axes R: ADD `sum_R x`, MUL `prod_R x`, MIN/MAX, AMAX `max_R |x|`,
+    AVG `sum_R x / |R|`, NORM1 `sum_R |x|`, NORM2 `sqrt(sum_R x^2)`, MUL_NO_ZEROS (zeros count as 1).
+
+    Args:
+        input: x.
+        mode: a ReductionMode or its name ("ADD", "MAX", "AVG", ...).
+        compute_data_type: the type the reduction runs in.
+        name: the op's name.
+
+    Returns:
+        y, a virtual tensor whose dims must be set (`.set_dim([...])`).
+
+    Example:
+        ```python
+        x = g.tensor(dim=[32, 1000], name="logits")
+        row_max = g.reduction(x, mode="MAX").set_dim([32, 1])
+        total = g.reduction(g.exp(g.sub(x, row_max)), mode="ADD").set_dim([32, 1])
+        ```
+    """
     try:
         mode = ReductionMode[mode.upper()] if isinstance(mode, str) else ReductionMode(mode)
     except (KeyError, ValueError):
@@ -183,6 +209,30 @@ def reduction(self, input, mode, compute_data_type=None, name=""):
 
 @graph_method
 def genstats(self, input, compute_data_type=None, name=""):
-    """[sum, sq_sum] of `input` per channel (axis 1), each of dims [1, C, 1, ...], FLOAT by default."""
+    """Per-channel sum and sum of squares of an [N, C, spatial...] tensor (cuDNN's genstats).
+
+    Shapes: input [N, C, *spatial] -> sum and sq_sum [1, C, 1, ...] (the input's rank).
+
+    Layouts: any input strides (NHWC is the fast one, fused after a convolution).
+
+    Types: any float input; sums in `compute_data_type`; outputs FLOAT by default (they are raw
+    sums, not mean / inv_variance: mean = sum / M, var = sq_sum / M - mean^2 with M = N*prod(spatial)).
+
+    Formula: `sum[0, c] = sum_{n, spatial} x[n, c, ...]`, `sq_sum[0, c] = sum_{n, spatial} x[n, c, ...]^2`.
+
+    Args:
+        input: x [N, C, *spatial].
+        compute_data_type: the type the sums run in.
+        name: the op's name.
+
+    Returns:
+        [sum, sq_sum].
+
+    Example:
+        ```python
+        y = g.conv_fprop(x, w, padding=1)
+        s, sq = g.genstats(y)        # fused into the convolution's epilogue on the GPU
+        ```
+    """
     s, sq = self._add_op(GenStats(), [input], name=name, compute_data_type=compute_data_type)
     return [s, sq]

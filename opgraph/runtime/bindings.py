@@ -161,6 +161,36 @@ def _views_overlap(a: BufferInfo, b: BufferInfo) -> bool:
     return reachable((a.ptr - b.ptr) // size, 0)
 
 
+def _overlapping_output(graph: FinalGraph, infos: Mapping[int, BufferInfo], inplace: InplaceRule | None = None
+                        ) -> tuple[int, int] | None:
+    """(output, other) for the first output buffer that shares memory with another bound buffer, in
+    the graph's output order, other than an in-place update `inplace` allows (the very buffer of an
+    input the output updates element by element); None when none does. A sweep over the buffers'
+    address spans: only buffers whose spans intersect are compared (a pack of hundreds of buffers costs
+    no pairwise pass)."""
+    spans = {u: _span(i) for u, i in infos.items()}
+    rank = {u: k for k, u in enumerate(graph.outputs)}
+    found: list[tuple[int, int, int]] = []
+    active: list[int] = []
+    for u in sorted(infos, key=lambda v: spans[v][0]):
+        lo = spans[u][0]
+        active = [v for v in active if spans[v][1] > lo]
+        for v in active:
+            if (u in rank or v in rank) and _overlap(infos[u], infos[v]):
+                for o, other in ((u, v), (v, u)):
+                    if o not in rank:
+                        continue
+                    if (inplace is not None and (other, o) in inplace.allowed
+                            and _same_buffer(infos[o], infos[other])):
+                        continue  # an in-place update through the pack
+                    found.append((rank[o], o, other))
+        active.append(u)
+    if not found:
+        return None
+    _, o, other = min(found)
+    return o, other
+
+
 def arrays_overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two arrays share an element (True when NumPy cannot decide within its budget)."""
     try:
@@ -222,20 +252,18 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
                                    hint="bind a writeable array")
         infos[uid] = info
         out[uid] = info.obj if device.is_cuda or desc.numel != 1 else info.obj.reshape(desc.dim)
-    for o in graph.outputs:
-        for uid, info in infos.items():
-            if uid != o and _overlap(infos[o], info):
-                same = _same_buffer(infos[o], info)
-                if same and inplace is not None and (uid, o) in inplace.allowed:
-                    continue  # an in-place update through the pack
-                why = inplace.reason(uid, o) if same and inplace is not None else ""
-                raise VariantPackError(
-                    f"the output buffer overlaps the buffer of {graph.tensors[uid].label()}"
-                    + (f": it is that very buffer, but {why}" if why else ""),
-                    tensor=graph.tensors[o], rule="pack.overlap",
-                    hint="give every output its own memory (in-place updates reuse the input's UID, or bind an "
-                    "output to the buffer of an input it updates element by element)",
-                )
+    clash = _overlapping_output(graph, infos, inplace)
+    if clash is not None:
+        o, uid = clash
+        same = _same_buffer(infos[o], infos[uid])
+        why = inplace.reason(uid, o) if same and inplace is not None else ""
+        raise VariantPackError(
+            f"the output buffer overlaps the buffer of {graph.tensors[uid].label()}"
+            + (f": it is that very buffer, but {why}" if why else ""),
+            tensor=graph.tensors[o], rule="pack.overlap",
+            hint="give every output its own memory (in-place updates reuse the input's UID, or bind an "
+            "output to the buffer of an input it updates element by element)",
+        )
     return out
 
 

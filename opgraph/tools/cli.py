@@ -1,89 +1,125 @@
-"""The `opgraph` command: demo, check, run, engines."""
+"""The `opgraph` command (also `python -m opgraph`): demo, check, run, explain, engines, cache.
+
+Everything it prints that comes from a graph, a plan or an error is printed as plain text (rich's
+markup off), so knobs such as `triton[template=matmul BM=64]`, `[rule ...]` and
+`pip install 'opgraph[torch]'` show as they are. A user's mistake (a bad file, a missing GPU, a bad
+option) ends in one error and its hint, never a traceback.
+"""
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..core.errors import GraphError
-from ..graph.builder import Graph
+from ..core.version import __version__
 
-console = Console()
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def say(text: str) -> None:
+    """Print text as it is (no markup, no highlighting, no wrapping)."""
+    console.print(text, markup=False)
 
 
 def _fail(err: GraphError) -> None:
-    console.print(f"[bold red]{type(err).__name__}[/]: {err}", highlight=False)
+    errors.print(f"[bold red]{type(err).__name__}[/]: {escape(str(err))}")
     sys.exit(1)
 
 
-def _load(path: str) -> Graph:
-    try:
-        return Graph.from_json(Path(path).read_text())
-    except GraphError as err:
-        _fail(err)
-        raise  # unreachable
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command whose GraphErrors (bad files, devices, options) end in one message and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GraphError as err:
+            _fail(err)
+
+    return wrapper
 
 
-def run_and_verify(g: Graph, *, device: str | None, engines: list[str] | None, seed: int, repeat: int) -> dict:
-    """Build g, run it on random inputs, compare every output with the reference engine, time it."""
-    from ..core.timing import time_call
-    from ..testing import compare, random_pack, reference_outputs
-
-    final = g.final
-    rng = np.random.default_rng(seed)
-    with console.status(f"building '{final.name}'..."):
-        plan = g.build(device=device, engines=engines)
-    pack = random_pack(final, rng)
-    want = reference_outputs(final, pack)
-    if plan.device.is_cuda:
-        from ..core.torch_interop import pack_to_device, torch_to_numpy
-
-        dev_pack = pack_to_device(pack, plan.device.torch_name)
-        plan.execute(dev_pack)
-        got = {u: torch_to_numpy(dev_pack[u]) for u in final.outputs}
-        run = lambda: plan.execute(dev_pack)  # noqa: E731
-    else:
-        plan.execute(pack)
-        got = {u: pack[u] for u in final.outputs}
-        run = lambda: plan.execute(pack)  # noqa: E731
-    mismatches = [m for u in final.outputs if (m := compare(final.tensors[u], got[u], want[u]))]
-    with console.status(f"timing '{final.name}' ({repeat} runs)..."):
-        micros = time_call(run, cuda=plan.device.is_cuda, warmup=min(3, repeat), repeat=repeat)
-    return {"plan": plan, "mismatches": mismatches, "us": micros}
+def _imports(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--import", "imports", multiple=True, metavar="MODULE",
+                        help="import MODULE first (a name or a .py path), e.g. one that registers custom ops; "
+                             "repeatable")(fn)
 
 
-def _report(g: Graph, result: dict, *, show: bool = True) -> bool:
+def _device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--device", default=None,
+                        help="cpu, cuda or cuda:N (default: the GPU when there is one; a plan file's own device)")(fn)
+
+
+def _file_arg(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.argument("file", type=click.Path(exists=True, dir_okay=False))(fn)
+
+
+def _load(file: str, imports: tuple[str, ...]) -> Any:
+    from .cli_files import import_modules, load_file
+
+    import_modules(imports)
+    return load_file(file)
+
+
+def _plan_of(loaded: Any, *, device: str | None, engines: tuple[str, ...], autotune: bool = False) -> Any:
+    """The plan to run or explain: a plan file loaded (compiled here from its stored configs), or a
+    graph file built."""
+    if loaded.is_plan:
+        if engines or autotune:
+            raise GraphError("a plan file fixes its engines and configs; --engine and --autotune apply to graph "
+                             "files", rule="cli.plan_options", hint="drop those options, or give the graph file")
+        from ..runtime.plan import load_plan
+
+        with console.status("loading the plan..."):
+            return load_plan(loaded.path, device=device, on_mismatch="recompile")
+    with console.status(f"building '{loaded.graph.name}'..."):
+        return loaded.graph.build(device=device, engines=list(engines) or None, autotune=autotune)
+
+
+def _report(result: Any, *, show: bool = True) -> bool:
+    plan = result.plan
+    name = plan.graph.name
     if show:
-        console.rule(f"graph '{g.name}'")
-        console.print(str(g.final), highlight=False, soft_wrap=True)
-        console.print(result["plan"].describe(), highlight=False, soft_wrap=True)
-    ok = not result["mismatches"]
-    for m in result["mismatches"]:
-        console.print(f"[red]mismatch[/] {m}", highlight=False)
+        console.rule(escape(f"graph '{name}'"))
+        say(str(plan.graph))
+        say(plan.describe())
+    for m in result.mismatches:
+        console.print(f"[red]mismatch[/] {escape(str(m))}")
+    ok = not result.mismatches
     status = "[green]matches the reference[/]" if ok else "[red]DOES NOT match the reference[/]"
-    console.print(f"'{g.name}': {status}; {result['us']:.1f} µs per execute on {result['plan'].device}")
+    console.print(f"{escape(repr(name))}: {status} (largest |error| {result.max_err:.3g}, largest |output| "
+                  f"{result.scale:.3g}); {result.us:.1f} µs per execute on {escape(str(plan.device))}")
     return ok
 
 
-@click.group()
-@click.version_option(package_name="opgraph")
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="opgraph")
 def main() -> None:
-    """opgraph: operation graphs for deep-learning primitives, with a reference engine for every op."""
+    """opgraph: operation graphs for deep-learning primitives, with a reference engine for every op.
+
+    FILE arguments are graph files (Graph.to_json; format: docs/graph-format.md) or plan files
+    (plan.save)."""
 
 
 @main.command()
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--repeat", default=5, show_default=True, help="timed runs per graph")
+@_device_option
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="timed runs per graph")
+@user_errors
 def demo(device: str | None, seed: int, repeat: int) -> None:
     """Build conv+bias+relu and batchnorm-training+relu, run them, check them, time them."""
     from ..core.device import resolve_device
+    from .cli_files import run_and_verify
     from .samples import batchnorm_relu, conv_bias_relu
 
     dev = resolve_device(device)
@@ -92,97 +128,139 @@ def demo(device: str | None, seed: int, repeat: int) -> None:
         conv_bias_relu(n=32 if big else 2, c=64 if big else 8, k=64 if big else 8, hw=56 if big else 12),
         batchnorm_relu(n=32 if big else 2, c=256 if big else 8, hw=56 if big else 12),
     ]
-    table = Table(title=f"opgraph demo on {dev}")
+    table = Table(title=escape(f"opgraph demo on {dev}"))
     for col in ("graph", "steps", "engines", "matches reference", "µs / execute"):
         table.add_column(col)
     all_ok = True
     for g in graphs:
-        try:
-            result = run_and_verify(g, device=str(dev.kind), engines=None, seed=seed, repeat=repeat)
-        except GraphError as err:
-            _fail(err)
-        ok = _report(g, result)
+        with console.status(f"building '{g.name}'..."):
+            plan = g.build(device=str(dev.kind))
+        result = run_and_verify(plan, seed=seed, repeat=repeat)
+        ok = _report(result)
         all_ok &= ok
-        plan = result["plan"]
-        table.add_row(g.name, str(len(plan.steps)), ", ".join(s.config.engine for s in plan.steps),
-                      "yes" if ok else "NO", f"{result['us']:.1f}")
+        table.add_row(escape(g.name), str(len(plan.steps)), escape(", ".join(s.config.engine for s in plan.steps)),
+                      "yes" if ok else "NO", f"{result.us:.1f}")
     console.print(table)
     sys.exit(0 if all_ok else 1)
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-def check(file: str) -> None:
-    """Validate a graph file and explain any error."""
-    g = _load(file)
-    console.print(str(g.final), highlight=False, soft_wrap=True)
-    console.print(f"[green]valid[/]: {len(g.final.nodes)} ops, key {g.key()[:16]}")
+@_file_arg
+@_imports
+@user_errors
+def check(file: str, imports: tuple[str, ...]) -> None:
+    """Validate a graph or plan file and explain any error (a plan file is not compiled)."""
+    loaded = _load(file, imports)
+    g = loaded.graph
+    say(str(g.final))
+    if loaded.is_plan:
+        from .cli_files import plan_summary
+
+        say(plan_summary(loaded.plan_doc))
+    kind = "plan file" if loaded.is_plan else "graph"
+    console.print(f"[green]valid[/] {kind}: {len(g.final.nodes)} ops, key {g.key()[:16]}")
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-@click.option("--engine", "engines", multiple=True, help="allowed engine (repeatable)")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--repeat", default=5, show_default=True)
-def run(file: str, device: str | None, engines: tuple[str, ...], seed: int, repeat: int) -> None:
-    """Run a graph file on random inputs and verify it against the reference engine."""
-    g = _load(file)
-    try:
-        result = run_and_verify(g, device=device, engines=list(engines) or None, seed=seed, repeat=repeat)
-    except GraphError as err:
-        _fail(err)
-    sys.exit(0 if _report(g, result) else 1)
+@_file_arg
+@_device_option
+@click.option("--engine", "engines", multiple=True, help="allowed engine (repeatable; graph files)")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="timed runs")
+@_imports
+@user_errors
+def run(file: str, device: str | None, engines: tuple[str, ...], seed: int, repeat: int,
+        imports: tuple[str, ...]) -> None:
+    """Run a graph or plan file on random inputs and compare it with the reference engine.
+
+    Weights of matmuls and convolutions are scaled by 1/sqrt(fan-in), as an initialised model's
+    are, and each output is compared within its type's tolerance relative to the output's largest
+    value. Exit status 1 when an output does not match."""
+    from .cli_files import run_and_verify
+
+    loaded = _load(file, imports)
+    plan = _plan_of(loaded, device=device, engines=engines)
+    with console.status(f"running '{plan.graph.name}'..."):
+        result = run_and_verify(plan, seed=seed, repeat=repeat)
+    sys.exit(0 if _report(result) else 1)
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the GPU when there is one)")
-@click.option("--engine", "engines", multiple=True, help="allowed engine (repeatable)")
-@click.option("--autotune", is_flag=True, help="time the candidates (cached on disk)")
+@_file_arg
+@_device_option
+@click.option("--engine", "engines", multiple=True, help="allowed engine (repeatable; graph files)")
+@click.option("--autotune", is_flag=True, help="time the candidates (cached on disk; graph files)")
 @click.option("--dot", "dot_path", type=click.Path(dir_okay=False), help="write the plan as Graphviz DOT")
 @click.option("--svg", "svg_path", type=click.Path(dir_okay=False), help="draw the plan as SVG (needs Graphviz)")
+@_imports
+@user_errors
 def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: bool, dot_path: str | None,
-            svg_path: str | None) -> None:
-    """Build a graph file and explain the plan: pieces, engines, knobs, estimates, why ops were not fused."""
+            svg_path: str | None, imports: tuple[str, ...]) -> None:
+    """Build a graph file (or load a plan file) and explain the plan: pieces, engines, knobs,
+    estimates, and why neighbouring ops were not fused."""
     from .draw import plan_to_dot, render_svg
 
-    g = _load(file)
-    try:
-        with console.status("building..."):
-            plan = g.build(device=device, engines=list(engines) or None, autotune=autotune)
-    except GraphError as err:
-        _fail(err)
-    console.print(plan.describe(), highlight=False, soft_wrap=True)
+    loaded = _load(file, imports)
+    plan = _plan_of(loaded, device=device, engines=engines, autotune=autotune)
+    say(plan.describe())
     dot = plan_to_dot(plan)
     if dot_path:
         Path(dot_path).write_text(dot)
-        console.print(f"wrote {dot_path}")
+        say(f"wrote {dot_path}")
     if svg_path:
         try:
             Path(svg_path).write_bytes(render_svg(dot))
         except Exception as err:  # noqa: BLE001 - Graphviz missing is a user-environment problem
-            console.print(f"[red]could not draw SVG[/]: {err} (pip install graphviz; apt install graphviz)")
+            errors.print(f"[red]could not draw SVG[/]: {escape(str(err))} (pip install graphviz; apt install graphviz)")
             sys.exit(1)
-        console.print(f"wrote {svg_path}")
+        say(f"wrote {svg_path}")
 
 
 @main.command()
-@click.option("--device", default=None)
+@_device_option
+@user_errors
 def engines(device: str | None) -> None:
     """List the engines and whether each can run here."""
     from ..core.device import resolve_device
     from ..engines import engine_names, get_engine
 
     dev = resolve_device(device)
-    table = Table(title=f"engines on {dev}")
+    table = Table(title=escape(f"engines on {dev}"))
     table.add_column("engine")
     table.add_column("available")
     for name in engine_names():
         verdict: Any = get_engine(name).available(dev)
-        table.add_row(name, "yes" if verdict.ok else f"no: {verdict.reason}")
+        table.add_row(escape(name), "yes" if verdict.ok else escape(f"no: {verdict.reason}"))
     console.print(table)
 
 
+@main.group()
+def cache() -> None:
+    """Show or clear opgraph's disk cache (generated kernels, tuning answers)."""
+
+
+@cache.command("info")
+def cache_info() -> None:
+    """Where the cache is, what it holds and its size cap."""
+    from ..core.cache import info
+
+    i = info()
+    say(f"cache folder: {i.root}  (OPGRAPH_CACHE_DIR)")
+    say(f"  generated kernels: {i.kernel_files} files, {i.kernel_bytes / 2**20:.1f} MiB "
+        f"(cap {i.cap_bytes / 2**20:.0f} MiB: OPGRAPH_KERNEL_CACHE_MB)")
+    say(f"  tuning answers: {i.tuning_entries} entries, {i.tuning_bytes / 1024:.1f} KiB")
+
+
+@cache.command("clear")
+@click.option("--kernels/--no-kernels", default=True, show_default=True, help="remove generated kernel sources")
+@click.option("--tuning/--no-tuning", default=True, show_default=True, help="remove autotuning answers")
+def cache_clear(kernels: bool, tuning: bool) -> None:
+    """Delete the cached kernels and tuning answers (both are made again when needed)."""
+    from ..core.cache import clear
+
+    removed, freed = clear(kernels=kernels, tuning=tuning)
+    say(f"removed {removed} files ({freed / 2**20:.1f} MiB)")
+
+
 if __name__ == "__main__":
-    main()
+    main(prog_name="opgraph")

@@ -1048,3 +1048,19 @@ def test_gpu_mlp_backward(rng):
     y = g.gelu(g.add(g.matmul(x, w), b)).set_output(True)
     res = grad(g, y, [x, w, b])
     assert_engine_close_l2(res.graph, rng, engines=("triton", "torch"), max_rel_l2=2e-2)
+
+
+def test_printing_a_grad_graph_is_a_short_summary():
+    """print(og.grad(...)) dumped the forward graph and every handle (issue 20)."""
+    g = og.Graph("mlp", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[8, 32], name="x")
+    ws = [g.tensor(dim=[32, 32], name=f"w{i}") for i in range(12)]
+    h = x
+    for w in ws:
+        h = g.gelu(g.matmul(h, w))
+    y = h.set_output(True).set_name("y")
+    gg = og.grad(g, [y], [x, *ws])
+    text = str(gg)
+    assert len(text) < 400, text
+    assert text == repr(gg) and "'x'" in text and "and 7 more" in text and "'y'" in text
+    assert f"{len(gg.graph._records)} ops" in text

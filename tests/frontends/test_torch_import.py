@@ -512,3 +512,25 @@ def test_gpu_architecture_fp16_channels_last_eval(name, exact_fp32_torch):
     got = imported.run(x.half())
     err, torch_err = _rel_err(got, want), _rel_err(torch_half, want)
     assert err <= max(3 * torch_err, 1e-2), (err, torch_err, imported.plan("cuda").describe())
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).reshape(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+
+
+def test_eval_mode_attention_is_not_called_random(rng):
+    """Attention is a seeded op, but without dropout it draws nothing (issue 20: an eval-mode model
+    was told it 'is random')."""
+    torch.manual_seed(0)
+    m = _Attention().eval()
+    x = torch.from_numpy(rng.standard_normal((2, 8, 16)).astype(np.float32))
+    imported = from_torch(m, (x,))
+    assert not any("is random" in n for n in imported.report.notes), imported.report.notes
+    trained = from_torch(_Attention().train(), (x,))
+    assert any("is random" in n for n in trained.report.notes), trained.report.notes

@@ -356,6 +356,34 @@ def test_print_shows_the_graph():
     b = g.tensor(dim=[1, 16, 1, 1], name="b", uid=2)
     g.relu(g.bias(x, b, name="bias0"), negative_slope=0.1, name="act").set_output(True).set_name("y").set_uid(3)
     text = str(g)
-    for needle in ("graph 'demo'", "'x'", "f16[8,16,4,4] nhwc", "bias0", "RELU_FWD", "0.1", "%3", "'y'"):
+    # no op says these are images, so the layout is printed as strides, not named
+    for needle in ("graph 'demo'", "'x'", "f16[8,16,4,4] strides[256,1,64,16]", "bias0", "RELU_FWD", "0.1", "%3",
+                   "'y'"):
         assert needle in text, (needle, text)
     assert "4 tensors" in repr(g) and "2 ops" in repr(g)
+
+
+def test_layouts_are_named_as_images_only_where_an_op_says_so():
+    """[B, T, H] activations printed as 'ncw' (issue 20): only operands of image ops (and the
+    feature maps pointwise ops carry to them) get nchw/nhwc names; others are row-major or strides."""
+    g = og.Graph(name="seq", io_data_type=D.FLOAT)
+    x = g.tensor(dim=[2, 16, 32], name="x")
+    w = g.tensor(dim=[1, 32, 32], name="w")
+    y = g.relu(g.matmul(x, w)).set_output(True).set_name("y")
+    t = g.tensor(dim=[2, 32, 16], stride=[512, 1, 32], name="xt")
+    g.exp(t).set_output(True).set_name("e")
+    final = g.final
+    assert final.tensor("x").type_str() == "f32[2,16,32] row-major"
+    assert final.tensor("y").layout == "row-major"
+    assert final.tensor("xt").layout == "strides[512,1,32]" and "ncw" not in str(g) and "nwc" not in str(g)
+
+    c = og.Graph(name="img", io_data_type=D.FLOAT)
+    img = c.tensor(dim=[2, 8, 5], stride=[40, 1, 8], name="img")  # N, C, W channels-last
+    pre = c.relu(img)
+    wt = c.tensor(dim=[4, 8, 3], name="wt")
+    b = c.tensor(dim=[1, 4, 1], name="b")
+    c.bias(c.conv_fprop(pre, wt, padding=[1]), b).set_output(True).set_name("out")
+    final = c.final
+    assert final.tensor("img").layout == "nwc"  # a conv's image, through the relu before it
+    assert final.tensor("wt").layout == "ncw" and final.tensor("b").layout == "ncw"
+    assert final.tensor("out").layout == "nwc"  # a conv output follows its image

@@ -7,8 +7,6 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -16,13 +14,14 @@ from typing import Any
 import numpy as np
 
 from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
-from ...core.device import Device, cuda_usable
+from ...core.device import Device
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
 from ..base import Engine, Kernel
 from ..cost import estimate_us
 from .indirect import make_indirect
+from .interpret import interpreting_here, triton_imported_interpreting
 from .launch import Launcher
 from .loader import load_module
 from .templates import discover
@@ -36,12 +35,10 @@ def _triton_installed() -> bool:
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter. Triton decides this when it is imported (its
-    own library functions are compiled or interpreted then), so on a machine without a GPU opgraph
-    turns the interpreter on before Triton's first import."""
-    if "triton" not in sys.modules and not cuda_usable():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Whether Triton's library is in interpreter form in this process (TRITON_INTERPRET was set when
+    Triton was imported): then the engine cannot compile for a GPU here. The CPU needs no variable:
+    kernels for the CPU always run in the interpreter (see interpret.py)."""
+    return triton_imported_interpreting()
 
 
 def _as_torch(value: Any) -> Any:
@@ -136,7 +133,7 @@ class TritonKernel(Kernel):
             return
         # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
         # about them are noise
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), interpreting_here():
             for launch, launcher in zip(self.generated.launches, self.launchers):
                 launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
 
@@ -156,6 +153,26 @@ class TritonKernel(Kernel):
         return self._template_cache
 
 
+def refusal_text(piece: Piece, refusals: list[tuple[Template, str]]) -> str:
+    """Why no template runs `piece`, the main reason first: the templates built around the piece's
+    last op (the one that did not join), then those built around its other ops; templates for ops
+    the piece does not hold are only named."""
+    last = piece.nodes[-1].kind if piece.nodes else ""
+    kinds = {n.kind for n in piece.nodes}
+
+    def rank(t: Template) -> int:
+        if not t.main_kinds or last in t.main_kinds:
+            return 0
+        return 1 if kinds & set(t.main_kinds) else 2
+
+    ordered = sorted(refusals, key=lambda r: rank(r[0]))  # stable: template priority within a rank
+    text = "; ".join(f"{t.name}: {why}" for t, why in ordered if rank(t) < 2)
+    absent = [t.name for t, _ in ordered if rank(t) == 2]
+    if absent:
+        text += ("; " if text else "") + f"not applicable (no op of theirs here): {', '.join(absent)}"
+    return text
+
+
 class TritonEngine(Engine):
     name = "triton"
 
@@ -163,20 +180,18 @@ class TritonEngine(Engine):
         if not _triton_installed():
             return Support.no("Triton and PyTorch are not installed (pip install 'opgraph[triton,torch]')")
         if device.is_cuda and interpreting():
-            return Support.no("TRITON_INTERPRET=1 is set, so Triton cannot compile for the GPU in this process")
-        if not device.is_cuda and not interpreting():
-            return Support.no("on the CPU Triton kernels need Triton's interpreter: set TRITON_INTERPRET=1 "
-                              "before Triton is first imported")
+            return Support.no("Triton was imported with TRITON_INTERPRET=1, so it cannot compile for the GPU in "
+                              "this process (unset the variable, or run on device='cpu')")
         return Support.yes()
 
     def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:
-        reasons = []
+        refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)
             if verdict.ok:
                 return t, ""
-            reasons.append(f"{t.name}: {verdict.reason}")
-        return None, "; ".join(reasons)
+            refusals.append((t, verdict.reason))
+        return None, refusal_text(piece, refusals)
 
     def supports(self, piece: Piece, device: Device) -> Support:
         avail = self.available(device)

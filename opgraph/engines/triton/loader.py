@@ -15,15 +15,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...core.paths import cache_root
+from ...core.cache import kernel_dir, note_kernel_written
 
 _MODULES: dict[tuple[str, bool], ModuleType] = {}
+_LOADED: set[Path] = set()  # files this process imported: never pruned under it
 
 
 def cache_dir() -> Path:
-    path = cache_root() / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where generated sources are written (opgraph.cache: size cap, `opgraph cache info|clear`)."""
+    return kernel_dir()
 
 
 def source_hash(source: str) -> str:
@@ -37,11 +37,17 @@ def load_module(source: str, *, interpret: bool) -> ModuleType:
     key = (digest, interpret)
     if key in _MODULES:
         return _MODULES[key]
-    path = cache_dir() / f"og_{digest}.py"
+    folder = cache_dir()
+    path = folder / f"og_{digest}.py"
     if not path.exists() or path.read_text() != source:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
+        _LOADED.add(path)
+        note_kernel_written(folder, _LOADED)
+    else:
+        _LOADED.add(path)
+        os.utime(path)  # recently used: the cache's pruning keeps it
     name = f"opgraph_generated_{digest}_{'interp' if interpret else 'jit'}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None

@@ -45,6 +45,9 @@ class Generated:
 class Template(ABC):
     name: str
     priority: int = 0  # higher is tried first
+    # the op kinds a piece must hold for the template to apply (empty: any); explanations of why a
+    # piece was not fused list the reasons of templates that apply first
+    main_kinds: tuple[str, ...] = ()
 
     @abstractmethod
     def match(self, piece: Piece, device: Device) -> Support: ...

@@ -654,6 +654,7 @@ class _Gen(NormGen):
 class NormStatsTemplate(NormTemplate):
     name = "norm_stats"
     priority = 30
+    main_kinds = ("batchnorm", "batchnorm_inference", "batchnorm_backward", "instancenorm", "instancenorm_backward")
 
     def _geometry(self, piece: Piece) -> StatsGeometry | Support:
         fusion = analyze(piece, KINDS, self.name)

@@ -76,6 +76,7 @@ def _extent(desc: TensorDesc) -> int:
 
 class PointwiseTemplate(Template):
     name = "pointwise"
+    main_kinds = ("pointwise", "custom", "slice", "transpose")
 
     def match(self, piece: Piece, device: Device) -> Support:
         views = memory_views(piece)

@@ -163,6 +163,7 @@ class OutIndexer:
 class PoolingTemplate(Template):
     name = "pooling"
     priority = 20
+    main_kinds = ("resample",)
 
     def match(self, piece: Piece, device: Device) -> Support:
         got = analyze(piece)

@@ -354,6 +354,7 @@ def _finish(r: Reducer, value: str, K: int, compute: str) -> str:
 class ReductionTemplate(Template):
     name = "reduction"
     priority = 10
+    main_kinds = ("reduction", "genstats")
 
     def match(self, piece: Piece, device: Device) -> Support:
         got = analyze(piece)

@@ -379,6 +379,7 @@ class _Gen(NormGen):
 class RownormTemplate(NormTemplate):
     name = "rownorm"
     priority = 31
+    main_kinds = ("layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward")
 
     def _geometry(self, piece: Piece) -> RowGeometry | Support:
         fusion = analyze(piece, KINDS, self.name)
