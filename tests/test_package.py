@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_typed_and_one_version_source():
     assert (ROOT / "opgraph" / "py.typed").exists()
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in pyproject and 'attr = "opgraph.__version__"' in pyproject
+    assert 'dynamic = ["version"]' in pyproject and 'attr = "opgraph.core.version.__version__"' in pyproject
     assert "\nversion =" not in pyproject.split("[project]")[1].split("[")[0]
     assert og.__version__.count(".") == 2
 

@@ -32,7 +32,7 @@ CHILD = textwrap.dedent('''
 
     import opgraph as og
     from opgraph.engines import get_engine
-    from opgraph.device import CPU
+    from opgraph.core.device import CPU
 
     assert get_engine("triton").available(CPU).ok, get_engine("triton").available(CPU).reason
     og.register_custom_op("softsign", num_inputs=1, reference=lambda x, alpha: alpha * x / (1 + np.abs(x)),
@@ -93,7 +93,7 @@ def test_cpu_kernels_run_after_triton_was_imported_without_the_interpreter(tmp_p
 
 
 def test_engines_command_tells_the_truth_after_triton_was_imported(tmp_path):
-    code = ("import triton, sys\nfrom opgraph.cli import main\n"
+    code = ("import triton, sys\nfrom opgraph.tools.cli import main\n"
             "sys.argv = ['opgraph', 'engines', '--device', 'cpu']\nmain()")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_child_env(), capture_output=True,
                           text=True, timeout=300)

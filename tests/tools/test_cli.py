@@ -152,7 +152,7 @@ def test_import_of_a_missing_module_is_one_error(tmp_path):
 
 
 def test_explain_shows_the_knobs_and_the_main_not_fused_reason_first(tmp_path):
-    from .helpers import interpreter_available
+    from ..helpers import interpreter_available
 
     import pytest
 
