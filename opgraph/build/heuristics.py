@@ -11,15 +11,16 @@ Engines are ranked in the build's order of preference, except where an engine's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig, HeurMode, Support
 
 if TYPE_CHECKING:
     from ..core.device import Device
-    from ..engines.base import Engine
     from ..core.piece import Piece
+    from ..engines.base import Engine
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,12 @@ def rank_configs(
         if not verdict.ok:
             declined.append((engine.name, verdict.reason))
     supporting = [e for e in engines if e.name not in {n for n, _ in declined}]
-    if any(m is not HeurMode.FALLBACK for m in modes):  # rules of INSTANT/A/B; FALLBACK keeps the order
-        supporting.sort(key=lambda e: not e.rank_first(piece, device))
+    ruled = supporting
+    if any(m is not HeurMode.FALLBACK for m in modes):
+        ruled = sorted(supporting, key=lambda e: not e.rank_first(piece, device))
     for mode in modes:
-        for engine in supporting:
+        # the rules order INSTANT/A/B; FALLBACK keeps the build's order, also after other modes
+        for engine in supporting if mode is HeurMode.FALLBACK else ruled:
             for cfg in engine.configs(piece, device, mode):
                 if cfg not in configs:
                     configs.append(cfg)

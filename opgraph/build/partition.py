@@ -9,8 +9,9 @@ extending the piece over it: `describe()` prints them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.config import Support
 from ..core.errors import UnsupportedGraphError

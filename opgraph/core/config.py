@@ -4,7 +4,7 @@ notes, an engine's verdict on a piece (`Support`) and one way to run a piece (`E
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,9 @@ DEFAULT_MODES = (HeurMode.A, HeurMode.FALLBACK)
 def as_modes(heur_mode: HeurMode | str | Sequence[HeurMode | str] | None) -> tuple[HeurMode, ...]:
     if heur_mode is None:
         return DEFAULT_MODES
-    items = [heur_mode] if isinstance(heur_mode, (HeurMode, str)) else list(heur_mode)
+    # one mode (a HeurMode, a name, or anything else, refused below) or a list of them
+    single = isinstance(heur_mode, (HeurMode, str, bytes)) or not isinstance(heur_mode, Iterable)
+    items = [heur_mode] if single else list(heur_mode)
     modes = []
     for m in items:
         if isinstance(m, str) and m.strip().upper() in HeurMode.__members__:

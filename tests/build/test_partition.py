@@ -1,12 +1,17 @@
-"""Partitioning with real engines: preferences, pending pieces, in-place races."""
+"""Partitioning: contiguous runs, cuts with each engine's reason, engine preferences, pending pieces,
+in-place races, allow_partition=False (stand-in engines from fakes.py, and real ones)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.build.partition import partition
+from opgraph.engines import get_engine
 
-from ..helpers import assert_engine_matches
+from ..helpers import assert_engine_matches, run_reference
+from .fakes import CPU, FakeEngine, at_most, chain, only_kinds
 
 DT = og.DataType
 
@@ -28,3 +33,108 @@ def test_an_op_no_engine_runs_at_all_is_refused_with_reasons():
     with pytest.raises(og.UnsupportedGraphError) as err:
         g.build(device="cpu", engines=["triton"])
     assert err.value.rule == "engine.no_support" and "transpose" in str(err.value)
+
+
+# -- the greedy rule, with stand-in engines (build/fakes.py) -----------------------------------------
+
+def names(pieces) -> list[list[str]]:
+    return [[n.name for n in p.nodes] for p in pieces]
+
+
+def check_contiguous(pieces, graph) -> None:
+    """The pieces, in order, are the graph's ops in its topological order, each piece once."""
+    assert [p.index for p in pieces] == list(range(len(pieces)))
+    assert [n for p in pieces for n in p.nodes] == list(graph.nodes)
+
+
+def test_pieces_are_contiguous_runs_cut_where_the_engine_stops():
+    f = chain()
+    pieces, cuts = partition(f, [FakeEngine("pairs", at_most(2))], CPU)
+    check_contiguous(pieces, f)
+    assert names(pieces) == [["e", "m"], ["r", "a"]]
+    (cut,) = cuts
+    assert cut.before == 0 and cut.node.name == "r" and cut.reasons == (("pairs", "at most 2 ops"),)
+    # the tensor between the pieces is an output of the first and an input of the second
+    between = f.nodes[1].output_uids()[0]
+    assert between in pieces[0].outputs and between in pieces[1].inputs
+    assert pieces[1].outputs == f.outputs
+
+
+def test_a_less_preferred_engine_does_not_take_an_op_a_preferred_one_runs_alone():
+    f = chain()
+    engines = [FakeEngine("relu_only", only_kinds("r")), FakeEngine("any")]
+    pieces, cuts = partition(f, engines, CPU)
+    check_contiguous(pieces, f)
+    assert names(pieces) == [["e", "m"], ["r"], ["a"]]
+    assert [c.node.name for c in cuts] == ["r", "a"]
+    assert cuts[0].reasons == (("any", "this op runs on the preferred engine 'relu_only'"),)
+    assert cuts[1].reasons == (("relu_only", "runs only r alone"),)  # only engines as preferred as the owner
+
+
+def test_an_engine_that_fuses_its_neighbours_keeps_them():
+    f = chain()
+    engines = [FakeEngine("relu_only", only_kinds("r")), FakeEngine("fusing", fuses=True)]
+    pieces, cuts = partition(f, engines, CPU)
+    assert names(pieces) == [["e", "m", "r", "a"]] and cuts == []
+
+
+def test_a_pending_op_joins_the_op_that_completes_it():
+    f = chain()
+    not_exp_alone = FakeEngine("needs_consumer", lambda p: "exp alone" if [n.name for n in p.nodes] == ["e"] else None)
+    pieces, cuts = partition(f, [not_exp_alone], CPU)
+    assert names(pieces) == [["e", "m", "r", "a"]] and cuts == []
+    # never completed: the op no engine runs is named, with each engine's reason
+    picky = FakeEngine("picky", lambda p: None if p.nodes[0].name != "e" and len(p.nodes) == 1 else "not this")
+    with pytest.raises(og.UnsupportedGraphError) as err:
+        partition(f, [picky, FakeEngine("other", lambda p: "never")], CPU)
+    assert err.value.rule == "engine.no_support" and err.value.op == "pointwise 'e'"
+    assert "picky: not this; other: never" in str(err.value)
+
+
+def test_allow_partition_false_names_the_op_where_fusion_broke():
+    f = chain()
+    with pytest.raises(og.UnsupportedGraphError) as err:
+        partition(f, [FakeEngine("pairs", at_most(2))], CPU, allow_partition=False)
+    assert err.value.rule == "partition.strict" and err.value.op == "pointwise 'r'"
+    assert "needs 2 kernels" in str(err.value) and "pairs: at most 2 ops" in str(err.value)
+    # a less preferred engine that runs the whole graph makes it one piece
+    pieces, cuts = partition(f, [FakeEngine("pairs", at_most(2)), FakeEngine("any")], CPU, allow_partition=False)
+    assert names(pieces) == [["e", "m", "r", "a"]] and cuts == []
+    assert pieces[0].inputs == f.inputs and pieces[0].outputs == f.outputs
+
+
+def _inplace_graph(reader: str) -> og.Graph:
+    """W (uid 100) read by `reader` ('matmul' reads other elements; 'pointwise' the same ones;
+    'broadcast' a pointwise op whose output is wider than W), then W -= 0.5 * W in place."""
+    g = og.Graph("upd", io_data_type=DT.FLOAT)
+    wd = [1, 4] if reader == "broadcast" else [4, 4]
+    w = g.tensor(dim=wd, name="W", uid=100)
+    x = g.tensor(dim=[4, 4], name="x")
+    y = g.matmul(x, w, name="read") if reader == "matmul" else g.mul(x, w, name="read")
+    y.set_output(True).set_name("y")
+    g.sub(w, g.mul(w, 0.5, name="half"), name="upd").set_uid(100).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("reader", ["matmul", "broadcast"])
+def test_an_inplace_update_is_cut_from_an_op_reading_other_elements(rng, reader):
+    g = _inplace_graph(reader)
+    f = g.final
+    pieces, cuts = partition(f, [get_engine("reference")], CPU)
+    check_contiguous(pieces, f)
+    (cut,) = cuts
+    assert cut.node.name == "upd" and cut.reasons[0][0] == "partition"
+    assert "updates tensor 'W' (uid 100) in place, which" in cut.reasons[0][1] and "'read'" in cut.reasons[0][1]
+    # run it: the reader sees the old W
+    pack, out = run_reference(g, rng)
+    w_new = pack[100]
+    w_old = w_new / 0.5  # W - 0.5 W
+    x = pack[f.tensor("x").uid]
+    want = x @ w_old if reader == "matmul" else x * w_old
+    np.testing.assert_allclose(out[f.tensor("y").uid], want, rtol=1e-5)
+
+
+def test_an_inplace_update_shares_a_kernel_with_elementwise_readers():
+    f = _inplace_graph("pointwise").final
+    pieces, cuts = partition(f, [get_engine("reference")], CPU)
+    assert len(pieces) == 1 and cuts == []
