@@ -13,6 +13,7 @@ never produce a graph the API could not.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -33,6 +34,8 @@ VERSION = 1
 def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a structured attribute
+        return {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple):
         return [_encode(v) for v in value]
     return value
@@ -71,6 +74,17 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
                 f"{where}: {value!r} is not one of {list(hint.__members__)}", rule="json.attr_enum"
             )
         return hint[value]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise SerializationError(f"{where}: expected an object, got {value!r}", rule="json.attr_type")
+        hints = typing.get_type_hints(hint)
+        names = {f.name for f in fields(hint)}
+        if set(value) - names:
+            raise SerializationError(f"{where}: unknown field(s) {sorted(set(value) - names)}", rule="json.attr_type")
+        try:
+            return hint(**{k: _decode(v, hints[k], f"{where}.{k}") for k, v in value.items()})
+        except TypeError as err:
+            raise SerializationError(f"{where}: {err}", rule="json.attr_type") from None
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SerializationError(f"{where}: expected a number, got {value!r}", rule="json.attr_type")
