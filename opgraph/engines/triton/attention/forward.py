@@ -1,0 +1,219 @@
+"""The generated flash-attention forward (FlashAttention-2 structure).
+
+One program per (BLOCK_M queries, batch, query head), the heaviest query blocks first under a causal
+mask. q stays in registers; the program walks the key blocks its rows can see in up to three loops:
+blocks crossing the sliding window's left edge (masked), blocks every row sees whole (no mask
+arithmetic), blocks crossing the causal diagonal or the keys' end (masked); blocks nobody sees are
+never loaded. Per key block: S = q k^T (tensor cores, fp32 accumulate), scale, bias, ALiBi, the score
+modifier and the masks in fp32, then the online softmax in log2 units (exp2 with log2(e) folded into
+the scale) and acc += P v. Rows that see no key end with l = 0: their output is 0 and their
+log-sum-exp -inf (never NaN). GQA/MQA: key/value head = query head // group.
+"""
+
+from __future__ import annotations
+
+from .common import (
+    LOG2E,
+    UNIFORM_HELPER,
+    KernelText,
+    and_mask,
+    alibi_lines,
+    apply_keep,
+    base_expr,
+    dot,
+    dot_dtype,
+    dropout_lines,
+    dropout_scale_params,
+    dropout_setup,
+    extent,
+    pow2,
+    rows_orient,
+    scale_lines,
+    score_lines,
+    seqlen_lines,
+    wide,
+)
+from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs, KernelLaunch, Source
+
+__all__ = ["forward", "fwd_ranges", "needs_loops"]
+
+
+def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
+    """Whether the forward needs its leading masked loop (sliding window) and its trailing one
+    (causal, padding or a ragged last key block)."""
+    lead = spec.window is not None
+    trail = spec.causal is not Causal.NONE or spec.seq_len_kv is not None or spec.Skv % bn != 0
+    return lead, trail
+
+
+def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
+    """Key ranges of a block of query rows [m0, m0 + bm): masked [lo, r1), whole [r1, r2), masked
+    [r2, hi), each a multiple of bn apart from hi. Rows beyond q_len see nothing."""
+    causal = spec.causal is not Causal.NONE
+    lines = ["hi = kv_len"]
+    if causal:
+        lines.append(f"hi = tl.minimum(hi, tl.maximum({m0} + {bm} + diag, 0))")
+    if spec.window is not None:
+        w = spec.window
+        lines.append(f"lo = (tl.maximum({m0} + diag - {w - 1}, 0) // {bn}) * {bn}")
+        lines.append(f"r1 = ((tl.maximum({m0} + {bm} + diag - {w}, 0) + {bn - 1}) // {bn}) * {bn}")
+    else:
+        lines += ["lo = 0", "r1 = 0"]
+    if spec.seq_len_q is not None:
+        lines.append(f"hi = tl.where({m0} < q_len, hi, lo)")
+    lines.append(f"r2 = (kv_len // {bn}) * {bn}")
+    if causal:
+        lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag + 1, 0) // {bn}) * {bn})")
+    lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
+    return lines
+
+
+def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Source:
+    """The forward kernel of `spec` with knobs `kn` (see module doc)."""
+    k = KernelText(name)
+    bm, bn = kn.BLOCK_M, kn.BLOCK_N
+    dp, dvp = pow2(spec.D), pow2(spec.Dv)
+    num_m = -(-spec.Sq // bm)
+    causal = spec.causal is not Causal.NONE
+    dt = dot_dtype(spec)
+    for op in (spec.q, spec.k, spec.v):
+        k.param(op.name)
+    if spec.o is not None:
+        k.param(spec.o.name)
+    if spec.stats is not None:
+        k.param(spec.stats.name)
+    k.add("pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)")
+    k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
+    k.add(f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}",
+          f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
+          f"m0 = start_m * {bm}", f"offs_m = m0 + tl.arange(0, {bm})", f"offs_n0 = tl.arange(0, {bn})",
+          f"offs_d = tl.arange(0, {dp})", f"offs_dv = tl.arange(0, {dvp})")
+    k.add(*seqlen_lines(spec, k))
+    k.add(*scale_lines(spec, k))
+    k.add(*alibi_lines(spec))
+    dropout_scale_params(spec, k)
+    k.add(*dropout_setup(spec))
+    if spec.bias is not None:
+        k.add(f"bias_base = {base_expr(spec.bias, 'off_b', 'off_h')}")
+    dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
+    dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
+    wq, wk, wv = (wide(extent(op, (1, 1, s, d))) for op, s, d in (
+        (spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv)))
+
+    # q: loaded once (its prologue applied once)
+    rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
+    k.add(f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
+          f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
+    k.add(*_prologue(spec, k, "q", "q", Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]",
+                                                and_mask(row_ok, dmask)), dt))
+    krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
+    vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
+    k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
+          " + offs_d[None, :]",
+          f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+          " + offs_dv[None, :]")
+    k.add(f"m_i = tl.full([{bm}], float(\"-inf\"), tl.float32)", f"l_i = tl.zeros([{bm}], tl.float32)",
+          f"acc = tl.zeros([{bm}, {dvp}], tl.float32)")
+    k.add(*fwd_ranges(spec, bm, bn))
+    lead, trail = needs_loops(spec, bn)
+    if lead:
+        k.add(f"for start_n in range(lo, r1, {bn}):")
+        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask), depth=1)
+    k.add(f"for start_n in range(r1, r2, {bn}):")
+    k.add(*_body(spec, k, kn, False, wk, wv, row_ok, dmask, dvmask), depth=1)
+    if trail:
+        k.add(f"for start_n in range(r2, hi, {bn}):")
+        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask), depth=1)
+
+    # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE -inf
+    k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
+    if spec.dropout is not None:
+        k.add("inv_l = inv_l * drop_scale")
+    k.add("out = acc * inv_l[:, None]")
+    if spec.seq_len_q is not None:
+        k.add("out = tl.where((offs_m < q_len)[:, None], out, 0.0)")
+    omask = and_mask(row_ok, dvmask)
+    if spec.epilogue is not None:
+        for p in spec.epilogue.params():
+            k.param(p)
+        lines, value = spec.epilogue.emit("out", Coords("off_b", "off_h", "offs_m[:, None]", "offs_dv[None, :]",
+                                                        omask))
+        k.add(*lines)
+    else:
+        value = "out"
+    if spec.o is not None and value is not None:
+        o = spec.o
+        orows = "offs_m[:, None].to(tl.int64)" if wide(extent(o, (1, 1, spec.Sq, spec.Dv))) else "offs_m[:, None]"
+        k.add(f"tl.store({o.name} + {base_expr(o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
+              f"({value}).to({o.dtype}){_mask(omask, store=True)})")
+    if spec.stats is not None:
+        st = spec.stats
+        k.add(f"lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float(\"-inf\"))")
+        if spec.seq_len_q is not None:
+            k.add("lse = tl.where(offs_m < q_len, lse, float(\"-inf\"))")
+        smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
+        k.add(f"tl.store({st.name} + {base_expr(st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})")
+
+    for hook in (h for _, h in spec.prologue):
+        for p in hook.params():
+            k.param(p)
+    functions = [k.source()]
+    if spec.dropout is not None:
+        functions.insert(0, UNIFORM_HELPER)
+    launch = KernelLaunch(name, (num_m, spec.B * spec.Hq), tuple(k.params), kn.num_warps, kn.num_stages)
+    return Source(tuple(functions), (launch,))
+
+
+def _mask(mask: str | None, store: bool = False) -> str:
+    if mask is None:
+        return ""
+    return f", mask={mask}" if store else f", mask={mask}, other=0.0"
+
+
+def _prologue(spec: AttnSpec, k: KernelText, role: str, var: str, at: Coords, dt: str) -> list[str]:
+    """`var` (a loaded tile) converted to the dot operand type, through its prologue hook if any."""
+    hook = spec.hook(role)
+    if hook is None:
+        op = getattr(spec, role)
+        return [f"{var} = {var}.to({dt})"] if op.dtype != dt else []
+    for p in hook.params():
+        k.param(p)
+    lines, value = hook.emit(f"{var}.to(tl.float32)", at)
+    return [*lines, f"{var} = ({value}).to({dt})"]
+
+
+def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool, wk: bool, wv: bool,
+          row_ok: str | None, dmask: str | None, dvmask: str | None) -> list[str]:
+    """One key block of the forward loop (masked or whole)."""
+    bn = kn.BLOCK_N
+    dt = dot_dtype(spec)
+    ragged = masked and spec.Skv % bn != 0
+    key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    start = "start_n.to(tl.int64)" if wk else "start_n"
+    lines = [f"offs_n = start_n + offs_n0",
+             f"kt = tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})"]
+    lines += _prologue(spec, k, "k", "kt", Coords("off_b", "off_hk", "offs_n[:, None]", "offs_d[None, :]",
+                                                   and_mask(key_ok, dmask)), dt)
+    lines.append(f"qk = {dot(spec, 'q', 'tl.trans(kt)')}")
+    o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
+    lines += score_lines(spec, k, o, masked)
+    lines += [
+        "m_ij = tl.maximum(m_i, tl.max(s2, 1))",
+        "m_s = tl.where(m_ij == float(\"-inf\"), 0.0, m_ij)",
+        "p = tl.math.exp2(s2 - m_s[:, None])",
+        "alpha = tl.math.exp2(m_i - m_s)",
+        "l_i = l_i * alpha + tl.sum(p, 1)",
+        "acc = acc * alpha[:, None]",
+        "m_i = m_ij",
+    ]
+    if spec.dropout is not None:
+        lines += dropout_lines(spec, k, o)
+        lines.append(f"p = {apply_keep(spec, 'p')}")
+    vstart = "start_n.to(tl.int64)" if wv else "start_n"
+    vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    lines.append(f"vt = tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
+    lines += _prologue(spec, k, "v", "vt", Coords("off_b", "off_hv", "offs_n[:, None]", "offs_dv[None, :]",
+                                                   and_mask(vkey_ok, dvmask)), dt)
+    lines.append(f"acc = {dot(spec, f'p.to({dt})', 'vt', 'acc')}")
+    return lines
