@@ -215,7 +215,7 @@ class _Attention(Op):
         modifier = None
         if self.score_mod is not None:
             extra = [a[r] for r in self.score_mod.input_roles()]
-            modifier = lambda s: evaluate(self.score_mod, s, extra)  # noqa: E731
+            modifier = lambda s: evaluate(self.score_mod, s, extra)
         return ref.scores(a["q"], a["k"], a["attn_scale"], a["bias"], self.use_alibi_mask, self.masking,
                           a["seq_len_q"], a["seq_len_kv"], modifier)
 
@@ -240,10 +240,11 @@ class Sdpa(_Attention):
     OUTPUTS = ("o", "stats")
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
-        q, k, v = self.qkv(ctx)
+        q, _k, v = self.qkv(ctx)
         o = (q.dim[0], q.dim[1], q.dim[2], v.dim[3])
         stats = (q.dim[0], q.dim[1], q.dim[2], 1)
-        return [TensorSpec(o, strides_like(o, q)), TensorSpec(stats, packed_strides(stats), DataType.FLOAT)]
+        st_type = DataType.DOUBLE if q.data_type is DataType.DOUBLE else DataType.FLOAT
+        return [TensorSpec(o, strides_like(o, q)), TensorSpec(stats, packed_strides(stats), st_type)]
 
     def check(self, ctx: NodeContext) -> None:
         self.check_options(ctx)
@@ -278,7 +279,7 @@ class SdpaBackward(_Attention):
         return specs
 
     def check(self, ctx: NodeContext) -> None:
-        q, k, v = self.qkv(ctx)
+        q, _k, v = self.qkv(ctx)
         want = {"o": (*q.dim[:3], v.dim[3]), "dO": (*q.dim[:3], v.dim[3]), "stats": (*q.dim[:3], 1)}
         for role, dims in want.items():
             t = ctx.tensor(role)
@@ -303,7 +304,7 @@ class SdpaBackward(_Attention):
         grad = None
         if self.score_mod_grad is not None:
             extra = [a[r] for r in self.score_mod.input_roles()]  # type: ignore[union-attr]
-            grad = lambda s, g: evaluate(self.score_mod_grad, s, extra, g)  # noqa: E731
+            grad = lambda s, g: evaluate(self.score_mod_grad, s, extra, g)
         bias_dims = outs[3].dim if outs[3] is not None else None
         dq, dk, dv, dbias = ref.backward(sc, a["q"], a["k"], a["v"], a["o"], a["dO"], a["stats"],
                                          self.dropout(a, sc.s.shape), grad, bias_dims)
@@ -341,9 +342,9 @@ def _options(label: str, use_alibi_mask, use_padding_mask, use_causal_mask, use_
     if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1):
         raise AttributeValueError(f"sliding_window_length={w!r} is not a positive int", op=label,
                                   rule="sdpa.sliding_window", hint="pass the window length W >= 1 (keys i-W < j <= i)")
-    return dict(use_alibi_mask=bool(use_alibi_mask), use_padding_mask=bool(use_padding_mask),
-                use_causal_mask=bool(use_causal_mask), use_causal_mask_bottom_right=bool(use_causal_mask_bottom_right),
-                sliding_window_length=None if w is None else int(w))
+    return {"use_alibi_mask": bool(use_alibi_mask), "use_padding_mask": bool(use_padding_mask),
+                "use_causal_mask": bool(use_causal_mask), "use_causal_mask_bottom_right": bool(use_causal_mask_bottom_right),
+                "sliding_window_length": None if w is None else int(w)}
 
 
 def _score_mod(g: Any, score_mod: Any, label: str, q: Any, k: Any) -> tuple[ScoreMod | None, list[Any]]:
