@@ -26,8 +26,8 @@ Backward (o, dO and stats as given; P = exp(s - stats), 0 where s is -inf or mas
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def dropout_keep(p: float, seed: int, offset: int, shape: Sequence[int]) -> np.n
 def alibi_slopes(heads: int) -> np.ndarray:
     """ALiBi slopes of heads 0..H-1 (Press et al.; cuDNN's): 2^(-8(h+1)/n) for the n = largest power
     of two <= H heads first, then 2^(-4(2m+1)/n) for the remaining ones."""
-    n = 2 ** int(math.floor(math.log2(heads)))
+    n = 2 ** math.floor(math.log2(heads))
     slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
     slopes += [2.0 ** (-4.0 * (2 * m + 1) / n) for m in range(heads - n)]
     return np.array(slopes, dtype=np.float64)

@@ -41,7 +41,8 @@ def operand(name: str, t) -> Operand:
 
 def philox_uniform(seed: int, counters: np.ndarray) -> np.ndarray:
     """Philox-4x32-10 (key = seed's low/high words, counter = (low, high, 0, 0) of each counter); the
-    first output word's top 24 bits / 2^24: an implementation independent of Triton's."""
+    first output word read as int32, ~x where negative, times 4.6566127342e-10 in float32 (tl.rand):
+    an implementation independent of Triton's and of the reference engine's."""
     m32 = np.uint64(0xFFFFFFFF)
     c = counters.astype(np.uint64)
     c0, c1 = c & m32, c >> np.uint64(32)
@@ -54,19 +55,21 @@ def philox_uniform(seed: int, counters: np.ndarray) -> np.ndarray:
         c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & m32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & m32)
         k0 = (k0 + np.uint64(0x9E3779B9)) & m32
         k1 = (k1 + np.uint64(0xBB67AE85)) & m32
-    return (c0 >> np.uint64(8)).astype(np.float64) * 2.0**-24
+    x = c0.astype(np.uint32).view(np.int32)
+    x = np.where(x < 0, ~x, x)
+    return x.astype(np.float32) * np.float32(4.6566127342e-10)
 
 
 def philox_keep(seed: int, offset: int, p: float, shape) -> "torch.Tensor":
     counters = offset + np.arange(math.prod(shape), dtype=np.uint64).reshape(shape)
-    return torch.from_numpy(philox_uniform(seed, counters) >= p)
+    return torch.from_numpy(philox_uniform(seed, counters) >= np.float32(p))
 
 
 def reference(q, k, v, scale, *, causal=Causal.NONE, window=None, seq_q=None, seq_kv=None, alibi=False, bias=None,
               keep=None, drop_scale=1.0, mod=None):
     """O and LSE of attention in float64 (the kernels' definition): scores scale * q k^T + bias +
-    ALiBi, the score modifier, masked to -inf, softmax (a row with no key: P = 0, LSE -inf), dropout
-    multiplier times its scale, P v; rows past seq_q give 0 and LSE -inf."""
+    ALiBi, the score modifier, masked to -inf, softmax (a row with no key: P = 0, LSE +inf), dropout
+    multiplier times its scale, P v; rows past seq_q give 0 and LSE +inf."""
     b, hq, sq, _ = q.shape
     skv = k.shape[2]
     k = k.repeat_interleave(hq // k.shape[1], 1)
@@ -77,12 +80,15 @@ def reference(q, k, v, scale, *, causal=Causal.NONE, window=None, seq_q=None, se
     if bias is not None:
         s = s + bias
     if alibi:
-        slope = torch.exp2(-8.0 * (torch.arange(hq, dtype=torch.float64) + 1) / hq)[None, :, None, None]
+        n = 2 ** int(math.log2(hq))
+        slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)] + [2.0 ** (-4.0 * (2 * m + 1) / n)
+                                                                    for m in range(hq - n)]
+        slope = torch.tensor(slopes, dtype=torch.float64)[None, :, None, None]
         s = s + slope * (j - i)
     if mod is not None:
         s = mod(s)
-    ql = torch.full((b,), sq) if seq_q is None else seq_q.flatten().long().clamp(0, sq)
-    kl = torch.full((b,), skv) if seq_kv is None else seq_kv.flatten().long().clamp(0, skv)
+    ql = torch.full((b,), sq) if seq_q is None else seq_q.flatten().long()
+    kl = torch.full((b,), skv) if seq_kv is None else seq_kv.flatten().long()
     ok = (j < kl[:, None, None, None]) & (i < ql[:, None, None, None])
     diag = (kl - ql)[:, None, None, None] if causal is Causal.BOTTOM_RIGHT else 0
     if causal is not Causal.NONE:
@@ -92,11 +98,12 @@ def reference(q, k, v, scale, *, causal=Causal.NONE, window=None, seq_q=None, se
     s = s.masked_fill(~ok, -math.inf)
     lse = torch.logsumexp(s, -1, keepdim=True)
     p = torch.exp(s - lse).nan_to_num(0.0)
+    lse = lse.masked_fill(lse == -math.inf, math.inf)
     if keep is not None:
         p = p * keep * drop_scale
     o = p @ v
     row = i < ql[:, None, None, None]
-    return o.masked_fill(~row, 0.0), lse.masked_fill(~row, -math.inf)
+    return o.masked_fill(~row, 0.0), lse.masked_fill(~row, math.inf)
 
 
 # -- hooks ----------------------------------------------------------------------------------------------
@@ -183,7 +190,7 @@ class Case:
     alibi: bool = False
     bias: tuple[int, int, int, int] | None = None
     dbias: bool = True
-    dropout: str | None = None  # "philox" or "mask"
+    dropout: str | None = None  # "philox", "philox_const" or "mask"
     mod: str | None = None  # "softcap" or "relpos"
     k_prologue: bool = False
     epilogue: bool = False
@@ -239,7 +246,12 @@ def run_case(c: Case, seed: int = 0):
     if c.dropout == "philox":
         p, sd, off = 0.3, 0x1234_5678_9ABC, 77
         args["SEED"], args["OFFSET"] = torch.tensor([sd]), torch.tensor([off])
-        kw["dropout"] = PhiloxDropout(p, "SEED", "OFFSET")
+        kw["dropout"] = PhiloxDropout(p, Scalar("ptr", "SEED"), Scalar("ptr", "OFFSET"))
+        ref_kw["keep"] = philox_keep(sd, off, p, (c.B, c.Hq, c.Sq, c.Skv)).double()
+        ref_kw["drop_scale"] = 1.0 / (1.0 - p)
+    elif c.dropout == "philox_const":  # numbers baked in; counters crossing 2^32 (the high word)
+        p, sd, off = 0.5, -99, 2**32 - 1500
+        kw["dropout"] = PhiloxDropout(p, sd, off)
         ref_kw["keep"] = philox_keep(sd, off, p, (c.B, c.Hq, c.Sq, c.Skv)).double()
         ref_kw["drop_scale"] = 1.0 / (1.0 - p)
     elif c.dropout == "mask":
@@ -353,7 +365,7 @@ def test_bias_minus_inf_rows_are_zero():
                     operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias), interpret=True)
     launch(forward(spec, c.fwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias}, interpret=True)
     ro, rl = reference(q.double(), k.double(), v.double(), 0.5, bias=bias.double())
-    assert (o[:, :, 5] == 0).all() and (lse[:, :, 5] == -math.inf).all()
+    assert (o[:, :, 5] == 0).all() and (lse[:, :, 5] == math.inf).all()
     _close(o.double(), ro, 2e-5, "O")
     do = torch.randn_like(o)
     g = {n: torch.full_like(t, float("nan")) for n, t in (("DQ", q), ("DK", k), ("DV", v))}
@@ -366,11 +378,23 @@ def test_bias_minus_inf_rows_are_zero():
     assert (g["DQ"][:, :, 5] == 0).all()
 
 
-def test_alibi():
-    run_case(Case(Hq=4, Hk=4, alibi=True, causal=Causal.TOP_LEFT))
+@pytest.mark.parametrize("hq", [4, 6])
+def test_alibi(hq):
+    run_case(Case(Hq=hq, Hk=hq // 2, alibi=True, causal=Causal.TOP_LEFT if hq == 4 else Causal.NONE))
 
 
-@pytest.mark.parametrize("kind", ["philox", "mask"])
+def test_philox_matches_reference_engine():
+    """The kernel's draw (through the keep mask it implies) and the reference engine's
+    attention_ref.dropout_keep are one definition: the independent NumPy Philox here equals it."""
+    from opgraph.ops import attention_ref
+
+    shape = (2, 3, 5, 7)
+    for seed, offset, p in ((0x1234_5678_9ABC, 77, 0.3), (-5, 2**33 - 20, 0.9), (7, 0, 0.0)):
+        mine = philox_keep(seed, offset, p, shape).numpy()
+        assert np.array_equal(mine, attention_ref.dropout_keep(p, seed, offset, shape))
+
+
+@pytest.mark.parametrize("kind", ["philox", "philox_const", "mask"])
 def test_dropout(kind):
     run_case(Case(B=2, Hq=2, Hk=1, dropout=kind, causal=Causal.TOP_LEFT if kind == "mask" else Causal.NONE))
 

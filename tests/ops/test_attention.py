@@ -105,8 +105,8 @@ def _graph(sq, skv, hk, hv, layout, *, mask="none", bias=False, alibi=False, mod
         feeds[m] = drop
         kw["dropout"] = (m, 1 / 0.7)
         drop = drop / 0.7
-    ref = dict(keep=keep, bias=vals.get("bias"), alibi=alibi, drop=drop, scale=scale,
-               mod=None if mod is None else (lambda s: MODS[mod][1](s, torch.tensor(slopes))))
+    ref = {"keep": keep, "bias": vals.get("bias"), "alibi": alibi, "drop": drop, "scale": scale,
+               "mod": None if mod is None else (lambda s: MODS[mod][1](s, torch.tensor(slopes)))}
     return g, t, kw, feeds, vals, ref
 
 
@@ -154,8 +154,8 @@ def test_forward_masks_gqa_layouts(mask, hk, hv, sq, skv, layout):
 
 
 @pytest.mark.parametrize("features", [
-    dict(bias=True), dict(alibi=True), dict(mod="softcap"), dict(mod="leaky"), dict(mod="rel"),
-    dict(drop_mask=True), dict(bias=True, mod="softcap", drop_mask=True), dict(alibi=True, mod="rel"),
+    {"bias": True}, {"alibi": True}, {"mod": "softcap"}, {"mod": "leaky"}, {"mod": "rel"},
+    {"drop_mask": True}, {"bias": True, "mod": "softcap", "drop_mask": True}, {"alibi": True, "mod": "rel"},
 ])
 @pytest.mark.parametrize("mask", ["none", "causal", "br_window", "padding_br"])
 @pytest.mark.parametrize("sq,skv,hk,hv,layout", [(5, 7, 2, 2, "bshd"), (7, 5, 1, 2, "bhsd")])
@@ -167,7 +167,7 @@ def test_forward_features(features, mask, sq, skv, hk, hv, layout):
 @pytest.mark.parametrize("hk", [4, 2, 1])
 def test_forward_against_torch_sdpa(causal, hk):
     """F.scaled_dot_product_attention itself (top-left causal, GQA, a float bias)."""
-    g, t, kw, feeds, vals, ref = _graph(5, 7, hk, hk, "bshd", mask="causal" if causal else "none", bias=True)
+    g, t, kw, feeds, vals, _ref = _graph(5, 7, hk, hk, "bshd", mask="causal" if causal else "none", bias=True)
     o, _ = g.sdpa(t["q"], t["k"], t["v"], **kw, generate_stats=False)
     o.set_output(True)
     (got,) = run(g, feeds, [o])
@@ -231,8 +231,8 @@ def test_backward_masks_gqa(mask, hk, hv, sq, skv, layout):
 
 
 @pytest.mark.parametrize("features", [
-    dict(bias=True), dict(alibi=True), dict(mod="softcap"), dict(mod="leaky"), dict(mod="rel"),
-    dict(drop_mask=True), dict(bias=True, mod="softcap", drop_mask=True),
+    {"bias": True}, {"alibi": True}, {"mod": "softcap"}, {"mod": "leaky"}, {"mod": "rel"},
+    {"drop_mask": True}, {"bias": True, "mod": "softcap", "drop_mask": True},
 ])
 @pytest.mark.parametrize("mask", ["none", "causal", "padding_br"])
 def test_backward_features(features, mask):
@@ -330,7 +330,7 @@ def test_score_mod_causal_equals_builtin_causal():
         return g.binary_select(s, -math.inf, g.cmp_le(g.gen_index(s, axis=3), g.gen_index(s, axis=2)))
 
     outs = []
-    for kw in (dict(score_mod=causal), dict(use_causal_mask=True)):
+    for kw in ({"score_mod": causal}, {"use_causal_mask": True}):
         g = og.Graph("att", io_data_type=D.DOUBLE)
         q, k, v = (g.tensor(dim=[1, 2, 5, 4], name=n) for n in "qkv")
         o, _ = g.sdpa(q, k, v, generate_stats=False, **kw)
@@ -355,7 +355,7 @@ def test_score_mod_derivative(build, torch_fn):
     from opgraph.ops.score_mod import ScoreModBuilder, evaluate
 
     sub = ScoreModBuilder(object(), "t")
-    mod, extra = sub.finish(build(sub, sub.score))
+    mod, _extra = sub.finish(build(sub, sub.score))
     d = derivative(mod)
     s = np.random.default_rng(1).uniform(-2, 2, (1, 2, 3, 4))
     grad = np.random.default_rng(2).uniform(-1, 1, s.shape)
@@ -449,12 +449,12 @@ def _fwd(g, **kw):
 
 
 @pytest.mark.parametrize("dims,rule,name", [
-    (dict(q=(2, 4, 5)), "sdpa.rank", "q"),
-    (dict(k=(3, 2, 6, 8), v=(3, 2, 6, 8)), "sdpa.batch", "k"),
-    (dict(k=(2, 2, 6, 16)), "sdpa.head_dim", "k"),
-    (dict(v=(2, 2, 7, 8)), "sdpa.kv_length", "v"),
-    (dict(k=(2, 3, 6, 8)), "sdpa.gqa", "k"),
-    (dict(v=(2, 3, 6, 8)), "sdpa.gqa", "v"),
+    ({"q": (2, 4, 5)}, "sdpa.rank", "q"),
+    ({"k": (3, 2, 6, 8), "v": (3, 2, 6, 8)}, "sdpa.batch", "k"),
+    ({"k": (2, 2, 6, 16)}, "sdpa.head_dim", "k"),
+    ({"v": (2, 2, 7, 8)}, "sdpa.kv_length", "v"),
+    ({"k": (2, 3, 6, 8)}, "sdpa.gqa", "k"),
+    ({"v": (2, 3, 6, 8)}, "sdpa.gqa", "v"),
 ])
 def test_shape_rules(dims, rule, name):
     _err(lambda g: _fwd(g, dims=dims), og.ShapeError, rule, name)

@@ -12,7 +12,7 @@ dK/dV sum over the GQA group inside one program, so every output element has one
 broadcasts gets its gradient from fp32 partials (scratch, one per [B, Hq, Sq, Skv] element) summed by
 a 4th launch over the broadcast axes.
 
-Rows whose saved log-sum-exp is -inf (they saw no key) have P = 0: the LSE is read as +inf.
+Rows that saw no key have P = 0: their saved log-sum-exp is +inf (a -inf is read as +inf too).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _lse2(spec: AttnSpec, offs: str, mask: str | None) -> list[str]:
     st = spec.stats
     assert st is not None
     m = f", mask={mask}, other=0.0" if mask else ""
-    return [f"lse = tl.load({st.name} + lse_base + {offs} * {st.strides[2]}{m})",
+    return [f"lse = tl.load({st.name} + lse_base + {offs} * {st.strides[2]}{m}).to(tl.float32)",
             f"lse2 = tl.where(lse == float(\"-inf\"), float(\"inf\"), lse * {LOG2E!r})"]
 
 

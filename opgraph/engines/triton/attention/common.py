@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .spec import LOG2E, AttnSpec, Causal, Coords, MaskDropout, Operand, PhiloxDropout, Scalar
 
 INT32_MAX = 2**31 - 1
@@ -88,20 +90,18 @@ def scale_lines(spec: AttnSpec, k: KernelText) -> list[str]:
 
 
 def seqlen_lines(spec: AttnSpec, k: KernelText) -> list[str]:
-    """`q_len`, `kv_len`: the valid lengths of batch entry off_b (clamped to the tensors' sizes),
-    and `diag`, the causal diagonal's key offset."""
+    """`q_len`, `kv_len`: the valid lengths of batch entry off_b clamped to [0, S] (loop bounds),
+    and `diag`, the causal diagonal's key offset (from the lengths as given)."""
     lines = []
     for name, op, full in (("q_len", spec.seq_len_q, spec.Sq), ("kv_len", spec.seq_len_kv, spec.Skv)):
         if op is None:
-            lines.append(f"{name} = {full}")
+            lines += [f"{name}_raw = {full}", f"{name} = {full}"]
         else:
             k.param(op.name)
             off = f"{op.offset} + " if op.offset else ""
-            lines.append(f"{name} = tl.minimum(tl.maximum(tl.load({op.name} + {off}off_b * {op.strides[0]}), 0), {full})")
-    if spec.causal is Causal.BOTTOM_RIGHT:
-        lines.append("diag = kv_len - q_len")
-    else:
-        lines.append("diag = 0")
+            lines += [f"{name}_raw = tl.load({op.name} + {off}off_b * {op.strides[0]}).to(tl.int32)",
+                      f"{name} = tl.minimum(tl.maximum({name}_raw, 0), {full})"]
+    lines.append("diag = kv_len_raw - q_len_raw" if spec.causal is Causal.BOTTOM_RIGHT else "diag = 0")
     return lines
 
 
@@ -155,12 +155,22 @@ def mask_expr(spec: AttnSpec, o: Orient) -> str | None:
 
 
 def alibi_expr(spec: AttnSpec, o: Orient) -> str:
-    """ALiBi: slope_h * (j - i), slope_h = 2^(-8 (h + 1) / H)."""
+    """ALiBi: slope_h * (j - i)."""
     return f"alibi_slope * ({o.j} - {o.i}).to(tl.float32)"
 
 
 def alibi_lines(spec: AttnSpec) -> list[str]:
-    return [f"alibi_slope = tl.math.exp2(-8.0 * (off_h + 1).to(tl.float32) / {float(spec.Hq)!r})"] if spec.alibi else []
+    """`alibi_slope` of head off_h: 2^(-8 (h+1) / n) for the first n = the largest power of two <= Hq
+    heads, 2^(-4 (2 (h-n) + 1) / n) for the others (docs/attention.md)."""
+    if not spec.alibi:
+        return []
+    n = 1 << (spec.Hq.bit_length() - 1)
+    hf = "off_h.to(tl.float32)"
+    first = f"tl.math.exp2(-8.0 * ({hf} + 1.0) / {float(n)!r})"
+    if n == spec.Hq:
+        return [f"alibi_slope = {first}"]
+    rest = f"tl.math.exp2(-4.0 * (2.0 * ({hf} - {float(n)!r}) + 1.0) / {float(n)!r})"
+    return [f"alibi_slope = tl.where(off_h < {n}, {first}, {rest})"]
 
 
 def bias_load(spec: AttnSpec, o: Orient) -> str:
@@ -217,11 +227,10 @@ def dropout_lines(spec: AttnSpec, k: KernelText, o: Orient) -> list[str]:
     Philox dropout, the mask's value for an explicit mask)."""
     d = spec.dropout
     if isinstance(d, PhiloxDropout):
-        k.param(d.seed)
-        k.param(d.offset)
-        # the counter of element (b, h, i, j): its row-major index in [B, Hq, Sq, Skv] plus the offset
+        # element (b, h, i, j) draws tl.rand(seed, offset + ((b*Hq + h)*Sq + i)*Skv + j) (int64)
+        p32 = float(np.float32(d.p))
         return [f"dlin = drop_base + ({o.i}).to(tl.int64) * {spec.Skv} + ({o.j}).to(tl.int64)",
-                "dkeep = _og_attn_uniform(drop_seed, dlin) >= " + repr(float(d.p))]
+                f"dkeep = _og_attn_uniform(drop_seed, dlin) >= {p32!r}"]
     if isinstance(d, MaskDropout):
         m = d.mask
         k.param(m.name)
@@ -235,14 +244,21 @@ def dropout_lines(spec: AttnSpec, k: KernelText, o: Orient) -> list[str]:
     return []
 
 
+def _int_scalar(v: Scalar | int) -> str:
+    if isinstance(v, Scalar):
+        return f"tl.load({v.name}).to(tl.int64)"
+    return f"tl.full([], {int(v)}, tl.int64)"
+
+
 def dropout_setup(spec: AttnSpec) -> list[str]:
     """Per-(b, h) values the dropout draw needs (`drop_seed`, `drop_base`; `dmask_base`) and
     `drop_scale`, the multiplier of kept elements."""
     d = spec.dropout
     if isinstance(d, PhiloxDropout):
-        return [f"drop_seed = tl.load({d.seed})",
-                f"drop_base = tl.load({d.offset}) + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq * spec.Skv}",
-                f"drop_scale = {1.0 / (1.0 - d.p) if d.p < 1 else 0.0!r}"]
+        return [f"drop_seed = {_int_scalar(d.seed)}",
+                f"drop_base = {_int_scalar(d.offset)} + (off_b.to(tl.int64) * {spec.Hq} + off_h) * "
+                f"{spec.Sq * spec.Skv}",
+                f"drop_scale = {1.0 / (1.0 - d.p)!r}"]
     if isinstance(d, MaskDropout):
         s = d.scale
         if isinstance(s, Scalar):
@@ -254,9 +270,14 @@ def dropout_setup(spec: AttnSpec) -> list[str]:
 
 
 def dropout_scale_params(spec: AttnSpec, k: KernelText) -> None:
+    """Declare the dropout's scalar parameters (seed, offset, mask scale)."""
     d = spec.dropout
     if isinstance(d, MaskDropout) and isinstance(d.scale, Scalar):
         k.param(d.scale.name)
+    if isinstance(d, PhiloxDropout):
+        for v in (d.seed, d.offset):
+            if isinstance(v, Scalar):
+                k.param(v.name)
 
 
 def apply_keep(spec: AttnSpec, value: str) -> str:
@@ -270,13 +291,17 @@ def apply_keep(spec: AttnSpec, value: str) -> str:
 
 UNIFORM_HELPER = '''
 def _og_attn_uniform(seed, counter):
-    """A uniform draw in [0, 1) per element from Philox-4x32-10: key = the 64-bit seed's (low, high)
-    words, counter = (counter's low word, high word, 0, 0); the first output word's top 24 bits / 2^24."""
+    """Triton's tl.rand(seed, counter) for an int64 counter, spelled out so that it does not depend on
+    the Triton version's handling of 64-bit offsets: Philox-4x32-10, key = the int64 seed's low/high
+    words, counter = (low word, high word, 0, 0); the first output word as int32, ~x where negative,
+    times 4.6566127342e-10 in fp32."""
     lo = (counter & 0xFFFFFFFF).to(tl.uint32)
     hi = ((counter >> 32) & 0xFFFFFFFF).to(tl.uint32)
     zero = lo * 0
     r0, r1, r2, r3 = tl.philox(seed, lo, hi, zero, zero)
-    return (r0 >> 8).to(tl.float32) * 5.9604644775390625e-08
+    x = r0.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, ~x, x)
+    return x.to(tl.float32) * 4.6566127342e-10
 '''
 
 

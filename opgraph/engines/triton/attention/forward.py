@@ -7,7 +7,7 @@ arithmetic), blocks crossing the causal diagonal or the keys' end (masked); bloc
 never loaded. Per key block: S = q k^T (tensor cores, fp32 accumulate), scale, bias, ALiBi, the score
 modifier and the masks in fp32, then the online softmax in log2 units (exp2 with log2(e) folded into
 the scale) and acc += P v. Rows that see no key end with l = 0: their output is 0 and their
-log-sum-exp -inf (never NaN). GQA/MQA: key/value head = query head // group.
+log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
         k.add(f"for start_n in range(r2, hi, {bn}):")
         k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask), depth=1)
 
-    # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE -inf
+    # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
     k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
     if spec.dropout is not None:
         k.add("inv_l = inv_l * drop_scale")
@@ -149,9 +149,9 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
               f"({value}).to({o.dtype}){_mask(omask, store=True)})")
     if spec.stats is not None:
         st = spec.stats
-        k.add(f"lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float(\"-inf\"))")
+        k.add(f"lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float(\"inf\"))")
         if spec.seq_len_q is not None:
-            k.add("lse = tl.where(offs_m < q_len, lse, float(\"-inf\"))")
+            k.add("lse = tl.where(offs_m < q_len, lse, float(\"inf\"))")
         smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
         k.add(f"tl.store({st.name} + {base_expr(st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})")
 

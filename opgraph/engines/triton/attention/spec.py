@@ -47,12 +47,13 @@ class Causal(enum.Enum):
 
 @dataclass(frozen=True)
 class PhiloxDropout:
-    """Dropout drawn in the kernel: keep an element when its uniform draw is >= p; kept elements are
-    scaled by 1/(1-p). `seed` and `offset` are 1-element INT64 device tensors (parameters)."""
+    """Dropout drawn in the kernel: keep an element when its uniform draw (tl.rand) is >= p; kept
+    elements are scaled by 1/(1-p). `seed` and `offset`: 1-element integer device tensors (Scalar
+    "ptr") or numbers baked in."""
 
     p: float
-    seed: str
-    offset: str
+    seed: Scalar | int
+    offset: Scalar | int
 
 
 @dataclass(frozen=True)
