@@ -53,6 +53,15 @@ def _fill(value: Any, tensors: list[Any]) -> Any:
     return value
 
 
+def _draws(args: Args) -> bool:
+    """Whether a seeded op (tagged nondeterministic_seeded) draws random values with these arguments:
+    not with a probability of 0 or train=False (eval-mode dropout inside attention, say)."""
+    if args.get("train") is False:
+        return False
+    p = args.get("dropout_p", args.get("p"))
+    return not (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0)
+
+
 def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     """Emit a custom op computing `node`; returns its output tensor (or a list, one per result)."""
     import torch
@@ -105,6 +114,6 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     op = Custom(op_name=name, num_inputs=len(slots), num_outputs=len(metas))
     roles = [r for i, r in enumerate(op.output_roles()) if i in used and metas[i] is not None]
     outs = imp.g._add_op(op, [imp.tensor(v) for v in slots], name=imp.op_name(name), outputs=roles)
-    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()) and _draws(args):
         imp.note(f"{node.name}: {target} is random: the reference engine and PyTorch draw different values")
     return outs if multi else outs[0]

@@ -191,6 +191,15 @@ def _where(imp: Importer, node: Any, a: Args) -> Tensor:
     return imp.g.binary_select(x, y, c, name=imp.op_name())
 
 
+@op("masked_fill")
+def _masked_fill(imp: Importer, node: Any, a: Args) -> Tensor:
+    """masked_fill(x, mask, value) = where(mask, value, x) (an attention key-padding mask, say)."""
+    x, mask, value = _operands(imp, node, a["self"], a["mask"], a["value"])
+    if not isinstance(mask, Tensor):
+        raise Untranslatable("masked_fill with a literal mask")
+    return imp.g.binary_select(value, x, mask, name=imp.op_name())
+
+
 # -- activations ---------------------------------------------------------------------------------
 
 
@@ -482,4 +491,4 @@ def call_schema(target: Any, args: dict[str, Any]) -> Any:
     return target(*positional, **keywords)
 
 
-from . import torch_ops_nn  # noqa: E402,F401  (registers the nn translators)
+from . import torch_ops_attention, torch_ops_nn  # noqa: E402,F401  (register the attention and nn translators)
