@@ -432,3 +432,11 @@ def test_block_shapes(fwd, bwd):
     """Block shapes with BLOCK_M > BLOCK_N and the reverse, so the diagonal and window edges fall
     inside and across tiles."""
     run_case(Case(B=2, Sq=45, Skv=50, causal=Causal.BOTTOM_RIGHT, window=13, seq_kv=(44, 50), fwd=fwd, bwd=bwd))
+
+
+@pytest.mark.parametrize("layout, d", [("bhsd", 16), ("bshd", 24)])
+def test_tensor_descriptors(layout, d):
+    """TMA=1: q/k/v (forward), q/dO (dK/dV) and k/v (dQ) read through tensor descriptors, whose
+    zero-filled edges replace the masks (ragged lengths, a head dim that is no power of two)."""
+    run_case(Case(B=2, Hq=4, Hk=2, Sq=45, Skv=50, D=d, Dv=d, layout=layout, causal=Causal.BOTTOM_RIGHT,
+                  fwd=FwdKnobs(16, 16, 4, 1, TMA=1), bwd=BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, TMA=1)))

@@ -40,6 +40,9 @@ from .common import (
     score_lines,
     score_mod_grad,
     seqlen_lines,
+    tma_desc,
+    tma_load,
+    tma_ok,
     wide,
 )
 from .forward import fwd_ranges, needs_loops
@@ -180,6 +183,11 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
     trail = (spec.window is not None or spec.seq_len_q is not None or spec.seq_len_kv is not None
              or spec.Sq % bm != 0 or spec.Skv % bn != 0)
     wq, wdo = (wide(extent(op, (1, 1, spec.Sq, d))) for op, d in ((spec.q, spec.D), (spec.do, spec.Dv)))
+    tma = bool(kn.TMA) and tma_ok(spec.q, (spec.B, spec.Hq, spec.Sq, spec.D)) and \
+        tma_ok(spec.do, (spec.B, spec.Hq, spec.Sq, spec.Dv))
+    if tma:
+        k.add(tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
+              tma_desc(spec.do, "desc_do", (spec.B, spec.Hq, spec.Sq, spec.Dv), bm, dvp))
     k.add(f"for g in range({spec.gk}):")
     k.add(f"off_h = off_hk * {spec.gk} + g", depth=1)
     _per_head(spec, k, 1)
@@ -196,7 +204,7 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
         if masked and ((rng == "lo, r1" and not lead) or (rng == "r2, hi" and not trail)):
             continue
         k.add(f"for start_m in range({rng}, {bm}):", depth=1)
-        k.add(*_dkdv_body(spec, k, kn, masked, wq, wdo, dmask, dvmask, key_ok, db), depth=2)
+        k.add(*_dkdv_body(spec, k, kn, masked, wq, wdo, dmask, dvmask, key_ok, db, tma), depth=2)
     if db is not None:  # blocks no key of this block sees: dBias is 0 there
         k.add(f"vis = tl.where(hi > lo, lo + ((hi - lo + {bm - 1}) // {bm}) * {bm}, lo)", depth=1)
         for rng in ("0, lo", f"vis, {spec.Sq}"):
@@ -235,14 +243,16 @@ def _dbias_store(spec: AttnSpec, db: tuple[Operand, str], value: str) -> list[st
 
 def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool, wq: bool, wdo: bool,
                dmask: str | None, dvmask: str | None, key_ok: str | None,
-               db: tuple[Operand, str] | None) -> list[str]:
+               db: tuple[Operand, str] | None, tma: bool) -> list[str]:
     dt = dot_dtype(spec)
+    dp, dvp = pow2(spec.D), pow2(spec.Dv)
     ragged_rows = masked and spec.Sq % kn.BLOCK_M1 != 0
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if ragged_rows else None
     start = "start_m.to(tl.int64)" if wq else "start_m"
     dstart = "start_m.to(tl.int64)" if wdo else "start_m"
     vec_mask = f"offs_m < {spec.Sq}" if ragged_rows else None
     lines = ["offs_m = start_m + offs_m0",
+             f"qt = {tma_load('desc_q', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dp)}" if tma else
              f"qt = tl.load(q_ptrs + {start} * {spec.q.strides[2]}{_mask(and_mask(row_ok, dmask))})"]
     if spec.q.dtype != dt:
         lines.append(f"qt = qt.to({dt})")
@@ -251,7 +261,8 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool, wq: bo
     o = cols_orient(str(spec.Sq) if ragged_rows else None, str(spec.Skv) if (masked and key_ok) else None)
     lines += score_lines(spec, k, o, masked)
     lines.append("pt = tl.math.exp2(s2 - lse2[None, :])")
-    lines.append(f"dot_ = tl.load(do_ptrs + {dstart} * {spec.do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
+    lines.append(f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}" if tma else
+                 f"dot_ = tl.load(do_ptrs + {dstart} * {spec.do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
     if spec.do.dtype != dt:
         lines.append(f"dot_ = dot_.to({dt})")
     lines.append(f"di = tl.load(delta_ptr + offs_m{_mask(vec_mask)})")
@@ -312,13 +323,18 @@ def _dq(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
           f"{spec.k.strides[2]} + offs_d[None, :]",
           f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n0[:, None]', wv)} * "
           f"{spec.v.strides[2]} + offs_dv[None, :]")
+    tma = bool(kn.TMA) and tma_ok(spec.k, (spec.B, spec.Hk, spec.Skv, spec.D)) and \
+        tma_ok(spec.v, (spec.B, spec.Hv, spec.Skv, spec.Dv))
+    if tma:
+        k.add(tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
+              tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp))
     k.add(f"dq = tl.zeros([{bm}, {dp}], tl.float32)")
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
     for masked, rng, need in ((True, "lo, r1", lead), (False, "r1, r2", True), (True, "r2, hi", trail)):
         if need:
             k.add(f"for start_n in range({rng}, {bn}):")
-            k.add(*_dq_body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask), depth=1)
+            k.add(*_dq_body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
     k.add("dq = dq * sm")
     if spec.seq_len_q is not None:
         k.add("dq = tl.where((offs_m < q_len)[:, None], dq, 0.0)")
@@ -331,13 +347,19 @@ def _dq(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
 
 
 def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool, wk: bool, wv: bool,
-             row_ok: str | None, dmask: str | None, dvmask: str | None) -> list[str]:
+             row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
     dt = dot_dtype(spec)
-    ragged = masked and spec.Skv % kn.BLOCK_N2 != 0
+    dp, dvp = pow2(spec.D), pow2(spec.Dv)
+    bn = kn.BLOCK_N2
+    ragged = masked and spec.Skv % bn != 0
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
-    lines = ["offs_n = start_n + offs_n0",
-             f"kt = tl.load(k_ptrs + {_row('start_n', wk)} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})",
-             f"vt = tl.load(v_ptrs + {_row('start_n', wv)} * {spec.v.strides[2]}{_mask(and_mask(key_ok, dvmask))})"]
+    if tma:
+        loads = [f"kt = {tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp)}",
+                 f"vt = {tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp)}"]
+    else:
+        loads = [f"kt = tl.load(k_ptrs + {_row('start_n', wk)} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})",
+                 f"vt = tl.load(v_ptrs + {_row('start_n', wv)} * {spec.v.strides[2]}{_mask(and_mask(key_ok, dvmask))})"]
+    lines = ["offs_n = start_n + offs_n0", *loads]
     if spec.q.dtype != dt:
         lines += [f"kt = kt.to({dt})", f"vt = vt.to({dt})"]
     lines.append(f"qk = {dot(spec, 'qt', 'tl.trans(kt)')}")

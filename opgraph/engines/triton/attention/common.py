@@ -312,6 +312,37 @@ def operand_tile(op: Operand, base: str, rows: str, cols: str, row_stride: int, 
     return f"tl.load({op.name} + {base} + {rows} * {row_stride} + {cols}{m})"
 
 
+ITEMSIZE = {"tl.float32": 4, "tl.float16": 2, "tl.bfloat16": 2}
+
+
+def tma_ok(op: Operand, dims: tuple[int, int, int, int]) -> bool:
+    """Whether a 4-D tensor descriptor can read `op`: unit last stride, 16-byte aligned offset and
+    strides (of the axes longer than 1), a 16-byte row."""
+    size = ITEMSIZE.get(op.dtype)
+    if size is None or op.strides[3] != 1 or (op.offset * size) % 16 or (dims[3] * size) % 16:
+        return False
+    return all((s * size) % 16 == 0 for d, s in zip(dims[:3], op.strides[:3]) if d > 1)
+
+
+def tma_desc(op: Operand, var: str, dims: tuple[int, int, int, int], rows: int, cols: int) -> str:
+    """A line making descriptor `var` over `op` ([B, H, S, D] dims) with [1, 1, rows, cols] blocks
+    (cols may exceed D: TMA fills columns and rows past the ends with zeros)."""
+    size = ITEMSIZE[op.dtype]
+    strides = []
+    inner = dims[3]
+    for a in (2, 1, 0):  # axes of length 1: any 16-byte multiple (never stepped)
+        s = op.strides[a] if dims[a] > 1 else max(inner, 16 // size)
+        strides.insert(0, s)
+        inner = s * dims[a]
+    base = f"{op.name} + {op.offset}" if op.offset else op.name
+    return (f"{var} = tl.make_tensor_descriptor({base}, shape={list(dims)}, strides={[*strides, 1]}, "
+            f"block_shape=[1, 1, {rows}, {cols}])")
+
+
+def tma_load(var: str, b: str, h: str, row: str, rows: int, cols: int) -> str:
+    return f"{var}.load([{b}, {h}, {row}, 0]).reshape({rows}, {cols})"
+
+
 def and_mask(*terms: str | None) -> str | None:
     t = [x for x in terms if x]
     return " & ".join(t) if t else None

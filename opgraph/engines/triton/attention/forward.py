@@ -28,6 +28,9 @@ from .common import (
     extent,
     pow2,
     rows_orient,
+    tma_desc,
+    tma_load,
+    tma_ok,
     scale_lines,
     score_lines,
     seqlen_lines,
@@ -101,30 +104,39 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
     wq, wk, wv = (wide(extent(op, (1, 1, s, d))) for op, s, d in (
         (spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv)))
 
+    tma = bool(kn.TMA) and all(tma_ok(op, (spec.B, h, s, d)) for op, h, s, d in (
+        (spec.q, spec.Hq, spec.Sq, spec.D), (spec.k, spec.Hk, spec.Skv, spec.D), (spec.v, spec.Hv, spec.Skv, spec.Dv)))
     # q: loaded once (its prologue applied once)
-    rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
-    k.add(f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
-          f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
+    if tma:
+        k.add(tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
+              tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
+              tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp),
+              f"q = {tma_load('desc_q', 'off_b', 'off_h', 'm0', bm, dp)}")
+    else:
+        rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
+        k.add(f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
+              f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
     k.add(*_prologue(spec, k, "q", "q", Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]",
                                                 and_mask(row_ok, dmask)), dt))
     krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
     vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
-    k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
-          " + offs_d[None, :]",
-          f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
-          " + offs_dv[None, :]")
+    if not tma:
+        k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
+              " + offs_d[None, :]",
+              f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+              " + offs_dv[None, :]")
     k.add(f"m_i = tl.full([{bm}], float(\"-inf\"), tl.float32)", f"l_i = tl.zeros([{bm}], tl.float32)",
           f"acc = tl.zeros([{bm}, {dvp}], tl.float32)")
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
     if lead:
         k.add(f"for start_n in range(lo, r1, {bn}):")
-        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask), depth=1)
+        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
     k.add(f"for start_n in range(r1, r2, {bn}):")
-    k.add(*_body(spec, k, kn, False, wk, wv, row_ok, dmask, dvmask), depth=1)
+    k.add(*_body(spec, k, kn, False, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
     if trail:
         k.add(f"for start_n in range(r2, hi, {bn}):")
-        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask), depth=1)
+        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
 
     # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
     k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
@@ -184,14 +196,16 @@ def _prologue(spec: AttnSpec, k: KernelText, role: str, var: str, at: Coords, dt
 
 
 def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool, wk: bool, wv: bool,
-          row_ok: str | None, dmask: str | None, dvmask: str | None) -> list[str]:
+          row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
     """One key block of the forward loop (masked or whole)."""
     bn = kn.BLOCK_N
     dt = dot_dtype(spec)
     ragged = masked and spec.Skv % bn != 0
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
     start = "start_n.to(tl.int64)" if wk else "start_n"
-    lines = [f"offs_n = start_n + offs_n0",
+    dp, dvp = pow2(spec.D), pow2(spec.Dv)
+    lines = ["offs_n = start_n + offs_n0",
+             f"kt = {tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp)}" if tma else
              f"kt = tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})"]
     lines += _prologue(spec, k, "k", "kt", Coords("off_b", "off_hk", "offs_n[:, None]", "offs_d[None, :]",
                                                    and_mask(key_ok, dmask)), dt)
@@ -212,7 +226,8 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool, wk: bool, w
         lines.append(f"p = {apply_keep(spec, 'p')}")
     vstart = "start_n.to(tl.int64)" if wv else "start_n"
     vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
-    lines.append(f"vt = tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
+    lines.append(f"vt = {tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp)}" if tma else
+                 f"vt = tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
     lines += _prologue(spec, k, "v", "vt", Coords("off_b", "off_hv", "offs_n[:, None]", "offs_dv[None, :]",
                                                    and_mask(vkey_ok, dvmask)), dt)
     lines.append(f"acc = {dot(spec, f'p.to({dt})', 'vt', 'acc')}")

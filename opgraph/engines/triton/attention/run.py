@@ -23,6 +23,10 @@ def launch(src: Source, args: Mapping[str, Any], *, interpret: bool, module: Any
     module = module or load(src, interpret)
     args = dict(args)
     device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
+    if any("make_tensor_descriptor" in f for f in src.functions):
+        import triton
+
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
     for s in src.scratch:
         if s.name not in args:
             args[s.name] = torch.empty(s.numel, dtype=getattr(torch, s.dtype), device=device)

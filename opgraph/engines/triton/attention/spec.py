@@ -168,7 +168,7 @@ class FwdKnobs:
     BLOCK_N: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    TMA: int = 0  # read k and v through device-side tensor descriptors
+    TMA: int = 0  # read q, k and v through device-side tensor descriptors (zero-filled edges, no masks)
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,7 @@ class BwdKnobs:
     W2: int = 8
     S2: int = 2
     PRE_BLOCK: int = 64  # preprocess rows per program
+    TMA: int = 0  # read the streamed tiles (q, dO in dK/dV; k, v in dQ) through tensor descriptors
 
 
 @dataclass(frozen=True)

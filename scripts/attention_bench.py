@@ -1,0 +1,492 @@
+"""GPU check and benchmark of the generated attention kernels (opgraph/engines/triton/attention),
+driven directly by their spec on torch tensors (no graph), beside PyTorch's SDPA backends and
+FlexAttention.
+
+    PYTHONPATH=$PWD python3 scripts/attention_bench.py [--quick] [--out DIR] [--dry]
+
+1. correctness: forward O / LSE and backward dQ, dK, dV (dBias) against fp32 PyTorch math on the
+   upcast inputs (relative L2 error), over masks, GQA, layouts, head dims 64/128/256, bias, score
+   modifiers, padding;
+2. speed (bf16, B=4, H=16, D=128, S = 1k, 4k, 16k, causal and not): every knob candidate of the
+   generated forward and backward, and torch SDPA's flash / cuDNN / efficient backends, timed with
+   CUDA graphs (triton.testing.do_bench_cudagraph, median); TFLOP/s with the usual count (forward
+   4 B H S^2 D, halved when causal; backward 2.5x the forward);
+3. score modifiers with a causal mask (tanh soft-capping; ALiBi from positions): the generated
+   kernels with the modifier emitted into the tile loop against FlexAttention (torch.compile).
+Kernels are compiled first in parallel worker processes (Triton's cache then serves the timing run).
+--dry runs the script's logic under Triton's interpreter on tiny shapes (no peers, no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DRY = "--dry" in sys.argv
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from opgraph.engines.triton.attention import (  # noqa: E402
+    AttnSpec, BwdKnobs, Causal, FwdKnobs, Operand, backward, forward,
+)
+from opgraph.engines.triton.attention.knobs import bwd_candidates, fwd_candidates  # noqa: E402
+from opgraph.engines.triton.attention.run import launch, load  # noqa: E402
+
+DEV = "cpu" if DRY else "cuda"
+TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.int32: "tl.int32"}
+T0 = time.time()
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+def op(name, t):
+    return Operand(name, TL[t.dtype], tuple(t.stride()))
+
+
+# -- score modifiers (what the template emits from a ScoreMod; here by hand) -------------------------
+
+
+class SoftCap:
+    def __init__(self, cap=30.0):
+        self.cap = cap
+
+    def params(self):
+        return ()
+
+    def forward(self, s, at):
+        return [f"sc_t = _og_tanh({s} * {1.0 / self.cap!r})"], f"sc_t * {self.cap!r}"
+
+    def backward(self, s, g, at):
+        return [f"sc_t = _og_tanh({s} * {1.0 / self.cap!r})"], f"{g} * (1.0 - sc_t * sc_t)"
+
+    def torch_mod(self, s):
+        return self.cap * torch.tanh(s / self.cap)
+
+    def flex(self):
+        cap = self.cap
+
+        def mod(score, b, h, qi, kvi):
+            return cap * torch.tanh(score / cap)
+        return mod
+
+
+class Alibi:
+    """s + slope[h] * (j - i), slopes a graph tensor [1, H, 1, 1] (gen_index ALiBi)."""
+
+    def __init__(self, slopes):
+        self.slopes = slopes
+
+    def params(self):
+        return ("SLOPES",)
+
+    def forward(self, s, at):
+        return [f"al_s = tl.load(SLOPES + {at.h})"], f"{s} + al_s * ({at.j} - {at.i}).to(tl.float32)"
+
+    def backward(self, s, g, at):
+        return [], g
+
+    def torch_mod(self, s):
+        i = torch.arange(s.shape[2], device=s.device)[:, None]
+        j = torch.arange(s.shape[3], device=s.device)[None, :]
+        return s + self.slopes.view(1, -1, 1, 1).to(s.dtype) * (j - i)
+
+    def flex(self):
+        slopes = self.slopes
+
+        def mod(score, b, h, qi, kvi):
+            return score + slopes[h] * (kvi - qi)
+        return mod
+
+
+# -- problems ---------------------------------------------------------------------------------------
+
+
+def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout="bhsd", dtype=torch.bfloat16,
+         window=None, pad=None, bias=None, mod=None, seed=0, grad=True):
+    """Tensors and the forward/backward specs of one problem (inputs random, outputs NaN)."""
+    Hk, Skv, Dv = Hk or Hq, Skv or Sq, Dv or D
+    g = torch.Generator(device=DEV).manual_seed(seed)
+
+    def rnd(b, h, s, d):
+        if layout == "bshd":
+            return torch.randn(b, s, h, d, generator=g, device=DEV, dtype=torch.float32).to(dtype).permute(0, 2, 1, 3)
+        return torch.randn(b, h, s, d, generator=g, device=DEV, dtype=torch.float32).to(dtype)
+
+    t = {"Q": rnd(B, Hq, Sq, D), "K": rnd(B, Hk, Skv, D), "V": rnd(B, Hk, Skv, Dv)}
+    t["O"] = torch.full((B, Hq, Sq, Dv), float("nan"), device=DEV, dtype=dtype)
+    t["LSE"] = torch.full((B, Hq, Sq, 1), float("nan"), device=DEV)
+    kw = dict(scale=D ** -0.5, causal=causal, window=window, interpret=DRY)
+    if pad is not None:
+        t["SQ"] = torch.tensor(pad[0], dtype=torch.int32, device=DEV).view(B, 1, 1, 1)
+        t["SKV"] = torch.tensor(pad[1], dtype=torch.int32, device=DEV).view(B, 1, 1, 1)
+        kw.update(seq_len_q=op("SQ", t["SQ"]), seq_len_kv=op("SKV", t["SKV"]))
+    if bias is not None:
+        t["BIAS"] = torch.randn(*bias, generator=g, device=DEV)
+        kw.update(bias=op("BIAS", t["BIAS"].expand(B, Hq, Sq, Skv)), bias_dims=tuple(bias))
+    if mod == "softcap":
+        kw["score_mod"] = SoftCap()
+    elif mod == "alibi":
+        n = 2 ** int(math.log2(Hq))
+        t["SLOPES"] = torch.tensor([2.0 ** (-8.0 * (h + 1) / n) for h in range(Hq)], device=DEV)
+        kw["score_mod"] = Alibi(t["SLOPES"])
+    base = dict(B=B, Hq=Hq, Hk=Hk, Hv=Hk, Sq=Sq, Skv=Skv, D=D, Dv=Dv, q=op("Q", t["Q"]), k=op("K", t["K"]),
+                v=op("V", t["V"]), o=op("O", t["O"]), stats=op("LSE", t["LSE"]))
+    fspec = AttnSpec(**base, **kw)
+    bspec = None
+    if grad:
+        t["DO"] = rnd(B, Hq, Sq, Dv)
+        for n, like in (("DQ", "Q"), ("DK", "K"), ("DV", "V")):
+            t[n] = torch.full_like(t[like], float("nan"))
+        extra = {}
+        if bias is not None:
+            t["DB"] = torch.full_like(t["BIAS"], float("nan"))
+            extra["dbias"] = op("DB", t["DB"])
+        bspec = AttnSpec(**base, **kw, do=op("DO", t["DO"]), dq=op("DQ", t["DQ"]), dk=op("DK", t["DK"]),
+                         dv=op("DV", t["DV"]), **extra)
+    return fspec, bspec, t
+
+
+def reference(spec: AttnSpec, t, want_grad: bool):
+    """fp32 math on the upcast inputs: O, LSE (+inf for empty rows) and the gradients."""
+    q, k, v = (t[n].float().detach().requires_grad_(want_grad) for n in ("Q", "K", "V"))
+    bias = t.get("BIAS")
+    bias = bias.float().detach().requires_grad_(want_grad) if bias is not None else None
+    hq = q.shape[1]
+    ke, ve = k.repeat_interleave(hq // k.shape[1], 1), v.repeat_interleave(hq // v.shape[1], 1)
+    s = (q @ ke.transpose(-1, -2)) * spec.scale
+    if bias is not None:
+        s = s + bias
+    if spec.score_mod is not None:
+        s = spec.score_mod.torch_mod(s)
+    sq, skv = s.shape[2], s.shape[3]
+    i = torch.arange(sq, device=DEV)[:, None]
+    j = torch.arange(skv, device=DEV)[None, :]
+    ql = t["SQ"].view(-1, 1, 1, 1).long() if "SQ" in t else torch.full((1, 1, 1, 1), sq, device=DEV)
+    kl = t["SKV"].view(-1, 1, 1, 1).long() if "SKV" in t else torch.full((1, 1, 1, 1), skv, device=DEV)
+    keep = (i < ql) & (j < kl)
+    diag = kl - ql if spec.causal is Causal.BOTTOM_RIGHT else 0
+    if spec.causal is not Causal.NONE:
+        keep = keep & (j <= i + diag)
+    if spec.window is not None:
+        keep = keep & (i + diag - j < spec.window)
+    s = s.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    p = torch.exp(s - lse).nan_to_num(0.0)
+    o = (p @ ve).masked_fill(~(i < ql), 0.0)
+    lse = lse.masked_fill(lse == -math.inf, math.inf).masked_fill(~(i < ql), math.inf)
+    grads = {}
+    if want_grad:
+        o.backward(t["DO"].float())
+        grads = {"DQ": q.grad, "DK": k.grad, "DV": v.grad}
+        if bias is not None:
+            grads["DB"] = bias.grad
+    return o.detach(), lse.detach(), grads
+
+
+def rel(got, want):
+    got, want = got.float(), want.float()
+    finite = torch.isfinite(want)
+    if not torch.equal(finite, torch.isfinite(got)):
+        return float("inf")
+    d = (got[finite] - want[finite]).norm().item()
+    n = want[finite].norm().item()
+    return d / n if n else d
+
+
+# -- compile in parallel ----------------------------------------------------------------------------
+
+
+def _warm(job):
+    """In a worker: build the problem and run its kernels once (compiles into Triton's cache)."""
+    try:
+        kind, prob, knobs = job
+        fspec, bspec, t = make(**prob, grad=kind != "fwd")
+        if kind == "flex":  # fills Inductor's caches for the main run's compile
+            compile_flex(t, fspec)
+        elif kind == "fwd":
+            launch(forward(fspec, knobs), t, interpret=DRY)
+        else:
+            launch(forward(fspec, fwd_candidates(fspec.D, cuda=not DRY)[0]), t, interpret=DRY)
+            launch(backward(bspec, knobs), t, interpret=DRY)
+        torch.cuda.synchronize() if not DRY else None
+        return None
+    except Exception as e:  # noqa: BLE001 - reported, the main run skips the config
+        return f"{job[0]} {job[1]} {job[2]}: {type(e).__name__}: {str(e)[:300]}"
+
+
+def warm(jobs, workers):
+    if DRY or not jobs:
+        return {}
+    t = time.time()
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        errors = list(pool.map(_warm, jobs))
+    bad = {i: e for i, e in enumerate(errors) if e}
+    print(f"# compiled {len(jobs)} configs in {time.time() - t:.0f} s ({len(bad)} failed)", flush=True)
+    for e in bad.values():
+        print("#   failed:", e, flush=True)
+    return bad
+
+
+# -- timing -----------------------------------------------------------------------------------------
+
+
+def bench(fn):
+    import triton
+
+    if DRY:
+        fn()
+        return float("nan")
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+    except Exception:  # noqa: BLE001 - not capturable: plain events
+        return triton.testing.do_bench(fn, warmup=20, rep=60, return_mode="median")
+
+
+def runner(src, t):
+    module = load(src, interpret=DRY)
+    launch(src, t, interpret=DRY, module=module)  # allocates nothing new below: scratch kept in t
+    for s in src.scratch:
+        t.setdefault(s.name, torch.empty(s.numel, dtype=getattr(torch, s.dtype), device=DEV))
+    fns = [(getattr(module, l.kernel)[l.grid], [t[p] for p in l.params],
+            dict(num_warps=l.num_warps, num_stages=l.num_stages)) for l in src.launches]
+
+    def run():
+        for fn, args, meta in fns:
+            fn(*args, **meta)
+    return run
+
+
+def flops(B, H, Sq, Skv, D, causal, mode):
+    f = 4.0 * B * H * Sq * Skv * D * (0.5 if causal else 1.0)
+    return f * (2.5 if mode == "bwd" else 1.0)
+
+
+def torch_backends():
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def time_torch(t, causal, scale, backend):
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    q, k, v = (t[n].detach().requires_grad_() for n in ("Q", "K", "V"))
+    with sdpa_kernel([backend]):
+        f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)  # noqa: E731
+        fwd = bench(f)
+        o = f()
+        do = t["DO"]
+        b = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+        bwd = bench(b)
+    return fwd, bwd
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def correctness_cases():
+    if DRY:
+        return [dict(B=1, Hq=2, Sq=40, D=16, causal=Causal.TOP_LEFT)]
+    c = Causal
+    return [
+        dict(B=2, Hq=4, Sq=1000, D=128, causal=c.TOP_LEFT),
+        dict(B=2, Hq=8, Hk=2, Sq=700, Skv=1100, D=64, causal=c.BOTTOM_RIGHT, layout="bshd"),
+        dict(B=1, Hq=4, Sq=600, D=256),
+        dict(B=2, Hq=4, Sq=1024, D=128, causal=c.TOP_LEFT, window=256, dtype=torch.float16),
+        dict(B=2, Hq=4, Sq=900, Skv=1000, D=128, causal=c.BOTTOM_RIGHT, pad=((700, 0), (1000, 333))),
+        dict(B=2, Hq=4, Sq=512, Skv=640, D=128, bias=(1, 4, 512, 640), dtype=torch.float16),
+        dict(B=2, Hq=4, Sq=1024, D=128, causal=c.TOP_LEFT, mod="softcap"),
+        dict(B=2, Hq=4, Sq=1024, D=64, Dv=128, causal=c.TOP_LEFT, mod="alibi", layout="bshd"),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="S = 1k and 4k only, fewer candidates")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--budget", type=float, default=380.0, help="seconds; later sections are skipped past it")
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--fwd-candidates", type=int, default=4)
+    ap.add_argument("--bwd-candidates", type=int, default=3)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    results = {"device": "cpu (dry)" if DRY else torch.cuda.get_device_name(), "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d"), "correctness": [], "speed": [], "score_mod": []}
+    import triton
+    results["triton"] = triton.__version__
+    print("#", results["device"], "torch", torch.__version__, "triton", triton.__version__, flush=True)
+
+    cuda = not DRY
+    seqs = [64] if DRY else ([1024, 4096] if args.quick else [1024, 4096, 16384])
+    B, H, D = (1, 2, 16) if DRY else (4, 16, 128)
+    fk = fwd_candidates(D, cuda=cuda)[: args.fwd_candidates]
+    fk += [FwdKnobs(**{**k.__dict__, "TMA": 1}) for k in fk[:2]]
+    bk = bwd_candidates(D, cuda=cuda)[: args.bwd_candidates]
+    bk += [BwdKnobs(**{**k.__dict__, "TMA": 1}) for k in bk[:1]]
+    mods = ["softcap", "alibi"]
+
+    jobs = []
+    for prob in correctness_cases():
+        jobs.append(("bwd", prob, bwd_candidates(prob["D"], cuda=cuda)[0]))
+    for S in seqs:
+        for causal in (False, True):
+            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
+            jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in bk]
+        for m in mods:
+            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
+            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in bk[:2]]
+            if not DRY:
+                jobs.insert(0, ("flex", prob, None))
+    warm(jobs, args.workers)
+
+    # 1. correctness
+    print("\n## correctness (relative L2 error against fp32 math on the upcast inputs)", flush=True)
+    for prob in correctness_cases():
+        fspec, bspec, t = make(**prob)
+        launch(forward(fspec, fwd_candidates(fspec.D, cuda=cuda)[0]), t, interpret=DRY)
+        launch(backward(bspec, bwd_candidates(fspec.D, cuda=cuda)[0]), t, interpret=DRY)
+        o, lse, grads = reference(fspec, t, True)
+        errs = {"O": rel(t["O"], o), "LSE": rel(t["LSE"], lse)}
+        errs.update({n: rel(t[n], g) for n, g in grads.items()})
+        ok = all(e < (3e-2 if n == "DB" else 2e-2) for n, e in errs.items())
+        desc = {k: (v.name if isinstance(v, Causal) else str(v)) for k, v in prob.items()}
+        results["correctness"].append({"case": desc, "errors": errs, "ok": ok})
+        print(("ok  " if ok else "BAD ") + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), desc, flush=True)
+        del t
+
+    # 2. speed
+    print("\n## speed: bf16 B=%d H=%d D=%d, TFLOP/s (median, CUDA graphs)" % (B, H, D), flush=True)
+    for S in seqs:
+        for causal in (False, True):
+            if elapsed() > args.budget:
+                print("# budget reached, skipping", S, causal)
+                continue
+            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
+            fspec, bspec, t = make(**prob)
+            row = {"S": S, "causal": causal, "fwd": {}, "bwd": {}}
+            ff, fb = flops(B, H, S, S, D, causal, "fwd"), flops(B, H, S, S, D, causal, "bwd")
+            for k in fk:
+                try:
+                    row["fwd"][str(k)] = ff / bench(runner(forward(fspec, k), t)) / 1e9
+                except Exception as e:  # noqa: BLE001
+                    row["fwd"][str(k)] = f"error {type(e).__name__}: {str(e)[:200]}"
+            best_f = max((v for v in row["fwd"].values() if isinstance(v, float)), default=float("nan"))
+            launch(forward(fspec, fk[0]), t, interpret=DRY)
+            for k in bk:
+                try:
+                    row["bwd"][str(k)] = fb / bench(runner(backward(bspec, k), t)) / 1e9
+                except Exception as e:  # noqa: BLE001
+                    row["bwd"][str(k)] = f"error {type(e).__name__}: {str(e)[:200]}"
+            best_b = max((v for v in row["bwd"].values() if isinstance(v, float)), default=float("nan"))
+            row["peers"] = {}
+            if not DRY:
+                for name, backend in torch_backends().items():
+                    try:
+                        tf, tb = time_torch(t, causal, fspec.scale, backend)
+                        row["peers"][name] = (ff / tf / 1e9, fb / tb / 1e9)
+                    except Exception as e:  # noqa: BLE001
+                        row["peers"][name] = f"error {type(e).__name__}: {str(e)[:120]}"
+            cud = row["peers"].get("cudnn")
+            ratio = (best_f / cud[0], best_b / cud[1]) if isinstance(cud, tuple) else (float("nan"),) * 2
+            row["ratio_vs_cudnn"] = ratio
+            results["speed"].append(row)
+            peers = " ".join(f"{n} {v[0]:.0f}/{v[1]:.0f}" if isinstance(v, tuple) else f"{n} err"
+                             for n, v in row["peers"].items())
+            print(f"S={S:5d} {'causal' if causal else 'full  '} ours fwd {best_f:.0f} bwd {best_b:.0f} | {peers} "
+                  f"| vs cudnn fwd {ratio[0]:.2f} bwd {ratio[1]:.2f}", flush=True)
+            for mode in ("fwd", "bwd"):
+                print("    " + mode + ": " + "; ".join(
+                    f"{k.split('(')[1][:-1]} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in row[mode].items()), flush=True)
+            del t
+            _save(results, args.out)
+
+    # 3. score modifiers + causal against FlexAttention
+    print("\n## score_mod + causal: ours vs FlexAttention (compiled), TFLOP/s fwd/bwd", flush=True)
+    for S in sorted(seqs, key=lambda s: (s != 4096, s)):
+        for m in mods:
+            if elapsed() > args.budget:
+                print("# budget reached, skipping", S, m)
+                continue
+            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
+            fspec, bspec, t = make(**prob)
+            ff, fb = flops(B, H, S, S, D, True, "fwd"), flops(B, H, S, S, D, True, "bwd")
+            ours_f = max(ff / bench(runner(forward(fspec, k), t)) / 1e9 for k in fk[:2])
+            launch(forward(fspec, fk[0]), t, interpret=DRY)
+            ours_b = max(fb / bench(runner(backward(bspec, k), t)) / 1e9 for k in bk[:2])
+            o, lse, grads = reference(fspec, t, True) if S <= 4096 else (None, None, {})
+            err = rel(t["O"], o) if o is not None else float("nan")
+            flex = (float("nan"), float("nan"))
+            if not DRY:
+                try:
+                    flex = time_flex(t, fspec, m)
+                    flex = (ff / flex[0] / 1e9, fb / flex[1] / 1e9)
+                except Exception as e:  # noqa: BLE001
+                    print("# flex failed:", type(e).__name__, str(e)[:300], flush=True)
+            row = {"S": S, "mod": m, "ours": (ours_f, ours_b), "flex": flex, "O_err": err,
+                   "ratio": (ours_f / flex[0], ours_b / flex[1])}
+            results["score_mod"].append(row)
+            print(f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {flex[0]:.0f}/{flex[1]:.0f} "
+                  f"ratio {row['ratio'][0]:.2f}/{row['ratio'][1]:.2f} (O err {err:.1e})", flush=True)
+            del t
+            _save(results, args.out)
+    _save(results, args.out)
+    print(f"# done in {elapsed():.0f} s", flush=True)
+
+
+_FLEX = {}
+
+
+def compile_flex(t, spec):
+    """FlexAttention (compiled) on the problem: (forward callable, its output, q, k, v)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    fn = _FLEX["fn"]
+    q, k, v = (t[n].detach().requires_grad_() for n in ("Q", "K", "V"))
+    S = q.shape[2]
+    bm = create_block_mask(lambda b, h, qi, kvi: qi >= kvi, None, None, S, S, device=DEV)
+    mod = spec.score_mod.flex()
+    f = lambda: fn(q, k, v, score_mod=mod, block_mask=bm, scale=spec.scale)  # noqa: E731
+    o = f()
+    torch.autograd.grad(o, (q, k, v), t["DO"], retain_graph=True)
+    return f, o, q, k, v
+
+
+def time_flex(t, spec, m):
+    f, o, q, k, v = compile_flex(t, spec)
+    S = q.shape[2]
+    ref_o, _, _ = reference(spec, t, False) if S <= 4096 else (None, None, None)
+    if ref_o is not None:
+        print(f"#   flex O err {rel(o.detach(), ref_o):.1e}", flush=True)
+    tf = bench(f)
+    do = t["DO"]
+    tb = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+    return tf, tb
+
+
+def _save(results, out):
+    with open(os.path.join(out, "attention_bench.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
