@@ -267,6 +267,7 @@ def runner(src, t):
     def run():
         for fn, args, meta in fns:
             fn(*args, **meta)
+    run.parts = [lambda f=f, a=a, m=m: f(*a, **m) for f, a, m in fns]
     return run
 
 
@@ -316,15 +317,38 @@ def correctness_cases():
     ]
 
 
+def knob_sets(D, cuda, fwd_n, bwd_n):
+    """(forward knobs, split backward knobs (dK/dV and dQ parts paired), fused backward knobs)."""
+    if not cuda:
+        return (fwd_candidates(D, cuda=False), bwd_candidates(D, cuda=False),
+                [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)])
+    fk = fwd_candidates(D, cuda=True)[:fwd_n]
+    fk += [FwdKnobs(**{**k.__dict__, "ORDER": 1}) for k in fk[:2]]
+    dkdv = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (128, 64, 8, 2), (32, 64, 4, 3)]
+    dq = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 3)]
+    split = [BwdKnobs(a[0], a[1], b[0], b[1], a[2], a[3], b[2], b[3]) for a, b in zip(dkdv, dq)][:bwd_n]
+    fused = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3, FUSED=1),
+             BwdKnobs(64, 128, 128, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3, FUSED=1)]
+    return fk, split, fused
+
+
+def time_split(src, t):
+    """Per launch (preprocess, dK/dV, dQ) times of a split backward."""
+    run = runner(src, t)
+    return [bench(lambda f=f: f()) for f in run.parts]
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="S = 1k and 4k only, fewer candidates")
+    ap.add_argument("--quick", action="store_true", help="S = 1k and 4k only")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--budget", type=float, default=380.0, help="seconds; later sections are skipped past it")
     ap.add_argument("--workers", type=int, default=12)
-    ap.add_argument("--fwd-candidates", type=int, default=4)
-    ap.add_argument("--bwd-candidates", type=int, default=3)
+    ap.add_argument("--fwd-candidates", type=int, default=5)
+    ap.add_argument("--bwd-candidates", type=int, default=6)
+    ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (our score_mod kernels still run)")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness section")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = {"device": "cpu (dry)" if DRY else torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -336,29 +360,29 @@ def main():
     cuda = not DRY
     seqs = [64] if DRY else ([1024, 4096] if args.quick else [1024, 4096, 16384])
     B, H, D = (1, 2, 16) if DRY else (4, 16, 128)
-    fk = fwd_candidates(D, cuda=cuda)[: args.fwd_candidates]
-    fk += [FwdKnobs(**{**k.__dict__, "TMA": 1}) for k in fk[:2]]
-    bk = bwd_candidates(D, cuda=cuda)[: args.bwd_candidates]
-    bk += [BwdKnobs(**{**k.__dict__, "TMA": 1}) for k in bk[:1]]
+    fk, split, fused = knob_sets(D, cuda, args.fwd_candidates, args.bwd_candidates)
     mods = ["softcap", "alibi"]
+    flex = not (DRY or args.no_flex)
 
     jobs = []
-    for prob in correctness_cases():
-        jobs.append(("bwd", prob, bwd_candidates(prob["D"], cuda=cuda)[0]))
+    if not args.no_check:
+        for prob in correctness_cases():
+            jobs.append(("bwd", prob, bwd_candidates(prob["D"], cuda=cuda)[0]))
     for S in seqs:
         for causal in (False, True):
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
-            jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in bk]
+            jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in split + fused]
         for m in mods:
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
-            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in bk[:2]]
-            if not DRY:
+            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:2] + fused[:2]]
+            if flex:
                 jobs.insert(0, ("flex", prob, None))
     warm(jobs, args.workers)
 
     # 1. correctness
-    print("\n## correctness (relative L2 error against fp32 math on the upcast inputs)", flush=True)
-    for prob in correctness_cases():
+    if not args.no_check:
+        print("\n## correctness (relative L2 error against fp32 math on the upcast inputs)", flush=True)
+    for prob in ([] if args.no_check else correctness_cases()):
         fspec, bspec, t = make(**prob)
         launch(forward(fspec, fwd_candidates(fspec.D, cuda=cuda)[0]), t, interpret=DRY)
         launch(backward(bspec, bwd_candidates(fspec.D, cuda=cuda)[0]), t, interpret=DRY)
@@ -380,21 +404,26 @@ def main():
                 continue
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
             fspec, bspec, t = make(**prob)
-            row = {"S": S, "causal": causal, "fwd": {}, "bwd": {}}
+            row = {"S": S, "causal": causal, "fwd": {}, "bwd": {}, "bwd_parts": {}}
             ff, fb = flops(B, H, S, S, D, causal, "fwd"), flops(B, H, S, S, D, causal, "bwd")
             for k in fk:
-                try:
-                    row["fwd"][str(k)] = ff / bench(runner(forward(fspec, k), t)) / 1e9
-                except Exception as e:  # noqa: BLE001
-                    row["fwd"][str(k)] = f"error {type(e).__name__}: {str(e)[:200]}"
-            best_f = max((v for v in row["fwd"].values() if isinstance(v, float)), default=float("nan"))
+                row["fwd"][_short(k)] = _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9)
+            best_f = _best(row["fwd"])
             launch(forward(fspec, fk[0]), t, interpret=DRY)
-            for k in bk:
-                try:
-                    row["bwd"][str(k)] = fb / bench(runner(backward(bspec, k), t)) / 1e9
-                except Exception as e:  # noqa: BLE001
-                    row["bwd"][str(k)] = f"error {type(e).__name__}: {str(e)[:200]}"
-            best_b = max((v for v in row["bwd"].values() if isinstance(v, float)), default=float("nan"))
+            parts = []
+            for k in split:
+                p = _try(lambda: time_split(backward(bspec, k), t))
+                row["bwd_parts"][_short(k)] = p
+                if isinstance(p, list):
+                    parts.append((k, p))
+            if parts:  # the best dK/dV and the best dQ launch, combined
+                kd = min(parts, key=lambda x: x[1][1])[0]
+                kq = min(parts, key=lambda x: x[1][2])[0]
+                combo = BwdKnobs(kd.BLOCK_M1, kd.BLOCK_N1, kq.BLOCK_M2, kq.BLOCK_N2, kd.W1, kd.S1, kq.W2, kq.S2)
+                row["bwd"]["split-best " + _short(combo)] = _try(lambda: fb / bench(runner(backward(bspec, combo), t)) / 1e9)
+            for k in fused:
+                row["bwd"][_short(k)] = _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9)
+            best_b = _best(row["bwd"])
             row["peers"] = {}
             if not DRY:
                 for name, backend in torch_backends().items():
@@ -412,9 +441,10 @@ def main():
             print(f"S={S:5d} {'causal' if causal else 'full  '} ours fwd {best_f:.0f} bwd {best_b:.0f} | {peers} "
                   f"| vs cudnn fwd {ratio[0]:.2f} bwd {ratio[1]:.2f}", flush=True)
             for mode in ("fwd", "bwd"):
-                print("    " + mode + ": " + "; ".join(
-                    f"{k.split('(')[1][:-1]} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in row[mode].items()), flush=True)
+                print("    " + mode + ": " + "; ".join(f"{k} {_fmt(v)}" for k, v in row[mode].items()), flush=True)
+            print("    bwd parts (us: pre, dkdv, dq): " + "; ".join(
+                f"{k} " + ("/".join(f"{x * 1e3:.0f}" for x in v) if isinstance(v, list) else str(v))
+                for k, v in row["bwd_parts"].items()), flush=True)
             del t
             _save(results, args.out)
 
@@ -428,27 +458,56 @@ def main():
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
             fspec, bspec, t = make(**prob)
             ff, fb = flops(B, H, S, S, D, True, "fwd"), flops(B, H, S, S, D, True, "bwd")
-            ours_f = max(ff / bench(runner(forward(fspec, k), t)) / 1e9 for k in fk[:2])
+            fres = {_short(k): _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9) for k in fk[:2]}
             launch(forward(fspec, fk[0]), t, interpret=DRY)
-            ours_b = max(fb / bench(runner(backward(bspec, k), t)) / 1e9 for k in bk[:2])
+            cands = split[:2] + fused[:2]
+            bres = {_short(k): _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9) for k in cands}
+            ours_f, ours_b = _best(fres), _best(bres)
             o, lse, grads = reference(fspec, t, True) if S <= 4096 else (None, None, {})
             err = rel(t["O"], o) if o is not None else float("nan")
-            flex = (float("nan"), float("nan"))
-            if not DRY:
+            fl = (float("nan"), float("nan"))
+            if flex:
                 try:
-                    flex = time_flex(t, fspec, m)
-                    flex = (ff / flex[0] / 1e9, fb / flex[1] / 1e9)
+                    fl = time_flex(t, fspec, m)
+                    fl = (ff / fl[0] / 1e9, fb / fl[1] / 1e9)
                 except Exception as e:  # noqa: BLE001
                     print("# flex failed:", type(e).__name__, str(e)[:300], flush=True)
-            row = {"S": S, "mod": m, "ours": (ours_f, ours_b), "flex": flex, "O_err": err,
-                   "ratio": (ours_f / flex[0], ours_b / flex[1])}
+            row = {"S": S, "mod": m, "ours": (ours_f, ours_b), "flex": fl, "O_err": err, "fwd": fres, "bwd": bres,
+                   "ratio": (ours_f / fl[0], ours_b / fl[1])}
             results["score_mod"].append(row)
-            print(f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {flex[0]:.0f}/{flex[1]:.0f} "
+            print(f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {fl[0]:.0f}/{fl[1]:.0f} "
                   f"ratio {row['ratio'][0]:.2f}/{row['ratio'][1]:.2f} (O err {err:.1e})", flush=True)
+            print("    fwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in fres.items()) + " | bwd: "
+                  + "; ".join(f"{k} {_fmt(v)}" for k, v in bres.items()), flush=True)
             del t
             _save(results, args.out)
     _save(results, args.out)
     print(f"# done in {elapsed():.0f} s", flush=True)
+
+
+def _short(k) -> str:
+    if isinstance(k, FwdKnobs):
+        return f"{k.BLOCK_M}x{k.BLOCK_N}/w{k.num_warps}s{k.num_stages}" + (" tma" if k.TMA else "") + \
+            (" order" if k.ORDER else "")
+    if k.FUSED:
+        return f"fused {k.BLOCK_M1}x{k.BLOCK_N1}+{k.BLOCK_M2}x{k.BLOCK_N2}/w{k.W1}s{k.S1}"
+    return (f"{k.BLOCK_M1}x{k.BLOCK_N1}/w{k.W1}s{k.S1}+{k.BLOCK_M2}x{k.BLOCK_N2}/w{k.W2}s{k.S2}"
+            + (" tma" if k.TMA else ""))
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - recorded in the results
+        return f"error {type(e).__name__}: {str(e)[:160]}"
+
+
+def _best(d) -> float:
+    return max((v for v in d.values() if isinstance(v, float) and v == v), default=float("nan"))
+
+
+def _fmt(v) -> str:
+    return f"{v:.0f}" if isinstance(v, float) else str(v)
 
 
 _FLEX = {}

@@ -427,11 +427,19 @@ def test_prologue_and_epilogue_hooks():
 @pytest.mark.parametrize("fwd, bwd", [
     (FwdKnobs(32, 16, 4, 1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 32)),
     (FwdKnobs(16, 32, 4, 1), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)),
+    (FwdKnobs(16, 16, 4, 1, ORDER=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)),
 ])
 def test_block_shapes(fwd, bwd):
     """Block shapes with BLOCK_M > BLOCK_N and the reverse, so the diagonal and window edges fall
     inside and across tiles."""
     run_case(Case(B=2, Sq=45, Skv=50, causal=Causal.BOTTOM_RIGHT, window=13, seq_kv=(44, 50), fwd=fwd, bwd=bwd))
+
+
+@pytest.mark.parametrize("causal, hk", [(Causal.TOP_LEFT, 1), (Causal.NONE, 2)])
+def test_fused_backward(causal, hk):
+    """FUSED=1: the dK/dV and dQ programs in one launch (GQA groups, causal heavy-first order)."""
+    run_case(Case(B=2, Hq=4, Hk=hk, Sq=45, Skv=50, causal=causal, bias=(2, 4, 45, 50),
+                  bwd=BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)))
 
 
 @pytest.mark.parametrize("layout, d", [("bhsd", 16), ("bshd", 24)])

@@ -70,14 +70,21 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Source:
     if spec.Hk != spec.Hv:
         raise ValueError("the generated backward needs as many key heads as value heads")
     pre = _preprocess(spec, kn)
+    pre_launch = KernelLaunch(pre.name, (-(-spec.Sq // kn.PRE_BLOCK), spec.B * spec.Hq), tuple(pre.params), 4, 1)
     dkdv = _dkdv(spec, kn)
-    dq = _dq(spec, kn)
-    functions = [pre.source(), dkdv.source(), dq.source()]
-    launches = [
-        KernelLaunch(pre.name, (-(-spec.Sq // kn.PRE_BLOCK), spec.B * spec.Hq), tuple(pre.params), 4, 1),
-        KernelLaunch(dkdv.name, (-(-spec.Skv // kn.BLOCK_N1), spec.B * spec.Hk), tuple(dkdv.params), kn.W1, kn.S1),
-        KernelLaunch(dq.name, (-(-spec.Sq // kn.BLOCK_M2), spec.B * spec.Hq), tuple(dq.params), kn.W2, kn.S2),
-    ]
+    nkv, nq = -(-spec.Skv // kn.BLOCK_N1), -(-spec.Sq // kn.BLOCK_M2)
+    if kn.FUSED:
+        dq = _dq(spec, kn, fused=nkv)
+        both = _fuse(dkdv, dq, nkv)
+        functions = [pre.source(), both.source()]
+        launches = [pre_launch, KernelLaunch(both.name, (nkv + spec.gk * nq, spec.B * spec.Hk), tuple(both.params),
+                                             kn.W1, kn.S1)]
+    else:
+        dq = _dq(spec, kn)
+        functions = [pre.source(), dkdv.source(), dq.source()]
+        launches = [pre_launch,
+                    KernelLaunch(dkdv.name, (nkv, spec.B * spec.Hk), tuple(dkdv.params), kn.W1, kn.S1),
+                    KernelLaunch(dq.name, (nq, spec.B * spec.Hq), tuple(dq.params), kn.W2, kn.S2)]
     scratch = [ScratchBuf("DELTA", spec.B * spec.Hq * spec.Sq)]
     if spec.dbias is not None and dbias_broadcast(spec):
         red = _dbias_reduce(spec)
@@ -284,7 +291,22 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool, wq: bo
     return lines
 
 
-def _dq(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
+def _fuse(dkdv: KernelText, dq: KernelText, nkv: int) -> KernelText:
+    """One kernel whose first `nkv` programs (per batch and key head) run the dK/dV kernel's body and
+    the others the dQ kernel's: both kinds share the GPU, so neither launch's tail idles it."""
+    k = KernelText("kernel_attn_bwd")
+    for p in (*dkdv.params, *dq.params):
+        k.param(p)
+    k.add(f"if tl.program_id(0) < {nkv}:")
+    k.add(*dkdv.lines, depth=1)
+    k.add("else:")
+    k.add(*dq.lines, depth=1)
+    return k
+
+
+def _dq(spec: AttnSpec, kn: BwdKnobs, fused: int = 0) -> KernelText:
+    """The dQ kernel; with `fused` (the count of dK/dV programs before it), the dQ part of the fused
+    kernel, whose grid axis 1 is batch x key head and axis 0 past `fused` the GQA group's query blocks."""
     assert spec.dq is not None and spec.do is not None and spec.stats is not None
     k = KernelText("kernel_attn_bwd_dq")
     bm, bn = kn.BLOCK_M2, kn.BLOCK_N2
@@ -296,10 +318,14 @@ def _dq(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
         k.param(op.name)
     k.param("DELTA")
     k.param(spec.dq.name)
-    k.add("pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)")
+    if fused:
+        k.add(f"y = tl.program_id(0) - {fused}", "pid_bh = tl.program_id(1)", f"pid_m = y % {num_m}",
+              f"off_b = pid_bh // {spec.Hk}", f"off_h = (pid_bh % {spec.Hk}) * {spec.gk} + y // {num_m}")
+    else:
+        k.add("pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)",
+              f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}")
     k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")
-    k.add(f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}",
-          f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
+    k.add(f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
           f"m0 = start_m * {bm}", f"offs_m = m0 + tl.arange(0, {bm})", f"offs_n0 = tl.arange(0, {bn})",
           f"offs_d = tl.arange(0, {dp})", f"offs_dv = tl.arange(0, {dvp})")
     _common_setup(spec, k)

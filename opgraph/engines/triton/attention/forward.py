@@ -85,7 +85,10 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
         k.param(spec.o.name)
     if spec.stats is not None:
         k.param(spec.stats.name)
-    k.add("pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)")
+    # ORDER=1: the query blocks outermost (every head's heaviest block first, the best balance for few
+    # waves); 0: each head's blocks together (its k/v shared in L2)
+    axes = ("1", "0") if kn.ORDER else ("0", "1")
+    k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
     k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
     k.add(f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}",
           f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
@@ -173,7 +176,8 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
     functions = [k.source()]
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
-    launch = KernelLaunch(name, (num_m, spec.B * spec.Hq), tuple(k.params), kn.num_warps, kn.num_stages)
+    grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
+    launch = KernelLaunch(name, grid, tuple(k.params), kn.num_warps, kn.num_stages)
     return Source(tuple(functions), (launch,))
 
 

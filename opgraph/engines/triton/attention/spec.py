@@ -169,6 +169,7 @@ class FwdKnobs:
     num_warps: int = 4
     num_stages: int = 3
     TMA: int = 0  # read q, k and v through device-side tensor descriptors (zero-filled edges, no masks)
+    ORDER: int = 0  # 1: grid (batch x head, query block): all heads' heaviest blocks first
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class BwdKnobs:
     S2: int = 2
     PRE_BLOCK: int = 64  # preprocess rows per program
     TMA: int = 0  # read the streamed tiles (q, dO in dK/dV; k, v in dQ) through tensor descriptors
+    FUSED: int = 0  # one launch for dK/dV and dQ (W1, S1 for both), as FlexAttention
 
 
 @dataclass(frozen=True)
