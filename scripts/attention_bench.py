@@ -322,14 +322,23 @@ def knob_sets(D, cuda, fwd_n, bwd_n):
     if not cuda:
         return (fwd_candidates(D, cuda=False), bwd_candidates(D, cuda=False),
                 [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)])
-    fk = fwd_candidates(D, cuda=True)[:fwd_n]
-    fk += [FwdKnobs(**{**k.__dict__, "ORDER": 1}) for k in fk[:2]]
-    dkdv = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (128, 64, 8, 2), (32, 64, 4, 3)]
-    dq = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 3)]
-    split = [BwdKnobs(a[0], a[1], b[0], b[1], a[2], a[3], b[2], b[3]) for a, b in zip(dkdv, dq)][:bwd_n]
-    fused = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3, FUSED=1),
-             BwdKnobs(64, 128, 128, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3, FUSED=1)]
+    fk = [FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 128, 8, 3, ONELOOP=1), FwdKnobs(128, 64, 8, 3),
+          FwdKnobs(128, 64, 8, 3, ONELOOP=1), FwdKnobs(64, 64, 4, 3), FwdKnobs(64, 64, 4, 3, ONELOOP=1)][:fwd_n]
+    dkdv = [(64, 128, 8, 3, 1), (64, 64, 4, 2, 1), (64, 64, 8, 2, 1), (64, 64, 8, 3, 1), (32, 128, 8, 2, 1),
+            (64, 128, 8, 3, 0), (32, 64, 4, 2, 1)]
+    dq = [(128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2), (128, 128, 8, 2), (128, 64, 8, 3),
+          (128, 32, 4, 3)]
+    split = [BwdKnobs(a[0], a[1], b[0], b[1], a[2], a[3], b[2], b[3], ONELOOP=a[4]) for a, b in zip(dkdv, dq)]
+    split = split[:bwd_n]
+    fused = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1, ONELOOP=1),
+             BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3, FUSED=1, ONELOOP=1)]
     return fk, split, fused
+
+
+def check_knobs(D, cuda):
+    """The knobs the correctness section runs: the heuristic's first choice, one loop with run-time masks."""
+    f, b = fwd_candidates(D, cuda=cuda)[0], bwd_candidates(D, cuda=cuda)[0]
+    return FwdKnobs(**{**f.__dict__, "ONELOOP": 1}), BwdKnobs(**{**b.__dict__, "ONELOOP": 1})
 
 
 def time_split(src, t):
@@ -345,10 +354,11 @@ def main():
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--budget", type=float, default=380.0, help="seconds; later sections are skipped past it")
     ap.add_argument("--workers", type=int, default=12)
-    ap.add_argument("--fwd-candidates", type=int, default=5)
-    ap.add_argument("--bwd-candidates", type=int, default=6)
+    ap.add_argument("--fwd-candidates", type=int, default=6)
+    ap.add_argument("--bwd-candidates", type=int, default=7)
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (our score_mod kernels still run)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness section")
+    ap.add_argument("--no-mods", action="store_true", help="skip the score_mod section")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = {"device": "cpu (dry)" if DRY else torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -367,12 +377,12 @@ def main():
     jobs = []
     if not args.no_check:
         for prob in correctness_cases():
-            jobs.append(("bwd", prob, bwd_candidates(prob["D"], cuda=cuda)[0]))
+            jobs.append(("bwd", prob, check_knobs(prob["D"], cuda)[1]))
     for S in seqs:
         for causal in (False, True):
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
             jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in split + fused]
-        for m in mods:
+        for m in ([] if args.no_mods else mods):
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
             jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:2] + fused[:2]]
             if flex:
@@ -384,8 +394,9 @@ def main():
         print("\n## correctness (relative L2 error against fp32 math on the upcast inputs)", flush=True)
     for prob in ([] if args.no_check else correctness_cases()):
         fspec, bspec, t = make(**prob)
-        launch(forward(fspec, fwd_candidates(fspec.D, cuda=cuda)[0]), t, interpret=DRY)
-        launch(backward(bspec, bwd_candidates(fspec.D, cuda=cuda)[0]), t, interpret=DRY)
+        fkn, bkn = check_knobs(fspec.D, cuda)
+        launch(forward(fspec, fkn), t, interpret=DRY)
+        launch(backward(bspec, bkn), t, interpret=DRY)
         o, lse, grads = reference(fspec, t, True)
         errs = {"O": rel(t["O"], o), "LSE": rel(t["LSE"], lse)}
         errs.update({n: rel(t[n], g) for n, g in grads.items()})
@@ -419,7 +430,8 @@ def main():
             if parts:  # the best dK/dV and the best dQ launch, combined
                 kd = min(parts, key=lambda x: x[1][1])[0]
                 kq = min(parts, key=lambda x: x[1][2])[0]
-                combo = BwdKnobs(kd.BLOCK_M1, kd.BLOCK_N1, kq.BLOCK_M2, kq.BLOCK_N2, kd.W1, kd.S1, kq.W2, kq.S2)
+                combo = BwdKnobs(kd.BLOCK_M1, kd.BLOCK_N1, kq.BLOCK_M2, kq.BLOCK_N2, kd.W1, kd.S1, kq.W2, kq.S2,
+                                 ONELOOP=kd.ONELOOP)
                 row["bwd"]["split-best " + _short(combo)] = _try(lambda: fb / bench(runner(backward(bspec, combo), t)) / 1e9)
             for k in fused:
                 row["bwd"][_short(k)] = _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9)
@@ -451,7 +463,7 @@ def main():
     # 3. score modifiers + causal against FlexAttention
     print("\n## score_mod + causal: ours vs FlexAttention (compiled), TFLOP/s fwd/bwd", flush=True)
     for S in sorted(seqs, key=lambda s: (s != 4096, s)):
-        for m in mods:
+        for m in ([] if args.no_mods else mods):
             if elapsed() > args.budget:
                 print("# budget reached, skipping", S, m)
                 continue

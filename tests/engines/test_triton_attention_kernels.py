@@ -428,6 +428,8 @@ def test_prologue_and_epilogue_hooks():
     (FwdKnobs(32, 16, 4, 1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 32)),
     (FwdKnobs(16, 32, 4, 1), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)),
     (FwdKnobs(16, 16, 4, 1, ORDER=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)),
+    (FwdKnobs(16, 32, 4, 1, ONELOOP=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, ONELOOP=1)),
+    (FwdKnobs(32, 16, 4, 1, ONELOOP=1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 16, FUSED=1, ONELOOP=1)),
 ])
 def test_block_shapes(fwd, bwd):
     """Block shapes with BLOCK_M > BLOCK_N and the reverse, so the diagonal and window edges fall

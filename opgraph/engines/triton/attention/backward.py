@@ -45,7 +45,7 @@ from .common import (
     tma_ok,
     wide,
 )
-from .forward import fwd_ranges, needs_loops
+from .forward import block_loops, fwd_ranges, needs_loops
 from .spec import AttnSpec, BwdKnobs, Causal, KernelLaunch, Operand, ScratchBuf, Source
 
 __all__ = ["backward", "dbias_broadcast"]
@@ -207,11 +207,9 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
     db = _dbias_target(spec, k)
     if db is not None:
         k.add(f"db_base = {db[1]}", depth=1)
-    for masked, rng in ((True, "lo, r1"), (False, "r1, r2"), (True, "r2, hi")):
-        if masked and ((rng == "lo, r1" and not lead) or (rng == "r2, hi" and not trail)):
-            continue
-        k.add(f"for start_m in range({rng}, {bm}):", depth=1)
-        k.add(*_dkdv_body(spec, k, kn, masked, wq, wdo, dmask, dvmask, key_ok, db, tma), depth=2)
+    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_m", bm,
+                       lambda masked: _dkdv_body(spec, k, kn, masked, wq, wdo, dmask, dvmask, key_ok, db, tma)),
+          depth=1)
     if db is not None:  # blocks no key of this block sees: dBias is 0 there
         k.add(f"vis = tl.where(hi > lo, lo + ((hi - lo + {bm - 1}) // {bm}) * {bm}, lo)", depth=1)
         for rng in ("0, lo", f"vis, {spec.Sq}"):
@@ -248,7 +246,7 @@ def _dbias_store(spec: AttnSpec, db: tuple[Operand, str], value: str) -> list[st
             f"({value}).to({op.dtype}), mask={mask})"]
 
 
-def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool, wq: bool, wdo: bool,
+def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wq: bool, wdo: bool,
                dmask: str | None, dvmask: str | None, key_ok: str | None,
                db: tuple[Operand, str] | None, tma: bool) -> list[str]:
     dt = dot_dtype(spec)
@@ -357,10 +355,8 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, fused: int = 0) -> KernelText:
     k.add(f"dq = tl.zeros([{bm}, {dp}], tl.float32)")
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
-    for masked, rng, need in ((True, "lo, r1", lead), (False, "r1, r2", True), (True, "r2, hi", trail)):
-        if need:
-            k.add(f"for start_n in range({rng}, {bn}):")
-            k.add(*_dq_body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
+    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_n", bn,
+                       lambda masked: _dq_body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma)))
     k.add("dq = dq * sm")
     if spec.seq_len_q is not None:
         k.add("dq = tl.where((offs_m < q_len)[:, None], dq, 0.0)")
@@ -372,7 +368,7 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, fused: int = 0) -> KernelText:
     return k
 
 
-def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool, wk: bool, wv: bool,
+def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wk: bool, wv: bool,
              row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
     dt = dot_dtype(spec)
     dp, dvp = pow2(spec.D), pow2(spec.Dv)

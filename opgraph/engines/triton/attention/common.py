@@ -185,9 +185,10 @@ def bias_load(spec: AttnSpec, o: Orient) -> str:
     return f"tl.load({b.name} + {' + '.join(terms)}{m}).to(tl.float32)"
 
 
-def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool) -> list[str]:
+def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str) -> list[str]:
     """From the raw product `qk` (fp32) to `s2`, the final score in log2 units (masked entries -inf).
-    With a score modifier, `s_pre` (natural units) is the score it took (for its backward)."""
+    With a score modifier, `s_pre` (natural units) is the score it took (for its backward). `masked`:
+    whether to apply the masks, or a run-time condition of applying them (one loop over every block)."""
     lines = []
     extra = []
     if spec.bias is not None:
@@ -210,7 +211,8 @@ def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool) -> list[
     if masked:
         m = mask_expr(spec, o)
         if m is not None:
-            lines.append(f"s2 = tl.where({m}, s2, float(\"-inf\"))")
+            apply = f"s2 = tl.where({m}, s2, float(\"-inf\"))"
+            lines += [f"if {masked}:", "    " + apply] if isinstance(masked, str) else [apply]
     return lines
 
 

@@ -38,7 +38,7 @@ from .common import (
 )
 from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs, KernelLaunch, Source
 
-__all__ = ["forward", "fwd_ranges", "needs_loops"]
+__all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
 
 def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
@@ -132,14 +132,8 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
           f"acc = tl.zeros([{bm}, {dvp}], tl.float32)")
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
-    if lead:
-        k.add(f"for start_n in range(lo, r1, {bn}):")
-        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
-    k.add(f"for start_n in range(r1, r2, {bn}):")
-    k.add(*_body(spec, k, kn, False, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
-    if trail:
-        k.add(f"for start_n in range(r2, hi, {bn}):")
-        k.add(*_body(spec, k, kn, True, wk, wv, row_ok, dmask, dvmask, tma), depth=1)
+    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_n", bn,
+                       lambda masked: _body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma)))
 
     # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
     k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
@@ -181,6 +175,22 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
     return Source(tuple(functions), (launch,))
 
 
+def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:
+    """The loops over blocks [lo, hi): masked [lo, r1) (if `lead`), whole [r1, r2), masked [r2, hi)
+    (if `trail`); or with `one`, a single loop whose body masks under a run-time test. `body(masked)`
+    gives a loop body's lines (masked: True, False or the test)."""
+    if one and (lead or trail):
+        test = " | ".join(([f"({var} < r1)"] if lead else []) + ([f"({var} >= r2)"] if trail else []))
+        lo = "lo" if lead else "r1"
+        hi = "hi" if trail else "r2"
+        return [f"for {var} in range({lo}, {hi}, {step}):", *("    " + x for x in body(test))]
+    lines = []
+    for masked, rng, need in ((True, "lo, r1", lead), (False, "r1, r2", True), (True, "r2, hi", trail)):
+        if need:
+            lines += [f"for {var} in range({rng}, {step}):", *("    " + x for x in body(masked))]
+    return lines
+
+
 def _mask(mask: str | None, store: bool = False) -> str:
     if mask is None:
         return ""
@@ -199,7 +209,7 @@ def _prologue(spec: AttnSpec, k: KernelText, role: str, var: str, at: Coords, dt
     return [*lines, f"{var} = ({value}).to({dt})"]
 
 
-def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool, wk: bool, wv: bool,
+def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: bool, wv: bool,
           row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
     """One key block of the forward loop (masked or whole)."""
     bn = kn.BLOCK_N

@@ -170,6 +170,7 @@ class FwdKnobs:
     num_stages: int = 3
     TMA: int = 0  # read q, k and v through device-side tensor descriptors (zero-filled edges, no masks)
     ORDER: int = 0  # 1: grid (batch x head, query block): all heads' heaviest blocks first
+    ONELOOP: int = 0  # one loop over every visited key block, the masks applied under a run-time test
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class BwdKnobs:
     PRE_BLOCK: int = 64  # preprocess rows per program
     TMA: int = 0  # read the streamed tiles (q, dO in dK/dV; k, v in dQ) through tensor descriptors
     FUSED: int = 0  # one launch for dK/dV and dQ (W1, S1 for both), as FlexAttention
+    ONELOOP: int = 0  # one loop over every visited block per kernel, the masks applied under a run-time test
 
 
 @dataclass(frozen=True)
