@@ -317,34 +317,50 @@ def correctness_cases():
     ]
 
 
-def knob_sets(D, cuda, fwd_n, bwd_n):
-    """(forward knobs, split backward knobs (dK/dV and dQ parts paired), fused backward knobs)."""
+def knob_sets(D, cuda):
+    """(forward knobs, split backward knobs (each a dK/dV and a dQ setting), fused backward knobs)."""
     if not cuda:
         return (fwd_candidates(D, cuda=False), bwd_candidates(D, cuda=False),
                 [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)])
-    fk = [FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 128, 8, 3, ONELOOP=1), FwdKnobs(128, 64, 8, 3),
-          FwdKnobs(128, 64, 8, 3, ONELOOP=1), FwdKnobs(64, 64, 4, 3), FwdKnobs(64, 64, 4, 3, ONELOOP=1)][:fwd_n]
-    dkdv = [(64, 128, 8, 3, 1), (64, 64, 4, 2, 1), (64, 64, 8, 2, 1), (64, 64, 8, 3, 1), (32, 128, 8, 2, 1),
-            (64, 128, 8, 3, 0), (32, 64, 4, 2, 1)]
-    dq = [(128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2), (128, 128, 8, 2), (128, 64, 8, 3),
-          (128, 32, 4, 3)]
+    fk = [FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 128, 8, 3, ONELOOP=1), FwdKnobs(64, 64, 4, 3),
+          FwdKnobs(64, 64, 4, 3, ONELOOP=1)]
+    dkdv = [(64, 128, 8, 3, 1), (64, 64, 4, 2, 1), (64, 64, 8, 2, 1), (32, 128, 8, 2, 1), (64, 128, 8, 3, 0)]
+    dq = [(128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
     split = [BwdKnobs(a[0], a[1], b[0], b[1], a[2], a[3], b[2], b[3], ONELOOP=a[4]) for a, b in zip(dkdv, dq)]
-    split = split[:bwd_n]
-    fused = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1, ONELOOP=1),
-             BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3, FUSED=1, ONELOOP=1)]
+    fused = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1, ONELOOP=1)]
     return fk, split, fused
 
 
-def check_knobs(D, cuda):
-    """The knobs the correctness section runs: the heuristic's first choice, one loop with run-time masks."""
-    f, b = fwd_candidates(D, cuda=cuda)[0], bwd_candidates(D, cuda=cuda)[0]
-    return FwdKnobs(**{**f.__dict__, "ONELOOP": 1}), BwdKnobs(**{**b.__dict__, "ONELOOP": 1})
+def check_knobs(spec, cuda):
+    """The knobs the correctness section runs: the heuristic's first choice, one loop with run-time
+    masks, stages cut to fit shared memory."""
+    from opgraph.engines.triton.attention.knobs import fit_bwd, fit_fwd
+
+    f, b = fwd_candidates(spec.D, cuda=cuda)[0], bwd_candidates(spec.D, cuda=cuda)[0]
+    f, b = FwdKnobs(**{**f.__dict__, "ONELOOP": 1}), BwdKnobs(**{**b.__dict__, "ONELOOP": 1})
+    return (fit_fwd(spec, f), fit_bwd(spec, b)) if cuda else (f, b)
 
 
 def time_split(src, t):
     """Per launch (preprocess, dK/dV, dQ) times of a split backward."""
     run = runner(src, t)
     return [bench(lambda f=f: f()) for f in run.parts]
+
+
+def best_split(bspec, t, cands, fb):
+    """TFLOP/s of the split backward made of the fastest dK/dV and the fastest dQ launch among
+    `cands` (their times summed: the launches run back to back), and each candidate's parts."""
+    parts = {}
+    for k in cands:
+        parts[_short(k)] = _try(lambda: time_split(backward(bspec, k), t))
+    ok = [v for v in parts.values() if isinstance(v, list)]
+    if not ok:
+        return float("nan"), parts, None
+    total = min(v[0] for v in ok) + min(v[1] for v in ok) + min(v[2] for v in ok)
+    kd = min(((k, v) for k, v in zip(cands, parts.values()) if isinstance(v, list)), key=lambda x: x[1][1])[0]
+    kq = min(((k, v) for k, v in zip(cands, parts.values()) if isinstance(v, list)), key=lambda x: x[1][2])[0]
+    return fb / total / 1e9, parts, (_short(kd).split("+")[0], _short(kq).split("+")[1])
+
 
 
 def main():
@@ -354,10 +370,8 @@ def main():
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--budget", type=float, default=380.0, help="seconds; later sections are skipped past it")
     ap.add_argument("--workers", type=int, default=12)
-    ap.add_argument("--fwd-candidates", type=int, default=6)
-    ap.add_argument("--bwd-candidates", type=int, default=7)
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (our score_mod kernels still run)")
-    ap.add_argument("--no-check", action="store_true", help="skip the correctness section")
+    ap.add_argument("--checks", default="all", help="correctness cases: all, none, or indices like 5,6,7")
     ap.add_argument("--no-mods", action="store_true", help="skip the score_mod section")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -370,41 +384,50 @@ def main():
     cuda = not DRY
     seqs = [64] if DRY else ([1024, 4096] if args.quick else [1024, 4096, 16384])
     B, H, D = (1, 2, 16) if DRY else (4, 16, 128)
-    fk, split, fused = knob_sets(D, cuda, args.fwd_candidates, args.bwd_candidates)
-    mods = ["softcap", "alibi"]
+    fk, split, fused = knob_sets(D, cuda)
+    mods = [] if args.no_mods else ["softcap", "alibi"]
     flex = not (DRY or args.no_flex)
+    cases = correctness_cases()
+    if args.checks == "none":
+        cases = []
+    elif args.checks != "all":
+        cases = [cases[int(i)] for i in args.checks.split(",")]
 
     jobs = []
-    if not args.no_check:
-        for prob in correctness_cases():
-            jobs.append(("bwd", prob, check_knobs(prob["D"], cuda)[1]))
+    for prob in cases:
+        fspec, _, _ = make(**prob, grad=False)
+        jobs.append(("bwd", prob, check_knobs(fspec, cuda)[1]))
     for S in seqs:
         for causal in (False, True):
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
             jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in split + fused]
-        for m in ([] if args.no_mods else mods):
+        for m in mods:
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
-            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:2] + fused[:2]]
+            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:3]]
             if flex:
                 jobs.insert(0, ("flex", prob, None))
     warm(jobs, args.workers)
 
     # 1. correctness
-    if not args.no_check:
+    if cases:
         print("\n## correctness (relative L2 error against fp32 math on the upcast inputs)", flush=True)
-    for prob in ([] if args.no_check else correctness_cases()):
-        fspec, bspec, t = make(**prob)
-        fkn, bkn = check_knobs(fspec.D, cuda)
-        launch(forward(fspec, fkn), t, interpret=DRY)
-        launch(backward(bspec, bkn), t, interpret=DRY)
-        o, lse, grads = reference(fspec, t, True)
-        errs = {"O": rel(t["O"], o), "LSE": rel(t["LSE"], lse)}
-        errs.update({n: rel(t[n], g) for n, g in grads.items()})
-        ok = all(e < (3e-2 if n == "DB" else 2e-2) for n, e in errs.items())
+    for prob in cases:
         desc = {k: (v.name if isinstance(v, Causal) else str(v)) for k, v in prob.items()}
-        results["correctness"].append({"case": desc, "errors": errs, "ok": ok})
-        print(("ok  " if ok else "BAD ") + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), desc, flush=True)
-        del t
+        try:
+            fspec, bspec, t = make(**prob)
+            fkn, bkn = check_knobs(fspec, cuda)
+            launch(forward(fspec, fkn), t, interpret=DRY)
+            launch(backward(bspec, bkn), t, interpret=DRY)
+            o, lse, grads = reference(fspec, t, True)
+            errs = {"O": rel(t["O"], o), "LSE": rel(t["LSE"], lse)}
+            errs.update({n: rel(t[n], g) for n, g in grads.items()})
+            ok = all(e < (3e-2 if n == "DB" else 2e-2) for n, e in errs.items())
+            results["correctness"].append({"case": desc, "errors": errs, "ok": ok, "knobs": [str(fkn), str(bkn)]})
+            print(("ok  " if ok else "BAD ") + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), desc, flush=True)
+            del t
+        except Exception as e:  # noqa: BLE001 - reported, the run goes on
+            results["correctness"].append({"case": desc, "error": f"{type(e).__name__}: {e}"})
+            print("ERR ", desc, type(e).__name__, str(e)[:300], flush=True)
 
     # 2. speed
     print("\n## speed: bf16 B=%d H=%d D=%d, TFLOP/s (median, CUDA graphs)" % (B, H, D), flush=True)
@@ -413,88 +436,91 @@ def main():
             if elapsed() > args.budget:
                 print("# budget reached, skipping", S, causal)
                 continue
-            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
-            fspec, bspec, t = make(**prob)
-            row = {"S": S, "causal": causal, "fwd": {}, "bwd": {}, "bwd_parts": {}}
-            ff, fb = flops(B, H, S, S, D, causal, "fwd"), flops(B, H, S, S, D, causal, "bwd")
-            for k in fk:
-                row["fwd"][_short(k)] = _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9)
-            best_f = _best(row["fwd"])
-            launch(forward(fspec, fk[0]), t, interpret=DRY)
-            parts = []
-            for k in split:
-                p = _try(lambda: time_split(backward(bspec, k), t))
-                row["bwd_parts"][_short(k)] = p
-                if isinstance(p, list):
-                    parts.append((k, p))
-            if parts:  # the best dK/dV and the best dQ launch, combined
-                kd = min(parts, key=lambda x: x[1][1])[0]
-                kq = min(parts, key=lambda x: x[1][2])[0]
-                combo = BwdKnobs(kd.BLOCK_M1, kd.BLOCK_N1, kq.BLOCK_M2, kq.BLOCK_N2, kd.W1, kd.S1, kq.W2, kq.S2,
-                                 ONELOOP=kd.ONELOOP)
-                row["bwd"]["split-best " + _short(combo)] = _try(lambda: fb / bench(runner(backward(bspec, combo), t)) / 1e9)
-            for k in fused:
-                row["bwd"][_short(k)] = _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9)
-            best_b = _best(row["bwd"])
-            row["peers"] = {}
-            if not DRY:
-                for name, backend in torch_backends().items():
-                    try:
-                        tf, tb = time_torch(t, causal, fspec.scale, backend)
-                        row["peers"][name] = (ff / tf / 1e9, fb / tb / 1e9)
-                    except Exception as e:  # noqa: BLE001
-                        row["peers"][name] = f"error {type(e).__name__}: {str(e)[:120]}"
-            cud = row["peers"].get("cudnn")
-            ratio = (best_f / cud[0], best_b / cud[1]) if isinstance(cud, tuple) else (float("nan"),) * 2
-            row["ratio_vs_cudnn"] = ratio
-            results["speed"].append(row)
-            peers = " ".join(f"{n} {v[0]:.0f}/{v[1]:.0f}" if isinstance(v, tuple) else f"{n} err"
-                             for n, v in row["peers"].items())
-            print(f"S={S:5d} {'causal' if causal else 'full  '} ours fwd {best_f:.0f} bwd {best_b:.0f} | {peers} "
-                  f"| vs cudnn fwd {ratio[0]:.2f} bwd {ratio[1]:.2f}", flush=True)
-            for mode in ("fwd", "bwd"):
-                print("    " + mode + ": " + "; ".join(f"{k} {_fmt(v)}" for k, v in row[mode].items()), flush=True)
-            print("    bwd parts (us: pre, dkdv, dq): " + "; ".join(
-                f"{k} " + ("/".join(f"{x * 1e3:.0f}" for x in v) if isinstance(v, list) else str(v))
-                for k, v in row["bwd_parts"].items()), flush=True)
-            del t
+            try:
+                speed_row(results, B, H, S, D, causal, fk, split, fused)
+            except Exception as e:  # noqa: BLE001
+                print("# row failed:", S, causal, type(e).__name__, str(e)[:300], flush=True)
             _save(results, args.out)
 
     # 3. score modifiers + causal against FlexAttention
-    print("\n## score_mod + causal: ours vs FlexAttention (compiled), TFLOP/s fwd/bwd", flush=True)
+    if mods:
+        print("\n## score_mod + causal: ours vs FlexAttention (compiled), TFLOP/s fwd/bwd", flush=True)
     for S in sorted(seqs, key=lambda s: (s != 4096, s)):
-        for m in ([] if args.no_mods else mods):
+        for m in mods:
             if elapsed() > args.budget:
                 print("# budget reached, skipping", S, m)
                 continue
-            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
-            fspec, bspec, t = make(**prob)
-            ff, fb = flops(B, H, S, S, D, True, "fwd"), flops(B, H, S, S, D, True, "bwd")
-            fres = {_short(k): _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9) for k in fk[:2]}
-            launch(forward(fspec, fk[0]), t, interpret=DRY)
-            cands = split[:2] + fused[:2]
-            bres = {_short(k): _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9) for k in cands}
-            ours_f, ours_b = _best(fres), _best(bres)
-            o, lse, grads = reference(fspec, t, True) if S <= 4096 else (None, None, {})
-            err = rel(t["O"], o) if o is not None else float("nan")
-            fl = (float("nan"), float("nan"))
-            if flex:
-                try:
-                    fl = time_flex(t, fspec, m)
-                    fl = (ff / fl[0] / 1e9, fb / fl[1] / 1e9)
-                except Exception as e:  # noqa: BLE001
-                    print("# flex failed:", type(e).__name__, str(e)[:300], flush=True)
-            row = {"S": S, "mod": m, "ours": (ours_f, ours_b), "flex": fl, "O_err": err, "fwd": fres, "bwd": bres,
-                   "ratio": (ours_f / fl[0], ours_b / fl[1])}
-            results["score_mod"].append(row)
-            print(f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {fl[0]:.0f}/{fl[1]:.0f} "
-                  f"ratio {row['ratio'][0]:.2f}/{row['ratio'][1]:.2f} (O err {err:.1e})", flush=True)
-            print("    fwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in fres.items()) + " | bwd: "
-                  + "; ".join(f"{k} {_fmt(v)}" for k, v in bres.items()), flush=True)
-            del t
+            try:
+                mod_row(results, B, H, S, D, m, fk[:2], split[:3], flex)
+            except Exception as e:  # noqa: BLE001
+                print("# row failed:", S, m, type(e).__name__, str(e)[:300], flush=True)
             _save(results, args.out)
     _save(results, args.out)
     print(f"# done in {elapsed():.0f} s", flush=True)
+
+
+def speed_row(results, B, H, S, D, causal, fk, split, fused):
+    prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
+    fspec, bspec, t = make(**prob)
+    row = {"S": S, "causal": causal, "fwd": {}, "bwd": {}}
+    ff, fb = flops(B, H, S, S, D, causal, "fwd"), flops(B, H, S, S, D, causal, "bwd")
+    for k in fk:
+        row["fwd"][_short(k)] = _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9)
+    best_f = _best(row["fwd"])
+    launch(forward(fspec, fk[0]), t, interpret=DRY)
+    sb, row["bwd_parts"], row["split_best"] = best_split(bspec, t, split, fb)
+    row["bwd"]["split-best"] = sb
+    for k in fused:
+        row["bwd"][_short(k)] = _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9)
+    best_b = _best(row["bwd"])
+    row["peers"] = {}
+    if not DRY:
+        backends = torch_backends()
+        for name in ("cudnn", "flash"):
+            try:
+                tf, tb = time_torch(t, causal, fspec.scale, backends[name])
+                row["peers"][name] = (ff / tf / 1e9, fb / tb / 1e9)
+            except Exception as e:  # noqa: BLE001
+                row["peers"][name] = f"error {type(e).__name__}: {str(e)[:120]}"
+    cud = row["peers"].get("cudnn")
+    ratio = (best_f / cud[0], best_b / cud[1]) if isinstance(cud, tuple) else (float("nan"),) * 2
+    row["ratio_vs_cudnn"] = ratio
+    results["speed"].append(row)
+    peers = " ".join(f"{n} {v[0]:.0f}/{v[1]:.0f}" if isinstance(v, tuple) else f"{n} err"
+                     for n, v in row["peers"].items())
+    print(f"S={S:5d} {'causal' if causal else 'full  '} ours fwd {best_f:.0f} bwd {best_b:.0f} | {peers} "
+          f"| vs cudnn fwd {ratio[0]:.2f} bwd {ratio[1]:.2f}", flush=True)
+    print("    fwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in row["fwd"].items()), flush=True)
+    print("    bwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in row["bwd"].items()) + f" (best parts {row['split_best']})",
+          flush=True)
+    print("    bwd parts (us: pre, dkdv, dq): " + "; ".join(
+        f"{k} " + ("/".join(f"{x * 1e3:.0f}" for x in v) if isinstance(v, list) else str(v))
+        for k, v in row["bwd_parts"].items()), flush=True)
+
+
+def mod_row(results, B, H, S, D, m, fk, split, flex):
+    prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
+    fspec, bspec, t = make(**prob)
+    ff, fb = flops(B, H, S, S, D, True, "fwd"), flops(B, H, S, S, D, True, "bwd")
+    fres = {_short(k): _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9) for k in fk}
+    launch(forward(fspec, fk[0]), t, interpret=DRY)
+    ours_b, parts, best = best_split(bspec, t, split, fb)
+    ours_f = _best(fres)
+    o, _, _ = reference(fspec, t, False) if S <= 4096 else (None, None, {})
+    err = rel(t["O"], o) if o is not None else float("nan")
+    fl = (float("nan"), float("nan"))
+    if flex:
+        try:
+            fl = time_flex(t, fspec, m)
+            fl = (ff / fl[0] / 1e9, fb / fl[1] / 1e9)
+        except Exception as e:  # noqa: BLE001
+            print("# flex failed:", type(e).__name__, str(e)[:300], flush=True)
+    row = {"S": S, "mod": m, "ours": (ours_f, ours_b), "flex": fl, "O_err": err, "fwd": fres, "bwd_parts": parts,
+           "split_best": best, "ratio": (ours_f / fl[0], ours_b / fl[1])}
+    results["score_mod"].append(row)
+    print(f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {fl[0]:.0f}/{fl[1]:.0f} "
+          f"ratio {row['ratio'][0]:.2f}/{row['ratio'][1]:.2f} (O err {err:.1e}) fwd: "
+          + "; ".join(f"{k} {_fmt(v)}" for k, v in fres.items()) + f"; bwd best parts {best}", flush=True)
 
 
 def _short(k) -> str:

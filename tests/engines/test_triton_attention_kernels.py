@@ -153,17 +153,25 @@ class RelPos:
 
 
 class ScaleByVector:
-    """Tile hook: value * T[feature] + c (prologue on k with T over D, or epilogue on O over Dv)."""
+    """Tile hook: x * T[feature] + c: a prologue making k from K (read here through the coordinates,
+    `source` = (name, strides)) or an epilogue on O."""
 
-    def __init__(self, name: str, t, c: float) -> None:
-        self.name, self.t, self.c = name, t, c
+    def __init__(self, name: str, t, c: float, source=None) -> None:
+        self.name, self.t, self.c, self.source = name, t, c, source
 
     def params(self):
-        return (self.name,)
+        return (self.name, self.source[0]) if self.source else (self.name,)
 
     def emit(self, value, at: Coords):
         m = f", mask={at.j} < {self.t.numel()}, other=0.0"
-        return [], f"{value} * tl.load({self.name} + {at.j}{m}) + {self.c!r}"
+        lines = []
+        if value is None:
+            name, st = self.source
+            mask = f", mask={at.mask}, other=0.0" if at.mask else ""
+            lines.append(f"kp_src = tl.load({name} + {at.b} * {st[0]} + {at.h} * {st[1]} + {at.i} * {st[2]} + "
+                         f"{at.j}{mask}).to(tl.float32)")
+            value = "kp_src"
+        return lines, f"{value} * tl.load({self.name} + {at.j}{m}) + {self.c!r}"
 
     def torch(self, x):
         return x * self.t.double() + self.c
@@ -271,7 +279,7 @@ def run_case(c: Case, seed: int = 0):
     kp = ep = None
     if c.k_prologue:
         args["KS"] = torch.rand(c.D, generator=gen) + 0.5
-        kp = ScaleByVector("KS", args["KS"], 0.125)
+        kp = ScaleByVector("KS", args["KS"], 0.125, source=("K", tuple(k.stride())))
         kw["prologue"] = (("k", kp),)
     if c.epilogue:
         args["OS"] = torch.rand(dv_, generator=gen)

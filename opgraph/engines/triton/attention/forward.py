@@ -79,8 +79,9 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
     num_m = -(-spec.Sq // bm)
     causal = spec.causal is not Causal.NONE
     dt = dot_dtype(spec)
-    for op in (spec.q, spec.k, spec.v):
-        k.param(op.name)
+    for role in ("q", "k", "v"):
+        if spec.hook(role) is None:  # an operand made by its prologue is no parameter
+            k.param(getattr(spec, role).name)
     if spec.o is not None:
         k.param(spec.o.name)
     if spec.stats is not None:
@@ -107,10 +108,13 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
     wq, wk, wv = (wide(extent(op, (1, 1, s, d))) for op, s, d in (
         (spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv)))
 
-    tma = bool(kn.TMA) and all(tma_ok(op, (spec.B, h, s, d)) for op, h, s, d in (
+    tma = bool(kn.TMA) and not spec.prologue and all(tma_ok(op, (spec.B, h, s, d)) for op, h, s, d in (
         (spec.q, spec.Hq, spec.Sq, spec.D), (spec.k, spec.Hk, spec.Skv, spec.D), (spec.v, spec.Hv, spec.Skv, spec.Dv)))
-    # q: loaded once (its prologue applied once)
-    if tma:
+    # q: loaded (or computed by its prologue) once
+    q_at = Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]", and_mask(row_ok, dmask))
+    if spec.hook("q") is not None:
+        k.add(*_prologue(spec, k, "q", "q", q_at, dt))
+    elif tma:
         k.add(tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
               tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
               tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp),
@@ -119,14 +123,15 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
         rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
         k.add(f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
               f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
-    k.add(*_prologue(spec, k, "q", "q", Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]",
-                                                and_mask(row_ok, dmask)), dt))
+    if spec.hook("q") is None and spec.q.dtype != dt:
+        k.add(f"q = q.to({dt})")
     krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
     vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
-    if not tma:
+    if not tma and spec.hook("k") is None:
         k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
-              " + offs_d[None, :]",
-              f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+              " + offs_d[None, :]")
+    if not tma and spec.hook("v") is None:
+        k.add(f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
               " + offs_dv[None, :]")
     k.add(f"m_i = tl.full([{bm}], float(\"-inf\"), tl.float32)", f"l_i = tl.zeros([{bm}], tl.float32)",
           f"acc = tl.zeros([{bm}, {dvp}], tl.float32)")
@@ -198,15 +203,21 @@ def _mask(mask: str | None, store: bool = False) -> str:
 
 
 def _prologue(spec: AttnSpec, k: KernelText, role: str, var: str, at: Coords, dt: str) -> list[str]:
-    """`var` (a loaded tile) converted to the dot operand type, through its prologue hook if any."""
+    """`var`, the tile of `role` computed by its prologue hook, in the dot operand type."""
     hook = spec.hook(role)
-    if hook is None:
-        op = getattr(spec, role)
-        return [f"{var} = {var}.to({dt})"] if op.dtype != dt else []
+    assert hook is not None
     for p in hook.params():
         k.param(p)
-    lines, value = hook.emit(f"{var}.to(tl.float32)", at)
+    lines, value = hook.emit(None, at)
     return [*lines, f"{var} = ({value}).to({dt})"]
+
+
+def _load_or_prologue(spec: AttnSpec, k: KernelText, role: str, var: str, load: str, at: Coords,
+                      dt: str) -> list[str]:
+    if spec.hook(role) is not None:
+        return _prologue(spec, k, role, var, at, dt)
+    op = getattr(spec, role)
+    return [f"{var} = {load}", *([f"{var} = {var}.to({dt})"] if op.dtype != dt else [])]
 
 
 def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: bool, wv: bool,
@@ -218,11 +229,11 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: b
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
     start = "start_n.to(tl.int64)" if wk else "start_n"
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
-    lines = ["offs_n = start_n + offs_n0",
-             f"kt = {tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp)}" if tma else
-             f"kt = tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})"]
-    lines += _prologue(spec, k, "k", "kt", Coords("off_b", "off_hk", "offs_n[:, None]", "offs_d[None, :]",
-                                                   and_mask(key_ok, dmask)), dt)
+    kload = (tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp) if tma else
+             f"tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})")
+    lines = ["offs_n = start_n + offs_n0"]
+    lines += _load_or_prologue(spec, k, "k", "kt", kload, Coords("off_b", "off_hk", "offs_n[:, None]",
+                                                                  "offs_d[None, :]", and_mask(key_ok, dmask)), dt)
     lines.append(f"qk = {dot(spec, 'q', 'tl.trans(kt)')}")
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
     lines += score_lines(spec, k, o, masked)
@@ -240,9 +251,9 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: b
         lines.append(f"p = {apply_keep(spec, 'p')}")
     vstart = "start_n.to(tl.int64)" if wv else "start_n"
     vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
-    lines.append(f"vt = {tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp)}" if tma else
-                 f"vt = tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
-    lines += _prologue(spec, k, "v", "vt", Coords("off_b", "off_hv", "offs_n[:, None]", "offs_dv[None, :]",
-                                                   and_mask(vkey_ok, dvmask)), dt)
+    vload = (tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp) if tma else
+             f"tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
+    lines += _load_or_prologue(spec, k, "v", "vt", vload, Coords("off_b", "off_hv", "offs_n[:, None]",
+                                                                  "offs_dv[None, :]", and_mask(vkey_ok, dvmask)), dt)
     lines.append(f"acc = {dot(spec, f'p.to({dt})', 'vt', 'acc')}")
     return lines

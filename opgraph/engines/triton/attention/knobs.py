@@ -10,7 +10,13 @@ stepping 32-64 query rows, 128 queries per dQ program stepping 32-64 keys. Under
 
 from __future__ import annotations
 
-from .spec import BwdKnobs, FwdKnobs
+from dataclasses import replace
+
+from .spec import AttnSpec, BwdKnobs, FwdKnobs
+
+SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
+_ISZ = {"tl.float32": 4, "tl.float16": 2, "tl.bfloat16": 2, "tl.float64": 8, "tl.int8": 1, "tl.uint8": 1,
+        "tl.int1": 1, "tl.int32": 4, "tl.int64": 8}
 
 
 def _pow2_dim(d: int) -> int:
@@ -51,3 +57,61 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[BwdKnob
         c = [BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2), BwdKnobs(64, 64, 64, 64, 8, 1, 8, 1),
              BwdKnobs(16, 64, 64, 16, 4, 2, 4, 2)]
     return c
+
+
+def _tile(spec: AttnSpec, rows: int, cols: int) -> int:
+    """Bytes per pipeline stage of the [rows, cols] score-shaped tiles the loop loads (bias, dropout mask)."""
+    n = 0
+    if spec.bias is not None:
+        n += rows * cols * _ISZ.get(spec.bias.dtype, 4)
+    mask = getattr(spec.dropout, "mask", None)
+    if mask is not None:
+        n += rows * cols * _ISZ.get(mask.dtype, 4)
+    return n
+
+
+def fwd_smem(spec: AttnSpec, k: FwdKnobs) -> int:
+    """Shared memory the forward needs (an estimate that matched Triton's within a few KiB on Hopper):
+    q once, then k, v (and bias / mask tiles) per pipeline stage."""
+    isz = _ISZ.get(spec.q.dtype, 4)
+    dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
+    stage = k.BLOCK_N * (dp + dvp) * isz + _tile(spec, k.BLOCK_M, k.BLOCK_N)
+    return k.BLOCK_M * dp * isz + max(1, k.num_stages) * stage
+
+
+def bwd_smem(spec: AttnSpec, k: BwdKnobs) -> tuple[int, int]:
+    """Shared memory of the dK/dV and the dQ kernel (estimates, as fwd_smem)."""
+    isz = _ISZ.get(spec.q.dtype, 4)
+    dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
+    dkdv = k.BLOCK_N1 * (dp + dvp) * isz + max(1, k.S1) * (
+        k.BLOCK_M1 * (dp + dvp) * isz + 8 * k.BLOCK_M1 + _tile(spec, k.BLOCK_N1, k.BLOCK_M1))
+    dq = k.BLOCK_M2 * (dp + dvp) * isz + max(1, k.S2) * (
+        k.BLOCK_N2 * (dp + dvp) * isz + _tile(spec, k.BLOCK_M2, k.BLOCK_N2))
+    return dkdv, dq
+
+
+def fit_fwd(spec: AttnSpec, k: FwdKnobs) -> FwdKnobs | None:
+    """`k` with fewer pipeline stages where its tiles would not fit shared memory; None if even one
+    stage does not fit."""
+    while fwd_smem(spec, k) > SMEM_LIMIT:
+        if k.num_stages <= 1:
+            return None
+        k = replace(k, num_stages=k.num_stages - 1)
+    return k
+
+
+def fit_bwd(spec: AttnSpec, k: BwdKnobs) -> BwdKnobs | None:
+    while True:
+        a, b = bwd_smem(spec, k)
+        if k.FUSED:
+            a = b = max(a, b)
+        if a <= SMEM_LIMIT and b <= SMEM_LIMIT:
+            return k
+        if a > SMEM_LIMIT:
+            if k.S1 <= 1:
+                return None
+            k = replace(k, S1=k.S1 - 1)
+        if b > SMEM_LIMIT and not k.FUSED:
+            if k.S2 <= 1:
+                return None
+            k = replace(k, S2=k.S2 - 1)

@@ -95,13 +95,14 @@ class ScoreMod(Protocol):
 
 
 class TileHook(Protocol):
-    """Pointwise code on a loaded q/k/v tile (prologue) or on the normalized O tile (epilogue):
-    returns (lines, the new value's expression or None where the hook stored everything itself)
-    given the tile's fp32 expression."""
+    """Pointwise code making a q/k/v tile (prologue: `value` None; the hook reads what it needs and
+    returns (lines, the tile's expression), nothing else loads the operand), or on the normalized O
+    tile (epilogue: `value` is its fp32 expression; returns (lines, the value to store as O, or None
+    where O is not stored)). `params()`: the kernel parameters the code reads."""
 
     def params(self) -> tuple[str, ...]: ...
 
-    def emit(self, value: str, at: Coords) -> tuple[list[str], str | None]: ...
+    def emit(self, value: str | None, at: Coords) -> tuple[list[str], str | None]: ...
 
 
 @dataclass(frozen=True)
