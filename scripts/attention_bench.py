@@ -216,6 +216,8 @@ def _warm(job):
         fspec, bspec, t = make(**prob, grad=kind != "fwd")
         if kind == "flex":  # fills Inductor's caches for the main run's compile
             compile_flex(t, fspec)
+        elif kind == "graph":
+            graph_checks()
         elif kind == "fwd":
             launch(forward(fspec, knobs), t, interpret=DRY)
         else:
@@ -251,9 +253,9 @@ def bench(fn):
         fn()
         return float("nan")
     try:
-        return triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+        return triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median")
     except Exception:  # noqa: BLE001 - not capturable: plain events
-        return triton.testing.do_bench(fn, warmup=20, rep=60, return_mode="median")
+        return triton.testing.do_bench(fn, warmup=20, rep=40, return_mode="median")
 
 
 def runner(src, t):
@@ -324,8 +326,8 @@ def knob_sets(D, cuda):
                 [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)])
     fk = [FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 128, 8, 3, ONELOOP=1), FwdKnobs(64, 64, 4, 3),
           FwdKnobs(64, 64, 4, 3, ONELOOP=1)]
-    dkdv = [(64, 128, 8, 3, 1), (64, 64, 4, 2, 1), (64, 64, 8, 2, 1), (32, 128, 8, 2, 1), (64, 128, 8, 3, 0)]
-    dq = [(128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2), (128, 64, 8, 3)]
+    dkdv = [(64, 128, 8, 3, 1), (64, 64, 4, 2, 1), (64, 128, 8, 4, 1), (64, 128, 8, 3, 0)]
+    dq = [(128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 4), (128, 64, 8, 3)]
     split = [BwdKnobs(a[0], a[1], b[0], b[1], a[2], a[3], b[2], b[3], ONELOOP=a[4]) for a, b in zip(dkdv, dq)]
     fused = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1, ONELOOP=1)]
     return fk, split, fused
@@ -341,18 +343,23 @@ def check_knobs(spec, cuda):
     return (fit_fwd(spec, f), fit_bwd(spec, b)) if cuda else (f, b)
 
 
-def time_split(src, t):
-    """Per launch (preprocess, dK/dV, dQ) times of a split backward."""
+def time_split(src, t, pre=None):
+    """Per launch (preprocess, dK/dV, dQ) times of a split backward (`pre`: the preprocess's known time)."""
     run = runner(src, t)
-    return [bench(lambda f=f: f()) for f in run.parts]
+    parts = run.parts if pre is None else run.parts[1:]
+    times = [bench(lambda f=f: f()) for f in parts]
+    return times if pre is None else [pre, *times]
 
 
 def best_split(bspec, t, cands, fb):
     """TFLOP/s of the split backward made of the fastest dK/dV and the fastest dQ launch among
     `cands` (their times summed: the launches run back to back), and each candidate's parts."""
     parts = {}
+    pre = None
     for k in cands:
-        parts[_short(k)] = _try(lambda: time_split(backward(bspec, k), t))
+        parts[_short(k)] = p = _try(lambda: time_split(backward(bspec, k), t, pre))
+        if isinstance(p, list):
+            pre = p[0]
     ok = [v for v in parts.values() if isinstance(v, list)]
     if not ok:
         return float("nan"), parts, None
@@ -373,6 +380,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (our score_mod kernels still run)")
     ap.add_argument("--checks", default="all", help="correctness cases: all, none, or indices like 5,6,7")
     ap.add_argument("--no-mods", action="store_true", help="skip the score_mod section")
+    ap.add_argument("--sections", default="graph", help="extra sections: graph (the templates end to end)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = {"device": "cpu (dry)" if DRY else torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -403,10 +411,17 @@ def main():
             jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in split + fused]
         for m in mods:
             prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
-            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:3]]
+            jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:2]]
             if flex:
                 jobs.insert(0, ("flex", prob, None))
+    if "graph" in args.sections and not DRY:
+        jobs.insert(0, ("graph", dict(B=1, Hq=1, Sq=16, D=16), None))
     warm(jobs, args.workers)
+
+    # 0. the templates through the graph API (opgraph's build and execute), against torch SDPA
+    if "graph" in args.sections:
+        results["graph"] = graph_checks() if not DRY else graph_checks((2, 4, 40), (16, 32))
+        _save(results, args.out)
 
     # 1. correctness
     if cases:
@@ -451,12 +466,73 @@ def main():
                 print("# budget reached, skipping", S, m)
                 continue
             try:
-                mod_row(results, B, H, S, D, m, fk[:2], split[:3], flex)
+                mod_row(results, B, H, S, D, m, fk[:2], split[:2], flex)
             except Exception as e:  # noqa: BLE001
                 print("# row failed:", S, m, type(e).__name__, str(e)[:300], flush=True)
             _save(results, args.out)
     _save(results, args.out)
     print(f"# done in {elapsed():.0f} s", flush=True)
+
+
+def graph_checks(size=(2, 8, 1000), dims=(128, 64)):
+    """sdpa + sdpa_backward graphs built for the triton engine (the templates' heuristic knobs), run
+    through ExecutionPlan.execute on CUDA tensors, against PyTorch SDPA in fp32 (relative L2)."""
+    import torch.nn.functional as F
+
+    import opgraph as og
+    from opgraph.tensor import packed_strides
+
+    DT = og.DataType
+    out = []
+    print("\n## templates end to end (g.build(engines=['triton']), execute) vs torch SDPA fp32", flush=True)
+    for io, d, causal, hk in ((DT.BFLOAT16, dims[0], True, size[1]), (DT.HALF, dims[1], False, 2)):
+        desc = f"{io.name} D={d} {'causal' if causal else 'full'} Hk={hk}"
+        try:
+            b, h, s = size
+            g = og.Graph("gpu", io_data_type=io, intermediate_data_type=DT.FLOAT)
+            qd, kd = (b, h, s, d), (b, hk, s, d)
+            q = g.tensor(dim=list(qd), stride=packed_strides(qd, (0, 2, 1, 3)), name="q")
+            k, v = (g.tensor(dim=list(kd), stride=packed_strides(kd, (0, 2, 1, 3)), name=n) for n in "kv")
+            o, st = g.sdpa(q, k, v, attn_scale=d ** -0.5, use_causal_mask=causal)
+            o.set_output(True).set_name("o")
+            st.set_output(True).set_name("stats")
+            do = g.tensor(dim=list(qd), name="do")
+            for x, n in zip(g.sdpa_backward(q, k, v, o, do, st, attn_scale=d ** -0.5, use_causal_mask=causal),
+                            ("dq", "dk", "dv")):
+                x.set_output(True).set_name(n)
+            t0 = time.time()
+            plan = g.build(engines=["triton"], device=DEV)
+            templates = sorted({st_.config.knob("template") for st_ in plan.steps})
+            dt = {DT.BFLOAT16: torch.bfloat16, DT.HALF: torch.float16}[io]
+            gen = torch.Generator(device=DEV).manual_seed(1)
+            x = {n: torch.randn(b, s, shp[1], d, device=DEV, generator=gen).to(dt).permute(0, 2, 1, 3)
+                 for n, shp in (("q", qd), ("k", kd), ("v", kd))}
+            x["do"] = torch.randn(qd, device=DEV, generator=gen).to(dt)
+            final = g.final
+            res = {}
+            for n in ("o", "dq", "dk", "dv", "stats"):
+                t = final.tensor(n)
+                res[n] = torch.empty_strided(t.dim, t.stride, device=DEV,
+                                             dtype=torch.float32 if n == "stats" else dt).fill_(float("nan"))
+            pack = {final.tensor(n).uid: x[n] for n in ("q", "k", "v", "do")}
+            pack.update({final.tensor(n).uid: res[n] for n in ("o", "dq", "dk", "dv", "stats")})
+            plan.execute(pack)
+            if not DRY:
+                torch.cuda.synchronize()
+            build_s = time.time() - t0
+            qf, kf, vf = (x[n].float().requires_grad_() for n in "qkv")
+            ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=d ** -0.5, enable_gqa=True)
+            ref.backward(x["do"].float())
+            errs = {"O": rel(res["o"], ref), "dQ": rel(res["dq"], qf.grad), "dK": rel(res["dk"], kf.grad),
+                    "dV": rel(res["dv"], vf.grad)}
+            ok = all(e < 2e-2 for e in errs.values())
+            out.append({"case": desc, "errors": errs, "ok": ok, "templates": templates, "build_s": build_s})
+            print(("ok  " if ok else "BAD ") + desc + " " + " ".join(f"{n} {e:.1e}" for n, e in errs.items())
+                  + f" templates {templates} (build+run {build_s:.0f} s)", flush=True)
+        except Exception as e:  # noqa: BLE001
+            out.append({"case": desc, "error": f"{type(e).__name__}: {e}"})
+            print("ERR " + desc, type(e).__name__, str(e)[:400], flush=True)
+    return out
 
 
 def speed_row(results, B, H, S, D, causal, fk, split, fused):
