@@ -354,18 +354,18 @@ def time_split(src, t, pre=None):
 def best_split(bspec, t, cands, fb):
     """TFLOP/s of the split backward made of the fastest dK/dV and the fastest dQ launch among
     `cands` (their times summed: the launches run back to back), and each candidate's parts."""
-    parts = {}
+    parts, timed = {}, []
     pre = None
     for k in cands:
         parts[_short(k)] = p = _try(lambda: time_split(backward(bspec, k), t, pre))
         if isinstance(p, list):
             pre = p[0]
-    ok = [v for v in parts.values() if isinstance(v, list)]
-    if not ok:
+            timed.append((k, p))
+    if not timed:
         return float("nan"), parts, None
-    total = min(v[0] for v in ok) + min(v[1] for v in ok) + min(v[2] for v in ok)
-    kd = min(((k, v) for k, v in zip(cands, parts.values()) if isinstance(v, list)), key=lambda x: x[1][1])[0]
-    kq = min(((k, v) for k, v in zip(cands, parts.values()) if isinstance(v, list)), key=lambda x: x[1][2])[0]
+    total = min(v[0] for _, v in timed) + min(v[1] for _, v in timed) + min(v[2] for _, v in timed)
+    kd = min(timed, key=lambda x: x[1][1])[0]
+    kq = min(timed, key=lambda x: x[1][2])[0]
     return fb / total / 1e9, parts, (_short(kd).split("+")[0], _short(kq).split("+")[1])
 
 
@@ -600,13 +600,12 @@ def mod_row(results, B, H, S, D, m, fk, split, flex):
 
 
 def _short(k) -> str:
+    flags = "".join(f" {n.lower()}" for n in ("TMA", "ORDER", "ONELOOP") if getattr(k, n, 0))
     if isinstance(k, FwdKnobs):
-        return f"{k.BLOCK_M}x{k.BLOCK_N}/w{k.num_warps}s{k.num_stages}" + (" tma" if k.TMA else "") + \
-            (" order" if k.ORDER else "")
+        return f"{k.BLOCK_M}x{k.BLOCK_N}/w{k.num_warps}s{k.num_stages}{flags}"
     if k.FUSED:
-        return f"fused {k.BLOCK_M1}x{k.BLOCK_N1}+{k.BLOCK_M2}x{k.BLOCK_N2}/w{k.W1}s{k.S1}"
-    return (f"{k.BLOCK_M1}x{k.BLOCK_N1}/w{k.W1}s{k.S1}+{k.BLOCK_M2}x{k.BLOCK_N2}/w{k.W2}s{k.S2}"
-            + (" tma" if k.TMA else ""))
+        return f"fused {k.BLOCK_M1}x{k.BLOCK_N1}+{k.BLOCK_M2}x{k.BLOCK_N2}/w{k.W1}s{k.S1}{flags}"
+    return f"{k.BLOCK_M1}x{k.BLOCK_N1}/w{k.W1}s{k.S1}+{k.BLOCK_M2}x{k.BLOCK_N2}/w{k.W2}s{k.S2}{flags}"
 
 
 def _try(fn):

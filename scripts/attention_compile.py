@@ -89,12 +89,12 @@ def main():
 
 def fwd_knobs(D):
     from opgraph.engines.triton.attention.knobs import fwd_candidates
-    return fwd_candidates(D, cuda=True)[:3]
+    return fwd_candidates(D, cuda=True)[:1]
 
 
 def bwd_knobs(D):
     from opgraph.engines.triton.attention.knobs import bwd_candidates
-    return bwd_candidates(D, cuda=True)[:2]
+    return bwd_candidates(D, cuda=True)[:1]
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ def _pow2_dim(d: int) -> int:
 
 
 def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[FwdKnobs]:
+    """Forward knobs, the heuristic's choice first. GPU: one loop with run-time masks (ONELOOP: fewer
+    registers than a loop per mask case, equal or faster in every measured row)."""
     if not cuda:
         return [FwdKnobs(16, 16, 4, 1), FwdKnobs(32, 16, 4, 1)]
     width = max(_pow2_dim(d), _pow2_dim(dv or d))
@@ -34,32 +36,36 @@ def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[FwdKnob
         c = [FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 64, 4, 4), FwdKnobs(64, 64, 4, 3),
              FwdKnobs(128, 32, 4, 3)]
     elif width <= 128:
-        # H100, bf16 B=4 H=16 (2026-11-25): 128x128/w8s3 best at 4k-16k (495-545 TFLOP/s), 128x64/w8s3
-        # within 3% (best at 1k causal); 2 stages lost 10-25%, TMA reads 5-10%
-        c = [FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 64, 8, 3), FwdKnobs(128, 64, 8, 4), FwdKnobs(64, 64, 4, 3),
+        # H100, bf16 B=4 H=16 (2026-11-25, TFLOP/s): 128x128/w8s3 432-521 (best but at 1k causal, where
+        # 64x64/w4s3 gave 299 to 270); 128x64/w8s3 within 3-8%; 2 stages lost 10-25%, TMA reads 5-10%
+        c = [FwdKnobs(128, 128, 8, 3), FwdKnobs(64, 64, 4, 3), FwdKnobs(128, 64, 8, 3), FwdKnobs(128, 64, 8, 4),
              FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 32, 4, 3)]
     else:
         c = [FwdKnobs(128, 64, 8, 2), FwdKnobs(64, 64, 4, 2), FwdKnobs(128, 32, 8, 2), FwdKnobs(64, 32, 4, 3)]
-    return c
+    return [replace(k, ONELOOP=1) for k in c] + [c[0]]
 
 
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[BwdKnobs]:
+    """Backward knobs, the heuristic's choice first (ONELOOP as in the forward)."""
     if not cuda:
         return [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)]
     width = max(_pow2_dim(d), _pow2_dim(dv or d))
     if width <= 64:
-        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4),
-             BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3)]
+        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
+             BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3)]
     elif width <= 128:
-        # H100 bf16 B=4 H=16 (2026-11-25), per launch: dK/dV best 64x128/w8s3 causal, 64x64/w4s2 full;
-        # dQ best 128x64/w8s3 (64x64/w4s2 at 16k full); 32-row dK/dV steps with 4 warps spilled
-        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 3),
-             BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2), BwdKnobs(64, 128, 128, 64, 8, 2, 8, 2),
-             BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1)]
+        # H100 bf16 B=4 H=16 (2026-11-25): the fused launch of 64x64 tiles, 4 warps, 2 stages: best
+        # causal (262/356/416 TFLOP/s at 1k/4k/16k), within 2-6% of the best split (the dK/dV launch
+        # 64x64/w4s2, the dQ launch 128x64/w8s3-4) without; 32-row dK/dV steps with 4 warps spilled
+        c = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
+             BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2),
+             BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4)]
     else:
-        c = [BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2), BwdKnobs(64, 64, 64, 64, 8, 1, 8, 1),
-             BwdKnobs(16, 64, 64, 16, 4, 2, 4, 2)]
-    return c
+        # D=256 (compiled for sm_90, not timed): the dK/dV accumulators need 8 warps at 64 keys a
+        # program (4 warps spilled 2 KiB)
+        c = [BwdKnobs(32, 64, 64, 32, 8, 2, 4, 2), BwdKnobs(16, 64, 64, 32, 8, 2, 4, 2),
+             BwdKnobs(32, 64, 64, 64, 8, 2, 8, 2)]
+    return [replace(k, ONELOOP=1) for k in c]
 
 
 def _tile(spec: AttnSpec, rows: int, cols: int) -> int:
