@@ -35,13 +35,19 @@ DRY = "--dry" in sys.argv
 if DRY:
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
+import torch
 
-from opgraph.engines.triton.attention import (  # noqa: E402
-    AttnSpec, BwdKnobs, Causal, FwdKnobs, Operand, backward, forward,
+from opgraph.engines.triton.attention import (
+    AttnSpec,
+    BwdKnobs,
+    Causal,
+    FwdKnobs,
+    Operand,
+    backward,
+    forward,
 )
-from opgraph.engines.triton.attention.knobs import bwd_candidates, fwd_candidates  # noqa: E402
-from opgraph.engines.triton.attention.run import launch, load  # noqa: E402
+from opgraph.engines.triton.attention.knobs import bwd_candidates, fwd_candidates
+from opgraph.engines.triton.attention.run import launch, load
 
 DEV = "cpu" if DRY else "cuda"
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.int32: "tl.int32"}
@@ -128,7 +134,7 @@ def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout
     t = {"Q": rnd(B, Hq, Sq, D), "K": rnd(B, Hk, Skv, D), "V": rnd(B, Hk, Skv, Dv)}
     t["O"] = torch.full((B, Hq, Sq, Dv), float("nan"), device=DEV, dtype=dtype)
     t["LSE"] = torch.full((B, Hq, Sq, 1), float("nan"), device=DEV)
-    kw = dict(scale=D ** -0.5, causal=causal, window=window, interpret=DRY)
+    kw = {"scale": D ** -0.5, "causal": causal, "window": window, "interpret": DRY}
     if pad is not None:
         t["SQ"] = torch.tensor(pad[0], dtype=torch.int32, device=DEV).view(B, 1, 1, 1)
         t["SKV"] = torch.tensor(pad[1], dtype=torch.int32, device=DEV).view(B, 1, 1, 1)
@@ -142,8 +148,8 @@ def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout
         n = 2 ** int(math.log2(Hq))
         t["SLOPES"] = torch.tensor([2.0 ** (-8.0 * (h + 1) / n) for h in range(Hq)], device=DEV)
         kw["score_mod"] = Alibi(t["SLOPES"])
-    base = dict(B=B, Hq=Hq, Hk=Hk, Hv=Hk, Sq=Sq, Skv=Skv, D=D, Dv=Dv, q=op("Q", t["Q"]), k=op("K", t["K"]),
-                v=op("V", t["V"]), o=op("O", t["O"]), stats=op("LSE", t["LSE"]))
+    base = {"B": B, "Hq": Hq, "Hk": Hk, "Hv": Hk, "Sq": Sq, "Skv": Skv, "D": D, "Dv": Dv, "q": op("Q", t["Q"]), "k": op("K", t["K"]),
+                "v": op("V", t["V"]), "o": op("O", t["O"]), "stats": op("LSE", t["LSE"])}
     fspec = AttnSpec(**base, **kw)
     bspec = None
     if grad:
@@ -264,7 +270,7 @@ def runner(src, t):
     for s in src.scratch:
         t.setdefault(s.name, torch.empty(s.numel, dtype=getattr(torch, s.dtype), device=DEV))
     fns = [(getattr(module, l.kernel)[l.grid], [t[p] for p in l.params],
-            dict(num_warps=l.num_warps, num_stages=l.num_stages)) for l in src.launches]
+            {"num_warps": l.num_warps, "num_stages": l.num_stages}) for l in src.launches]
 
     def run():
         for fn, args, meta in fns:
@@ -291,11 +297,11 @@ def time_torch(t, causal, scale, backend):
 
     q, k, v = (t[n].detach().requires_grad_() for n in ("Q", "K", "V"))
     with sdpa_kernel([backend]):
-        f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)  # noqa: E731
+        f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         fwd = bench(f)
         o = f()
         do = t["DO"]
-        b = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+        b = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
         bwd = bench(b)
     return fwd, bwd
 
@@ -305,17 +311,17 @@ def time_torch(t, causal, scale, backend):
 
 def correctness_cases():
     if DRY:
-        return [dict(B=1, Hq=2, Sq=40, D=16, causal=Causal.TOP_LEFT)]
+        return [{"B": 1, "Hq": 2, "Sq": 40, "D": 16, "causal": Causal.TOP_LEFT}]
     c = Causal
     return [
-        dict(B=2, Hq=4, Sq=1000, D=128, causal=c.TOP_LEFT),
-        dict(B=2, Hq=8, Hk=2, Sq=700, Skv=1100, D=64, causal=c.BOTTOM_RIGHT, layout="bshd"),
-        dict(B=1, Hq=4, Sq=600, D=256),
-        dict(B=2, Hq=4, Sq=1024, D=128, causal=c.TOP_LEFT, window=256, dtype=torch.float16),
-        dict(B=2, Hq=4, Sq=900, Skv=1000, D=128, causal=c.BOTTOM_RIGHT, pad=((700, 0), (1000, 333))),
-        dict(B=2, Hq=4, Sq=512, Skv=640, D=128, bias=(1, 4, 512, 640), dtype=torch.float16),
-        dict(B=2, Hq=4, Sq=1024, D=128, causal=c.TOP_LEFT, mod="softcap"),
-        dict(B=2, Hq=4, Sq=1024, D=64, Dv=128, causal=c.TOP_LEFT, mod="alibi", layout="bshd"),
+        {"B": 2, "Hq": 4, "Sq": 1000, "D": 128, "causal": c.TOP_LEFT},
+        {"B": 2, "Hq": 8, "Hk": 2, "Sq": 700, "Skv": 1100, "D": 64, "causal": c.BOTTOM_RIGHT, "layout": "bshd"},
+        {"B": 1, "Hq": 4, "Sq": 600, "D": 256},
+        {"B": 2, "Hq": 4, "Sq": 1024, "D": 128, "causal": c.TOP_LEFT, "window": 256, "dtype": torch.float16},
+        {"B": 2, "Hq": 4, "Sq": 900, "Skv": 1000, "D": 128, "causal": c.BOTTOM_RIGHT, "pad": ((700, 0), (1000, 333))},
+        {"B": 2, "Hq": 4, "Sq": 512, "Skv": 640, "D": 128, "bias": (1, 4, 512, 640), "dtype": torch.float16},
+        {"B": 2, "Hq": 4, "Sq": 1024, "D": 128, "causal": c.TOP_LEFT, "mod": "softcap"},
+        {"B": 2, "Hq": 4, "Sq": 1024, "D": 64, "Dv": 128, "causal": c.TOP_LEFT, "mod": "alibi", "layout": "bshd"},
     ]
 
 
@@ -357,7 +363,7 @@ def best_split(bspec, t, cands, fb):
     parts, timed = {}, []
     pre = None
     for k in cands:
-        parts[_short(k)] = p = _try(lambda: time_split(backward(bspec, k), t, pre))
+        parts[_short(k)] = p = _try(lambda k=k, pre=pre: time_split(backward(bspec, k), t, pre))
         if isinstance(p, list):
             pre = p[0]
             timed.append((k, p))
@@ -407,15 +413,15 @@ def main():
         jobs.append(("bwd", prob, check_knobs(fspec, cuda)[1]))
     for S in seqs:
         for causal in (False, True):
-            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
+            prob = {"B": B, "Hq": H, "Sq": S, "D": D, "causal": Causal.TOP_LEFT if causal else Causal.NONE}
             jobs += [("fwd", prob, k) for k in fk] + [("bwd", prob, k) for k in split + fused]
         for m in mods:
-            prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
+            prob = {"B": B, "Hq": H, "Sq": S, "D": D, "causal": Causal.TOP_LEFT, "mod": m}
             jobs += [("fwd", prob, k) for k in fk[:2]] + [("bwd", prob, k) for k in split[:2]]
             if flex:
                 jobs.insert(0, ("flex", prob, None))
     if "graph" in args.sections and not DRY:
-        jobs.insert(0, ("graph", dict(B=1, Hq=1, Sq=16, D=16), None))
+        jobs.insert(0, ("graph", {"B": 1, "Hq": 1, "Sq": 16, "D": 16}, None))
     warm(jobs, args.workers)
 
     # 0. the templates through the graph API (opgraph's build and execute), against torch SDPA
@@ -445,7 +451,7 @@ def main():
             print("ERR ", desc, type(e).__name__, str(e)[:300], flush=True)
 
     # 2. speed
-    print("\n## speed: bf16 B=%d H=%d D=%d, TFLOP/s (median, CUDA graphs)" % (B, H, D), flush=True)
+    print(f"\n## speed: bf16 B={B} H={H} D={D}, TFLOP/s (median, CUDA graphs)", flush=True)
     for S in seqs:
         for causal in (False, True):
             if elapsed() > args.budget:
@@ -536,18 +542,18 @@ def graph_checks(size=(2, 8, 1000), dims=(128, 64)):
 
 
 def speed_row(results, B, H, S, D, causal, fk, split, fused):
-    prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT if causal else Causal.NONE)
+    prob = {"B": B, "Hq": H, "Sq": S, "D": D, "causal": Causal.TOP_LEFT if causal else Causal.NONE}
     fspec, bspec, t = make(**prob)
     row = {"S": S, "causal": causal, "fwd": {}, "bwd": {}}
     ff, fb = flops(B, H, S, S, D, causal, "fwd"), flops(B, H, S, S, D, causal, "bwd")
     for k in fk:
-        row["fwd"][_short(k)] = _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9)
+        row["fwd"][_short(k)] = _try(lambda k=k: ff / bench(runner(forward(fspec, k), t)) / 1e9)
     best_f = _best(row["fwd"])
     launch(forward(fspec, fk[0]), t, interpret=DRY)
     sb, row["bwd_parts"], row["split_best"] = best_split(bspec, t, split, fb)
     row["bwd"]["split-best"] = sb
     for k in fused:
-        row["bwd"][_short(k)] = _try(lambda: fb / bench(runner(backward(bspec, k), t)) / 1e9)
+        row["bwd"][_short(k)] = _try(lambda k=k: fb / bench(runner(backward(bspec, k), t)) / 1e9)
     best_b = _best(row["bwd"])
     row["peers"] = {}
     if not DRY:
@@ -575,10 +581,10 @@ def speed_row(results, B, H, S, D, causal, fk, split, fused):
 
 
 def mod_row(results, B, H, S, D, m, fk, split, flex):
-    prob = dict(B=B, Hq=H, Sq=S, D=D, causal=Causal.TOP_LEFT, mod=m)
+    prob = {"B": B, "Hq": H, "Sq": S, "D": D, "causal": Causal.TOP_LEFT, "mod": m}
     fspec, bspec, t = make(**prob)
     ff, fb = flops(B, H, S, S, D, True, "fwd"), flops(B, H, S, S, D, True, "bwd")
-    fres = {_short(k): _try(lambda: ff / bench(runner(forward(fspec, k), t)) / 1e9) for k in fk}
+    fres = {_short(k): _try(lambda k=k: ff / bench(runner(forward(fspec, k), t)) / 1e9) for k in fk}
     launch(forward(fspec, fk[0]), t, interpret=DRY)
     ours_b, parts, best = best_split(bspec, t, split, fb)
     ours_f = _best(fres)
@@ -616,7 +622,7 @@ def _try(fn):
 
 
 def _best(d) -> float:
-    return max((v for v in d.values() if isinstance(v, float) and v == v), default=float("nan"))
+    return max((v for v in d.values() if isinstance(v, float) and not math.isnan(v)), default=float("nan"))
 
 
 def _fmt(v) -> str:
@@ -637,7 +643,7 @@ def compile_flex(t, spec):
     S = q.shape[2]
     bm = create_block_mask(lambda b, h, qi, kvi: qi >= kvi, None, None, S, S, device=DEV)
     mod = spec.score_mod.flex()
-    f = lambda: fn(q, k, v, score_mod=mod, block_mask=bm, scale=spec.scale)  # noqa: E731
+    f = lambda: fn(q, k, v, score_mod=mod, block_mask=bm, scale=spec.scale)
     o = f()
     torch.autograd.grad(o, (q, k, v), t["DO"], retain_graph=True)
     return f, o, q, k, v

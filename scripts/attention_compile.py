@@ -20,8 +20,8 @@ def spec_for(B, H, S, D, causal, dtype="tl.bfloat16", bwd=False, **kw):
 
     st = (H * S * D, S * D, D, 1)
     sst = (H * S, S, 1, 1)
-    ops = dict(q=Operand("Q", dtype, st), k=Operand("K", dtype, st), v=Operand("V", dtype, st),
-               o=Operand("O", dtype, st), stats=Operand("LSE", "tl.float32", sst))
+    ops = {"q": Operand("Q", dtype, st), "k": Operand("K", dtype, st), "v": Operand("V", dtype, st),
+               "o": Operand("O", dtype, st), "stats": Operand("LSE", "tl.float32", sst)}
     if bwd:
         ops.update(do=Operand("DO", dtype, st), dq=Operand("DQ", dtype, st), dk=Operand("DK", dtype, st),
                    dv=Operand("DV", dtype, st))
@@ -57,7 +57,7 @@ def compile_source(src, spec, sass=False):
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(ck.asm["ptx"])
         cubin = f.name + ".cubin"
-        res = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", cubin], capture_output=True, text=True)
+        res = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", cubin], capture_output=True, text=True, check=False)
         regs = max([int(r) for r in re.findall(r"Used (\d+) registers", res.stderr)] or [0])
         spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr))
         wgmma = ck.asm["ptx"].count("wgmma.mma_async")
@@ -65,14 +65,14 @@ def compile_source(src, spec, sass=False):
         out.append((l.kernel, regs, spills, ck.metadata.shared, wgmma, mma))
         if sass:
             nvdis = os.path.join(os.path.dirname(ptxas), "cuobjdump")
-            s = subprocess.run([nvdis, "-sass", cubin], capture_output=True, text=True).stdout
+            s = subprocess.run([nvdis, "-sass", cubin], capture_output=True, text=True, check=False).stdout
             print(f"  SASS {l.kernel}: HGMMA {s.count('HGMMA')} HMMA {s.count('HMMA')} LDL {s.count('LDL')} STL {s.count('STL')}")
         os.unlink(f.name)
     return out
 
 
 def main():
-    from opgraph.engines.triton.attention import BwdKnobs, FwdKnobs, backward, forward
+    from opgraph.engines.triton.attention import backward, forward
 
     sass = "--sass" in sys.argv
     for D in (64, 128, 256):

@@ -20,7 +20,7 @@ from opgraph.engines.triton.templates import attention_bwd as bwd_template
 from opgraph.tensor import packed_strides
 from opgraph.testing import check_plan
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import assert_engine_matches, requires_cuda
 
 DT = og.DataType
 B, HQ = 2, 4
@@ -111,7 +111,7 @@ def check(g, rng, steps=None, **kw):
                                  **kw)
 
 
-BWD_TOL = dict(rtol=2e-3, atol=2e-4)
+BWD_TOL = {"rtol": 2e-3, "atol": 2e-4}
 
 
 # -- forward and backward over the options ----------------------------------------------------------------
@@ -232,8 +232,8 @@ def test_declines_name_the_rule():
 
 def test_candidates_fit_shared_memory():
     """On Hopper, the knob candidates of a bias-carrying forward cut their pipeline stages to fit."""
-    from opgraph.engines.triton.attention.knobs import SMEM_LIMIT, fwd_smem
     from opgraph.engines.triton.attention import FwdKnobs
+    from opgraph.engines.triton.attention.knobs import SMEM_LIMIT, fwd_smem
 
     g = graph(DT.HALF, sq=512, skv=640, d=128, dv=128, bias=(1, HQ, 512, 640), stats=True)
     piece = _piece(g, "sdpa")

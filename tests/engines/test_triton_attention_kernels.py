@@ -19,10 +19,20 @@ from ..helpers import requires_interpreter
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from opgraph.engines.triton.attention import (  # noqa: E402
-    AttnSpec, BwdKnobs, Causal, Coords, FwdKnobs, MaskDropout, Operand, PhiloxDropout, Scalar, backward, forward,
+from opgraph.engines.triton.attention import (
+    AttnSpec,
+    BwdKnobs,
+    Causal,
+    Coords,
+    FwdKnobs,
+    MaskDropout,
+    Operand,
+    PhiloxDropout,
+    Scalar,
+    backward,
+    forward,
 )
-from opgraph.engines.triton.attention.run import launch  # noqa: E402
+from opgraph.engines.triton.attention.run import launch
 
 pytestmark = [pytest.mark.interpreter, requires_interpreter]
 
@@ -60,7 +70,7 @@ def philox_uniform(seed: int, counters: np.ndarray) -> np.ndarray:
     return x.astype(np.float32) * np.float32(4.6566127342e-10)
 
 
-def philox_keep(seed: int, offset: int, p: float, shape) -> "torch.Tensor":
+def philox_keep(seed: int, offset: int, p: float, shape) -> torch.Tensor:
     counters = offset + np.arange(math.prod(shape), dtype=np.uint64).reshape(shape)
     return torch.from_numpy(philox_uniform(seed, counters) >= np.float32(p))
 
@@ -145,7 +155,7 @@ class RelPos:
         return [f"hs = tl.load(HS + {at.h})"], f"{grad} * hs"
 
     def torch(self, s):
-        b, h, sq, skv = s.shape
+        b, _h, sq, skv = s.shape
         i = torch.arange(sq)[:, None]
         j = torch.arange(skv)[None, :]
         return (s * self.hs.double()[None, :, None, None] + 0.25 * (j - i)
@@ -372,7 +382,7 @@ def test_bias_minus_inf_rows_are_zero():
     spec = AttnSpec(1, 2, 2, 2, 40, 37, 16, 16, operand("Q", q), operand("K", k), operand("V", v), operand("O", o),
                     operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias), interpret=True)
     launch(forward(spec, c.fwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias}, interpret=True)
-    ro, rl = reference(q.double(), k.double(), v.double(), 0.5, bias=bias.double())
+    ro, _rl = reference(q.double(), k.double(), v.double(), 0.5, bias=bias.double())
     assert (o[:, :, 5] == 0).all() and (lse[:, :, 5] == math.inf).all()
     _close(o.double(), ro, 2e-5, "O")
     do = torch.randn_like(o)

@@ -242,8 +242,9 @@ def _dbias_store(spec: AttnSpec, db: tuple[Operand, str], value: str) -> list[st
     wi = wide(extent(op, (spec.B, spec.Hq, spec.Sq, spec.Skv)))
     i = _row("offs_m[None, :]", wi)
     mask = and_mask(f"(offs_m[None, :] < {spec.Sq})", f"(offs_n[:, None] < {spec.Skv})" if spec.Skv else None)
-    return [f"tl.store({op.name} + db_base + {i} * {op.strides[2]} + offs_n[:, None] * {op.strides[3]}, "
-            f"({value}).to({op.dtype}), mask={mask})"]
+    store = (f"tl.store({op.name} + db_base + {i} * {op.strides[2]} + offs_n[:, None] * {op.strides[3]}, "
+             f"({value}).to({op.dtype}), mask={mask})")
+    return [store]
 
 
 def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wq: bool, wdo: bool,

@@ -257,10 +257,8 @@ def dropout_setup(spec: AttnSpec) -> list[str]:
     `drop_scale`, the multiplier of kept elements."""
     d = spec.dropout
     if isinstance(d, PhiloxDropout):
-        return [f"drop_seed = {_int_scalar(d.seed)}",
-                f"drop_base = {_int_scalar(d.offset)} + (off_b.to(tl.int64) * {spec.Hq} + off_h) * "
-                f"{spec.Sq * spec.Skv}",
-                f"drop_scale = {1.0 / (1.0 - d.p)!r}"]
+        base = f"{_int_scalar(d.offset)} + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq * spec.Skv}"
+        return [f"drop_seed = {_int_scalar(d.seed)}", f"drop_base = {base}", f"drop_scale = {1.0 / (1.0 - d.p)!r}"]
     if isinstance(d, MaskDropout):
         s = d.scale
         if isinstance(s, Scalar):

@@ -13,11 +13,10 @@ log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group.
 from __future__ import annotations
 
 from .common import (
-    LOG2E,
     UNIFORM_HELPER,
     KernelText,
-    and_mask,
     alibi_lines,
+    and_mask,
     apply_keep,
     base_expr,
     dot,
@@ -28,12 +27,12 @@ from .common import (
     extent,
     pow2,
     rows_orient,
-    tma_desc,
-    tma_load,
-    tma_ok,
     scale_lines,
     score_lines,
     seqlen_lines,
+    tma_desc,
+    tma_load,
+    tma_ok,
     wide,
 )
 from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs, KernelLaunch, Source

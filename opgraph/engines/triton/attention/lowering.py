@@ -7,8 +7,8 @@ recorded score modifier (ops/score_mod.py) with its derivative.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
 
 from ....dtypes import DataType
 from ....ir import Const, Node
@@ -18,9 +18,14 @@ from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import Support
 from ..expr import TL_DTYPE, Emitter, _mode_expr, elementwise, literal, round_in_compute
-from .common import and_mask
 from .spec import (
-    AttnSpec, Causal, Coords, MaskDropout, Operand, PhiloxDropout, Scalar,
+    AttnSpec,
+    Causal,
+    Coords,
+    MaskDropout,
+    Operand,
+    PhiloxDropout,
+    Scalar,
 )
 
 MAX_HEAD_DIM = 256
@@ -404,8 +409,8 @@ class ScoreModCode:
 def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str = "ieee") -> AttnSpec:
     """The AttnSpec of an analysed, supported piece."""
     node = f.node
-    op = node.op
-    uid = {r: node.input(r) for r in op.input_roles()}
+    op: Any = node.op  # Sdpa or SdpaBackward
+    uid: dict[str, Any] = {r: node.input(r) for r in op.input_roles()}
     q_uid, k_uid, v_uid = uid["q"], uid["k"], uid["v"]
     q, k, v = (piece.tensor(u) for u in (q_uid, k_uid, v_uid))  # type: ignore[arg-type]
     B, Hq, Sq, D = q.dim
@@ -430,7 +435,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
                                     scalar_value(piece, uid["dropout_scale"]))  # type: ignore[arg-type]
     if op.score_mod is not None:
         kw["score_mod"] = ScoreModCode(piece, node)
-    ops = {"q": operand(piece, q_uid), "k": operand(piece, k_uid), "v": operand(piece, v_uid)}  # type: ignore[arg-type]
+    ops: dict[str, Any] = {"q": operand(piece, q_uid), "k": operand(piece, k_uid), "v": operand(piece, v_uid)}
     if node.kind == "sdpa":
         o_uid, st_uid = node.output("o"), node.output("stats")
         assert o_uid is not None
@@ -461,4 +466,3 @@ def flops(spec: AttnSpec) -> float:
 
 __all__ = ["Fusion", "NodesHook", "ScoreModCode", "TileIndexer", "analyse", "build_spec", "flops", "operand",
            "support_of"]
-_ = (math, and_mask)

@@ -3,7 +3,8 @@ tests (interpreter) and the GPU scripts. The templates run the same `Source` thr
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .spec import Source
 

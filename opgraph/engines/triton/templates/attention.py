@@ -24,10 +24,10 @@ from ....device import Device
 from ....partition import Piece
 from ...base import NumericalNote, Support
 from ..attention import FwdKnobs, forward
+from ..attention.generated import launches_of
 from ..attention.knobs import fit_fwd, fwd_candidates
 from ..attention.lowering import analyse, build_spec, support_of
 from .base import Generated, Template, unique
-from ..attention.generated import launches_of
 
 _KNOBS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "ORDER", "ONELOOP")
 

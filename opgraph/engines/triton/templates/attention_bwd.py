@@ -20,10 +20,10 @@ from ....device import Device
 from ....partition import Piece
 from ...base import NumericalNote, Support
 from ..attention import BwdKnobs, backward
+from ..attention.generated import launches_of
 from ..attention.knobs import bwd_candidates, fit_bwd
 from ..attention.lowering import analyse, build_spec, support_of
 from .base import Generated, Template, unique
-from ..attention.generated import launches_of
 
 _KNOBS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "W1", "S1", "W2", "S2", "PRE_BLOCK", "TMA", "FUSED",
           "ONELOOP")
