@@ -13,12 +13,12 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import gemm, host, memory, networks
+    from . import attention, gemm, host, memory, networks
     from .harness import Session
 
-    table = {**memory.WORKLOADS, **gemm.WORKLOADS, **host.WORKLOADS, **networks.WORKLOADS}
+    table = {**memory.WORKLOADS, **gemm.WORKLOADS, **host.WORKLOADS, **networks.WORKLOADS, **attention.WORKLOADS}
     groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS), "host": list(host.WORKLOADS),
-              "networks": list(networks.WORKLOADS)}
+              "networks": list(networks.WORKLOADS), "attention": list(attention.WORKLOADS)}
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("which", nargs="*", help=f"groups {list(groups)} or workloads {list(table)} (default: all)")
     ap.add_argument("--autotune", action="store_true", help="also time plans built with autotune=True")

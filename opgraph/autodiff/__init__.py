@@ -9,7 +9,7 @@ registry and the builder rules use, rules_<family>.py the rules).
 """
 
 # every family registers its rules on import
-from . import rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: F401
+from . import rules_attention, rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: F401
 from .grad import CHEAP_KINDS, GradGraph, grad, saved_pack
 from .rules import (
     CUSTOM_RULES,

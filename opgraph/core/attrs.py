@@ -3,6 +3,7 @@ Decoding follows each op dataclass's type hints, so a file can only produce attr
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import types
 import typing
@@ -17,6 +18,8 @@ from .suggest import did_you_mean
 def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a structured attribute
+        return {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple):
         return [_encode(v) for v in value]
     return value
@@ -56,6 +59,17 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
             f"{where}: {value!r} is not a {hint.__name__}{did_you_mean(str(value), hint.__members__)}",
             rule="json.attr_enum", hint=f"one of {list(hint.__members__)}",
         )
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise SerializationError(f"{where}: expected an object, got {value!r}", rule="json.attr_type")
+        hints = typing.get_type_hints(hint)
+        names = {f.name for f in fields(hint)}
+        if set(value) - names:
+            raise SerializationError(f"{where}: unknown field(s) {sorted(set(value) - names)}", rule="json.attr_type")
+        try:
+            return hint(**{k: _decode(v, hints[k], f"{where}.{k}") for k, v in value.items()})
+        except TypeError as err:
+            raise SerializationError(f"{where}: {err}", rule="json.attr_type") from None
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SerializationError(f"{where}: expected a number, got {value!r}", rule="json.attr_type")

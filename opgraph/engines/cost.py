@@ -43,7 +43,21 @@ def piece_flops(piece: Piece) -> int:
             total += 2 * out[0].numel * ins[1].numel // ins[1].dim[1]
         elif node.kind == "matmul":
             total += 2 * out[0].numel * ins[0].dim[-1]
+        elif node.kind in ("sdpa", "sdpa_backward"):
+            total += attention_flops(node, piece)
     return total
+
+
+def attention_flops(node, piece: Piece) -> int:
+    """QK^T and PV per (b, h, i, j) (backward: those two recomputed or re-read, and dV, dP, dQ, dK),
+    halved for a causal mask on a square problem."""
+    b, hq, sq, d = piece.tensor(node.input("q")).dim
+    skv, dv = piece.tensor(node.input("v")).dim[2], piece.tensor(node.input("v")).dim[3]
+    per = (d + dv) if node.kind == "sdpa" else (3 * d + 2 * dv)
+    pairs = b * hq * sq * skv
+    if (node.op.use_causal_mask or node.op.use_causal_mask_bottom_right) and sq == skv:
+        pairs //= 2
+    return 2 * pairs * per
 
 
 def estimate_us(piece: Piece, device: Device, launches: int = 1) -> float | None:

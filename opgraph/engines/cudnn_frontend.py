@@ -35,10 +35,11 @@ from ..core.piece import Piece
 from . import register_engine
 from .base import Engine, Kernel
 from .cost import estimate_us
+from .cudnn_sdpa import ATTENTION_KINDS, attention_problem, lower_attention, scalar_uids
 from .torch_engine.common import as_torch
 
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
-ANCHORS = GEMM_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
+ANCHORS = GEMM_KINDS | ATTENTION_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
 OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
 # GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100.
 # An fp32 training graph (examples/11) gave NaN losses through cuDNN plans (2026-11-25, not yet
@@ -87,8 +88,8 @@ def _dtype(cudnn: Any, dt: DataType) -> Any:
 def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
     """Why the piece cannot be lowered, without asking cuDNN (None: it can be)."""
     if not any(n.kind in ANCHORS for n in piece.nodes):
-        return ("the cudnn engine runs pieces around a convolution or matmul; generated kernels serve the rest",
-                None)
+        return ("the cudnn engine runs pieces around a convolution or matmul (or attention); generated kernels "
+                "serve the rest"), None
     for uid in (*piece.inputs, *piece.outputs):
         t = piece.tensor(uid)
         if t.is_by_reference:
@@ -108,6 +109,10 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
             return "cuDNN runs CROSS_CORRELATION convolutions only", node
         if node.kind == "pointwise":
             why = _pointwise_problem(node)
+            if why:
+                return why, node
+        if node.kind in ATTENTION_KINDS:
+            why = attention_problem(node, piece)
             if why:
                 return why, node
     for uid in piece.inputs:
@@ -145,15 +150,28 @@ class _Lowering:
                                    compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         self.tensors: dict[int, Any] = {}
         self.by_value: list[int] = []
+        self.constants: dict[int, float] = {}  # pass-by-value tensors the lowering made for literals
+        scalars = scalar_uids(piece)
         for uid in piece.inputs:
             t = piece.tensor(uid)
+            dim, stride = ([1, 1, 1, 1], [1, 1, 1, 1]) if uid in scalars else (list(t.dim), list(t.stride))
             self.tensors[uid] = self.graph.tensor(
-                dim=list(t.dim), stride=list(t.stride), data_type=_dtype(cudnn, t.data_type), uid=uid,
+                dim=dim, stride=stride, data_type=_dtype(cudnn, t.data_type), uid=uid,
                 is_pass_by_value=t.is_pass_by_value, name=f"t{uid}")
             if t.is_pass_by_value:
                 self.by_value.append(uid)
         for node in piece.nodes:
             self._node(node)
+
+    def dtype(self, dt: DataType) -> Any:
+        return _dtype(self.cudnn, dt)
+
+    def constant(self, value: float) -> Any:
+        """A FLOAT pass-by-value [1, 1, 1, 1] tensor holding `value` at every launch."""
+        uid = max(self.piece.graph.tensors) + 1 + len(self.constants)
+        self.constants[uid] = float(value)
+        return self.graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=self.cudnn.data_type.FLOAT,
+                                 uid=uid, is_pass_by_value=True, name=f"c{uid}")
 
     def _operand(self, value: Any) -> Any:
         if isinstance(value, Const):
@@ -175,6 +193,8 @@ class _Lowering:
                 outs = [getattr(g, method)(operands[0], operands[1], **kwargs)]
             else:
                 outs = [getattr(g, method)(*operands, **kwargs)]
+        elif kind in ATTENTION_KINDS:
+            outs = lower_attention(self, node, kwargs)
         elif kind == "matmul":
             outs = [g.matmul(roles["A"], roles["B"], **kwargs)]
         elif kind == "reduction":
@@ -254,6 +274,10 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
             numerical.add(NumericalNote.TENSOR_CORE if a.itemsize <= 2 else NumericalNote.DOWN_CONVERT_INPUTS)
         if n.kind in ("conv_dgrad", "conv_wgrad"):
             numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick split-K with atomics
+        if n.kind in ATTENTION_KINDS:
+            numerical.add(NumericalNote.TENSOR_CORE)
+            if n.kind == "sdpa_backward" and not n.op.use_deterministic_algorithm:
+                numerical.add(NumericalNote.NONDETERMINISTIC)  # dQ accumulated with atomics
     behavior = {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
     return frozenset(numerical), frozenset(behavior)
 
@@ -297,6 +321,9 @@ class CudnnKernel(Kernel):
         self._scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self._uids
                          if piece.tensor(u).is_pass_by_value}
         self._scalar_values: dict[int, float] = {}
+        self._constants = dict(self.lowered.constants)
+        for uid, value in self._constants.items():
+            self._scalars[uid] = torch.full((1,), value, dtype=torch.float32)
 
     def _scalar(self, uid: int, value: Any) -> Any:
         host, value = self._scalars[uid], float(value)
@@ -317,6 +344,8 @@ class CudnnKernel(Kernel):
             elif not isinstance(value, torch.Tensor):
                 value = as_torch(value, self.piece.tensor(uid), dev)
             pack[uid] = value
+        for uid in self._constants:
+            pack[uid] = self._scalars[uid]
         if stream is None:
             stream = torch.cuda.current_stream(dev)
         raw = stream if isinstance(stream, int) else stream.cuda_stream
@@ -368,6 +397,8 @@ class CudnnEngine(Engine):
         estimate = estimate_us(piece, device)
         if estimate is None or estimate < RANK_FIRST_US:
             return False
+        if any(n.kind in ATTENTION_KINDS for n in piece.nodes):
+            return True  # cuDNN's fused attention is the bar the generated kernels are measured against
         for node in piece.nodes:
             if node.kind in GEMM_KINDS - {"matmul"}:
                 weight = piece.tensor(node.input_uids()[1] if node.kind != "conv_wgrad" else node.output_uids()[0])

@@ -192,6 +192,15 @@ def _where(imp: Importer, node: Any, a: Args) -> Tensor:
     return imp.g.binary_select(x, y, c, name=imp.op_name())
 
 
+@op("masked_fill")
+def _masked_fill(imp: Importer, node: Any, a: Args) -> Tensor:
+    """masked_fill(x, mask, value) = where(mask, value, x) (an attention key-padding mask, say)."""
+    x, mask, value = _operands(imp, node, a["self"], a["mask"], a["value"])
+    if not isinstance(mask, Tensor):
+        raise Untranslatable("masked_fill with a literal mask")
+    return imp.g.binary_select(value, x, mask, name=imp.op_name())
+
+
 # -- activations ---------------------------------------------------------------------------------
 
 

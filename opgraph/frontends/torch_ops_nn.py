@@ -226,15 +226,17 @@ def _matmul(imp: Importer, node: Any, a: Args) -> Tensor:
     return imp.g.matmul(_lead_ones(imp, x, x.shape, rank), _lead_ones(imp, y, y.shape, rank), name=imp.op_name())
 
 
-@op("addmm")
+@op("addmm", "baddbmm")
 def _addmm(imp: Importer, node: Any, a: Args) -> Tensor:
-    m = imp.g.matmul(imp.tensor(a["mat1"]), imp.tensor(a["mat2"]), name=imp.op_name("matmul"))
+    """beta * self + alpha * (mat1 @ mat2); baddbmm the same over a batch (batch1 @ batch2)."""
+    x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
+    m = imp.g.matmul(imp.tensor(x), imp.tensor(y), name=imp.op_name("matmul"))
     m = _scaled(imp, m, a.get("alpha"))
     bias = a["self"]
     beta = a.get("beta", 1)
     if beta == 0:
         return m
-    b = imp.at_rank(bias, 2)
+    b = imp.at_rank(bias, x.rank)
     return imp.g.add(m, _scaled(imp, b, beta), name=imp.op_name("bias"))
 
 

@@ -71,8 +71,8 @@ class Source:
 
 @dataclass(frozen=True)
 class RandomSpec:
-    """A tensor drawn at every `variant_pack`: 'bernoulli' (p = probability of 1), 'uniform' [0, 1)
-    or 'normal' (0, 1)."""
+    """A tensor drawn at every `variant_pack`: 'bernoulli' (p = probability of 1), 'uniform' [0, 1),
+    'normal' (0, 1) or 'seed' (integers in [0, 2^53), e.g. an attention dropout's Philox seed)."""
 
     dist: str
     shape: tuple[int, ...]
@@ -324,6 +324,8 @@ class ImportedGraph:
                     base.bernoulli_(spec.p, generator=generator)
                 elif spec.dist == "uniform":
                     base.uniform_(generator=generator)
+                elif spec.dist == "seed":  # an integer seed the reference engine reads exactly (< 2**53)
+                    base.random_(0, 2**53, generator=generator)
                 else:
                     base.normal_(generator=generator)
             cache[key] = base  # the module's own tensor object (derived inputs compare identities)

@@ -1,0 +1,127 @@
+"""sdpa and sdpa_backward lowered to the cuDNN frontend's `sdpa` / `sdpa_backward` (the cudnn engine,
+cudnn_frontend.py, calls in here for attention nodes).
+
+What is offered (the rest is declined before cuDNN is asked, with the reason; cuDNN's own support
+check then decides, and its message is the reason it declines):
+- fp16/bf16 q, k, v (and o, dO), the head dims (axis 3) contiguous, FLOAT Stats;
+- masks, bias, ALiBi, padding, GQA as the op has them (cuDNN's names are the op's); attn_scale a
+  number (baked in) or a FLOAT scalar tensor;
+- dropout with an explicit mask; not the Philox form: cuDNN draws its own Philox stream, not the
+  op's `tl.rand` stream that the reference and the generated kernels share (docs/attention.md);
+- no score modifier (the op's recorded sub-graph is not lowered to cuDNN's callback);
+- no Stats output when a row can have no key (padding mask, or Sq > Skv with a bottom-right
+  diagonal or a window): the op defines those rows' Stats as +inf, cuDNN does not document them;
+- the backward with all of dQ, dK and dV (cuDNN writes the three).
+Scalars cuDNN wants as tensors (a literal dropout scale, its inverse) become pass-by-value FLOAT
+tensors of the lowered graph, filled at launch (`constants`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.dtypes import DataType
+from ..core.ir import Const, Node
+from ..core.piece import Piece
+
+ATTENTION_KINDS = frozenset({"sdpa", "sdpa_backward"})
+_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+# roles whose 1-element tensors cuDNN wants as [1, 1, 1, 1]
+SCALAR_ROLES = ("attn_scale", "dropout_scale", "dropout_scale_inv")
+
+
+def scalar_uids(piece: Piece) -> set[int]:
+    """Piece inputs that attention nodes read as scalars (declared [1, 1, 1, 1] to cuDNN)."""
+    out: set[int] = set()
+    for node in piece.nodes:
+        if node.kind in ATTENTION_KINDS:
+            for role in SCALAR_ROLES:
+                if role in node.op.input_roles() and isinstance(node.input(role), int):
+                    out.add(node.input(role))  # type: ignore[arg-type]
+    return out
+
+
+def _rows_can_be_empty(node: Node, piece: Piece) -> bool:
+    op = node.op
+    sq, skv = piece.tensor(node.input("q")).dim[2], piece.tensor(node.input("k")).dim[2]  # type: ignore[arg-type]
+    return op.use_padding_mask or (sq > skv and (op.use_causal_mask_bottom_right
+                                                 or op.sliding_window_length is not None))
+
+
+def attention_problem(node: Node, piece: Piece) -> str | None:
+    """Why the cudnn engine does not offer this attention node to cuDNN (None: ask cuDNN)."""
+    op = node.op
+    t = {r: piece.tensor(v) for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, int)}
+    t.update({r: piece.tensor(u) for r, u in zip(op.output_roles(), node.outputs) if u is not None})
+    for role in ("q", "k", "v", "o", "dO"):
+        if role in t and t[role].data_type not in _TYPES:
+            return f"cuDNN's sdpa takes fp16/bf16 tensors ('{role}' is {t[role].data_type.name})"
+    for role in ("q", "k", "v", "o", "dO", "dQ", "dK", "dV"):
+        if role in t and t[role].stride[3] != 1:
+            return f"cuDNN needs the head dim of '{role}' contiguous (stride 1 along axis 3)"
+    if t["q"].dim[3] % 8 or t["v"].dim[3] % 8:
+        return f"cuDNN's head dims are multiples of 8 (D={t['q'].dim[3]}, Dv={t['v'].dim[3]})"
+    if op.score_mod is not None:
+        return "the cudnn engine does not lower score modifiers (generated kernels run them)"
+    if op.dropout_probability is not None:
+        return "cuDNN's Philox dropout draws another random stream than the op's (tl.rand, docs/attention.md)"
+    stats = t.get("stats")
+    if stats is not None and stats.data_type is not DataType.FLOAT:
+        return f"cuDNN's Stats are FLOAT (here {stats.data_type.name})"
+    if node.kind == "sdpa" and "stats" in t and _rows_can_be_empty(node, piece):
+        return "cuDNN does not document Stats for rows with no key kept (the op's are +inf)"
+    scale = t.get("attn_scale")
+    if scale is not None and scale.data_type is not DataType.FLOAT:
+        return f"cuDNN's attn_scale tensor is FLOAT (here {scale.data_type.name})"
+    if node.kind == "sdpa_backward":
+        missing = [r for r in ("dQ", "dK", "dV") if r not in t]
+        if missing:
+            return f"cuDNN's sdpa_backward writes dQ, dK and dV ({', '.join(missing)} not used here)"
+        if node.input("dropout_mask") is not None and node.input("dropout_scale_inv") is None \
+                and not isinstance(node.input("dropout_scale"), Const):
+            return "cuDNN's backward dropout needs scale_inv with a tensor scale (dropout=(mask, scale, scale_inv))"
+    return None
+
+
+def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[Any]:
+    """The cuDNN tensors of the node's outputs (one per output role, None where absent)."""
+    g, op = lowering.graph, node.op
+    ins = {r: lowering.tensors[v] for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, int)}
+    consts = {r: float(v.value) for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, Const)}
+    common: dict[str, Any] = {
+        "use_alibi_mask": op.use_alibi_mask, "use_padding_mask": op.use_padding_mask,
+        "use_causal_mask": op.use_causal_mask, "use_causal_mask_bottom_right": op.use_causal_mask_bottom_right,
+        **kwargs,
+    }
+    if op.sliding_window_length is not None:
+        common["sliding_window_length"] = int(op.sliding_window_length)
+    if "attn_scale" in consts:
+        common["attn_scale"] = consts["attn_scale"]
+    for role in ("attn_scale", "bias", "seq_len_q", "seq_len_kv"):
+        if role in ins:
+            common[role] = ins[role]
+    if node.input("dropout_mask") is not None:
+        scale = ins["dropout_scale"] if "dropout_scale" in ins else lowering.constant(consts["dropout_scale"])
+        if node.kind == "sdpa":
+            common["dropout"] = (ins["dropout_mask"], scale)
+        else:
+            inv = (ins["dropout_scale_inv"] if "dropout_scale_inv" in ins
+                   else lowering.constant(1.0 / consts["dropout_scale"]))
+            common["dropout"] = (ins["dropout_mask"], scale, inv)
+    if node.kind == "sdpa":
+        stats = node.output("stats") is not None
+        try:
+            o, st = g.sdpa(ins["q"], ins["k"], ins["v"], generate_stats=stats, **common)
+        except TypeError:  # frontends before generate_stats took is_inference
+            o, st = g.sdpa(ins["q"], ins["k"], ins["v"], is_inference=not stats, **common)
+        return [o, st if stats else None]
+    dbias = None
+    uid = node.output("dBias")
+    if uid is not None:
+        d = lowering.piece.tensor(uid)
+        dbias = g.tensor(dim=list(d.dim), stride=list(d.stride), data_type=lowering.dtype(d.data_type),
+                         name=f"t{uid}")
+        common["dBias"] = dbias
+    dq, dk, dv = g.sdpa_backward(ins["q"], ins["k"], ins["v"], ins["o"], ins["dO"], ins["stats"],
+                                 use_deterministic_algorithm=op.use_deterministic_algorithm, **common)
+    return [dq, dk, dv, dbias]

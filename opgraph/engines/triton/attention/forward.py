@@ -1,0 +1,258 @@
+"""The generated flash-attention forward (FlashAttention-2 structure).
+
+One program per (BLOCK_M queries, batch, query head), the heaviest query blocks first under a causal
+mask. q stays in registers; the program walks the key blocks its rows can see in up to three loops:
+blocks crossing the sliding window's left edge (masked), blocks every row sees whole (no mask
+arithmetic), blocks crossing the causal diagonal or the keys' end (masked); blocks nobody sees are
+never loaded. Per key block: S = q k^T (tensor cores, fp32 accumulate), scale, bias, ALiBi, the score
+modifier and the masks in fp32, then the online softmax in log2 units (exp2 with log2(e) folded into
+the scale) and acc += P v. Rows that see no key end with l = 0: their output is 0 and their
+log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group.
+"""
+
+from __future__ import annotations
+
+from .common import (
+    UNIFORM_HELPER,
+    KernelText,
+    alibi_lines,
+    and_mask,
+    apply_keep,
+    base_expr,
+    dot,
+    dot_dtype,
+    dropout_lines,
+    dropout_scale_params,
+    dropout_setup,
+    extent,
+    pow2,
+    rows_orient,
+    scale_lines,
+    score_lines,
+    seqlen_lines,
+    tma_desc,
+    tma_load,
+    tma_ok,
+    wide,
+)
+from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs, KernelLaunch, Source
+
+__all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
+
+
+def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
+    """Whether the forward needs its leading masked loop (sliding window) and its trailing one
+    (causal, padding or a ragged last key block)."""
+    lead = spec.window is not None
+    trail = spec.causal is not Causal.NONE or spec.seq_len_kv is not None or spec.Skv % bn != 0
+    return lead, trail
+
+
+def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
+    """Key ranges of a block of query rows [m0, m0 + bm): masked [lo, r1), whole [r1, r2), masked
+    [r2, hi), each a multiple of bn apart from hi. Rows beyond q_len see nothing."""
+    causal = spec.causal is not Causal.NONE
+    lines = ["hi = kv_len"]
+    if causal:
+        lines.append(f"hi = tl.minimum(hi, tl.maximum({m0} + {bm} + diag, 0))")
+    if spec.window is not None:
+        w = spec.window
+        lines.append(f"lo = (tl.maximum({m0} + diag - {w - 1}, 0) // {bn}) * {bn}")
+        lines.append(f"r1 = ((tl.maximum({m0} + {bm} + diag - {w}, 0) + {bn - 1}) // {bn}) * {bn}")
+    else:
+        lines += ["lo = 0", "r1 = 0"]
+    if spec.seq_len_q is not None:
+        lines.append(f"hi = tl.where({m0} < q_len, hi, lo)")
+    lines.append(f"r2 = (kv_len // {bn}) * {bn}")
+    if causal:
+        lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag + 1, 0) // {bn}) * {bn})")
+    lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
+    return lines
+
+
+def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Source:
+    """The forward kernel of `spec` with knobs `kn` (see module doc)."""
+    k = KernelText(name)
+    bm, bn = kn.BLOCK_M, kn.BLOCK_N
+    dp, dvp = pow2(spec.D), pow2(spec.Dv)
+    num_m = -(-spec.Sq // bm)
+    causal = spec.causal is not Causal.NONE
+    dt = dot_dtype(spec)
+    for role in ("q", "k", "v"):
+        if spec.hook(role) is None:  # an operand made by its prologue is no parameter
+            k.param(getattr(spec, role).name)
+    if spec.o is not None:
+        k.param(spec.o.name)
+    if spec.stats is not None:
+        k.param(spec.stats.name)
+    # ORDER=1: the query blocks outermost (every head's heaviest block first, the best balance for few
+    # waves); 0: each head's blocks together (its k/v shared in L2)
+    axes = ("1", "0") if kn.ORDER else ("0", "1")
+    k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
+    k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
+    k.add(f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}",
+          f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
+          f"m0 = start_m * {bm}", f"offs_m = m0 + tl.arange(0, {bm})", f"offs_n0 = tl.arange(0, {bn})",
+          f"offs_d = tl.arange(0, {dp})", f"offs_dv = tl.arange(0, {dvp})")
+    k.add(*seqlen_lines(spec, k))
+    k.add(*scale_lines(spec, k))
+    k.add(*alibi_lines(spec))
+    dropout_scale_params(spec, k)
+    k.add(*dropout_setup(spec))
+    if spec.bias is not None:
+        k.add(f"bias_base = {base_expr(spec.bias, 'off_b', 'off_h')}")
+    dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
+    dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
+    wq, wk, wv = (wide(extent(op, (1, 1, s, d))) for op, s, d in (
+        (spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv)))
+
+    tma = bool(kn.TMA) and not spec.prologue and all(tma_ok(op, (spec.B, h, s, d)) for op, h, s, d in (
+        (spec.q, spec.Hq, spec.Sq, spec.D), (spec.k, spec.Hk, spec.Skv, spec.D), (spec.v, spec.Hv, spec.Skv, spec.Dv)))
+    # q: loaded (or computed by its prologue) once
+    q_at = Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]", and_mask(row_ok, dmask))
+    if spec.hook("q") is not None:
+        k.add(*_prologue(spec, k, "q", "q", q_at, dt))
+    elif tma:
+        k.add(tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
+              tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
+              tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp),
+              f"q = {tma_load('desc_q', 'off_b', 'off_h', 'm0', bm, dp)}")
+    else:
+        rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
+        k.add(f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
+              f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
+    if spec.hook("q") is None and spec.q.dtype != dt:
+        k.add(f"q = q.to({dt})")
+    krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
+    vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
+    if not tma and spec.hook("k") is None:
+        k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
+              " + offs_d[None, :]")
+    if not tma and spec.hook("v") is None:
+        k.add(f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+              " + offs_dv[None, :]")
+    k.add(f"m_i = tl.full([{bm}], float(\"-inf\"), tl.float32)", f"l_i = tl.zeros([{bm}], tl.float32)",
+          f"acc = tl.zeros([{bm}, {dvp}], tl.float32)")
+    k.add(*fwd_ranges(spec, bm, bn))
+    lead, trail = needs_loops(spec, bn)
+    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_n", bn,
+                       lambda masked: _body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma)))
+
+    # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
+    k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
+    if spec.dropout is not None:
+        k.add("inv_l = inv_l * drop_scale")
+    k.add("out = acc * inv_l[:, None]")
+    if spec.seq_len_q is not None:
+        k.add("out = tl.where((offs_m < q_len)[:, None], out, 0.0)")
+    omask = and_mask(row_ok, dvmask)
+    if spec.epilogue is not None:
+        for p in spec.epilogue.params():
+            k.param(p)
+        lines, value = spec.epilogue.emit("out", Coords("off_b", "off_h", "offs_m[:, None]", "offs_dv[None, :]",
+                                                        omask))
+        k.add(*lines)
+    else:
+        value = "out"
+    if spec.o is not None and value is not None:
+        o = spec.o
+        orows = "offs_m[:, None].to(tl.int64)" if wide(extent(o, (1, 1, spec.Sq, spec.Dv))) else "offs_m[:, None]"
+        k.add(f"tl.store({o.name} + {base_expr(o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
+              f"({value}).to({o.dtype}){_mask(omask, store=True)})")
+    if spec.stats is not None:
+        st = spec.stats
+        k.add(f"lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float(\"inf\"))")
+        if spec.seq_len_q is not None:
+            k.add("lse = tl.where(offs_m < q_len, lse, float(\"inf\"))")
+        smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
+        k.add(f"tl.store({st.name} + {base_expr(st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})")
+
+    for hook in (h for _, h in spec.prologue):
+        for p in hook.params():
+            k.param(p)
+    functions = [k.source()]
+    if spec.dropout is not None:
+        functions.insert(0, UNIFORM_HELPER)
+    grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
+    launch = KernelLaunch(name, grid, tuple(k.params), kn.num_warps, kn.num_stages)
+    return Source(tuple(functions), (launch,))
+
+
+def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:
+    """The loops over blocks [lo, hi): masked [lo, r1) (if `lead`), whole [r1, r2), masked [r2, hi)
+    (if `trail`); or with `one`, a single loop whose body masks under a run-time test. `body(masked)`
+    gives a loop body's lines (masked: True, False or the test)."""
+    if one and (lead or trail):
+        test = " | ".join(([f"({var} < r1)"] if lead else []) + ([f"({var} >= r2)"] if trail else []))
+        lo = "lo" if lead else "r1"
+        hi = "hi" if trail else "r2"
+        return [f"for {var} in range({lo}, {hi}, {step}):", *("    " + x for x in body(test))]
+    lines = []
+    for masked, rng, need in ((True, "lo, r1", lead), (False, "r1, r2", True), (True, "r2, hi", trail)):
+        if need:
+            lines += [f"for {var} in range({rng}, {step}):", *("    " + x for x in body(masked))]
+    return lines
+
+
+def _mask(mask: str | None, store: bool = False) -> str:
+    if mask is None:
+        return ""
+    return f", mask={mask}" if store else f", mask={mask}, other=0.0"
+
+
+def _prologue(spec: AttnSpec, k: KernelText, role: str, var: str, at: Coords, dt: str) -> list[str]:
+    """`var`, the tile of `role` computed by its prologue hook, in the dot operand type."""
+    hook = spec.hook(role)
+    assert hook is not None
+    for p in hook.params():
+        k.param(p)
+    lines, value = hook.emit(None, at)
+    return [*lines, f"{var} = ({value}).to({dt})"]
+
+
+def _load_or_prologue(spec: AttnSpec, k: KernelText, role: str, var: str, load: str, at: Coords,
+                      dt: str) -> list[str]:
+    if spec.hook(role) is not None:
+        return _prologue(spec, k, role, var, at, dt)
+    op = getattr(spec, role)
+    return [f"{var} = {load}", *([f"{var} = {var}.to({dt})"] if op.dtype != dt else [])]
+
+
+def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: bool, wv: bool,
+          row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
+    """One key block of the forward loop (masked or whole)."""
+    bn = kn.BLOCK_N
+    dt = dot_dtype(spec)
+    ragged = masked and spec.Skv % bn != 0
+    key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    start = "start_n.to(tl.int64)" if wk else "start_n"
+    dp, dvp = pow2(spec.D), pow2(spec.Dv)
+    kload = (tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp) if tma else
+             f"tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})")
+    lines = ["offs_n = start_n + offs_n0"]
+    lines += _load_or_prologue(spec, k, "k", "kt", kload, Coords("off_b", "off_hk", "offs_n[:, None]",
+                                                                  "offs_d[None, :]", and_mask(key_ok, dmask)), dt)
+    lines.append(f"qk = {dot(spec, 'q', 'tl.trans(kt)')}")
+    o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
+    lines += score_lines(spec, k, o, masked)
+    lines += [
+        "m_ij = tl.maximum(m_i, tl.max(s2, 1))",
+        "m_s = tl.where(m_ij == float(\"-inf\"), 0.0, m_ij)",
+        "p = tl.math.exp2(s2 - m_s[:, None])",
+        "alpha = tl.math.exp2(m_i - m_s)",
+        "l_i = l_i * alpha + tl.sum(p, 1)",
+        "acc = acc * alpha[:, None]",
+        "m_i = m_ij",
+    ]
+    if spec.dropout is not None:
+        lines += dropout_lines(spec, k, o)
+        lines.append(f"p = {apply_keep(spec, 'p')}")
+    vstart = "start_n.to(tl.int64)" if wv else "start_n"
+    vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    vload = (tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp) if tma else
+             f"tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
+    lines += _load_or_prologue(spec, k, "v", "vt", vload, Coords("off_b", "off_hv", "offs_n[:, None]",
+                                                                  "offs_dv[None, :]", and_mask(vkey_ok, dvmask)), dt)
+    lines.append(f"acc = {dot(spec, f'p.to({dt})', 'vt', 'acc')}")
+    return lines

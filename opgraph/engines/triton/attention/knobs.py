@@ -1,0 +1,126 @@
+"""Knob candidates of the attention kernels, the heuristic's choice first.
+
+On the GPU the choice depends on the head dim (the register budget: a [BLOCK_M, D] fp32 accumulator
+per program forward, two [BLOCK_N1, D] ones in the dK/dV kernel) and follows what Triton's
+fused-attention tutorial and FlexAttention found on Hopper: 128-query tiles with 64- or 128-key
+steps forward (8 warps for D >= 128), 2-3 pipeline stages; backward 128 keys per dK/dV program
+stepping 32-64 query rows, 128 queries per dQ program stepping 32-64 keys. Under the interpreter,
+16-row tiles, so small test shapes still cross several tiles, diagonals and ragged ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .spec import AttnSpec, BwdKnobs, FwdKnobs
+
+SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
+_ISZ = {"tl.float32": 4, "tl.float16": 2, "tl.bfloat16": 2, "tl.float64": 8, "tl.int8": 1, "tl.uint8": 1,
+        "tl.int1": 1, "tl.int32": 4, "tl.int64": 8}
+
+
+def _pow2_dim(d: int) -> int:
+    p = 16
+    while p < d:
+        p *= 2
+    return p
+
+
+def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[FwdKnobs]:
+    """Forward knobs, the heuristic's choice first. GPU: one loop with run-time masks (ONELOOP: fewer
+    registers than a loop per mask case, equal or faster in every measured row)."""
+    if not cuda:
+        return [FwdKnobs(16, 16, 4, 1), FwdKnobs(32, 16, 4, 1)]
+    width = max(_pow2_dim(d), _pow2_dim(dv or d))
+    if width <= 64:
+        c = [FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 64, 4, 4), FwdKnobs(64, 64, 4, 3),
+             FwdKnobs(128, 32, 4, 3)]
+    elif width <= 128:
+        # H100, bf16 B=4 H=16 (2026-11-25, TFLOP/s): 128x128/w8s3 432-521 (best but at 1k causal, where
+        # 64x64/w4s3 gave 299 to 270); 128x64/w8s3 within 3-8%; 2 stages lost 10-25%, TMA reads 5-10%
+        c = [FwdKnobs(128, 128, 8, 3), FwdKnobs(64, 64, 4, 3), FwdKnobs(128, 64, 8, 3), FwdKnobs(128, 64, 8, 4),
+             FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 32, 4, 3)]
+    else:
+        c = [FwdKnobs(128, 64, 8, 2), FwdKnobs(64, 64, 4, 2), FwdKnobs(128, 32, 8, 2), FwdKnobs(64, 32, 4, 3)]
+    return [replace(k, ONELOOP=1) for k in c] + [c[0]]
+
+
+def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[BwdKnobs]:
+    """Backward knobs, the heuristic's choice first (ONELOOP as in the forward)."""
+    if not cuda:
+        return [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)]
+    width = max(_pow2_dim(d), _pow2_dim(dv or d))
+    if width <= 64:
+        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
+             BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3)]
+    elif width <= 128:
+        # H100 bf16 B=4 H=16 (2026-11-25): the fused launch of 64x64 tiles, 4 warps, 2 stages: best
+        # causal (262/356/416 TFLOP/s at 1k/4k/16k), within 2-6% of the best split (the dK/dV launch
+        # 64x64/w4s2, the dQ launch 128x64/w8s3-4) without; 32-row dK/dV steps with 4 warps spilled
+        c = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
+             BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2),
+             BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4)]
+    else:
+        # D=256 (compiled for sm_90, not timed): the dK/dV accumulators need 8 warps at 64 keys a
+        # program (4 warps spilled 2 KiB)
+        c = [BwdKnobs(32, 64, 64, 32, 8, 2, 4, 2), BwdKnobs(16, 64, 64, 32, 8, 2, 4, 2),
+             BwdKnobs(32, 64, 64, 64, 8, 2, 8, 2)]
+    return [replace(k, ONELOOP=1) for k in c]
+
+
+def _tile(spec: AttnSpec, rows: int, cols: int) -> int:
+    """Bytes per pipeline stage of the [rows, cols] score-shaped tiles the loop loads (bias, dropout mask)."""
+    n = 0
+    if spec.bias is not None:
+        n += rows * cols * _ISZ.get(spec.bias.dtype, 4)
+    mask = getattr(spec.dropout, "mask", None)
+    if mask is not None:
+        n += rows * cols * _ISZ.get(mask.dtype, 4)
+    return n
+
+
+def fwd_smem(spec: AttnSpec, k: FwdKnobs) -> int:
+    """Shared memory the forward needs (an estimate that matched Triton's within a few KiB on Hopper):
+    q once, then k, v (and bias / mask tiles) per pipeline stage."""
+    isz = _ISZ.get(spec.q.dtype, 4)
+    dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
+    stage = k.BLOCK_N * (dp + dvp) * isz + _tile(spec, k.BLOCK_M, k.BLOCK_N)
+    return k.BLOCK_M * dp * isz + max(1, k.num_stages) * stage
+
+
+def bwd_smem(spec: AttnSpec, k: BwdKnobs) -> tuple[int, int]:
+    """Shared memory of the dK/dV and the dQ kernel (estimates, as fwd_smem)."""
+    isz = _ISZ.get(spec.q.dtype, 4)
+    dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
+    dkdv = k.BLOCK_N1 * (dp + dvp) * isz + max(1, k.S1) * (
+        k.BLOCK_M1 * (dp + dvp) * isz + 8 * k.BLOCK_M1 + _tile(spec, k.BLOCK_N1, k.BLOCK_M1))
+    dq = k.BLOCK_M2 * (dp + dvp) * isz + max(1, k.S2) * (
+        k.BLOCK_N2 * (dp + dvp) * isz + _tile(spec, k.BLOCK_M2, k.BLOCK_N2))
+    return dkdv, dq
+
+
+def fit_fwd(spec: AttnSpec, k: FwdKnobs) -> FwdKnobs | None:
+    """`k` with fewer pipeline stages where its tiles would not fit shared memory; None if even one
+    stage does not fit."""
+    while fwd_smem(spec, k) > SMEM_LIMIT:
+        if k.num_stages <= 1:
+            return None
+        k = replace(k, num_stages=k.num_stages - 1)
+    return k
+
+
+def fit_bwd(spec: AttnSpec, k: BwdKnobs) -> BwdKnobs | None:
+    while True:
+        a, b = bwd_smem(spec, k)
+        if k.FUSED:
+            a = b = max(a, b)
+        if a <= SMEM_LIMIT and b <= SMEM_LIMIT:
+            return k
+        if a > SMEM_LIMIT:
+            if k.S1 <= 1:
+                return None
+            k = replace(k, S1=k.S1 - 1)
+        if b > SMEM_LIMIT and not k.FUSED:
+            if k.S2 <= 1:
+                return None
+            k = replace(k, S2=k.S2 - 1)

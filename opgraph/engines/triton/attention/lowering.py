@@ -1,0 +1,468 @@
+"""From a piece to the kernel generator's spec: which pieces the attention templates take (one sdpa
+with pointwise prologues on q/k/v and a pointwise epilogue on O; one sdpa_backward alone), the
+Operands of its tensors (kernel parameters p{uid} / s{uid}), and the hooks that emit the fused
+pointwise code through the expression emitter (expr.py): prologue and epilogue nodes, and the
+recorded score modifier (ops/score_mod.py) with its derivative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ....core.config import Support
+from ....core.dtypes import DataType
+from ....core.ir import Const, Node
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc
+from ....ops.pointwise import MODES, PointwiseMode
+from ....ops.score_mod import Ref, ScoreMod, Src
+from ..expr import TL_DTYPE, Emitter, _mode_expr, elementwise, literal, round_in_compute
+from .spec import (
+    AttnSpec,
+    Causal,
+    Coords,
+    MaskDropout,
+    Operand,
+    PhiloxDropout,
+    Scalar,
+)
+
+MAX_HEAD_DIM = 256
+ROLES = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """A piece as prologues (per q/k/v role, nodes in order) -> one attention node -> epilogue."""
+
+    node: Node
+    prologue: tuple[tuple[str, tuple[Node, ...]], ...]
+    epilogue: tuple[Node, ...]
+
+    def nodes_of(self, role: str) -> tuple[Node, ...]:
+        return next((n for r, n in self.prologue if r == role), ())
+
+
+def _producers(piece: Piece) -> dict[int, Node]:
+    return {u: n for n in piece.nodes for u in n.output_uids()}
+
+
+def _chain(uid: int, made: dict[int, Node]) -> list[Node]:
+    """The piece's nodes that tensor `uid` depends on (transitively), in piece order."""
+    seen: dict[int, Node] = {}
+    todo = [uid]
+    while todo:
+        u = todo.pop()
+        n = made.get(u)
+        if n is not None and id(n) not in seen:
+            seen[id(n)] = n
+            todo.extend(n.input_uids())
+    return list(seen.values())
+
+
+def _broadcasts(desc: TensorDesc, dims: tuple[int, ...]) -> bool:
+    return desc.numel == 1 or (len(desc.dim) == len(dims) and all(d in (1, f) for d, f in zip(desc.dim, dims)))
+
+
+def analyse(piece: Piece, kind: str, template: str) -> Fusion | Support:
+    """The piece as a Fusion, or Support.no with the reason."""
+    attn = [n for n in piece.nodes if n.kind in ("sdpa", "sdpa_backward")]
+    others = [n for n in piece.nodes if n.kind not in ("sdpa", "sdpa_backward")]
+    if len(attn) != 1 or attn[0].kind != kind:
+        what = ", ".join(n.label() for n in attn) or "none"
+        return Support.no(f"the {template} template runs one {kind} op per kernel (attention ops here: {what})")
+    node = attn[0]
+    bad = next((n for n in others if not elementwise(n)), None)
+    if bad is not None:
+        return Support.no(f"the {template} template fuses pointwise ops around {node.label()}; {bad.label()} is not "
+                          "pointwise", bad)
+    if kind == "sdpa_backward":
+        if others:
+            return Support.no(f"the {template} template runs {node.label()} alone (no prologue or epilogue); "
+                              f"{others[0].label()} makes its own piece", others[0])
+        return Fusion(node, (), ())
+    made = _producers(piece)
+    taken: dict[int, str] = {}
+    prologue = []
+    for role in ROLES:
+        uid = node.input(role)
+        assert isinstance(uid, int)
+        chain = _chain(uid, made)
+        if not chain:
+            continue
+        dims = piece.tensor(uid).dim
+        for n in chain:
+            if taken.get(id(n), role) != role:
+                return Support.no(f"{n.label()} feeds both {taken[id(n)]} and {role} of {node.label()}; the {template} "
+                                  "template computes each operand's prologue on its own tile", n)
+            taken[id(n)] = role
+            why = _tile_node(piece, n, dims, f"the {role} prologue")
+            if why is not None:
+                return why
+        prologue.append((role, tuple(n for n in piece.nodes if id(n) in {id(c) for c in chain})))
+    for role in node.op.input_roles():
+        v = node.input(role)
+        if role not in ROLES and isinstance(v, int) and v in made:
+            return Support.no(f"input '{role}' of {node.label()} is computed in the piece; the {template} template "
+                              "fuses prologues on q, k and v only", made[v])
+    stats = node.output("stats")
+    o_uid = node.output("o")
+    assert o_uid is not None
+    o_dims = piece.tensor(o_uid).dim
+    epilogue = []
+    for n in piece.nodes:
+        if n is node or id(n) in taken:
+            continue
+        if stats is not None and stats in n.input_uids():
+            return Support.no(f"{n.label()} reads the Stats of {node.label()}; the {template} template fuses no "
+                              "epilogue on Stats", n)
+        if piece.nodes.index(n) < piece.nodes.index(node):
+            return Support.no(f"{n.label()} feeds none of q, k, v of {node.label()}: not a prologue the {template} "
+                              "template fuses", n)
+        if any(id(made[u]) in taken for u in n.input_uids() if u in made):
+            return Support.no(f"{n.label()} reads a prologue value of {node.label()}; the {template} template "
+                              "computes prologues only on their operand's tiles", n)
+        why = _tile_node(piece, n, o_dims, "the O epilogue")
+        if why is not None:
+            return why
+        epilogue.append(n)
+    return Fusion(node, tuple(prologue), tuple(epilogue))
+
+
+def _tile_node(piece: Piece, n: Node, dims: tuple[int, ...], where: str) -> Support | None:
+    """Why pointwise node `n` cannot be computed on tiles of a tensor of `dims`, or None."""
+    for u in (*n.input_uids(), *n.output_uids()):
+        t = piece.tensor(u)
+        if not _broadcasts(t, dims):
+            return Support.no(f"{n.label()} in {where}: {t.label()} dims {list(t.dim)} do not broadcast to "
+                              f"{list(dims)}", n)
+    for u in n.output_uids():
+        t = piece.tensor(u)
+        if u in piece.outputs and t.dim != dims:
+            return Support.no(f"{n.label()} in {where} writes {t.label()} of dims {list(t.dim)}, smaller than the "
+                              f"tile space {list(dims)}; it makes its own piece", n)
+        if u in piece.outputs and where != "the O epilogue":
+            return Support.no(f"{n.label()} in {where}: {t.label()} is needed outside the piece, but a prologue is "
+                              "computed per tile, not stored", n)
+    return None
+
+
+# -- operands --------------------------------------------------------------------------------------------
+
+
+def operand(piece: Piece, uid: int) -> Operand:
+    """The Operand of tensor `uid` (parameter p{uid}; stride 0 along axes of length 1)."""
+    t = piece.tensor(uid)
+    strides = tuple(0 if d == 1 else s for d, s in zip(t.dim, t.stride))
+    return Operand(f"p{uid}", TL_DTYPE[t.data_type], strides)
+
+
+def scalar_value(piece: Piece, v, kind: str = "float") -> float | int | Scalar | None:
+    """A scalar input: a number (Const), Scalar("arg") for a pass-by-value tensor, Scalar("ptr") for a
+    1-element device tensor."""
+    if v is None:
+        return None
+    if isinstance(v, Const):
+        return float(v.value) if kind == "float" else int(v.value)
+    t = piece.tensor(v)
+    if t.is_pass_by_value:
+        return Scalar("arg", f"s{v}")
+    return Scalar("ptr", f"p{v}", TL_DTYPE[t.data_type])
+
+
+def support_of(piece: Piece, f: Fusion, template: str) -> Support:
+    """The memory-layout, type and size rules of the generated kernels."""
+    node = f.node
+    label = node.label()
+    q = piece.tensor(node.input("q"))  # type: ignore[arg-type]
+    k = piece.tensor(node.input("k"))  # type: ignore[arg-type]
+    v = piece.tensor(node.input("v"))  # type: ignore[arg-type]
+    if q.data_type not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
+        return Support.no(f"{label}: the {template} template multiplies HALF, BFLOAT16 or FLOAT q/k/v, not "
+                          f"{q.data_type.name}; the torch or reference engine runs it", node)
+    if max(q.dim[3], v.dim[3]) > MAX_HEAD_DIM:
+        return Support.no(f"{label}: head dims {q.dim[3]}/{v.dim[3]} exceed the {MAX_HEAD_DIM} a program holds in "
+                          "registers; the torch or cudnn engine runs it", node)
+    if min(q.dim) == 0 or k.dim[2] == 0:
+        return Support.no(f"{label}: empty tensors (dims {list(q.dim)}, {list(k.dim)})", node)
+    prologued = {r for r, _ in f.prologue}
+    memory = [r for r in ROLES if r not in prologued]
+    roles = {"sdpa": ("o",), "sdpa_backward": ("o", "dO")}[node.kind]
+    for role in memory + list(roles):
+        uid = node.input(role) if role in node.op.input_roles() else node.output(role)
+        if isinstance(uid, int) and piece.tensor(uid).stride[3] != 1 and uid in (*piece.inputs, *piece.outputs):
+            t = piece.tensor(uid)
+            return Support.no(f"{label}: {t.label()} has strides {list(t.stride)}; the {template} template reads and "
+                              "writes attention tensors with a unit last stride (BSHD or BHSD)", node)
+    if node.kind == "sdpa_backward":
+        for role in ("dQ", "dK", "dV"):
+            t = piece.tensor(node.output(role))  # type: ignore[arg-type]
+            if t.stride[3] != 1:
+                return Support.no(f"{label}: {t.label()} has strides {list(t.stride)}; the gradients are written with "
+                                  "a unit last stride", node)
+        if k.dim[1] != v.dim[1]:
+            return Support.no(f"{label}: {k.dim[1]} key heads but {v.dim[1]} value heads; the generated backward sums "
+                              "dK and dV over one GQA grouping", node)
+        db = node.output("dBias")
+        if db is not None and 4 * q.dim[0] * q.dim[1] * q.dim[2] * k.dim[2] > 2**31 \
+                and piece.tensor(db).dim != (q.dim[0], q.dim[1], q.dim[2], k.dim[2]):
+            return Support.no(f"{label}: a broadcast dBias is summed from fp32 partials of every score, more than "
+                              "2 GiB here; the torch engine runs it", node)
+    for role in ("dropout_seed", "dropout_offset"):
+        s = node.input(role)
+        if isinstance(s, int) and piece.tensor(s).is_pass_by_value:
+            return Support.no(f"{label}: '{role}' is a pass-by-value scalar, which kernels receive as fp32; give "
+                              "a 1-element INT64 device tensor or a number", node)
+    mod = node.op.score_mod
+    if mod is not None:
+        for sm in (mod, getattr(node.op, "score_mod_grad", None)):
+            for n in (sm.nodes if sm is not None else ()):
+                if n.mode is not PointwiseMode.GEN_INDEX:
+                    try:
+                        _mode_expr(n.mode, ["a", "b", "c"], {p: "0.0" for p, _ in MODES[n.mode].params})
+                    except NotImplementedError:
+                        return Support.no(f"{label}: score_mod op {n.mode.value} has no Triton form", node)
+    return Support.yes()
+
+
+# -- hooks -----------------------------------------------------------------------------------------------
+
+
+class TileIndexer:
+    """Loads and stores of tensors broadcast to a tile whose elements have coordinates `at`."""
+
+    def __init__(self, at: Coords) -> None:
+        self.at = at
+
+    def offset(self, desc: TensorDesc) -> str:
+        terms = []
+        for a in range(4):
+            if desc.dim[a] > 1 and desc.stride[a]:
+                c = self.at.axis(a)
+                if a < 2:
+                    c = f"{c}.to(tl.int64)"
+                terms.append(f"{c} * {desc.stride[a]}")
+        return " + ".join(terms) or "0"
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        if desc.numel == 1:
+            return f"tl.load({ptr})"
+        if desc.dim[2] == 1 and desc.dim[3] == 1:  # per batch / head: one scalar (b, h always in range)
+            return f"tl.load({ptr} + {self.offset(desc)})"
+        m = f", mask={self.at.mask}, other=0" if self.at.mask else ""
+        return f"tl.load({ptr} + {self.offset(desc)}{m})"
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        m = f", mask={self.at.mask}" if self.at.mask else ""
+        return f"tl.store({ptr} + {self.offset(desc)}, {value}{m})"
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        return "0" if desc.dim[axis] == 1 else self.at.axis(axis)
+
+
+class PrefixEmitter(Emitter):
+    """An Emitter whose value names carry a prefix (one per hook, so that tiles of different shapes
+    never share a name)."""
+
+    def __init__(self, *args, prefix: str, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.prefix = prefix
+
+    def operand(self, v):  # type: ignore[override]
+        if v is None or isinstance(v, Const) or v in self.values:
+            return super().operand(v)
+        desc = self.tensors[v]
+        name = f"{self.prefix}{v}"
+        if desc.is_pass_by_value:
+            self.lines.append(f"{name} = {self.scalar(v)}")
+        else:
+            self.lines.append(f"{name} = {self.indexer.load(desc, self.ptr(v))}.to({self.compute})")
+        self.values[v] = name
+        return name
+
+    def assign(self, uid: int, value: str) -> None:
+        name = f"{self.prefix}{uid}"
+        self.lines.append(f"{name} = {value}")
+        rounded = round_in_compute(name, self.tensors[uid].data_type, self.compute)
+        if rounded is not None:
+            self.lines.append(f"{name} = {rounded}")
+        self.values[uid] = name
+
+
+def _param(piece: Piece, uid: int) -> str:
+    return f"s{uid}" if piece.tensor(uid).is_pass_by_value else f"p{uid}"
+
+
+class NodesHook:
+    """A prologue (nodes computing operand `target`) or an epilogue (nodes on O, `target` the O
+    uid) emitted by the expression emitter at the tile's coordinates."""
+
+    def __init__(self, piece: Piece, nodes: tuple[Node, ...], target: int, prefix: str, *, epilogue: bool) -> None:
+        self.piece, self.nodes, self.target, self.prefix, self.epilogue = piece, nodes, target, prefix, epilogue
+        made = {u for n in nodes for u in n.output_uids()}
+        ext = [u for n in nodes for u in n.input_uids() if u not in made and u != target]
+        self._params = tuple(dict.fromkeys(_param(piece, u) for u in ext))
+        if epilogue:
+            self._params += tuple(f"p{u}" for n in nodes for u in n.output_uids() if u in piece.outputs)
+        # a value that depends on no tile-shaped tensor is broadcast to the tile explicitly
+        self.scalar_only = not epilogue and not any(
+            piece.tensor(u).dim[2] > 1 or piece.tensor(u).dim[3] > 1 for u in ext) and not any(
+            n.op.mode is PointwiseMode.GEN_INDEX and n.op.axis in (2, 3) for n in nodes if hasattr(n.op, "mode"))
+
+    def params(self) -> tuple[str, ...]:
+        return self._params
+
+    def emit(self, value: str | None, at: Coords) -> tuple[list[str], str | None]:
+        em = PrefixEmitter(self.piece.graph.tensors, "tl.float32", TileIndexer(at),
+                           ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}", prefix=self.prefix)
+        if self.epilogue:
+            assert value is not None
+            em.assign(self.target, value)  # O as the unfused graph sees it (rounded to its type)
+        for n in self.nodes:
+            em.emit(n)
+        if self.epilogue:
+            for n in self.nodes:
+                for u in n.output_uids():
+                    if u in self.piece.outputs:
+                        em.store(u)
+            return em.lines, value
+        result = em.values[self.target]
+        if self.scalar_only:
+            result = f"({result} + 0.0 * ({at.i} + {at.j}).to(tl.float32))"
+        return em.lines, result
+
+
+class ScoreModCode:
+    """A recorded score modifier (and its derivative) emitted as straight-line fp32 code, extra inputs
+    read at the score tile's coordinates."""
+
+    def __init__(self, piece: Piece, node: Node) -> None:
+        self.piece = piece
+        self.mod: ScoreMod = node.op.score_mod
+        self.grad: ScoreMod | None = getattr(node.op, "score_mod_grad", None)
+        self.inputs = [node.input(r) for r in self.mod.input_roles()]
+        self._params = tuple(dict.fromkeys(_param(piece, u) for u in self.inputs if isinstance(u, int)))
+
+    def params(self) -> tuple[str, ...]:
+        return self._params
+
+    def _input(self, i: int, at: Coords, lines: list[str], cache: dict[int, str], prefix: str) -> str:
+        if i in cache:
+            return cache[i]
+        u = self.inputs[i]
+        if isinstance(u, Const):
+            return literal(u.value)
+        desc = self.piece.tensor(u)
+        name = f"{prefix}in{i}"
+        if desc.is_pass_by_value:
+            lines.append(f"{name} = s{u}")
+        else:
+            lines.append(f"{name} = {TileIndexer(at).load(desc, f'p{u}')}.to(tl.float32)")
+        cache[i] = name
+        return name
+
+    def _emit(self, mod: ScoreMod, score: str, grad: str | None, at: Coords, prefix: str) -> tuple[list[str], str]:
+        lines: list[str] = []
+        cache: dict[int, str] = {}
+        names: list[str] = []
+
+        def value(r: Ref | None) -> str:
+            if r is None:
+                return ""
+            if r.src is Src.SCORE:
+                return score
+            if r.src is Src.GRAD:
+                assert grad is not None
+                return grad
+            if r.src is Src.NODE:
+                return names[r.index]
+            if r.src is Src.INPUT:
+                return self._input(r.index, at, lines, cache, prefix)
+            return literal(r.const)
+
+        for i, n in enumerate(mod.nodes):
+            info = MODES[n.mode]
+            ins = [value(r) for r in n.operands]
+            name = f"{prefix}{i}"
+            if n.mode is PointwiseMode.GEN_INDEX:
+                expr = f"({at.axis(n.axis or 0)})"
+            else:
+                params = {p: (ins[info.arity + j] if info.arity + j < len(ins) and ins[info.arity + j]
+                              else literal(default)) for j, (p, default) in enumerate(info.params)}
+                expr = _mode_expr(n.mode, ins[: info.arity], params)
+            lines.append(f"{name} = ({expr}).to(tl.float32)")
+            names.append(name)
+        return lines, value(mod.result)
+
+    def forward(self, score: str, at: Coords) -> tuple[list[str], str]:
+        return self._emit(self.mod, score, None, at, "smf")
+
+    def backward(self, score: str, grad: str, at: Coords) -> tuple[list[str], str]:
+        assert self.grad is not None
+        return self._emit(self.grad, score, grad, at, "smb")
+
+
+# -- the spec ----------------------------------------------------------------------------------------
+
+
+def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str = "ieee") -> AttnSpec:
+    """The AttnSpec of an analysed, supported piece."""
+    node = f.node
+    op: Any = node.op  # Sdpa or SdpaBackward
+    uid: dict[str, Any] = {r: node.input(r) for r in op.input_roles()}
+    q_uid, k_uid, v_uid = uid["q"], uid["k"], uid["v"]
+    q, k, v = (piece.tensor(u) for u in (q_uid, k_uid, v_uid))  # type: ignore[arg-type]
+    B, Hq, Sq, D = q.dim
+    Hk, Skv = k.dim[1], k.dim[2]
+    Hv, Dv = v.dim[1], v.dim[3]
+    causal = Causal.BOTTOM_RIGHT if op.use_causal_mask_bottom_right else (
+        Causal.TOP_LEFT if op.use_causal_mask else Causal.NONE)
+    kw: dict = {}
+    scale = scalar_value(piece, uid.get("attn_scale"))
+    kw["scale"] = 1.0 if scale is None else scale
+    if op.use_padding_mask:
+        kw["seq_len_q"] = operand(piece, uid["seq_len_q"])  # type: ignore[arg-type]
+        kw["seq_len_kv"] = operand(piece, uid["seq_len_kv"])  # type: ignore[arg-type]
+    if isinstance(uid.get("bias"), int):
+        kw["bias"] = operand(piece, uid["bias"])  # type: ignore[arg-type]
+        kw["bias_dims"] = piece.tensor(uid["bias"]).dim  # type: ignore[arg-type]
+    if op.dropout_probability is not None:
+        kw["dropout"] = PhiloxDropout(op.dropout_probability, scalar_value(piece, uid["dropout_seed"], "int"),
+                                      scalar_value(piece, uid["dropout_offset"], "int"))  # type: ignore[arg-type]
+    elif isinstance(uid.get("dropout_mask"), int):
+        kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]),  # type: ignore[arg-type]
+                                    scalar_value(piece, uid["dropout_scale"]))  # type: ignore[arg-type]
+    if op.score_mod is not None:
+        kw["score_mod"] = ScoreModCode(piece, node)
+    ops: dict[str, Any] = {"q": operand(piece, q_uid), "k": operand(piece, k_uid), "v": operand(piece, v_uid)}
+    if node.kind == "sdpa":
+        o_uid, st_uid = node.output("o"), node.output("stats")
+        assert o_uid is not None
+        kw["o"] = operand(piece, o_uid) if o_uid in piece.outputs else None
+        kw["stats"] = operand(piece, st_uid) if st_uid is not None and st_uid in piece.outputs else None
+        hooks = []
+        for role, nodes in f.prologue:
+            hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False)))  # type: ignore[arg-type]
+        kw["prologue"] = tuple(hooks)
+        if f.epilogue:
+            kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True)
+    else:
+        kw.update(o=operand(piece, uid["o"]), stats=operand(piece, uid["stats"]),  # type: ignore[arg-type]
+                  do=operand(piece, uid["dO"]), dq=operand(piece, node.output("dQ")),  # type: ignore[arg-type]
+                  dk=operand(piece, node.output("dK")), dv=operand(piece, node.output("dV")))  # type: ignore[arg-type]
+        db = node.output("dBias")
+        if db is not None:
+            kw["dbias"] = operand(piece, db)
+    return AttnSpec(B, Hq, Hk, Hv, Sq, Skv, D, Dv, **ops, causal=causal, window=op.sliding_window_length,
+                    alibi=op.use_alibi_mask, interpret=interpret, fp32_precision=fp32_precision, **kw)
+
+
+def flops(spec: AttnSpec) -> float:
+    """Multiply-add work of the forward (both products), halved by a causal mask."""
+    f = 2.0 * spec.B * spec.Hq * spec.Sq * spec.Skv * (spec.D + spec.Dv)
+    return f * (0.5 if spec.causal is not Causal.NONE else 1.0)
+
+
+__all__ = ["Fusion", "NodesHook", "ScoreModCode", "TileIndexer", "analyse", "build_spec", "flops", "operand",
+           "support_of"]

@@ -1,0 +1,220 @@
+"""What a generated flash-attention kernel computes, as a small frozen description that the kernel
+generators (forward.py, backward.py) turn into Triton source: problem sizes, how each tensor lies in
+memory (strides baked into the code), the masks, bias, dropout, the scale, and hooks through which a
+template emits fused pointwise code (score modifier, q/k/v prologue, O epilogue).
+
+Tensors are logical [B, H, S, D] (stats [B, H, Sq, 1], bias [B, H, Sq, Skv], seq lens [B, 1, 1, 1]);
+each is an `Operand`: the kernel parameter that points to its buffer, its element type and its
+strides per logical axis (0 along a broadcast axis), the last one 1 for q/k/v/o and their gradients.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor the kernel reads or writes: parameter `name`, element type `dtype` (a tl dtype
+    string), `strides` per logical axis (elements; 0 = broadcast), `offset` elements into the buffer."""
+
+    name: str
+    dtype: str
+    strides: tuple[int, ...]
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A run-time scalar: `kind` "arg" (a float kernel argument) or "ptr" (a 1-element device tensor
+    read by the kernel, of tl dtype `dtype`), in parameter `name`."""
+
+    kind: str
+    name: str
+    dtype: str = "tl.float32"
+
+
+class Causal(enum.Enum):
+    NONE = "none"
+    TOP_LEFT = "top_left"  # key j is seen by query i when j <= i
+    BOTTOM_RIGHT = "bottom_right"  # j <= i + (kv_len - q_len): the diagonal ends at the last key
+
+
+@dataclass(frozen=True)
+class PhiloxDropout:
+    """Dropout drawn in the kernel: keep an element when its uniform draw (tl.rand) is >= p; kept
+    elements are scaled by 1/(1-p). `seed` and `offset`: 1-element integer device tensors (Scalar
+    "ptr") or numbers baked in."""
+
+    p: float
+    seed: Scalar | int
+    offset: Scalar | int
+
+
+@dataclass(frozen=True)
+class MaskDropout:
+    """Dropout by an explicit mask tensor (broadcast to [B, H, Sq, Skv]) times `scale`."""
+
+    mask: Operand
+    scale: float | Scalar
+
+
+@dataclass(frozen=True)
+class Coords:
+    """Expressions of a tile element's logical coordinates, for hooks: batch `b`, head `h` (of the
+    tensor the hook works on), `i`/`j` (query/key position, or sequence/feature for q/k/v/O tiles),
+    and `mask`, the tile's in-bounds predicate (None where every element is in bounds)."""
+
+    b: str
+    h: str
+    i: str
+    j: str
+    mask: str | None = None
+
+    def axis(self, n: int) -> str:
+        return (self.b, self.h, self.i, self.j)[n]
+
+
+class ScoreMod(Protocol):
+    """Pointwise code on the score tile. `forward` returns (lines, the modified score's expression)
+    given the name of the score tile (fp32, natural units: scale * q.k + bias + alibi); `backward`
+    returns (lines, the gradient of the unmodified score's expression) given the score tile and the
+    name of the gradient of the modified one (it may recompute what `forward` computed). Extra kernel
+    parameters (tensors the code reads) are `params()`."""
+
+    def params(self) -> tuple[str, ...]: ...
+
+    def forward(self, score: str, at: Coords) -> tuple[list[str], str]: ...
+
+    def backward(self, score: str, grad: str, at: Coords) -> tuple[list[str], str]: ...
+
+
+class TileHook(Protocol):
+    """Pointwise code making a q/k/v tile (prologue: `value` None; the hook reads what it needs and
+    returns (lines, the tile's expression), nothing else loads the operand), or on the normalized O
+    tile (epilogue: `value` is its fp32 expression; returns (lines, the value to store as O, or None
+    where O is not stored)). `params()`: the kernel parameters the code reads."""
+
+    def params(self) -> tuple[str, ...]: ...
+
+    def emit(self, value: str | None, at: Coords) -> tuple[list[str], str | None]: ...
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """One attention problem. Forward reads q, k, v and writes o (and stats); backward reads q, k,
+    v, o, do, stats and writes dq, dk, dv (and dbias)."""
+
+    B: int
+    Hq: int
+    Hk: int
+    Hv: int
+    Sq: int
+    Skv: int
+    D: int
+    Dv: int
+    q: Operand
+    k: Operand
+    v: Operand
+    o: Operand | None = None
+    stats: Operand | None = None  # [B, Hq, Sq, 1] fp32, natural-log LSE
+    scale: float | Scalar = 1.0
+    causal: Causal = Causal.NONE
+    window: int | None = None  # key j is seen by query i when i + diag - j < window
+    seq_len_q: Operand | None = None  # [B, 1, 1, 1] int32
+    seq_len_kv: Operand | None = None
+    alibi: bool = False
+    bias: Operand | None = None
+    dropout: PhiloxDropout | MaskDropout | None = None
+    score_mod: ScoreMod | None = field(default=None, compare=False)
+    prologue: tuple[tuple[str, TileHook], ...] = field(default=(), compare=False)  # ("q"|"k"|"v", hook)
+    epilogue: TileHook | None = field(default=None, compare=False)
+    # backward
+    do: Operand | None = None
+    dq: Operand | None = None
+    dk: Operand | None = None
+    dv: Operand | None = None
+    dbias: Operand | None = None  # shaped like bias, which may broadcast
+    bias_dims: tuple[int, int, int, int] | None = None  # bias's logical dims (1 where broadcast)
+    # arithmetic
+    interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
+    fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
+
+    @property
+    def gk(self) -> int:
+        return self.Hq // self.Hk
+
+    @property
+    def gv(self) -> int:
+        return self.Hq // self.Hv
+
+    @property
+    def masked_rows_possible(self) -> bool:
+        """Whether some row may see no key at all, or a score may be -inf (guards needed)."""
+        return (self.causal is Causal.BOTTOM_RIGHT or self.seq_len_kv is not None or self.window is not None
+                or self.bias is not None or self.score_mod is not None or self.Sq > self.Skv)
+
+    def hook(self, role: str) -> TileHook | None:
+        return next((h for r, h in self.prologue if r == role), None)
+
+
+@dataclass(frozen=True)
+class FwdKnobs:
+    BLOCK_M: int = 128
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    TMA: int = 0  # read q, k and v through device-side tensor descriptors (zero-filled edges, no masks)
+    ORDER: int = 0  # 1: grid (batch x head, query block): all heads' heaviest blocks first
+    ONELOOP: int = 0  # one loop over every visited key block, the masks applied under a run-time test
+
+
+@dataclass(frozen=True)
+class BwdKnobs:
+    BLOCK_M1: int = 64  # dk/dv kernel: query rows per step
+    BLOCK_N1: int = 128  # dk/dv kernel: keys per program
+    BLOCK_M2: int = 128  # dq kernel: queries per program
+    BLOCK_N2: int = 64  # dq kernel: keys per step
+    W1: int = 8
+    S1: int = 2
+    W2: int = 8
+    S2: int = 2
+    PRE_BLOCK: int = 64  # preprocess rows per program
+    TMA: int = 0  # read the streamed tiles (q, dO in dK/dV; k, v in dQ) through tensor descriptors
+    FUSED: int = 0  # one launch for dK/dV and dQ (W1, S1 for both), as FlexAttention
+    ONELOOP: int = 0  # one loop over every visited block per kernel, the masks applied under a run-time test
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One launch of a generated kernel: name, grid, parameter names in order, warps and stages."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    params: tuple[str, ...]
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class ScratchBuf:
+    """Scratch memory a generated kernel set needs: parameter `name`, `numel` elements of `dtype`
+    (a torch dtype name)."""
+
+    name: str
+    numel: int
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Generated kernels: module functions (source text), launches in order, scratch buffers."""
+
+    functions: tuple[str, ...]
+    launches: tuple[KernelLaunch, ...]
+    scratch: tuple[ScratchBuf, ...] = ()

@@ -1,0 +1,72 @@
+"""Attention translators: aten.scaled_dot_product_attention -> sdpa (docs/attention.md).
+
+    F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+      q, k, v rank 4 [B, H, S, E] (rank 3 [B, S, E] is one head); k/v heads dividing q's (GQA, or
+          PyTorch's broadcast of one head)
+      scale None -> 1/sqrt(E) (PyTorch's default; the op's own default is 1)
+      is_causal -> use_causal_mask (PyTorch's diagonal is the top-left one)
+      float attn_mask -> bias (broadcast to [B, H, Sq, Skv] with leading 1s)
+      bool attn_mask (True = attend) -> a score modifier select(mask, s, -inf), fused into the kernel
+      dropout_p > 0 (train mode) -> Philox dropout=(p, seed, offset): seed an INT64 input drawn by
+          variant_pack at every call (uniform in [0, 2^53)), offset 0. The draws are the op's Philox
+          stream, not PyTorch's (no two attention implementations share one).
+nn.MultiheadAttention(need_weights=False) and nn.TransformerEncoderLayer call it, so they import
+through it; need_weights=True computes the averaged weights with bmm/softmax, translated op by op.
+Stats are not generated (the imported graph outputs what the module returns): opgraph.grad
+recomputes them in the backward graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .torch_import import Args, Importer, Untranslatable, Value
+from .torch_ops import op
+
+
+def _rank4(imp: Importer, v: Value) -> Any:
+    if v.rank == 4:
+        return imp.tensor(v)
+    return imp.reshaped(v, (v.shape[0], 1, *v.shape[1:]))
+
+
+@op("scaled_dot_product_attention")
+def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
+    torch = imp.torch
+    q, k, v = a["query"], a["key"], a["value"]
+    if not all(isinstance(x, Value) and x.rank in (3, 4) and x.rank == q.rank for x in (q, k, v)):
+        raise Untranslatable("attention over tensors of rank other than 3 or 4")
+    heads = (q.shape[1], k.shape[1], v.shape[1]) if q.rank == 4 else (1, 1, 1)
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0] or heads[0] % heads[1] or heads[0] % heads[2]:
+        raise Untranslatable("batch broadcasting between q, k and v")
+    scale = a.get("scale")
+    if isinstance(scale, Value):
+        raise Untranslatable("a tensor scale")
+    kw: dict[str, Any] = {"attn_scale": float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])}
+    mask = a.get("attn_mask")
+    if isinstance(mask, Value):
+        if mask.rank > 4:
+            raise Untranslatable("an attention mask of rank > 4")
+        m = imp.at_rank(mask, 4)
+        if mask.dtype == torch.bool:
+            kw["score_mod"] = lambda g, s: g.binary_select(s, -math.inf, m)
+        else:
+            kw["bias"] = m
+    if a.get("is_causal"):
+        kw["use_causal_mask"] = True
+    p = float(a.get("dropout_p") or 0.0)
+    if p >= 1.0:
+        raise Untranslatable("dropout_p >= 1")
+    if p > 0.0:
+        seed = imp.random_value("seed", (1,), torch.int64)
+        offset = imp.constant_value(torch.zeros(1, dtype=torch.int64), "dropout_offset")
+        kw["dropout"] = (p, imp.tensor(seed), imp.tensor(offset))
+        imp.note(f"{node.name}: attention dropout in train mode: the op's Philox stream, its seed an input drawn "
+                 "by variant_pack at every call (other draws than PyTorch's)")
+    o, _ = imp.g.sdpa(_rank4(imp, q), _rank4(imp, k), _rank4(imp, v), generate_stats=False,
+                      name=imp.op_name("sdpa"), **kw)
+    if q.rank == 3:
+        out_shape = (*q.shape[:2], v.shape[-1])
+        return imp.g.reshape(o, list(out_shape), name=imp.op_name("reshape"))
+    return o

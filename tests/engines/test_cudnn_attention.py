@@ -1,0 +1,167 @@
+"""sdpa / sdpa_backward on the cudnn engine: what is offered to cuDNN and why the rest is declined
+(CPU), and on a GPU with nvidia-cudnn-frontend, cuDNN's SDPA against the reference engine (fp16/bf16,
+head dims 64/128/256, masks, GQA, BSHD, bias, padding, explicit-mask dropout, forward and backward)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph import DataType as DT
+from opgraph.core.config import NumericalNote
+from opgraph.engines.cudnn_frontend import static_problem
+
+from ..helpers import assert_engine_matches
+from ..ops.attention_torch import strides
+from .test_cudnn_frontend import requires_cudnn, whole
+
+
+def attention_graph(io=DT.HALF, *, b=2, hq=4, hk=2, sq=64, skv=96, d=64, layout="bshd", backward=False,
+                    stats=None, bias=False, padding=False, drop=None, scale=0.125, **opts):
+    g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    dims = {"q": (b, hq, sq, d), "k": (b, hk, skv, d), "v": (b, hk, skv, d)}
+    t = {n: g.tensor(dim=x, stride=strides(x, layout), name=n) for n, x in dims.items()}
+    kw = dict(opts, attn_scale=scale)
+    if bias:
+        kw["bias"] = g.tensor(dim=[1, hq, sq, skv], name="bias")
+    if padding:
+        kw["use_padding_mask"] = True
+        kw["seq_len_q"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
+        kw["seq_len_kv"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
+    if drop == "mask":
+        kw["dropout"] = (g.tensor(dim=[b, hq, sq, skv], name="dmask"), 1 / 0.75)
+    elif drop == "philox":
+        kw["dropout"] = (0.25, g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="seed"),
+                         g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="offset"))
+    want_stats = backward if stats is None else stats
+    o, st = g.sdpa(t["q"], t["k"], t["v"], generate_stats=want_stats, **kw, name="fwd")
+    o.set_output(True).set_stride(strides((b, hq, sq, d), layout))
+    if st is not None:
+        st.set_output(True)
+    if backward:
+        g2 = og.Graph("att_bwd", io_data_type=io, intermediate_data_type=DT.FLOAT)
+        h = {n: g2.tensor(dim=x, stride=strides(x, layout), name=n) for n, x in dims.items()}
+        od = (b, hq, sq, d)
+        ob, dob = (g2.tensor(dim=od, stride=strides(od, layout), name=n) for n in ("o", "dO"))
+        stb = g2.tensor(dim=[b, hq, sq, 1], data_type=DT.FLOAT, name="stats")
+        kb = {k: v for k, v in kw.items() if k not in ("bias", "seq_len_q", "seq_len_kv", "dropout")}
+        if bias:
+            kb["bias"] = g2.tensor(dim=[1, hq, sq, skv], name="bias")
+            kb["dBias"] = g2.tensor(dim=[1, hq, sq, skv], name="dBias")
+        if padding:
+            kb["seq_len_q"] = g2.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
+            kb["seq_len_kv"] = g2.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
+        if drop == "mask":
+            kb["dropout"] = (g2.tensor(dim=[b, hq, sq, skv], name="dmask"), 1 / 0.75)
+        for x in g2.sdpa_backward(h["q"], h["k"], h["v"], ob, dob, stb, **kb, name="bwd"):
+            x.set_output(True)
+        return g, g2
+    return g
+
+
+# -- what is offered (no GPU needed) -------------------------------------------------------------------
+
+
+def test_plain_attention_is_offered():
+    assert static_problem(whole(attention_graph(use_causal_mask=True))) is None
+    _, g2 = attention_graph(backward=True, bias=True, drop="mask")
+    assert static_problem(whole(g2)) is None
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"io": DT.FLOAT}, "fp16/bf16"),
+    ({"d": 20}, "multiples of 8"),
+    ({"drop": "philox"}, "Philox"),
+    ({"padding": True, "stats": True}, "+inf"),
+    ({"sq": 96, "skv": 64, "use_causal_mask_bottom_right": True, "stats": True}, "+inf"),
+    ({"score_mod": lambda g, s: g.tanh(s)}, "score modifiers"),
+])
+def test_declines_with_a_reason(kw, words):
+    why = static_problem(whole(attention_graph(**kw)))
+    assert why is not None and words in why[0], why
+
+
+def test_backward_without_every_gradient_is_declined():
+    g = og.Graph("bwd", io_data_type=DT.HALF)
+    q, k, v, o, do = (g.tensor(dim=[1, 2, 16, 64], name=n) for n in ("q", "k", "v", "o", "dO"))
+    st = g.tensor(dim=[1, 2, 16, 1], data_type=DT.FLOAT, name="stats")
+    from opgraph.ops.attention import SdpaBackward
+
+    (dq,) = g._add_op(SdpaBackward(), [q, k, v, o, do, st] + [None] * 9, outputs=["dQ"])[:1]
+    dq.set_output(True)
+    why = static_problem(whole(g))
+    assert why is not None and "dQ, dK and dV" in why[0]
+
+
+def test_padding_without_stats_is_offered():
+    assert static_problem(whole(attention_graph(padding=True, stats=False))) is None
+
+
+# -- GPU -------------------------------------------------------------------------------------------------
+
+
+def _prepare(g):
+    final = g.final
+
+    def prepare(pack):
+        rng = np.random.default_rng(3)
+        for uid in final.inputs:
+            t = final.tensors[uid]
+            if t.name == "seq_len_q":
+                pack[uid][...] = np.array([37, 64][: t.dim[0]]).reshape(t.dim)
+            elif t.name == "seq_len_kv":
+                pack[uid][...] = np.array([90, 17][: t.dim[0]]).reshape(t.dim)
+            elif t.name == "dmask":
+                pack[uid][...] = (rng.uniform(size=t.dim) > 0.25).astype(pack[uid].dtype)
+            elif t.name == "stats":
+                pack[uid][...] = np.abs(pack[uid]) + 2.0  # a plausible LSE
+    return prepare
+
+
+def _cudnn(g, rng, tol=3e-2):
+    plan = assert_engine_matches(g, rng, engines=("cudnn",), device="cuda", expect_steps=1, rtol=tol, atol=tol,
+                                 prepare=_prepare(g), low=-1.0, high=1.0)
+    assert plan.steps[0].config.engine == "cudnn", plan.describe()
+    assert NumericalNote.TENSOR_CORE in plan.steps[0].config.numerical_notes
+    return plan
+
+
+@pytest.mark.gpu
+@requires_cudnn
+@pytest.mark.parametrize("io", [DT.HALF, DT.BFLOAT16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}])
+def test_gpu_forward(io, d, mask, rng):
+    _cudnn(attention_graph(io, d=d, sq=128, skv=192, stats=True, **mask), rng)
+
+
+@pytest.mark.gpu
+@requires_cudnn
+@pytest.mark.parametrize("io", [DT.HALF, DT.BFLOAT16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", [{}, {"use_causal_mask": True}])
+def test_gpu_forward_then_backward(io, d, mask, rng):
+    """The backward graph fed with cuDNN's own forward O and Stats."""
+    g, g2 = attention_graph(io, d=d, sq=128, skv=128, backward=True, **mask)
+    fwd = g.build(device="cuda", engines=["cudnn"])
+    bwd = g2.build(device="cuda", engines=["cudnn"])
+    assert fwd.steps[0].config.engine == bwd.steps[0].config.engine == "cudnn"
+    _cudnn(g2, rng)  # random O/Stats: the formula holds whatever they are
+
+
+@pytest.mark.gpu
+@requires_cudnn
+@pytest.mark.parametrize("features", [{"bias": True}, {"padding": True, "stats": False},
+                                      {"drop": "mask", "stats": True}, {"layout": "bhsd", "hk": 1},
+                                      {"sliding_window_length": 32, "use_causal_mask": True, "stats": True}])
+def test_gpu_forward_features(features, rng):
+    _cudnn(attention_graph(DT.BFLOAT16, d=64, sq=128, skv=128, **features), rng)
+
+
+@pytest.mark.gpu
+@requires_cudnn
+@pytest.mark.parametrize("features", [{"bias": True}, {"drop": "mask"}, {"use_deterministic_algorithm": True}])
+def test_gpu_backward_features(features, rng):
+    _, g2 = attention_graph(DT.HALF, d=64, sq=128, skv=128, backward=True, **features)
+    _cudnn(g2, rng)

@@ -1,0 +1,292 @@
+"""The attention templates (templates/attention.py, attention_bwd.py) end to end: graphs with sdpa /
+sdpa_backward built for the triton engine alone, run under Triton's interpreter on small shapes
+(tiles of 16, so diagonals, window edges and ragged ends fall inside and across tiles) and compared
+with the reference engine on random inputs with poisoned outputs: masks x GQA x layouts x Sq != Skv,
+bias and dBias (broadcast), ALiBi, score modifiers (soft-capping, ALiBi from gen_index, graph
+tensors read inside), both dropout forms (the Philox stream bit for bit), scales given three ways,
+empty rows, fused q/k/v prologues and O epilogues (one kernel), the gradient graph of opgraph.grad;
+the reasons the templates decline. GPU tests (marked gpu) at realistic sizes against PyTorch SDPA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.autodiff import grad
+from opgraph.core.device import Device
+from opgraph.engines.triton.templates import attention as fwd_template
+from opgraph.engines.triton.templates import attention_bwd as bwd_template
+from opgraph.core.tensor import packed_strides
+from opgraph.testing import check_plan
+
+from ..helpers import assert_engine_matches, requires_cuda
+
+DT = og.DataType
+B, HQ = 2, 4
+BSHD = (0, 2, 1, 3)
+H100 = Device("cuda", 0, "H100", (9, 0), 132)
+
+pytestmark = pytest.mark.interpreter
+
+
+def strides(dims, layout):
+    return packed_strides(dims, BSHD) if layout == "bshd" else packed_strides(dims)
+
+
+def graph(io=DT.FLOAT, *, sq=20, skv=27, hk=2, hv=2, d=16, dv=16, layout="bhsd", backward=False, stats=None,
+          bias=None, mod=None, padding=False, drop=None, scale="number", **opts):
+    """sdpa (and with `backward` an sdpa_backward reading its O and Stats) over `io` tensors."""
+    g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    dims = {"q": (B, HQ, sq, d), "k": (B, hk, skv, d), "v": (B, hv, skv, dv)}
+    t = {n: g.tensor(dim=x, stride=strides(x, layout), name=n) for n, x in dims.items()}
+    kw = dict(opts)
+    if scale == "number":
+        kw["attn_scale"] = 0.3
+    elif scale is not None:
+        kw["attn_scale"] = g.tensor(dim=[1], data_type=DT.FLOAT, is_pass_by_value=scale == "by_value",
+                                    name="scale")
+    if bias is not None:
+        kw["bias"] = g.tensor(dim=list(bias), data_type=DT.FLOAT, name="bias")
+    if padding:
+        kw["use_padding_mask"] = True
+        kw["seq_len_q"] = g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
+        kw["seq_len_kv"] = g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
+    if mod == "softcap":
+        cap = g.tensor(dim=[1, 1, 1, 1], data_type=DT.FLOAT, name="cap")
+        kw["score_mod"] = lambda sg, s: sg.mul(sg.tanh(sg.div(s, cap)), cap)
+    elif mod == "alibi":
+        slopes = g.tensor(dim=[1, HQ, 1, 1], data_type=DT.FLOAT, name="slopes")
+        kw["score_mod"] = lambda sg, s: sg.add(s, sg.mul(sg.sub(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2)),
+                                                          slopes))
+    elif mod == "relu":  # a kink, masks built from positions, a select
+        kw["score_mod"] = lambda sg, s: sg.binary_select(
+            sg.relu(s), sg.mul(s, 0.5), sg.cmp_ge(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2)))
+    if drop == "mask":
+        kw["dropout"] = (g.tensor(dim=[B, 1, sq, skv], name="dmask"), 1 / 0.75)
+    elif drop == "philox":
+        kw["dropout"] = (0.25, g.tensor(dim=[1], data_type=DT.INT64, name="seed"),
+                         g.tensor(dim=[1], data_type=DT.INT64, name="offset"))
+    elif drop == "philox_numbers":
+        kw["dropout"] = (0.4, 2**40 + 17, 2**32 - 500)
+    want_stats = backward if stats is None else stats
+    o, st = g.sdpa(t["q"], t["k"], t["v"], generate_stats=want_stats, **kw, name="fwd")
+    o.set_output(True).set_stride(strides((B, HQ, sq, dv), layout))
+    if st is not None:
+        st.set_output(True)
+    if backward:
+        do = g.tensor(dim=[B, HQ, sq, dv], stride=strides((B, HQ, sq, dv), layout), name="dO")
+        if bias is not None:
+            kw["dBias"] = g.tensor(dim=list(bias), data_type=DT.FLOAT, name="dBias")
+        for x in g.sdpa_backward(t["q"], t["k"], t["v"], o, do, st, **kw, name="bwd"):
+            x.set_output(True)
+    return g
+
+
+def prepare(pack, g, lens=((17, 0), (27, 9))):
+    """Inputs random data cannot be: lengths (one batch entry with no queries), 0/1 masks, a cap,
+    slopes, seeds."""
+    final = g.final
+    rng = np.random.default_rng(7)
+    for uid in final.inputs:
+        t = final.tensors[uid]
+        if t.name == "seq_len_q":
+            pack[uid][...] = np.array(lens[0]).reshape(B, 1, 1, 1)
+        elif t.name == "seq_len_kv":
+            pack[uid][...] = np.array(lens[1]).reshape(B, 1, 1, 1)
+        elif t.name == "dmask":
+            pack[uid][...] = (rng.uniform(size=t.dim) > 0.25).astype(pack[uid].dtype)
+        elif t.name == "cap":
+            pack[uid][...] = 1.5
+        elif t.name == "slopes":
+            pack[uid][...] = (2.0 ** -np.arange(1, HQ + 1)).reshape(t.dim)
+        elif t.name in ("seed", "offset"):
+            pack[uid][...] = 2**41 + 12345 if t.name == "seed" else 2**32 - 777
+        elif t.name == "scale" and isinstance(pack[uid], np.ndarray):
+            pack[uid][...] = 0.4
+
+
+def check(g, rng, steps=None, **kw):
+    return assert_engine_matches(g, rng, engines=("triton",), expect_steps=steps, prepare=lambda p: prepare(p, g),
+                                 **kw)
+
+
+BWD_TOL = {"rtol": 2e-3, "atol": 2e-4}
+
+
+# -- forward and backward over the options ----------------------------------------------------------------
+
+MASKS = [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}, {"sliding_window_length": 5},
+         {"use_causal_mask_bottom_right": True, "sliding_window_length": 4}, {"use_alibi_mask": True}]
+
+
+@pytest.mark.parametrize("opts", MASKS)
+@pytest.mark.parametrize("hk, hv, layout, sq, skv", [(4, 4, "bhsd", 20, 27), (2, 2, "bshd", 27, 20),
+                                                     (1, 2, "bshd", 20, 27)])
+def test_forward_masks(opts, hk, hv, layout, sq, skv, rng):
+    check(graph(hk=hk, hv=hv, layout=layout, sq=sq, skv=skv, stats=True, **opts), rng, steps=1)
+
+
+@pytest.mark.parametrize("opts", [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True},
+                                  {"use_causal_mask": True, "sliding_window_length": 6}, {"use_alibi_mask": True}])
+@pytest.mark.parametrize("hk, layout", [(2, "bhsd"), (1, "bshd")])
+def test_backward_masks(opts, hk, layout, rng):
+    check(graph(hk=hk, hv=hk, layout=layout, backward=True, **opts), rng, steps=2, **BWD_TOL)
+
+
+@pytest.mark.parametrize("features", [
+    {"bias": (1, HQ, 20, 27)}, {"bias": (B, 1, 1, 27), "use_causal_mask": True}, {"mod": "softcap"},
+    {"mod": "alibi", "use_causal_mask": True}, {"mod": "relu", "use_causal_mask_bottom_right": True},
+    {"padding": True}, {"padding": True, "use_causal_mask_bottom_right": True}, {"drop": "mask"},
+    {"drop": "philox"}, {"drop": "philox_numbers", "use_causal_mask": True},
+    {"bias": (B, HQ, 20, 27), "mod": "softcap", "drop": "mask", "use_causal_mask": True},
+])
+def test_features_forward_and_backward(features, rng):
+    check(graph(backward=True, **features), rng, steps=2, **BWD_TOL)
+
+
+@pytest.mark.parametrize("scale", ["by_value", "device", None])
+def test_scale_given_three_ways(scale, rng):
+    check(graph(scale=scale, backward=True, use_causal_mask=True), rng, steps=2, **BWD_TOL)
+
+
+@pytest.mark.parametrize("io", [DT.HALF, DT.BFLOAT16])
+def test_half_types(io, rng):
+    check(graph(io, backward=True, use_causal_mask=True, bias=(1, HQ, 20, 27)), rng, steps=2, rtol=3e-2, atol=3e-2)
+
+
+def test_head_dims_not_powers_of_two(rng):
+    check(graph(d=24, dv=40, backward=True, use_causal_mask_bottom_right=True), rng, steps=2, **BWD_TOL)
+
+
+def test_empty_rows(rng):
+    """Keys of batch entry 1 all padded away and a batch entry with no queries: O = 0, Stats = +inf, no NaN
+    in the gradients."""
+    g = graph(backward=True, padding=True, use_causal_mask=True)
+    plan = g.build(device="cpu", engines=["triton"])
+    bad = check_plan(plan, rng, prepare=lambda p: prepare(p, g, lens=((0, 20), (27, 0))), **BWD_TOL)
+    assert not bad, "\n".join(map(str, bad))
+
+
+# -- fusion -----------------------------------------------------------------------------------------------
+
+
+def rotary_block(io=DT.FLOAT, s=20, d=16):
+    """q' = q * cos + q2 * sin (rotary tables [1, 1, S, D] broadcast), k' = k * 0.5, sdpa, then
+    y = O * gate + O (an epilogue reading a per-head tensor): one kernel."""
+    g = og.Graph("rot", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    q, q2, k, v = (g.tensor(dim=[B, HQ, s, d], name=n) for n in ("q", "q2", "k", "v"))
+    cos, sin = (g.tensor(dim=[1, 1, s, d], name=n) for n in ("cos", "sin"))
+    gate = g.tensor(dim=[1, HQ, 1, 1], name="gate")
+    qr = g.add(g.mul(q, cos), g.mul(q2, sin))
+    o, _ = g.sdpa(qr, g.mul(k, 0.5), v, attn_scale=0.25, generate_stats=False, use_causal_mask=True)
+    g.add(g.mul(o, gate), o).set_output(True).set_name("y")
+    return g
+
+
+def test_prologue_and_epilogue_fuse_into_one_kernel(rng):
+    plan = check(rotary_block(), rng, steps=1)
+    assert plan.steps[0].config.knob("template") == "attention"
+    assert len(plan.steps[0].piece.nodes) == 7
+
+
+def test_gradient_graph_of_a_block(rng):
+    """opgraph.grad of prologue -> sdpa -> epilogue: the backward's sdpa_backward runs on the template."""
+    g = rotary_block()
+    final = g.final
+    wrt = [final.tensor(n).uid for n in ("q", "k", "v")]
+    res = grad(g, final.tensor("y").uid, wrt, combined=True)
+    plan = res.graph.build(device="cpu", engines=["triton"])
+    used = [s.config.knob("template") for s in plan.steps]
+    assert "attention_bwd" in used and "attention" in used, plan.describe()
+    assert not check_plan(plan, rng, **BWD_TOL), plan.describe()
+
+
+# -- declines ---------------------------------------------------------------------------------------------
+
+
+def _piece(g, kind):
+    from opgraph.core.piece import make_piece
+
+    final = g.final
+    return make_piece(final, 0, [next(n for n in final.nodes if n.kind == kind)])
+
+
+def test_declines_name_the_rule():
+    g = graph(hk=1, hv=2, backward=True)
+    why = bwd_template.TEMPLATE.match(_piece(g, "sdpa_backward"), H100)
+    assert not why and "key heads" in why.reason
+    assert fwd_template.TEMPLATE.match(_piece(graph(), "sdpa"), H100)
+    g2 = og.Graph("t", io_data_type=DT.FLOAT)
+    qq, kk, vv = (g2.tensor(dim=[1, 2, 8, 16], stride=[256, 1, 32, 2], name=n) for n in "qkv")
+    g2.sdpa(qq, kk, vv, generate_stats=False)[0].set_output(True)
+    why = fwd_template.TEMPLATE.match(_piece(g2, "sdpa"), H100)
+    assert not why and "unit last stride" in why.reason, why.reason
+    g3 = og.Graph("t", io_data_type=DT.FLOAT)
+    qq, kk, vv = (g3.tensor(dim=[1, 2, 8, 16], name=n) for n in "qkv")
+    seed = g3.tensor(dim=[1], data_type=DT.INT64, is_pass_by_value=True, name="seed")
+    g3.sdpa(qq, kk, vv, generate_stats=False, dropout=(0.1, seed, 3))[0].set_output(True)
+    why = fwd_template.TEMPLATE.match(_piece(g3, "sdpa"), H100)
+    assert not why and "fp32" in why.reason, why.reason
+
+
+def test_candidates_fit_shared_memory():
+    """On Hopper, the knob candidates of a bias-carrying forward cut their pipeline stages to fit."""
+    from opgraph.engines.triton.attention import FwdKnobs
+    from opgraph.engines.triton.attention.knobs import SMEM_LIMIT, fwd_smem
+
+    g = graph(DT.HALF, sq=512, skv=640, d=128, dv=128, bias=(1, HQ, 512, 640), stats=True)
+    piece = _piece(g, "sdpa")
+    spec = fwd_template.TEMPLATE._spec(piece, H100)
+    for k in fwd_template.TEMPLATE.candidates(piece, H100):
+        assert fwd_smem(spec, FwdKnobs(**{n: k[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})) \
+            <= SMEM_LIMIT
+
+
+# -- GPU --------------------------------------------------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("io, d, causal", [(DT.BFLOAT16, 128, True), (DT.HALF, 64, False), (DT.BFLOAT16, 256, True)])
+def test_gpu_against_torch_sdpa(io, d, causal):
+    """bf16/fp16 B=2 H=8 S=1000 (BSHD q): the generated forward and backward against PyTorch's SDPA
+    on the same inputs (relative L2 error of O and the gradients)."""
+    import torch
+    import torch.nn.functional as F
+
+    b, h, s = 2, 8, 1000
+    g = og.Graph("gpu", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    dims = (b, h, s, d)
+    q, k, v = (g.tensor(dim=list(dims), stride=strides(dims, "bshd"), name=n) for n in "qkv")
+    o, st = g.sdpa(q, k, v, attn_scale=d ** -0.5, use_causal_mask=causal)
+    o.set_output(True).set_name("o")
+    st.set_output(True)
+    do = g.tensor(dim=list(dims), name="do")
+    dq, dk, dv = g.sdpa_backward(q, k, v, o, do, st, attn_scale=d ** -0.5, use_causal_mask=causal)
+    for x, n in ((dq, "dq"), (dk, "dk"), (dv, "dv")):
+        x.set_output(True).set_name(n)
+    plan = g.build(engines=["triton"])
+    assert {s.config.knob("template") for s in plan.steps} == {"attention", "attention_bwd"}, plan.describe()
+    dt = {DT.BFLOAT16: torch.bfloat16, DT.HALF: torch.float16}[io]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = {n: torch.randn(b, s, h, d, device="cuda", generator=gen).to(dt).permute(0, 2, 1, 3) for n in "qkv"}
+    x["do"] = torch.randn(dims, device="cuda", generator=gen).to(dt)
+    out = {n: torch.full(dims, float("nan"), device="cuda", dtype=dt) for n in ("o", "dq", "dk", "dv")}
+    out["stats"] = torch.full((b, h, s, 1), float("nan"), device="cuda")
+    final = g.final
+    pack = {final.tensor(n).uid: x[n] for n in ("q", "k", "v", "do")}
+    pack.update({final.tensor(n).uid: out[n] for n in ("o", "dq", "dk", "dv")})
+    pack[st.uid] = out["stats"]
+    plan.execute(pack)
+    torch.cuda.synchronize()
+    qf, kf, vf = (x[n].float().requires_grad_() for n in "qkv")
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=d ** -0.5)
+    ref.backward(x["do"].float())
+
+    def rel(a, r):
+        return ((a.float() - r).norm() / r.norm()).item()
+
+    errs = {"o": rel(out["o"], ref), "dq": rel(out["dq"], qf.grad), "dk": rel(out["dk"], kf.grad),
+            "dv": rel(out["dv"], vf.grad)}
+    assert all(e < 2e-2 for e in errs.values()), errs
