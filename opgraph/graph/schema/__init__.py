@@ -42,6 +42,13 @@ def _attr_schema(hint: Any) -> dict[str, Any]:
     simple = {int: "integer", float: "number", bool: "boolean", str: "string"}
     if hint in simple:
         return {"type": simple[hint]}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a structured attribute (a score modifier)
+        hints = typing.get_type_hints(hint)
+        fields = dataclasses.fields(hint)
+        required = [f.name for f in fields if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        return {"type": "object", "properties": {f.name: _attr_schema(hints[f.name]) for f in fields},
+                "required": required, "additionalProperties": False}
     raise TypeError(f"no schema for attribute type {hint}")
 
 
