@@ -162,7 +162,8 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = False, recompute: bool = True,
-         allow_unused: bool = False, intermediate_data_type: Any = None, name: str | None = None) -> GradGraph:
+         allow_unused: bool = False, intermediate_data_type: Any = None, forward_types: bool = False,
+         name: str | None = None) -> GradGraph:
     """The gradient graph of `graph`: the gradients of `wrt` given incoming gradients of `outputs`.
 
     outputs, wrt: a tensor or a list of tensors (handles, UIDs or names of the forward graph).
@@ -172,13 +173,18 @@ def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = 
     intermediate_data_type: the type of the backward graph's virtual tensors (the gradients between
         ops); the forward graph's intermediate type by default. HALF halves the memory traffic of
         the gradients that cross kernels, at fp16 precision.
+    forward_types: each gradient a rule makes (and each sum of gradients) takes the type of the
+        forward tensor it is the gradient of, as in PyTorch's autograd: a bf16 activation's gradient
+        is bf16 (mixed precision), an fp32 one's fp32; other backward intermediates keep
+        intermediate_data_type. A gradient passed through unchanged (an add's) keeps its type.
     """
     fg = graph.final if isinstance(graph, Graph) else graph
     if not isinstance(fg, FinalGraph):
         raise GraphError(f"grad takes a Graph or FinalGraph, got {type(graph).__name__}", rule="autodiff.graph",
                          hint="pass the forward opgraph.Graph")
     return _Pass(fg, _as_list(outputs), _as_list(wrt), combined=combined, recompute=recompute,
-                 allow_unused=allow_unused, intermediate=intermediate_data_type, name=name).run()
+                 allow_unused=allow_unused, intermediate=intermediate_data_type, forward_types=forward_types,
+                 name=name).run()
 
 
 class _Ctx(RuleContext):
@@ -219,7 +225,7 @@ class _Ctx(RuleContext):
 
 class _Pass:
     def __init__(self, fg: FinalGraph, outputs: list[Any], wrt: list[Any], *, combined: bool, recompute: bool,
-                 allow_unused: bool, intermediate: Any, name: str | None) -> None:
+                 allow_unused: bool, intermediate: Any, name: str | None, forward_types: bool = False) -> None:
         self.fg = fg
         self.outputs = list(dict.fromkeys(resolve(fg, k, "outputs") for k in outputs))
         self.wrt = list(dict.fromkeys(resolve(fg, k, "wrt") for k in wrt))
@@ -234,6 +240,7 @@ class _Pass:
         self.combined = combined
         self.recompute = recompute
         self.allow_unused = allow_unused
+        self.forward_types = forward_types
         suffix = "train_step" if combined else "grad"
         self.g = Graph(name or f"{fg.name or 'graph'}_{suffix}", io_data_type=fg.io_data_type,
                        intermediate_data_type=intermediate or fg.intermediate_data_type,
@@ -304,6 +311,7 @@ class _Pass:
                               "differentiated", "do not use that output on the path to the differentiated outputs",
                               rule="autodiff.output")
         self.b.prefix = f"d{node.name}"
+        first_new = len(self.g._tensors)
         result = rule.fn(_Ctx(self, node, needed))
         for role in needed:
             g = result.get(role)
@@ -312,7 +320,11 @@ class _Pass:
                                   "this input is not differentiated by the rule", rule="autodiff.no_input_grad")
             uid = node.input(role)
             assert isinstance(uid, int)
-            self.contrib.setdefault(uid, []).append(self.b.unbroadcast(g, self.fg.tensors[uid].dim))
+            g = self.b.unbroadcast(g, self.fg.tensors[uid].dim)
+            if self.forward_types and isinstance(g, Tensor) and g.is_virtual and \
+                    any(t is g for t in self.g._tensors[first_new:]):
+                g.set_data_type(self.fg.tensors[uid].data_type)
+            self.contrib.setdefault(uid, []).append(g)
 
     def total(self, uid: int) -> Tensor:
         """The summed gradient of forward tensor `uid` (possibly in broadcast dims)."""
@@ -321,6 +333,8 @@ class _Pass:
             acc = parts[0]
             for p in parts[1:]:
                 acc = self.b.add(acc, p)
+                if self.forward_types and isinstance(acc, Tensor):
+                    acc.set_data_type(self.fg.tensors[uid].data_type)
             parts[:] = [acc]
         return parts[0]  # type: ignore[return-value]
 

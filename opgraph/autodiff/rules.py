@@ -378,4 +378,5 @@ class RuleContext:
 
 
 # Every family registers its rules on import.
-from . import rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: F401
+from . import (  # noqa: F401
+    rules_conv, rules_gather, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction)

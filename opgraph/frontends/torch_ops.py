@@ -483,3 +483,4 @@ def call_schema(target: Any, args: dict[str, Any]) -> Any:
 
 
 from . import torch_ops_nn  # noqa: E402,F401  (registers the nn translators)
+from . import torch_ops_lm  # noqa: E402,F401  (registers the language-model translators)

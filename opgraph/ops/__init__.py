@@ -1,4 +1,4 @@
 """Op families, one module each. Importing this package registers every op kind and builder."""
 
-from . import conv, custom, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401
+from . import conv, custom, gather, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401
 from .base import BUILDERS, OPS, Op, graph_method, register_op  # noqa: F401

@@ -34,7 +34,8 @@ from ...heuristics import HeurMode
 from ...partition import Piece
 from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
-from . import conv, custom, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
+from . import (  # noqa: F401  (register mappings)
+    conv, custom, gather, gemm, layout, matmul, norm, pointwise, pooling, reduction)
 from .common import IMPLS, Call, as_torch, finish, wide_compute
 from .estimate import estimate_us
 from .host import run_on_host
