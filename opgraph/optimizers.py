@@ -106,6 +106,10 @@ class Optimizer:
         """Per-parameter state buffers (zeros at the start, like torch's lazily made state)."""
         return self.STATE
 
+    def used_hyper(self) -> tuple[str, ...]:
+        """The hyper-parameters the update reads (device scalars of the step graph)."""
+        return self.HYPER
+
     # -- ops ------------------------------------------------------------------------------------------
     def prepare(self, s: UpdateScope) -> None:
         """Ops computed once per step (before any parameter's update)."""
@@ -135,6 +139,9 @@ class SGD(Optimizer):
 
     def state_names(self) -> tuple[str, ...]:
         return ("momentum_buffer",) if self.has_momentum else ()
+
+    def used_hyper(self) -> tuple[str, ...]:
+        return ("lr",) + (("momentum",) if self.has_momentum else ()) + (("weight_decay",) if self.has_decay else ())
 
     def prepare(self, s: UpdateScope) -> None:
         if self.has_momentum:

@@ -188,7 +188,7 @@ class TrainStep:
         if self.grad_clip_norm is not None:
             grads = self._clip(sg, grads, sdt)
         opt = self.optimizer
-        hyper = {n: self._scalar(sg, f"{type(opt).__name__.lower()}.{n}", sdt) for n in opt.HYPER}
+        hyper = {n: self._scalar(sg, f"{type(opt).__name__.lower()}.{n}", sdt) for n in opt.used_hyper()}
         step = self._scalar(sg, "optimizer.step", sdt) if opt.COUNTS_STEPS else None
         scope = UpdateScope(sg, hyper, step, skip)
         first = len(sg._records)
@@ -444,7 +444,11 @@ class TrainStep:
 
     # -- state ----------------------------------------------------------------------------------------
     def param_state(self, key: str) -> dict[str, Any]:
-        """The optimizer state of parameter `key` (laid out like the module's tensor)."""
+        """The optimizer state of parameter `key` (any of its names, for a tied one), laid out like the
+        module's tensor."""
+        if key not in self._state:
+            p = self.imported.module.get_parameter(key)
+            key = next((k for k in self._state if self.imported.module.get_parameter(k) is p), key)
         return dict(self._state.get(key, {}))
 
     def _scalar_value(self, name: str) -> float | None:
@@ -536,5 +540,5 @@ def _producer_index(g: Graph, t: Tensor) -> int:
 
 def _sum_to_one(g: Graph, x: Tensor, rank: int, name: str) -> Tensor:
     """The sum of all of x's elements (x of rank `rank`) as a [1] tensor (FLOAT)."""
-    r = g.reduction(x, ReductionMode.ADD, name=f"{name}.sum").set_dim([1] * rank).set_data_type(DataType.FLOAT)
+    r = g.reduction(x, ReductionMode.ADD, name=f"{name}.sum").set_dim([1] * rank).set_data_type(g.intermediate_data_type)
     return r if rank == 1 else g.reshape(r, [1], name=f"{name}.flat")
