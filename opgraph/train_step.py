@@ -158,6 +158,7 @@ class TrainStep:
         saved = {k: v.uid for k, v in parts.saved.items()}
         analytic = type(self.loss_fn).gradient is not Loss.gradient
         seeded = out_uid if analytic else loss.uid
+        n_forward = len(g._records)
         res = grad(g, [seeded], [p.uid for p in self.params], combined=True, intermediate_data_type=grad_data_type,
                    forward_types=self.low is not None, name=g.name)
         sg = res.graph
@@ -173,6 +174,7 @@ class TrainStep:
         scale = self._scalar(sg, "loss_scale", DataType.FLOAT) if self.scaler else None
         seed = res.grad_inputs[seeded]
         self.seed_uid: int | None = seed.uid
+        first = len(sg._records)
         if analytic:
             named = {k: handles[u] for k, u in saved.items()}
             d_out = self.loss_fn.gradient(sg, handles[out_uid], handles[target.uid], named,
@@ -180,6 +182,9 @@ class TrainStep:
             self._alias(seed, d_out)
         elif scale is not None:
             self._alias(seed, sg.identity(scale, name="loss_scale.seed"))
+        # the seed's ops between the forward and the backward (they come last in the list): ops are
+        # scheduled lowest record first among the ready ones, so an op left behind them would wait
+        order: dict[int, tuple] = {id(r): (n_forward, -1, i) for i, r in enumerate(sg._records[first:])}
         grads = {p.uid: res.grads[p.uid].set_output(False) for p in self.params}
         skip = None
         if scale is not None:
@@ -193,7 +198,7 @@ class TrainStep:
         scope = UpdateScope(sg, hyper, step, skip)
         first = len(sg._records)
         opt.prepare(scope)
-        order: dict[int, tuple] = {id(r): (-1, i) for i, r in enumerate(sg._records[first:])}
+        order.update({id(r): (-1, i) for i, r in enumerate(sg._records[first:])})
         for slot in self.params:
             w = handles[slot.uid]
             d = self._pdesc[slot.uid]
@@ -208,10 +213,11 @@ class TrainStep:
             if not global_deps:
                 at = _producer_index(sg, res.grads[slot.uid])
                 order.update({id(r): (at, 1, i) for i, r in enumerate(sg._records[mark:])})
-        if not global_deps:  # each update right after its gradient's producer: fusable into its epilogue
-            index = {id(r): (i, 0) for i, r in enumerate(sg._records)}
-            sg._records.sort(key=lambda r: order.get(id(r), index[id(r)]))
-            sg._invalidate()
+        # each update right after its gradient's producer (without clipping or loss scaling, which need
+        # every gradient first): the partitioner can then fuse it into that kernel's epilogue
+        index = {id(r): (i, 0) for i, r in enumerate(sg._records)}
+        sg._records.sort(key=lambda r: order.get(id(r), index[id(r)]))
+        sg._invalidate()
         if scale is not None:
             self._update_scale(sg, scale, skip)
         sg.validate()

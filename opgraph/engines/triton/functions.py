@@ -2,6 +2,7 @@
 by the generated kernels that call them."""
 
 import triton
+import triton.language as tl  # noqa: F401  (Triton's interpreter looks for it in the function's globals)
 
 
 @triton.jit

@@ -312,10 +312,12 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
     epilogue: list[Node] = []
     reductions: list[Reduce] = []
     stores = [main.output_uids()[0]] if main.output_uids()[0] in outputs else []
+    position = {id(n): i for i, n in enumerate(piece.nodes)}
     for node in after:
         for u in node.input_uids():
             p = producer.get(u)
-            if p is not None and u not in epilogue_uids:
+            # a value written in place by this op or a later one is read as it is in memory
+            if p is not None and u not in epilogue_uids and position[id(p)] < position[id(node)]:
                 return None, Support.no(f"{node.label()} reads a value that is not on the {main.kind}'s "
                                         "epilogue path", node)
         if elementwise(node):
