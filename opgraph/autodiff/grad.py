@@ -173,10 +173,10 @@ def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = 
     intermediate_data_type: the type of the backward graph's virtual tensors (the gradients between
         ops); the forward graph's intermediate type by default. HALF halves the memory traffic of
         the gradients that cross kernels, at fp16 precision.
-    forward_types: each gradient a rule makes (and each sum of gradients) takes the type of the
-        forward tensor it is the gradient of, as in PyTorch's autograd: a bf16 activation's gradient
-        is bf16 (mixed precision), an fp32 one's fp32; other backward intermediates keep
-        intermediate_data_type. A gradient passed through unchanged (an add's) keeps its type.
+    forward_types: each gradient takes the type of the forward tensor it is the gradient of, as in
+        PyTorch's autograd: a bf16 activation's gradient is bf16 (mixed precision), an fp32 one's
+        fp32 (a gradient a rule makes, or a sum of gradients, is typed so; one passed through
+        unchanged, an add's, is cast); other backward intermediates keep intermediate_data_type.
     """
     fg = graph.final if isinstance(graph, Graph) else graph
     if not isinstance(fg, FinalGraph):
@@ -321,10 +321,21 @@ class _Pass:
             uid = node.input(role)
             assert isinstance(uid, int)
             g = self.b.unbroadcast(g, self.fg.tensors[uid].dim)
-            if self.forward_types and isinstance(g, Tensor) and g.is_virtual and \
-                    any(t is g for t in self.g._tensors[first_new:]):
-                g.set_data_type(self.fg.tensors[uid].data_type)
+            if self.forward_types and isinstance(g, Tensor):
+                g = self._in_forward_type(g, uid, first_new)
             self.contrib.setdefault(uid, []).append(g)
+
+    def _in_forward_type(self, g: Tensor, uid: int, first_new: int) -> Tensor:
+        """Gradient `g` of forward tensor `uid` in that tensor's type: a tensor the rule just made
+        takes it; one passed through (an add's) is cast, as PyTorch's autograd casts it."""
+        want = self.fg.tensors[uid].data_type
+        if g.is_virtual and any(t is g for t in self.g._tensors[first_new:]):
+            g.set_data_type(want)
+            return g
+        if (g._data_type or self.g.intermediate_data_type) is want:
+            return g
+        cast = self.b.pw(PointwiseMode.IDENTITY, g)
+        return cast.set_data_type(want)
 
     def total(self, uid: int) -> Tensor:
         """The summed gradient of forward tensor `uid` (possibly in broadcast dims)."""
