@@ -11,7 +11,8 @@ with three changes a training step needs:
    (transpose, reshape, slice): the gradients of the uses are summed by autodiff, the update is done
    once, and every read is ordered before it.
 2. Normalizations: layernorm and rmsnorm in inference form (how the importer reads them) become the
-   training form, whose saved mean / inv_variance the backward reads instead of recomputing them.
+   training form, and training batchnorm outputs its batch statistics: the backward reads the saved
+   mean / inv_variance instead of recomputing them.
 3. Mixed precision (`low` = BFLOAT16 or HALF), the casts torch.autocast makes on CUDA, in graph form:
    - every floating operand of a matmul or convolution is cast to `low` (a parameter's 16-bit compute
      copy is one identity op per parameter, which generated kernels fuse into the GEMM's prologue or
@@ -20,8 +21,9 @@ with three changes a training step needs:
      buffers or constants) are all `low` computes to `low` (a bias added to a 16-bit matmul result
      stays 16-bit, as linear's does under autocast), except the modes autocast runs in fp32 (exp, log,
      pow, rsqrt, reciprocal, tan, softplus);
-   - layout ops keep their input's type; everything else (reductions, normalizations, softmax's
-     parts, losses, embeddings, custom ops) keeps the imported (fp32) type.
+   - layout ops keep their input's type, and so does batchnorm's y (autocast leaves batch_norm to
+     cuDNN in the input's type; its statistics stay fp32); everything else (reductions, layer and RMS
+     norms, softmax's parts, losses, embeddings, custom ops) keeps the imported (fp32) type.
    Parameters stay fp32 (the master weights); their gradients are fp32 through the cast's backward.
 """
 
@@ -35,11 +37,12 @@ from .errors import UnsupportedGraphError
 from .graph import Graph
 from .ir import Const, FinalGraph, Node
 from .ops.layout import Reshape, Slice, Transpose
-from .ops.norm import Layernorm, NormForwardPhase, Rmsnorm
+from .ops.norm import Batchnorm, Layernorm, NormForwardPhase, Rmsnorm
 from .ops.pointwise import PointwiseMode
 from .tensor import Tensor
 
 GEMM_KINDS = frozenset({"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad"})
+_Y_ONLY = frozenset({"batchnorm", "batchnorm_inference"})  # y in the input's type, stats fp32
 LAYOUT_KINDS = frozenset({"reshape", "transpose", "slice", "concatenate"})
 _FP32_MODES = frozenset({PointwiseMode.EXP, PointwiseMode.LOG, PointwiseMode.POW, PointwiseMode.RSQRT,
                          PointwiseMode.RECIPROCAL, PointwiseMode.TAN, PointwiseMode.SOFTPLUS_FWD})
@@ -124,6 +127,7 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
         outs = g._add_op(op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
         out_type = _out_type(node, final, types, bound, low) if low is not None else None
         for role, t in zip(op.output_roles(), outs):
+            typed = out_type if node.kind not in _Y_ONLY or role == "y" else None
             if t is None:
                 continue
             uid = node.output(role) if role in node.op.output_roles() else None
@@ -133,7 +137,7 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
                 continue
             d = final.tensors[uid]
             virtual = d.is_virtual or uid in internal
-            dt = out_type if out_type is not None and d.data_type in (DataType.FLOAT, DataType.DOUBLE) \
+            dt = typed if typed is not None and d.data_type in (DataType.FLOAT, DataType.DOUBLE) \
                 and virtual else d.data_type
             t.set_uid(uid).set_name(d.name).set_dim(d.dim).set_data_type(dt).set_is_virtual(virtual)
             if virtual and dt is d.data_type:
@@ -151,6 +155,8 @@ def _training_form(node: Node) -> tuple[Any, list[str]]:
     present = [r for r, u in zip(op.output_roles(), node.outputs) if u is not None]
     if isinstance(op, (Layernorm, Rmsnorm)) and op.norm_forward_phase is NormForwardPhase.INFERENCE:
         return type(op)(norm_forward_phase=NormForwardPhase.TRAINING), list(op.output_roles())
+    if isinstance(op, Batchnorm):  # the batch statistics, which the backward then reads
+        return op, [r for r in op.output_roles() if r in present or r in ("mean", "inv_variance")]
     return op, present
 
 
@@ -163,6 +169,8 @@ def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: 
     if node.kind in LAYOUT_KINDS:
         kinds = {types[u] for u in ins}
         return low if kinds == {low} else None
+    if node.kind in _Y_ONLY:
+        return low if types[node.input("input")] is low else None
     if node.kind != "pointwise" or node.op.mode in _FP32_MODES or node.op.info.bool_out \
             or node.op.mode is PointwiseMode.GEN_INDEX:
         return None
