@@ -341,6 +341,8 @@ class _Pass:
         """The summed gradient of forward tensor `uid` (possibly in broadcast dims)."""
         parts = self.contrib[uid]
         if len(parts) > 1:
+            parts[:] = self._joined_slices(parts)
+        if len(parts) > 1:
             acc = parts[0]
             for p in parts[1:]:
                 acc = self.b.add(acc, p)
@@ -348,6 +350,36 @@ class _Pass:
                     acc.set_data_type(self.fg.tensors[uid].data_type)
             parts[:] = [acc]
         return parts[0]  # type: ignore[return-value]
+
+    def _joined_slices(self, parts: list[Value]) -> list[Value]:
+        """Contributions that are slice_backward outputs of slices tiling their input along one axis
+        (step 1, no gap, no overlap) replaced by one concatenate of the slices' gradients; their
+        slice_backward ops (zeros plus a copy each) are dropped."""
+        grads = self.b.slice_grads
+        tiles = [p for p in parts if isinstance(p, Tensor) and id(p) in grads]
+        if len(tiles) < 2:
+            return parts
+        dims = tuple(tiles[0].dim)
+        bounds = [grads[id(p)][1] for p in tiles]
+        axes = {a for b in bounds for a, bound in enumerate(b) if tuple(bound) != (0, dims[a], 1)}
+        if len(axes) != 1:
+            return parts
+        axis = axes.pop()
+        order = sorted(zip(bounds, tiles), key=lambda z: z[0][axis][0])
+        end = 0
+        for b, _ in order:
+            if b[axis][2] != 1 or b[axis][0] != end:
+                return parts
+            end = b[axis][1]
+        dys = [grads[id(p)][0] for _, p in order]
+        if end != dims[axis] or len({d._data_type for d in dys}) > 1:
+            return parts
+        ids = {id(p) for p in tiles}
+        self.g._records = [r for r in self.g._records if not any(id(o) in ids for o in r.outputs if o is not None)]
+        self.g._tensors = [t for t in self.g._tensors if id(t) not in ids]
+        self.b._by_dims = {k: v for k, v in self.b._by_dims.items() if id(v) not in ids}
+        self.g._invalidate()
+        return [self.b.concatenate(dys, axis), *(p for p in parts if id(p) not in ids)]
 
     def total_full(self, uid: int) -> Tensor:
         t = self.b.expand(self.total(uid), self.fg.tensors[uid].dim, carrier=lambda: self.fwd(uid))
