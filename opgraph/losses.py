@@ -123,7 +123,9 @@ class CrossEntropy(Loss):
         log_s = g.log(s, name="ce.log_sum")
         onehot = g.cmp_eq(g.gen_index(out, axis, name="ce.classes"), target, name="ce.onehot")
         onehot.set_data_type(g.intermediate_data_type)
-        picked = _reduce(g, g.mul(onehot, shifted, name="ce.pick"), ReductionMode.ADD, rows, "ce.picked")
+        # its own x - m (a second op): one shared with the sum of exps would be stored between the kernels
+        picked = _reduce(g, g.mul(onehot, g.sub(out, m, name="ce.shift_picked").set_data_type(g.intermediate_data_type),
+                                  name="ce.pick"), ReductionMode.ADD, rows, "ce.picked")
         nll = g.sub(log_s, picked, name="ce.nll")
         if self.label_smoothing:
             mean_c = _reduce(g, shifted, ReductionMode.AVG, rows, "ce.mean_logit")
@@ -134,21 +136,22 @@ class CrossEntropy(Loss):
         valid = g.cmp_neq(target, self.ignore_index, name="ce.valid").set_data_type(g.intermediate_data_type)
         total = _reduce(g, g.mul(nll, valid, name="ce.masked"), ReductionMode.ADD, ones, "ce.total")
         count = _reduce(g, valid, ReductionMode.ADD, ones, "ce.count")
-        loss = g.reshape(g.div(total, count, name="ce.mean"), [1], name="ce.loss")
+        loss = g.div(total, count, name="ce.loss")
         return LossParts(loss, {"m": m, "s": s, "count": count, "valid": valid, "onehot": onehot})
 
     def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
                  out_desc: TensorDesc) -> Tensor:
         axis = self._axis(out_desc)
-        # recomputed from the logits and the per-row stats: nothing of the logits' size is kept
+        # per-row weights first, then one elementwise chain over the logits (one kernel, fused into the
+        # consumers' prologues where they can): nothing of the logits' size is kept from the forward
+        valid = g.cmp_neq(target, self.ignore_index, name="ce.bwd_valid").set_data_type(g.intermediate_data_type)
+        row = g.mul(g.div(valid, saved["count"], name="ce.bwd_weight"), seed, name="ce.bwd_seed")
         p = g.div(g.exp(g.sub(out, saved["m"], name="ce.bwd_shift"), name="ce.bwd_exp"), saved["s"], name="ce.softmax")
         onehot = g.cmp_eq(g.gen_index(out, axis, name="ce.bwd_classes"), target, name="ce.bwd_onehot")
         onehot.set_data_type(g.intermediate_data_type)
         eps = self.label_smoothing
         if eps:
             onehot = g.add(g.mul(onehot, 1.0 - eps, name="ce.bwd_hot"), eps / out_desc.dim[axis], name="ce.bwd_smooth")
-        valid = g.cmp_neq(target, self.ignore_index, name="ce.bwd_valid").set_data_type(g.intermediate_data_type)
-        row = g.mul(g.div(valid, saved["count"], name="ce.bwd_weight"), seed, name="ce.bwd_seed")
         return g.mul(g.sub(p, onehot, name="ce.bwd_diff"), row, name="ce.dlogits")
 
 
@@ -161,8 +164,8 @@ class MSE(Loss):
 
     def forward(self, g: Graph, out: Tensor, target: Tensor, out_desc: TensorDesc) -> LossParts:
         d = g.sub(out, target, name="mse.diff").set_data_type(g.intermediate_data_type)
-        mean = _reduce(g, g.mul(d, d, name="mse.square"), ReductionMode.AVG, (1,) * len(out_desc.dim), "mse.mean")
-        return LossParts(g.reshape(mean, [1], name="mse.loss"), {})
+        mean = _reduce(g, g.mul(d, d, name="mse.square"), ReductionMode.AVG, (1,) * len(out_desc.dim), "mse.loss")
+        return LossParts(mean, {})
 
     def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
                  out_desc: TensorDesc) -> Tensor:
