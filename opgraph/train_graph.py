@@ -98,18 +98,26 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
         handles[uid] = g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name, uid=uid,
                                 is_pass_by_value=d.is_pass_by_value, is_by_reference=d.is_by_reference)
         types[uid] = d.data_type
+    views_of: dict[int, tuple] = {}
     for t in tied:
-        base = g.tensor(dim=t.dim, stride=t.stride, data_type=t.data_type, name=t.key, uid=new_uid())
-        prepared.tied[t.key] = base
+        prepared.tied[t.key] = g.tensor(dim=t.dim, stride=t.stride, data_type=t.data_type, name=t.key, uid=new_uid())
         for uid, views in t.members:
-            handles[uid] = _viewed(g, base, views, final.tensors[uid].dim, t.key, new_uid)
+            views_of[uid] = views
             types[uid] = t.data_type
+
+    def handle(uid: int) -> Tensor:
+        """The tensor standing for `uid`; a tied member's view ops are made right before their first
+        reader, so that they run in that reader's kernel (views of the parameter read in place)."""
+        if uid not in handles:
+            t = members[uid]
+            handles[uid] = _viewed(g, prepared.tied[t.key], views_of[uid], final.tensors[uid].dim, t.key, new_uid)
+        return handles[uid]
     bound = set(bound) | set(members)
     casts: dict[int, Tensor] = {}
 
     def cast(uid: int) -> Tensor:
         if uid not in casts:
-            c = g.identity(handles[uid], name=f"{final.tensors[uid].name or uid}.to_{low.short}")
+            c = g.identity(handle(uid), name=f"{final.tensors[uid].name or uid}.to_{low.short}")
             casts[uid] = c.set_data_type(low).set_uid(new_uid())
         return casts[uid]
 
@@ -123,7 +131,7 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
             elif gemm and final.tensors[v].data_type.is_floating and types[v] is not low:
                 ins.append(cast(v))
             else:
-                ins.append(handles[v])
+                ins.append(handle(v))
         outs = g._add_op(op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
         out_type = _out_type(node, final, types, bound, low) if low is not None else None
         for role, t in zip(op.output_roles(), outs):

@@ -68,7 +68,7 @@ from ....device import Device
 from ....dtypes import DataType
 from ....errors import AttributeValueError
 from ....ir import Node
-from ....ops.layout import Slice, Transpose
+from ....ops.layout import Reshape, Slice, Transpose
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....partition import Piece
 from ....tensor import TensorDesc
@@ -78,7 +78,7 @@ from .base import Generated, Launch, Params, Template, module_source, pow2_at_le
 
 INT32_LIMIT = 2**31 - 1
 SCRATCH_ALIGN = 256
-VIEW_KINDS = ("slice", "transpose")
+VIEW_KINDS = ("slice", "transpose", "reshape")  # reshape: where strides allow (_reshape_strides)
 REDUCE_KINDS = ("genstats", "reduction")
 
 
@@ -192,9 +192,53 @@ def _view(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View
         perm = tuple(op.permutation)
         dims = tuple(src.dim[p] for p in perm)
         strides = tuple(src.stride[p] for p in perm)
+    elif isinstance(op, Reshape) and op.dim is not None:
+        known = math.prod(d for d in op.dim if d != -1)
+        dims = tuple(src.numel // known if d == -1 else d for d in op.dim)
+        reshaped = _reshape_strides(src.dim, src.stride, dims)
+        if reshaped is None:
+            return f"{node.label()} regroups axes whose strides are not one run; it needs a copy"
+        strides = reshaped
     else:
         return f"{node.label()} is not a view"
     return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
+
+
+def _reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
+    """Strides that show memory of dims `old` / `strides` as dims `new` (same elements, logical
+    row-major order), or None where the axes merged or split are not one run in memory (numpy's
+    no-copy reshape rule)."""
+    src = [(d, s) for d, s in zip(old, strides) if d != 1]
+    axes = [i for i, d in enumerate(new) if d != 1]
+    out = [0] * len(new)
+    i = j = 0
+    while i < len(src) and j < len(axes):
+        i_end, j_end, a, b = i, j, src[i][0], new[axes[j]]
+        while a != b:
+            if a < b and i_end + 1 < len(src):
+                i_end += 1
+                a *= src[i_end][0]
+            elif b < a and j_end + 1 < len(axes):
+                j_end += 1
+                b *= new[axes[j_end]]
+            else:
+                return None
+        if any(src[k][1] != src[k + 1][1] * src[k + 1][0] for k in range(i, i_end)):
+            return None
+        step = src[i_end][1]
+        for k in range(j_end, j - 1, -1):
+            out[axes[k]] = step
+            step *= new[axes[k]]
+        i, j = i_end + 1, j_end + 1
+    if i != len(src) or j != len(axes):
+        return None
+    step = 1
+    for k in range(len(new) - 1, -1, -1):  # unit axes: the stride a packed layout would give them
+        if new[k] == 1:
+            out[k] = step
+        else:
+            step = out[k] * new[k]
+    return tuple(out)
 
 
 def memory_views(piece: Piece) -> dict[int, View] | Support:
