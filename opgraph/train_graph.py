@@ -14,7 +14,7 @@ with three changes a training step needs:
    training form, and training batchnorm outputs its batch statistics: the backward reads the saved
    mean / inv_variance instead of recomputing them.
 3. Mixed precision (`low` = BFLOAT16 or HALF), the casts torch.autocast makes on CUDA, in graph form:
-   - every floating operand of a matmul or convolution is cast to `low` (a parameter's 16-bit compute
+   - every floating operand of a matmul, convolution or sdpa is cast to `low` (a parameter's 16-bit compute
      copy is one identity op per parameter, which generated kernels fuse into the GEMM's prologue or
      the producer's epilogue), and the GEMM's result is `low`;
    - a pointwise op whose activation operands (tensors computed in the graph, not parameters,
@@ -41,7 +41,8 @@ from .ops.norm import Batchnorm, Layernorm, NormForwardPhase, Rmsnorm
 from .ops.pointwise import PointwiseMode
 from .tensor import Tensor
 
-GEMM_KINDS = frozenset({"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad"})
+# autocast's lower-precision ops (scaled dot-product attention: the sdpa op, when translated)
+GEMM_KINDS = frozenset({"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "sdpa"})
 _Y_ONLY = frozenset({"batchnorm", "batchnorm_inference"})  # y in the input's type, stats fp32
 LAYOUT_KINDS = frozenset({"reshape", "transpose", "slice", "concatenate"})
 _FP32_MODES = frozenset({PointwiseMode.EXP, PointwiseMode.LOG, PointwiseMode.POW, PointwiseMode.RSQRT,

@@ -43,8 +43,8 @@ from .dtypes import DataType
 from .errors import AttributeValueError, GraphError, VariantPackError
 from .graph import Graph
 from .losses import Loss, as_loss
-from .optimizers import AdamW, Optimizer, UpdateScope, commit, scalar_type
 from .ops.reduction import ReductionMode
+from .optimizers import AdamW, Optimizer, UpdateScope, scalar_type
 from .tensor import Tensor
 from .train_graph import TiedParam, prepare_forward
 

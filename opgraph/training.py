@@ -50,7 +50,10 @@ from .autodiff.grad import resolve
 from .dtypes import as_data_type
 from .errors import GraphError
 from .graph import Graph
+from .losses import MSE, CrossEntropy, Loss, stop_gradient
+from .optimizers import SGD, AdamW, Optimizer
 from .tensor import Tensor, TensorDesc
+from .train_step import CapturedStep, TrainStep, train_step
 
 __all__ = ["TrainingStep", "sgd_momentum", "softmax_cross_entropy", "ClassifierStep", "classifier_step",
            "train_step", "TrainStep", "CapturedStep", "SGD", "AdamW", "Optimizer", "CrossEntropy", "MSE", "Loss",
@@ -238,8 +241,6 @@ def classifier_step(imported: Any, *, weight_decay: float = 0.0, grad_data_type:
     type, as in PyTorch (fp16 for a `.half()` model), unless `grad_data_type` says otherwise (or the
     parameters' types differ: then the graph's intermediate type)."""
     from .losses import FunctionLoss
-    from .optimizers import SGD
-    from .train_step import train_step
 
     outputs = list(imported.outputs)
     if len(outputs) != 1 or len(outputs[0].dim) != 2:
@@ -256,7 +257,3 @@ def classifier_step(imported: Any, *, weight_decay: float = 0.0, grad_data_type:
     step = train_step(imported, loss, SGD(0.0, momentum=0.9, weight_decay=weight_decay), grad_data_type=grad_data_type)
     return ClassifierStep(imported, step, step.target)
 
-
-from .losses import MSE, CrossEntropy, Loss, stop_gradient  # noqa: E402  (public names of opgraph.training)
-from .optimizers import SGD, AdamW, Optimizer  # noqa: E402
-from .train_step import CapturedStep, TrainStep, train_step  # noqa: E402

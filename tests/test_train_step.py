@@ -219,8 +219,8 @@ def test_gpt_trains_like_torch(kw):
     idx = torch.randint(0, 17, (3, 8))
     y = torch.randint(0, 17, (3, 8))
     imported = og.from_torch(model, (idx,))
-    if kw.get("attention") == "sdpa":
-        assert [e.target for e in imported.report.custom_ops] == ["aten.scaled_dot_product_attention.default"]
+    if kw.get("attention") == "sdpa":  # a custom op until opgraph translates it (then no custom op)
+        assert {e.target for e in imported.report.custom_ops} <= {"aten.scaled_dot_product_attention.default"}
     else:
         assert not imported.report.custom_ops, imported.report
     opt = SGD(0.1, momentum=0.9)

@@ -122,7 +122,7 @@ def test_validation_rules():
 
 
 def test_json_round_trip(rng):
-    g, w, idx, y = _lookup_graph(5, 3, [2, 2], padding_idx=0)
+    g = _lookup_graph(5, 3, [2, 2], padding_idx=0)[0]
     g2 = og.Graph.from_json(g.to_json())
     assert g2.final.nodes[0].op == g.final.nodes[0].op
 
