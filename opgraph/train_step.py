@@ -181,7 +181,10 @@ class TrainStep:
                                           1.0 if scale is None else scale, out_desc)
             self._alias(seed, d_out)
         elif scale is not None:
-            self._alias(seed, sg.identity(scale, name="loss_scale.seed"))
+            value = sg.identity(scale, name="loss_scale.seed").set_data_type(seed.data_type)
+            if tuple(seed.dim) != (1,):
+                value = sg.reshape(value, list(seed.dim), name="loss_scale.seed_dims")
+            self._alias(seed, value)
         # the seed's ops between the forward and the backward (they come last in the list): ops are
         # scheduled lowest record first among the ready ones, so an op left behind them would wait
         order: dict[int, tuple] = {id(r): (n_forward, -1, i) for i, r in enumerate(sg._records[first:])}

@@ -319,6 +319,30 @@ def test_fp16_dynamic_loss_scale_like_grad_scaler():
         assert rel(p, q) <= 2e-2, name
 
 
+def test_fp16_loss_scale_seeds_a_loss_function():
+    """A loss written as ops (differentiated by opgraph.grad) is seeded with the loss scale."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).train()
+    ref = copy.deepcopy(model)
+    x, t = torch.randn(5, 4), torch.randn(5, 3)
+
+    def mse(g, out, target):
+        d = g.sub(out, target)
+        return g.reduction(g.mul(d, d), "avg").set_dim([1, 1]).set_data_type("float")
+
+    step = train_step(og.from_torch(model, (x,)), mse, SGD(0.1), mixed_precision="fp16",
+                      loss_scale={"init_scale": 1024.0})
+    topt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for _ in range(3):
+        got = step.run(x, t)
+        want, _ = torch_step(ref, topt, x, t, loss="mse", autocast=torch.float16, scaler=scaler)
+        assert abs(float(got) - float(want)) <= 1e-3 * float(want)
+    assert step.loss_scale == scaler.get_scale() == 1024.0
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert rel(p, q) <= 1e-3
+
+
 # -- the pack, the plan, errors ------------------------------------------------------------------------------
 
 
