@@ -54,6 +54,9 @@ def ensure_registered() -> None:
     register_custom_grad(STOP_GRADIENT, lambda ctx: {}, inputs=())
 
 
+ensure_registered()  # graphs and plan files that name it load in any process that imports opgraph
+
+
 def stop_gradient(g: Graph, x: Tensor, name: str = "") -> Tensor:
     """x itself, through which opgraph.grad passes no gradient."""
     ensure_registered()
