@@ -338,7 +338,8 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace) -> None:
 def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
     lines = [f"Training steps, {meta['date']}, {meta['device']} (torch {meta['torch']}, Triton {meta.get('triton')}); "
              "ms per step (median), rate, MFU vs 989 TFLOP/s bf16; ratio = opgraph / best peer of its group",
-             "", "| workload | implementation | ms / step | rate | MFU | opgraph / best peer |", "|---|---|---|---|---|---|"]
+             "", "| workload | implementation | ms / step | rate | MFU | opgraph / best peer |",
+             "|---|---|---|---|---|---|"]
     for w in workloads:
         for group, members in GROUPS.items():
             labels = [MODES[m] for m in members]

@@ -154,7 +154,8 @@ class SGD(Optimizer):
             d = g.add(d, g.mul(w, s.hyper["weight_decay"], name=f"sgd.decay.{tag}"), name=f"sgd.decayed.{tag}")
         if self.has_momentum:
             buf = state["momentum_buffer"]
-            delta = g.add(g.mul(buf, s.shared["momentum_minus_1"], name=f"sgd.mb.{tag}"), d, name=f"sgd.buf_delta.{tag}")
+            mb = g.mul(buf, s.shared["momentum_minus_1"], name=f"sgd.mb.{tag}")
+            delta = g.add(mb, d, name=f"sgd.buf_delta.{tag}")
             new_buf = commit(g, buf, delta, s.skip, name=f"sgd.buf.{tag}")
             if self.nesterov:
                 d = g.add(d, g.mul(new_buf, s.hyper["momentum"], name=f"sgd.nesterov_mb.{tag}"),

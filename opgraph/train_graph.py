@@ -29,6 +29,7 @@ with three changes a training step needs:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -193,54 +194,44 @@ def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str
     """`base` through a chain of aten view ops, as layout ops (transpose, reshape, slice)."""
     t = base
     shape = list(base.dim)
+
+    def add(op: Any) -> Tensor:
+        (out,) = g._add_op(op, [t], name=f"{key}.view{new_uid()}")
+        return out.set_dim(tuple(shape))
+
     for op, args in views:
-        name = getattr(op, "__name__", str(op))
-        base_name = name.split(".")[0]
-        if base_name in ("t", "transpose", "permute"):
-            if base_name == "t":
-                perm = [1, 0] if len(shape) == 2 else [0]
-            elif base_name == "permute":
+        name = getattr(op, "__name__", str(op)).split(".")[0]
+        if name in ("t", "transpose", "permute"):
+            perm = list(range(len(shape)))
+            if name == "permute":
                 perm = [a % len(shape) for a in args[0]]
-            else:
-                perm = list(range(len(shape)))
-                a, b = args[0] % len(shape), args[1] % len(shape)
+            elif len(shape) == 2 or name == "transpose":
+                a, b = (0, 1) if name == "t" else (args[0] % len(shape), args[1] % len(shape))
                 perm[a], perm[b] = perm[b], perm[a]
             shape = [shape[p] for p in perm]
-            if perm != list(range(len(perm))):
-                (t,) = g._add_op(Transpose(permutation=tuple(perm)), [t], name=f"{key}.view{new_uid()}")
-        elif base_name in ("view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten"):
-            if base_name in ("view", "reshape", "_unsafe_view"):
-                target = [int(s) for s in args[0]]
-                if -1 in target:
-                    known = 1
-                    for s in target:
-                        known *= s if s != -1 else 1
-                    total = 1
-                    for s in shape:
-                        total *= s
-                    target = [total // known if s == -1 else s for s in target]
-            else:
-                raise UnsupportedGraphError(f"parameter '{key}' is read through a {name} view", rule="training.tied_view",
-                                            hint="read tied parameters through view/reshape, t/transpose/permute "
-                                            "or slicing")
-            shape = target or [1]
-            if tuple(shape) != tuple(t.dim or ()):
-                (t,) = g._add_op(Reshape(dim=tuple(shape)), [t], name=f"{key}.view{new_uid()}")
-        elif base_name == "slice":
+            if perm != sorted(perm):
+                t = add(Transpose(permutation=tuple(perm)))
+        elif name in ("view", "reshape", "_unsafe_view"):
+            target = [int(s) for s in args[0]] or [1]
+            if -1 in target:
+                known = math.prod(s for s in target if s != -1)
+                target = [math.prod(shape) // known if s == -1 else s for s in target]
+            if target != shape:
+                shape = target
+                t = add(Reshape(dim=tuple(shape)))
+        elif name == "slice":
             axis, start, stop, step = (list(args) + [None, None, 1])[:4]
             axis %= len(shape)
             bounds = [(0, s, 1) for s in shape]
-            start, stop, step = slice(start, stop, step).indices(shape[axis])
-            bounds[axis] = (start, stop, step)
-            shape[axis] = len(range(start, stop, step))
-            (t,) = g._add_op(Slice(slices=tuple(tuple(b) for b in bounds)), [t], name=f"{key}.view{new_uid()}")
+            bounds[axis] = slice(start, stop, step).indices(shape[axis])
+            shape[axis] = len(range(*bounds[axis]))
+            t = add(Slice(slices=tuple(tuple(b) for b in bounds)))
         else:
             raise UnsupportedGraphError(f"parameter '{key}' is read through a {name} view", rule="training.tied_view",
                                         hint="read tied parameters through view/reshape, t/transpose/permute or "
                                         "slicing")
-        if t.dim is None:
-            t.set_dim(tuple(shape))
-    if tuple(shape or [1]) != tuple(dim):
-        raise UnsupportedGraphError(f"parameter '{key}': its view chain gives dims {shape}, the graph reads {list(dim)}",
+    if tuple(shape) != tuple(dim):
+        raise UnsupportedGraphError(f"parameter '{key}': its view chain gives dims {shape}, the graph reads "
+                                    f"{list(dim)}",
                                     rule="training.tied_view", hint="report this as a bug, with the module")
     return t

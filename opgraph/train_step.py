@@ -549,5 +549,6 @@ def _producer_index(g: Graph, t: Tensor) -> int:
 
 def _sum_to_one(g: Graph, x: Tensor, rank: int, name: str) -> Tensor:
     """The sum of all of x's elements (x of rank `rank`) as a [1] tensor (FLOAT)."""
-    r = g.reduction(x, ReductionMode.ADD, name=f"{name}.sum").set_dim([1] * rank).set_data_type(g.intermediate_data_type)
+    r = g.reduction(x, ReductionMode.ADD, name=f"{name}.sum").set_dim([1] * rank)
+    r.set_data_type(g.intermediate_data_type)
     return r if rank == 1 else g.reshape(r, [1], name=f"{name}.flat")
