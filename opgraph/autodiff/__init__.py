@@ -9,7 +9,16 @@ registry and the builder rules use, rules_<family>.py the rules).
 """
 
 # every family registers its rules on import
-from . import rules_attention, rules_conv, rules_layout, rules_norm, rules_pointwise, rules_pooling, rules_reduction  # noqa: F401
+from . import (  # noqa: F401
+    rules_attention,
+    rules_conv,
+    rules_gather,
+    rules_layout,
+    rules_norm,
+    rules_pointwise,
+    rules_pooling,
+    rules_reduction,
+)
 from .grad import CHEAP_KINDS, GradGraph, grad, saved_pack
 from .rules import (
     CUSTOM_RULES,

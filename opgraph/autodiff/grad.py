@@ -182,7 +182,8 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = False, recompute: bool = True,
-         allow_unused: bool = False, intermediate_data_type: Any = None, name: str | None = None) -> GradGraph:
+         allow_unused: bool = False, intermediate_data_type: Any = None, forward_types: bool = False,
+         name: str | None = None) -> GradGraph:
     """The gradient graph of `graph`: the gradients of `wrt` given incoming gradients of `outputs`.
 
     outputs, wrt: a tensor or a list of tensors (handles, UIDs or names of the forward graph).
@@ -192,13 +193,18 @@ def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = 
     intermediate_data_type: the type of the backward graph's virtual tensors (the gradients between
         ops); the forward graph's intermediate type by default. HALF halves the memory traffic of
         the gradients that cross kernels, at fp16 precision.
+    forward_types: each gradient takes the type of the forward tensor it is the gradient of, as in
+        PyTorch's autograd: a bf16 activation's gradient is bf16 (mixed precision), an fp32 one's
+        fp32 (a gradient a rule makes, or a sum of gradients, is typed so; one passed through
+        unchanged, an add's, is cast); other backward intermediates keep intermediate_data_type.
     """
     fg = graph.final if isinstance(graph, Graph) else graph
     if not isinstance(fg, FinalGraph):
         raise GraphError(f"grad takes a Graph or FinalGraph, got {type(graph).__name__}", rule="autodiff.graph",
                          hint="pass the forward opgraph.Graph")
     return _Pass(fg, _as_list(outputs), _as_list(wrt), combined=combined, recompute=recompute,
-                 allow_unused=allow_unused, intermediate=intermediate_data_type, name=name).run()
+                 allow_unused=allow_unused, intermediate=intermediate_data_type, forward_types=forward_types,
+                 name=name).run()
 
 
 class _Ctx(RuleContext):
@@ -239,7 +245,7 @@ class _Ctx(RuleContext):
 
 class _Pass:
     def __init__(self, fg: FinalGraph, outputs: list[Any], wrt: list[Any], *, combined: bool, recompute: bool,
-                 allow_unused: bool, intermediate: Any, name: str | None) -> None:
+                 allow_unused: bool, intermediate: Any, name: str | None, forward_types: bool = False) -> None:
         self.fg = fg
         self.outputs = list(dict.fromkeys(resolve(fg, k, "outputs") for k in outputs))
         self.wrt = list(dict.fromkeys(resolve(fg, k, "wrt") for k in wrt))
@@ -254,6 +260,7 @@ class _Pass:
         self.combined = combined
         self.recompute = recompute
         self.allow_unused = allow_unused
+        self.forward_types = forward_types
         suffix = "train_step" if combined else "grad"
         self.g = Graph(name or f"{fg.name or 'graph'}_{suffix}", io_data_type=fg.io_data_type,
                        intermediate_data_type=intermediate or fg.intermediate_data_type,
@@ -324,6 +331,7 @@ class _Pass:
                               "differentiated", "do not use that output on the path to the differentiated outputs",
                               rule="autodiff.output")
         self.b.prefix = f"d{node.name}"
+        first_new = len(self.g._tensors)
         result = rule.fn(_Ctx(self, node, needed))
         for role in needed:
             g = result.get(role)
@@ -332,17 +340,66 @@ class _Pass:
                                   "this input is not differentiated by the rule", rule="autodiff.no_input_grad")
             uid = node.input(role)
             assert isinstance(uid, int)
-            self.contrib.setdefault(uid, []).append(self.b.unbroadcast(g, self.fg.tensors[uid].dim))
+            g = self.b.unbroadcast(g, self.fg.tensors[uid].dim)
+            if self.forward_types and isinstance(g, Tensor):
+                g = self._in_forward_type(g, uid, first_new)
+            self.contrib.setdefault(uid, []).append(g)
+
+    def _in_forward_type(self, g: Tensor, uid: int, first_new: int) -> Tensor:
+        """Gradient `g` of forward tensor `uid` in that tensor's type: a tensor the rule just made
+        takes it; one passed through (an add's) is cast, as PyTorch's autograd casts it."""
+        want = self.fg.tensors[uid].data_type
+        if g.is_virtual and any(t is g for t in self.g._tensors[first_new:]):
+            g.set_data_type(want)
+            return g
+        if (g._data_type or self.g.intermediate_data_type) is want:
+            return g
+        cast = self.b.pw(PointwiseMode.IDENTITY, g)
+        return cast.set_data_type(want)
 
     def total(self, uid: int) -> Tensor:
         """The summed gradient of forward tensor `uid` (possibly in broadcast dims)."""
         parts = self.contrib[uid]
         if len(parts) > 1:
+            parts[:] = self._joined_slices(parts)
+        if len(parts) > 1:
             acc = parts[0]
             for p in parts[1:]:
                 acc = self.b.add(acc, p)
+                if self.forward_types and isinstance(acc, Tensor):
+                    acc.set_data_type(self.fg.tensors[uid].data_type)
             parts[:] = [acc]
         return parts[0]  # type: ignore[return-value]
+
+    def _joined_slices(self, parts: list[Value]) -> list[Value]:
+        """Contributions that are slice_backward outputs of slices tiling their input along one axis
+        (step 1, no gap, no overlap) replaced by one concatenate of the slices' gradients; their
+        slice_backward ops (zeros plus a copy each) are dropped."""
+        grads = self.b.slice_grads
+        tiles = [p for p in parts if isinstance(p, Tensor) and id(p) in grads]
+        if len(tiles) < 2:
+            return parts
+        dims = tuple(tiles[0].dim)
+        bounds = [grads[id(p)][1] for p in tiles]
+        axes = {a for b in bounds for a, bound in enumerate(b) if tuple(bound) != (0, dims[a], 1)}
+        if len(axes) != 1:
+            return parts
+        axis = axes.pop()
+        order = sorted(zip(bounds, tiles), key=lambda z: z[0][axis][0])
+        end = 0
+        for b, _ in order:
+            if b[axis][2] != 1 or b[axis][0] != end:
+                return parts
+            end = b[axis][1]
+        dys = [grads[id(p)][0] for _, p in order]
+        if end != dims[axis] or len({d._data_type for d in dys}) > 1:
+            return parts
+        ids = {id(p) for p in tiles}
+        self.g._records = [r for r in self.g._records if not any(id(o) in ids for o in r.outputs if o is not None)]
+        self.g._tensors = [t for t in self.g._tensors if id(t) not in ids]
+        self.b._by_dims = {k: v for k, v in self.b._by_dims.items() if id(v) not in ids}
+        self.g._invalidate()
+        return [self.b.concatenate(dys, axis), *(p for p in parts if id(p) not in ids)]
 
     def total_full(self, uid: int) -> Tensor:
         t = self.b.expand(self.total(uid), self.fg.tensors[uid].dim, carrier=lambda: self.fwd(uid))

@@ -163,6 +163,9 @@ class GradBuilder:
         self._by_dims: dict[tuple[int, ...], Tensor] = {}  # full tensors an expand can take dims from
         self.produced: set[int] = set()  # id() of the op outputs made here
         self._expands: set[str] = set()  # names of the expand ops (their mask is a dims carrier)
+        # slice_backward outputs -> (the slice's gradient, its (start, stop, step) bounds): the sum of
+        # the gradients of slices that tile a tensor (a split) is their concatenation (grad.py)
+        self.slice_grads: dict[int, tuple[Tensor, tuple[tuple[int, int, int], ...]]] = {}
         self.prefix = "bwd"
         self.next_uid = 1
 

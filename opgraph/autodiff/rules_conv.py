@@ -3,7 +3,8 @@
     conv_fprop  Y = conv(X, W)      dX = conv_dgrad(dY, W), dW = conv_wgrad(X, dY)
     conv_dgrad  DX = dgrad(DY, W)   dDY = conv_fprop(dDX, W), dW = conv_wgrad(dDX, DY)
     conv_wgrad  DW = wgrad(X, DY)   dX = conv_dgrad(DY, dDW), dDY = conv_fprop(X, dDW)
-    matmul      C = A @ B           dA = dC @ B^T, dB = A^T @ dC (summed over broadcast batch axes)
+    matmul      C = A @ B           dA = dC @ B^T, dB = A^T @ dC (summed over broadcast batch axes; a B
+                                    shared by the whole batch gets one GEMM over the batch's rows)
 
 Every backward conv keeps the forward's padding, stride, dilation and convolution mode, and has its
 output dims set explicitly (dgrad's image dims are ambiguous for stride > 1, wgrad's filter dims for
@@ -11,6 +12,8 @@ groups > 1). Transposes are layout ops whose strides make them views of the oper
 """
 
 from __future__ import annotations
+
+import math
 
 from ..ops.conv import ConvDgrad, ConvFprop, ConvWgrad, _Conv
 from ..ops.matmul import Matmul
@@ -84,6 +87,14 @@ def matmul(ctx: RuleContext):
         bt = b.transpose(ctx.input("B"), _swap_last(rank))
         out["A"] = b.op(Matmul(), [dc, bt], ["C"], [(*batch, a_desc.dim[-2], a_desc.dim[-1])], tag="dA")[0]
     if ctx.needs("B"):
-        at = b.transpose(ctx.input("A"), _swap_last(rank))
+        a = ctx.input("A")
+        if rank > 2 and math.prod(b_desc.dim[:-2]) == 1 and tuple(a_desc.dim[:-2]) == tuple(batch) \
+                and math.prod(batch) > 1:
+            # B shared by the batch (a linear layer's weight): one GEMM over all rows, not one per
+            # batch entry and a sum (the reshapes are views of tensors in memory)
+            rows, ones = math.prod(batch) * a_desc.dim[-2], (1,) * (rank - 2)
+            a, dc = b.reshape(a, (*ones, rows, a_desc.dim[-1])), b.reshape(dc, (*ones, rows, c.dim[-1]))
+            batch = ones
+        at = b.transpose(a, _swap_last(rank))
         out["B"] = b.op(Matmul(), [at, dc], ["C"], [(*batch, b_desc.dim[-2], b_desc.dim[-1])], tag="dB")[0]
     return out

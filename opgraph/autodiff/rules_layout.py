@@ -6,7 +6,9 @@
     slice        dx = dy scattered into zeros of x's dims: the custom op ``slice_backward``
                  (no existing op writes into zeros: a pad is not in the op set and a concatenate
                  with zero blocks cannot express steps > 1), registered here with a NumPy reference
-                 and a PyTorch implementation (dy -> dx; params in_dim and bounds as text)
+                 and a PyTorch implementation (dy -> dx; params in_dim and bounds as text). The
+                 gradients of slices that tile their input along one axis (a split: q, k, v of a
+                 fused projection) are summed as one concatenate of the dy's instead (grad.py)
 """
 
 from __future__ import annotations
@@ -92,4 +94,6 @@ def slice_(ctx: RuleContext):
     params = (("bounds", ",".join(f"{a}:{b}:{c}" for a, b, c in bounds)),
               ("in_dim", ",".join(str(d) for d in x.dim)))
     op = Custom(op_name=SLICE_BACKWARD, num_inputs=1, num_outputs=1, params=params)
-    return {"input": ctx.b.op(op, [dy], ["output0"], [x.dim], tag="slice_backward")[0]}
+    dx = ctx.b.op(op, [dy], ["output0"], [x.dim], tag="slice_backward")[0]
+    ctx.b.slice_grads[id(dx)] = (dy, tuple(tuple(b) for b in bounds))
+    return {"input": dx}

@@ -7,7 +7,12 @@ baked in:
   float64, integer and bool inputs get their traced dtype back), outputs returned as float64;
 - device implementation (`torch=`, used by the torch engine): the aten op on the device tensors
   (integer and bool inputs in their traced dtypes, float inputs in the engine's compute type);
-- infer: the traced output shapes and dtypes.
+- infer: the traced output shapes and dtypes;
+- a backward rule (`opgraph.autodiff.register_custom_grad`): a second custom op, ``<op>_vjp``, that
+  recomputes the aten op under torch.autograd and returns the gradients of its floating inputs
+  (vector-Jacobian product: float64 on the host for the reference engine, on the device in the
+  engine's compute type for the torch engine), so that a module with untranslated ops still trains.
+  It recomputes the forward (nothing is saved); a random op (dropout inside it) draws anew there.
 Custom ops registered this way exist in this process only: a graph or plan saved to JSON names them
 and loads only where the same module was imported first.
 """
@@ -101,6 +106,7 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     name = "torch_" + re.sub(r"\W", "_", str(target).removeprefix("aten.")) + f"_{next(_COUNTER)}"
     register_custom_op(name, num_inputs=len(slots), num_outputs=len(metas), reference=reference, infer=infer,
                        torch=device)
+    _register_vjp(name, call, in_meta, out_meta)
     used = imp.used.get(node, set(range(len(metas)))) if multi else {0}
     op = Custom(op_name=name, num_inputs=len(slots), num_outputs=len(metas))
     roles = [r for i, r in enumerate(op.output_roles()) if i in used and metas[i] is not None]
@@ -122,3 +128,65 @@ def _draws_random(target: Any, args: dict[str, Any]) -> bool:
         if isinstance(p, (int, float)) and p == 0 or args.get("train", True) is False:
             return False
     return True
+def _register_vjp(name: str, call: Any, in_meta: list[tuple[Any, Any]], out_meta: list[Any]) -> None:
+    """The backward rule of custom op `name`: a `<name>_vjp` custom op per combination of outputs that
+    receive a gradient and inputs that need one (made on first use), reading the op's inputs and those
+    gradients and writing the inputs' gradients."""
+    import torch
+
+    from ..autodiff.rules import register_custom_grad
+
+    floating = [i for i, (_, dtype) in enumerate(in_meta) if dtype.is_floating_point]
+    made: set[str] = set()
+
+    def vjp(tensors: list[Any], grads: list[Any], outs: list[int], wrt: list[int], f64: bool) -> list[Any]:
+        with torch.enable_grad():
+            ins = []
+            for i, (t, (shape, dtype)) in enumerate(zip(tensors, in_meta)):
+                t = t.reshape(shape)
+                if not dtype.is_floating_point:
+                    t = t.to(dtype)
+                elif f64:
+                    t = t.to(torch.float64)
+                ins.append(t.detach().requires_grad_(i in wrt))
+            results = call(ins)
+            chosen = [results[k] for k in outs]
+            dys = [g.reshape(r.shape).to(r.dtype) for g, r in zip(grads, chosen)]
+            got = torch.autograd.grad(chosen, [ins[i] for i in wrt], dys, allow_unused=True)
+        return [torch.zeros(og_dims(in_meta[i][0]), dtype=ins[i].dtype, device=ins[i].device) if d is None
+                else d.reshape(og_dims(in_meta[i][0])) for i, d in zip(wrt, got)]
+
+    def op_for(outs: list[int], wrt: list[int]) -> str:
+        vname = f"{name}_vjp_{'_'.join(map(str, outs))}_wrt_{'_'.join(map(str, wrt))}"
+        if vname in made:
+            return vname
+        n = len(in_meta)
+
+        def reference(*arrays: np.ndarray) -> list[np.ndarray]:
+            ts = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)) for a in arrays]
+            return [d.detach().to(torch.float64).numpy() for d in vjp(ts[:n], ts[n:], outs, wrt, True)]
+
+        def device(*tensors: Any) -> list[Any]:
+            return vjp(list(tensors[:n]), list(tensors[n:]), outs, wrt, False)
+
+        def infer(*_descs: Any) -> list[Any]:
+            return [og_dims(in_meta[i][0]) for i in wrt]
+
+        register_custom_op(vname, num_inputs=n + len(outs), num_outputs=len(wrt), reference=reference, infer=infer,
+                           torch=device)
+        made.add(vname)
+        return vname
+
+    def rule(ctx: Any) -> dict[str, Any]:
+        node = ctx.node
+        roles_in, roles_out = node.op.input_roles(), node.op.output_roles()
+        outs = [k for k, r in enumerate(roles_out) if ctx.has_output(r) and ctx.grad(r) is not None]
+        wrt = [i for i in floating if ctx.needs(roles_in[i])]
+        vname = op_for(outs, wrt)
+        op = Custom(op_name=vname, num_inputs=len(in_meta) + len(outs), num_outputs=len(wrt))
+        inputs = [ctx.input(r) for r in roles_in] + [ctx.grad_full(roles_out[k]) for k in outs]
+        dims = [og_dims(in_meta[i][0]) for i in wrt]
+        grads = ctx.b.op(op, inputs, list(op.output_roles()), dims, tag="vjp", float_outputs=True)
+        return {roles_in[i]: g for i, g in zip(wrt, grads)}
+
+    register_custom_grad(name, rule, inputs=[f"input{i}" for i in floating])

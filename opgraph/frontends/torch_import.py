@@ -474,7 +474,7 @@ def _param_only(nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, st
 def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     from torch.utils import _pytree as pytree
 
-    from . import torch_ops, torch_ops_attention, torch_ops_nn  # noqa: F401  (the translators register on import)
+    from . import torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn  # noqa: F401  (the translators register on import)
     from .torch_custom import custom_node
 
     program = imp.program

@@ -34,7 +34,7 @@ from ...core.errors import ExecutionError
 from ...core.piece import Piece
 from .. import register_engine
 from ..base import Engine, Kernel
-from . import attention, conv, custom, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
+from . import attention, conv, custom, gather, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
 from .common import IMPLS, Call, as_torch, finish, wide_compute
 from .estimate import estimate_us
 from .host import run_on_host

@@ -10,7 +10,7 @@ from ....core.config import Support
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.layout import Slice, Transpose
+from ....ops.layout import Reshape, Slice, Transpose
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import elementwise
 from .constants import REDUCE_KINDS, VIEW_KINDS
@@ -89,9 +89,53 @@ def _view(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View
         perm = tuple(op.permutation)
         dims = tuple(src.dim[p] for p in perm)
         strides = tuple(src.stride[p] for p in perm)
+    elif isinstance(op, Reshape) and op.dim is not None:
+        known = math.prod(d for d in op.dim if d != -1)
+        dims = tuple(src.numel // known if d == -1 else d for d in op.dim)
+        reshaped = _reshape_strides(src.dim, src.stride, dims)
+        if reshaped is None:
+            return f"{node.label()} regroups axes whose strides are not one run; it needs a copy"
+        strides = reshaped
     else:
         return f"{node.label()} is not a view"
     return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
+
+
+def _reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
+    """Strides that show memory of dims `old` / `strides` as dims `new` (same elements, logical
+    row-major order), or None where the axes merged or split are not one run in memory (numpy's
+    no-copy reshape rule)."""
+    src = [(d, s) for d, s in zip(old, strides) if d != 1]
+    axes = [i for i, d in enumerate(new) if d != 1]
+    out = [0] * len(new)
+    i = j = 0
+    while i < len(src) and j < len(axes):
+        i_end, j_end, a, b = i, j, src[i][0], new[axes[j]]
+        while a != b:
+            if a < b and i_end + 1 < len(src):
+                i_end += 1
+                a *= src[i_end][0]
+            elif b < a and j_end + 1 < len(axes):
+                j_end += 1
+                b *= new[axes[j_end]]
+            else:
+                return None
+        if any(src[k][1] != src[k + 1][1] * src[k + 1][0] for k in range(i, i_end)):
+            return None
+        step = src[i_end][1]
+        for k in range(j_end, j - 1, -1):
+            out[axes[k]] = step
+            step *= new[axes[k]]
+        i, j = i_end + 1, j_end + 1
+    if i != len(src) or j != len(axes):
+        return None
+    step = 1
+    for k in range(len(new) - 1, -1, -1):  # unit axes: the stride a packed layout would give them
+        if new[k] == 1:
+            out[k] = step
+        else:
+            step = out[k] * new[k]
+    return tuple(out)
 
 
 def memory_views(piece: Piece) -> dict[int, View] | Support:
@@ -209,10 +253,12 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
     epilogue: list[Node] = []
     reductions: list[Reduce] = []
     stores = [main.output_uids()[0]] if main.output_uids()[0] in outputs else []
+    position = {id(n): i for i, n in enumerate(piece.nodes)}
     for node in after:
         for u in node.input_uids():
             p = producer.get(u)
-            if p is not None and u not in epilogue_uids:
+            # a value written in place by this op or a later one is read as it is in memory
+            if p is not None and u not in epilogue_uids and position[id(p)] < position[id(node)]:
                 return None, Support.no(f"{node.label()} reads a value that is not on the {main.kind}'s "
                                         "epilogue path", node)
         if elementwise(node):

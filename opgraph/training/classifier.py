@@ -31,7 +31,10 @@ carries it over (examples/11_train_mobilenet_digits.py swaps the buffers).
 
 `classifier_step(imported)` does all of this for a PyTorch classifier imported with
 `opgraph.from_torch` in train mode: cross-entropy on its logits, SGD on every parameter of the module
-(bound as views, so the module itself is trained), its batchnorm running stats written back.
+(bound as views, so the module itself is trained), its batchnorm running stats written back. It is a
+case of `train_step` (opgraph/training/step.py): any imported module, cross-entropy / mse / your own
+loss, SGD or AdamW with device-scalar hyper-parameters (opgraph/training/optimizers.py), bf16 / fp16 mixed
+precision and gradient clipping.
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ from typing import Any
 
 import numpy as np
 
-from .autodiff import GradGraph, grad
-from .autodiff.grad import resolve
-from .core.dtypes import as_data_type
-from .core.errors import GraphError
-from .core.tensor import Tensor, TensorDesc
-from .graph.builder import Graph
+from ..autodiff import GradGraph, grad
+from ..autodiff.grad import resolve
+from ..core.dtypes import as_data_type
+from ..core.errors import GraphError
+from ..core.tensor import Tensor, TensorDesc
+from ..graph.builder import Graph
+from .optimizers import SGD
+from .step import train_step
 
 __all__ = ["TrainingStep", "sgd_momentum", "softmax_cross_entropy", "ClassifierStep", "classifier_step"]
 
@@ -91,7 +96,7 @@ class TrainingStep:
 def _filled(desc: TensorDesc, value: float, device: Any) -> Any:
     """A buffer with the descriptor's dims and strides holding `value`."""
     if device is None:
-        from .memory.fill import empty_like_desc
+        from ..memory.fill import empty_like_desc
 
         arr = empty_like_desc(desc)
         arr[...] = np.asarray(value).astype(desc.data_type.numpy)
@@ -199,9 +204,10 @@ def softmax_cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, name: str = 
 @dataclass
 class ClassifierStep:
     """The training step of a PyTorch classifier imported with `opgraph.from_torch` (train mode):
-    softmax cross-entropy on its logits against one-hot labels, then `sgd_momentum` on every
-    parameter of the module. The module's parameters are bound as views, so each step trains the
-    module itself; `finish(pack)` copies the new batchnorm running stats into it.
+    softmax cross-entropy on its logits against one-hot labels, then SGD with momentum on every
+    parameter of the module: `train_step` with that loss and optimizer (`step` is the `TrainStep`).
+    The module's parameters are bound as views, so each step trains the module itself;
+    `finish(pack)` copies the new batchnorm running stats into it.
 
         imported = opgraph.from_torch(model.train(), (x,))
         cs = opgraph.training.classifier_step(imported)
@@ -211,25 +217,15 @@ class ClassifierStep:
     """
 
     imported: Any
-    step: TrainingStep
+    step: Any
     onehot: Tensor
 
     def pack(self, x: Any, onehot: Any, *, lr: float, momentum: float) -> dict[int, Any]:
-        """A variant pack: the module's inputs and parameters (views), the labels, the optimizer state
-        (zero velocities: a new optimizer) and output buffers on the input's device."""
-        import torch
-
-        pack = self.imported.variant_pack(x)
-        device = x.device if isinstance(x, torch.Tensor) else None
-        pack.update(self.step.state(lr, momentum, device=device))
-        pack[self.onehot.uid] = onehot
-        final = self.step.graph.final
-        for uid in final.outputs:
-            if uid not in pack:
-                d = final.tensors[uid]
-                pack[uid] = (torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
-                             if device is not None else _filled(d, 0.0, None))
-        return pack
+        """The step's variant pack with batch `x` and labels `onehot`, and `lr` and `momentum` written
+        into its device scalars. The velocities are the step's (zeros at the first pack: a new
+        optimizer), kept from execute to execute."""
+        self.step.optimizer.set(lr=lr, momentum=momentum)
+        return self.step.pack(x, target=onehot)
 
     def finish(self, pack: dict[int, Any]) -> None:
         """After an execute: the module's batchnorm running stats (and counters) from the pack."""
@@ -238,22 +234,23 @@ class ClassifierStep:
 
 def classifier_step(imported: Any, *, weight_decay: float = 0.0, grad_data_type: Any = None) -> ClassifierStep:
     """`ClassifierStep` of an imported classifier whose one output is logits [N, classes]. The
-    imported graph is copied, not changed (it still runs forward passes). Gradients have the
-    parameters' type, as in PyTorch (fp16 for a `.half()` model), unless `grad_data_type` says
-    otherwise (or the parameters' types differ: then the graph's intermediate type)."""
+    imported graph is not changed (it still runs forward passes). Gradients have the parameters'
+    type, as in PyTorch (fp16 for a `.half()` model), unless `grad_data_type` says otherwise (or the
+    parameters' types differ: then the graph's intermediate type)."""
+    from .losses import FunctionLoss
+
     outputs = list(imported.outputs)
     if len(outputs) != 1 or len(outputs[0].dim) != 2:
         raise GraphError(f"classifier_step needs one output of dims [N, classes]; the module has "
                          f"{[list(t.dim) for t in outputs]}", rule="training.classifier",
                          hint="import a module that returns the logits alone (wrap it if it returns more)")
-    g = Graph.from_json(imported.graph.to_json())
-    logits = _handle(g, outputs[0].uid)
     d = imported.graph.final.tensors[outputs[0].uid]
-    onehot = g.tensor(dim=list(d.dim), data_type=d.data_type, name="onehot")
-    loss = softmax_cross_entropy(g, logits, onehot).set_output(True)
+    loss = FunctionLoss(lambda g, logits, onehot: softmax_cross_entropy(g, logits, onehot), (d.dim, d.data_type))
     params = [t.uid for t, source in imported.bound_inputs if source.kind == "parameter"]
     if grad_data_type is None:
         types = {imported.graph.final.tensors[uid].data_type for uid in params}
         grad_data_type = types.pop() if len(types) == 1 else None
-    step = sgd_momentum(g, loss, params, weight_decay=weight_decay, grad_data_type=grad_data_type)
-    return ClassifierStep(imported, step, _handle(step.graph, onehot.uid))
+    # momentum is structural (a velocity buffer); pack() writes the caller's values into the scalars
+    step = train_step(imported, loss, SGD(0.0, momentum=0.9, weight_decay=weight_decay), grad_data_type=grad_data_type)
+    return ClassifierStep(imported, step, step.target)
+
