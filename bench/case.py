@@ -92,6 +92,7 @@ class Ctx:
     deadline: float | None = None  # time.monotonic() after which no new implementation starts
     timing: bool = True  # False (--warm): set up and check only
     seed: int = 0
+    workload: str = ""  # the id of the workload being made (set by the runner)
 
     @property
     def cuda(self) -> bool:

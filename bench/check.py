@@ -96,9 +96,10 @@ def check_graph(runner: Runner, captured_ret: Any, replay: Any, refs: Sequence[A
 
     if runner.reset is not None:
         runner.reset()
-    got_before = read_outputs(runner, captured_ret)
-    if runner.read is None:
-        nan_fill(got_before)
+    # the graph's own output buffers: what it returned when captured (or the runner's static outputs);
+    # state a `read` also reports (parameters, statistics) is restored by `reset` instead
+    nan_fill([t for t in (as_list(captured_ret) if runner.read is not None else read_outputs(runner, captured_ret))
+              if hasattr(t, "is_floating_point")])
     replay()
     torch.cuda.synchronize()
     return compare(read_outputs(runner, captured_ret), refs, outputs)

@@ -150,6 +150,7 @@ def run_workload(ctx: Ctx, spec: WorkloadSpec, budget: measure.Budget) -> Worklo
         import torch
 
         torch.manual_seed(ctx.seed)
+        ctx.workload = spec.id
         if "compile" in ctx.features:
             torch._dynamo.reset()
         case = spec.make(ctx)

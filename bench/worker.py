@@ -68,8 +68,10 @@ def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     cuda = "cuda" in feats
     configure_torch(cuda)
     scale = "tiny" if args.dry_run else "quick" if args.quick else "full"
-    ctx = Ctx(device="cuda" if cuda else "cpu", scale=scale, tune=not args.no_tune, tune_networks=args.tune_networks,
-              compile=not args.no_compile, compile_cudagraphs=not args.no_compile_cudagraphs, cold_l2=args.cold_l2,
+    quick = args.quick or args.dry_run  # smoke tests: no tuned builds, no torch.compile mode="max-autotune" row
+    ctx = Ctx(device="cuda" if cuda else "cpu", scale=scale, tune=not (args.no_tune or quick),
+              tune_networks=args.tune_networks, compile=not args.no_compile,
+              compile_cudagraphs=not (args.no_compile_cudagraphs or quick), cold_l2=args.cold_l2,
               features=feats, timing=not args.warm,
               deadline=t_start + args.seconds - MARGIN_S if args.seconds else None)
     budget = measure.Budget(rounds=2, latency_calls=3) if args.dry_run else \

@@ -38,7 +38,7 @@ def _common(ctx: Ctx, dtype: str) -> dict[str, Any]:
 
 def _peers(ctx: Ctx, f: Callable, args: tuple, fe_inputs: dict, fe_build: Callable, tdt: Any) -> list:
     return ([eager(f, args)] + compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
-            + cudnn_fe.impls(fe_inputs, fe_build, tdt, tune=ctx.tune))
+            + cudnn_fe.impls(ctx, fe_inputs, fe_build, tdt))
 
 
 def _cbw(dy: Any, x: Any, w: Any, mask: list[bool]) -> Any:
@@ -169,5 +169,5 @@ CASES = (
 
 for _dt in ("float16", "bfloat16"):
     for _key, _title, _fn in CASES:
-        workload(f"conv_bwd.{_key}.{short(_dt)}", group="conv-bwd", title=f"{_title} {short(_dt)}", minutes=0.4)(
+        workload(f"conv_bwd.{_key}.{short(_dt)}", group=f"conv-bwd-{short(_dt)}", title=f"{_title} {short(_dt)}", minutes=0.4)(
             functools.partial(_fn, dtype=_dt))

@@ -62,7 +62,8 @@ def execute_tiny_conv(ctx: Ctx) -> Case:
 
     impls = [Impl("opgraph", lambda: ours(False), role="ours", tuned=False),
              Impl("opgraph (UID keys)", lambda: ours(True), role="ours", tuned=False),
-             Impl("torch eager", eager)] + cudnn_fe.impls({"x": x, "w": w, "b": b4}, fe_build, torch.float16, tune=False)
+             Impl("torch eager", eager)] + cudnn_fe.impls(ctx, {"x": x, "w": w, "b": b4}, fe_build, torch.float16,
+                                                       tune=False)
     return Case([Output("y", "float16")], ref, impls, host_only=True)
 
 

@@ -45,13 +45,13 @@ def matmul_bias_gelu(ctx: Ctx, dtype: str) -> Case:
         return F.gelu(torch.addmm(bias, a, b), approximate="tanh")
 
     def fe_build(g: Any, t: Any) -> list:
-        y = g.gelu_approx_tanh(input=g.add(a=g.matmul(A=t["a"], B=t["b"]), b=t["bias"]))
+        y = g.gelu_approx_tanh(input=g.add(g.matmul(A=t["a"], B=t["b"]), t["bias"]))
         return [(y, tdt)]
 
     impls = graph_impls(ctx, make) + [eager(f, (a, b, bias)), addmm_activation(a, b, bias)]
     impls += compiled(f, (a, b, bias), cudagraphs=ctx.compile_cudagraphs)
-    impls += cudnn_fe.impls({"a": a.view(1, M, K), "b": b.view(1, K, N), "bias": bias.view(1, 1, N)}, fe_build, tdt,
-                            tune=ctx.tune)
+    impls += cudnn_fe.impls(ctx, {"a": a.view(1, M, K), "b": b.view(1, K, N), "bias": bias.view(1, 1, N)}, fe_build,
+                            tdt)
     moved = (a.numel() + b.numel() + N + M * N) * a.element_size()
     return Case([Output("y", dtype)], ref, impls, Floor(bytes=moved, flops=2 * M * K * N, dtype=dtype))
 

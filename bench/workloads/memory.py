@@ -146,7 +146,7 @@ def batchnorm_forward(ctx: Ctx) -> Case:
     fe_inputs = {"x": x, "scale": gam.view(st), "bias": bet.view(st), "rm": rm0.view(st), "rv": rv0.view(st),
                  "eps": torch.full((1, 1, 1, 1), EPS), "momentum": torch.full((1, 1, 1, 1), MOMENTUM)}
     impls = (graph_impls(ctx, make) + stateful(eager_impl) + stateful(compiled_impls)
-             + cudnn_fe.impls(fe_inputs, fe_build, torch.float16, tune=ctx.tune))
+             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.float16))
     outs = [Output("y", "float16")] + [Output(k, "float32") for k in ("mean", "inv_var", "next_rm", "next_rv")]
     act = N * C * H * H * 2
     floor = Floor(bytes=2 * act, alt_bytes=(("two passes: statistics, then normalize", 3 * act),),
@@ -200,7 +200,7 @@ def batchnorm_backward(ctx: Ctx) -> Case:
     fe_inputs = {"dy": dy, "x": x, "scale": gam.view(st), "mean": save_mean.view(st), "inv_var": save_invstd.view(st)}
     impls = (graph_impls(ctx, make) + [eager(f, args, engine=EAGER_ENGINE + ": batch_norm_backward (autograd's op)")]
              + compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
-             + cudnn_fe.impls(fe_inputs, fe_build, torch.float16, tune=ctx.tune))
+             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.float16))
     act = N * C * H * H * 2
     floor = Floor(bytes=3 * act, alt_bytes=(("two passes: reductions, then dx", 5 * act),))
     return Case([Output("dx", "float16"), Output("dscale", "float32"), Output("dbias", "float32")], ref, impls, floor)
@@ -251,7 +251,7 @@ def layernorm_forward(ctx: Ctx) -> Case:
     fe_inputs = {"x": x.view(1, M, N), "scale": w.view(1, 1, N), "bias": b.view(1, 1, N),
                  "eps": torch.full((1, 1, 1), EPS)}
     impls = (graph_impls(ctx, make) + torch_peers(ctx, f, (x, w, b))
-             + cudnn_fe.impls(fe_inputs, fe_build, torch.bfloat16, tune=ctx.tune))
+             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.bfloat16))
     outs = [Output("y", "bfloat16"), Output("mean", "float32"), Output("inv_var", "float32")]
     return Case(outs, ref, impls, Floor(bytes=2 * M * N * 2 + 2 * M * 4 + 2 * N * 2))
 
@@ -301,6 +301,6 @@ def layernorm_backward(ctx: Ctx) -> Case:
     fe_inputs = {"dy": dy.view(1, M, N), "x": x.view(1, M, N), "scale": w.view(1, 1, N),
                  "mean": mean.view(1, M, 1), "inv_var": rstd.view(1, M, 1)}
     impls = (graph_impls(ctx, make) + torch_peers(ctx, f, (dy, x, mean_n, rstd_n, w, b))
-             + cudnn_fe.impls(fe_inputs, fe_build, torch.bfloat16, tune=ctx.tune))
+             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.bfloat16))
     outs = [Output("dx", "bfloat16"), Output("dscale", "bfloat16"), Output("dbias", "bfloat16")]
     return Case(outs, ref, impls, Floor(bytes=3 * M * N * 2 + 2 * M * 4 + 3 * N * 2))
