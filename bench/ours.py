@@ -11,6 +11,7 @@ column says so. The engine column of every row counts the plan's steps by engine
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,6 +31,28 @@ def engines_of(plan: Any) -> str:
         return labels[0]
     by_engine = Counter(s.config.engine for s in plan.steps)
     return f"{len(labels)} steps: " + ", ".join(f"{e} {n}" for e, n in by_engine.most_common())
+
+
+def diagnose(title: str, plan: Any, pack: Mapping[Any, Any]) -> None:
+    """--describe: the plan's configs (and tuned alternatives' times); --steps: device and host time per
+    step and per engine/template (plan.profile_steps), the slowest steps with their ops."""
+    if os.environ.get("OPGRAPH_BENCH_DESCRIBE"):
+        print(f"== describe: {title}\n" + "\n".join("      " + ln for ln in plan.describe().splitlines()), flush=True)
+    if os.environ.get("OPGRAPH_BENCH_STEPS") and plan.device.is_cuda:
+        rows = plan.profile_steps(pack)
+        by: dict[str, list[float]] = {}
+        for r in rows:
+            acc = by.setdefault(r.engine + (":" + r.template if r.template else ""), [0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += r.device_us
+            acc[2] += r.host_us
+        print(f"== steps: {title}: {len(rows)} steps, device {sum(r.device_us for r in rows):.0f} us, host "
+              f"{sum(r.host_us for r in rows):.0f} us", flush=True)
+        for key, (n, d, h) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+            print(f"      {key:28s} x{n:4d}  device {d:9.1f} us  host {h:8.1f} us", flush=True)
+        for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
+            ops = ", ".join(f"{n.kind}:{n.name}" for n in plan.steps[r.step].piece.nodes)
+            print(f"      {r}  [{ops[:150]}]", flush=True)
 
 
 def out_like(desc: Any, device: str) -> Any:
@@ -81,6 +104,7 @@ def graph_impls(ctx: Ctx, make: Callable[[], tuple[Any, Mapping[Any, Any], Seque
             for o in outputs:
                 pack[o] = out_like(final.tensors[o.uid], ctx.device)
             bufs = [pack[o] for o in outputs]
+            diagnose(f"{g.name} [{'generated' if engines else 'opgraph'}{' tuned' if tuned else ''}]", plan, pack)
             return Runner(call=lambda: plan.execute(pack), outputs=bufs, engine=engines_of(plan), notes=note,
                           keep=plan)
 

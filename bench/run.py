@@ -50,8 +50,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-compile-cudagraphs", action="store_true", help="no torch.compile mode=max-autotune row")
     ap.add_argument("--cold-l2", action="store_true", help="flush L2 before each call in device-time graphs")
     ap.add_argument("--time-limit", type=float, default=float(os.environ.get("OPGRAPH_BENCH_TIME_LIMIT", 540)),
-                    help="seconds for the whole command (default 540: a 10-minute device call with margin)")
+                    help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)")
     ap.add_argument("--name", default=None, help="suite name in the file names (default: from the selection)")
+    ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
+                                                              "alternatives' times)")
+    ap.add_argument("--steps", action="store_true", help="print where each opgraph plan's time goes, step by step")
     # internal: one repeat in this process
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--repeat-index", type=int, default=1, help=argparse.SUPPRESS)
@@ -99,7 +102,9 @@ def suite_name(args: argparse.Namespace) -> str:
 
 def worker_argv(args: argparse.Namespace, index: int, raw: str, seconds: float) -> list[str]:
     argv = [sys.executable, "-m", "bench.run", "--worker", "--repeat-index", str(index), "--raw", raw,
-            "--seconds", f"{seconds:.0f}", "--suite", *(list(args.suite) + list(args.names) or ["all"])]
+            "--suite", *(list(args.suite) + list(args.names) or ["all"])]
+    if seconds != float("inf"):
+        argv += ["--seconds", f"{seconds:.0f}"]
     for flag in ("quick", "dry_run", "warm", "no_tune", "tune_networks", "no_compile", "no_compile_cudagraphs",
                  "cold_l2"):
         if getattr(args, flag):
@@ -109,6 +114,8 @@ def worker_argv(args: argparse.Namespace, index: int, raw: str, seconds: float) 
 
 def parent(args: argparse.Namespace) -> int:
     specs = selection(args)  # fails early on an unknown name
+    if not args.time_limit or args.time_limit <= 0:
+        args.time_limit = float("inf")
     repeats = args.repeats or (2 if args.dry_run else 1 if args.quick or args.warm else 3)
     out = args.out or os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -118,12 +125,15 @@ def parent(args: argparse.Namespace) -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    for flag, var in ((args.describe, "OPGRAPH_BENCH_DESCRIBE"), (args.steps, "OPGRAPH_BENCH_STEPS")):
+        if flag:
+            env[var] = "1"
     if args.dry_run:
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     start, last = time.monotonic(), 0.0
-    print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s; raw -> {rawdir}",
-          flush=True)
+    print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
+          f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
     paths = []
     for i in range(1, repeats + 1):
         left = args.time_limit - (time.monotonic() - start)
@@ -133,7 +143,8 @@ def parent(args: argparse.Namespace) -> int:
         raw = os.path.join(rawdir, f"repeat{i}.json")
         t0 = time.monotonic()
         try:
-            subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here, timeout=max(left, 30))
+            subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here,
+                           timeout=None if left == float("inf") else max(left, 30))
         except subprocess.TimeoutExpired:
             print(f"bench: repeat {i} killed at the time limit (finished workloads kept)", flush=True)
         last = time.monotonic() - t0

@@ -49,6 +49,15 @@ def compiled(fn: Callable[..., Any], args: Sequence[Any] = (), *, inference: boo
     return out
 
 
+def _cudagraph_skips() -> int:
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(sum(counters["inductor"].get(k, 0) for k in counters["inductor"] if "cudagraph_skip" in k))
+    except Exception:  # noqa: BLE001 - counters are internal; no note then
+        return 0
+
+
 def _compile_setup(fn: Callable[..., Any], args: Sequence[Any], mode: str, native: bool, inference: bool,
                    freezing: bool, fullgraph: bool, read: Any, reset: Any, prepare: Any) -> Callable[[], Runner]:
     def setup() -> Runner:
@@ -63,11 +72,14 @@ def _compile_setup(fn: Callable[..., Any], args: Sequence[Any], mode: str, nativ
             with grad_ctx():
                 return step()
 
+        skips_before = _cudagraph_skips()
         with patch:
             for _ in range(3):  # compile, then (max-autotune) record Inductor's CUDA graphs
                 call()
         torch.cuda.synchronize()
         notes = f"mode={mode}" + (", freezing" if freezing else "")
+        if native and _cudagraph_skips() > skips_before:  # the row would claim CUDA graphs it does not use
+            notes += "; Inductor skipped CUDA graphs for part of it (see the log)"
         return Runner(call=call, engine=INDUCTOR_ENGINE, notes=notes, graph_native=native, read=read, reset=reset,
                       capturable=not native, keep=f)
     return setup

@@ -19,7 +19,7 @@ from ..peers.torch_peers import compiled, eager
 from .common import TORCH_TO_OG, short, torch_dtype
 
 EPS = 1e-5
-ADDMM_ENGINE = "cuBLASLt (bias+GELU epilogue) through torch._addmm_activation"
+ADDMM_ENGINE = "cuBLASLt bias+GELU epilogue (where PyTorch's conditions hold) through torch._addmm_activation"
 
 
 def matmul_bias_gelu(ctx: Ctx, dtype: str) -> Case:

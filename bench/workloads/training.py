@@ -18,7 +18,7 @@ from typing import Any
 from ..case import Case, Ctx, Impl, Output, Runner
 from ..core.floors import Floor, roofline_layers
 from ..core.registry import workload
-from ..ours import VARIANTS, build as og_build, engines_of
+from ..ours import VARIANTS, build as og_build, diagnose, engines_of
 from ..peers.torch_peers import INDUCTOR_ENGINE
 from .networks import build, layer_records
 
@@ -106,6 +106,8 @@ def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
             def call() -> None:
                 plan.execute(pack)
                 cs.finish(pack)
+
+            diagnose(f"{arch} training step [{name}]", plan, pack)
 
             st.velocity, st.grads, st.loss, st.poison = (lambda: velocity), grads, (lambda: loss), loss
             return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
