@@ -18,7 +18,7 @@ SETTINGS = ("torch.backends.cudnn.benchmark=True (eager picks cuDNN's fastest al
 
 def _run(cmd: list[str]) -> str:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False).stdout.strip()
     except Exception:  # noqa: BLE001 - a missing tool leaves the field unknown
         return ""
 
@@ -81,6 +81,28 @@ def meta(device: str, *, dry_run: bool = False) -> dict[str, Any]:
     return m
 
 
+def _device_us(fn: Any, cuda: bool, budget: measure.Budget) -> float:
+    est = measure.estimate_us(fn, cuda)
+    return measure.device_us(fn, est, budget)[0] if cuda else measure.back_to_back_us(fn, est, budget, False)
+
+
+def _copy_gbps(device: str, n: int, budget: measure.Budget) -> float:
+    import torch
+
+    a = torch.empty(n, dtype=torch.float16, device=device).normal_()
+    b = torch.empty_like(a)
+    us = _device_us(lambda: b.copy_(a), device.startswith("cuda"), budget)
+    return 2 * a.numel() * a.element_size() / us / 1e3
+
+
+def _gemm_tflops(device: str, m: int, dtype: Any, budget: measure.Budget) -> float:
+    import torch
+
+    x = torch.randn(m, m, device=device, dtype=dtype)
+    y = torch.randn(m, m, device=device, dtype=dtype)
+    return 2 * m**3 / _device_us(lambda: torch.mm(x, y), device.startswith("cuda"), budget) / 1e6
+
+
 def ceilings(device: str, budget: measure.Budget) -> Ceilings:
     """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy) and the cuBLAS GEMM
     rate at 8192^3 for fp16 and bf16, each as device time from the suite's CUDA-graph helper."""
@@ -88,20 +110,6 @@ def ceilings(device: str, budget: measure.Budget) -> Ceilings:
 
     cuda = device.startswith("cuda")
     n, m = (256 << 20, 8192) if cuda else (1 << 20, 256)
-    a = torch.empty(n, dtype=torch.float16, device=device).normal_()
-    b = torch.empty_like(a)
-    copy = lambda: b.copy_(a)  # noqa: E731
-    est = measure.estimate_us(copy, cuda)
-    us = measure.device_us(copy, est, budget)[0] if cuda else measure.back_to_back_us(copy, est, budget, False)
-    gbps = 2 * a.numel() * a.element_size() / us / 1e3
-    del a, b
-    rates = {}
-    for name, dt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
-        x = torch.randn(m, m, device=device, dtype=dt)
-        y = torch.randn(m, m, device=device, dtype=dt)
-        mm = lambda: torch.mm(x, y)  # noqa: E731
-        est = measure.estimate_us(mm, cuda)
-        us = measure.device_us(mm, est, budget)[0] if cuda else measure.back_to_back_us(mm, est, budget, False)
-        rates[name] = 2 * m**3 / us / 1e6
-        del x, y
-    return Ceilings(gbps, rates)
+    return Ceilings(_copy_gbps(device, n, budget),
+                    {"float16": _gemm_tflops(device, m, torch.float16, budget),
+                     "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget)})

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 
-
 from .core import registry
 from .core.aggregate import aggregate
 from .core.records import RunRecord
@@ -143,7 +142,7 @@ def parent(args: argparse.Namespace) -> int:
         raw = os.path.join(rawdir, f"repeat{i}.json")
         t0 = time.monotonic()
         try:
-            subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here,
+            subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here, check=False,
                            timeout=None if left == float("inf") else max(left, 30))
         except subprocess.TimeoutExpired:
             print(f"bench: repeat {i} killed at the time limit (finished workloads kept)", flush=True)

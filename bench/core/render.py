@@ -18,19 +18,19 @@ from .records import OURS
 
 TIME_TABLES: tuple[tuple[str, str, str], ...] = (
     ("device_us", "CUDA graph: device time (µs per call)",
-     "Each implementation captured K times in one CUDA graph by the suite's helper (the same for all), "
+     ("Each implementation captured K times in one CUDA graph by the suite's helper (the same for all), "
      "replays timed with CUDA events, divided by K: device time, host hidden. † the profiler's kernel "
-     "sum, for an implementation that cannot be captured."),
+     "sum, for an implementation that cannot be captured.")),
     ("replay_us", "CUDA graph: replay as run (µs per call)",
-     "One captured call replayed back to back (at most a few hundred replays between synchronisations), host "
+     ("One captured call replayed back to back (at most a few hundred replays between synchronisations), host "
      "time of the replay included. torch.compile (CUDA graphs) is mode=\"max-autotune\", replaying its own "
-     "graphs."),
+     "graphs.")),
     ("execute_us", "Execute: plain calls (µs per call)",
-     "Plain calls back to back, at most a few hundred between synchronisations: host time counts where it "
-     "exceeds the device's. torch.compile is mode=\"max-autotune-no-cudagraphs\"."),
+     ("Plain calls back to back, at most a few hundred between synchronisations: host time counts where it "
+     "exceeds the device's. torch.compile is mode=\"max-autotune-no-cudagraphs\".")),
     ("latency_us", "Latency: one plain call (µs)",
-     "One plain call on an idle device, wall clock from the call until the device is done (median of "
-     "many)."),
+     ("One plain call on an idle device, wall clock from the call until the device is done (median of "
+     "many).")),
 )
 SHORT = {"opgraph": "opgraph", "opgraph tuned": "tuned", "generated": "generated", "generated tuned": "gen. tuned"}
 
@@ -142,8 +142,8 @@ def setup_table(ws: Sequence[AggWorkload]) -> list[str]:
     ours, peers = columns(ws, "setup_s")
     names = ours + peers
     lines = ["### Setup: build, compile and tuning time (s; never inside a time above)", "",
-             "First repeat cold (empty caches), later repeats with the caches of the machine (Inductor, Triton, "
-             "opgraph's tuning cache); hence the ranges.", "",
+             ("First repeat cold (empty caches), later repeats with the caches of the machine (Inductor, Triton, "
+             "opgraph's tuning cache); hence the ranges."), "",
              "| workload | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for w in ws:
         lines.append(f"| {w.title} | " + " | ".join(cell(w.impl(n), "setup_s") for n in names) + " |")
@@ -168,9 +168,9 @@ def check_table(ws: Sequence[AggWorkload]) -> list[str]:
     for w in ws:
         names += [i.impl for i in w.impls if i.role == "peer" and i.impl not in names]
     lines = ["### Correctness (every output, execute and CUDA-graph modes, worst repeat)", "",
-             "Cell: worst output's error / its tolerance (✓ within, ✗ outside, with the output). Tolerance per "
+             ("Cell: worst output's error / its tolerance (✓ within, ✗ outside, with the output). Tolerance per "
              "output: 3 x the best peer's relative L2 error against float64, at least the type's unit "
-             "roundoff.", "",
+             "roundoff."), "",
              "| workload | outputs: tolerance (basis) | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
     for w in ws:
         tols = "; ".join(f"{o} {t.value:.2g} ({t.basis})" for o, t in list(w.tolerances.items())[:4])
@@ -185,10 +185,10 @@ def host_table(ws: Sequence[AggWorkload]) -> list[str]:
     if not ws:
         return []
     lines = ["### Host time (tiny shapes)", "",
-             "µs of host time per call, at most a few hundred calls between synchronisations; execute and "
-             "latency as in the tables above.", "",
-             "| measurement | implementation | engine | host µs | execute µs | latency µs | fresh process ms | check "
-             "| note |", "|---|---|---|---|---|---|---|---|---|"]
+             ("µs of host time per call, at most a few hundred calls between synchronisations; execute and "
+             "latency as in the tables above."), "",
+             ("| measurement | implementation | engine | host µs | execute µs | latency µs | fresh process ms | check "
+             "| note |"), "|---|---|---|---|---|---|---|---|---|"]
     for w in ws:
         for i in w.impls:
             lines.append(f"| {w.title} | {i.impl} | {i.engine or '—'} | {cell(i, 'host_us')} | "
@@ -201,24 +201,24 @@ def header(agg: Aggregate) -> list[str]:
     m = agg.meta
     c = agg.ceilings
     sheet = datasheet(str(m.get("device", ""))) or {}
-    lines = [f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
+    lines = [(f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
              f"(driver {m.get('driver', '?')}, {m.get('gpu_count', 1)} GPU(s) in the machine; host CPU "
-             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s); each cell the median (min–max).",
+             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s); each cell the median (min–max)."),
              "",
-             f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
+             (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
              f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "
              f"{m.get('cudnn_frontend') or 'not installed'}, torchvision {m.get('torchvision') or 'not installed'}, "
-             f"opgraph {m.get('opgraph_commit', '?')}. Settings: {m.get('settings', '')}"]
+             f"opgraph {m.get('opgraph_commit', '?')}. Settings: {m.get('settings', '')}")]
     if c:
         rates = ", ".join(f"{k} {v:.0f}" for k, v in c.gemm_tflops.items())
         peak = ", ".join(f"{k} {sheet[k]:.0f}" for k in c.gemm_tflops if k in sheet)
         hbm = f"{sheet['hbm_gbps']:.0f} GB/s" if "hbm_gbps" in sheet else "no datasheet entry"
-        lines += ["", f"Ceilings measured in the run: copy {c.copy_gbps:.0f} GB/s (datasheet HBM bandwidth {hbm}); "
+        lines += ["", (f"Ceilings measured in the run: copy {c.copy_gbps:.0f} GB/s (datasheet HBM bandwidth {hbm}); "
                   f"cuBLAS GEMM 8192³ {rates} TFLOP/s (datasheet dense peak {peak or 'no entry'} TFLOP/s). Floors "
-                  "use the measured rates."]
+                  "use the measured rates.")]
     if m.get("scale") and m.get("scale") != "full":
-        lines += ["", f"**Scale {m['scale']}**: shapes smaller than the titles say (smoke test or dry run); the "
-                  "numbers only show that the pipeline runs."]
+        lines += ["", (f"**Scale {m['scale']}**: shapes smaller than the titles say (smoke test or dry run); the "
+                  "numbers only show that the pipeline runs.")]
     return lines + [""]
 
 

@@ -102,8 +102,9 @@ class _Graph:
         self.names = [g.get_plan_name_at_index(i) for i in range(g.get_execution_plan_count())]
         self._stream: Any = None
 
-    def launcher(self, index: int) -> Callable[[], None]:
-        """A call running plan `index` (built) on the current stream."""
+    def launcher(self, index: int, public: bool = False) -> Callable[[], None]:
+        """A call running plan `index` (built) on the current stream: through the backend's own launch
+        where the frontend exposes it, or (`public`) the frontend's execute_plan_at_index."""
         import torch
 
         cudnn, g, handle = module(), self.graph, self.handle
@@ -112,7 +113,7 @@ class _Graph:
         try:
             from opgraph.engines.cudnn_frontend import _backend_launcher
 
-            fast = _backend_launcher(g, index)
+            fast = None if public else _backend_launcher(g, index)
         except Exception:  # noqa: BLE001 - the public execute is the fallback
             fast = None
         ptrs = {u: t.data_ptr() for u, t in self.pack.items()}
@@ -178,14 +179,16 @@ def _engine(name: str, fast: bool, extra: str = "") -> str:
     return f"cuDNN {name[:48]}" + ("" if fast else " (public execute)") + (f"; {extra}" if extra else "")
 
 
-def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, tune: bool | None = None) -> list[Impl]:
+def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, tune: bool | None = None,
+          public: bool = False) -> list[Impl]:
     """The heuristic and tuned cuDNN frontend peers of a graph `build(g, {name: fe tensor})` that
-    returns [(fe output tensor, torch dtype)] in the Case's output order (tuned unless ctx.tune is off)."""
+    returns [(fe output tensor, torch dtype)] in the Case's output order (tuned unless ctx.tune is off).
+    `public`: also the heuristic plan launched through the frontend's public execute_plan_at_index."""
     need = frozenset({"cuda", "cudnn_frontend"})
     tune = ctx.tune if tune is None else tune
     workload = ctx.workload
 
-    def heuristic() -> Runner:
+    def heuristic(public: bool = False) -> Runner:
         cg = _Graph(inputs, build, io_dtype, ["A", "FALLBACK"])
         last: Exception | None = None
         for i, name in enumerate(cg.names):
@@ -194,7 +197,7 @@ def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, t
             except Exception as e:  # noqa: BLE001 - cuDNN's next plan
                 last = e
                 continue
-            call = cg.launcher(i)
+            call = cg.launcher(i, public)
             return Runner(call=call, outputs=cg.outputs, engine=_engine(name, call.fast), keep=cg,
                           notes=f"plan {i} of {len(cg.names)} (heur_mode A)")
         raise RuntimeError(f"none of cuDNN's {len(cg.names)} plans builds: {last}")
@@ -231,7 +234,7 @@ def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, t
                 continue
         if not timed:
             raise RuntimeError(f"none of cuDNN's {len(cg.names)} plans builds and runs")
-        us, i, name = min(timed, key=lambda t: t[0])
+        _, i, name = min(timed, key=lambda t: t[0])
         call = cg.launcher(i)
         capped = len(seen) < len(set(cg.names))
         note = (f"fastest of {len(timed)} plans built ({len(seen)} distinct of {len(cg.names)} offered"
@@ -241,6 +244,9 @@ def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, t
         return Runner(call=call, outputs=cg.outputs, engine=_engine(name, call.fast), keep=cg, notes=note)
 
     out = [Impl("cuDNN FE heuristic", heuristic, role="peer", tuned=False, needs=need)]
+    if public:
+        out.append(Impl("cuDNN FE heuristic (public execute)", lambda: heuristic(True), role="peer", tuned=False,
+                        needs=need))
     if tune:
         out.append(Impl("cuDNN FE tuned", tuned, role="peer", tuned=True, needs=need))
     return out

@@ -106,7 +106,7 @@ def _mlp_graph(v: dict[str, Any]) -> tuple[Any, dict[Any, Any], Any]:
     """The block as one graph; its layernorm in INFERENCE phase (no statistics out: the backward of
     opgraph.grad recomputes them from the input, as a fused kernel would)."""
     bf = og.DataType.BFLOAT16
-    M, D, H = v["M"], v["D"], v["H"]
+    D, H = v["D"], v["H"]
     g = og.Graph("mlp_block", io_data_type=bf)
     X = g.tensor_like(v["x"], name="x")
     G = g.tensor(dim=[1, D], data_type=bf, name="gamma")

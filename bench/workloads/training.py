@@ -18,7 +18,8 @@ from typing import Any
 from ..case import Case, Ctx, Impl, Output, Runner
 from ..core.floors import Floor, roofline_layers
 from ..core.registry import workload
-from ..ours import VARIANTS, build as og_build, diagnose, engines_of
+from ..ours import VARIANTS, diagnose, engines_of
+from ..ours import build as og_build
 from ..peers.torch_peers import INDUCTOR_ENGINE
 from .networks import build, layer_records
 

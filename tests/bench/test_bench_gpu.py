@@ -32,7 +32,7 @@ def _run(spec_id: str, compile_: bool = False):
 
 
 def test_kernel_workload_every_mode_and_check():
-    w, by = _run("conv.r50_3x3_c64.fp16")
+    _, by = _run("conv.r50_3x3_c64.fp16")
     for name in ("opgraph", "generated", "torch eager", "torch.cudnn_convolution_relu"):
         i = by[name]
         assert i.status == "ok" and i.verdict["passed"], (name, i.error, i.verdict)
@@ -48,14 +48,14 @@ def test_kernel_workload_every_mode_and_check():
 
 
 def test_compile_rows_execute_and_own_cuda_graphs():
-    w, by = _run("memory.pointwise_chain.fp16", compile_=True)
+    _, by = _run("memory.pointwise_chain.fp16", compile_=True)
     c, g = by["torch.compile"], by["torch.compile (CUDA graphs)"]
     assert c.status == "ok" and c.verdict["passed"] and "execute_us" in c.metrics and "device_us" in c.metrics
     assert g.status == "ok" and g.verdict["passed"] and "replay_us" in g.metrics and "execute_us" not in g.metrics
 
 
 def test_cuda_graph_host_operations_check_both_packs():
-    w, by = _run("host.cuda_graph_ops.conv")
+    _, by = _run("host.cuda_graph_ops.conv")
     for name, i in by.items():
         assert i.status == "ok" and i.verdict["passed"], (name, i.error, i.verdict)
         assert set(i.errors) == {"y0", "y1"} and i.metrics["host_us"] > 0

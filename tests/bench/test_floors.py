@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from bench.core.floors import (Ceilings, Floor, Layer, LayerRecord, bytes_us, datasheet, evaluate, math_us,
-                               roofline_layers, roofline_us)
+from bench.core.floors import (
+    Ceilings,
+    Floor,
+    Layer,
+    LayerRecord,
+    bytes_us,
+    datasheet,
+    evaluate,
+    math_us,
+    roofline_layers,
+    roofline_us,
+)
 
 CEIL = Ceilings(copy_gbps=3000.0, gemm_tflops={"float16": 660.0, "bfloat16": 600.0})
 
