@@ -17,12 +17,13 @@ from .core.records import RunRecord
 from .core.render import render, render_many
 
 
-def load(path: str) -> tuple[str, object]:
+def load(path: str) -> tuple[str, object, object]:
     with open(path) as f:
         d = json.load(f)
     runs = [RunRecord.from_json(json.dumps(r)) for r in d["runs"]]
     name = os.path.splitext(os.path.basename(path))[0]
-    return name, aggregate(runs)
+    return name, aggregate(runs), (aggregate([RunRecord.from_json(json.dumps(d["warm"]))])
+                                   if d.get("warm") and d["warm"].get("workloads") else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     loaded = [load(p) for p in args.files]
     if len(loaded) == 1:
-        name, agg = loaded[0]
-        md = render(agg, args.title or name)  # type: ignore[arg-type]
+        name, agg, warm = loaded[0]
+        md = render(agg, args.title or name, warm)  # type: ignore[arg-type]
     else:
         first = loaded[0][0].split("-")
         name = args.name or "-".join(first[:4]) + "-suite"
-        md = render_many(loaded, args.title or name)  # type: ignore[arg-type]
+        md = render_many([(n, a) for n, a, _ in loaded], args.title or name)  # type: ignore[arg-type]
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, (args.name or name) + ".md")

@@ -42,6 +42,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--warm", action="store_true")
+    ap.add_argument("--warm-first", action="store_true", help="a --warm pass in its own process before the timed "
+                                                              "repeats (a machine with cold caches)")
     ap.add_argument("--list", action="store_true", help="list groups and workloads, then exit")
     ap.add_argument("--no-tune", action="store_true", help="no tuned plans (opgraph, generated) and no cuDNN tuning")
     ap.add_argument("--tune-networks", action="store_true", help="also tuned plans of whole networks (slow first time)")
@@ -134,6 +136,15 @@ def parent(args: argparse.Namespace) -> int:
     print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
           f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
     paths = []
+    if args.warm_first and not args.warm:
+        t0 = time.monotonic()
+        warm = argparse.Namespace(**{**vars(args), "warm": True})
+        try:
+            subprocess.run(worker_argv(warm, 0, os.path.join(rawdir, "warm.json"), args.time_limit), env=env, cwd=here,
+                           check=False, timeout=None if args.time_limit == float("inf") else max(args.time_limit, 30))
+        except subprocess.TimeoutExpired:
+            print("bench: the warm-up pass reached the time limit", flush=True)
+        print(f"bench: warm-up pass {time.monotonic() - t0:.0f} s", flush=True)
     for i in range(1, repeats + 1):
         left = args.time_limit - (time.monotonic() - start)
         if i > 1 and last * 1.05 > left:
@@ -158,12 +169,15 @@ def parent(args: argparse.Namespace) -> int:
         print("bench: no results", file=sys.stderr)
         return 1
     agg = aggregate(runs)
+    warm_path = os.path.join(rawdir, "warm.json")
+    warm = RunRecord.from_json(open(warm_path).read()) if os.path.exists(warm_path) else None
     name = f"{runs[0].meta.get('date')}-{slug(str(runs[0].meta.get('device')))}-{suite_name(args)}"
     title = f"{name}: `python -m bench.run {' '.join(sys.argv[1:])}`"
-    md = render(agg, title)
+    md = render(agg, title, aggregate([warm]) if warm and warm.workloads else None)
     with open(os.path.join(out, name + ".json"), "w") as f:
         json.dump({"schema": 2, "suite": suite_name(args), "command": sys.argv[1:],
-                   "runs": [json.loads(r.to_json()) for r in runs]}, f, indent=1)
+                   "runs": [json.loads(r.to_json()) for r in runs],
+                   "warm": json.loads(warm.to_json()) if warm else None}, f, indent=1)
     with open(os.path.join(out, name + ".md"), "w") as f:
         f.write(md)
     print(md, flush=True)

@@ -135,15 +135,18 @@ def time_table(ws: Sequence[AggWorkload], metric: str, title: str, blurb: str, a
     return lines + [""]
 
 
-def setup_table(ws: Sequence[AggWorkload]) -> list[str]:
+def setup_table(ws: Sequence[AggWorkload], warm: bool = False) -> list[str]:
     ws = [w for w in ws if any("setup_s" in i.metrics for i in w.impls)]
     if not ws:
         return []
     ours, peers = columns(ws, "setup_s")
     names = ours + peers
-    lines = ["### Setup: build, compile and tuning time (s; never inside a time above)", "",
-             ("First repeat cold (empty caches), later repeats with the caches of the machine (Inductor, Triton, "
-             "opgraph's tuning cache); hence the ranges."), "",
+    title = ("### Setup in the warm-up pass (s): the caches as the command found them" if warm else
+             "### Setup: build, compile and tuning time (s; never inside a time above)")
+    blurb = ("The --warm-first pass: setup and checks only, before the timed repeats." if warm else
+             "A repeat with cold caches compiles and tunes from scratch, later ones reuse the machine's caches "
+             "(Inductor, Triton, opgraph's and the cuDNN peer's tuning); hence the ranges.")
+    lines = [title, "", blurb, "",
              "| workload | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for w in ws:
         lines.append(f"| {w.title} | " + " | ".join(cell(w.impl(n), "setup_s") for n in names) + " |")
@@ -222,7 +225,7 @@ def header(agg: Aggregate) -> list[str]:
     return lines + [""]
 
 
-def render(agg: Aggregate, title: str = "") -> str:
+def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> str:
     out = [f"# {title}" if title else "# Benchmark results", ""] + header(agg)
     groups: list[str] = []
     for w in agg.workloads:
@@ -237,6 +240,8 @@ def render(agg: Aggregate, title: str = "") -> str:
         out += host_table(ws)
         out += check_table(ws)
         out += setup_table(ws)
+        if warm is not None:
+            out += setup_table([w for w in warm.workloads if w.group == g], warm=True)
         broken = [w for w in ws if w.error]
         for w in broken:
             out.append(f"- {w.title}: workload failed: {w.error[:300]}")

@@ -63,6 +63,8 @@ def _compile_setup(fn: Callable[..., Any], args: Sequence[Any], mode: str, nativ
     def setup() -> Runner:
         import torch
 
+        # a fresh Dynamo: the other mode's compiled code and its CUDA-graph pools must not serve this one
+        torch._dynamo.reset()
         f = torch.compile(fn, mode=mode, fullgraph=fullgraph, dynamic=False)
         step = prepare(f) if prepare is not None else (lambda: f(*args))
         grad_ctx = torch.no_grad if inference else contextlib.nullcontext

@@ -169,6 +169,8 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
     import torch
     import torch.nn.functional as F
 
+    if mode is not None:
+        torch._dynamo.reset()  # nothing compiled for another mode serves this one
     m = copy.deepcopy(model16)
     st = _State(m, pnames, snames)  # the initial state, before the warm-up steps below change it
     opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM, foreach=True)

@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_dry_run_writes_checked_tables(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     cmd = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", "memory.pointwise_dag.fp16",
-           "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv", "--repeats", "2", "--no-tune", "--out", str(tmp_path)]
+           "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv", "--repeats", "2", "--no-tune", "--warm-first",
+           "--out", str(tmp_path)]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     md_files = [p for p in os.listdir(tmp_path) if p.endswith(".md")]
@@ -25,8 +26,10 @@ def test_dry_run_writes_checked_tables(tmp_path):
     assert len(md_files) == 1 and len(json_files) == 1
     data = json.load(open(tmp_path / json_files[0]))
     assert len(data["runs"]) == 2 and {r["repeat"] for r in data["runs"]} == {1, 2}
+    assert data["warm"]["meta"]["warm"] and len(data["warm"]["workloads"]) == 3
     md = open(tmp_path / md_files[0]).read()
     assert "2 process-level repeat(s)" in md and "### Execute: plain calls" in md and "### Host time" in md
+    assert "### Setup in the warm-up pass" in md
     for run in data["runs"]:
         by_id = {w["id"]: w for w in run["workloads"]}
         assert set(by_id) == {"memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv"}
