@@ -153,6 +153,26 @@ def setup_table(ws: Sequence[AggWorkload], warm: bool = False) -> list[str]:
     return lines + [""]
 
 
+def engines_table(ws: Sequence[AggWorkload]) -> list[str]:
+    """What ran each implementation of each workload (opgraph's plans by engine and template, cuDNN's
+    plan names, PyTorch's libraries)."""
+    names: list[str] = [n for n in OURS if any(w.impl(n) for w in ws)]
+    for w in ws:
+        names += [i.impl for i in w.impls if i.role == "peer" and i.impl not in names]
+    rows = []
+    for w in ws:
+        cells = []
+        for n in names:
+            i = w.impl(n)
+            cells.append("—" if i is None or not i.engine else i.engine.replace("|", "/"))
+        if any(c != "—" for c in cells):
+            rows.append(f"| {w.title} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return (["### Engines (what ran each implementation)", "",
+             "| workload | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)] + rows + [""])
+
+
 def check_cell(i: AggImpl | None) -> str:
     if i is None:
         return "—"
@@ -239,6 +259,7 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
             out += time_table(kernels, metric, t, blurb, agg)
         out += host_table(ws)
         out += check_table(ws)
+        out += engines_table(kernels)
         out += setup_table(ws)
         if warm is not None:
             out += setup_table([w for w in warm.workloads if w.group == g], warm=True)

@@ -82,3 +82,10 @@ def test_many_tables_keep_their_own_headers():
     lines = md.splitlines()
     assert lines[0] == "# suite" and lines.count("## conv-fp16") == 1 and lines.count("## memory") == 1
     assert md.count("Measured ") == 2 and lines.count("### conv-fp16") == 2  # each run's groups one level down
+
+
+def test_every_implementation_names_its_engine():
+    md = render(aggregate([run(1)]), "t")
+    rows_ = table(md, "### Engines")
+    a = next(r for r in rows_ if r["workload"] == "conv A fp16")
+    assert a["opgraph"] == "triton:conv_fprop" and a["cuDNN FE tuned"] == "cuDNN" and a["torch eager"] == "cuDNN"
