@@ -71,6 +71,7 @@ class Case:
     floor: Floor = field(default_factory=Floor)
     notes: str = ""
     host_only: bool = False  # host-time rows (tiny shapes): every implementation gets host_us, execute_us, latency_us
+    sane_limit: float = 0.5  # above this relative error an output is garbage and its implementation is not timed
 
 
 SCALES = ("full", "quick", "tiny")

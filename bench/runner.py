@@ -83,7 +83,7 @@ def _execute_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: S
     res.errors = check.check_execute(runner, refs, case.outputs, ctx.device)
     if not ctx.timing:
         return
-    if not tol.sane(res.errors):
+    if not tol.sane(res.errors, case.sane_limit):
         res.notes = (res.notes + " not timed: outputs missing, non-finite or far off").strip()
         return
     est = measure.estimate_us(runner.call, cuda)
@@ -102,7 +102,7 @@ def _execute_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: S
 
 def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any],
                 budget: measure.Budget) -> None:
-    if runner.graph_native or not tol.sane(res.errors):
+    if runner.graph_native or not tol.sane(res.errors, case.sane_limit):
         return
     est = res.metrics.get("execute_us") or measure.estimate_us(runner.call, True)
     if not runner.capturable:
@@ -120,7 +120,7 @@ def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Seq
         res.methods["device_us"] = "profiler kernel sum (capture failed)"
         return
     res.graph_errors = check.check_graph(runner, cap.ret, cap.graph.replay, refs, case.outputs)
-    if not tol.sane(res.graph_errors):
+    if not tol.sane(res.graph_errors, case.sane_limit):
         res.notes = (res.notes + " CUDA-graph replay not timed: outputs wrong").strip()
         return
     res.metrics["replay_us"] = measure.back_to_back_us(cap.graph.replay, est, budget, True)

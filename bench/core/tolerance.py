@@ -46,10 +46,10 @@ def finite(x: float | None) -> bool:
     return x is not None and not math.isnan(x) and not math.isinf(x)
 
 
-def sane(errors: Mapping[str, float | None]) -> bool:
-    """Worth timing: every output was produced and is not garbage (a failing but close result is
-    still timed, and flagged by its verdict)."""
-    return bool(errors) and all(finite(e) and e <= SANE for e in errors.values())
+def sane(errors: Mapping[str, float | None], limit: float = SANE) -> bool:
+    """Worth timing: every output was produced, finite and within `limit` (a failing but close result
+    is still timed, and flagged by its verdict)."""
+    return bool(errors) and all(finite(e) and e <= limit for e in errors.values())
 
 
 def output_tolerance(peer_errors: Mapping[str, float | None], dtype: str) -> Tolerance:

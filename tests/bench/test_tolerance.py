@@ -54,3 +54,4 @@ def test_sane_gates_timing():
     assert not tol.sane({"y": float("nan")})
     assert not tol.sane({"y": None})
     assert not tol.sane({})
+    assert tol.sane({"y": 5.0}, limit=float("inf")) and not tol.sane({"y": float("inf")}, limit=float("inf"))
