@@ -73,7 +73,8 @@ def compare(got: Sequence[Any], refs: Sequence[Any], outputs: Sequence[Output]) 
     return errs
 
 
-def check_execute(runner: Runner, refs: Sequence[Any], outputs: Sequence[Output], device: str) -> dict[str, float | None]:
+def check_execute(runner: Runner, refs: Sequence[Any], outputs: Sequence[Output],
+                  device: str) -> dict[str, float | None]:
     """Errors of one plain call (or the runner's check_call), its outputs poisoned first."""
     import torch
 

@@ -215,7 +215,8 @@ def host_table(ws: Sequence[AggWorkload]) -> list[str]:
     for w in ws:
         for i in w.impls:
             lines.append(f"| {w.title} | {i.impl} | {i.engine or '—'} | {cell(i, 'host_us')} | "
-                         f"{cell(i, 'execute_us')} | {cell(i, 'latency_us')} | {cell(i, 'fresh_ms')} | {check_cell(i)} | "
+                         f"{cell(i, 'execute_us')} | {cell(i, 'latency_us')} | {cell(i, 'fresh_ms')} | "
+                         f"{check_cell(i)} | "
                          f"{(i.notes + ' ' + i.error).strip()[:160]} |")
     return lines + [""]
 

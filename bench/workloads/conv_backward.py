@@ -169,5 +169,6 @@ CASES = (
 
 for _dt in ("float16", "bfloat16"):
     for _key, _title, _fn in CASES:
-        workload(f"conv_bwd.{_key}.{short(_dt)}", group=f"conv-bwd-{short(_dt)}", title=f"{_title} {short(_dt)}", minutes=0.4)(
+        workload(f"conv_bwd.{_key}.{short(_dt)}", group=f"conv-bwd-{short(_dt)}", title=f"{_title} {short(_dt)}",
+                 minutes=0.4)(
             functools.partial(_fn, dtype=_dt))

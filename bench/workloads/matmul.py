@@ -67,7 +67,8 @@ def addmm_activation(a: Any, b: Any, bias: Any) -> Impl:
 
 for _dt in ("float16", "bfloat16"):
     workload(f"matmul.bias_gelu.{short(_dt)}", group="matmul", minutes=0.5,
-             title=f"matmul+bias+GELU(tanh) 8192×4096×4096 {short(_dt)}")(functools.partial(matmul_bias_gelu, dtype=_dt))
+             title=f"matmul+bias+GELU(tanh) 8192×4096×4096 {short(_dt)}")(
+        functools.partial(matmul_bias_gelu, dtype=_dt))
 
 
 # -- the transformer MLP block -------------------------------------------------------------------------
@@ -114,7 +115,8 @@ def _mlp_graph(v: dict[str, Any]) -> tuple[Any, dict[Any, Any], Any]:
     W1, W2 = g.tensor_like(v["w1"], name="w1"), g.tensor_like(v["w2"], name="w2")
     B1 = g.tensor(dim=[1, H], data_type=bf, name="b1")
     B2 = g.tensor(dim=[1, D], data_type=bf, name="b2")
-    ln = g.layernorm(og.NormForwardPhase.INFERENCE, X, scale=G, bias=B, epsilon=EPS, name="ln")[0].set_data_type(bf)  # bf16, as eager
+    ln = g.layernorm(og.NormForwardPhase.INFERENCE, X, scale=G, bias=B, epsilon=EPS, name="ln")[0]
+    ln.set_data_type(bf)  # bf16 between the kernels, as eager has it
     h = g.gelu_approx_tanh(g.add(g.matmul(ln, W1, name="fc1"), B1)).set_data_type(bf)
     Y = g.add(g.matmul(h, W2, name="fc2"), B2).set_output(True).set_name("y")
     g.validate()

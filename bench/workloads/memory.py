@@ -114,7 +114,8 @@ def batchnorm_forward(ctx: Ctx) -> Case:
             t.set_output(True).set_name(k)
         Y = g.relu(y).set_output(True).set_name("y")
         g.validate()
-        return g, {X: x, SC: gam.view(st), BI: bet.view(st), RM: rm0.view(st), RV: rv0.view(st)}, [Y, mean, inv, nrm, nrv]
+        inputs = {X: x, SC: gam.view(st), BI: bet.view(st), RM: rm0.view(st), RV: rv0.view(st)}
+        return g, inputs, [Y, mean, inv, nrm, nrv]
 
     def bn(x: Any, g_: Any, b: Any, rm: Any, rv: Any) -> Any:
         y, mean, invstd, _ = torch.ops.aten._batch_norm_with_update(x, g_, b, rm, rv, MOMENTUM, EPS)

@@ -127,7 +127,7 @@ def network_case(ctx: Ctx, arch: str, batch: int) -> Case:
 # one group per network: a network's builds and compiles take minutes; 3 repeats of one fit a command
 CASES = (("resnet50", 64, 2.0), ("resnet50", 256, 2.5), ("resnet50", 1, 1.5), ("mobilenet_v2", 64, 2.0))
 for _arch, _b, _min in CASES:
-    workload(f"networks.{_arch}.b{_b}", group=f"networks-{_arch}-b{_b}", kind="network", quick=(_arch, _b) == ("resnet50", 1),
-             minutes=_min,
+    workload(f"networks.{_arch}.b{_b}", group=f"networks-{_arch}-b{_b}", kind="network",
+             quick=(_arch, _b) == ("resnet50", 1), minutes=_min,
              title=f"{_arch} inference batch {_b}, fp16 channels-last 224²")(
         functools.partial(network_case, arch=_arch, batch=_b))

@@ -202,6 +202,7 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
 
 
 for _arch, _b in (("resnet18", 64), ("mobilenet_v2", 64)):
-    workload(f"training.{_arch}.b{_b}", group=f"training-{_arch}", kind="training", minutes=2.0, quick=_arch == "resnet18",
+    workload(f"training.{_arch}.b{_b}", group=f"training-{_arch}", kind="training", minutes=2.0,
+             quick=_arch == "resnet18",
              title=f"{_arch} training step batch {_b}, fp16 channels-last 224², SGD momentum")(
         functools.partial(training_case, arch=_arch, batch=_b))
