@@ -9,6 +9,9 @@ what=${1:-all}
 shift || true
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OPGRAPH_CACHE_DIR=${OPGRAPH_CACHE_DIR:-/tmp/opgraph-cache}
+# the bench header names the commit; the copy on the GPU machine has no git: pass OPGRAPH_COMMIT=<sha>
+commit=$(git rev-parse --short HEAD 2>/dev/null || true)
+export OPGRAPH_COMMIT=${OPGRAPH_COMMIT:-${commit:-unknown}}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 # the cuDNN frontend peer, when its wheel was carried in .whl/

@@ -65,6 +65,10 @@ def _compile_setup(fn: Callable[..., Any], args: Sequence[Any], mode: str, nativ
 
         # a fresh Dynamo: the other mode's compiled code and its CUDA-graph pools must not serve this one
         torch._dynamo.reset()
+        if native:  # the inputs never move (as in every captured graph here): no copy into static buffers per call
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    torch._dynamo.mark_static_address(a)
         f = torch.compile(fn, mode=mode, fullgraph=fullgraph, dynamic=False)
         step = prepare(f) if prepare is not None else (lambda: f(*args))
         grad_ctx = torch.no_grad if inference else contextlib.nullcontext

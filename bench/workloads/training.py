@@ -172,6 +172,8 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
 
     if mode is not None:
         torch._dynamo.reset()  # nothing compiled for another mode serves this one
+    if mode == "max-autotune":  # the batch never moves: Inductor's CUDA graphs need not copy it each step
+        torch._dynamo.mark_static_address(x)
     m = copy.deepcopy(model16)
     st = _State(m, pnames, snames)  # the initial state, before the warm-up steps below change it
     opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM, foreach=True)
