@@ -1,86 +1,207 @@
-"""Run the benchmark suite on a GPU: `python -m bench.run [GROUP_OR_WORKLOAD ...] [--autotune]`.
+"""Run the benchmark suite: `python -m bench.run --suite all --repeats 3 --out $OUT`.
 
-Writes results.json and results.md into --out (default $OUT or /tmp) and prints the table."""
+The parent process never touches the GPU: it runs each repeat as a fresh worker process (process-level
+repeats), keeps within --time-limit (a repeat is started only if the last one's duration still fits; a
+worker past its deadline starts no new implementation and what it finished is kept), then aggregates
+the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every repeat's raw records) and
+.md (the tables) into --out. `python -m bench.report FILES...` re-renders or merges such files.
+
+    --suite NAME ...   groups, workload ids or globs (also positional); `--list` shows them
+    --quick            smaller shapes, shorter timings, one repeat unless --repeats: a smoke test on a GPU
+    --dry-run          the whole pipeline on the CPU with tiny shapes (reference engine, generated kernels
+                       under TRITON_INTERPRET=1, eager PyTorch; no torch.compile, no cuDNN): wiring checks
+    --warm             set up and check every implementation without timing (fills the compile and tuning
+                       caches of the machine for a later timed run; nothing written)
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
+import re
+import subprocess
 import sys
+import time
 
-import torch
+from .core import registry
+from .core.aggregate import aggregate
+from .core.records import RunRecord
+from .core.render import render
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="groups, workload ids or globs (same as --suite)")
+    ap.add_argument("--suite", nargs="+", default=[], help="groups, workload ids or globs; 'all' for everything")
+    ap.add_argument("--repeats", type=int, default=None, help="process-level repeats (default 3; 1 with --quick, "
+                                                               "2 with --dry-run)")
+    ap.add_argument("--out", default=None, help="output folder (default $OUT, else bench/results)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--warm", action="store_true")
+    ap.add_argument("--warm-first", action="store_true", help="a --warm pass in its own process before the timed "
+                                                              "repeats (a machine with cold caches)")
+    ap.add_argument("--list", action="store_true", help="list groups and workloads, then exit")
+    ap.add_argument("--no-tune", action="store_true", help="no tuned plans (opgraph, generated) and no cuDNN tuning")
+    ap.add_argument("--tune-networks", action="store_true", help="also tuned plans of whole networks (slow first time)")
+    ap.add_argument("--no-compile", action="store_true", help="no torch.compile peers")
+    ap.add_argument("--no-compile-cudagraphs", action="store_true", help="no torch.compile mode=max-autotune row")
+    ap.add_argument("--cold-l2", action="store_true", help="flush L2 before each call in device-time graphs")
+    ap.add_argument("--time-limit", type=float, default=float(os.environ.get("OPGRAPH_BENCH_TIME_LIMIT", 540)),
+                    help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)")
+    ap.add_argument("--name", default=None, help="suite name in the file names (default: from the selection)")
+    ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
+                                                              "alternatives' times)")
+    ap.add_argument("--steps", action="store_true", help="print where each opgraph plan's time goes, step by step")
+    # internal: one repeat in this process
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--repeat-index", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--raw", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def selection(args: argparse.Namespace) -> list[registry.WorkloadSpec]:
+    from . import workloads
+
+    workloads.load()
+    return registry.REGISTRY.select(list(args.suite) + list(args.names) or ["all"], quick=args.quick)
+
+
+def list_workloads() -> str:
+    from . import workloads
+
+    workloads.load()
+    lines = []
+    for group, ids in registry.REGISTRY.groups().items():
+        specs = [registry.REGISTRY.get(i) for i in ids]
+        lines.append(f"{group}  (~{sum(s.minutes for s in specs):.0f} min per repeat on an H100, warm caches)")
+        lines += [f"    {s.id:44s} {s.title}" for s in specs]
+    return "\n".join(lines)
+
+
+def slug(device: str) -> str:
+    d = device.lower()
+    for key in ("h200", "h100", "a100", "l40s", "b200", "gb200"):
+        if key in d:
+            return key
+    if "cpu" in d:
+        return "cpu-dry-run"
+    return re.sub(r"[^a-z0-9]+", "-", d).strip("-")[:24] or "device"
+
+
+def suite_name(args: argparse.Namespace) -> str:
+    if args.name:
+        return args.name
+    names = list(args.suite) + list(args.names) or ["all"]
+    name = "+".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", n) for n in names)[:60]
+    return name + ("-quick" if args.quick else "") + ("-dry-run" if args.dry_run else "")
+
+
+def worker_argv(args: argparse.Namespace, index: int, raw: str, seconds: float) -> list[str]:
+    argv = [sys.executable, "-m", "bench.run", "--worker", "--repeat-index", str(index), "--raw", raw,
+            "--suite", *(list(args.suite) + list(args.names) or ["all"])]
+    if seconds != float("inf"):
+        argv += ["--seconds", f"{seconds:.0f}"]
+    for flag in ("quick", "dry_run", "warm", "no_tune", "tune_networks", "no_compile", "no_compile_cudagraphs",
+                 "cold_l2"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    return argv
+
+
+def parent(args: argparse.Namespace) -> int:
+    specs = selection(args)  # fails early on an unknown name
+    if not args.time_limit or args.time_limit <= 0:
+        args.time_limit = float("inf")
+    repeats = args.repeats or (2 if args.dry_run else 1 if args.quick or args.warm else 3)
+    out = args.out or os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    rawdir = os.path.join(out, f"raw-{stamp}")
+    os.makedirs(rawdir, exist_ok=True)
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for flag, var in ((args.describe, "OPGRAPH_BENCH_DESCRIBE"), (args.steps, "OPGRAPH_BENCH_STEPS")):
+        if flag:
+            env[var] = "1"
+    if args.dry_run:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    start, last = time.monotonic(), 0.0
+    print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
+          f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
+    paths = []
+    if args.warm_first and not args.warm:
+        t0 = time.monotonic()
+        warm = argparse.Namespace(**{**vars(args), "warm": True})
+        try:
+            subprocess.run(worker_argv(warm, 0, os.path.join(rawdir, "warm.json"), args.time_limit), env=env, cwd=here,
+                           check=False, timeout=None if args.time_limit == float("inf") else max(args.time_limit, 30))
+        except subprocess.TimeoutExpired:
+            print("bench: the warm-up pass reached the time limit", flush=True)
+        print(f"bench: warm-up pass {time.monotonic() - t0:.0f} s", flush=True)
+    for i in range(1, repeats + 1):
+        left = args.time_limit - (time.monotonic() - start)
+        if i > 1 and last * 1.05 > left:
+            print(f"bench: repeat {i} not started: {left:.0f} s left, the last took {last:.0f} s", flush=True)
+            break
+        raw = os.path.join(rawdir, f"repeat{i}.json")
+        t0 = time.monotonic()
+        try:
+            subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here, check=False,
+                           timeout=None if left == float("inf") else max(left, 30))
+        except subprocess.TimeoutExpired:
+            print(f"bench: repeat {i} killed at the time limit (finished workloads kept)", flush=True)
+        last = time.monotonic() - t0
+        if os.path.exists(raw):
+            paths.append(raw)
+    if args.warm:
+        print("bench: warm-up done (nothing timed)", flush=True)
+        return 0
+    runs = [RunRecord.from_json(open(p).read()) for p in paths]
+    runs = [r for r in runs if r.workloads]
+    if not runs:
+        print("bench: no results", file=sys.stderr)
+        return 1
+    agg = aggregate(runs)
+    warm_path = os.path.join(rawdir, "warm.json")
+    warm = RunRecord.from_json(open(warm_path).read()) if os.path.exists(warm_path) else None
+    name = f"{runs[0].meta.get('date')}-{slug(str(runs[0].meta.get('device')))}-{suite_name(args)}"
+    title = f"{name}: `python -m bench.run {' '.join(sys.argv[1:])}`"
+    md = render(agg, title, aggregate([warm]) if warm and warm.workloads else None)
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump({"schema": 2, "suite": suite_name(args), "command": sys.argv[1:],
+                   "runs": [json.loads(r.to_json()) for r in runs],
+                   "warm": json.loads(warm.to_json()) if warm else None}, f, indent=1)
+    with open(os.path.join(out, name + ".md"), "w") as f:
+        f.write(md)
+    print(md, flush=True)
+    print(f"bench: wrote {os.path.join(out, name)}.json and .md", flush=True)
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    from .worker import run_worker
+
+    return run_worker(args, selection(args))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import attention, gemm, host, memory, networks
-    from .harness import Session
-
-    table = {**memory.WORKLOADS, **gemm.WORKLOADS, **host.WORKLOADS, **networks.WORKLOADS, **attention.WORKLOADS}
-    groups = {"memory": list(memory.WORKLOADS), "gemm": list(gemm.WORKLOADS), "host": list(host.WORKLOADS),
-              "networks": list(networks.WORKLOADS), "attention": list(attention.WORKLOADS)}
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("which", nargs="*", help=f"groups {list(groups)} or workloads {list(table)} (default: all)")
-    ap.add_argument("--autotune", action="store_true", help="also time plans built with autotune=True")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
-    ap.add_argument("--profile", action="store_true", help="print each plan's kernels and their device times")
-    ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of each plan")
-    ap.add_argument("--steps", action="store_true", help="print where each network plan's time goes, step by step")
-    ap.add_argument("--describe", action="store_true", help="print each plan's describe() (configs, alternatives)")
-    args = ap.parse_args(argv)
-    for flag, var in ((args.no_compile, "OPGRAPH_BENCH_NO_COMPILE"), (args.profile, "OPGRAPH_BENCH_PROFILE"),
-                      (args.graph, "OPGRAPH_BENCH_GRAPH"), (args.describe, "OPGRAPH_BENCH_DESCRIBE"),
-                      (args.steps, "OPGRAPH_BENCH_STEPS")):
-        if flag:
-            os.environ[var] = "1"
-    names: list[str] = []
-    for w in args.which or list(groups):
-        names += groups.get(w, [w])
-    torch.backends.cudnn.benchmark = True
-    s = Session()
-    s.meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
-    try:
-        import triton
-
-        s.meta["triton"] = triton.__version__
-    except ImportError:
-        pass
-    from . import peers
-
-    s.meta["cudnn_frontend"] = getattr(peers.cudnn, "__version__", None) if peers.available() else None
-    print(s.meta, flush=True)
-    s.measure_ceilings()
-    for n in names:
-        if n not in table:
-            print(f"unknown workload {n}; known: {list(table)}", file=sys.stderr)
-            return 2
-        try:
-            table[n](s, args.autotune)
-        except Exception:  # noqa: BLE001 - keep going: one broken workload must not lose the run
-            import traceback
-
-            traceback.print_exc()
-        os.makedirs(args.out, exist_ok=True)  # what is done so far survives a time limit
-        with open(os.path.join(args.out, "results.partial.md"), "w") as f:
-            f.write(s.markdown() + "\n")
-    from .common import print_profiles
-
-    print_profiles()
-    md = s.markdown()
-    header = (f"Measured {s.meta['date']} on {s.meta['device']}: torch {s.meta['torch']}, cuDNN {s.meta['cudnn']}, "
-              f"Triton {s.meta.get('triton')}, cuDNN frontend {s.meta['cudnn_frontend']}. Ceilings: copy "
-              f"{s.ceilings['copy_gbps']:.0f} GB/s, fp16 GEMM {s.ceilings['gemm_tflops']:.0f} TFLOP/s. "
-              "Times in µs (median, CUDA events, triton.testing.do_bench), one run.\n\n")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        f.write(s.to_json())
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(header + md + "\n")
-    print("\n" + header + md)
-    return 0
+    args = parse(argv)
+    if args.list:
+        print(list_workloads())
+        return 0
+    if args.worker:
+        return worker(args)
+    return parent(args)
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+

@@ -9,8 +9,8 @@ import sys
 import torch
 
 import opgraph as og
-from bench.harness import relerr
-from bench.networks import calibrated
+from bench.check import relerr
+from bench.workloads.networks import calibrated
 
 
 def inputs_of(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -44,7 +44,7 @@ def compare(name: str, module: torch.nn.Module, x: torch.Tensor, engines: list[s
 
 def main() -> None:
     name, batch = sys.argv[1], int(sys.argv[2])
-    model = calibrated(name)
+    model, _ = calibrated(name, "cuda")
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     compare(f"{name} whole, torch engine", model, x, engines=["torch"])
     compare(f"{name} whole", model, x)

@@ -1,0 +1,115 @@
+"""The run's header (machine, software, settings) and the ceilings measured at its start."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import subprocess
+from typing import Any
+
+from . import measure
+from .core.floors import Ceilings
+
+SETTINGS = ("torch.backends.cudnn.benchmark=True (eager picks cuDNN's fastest algorithm); TF32 off; "
+            "L2 warm (calls back to back on the same buffers) unless --cold-l2")
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+    except Exception:  # noqa: BLE001 - a missing tool leaves the field unknown
+        return ""
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def opgraph_commit() -> str:
+    if os.environ.get("OPGRAPH_COMMIT"):
+        return os.environ["OPGRAPH_COMMIT"]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sha = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"])
+    if not sha:
+        return "unknown (no git here: set OPGRAPH_COMMIT)"
+    dirty = _run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"])
+    return sha + ("+dirty" if dirty else "")
+
+
+def meta(device: str, *, dry_run: bool = False) -> dict[str, Any]:
+    import torch
+
+    m: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "hostname": socket.gethostname(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "opgraph_commit": opgraph_commit(), "settings": SETTINGS, "dry_run": dry_run,
+    }
+    if device.startswith("cuda"):
+        m["device"] = torch.cuda.get_device_name()
+        m["gpu_count"] = torch.cuda.device_count()
+        m["cudnn"] = torch.backends.cudnn.version()
+        m["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()[0:1]
+        m["driver"] = m["driver"][0] if m["driver"] else "unknown"
+    else:
+        m.update(device="CPU (dry run: times are meaningless)", gpu_count=0, cudnn=None, driver="none")
+    try:
+        import triton
+
+        m["triton"] = triton.__version__
+    except ImportError:
+        m["triton"] = None
+    try:
+        import torchvision
+
+        m["torchvision"] = torchvision.__version__
+    except Exception:  # noqa: BLE001 - absent or broken
+        m["torchvision"] = None
+    from .peers import cudnn_fe
+
+    m["cudnn_frontend"] = cudnn_fe.version()
+    return m
+
+
+def _device_us(fn: Any, cuda: bool, budget: measure.Budget) -> float:
+    est = measure.estimate_us(fn, cuda)
+    return measure.device_us(fn, est, budget)[0] if cuda else measure.back_to_back_us(fn, est, budget, False)
+
+
+def _copy_gbps(device: str, n: int, budget: measure.Budget) -> float:
+    import torch
+
+    a = torch.empty(n, dtype=torch.float16, device=device).normal_()
+    b = torch.empty_like(a)
+    us = _device_us(lambda: b.copy_(a), device.startswith("cuda"), budget)
+    return 2 * a.numel() * a.element_size() / us / 1e3
+
+
+def _gemm_tflops(device: str, m: int, dtype: Any, budget: measure.Budget) -> float:
+    import torch
+
+    x = torch.randn(m, m, device=device, dtype=dtype)
+    y = torch.randn(m, m, device=device, dtype=dtype)
+    return 2 * m**3 / _device_us(lambda: torch.mm(x, y), device.startswith("cuda"), budget) / 1e6
+
+
+def ceilings(device: str, budget: measure.Budget) -> Ceilings:
+    """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy) and the cuBLAS GEMM
+    rate at 8192^3 for fp16 and bf16, each as device time from the suite's CUDA-graph helper."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    n, m = (256 << 20, 8192) if cuda else (1 << 20, 256)
+    return Ceilings(_copy_gbps(device, n, budget),
+                    {"float16": _gemm_tflops(device, m, torch.float16, budget),
+                     "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget)})

@@ -1,0 +1,98 @@
+"""One repeat of a suite in this process: environment, ceilings, then each workload in turn; the
+record is rewritten after every workload, so a run cut short keeps what it finished."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Sequence
+
+from . import measure
+from .case import Ctx
+from .core.records import RunRecord
+from .core.registry import WorkloadSpec
+from .runner import log, run_workload
+
+MARGIN_S = 25.0  # stop starting implementations this long before the worker's deadline
+
+
+def features(args: argparse.Namespace) -> frozenset[str]:
+    import torch
+
+    out = set()
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if cuda:
+        out.add("cuda")
+        if not args.no_compile:
+            out.add("compile")
+        from .peers import cudnn_fe
+
+        if cudnn_fe.problem() is None:
+            out.add("cudnn_frontend")
+    try:
+        import torchvision  # noqa: F401
+
+        out.add("torchvision")
+    except Exception:  # noqa: BLE001 - absent, or built for another torch
+        pass
+    return frozenset(out)
+
+
+def configure_torch(cuda: bool) -> None:
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = 64
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def write(record: RunRecord, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(record.to_json())
+    os.replace(tmp, path)
+
+
+def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
+    import torch
+
+    t_start = time.monotonic()
+    feats = features(args)
+    cuda = "cuda" in feats
+    configure_torch(cuda)
+    scale = "tiny" if args.dry_run else "quick" if args.quick else "full"
+    quick = args.quick or args.dry_run  # smoke tests: no tuned builds, no torch.compile mode="max-autotune" row
+    ctx = Ctx(device="cuda" if cuda else "cpu", scale=scale, tune=not (args.no_tune or quick),
+              tune_networks=args.tune_networks, compile=not args.no_compile,
+              compile_cudagraphs=not (args.no_compile_cudagraphs or quick), cold_l2=args.cold_l2,
+              features=feats, timing=not args.warm,
+              deadline=t_start + args.seconds - MARGIN_S if args.seconds else None)
+    budget = measure.Budget(rounds=2, latency_calls=3) if args.dry_run else \
+        measure.Budget(rounds=3, latency_calls=10) if args.quick else measure.Budget()
+    from . import env
+
+    meta = env.meta(ctx.device, dry_run=args.dry_run)
+    meta.update(scale=scale, features=sorted(feats), warm=args.warm)
+    log(f"bench worker, repeat {args.repeat_index}: {meta}")
+    ceil = env.ceilings(ctx.device, budget)
+    log(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, GEMM " +
+        ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceil.gemm_tflops.items()))
+    record = RunRecord(meta, ceil, [], args.repeat_index)
+    for spec in specs:
+        if ctx.out_of_time():
+            log(f"== {spec.id}: not started (time limit)")
+            continue
+        record.workloads.append(run_workload(ctx, spec, budget))
+        if args.raw:
+            write(record, args.raw)
+        if cuda:
+            torch.cuda.empty_cache()
+    log(f"bench worker done in {time.monotonic() - t_start:.0f} s")
+    return 0
