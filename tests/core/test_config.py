@@ -31,7 +31,7 @@ H = HeurMode
     ((H.FALLBACK, H.A), (H.FALLBACK, H.A)),
     (iter(["a"]), (H.A,)),
     ([], ()),
-], ids=repr)
+], ids=lambda v: "iterator" if hasattr(v, "__next__") else repr(v))
 def test_as_modes_accepts_modes_names_and_lists_of_them(given, want):
     assert as_modes(given) == want
 
