@@ -9,13 +9,13 @@ module's own parameters in place. The learning rate follows a cosine schedule wr
 scalar before each step. A copy of the model is trained by PyTorch (autograd, clip_grad_norm_,
 torch.optim.AdamW) on the same batches; the two curves are printed side by side.
 
-    python examples/15_train_char_gpt.py              # CPU: a tiny model, 150 steps, ~2 min
+    python examples/15_train_char_gpt.py              # CPU: a tiny model, 150 steps, about 50 s of CPU time
     python examples/15_train_char_gpt.py --gpu-size   # GPU: 6 layers, d=384, seq 256, batch 64, bf16,
                                                       # the step captured in a CUDA graph, 1500 steps
 
-Attention is written as matmul, mask and softmax, which from_torch imports as graph ops; with
---attention sdpa it is F.scaled_dot_product_attention (imported as a custom op with a PyTorch backward
-until opgraph's sdpa op translates it). Exits non-zero (and prints MISMATCH) when the final loss misses
+Attention is F.scaled_dot_product_attention (is_causal=True), which from_torch imports as opgraph's
+sdpa op (a flash-attention kernel on the GPU, its backward through sdpa_backward); --attention explicit
+writes it as matmul, mask and softmax instead. Exits non-zero (and prints MISMATCH) when the final loss misses
 the stated target or the two curves part by more than the stated tolerance.
 """
 
@@ -32,7 +32,7 @@ from torch import nn
 
 import opgraph as og
 
-ATTENTION = "explicit"  # "sdpa" once opgraph translates F.scaled_dot_product_attention
+ATTENTION = "sdpa"
 
 
 def stdlib_text(limit: int) -> str:

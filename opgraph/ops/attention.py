@@ -366,7 +366,55 @@ def sdpa(self, q, k, v, attn_scale=None, generate_stats=True, bias=None, use_ali
          use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
          use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None, score_mod=None,
          compute_data_type=None, name=""):
-    """Scaled dot-product attention: [O, Stats] (Stats None unless generate_stats)."""
+    """Scaled dot-product attention (cuDNN frontend's `sdpa`): [O, Stats].
+
+    Shapes: q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (dims logical); GQA/MQA when Hk and
+    Hv divide Hq; O [B, Hq, Sq, Dv]; Stats [B, Hq, Sq, 1].
+
+    Layouts: any strides with the last one 1, so BSHD and BHSD tensors both work; O takes q's axis order.
+
+    Types: q, k, v HALF, BFLOAT16, FLOAT or DOUBLE; softmax and accumulation in `compute_data_type`
+    (default FLOAT); Stats FLOAT (DOUBLE for DOUBLE inputs).
+
+    Formula: `S = attn_scale * q @ k^T + bias (+ alibi)`, `S = score_mod(S)`, masked positions -inf,
+    `P = softmax(S)` over keys (then dropout), `O = P @ v`; `Stats = logsumexp(S)` per row (natural log).
+    A row with every key masked gives O = 0 and Stats = +inf, not NaN. docs/attention.md has the exact
+    definitions of every mask and of the dropout stream.
+
+    Args:
+        q: queries.
+        k: keys.
+        v: values.
+        attn_scale: a number, a pass-by-value or a 1-element tensor read at run time (default 1.0, as cuDNN).
+        generate_stats: also output Stats (what the backward needs); False for inference.
+        bias: an additive bias broadcastable to [B, Hq, Sq, Skv] (optional).
+        use_alibi_mask: add ALiBi's per-head linear position bias.
+        use_padding_mask: keep only i < seq_len_q[b] and j < seq_len_kv[b].
+        seq_len_q: INT32 [B, 1, 1, 1], the valid query length per batch (with use_padding_mask).
+        seq_len_kv: INT32 [B, 1, 1, 1], the valid key length per batch (with use_padding_mask).
+        use_causal_mask: keep j <= i (top-left aligned).
+        use_causal_mask_bottom_right: keep j <= i + (Skv - Sq) (bottom-right aligned, with actual lengths).
+        sliding_window_length: W, keep j > i + delta - W as well (delta 0 top-left, Skv - Sq bottom-right).
+        dropout: (p, seed, offset) with seed and offset 1-element INT64 tensors read at run time (Philox;
+            docs/attention.md defines the stream), or (mask, scale) with an explicit mask tensor.
+        score_mod: a function `score_mod(g, score) -> tensor` building pointwise ops on the virtual score
+            [B, H, Sq, Skv] (g.gen_index gives positions; other graph tensors broadcast in); fused into
+            the kernel and allowed with every mask.
+        compute_data_type: the softmax's type.
+        name: the op's name.
+
+    Returns:
+        [O, Stats]; Stats is None when generate_stats is False.
+
+    Example:
+        ```python
+        q = g.tensor(dim=[4, 16, 1024, 128], name="q", data_type=og.DataType.BFLOAT16)
+        k = g.tensor(dim=[4, 16, 1024, 128], name="k", data_type=og.DataType.BFLOAT16)
+        v = g.tensor(dim=[4, 16, 1024, 128], name="v", data_type=og.DataType.BFLOAT16)
+        o, stats = g.sdpa(q, k, v, attn_scale=128 ** -0.5, use_causal_mask=True,
+                          score_mod=lambda g, s: g.mul(g.tanh(g.mul(s, 1 / 30.0)), 30.0))
+        ```
+    """
     label = f"sdpa '{name or 'sdpa'}'"
     opts = _options(label, use_alibi_mask, use_padding_mask, use_causal_mask, use_causal_mask_bottom_right,
                     sliding_window_length)
@@ -384,10 +432,57 @@ def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, bias=None, dBias
                   use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
                   use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None, score_mod=None,
                   use_deterministic_algorithm=False, compute_data_type=None, name=""):
-    """[dQ, dK, dV] of sdpa; dBias, when given, is a tensor declared by the caller that the op writes.
+    """The backward of `sdpa` (cuDNN frontend's `sdpa_backward`): [dQ, dK, dV], and dBias when given.
 
-    The derivative of score_mod is derived here with autodiff's pointwise rules (a documented facade:
-    the one place the op layer calls up into autodiff, lazily, at build time)."""
+    Shapes: as sdpa; o and dO [B, Hq, Sq, Dv], stats [B, Hq, Sq, 1]; dQ, dK, dV take the dims of q, k, v;
+    dBias the dims of bias.
+
+    Layouts: any strides with the last one 1; the gradients take their inputs' axis order.
+
+    Types: as sdpa; accumulation in FLOAT.
+
+    Formula: with P recomputed from q, k and stats, `dV = P^T @ dO`, `dP = dO @ v^T`,
+    `dS = P * (dP - rowsum(dO * o))`, times d score_mod / d S when a modifier is given (derived from the
+    pointwise ops' backward rules), `dQ = attn_scale * dS @ k`, `dK = attn_scale * dS^T @ q` (summed over
+    the query heads of a group), `dBias = dS` reduced to bias's dims.
+
+    Args:
+        q: queries of the forward.
+        k: keys of the forward.
+        v: values of the forward.
+        o: the forward's output.
+        dO: the gradient arriving at o.
+        stats: the forward's Stats.
+        attn_scale: as in sdpa.
+        dBias: a tensor you declare with the bias's dims; the op writes the bias's gradient into it.
+        bias: an additive bias broadcastable to [B, Hq, Sq, Skv] (optional).
+        use_alibi_mask: add ALiBi's per-head linear position bias.
+        use_padding_mask: keep only i < seq_len_q[b] and j < seq_len_kv[b].
+        seq_len_q: INT32 [B, 1, 1, 1], the valid query length per batch (with use_padding_mask).
+        seq_len_kv: INT32 [B, 1, 1, 1], the valid key length per batch (with use_padding_mask).
+        use_causal_mask: keep j <= i (top-left aligned).
+        use_causal_mask_bottom_right: keep j <= i + (Skv - Sq) (bottom-right aligned, with actual lengths).
+        sliding_window_length: W, keep j > i + delta - W as well (delta 0 top-left, Skv - Sq bottom-right).
+        dropout: (p, seed, offset) with seed and offset 1-element INT64 tensors read at run time (Philox;
+            docs/attention.md defines the stream), or (mask, scale) with an explicit mask tensor.
+        score_mod: a function `score_mod(g, score) -> tensor` building pointwise ops on the virtual score
+            [B, H, Sq, Skv] (g.gen_index gives positions; other graph tensors broadcast in); fused into
+            the kernel and allowed with every mask.
+        use_deterministic_algorithm: accepted for cuDNN compatibility; the generated kernels are always
+            deterministic (no atomics).
+        compute_data_type: the accumulation type.
+        name: the op's name.
+
+    Returns:
+        [dQ, dK, dV].
+
+    Example:
+        ```python
+        o, stats = g.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=True)
+        do = g.tensor(dim=[4, 16, 1024, 128], name="dO", data_type=og.DataType.BFLOAT16)
+        dq, dk, dv = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, use_causal_mask=True)
+        ```
+    """
     label = f"sdpa_backward '{name or 'sdpa_backward'}'"
     opts = _options(label, use_alibi_mask, use_padding_mask, use_causal_mask, use_causal_mask_bottom_right,
                     sliding_window_length)

@@ -124,7 +124,33 @@ class EmbeddingBackward(Op):
 
 @graph_method
 def embedding(self, weight, indices, padding_idx: int = -1, compute_data_type=None, name: str = ""):
-    """Rows of `weight` [V, D] picked by integer `indices` [...]: dims [..., D] (see `Embedding`)."""
+    """Embedding lookup: the rows of `weight` picked by integer `indices`.
+
+    Shapes: weight [V, D], indices [...] (any rank); output [..., D].
+
+    Layouts: any strides; the output is packed row-major.
+
+    Types: weight any floating type; indices INT32 or INT64; the output takes weight's type.
+
+    Formula: `y[..., :] = weight[indices[...], :]`; an index outside [0, V) reads zeros.
+
+    Args:
+        weight: the table [V, D].
+        indices: integer positions into the table.
+        padding_idx: an index whose row gets no gradient in the backward (-1: none), as torch's.
+        compute_data_type: the compute type.
+        name: the op's name.
+
+    Returns:
+        The gathered rows [..., D].
+
+    Example:
+        ```python
+        wte = g.tensor(dim=[50304, 768], name="wte")
+        idx = g.tensor(dim=[8, 1024], name="idx", data_type=og.DataType.INT64)
+        x = g.embedding(wte, idx)
+        ```
+    """
     return self._add_op(Embedding(padding_idx=int(padding_idx)), [weight, indices], name=name,
                         compute_data_type=compute_data_type)[0]
 
@@ -132,6 +158,33 @@ def embedding(self, weight, indices, padding_idx: int = -1, compute_data_type=No
 @graph_method
 def embedding_backward(self, grad, indices, num_weights: int, padding_idx: int = -1, compute_data_type=None,
                        name: str = ""):
-    """The table gradient [num_weights, D] of an embedding: grad rows scatter-added by index."""
+    """The gradient of an embedding's table: the rows of `grad` scatter-added by index.
+
+    Shapes: grad [..., D], indices [...] (grad's dims without the last); output [num_weights, D].
+
+    Layouts: any strides; the output is packed row-major.
+
+    Types: grad any floating type (accumulated in FLOAT); indices INT32 or INT64.
+
+    Formula: `dW = 0; dW[indices[...], :] += grad[..., :]`, skipping padding_idx and indices outside
+    [0, num_weights).
+
+    Args:
+        grad: the gradient arriving at the embedding's output.
+        indices: the forward's indices.
+        num_weights: V, the table's row count.
+        padding_idx: an index whose row gets no gradient (-1: none).
+        compute_data_type: the accumulation type.
+        name: the op's name.
+
+    Returns:
+        dW [num_weights, D].
+
+    Example:
+        ```python
+        dy = g.tensor(dim=[8, 1024, 768], name="dy")
+        dw = g.embedding_backward(dy, idx, num_weights=50304)
+        ```
+    """
     op = EmbeddingBackward(num_weights=int(num_weights), padding_idx=int(padding_idx))
     return self._add_op(op, [grad, indices], name=name, compute_data_type=compute_data_type)[0]

@@ -4,6 +4,7 @@ a SerializationError that says where, which rule, and what was probably meant.""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import types
@@ -41,6 +42,9 @@ def samples(hint) -> list:
         return [0.5, -2.0, 1e-30]
     if hint is str:
         return ["my_op", ""]
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a structured attribute (a score modifier)
+        hints = typing.get_type_hints(hint)
+        return [hint(**{f.name: samples(hints[f.name])[k] for f in fields(hint)}) for k in (0, -1)]
     raise AssertionError(f"no sample values for attribute type {hint}: teach this test (and core.attrs) the type")
 
 

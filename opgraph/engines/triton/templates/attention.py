@@ -34,6 +34,7 @@ _KNOBS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "ORDER", "ONEL
 
 class AttentionTemplate(Template):
     name = "attention"
+    main_kinds = ("sdpa",)
     priority = 60
 
     def match(self, piece: Piece, device: Device) -> Support:

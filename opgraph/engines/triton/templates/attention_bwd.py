@@ -31,6 +31,7 @@ _KNOBS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "W1", "S1", "W2", "S2"
 
 class AttentionBackwardTemplate(Template):
     name = "attention_bwd"
+    main_kinds = ("sdpa_backward",)
     priority = 60
 
     def match(self, piece: Piece, device: Device) -> Support:
