@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.errors import UnsupportedGraphError
 from ..ops.custom import Custom, register_custom_op
-from .torch_import import Args, Importer, Value, og_dims
+from .torch_importer import Args, Importer, Value, og_dims
 
 _COUNTER = itertools.count()
 

@@ -24,216 +24,27 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
 from ..core.tensor import Tensor
-from ..graph.builder import Graph
+from .torch_importer import Args, Importer, Untranslatable, Value, is_tensor, node_meta, og_dims
+from .torch_mutations import (
+    Versions,
+    analyze_mutations,
+    mutation_target,
+    op_key,
+    param_only_nodes,
+    placeholder_kinds,
+    used_outputs,
+)
 from .torch_runtime import (
-    DerivedSpec,
     ImportedGraph,
-    ImportReport,
     Mutation,
     OutputLeaf,
-    RandomSpec,
     ReportEntry,
     Source,
 )
-
-
-class Untranslatable(Exception):
-    """Raised by a translator for arguments it does not cover; the node becomes a custom op."""
-
-
-@dataclass
-class Value:
-    """A traced tensor: its torch shape and dtype, and either the graph tensor holding it (`tensor`),
-    a bound input not declared yet (`source` + `example`, the example tensor with the source's
-    views applied), or an uninitialised allocation (`uninit`, from aten.empty)."""
-
-    shape: tuple[int, ...]
-    dtype: Any
-    tensor: Tensor | None = None
-    source: Source | None = None
-    example: Any = None
-    uninit: bool = False
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def dims(self) -> tuple[int, ...]:
-        return og_dims(self.shape)
-
-    @property
-    def is_bound(self) -> bool:
-        """A parameter, buffer, constant or random input whose views can be taken at bind time."""
-        return self.source is not None
-
-
-def og_dims(shape: Any) -> tuple[int, ...]:
-    """opgraph dims of a torch shape: a 0-d tensor is held as [1]."""
-    return tuple(int(d) for d in shape) or (1,)
-
-
-def _meta(node: Any) -> Any:
-    return node.meta.get("val") if hasattr(node, "meta") else None
-
-
-def _is_tensor(x: Any) -> bool:
-    import torch
-
-    return isinstance(x, torch.Tensor)
-
-
-class Importer:
-    """Translation state: the graph, the value of every traced node, and the bound inputs."""
-
-    def __init__(self, module: Any, program: Any, name: str, wide: Any, options: dict[str, Any]) -> None:
-        import torch
-
-        self.torch = torch
-        self.options = options
-        self.module = module
-        self.program = program
-        # composite internals (a softmax's exp, a hardswish's relu6) are computed at least in fp32, in
-        # fp64 for fp64 models; each traced node's own result gets PyTorch's dtype
-        self.g = Graph(name, io_data_type=wide, intermediate_data_type=wide, compute_data_type=wide)
-        self.env: dict[Any, Any] = {}
-        self.report = ImportReport()
-        self.constants: dict[str, Any] = {}
-        self.randoms: dict[str, RandomSpec] = {}
-        self.derived: dict[str, DerivedSpec] = {}
-        self.bound: list[tuple[Tensor, Source]] = []
-        self.mutations: list[Mutation] = []
-        self._declared: dict[Source, Tensor] = {}
-        self._names: dict[str, int] = {}
-        self.prepared: dict[Any, Any] = {}  # node -> what its PREPARE hook computed
-        self.used: dict[Any, set[int]] = {}  # multi-output node -> the getitem indices read
-        self.node: Any = None  # the node being translated
-
-    # -- values -------------------------------------------------------------------------------------
-    def tensor(self, v: Value) -> Tensor:
-        """The graph tensor of a value, declaring a bound input on first use (looked up, not cached on
-        the value, so that a rolled-back translation leaves no stale handle behind)."""
-        if v.tensor is not None:
-            return v.tensor
-        if v.uninit:
-            zeros = self.torch.zeros(v.shape, dtype=v.dtype)
-            self.note(f"{self.node.name}: reads an uninitialised tensor (aten.empty); bound as zeros")
-            v.source, v.example = self.constant(zeros, "uninit"), zeros
-            v.uninit = False
-        if v.source is None:
-            raise UnsupportedGraphError(f"node '{self.node.name}' reads a value the importer has not translated",
-                                        rule="import.internal", hint="report this as an importer bug")
-        source = v.source
-        if source not in self._declared:
-            ex = v.example
-            stride = tuple(int(s) for s in ex.stride()) or (1,)
-            t = self.g.tensor(dim=v.dims, stride=stride, data_type=v.dtype, name=self._unique(self._name(source)))
-            self._declared[source] = t
-            self.bound.append((t, source))
-        return self._declared[source]
-
-    def checkpoint(self) -> tuple[int, int, int, int]:
-        return len(self.g._records), len(self.g._tensors), len(self.bound), len(self.mutations)
-
-    def rollback(self, mark: tuple[int, int, int, int]) -> None:
-        """Forget the ops, tensors and bound inputs made since `mark` (a translator gave up)."""
-        records, tensors, bound, mutations = mark
-        del self.g._records[records:]
-        del self.g._tensors[tensors:]
-        for _t, source in self.bound[bound:]:
-            self._declared.pop(source, None)
-        del self.bound[bound:]
-        del self.mutations[mutations:]
-        self.g._invalidate()
-
-    def _name(self, source: Source) -> str:
-        if source.kind in ("parameter", "buffer"):
-            return source.key
-        if source.kind == "derived":
-            return source.key.removeprefix("derived:")
-        return f"{source.kind}:{source.key}"
-
-    def _unique(self, name: str) -> str:
-        n = self._names.get(name, 0)
-        self._names[name] = n + 1
-        return name if n == 0 else f"{name}#{n}"
-
-    def constant(self, value: Any, hint: str) -> Source:
-        """A constant graph input holding `value` (a CPU torch tensor)."""
-        key = self._unique(f"{hint}")
-        self.constants[key] = value.detach().cpu()
-        return Source("constant", key)
-
-    def constant_value(self, value: Any, hint: str) -> Value:
-        source = self.constant(value, hint)
-        return Value(tuple(value.shape), value.dtype, source=source, example=self.constants[source.key])
-
-    def random_value(self, dist: str, shape: tuple[int, ...], dtype: Any, p: float = 0.5) -> Value:
-        key = self._unique(f"{self.node.name}")
-        self.randoms[key] = RandomSpec(dist, tuple(shape), dtype, float(p))
-        example = self.torch.empty(shape, dtype=dtype)
-        return Value(tuple(shape), dtype, source=Source("random", key), example=example)
-
-    def derived_value(self, fn: Any, inputs: list[Value], name: str) -> Value:
-        """A bound input computed at bind time as fn(*inputs) from bound values (see DerivedSpec)."""
-        key = self._unique(f"derived:{name}")
-        self.derived[key] = DerivedSpec(fn, tuple(v.source for v in inputs))
-        with self.torch.no_grad():
-            example = fn(*[v.example for v in inputs])
-        return Value(tuple(example.shape), example.dtype, source=Source("derived", key), example=example)
-
-    def view(self, v: Value, op: Any, *args: Any) -> Value | None:
-        """For a bound value, the same input seen through aten view op `op(*args)` (applied at bind
-        time, zero-copy); None for other values (the caller emits a graph op)."""
-        if not v.is_bound:
-            return None
-        example = op(v.example, *args)
-        return Value(tuple(example.shape), example.dtype, source=v.source.view(op, *args), example=example)
-
-    def reshaped(self, v: Value, shape: tuple[int, ...]) -> Tensor:
-        """The value's tensor with torch shape `shape` (same elements): a bind-time view for bound
-        values, a reshape op otherwise, nothing when the opgraph dims already match."""
-        shape = tuple(int(d) for d in shape)
-        if og_dims(shape) == v.dims:
-            return self.tensor(v)
-        viewed = self.view(v, self.torch.ops.aten.view.default, list(shape))
-        if viewed is not None:
-            return self.tensor(viewed)
-        return self.g.reshape(self.tensor(v), list(og_dims(shape)), name=self.op_name("reshape"))
-
-    def at_rank(self, v: Any, rank: int) -> Any:
-        """A pointwise operand for an output of `rank`: numbers stay numbers, 1-element tensors
-        broadcast as they are, others get leading 1s (torch aligns shapes on the right)."""
-        if not isinstance(v, Value):
-            return v
-        if v.rank >= rank or v.dims == (1,):
-            return self.tensor(v)
-        return self.reshaped(v, (1,) * (rank - v.rank) + v.shape)
-
-    def reduction(self, t: Tensor, mode: Any, dims: Any, name: str) -> Tensor:
-        """A reduction to opgraph dims `dims`, in the graph's intermediate type (not FLOAT, the
-        reduction's own default, which would round fp64 models)."""
-        out = self.g.reduction(t, mode, name=name)
-        return out.set_dim(list(dims)).set_data_type(self.g.intermediate_data_type)
-
-    def op_name(self, what: str = "") -> str:
-        base = self.node.name if self.node is not None else "op"
-        return self._unique(f"{base}.{what}" if what else base)
-
-    def note(self, text: str) -> None:
-        if text not in self.report.notes:
-            self.report.notes.append(text)
-
-    def result(self, tensor: Tensor, meta: Any) -> Value:
-        """Wrap a new graph tensor as the value of a traced tensor (its dtype set to PyTorch's)."""
-        tensor.set_data_type(meta.dtype)
-        return Value(tuple(int(d) for d in meta.shape), meta.dtype, tensor=tensor)
-
 
 # -- tracing and the main loop -----------------------------------------------------------------------
 
@@ -279,210 +90,18 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
     return _translate(imp, args)
 
 
-_EFFECTFUL = ("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm",
-              "miopen_batch_norm")
-
-
-def _op_key(target: Any) -> tuple[str, str]:
-    """(base name, overload) of an aten op, in-place variants named as their functional op; ops of
-    other namespaces (torch.library custom ops) keep their qualified name, which no table entry has."""
-    schema = target._schema
-    namespace, _, base = schema.name.rpartition("::")
-    if namespace != "aten":
-        return schema.name, target._overloadname
-    if base.endswith("_") and not base.endswith("__"):
-        base = base[:-1]
-    return base, target._overloadname
-
-
-def _mutated_args(target: Any) -> list[int]:
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return []
-    return [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-
-
-def _flat_nodes(value: Any) -> list[Any]:
-    import torch.fx
-
-    out: list[Any] = []
-    if isinstance(value, torch.fx.Node):
-        out.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            out += _flat_nodes(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            out += _flat_nodes(v)
-    return out
-
-
-class _Versions:
-    """Aliasing through in-place ops: an op that writes its argument makes its result the current
-    version of that argument's storage; every later read of any alias reads the current version."""
-
-    def __init__(self) -> None:
-        self.storage: dict[Any, Any] = {}
-        self.current: dict[Any, Any] = {}
-
-    def resolve(self, node: Any) -> Any:
-        root = self.storage.get(node, node)
-        return self.current.get(root, node)
-
-    def written(self, arg: Any, result: Any) -> None:
-        root = self.storage.get(arg, arg)
-        self.storage[result] = root
-        self.current[root] = result
-
-    def final(self, node: Any) -> Any:
-        return self.current.get(self.storage.get(node, node), node)
-
-
-def _mutation_target(node: Any) -> Any:
-    """The argument node an in-place op writes, if any."""
-    idx = _mutated_args(node.target)
-    if not idx:
-        return None
-    schema = node.target._schema
-    arg = node.args[idx[0]] if idx[0] < len(node.args) else node.kwargs.get(schema.arguments[idx[0]].name)
-    return arg if hasattr(arg, "op") else None
-
-
-def _analyze(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]]) -> tuple[set[Any], dict, list]:
-    """Liveness with in-place aliasing resolved. Returns (live nodes, host updates {buffer node:
-    (key, amount)}, [(kind, key, final node)] module-state mutations translated in the graph)."""
-    versions = _Versions()
-    deps: dict[Any, list[Any]] = {}
-    roots: list[Any] = []
-    output_node = None
-    position = {n: i for i, n in enumerate(nodes)}
-    for n in nodes:
-        if n.op == "placeholder":
-            continue
-        if n.op == "output":
-            output_node = n
-            deps[n] = [versions.resolve(a) for a in _flat_nodes(n.args)]
-            continue
-        deps[n] = [versions.resolve(a) for a in _flat_nodes((n.args, n.kwargs))]
-        if n.op == "call_function" and hasattr(n.target, "_schema"):
-            target = _mutation_target(n)
-            if target is not None:
-                _check_view_write(n, target, position)
-                versions.written(target, n)
-            if _op_key(n.target)[0] in _EFFECTFUL:
-                roots.append(n)
-    assert output_node is not None
-    roots += deps[output_node]
-    state: list[tuple[str, str, Any]] = []
-    host: dict[Any, tuple[str, str, float]] = {}
-    readers: dict[Any, int] = {}
-    for ds in deps.values():
-        for d in ds:
-            readers[d] = readers.get(d, 0) + 1
-    for n in nodes:
-        if n.op != "placeholder" or versions.final(n) is n:
-            continue
-        if kinds.get(n.name, ("input", ""))[0] not in ("parameter", "buffer"):
-            imp.note(f"input '{n.name}' is updated in place by the module; the graph does not write the "
-                     "caller's tensor (its outputs are the module's results only)")
-            continue
-        final = versions.final(n)
-        kind, key = kinds[n.name]
-        # `buf += k` on a buffer nothing else reads (num_batches_tracked): done on the host
-        if (final.op == "call_function" and _op_key(final.target)[0] == "add" and final.args[0] is n
-                and not _flat_nodes(final.args[1:]) and readers.get(n, 0) == 1 and readers.get(final, 0) == 0):
-            alpha = final.kwargs.get("alpha", 1)
-            host[final] = (kind, key, final.args[1] * alpha)
-            continue
-        state.append((kind, key, final))
-        roots.append(final)
-    live: set[Any] = set()
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if n in live or n in host:
-            continue
-        live.add(n)
-        stack += deps.get(n, [])
-    return live, host, state
-
-
-def _is_view(node: Any) -> bool:
-    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-    if schema is None or not schema.returns:
-        return False
-    alias = schema.returns[0].alias_info
-    return alias is not None and not alias.is_write
-
-
-def _check_view_write(node: Any, target: Any, position: dict[Any, int]) -> None:
-    """An in-place write into a view changes its base too: refuse when the base is read afterwards
-    (functionalizing it would give those readers the old values)."""
-    base = target
-    while _is_view(base):
-        base = base.args[0]
-    if base is target:
-        return
-    later = [u for u in base.users if position.get(u, -1) > position[node]]
-    if later:
-        raise UnsupportedGraphError(
-            f"node '{node.name}' ({node.target}) writes in place into a view of '{base.name}', which "
-            f"'{later[0].name}' reads afterwards", op=node.name, rule="import.view_mutation",
-            hint="write the module's forward out of place (y = x.clone(); y[...] = ... or torch.cat)",
-        )
-
-
-def _used_outputs(nodes: list[Any], live: set[Any]) -> dict[Any, set[int]]:
-    used: dict[Any, set[int]] = {}
-    for n in nodes:
-        if n in live and n.op == "call_function" and n.target is operator.getitem:
-            used.setdefault(n.args[0], set()).add(int(n.args[1]))
-    return used
-
-
-def _placeholder_kinds(program: Any) -> dict[str, tuple[str, str]]:
-    from torch.export.graph_signature import InputKind
-
-    kinds = {}
-    names = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer", InputKind.CONSTANT_TENSOR: "constant",
-             InputKind.USER_INPUT: "input"}
-    for spec in program.graph_signature.input_specs:
-        kinds[spec.arg.name] = (names.get(spec.kind, str(spec.kind)), spec.target or spec.arg.name)
-    return kinds
-
-
-def _param_only(nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, str]]) -> set[Any]:
-    """Live nodes computed from parameters, buffers and constants alone (not random draws)."""
-    import torch
-
-    only: set[Any] = set()
-    for n in nodes:
-        if n.op == "placeholder":
-            if kinds.get(n.name, ("input",))[0] in ("parameter", "buffer", "constant"):
-                only.add(n)
-            continue
-        if n not in live or n.op != "call_function":
-            continue
-        if isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags:
-            continue
-        ins = _flat_nodes((n.args, n.kwargs))
-        if ins and all(i in only for i in ins):
-            only.add(n)
-    return only
-
-
 def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     from torch.utils import _pytree as pytree
 
-    from . import torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn  # noqa: F401  (the translators register on import)
+    from . import torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn, torch_ops_norm  # noqa: F401  (the translators register on import)
     from .torch_custom import custom_node
 
     program = imp.program
     graph = program.graph_module.graph
     nodes = list(graph.nodes)
-    kinds = _placeholder_kinds(program)
-    live, host, state = _analyze(imp, nodes, kinds)
-    imp.used = _used_outputs(nodes, live)
+    kinds = placeholder_kinds(program)
+    live, host, state = analyze_mutations(imp, nodes, kinds)
+    imp.used = used_outputs(nodes, live)
 
     # placeholders
     leaves, in_spec = pytree.tree_flatten((args, {}))
@@ -495,7 +114,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
         kind, key = kinds.get(n.name, ("input", n.name))
         if kind == "input":
             value = next(user_leaf)
-            if _is_tensor(value):
+            if is_tensor(value):
                 shape = tuple(int(d) for d in value.shape)
                 stride = tuple(int(s) for s in value.stride()) or (1,)
                 t = imp.g.tensor(dim=og_dims(shape), stride=stride, data_type=value.dtype, name=imp._unique(n.name))
@@ -522,17 +141,17 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
 
     # translation: parameter-only nodes first, then batchnorm preparations, then the rest; arguments
     # are resolved through in-place writes in program order whatever the translation order
-    versions = _Versions()
+    versions = Versions()
     resolved_args: dict[Any, tuple[Any, Any]] = {}
     for n in nodes:
         if n.op != "call_function":
             continue
         resolved_args[n] = _resolve_args(n, versions)
         if hasattr(n.target, "_schema"):
-            target = _mutation_target(n)
+            target = mutation_target(n)
             if target is not None:
                 versions.written(target, n)
-    only = _param_only(nodes, live, kinds)
+    only = param_only_nodes(nodes, live, kinds)
     calls = [n for n in nodes if n in live and n.op == "call_function"]
     for n in calls:
         if n in only:
@@ -540,7 +159,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
             _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
     for n in calls:
         if n not in only and hasattr(n.target, "_schema"):
-            prepare = torch_ops.PREPARE.get(_op_key(n.target)[0])
+            prepare = torch_ops.PREPARE.get(op_key(n.target)[0])
             if prepare is not None:
                 imp.node = n
                 imp.prepared[n] = prepare(imp, n, _bind(imp, n, resolved_args[n], lenient=True))
@@ -556,10 +175,10 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     output_node = next(n for n in nodes if n.op == "output")
     specs = program.graph_signature.output_specs
     out_nodes = list(output_node.args[0])
-    final_versions = _Versions()
+    final_versions = Versions()
     for n in nodes:
         if n.op == "call_function" and hasattr(n.target, "_schema"):
-            target = _mutation_target(n)
+            target = mutation_target(n)
             if target is not None:
                 final_versions.written(target, n)
     leaves_out: list[OutputLeaf] = []
@@ -618,7 +237,7 @@ def _as_output(imp: Importer, value: Value, made: dict[int, Tensor], name: str) 
     return out
 
 
-def _resolve_args(node: Any, versions: _Versions) -> tuple[Any, Any]:
+def _resolve_args(node: Any, versions: Versions) -> tuple[Any, Any]:
     import torch.fx
 
     def walk(v: Any) -> Any:
@@ -642,21 +261,11 @@ def _values(imp: Importer, v: Any, lenient: bool) -> Any:
         if not lenient:
             raise UnsupportedGraphError(f"node '{v.name}' is read before it was translated", rule="import.internal",
                                         hint="report this as an importer bug")
-        meta = _meta(v)  # not translated yet: a value with its shape only
-        return Value(tuple(int(d) for d in meta.shape), meta.dtype) if _is_tensor(meta) else None
+        meta = node_meta(v)  # not translated yet: a value with its shape only
+        return Value(tuple(int(d) for d in meta.shape), meta.dtype) if is_tensor(meta) else None
     if isinstance(v, (list, tuple)):
         return type(v)(_values(imp, x, lenient) for x in v)
     return v
-
-
-class Args(dict):
-    """A node's arguments by schema name (defaults filled in), FX nodes replaced by their values."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 def _bind(imp: Importer, node: Any, resolved: tuple[Any, Any], lenient: bool = False) -> Args:
@@ -688,7 +297,7 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
         raise UnsupportedGraphError(f"node '{node.name}' calls {target!r}, which is not an aten op",
                                     rule="import.unsupported_call",
                                     hint="export the module with torch.export (aten ops only)")
-    base, _ = _op_key(target)
+    base, _ = op_key(target)
     args = _bind(imp, node, resolved)
     translator = torch_ops.TRANSLATORS.get(base)
     status, note = "translated", ""
@@ -724,7 +333,7 @@ def _no_tensor_inputs(args: Args) -> bool:
 
 
 def _wrap(imp: Importer, node: Any, out: Any) -> Any:
-    meta = _meta(node)
+    meta = node_meta(node)
     if isinstance(out, Tensor):
         return imp.result(out, meta)
     if isinstance(out, (list, tuple)):

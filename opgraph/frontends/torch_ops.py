@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.tensor import Tensor
-from .torch_import import Args, Importer, Untranslatable, Value, og_dims
+from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 
 Translator = Callable[[Importer, Any, Args], Any]
 TRANSLATORS: dict[str, Translator] = {}

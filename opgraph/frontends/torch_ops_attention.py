@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .torch_import import Args, Importer, Untranslatable, Value
+from .torch_importer import Args, Importer, Untranslatable, Value
 from .torch_ops import op
 
 

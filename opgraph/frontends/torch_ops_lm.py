@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
-from .torch_import import Args, Importer, Untranslatable
+from .torch_importer import Args, Importer, Untranslatable
 from .torch_ops import _operands, _shape, op
 
 
