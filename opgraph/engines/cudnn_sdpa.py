@@ -77,9 +77,11 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
         missing = [r for r in ("dQ", "dK", "dV") if r not in t]
         if missing:
             return f"cuDNN's sdpa_backward writes dQ, dK and dV ({', '.join(missing)} not used here)"
-        if node.input("dropout_mask") is not None and node.input("dropout_scale_inv") is None \
-                and not isinstance(node.input("dropout_scale"), Const):
-            return "cuDNN's backward dropout needs scale_inv with a tensor scale (dropout=(mask, scale, scale_inv))"
+        if node.input("dropout_mask") is not None:
+            # seen on an H100 (cuDNN 9.19, frontend 1.32, 2026-11-25): dQ/dK off by up to 35% against the
+            # reference with an explicit mask; declined until the mask convention is understood
+            return ("cuDNN's backward with an explicit dropout mask disagreed with the reference on the GPU "
+                    "(dQ, dK); the generated kernel runs it")
     return None
 
 

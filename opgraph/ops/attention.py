@@ -89,7 +89,9 @@ class _Attention(Op):
         for role, t in (("k", k), ("v", v)):
             if t.data_type != q.data_type:
                 ctx.error(DataTypeError, f"input '{role}' is {t.data_type.name} but q is {q.data_type.name}",
-                          tensor=role, rule="sdpa.dtype", hint="give q, k and v one data type")
+                          tensor=role, rule="sdpa.dtype",
+                          hint="give q, k and v one data type (a q, k or v computed in the graph is virtual and takes "
+                          "the graph's intermediate_data_type unless you call set_data_type on it)")
         for role, t in (("k", k), ("v", v)):
             if t.dim[0] != q.dim[0]:
                 ctx.error(ShapeError, f"input '{role}' has batch {t.dim[0]} but q has {q.dim[0]}", tensor=role,

@@ -23,7 +23,9 @@ def block(io=DT.FLOAT, b=1, h=2, s=16, d=16, causal=True):
     x = g.tensor(dim=[b, h, s, d], name="x")
     w = g.tensor(dim=[1, h, 1, d], name="w")
     k, v = (g.tensor(dim=[b, h, s, d], name=n) for n in "kv")
-    o, _ = g.sdpa(g.mul(x, w), k, v, attn_scale=0.25, generate_stats=False, use_causal_mask=causal)
+    # q, k and v share one type: the prologue's result (virtual, the intermediate type by default) takes io's
+    q = g.mul(x, w).set_data_type(io)
+    o, _ = g.sdpa(q, k, v, attn_scale=0.25, generate_stats=False, use_causal_mask=causal)
     g.tanh(o).set_output(True).set_name("y")
     return g, (x, w, k, v)
 

@@ -272,9 +272,11 @@ def test_gpu_against_torch_sdpa(io, d, causal):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = {n: torch.randn(b, s, h, d, device="cuda", generator=gen).to(dt).permute(0, 2, 1, 3) for n in "qkv"}
     x["do"] = torch.randn(dims, device="cuda", generator=gen).to(dt)
-    out = {n: torch.full(dims, float("nan"), device="cuda", dtype=dt) for n in ("o", "dq", "dk", "dv")}
-    out["stats"] = torch.full((b, h, s, 1), float("nan"), device="cuda")
     final = g.final
+    # outputs in the layouts the graph declares (O and the gradients follow q's BSHD axis order)
+    out = {n: torch.empty_strided(final.tensor(n).dim, final.tensor(n).stride, device="cuda", dtype=dt).fill_(
+        float("nan")) for n in ("o", "dq", "dk", "dv")}
+    out["stats"] = torch.full((b, h, s, 1), float("nan"), device="cuda")
     pack = {final.tensor(n).uid: x[n] for n in ("q", "k", "v", "do")}
     pack.update({final.tensor(n).uid: out[n] for n in ("o", "dq", "dk", "dv")})
     pack[st.uid] = out["stats"]

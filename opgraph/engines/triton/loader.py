@@ -58,10 +58,13 @@ def load_module(source: str, *, interpret: bool) -> ModuleType:
         if attr.startswith("kernel") and callable(getattr(module, attr)):
             setattr(module, attr, _wrap(getattr(module, attr), interpret))
         elif attr.startswith("_og_") and callable(getattr(module, attr)) and not interpret:
-            # Helpers stay plain functions for the interpreter, which runs them as Python.
+            # Helpers stay plain functions for the interpreter, which runs them as Python; a custom op's
+            # function that its module already made a JITFunction is imported as it is.
             import triton
+            from triton.runtime.jit import JITFunction
 
-            setattr(module, attr, triton.jit(getattr(module, attr)))
+            if not isinstance(getattr(module, attr), JITFunction):
+                setattr(module, attr, triton.jit(getattr(module, attr)))
     _MODULES[key] = module
     return module
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU tier and the attention benchmark in one device call (10 minutes at most):
+#   scripts/gpu_check.sh [test-seconds] [bench-seconds]
+# Carry .whl/ with the cuDNN frontend wheel. Results under $OUT: gpu_tests.log (one line per test),
+# attention_bench.json and its log.
+set -uo pipefail
+OUT=${OUT:-/tmp/opgraph-gpu}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" OPGRAPH_CACHE_DIR=/tmp/opgraph-cache
+if ls .whl/nvidia_cudnn_frontend*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
+python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__)" 2>&1 | tail -1 | tee -a "$OUT/env.txt"
+timeout "${1:-370}" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 150 -n 8 tests > "$OUT/gpu_tests.log" 2>&1
+echo "tests rc=$?"
+grep -cE " PASSED" "$OUT/gpu_tests.log" | sed 's/^/passed: /'
+grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.log" | head -40
+tail -3 "$OUT/gpu_tests.log"
+timeout "${2:-170}" python3 scripts/attention_bench.py --out "$OUT" > "$OUT/attention_bench.log" 2>&1
+echo "bench rc=$?"; tail -45 "$OUT/attention_bench.log"
