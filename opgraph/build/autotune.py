@@ -62,6 +62,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def config_failure(err: BaseException) -> bool:
+    """Whether `err` is a candidate config failing to build or run (opgraph's typed errors, CUDA and
+    library runtime errors, Triton's compilation and resource errors), which tuning skips; anything
+    else (a TypeError, an AssertionError: opgraph's own bugs) propagates."""
+    if isinstance(err, (GraphError, RuntimeError)):
+        return True
+    return (type(err).__module__ or "").split(".")[0] in ("triton", "cudnn", "torch")
+
+
 def cache_key(piece: Piece, device: Device, engines: Sequence[str], filters: str = "") -> str:
     doc = {"piece": piece.signature(), "env": environment(device), "engines": sorted(engines)}
     if filters:  # a build with config filters tunes (and remembers) apart from an unfiltered one
@@ -177,7 +186,9 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
                 continue
             us = time_kernel(kernel, piece, device, bufs)
             kernel.drop_cached_buffers()  # views of the timing buffers
-        except (GraphError, RuntimeError, ValueError, TypeError, AssertionError) as err:  # a config that fails is skipped
+        except Exception as err:  # noqa: BLE001 - sorted below: only a candidate's own failure is skipped
+            if not config_failure(err):
+                raise
             log.info("%s: %s failed: %s", piece.label(), config, err)
             failed.append(config)
             continue

@@ -91,3 +91,16 @@ def test_failing_candidates_are_skipped(monkeypatch, rng):
     plan = _graph().build(device="cpu", engines=["triton"], autotune=True)
     assert plan.steps[0].config.measured_us is not None
     assert not og.testing.check_plan(plan, np.random.default_rng(0))
+
+
+def test_tuning_skips_failing_configs_but_not_our_own_bugs(monkeypatch, rng):
+    """A candidate that fails to build (a typed error, a runtime error, a Triton error) is skipped; a
+    TypeError or AssertionError is opgraph's own bug and reaches the caller (issue 15)."""
+    from opgraph.build.autotune import config_failure
+    from opgraph.core.errors import ExecutionError
+
+    assert config_failure(ExecutionError("no", rule="x")) and config_failure(RuntimeError("CUDA error"))
+    triton_like = type("CompilationError", (Exception,), {"__module__": "triton.compiler.errors"})
+    assert config_failure(triton_like("bad config"))
+    assert not config_failure(TypeError("bug")) and not config_failure(AssertionError("bug"))
+    assert not config_failure(KeyError("bug"))
