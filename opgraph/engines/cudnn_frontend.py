@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,11 +33,12 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, ExecutionError
 from ..core.ir import Const, Node
 from ..core.piece import Piece
-from . import register_engine
+from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, Kernel
 from .cost import estimate_us
 from .torch_engine.common import as_torch
 
+log = logging.getLogger("opgraph.cudnn")
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 ANCHORS = GEMM_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
 OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
@@ -234,14 +236,20 @@ _VERDICTS: dict[tuple[str, int], tuple[str | None, list[str]]] = {}
 
 
 def _verdict(piece: Piece, device: Device) -> tuple[str | None, list[str]]:
-    """(why cuDNN declines the piece or None, its plan names), asked once per piece signature."""
+    """(why cuDNN declines the piece or None, its plan names), asked once per piece signature and
+    environment (kept on disk across processes: cudnn_launch.Verdicts)."""
     key = (piece.signature(), device.index)
     if key not in _VERDICTS:
-        try:
-            _VERDICTS[key] = (None, _plans(piece, device, "A")[1])
-        except Exception as err:  # noqa: BLE001 - cuDNN's refusal, in its words
-            text = (str(err).strip().splitlines() or [""])[0][:300]
-            _VERDICTS[key] = (f"cuDNN declines it: {type(err).__name__}: {text}", [])
+        disk_key = cudnn_launch.verdict_key(key[0], device.index)
+        found = cudnn_launch.VERDICTS.get(disk_key)
+        if found is None:
+            try:
+                found = (None, _plans(piece, device, "A")[1])
+            except Exception as err:  # noqa: BLE001 - cuDNN's refusal, in its words
+                text = (str(err).strip().splitlines() or [""])[0][:300]
+                found = (f"cuDNN declines it: {type(err).__name__}: {text}", [])
+            cudnn_launch.VERDICTS.put(disk_key, found)
+        _VERDICTS[key] = found
     return _VERDICTS[key]
 
 
@@ -259,7 +267,10 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
 
 
 class CudnnKernel(Kernel):
-    """One cuDNN execution plan, built; `run` binds the piece's buffers by UID."""
+    """One cuDNN execution plan, built (or deserialized from the disk cache or a plan file:
+    cudnn_launch.py); `bind` prebuilds its variant pack, `run` binds the piece's buffers by UID."""
+
+    needs_torch_stream = False  # launches on the binding's raw stream, set on the handle
 
     def __init__(self, piece: Piece, config: EngineConfig, device: Device) -> None:
         super().__init__(piece, config)
@@ -270,8 +281,34 @@ class CudnnKernel(Kernel):
                 f"cudnn config {config} has no valid 'heuristic' (A or FALLBACK) and 'plan' (int) knobs",
                 op=piece.nodes[0].label(), rule="cudnn.config",
                 hint="take cudnn configs from engine_configs() or from a plan the engine built")
+        self.handle = _handle(device.index)
+        self.key = cudnn_launch.plan_key(piece.signature(), [list(k) for k in config.knobs], device.index)
+        self.serialized: bytes | None = None
+        self.graph: Any = None
+        self.index = index
+        self.cpp_index = -1  # the backend's position of the plan; -1: the graph's built plan
+        data = cudnn_launch.stored(self.key)
+        if data is not None:
+            try:
+                self.graph = cudnn_launch.deserialize(self.handle, data)
+                self.scratch_bytes = int(self.graph.get_workspace_size())
+                self.serialized = data
+            except Exception as err:  # noqa: BLE001 - another cuDNN's plan, or a damaged file: build it
+                log.info("%s: the stored cuDNN plan does not load (%s); building it", piece.label(), err)
+                self.graph = None
+        if self.graph is None:
+            self._build(piece, heuristic, index, name)
+        import torch
+
+        self._torch_device = torch.device(device.torch_name)
+        self.uids = (*piece.inputs, *piece.outputs)
+        # one host float per pass-by-value scalar (cuDNN copies it at launch)
+        self.host_scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self.uids
+                             if piece.tensor(u).is_pass_by_value}
+
+    def _build(self, piece: Piece, heuristic: str, index: int, name: Any) -> None:
         try:
-            self.lowered, names = _plans(piece, device, heuristic)
+            self.lowered, names = _plans(piece, self.device, heuristic)
             if name is not None and (index >= len(names) or names[index] != name):
                 if name not in names:
                     raise Declined(f"cuDNN no longer offers plan {name!r} (this cuDNN offers {len(names)} plans)")
@@ -280,7 +317,8 @@ class CudnnKernel(Kernel):
             self.graph.build_plan_at_index(index)
             self.index = index
             self.scratch_bytes = int(self.graph.get_workspace_size_plan_at_index(index))
-            self._launch = _backend_launcher(self.graph, index)
+            launch = _backend_launcher(self.graph, index)
+            self.cpp_index = launch[1] if launch is not None else -1
         except (Declined, AttributeValueError):
             raise
         except Exception as err:  # noqa: BLE001 - cuDNN's own exception types vary by version
@@ -288,55 +326,56 @@ class CudnnKernel(Kernel):
                                  op=piece.nodes[0].label(), rule="cudnn.build",
                                  hint="pick another cudnn plan (engine_configs(heur_mode='B')) or another engine"
                                  ) from err
-        import torch
+        self.serialized = cudnn_launch.serialize(self.graph)
+        if self.serialized is not None:
+            cudnn_launch.store(self.key, self.serialized)
 
-        self._torch_device = torch.device(device.torch_name)
-        self._stream: Any = None
-        self._uids = (*piece.inputs, *piece.outputs)
-        # one host float per pass-by-value scalar, refilled when its value changes (cuDNN copies it at launch)
-        self._scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self._uids
-                         if piece.tensor(u).is_pass_by_value}
-        self._scalar_values: dict[int, float] = {}
+    def bind(self, binding: Any, scratch: Any) -> Any:
+        return cudnn_launch.CudnnLauncher(self, binding, scratch)
 
-    def _scalar(self, uid: int, value: Any) -> Any:
-        host, value = self._scalars[uid], float(value)
-        if self._scalar_values.get(uid) != value:
-            host.fill_(value)
-            self._scalar_values[uid] = value
-        return host
+    def artifacts(self) -> list[Any]:
+        if self.serialized is None:
+            return []
+        return [artifacts.Artifact(cudnn_launch.ARTIFACT_KIND, self.key, self.serialized)]
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        """One self-contained run. `stream`: a raw cudaStream_t (None: PyTorch's current stream)."""
         import torch
 
         dev = self._torch_device
         pack: dict[int, Any] = {}
-        for uid in self._uids:
+        for uid in self.uids:
             value = buffers[uid]
-            if uid in self._scalars:
-                value = self._scalar(uid, value)
+            if uid in self.host_scalars:
+                self.host_scalars[uid].fill_(float(value))
+                value = self.host_scalars[uid]
             elif not isinstance(value, torch.Tensor):
                 value = as_torch(value, self.piece.tensor(uid), dev)
             pack[uid] = value
-        if stream is None:
-            stream = torch.cuda.current_stream(dev)
-        raw = stream if isinstance(stream, int) else stream.cuda_stream
-        handle = _handle(self.device.index)
-        if raw != self._stream:
-            _cudnn().set_stream(handle=handle, stream=raw)
-            self._stream = raw
+        raw = stream if stream is not None else torch.cuda.current_stream(dev).cuda_stream
+        cudnn_launch._set_stream(self.handle, _Slot(int(raw)))
         workspace = scratch if self.scratch_bytes else None
+        lowered = cudnn_launch.lowered_of(self.graph)
+        ptrs = {u: t.data_ptr() for u, t in pack.items()}
+        ws = workspace.data_ptr() if workspace is not None else 0
         try:
-            if self._launch is not None:  # the backend's own launch: no per-call Python bookkeeping
-                lowered, cpp_index = self._launch
-                lowered._execute_plan_at_index({u: t.data_ptr() for u, t in pack.items()},
-                                               workspace.data_ptr() if workspace is not None else 0, cpp_index,
-                                               handle.backend_handle, None, None, None)
+            if self.cpp_index >= 0 and hasattr(lowered, "_execute_plan_at_index"):
+                lowered._execute_plan_at_index(ptrs, ws, self.cpp_index, self.handle.backend_handle, None, None, None)
+            elif self.cpp_index < 0 and hasattr(lowered, "_execute"):
+                lowered._execute(ptrs, ws, self.handle.backend_handle, None, None, None)
             else:
-                self.graph.execute_plan_at_index(pack, workspace, index=self.index, handle=handle)
+                self.graph.execute_plan_at_index(pack, workspace, index=self.index, handle=self.handle)
         except Exception as err:  # noqa: BLE001
             raise ExecutionError(f"cuDNN failed to execute: {type(err).__name__}: {err}",
                                  op=self.piece.nodes[0].label(), rule="cudnn.execute",
                                  hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])") from err
+
+
+class _Slot:
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
 
 
 class CudnnEngine(Engine):

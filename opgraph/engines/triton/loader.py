@@ -8,14 +8,12 @@ wrapped by Triton's interpreter, on CUDA by `triton.jit`.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from ...core.paths import cache_root
+from .compile_worker import exec_generated
 
 _MODULES: dict[tuple[str, bool], ModuleType] = {}
 
@@ -30,41 +28,27 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:20]
 
 
-def load_module(source: str, *, interpret: bool) -> ModuleType:
-    """Import generated source; every top-level function named `kernel*` becomes a Triton kernel
-    and every `_og_*` function a Triton device function."""
-    digest = source_hash(source)
-    key = (digest, interpret)
-    if key in _MODULES:
-        return _MODULES[key]
-    path = cache_dir() / f"og_{digest}.py"
+def module_file(source: str) -> Path:
+    """The generated source's file in the cache (written once; Triton reads kernels' source from it)."""
+    path = cache_dir() / f"og_{source_hash(source)}.py"
     if not path.exists() or path.read_text() != source:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
-    name = f"opgraph_generated_{digest}_{'interp' if interpret else 'jit'}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    for attr in list(vars(module)):
-        if attr.startswith("kernel") and callable(getattr(module, attr)):
-            setattr(module, attr, _wrap(getattr(module, attr), interpret))
-        elif attr.startswith("_og_") and callable(getattr(module, attr)) and not interpret:
-            # Helpers stay plain functions for the interpreter, which runs them as Python.
-            import triton
+    return path
 
-            setattr(module, attr, triton.jit(getattr(module, attr)))
+
+def module_name(source: str, interpret: bool) -> str:
+    return f"opgraph_generated_{source_hash(source)}_{'interp' if interpret else 'jit'}"
+
+
+def load_module(source: str, *, interpret: bool) -> ModuleType:
+    """Import generated source; every top-level function named `kernel*` becomes a Triton kernel
+    and every `_og_*` function a Triton device function (compile_worker.exec_generated, which the
+    compile workers share, so both sides hash the same kernels)."""
+    key = (source_hash(source), interpret)
+    if key in _MODULES:
+        return _MODULES[key]
+    module = exec_generated(str(module_file(source)), module_name(source, interpret), jit=not interpret)
     _MODULES[key] = module
     return module
-
-
-def _wrap(fn: Any, interpret: bool) -> Any:
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(fn)
-    import triton
-
-    return triton.jit(fn)

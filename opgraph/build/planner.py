@@ -1,0 +1,194 @@
+"""The planner: partition a finalized graph, rank and filter each piece's engine configs (heuristics or
+tuning), compile the chosen kernels. Its result, a `Schedule`, is what the runtime's ExecutionPlan runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..core.config import EngineConfig, HeurMode, as_modes
+from ..core.device import Device, resolve_device
+from ..core.errors import ExecutionError, GraphError, UnsupportedGraphError
+from ..core.ir import FinalGraph
+from ..core.piece import Piece
+from ..engines import get_engine
+from ..engines.base import Engine, Kernel
+from .autotune import TuningCache, tune
+from .compile import compile_steps
+from .filters import OPTIONS as FILTER_OPTIONS, ConfigFilter
+from .heuristics import PieceConfigs, rank_configs
+from .partition import Cut, partition
+
+log = logging.getLogger("opgraph.build")
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    piece: Piece
+    config: EngineConfig
+    kernel: Kernel = field(compare=False, repr=False)
+    alternatives: tuple[EngineConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The planner's result: the (possibly by-reference) graph, the device, the steps in order and the
+    cuts between pieces with every engine's reason."""
+
+    graph: FinalGraph
+    device: Device
+    steps: tuple[Step, ...]
+    cuts: tuple[Cut, ...]
+    stats: dict[str, Any] = field(default_factory=dict, compare=False)  # where the build's time went
+
+
+def default_engines(device: Device) -> list[str]:
+    """In order of preference: generated kernels, then a library conv/matmul with generated kernels
+    around it, then a cuDNN frontend graph (where nvidia-cudnn-frontend is installed), then op-by-op
+    PyTorch (which runs any op) on CUDA; the reference engine on the CPU. Engines that are not
+    available on the device are left out of the build."""
+    return ["reference"] if not device.is_cuda else ["triton", "library", "cudnn", "torch"]
+
+
+def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
+    if isinstance(names, str):
+        names = [names]
+    chosen = list(names) if names is not None else default_engines(device)
+    if not chosen:
+        raise UnsupportedGraphError(
+            f"no engine is available for {device}", rule="engine.none",
+            hint="build with device='cpu' to use the reference engine",
+        )
+    engines = [get_engine(n) for n in chosen]
+    usable = [e for e in engines if e.available(device).ok]
+    if not usable:
+        reasons = "; ".join(f"{e.name}: {e.available(device).reason}" for e in engines)
+        raise UnsupportedGraphError(
+            f"none of the engines {chosen} can run on {device} ({reasons})", rule="engine.unavailable",
+            hint="pick engines available on this device, or another device",
+        )
+    return usable
+
+
+def _all_by_reference(graph: FinalGraph) -> FinalGraph:
+    """The graph with every bound (non-virtual, not pass-by-value) tensor by reference."""
+    tensors = {u: (dataclasses.replace(t, is_by_reference=True) if not t.is_virtual and not t.is_pass_by_value else t)
+               for u, t in graph.tensors.items()}
+    return dataclasses.replace(graph, tensors=tensors)
+
+
+def engine_configs(
+    graph: FinalGraph, *, heur_mode: Any = None, device: Any = None, engines: Sequence[str] | None = None
+) -> list[PieceConfigs]:
+    dev = resolve_device(device)
+    usable = _engines(engines, dev)
+    pieces, _ = partition(graph, usable, dev)
+    return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
+
+
+def plan_steps(
+    graph: FinalGraph,
+    *,
+    heur_mode: Any = None,
+    device: Any = None,
+    engines: Sequence[str] | None = None,
+    allow_partition: bool = True,
+    autotune: bool = False,
+    **options: Any,
+) -> Schedule:
+    """Partition `graph`, rank every piece's configs (or time them: `autotune`) and compile the chosen
+    one: the steps an ExecutionPlan runs. Options are Graph.build's."""
+    by_reference = options.pop("by_reference", False)
+    compile_mode = options.pop("compile", "parallel")
+    filters = ConfigFilter.from_options({k: options.pop(k) for k in FILTER_OPTIONS if k in options})
+    if options:
+        raise TypeError(f"build() got unexpected option(s): {', '.join(sorted(options))}")
+    if by_reference:
+        graph = _all_by_reference(graph)
+    dev = resolve_device(device)
+    if autotune and dev.is_cuda:
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            raise GraphError(
+                "build(autotune=True) was called while a CUDA graph is being captured: timing candidates "
+                "synchronises the device, which breaks the capture", rule="autotune.capturing",
+                hint="build (and tune) before capturing; the cache makes later builds time nothing",
+            )
+    usable = _engines(engines, dev)
+    modes = as_modes(heur_mode)
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {"kernels_s": {}}
+    pieces, cuts = partition(graph, usable, dev, allow_partition=allow_partition)
+    stats["partition_s"] = time.perf_counter() - t0
+    log.info("partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable],
+             len(pieces))
+    for cut in cuts:
+        log.info("  not fused before %s: %s", cut.node.label(), "; ".join(f"{e}: {w}" for e, w in cut.reasons))
+    cache = TuningCache() if autotune else None
+    steps = []
+    for piece in pieces:
+        ranked = rank_configs(piece, usable, dev, modes)
+        configs, dropped = filters.keep(ranked.configs)
+        if not configs:
+            reasons = "; ".join([*(f"{n}: {why}" for n, why in ranked.declined),
+                                 *(f"{c} filtered out: {why}" for c, why in dropped)]) or "no config in these modes"
+            raise UnsupportedGraphError(
+                f"no engine config for {piece.label()} in heuristic modes "
+                f"{[m.name for m in modes]} ({reasons})", op=piece.nodes[0].label(), rule="engine.no_config",
+                hint="add HeurMode.FALLBACK to heur_mode, allow more engines, or relax the build's note, "
+                     "engine and workspace filters" if dropped else
+                     "add HeurMode.FALLBACK to heur_mode, or allow more engines",
+            )
+        if autotune:
+            candidates, _ = filters.keep(rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs)
+            config, kernel, others, _ = tune(piece, candidates, dev, [e.name for e in usable], cache, filters)
+            steps.append(Step(len(steps), piece, config, kernel, others))
+            continue
+        for name, why in ranked.declined:
+            log.info("  %s: %s declined: %s", piece.label(), name, why)
+        for config, why in dropped:
+            log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+        t1 = time.perf_counter()
+        config, kernel = _first_within_workspace(piece, configs, dev, filters)
+        stats["kernels_s"][config.engine] = stats["kernels_s"].get(config.engine, 0.0) + time.perf_counter() - t1
+        steps.append(Step(len(steps), piece, config, kernel, tuple(c for c in configs if c is not config)))
+    stats["plan_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    steps, stats["compile"] = compile_steps(steps, dev, compile_mode)
+    stats["compile_s"] = time.perf_counter() - t1
+    return Schedule(graph, dev, tuple(steps), tuple(cuts), stats)
+
+
+def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: Device,
+                            filters: ConfigFilter) -> tuple[EngineConfig, Kernel]:
+    """The first config (in rank order) that compiles and whose kernel's workspace passes the build's
+    limit, compiled. A config that fails to compile (a library plan its own support check accepted,
+    then could not build) gives way to the next one; if all fail, the first failure is raised."""
+    too_big = []
+    failed: list[GraphError] = []
+    for config in configs:
+        t0 = time.perf_counter()
+        try:
+            kernel = get_engine(config.engine).compile(piece, config, dev)
+        except ExecutionError as err:
+            log.info("  %s: %s failed to compile, trying the next config: %s", piece.label(), config, err)
+            failed.append(err)
+            continue
+        why = filters.rejects_kernel(kernel)
+        if why is None:
+            log.info("  %s -> %s (%d candidate configs; compiled in %.1f ms)", piece.label(), config,
+                     len(configs), (time.perf_counter() - t0) * 1e3)
+            return config, kernel
+        log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+        too_big.append(f"{config}: {why}")
+    if failed and not too_big:
+        raise failed[0]
+    raise UnsupportedGraphError(
+        f"every engine config of {piece.label()} needs more workspace than the build allows "
+        f"({'; '.join(too_big)})", op=piece.nodes[0].label(), rule="engine.workspace_limit",
+        hint="raise deselect_workspace_greater_than, or add HeurMode.B / FALLBACK for more candidates")
