@@ -67,12 +67,18 @@ def driver() -> _Driver:
     return _DRIVER
 
 
+_THREAD = threading.local()
+
+
 def ensure_context(device_index: int) -> None:
     """Make the device's primary context current in this thread if no context is (a thread that has
-    not touched CUDA yet); a launch needs one."""
+    not touched CUDA yet); a launch needs one. Checked with the driver once per thread."""
+    if getattr(_THREAD, "checked", None) == device_index:
+        return
     d = driver()
     ctx = ctypes.c_void_p()
     d.lib.cuCtxGetCurrent(ctypes.byref(ctx))
+    _THREAD.checked = device_index
     if not ctx.value:
         dev = ctypes.c_int()
         d.check(d.lib.cuDeviceGet(ctypes.byref(dev), device_index), "get the device")
