@@ -201,12 +201,21 @@ def phase_host(results: dict[str, Any]) -> None:
 
 
 # -- networks -----------------------------------------------------------------------------------------
+class _Stamps(dict):
+    """Stage times, also printed to stderr as they happen (a child that times out still says where)."""
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        print(f"STAMP {key} {value:.2f} (at {time.perf_counter() - T_START:.1f} s)", file=sys.stderr, flush=True)
+
+
 def _network(name: str, batch: int) -> dict[str, Any]:
     """In a child process: build the training step of `name` and run it once; with --timing also
     time it against eager PyTorch and save the plan."""
     import torch
 
-    stamps = {"import_torch_s": time.perf_counter() - T_START}
+    stamps = _Stamps()
+    stamps["import_torch_s"] = time.perf_counter() - T_START
     import torchvision.models as tvm
 
     import opgraph as og
@@ -232,6 +241,8 @@ def _network(name: str, batch: int) -> dict[str, Any]:
     t = time.perf_counter()
     plan = cs.step.graph.build(device="cuda")
     stamps["build_s"] = time.perf_counter() - t
+    print("BUILD", json.dumps(_jsonable(plan.build_stats)), _count(s.config.engine for s in plan.steps),
+          file=sys.stderr, flush=True)
     pack = cs.pack(x, torch.eye(1000, device="cuda", dtype=torch.float16)[labels], lr=0.0, momentum=0.9)
     t = time.perf_counter()
     plan.execute(pack)
@@ -284,9 +295,11 @@ def _timing(model: Any, x: Any, labels: Any, plan: Any, pack: Any, cs: Any) -> d
     eager_ms = wall_ms(eager)
     og_ms = wall_ms(og_step)
     host = host_us(og_step, rounds=7, burst=1)
+    host_execute = host_us(lambda: plan.execute(pack), rounds=7, burst=1)
     device = device_us(og_step, host)
     return {"relerr": og_err, "eager_relerr": eager_err, "eager_ms": eager_ms, "execute_ms": og_ms,
-            "ratio": og_ms / eager_ms, "host_us_per_step": host, "device_us_per_step": device,
+            "ratio": og_ms / eager_ms, "host_us_per_step": host, "host_execute_us": host_execute,
+            "device_us_per_step": device,
             "by_engine": _host_by_engine(plan, pack)}
 
 
@@ -341,11 +354,13 @@ def _load(path: str) -> dict[str, Any]:
         t = torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device="cuda")
         t.copy_(torch.randn(d.dim, device="cuda").mul_(0.1)) if d.data_type.is_floating else t.zero_()
         pack[uid] = t
+    t1 = time.perf_counter()
     plan.execute(pack)
     torch.cuda.synchronize()
     total = time.perf_counter() - t0
-    built = sum(1 for s in plan.steps if s.config.engine == "cudnn" and getattr(s.kernel, "serialized", None) is None)
-    return {"import_torch_s": t_torch, "load_s": t_loaded, "beyond_torch_s": total, "compiled": dict(compiler.STATS),
+    first = time.perf_counter() - t1
+    built = sum(1 for s in plan.steps if s.config.engine == "cudnn" and not getattr(s.kernel, "deserialized", True))
+    return {"import_torch_s": t_torch, "load_s": t_loaded, "first_execute_s": first, "beyond_torch_s": total, "compiled": dict(compiler.STATS),
             "cudnn_built": built, "steps": len(plan.steps), "build_stats": _jsonable(plan.build_stats)}
 
 
@@ -366,8 +381,11 @@ def _child(args: list[str], env: dict[str, str], timeout: float) -> dict[str, An
         proc = subprocess.run([sys.executable, "-m", "bench.runtime", *args], env={**os.environ, **env},
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or "")[-1500:] if isinstance(err.stderr, str) else ""
-        return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0, "stderr": tail}
+        tail = err.stderr or ""
+        if isinstance(tail, bytes):
+            tail = tail.decode(errors="replace")
+        return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0,
+                "stderr": tail[-3000:]}
     wall = time.perf_counter() - t0
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if proc.returncode or line is None:

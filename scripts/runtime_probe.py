@@ -72,6 +72,10 @@ def cudnn() -> bool:
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(50, exit=True)  # a hang shows where it hangs
     which = sys.argv[1]
     ok = {"triton": triton, "cudnn": cudnn}[which]()
     print("PROBE", which, "OK" if ok else "WRONG", os.environ.get("OPGRAPH_LAUNCH"), flush=True)

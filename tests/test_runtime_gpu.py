@@ -137,6 +137,7 @@ def test_every_stream_form_runs_every_step_on_that_stream():
     wv = _cl(torch.randn(64, 64, 1, 1, device="cuda", dtype=torch.float16) / 8)
     want = torch.relu(torch.nn.functional.conv2d(torch.relu(xv.float()), wv.float())).half()
     side = torch.cuda.Stream()
+    plan.execute({x: xv, w: wv, y: torch.empty_like(xv)})  # bound and loaded: the launches below are quick
     for form in (side, side.cuda_stream, _ProtocolStream(side), torch.cuda.ExternalStream(side.cuda_stream)):
         yv = _cl(torch.full((8, 64, 16, 16), float("nan"), device="cuda", dtype=torch.float16))
         torch.cuda.synchronize()
@@ -171,6 +172,8 @@ def test_capture_records_go_with_their_graph_and_keep_no_pack():
     torch.cuda.synchronize()
     torch.testing.assert_close(yv, _want(xv, bv))
     assert len(plan._captures) == 1
+    x2, b2, y2 = _buffers()
+    plan.execute({x: x2, b: b2, y: y2})  # the plan binds these now; only the record could hold xv
     del graph, xv
     gc.collect()
     assert len(plan._captures) == 0

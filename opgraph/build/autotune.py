@@ -16,17 +16,18 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from .filters import ConfigFilter
-from ..core.device import Device
-from ..engines import get_engine
 from ..core.config import EngineConfig
-from ..engines.base import Kernel
+from ..core.device import Device
 from ..core.errors import GraphError, UnsupportedGraphError
 from ..core.paths import cache_root
 from ..core.piece import Piece
+from ..engines import get_engine
+from ..engines.base import Kernel
+from .filters import ConfigFilter
 
 log = logging.getLogger("opgraph.autotune")
 

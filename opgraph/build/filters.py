@@ -5,12 +5,13 @@ config of every piece must pass, in heuristic ranking and autotuning alike."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..core.config import BehaviorNote, EngineConfig, NumericalNote
-from ..engines.base import Kernel
 from ..core.errors import AttributeValueError
+from ..engines.base import Kernel
 
 OPTIONS = ("select_numeric_notes", "deselect_numeric_notes", "select_behavior_notes", "deselect_behavior_notes",
            "deselect_engines", "deselect_workspace_greater_than")

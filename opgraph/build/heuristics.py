@@ -11,15 +11,16 @@ Engines are ranked in the build's order of preference, except where an engine's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig, HeurMode, Support
 
 if TYPE_CHECKING:
     from ..core.device import Device
-    from ..engines.base import Engine
     from ..core.piece import Piece
+    from ..engines.base import Engine
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..core.config import EngineConfig, HeurMode, as_modes
 from ..core.device import Device, resolve_device
@@ -18,7 +19,8 @@ from ..engines import get_engine
 from ..engines.base import Engine, Kernel
 from .autotune import TuningCache, tune
 from .compile import compile_steps
-from .filters import OPTIONS as FILTER_OPTIONS, ConfigFilter
+from .filters import OPTIONS as FILTER_OPTIONS
+from .filters import ConfigFilter
 from .heuristics import PieceConfigs, rank_configs
 from .partition import Cut, partition
 

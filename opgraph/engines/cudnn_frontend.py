@@ -136,6 +136,17 @@ def _pointwise_problem(node: Node) -> str | None:
     return None
 
 
+CANON_BASE = 1 << 20
+
+
+def canonical_uids(piece: Piece) -> dict[int, int]:
+    """The UIDs a piece's cuDNN graph gives its inputs and outputs: by position (CANON_BASE + i), not
+    the piece's own, so that a plan built (and serialized) for one piece serves every piece with the
+    same signature (the repeated blocks of a network). Far above the frontend's own numbering of
+    virtual tensors."""
+    return {u: CANON_BASE + i for i, u in enumerate((*piece.inputs, *piece.outputs))}
+
+
 class _Lowering:
     """Builds the cuDNN pygraph of a piece (the graph only: planning is the caller's)."""
 
@@ -147,10 +158,11 @@ class _Lowering:
                                    compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         self.tensors: dict[int, Any] = {}
         self.by_value: list[int] = []
+        self.canon = canonical_uids(piece)
         for uid in piece.inputs:
             t = piece.tensor(uid)
             self.tensors[uid] = self.graph.tensor(
-                dim=list(t.dim), stride=list(t.stride), data_type=_dtype(cudnn, t.data_type), uid=uid,
+                dim=list(t.dim), stride=list(t.stride), data_type=_dtype(cudnn, t.data_type), uid=self.canon[uid],
                 is_pass_by_value=t.is_pass_by_value, name=f"t{uid}")
             if t.is_pass_by_value:
                 self.by_value.append(uid)
@@ -196,7 +208,7 @@ class _Lowering:
             desc = self.piece.tensor(uid)
             t.set_data_type(_dtype(self.cudnn, desc.data_type)).set_dim(list(desc.dim)).set_stride(list(desc.stride))
             if uid in self.piece.outputs:
-                t.set_output(True).set_uid(uid)
+                t.set_output(True).set_uid(self.canon[uid])
             self.tensors[uid] = t
 
 
@@ -287,12 +299,14 @@ class CudnnKernel(Kernel):
         self.graph: Any = None
         self.index = index
         self.cpp_index = -1  # the backend's position of the plan; -1: the graph's built plan
+        self.deserialized = False  # built here (False) or loaded from the cache or a plan file
         data = cudnn_launch.stored(self.key)
         if data is not None:
             try:
                 self.graph = cudnn_launch.deserialize(self.handle, data)
                 self.scratch_bytes = int(self.graph.get_workspace_size())
                 self.serialized = data
+                self.deserialized = True
             except Exception as err:  # noqa: BLE001 - another cuDNN's plan, or a damaged file: build it
                 log.info("%s: the stored cuDNN plan does not load (%s); building it", piece.label(), err)
                 self.graph = None
@@ -302,6 +316,7 @@ class CudnnKernel(Kernel):
 
         self._torch_device = torch.device(device.torch_name)
         self.uids = (*piece.inputs, *piece.outputs)
+        self.canon = canonical_uids(piece)  # piece UID -> the cuDNN graph's
         # one host float per pass-by-value scalar (cuDNN copies it at launch)
         self.host_scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self.uids
                              if piece.tensor(u).is_pass_by_value}
@@ -356,7 +371,7 @@ class CudnnKernel(Kernel):
         cudnn_launch._set_stream(self.handle, _Slot(int(raw)))
         workspace = scratch if self.scratch_bytes else None
         lowered = cudnn_launch.lowered_of(self.graph)
-        ptrs = {u: t.data_ptr() for u, t in pack.items()}
+        ptrs = {self.canon[u]: t.data_ptr() for u, t in pack.items()}
         ws = workspace.data_ptr() if workspace is not None else 0
         try:
             if self.cpp_index >= 0 and hasattr(lowered, "_execute_plan_at_index"):
@@ -364,7 +379,8 @@ class CudnnKernel(Kernel):
             elif self.cpp_index < 0 and hasattr(lowered, "_execute"):
                 lowered._execute(ptrs, ws, self.handle.backend_handle, None, None, None)
             else:
-                self.graph.execute_plan_at_index(pack, workspace, index=self.index, handle=self.handle)
+                self.graph.execute_plan_at_index({self.canon[u]: t for u, t in pack.items()}, workspace,
+                                                 index=self.index, handle=self.handle)
         except Exception as err:  # noqa: BLE001
             raise ExecutionError(f"cuDNN failed to execute: {type(err).__name__}: {err}",
                                  op=self.piece.nodes[0].label(), rule="cudnn.execute",

@@ -62,7 +62,7 @@ def environment(device_index: int) -> dict[str, Any]:
 
 
 def plan_key(signature: Any, knobs: Any, device_index: int) -> str:
-    doc = {"piece": signature, "knobs": knobs, "env": environment(device_index)}
+    doc = {"piece": signature, "knobs": knobs, "env": environment(device_index), "uids": "canonical"}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -217,29 +217,30 @@ class CudnnLauncher(Launcher):
         self.handle = kernel.handle
         self.ws = int(scratch.data_ptr()) if scratch is not None and kernel.scratch_bytes else 0
         binding.preludes[("cudnn-stream", id(self.handle))] = (_set_stream, (self.handle, binding.stream))
-        uids = set(kernel.uids)
+        canon = kernel.canon  # piece UID -> the cuDNN graph's
+        ours = {c: u for u, c in canon.items()}
         lowered = lowered_of(kernel.graph)
         mode = launch_mode()
         order = raw_order(lowered) if mode == "raw" else None
-        if order is not None and not set(order) <= uids:
+        if order is not None and not set(order) <= set(ours):
             order = None
         self.slots: dict[int, int] = {}
         if order is not None:
             self.array = (ctypes.c_void_p * len(order))()
-            self.slots = {u: i for i, u in enumerate(order)}
-            for u in order:
-                self.array[self.slots[u]] = self._address(u)
+            self.slots = {ours[c]: i for i, c in enumerate(order)}
+            for u, i in self.slots.items():
+                self.array[i] = self._address(u)
             self.calls = [(lowered._execute_with_raw_ptrs,
                            (ctypes.addressof(self.array), len(order), self.ws, self.handle.backend_handle,
                             kernel.cpp_index))]
             self.mode = "raw"
         elif mode in ("raw", "dict") and kernel.cpp_index >= 0 and hasattr(lowered, "_execute_plan_at_index"):
-            self.pointers = {u: self._address(u) for u in kernel.uids}
+            self.pointers = {canon[u]: self._address(u) for u in kernel.uids}
             self.calls = [(lowered._execute_plan_at_index,
                            (self.pointers, self.ws, kernel.cpp_index, self.handle.backend_handle, None, None, None))]
             self.mode = "dict"
         elif mode in ("raw", "dict") and kernel.cpp_index < 0 and hasattr(lowered, "_execute"):
-            self.pointers = {u: self._address(u) for u in kernel.uids}
+            self.pointers = {canon[u]: self._address(u) for u in kernel.uids}
             self.calls = [(lowered._execute, (self.pointers, self.ws, self.handle.backend_handle, None, None, None))]
             self.mode = "dict"
         else:
@@ -260,8 +261,8 @@ class CudnnLauncher(Launcher):
                 slot = self.slots.get(uid)
                 if slot is not None:
                     self.array[slot] = self._address(uid)
-            elif self.mode == "dict" and uid in self.pointers:
-                self.pointers[uid] = self._address(uid)
+            elif self.mode == "dict" and self.kernel.canon.get(uid) in self.pointers:
+                self.pointers[self.kernel.canon[uid]] = self._address(uid)
             elif uid in self.kernel.host_scalars:
                 self._address(uid)
         return False

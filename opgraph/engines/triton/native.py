@@ -25,7 +25,7 @@ from typing import Any
 
 from ...core.errors import ExecutionError
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # load() holds it and may create the driver
 _DRIVER: Any = None
 _LOADED: dict[tuple[str, int], tuple[int, int]] = {}  # (binary key, device) -> (module, function)
 
