@@ -155,14 +155,30 @@ def _conv_plan(count: int) -> tuple[Any, dict[Any, Any], Any]:
     return plan, pack, outs
 
 
+class _Env:
+    """Environment variables set for a block, restored after it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env, self.saved = env, {k: os.environ.get(k) for k in env}
+
+    def __enter__(self) -> None:
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc: Any) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def phase_host(results: dict[str, Any]) -> None:
     import torch
 
     rows = []
     modes = [("native", {}), ("Triton JIT launch (reference)", {"OPGRAPH_LAUNCH": "jit"})]
     for label, env in modes:
-        os.environ.update(env)
-        try:
+        with _Env(env):
             plan, pack, (out, ref) = _chain_plan(16)
             out.fill_(float("nan"))
             plan.execute(pack)
@@ -171,15 +187,13 @@ def phase_host(results: dict[str, Any]) -> None:
             launches = sum(len(s.kernel.generated.launches) for s in plan.steps)
             us = host_us(lambda plan=plan, pack=pack: plan.execute(pack))
             rows.append({"what": "generated kernels", "path": label, "steps": len(plan.steps), "launches": launches,
-                         "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err})
-        finally:
-            for k in env:
-                os.environ.pop(k, None)
+                         "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
+                         "launch_kinds": _count(type(x).__name__ for launcher in plan._prepare(pack, None).launchers
+                                                for x in getattr(launcher, "launches", ()))})
     modes = [("raw pointer array", {}), ("uid dict (reference)", {"OPGRAPH_CUDNN_LAUNCH": "dict"}),
              ("frontend execute (reference)", {"OPGRAPH_CUDNN_LAUNCH": "execute"})]
     for label, env in modes:
-        os.environ.update(env)
-        try:
+        with _Env(env):
             plan, pack, outs = _conv_plan(8)
             engines = sorted({s.config.engine for s in plan.steps})
             for y, _ in outs:
@@ -191,9 +205,6 @@ def phase_host(results: dict[str, Any]) -> None:
             rows.append({"what": f"cuDNN steps ({'/'.join(engines)})", "path": label, "steps": len(plan.steps),
                          "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
                          "mode": getattr(plan._prepare(pack, None).launchers[0], "mode", None)})
-        finally:
-            for k in env:
-                os.environ.pop(k, None)
     for r in rows:
         print(f"   host: {r['what']:28s} {r['path']:32s} {r['us_per_step']:7.2f} us/step "
               f"({r['steps']} steps, relerr {r['relerr']:.1e})", flush=True)

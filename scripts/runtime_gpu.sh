@@ -28,7 +28,7 @@ python3 -c "import torchvision; print('torchvision', torchvision.__version__)" 2
 # probes in their own processes: a launch path that crashes is turned off, not the whole run
 PYTHONFAULTHANDLER=1 timeout 90 python3 scripts/runtime_probe.py triton >"$OUT/probe_triton.log" 2>&1 || { echo "native Triton launch probe failed: OPGRAPH_LAUNCH=jit"; tail -5 "$OUT/probe_triton.log"; export OPGRAPH_LAUNCH=jit; }
 PYTHONFAULTHANDLER=1 timeout 90 python3 scripts/runtime_probe.py cudnn >"$OUT/probe_cudnn.log" 2>&1 || { echo "cuDNN raw launch probe failed: OPGRAPH_CUDNN_LAUNCH=dict"; tail -5 "$OUT/probe_cudnn.log"; export OPGRAPH_CUDNN_LAUNCH=dict; }
-tail -3 "$OUT/probe_triton.log" "$OUT/probe_cudnn.log"
+tail -n 4 "$OUT/probe_triton.log" "$OUT/probe_cudnn.log"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   OPGRAPH_COMPILE_WORKERS=${TEST_WORKERS:-4} timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 ${TESTS:-tests/test_runtime_gpu.py tests/test_plan_gpu.py tests/test_cudagraph_gpu.py tests/engines/test_cudnn_frontend.py} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
