@@ -413,7 +413,7 @@ def phase_models(results: dict[str, Any], models: list[str], deadline: float) ->
         caches = tempfile.mkdtemp(prefix=f"rt_{name}_")
         env = {"OPGRAPH_CACHE_DIR": f"{caches}/og", "TRITON_CACHE_DIR": f"{caches}/triton", "PYTHONUNBUFFERED": "1"}
         plan_path = f"{caches}/{name}.ogplan"
-        for stage, extra, limit in (("cold", {}, 240), ("warm", {"RT_TIMING": "1", "RT_SAVE": plan_path}, 240)):
+        for stage, extra, limit in (("cold", {}, 130), ("warm", {"RT_TIMING": "1", "RT_SAVE": plan_path}, 130)):
             left = deadline - time.perf_counter()
             if left < 30:
                 row[stage] = {"error": "skipped: the run's time budget is spent"}
@@ -422,7 +422,7 @@ def phase_models(results: dict[str, Any], models: list[str], deadline: float) ->
             print(f"   {name} {stage}: {_short(row[stage])}", flush=True)
         left = deadline - time.perf_counter()
         if os.path.exists(plan_path) and left > 20:
-            row["load"] = _child(["--child-load", plan_path], env, min(120, left - 5))
+            row["load"] = _child(["--child-load", plan_path], env, min(60, left - 5))
             print(f"   {name} load: {_short(row['load'])}", flush=True)
 
 
