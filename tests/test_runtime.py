@@ -245,3 +245,27 @@ def test_kernels_compile_in_workers_each_once_and_are_reused(tmp_path, monkeypat
         pool.close()
         artifacts.clear()
         compiler._BINARIES.clear()
+
+
+@requires_interpreter
+def test_a_saved_training_step_runs_like_the_built_one(rng):
+    """A training step updates parameters and velocities in place, and later ops read the updated
+    value under the same UID. Plan files lost that: the graph file's reader gave every op the old
+    value, so a loaded step differed (caught by the kernel-source check) or did not load."""
+    from .test_training import _tiny, init_pack, new_batch, feed
+
+    g, loss, params = _tiny()
+    step = og.training.sgd_momentum(g, loss, params)
+    f = step.graph.final
+    plan = step.graph.build(device="cpu", engines=["triton"])
+    loaded = og.ExecutionPlan.from_bytes(plan.to_bytes())
+    assert [loaded.source(i) for i in range(len(loaded.steps))] == [plan.source(i) for i in range(len(plan.steps))]
+    start = init_pack(step, rng)
+    packs = [{u: og.testing.clone(v) for u, v in start.items()} for _ in range(2)]
+    for _ in range(2):
+        x, _, onehot = new_batch(f, rng)
+        for p, pack in zip((plan, loaded), packs):
+            feed(pack, f, x, onehot)
+            p.execute(pack)
+    for uid in (*step.params, step.loss.uid):
+        np.testing.assert_array_equal(packs[1][uid], packs[0][uid])

@@ -387,6 +387,10 @@ class CudnnKernel(Kernel):
                                  hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])") from err
 
 
+    def lowered_is_deserialized(self) -> bool:
+        return self.deserialized
+
+
 class _Slot:
     __slots__ = ("handle",)
 

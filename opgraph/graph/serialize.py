@@ -158,6 +158,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                                      rule="json.operand")
 
         out_handles = []
+        updated: dict[int, Any] = {}
         for role in op.output_roles():
             uid = outs.get(role)
             if uid is None:
@@ -171,9 +172,11 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                 handles_out = g.tensor(dim=e["dim"], stride=e["stride"], data_type=e["data_type"],
                                        name=e.get("name", ""), uid=uid)
                 out_handles.append(handles_out)
+                updated[uid] = handles_out
             else:
                 out_handles.append(handles[uid])
         g._add_op(op, [operand(r) for r in op.input_roles()], name=_field(o, "name", str, where, ""),
                   compute_data_type=as_data_type(_field(o, "compute_data_type", str, where)),
                   out_handles=out_handles)
+        handles.update(updated)  # ops are listed in execution order: the ones after an update read its result
     return g.validate()
