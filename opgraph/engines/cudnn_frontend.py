@@ -386,7 +386,6 @@ class CudnnKernel(Kernel):
                                  op=self.piece.nodes[0].label(), rule="cudnn.execute",
                                  hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])") from err
 
-
     def lowered_is_deserialized(self) -> bool:
         return self.deserialized
 
