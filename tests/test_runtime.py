@@ -194,7 +194,8 @@ def _specs(graphs, target=("cuda", 90, 32)):
             for launch in k.generated.launches:
                 fn = getattr(module, launch.kernel)
                 out.append((compiler.make_spec(fn, str(module_file(src)), module_name(src, False), launch.kernel,
-                                               [k._arg_type(a) for a in launch.args], dict(launch.meta), target), fn))
+                                               [k._arg_type(a) for a in launch.args], dict(launch.meta), target,
+                                               compiler.canonical_digest(src)), fn))
     return out
 
 
@@ -269,3 +270,23 @@ def test_a_saved_training_step_runs_like_the_built_one(rng):
             p.execute(pack)
     for uid in (*step.params, step.loss.uid):
         np.testing.assert_array_equal(packs[1][uid], packs[0][uid])
+
+
+@requires_interpreter
+def test_kernels_that_differ_in_names_only_are_one_kernel(tmp_path, monkeypatch):
+    """Generated code names values by UID: the same block at two places of a network generates two
+    sources that differ in names only. They share one spec (one compilation); another computation
+    does not."""
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path))
+
+    def graph(shift: int, op: str) -> og.Graph:
+        g = og.Graph("blk", io_data_type=og.DataType.HALF)
+        x = g.tensor(dim=[4, 32], name="x", uid=1 + 100 * shift)  # another UID, as deeper in a network
+        getattr(g, op)(g.mul(x, 3.0)).set_output(True)
+        return g
+
+    specs = _specs([graph(0, "sigmoid"), graph(3, "sigmoid"), graph(0, "relu")])
+    sources = {fn.fn.__code__.co_filename for _, fn in specs}
+    assert len(sources) == 3  # three generated modules
+    keys = [spec.key for spec, _ in specs]
+    assert keys[0] == keys[1] != keys[2]

@@ -116,8 +116,9 @@ class TritonKernel(Kernel):
         if self._specs is None:
             path, name = str(module_file(self.generated.source)), module_name(self.generated.source, False)
             target = compiler.target_of(self.device.capability)
+            canonical = compiler.canonical_digest(self.generated.source)
             self._specs = [compiler.make_spec(getattr(self.module, l.kernel), path, name, l.kernel,
-                                              [self._arg_type(a) for a in l.args], dict(l.meta), target)
+                                              [self._arg_type(a) for a in l.args], dict(l.meta), target, canonical)
                            for l in self.generated.launches]
         return self._specs[i]
 

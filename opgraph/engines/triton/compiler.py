@@ -1,6 +1,9 @@
 """Compiling generated kernels before their first launch: specs, binaries and the registry.
 
-A `KernelSpec` is one generated kernel specialised for one launch: its parameters' types, the
+A `KernelSpec` is one generated kernel specialised for one launch: the generated module up to the
+names of its kernels' parameters and locals (generated code names values by UID, so the repeated
+blocks of a network generate kernels that differ in names only: `canonical_digest`), the kernel's
+parameters' types, the
 constexpr values, which pointers are 16-byte aligned (all of them: every buffer the runtime binds is
 checked for it, and an unaligned one takes Triton's own launch path), the options (warps, stages) and
 the GPU target. It is what Triton compiles, in this process or in a worker process
@@ -8,10 +11,10 @@ the GPU target. It is what Triton compiles, in this process or in a worker proce
 cubin and Triton's metadata, which opgraph's native launcher (native.py) loads and launches.
 
 Binaries live in a process-wide registry keyed by the spec's hash, so identical kernels (the repeated
-blocks of a network, or two plans of the same graph) compile once per process; Triton's on-disk cache
-keeps them across processes (`compile_all` reads a cached kernel's cubin and metadata without asking
-Triton to compile, so the main process never compiles what a worker did); plan files embed them
-(opgraph.engines.artifacts), so a loaded plan compiles nothing. `STATS["compiled"]` counts the
+blocks of a network, or two plans of the same graph) compile once; opgraph's kernel cache keeps them
+across processes (kernels/bin/<key>.cubin and .json beside the generated sources; the main process
+reads what a worker compiled from Triton's cache, without asking Triton to compile); plan files embed
+them (opgraph.engines.artifacts), so a loaded plan compiles nothing. `STATS["compiled"]` counts the
 kernels this process had compiled (by itself or its workers): the test hook for "nothing compiled".
 """
 
@@ -31,6 +34,7 @@ from typing import Any
 from ...core.dtypes import DataType
 from .. import artifacts
 from .compile_worker import compile_spec
+from .loader import cache_dir, source_hash
 
 log = logging.getLogger("opgraph.compile")
 
@@ -71,6 +75,58 @@ def scratch_type(dtype: str) -> str:
     return "*" + _canonical(dtype)
 
 
+_CANON: dict[str, str] = {}
+
+
+def _alpha_renamed(source: str) -> str:
+    """The module with each kernel's parameters and local variables renamed by order of appearance:
+    kernels that differ only in those names (UIDs, in generated code) become the same text."""
+    import ast
+
+    tree = ast.parse(source)
+    for fn in tree.body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("kernel")):
+            continue
+        local = {a.arg for a in fn.args.args}
+        local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        names: dict[str, str] = {}
+        for a in fn.args.args:
+            names.setdefault(a.arg, f"_a{len(names)}")
+        uses = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in local),
+                      key=lambda n: (n.lineno, n.col_offset))
+        for n in uses:
+            names.setdefault(n.id, f"_a{len(names)}")
+        for a in fn.args.args:
+            a.arg = names[a.arg]
+        for n in uses:
+            n.id = names[n.id]
+    return ast.unparse(tree)
+
+
+def canonical_digest(source: str) -> str:
+    """A hash of a generated module up to its kernels' parameter and local names (kept next to the
+    source in the kernel cache: og_<hash>.canon)."""
+    digest = source_hash(source)
+    found = _CANON.get(digest)
+    if found is not None:
+        return found
+    path = cache_dir() / f"og_{digest}.canon"
+    try:
+        found = path.read_text().strip()
+    except OSError:
+        found = ""
+    if len(found) != 32:
+        found = hashlib.sha256(_alpha_renamed(source).encode()).hexdigest()[:32]
+        try:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(found)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    _CANON[digest] = found
+    return found
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     path: str  # the generated module's file (this machine's cache)
@@ -81,6 +137,7 @@ class KernelSpec:
     aligned: tuple[int, ...]  # pointer parameters specialised as 16-byte aligned
     options: tuple[tuple[str, Any], ...]
     target: tuple[str, int, int]
+    canonical: str = ""  # canonical_digest of the module
 
     def job(self) -> dict[str, Any]:
         return {"path": self.path, "module": self.module, "kernel": self.kernel,
@@ -89,8 +146,12 @@ class KernelSpec:
 
     @cached_property
     def key(self) -> str:
-        """Everything that defines the compiled code (the machine's paths excluded)."""
-        doc = {k: v for k, v in self.job().items() if k != "path"}
+        """Everything that defines the compiled code: the module up to names, the kernel, its parameters'
+        types, constexprs, alignment, options, target and the Triton version (not names or paths)."""
+        doc = {"module": self.canonical or self.module, "kernel": self.kernel,
+               "types": [ty for _, ty in self.signature], "constexprs": [list(c) for c in self.constexprs],
+               "aligned": list(self.aligned), "options": [list(o) for o in self.options],
+               "target": list(self.target), "triton": triton_version()}
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
     @property
@@ -109,7 +170,7 @@ def param_names(fn: Any) -> list[str]:
 
 
 def make_spec(fn: Any, path: str, module: str, kernel: str, arg_types: Sequence[str],
-              meta: Mapping[str, Any], target: tuple[str, int, int]) -> KernelSpec | None:
+              meta: Mapping[str, Any], target: tuple[str, int, int], canonical: str = "") -> KernelSpec | None:
     """The spec of launching `fn` with runtime arguments of `arg_types` and `meta` (constexprs and
     options); None when a constexpr has no value here (Triton's JIT then decides)."""
     names = param_names(fn)
@@ -127,7 +188,7 @@ def make_spec(fn: Any, path: str, module: str, kernel: str, arg_types: Sequence[
     if not all(v is None or isinstance(v, (bool, int, float, str)) for _, v in options):
         return None
     aligned = tuple(i for i, ty in enumerate(arg_types) if ty.startswith("*"))
-    return KernelSpec(path, module, kernel, tuple(signature), tuple(constexprs), aligned, options, target)
+    return KernelSpec(path, module, kernel, tuple(signature), tuple(constexprs), aligned, options, target, canonical)
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,6 +215,32 @@ class KernelBinary:
 
 def _binary(spec: KernelSpec, metadata_text: str, cubin: bytes) -> KernelBinary:
     return KernelBinary(spec.key, cubin, json.loads(metadata_text), hashlib.sha256(cubin).hexdigest())
+
+
+def _bin_path(key: str) -> Path:
+    return cache_dir() / "bin" / key
+
+
+def _disk_get(spec: KernelSpec) -> KernelBinary | None:
+    base = _bin_path(spec.key)
+    try:
+        cubin = base.with_suffix(".cubin").read_bytes()
+        binary = _binary(spec, base.with_suffix(".json").read_text(), cubin)
+    except (OSError, ValueError):
+        return None
+    return binary if binary.meta("triton_version") == triton_version() else None
+
+
+def _disk_put(binary: KernelBinary) -> None:
+    base = _bin_path(binary.key)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for suffix, data in ((".json", json.dumps(binary.metadata).encode()), (".cubin", binary.cubin)):
+            tmp = base.with_suffix(f"{suffix}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, base.with_suffix(suffix))
+    except OSError as err:  # a read-only cache: compiled again next time
+        log.debug("cannot keep kernel %s: %s", binary.key, err)
 
 
 def registered(spec: KernelSpec) -> KernelBinary | None:
@@ -203,13 +290,16 @@ def _cached(spec: KernelSpec, fn: Any) -> KernelBinary | None:
 
 
 def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
-    """Compile (or find in Triton's cache) in this process, and register the binary."""
-    found = registered(spec) or _cached(spec, fn)
+    """Compile (or find in the caches) in this process, and register the binary."""
+    found = registered(spec) or _disk_get(spec)
     if found is None:
-        kernel, hit = compile_spec(fn, spec.job())
-        STATS["compiled" if not hit else "loaded"] += 1
-        meta_path = next(p for c, p in kernel.metadata_group.items() if c.endswith(".json"))
-        found = _binary(spec, Path(meta_path).read_text(), bytes(kernel.kernel))
+        found = _cached(spec, fn)
+        if found is None:
+            kernel, hit = compile_spec(fn, spec.job())
+            STATS["compiled" if not hit else "loaded"] += 1
+            meta_path = next(p for c, p in kernel.metadata_group.items() if c.endswith(".json"))
+            found = _binary(spec, Path(meta_path).read_text(), bytes(kernel.kernel))
+        _disk_put(found)
     else:
         STATS["loaded"] += found.key not in _BINARIES
     _BINARIES[spec.key] = found
@@ -238,7 +328,7 @@ def compile_all(specs: Mapping[str, tuple[KernelSpec, Any]], *, parallel: bool =
     for spec, fn in specs.values():
         if registered(spec) is not None:
             report.ready += 1
-        elif (found := _cached(spec, fn)) is not None:
+        elif (found := _disk_get(spec)) is not None:
             _BINARIES[spec.key] = found
             STATS["loaded"] += 1
             report.cached += 1
@@ -272,6 +362,7 @@ def compile_all(specs: Mapping[str, tuple[KernelSpec, Any]], *, parallel: bool =
                         report.failed[spec.key] = f"{type(err).__name__}: {err}"
                 if found is not None:
                     _BINARIES[spec.key] = found
+                    _disk_put(found)
             else:
                 report.failed[spec.key] = str(answer.get("error"))
                 log.info("compiling %s failed in a worker: %s", spec.kernel, answer.get("trace") or answer.get("error"))
