@@ -292,3 +292,75 @@ def test_cudnn_launch_paths_agree_and_plans_are_kept(tmp_path, monkeypatch):
     yv = torch.full_like(xv, float("nan"))
     again.execute({x: xv, w: wv, bias: bv, y: yv})
     torch.testing.assert_close(yv, outs["execute"][0], rtol=0, atol=0)
+
+
+def _scaled(by_reference: bool):
+    """y = relu(x * lr + b) * s: lr a device scalar, s a pass-by-value scalar."""
+    g = og.Graph("scaled", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=DIMS, stride=nhwc(DIMS), name="x", is_by_reference=by_reference)
+    b = g.tensor(dim=[1, 32, 1, 1], name="b")
+    lr = g.tensor(dim=[1], name="lr")
+    s = g.tensor(dim=[1], is_pass_by_value=True, name="s")
+    y = g.mul(g.relu(g.bias(g.mul(x, lr), b)), s).set_output(True).set_name("y").set_is_by_reference(by_reference)
+    g.validate()
+    return g, x, b, lr, s, y
+
+
+def test_a_stable_binding_replays_one_graph_that_sees_what_changes():
+    """After a few executes with nothing moved, the plan replays a CUDA graph of its launches; new data
+    and device scalars reach it, a moved buffer or a new pass-by-value scalar drops it (flat launches,
+    right results, a new graph later), and plan.auto_graph = False turns it off."""
+    import torch
+
+    g, x, b, lr, s, y = _scaled(False)
+    plan = g.build(device="cuda")
+    xv = _cl(torch.randn(*DIMS, device="cuda"))
+    bv, lv = torch.randn(1, 32, 1, 1, device="cuda"), torch.full((1,), 0.5, device="cuda")
+    yv = torch.full_like(xv, float("nan"))
+    pack = {x: xv, b: bv, lr: lv, s: 2.0, y: yv}
+
+    def check(scale):
+        torch.cuda.synchronize()
+        torch.testing.assert_close(yv, torch.relu(xv * lv + bv) * scale)
+
+    for i in range(6):
+        xv.copy_(torch.randn(*DIMS, device="cuda"))
+        lv.fill_(0.1 * (i + 1))
+        plan.execute(pack)
+        check(2.0)
+    ag = plan._bound_owned.autograph
+    assert (ag.captures, ag.replays) == (1, 4), (ag.captures, ag.replays)
+    pack[s] = 3.0  # baked into the launches: flat, then a new graph
+    for _ in range(4):
+        yv.fill_(float("nan"))
+        plan.execute(pack)
+        check(3.0)
+    assert ag.captures == 2
+    xv = _cl(torch.randn(*DIMS, device="cuda"))  # a new buffer, held by address
+    pack[x] = xv
+    plan.execute(pack)
+    check(3.0)
+    assert ag.graph is None
+    plan.auto_graph = False
+    replays = ag.replays
+    for _ in range(4):
+        plan.execute(pack)
+        check(3.0)
+    assert ag.replays == replays
+
+
+def test_a_graph_follows_table_addressed_buffers_without_a_new_capture():
+    import torch
+
+    g, x, b, lr, s, y = _scaled(True)
+    plan = g.build(device="cuda")
+    bv, lv = torch.randn(1, 32, 1, 1, device="cuda"), torch.full((1,), 0.5, device="cuda")
+    xs = [_cl(torch.randn(*DIMS, device="cuda")) for _ in range(2)]
+    ys = [torch.full_like(xs[0], float("nan")) for _ in range(2)]
+    for i in range(8):
+        k = i % 2 if i >= 4 else 0
+        plan.execute({x: xs[k], b: bv, lr: lv, s: 2.0, y: ys[k]})
+        torch.cuda.synchronize()
+        torch.testing.assert_close(ys[k], torch.relu(xs[k] * lv + bv) * 2.0)
+    ag = plan._bound_owned.autograph
+    assert ag.captures == 1 and ag.replays == 6, (ag.captures, ag.replays)

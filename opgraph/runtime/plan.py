@@ -69,6 +69,8 @@ class ExecutionPlan:
         self._bound_user: BoundPlan | None = None  # bound to the last workspace the user passed
         # CUDAGraph -> cudagraph.Capture, dropped with the graph
         self._captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # replay an internal CUDA graph of the launches while the binding is unchanged (runtime.autograph)
+        self.auto_graph = True
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> ExecutionPlan:
@@ -86,14 +88,18 @@ class ExecutionPlan:
         torch.cuda.Stream, an object with `__cuda_stream__`, or a raw cudaStream_t as an int
         (opgraph.runtime.streams)."""
         handle, torch_stream = self._streams(stream)
-        bound = self._prepare(variant_pack, workspace)
-        bound.binding.stream.set(handle)
-        if torch_stream is None or not bound.torch_steps:
-            bound.run()
+        if torch_stream is None:
+            self._execute(variant_pack, workspace, handle)
             return
         import torch
 
-        with torch.cuda.stream(torch_stream):
+        with torch.cuda.stream(torch_stream):  # the table's writes, PyTorch's steps and graph replays too
+            self._execute(variant_pack, workspace, handle)
+
+    def _execute(self, variant_pack: Mapping[Any, Any], workspace: Any, handle: int) -> None:
+        bound = self._prepare(variant_pack, workspace)
+        bound.binding.stream.set(handle)
+        if not bound.autograph.run():
             bound.run()
 
     def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 20) -> list[tuple[str, int, float]]:
