@@ -314,6 +314,8 @@ def test_a_stable_binding_replays_one_graph_that_sees_what_changes():
 
     g, x, b, lr, s, y = _scaled(False)
     plan = g.build(device="cuda")
+    assert plan.auto_graph is False  # opt-in
+    plan.auto_graph = True
     xv = _cl(torch.randn(*DIMS, device="cuda"))
     bv, lv = torch.randn(1, 32, 1, 1, device="cuda"), torch.full((1,), 0.5, device="cuda")
     yv = torch.full_like(xv, float("nan"))
@@ -354,6 +356,7 @@ def test_a_graph_follows_table_addressed_buffers_without_a_new_capture():
 
     g, x, b, lr, s, y = _scaled(True)
     plan = g.build(device="cuda")
+    plan.auto_graph = True
     bv, lv = torch.randn(1, 32, 1, 1, device="cuda"), torch.full((1,), 0.5, device="cuda")
     xs = [_cl(torch.randn(*DIMS, device="cuda")) for _ in range(2)]
     ys = [torch.full_like(xs[0], float("nan")) for _ in range(2)]

@@ -11,8 +11,10 @@ whose only moved tensors are table-addressed) all take effect without a new capt
 that a launch holds by address, a new pass-by-value scalar or another workspace drops the graph; the
 plan launches flat until it is stable again.
 
-Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured, never inside a capture of the
-caller's own, and never when `plan.auto_graph` is False or OPGRAPH_AUTOGRAPH=0. A capture that fails
+Opt-in for now: `plan.auto_graph = True` (or OPGRAPH_AUTOGRAPH=1 when plans are built). It was
+written after the last GPU session of issue 14 and is covered by GPU tests (tests/test_runtime_gpu.py)
+that have not run yet; flat launching is the measured default. Only plans whose every step is
+CUDA_GRAPH_CAPTURABLE are captured, never inside a capture of the caller's own. A capture that fails
 turns the feature off for that binding (flat launches, as without it). The graph's memory pool holds
 the temporaries of steps that run through PyTorch, for the binding's life.
 """
@@ -20,7 +22,6 @@ the temporaries of steps that run through PyTorch, for the binding's life.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from ..core.config import BehaviorNote
@@ -33,8 +34,8 @@ class AutoGraph:
     def __init__(self, bound: Any) -> None:
         plan = bound.plan
         self.bound = bound
-        self.enabled = (plan.device.is_cuda and os.environ.get("OPGRAPH_AUTOGRAPH", "1") not in ("0", "")
-                        and all(BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in plan.steps))
+        self.enabled = plan.device.is_cuda and all(
+            BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in plan.steps)
         self.graph: Any = None
         self.stable = 0
         self.captures = 0
@@ -80,3 +81,10 @@ class AutoGraph:
         self.graph = graph
         self.captures += 1
         return True
+
+
+def default() -> bool:
+    """Whether new plans replay internal graphs (OPGRAPH_AUTOGRAPH=1); off by default."""
+    import os
+
+    return os.environ.get("OPGRAPH_AUTOGRAPH", "0") not in ("0", "")

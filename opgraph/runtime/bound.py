@@ -18,11 +18,11 @@ Generated kernels launch natively from prebuilt argument tuples (engines/triton/
 foreign call, ~1-2 µs of host time, no Python per argument); cuDNN steps through the backend's
 execute with a prebuilt, UID-sorted pointer array (engines/cudnn_launch.py); PyTorch steps as
 before. Flat launching serves every plan and every call (new addresses, new scalars, host steps), but
-it still pays the driver's launch per kernel (a few µs each, measured on the H100 machine: about 4 µs
-for a generated kernel, about 15 µs for cuDNN's execute); so both: a capturable plan whose binding is
-stable replays an internal CUDA graph of the same calls (autograph.py), re-pointed through the
-address table where only table-addressed tensors moved, and falls back to flat launches whenever
-something it baked in changes.
+it still pays the driver's launch per kernel (measured on the H100 machine, 2026-11-25: about 4.5 µs
+per generated kernel, about 15 µs per cuDNN step, where cuDNN's own execute is most of it); so both:
+a capturable plan whose binding is stable can replay an internal CUDA graph of the same calls
+(autograph.py, opt-in until measured), re-pointed through the address table where only
+table-addressed tensors moved, falling back to flat launches whenever something it baked in changes.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from ..core.errors import GraphError
 from ..core.ir import FinalGraph
 from ..memory import workspace as wsp
 from ..memory.addresses import AddressTable
+from .autograph import default as autograph_default
 from .bindings import PackBinder
 from .bound import BoundPlan
 from .streams import StreamResolver
@@ -69,8 +70,9 @@ class ExecutionPlan:
         self._bound_user: BoundPlan | None = None  # bound to the last workspace the user passed
         # CUDAGraph -> cudagraph.Capture, dropped with the graph
         self._captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        # replay an internal CUDA graph of the launches while the binding is unchanged (runtime.autograph)
-        self.auto_graph = True
+        # replay an internal CUDA graph of the launches while the binding is unchanged (runtime.autograph;
+        # opt-in: OPGRAPH_AUTOGRAPH=1, or set it on a plan)
+        self.auto_graph = autograph_default()
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> ExecutionPlan:
