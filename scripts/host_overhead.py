@@ -28,27 +28,13 @@ for g in (conv_bias_relu(n=1, c=64, k=64, hw=8), batchnorm_relu(n=2, c=64, hw=8)
     plan.execute(pack)
     print(g.name, [s.config.knob("template") for s in plan.steps])
     print("  execute           %.1f us" % per_call(lambda: plan.execute(pack)))
-    print("  fast bind         %.1f us" % per_call(lambda: plan._fast.bind(pack)))
-    buffers = plan._bind(pack)
-    base, views = plan._workspace(None, buffers)
-    buffers.update(views)
-    step = plan.steps[0]
-    k = step.kernel
-    from opgraph.memory import workspace as wsp
-
-    scratch = wsp.scratch_view(base, plan.layout, 0)
-    print("  kernel.run        %.1f us" % per_call(lambda: k.run(buffers, None, scratch)))
-    for launch, launcher in zip(k.generated.launches, k.launchers):
-        print(f"  launcher {launch.kernel}: direct={launcher.direct} compiled={len(launcher.compiled)}")
-        args = [k._arg(a, buffers, scratch) for a in launch.args]
-        print("    launcher call   %.1f us" % per_call(lambda: launcher(args, None)))
-        if launcher.compiled:
-            ck = next(iter(launcher.compiled.values()))
-            h = torch.cuda.current_stream().cuda_stream
-            tail = launcher.tail or []
-            gx, gy, gz = launcher.grid
-            print("    ck.run raw      %.1f us" % per_call(
-                lambda: ck.run(gx, gy, gz, h, ck.function, ck.packed_metadata, None, None, None, *args, *tail)))
-        print("    fn[grid]        %.1f us" % per_call(lambda: launcher.fn[launcher.grid](*args, **launcher.meta), 500))
+    print("  bind (same pack)  %.1f us" % per_call(lambda: plan._binder.bind(pack)))
+    print("  bind (new dict)   %.1f us" % per_call(lambda: plan._binder.bind(dict(pack))))
+    bound = plan._prepare(pack, None)
+    print("  launches only     %.1f us" % per_call(bound.run))
+    for i, launcher in enumerate(bound.launchers):
+        calls = bound.step_calls(i)
+        print(f"  step {i}: {type(launcher).__name__}, {len(calls)} call(s)")
+        print("    calls           %.1f us" % per_call(lambda calls=calls: [fn(*a) for fn, a in calls]))
     x = torch.empty(1, device="cuda")
     print("  torch x.add_(1)   %.1f us" % per_call(lambda: x.add_(1)))

@@ -244,22 +244,11 @@ def test_triton_step_matches_the_reference_engine(rng):
 
 
 def _emulated_capture(plan, pack):
-    """What a captured CUDA graph holds: the buffers of `pack` as bound once (workspace included)
-    without the by-reference ones, which kernels read through the address table. `replay` runs the
-    kernels on exactly those buffers (what cudagraph.populate records; the interpreter runs it)."""
-    from opgraph.memory import workspace as wsp
-
-    buffers = plan._bind(pack)
-    base, views = plan._workspace(None, buffers)
-    buffers.update(views)
-    plan._table.update(buffers)
-    frozen = {u: b for u, b in buffers.items() if u not in plan._table.slots}
-
-    def replay():
-        for s in plan.steps:
-            s.kernel.run(frozen, None, wsp.scratch_view(base, plan.layout, s.index))
-
-    return replay
+    """What a captured CUDA graph holds: the plan bound once to the buffers of `pack` (workspace
+    included), its launches replayed as they are; by-reference tensors are read through the address
+    table (what cudagraph.populate records; the interpreter runs it)."""
+    bound = plan._prepare(pack, None)
+    return bound.run
 
 
 @pytest.mark.interpreter

@@ -70,8 +70,15 @@ def partition(
     cuts: list[Cut] = []
 
     def best(piece: Piece, limit: int) -> tuple[int | None, list[tuple[str, Support]]]:
-        verdicts = [(e.name, e.supports(piece, device)) for e in engines[:limit]]
-        return next((r for r, (_, v) in enumerate(verdicts) if v.ok), None), verdicts
+        # in order of preference, stopping at the first engine that runs the piece: the verdicts of the
+        # others would only explain a cut, and a cut asks every engine (some answers cost a library
+        # query: cuDNN's support check)
+        verdicts: list[tuple[str, Support]] = []
+        for r, e in enumerate(engines[:limit]):
+            verdicts.append((e.name, e.supports(piece, device)))
+            if verdicts[-1][1].ok:
+                return r, verdicts
+        return None, verdicts
 
     for node in graph.nodes:
         if groups:

@@ -18,6 +18,7 @@ from ..core.piece import Piece
 from ..engines import get_engine
 from ..engines.base import Engine, Kernel
 from .autotune import TuningCache, tune
+from .compile import compile_steps
 from .filters import OPTIONS as FILTER_OPTIONS
 from .filters import ConfigFilter
 from .heuristics import PieceConfigs, rank_configs
@@ -44,6 +45,7 @@ class Schedule:
     device: Device
     steps: tuple[Step, ...]
     cuts: tuple[Cut, ...]
+    stats: dict[str, Any] = field(default_factory=dict, compare=False)  # where the build's time went
 
 
 def default_engines(device: Device) -> list[str]:
@@ -103,6 +105,7 @@ def plan_steps(
     """Partition `graph`, rank every piece's configs (or time them: `autotune`) and compile the chosen
     one: the steps an ExecutionPlan runs. Options are Graph.build's."""
     by_reference = options.pop("by_reference", False)
+    compile_mode = options.pop("compile", "parallel")
     filters = ConfigFilter.from_options({k: options.pop(k) for k in FILTER_OPTIONS if k in options})
     if options:
         raise TypeError(f"build() got unexpected option(s): {', '.join(sorted(options))}")
@@ -120,7 +123,10 @@ def plan_steps(
             )
     usable = _engines(engines, dev)
     modes = as_modes(heur_mode)
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {"kernels_s": {}}
     pieces, cuts = partition(graph, usable, dev, allow_partition=allow_partition)
+    stats["partition_s"] = time.perf_counter() - t0
     log.info("partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable],
              len(pieces))
     for cut in cuts:
@@ -149,9 +155,15 @@ def plan_steps(
             log.info("  %s: %s declined: %s", piece.label(), name, why)
         for config, why in dropped:
             log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+        t1 = time.perf_counter()
         config, kernel = _first_within_workspace(piece, configs, dev, filters)
+        stats["kernels_s"][config.engine] = stats["kernels_s"].get(config.engine, 0.0) + time.perf_counter() - t1
         steps.append(Step(len(steps), piece, config, kernel, tuple(c for c in configs if c is not config)))
-    return Schedule(graph, dev, tuple(steps), tuple(cuts))
+    stats["plan_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    steps, stats["compile"] = compile_steps(steps, dev, compile_mode)
+    stats["compile_s"] = time.perf_counter() - t1
+    return Schedule(graph, dev, tuple(steps), tuple(cuts), stats)
 
 
 def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: Device,

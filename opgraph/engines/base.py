@@ -3,12 +3,29 @@
 An engine answers four questions about a piece of graph: can you run it (and if not, why), which
 configs would you use (knobs + notes, ranked by a heuristic mode), and give me a kernel for this
 config. A kernel runs the piece over buffers keyed by UID.
+
+The kernel contract, in the order a plan uses it:
+
+- `compile_specs()`: work the build may do ahead of time and in parallel (the Triton engine's
+  kernels to compile); default none. The build hands them to the engine's compiler, then the kernel
+  finds the results in its engine's registry.
+- `bind(binding, scratch) -> Launcher`: once per workspace a plan binds, everything about the step
+  that does not change between executes is prepared (argument layouts, scratch views, grids); the
+  launcher's `calls` are what an execute makes, and `rebind(uids)` takes new addresses or scalar
+  values of some tensors. The default launcher calls `run` with the binding's buffers.
+- `run(buffers, stream, scratch)`: one self-contained run (tuning, tests, the default launcher).
+- `artifacts()`: compiled code a plan file may embed (see opgraph.engines.artifacts); default none.
+- `needs_torch_stream`: whether the kernel launches through PyTorch's current stream (the runtime
+  then makes the execute's stream current for it); kernels launching on the binding's raw stream
+  handle say False.
 """
 
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
@@ -17,14 +34,81 @@ if TYPE_CHECKING:
     from ..core.device import Device
     from ..core.piece import Piece
 
-__all__ = ["BehaviorNote", "Engine", "EngineConfig", "HeurMode", "Kernel", "NumericalNote", "Support"]
+__all__ = ["BehaviorNote", "Binding", "Engine", "EngineConfig", "HeurMode", "Kernel", "Launcher", "NumericalNote",
+           "RunLauncher", "StreamSlot", "Support"]
+
+
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class StreamSlot:
+    """The raw stream handle (cudaStream_t as an int; 0 on the CPU) the current execute launches on,
+    one object shared by every launcher of a binding: `handle` for Python callers, `c` the same value
+    as a ctypes.c_void_p that prebuilt native argument tuples hold by reference."""
+
+    __slots__ = ("handle", "c")
+
+    def __init__(self, handle: int = 0) -> None:
+        self.handle = handle
+        self.c = ctypes.c_void_p(handle or None)
+
+    def set(self, handle: int) -> None:
+        if handle != self.handle:
+            self.handle = handle
+            self.c.value = handle or None
+
+
+@dataclass
+class Binding:
+    """What a plan's steps are bound to, one object per bound workspace, updated in place by the
+    runtime before it calls `Launcher.rebind`:
+
+    buffers   uid -> the bound value: a device tensor or array (workspace tensors as views of the
+              workspace, the address table under TABLE_KEY), a pass-by-value scalar as a Python
+              number already rounded to its declared type
+    pointers  uid -> the address of buffers[uid], read once when it was bound (no pass-by-value)
+    stream    the stream of the current execute
+    preludes  calls made once per execute before any step, keyed so that launchers sharing one
+              (a CUDA context check, a library handle's stream) register it once
+    """
+
+    buffers: dict[int, Any] = field(default_factory=dict)
+    pointers: dict[int, int] = field(default_factory=dict)
+    stream: StreamSlot = field(default_factory=StreamSlot)
+    preludes: dict[Any, Call] = field(default_factory=dict)
+
+
+class Launcher:
+    """A kernel bound to a Binding. An execute makes its `calls` in order: `function(*args)`, each
+    answering None or 0 on success and a nonzero CUDA error code on failure. `rebind(uids)` is told
+    which tensors got new addresses or scalar values (already in the binding) and answers whether
+    `calls` changed (the runtime then collects them again)."""
+
+    def __init__(self, calls: Sequence[Call] = ()) -> None:
+        self.calls: list[Call] = list(calls)
+
+    def rebind(self, uids: Iterable[int]) -> bool:
+        return False
+
+
+class RunLauncher(Launcher):
+    """The default: `Kernel.run` on the binding's buffers (the dict the runtime keeps current), on
+    PyTorch's current stream, which the runtime makes the execute's."""
+
+    def __init__(self, kernel: Kernel, binding: Binding, scratch: Any) -> None:
+        self.kernel, self.buffers, self.scratch = kernel, binding.buffers, scratch
+        super().__init__([(self._run, ())])
+
+    def _run(self) -> None:
+        self.kernel.run(self.buffers, None, self.scratch)
 
 
 class Kernel(ABC):
     """A compiled piece. `run` reads and writes buffers keyed by UID (arrays or device tensors;
-    pass-by-value scalars as Python numbers)."""
+    pass-by-value scalars as Python numbers). See the module docstring for the whole contract."""
 
     scratch_bytes: int = 0  # private workspace the kernel needs, provided by the plan as `scratch`
+    needs_torch_stream: bool = True  # launches through PyTorch's current stream
 
     def __init__(self, piece: Piece, config: EngineConfig) -> None:
         self.piece = piece
@@ -32,6 +116,18 @@ class Kernel(ABC):
 
     @abstractmethod
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None: ...
+
+    def bind(self, binding: Binding, scratch: Any) -> Launcher:
+        """The kernel bound to `binding` (and its scratch view of the plan's workspace)."""
+        return RunLauncher(self, binding, scratch)
+
+    def compile_specs(self) -> Sequence[Any]:
+        """Compilation the build may do ahead of time, in parallel (engine-specific specs)."""
+        return ()
+
+    def artifacts(self) -> list[Any]:
+        """Compiled code a plan file may embed (opgraph.engines.artifacts.Artifact)."""
+        return []
 
     def source(self) -> str | None:
         """Generated source code, for engines that generate it."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,12 +33,13 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, ExecutionError
 from ..core.ir import Const, Node
 from ..core.piece import Piece
-from . import register_engine
+from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, Kernel
 from .cost import estimate_us
 from .cudnn_sdpa import ATTENTION_KINDS, attention_problem, lower_attention, scalar_uids
 from .torch_engine.common import as_torch
 
+log = logging.getLogger("opgraph.cudnn")
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 ANCHORS = GEMM_KINDS | ATTENTION_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
 OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
@@ -139,6 +141,17 @@ def _pointwise_problem(node: Node) -> str | None:
     return None
 
 
+CANON_BASE = 1 << 20
+
+
+def canonical_uids(piece: Piece) -> dict[int, int]:
+    """The UIDs a piece's cuDNN graph gives its inputs and outputs: by position (CANON_BASE + i), not
+    the piece's own, so that a plan built (and serialized) for one piece serves every piece with the
+    same signature (the repeated blocks of a network). Far above the frontend's own numbering of
+    virtual tensors."""
+    return {u: CANON_BASE + i for i, u in enumerate((*piece.inputs, *piece.outputs))}
+
+
 class _Lowering:
     """Builds the cuDNN pygraph of a piece (the graph only: planning is the caller's)."""
 
@@ -150,13 +163,13 @@ class _Lowering:
                                    compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         self.tensors: dict[int, Any] = {}
         self.by_value: list[int] = []
-        self.constants: dict[int, float] = {}  # pass-by-value tensors the lowering made for literals
+        self.canon = canonical_uids(piece)
         scalars = scalar_uids(piece)
         for uid in piece.inputs:
             t = piece.tensor(uid)
             dim, stride = ([1, 1, 1, 1], [1, 1, 1, 1]) if uid in scalars else (list(t.dim), list(t.stride))
             self.tensors[uid] = self.graph.tensor(
-                dim=dim, stride=stride, data_type=_dtype(cudnn, t.data_type), uid=uid,
+                dim=dim, stride=stride, data_type=_dtype(cudnn, t.data_type), uid=self.canon[uid],
                 is_pass_by_value=t.is_pass_by_value, name=f"t{uid}")
             if t.is_pass_by_value:
                 self.by_value.append(uid)
@@ -165,13 +178,6 @@ class _Lowering:
 
     def dtype(self, dt: DataType) -> Any:
         return _dtype(self.cudnn, dt)
-
-    def constant(self, value: float) -> Any:
-        """A FLOAT pass-by-value [1, 1, 1, 1] tensor holding `value` at every launch."""
-        uid = max(self.piece.graph.tensors) + 1 + len(self.constants)
-        self.constants[uid] = float(value)
-        return self.graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=self.cudnn.data_type.FLOAT,
-                                 uid=uid, is_pass_by_value=True, name=f"c{uid}")
 
     def _operand(self, value: Any) -> Any:
         if isinstance(value, Const):
@@ -214,7 +220,7 @@ class _Lowering:
             desc = self.piece.tensor(uid)
             t.set_data_type(_dtype(self.cudnn, desc.data_type)).set_dim(list(desc.dim)).set_stride(list(desc.stride))
             if uid in self.piece.outputs:
-                t.set_output(True).set_uid(uid)
+                t.set_output(True).set_uid(self.canon[uid])
             self.tensors[uid] = t
 
 
@@ -254,14 +260,20 @@ _VERDICTS: dict[tuple[str, int], tuple[str | None, list[str]]] = {}
 
 
 def _verdict(piece: Piece, device: Device) -> tuple[str | None, list[str]]:
-    """(why cuDNN declines the piece or None, its plan names), asked once per piece signature."""
+    """(why cuDNN declines the piece or None, its plan names), asked once per piece signature and
+    environment (kept on disk across processes: cudnn_launch.Verdicts)."""
     key = (piece.signature(), device.index)
     if key not in _VERDICTS:
-        try:
-            _VERDICTS[key] = (None, _plans(piece, device, "A")[1])
-        except Exception as err:  # noqa: BLE001 - cuDNN's refusal, in its words
-            text = (str(err).strip().splitlines() or [""])[0][:300]
-            _VERDICTS[key] = (f"cuDNN declines it: {type(err).__name__}: {text}", [])
+        disk_key = cudnn_launch.verdict_key(key[0], device.index)
+        found = cudnn_launch.VERDICTS.get(disk_key)
+        if found is None:
+            try:
+                found = (None, _plans(piece, device, "A")[1])
+            except Exception as err:  # noqa: BLE001 - cuDNN's refusal, in its words
+                text = (str(err).strip().splitlines() or [""])[0][:300]
+                found = (f"cuDNN declines it: {type(err).__name__}: {text}", [])
+            cudnn_launch.VERDICTS.put(disk_key, found)
+        _VERDICTS[key] = found
     return _VERDICTS[key]
 
 
@@ -283,7 +295,10 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
 
 
 class CudnnKernel(Kernel):
-    """One cuDNN execution plan, built; `run` binds the piece's buffers by UID."""
+    """One cuDNN execution plan, built (or deserialized from the disk cache or a plan file:
+    cudnn_launch.py); `bind` prebuilds its variant pack, `run` binds the piece's buffers by UID."""
+
+    needs_torch_stream = False  # launches on the binding's raw stream, set on the handle
 
     def __init__(self, piece: Piece, config: EngineConfig, device: Device) -> None:
         super().__init__(piece, config)
@@ -294,8 +309,37 @@ class CudnnKernel(Kernel):
                 f"cudnn config {config} has no valid 'heuristic' (A or FALLBACK) and 'plan' (int) knobs",
                 op=piece.nodes[0].label(), rule="cudnn.config",
                 hint="take cudnn configs from engine_configs() or from a plan the engine built")
+        self.handle = _handle(device.index)
+        self.key = cudnn_launch.plan_key(piece.signature(), [list(k) for k in config.knobs], device.index)
+        self.serialized: bytes | None = None
+        self.graph: Any = None
+        self.index = index
+        self.cpp_index = -1  # the backend's position of the plan; -1: the graph's built plan
+        self.deserialized = False  # built here (False) or loaded from the cache or a plan file
+        data = cudnn_launch.stored(self.key)
+        if data is not None:
+            try:
+                self.graph = cudnn_launch.deserialize(self.handle, data)
+                self.scratch_bytes = int(self.graph.get_workspace_size())
+                self.serialized = data
+                self.deserialized = True
+            except Exception as err:  # noqa: BLE001 - another cuDNN's plan, or a damaged file: build it
+                log.info("%s: the stored cuDNN plan does not load (%s); building it", piece.label(), err)
+                self.graph = None
+        if self.graph is None:
+            self._build(piece, heuristic, index, name)
+        import torch
+
+        self._torch_device = torch.device(device.torch_name)
+        self.uids = (*piece.inputs, *piece.outputs)
+        self.canon = canonical_uids(piece)  # piece UID -> the cuDNN graph's
+        # one host float per pass-by-value scalar (cuDNN copies it at launch)
+        self.host_scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self.uids
+                             if piece.tensor(u).is_pass_by_value}
+
+    def _build(self, piece: Piece, heuristic: str, index: int, name: Any) -> None:
         try:
-            self.lowered, names = _plans(piece, device, heuristic)
+            self.lowered, names = _plans(piece, self.device, heuristic)
             if name is not None and (index >= len(names) or names[index] != name):
                 if name not in names:
                     raise Declined(f"cuDNN no longer offers plan {name!r} (this cuDNN offers {len(names)} plans)")
@@ -304,7 +348,8 @@ class CudnnKernel(Kernel):
             self.graph.build_plan_at_index(index)
             self.index = index
             self.scratch_bytes = int(self.graph.get_workspace_size_plan_at_index(index))
-            self._launch = _backend_launcher(self.graph, index)
+            launch = _backend_launcher(self.graph, index)
+            self.cpp_index = launch[1] if launch is not None else -1
         except (Declined, AttributeValueError):
             raise
         except Exception as err:  # noqa: BLE001 - cuDNN's own exception types vary by version
@@ -312,60 +357,60 @@ class CudnnKernel(Kernel):
                                  op=piece.nodes[0].label(), rule="cudnn.build",
                                  hint="pick another cudnn plan (engine_configs(heur_mode='B')) or another engine"
                                  ) from err
-        import torch
+        self.serialized = cudnn_launch.serialize(self.graph)
+        if self.serialized is not None:
+            cudnn_launch.store(self.key, self.serialized)
 
-        self._torch_device = torch.device(device.torch_name)
-        self._stream: Any = None
-        self._uids = (*piece.inputs, *piece.outputs)
-        # one host float per pass-by-value scalar, refilled when its value changes (cuDNN copies it at launch)
-        self._scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self._uids
-                         if piece.tensor(u).is_pass_by_value}
-        self._scalar_values: dict[int, float] = {}
-        self._constants = dict(self.lowered.constants)
-        for uid, value in self._constants.items():
-            self._scalars[uid] = torch.full((1,), value, dtype=torch.float32)
+    def bind(self, binding: Any, scratch: Any) -> Any:
+        return cudnn_launch.CudnnLauncher(self, binding, scratch)
 
-    def _scalar(self, uid: int, value: Any) -> Any:
-        host, value = self._scalars[uid], float(value)
-        if self._scalar_values.get(uid) != value:
-            host.fill_(value)
-            self._scalar_values[uid] = value
-        return host
+    def artifacts(self) -> list[Any]:
+        if self.serialized is None:
+            return []
+        return [artifacts.Artifact(cudnn_launch.ARTIFACT_KIND, self.key, self.serialized)]
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+        """One self-contained run. `stream`: a raw cudaStream_t (None: PyTorch's current stream)."""
         import torch
 
         dev = self._torch_device
         pack: dict[int, Any] = {}
-        for uid in self._uids:
+        for uid in self.uids:
             value = buffers[uid]
-            if uid in self._scalars:
-                value = self._scalar(uid, value)
+            if uid in self.host_scalars:
+                self.host_scalars[uid].fill_(float(value))
+                value = self.host_scalars[uid]
             elif not isinstance(value, torch.Tensor):
                 value = as_torch(value, self.piece.tensor(uid), dev)
             pack[uid] = value
-        for uid in self._constants:
-            pack[uid] = self._scalars[uid]
-        if stream is None:
-            stream = torch.cuda.current_stream(dev)
-        raw = stream if isinstance(stream, int) else stream.cuda_stream
-        handle = _handle(self.device.index)
-        if raw != self._stream:
-            _cudnn().set_stream(handle=handle, stream=raw)
-            self._stream = raw
+        raw = stream if stream is not None else torch.cuda.current_stream(dev).cuda_stream
+        cudnn_launch._set_stream(self.handle, _Slot(int(raw)))
         workspace = scratch if self.scratch_bytes else None
+        lowered = cudnn_launch.lowered_of(self.graph)
+        ptrs = {self.canon[u]: t.data_ptr() for u, t in pack.items()}
+        ws = workspace.data_ptr() if workspace is not None else 0
         try:
-            if self._launch is not None:  # the backend's own launch: no per-call Python bookkeeping
-                lowered, cpp_index = self._launch
-                lowered._execute_plan_at_index({u: t.data_ptr() for u, t in pack.items()},
-                                               workspace.data_ptr() if workspace is not None else 0, cpp_index,
-                                               handle.backend_handle, None, None, None)
+            if self.cpp_index >= 0 and hasattr(lowered, "_execute_plan_at_index"):
+                lowered._execute_plan_at_index(ptrs, ws, self.cpp_index, self.handle.backend_handle, None, None, None)
+            elif self.cpp_index < 0 and hasattr(lowered, "_execute"):
+                lowered._execute(ptrs, ws, self.handle.backend_handle, None, None, None)
             else:
-                self.graph.execute_plan_at_index(pack, workspace, index=self.index, handle=handle)
+                self.graph.execute_plan_at_index({self.canon[u]: t for u, t in pack.items()}, workspace,
+                                                 index=self.index, handle=self.handle)
         except Exception as err:  # noqa: BLE001
             raise ExecutionError(f"cuDNN failed to execute: {type(err).__name__}: {err}",
                                  op=self.piece.nodes[0].label(), rule="cudnn.execute",
                                  hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])") from err
+
+    def lowered_is_deserialized(self) -> bool:
+        return self.deserialized
+
+
+class _Slot:
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
 
 
 class CudnnEngine(Engine):

@@ -6,14 +6,15 @@ check then decides, and its message is the reason it declines):
 - fp16/bf16 q, k, v (and o, dO), the head dims (axis 3) contiguous, FLOAT Stats;
 - masks, bias, ALiBi, padding, GQA as the op has them (cuDNN's names are the op's); attn_scale a
   number (baked in) or a FLOAT scalar tensor;
-- dropout with an explicit mask; not the Philox form: cuDNN draws its own Philox stream, not the
-  op's `tl.rand` stream that the reference and the generated kernels share (docs/attention.md);
+- dropout with an explicit mask and a scale tensor, in the forward only (the backward with a mask
+  disagreed with the reference on an H100); not the Philox form: cuDNN draws its own Philox stream,
+  not the op's `tl.rand` stream that the reference and the generated kernels share (docs/attention.md);
 - no score modifier (the op's recorded sub-graph is not lowered to cuDNN's callback);
 - no Stats output when a row can have no key (padding mask, or Sq > Skv with a bottom-right
   diagonal or a window): the op defines those rows' Stats as +inf, cuDNN does not document them;
 - the backward with all of dQ, dK and dV (cuDNN writes the three).
-Scalars cuDNN wants as tensors (a literal dropout scale, its inverse) become pass-by-value FLOAT
-tensors of the lowered graph, filled at launch (`constants`).
+Its plans, like every cudnn plan, are keyed by canonical UIDs (cudnn_frontend.canonical_uids), so one
+plan serves every piece of the same signature and loads from the disk cache or a plan file.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
         return "the cudnn engine does not lower score modifiers (generated kernels run them)"
     if op.dropout_probability is not None:
         return "cuDNN's Philox dropout draws another random stream than the op's (tl.rand, docs/attention.md)"
+    if node.input("dropout_mask") is not None and isinstance(node.input("dropout_scale"), Const):
+        return ("cuDNN takes the dropout scale as a tensor: give dropout=(mask, scale) a 1-element or "
+                "pass-by-value scale tensor for the cudnn engine")
     stats = t.get("stats")
     if stats is not None and stats.data_type is not DataType.FLOAT:
         return f"cuDNN's Stats are FLOAT (here {stats.data_type.name})"
@@ -102,14 +106,8 @@ def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[A
     for role in ("attn_scale", "bias", "seq_len_q", "seq_len_kv"):
         if role in ins:
             common[role] = ins[role]
-    if node.input("dropout_mask") is not None:
-        scale = ins["dropout_scale"] if "dropout_scale" in ins else lowering.constant(consts["dropout_scale"])
-        if node.kind == "sdpa":
-            common["dropout"] = (ins["dropout_mask"], scale)
-        else:
-            inv = (ins["dropout_scale_inv"] if "dropout_scale_inv" in ins
-                   else lowering.constant(1.0 / consts["dropout_scale"]))
-            common["dropout"] = (ins["dropout_mask"], scale, inv)
+    if node.input("dropout_mask") is not None:  # forward only, the scale a tensor (attention_problem)
+        common["dropout"] = (ins["dropout_mask"], ins["dropout_scale"])
     if node.kind == "sdpa":
         stats = node.output("stats") is not None
         try:

@@ -21,7 +21,8 @@ keeps every intermediate in its declared type. Each part runs its engine's first
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
@@ -33,7 +34,7 @@ from ..core.piece import Piece, make_piece
 from ..memory import workspace as wsp
 from ..memory.buffers import address_of
 from . import get_engine, register_engine
-from .base import Engine, Kernel
+from .base import Binding, Engine, Kernel, Launcher
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
@@ -102,22 +103,10 @@ class LibraryKernel(Kernel):
         between = [[u for u in sub.outputs if u not in piece.outputs] for _, sub, _ in parts]
         self.layout = wsp.plan_layout(graph, between, [k.scratch_bytes for _, _, k in parts])
         self.scratch_bytes = self.layout.size
-        self._views: tuple[Any, dict[int, Any]] | None = None
 
     def _tensor_views(self, scratch: Any) -> dict[int, Any]:
-        # the plan passes a new slice of its workspace each run: views are remade only when the
-        # slice's address changes (the cached views keep the old memory alive, so an address cannot
-        # be reused by another buffer while they exist)
-        address = address_of(scratch)
-        if self._views is None or self._views[0] != address:
-            graph = self.parts[0][1].graph
-            self._views = (address, wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {})
-        return self._views[1]
-
-    def drop_cached_buffers(self) -> None:
-        self._views = None
-        for _, _, kernel in self.parts:
-            kernel.drop_cached_buffers()
+        graph = self.parts[0][1].graph
+        return wsp.tensor_views(scratch, self.layout, graph) if self.layout.tensors else {}
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         views = self._tensor_views(scratch) if self.scratch_bytes else {}
@@ -125,9 +114,42 @@ class LibraryKernel(Kernel):
         for i, (_, _, kernel) in enumerate(self.parts):
             kernel.run(bound, stream, wsp.scratch_view(scratch, self.layout, i))
 
+    def bind(self, binding: Binding, scratch: Any) -> Launcher:
+        """The parts bound in order; the tensors between them are views of this kernel's scratch,
+        made here once (a binding of its own that reads through to the plan's)."""
+        views = self._tensor_views(scratch) if self.scratch_bytes else {}
+        child = Binding(ChainMap(views, binding.buffers),  # type: ignore[arg-type]
+                        ChainMap({u: address_of(v) for u, v in views.items()}, binding.pointers),  # type: ignore[arg-type]
+                        binding.stream, binding.preludes)
+        return CompositeLauncher([kernel.bind(child, wsp.scratch_view(scratch, self.layout, i))
+                                  for i, (_, _, kernel) in enumerate(self.parts)])
+
+    def compile_specs(self) -> list[Any]:
+        return [spec for _, _, kernel in self.parts for spec in kernel.compile_specs()]
+
+    def artifacts(self) -> list[Any]:
+        return [a for _, _, kernel in self.parts for a in kernel.artifacts()]
+
     def source(self) -> str | None:
         sources = [f"# -- {role}: {sub.label()}\n{k.source()}" for role, sub, k in self.parts if k.source()]
         return "\n\n".join(sources) or None
+
+
+class CompositeLauncher(Launcher):
+    """Launchers run one after the other (a composite kernel's parts)."""
+
+    def __init__(self, parts: list[Launcher]) -> None:
+        super().__init__([c for p in parts for c in p.calls])
+        self.parts = parts
+
+    def rebind(self, uids: Iterable[int]) -> bool:
+        uids = list(uids)
+        changed = False
+        for p in self.parts:
+            changed |= bool(p.rebind(uids))
+        if changed:
+            self.calls = [c for p in self.parts for c in p.calls]
+        return changed
 
 
 class LibraryEngine(Engine):

@@ -246,7 +246,9 @@ class Graph:
         `by_reference=True` (every bound tensor read through the address table), and cuDNN's config
         filters `select_numeric_notes`, `deselect_numeric_notes`, `select_behavior_notes`,
         `deselect_behavior_notes` (NumericalNote / BehaviorNote values or names), `deselect_engines`
-        and `deselect_workspace_greater_than` (bytes), applied to heuristics and autotuning alike."""
+        and `deselect_workspace_greater_than` (bytes), applied to heuristics and autotuning alike;
+        `compile`: "parallel" (default: every kernel compiled now, in worker processes, each distinct
+        kernel once), "serial" (now, in this process) or "lazy" (each at its first execute)."""
         from ..runtime.plan import build_plan
 
         self._plan = build_plan(

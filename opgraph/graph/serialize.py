@@ -183,6 +183,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                                      rule="json.operand")
 
         out_handles = []
+        updated: dict[int, Any] = {}
         for role in op.output_roles():
             uid = outs.get(role)
             if uid is None:
@@ -196,10 +197,12 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                 handles_out = g.tensor(dim=e.get("dim"), stride=e.get("stride"), data_type=e.get("data_type"),
                                        name=e.get("name", ""), uid=uid)
                 out_handles.append(handles_out)
+                updated[uid] = handles_out
             else:
                 out_handles.append(handles[uid])
         cdt = _field(o, "compute_data_type", str, where, None)
         g._add_op(op, [operand(r) for r in op.input_roles()], name=_field(o, "name", str, where, ""),
                   compute_data_type=None if cdt is None else as_data_type(cdt),
                   out_handles=out_handles)
+        handles.update(updated)  # ops are listed in execution order: the ones after an update read its result
     return g.validate()

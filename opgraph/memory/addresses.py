@@ -9,6 +9,7 @@ so kernels enqueued before the write still see the old address.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.device import Device
@@ -86,6 +87,14 @@ class AddressTable:
         host.copy_(torch.tensor(addresses, dtype=torch.int64))
         self.tensor.copy_(host, non_blocking=True)
         done.record()
+
+    def update_from(self, pointers: Mapping[int, int], force: bool = False) -> None:
+        """Point the table at the by-reference tensors' addresses in `pointers` (uid -> address)."""
+        if self.slots:
+            addresses = list(self.current)
+            for uid, (slot, _) in self.slots.items():
+                addresses[slot] = pointers[uid]
+            self.write(addresses, force=force)
 
     def update(self, buffers: dict[int, Any]) -> None:
         if self.slots:

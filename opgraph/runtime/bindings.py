@@ -21,7 +21,7 @@ from ..core.errors import GraphError, VariantPackError
 from ..core.ir import FinalGraph
 from ..core.rounding import round_to
 from ..core.tensor import Tensor, TensorDesc, storage_extent
-from ..memory.buffers import BufferInfo, buffer_info, tensor_from_pointer
+from ..memory.buffers import BufferInfo, address_of, buffer_info, tensor_from_pointer
 from .aliasing import InplaceRule
 
 
@@ -272,73 +272,120 @@ def _same_buffer(a: BufferInfo, b: BufferInfo) -> bool:
         s == t for d, s, t in zip(a.shape, a.strides, b.strides) if d > 1)
 
 
-class FastBinder:
-    """The common case of a CUDA plan executed again and again: a pack of torch tensors (and numbers)
-    under keys seen before. It checks dims, strides, type and device of every buffer and the overlap of
-    outputs with a few comparisons per tensor, and answers None for anything unusual, which then goes
-    through `bind` (whose errors are the detailed ones)."""
+class PackBinder:
+    """A plan's variant packs, bound: the current value of every bound tensor (`values`: buffers, and
+    pass-by-value scalars rounded to their declared type), their addresses read once each
+    (`pointers`), and a `version` that changes whenever any of them does.
+
+    `bind(pack)` takes the cheapest path the pack allows. The same dict again, holding the same objects
+    at the same addresses (and equal scalars), is one identity check and one `data_ptr()` per tensor.
+    A CUDA pack of torch tensors (and numbers) under keys seen before is checked with a few comparisons
+    per tensor (dims, strides, type, device, outputs against every other buffer). Anything else goes
+    through `bind` (the detailed errors). Every path gives a scalar the same value: the number rounded
+    to its tensor's declared type, as a 1-element buffer of that type would hold it."""
 
     def __init__(self, graph: FinalGraph, device: Device, inplace: InplaceRule | None = None) -> None:
-        import torch
-
         self.graph = graph
-        self.inplace = inplace.allowed if inplace is not None else frozenset()
-        self.device_index = device.index
-        self.tensor_type = torch.Tensor
+        self.device = device
+        self.inplace = inplace  # outputs that may be bound to the very buffer of an input (runtime.aliasing)
+        self._allowed = inplace.allowed if inplace is not None else frozenset()
         self.keys: dict[Any, int] = {}
-        self._last: tuple | None = None
-        self.required = len(graph.inputs) + len(graph.outputs)
+        self.values: dict[int, Any] = {}
+        self.pointers: dict[int, int] = {}
+        self.version = 0
+        self._pack: Any = None
+        self._items: list[tuple[Any, int | None]] = []
+        self._rounded: dict[int, tuple[Any, Any]] = {}  # uid -> (raw value, rounded value)
         self.outputs = tuple(graph.outputs)
         self.pass_by_value = {u for u in graph.inputs if graph.tensors[u].is_pass_by_value}
+        self.required = len(graph.inputs) + len(graph.outputs)
         self.expect: dict[int, tuple] = {}
-        for uid in (*graph.inputs, *graph.outputs):
-            t = graph.tensors[uid]
-            if t.is_pass_by_value:
-                continue
-            loose = tuple(d == 1 for d in t.dim)
-            self.expect[uid] = (torch.Size(t.dim), t.stride, loose, t.data_type.to_torch(), t.nbytes)
+        self.tensor_type: Any = None
+        if device.is_cuda:
+            import torch
 
-    def learn(self, pack: Mapping[Any, Any]) -> None:
+            self.tensor_type = torch.Tensor
+            for uid in (*graph.inputs, *graph.outputs):
+                t = graph.tensors[uid]
+                if not t.is_pass_by_value:
+                    loose = tuple(d == 1 for d in t.dim)
+                    self.expect[uid] = (torch.Size(t.dim), t.stride, loose, t.data_type.to_torch(), t.nbytes)
+
+    # -- the paths --------------------------------------------------------------------------------
+    def bind(self, pack: Mapping[Any, Any]) -> bool:
+        """Bind `pack`; True when any value or address changed (a VariantPackError if it does not fit)."""
+        if pack is self._pack and len(pack) == len(self._items):
+            items = self._items
+            i = 0
+            for value in pack.values():
+                last, ptr = items[i]
+                if ptr is None:  # a Python number
+                    if type(value) is not type(last) or value != last:
+                        break
+                elif ptr < 0 or value is not last or value.data_ptr() != ptr:
+                    break
+                i += 1
+            else:
+                return False
+        found = self._fast(pack) if self.tensor_type is not None else None
+        if found is None:
+            values = bind(self.graph, self.device, pack, self.inplace)
+            pointers = {u: address_of(v) for u, v in values.items() if u not in self.pass_by_value}
+            self._learn(pack)
+        else:
+            values, pointers = found
+        raw = dict(values)
+        for uid in self.pass_by_value:
+            if uid in values:
+                values[uid] = self._round(uid, raw[uid])
+        changed = (pointers != self.pointers or values.keys() != self.values.keys()
+                   or any(values[u] != self.values[u] for u in self.pass_by_value if u in values))
+        self.values, self.pointers = values, pointers
+        if changed:
+            self.version += 1
+        self._pack = pack
+        items = []
+        for uid, value in zip(self._uids(pack), pack.values()):
+            if uid in self.pass_by_value:
+                items.append((value, None if type(value) in (int, float, bool) else -1))
+            elif self.tensor_type is not None and type(value) is self.tensor_type:
+                items.append((value, pointers[uid]))
+            else:
+                items.append((value, -1))  # not a torch tensor: the next call binds it again
+        self._items = items
+        return changed
+
+    def _uids(self, pack: Mapping[Any, Any]) -> list[int]:
+        keys = self.keys
+        return [keys[k] if _hashable(k) and k in keys else resolve_key(self.graph, k) for k in pack]
+
+    def _round(self, uid: int, raw: Any) -> Any:
+        last = self._rounded.get(uid)
+        if last is not None and type(last[0]) is type(raw) and last[0] == raw:
+            return last[1]
+        rounded = _scalar(raw, self.graph.tensors[uid])
+        self._rounded[uid] = (raw, rounded)
+        return rounded
+
+    def _learn(self, pack: Mapping[Any, Any]) -> None:
         """Remember how the keys of a pack that `bind` accepted resolve."""
         for key in pack:
-            try:
-                hash(key)
-            except TypeError:
-                continue
-            if len(self.keys) < 4096:
+            if _hashable(key) and len(self.keys) < 4096:
                 self.keys[key] = resolve_key(self.graph, key)
 
-    def bind_one(self, uid: int, value: Any) -> bool:
+    def fits(self, uid: int, value: Any) -> bool:
         """Whether one torch tensor fits tensor `uid` (dims, strides, type, device)."""
         expect = self.expect.get(uid)
         if expect is None or type(value) is not self.tensor_type:
             return False
         shape, stride, loose, dtype, _ = expect
-        if value.shape != shape or value.dtype is not dtype or not value.is_cuda or value.device.index != self.device_index:
+        if value.shape != shape or value.dtype is not dtype or not value.is_cuda \
+                or value.device.index != self.device.index:
             return False
         got = value.stride()
         return got == stride or all(g == s for g, s, l in zip(got, stride, loose) if not l)
 
-    def bind(self, pack: Mapping[Any, Any]) -> dict[int, Any] | None:
-        # the same pack again (same dict, same tensor objects at the same addresses): already checked
-        last = self._last
-        if last is not None and last[0] is pack and len(pack) == len(last[1]):
-            values, ptrs, out = last[1], last[2], last[3]
-            i = 0
-            for value in pack.values():
-                if value is not values[i] or (ptrs[i] is not None and value.data_ptr() != ptrs[i]):
-                    break
-                i += 1
-            else:
-                return dict(out)
-        out = self._bind(pack)
-        if out is not None:
-            values = list(pack.values())
-            self._last = (pack, values, [v.data_ptr() if type(v) is self.tensor_type else None for v in values],
-                          dict(out))
-        return out
-
-    def _bind(self, pack: Mapping[Any, Any]) -> dict[int, Any] | None:
+    def _fast(self, pack: Mapping[Any, Any]) -> tuple[dict[int, Any], dict[int, int]] | None:
         keys = self.keys
         out: dict[int, Any] = {}
         try:
@@ -347,11 +394,13 @@ class FastBinder:
                 if uid in out:
                     return None
                 out[uid] = value
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError):
             return None
         if len(out) != self.required:
             return None
+        pointers: dict[int, int] = {}
         spans = []
+        index = self.device.index
         for uid, value in out.items():
             if uid in self.pass_by_value:
                 if type(value) not in (int, float):
@@ -361,19 +410,26 @@ class FastBinder:
             if expect is None or type(value) is not self.tensor_type:
                 return None
             shape, stride, loose, dtype, nbytes = expect
-            if value.shape != shape or value.dtype is not dtype or not value.is_cuda \
-                    or value.device.index != self.device_index:
+            if value.shape != shape or value.dtype is not dtype or not value.is_cuda or value.device.index != index:
                 return None
             got = value.stride()
             if got != stride and any(g != s for g, s, l in zip(got, stride, loose) if not l):
                 return None
             ptr = value.data_ptr()
+            pointers[uid] = ptr
             spans.append((ptr, ptr + nbytes, uid))
         for uid in self.outputs:
-            value = out[uid]
-            lo = value.data_ptr()
+            lo = pointers[uid]
             hi = lo + self.expect[uid][4]
             for a, b, other in spans:
-                if other != uid and a < hi and lo < b and not (a == lo and (other, uid) in self.inplace):
+                if other != uid and a < hi and lo < b and not (a == lo and (other, uid) in self._allowed):
                     return None  # let `bind` decide (and explain) the overlap
-        return out
+        return out, pointers
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True

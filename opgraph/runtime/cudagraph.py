@@ -36,10 +36,13 @@ log = logging.getLogger("opgraph.cudagraph")
 
 @dataclass
 class Capture:
-    pack: dict[Any, Any]  # the pack the graph was captured with (kept alive: its buffers are baked in)
+    """What a captured graph baked in, kept with the graph (plan._captures is keyed weakly by the
+    graph object, so a record goes when its graph does) and without the pack: like any CUDA graph,
+    it reads the buffers it was captured with, which the caller keeps alive."""
+
     direct: dict[int, int]  # uid -> address baked into the launches (tensors not by reference)
     values: dict[int, Any]  # pass-by-value scalars baked into the launches
-    workspace: Any = None
+    workspace: int = 0  # the workspace's address (0: the plan's own)
     recaptures: int = 0
 
 
@@ -59,17 +62,26 @@ def _require_cuda(plan: ExecutionPlan) -> Any:
     return torch
 
 
-def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any], dict[int, Any]]:
-    buffers = plan._bind(pack)
+def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any]]:
+    binder = plan._binder
+    binder.bind(pack)  # raises VariantPackError when the pack does not fit
     direct, values = {}, {}
     baked = plan.baked_addresses()  # by reference, but a step without table reads uses the address
-    for uid, value in buffers.items():
+    for uid, value in binder.values.items():
         t = plan.graph.tensors[uid]
         if t.is_pass_by_value:
             values[uid] = value
         elif not t.is_by_reference or uid in baked:
-            direct[uid] = value.data_ptr()
-    return direct, values, buffers
+            direct[uid] = binder.pointers[uid]
+    return direct, values
+
+
+def _workspace_address(workspace: Any) -> int:
+    if workspace is None:
+        return 0
+    from ..memory.buffers import address_of
+
+    return address_of(workspace)
 
 
 def _capture(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: Any) -> None:
@@ -86,27 +98,29 @@ def _capture(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace
 
 def populate(plan: ExecutionPlan, pack: Mapping[Any, Any], workspace: Any = None) -> Any:
     torch = _require_cuda(plan)
-    direct, values, _ = _snapshot(plan, pack)
+    direct, values = _snapshot(plan, pack)
     graph = torch.cuda.CUDAGraph()
     _capture(plan, graph, pack, workspace)
-    plan._captures[id(graph)] = Capture(dict(pack), direct, values, workspace)
+    plan._captures[graph] = Capture(direct, values, _workspace_address(workspace))
     return graph
 
 
 def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: Any = None) -> UpdateResult:
     _require_cuda(plan)
-    record = plan._captures.get(id(graph))
+    try:
+        record = plan._captures.get(graph)
+    except TypeError:  # not a weak-referenceable object, so not one of ours
+        record = None
     if record is None:
         raise GraphError("this CUDA graph was not populated by this plan", rule="cudagraph.unknown",
                          hint="update graphs returned by this plan's populate_cuda_graph")
-    direct, values, buffers = _snapshot(plan, pack)  # raises VariantPackError when the pack does not fit
+    direct, values = _snapshot(plan, pack)  # raises VariantPackError when the pack does not fit
     moved = tuple(u for u, a in direct.items() if record.direct.get(u) != a)
     changed = tuple(u for u, v in values.items() if record.values.get(u) != v)
-    if workspace is not record.workspace and plan.workspace_size:
+    if _workspace_address(workspace) != record.workspace and plan.workspace_size:
         moved += (TABLE_KEY,)
     if not moved and not changed:
-        plan._table.update(buffers)  # by-reference tensors: new addresses, no re-capture
-        record.pack = dict(pack)
+        plan._table.update_from(plan._binder.pointers)  # by-reference tensors: new addresses, no re-capture
         return UpdateResult(False)
     names = ", ".join(plan.graph.tensors[u].label() for u in (*moved, *changed) if u in plan.graph.tensors)
     reason = (f"re-captured: {names or 'the workspace'} "
@@ -115,5 +129,5 @@ def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: 
     log.warning("update_cuda_graph %s", reason)
     graph.reset()
     _capture(plan, graph, pack, workspace)
-    plan._captures[id(graph)] = Capture(dict(pack), direct, values, workspace, record.recaptures + 1)
+    plan._captures[graph] = Capture(direct, values, _workspace_address(workspace), record.recaptures + 1)
     return UpdateResult(True, reason, moved + changed)

@@ -1,9 +1,11 @@
 """Execution plans: the pieces of a graph, the kernel chosen for each, and the workspace that holds
-tensors crossing pieces. `execute` binds a variant pack and runs the steps in order."""
+tensors crossing pieces. `execute` binds a variant pack and runs the steps in order: the first bind of
+a workspace prepares every step's launch (opgraph.runtime.bound), later executes rewrite only what
+moved and launch."""
 
 from __future__ import annotations
 
-import contextlib
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +20,10 @@ from ..engines import get_engine
 from ..memory import workspace as wsp
 from ..memory.addresses import AddressTable
 from .aliasing import plan_inplace
-from .bindings import FastBinder, bind
+from .autograph import default as autograph_default
+from .bindings import PackBinder
+from .bound import BoundPlan
+from .streams import StreamResolver
 
 
 @dataclass(frozen=True)
@@ -38,36 +43,19 @@ class StepTime:
 
 
 
-def _on_stream(stream: Any, device: Device) -> Any:
-    """A context that makes `stream` current (torch), or does nothing."""
-    if stream is None or not device.is_cuda:
-        return contextlib.nullcontext()
-    import torch
-
-    if isinstance(stream, int):
-        stream = torch.cuda.ExternalStream(stream, device=device.torch_name)
-    return torch.cuda.stream(stream)
-
-
 def build_plan(graph: FinalGraph, **options: Any) -> ExecutionPlan:
     """Plan `graph` (opgraph.build.planner.plan_steps: partition, configs, tuning, compilation) and wrap the
     steps in an ExecutionPlan. `Graph.build` calls this."""
     return ExecutionPlan.from_schedule(plan_steps(graph, **options))
 
 
-def _hashable(key: Any) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
-
-
 class ExecutionPlan:
     """An ordered list of kernel launches over a variant pack plus a workspace."""
 
-    def __init__(self, graph: FinalGraph, device: Device, steps: tuple[Step, ...], cuts: tuple[Cut, ...]) -> None:
+    def __init__(self, graph: FinalGraph, device: Device, steps: tuple[Step, ...], cuts: tuple[Cut, ...],
+                 stats: Mapping[str, Any] | None = None) -> None:
         self.graph = graph
+        self.build_stats = dict(stats or {})  # where the build's (or the load's) time went
         self.device = device
         self.steps = steps
         self.cuts = cuts
@@ -75,19 +63,26 @@ class ExecutionPlan:
             graph, [s.piece.outputs for s in steps], [getattr(s.kernel, "scratch_bytes", 0) for s in steps]
         )
         self.workspace_size = self.layout.size
-        self._owned: Any = None  # the workspace the plan allocated, and its views
-        self._owned_views: dict[int, Any] = {}
-        # which outputs may be bound to the very buffer of an input (opgraph.aliasing), decided once here
+        self._owned: Any = None  # the workspace the plan allocated
+        # which outputs may be bound to the very buffer of an input (runtime.aliasing), decided once here
         self.inplace = plan_inplace(graph, [s.piece.nodes for s in steps],
                                     [get_engine(s.config.engine).inplace_safe(s.config) for s in steps],
                                     [str(s.config.engine) for s in steps])
-        self._fast = FastBinder(graph, device, self.inplace) if device.is_cuda else None
+        self._binder = PackBinder(graph, device, self.inplace)
+        self._streams = StreamResolver(device)
         self._table = AddressTable(graph, device)
-        self._captures: dict[int, Any] = {}  # id(CUDAGraph) -> cudagraph.Capture
+        self._table_stale = False  # set_address wrote the table: the next execute rewrites it
+        self._bound_owned: BoundPlan | None = None  # bound to the plan's own workspace
+        self._bound_user: BoundPlan | None = None  # bound to the last workspace the user passed
+        # CUDAGraph -> cudagraph.Capture, dropped with the graph
+        self._captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # replay an internal CUDA graph of the launches while the binding is unchanged (runtime.autograph;
+        # opt-in: OPGRAPH_AUTOGRAPH=1, or set it on a plan)
+        self.auto_graph = autograph_default()
 
     @classmethod
     def from_schedule(cls, schedule: Schedule) -> ExecutionPlan:
-        return cls(schedule.graph, schedule.device, schedule.steps, schedule.cuts)
+        return cls(schedule.graph, schedule.device, schedule.steps, schedule.cuts, schedule.stats)
 
     @property
     def workspace_layout(self) -> Mapping[int, tuple[int, int]]:
@@ -97,16 +92,23 @@ class ExecutionPlan:
     # -- running -----------------------------------------------------------------------------------
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
         """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
-        `workspace_size` bytes on the plan's device. `stream`: a torch.cuda.Stream (or a raw
-        cudaStream_t as an int) to run on; default the current stream."""
-        buffers, base = self._prepare(variant_pack, workspace)
-        if stream is None:
-            for step in self.steps:
-                step.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, step.index))
+        `workspace_size` bytes on the plan's device. `stream`: None (PyTorch's current stream), a
+        torch.cuda.Stream, an object with `__cuda_stream__`, or a raw cudaStream_t as an int
+        (opgraph.runtime.streams)."""
+        handle, torch_stream = self._streams(stream)
+        if torch_stream is None:
+            self._execute(variant_pack, workspace, handle)
             return
-        with _on_stream(stream, self.device):
-            for step in self.steps:
-                step.kernel.run(buffers, stream, wsp.scratch_view(base, self.layout, step.index))
+        import torch
+
+        with torch.cuda.stream(torch_stream):  # the table's writes, PyTorch's steps and graph replays too
+            self._execute(variant_pack, workspace, handle)
+
+    def _execute(self, variant_pack: Mapping[Any, Any], workspace: Any, handle: int) -> None:
+        bound = self._prepare(variant_pack, workspace)
+        bound.binding.stream.set(handle)
+        if not bound.autograph.run():
+            bound.run()
 
     def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 20) -> list[tuple[str, int, float]]:
         """(kernel, launches per execute, mean device µs per launch) for every GPU kernel the plan runs,
@@ -114,12 +116,10 @@ class ExecutionPlan:
         from ..core.timing import time_call
 
         if not self.device.is_cuda:
-            buffers = bind(self.graph, self.device, variant_pack, self.inplace)
-            base, views = self._workspace(None, buffers)
-            buffers.update(views)
+            bound = self._prepare(variant_pack, None)
             return [(f"step {s.index} ({s.config.engine})", 1,
-                     time_call(lambda s=s: s.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, s.index)),
-                               cuda=False, warmup=1, repeat=3)) for s in self.steps]
+                     time_call(lambda i=i: _run_calls(bound.step_calls(i)), cuda=False, warmup=1, repeat=3))
+                    for i, s in enumerate(self.steps)]
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -142,42 +142,37 @@ class ExecutionPlan:
         plan's time goes, step by step; `describe()` says what each step is."""
         from ..core.timing import step_times
 
-        buffers, base = self._prepare(variant_pack, None)
-        runs = [lambda s=s: s.kernel.run(buffers, None, wsp.scratch_view(base, self.layout, s.index))
-                for s in self.steps]
+        handle, _ = self._streams(None)
+        bound = self._prepare(variant_pack, None)
+        bound.binding.stream.set(handle)
+        runs = [lambda i=i: _run_calls(bound.preludes + bound.step_calls(i)) for i in range(len(self.steps))]
         return [StepTime(s.index, s.config.engine, str(s.config.knob("template", "")), len(s.piece.nodes), d, h)
                 for s, (d, h) in zip(self.steps, step_times(runs, cuda=self.device.is_cuda, repeat=repeat))]
 
-    def _prepare(self, variant_pack: Mapping[Any, Any], workspace: Any) -> tuple[dict[int, Any], Any]:
-        """The checked buffers (workspace views and the address table included) and the workspace base:
-        everything the steps need, checked before any step runs."""
-        buffers = self._bind(variant_pack)
-        base, views = self._workspace(workspace, buffers)
-        if views:
-            buffers.update(views)
-        if self._table:
-            self._table.update(buffers)
-        return buffers, base
+    def _prepare(self, variant_pack: Mapping[Any, Any], workspace: Any) -> BoundPlan:
+        """The plan bound to the pack and the workspace: everything the steps need, checked before
+        any step runs. The prelude of execute, profile and profile_steps alike."""
+        self._binder.bind(variant_pack)
+        bound = self._bound(workspace)
+        stale, self._table_stale = self._table_stale, False
+        bound.sync(self._binder, force_table=stale)
+        return bound
 
-    def _bind(self, variant_pack: Mapping[Any, Any]) -> dict[int, Any]:
-        """The checked pack: the fast path for packs like the last ones, else the full check."""
-        buffers = self._fast.bind(variant_pack) if self._fast is not None else None
-        if buffers is None:
-            buffers = bind(self.graph, self.device, variant_pack, self.inplace)
-            if self._fast is not None:
-                self._fast.learn(variant_pack)
-        return buffers
-
-    def _workspace(self, user: Any, bound: Mapping[int, Any]) -> tuple[Any, dict[int, Any]]:
-        if user is not None:
-            base = wsp.check(user, self.workspace_size, self.device, self.graph, bound)
-            return base, wsp.tensor_views(base, self.layout, self.graph)
-        if self.workspace_size == 0:
-            return None, {}
-        if self._owned is None:
-            self._owned = wsp.allocate(self.workspace_size, self.device)
-            self._owned_views = wsp.tensor_views(self._owned, self.layout, self.graph)
-        return self._owned, self._owned_views
+    def _bound(self, user: Any) -> BoundPlan:
+        if user is None:
+            if self._bound_owned is None:
+                base = None
+                if self.workspace_size:
+                    self._owned = base = wsp.allocate(self.workspace_size, self.device)
+                views = wsp.tensor_views(base, self.layout, self.graph) if base is not None else {}
+                self._bound_owned = BoundPlan(self, base, views)
+            return self._bound_owned
+        last = self._bound_user
+        if last is not None and last.workspace is user and _same_address(user, last.ws_ptr):
+            return last
+        base = wsp.check(user, self.workspace_size, self.device, self.graph, self._binder.values)
+        self._bound_user = BoundPlan(self, base, wsp.tensor_views(base, self.layout, self.graph), workspace=user)
+        return self._bound_user
 
     # -- CUDA graphs and by-reference tensors (see opgraph.runtime.cudagraph) ----------------------------
     def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
@@ -227,9 +222,9 @@ class ExecutionPlan:
         """Point a by-reference tensor at another buffer (checked like a variant-pack entry); ordered on
         the current stream, so a captured graph replayed afterwards reads the new buffer."""
         from ..memory.buffers import address_of, buffer_info
-        from .bindings import _check_buffer, resolve_key
+        from .bindings import _check_buffer, _hashable, resolve_key
 
-        uid = self._fast.keys.get(tensor) if self._fast is not None and _hashable(tensor) else None
+        uid = self._binder.keys.get(tensor) if _hashable(tensor) else None
         if uid is None:
             uid = resolve_key(self.graph, tensor)
         baked = self.baked_addresses().get(uid)
@@ -241,19 +236,20 @@ class ExecutionPlan:
                 hint="use update_cuda_graph (it re-captures), or build with "
                      "select_behavior_notes=['supports_cuda_graph_native_api'] so every step reads the table")
         slot = self.table_slot(uid)
-        fast = self._fast.bind_one(uid, buffer) if self._fast is not None else False
-        if not fast:
+        if not self._binder.fits(uid, buffer):
             _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
         addresses = list(self._table.current)
         addresses[slot] = address_of(buffer)
         self._table.write(addresses, force=True)
+        self._table_stale = True  # the next execute points it back at its pack's buffer
 
     # -- saving and loading ----------------------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        """The plan as bytes (versioned JSON: graph, pieces, engine configs, environment)."""
+    def to_bytes(self, embed_kernels: bool = True) -> bytes:
+        """The plan as bytes (a checksummed header and JSON: graph, pieces, engine configs, environment,
+        and the compiled kernels unless `embed_kernels` is False)."""
         from .plan_io import plan_to_bytes
 
-        return plan_to_bytes(self)
+        return plan_to_bytes(self, embed_kernels)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, device: Any = None, on_mismatch: str = "error") -> ExecutionPlan:
@@ -263,10 +259,12 @@ class ExecutionPlan:
 
         return plan_from_bytes(data, device=device, on_mismatch=on_mismatch)
 
-    def save(self, path: Any) -> None:
+    def save(self, path: Any, embed_kernels: bool = True) -> None:
+        """Write the plan file (opgraph.runtime.plan_io); with the compiled kernels embedded, loading it
+        on a matching device and versions compiles nothing."""
         from pathlib import Path
 
-        Path(path).write_bytes(self.to_bytes())
+        Path(path).write_bytes(self.to_bytes(embed_kernels))
 
     # -- explaining ----------------------------------------------------------------------------------
     def describe(self) -> str:
@@ -304,6 +302,17 @@ class ExecutionPlan:
 
 
 __all__ = ["ExecutionPlan", "Step", "StepTime", "build_plan", "engine_configs", "load_plan"]
+
+
+def _run_calls(calls: list[Any]) -> None:
+    for fn, args in calls:
+        fn(*args)
+
+
+def _same_address(buffer: Any, address: int) -> bool:
+    from ..memory.buffers import address_of
+
+    return address_of(buffer) == address
 
 
 def load_plan(path: Any, *, device: Any = None, on_mismatch: str = "error") -> ExecutionPlan:

@@ -179,4 +179,4 @@ def test_backward_with_an_explicit_dropout_mask_is_declined():
 
     node = g2.final.nodes[0]
     why = attention_problem(node, make_piece(g2.final, 0, [node]))
-    assert why is not None and "dropout mask" in why
+    assert why is not None and "dropout" in why

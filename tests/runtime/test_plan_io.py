@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -50,11 +51,13 @@ def test_triton_plan_round_trip_keeps_tuned_configs(tmp_path, rng, monkeypatch):
 
 
 def _doc(plan):
-    return json.loads(plan.to_bytes()[len(MAGIC):])
+    return json.loads(plan.to_bytes().split(b"\n", 1)[1])
 
 
 def _bytes(doc):
-    return MAGIC + json.dumps(doc).encode()
+    """A well-formed file around `doc` (a header with the body's checksum), to test the document's checks."""
+    body = json.dumps(doc).encode()
+    return MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
 
 
 def test_damaged_files_raise_serialization_errors():

@@ -18,12 +18,15 @@ from ...core.device import Device
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
-from ..base import Engine, Kernel
+from ..base import Binding, Engine, Kernel
+from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
+from . import compiler
+from .bound import InterpretedLauncher, TritonLauncher
 from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
 from .launch import Launcher
-from .loader import load_module
+from .loader import load_module, module_file, module_name
 from .templates import discover
 from .templates.base import Arg, Generated, Template
 
@@ -72,37 +75,83 @@ def _ensure_allocator() -> None:
 
 
 class TritonKernel(Kernel):
+    """A piece's generated kernels. On CUDA each launch has a `KernelSpec` (compiler.py) that the
+    build compiles ahead of the first launch (in parallel, `compile_specs`); `bind` launches the
+    binaries natively (bound.py). `run` is the self-contained path (tuning, tests): Triton's JIT."""
+
     def __init__(self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool,
-                 device_index: int = 0) -> None:
+                 device: Device | None = None) -> None:
         super().__init__(piece, config)
         self.generated = generated
         self.interpret = interpret
+        self.device = device
+        self.device_index = device.index if device is not None else 0
         self.module = load_module(generated.source, interpret=interpret)
         self.scratch_bytes = generated.scratch_bytes
         self.launchers = [Launcher(getattr(self.module, l.kernel), l.grid, dict(l.meta), direct=not interpret,
-                                   device_index=device_index) for l in generated.launches]
-        self._scratch_views: dict[tuple[int, int, str], Any] = {}
+                                   device_index=self.device_index) for l in generated.launches]
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
-        self._template_cache: list | None = None
-        self._template_key: Any = None
-        plain = not interpret and all(a.kind in ("buf", "table") for l in generated.launches for a in l.args)
-        self._plain = [(tuple(a.uid if a.kind == "buf" else TABLE_KEY for a in l.args), launcher)
-                       for l, launcher in zip(generated.launches, self.launchers)] if plain else None
+        self._specs: list[compiler.KernelSpec | None] | None = None
 
     def source(self) -> str:
         return self.generated.source
 
-    def _scratch(self, scratch: Any, arg: Arg) -> Any:
-        base = _as_torch(scratch)
-        key = (base.data_ptr(), arg.offset, arg.dtype)
-        view = self._scratch_views.get(key)
-        if view is None:
-            import torch
+    # -- ahead-of-time compilation ----------------------------------------------------------------
+    def _arg_type(self, arg: Arg) -> str:
+        if arg.kind == "buf":
+            return compiler.pointer_type(self.piece.tensor(arg.uid).data_type)
+        if arg.kind == "scalar":
+            return "fp32"  # passed as a Python float (rounded to its declared type by the binding)
+        if arg.kind == "scratch":
+            return compiler.scratch_type(arg.dtype)
+        return "*i64"  # the address table
 
-            view = base[arg.offset:].view(getattr(torch, arg.dtype))
-            if len(self._scratch_views) < 64:
-                self._scratch_views[key] = view
-        return view
+    def spec(self, i: int) -> compiler.KernelSpec | None:
+        """Launch i's compile spec (CUDA only; None where Triton's JIT must decide)."""
+        if self.interpret or self.device is None:
+            return None
+        if self._specs is None:
+            path, name = str(module_file(self.generated.source)), module_name(self.generated.source, False)
+            target = compiler.target_of(self.device.capability)
+            canonical = compiler.canonical_digest(self.generated.source)
+            self._specs = [compiler.make_spec(getattr(self.module, l.kernel), path, name, l.kernel,
+                                              [self._arg_type(a) for a in l.args], dict(l.meta), target, canonical)
+                           for l in self.generated.launches]
+        return self._specs[i]
+
+    def compile_specs(self) -> list[tuple[compiler.KernelSpec, Any]]:
+        if self.interpret or self.device is None:
+            return []
+        out = []
+        for i, l in enumerate(self.generated.launches):
+            spec = self.spec(i)
+            if spec is not None:
+                out.append((spec, getattr(self.module, l.kernel)))
+        return out
+
+    def binary(self, i: int) -> compiler.KernelBinary | None:
+        """Launch i's binary: from the registry, else compiled now (a lazy build's first bind)."""
+        spec = self.spec(i)
+        if spec is None:
+            return None
+        return compiler.registered(spec) or compiler.compile_here(spec, getattr(self.module, self.generated.launches[i].kernel))
+
+    def artifacts(self) -> list[Any]:
+        out = []
+        for i in range(len(self.generated.launches)):
+            spec = self.spec(i)
+            binary = compiler.registered(spec) if spec is not None else None
+            if binary is not None:
+                out.append(binary.artifact())
+        return out
+
+    # -- running ----------------------------------------------------------------------------------
+    def bind(self, binding: Binding, scratch: Any) -> BaseLauncher:
+        if self.interpret:
+            return InterpretedLauncher(self, binding, scratch)
+        if self._needs_allocator:
+            _ensure_allocator()
+        return TritonLauncher(self, binding, scratch)
 
     def _arg(self, arg: Arg, buffers: Mapping[int, Any], scratch: Any) -> Any:
         if arg.kind == "buf":
@@ -110,7 +159,9 @@ class TritonKernel(Kernel):
         if arg.kind == "scalar":
             return float(buffers[arg.uid])
         if arg.kind == "scratch":
-            return self._scratch(scratch, arg)
+            import torch
+
+            return _as_torch(scratch)[arg.offset:].view(getattr(torch, arg.dtype))
         if arg.kind == "table":
             return buffers[TABLE_KEY]
         raise ValueError(arg.kind)
@@ -118,39 +169,11 @@ class TritonKernel(Kernel):
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         if self._needs_allocator:
             _ensure_allocator()
-        if self._plain:  # CUDA, buffers and scalars only: the hot path, no per-argument dispatch
-            for uids, launcher in self._plain:
-                launcher([buffers[u] for u in uids], stream)
-            return
-        if not self.interpret:  # CUDA with scratch or scalars: scratch views are fixed per workspace
-            for template, bufs, scalars, launcher in self._templates(scratch):
-                args = list(template)
-                for i, uid in bufs:
-                    args[i] = buffers[uid]
-                for i, uid in scalars:
-                    args[i] = float(buffers[uid])
-                launcher(args, stream)
-            return
         # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
         # about them are noise
         with np.errstate(all="ignore"), interpreting_here():
             for launch, launcher in zip(self.generated.launches, self.launchers):
                 launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
-
-    def _templates(self, scratch: Any) -> list[tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]], Any]]:
-        """Per launch: the argument list with the scratch views filled in, and the positions of the
-        buffers and scalars to fill per call; cached per scratch buffer."""
-        key = None if scratch is None else scratch.data_ptr()
-        if self._template_key != key or self._template_cache is None:
-            cache = []
-            for launch, launcher in zip(self.generated.launches, self.launchers):
-                template = [self._arg(a, {}, scratch) if a.kind == "scratch" else None for a in launch.args]
-                bufs = [(i, a.uid if a.kind == "buf" else TABLE_KEY) for i, a in enumerate(launch.args)
-                        if a.kind in ("buf", "table")]
-                scalars = [(i, a.uid) for i, a in enumerate(launch.args) if a.kind == "scalar"]
-                cache.append((template, bufs, scalars, launcher))
-            self._template_cache, self._template_key = cache, key
-        return self._template_cache
 
 
 def refusal_text(piece: Piece, refusals: list[tuple[Template, str]]) -> str:
@@ -232,7 +255,7 @@ class TritonEngine(Engine):
         name = knobs.pop("template")
         template = next(t for t in TEMPLATES if t.name == name)
         generated = make_indirect(template.generate(piece, knobs, device), table_slots(piece.graph))
-        return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device_index=device.index)
+        return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its
     # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;

@@ -1,0 +1,118 @@
+"""Compiling a plan's kernels at build time, in parallel, each distinct kernel once.
+
+`build()` (compile="parallel", the default on CUDA) gathers every step's compile specs
+(Kernel.compile_specs: the Triton engine's generated kernels, the library engine's parts), keeps one
+per distinct kernel (the repeated blocks of a network generate identical kernels), takes what this
+process or Triton's disk cache already has, and compiles the rest in worker processes, one per core
+(opgraph.engines.triton.pool). A rich progress bar appears when that takes more than PROGRESS_AFTER
+seconds (OPGRAPH_PROGRESS=0 hides it). A step whose kernel fails to compile gives way to its next
+alternative config, as a config that fails to build does in the planner. compile="serial" compiles
+in this process, one kernel after the other; compile="lazy" leaves each kernel to its first execute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.device import Device
+from ..core.errors import ExecutionError, GraphError
+from ..engines import get_engine
+
+log = logging.getLogger("opgraph.build")
+
+MODES = ("parallel", "serial", "lazy")
+PROGRESS_AFTER = 1.5  # seconds
+
+
+class LazyProgress:
+    """A rich progress bar that shows itself only once the work has taken PROGRESS_AFTER seconds."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.t0 = time.perf_counter()
+        self.bar: Any = None
+        self.task: Any = None
+        self.enabled = os.environ.get("OPGRAPH_PROGRESS", "1") not in ("0", "")
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if not self.enabled or done >= total or time.perf_counter() - self.t0 < PROGRESS_AFTER:
+                return
+            try:
+                from rich.console import Console
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            except ImportError:
+                self.enabled = False
+                return
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(file=sys.stderr), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task(self.what, total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list[Any], dict[str, Any]]:
+    """Compile the kernels of `steps` (planner.Step) ahead of their first launch; returns the steps
+    (a step whose kernel failed replaced by its first alternative that compiles) and statistics."""
+    if mode not in MODES:
+        raise GraphError(f"build(compile={mode!r})", rule="build.compile",
+                         hint=f"use one of {', '.join(MODES)}")
+    stats: dict[str, Any] = {"mode": mode}
+    if mode == "lazy" or not device.is_cuda:
+        return list(steps), stats
+    from ..engines.triton import compiler
+
+    specs: dict[str, tuple[Any, Any]] = {}
+    owners: dict[str, list[int]] = {}
+    launches = 0
+    for i, step in enumerate(steps):
+        for spec, fn in step.kernel.compile_specs():
+            launches += 1
+            specs.setdefault(spec.key, (spec, fn))
+            owners.setdefault(spec.key, []).append(i)
+    progress = LazyProgress(f"compiling {len(specs)} kernels")
+    try:
+        report = compiler.compile_all(specs, parallel=mode == "parallel", progress=progress)
+    finally:
+        progress.close()
+    stats.update(dataclasses.asdict(report))
+    stats["launches"] = launches
+    log.info("compiled %d distinct kernels of %d launches (%d ready, %d cached, %d compiled on %d workers) "
+             "in %.1f s", report.kernels, launches, report.ready, report.cached, report.compiled, report.workers,
+             report.seconds)
+    out = list(steps)
+    for i in sorted({i for key in report.failed for i in owners[key]}):
+        out[i] = _replace(out[i], device, {k: report.failed[k] for k in report.failed if i in owners[k]})
+    return out, stats
+
+
+def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
+    """The step with its first alternative config whose kernels compile (compiled here)."""
+    from ..engines.triton import compiler
+
+    why = "; ".join(errors.values())
+    log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
+    for alt in step.alternatives:
+        try:
+            kernel = get_engine(alt.engine).compile(step.piece, alt, device)
+            for spec, fn in kernel.compile_specs():
+                compiler.compile_here(spec, fn)
+        except Exception as err:  # noqa: BLE001 - the next alternative
+            log.info("step %d: alternative %s failed too: %s", step.index, alt, err)
+            continue
+        others = tuple(c for c in (step.config, *step.alternatives) if c is not alt)
+        return dataclasses.replace(step, config=alt, kernel=kernel, alternatives=others)
+    raise ExecutionError(f"step {step.index} ({step.piece.label()}): {step.config} failed to compile: {why}",
+                         op=step.piece.nodes[0].label(), rule="build.compile_failed",
+                         hint="build with another engine, or report the graph (its kernels do not compile)")

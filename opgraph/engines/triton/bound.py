@@ -1,0 +1,177 @@
+"""Generated kernels bound to a plan's buffers (TritonKernel.bind).
+
+On CUDA each launch is a `NativeLaunch` (native.py) holding its argument slots: the buffers' and the
+scratch's addresses, the address table's, the scalars' values, the grid and the stream slot are all
+written once when the kernel is bound; `rebind` rewrites only the slots of the tensors that moved.
+The binary comes from the compiler's registry (compiled by the build, or embedded in a plan file);
+with `build(compile="lazy")` it is compiled here, at the first bind.
+
+Triton's own launch path stays for what the native one does not do: a pointer that is not 16-byte
+aligned (the precompiled kernels assume alignment; Triton's JIT specialises and compiles a variant),
+kernels whose metadata asks for launch features the native launcher lacks, and OPGRAPH_LAUNCH=jit.
+In Triton's interpreter (the CPU) the arguments are the bound arrays as zero-copy tensors, made at
+bind, and each call runs the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ...memory.addresses import TABLE_KEY
+from ..base import Binding, Launcher
+from . import compiler, native
+
+
+def launch_mode() -> str:
+    mode = os.environ.get("OPGRAPH_LAUNCH", "native")
+    return mode if mode in ("native", "jit") else "native"
+
+
+class _JitLaunch:
+    """A launch through Triton's JIT (`fn[grid](*args, **meta)`), arguments as bound objects."""
+
+    def __init__(self, launcher: Any, args: list[Any]) -> None:
+        self.launcher, self.args = launcher, args
+        self.call = (self._run, ())
+
+    def _run(self) -> None:
+        self.launcher(self.args, None)
+
+
+class TritonLauncher(Launcher):
+    """All launches of one TritonKernel on CUDA, bound to a Binding."""
+
+    def __init__(self, kernel: Any, binding: Binding, scratch: Any) -> None:
+        super().__init__()
+        self.kernel, self.binding = kernel, binding
+        self.scratch = scratch
+        self.scratch_ptr = int(scratch.data_ptr()) if scratch is not None else 0
+        self.device_index = kernel.device_index
+        binding.preludes[("cuda-context", self.device_index)] = (native.ensure_context, (self.device_index,))
+        self.users: dict[int, list[tuple[int, int]]] = {}
+        for li, launch in enumerate(kernel.generated.launches):
+            for ai, arg in enumerate(launch.args):
+                if arg.kind in ("buf", "scalar"):
+                    self.users.setdefault(arg.uid, []).append((li, ai))
+        self.launches = [self._make(li) for li in range(len(kernel.generated.launches))]
+        self.calls = [x.call for x in self.launches]
+
+    def _value(self, li: int, ai: int) -> Any:
+        arg = self.kernel.generated.launches[li].args[ai]
+        if arg.kind == "buf":
+            return self.binding.pointers[arg.uid]
+        if arg.kind == "scalar":
+            return self.binding.buffers[arg.uid]
+        if arg.kind == "scratch":
+            return self.scratch_ptr + arg.offset
+        return self.binding.pointers[TABLE_KEY]
+
+    def _object(self, li: int, ai: int) -> Any:
+        """The argument as Triton's JIT takes it (a tensor, or a float)."""
+        arg = self.kernel.generated.launches[li].args[ai]
+        if arg.kind == "buf":
+            return self.binding.buffers[arg.uid]
+        if arg.kind == "scalar":
+            return float(self.binding.buffers[arg.uid])
+        if arg.kind == "scratch":
+            import torch
+
+            return self.scratch[arg.offset:].view(getattr(torch, arg.dtype))
+        return self.binding.buffers[TABLE_KEY]
+
+    def _make(self, li: int) -> Any:
+        launch = self.kernel.generated.launches[li]
+        values = [self._value(li, ai) for ai in range(len(launch.args))]
+        aligned = all(v % 16 == 0 for v, a in zip(values, launch.args) if a.kind != "scalar")
+        spec = self.kernel.spec(li) if aligned and launch_mode() == "native" else None
+        binary = self.kernel.binary(li) if spec is not None else None
+        if binary is not None and native.unsupported(binary.metadata) is None:
+            scratch_bytes = int(binary.meta("global_scratch_size") or 0)
+            global_scratch = 0
+            if scratch_bytes:  # per-program scratch the kernel asks for: one buffer for the binding's life
+                import torch
+
+                gx, gy, gz = self.kernel.launchers[li].grid
+                align = int(binary.meta("global_scratch_align") or 1)
+                self._global = torch.empty(gx * gy * gz * scratch_bytes + align, dtype=torch.uint8,
+                                           device=f"cuda:{self.device_index}")
+                global_scratch = -(-self._global.data_ptr() // align) * align
+            function = native.load(binary.key, binary.name, binary.cubin, int(binary.meta("shared", 0)),
+                                   self.device_index, int(binary.meta("num_warps", 4)))
+            types = [ty for _, ty in spec.runtime]  # type: ignore[union-attr]
+            out = native.NativeLaunch(function, self.kernel.launchers[li].grid, int(binary.meta("num_warps", 4)),
+                                      int(binary.meta("shared", 0)), types, self.binding.stream.c, global_scratch)
+            for ai, v in enumerate(values):
+                out.set(ai, v)
+            return out
+        return _JitLaunch(self.kernel.launchers[li], [self._object(li, ai) for ai in range(len(launch.args))])
+
+    def rebind(self, uids: Iterable[int]) -> bool:
+        changed = False
+        stale: set[int] = set()
+        for uid in uids:
+            for li, ai in self.users.get(uid, ()):
+                launch = self.launches[li]
+                if isinstance(launch, native.NativeLaunch):
+                    value = self._value(li, ai)
+                    if launch.types[ai].startswith("*") and value % 16:
+                        stale.add(li)  # no longer aligned: Triton's JIT takes it
+                    else:
+                        launch.set(ai, value)
+                else:
+                    stale.add(li)
+        for li in stale:
+            self.launches[li] = self._make(li)
+            changed = True
+        if changed:
+            self.calls = [x.call for x in self.launches]
+        return changed
+
+
+class InterpretedLauncher(Launcher):
+    """Triton's interpreter (CPU): the arguments as zero-copy tensors of the bound arrays, made at
+    bind and when tensors move."""
+
+    def __init__(self, kernel: Any, binding: Binding, scratch: Any) -> None:
+        super().__init__()
+        self.kernel, self.binding, self.scratch = kernel, binding, scratch
+        self._args = self._build()
+        self.calls = [(self._run, ())]
+
+    def _build(self) -> list[list[Any]]:
+        from . import _as_torch
+
+        out = []
+        for launch in self.kernel.generated.launches:
+            args = []
+            for a in launch.args:
+                if a.kind == "buf":
+                    args.append(_as_torch(self.binding.buffers[a.uid]))
+                elif a.kind == "scalar":
+                    args.append(float(self.binding.buffers[a.uid]))
+                elif a.kind == "scratch":
+                    import torch
+
+                    args.append(_as_torch(self.scratch)[a.offset:].view(getattr(torch, a.dtype)))
+                else:
+                    args.append(self.binding.buffers[TABLE_KEY])
+            out.append(args)
+        return out
+
+    def rebind(self, uids: Iterable[int]) -> bool:
+        self._args = self._build()
+        return False
+
+    def _run(self) -> None:
+        # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
+        # about them are noise
+        with np.errstate(all="ignore"):
+            for args, launcher in zip(self._args, self.kernel.launchers):
+                launcher(args, None)
+
+
+__all__ = ["InterpretedLauncher", "TritonLauncher", "compiler"]

@@ -1,0 +1,179 @@
+"""Loading and launching compiled kernels through the CUDA driver API, with prebuilt arguments.
+
+Why a launcher of our own rather than Triton's: a kernel's arguments are a fixed list of pointers and
+scalars whose values change rarely (a new buffer address, a new scalar value) while launches happen
+every execute. Here each launch owns its argument slots (ctypes objects), the array of their
+addresses that `cuLaunchKernel` reads, and one prebuilt argument tuple; binding a new address writes
+one slot, and a launch is a single foreign call with nothing to convert or look up (no `data_ptr()`
+calls, no argument parsing, no per-signature launcher compiled with gcc, as Triton's is on first use
+of each signature). The stream is one `c_void_p` shared by every launch of a binding
+(engines.base.StreamSlot), set once per execute.
+
+The kernel ABI is Triton's (3.x): the non-constexpr parameters in order, then the global-scratch and
+profile-scratch pointers; block = 32 x num_warps threads; `shared` bytes of dynamic shared memory
+(opted in above 48 KiB when the module is loaded). Kernels that need what this launcher does not do
+(clusters, cooperative or PDL launches, tensor descriptors, profile scratch) say so in `unsupported`,
+and the caller launches them through Triton instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from typing import Any
+
+from ...core.errors import ExecutionError
+
+_LOCK = threading.RLock()  # load() holds it and may create the driver
+_DRIVER: Any = None
+_LOADED: dict[tuple[str, int], tuple[int, int]] = {}  # (binary key, device) -> (module, function)
+
+CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_FUNC_CACHE_PREFER_SHARED = 2
+
+
+class _Driver:
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        self.lib = lib
+        self.launch = lib.cuLaunchKernel
+        self.launch.restype = ctypes.c_int
+        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuFuncGetAttribute", "cuFuncSetAttribute",
+                     "cuFuncSetCacheConfig", "cuDeviceGetAttribute", "cuCtxGetCurrent", "cuCtxSetCurrent",
+                     "cuDevicePrimaryCtxRetain", "cuDeviceGet", "cuGetErrorString"):
+            getattr(lib, name).restype = ctypes.c_int
+
+    def check(self, rc: int, what: str) -> None:
+        if rc:
+            raise ExecutionError(f"the CUDA driver failed to {what}: {self.error(rc)}", rule="triton.driver",
+                                 hint="check the device and the kernel (OPGRAPH_LAUNCH=triton uses Triton's launcher)")
+
+    def error(self, rc: int) -> str:
+        text = ctypes.c_char_p()
+        self.lib.cuGetErrorString(rc, ctypes.byref(text))
+        return f"{text.value.decode() if text.value else 'unknown error'} (CUresult {rc})"
+
+
+def driver() -> _Driver:
+    global _DRIVER
+    if _DRIVER is None:
+        with _LOCK:
+            if _DRIVER is None:
+                _DRIVER = _Driver()
+    return _DRIVER
+
+
+_THREAD = threading.local()
+
+
+def ensure_context(device_index: int) -> None:
+    """Make the device's primary context current in this thread if no context is (a thread that has
+    not touched CUDA yet); a launch needs one. Checked with the driver once per thread."""
+    if getattr(_THREAD, "checked", None) == device_index:
+        return
+    d = driver()
+    ctx = ctypes.c_void_p()
+    d.lib.cuCtxGetCurrent(ctypes.byref(ctx))
+    _THREAD.checked = device_index
+    if not ctx.value:
+        dev = ctypes.c_int()
+        d.check(d.lib.cuDeviceGet(ctypes.byref(dev), device_index), "get the device")
+        d.check(d.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain the primary context")
+        d.check(d.lib.cuCtxSetCurrent(ctx), "make the context current")
+
+
+def unsupported(metadata: dict[str, Any]) -> str | None:
+    """Why the native launcher cannot launch a kernel with this metadata (None: it can)."""
+    if int(metadata.get("num_ctas", 1)) != 1:
+        return "a cluster launch (num_ctas > 1)"
+    if metadata.get("launch_cooperative_grid") or metadata.get("launch_pdl"):
+        return "a cooperative or programmatic-dependent launch"
+    if metadata.get("tensordesc_meta"):
+        return "tensor-descriptor arguments"
+    if int(metadata.get("profile_scratch_size") or 0):
+        return "profile scratch (instrumentation)"
+    return None
+
+
+def load(key: str, name: str, cubin: bytes, shared: int, device_index: int, num_warps: int) -> int:
+    """The CUfunction of a cubin on a device (loaded once per process and device)."""
+    found = _LOADED.get((key, device_index))
+    if found is not None:
+        return found[1]
+    with _LOCK:
+        found = _LOADED.get((key, device_index))
+        if found is not None:
+            return found[1]
+        d = driver()
+        ensure_context(device_index)
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        d.check(d.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)), f"load kernel {name}")
+        d.check(d.lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), f"find kernel {name}")
+        threads = ctypes.c_int()
+        d.check(d.lib.cuFuncGetAttribute(ctypes.byref(threads), CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+                "query the kernel")
+        if num_warps * 32 > threads.value:
+            raise ExecutionError(f"kernel {name} needs {num_warps * 32} threads per block, the device allows "
+                                 f"{threads.value} for it", rule="triton.resources", hint="pick a config with fewer warps")
+        if shared > 49152:
+            dev = ctypes.c_int()
+            d.check(d.lib.cuDeviceGet(ctypes.byref(dev), device_index), "get the device")
+            optin, static = ctypes.c_int(), ctypes.c_int()
+            d.check(d.lib.cuDeviceGetAttribute(ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                               dev), "query shared memory")
+            if shared > optin.value:
+                raise ExecutionError(f"kernel {name} needs {shared} bytes of shared memory, the device has "
+                                     f"{optin.value}", rule="triton.resources", hint="pick a config with smaller tiles")
+            d.check(d.lib.cuFuncSetCacheConfig(function, CU_FUNC_CACHE_PREFER_SHARED), "prefer shared memory")
+            d.check(d.lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+                    "query the kernel")
+            d.check(d.lib.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             optin.value - static.value), "opt in to shared memory")
+        _LOADED[(key, device_index)] = (module.value or 0, function.value or 0)
+        return function.value or 0
+
+
+_SCALARS: dict[str, Any] = {
+    "i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
+    "u1": ctypes.c_uint8, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
+    "fp16": ctypes.c_uint16, "bf16": ctypes.c_uint16, "fp32": ctypes.c_float, "f32": ctypes.c_float,
+    "fp64": ctypes.c_double,
+}
+
+
+def _pack(ty: str, value: Any) -> Any:
+    if ty == "fp16":
+        return struct.unpack("<H", struct.pack("<e", float(value)))[0]
+    if ty == "bf16":
+        return struct.unpack("<I", struct.pack("<f", float(value)))[0] >> 16
+    return float(value) if ty.startswith("fp") or ty == "f32" else int(value)
+
+
+class NativeLaunch:
+    """One kernel launch with its argument slots. `set(i, value)` writes runtime argument i (a pointer
+    as an int, a scalar as a number); `call` is the (function, args) pair an execute makes."""
+
+    def __init__(self, function: int, grid: tuple[int, int, int], num_warps: int, shared: int,
+                 types: list[str], stream_c: ctypes.c_void_p, global_scratch: int = 0) -> None:
+        self.types = types
+        self.slots: list[Any] = [ctypes.c_uint64(0) if ty.startswith("*") else _SCALARS[ty]() for ty in types]
+        self.slots += [ctypes.c_uint64(global_scratch), ctypes.c_uint64(0)]  # global and profile scratch
+        self.params = (ctypes.c_void_p * len(self.slots))(*[ctypes.addressof(s) for s in self.slots])
+        gx, gy, gz = grid
+        self.args = (ctypes.c_void_p(function), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz),
+                     ctypes.c_uint(32 * num_warps), ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
+                     stream_c, self.params, None)
+        self.empty = gx * gy * gz == 0
+        self.call = (driver().launch, self.args) if not self.empty else (_nothing, ())
+
+    def set(self, i: int, value: Any) -> None:
+        ty = self.types[i]
+        self.slots[i].value = int(value) if ty.startswith("*") else _pack(ty, value)
+
+
+def _nothing() -> None:
+    return None

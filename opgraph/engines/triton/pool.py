@@ -1,0 +1,140 @@
+"""A pool of compile-worker processes (compile_worker.py) fed JSON jobs through pipes.
+
+Workers are separate interpreters started with `sys.executable` (as torch.compile starts its
+compile workers): no fork of a process holding CUDA and PyTorch's threads, and no re-import of the
+user's `__main__`, which `multiprocessing`'s spawn would do. The pool is sized to the machine's cores
+(`OPGRAPH_COMPILE_WORKERS` overrides), started on first use and kept for later builds of the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .compile_worker import PATH_ENV
+
+WORKER = Path(__file__).with_name("compile_worker.py")
+
+
+def default_size() -> int:
+    env = os.environ.get("OPGRAPH_COMPILE_WORKERS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class _Worker:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-u", str(WORKER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
+        self.buffer = b""
+        self.job: dict[str, Any] | None = None
+
+    def send(self, job: dict[str, Any]) -> None:
+        self.job = job
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+class WorkerPool:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.workers: list[_Worker] = []
+        self.lock = threading.Lock()
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)  # workers compile for the GPU
+        env[PATH_ENV] = json.dumps([os.path.abspath(p) if p else os.getcwd() for p in sys.path])
+        return env
+
+    def run(self, jobs: Sequence[dict[str, Any]], done: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+        """Run every job (each a dict with a unique "id"), calling `done(job, answer)` as each finishes.
+        A worker that dies takes its job with it: the answer says so, and a fresh worker replaces it."""
+        with self.lock:
+            pending = list(jobs)
+            env = self._env()
+            want = min(self.size, len(pending))
+            self.workers = [w for w in self.workers if w.alive()]
+            while len(self.workers) < want:
+                self.workers.append(_Worker(env))
+            sel = selectors.DefaultSelector()
+            for w in self.workers:
+                assert w.proc.stdout is not None
+                sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+            busy = 0
+            for w in self.workers:
+                if pending:
+                    w.send(pending.pop(0))
+                    busy += 1
+            while busy:
+                for key, _ in sel.select():
+                    w = key.data
+                    chunk = os.read(key.fileobj.fileno(), 1 << 16)  # type: ignore[union-attr]
+                    if not chunk:  # the worker died
+                        sel.unregister(key.fileobj)
+                        job, w.job = w.job, None
+                        busy -= 1
+                        if job is not None:
+                            done(job, {"id": job["id"], "ok": False, "error": "the compile worker exited "
+                                       f"(status {w.proc.wait()})"})
+                        self.workers.remove(w)
+                        if pending:
+                            fresh = _Worker(env)
+                            self.workers.append(fresh)
+                            assert fresh.proc.stdout is not None
+                            sel.register(fresh.proc.stdout, selectors.EVENT_READ, fresh)
+                            fresh.send(pending.pop(0))
+                            busy += 1
+                        continue
+                    w.buffer += chunk
+                    while b"\n" in w.buffer:
+                        line, w.buffer = w.buffer.split(b"\n", 1)
+                        answer = json.loads(line)
+                        job, w.job = w.job, None
+                        busy -= 1
+                        if job is not None:
+                            done(job, answer)
+                        if pending:
+                            w.send(pending.pop(0))
+                            busy += 1
+            sel.close()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+
+_POOL: WorkerPool | None = None
+
+
+def shared_pool() -> WorkerPool:
+    global _POOL
+    if _POOL is None:
+        _POOL = WorkerPool(default_size())
+        atexit.register(_POOL.close)
+    return _POOL

@@ -1,0 +1,90 @@
+"""An internal CUDA graph of a bound plan, replayed while nothing it baked in changes.
+
+Flat launching (bound.py) costs the driver's launch per kernel, a few µs of host time each; a plan of
+hundreds of steps costs a millisecond or more. When a bound plan has run `AFTER` times in a row with
+the same addresses and scalar values (a training loop over the same buffers, new data written into
+them), its launches are captured once into a CUDA graph and later executes replay it: one launch for
+the whole plan. Replays see what the flat launches would: buffer contents, device scalars
+(1-element tensors) and the address table are read at run time, so data written between executes,
+a learning-rate schedule and by-reference tensors moved through the table (`set_address`, or a pack
+whose only moved tensors are table-addressed) all take effect without a new capture. A moved buffer
+that a launch holds by address, a new pass-by-value scalar or another workspace drops the graph; the
+plan launches flat until it is stable again.
+
+Opt-in for now: `plan.auto_graph = True` (or OPGRAPH_AUTOGRAPH=1 when plans are built). It was
+written after the last GPU session of issue 14 and is covered by GPU tests (tests/test_runtime_gpu.py)
+that have not run yet; flat launching is the measured default. Only plans whose every step is
+CUDA_GRAPH_CAPTURABLE are captured, never inside a capture of the caller's own. A capture that fails
+turns the feature off for that binding (flat launches, as without it). The graph's memory pool holds
+the temporaries of steps that run through PyTorch, for the binding's life.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..core.config import BehaviorNote
+
+log = logging.getLogger("opgraph.runtime")
+AFTER = 2  # executes with nothing changed before the capture
+
+
+class AutoGraph:
+    def __init__(self, bound: Any) -> None:
+        plan = bound.plan
+        self.bound = bound
+        self.enabled = plan.device.is_cuda and all(
+            BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in plan.steps)
+        self.graph: Any = None
+        self.stable = 0
+        self.captures = 0
+        self.replays = 0
+
+    def invalidate(self) -> None:
+        self.graph = None
+        self.stable = 0
+
+    def run(self) -> bool:
+        """Replay (capturing first when the binding has been stable) and answer True, or False: the
+        caller launches flat. Runs on PyTorch's current stream, which the caller made the execute's."""
+        if not self.enabled or not self.bound.plan.auto_graph:
+            return False
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        if self.graph is None:
+            self.stable += 1
+            if self.stable <= AFTER or not self._capture(torch):
+                return False
+        self.graph.replay()
+        self.replays += 1
+        return True
+
+    def _capture(self, torch: Any) -> bool:
+        bound = self.bound
+        slot = bound.binding.stream
+        before = slot.handle
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                slot.set(bound.plan._streams.current())  # the capture stream
+                bound.run()
+        except Exception as err:  # noqa: BLE001 - launch flat from now on, as without graphs
+            log.warning("plan '%s': capturing its launches failed (%s: %s); launching them one by one",
+                        bound.plan.graph.name, type(err).__name__, err)
+            self.enabled = False
+            return False
+        finally:
+            slot.set(before)
+        self.graph = graph
+        self.captures += 1
+        return True
+
+
+def default() -> bool:
+    """Whether new plans replay internal graphs (OPGRAPH_AUTOGRAPH=1); off by default."""
+    import os
+
+    return os.environ.get("OPGRAPH_AUTOGRAPH", "0") not in ("0", "")
