@@ -15,6 +15,7 @@ import numpy as np
 
 from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ...core.device import Device
+from ...core.errors import AttributeValueError
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
@@ -31,6 +32,15 @@ from .templates import discover
 from .templates.base import Arg, Generated, Template
 
 TEMPLATES: list[Template] = discover()
+TEMPLATE_BY_NAME: dict[str, Template] = {t.name: t for t in TEMPLATES}
+
+
+def _estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float:
+    """The template's own estimate of a config, else the generic bytes-and-math one."""
+    own = template.estimate(piece, knobs, device)
+    if own is not None:
+        return own
+    return estimate_us(piece, device, launches=2 if int(knobs.get("SPLIT", 1)) > 1 else 1)
 
 
 def _triton_installed() -> bool:
@@ -240,11 +250,9 @@ class TritonEngine(Engine):
         return [
             EngineConfig(
                 "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=frozenset(template.notes(piece, k, device)) if hasattr(template, "notes")
-                else frozenset(),
+                numerical_notes=frozenset(template.notes(piece, k, device)),
                 behavior_notes=frozenset(behavior),
-                estimate_us=template.estimate(piece, k, device) if hasattr(template, "estimate")
-                else estimate_us(piece, device, launches=2 if int(k.get("SPLIT", 1)) > 1 else 1),
+                estimate_us=_estimate(template, piece, k, device),
                 why=f"{template.name} template, {mode.name} heuristic",
             )
             for k in candidates
@@ -253,7 +261,13 @@ class TritonEngine(Engine):
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         knobs = dict(config.knobs)
         name = knobs.pop("template")
-        template = next(t for t in TEMPLATES if t.name == name)
+        template = TEMPLATE_BY_NAME.get(name)
+        if template is None:
+            raise AttributeValueError(
+                f"triton config {config} names no template of this Triton engine ({name!r})",
+                op=piece.nodes[0].label(), rule="triton.template",
+                hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
+                     "or from a plan this version built")
         generated = make_indirect(template.generate(piece, knobs, device), table_slots(piece.graph))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)
 

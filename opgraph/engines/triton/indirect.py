@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from ...core.dtypes import DataType
 from .expr import TL_DTYPE
-from .templates.base import Arg, Generated, Launch
+from .templates.base import Arg, ArgKind, Generated, Launch
 
 TABLE_PARAM = "og_table"
 
@@ -57,7 +57,7 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
             loads.append(f"{body_indent}{name} = tl.load({TABLE_PARAM} + {slot}).to(tl.pointer_type({TL_DTYPE[dtype]}))")
             loads.append(f"{body_indent}{name} = tl.multiple_of({name}, 16)")
         edits.append((fn.lineno, fn.body[0].lineno - 1, [header, *loads]))
-        args = tuple(a for i, a in enumerate(launch.args) if i not in refs) + (Arg("table"),)
+        args = tuple(a for i, a in enumerate(launch.args) if i not in refs) + (Arg(ArgKind.TABLE),)
         done[launch.kernel] = args
         launches.append(replace(launch, args=args))
     for first, last, replacement in sorted(edits, reverse=True):

@@ -4,7 +4,7 @@ of the step's scratch memory (the backward's delta and dBias partials)."""
 
 from __future__ import annotations
 
-from ..templates.base import Arg, Generated, Launch, module_source
+from ..templates.base import Arg, ArgKind, Generated, Launch, module_source
 from .spec import Source
 
 ALIGN = 256
@@ -19,7 +19,7 @@ def launches_of(src: Source) -> Generated:
     def arg(name: str) -> Arg:
         if name in offsets:
             off, dt = offsets[name]
-            return Arg("scratch", offset=off, dtype=dt)
+            return Arg(ArgKind.SCRATCH, offset=off, dtype=dt)
         kind = {"p": "buf", "s": "scalar"}[name[0]]
         return Arg(kind, int(name[1:]))
 

@@ -3,24 +3,33 @@ generates source plus the launches (kernel name, grid, arguments) that run the p
 
 from __future__ import annotations
 
+import enum
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....core.config import Support
+from ....core.config import NumericalNote, Support
 from ....core.device import Device
 from ....core.piece import Piece
 from ..expr import HELPERS, custom_imports
 
 
+class ArgKind(str, enum.Enum):
+    """What fills a kernel argument at launch."""
+
+    BUF = "buf"  # a bound buffer's address (uid)
+    SCALAR = "scalar"  # a pass-by-value scalar's value (uid)
+    SCRATCH = "scratch"  # a typed slice of the step's scratch memory (byte offset, dtype name)
+    TABLE = "table"  # the plan's address table of by-reference tensors
+
+
 @dataclass(frozen=True)
 class Arg:
-    """A runtime kernel argument: a bound buffer (`buf`, uid), a pass-by-value scalar (`scalar`,
-    uid) or a typed slice of the step's scratch memory (`scratch`, byte offset, dtype name)."""
+    """A runtime kernel argument (see ArgKind)."""
 
-    kind: str
+    kind: ArgKind
     uid: int = -1
     offset: int = 0
     dtype: str = "float32"
@@ -59,6 +68,15 @@ class Template(ABC):
     @abstractmethod
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated: ...
 
+    # -- declared defaults (a template overrides what it knows better) -------------------------------
+    def notes(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> frozenset[NumericalNote]:
+        """The numerical notes of a config (tensor cores, TF32, split reductions): none by default."""
+        return frozenset()
+
+    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+        """Estimated µs of a config; None: the engine's generic bytes-and-math estimate."""
+        return None
+
 
 class Params:
     """The runtime parameters of one generated kernel and the launch arguments that fill them, in
@@ -75,13 +93,13 @@ class Params:
         return name
 
     def buf(self, uid: int) -> str:
-        return self._add(f"p{uid}", Arg("buf", uid))
+        return self._add(f"p{uid}", Arg(ArgKind.BUF, uid))
 
     def scalar(self, uid: int) -> str:
-        return self._add(f"s{uid}", Arg("scalar", uid))
+        return self._add(f"s{uid}", Arg(ArgKind.SCALAR, uid))
 
     def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
-        return self._add(name, Arg("scratch", offset=offset, dtype=dtype))
+        return self._add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
 
     def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
         return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
@@ -97,10 +115,10 @@ def external_params(piece: Piece, uids: Sequence[int]) -> tuple[list[str], list[
     for u in uids:
         if piece.tensor(u).is_pass_by_value:
             params.append(f"s{u}")
-            args.append(Arg("scalar", u))
+            args.append(Arg(ArgKind.SCALAR, u))
         else:
             params.append(f"p{u}")
-            args.append(Arg("buf", u))
+            args.append(Arg(ArgKind.BUF, u))
     return params, args
 
 

@@ -42,6 +42,7 @@ from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import Emitter, compute_type, elementwise, to_storage
 from .base import (
     Arg,
+    ArgKind,
     Generated,
     Launch,
     Template,
@@ -459,7 +460,7 @@ class ReductionTemplate(Template):
             for i, r in enumerate(a.reducers):
                 dt = _acc_type(r, compute).removeprefix("tl.")
                 scratch_params.append(f"part{i}")
-                scratch_args.append(Arg("scratch", offset=scratch_bytes, dtype=dt))
+                scratch_args.append(Arg(ArgKind.SCRATCH, offset=scratch_bytes, dtype=dt))
                 post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
                 nbytes = split * M * (8 if dt == "float64" else 4)
                 scratch_bytes += align_up(nbytes)
