@@ -134,7 +134,8 @@ def plan_from_bytes(data: bytes, *, device: Any = None, on_mismatch: str = "erro
                                  rule="plan.schema", hint="save the plan again") from None
 
 
-def _body(data: Any) -> bytes:
+def plan_body(data: Any) -> bytes:
+    """The JSON body of a plan file (either header version), its checksum verified."""
     if not isinstance(data, (bytes, bytearray)):
         raise SerializationError("not an opgraph plan file (bad header)", rule="plan.format",
                                  hint="plan files are written by ExecutionPlan.save / to_bytes")
@@ -159,7 +160,7 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     from ..build.planner import Step
     from .plan import ExecutionPlan
 
-    body = _body(data)
+    body = plan_body(data)
     try:
         doc = json.loads(body.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as err:

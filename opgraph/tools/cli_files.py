@@ -66,11 +66,11 @@ def load_file(path: str) -> LoadedFile:
     """Read a graph or plan file. A graph file is checked against the schema first, so that every
     structural problem is reported at once; then loading checks the graph's rules."""
     from ..graph.serialize import graph_from_dict
-    from ..runtime.plan_io import MAGIC
+    from ..runtime.plan_io import MAGIC, MAGIC_1, plan_body
 
     data = Path(path).read_bytes()
-    if data.startswith(MAGIC):
-        doc = _plan_doc(data[len(MAGIC):])
+    if data.startswith((MAGIC, MAGIC_1)):
+        doc = _plan_doc(plan_body(data))
         _check_schema(doc.get("graph"), "the plan's graph")
         try:
             graph = graph_from_dict(doc.get("graph"))

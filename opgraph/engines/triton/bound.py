@@ -24,6 +24,7 @@ import numpy as np
 from ...memory.addresses import TABLE_KEY
 from ..base import Binding, Launcher
 from . import compiler, native
+from .interpret import interpreting_here
 
 
 def launch_mode() -> str:
@@ -168,8 +169,8 @@ class InterpretedLauncher(Launcher):
 
     def _run(self) -> None:
         # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
-        # about them are noise
-        with np.errstate(all="ignore"):
+        # about them are noise; JITFunctions the kernels call run interpreted too (interpret.py)
+        with np.errstate(all="ignore"), interpreting_here():
             for args, launcher in zip(self._args, self.kernel.launchers):
                 launcher(args, None)
 
