@@ -22,6 +22,7 @@ from .. import register_engine
 from ..base import BehaviorNote, Engine, EngineConfig, Kernel, NumericalNote, Support
 from ...addresses import TABLE_KEY, table_slots
 from .indirect import make_indirect
+from .rewrite import fp8_fill, typed_scalars
 from .launch import Launcher
 from .loader import load_module
 from .templates import discover
@@ -215,7 +216,9 @@ class TritonEngine(Engine):
         knobs = dict(config.knobs)
         name = knobs.pop("template")
         template = next(t for t in TEMPLATES if t.name == name)
-        generated = make_indirect(template.generate(piece, knobs, device), table_slots(piece.graph))
+        generated = fp8_fill(template.generate(piece, knobs, device),
+                             {u: t.data_type for u, t in piece.graph.tensors.items()})
+        generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device_index=device.index)
 
 

@@ -2,9 +2,11 @@
 epilogues) calls `Emitter` to turn pointwise nodes into straight-line statements.
 
 Conventions of generated code: every value is held in the compute type (fp32 unless the op asks for
-fp64), whatever its storage type; `v{uid}` is the value of tensor `uid`; an intermediate whose
-declared type is narrower than the compute type is rounded to it (`.to(f16).to(f32)`), so fused
-kernels agree with the unfused graph; comparisons yield 1.0/0.0.
+fp64: DOUBLE, INT32 or INT64 values in the piece), whatever its storage type; `v{uid}` is the value of
+tensor `uid`; an intermediate whose declared type is narrower than the compute type is rounded to it
+(casts.py: the reference engine's rounding), so fused kernels agree with the unfused graph;
+comparisons yield 1.0/0.0. Functions that lose accuracy in their textbook form use accurate forms:
+expm1 for elu, log1p for softplus, tanh through expm1.
 """
 
 from __future__ import annotations
@@ -14,24 +16,28 @@ from typing import Callable, Mapping, Protocol
 
 from ...dtypes import DataType
 from ...ir import Const, Node
+from ...partition import Piece
+from .casts import CAST_HELPERS, INT_RANGE, TL_DTYPE, from_storage, round_in_compute, to_storage  # noqa: F401
 from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
 from ...tensor import TensorDesc
 
-TL_DTYPE = {
-    DataType.FLOAT: "tl.float32", DataType.DOUBLE: "tl.float64", DataType.HALF: "tl.float16",
-    DataType.BFLOAT16: "tl.bfloat16", DataType.INT8: "tl.int8", DataType.UINT8: "tl.uint8",
-    DataType.INT32: "tl.int32", DataType.INT64: "tl.int64", DataType.BOOLEAN: "tl.int1",
-    DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5",
-}
-_INT_RANGE = {
-    DataType.INT8: (-128, 127), DataType.UINT8: (0, 255), DataType.INT32: (-(2**31), 2**31 - 1),
-    DataType.INT64: (-(2**63), 2**63 - 1),
-}
+
+_WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
 
 
 def compute_type(node_types: list[DataType]) -> str:
-    return "tl.float64" if DataType.DOUBLE in node_types else "tl.float32"
+    """fp64 where a value of the piece is DOUBLE, INT32 or INT64 (integers stay exact, as in the float64
+    reference), else fp32."""
+    return "tl.float64" if any(t in _WIDE for t in node_types) else "tl.float32"
+
+
+def piece_types(piece: Piece) -> list[DataType]:
+    """Every data type of a piece (its tensors, internal ones included) and its ops' compute types."""
+    types = [n.compute_data_type for n in piece.nodes]
+    for n in piece.nodes:
+        types += [piece.tensor(u).data_type for u in (*n.input_uids(), *n.output_uids())]
+    return types
 
 
 def literal(value: float | int | bool) -> str:
@@ -43,37 +49,29 @@ def literal(value: float | int | bool) -> str:
     return repr(v)
 
 
-def to_storage(value: str, dt: DataType, compute: str) -> str:
-    """Expression converting a compute-type value to storage type `dt` (with the reference engine's
-    rounding: nearest-even, integer saturation, NaN -> 0, bool = nonzero)."""
-    if dt is DataType.BOOLEAN:
-        return f"({value} != 0)"
-    if dt in _INT_RANGE:
-        lo, hi = _INT_RANGE[dt]
-        return f"_og_round_int({value}, {float(lo)!r}, {float(hi)!r}).to({TL_DTYPE[dt]})"
-    if TL_DTYPE[dt] == compute:
-        return value
-    return f"{value}.to({TL_DTYPE[dt]})"
+HELPERS = CAST_HELPERS + '''
+
+def _og_expm1(x):
+    # exp(x) - 1 without the cancellation near 0 (Kahan: the rounding error of u = exp(x) is undone
+    # by x / log(u))
+    u = tl.exp(x)
+    d = u - 1.0
+    r = tl.where(u == 1.0, x, d * (x / tl.log(u)))
+    r = tl.where(d == -1.0, -1.0, r)
+    return tl.where(u == float("inf"), u, r)
 
 
-def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:
-    """Rounding of an intermediate to its declared type, staying in the compute type; None if exact."""
-    if dt is DataType.DOUBLE or TL_DTYPE[dt] == compute:
-        return None
-    return f"{to_storage(value, dt, compute)}.to({compute})"
-
-
-HELPERS = '''
-def _og_round_int(x, lo, hi):
-    r = tl.floor(x + 0.5)
-    r = tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
-    r = tl.where(x != x, 0.0, r)
-    return tl.minimum(tl.maximum(r, lo), hi)
+def _og_log1p(x):
+    # log(1 + x) keeping relative accuracy for small x (Kahan)
+    u = 1.0 + x
+    r = tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+    return tl.where(u == float("inf"), u, r)
 
 
 def _og_tanh(x):
-    t = tl.exp(-2.0 * tl.abs(x))
-    y = (1.0 - t) / (1.0 + t)
+    # -expm1(-2|x|) / (2 + expm1(-2|x|)): relative accuracy near 0 too (1 - exp(-2|x|) cancels there)
+    m = _og_expm1(-2.0 * tl.abs(x))
+    y = -m / (2.0 + m)
     return tl.where(x < 0, -y, y)
 
 
@@ -94,7 +92,7 @@ def _og_fmod(a, b):
 
 def _og_softplus(x, beta):
     z = beta * x
-    return (tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))) / beta
+    return (tl.maximum(z, 0.0) + _og_log1p(tl.exp(-tl.abs(z)))) / beta
 
 
 def _og_gelu_tanh(x):
@@ -140,7 +138,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     if mode in simple:
         return simple[mode]
     if mode is M.ELU_FWD:
-        return f"tl.where({x} > 0, {x}, {p['alpha']} * (tl.exp({x}) - 1.0))"
+        return f"tl.where({x} > 0, {x}, {p['alpha']} * _og_expm1({x}))"
     if mode is M.ELU_BWD:
         return f"({x} * tl.where({y} > 0, 1.0, {p['alpha']} * tl.exp({y})))"
     if mode is M.SOFTPLUS_FWD:
@@ -161,6 +159,12 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         lo, hi, k = p["lower_clip"], p["upper_clip"], p["negative_slope"]
         return f"({x} * tl.where({y} <= {lo}, {k}, tl.where({y} >= {hi}, 0.0, 1.0)))"
     raise NotImplementedError(mode)
+
+
+def scalar_value(param: str, compute: str) -> str:
+    """A pass-by-value kernel argument as a value of the compute type. (`tl.full` keeps a float64
+    argument's precision in Triton's interpreter too, where the argument is a Python float.)"""
+    return f"tl.full([], {param}, {compute})"
 
 
 class Indexer(Protocol):
@@ -242,10 +246,10 @@ class Emitter:
         if v not in self.values:
             desc = self.tensors[v]
             name = f"v{v}"
-            if desc.is_pass_by_value:
-                self.lines.append(f"{name} = {self.scalar(v)}")  # a float argument, fp32 on the GPU
+            if desc.is_pass_by_value:  # a float64 argument (see annotate_scalars), in the compute type
+                self.lines.append(f"{name} = {scalar_value(self.scalar(v), self.compute)}")
             else:
-                self.lines.append(f"{name} = {self.indexer.load(desc, self.ptr(v))}.to({self.compute})")
+                self.lines.append(f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, self.compute)}")
             self.values[v] = name
         return self.values[v]
 

@@ -25,7 +25,7 @@ from ....ir import Const, Node, Operand
 from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import Support
-from ..expr import Emitter, elementwise, literal
+from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
 from .base import Params, Template, program_id
 
 INT32_LIMIT = 2**31 - 1
@@ -321,8 +321,8 @@ def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, c
         return literal(v.value)
     assert isinstance(v, int)
     if tensors[v].is_pass_by_value:
-        return params.scalar(v)
-    return f"tl.load({params.buf(v)}).to({compute})"
+        return scalar_value(params.scalar(v), compute)
+    return from_storage(f"tl.load({params.buf(v)})", tensors[v].data_type, compute)
 
 
 def make_emitter(piece: Piece, compute: str, indexer: TileIndexer, params: Params) -> Emitter:
@@ -339,9 +339,7 @@ def is_big(piece: Piece) -> bool:
 
 
 def compute_of(piece: Piece) -> str:
-    types = [piece.tensor(u).data_type for u in (*piece.inputs, *piece.outputs)]
-    types += [n.compute_data_type for n in piece.nodes]
-    return "tl.float64" if DataType.DOUBLE in types else "tl.float32"
+    return compute_type(piece_types(piece))
 
 
 def pow2_floor(n: int) -> int:

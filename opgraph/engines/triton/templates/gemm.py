@@ -73,7 +73,8 @@ from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....partition import Piece
 from ....tensor import TensorDesc
 from ...base import NumericalNote, Support
-from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, literal, round_in_compute, to_storage
+from ..casts import cast_to
+from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, from_storage, literal, round_in_compute, to_storage
 from .base import Generated, Launch, Params, Template, module_source, pow2_at_least, unique
 
 INT32_LIMIT = 2**31 - 1
@@ -790,7 +791,7 @@ class Context:
 
 def make_context(gp: GemmPiece, tiling: Tiling, dot: DotKind | None, interpret: bool) -> Context:
     piece = gp.piece
-    types = [piece.tensor(u).data_type for u in (*piece.inputs, *piece.outputs)]
+    types = [piece.tensor(u).data_type for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())]
     types += [n.compute_data_type for n in piece.nodes if n is not gp.main]
     tensors = dict(piece.graph.tensors)
     for uid, view in gp.views.items():
@@ -826,7 +827,8 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     nodes = gp.prologue.get(uid, ())
     if not nodes:
         load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
-        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else f"{name} = {load}.to({target})"]
+        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else
+                 f"{name} = {from_storage(load, desc.data_type, target)}"]
         if indexer.select is not None:
             lines.append(f"{name} = tl.where({indexer.selected()}, {name}, 0)")
         return lines
@@ -847,7 +849,7 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
         lines.append(f"{name} = tl.broadcast_to({value}, ({rows}, {cols}))")
     else:
         lines.append(f"{name} = tl.where({mask}, {value}, 0.0)")
-    return lines + [f"{name} = {name}.to({target})"]
+    return lines + [f"{name} = {cast_to(name, target)}"]
 
 
 def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
@@ -894,7 +896,7 @@ def preload_lines(ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: 
             if any(d > 1 and s != 0 and indexer.axes[a][0] != "c" for a, (d, s) in enumerate(zip(desc.dim, desc.stride))):
                 continue
             names[u] = f"pre{u}"
-            lines.append(f"pre{u} = {indexer.load(desc, ctx.ptr_of(sig)(u))}.to({ctx.compute})")
+            lines.append(f"pre{u} = {from_storage(indexer.load(desc, ctx.ptr_of(sig)(u)), desc.data_type, ctx.compute)}")
     return lines, names
 
 

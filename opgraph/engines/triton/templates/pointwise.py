@@ -16,7 +16,7 @@ from ....device import Device
 from ....partition import Piece
 from ....tensor import TensorDesc, packed_strides, stride_order
 from ...base import Support
-from ..expr import Emitter, compute_type, elementwise, fused_custom
+from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from .gemm import VIEW_KINDS, memory_views
 
@@ -45,9 +45,10 @@ class FlatIndexer:
         return " + ".join(terms) or "0"
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1:
+        offset = "0" if desc.numel == 1 else self.offset(desc)
+        if offset == "0":  # one element, or every axis broadcast in memory (stride 0): a scalar load
             return f"tl.load({ptr})"
-        return f"tl.load({ptr} + {self.offset(desc)}, mask=mask, other=0)"
+        return f"tl.load({ptr} + {offset}, mask=mask, other=0)"
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
         return f"tl.store({ptr} + {self.offset(desc)}, {value}, mask=mask)"
@@ -120,7 +121,7 @@ class PointwiseTemplate(Template):
         indexer = FlatIndexer(dims, stride_order(first.stride))
         externals = [*piece.inputs, *piece.outputs]
         big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel > INT32_LIMIT
-        types = [piece.tensor(u).data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        types = piece_types(piece)
         views = memory_views(piece)
         assert not isinstance(views, Support), views.reason
 

@@ -25,7 +25,7 @@ from ....ops.pooling import Geometry, Resample, ResampleMode
 from ....partition import Piece
 from ....tensor import TensorDesc, stride_order
 from ...base import Support
-from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, round_in_compute, to_storage
+from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, piece_types, round_in_compute, to_storage
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from .reduction import INT32_LIMIT, FlatAxes
 
@@ -195,7 +195,7 @@ class PoolingTemplate(Template):
         big = ny > INT32_LIMIT or any(
             1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
             for u in externals)
-        types = [g.tensors[u].data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        types = piece_types(piece)
         compute = compute_type(types)
         space = p.y.dim
         order = [a for a in stride_order(p.y.stride) if space[a] > 1]

@@ -37,7 +37,7 @@ from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ....partition import Piece
 from ....tensor import TensorDesc, stride_order
 from ...base import Support
-from ..expr import Emitter, compute_type, elementwise, to_storage
+from ..expr import Emitter, compute_type, elementwise, piece_types, to_storage
 from .base import (
     Arg, Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique,
 )
@@ -401,7 +401,7 @@ class ReductionTemplate(Template):
         big = M * K > INT32_LIMIT or any(
             1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
             for u in externals)
-        types = [g.tensors[u].data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        types = piece_types(piece)
         compute = compute_type(types)
         mflat = FlatAxes("m", a.kept, a.space, "mq")
         kflat = FlatAxes("k", a.reduced, a.space, "kq")
