@@ -119,7 +119,9 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.POW: f"_og_pow({x}, {y})", M.MOD: f"_og_fmod({x}, {y})", M.ADD_SQUARE: f"{x} + {y} * {y}",
         M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
         M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
-        M.LOGICAL_AND: f"(({x} != 0) & ({y} != 0))", M.LOGICAL_OR: f"(({x} != 0) | ({y} != 0))",
+        # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter
+        M.LOGICAL_AND: f"(({x} != 0).to(tl.float32) * ({y} != 0).to(tl.float32))",
+        M.LOGICAL_OR: f"tl.maximum(({x} != 0).to(tl.float32), ({y} != 0).to(tl.float32))",
         M.LOGICAL_NOT: f"({x} == 0)",
         M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
         M.IDENTITY: x, M.SQRT: f"tl.sqrt({x})", M.RSQRT: f"(1.0 / tl.sqrt({x}))", M.EXP: f"tl.exp({x})",
@@ -266,7 +268,9 @@ class Emitter:
         out = node.outputs[0]
         assert out is not None
         if op.mode is PointwiseMode.GEN_INDEX:
-            expr = f"({self.indexer.coord(op.axis or 0, self.tensors[out])}).to({self.compute})"
+            coord = self.indexer.coord(op.axis or 0, self.tensors[out])
+            # a constant coordinate (an axis of size 1) is a Python int, not a tensor
+            expr = f"tl.full([], {coord}, {self.compute})" if coord.isdigit() else f"({coord}).to({self.compute})"
         else:
             expr = f"({_mode_expr(op.mode, operands, params)}).to({self.compute})"
         self.assign(out, expr)

@@ -1331,6 +1331,9 @@ class TileTemplate(Template):
         gp, verdict = self.analyze(piece)
         if gp is None:
             return verdict
+        if DataType.DOUBLE in (gp.main.compute_data_type, gp.tensor(gp.out).data_type):
+            return Support.no(f"{gp.main.label()} computes or returns DOUBLE: the templates accumulate in fp32, "
+                              "not float64", gp.main)
         return self.check(gp, device)
 
     def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:

@@ -141,9 +141,9 @@ class TileIndexer:
         return desc.numel == 1 or self.kflat.offset(desc) is None
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1:
+        om, ok = (None, None) if desc.numel == 1 else (self.mflat.offset(desc), self.kflat.offset(desc))
+        if om is None and ok is None:  # one element, or broadcast in memory (stride 0) along m and k
             return f"tl.load({ptr})"
-        om, ok = self.mflat.offset(desc), self.kflat.offset(desc)
         if ok is None:
             return self.em(f"tl.load({ptr} + {om}, mask=m_mask, other=0)")
         if om is None:
