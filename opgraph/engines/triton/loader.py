@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-_MODULES: dict[tuple[str, bool], ModuleType] = {}
+_MODULES: dict[tuple[str, bool, bool], ModuleType] = {}
 
 
 def cache_dir() -> Path:
@@ -31,11 +31,12 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:20]
 
 
-def load_module(source: str, *, interpret: bool) -> ModuleType:
+def load_module(source: str, *, interpret: bool, fast_casts: bool = True) -> ModuleType:
     """Import generated source; every top-level function named `kernel*` becomes a Triton kernel
-    and every `_og_*` function a Triton device function."""
+    and every `_og_*` function a Triton device function. Interpreted, the cast helpers are replaced
+    by their one-step NumPy equivalents (interp.py) unless `fast_casts` is False."""
     digest = source_hash(source)
-    key = (digest, interpret)
+    key = (digest, interpret, fast_casts)
     if key in _MODULES:
         return _MODULES[key]
     path = cache_dir() / f"og_{digest}.py"
@@ -43,12 +44,18 @@ def load_module(source: str, *, interpret: bool) -> ModuleType:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
-    name = f"opgraph_generated_{digest}_{'interp' if interpret else 'jit'}"
+    name = f"opgraph_generated_{digest}_{'interp' if interpret else 'jit'}{'' if fast_casts else '_slow'}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    if interpret and fast_casts:
+        from .interp import FAST
+
+        for attr, fn in FAST.items():
+            if hasattr(module, attr):
+                setattr(module, attr, fn)
     for attr in list(vars(module)):
         if attr.startswith("kernel") and callable(getattr(module, attr)):
             setattr(module, attr, _wrap(getattr(module, attr), interpret))

@@ -44,6 +44,8 @@ def typed_scalars(generated: Generated) -> Generated:
 
 def fp8_fill(generated: Generated, types: Mapping[int, DataType]) -> Generated:
     """`types`: the data type of every buffer uid."""
+    if not any(a.kind == "buf" and types.get(a.uid) in _FP8 for l in generated.launches for a in l.args):
+        return generated
     fp8 = {}
     functions = _functions(generated.source)
     for launch in generated.launches:
