@@ -143,7 +143,8 @@ class Gen:
         t = self.g.tensor(dim=list(dim), stride=list(self.strides(dim, allow_zero=allow_zero)), data_type=dt,
                           name=name, is_by_reference=self.chance(0.1))
         if profile is None:
-            profile = self.pick(("normal", "normal", "wide")) if dt.is_integer else "normal"
+            profile = self.pick(("normal", "normal", "wide")) if dt.is_integer else \
+                self.pick(("normal",) * 8 + ("tiny", "large"))
         self.profiles[t] = profile
         return V(t, tuple(dim), dt, True, False, True)
 

@@ -47,6 +47,7 @@ class Stats:
     failures: list[Failure] = field(default_factory=list)
     untyped: Counter = field(default_factory=Counter)  # untyped exceptions by class
     families: Counter = field(default_factory=Counter)
+    steps: Counter = field(default_factory=Counter)  # plan steps run, by engine[:template]
     damaged: int = 0
 
     def merge(self, other: Stats) -> None:
@@ -56,6 +57,7 @@ class Stats:
         self.failures += other.failures
         self.untyped.update(other.untyped)
         self.families.update(other.families)
+        self.steps.update(other.steps)
         self.damaged += other.damaged
 
 
@@ -162,8 +164,8 @@ class Expect:
     def spread(self, plan: Any, rng: np.random.Generator) -> dict[int, np.ndarray]:
         delta = _delta_for(plan)
         spread = {u: np.zeros(self.graph.tensors[u].dim) for u in self.graph.outputs}
-        for _ in range(2):
-            nudged = oracle.evaluate(self.graph, self.held, rng, delta)
+        for i in range(3):  # nudged twice, then in float32
+            nudged = oracle.evaluate(self.graph, self.held, rng if i < 2 else None, delta, low=i == 2)
             for u in self.graph.outputs:
                 w = self.want[u].astype(np.float64)
                 with np.errstate(invalid="ignore"):
@@ -233,6 +235,8 @@ class Runner:
         if first is None:
             return
         stats.runs += 1
+        stats.steps.update(s.config.engine + (f":{s.config.knob('template')}" if s.config.knob("template") else "")
+                           for s in plan.steps)
         nondet = any(NumericalNote.NONDETERMINISTIC in s.config.numerical_notes for s in plan.steps)
         outputs = expect.graph.outputs
         # the same plan on the same pack again (on CUDA, the fast binder's path): the same bits

@@ -100,10 +100,23 @@ def _og_gelu_tanh(x):
     return 0.5 * x * (1.0 + _og_tanh(k * (x + 0.044715 * x * x * x)))
 
 
+def _og_sech2(x):
+    # 1 - tanh(x)**2 as 4e / (1 + e)**2, e = exp(-2|x|): no cancellation for large |x|
+    e = tl.exp(-2.0 * tl.abs(x))
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+def _og_sigmoid_grad(x):
+    # s * (1 - s) as e / (1 + e)**2, e = exp(-|x|)
+    e = tl.exp(-tl.abs(x))
+    return e / ((1.0 + e) * (1.0 + e))
+
+
 def _og_gelu_tanh_grad(x):
     k = 0.7978845608028654
-    t = _og_tanh(k * (x + 0.044715 * x * x * x))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 0.134145 * x * x)
+    inner = k * (x + 0.044715 * x * x * x)
+    t = _og_tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * _og_sech2(inner) * k * (1.0 + 0.134145 * x * x)
 '''
 
 
@@ -131,8 +144,8 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.TANH_FWD: f"_og_tanh({x})", M.SIGMOID_FWD: f"tl.sigmoid({x})",
         M.GELU_FWD: f"({x} * 0.5 * (1.0 + tl.erf({x} * 0.7071067811865476)))",
         M.GELU_APPROX_TANH_FWD: f"_og_gelu_tanh({x})",
-        M.TANH_BWD: f"({x} * (1.0 - _og_tanh({y}) * _og_tanh({y})))",
-        M.SIGMOID_BWD: f"({x} * tl.sigmoid({y}) * (1.0 - tl.sigmoid({y})))",
+        M.TANH_BWD: f"({x} * _og_sech2({y}))",
+        M.SIGMOID_BWD: f"({x} * _og_sigmoid_grad({y}))",
         M.GELU_BWD: f"({x} * (0.5 * (1.0 + tl.erf({y} * 0.7071067811865476)) + {y} * "
                     f"tl.exp(-0.5 * {y} * {y}) * 0.3989422804014327))",
         M.GELU_APPROX_TANH_BWD: f"({x} * _og_gelu_tanh_grad({y}))",
