@@ -343,15 +343,16 @@ def _what(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}{where}"
 
 
-def run_many(seeds: Sequence[int], runner: Runner, deadline: float | None = None,
-             make=None) -> Stats:
-    """Run the cases of `seeds` until `deadline` (time.monotonic()); stats over those that ran."""
+def run_many(seeds: Any, runner: Runner, deadline: float | None = None, make: Any = None, *,
+             clock: Any = time.monotonic, wall_deadline: float | None = None) -> Stats:
+    """Run the cases of `seeds` until `deadline` (by `clock`) or `wall_deadline` (time.monotonic());
+    stats over those that ran."""
     from .families import make_case
 
     make = make or make_case
     total = Stats()
     for seed in seeds:
-        if deadline is not None and time.monotonic() > deadline:
+        if (deadline is not None and clock() > deadline) or (wall_deadline is not None and time.monotonic() > wall_deadline):
             break
         try:
             case = make(seed)

@@ -96,8 +96,9 @@ def _og_softplus(x, beta):
 
 
 def _og_gelu_tanh(x):
-    k = 0.7978845608028654
-    return 0.5 * x * (1.0 + _og_tanh(k * (x + 0.044715 * x * x * x)))
+    # constants inline: a float assigned to a variable becomes an fp32 value in a compiled Triton
+    # function (a float64 kernel would compute with an fp32 sqrt(2/pi))
+    return 0.5 * x * (1.0 + _og_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
 def _og_sech2(x):
@@ -113,10 +114,9 @@ def _og_sigmoid_grad(x):
 
 
 def _og_gelu_tanh_grad(x):
-    k = 0.7978845608028654
-    inner = k * (x + 0.044715 * x * x * x)
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
     t = _og_tanh(inner)
-    return 0.5 * (1.0 + t) + 0.5 * x * _og_sech2(inner) * k * (1.0 + 0.134145 * x * x)
+    return 0.5 * (1.0 + t) + 0.5 * x * _og_sech2(inner) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
 '''
 
 
