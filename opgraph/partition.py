@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .engines.base import Support
 from .errors import UnsupportedGraphError
@@ -34,6 +34,8 @@ class Piece:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     graph: FinalGraph = field(compare=False, repr=False)
+    # how the piece was built (make_piece / grow): what growing it by one more op reuses
+    growth: _Growth | None = field(default=None, compare=False, repr=False)
 
     def tensor(self, uid: int) -> TensorDesc:
         return self.graph.tensors[uid]
@@ -41,6 +43,32 @@ class Piece:
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(n.kind for n in self.nodes)
+
+    @property
+    def kind_set(self) -> frozenset[str]:
+        """The op kinds in the piece (known without a pass over its nodes)."""
+        return self.growth.kinds if self.growth is not None else frozenset(n.kind for n in self.nodes)
+
+    def fold(self, key: str, step: Callable[[Any, Node], Any], init: Any) -> Any:
+        """`step` folded over the nodes from `init`, memoized: a piece grown by one op from another
+        (the partitioner's way) folds only that op onto the smaller piece's result, so that a
+        template's match stays linear in the size of a growing piece. `key` names the fold."""
+        g = self.growth
+        if g is None:
+            acc = init
+            for n in self.nodes:
+                acc = step(acc, n)
+            return acc
+        if key in g.memo:
+            return g.memo[key]
+        if g.parent_memo is not None and key in g.parent_memo:
+            acc = step(g.parent_memo[key], self.nodes[-1])
+        else:
+            acc = init
+            for n in self.nodes:
+                acc = step(acc, n)
+        g.memo[key] = acc
+        return acc
 
     def label(self) -> str:
         return f"piece {self.index} [" + ", ".join(n.name for n in self.nodes) + "]"
@@ -104,21 +132,76 @@ def _inplace_race(group: Sequence[Node], node: Node, graph: FinalGraph) -> str |
     return None
 
 
-def make_piece(graph: FinalGraph, index: int, nodes: Sequence[Node]) -> Piece:
-    produced = {u for n in nodes for u in n.output_uids()}
-    members = {id(n) for n in nodes}
-    inputs: list[int] = []
+@dataclass
+class _Growth:
+    """A piece's bookkeeping, so that one more op costs work in proportion to that op (plus C-level
+    copies): the partitioner grows pieces one op at a time, and rebuilding each from scratch made
+    building quadratic in the number of ops."""
+
+    members: set[int]  # node indices in graph.nodes
+    produced: set[int]
+    inputs: dict[int, None]  # ordered set: first-use order
+    outside: dict[int, int]  # produced uid -> readers that are not members
+    outputs: dict[int, None]  # ordered set: production order
+    kinds: frozenset[str]
+    memo: dict[str, Any] = field(default_factory=dict)
+    parent_memo: dict[str, Any] | None = None
+
+
+_EMPTY = _Growth(set(), set(), {}, {}, {}, frozenset())
+
+
+def _node_index(graph: FinalGraph, node: Node) -> int:
+    """The position of `node` in graph.nodes (through its first output, or a search)."""
+    for u in node.output_uids():
+        i = graph.producer_index(u)
+        if i is not None and graph.nodes[i] is node:
+            return i
+    return next(i for i, n in enumerate(graph.nodes) if n is node)
+
+
+def _grown(graph: FinalGraph, g: _Growth, node: Node) -> _Growth:
+    index = _node_index(graph, node)
+    members = g.members | {index}
+    produced, inputs, outside, outputs = set(g.produced), dict(g.inputs), dict(g.outside), dict(g.outputs)
+    for u in dict.fromkeys(node.input_uids()):
+        if u in produced:
+            outside[u] -= 1
+            if outside[u] == 0 and graph.tensors[u].is_virtual:
+                outputs.pop(u, None)
+        elif u not in node.output_uids():  # (an in-place update's input is its own output)
+            inputs.setdefault(u, None)
+    for u in node.output_uids():
+        produced.add(u)
+        inputs.pop(u, None)
+        outside[u] = sum(1 for i in graph.consumer_indices(u) if i not in members)
+        if not graph.tensors[u].is_virtual or outside[u] > 0:
+            outputs[u] = None
+    return _Growth(members, produced, inputs, outside, outputs, g.kinds | {node.kind}, parent_memo=g.memo)
+
+
+def grow(piece: Piece, node: Node, index: int | None = None) -> Piece:
+    """`piece` with `node` (the next op in topological order) added: what make_piece gives for the
+    nodes plus `node`, in time proportional to `node`."""
+    g = piece.growth if piece.growth is not None else _grown_all(piece.graph, piece.nodes)
+    ng = _grown(piece.graph, g, node)
+    return Piece(piece.index if index is None else index, (*piece.nodes, node), tuple(ng.inputs),
+                 tuple(ng.outputs), piece.graph, ng)
+
+
+def _grown_all(graph: FinalGraph, nodes: Sequence[Node]) -> _Growth:
+    g = _EMPTY
     for n in nodes:
-        for u in n.input_uids():
-            if u not in produced and u not in inputs:
-                inputs.append(u)
-    outputs = []
-    for u in sorted(produced, key=lambda u: graph.producer_index(u) or 0):
-        t = graph.tensors[u]
-        read_outside = any(id(c) not in members for c in graph.consumers(u))
-        if not t.is_virtual or read_outside:
-            outputs.append(u)
-    return Piece(index, tuple(nodes), tuple(inputs), tuple(outputs), graph)
+        g = _grown(graph, g, n)
+    g.parent_memo = None
+    return g
+
+
+def make_piece(graph: FinalGraph, index: int, nodes: Sequence[Node]) -> Piece:
+    """The piece running `nodes` (a run of the topological order): what it reads from outside (in
+    first-use order) and what it produces that is a graph output or read outside (in production order)."""
+    g = _grown_all(graph, nodes)
+    return Piece(index, tuple(nodes), tuple(g.inputs), tuple(g.outputs), graph, g)
 
 
 def partition(
@@ -132,6 +215,7 @@ def partition(
     library engine's generated epilogue); an op that no engine runs alone (a transpose
     only a GEMM template folds in) opens a pending piece that later ops may complete."""
     groups: list[list[Node]] = []
+    pieces: list[Piece] = []  # the piece of each group (grown one op at a time)
     owners: list[int | None] = []  # None: no engine runs the group yet
     cuts: list[Cut] = []
 
@@ -144,7 +228,7 @@ def partition(
             owner = owners[-1]
             race = _inplace_race(groups[-1], node, graph)
             if race is None:
-                grown = make_piece(graph, len(groups) - 1, [*groups[-1], node])
+                grown = grow(pieces[-1], node)
                 fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
                 if fit is not None and fit == owner and owner > 0 and not engines[owner].fuses_neighbours:
                     alone, _ = best(make_piece(graph, len(groups), [node]), owner)
@@ -154,6 +238,7 @@ def partition(
                         fit = None
                 if fit is not None or owner is None:
                     groups[-1].append(node)
+                    pieces[-1] = grown
                     owners[-1] = fit
                     continue
                 cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
@@ -161,8 +246,10 @@ def partition(
                 if owner is None:
                     _unsupported(groups[-1][0], graph, engines, device)
                 cuts.append(Cut(len(groups) - 1, node, (("partition", race),)))
-        first, _ = best(make_piece(graph, len(groups), [node]), len(engines))
+        alone = make_piece(graph, len(groups), [node])
+        first, _ = best(alone, len(engines))
         groups.append([node])
+        pieces.append(alone)
         owners.append(first)
     if owners and owners[-1] is None:
         _unsupported(groups[-1][0], graph, engines, device)
@@ -178,4 +265,4 @@ def partition(
             f"at this op ({reasons})", op=cut.node.label(), rule="partition.strict",
             hint="build with allow_partition=True to run it as several kernels, or change the op",
         )
-    return [make_piece(graph, i, g) for i, g in enumerate(groups)], cuts
+    return pieces, cuts

@@ -59,6 +59,8 @@ class Fusion:
 
 def analyse(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
     """The piece as a Fusion, or Support.no with the reason it is not one."""
+    if piece.kind_set <= {"pointwise"}:  # (without a pass over a long pointwise piece)
+        return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     norms = [n for n in piece.nodes if n.kind in kinds]
     others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
     if others:

@@ -1326,7 +1326,7 @@ class TileTemplate(Template):
         return gp
 
     def match(self, piece: Piece, device: Device) -> Support:
-        if not any(n.kind in self.main_kinds for n in piece.nodes):
+        if not piece.kind_set & set(self.main_kinds):
             return Support.no(f"the piece has no {self.main_label}")
         gp, verdict = self.analyze(piece)
         if gp is None:

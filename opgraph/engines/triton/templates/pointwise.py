@@ -75,18 +75,29 @@ def _extent(desc: TensorDesc) -> int:
     return 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
 
 
+def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
+    """Fold step: {dims: (first node, its output uid)} over the outputs of non-view nodes."""
+    if node.kind in VIEW_KINDS:
+        return acc
+    new = {tensors[u].dim: (node, u) for u in node.output_uids() if tensors[u].dim not in acc}
+    return {**acc, **{d: v for d, v in new.items() if d not in acc}} if new else acc
+
+
 class PointwiseTemplate(Template):
     name = "pointwise"
 
     def match(self, piece: Piece, device: Device) -> Support:
-        views = memory_views(piece)
+        # linear in a piece grown op by op: kind checks on the piece's kind set, per-op facts folded
+        kinds = piece.kind_set
+        views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
         if isinstance(views, Support):
             return views
-        for node in piece.nodes:
-            if node.kind not in VIEW_KINDS and not elementwise(node):
-                why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
-                return Support.no(f"the pointwise template runs pointwise ops (and reads slices/transposes "
-                                  f"of tensors in memory) only, {why}", node)
+        if not kinds <= {"pointwise", *VIEW_KINDS}:
+            for node in piece.nodes:
+                if node.kind not in VIEW_KINDS and not elementwise(node):
+                    why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
+                    return Support.no(f"the pointwise template runs pointwise ops (and reads slices/transposes "
+                                      f"of tensors in memory) only, {why}", node)
         copied = [u for u in piece.outputs if u in views]
         if copied:
             return Support.no(f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
@@ -95,14 +106,14 @@ class PointwiseTemplate(Template):
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
-        for node in piece.nodes:
-            if node.kind in VIEW_KINDS:  # read where a pointwise op reads it, broadcast by that op's rule
-                continue
-            for u in node.output_uids():
-                d = piece.tensor(u).dim
-                if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
-                    return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
-                                      f"piece's space {list(space)}", node)
+        # the first op writing each distinct dims (views are read where a pointwise op reads them,
+        # broadcast by that op's rule)
+        tensors = piece.graph.tensors
+        firsts = piece.fold("pointwise.dims", lambda acc, n: _first_dims(acc, n, tensors), {})
+        for d, (node, u) in firsts.items():
+            if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
+                return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
+                                  f"piece's space {list(space)}", node)
         return Support.yes()
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:

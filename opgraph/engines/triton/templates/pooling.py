@@ -49,6 +49,8 @@ def _fits(dims: tuple[int, ...], space: tuple[int, ...]) -> bool:
 
 
 def analyse(piece: Piece) -> PoolPiece | Support:
+    if "resample" not in piece.kind_set:  # (without a pass over a long piece)
+        return Support.no("the piece has no resample node")
     pools = [n for n in piece.nodes if isinstance(n.op, Resample)]
     if len(pools) != 1:
         return Support.no("the piece has no resample node" if not pools else

@@ -225,6 +225,8 @@ def _reducers(piece: Piece, node: Node) -> tuple[TensorDesc, tuple[int, ...], li
 
 
 def analyse(piece: Piece) -> Analysis | Support:
+    if not piece.kind_set & {"reduction", "genstats"}:  # (without a pass over a long piece)
+        return Support.no("the piece has no reduction or genstats node")
     reducing = [n for n in piece.nodes if isinstance(n.op, (Reduction, GenStats))]
     if not reducing:
         return Support.no("the piece has no reduction or genstats node")
