@@ -190,10 +190,17 @@ class TritonEngine(Engine):
         if template is None:
             return []
         candidates = template.candidates(piece, device)
-        if mode is HeurMode.FALLBACK:
-            candidates = candidates[-1:]
-        elif mode in (HeurMode.INSTANT, HeurMode.A):
-            candidates = candidates[:1]
+        notes = (lambda k: frozenset(template.notes(piece, k, device))) if hasattr(template, "notes") else \
+            (lambda k: frozenset())
+        if mode is not HeurMode.B:
+            # the heuristic's pick (FALLBACK: the broadest, last), then the best config of every other
+            # numerical class (full-fp32 "ieee" next to tf32), so that a build filtering notes out
+            # (deselect_numeric_notes=[DOWN_CONVERT_INPUTS]) still finds a config in these modes
+            ordered = candidates[::-1] if mode is HeurMode.FALLBACK else candidates
+            picked: dict[frozenset, dict[str, Any]] = {}
+            for k in ordered:
+                picked.setdefault(notes(k), k)
+            candidates = list(picked.values())
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
             behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
@@ -202,8 +209,7 @@ class TritonEngine(Engine):
         return [
             EngineConfig(
                 "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=frozenset(template.notes(piece, k, device)) if hasattr(template, "notes")
-                else frozenset(),
+                numerical_notes=notes(k),
                 behavior_notes=frozenset(behavior),
                 estimate_us=template.estimate(piece, k, device) if hasattr(template, "estimate")
                 else estimate_us(piece, device, launches=2 if int(k.get("SPLIT", 1)) > 1 else 1),
