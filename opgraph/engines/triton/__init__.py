@@ -25,6 +25,7 @@ from .indirect import make_indirect
 from .rewrite import fp8_fill, typed_scalars
 from .launch import Launcher
 from .loader import load_module
+from .precompile import precompile
 from .templates import discover
 from .templates.base import Arg, Generated, Template
 
@@ -88,6 +89,9 @@ class TritonKernel(Kernel):
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
         self._template_cache: list | None = None
         self._template_key: Any = None
+        if not interpret:  # compile now: a kernel that does not compile fails the build, not an execute
+            precompile(generated.launches, self.launchers, {u: t.data_type for u, t in piece.graph.tensors.items()},
+                       piece.label(), device_index)
         plain = not interpret and all(a.kind in ("buf", "table") for l in generated.launches for a in l.args)
         self._plain = [(tuple(a.uid if a.kind == "buf" else TABLE_KEY for a in l.args), launcher)
                        for l, launcher in zip(generated.launches, self.launchers)] if plain else None
