@@ -68,7 +68,8 @@ class EngineSet:
     options: tuple[tuple[str, Any], ...] = ()
 
 
-CPU_SETS = (EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)))
+CPU_SETS = (EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)),
+            EngineSet("reference", ("reference",)))
 GPU_SETS = (EngineSet("default", None), EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)),
             EngineSet("ieee", None, (("deselect_numeric_notes", ("DOWN_CONVERT_INPUTS",)),)))
 
