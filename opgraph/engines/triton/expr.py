@@ -167,7 +167,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         return f"({x} * ({s} + {p['swish_beta']} * {y} * {s} * (1.0 - {s})))"
     if mode is M.RELU_FWD:
         lo, hi, k = p["lower_clip"], p["upper_clip"], p["negative_slope"]
-        clipped = x if hi == "float('inf')" else f"tl.minimum({x}, {hi})"
+        clipped = x if hi == "float('inf')" else f"tl.minimum({x}, {hi}, propagate_nan=tl.PropagateNan.ALL)"
         below = lo if k == "0.0" else f"tl.where({k} == 0, {lo}, {lo} + {k} * ({x} - {lo}))"
         return f"tl.where({x} < {lo}, {below}, {clipped})"
     if mode is M.RELU_BWD:
