@@ -99,8 +99,10 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """Elementwise erf in float64 (math.erf is exact to double precision)."""
-    return _erf(x)
+    """Elementwise erf in float64 (math.erf is exact to double precision); float32 in, float32 out
+    (what an fp32 evaluation of a formula using it is)."""
+    x = np.asarray(x)
+    return _erf(x).astype(np.float32) if x.dtype == np.float32 else _erf(x)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

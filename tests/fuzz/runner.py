@@ -8,6 +8,7 @@ failures of one case (empty: it passed) and counts what it ran in a `Stats`.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import traceback
 from collections import Counter
@@ -176,6 +177,30 @@ class Expect:
         return spread
 
 
+class _CompileFailures(logging.Handler):
+    """Collects the build's "failed to compile, trying the next config" records while active."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        self.logger = logging.getLogger("opgraph.build")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "failed to compile" in text:
+            self.messages.append(text.strip()[:400])
+
+    def __enter__(self) -> _CompileFailures:
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+
 class Lazy:
     """A value computed on first call, once."""
 
@@ -224,13 +249,16 @@ class Runner:
             stats.failures.append(Failure(case.seed, es.name, kind, detail))
 
         try:
-            plan = self._build(g, es, case)
+            with _CompileFailures() as compile_failures:
+                plan = self._build(g, es, case)
         except GraphError as err:
             stats.declined[err.rule or type(err).__name__] += 1
             return
         except Exception as err:  # noqa: BLE001
             stats.untyped[type(err).__name__] += 1
             return fail("untyped-build", _what(err))
+        for message in compile_failures.messages:  # a generated kernel that does not compile is a bug,
+            fail("compile", message)               # even where the build fell back to another config
         spread = Lazy(lambda: expect.spread(plan, rng))
         first = self._execute(plan, expect, spread, stats, fail)
         if first is None:

@@ -85,9 +85,8 @@ def _og_pow(a, b):
 
 
 def _og_fmod(a, b):
-    q = a / b
-    q = tl.where(q < 0, tl.ceil(q), tl.floor(q))
-    return a - q * b
+    # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interp.py)
+    return libdevice.fmod(a, b)
 
 
 def _og_softplus(x, beta):
@@ -129,7 +128,8 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.ADD: f"{x} + {y}", M.SUB: f"{x} - {y}", M.MUL: f"{x} * {y}", M.DIV: f"{x} / {y}",
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
-        M.POW: f"_og_pow({x}, {y})", M.MOD: f"_og_fmod({x}, {y})", M.ADD_SQUARE: f"{x} + {y} * {y}",
+        # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)
+        M.POW: f"_og_pow({x}, {y})", M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
         M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
         M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
         # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter

@@ -58,7 +58,23 @@ def _to_int(x: Any, lo: Any, hi: Any, big: Any, dtype: Any, lo_i: Any, hi_i: Any
         return _tensor(round_to(_values(x).astype(np.float64), dt), x, dtype)
 
 
+def _fmod(a: Any, b: Any) -> Any:
+    import triton.language as tl
+
+    like = a if isinstance(a, tl.core.tensor) else b
+    with np.errstate(all="ignore"):
+        out = np.fmod(_values(a) if isinstance(a, tl.core.tensor) else a,
+                      _values(b) if isinstance(b, tl.core.tensor) else b)
+    dtype = like.dtype
+    out = np.asarray(out).astype(_values(like).dtype)
+    ty = tl.core.block_type(dtype, list(out.shape)) if out.ndim and like.type.is_block() else dtype
+    from triton.runtime.interpreter import TensorHandle
+
+    return tl.core.tensor(TensorHandle(out, dtype), ty)
+
+
 FAST: dict[str, Callable[..., Any]] = {
+    "_og_fmod": _fmod,
     "_og_to_bf16": _encoder(DataType.BFLOAT16, "bfloat16"),
     "_og_to_e4m3": _encoder(DataType.FP8_E4M3, "float8e4nv"),
     "_og_to_e5m2": _encoder(DataType.FP8_E5M2, "float8e5"),
