@@ -15,7 +15,7 @@ from opgraph.partition import grow, make_piece
 
 def _chain(n: int) -> og.Graph:
     g = og.Graph("chain", io_data_type=og.DataType.FLOAT)
-    y = x = g.tensor(dim=[4, 4], name="x")
+    y = g.tensor(dim=[4, 4], name="x")
     for i in range(n):
         y = g.add(y, 0.5) if i % 2 else g.relu(y)
     y.set_output(True).set_name("y")

@@ -276,7 +276,7 @@ def make_case(seed: int, families: Sequence[str] | None = None) -> Case:
     names = list(FAMILIES)
     weights = np.array([WEIGHTS[n] for n in names], dtype=float)
     last: Exception | None = None
-    for attempt in range(50):
+    for _ in range(50):
         chosen = list(families) if families else [
             names[i] for i in rng.choice(len(names), size=int(rng.integers(1, 4)), p=weights / weights.sum())]
         g = Gen(int(rng.integers(2**62)))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.interpreter
+pytestmark = [pytest.mark.interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
 SHARDS = 2
 BUDGET_S = float(os.environ.get("OPGRAPH_FUZZ_SECONDS", "84"))

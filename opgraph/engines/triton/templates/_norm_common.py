@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....device import Device
-from ....dtypes import DataType
 from ....ir import Const, Node, Operand
 from ....partition import Piece
 from ....tensor import TensorDesc
