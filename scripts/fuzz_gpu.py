@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {"repeat": 1.0, "plan_files": 0.2, "damage": 0.2}  # every plan runs twice (the fast binder's path)
 
 
 def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queue, device: str) -> None:
@@ -41,7 +42,7 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
         if device != "cpu":
             torch.cuda.init()
         first = EngineSet("default", None) if device != "cpu" else EngineSet("triton+torch", ("triton", "torch"))
-        default = Runner(device, (first, EngineSet("torch", ("torch",))), repeat=1.0, plan_files=0.2, damage=0.2)
+        default = Runner(device, (first, EngineSet("torch", ("torch",))), **SETTINGS)
         ieee = EngineSet("ieee", None, (("deselect_numeric_notes", ("DOWN_CONVERT_INPUTS",)),))
         stats = Stats()
         seed = base + index
@@ -55,7 +56,7 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
                 continue
             runner = default
             if {"matmul", "conv"} & set(case.families):  # fp32 GEMMs: the full-fp32 configs too
-                runner = Runner(device, (*default.sets, ieee), repeat=1.0, plan_files=0.2, damage=0.2)
+                runner = Runner(device, (*default.sets, ieee), **SETTINGS)
             try:
                 stats.merge(runner.run(case))
             except Exception as err:  # noqa: BLE001 - the harness itself: count it, keep going
@@ -96,7 +97,7 @@ def _shrink_failures(failures: list[dict], out: Path, seconds: float, device: st
         case = load(f["seed"])
         if time.monotonic() < stop:
             try:
-                case, _ = minimal(case, device)
+                case, _ = minimal(case, device, SETTINGS)
             except Exception:  # noqa: BLE001 - keep the unshrunk case
                 pass
         path = folder / f"seed{f['seed']}.json"

@@ -13,12 +13,12 @@ from typing import Any
 from .gen import Case
 
 
-def _runner(device: str, sets: Any = None) -> Any:
+def _runner(device: str, sets: Any = None, settings: dict | None = None) -> Any:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .runner import Runner
+    from .runner import CI_SETTINGS, Runner
 
-    return Runner(device, sets, plan_files=1.0, damage=0.0)
+    return Runner(device, sets, **(settings if settings is not None else CI_SETTINGS))
 
 
 def load(what: str | int | Path) -> Case:
@@ -32,9 +32,9 @@ def load(what: str | int | Path) -> Case:
     return Case.from_dict(doc)
 
 
-def replay_case(doc: str | dict, device: str = "cpu") -> list:
+def replay_case(doc: str | dict, device: str = "cpu", settings: dict | None = None) -> list:
     case = Case.from_dict(json.loads(doc) if isinstance(doc, str) else doc)
-    stats = _runner(device).run(case)
+    stats = _runner(device, settings=settings).run(case)
     for f in stats.failures:
         print(f)
     print(f"{len(stats.failures)} failure(s)")
@@ -45,17 +45,18 @@ def replay(what: str | int, device: str = "cpu") -> list:
     return replay_case(load(what).to_dict(), device)
 
 
-def minimal(case: Case, device: str = "cpu") -> tuple[Case, list]:
-    """The case shrunk while it fails with the same kind on the same engine set, and its failures."""
+def minimal(case: Case, device: str = "cpu", settings: dict | None = None) -> tuple[Case, list]:
+    """The case shrunk while it fails with the same kind on the same engine set, and its failures.
+    A damaged plan file is drawn at random: such failures are replayed whole, not shrunk."""
     from .shrink import shrink
 
-    runner = _runner(device)
+    runner = _runner(device, settings=settings)
     first = runner.run(case).failures
-    if not first:
-        return case, []
+    if not first or first[0].kind == "damaged-plan" or "damaged plan" in first[0].detail:
+        return case, first
     target = (first[0].engines, first[0].kind)
     sets = [s for s in runner.sets if s.name == target[0]] or list(runner.sets)
-    small_runner = _runner(device, sets)
+    small_runner = _runner(device, sets, settings)
 
     def still(c: Case) -> bool:
         return any((f.engines, f.kind) == target for f in small_runner.run(c).failures)

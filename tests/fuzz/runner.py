@@ -69,6 +69,9 @@ class EngineSet:
     options: tuple[tuple[str, Any], ...] = ()
 
 
+# the CI test's settings (tests/fuzz/test_fuzz.py): replays use them too, so that a case draws the same
+# values, repeats and plan-file damage as when it failed
+CI_SETTINGS = {"repeat": 0.5, "plan_files": 0.25, "damage": 0.25}
 CPU_SETS = (EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)),
             EngineSet("reference", ("reference",)))
 GPU_SETS = (EngineSet("default", None), EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)),

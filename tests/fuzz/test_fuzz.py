@@ -69,10 +69,10 @@ def _repro(failure, runner_device: str = "cpu") -> str:
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_random_graphs_match_the_reference(shard):
     pytest.importorskip("torch")
-    from .runner import Runner, run_many
+    from .runner import CI_SETTINGS, Runner, run_many
 
     start, cpu0 = time.monotonic(), time.process_time()
-    runner = Runner("cpu", repeat=0.5, plan_files=0.25, damage=0.25)
+    runner = Runner("cpu", **CI_SETTINGS)
     seeds = itertools.islice(shard_seeds(shard), -(-MAX_GRAPHS // SHARDS))
     # the budget is CPU time; the wall clock only guards against a hang
     stats = run_many(seeds, runner, deadline=cpu0 + BUDGET_S / SHARDS, clock=time.process_time,
