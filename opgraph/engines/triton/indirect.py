@@ -63,4 +63,3 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
     for first, last, replacement in sorted(edits, reverse=True):
         lines[first - 1:last] = replacement
     return replace(generated, source="\n".join(lines) + "\n", launches=tuple(launches))
-
