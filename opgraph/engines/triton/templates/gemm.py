@@ -1026,6 +1026,9 @@ class ReductionPlan:
             if full is not None:
                 term = f"tl.where({full}, {term}, {identity})"
             lines.append(f"red_{uid} = tl.{combine}({term}, axis={axis})")
+            if combine != "sum":  # max/min drop NaN; the reference's propagate it
+                lines.append(f"red_{uid} = tl.where(tl.max(({term} != {term}).to(tl.int32), axis={axis}) > 0, "
+                             f"float('nan'), red_{uid})")
         return lines
 
     def accumulate_lines(self, into: str) -> list[str]:
@@ -1035,7 +1038,8 @@ class ReductionPlan:
         for uid, kind, _fin, _offset in self.arrays:
             combine = _PARTIAL[kind][2]
             a, b = f"{into}{uid}", f"red_{uid}"
-            out.append(f"{a} = {a} + {b}" if combine == "sum" else f"{a} = tl.{combine}imum({a}, {b})")
+            out.append(f"{a} = {a} + {b}" if combine == "sum" else
+                       f"{a} = tl.{combine}imum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)")
         return out
 
     def init_lines(self, into: str, extent: str) -> list[str]:
@@ -1110,7 +1114,8 @@ class ReductionPlan:
             _, identity, combine = _PARTIAL[kind]
             ws = sig.scratch(f"ws{uid}", offset)
             desc = ctx.tensors[uid]
-            op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}[combine]
+            op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+                  "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"}[combine]
             smask = "" if self.slots % block_s == 0 else f"(s < {self.slots})[:, None] & "
             terms = []
             for axis, (d, st) in enumerate(zip(desc.dim, desc.stride)):
@@ -1126,6 +1131,8 @@ class ReductionPlan:
                 f"mask={smask}lmask[None, :], other={identity})",
                 f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
                 f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
+                *([] if combine == "sum" else
+                  [f"r_{uid} = tl.where(tl.max((acc_{uid} != acc_{uid}).to(tl.int32), axis=0) > 0, float('nan'), r_{uid})"]),
                 f"tl.store({sig.buf(uid)} + {' + '.join(terms)}, {value}, mask=lmask)",
             ]
             if narr > 1:
