@@ -262,6 +262,20 @@ def inplace(g: Gen, prev: V | None) -> V | None:
     return None
 
 
+def _finite(family: Family) -> Family:
+    """The family with finite inputs only (see Gen.finite_only)."""
+    def run(g: Gen, prev: V | None) -> V | None:
+        g.finite_only = True
+        try:
+            return family(g, prev)
+        finally:
+            g.finite_only = False
+    run.__name__ = family.__name__
+    return run
+
+
+conv, norm, norm_bwd, genstats = _finite(conv), _finite(norm), _finite(norm_bwd), _finite(genstats)
+
 FAMILIES: dict[str, Family] = {
     "pointwise": pointwise, "cast": cast, "reduction": reduction, "genstats": genstats, "norm": norm,
     "norm_bwd": norm_bwd, "pool": pool, "layout": layout, "matmul": matmul, "conv": conv, "inplace": inplace,

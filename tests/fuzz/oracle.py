@@ -83,6 +83,10 @@ def input_values(desc: TensorDesc, profile: str, rng: np.random.Generator) -> np
         return rng.uniform(0.1, 2.0, size=shape)
     if profile == "tiny":  # where textbook formulas lose relative accuracy (tanh, expm1, log1p)
         return rng.uniform(-1.0, 1.0, size=shape) * 10.0 ** rng.uniform(-9, -3, size=shape)
+    if profile == "nonfinite":  # NaN and infinities among normal values: every op must propagate them
+        v = rng.uniform(-2.0, 2.0, size=shape)
+        pick = rng.random(shape)
+        return np.where(pick < 0.1, np.nan, np.where(pick < 0.15, np.inf, np.where(pick < 0.2, -np.inf, v)))
     if profile == "large":
         return rng.uniform(-1.0, 1.0, size=shape) * 10.0 ** rng.uniform(1, 4, size=shape)
     v = rng.uniform(-2.0, 2.0, size=shape)
