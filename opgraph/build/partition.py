@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..core.config import Support
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph, Node
-from ..core.piece import Piece, make_piece
+from ..core.piece import Piece, grow, make_piece
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -66,6 +66,7 @@ def partition(
     library engine's generated epilogue); an op that no engine runs alone (a transpose
     only a GEMM template folds in) opens a pending piece that later ops may complete."""
     groups: list[list[Node]] = []
+    pieces: list[Piece] = []  # the piece of each group (grown one op at a time)
     owners: list[int | None] = []  # None: no engine runs the group yet
     cuts: list[Cut] = []
 
@@ -85,7 +86,7 @@ def partition(
             owner = owners[-1]
             race = _inplace_race(groups[-1], node, graph)
             if race is None:
-                grown = make_piece(graph, len(groups) - 1, [*groups[-1], node])
+                grown = grow(pieces[-1], node)
                 fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
                 if fit is not None and fit == owner and owner > 0 and not engines[owner].fuses_neighbours:
                     alone, _ = best(make_piece(graph, len(groups), [node]), owner)
@@ -95,6 +96,7 @@ def partition(
                         fit = None
                 if fit is not None or owner is None:
                     groups[-1].append(node)
+                    pieces[-1] = grown
                     owners[-1] = fit
                     continue
                 cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
@@ -102,8 +104,10 @@ def partition(
                 if owner is None:
                     _unsupported(groups[-1][0], graph, engines, device)
                 cuts.append(Cut(len(groups) - 1, node, (("partition", race),)))
-        first, _ = best(make_piece(graph, len(groups), [node]), len(engines))
+        alone = make_piece(graph, len(groups), [node])
+        first, _ = best(alone, len(engines))
         groups.append([node])
+        pieces.append(alone)
         owners.append(first)
     if owners and owners[-1] is None:
         _unsupported(groups[-1][0], graph, engines, device)
@@ -119,4 +123,4 @@ def partition(
             f"at this op ({reasons})", op=cut.node.label(), rule="partition.strict",
             hint="build with allow_partition=True to run it as several kernels, or change the op",
         )
-    return [make_piece(graph, i, g) for i, g in enumerate(groups)], cuts
+    return pieces, cuts

@@ -163,6 +163,12 @@ class Op:
         """Roles that accept a Python number (a `Const`)."""
         return self.scalar_inputs()
 
+    def check_scalar(self, role: str, value: float) -> tuple[str, str, str] | None:
+        """What is wrong with `value` given at run time (a pass-by-value tensor) for scalar input `role`:
+        (message, rule, hint), or None. A literal breaking the same rule is refused by `check`; the
+        variant pack applies this to pass-by-value values on every execute."""
+        return None
+
     def normalize(self, ctx: NodeContext) -> Op:
         """The op with attributes made explicit now that input dims are known (e.g. one padding
         value for every spatial dim expanded to a tuple). The finalized graph stores the result, so

@@ -42,6 +42,18 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
     return t.detach().numpy()
 
 
+def _check_torch_layout(t: Any) -> None:
+    """Sparse, nested and other non-strided tensors have no element strides to bind."""
+    import torch
+
+    kind = "nested" if getattr(t, "is_nested", False) else None if t.layout is torch.strided else str(t.layout)
+    if kind is not None:
+        raise VariantPackError(
+            f"a {kind.removeprefix('torch.')} tensor has no dense, strided storage to bind", rule="pack.layout",
+            hint="bind a dense tensor (e.g. t.to_dense(), or torch.nested.to_padded_tensor for a nested one)",
+        )
+
+
 _TYPESTR = {"f2": "half", "f4": "float", "f8": "double", "i1": "int8", "u1": "uint8",
             "i4": "int32", "i8": "int64", "b1": "boolean"}
 
@@ -60,6 +72,7 @@ def buffer_info(obj: Any) -> BufferInfo:
             "cpu", obj.__array_interface__["data"][0], obj,
         )
     if _is_torch_tensor(obj):
+        _check_torch_layout(obj)
         device = "cpu" if obj.device.type == "cpu" else f"{obj.device.type}:{obj.device.index or 0}"
         return BufferInfo(
             tuple(obj.shape), tuple(obj.stride()), as_data_type(obj.dtype), device, obj.data_ptr(),

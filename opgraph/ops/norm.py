@@ -104,17 +104,31 @@ def _check_grad(ctx: NodeContext, x: TensorDesc) -> None:
                 "grad is dL/dy of the forward op: it has the forward input's dims")
 
 
+def scalar_problem(role: str, value: float) -> tuple[str, str, str] | None:
+    """epsilon must be >= 0 and momentum in [0, 1] (NaN is neither): (message, rule, hint) or None."""
+    if role == "epsilon" and not value >= 0:
+        return (f"epsilon={value} is negative or NaN", "norm.epsilon", "use a small positive epsilon such as 1e-5")
+    if role == "momentum" and not 0 <= value <= 1:
+        return (f"momentum={value} is outside [0, 1]", "norm.momentum",
+                "momentum weighs the batch statistic: running = (1-m)*running + m*batch (PyTorch's default is 0.1)")
+    return None
+
+
+class _ScalarRules:
+    """epsilon and momentum given at run time are held to the rules of literal ones."""
+
+    def check_scalar(self, role: str, value: float) -> tuple[str, str, str] | None:
+        return scalar_problem(role, value)
+
+
 def _check_scalars(ctx: NodeContext, momentum: bool = False) -> None:
-    """Literal epsilon must be >= 0 and literal momentum in [0, 1] (tensor values are not seen here)."""
-    eps = ctx.input("epsilon")
-    if isinstance(eps, Const) and not eps.value >= 0:
-        ctx.error(AttributeValueError, f"epsilon={eps.value} is negative", rule="norm.epsilon",
-                  hint="use a small positive epsilon such as 1e-5")
-    m = ctx.input("momentum") if momentum else None
-    if isinstance(m, Const) and not 0 <= m.value <= 1:
-        ctx.error(AttributeValueError, f"momentum={m.value} is outside [0, 1]", rule="norm.momentum",
-                  hint="momentum weighs the batch statistic: running = (1-m)*running + m*batch (PyTorch's "
-                  "default is 0.1)")
+    """Literal epsilon must be >= 0 and literal momentum in [0, 1]; pass-by-value ones are checked when
+    bound (`check_scalar`), 1-element tensors in memory are not seen on the host."""
+    for role in ("epsilon", "momentum") if momentum else ("epsilon",):
+        v = ctx.input(role)
+        problem = scalar_problem(role, v.value) if isinstance(v, Const) else None
+        if problem is not None:
+            ctx.error(AttributeValueError, problem[0], rule=problem[1], hint=problem[2])
 
 
 def _check_saved_stats(ctx: NodeContext) -> None:
@@ -209,7 +223,7 @@ def _fit(arrays: list[np.ndarray | None], outs: list[TensorDesc | None]) -> list
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
-class Batchnorm(Op):
+class Batchnorm(_ScalarRules, Op):
     """Training-mode batch normalization over N and the spatial axes, per channel (axis 1 is C).
 
         mean              = mean over N, spatial of x                       dims [1, C, 1, ...]
@@ -312,7 +326,7 @@ class BatchnormInference(Op):
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
-class BatchnormBackward(Op):
+class BatchnormBackward(_ScalarRules, Op):
     """Training-mode batch normalization backward (stats over N and spatial, per channel):
 
         xhat   = (x - mean) * inv_variance
@@ -360,7 +374,7 @@ class BatchnormBackward(Op):
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
-class Layernorm(Op):
+class Layernorm(_ScalarRules, Op):
     """Layer normalization over the axes A where scale's dim equals the input's (stats keep the input's
     dim where scale's is 1, and 1 elsewhere: input [N, C, H, W], scale [1, C, H, W] -> stats [N, 1, 1, 1];
     input [rows, hidden], scale [1, hidden] -> stats [rows, 1]). Without a scale, bias's dims pick A;
@@ -445,7 +459,7 @@ class LayernormBackward(Op):
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
-class Rmsnorm(Op):
+class Rmsnorm(_ScalarRules, Op):
     """RMS normalization over the axes A picked by scale's dims (as in layernorm; stats dims too):
 
         inv_variance = 1 / sqrt(mean_A(x^2) + epsilon)     (the inverse RMS; no mean is subtracted)
@@ -513,7 +527,7 @@ class RmsnormBackward(Op):
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
-class Instancenorm(Op):
+class Instancenorm(_ScalarRules, Op):
     """Instance normalization: per sample and channel, over the spatial axes (input rank >= 3).
 
         mean         = mean over spatial of x                          dims [N, C, 1, ...]
@@ -549,7 +563,7 @@ class Instancenorm(Op):
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
-class InstancenormBackward(Op):
+class InstancenormBackward(_ScalarRules, Op):
     """Instance normalization backward (stats over the spatial axes, per sample and channel):
 
         xhat   = (x - mean) * inv_variance

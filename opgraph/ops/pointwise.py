@@ -102,8 +102,10 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """Elementwise erf in float64 (math.erf is exact to double precision)."""
-    return _erf(x)
+    """Elementwise erf in float64 (math.erf is exact to double precision); float32 in, float32 out
+    (what an fp32 evaluation of a formula using it is)."""
+    x = np.asarray(x)
+    return _erf(x).astype(np.float32) if x.dtype == np.float32 else _erf(x)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -119,10 +121,22 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
 
 
+def _sech2(x: np.ndarray) -> np.ndarray:
+    """1 - tanh(x)**2, as 4e / (1 + e)**2 with e = exp(-2|x|): no cancellation for large |x|."""
+    e = np.exp(-2.0 * np.abs(x))
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+def _sigmoid_grad(x: np.ndarray) -> np.ndarray:
+    """s * (1 - s) for s = sigmoid(x), as e / (1 + e)**2 with e = exp(-|x|)."""
+    e = np.exp(-np.abs(x))
+    return e / ((1.0 + e) * (1.0 + e))
+
+
 def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
     inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
     t = np.tanh(inner)
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+    return 0.5 * (1.0 + t) + 0.5 * x * _sech2(inner) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
 
 
 def _relu(x: np.ndarray, lower_clip: Any, upper_clip: Any, negative_slope: Any) -> np.ndarray:
@@ -188,8 +202,8 @@ MODES: dict[PointwiseMode, ModeInfo] = {
     M.RELU_FWD: ModeInfo(1, _relu, _RELU_PARAMS),
     M.GEN_INDEX: ModeInfo(1, lambda x: x),  # replaced by the axis logic in Pointwise.reference
     M.RELU_BWD: ModeInfo(2, _relu_bwd, _RELU_PARAMS),
-    M.TANH_BWD: ModeInfo(2, lambda dy, x: dy * (1.0 - np.tanh(x) ** 2)),
-    M.SIGMOID_BWD: ModeInfo(2, lambda dy, x: dy * _sigmoid(x) * (1.0 - _sigmoid(x))),
+    M.TANH_BWD: ModeInfo(2, lambda dy, x: dy * _sech2(x)),
+    M.SIGMOID_BWD: ModeInfo(2, lambda dy, x: dy * _sigmoid_grad(x)),
     M.ELU_BWD: ModeInfo(2, lambda dy, x, alpha: dy * np.where(x > 0, 1.0, alpha * np.exp(x)), (("alpha", 1.0),)),
     M.GELU_BWD: ModeInfo(2, lambda dy, x: dy * (_phi_cdf(x) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))),
     M.GELU_APPROX_TANH_BWD: ModeInfo(2, lambda dy, x: dy * _gelu_tanh_grad(x)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..core.device import Device
 from ..core.errors import GraphError, VariantPackError
-from ..core.ir import FinalGraph
+from ..core.ir import FinalGraph, Node
 from ..core.rounding import round_to
 from ..core.tensor import Tensor, TensorDesc, storage_extent
 from ..memory.buffers import BufferInfo, address_of, buffer_info, tensor_from_pointer
@@ -88,6 +89,40 @@ def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
     except OverflowError:
         f = math.inf if v > 0 else -math.inf
     return round_to(np.asarray(f), dt).item()
+
+
+_CHECKS: dict[int, dict[int, tuple[tuple[Node, str], ...]]] = {}
+
+
+def scalar_uses(graph: FinalGraph) -> dict[int, tuple[tuple[Node, str], ...]]:
+    """Per pass-by-value tensor, the (node, scalar role) pairs that read it (memoized per graph)."""
+    key = id(graph)
+    got = _CHECKS.get(key)
+    if got is None:
+        uses: dict[int, list[tuple[Node, str]]] = {}
+        for n in graph.nodes:
+            scalar_roles = n.op.scalar_inputs()
+            for role, v in zip(n.op.input_roles(), n.inputs):
+                if isinstance(v, int) and role in scalar_roles and graph.tensors[v].is_pass_by_value:
+                    uses.setdefault(v, []).append((n, role))
+        got = {u: tuple(v) for u, v in uses.items()}
+        _CHECKS[key] = got
+        weakref.finalize(graph, _CHECKS.pop, key, None)
+    return got
+
+
+def held_scalar(value: Any, desc: TensorDesc, uses: tuple[tuple[Node, str], ...] = ()) -> float | int | bool:
+    """The value a pass-by-value tensor holds for `value` (rounded to its type, as a 1-element buffer of
+    that type would hold it), checked by the ops that read it as they check a literal. Both binders,
+    on every execute."""
+    v = _scalar(value, desc)
+    for node, role in uses:
+        problem = node.op.check_scalar(role, float(v))
+        if problem is not None:
+            message, rule, hint = problem
+            raise VariantPackError(f"{message} (given at run time as '{role}' of {node.label()})", op=node.label(),
+                                   tensor=desc, rule=rule, hint=hint)
+    return v
 
 
 def _check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
@@ -231,10 +266,11 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
         )
     out: dict[int, Any] = {}
     infos: dict[int, BufferInfo] = {}
+    uses = scalar_uses(graph)
     for uid, value in values.items():
         desc = graph.tensors[uid]
         if desc.is_pass_by_value:
-            out[uid] = _scalar(value, desc)
+            out[uid] = held_scalar(value, desc, uses.get(uid, ()))
             continue
         if device.is_cuda and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             if int(value) <= 0:
@@ -246,6 +282,12 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
         except GraphError as err:  # not a buffer, or one of a type opgraph does not know: name the tensor
             raise VariantPackError(err.detail, tensor=desc, rule=err.rule if isinstance(err, VariantPackError)
                                    else "pack.dtype", hint=err.hint) from None
+        except Exception as err:  # noqa: BLE001 - an object that claims to be a buffer but cannot be read as one
+            raise VariantPackError(
+                f"the {type(value).__name__} cannot be read as a buffer: {type(err).__name__}: {str(err)[:200]}",
+                tensor=desc, rule="pack.type",
+                hint="bind a dense NumPy array or PyTorch tensor (or a DLPack / __cuda_array_interface__ object)",
+            ) from None
         _check_buffer(info, desc, device)
         if uid in graph.outputs and isinstance(info.obj, np.ndarray) and not info.obj.flags.writeable:
             raise VariantPackError("the output buffer is read-only", tensor=desc, rule="pack.readonly",
@@ -299,6 +341,9 @@ class PackBinder:
         self.outputs = tuple(graph.outputs)
         self.pass_by_value = {u for u in graph.inputs if graph.tensors[u].is_pass_by_value}
         self.required = len(graph.inputs) + len(graph.outputs)
+        uses = scalar_uses(graph)
+        # the full binder's conversion (rounding to the declared type, run-time checks), per scalar
+        self.scalars = {u: (graph.tensors[u], uses.get(u, ())) for u in self.pass_by_value}
         self.expect: dict[int, tuple] = {}
         self.tensor_type: Any = None
         if device.is_cuda:
@@ -363,7 +408,7 @@ class PackBinder:
         last = self._rounded.get(uid)
         if last is not None and type(last[0]) is type(raw) and last[0] == raw:
             return last[1]
-        rounded = _scalar(raw, self.graph.tensors[uid])
+        rounded = held_scalar(raw, *self.scalars[uid])
         self._rounded[uid] = (raw, rounded)
         return rounded
 
@@ -405,6 +450,8 @@ class PackBinder:
             if uid in self.pass_by_value:
                 if type(value) not in (int, float):
                     return None
+                desc, scalar_uses_ = self.scalars[uid]
+                out[uid] = held_scalar(value, desc, scalar_uses_)
                 continue
             expect = self.expect.get(uid)
             if expect is None or type(value) is not self.tensor_type:

@@ -120,6 +120,33 @@ def _config(doc: Any, where: str) -> EngineConfig:
     return EngineConfig(engine, tuple((k, v) for k, v in knobs), why=why, **notes, **times)
 
 
+def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
+    """A stored config must be one its engine offers for the piece on this device (in any heuristic
+    mode): knobs a file could hold otherwise (0, -1, a string, a huge block) never reach a kernel."""
+    from .heuristics import HeurMode
+
+    try:
+        engine = get_engine(config.engine)
+        verdict = engine.available(dev)
+        if verdict.ok:
+            verdict = engine.supports(piece, dev)
+    except GraphError as err:
+        raise SerializationError(f"{where}: {err.detail}", rule="plan.engine",
+                                 hint="the file is damaged, or build the graph anew here") from None
+    if not verdict.ok:
+        raise SerializationError(f"{where}: engine '{config.engine}' does not run {piece.label()} here: "
+                                 f"{verdict.reason}", rule="plan.engine", hint="build the graph anew on this device")
+    def typed(knobs: Any) -> tuple:  # True == 1 == 1.0 in Python; a knob of another type is another knob
+        return tuple((k, type(v).__name__, v) for k, v in knobs)
+
+    offered = {typed(c.knobs) for mode in (HeurMode.B, HeurMode.FALLBACK) for c in engine.configs(piece, dev, mode)}
+    if typed(config.knobs) not in offered:
+        raise SerializationError(
+            f"{where}: the stored knobs {dict(config.knobs)} are not a config engine '{config.engine}' offers "
+            f"for {piece.label()} here", rule="plan.knobs",
+            hint="the file is damaged, or was saved by another opgraph version: build and save the plan again")
+
+
 def plan_from_bytes(data: bytes, *, device: Any = None, on_mismatch: str = "error") -> Any:
     if on_mismatch not in ("error", "recompile"):
         raise SerializationError(f"on_mismatch={on_mismatch!r}", rule="plan.option",
@@ -217,6 +244,7 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
         alts = sd.get("alternatives", [])
         _expect(isinstance(alts, list), where, "alternatives must be a list")
         alternatives = tuple(_config(a, f"{where}.alternatives[{k}]") for k, a in enumerate(alts))
+        _offered(piece, config, dev, where)
         try:
             kernel = get_engine(config.engine).compile(piece, config, dev)
         except GraphError as err:
@@ -235,7 +263,8 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     _expect(isinstance(cuts_doc, list), "cuts", "expected a list")
     for c in cuts_doc:
         _expect(isinstance(c, dict) and type(c.get("node")) is int and 0 <= c["node"] < len(nodes)
-                and type(c.get("before")) is int and isinstance(c.get("reasons", []), list), "cuts", "bad entry")
+                and type(c.get("before")) is int and isinstance(c.get("reasons", []), list)
+                and all(isinstance(r, list) for r in c.get("reasons", [])), "cuts", "bad entry")
         cuts.append(Cut(c["before"], nodes[c["node"]], tuple(tuple(map(str, r))[:2] for r in c.get("reasons", []))))
     try:
         compiled, stats = compile_steps(steps, dev, "parallel")

@@ -37,9 +37,21 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + _torch().tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
 
 
+def _sech2(x):
+    """1 - tanh(x)**2 without the cancellation for large |x| (see opgraph.ops.pointwise)."""
+    e = _torch().exp(-2.0 * x.abs())
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+def _sigmoid_grad(x):
+    e = _torch().exp(-x.abs())
+    return e / ((1.0 + e) * (1.0 + e))
+
+
 def _gelu_tanh_grad(x):
-    t = _torch().tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+    t = _torch().tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * _sech2(inner) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
 
 
 def _softplus(x, beta):
@@ -90,8 +102,8 @@ def _table() -> dict[PointwiseMode, Callable[..., Any]]:
         M.SWISH_FWD: lambda x, swish_beta: x * torch.sigmoid(swish_beta * x),
         M.RELU_FWD: _relu,
         M.RELU_BWD: _relu_bwd,
-        M.TANH_BWD: lambda dy, x: dy * (1.0 - torch.tanh(x) ** 2),
-        M.SIGMOID_BWD: lambda dy, x: dy * torch.sigmoid(x) * (1.0 - torch.sigmoid(x)),
+        M.TANH_BWD: lambda dy, x: dy * _sech2(x),
+        M.SIGMOID_BWD: lambda dy, x: dy * _sigmoid_grad(x),
         M.ELU_BWD: lambda dy, x, alpha: dy * torch.where(x > 0, torch.ones_like(x), alpha * torch.exp(x)),
         M.GELU_BWD: lambda dy, x: dy * (_phi(x) + x * torch.exp(-0.5 * x * x) * _INV_SQRT_2PI),
         M.GELU_APPROX_TANH_BWD: lambda dy, x: dy * _gelu_tanh_grad(x),

@@ -2,10 +2,9 @@
 input (F.pad with -inf for MAX, 0 for the averages), so any asymmetric padding below the window
 works (torch's own padding argument is symmetric and at most window // 2).
 
-MAX with an index: torch's index is the flat position in the (padded) input plane; the reference's
-is the row-major position within the window, k_0 * w_1 * w_2 + k_1 * w_2 + k_2, with k = position -
-o * stride per axis. Ties go to the first maximum in both. (With several NaNs in one window torch
-reports the last NaN where the reference reports the first; the pooled value is NaN in both.)
+MAX with an index: the reference's index is the row-major position within the window,
+k_0 * w_1 * w_2 + k_1 * w_2 + k_2; the windows are unfolded and argmax'ed (the first maximum, the
+first NaN: the reference's rule, which max_pool's own indices do not follow for NaN).
 AVG_EXCLUDE_PADDING divides the window sum by the count of real positions, pooled from a mask.
 """
 
@@ -25,24 +24,13 @@ def _pad_spec(pre, post) -> list[int]:
     return spec
 
 
-def _window_index(flat: Any, padded: tuple[int, ...], geo) -> Any:
-    """Row-major index within the window from torch's flat index into the padded spatial plane."""
-    import torch
-
-    nsp = len(padded)
-    index = torch.zeros_like(flat)
-    rest = flat
-    coords = []
-    for axis in reversed(range(nsp)):
-        coords.append(rest % padded[axis])
-        rest = rest // padded[axis]
-    coords.reverse()
-    for axis in range(nsp):
-        shape = [1] * flat.dim()
-        shape[2 + axis] = geo.out[axis]
-        origin = (torch.arange(geo.out[axis], device=flat.device) * geo.stride[axis]).reshape(shape)
-        index = index * geo.window[axis] + (coords[axis] - origin)
-    return index
+def _window_index(xp: Any, geo) -> Any:
+    """Row-major index within each window of the padded input (first maximum, first NaN)."""
+    nsp = xp.dim() - 2
+    v = xp
+    for axis in range(nsp):  # [N, C, out..., window...]
+        v = v.unfold(2 + axis, geo.window[axis], geo.stride[axis])
+    return v.reshape(*v.shape[: 2 + nsp], -1).argmax(-1)
 
 
 @implements("resample")
@@ -60,8 +48,7 @@ def resample(call: Call) -> list[Any]:
         xp = F.pad(x, spec, value=-math.inf) if any(spec) else x
         if not call.wants("index"):
             return [pool(xp, geo.window, geo.stride), None]
-        y, flat = pool(xp, geo.window, geo.stride, return_indices=True)
-        return [y, _window_index(flat, tuple(xp.shape[2:]), geo)]
+        return [pool(xp, geo.window, geo.stride), _window_index(xp, geo)]
     pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
     xp = F.pad(x, spec) if any(spec) else x
     y = pool(xp, geo.window, geo.stride)

@@ -28,6 +28,7 @@ from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
 from .launch import Launcher
 from .loader import load_module, module_file, module_name
+from .rewrite import fp8_fill, typed_scalars
 from .templates import discover
 from .templates.base import Arg, Generated, Template
 
@@ -111,7 +112,7 @@ class TritonKernel(Kernel):
         if arg.kind == "buf":
             return compiler.pointer_type(self.piece.tensor(arg.uid).data_type)
         if arg.kind == "scalar":
-            return "fp32"  # passed as a Python float (rounded to its declared type by the binding)
+            return "fp64"  # a Python float, rounded to its declared type by the binding (rewrite.typed_scalars)
         if arg.kind == "scratch":
             return compiler.scratch_type(arg.dtype)
         return "*i64"  # the address table
@@ -238,10 +239,17 @@ class TritonEngine(Engine):
         if template is None:
             return []
         candidates = template.candidates(piece, device)
-        if mode is HeurMode.FALLBACK:
-            candidates = candidates[-1:]
-        elif mode in (HeurMode.INSTANT, HeurMode.A):
-            candidates = candidates[:1]
+        def notes(k: dict[str, Any]) -> frozenset[NumericalNote]:
+            return frozenset(template.notes(piece, k, device))
+        if mode is not HeurMode.B:
+            # the heuristic's pick (FALLBACK: the broadest, last), then the best config of every other
+            # numerical class (full-fp32 "ieee" next to tf32), so that a build filtering notes out
+            # (deselect_numeric_notes=[DOWN_CONVERT_INPUTS]) still finds a config in these modes
+            ordered = candidates[::-1] if mode is HeurMode.FALLBACK else candidates
+            picked: dict[frozenset, dict[str, Any]] = {}
+            for k in ordered:
+                picked.setdefault(notes(k), k)
+            candidates = list(picked.values())
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
             behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
@@ -250,7 +258,7 @@ class TritonEngine(Engine):
         return [
             EngineConfig(
                 "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=frozenset(template.notes(piece, k, device)),
+                numerical_notes=notes(k),
                 behavior_notes=frozenset(behavior),
                 estimate_us=_estimate(template, piece, k, device),
                 why=f"{template.name} template, {mode.name} heuristic",
@@ -268,7 +276,9 @@ class TritonEngine(Engine):
                 op=piece.nodes[0].label(), rule="triton.template",
                 hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
                      "or from a plan this version built")
-        generated = make_indirect(template.generate(piece, knobs, device), table_slots(piece.graph))
+        generated = fp8_fill(template.generate(piece, knobs, device),
+                             {u: t.data_type for u, t in piece.graph.tensors.items()})
+        generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its

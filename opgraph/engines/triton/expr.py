@@ -2,9 +2,11 @@
 epilogues) calls `Emitter` to turn pointwise nodes into straight-line statements.
 
 Conventions of generated code: every value is held in the compute type (fp32 unless the op asks for
-fp64), whatever its storage type; `v{uid}` is the value of tensor `uid`; an intermediate whose
-declared type is narrower than the compute type is rounded to it (`.to(f16).to(f32)`), so fused
-kernels agree with the unfused graph; comparisons yield 1.0/0.0.
+fp64: DOUBLE, INT32 or INT64 values in the piece), whatever its storage type; `v{uid}` is the value of
+tensor `uid`; an intermediate whose declared type is narrower than the compute type is rounded to it
+(casts.py: the reference engine's rounding), so fused kernels agree with the unfused graph;
+comparisons yield 1.0/0.0. Functions that lose accuracy in their textbook form use accurate forms:
+expm1 for elu, log1p for softplus, tanh through expm1.
 """
 
 from __future__ import annotations
@@ -15,24 +17,27 @@ from typing import Protocol
 
 from ...core.dtypes import DataType
 from ...core.ir import Const, Node
+from ...core.piece import Piece
 from ...core.tensor import TensorDesc
 from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
+from .casts import CAST_HELPERS, INT_RANGE, TL_DTYPE, from_storage, round_in_compute, to_storage  # noqa: F401
 
-TL_DTYPE = {
-    DataType.FLOAT: "tl.float32", DataType.DOUBLE: "tl.float64", DataType.HALF: "tl.float16",
-    DataType.BFLOAT16: "tl.bfloat16", DataType.INT8: "tl.int8", DataType.UINT8: "tl.uint8",
-    DataType.INT32: "tl.int32", DataType.INT64: "tl.int64", DataType.BOOLEAN: "tl.int1",
-    DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5",
-}
-_INT_RANGE = {
-    DataType.INT8: (-128, 127), DataType.UINT8: (0, 255), DataType.INT32: (-(2**31), 2**31 - 1),
-    DataType.INT64: (-(2**63), 2**63 - 1),
-}
+_WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
 
 
 def compute_type(node_types: list[DataType]) -> str:
-    return "tl.float64" if DataType.DOUBLE in node_types else "tl.float32"
+    """fp64 where a value of the piece is DOUBLE, INT32 or INT64 (integers stay exact, as in the float64
+    reference), else fp32."""
+    return "tl.float64" if any(t in _WIDE for t in node_types) else "tl.float32"
+
+
+def piece_types(piece: Piece) -> list[DataType]:
+    """Every data type of a piece (its tensors, internal ones included) and its ops' compute types."""
+    types = [n.compute_data_type for n in piece.nodes]
+    for n in piece.nodes:
+        types += [piece.tensor(u).data_type for u in (*n.input_uids(), *n.output_uids())]
+    return types
 
 
 def literal(value: float | int | bool) -> str:
@@ -44,37 +49,29 @@ def literal(value: float | int | bool) -> str:
     return repr(v)
 
 
-def to_storage(value: str, dt: DataType, compute: str) -> str:
-    """Expression converting a compute-type value to storage type `dt` (with the reference engine's
-    rounding: nearest-even, integer saturation, NaN -> 0, bool = nonzero)."""
-    if dt is DataType.BOOLEAN:
-        return f"({value} != 0)"
-    if dt in _INT_RANGE:
-        lo, hi = _INT_RANGE[dt]
-        return f"_og_round_int({value}, {float(lo)!r}, {float(hi)!r}).to({TL_DTYPE[dt]})"
-    if TL_DTYPE[dt] == compute:
-        return value
-    return f"{value}.to({TL_DTYPE[dt]})"
+HELPERS = CAST_HELPERS + '''
+
+def _og_expm1(x):
+    # exp(x) - 1 without the cancellation near 0 (Kahan: the rounding error of u = exp(x) is undone
+    # by x / log(u))
+    u = tl.exp(x)
+    d = u - 1.0
+    r = tl.where(u == 1.0, x, d * (x / tl.log(u)))
+    r = tl.where(d == -1.0, -1.0, r)
+    return tl.where(u == float("inf"), u, r)
 
 
-def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:
-    """Rounding of an intermediate to its declared type, staying in the compute type; None if exact."""
-    if dt is DataType.DOUBLE or TL_DTYPE[dt] == compute:
-        return None
-    return f"{to_storage(value, dt, compute)}.to({compute})"
-
-
-HELPERS = '''
-def _og_round_int(x, lo, hi):
-    r = tl.floor(x + 0.5)
-    r = tl.where((r - x == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
-    r = tl.where(x != x, 0.0, r)
-    return tl.minimum(tl.maximum(r, lo), hi)
+def _og_log1p(x):
+    # log(1 + x) keeping relative accuracy for small x (Kahan)
+    u = 1.0 + x
+    r = tl.where(u == 1.0, x, tl.log(u) * (x / (u - 1.0)))
+    return tl.where(u == float("inf"), u, r)
 
 
 def _og_tanh(x):
-    t = tl.exp(-2.0 * tl.abs(x))
-    y = (1.0 - t) / (1.0 + t)
+    # -expm1(-2|x|) / (2 + expm1(-2|x|)): relative accuracy near 0 too (1 - exp(-2|x|) cancels there)
+    m = _og_expm1(-2.0 * tl.abs(x))
+    y = -m / (2.0 + m)
     return tl.where(x < 0, -y, y)
 
 
@@ -88,25 +85,37 @@ def _og_pow(a, b):
 
 
 def _og_fmod(a, b):
-    q = a / b
-    q = tl.where(q < 0, tl.ceil(q), tl.floor(q))
-    return a - q * b
+    # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interp.py)
+    return libdevice.fmod(a, b)
 
 
 def _og_softplus(x, beta):
     z = beta * x
-    return (tl.maximum(z, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(z)))) / beta
+    return (tl.maximum(z, 0.0) + _og_log1p(tl.exp(-tl.abs(z)))) / beta
 
 
 def _og_gelu_tanh(x):
-    k = 0.7978845608028654
-    return 0.5 * x * (1.0 + _og_tanh(k * (x + 0.044715 * x * x * x)))
+    # constants inline: a float assigned to a variable becomes an fp32 value in a compiled Triton
+    # function (a float64 kernel would compute with an fp32 sqrt(2/pi))
+    return 0.5 * x * (1.0 + _og_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def _og_sech2(x):
+    # 1 - tanh(x)**2 as 4e / (1 + e)**2, e = exp(-2|x|): no cancellation for large |x|
+    e = tl.exp(-2.0 * tl.abs(x))
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+def _og_sigmoid_grad(x):
+    # s * (1 - s) as e / (1 + e)**2, e = exp(-|x|)
+    e = tl.exp(-tl.abs(x))
+    return e / ((1.0 + e) * (1.0 + e))
 
 
 def _og_gelu_tanh_grad(x):
-    k = 0.7978845608028654
-    t = _og_tanh(k * (x + 0.044715 * x * x * x))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 0.134145 * x * x)
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    t = _og_tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * _og_sech2(inner) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
 '''
 
 
@@ -119,10 +128,13 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.ADD: f"{x} + {y}", M.SUB: f"{x} - {y}", M.MUL: f"{x} * {y}", M.DIV: f"{x} / {y}",
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
-        M.POW: f"_og_pow({x}, {y})", M.MOD: f"_og_fmod({x}, {y})", M.ADD_SQUARE: f"{x} + {y} * {y}",
+        # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)
+        M.POW: f"_og_pow({x}, {y})", M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
         M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
         M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
-        M.LOGICAL_AND: f"(({x} != 0) & ({y} != 0))", M.LOGICAL_OR: f"(({x} != 0) | ({y} != 0))",
+        # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter
+        M.LOGICAL_AND: f"(({x} != 0).to(tl.float32) * ({y} != 0).to(tl.float32))",
+        M.LOGICAL_OR: f"tl.maximum(({x} != 0).to(tl.float32), ({y} != 0).to(tl.float32))",
         M.LOGICAL_NOT: f"({x} == 0)",
         M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
         M.IDENTITY: x, M.SQRT: f"tl.sqrt({x})", M.RSQRT: f"(1.0 / tl.sqrt({x}))", M.EXP: f"tl.exp({x})",
@@ -132,8 +144,8 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.TANH_FWD: f"_og_tanh({x})", M.SIGMOID_FWD: f"tl.sigmoid({x})",
         M.GELU_FWD: f"({x} * 0.5 * (1.0 + tl.erf({x} * 0.7071067811865476)))",
         M.GELU_APPROX_TANH_FWD: f"_og_gelu_tanh({x})",
-        M.TANH_BWD: f"({x} * (1.0 - _og_tanh({y}) * _og_tanh({y})))",
-        M.SIGMOID_BWD: f"({x} * tl.sigmoid({y}) * (1.0 - tl.sigmoid({y})))",
+        M.TANH_BWD: f"({x} * _og_sech2({y}))",
+        M.SIGMOID_BWD: f"({x} * _og_sigmoid_grad({y}))",
         M.GELU_BWD: f"({x} * (0.5 * (1.0 + tl.erf({y} * 0.7071067811865476)) + {y} * "
                     f"tl.exp(-0.5 * {y} * {y}) * 0.3989422804014327))",
         M.GELU_APPROX_TANH_BWD: f"({x} * _og_gelu_tanh_grad({y}))",
@@ -141,7 +153,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     if mode in simple:
         return simple[mode]
     if mode is M.ELU_FWD:
-        return f"tl.where({x} > 0, {x}, {p['alpha']} * (tl.exp({x}) - 1.0))"
+        return f"tl.where({x} > 0, {x}, {p['alpha']} * _og_expm1({x}))"
     if mode is M.ELU_BWD:
         return f"({x} * tl.where({y} > 0, 1.0, {p['alpha']} * tl.exp({y})))"
     if mode is M.SOFTPLUS_FWD:
@@ -155,13 +167,19 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         return f"({x} * ({s} + {p['swish_beta']} * {y} * {s} * (1.0 - {s})))"
     if mode is M.RELU_FWD:
         lo, hi, k = p["lower_clip"], p["upper_clip"], p["negative_slope"]
-        clipped = x if hi == "float('inf')" else f"tl.minimum({x}, {hi})"
+        clipped = x if hi == "float('inf')" else f"tl.minimum({x}, {hi}, propagate_nan=tl.PropagateNan.ALL)"
         below = lo if k == "0.0" else f"tl.where({k} == 0, {lo}, {lo} + {k} * ({x} - {lo}))"
         return f"tl.where({x} < {lo}, {below}, {clipped})"
     if mode is M.RELU_BWD:
         lo, hi, k = p["lower_clip"], p["upper_clip"], p["negative_slope"]
         return f"({x} * tl.where({y} <= {lo}, {k}, tl.where({y} >= {hi}, 0.0, 1.0)))"
     raise NotImplementedError(mode)
+
+
+def scalar_value(param: str, compute: str) -> str:
+    """A pass-by-value kernel argument as a value of the compute type. (`tl.full` keeps a float64
+    argument's precision in Triton's interpreter too, where the argument is a Python float.)"""
+    return f"tl.full([], {param}, {compute})"
 
 
 class Indexer(Protocol):
@@ -243,10 +261,10 @@ class Emitter:
         if v not in self.values:
             desc = self.tensors[v]
             name = f"v{v}"
-            if desc.is_pass_by_value:
-                self.lines.append(f"{name} = {self.scalar(v)}")  # a float argument, fp32 on the GPU
+            if desc.is_pass_by_value:  # a float64 argument (see annotate_scalars), in the compute type
+                self.lines.append(f"{name} = {scalar_value(self.scalar(v), self.compute)}")
             else:
-                self.lines.append(f"{name} = {self.indexer.load(desc, self.ptr(v))}.to({self.compute})")
+                self.lines.append(f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, self.compute)}")
             self.values[v] = name
         return self.values[v]
 
@@ -263,7 +281,9 @@ class Emitter:
         out = node.outputs[0]
         assert out is not None
         if op.mode is PointwiseMode.GEN_INDEX:
-            expr = f"({self.indexer.coord(op.axis or 0, self.tensors[out])}).to({self.compute})"
+            coord = self.indexer.coord(op.axis or 0, self.tensors[out])
+            # a constant coordinate (an axis of size 1) is a Python int, not a tensor
+            expr = f"tl.full([], {coord}, {self.compute})" if coord.isdigit() else f"({coord}).to({self.compute})"
         else:
             expr = f"({_mode_expr(op.mode, operands, params)}).to({self.compute})"
         self.assign(out, expr)

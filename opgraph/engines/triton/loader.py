@@ -16,7 +16,7 @@ from types import ModuleType
 from ...core.cache import kernel_dir, note_kernel_written
 from .compile_worker import exec_generated
 
-_MODULES: dict[tuple[str, bool], ModuleType] = {}
+_MODULES: dict[tuple[str, bool, bool], ModuleType] = {}
 _LOADED: set[Path] = set()  # files this process imported: never pruned under it
 
 
@@ -45,17 +45,26 @@ def module_file(source: str) -> Path:
     return path
 
 
-def module_name(source: str, interpret: bool) -> str:
-    return f"opgraph_generated_{source_hash(source)}_{'interp' if interpret else 'jit'}"
+def module_name(source: str, interpret: bool, fast_casts: bool = True) -> str:
+    suffix = "" if fast_casts or not interpret else "_slow"
+    return f"opgraph_generated_{source_hash(source)}_{'interp' if interpret else 'jit'}{suffix}"
 
 
-def load_module(source: str, *, interpret: bool) -> ModuleType:
+def load_module(source: str, *, interpret: bool, fast_casts: bool = True) -> ModuleType:
     """Import generated source; every top-level function named `kernel*` becomes a Triton kernel
     and every `_og_*` function a Triton device function (compile_worker.exec_generated, which the
-    compile workers share, so both sides hash the same kernels)."""
-    key = (source_hash(source), interpret)
+    compile workers share, so both sides hash the same kernels). Interpreted, the cast helpers are
+    replaced by their one-step NumPy equivalents (interp.py) unless `fast_casts` is False."""
+    key = (source_hash(source), interpret, fast_casts or not interpret)
     if key in _MODULES:
         return _MODULES[key]
-    module = exec_generated(str(module_file(source)), module_name(source, interpret), jit=not interpret)
+    module = exec_generated(str(module_file(source)), module_name(source, interpret, fast_casts),
+                            jit=not interpret)
+    if interpret and fast_casts:
+        from .interp import FAST
+
+        for attr, fn in FAST.items():
+            if hasattr(module, attr):
+                setattr(module, attr, fn)
     _MODULES[key] = module
     return module

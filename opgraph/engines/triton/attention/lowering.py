@@ -65,7 +65,7 @@ def _broadcasts(desc: TensorDesc, dims: tuple[int, ...]) -> bool:
     return desc.numel == 1 or (len(desc.dim) == len(dims) and all(d in (1, f) for d, f in zip(desc.dim, dims)))
 
 
-def analyse(piece: Piece, kind: str, template: str) -> Fusion | Support:
+def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
     """The piece as a Fusion, or Support.no with the reason."""
     attn = [n for n in piece.nodes if n.kind in ("sdpa", "sdpa_backward")]
     others = [n for n in piece.nodes if n.kind not in ("sdpa", "sdpa_backward")]
@@ -464,5 +464,5 @@ def flops(spec: AttnSpec) -> float:
     return f * (0.5 if spec.causal is not Causal.NONE else 1.0)
 
 
-__all__ = ["Fusion", "NodesHook", "ScoreModCode", "TileIndexer", "analyse", "build_spec", "flops", "operand",
+__all__ = ["Fusion", "NodesHook", "ScoreModCode", "TileIndexer", "analyze", "build_spec", "flops", "operand",
            "support_of"]

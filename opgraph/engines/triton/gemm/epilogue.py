@@ -10,7 +10,8 @@ from ....core.dtypes import DataType
 from ....core.ir import Node
 from ....core.tensor import TensorDesc
 from ....ops.reduction import GenStats, Reduction, ReductionMode
-from ..expr import TL_DTYPE, Emitter, compute_type, round_in_compute, to_storage
+from ..casts import cast_to
+from ..expr import TL_DTYPE, Emitter, compute_type, from_storage, round_in_compute, to_storage
 from ..templates.base import Launch, pow2_at_least
 from .analysis import GemmPiece, Reduce
 from .constants import INT32_LIMIT
@@ -47,7 +48,7 @@ class Context:
 
 def make_context(gp: GemmPiece, tiling: Tiling, dot: DotKind | None, interpret: bool) -> Context:
     piece = gp.piece
-    types = [piece.tensor(u).data_type for u in (*piece.inputs, *piece.outputs)]
+    types = [piece.tensor(u).data_type for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())]
     types += [n.compute_data_type for n in piece.nodes if n is not gp.main]
     tensors = dict(piece.graph.tensors)
     for uid, view in gp.views.items():
@@ -83,7 +84,8 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     nodes = gp.prologue.get(uid, ())
     if not nodes:
         load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
-        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else f"{name} = {load}.to({target})"]
+        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else
+                 f"{name} = {from_storage(load, desc.data_type, target)}"]
         if indexer.select is not None:
             lines.append(f"{name} = tl.where({indexer.selected()}, {name}, 0)")
         return lines
@@ -104,7 +106,7 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
         lines.append(f"{name} = tl.broadcast_to({value}, ({rows}, {cols}))")
     else:
         lines.append(f"{name} = tl.where({mask}, {value}, 0.0)")
-    return lines + [f"{name} = {name}.to({target})"]
+    return lines + [f"{name} = {cast_to(name, target)}"]
 
 
 def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
@@ -151,7 +153,7 @@ def preload_lines(ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: 
             if any(d > 1 and s != 0 and indexer.axes[a][0] != "c" for a, (d, s) in enumerate(zip(desc.dim, desc.stride))):
                 continue
             names[u] = f"pre{u}"
-            lines.append(f"pre{u} = {indexer.load(desc, ctx.ptr_of(sig)(u))}.to({ctx.compute})")
+            lines.append(f"pre{u} = {from_storage(indexer.load(desc, ctx.ptr_of(sig)(u)), desc.data_type, ctx.compute)}")
     return lines, names
 
 
@@ -280,6 +282,9 @@ class ReductionPlan:
             if full is not None:
                 term = f"tl.where({full}, {term}, {identity})"
             lines.append(f"red_{uid} = tl.{combine}({term}, axis={axis})")
+            if combine != "sum":  # max/min drop NaN; the reference's propagate it
+                lines.append(f"red_{uid} = tl.where(tl.max(({term} != {term}).to(tl.int32), axis={axis}) > 0, "
+                             f"float('nan'), red_{uid})")
         return lines
 
     def accumulate_lines(self, into: str) -> list[str]:
@@ -289,7 +294,8 @@ class ReductionPlan:
         for uid, kind, _fin, _offset in self.arrays:
             combine = _PARTIAL[kind][2]
             a, b = f"{into}{uid}", f"red_{uid}"
-            out.append(f"{a} = {a} + {b}" if combine == "sum" else f"{a} = tl.{combine}imum({a}, {b})")
+            out.append(f"{a} = {a} + {b}" if combine == "sum" else
+                       f"{a} = tl.{combine}imum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)")
         return out
 
     def init_lines(self, into: str, extent: str) -> list[str]:
@@ -364,7 +370,8 @@ class ReductionPlan:
             _, identity, combine = _PARTIAL[kind]
             ws = sig.scratch(f"ws{uid}", offset)
             desc = ctx.tensors[uid]
-            op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b})", "min": "tl.minimum({a}, {b})"}[combine]
+            op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+                  "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"}[combine]
             smask = "" if self.slots % block_s == 0 else f"(s < {self.slots})[:, None] & "
             terms = []
             for axis, (d, st) in enumerate(zip(desc.dim, desc.stride)):
@@ -380,6 +387,8 @@ class ReductionPlan:
                 f"mask={smask}lmask[None, :], other={identity})",
                 f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
                 f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
+                *([] if combine == "sum" else
+                  [f"r_{uid} = tl.where(tl.max((acc_{uid} != acc_{uid}).to(tl.int32), axis=0) > 0, float('nan'), r_{uid})"]),
                 f"tl.store({sig.buf(uid)} + {' + '.join(terms)}, {value}, mask=lmask)",
             ]
             if narr > 1:

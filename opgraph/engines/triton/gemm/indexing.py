@@ -110,8 +110,8 @@ class TileIndexer:
 
     # -- expr.py's Indexer protocol --
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1:
-            return f"tl.load({ptr})"
+        if desc.numel == 1 or not any(d > 1 and s != 0 for d, s in zip(desc.dim, desc.stride)):
+            return f"tl.load({ptr})"  # one element, or one broadcast in memory (stride 0): before any loop too
         address, mask = self.address(desc, ptr)
         if mask is None:
             return f"tl.load({address})"

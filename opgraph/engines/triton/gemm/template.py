@@ -8,6 +8,7 @@ from typing import Any
 
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
+from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
@@ -82,11 +83,14 @@ class TileTemplate(Template):
         return gp
 
     def match(self, piece: Piece, device: Device) -> Support:
-        if not any(n.kind in self.main_kinds for n in piece.nodes):
+        if not piece.kind_set & set(self.main_kinds):
             return Support.no(f"the piece has no {self.main_label}")
         gp, verdict = self.analyze(piece)
         if gp is None:
             return verdict
+        if DataType.DOUBLE in (gp.main.compute_data_type, gp.tensor(gp.out).data_type):
+            return Support.no(f"{gp.main.label()} computes or returns DOUBLE: the templates accumulate in fp32, "
+                              "not float64", gp.main)
         return self.check(gp, device)
 
     def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:

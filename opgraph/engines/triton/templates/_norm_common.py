@@ -21,11 +21,10 @@ from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
-from ....core.dtypes import DataType
 from ....core.ir import Const, Node, Operand
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ..expr import Emitter, elementwise, literal
+from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
 from .base import Params, Template, program_id
 
 INT32_LIMIT = 2**31 - 1
@@ -59,6 +58,8 @@ class Fusion:
 
 def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
     """The piece as a Fusion, or Support.no with the reason it is not one."""
+    if piece.kind_set <= {"pointwise"}:  # (without a pass over a long pointwise piece)
+        return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     norms = [n for n in piece.nodes if n.kind in kinds]
     others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
     if others:
@@ -321,8 +322,8 @@ def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, c
         return literal(v.value)
     assert isinstance(v, int)
     if tensors[v].is_pass_by_value:
-        return params.scalar(v)
-    return f"tl.load({params.buf(v)}).to({compute})"
+        return scalar_value(params.scalar(v), compute)
+    return from_storage(f"tl.load({params.buf(v)})", tensors[v].data_type, compute)
 
 
 def make_emitter(piece: Piece, compute: str, indexer: RowIndexer, params: Params) -> Emitter:
@@ -339,9 +340,7 @@ def is_big(piece: Piece) -> bool:
 
 
 def compute_of(piece: Piece) -> str:
-    types = [piece.tensor(u).data_type for u in (*piece.inputs, *piece.outputs)]
-    types += [n.compute_data_type for n in piece.nodes]
-    return "tl.float64" if DataType.DOUBLE in types else "tl.float32"
+    return compute_type(piece_types(piece))
 
 
 def pow2_floor(n: int) -> int:

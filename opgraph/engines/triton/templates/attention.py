@@ -26,7 +26,7 @@ from ....core.piece import Piece
 from ..attention import FwdKnobs, forward
 from ..attention.generated import launches_of
 from ..attention.knobs import fit_fwd, fwd_candidates
-from ..attention.lowering import analyse, build_spec, support_of
+from ..attention.lowering import analyze, build_spec, support_of
 from .base import Generated, Template, unique
 
 _KNOBS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "ORDER", "ONELOOP")
@@ -38,13 +38,13 @@ class AttentionTemplate(Template):
     priority = 60
 
     def match(self, piece: Piece, device: Device) -> Support:
-        f = analyse(piece, "sdpa", self.name)
+        f = analyze(piece, "sdpa", self.name)
         if isinstance(f, Support):
             return f
         return support_of(piece, f, self.name)
 
     def _spec(self, piece: Piece, device: Device, knobs: dict[str, Any] | None = None):
-        f = analyse(piece, "sdpa", self.name)
+        f = analyze(piece, "sdpa", self.name)
         assert not isinstance(f, Support), f.reason
         precision = str((knobs or {}).get("fp32_precision", "ieee"))
         return build_spec(piece, f, interpret=not device.is_cuda, fp32_precision=precision)

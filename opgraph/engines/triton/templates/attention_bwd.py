@@ -22,7 +22,7 @@ from ....core.piece import Piece
 from ..attention import BwdKnobs, backward
 from ..attention.generated import launches_of
 from ..attention.knobs import bwd_candidates, fit_bwd
-from ..attention.lowering import analyse, build_spec, support_of
+from ..attention.lowering import analyze, build_spec, support_of
 from .base import Generated, Template, unique
 
 _KNOBS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "W1", "S1", "W2", "S2", "PRE_BLOCK", "TMA", "FUSED",
@@ -35,13 +35,13 @@ class AttentionBackwardTemplate(Template):
     priority = 60
 
     def match(self, piece: Piece, device: Device) -> Support:
-        f = analyse(piece, "sdpa_backward", self.name)
+        f = analyze(piece, "sdpa_backward", self.name)
         if isinstance(f, Support):
             return f
         return support_of(piece, f, self.name)
 
     def _spec(self, piece: Piece, device: Device, knobs: dict[str, Any] | None = None):
-        f = analyse(piece, "sdpa_backward", self.name)
+        f = analyze(piece, "sdpa_backward", self.name)
         assert not isinstance(f, Support), f.reason
         precision = str((knobs or {}).get("fp32_precision", "ieee"))
         return build_spec(piece, f, interpret=not device.is_cuda, fp32_precision=precision)

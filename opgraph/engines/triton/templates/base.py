@@ -141,8 +141,8 @@ def unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def module_source(*functions: str) -> str:
     """A generated module: imports (and those of the custom ops' Triton functions it calls), the
     helpers, the kernels."""
-    return "\n".join(["import triton", "import triton.language as tl", *custom_imports("\n".join(functions)),
-                      HELPERS, *functions])
+    return "\n".join(["import triton", "import triton.language as tl", "from triton.language.extra import libdevice",
+                      *custom_imports("\n".join(functions)), HELPERS, *functions])
 
 
 def pow2_at_least(n: int, lo: int = 1) -> int:

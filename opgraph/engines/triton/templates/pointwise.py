@@ -16,7 +16,7 @@ from ....core.config import Support
 from ....core.device import Device
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
-from ..expr import Emitter, compute_type, elementwise, fused_custom
+from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 
@@ -45,9 +45,10 @@ class FlatIndexer:
         return " + ".join(terms) or "0"
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1:
+        offset = "0" if desc.numel == 1 else self.offset(desc)
+        if offset == "0":  # one element, or every axis broadcast in memory (stride 0): a scalar load
             return f"tl.load({ptr})"
-        return f"tl.load({ptr} + {self.offset(desc)}, mask=mask, other=0)"
+        return f"tl.load({ptr} + {offset}, mask=mask, other=0)"
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
         return f"tl.store({ptr} + {self.offset(desc)}, {value}, mask=mask)"
@@ -74,19 +75,30 @@ def _extent(desc: TensorDesc) -> int:
     return 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
 
 
+def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
+    """Fold step: {dims: (first node, its output uid)} over the outputs of non-view nodes."""
+    if node.kind in VIEW_KINDS:
+        return acc
+    new = {tensors[u].dim: (node, u) for u in node.output_uids() if tensors[u].dim not in acc}
+    return {**acc, **{d: v for d, v in new.items() if d not in acc}} if new else acc
+
+
 class PointwiseTemplate(Template):
     name = "pointwise"
     main_kinds = ("pointwise", "custom", "slice", "transpose")
 
     def match(self, piece: Piece, device: Device) -> Support:
-        views = memory_views(piece)
+        # linear in a piece grown op by op: kind checks on the piece's kind set, per-op facts folded
+        kinds = piece.kind_set
+        views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
         if isinstance(views, Support):
             return views
-        for node in piece.nodes:
-            if node.kind not in VIEW_KINDS and not elementwise(node):
-                why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
-                return Support.no(f"the pointwise template runs pointwise ops (and reads slices/transposes "
-                                  f"of tensors in memory) only, {why}", node)
+        if not kinds <= {"pointwise", *VIEW_KINDS}:
+            for node in piece.nodes:
+                if node.kind not in VIEW_KINDS and not elementwise(node):
+                    why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
+                    return Support.no(f"the pointwise template runs pointwise ops (and reads slices/transposes "
+                                      f"of tensors in memory) only, {why}", node)
         copied = [u for u in piece.outputs if u in views]
         if copied:
             return Support.no(f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
@@ -95,14 +107,14 @@ class PointwiseTemplate(Template):
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
-        for node in piece.nodes:
-            if node.kind in VIEW_KINDS:  # read where a pointwise op reads it, broadcast by that op's rule
-                continue
-            for u in node.output_uids():
-                d = piece.tensor(u).dim
-                if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
-                    return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
-                                      f"piece's space {list(space)}", node)
+        # the first op writing each distinct dims (views are read where a pointwise op reads them,
+        # broadcast by that op's rule)
+        tensors = piece.graph.tensors
+        firsts = piece.fold("pointwise.dims", lambda acc, n: _first_dims(acc, n, tensors), {})
+        for d, (node, u) in firsts.items():
+            if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
+                return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
+                                  f"piece's space {list(space)}", node)
         return Support.yes()
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
@@ -121,7 +133,7 @@ class PointwiseTemplate(Template):
         indexer = FlatIndexer(dims, stride_order(first.stride))
         externals = [*piece.inputs, *piece.outputs]
         big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel > INT32_LIMIT
-        types = [piece.tensor(u).data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        types = piece_types(piece)
         views = memory_views(piece)
         assert not isinstance(views, Support), views.reason
 

@@ -25,7 +25,7 @@ from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....ops.pooling import PoolGeometry, Resample, ResampleMode
-from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, round_in_compute, to_storage
+from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, piece_types, round_in_compute, to_storage
 from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
 from .reduction import INT32_LIMIT, FlatAxes
 
@@ -49,6 +49,8 @@ def _fits(dims: tuple[int, ...], space: tuple[int, ...]) -> bool:
 
 
 def analyze(piece: Piece) -> PoolPiece | Support:
+    if "resample" not in piece.kind_set:  # (without a pass over a long piece)
+        return Support.no("the piece has no resample node")
     pools = [n for n in piece.nodes if isinstance(n.op, Resample)]
     if len(pools) != 1:
         return Support.no("the piece has no resample node" if not pools else
@@ -196,7 +198,7 @@ class PoolingTemplate(Template):
         big = ny > INT32_LIMIT or any(
             1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
             for u in externals)
-        types = [g.tensors[u].data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        types = piece_types(piece)
         compute = compute_type(types)
         space = p.y.dim
         order = [a for a in stride_order(p.y.stride) if space[a] > 1]

@@ -39,7 +39,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
-from ..expr import Emitter, compute_type, elementwise, to_storage
+from ..expr import Emitter, compute_type, elementwise, piece_types, to_storage
 from .base import (
     Arg,
     ArgKind,
@@ -152,9 +152,9 @@ class ReductionIndexer:
         return desc.numel == 1 or self.kflat.offset(desc) is None
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1:
+        om, ok = (None, None) if desc.numel == 1 else (self.mflat.offset(desc), self.kflat.offset(desc))
+        if om is None and ok is None:  # one element, or broadcast in memory (stride 0) along m and k
             return f"tl.load({ptr})"
-        om, ok = self.mflat.offset(desc), self.kflat.offset(desc)
         if ok is None:
             return self.em(f"tl.load({ptr} + {om}, mask=m_mask, other=0)")
         if om is None:
@@ -236,6 +236,8 @@ def _reducers(piece: Piece, node: Node) -> tuple[TensorDesc, tuple[int, ...], li
 
 
 def analyze(piece: Piece) -> Analysis | Support:
+    if not piece.kind_set & {"reduction", "genstats"}:  # (without a pass over a long piece)
+        return Support.no("the piece has no reduction or genstats node")
     reducing = [n for n in piece.nodes if isinstance(n.op, (Reduction, GenStats))]
     if not reducing:
         return Support.no("the piece has no reduction or genstats node")
@@ -413,7 +415,7 @@ class ReductionTemplate(Template):
         big = M * K > INT32_LIMIT or any(
             1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
             for u in externals)
-        types = [g.tensors[u].data_type for u in externals] + [n.compute_data_type for n in piece.nodes]
+        types = piece_types(piece)
         compute = compute_type(types)
         mflat = FlatAxes("m", a.kept, a.space, "mq")
         kflat = FlatAxes("k", a.reduced, a.space, "kq")

@@ -1,0 +1,163 @@
+"""Conversions between the compute type and storage types in generated kernels, with the reference
+engine's rounding (opgraph/rounding.py) on the GPU and in Triton's interpreter alike.
+
+- integers: round half to even, saturate to the type's range (+-inf included), NaN -> 0; the bounds
+  are applied to the integer result, so 2**31 - 1 or 2**63 - 1 are never first rounded to a float
+  that overflows the cast;
+- bfloat16 and fp8: through float32 (as the reference, PyTorch and ml_dtypes do), round to nearest
+  even in integer arithmetic on the bits, then a bit cast. FP8 E4M3 saturates to +-448 (infinities
+  included) and keeps NaN; E5M2 overflows to +-inf. Neither Triton's interpreter (which truncates
+  fp32 -> bf16, and decodes and rounds fp8 wrongly) nor a backend's satfinite conversion is relied on,
+  and no float -> fp8 conversion instruction is emitted at all (some do not compile);
+- decoding bfloat16 and fp8 is a bit operation too (exact), also for float64 compute, which the
+  interpreter would otherwise read as integers.
+"""
+
+from __future__ import annotations
+
+from ...core.dtypes import DataType
+
+TL_DTYPE = {
+    DataType.FLOAT: "tl.float32", DataType.DOUBLE: "tl.float64", DataType.HALF: "tl.float16",
+    DataType.BFLOAT16: "tl.bfloat16", DataType.INT8: "tl.int8", DataType.UINT8: "tl.uint8",
+    DataType.INT32: "tl.int32", DataType.INT64: "tl.int64", DataType.BOOLEAN: "tl.int1",
+    DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5",
+}
+INT_RANGE = {
+    DataType.INT8: (-128, 127), DataType.UINT8: (0, 255), DataType.INT32: (-(2**31), 2**31 - 1),
+    DataType.INT64: (-(2**63), 2**63 - 1),
+}
+_ENCODE = {DataType.BFLOAT16: "_og_to_bf16", DataType.FP8_E4M3: "_og_to_e4m3", DataType.FP8_E5M2: "_og_to_e5m2"}
+_DECODE = {DataType.BFLOAT16: "_og_from_bf16", DataType.FP8_E4M3: "_og_from_e4m3", DataType.FP8_E5M2: "_og_from_e5m2"}
+
+CAST_HELPERS = '''
+def _og_rint(x, big):
+    # round half to even without rint: x - floor(x) is exact, and |x| >= big is already integral
+    f = tl.floor(x)
+    d = x - f
+    odd = f - 2.0 * tl.floor(f * 0.5) != 0.0
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+    return tl.where(tl.abs(x) >= big, x, r)
+
+
+def _og_to_int(x, lo, hi, big, dtype: tl.constexpr, lo_i: tl.constexpr, hi_i: tl.constexpr):
+    r = _og_rint(x, big)
+    r = tl.where(x != x, 0.0, r)
+    inside = (r > lo) & (r < hi)
+    v = tl.where(inside, r, 0.0).to(dtype)
+    v = tl.where(r >= hi, tl.full(v.shape, hi_i, dtype), v)
+    return tl.where(r <= lo, tl.full(v.shape, lo_i, dtype), v)
+
+
+def _og_pow2(e):
+    # 2**e as float32 for an int32 e in [-126, 127], built from its bits
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+def _og_to_bf16(x):
+    x = x.to(tl.float32)
+    b = x.to(tl.uint32, bitcast=True)
+    r = b + 0x7FFF + ((b >> 16) & 1)
+    r = tl.where(x != x, 0x7FC00000, r)
+    return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+def _og_from_bf16(x):
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+def _og_fp8_bits(x, a, mant: tl.constexpr, emin: tl.constexpr, bias: tl.constexpr, sub: tl.constexpr):
+    # the magnitude a (float32, finite, in range) rounded to nearest even with `mant` mantissa bits
+    # and normals from 2**emin, as the 7 low bits of the fp8 code (sub = 2**(mant - emin) scales a
+    # subnormal to its code); the sign from x
+    e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    e = tl.maximum(e, emin)
+    step = _og_pow2(e - mant)
+    q = a / step
+    q = (q + 8388608.0) - 8388608.0
+    v = q * step
+    ve = ((v.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    frac = ((v.to(tl.uint32, bitcast=True) >> (23 - mant)) & ((1 << mant) - 1)).to(tl.int32)
+    code = tl.where(ve >= emin, ((ve + bias) << mant) | frac, (v * sub).to(tl.int32))
+    code = tl.where(v == 0.0, 0, code)
+    sign = ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.int32)
+    return code | sign
+
+
+def _og_to_e4m3(x):
+    x = x.to(tl.float32)
+    a = tl.where(x != x, 0.0, tl.minimum(tl.abs(x), 448.0))
+    code = _og_fp8_bits(x, a, 3, -6, 7, 512.0)
+    code = tl.where(x != x, 0x7F, code)
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+def _og_to_e5m2(x):
+    x = x.to(tl.float32)
+    a = tl.where((x != x) | (tl.abs(x) >= 61440.0), 0.0, tl.abs(x))
+    code = _og_fp8_bits(x, a, 2, -14, 15, 65536.0)
+    sign = ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.int32)
+    code = tl.where(tl.abs(x) >= 61440.0, 0x7C | sign, code)
+    code = tl.where(x != x, 0x7F, code)
+    return code.to(tl.uint8).to(tl.float8e5, bitcast=True)
+
+
+def _og_from_e4m3(x):
+    b = x.to(tl.uint8, bitcast=True).to(tl.int32)
+    e = (b >> 3) & 15
+    m = b & 7
+    mag = tl.where(e == 0, m, m + 8).to(tl.float32) * _og_pow2(tl.maximum(e, 1) - 10)
+    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+    return tl.where((b & 0x80) != 0, -mag, mag)
+
+
+def _og_from_e5m2(x):
+    return (x.to(tl.uint8, bitcast=True).to(tl.uint16) << 8).to(tl.float16, bitcast=True).to(tl.float32)
+'''
+
+
+def _float(v: int) -> str:
+    return repr(float(v))
+
+
+def from_storage(value: str, dt: DataType, compute: str) -> str:
+    """Expression of `value`, held in storage type `dt`, as type `compute` (exact)."""
+    if dt in _DECODE:
+        f32 = f"{_DECODE[dt]}({value})"
+        return f32 if compute == "tl.float32" else f"{f32}.to({compute})"
+    if TL_DTYPE[dt] == compute:
+        return value
+    return f"{value}.to({compute})"
+
+
+def to_storage(value: str, dt: DataType, compute: str) -> str:
+    """Expression converting a compute-type value to storage type `dt` with the reference engine's
+    rounding (see the module docstring)."""
+    if dt is DataType.BOOLEAN:
+        return f"({value} != 0)"
+    if dt in INT_RANGE:
+        lo, hi = INT_RANGE[dt]
+        big = "4503599627370496.0" if compute == "tl.float64" else "8388608.0"
+        return f"_og_to_int({value}, {_float(lo)}, {_float(hi)}, {big}, {TL_DTYPE[dt]}, {lo}, {hi})"
+    if dt in _ENCODE:
+        return f"{_ENCODE[dt]}({value})"
+    if TL_DTYPE[dt] == compute:
+        return value
+    return f"{value}.to({TL_DTYPE[dt]})"
+
+
+def cast_to(value: str, target: str) -> str:
+    """`value` (a float type) converted to the Triton type named `target`, rounding as to_storage."""
+    for dt, name in TL_DTYPE.items():
+        if name == target and (dt in _ENCODE or dt in INT_RANGE):
+            return to_storage(value, dt, "tl.float32")
+    return f"{value}.to({target})"
+
+
+def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:
+    """Rounding of an intermediate to its declared type, staying in the compute type; None if exact."""
+    if dt is DataType.DOUBLE or TL_DTYPE[dt] == compute:
+        return None
+    if dt is DataType.FLOAT and compute == "tl.float32":
+        return None
+    return from_storage(to_storage(value, dt, compute), dt, compute)

@@ -1,0 +1,86 @@
+"""The cast helpers of generated kernels (casts.py) as single NumPy steps, for Triton's interpreter.
+
+Under the interpreter every `tl` operation costs tens of microseconds of Python, and the Triton
+versions of the helpers take a dozen operations each; these compute the same bits (opgraph.rounding,
+the reference engine's own rounding) in one. The loader installs them in interpreted modules only;
+tests/engines/test_triton_casts.py runs the Triton versions in the interpreter against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...core.dtypes import DataType
+from ...core.rounding import round_to
+
+
+def _tensor(data: np.ndarray, like: Any, tl_dtype: Any) -> Any:
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    ty = like.type.with_element_ty(tl_dtype) if like.type.is_block() else tl_dtype
+    return tl.core.tensor(TensorHandle(np.ascontiguousarray(data).reshape(like.handle.data.shape), tl_dtype), ty)
+
+
+def _values(x: Any) -> np.ndarray:
+    return np.asarray(x.handle.data)
+
+
+def _encoder(dt: DataType, tl_name: str) -> Callable[[Any], Any]:
+    def encode(x: Any) -> Any:
+        import triton.language as tl
+
+        f32 = _values(x).astype(np.float32).astype(np.float64)  # through float32, as the reference
+        bits = round_to(f32, dt).view(np.uint16 if dt is DataType.BFLOAT16 else np.uint8)
+        return _tensor(bits, x, getattr(tl, tl_name))
+    return encode
+
+
+def _decoder(dt: DataType) -> Callable[[Any], Any]:
+    def decode(x: Any) -> Any:
+        import triton.language as tl
+
+        raw = _values(x)
+        carrier = np.uint16 if dt is DataType.BFLOAT16 else np.uint8
+        values = raw.astype(carrier, copy=False).view(dt.numpy).astype(np.float32)
+        return _tensor(values, x, tl.float32)
+    return decode
+
+
+def _to_int(x: Any, lo: Any, hi: Any, big: Any, dtype: Any, lo_i: Any, hi_i: Any) -> Any:
+    import triton.language as tl
+
+    dtype = getattr(dtype, "value", dtype)
+    dt = {tl.int8: DataType.INT8, tl.uint8: DataType.UINT8, tl.int32: DataType.INT32, tl.int64: DataType.INT64}[dtype]
+    with np.errstate(all="ignore"):
+        return _tensor(round_to(_values(x).astype(np.float64), dt), x, dtype)
+
+
+def _fmod(a: Any, b: Any) -> Any:
+    import triton.language as tl
+
+    like = a if isinstance(a, tl.core.tensor) else b
+    with np.errstate(all="ignore"):
+        out = np.fmod(_values(a) if isinstance(a, tl.core.tensor) else a,
+                      _values(b) if isinstance(b, tl.core.tensor) else b)
+    dtype = like.dtype
+    out = np.asarray(out).astype(_values(like).dtype)
+    ty = tl.core.block_type(dtype, list(out.shape)) if out.ndim and like.type.is_block() else dtype
+    from triton.runtime.interpreter import TensorHandle
+
+    return tl.core.tensor(TensorHandle(out, dtype), ty)
+
+
+FAST: dict[str, Callable[..., Any]] = {
+    "_og_fmod": _fmod,
+    "_og_to_bf16": _encoder(DataType.BFLOAT16, "bfloat16"),
+    "_og_to_e4m3": _encoder(DataType.FP8_E4M3, "float8e4nv"),
+    "_og_to_e5m2": _encoder(DataType.FP8_E5M2, "float8e5"),
+    "_og_from_bf16": _decoder(DataType.BFLOAT16),
+    "_og_from_e4m3": _decoder(DataType.FP8_E4M3),
+    "_og_from_e5m2": _decoder(DataType.FP8_E5M2),
+    "_og_to_int": _to_int,
+}

@@ -1,0 +1,74 @@
+"""Rewrites of generated kernels that every template needs, applied to the source once it is
+generated (templates name buffer parameters p{uid} and pass launch arguments positionally):
+
+- `typed_scalars`: pass-by-value parameters declared `tl.float64`, so a DOUBLE graph's scalar keeps
+  its precision (Triton types a Python float argument fp32); kernels convert it to their compute type;
+- `fp8_fill`: masked loads of fp8 buffers fill masked-off lanes with an fp8 zero (`other=0` would
+  be an int -> fp8 cast, which Triton refuses on the GPU and in its interpreter).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ...core.dtypes import DataType
+from .templates.base import Generated
+
+_FP8 = {DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5"}
+
+
+def _functions(source: str) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+
+
+def typed_scalars(generated: Generated) -> Generated:
+    if not any(a.kind == "scalar" for l in generated.launches for a in l.args):
+        return generated
+    lines = generated.source.splitlines()
+    functions = _functions(generated.source)
+    edits: dict[int, tuple[int, str]] = {}
+    for launch in generated.launches:
+        fn = functions[launch.kernel]
+        if fn.lineno in edits:
+            continue
+        params = fn.args.args
+        rendered = [f"{p.arg}: tl.float64" if i < len(launch.args) and launch.args[i].kind == "scalar"
+                    else ast.unparse(p) for i, p in enumerate(params)]
+        edits[fn.lineno] = (fn.body[0].lineno - 1, f"def {fn.name}({', '.join(rendered)}):")
+    for first, (last, header) in sorted(edits.items(), reverse=True):
+        lines[first - 1:last] = [header]
+    return replace(generated, source="\n".join(lines) + "\n")
+
+
+def fp8_fill(generated: Generated, types: Mapping[int, DataType]) -> Generated:
+    """`types`: the data type of every buffer uid."""
+    if not any(a.kind == "buf" and types.get(a.uid) in _FP8 for l in generated.launches for a in l.args):
+        return generated
+    fp8 = {}
+    functions = _functions(generated.source)
+    for launch in generated.launches:
+        params = functions[launch.kernel].args.args
+        for i, a in enumerate(launch.args):
+            if a.kind == "buf" and types.get(a.uid) in _FP8 and i < len(params):
+                fp8[(launch.kernel, params[i].arg)] = _FP8[types[a.uid]]
+    if not fp8:
+        return generated
+    tree = ast.parse(generated.source)
+    changed = False
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for call in ast.walk(fn):
+            if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "tl.load" and call.args):
+                continue
+            names = {n.id for n in ast.walk(call.args[0]) if isinstance(n, ast.Name)}
+            kinds = {fp8[(fn.name, n)] for n in names if (fn.name, n) in fp8}
+            for kw in call.keywords:
+                if kw.arg == "other" and len(kinds) == 1:
+                    kw.value = ast.parse(f"tl.zeros([1], {kinds.pop()})", mode="eval").body
+                    changed = True
+    if not changed:
+        return generated
+    return replace(generated, source=ast.unparse(tree) + "\n")

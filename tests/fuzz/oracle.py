@@ -1,0 +1,299 @@
+"""What the fuzzer compares against: input values by profile, buffers with guard bytes, the reference
+engine's results, and a tolerance that knows how sensitive each output is.
+
+Sensitivity: the reference is run twice more with every inexact op's result (and the inputs of every
+accumulating op) nudged by a few units in the last place of the precision an engine computes it in.
+Where an output moves a lot under such nudges (cancellation, a steep function, a low-precision
+intermediate crossing a rounding boundary), an engine's legitimate rounding differences move it too,
+so the tolerance there is widened by that spread; everywhere else it is the output type's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+import opgraph as og
+from opgraph.core.ir import Const, FinalGraph, Node
+from opgraph.ops.pointwise import Pointwise, PointwiseMode
+from opgraph.core.rounding import round_to
+from opgraph.core.tensor import TensorDesc, storage_extent
+from opgraph.testing import TOLERANCE
+
+DT = og.DataType
+M = PointwiseMode
+GUARD_BYTES = 64  # guard on each side of every buffer (keeps the view 16-byte aligned)
+SENTINEL = 0xA5
+
+_EXACT_MODES = {M.ADD, M.SUB, M.MUL, M.MAX, M.MIN, M.NEG, M.ABS, M.IDENTITY, M.FLOOR, M.CEIL, M.CMP_EQ, M.CMP_NEQ,
+                M.CMP_GT, M.CMP_GE, M.CMP_LT, M.CMP_LE, M.LOGICAL_AND, M.LOGICAL_OR, M.LOGICAL_NOT,
+                M.BINARY_SELECT, M.GEN_INDEX, M.RELU_BWD, M.MOD}
+_ACCUMULATING = {"reduction", "genstats", "matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "batchnorm",
+                 "batchnorm_backward", "layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward",
+                 "instancenorm", "instancenorm_backward", "resample"}
+_WIDE = {DT.DOUBLE, DT.INT32, DT.INT64}
+F32_DELTA = 2.0**-20  # ~8 units in the last place of fp32
+F64_DELTA = 2.0**-49
+
+
+# -- values ---------------------------------------------------------------------------------------------
+
+def _special(dt: og.DataType, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Edge values for casts: infinities, NaN, halfway cases of every narrower type, values past
+    every type's range, integers at their limits."""
+    if dt is DT.BOOLEAN:
+        return rng.random(n) < 0.5
+    if dt.is_integer:
+        info = np.iinfo(dt.numpy)
+        top = min(int(info.max), 2**53)  # the reference reads integers as float64: exact up to 2**53
+        pool = [0, 1, -1, 127, 128, -129, 255, 256, 2**15, 2**24 + 1, 2**31 - 1, -(2**31), 2**31, 2**40 + 3,
+                top, -top, int(info.max), int(info.min)]
+        pool = [v for v in pool if info.min <= v <= info.max]
+        return np.array([pool[i] for i in rng.integers(len(pool), size=n)], dtype=np.float64)
+    pool = [0.0, -0.0, 0.5, 1.5, 2.5, -2.5, -3.5, 1e-3, np.inf, -np.inf, np.nan, 1e10, -1e10, 3e9, -3e9,
+            2.0**31, 2.0**63, -(2.0**63), 1e20, 3.3e38, -3.3e38, 65504.0, 65520.0, 70000.0, 448.0, 449.0, 464.0,
+            480.0, 500.0, -1000.0, 57344.0, 61440.0, 1e5, 1 + 2.0**-8, 1 + 3 * 2.0**-9, 1 + 2.0**-11,
+            1 + 2.0**-4, 1 + 3 * 2.0**-5, 1 + 2.0**-3, 2.0**-140, 6e-8, 1e-300, 127.5, 128.5, -128.5, 255.5]
+    vals = np.array([pool[i] for i in rng.integers(len(pool), size=n)], dtype=np.float64)
+    vals = np.where(rng.random(n) < 0.25, rng.uniform(-300, 300, size=n), vals)
+    return vals
+
+
+def input_values(desc: TensorDesc, profile: str, rng: np.random.Generator) -> np.ndarray:
+    """float64 (or bool) values in logical dims for one input, by the case's profile."""
+    dt, shape, n = desc.data_type, desc.dim, desc.numel
+    if profile.startswith("const:"):
+        return np.full(shape, float(profile[6:]))
+    if profile == "special":
+        return _special(dt, n, rng).reshape(shape)
+    if dt is DT.BOOLEAN:
+        return rng.random(shape) < 0.5
+    if dt.is_integer:
+        info = np.iinfo(dt.numpy)
+        if profile == "wide":
+            span = {DT.INT32: 2**30, DT.INT64: 2**40}.get(dt, int(info.max))
+            return rng.integers(max(info.min, -span), span, size=shape).astype(np.float64)
+        lo = 1 if dt is DT.UINT8 else -8
+        v = rng.integers(lo, 8, size=shape)
+        return np.where(v == 0, 1, v).astype(np.float64)
+    if profile == "positive":
+        return rng.uniform(0.1, 2.0, size=shape)
+    if profile == "tiny":  # where textbook formulas lose relative accuracy (tanh, expm1, log1p)
+        return rng.uniform(-1.0, 1.0, size=shape) * 10.0 ** rng.uniform(-9, -3, size=shape)
+    if profile == "nonfinite":  # NaN and infinities among normal values: every op must propagate them
+        v = rng.uniform(-2.0, 2.0, size=shape)
+        pick = rng.random(shape)
+        return np.where(pick < 0.1, np.nan, np.where(pick < 0.15, np.inf, np.where(pick < 0.2, -np.inf, v)))
+    if profile == "large":
+        return rng.uniform(-1.0, 1.0, size=shape) * 10.0 ** rng.uniform(1, 4, size=shape)
+    v = rng.uniform(-2.0, 2.0, size=shape)
+    return np.where(np.abs(v) < 1e-3, 0.5, v)
+
+
+# -- buffers ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Buffer:
+    """One bound tensor: a base allocation (guard, storage, guard) filled with a sentinel, the strided
+    view the plan gets, and which base elements belong to the tensor."""
+
+    desc: TensorDesc
+    base: Any  # numpy array (CPU) or torch tensor (CUDA), 1-D
+    view: Any
+    owned: np.ndarray  # bool per base element: True where the tensor has an element
+
+    def host(self) -> np.ndarray:
+        """The view's values as a host NumPy array of the tensor's type."""
+        if isinstance(self.view, np.ndarray):
+            return self.view
+        from opgraph.core.torch_interop import torch_to_numpy
+
+        return torch_to_numpy(self.view)
+
+    def base_bytes(self) -> np.ndarray:
+        if isinstance(self.base, np.ndarray):
+            return self.base.view(np.uint8).copy()
+        import torch
+
+        return self.base.view(torch.uint8).cpu().numpy().copy()
+
+
+def _offsets(desc: TensorDesc) -> np.ndarray:
+    idx = np.zeros((), dtype=np.int64)
+    for d, s in zip(desc.dim, desc.stride):
+        idx = idx[..., None] + np.arange(d, dtype=np.int64) * s
+    return idx.reshape(desc.dim)
+
+
+def make_buffer(desc: TensorDesc, values: np.ndarray | None, device: str) -> Buffer:
+    """A buffer holding `values` (rounded to the tensor's type), or poison (NaN, the integer max,
+    True) when `values` is None."""
+    extent = max(storage_extent(desc.dim, desc.stride), 1)
+    npdt = desc.data_type.numpy
+    guard = GUARD_BYTES // npdt.itemsize
+    raw = np.full((extent + 2 * guard) * npdt.itemsize + 64, SENTINEL, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    base = raw[start:start + (extent + 2 * guard) * npdt.itemsize].view(npdt)
+    offsets = _offsets(desc) + guard
+    owned = np.zeros(base.size, dtype=bool)
+    owned[offsets.reshape(-1)] = True
+    if values is None:
+        dt = desc.data_type
+        fill = True if dt is DT.BOOLEAN else np.iinfo(npdt).max if dt.is_integer else np.nan
+        logical = np.full(desc.dim, fill).astype(npdt) if dt.is_integer or dt is DT.BOOLEAN else \
+            np.full(desc.dim, np.nan).astype(npdt)
+    else:
+        logical = round_to(np.asarray(values), desc.data_type)
+    base[offsets] = logical
+    strides = [s * npdt.itemsize for s in desc.stride]
+    if device == "cpu":
+        from opgraph.core.tensor import strided_view
+
+        view = strided_view(base[guard:], desc.dim, desc.stride)
+        return Buffer(desc, base, view, owned)
+    import torch
+
+    from opgraph.core.torch_interop import numpy_to_torch
+
+    tbase = numpy_to_torch(base, device)
+    view = torch.as_strided(tbase, desc.dim, desc.stride, guard)
+    del strides
+    return Buffer(desc, tbase, view, owned)
+
+
+# -- the reference and its sensitivity ------------------------------------------------------------------
+
+def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
+    """Whether every engine computes this node's results bit for bit as the reference does (given
+    bit-equal operands)."""
+    op = node.op
+    ins = [tensors[u] for u in node.input_uids()]
+    if isinstance(op, Pointwise):
+        if op.mode is M.RELU_FWD:  # lower + slope * (x - lower): exact when it is a clip
+            return all(isinstance(v, Const) and v.value == 0 for v in node.inputs[3:4]) or node.inputs[3] is None
+        return op.mode in _EXACT_MODES
+    if getattr(op, "MOVES_DATA_ONLY", False):
+        return True
+    if node.kind == "reduction" and op.mode.name in ("MIN", "MAX", "AMAX"):
+        return True
+    if node.kind == "resample" and op.mode.name == "MAX":
+        return True
+    if node.kind in _ACCUMULATING and all(not t.data_type.is_floating for t in ins):
+        return True  # integer sums are exact in every engine's wide accumulator
+    return False
+
+
+def node_delta(node: Node, tensors: Mapping[int, TensorDesc]) -> float:
+    wide = node.compute_data_type is DT.DOUBLE or any(
+        tensors[u].data_type in _WIDE for u in (*node.input_uids(), *node.output_uids()))
+    return F64_DELTA if wide else F32_DELTA
+
+
+def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Generator | None,
+             delta: Callable[[Node], float] | None = None, low: bool = False) -> dict[int, np.ndarray]:
+    """The reference semantics over `inputs` (float64 arrays / numbers by UID); with `rng`, inexact
+    results (and accumulating ops' floating inputs) nudged by +-delta(node) relative; with `low`, each
+    op that an engine computes in fp32 evaluated by its reference formula in float32 (what the
+    formula itself loses in fp32: 1 - tanh(x)**2 for large x, a sum's order)."""
+    env: dict[int, np.ndarray] = {}
+    for uid, v in inputs.items():
+        env[uid] = np.full(graph.tensors[uid].dim, float(v)) if not isinstance(v, np.ndarray) else v
+    tensors = graph.tensors
+
+    def nudge(a: np.ndarray, d: float) -> np.ndarray:
+        return a * (1.0 + d * rng.uniform(-1.0, 1.0, size=np.shape(a)))
+
+    out: dict[int, np.ndarray] = {}
+    for node in graph.nodes:
+        exact = rng is None or exact_node(node, tensors)
+        d = 0.0 if rng is None else (delta(node) if delta else node_delta(node, tensors))
+        narrow = low and not exact_node(node, tensors) and node_delta(node, tensors) == F32_DELTA
+        ins = []
+        for v in node.inputs:
+            if v is None:
+                ins.append(None)
+            elif isinstance(v, Const):
+                ins.append(np.asarray(float(v.value), dtype=np.float32 if narrow else np.float64))
+            else:
+                a = env[v].astype(np.float64)
+                if not exact and node.kind in _ACCUMULATING and tensors[v].data_type.is_floating:
+                    a = nudge(a, 4 * d)
+                ins.append(a.astype(np.float32) if narrow else a)
+        descs = [None if u is None else tensors[u] for u in node.outputs]
+        with np.errstate(all="ignore"):
+            results = node.op.reference(ins, descs)
+        for uid, desc, r in zip(node.outputs, descs, results):
+            if uid is None or r is None:
+                continue
+            r = np.asarray(r, dtype=np.float64)
+            if not exact:
+                with np.errstate(all="ignore"):
+                    r = nudge(r, d)
+            env[uid] = round_to(r, desc.data_type)
+            out[uid] = env[uid]
+    return out
+
+
+@dataclass
+class Mismatch:
+    uid: int
+    label: str
+    index: tuple[int, ...]
+    got: float
+    want: float
+    allowed: float
+
+    def __str__(self) -> str:
+        return (f"{self.label}: at {list(self.index)} got {self.got!r}, want {self.want!r} "
+                f"(|err| {abs(self.got - self.want):.3g} > allowed {self.allowed:.3g})")
+
+
+def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, spread: np.ndarray,
+            loosest: og.DataType | None = None) -> Mismatch | None:
+    """None when got matches want within the output type's tolerance plus 4x the spread (NaN where
+    want is NaN, the same infinity where want is infinite)."""
+    g = np.asarray(got).astype(np.float64)
+    w = np.asarray(want).astype(np.float64)
+    # relative tolerance of the type; no absolute slack beyond its smallest normal (results near 0
+    # must be right relative to their size: tanh(1e-7)), except what a narrower intermediate type
+    # on the way costs, and the spread where cancellation makes the output sensitive
+    rtol, _ = TOLERANCE.get(desc.data_type, (0.0, 0.0))
+    atol = float(ml_dtypes.finfo(desc.data_type.numpy).tiny) if desc.data_type.is_floating else 0.0
+    if loosest is not None and desc.data_type.is_floating:
+        lr, la = TOLERANCE.get(loosest, (0.0, 0.0))
+        rtol, atol = max(rtol, lr), max(atol, la)
+    with np.errstate(invalid="ignore", over="ignore"):
+        slack = 4.0 * np.nan_to_num(np.broadcast_to(spread, w.shape), nan=np.inf, posinf=np.inf)
+        allowed = atol + rtol * np.where(np.isfinite(w), np.abs(w), 0.0) + slack
+        ok = (np.isnan(g) & np.isnan(w)) | (g == w) | (np.isfinite(w) & (np.abs(g - w) <= allowed))
+        ok |= np.isinf(slack)  # an output a last bit upstream can turn into NaN or inf: not comparable
+    if ok.all():
+        return None
+    bad = np.argwhere(~ok)[0]
+    idx = tuple(int(i) for i in bad)
+    return Mismatch(desc.uid, desc.label(), idx, float(g[idx]), float(w[idx]), float(allowed[idx]))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two results are equal element for element (NaN equal to NaN)."""
+    a64, b64 = np.asarray(a).astype(np.float64), np.asarray(b).astype(np.float64)
+    return bool(np.all((a64 == b64) | (np.isnan(a64) & np.isnan(b64))))
+
+
+_ = ml_dtypes
+
+
+def refill(buf: Buffer, values: np.ndarray | None) -> None:
+    """Put `values` (or poison) back into a buffer's elements, leaving its guards and gaps as they are."""
+    fresh = make_buffer(buf.desc, values, "cpu")
+    if isinstance(buf.base, np.ndarray):
+        buf.base[fresh.owned] = fresh.base[fresh.owned]
+        return
+    import torch
+
+    owned = torch.from_numpy(fresh.owned).to(buf.base.device)
+    src = make_buffer(buf.desc, values, str(buf.base.device)).base
+    buf.base[owned] = src[owned]
