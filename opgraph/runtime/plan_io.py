@@ -123,7 +123,7 @@ def _config(doc: Any, where: str) -> EngineConfig:
 def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
     """A stored config must be one its engine offers for the piece on this device (in any heuristic
     mode): knobs a file could hold otherwise (0, -1, a string, a huge block) never reach a kernel."""
-    from .heuristics import HeurMode
+    from ..core.config import HeurMode
 
     try:
         engine = get_engine(config.engine)

@@ -9,7 +9,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from opgraph.runtime.plan_io import MAGIC
+# damaged files are written with the version-1 header (no checksum), so that the damage reaches the
+# parser's checks; a version-2 file's checksum would refuse them all up front
+from opgraph.runtime.plan_io import MAGIC_1 as MAGIC
+from opgraph.runtime.plan_io import plan_body
 
 ODD_VALUES: tuple[Any, ...] = (0, -1, None, 1.5, "x", True, [], {}, 2**40, -(2**63), "", [1, 2], 1e308, "tl.float32")
 
@@ -37,7 +40,7 @@ def _pick(rng: np.random.Generator, seq):
 
 def damaged_plans(data: bytes, rng: np.random.Generator, count: int = 3) -> Iterator[tuple[str, bytes]]:
     """`count` damaged copies of plan file `data`, each with what was done to it."""
-    doc = json.loads(data[len(MAGIC):])
+    doc = json.loads(plan_body(data))
     knob_paths = [p for p in _paths(doc) if len(p) >= 5 and p[0] == "steps" and p[2] == "config"
                   and p[3] == "knobs" and len(p) == 6 and p[5] == 1]
     paths = [p for p in _paths(doc) if p]
