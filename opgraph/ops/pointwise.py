@@ -150,6 +150,10 @@ def _t(x: np.ndarray) -> np.ndarray:
     return x != 0
 
 
+def _select(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return np.where(_t(mask), a, b)
+
+
 @dataclass(frozen=True)
 class ModeInfo:
     arity: int
@@ -172,7 +176,7 @@ MODES: dict[PointwiseMode, ModeInfo] = {
     M.LOGICAL_AND: ModeInfo(2, lambda a, b: _t(a) & _t(b), bool_out=True),
     M.LOGICAL_OR: ModeInfo(2, lambda a, b: _t(a) | _t(b), bool_out=True),
     M.LOGICAL_NOT: ModeInfo(1, lambda a: ~_t(a), bool_out=True),
-    M.BINARY_SELECT: ModeInfo(3, lambda a, b, mask: np.where(_t(mask), a, b)),
+    M.BINARY_SELECT: ModeInfo(3, _select),
     M.IDENTITY: ModeInfo(1, lambda a: a),
     M.SQRT: ModeInfo(1, np.sqrt), M.RSQRT: ModeInfo(1, lambda a: 1.0 / np.sqrt(a)),
     M.EXP: ModeInfo(1, np.exp), M.LOG: ModeInfo(1, np.log), M.NEG: ModeInfo(1, np.negative),
