@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..ops.custom import CUSTOM_OPS, Custom, register_custom_op
-from ..ops.pooling import ResampleMode
+from ..ops.pooling import Resample, ResampleMode
 from .rules import RuleContext, register_rule
 
 AVG_BACKWARD = "resample_avg_backward"
@@ -146,8 +146,8 @@ ensure_registered()
 @register_rule("resample", inputs=("input",), outputs=("output",))
 def resample(ctx: RuleContext):
     ensure_registered()
-    op = ctx.node.op
-    x = ctx.input_desc("input")
+    op = ctx.op_as(Resample)
+    x = ctx.tensor_desc("input")
     dy = ctx.grad_full("output")
     params = {"window": _text(op.window), "stride": _text(op.stride), "pre_padding": _text(op.pre_padding),
               "post_padding": _text(op.post_padding)}
