@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError
+from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError, expect
 from ..core.ir import Const, FinalGraph, Node, Operand
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
@@ -508,9 +508,7 @@ class _Pass:
         kept = {u for u in self.requested if free(u) or self._recipe(u) is None or not self.recompute}
         chosen: set[int] = set()
         def position(u: int) -> int:
-            i = fg.producer_index(u)
-            assert i is not None, "only produced tensors have recipes"
-            return i
+            return expect(fg.producer_index(u), f"the producer of recomputed UID {u}")
 
         pending = sorted((u for u in self.requested if u not in kept), key=position)
         for uid in pending:
@@ -525,9 +523,7 @@ class _Pass:
                 kept.add(uid)
         order = sorted(chosen, key=position)
         for u in order:
-            recipe = self._recipe(u)
-            assert recipe is not None, "chosen tensors have recipes (_chain)"
-            inputs, build = recipe
+            inputs, build = expect(self._recipe(u), f"the recipe of chosen UID {u}")
             for v in inputs:
                 if isinstance(v, int) and v not in chosen:
                     self.fwd(v)

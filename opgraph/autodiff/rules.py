@@ -90,7 +90,9 @@ def _all_outputs(node: Node) -> Iterable[str]:
 
 
 def _operands(node: Node) -> Iterable[str]:
-    assert isinstance(node.op, Pointwise), "pointwise rules are registered for pointwise ops only"
+    if not isinstance(node.op, Pointwise):
+        raise unsupported(node, "a pointwise rule got another op", "register the rule under the op's own kind",
+                          rule="autodiff.rule_kind")
     return node.op.operand_roles()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import UnsupportedGraphError
+from ..core.errors import UnsupportedGraphError, expect
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.score_mod import Ref, ScoreMod, ScoreNode, Src
 from .rules import POINTWISE_RULES
@@ -154,8 +154,7 @@ def derivative(mod: ScoreMod, op_label: str = "sdpa_backward") -> ScoreMod:
             if role not in flows or r is None or r not in depends:
                 continue
             grads[r] = b.add(grads[r], gv) if r in grads else gv
-    result = b._ref(grads.get(Ref(Src.SCORE), 0.0))
-    assert result is not None  # a gradient or 0.0
+    result = expect(b._ref(grads.get(Ref(Src.SCORE), 0.0)), "the derivative's result")  # a gradient or 0.0
     return _prune(nodes, result, mod.num_inputs)
 
 

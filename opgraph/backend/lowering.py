@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.device import Device
 from ..core.dtypes import DataType
-from ..core.errors import GraphError
+from ..core.errors import GraphError, expect
 from ..core.ir import FinalGraph
 from ..core.tensor import Tensor
 from ..cudnn.candidates import Planner
@@ -242,9 +242,7 @@ class _Lowering:
 
     def required_input(self, op: Descriptor, name: A) -> Tensor:
         self.required_info(op, name)
-        t = self.inp(op, name)
-        assert t is not None  # required_info found the tensor descriptor, so inp declared or found its tensor
-        return t
+        return expect(self.inp(op, name), f"the tensor of {name.name}")  # declared or found: the info is there
 
     def out(self, op: Descriptor, name: A, t: Tensor | None) -> None:
         info = self.info(op, name)
@@ -330,7 +328,7 @@ def _conv(kind: type, prefix: str, ins: tuple[str, str], out: str) -> Callable:
         inputs = [lw.inp(op, A[f"CUDNN_ATTR_{prefix}_{r}"]) for r in ins]
         comp = _dtype(c, A.CUDNN_ATTR_CONVOLUTION_COMP_TYPE)
         y = lw.g._add_op(kind(**_conv_attrs(c)), inputs, name=lw._name(op), compute_data_type=comp)[0]
-        assert y is not None  # every output role was asked for
+        y = expect(y, "the convolution's output")  # every output role was asked for
         info = lw.required_info(op, y_attr)
         a, b = lw.scalar(op, alpha, 1.0), lw.scalar(op, beta, 0.0)
         if a is None and b is None:

@@ -32,6 +32,7 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, ExecutionError
 from ..core.ir import Const, Node
 from ..core.piece import Piece
+from ..core.types import Buffer, Stream, UidPack
 from . import register_engine
 from .base import Engine, Kernel
 from .cost import estimate_us
@@ -332,11 +333,11 @@ class CudnnKernel(Kernel):
             self._scalar_values[uid] = value
         return host
 
-    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+    def run(self, buffers: Mapping[int, Buffer], stream: Stream = None, scratch: Buffer = None) -> None:
         import torch
 
         dev = self._torch_device
-        pack: dict[int, Any] = {}
+        pack: UidPack = {}
         for uid in self._uids:
             value = buffers[uid]
             if uid in self._scalars:

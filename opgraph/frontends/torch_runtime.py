@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.errors import VariantPackError
 from ..core.tensor import Tensor
+from ..core.types import Buffer, UidPack
 from ..graph.builder import Graph
 
 
@@ -207,14 +208,14 @@ class ImportedGraph:
         return list(self._bound)
 
     @property
-    def params(self) -> dict[int, Any]:
+    def params(self) -> UidPack:
         """{uid: tensor} of the bound inputs with the module's current values (random inputs excluded)."""
         cache: dict[tuple[str, str], Any] = {}
         return {t.uid: self._resolve(s, cache, {}, None, None) for t, s in self._bound if s.kind != "random"}
 
     # -- variant packs ------------------------------------------------------------------------------------
     def variant_pack(self, *inputs: Any, outputs: Any = None, params: Mapping[str, Any] | None = None,
-                     generator: Any = None) -> dict[int, Any]:
+                     generator: Any = None) -> UidPack:
         """A variant pack {uid: tensor}: the user inputs (copied to the declared layout if their strides
         differ), the module's current parameters and buffers (or `params` {key: tensor} instead),
         constants, fresh random draws (dropout masks, from torch's RNG or `generator`) and outputs
@@ -226,7 +227,7 @@ class ImportedGraph:
         device = next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
         if device is None:
             device = next((t.device for t in self.module.parameters()), torch.device("cpu"))
-        pack: dict[int, Any] = {}
+        pack: UidPack = {}
         for handle, value in zip(self._input_slots, leaves):
             if handle is not None:
                 pack[handle.uid] = self._user_input(handle, value)
@@ -281,7 +282,7 @@ class ImportedGraph:
             value = out
         return value
 
-    def _given_outputs(self, outputs: Any) -> dict[int, Any]:
+    def _given_outputs(self, outputs: Any) -> UidPack:
         if outputs is None:
             return {}
         if isinstance(outputs, Mapping):
@@ -380,7 +381,7 @@ class ImportedGraph:
         self.write_back(pack)
         return self.unpack(pack)
 
-    def unpack(self, pack: Mapping[int, Any]) -> Any:
+    def unpack(self, pack: Mapping[int, Buffer]) -> Any:
         """The module-structured outputs (tensors in the torch shapes the module returns) of a pack."""
         from torch.utils import _pytree as pytree
 
@@ -388,7 +389,7 @@ class ImportedGraph:
                   for leaf in self._output_leaves]
         return pytree.tree_unflatten(leaves, self._output_spec)
 
-    def write_back(self, pack: Mapping[int, Any]) -> None:
+    def write_back(self, pack: Mapping[int, Buffer]) -> None:
         """Copy the running-stat outputs of an executed pack into the module's buffers and do the host
         updates (num_batches_tracked += 1). No-op for graphs that update nothing (eval mode)."""
         import torch

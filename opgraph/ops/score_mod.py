@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import AttributeValueError, GraphError, ShapeError
+from ..core.errors import AttributeValueError, GraphError, ShapeError, expect
 from ..core.op import BUILDERS
 from ..core.tensor import Tensor
 from .pointwise import MODES, OPERAND_ROLES, Pointwise, PointwiseMode
@@ -126,8 +126,8 @@ def evaluate(mod: ScoreMod, score: np.ndarray, inputs: Sequence[np.ndarray], gra
         info = MODES[node.mode]
         ops = [value(r) for r in node.operands]
         if node.mode is PointwiseMode.GEN_INDEX:
-            first, axis = ops[0], node.axis
-            assert first is not None and axis is not None, "GEN_INDEX has an operand and an axis (pointwise checks)"
+            first = expect(ops[0], "GEN_INDEX's operand")  # (pointwise's checks)
+            axis = expect(node.axis, "GEN_INDEX's axis")
             shape = np.shape(first)
             idx_shape = [1] * len(shape)
             idx_shape[axis] = shape[axis]

@@ -32,6 +32,7 @@ from ...core.device import Device
 from ...core.dtypes import DataType
 from ...core.errors import ExecutionError
 from ...core.piece import Piece
+from ...core.types import Buffer, Stream
 from .. import register_engine
 from ..base import Engine, Kernel
 from . import attention, conv, custom, gather, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
@@ -115,14 +116,14 @@ class TorchKernel(Kernel):
             stream = torch.cuda.ExternalStream(stream, device=_torch_device(self.device))
         return torch.cuda.stream(stream)
 
-    def _load(self, uid: int, buffers: Mapping[int, Any], dev: Any) -> Any:
+    def _load(self, uid: int, buffers: Mapping[int, Buffer], dev: Any) -> Any:
         desc = self.piece.tensor(uid)
         t = as_torch(buffers[uid], desc, dev)
         if not desc.is_pass_by_value and tuple(t.shape) != desc.dim and t.numel() == 1:
             t = t.reshape(desc.dim)  # a 1-element buffer binds whatever its rank
         return t
 
-    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+    def run(self, buffers: Mapping[int, Buffer], stream: Stream = None, scratch: Buffer = None) -> None:
         tensors = self.piece.graph.tensors
         dev = _torch_device(self.device)
         with self._stream(stream), exact_math(self.device.is_cuda):
@@ -148,7 +149,7 @@ class TorchKernel(Kernel):
                 "and report the graph (opgraph JSON) so the torch mapping can be fixed",
             ) from err
 
-    def _write(self, buffers: Mapping[int, Any], values: Mapping[int, Any], dev: Any) -> None:
+    def _write(self, buffers: Mapping[int, Buffer], values: Mapping[int, Any], dev: Any) -> None:
         for uid in self.piece.outputs:
             dst = as_torch(buffers[uid], self.piece.tensor(uid), dev)
             src = values[uid]
