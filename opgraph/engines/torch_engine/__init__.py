@@ -33,6 +33,7 @@ from ...core.dtypes import DataType
 from ...core.errors import ExecutionError
 from ...core.piece import Piece
 from ...core.types import Buffer, Stream
+from ...ops.custom import Custom
 from .. import register_engine
 from ..base import Engine, Kernel
 from . import attention, conv, custom, gather, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
@@ -53,7 +54,7 @@ def _torch_device(device: Device) -> Any:
 def host_ops(piece: Piece) -> list[str]:
     """Labels of the piece's ops that have no torch mapping (they run on the host)."""
     return [n.label() for n in piece.nodes
-            if n.kind not in IMPLS or (n.kind == "custom" and n.op.definition.torch is None)]
+            if n.kind not in IMPLS or (isinstance(n.op, Custom) and n.op.definition.torch is None)]
 
 
 def _tensor_core_ops(piece: Piece) -> bool:
@@ -133,9 +134,9 @@ class TorchKernel(Kernel):
                     if uid not in values:  # a piece input (an in-place one too: read before written)
                         values[uid] = self._load(uid, buffers, dev)
                 results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
-                for uid, result in zip(node.outputs, results):
-                    if uid is not None and result is not None:
-                        values[uid] = finish(result, tensors[uid], node)
+                for out_uid, result in zip(node.outputs, results):
+                    if out_uid is not None and result is not None:
+                        values[out_uid] = finish(result, tensors[out_uid], node)
             self._write(buffers, values, dev)
 
     def _call(self, node: Any, impl: Any, call: Call) -> Any:
