@@ -297,6 +297,13 @@ class Tensor:
             raise self._unknown("dims")
         return dim
 
+    def known_stride(self) -> tuple[int, ...]:
+        """`stride`, which must be known here (set or inferred)."""
+        stride = self.stride
+        if stride is None:
+            raise self._unknown("strides")
+        return stride
+
     def known_data_type(self) -> DataType:
         """`data_type`, which must be known here (set or inferred)."""
         data_type = self.data_type

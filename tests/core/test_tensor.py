@@ -224,12 +224,12 @@ def test_known_accessors_raise_until_the_value_is_set_or_inferred():
     x = g.tensor([2, 3], name="x")
     y = g.relu(x, name="r")
     y.set_output(True)
-    for read in (y.known_uid, y.known_dim, y.known_data_type):
+    for read in (y.known_uid, y.known_dim, y.known_stride, y.known_data_type):
         with pytest.raises(og.GraphError) as ei:
             read()
         assert ei.value.rule == "tensor.unknown" and "not known yet" in str(ei.value)
     g.validate()
-    assert (y.known_uid(), y.known_dim(), y.known_data_type()) == (y.uid, (2, 3), D.FLOAT)
+    assert (y.known_uid(), y.known_dim(), y.known_stride(), y.known_data_type()) == (y.uid, (2, 3), (3, 1), D.FLOAT)
     assert x.known_uid() == x.uid is not None
 
 
