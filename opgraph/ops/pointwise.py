@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError
+from ..core.errors import AttributeValueError, expect
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
 from ..core.suggest import did_you_mean
 from ..core.tensor import TensorDesc
@@ -268,9 +268,10 @@ class Pointwise(Op):
         out = outs[0]
         assert out is not None
         if self.mode is PointwiseMode.GEN_INDEX:
+            axis = expect(self.axis, "GEN_INDEX's axis")  # (checked by infer)
             shape = [1] * len(out.dim)
-            shape[self.axis] = out.dim[self.axis]  # type: ignore[index]
-            idx = np.arange(out.dim[self.axis], dtype=np.float64).reshape(shape)  # type: ignore[index]
+            shape[axis] = out.dim[axis]
+            idx = np.arange(out.dim[axis], dtype=np.float64).reshape(shape)
             return [np.broadcast_to(idx, out.dim)]
         n = self.info.arity
         # 1-element operands broadcast to anything, whatever their rank (finalize allows it)

@@ -95,8 +95,8 @@ def conv_dgrad(call: Call) -> list[Any]:
     padded = [*out.dim[:2], *(x + p0 + p1 for x, p0, p1 in zip(out.dim[2:], geo.pre, geo.post))]
     with gemm.math_mode(call, tf32):
         dxp = data_grad(padded, w, dy, geo.stride, (0,) * nsp, geo.dilation, groups)
-    crop = tuple(slice(p0, p0 + x) for p0, x in zip(geo.pre, out.dim[2:]))
-    return [dxp[(slice(None), slice(None), *crop)]]
+    crop = (slice(None), slice(None), *(slice(p0, p0 + x) for p0, x in zip(geo.pre, out.dim[2:])))
+    return [dxp[crop]]
 
 
 @implements("conv_wgrad")
