@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test lint docs install clean
+.PHONY: demo test lint typecheck docs install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: lint
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check opgraph
 	$(PY) -m pytest -q tests/test_layers.py
+
+# mypy over the package (config: [tool.mypy] in pyproject.toml); joins `lint` once it is clean
+typecheck: $(VENV)/.installed
+	$(PY) -m mypy opgraph
 
 # the user guide (docs/, mkdocs.yml) into site/; every warning is an error
 docs: $(VENV)/.installed

@@ -46,7 +46,7 @@ _LAZY = {"grad": ".autodiff", "GradGraph": ".autodiff", "from_torch": ".frontend
 
 if TYPE_CHECKING:
     from . import testing, training
-    from .autodiff import GradGraph, grad
+    from .autodiff.grad import GradGraph, grad
     from .frontends import from_torch
 
 

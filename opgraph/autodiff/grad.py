@@ -51,12 +51,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError
+from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError, expect
 from ..core.ir import Const, FinalGraph, Node, Operand
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
-from ..ops.pointwise import PointwiseMode
-from .rules import GradBuilder, RuleContext, Value, rule_for, unsupported
+from ..ops.pointwise import Pointwise, PointwiseMode
+from .rules import GradBuilder, RuleContext, Value, dim_of, rule_for, unsupported
 
 CHEAP_KINDS = frozenset({"pointwise", "reshape", "transpose", "slice", "concatenate"})
 MAX_RECOMPUTE_OPS = 32  # a longer cheap chain is saved rather than recomputed
@@ -269,7 +269,7 @@ class _Pass:
         self.b.next_uid = max(fg.tensors, default=0) + 1
         self.handles: dict[int, Tensor] = {}  # forward UID -> handle in self.g
         self.requested: dict[int, None] = {}  # forward UIDs the backward reads (ordered set)
-        self.contrib: dict[int, list[Value]] = {}
+        self.contrib: dict[int, list[Tensor]] = {}
         self.requires: set[int] = set()
 
     # -- the pass -----------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ class _Pass:
         if not needed:
             return
         if rule is None:
-            what = node.kind if node.kind != "pointwise" else f"pointwise mode {node.op.mode.name}"
+            what = f"pointwise mode {node.op.mode.name}" if isinstance(node.op, Pointwise) else node.kind
             raise unsupported(node, f"no backward rule for {what}, but a gradient flows through it (into "
                               f"{', '.join(needed)})",
                               "differentiate a graph without this op, or add a rule (opgraph.autodiff."
@@ -369,9 +369,9 @@ class _Pass:
                 if self.forward_types and isinstance(acc, Tensor):
                     acc.set_data_type(self.fg.tensors[uid].data_type)
             parts[:] = [acc]
-        return parts[0]  # type: ignore[return-value]
+        return parts[0]
 
-    def _joined_slices(self, parts: list[Value]) -> list[Value]:
+    def _joined_slices(self, parts: list[Tensor]) -> list[Tensor]:
         """Contributions that are slice_backward outputs of slices tiling their input along one axis
         (step 1, no gap, no overlap) replaced by one concatenate of the slices' gradients; their
         slice_backward ops (zeros plus a copy each) are dropped."""
@@ -379,7 +379,7 @@ class _Pass:
         tiles = [p for p in parts if isinstance(p, Tensor) and id(p) in grads]
         if len(tiles) < 2:
             return parts
-        dims = tuple(tiles[0].dim)
+        dims = dim_of(tiles[0])
         bounds = [grads[id(p)][1] for p in tiles]
         axes = {a for b in bounds for a, bound in enumerate(b) if tuple(bound) != (0, dims[a], 1)}
         if len(axes) != 1:
@@ -454,12 +454,13 @@ class _Pass:
     def _replay(self, node: Node, uids: Iterable[int]) -> list[Tensor]:
         """Add `node` to self.g with outputs `uids` (its other outputs absent) described as in the forward."""
         keep = set(uids)
-        roles = [r for r, u in zip(node.op.output_roles(), node.outputs) if u is not None and u in keep]
+        kept = [(r, u) for r, u in zip(node.op.output_roles(), node.outputs) if u is not None and u in keep]
+        roles = [r for r, _ in kept]
         ins = [None if v is None else v.value if isinstance(v, Const) else self.handles[v] for v in node.inputs]
         outs = self.g._add_op(node.op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
         placed = [t for t in outs if t is not None]
-        for t, role in zip(placed, roles):
-            self._place(t, node.output(role))  # type: ignore[arg-type]
+        for t, (_, uid) in zip(placed, kept):
+            self._place(t, uid)
         return placed
 
     def _place(self, t: Tensor, uid: int) -> None:
@@ -483,19 +484,19 @@ class _Pass:
             return None
         if node.kind in CHEAP_KINDS:
             return node.inputs, lambda: self._replay(node, [uid])[0]
-        if (node.kind == "batchnorm" and uid == node.output("y") and node.output("mean") is not None
-                and node.output("inv_variance") is not None):
-            ins = (node.input("input"), node.output("mean"), node.output("inv_variance"), node.input("scale"),
-                   node.input("bias"))
+        ins = (node.input("input"), node.output("mean"), node.output("inv_variance"), node.input("scale"),
+               node.input("bias")) if node.kind == "batchnorm" else ()
+        tensors = tuple(v for v in ins if isinstance(v, int))  # (batchnorm's operands are tensors)
+        if node.kind == "batchnorm" and uid == node.output("y") and len(tensors) == 5:
 
             def build() -> Tensor:
                 b = self.b
-                x, mean, inv, scale, bias = (self.handles[v] for v in ins)  # type: ignore[index]
+                x, mean, inv, scale, bias = (self.handles[v] for v in tensors)
                 y = b.add(b.mul(b.mul(b.sub(x, mean), inv), scale), bias)
-                self._place(y, uid)  # type: ignore[arg-type]
-                return y  # type: ignore[return-value]
+                self._place(y, uid)
+                return y
 
-            return ins, build
+            return tensors, build
         return None
 
     def _resolve_saved(self) -> tuple[int, ...]:
@@ -506,7 +507,10 @@ class _Pass:
 
         kept = {u for u in self.requested if free(u) or self._recipe(u) is None or not self.recompute}
         chosen: set[int] = set()
-        pending = sorted((u for u in self.requested if u not in kept), key=lambda u: fg.producer_index(u))
+        def position(u: int) -> int:
+            return expect(fg.producer_index(u), f"the producer of recomputed UID {u}")
+
+        pending = sorted((u for u in self.requested if u not in kept), key=position)
         for uid in pending:
             if uid in chosen:
                 continue
@@ -517,9 +521,9 @@ class _Pass:
                 kept |= leaves
             else:
                 kept.add(uid)
-        order = sorted(chosen, key=lambda u: fg.producer_index(u))
+        order = sorted(chosen, key=position)
         for u in order:
-            inputs, build = self._recipe(u)  # type: ignore[misc]
+            inputs, build = expect(self._recipe(u), f"the recipe of chosen UID {u}")
             for v in inputs:
                 if isinstance(v, int) and v not in chosen:
                     self.fwd(v)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -39,11 +39,14 @@ from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph, Node
 from ..core.op import Op
 from ..core.tensor import Tensor, TensorDesc
+from ..ops.custom import Custom
 from ..ops.layout import Concatenate, Reshape, Slice, Transpose
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.reduction import Reduction, ReductionMode
 
-Value = Tensor | float | int | bool  # a backward-graph tensor or a literal
+Literal = float | int | bool  # a number given where a tensor may go
+Value = Tensor | Literal  # a backward-graph tensor or a literal
+OpT = TypeVar("OpT", bound=Op)
 RuleFn = Callable[["RuleContext"], "dict[str, Tensor]"]
 Roles = Sequence[str] | Callable[[Node], Iterable[str]]
 
@@ -72,7 +75,8 @@ def _roles(spec: Roles | None, default: Callable[[Node], Iterable[str]]) -> Call
     if spec is None:
         return lambda node: frozenset(default(node))
     if callable(spec):
-        return lambda node: frozenset(spec(node))  # type: ignore[operator]
+        roles_of: Callable[[Node], Iterable[str]] = spec
+        return lambda node: frozenset(roles_of(node))
     fixed = frozenset(spec)
     return lambda node: fixed
 
@@ -86,6 +90,9 @@ def _all_outputs(node: Node) -> Iterable[str]:
 
 
 def _operands(node: Node) -> Iterable[str]:
+    if not isinstance(node.op, Pointwise):
+        raise unsupported(node, "a pointwise rule got another op", "register the rule under the op's own kind",
+                          rule="autodiff.rule_kind")
     return node.op.operand_roles()
 
 
@@ -119,9 +126,9 @@ def register_custom_grad(op_name: str, fn: RuleFn, *, inputs: Roles | None = Non
 
 def rule_for(node: Node) -> Rule | None:
     """The rule that differentiates `node`, or None when there is none."""
-    if node.kind == "pointwise":
+    if isinstance(node.op, Pointwise):
         return POINTWISE_RULES.get(node.op.mode)
-    if node.kind == "custom":
+    if isinstance(node.op, Custom):
         return CUSTOM_RULES.get(node.op.op_name)
     return RULES.get(node.kind)
 
@@ -135,6 +142,16 @@ def unsupported(node: Node, what: str, hint: str, rule: str = "autodiff.no_rule"
 
 def _numel(dim: Sequence[int]) -> int:
     return math.prod(dim)
+
+
+def dim_of(t: Tensor) -> tuple[int, ...]:
+    """The dims of a backward-graph tensor: set on every forward handle and on every op output the
+    builder makes (`GradBuilder.op`), so a tensor without them is a bug of the algorithm."""
+    dim = t.dim
+    if dim is None:
+        raise UnsupportedGraphError(f"{t.label()} has no dims in the backward graph", rule="autodiff.dims",
+                                    hint="this is an opgraph bug: please report it with the graph")
+    return tuple(dim)
 
 
 def broadcast(dims: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
@@ -214,18 +231,36 @@ class GradBuilder:
         return n
 
     # -- pointwise ----------------------------------------------------------------------------------
-    def pw(self, mode: PointwiseMode, *operands: Value, tag: str = "", **params: Value) -> Value:
+    # (the overloads say what the code does: an op with a tensor operand yields a tensor, and only
+    # literal-only operands fold to a number)
+    @overload
+    def pw(self, mode: PointwiseMode, a: Tensor, /, *operands: Value, tag: str = "", **params: Value) -> Tensor: ...
+    @overload
+    def pw(self, mode: PointwiseMode, a: Value, b: Tensor, /, *operands: Value, tag: str = "",
+           **params: Value) -> Tensor: ...
+    @overload
+    def pw(self, mode: PointwiseMode, /, *operands: Value, tag: str = "", **params: Value) -> Value: ...
+
+    def pw(self, mode: PointwiseMode, /, *operands: Value, tag: str = "", **params: Value) -> Value:
         """A pointwise op (literal-only operands are folded to a number)."""
         info = MODES[mode]
         values = [params.get(p) for p, _ in info.params]
-        if not any(isinstance(v, Tensor) for v in (*operands, *values)):
+        literals = [o for o in operands if not isinstance(o, Tensor)]
+        if len(literals) == len(operands) and not any(isinstance(v, Tensor) for v in values):
             with np.errstate(all="ignore"):
                 kw = {p: (d if v is None else v) for (p, d), v in zip(info.params, values)}
-                return float(np.asarray(info.fn(*(np.float64(o) for o in operands), **kw), dtype=np.float64))
+                return float(np.asarray(info.fn(*(np.float64(o) for o in literals), **kw), dtype=np.float64))
         dims = broadcast(d for o in operands if (d := self.dims(o)) is not None)
         (out,) = self.op(Pointwise(mode=mode), [*operands, *values], ["output"], [dims],
                          tag=tag or mode.value, float_outputs=info.bool_out)
         return out
+
+    @overload
+    def add(self, a: Tensor, b: Value) -> Tensor: ...
+    @overload
+    def add(self, a: Value, b: Tensor) -> Tensor: ...
+    @overload
+    def add(self, a: Value, b: Value) -> Value: ...
 
     def add(self, a: Value, b: Value) -> Value:
         if not isinstance(b, Tensor) and b == 0:
@@ -234,10 +269,24 @@ class GradBuilder:
             return b
         return self.pw(PointwiseMode.ADD, a, b)
 
+    @overload
+    def sub(self, a: Tensor, b: Value) -> Tensor: ...
+    @overload
+    def sub(self, a: Value, b: Tensor) -> Tensor: ...
+    @overload
+    def sub(self, a: Value, b: Value) -> Value: ...
+
     def sub(self, a: Value, b: Value) -> Value:
         if not isinstance(b, Tensor) and b == 0:
             return a
         return self.pw(PointwiseMode.SUB, a, b)
+
+    @overload
+    def mul(self, a: Tensor, b: Value) -> Tensor: ...
+    @overload
+    def mul(self, a: Value, b: Tensor) -> Tensor: ...
+    @overload
+    def mul(self, a: Value, b: Value) -> Value: ...
 
     def mul(self, a: Value, b: Value) -> Value:
         if not isinstance(b, Tensor) and b == 1:
@@ -246,21 +295,50 @@ class GradBuilder:
             return b
         return self.pw(PointwiseMode.MUL, a, b)
 
+    @overload
+    def div(self, a: Tensor, b: Value) -> Tensor: ...
+    @overload
+    def div(self, a: Value, b: Tensor) -> Tensor: ...
+    @overload
+    def div(self, a: Value, b: Value) -> Value: ...
+
     def div(self, a: Value, b: Value) -> Value:
         if not isinstance(b, Tensor) and b == 1:
             return a
         return self.pw(PointwiseMode.DIV, a, b)
 
+    @overload
+    def neg(self, a: Tensor) -> Tensor: ...
+    @overload
+    def neg(self, a: Value) -> Value: ...
+
     def neg(self, a: Value) -> Value:
         return self.pw(PointwiseMode.NEG, a)
+
+    @overload
+    def select(self, a: Value, b: Value, mask: Tensor) -> Tensor: ...
+    @overload
+    def select(self, a: Value, b: Value, mask: Value) -> Value: ...
 
     def select(self, a: Value, b: Value, mask: Value) -> Value:
         """mask ? a : b."""
         return self.pw(PointwiseMode.BINARY_SELECT, a, b, mask)
 
+    @overload
+    def mask(self, mode: PointwiseMode, a: Tensor, b: Value) -> Tensor: ...
+    @overload
+    def mask(self, mode: PointwiseMode, a: Value, b: Tensor) -> Tensor: ...
+    @overload
+    def mask(self, mode: PointwiseMode, a: Value, b: Value) -> Value: ...
+
     def mask(self, mode: PointwiseMode, a: Value, b: Value) -> Value:
         """A comparison as 1.0 / 0.0 in the intermediate type."""
         return self.pw(mode, a, b)
+
+    @overload
+    def sign(self, x: Tensor) -> Tensor: ...
+    @overload
+    def sign(self, x: Value) -> Value: ...
 
     def sign(self, x: Value) -> Value:
         """sign(x) with sign(0) = 0 (PyTorch's)."""
@@ -269,7 +347,7 @@ class GradBuilder:
     # -- reductions and layout ------------------------------------------------------------------------
     def reduce(self, t: Tensor, dims: Sequence[int], mode: ReductionMode = ReductionMode.ADD) -> Tensor:
         dims = tuple(dims)
-        if tuple(t.dim) == dims:
+        if dim_of(t) == dims:
             return t
         (out,) = self.op(Reduction(mode=mode), [t], ["output"], [dims], tag=f"reduce_{mode.value}",
                          float_outputs=True)
@@ -277,7 +355,7 @@ class GradBuilder:
 
     def reshape(self, t: Tensor, dims: Sequence[int]) -> Tensor:
         dims = tuple(dims)
-        if tuple(t.dim) == dims:
+        if dim_of(t) == dims:
             return t
         (out,) = self.op(Reshape(dim=dims), [t], ["output"], [dims], tag="reshape")
         return out
@@ -286,31 +364,36 @@ class GradBuilder:
         perm = tuple(perm)
         if perm == tuple(range(len(perm))):
             return t
-        dims = tuple(t.dim[p] for p in perm)
+        dims = tuple(dim_of(t)[p] for p in perm)
         (out,) = self.op(Transpose(permutation=perm), [t], ["output"], [dims], tag="transpose")
         return out
 
     def slice(self, t: Tensor, bounds: Sequence[tuple[int, int, int]]) -> Tensor:
         dims = tuple(len(range(*b)) for b in bounds)
-        if dims == tuple(t.dim) and all(b[0] == 0 and b[2] == 1 for b in bounds):
+        if dims == dim_of(t) and all(b[0] == 0 and b[2] == 1 for b in bounds):
             return t
-        (out,) = self.op(Slice(slices=tuple(tuple(b) for b in bounds)), [t], ["output"], [dims], tag="slice")
+        (out,) = self.op(Slice(slices=tuple((a, b, c) for a, b, c in bounds)), [t], ["output"], [dims], tag="slice")
         return out
 
     def concatenate(self, ts: Sequence[Tensor], axis: int) -> Tensor:
-        dims = list(ts[0].dim)
-        dims[axis] = sum(t.dim[axis] for t in ts)
+        dims = list(dim_of(ts[0]))
+        dims[axis] = sum(dim_of(t)[axis] for t in ts)
         (out,) = self.op(Concatenate(num_inputs=len(ts), axis=axis), list(ts), ["output"], [dims], tag="concat")
         return out
 
     # -- broadcast gradients --------------------------------------------------------------------------
+    @overload
+    def unbroadcast(self, g: Tensor, dims: Sequence[int]) -> Tensor: ...
+    @overload
+    def unbroadcast(self, g: Value, dims: Sequence[int]) -> Value: ...
+
     def unbroadcast(self, g: Value, dims: Sequence[int]) -> Value:
         """`g` reduced (ADD) over the axes where it is larger than `dims`. Axes where g is 1 and dims
         are not stay 1 (a broadcast gradient, expanded only where needed)."""
         dims = tuple(dims)
         if not isinstance(g, Tensor):
             return g
-        gd = tuple(g.dim)
+        gd = dim_of(g)
         if gd == dims:
             return g
         if _numel(dims) == 1:
@@ -328,11 +411,11 @@ class GradBuilder:
         binary_select(g, g, c) whose mask c is any tensor of those dims (its values do not matter):
         one already in the backward graph if there is one, else `carrier()`."""
         dims = tuple(dims)
-        if isinstance(g, Tensor) and tuple(g.dim) == dims:
+        if isinstance(g, Tensor) and dim_of(g) == dims:
             return g
-        if isinstance(g, Tensor) and len(g.dim) != len(dims):
+        if isinstance(g, Tensor) and len(dim_of(g)) != len(dims):
             g = self.reshape(g, (1,) * len(dims))
-            if tuple(g.dim) == dims:
+            if dim_of(g) == dims:
                 return g
         c = self._by_dims.get(dims)
         if c is None:
@@ -350,14 +433,38 @@ class RuleContext:
     graph: FinalGraph
     b: GradBuilder
 
+    def op_as(self, kind: type[OpT]) -> OpT:
+        """The node's op as the class the rule was registered for (its attributes typed)."""
+        op = self.node.op
+        if not isinstance(op, kind):
+            raise unsupported(self.node, f"the rule for {kind.__name__} got a {type(op).__name__}",
+                              "register the rule under the op's own kind", rule="autodiff.rule_kind")
+        return op
+
     def input_desc(self, role: str) -> TensorDesc | None:
         """The forward descriptor of input `role` (None for a literal or an absent input)."""
         v = self.node.input(role)
         return self.graph.tensors[v] if isinstance(v, int) else None
 
+    def tensor_desc(self, role: str) -> TensorDesc:
+        """The forward descriptor of input `role`, which the op's checks made a tensor."""
+        d = self.input_desc(role)
+        if d is None:
+            raise unsupported(self.node, f"input '{role}' is not a tensor", "pass a tensor there",
+                              rule="autodiff.operand")
+        return d
+
     def output_desc(self, role: str) -> TensorDesc | None:
         u = self.node.output(role)
         return None if u is None else self.graph.tensors[u]
+
+    def result_desc(self, role: str) -> TensorDesc:
+        """The forward descriptor of output `role`, which the node must have (see `has_output`)."""
+        d = self.output_desc(role)
+        if d is None:
+            raise unsupported(self.node, f"the op has no output '{role}'", "declare the output",
+                              rule="autodiff.operand")
+        return d
 
     def has_input(self, role: str) -> bool:
         return self.node.input(role) is not None
@@ -368,11 +475,35 @@ class RuleContext:
     def input(self, role: str) -> Value | None:  # pragma: no cover - implemented in grad.py
         raise NotImplementedError
 
+    def value(self, role: str) -> Value:
+        """`input(role)` of an input the op must have (a tensor or a literal)."""
+        v = self.input(role)
+        if v is None:
+            raise unsupported(self.node, f"input '{role}' is not set", "pass it", rule="autodiff.operand")
+        return v
+
+    def tensor(self, role: str) -> Tensor:
+        """`input(role)` of an input the op's checks made a tensor."""
+        v = self.input(role)
+        if not isinstance(v, Tensor):
+            raise unsupported(self.node, f"input '{role}' is {v!r}, not a tensor", "pass a tensor there",
+                              rule="autodiff.operand")
+        return v
+
     def output(self, role: str) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
     def grad(self, role: str) -> Tensor | None:  # pragma: no cover
         raise NotImplementedError
+
+    def incoming(self, role: str) -> Tensor:
+        """`grad(role)` of the output a gradient arrives at (a rule runs only when one arrives, so for
+        an op differentiated through one output, that output's)."""
+        g = self.grad(role)
+        if g is None:
+            raise unsupported(self.node, f"no gradient arrives at output '{role}'",
+                              "differentiate the op through the outputs its rule takes", rule="autodiff.output")
+        return g
 
     def grad_full(self, role: str) -> Tensor:  # pragma: no cover
         raise NotImplementedError

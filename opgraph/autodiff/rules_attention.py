@@ -22,7 +22,7 @@ _SHARED = ("attn_scale", "bias", "seq_len_q", "seq_len_kv", "dropout_seed", "dro
 
 @register_rule("sdpa", inputs=("q", "k", "v", "bias"), outputs=("o",))
 def sdpa(ctx: RuleContext):
-    op: Sdpa = ctx.node.op  # type: ignore[assignment]
+    op = ctx.op_as(Sdpa)
     wanted = [(out, role) for out, role in _GRADS if ctx.has_input(role) and ctx.needs(role)]
     if not wanted:
         return {}
@@ -32,13 +32,13 @@ def sdpa(ctx: RuleContext):
     if ctx.has_output("stats"):
         o, stats = ctx.output("o"), ctx.output("stats")
     else:  # recompute O and Stats
-        od, sd = ctx.output_desc("o"), (*ctx.input_desc("q").dim[:3], 1)
+        od, sd = ctx.result_desc("o"), (*ctx.tensor_desc("q").dim[:3], 1)
         o, stats = ctx.b.op(op, [q, k, v, *shared, *extra], ["o", "stats"], [od.dim, sd], tag="sdpa_recompute")
     from .score_mod import derivative  # (score_mod imports rules, which imports this module)
 
     attrs = {f.name: getattr(op, f.name) for f in fields(op)}
     bwd = SdpaBackward(**attrs, score_mod_grad=None if op.score_mod is None else derivative(op.score_mod))
-    dims = [ctx.input_desc(role).dim for _, role in wanted]
+    dims = [ctx.tensor_desc(role).dim for _, role in wanted]
     handles = ctx.b.op(bwd, [q, k, v, o, ctx.grad_full("o"), stats, *shared, None, *extra],
                        [out for out, _ in wanted], dims, tag="sdpa_backward", float_outputs=True)
     return {role: h for (_, role), h in zip(wanted, handles)}

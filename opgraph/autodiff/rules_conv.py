@@ -14,10 +14,12 @@ groups > 1). Transposes are layout ops whose strides make them views of the oper
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from ..core.tensor import Tensor
 from ..ops.conv import ConvDgrad, ConvFprop, ConvWgrad, _Conv
 from ..ops.matmul import Matmul
-from .rules import RuleContext, register_rule
+from .rules import RuleContext, Value, register_rule
 
 
 def _attrs(op: _Conv) -> dict:
@@ -25,16 +27,16 @@ def _attrs(op: _Conv) -> dict:
             "dilation": op.dilation, "convolution_mode": op.convolution_mode}
 
 
-def _fprop(ctx: RuleContext, x, w, dims):
-    return ctx.b.op(ConvFprop(**_attrs(ctx.node.op)), [x, w], ["Y"], [dims], tag="fprop")[0]
+def _fprop(ctx: RuleContext, x: Value | None, w: Value | None, dims: Sequence[int]) -> Tensor:
+    return ctx.b.op(ConvFprop(**_attrs(ctx.op_as(_Conv))), [x, w], ["Y"], [dims], tag="fprop")[0]
 
 
-def _dgrad(ctx: RuleContext, dy, w, dims):
-    return ctx.b.op(ConvDgrad(**_attrs(ctx.node.op)), [dy, w], ["DX"], [dims], tag="dgrad")[0]
+def _dgrad(ctx: RuleContext, dy: Value | None, w: Value | None, dims: Sequence[int]) -> Tensor:
+    return ctx.b.op(ConvDgrad(**_attrs(ctx.op_as(_Conv))), [dy, w], ["DX"], [dims], tag="dgrad")[0]
 
 
-def _wgrad(ctx: RuleContext, x, dy, dims):
-    return ctx.b.op(ConvWgrad(**_attrs(ctx.node.op)), [x, dy], ["DW"], [dims], tag="wgrad")[0]
+def _wgrad(ctx: RuleContext, x: Value | None, dy: Value | None, dims: Sequence[int]) -> Tensor:
+    return ctx.b.op(ConvWgrad(**_attrs(ctx.op_as(_Conv))), [x, dy], ["DW"], [dims], tag="wgrad")[0]
 
 
 @register_rule("conv_fprop", inputs=("image", "weight"))
@@ -42,9 +44,9 @@ def conv_fprop(ctx: RuleContext):
     dy = ctx.grad_full("Y")
     out = {}
     if ctx.needs("image"):
-        out["image"] = _dgrad(ctx, dy, ctx.input("weight"), ctx.input_desc("image").dim)
+        out["image"] = _dgrad(ctx, dy, ctx.input("weight"), ctx.tensor_desc("image").dim)
     if ctx.needs("weight"):
-        out["weight"] = _wgrad(ctx, ctx.input("image"), dy, ctx.input_desc("weight").dim)
+        out["weight"] = _wgrad(ctx, ctx.input("image"), dy, ctx.tensor_desc("weight").dim)
     return out
 
 
@@ -53,9 +55,9 @@ def conv_dgrad(ctx: RuleContext):
     ddx = ctx.grad_full("DX")
     out = {}
     if ctx.needs("loss"):
-        out["loss"] = _fprop(ctx, ddx, ctx.input("filter"), ctx.input_desc("loss").dim)
+        out["loss"] = _fprop(ctx, ddx, ctx.input("filter"), ctx.tensor_desc("loss").dim)
     if ctx.needs("filter"):
-        out["filter"] = _wgrad(ctx, ddx, ctx.input("loss"), ctx.input_desc("filter").dim)
+        out["filter"] = _wgrad(ctx, ddx, ctx.input("loss"), ctx.tensor_desc("filter").dim)
     return out
 
 
@@ -64,9 +66,9 @@ def conv_wgrad(ctx: RuleContext):
     ddw = ctx.grad_full("DW")
     out = {}
     if ctx.needs("image"):
-        out["image"] = _dgrad(ctx, ctx.input("loss"), ddw, ctx.input_desc("image").dim)
+        out["image"] = _dgrad(ctx, ctx.input("loss"), ddw, ctx.tensor_desc("image").dim)
     if ctx.needs("loss"):
-        out["loss"] = _fprop(ctx, ctx.input("image"), ddw, ctx.input_desc("loss").dim)
+        out["loss"] = _fprop(ctx, ctx.input("image"), ddw, ctx.tensor_desc("loss").dim)
     return out
 
 
@@ -78,16 +80,16 @@ def _swap_last(rank: int) -> tuple[int, ...]:
 def matmul(ctx: RuleContext):
     b = ctx.b
     dc = ctx.grad_full("C")
-    c = ctx.output_desc("C")
-    a_desc, b_desc = ctx.input_desc("A"), ctx.input_desc("B")
+    c = ctx.result_desc("C")
+    a_desc, b_desc = ctx.tensor_desc("A"), ctx.tensor_desc("B")
     rank = len(c.dim)
     batch = c.dim[:-2]
     out = {}
     if ctx.needs("A"):
-        bt = b.transpose(ctx.input("B"), _swap_last(rank))
+        bt = b.transpose(ctx.tensor("B"), _swap_last(rank))
         out["A"] = b.op(Matmul(), [dc, bt], ["C"], [(*batch, a_desc.dim[-2], a_desc.dim[-1])], tag="dA")[0]
     if ctx.needs("B"):
-        a = ctx.input("A")
+        a = ctx.tensor("A")
         if rank > 2 and math.prod(b_desc.dim[:-2]) == 1 and tuple(a_desc.dim[:-2]) == tuple(batch) \
                 and math.prod(batch) > 1:
             # B shared by the batch (a linear layer's weight): one GEMM over all rows, not one per

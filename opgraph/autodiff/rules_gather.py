@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-from ..ops.gather import EmbeddingBackward
+from ..ops.gather import Embedding, EmbeddingBackward
 from .rules import RuleContext, register_rule
 
 
 @register_rule("embedding", inputs=("weight",))
 def embedding(ctx: RuleContext):
-    w = ctx.input_desc("weight")
-    op = EmbeddingBackward(num_weights=w.dim[0], padding_idx=ctx.node.op.padding_idx)
+    w = ctx.tensor_desc("weight")
+    op = EmbeddingBackward(num_weights=w.dim[0], padding_idx=ctx.op_as(Embedding).padding_idx)
     dy = ctx.grad_full("output")
     (dw,) = ctx.b.op(op, [dy, ctx.input("indices")], ["dweight"], [w.dim], tag="embedding_backward",
                      float_outputs=True)

@@ -18,7 +18,8 @@ import builtins
 import numpy as np
 
 from ..ops.custom import CUSTOM_OPS, Custom, register_custom_op
-from .rules import RuleContext, register_rule
+from ..ops.layout import Concatenate, Slice, Transpose
+from .rules import RuleContext, dim_of, register_rule
 
 SLICE_BACKWARD = "slice_backward"
 
@@ -57,28 +58,28 @@ ensure_registered()
 
 @register_rule("reshape", inputs=("input",))
 def reshape(ctx: RuleContext):
-    return {"input": ctx.b.reshape(ctx.grad_full("output"), ctx.input_desc("input").dim)}
+    return {"input": ctx.b.reshape(ctx.grad_full("output"), ctx.tensor_desc("input").dim)}
 
 
 @register_rule("transpose", inputs=("input",))
 def transpose(ctx: RuleContext):
-    perm = ctx.node.op.permutation
+    perm = ctx.op_as(Transpose).permutation
     inverse = [0] * len(perm)
     for k, p in enumerate(perm):
         inverse[p] = k
-    return {"input": ctx.b.transpose(ctx.grad("output"), inverse)}
+    return {"input": ctx.b.transpose(ctx.incoming("output"), inverse)}
 
 
 @register_rule("concatenate")
 def concatenate(ctx: RuleContext):
     dy = ctx.grad_full("output")
-    rank = len(dy.dim)
-    axis = ctx.node.op.axis % rank
+    rank = len(dim_of(dy))
+    axis = ctx.op_as(Concatenate).axis % rank
     out, offset = {}, 0
     for role in ctx.node.op.input_roles():
-        size = ctx.input_desc(role).dim[axis]
+        size = ctx.tensor_desc(role).dim[axis]
         if ctx.needs(role):
-            bounds = [(0, d, 1) for d in dy.dim]
+            bounds = [(0, d, 1) for d in dim_of(dy)]
             bounds[axis] = (offset, offset + size, 1)
             out[role] = ctx.b.slice(dy, bounds)
         offset += size
@@ -88,12 +89,12 @@ def concatenate(ctx: RuleContext):
 @register_rule("slice", inputs=("input",))
 def slice_(ctx: RuleContext):
     ensure_registered()
-    x = ctx.input_desc("input")
+    x = ctx.tensor_desc("input")
     dy = ctx.grad_full("output")
-    bounds = ctx.node.op.bounds(None, x.dim)
+    bounds = ctx.op_as(Slice).bounds(None, x.dim)
     params = (("bounds", ",".join(f"{a}:{b}:{c}" for a, b, c in bounds)),
               ("in_dim", ",".join(str(d) for d in x.dim)))
     op = Custom(op_name=SLICE_BACKWARD, num_inputs=1, num_outputs=1, params=params)
     dx = ctx.b.op(op, [dy], ["output0"], [x.dim], tag="slice_backward")[0]
-    ctx.b.slice_grads[id(dx)] = (dy, tuple(tuple(b) for b in bounds))
+    ctx.b.slice_grads[id(dx)] = (dy, bounds)
     return {"input": dx}

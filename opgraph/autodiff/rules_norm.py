@@ -17,39 +17,51 @@ the input, the forward's formula.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal, overload
+
+from ..core.op import Op
+from ..core.tensor import Tensor
 from ..ops.norm import BatchnormBackward, InstancenormBackward, LayernormBackward, RmsnormBackward
 from ..ops.pointwise import PointwiseMode as M
 from ..ops.reduction import ReductionMode
-from .rules import RuleContext, register_rule
+from .rules import RuleContext, Value, register_rule
 
 _GRADS = (("dx", "input"), ("dscale", "scale"), ("dbias", "bias"))
 
 
-def _backward_op(ctx: RuleContext, op, inputs, *, bias_role: str = "bias") -> dict:
+def _backward_op(ctx: RuleContext, op: Op, inputs: Sequence[Value | None], *,
+                 bias_role: str = "bias") -> dict[str, Tensor]:
     """Run a *_backward op with only the outputs whose gradient is wanted."""
-    x, s = ctx.input_desc("input"), ctx.input_desc("scale")
+    x = ctx.tensor_desc("input")
     wanted = [(out, role) for out, role in _GRADS if ctx.has_input(role) and ctx.needs(role)]
     if not wanted:
         return {}
-    dims = [x.dim if out == "dx" else s.dim for out, _ in wanted]
+    dims = [x.dim if out == "dx" else ctx.tensor_desc("scale").dim for out, _ in wanted]
     handles = ctx.b.op(op, inputs, [out for out, _ in wanted], dims, tag=op.kind, float_outputs=True)
     return {role: h for (_, role), h in zip(wanted, handles)}
 
 
 def _stats_dims(ctx: RuleContext) -> tuple[int, ...]:
     """layernorm / rmsnorm stats dims: the input's dim where scale's (or bias's) is 1, else 1."""
-    x = ctx.input_desc("input")
+    x = ctx.tensor_desc("input")
     ref = ctx.input_desc("scale") or ctx.input_desc("bias")
     if ref is None:
         return (x.dim[0],) + (1,) * (len(x.dim) - 1)
     return tuple(1 if r == d else d for r, d in zip(ref.dim, x.dim))
 
 
-def _moments(ctx: RuleContext, stats: tuple[int, ...], centered: bool):
+@overload
+def _moments(ctx: RuleContext, stats: tuple[int, ...], centered: Literal[True]) -> tuple[Tensor, Tensor]: ...
+@overload
+def _moments(ctx: RuleContext, stats: tuple[int, ...], centered: Literal[False]) -> tuple[None, Tensor]: ...
+
+
+def _moments(ctx: RuleContext, stats: tuple[int, ...], centered: bool) -> tuple[Tensor | None, Tensor]:
     """mean (None unless centered) and inv_variance recomputed from the input, as the forward does."""
     b = ctx.b
-    x = ctx.input("input")
-    eps = ctx.input("epsilon")
+    x = ctx.tensor("input")
+    eps = ctx.value("epsilon")
     if centered:
         mean = b.reduce(x, stats, ReductionMode.AVG)
         xc = b.sub(x, mean)
@@ -63,6 +75,7 @@ def _moments(ctx: RuleContext, stats: tuple[int, ...], centered: bool):
 @register_rule("batchnorm", inputs=("input", "scale", "bias"), outputs=("y",))
 def batchnorm(ctx: RuleContext):
     dy = ctx.grad_full("y")
+    stats: list[Value | None]
     if ctx.has_output("mean") and ctx.has_output("inv_variance"):
         stats = [ctx.output("mean"), ctx.output("inv_variance"), None]
     else:
@@ -73,6 +86,7 @@ def batchnorm(ctx: RuleContext):
 @register_rule("instancenorm", inputs=("input", "scale", "bias"), outputs=("y",))
 def instancenorm(ctx: RuleContext):
     dy = ctx.grad_full("y")
+    stats: list[Value | None]
     if ctx.has_output("mean") and ctx.has_output("inv_variance"):
         stats = [ctx.output("mean"), ctx.output("inv_variance"), None]
     else:
@@ -83,8 +97,8 @@ def instancenorm(ctx: RuleContext):
 @register_rule("batchnorm_inference", inputs=("input", "mean", "inv_variance", "scale", "bias"))
 def batchnorm_inference(ctx: RuleContext):
     b = ctx.b
-    dy = ctx.grad("y")
-    x, mean, inv, scale = (ctx.input(r) for r in ("input", "mean", "inv_variance", "scale"))
+    dy = ctx.incoming("y")
+    x, mean, inv, scale = (ctx.value(r) for r in ("input", "mean", "inv_variance", "scale"))
     out = {}
     if ctx.needs("input") or ctx.needs("mean"):
         t = b.mul(b.mul(dy, inv), scale)
@@ -112,7 +126,7 @@ def layernorm(ctx: RuleContext):
         mean, inv = ctx.output("mean"), ctx.output("inv_variance")
     else:
         mean, inv = _moments(ctx, stats, centered=True)
-    x = ctx.input("input")
+    x = ctx.tensor("input")
     if ctx.has_input("scale"):
         return _backward_op(ctx, LayernormBackward(), [dy, x, ctx.input("scale"), mean, inv])
     # no scale: dx = inv * (dy - mean_A(dy) - xhat * mean_A(dy * xhat))

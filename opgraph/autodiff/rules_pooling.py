@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..ops.custom import CUSTOM_OPS, Custom, register_custom_op
-from ..ops.pooling import ResampleMode
+from ..ops.pooling import Resample, ResampleMode
 from .rules import RuleContext, register_rule
 
 AVG_BACKWARD = "resample_avg_backward"
@@ -45,8 +45,10 @@ def _scatter(contrib, dims, out, window, stride, pre, post):
     dxp = np.zeros((*dims[:2], *padded))
     for k, tap in enumerate(np.ndindex(*window)):
         target = tuple(slice(t, t + (o - 1) * s + 1, s) for t, o, s in zip(tap, out, stride))
-        dxp[(Ellipsis, *target)] += contrib(k, tap)
-    return dxp[(Ellipsis, *(slice(p, p + d) for p, d in zip(pre, dims[2:])))]
+        at = (Ellipsis, *target)
+        dxp[at] += contrib(k, tap)
+    crop = (Ellipsis, *(slice(p, p + d) for p, d in zip(pre, dims[2:])))
+    return dxp[crop]
 
 
 def _geometry(window: str, stride: str, pre_padding: str, post_padding: str, nsp: int):
@@ -75,7 +77,8 @@ def _max_backward_ref(dy, x, *, window, stride, pre_padding, post_padding):
     nsp = len(w)
     xp = np.pad(x, [(0, 0), (0, 0), *zip(pre, post)], constant_values=-np.inf)
     v = np.lib.stride_tricks.sliding_window_view(xp, w, axis=tuple(range(2, 2 + nsp)))
-    v = v[(slice(None), slice(None), *(slice(None, None, st) for st in s))]
+    strided = (slice(None), slice(None), *(slice(None, None, st) for st in s))
+    v = v[strided]
     arg = np.argmax(v.reshape(*v.shape[: 2 + nsp], -1), axis=-1)  # the first maximum (or NaN)
     return _scatter(lambda k, tap: np.where(arg == k, dy, 0.0), x.shape, dy.shape[2:], w, s, pre, post)
 
@@ -146,8 +149,8 @@ ensure_registered()
 @register_rule("resample", inputs=("input",), outputs=("output",))
 def resample(ctx: RuleContext):
     ensure_registered()
-    op = ctx.node.op
-    x = ctx.input_desc("input")
+    op = ctx.op_as(Resample)
+    x = ctx.tensor_desc("input")
     dy = ctx.grad_full("output")
     params = {"window": _text(op.window), "stride": _text(op.stride), "pre_padding": _text(op.pre_padding),
               "post_padding": _text(op.post_padding)}

@@ -15,6 +15,7 @@ the input stays in those dims wherever it is the same along the reduced axes, se
 from __future__ import annotations
 
 from ..core.dtypes import DataType
+from ..core.tensor import Tensor
 from ..ops.pointwise import PointwiseMode as M
 from ..ops.reduction import Reduction
 from ..ops.reduction import ReductionMode as R
@@ -29,9 +30,9 @@ def _holds(wide: DataType, narrow: DataType) -> bool:
     return wide is narrow or _WIDTH.get(wide, -1) > _WIDTH.get(narrow, 9)
 
 
-def _extremum(ctx: RuleContext, v, mode: R):
+def _extremum(ctx: RuleContext, v: Tensor, mode: R) -> Tensor:
     """The reduced value of `v` (x or |x|) to compare x with: the saved output if exact, else recomputed."""
-    x, y = ctx.input_desc("input"), ctx.output_desc("output")
+    x, y = ctx.tensor_desc("input"), ctx.result_desc("output")
     if mode is not R.AMAX and _holds(y.data_type, x.data_type):
         return ctx.output("output")
     (m,) = ctx.b.op(Reduction(mode=R.MAX if mode is R.AMAX else mode), [v], ["output"], [y.dim], tag="extremum")
@@ -42,14 +43,14 @@ def _extremum(ctx: RuleContext, v, mode: R):
 @register_rule("reduction", inputs=("input",))
 def reduction(ctx: RuleContext):
     b = ctx.b
-    mode = ctx.node.op.mode
-    dy = ctx.grad("output")
-    xd, yd = ctx.input_desc("input"), ctx.output_desc("output")
+    mode = ctx.op_as(Reduction).mode
+    dy = ctx.incoming("output")
+    xd, yd = ctx.tensor_desc("input"), ctx.result_desc("output")
     if mode is R.ADD:
         return {"input": dy}
     if mode is R.AVG:
         return {"input": b.mul(dy, yd.numel / xd.numel)}
-    x = ctx.input("input")
+    x = ctx.tensor("input")
     if mode in (R.MAX, R.MIN, R.AMAX):
         v = b.pw(M.ABS, x) if mode is R.AMAX else x
         hit = b.mask(M.CMP_EQ, v, _extremum(ctx, v, mode))
@@ -73,5 +74,5 @@ def genstats(ctx: RuleContext):
     ds, dsq = ctx.grad("sum"), ctx.grad("sq_sum")
     dx = ds if ds is not None else 0.0
     if dsq is not None:
-        dx = b.add(dx, b.mul(b.mul(dsq, ctx.input("input")), 2.0))
+        dx = b.add(dx, b.mul(b.mul(dsq, ctx.tensor("input")), 2.0))
     return {"input": dx}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import UnsupportedGraphError
+from ..core.errors import UnsupportedGraphError, expect
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.score_mod import Ref, ScoreMod, ScoreNode, Src
 from .rules import POINTWISE_RULES
@@ -147,14 +147,15 @@ def derivative(mod: ScoreMod, op_label: str = "sdpa_backward") -> ScoreMod:
                 rule="sdpa.score_mod_grad", hint="use pointwise modes that opgraph.grad differentiates",
             )
         ctx = _Ctx(node, g, b, depends)
-        flows = rule.inputs(ctx.node)  # type: ignore[arg-type]
-        for role, gv in rule.fn(ctx).items():  # type: ignore[arg-type]
+        # the rules are duck-typed over this stand-in context (and its SimpleNamespace node)
+        flows = rule.inputs(ctx.node)  # type: ignore[arg-type]  # a Node stand-in
+        for role, gv in rule.fn(ctx).items():  # type: ignore[arg-type]  # a RuleContext stand-in
             r = ctx._roles.get(role)
             if role not in flows or r is None or r not in depends:
                 continue
             grads[r] = b.add(grads[r], gv) if r in grads else gv
-    result = grads.get(Ref(Src.SCORE), 0.0)
-    return _prune(nodes, b._ref(result), mod.num_inputs)  # type: ignore[arg-type]
+    result = expect(b._ref(grads.get(Ref(Src.SCORE), 0.0)), "the derivative's result")  # a gradient or 0.0
+    return _prune(nodes, result, mod.num_inputs)
 
 
 def _prune(nodes: list[ScoreNode], result: Ref, num_inputs: int) -> ScoreMod:

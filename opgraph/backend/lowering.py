@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.device import Device
 from ..core.dtypes import DataType
-from ..core.errors import GraphError
+from ..core.errors import GraphError, expect
 from ..core.ir import FinalGraph
 from ..core.tensor import Tensor
 from ..cudnn.candidates import Planner
@@ -89,11 +89,14 @@ def _tensor(desc: Descriptor) -> TensorInfo:
         raise BackendError(f"UID {uid} is negative", descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_UNIQUE_ID,
                            rule="tensor.uid", hint="pick a non-negative int64 UID")
     dt = _dtype(desc, A.CUDNN_ATTR_TENSOR_DATA_TYPE)
+    if dt is None:
+        raise BackendError("the data type is not set", descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_DATA_TYPE,
+                           rule="backend.required", hint="set CUDNN_ATTR_TENSOR_DATA_TYPE")
     align = desc.value(A.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT)
-    if align < 1 or align & (align - 1) or (dt is not None and align % dt.itemsize and align < dt.itemsize):
+    if align < 1 or align & (align - 1) or (align % dt.itemsize and align < dt.itemsize):
         raise BackendError(f"byte alignment {align} is not a power of two of at least the element size",
                            descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, rule="tensor.alignment",
-                           hint=f"set the alignment of the buffers you will bind, e.g. {max(16, dt.itemsize if dt else 1)}")
+                           hint=f"set the alignment of the buffers you will bind, e.g. {max(16, dt.itemsize)}")
     for name, ok in ((A.CUDNN_ATTR_TENSOR_VECTOR_COUNT, (1,)), (A.CUDNN_ATTR_TENSOR_VECTORIZED_DIMENSION, (-1, 0, 1))):
         if desc.has(name) and desc.value(name) not in ok:
             raise BackendError(f"vectorized layouts ({name.name}={desc.value(name)}) are not supported",
@@ -217,6 +220,14 @@ class _Lowering:
         self.origin.setdefault(info.uid, (op, name))
         return info
 
+    def required_info(self, op: Descriptor, name: A) -> TensorInfo:
+        """`info` of an attribute the operation cannot do without (finalize has checked it is set)."""
+        info = self.info(op, name)
+        if info is None:
+            raise BackendError(f"{name.name} is not set", descriptor=op, attribute=name, rule="backend.required",
+                               hint=f"set {name.name} before finalizing the operation graph")
+        return info
+
     def inp(self, op: Descriptor, name: A) -> Tensor | None:
         info = self.info(op, name)
         if info is None:
@@ -228,6 +239,10 @@ class _Lowering:
                                                     name=f"t{info.uid}", uid=info.uid, is_virtual=info.is_virtual,
                                                     is_pass_by_value=info.is_by_value)
         return self.declared[info.uid]
+
+    def required_input(self, op: Descriptor, name: A) -> Tensor:
+        self.required_info(op, name)
+        return expect(self.inp(op, name), f"the tensor of {name.name}")  # declared or found: the info is there
 
     def out(self, op: Descriptor, name: A, t: Tensor | None) -> None:
         info = self.info(op, name)
@@ -255,9 +270,9 @@ class _Lowering:
             return None if v == neutral else v
         if kind is T.CUDNN_TYPE_VOID_PTR:
             return self.internal((1,), (1,), DataType.FLOAT, ("pointer", v))
-        t = self.inp(op, name)
-        if math.prod(t.dim) != 1:
-            raise BackendError(f"a device alpha/beta is one value, {t.label()} has dimensions {list(t.dim)}",
+        t, dim = self.required_input(op, name), self.required_info(op, name).dim
+        if math.prod(dim) != 1:
+            raise BackendError(f"a device alpha/beta is one value, {t.label()} has dimensions {list(dim)}",
                                descriptor=op, attribute=name, rule="backend.scalar", hint="use a [1, 1, ...] tensor")
         return t
 
@@ -266,7 +281,7 @@ class _Lowering:
         if alpha is not None:
             y = self.g.scale(y, alpha, name=f"{self._name(op)}::alpha")
         if beta is not None:
-            info = self.info(op, y_attr)
+            info = self.required_info(op, y_attr)
             if info.is_virtual:
                 raise BackendError("beta needs the previous Y, but Y is virtual", descriptor=op, attribute=beta_attr,
                                    rule="backend.beta_virtual", hint="make Y non-virtual, or set beta to 0")
@@ -313,7 +328,8 @@ def _conv(kind: type, prefix: str, ins: tuple[str, str], out: str) -> Callable:
         inputs = [lw.inp(op, A[f"CUDNN_ATTR_{prefix}_{r}"]) for r in ins]
         comp = _dtype(c, A.CUDNN_ATTR_CONVOLUTION_COMP_TYPE)
         y = lw.g._add_op(kind(**_conv_attrs(c)), inputs, name=lw._name(op), compute_data_type=comp)[0]
-        info = lw.info(op, y_attr)
+        y = expect(y, "the convolution's output")  # every output role was asked for
+        info = lw.required_info(op, y_attr)
         a, b = lw.scalar(op, alpha, 1.0), lw.scalar(op, beta, 0.0)
         if a is None and b is None:
             lw.out(op, y_attr, y)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import GraphError
+from ..core.types import UidPack
 from ..cudnn.candidates import Candidate
 from ..memory.buffers import tensor_from_pointer
 from ..runtime.plan import ExecutionPlan
@@ -217,7 +218,7 @@ GETTERS.update({
 
 
 # -- running -----------------------------------------------------------------------------------------
-def _checked(handle: Any, plan: Descriptor, variant_pack: Descriptor) -> tuple[PlanState, dict[int, Any], Any]:
+def _checked(handle: Any, plan: Descriptor, variant_pack: Descriptor) -> tuple[PlanState, UidPack, Any]:
     plan, variant_pack = _usable(plan, "the plan"), _usable(variant_pack, "the variant pack")
     for desc, kind in ((plan, D.CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR), (variant_pack, D.CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)):
         if desc.type is not kind or not desc.finalized:
@@ -226,7 +227,7 @@ def _checked(handle: Any, plan: Descriptor, variant_pack: Descriptor) -> tuple[P
                                hint=f"finalize() a {kind.name} and pass it")
     st: PlanState = plan.state
     device = st.plan.device
-    pack: dict[int, Any] = {}
+    pack: UidPack = {}
     tensors = st.plan.graph.tensors
     for uid, ptr in zip(variant_pack.values(A.CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS),
                         variant_pack.values(A.CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS)):

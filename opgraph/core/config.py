@@ -31,8 +31,8 @@ def as_modes(heur_mode: HeurMode | str | Sequence[HeurMode | str] | None) -> tup
     if heur_mode is None:
         return DEFAULT_MODES
     # one mode (a HeurMode, a name, or anything else, refused below) or a list of them
-    single = isinstance(heur_mode, (HeurMode, str, bytes)) or not isinstance(heur_mode, Iterable)
-    items = [heur_mode] if single else list(heur_mode)
+    items: list[object] = (list(heur_mode) if isinstance(heur_mode, Iterable)
+                            and not isinstance(heur_mode, (HeurMode, str, bytes)) else [heur_mode])
     modes = []
     for m in items:
         if isinstance(m, str) and m.strip().upper() in HeurMode.__members__:

@@ -10,11 +10,14 @@
       UnsupportedGraphError         no allowed engine runs a piece (names each engine's reason)
       VariantPackError              a variant pack that does not fit the plan
       ExecutionError                a failure while running a plan
+      InternalError                 a broken invariant of opgraph itself (a bug to report)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def describe_tensor(tensor: Any) -> str:
@@ -104,3 +107,16 @@ class VariantPackError(GraphError):
 
 class ExecutionError(GraphError):
     pass
+
+
+class InternalError(GraphError):
+    """A broken invariant of opgraph's own logic: a bug to report, never a problem of the user's graph."""
+
+
+def expect(value: T | None, what: str) -> T:
+    """`value`, which opgraph's own logic guarantees is there (`what` names it); InternalError if it
+    is None. For the places a type checker cannot see the guarantee."""
+    if value is None:
+        raise InternalError(f"{what} is missing", rule="internal.invariant",
+                            hint="this is an opgraph bug: please report it with the graph that triggered it")
+    return value

@@ -9,15 +9,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from .dtypes import DataType
+from .errors import InternalError
 from .op import Const, Op
 from .tensor import TensorDesc
 
 __all__ = ["Const", "FinalGraph", "Node", "Operand"]
 
 Operand = int | Const | None  # a tensor UID, a literal, or an absent optional input
+OpT = TypeVar("OpT", bound=Op)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,13 @@ class Node:
 
     def label(self) -> str:
         return f"{self.op.kind} '{self.name}'"
+
+    def op_as(self, kind: type[OpT]) -> OpT:
+        """`op` as the class the code handling this node was registered for (its attributes typed)."""
+        if not isinstance(self.op, kind):
+            raise InternalError(f"code for {kind.__name__} ops got a {type(self.op).__name__}", op=self.label(),
+                                rule="internal.op_kind", hint="this is an opgraph bug: please report it")
+        return self.op
 
     def input(self, role: str) -> Operand:
         return self.inputs[self.op.input_roles().index(role)]

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .dtypes import DataType, as_data_type
-from .errors import ShapeError
+from .errors import GraphError, ShapeError
 
 INT64_MAX = 2**63 - 1
 
@@ -277,6 +277,39 @@ class Tensor:
     def label(self) -> str:
         uid = "unassigned" if self.uid is None else self.uid
         return f"tensor '{self._name or '<unnamed>'}' (uid {uid})"
+
+    # -- where the value must be known (set, or inferred by `Graph.validate()`) -------------------
+    def _unknown(self, what: str) -> GraphError:
+        return GraphError(f"the {what} is not known yet", tensor=self, rule="tensor.unknown",
+                          hint="set it, or validate the graph (g.validate()) so that it is inferred")
+
+    def known_uid(self) -> int:
+        """`uid`, which must be known here: the user's, or the one `Graph.validate()` assigned."""
+        uid = self.uid
+        if uid is None:
+            raise self._unknown("UID")
+        return uid
+
+    def known_dim(self) -> tuple[int, ...]:
+        """`dim`, which must be known here (set or inferred)."""
+        dim = self.dim
+        if dim is None:
+            raise self._unknown("dims")
+        return dim
+
+    def known_stride(self) -> tuple[int, ...]:
+        """`stride`, which must be known here (set or inferred)."""
+        stride = self.stride
+        if stride is None:
+            raise self._unknown("strides")
+        return stride
+
+    def known_data_type(self) -> DataType:
+        """`data_type`, which must be known here (set or inferred)."""
+        data_type = self.data_type
+        if data_type is None:
+            raise self._unknown("data type")
+        return data_type
 
     # -- chainable setters ---------------------------------------------------------------------
     def _touch(self) -> Tensor:

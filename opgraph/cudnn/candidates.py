@@ -143,7 +143,7 @@ class Planner:
     def build(self, candidate: Candidate) -> ExecutionPlan:
         """Compile every piece with its config: an ExecutionPlan (ExecutionError when a kernel does
         not compile, UnsupportedGraphError when one needs more workspace than the filters allow)."""
-        steps = []
+        steps: list[Step] = []
         for piece, config in zip(self.pieces, candidate.configs):
             kernel = get_engine(config.engine).compile(piece, config, self.device)
             why = self.filters.rejects_kernel(kernel)

@@ -23,6 +23,8 @@ from ..ops.reduction import ReductionMode
 
 
 class _NamespaceMeta(type):
+    __members__: dict[str, Any]  # set by _namespace
+
     def __iter__(cls) -> Iterator[Any]:
         return iter(v for v in cls.__members__.values() if v is not None)
 
@@ -33,16 +35,24 @@ class _NamespaceMeta(type):
         return f"<cudnn enum {cls.__name__}: {', '.join(cls.__members__)}>"
 
 
-def _namespace(name: str, members: dict[str, Any]) -> type:
-    """A class whose attributes are the members (cuDNN's pybind enums are accessed the same way)."""
+def _namespace(name: str, members: dict[str, Any]) -> Any:
+    """A class whose attributes are the members (cuDNN's pybind enums are accessed the same way). Typed
+    Any: the members are opgraph's own enum values (and placeholders), gathered here at import."""
     return _NamespaceMeta(name, (), {**members, "__members__": dict(members), "__slots__": ()})
+
+
+class _Placeholder(enum.Enum):
+    """Base of the placeholder enums (one per namespace, named after it)."""
+
+    def __repr__(self) -> str:
+        return f"cudnn.{type(self).__name__}.{self.name} (not supported by opgraph)"
 
 
 def _placeholders(name: str, names: list[str]) -> dict[str, Any]:
     """cuDNN members opgraph does not implement: values of an enum of their own, so using one fails
     with opgraph's "unknown value" error naming it."""
-    kind = enum.Enum(name, {n: f"{name}.{n}" for n in names})
-    kind.__repr__ = lambda self: f"cudnn.{name}.{self.name} (not supported by opgraph)"  # type: ignore[method-assign]
+    # the functional API: the enum is named after the namespace, which mypy cannot follow
+    kind: Any = _Placeholder(name, {n: f"{name}.{n}" for n in names})  # type: ignore[call-arg]
     return {n: kind[n] for n in names}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 from ..core.errors import GraphError, UnsupportedGraphError
 
@@ -20,10 +20,10 @@ class cudnnGraphNotSupportedError(UnsupportedGraphError, RuntimeError):
     """No engine (config) runs the graph, or none is left after the filters."""
 
 
-_AS_RUNTIME: dict[type, type] = {UnsupportedGraphError: cudnnGraphNotSupportedError}
+_AS_RUNTIME: dict[type[GraphError], type[GraphError]] = {UnsupportedGraphError: cudnnGraphNotSupportedError}
 
 
-def _runtime_class(cls: type) -> type:
+def _runtime_class(cls: type[GraphError]) -> type[GraphError]:
     if issubclass(cls, RuntimeError):
         return cls
     if cls not in _AS_RUNTIME:
@@ -44,14 +44,15 @@ def as_cudnn_error(err: GraphError) -> GraphError:
     return new
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def translated(fn: F) -> F:
+def translated(fn: Callable[P, R]) -> Callable[P, R]:
     """Decorate a shim entry point: opgraph errors leave it as their cuDNN-catchable classes."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except GraphError as err:
@@ -60,7 +61,7 @@ def translated(fn: F) -> F:
                 raise
             raise converted.with_traceback(err.__traceback__) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 __all__ = ["as_cudnn_error", "cudnnGraphNotSupportedError", "translated"]

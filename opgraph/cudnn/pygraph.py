@@ -108,8 +108,9 @@ class pygraph(Graph):
         self._pack_keys: tuple | None = None  # (plan, ids and UIDs to skip, {key: TensorDesc}): execute's lookups
 
     # -- tensors ---------------------------------------------------------------------------------
+    # pygraph is opgraph's Graph under cuDNN frontend's API: where the two differ, cuDNN's signature wins
     @translated
-    def tensor(self, dim: Sequence[int] | None = None, stride: Sequence[int] | None = None, data_type: Any = None,
+    def tensor(self, dim: Sequence[int] | None = None, stride: Sequence[int] | None = None, data_type: Any = None,  # type: ignore[override]  # cuDNN frontend's signature
                is_virtual: bool = False, is_pass_by_value: bool = False, ragged_offset: Any = None,
                reordering_type: Any = None, name: str = "", uid: int | None = -1,
                ragged_offset_multiplier: int = 1, *, is_by_reference: bool = False) -> Tensor:
@@ -158,7 +159,7 @@ class pygraph(Graph):
 
     # -- validation: cuDNN's adaptations, then opgraph's checks -------------------------------------
     @translated
-    def validate(self) -> None:
+    def validate(self) -> None:  # type: ignore[override]  # cuDNN frontend's signature
         if self._loaded is not None and not self._records:
             return
         if self._final is None:
@@ -306,7 +307,7 @@ class pygraph(Graph):
                 rule="cudnn.build_plans", hint="try other heuristic modes or engines")
 
     @translated
-    def build(self, modes: Any = None) -> None:
+    def build(self, modes: Any = None) -> None:  # type: ignore[override]  # cuDNN frontend's signature
         """With modes: validate, plan, check and build (HEURISTICS_CHOICE); without: validate only."""
         self.validate()
         if modes is None:
@@ -466,7 +467,7 @@ class pygraph(Graph):
         plan.execute(self._pack(plan, var_pack), self._workspace(plan, workspace), stream=stream)
 
     @translated
-    def execute(self, var_pack: dict, workspace: Any = None, handle: Any = None, override_uids: Any = None,
+    def execute(self, var_pack: dict, workspace: Any = None, handle: Any = None, override_uids: Any = None,  # type: ignore[override]  # cuDNN frontend's signature
                 override_shapes: Any = None, override_strides: Any = None) -> None:
         """Run the first built plan. Keys: tensors, UIDs or names; entries with a None key or value
         (an optional tensor not used) are skipped."""
@@ -534,7 +535,7 @@ class pygraph(Graph):
         return tensor_attributes(graph.tensors[uid])
 
     @translated
-    def key(self) -> int:
+    def key(self) -> int:  # type: ignore[override]  # cuDNN frontend's signature
         return int(super().key()[:15], 16)
 
     def __repr__(self) -> str:

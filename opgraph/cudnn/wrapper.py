@@ -34,16 +34,15 @@ def _is_buffer(obj: Any) -> bool:
 
 def _allocate(t: Tensor, device: Any) -> Any:
     """An empty buffer for an output on the plan's device."""
+    dim, stride, data_type = t.known_dim(), t.known_stride(), t.known_data_type()
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is not None:
-        dev = "cpu" if not device.is_cuda else f"cuda:{device.index}"
-        return torch.empty_strided(t.dim, t.stride, dtype=t.data_type.to_torch(), device=dev)
-    from ..core.tensor import storage_extent, strided_view
+        from ..core.tensor import storage_extent, strided_view
 
-    return strided_view(np.empty(storage_extent(t.dim, t.stride), t.data_type.numpy), t.dim, t.stride)
+        return strided_view(np.empty(storage_extent(dim, stride), data_type.numpy), dim, stride)
+    dev = "cpu" if not device.is_cuda else f"cuda:{device.index}"
+    return torch.empty_strided(dim, stride, dtype=data_type.to_torch(), device=dev)
 
 
 class Graph:

@@ -30,9 +30,14 @@ from typing import Any
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, ExecutionError
+from ..core.errors import AttributeValueError, ExecutionError, InternalError, expect
 from ..core.ir import Const, Node
 from ..core.piece import Piece
+from ..core.types import Buffer, Stream, UidPack
+from ..ops.attention import SdpaBackward
+from ..ops.conv import _Conv
+from ..ops.pointwise import Pointwise
+from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, Kernel
 from .cost import estimate_us
@@ -107,7 +112,7 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
             return f"cuDNN's graph API has no {node.kind} op here", node
         if set(node.output_uids()) & set(node.input_uids()) or set(node.output_uids()) & set(piece.inputs):
             return "an in-place update (an output with its input's UID) is not a cuDNN graph", node
-        if node.kind in GEMM_KINDS - {"matmul"} and node.op.convolution_mode.name != "CROSS_CORRELATION":
+        if node.kind in GEMM_KINDS - {"matmul"} and node.op_as(_Conv).convolution_mode.name != "CROSS_CORRELATION":
             return "cuDNN runs CROSS_CORRELATION convolutions only", node
         if node.kind == "pointwise":
             why = _pointwise_problem(node)
@@ -125,11 +130,12 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
 
 
 def _pointwise_problem(node: Node) -> str | None:
-    mode = node.op.mode
+    op = node.op_as(Pointwise)
+    mode = op.mode
     if mode.name == "GEN_INDEX":
         return "gen_index is left to generated kernels"
     method = mode.value
-    defaults = dict(node.op.info.params)
+    defaults = dict(op.info.params)
     for role, default in defaults.items():
         value = node.input(role)
         if value is None:
@@ -150,6 +156,13 @@ def canonical_uids(piece: Piece) -> dict[int, int]:
     same signature (the repeated blocks of a network). Far above the frontend's own numbering of
     virtual tensors."""
     return {u: CANON_BASE + i for i, u in enumerate((*piece.inputs, *piece.outputs))}
+def _number(node: Node, role: str) -> float:
+    """A pointwise parameter, which `_pointwise_problem` made sure is a literal."""
+    value = node.input(role)
+    if not isinstance(value, Const):
+        raise InternalError(f"{role} is not a literal", op=node.label(), rule="internal.invariant",
+                            hint="this is an opgraph bug: please report it with the graph")
+    return float(value.value)
 
 
 class _Lowering:
@@ -190,9 +203,10 @@ class _Lowering:
                                   "name": f"n_{node.name}"}
         roles = {r: self._operand(v) for r, v in zip(node.op.input_roles(), node.inputs) if v is not None}
         if kind == "pointwise":
-            method = node.op.mode.value
-            operands = [roles.pop(r) for r in node.op.operand_roles()]
-            params = {r: float(node.input(r).value) for r in roles}
+            op = node.op_as(Pointwise)
+            method = op.mode.value
+            operands = [roles.pop(r) for r in op.operand_roles()]
+            params = {r: _number(node, r) for r in roles}
             if method in _PARAM_METHODS:
                 kwargs.update(params)
             if method in ("relu_backward", "swish_backward"):
@@ -204,12 +218,12 @@ class _Lowering:
         elif kind == "matmul":
             outs = [g.matmul(roles["A"], roles["B"], **kwargs)]
         elif kind == "reduction":
-            mode = getattr(self.cudnn.reduction_mode, node.op.mode.name)
-            out = self.piece.tensor(node.outputs[0])
+            mode = getattr(self.cudnn.reduction_mode, node.op_as(Reduction).mode.name)
+            out = self.piece.tensor(expect(node.outputs[0], "the reduction's output"))
             outs = [g.reduction(roles["input"], mode=mode, out_dims=list(out.dim), **kwargs)]
         elif kind in GEMM_KINDS:
             attrs = {a: list(getattr(node.op, a)) for a in _CONV_ATTRS}
-            out = self.piece.tensor(node.outputs[0])
+            out = self.piece.tensor(expect(node.outputs[0], f"the {kind} output"))
             outs = [getattr(g, kind)(**roles, **attrs, out_dims=list(out.dim), **kwargs)]
         else:  # genstats: same roles, outputs in the same order
             result = getattr(g, kind)(**roles, **kwargs)
@@ -288,7 +302,7 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
             numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick split-K with atomics
         if n.kind in ATTENTION_KINDS:
             numerical.add(NumericalNote.TENSOR_CORE)
-            if n.kind == "sdpa_backward" and not n.op.use_deterministic_algorithm:
+            if n.kind == "sdpa_backward" and not n.op_as(SdpaBackward).use_deterministic_algorithm:
                 numerical.add(NumericalNote.NONDETERMINISTIC)  # dQ accumulated with atomics
     behavior = {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
     return frozenset(numerical), frozenset(behavior)
@@ -369,12 +383,12 @@ class CudnnKernel(Kernel):
             return []
         return [artifacts.Artifact(cudnn_launch.ARTIFACT_KIND, self.key, self.serialized)]
 
-    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+    def run(self, buffers: Mapping[int, Buffer], stream: Stream = None, scratch: Buffer = None) -> None:
         """One self-contained run. `stream`: a raw cudaStream_t (None: PyTorch's current stream)."""
         import torch
 
         dev = self._torch_device
-        pack: dict[int, Any] = {}
+        pack: UidPack = {}
         for uid in self.uids:
             value = buffers[uid]
             if uid in self.host_scalars:

@@ -24,6 +24,7 @@ from typing import Any
 from ..core.dtypes import DataType
 from ..core.ir import Const, Node
 from ..core.piece import Piece
+from ..ops.attention import SdpaBackward, _Attention
 
 ATTENTION_KINDS = frozenset({"sdpa", "sdpa_backward"})
 _TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
@@ -43,7 +44,7 @@ def scalar_uids(piece: Piece) -> set[int]:
 
 
 def _rows_can_be_empty(node: Node, piece: Piece) -> bool:
-    op = node.op
+    op = node.op_as(_Attention)
     sq, skv = piece.tensor(node.input("q")).dim[2], piece.tensor(node.input("k")).dim[2]  # type: ignore[arg-type]
     return op.use_padding_mask or (sq > skv and (op.use_causal_mask_bottom_right
                                                  or op.sliding_window_length is not None))
@@ -51,7 +52,7 @@ def _rows_can_be_empty(node: Node, piece: Piece) -> bool:
 
 def attention_problem(node: Node, piece: Piece) -> str | None:
     """Why the cudnn engine does not offer this attention node to cuDNN (None: ask cuDNN)."""
-    op = node.op
+    op = node.op_as(_Attention)
     t = {r: piece.tensor(v) for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, int)}
     t.update({r: piece.tensor(u) for r, u in zip(op.output_roles(), node.outputs) if u is not None})
     for role in ("q", "k", "v", "o", "dO"):
@@ -91,7 +92,7 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
 
 def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[Any]:
     """The cuDNN tensors of the node's outputs (one per output role, None where absent)."""
-    g, op = lowering.graph, node.op
+    g, op = lowering.graph, node.op_as(_Attention)
     ins = {r: lowering.tensors[v] for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, int)}
     consts = {r: float(v.value) for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, Const)}
     common: dict[str, Any] = {
@@ -123,5 +124,6 @@ def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[A
                          name=f"t{uid}")
         common["dBias"] = dbias
     dq, dk, dv = g.sdpa_backward(ins["q"], ins["k"], ins["v"], ins["o"], ins["dO"], ins["stats"],
-                                 use_deterministic_algorithm=op.use_deterministic_algorithm, **common)
+                                 use_deterministic_algorithm=node.op_as(SdpaBackward).use_deterministic_algorithm,
+                                 **common)
     return [dq, dk, dv, dbias]

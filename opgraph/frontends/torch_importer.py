@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import UnsupportedGraphError
+from ..core.errors import UnsupportedGraphError, expect
 from ..core.tensor import Tensor
 from ..graph.builder import Graph
 from .torch_runtime import DerivedSpec, ImportReport, Mutation, RandomSpec, Source
@@ -153,7 +153,7 @@ class Importer:
     def derived_value(self, fn: Any, inputs: list[Value], name: str) -> Value:
         """A bound input computed at bind time as fn(*inputs) from bound values (see DerivedSpec)."""
         key = self._unique(f"derived:{name}")
-        self.derived[key] = DerivedSpec(fn, tuple(v.source for v in inputs))
+        self.derived[key] = DerivedSpec(fn, tuple(expect(v.source, "a derived value's bound input") for v in inputs))
         with self.torch.no_grad():
             example = fn(*[v.example for v in inputs])
         return Value(tuple(example.shape), example.dtype, source=Source("derived", key), example=example)
@@ -161,7 +161,7 @@ class Importer:
     def view(self, v: Value, op: Any, *args: Any) -> Value | None:
         """For a bound value, the same input seen through aten view op `op(*args)` (applied at bind
         time, zero-copy); None for other values (the caller emits a graph op)."""
-        if not v.is_bound:
+        if v.source is None:  # (not bound)
             return None
         example = op(v.example, *args)
         return Value(tuple(example.shape), example.dtype, source=v.source.view(op, *args), example=example)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..core.errors import expect
 from ..core.tensor import Tensor
 from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 
@@ -324,7 +325,8 @@ def _expand(imp: Importer, node: Any, a: Args) -> Any:
 
 def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
     if x.is_bound:
-        padded = imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape))
+        padded = expect(imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape)),
+                        "the view of a bound value")
         return imp.view(padded, imp.torch.ops.aten.expand.default, list(shape))
     # a value times ones of the target shape (held with zero strides: no memory)
     ones = imp.constant(imp.torch.ones(1, dtype=x.dtype), "ones")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.errors import expect
 from ..core.tensor import Tensor
 from ..ops.reduction import ReductionMode
 from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
@@ -172,6 +173,8 @@ def _mse_loss(imp: Importer, node: Any, a: Args) -> Tensor:
     d = imp.g.sub(imp.at_rank(x, rank), imp.at_rank(y, rank), name=imp.op_name("diff"))
     sq = imp.g.mul(d, d, name=imp.op_name("sq"))
     how = _REDUCTIONS.get(a["reduction"])
+    if how is None:
+        raise Untranslatable(f"reduction {a['reduction']!r}")
     if how == "none":
         return sq
     mode = ReductionMode.AVG if how == "mean" else ReductionMode.ADD
@@ -207,7 +210,8 @@ def _linear(imp: Importer, node: Any, a: Args) -> Tensor:
     if x.rank == 2:
         bt = _transposed(imp, w)
     elif w.is_bound:
-        bt = imp.reshaped(imp.view(w, imp.torch.ops.aten.t.default), (1,) * (x.rank - 2) + wt_shape)
+        bt = imp.reshaped(expect(imp.view(w, imp.torch.ops.aten.t.default), "the view of a bound weight"),
+                          (1,) * (x.rank - 2) + wt_shape)
     else:
         bt = _lead_ones(imp, _transposed(imp, w), wt_shape, x.rank)
     y = imp.g.matmul(imp.tensor(x), bt, name=imp.op_name("matmul"))
@@ -218,7 +222,7 @@ def _linear(imp: Importer, node: Any, a: Args) -> Tensor:
 
 @op("matmul", "mm", "bmm")
 def _matmul(imp: Importer, node: Any, a: Args) -> Tensor:
-    x, y = a["self"], a.get("other", a.get("mat2"))
+    x, y = a["self"], expect(a.get("other", a.get("mat2")), "matmul's second operand")
     if x.rank < 2 or y.rank < 2:
         raise Untranslatable("matmul with a 1-D operand")
     rank = max(x.rank, y.rank)
@@ -367,6 +371,7 @@ def _like(imp: Importer, node: Any, a: Args) -> Value:
     torch = imp.torch
     if base in ("empty_like", "new_empty"):
         return Value(shape, dtype, uninit=True)
+    fill: Any  # the scalar torch.full fills with
     if base in ("zeros_like", "new_zeros", "zero"):
         fill = 0
     elif base in ("ones_like", "new_ones"):

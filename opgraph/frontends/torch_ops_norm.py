@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.errors import expect
 from ..core.tensor import Tensor
 from ..ops.norm import Batchnorm
 from ..ops.pooling import ResampleMode
@@ -60,7 +61,8 @@ def _folded(imp: Importer, x: Value, a: Args, eps: float) -> tuple[Tensor, Tenso
     if not all(v is None or v.is_bound for v in values):
         return None
     pc = [1, x.shape[1]] + [1] * (x.rank - 2)
-    present = [imp.view(v, imp.torch.ops.aten.view.default, pc) for v in values if v is not None]
+    present = [expect(imp.view(v, imp.torch.ops.aten.view.default, pc), "the view of a bound parameter")
+               for v in values if v is not None]
     has_w, has_b = values[0] is not None, values[1] is not None
     wide = imp.g.intermediate_data_type.to_torch()
 
@@ -154,9 +156,9 @@ def _batch_norm(imp: Importer, node: Any, a: Args) -> Any:
               _per_channel(imp, rv, x, 1.0) if running else None, float(eps), float(momentum) if running else None]
     outs = dict(zip(Batchnorm().output_roles(), g._add_op(Batchnorm(), inputs, name=imp.op_name(), outputs=wanted)))
     c = [x.shape[1]]
-    if running and base in _BN_MUTATING:
+    if rm is not None and rv is not None and base in _BN_MUTATING:  # (running)
         for role, v in (("next_running_mean", rm), ("next_running_var", rv)):
-            _write_back(imp, outs[role], v)
+            _write_back(imp, expect(outs[role], f"batchnorm's {role}"), v)
     if not multi:
         return outs["y"]
     results: list[Any] = [outs["y"]]

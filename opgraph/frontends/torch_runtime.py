@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.errors import VariantPackError
 from ..core.tensor import Tensor
+from ..core.types import Buffer, UidPack
 from ..graph.builder import Graph
 
 
@@ -207,14 +208,14 @@ class ImportedGraph:
         return list(self._bound)
 
     @property
-    def params(self) -> dict[int, Any]:
+    def params(self) -> UidPack:
         """{uid: tensor} of the bound inputs with the module's current values (random inputs excluded)."""
         cache: dict[tuple[str, str], Any] = {}
-        return {t.uid: self._resolve(s, cache, {}, None, None) for t, s in self._bound if s.kind != "random"}
+        return {t.known_uid(): self._resolve(s, cache, {}, None, None) for t, s in self._bound if s.kind != "random"}
 
     # -- variant packs ------------------------------------------------------------------------------------
     def variant_pack(self, *inputs: Any, outputs: Any = None, params: Mapping[str, Any] | None = None,
-                     generator: Any = None) -> dict[int, Any]:
+                     generator: Any = None) -> UidPack:
         """A variant pack {uid: tensor}: the user inputs (copied to the declared layout if their strides
         differ), the module's current parameters and buffers (or `params` {key: tensor} instead),
         constants, fresh random draws (dropout masks, from torch's RNG or `generator`) and outputs
@@ -226,13 +227,13 @@ class ImportedGraph:
         device = next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
         if device is None:
             device = next((t.device for t in self.module.parameters()), torch.device("cpu"))
-        pack: dict[int, Any] = {}
+        pack: UidPack = {}
         for handle, value in zip(self._input_slots, leaves):
             if handle is not None:
-                pack[handle.uid] = self._user_input(handle, value)
+                pack[handle.known_uid()] = self._user_input(handle, value)
         cache: dict[tuple[str, str], Any] = {}
         for handle, source in self._bound:
-            pack[handle.uid] = self._resolve(source, cache, params or {}, device, generator)
+            pack[handle.known_uid()] = self._resolve(source, cache, params or {}, device, generator)
         given = self._given_outputs(outputs)
         final = self.graph.final
         for uid in final.outputs:
@@ -257,7 +258,7 @@ class ImportedGraph:
     def _user_input(self, handle: Tensor, value: Any) -> Any:
         import torch
 
-        desc = self.graph.final.tensors[handle.uid]
+        desc = self.graph.final.tensors[handle.known_uid()]
         if not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value)
         want = desc.data_type.to_torch()
@@ -281,7 +282,7 @@ class ImportedGraph:
             value = out
         return value
 
-    def _given_outputs(self, outputs: Any) -> dict[int, Any]:
+    def _given_outputs(self, outputs: Any) -> UidPack:
         if outputs is None:
             return {}
         if isinstance(outputs, Mapping):
@@ -298,7 +299,7 @@ class ImportedGraph:
         if len(outputs) != len(handles):
             raise VariantPackError(f"got {len(outputs)} output buffers for {len(handles)} outputs",
                                    rule="import.outputs", hint="pass one buffer per entry of .outputs, or a dict")
-        return {h.uid: v for h, v in zip(handles, outputs)}
+        return {h.known_uid(): v for h, v in zip(handles, outputs)}
 
     def _resolve(self, source: Source, cache: dict, params: Mapping[str, Any], device: Any, generator: Any) -> Any:
         """The tensor bound for `source`: its base (module tensor, constant, random draw; one per pack
@@ -380,15 +381,15 @@ class ImportedGraph:
         self.write_back(pack)
         return self.unpack(pack)
 
-    def unpack(self, pack: Mapping[int, Any]) -> Any:
+    def unpack(self, pack: Mapping[int, Buffer]) -> Any:
         """The module-structured outputs (tensors in the torch shapes the module returns) of a pack."""
         from torch.utils import _pytree as pytree
 
-        leaves = [leaf.value if leaf.tensor is None else pack[leaf.tensor.uid].reshape(leaf.shape)
+        leaves = [leaf.value if leaf.tensor is None else pack[leaf.tensor.known_uid()].reshape(leaf.shape)
                   for leaf in self._output_leaves]
         return pytree.tree_unflatten(leaves, self._output_spec)
 
-    def write_back(self, pack: Mapping[int, Any]) -> None:
+    def write_back(self, pack: Mapping[int, Buffer]) -> None:
         """Copy the running-stat outputs of an executed pack into the module's buffers and do the host
         updates (num_batches_tracked += 1). No-op for graphs that update nothing (eval mode)."""
         import torch
@@ -399,7 +400,7 @@ class ImportedGraph:
                 if m.tensor is None:
                     target.add_(m.host_add)
                 else:
-                    target.copy_(pack[m.tensor.uid].reshape(target.shape))
+                    target.copy_(pack[m.tensor.known_uid()].reshape(target.shape))
 
     def __repr__(self) -> str:
         return (f"<ImportedGraph '{self.graph.name}': {len(self.inputs)} input(s), {len(self._bound)} bound, "

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from ..core.dtypes import DataType
@@ -150,8 +151,8 @@ def _assign_uids(
     return uids, aliases, inplace
 
 
-def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: set[int] = frozenset(),
-                       produced: set[int] = frozenset()) -> list[int]:
+def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: AbstractSet[int] = frozenset(),
+                       produced: AbstractSet[int] = frozenset()) -> list[int]:
     producer: dict[int, int] = {}
     for i, r in enumerate(records):
         for t in r.outputs:

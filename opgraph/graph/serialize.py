@@ -22,6 +22,7 @@ from ..core.dtypes import as_data_type
 from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
 from ..core.suggest import did_you_mean
+from ..core.tensor import Tensor
 
 FORMAT = "opgraph.graph"
 VERSION = 1
@@ -137,7 +138,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         intermediate_data_type=as_data_type(_field(doc, "intermediate_data_type", str, "graph", "FLOAT")),
         compute_data_type=as_data_type(_field(doc, "compute_data_type", str, "graph", "FLOAT")),
     )
-    handles: dict[int, Any] = {}
+    handles: dict[int, Tensor] = {}
     entries: dict[int, dict] = {}
     for i, t in enumerate(_field(doc, "tensors", list, "graph")):
         where = f"tensors[{i}]"
@@ -182,7 +183,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
             raise SerializationError(f"{where}.inputs.{role}: {v!r} is neither a listed UID nor a constant",
                                      rule="json.operand")
 
-        out_handles = []
+        out_handles: list[Tensor | None] = []
         updated: dict[int, Any] = {}
         for role in op.output_roles():
             uid = outs.get(role)

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, DataTypeError, ShapeError
+from ..core.errors import AttributeValueError, DataTypeError, ShapeError, expect
 from ..core.ir import Const
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
 from ..core.tensor import Tensor, TensorDesc, packed_strides
@@ -306,7 +306,7 @@ class SdpaBackward(_Attention):
         sc = self.scores(a)
         grad = None
         if self.score_mod_grad is not None:
-            extra = [a[r] for r in self.score_mod.input_roles()]  # type: ignore[union-attr]
+            extra = [a[r] for r in expect(self.score_mod, "the score modifier of a score_mod_grad").input_roles()]
             grad = lambda s, g: evaluate(self.score_mod_grad, s, extra, g)
         bias_dims = outs[3].dim if outs[3] is not None else None
         dq, dk, dv, dbias = ref.backward(sc, a["q"], a["k"], a["v"], a["o"], a["dO"], a["stats"],

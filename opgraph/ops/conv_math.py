@@ -136,7 +136,8 @@ def conv_data_grad(dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: Con
     for tap in np.ndindex(*taps):
         target = tuple(slice(t * d, t * d + (yo - 1) * s + 1, s)
                        for t, d, yo, s in zip(tap, geo.dilation, out, geo.stride))
-        dxp[lead + target] += np.einsum(f"ngk{o},gkc->ngc{o}", dyg, wg[(Ellipsis, *tap)], optimize=True)
+        w_tap = (Ellipsis, *tap)
+        dxp[lead + target] += np.einsum(f"ngk{o},gkc->ngc{o}", dyg, wg[w_tap], optimize=True)
     crop = tuple(slice(p0, p0 + xi) for p0, xi in zip(geo.pre, x_dim[2:]))
     return dxp[lead + crop].reshape(n, c, *x_dim[2:])
 

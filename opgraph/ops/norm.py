@@ -258,9 +258,11 @@ class Batchnorm(_ScalarRules, Op):
                 "momentum", tensor=running[0], rule="norm.running_stats",
                 hint="pass all three to update the running stats, or none of them",
             )
+        rm: TensorDesc | None = None
+        rv: TensorDesc | None = None
         if running:
-            for role in ("in_running_mean", "in_running_var"):
-                _check_dims(ctx, role, c, "norm.stats_dims", hint, channels=True)
+            rm, rv = (_check_dims(ctx, role, c, "norm.stats_dims", hint, channels=True)
+                      for role in ("in_running_mean", "in_running_var"))
             if x.numel // x.dim[1] < 2:
                 ctx.error(
                     ShapeError, f"input dims {list(x.dim)} give one value per channel: the unbiased variance "
@@ -268,8 +270,6 @@ class Batchnorm(_ScalarRules, Op):
                     hint="use a batch with N * spatial >= 2, or drop the running stats",
                 )
         _check_scalars(ctx, momentum=True)
-        rm = ctx.input("in_running_mean")
-        rv = ctx.input("in_running_var")
         return [_y_spec(x), _float_spec(c), _float_spec(c), _float_spec(c, rm), _float_spec(c, rv)]
 
     def dependence(self, output: str, input: str) -> str:
@@ -403,15 +403,15 @@ class Layernorm(_ScalarRules, Op):
 
     def reference(self, ins, outs):
         x, scale, bias, eps = ins
-        axes = _axes_of(x.shape, _stats_dim(ins))
+        axes = _axes_of(x.shape, _stats_dim(x, scale, bias))
         mean, var = _moments(x, axes)
         inv = 1.0 / np.sqrt(var + _scalar(eps))
         return _fit([_affine((x - mean) * inv, scale, bias), mean, inv], outs)
 
 
-def _stats_dim(ins: list[np.ndarray | None]) -> tuple[int, ...]:
+def _stats_dim(x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None) -> tuple[int, ...]:
     """layernorm/rmsnorm stats dims from scale (or bias) as in `_norm_stats_dims`, at run time."""
-    x, ref = ins[0], next((a for a in ins[1:3] if a is not None), None)
+    ref = scale if scale is not None else bias
     if ref is None:
         return (x.shape[0],) + (1,) * (x.ndim - 1)
     return tuple(1 if r == d else d for r, d in zip(ref.shape, x.shape))
@@ -484,7 +484,7 @@ class Rmsnorm(_ScalarRules, Op):
 
     def reference(self, ins, outs):
         x, scale, bias, eps = ins
-        axes = _axes_of(x.shape, _stats_dim(ins))
+        axes = _axes_of(x.shape, _stats_dim(x, scale, bias))
         inv = 1.0 / np.sqrt(np.square(x).mean(axis=axes, keepdims=True) + _scalar(eps))
         return _fit([_affine(x * inv, scale, bias), inv], outs)
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError
+from ..core.errors import AttributeValueError, expect
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
 from ..core.suggest import did_you_mean
 from ..core.tensor import TensorDesc
@@ -164,6 +164,10 @@ def _t(x: np.ndarray) -> np.ndarray:
     return x != 0
 
 
+def _select(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return np.where(_t(mask), a, b)
+
+
 @dataclass(frozen=True)
 class ModeInfo:
     arity: int
@@ -186,7 +190,7 @@ MODES: dict[PointwiseMode, ModeInfo] = {
     M.LOGICAL_AND: ModeInfo(2, lambda a, b: _t(a) & _t(b), bool_out=True),
     M.LOGICAL_OR: ModeInfo(2, lambda a, b: _t(a) | _t(b), bool_out=True),
     M.LOGICAL_NOT: ModeInfo(1, lambda a: ~_t(a), bool_out=True),
-    M.BINARY_SELECT: ModeInfo(3, lambda a, b, mask: np.where(_t(mask), a, b)),
+    M.BINARY_SELECT: ModeInfo(3, _select),
     M.IDENTITY: ModeInfo(1, lambda a: a),
     M.SQRT: ModeInfo(1, np.sqrt), M.RSQRT: ModeInfo(1, lambda a: 1.0 / np.sqrt(a)),
     M.EXP: ModeInfo(1, np.exp), M.LOG: ModeInfo(1, np.log), M.NEG: ModeInfo(1, np.negative),
@@ -278,9 +282,10 @@ class Pointwise(Op):
         out = outs[0]
         assert out is not None
         if self.mode is PointwiseMode.GEN_INDEX:
+            axis = expect(self.axis, "GEN_INDEX's axis")  # (checked by infer)
             shape = [1] * len(out.dim)
-            shape[self.axis] = out.dim[self.axis]  # type: ignore[index]
-            idx = np.arange(out.dim[self.axis], dtype=np.float64).reshape(shape)  # type: ignore[index]
+            shape[axis] = out.dim[axis]
+            idx = np.arange(out.dim[axis], dtype=np.float64).reshape(shape)
             return [np.broadcast_to(idx, out.dim)]
         n = self.info.arity
         # 1-element operands broadcast to anything, whatever their rank (finalize allows it)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import AttributeValueError, GraphError, ShapeError
+from ..core.errors import AttributeValueError, GraphError, ShapeError, expect
 from ..core.op import BUILDERS
 from ..core.tensor import Tensor
 from .pointwise import MODES, OPERAND_ROLES, Pointwise, PointwiseMode
@@ -126,18 +126,20 @@ def evaluate(mod: ScoreMod, score: np.ndarray, inputs: Sequence[np.ndarray], gra
         info = MODES[node.mode]
         ops = [value(r) for r in node.operands]
         if node.mode is PointwiseMode.GEN_INDEX:
-            shape = np.shape(ops[0])
+            first = expect(ops[0], "GEN_INDEX's operand")  # (pointwise's checks)
+            axis = expect(node.axis, "GEN_INDEX's axis")
+            shape = np.shape(first)
             idx_shape = [1] * len(shape)
-            idx_shape[node.axis] = shape[node.axis]  # type: ignore[index]
-            values.append(np.arange(shape[node.axis], dtype=np.float64).reshape(idx_shape))  # type: ignore[index]
+            idx_shape[axis] = shape[axis]
+            values.append(np.arange(shape[axis], dtype=np.float64).reshape(idx_shape))
             continue
         params = {p: (default if v is None else v) for (p, default), v in zip(info.params, ops[info.arity:])}
         with np.errstate(all="ignore"):
             out = info.fn(*ops[: info.arity], **params)
         values.append(np.asarray(out, dtype=np.float64))
-    out = value(mod.result)
-    assert out is not None
-    return np.broadcast_to(np.asarray(out, dtype=np.float64), score.shape)
+    result = value(mod.result)
+    assert result is not None
+    return np.broadcast_to(np.asarray(result, dtype=np.float64), score.shape)
 
 
 # -- recording -----------------------------------------------------------------------------------------

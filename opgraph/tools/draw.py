@@ -98,6 +98,6 @@ def plan_to_dot(plan: Any, *, legend: bool = True) -> str:
 
 def render_svg(dot: str) -> bytes:
     """SVG bytes of a DOT description (needs `pip install graphviz` and Graphviz's `dot` program)."""
-    import graphviz
+    import graphviz  # type: ignore[import-untyped]  # graphviz ships no type information
 
     return graphviz.Source(dot).pipe(format="svg")

@@ -50,6 +50,7 @@ from ..autodiff.grad import resolve
 from ..core.dtypes import as_data_type
 from ..core.errors import GraphError
 from ..core.tensor import Tensor, TensorDesc
+from ..core.types import UidPack
 from ..graph.builder import Graph
 from .optimizers import SGD
 from .step import train_step
@@ -80,16 +81,15 @@ class TrainingStep:
     seed: Tensor
     grads: GradGraph
 
-    def state(self, lr: float, momentum: float, device: Any = None) -> dict[int, Any]:
+    def state(self, lr: float, momentum: float, device: Any = None) -> UidPack:
         """Buffers for the optimizer state, keyed by UID: zero velocities, `lr`, `momentum` and the
         seed (ones). NumPy arrays when `device` is None, else torch tensors on `device`."""
         f = self.graph.final
-        out: dict[int, Any] = {}
-        for t in self.velocity.values():
-            out[t.uid] = _filled(f.tensors[t.uid], 0.0, device)
-        out[self.lr.uid] = _filled(f.tensors[self.lr.uid], lr, device)
-        out[self.momentum.uid] = _filled(f.tensors[self.momentum.uid], momentum, device)
-        out[self.seed.uid] = _filled(f.tensors[self.seed.uid], 1.0, device)
+        out: UidPack = {}
+        for t, value in ((*((v, 0.0) for v in self.velocity.values()), (self.lr, lr), (self.momentum, momentum),
+                          (self.seed, 1.0))):
+            uid = t.known_uid()
+            out[uid] = _filled(f.tensors[uid], value, device)
         return out
 
 
@@ -220,14 +220,14 @@ class ClassifierStep:
     step: Any
     onehot: Tensor
 
-    def pack(self, x: Any, onehot: Any, *, lr: float, momentum: float) -> dict[int, Any]:
+    def pack(self, x: Any, onehot: Any, *, lr: float, momentum: float) -> UidPack:
         """The step's variant pack with batch `x` and labels `onehot`, and `lr` and `momentum` written
         into its device scalars. The velocities are the step's (zeros at the first pack: a new
         optimizer), kept from execute to execute."""
         self.step.optimizer.set(lr=lr, momentum=momentum)
         return self.step.pack(x, target=onehot)
 
-    def finish(self, pack: dict[int, Any]) -> None:
+    def finish(self, pack: UidPack) -> None:
         """After an execute: the module's batchnorm running stats (and counters) from the pack."""
         self.imported.write_back(pack)
 

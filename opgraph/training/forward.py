@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.dtypes import DataType
-from ..core.errors import UnsupportedGraphError
+from ..core.errors import UnsupportedGraphError, expect
 from ..core.ir import Const, FinalGraph, Node
 from ..core.tensor import Tensor
 from ..graph.builder import Graph
 from ..ops.layout import Reshape, Slice, Transpose
 from ..ops.norm import Batchnorm, Layernorm, NormForwardPhase, Rmsnorm
-from ..ops.pointwise import PointwiseMode
+from ..ops.pointwise import Pointwise, PointwiseMode
 
 # autocast's lower-precision ops (scaled dot-product attention: the sdpa op, when translated)
 GEMM_KINDS = frozenset({"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "sdpa"})
@@ -81,7 +81,7 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
     module (parameters, buffers, constants), which do not make a pointwise op wide. `internal`: outputs
     of `final` that become virtual (the module's results, which a loss reads), typed like any
     intermediate (the graph does not validate until something reads them)."""
-    internal = set(internal)
+    internal_uids = set(internal)
     g = Graph(name or final.name, io_data_type=final.io_data_type, intermediate_data_type=final.intermediate_data_type,
               compute_data_type=final.compute_data_type)
     handles: dict[int, Tensor] = {}
@@ -118,10 +118,10 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
     bound = set(bound) | set(members)
     casts: dict[int, Tensor] = {}
 
-    def cast(uid: int) -> Tensor:
+    def cast(uid: int, to: DataType) -> Tensor:
         if uid not in casts:
-            c = g.identity(handle(uid), name=f"{final.tensors[uid].name or uid}.to_{low.short}")
-            casts[uid] = c.set_data_type(low).set_uid(new_uid())
+            c = g.identity(handle(uid), name=f"{final.tensors[uid].name or uid}.to_{to.short}")
+            casts[uid] = c.set_data_type(to).set_uid(new_uid())
         return casts[uid]
 
     for node in final.nodes:
@@ -131,31 +131,31 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
         for v in node.inputs:
             if v is None or isinstance(v, Const):
                 ins.append(None if v is None else v.value)
-            elif gemm and final.tensors[v].data_type.is_floating and types[v] is not low:
-                ins.append(cast(v))
+            elif low is not None and gemm and final.tensors[v].data_type.is_floating and types[v] is not low:
+                ins.append(cast(v, low))
             else:
                 ins.append(handle(v))
         outs = g._add_op(op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
         out_type = _out_type(node, final, types, bound, low) if low is not None else None
-        for role, t in zip(op.output_roles(), outs):
+        for role, out in zip(op.output_roles(), outs):
             typed = out_type if node.kind not in _Y_ONLY or role == "y" else None
-            if t is None:
+            if out is None:
                 continue
-            uid = node.output(role) if role in node.op.output_roles() else None
-            if uid is None:  # a stat the training form adds
-                t.set_uid(new_uid()).set_output(True).set_data_type(final.intermediate_data_type)
-                prepared.stats.append(t.uid)
+            out_uid = node.output(role) if role in node.op.output_roles() else None
+            if out_uid is None:  # a stat the training form adds
+                out.set_uid(new_uid()).set_output(True).set_data_type(final.intermediate_data_type)
+                prepared.stats.append(out.known_uid())
                 continue
-            d = final.tensors[uid]
-            virtual = d.is_virtual or uid in internal
+            d = final.tensors[out_uid]
+            virtual = d.is_virtual or out_uid in internal_uids
             dt = typed if typed is not None and d.data_type in (DataType.FLOAT, DataType.DOUBLE) \
                 and virtual else d.data_type
-            t.set_uid(uid).set_name(d.name).set_dim(d.dim).set_data_type(dt).set_is_virtual(virtual)
+            out.set_uid(out_uid).set_name(d.name).set_dim(d.dim).set_data_type(dt).set_is_virtual(virtual)
             if virtual and dt is d.data_type:
-                t.set_stride(d.stride)
+                out.set_stride(d.stride)
             elif not virtual:
-                t.set_output(True).set_stride(d.stride)
-            handles[uid], types[uid] = t, dt
+                out.set_output(True).set_stride(d.stride)
+            handles[out_uid], types[out_uid] = out, dt
     prepared.casts = len(casts)
     return prepared
 
@@ -181,8 +181,9 @@ def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: 
         kinds = {types[u] for u in ins}
         return low if kinds == {low} else None
     if node.kind in _Y_ONLY:
-        return low if types[node.input("input")] is low else None
-    if node.kind != "pointwise" or node.op.mode in _FP32_MODES or node.op.info.bool_out \
+        x = node.input("input")
+        return low if isinstance(x, int) and types[x] is low else None
+    if not isinstance(node.op, Pointwise) or node.op.mode in _FP32_MODES or node.op.info.bool_out \
             or node.op.mode is PointwiseMode.GEN_INDEX:
         return None
     acts = [u for u in ins if u not in bound and final.tensors[u].data_type.is_floating]
@@ -194,11 +195,11 @@ def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: 
 def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str, new_uid: Any) -> Tensor:
     """`base` through a chain of aten view ops, as layout ops (transpose, reshape, slice)."""
     t = base
-    shape = list(base.dim)
+    shape = list(base.known_dim())
 
     def add(op: Any) -> Tensor:
         (out,) = g._add_op(op, [t], name=f"{key}.view{new_uid()}")
-        return out.set_dim(tuple(shape))
+        return expect(out, f"the output of {op.kind}").set_dim(tuple(shape))
 
     for op, args in views:
         name = getattr(op, "__name__", str(op)).split(".")[0]
@@ -226,7 +227,7 @@ def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str
             bounds = [(0, s, 1) for s in shape]
             bounds[axis] = slice(start, stop, step).indices(shape[axis])
             shape[axis] = len(range(*bounds[axis]))
-            t = add(Slice(slices=tuple(tuple(b) for b in bounds)))
+            t = add(Slice(slices=tuple(bounds)))
         else:
             raise UnsupportedGraphError(f"parameter '{key}' is read through a {name} view", rule="training.tied_view",
                                         hint="read tied parameters through view/reshape, t/transpose/permute or "

@@ -41,8 +41,9 @@ from typing import Any
 
 from ..autodiff import grad
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, GraphError, VariantPackError
+from ..core.errors import AttributeValueError, GraphError, VariantPackError, expect
 from ..core.tensor import Tensor
+from ..core.types import Buffer, UidPack
 from ..graph.builder import Graph
 from ..ops.reduction import ReductionMode
 from .forward import TiedParam, prepare_forward
@@ -97,7 +98,7 @@ class TrainStep:
         self.scalars: dict[str, int] = {}  # device scalar inputs: hyper-parameters, counters, loss scale
         self.plan: Any = None
         self._device: Any = None
-        self._pack: dict[int, Any] | None = None
+        self._pack: UidPack | None = None
         self._state: dict[str, dict[str, Any]] = {}
         self._fingerprint: tuple = ()
         self._build(grad_data_type, name)
@@ -124,24 +125,24 @@ class TrainStep:
                                  rule="training.master_type", hint="train the fp32 module (model.float()) with "
                                  "mixed_precision, or a 16-bit module without it")
             if len(members) > 1:
-                tied.append(TiedParam(key, [(t.uid, s.views) for t, s in members], tuple(p.shape) or (1,),
+                tied.append(TiedParam(key, [(t.known_uid(), s.views) for t, s in members], tuple(p.shape) or (1,),
                                       tuple(p.stride()) or (1,), _og_type(p.dtype)))
-        bound = {t.uid for t, _ in imp.bound_inputs}
+        bound = {t.known_uid() for t, _ in imp.bound_inputs}
         outputs = imp.outputs
         if len(outputs) != 1:
             raise GraphError(f"train_step needs a module with one output (the one the loss reads); it has "
                              f"{len(outputs)}", rule="training.outputs",
                              hint="wrap the module so that it returns the logits (or prediction) alone")
-        out_uid = outputs[0].uid
+        out_uid = outputs[0].known_uid()
         prep = prepare_forward(fg, bound=bound, tied=tied, low=self.low, internal=[out_uid],
                                name=name or f"{fg.name}_train_step")
         g = prep.graph
         tied_keys = {t.key for t in tied}
         for key, members in groups.items():
             if key in tied_keys:
-                self.params.append(ParamSlot(key, prep.tied[key].uid, None))
-            elif fg.tensors[members[0][0].uid].data_type.is_floating:
-                self.params.append(ParamSlot(key, members[0][0].uid, members[0][1]))
+                self.params.append(ParamSlot(key, prep.tied[key].known_uid(), None))
+            elif fg.tensors[members[0][0].known_uid()].data_type.is_floating:
+                self.params.append(ParamSlot(key, members[0][0].known_uid(), members[0][1]))
         out = _by_uid(g)[out_uid]
         out_desc = replace(fg.tensors[out_uid], data_type=out.data_type, is_virtual=True)
         next_uid = max(max(fg.tensors), max(t._uid for t in g._tensors if t._uid is not None)) + 1
@@ -151,14 +152,14 @@ class TrainStep:
         wide = fg.intermediate_data_type
         loss = parts.loss.set_output(True).set_name("loss").set_data_type(wide)
         g.validate()
-        ld = g.final.tensors[loss.uid]
+        ld = g.final.tensors[loss.known_uid()]
         if ld.numel != 1 or not ld.data_type.is_floating:
             raise GraphError(f"the loss must be a 1-element floating tensor, got {ld.type_str()}", tensor=ld,
                              rule="training.loss", hint="reduce the loss to one value (a mean or a sum)")
-        self.loss_uid, self.target_uid, self.out_uid = loss.uid, target.uid, out_uid
-        saved = {k: v.uid for k, v in parts.saved.items()}
+        self.loss_uid, self.target_uid, self.out_uid = loss.known_uid(), target.known_uid(), out_uid
+        saved = {k: v.known_uid() for k, v in parts.saved.items()}
         analytic = type(self.loss_fn).gradient is not Loss.gradient
-        seeded = out_uid if analytic else loss.uid
+        seeded = out_uid if analytic else self.loss_uid
         n_forward = len(g._records)
         res = grad(g, [seeded], [p.uid for p in self.params], combined=True, intermediate_data_type=grad_data_type,
                    forward_types=self.low is not None, name=g.name)
@@ -178,19 +179,23 @@ class TrainStep:
         first = len(sg._records)
         if analytic:
             named = {k: handles[u] for k, u in saved.items()}
-            d_out = self.loss_fn.gradient(sg, handles[out_uid], handles[target.uid], named,
+            d_out = self.loss_fn.gradient(sg, handles[out_uid], handles[self.target_uid], named,
                                           1.0 if scale is None else scale, out_desc)
+            if d_out is None:
+                raise GraphError(f"{type(self.loss_fn).__name__}.gradient returned None", rule="training.loss_gradient",
+                                 hint="return d(loss)/d(out) times seed, or do not override gradient (then "
+                                      "opgraph.grad differentiates forward)")
             self._alias(seed, d_out)
         elif scale is not None:
             value = sg.identity(scale, name="loss_scale.seed").set_data_type(seed.data_type)
-            if tuple(seed.dim) != (1,):
-                value = sg.reshape(value, list(seed.dim), name="loss_scale.seed_dims")
+            if seed.known_dim() != (1,):
+                value = sg.reshape(value, list(seed.known_dim()), name="loss_scale.seed_dims")
             self._alias(seed, value)
         # the seed's ops between the forward and the backward (they come last in the list): ops are
         # scheduled lowest record first among the ready ones, so an op left behind them would wait
         order: dict[int, tuple] = {id(r): (n_forward, -1, i) for i, r in enumerate(sg._records[first:])}
         grads = {p.uid: res.grads[p.uid].set_output(False) for p in self.params}
-        skip = None
+        skip: Tensor | None = None
         if scale is not None:
             grads, skip = self._unscale(sg, grads, scale)
         global_deps = skip is not None or self.grad_clip_norm is not None
@@ -222,7 +227,7 @@ class TrainStep:
         index = {id(r): (i, 0) for i, r in enumerate(sg._records)}
         sg._records.sort(key=lambda r: order.get(id(r), index[id(r)]))
         sg._invalidate()
-        if scale is not None:
+        if scale is not None and skip is not None:  # (_unscale made skip with the scale)
             self._update_scale(sg, scale, skip)
         sg.validate()
 
@@ -235,14 +240,14 @@ class TrainStep:
 
     def _scalar(self, g: Graph, name: str, dt: DataType) -> Tensor:
         t = g.tensor(dim=[1], data_type=dt, name=name, uid=self._new_uid())
-        self.scalars[name] = t.uid
+        self.scalars[name] = t.known_uid()
         return t
 
     @staticmethod
     def _alias(seed: Tensor, value: Tensor) -> None:
         """Make `value` (an op output) the backward's incoming gradient `seed` (a forward reference)."""
         seed.set_is_virtual(True)
-        value.set_uid(seed.uid).set_data_type(seed.data_type).set_is_virtual(True).set_name(seed.name)
+        value.set_uid(seed.known_uid()).set_data_type(seed.data_type).set_is_virtual(True).set_name(seed.name)
 
     def _unscale(self, g: Graph, grads: dict[int, Tensor], scale: Tensor) -> tuple[dict[int, Tensor], Tensor]:
         """Gradients divided by the loss scale, and `skip`: whether any of them holds an inf or NaN
@@ -272,7 +277,7 @@ class TrainStep:
 
     def _update_scale(self, g: Graph, scale: Tensor, skip: Tensor) -> None:
         """GradScaler.update on the device: backoff on inf/NaN, growth after growth_interval clean steps."""
-        c = self.scaler
+        c = expect(self.scaler, "the loss scaler's settings")  # (loss scaling is on)
         tracker = self._scalar(g, "loss_scale.growth_tracker", DataType.FLOAT)
         next_count = g.add(tracker, 1.0, name="loss_scale.count")
         grow = g.cmp_ge(next_count, float(c["growth_interval"]), name="loss_scale.grow")
@@ -307,19 +312,19 @@ class TrainStep:
                 return x.device
         return next(iter(self.imported.module.parameters())).device
 
-    def pack(self, *inputs: Any, target: Any = None) -> dict[int, Any]:
+    def pack(self, *inputs: Any, target: Any = None) -> UidPack:
         """The step's variant pack with `inputs` and `target` copied into its input buffers: the
         module's parameters and buffers (views), the optimizer state, scalars and outputs. The same
         dict (and buffers) every call; parameters are re-bound when the module's tensors moved."""
         if target is None and len(inputs) == len(self.imported.inputs) + 1:
-            *inputs, target = inputs
+            inputs, target = inputs[:-1], inputs[-1]
         torch = _torch()
         device = self._device_of(inputs)
         if self._pack is None or self._device != device:
             self._make_pack(device)
         elif self._fingerprint != self._params_fingerprint():
             self._bind_module(self._pack, device)
-        pack = self._pack
+        pack = expect(self._pack, "the step's variant pack")  # (made or bound just above)
         handles = [h for h in self.imported._input_slots if h is not None]
         leaves = self.imported._flat_inputs(inputs)
         values = [v for h, v in zip(self.imported._input_slots, leaves) if h is not None]
@@ -347,7 +352,7 @@ class TrainStep:
     def _make_pack(self, device: Any) -> None:
         torch = _torch()
         final = self.graph.final
-        pack: dict[int, Any] = {}
+        pack: UidPack = {}
 
         def empty(uid: int) -> Any:
             d = final.tensors[uid]
@@ -378,7 +383,7 @@ class TrainStep:
                              rule="training.internal", hint="report this as a bug, with the module")
         self._pack, self._device = pack, device
 
-    def _bind_module(self, pack: dict[int, Any], device: Any) -> None:
+    def _bind_module(self, pack: UidPack, device: Any) -> None:
         """Parameters, buffers and constants (views of the module's tensors), and the optimizer state
         (zeros made once per parameter, laid out like it)."""
         torch = _torch()
@@ -440,7 +445,7 @@ class TrainStep:
             self.imported.write_back(pack)
         return CapturedStep(self, graph)
 
-    def _snapshot(self, pack: Mapping[int, Any]) -> list[tuple[Any, Any]]:
+    def _snapshot(self, pack: Mapping[int, Buffer]) -> list[tuple[Any, Any]]:
         final = self.graph.final
         written = {u for u in final.outputs if u in final.inputs}
         keep = [pack[u] for u in written]
@@ -498,7 +503,8 @@ class CapturedStep:
         self.graph = graph
 
     def replay(self, *inputs: Any, target: Any = None) -> Any:
-        pack = self.step.pack(*inputs, target=target) if inputs or target is not None else self.step._pack
+        pack = (self.step.pack(*inputs, target=target) if inputs or target is not None
+                else expect(self.step._pack, "the captured step's variant pack"))  # (capture made it)
         self.graph.replay()
         return pack[self.step.loss_uid].reshape(())
 

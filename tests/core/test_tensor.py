@@ -217,3 +217,27 @@ def test_bad_uids(uid):
         g.tensor(dim=[2], uid=uid, name="bad")
     assert "[rule tensor.uid]" in str(ei.value) and "'bad'" in str(ei.value)
     assert g.tensor(dim=[2], uid=np.int64(2**63 - 1)).uid == 2**63 - 1  # the largest int64 is fine
+
+
+def test_known_accessors_raise_until_the_value_is_set_or_inferred():
+    g = og.Graph(io_data_type=D.FLOAT)
+    x = g.tensor([2, 3], name="x")
+    y = g.relu(x, name="r")
+    y.set_output(True)
+    for read in (y.known_uid, y.known_dim, y.known_stride, y.known_data_type):
+        with pytest.raises(og.GraphError) as ei:
+            read()
+        assert ei.value.rule == "tensor.unknown" and "not known yet" in str(ei.value)
+    g.validate()
+    assert (y.known_uid(), y.known_dim(), y.known_stride(), y.known_data_type()) == (y.uid, (2, 3), (3, 1), D.FLOAT)
+    assert x.known_uid() == x.uid is not None
+
+
+def test_expect_names_the_broken_invariant():
+    from opgraph.core.errors import InternalError, expect
+
+    assert expect(0, "zero") == 0
+    with pytest.raises(InternalError) as ei:
+        expect(None, "the thing")
+    assert "the thing is missing" in str(ei.value) and ei.value.rule == "internal.invariant"
+    assert isinstance(ei.value, og.GraphError)

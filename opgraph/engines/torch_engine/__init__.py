@@ -32,6 +32,8 @@ from ...core.device import Device
 from ...core.dtypes import DataType
 from ...core.errors import ExecutionError
 from ...core.piece import Piece
+from ...core.types import Buffer, Stream
+from ...ops.custom import Custom
 from .. import register_engine
 from ..base import Engine, Kernel
 from . import attention, conv, custom, gather, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
@@ -52,7 +54,7 @@ def _torch_device(device: Device) -> Any:
 def host_ops(piece: Piece) -> list[str]:
     """Labels of the piece's ops that have no torch mapping (they run on the host)."""
     return [n.label() for n in piece.nodes
-            if n.kind not in IMPLS or (n.kind == "custom" and n.op.definition.torch is None)]
+            if n.kind not in IMPLS or (isinstance(n.op, Custom) and n.op.definition.torch is None)]
 
 
 def _tensor_core_ops(piece: Piece) -> bool:
@@ -115,14 +117,14 @@ class TorchKernel(Kernel):
             stream = torch.cuda.ExternalStream(stream, device=_torch_device(self.device))
         return torch.cuda.stream(stream)
 
-    def _load(self, uid: int, buffers: Mapping[int, Any], dev: Any) -> Any:
+    def _load(self, uid: int, buffers: Mapping[int, Buffer], dev: Any) -> Any:
         desc = self.piece.tensor(uid)
         t = as_torch(buffers[uid], desc, dev)
         if not desc.is_pass_by_value and tuple(t.shape) != desc.dim and t.numel() == 1:
             t = t.reshape(desc.dim)  # a 1-element buffer binds whatever its rank
         return t
 
-    def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
+    def run(self, buffers: Mapping[int, Buffer], stream: Stream = None, scratch: Buffer = None) -> None:
         tensors = self.piece.graph.tensors
         dev = _torch_device(self.device)
         with self._stream(stream), exact_math(self.device.is_cuda):
@@ -132,9 +134,9 @@ class TorchKernel(Kernel):
                     if uid not in values:  # a piece input (an in-place one too: read before written)
                         values[uid] = self._load(uid, buffers, dev)
                 results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
-                for uid, result in zip(node.outputs, results):
-                    if uid is not None and result is not None:
-                        values[uid] = finish(result, tensors[uid], node)
+                for out_uid, result in zip(node.outputs, results):
+                    if out_uid is not None and result is not None:
+                        values[out_uid] = finish(result, tensors[out_uid], node)
             self._write(buffers, values, dev)
 
     def _call(self, node: Any, impl: Any, call: Call) -> Any:
@@ -148,7 +150,7 @@ class TorchKernel(Kernel):
                 "and report the graph (opgraph JSON) so the torch mapping can be fixed",
             ) from err
 
-    def _write(self, buffers: Mapping[int, Any], values: Mapping[int, Any], dev: Any) -> None:
+    def _write(self, buffers: Mapping[int, Buffer], values: Mapping[int, Any], dev: Any) -> None:
         for uid in self.piece.outputs:
             dst = as_torch(buffers[uid], self.piece.tensor(uid), dev)
             src = values[uid]

@@ -19,7 +19,9 @@ import math
 from typing import Any
 
 from ...core.dtypes import DataType
+from ...core.errors import expect
 from ...ops import attention_ref as ref
+from ...ops.attention import SdpaBackward, _Attention
 from ...ops.pointwise import MODES, PointwiseMode
 from ...ops.score_mod import ScoreMod, Src
 from .common import Call, implements
@@ -100,9 +102,10 @@ def evaluate(mod: ScoreMod, score: Any, inputs: list[Any], grad: Any = None) -> 
         info = MODES[node.mode]
         ops = [value(r) for r in node.operands]
         if node.mode is PointwiseMode.GEN_INDEX:
+            axis = expect(node.axis, "GEN_INDEX's axis")
             shape = [1] * ops[0].dim()
-            shape[node.axis] = ops[0].shape[node.axis]
-            values.append(torch.arange(shape[node.axis], dtype=score.dtype, device=score.device).reshape(shape))
+            shape[axis] = ops[0].shape[axis]
+            values.append(torch.arange(shape[axis], dtype=score.dtype, device=score.device).reshape(shape))
             continue
         params = {p: (torch.tensor(d, dtype=score.dtype, device=score.device) if v is None else v)
                   for (p, d), v in zip(info.params, ops[info.arity:])}
@@ -114,7 +117,7 @@ def evaluate(mod: ScoreMod, score: Any, inputs: list[Any], grad: Any = None) -> 
 def _keep(call: Call, b: int, sq: int, skv: int, device: Any) -> Any:
     """Boolean [B, 1, Sq, Skv] of the built-in masks, or None."""
     torch = _torch()
-    op = call.node.op
+    op = call.node.op_as(_Attention)
     if not (op.use_padding_mask or op.use_causal_mask or op.use_causal_mask_bottom_right
             or op.sliding_window_length is not None):
         return None
@@ -138,7 +141,7 @@ def _keep(call: Call, b: int, sq: int, skv: int, device: Any) -> Any:
 
 def _compute_dtype(call: Call) -> Any:
     torch = _torch()
-    return torch.float64 if call.desc("q").data_type is DataType.DOUBLE else torch.float32
+    return torch.float64 if call.tensor_desc("q").data_type is DataType.DOUBLE else torch.float32
 
 
 def _inputs(call: Call, cd: Any) -> dict[str, Any]:
@@ -149,7 +152,7 @@ def _inputs(call: Call, cd: Any) -> dict[str, Any]:
 def _scores(call: Call, a: dict[str, Any], cd: Any) -> tuple[Any, Any, Any]:
     """(s1, s, keep): pre-modifier, modified and masked scores."""
     torch = _torch()
-    op = call.node.op
+    op = call.node.op_as(_Attention)
     q, k = a["q"], a["k"]
     b, hq, sq, _ = q.shape
     skv = k.shape[2]
@@ -171,7 +174,7 @@ def _scores(call: Call, a: dict[str, Any], cd: Any) -> tuple[Any, Any, Any]:
 
 def _dropout(call: Call, shape: tuple[int, ...], a: dict[str, Any], cd: Any) -> Any:
     torch = _torch()
-    op = call.node.op
+    op = call.node.op_as(_Attention)
     if op.dropout_probability is not None:
         p = op.dropout_probability
         seed = call.tensor("dropout_seed", torch.int64).reshape(())
@@ -202,8 +205,8 @@ def _softmax(s: Any) -> tuple[Any, Any]:
 
 def fast_path(call: Call) -> bool:
     """Whether F.scaled_dot_product_attention runs the node (see the module docstring)."""
-    op = call.node.op
-    q, k = call.desc("q"), call.desc("k")
+    op = call.node.op_as(_Attention)
+    q, k = call.tensor_desc("q"), call.tensor_desc("k")
     backward = call.node.kind == "sdpa_backward"
     return (op.score_mod is None and not op.use_padding_mask and op.sliding_window_length is None
             and op.dropout_probability is None and not call.has("dropout_mask")
@@ -214,7 +217,7 @@ def fast_path(call: Call) -> bool:
 def _fast_args(call: Call, dt: Any, t: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
     """F.scaled_dot_product_attention's arguments from the tensors `t` (q, k, v, bias in type dt)."""
     torch = _torch()
-    op = call.node.op
+    op = call.node.op_as(_Attention)
     q, k, v = t["q"], t["k"], t["v"]
     hq, sq, skv = q.shape[1], q.shape[2], k.shape[2]
     raw = call.raw("attn_scale")
@@ -222,7 +225,7 @@ def _fast_args(call: Call, dt: Any, t: dict[str, Any]) -> tuple[Any, Any, Any, d
     if isinstance(raw, (int, float)):
         kw["scale"] = float(raw)
     elif raw is not None:
-        q = q * call.scalar("attn_scale").to(dt)
+        q = q * call.scalar("attn_scale", 1.0).to(dt)  # (set: raw is not None)
     if k.shape[1] != v.shape[1]:
         k, v = _expand(k, hq), _expand(v, hq)
     elif k.shape[1] != hq:
@@ -251,7 +254,7 @@ def _fast_tensors(call: Call, dt: Any) -> dict[str, Any]:
 
 def _fast_dtype(call: Call) -> Any:
     torch = _torch()
-    dt = call.desc("q").data_type
+    dt = call.tensor_desc("q").data_type
     if dt is DataType.DOUBLE:
         return torch.float64
     if call.device.type == "cuda" and dt in (DataType.HALF, DataType.BFLOAT16):
@@ -296,9 +299,10 @@ def sdpa_backward(call: Call) -> list[Any]:
     if drop is not None:
         dp = dp * drop
     ds = p * (dp - (do * o).sum(dim=-1, keepdim=True))
-    op = call.node.op
+    op = call.node.op_as(SdpaBackward)
     if op.score_mod_grad is not None:
-        ds = evaluate(op.score_mod_grad, s1, [a[r] for r in op.score_mod.input_roles()], ds)
+        roles = expect(op.score_mod, "the score modifier of a score_mod_grad").input_roles()
+        ds = evaluate(op.score_mod_grad, s1, [a[r] for r in roles], ds)
     if keep is not None:
         ds = ds.masked_fill(~keep, 0.0)
     scale = call.scalar("attn_scale", 1.0).to(cd)

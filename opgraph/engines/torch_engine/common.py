@@ -12,12 +12,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from ...core.dtypes import DataType, as_data_type
-from ...core.errors import ExecutionError
+from ...core.errors import ExecutionError, expect
 from ...core.ir import Const, Node
 from ...core.tensor import TensorDesc
 
@@ -135,6 +135,10 @@ class Call:
         v = self._roles.get(role)
         return self.tensors[v] if isinstance(v, int) else None
 
+    def tensor_desc(self, role: str) -> TensorDesc:
+        """`desc(role)` of an input the op's checks made a tensor."""
+        return expect(self.desc(role), f"the tensor of {self.node.label()}'s input '{role}'")
+
     def raw(self, role: str) -> Any:
         """The input as stored: a torch tensor of its declared type, a Python number or None."""
         v = self._roles.get(role)
@@ -161,6 +165,11 @@ class Call:
             return None
         t = self.tensor(role)
         return t.reshape(()) if t.numel() == 1 else t
+
+    @overload
+    def scalar(self, role: str, default: float) -> torch.Tensor: ...
+    @overload
+    def scalar(self, role: str, default: None = None) -> torch.Tensor | None: ...
 
     def scalar(self, role: str, default: float | None = None) -> torch.Tensor | None:
         """A scalar input (epsilon, momentum, a clip) as a 0-d tensor in the compute type, read on

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ops.conv import ConvolutionMode
+from ...ops.conv import ConvolutionMode, _Conv
 from . import gemm
 from .common import Call, implements
 
@@ -27,7 +27,7 @@ def _operands(call: Call, first: str, second: str, out_role: str):
 
 
 def _geometry(call: Call, nsp: int):
-    return call.node.op.geometry(nsp)
+    return call.node.op_as(_Conv).geometry(nsp)
 
 
 def _flip(w: Any) -> Any:
@@ -69,7 +69,7 @@ def conv_fprop(call: Call) -> list[Any]:
     x, w, tf32 = _operands(call, "image", "weight", "Y")
     nsp = x.dim() - 2
     geo = _geometry(call, nsp)
-    if call.node.op.convolution_mode is ConvolutionMode.CONVOLUTION:
+    if call.node.op_as(_Conv).convolution_mode is ConvolutionMode.CONVOLUTION:
         w = _flip(w)
     x, padding = _padded(x, geo)
     groups = x.shape[1] // w.shape[1]
@@ -84,7 +84,7 @@ def conv_dgrad(call: Call) -> list[Any]:
     assert out is not None
     nsp = dy.dim() - 2
     geo = _geometry(call, nsp)
-    if call.node.op.convolution_mode is ConvolutionMode.CONVOLUTION:
+    if call.node.op_as(_Conv).convolution_mode is ConvolutionMode.CONVOLUTION:
         w = _flip(w)
     groups = out.dim[1] // w.shape[1]
     data_grad, _ = _grad_fns(nsp)
@@ -95,8 +95,8 @@ def conv_dgrad(call: Call) -> list[Any]:
     padded = [*out.dim[:2], *(x + p0 + p1 for x, p0, p1 in zip(out.dim[2:], geo.pre, geo.post))]
     with gemm.math_mode(call, tf32):
         dxp = data_grad(padded, w, dy, geo.stride, (0,) * nsp, geo.dilation, groups)
-    crop = tuple(slice(p0, p0 + x) for p0, x in zip(geo.pre, out.dim[2:]))
-    return [dxp[(slice(None), slice(None), *crop)]]
+    crop = (slice(None), slice(None), *(slice(p0, p0 + x) for p0, x in zip(geo.pre, out.dim[2:])))
+    return [dxp[crop]]
 
 
 @implements("conv_wgrad")
@@ -111,4 +111,4 @@ def conv_wgrad(call: Call) -> list[Any]:
     _, weight_grad = _grad_fns(nsp)
     with gemm.math_mode(call, tf32):
         dw = weight_grad(x, out.dim, dy, geo.stride, padding, geo.dilation, groups)
-    return [_flip(dw) if call.node.op.convolution_mode is ConvolutionMode.CONVOLUTION else dw]
+    return [_flip(dw) if call.node.op_as(_Conv).convolution_mode is ConvolutionMode.CONVOLUTION else dw]

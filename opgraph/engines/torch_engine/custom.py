@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...ops.custom import Custom
 from .common import Call, implements
 from .host import run_on_host
 
 
 @implements("custom")
 def custom(call: Call) -> list[Any]:
-    op = call.node.op
+    op = call.node.op_as(Custom)
     fn = op.definition.torch
     if fn is None:
         return run_on_host(call)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.dtypes import DataType
+from ...core.errors import expect
+from ...ops.gather import EmbeddingBackward
 from .common import Call, implements
 
 
@@ -30,9 +32,9 @@ def embedding(call: Call) -> list[Any]:
 def embedding_backward(call: Call) -> list[Any]:
     import torch
 
-    op = call.node.op
+    op = call.node.op_as(EmbeddingBackward)
     g = call.raw("grad")
-    wide = DataType.DOUBLE in (call.desc("grad").data_type, call.out("dweight").data_type)
+    wide = DataType.DOUBLE in (call.tensor_desc("grad").data_type, expect(call.out("dweight"), "dweight").data_type)
     acc = torch.float64 if wide else torch.float32
     rows, valid = _rows(call, op.num_weights)
     if op.padding_idx >= 0:

@@ -60,7 +60,7 @@ def _tf32() -> Iterator[None]:
     except RuntimeError:  # inconsistent legacy/new TF32 flags of the caller: leave them, stay exact
         yield
         return
-    conv = getattr(torch.backends.cudnn, "conv", None)
+    conv: Any = getattr(torch.backends.cudnn, "conv", None)  # (torch >= 2.9's per-backend TF32 flags)
     new_api = conv is not None and hasattr(conv, "fp32_precision")
     old_conv = conv.fp32_precision if new_api else torch.backends.cudnn.allow_tf32
     matmul = torch.backends.cuda.matmul

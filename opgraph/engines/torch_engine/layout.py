@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
+from ...ops.layout import Concatenate, Slice, Transpose
 from .common import Call, implements
 
 
@@ -20,13 +21,13 @@ def reshape(call: Call) -> list[Any]:
 
 @implements("transpose")
 def transpose(call: Call) -> list[Any]:
-    return [call.raw("input").permute(*call.node.op.permutation)]
+    return [call.raw("input").permute(*call.node.op_as(Transpose).permutation)]
 
 
 @implements("slice")
 def slice_(call: Call) -> list[Any]:
     x = call.raw("input")
-    bounds = call.node.op.bounds(None, tuple(x.shape))
+    bounds = call.node.op_as(Slice).bounds(None, tuple(x.shape))
     return [x[tuple(builtins.slice(*b) for b in bounds)]]
 
 
@@ -35,4 +36,4 @@ def concatenate(call: Call) -> list[Any]:
     import torch
 
     xs = [call.raw(r) for r in call.node.op.input_roles()]
-    return [torch.cat(xs, dim=call.node.op.axis % xs[0].dim())]
+    return [torch.cat(xs, dim=call.node.op_as(Concatenate).axis % xs[0].dim())]

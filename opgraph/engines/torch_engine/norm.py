@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...core.errors import expect
 from .common import Call, implements
 
 
@@ -87,7 +88,7 @@ def batchnorm(call: Call) -> list[Any]:
     y = _normalize(x, mean, inv, call.tensor("scale"), call.tensor("bias"))
     next_mean = next_var = None
     if call.has("momentum") and (call.wants("next_running_mean") or call.wants("next_running_var")):
-        m = call.scalar("momentum")
+        m = expect(call.scalar("momentum"), "batchnorm's momentum")  # (has it)
         n = x.numel() // x.shape[1]
         next_mean = (1.0 - m) * call.tensor("in_running_mean") + m * mean
         next_var = (1.0 - m) * call.tensor("in_running_var") + m * var * (n / (n - 1))

@@ -10,7 +10,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ...ops.pointwise import MODES, PointwiseMode
+from ...core.errors import expect
+from ...ops.pointwise import MODES, Pointwise, PointwiseMode
 from .common import Call, implements
 
 M = PointwiseMode
@@ -123,14 +124,15 @@ def formula(mode: PointwiseMode) -> Callable[..., Any]:
 
 @implements("pointwise")
 def pointwise(call: Call) -> list[Any]:
-    op = call.node.op
+    op = call.node.op_as(Pointwise)
     out = call.out("output")
     assert out is not None
     torch = _torch()
     if op.mode is PointwiseMode.GEN_INDEX:
+        axis = expect(op.axis, "GEN_INDEX's axis")
         shape = [1] * len(out.dim)
-        shape[op.axis] = out.dim[op.axis]
-        return [torch.arange(out.dim[op.axis], dtype=call.compute, device=call.device).reshape(shape)]
+        shape[axis] = out.dim[axis]
+        return [torch.arange(out.dim[axis], dtype=call.compute, device=call.device).reshape(shape)]
     info = MODES[op.mode]
     roles = op.input_roles()
     operands = [call.operand(r) for r in roles[: info.arity]]

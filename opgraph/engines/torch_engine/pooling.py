@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...ops.pooling import ResampleMode
+from ...ops.pooling import Resample, ResampleMode
 from .common import Call, implements
 
 
@@ -38,7 +38,7 @@ def resample(call: Call) -> list[Any]:
     import torch
     import torch.nn.functional as F
 
-    op = call.node.op
+    op = call.node.op_as(Resample)
     x = call.tensor("input")
     nsp = x.dim() - 2
     geo = op.geometry(None, tuple(x.shape))
@@ -49,12 +49,12 @@ def resample(call: Call) -> list[Any]:
         if not call.wants("index"):
             return [pool(xp, geo.window, geo.stride), None]
         return [pool(xp, geo.window, geo.stride), _window_index(xp, geo)]
-    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
+    avg_pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
     xp = F.pad(x, spec) if any(spec) else x
-    y = pool(xp, geo.window, geo.stride)
+    y = avg_pool(xp, geo.window, geo.stride)
     if op.mode is ResampleMode.AVG_EXCLUDE_PADDING and any(spec):
         ones = torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device)
         # the fraction of each window that is real data (exact: counts / prod(window))
-        real = pool(F.pad(ones, spec), geo.window, geo.stride)
+        real = avg_pool(F.pad(ones, spec), geo.window, geo.stride)
         y = y / real
     return [y, None]

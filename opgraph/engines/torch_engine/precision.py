@@ -59,13 +59,18 @@ def _pin_reductions(torch: Any, undo: Undo) -> None:
     mm = torch.backends.cuda.matmul
     for kind in ("fp16", "bf16"):
         name = f"allow_{kind}_reduced_precision_reduction"
+        old: Any  # (flag, split-K flag), or the flag alone on a torch without the split-K one
         try:
             old = (getattr(mm, name), getattr(mm, f"{name}_split_k"))
         except AttributeError:  # torch without the split-K flag
             old = getattr(mm, name)
         split_k = old[1] if isinstance(old, tuple) else True
         setattr(mm, name, (False, split_k) if isinstance(old, tuple) else False)
-        undo.append(lambda name=name, old=old: setattr(mm, name, old))
+
+        def restore(name: str = name, old: Any = old) -> None:
+            setattr(mm, name, old)
+
+        undo.append(restore)
     try:
         _pin_attr(mm, "allow_fp16_accumulation", False, undo)
     except (AttributeError, RuntimeError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ops.reduction import ReductionMode, reduced_axes
+from ...ops.reduction import Reduction, ReductionMode, reduced_axes
 from .common import Call, implements
 
 R = ReductionMode
@@ -49,7 +49,7 @@ def reduction(call: Call) -> list[Any]:
     x = call.tensor("input")
     out = call.out("output")
     assert out is not None
-    mode = call.node.op.mode
+    mode = call.node.op_as(Reduction).mode
     axes = reduced_axes(tuple(x.shape), out.dim)
     if axes and mode not in (R.MUL, R.MUL_NO_ZEROS):
         return [_reduce(mode, x, axes)]
