@@ -33,7 +33,7 @@ from .core.version import __version__
 from .graph.builder import Graph
 from .ops.conv import ConvolutionMode
 from .ops.custom import register_custom_op
-from .ops.norm import NormForwardPhase
+from .ops.norm_common import NormForwardPhase
 from .ops.pointwise import PointwiseMode
 from .ops.pooling import ResampleMode
 from .ops.reduction import ReductionMode

@@ -22,7 +22,8 @@ from typing import Literal, overload
 
 from ..core.op import Op
 from ..core.tensor import Tensor
-from ..ops.norm import BatchnormBackward, InstancenormBackward, LayernormBackward, RmsnormBackward
+from ..ops.layernorm import LayernormBackward, RmsnormBackward
+from ..ops.norm import BatchnormBackward, InstancenormBackward
 from ..ops.pointwise import PointwiseMode as M
 from ..ops.reduction import ReductionMode
 from .rules import RuleContext, Value, register_rule

@@ -24,19 +24,10 @@ from ..cudnn.candidates import Planner
 from ..cudnn.handles import Handle
 from ..graph.builder import Graph
 from ..ops.conv import ConvDgrad, ConvFprop, ConvWgrad
+from ..ops.layernorm import Layernorm, LayernormBackward, Rmsnorm, RmsnormBackward
 from ..ops.matmul import Matmul
-from ..ops.norm import (
-    Batchnorm,
-    BatchnormBackward,
-    BatchnormInference,
-    Instancenorm,
-    InstancenormBackward,
-    Layernorm,
-    LayernormBackward,
-    NormForwardPhase,
-    Rmsnorm,
-    RmsnormBackward,
-)
+from ..ops.norm import Batchnorm, BatchnormBackward, BatchnormInference, Instancenorm, InstancenormBackward
+from ..ops.norm_common import NormForwardPhase
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.pooling import Resample
 from ..ops.reduction import GenStats, Reduction

@@ -16,7 +16,7 @@ from typing import Any
 from ..core.config import BehaviorNote, HeurMode, NumericalNote
 from ..core.dtypes import DataType
 from ..ops.conv import ConvolutionMode
-from ..ops.norm import NormForwardPhase
+from ..ops.norm_common import NormForwardPhase
 from ..ops.pointwise import PointwiseMode
 from ..ops.pooling import ResampleMode
 from ..ops.reduction import ReductionMode

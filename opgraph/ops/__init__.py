@@ -1,4 +1,17 @@
 """Op families, one module each. Importing this package registers every op kind and builder."""
 
 from ..core.op import BUILDERS, OPS, Op, graph_method, register_op  # noqa: F401
-from . import attention, conv, custom, gather, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401
+from . import (  # noqa: F401
+    attention,
+    conv,
+    custom,
+    gather,
+    layernorm,
+    layout,
+    matmul,
+    norm,
+    pointwise,
+    pointwise_builders,
+    pooling,
+    reduction,
+)

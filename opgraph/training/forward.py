@@ -39,8 +39,10 @@ from ..core.errors import UnsupportedGraphError, expect
 from ..core.ir import Const, FinalGraph, Node
 from ..core.tensor import Tensor
 from ..graph.builder import Graph
+from ..ops.layernorm import Layernorm, Rmsnorm
 from ..ops.layout import Reshape, Slice, Transpose
-from ..ops.norm import Batchnorm, Layernorm, NormForwardPhase, Rmsnorm
+from ..ops.norm import Batchnorm
+from ..ops.norm_common import NormForwardPhase
 from ..ops.pointwise import Pointwise, PointwiseMode
 
 # autocast's lower-precision ops (scaled dot-product attention: the sdpa op, when translated)
