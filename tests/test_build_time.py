@@ -32,10 +32,12 @@ def _build_seconds(n: int, **kw) -> float:
 
 
 def test_a_2000_op_chain_builds_in_seconds_on_the_cpu(rng):
-    small, big = _build_seconds(250, device="cpu"), _build_seconds(2000, device="cpu")
+    # the best of a few builds each: CPU time of a loaded machine is noisy at these sizes
+    small = min(_build_seconds(250, device="cpu") for _ in range(3))
+    big = min(_build_seconds(2000, device="cpu") for _ in range(2))
     assert big < 3.0, f"building 2,000 ops took {big:.1f} s of CPU"
     # 8x the ops: near-linear is ~8x the time (quadratic would be ~64x); generous for noise
-    assert big < 24 * max(small, 0.01), f"250 ops: {small:.3f} s, 2,000 ops: {big:.3f} s"
+    assert big < 24 * max(small, 0.02), f"250 ops: {small:.3f} s, 2,000 ops: {big:.3f} s"
     g = _chain(2000)
     plan = g.build(device="cpu")
     x = rng.uniform(-2, 2, size=(4, 4)).astype(np.float32)

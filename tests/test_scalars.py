@@ -9,16 +9,19 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.runtime.bindings import FastBinder, bind
+from types import SimpleNamespace
+
+from opgraph.runtime.bindings import PackBinder, bind
 from opgraph.core.device import Device
+from opgraph.core.tensor import packed_strides
 from opgraph.testing import poison, random_values
 
 D = og.DataType
-CUDA = Device("cuda", 0, "fake", (9, 0), 132)  # FastBinder needs no GPU to be built
+CUDA = Device("cuda", 0, "fake", (9, 0), 132)  # PackBinder needs no GPU to be built
 
 
 class FakeCudaTensor:
-    """What FastBinder reads of a torch CUDA tensor, without a GPU."""
+    """What PackBinder's fast path reads of a torch CUDA tensor, without a GPU."""
 
     def __init__(self, dim, dtype, ptr):
         import torch
@@ -26,8 +29,8 @@ class FakeCudaTensor:
         self.shape = torch.Size(dim)
         self.dtype = dtype
         self.is_cuda = True
-        self.device = torch.device("cpu")
-        self._stride = tuple(int(s) for s in og.tensor.packed_strides(dim))
+        self.device = SimpleNamespace(index=0)
+        self._stride = tuple(int(s) for s in packed_strides(dim))
         self._ptr = ptr
 
     def stride(self):
@@ -49,19 +52,19 @@ def test_fast_binder_rounds_pass_by_value_scalars_as_the_full_binder_does():
     torch = pytest.importorskip("torch")
     g, x, s, y = _scaled()
     final = g.final
-    fast = FastBinder(final, CUDA)
+    fast = PackBinder(final, CUDA)
     fast.tensor_type = FakeCudaTensor
-    fast.device_index = None  # the fake's device.index
     pack = {x: FakeCudaTensor([4], torch.float32, 4096), y: FakeCudaTensor([4], torch.float32, 8192), s: 0.1}
-    fast.learn(pack)
-    got = fast.bind(pack)
-    assert got is not None, "the fast path declined a plain pack"
+    fast._learn(pack)  # the keys, as a first (full) bind of this pack would have learnt them
+    assert fast._fast(pack) is not None, "the fast path declined a plain pack"
+    fast.bind(pack)
     full = bind(final, Device("cpu"), {x: np.ones(4, np.float32), y: np.zeros(4, np.float32), s: 0.1})
     want = float(np.float32(0.1))
     assert full[s.uid] == want
+    got = fast.values
     assert got[s.uid] == want, f"fast binder passed {got[s.uid]!r}, the full binder {full[s.uid]!r}"
-    again = fast.bind(pack)  # the same dict again: the cached answer
-    assert again[s.uid] == want
+    fast.bind(pack)  # the same dict again: the cached answer
+    assert fast.values[s.uid] == want
 
 
 def test_fast_binder_checks_run_time_scalars():
@@ -72,14 +75,14 @@ def test_fast_binder_checks_run_time_scalars():
     y, *_ = g.layernorm("INFERENCE", x, g.tensor(dim=[1, 3, 4], name="scale"), epsilon=eps)
     y.set_output(True).set_name("y")
     final = g.final
-    fast = FastBinder(final, CUDA)
+    fast = PackBinder(final, CUDA)
     fast.tensor_type = FakeCudaTensor
-    fast.device_index = None
     pack = {u: FakeCudaTensor(final.tensors[u].dim, torch.float32, 4096 * (i + 1))
             for i, u in enumerate((*final.inputs, *final.outputs)) if not final.tensors[u].is_pass_by_value}
     pack[eps.uid] = 1e-5
-    fast.learn(pack)
-    assert fast.bind(pack) is not None
+    fast._learn(pack)
+    assert fast._fast(pack) is not None
+    fast.bind(pack)
     pack[eps.uid] = -1e-5
     with pytest.raises(og.VariantPackError, match="epsilon") as info:
         fast.bind(pack)
