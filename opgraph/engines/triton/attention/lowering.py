@@ -462,7 +462,8 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         if f.epilogue:
             kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True)
     else:
-        grads = {r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}")) for r in ("dQ", "dK", "dV")}
+        grads = {r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"))
+                 for r in ("dQ", "dK", "dV")}
         kw.update(o=operand(piece, uid["o"]), stats=operand(piece, uid["stats"]), do=operand(piece, uid["dO"]),
                   **grads)
         db = node.output("dBias")
