@@ -23,12 +23,13 @@ demo: $(VENV)/.installed
 test: lint
 	$(PY) -m pytest -n 2 -q
 
-# ruff (pyflakes, import order, bugbear, pyupgrade) and the layering test over the package
+# ruff (pyflakes, import order, bugbear, pyupgrade), mypy and the layering test over the package
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check opgraph
+	$(PY) -m mypy opgraph
 	$(PY) -m pytest -q tests/test_layers.py
 
-# mypy over the package (config: [tool.mypy] in pyproject.toml); joins `lint` once it is clean
+# mypy alone over the package (config: [tool.mypy] in pyproject.toml); `lint` runs it too
 typecheck: $(VENV)/.installed
 	$(PY) -m mypy opgraph
 

@@ -118,6 +118,7 @@ def test_flipped_engine_name(engine, rng):
 
 @pytest.mark.parametrize("path,value", [
     (("steps", 0, "alternatives"), 5), (("steps", 0, "alternatives"), [7]), (("cuts",), 3), (("cuts",), [[1]]),
+    (("cuts",), [{"before": 1, "node": 0, "reasons": [["torch"]]}]),
     (("steps", 0, "nodes"), [0, 0]), (("steps", 0, "nodes"), [99]), (("steps", 0, "nodes"), "0"),
     (("steps", 0, "config", "numerical_notes"), ["TF64"]), (("steps", 0, "config", "knobs"), {"a": 1}),
     (("steps", 0, "config", "measured_us"), "fast"), (("steps",), []), (("device", "index"), "0"),

@@ -89,10 +89,10 @@ def partition(
                 grown = grow(pieces[-1], node)
                 fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
                 if fit is not None and fit == owner and owner > 0 and not engines[owner].fuses_neighbours:
-                    alone, _ = best(make_piece(graph, len(groups), [node]), owner)
-                    if alone is not None:
+                    preferred, _ = best(make_piece(graph, len(groups), [node]), owner)
+                    if preferred is not None:
                         verdicts = [(engines[owner].name,
-                                     Support.no(f"this op runs on the preferred engine '{engines[alone].name}'"))]
+                                     Support.no(f"this op runs on the preferred engine '{engines[preferred].name}'"))]
                         fit = None
                 if fit is not None or owner is None:
                     groups[-1].append(node)

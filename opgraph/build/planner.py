@@ -132,7 +132,7 @@ def plan_steps(
     for cut in cuts:
         log.info("  not fused before %s: %s", cut.node.label(), "; ".join(f"{e}: {w}" for e, w in cut.reasons))
     cache = TuningCache() if autotune else None
-    steps = []
+    steps: list[Step] = []
     for piece in pieces:
         ranked = rank_configs(piece, usable, dev, modes)
         configs, dropped = filters.keep(ranked.configs)
@@ -146,7 +146,7 @@ def plan_steps(
                      "engine and workspace filters" if dropped else
                      "add HeurMode.FALLBACK to heur_mode, or allow more engines",
             )
-        if autotune:
+        if cache is not None:  # autotune
             candidates, _ = filters.keep(rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs)
             config, kernel, others, _ = tune(piece, candidates, dev, [e.name for e in usable], cache, filters)
             steps.append(Step(len(steps), piece, config, kernel, others))

@@ -51,10 +51,10 @@ def random_values(desc: TensorDesc, rng: np.random.Generator, *, low: float = -2
         arr[...] = np.where(vals == 0, 1, vals)
     else:
         if integers:
-            vals = rng.integers(int(low), int(high) + 1, size=desc.dim).astype(np.float64)
-            vals[vals == 0] = 1.0
+            fvals = rng.integers(int(low), int(high) + 1, size=desc.dim).astype(np.float64)
+            fvals[fvals == 0] = 1.0
         else:
-            vals = rng.uniform(low, high, size=desc.dim)
-            vals = np.where(np.abs(vals) < 1e-3, 0.5, vals)
-        arr[...] = vals.astype(dt.numpy)
+            fvals = rng.uniform(low, high, size=desc.dim)
+            fvals = np.where(np.abs(fvals) < 1e-3, 0.5, fvals)
+        arr[...] = fvals.astype(dt.numpy)
     return arr

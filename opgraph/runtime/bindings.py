@@ -87,7 +87,7 @@ def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
     try:
         f = float(v)
     except OverflowError:
-        f = math.inf if v > 0 else -math.inf
+        f = -math.inf if v < 0 else math.inf  # (numbers.Real declares only < and <=)
     return round_to(np.asarray(f), dt).item()
 
 
@@ -229,7 +229,9 @@ def _overlapping_output(graph: FinalGraph, infos: Mapping[int, BufferInfo], inpl
 def arrays_overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two arrays share an element (True when NumPy cannot decide within its budget)."""
     try:
-        return bool(np.shares_memory(a, b, max_work=10**6))
+        # NumPy 2's stubs allow only -1 and 0 here (older ones: any int); the function takes any positive
+        # budget (its docs), so the ignore is for the stubs of some NumPy versions only
+        return bool(np.shares_memory(a, b, max_work=10**6))  # type: ignore[arg-type, unused-ignore]
     except np.exceptions.TooHardError:
         return True
 

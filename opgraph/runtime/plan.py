@@ -5,6 +5,7 @@ moved and launch."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -117,8 +118,12 @@ class ExecutionPlan:
 
         if not self.device.is_cuda:
             bound = self._prepare(variant_pack, None)
+
+            def run_step(i: int) -> None:
+                _run_calls(bound.step_calls(i))
+
             return [(f"step {s.index} ({s.config.engine})", 1,
-                     time_call(lambda i=i: _run_calls(bound.step_calls(i)), cuda=False, warmup=1, repeat=3))
+                     time_call(functools.partial(run_step, i), cuda=False, warmup=1, repeat=3))
                     for i, s in enumerate(self.steps)]
         import torch
         from torch.profiler import ProfilerActivity, profile

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from ..build.autotune import environment
 from ..build.partition import Cut
@@ -38,6 +39,7 @@ PLAN_VERSION = 2
 READS = (1, 2)
 MAGIC_1 = b"OPGRAPH-PLAN 1\n"
 MAGIC = b"OPGRAPH-PLAN 2 "  # then the body's SHA-256 in hex and a newline
+NoteT = TypeVar("NoteT", bound=Enum)
 
 
 def _config_doc(c: EngineConfig) -> dict[str, Any]:
@@ -109,15 +111,19 @@ def _config(doc: Any, where: str) -> EngineConfig:
         _expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)), where,
                 f"{key} must be a number")
         times[key] = value
-    notes = {}
-    for key, enum in (("numerical_notes", NumericalNote), ("behavior_notes", BehaviorNote)):
-        names = doc.get(key, [])
-        _expect(isinstance(names, list) and all(isinstance(n, str) and n in enum.__members__ for n in names),
-                where, f"{key} must list {enum.__name__} names")
-        notes[key] = frozenset(enum[n] for n in names)
+    numerical = _notes(doc, "numerical_notes", NumericalNote, where)
+    behavior = _notes(doc, "behavior_notes", BehaviorNote, where)
     why = doc.get("why", "")
     _expect(isinstance(why, str), where, "why must be a string")
-    return EngineConfig(engine, tuple((k, v) for k, v in knobs), why=why, **notes, **times)
+    return EngineConfig(engine, tuple((k, v) for k, v in knobs), why=why, numerical_notes=numerical,
+                        behavior_notes=behavior, **times)
+
+
+def _notes(doc: Any, key: str, enum: type[NoteT], where: str) -> frozenset[NoteT]:
+    names = doc.get(key, [])
+    _expect(isinstance(names, list) and all(isinstance(n, str) and n in enum.__members__ for n in names),
+            where, f"{key} must list {enum.__name__} names")
+    return frozenset(enum[n] for n in names)
 
 
 def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
@@ -229,14 +235,14 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
         raise SerializationError(f"the plan's graph is invalid: {err}", rule="plan.graph") from None
     nodes = graph.nodes
     steps_doc = doc.get("steps")
-    _expect(isinstance(steps_doc, list) and steps_doc, "steps", "expected a non-empty list")
+    _expect(isinstance(steps_doc, list) and bool(steps_doc), "steps", "expected a non-empty list")
     seen: list[int] = []
     steps = []
     for i, sd in enumerate(steps_doc):
         where = f"steps[{i}]"
         _expect(isinstance(sd, dict), where, "expected an object")
         idx = sd.get("nodes")
-        _expect(isinstance(idx, list) and idx and all(type(j) is int and 0 <= j < len(nodes) for j in idx),
+        _expect(isinstance(idx, list) and bool(idx) and all(type(j) is int and 0 <= j < len(nodes) for j in idx),
                 where, "nodes must be indices of the graph's ops")
         seen += idx
         piece = make_piece(graph, i, [nodes[j] for j in idx])
@@ -264,8 +270,8 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     for c in cuts_doc:
         _expect(isinstance(c, dict) and type(c.get("node")) is int and 0 <= c["node"] < len(nodes)
                 and type(c.get("before")) is int and isinstance(c.get("reasons", []), list)
-                and all(isinstance(r, list) for r in c.get("reasons", [])), "cuts", "bad entry")
-        cuts.append(Cut(c["before"], nodes[c["node"]], tuple(tuple(map(str, r))[:2] for r in c.get("reasons", []))))
+                and all(isinstance(r, list) and len(r) == 2 for r in c.get("reasons", [])), "cuts", "bad entry")
+        cuts.append(Cut(c["before"], nodes[c["node"]], tuple((str(e), str(why)) for e, why in c.get("reasons", []))))
     try:
         compiled, stats = compile_steps(steps, dev, "parallel")
     except GraphError as err:

@@ -36,8 +36,8 @@ TEMPLATES: list[Template] = discover()
 TEMPLATE_BY_NAME: dict[str, Template] = {t.name: t for t in TEMPLATES}
 
 
-def _estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float:
-    """The template's own estimate of a config, else the generic bytes-and-math one."""
+def _estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+    """The template's own estimate of a config, else the generic bytes-and-math one (None off CUDA)."""
     own = template.estimate(piece, knobs, device)
     if own is not None:
         return own

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from ...core.dtypes import DataType
+from ...core.errors import InternalError
 from ...core.ir import Const, Node
 from ...core.piece import Piece
 from ...core.tensor import TensorDesc
@@ -299,7 +300,12 @@ class Emitter:
 
     def _emit_custom(self, node: Node, op: Custom) -> None:
         """A fused custom op: its Triton function called on compute-type values (see fused_custom)."""
-        args = [self.operand(v) for v in node.inputs] + [f"{k}={literal(v)}" for k, v in op.params]
+        args = [self.operand(v) for v in node.inputs]
+        for k, v in op.params:
+            if isinstance(v, str):  # fused_custom admits numeric parameters only
+                raise InternalError(f"fused custom op parameter {k!r} is a string", op=node.label(),
+                                    rule="internal.invariant", hint="this is an opgraph bug: please report it")
+            args.append(f"{k}={literal(v)}")
         out = node.outputs[0]
         assert out is not None
         self.assign(out, f"({CUSTOM_PREFIX}{op.op_name}({', '.join(args)})).to({self.compute})")

@@ -64,7 +64,7 @@ def _install() -> None:
                 fn._og_owner = self  # keeps id(self) from being reused while cached
             return fn(*args, **kwargs)
 
-        JITFunction.__call__ = __call__  # type: ignore[method-assign]
+        JITFunction.__call__ = __call__
         _INSTALLED = True
 
 

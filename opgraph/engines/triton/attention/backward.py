@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from ....core.errors import expect
 from .common import (
     LOG2E,
     UNIFORM_HELPER,
@@ -251,6 +252,7 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
                dmask: str | None, dvmask: str | None, key_ok: str | None,
                db: tuple[Operand, str] | None, tma: bool) -> list[str]:
     dt = dot_dtype(spec)
+    do = expect(spec.do, "the backward attention spec's dO operand")
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     ragged_rows = masked and spec.Sq % kn.BLOCK_M1 != 0
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if ragged_rows else None
@@ -268,8 +270,8 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
     lines += score_lines(spec, k, o, masked)
     lines.append("pt = tl.math.exp2(s2 - lse2[None, :])")
     lines.append(f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}" if tma else
-                 f"dot_ = tl.load(do_ptrs + {dstart} * {spec.do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
-    if spec.do.dtype != dt:
+                 f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
+    if do.dtype != dt:
         lines.append(f"dot_ = dot_.to({dt})")
     lines.append(f"di = tl.load(delta_ptr + offs_m{_mask(vec_mask)})")
     zt = "pt"

@@ -328,7 +328,7 @@ def tma_desc(op: Operand, var: str, dims: tuple[int, int, int, int], rows: int, 
     """A line making descriptor `var` over `op` ([B, H, S, D] dims) with [1, 1, rows, cols] blocks
     (cols may exceed D: TMA fills columns and rows past the ends with zeros)."""
     size = ITEMSIZE[op.dtype]
-    strides = []
+    strides: list[int] = []
     inner = dims[3]
     for a in (2, 1, 0):  # axes of length 1: any 16-byte multiple (never stepped)
         s = op.strides[a] if dims[a] > 1 else max(inner, 16 // size)

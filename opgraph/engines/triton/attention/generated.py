@@ -20,7 +20,7 @@ def launches_of(src: Source) -> Generated:
         if name in offsets:
             off, dt = offsets[name]
             return Arg(ArgKind.SCRATCH, offset=off, dtype=dt)
-        kind = {"p": "buf", "s": "scalar"}[name[0]]
+        kind = {"p": ArgKind.BUF, "s": ArgKind.SCALAR}[name[0]]
         return Arg(kind, int(name[1:]))
 
     launches = tuple(Launch(l.kernel, l.grid, tuple(arg(p) for p in l.params),

@@ -8,14 +8,16 @@ recorded score modifier (ops/score_mod.py) with its derivative.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from ....core.config import Support
 from ....core.dtypes import DataType
+from ....core.errors import InternalError, expect
 from ....core.ir import Const, Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.pointwise import MODES, PointwiseMode
+from ....ops.attention import _Attention
+from ....ops.pointwise import MODES, Pointwise, PointwiseMode
 from ....ops.score_mod import Ref, ScoreMod, Src
 from ..expr import TL_DTYPE, Emitter, _mode_expr, elementwise, literal, round_in_compute
 from .spec import (
@@ -158,7 +160,11 @@ def operand(piece: Piece, uid: int) -> Operand:
     return Operand(f"p{uid}", TL_DTYPE[t.data_type], strides)
 
 
-def scalar_value(piece: Piece, v, kind: str = "float") -> float | int | Scalar | None:
+@overload
+def scalar_value(piece: Piece, v: int | Const, kind: Literal["int"]) -> int | Scalar: ...
+@overload
+def scalar_value(piece: Piece, v: int | Const | None, kind: Literal["float"] = "float") -> float | Scalar | None: ...
+def scalar_value(piece: Piece, v: int | Const | None, kind: str = "float") -> float | int | Scalar | None:
     """A scalar input: a number (Const), Scalar("arg") for a pass-by-value tensor, Scalar("ptr") for a
     1-element device tensor."""
     if v is None:
@@ -214,9 +220,10 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
         if isinstance(s, int) and piece.tensor(s).is_pass_by_value:
             return Support.no(f"{label}: '{role}' is a pass-by-value scalar, which kernels receive as fp32; give "
                               "a 1-element INT64 device tensor or a number", node)
-    mod = node.op.score_mod
+    op = node.op_as(_Attention)
+    mod = op.score_mod
     if mod is not None:
-        for sm in (mod, getattr(node.op, "score_mod_grad", None)):
+        for sm in (mod, getattr(op, "score_mod_grad", None)):
             for n in (sm.nodes if sm is not None else ()):
                 if n.mode is not PointwiseMode.GEN_INDEX:
                     try:
@@ -269,7 +276,7 @@ class PrefixEmitter(Emitter):
         super().__init__(*args, **kw)
         self.prefix = prefix
 
-    def operand(self, v):  # type: ignore[override]
+    def operand(self, v: int | Const | None) -> str:
         if v is None or isinstance(v, Const) or v in self.values:
             return super().operand(v)
         desc = self.tensors[v]
@@ -308,7 +315,8 @@ class NodesHook:
         # a value that depends on no tile-shaped tensor is broadcast to the tile explicitly
         self.scalar_only = not epilogue and not any(
             piece.tensor(u).dim[2] > 1 or piece.tensor(u).dim[3] > 1 for u in ext) and not any(
-            n.op.mode is PointwiseMode.GEN_INDEX and n.op.axis in (2, 3) for n in nodes if hasattr(n.op, "mode"))
+            isinstance(n.op, Pointwise) and n.op.mode is PointwiseMode.GEN_INDEX and n.op.axis in (2, 3)
+            for n in nodes)
 
     def params(self) -> tuple[str, ...]:
         return self._params
@@ -339,8 +347,9 @@ class ScoreModCode:
 
     def __init__(self, piece: Piece, node: Node) -> None:
         self.piece = piece
-        self.mod: ScoreMod = node.op.score_mod
-        self.grad: ScoreMod | None = getattr(node.op, "score_mod_grad", None)
+        op = node.op_as(_Attention)
+        self.mod: ScoreMod = expect(op.score_mod, f"the score modifier of {node.label()}")
+        self.grad: ScoreMod | None = getattr(op, "score_mod_grad", None)
         self.inputs = [node.input(r) for r in self.mod.input_roles()]
         self._params = tuple(dict.fromkeys(_param(piece, u) for u in self.inputs if isinstance(u, int)))
 
@@ -353,7 +362,7 @@ class ScoreModCode:
         u = self.inputs[i]
         if isinstance(u, Const):
             return literal(u.value)
-        desc = self.piece.tensor(u)
+        desc = self.piece.tensor(expect(u, f"score_mod input {i}"))
         name = f"{prefix}in{i}"
         if desc.is_pass_by_value:
             lines.append(f"{name} = s{u}")
@@ -409,10 +418,10 @@ class ScoreModCode:
 def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str = "ieee") -> AttnSpec:
     """The AttnSpec of an analysed, supported piece."""
     node = f.node
-    op: Any = node.op  # Sdpa or SdpaBackward
+    op = node.op_as(_Attention)  # Sdpa or SdpaBackward
     uid: dict[str, Any] = {r: node.input(r) for r in op.input_roles()}
     q_uid, k_uid, v_uid = uid["q"], uid["k"], uid["v"]
-    q, k, v = (piece.tensor(u) for u in (q_uid, k_uid, v_uid))  # type: ignore[arg-type]
+    q, k, v = (piece.tensor(u) for u in (q_uid, k_uid, v_uid))
     B, Hq, Sq, D = q.dim
     Hk, Skv = k.dim[1], k.dim[2]
     Hv, Dv = v.dim[1], v.dim[3]
@@ -422,17 +431,22 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     scale = scalar_value(piece, uid.get("attn_scale"))
     kw["scale"] = 1.0 if scale is None else scale
     if op.use_padding_mask:
-        kw["seq_len_q"] = operand(piece, uid["seq_len_q"])  # type: ignore[arg-type]
-        kw["seq_len_kv"] = operand(piece, uid["seq_len_kv"])  # type: ignore[arg-type]
+        kw["seq_len_q"] = operand(piece, uid["seq_len_q"])
+        kw["seq_len_kv"] = operand(piece, uid["seq_len_kv"])
     if isinstance(uid.get("bias"), int):
-        kw["bias"] = operand(piece, uid["bias"])  # type: ignore[arg-type]
-        kw["bias_dims"] = piece.tensor(uid["bias"]).dim  # type: ignore[arg-type]
+        kw["bias"] = operand(piece, uid["bias"])
+        kw["bias_dims"] = piece.tensor(uid["bias"]).dim
     if op.dropout_probability is not None:
-        kw["dropout"] = PhiloxDropout(op.dropout_probability, scalar_value(piece, uid["dropout_seed"], "int"),
-                                      scalar_value(piece, uid["dropout_offset"], "int"))  # type: ignore[arg-type]
+        # the op's checks make the seed and offset (with a probability) and the scale (with a mask) present
+        kw["dropout"] = PhiloxDropout(
+            op.dropout_probability, scalar_value(piece, expect(uid["dropout_seed"], "the dropout seed"), "int"),
+            scalar_value(piece, expect(uid["dropout_offset"], "the dropout offset"), "int"))
     elif isinstance(uid.get("dropout_mask"), int):
-        kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]),  # type: ignore[arg-type]
-                                    scalar_value(piece, uid["dropout_scale"]))  # type: ignore[arg-type]
+        mask_scale = scalar_value(piece, uid["dropout_scale"])
+        if mask_scale is None:  # (expect() cannot narrow a union: mypy joins its members to object)
+            raise InternalError("the dropout mask's scale is missing", op=node.label(), rule="internal.invariant",
+                                hint="this is an opgraph bug: please report it")
+        kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]), mask_scale)
     if op.score_mod is not None:
         kw["score_mod"] = ScoreModCode(piece, node)
     ops: dict[str, Any] = {"q": operand(piece, q_uid), "k": operand(piece, k_uid), "v": operand(piece, v_uid)}
@@ -443,14 +457,15 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["stats"] = operand(piece, st_uid) if st_uid is not None and st_uid in piece.outputs else None
         hooks = []
         for role, nodes in f.prologue:
-            hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False)))  # type: ignore[arg-type]
+            hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False)))
         kw["prologue"] = tuple(hooks)
         if f.epilogue:
             kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True)
     else:
-        kw.update(o=operand(piece, uid["o"]), stats=operand(piece, uid["stats"]),  # type: ignore[arg-type]
-                  do=operand(piece, uid["dO"]), dq=operand(piece, node.output("dQ")),  # type: ignore[arg-type]
-                  dk=operand(piece, node.output("dK")), dv=operand(piece, node.output("dV")))  # type: ignore[arg-type]
+        grads = {r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"))
+                 for r in ("dQ", "dK", "dV")}
+        kw.update(o=operand(piece, uid["o"]), stats=operand(piece, uid["stats"]), do=operand(piece, uid["dO"]),
+                  **grads)
         db = node.output("dBias")
         if db is not None:
             kw["dbias"] = operand(piece, db)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ....core.config import Support
+from ....core.errors import expect
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
@@ -187,7 +188,7 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
         operand = main.input(role)
         if not isinstance(operand, int):
             continue
-        space = piece.tensor(operand).dim
+        operand_dims = piece.tensor(operand).dim
         chain: list[Node] = []
         stack = [operand]
         while stack:
@@ -210,10 +211,10 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
             if not elementwise(node):
                 return None, Support.no(f"{node.label()} cannot run in the prologue of a {main.kind} "
                                         "(only pointwise ops and slice/transpose views can)", node)
-            dim = piece.tensor(node.outputs[0]).dim
-            if not _broadcasts_to(dim, space):
+            dim = piece.tensor(expect(node.outputs[0], f"the output of {node.label()}")).dim
+            if not _broadcasts_to(dim, operand_dims):
                 return None, Support.no(f"{node.label()} computes dims {list(dim)}, which do not broadcast "
-                                        f"to the {main.kind} operand's {list(space)}", node)
+                                        f"to the {main.kind} operand's {list(operand_dims)}", node)
             chain.append(node)
             stack.extend(node.input_uids())
         order = sorted(chain, key=lambda n: piece.nodes.index(n))

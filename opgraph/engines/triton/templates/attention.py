@@ -18,6 +18,7 @@ stages cut where the tiles would not fit shared memory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ....core.config import NumericalNote, Support
@@ -60,11 +61,10 @@ class AttentionTemplate(Template):
             out.append({**out[0], "fp32_precision": "tf32"})
         return unique(out)
 
-    def notes(self, piece: Piece, knobs: dict[str, Any], device: Device) -> set[NumericalNote]:
-        notes = {NumericalNote.TENSOR_CORE}
+    def notes(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> frozenset[NumericalNote]:
         if knobs.get("fp32_precision") == "tf32":
-            notes.add(NumericalNote.DOWN_CONVERT_INPUTS)
-        return notes
+            return frozenset({NumericalNote.TENSOR_CORE, NumericalNote.DOWN_CONVERT_INPUTS})
+        return frozenset({NumericalNote.TENSOR_CORE})
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         spec = self._spec(piece, device, knobs)

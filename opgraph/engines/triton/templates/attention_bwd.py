@@ -14,6 +14,7 @@ ONELOOP, TMA.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ....core.config import NumericalNote, Support
@@ -57,11 +58,10 @@ class AttentionBackwardTemplate(Template):
             out.append({**out[0], "fp32_precision": "tf32"})
         return unique(out)
 
-    def notes(self, piece: Piece, knobs: dict[str, Any], device: Device) -> set[NumericalNote]:
-        notes = {NumericalNote.TENSOR_CORE}
+    def notes(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> frozenset[NumericalNote]:
         if knobs.get("fp32_precision") == "tf32":
-            notes.add(NumericalNote.DOWN_CONVERT_INPUTS)
-        return notes
+            return frozenset({NumericalNote.TENSOR_CORE, NumericalNote.DOWN_CONVERT_INPUTS})
+        return frozenset({NumericalNote.TENSOR_CORE})
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         spec = self._spec(piece, device, knobs)

@@ -217,8 +217,9 @@ class DepthwiseTemplate(TileTemplate):
         ctx.sm_count = device.sm_count
         sig = Signature()
         body = self._rows_kernel(ctx, sig, rows, nhb, nwb, int(knobs.get("num_stages", 3)))
-        meta = (("BLOCK_M", bw), ("BLOCK_N", bn), ("num_warps", int(knobs.get("num_warps", 4))),
-                ("num_stages", int(knobs.get("num_stages", 3))))
+        meta: tuple[tuple[str, int], ...] = (
+            ("BLOCK_M", bw), ("BLOCK_N", bn), ("num_warps", int(knobs.get("num_warps", 4))),
+            ("num_stages", int(knobs.get("num_stages", 3))))
         if int(knobs.get("MAXNREG", 0)):
             meta += (("maxnreg", int(knobs["MAXNREG"])),)
         functions = [sig.source("kernel", ["BLOCK_M", "BLOCK_N"], body)]

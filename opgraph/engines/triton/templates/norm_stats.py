@@ -75,6 +75,8 @@ class _Gen(NormGen):
         self.grad_uid = self.node.input("grad") if self.backward else None
         self.chunks = self._chunks()
         # scratch: partial arrays [chunks, S] then coefficient arrays [S]
+        self.partials: tuple[str, ...]
+        self.coefs: tuple[str, ...]
         if self.forward:
             self.partials = ("cnt", "mu", "m2")
             self.coefs = ("k0", "mu", "sc", "sh")

@@ -401,9 +401,9 @@ class ReductionTemplate(Template):
         a = analyze(piece)
         assert isinstance(a, Analysis)
         bm, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_K"])
-        for name, v in (("BLOCK_M", bm), ("BLOCK_K", bk)):
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"{name}={v} must be a power of 2")
+        for name, size in (("BLOCK_M", bm), ("BLOCK_K", bk)):
+            if size < 1 or size & (size - 1):
+                raise ValueError(f"{name}={size} must be a power of 2")
         M, K = a.M, a.K
         per_chunk = -(-K // max(1, int(knobs.get("SPLIT", 1))))
         chunk = -(-per_chunk // bk) * bk  # whole tiles per chunk

@@ -177,6 +177,8 @@ class _Gen(NormGen):
         row, col = Comp(g.row_axes, "rr", 0), Comp(g.col_axes, "jj", 1)
         tile_masks = {frozenset(): None, frozenset({0}): "rmask", frozenset({1}): "jmask", frozenset({0, 1}): "mask"}
         row_masks = {frozenset(): None, frozenset({0}): "rmask"}
+        tile: RowIndexer
+        per_row: RowIndexer
         if prefetch:
             nrow = Comp(g.row_axes, "rn", 0)
             tile = PrefetchIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, {"rr"}, RowIndexer(
