@@ -63,7 +63,7 @@ def out_like(desc: Any, device: str) -> Any:
 
 def build(graph: Any, ctx: Ctx, engines: list[str] | None, tuned: bool, **kw: Any) -> tuple[Any, str]:
     """The plan and a note (non-empty when the generated-only build fell back to the torch engine)."""
-    from opgraph.errors import GraphError
+    from opgraph.core.errors import GraphError
 
     device = "cuda" if ctx.cuda else "cpu"
     opts = dict(kw)

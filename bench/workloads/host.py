@@ -175,8 +175,8 @@ for _which, _title in (("conv", "conv3x3+bias+relu N32 C64 56²"), ("bn", "batch
 FRESH = """
 import time, json, numpy as np, torch, opgraph as og
 t0 = time.perf_counter()
-from opgraph.samples import conv_bias_relu
-from opgraph.torch_interop import pack_to_device, torch_to_numpy
+from opgraph.tools.samples import conv_bias_relu
+from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
 g = conv_bias_relu(n={n}, c={c}, k={c}, hw={hw})
 host = og.testing.random_pack(g.final, np.random.default_rng(0))
 pack = pack_to_device(host, '{device}')
