@@ -148,21 +148,21 @@ def rate_table(ws: Sequence[AggWorkload], agg: Aggregate) -> list[str]:
              ("The workload's floating-point operations over the median device time of the first table (its ✗ and † "
               "carry over). Floor rate: the cuBLAS GEMM rate measured for the type, the rate the math floor "
               "assumes."), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def tf(i: AggImpl | None, total: float) -> str:
+        if i is None or "device_us" not in i.metrics or not i.metrics["device_us"].median:
+            return "err" if i is not None and i.status == "error" else "—"
+        text = fmt_num(total / (i.metrics["device_us"].median * 1e6))
+        if i.methods.get("device_us", "").startswith("profiler"):
+            text += " †"
+        return text + ("" if i.verdict is None or i.verdict.passed else " ✗")
+
     for w in ws:
         total = w.floor.flops or sum(x.flops for x in w.floor.layers)
         rate = agg.ceilings.rate(w.floor.dtype) if agg.ceilings else None
-
-        def tf(i: AggImpl | None) -> str:
-            if i is None or "device_us" not in i.metrics or not i.metrics["device_us"].median:
-                return "err" if i is not None and i.status == "error" else "—"
-            text = fmt_num(total / (i.metrics["device_us"].median * 1e6))
-            if i.methods.get("device_us", "").startswith("profiler"):
-                text += " †"
-            return text + ("" if i.verdict is None or i.verdict.passed else " ✗")
-
         b = best_peer(w, "device_us")
-        row = [w.title, fmt_num(total / 1e12), fmt_num(rate) if rate else "—"] + [tf(w.impl(n)) for n in ours + peers]
-        row.append(f"{tf(b)} ({b.impl})" if b else "—")
+        row = [w.title, fmt_num(total / 1e12), fmt_num(rate) if rate else "—"]
+        row += [tf(w.impl(n), total) for n in ours + peers]
+        row.append(f"{tf(b, total)} ({b.impl})" if b else "—")
         lines.append("| " + " | ".join(row) + " |")
     return lines + [""]
 

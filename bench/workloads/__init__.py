@@ -8,7 +8,7 @@ import importlib
 import os
 
 MODULES = ("memory", "conv", "conv_backward", "matmul", "networks", "training", "host", "attention",
-           "attention_block")
+           "attention_block", "training_gpt2")
 
 
 def load() -> None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import opgraph as og
 
