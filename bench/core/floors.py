@@ -72,6 +72,7 @@ class Floor:
     alt_bytes: tuple[tuple[str, float], ...] = ()
     layers: tuple[Layer, ...] = ()
     note: str = ""
+    tflops: bool = False  # also a TFLOP/s table: the flops (or the layers' sum) over each CUDA-graph device time
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -84,7 +85,8 @@ class Floor:
             return cls()
         return cls(float(d.get("bytes", 0.0)), float(d.get("flops", 0.0)), d.get("dtype", "float16"),
                    tuple((str(n), float(b)) for n, b in d.get("alt_bytes", ())),
-                   tuple(Layer(**layer) for layer in d.get("layers", ())), d.get("note", ""))
+                   tuple(Layer(**layer) for layer in d.get("layers", ())), d.get("note", ""),
+                   bool(d.get("tflops", False)))
 
 
 def bytes_us(nbytes: float, gbps: float) -> float:

@@ -135,6 +135,38 @@ def time_table(ws: Sequence[AggWorkload], metric: str, title: str, blurb: str, a
     return lines + [""]
 
 
+def rate_table(ws: Sequence[AggWorkload], agg: Aggregate) -> list[str]:
+    """TFLOP/s from the CUDA-graph device time, for workloads whose floor asks for it (`Floor(tflops=True)`):
+    the workload's flops (the issue's count) over each implementation's median device time."""
+    ws = [w for w in ws if w.floor.tflops and any("device_us" in i.metrics for i in w.impls)]
+    if not ws:
+        return []
+    ours, peers = columns(ws, "device_us")
+    ours = [n for n in ours if any((i := w.impl(n)) is not None and "device_us" in i.metrics for w in ws)]
+    head = ["workload", "TFLOP", "floor rate"] + ours + peers + ["best peer"]
+    lines = ["### Throughput: TFLOP/s (from the CUDA-graph device time)", "",
+             ("The workload's floating-point operations over the median device time of the first table (its ✗ and † "
+              "carry over). Floor rate: the cuBLAS GEMM rate measured for the type, the rate the math floor "
+              "assumes."), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def tf(i: AggImpl | None, total: float) -> str:
+        if i is None or "device_us" not in i.metrics or not i.metrics["device_us"].median:
+            return "err" if i is not None and i.status == "error" else "—"
+        text = fmt_num(total / (i.metrics["device_us"].median * 1e6))
+        if i.methods.get("device_us", "").startswith("profiler"):
+            text += " †"
+        return text + ("" if i.verdict is None or i.verdict.passed else " ✗")
+
+    for w in ws:
+        total = w.floor.flops or sum(x.flops for x in w.floor.layers)
+        rate = agg.ceilings.rate(w.floor.dtype) if agg.ceilings else None
+        b = best_peer(w, "device_us")
+        row = [w.title, fmt_num(total / 1e12), fmt_num(rate) if rate else "—"]
+        row += [tf(w.impl(n), total) for n in ours + peers]
+        row.append(f"{tf(b, total)} ({b.impl})" if b else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines + [""]
+
+
 def setup_table(ws: Sequence[AggWorkload], warm: bool = False) -> list[str]:
     ws = [w for w in ws if any("setup_s" in i.metrics for i in w.impls)]
     if not ws:
@@ -258,6 +290,7 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
         kernels = [w for w in ws if w.kind != "host"]
         for metric, t, blurb in TIME_TABLES:
             out += time_table(kernels, metric, t, blurb, agg)
+        out += rate_table(kernels, agg)
         out += host_table(ws)
         out += check_table(ws)
         out += engines_table(kernels)

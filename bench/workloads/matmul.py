@@ -174,7 +174,7 @@ def mlp_forward_backward(ctx: Ctx) -> Case:
         return [y.detach()] + [gr.detach() for gr in grads]
 
     def make() -> Any:
-        from opgraph.training import _handle
+        from opgraph.training.classifier import _handle
 
         g, inputs, Y = _mlp_graph(v)
         keys = list(inputs)

@@ -14,59 +14,21 @@ ONELOOP, TMA.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from ....core.config import NumericalNote, Support
-from ....core.device import Device
-from ....core.piece import Piece
 from ..attention import BwdKnobs, backward
-from ..attention.generated import launches_of
 from ..attention.knobs import bwd_candidates, fit_bwd
-from ..attention.lowering import analyze, build_spec, support_of
-from .base import Generated, Template, unique
-
-_KNOBS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "W1", "S1", "W2", "S2", "PRE_BLOCK", "TMA", "FUSED",
-          "ONELOOP")
+from ._attention_common import AttentionTemplateBase
 
 
-class AttentionBackwardTemplate(Template):
+class AttentionBackwardTemplate(AttentionTemplateBase):
     name = "attention_bwd"
+    kind = "sdpa_backward"
     main_kinds = ("sdpa_backward",)
-    priority = 60
-
-    def match(self, piece: Piece, device: Device) -> Support:
-        f = analyze(piece, "sdpa_backward", self.name)
-        if isinstance(f, Support):
-            return f
-        return support_of(piece, f, self.name)
-
-    def _spec(self, piece: Piece, device: Device, knobs: dict[str, Any] | None = None):
-        f = analyze(piece, "sdpa_backward", self.name)
-        assert not isinstance(f, Support), f.reason
-        precision = str((knobs or {}).get("fp32_precision", "ieee"))
-        return build_spec(piece, f, interpret=not device.is_cuda, fp32_precision=precision)
-
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        spec = self._spec(piece, device)
-        out = []
-        for k in bwd_candidates(spec.D, cuda=device.is_cuda, dv=spec.Dv):
-            fitted = fit_bwd(spec, k) if device.is_cuda else k
-            if fitted is not None:
-                out.append({n: getattr(fitted, n) for n in _KNOBS})
-        if spec.q.dtype == "tl.float32" and device.is_cuda:
-            out.append({**out[0], "fp32_precision": "tf32"})
-        return unique(out)
-
-    def notes(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> frozenset[NumericalNote]:
-        if knobs.get("fp32_precision") == "tf32":
-            return frozenset({NumericalNote.TENSOR_CORE, NumericalNote.DOWN_CONVERT_INPUTS})
-        return frozenset({NumericalNote.TENSOR_CORE})
-
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        spec = self._spec(piece, device, knobs)
-        kn = BwdKnobs(**{n: int(knobs[n]) for n in _KNOBS if n in knobs})
-        return launches_of(backward(spec, kn))
+    KNOBS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "W1", "S1", "W2", "S2", "PRE_BLOCK", "TMA", "FUSED",
+             "ONELOOP")
+    candidates_for = staticmethod(bwd_candidates)
+    fit = staticmethod(fit_bwd)
+    knob_class = BwdKnobs
+    build = staticmethod(backward)
 
 
 TEMPLATE = AttentionBackwardTemplate()
