@@ -381,10 +381,9 @@ class PackBinder:
             self._learn(pack)
         else:
             values, pointers = found
-        raw = dict(values)
-        for uid in self.pass_by_value:
+        for uid in self.pass_by_value:  # rounded and checked here, memoized per value (both paths)
             if uid in values:
-                values[uid] = self._round(uid, raw[uid])
+                values[uid] = self._round(uid, values[uid])
         changed = (pointers != self.pointers or values.keys() != self.values.keys()
                    or any(values[u] != self.values[u] for u in self.pass_by_value if u in values))
         self.values, self.pointers = values, pointers
@@ -452,9 +451,7 @@ class PackBinder:
             if uid in self.pass_by_value:
                 if type(value) not in (int, float):
                     return None
-                desc, scalar_uses_ = self.scalars[uid]
-                out[uid] = held_scalar(value, desc, scalar_uses_)
-                continue
+                continue  # rounded and checked by bind (_round)
             expect = self.expect.get(uid)
             if expect is None or type(value) is not self.tensor_type:
                 return None

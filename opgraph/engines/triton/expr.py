@@ -86,7 +86,7 @@ def _og_pow(a, b):
 
 
 def _og_fmod(a, b):
-    # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interp.py)
+    # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interpreted_casts.py)
     return libdevice.fmod(a, b)
 
 
