@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
         default = Runner(device, (first, EngineSet("torch", ("torch",))), **SETTINGS)
         ieee = EngineSet("ieee", None, (("deselect_numeric_notes", ("DOWN_CONVERT_INPUTS",)),))
         stats = Stats()
+        harness: list[dict] = []
         seed = base + index
         last_report = time.monotonic()
         while time.monotonic() < deadline:
@@ -61,11 +63,14 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
                 stats.merge(runner.run(case))
             except Exception as err:  # noqa: BLE001 - the harness itself: count it, keep going
                 stats.untyped[f"harness:{type(err).__name__}"] += 1
+                if len(harness) < 5:
+                    harness.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
+                                    "traceback": traceback.format_exc()[-3000:]})
             seed += workers
             if time.monotonic() - last_report > 20:
                 queue.put(("progress", index, stats.graphs))
                 last_report = time.monotonic()
-        queue.put(("done", index, _payload(stats)))
+        queue.put(("done", index, {**_payload(stats), "harness_errors": harness}))
     except BaseException as err:  # noqa: BLE001 - report a dead worker instead of hanging the parent
         queue.put(("dead", index, f"{type(err).__name__}: {err}"))
 
@@ -145,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     total = {"graphs": 0, "runs": 0, "damaged": 0}
     untyped, declined, steps, families, kinds = Counter(), Counter(), Counter(), Counter(), Counter()
     failures: list[dict] = []
+    harness_errors: list[dict] = []
     for r in results:
+        harness_errors += r.get("harness_errors", [])
         for k in total:
             total[k] += r[k]
         untyped.update(r["untyped"])
@@ -166,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "mismatches": kinds.get("mismatch", 0), "failures": len(failures), "failures_by_kind": dict(kinds),
         "untyped_errors_by_class": dict(untyped), "declined_by_rule": dict(declined), "steps": dict(steps),
         "families": dict(families), "dead_workers": dead, "first_failures": failures[:50],
+        "harness_errors": harness_errors[:20],
         "failure_cases": written,
     }
     (out / "fuzz_summary.json").write_text(json.dumps(summary, indent=1) + "\n")

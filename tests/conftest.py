@@ -67,3 +67,14 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         elif item.get_closest_marker("interpreter") is not None and not interpreting:
             item.add_marker(pytest.mark.skip(reason="needs Triton's interpreter (set when there is no GPU)"))
+
+
+def pytest_runtest_logreport(report):
+    """With OPGRAPH_FAILURE_LOG set, each failure's report is appended to that file as it happens, so a
+    run stopped by an outer time limit (the GPU machine's) still leaves its tracebacks behind."""
+    import os
+
+    path = os.environ.get("OPGRAPH_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:  # (xdist: the controller writes)
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")

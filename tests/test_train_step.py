@@ -495,3 +495,24 @@ def test_example_15_on_the_gpu():
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "MISMATCH" not in proc.stdout
+
+
+def test_capture_warm_up_undoes_its_step():
+    """capture() warms up with one real step and must undo all of it (parameters and optimizer state
+    are updated in place: outputs of the step graph, not its inputs): the next step equals a twin's."""
+    model = gpt(torch.float32, vocab=37, d=32, heads=2, seq=16, layers=1)
+    twin = copy.deepcopy(model)
+    idx, y = torch.randint(0, 37, (2, 16)), torch.randint(0, 37, (2, 16))
+    a, b = (train_step(og.from_torch(m, (idx,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=1.0)
+            for m in (model, twin))
+    pack = b.pack(idx, y)
+    b.build("cpu")
+    saved = b._snapshot(pack)
+    b.plan.execute(pack)
+    b.imported.write_back(pack)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))  # it stepped
+    b._restore(saved)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
+    assert float(a.run(idx, y)) == float(b.run(idx, y))
+    assert b.step_count == a.step_count == 1

@@ -9,25 +9,27 @@ from typing import Any
 import numpy as np
 
 from .dtypes import DataType, as_data_type
-from .tensor import storage_extent
+from .tensor import storage_extent, strided_view
 
 _CARRIER = {DataType.BFLOAT16: "int16", DataType.FP8_E4M3: "uint8", DataType.FP8_E5M2: "uint8"}
 
 
 def numpy_to_torch(arr: np.ndarray, device: str = "cpu") -> Any:
-    """A torch tensor on `device` with arr's dims, element strides and values."""
+    """A torch tensor on `device` with arr's dims, element strides and values (strides that overlap,
+    such as a broadcast's 0, included: the storage is filled on the host, then viewed)."""
     import torch
 
     dt = as_data_type(arr.dtype)
-    logical = np.ascontiguousarray(arr)
+    itemsize = arr.dtype.itemsize
+    strides = [s // itemsize for s in arr.strides]
+    base = np.empty(max(storage_extent(arr.shape, strides), 1), dtype=arr.dtype)
+    if arr.size:
+        strided_view(base, arr.shape, strides)[...] = arr
     carrier = _CARRIER.get(dt)
-    src = torch.from_numpy(logical.view(carrier) if carrier else logical)
+    storage = torch.from_numpy(base.view(carrier) if carrier else base).to(device)
     if carrier:
-        src = src.view(dt.to_torch())
-    strides = [s // arr.dtype.itemsize for s in arr.strides]
-    out = torch.empty_strided(arr.shape, strides, dtype=src.dtype, device=device)
-    out.copy_(src)
-    return out
+        storage = storage.view(dt.to_torch())
+    return storage.as_strided(arr.shape, strides)
 
 
 def torch_to_numpy(t: Any) -> np.ndarray:
@@ -37,9 +39,8 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     carrier = _CARRIER.get(dt)
     values = (logical.view(getattr(__import__("torch"), carrier)).numpy().view(dt.numpy) if carrier
               else logical.numpy())
-    itemsize = dt.itemsize
     base = np.empty(max(storage_extent(t.shape, t.stride()), 1), dtype=dt.numpy)
-    out = np.lib.stride_tricks.as_strided(base, shape=tuple(t.shape), strides=[s * itemsize for s in t.stride()])
+    out = strided_view(base, t.shape, t.stride())
     out[...] = values
     return out
 

@@ -13,5 +13,6 @@ from . import (  # noqa: F401
     pointwise,
     pointwise_builders,
     pooling,
+    pooling_backward,
     reduction,
 )

@@ -446,9 +446,9 @@ class TrainStep:
         return CapturedStep(self, graph)
 
     def _snapshot(self, pack: Mapping[int, Buffer]) -> list[tuple[Any, Any]]:
-        final = self.graph.final
-        written = {u for u in final.outputs if u in final.inputs}
-        keep = [pack[u] for u in written]
+        # every output: parameters and optimizer state are updated in place (outputs read before
+        # they are written, not graph inputs), and the rest are cheap
+        keep = [pack[u] for u in self.graph.final.outputs]
         keep += [b for b in self.imported.module.buffers()]
         return [(t, t.detach().clone()) for t in keep]
 

@@ -32,6 +32,9 @@ def attention_graph(io=DT.HALF, *, b=2, hq=4, hk=2, sq=64, skv=96, d=64, layout=
         kw["seq_len_kv"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
     if drop == "mask":
         kw["dropout"] = (g.tensor(dim=[b, hq, sq, skv], name="dmask"), 1 / 0.75)
+    elif drop == "mask_scale_tensor":  # what cuDNN takes: the scale as a (pass-by-value) tensor
+        kw["dropout"] = (g.tensor(dim=[b, hq, sq, skv], name="dmask"),
+                         g.tensor(dim=[1, 1, 1, 1], data_type=DT.FLOAT, is_pass_by_value=True, name="dscale"))
     elif drop == "philox":
         kw["dropout"] = (0.25, g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="seed"),
                          g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="offset"))
@@ -155,7 +158,7 @@ def test_gpu_forward_then_backward(io, d, mask, rng):
 @pytest.mark.gpu
 @requires_cudnn
 @pytest.mark.parametrize("features", [{"bias": True}, {"padding": True, "stats": False},
-                                      {"drop": "mask", "stats": True}, {"layout": "bhsd", "hk": 1},
+                                      {"drop": "mask_scale_tensor", "stats": True}, {"layout": "bhsd", "hk": 1},
                                       {"sliding_window_length": 32, "use_causal_mask": True, "stats": True}])
 def test_gpu_forward_features(features, rng):
     _cudnn(attention_graph(DT.BFLOAT16, d=64, sq=128, skv=128, **features), rng)

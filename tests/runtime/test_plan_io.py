@@ -100,3 +100,35 @@ def test_environment_mismatch_is_an_error_or_a_recompile(rng):
 def test_missing_file():
     with pytest.raises(og.SerializationError):
         og.load_plan("/nonexistent/plan.ogplan")
+
+
+def test_a_pooling_backward_plan_loads_in_a_fresh_process(tmp_path, rng):
+    """Pooling's backward runs through built-in custom ops; a plan file holding them loads and runs in a
+    process that only imported opgraph (they register with the op families, not with autodiff)."""
+    import subprocess
+    import sys
+
+    g = og.Graph("pool", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[1, 2, 6, 6], name="x")
+    y = g.resample(x, mode="MAX", window=[3, 3], stride=[2, 2], pre_padding=[1, 1], post_padding=[1, 1])[0]
+    y.set_output(True)
+    res = og.grad(g, y, x)
+    plan = res.graph.build(device="cpu")
+    assert any(n.kind == "custom" for n in plan.graph.nodes)
+    path = tmp_path / "pool.ogplan"
+    plan.save(path)
+    pack = og.testing.random_pack(plan.graph, rng)
+    np.savez(tmp_path / "pack.npz", **{str(u): v for u, v in pack.items()})
+    plan.execute(pack)
+    script = (
+        "import sys, numpy as np, opgraph as og\n"
+        f"plan = og.load_plan({str(path)!r})\n"
+        f"pack = {{int(k): v for k, v in np.load({str(tmp_path / 'pack.npz')!r}).items()}}\n"
+        "plan.execute(pack)\n"
+        f"np.savez({str(tmp_path / 'out.npz')!r}, **{{str(u): pack[u] for u in plan.graph.outputs}})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = np.load(tmp_path / "out.npz")
+    for u in plan.graph.outputs:
+        np.testing.assert_array_equal(out[str(u)], pack[u])
