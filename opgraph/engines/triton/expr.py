@@ -77,7 +77,7 @@ def _og_tanh(x):
 
 
 def _og_pow(a, b):
-    # C99 pow (Annex F.9.4.4, IEEE 754 pow), as the reference's np.power: exp(b * log|a|) is the
+    # C99 pow (Annex F.9.4.4, IEEE 754 pow), as the reference (ops.pointwise._pow): exp(b * log|a|) is the
     # magnitude everywhere except |a| == 1 (1 ** inf is 1, not exp(nan)); the sign is a's (its sign
     # bit: -0 too) for an odd integer b; a finite a < 0 with a finite non-integer b is NaN; 1 ** y and
     # x ** 0 are 1 even for NaN. a is a tensor (see _mode_expr); no `&` between a's and b's booleans
