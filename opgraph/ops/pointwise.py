@@ -4,6 +4,8 @@ broadcast to anything).
 
 Formulas (x = input0, y = input1, dy = the loss, i.e. the incoming gradient):
     ADD x+y   SUB x-y   MUL x*y   DIV x/y   MAX max(x,y)   MIN min(x,y)   POW x**y   MOD fmod(x,y)
+    (POW is C99's pow, special values included: 1**nan = 1, (-1)**inf = 1, (-inf)**0.5 = inf,
+    0**nan = nan, (-0)**-1 = -inf; MOD is C's fmod)
     ADD_SQUARE x + y*y
     CMP_* 1 where the comparison holds else 0 (BOOLEAN by default); LOGICAL_* on x != 0
     BINARY_SELECT input2 ? input0 : input1
@@ -158,6 +160,14 @@ def _swish_bwd(dy, x, swish_beta):
     return dy * (s + swish_beta * x * s * (1.0 - s))
 
 
+def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """C99 pow (Annex F.9.4.4; IEEE 754 pow): 1 ** y and x ** 0 are 1 even for NaN, (-1) ** +-inf is 1,
+    (-inf) ** y and (+-0) ** y follow the sign rules of odd integer y. np.power is that, except that
+    for a one-element or stride-0 exponent of 0.5 it takes sqrt, which gives NaN for -inf and -0 for
+    -0 (pow gives +inf and +0): the result would depend on the exponent's shape."""
+    return np.where(y == 0.5, np.where(np.isneginf(x), np.inf, np.sqrt(x) + 0.0), np.power(x, y))
+
+
 def _t(x: np.ndarray) -> np.ndarray:
     return x != 0
 
@@ -180,7 +190,7 @@ M = PointwiseMode
 MODES: dict[PointwiseMode, ModeInfo] = {
     M.ADD: ModeInfo(2, np.add), M.SUB: ModeInfo(2, np.subtract), M.MUL: ModeInfo(2, np.multiply),
     M.DIV: ModeInfo(2, np.divide), M.MAX: ModeInfo(2, np.maximum), M.MIN: ModeInfo(2, np.minimum),
-    M.POW: ModeInfo(2, np.power), M.MOD: ModeInfo(2, np.fmod),
+    M.POW: ModeInfo(2, _pow), M.MOD: ModeInfo(2, np.fmod),
     M.ADD_SQUARE: ModeInfo(2, lambda a, b: a + b * b),
     M.CMP_EQ: ModeInfo(2, np.equal, bool_out=True), M.CMP_NEQ: ModeInfo(2, np.not_equal, bool_out=True),
     M.CMP_GT: ModeInfo(2, np.greater, bool_out=True), M.CMP_GE: ModeInfo(2, np.greater_equal, bool_out=True),

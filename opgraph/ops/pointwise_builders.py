@@ -157,7 +157,7 @@ for _mode, _f in [
                            [("a", "the first operand: " + _OPERAND), ("b", "the second operand: " + _OPERAND)],
                            f"y = g.{_mode.value}(x, g.tensor(dim=[1, 64, 1, 1], name='b'))"))
 for _mode, _f in [(M.MAX, "max(input0, input1)"), (M.MIN, "min(input0, input1)"),
-                  (M.POW, "input0 ** input1"), (M.MOD, "fmod(input0, input1)")]:
+                  (M.POW, "input0 ** input1 (C99 pow, special values included)"), (M.MOD, "fmod(input0, input1)")]:
     _binary(_mode, _pw_doc(f"Elementwise {_f}, with broadcasting.", f"output = {_f}",
                            [("input0", "the first operand: " + _OPERAND), ("input1", "the second operand: " + _OPERAND)],
                            f"y = g.{_mode.value}(x, 2.0)"), "input0", "input1")

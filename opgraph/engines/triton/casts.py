@@ -15,6 +15,8 @@ engine's rounding (opgraph/rounding.py) on the GPU and in Triton's interpreter a
 
 from __future__ import annotations
 
+import re
+
 from ...core.dtypes import DataType
 
 TL_DTYPE = {
@@ -120,6 +122,33 @@ def _float(v: int) -> str:
     return repr(float(v))
 
 
+_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _closes_at_end(text: str, start: int) -> bool:
+    """Whether the bracket opened at text[start] is closed by the last character."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += text[i] in "(["
+        depth -= text[i] in ")]"
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
+def operand(value: str) -> str:
+    """`value` as the operand of a method call (`.to(...)`): a name, or a call or parenthesized group
+    spanning all of it, as it is; anything else in parentheses (`a * b.to(t)` would convert b alone)."""
+    text = value.strip()
+    if _NAME.fullmatch(text):
+        return text
+    head = _NAME.match(text)
+    start = head.end() if head else 0
+    if text[start:start + 1] == "(" and _closes_at_end(text, start):
+        return text
+    return f"({text})"
+
+
 def from_storage(value: str, dt: DataType, compute: str) -> str:
     """Expression of `value`, held in storage type `dt`, as type `compute` (exact)."""
     if dt in _DECODE:
@@ -127,7 +156,7 @@ def from_storage(value: str, dt: DataType, compute: str) -> str:
         return f32 if compute == "tl.float32" else f"{f32}.to({compute})"
     if TL_DTYPE[dt] == compute:
         return value
-    return f"{value}.to({compute})"
+    return f"{operand(value)}.to({compute})"
 
 
 def to_storage(value: str, dt: DataType, compute: str) -> str:
@@ -143,7 +172,7 @@ def to_storage(value: str, dt: DataType, compute: str) -> str:
         return f"{_ENCODE[dt]}({value})"
     if TL_DTYPE[dt] == compute:
         return value
-    return f"{value}.to({TL_DTYPE[dt]})"
+    return f"{operand(value)}.to({TL_DTYPE[dt]})"
 
 
 def cast_to(value: str, target: str) -> str:
@@ -151,7 +180,7 @@ def cast_to(value: str, target: str) -> str:
     for dt, name in TL_DTYPE.items():
         if name == target and (dt in _ENCODE or dt in INT_RANGE):
             return to_storage(value, dt, "tl.float32")
-    return f"{value}.to({target})"
+    return f"{operand(value)}.to({target})"
 
 
 def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:

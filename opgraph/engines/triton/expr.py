@@ -77,11 +77,18 @@ def _og_tanh(x):
 
 
 def _og_pow(a, b):
-    mag = tl.exp(b * tl.log(tl.abs(a)))
-    b_int = tl.floor(b) == b
-    b_odd = b_int & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
-    r = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -mag, mag), float("nan")), mag)
-    r = tl.where(a == 0, tl.where(b > 0, 0.0, tl.where(b == 0, 1.0, float("inf"))), r)
+    # C99 pow (Annex F.9.4.4, IEEE 754 pow), as the reference (ops.pointwise._pow): exp(b * log|a|) is the
+    # magnitude everywhere except |a| == 1 (1 ** inf is 1, not exp(nan)); the sign is a's (its sign
+    # bit: -0 too) for an odd integer b; a finite a < 0 with a finite non-integer b is NaN; 1 ** y and
+    # x ** 0 are 1 even for NaN. a is a tensor (see _mode_expr); no `&` between a's and b's booleans
+    # (their shapes may differ: one a scalar, which Triton's interpreter turns into int32)
+    mag = tl.where(tl.abs(a) == 1.0, 1.0, tl.exp(b * tl.log(tl.abs(a))))
+    b_int = tl.floor(b) == b  # true for +-inf
+    b_odd = b_int & (tl.abs(b) != float("inf")) & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
+    negative = (a < 0) | ((a == 0) & (1.0 / a < 0))
+    r = tl.where(b_odd, tl.where(negative, -mag, mag), mag)
+    r = tl.where(b_int, r, tl.where((a < 0) & (a != float("-inf")), float("nan"), r))
+    r = tl.where(a == 1.0, 1.0, r)
     return tl.where(b == 0, 1.0, r)
 
 
@@ -120,6 +127,17 @@ def _og_gelu_tanh_grad(x):
 '''
 
 
+_LITERAL = re.compile(r"float\('-?(inf|nan)'\)|-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # what literal() writes
+
+
+def _tensor_of(value: str, like: str) -> str:
+    """`value` as a 0-d tensor of `like`'s type where it is a literal and `like` is not (a Python float
+    is no tensor: a helper that tests its sign bit by division needs one), else `value` itself."""
+    if _LITERAL.fullmatch(value) and not _LITERAL.fullmatch(like):
+        return f"tl.full([], {value}, ({like}).dtype)"
+    return value
+
+
 def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     """The compute-type expression of one pointwise mode over operand expressions `a`."""
     M = PointwiseMode
@@ -130,7 +148,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)
-        M.POW: f"_og_pow({x}, {y})", M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
+        M.POW: f"_og_pow({_tensor_of(x, y)}, {y})", M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
         M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
         M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
         # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter

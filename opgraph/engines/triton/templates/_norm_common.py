@@ -24,6 +24,7 @@ from ....core.device import Device
 from ....core.ir import Const, Node, Operand
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
+from ..casts import operand
 from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
 from .base import Params, Template, program_id
 
@@ -281,7 +282,7 @@ class NormGen:
         """Store `value` as the normalization's output of `role` where the piece writes it."""
         u = self.stored(role)
         if u is not None:
-            em.values[u] = value
+            em.values[u] = operand(value)  # an operand of later expressions: `inv * t_e` in parentheses
             em.store(u)
 
     def emit_output(self, em: Emitter, value: str) -> None:
