@@ -177,7 +177,7 @@ def phase_host(results: dict[str, Any]) -> None:
 
     rows = []
     flat = {"OPGRAPH_AUTOGRAPH": "0"}
-    modes = [("auto graph (opt-in)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: native launches", flat),
+    modes = [("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: native launches (OPGRAPH_AUTOGRAPH=0)", flat),
              ("flat: Triton JIT launches (reference)", {**flat, "OPGRAPH_LAUNCH": "jit"})]
     for label, env in modes:
         with _Env(env):
@@ -192,7 +192,7 @@ def phase_host(results: dict[str, Any]) -> None:
                          "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
                          "launch_kinds": _count(type(x).__name__ for launcher in plan._prepare(pack, None).launchers
                                                 for x in getattr(launcher, "launches", ()))})
-    modes = [("auto graph (opt-in)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: raw pointer array", flat),
+    modes = [("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: raw pointer array (OPGRAPH_AUTOGRAPH=0)", flat),
              ("flat: frontend execute (reference)", {**flat, "OPGRAPH_CUDNN_LAUNCH": "execute"})]
     for label, env in modes:
         with _Env(env):
@@ -459,7 +459,7 @@ def markdown(results: dict[str, Any]) -> str:
     for name, row in results.get("models", {}).items():
         w = row.get("warm", {})
         if "execute_ms" in w:
-            for label, key in (("auto graph (opt-in)", ""), ("flat launches (default)", "_flat")):
+            for label, key in (("auto graph (default)", ""), ("flat launches (OPGRAPH_AUTOGRAPH=0)", "_flat")):
                 lines.append(f"| {name} | {label} | {w['execute_ms' + key]:.2f} | {w['eager_ms']:.2f} | "
                              f"{w['ratio' + key]:.2f} | {w['host_us_per_step' + key]:.0f} | "
                              f"{w['device_us_per_step']:.0f} | {w['relerr' + key]:.1e} |")

@@ -11,12 +11,12 @@ whose only moved tensors are table-addressed) all take effect without a new capt
 that a launch holds by address, a new pass-by-value scalar or another workspace drops the graph; the
 plan launches flat until it is stable again.
 
-Opt-in for now: `plan.auto_graph = True` (or OPGRAPH_AUTOGRAPH=1 when plans are built). It was
-written after the last GPU session of issue 14 and is covered by GPU tests (tests/test_runtime_gpu.py)
-that have not run yet; flat launching is the measured default. Only plans whose every step is
-CUDA_GRAPH_CAPTURABLE are captured, never inside a capture of the caller's own. A capture that fails
-turns the feature off for that binding (flat launches, as without it). The graph's memory pool holds
-the temporaries of steps that run through PyTorch, for the binding's life.
+On by default since the GPU tier of 2026-11-25 passed with it (H100: 278 tests, every GPU test of
+the suite executing through it); `plan.auto_graph = False` on a plan, or OPGRAPH_AUTOGRAPH=0 when
+plans are built, launches flat. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,
+never inside a capture of the caller's own. A capture that fails turns the feature off for that
+binding (flat launches, as without it). The graph's memory pool holds the temporaries of steps that
+run through PyTorch, for the binding's life.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class AutoGraph:
 
 
 def default() -> bool:
-    """Whether new plans replay internal graphs (OPGRAPH_AUTOGRAPH=1); off by default."""
+    """Whether new plans replay internal graphs: yes, unless OPGRAPH_AUTOGRAPH=0."""
     import os
 
-    return os.environ.get("OPGRAPH_AUTOGRAPH", "0") not in ("0", "")
+    return os.environ.get("OPGRAPH_AUTOGRAPH", "1").strip().lower() not in ("0", "", "false", "no", "off")

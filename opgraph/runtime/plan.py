@@ -78,7 +78,7 @@ class ExecutionPlan:
         # CUDAGraph -> cudagraph.Capture, dropped with the graph
         self._captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         # replay an internal CUDA graph of the launches while the binding is unchanged (runtime.autograph;
-        # opt-in: OPGRAPH_AUTOGRAPH=1, or set it on a plan)
+        # on unless OPGRAPH_AUTOGRAPH=0; set it on a plan to choose)
         self.auto_graph = autograph_default()
 
     @classmethod
