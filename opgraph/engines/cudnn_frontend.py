@@ -5,8 +5,8 @@ its epilogue, conv + genstats, dgrad + drelu) compete with the generated ones.
 opgraph's ops and their argument names are cuDNN frontend's, so lowering is a table: each node
 becomes the pygraph call of the same name with the same roles; literals become compile-time
 scalars; piece inputs and outputs keep their UIDs, dims, strides and types; intermediates are
-virtual tensors of their declared type. A piece is offered to cuDNN only around an fp16/bf16 convolution or matmul with no by-reference
-tensor; cuDNN's own support check (its heuristics query) then decides, and its message is the reason a piece is declined. Verdicts are cached per
+virtual tensors of their declared type. A piece is offered to cuDNN only around an fp16/bf16 convolution or matmul with an fp16/bf16/fp32
+result, no DOUBLE tensor or compute type and no by-reference tensor; cuDNN's own support check (its heuristics query) then decides, and its message is the reason a piece is declined. Verdicts are cached per
 piece signature, since the partitioner and the heuristics ask about the same pieces many times.
 
 Configs are cuDNN's execution plans: heuristic mode A (and INSTANT) offers cuDNN's first plan for
@@ -52,6 +52,11 @@ OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
 # An fp32 training graph (examples/11) gave NaN losses through cuDNN plans (2026-11-25, not yet
 # understood), so FLOAT pieces stay with the generated kernels.
 GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
+# ... and the result types its GEMM engines write. Nothing in a piece offered to cuDNN is DOUBLE (a
+# tensor or a compute type): its fused engines compute in fp32 at most, and where cuDNN accepted an
+# fp16 matmul with a DOUBLE output (its support check passed) the output came back NaN (the GPU
+# fuzzer, H100, 2026-11-25: tests/fuzz/regressions/seed20261125502833.json).
+GEMM_OUT_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 B_PLANS = 4
 RANK_FIRST_US = 10.0  # cost-model µs below which a piece's host launch cost outweighs cuDNN's device win
 # opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method
@@ -103,11 +108,18 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
             return (f"{t.label()} is by reference: cuDNN bakes buffer addresses into its launches, generated "
                     "kernels read them from the plan's address table", None)
     for node in piece.nodes:
+        why = _double_problem(piece, node)
+        if why:
+            return why, node
         if node.kind in GEMM_KINDS:
             types = {piece.tensor(u).data_type for u in node.input_uids()}
             if not types <= GEMM_TYPES:
                 return (f"the cudnn engine offers fp16/bf16 {node.kind} only (operands "
                         f"{', '.join(sorted(t.name for t in types))})", node)
+            out = piece.tensor(node.output_uids()[0])
+            if out.data_type not in GEMM_OUT_TYPES:
+                return (f"the cudnn engine offers {node.kind} with an fp16/bf16/fp32 result only "
+                        f"({out.label()} is {out.data_type.name})", node)
         if node.kind not in ANCHORS | OTHER_KINDS:
             return f"cuDNN's graph API has no {node.kind} op here", node
         if set(node.output_uids()) & set(node.input_uids()) or set(node.output_uids()) & set(piece.inputs):
@@ -126,6 +138,17 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
         t = piece.tensor(uid)
         if t.is_pass_by_value and t.data_type is not DataType.FLOAT:
             return f"pass-by-value scalar '{t.name}' (UID {uid}) is {t.data_type.name}; cuDNN's are FLOAT", None
+    return None
+
+
+def _double_problem(piece: Piece, node: Node) -> str | None:
+    """Why cuDNN cannot give `node` the float64 precision it asks for (see GEMM_OUT_TYPES), or None."""
+    if node.compute_data_type is DataType.DOUBLE:
+        return "it computes in DOUBLE; cuDNN's fused engines compute in fp32 at most"
+    for uid in (*node.input_uids(), *node.output_uids()):
+        t = piece.tensor(uid)
+        if t.data_type is DataType.DOUBLE:
+            return f"{t.label()} is DOUBLE; cuDNN's fused engines compute and store fp32 at most"
     return None
 
 

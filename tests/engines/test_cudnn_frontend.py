@@ -238,3 +238,76 @@ def test_batchnorm_fp32_and_by_reference_pieces_are_left_to_generated_kernels():
     by_reference = _all_by_reference(g.final)  # what build(by_reference=True) plans
     why, _ = static_problem(make_piece(by_reference, 0, list(by_reference.nodes)))
     assert "by reference" in why
+
+
+# -- double precision stays off cuDNN (the GPU fuzzer's seed20261125502833) ---------------------------------
+
+
+def _mm_double(case: str) -> og.Graph:
+    g, _, _, c = mm_graph((1, 3, 4), (1, 4, 7))
+    if case == "double_output":  # the fuzz case: fp16 operands, fp32 compute, a DOUBLE result
+        c.set_data_type(DT.DOUBLE).set_output(True)
+    elif case == "double_epilogue":  # fp32 intermediate, the epilogue's result DOUBLE
+        g.relu(c, name="act").set_data_type(DT.DOUBLE).set_output(True)
+    elif case == "double_bias":
+        bias = g.tensor(dim=[1, 1, 7], name="bias", data_type=DT.DOUBLE)
+        g.add(c, bias, name="act").set_data_type(DT.FLOAT).set_output(True)
+    elif case == "double_compute":
+        g = og.Graph("mm", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        a = g.tensor(dim=[1, 3, 4], name="A")
+        b = g.tensor(dim=[1, 4, 7], name="B")
+        g.matmul(a, b, name="mm", compute_data_type=DT.DOUBLE).set_data_type(DT.FLOAT).set_output(True)
+    elif case == "int_output":
+        c.set_data_type(DT.INT32).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("case", ["double_output", "double_epilogue", "double_bias", "double_compute"])
+def test_double_precision_is_not_offered_to_cudnn(case):
+    why, node = static_problem(whole(_mm_double(case)))
+    assert why is not None and "DOUBLE" in why, why
+    assert node is not None and node.name == ("act" if case in ("double_epilogue", "double_bias") else "mm")
+
+
+def test_gemm_results_cudnn_does_not_write_are_not_offered():
+    why, node = static_problem(whole(_mm_double("int_output")))
+    assert why and "INT32" in why and node.name == "mm"
+    g, _, _, y = conv_graph((2, 8, 6, 6), (16, 8, 3, 3), padding=[1, 1])
+    y.set_data_type(DT.DOUBLE).set_output(True)
+    why, node = static_problem(whole(g))
+    assert why and "DOUBLE" in why and node.name == "conv"
+
+
+@pytest.mark.parametrize("out", [DT.HALF, DT.BFLOAT16, DT.FLOAT])
+def test_fp16_gemms_with_fp16_bf16_fp32_results_are_still_offered(out):
+    g, _, _, c = mm_graph((1, 3, 4), (1, 4, 7))
+    c.set_data_type(out).set_output(True)
+    assert static_problem(whole(g)) is None
+
+
+def test_a_double_result_of_an_fp16_matmul_goes_to_the_torch_engine_on_cuda(monkeypatch):
+    """The GPU fuzzer's case, planned for an H100 without one: cuDNN is taken to accept everything it is
+    asked (its support check passed the piece on the GPU), so only the engine's own rule keeps it off."""
+    import opgraph.engines.cudnn_frontend as cf
+    from opgraph.build.planner import engine_configs
+    from opgraph.core.config import Support
+
+    for name in ("triton", "library", "cudnn", "torch"):
+        monkeypatch.setattr(type(get_engine(name)), "available", lambda self, device: Support.yes())
+    monkeypatch.setattr(cf, "_verdict", lambda piece, device: (None, ["a cuDNN plan"]))
+    g = _mm_double("double_output")
+    g.validate()
+    dev = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+    (ranked,) = engine_configs(g.final, device=dev, engines=default_engines(dev))
+    assert [c.engine for c in ranked.configs] == ["torch"], str(ranked)
+    assert any(name == "cudnn" and "DOUBLE" in why for name, why in ranked.declined), str(ranked)
+
+
+@pytest.mark.gpu
+@requires_cudnn
+def test_gpu_double_result_of_an_fp16_matmul_is_exact(rng):
+    """The fuzz case on the GPU with every default engine: the torch engine computes it in fp64."""
+    g = _mm_double("double_output")
+    plan = assert_engine_matches(g, rng, engines=default_engines(Device("cuda", 0, "gpu")), device="cuda",
+                                 expect_steps=1, rtol=1e-12, atol=1e-12)
+    assert plan.steps[0].config.engine == "torch", plan.describe()

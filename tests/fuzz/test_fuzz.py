@@ -115,3 +115,17 @@ def test_regression_case(what):
     stats = Runner("cpu", plan_files=1.0, damage=0.0).run(case)
     assert not stats.failures, "\n".join(str(f) for f in stats.failures)
     assert stats.runs > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("what", _regression_cases())
+def test_regression_case_on_the_gpu(what):
+    """The same cases on CUDA with the GPU's engine sets (every engine the build may pick, cudnn
+    included): some failures show only there (seed20261125502833: cuDNN's NaN for a DOUBLE output)."""
+    from .replay import load
+    from .runner import Runner
+
+    case = load(what)
+    stats = Runner("cuda", plan_files=1.0, damage=0.0).run(case)
+    assert not stats.failures, "\n".join(str(f) for f in stats.failures)
+    assert stats.runs > 0
