@@ -8,22 +8,32 @@ the same weights and reading the same batch:
 
   graph vs graph   opgraph (CUDA graph)       opgraph.training.train_step, its plan captured (step.capture)
                    eager (CUDA graph)         autocast + backward + fused AdamW(capturable), captured
+                                              (its warm-up steps undone: parameters, buffers, AdamW state)
                    compile max-autotune       torch.compile(model, mode="max-autotune") (CUDA graphs) +
-                                              fused AdamW
+                                              fused AdamW (its graphs are recorded by real steps: no warm-up)
   no graphs        opgraph                    the step's plan.execute (+ the running-stat write-back)
                    eager                      autocast + backward + fused AdamW
                    compile no-cudagraphs      torch.compile(mode="max-autotune-no-cudagraphs") + fused AdamW
 
-Checked before timing: each implementation's first-step loss against eager fp32's on the same weights
-(within 2%: bf16 rounding). Timed: the median of per-step CUDA-event times over --iters steps after
+Checked before timing, on the first step of each implementation (from the same initial weights and a
+fresh optimizer: a warm-up or capture that steps is undone first), against eager fp32's step (no
+autocast, no TF32, PyTorch's AdamW with the same hyper-parameters): the loss within 2% (bf16 rounding);
+the optimizer's step count 1; and the first, middle and last weight matrices: within 2 lr of fp32's
+updated weights elementwise (one AdamW step from a fresh state moves an element by less than lr
+whatever its gradient, so this fails when the weights took more or other steps) and the update's
+cosine with fp32's >= 0.95 (bf16 gradients flip the sign of AdamW's first update where a gradient is
+near zero: a small GPT on the CPU flips ~0.2% of elements, a cosine ~0.996). An implementation failing
+any of these is reported as FAILED CHECK, not timed, and the process exits 1 (as it does when an
+implementation raises). Timed: the median of per-step CUDA-event times over --iters steps after
 --warmup steps. Reported: ms per step, tokens (images) per second, model FLOP utilisation against the
 device's dense bf16 peak (989 TFLOP/s for H100/H200 SXM; GPT FLOPs per token 6N + 12·L·d·T with N the
 parameters less the position table, as nanoGPT counts; torchvision models 3x the forward FLOPs from
 torch.utils.flop_counter), and opgraph's time over the best peer's in its group (target <= 0.8).
 
-Attention is F.scaled_dot_product_attention (flash attention for the peers). Until opgraph translates
-it (the sdpa op), from_torch imports it as a custom op (PyTorch forward, PyTorch autograd backward);
---attention explicit writes it as matmul / mask / softmax instead, which from_torch translates today.
+Attention is F.scaled_dot_product_attention (flash attention for the peers). from_torch translates it
+to opgraph's sdpa op (opgraph/frontends/torch_ops_attention.py; opgraph.grad's sdpa_backward in the
+step), so the GPT imports without custom ops (the opgraph rows' note counts them: "0 custom op(s)");
+--attention explicit writes attention as matmul / mask / softmax instead (translated op by op).
 Splits for 10-minute sessions: --modes picks implementations, WORKLOAD picks rows.
 
     python -m bench.gpt gpt2 --modes opgraph,opgraph-graph,eager,eager-graph
@@ -43,8 +53,9 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -198,15 +209,26 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], Workload]] = {
 # -- implementations --------------------------------------------------------------------------------------------
 
 
+@dataclass
+class Impl:
+    step: Callable[[], Any]  # one training step; returns the loss
+    note: str
+    model: nn.Module  # the module whose parameters the step trains in place
+    step_count: Callable[[], float | None]  # the optimizer's step counter (after the first step: 1)
+    after_timing: Callable[[], None] | None = None  # what may change the weights (--steps-profile)
+
+
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
-def torch_step(model: nn.Module, w: Workload, lr: float, *, capturable: bool = False) -> Callable[[], torch.Tensor]:
+def torch_step(model: nn.Module, w: Workload, lr: float, *,
+               capturable: bool = False) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
+    """Eager PyTorch's step (autocast bf16 on the batch's device, fused AdamW) and its optimizer."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=capturable)
 
     def step() -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(w.x.device.type, dtype=torch.bfloat16):
             out = model(w.x)
         loss = _loss(out, w.y)
         loss.backward()
@@ -214,19 +236,58 @@ def torch_step(model: nn.Module, w: Workload, lr: float, *, capturable: bool = F
         opt.zero_grad(set_to_none=not capturable)
         return loss
 
-    return step
+    return step, opt
 
 
-def captured(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """fn recorded in a CUDA graph (after warm-up on a side stream); returns the replaying callable."""
+def _adam_steps(opt: torch.optim.Optimizer) -> float:
+    counts = [float(s["step"]) for s in opt.state.values() if "step" in s]
+    return max(counts) if counts else 0.0
+
+
+Saved = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def torch_state(model: nn.Module, opt: torch.optim.Optimizer) -> Saved:
+    """Copies of what a step changes: parameters, buffers (batchnorm statistics) and the optimizer
+    state that exists (AdamW makes its own at the first step)."""
+    keep = [*model.parameters(), *model.buffers()]
+    keep += [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return [(t, t.detach().clone()) for t in keep]
+
+
+def restore_torch_state(saved: Saved, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Puts back what `torch_state` copied, in place (a captured graph keeps the addresses); optimizer
+    state made since goes back to AdamW's fresh state (zero moments, step 0); gradients to zero (what
+    the next backward accumulates into, as into none)."""
+    if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        raise TypeError(f"a fresh {type(opt).__name__} state is not known to be zeros")
+    known = {id(t) for t, _ in saved}
+    with torch.no_grad():
+        for t, c in saved:
+            t.copy_(c)
+        for s in opt.state.values():
+            for t in s.values():
+                if isinstance(t, torch.Tensor) and id(t) not in known:
+                    t.zero_()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+
+
+def captured(fn: Callable[[], torch.Tensor], model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], torch.Tensor]:
+    """fn recorded in a CUDA graph after a warm-up on a side stream whose steps are undone (as
+    opgraph's step.capture does), so the first replay is the first step; returns the replaying callable."""
+    saved = torch_state(model, opt)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    restore_torch_state(saved, model, opt)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):  # records only: nothing runs until a replay
         out = fn()
 
     def replay() -> torch.Tensor:
@@ -236,17 +297,21 @@ def captured(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return replay
 
 
-def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> tuple[Callable[[], Any], str]:
-    """A callable running one step of `mode` on a fresh copy of the workload's model, and a note."""
+def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
+    """One step of `mode` on a fresh copy of the workload's model."""
     model = copy.deepcopy(w.model)
     if mode in ("eager", "eager-graph"):
-        step = torch_step(model, w, lr, capturable=mode == "eager-graph")
-        return (captured(step) if mode == "eager-graph" else step), "fused AdamW"
+        step, opt = torch_step(model, w, lr, capturable=mode == "eager-graph")
+        if mode == "eager-graph":
+            step = captured(step, model, opt)
+        return Impl(step, "fused AdamW", model, lambda: _adam_steps(opt))
     if mode in ("compile", "compile-graph"):
         cmode = "max-autotune" if mode == "compile-graph" else "max-autotune-no-cudagraphs"
         compiled = torch.compile(model, mode=cmode)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
 
+        # CUDA graph trees record the compiled forward / backward during these calls, each a real step
+        # (the optimizer runs outside them): the first call is the checked first step, nothing to undo
         def step() -> torch.Tensor:
             if mode == "compile-graph":
                 torch.compiler.cudagraph_mark_step_begin()
@@ -258,7 +323,7 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> tuple[C
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
-        return step, cmode
+        return Impl(step, cmode, model, lambda: _adam_steps(opt))
     # opgraph
     t0 = time.perf_counter()
     imported = og.from_torch(model, (w.x,))
@@ -270,8 +335,10 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> tuple[C
     t2 = time.perf_counter()
     note = (f"import+graph {t1 - t0:.1f}s, build {t2 - t1:.1f}s, {len(ts.graph.final.nodes)} ops, "
             f"{len(ts.plan.steps)} kernels; {len(imported.report.custom_ops)} custom op(s)")
-    if args.steps_profile:
-        rows = ts.plan.profile_steps(pack)
+    plan, loss_uid = ts.plan, ts.loss_uid
+
+    def profile() -> None:  # runs the plan's kernels on the step's own buffers: after the check and timing
+        rows = plan.profile_steps(pack)
         by: dict[str, float] = {}
         for r in rows:
             key = r.engine + (":" + r.template if r.template else "")
@@ -280,17 +347,87 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> tuple[C
               ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
         for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
             print(f"      {r}", flush=True)
+
+    hook = profile if args.steps_profile else None
     if mode == "opgraph-graph":
-        replay = ts.capture(w.x, target=w.y)
-        return replay.replay, note
-    plan, loss_uid = ts.plan, ts.loss_uid
+        replay = ts.capture(w.x, target=w.y)  # its warm-up step undone (step.capture)
+        return Impl(replay.replay, note, imported.module, lambda: ts.step_count, hook)
 
     def step() -> torch.Tensor:
         plan.execute(pack)
         imported.write_back(pack)
         return pack[loss_uid]
 
-    return step, note
+    return Impl(step, note, imported.module, lambda: ts.step_count, hook)
+
+
+# -- the check of the first step ------------------------------------------------------------------------------
+
+LOSS_RTOL = 2e-2  # bf16 rounding of the logits' path
+MIN_COSINE = 0.95  # of a weight's first update with fp32's (bf16 gradients flip a few near-zero signs)
+
+
+@dataclass
+class Reference:
+    """Eager fp32's first step on the workload: its loss, and the checked weights before and after."""
+
+    loss: float
+    lr: float
+    before: dict[str, torch.Tensor]
+    after: dict[str, torch.Tensor]
+
+
+def checked_weights(model: nn.Module) -> list[str]:
+    """The first, middle and last weight matrices (or convolution kernels): those AdamW moves by about lr
+    per element, so that a step too many or a wrong gradient shows."""
+    names = [n for n, p in model.named_parameters() if p.dim() >= 2]
+    return list(dict.fromkeys([names[0], names[len(names) // 2], names[-1]]))
+
+
+def reference(w: Workload, lr: float) -> Reference:
+    """One step of a copy of the workload's model in fp32 (no autocast, no TF32) with PyTorch's AdamW
+    at the hyper-parameters every implementation uses (lr; betas, eps, weight decay as defaulted)."""
+    names = checked_weights(w.model)
+    m = copy.deepcopy(w.model)
+    params = dict(m.named_parameters())
+    before = {n: params[n].detach().clone() for n in names}
+    opt = torch.optim.AdamW(m.parameters(), lr=lr)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        loss = _loss(m(w.x), w.y)
+        loss.backward()
+        opt.step()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return Reference(float(loss.detach()), lr, before, {n: params[n].detach().clone() for n in names})
+
+
+def check(ref: Reference, impl: Impl, loss: float) -> tuple[float, list[str]]:
+    """After an implementation's first step (its loss `loss`): the loss's relative error and what
+    differs from eager fp32's first step beyond bf16 rounding (empty: passed)."""
+    err = abs(loss - ref.loss) / abs(ref.loss)
+    problems = []
+    if not err <= LOSS_RTOL:
+        problems.append(f"first-step loss {loss:.5f} vs fp32 eager {ref.loss:.5f} ({err:.2%} > {LOSS_RTOL:.0%})")
+    count = impl.step_count()
+    if count is not None and count != 1:
+        problems.append(f"optimizer step count {count:g} after the first step (the warm-up stepped?)")
+    params = dict(impl.model.named_parameters())
+    for name, want in ref.after.items():
+        p0, p = ref.before[name], params[name].detach().float()
+        # one AdamW step from a fresh state moves each element by lr |g| / (|g| + eps) < lr (plus
+        # lr wd |p|, the same in both): two first steps differ by less than 2 lr, whatever their gradients
+        bound = 2.02 * ref.lr + 1e-6 * (1.0 + float(p0.abs().max()))
+        diff = float((p - want).abs().max())
+        if not diff <= bound:
+            problems.append(f"{name}: max |p - p_fp32| {diff:.3g} > {bound:.3g} (2 lr): not one step from the "
+                            "initial weights")
+        ours, theirs = (p - p0).flatten().double(), (want - p0).flatten().double()
+        cos = float(ours @ theirs / (ours.norm() * theirs.norm()).clamp_min(1e-300))
+        if not cos >= MIN_COSINE:
+            problems.append(f"{name}: the update's cosine with fp32 eager's {cos:.4f} < {MIN_COSINE}")
+    return err, problems
 
 
 def time_steps(fn: Callable[[], Any], warmup: int, iters: int) -> float:
@@ -310,29 +447,41 @@ def time_steps(fn: Callable[[], Any], warmup: int, iters: int) -> float:
 
 def run(w: Workload, modes: list[str], args: argparse.Namespace) -> None:
     print(f"== {w.name}: {w.flops / 1e12:.2f} TFLOP per step", flush=True)
-    with torch.no_grad():
-        want = float(_loss(copy.deepcopy(w.model)(w.x), w.y))  # eager fp32, batch statistics
+    ref = reference(w, args.lr)
+    print(f"   eager fp32 first step: loss {ref.loss:.4f}; checked weights {', '.join(ref.after)}", flush=True)
     for mode in modes:
         label = MODES[mode]
+        impl = None
         try:
             t0 = time.perf_counter()
-            fn, note = make(mode, w, args.lr, args)
-            first = float(fn())  # compiles, captures (graph modes ran their warm-up already)
-            err = abs(first - want) / abs(want)
-            ok = err <= 2e-2 or mode == "eager-graph"  # (its capture trained three steps first)
-            if not ok:
-                raise AssertionError(f"first-step loss {first:.5f} vs fp32 eager {want:.5f} ({err:.2%})")
-            ms = time_steps(fn, args.warmup, args.iters)
-            r = {"ms": ms, "rate": w.items / ms * 1e3, "mfu": w.flops / (ms * 1e-3) / PEAK_BF16, "loss": first,
-                 "loss_err": err, "note": note, "setup_s": time.perf_counter() - t0}
-            print(f"   {label:24s} {ms:9.2f} ms  {r['rate']:12.0f} {w.unit}  MFU {r['mfu']:6.1%}  "
-                  f"loss {first:.4f} ({err:.2%})  [{note}]", flush=True)
+            impl = make(mode, w, args.lr, args)
+            first = float(impl.step().detach())  # compiles; graph modes captured already, their warm-up undone
+            err, problems = check(ref, impl, first)
+            r: dict[str, Any] = {"loss": first, "loss_err": err, "note": impl.note}
+            if problems:
+                r["check"] = problems
+                print(f"   {label:24s} FAILED CHECK (not timed): {'; '.join(problems)}", flush=True)
+            else:
+                ms = time_steps(impl.step, args.warmup, args.iters)
+                r.update(ms=ms, rate=w.items / ms * 1e3, mfu=w.flops / (ms * 1e-3) / PEAK_BF16,
+                         setup_s=time.perf_counter() - t0)
+                print(f"   {label:24s} {ms:9.2f} ms  {r['rate']:12.0f} {w.unit}  MFU {r['mfu']:6.1%}  "
+                      f"loss {first:.4f} ({err:.2%})  [{impl.note}]", flush=True)
+                if impl.after_timing is not None:
+                    impl.after_timing()
         except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"   {label:24s} FAILED: {r['error']}", flush=True)
             traceback.print_exc()
         w.results[label] = r
+        del impl
         torch.cuda.empty_cache()
+
+
+def failures(workloads: list[Workload]) -> list[str]:
+    """The rows that failed their check or raised (the process exits 1 when there are any)."""
+    return [f"{w.name} / {label}: " + ("; ".join(r["check"]) if "check" in r else r.get("error", "no time"))
+            for w in workloads for label, r in w.results.items() if "ms" not in r]
 
 
 def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
@@ -341,7 +490,7 @@ def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
              "", "| workload | implementation | ms / step | rate | MFU | opgraph / best peer |",
              "|---|---|---|---|---|---|"]
     for w in workloads:
-        for group, members in GROUPS.items():
+        for members in GROUPS.values():
             labels = [MODES[m] for m in members]
             ours = w.results.get(labels[0], {})
             peers = [w.results.get(lb, {}).get("ms") for lb in labels[1:]]
@@ -354,6 +503,8 @@ def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
                 if "ms" in r:
                     lines.append(f"| {w.name} | {lb} | {r['ms']:.2f} | {r['rate']:,.0f} {w.unit} | {r['mfu']:.1%} | "
                                  f"{ratio if lb == labels[0] else ''} |")
+                elif "check" in r:
+                    lines.append(f"| {w.name} | {lb} | FAILED CHECK: {r['check'][0][:80]} | | | |")
                 else:
                     lines.append(f"| {w.name} | {lb} | failed: {r['error'][:80]} | | | |")
     return "\n".join(lines)
@@ -407,7 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(stem + ".json", "w") as f:
         json.dump({"meta": meta, "args": vars(args), "results": {w.name: w.results for w in done}}, f, indent=1)
     print(f"wrote {stem}.md and .json")
-    return 0
+    bad = failures(done)
+    for line in bad:
+        print(f"FAILED: {line}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
