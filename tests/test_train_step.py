@@ -516,3 +516,7 @@ def test_capture_warm_up_undoes_its_step():
         assert torch.equal(p, q)
     assert float(a.run(idx, y)) == float(b.run(idx, y))
     assert b.step_count == a.step_count == 1
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):  # the state the step read too
+        assert torch.equal(p, q), name
+        for key, value in a.param_state(name).items():
+            assert torch.equal(value, b.param_state(name)[key]), (name, key)

@@ -5,7 +5,7 @@
     concatenate  d(input i) = slice of dy along the axis at input i's offset
     slice        dx = dy scattered into zeros of x's dims: the custom op ``slice_backward``
                  (no existing op writes into zeros: a pad is not in the op set and a concatenate
-                 with zero blocks cannot express steps > 1), registered here with a NumPy reference
+                 with zero blocks cannot express steps > 1), defined in ops/builtin_custom.py with a NumPy reference
                  and a PyTorch implementation (dy -> dx; params in_dim and bounds as text). The
                  gradients of slices that tile their input along one axis (a split: q, k, v of a
                  fused projection) are summed as one concatenate of the dy's instead (grad.py)
@@ -13,47 +13,10 @@
 
 from __future__ import annotations
 
-import builtins
-
-import numpy as np
-
-from ..ops.custom import CUSTOM_OPS, Custom, register_custom_op
+from ..ops.builtin_custom import SLICE_BACKWARD, ensure_registered
+from ..ops.custom import Custom
 from ..ops.layout import Concatenate, Slice, Transpose
 from .rules import RuleContext, dim_of, register_rule
-
-SLICE_BACKWARD = "slice_backward"
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",")) if text else ()
-
-
-def _bounds(text: str) -> tuple[builtins.slice, ...]:
-    return tuple(builtins.slice(*(int(v) for v in item.split(":"))) for item in text.split(","))
-
-
-def _slice_backward_ref(dy: np.ndarray, *, in_dim: str, bounds: str) -> np.ndarray:
-    dx = np.zeros(_ints(in_dim))
-    dx[_bounds(bounds)] = dy
-    return dx
-
-
-def _slice_backward_torch(dy, *, in_dim: str, bounds: str):
-    import torch
-
-    dx = torch.zeros(_ints(in_dim), dtype=dy.dtype, device=dy.device)
-    dx[_bounds(bounds)] = dy
-    return dx
-
-
-def ensure_registered() -> None:
-    """Register the custom op (again, if a test emptied the registry)."""
-    if SLICE_BACKWARD not in CUSTOM_OPS:
-        register_custom_op(SLICE_BACKWARD, num_inputs=1, reference=_slice_backward_ref,
-                           infer=lambda dy, in_dim, bounds: [_ints(in_dim)], torch=_slice_backward_torch)
-
-
-ensure_registered()
 
 
 @register_rule("reshape", inputs=("input",))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..ops.custom import Custom
 from ..ops.pooling import Resample, ResampleMode
-from ..ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD, _text, ensure_registered
+from ..ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD, as_text, ensure_registered
 from .rules import RuleContext, register_rule
 
 
@@ -14,12 +14,12 @@ def resample(ctx: RuleContext):
     op = ctx.op_as(Resample)
     x = ctx.tensor_desc("input")
     dy = ctx.grad_full("output")
-    params = {"window": _text(op.window), "stride": _text(op.stride), "pre_padding": _text(op.pre_padding),
-              "post_padding": _text(op.post_padding)}
+    params = {"window": as_text(op.window), "stride": as_text(op.stride), "pre_padding": as_text(op.pre_padding),
+              "post_padding": as_text(op.post_padding)}
     if op.mode is ResampleMode.MAX:
         name, inputs = MAX_BACKWARD, [dy, ctx.input("input")]
     else:
         name, inputs = AVG_BACKWARD, [dy]
-        params.update(mode=op.mode.value, in_dim=_text(x.dim))
+        params.update(mode=op.mode.value, in_dim=as_text(x.dim))
     custom = Custom(op_name=name, num_inputs=len(inputs), num_outputs=1, params=tuple(sorted(params.items())))
     return {"input": ctx.b.op(custom, inputs, ["output0"], [x.dim], tag=name)[0]}

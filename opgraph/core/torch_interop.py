@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import DataType, as_data_type
+from .errors import VariantPackError
 from .tensor import storage_extent, strided_view
 
 _CARRIER = {DataType.BFLOAT16: "int16", DataType.FP8_E4M3: "uint8", DataType.FP8_E5M2: "uint8"}
@@ -21,6 +22,10 @@ def numpy_to_torch(arr: np.ndarray, device: str = "cpu") -> Any:
 
     dt = as_data_type(arr.dtype)
     itemsize = arr.dtype.itemsize
+    if any(s < 0 or s % itemsize for s in arr.strides):
+        raise VariantPackError(f"an array with byte strides {arr.strides} (negative, or not whole elements of "
+                               f"{itemsize} bytes) has no torch tensor of the same strides",
+                               rule="pack.strides", hint="pass np.ascontiguousarray(array)")
     strides = [s // itemsize for s in arr.strides]
     base = np.empty(max(storage_extent(arr.shape, strides), 1), dtype=arr.dtype)
     if arr.size:

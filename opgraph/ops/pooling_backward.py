@@ -32,7 +32,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
 
 
-def _text(values) -> str:
+def as_text(values) -> str:
     return ",".join(str(int(v)) for v in values)
 
 

@@ -11,9 +11,11 @@ whose only moved tensors are table-addressed) all take effect without a new capt
 that a launch holds by address, a new pass-by-value scalar or another workspace drops the graph; the
 plan launches flat until it is stable again.
 
-On by default since the GPU tier of 2026-11-25 passed with it (H100: 278 tests, every GPU test of
-the suite executing through it); `plan.auto_graph = False` on a plan, or OPGRAPH_AUTOGRAPH=0 when
-plans are built, launches flat. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,
+On by default since the GPU tier of 2026-11-25 passed with it (H100: 278 tests; the plans a test
+executes three times or more replay a graph); `plan.auto_graph = False` on a plan, or
+OPGRAPH_AUTOGRAPH=0 when plans are built, launches flat. The capture is thread-local (other threads'
+CUDA calls go on) and, like any torch.cuda.graph capture, synchronizes the device once; a binding that
+keeps changing stops being captured after MAX_CAPTURES graphs. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,
 never inside a capture of the caller's own. A capture that fails turns the feature off for that
 binding (flat launches, as without it). The graph's memory pool holds the temporaries of steps that
 run through PyTorch, for the binding's life.
@@ -28,6 +30,7 @@ from ..core.config import BehaviorNote
 
 log = logging.getLogger("opgraph.runtime")
 AFTER = 2  # executes with nothing changed before the capture
+MAX_CAPTURES = 8  # graphs per binding: one whose buffers keep moving launches flat from then on
 
 
 class AutoGraph:
@@ -56,7 +59,14 @@ class AutoGraph:
             return False
         if self.graph is None:
             self.stable += 1
-            if self.stable <= AFTER or not self._capture(torch):
+            if self.stable <= AFTER:
+                return False
+            if self.captures >= MAX_CAPTURES:
+                log.info("plan '%s': its binding changed after each of %d graphs; launching one by one",
+                         self.bound.plan.graph.name, self.captures)
+                self.enabled = False
+                return False
+            if not self._capture(torch):
                 return False
         self.graph.replay()
         self.replays += 1
@@ -68,7 +78,7 @@ class AutoGraph:
         before = slot.handle
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 slot.set(bound.plan._streams.current())  # the capture stream
                 bound.run()
         except Exception as err:  # noqa: BLE001 - launch flat from now on, as without graphs
@@ -84,7 +94,7 @@ class AutoGraph:
 
 
 def default() -> bool:
-    """Whether new plans replay internal graphs: yes, unless OPGRAPH_AUTOGRAPH=0."""
+    """Whether new plans replay internal graphs: yes, unless OPGRAPH_AUTOGRAPH is 0 (or false, no, off)."""
     import os
 
-    return os.environ.get("OPGRAPH_AUTOGRAPH", "1").strip().lower() not in ("0", "", "false", "no", "off")
+    return os.environ.get("OPGRAPH_AUTOGRAPH", "").strip().lower() not in ("0", "false", "no", "off")

@@ -21,7 +21,7 @@ before. Flat launching serves every plan and every call (new addresses, new scal
 it still pays the driver's launch per kernel (measured on the H100 machine, 2026-11-25: about 4.5 µs
 per generated kernel, about 15 µs per cuDNN step, where cuDNN's own execute is most of it); so both:
 a capturable plan whose binding is stable can replay an internal CUDA graph of the same calls
-(autograph.py, opt-in until measured), re-pointed through the address table where only
+(autograph.py, on by default: 0.74 µs per generated step measured), re-pointed through the address table where only
 table-addressed tensors moved, falling back to flat launches whenever something it baked in changes.
 """
 

@@ -25,37 +25,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..autodiff.rules_builtin_custom import ensure_rules
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, GraphError
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
-from ..ops.custom import CUSTOM_OPS, register_custom_op
+from ..ops.builtin_custom import STOP_GRADIENT
 from ..ops.reduction import ReductionMode
-
-STOP_GRADIENT = "stop_gradient"
-
-
-class _TritonByName:
-    """A Triton function named by module and name, imported only by the generated kernels that call
-    it (so that registering the op imports no GPU library)."""
-
-    def __init__(self, module: str, name: str) -> None:
-        self.__module__ = module
-        self.__qualname__ = name
 
 
 def ensure_registered() -> None:
-    """Register `stop_gradient` and its (empty) backward rule (again, if a test emptied the registry)."""
-    if STOP_GRADIENT in CUSTOM_OPS:
-        return
-    from ..autodiff.rules import register_custom_grad
-
-    register_custom_op(STOP_GRADIENT, num_inputs=1, reference=lambda x: x, torch=lambda x: x,
-                       triton=_TritonByName("opgraph.engines.triton.functions", "identity"), pointwise=True)
-    register_custom_grad(STOP_GRADIENT, lambda ctx: {}, inputs=())
-
-
-ensure_registered()  # graphs and plan files that name it load in any process that imports opgraph
+    """stop_gradient and its (empty) backward rule, registered (again, if a test emptied the registries)."""
+    ensure_rules()
 
 
 def stop_gradient(g: Graph, x: Tensor, name: str = "") -> Tensor:

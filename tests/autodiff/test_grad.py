@@ -646,7 +646,7 @@ def test_max_pool_tie_goes_to_the_first_maximum(rng):
 def test_max_pool_backward_torch_implementation_matches_the_reference(name, layout, rng):
     """The custom op's PyTorch implementation (aten's pooling kernels where the padding is symmetric,
     autograd otherwise) against its NumPy reference, ties included."""
-    from opgraph.ops.pooling_backward import _geometry, _max_backward_ref, _max_backward_torch, _text
+    from opgraph.ops.pooling_backward import _geometry, _max_backward_ref, _max_backward_torch, as_text
 
     cfg = POOLS.get(name, dict(mode="max", window=[3, 3, 3], stride=[2, 2, 2], padding=1))
     nsp = len(cfg["window"])
@@ -654,8 +654,8 @@ def test_max_pool_backward_torch_implementation_matches_the_reference(name, layo
         pytest.skip("NHWC is a 2-D layout")
     pre = cfg.get("pre_padding", [cfg.get("padding", 0)] * nsp)
     post = cfg.get("post_padding", [cfg.get("padding", 0)] * nsp)
-    params = {"window": _text(cfg["window"]), "stride": _text(cfg["stride"]), "pre_padding": _text(pre),
-              "post_padding": _text(post)}
+    params = {"window": as_text(cfg["window"]), "stride": as_text(cfg["stride"]), "pre_padding": as_text(pre),
+              "post_padding": as_text(post)}
     x = np.round(rng.uniform(-2, 2, size=[2, 3, *([7, 6, 5][:nsp])]) * 2) / 2  # ties
     w, s, _, _ = _geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
     out = [(d + a + b - k) // st + 1 for d, a, b, k, st in zip(x.shape[2:], pre, post, w, s)]

@@ -147,3 +147,33 @@ def test_batchnorm_backward_dscale_near_the_top_of_fp16(where, rng):
     assert (np.abs(want) > 30000).all() and np.isfinite(want).all()
     got = _run(g, where, {t: v for t, v in pack.items() if t is not dscale}, dscale, D.HALF)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3)
+
+
+@pytest.mark.parametrize("where", ENGINES)
+def test_neg_and_literal_negative_zero_keep_signs(where):
+    """-x flips the sign of zeros, a literal -0.0 stays -0.0, and pow of two literals is folded as the
+    reference computes it (Triton 3.6 computes -x as 0 - x and turns a float constant equal to 0 into
+    +0.0: generated code negates by * -1.0 and writes -0.0 from its bits)."""
+    g = og.Graph("signs", io_data_type=D.FLOAT)
+    x = g.tensor(dim=[4], name="x")
+    neg = g.neg(x).set_output(True)
+    by_zero = g.div(g.add(g.mul(x, 0.0), 1.0), -0.0).set_output(True)  # 1 / -0.0 = -inf
+    folded = g.add(g.mul(x, 0.0), g.pow(-0.0, -1.0)).set_output(True)  # 0 * x + (-inf)
+    xs = np.array([0.0, -0.0, 1.5, -2.0], np.float32)
+    plan = g.build(device=where[0], engines=[where[1]])
+    pack = {x: xs}
+    for t in (neg, by_zero, folded):
+        pack[t] = np.full(t.dim, np.nan, np.float32)
+    if where[0] == "cpu":
+        plan.execute(pack)
+        got = [pack[t] for t in (neg, by_zero, folded)]
+    else:
+        import torch
+
+        dev = {k: torch.tensor(v, device="cuda") for k, v in pack.items()}
+        plan.execute(dev)
+        got = [dev[t].cpu().numpy() for t in (neg, by_zero, folded)]
+    with np.errstate(all="ignore"):
+        assert_same_specials(got[0], -xs.astype(np.float64), 0.0, f"neg on {where}")
+        assert_same_specials(got[1], np.full(4, -np.inf), 0.0, f"1 / -0.0 on {where}")
+        assert_same_specials(got[2], np.full(4, -np.inf), 0.0, f"pow(-0.0, -1.0) on {where}")

@@ -102,20 +102,41 @@ def test_missing_file():
         og.load_plan("/nonexistent/plan.ogplan")
 
 
-def test_a_pooling_backward_plan_loads_in_a_fresh_process(tmp_path, rng):
-    """Pooling's backward runs through built-in custom ops; a plan file holding them loads and runs in a
-    process that only imported opgraph (they register with the op families, not with autodiff)."""
-    import subprocess
-    import sys
-
+def _pool_backward():
     g = og.Graph("pool", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[1, 2, 6, 6], name="x")
     y = g.resample(x, mode="MAX", window=[3, 3], stride=[2, 2], pre_padding=[1, 1], post_padding=[1, 1])[0]
-    y.set_output(True)
-    res = og.grad(g, y, x)
-    plan = res.graph.build(device="cpu")
+    return og.grad(g, y.set_output(True), x).graph
+
+
+def _slice_backward():
+    g = og.Graph("slice", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 6], name="x")
+    y = g.slice(x, [slice(1, 3), slice(0, 6, 2)]).set_output(True)
+    return og.grad(g, g.mul(y, y).set_output(True), x).graph
+
+
+def _stop_gradient():
+    from opgraph.training.losses import stop_gradient
+
+    g = og.Graph("sg", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[3, 4], name="x")
+    g.exp(stop_gradient(g, x)).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("make", [_pool_backward, _slice_backward, _stop_gradient],
+                         ids=["pooling-backward", "slice-backward", "stop-gradient"])
+def test_plans_with_built_in_custom_ops_load_in_a_fresh_process(make, tmp_path, rng):
+    """The custom ops opgraph emits itself (pooling's and slice's backward, stop_gradient in every
+    cross-entropy training step) register with the op families: a plan file holding them loads and
+    runs in a process that only imported opgraph."""
+    import subprocess
+    import sys
+
+    plan = make().build(device="cpu")
     assert any(n.kind == "custom" for n in plan.graph.nodes)
-    path = tmp_path / "pool.ogplan"
+    path = tmp_path / "p.ogplan"
     plan.save(path)
     pack = og.testing.random_pack(plan.graph, rng)
     np.savez(tmp_path / "pack.npz", **{str(u): v for u, v in pack.items()})

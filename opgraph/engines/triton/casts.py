@@ -110,7 +110,7 @@ def _og_from_e4m3(x):
     m = b & 7
     mag = tl.where(e == 0, m, m + 8).to(tl.float32) * _og_pow2(tl.maximum(e, 1) - 10)
     mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
-    return tl.where((b & 0x80) != 0, -mag, mag)
+    return tl.where((b & 0x80) != 0, mag * -1.0, mag)
 
 
 def _og_from_e5m2(x):

@@ -11,9 +11,12 @@ expm1 for elu, log1p for softplus, tanh through expm1.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Protocol
+
+import numpy as np
 
 from ...core.dtypes import DataType
 from ...core.errors import InternalError
@@ -41,12 +44,19 @@ def piece_types(piece: Piece) -> list[DataType]:
     return types
 
 
+# -0.0 from its bits: Triton 3.6 turns a float constant equal to 0 into +0.0 (and computes -x as 0 - x),
+# so neither `-0.0` nor `tl.full([], -0.0, ...)` keeps the sign; generated code negates by * -1.0
+NEG_ZERO = "tl.full([], -2147483648, tl.int32).to(tl.float32, bitcast=True)"
+
+
 def literal(value: float | int | bool) -> str:
     v = float(value)
     if v != v:
         return "float('nan')"
     if v in (float("inf"), float("-inf")):
         return f"float('{'-' if v < 0 else ''}inf')"
+    if v == 0 and math.copysign(1.0, v) < 0:
+        return NEG_ZERO
     return repr(v)
 
 
@@ -72,8 +82,8 @@ def _og_log1p(x):
 def _og_tanh(x):
     # -expm1(-2|x|) / (2 + expm1(-2|x|)): relative accuracy near 0 too (1 - exp(-2|x|) cancels there)
     m = _og_expm1(-2.0 * tl.abs(x))
-    y = -m / (2.0 + m)
-    return tl.where(x < 0, -y, y)
+    y = (m * -1.0) / (2.0 + m)
+    return tl.where(x < 0, y * -1.0, y)
 
 
 def _og_signbit(a):
@@ -95,7 +105,7 @@ def _og_pow(a, b):
     b_int = tl.floor(b) == b  # true for +-inf
     b_odd = b_int & (tl.abs(b) != float("inf")) & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
     negative = _og_signbit(a)
-    r = tl.where(b_odd, tl.where(negative, -mag, mag), mag)
+    r = tl.where(b_odd, tl.where(negative, mag * -1.0, mag), mag)
     r = tl.where(b_int, r, tl.where((a < 0) & (a != float("-inf")), float("nan"), r))
     r = tl.where(a == 1.0, 1.0, r)
     return tl.where(b == 0, 1.0, r)
@@ -147,6 +157,14 @@ def _tensor_of(value: str, like: str) -> str:
     return value
 
 
+def _pow_expr(x: str, y: str) -> str:
+    if _LITERAL.fullmatch(x) and _LITERAL.fullmatch(y):  # folded, as the reference computes it
+        with np.errstate(all="ignore"):
+            a, b = (np.float64(float(v.removeprefix("float('").removesuffix("')"))) for v in (x, y))
+            return literal(float(MODES[PointwiseMode.POW].fn(a, b)))
+    return f"_og_pow({_tensor_of(x, y)}, {y})"
+
+
 def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     """The compute-type expression of one pointwise mode over operand expressions `a`."""
     M = PointwiseMode
@@ -157,7 +175,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)
-        M.POW: f"_og_pow({_tensor_of(x, y)}, {y})", M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
+        M.POW: _pow_expr(x, y), M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
         M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
         M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
         # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter
@@ -166,7 +184,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.LOGICAL_NOT: f"({x} == 0)",
         M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
         M.IDENTITY: x, M.SQRT: f"tl.sqrt({x})", M.RSQRT: f"(1.0 / tl.sqrt({x}))", M.EXP: f"tl.exp({x})",
-        M.LOG: f"tl.log({x})", M.NEG: f"(-{x})", M.ABS: f"tl.abs({x})", M.CEIL: f"tl.ceil({x})",
+        M.LOG: f"tl.log({x})", M.NEG: f"({x} * -1.0)", M.ABS: f"tl.abs({x})", M.CEIL: f"tl.ceil({x})",
         M.FLOOR: f"tl.floor({x})", M.RECIPROCAL: f"(1.0 / {x})", M.SIN: f"tl.sin({x})",
         M.COS: f"tl.cos({x})", M.TAN: f"(tl.sin({x}) / tl.cos({x}))", M.ERF: f"tl.erf({x})",
         M.TANH_FWD: f"_og_tanh({x})", M.SIGMOID_FWD: f"tl.sigmoid({x})",

@@ -50,7 +50,7 @@ class _Driver:
     def check(self, rc: int, what: str) -> None:
         if rc:
             raise ExecutionError(f"the CUDA driver failed to {what}: {self.error(rc)}", rule="triton.driver",
-                                 hint="check the device and the kernel (OPGRAPH_LAUNCH=triton uses Triton's launcher)")
+                                 hint="check the device and the kernel (OPGRAPH_LAUNCH=jit uses Triton's launcher)")
 
     def error(self, rc: int) -> str:
         text = ctypes.c_char_p()

@@ -1,0 +1,62 @@
+"""The internal CUDA graph's switch and its limits, without a GPU (its replays: tests/test_runtime_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from opgraph.runtime import autograph
+
+
+@pytest.mark.parametrize("value,on", [(None, True), ("", True), ("1", True), ("yes", True), ("0", False),
+                                      (" off ", False), ("False", False), ("no", False)])
+def test_opgraph_autograph_switch(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("OPGRAPH_AUTOGRAPH", raising=False)
+    else:
+        monkeypatch.setenv("OPGRAPH_AUTOGRAPH", value)
+    assert autograph.default() is on
+
+
+def test_plans_take_the_default_when_built(monkeypatch):
+    import opgraph as og
+
+    g = og.Graph("x", io_data_type=og.DataType.FLOAT)
+    g.relu(g.tensor(dim=[4], name="x")).set_output(True)
+    monkeypatch.setenv("OPGRAPH_AUTOGRAPH", "0")
+    assert g.build(device="cpu").auto_graph is False
+    monkeypatch.delenv("OPGRAPH_AUTOGRAPH")
+    assert g.build(device="cpu").auto_graph is True
+
+
+class _Bound:
+    """What AutoGraph reads of a bound plan: a capturable plan that never really captures here."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.plan = SimpleNamespace(device=SimpleNamespace(is_cuda=True), steps=[], auto_graph=True,
+                                    graph=SimpleNamespace(name="p"))
+
+
+def test_a_binding_that_keeps_changing_stops_being_captured(monkeypatch):
+    """After MAX_CAPTURES graphs invalidated one after the other, the binding launches flat for good."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ag = autograph.AutoGraph(_Bound())
+    replayed = []
+
+    class _Graph:
+        def replay(self):
+            replayed.append(1)
+
+    def capture(_torch):
+        ag.graph, ag.captures = _Graph(), ag.captures + 1
+        return True
+
+    monkeypatch.setattr(ag, "_capture", capture)
+    for _ in range(autograph.MAX_CAPTURES):
+        assert [ag.run() for _ in range(autograph.AFTER + 2)] == [False] * autograph.AFTER + [True, True]
+        ag.invalidate()  # a moved buffer
+    assert ag.captures == autograph.MAX_CAPTURES and len(replayed) == 2 * autograph.MAX_CAPTURES
+    assert [ag.run() for _ in range(autograph.AFTER + 3)] == [False] * (autograph.AFTER + 3)
+    assert ag.enabled is False and ag.captures == autograph.MAX_CAPTURES
