@@ -52,6 +52,22 @@ def test_sdpa_backward_reads_the_forward_o_and_stats():
     assert not {n.output("stats") for n in fwd} & set(final.outputs)
 
 
+def test_mixed_precision_split_gradient_is_not_copied():
+    """bf16 mixed precision: the gradient of the fused qkv projection's split (one concatenate of the
+    q, k, v gradients) is written in the forward's type, so no identity op copies it to the same type
+    before the bias and weight gradients read it (before: one [B, T, 3d] copy per layer)."""
+    model = sdpa_gpt(torch.float32)
+    idx = torch.randint(0, 17, (3, 8))
+    step = train_step(og.from_torch(model, (idx,)), "cross_entropy", SGD(0.1), mixed_precision="bf16")
+    final = step.graph.final
+    concats = [n for n in final.nodes if n.kind == "concatenate"]
+    assert len(concats) == 2, [n.name for n in concats]  # one per layer
+    assert all(final.tensors[n.output_uids()[0]].data_type is og.DataType.BFLOAT16 for n in concats)
+    copies = [n.name for n in final.nodes if n.kind == "pointwise" and n.op.mode.name == "IDENTITY"
+              and final.tensors[n.input_uids()[0]].data_type is final.tensors[n.output_uids()[0]].data_type]
+    assert not copies, copies
+
+
 def test_sdpa_step_still_trains_like_torch_in_float64():
     """The saved O and Stats give PyTorch's gradients: two SGD-with-momentum steps of a GPT with
     F.scaled_dot_product_attention, float64 on the reference engine, within 1e-12 (not AdamW: the key
