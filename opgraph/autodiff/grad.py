@@ -362,6 +362,11 @@ class _Pass:
         parts = self.contrib[uid]
         if len(parts) > 1:
             parts[:] = self._joined_slices(parts)
+            if len(parts) == 1 and self.forward_types and isinstance(parts[0], Tensor):
+                # the concatenate of the slices' gradients writes the forward type, as the sum below
+                # does (else the type-less concat counts as the intermediate type, and its reader casts
+                # it with an identity op: a copy of the whole gradient where the types are equal)
+                parts[0].set_data_type(self.fg.tensors[uid].data_type)
         if len(parts) > 1:
             acc = parts[0]
             for p in parts[1:]:

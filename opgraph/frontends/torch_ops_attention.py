@@ -13,7 +13,7 @@
 nn.MultiheadAttention(need_weights=False) and nn.TransformerEncoderLayer call it, so they import
 through it; need_weights=True computes the averaged weights with bmm/softmax, translated op by op.
 Stats are not generated (the imported graph outputs what the module returns): opgraph.grad
-recomputes them in the backward graph.
+recomputes them in the backward graph, unless the graph is a train_step's, whose forward generates them.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ with three changes a training step needs:
    once, and every read is ordered before it.
 2. Normalizations: layernorm and rmsnorm in inference form (how the importer reads them) become the
    training form, and training batchnorm outputs its batch statistics: the backward reads the saved
-   mean / inv_variance instead of recomputing them.
+   mean / inv_variance instead of recomputing them. Likewise sdpa generates its Stats (the row
+   log-sum-exp, [B, H, Sq, 1]): the backward reads the forward's O and Stats, as flash attention's
+   does, instead of running the attention forward again (opgraph.grad's recompute of a stat-less sdpa).
 3. Mixed precision (`low` = BFLOAT16 or HALF), the casts torch.autocast makes on CUDA, in graph form:
    - every floating operand of a matmul, convolution or sdpa is cast to `low` (a parameter's 16-bit compute
      copy is one identity op per parameter, which generated kernels fuse into the GEMM's prologue or
@@ -39,6 +41,7 @@ from ..core.errors import UnsupportedGraphError, expect
 from ..core.ir import Const, FinalGraph, Node
 from ..core.tensor import Tensor
 from ..graph.builder import Graph
+from ..ops.attention import Sdpa
 from ..ops.layernorm import Layernorm, Rmsnorm
 from ..ops.layout import Reshape, Slice, Transpose
 from ..ops.norm import Batchnorm
@@ -163,13 +166,16 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
 
 
 def _training_form(node: Node) -> tuple[Any, list[str]]:
-    """The op to replay and its output roles: layernorm / rmsnorm inference as training."""
+    """The op to replay and its output roles: layernorm / rmsnorm inference as training; batchnorm's
+    and sdpa's statistics added (what their backward reads instead of recomputing)."""
     op = node.op
     present = [r for r, u in zip(op.output_roles(), node.outputs) if u is not None]
     if isinstance(op, (Layernorm, Rmsnorm)) and op.norm_forward_phase is NormForwardPhase.INFERENCE:
         return type(op)(norm_forward_phase=NormForwardPhase.TRAINING), list(op.output_roles())
     if isinstance(op, Batchnorm):  # the batch statistics, which the backward then reads
         return op, [r for r in op.output_roles() if r in present or r in ("mean", "inv_variance")]
+    if isinstance(op, Sdpa):
+        return op, [r for r in op.output_roles() if r in present or r == "stats"]
     return op, present
 
 

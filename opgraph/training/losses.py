@@ -7,6 +7,9 @@
             m = max_c(x)  (no gradient flows through it)    s = sum_c exp(x - m)
             nll = log(s) - (x[t] - m)                         (shifted: no cancellation)
             loss = sum_i valid_i * ((1 - eps) * nll_i + eps * (log(s_i) - mean_c(x - m))) / sum_i valid_i
+        The row reductions over the logits (s, x[t] - m as a one-hot sum, mean_c) come one after the
+        other, so they run as one kernel: one read of the logits after the max (which a GEMM producing
+        the logits computes in its epilogue).
         Its gradient is formed directly, one elementwise op over the logits that generated kernels
         fuse into the consumers' prologue: dx = seed * valid * ((1 - eps) * (exp(x - m) / s - onehot)
         + eps * (exp(x - m) / s - 1/C)) / count.
@@ -106,15 +109,17 @@ class CrossEntropy(Loss):
         shifted = g.sub(out, m, name="ce.shift").set_data_type(g.intermediate_data_type)
         e = g.exp(shifted, name="ce.exp").set_data_type(g.intermediate_data_type)
         s = _reduce(g, e, ReductionMode.ADD, rows, "ce.sum")
-        log_s = g.log(s, name="ce.log_sum")
         onehot = g.cmp_eq(g.gen_index(out, axis, name="ce.classes"), target, name="ce.onehot")
         onehot.set_data_type(g.intermediate_data_type)
-        # its own x - m (a second op): one shared with the sum of exps would be stored between the kernels
+        # the picked logit's (and label smoothing's mean logit's) reduction right after the sum of exps,
+        # before any op that reads a reduced value: all reduce the same rows, so the partitioner puts
+        # them in one kernel, one pass over the logits
         picked = _reduce(g, g.mul(onehot, g.sub(out, m, name="ce.shift_picked").set_data_type(g.intermediate_data_type),
                                   name="ce.pick"), ReductionMode.ADD, rows, "ce.picked")
+        mean_c = _reduce(g, shifted, ReductionMode.AVG, rows, "ce.mean_logit") if self.label_smoothing else None
+        log_s = g.log(s, name="ce.log_sum")
         nll = g.sub(log_s, picked, name="ce.nll")
-        if self.label_smoothing:
-            mean_c = _reduce(g, shifted, ReductionMode.AVG, rows, "ce.mean_logit")
+        if mean_c is not None:
             smooth = g.sub(log_s, mean_c, name="ce.smooth")
             eps = self.label_smoothing
             nll = g.add(g.mul(nll, 1.0 - eps, name="ce.nll_part"), g.mul(smooth, eps, name="ce.smooth_part"),
