@@ -6,6 +6,12 @@ accumulating op) nudged by a few units in the last place of the precision an eng
 Where an output moves a lot under such nudges (cancellation, a steep function, a low-precision
 intermediate crossing a rounding boundary), an engine's legitimate rounding differences move it too,
 so the tolerance there is widened by that spread; everywhere else it is the output type's own.
+
+Non-finite values (the spec: docs/concepts.md, "NaN, infinities and overflow"): where the spec allows
+more than one answer (a sum that passes the compute type's range in some order only, an infinity in a
+normalization's group, a padding term 0 * NaN of a convolution), those elements take NaN, 0, +-inf
+and +-1 in turn in the sensitivity runs, so the spread there (and downstream) is unbounded; a NaN the
+spec requires (a NaN term, inf * 0, +inf and -inf together) stays required.
 """
 
 from __future__ import annotations
@@ -331,11 +337,14 @@ def order_sensitive(node: Node, ins: list[Any], descs: list[Any]) -> list[np.nda
 
 
 def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Generator | None,
-             delta: Callable[[Node], float] | None = None, low: bool = False) -> dict[int, np.ndarray]:
+             delta: Callable[[Node], float] | None = None, low: bool = False,
+             wild: float | None = None) -> dict[int, np.ndarray]:
     """The reference semantics over `inputs` (float64 arrays / numbers by UID); with `rng`, inexact
     results (and accumulating ops' floating inputs) nudged by +-delta(node) relative; with `low`, each
     op that an engine computes in fp32 evaluated by its reference formula in float32 (what the
-    formula itself loses in fp32: 1 - tanh(x)**2 for large x, a sum's order)."""
+    formula itself loses in fp32: 1 - tanh(x)**2 for large x, a sum's order). In those runs the
+    order-sensitive elements of accumulating ops (`order_sensitive`) are set to `wild` (NaN when
+    None): any answer goes there, and downstream of them."""
     env: dict[int, np.ndarray] = {}
     for uid, v in inputs.items():
         env[uid] = np.full(graph.tensors[uid].dim, float(v)) if not isinstance(v, np.ndarray) else v
@@ -363,8 +372,6 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
         descs = [None if u is None else tensors[u] for u in node.outputs]
         with np.errstate(all="ignore"):
             results = node.op.reference(ins, descs)
-        # order-sensitive elements (an intermediate past the range in some order) become NaN, +-inf or
-        # 0 in the sensitivity runs: anything goes there, and downstream of them
         hot = order_sensitive(node, [None if v is None else np.asarray(env[v], dtype=np.float64)
                                      if not isinstance(v, Const) else np.asarray(float(v.value)) for v in node.inputs],
                               descs) if (rng is not None or low) and not exact_node(node, tensors) else [None] * len(descs)
@@ -376,8 +383,7 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                 with np.errstate(all="ignore"):
                     r = nudge(r, d)
             if h is not None:
-                wild = np.array([np.nan, np.inf, -np.inf, 0.0])
-                r = np.where(h, wild[rng.integers(4, size=h.shape)] if rng is not None else np.nan, r)
+                r = np.where(h, np.nan if wild is None else wild, r)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
     return out
