@@ -10,6 +10,15 @@ Below, X^ is X zero-padded (X^[.., i] = X[.., i - p0], 0 outside), channels spli
 (input channel c = g*Cg + c', output channel k in group g = k // (K/G)), and W' is W in
 CROSS_CORRELATION mode or W flipped in every spatial axis in CONVOLUTION mode. Index sums over
 spatial axes are per axis (o*s + r*d means the vector of o_i*s_i + r_i*d_i).
+
+NaN and infinities (docs/concepts.md, "NaN, infinities and overflow"): IEEE arithmetic of these sums.
+A NaN among an output element's terms (its window of X, its filter taps; DY and W for dgrad, X and DY
+for wgrad) makes it NaN, inf * 0 is NaN, +inf and -inf among the terms give NaN, an exact sum beyond
+the output type is +-inf; where summation order decides (a partial sum passing the compute type's
+range, inf - inf in some orders) either answer is correct. Padding is not data: a term 0 * v with the
+0 a padding position (fprop, wgrad) or a tap meeting no DY element (dgrad: borders, stride holes) may
+be computed (NaN for a NaN or infinite v) or left out; the reference computes it for fprop and wgrad
+(X^ is zero-padded) and leaves it out for dgrad (only the (o, r) pairs that meet are summed).
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ engine must accumulate in a wide integer). Integer and float operands do not mix
 rejected. C's type follows the graph defaults (io type for an output, intermediate type when
 virtual); int8 GEMMs usually set C to INT32.
 
+NaN and infinities (docs/concepts.md, "NaN, infinities and overflow"): IEEE arithmetic of the sum.
+A NaN in row m of A or column n of B makes C[m, n] NaN; inf * 0 is NaN; +inf and -inf among the
+products give NaN; an exact sum beyond C's type is +-inf. Where the order of the sum decides (a
+partial sum that passes the compute type's range in some orders only) either answer is correct.
+
 cuDNN's `padding` attribute (the value of out-of-bound elements of ragged operands) is accepted
 only as 0.0: opgraph has no ragged tensors.
 """

@@ -23,6 +23,13 @@ With M = the number of elements in A, mean_A and sum_A reducing over A (keeping 
 Backward ops take dy (`grad`), the forward input and the saved stats, and return dx, dscale, dbias;
 dscale and dbias sum over the axes where scale's dim is 1. Every formula is in the op's docstring.
 
+NaN and infinities (docs/concepts.md, "NaN, infinities and overflow"): IEEE arithmetic of these
+formulas. A NaN in what an element reads (its value, its group's values and statistics, its scale
+or bias) makes it NaN in every formula. An infinity in an op's inputs, or a value whose square (or a
+product of three of the formula's factors) passes the compute type's range, leaves that op's results
+to the engine's formula (one pass or two, Welford, the order of the products): NaN, +-inf, 0 or the
+exact value are all correct there.
+
 Stats, running stats, dscale and dbias are FLOAT unless set otherwise; y and dx follow the graph's
 default types and keep the input's layout (an NHWC input gives an NHWC y).
 epsilon and momentum are scalars: a Python number (baked in), a pass-by-value tensor or a 1-element

@@ -117,8 +117,14 @@ def _phi_cdf(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
 
 
+def _half_1p_tanh(u: np.ndarray) -> np.ndarray:
+    """(1 + tanh(u)) / 2 = sigmoid(2u), without the cancellation of 1 + tanh(u) for u << 0."""
+    e = np.exp(-2.0 * np.abs(u))
+    return np.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+    return x * _half_1p_tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))
 
 
 def _sech2(x: np.ndarray) -> np.ndarray:
@@ -135,8 +141,7 @@ def _sigmoid_grad(x: np.ndarray) -> np.ndarray:
 
 def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
     inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
-    t = np.tanh(inner)
-    return 0.5 * (1.0 + t) + 0.5 * x * _sech2(inner) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+    return _half_1p_tanh(inner) + 0.5 * x * _sech2(inner) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
 
 
 def _relu(x: np.ndarray, lower_clip: Any, upper_clip: Any, negative_slope: Any) -> np.ndarray:

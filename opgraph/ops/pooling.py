@@ -24,6 +24,11 @@ every axis); window >= 1, stride >= 1, padding >= 0; each padding < window in it
 window overlaps the input: MAX never sees only padding and AVG_EXCLUDE_PADDING never divides by 0;
 PyTorch's rule, padding <= window // 2, is stricter); out >= 1.
 
+NaN and infinities (docs/concepts.md, "NaN, infinities and overflow"): MAX as above; the averages
+are IEEE sums (a NaN in the window, or +inf and -inf together, give NaN; an infinity gives that
+infinity), either answer where the sum's order decides (a partial sum passing the compute type's
+range in some orders only).
+
 The padding value is the mode's (cuDNN's NEG_INF_PAD for MAX, ZERO_PAD for the averages); stride
 defaults to the window, as in PyTorch.
 """

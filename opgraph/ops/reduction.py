@@ -27,6 +27,11 @@ genstats(input) -> [sum, sq_sum], per channel (axis 1) of an [N, C, spatial...] 
     sq_sum[0, c, 0...] = sum_{n, spatial} x[n, c, ...]^2
 
 both of dims [1, C, 1, ...] and type FLOAT by default (it is not mean / inv_variance).
+
+NaN and infinities (docs/concepts.md, "NaN, infinities and overflow"): IEEE arithmetic. A NaN among
+the reduced elements gives NaN, +inf and -inf among the terms of a sum give NaN, an exact result
+beyond the output type is +-inf; where the order of a sum or product decides (a partial result that
+passes the compute type's range in some orders only) either answer is correct.
 """
 
 from __future__ import annotations

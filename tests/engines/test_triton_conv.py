@@ -115,6 +115,23 @@ def test_depthwise_convolution_mode_bias_relu_genstats(rng):
     assert templates(plan) == ["depthwise"]
 
 
+@pytest.mark.parametrize("knobs", [None, dict(ROWS=4, BLOCK_W=2, BLOCK_N=8)])
+def test_depthwise_epilogue_operand_broadcast_in_memory_along_the_rows(knobs, rng):
+    """An epilogue operand of full dims whose row axes all have stride 0 (an expanded per-channel
+    vector) is loaded once per program, before the row loop: its address has no row terms (fuzz seed
+    2263: the row-strip kernel read `rm` and `rmask` before they existed, UnboundLocalError)."""
+    g, _, _, y = conv_graph((2, 3, 6, 4), (6, 1, 2, 1), layout="nchw", stride=[1, 2], dilation=[1, 2])
+    v = g.tensor(dim=[2, 6, 5, 2], stride=[0, 1, 0, 0], name="v")
+    g.add(y, v).set_output(True)
+    if knobs is None:
+        plan = assert_engine_matches(g, rng, expect_steps=1)
+    else:
+        plan = _plan_exact(g, {**knobs, "num_warps": 1, "num_stages": 2})
+        bad = og.testing.check_plan(plan, rng)
+        assert not bad, "\n".join(map(str, bad))
+    assert templates(plan) == ["depthwise"]
+
+
 # -- depthwise row strips (knob ROWS > 0) ---------------------------------------------------------------
 
 

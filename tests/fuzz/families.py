@@ -262,19 +262,21 @@ def inplace(g: Gen, prev: V | None) -> V | None:
     return None
 
 
-def _finite(family: Family) -> Family:
-    """The family with finite inputs only (see Gen.finite_only)."""
+def _extreme(family: Family) -> Family:
+    """The family with extreme inputs in its draw too (see Gen.extreme): NaN, infinities, signed
+    zeros and values near the type's range in its convolutions, products, sums and normalizations."""
     def run(g: Gen, prev: V | None) -> V | None:
-        g.finite_only = True
+        g.extreme = True
         try:
             return family(g, prev)
         finally:
-            g.finite_only = False
+            g.extreme = False
     run.__name__ = family.__name__
     return run
 
 
-conv, norm, norm_bwd, genstats = _finite(conv), _finite(norm), _finite(norm_bwd), _finite(genstats)
+conv, norm, norm_bwd, genstats, matmul, pool = (
+    _extreme(f) for f in (conv, norm, norm_bwd, genstats, matmul, pool))
 
 FAMILIES: dict[str, Family] = {
     "pointwise": pointwise, "cast": cast, "reduction": reduction, "genstats": genstats, "norm": norm,

@@ -93,9 +93,8 @@ class Gen:
         self.scalars: dict[Any, float] = {}  # pass-by-value tensor handle -> value
         self.n = 0
         self.results: list[V] = []
-        # no NaN/inf inputs (families whose non-finite results depend on the formula: a NaN filter tap
-        # times a zero-padded position, inf in a normalization's sums)
-        self.finite_only = False
+        # the "extreme" profile too (huge values, signed zeros, infinities: the accumulating families)
+        self.extreme = False
 
     # -- randomness ----------------------------------------------------------------------------------
     def pick(self, seq):
@@ -147,8 +146,8 @@ class Gen:
                           name=name, is_by_reference=self.chance(0.1))
         if profile is None:
             profile = self.pick(("normal", "normal", "wide")) if dt.is_integer else \
-                self.pick(("normal",) * 16 + ("tiny", "tiny", "large", "large") +
-                          (() if self.finite_only else ("nonfinite",)))
+                self.pick(("normal",) * 16 + ("tiny", "tiny", "large", "large", "nonfinite") +
+                          (("extreme",) if self.extreme else ()))
         self.profiles[t] = profile
         return V(t, tuple(dim), dt, True, False, True)
 

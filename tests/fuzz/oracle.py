@@ -6,6 +6,12 @@ accumulating op) nudged by a few units in the last place of the precision an eng
 Where an output moves a lot under such nudges (cancellation, a steep function, a low-precision
 intermediate crossing a rounding boundary), an engine's legitimate rounding differences move it too,
 so the tolerance there is widened by that spread; everywhere else it is the output type's own.
+
+Non-finite values (the spec: docs/concepts.md, "NaN, infinities and overflow"): where the spec allows
+more than one answer (a sum that passes the compute type's range in some order only, an infinity in a
+normalization's group, a padding term 0 * NaN of a convolution), those elements take NaN, 0, +-inf
+and +-1 in turn in the sensitivity runs, so the spread there (and downstream) is unbounded; a NaN the
+spec requires (a NaN term, inf * 0, +inf and -inf together) stays required.
 """
 
 from __future__ import annotations
@@ -62,6 +68,21 @@ def _special(dt: og.DataType, n: int, rng: np.random.Generator) -> np.ndarray:
     return vals
 
 
+def _extreme(dt: og.DataType, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    top = float(ml_dtypes.finfo(dt.numpy).max)
+    v = rng.uniform(-2.0, 2.0, size=shape)
+    sign = np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+    pick = rng.random(shape)
+    huge = rng.random() < 0.5  # half the tensors: values whose sums or squares overflow
+    v = np.where(pick < 0.1, sign * 0.0, v)
+    if huge:
+        v = np.where((pick >= 0.1) & (pick < 0.2), sign * top * rng.uniform(0.25, 1.0, size=shape), v)
+        v = np.where((pick >= 0.2) & (pick < 0.3), sign * np.sqrt(top) * rng.uniform(0.5, 4.0, size=shape), v)
+    else:
+        v = np.where((pick >= 0.1) & (pick < 0.2), sign * rng.uniform(1.0, 4.0, size=shape) * 1e3, v)
+    return np.where(pick > 0.97, np.nan, np.where(pick > 0.94, sign * np.inf, v))
+
+
 def input_values(desc: TensorDesc, profile: str, rng: np.random.Generator) -> np.ndarray:
     """float64 (or bool) values in logical dims for one input, by the case's profile."""
     dt, shape, n = desc.data_type, desc.dim, desc.numel
@@ -87,6 +108,8 @@ def input_values(desc: TensorDesc, profile: str, rng: np.random.Generator) -> np
         v = rng.uniform(-2.0, 2.0, size=shape)
         pick = rng.random(shape)
         return np.where(pick < 0.1, np.nan, np.where(pick < 0.15, np.inf, np.where(pick < 0.2, -np.inf, v)))
+    if profile == "extreme":  # near the type's range (and sqrt of it: squares overflow), signed zeros, inf, NaN
+        return _extreme(dt, shape, rng)
     if profile == "large":
         return rng.uniform(-1.0, 1.0, size=shape) * 10.0 ** rng.uniform(1, 4, size=shape)
     v = rng.uniform(-2.0, 2.0, size=shape)
@@ -192,12 +215,136 @@ def node_delta(node: Node, tensors: Mapping[int, TensorDesc]) -> float:
     return F64_DELTA if wide else F32_DELTA
 
 
+_LINEAR = {"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "genstats", "resample", "reduction"}
+_NORMS = {"batchnorm", "batchnorm_inference", "batchnorm_backward", "layernorm", "layernorm_backward", "rmsnorm",
+          "rmsnorm_backward", "instancenorm", "instancenorm_backward"}
+
+
+def padding_terms(node: Node, ins: list[Any], descs: list[Any]) -> np.ndarray | None:
+    """Convolutions: the output elements with a term 0 * v, v NaN or infinite, where the 0 is no
+    element of the data (fprop, wgrad: a padding position of X meeting a filter tap or DY element;
+    dgrad: a tap meeting no DY element at a DX pixel, a border or a stride hole). An engine may compute
+    such a term (IEEE: NaN) or leave it out (the spec: docs/concepts.md), so these elements may be
+    either; None where there are none."""
+    from opgraph.ops.conv_math import conv_data_grad, conv_forward, conv_weight_grad
+
+    kind, op = node.kind, node.op
+    if kind not in ("conv_fprop", "conv_dgrad", "conv_wgrad") or descs[0] is None:
+        return None
+    a, b = (np.asarray(v, dtype=np.float64) for v in ins[:2])
+    bad = lambda v: (~np.isfinite(v)).astype(np.float64)  # noqa: E731
+    geo = op.geometry(a.ndim - 2)
+    mode = op.convolution_mode
+    with np.errstate(all="ignore"):
+        if kind == "conv_dgrad":  # each tap meets each DX pixel once in the zero-stuffed form
+            real = conv_data_grad(np.ones_like(a), bad(b), descs[0].dim, geo, mode)
+            per = bad(b).reshape(b.shape[0], b.shape[1], -1).sum(axis=2)  # [K, C/G]
+            groups = descs[0].dim[1] // b.shape[1]
+            total = per.reshape(groups, -1, b.shape[1]).sum(axis=1).reshape(1, -1)  # [1, C]
+            total = total.reshape(total.shape + (1,) * (len(descs[0].dim) - 2))
+            hot = total > real
+        else:
+            bare = type(geo)((0,) * len(geo.pre), (0,) * len(geo.post), geo.stride, geo.dilation)
+            pads = [(0, 0), (0, 0), *zip(geo.pre, geo.post)]
+            marker = np.pad(np.zeros_like(a), pads, constant_values=1.0)  # 1 at padding positions only
+            if kind == "conv_fprop":
+                hot = conv_forward(marker, bad(b), bare, mode) > 0
+            else:
+                hot = conv_weight_grad(marker, bad(b), descs[0].dim, bare, mode) > 0
+    hot = np.broadcast_to(hot, descs[0].dim)
+    return hot if hot.any() else None
+
+
+def _norm_groups(node: Node, ins: list[Any], descs: list[Any], limit: float) -> list[np.ndarray | None]:
+    """A normalization's outputs that read an infinity, or a value whose cube (times the element
+    count) reaches the range: an element's own inputs and its group's (the normalized axes A)."""
+    x = max((a for a in ins if isinstance(a, np.ndarray)), key=lambda a: a.size)
+    rank, kind = x.ndim, node.kind
+    if kind.startswith("batchnorm") and kind != "batchnorm_inference":
+        axes: tuple[int, ...] = (0, *range(2, rank))
+    elif kind.startswith("instancenorm"):
+        axes = tuple(range(2, rank))
+    elif kind.startswith(("layernorm", "rmsnorm")):
+        scale = ins[list(node.op.INPUTS).index("scale")]
+        axes = () if scale is None else tuple(a for a in range(rank) if np.shape(scale)[a] == x.shape[a] > 1)
+    else:  # batchnorm_inference: per element
+        axes = ()
+    thr = (limit / (4.0 * x.size)) ** (1.0 / 3.0)
+    bad = np.zeros(x.shape, dtype=bool)
+    for a in ins:
+        if isinstance(a, np.ndarray) and a.size:
+            bad |= np.broadcast_to(np.isinf(a) | (np.abs(np.nan_to_num(a)) >= thr), x.shape)
+    if axes:
+        bad = np.broadcast_to(bad.any(axis=axes, keepdims=True), x.shape)
+    out: list[np.ndarray | None] = []
+    for d in descs:
+        if d is None:
+            out.append(None)
+            continue
+        reduce = tuple(a for a in range(rank) if d.dim[a] == 1 and x.shape[a] > 1)
+        out.append(bad.any(axis=reduce, keepdims=True) if reduce else bad)
+    return out
+
+
+def order_sensitive(node: Node, ins: list[Any], descs: list[Any]) -> list[np.ndarray | None]:
+    """Per output of an accumulating node: where the result depends on the order (or formula) of its
+    sums because an intermediate can pass the compute type's range in some valid order (the spec:
+    docs/concepts.md, "NaN, infinities and overflow"), so any answer is allowed. Elements whose result
+    is NaN in every order (a NaN in the receptive field or row, inf * 0, +inf and -inf among the
+    terms) are not: they must be NaN.
+
+    Linear ops (matmul, conv, sums, average pooling, genstats): the sum of the terms' magnitudes
+    (the op over |inputs|, non-finite values as 0) near the range. Normalizations: the largest finite
+    input whose cube (a product of three factors), times the element count, reaches the range."""
+    kind = node.kind
+    if kind not in _LINEAR and kind not in _NORMS:
+        return [None] * len(descs)
+    limit = float(np.finfo(np.float64 if node.compute_data_type is DT.DOUBLE else np.float32).max)
+    arrays = [a for a in ins if isinstance(a, np.ndarray) and a.ndim > 0]
+    if not arrays:
+        return [None] * len(descs)
+
+    def fix(f: Callable[[np.ndarray], np.ndarray]) -> list[Any]:
+        return [f(a) if isinstance(a, np.ndarray) and a.ndim > 0 else a for a in ins]
+
+    with np.errstate(all="ignore"):
+        # NaN in every order: the op over the inputs with finite values clipped to magnitude <= 1
+        forced = node.op.reference(fix(lambda a: np.where(np.isfinite(a), np.clip(a, -1.0, 1.0), a)), descs)
+        if kind in _LINEAR:
+            if kind == "reduction" and node.op.mode.name == "MUL":
+                size = node.op.reference(fix(lambda a: np.maximum(np.abs(np.nan_to_num(a, posinf=0, neginf=0)),
+                                                                  1.0)), descs)
+            else:
+                size = node.op.reference(fix(lambda a: np.abs(np.nan_to_num(a, posinf=0, neginf=0))), descs)
+            hot = [None if m is None else np.asarray(m, dtype=np.float64) >= limit / 128 for m in size]
+        else:  # an infinity anywhere: the formula's order decides (inf - inf or inf); NaN inputs stay NaN
+            forced = node.op.reference(fix(lambda a: np.where(np.isnan(a), a, np.clip(np.nan_to_num(a), -1, 1))),
+                                       descs)
+            hot = _norm_groups(node, ins, descs, limit)
+    pad = padding_terms(node, ins, descs)
+    if pad is not None and hot[0] is None:
+        hot[0] = np.zeros(pad.shape, dtype=bool)
+    out: list[np.ndarray | None] = []
+    for i, (h, f, d) in enumerate(zip(hot, forced, descs)):
+        if h is None or d is None or f is None or not d.data_type.is_floating:
+            out.append(None)
+            continue
+        h = np.broadcast_to(h, d.dim) & ~np.isnan(np.broadcast_to(np.asarray(f, dtype=np.float64), d.dim))
+        if i == 0 and pad is not None:  # (a padding term may be all that makes an element NaN)
+            h = h | pad
+        out.append(h if h.any() else None)
+    return out
+
+
 def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Generator | None,
-             delta: Callable[[Node], float] | None = None, low: bool = False) -> dict[int, np.ndarray]:
+             delta: Callable[[Node], float] | None = None, low: bool = False,
+             wild: float | None = None) -> dict[int, np.ndarray]:
     """The reference semantics over `inputs` (float64 arrays / numbers by UID); with `rng`, inexact
     results (and accumulating ops' floating inputs) nudged by +-delta(node) relative; with `low`, each
     op that an engine computes in fp32 evaluated by its reference formula in float32 (what the
-    formula itself loses in fp32: 1 - tanh(x)**2 for large x, a sum's order)."""
+    formula itself loses in fp32: 1 - tanh(x)**2 for large x, a sum's order). In those runs the
+    order-sensitive elements of accumulating ops (`order_sensitive`) are set to `wild` (NaN when
+    None): any answer goes there, and downstream of them."""
     env: dict[int, np.ndarray] = {}
     for uid, v in inputs.items():
         env[uid] = np.full(graph.tensors[uid].dim, float(v)) if not isinstance(v, np.ndarray) else v
@@ -225,13 +372,18 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
         descs = [None if u is None else tensors[u] for u in node.outputs]
         with np.errstate(all="ignore"):
             results = node.op.reference(ins, descs)
-        for uid, desc, r in zip(node.outputs, descs, results):
+        hot = order_sensitive(node, [None if v is None else np.asarray(env[v], dtype=np.float64)
+                                     if not isinstance(v, Const) else np.asarray(float(v.value)) for v in node.inputs],
+                              descs) if (rng is not None or low) and not exact_node(node, tensors) else [None] * len(descs)
+        for uid, desc, r, h in zip(node.outputs, descs, results, hot):
             if uid is None or r is None:
                 continue
             r = np.asarray(r, dtype=np.float64)
             if not exact:
                 with np.errstate(all="ignore"):
                     r = nudge(r, d)
+            if h is not None:
+                r = np.where(h, np.nan if wild is None else wild, r)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
     return out

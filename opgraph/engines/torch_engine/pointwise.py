@@ -34,8 +34,15 @@ def _phi(x):
     return 0.5 * (1.0 + _torch().erf(x * _INV_SQRT_2))
 
 
+def _half_1p_tanh(u):
+    """(1 + tanh(u)) / 2 = sigmoid(2u) without the cancellation for u << 0 (see opgraph.ops.pointwise)."""
+    torch = _torch()
+    e = torch.exp(-2.0 * u.abs())
+    return torch.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + _torch().tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    return x * _half_1p_tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
 
 
 def _sech2(x):
@@ -51,8 +58,7 @@ def _sigmoid_grad(x):
 
 def _gelu_tanh_grad(x):
     inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
-    t = _torch().tanh(inner)
-    return 0.5 * (1.0 + t) + 0.5 * x * _sech2(inner) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+    return _half_1p_tanh(inner) + 0.5 * x * _sech2(inner) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
 
 
 def _softplus(x, beta):

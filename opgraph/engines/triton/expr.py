@@ -124,7 +124,13 @@ def _og_softplus(x, beta):
 def _og_gelu_tanh(x):
     # constants inline: a float assigned to a variable becomes an fp32 value in a compiled Triton
     # function (a float64 kernel would compute with an fp32 sqrt(2/pi))
-    return 0.5 * x * (1.0 + _og_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    return x * _og_half_1p_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))
+
+
+def _og_half_1p_tanh(u):
+    # (1 + tanh(u)) / 2 = sigmoid(2u), without the cancellation of 1 + tanh(u) for u << 0
+    e = tl.exp(-2.0 * tl.abs(u))
+    return tl.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _og_sech2(x):
@@ -141,8 +147,7 @@ def _og_sigmoid_grad(x):
 
 def _og_gelu_tanh_grad(x):
     inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    t = _og_tanh(inner)
-    return 0.5 * (1.0 + t) + 0.5 * x * _og_sech2(inner) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
+    return _og_half_1p_tanh(inner) + 0.5 * x * _og_sech2(inner) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
 '''
 
 

@@ -53,7 +53,7 @@ class TileIndexer:
                 return None
             else:
                 inner *= size
-        if step is None:
+        if not step:  # (0: every row axis broadcast in memory; the rows drop out, as for dims of 1)
             return None
         return expr if step == 1 else f"{expr} * {step}"
 
