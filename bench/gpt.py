@@ -63,6 +63,8 @@ from torch import nn
 
 import opgraph as og
 
+from .ours import engines_of
+
 PEAK_BF16 = 989.4e12  # dense bf16 tensor-core peak of an H100 / H200 SXM (datasheet)
 MODES = {"opgraph-graph": "opgraph (CUDA graph)", "eager-graph": "eager (CUDA graph)",
          "compile-graph": "compile max-autotune", "opgraph": "opgraph", "eager": "eager",
@@ -334,7 +336,7 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
     pack = ts.pack(w.x, target=w.y)
     t2 = time.perf_counter()
     note = (f"import+graph {t1 - t0:.1f}s, build {t2 - t1:.1f}s, {len(ts.graph.final.nodes)} ops, "
-            f"{len(ts.plan.steps)} kernels; {len(imported.report.custom_ops)} custom op(s)")
+            f"{engines_of(ts.plan)}; {len(imported.report.custom_ops)} custom op(s)")
     plan, loss_uid = ts.plan, ts.loss_uid
 
     def profile() -> None:  # runs the plan's kernels on the step's own buffers: after the check and timing

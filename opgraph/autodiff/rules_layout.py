@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from ..ops.builtin_custom import SLICE_BACKWARD, ensure_registered
+from ..ops.builtin_custom import SLICE_BACKWARD, as_text, ensure_registered
 from ..ops.custom import Custom
 from ..ops.layout import Concatenate, Slice, Transpose
 from .rules import RuleContext, dim_of, register_rule
@@ -56,7 +56,7 @@ def slice_(ctx: RuleContext):
     dy = ctx.grad_full("output")
     bounds = ctx.op_as(Slice).bounds(None, x.dim)
     params = (("bounds", ",".join(f"{a}:{b}:{c}" for a, b, c in bounds)),
-              ("in_dim", ",".join(str(d) for d in x.dim)))
+              ("in_dim", as_text(x.dim)))
     op = Custom(op_name=SLICE_BACKWARD, num_inputs=1, num_outputs=1, params=params)
     dx = ctx.b.op(op, [dy], ["output0"], [x.dim], tag="slice_backward")[0]
     ctx.b.slice_grads[id(dx)] = (dy, bounds)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..ops.builtin_custom import as_text
 from ..ops.custom import Custom
 from ..ops.pooling import Resample, ResampleMode
-from ..ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD, as_text, ensure_registered
+from ..ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD, ensure_registered
 from .rules import RuleContext, register_rule
 
 

@@ -23,8 +23,13 @@ STOP_GRADIENT = "stop_gradient"
 
 
 def ints(text: str) -> tuple[int, ...]:
-    """"2,3,4" -> (2, 3, 4) (custom-op parameters are plain values)."""
+    """"2,3,4" -> (2, 3, 4) (custom-op parameters are plain values); as_text's inverse."""
     return tuple(int(v) for v in text.split(",")) if text else ()
+
+
+def as_text(values) -> str:
+    """(2, 3, 4) -> "2,3,4"."""
+    return ",".join(str(int(v)) for v in values)
 
 
 def _bounds(text: str) -> tuple[builtins.slice, ...]:

@@ -21,19 +21,12 @@ import math
 
 import numpy as np
 
+from .builtin_custom import ints
 from .custom import CUSTOM_OPS, register_custom_op
 from .pooling import ResampleMode
 
 AVG_BACKWARD = "resample_avg_backward"
 MAX_BACKWARD = "resample_max_backward"
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(","))
-
-
-def as_text(values) -> str:
-    return ",".join(str(int(v)) for v in values)
 
 
 def _scatter(contrib, dims, out, window, stride, pre, post):
@@ -51,14 +44,14 @@ def _scatter(contrib, dims, out, window, stride, pre, post):
 
 def _geometry(window: str, stride: str, pre_padding: str, post_padding: str, nsp: int):
     def full(v):
-        v = _ints(v)
+        v = ints(v)
         return v * nsp if len(v) == 1 else v
 
     return full(window), full(stride), full(pre_padding), full(post_padding)
 
 
 def _avg_backward_ref(dy, *, in_dim, mode, window, stride, pre_padding, post_padding):
-    dims = _ints(in_dim)
+    dims = ints(in_dim)
     w, s, pre, post = _geometry(window, stride, pre_padding, post_padding, len(dims) - 2)
     if mode == ResampleMode.AVG_INCLUDE_PADDING.value:
         g = dy / math.prod(w)
@@ -110,7 +103,7 @@ def _torch_backward(x, dy, mode, params):
 def _avg_backward_torch(dy, **params):
     import torch
 
-    x = torch.zeros(_ints(params["in_dim"]), dtype=dy.dtype, device=dy.device)
+    x = torch.zeros(ints(params["in_dim"]), dtype=dy.dtype, device=dy.device)
     return _torch_backward(x, dy, params["mode"], params)
 
 
@@ -135,7 +128,7 @@ def ensure_registered() -> None:
     """Register the custom ops (again, if a test emptied the registry)."""
     if AVG_BACKWARD not in CUSTOM_OPS:
         register_custom_op(AVG_BACKWARD, num_inputs=1, reference=_avg_backward_ref, torch=_avg_backward_torch,
-                           infer=lambda dy, **p: [_ints(p["in_dim"])])
+                           infer=lambda dy, **p: [ints(p["in_dim"])])
     if MAX_BACKWARD not in CUSTOM_OPS:
         register_custom_op(MAX_BACKWARD, num_inputs=2, reference=_max_backward_ref, torch=_max_backward_torch,
                            infer=lambda dy, x, **p: [x.dim])

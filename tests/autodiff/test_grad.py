@@ -646,7 +646,8 @@ def test_max_pool_tie_goes_to_the_first_maximum(rng):
 def test_max_pool_backward_torch_implementation_matches_the_reference(name, layout, rng):
     """The custom op's PyTorch implementation (aten's pooling kernels where the padding is symmetric,
     autograd otherwise) against its NumPy reference, ties included."""
-    from opgraph.ops.pooling_backward import _geometry, _max_backward_ref, _max_backward_torch, as_text
+    from opgraph.ops.builtin_custom import as_text
+    from opgraph.ops.pooling_backward import _geometry, _max_backward_ref, _max_backward_torch
 
     cfg = POOLS.get(name, dict(mode="max", window=[3, 3, 3], stride=[2, 2, 2], padding=1))
     nsp = len(cfg["window"])
