@@ -247,6 +247,41 @@ def test_gen_index_in_the_prologue(rng):
     assert_engine_matches(g, rng, expect_steps=2)
 
 
+def _cross_entropy_rows(dt=DT.BFLOAT16, rows=5, classes=37):
+    """A cross-entropy's row pass: sum(exp(x - max)) and the target's logit picked by a one-hot of
+    gen_index (INT32) == target (INT64)."""
+    g = og.Graph("ce", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[rows, classes], name="x")
+    m = g.tensor(dim=[rows, 1], name="m", data_type=DT.FLOAT)
+    t = g.tensor(dim=[rows, 1], name="t", data_type=DT.INT64)
+    shifted = g.sub(x, m).set_data_type(DT.FLOAT)
+    g.reduction(g.exp(shifted).set_data_type(DT.FLOAT), R.ADD).set_dim([rows, 1]).set_output(True).set_name("s")
+    onehot = g.cmp_eq(g.gen_index(x, axis=1).set_data_type(DT.INT32), t).set_data_type(DT.FLOAT)
+    picked = g.mul(onehot, g.sub(x, m).set_data_type(DT.FLOAT)).set_data_type(DT.FLOAT)
+    g.reduction(picked, R.ADD).set_dim([rows, 1]).set_output(True).set_name("picked")
+    return g
+
+
+def _targets_in_range(classes):
+    def prepare(pack):
+        for v in pack.values():
+            if isinstance(v, np.ndarray) and v.dtype == np.int64:
+                v[...] = np.arange(v.size).reshape(v.shape) * 7 % classes
+    return prepare
+
+
+def test_integer_ops_keep_the_float_math_fp32(rng):
+    """INT32/INT64 values compute in fp64 (exact), the rest of the piece in fp32: an INT64 target
+    beside 50k logits must not make their exp and sums fp64 (4x slower on an H100), and the one-hot
+    compares integers as integers."""
+    g = _cross_entropy_rows()
+    assert_engine_matches(g, rng, expect_steps=1, prepare=_targets_in_range(37))
+    source = TEMPLATE.generate(_piece(g), TEMPLATE.candidates(_piece(g), H100)[0], H100).source
+    body = source[source.index("def kernel("):]
+    assert "tl.float64" not in body, body
+    assert "tl.exp(" in body and ".to(tl.int64) ==" in body, body
+
+
 def test_declines_with_reasons():
     from opgraph.engines.triton.templates.reduction import TEMPLATE as T
 
@@ -335,6 +370,7 @@ HOPPER_CASES = {
     **{f"row_{m.name}": (_row(m), "reduction", None) for m in (R.ADD, R.MAX, R.MUL_NO_ZEROS, R.NORM2)},
     **{f"full_{m.name}": (_full(m), "reduction", None) for m in (R.MUL, R.MIN, R.AVG)},
     "int64_offsets": (lambda: _graph(R.MAX, (40000, 65536), (1, 65536), dt=DT.HALF), "reduction", None),
+    "cross_entropy_rows": (lambda: _cross_entropy_rows(rows=8192, classes=50304), "reduction", None),
     "middle_split": (lambda: _graph(R.AVG, (16, 64, 1024), (16, 1, 1024)), "reduction",
                      [{"BLOCK_M": 64, "BLOCK_K": 32, "SPLIT": 4, "num_warps": 4}]),
 }

@@ -17,7 +17,7 @@ spec requires (a NaN term, inf * 0, +inf and -inf together) stays required.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -251,8 +251,28 @@ def padding_terms(node: Node, ins: list[Any], descs: list[Any]) -> np.ndarray | 
                 hot = conv_forward(marker, bad(b), bare, mode) > 0
             else:
                 hot = conv_weight_grad(marker, bad(b), descs[0].dim, bare, mode) > 0
-    hot = np.broadcast_to(hot, descs[0].dim)
+    hot = np.broadcast_to(hot, descs[0].dim) | _group_terms(kind, op, a, b, descs[0].dim, geo, mode)
     return hot if hot.any() else None
+
+
+def _group_terms(kind: str, op: Any, a: np.ndarray, b: np.ndarray, out_dim: Sequence[int], geo: Any,
+                 mode: Any) -> np.ndarray:
+    """Grouped convolutions computed as dense ones whose filter is 0 between groups (cuDNN's data
+    gradient does, through PyTorch, on an H100: fuzz seed 20261125503297): a product of such a 0 with a
+    NaN or infinite input of another group (fprop: X; dgrad: DY) is a `0 * v` term as a padding one.
+    Wgrad's dense product is cropped to the groups and has none."""
+    from opgraph.ops.conv_math import conv_data_grad, conv_forward
+
+    groups = (out_dim[1] // b.shape[1]) if kind == "conv_dgrad" else (a.shape[1] // b.shape[1])
+    if groups == 1 or kind == "conv_wgrad":
+        return np.zeros(out_dim, dtype=bool)
+    bad = (~np.isfinite(a)).astype(np.float64)
+    with np.errstate(all="ignore"):
+        if kind == "conv_fprop":  # a dense filter [K, C, taps] of ones: every channel meets every output
+            dense = np.ones((b.shape[0], a.shape[1], *b.shape[2:]))
+            return conv_forward(bad, dense, geo, mode) > 0
+        dense = np.ones((a.shape[1], out_dim[1], *b.shape[2:]))
+        return conv_data_grad(bad, dense, out_dim, geo, mode) > 0
 
 
 def _norm_groups(node: Node, ins: list[Any], descs: list[Any], limit: float) -> list[np.ndarray | None]:

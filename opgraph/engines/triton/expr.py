@@ -28,12 +28,25 @@ from ...ops.pointwise import MODES, Pointwise, PointwiseMode
 from .casts import CAST_HELPERS, INT_RANGE, TL_DTYPE, from_storage, round_in_compute, to_storage  # noqa: F401
 
 _WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
+_INTS = frozenset({DataType.INT32, DataType.INT64})
+_INT_TYPES = frozenset({"tl.int32", "tl.int64"})
+_COMPARISONS = frozenset({PointwiseMode.CMP_EQ, PointwiseMode.CMP_NEQ, PointwiseMode.CMP_GT, PointwiseMode.CMP_GE,
+                          PointwiseMode.CMP_LT, PointwiseMode.CMP_LE})
 
 
 def compute_type(node_types: list[DataType]) -> str:
     """fp64 where a value of the piece is DOUBLE, INT32 or INT64 (integers stay exact, as in the float64
     reference), else fp32."""
     return "tl.float64" if any(t in _WIDE for t in node_types) else "tl.float32"
+
+
+def node_compute_type(node: Node, tensors: Mapping[int, TensorDesc]) -> str:
+    """The type one node computes in: fp64 where its compute type or one of its tensors is DOUBLE,
+    INT32 or INT64, else fp32 (the precision the fuzzer's oracle grants it: tests/fuzz/oracle.py
+    node_delta). An fp64 piece (compute_type) computes its other nodes in fp32: a gen_index and an
+    INT64 target in a cross-entropy kernel must not make its exp over 400M logits fp64."""
+    types = [node.compute_data_type, *(tensors[u].data_type for u in (*node.input_uids(), *node.output_uids()))]
+    return compute_type(types)
 
 
 def piece_types(piece: Piece) -> list[DataType]:
@@ -302,7 +315,9 @@ class Emitter:
         self.ptr = ptr
         self.scalar = scalar
         self.lines: list[str] = []
+        # each value as the piece's compute type (what templates read), and as computed (name, type)
         self.values: dict[int, str] = {}
+        self.native: dict[int, tuple[str, str]] = {}
 
     def operand(self, v: int | Const | None) -> str:
         if v is None:
@@ -312,12 +327,34 @@ class Emitter:
         if v not in self.values:
             desc = self.tensors[v]
             name = f"v{v}"
+            home = compute_type([desc.data_type]) if self.compute == "tl.float64" else self.compute
             if desc.is_pass_by_value:  # a float64 argument (see annotate_scalars), in the compute type
-                self.lines.append(f"{name} = {scalar_value(self.scalar(v), self.compute)}")
+                self.lines.append(f"{name} = {scalar_value(self.scalar(v), home)}")
+            elif desc.data_type in _INTS and self.compute == "tl.float64":  # as stored: cast where used
+                self.lines.append(f"{name} = {self.indexer.load(desc, self.ptr(v))}")
+                home = TL_DTYPE[desc.data_type]
             else:
-                self.lines.append(f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, self.compute)}")
-            self.values[v] = name
+                self.lines.append(f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, home)}")
+            self._named(v, name, home)
         return self.values[v]
+
+    def _named(self, uid: int, name: str, typ: str) -> None:
+        self.native[uid] = (name, typ)
+        self.values[uid] = name if typ == self.compute else f"{name}.to({self.compute})"
+
+    def typed(self, v: int | Const | None, typ: str) -> str:
+        """Operand `v` as type `typ` (values a template preset are in the compute type)."""
+        if v is None or isinstance(v, Const):
+            return self.operand(v)
+        value = self.operand(v)
+        name, have = self._native(v, value)
+        return name if have == typ else f"{name}.to({typ})"
+
+    def _native(self, uid: int, value: str) -> tuple[str, str]:
+        name, typ = self.native.get(uid, (value, self.compute))
+        if value not in (name, f"{name}.to({self.compute})"):  # a template set values[uid] itself
+            return value, self.compute
+        return name, typ
 
     def emit(self, node: Node) -> None:
         op = node.op
@@ -326,31 +363,48 @@ class Emitter:
             return
         assert isinstance(op, Pointwise)
         info = MODES[op.mode]
-        ins = [self.operand(v) for v in node.inputs]
+        typ = self._node_type(node)
+        ins = [self.typed(v, typ) for v in node.inputs]
         operands = ins[: info.arity]
         params = {name: (ins[info.arity + i] or literal(default)) for i, (name, default) in enumerate(info.params)}
         out = node.outputs[0]
         assert out is not None
         if op.mode is PointwiseMode.GEN_INDEX:
-            coord = self.indexer.coord(op.axis or 0, self.tensors[out])
+            desc = self.tensors[out]
+            if self.compute == "tl.float64" and desc.data_type in _INTS and (
+                    desc.dim[op.axis or 0] <= INT_RANGE[desc.data_type][1]):
+                typ = TL_DTYPE[desc.data_type]  # a coordinate is exact in its integer type
+            coord = self.indexer.coord(op.axis or 0, desc)
             # a constant coordinate (an axis of size 1) is a Python int, not a tensor
-            expr = f"tl.full([], {coord}, {self.compute})" if coord.isdigit() else f"({coord}).to({self.compute})"
+            expr = f"tl.full([], {coord}, {typ})" if coord.isdigit() else f"({coord}).to({typ})"
+        elif op.mode in _COMPARISONS and self.compute == "tl.float64" and all(
+                isinstance(v, int) and self.tensors[v].data_type in _INTS for v in node.inputs[: info.arity]):
+            # integers compare as integers: no fp64 conversion per element (a one-hot of class ids)
+            ints = [self.typed(v, "tl.int64") for v in node.inputs[: info.arity]]
+            typ = compute_type([self.tensors[out].data_type])
+            expr = f"({_mode_expr(op.mode, ints, params)}).to({typ})"
         else:
-            expr = f"({_mode_expr(op.mode, operands, params)}).to({self.compute})"
-        self.assign(out, expr)
+            expr = f"({_mode_expr(op.mode, operands, params)}).to({typ})"
+        self.assign(out, expr, typ)
 
-    def assign(self, uid: int, value: str) -> None:
-        """Make `value` the value v{uid} of tensor uid, rounded to the tensor's declared type."""
+    def _node_type(self, node: Node) -> str:
+        return node_compute_type(node, self.tensors) if self.compute == "tl.float64" else self.compute
+
+    def assign(self, uid: int, value: str, typ: str | None = None) -> None:
+        """Make `value` (of type `typ`, default the compute type) the value v{uid} of tensor uid,
+        rounded to the tensor's declared type."""
+        typ = typ or self.compute
         name = f"v{uid}"
         self.lines.append(f"{name} = {value}")
-        rounded = round_in_compute(name, self.tensors[uid].data_type, self.compute)
+        rounded = round_in_compute(name, self.tensors[uid].data_type, typ)
         if rounded is not None:
             self.lines.append(f"{name} = {rounded}")
-        self.values[uid] = name
+        self._named(uid, name, typ)
 
     def _emit_custom(self, node: Node, op: Custom) -> None:
         """A fused custom op: its Triton function called on compute-type values (see fused_custom)."""
-        args = [self.operand(v) for v in node.inputs]
+        typ = self._node_type(node)
+        args = [self.typed(v, typ) for v in node.inputs]
         for k, v in op.params:
             if isinstance(v, str):  # fused_custom admits numeric parameters only
                 raise InternalError(f"fused custom op parameter {k!r} is a string", op=node.label(),
@@ -358,9 +412,12 @@ class Emitter:
             args.append(f"{k}={literal(v)}")
         out = node.outputs[0]
         assert out is not None
-        self.assign(out, f"({CUSTOM_PREFIX}{op.op_name}({', '.join(args)})).to({self.compute})")
+        self.assign(out, f"({CUSTOM_PREFIX}{op.op_name}({', '.join(args)})).to({typ})", typ)
 
     def store(self, uid: int) -> None:
         desc = self.tensors[uid]
-        value = to_storage(self.values[uid], desc.data_type, self.compute)
+        name, typ = self._native(uid, self.values[uid])
+        if typ in _INT_TYPES:  # (a gen_index coordinate)
+            name, typ = (name, typ) if typ == TL_DTYPE[desc.data_type] else (f"{name}.to(tl.float64)", "tl.float64")
+        value = name if typ == TL_DTYPE[desc.data_type] else to_storage(name, desc.data_type, typ)
         self.lines.append(self.indexer.store(desc, self.ptr(uid), value))

@@ -288,7 +288,8 @@ class PrefixEmitter(Emitter):
         self.values[v] = name
         return name
 
-    def assign(self, uid: int, value: str) -> None:
+    def assign(self, uid: int, value: str, typ: str | None = None) -> None:
+        # (fp32 hooks: no node computes in another type)
         name = f"{self.prefix}{uid}"
         self.lines.append(f"{name} = {value}")
         rounded = round_in_compute(name, self.tensors[uid].data_type, self.compute)

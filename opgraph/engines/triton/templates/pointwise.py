@@ -71,6 +71,90 @@ class FlatIndexer:
         return lines
 
 
+class TileIndexer:
+    """Loads and stores over [TILE_I, TILE_J] tiles of two axes: j the first output's innermost, i
+    the innermost of a transposed tensor (a cast of a weight's transpose), so that both tensors are
+    read or written along their contiguous axis (Triton converts the tile's layout between the two
+    through shared memory); one program per tile and coordinate of the other axes."""
+
+    def __init__(self, dims: tuple[int, ...], i: int, j: int, order: tuple[int, ...], big: bool) -> None:
+        self.dims, self.i, self.j, self.big = dims, i, j, big
+        self.outer = tuple(a for a in order if a not in (i, j) and dims[a] > 1)
+        self.needed: set[int] = set()
+
+    def offset(self, desc: TensorDesc) -> str:
+        terms = []
+        for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
+            if d > 1 and s != 0:
+                self.needed.add(axis)
+                terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
+        return " + ".join(terms) or "0"
+
+    def _tiled(self, desc: TensorDesc) -> bool:
+        return any(desc.dim[a] > 1 and desc.stride[a] != 0 for a in (self.i, self.j))
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        offset = "0" if desc.numel == 1 else self.offset(desc)
+        if offset == "0" or not self._tiled(desc):  # per program: the other axes are in range
+            return f"tl.load({ptr} + {offset})" if offset != "0" else f"tl.load({ptr})"
+        return f"tl.load({ptr} + {offset}, mask=mask, other=0)"
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        return f"tl.store({ptr} + {self.offset(desc)}, {value}, mask=mask)"
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        if desc.dim[axis] == 1:
+            return "0"
+        self.needed.add(axis)
+        return f"c{axis}"
+
+    def grid(self, ti: int, tj: int) -> int:
+        return -(-self.dims[self.i] // ti) * -(-self.dims[self.j] // tj) * math.prod(self.dims[a] for a in self.outer)
+
+    def coordinate_lines(self, ti: int, tj: int) -> list[str]:
+        i, j, dims = self.i, self.j, self.dims
+        nj = -(-dims[j] // tj)
+        ni = -(-dims[i] // ti)
+        lines = [f"pid = {program_id(0, self.big)}", f"pid_j = pid % {nj}", f"pid_i = (pid // {nj}) % {ni}",
+                 f"pid_o = pid // {nj * ni}",
+                 f"c{i} = pid_i * {ti} + tl.arange(0, {ti})[:, None]",
+                 f"c{j} = pid_j * {tj} + tl.arange(0, {tj})[None, :]",
+                 f"mask = (c{i} < {dims[i]}) & (c{j} < {dims[j]})"]
+        inner = 1
+        for axis in reversed(self.outer):
+            expr = "pid_o" if inner == 1 else f"(pid_o // {inner})"
+            lines.append(f"c{axis} = {expr} % {dims[axis]}")
+            inner *= dims[axis]
+        return lines
+
+
+def transposed_axes(piece: Piece) -> tuple[int, int] | None:
+    """(i, j) where a large tensor of the piece's space is contiguous along axis i and the first
+    output along axis j != i: the flat walk would read (or write) it with a stride; None otherwise."""
+    first = piece.tensor(piece.outputs[0])
+    space = first.dim
+    if math.prod(space) < 1 << 12:
+        return None
+
+    def innermost(desc: TensorDesc) -> int | None:
+        axes = [a for a in stride_order(desc.stride) if desc.dim[a] > 1]
+        return axes[-1] if axes and desc.stride[axes[-1]] == 1 else None
+
+    j = innermost(first)
+    if j is None:
+        return None
+    views = memory_views(piece)
+    tensors = {**piece.graph.tensors, **({u: v.desc for u, v in views.items()} if isinstance(views, dict) else {})}
+    for u in [*piece.inputs, *views] if isinstance(views, dict) else piece.inputs:
+        desc = tensors[u]
+        if desc.is_pass_by_value or desc.dim != space:
+            continue
+        i = innermost(desc)
+        if i is not None and i != j and desc.stride[j] >= 8:
+            return i, j
+    return None
+
+
 def _extent(desc: TensorDesc) -> int:
     return 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
 
@@ -101,6 +185,8 @@ class PointwiseTemplate(Template):
                                       f"of tensors in memory) only, {why}", node)
         copied = [u for u in piece.outputs if u in views]
         if copied:
+            # (a copy step here would be the partitioner's to take: it then cuts GEMM operands'
+            # reshapes into copies of their own where the GEMM reads them in place)
             return Support.no(f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
                               "out; this template reads views in place but does not copy them")
         dims = {piece.tensor(u).dim for u in piece.outputs}
@@ -119,6 +205,9 @@ class PointwiseTemplate(Template):
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         numel = math.prod(piece.tensor(piece.outputs[0]).dim)
+        if transposed_axes(piece) is not None:
+            return [{"TILE_I": 64, "TILE_J": 64, "num_warps": 4}, {"TILE_I": 32, "TILE_J": 128, "num_warps": 4},
+                    {"BLOCK": 2048, "num_warps": 8}]
         if numel >= 1 << 22:
             ranked = [(2048, 8), (4096, 8), (1024, 4), (2048, 4)]
         else:
@@ -130,9 +219,13 @@ class PointwiseTemplate(Template):
         first = piece.tensor(piece.outputs[0])
         dims = first.dim
         numel = math.prod(dims)
-        indexer = FlatIndexer(dims, stride_order(first.stride))
         externals = [*piece.inputs, *piece.outputs]
         big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel > INT32_LIMIT
+        axes = transposed_axes(piece) if "TILE_I" in knobs else None
+        if "TILE_I" in knobs and axes is None:
+            raise ValueError("TILE_I/TILE_J configs are for pieces with a transposed tensor (transposed_axes)")
+        indexer: FlatIndexer | TileIndexer = (FlatIndexer(dims, stride_order(first.stride)) if axes is None else
+                                              TileIndexer(dims, *axes, stride_order(first.stride), big))
         types = piece_types(piece)
         views = memory_views(piece)
         assert not isinstance(views, Support), views.reason
@@ -151,6 +244,12 @@ class PointwiseTemplate(Template):
         for u in piece.outputs:
             emitter.store(u)
         params, args = external_params(piece, externals)
+        if isinstance(indexer, TileIndexer):
+            ti, tj = int(knobs["TILE_I"]), int(knobs["TILE_J"])
+            body = [*indexer.coordinate_lines(ti, tj), *emitter.lines]
+            source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
+            launch = Launch("kernel", (indexer.grid(ti, tj),), tuple(args), (("num_warps", int(knobs["num_warps"])),))
+            return Generated(source, (launch,))
         body = [
             f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",

@@ -39,7 +39,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
-from ..expr import Emitter, compute_type, elementwise, piece_types, to_storage
+from ..expr import Emitter, compute_type, elementwise, node_compute_type, piece_types, to_storage
 from .base import (
     Arg,
     ArgKind,
@@ -429,6 +429,7 @@ class ReductionTemplate(Template):
                 em.operand(u)
         hoisted, em.lines = em.lines, []
         reduced_uids = {r.out for r in a.reducers}
+        rtypes = [_reducer_type(r, piece, compute) for r in a.reducers]
         for n in piece.nodes:
             if elementwise(n):
                 em.emit(n)
@@ -437,14 +438,14 @@ class ReductionTemplate(Template):
                 em.store(u)
         loop, em.lines = em.lines, []
         for i, r in enumerate(a.reducers):
-            v = em.operand(r.source)  # a reduced input that no pointwise op reads is loaded here
+            v = em.typed(r.source, rtypes[i])  # a reduced input that no pointwise op reads is loaded here
             loop += em.lines
             em.lines = []
             ident = _IDENTITY[r.kind]
             loop += [f"r{i} = tl.where(mask, {_prep(r, v)}, {ident})",
                      f"acc{i} = {_combine(r.kind, f'acc{i}', f'r{i}')}"]
 
-        inits = [f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, {_acc_type(r, compute)})"
+        inits = [f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, {_acc_type(r, rtypes[i])})"
                  for i, r in enumerate(a.reducers)]
         post: list[str] = []
         for i, r in enumerate(a.reducers):
@@ -457,16 +458,16 @@ class ReductionTemplate(Template):
         launches: list[Launch] = []
         combine_src = ""
         if split == 1:
-            post += _store_reduced(a, piece, mflat, compute, {i: f"red{i}" for i in range(len(a.reducers))})
+            post += _store_reduced(a, piece, mflat, rtypes, {i: f"red{i}" for i in range(len(a.reducers))})
         else:
             for i, r in enumerate(a.reducers):
-                dt = _acc_type(r, compute).removeprefix("tl.")
+                dt = _acc_type(r, rtypes[i]).removeprefix("tl.")
                 scratch_params.append(f"part{i}")
                 scratch_args.append(Arg(ArgKind.SCRATCH, offset=scratch_bytes, dtype=dt))
                 post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
                 nbytes = split * M * (8 if dt == "float64" else 4)
                 scratch_bytes += align_up(nbytes)
-            combine_src, combine_launch = _combine_kernel(a, piece, compute, split, scratch_params, scratch_args,
+            combine_src, combine_launch = _combine_kernel(a, piece, rtypes, split, scratch_params, scratch_args,
                                                           device)
             launches.append(combine_launch)
 
@@ -493,20 +494,29 @@ class ReductionTemplate(Template):
                          frozenset({f"split={split}"} if split > 1 else set()))
 
 
-def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, compute: str, values: dict[int, str]) -> list[str]:
+def _reducer_type(r: Reducer, piece: Piece, compute: str) -> str:
+    """The type reducer `r` accumulates in (products: fp64, _acc_type) and finishes in: its node's
+    (node_compute_type), so that a cross-entropy's FLOAT sums stay fp32 beside its INT64 targets."""
+    node = next((n for n in piece.nodes if not elementwise(n) and r.source in n.input_uids()
+                 and (r.out is None or r.out in n.output_uids())), None)
+    return compute if node is None or compute != "tl.float64" else node_compute_type(node, piece.graph.tensors)
+
+
+def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str],
+                   values: dict[int, str]) -> list[str]:
     lines = []
     for i, r in enumerate(a.reducers):
         if r.out is None or r.out not in piece.outputs:
             continue
         desc = piece.tensor(r.out)
         off = mflat.offset(desc) or "tl.zeros_like(m)"
-        val = to_storage(f"fin{i}", desc.data_type, compute)
-        lines += [f"fin{i} = {_finish(r, values[i], a.K, compute)}",
+        val = to_storage(f"fin{i}", desc.data_type, types[i])
+        lines += [f"fin{i} = {_finish(r, values[i], a.K, types[i])}",
                   f"tl.store(p{r.out} + {off}, {val}, mask=m_mask)"]
     return lines
 
 
-def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_params: list[str],
+def _combine_kernel(a: Analysis, piece: Piece, types: list[str], split: int, part_params: list[str],
                     part_args: list[Arg], device: Device) -> tuple[str, Launch]:
     """Second launch: fold the [split, M] partials of every reducer, finish and store. Programs own
     BC kept positions (32 to 256: at least 2 programs per SM where M allows, each partial row segment
@@ -518,7 +528,7 @@ def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_pa
     bc = min(pow2_at_least(M), 256)
     while bc > 32 and -(-M // bc) < 2 * sms:
         bc //= 2
-    words = sum(2 if _acc_type(r, compute) == "tl.float64" else 1 for r in a.reducers)
+    words = sum(2 if _acc_type(r, t) == "tl.float64" else 1 for r, t in zip(a.reducers, types))
     cap = max(bc, 1 << ((16384 // max(1, words)).bit_length() - 1))
     bs = min(pow2_at_least(split), max(1, cap // bc))
     outs = [r.out for r in a.reducers if r.out is not None and r.out in piece.outputs]
@@ -530,12 +540,12 @@ def _combine_kernel(a: Analysis, piece: Piece, compute: str, split: int, part_pa
     post: list[str] = []
     for i, r in enumerate(a.reducers):
         ident = _IDENTITY[r.kind]
-        body.append(f"acc{i} = tl.full([{bs}, {bc}], {ident}, {_acc_type(r, compute)})")
+        body.append(f"acc{i} = tl.full([{bs}, {bc}], {ident}, {_acc_type(r, types[i])})")
         loop += [f"q{i} = tl.load(part{i} + rows[:, None] * {M} + m[None, :], mask=pmask, other=0)",
                  f"q{i} = tl.where(pmask, q{i}, {ident})",
                  f"acc{i} = {_combine(r.kind, f'acc{i}', f'q{i}')}"]
         post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", 0, (bs, bc))
-    post += _store_reduced(a, piece, mflat, compute, {i: f"red{i}" for i in range(len(a.reducers))})
+    post += _store_reduced(a, piece, mflat, types, {i: f"red{i}" for i in range(len(a.reducers))})
     body += [*mflat.lines, f"for s0 in range(0, {split}, {bs}):", *indent(loop).split("\n"), *post]
     src = f"def kernel_combine({', '.join([*params, *part_params])}):\n{indent(body)}\n"
     launch = Launch("kernel_combine", (-(-M // bc),), tuple([*args, *part_args]),
