@@ -117,8 +117,21 @@ def test_regression_case(what):
     assert stats.runs > 0
 
 
+# open on the GPU: the generated conv_fprop kernel of this 1-D conv (4 channels wrapped in a BLOCK_K of
+# 16, 64 x 32 tiles, 16-byte aligned buffers) computes all zeros on an H100 with Triton 3.6, for finite
+# filters too, at num_stages 1, 2 and 4; num_stages 3, BLOCK_K 32, 16 x 16 tiles and Triton's JIT on
+# unaligned buffers compute it right (scripts/conv_nan_probe.py, 2026-11-25). Its interpreter run and
+# PyTorch's conv1d agree with the reference. Strict: the test fails once the kernel is fixed.
+OPEN_ON_GPU = {"seed20261125508880": "conv_fprop kernel computes zeros (4 channels in BLOCK_K 16) on an H100"}
+
+
+def _gpu_cases():
+    return [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(reason=OPEN_ON_GPU[p.id], strict=True)])
+            if p.id in OPEN_ON_GPU else p for p in _regression_cases()]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("what", _regression_cases())
+@pytest.mark.parametrize("what", _gpu_cases())
 def test_regression_case_on_the_gpu(what):
     """The same cases on CUDA with the GPU's engine sets (every engine the build may pick, cudnn
     included): some failures show only there (seed20261125502833: cuDNN's NaN for a DOUBLE output)."""

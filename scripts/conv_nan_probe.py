@@ -1,0 +1,98 @@
+"""Fuzz seed 20261125508880 on a GPU: the generated conv_fprop kernel gave 0 where a NaN filter tap
+makes the output NaN (H100, Triton 3.6). This runs the kernel through Triton's JIT with knob variants
+(pipeline depth, BLOCK_K) on NaN and on finite filters, against PyTorch's conv1d in float64:
+
+    python scripts/conv_nan_probe.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from opgraph.core.device import resolve_device  # noqa: E402
+from opgraph.core.piece import make_piece  # noqa: E402
+from opgraph.engines.triton import TEMPLATE_BY_NAME  # noqa: E402
+from opgraph.engines.triton.loader import load_module  # noqa: E402
+from tests.fuzz.replay import load  # noqa: E402
+from tests.fuzz.runner import graph_of  # noqa: E402
+
+CASE = Path(__file__).resolve().parent.parent / "tests" / "fuzz" / "regressions" / "seed20261125508880.json"
+
+
+def main() -> None:
+    final = graph_of(load(str(CASE))).final
+    piece = make_piece(final, 0, final.nodes)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # (cpu: a dry run under TRITON_INTERPRET=1)
+    device = resolve_device(dev)
+    t = TEMPLATE_BY_NAME["conv_fprop"]
+    base = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=4, num_warps=4)
+    x_uid, w_uid = final.inputs
+    out_uid = final.outputs[0]
+    xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
+    gen = torch.Generator().manual_seed(0)
+
+    def strided(desc, values):
+        size = 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
+        buf = torch.full((size,), float("nan"), dtype=desc.data_type.to_torch(), device=dev)
+        view = buf.as_strided(desc.dim, desc.stride)
+        if values is not None:
+            view.copy_(values)
+        return view
+
+    for nan in (True, False):
+        x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
+        w = torch.randn(*wd.dim, generator=gen).to(torch.bfloat16)
+        if nan:
+            w[0, 1, 2] = float("nan")
+        want = -torch.nn.functional.conv1d(x.double(), w.double())
+        sweep = [{}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 3}, {"BLOCK_K": 32},
+                 {"BLOCK_M": 16, "BLOCK_N": 16}]
+        if "--sweep" in sys.argv and not nan:
+            sweep = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_stages": st, "num_warps": w}
+                     for m, n in ((64, 32), (64, 64), (128, 32), (32, 32), (16, 32)) for k in (16, 32)
+                     for st in (1, 2, 3, 4) for w in (4, 8)]
+        for change in sweep:
+            knobs = {**base, **change}
+            g = t.generate(piece, knobs, device)
+            mod = load_module(g.source, interpret=dev == "cpu")
+            launch = g.launches[0]
+            bufs = {x_uid: strided(xd, x.to(dev)), w_uid: strided(wd, w.to(dev)), out_uid: strided(od, None)}
+            args = [bufs[a.uid] for a in launch.args]
+            meta = dict(launch.meta)
+            getattr(mod, launch.kernel)[launch.grid](*args, **meta)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            got = bufs[out_uid].double().cpu()
+            ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+            print(f"nan={nan} {change or 'plan knobs'}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
+                  f"want {want.flatten().tolist()}")
+        # the same through a plan (the native launch of the precompiled kernel), buffers at an offset
+        # of 0 and 1 elements (a 2-byte misaligned one takes Triton's JIT)
+        import opgraph as og
+
+        plan = graph_of(load(str(CASE))).build(device=dev, engines=["triton"])
+        for shift in (0, 1, 8):
+            bufs = {}
+            for uid, desc, values in ((x_uid, xd, x), (w_uid, wd, w), (out_uid, od, None)):
+                size = shift + 1 + sum((d - 1) * st for d, st in zip(desc.dim, desc.stride))
+                raw = torch.full((size,), float("nan"), dtype=desc.data_type.to_torch(), device=dev)
+                view = raw[shift:].as_strided(desc.dim, desc.stride)
+                if values is not None:
+                    view.copy_(values.to(dev))
+                bufs[uid] = view
+            plan.execute(bufs)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            got = bufs[out_uid].double().cpu()
+            ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+            print(f"nan={nan} plan.execute, buffers shifted {shift}: {'OK' if ok else 'WRONG'} "
+                  f"got {got.flatten().tolist()} ({og.__name__} {plan.steps[0].config})")
+
+
+if __name__ == "__main__":
+    main()
