@@ -12,11 +12,16 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
                        under TRITON_INTERPRET=1, eager PyTorch; no torch.compile, no cuDNN): wiring checks
     --warm             set up and check every implementation without timing (fills the compile and tuning
                        caches of the machine for a later timed run; nothing written)
+    --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
+                       its own on one GPU (CUDA_VISIBLE_DEVICES), repeat 1 of every group before any repeat 2;
+                       the host-time group runs alone (no other worker competing for the CPU). One machine
+                       per table still holds (same host, same GPU model); the header names the GPUs used.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -52,6 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cold-l2", action="store_true", help="flush L2 before each call in device-time graphs")
     ap.add_argument("--time-limit", type=float, default=float(os.environ.get("OPGRAPH_BENCH_TIME_LIMIT", 540)),
                     help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of this host to spread (repeat, group) workers over")
     ap.add_argument("--name", default=None, help="suite name in the file names (default: from the selection)")
     ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
                                                               "alternatives' times)")
@@ -101,9 +107,10 @@ def suite_name(args: argparse.Namespace) -> str:
     return name + ("-quick" if args.quick else "") + ("-dry-run" if args.dry_run else "")
 
 
-def worker_argv(args: argparse.Namespace, index: int, raw: str, seconds: float) -> list[str]:
+def worker_argv(args: argparse.Namespace, index: int, raw: str, seconds: float,
+                suite: list[str] | None = None) -> list[str]:
     argv = [sys.executable, "-m", "bench.run", "--worker", "--repeat-index", str(index), "--raw", raw,
-            "--suite", *(list(args.suite) + list(args.names) or ["all"])]
+            "--suite", *(suite or list(args.suite) + list(args.names) or ["all"])]
     if seconds != float("inf"):
         argv += ["--seconds", f"{seconds:.0f}"]
     for flag in ("quick", "dry_run", "warm", "no_tune", "tune_networks", "no_compile", "no_compile_cudagraphs",
@@ -133,6 +140,9 @@ def parent(args: argparse.Namespace) -> int:
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     start, last = time.monotonic(), 0.0
+    if args.gpus > 1:
+        paths = run_spread(args, specs, repeats, rawdir, env, here)
+        return finish(args, out, rawdir, paths)
     print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
           f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
     paths = []
@@ -160,17 +170,103 @@ def parent(args: argparse.Namespace) -> int:
         last = time.monotonic() - t0
         if os.path.exists(raw):
             paths.append(raw)
+    return finish(args, out, rawdir, paths)
+
+
+@dataclasses.dataclass
+class Job:
+    repeat: int  # 0: the warm-up pass
+    group: str
+    ids: list[str]
+    minutes: float
+    raw: str
+    alone: bool  # host-time rows: no other worker on the host meanwhile
+
+
+def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
+    """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
+    then repeat 1 of every group, longest first, then repeat 2, ...; groups that time the host last in
+    each round."""
+    groups: dict[str, list[registry.WorkloadSpec]] = {}
+    for s in specs:
+        groups.setdefault(s.group, []).append(s)
+    jobs = []
+    for r in ([0] if warm_first else []) + list(range(1, repeats + 1)):
+        round_ = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
+                      os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
+                      g.startswith("host") and r > 0) for g, ss in groups.items()]
+        jobs += sorted(round_, key=lambda j: (j.alone, -j.minutes))
+    return jobs
+
+
+def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], repeats: int, rawdir: str,
+               env: dict[str, str], here: str) -> list[str]:
+    """Run the jobs on args.gpus GPUs, one worker process per GPU at a time; the raw files written."""
+    jobs = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
+    if args.warm:
+        jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-")) for j in jobs if j.repeat == 1]
+    start = time.monotonic()
+    print(f"bench: {len(specs)} workload(s) in {len({j.group for j in jobs})} group(s), {repeats} repeat(s) over "
+          f"{args.gpus} GPUs, time limit {args.time_limit:.0f} s (planned ~{sum(j.minutes for j in jobs) / args.gpus:.0f}"
+          f" min per GPU with warm caches); raw -> {rawdir}", flush=True)
+    free = list(range(args.gpus))
+    running: list[tuple[subprocess.Popen, int, Job, float]] = []
+    pending = list(jobs)
+    while pending or running:
+        for proc, gpu, job, t0 in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, gpu, job, t0))
+                free.append(gpu)
+                print(f"bench: {job.group} repeat {job.repeat} on GPU {gpu}: {time.monotonic() - t0:.0f} s", flush=True)
+        left = args.time_limit - (time.monotonic() - start)
+        if pending and left < 30:
+            print(f"bench: {len(pending)} job(s) not started: {left:.0f} s left", flush=True)
+            pending = []
+        nxt = pending[0] if pending else None
+        if nxt is not None and free and (not nxt.alone or not running) and not any(j.alone for _, _, j, _ in running):
+            gpu = free.pop(0)
+            pending.pop(0)
+            sub = argparse.Namespace(**{**vars(args), "warm": nxt.repeat == 0})
+            argv = worker_argv(sub, nxt.repeat, nxt.raw, left, nxt.ids)
+            proc = subprocess.Popen(argv, env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else str(gpu)},
+                                    cwd=here)
+            running.append((proc, gpu, nxt, time.monotonic()))
+            continue
+        time.sleep(0.2)
+        for proc, _, _, _ in running:  # a worker past the limit: what it finished is kept
+            if time.monotonic() - start > args.time_limit + 30 and proc.poll() is None:
+                proc.kill()
+    return [j.raw for j in jobs if j.repeat > 0 and os.path.exists(j.raw)]
+
+
+def merge_repeats(runs: list[RunRecord]) -> list[RunRecord]:
+    """Spread workers' records (one group each) joined per repeat: one record per repeat."""
+    by_repeat: dict[int, RunRecord] = {}
+    for r in sorted(runs, key=lambda r: r.repeat):
+        if r.repeat in by_repeat:
+            by_repeat[r.repeat].workloads.extend(r.workloads)
+        else:
+            by_repeat[r.repeat] = r
+    return list(by_repeat.values())
+
+
+def finish(args: argparse.Namespace, out: str, rawdir: str, paths: list[str]) -> int:
+    """Aggregate the repeats' raw files into the .json and .md of the suite."""
     if args.warm:
         print("bench: warm-up done (nothing timed)", flush=True)
         return 0
-    runs = [RunRecord.from_json(open(p).read()) for p in paths]
+    runs = merge_repeats([RunRecord.from_json(open(p).read()) for p in paths])
+    if args.gpus > 1:
+        for r in runs:
+            r.meta["spread_gpus"] = args.gpus
     runs = [r for r in runs if r.workloads]
     if not runs:
         print("bench: no results", file=sys.stderr)
         return 1
     agg = aggregate(runs)
-    warm_path = os.path.join(rawdir, "warm.json")
-    warm = RunRecord.from_json(open(warm_path).read()) if os.path.exists(warm_path) else None
+    warms = [RunRecord.from_json(open(os.path.join(rawdir, p)).read()) for p in sorted(os.listdir(rawdir))
+             if p.startswith("warm") and p.endswith(".json")]
+    warm = merge_repeats(warms)[0] if warms else None
     name = f"{runs[0].meta.get('date')}-{slug(str(runs[0].meta.get('device')))}-{suite_name(args)}"
     title = f"{name}: `python -m bench.run {' '.join(sys.argv[1:])}`"
     md = render(agg, title, aggregate([warm]) if warm and warm.workloads else None)

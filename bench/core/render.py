@@ -259,7 +259,9 @@ def header(agg: Aggregate) -> list[str]:
     sheet = datasheet(str(m.get("device", ""))) or {}
     lines = [(f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
              f"(driver {m.get('driver', '?')}, {m.get('gpu_count', 1)} GPU(s) in the machine; host CPU "
-             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s); each cell the median (min–max)."),
+             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s); each cell the median (min–max)."
+             + (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on one "
+                "GPU; the host-time group alone." if m.get("spread_gpus") else "")),
              "",
              (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
              f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "

@@ -47,3 +47,42 @@ def test_dry_run_writes_checked_tables(tmp_path):
     again = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path / json_files[0])], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120, check=False)
     assert again.returncode == 0 and "### CUDA graph: device time" in again.stdout
+
+
+def test_spread_jobs_order_repeats_and_keep_host_rows_alone():
+    from bench import workloads
+    from bench.core import registry
+    from bench.run import spread_jobs
+
+    workloads.load()
+    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
+                                      "host.execute_tiny_conv"])
+    jobs = spread_jobs(specs, 3, "/raw", warm_first=True)
+    assert [j.repeat for j in jobs] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    for r in (1, 2, 3):  # the host-time group last in each round, alone
+        round_ = [j for j in jobs if j.repeat == r]
+        assert round_[-1].group == "host" and round_[-1].alone and not any(j.alone for j in round_[:-1])
+    assert not any(j.alone for j in jobs if j.repeat == 0)
+    assert len({j.raw for j in jobs}) == len(jobs)
+
+
+@pytest.mark.slow
+def test_dry_run_spread_over_two_gpus_merges_repeats(tmp_path):
+    """--gpus 2: one worker process per (repeat, group), two at a time; the tables as from one worker per
+    repeat (each repeat holds every workload), the header says how the run was spread."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    cmd = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", "memory.pointwise_dag.fp16",
+           "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv", "--repeats", "2", "--no-tune", "--warm-first",
+           "--gpus", "2", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    json_files = [p for p in os.listdir(tmp_path) if p.endswith(".json")]
+    data = json.load(open(tmp_path / json_files[0]))
+    assert sorted(r["repeat"] for r in data["runs"]) == [1, 2]
+    for run in data["runs"]:
+        assert {w["id"] for w in run["workloads"]} == {"memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
+                                                       "host.execute_tiny_conv"}
+        assert run["meta"]["spread_gpus"] == 2
+    assert len(data["warm"]["workloads"]) == 3
+    md = open(tmp_path / json_files[0].replace(".json", ".md")).read()
+    assert "2 process-level repeat(s)" in md and "Spread over 2 GPUs" in md
