@@ -29,6 +29,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from .core import registry
 from .core.aggregate import aggregate
@@ -205,38 +207,77 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
     jobs = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
     if args.warm:
         jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-")) for j in jobs if j.repeat == 1]
-    start = time.monotonic()
     print(f"bench: {len(specs)} workload(s) in {len({j.group for j in jobs})} group(s), {repeats} repeat(s) over "
           f"{args.gpus} GPUs, time limit {args.time_limit:.0f} s (planned ~{sum(j.minutes for j in jobs) / args.gpus:.0f}"
           f" min per GPU with warm caches); raw -> {rawdir}", flush=True)
-    free = list(range(args.gpus))
-    running: list[tuple[subprocess.Popen, int, Job, float]] = []
-    pending = list(jobs)
-    while pending or running:
-        for proc, gpu, job, t0 in list(running):
-            if proc.poll() is not None:
-                running.remove((proc, gpu, job, t0))
-                free.append(gpu)
-                print(f"bench: {job.group} repeat {job.repeat} on GPU {gpu}: {time.monotonic() - t0:.0f} s", flush=True)
-        left = args.time_limit - (time.monotonic() - start)
-        if pending and left < 30:
-            print(f"bench: {len(pending)} job(s) not started: {left:.0f} s left", flush=True)
-            pending = []
-        nxt = pending[0] if pending else None
-        if nxt is not None and free and (not nxt.alone or not running) and not any(j.alone for _, _, j, _ in running):
-            gpu = free.pop(0)
-            pending.pop(0)
-            sub = argparse.Namespace(**{**vars(args), "warm": nxt.repeat == 0})
-            argv = worker_argv(sub, nxt.repeat, nxt.raw, left, nxt.ids)
-            proc = subprocess.Popen(argv, env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else str(gpu)},
-                                    cwd=here)
-            running.append((proc, gpu, nxt, time.monotonic()))
-            continue
-        time.sleep(0.2)
-        for proc, _, _, _ in running:  # a worker past the limit: what it finished is kept
-            if time.monotonic() - start > args.time_limit + 30 and proc.poll() is None:
-                proc.kill()
+
+    def launch(job: Job, gpu: int, left: float) -> subprocess.Popen:
+        sub = argparse.Namespace(**{**vars(args), "warm": job.repeat == 0})
+        return subprocess.Popen(worker_argv(sub, job.repeat, job.raw, left, job.ids), cwd=here,
+                                env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else str(gpu)})
+
+    schedule(jobs, args.gpus, args.time_limit, launch)
     return [j.raw for j in jobs if j.repeat > 0 and os.path.exists(j.raw)]
+
+
+def next_job(pending: list[Job], running: list[Job]) -> int | None:
+    """Index in `pending` of the job to start now on a free GPU, or None: nothing beside a running `alone`
+    job; an `alone` job only when nothing runs, and no later job jumps it (it would wait for ever); a
+    group's timed repeats only after its warm-up pass ended (they would run with cold caches beside it
+    and compile the same kernels at once)."""
+    if any(j.alone for j in running):
+        return None
+    warming = {j.group for j in (*pending, *running) if j.repeat == 0}
+    for k, job in enumerate(pending):
+        if job.alone:
+            return k if not running and job.group not in warming else None
+        if job.repeat == 0 or job.group not in warming:
+            return k
+    return None
+
+
+def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Job, int, float], Any],
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> list[Job]:
+    """Run `jobs` on `gpus` GPUs, one at a time each: `launch(job, gpu, seconds left)` starts a worker and
+    returns its process (poll(), kill()). Jobs not started 30 s before `time_limit` are dropped, workers
+    still running 30 s after it are killed; a worker that fails or is killed frees its GPU. The parent
+    never waits on a worker but through poll(): on an error here (Ctrl-C) the running workers are killed.
+    The jobs that ended, in the order they ended."""
+    start = clock()
+    free = list(range(gpus))
+    running: list[tuple[Any, int, Job, float]] = []
+    pending = list(jobs)
+    ended: list[Job] = []
+    try:
+        while pending or running:
+            for item in list(running):
+                proc, gpu, job, t0 = item
+                rc = proc.poll()
+                if rc is not None:
+                    running.remove(item)
+                    free.append(gpu)
+                    ended.append(job)
+                    print(f"bench: {job.group} repeat {job.repeat} on GPU {gpu}: {clock() - t0:.0f} s"
+                          + (f" (exit status {rc})" if rc else ""), flush=True)
+            left = time_limit - (clock() - start)
+            if pending and left < 30:
+                print(f"bench: {len(pending)} job(s) not started: {left:.0f} s left", flush=True)
+                pending = []
+            k = next_job(pending, [j for _, _, j, _ in running]) if free and pending else None
+            if k is not None:
+                job, gpu = pending.pop(k), free.pop(0)
+                running.append((launch(job, gpu, left), gpu, job, clock()))
+                continue
+            sleep(0.2)
+            if clock() - start > time_limit + 30:  # a worker past the limit: what it finished is kept
+                for proc, _, _, _ in running:
+                    if proc.poll() is None:
+                        proc.kill()
+    finally:
+        for proc, _, _, _ in running:
+            if proc.poll() is None:
+                proc.kill()
+    return ended
 
 
 def merge_repeats(runs: list[RunRecord]) -> list[RunRecord]:

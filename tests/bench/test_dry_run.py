@@ -86,3 +86,139 @@ def test_dry_run_spread_over_two_gpus_merges_repeats(tmp_path):
     assert len(data["warm"]["workloads"]) == 3
     md = open(tmp_path / json_files[0].replace(".json", ".md")).read()
     assert "2 process-level repeat(s)" in md and "Spread over 2 GPUs" in md
+
+
+# -- the --gpus scheduler, on fake workers and a fake clock (pure Python) ----------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+class _Proc:
+    """A worker that exits with `rc` after `seconds` (None: never, until killed)."""
+
+    def __init__(self, clock: _Clock, seconds: float | None, rc: int = 0) -> None:
+        self.clock, self.end, self.rc, self.killed = clock, None if seconds is None else clock.t + seconds, rc, False
+
+    def poll(self) -> int | None:
+        if self.killed:
+            return -9
+        return self.rc if self.end is not None and self.clock.t >= self.end else None
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def _job(repeat, group, alone=False, minutes=1.0):
+    from bench.run import Job
+
+    return Job(repeat, group, [group], minutes, f"/raw/{repeat}-{group}.json", alone)
+
+
+def _run(jobs, gpus, limit, seconds, rc=None):
+    """schedule() on fake workers lasting seconds[(repeat, group)]: [(event, time, job, gpu)]."""
+    from bench.run import schedule
+
+    clock, events, procs = _Clock(), [], {}
+
+    def launch(job, gpu, left):
+        events.append(("start", clock.t, (job.repeat, job.group), gpu))
+        procs[(job.repeat, job.group)] = _Proc(clock, seconds[(job.repeat, job.group)], (rc or {}).get(job.group, 0))
+        return procs[(job.repeat, job.group)]
+
+    ended = schedule(jobs, gpus, limit, launch, clock=clock, sleep=clock.sleep)
+    return events, ended, procs, clock
+
+
+def test_schedule_waits_for_a_groups_warm_up_before_its_timed_repeats():
+    """Warm-up of a (long) then b on 2 GPUs: b's warm-up ends first, but a's repeat 1 must not start
+    beside a's own warm-up (cold caches, two compiles of the same kernels); b's may."""
+    jobs = [_job(0, "a"), _job(0, "b"), _job(1, "a"), _job(1, "b")]
+    events, ended, _, _ = _run(jobs, 2, float("inf"), {(0, "a"): 10, (0, "b"): 1, (1, "a"): 1, (1, "b"): 1})
+    start = {key: t for _, t, key, _ in events}
+    assert start[(1, "a")] >= 10 and start[(1, "b")] < 2, events
+    assert len(ended) == 4
+
+
+def test_schedule_alone_job_waits_for_the_others_and_runs_by_itself():
+    jobs = [_job(1, "a"), _job(1, "b"), _job(1, "host", alone=True), _job(2, "a"), _job(2, "b")]
+    secs = {(1, "a"): 5, (1, "b"): 1, (1, "host"): 3, (2, "a"): 1, (2, "b"): 1}
+    events, ended, _, _ = _run(jobs, 4, float("inf"), secs)
+    start = {key: t for _, t, key, _ in events}
+    assert start[(1, "host")] >= 5  # after a's repeat 1 ended, though 3 GPUs were free
+    assert start[(2, "a")] >= start[(1, "host")] + 3 and start[(2, "b")] >= start[(1, "host")] + 3
+    assert len(ended) == 5
+
+
+def test_schedule_more_jobs_than_gpus_and_failing_workers_end():
+    """A failed worker (exit status 1) frees its GPU like a finished one; every job runs once, never
+    two on one GPU at a time."""
+    jobs = [_job(1, g) for g in "abcdef"]
+    secs = {(1, g): 1 + i for i, g in enumerate("abcdef")}
+    events, ended, _, clock = _run(jobs, 2, float("inf"), secs, rc={"b": 1, "c": 1})
+    assert sorted(k for _, _, k, _ in events) == sorted((1, g) for g in "abcdef") and len(ended) == 6
+    busy: dict[int, float] = {}
+    for _, t, key, gpu in events:
+        assert t >= busy.get(gpu, 0.0), events
+        busy[gpu] = t + secs[key]
+    assert clock.t < 40  # no waiting beyond the work itself (7 + 9 + 11 s per GPU at worst, ticks 0.2 s)
+
+
+def test_schedule_time_limit_drops_jobs_and_kills_a_hung_worker():
+    """A worker that never exits is killed 30 s past the limit; jobs not started 30 s before it are
+    dropped; the loop returns (no hang)."""
+    jobs = [_job(1, "a"), _job(1, "b"), _job(2, "a")]
+    events, ended, procs, clock = _run(jobs, 1, 100.0, {(1, "a"): None, (1, "b"): 1, (2, "a"): 1})
+    assert [k for _, _, k, _ in events] == [(1, "a")]
+    assert procs[(1, "a")].killed and 130 <= clock.t < 132
+    assert [(j.repeat, j.group) for j in ended] == [(1, "a")]
+
+
+def test_schedule_kills_running_workers_when_the_parent_fails():
+    from bench.run import schedule
+
+    clock, procs = _Clock(), []
+
+    def launch(job, gpu, left):
+        procs.append(_Proc(clock, None))
+        return procs[-1]
+
+    def sleep(s):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        schedule([_job(1, "a"), _job(1, "b")], 2, float("inf"), launch, clock=clock, sleep=sleep)
+    assert len(procs) == 2 and all(p.killed for p in procs)
+
+
+def test_next_job_never_passes_an_alone_job():
+    from bench.run import next_job
+
+    pending = [_job(1, "host", alone=True), _job(2, "a")]
+    assert next_job(pending, [_job(1, "a")]) is None  # host waits for a; 2/a waits behind host
+    assert next_job(pending, []) == 0
+    assert next_job([_job(2, "a")], [_job(1, "host", alone=True)]) is None
+
+
+def test_merge_repeats_joins_groups_and_warm_files():
+    """Per-group raw files of one repeat (and of the warm-up) become one record each."""
+    from bench.core.records import RunRecord, WorkloadResult
+    from bench.run import merge_repeats
+
+    def rec(repeat, ids):  # as a worker writes it and finish() reads it back
+        text = RunRecord({"device": "cpu"}, None, [WorkloadResult(i, i, i) for i in ids], repeat).to_json()
+        return RunRecord.from_json(text)
+
+    merged = merge_repeats([rec(2, ["b"]), rec(1, ["a"]), rec(1, ["b"]), rec(2, ["a"])])
+    assert [r.repeat for r in merged] == [1, 2]
+    assert [sorted(w.id for w in r.workloads) for r in merged] == [["a", "b"], ["a", "b"]]
+    warm = merge_repeats([rec(0, ["a"]), rec(0, ["host"])])
+    assert len(warm) == 1 and len(warm[0].workloads) == 2

@@ -402,3 +402,24 @@ def test_gpu_split_k_small_mn_long_k(rng):
 def test_gpu_fuzz(seed, rng):
     assert_engine_matches(fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2,
                           rtol=0, atol=0)
+
+
+def test_integer_prologue_and_epilogue_in_an_fp64_gemm_piece(rng):
+    """INT32 tensors on both sides of the dot (a mask compare in the prologue, a gen_index compare and
+    add in the epilogue): preset values and integer values meet in the compute type they expect."""
+    g = og.Graph("mm", io_data_type=DT.FLOAT)
+    a, b = g.tensor(dim=[1, 16, 32], name="a"), g.tensor(dim=[1, 32, 24], name="b")
+    k = g.tensor(dim=[1, 16, 1], name="k", data_type=DT.INT32)
+    kk = g.tensor(dim=[1, 16, 32], name="kk", data_type=DT.INT32)
+    y = g.matmul(g.mul(a, g.cmp_gt(kk, 0.0).set_data_type(DT.FLOAT)), b)
+    i = g.gen_index(y, axis=2).set_data_type(DT.INT32)
+    g.mul(y, g.cmp_lt(i, k).set_data_type(DT.FLOAT)).set_output(True)
+    g.add(y, i).set_data_type(DT.FLOAT).set_output(True)
+
+    def ints(pack):
+        for v in pack.values():
+            if isinstance(v, np.ndarray) and v.dtype.kind == "i":
+                v[...] = np.arange(v.size).reshape(v.shape) * 7 % 23 - 3
+
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=ints)
+    assert plan.steps[0].config.knob("template") == "matmul", plan.describe()

@@ -676,3 +676,24 @@ def test_kernels_compile_for_hopper():
         assert spills == 0, line
         if kernel in LOOPS and int(knobs.get("ST", 0)) > 1 and (kernel != "kernel_rownorm" or knobs.get("FP")):
             assert cp_async > 0, f"the loop was not pipelined: {line}"
+
+
+@requires_interpreter
+def test_layernorm_epilogue_with_integer_tensors(rng):
+    """An fp64 piece (INT32 tensors in the epilogue): the epilogue's integer compares in int64, the
+    INT32 output through fp64, the float math beside them."""
+    g = og.Graph("ln", io_data_type=FLOAT)
+    x, kk = g.tensor(dim=[5, 24], name="x"), g.tensor(dim=[5, 24], name="kk", data_type=og.DataType.INT32)
+    scale, bias = g.tensor(dim=[1, 24], data_type=FLOAT, name="s"), g.tensor(dim=[1, 24], data_type=FLOAT, name="b")
+    y, mean, inv = g.layernorm(TRAIN, x, scale, bias, epsilon=EPS)
+    outputs(mean, inv)
+    g.mul(y, g.cmp_ge(kk, 1.0).set_data_type(FLOAT)).set_output(True)
+    g.add(y, g.gen_index(y, axis=1).set_data_type(og.DataType.INT32)).set_data_type(og.DataType.INT32).set_output(True)
+
+    def ints(pack):
+        for v in pack.values():
+            if isinstance(v, np.ndarray) and v.dtype.kind == "i":
+                v[...] = np.arange(v.size).reshape(v.shape) * 7 % 11 - 3
+
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=ints)
+    assert template_of(plan) == "rownorm"

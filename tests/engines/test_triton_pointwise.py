@@ -208,3 +208,186 @@ def test_kernels_compile_for_hopper():
     out = compile_for_hopper(__name__)
     assert out.count("compiled") >= len(HOPPER_CASES), out
     assert " spills 0 " in out, out
+
+
+# -- fp64 pieces: each node in its own type (review of the per-node compute types) --------------------
+
+
+def _int_inputs(pack):
+    """Small integers in the integer inputs (some equal to the constants compared with), a pattern in
+    the booleans."""
+    for v in pack.values():
+        if isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+            v[...] = np.arange(v.size).reshape(v.shape) * 5 % 7 - (v.dtype.kind == "i")
+        elif isinstance(v, np.ndarray) and v.dtype == bool:
+            v[...] = np.arange(v.size).reshape(v.shape) % 3 == 0
+
+
+def _body(plan, step=0):
+    source = plan.source(step)
+    return source[source.index("def kernel("):]
+
+
+def test_integer_compared_with_constants_no_fp64_in_a_float_piece(rng):
+    """INT32 == 3 read by fp32 math, INT32 > 2 stored as INT32, INT64 gen_index == INT64 tensor stored
+    as INT64: the integers compare in int64 and every 0/1 result is made in its output's type, so no
+    fp64 value appears in a piece that has no DOUBLE tensor (before: (k.to(fp64) == 3.0) in fp64,
+    rounded through fp32 and back, and integer outputs through fp64 and _og_to_int)."""
+    g = og.Graph("cmpc", io_data_type=DT.FLOAT)
+    k = g.tensor(dim=[4, 9], name="k", data_type=DT.INT32)
+    t = g.tensor(dim=[4, 9], name="t", data_type=DT.INT64)
+    x = g.tensor(dim=[4, 9], name="x")
+    g.mul(g.cmp_eq(k, 3.0).set_data_type(DT.FLOAT), x).set_output(True)
+    g.pointwise(k, 2.0, mode=M.CMP_GT).set_data_type(DT.INT32).set_output(True)
+    g.pointwise(-1.0, k, mode=M.CMP_LE).set_data_type(DT.BOOLEAN).set_output(True)
+    g.cmp_eq(g.gen_index(x, axis=1).set_data_type(DT.INT64), t).set_data_type(DT.INT64).set_output(True)
+    g.pointwise(k, 2.5, mode=M.CMP_LT).set_data_type(DT.FLOAT).set_output(True)  # not integral: compared in fp64
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=_int_inputs)
+    body = _body(plan)
+    assert "== 3)" in body and "> 2)" in body, body
+    assert body.count("tl.float64") == 1 and "2.5" in next(ln for ln in body.splitlines() if "tl.float64" in ln), body
+
+
+def _mixed_int_graph(case):
+    g = og.Graph(case, io_data_type=DT.FLOAT)
+    x, y = g.tensor(dim=[4, 9], name="x"), g.tensor(dim=[4, 9], name="y")
+    k = g.tensor(dim=[4, 9], name="k", data_type=DT.INT32)
+    if case == "min_max_select":
+        j = g.tensor(dim=[4, 9], name="j", data_type=DT.INT64)
+        g.pointwise(k, j, mode=M.MAX).set_data_type(DT.INT64).set_output(True)
+        g.pointwise(k, j, mode=M.MIN).set_data_type(DT.INT32).set_output(True)
+        g.pointwise(x, y, k, mode=M.BINARY_SELECT).set_output(True)  # an integer condition
+        g.add(k, x).set_data_type(DT.FLOAT).set_output(True)
+    elif case == "bool_int8_uint8":
+        b = g.tensor(dim=[4, 9], name="b", data_type=DT.BOOLEAN)
+        i8 = g.tensor(dim=[4, 9], name="i8", data_type=DT.INT8)
+        u8 = g.tensor(dim=[4, 9], name="u8", data_type=DT.UINT8)
+        g.pointwise(x, u8, b, mode=M.BINARY_SELECT).set_output(True)
+        g.add(i8, k).set_data_type(DT.INT8).set_output(True)
+        g.mul(u8, x).set_data_type(DT.UINT8).set_output(True)
+        g.cmp_eq(k, i8).set_data_type(DT.BOOLEAN).set_output(True)
+        g.cmp_lt(k, u8).set_data_type(DT.FLOAT).set_output(True)
+        g.mul(y, b).set_output(True)
+    elif case == "pass_by_value":
+        s = g.tensor(dim=[1, 1], name="s", data_type=DT.INT32, is_pass_by_value=True)
+        f = g.tensor(dim=[1, 1], name="f", data_type=DT.FLOAT, is_pass_by_value=True)
+        g.cmp_eq(k, s).set_data_type(DT.FLOAT).set_output(True)
+        g.mul(g.add(x, s), g.mul(f, y)).set_output(True)
+        g.add(k, s).set_data_type(DT.INT32).set_output(True)
+    elif case == "gen_index_int_and_float":  # one INT32 coordinate stored, multiplied, compared, added
+        t = g.tensor(dim=[4, 9], name="t", data_type=DT.INT64)
+        i = g.gen_index(x, axis=1).set_data_type(DT.INT32).set_output(True)
+        g.mul(i, x).set_output(True)
+        g.cmp_eq(i, t).set_data_type(DT.INT64).set_output(True)
+        g.add(i, t).set_data_type(DT.INT64).set_output(True)
+        g.cmp_ge(i, 4.0).set_data_type(DT.INT32).set_output(True)
+        g.add(y, k).set_data_type(DT.FLOAT).set_output(True)
+        g.gen_index(x, axis=0).set_data_type(DT.INT64).set_output(True)
+    elif case == "double_beside_float":  # exactly rounded ops: a DOUBLE output's tolerance is tight
+        d = g.tensor(dim=[4, 9], name="d", data_type=DT.DOUBLE)
+        h = g.tensor(dim=[4, 9], name="h", data_type=DT.HALF)
+        t = g.mul(x, y).set_data_type(DT.FLOAT)
+        g.add(t, d).set_data_type(DT.DOUBLE).set_output(True)
+        g.mul(t, h).set_data_type(DT.BFLOAT16).set_output(True)
+        g.sub(d, h).set_data_type(DT.HALF).set_output(True)
+        g.cmp_gt(d, k).set_data_type(DT.FLOAT).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("case", ["min_max_select", "bool_int8_uint8", "pass_by_value", "gen_index_int_and_float",
+                                  "double_beside_float"])
+def test_fp64_piece_integer_and_narrow_types(case, rng):
+    """MIN/MAX of integers, an integer select condition, BOOLEAN/INT8/UINT8 beside INT32, integer
+    pass-by-value scalars, a gen_index stored as INT32 and read by float math, DOUBLE beside fp32."""
+    assert_engine_matches(_mixed_int_graph(case), rng, expect_steps=1, prepare=_int_inputs)
+
+
+# -- the tiled walk: the cases around a transposed tensor ---------------------------------------------
+
+
+def _strides(dims, perm):
+    strides, acc = [0] * len(dims), 1
+    for a in reversed(perm):
+        strides[a] = acc
+        acc *= dims[a]
+    return strides
+
+
+def _tiled_graph(case):
+    g = og.Graph(case, io_data_type=DT.FLOAT)
+    if case == "broadcasts_and_indices":  # [c, i, j]: per-program, stride-0, column inputs, gen_index per axis
+        dims = [3, 40, 70]
+        x = g.tensor(dim=dims, stride=_strides(dims, (0, 2, 1)), name="x")
+        outer = g.tensor(dim=[3, 1, 1], name="outer")  # a scalar load per program, no mask
+        z = g.tensor(dim=dims, stride=[0, 0, 1], name="z")  # broadcast in memory
+        col = g.tensor(dim=[1, 40, 1], name="col")
+        y = g.add(g.mul(x, outer), g.add(z, col))
+        for a in range(3):
+            y = g.add(y, g.gen_index(x, axis=a).set_data_type(DT.FLOAT))
+        y.set_output(True).set_stride(_strides(dims, (0, 1, 2)))
+        g.gen_index(x, axis=0).set_data_type(DT.INT32).set_output(True).set_stride(_strides(dims, (0, 1, 2)))
+        g.gen_index(x, axis=1).set_data_type(DT.INT64).set_output(True).set_stride(_strides(dims, (0, 2, 1)))
+    elif case == "gapped_outputs_two_layouts":
+        x = g.tensor(dim=[64, 80], stride=[1, 64], name="x")
+        g.relu(x).set_output(True).set_stride([100, 1])  # rows with a gap
+        g.exp(x).set_output(True).set_stride([1, 70])  # column-major with a gap
+    elif case == "first_output_transposed":
+        x = g.tensor(dim=[70, 90], name="x")
+        g.mul(x, 3.0).set_data_type(DT.HALF).set_output(True).set_stride([1, 70])
+    elif case == "one_element_axes":
+        dims = [2, 1, 60, 1, 70]
+        x = g.tensor(dim=dims, stride=_strides(dims, (0, 1, 4, 3, 2)), name="x")
+        g.add(x, g.gen_index(x, axis=1).set_data_type(DT.FLOAT)).set_output(True).set_stride(_strides(dims, range(5)))
+        g.gen_index(x, axis=3).set_data_type(DT.INT32).set_output(True).set_stride(_strides(dims, range(5)))
+    elif case == "slice_of_a_transposed_weight":  # a view read in place
+        w = g.tensor(dim=[90, 100], stride=[1, 90], name="w")
+        g.add(g.slice(w, [slice(5, 85), slice(10, 90)]), g.tensor(dim=[80, 80], name="b")).set_output(True)
+    elif case == "fp64_piece":  # integer values on the tiled walk
+        x = g.tensor(dim=[64, 90], stride=[1, 64], name="x")
+        k = g.tensor(dim=[64, 1], name="k", data_type=DT.INT32)
+        i = g.gen_index(x, axis=1).set_data_type(DT.INT32)
+        g.mul(g.cmp_eq(i, k).set_data_type(DT.FLOAT), x).set_output(True).set_stride([90, 1])
+        i.set_output(True).set_stride([90, 1])
+    return g
+
+
+@pytest.mark.parametrize("case", ["broadcasts_and_indices", "gapped_outputs_two_layouts", "first_output_transposed",
+                                  "one_element_axes", "slice_of_a_transposed_weight", "fp64_piece"])
+def test_tiled_walk_cases(case, rng):
+    plan = assert_engine_matches(_tiled_graph(case), rng, expect_steps=1, prepare=_int_inputs)
+    assert plan.steps[0].config.knob("TILE_I") is not None, plan.describe()
+
+
+def test_tiled_walk_int64_offsets():
+    """A transposed tensor past 2**31 elements: program ids (and so every coordinate) are int64."""
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates.pointwise import TEMPLATE
+
+    final = _transposed((3, 50304, 16384), (0, 2, 1)).final
+    piece = make_piece(final, 0, final.nodes)
+    h100 = Device("cuda", 0, "H100", (9, 0), 132)
+    knobs = TEMPLATE.candidates(piece, h100)[0]
+    source = TEMPLATE.generate(piece, knobs, h100).source
+    assert "TILE_I" in knobs and "pid = tl.program_id(0).to(tl.int64)" in source, source
+
+
+def test_tile_knobs_in_a_plan_file_for_a_flat_piece_are_a_typed_error(rng):
+    """Candidates offer TILE_I/TILE_J only where transposed_axes finds a transposed tensor; a plan
+    file that holds them for another piece is refused when loaded (not a ValueError from generate)."""
+    import json
+
+    from opgraph.core.errors import SerializationError
+    from opgraph.runtime.plan import ExecutionPlan
+    from opgraph.runtime.plan_io import MAGIC_1
+
+    g = _transposed((40, 300), (0, 1))
+    plan = g.build(device="cpu", engines=["triton"])
+    assert all("TILE_I" not in c for c in __import__("opgraph.engines.triton.templates.pointwise",
+                                                     fromlist=["TEMPLATE"]).TEMPLATE.candidates(
+        plan.steps[0].piece, plan.device))
+    doc = json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])
+    doc["steps"][0]["config"]["knobs"] = [["template", "pointwise"], ["TILE_I", 64], ["TILE_J", 64], ["num_warps", 4]]
+    with pytest.raises(SerializationError) as info:
+        ExecutionPlan.from_bytes(MAGIC_1 + json.dumps(doc).encode())
+    assert info.value.rule == "plan.knobs", str(info.value)

@@ -422,3 +422,53 @@ def test_gpu_full_and_column_reductions(rng):
     assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
     g = _graph(R.AVG, (1 << 22,), (1,))
     assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+
+
+def _int_values(pack):
+    for v in pack.values():
+        if isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+            v[...] = np.arange(v.size).reshape(v.shape) * 7 % 11 - 3
+
+
+def _fp64_piece_reductions(mode):
+    """An fp64 piece (INT32/INT64 tensors) reducing FLOAT values (fp32 accumulators: the reducers'
+    own type) beside an INT32 tensor reduced to INT32 and to FLOAT (fp64 accumulators)."""
+    g = og.Graph("mix", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[5, 37], name="x")
+    k = g.tensor(dim=[5, 37], name="k", data_type=DT.INT32)
+    t = g.tensor(dim=[5, 1], name="t", data_type=DT.INT64)
+    g.reduction(g.mul(x, 0.5), mode).set_dim([5, 1]).set_output(True)
+    onehot = g.cmp_eq(g.gen_index(x, axis=1).set_data_type(DT.INT32), t).set_data_type(DT.FLOAT)
+    g.reduction(g.mul(onehot, x), mode).set_dim([5, 1]).set_output(True)
+    g.reduction(k, mode).set_dim([5, 1]).set_output(True).set_data_type(DT.INT32)
+    g.reduction(k, mode).set_dim([5, 1]).set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("mode", [R.ADD, R.MAX, R.MIN, R.MUL, R.AVG, R.NORM2, R.AMAX], ids=lambda m: m.name)
+def test_split_fp64_piece_float_and_int32_reductions(mode, split, monkeypatch, rng):
+    """Split-K partials in scratch of each reducer's accumulator type (fp32 for the FLOAT values, fp64
+    for the INT32 ones and for products), folded by the combine launch."""
+    _force(monkeypatch, BLOCK_M=2, BLOCK_K=8, SPLIT=split, num_warps=4)
+    plan = assert_engine_matches(_fp64_piece_reductions(mode), rng, expect_steps=1, prepare=_int_values)
+    kernel = plan.steps[0].kernel
+    assert len(kernel.generated.launches) == (2 if split > 1 else 1) and (kernel.scratch_bytes > 0) == (split > 1)
+    if split > 1:
+        dtypes = [a.dtype for a in kernel.generated.launches[0].args if a.kind.name == "SCRATCH"]
+        product = mode is R.MUL
+        assert dtypes == ["float64" if product else "float32"] * 2 + ["float64"] * 2, dtypes
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_genstats_of_integer_products_in_an_fp64_piece(split, monkeypatch, rng):
+    _force(monkeypatch, BLOCK_M=2, BLOCK_K=8, SPLIT=split, num_warps=4)
+    dims = [2, 4, 3, 5]
+    g = og.Graph("gs", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=dims, name="x")
+    k = g.tensor(dim=dims, name="k", data_type=DT.INT32)
+    s, sq = g.genstats(g.mul(x, k).set_data_type(DT.FLOAT))
+    s.set_output(True)
+    sq.set_output(True)
+    g.add(x, k).set_data_type(DT.INT32).set_output(True)  # a full-size integer output on the way
+    assert_engine_matches(g, rng, expect_steps=1, prepare=_int_values)

@@ -298,6 +298,15 @@ def custom_imports(source: str) -> list[str]:
     return lines
 
 
+def _integral(tensors: Mapping[int, TensorDesc], v: int | Const | None) -> bool:
+    """Whether comparison operand `v` is an INT32/INT64 tensor or an integral constant that int64
+    holds exactly as the float64 reference does (|c| <= 2**53)."""
+    if isinstance(v, Const):
+        c = float(v.value)
+        return c == c and abs(c) <= 2**53 and c == math.floor(c)
+    return isinstance(v, int) and tensors[v].data_type in _INTS
+
+
 class Emitter:
     """Straight-line code for a set of pointwise nodes over one indexing scheme.
 
@@ -377,12 +386,16 @@ class Emitter:
             coord = self.indexer.coord(op.axis or 0, desc)
             # a constant coordinate (an axis of size 1) is a Python int, not a tensor
             expr = f"tl.full([], {coord}, {typ})" if coord.isdigit() else f"({coord}).to({typ})"
-        elif op.mode in _COMPARISONS and self.compute == "tl.float64" and all(
-                isinstance(v, int) and self.tensors[v].data_type in _INTS for v in node.inputs[: info.arity]):
-            # integers compare as integers: no fp64 conversion per element (a one-hot of class ids)
-            ints = [self.typed(v, "tl.int64") for v in node.inputs[: info.arity]]
-            typ = compute_type([self.tensors[out].data_type])
-            expr = f"({_mode_expr(op.mode, ints, params)}).to({typ})"
+        elif op.mode in _COMPARISONS and self.compute == "tl.float64":
+            # integers compare as integers: no fp64 conversion per element (a one-hot of class ids);
+            # the 0/1 result is made in the output's own type (an INT32/INT64 output exactly, a
+            # FLOAT one in fp32: no fp64 value where only the compared integers needed it)
+            args = node.inputs[: info.arity]
+            if all(_integral(self.tensors, v) for v in args) and any(isinstance(v, int) for v in args):
+                operands = [str(int(v.value)) if isinstance(v, Const) else self.typed(v, "tl.int64") for v in args]
+            dt = self.tensors[out].data_type
+            typ = TL_DTYPE[dt] if dt in _INTS else compute_type([dt])
+            expr = f"({_mode_expr(op.mode, operands, params)}).to({typ})"
         else:
             expr = f"({_mode_expr(op.mode, operands, params)}).to({typ})"
         self.assign(out, expr, typ)
