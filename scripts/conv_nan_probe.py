@@ -2,7 +2,13 @@
 makes the output NaN (H100, Triton 3.6). This runs the kernel through Triton's JIT with knob variants
 (pipeline depth, BLOCK_K) on NaN and on finite filters, against PyTorch's conv1d in float64:
 
-    python scripts/conv_nan_probe.py
+    python scripts/conv_nan_probe.py             # the case, knob variants, NaN and finite filters
+    python scripts/conv_nan_probe.py --sweep     # ... and a sweep of tiles x BLOCK_K x stages x warps
+    python scripts/conv_nan_probe.py --channels  # packed 1-D and 2-D convs of 1-8 channels (per group),
+                                                 # every candidate config and the sweep: which are wrong
+
+The template wraps a ragged channel tail (channels per group % BLOCK_K != 0) by `%` in its loads and
+zeroes it by selects (gemm/indexing.py TileIndexer: masked tails miscompiled on Triton 3.6 too).
 """
 
 from __future__ import annotations
@@ -94,5 +100,67 @@ def main() -> None:
                   f"got {got.flatten().tolist()} ({og.__name__} {plan.steps[0].config})")
 
 
+def channels() -> None:
+    """Small channel counts (the ragged tail) in packed NCHW / NHWC convs, against PyTorch in float64:
+    every candidate config of the template and a sweep; prints the wrong ones and a count."""
+    import opgraph as og
+    from opgraph.core.config import EngineConfig
+    from opgraph.engines import get_engine
+    from opgraph.tools.samples import nhwc
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(dev)
+    t = TEMPLATE_BY_NAME["conv_fprop"]
+    engine = get_engine("triton")
+    sweep = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": 1, "num_stages": st,
+              "num_warps": w} for m, n in ((64, 32), (128, 64), (16, 16)) for k in (16, 32)
+             for st in (1, 3, 4) for w in (4,)]
+    wrong = total = 0
+    for c in (1, 3, 4, 8):
+        for spatial in ((9,), (6, 7)):
+            for layout in ("nchw", "nhwc"):
+                n, k, r = 2, 8, 3
+                xdims, wdims = [n, c, *spatial], [k, c, *(r,) * len(spatial)]
+                g = og.Graph("probe", io_data_type=og.DataType.BFLOAT16, compute_data_type=og.DataType.FLOAT)
+                x = g.tensor(dim=xdims, stride=nhwc(xdims) if layout == "nhwc" else None, name="x")
+                w = g.tensor(dim=wdims, stride=nhwc(wdims) if layout == "nhwc" else None, name="w")
+                y = g.conv_fprop(x, w, padding=[1] * len(spatial), stride=[1] * len(spatial),
+                                 dilation=[1] * len(spatial))
+                y.set_output(True).set_data_type(og.DataType.FLOAT)
+                final = g.final
+                piece = make_piece(final, 0, final.nodes)
+                xd, wd, yd = (final.tensors[u] for u in (*final.inputs, final.outputs[0]))
+                xv = torch.randn(*xdims).to(torch.bfloat16)
+                wv = torch.randn(*wdims).to(torch.bfloat16)
+                conv = torch.nn.functional.conv1d if len(spatial) == 1 else torch.nn.functional.conv2d
+                want = conv(xv.double(), wv.double(), padding=1)
+                for knobs in [*t.candidates(piece, device), *sweep]:
+                    cfg = EngineConfig("triton", (("template", "conv_fprop"), *sorted(knobs.items())))
+                    try:
+                        kernel = engine.compile(piece, cfg, device)
+                    except Exception as err:  # noqa: BLE001 - a config the template refuses here
+                        print(f"C{c} {spatial} {layout} {knobs}: not compiled ({type(err).__name__})")
+                        continue
+                    bufs = {}
+                    for desc, v in ((xd, xv), (wd, wv), (yd, None)):
+                        buf = torch.full((1 + sum((d - 1) * st for d, st in zip(desc.dim, desc.stride)),),
+                                         float("nan"), dtype=desc.data_type.to_torch(), device=dev)
+                        view = buf.as_strided(desc.dim, desc.stride)
+                        if v is not None:
+                            view.copy_(v.to(dev))
+                        bufs[desc.uid] = view
+                    kernel.run(bufs, None, torch.empty(max(kernel.scratch_bytes, 1), dtype=torch.uint8, device=dev))
+                    got = bufs[yd.uid].double().cpu()
+                    total += 1
+                    if not torch.allclose(got, want, rtol=2e-2, atol=2e-2, equal_nan=True):
+                        wrong += 1
+                        print(f"WRONG C{c} {spatial} {layout} {knobs}: max |err| "
+                              f"{(got - want).abs().nan_to_num(float('inf')).max().item():.3g}")
+    print(f"{wrong} wrong of {total} (config, shape) runs")
+
+
 if __name__ == "__main__":
-    main()
+    if "--channels" in sys.argv:
+        channels()
+    else:
+        main()
