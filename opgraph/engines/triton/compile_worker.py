@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -39,16 +40,42 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
         from triton.runtime.jit import JITFunction
     else:
         from triton.runtime.interpreter import InterpretedFunction
+    used = _reachable(path) if jit else None
     for attr in list(vars(module)):
         fn = getattr(module, attr)
         if not callable(fn) or not (attr.startswith("kernel") or attr.startswith("_og_")):
             continue
+        if used is not None and attr not in used:
+            continue  # a helper no kernel calls: wrapping it costs Triton a parse of its source
         if jit:
             if not isinstance(fn, JITFunction):  # a custom op's function its module already jitted stays as is
                 setattr(module, attr, JITFunction(fn))
         elif attr.startswith("kernel"):
             setattr(module, attr, InterpretedFunction(fn))
     return module
+
+
+_DEF = re.compile(r"^def (\w+)\(", re.M)
+_CALL = re.compile(r"\b(_og_\w+)\(")
+
+
+def _reachable(path: str) -> set[str]:
+    """The module's `kernel*` functions and the `_og_` helpers they call, directly or through other
+    helpers (generated modules carry every helper; a kernel uses a few: 23 JITFunctions a module made
+    a 400-kernel plan spend ~6 s in Triton's source parsing before anything compiled)."""
+    with open(path) as f:
+        text = f.read()
+    starts = [(m.group(1), m.start()) for m in _DEF.finditer(text)]
+    bodies = {name: text[at:(starts[i + 1][1] if i + 1 < len(starts) else len(text))]
+              for i, (name, at) in enumerate(starts)}
+    todo = [name for name in bodies if name.startswith("kernel")]
+    seen = set(todo)
+    while todo:
+        for callee in _CALL.findall(bodies[todo.pop()]):
+            if callee in bodies and callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return seen
 
 
 def ast_source(fn: Any, job: dict[str, Any]) -> Any:
