@@ -19,6 +19,8 @@ import argparse
 import json
 import math
 import os
+import sys
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -53,7 +55,9 @@ def plan_rows(layers: int, batch: int) -> tuple[list[dict[str, Any]], int]:
     try:
         for name in engines:  # no GPU here: the engines' own checks of the piece still run
             type(get_engine(name)).available = lambda self, device: Support.yes()  # type: ignore[method-assign]
+        t0 = time.perf_counter()
         sched = plan_steps(final, device=h100, engines=engines, compile="lazy")
+        planned_s = time.perf_counter() - t0
     finally:
         for name, available in saved.items():
             type(get_engine(name)).available = available  # type: ignore[method-assign]
@@ -74,6 +78,8 @@ def plan_rows(layers: int, batch: int) -> tuple[list[dict[str, Any]], int]:
                      "bytes": sum(p.tensor(u).nbytes for u in (*p.inputs, *p.outputs)
                                   if not p.tensor(u).is_pass_by_value),
                      "flops": piece_flops(p), "estimate_us": s.config.estimate_us, "gemm": gemm, "tensors": big})
+    print(f"planned in {planned_s:.2f} s on this host (partition, configs, generated modules loaded; nothing "
+          "compiled)", file=sys.stderr)
     return rows, len(final.nodes)
 
 
