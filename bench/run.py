@@ -15,7 +15,7 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
     --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
                        its own on one GPU (CUDA_VISIBLE_DEVICES), repeat 1 of every group before any repeat 2;
                        the host-time group runs alone (no other worker competing for the CPU). One machine
-                       per table still holds (same host, same GPU model); the header names the GPUs used.
+                       per table still holds (same host, same GPU model); the header says the run was spread.
 """
 
 from __future__ import annotations

@@ -22,12 +22,23 @@ import torch  # noqa: E402
 
 from opgraph.core.device import resolve_device  # noqa: E402
 from opgraph.core.piece import make_piece  # noqa: E402
+from opgraph.core.tensor import storage_extent  # noqa: E402
 from opgraph.engines.triton import TEMPLATE_BY_NAME  # noqa: E402
 from opgraph.engines.triton.loader import load_module  # noqa: E402
 from tests.fuzz.replay import load  # noqa: E402
 from tests.fuzz.runner import graph_of  # noqa: E402
 
 CASE = Path(__file__).resolve().parent.parent / "tests" / "fuzz" / "regressions" / "seed20261125508880.json"
+
+
+def _buffer(desc, values, dev: str, shift: int = 0):
+    """A NaN-filled buffer of desc's strides `shift` elements into its allocation, holding `values`."""
+    raw = torch.full((shift + storage_extent(desc.dim, desc.stride),), float("nan"),
+                     dtype=desc.data_type.to_torch(), device=dev)
+    view = raw[shift:].as_strided(desc.dim, desc.stride)
+    if values is not None:
+        view.copy_(values.to(dev))
+    return view
 
 
 def main() -> None:
@@ -41,14 +52,6 @@ def main() -> None:
     out_uid = final.outputs[0]
     xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
     gen = torch.Generator().manual_seed(0)
-
-    def strided(desc, values):
-        size = 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
-        buf = torch.full((size,), float("nan"), dtype=desc.data_type.to_torch(), device=dev)
-        view = buf.as_strided(desc.dim, desc.stride)
-        if values is not None:
-            view.copy_(values)
-        return view
 
     for nan in (True, False):
         x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
@@ -67,7 +70,7 @@ def main() -> None:
             g = t.generate(piece, knobs, device)
             mod = load_module(g.source, interpret=dev == "cpu")
             launch = g.launches[0]
-            bufs = {x_uid: strided(xd, x.to(dev)), w_uid: strided(wd, w.to(dev)), out_uid: strided(od, None)}
+            bufs = {x_uid: _buffer(xd, x, dev), w_uid: _buffer(wd, w, dev), out_uid: _buffer(od, None, dev)}
             args = [bufs[a.uid] for a in launch.args]
             meta = dict(launch.meta)
             getattr(mod, launch.kernel)[launch.grid](*args, **meta)
@@ -79,25 +82,17 @@ def main() -> None:
                   f"want {want.flatten().tolist()}")
         # the same through a plan (the native launch of the precompiled kernel), buffers at an offset
         # of 0 and 1 elements (a 2-byte misaligned one takes Triton's JIT)
-        import opgraph as og
-
         plan = graph_of(load(str(CASE))).build(device=dev, engines=["triton"])
         for shift in (0, 1, 8):
-            bufs = {}
-            for uid, desc, values in ((x_uid, xd, x), (w_uid, wd, w), (out_uid, od, None)):
-                size = shift + 1 + sum((d - 1) * st for d, st in zip(desc.dim, desc.stride))
-                raw = torch.full((size,), float("nan"), dtype=desc.data_type.to_torch(), device=dev)
-                view = raw[shift:].as_strided(desc.dim, desc.stride)
-                if values is not None:
-                    view.copy_(values.to(dev))
-                bufs[uid] = view
+            bufs = {x_uid: _buffer(xd, x, dev, shift), w_uid: _buffer(wd, w, dev, shift),
+                    out_uid: _buffer(od, None, dev, shift)}
             plan.execute(bufs)
             if dev == "cuda":
                 torch.cuda.synchronize()
             got = bufs[out_uid].double().cpu()
             ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
             print(f"nan={nan} plan.execute, buffers shifted {shift}: {'OK' if ok else 'WRONG'} "
-                  f"got {got.flatten().tolist()} ({og.__name__} {plan.steps[0].config})")
+                  f"got {got.flatten().tolist()} ({plan.steps[0].config})")
 
 
 def channels() -> None:
@@ -141,14 +136,7 @@ def channels() -> None:
                     except Exception as err:  # noqa: BLE001 - a config the template refuses here
                         print(f"C{c} {spatial} {layout} {knobs}: not compiled ({type(err).__name__})")
                         continue
-                    bufs = {}
-                    for desc, v in ((xd, xv), (wd, wv), (yd, None)):
-                        buf = torch.full((1 + sum((d - 1) * st for d, st in zip(desc.dim, desc.stride)),),
-                                         float("nan"), dtype=desc.data_type.to_torch(), device=dev)
-                        view = buf.as_strided(desc.dim, desc.stride)
-                        if v is not None:
-                            view.copy_(v.to(dev))
-                        bufs[desc.uid] = view
+                    bufs = {d.uid: _buffer(d, v, dev) for d, v in ((xd, xv), (wd, wv), (yd, None))}
                     kernel.run(bufs, None, torch.empty(max(kernel.scratch_bytes, 1), dtype=torch.uint8, device=dev))
                     got = bufs[yd.uid].double().cpu()
                     total += 1

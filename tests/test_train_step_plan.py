@@ -25,6 +25,23 @@ def sdpa_gpt(dtype, layers=2):
     return GPT(attention="sdpa", layers=layers).to(dtype).train()
 
 
+def _two_steps_each(base, x, y, loss, optimizer, **options):
+    """Two training steps of a copy of `base` per engine set (the reference engine; generated kernels
+    and torch), each loss poisoned before its execute: (models, losses, steps) by engine set."""
+    models, losses, steps = {}, {}, {}
+    for engines in (("reference",), ("triton", "torch")):
+        model = models[engines] = copy.deepcopy(base)
+        step = steps[engines] = train_step(og.from_torch(model, (x,)), loss, optimizer, **options)
+        step.build("cpu", engines=list(engines))
+        losses[engines] = []
+        for _ in range(2):
+            pack = step.pack(x, target=y)
+            pack[step.loss_uid].fill_(float("nan"))
+            step.plan.execute(pack)
+            losses[engines].append(float(pack[step.loss_uid].reshape(())))
+    return models, losses, steps
+
+
 def _attention_nodes(final):
     fwd = [n for n in final.nodes if n.kind == "sdpa"]
     bwd = [n for n in final.nodes if n.kind == "sdpa_backward"]
@@ -101,21 +118,10 @@ def test_sdpa_step_on_generated_kernels_matches_the_reference_engine():
     base = sdpa_gpt(torch.float32, layers)
     idx = torch.randint(0, 17, (2, 8))
     y = torch.randint(0, 17, (2, 8))
-    models, losses = {}, {}
-    for engines in (("reference",), ("triton", "torch")):
-        model = models[engines] = copy.deepcopy(base)
-        step = train_step(og.from_torch(model, (idx,)), "cross_entropy", SGD(0.5, momentum=0.9),
-                          mixed_precision="bf16")
-        step.build("cpu", engines=list(engines))
-        losses[engines] = []
-        for _ in range(2):
-            pack = step.pack(idx, target=y)
-            pack[step.loss_uid].fill_(float("nan"))
-            step.plan.execute(pack)
-            losses[engines].append(float(pack[step.loss_uid].reshape(())))
-        if engines != ("reference",):
-            templates = [s.config.knob("template") for s in step.plan.steps]
-            assert templates.count("attention") == layers and templates.count("attention_bwd") == layers, templates
+    models, losses, steps = _two_steps_each(base, idx, y, "cross_entropy", SGD(0.5, momentum=0.9),
+                                            mixed_precision="bf16")
+    templates = [s.config.knob("template") for s in steps[("triton", "torch")].plan.steps]
+    assert templates.count("attention") == layers and templates.count("attention_bwd") == layers, templates
     got, want = losses[("triton", "torch")], losses[("reference",)]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=2e-2)
@@ -139,19 +145,10 @@ def test_cross_entropy_reads_the_logits_once_in_the_forward(smoothing):
     y = torch.randint(0, 7, (8,))
     y[3] = -100
     loss = og.training.CrossEntropy(label_smoothing=smoothing)
-    models, losses, readers = {}, {}, {}
-    for engines in (("reference",), ("triton", "torch")):
-        model = models[engines] = copy.deepcopy(base)
-        step = train_step(og.from_torch(model, (x,)), loss, SGD(0.1, momentum=0.9))
-        step.build("cpu", engines=list(engines))
-        losses[engines] = []
-        for _ in range(2):
-            pack = step.pack(x, target=y)
-            pack[step.loss_uid].fill_(float("nan"))
-            step.plan.execute(pack)
-            losses[engines].append(float(pack[step.loss_uid].reshape(())))
-        readers[engines] = [{n.name for n in s.piece.nodes} for s in step.plan.steps if step.out_uid in s.piece.inputs]
-    forward, backward = readers[("triton", "torch")]  # exactly two steps read the logits
+    models, losses, steps = _two_steps_each(base, x, y, loss, SGD(0.1, momentum=0.9))
+    step = steps[("triton", "torch")]
+    forward, backward = [{n.name for n in s.piece.nodes} for s in step.plan.steps
+                         if step.out_uid in s.piece.inputs]  # exactly two steps read the logits
     assert {"ce.sum", "ce.picked"} | ({"ce.mean_logit"} if smoothing else set()) <= forward, forward
     assert "ce.dlogits" in backward, backward
     got, want = losses[("triton", "torch")], losses[("reference",)]

@@ -49,6 +49,12 @@ def node_compute_type(node: Node, tensors: Mapping[int, TensorDesc]) -> str:
     return compute_type(types)
 
 
+def node_type(node: Node, tensors: Mapping[int, TensorDesc], compute: str) -> str:
+    """The type `node` computes in within a piece of compute type `compute`: its own
+    (node_compute_type) in an fp64 piece, fp32 throughout an fp32 one."""
+    return node_compute_type(node, tensors) if compute == "tl.float64" else compute
+
+
 def piece_types(piece: Piece) -> list[DataType]:
     """Every data type of a piece (its tensors, internal ones included) and its ops' compute types."""
     types = [n.compute_data_type for n in piece.nodes]
@@ -372,7 +378,7 @@ class Emitter:
             return
         assert isinstance(op, Pointwise)
         info = MODES[op.mode]
-        typ = self._node_type(node)
+        typ = node_type(node, self.tensors, self.compute)
         ins = [self.typed(v, typ) for v in node.inputs]
         operands = ins[: info.arity]
         params = {name: (ins[info.arity + i] or literal(default)) for i, (name, default) in enumerate(info.params)}
@@ -400,9 +406,6 @@ class Emitter:
             expr = f"({_mode_expr(op.mode, operands, params)}).to({typ})"
         self.assign(out, expr, typ)
 
-    def _node_type(self, node: Node) -> str:
-        return node_compute_type(node, self.tensors) if self.compute == "tl.float64" else self.compute
-
     def assign(self, uid: int, value: str, typ: str | None = None) -> None:
         """Make `value` (of type `typ`, default the compute type) the value v{uid} of tensor uid,
         rounded to the tensor's declared type."""
@@ -416,7 +419,7 @@ class Emitter:
 
     def _emit_custom(self, node: Node, op: Custom) -> None:
         """A fused custom op: its Triton function called on compute-type values (see fused_custom)."""
-        typ = self._node_type(node)
+        typ = node_type(node, self.tensors, self.compute)
         args = [self.typed(v, typ) for v in node.inputs]
         for k, v in op.params:
             if isinstance(v, str):  # fused_custom admits numeric parameters only

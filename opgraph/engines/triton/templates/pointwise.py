@@ -26,6 +26,22 @@ from .base import Generated, Launch, Template, external_params, indent, module_s
 INT32_LIMIT = 2**31 - 1
 
 
+def _coordinate_offset(desc: TensorDesc, needed: set[int]) -> str:
+    """Element offset of `desc` from the coordinates c<axis> of its non-broadcast axes (noted in
+    `needed`, for the lines that compute them)."""
+    terms = []
+    for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
+        if d > 1 and s != 0:
+            needed.add(axis)
+            terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
+    return " + ".join(terms) or "0"
+
+
+def _with_views(piece: Piece, views: dict[int, Any]) -> dict[int, TensorDesc]:
+    """The piece's tensors, its slices/transposes as the views of memory they read."""
+    return {**piece.graph.tensors, **{u: v.desc for u, v in views.items()}}
+
+
 class FlatIndexer:
     """Loads and stores at flat index `lin` of an iteration space, in a given axis order."""
 
@@ -40,12 +56,7 @@ class FlatIndexer:
             d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)
         ):
             return "lin"
-        terms = []
-        for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-            if d > 1 and s != 0:
-                self.needed.add(axis)
-                terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
-        return " + ".join(terms) or "0"
+        return _coordinate_offset(desc, self.needed)
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
         offset = "0" if desc.numel == 1 else self.offset(desc)
@@ -86,20 +97,14 @@ class TileIndexer:
         self.needed: set[int] = set()
 
     def offset(self, desc: TensorDesc) -> str:
-        terms = []
-        for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-            if d > 1 and s != 0:
-                self.needed.add(axis)
-                terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
-        return " + ".join(terms) or "0"
-
-    def _tiled(self, desc: TensorDesc) -> bool:
-        return any(desc.dim[a] > 1 and desc.stride[a] != 0 for a in (self.i, self.j))
+        return _coordinate_offset(desc, self.needed)
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
         offset = "0" if desc.numel == 1 else self.offset(desc)
-        if offset == "0" or not self._tiled(desc):  # per program: the other axes are in range
-            return f"tl.load({ptr} + {offset})" if offset != "0" else f"tl.load({ptr})"
+        if offset == "0":
+            return f"tl.load({ptr})"
+        if not any(desc.dim[a] > 1 and desc.stride[a] != 0 for a in (self.i, self.j)):
+            return f"tl.load({ptr} + {offset})"  # per program: the other axes are in range
         return f"tl.load({ptr} + {offset}, mask=mask, other=0)"
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
@@ -146,9 +151,10 @@ def transposed_axes(piece: Piece) -> tuple[int, int] | None:
     j = innermost(first)
     if j is None:
         return None
-    views = memory_views(piece)
-    tensors = {**piece.graph.tensors, **({u: v.desc for u, v in views.items()} if isinstance(views, dict) else {})}
-    for u in [*piece.inputs, *views] if isinstance(views, dict) else piece.inputs:
+    found = memory_views(piece)
+    views = found if isinstance(found, dict) else {}
+    tensors = _with_views(piece, views)
+    for u in (*piece.inputs, *views):
         desc = tensors[u]
         if desc.is_pass_by_value or desc.dim != space:
             continue
@@ -239,7 +245,7 @@ class PointwiseTemplate(Template):
             v = views[u]
             return f"(p{v.base} + {v.offset})" if v.offset else f"p{v.base}"
 
-        tensors = {**piece.graph.tensors, **{u: v.desc for u, v in views.items()}}
+        tensors = _with_views(piece, views)
         emitter = Emitter(tensors, compute_type(types), indexer, ptr=ptr, scalar=lambda u: f"s{u}")
         for node in piece.nodes:
             if node.kind not in VIEW_KINDS:

@@ -39,7 +39,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
-from ..expr import Emitter, compute_type, elementwise, node_compute_type, piece_types, to_storage
+from ..expr import Emitter, compute_type, elementwise, node_type, piece_types, to_storage
 from .base import (
     Arg,
     ArgKind,
@@ -496,10 +496,10 @@ class ReductionTemplate(Template):
 
 def _reducer_type(r: Reducer, piece: Piece, compute: str) -> str:
     """The type reducer `r` accumulates in (products: fp64, _acc_type) and finishes in: its node's
-    (node_compute_type), so that a cross-entropy's FLOAT sums stay fp32 beside its INT64 targets."""
+    (expr.node_type), so that a cross-entropy's FLOAT sums stay fp32 beside its INT64 targets."""
     node = next((n for n in piece.nodes if not elementwise(n) and r.source in n.input_uids()
                  and (r.out is None or r.out in n.output_uids())), None)
-    return compute if node is None or compute != "tl.float64" else node_compute_type(node, piece.graph.tensors)
+    return compute if node is None else node_type(node, piece.graph.tensors, compute)
 
 
 def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str],
