@@ -6,6 +6,12 @@ makes the output NaN (H100, Triton 3.6). This runs the kernel through Triton's J
     python scripts/conv_nan_probe.py --sweep     # ... and a sweep of tiles x BLOCK_K x stages x warps
     python scripts/conv_nan_probe.py --channels  # packed 1-D and 2-D convs of 1-8 channels (per group),
                                                  # every candidate config and the sweep: which are wrong
+    python scripts/conv_nan_probe.py --variants  # the case's kernel with its source edited (which part
+                                                 # goes wrong); Triton IR of each under $OUT/conv_ir
+    python scripts/conv_nan_probe.py --shapes    # 1-D convs of 4 channels: out channels x width x
+                                                 # weight layout x pipeline depth, plan knobs otherwise
+    python scripts/conv_nan_probe.py --ptx [dump|fence|plain]  # the case's kernel (num_stages 1) run
+                                                 # from its own PTX, edited (see ptx_probe)
 
 The template wraps a ragged channel tail (channels per group % BLOCK_K != 0) by `%` in its loads and
 zeroes it by selects (gemm/indexing.py TileIndexer: masked tails miscompiled on Triton 3.6 too).
@@ -147,8 +153,154 @@ def channels() -> None:
     print(f"{wrong} wrong of {total} (config, shape) runs")
 
 
+# edits of the generated kernel's text: (name, [(old, new), ...])
+VARIANTS = [
+    ("as generated", []),
+    ("no selects (4x sums expected)", [("a = tl.where(kmask[None, :], a, 0)", "a = a"),
+                                       ("b = tl.where(kmask[:, None], b, 0)", "b = b")]),
+    ("select a only", [("b = tl.where(kmask[:, None], b, 0)", "b = b")]),
+    ("select b only", [("a = tl.where(kmask[None, :], a, 0)", "a = a")]),
+    ("masked loads", [("a = tl.where(kmask[None, :], a, 0)", "a = a"), ("b = tl.where(kmask[:, None], b, 0)", "b = b"),
+                      ("mask=amask[:, None]", "mask=amask[:, None] & kmask[None, :]"),
+                      ("mask=cmask[None, :]", "mask=cmask[None, :] & kmask[:, None]")]),
+    ("acc += dot", [("acc = tl.dot(a, b, acc)", "acc += tl.dot(a, b)")]),
+    ("fp32 ieee dot", [("acc = tl.dot(a, b, acc)",
+                        "acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=\"ieee\")")]),
+    ("wrap without %", [("kcc = kc % 4", "kcc = kc - (kc // 4) * 4")]),
+    ("where with zeros_like", [("a = tl.where(kmask[None, :], a, 0)", "a = tl.where(kmask[None, :], a, tl.zeros_like(a))"),
+                               ("b = tl.where(kmask[:, None], b, 0)", "b = tl.where(kmask[:, None], b, tl.zeros_like(b))")]),
+]
+
+
+def variants() -> None:
+    """The case's kernel (plan knobs and pipeline depths 1-4) with the edits of VARIANTS, finite data,
+    against PyTorch in float64; the Triton IR (ttgir, ptx) of each compiled kernel under $OUT/conv_ir."""
+    import os
+
+    final = graph_of(load(str(CASE))).final
+    piece = make_piece(final, 0, final.nodes)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(dev)
+    t = TEMPLATE_BY_NAME["conv_fprop"]
+    x_uid, w_uid = final.inputs
+    out_uid = final.outputs[0]
+    xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
+    w = torch.randn(*wd.dim, generator=gen).to(torch.bfloat16)
+    want = -torch.nn.functional.conv1d(x.double(), w.double())
+    ir = Path(os.environ.get("OUT", "/tmp")) / "conv_ir"
+    ir.mkdir(parents=True, exist_ok=True)
+    base = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=4, num_warps=4)
+    for stages in (4, 1, 2, 3):
+        g = t.generate(piece, {**base, "num_stages": stages}, device)
+        for name, edits in VARIANTS:
+            source = g.source
+            if any(old not in source for old, _ in edits):  # (the interpreter's kernel multiplies in fp32)
+                print(f"num_stages={stages} {name}: n/a here")
+                continue
+            for old, new in edits:
+                source = source.replace(old, new)
+            mod = load_module(source, interpret=dev == "cpu")
+            launch = g.launches[0]
+            bufs = {x_uid: _buffer(xd, x, dev), w_uid: _buffer(wd, w, dev), out_uid: _buffer(od, None, dev)}
+            compiled = getattr(mod, launch.kernel)[launch.grid](*[bufs[a.uid] for a in launch.args], **dict(launch.meta))
+            if dev == "cuda":
+                torch.cuda.synchronize()
+                tag = f"st{stages}-" + "".join(ch if ch.isalnum() else "_" for ch in name)
+                for kind in ("ttgir", "ptx"):
+                    (ir / f"{tag}.{kind}").write_text(str(compiled.asm.get(kind, "")))
+            got = bufs[out_uid].double().cpu()
+            ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+            print(f"num_stages={stages} {name}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
+                  f"want {[round(v, 4) for v in want.flatten().tolist()]}")
+
+
+def _run_conv(xdims, xstride, wdims, wstride, knobs, dev, seed=0):
+    """A 1-D bf16 conv (no padding) through the template with `knobs`: (ok, got, want)."""
+    import opgraph as og
+    from opgraph.core.config import EngineConfig
+    from opgraph.engines import get_engine
+
+    g = og.Graph("probe", io_data_type=og.DataType.BFLOAT16, compute_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=xdims, stride=xstride, name="x")
+    w = g.tensor(dim=wdims, stride=wstride, name="w")
+    y = g.conv_fprop(x, w, padding=[0], stride=[1], dilation=[1])
+    y.set_output(True).set_data_type(og.DataType.FLOAT)
+    final = g.final
+    piece = make_piece(final, 0, final.nodes)
+    xd, wd, yd = (final.tensors[u] for u in (*final.inputs, final.outputs[0]))
+    gen = torch.Generator().manual_seed(seed)
+    xv = torch.randn(*xdims, generator=gen).to(torch.bfloat16)
+    wv = torch.randn(*wdims, generator=gen).to(torch.bfloat16)
+    want = torch.nn.functional.conv1d(xv.double(), wv.double())
+    cfg = EngineConfig("triton", (("template", "conv_fprop"), *sorted(knobs.items())))
+    kernel = get_engine("triton").compile(piece, cfg, resolve_device(dev))
+    bufs = {d.uid: _buffer(d, v, dev) for d, v in ((xd, xv), (wd, wv), (yd, None))}
+    kernel.run(bufs, None, torch.empty(max(kernel.scratch_bytes, 1), dtype=torch.uint8, device=dev))
+    got = bufs[yd.uid].double().cpu()
+    return torch.allclose(got, want, rtol=2e-2, atol=2e-2, equal_nan=True), got, want
+
+
+def shapes() -> None:
+    """4-channel 1-D convs: output channels x width x weight layout x pipeline depth (64 x 32 x 16 tiles)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    c, r, n = 4, 3, 2
+    wrong = total = 0
+    for k in (2, 8):
+        for width in (3, 34):
+            xdims = [n, c, width]
+            xstride = [c * width, 1, c]  # nwc
+            wdims = [k, c, r]
+            layouts = {"tap outermost (the case)": [c, 1, k * c], "nwc": [r * c, 1, c], "ncw": [c * r, r, 1]}
+            for lname, wstride in layouts.items():
+                for stages in (1, 3, 4):
+                    knobs = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=stages,
+                                 num_warps=4)
+                    ok, got, want = _run_conv(xdims, xstride, wdims, wstride, knobs, dev)
+                    total += 1
+                    wrong += not ok
+                    zeros = bool((got == 0).all())
+                    print(f"K{k} W{width} weights {lname} num_stages={stages}: {'OK' if ok else 'WRONG'}"
+                          f"{' (all zeros)' if zeros and not ok else ''}")
+    print(f"{wrong} wrong of {total}")
+
+
+def ptx_probe(mode: str) -> None:
+    """The case's kernel at num_stages 1 under Triton's IR dump/override (TRITON_KERNEL_DUMP /
+    TRITON_KERNEL_OVERRIDE set by the caller): `dump` runs it and leaves its IR; `fence` and `plain`
+    run it after the caller copied its PTX into the override directory, edited or not."""
+    final = graph_of(load(str(CASE))).final
+    piece = make_piece(final, 0, final.nodes)
+    dev = "cuda"
+    t = TEMPLATE_BY_NAME["conv_fprop"]
+    x_uid, w_uid = final.inputs
+    out_uid = final.outputs[0]
+    xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
+    w = torch.randn(*wd.dim, generator=gen).to(torch.bfloat16)
+    want = -torch.nn.functional.conv1d(x.double(), w.double())
+    knobs = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=1, num_warps=4)
+    g = t.generate(piece, knobs, resolve_device(dev))
+    mod = load_module(g.source, interpret=False)
+    launch = g.launches[0]
+    bufs = {x_uid: _buffer(xd, x, dev), w_uid: _buffer(wd, w, dev), out_uid: _buffer(od, None, dev)}
+    getattr(mod, launch.kernel)[launch.grid](*[bufs[a.uid] for a in launch.args], **dict(launch.meta))
+    torch.cuda.synchronize()
+    got = bufs[out_uid].double().cpu()
+    ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+    print(f"ptx {mode}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()}")
+
+
 if __name__ == "__main__":
-    if "--channels" in sys.argv:
+    if "--ptx" in sys.argv:
+        ptx_probe(sys.argv[-1])
+    elif "--shapes" in sys.argv:
+        shapes()
+    elif "--variants" in sys.argv:
+        variants()
+    elif "--channels" in sys.argv:
         channels()
     else:
         main()

@@ -843,3 +843,32 @@ def test_gpu_ragged_channels_1x1_big_tiles_deterministic(rng):
     for _ in range(2):
         bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)
         assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("mode", ["neg", "abs"])
+@pytest.mark.parametrize("what", ["conv_tap_outer", "conv_nwc", "matmul_kmajor"])
+def test_gpu_sign_epilogue_on_the_accumulator(what, mode, rng):
+    """NEG and ABS right on a GEMM accumulator, every candidate config: ptxas (CUDA 12.8/12.9) compiled
+    LLVM's sign-bit xor / and of a wgmma accumulator to -0.0 / 0 (fuzz seed 20261125508880: 4 channels,
+    2 filters, 64 x 32 x 16 tiles, num_stages 1, 2 or 4, on an H100); they are emitted as neg.f32 and
+    abs.f32 since (expr._og_neg, _og_abs)."""
+    g = og.Graph("sign", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    if what == "matmul_kmajor":
+        a = g.tensor(dim=[1, 2, 12], name="a")
+        b = g.tensor(dim=[1, 12, 2], stride=[24, 1, 12], name="b")
+        y = g.matmul(a, b)
+    else:
+        x = g.tensor(dim=[2, 4, 3], stride=[12, 1, 4], name="x")
+        w = g.tensor(dim=[2, 4, 3], stride=[4, 1, 8] if what == "conv_tap_outer" else [12, 1, 4], name="w")
+        y = g.conv_fprop(x, w, padding=[0], stride=[1], dilation=[1])
+    (g.neg(y) if mode == "neg" else g.abs(y)).set_output(True).set_data_type(DT.FLOAT)
+    plan = g.build(device="cuda", engines=["triton"])
+    (step,) = plan.steps
+    template = dict(step.config.knobs)["template"]
+    candidates = next(t for t in TEMPLATES if t.name == template).candidates(step.piece, plan.device)
+    for knobs in candidates:
+        config = og.engines.EngineConfig("triton", tuple(sorted({"template": template, **knobs}.items())))
+        bad = og.testing.check_plan(step_plan(plan, step, config), rng, rtol=1e-2, atol=1e-2)
+        assert not bad, f"{knobs}: " + "\n".join(map(str, bad))

@@ -122,7 +122,7 @@ def test_regression_case(what):
 # filters too, at num_stages 1, 2 and 4; num_stages 3, BLOCK_K 32, 16 x 16 tiles and Triton's JIT on
 # unaligned buffers compute it right (scripts/conv_nan_probe.py, 2026-11-25). Its interpreter run and
 # PyTorch's conv1d agree with the reference. Strict: the test fails once the kernel is fixed.
-OPEN_ON_GPU = {"seed20261125508880": "conv_fprop kernel computes zeros (4 channels in BLOCK_K 16) on an H100"}
+OPEN_ON_GPU: dict[str, str] = {}  # case id -> why it still fails on a GPU (a strict xfail there)
 
 
 def _gpu_cases():

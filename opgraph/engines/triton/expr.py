@@ -130,6 +130,29 @@ def _og_pow(a, b):
     return tl.where(b == 0, 1.0, r)
 
 
+def _og_neg(x):
+    # -x by neg.f32 / neg.f64 (see _og_abs); x * -1.0 under the interpreter
+    if x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+    elif x.dtype == tl.float64:
+        return tl.inline_asm_elementwise("neg.f64 $0, $1;", "=d,d", [x], dtype=tl.float64, is_pure=True, pack=1)
+    else:
+        return x * -1.0
+
+
+def _og_abs(x):
+    # |x| by abs.f32 / abs.f64: LLVM turns fneg / fabs of a value that is then moved as bits (a tile
+    # staged through shared memory) into an xor / and of the sign bit, and ptxas (CUDA 12.8 and 12.9,
+    # sm_90a) compiled those on a wgmma accumulator to 0 everywhere (fuzz seed 20261125508880, a conv
+    # followed by NEG, on an H100: scripts/conv_ptx_probe.sh); tl.abs under the interpreter
+    if x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("abs.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+    elif x.dtype == tl.float64:
+        return tl.inline_asm_elementwise("abs.f64 $0, $1;", "=d,d", [x], dtype=tl.float64, is_pure=True, pack=1)
+    else:
+        return tl.abs(x)
+
+
 def _og_fmod(a, b):
     # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interpreted_casts.py)
     return libdevice.fmod(a, b)
@@ -208,7 +231,9 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.LOGICAL_NOT: f"({x} == 0)",
         M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
         M.IDENTITY: x, M.SQRT: f"tl.sqrt({x})", M.RSQRT: f"(1.0 / tl.sqrt({x}))", M.EXP: f"tl.exp({x})",
-        M.LOG: f"tl.log({x})", M.NEG: f"({x} * -1.0)", M.ABS: f"tl.abs({x})", M.CEIL: f"tl.ceil({x})",
+        M.LOG: f"tl.log({x})", M.CEIL: f"tl.ceil({x})",
+        M.NEG: f"({x} * -1.0)" if _LITERAL.fullmatch(x) else f"_og_neg({x})",
+        M.ABS: f"tl.abs({x})" if _LITERAL.fullmatch(x) else f"_og_abs({x})",
         M.FLOOR: f"tl.floor({x})", M.RECIPROCAL: f"(1.0 / {x})", M.SIN: f"tl.sin({x})",
         M.COS: f"tl.cos({x})", M.TAN: f"(tl.sin({x}) / tl.cos({x}))", M.ERF: f"tl.erf({x})",
         M.TANH_FWD: f"_og_tanh({x})", M.SIGMOID_FWD: f"tl.sigmoid({x})",

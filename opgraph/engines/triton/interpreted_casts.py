@@ -74,8 +74,30 @@ def _fmod(a: Any, b: Any) -> Any:
     return tl.core.tensor(TensorHandle(out, dtype), ty)
 
 
+def _neg(x: Any) -> Any:
+    """-x, as x * -1.0 computes it: floats keep their type, integers become float32 (Triton's promotion)."""
+    import triton.language as tl
+
+    if not hasattr(x, "handle"):  # a Python number
+        return x * -1.0
+    if x.dtype.is_floating():
+        v = _values(x)
+        return _tensor(v ^ np.uint16(0x8000) if v.dtype == np.uint16 else -v, x, x.dtype)  # (bf16 held as bits)
+    return _tensor(_values(x).astype(np.float32) * np.float32(-1.0), x, tl.float32)
+
+
+def _abs(x: Any) -> Any:
+    """|x|, as tl.abs computes it (integers wrap at their minimum, as NumPy's)."""
+    if not hasattr(x, "handle"):
+        return abs(x)
+    v = _values(x)
+    return _tensor(v & np.uint16(0x7FFF) if v.dtype == np.uint16 and x.dtype.is_floating() else np.abs(v), x, x.dtype)
+
+
 FAST: dict[str, Callable[..., Any]] = {
+    "_og_abs": _abs,
     "_og_fmod": _fmod,
+    "_og_neg": _neg,
     "_og_to_bf16": _encoder(DataType.BFLOAT16, "bfloat16"),
     "_og_to_e4m3": _encoder(DataType.FP8_E4M3, "float8e4nv"),
     "_og_to_e5m2": _encoder(DataType.FP8_E5M2, "float8e5"),
