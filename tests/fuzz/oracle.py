@@ -43,6 +43,9 @@ _ACCUMULATING = {"reduction", "genstats", "matmul", "conv_fprop", "conv_dgrad", 
 _WIDE = {DT.DOUBLE, DT.INT32, DT.INT64}
 F32_DELTA = 2.0**-20  # ~8 units in the last place of fp32
 F64_DELTA = 2.0**-49
+# a product an engine may leave unrounded inside a fused multiply-add (docs/concepts.md, "Contraction"):
+# about a unit in the last place of its compute type
+PRODUCT_DELTA = {F32_DELTA: 2.0**-23, F64_DELTA: 2.0**-52}
 
 
 # -- values ---------------------------------------------------------------------------------------------
@@ -207,6 +210,12 @@ def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     if node.kind in _ACCUMULATING and all(not t.data_type.is_floating for t in ins):
         return True  # integer sums are exact in every engine's wide accumulator
     return False
+
+
+def contractible(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
+    """A floating product: an engine may fuse it into a sum that reads it (and store it rounded too)."""
+    return (isinstance(node.op, Pointwise) and node.op.mode is M.MUL
+            and all(tensors[u].data_type.is_floating for u in node.output_uids()))
 
 
 def node_delta(node: Node, tensors: Mapping[int, TensorDesc]) -> float:
@@ -406,6 +415,9 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                 r = np.where(h, np.nan if wild is None else wild, r)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
+            if exact and rng is not None and contractible(node, tensors):  # what the readers may see
+                with np.errstate(all="ignore"):
+                    env[uid] = round_to(nudge(r, PRODUCT_DELTA[node_delta(node, tensors)]), desc.data_type)
     return out
 
 
