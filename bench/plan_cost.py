@@ -86,7 +86,7 @@ def plan_rows(layers: int, batch: int) -> tuple[list[dict[str, Any]], int]:
 def category(r: dict[str, Any], vocab: int = 50304) -> str:
     names, t = r["names"], r["template"]
     if t in ("attention", "attention_bwd"):
-        return "attention " + ("bwd" if names[0].startswith("d") else "fwd")
+        return "attention " + ("bwd" if t == "attention_bwd" else "fwd")
     if t == "matmul":
         g = r["gemm"]
         return "GEMM lm_head (triton)" if vocab in (g["m"], g["n"], g["k"]) else "GEMM blocks (triton)"

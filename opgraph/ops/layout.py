@@ -55,6 +55,7 @@ class Reshape(Op):
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
+    VIEW_LIKE = True
     dim: tuple[int, ...] | None = None
 
     def _target(self, ctx: NodeContext, x: TensorDesc) -> tuple[int, ...] | None:
@@ -112,6 +113,7 @@ class Transpose(Op):
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
+    VIEW_LIKE = True
     permutation: tuple[int, ...]
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
@@ -165,6 +167,7 @@ class Slice(Op):
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
+    VIEW_LIKE = True
     slices: tuple[tuple[int, int, int], ...]
 
     def bounds(self, ctx: NodeContext | None, dim: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:

@@ -292,3 +292,105 @@ def test_gpu_against_torch_sdpa(io, d, causal):
     errs = {"o": rel(out["o"], ref), "dq": rel(out["dq"], qf.grad), "dk": rel(out["dk"], kf.grad),
             "dv": rel(out["dv"], vf.grad)}
     assert all(e < 2e-2 for e in errs.values()), errs
+
+
+# -- q/k/v as views of a fused projection -----------------------------------------------------------------
+
+
+def qkv_block(s=20, d=16, *, project=True, q_out=False):
+    """q, k, v sliced from one [B, S, 3 * H * D] tensor (a fused qkv projection), each reshaped to
+    [B, S, H, D] and transposed to [B, H, S, D]; causal sdpa; O transposed back and reshaped to
+    [B, S, H * D] for the output projection (a matmul): what an imported GPT block does."""
+    g = og.Graph("qkv", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    qkv = g.tensor(dim=[B, s, 3 * HQ * d], name="qkv")
+    heads = []
+    for i in range(3):
+        part = g.slice(qkv, [slice(None), slice(None), slice(i * HQ * d, (i + 1) * HQ * d)])
+        heads.append(g.transpose(g.reshape(part, [B, s, HQ, d]), [0, 2, 1, 3], name="qkv"[i]))
+    if q_out:
+        heads[0].set_output(True)
+    o, _ = g.sdpa(*heads, attn_scale=0.25, use_causal_mask=True, generate_stats=False, name="fwd")
+    y = g.reshape(g.transpose(o, [0, 2, 1, 3]), [B, s, HQ * d])
+    if project:
+        y = g.matmul(y, g.tensor(dim=[1, HQ * d, 24], name="w"))
+    y.set_output(True).set_name("y")
+    return g
+
+
+def test_qkv_views_are_read_in_place(rng):
+    """The slices/reshapes/transposes fuse into the attention kernel (q/k/v read at offsets and strides
+    of the qkv tensor) and O's transpose/reshape into the projection's matmul: two kernels, no copies."""
+    plan = check(qkv_block(), rng, steps=2)
+    assert [s.config.knob("template") for s in plan.steps] == ["attention", "matmul"], plan.describe()
+    assert sum(n.kind in ("slice", "reshape", "transpose") for n in plan.steps[0].piece.nodes) == 9
+
+
+def test_qkv_views_in_the_gradient_graph(rng):
+    """opgraph.grad of the block: the views read by both sdpa and sdpa_backward are duplicated per reader
+    (graph/views.py), so both attention kernels read q/k/v in place, the backward reads dO as a view of
+    the projection's input gradient and writes dQ/dK/dV through their transposes and reshapes; no step
+    only moves data."""
+    g = qkv_block()
+    final = g.final
+    res = grad(g, final.tensor("y").uid, [final.tensor("qkv").uid], combined=True)
+    plan = res.graph.build(device="cpu", engines=["triton", "torch"])
+    bwd = next(s for s in plan.steps if s.config.knob("template") == "attention_bwd")
+    assert sum(n.kind in ("reshape", "transpose", "slice") for n in bwd.piece.nodes) >= 9, plan.describe()
+    layout = {"slice", "reshape", "transpose", "concatenate"}
+    assert not [s for s in plan.steps if s.config.engine == "torch" and {n.kind for n in s.piece.nodes} <= layout], \
+        plan.describe()
+    assert not check_plan(plan, rng, **BWD_TOL), plan.describe()
+
+
+def test_views_that_must_be_stored_make_their_own_step(rng):
+    """A view that is also a graph output (q here) is not read in place: the kernel stores no views."""
+    g = qkv_block(project=False, q_out=True)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))  # (torch copies what is stored)
+    q = plan.graph.tensor("q::output").uid
+    assert any(q in s.piece.outputs and s.config.engine == "torch" for s in plan.steps), plan.describe()
+    attn = next(s for s in plan.steps if s.config.knob("template") == "attention")
+    assert "q" not in {n.name for n in attn.piece.nodes}, plan.describe()
+
+
+def test_gradients_written_into_their_concatenation(rng):
+    """dQ, dK, dV each transposed to [B, S, H, D], reshaped to [B, S, H * D] and concatenated along the
+    features (the input gradient of a fused qkv projection): the backward kernel writes each gradient
+    straight into its slot of the concatenation, one kernel for all of it."""
+    s, d = 20, 16
+    g = og.Graph("dqkv", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    q, k, v, o, do = (g.tensor(dim=[B, HQ, s, d], stride=strides((B, HQ, s, d), "bshd"), name=n)
+                      for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(dim=[B, HQ, s, 1], name="stats")
+    grads = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.25, use_causal_mask=True, name="bwd")
+    flat = [g.reshape(g.transpose(x, [0, 2, 1, 3]), [B, s, HQ * d]) for x in grads]
+    g.concatenate(flat, axis=2).set_output(True).set_name("dqkv")
+    plan = assert_engine_matches(g, rng, engines=("triton",), expect_steps=1,
+                                 prepare=lambda p: _stats_of(p, g), **BWD_TOL)
+    assert plan.steps[0].config.knob("template") == "attention_bwd"
+
+
+def _stats_of(pack, g):
+    """Stats consistent with q and k (the row log-sum-exp of the scaled causal scores), O their output."""
+    final = g.final
+    q, k, v = (pack[final.tensor(n).uid].astype(np.float64) for n in ("q", "k", "v"))
+    sc = np.einsum("bhid,bhjd->bhij", q, k) * 0.25
+    sq = sc.shape[2]
+    sc = np.where(np.tril(np.ones((sq, sq), bool)), sc, -np.inf)
+    lse = np.log(np.exp(sc - sc.max(-1, keepdims=True)).sum(-1, keepdims=True)) + sc.max(-1, keepdims=True)
+    pack[final.tensor("stats").uid][...] = lse
+    pack[final.tensor("o").uid][...] = np.einsum("bhij,bhjd->bhid", np.exp(sc - lse), v)
+
+
+def test_backward_declines_ops_after_it_that_do_not_move_its_gradients():
+    from opgraph.core.piece import make_piece
+
+    g = og.Graph("stray", io_data_type=DT.FLOAT)
+    q, k, v, o, do = (g.tensor(dim=[1, 2, 8, 16], name=n) for n in ("q", "k", "v", "o", "dO"))
+    x = g.tensor(dim=[1, 8, 2, 16], name="x")
+    stats = g.tensor(dim=[1, 2, 8, 1], name="stats")
+    for t in g.sdpa_backward(q, k, v, o, do, stats, name="bwd"):
+        t.set_output(True)
+    g.transpose(x, [0, 2, 1, 3], name="stray").set_output(True)
+    final = g.final
+    why = bwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
+    assert not why and "stray" in why.reason, why.reason

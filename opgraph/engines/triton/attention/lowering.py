@@ -1,5 +1,8 @@
 """From a piece to the kernel generator's spec: which pieces the attention templates take (one sdpa
-with pointwise prologues on q/k/v and a pointwise epilogue on O; one sdpa_backward alone), the
+with pointwise prologues on q/k/v and a pointwise epilogue on O; one sdpa_backward alone; either
+reading q/k/v (and the backward's o/dO) as slices, transposes and reshapes of tensors in memory, in
+place: the heads of a fused qkv projection; the backward writing dQ/dK/dV through transposes and
+reshapes, and into their slots of a concatenation: the fused projection's input gradient), the
 Operands of its tensors (kernel parameters p{uid} / s{uid}), and the hooks that emit the fused
 pointwise code through the expression emitter (expr.py): prologue and epilogue nodes, and the
 recorded score modifier (ops/score_mod.py) with its derivative.
@@ -20,6 +23,7 @@ from ....ops.attention import _Attention
 from ....ops.pointwise import MODES, Pointwise, PointwiseMode
 from ....ops.score_mod import Ref, ScoreMod, Src
 from ..expr import TL_DTYPE, Emitter, _mode_expr, elementwise, literal, round_in_compute
+from ..gemm import VIEW_KINDS, View
 from .spec import (
     AttnSpec,
     Causal,
@@ -29,18 +33,20 @@ from .spec import (
     PhiloxDropout,
     Scalar,
 )
+from .views import ROLES, gradient_targets, operand_views
 
 MAX_HEAD_DIM = 256
-ROLES = ("q", "k", "v")
 
 
 @dataclass(frozen=True)
 class Fusion:
-    """A piece as prologues (per q/k/v role, nodes in order) -> one attention node -> epilogue."""
+    """A piece as prologues (per q/k/v role, nodes in order) -> one attention node -> epilogue; `views`:
+    operands read in place as views of tensors in memory (by operand UID)."""
 
     node: Node
     prologue: tuple[tuple[str, tuple[Node, ...]], ...]
     epilogue: tuple[Node, ...]
+    views: tuple[tuple[int, View], ...] = ()
 
     def nodes_of(self, role: str) -> tuple[Node, ...]:
         return next((n for r, n in self.prologue if r == role), ())
@@ -75,6 +81,18 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         what = ", ".join(n.label() for n in attn) or "none"
         return Support.no(f"the {template} template runs one {kind} op per kernel (attention ops here: {what})")
     node = attn[0]
+    views = operand_views(piece, node, template)
+    if isinstance(views, Support):
+        return views
+    at = piece.nodes.index(node)
+    viewing = {id(n) for n in piece.nodes[:at] if n.kind in VIEW_KINDS}  # (checked by operand_views)
+    if kind == "sdpa_backward":
+        targets = gradient_targets(piece, node, template)
+        if isinstance(targets, Support):
+            return targets
+        views.update(targets)
+        viewing |= {id(n) for n in piece.nodes[at + 1:]}  # (each one checked by gradient_targets)
+    others = [n for n in others if id(n) not in viewing]
     bad = next((n for n in others if not elementwise(n)), None)
     if bad is not None:
         return Support.no(f"the {template} template fuses pointwise ops around {node.label()}; {bad.label()} is not "
@@ -83,14 +101,14 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         if others:
             return Support.no(f"the {template} template runs {node.label()} alone (no prologue or epilogue); "
                               f"{others[0].label()} makes its own piece", others[0])
-        return Fusion(node, (), ())
+        return Fusion(node, (), (), tuple(views.items()))
     made = _producers(piece)
     taken: dict[int, str] = {}
     prologue = []
     for role in ROLES:
         uid = node.input(role)
         assert isinstance(uid, int)
-        chain = _chain(uid, made)
+        chain = [] if uid in views else _chain(uid, made)
         if not chain:
             continue
         dims = piece.tensor(uid).dim
@@ -114,7 +132,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
     o_dims = piece.tensor(o_uid).dim
     epilogue = []
     for n in piece.nodes:
-        if n is node or id(n) in taken:
+        if n is node or id(n) in taken or id(n) in viewing:
             continue
         if stats is not None and stats in n.input_uids():
             return Support.no(f"{n.label()} reads the Stats of {node.label()}; the {template} template fuses no "
@@ -129,7 +147,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         if why is not None:
             return why
         epilogue.append(n)
-    return Fusion(node, tuple(prologue), tuple(epilogue))
+    return Fusion(node, tuple(prologue), tuple(epilogue), tuple(views.items()))
 
 
 def _tile_node(piece: Piece, n: Node, dims: tuple[int, ...], where: str) -> Support | None:
@@ -153,11 +171,15 @@ def _tile_node(piece: Piece, n: Node, dims: tuple[int, ...], where: str) -> Supp
 # -- operands --------------------------------------------------------------------------------------------
 
 
-def operand(piece: Piece, uid: int) -> Operand:
-    """The Operand of tensor `uid` (parameter p{uid}; stride 0 along axes of length 1)."""
-    t = piece.tensor(uid)
+def operand(piece: Piece, uid: int, views: tuple[tuple[int, View], ...] = ()) -> Operand:
+    """The Operand of tensor `uid` (parameter p{uid}; stride 0 along axes of length 1); of the tensor
+    in memory it views, at the view's offset and strides, where `views` has it."""
+    view = dict(views).get(uid)
+    t = piece.tensor(uid) if view is None else view.desc
     strides = tuple(0 if d == 1 else s for d, s in zip(t.dim, t.stride))
-    return Operand(f"p{uid}", TL_DTYPE[t.data_type], strides)
+    if view is None:
+        return Operand(f"p{uid}", TL_DTYPE[t.data_type], strides)
+    return Operand(f"p{view.base}", TL_DTYPE[t.data_type], strides, view.offset)
 
 
 @overload
@@ -195,15 +217,21 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     prologued = {r for r, _ in f.prologue}
     memory = [r for r in ROLES if r not in prologued]
     roles = {"sdpa": ("o",), "sdpa_backward": ("o", "dO")}[node.kind]
+    views = dict(f.views)
     for role in memory + list(roles):
         uid = node.input(role) if role in node.op.input_roles() else node.output(role)
+        view = views.get(uid) if isinstance(uid, int) else None
+        if view is not None and view.desc.stride[3] != 1:
+            return Support.no(f"{label}: '{role}' is a view with strides {list(view.desc.stride)}; the {template} "
+                              "template reads attention tensors with a unit last stride", node)
         if isinstance(uid, int) and piece.tensor(uid).stride[3] != 1 and uid in (*piece.inputs, *piece.outputs):
             t = piece.tensor(uid)
             return Support.no(f"{label}: {t.label()} has strides {list(t.stride)}; the {template} template reads and "
                               "writes attention tensors with a unit last stride (BSHD or BHSD)", node)
     if node.kind == "sdpa_backward":
         for role in ("dQ", "dK", "dV"):
-            t = piece.tensor(node.output(role))  # type: ignore[arg-type]
+            g = node.output(role)
+            t = views[g].desc if g in views else piece.tensor(g)  # type: ignore[arg-type]
             if t.stride[3] != 1:
                 return Support.no(f"{label}: {t.label()} has strides {list(t.stride)}; the gradients are written with "
                                   "a unit last stride", node)
@@ -450,7 +478,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]), mask_scale)
     if op.score_mod is not None:
         kw["score_mod"] = ScoreModCode(piece, node)
-    ops: dict[str, Any] = {"q": operand(piece, q_uid), "k": operand(piece, k_uid), "v": operand(piece, v_uid)}
+    ops: dict[str, Any] = {r: operand(piece, u, f.views) for r, u in (("q", q_uid), ("k", k_uid), ("v", v_uid))}
     if node.kind == "sdpa":
         o_uid, st_uid = node.output("o"), node.output("stats")
         assert o_uid is not None
@@ -463,10 +491,10 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         if f.epilogue:
             kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True)
     else:
-        grads = {r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"))
+        grads = {r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"), f.views)
                  for r in ("dQ", "dK", "dV")}
-        kw.update(o=operand(piece, uid["o"]), stats=operand(piece, uid["stats"]), do=operand(piece, uid["dO"]),
-                  **grads)
+        kw.update(o=operand(piece, uid["o"], f.views), stats=operand(piece, uid["stats"]),
+                  do=operand(piece, uid["dO"], f.views), **grads)
         db = node.output("dBias")
         if db is not None:
             kw["dbias"] = operand(piece, db)

@@ -93,7 +93,7 @@ def _view(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View
     elif isinstance(op, Reshape) and op.dim is not None:
         known = math.prod(d for d in op.dim if d != -1)
         dims = tuple(src.numel // known if d == -1 else d for d in op.dim)
-        reshaped = _reshape_strides(src.dim, src.stride, dims)
+        reshaped = reshape_strides(src.dim, src.stride, dims)
         if reshaped is None:
             return f"{node.label()} regroups axes whose strides are not one run; it needs a copy"
         strides = reshaped
@@ -102,7 +102,7 @@ def _view(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View
     return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
 
 
-def _reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
+def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
     """Strides that show memory of dims `old` / `strides` as dims `new` (same elements, logical
     row-major order), or None where the axes merged or split are not one run in memory (numpy's
     no-copy reshape rule)."""

@@ -1,0 +1,102 @@
+"""Placing view-like ops (slice, transpose, reshape: `Op.VIEW_LIKE`) where kernels can read them in place.
+
+A view that sits between unrelated ops, or whose result several kernels read, is a tensor of its own:
+the plan materialises it with a copy. Kernels that fold views into their loads (a GEMM's operands,
+attention's q/k/v) can read the view's source instead, if the view is next to them in the graph's
+order and theirs alone. So, after the topological order is fixed:
+
+- a view read by several ops (and not a graph output) is duplicated, one copy per reader (a view of a
+  view too: chains are duplicated whole), each with a virtual result of its own;
+- each view then moves to just before the first op that depends on it: its reader, or an op that
+  updates in place the tensor it reads (the view must read the old value).
+
+Neither changes a value: a view's result is a function of its input alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..core.ir import Node
+from ..core.tensor import TensorDesc
+
+
+def place_views(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
+    """`nodes` (a topological order) with shared views duplicated per reader and every view placed
+    right before the first op that depends on it; new result tensors are added to `descs`."""
+    if not any(n.op.VIEW_LIKE for n in nodes):
+        return nodes
+    nodes = _duplicate_shared(nodes, descs)
+    return _sink(nodes)
+
+
+def _readers(nodes: list[Node]) -> dict[int, list[int]]:
+    readers: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for u in dict.fromkeys(n.input_uids()):
+            readers.setdefault(u, []).append(i)
+    return readers
+
+
+def _duplicate_shared(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
+    """Each view whose virtual result has several readers becomes one view per reader (walking back
+    from the last op, so the copies of a view's readers make the view itself shared in turn)."""
+    next_uid = max(descs) + 1
+    slots = [[n] for n in nodes]  # slot[0]: the node there now (a reader's inputs get rewired)
+    readers: dict[int, list[list[Node]]] = {}
+    for slot in slots:
+        for u in dict.fromkeys(slot[0].input_uids()):
+            readers.setdefault(u, []).append(slot)
+    copies_after: dict[int, list[list[Node]]] = {}
+    for i in range(len(slots) - 1, -1, -1):
+        n = slots[i][0]
+        out = n.output_uids()
+        if not (n.op.VIEW_LIKE and len(out) == 1 and descs[out[0]].is_virtual):
+            continue
+        uid = out[0]
+        for k, reader in enumerate(readers.get(uid, [])[1:], start=1):
+            new = next_uid
+            next_uid += 1
+            descs[new] = replace(descs[uid], uid=new, name=f"{descs[uid].name}~{k}")
+            copy = [replace(n, name=f"{n.name}~{k}", outputs=(new,))]
+            reader[0] = replace(reader[0], inputs=tuple(new if v == uid else v for v in reader[0].inputs))
+            copies_after.setdefault(i, []).append(copy)
+            for u in dict.fromkeys(n.input_uids()):
+                readers[u].append(copy)
+    out_nodes = []
+    for i, slot in enumerate(slots):
+        out_nodes.append(slot[0])
+        out_nodes.extend(c[0] for c in copies_after.get(i, ()))
+    return out_nodes
+
+
+def _sink(nodes: list[Node]) -> list[Node]:
+    """Each view moved to just before the first op that depends on it."""
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    readers = _readers(nodes)
+    writers: dict[int, list[int]] = {}  # uid -> positions of ops updating it in place
+    for i, n in enumerate(nodes):
+        for u in set(n.input_uids()) & set(n.output_uids()):
+            writers.setdefault(u, []).append(i)
+    attached: dict[int, list[Node]] = {}
+    moved: set[int] = set()
+    for i, n in enumerate(nodes):
+        if not n.op.VIEW_LIKE:
+            continue
+        after = [r for u in n.output_uids() for r in readers.get(u, []) if r > i]
+        after += [w for u in n.input_uids() for w in writers.get(u, []) if w > i]
+        if not after:
+            continue
+        attached.setdefault(min(after), []).append(n)  # (a view of a view follows it: chains stay whole)
+        moved.add(id(n))
+    out: list[Node] = []
+
+    def emit(n: Node) -> None:
+        for v in attached.get(pos[id(n)], ()):
+            emit(v)
+        out.append(n)
+
+    for n in nodes:
+        if id(n) not in moved:
+            emit(n)
+    return out
