@@ -25,7 +25,7 @@ from ..core.ir import Const, FinalGraph, Node
 from ..core.op import Draft, NodeContext, TensorSpec
 from ..core.tensor import Tensor, TensorDesc, packed_strides, stride_order
 from ..ops.base import strides_like
-from .views import place_views
+from .placement import place_epilogues, place_views
 
 if TYPE_CHECKING:
     from .builder import Graph, OpRecord
@@ -60,7 +60,7 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
         # before it is overwritten, so it is described like any graph input.
         if id(t) not in producer_of and (uid not in aliases or uid in inplace):
             descs.setdefault(uid, _input_desc(g, t, uid))
-    nodes = place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs)
+    nodes = place_epilogues(place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs))
     if len(nodes) > 1:
         _check_inplace(nodes, descs)
     mark_images(nodes, descs)

@@ -327,7 +327,7 @@ def test_qkv_views_are_read_in_place(rng):
 
 def test_qkv_views_in_the_gradient_graph(rng):
     """opgraph.grad of the block: the views read by both sdpa and sdpa_backward are duplicated per reader
-    (graph/views.py), so both attention kernels read q/k/v in place, the backward reads dO as a view of
+    (graph/placement.py), so both attention kernels read q/k/v in place, the backward reads dO as a view of
     the projection's input gradient and writes dQ/dK/dV through their transposes and reshapes; no step
     only moves data."""
     g = qkv_block()

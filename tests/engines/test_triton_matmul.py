@@ -13,6 +13,7 @@ from opgraph.core.tensor import packed_strides
 
 from ..helpers import (
     assert_candidates_match,
+    assert_engine_close_l2,
     assert_engine_matches,
     candidate_configs,
     plan_with,
@@ -385,6 +386,20 @@ def test_gpu_int8(rng):
     g, _, _, c = mm_graph((1024, 2048), (2048, 512), dt=DT.INT8)
     c.set_output(True).set_data_type(DT.INT32)
     assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_gelu_backward_and_bias_gradient_in_the_epilogue(rng):
+    """GPT-2's MLP data gradient, one kernel: dh = gelu_approx_tanh_backward(dY @ W^T, h) and the bias
+    gradient (dh's column sums over all 8192 rows, across programs) in the matmul's epilogue, as
+    graph/placement.py lines them up in a training step; bf16 [8, 1024, 768] x [768, 3072]."""
+    g, _, _, c = mm_graph((8, 1024, 768), (1, 768, 3072), dt=DT.BFLOAT16)
+    h = g.tensor(dim=[8, 1024, 3072], name="h")
+    dh = g.gelu_approx_tanh_backward(c, h).set_output(True)
+    g.reduction(dh, mode="ADD").set_output(True).set_dim([1, 1, 3072]).set_data_type(DT.FLOAT)
+    plan = assert_engine_close_l2(g, rng, max_rel_l2=2e-2)
+    assert templates(plan) == ["matmul"], plan.describe()
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
-"""graph/views.py: views read by several ops are duplicated per reader, and every view sits right before
-the first op that depends on it; the values never change (the reference engine, op by op, against NumPy)."""
+"""graph/placement.py: views read by several ops are duplicated per reader, every view sits right before the
+first op that depends on it, and a GEMM's would-be epilogue moves up next to it; the values never change
+(the reference engine against NumPy or its own op-by-op results)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,40 @@ def test_a_view_of_a_tensor_updated_in_place_stays_before_the_update(rng):
     g2.build(device="cpu", engines=["reference"]).execute(pack)
     np.testing.assert_allclose(pack[final.tensor("late::output").uid], np.exp(old.T), rtol=1e-6)
     np.testing.assert_allclose(pack[1], old - 0.5 * pack[2], rtol=1e-6)
+
+
+def test_a_gemm_epilogue_moves_up_to_its_gemm(rng):
+    """dA = dY @ W^T, then (recorded later, after an unrelated op) dh = gelu_backward(dA, h) and its
+    column sum: both move to just after the GEMM (one kernel can take them); values unchanged."""
+    g = og.Graph("epi", io_data_type=DT.FLOAT)
+    dy = g.tensor(dim=[1, 8, 6], name="dy")
+    w = g.tensor(dim=[1, 6, 5], name="w")
+    h = g.tensor(dim=[1, 8, 5], name="h")
+    other = g.tensor(dim=[1, 8, 6], name="other")
+    da = g.matmul(dy, w, name="dA")
+    g.exp(other, name="unrelated").set_output(True)
+    dh = g.gelu_backward(da, h, name="dgelu")
+    dh.set_output(True)
+    g.reduction(dh, mode=og.ReductionMode.ADD, name="dbias").set_output(True).set_dim([1, 1, 5])
+    names = _order(g)
+    assert names.index("dgelu") == names.index("dA") + 1 and names.index("dbias") == names.index("dA") + 2, names
+    final = g.final
+    pack = random_pack(final, rng)
+    want = og.testing.reference_outputs(final, pack)
+    g.build(device="cpu", engines=["reference"]).execute(pack)
+    for u in final.outputs:
+        np.testing.assert_allclose(pack[u], want[u], rtol=1e-6)
+
+
+def test_an_epilogue_does_not_move_above_a_write_of_what_it_reads():
+    """y = dA * s' where s' (s halved in place, recorded between the GEMM and y) is the new value of s:
+    y stays after the update."""
+    g = og.Graph("epi2", io_data_type=DT.FLOAT)
+    a = g.tensor(dim=[1, 4, 3], name="a")
+    b = g.tensor(dim=[1, 3, 2], name="b")
+    s = g.tensor(dim=[1, 4, 2], name="s", uid=50)
+    da = g.matmul(a, b, name="mm")
+    s_new = g.mul(s, 0.5, name="halve").set_uid(50).set_output(True)
+    g.mul(da, s_new, name="y").set_output(True)
+    names = _order(g)
+    assert names.index("y") > names.index("halve"), names

@@ -1,4 +1,5 @@
-"""Placing view-like ops (slice, transpose, reshape: `Op.VIEW_LIKE`) where kernels can read them in place.
+"""Placing ops where kernels can take them: view-like ops (slice, transpose, reshape: `Op.VIEW_LIKE`)
+next to the kernels that read them in place, and GEMM epilogues next to their GEMM (`place_epilogues`).
 
 A view that sits between unrelated ops, or whose result several kernels read, is a tensor of its own:
 the plan materialises it with a copy. Kernels that fold views into their loads (a GEMM's operands,
@@ -28,6 +29,57 @@ def place_views(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
         return nodes
     nodes = _duplicate_shared(nodes, descs)
     return _sink(nodes)
+
+
+_GEMMS = ("matmul", "conv_fprop", "conv_dgrad", "conv_wgrad")
+_EPILOGUE = ("pointwise", "reduction")
+
+
+def place_epilogues(nodes: list[Node]) -> list[Node]:
+    """`nodes` with each GEMM-class op's would-be epilogue moved up to just after it: the pointwise op
+    that alone reads the GEMM's result, then the pointwise ops and reductions that read what was moved
+    (the GELU backward and bias gradient after a data-gradient GEMM, which autodiff records after the
+    weight gradient's GEMM and its optimizer update); a reduction ends such a chain. An op moves only when every tensor it reads is
+    already final at its new place (no op in between writes it, in place or otherwise); ops updating
+    a tensor in place never move. The GEMM template then fuses them (or not: the order stays valid)."""
+    last_write: dict[int, int] = {}
+    readers: dict[int, int] = {}
+    for n in nodes:
+        for u in set(n.input_uids()):
+            readers[u] = readers.get(u, 0) + 1
+    out: list[Node] = []
+    anchor: dict[int, int] = {}  # uid -> position after which its epilogue goes (it and its moved readers)
+    moved_at: dict[int, int] = {}  # uid of a moved op's output -> the position of that op in `out`
+
+    def place(n: Node, at: int) -> None:
+        out.insert(at, n)
+        for table in (last_write, anchor, moved_at):
+            for u, i in table.items():
+                if i >= at:
+                    table[u] = i + 1
+
+    for n in nodes:
+        ins, outs = n.input_uids(), n.output_uids()
+        target = None
+        if n.kind in _EPILOGUE and not set(ins) & set(outs):
+            heads = [u for u in ins if u in moved_at or (u in anchor and readers.get(u) == 1)]
+            if heads:
+                at = max(moved_at.get(u, anchor.get(u, -1)) for u in heads) + 1
+                if all(last_write.get(u, -1) < at for u in ins):
+                    target = at
+        if target is not None and target < len(out):
+            place(n, target)
+            for u in outs:
+                last_write[u] = target
+                if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
+                    moved_at[u] = target
+            continue
+        for u in outs:
+            last_write[u] = len(out)
+            if n.kind in _GEMMS:
+                anchor[u] = len(out)
+        out.append(n)
+    return out
 
 
 def _readers(nodes: list[Node]) -> dict[int, list[int]]:
