@@ -39,9 +39,10 @@ def place_epilogues(nodes: list[Node]) -> list[Node]:
     """`nodes` with each GEMM-class op's would-be epilogue moved up to just after it: the pointwise op
     that alone reads the GEMM's result, then the pointwise ops and reductions that read what was moved
     (the GELU backward and bias gradient after a data-gradient GEMM, which autodiff records after the
-    weight gradient's GEMM and its optimizer update); a reduction ends such a chain. An op moves only when every tensor it reads is
-    already final at its new place (no op in between writes it, in place or otherwise); ops updating
-    a tensor in place never move. The GEMM template then fuses them (or not: the order stays valid)."""
+    weight gradient's GEMM and its optimizer update); a reduction ends such a chain. An op moves only
+    when every tensor it reads is already final at its new place (no op in between writes it, in place
+    or otherwise); ops updating a tensor in place never move. The GEMM template then fuses them (or
+    not: the order stays valid either way)."""
     last_write: dict[int, int] = {}
     readers: dict[int, int] = {}
     for n in nodes:
@@ -142,13 +143,15 @@ def _sink(nodes: list[Node]) -> list[Node]:
         attached.setdefault(min(after), []).append(n)  # (a view of a view follows it: chains stay whole)
         moved.add(id(n))
     out: list[Node] = []
-
-    def emit(n: Node) -> None:
-        for v in attached.get(pos[id(n)], ()):
-            emit(v)
-        out.append(n)
-
     for n in nodes:
-        if id(n) not in moved:
-            emit(n)
+        if id(n) in moved:
+            continue
+        stack = [(n, False)]  # (each node after the views attached to it, theirs first: no recursion)
+        while stack:
+            m, ready = stack.pop()
+            if ready:
+                out.append(m)
+                continue
+            stack.append((m, True))
+            stack.extend((v, False) for v in reversed(attached.get(pos[id(m)], ())))
     return out

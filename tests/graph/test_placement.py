@@ -109,3 +109,17 @@ def test_an_epilogue_does_not_move_above_a_write_of_what_it_reads():
     g.mul(da, s_new, name="y").set_output(True)
     names = _order(g)
     assert names.index("y") > names.index("halve"), names
+
+
+def test_a_long_chain_of_views_is_placed_without_recursion():
+    """2,000 reshapes in a row, read by one op at the end of the graph (after an unrelated op)."""
+    g = og.Graph("chain", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[4, 6], name="x")
+    other = g.tensor(dim=[3], name="other")
+    y = x
+    for i in range(2000):
+        y = g.reshape(y, [6, 4] if i % 2 == 0 else [4, 6], name=f"r{i}")
+    g.exp(other, name="unrelated").set_output(True)
+    g.exp(y, name="last").set_output(True)
+    names = _order(g)
+    assert names[0] == "unrelated" and names[1:] == [f"r{i}" for i in range(2000)] + ["last"]
