@@ -133,14 +133,20 @@ def _sink(nodes: list[Node]) -> list[Node]:
             writers.setdefault(u, []).append(i)
     attached: dict[int, list[Node]] = {}
     moved: set[int] = set()
-    for i, n in enumerate(nodes):
+    # Walking back, so a view's dependents have their places first: a view of a view goes with it (chains
+    # stay whole) unless an update of what it reads comes before the place its reader moved to.
+    lands: dict[int, int] = {}  # position of a moved view -> position of the op it now sits right before
+    for i in range(len(nodes) - 1, -1, -1):
+        n = nodes[i]
         if not n.op.VIEW_LIKE:
             continue
         after = [r for u in n.output_uids() for r in readers.get(u, []) if r > i]
         after += [w for u in n.input_uids() for w in writers.get(u, []) if w > i]
         if not after:
             continue
-        attached.setdefault(min(after), []).append(n)  # (a view of a view follows it: chains stay whole)
+        first = min(after, key=lambda d: (lands.get(d, d), d not in lands))
+        attached.setdefault(first, []).insert(0, n)
+        lands[i] = lands.get(first, first)
         moved.add(id(n))
     out: list[Node] = []
     for n in nodes:

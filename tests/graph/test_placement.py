@@ -74,6 +74,25 @@ def test_a_view_of_a_tensor_updated_in_place_stays_before_the_update(rng):
     np.testing.assert_allclose(pack[1], old - 0.5 * pack[2], rtol=1e-6)
 
 
+def test_a_chain_of_views_of_a_tensor_updated_in_place_reads_the_old_value(rng):
+    """transpose(old W) -> reshape -> exp, the exp recorded after W's in-place update: the reshape may
+    follow its reader past the update, but the transpose (which reads W) must stay before it."""
+    g = og.Graph("inplace_chain", io_data_type=DT.FLOAT)
+    w = g.tensor(dim=[3, 4], name="W", uid=1)
+    dw = g.tensor(dim=[3, 4], name="dW", uid=2)
+    wr = g.reshape(g.transpose(w, [1, 0], name="wt"), [2, 6], name="wr")
+    g.sub(w, g.mul(dw, 0.5, name="step"), name="update").set_uid(1).set_output(True)
+    g.exp(wr, name="late").set_output(True)
+    names = _order(g)
+    assert names.index("wt") < names.index("update") and names.index("wr") < names.index("late"), names
+    final = g.final
+    pack = random_pack(final, rng)
+    old = pack[1].copy()
+    g.build(device="cpu", engines=["reference"]).execute(pack)
+    np.testing.assert_allclose(pack[final.tensor("late::output").uid], np.exp(old.T.reshape(2, 6)), rtol=1e-6)
+    np.testing.assert_allclose(pack[1], old - 0.5 * pack[2], rtol=1e-6)
+
+
 def test_a_gemm_epilogue_moves_up_to_its_gemm(rng):
     """dA = dY @ W^T, then (recorded later, after an unrelated op) dh = gelu_backward(dA, h) and its
     column sum: both move to just after the GEMM (one kernel can take them); values unchanged."""
