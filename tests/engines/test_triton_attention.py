@@ -369,6 +369,23 @@ def test_gradients_written_into_their_concatenation(rng):
     assert plan.steps[0].config.knob("template") == "attention_bwd"
 
 
+def test_gradients_not_written_through_a_view_that_rounds(rng):
+    """The same chains, the transposes' results rounded to bfloat16 (the concatenation in float32): the
+    kernel writes each gradient in its own type, so it must not write through them (it would skip the
+    rounding); the values match the reference."""
+    s, d = 20, 16
+    g = og.Graph("dqkv16", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    q, k, v, o, do = (g.tensor(dim=[B, HQ, s, d], stride=strides((B, HQ, s, d), "bshd"), name=n)
+                      for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(dim=[B, HQ, s, 1], name="stats")
+    grads = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.25, use_causal_mask=True, name="bwd")
+    flat = [g.reshape(g.transpose(x, [0, 2, 1, 3]).set_data_type(DT.BFLOAT16), [B, s, HQ * d]) for x in grads]
+    g.concatenate(flat, axis=2).set_output(True).set_name("dqkv").set_data_type(DT.FLOAT)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"), prepare=lambda p: _stats_of(p, g), **BWD_TOL)
+    bwd = next(st for st in plan.steps if st.config.knob("template") == "attention_bwd")
+    assert [n.kind for n in bwd.piece.nodes] == ["sdpa_backward"], plan.describe()
+
+
 def _stats_of(pack, g):
     """Stats consistent with q and k (the row log-sum-exp of the scaled causal scores), O their output."""
     final = g.final
@@ -437,7 +454,7 @@ def test_gpu_fused_qkv_views_forward_and_backward(tma):
     out_o = torch.empty_strided(final.tensor("o").dim, final.tensor("o").stride, device="cuda",
                                 dtype=torch.bfloat16).fill_(float("nan"))
     stats = torch.full((b, h, s, 1), float("nan"), device="cuda")
-    dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda")  # (float32: the gradients' type)
     fwd_plan.execute({final.tensor("qkv").uid: x, final.tensor("o").uid: out_o, st.uid: stats})
     plan.execute({final.tensor("qkv").uid: x, final.tensor("o").uid: out_o, st.uid: stats,
                   final.tensor("dy").uid: dyv, final.tensor("dqkv").uid: dqkv})

@@ -79,6 +79,10 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
             if len(nxt) > 1 or u in piece.outputs:
                 return Support.no(f"{piece.tensor(u).label()} is read twice or also stored; the {template} template "
                                   "writes each gradient once", nxt[0])
+            kept = piece.tensor(nxt[0].output_uids()[0]).data_type is piece.tensor(g).data_type
+            if not kept:  # (the kernel writes the gradient's own type: a rounding on the way would be skipped)
+                return Support.no(f"{nxt[0].label()} changes the data type of {piece.tensor(g).label()}; the {template} "
+                                  "template writes each gradient in its own type", nxt[0])
             if nxt[0].kind == "concatenate":
                 break
             chain.append(nxt[0])
