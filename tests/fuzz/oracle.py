@@ -383,8 +383,11 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
         return a * (1.0 + d * rng.uniform(-1.0, 1.0, size=np.shape(a)))
 
     out: dict[int, np.ndarray] = {}
+    contracted: dict[int, np.ndarray] = {}  # products as a sum that reads them may see them (`contractible`)
     for node in graph.nodes:
         exact = rng is None or exact_node(node, tensors)
+        # an exact op that is no sum (a compare, floor, a select...) gets the stored, rounded product
+        fma = not exact or (isinstance(node.op, Pointwise) and node.op.mode in (M.ADD, M.SUB))
         d = 0.0 if rng is None else (delta(node) if delta else node_delta(node, tensors))
         narrow = low and not exact_node(node, tensors) and node_delta(node, tensors) == F32_DELTA
         ins = []
@@ -394,7 +397,7 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
             elif isinstance(v, Const):
                 ins.append(np.asarray(float(v.value), dtype=np.float32 if narrow else np.float64))
             else:
-                a = env[v].astype(np.float64)
+                a = (contracted[v] if fma and v in contracted else env[v]).astype(np.float64)
                 if not exact and node.kind in _ACCUMULATING and tensors[v].data_type.is_floating:
                     a = nudge(a, 4 * d)
                 ins.append(a.astype(np.float32) if narrow else a)
@@ -415,9 +418,9 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                 r = np.where(h, np.nan if wild is None else wild, r)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
-            if exact and rng is not None and contractible(node, tensors):  # what the readers may see
+            if exact and rng is not None and contractible(node, tensors):  # what a sum reading it may see
                 with np.errstate(all="ignore"):
-                    env[uid] = round_to(nudge(r, PRODUCT_DELTA[node_delta(node, tensors)]), desc.data_type)
+                    contracted[uid] = round_to(nudge(r, PRODUCT_DELTA[node_delta(node, tensors)]), desc.data_type)
     return out
 
 
