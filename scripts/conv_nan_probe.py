@@ -34,6 +34,8 @@ from opgraph.engines.triton.loader import load_module  # noqa: E402
 from tests.fuzz.replay import load  # noqa: E402
 from tests.fuzz.runner import graph_of  # noqa: E402
 
+# the knobs the plan chose for the case
+PLAN_KNOBS = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=4, num_warps=4)
 CASE = Path(__file__).resolve().parent.parent / "tests" / "fuzz" / "regressions" / "seed20261125508880.json"
 
 
@@ -53,7 +55,7 @@ def main() -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # (cpu: a dry run under TRITON_INTERPRET=1)
     device = resolve_device(dev)
     t = TEMPLATE_BY_NAME["conv_fprop"]
-    base = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=4, num_warps=4)
+    base = PLAN_KNOBS
     x_uid, w_uid = final.inputs
     out_uid = final.outputs[0]
     xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
@@ -172,28 +174,47 @@ VARIANTS = [
 ]
 
 
-def variants() -> None:
-    """The case's kernel (plan knobs and pipeline depths 1-4) with the edits of VARIANTS, finite data,
-    against PyTorch in float64; the Triton IR (ttgir, ptx) of each compiled kernel under $OUT/conv_ir."""
-    import os
+def _case():
+    """The case's piece, its x / w / out UIDs and descriptors, finite bf16 data and the answer (float64)."""
+    from types import SimpleNamespace
 
     final = graph_of(load(str(CASE))).final
-    piece = make_piece(final, 0, final.nodes)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    device = resolve_device(dev)
-    t = TEMPLATE_BY_NAME["conv_fprop"]
     x_uid, w_uid = final.inputs
     out_uid = final.outputs[0]
     xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
     w = torch.randn(*wd.dim, generator=gen).to(torch.bfloat16)
-    want = -torch.nn.functional.conv1d(x.double(), w.double())
+    return SimpleNamespace(piece=make_piece(final, 0, final.nodes), uids=(x_uid, w_uid, out_uid), descs=(xd, wd, od),
+                           x=x, w=w, want=-torch.nn.functional.conv1d(x.double(), w.double()))
+
+
+def _run_generated(c, g, source: str, dev: str):
+    """Launch generated kernel `g` (its text replaced by `source`) on the case's data: (output, compiled)."""
+    mod = load_module(source, interpret=dev == "cpu")
+    launch = g.launches[0]
+    (x_uid, w_uid, out_uid), (xd, wd, od) = c.uids, c.descs
+    bufs = {x_uid: _buffer(xd, c.x, dev), w_uid: _buffer(wd, c.w, dev), out_uid: _buffer(od, None, dev)}
+    compiled = getattr(mod, launch.kernel)[launch.grid](*[bufs[a.uid] for a in launch.args], **dict(launch.meta))
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return bufs[out_uid].double().cpu(), compiled
+
+
+def variants() -> None:
+    """The case's kernel (plan knobs and pipeline depths 1-4) with the edits of VARIANTS, finite data,
+    against PyTorch in float64; the Triton IR (ttgir, ptx) of each compiled kernel under $OUT/conv_ir."""
+    import os
+
+    c = _case()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(dev)
+    t = TEMPLATE_BY_NAME["conv_fprop"]
     ir = Path(os.environ.get("OUT", "/tmp")) / "conv_ir"
     ir.mkdir(parents=True, exist_ok=True)
-    base = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=4, num_warps=4)
+    base = PLAN_KNOBS
     for stages in (4, 1, 2, 3):
-        g = t.generate(piece, {**base, "num_stages": stages}, device)
+        g = t.generate(c.piece, {**base, "num_stages": stages}, device)
         for name, edits in VARIANTS:
             source = g.source
             if any(old not in source for old, _ in edits):  # (the interpreter's kernel multiplies in fp32)
@@ -201,19 +222,14 @@ def variants() -> None:
                 continue
             for old, new in edits:
                 source = source.replace(old, new)
-            mod = load_module(source, interpret=dev == "cpu")
-            launch = g.launches[0]
-            bufs = {x_uid: _buffer(xd, x, dev), w_uid: _buffer(wd, w, dev), out_uid: _buffer(od, None, dev)}
-            compiled = getattr(mod, launch.kernel)[launch.grid](*[bufs[a.uid] for a in launch.args], **dict(launch.meta))
+            got, compiled = _run_generated(c, g, source, dev)
             if dev == "cuda":
-                torch.cuda.synchronize()
                 tag = f"st{stages}-" + "".join(ch if ch.isalnum() else "_" for ch in name)
                 for kind in ("ttgir", "ptx"):
                     (ir / f"{tag}.{kind}").write_text(str(compiled.asm.get(kind, "")))
-            got = bufs[out_uid].double().cpu()
-            ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+            ok = torch.allclose(got, c.want, rtol=1e-2, atol=1e-2, equal_nan=True)
             print(f"num_stages={stages} {name}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
-                  f"want {[round(v, 4) for v in want.flatten().tolist()]}")
+                  f"want {[round(v, 4) for v in c.want.flatten().tolist()]}")
 
 
 def _run_conv(xdims, xstride, wdims, wstride, knobs, dev, seed=0):
@@ -255,8 +271,7 @@ def shapes() -> None:
             layouts = {"tap outermost (the case)": [c, 1, k * c], "nwc": [r * c, 1, c], "ncw": [c * r, r, 1]}
             for lname, wstride in layouts.items():
                 for stages in (1, 3, 4):
-                    knobs = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=stages,
-                                 num_warps=4)
+                    knobs = {**PLAN_KNOBS, "num_stages": stages}
                     ok, got, want = _run_conv(xdims, xstride, wdims, wstride, knobs, dev)
                     total += 1
                     wrong += not ok
@@ -270,26 +285,11 @@ def ptx_probe(mode: str) -> None:
     """The case's kernel at num_stages 1 under Triton's IR dump/override (TRITON_KERNEL_DUMP /
     TRITON_KERNEL_OVERRIDE set by the caller): `dump` runs it and leaves its IR; `fence` and `plain`
     run it after the caller copied its PTX into the override directory, edited or not."""
-    final = graph_of(load(str(CASE))).final
-    piece = make_piece(final, 0, final.nodes)
-    dev = "cuda"
-    t = TEMPLATE_BY_NAME["conv_fprop"]
-    x_uid, w_uid = final.inputs
-    out_uid = final.outputs[0]
-    xd, wd, od = (final.tensors[u] for u in (x_uid, w_uid, out_uid))
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
-    w = torch.randn(*wd.dim, generator=gen).to(torch.bfloat16)
-    want = -torch.nn.functional.conv1d(x.double(), w.double())
-    knobs = dict(BLOCK_K=16, BLOCK_M=64, BLOCK_N=32, GROUP_M=8, SPLIT_K=1, num_stages=1, num_warps=4)
-    g = t.generate(piece, knobs, resolve_device(dev))
-    mod = load_module(g.source, interpret=False)
-    launch = g.launches[0]
-    bufs = {x_uid: _buffer(xd, x, dev), w_uid: _buffer(wd, w, dev), out_uid: _buffer(od, None, dev)}
-    getattr(mod, launch.kernel)[launch.grid](*[bufs[a.uid] for a in launch.args], **dict(launch.meta))
-    torch.cuda.synchronize()
-    got = bufs[out_uid].double().cpu()
-    ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
+    c = _case()
+    knobs = {**PLAN_KNOBS, "num_stages": 1}
+    g = TEMPLATE_BY_NAME["conv_fprop"].generate(c.piece, knobs, resolve_device("cuda"))
+    got, _ = _run_generated(c, g, g.source, "cuda")
+    ok = torch.allclose(got, c.want, rtol=1e-2, atol=1e-2, equal_nan=True)
     print(f"ptx {mode}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()}")
 
 

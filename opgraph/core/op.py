@@ -146,9 +146,6 @@ class Op:
     SCALAR_INPUTS: ClassVar[frozenset[str]] = frozenset()
     # The op's math is the same whatever the element type (layout ops move data, never round it).
     MOVES_DATA_ONLY: ClassVar[bool] = False
-    # The output may be a view of the input's memory (a slice, a transpose, a reshape): the graph's order
-    # places the op right before its first reader, where the reader's kernel can read the view in place.
-    VIEW_LIKE: ClassVar[bool] = False
 
     def input_roles(self) -> tuple[str, ...]:
         return self.INPUTS

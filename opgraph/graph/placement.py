@@ -1,4 +1,4 @@
-"""Placing ops where kernels can take them: view-like ops (slice, transpose, reshape: `Op.VIEW_LIKE`)
+"""Placing ops where kernels can take them: views (slice, transpose, reshape: ops.layout.VIEW_KINDS)
 next to the kernels that read them in place, and GEMM epilogues next to their GEMM (`place_epilogues`).
 
 A view that sits between unrelated ops, or whose result several kernels read, is a tensor of its own:
@@ -20,12 +20,13 @@ from dataclasses import replace
 
 from ..core.ir import Node
 from ..core.tensor import TensorDesc
+from ..ops.layout import VIEW_KINDS
 
 
 def place_views(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
     """`nodes` (a topological order) with shared views duplicated per reader and every view placed
     right before the first op that depends on it; new result tensors are added to `descs`."""
-    if not any(n.op.VIEW_LIKE for n in nodes):
+    if not any(n.kind in VIEW_KINDS for n in nodes):
         return nodes
     nodes = _duplicate_shared(nodes, descs)
     return _sink(nodes)
@@ -104,7 +105,7 @@ def _duplicate_shared(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[N
     for i in range(len(slots) - 1, -1, -1):
         n = slots[i][0]
         out = n.output_uids()
-        if not (n.op.VIEW_LIKE and len(out) == 1 and descs[out[0]].is_virtual):
+        if not (n.kind in VIEW_KINDS and len(out) == 1 and descs[out[0]].is_virtual):
             continue
         uid = out[0]
         for k, reader in enumerate(readers.get(uid, [])[1:], start=1):
@@ -132,13 +133,12 @@ def _sink(nodes: list[Node]) -> list[Node]:
         for u in set(n.input_uids()) & set(n.output_uids()):
             writers.setdefault(u, []).append(i)
     attached: dict[int, list[Node]] = {}
-    moved: set[int] = set()
     # Walking back, so a view's dependents have their places first: a view of a view goes with it (chains
     # stay whole) unless an update of what it reads comes before the place its reader moved to.
     lands: dict[int, int] = {}  # position of a moved view -> position of the op it now sits right before
     for i in range(len(nodes) - 1, -1, -1):
         n = nodes[i]
-        if not n.op.VIEW_LIKE:
+        if n.kind not in VIEW_KINDS:
             continue
         after = [r for u in n.output_uids() for r in readers.get(u, []) if r > i]
         after += [w for u in n.input_uids() for w in writers.get(u, []) if w > i]
@@ -147,10 +147,9 @@ def _sink(nodes: list[Node]) -> list[Node]:
         first = min(after, key=lambda d: (lands.get(d, d), d not in lands))
         attached.setdefault(first, []).insert(0, n)
         lands[i] = lands.get(first, first)
-        moved.add(id(n))
     out: list[Node] = []
-    for n in nodes:
-        if id(n) in moved:
+    for i, n in enumerate(nodes):
+        if i in lands:  # (placed with the op it was attached to)
             continue
         stack = [(n, False)]  # (each node after the views attached to it, theirs first: no recursion)
         while stack:

@@ -55,7 +55,6 @@ class Reshape(Op):
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
-    VIEW_LIKE = True
     dim: tuple[int, ...] | None = None
 
     def _target(self, ctx: NodeContext, x: TensorDesc) -> tuple[int, ...] | None:
@@ -113,7 +112,6 @@ class Transpose(Op):
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
-    VIEW_LIKE = True
     permutation: tuple[int, ...]
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
@@ -167,7 +165,6 @@ class Slice(Op):
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
-    VIEW_LIKE = True
     slices: tuple[tuple[int, int, int], ...]
 
     def bounds(self, ctx: NodeContext | None, dim: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
@@ -207,6 +204,12 @@ class Slice(Op):
         x = ins[0]
         assert x is not None
         return [x[tuple(builtins.slice(*b) for b in self.bounds(None, x.shape))]]
+
+
+# the ops whose output may be a view of their input's memory: kernels read them in place (GEMM operands,
+# attention's q/k/v, the pointwise template), and the graph's order places them next to their readers
+# (graph/placement.py)
+VIEW_KINDS = (Slice.kind, Transpose.kind, Reshape.kind)
 
 
 # -- concatenate ---------------------------------------------------------------------------------------

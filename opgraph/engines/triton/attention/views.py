@@ -16,6 +16,15 @@ from ..gemm.analysis import reshape_strides
 ROLES = ("q", "k", "v")
 
 
+def _readers(piece: Piece) -> dict[int, list[Node]]:
+    """The piece's nodes reading each tensor, by UID."""
+    readers: dict[int, list[Node]] = {}
+    for n in piece.nodes:
+        for u in n.input_uids():
+            readers.setdefault(u, []).append(n)
+    return readers
+
+
 def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | Support:
     """The piece's slices/transposes/reshapes, which must be chains from tensors in memory ending at
     operands of `node` that the kernel reads from memory (sdpa: q, k, v; sdpa_backward: q, k, v, o,
@@ -29,10 +38,7 @@ def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | 
         return views
     roles = ROLES if node.kind == "sdpa" else (*ROLES, "o", "dO")
     operands = {node.input(r) for r in roles}
-    readers: dict[int, list[Node]] = {}
-    for n in piece.nodes:
-        for u in n.input_uids():
-            readers.setdefault(u, []).append(n)
+    readers = _readers(piece)
     for n in chain:
         out = n.output_uids()[0]
         if out in piece.outputs:
@@ -55,10 +61,7 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
     after = piece.nodes[piece.nodes.index(node) + 1:]
     if not after:
         return {}
-    readers: dict[int, list[Node]] = {}
-    for n in piece.nodes:
-        for u in n.input_uids():
-            readers.setdefault(u, []).append(n)
+    readers = _readers(piece)
     concat = [n for n in after if n.kind == "concatenate"]
     bad = next((n for n in after if n.kind not in ("transpose", "reshape", "concatenate")), None)
     if bad is not None or len(concat) > 1:
