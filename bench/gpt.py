@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import math
 import os
@@ -217,7 +216,7 @@ class Impl:
     note: str
     model: nn.Module  # the module whose parameters the step trains in place
     step_count: Callable[[], float | None]  # the optimizer's step counter (after the first step: 1)
-    after_timing: Callable[[], None] | None = None  # what may change the weights (--steps-profile)
+    after_timing: Callable[[], Any] | None = None  # what may change the weights (--steps-profile)
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -339,7 +338,7 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
             f"{engines_of(ts.plan)}; {len(imported.report.custom_ops)} custom op(s)")
     plan, loss_uid = ts.plan, ts.loss_uid
 
-    def profile() -> None:  # runs the plan's kernels on the step's own buffers: after the check and timing
+    def profile() -> list[dict[str, Any]]:  # the plan's kernels on the step's own buffers: after the timing
         rows = plan.profile_steps(pack)
         by: dict[str, float] = {}
         for r in rows:
@@ -349,6 +348,9 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
               ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
         for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
             print(f"      {r}", flush=True)
+        return [{"step": r.index, "kernel": f"{r.engine}:{r.template}", "device_us": round(r.device_us, 1),
+                 "ops": [n.kind.name.lower() for n in plan.steps[r.index].piece.nodes],
+                 "config": str(plan.steps[r.index].config)} for r in rows]
 
     hook = profile if args.steps_profile else None
     if mode == "opgraph-graph":
@@ -447,7 +449,9 @@ def time_steps(fn: Callable[[], Any], warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def run(w: Workload, modes: list[str], args: argparse.Namespace) -> None:
+def run(w: Workload, modes: list[str], args: argparse.Namespace, checkpoint: Callable[[], None]) -> None:
+    """Every implementation of `modes` on `w`, checked then timed; `checkpoint` after each (the rows so
+    far are written: a run stopped by a time limit keeps what it measured)."""
     print(f"== {w.name}: {w.flops / 1e12:.2f} TFLOP per step", flush=True)
     ref = reference(w, args.lr)
     print(f"   eager fp32 first step: loss {ref.loss:.4f}; checked weights {', '.join(ref.after)}", flush=True)
@@ -470,12 +474,13 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace) -> None:
                 print(f"   {label:24s} {ms:9.2f} ms  {r['rate']:12.0f} {w.unit}  MFU {r['mfu']:6.1%}  "
                       f"loss {first:.4f} ({err:.2%})  [{impl.note}]", flush=True)
                 if impl.after_timing is not None:
-                    impl.after_timing()
+                    r["steps_profile"] = impl.after_timing()
         except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"   {label:24s} FAILED: {r['error']}", flush=True)
             traceback.print_exc()
         w.results[label] = r
+        checkpoint()
         del impl
         torch.cuda.empty_cache()
 
@@ -487,7 +492,9 @@ def failures(workloads: list[Workload]) -> list[str]:
 
 
 def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
-    lines = [f"Training steps, {meta['date']}, {meta['device']} (torch {meta['torch']}, Triton {meta.get('triton')}); "
+    lines = [f"Training steps, {meta['date']}, {meta['device']} (driver {meta.get('driver')}, CPU {meta.get('cpu')}; "
+             f"torch {meta['torch']}, Triton {meta.get('triton')}, cuDNN {meta.get('cudnn')}, opgraph "
+             f"{meta.get('opgraph_commit')}); {meta.get('settings')}; "
              "ms per step (median), rate, MFU vs 989 TFLOP/s bf16; ratio = opgraph / best peer of its group",
              "", "| workload | implementation | ms / step | rate | MFU | opgraph / best peer |",
              "|---|---|---|---|---|---|"]
@@ -539,26 +546,32 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
-    import triton
+    from .env import meta as run_meta
 
-    meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__}
+    meta = {**run_meta("cuda"), "settings": "TF32 on for every implementation's fp32 matmuls and convs; "
+            "torch.backends.cudnn.benchmark=True; " + ("opgraph autotuned" if args.autotune else
+                                                      "opgraph's heuristic configs (no autotuning)")}
     print(meta, flush=True)
-    done = []
+    done: list[Workload] = []
+    stem = os.path.join(args.out, f"gpt-bench-{'-'.join(args.which)}-{'-'.join(modes)}")
+    os.makedirs(args.out, exist_ok=True)
+
+    def write(workloads: list[Workload]) -> str:
+        text = table(workloads, meta)
+        with open(stem + ".md", "w") as f:
+            f.write(text + "\n")
+        with open(stem + ".json", "w") as f:
+            json.dump({"meta": meta, "args": vars(args), "results": {w.name: w.results for w in workloads}}, f,
+                      indent=1)
+        return text
+
     for name in args.which:
         w = WORKLOADS[name](args)
-        run(w, modes, args)
+        run(w, modes, args, lambda w=w: write([*done, w]))
         done.append(w)
         del w.model
         torch.cuda.empty_cache()
-    text = table(done, meta)
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"gpt-bench-{'-'.join(args.which)}-{'-'.join(modes)}")
-    with open(stem + ".md", "w") as f:
-        f.write(text + "\n")
-    with open(stem + ".json", "w") as f:
-        json.dump({"meta": meta, "args": vars(args), "results": {w.name: w.results for w in done}}, f, indent=1)
+    print(write(done))
     print(f"wrote {stem}.md and .json")
     bad = failures(done)
     for line in bad:

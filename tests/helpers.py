@@ -133,8 +133,18 @@ def templates(plan) -> list[str]:
 
 def step_plan(plan, step, config: EngineConfig) -> ExecutionPlan:
     """A plan running only `step` of `plan`, compiled by `config`'s engine with `config`."""
+    return ExecutionPlan(plan.graph, plan.device, (_recompiled(plan, step, 0, config),), plan.cuts)
+
+
+def _recompiled(plan, step, index: int, config: EngineConfig) -> Step:
     kernel = get_engine(config.engine).compile(step.piece, config, plan.device)
-    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+    return Step(index, step.piece, config, kernel)
+
+
+def with_step_config(plan, index: int, config: EngineConfig) -> ExecutionPlan:
+    """`plan` with its step `index` compiled by `config` instead (the other steps unchanged)."""
+    steps = tuple(_recompiled(plan, s, index, config) if i == index else s for i, s in enumerate(plan.steps))
+    return ExecutionPlan(plan.graph, plan.device, steps, plan.cuts)
 
 
 def plan_with(g: og.Graph, knobs: dict, *, engines=("triton",), **build) -> ExecutionPlan:

@@ -442,11 +442,10 @@ def test_gpu_fused_qkv_views_forward_and_backward(tma):
     assert [s.config.knob("template") for s in plan.steps] == ["attention", "attention_bwd"], plan.describe()
     from opgraph.engines import EngineConfig
 
-    from ..helpers import step_plan
+    from ..helpers import with_step_config
 
-    fwd = plan.steps[0]
-    knobs = {**dict(fwd.config.knobs), "TMA": tma}
-    fwd_plan = step_plan(plan, fwd, EngineConfig("triton", tuple(sorted(knobs.items()))))
+    knobs = {**dict(plan.steps[0].config.knobs), "TMA": tma}
+    plan = with_step_config(plan, 0, EngineConfig("triton", tuple(sorted(knobs.items()))))
     final = g.final
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(b, s, 3 * h * d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -455,7 +454,6 @@ def test_gpu_fused_qkv_views_forward_and_backward(tma):
                                 dtype=torch.bfloat16).fill_(float("nan"))
     stats = torch.full((b, h, s, 1), float("nan"), device="cuda")
     dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda")  # (float32: the gradients' type)
-    fwd_plan.execute({final.tensor("qkv").uid: x, final.tensor("o").uid: out_o, st.uid: stats})
     plan.execute({final.tensor("qkv").uid: x, final.tensor("o").uid: out_o, st.uid: stats,
                   final.tensor("dy").uid: dyv, final.tensor("dqkv").uid: dqkv})
     torch.cuda.synchronize()
