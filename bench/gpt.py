@@ -369,6 +369,7 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
 
 LOSS_RTOL = 2e-2  # bf16 rounding of the logits' path
 MIN_COSINE = 0.95  # of a weight's first update with fp32's (bf16 gradients flip a few near-zero signs)
+PEER_FACTOR = 3.0  # or 3x eager bf16's own distance (1 - cosine) from fp32's update, where that is larger
 
 
 @dataclass
@@ -379,6 +380,18 @@ class Reference:
     lr: float
     before: dict[str, torch.Tensor]
     after: dict[str, torch.Tensor]
+    peer_cosine: dict[str, float]  # eager bf16's first update against fp32's, per checked weight
+
+    def min_cosine(self, name: str) -> float:
+        """One rule for every implementation: 0.95, or 3x eager bf16's own distance from fp32 where the
+        weight's first update is noise-dominated in bf16 (AdamW's first step is lr * sign(g): a first
+        conv under batchnorm flips 13% of its signs in eager bf16, cosine 0.73)."""
+        return min(MIN_COSINE, 1.0 - PEER_FACTOR * (1.0 - self.peer_cosine[name]))
+
+
+def update_cosine(p0: torch.Tensor, p: torch.Tensor, want: torch.Tensor) -> float:
+    ours, theirs = (p.float() - p0).flatten().double(), (want - p0).flatten().double()
+    return float(ours @ theirs / (ours.norm() * theirs.norm()).clamp_min(1e-300))
 
 
 def checked_weights(model: nn.Module) -> list[str]:
@@ -404,7 +417,12 @@ def reference(w: Workload, lr: float) -> Reference:
         opt.step()
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    return Reference(float(loss.detach()), lr, before, {n: params[n].detach().clone() for n in names})
+    after = {n: params[n].detach().clone() for n in names}
+    peer = copy.deepcopy(w.model)
+    torch_step(peer, w, lr)[0]()  # eager bf16's first step: how far bf16 itself lands from fp32
+    theirs = dict(peer.named_parameters())
+    cos = {n: update_cosine(before[n], theirs[n].detach(), after[n]) for n in names}
+    return Reference(float(loss.detach()), lr, before, after, cos)
 
 
 def check(ref: Reference, impl: Impl, loss: float) -> tuple[float, list[str]]:
@@ -427,10 +445,9 @@ def check(ref: Reference, impl: Impl, loss: float) -> tuple[float, list[str]]:
         if not diff <= bound:
             problems.append(f"{name}: max |p - p_fp32| {diff:.3g} > {bound:.3g} (2 lr): not one step from the "
                             "initial weights")
-        ours, theirs = (p - p0).flatten().double(), (want - p0).flatten().double()
-        cos = float(ours @ theirs / (ours.norm() * theirs.norm()).clamp_min(1e-300))
-        if not cos >= MIN_COSINE:
-            problems.append(f"{name}: the update's cosine with fp32 eager's {cos:.4f} < {MIN_COSINE}")
+        cos = update_cosine(p0, p, want)
+        if not cos >= ref.min_cosine(name):
+            problems.append(f"{name}: the update's cosine with fp32 eager's {cos:.4f} < {ref.min_cosine(name):.4f}")
     return err, problems
 
 
@@ -454,7 +471,9 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace, checkpoint: Cal
     far are written: a run stopped by a time limit keeps what it measured)."""
     print(f"== {w.name}: {w.flops / 1e12:.2f} TFLOP per step", flush=True)
     ref = reference(w, args.lr)
-    print(f"   eager fp32 first step: loss {ref.loss:.4f}; checked weights {', '.join(ref.after)}", flush=True)
+    print(f"   eager fp32 first step: loss {ref.loss:.4f}; checked weights (eager bf16's update cosine with "
+          f"fp32's -> the bound): {', '.join(f'{n} ({c:.4f} -> {ref.min_cosine(n):.4f})' for n, c in ref.peer_cosine.items())}",
+          flush=True)
     for mode in modes:
         label = MODES[mode]
         impl = None

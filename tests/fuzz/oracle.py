@@ -208,14 +208,17 @@ def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     if node.kind == "resample" and op.mode.name == "MAX":
         return True
     if node.kind in _ACCUMULATING and all(not t.data_type.is_floating for t in ins):
-        return True  # integer sums are exact in every engine's wide accumulator
+        # integer sums are exact in every engine's wide accumulator; a mean's division and a norm's
+        # square root round (sum / n or sum * (1 / n): a last bit that sin(3e6) turns into 2e-9)
+        return not (node.kind == "reduction" and op.mode.name in ("AVG", "NORM2"))
     return False
 
 
 def contractible(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
-    """A floating product: an engine may fuse it into a sum that reads it (and store it rounded too)."""
-    return (isinstance(node.op, Pointwise) and node.op.mode is M.MUL
-            and all(tensors[u].data_type.is_floating for u in node.output_uids()))
+    """A floating product: an engine may fuse it into a sum that reads it (and store it rounded too).
+    A normalization's results end in a product too (dx = scale * invstd * (...), y = xhat * scale)."""
+    product = (isinstance(node.op, Pointwise) and node.op.mode is M.MUL) or node.kind in _NORMS
+    return product and all(tensors[u].data_type.is_floating for u in node.output_uids())
 
 
 def node_delta(node: Node, tensors: Mapping[int, TensorDesc]) -> float:
@@ -383,7 +386,9 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
         return a * (1.0 + d * rng.uniform(-1.0, 1.0, size=np.shape(a)))
 
     out: dict[int, np.ndarray] = {}
-    contracted: dict[int, np.ndarray] = {}  # products as a sum that reads them may see them (`contractible`)
+    # products as a sum that reads them may see them (`contractible`): each such reader draws its own
+    # rounding, (dx + y) - dx fused twice is y plus two different last bits of dx
+    contracted: dict[int, tuple[np.ndarray, float]] = {}
     for node in graph.nodes:
         exact = rng is None or exact_node(node, tensors)
         # an exact op that is no sum (a compare, floor, a select...) gets the stored, rounded product
@@ -397,7 +402,11 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
             elif isinstance(v, Const):
                 ins.append(np.asarray(float(v.value), dtype=np.float32 if narrow else np.float64))
             else:
-                a = (contracted[v] if fma and v in contracted else env[v]).astype(np.float64)
+                if fma and v in contracted:
+                    with np.errstate(all="ignore"):
+                        a = round_to(nudge(*contracted[v]), tensors[v].data_type).astype(np.float64)
+                else:
+                    a = env[v].astype(np.float64)
                 if not exact and node.kind in _ACCUMULATING and tensors[v].data_type.is_floating:
                     a = nudge(a, 4 * d)
                 ins.append(a.astype(np.float32) if narrow else a)
@@ -418,9 +427,8 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                 r = np.where(h, np.nan if wild is None else wild, r)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
-            if exact and rng is not None and contractible(node, tensors):  # what a sum reading it may see
-                with np.errstate(all="ignore"):
-                    contracted[uid] = round_to(nudge(r, PRODUCT_DELTA[node_delta(node, tensors)]), desc.data_type)
+            if rng is not None and contractible(node, tensors):  # what a sum reading it may see
+                contracted[uid] = (r, PRODUCT_DELTA[node_delta(node, tensors)])
     return out
 
 

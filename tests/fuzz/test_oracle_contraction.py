@@ -59,3 +59,39 @@ def test_a_sum_reading_a_product_still_sees_it_contracted():
     want, spread = _spread(final, {u: {"a": a, "b": b, "c": c}[n] for u, n in uid.items()})
     t = final.tensor("t::output").uid
     assert (spread[t] > 1e-4 * np.abs(want[t])).any()
+
+
+def test_a_normalization_result_contracts_into_a_sum():
+    """(dx + y) - dx with dx ~1e19 from batchnorm_backward (double): op by op it is 0, with dx's final
+    product fused into the ADD (H100, seed 20261125905043) it is y; the oracle allows both."""
+    g = og.Graph("bnsum", io_data_type=DT.DOUBLE, intermediate_data_type=DT.DOUBLE, compute_data_type=DT.DOUBLE)
+    dy = g.tensor(dim=[4, 2, 3, 3], name="dy")
+    x = g.tensor(dim=[4, 2, 3, 3], name="x")
+    scale = g.tensor(dim=[1, 2, 1, 1], name="scale")
+    y = g.tensor(dim=[4, 2, 3, 3], name="y")
+    dx, dscale, dbias = g.batchnorm_backward(dy, x, scale, epsilon=0.09, name="bn")
+    dscale.set_output(True)
+    dbias.set_output(True)
+    g.sub(g.add(dx, y), dx, name="out").set_output(True)
+    final = g.final
+    rng = np.random.default_rng(2)
+    vals = {"dy": rng.normal(size=dy.dim), "x": rng.normal(size=x.dim), "scale": np.full(scale.dim, 3e19),
+            "y": rng.normal(size=y.dim)}
+    want, spread = _spread(final, {final.tensor(n).uid: v for n, v in vals.items()})
+    out = final.tensor("out::output").uid
+    assert not want[out].any()  # y is lost in dx's rounding op by op
+    assert (4 * spread[out] >= np.abs(vals["y"])).mean() > 0.5  # ... and kept when contracted
+
+
+def test_a_mean_of_integers_rounds():
+    """sin(mean of INT32 values near 3e6): the mean's division rounds (the last bit of 3e6 is 5e-10),
+    so unlike an integer sum it is no exact op (torch on an H100, seed 20261125903940)."""
+    g = og.Graph("intmean", io_data_type=DT.DOUBLE, intermediate_data_type=DT.DOUBLE, compute_data_type=DT.DOUBLE)
+    a = g.tensor(dim=[3, 6], data_type=DT.INT32, name="a")
+    g.sin(g.reduction(a, mode="avg", name="m").set_dim([3, 1]).set_data_type(DT.DOUBLE), name="s").set_output(True)
+    final = g.final
+    m = final.nodes[0]
+    assert not oracle.exact_node(m, final.tensors)
+    want, spread = _spread(final, {final.tensor("a").uid: np.random.default_rng(3).integers(2**21, 2**22, (3, 6))})
+    s = final.tensor("s::output").uid
+    assert spread[s].max() > 1e-12
