@@ -348,9 +348,7 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
               ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
         for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
             print(f"      {r}", flush=True)
-        return [{"step": r.index, "kernel": f"{r.engine}:{r.template}", "device_us": round(r.device_us, 1),
-                 "ops": [n.kind.name.lower() for n in plan.steps[r.index].piece.nodes],
-                 "config": str(plan.steps[r.index].config)} for r in rows]
+        return steps_profile(plan, rows)
 
     hook = profile if args.steps_profile else None
     if mode == "opgraph-graph":
@@ -363,6 +361,13 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
         return pack[loss_uid]
 
     return Impl(step, note, imported.module, lambda: ts.step_count, hook)
+
+
+def steps_profile(plan: Any, rows: list[Any]) -> list[dict[str, Any]]:
+    """profile_steps' rows with each step's ops and config, for the JSON."""
+    return [{"step": r.step, "kernel": f"{r.engine}:{r.template}", "device_us": round(r.device_us, 1),
+             "ops": [n.kind for n in plan.steps[r.step].piece.nodes], "config": str(plan.steps[r.step].config)}
+            for r in rows]
 
 
 # -- the check of the first step ------------------------------------------------------------------------------
@@ -493,7 +498,11 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace, checkpoint: Cal
                 print(f"   {label:24s} {ms:9.2f} ms  {r['rate']:12.0f} {w.unit}  MFU {r['mfu']:6.1%}  "
                       f"loss {first:.4f} ({err:.2%})  [{impl.note}]", flush=True)
                 if impl.after_timing is not None:
-                    r["steps_profile"] = impl.after_timing()
+                    try:  # a failing profile does not undo the timing
+                        r["steps_profile"] = impl.after_timing()
+                    except Exception as e:  # noqa: BLE001
+                        r["steps_profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                        traceback.print_exc()
         except Exception as e:  # noqa: BLE001 - one implementation failing does not stop the others
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"   {label:24s} FAILED: {r['error']}", flush=True)

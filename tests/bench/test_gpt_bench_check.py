@@ -163,3 +163,24 @@ def test_bench_on_a_small_gpt_checks_every_row(tmp_path):
         assert "ms" in r and "check" not in r and "error" not in r, (label, r)
         assert r["loss_err"] < gpt.LOSS_RTOL, (label, r)
     assert out.returncode == 0, log
+
+
+def test_steps_profile_rows_name_each_steps_ops_and_config():
+    """The --steps-profile rows kept in the JSON (a reference-engine plan on the CPU stands in)."""
+    import numpy as np
+
+    import opgraph as og
+
+    g = og.Graph("prof", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 8], name="x")
+    w = g.tensor(dim=[8, 3], name="w")
+    g.relu(g.matmul(x, w)).set_output(True).set_name("y")
+    plan = g.build(device="cpu")
+    rng = np.random.default_rng(0)
+    pack = {g.final.tensor("x").uid: rng.normal(size=(4, 8)).astype(np.float32),
+            g.final.tensor("w").uid: rng.normal(size=(8, 3)).astype(np.float32),
+            g.final.tensor("y").uid: np.full((4, 3), np.nan, np.float32)}
+    rows = gpt.steps_profile(plan, plan.profile_steps(pack, repeat=1))
+    assert [r["step"] for r in rows] == list(range(len(plan.steps)))
+    assert sorted(op for r in rows for op in r["ops"]) == ["matmul", "pointwise"]
+    assert all(r["device_us"] >= 0 and r["config"] for r in rows)

@@ -112,3 +112,22 @@ def test_ieee_fp32_matmul_builds_and_is_fp32_accurate(rng):
         assert all(og.NumericalNote.DOWN_CONVERT_INPUTS not in s.config.numerical_notes for s in plan.steps)
         bad = check_plan(plan, rng, rtol=1e-4, atol=1e-4)
         assert not bad, "\n".join(map(str, bad)) + "\n" + plan.describe()
+
+
+@pytest.mark.parametrize("io,inter,compute", [(D.HALF, D.HALF, D.FLOAT), (D.DOUBLE, D.HALF, D.DOUBLE),
+                                              (D.DOUBLE, D.FLOAT, D.DOUBLE)])
+def test_a_narrow_intermediate_is_rounded_before_the_sum_that_reads_it(io, inter, compute, rng):
+    """y = a - b * c with b * c a virtual intermediate of a narrower type: compiled, the product must be
+    rounded to that type before the subtraction (fp16 in an fp32 kernel was not: fuzz seed
+    20261125910499); a is picked close to the product, so that the product's rounding is the answer."""
+    n = 4096
+    b = rng.uniform(0.5, 2.0, n)
+    c = 0.4140625
+    a = b * c + rng.uniform(-1e-3, 1e-3, n)
+    g = og.Graph(io_data_type=io, intermediate_data_type=inter, compute_data_type=compute)
+    ta, tb = g.tensor(dim=[n], name="a"), g.tensor(dim=[n], name="b")
+    g.sub(ta, g.mul(tb, c)).set_output(True).set_name("y")
+    va, vb = round_to(a, io), round_to(b, io)
+    got = _run(g, {"a": va, "b": vb}, "y", io).double().numpy()
+    want = round_to(va - round_to(vb * c, inter), io)
+    assert (got == want).all(), [(x, y) for x, y in zip(got[got != want], want[got != want])][:5]

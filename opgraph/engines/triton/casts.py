@@ -33,6 +33,23 @@ _ENCODE = {DataType.BFLOAT16: "_og_to_bf16", DataType.FP8_E4M3: "_og_to_e4m3", D
 _DECODE = {DataType.BFLOAT16: "_og_from_bf16", DataType.FP8_E4M3: "_og_from_e4m3", DataType.FP8_E5M2: "_og_from_e5m2"}
 
 CAST_HELPERS = '''
+def _og_round_f16(x):
+    # x rounded to fp16 and back by cvt instructions: x.to(tl.float16).to(tl.float32) compiles to x
+    # on the GPU (the pair is folded away: an fp16 product reached the sum that read it unrounded,
+    # fuzz seed 20261125910499 on an H100); NumPy's rounding under the interpreter
+    if x.dtype == tl.float64:
+        return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f64 h, $1; cvt.f64.f16 $0, h; }", "=d,d", [x],
+                                         dtype=tl.float64, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }", "=f,f",
+                                     [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1)
+
+
+def _og_round_f32(x):
+    # x (float64) rounded to fp32 and back, as _og_round_f16
+    return tl.inline_asm_elementwise("{ .reg .f32 s; cvt.rn.f32.f64 s, $1; cvt.f64.f32 $0, s; }", "=d,d", [x],
+                                     dtype=tl.float64, is_pure=True, pack=1)
+
+
 def _og_rint(x, big):
     # round half to even without rint: x - floor(x) is exact, and |x| >= big is already integral
     f = tl.floor(x)
@@ -189,4 +206,8 @@ def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:
         return None
     if dt is DataType.FLOAT and compute == "tl.float32":
         return None
+    if dt is DataType.HALF and compute in ("tl.float32", "tl.float64"):
+        return f"_og_round_f16({value})"
+    if dt is DataType.FLOAT and compute == "tl.float64":
+        return f"_og_round_f32({value})"
     return from_storage(to_storage(value, dt, compute), dt, compute)

@@ -94,10 +94,20 @@ def _abs(x: Any) -> Any:
     return _tensor(v & np.uint16(0x7FFF) if v.dtype == np.uint16 and x.dtype.is_floating() else np.abs(v), x, x.dtype)
 
 
+def _rounder(np_type: Any) -> Callable[[Any], Any]:
+    """x rounded to `np_type` and back, keeping x's type (NumPy rounds to nearest even)."""
+    def rounded(x: Any) -> Any:
+        v = _values(x)
+        return _tensor(v.astype(np_type).astype(v.dtype), x, x.dtype)
+    return rounded
+
+
 FAST: dict[str, Callable[..., Any]] = {
     "_og_abs": _abs,
     "_og_fmod": _fmod,
     "_og_neg": _neg,
+    "_og_round_f16": _rounder(np.float16),
+    "_og_round_f32": _rounder(np.float32),
     "_og_to_bf16": _encoder(DataType.BFLOAT16, "bfloat16"),
     "_og_to_e4m3": _encoder(DataType.FP8_E4M3, "float8e4nv"),
     "_og_to_e5m2": _encoder(DataType.FP8_E5M2, "float8e5"),
