@@ -34,17 +34,21 @@ _DECODE = {DataType.BFLOAT16: "_og_from_bf16", DataType.FP8_E4M3: "_og_from_e4m3
 
 CAST_HELPERS = '''
 def _og_round_f16(x):
-    # x rounded to fp16 and back by cvt instructions: x.to(tl.float16).to(tl.float32) compiles to x
-    # on the GPU (the pair is folded away: an fp16 product reached the sum that read it unrounded,
-    # fuzz seed 20261125910499 on an H100); NumPy's rounding under the interpreter
-    if x.dtype == tl.float64:
-        return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f64 h, $1; cvt.f64.f16 $0, h; }", "=d,d", [x],
-                                         dtype=tl.float64, is_pure=True, pack=1)
-    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }", "=f,f",
-                                     [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1)
+    # x (float32) rounded to fp16 and back by cvt instructions. With x.to(tl.float16).to(tl.float32)
+    # LLVM narrows the fp32 ops between such pairs to fp16 and contracts a - fp16(b * c) into one
+    # fma.rn.f16, the product unrounded (fuzz seed 20261125910499 on an H100; the PTX of Triton 3.9
+    # for sm_90 shows it); NumPy's rounding under the interpreter
+    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }", "=f,f", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
-def _og_round_f32(x):
+def _og_round_f16_d(x):
+    # x (float64) rounded to fp16 and back, as _og_round_f16 (one rounding, as cuda_fp16's __double2half)
+    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f64 h, $1; cvt.f64.f16 $0, h; }", "=d,d", [x],
+                                     dtype=tl.float64, is_pure=True, pack=1)
+
+
+def _og_round_f32_d(x):
     # x (float64) rounded to fp32 and back, as _og_round_f16
     return tl.inline_asm_elementwise("{ .reg .f32 s; cvt.rn.f32.f64 s, $1; cvt.f64.f32 $0, s; }", "=d,d", [x],
                                      dtype=tl.float64, is_pure=True, pack=1)
@@ -200,14 +204,18 @@ def cast_to(value: str, target: str) -> str:
     return f"{operand(value)}.to({target})"
 
 
+# a value rounded to a narrower float type and back, by instructions the compiler cannot fold
+_ROUNDERS = {(DataType.HALF, "tl.float32"): "_og_round_f16", (DataType.HALF, "tl.float64"): "_og_round_f16_d",
+             (DataType.FLOAT, "tl.float64"): "_og_round_f32_d"}
+
+
 def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:
     """Rounding of an intermediate to its declared type, staying in the compute type; None if exact."""
     if dt is DataType.DOUBLE or TL_DTYPE[dt] == compute:
         return None
     if dt is DataType.FLOAT and compute == "tl.float32":
         return None
-    if dt is DataType.HALF and compute in ("tl.float32", "tl.float64"):
-        return f"_og_round_f16({value})"
-    if dt is DataType.FLOAT and compute == "tl.float64":
-        return f"_og_round_f32({value})"
+    rounder = _ROUNDERS.get((dt, compute))
+    if rounder is not None:
+        return f"{rounder}({value})"
     return from_storage(to_storage(value, dt, compute), dt, compute)
