@@ -154,6 +154,45 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
     return time_call(run, cuda=False, warmup=1, repeat=2)
 
 
+def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Device, engines: Sequence[str],
+               cache: TuningCache, filters: ConfigFilter | None = None) -> dict[str, Any]:
+    """Compile the candidate kernels of every piece the cache does not answer, all at once on every
+    core (the build's compiler pool), before `tune` times them one piece after the other: a
+    400-step plan has ~300 distinct candidate kernels, which tune would otherwise compile one at a
+    time. Repeated pieces (a network's identical blocks) share their kernels. A candidate that fails
+    to generate or compile is left to `tune`, which skips and records it. Statistics; nothing on a
+    CPU (interpreted kernels are not compiled ahead)."""
+    if not device.is_cuda:
+        return {}
+    from ..engines.triton import compiler
+    from .compile import LazyProgress
+
+    filters = filters or ConfigFilter()
+    specs: dict[str, tuple[Any, Any]] = {}
+    seen: set[str] = set()
+    for piece, candidates in jobs:
+        key = cache_key(piece, device, engines, filters.key())
+        if key in seen or cache.get(key) is not None:
+            continue
+        seen.add(key)
+        for config in candidates:
+            try:
+                kernel = get_engine(config.engine).compile(piece, config, device)
+            except Exception as err:  # noqa: BLE001 - tune meets it again and records it
+                if not config_failure(err):
+                    raise
+                continue
+            for spec, fn in kernel.compile_specs():
+                specs.setdefault(spec.key, (spec, fn))
+    progress = LazyProgress(f"compiling {len(specs)} candidate kernels of {len(seen)} pieces to tune")
+    try:
+        report = compiler.compile_all(specs, parallel=True, progress=progress)
+    finally:
+        progress.close()
+    log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(specs), len(seen), report.seconds)
+    return {"pieces": len(seen), **dataclasses.asdict(report)}
+
+
 def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engines: Sequence[str],
          cache: TuningCache, filters: ConfigFilter | None = None
          ) -> tuple[EngineConfig, Kernel, tuple[EngineConfig, ...], bool]:

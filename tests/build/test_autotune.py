@@ -104,3 +104,39 @@ def test_tuning_skips_failing_configs_but_not_our_own_bugs(monkeypatch, rng):
     assert config_failure(triton_like("bad config"))
     assert not config_failure(TypeError("bug")) and not config_failure(AssertionError("bug"))
     assert not config_failure(KeyError("bug"))
+
+
+def test_candidates_of_every_piece_compile_at_once_before_timing(cache_dir, monkeypatch):
+    """On a GPU, build(autotune=True) hands every candidate kernel of the pieces to tune to the compiler
+    pool in one batch (Triton's compiler needs no GPU; compile_all is replaced here): each distinct
+    kernel once although the piece repeats, none for a piece the cache already answers."""
+    from opgraph.core.config import HeurMode
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines import get_engine
+    from opgraph.engines.triton import compiler
+
+    h100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+    g = og.Graph("tune_mm", io_data_type=og.DataType.BFLOAT16, intermediate_data_type=og.DataType.FLOAT)
+    a, b = g.tensor(dim=[1, 256, 128], name="a"), g.tensor(dim=[1, 128, 192], name="b")
+    g.relu(g.matmul(a, b)).set_output(True)
+    final = g.final
+    piece = make_piece(final, 0, final.nodes)
+    configs = get_engine("triton").configs(piece, h100, HeurMode.B)
+    assert len(configs) >= 3
+    batches = []
+
+    def compile_all(specs, **kw):
+        batches.append(dict(specs))
+        return compiler.CompileReport(kernels=len(specs))
+
+    monkeypatch.setattr(compiler, "compile_all", compile_all)
+    cache = autotune.TuningCache()
+    stats = autotune.precompile([(piece, configs), (piece, configs)], h100, ["triton"], cache)
+    (specs,) = batches
+    kernels = {spec.key for c in configs for spec, _ in get_engine("triton").compile(piece, c, h100).compile_specs()}
+    assert set(specs) == kernels and len(kernels) >= len(configs)
+    assert stats["pieces"] == 1 and stats["kernels"] == len(kernels)
+    cache.put(autotune.cache_key(piece, h100, ["triton"], autotune.ConfigFilter().key()), {"engine": "triton"})
+    autotune.precompile([(piece, configs)], h100, ["triton"], cache)
+    assert batches[-1] == {}  # the cached piece compiles nothing

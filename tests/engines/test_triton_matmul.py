@@ -247,20 +247,23 @@ def _plan_with(g, knobs):
     return plan_with(g, knobs, engines=("triton", "reference"), allow_partition=False)
 
 
-@pytest.mark.parametrize("persistent", [0, 3])
+@pytest.mark.parametrize("persistent,flatten", [(0, 0), (3, 0), (3, 1)])
 @pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("col", "col"), ("row", "gap"), ("col", "row")])
-def test_tma_descriptors_and_persistent_grid(a_layout, b_layout, persistent, rng):
+def test_tma_descriptors_and_persistent_grid(a_layout, b_layout, persistent, flatten, rng):
     """TMA=1 reads the operands through tensor descriptors (zero-filled edges: ragged M, N, K here),
-    PERSISTENT loops fewer programs over the tiles; batch axes, a broadcast B and an epilogue."""
+    PERSISTENT loops fewer programs over the tiles (FLATTEN: its loops pipelined as one); batch axes,
+    a broadcast B and an epilogue."""
     g, _, _, c = mm_graph((3, 40, 40), (1, 40, 24), a_layout=a_layout, b_layout=b_layout)
     bias = g.tensor(dim=[1, 1, 24], name="bias")
     y = g.relu(g.add(c, bias)).set_output(True)
     g.reduction(y, mode="ADD").set_output(True).set_dim([3, 40, 1])
-    plan = _plan_with(g, {"TMA": 1, "PERSISTENT": persistent, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+    knobs = {"TMA": 1, "PERSISTENT": persistent, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+    plan = _plan_with(g, {**knobs, "FLATTEN": 1} if flatten else knobs)
     source = plan.source(0)
     assert "make_tensor_descriptor" in source
     if persistent:
         assert "for work in tl.range" in source and plan.steps[0].kernel.generated.launches[0].grid == (3,)
+        assert f"flatten={bool(flatten)}" in source
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
 
@@ -311,6 +314,39 @@ def test_gpu_heuristic_ranks_tma_persistent_first_for_a_large_gemm():
     first = template.candidates(piece, h200)[0]
     assert first["TMA"] == 1 and first["PERSISTENT"] == 132 and (first["BLOCK_M"], first["BLOCK_N"]) == (128, 256)
     assert first["EPILOGUE_SUBTILE"] == 2
+    assert template.candidates(piece, h200)[1] == {**first, "FLATTEN": 1}  # its pipelined twin, for tuning
+
+
+def test_flatten_needs_a_persistent_grid():
+    from opgraph.core.errors import AttributeValueError
+    from opgraph.engines.triton.gemm.template import check_knobs
+
+    check_knobs({"PERSISTENT": 132, "FLATTEN": 1})
+    for bad in ({"FLATTEN": 1}, {"PERSISTENT": 132, "FLATTEN": 2}):
+        with pytest.raises(AttributeValueError, match="FLATTEN"):
+            check_knobs(bad)
+
+
+def _mlp_up():
+    """GPT-2's MLP up-projection: [8, 1024, 768] x [768, 3072] + bias, GELU (tanh), bf16."""
+    g = og.Graph("mlp_up", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    a, b = g.tensor(dim=[8, 1024, 768], name="a"), g.tensor(dim=[1, 768, 3072], name="b")
+    bias = g.tensor(dim=[1, 1, 3072], name="bias")
+    g.gelu_approx_tanh(g.add(g.matmul(a, b), bias)).set_output(True)
+    return g
+
+
+HOPPER_CASES = {  # the heuristic's persistent config and its FLATTEN twin
+    "mlp_up": (_mlp_up, "matmul", lambda cands: [c for c in cands if c.get("PERSISTENT")][:2]),
+}
+
+
+def test_kernels_compile_for_hopper():
+    from .hopper_compile import compile_for_hopper
+
+    lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    assert len(lines) == 2 and "'FLATTEN': 1" in lines[1], lines
+    assert all(line.split()[6] == "0" for line in lines), lines  # no spills
 
 
 # -- the fuzzer --------------------------------------------------------------------------------------------------

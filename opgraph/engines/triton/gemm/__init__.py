@@ -38,7 +38,8 @@ matmul template swaps in device-side tensor descriptors (TMA) there when the ope
 Knobs every tile template understands: BLOCK_M, BLOCK_N (BLOCK_K for the GEMMs), GROUP_M (group-M
 swizzle of the tile order, for L2 reuse), SPLIT_K (the main loop split over programs; fp32/int32
 partial accumulators in scratch, summed in fixed order by a second kernel that runs the epilogue on
-its own finer tiles, ~2 programs per SM (`epilogue_tiling`; EPI_M / EPI_N set them): deterministic), PERSISTENT (0: one tile per program; P: P programs loop over the tiles),
+its own finer tiles, ~2 programs per SM (`epilogue_tiling`; EPI_M / EPI_N set them): deterministic), PERSISTENT (0: one tile per program; P: P programs loop over the tiles), FLATTEN (1: a persistent
+kernel's tile and K loops pipelined as one, the next tile's loads overlapping this tile's epilogue),
 EPILOGUE_SUBTILE (2: the epilogue runs on column halves, for heavy epilogues on 128x256 tiles),
 num_warps, num_stages, fp32_precision ("tf32" | "ieee", fp32 operands only).
 

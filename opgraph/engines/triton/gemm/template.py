@@ -158,7 +158,10 @@ class TileTemplate(Template):
             tile += epilogue(ctx, sig, "acc", int(knobs.get("EPILOGUE_SUBTILE", 1)))
         body = self.setup(ctx, sig, knobs)
         if persistent:
-            body.append(f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten=False):")
+            # FLATTEN=1: the tile loop and the K loop become one loop for Triton's pipeliner, which then
+            # loads the next tile's first K slices during this tile's epilogue (short-K GEMMs)
+            flatten = bool(int(knobs.get("FLATTEN", 0)))
+            body.append(f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten={flatten}):")
             body += ["    " + line for line in tile]
         else:
             body += tile
@@ -193,6 +196,9 @@ def check_knobs(knobs: Mapping[str, Any]) -> None:
         raise AttributeValueError(f"PERSISTENT={knobs['PERSISTENT']} must be 0 (one tile per program) or the "
                                   "number of programs", rule="triton.gemm.knob",
                                   hint="use 0, or about the number of SMs (times the programs per SM)")
+    if int(knobs.get("FLATTEN", 0)) not in (0, 1) or (int(knobs.get("FLATTEN", 0)) and not int(knobs.get("PERSISTENT", 0))):
+        raise AttributeValueError(f"FLATTEN={knobs['FLATTEN']} must be 0, or 1 with PERSISTENT",
+                                  rule="triton.gemm.knob", hint="FLATTEN flattens a persistent kernel's tile loop")
     if int(knobs.get("EPILOGUE_SUBTILE", 1)) not in (1, 2):
         raise AttributeValueError(f"EPILOGUE_SUBTILE={knobs['EPILOGUE_SUBTILE']} must be 1 or 2",
                                   rule="triton.gemm.knob", hint="use 2 to run the epilogue on column halves")

@@ -118,6 +118,9 @@ class MatmulTemplate(TileTemplate):
                                    moved_bytes=gp.moved_bytes())
 
             configs = sorted(tma + configs[:-1], key=cost)[:8] + configs[-1:]
+            first = next((c for c in configs if int(c.get("PERSISTENT", 0))), None)
+            if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
+                configs.insert(configs.index(first) + 1, {**first, "FLATTEN": 1})
         return finish_candidates(configs, gp, device, extra)
 
     def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
