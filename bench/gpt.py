@@ -390,8 +390,9 @@ class Reference:
     def min_cosine(self, name: str) -> float:
         """One rule for every implementation: 0.95, or 3x eager bf16's own distance from fp32 where the
         weight's first update is noise-dominated in bf16 (AdamW's first step is lr * sign(g): a first
-        conv under batchnorm flips 13% of its signs in eager bf16, cosine 0.73)."""
-        return min(MIN_COSINE, 1.0 - PEER_FACTOR * (1.0 - self.peer_cosine[name]))
+        conv under batchnorm flips 13% of its signs in eager bf16, cosine 0.73); never below 0: the
+        update may not point away from fp32's."""
+        return max(0.0, min(MIN_COSINE, 1.0 - PEER_FACTOR * (1.0 - self.peer_cosine[name])))
 
 
 def update_cosine(p0: torch.Tensor, p: torch.Tensor, want: torch.Tensor) -> float:
@@ -423,11 +424,13 @@ def reference(w: Workload, lr: float) -> Reference:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     after = {n: params[n].detach().clone() for n in names}
+    loss_value = float(loss.detach())
+    del m, opt, params, loss
     peer = copy.deepcopy(w.model)
     torch_step(peer, w, lr)[0]()  # eager bf16's first step: how far bf16 itself lands from fp32
     theirs = dict(peer.named_parameters())
     cos = {n: update_cosine(before[n], theirs[n].detach(), after[n]) for n in names}
-    return Reference(float(loss.detach()), lr, before, after, cos)
+    return Reference(loss_value, lr, before, after, cos)
 
 
 def check(ref: Reference, impl: Impl, loss: float) -> tuple[float, list[str]]:
@@ -584,13 +587,14 @@ def main(argv: list[str] | None = None) -> int:
     stem = os.path.join(args.out, f"gpt-bench-{'-'.join(args.which)}-{'-'.join(modes)}")
     os.makedirs(args.out, exist_ok=True)
 
-    def write(workloads: list[Workload]) -> str:
+    def write(workloads: list[Workload]) -> str:  # each file replaced whole: a kill mid-write keeps the last
         text = table(workloads, meta)
-        with open(stem + ".md", "w") as f:
-            f.write(text + "\n")
-        with open(stem + ".json", "w") as f:
-            json.dump({"meta": meta, "args": vars(args), "results": {w.name: w.results for w in workloads}}, f,
-                      indent=1)
+        doc = json.dumps({"meta": meta, "args": vars(args), "results": {w.name: w.results for w in workloads}},
+                         indent=1)
+        for path, content in ((stem + ".md", text + "\n"), (stem + ".json", doc)):
+            with open(path + ".tmp", "w") as f:
+                f.write(content)
+            os.replace(path + ".tmp", path)
         return text
 
     for name in args.which:

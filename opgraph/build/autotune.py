@@ -154,15 +154,19 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
     return time_call(run, cuda=False, warmup=1, repeat=2)
 
 
+AHEAD_OF_TIME = ("triton", "library")  # engines whose kernels have compile specs (Kernel.compile_specs)
+
+
 def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Device, engines: Sequence[str],
-               cache: TuningCache, filters: ConfigFilter | None = None) -> dict[str, Any]:
+               cache: TuningCache, filters: ConfigFilter | None = None, mode: str = "parallel") -> dict[str, Any]:
     """Compile the candidate kernels of every piece the cache does not answer, all at once on every
-    core (the build's compiler pool), before `tune` times them one piece after the other: a
-    400-step plan has ~300 distinct candidate kernels, which tune would otherwise compile one at a
-    time. Repeated pieces (a network's identical blocks) share their kernels. A candidate that fails
-    to generate or compile is left to `tune`, which skips and records it. Statistics; nothing on a
-    CPU (interpreted kernels are not compiled ahead)."""
-    if not device.is_cuda:
+    core (the build's compiler pool), before `tune` times them one piece after the other, which would
+    otherwise compile them one at a time (GPT-2's training step: 392 steps, 46 distinct pieces, ~370
+    distinct candidate kernels). Repeated pieces (a network's identical blocks) share their kernels. A
+    candidate that fails to generate or compile is left to `tune`, which skips and records it. `mode`
+    is the build's compile mode ("serial": in this process; "lazy": nothing ahead). Statistics; nothing
+    on a CPU (interpreted kernels are not compiled ahead)."""
+    if not device.is_cuda or mode == "lazy":
         return {}
     from ..engines.triton import compiler
     from .compile import LazyProgress
@@ -176,6 +180,8 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
             continue
         seen.add(key)
         for config in candidates:
+            if config.engine not in AHEAD_OF_TIME:
+                continue  # (a cuDNN plan built here would be built again when timed)
             try:
                 kernel = get_engine(config.engine).compile(piece, config, device)
             except Exception as err:  # noqa: BLE001 - tune meets it again and records it
@@ -186,7 +192,7 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
                 specs.setdefault(spec.key, (spec, fn))
     progress = LazyProgress(f"compiling {len(specs)} candidate kernels of {len(seen)} pieces to tune")
     try:
-        report = compiler.compile_all(specs, parallel=True, progress=progress)
+        report = compiler.compile_all(specs, parallel=mode == "parallel", progress=progress)
     finally:
         progress.close()
     log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(specs), len(seen), report.seconds)

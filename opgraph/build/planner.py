@@ -138,7 +138,7 @@ def plan_steps(
             tuning[id(piece)] = filters.keep(rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs)[0]
         t1 = time.perf_counter()
         stats["precompile"] = precompile([(p, tuning[id(p)]) for p in pieces], dev, [e.name for e in usable],
-                                         cache, filters)
+                                         cache, filters, compile_mode)
         stats["precompile_s"] = time.perf_counter() - t1
     steps: list[Step] = []
     for piece in pieces:

@@ -42,7 +42,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     """In the child process: compile the kernels of `module`'s HOPPER_CASES for a Hopper GPU named `gpu`
     and print a line per launch:
 
-        compiled CASE KERNEL regs R spills S smem B cp.async N f16math M KNOBS
+        compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
     nodes make one piece, compiled with the template named; knobs None is the heuristic's choice, n the
@@ -109,8 +109,9 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                 regs = max([int(r) for r in re.findall(r"Used (\d+) registers", out)] or [0])
                 spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", out))
                 cp_async = ck.asm["ptx"].count("cp.async.cg") + ck.asm["ptx"].count("cp.async.ca")
-                # fp16 arithmetic in the PTX (LLVM narrows fp32 math between fp16 round trips, fusing away
-                # the rounding of an intermediate)
-                f16math = len(re.findall(r"\b(?:fma|mul|add|sub)\.rn\.f16(?:x2)?\b", ck.asm["ptx"]))
+                # fp16 / fp32 arithmetic in the PTX (LLVM narrows wider math between round trips to a
+                # narrower type, fusing away the rounding of an intermediate)
+                f16math = len(re.findall(r"\b(?:fma|mul|add|sub)(?:\.rn)?\.f16(?:x2)?\b", ck.asm["ptx"]))
+                f32math = len(re.findall(r"\b(?:fma|mul|add|sub)(?:\.rn)?(?:\.ftz)?\.f32\b", ck.asm["ptx"]))
                 print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
-                      "cp.async", cp_async, "f16math", f16math, k)
+                      "cp.async", cp_async, "f16math", f16math, "f32math", f32math, k)

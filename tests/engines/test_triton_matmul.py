@@ -322,7 +322,7 @@ def test_flatten_needs_a_persistent_grid():
     from opgraph.engines.triton.gemm.template import check_knobs
 
     check_knobs({"PERSISTENT": 132, "FLATTEN": 1})
-    for bad in ({"FLATTEN": 1}, {"PERSISTENT": 132, "FLATTEN": 2}):
+    for bad in ({"FLATTEN": 1}, {"PERSISTENT": 132, "FLATTEN": 2}, {"PERSISTENT": 132, "FLATTEN": 1, "SPLIT_K": 2}):
         with pytest.raises(AttributeValueError, match="FLATTEN"):
             check_knobs(bad)
 
@@ -414,6 +414,25 @@ def test_gpu_layouts_batched(a_layout, b_layout, rng):
     g, _, _, c = mm_graph((8, 512, 384), (1, 384, 640), a_layout=a_layout, b_layout=b_layout)
     c.set_output(True)
     assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("flatten", [0, 1])
+def test_gpu_persistent_flatten_twins(flatten, rng):
+    """The heuristic's persistent config for GPT-2's MLP up-projection (bias + GELU, bf16) and its
+    FLATTEN twin compute the same, compiled (the interpreter ignores flatten)."""
+    g = _mlp_up()
+    plan = g.build(device="cuda", engines=["triton"])
+    step = plan.steps[0]
+    assert step.config.knob("PERSISTENT") and not step.config.knob("FLATTEN"), plan.describe()
+    if flatten:
+        from ..helpers import with_step_config
+
+        twin = next(c for c in step.alternatives if c.knob("FLATTEN"))
+        plan = with_step_config(plan, 0, twin)
+    bad = og.testing.check_plan(plan, rng, rtol=5e-2, atol=5e-2)
+    assert not bad, "\n".join(map(str, bad))
 
 
 @pytest.mark.gpu

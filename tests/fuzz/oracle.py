@@ -216,7 +216,8 @@ def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
 
 def contractible(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     """A floating product: an engine may fuse it into a sum that reads it (and store it rounded too).
-    A normalization's results end in a product too (dx = scale * invstd * (...), y = xhat * scale)."""
+    A normalization's main result ends in a product too (dx = scale * invstd * (...), y = xhat * scale;
+    its first output: its statistics, dscale and dbias are sums and roots)."""
     product = (isinstance(node.op, Pointwise) and node.op.mode is M.MUL) or node.kind in _NORMS
     return product and all(tensors[u].data_type.is_floating for u in node.output_uids())
 
@@ -427,7 +428,7 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                 r = np.where(h, np.nan if wild is None else wild, r)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
-            if rng is not None and contractible(node, tensors):  # what a sum reading it may see
+            if rng is not None and uid == node.outputs[0] and contractible(node, tensors):  # what a sum may see
                 contracted[uid] = (r, PRODUCT_DELTA[node_delta(node, tensors)])
     return out
 

@@ -37,20 +37,24 @@ def _og_round_f16(x):
     # x (float32) rounded to fp16 and back by cvt instructions. With x.to(tl.float16).to(tl.float32)
     # LLVM narrows the fp32 ops between such pairs to fp16 and contracts a - fp16(b * c) into one
     # fma.rn.f16, the product unrounded (fuzz seed 20261125910499 on an H100; the PTX of Triton 3.9
-    # for sm_90 shows it); NumPy's rounding under the interpreter
-    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }", "=f,f", [x],
+    # for sm_90 shows it); NumPy's rounding under the interpreter. The argument is converted first: the
+    # asm reads its operand's bits (a Python float or an integer would be reinterpreted, not converted)
+    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }", "=f,f",
+                                     [x.to(tl.float32)],
                                      dtype=tl.float32, is_pure=True, pack=1)
 
 
 def _og_round_f16_d(x):
     # x (float64) rounded to fp16 and back, as _og_round_f16 (one rounding, as cuda_fp16's __double2half)
-    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f64 h, $1; cvt.f64.f16 $0, h; }", "=d,d", [x],
+    return tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.f16.f64 h, $1; cvt.f64.f16 $0, h; }", "=d,d",
+                                     [x.to(tl.float64)],
                                      dtype=tl.float64, is_pure=True, pack=1)
 
 
 def _og_round_f32_d(x):
     # x (float64) rounded to fp32 and back, as _og_round_f16
-    return tl.inline_asm_elementwise("{ .reg .f32 s; cvt.rn.f32.f64 s, $1; cvt.f64.f32 $0, s; }", "=d,d", [x],
+    return tl.inline_asm_elementwise("{ .reg .f32 s; cvt.rn.f32.f64 s, $1; cvt.f64.f32 $0, s; }", "=d,d",
+                                     [x.to(tl.float64)],
                                      dtype=tl.float64, is_pure=True, pack=1)
 
 

@@ -196,8 +196,10 @@ def check_knobs(knobs: Mapping[str, Any]) -> None:
         raise AttributeValueError(f"PERSISTENT={knobs['PERSISTENT']} must be 0 (one tile per program) or the "
                                   "number of programs", rule="triton.gemm.knob",
                                   hint="use 0, or about the number of SMs (times the programs per SM)")
-    if int(knobs.get("FLATTEN", 0)) not in (0, 1) or (int(knobs.get("FLATTEN", 0)) and not int(knobs.get("PERSISTENT", 0))):
-        raise AttributeValueError(f"FLATTEN={knobs['FLATTEN']} must be 0, or 1 with PERSISTENT",
+    flatten = int(knobs.get("FLATTEN", 0))
+    if flatten not in (0, 1) or (flatten and (not int(knobs.get("PERSISTENT", 0)) or int(knobs.get("SPLIT_K", 1)) > 1)):
+        # (a split of K has empty K ranges, which Triton's loop flattening has miscompiled: triton#11656)
+        raise AttributeValueError(f"FLATTEN={knobs['FLATTEN']} must be 0, or 1 with PERSISTENT and SPLIT_K=1",
                                   rule="triton.gemm.knob", hint="FLATTEN flattens a persistent kernel's tile loop")
     if int(knobs.get("EPILOGUE_SUBTILE", 1)) not in (1, 2):
         raise AttributeValueError(f"EPILOGUE_SUBTILE={knobs['EPILOGUE_SUBTILE']} must be 1 or 2",
