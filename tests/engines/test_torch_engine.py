@@ -110,6 +110,16 @@ def test_parametrised_activations(kind, rng):
     check(g, rng, prepare=setter(a=(a, 0.5), b=(b, 1.5), s=(s, 0.75)))
 
 
+def test_a_literal_beyond_the_compute_type_is_its_infinity(rng):
+    """1e308 in an fp32 op is +inf in its compute type (torch refuses such a Python scalar for a
+    float32 tensor: fuzz seed 20261127008254, a damaged plan's softplus beta)."""
+    g = graph(FLOAT, "big")
+    x = g.tensor(dim=[4, 6], name="x")
+    dy = g.tensor(dim=[4, 6], name="dy")
+    outputs(g.mul(x, 1e308), g.pointwise(dy, x, mode=M.SOFTPLUS_BWD, beta=1e308))
+    check(g, rng)
+
+
 def test_gen_index_comparisons_and_integer_casts(rng):
     g = graph(FLOAT, "gi")
     x = g.tensor(dim=[2, 3, 4], name="x")

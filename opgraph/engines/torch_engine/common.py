@@ -155,6 +155,8 @@ class Call:
         value = self.raw(role)
         dtype = self.compute if dtype is None else dtype
         if not isinstance(value, torch.Tensor):
+            if dtype.is_floating_point:  # rounded to the compute type: 1e308 in fp32 is inf (torch refuses it)
+                return torch.full((), float(value), dtype=torch.float64, device=self.device).to(dtype)
             return torch.full((), float(value), dtype=dtype, device=self.device)
         return value.to(dtype)
 
