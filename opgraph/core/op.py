@@ -133,6 +133,18 @@ class NodeContext:
         raise cls(message, op=self.label, tensor=tensor, rule=rule, hint=hint)
 
 
+MAX_ROLES = 1 << 16  # inputs or outputs of one variadic op
+
+
+def check_counts(**counts: int) -> None:
+    """Role counts of a variadic op, bounded before anything is sized by them (a damaged plan file's
+    num_inputs of 2**40 made the role list exhaust memory: fuzz seed 20261129007449). ValueError: the
+    loader turns it into a SerializationError; the builders pass real counts."""
+    for name, n in counts.items():
+        if type(n) is not int or not 0 <= n <= MAX_ROLES:
+            raise ValueError(f"{name}={n!r} is not a count in [0, {MAX_ROLES}]")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Op:
     """Attributes of one op instance. Subclasses set the class-level roles and override the rules."""

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import AttributeValueError, GraphError, ShapeError
-from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
 from ..core.tensor import TensorDesc
 from .base import broadcast_dims, first_tensor, strides_like
 
@@ -115,6 +115,9 @@ class Custom(Op):
     num_inputs: int
     num_outputs: int
     params: tuple[tuple[str, int | float | str | bool], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_counts(num_inputs=self.num_inputs, num_outputs=self.num_outputs)
 
     def input_roles(self) -> tuple[str, ...]:
         return tuple(f"input{i}" for i in range(self.num_inputs))

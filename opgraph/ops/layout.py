@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
-from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
 from ..core.tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
 from .base import strides_like
 
@@ -226,6 +226,9 @@ class Concatenate(Op):
     num_inputs: int
     axis: int
     in_place_index: int | None = None
+
+    def __post_init__(self) -> None:
+        check_counts(num_inputs=self.num_inputs)
 
     def input_roles(self) -> tuple[str, ...]:
         return tuple(f"input{i}" for i in range(self.num_inputs))

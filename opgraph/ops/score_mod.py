@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import AttributeValueError, GraphError, ShapeError, expect
-from ..core.op import BUILDERS
+from ..core.op import BUILDERS, check_counts
 from ..core.tensor import Tensor
 from .pointwise import MODES, OPERAND_ROLES, Pointwise, PointwiseMode
 
@@ -88,6 +88,9 @@ class ScoreMod:
     nodes: tuple[ScoreNode, ...]
     result: Ref
     num_inputs: int = 0
+
+    def __post_init__(self) -> None:
+        check_counts(num_inputs=self.num_inputs)
 
     def __repr__(self) -> str:
         body = "; ".join(f"%{i} = {n}" for i, n in enumerate(self.nodes))

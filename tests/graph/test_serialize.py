@@ -360,3 +360,17 @@ def test_fuzzed_files_only_raise_graph_errors():
         except og.GraphError:
             outcomes["error"] += 1
     assert outcomes["error"] > 200, outcomes  # the fuzzing did hit the checks
+
+
+@pytest.mark.parametrize("count", [2**40, -1, True, 3.0])
+def test_a_variadic_count_out_of_range_is_a_serialization_error(count):
+    """A damaged file's concatenate num_inputs of 2**40 made the role list exhaust memory (fuzz seed
+    20261129007449: the process was killed); counts are bounded when the op is decoded."""
+    g = og.Graph("cat", io_data_type=og.DataType.FLOAT)
+    a, b = g.tensor(dim=[2, 3], name="a"), g.tensor(dim=[2, 4], name="b")
+    g.concatenate([a, b], axis=1).set_output(True)
+    doc = json.loads(g.to_json())
+    (op,) = [o for o in doc["ops"] if o["op"] == "concatenate"]
+    op["attrs"]["num_inputs"] = count
+    with pytest.raises(og.SerializationError, match="num_inputs"):
+        og.Graph.from_json(json.dumps(doc))
