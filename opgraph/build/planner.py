@@ -132,13 +132,14 @@ def plan_steps(
     for cut in cuts:
         log.info("  not fused before %s: %s", cut.node.label(), "; ".join(f"{e}: {w}" for e, w in cut.reasons))
     cache = TuningCache() if autotune else None
+    names = [e.name for e in usable]
     tuning: dict[int, list[EngineConfig]] = {}
     if cache is not None:  # every piece's candidates, compiled at once before any piece is timed
         for piece in pieces:
             tuning[id(piece)] = filters.keep(rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs)[0]
         t1 = time.perf_counter()
-        stats["precompile"] = precompile([(p, tuning[id(p)]) for p in pieces], dev, [e.name for e in usable],
-                                         cache, filters, compile_mode)
+        stats["precompile"] = precompile([(p, tuning[id(p)]) for p in pieces], dev, names, cache, filters,
+                                         compile_mode)
         stats["precompile_s"] = time.perf_counter() - t1
     steps: list[Step] = []
     for piece in pieces:
@@ -155,7 +156,7 @@ def plan_steps(
                      "add HeurMode.FALLBACK to heur_mode, or allow more engines",
             )
         if cache is not None:  # autotune
-            config, kernel, others, _ = tune(piece, tuning[id(piece)], dev, [e.name for e in usable], cache, filters)
+            config, kernel, others, _ = tune(piece, tuning[id(piece)], dev, names, cache, filters)
             steps.append(Step(len(steps), piece, config, kernel, others))
             continue
         for name, why in ranked.declined:

@@ -396,20 +396,6 @@ def order_sensitive(node: Node, ins: list[Any], descs: list[Any]) -> list[np.nda
     return out
 
 
-def _maybe_zero(a: Any, rel: float, rng: np.random.Generator) -> Any:
-    """For a product that skips zeros (MUL_NO_ZEROS): the elements within `rel` of the array's largest
-    magnitude may be rounding noise, which an engine computes as exactly 0 (dx of a constant gradient:
-    1e-17 in the reference's float64, 0 in fp32): in half of the runs all of them become 0 (one formula
-    cancels exactly everywhere), in the other half each one with probability 1/2."""
-    if not isinstance(a, np.ndarray) or a.ndim == 0 or not np.isfinite(a).any():
-        return a
-    scale = float(np.max(np.abs(a[np.isfinite(a)])))
-    noise = np.abs(a) < rel * scale
-    if rng.uniform() < 0.5:
-        noise &= rng.uniform(size=a.shape) < 0.5
-    return np.where(noise, 0.0, a)
-
-
 def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Generator | None,
              delta: Callable[[Node], float] | None = None, low: bool = False,
              wild: float | None = None) -> dict[int, np.ndarray]:
@@ -453,8 +439,6 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                     a = nudge(a, 4 * d)
                 ins.append(a.astype(np.float32) if narrow else a)
         descs = [None if u is None else tensors[u] for u in node.outputs]
-        if rng is not None and not exact and node.kind == "reduction" and node.op.mode.name == "MUL_NO_ZEROS":
-            ins = [_maybe_zero(a, 16 * d, rng) for a in ins]
         with np.errstate(all="ignore"):
             results = node.op.reference(ins, descs)
         stored = [None if v is None else np.asarray(env[v], dtype=np.float64) if not isinstance(v, Const)
