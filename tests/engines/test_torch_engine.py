@@ -751,3 +751,22 @@ def test_gpu_norms_pooling_layout(rng):
     outputs(*g.resample(img, mode="max", window=[3, 3], stride=[2, 2], padding=[1, 1], generate_index=True))
     g.transpose(g.slice(x, [slice(0, 1024), slice(None)]), [1, 0]).set_output(True)
     assert_engine_matches(g, rng, engines=("torch",), device="cuda", prepare=positive(eps, value=1e-5))
+
+
+def test_float64_results_round_once_to_half():
+    """float64 -> fp16 rounds once, from the float64 value, as the reference (NumPy) does; PyTorch's own
+    conversion goes through float32 and rounds twice at a tie of fp16 in fp32 (fuzz seed 20261126106267)."""
+    import torch
+
+    from opgraph.engines.torch_engine.common import round_to as torch_round_to
+    from opgraph.core.rounding import round_to
+
+    rng = np.random.default_rng(7)
+    ties = (np.float32(1.3950195) + np.array([2.0**-30, -(2.0**-30)])).astype(np.float64)  # beside an fp16 tie
+    x = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-9, 6, 20000), ties,
+                        [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e300, -1e300, 65519.99, 65520.0, 2.0**-25, 3e-8]])
+    got = torch_round_to(torch.from_numpy(x), DT.HALF).numpy().astype(np.float64)
+    with np.errstate(over="ignore"):
+        want = round_to(x, DT.HALF).astype(np.float64)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert got[-13] != got[-12] or ties[0] == ties[1]  # the two sides of the tie round apart

@@ -422,8 +422,8 @@ def test_gpu_layouts_batched(a_layout, b_layout, rng):
 def test_gpu_persistent_flatten_twins(flatten, rng):
     """The heuristic's persistent config for GPT-2's MLP up-projection (bias + GELU, bf16) and its
     FLATTEN twin compute the same, compiled (the interpreter ignores flatten)."""
-    g = _mlp_up()
-    plan = g.build(device="cuda", engines=["triton"])
+    g = _mlp_up()  # (mode B after A: the alternatives hold every candidate, the twin too)
+    plan = g.build(device="cuda", engines=["triton"], heur_mode=[og.HeurMode.A, og.HeurMode.B])
     step = plan.steps[0]
     assert step.config.knob("PERSISTENT") and not step.config.knob("FLATTEN"), plan.describe()
     if flatten:

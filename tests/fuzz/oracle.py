@@ -214,6 +214,29 @@ def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     return False
 
 
+def _big_integer_sum(node: Node, env: Mapping[int, np.ndarray], tensors: Mapping[int, TensorDesc]) -> bool:
+    """An integer sum (exact by `exact_node`) whose terms' magnitudes pass what its accumulator holds
+    exactly: 2**24 in an fp32 compute type, 2**53 in float64 (and int64's wrap beyond): the order of
+    the sum decides the answer (2**63 - 2**63 + 1 is 1 or 0, fuzz seed 20261126110946)."""
+    if node.kind not in _ACCUMULATING or not exact_node(node, tensors):
+        return False
+    ins = [None if v is None or isinstance(v, Const) else np.abs(np.asarray(env[v], dtype=np.float64))
+           for v in node.inputs]
+    limit = 2.0**53 if node.compute_data_type is DT.DOUBLE else 2.0**24
+    with np.errstate(all="ignore"):
+        size = node.op.reference(ins, [None if u is None else tensors[u] for u in node.outputs])
+    return any(m is not None and bool(np.any(np.asarray(m, dtype=np.float64) >= limit)) for m in size)
+
+
+def _double_rounded(node: Node, desc: TensorDesc, tensors: Mapping[int, TensorDesc]) -> bool:
+    """An exact pointwise result stored narrower than its fp32 compute type: an engine rounds it to
+    fp32, then to the output type, and the two roundings differ from one at a tie of the narrow type
+    (f16(f32(a - b)) against f16(a - b), fuzz seed 20261126106267)."""
+    return (isinstance(node.op, Pointwise) and exact_node(node, tensors) and desc.data_type.is_floating
+            and desc.data_type not in (DT.FLOAT, DT.DOUBLE) and node_delta(node, tensors) == F32_DELTA
+            and node.compute_data_type is not DT.DOUBLE)
+
+
 def contractible(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     """A floating product: an engine may fuse it into a sum that reads it (and store it rounded too).
     A normalization's main result ends in a product too (dx = scale * invstd * (...), y = xhat * scale;
@@ -309,19 +332,23 @@ def _zero_noise_dx(node: Node, stored: list[Any], dx: np.ndarray, rng: np.random
     """dx of a mean-subtracting normalization where grad * scale is constant over a group is 0 in exact
     arithmetic (g - mean(g) and mean(g * xhat) vanish): what an engine computes there is rounding noise,
     exactly 0 in one formula, 1e-19 or 1e-8 in another (a reciprocal of it is inf or 1e17: fuzz seed
-    20261128005172). In half of the nudged runs those groups' dx become exactly 0 (`stored`: the
-    inputs as stored, before the sensitivity runs' nudges)."""
+    20261128005172), of either sign (a square root of it is NaN: seed 20261125503308 on an H100).
+    In a third of the nudged runs each, those groups' dx become exactly 0, the noise's magnitude, or
+    its negative: with 16 runs every element sees all three (`stored`: the inputs as stored, before
+    the sensitivity runs' nudges)."""
     names = list(node.op.INPUTS)
     grad, scale = stored[names.index("grad")], stored[names.index("scale")]
-    if not isinstance(grad, np.ndarray) or rng.uniform() < 0.5:
+    if not isinstance(grad, np.ndarray):
         return dx
+    pick = rng.uniform()
     x, axes = _norm_axes(node, stored)
     if not axes:
         return dx
     with np.errstate(all="ignore"):
         gs = np.broadcast_to(grad * (1.0 if scale is None else scale), x.shape)
         flat = gs.max(axis=axes, keepdims=True) == gs.min(axis=axes, keepdims=True)
-    return np.where(np.broadcast_to(flat, dx.shape), 0.0, dx)
+        noise = 0.0 if pick < 1 / 3 else np.abs(dx) if pick < 2 / 3 else -np.abs(dx)
+    return np.where(np.broadcast_to(flat, dx.shape), noise, dx)
 
 
 def _norm_groups(node: Node, ins: list[Any], descs: list[Any], limit: float) -> list[np.ndarray | None]:
@@ -419,6 +446,8 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
     contracted: dict[int, tuple[np.ndarray, float]] = {}
     for node in graph.nodes:
         exact = rng is None or exact_node(node, tensors)
+        big = rng is not None and exact and _big_integer_sum(node, env, tensors)
+        exact = exact and not big
         # an exact op that is no sum (a compare, floor, a select...) gets the stored, rounded product
         fma = not exact or (isinstance(node.op, Pointwise) and node.op.mode in (M.ADD, M.SUB))
         d = 0.0 if rng is None else (delta(node) if delta else node_delta(node, tensors))
@@ -435,8 +464,8 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                         a = round_to(nudge(*contracted[v]), tensors[v].data_type).astype(np.float64)
                 else:
                     a = env[v].astype(np.float64)
-                if not exact and node.kind in _ACCUMULATING and tensors[v].data_type.is_floating:
-                    a = nudge(a, 4 * d)
+                if not exact and node.kind in _ACCUMULATING and (tensors[v].data_type.is_floating or big):
+                    a = nudge(a, 4 * (F32_DELTA if big and node.compute_data_type is not DT.DOUBLE else d))
                 ins.append(a.astype(np.float32) if narrow else a)
         descs = [None if u is None else tensors[u] for u in node.outputs]
         with np.errstate(all="ignore"):
@@ -456,6 +485,8 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
                     r = nudge(r, d)
             if h is not None:
                 r = np.where(h, np.nan if wild is None else wild, r)
+            if (rng is not None or low) and _double_rounded(node, desc, tensors):
+                r = round_to(r, DT.FLOAT).astype(np.float64)
             env[uid] = round_to(r, desc.data_type)
             out[uid] = env[uid]
             if rng is not None and uid == node.outputs[0] and contractible(node, tensors):  # what a sum may see
