@@ -214,6 +214,47 @@ def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     return False
 
 
+_PERIODIC = {M.SIN, M.COS, M.TAN}
+
+
+def _periodic_noise(node: Node, ins: list[Any], unnudged: np.ndarray, d: float, hot: list[Any]) -> list[Any]:
+    """sin, cos or tan of an argument whose uncertainty spans a good part of the period: so large that
+    the few units in its last place an engine's arithmetic leaves exceed pi (|x| * 64 * delta >= pi),
+    or moved by this run's nudges upstream by more than pi / 8 (a TF32 weight gradient of 2544.7 is
+    off by ~1.5): any value of the function's range is right there (tan(-7.1e39) is 0.54 in one
+    order of a normalization's sums and -253 in another: fuzz seeds 20261126200986, 20261126207128);
+    16 nudged runs sample tan's heavy tails too seldom to say so."""
+    if not (isinstance(node.op, Pointwise) and node.op.mode in _PERIODIC) or not isinstance(ins[0], np.ndarray):
+        return hot
+    x, was = ins[0], np.asarray(unnudged, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        wild = np.broadcast_to((np.abs(x) * 64 * d >= np.pi) | (np.abs(x - was) >= np.pi / 8), np.shape(x))
+    if not wild.any():
+        return hot
+    return [wild if h is None else (h | wild) for h in hot[:1]] + hot[1:]
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def _flushed(node: Node, results: list[Any], tensors: Mapping[int, TensorDesc], hot: list[Any]) -> list[Any]:
+    """An fp32 transcendental function's subnormal results: an engine may flush them to a signed zero
+    (the GPU's fast exponential does: docs/concepts.md), and what reads them (a square root of
+    -2e-41 is NaN, of -0.0 is -0.0: fuzz seed 20261126207165) follows either."""
+    if not isinstance(node.op, Pointwise) or node_delta(node, tensors) != F32_DELTA or exact_node(node, tensors):
+        return hot
+    out = []
+    for h, r in zip(hot, results):
+        if r is None:
+            out.append(h)
+            continue
+        with np.errstate(all="ignore"):
+            a = np.abs(np.asarray(r, dtype=np.float64))
+            tiny = (a > 0) & (a < _F32_TINY)
+        out.append(h if not tiny.any() else tiny if h is None else (h | tiny))
+    return out
+
+
 def _big_integer_sum(node: Node, env: Mapping[int, np.ndarray], tensors: Mapping[int, TensorDesc]) -> bool:
     """An integer sum (exact by `exact_node`) whose terms' magnitudes pass what its accumulator holds
     exactly: 2**24 in an fp32 compute type, 2**53 in float64 (and int64's wrap beyond): the order of
@@ -425,13 +466,14 @@ def order_sensitive(node: Node, ins: list[Any], descs: list[Any]) -> list[np.nda
 
 def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Generator | None,
              delta: Callable[[Node], float] | None = None, low: bool = False,
-             wild: float | None = None) -> dict[int, np.ndarray]:
+             wild: float | None = None, base: Mapping[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
     """The reference semantics over `inputs` (float64 arrays / numbers by UID); with `rng`, inexact
     results (and accumulating ops' floating inputs) nudged by +-delta(node) relative; with `low`, each
     op that an engine computes in fp32 evaluated by its reference formula in float32 (what the
     formula itself loses in fp32: 1 - tanh(x)**2 for large x, a sum's order). In those runs the
     order-sensitive elements of accumulating ops (`order_sensitive`) are set to `wild` (NaN when
-    None): any answer goes there, and downstream of them."""
+    None): any answer goes there, and downstream of them. `base`: every tensor's unnudged value (the
+    reference run's), against which a nudged run sees how far its nudges moved an operand."""
     env: dict[int, np.ndarray] = {}
     for uid, v in inputs.items():
         env[uid] = np.full(graph.tensors[uid].dim, float(v)) if not isinstance(v, np.ndarray) else v
@@ -476,6 +518,10 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
             results = [_zero_noise_dx(node, stored, np.asarray(results[0], dtype=np.float64), rng), *results[1:]]
         sensitive = (rng is not None or low) and not exact_node(node, tensors)
         hot = order_sensitive(node, stored, descs) if sensitive else [None] * len(descs)
+        if sensitive and rng is not None:
+            if base is not None and node.inputs and isinstance(node.inputs[0], int) and node.inputs[0] in base:
+                hot = _periodic_noise(node, stored, base[node.inputs[0]], d, hot)
+            hot = _flushed(node, results, tensors, hot)
         for uid, desc, r, h in zip(node.outputs, descs, results, hot):
             if uid is None or r is None:
                 continue

@@ -181,7 +181,7 @@ class Expect:
         # Computed only for an output outside its type's own tolerance.
         for i in range(NUDGES + 1):
             nudged = oracle.evaluate(self.graph, self.held, rng if i < NUDGES else None, delta, low=i == NUDGES,
-                                     wild=WILD[i % len(WILD)])
+                                     wild=WILD[i % len(WILD)], base=self.want)
             for u in self.graph.outputs:
                 w, n = self.want[u].astype(np.float64), nudged[u].astype(np.float64)
                 with np.errstate(invalid="ignore"):
