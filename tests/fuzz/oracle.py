@@ -237,12 +237,22 @@ def _periodic_noise(node: Node, ins: list[Any], unnudged: np.ndarray, d: float, 
 _F32_TINY = float(np.finfo(np.float32).tiny)
 
 
-def _flushed(node: Node, results: list[Any], tensors: Mapping[int, TensorDesc], hot: list[Any]) -> list[Any]:
-    """An fp32 transcendental function's subnormal results: an engine may flush them to a signed zero
-    (the GPU's fast exponential does: docs/concepts.md), and what reads them (a square root of
-    -2e-41 is NaN, of -0.0 is -0.0: fuzz seed 20261126207165) follows either."""
+def _flushed(node: Node, ins: list[Any], results: list[Any], tensors: Mapping[int, TensorDesc],
+             hot: list[Any]) -> list[Any]:
+    """An fp32 transcendental function of a subnormal operand (Triton's libdevice flushes it: sqrt(1e-45)
+    is 0 there), or whose inner exponential is subnormal: an engine may flush it to a
+    signed zero (the GPU's fast exponential does: docs/concepts.md), so a result below a few times the
+    smallest normal, scaled by its operands (x * sech(x)**2 at x = -44 is -1e-36 exactly and -0.0 with
+    exp(-88) flushed), may be 0 too, and what reads it follows either (a square root of -2e-41 is NaN,
+    of -0.0 is -0.0: fuzz seed 20261126207165)."""
     if not isinstance(node.op, Pointwise) or node_delta(node, tensors) != F32_DELTA or exact_node(node, tensors):
         return hot
+    with np.errstate(all="ignore"):
+        scale, sub = np.ones(()), np.zeros((), dtype=bool)
+        for a in ins:
+            if a is not None:
+                m = np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), posinf=0, neginf=0))
+                scale, sub = np.maximum(scale, m), sub | ((m > 0) & (m < _F32_TINY))  # (libdevice flushes these)
     out = []
     for h, r in zip(hot, results):
         if r is None:
@@ -250,7 +260,7 @@ def _flushed(node: Node, results: list[Any], tensors: Mapping[int, TensorDesc], 
             continue
         with np.errstate(all="ignore"):
             a = np.abs(np.asarray(r, dtype=np.float64))
-            tiny = (a > 0) & (a < _F32_TINY)
+            tiny = ((a > 0) & (a < 4 * _F32_TINY * scale)) | np.broadcast_to(sub, a.shape)
         out.append(h if not tiny.any() else tiny if h is None else (h | tiny))
     return out
 
@@ -521,7 +531,7 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
         if sensitive and rng is not None:
             if base is not None and node.inputs and isinstance(node.inputs[0], int) and node.inputs[0] in base:
                 hot = _periodic_noise(node, stored, base[node.inputs[0]], d, hot)
-            hot = _flushed(node, results, tensors, hot)
+            hot = _flushed(node, stored, results, tensors, hot)
         for uid, desc, r, h in zip(node.outputs, descs, results, hot):
             if uid is None or r is None:
                 continue

@@ -98,8 +98,8 @@ def round_to(t: torch.Tensor, dt: DataType) -> torch.Tensor:
         if dt is DataType.INT64:  # float(INT64 max) is 2**63, which does not cast back
             out = torch.where(r >= 2.0**63, torch.full_like(out, info.max), out)
         return out
-    if t.dtype == torch.bool:
-        t = t.to(torch.float32)
+    if t.dtype == torch.bool or (t.is_floating_point() and t.element_size() == 1):
+        t = t.to(torch.float32)  # (exact; CUDA has no clamp for fp8: fuzz seed 20261126306379)
     if t.dtype == torch.float64 and dt is DataType.HALF:
         t = _to_f32_odd(t)
     if dt is DataType.FP8_E4M3:
