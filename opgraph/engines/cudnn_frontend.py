@@ -41,7 +41,15 @@ from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, Kernel
 from .cost import estimate_us
-from .cudnn_sdpa import ATTENTION_KINDS, attention_problem, lower_attention, scalar_uids
+from .cudnn_sdpa import (
+    ATTENTION_KINDS,
+    MOVES,
+    attention_problem,
+    attention_views,
+    lower_attention,
+    operand_slots,
+    scalar_uids,
+)
 from .torch_engine.common import as_torch
 
 log = logging.getLogger("opgraph.cudnn")
@@ -107,7 +115,12 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
         if t.is_by_reference:
             return (f"{t.label()} is by reference: cuDNN bakes buffer addresses into its launches, generated "
                     "kernels read them from the plan's address table", None)
+    views = attention_views(piece)
+    if isinstance(views, str):
+        return views, None
     for node in piece.nodes:
+        if views is not None and node.kind in MOVES:
+            continue
         why = _double_problem(piece, node)
         if why:
             return why, node
@@ -174,11 +187,12 @@ CANON_BASE = 1 << 20
 
 
 def canonical_uids(piece: Piece) -> dict[int, int]:
-    """The UIDs a piece's cuDNN graph gives its inputs and outputs: by position (CANON_BASE + i), not
-    the piece's own, so that a plan built (and serialized) for one piece serves every piece with the
-    same signature (the repeated blocks of a network). Far above the frontend's own numbering of
-    virtual tensors."""
-    return {u: CANON_BASE + i for i, u in enumerate((*piece.inputs, *piece.outputs))}
+    """The UIDs a piece's cuDNN graph gives what it binds (its inputs and outputs, and attention
+    operands read through views: cudnn_sdpa.operand_slots): by position (CANON_BASE + i), not the
+    piece's own, so that a plan built (and serialized) for one piece serves every piece with the same
+    signature (the repeated blocks of a network). Far above the frontend's own numbering of virtual
+    tensors."""
+    return {u: CANON_BASE + i for i, u in enumerate(operand_slots(piece)[0])}
 def _number(node: Node, role: str) -> float:
     """A pointwise parameter, which `_pointwise_problem` made sure is a literal."""
     value = node.input(role)
@@ -200,9 +214,13 @@ class _Lowering:
         self.tensors: dict[int, Any] = {}
         self.by_value: list[int] = []
         self.canon = canonical_uids(piece)
+        keys, self.views = operand_slots(piece)
         scalars = scalar_uids(piece)
-        for uid in piece.inputs:
-            t = piece.tensor(uid)
+        produced = {u for n in piece.nodes if n.kind not in MOVES for u in n.output_uids()}
+        for uid in keys:
+            if uid in produced:
+                continue  # (an output, declared by its op; a view operand's own tensor is declared here)
+            t = self.views[uid].desc if uid in self.views else piece.tensor(uid)
             dim, stride = ([1, 1, 1, 1], [1, 1, 1, 1]) if uid in scalars else (list(t.dim), list(t.stride))
             self.tensors[uid] = self.graph.tensor(
                 dim=dim, stride=stride, data_type=_dtype(cudnn, t.data_type), uid=self.canon[uid],
@@ -222,6 +240,8 @@ class _Lowering:
 
     def _node(self, node: Node) -> None:
         g, kind = self.graph, node.kind
+        if self.views and kind in MOVES:
+            return  # (read or written in place: the views' tensors)
         kwargs: dict[str, Any] = {"compute_data_type": _dtype(self.cudnn, node.compute_data_type),
                                   "name": f"n_{node.name}"}
         roles = {r: self._operand(v) for r, v in zip(node.op.input_roles(), node.inputs) if v is not None}
@@ -254,9 +274,9 @@ class _Lowering:
         for uid, t in zip(node.outputs, outs):
             if uid is None or t is None:
                 continue
-            desc = self.piece.tensor(uid)
+            desc = self.views[uid].desc if uid in self.views else self.piece.tensor(uid)
             t.set_data_type(_dtype(self.cudnn, desc.data_type)).set_dim(list(desc.dim)).set_stride(list(desc.stride))
-            if uid in self.piece.outputs:
+            if uid in self.piece.outputs or uid in self.views:
                 t.set_output(True).set_uid(self.canon[uid])
             self.tensors[uid] = t
 
@@ -368,8 +388,14 @@ class CudnnKernel(Kernel):
         import torch
 
         self._torch_device = torch.device(device.torch_name)
-        self.uids = (*piece.inputs, *piece.outputs)
+        keys, views = operand_slots(piece)
+        self.uids = tuple(keys)
         self.canon = canonical_uids(piece)  # piece UID -> the cuDNN graph's
+        # where each bound UID's memory starts: (the buffer's UID, a byte offset); views' in their base
+        self.where = {u: (u, 0) for u in keys}
+        for u, v in views.items():
+            self.where[u] = (v.base, v.offset * piece.tensor(v.base).data_type.itemsize)
+        self.views = views
         # one host float per pass-by-value scalar (cuDNN copies it at launch)
         self.host_scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self.uids
                              if piece.tensor(u).is_pass_by_value}
@@ -413,12 +439,16 @@ class CudnnKernel(Kernel):
         dev = self._torch_device
         pack: UidPack = {}
         for uid in self.uids:
-            value = buffers[uid]
+            base = self.where[uid][0]
+            value = buffers[base]
             if uid in self.host_scalars:
                 self.host_scalars[uid].fill_(float(value))
                 value = self.host_scalars[uid]
             elif not isinstance(value, torch.Tensor):
-                value = as_torch(value, self.piece.tensor(uid), dev)
+                value = as_torch(value, self.piece.tensor(base), dev)
+            if uid in self.views:  # its elements inside the base buffer
+                view = self.views[uid]
+                value = value.as_strided(view.desc.dim, view.desc.stride, value.storage_offset() + view.offset)
             pack[uid] = value
         raw = stream if stream is not None else torch.cuda.current_stream(dev).cuda_stream
         cudnn_launch._set_stream(self.handle, _Slot(int(raw)))

@@ -253,10 +253,12 @@ class CudnnLauncher(Launcher):
             host = self.kernel.host_scalars[uid]
             host.fill_(float(self.binding.buffers[uid]))
             return int(host.data_ptr())
-        return int(self.binding.pointers[uid])
+        base, offset = self.kernel.where.get(uid, (uid, 0))  # (an attention operand read through a view)
+        return int(self.binding.pointers[base]) + offset
 
     def rebind(self, uids: Iterable[int]) -> bool:
-        for uid in uids:
+        moved = set(uids)
+        for uid in [k for k, (base, _) in self.kernel.where.items() if base in moved and k != base] + list(moved):
             if self.mode == "raw":
                 slot = self.slots.get(uid)
                 if slot is not None:

@@ -12,7 +12,12 @@ check then decides, and its message is the reason it declines):
 - no score modifier (the op's recorded sub-graph is not lowered to cuDNN's callback);
 - no Stats output when a row can have no key (padding mask, or Sq > Skv with a bottom-right
   diagonal or a window): the op defines those rows' Stats as +inf, cuDNN does not document them;
-- the backward with all of dQ, dK and dV (cuDNN writes the three).
+- the backward with all of dQ, dK and dV (cuDNN writes the three);
+- operands read through slices, reshapes and transposes of tensors in memory (the heads of a fused qkv
+  projection), and gradients written through transposes and reshapes into their slots of one
+  concatenation (the projection's input gradient): the generated kernels' analysis
+  (triton/attention/views.py) gives each a View, a base buffer, an element offset and strides, which
+  the cuDNN graph declares as a tensor of its own; the launch passes base + offset (`operand_slots`).
 Its plans, like every cudnn plan, are keyed by canonical UIDs (cudnn_frontend.canonical_uids), so one
 plan serves every piece of the same signature and loads from the disk cache or a plan file.
 """
@@ -21,10 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.config import Support
 from ..core.dtypes import DataType
 from ..core.ir import Const, Node
 from ..core.piece import Piece
 from ..ops.attention import SdpaBackward, _Attention
+from ..ops.layout import VIEW_KINDS
+from .triton.attention.views import gradient_targets, operand_views
+from .triton.gemm import View
 
 ATTENTION_KINDS = frozenset({"sdpa", "sdpa_backward"})
 _TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
@@ -41,6 +50,54 @@ def scalar_uids(piece: Piece) -> set[int]:
                 if role in node.op.input_roles() and isinstance(node.input(role), int):
                     out.add(node.input(role))  # type: ignore[arg-type]
     return out
+
+
+MOVES = frozenset({*VIEW_KINDS, "concatenate"})
+
+
+def attention_views(piece: Piece) -> dict[int, View] | str | None:
+    """The attention operands the piece reads through views, and the gradients it writes through them,
+    as Views by UID; None when the piece moves no data; why not, when cuDNN cannot take them so."""
+    if not any(n.kind in MOVES for n in piece.nodes):
+        return None
+    attention = [n for n in piece.nodes if n.kind in ATTENTION_KINDS]
+    others = [n for n in piece.nodes if n.kind not in MOVES and n.kind not in ATTENTION_KINDS]
+    if len(attention) != 1 or others:
+        bad = others[0] if others else piece.nodes[0]
+        return (f"the cudnn engine reads views (and writes gradients through them) around one attention op alone, "
+                f"not with {bad.label()}")
+    node = attention[0]
+    if node.kind == "sdpa" and piece.nodes[-1] is not node:
+        return f"the cudnn engine writes the attention output O itself, not through {piece.nodes[-1].label()}"
+    views = operand_views(piece, node, "cudnn")
+    if isinstance(views, Support):
+        return views.reason
+    if node.kind == "sdpa_backward":
+        grads = gradient_targets(piece, node, "cudnn")
+        if isinstance(grads, Support):
+            return grads.reason
+        views = {**views, **grads}
+    for uid, view in views.items():
+        if view.desc.stride[-1] != 1:
+            return f"cuDNN needs the head dim of {piece.tensor(uid).label()} contiguous in memory (its view's stride 1)"
+        if (view.offset * piece.tensor(view.base).data_type.itemsize) % 16:
+            return f"cuDNN needs 16-byte aligned operands; {piece.tensor(uid).label()} starts {view.offset} elements in"
+    return views
+
+
+def operand_slots(piece: Piece) -> tuple[list[int], dict[int, View]]:
+    """What the cuDNN graph of the piece binds, in canonical order: the piece's inputs and outputs that
+    its ops read and write themselves (not only through views), then the attention operands and
+    gradients that are views, by their UIDs; and those Views."""
+    views = attention_views(piece)
+    if not isinstance(views, dict):
+        return [*piece.inputs, *piece.outputs], {}
+    node = next(n for n in piece.nodes if n.kind in ATTENTION_KINDS)
+    direct = set(node.input_uids()) | set(node.output_uids())
+    keys = [u for u in (*piece.inputs, *piece.outputs) if u in direct]
+    order = [node.input(r) for r in node.op.input_roles()] + list(node.outputs)
+    keys += [u for u in order if isinstance(u, int) and u in views]
+    return keys, views
 
 
 def _rows_can_be_empty(node: Node, piece: Piece) -> bool:

@@ -42,7 +42,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     """In the child process: compile the kernels of `module`'s HOPPER_CASES for a Hopper GPU named `gpu`
     and print a line per launch:
 
-        compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M KNOBS
+        compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M ld.v4 V st.v4 W ld.1 L mul.hi H KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
     nodes make one piece, compiled with the template named; knobs None is the heuristic's choice, n the
@@ -113,5 +113,13 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                 # narrower type, fusing away the rounding of an intermediate)
                 f16math = len(re.findall(r"\b(?:fma|mul|add|sub)(?:\.rn)?\.f16(?:x2)?\b", ck.asm["ptx"]))
                 f32math = len(re.findall(r"\b(?:fma|mul|add|sub)(?:\.rn)?(?:\.ftz)?\.f32\b", ck.asm["ptx"]))
+                # global memory accesses: 128-bit vectors, and loads of one element (a per-row value loaded
+                # per element shows as many), and the mul.hi of divisions by a constant (a coordinate)
+                ptx = ck.asm["ptx"]
+                ld_v4 = len(re.findall(r"\bld\.global(?:\.[\w:]+)*?\.v4\.", ptx))
+                st_v4 = len(re.findall(r"\bst\.global(?:\.[\w:]+)*?\.v4\.", ptx))
+                ld_1 = len(re.findall(r"\bld\.global(?:\.(?!v[248]\b)[\w:]+)*\.[bfsu](?:8|16|32|64)\b", ptx))
+                mulhi = len(re.findall(r"\bmul\.hi\.", ptx))
                 print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
-                      "cp.async", cp_async, "f16math", f16math, "f32math", f32math, k)
+                      "cp.async", cp_async, "f16math", f16math, "f32math", f32math, "ld.v4", ld_v4, "st.v4", st_v4,
+                      "ld.1", ld_1, "mul.hi", mulhi, k)

@@ -183,3 +183,102 @@ def test_backward_with_an_explicit_dropout_mask_is_declined():
     node = g2.final.nodes[0]
     why = attention_problem(node, make_piece(g2.final, 0, [node]))
     assert why is not None and "dropout" in why
+
+
+# -- operands read through views, gradients written through them (GPT-2's fused qkv) -------------------
+
+
+def fused_qkv_graphs(io=DT.BFLOAT16, b=2, s=256, h=4, d=64):
+    """An imported GPT block's attention: q/k/v sliced from one [B, S, 3 * H * D] tensor, the backward's
+    dO a transposed view of dy, and the gradients through transposes and reshapes into one concatenation
+    (the qkv projection's input gradient), in the graph's io type. The forward and the backward graph."""
+    def heads(g, qkv):
+        return [g.transpose(g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * h * d, (i + 1) * h * d)]),
+                                      [b, s, h, d]), [0, 2, 1, 3]) for i in range(3)]
+
+    g = og.Graph("qkv_fwd", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    o, st = g.sdpa(*heads(g, g.tensor(dim=[b, s, 3 * h * d], name="qkv")), attn_scale=d ** -0.5,
+                   use_causal_mask=True, name="fwd")
+    o.set_output(True).set_name("o")
+    st.set_output(True).set_name("stats")
+    g2 = og.Graph("qkv_bwd", io_data_type=io, intermediate_data_type=io)
+    q, k, v = heads(g2, g2.tensor(dim=[b, s, 3 * h * d], name="qkv"))
+    ob = g2.tensor(dim=[b, h, s, d], name="o")
+    stb = g2.tensor(dim=[b, h, s, 1], data_type=DT.FLOAT, name="stats")
+    do = g2.transpose(g2.reshape(g2.tensor(dim=[b, s, h * d], name="dy"), [b, s, h, d]), [0, 2, 1, 3])
+    grads = g2.sdpa_backward(q, k, v, ob, do, stb, attn_scale=d ** -0.5, use_causal_mask=True, name="bwd")
+    g2.concatenate([g2.reshape(g2.transpose(x, [0, 2, 1, 3]), [b, s, h * d]) for x in grads], axis=2) \
+        .set_output(True).set_name("dqkv")
+    return g, g2
+
+
+def test_fused_qkv_views_are_offered_with_their_offsets():
+    from opgraph.engines.cudnn_frontend import canonical_uids
+    from opgraph.engines.cudnn_sdpa import operand_slots
+
+    b, s, h, d = 2, 256, 4, 64
+    g, g2 = fused_qkv_graphs(b=b, s=s, h=h, d=d)
+    for graph, n_keys in ((g, 2 + 3), (g2, 2 + 4 + 3)):  # (o, stats direct; q, k, v, dO and dQ, dK, dV views)
+        piece = whole(graph)
+        assert static_problem(piece) is None
+        keys, views = operand_slots(piece)
+        assert len(keys) == n_keys and len(set(canonical_uids(piece).values())) == n_keys
+        node = next(n for n in piece.nodes if n.kind.startswith("sdpa"))
+        q, k, v = (node.input(r) for r in ("q", "k", "v"))
+        assert [views[u].offset for u in (q, k, v)] == [0, h * d, 2 * h * d]
+        assert views[q].desc.stride == (s * 3 * h * d, d, 3 * h * d, 1)
+    piece = whole(g2)
+    _, views = operand_slots(piece)
+    node = next(n for n in piece.nodes if n.kind == "sdpa_backward")
+    dq, dk, dv = (node.output(r) for r in ("dQ", "dK", "dV"))
+    dqkv = piece.graph.tensor("dqkv").uid
+    assert {views[u].base for u in (dq, dk, dv)} == {dqkv}
+    assert [views[u].offset for u in (dq, dk, dv)] == [0, h * d, 2 * h * d]
+
+
+def test_views_feeding_other_ops_are_declined_with_a_reason():
+    g = og.Graph("qkv_other", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    qkv = g.tensor(dim=[1, 128, 3 * 2 * 64], name="qkv")
+    heads = [g.transpose(g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * 128, (i + 1) * 128)]),
+                                   [1, 128, 2, 64]), [0, 2, 1, 3]) for i in range(3)]
+    o, _ = g.sdpa(g.mul(heads[0], 2.0).set_data_type(DT.BFLOAT16), heads[1], heads[2], generate_stats=False,
+                  name="fwd")
+    o.set_output(True)
+    why = static_problem(whole(g))
+    assert why is not None and "attention op alone" in why[0], why
+
+
+@pytest.mark.gpu
+@requires_cudnn
+def test_gpu_fused_qkv_views_forward_and_backward():
+    """bf16 B=2 S=256 H=4 D=64 through cuDNN with q/k/v read at their offsets in the fused tensor and
+    dQ/dK/dV written into their slots of the concatenation; against PyTorch autograd in float32."""
+    import torch
+    import torch.nn.functional as F
+
+    b, s, h, d = 2, 256, 4, 64
+    g, g2 = fused_qkv_graphs(b=b, s=s, h=h, d=d)
+    fwd = g.build(device="cuda", engines=["cudnn"])
+    bwd = g2.build(device="cuda", engines=["cudnn"])
+    assert [st.config.engine for st in (*fwd.steps, *bwd.steps)] == ["cudnn", "cudnn"], (fwd.describe(), bwd.describe())
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(b, s, 3 * h * d, device="cuda", generator=gen).to(torch.bfloat16)
+    dy = torch.randn(b, s, h * d, device="cuda", generator=gen).to(torch.bfloat16)
+    f1, f2 = g.final, g2.final
+    o = torch.full(f1.tensor("o").dim, float("nan"), device="cuda", dtype=torch.bfloat16)
+    stats = torch.full((b, h, s, 1), float("nan"), device="cuda")
+    fwd.execute({f1.tensor("qkv").uid: x, f1.tensor("o").uid: o, f1.tensor("stats").uid: stats})
+    dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bwd.execute({f2.tensor("qkv").uid: x, f2.tensor("o").uid: o, f2.tensor("stats").uid: stats,
+                 f2.tensor("dy").uid: dy, f2.tensor("dqkv").uid: dqkv})
+    torch.cuda.synchronize()
+    xf = x.float().requires_grad_()
+    q, k, v = (t.reshape(b, s, h, d).transpose(1, 2) for t in xf.split(h * d, dim=2))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5)
+    ref.backward(dy.float().reshape(b, s, h, d).transpose(1, 2))
+
+    def rel(a, r):
+        return ((a.float() - r).norm() / r.norm()).item()
+
+    errs = {"o": rel(o, ref), "dqkv": rel(dqkv, xf.grad)}
+    assert all(e < 2e-2 for e in errs.values()), errs

@@ -209,9 +209,36 @@ def _narrow_product(io, inter, compute):
 NARROW = {"narrow_f16_in_f32": (DT.HALF, DT.HALF, DT.FLOAT), "narrow_f16_in_f64": (DT.DOUBLE, DT.HALF, DT.DOUBLE),
           "narrow_f32_in_f64": (DT.DOUBLE, DT.FLOAT, DT.DOUBLE)}
 
+def _ce_backward(rows, vocab):
+    """CrossEntropy.gradient's chain (opgraph/training/losses.py) over bf16 logits [*rows, vocab]:
+    dlogits = (exp(x - m) / s - (class == t)) * w, with m, s, w FLOAT and t INT64 per row."""
+    g = og.Graph("ce_bwd", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[*rows, vocab], name="logits")
+    m, s, w = (g.tensor(dim=[*rows, 1], name=n, data_type=DT.FLOAT) for n in ("m", "s", "w"))
+    t = g.tensor(dim=[*rows, 1], name="target", data_type=DT.INT64)
+    p = g.div(g.exp(g.sub(x, m).set_data_type(DT.FLOAT)).set_data_type(DT.FLOAT), s).set_data_type(DT.FLOAT)
+    onehot = g.cmp_eq(g.gen_index(x, len(rows)), t).set_data_type(DT.FLOAT)
+    g.mul(g.sub(p, onehot).set_data_type(DT.FLOAT), w).set_output(True).set_name("dlogits").set_data_type(DT.BFLOAT16)
+    return g
+
+
+def _transposed_add(rows, cols):
+    """The tied embedding's two gradients added (bench/gpt.py): a [rows, cols] read transposed (stride
+    [1, rows]) plus b packed, y packed like b."""
+    g = og.Graph("tadd", io_data_type=DT.FLOAT)
+    a = g.tensor(dim=[rows, cols], stride=[1, rows], name="a")
+    b = g.tensor(dim=[rows, cols], name="b")
+    g.add(a, b).set_output(True).set_name("y").set_stride([cols, 1])
+    return g
+
+
 HOPPER_CASES = {
     "transposed_cast": (lambda: _transposed((50304, 768), (1, 0)), "pointwise", None),
+    "transposed_add": (lambda: _transposed_add(50304, 768), "pointwise", lambda cands: cands[:3]),
     **{name: (lambda types=types: _narrow_product(*types), "pointwise", None) for name, types in NARROW.items()},
+    # GPT-2's cross-entropy backward (bench/gpt.py): the row walk (the heuristic's) and the flat walk
+    "ce_backward_gpt2": (lambda: _ce_backward((8, 1024), 50304), "pointwise",
+                         lambda cands: [cands[0], next(c for c in cands if "BLOCK" in c)]),
 }
 
 
@@ -226,6 +253,15 @@ def test_kernels_compile_for_hopper():
     assert {w[1] for w in lines} == set(HOPPER_CASES), out
     for w in lines:
         assert w[6] == "0", w  # spills
+        if w[1] == "transposed_add":  # each side read or written along its contiguous axis, in 128-bit vectors
+            assert w[15:21] == ["ld.v4", "16", "st.v4", "8", "ld.1", "0"], w
+        if w[1] == "ce_backward_gpt2":
+            access = dict(zip(w[15:23:2], map(int, w[16:23:2])))
+            if "'ROWS':" in " ".join(w):  # logits in 128-bit vectors, each row's m, s, t, w loaded once, no division
+                assert access["ld.v4"] >= 2 and access["st.v4"] >= 2 and access["ld.1"] <= 4, w
+                assert access["mul.hi"] <= 2, w  # (the program id's: a few per program)
+            else:  # the flat walk: a load of each per-row value per element, a division per element
+                assert access["ld.1"] >= 4 * 8 and access["mul.hi"] >= 8, w
         if w[1] in NARROW:  # no narrow arithmetic: fp16 in the fp32 kernel, fp16 or fp32 in the fp64 ones
             assert w[11:13] == ["f16math", "0"], w
             if NARROW[w[1]][2] is DT.DOUBLE:
@@ -418,6 +454,153 @@ def test_tile_knobs_in_a_plan_file_for_a_flat_piece_are_a_typed_error(rng):
         plan.steps[0].piece, plan.device))
     doc = json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])
     doc["steps"][0]["config"]["knobs"] = [["template", "pointwise"], ["TILE_I", 64], ["TILE_J", 64], ["num_warps", 4]]
+    with pytest.raises(SerializationError) as info:
+        ExecutionPlan.from_bytes(MAGIC_1 + json.dumps(doc).encode())
+    assert info.value.rule == "plan.knobs", str(info.value)
+
+
+# -- the row walk: per-row values and coordinates on rows (a cross-entropy backward) -------------------
+
+
+def _row_graph(case):
+    g = og.Graph(case, io_data_type=DT.FLOAT)
+    if case == "per_row_and_column_no_masks":  # tiles divide both axes: no mask at all
+        x = g.tensor(dim=[24, 768], name="x")
+        mean, rstd = g.tensor(dim=[24, 1], name="mean"), g.tensor(dim=[24, 1], name="rstd")
+        gamma = g.tensor(dim=[1, 768], name="gamma")
+        y = g.mul(g.mul(g.sub(x, mean), rstd), gamma)
+        g.add(y, g.gen_index(x, axis=0).set_data_type(DT.FLOAT)).set_output(True)
+        g.gen_index(x, axis=1).set_data_type(DT.INT32).set_output(True)
+    elif case == "outer_axes_layouts_and_broadcasts":  # [2, 3, 5, 1000]: i = 2 (ragged), 0 and 1 per program
+        dims = [2, 3, 5, 1000]
+        x = g.tensor(dim=dims, stride=_strides(dims, (1, 0, 2, 3)), name="x")  # the outer axes swapped
+        z = g.tensor(dim=dims, stride=[0, 0, 1000, 1], name="z")  # broadcast in memory
+        outer = g.tensor(dim=[2, 3, 1, 1], name="outer")  # one value a program, no mask
+        row = g.tensor(dim=[2, 1, 5, 1], name="row", data_type=DT.HALF)
+        col = g.tensor(dim=[1, 1, 1, 1000], name="col")
+        y = g.add(g.mul(x, outer), g.mul(z, row))
+        y = g.add(y, col)
+        for a in (0, 2, 3):
+            y = g.add(y, g.gen_index(x, axis=a).set_data_type(DT.FLOAT))
+        y.set_output(True).set_data_type(DT.BFLOAT16)
+        g.relu(y).set_output(True).set_data_type(DT.HALF)
+    elif case == "gapped_rows_two_outputs":
+        x = g.tensor(dim=[40, 1000], stride=[1100, 1], name="x")
+        r = g.tensor(dim=[40, 1], name="r", data_type=DT.BFLOAT16)
+        g.mul(x, r).set_output(True).set_stride([1024, 1]).set_data_type(DT.HALF)
+        g.cmp_gt(x, r).set_output(True).set_data_type(DT.BOOLEAN)
+    elif case == "slice_read_in_place":
+        w = g.tensor(dim=[12, 1100], name="w")
+        r = g.tensor(dim=[12, 1], name="r")
+        g.mul(g.slice(w, [slice(0, 12), slice(50, 1050)]), r).set_output(True)
+    elif case == "update_in_place":  # W -= W * r, W's UID
+        w = g.tensor(dim=[6, 1000], name="W", uid=100, data_type=DT.BFLOAT16)
+        r = g.tensor(dim=[6, 1], name="r")
+        g.sub(w, g.mul(w, r)).set_uid(100).set_output(True)
+    elif case == "fp64_piece":
+        d = g.tensor(dim=[6, 1000], name="d", data_type=DT.DOUBLE)
+        k = g.tensor(dim=[6, 1], name="k", data_type=DT.INT32)
+        i = g.gen_index(d, axis=1).set_data_type(DT.INT32)
+        g.add(g.cmp_eq(i, k).set_data_type(DT.DOUBLE), d).set_output(True)
+        g.pointwise(i, k, mode=M.MAX).set_data_type(DT.INT64).set_output(True)
+    return g
+
+
+ROW_CASES = ["per_row_and_column_no_masks", "outer_axes_layouts_and_broadcasts", "gapped_rows_two_outputs",
+             "slice_read_in_place", "update_in_place", "fp64_piece"]
+
+
+def _positive(*names):
+    """prepare: the named inputs made >= 0.5 (a divisor), integers small (some equal to a class)."""
+    def prepare(pack, graph):
+        _int_inputs(pack)
+        for u, t in graph.tensors.items():
+            if t.name in names:
+                pack[u][...] = 0.5 + np.abs(pack[u])
+    return prepare
+
+
+@pytest.mark.parametrize("case", ROW_CASES)
+def test_row_walk_cases(case, rng):
+    plan = assert_engine_matches(_row_graph(case), rng, expect_steps=1, prepare=_int_inputs)
+    assert plan.steps[0].config.knob("ROWS") is not None, plan.describe()
+
+
+@pytest.mark.parametrize("rows,vocab", [((2, 3), 1000), ((5,), 2100)])
+def test_cross_entropy_backward_walks_rows(rows, vocab, rng):
+    """dlogits over [*rows, vocab]: ROWS x COLS tiles (the tiles ragged along the rows and the vocabulary),
+    the per-row values loaded once per row, class ids an arange."""
+    g = _ce_backward(rows, vocab)
+    prepare = _positive("s")
+    plan = assert_engine_matches(g, rng, expect_steps=1, prepare=lambda pack: prepare(pack, g.final))
+    assert plan.steps[0].config.knob("ROWS") is not None, plan.describe()
+    assert "lin" not in _body(plan) and "//" not in _body(plan).split("mask_j")[1], _body(plan)
+
+
+def _piece(g):
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+
+    final = g.final
+    return make_piece(final, 0, final.nodes), Device("cuda", 0, "H100", (9, 0), 132)
+
+
+def test_gpt2_cross_entropy_backward_ranks_the_row_walk_first():
+    """bench/gpt.py's [8, 1024, 50304] logits: 1 x 2048 tiles of 4 warps first (the last of a row's 25
+    tiles masks 45% off: 1.8% of the work), the flat walk's configs after; per-row values loaded
+    without a mask (the tiles divide the rows), the outer axis per program."""
+    from opgraph.engines.triton.templates.pointwise import TEMPLATE
+
+    piece, h100 = _piece(_ce_backward((8, 1024), 50304))
+    cands = TEMPLATE.candidates(piece, h100)
+    assert cands[0] == {"ROWS": 1, "COLS": 2048, "num_warps": 4}, cands
+    assert {"BLOCK": 2048, "num_warps": 4} in cands, cands  # the old pick, for the autotuner to compare
+    source = TEMPLATE.generate(piece, cands[0], h100).source
+    body = source[source.index("def kernel("):]
+    assert "lin" not in body and "mask_i" not in body and "c0 = pid_o % 8" in body, body
+    loads = [line for line in body.splitlines() if "tl.load(" in line]
+    assert sum("c0 * 1024 + c1)" in line for line in loads) == 4, body  # m, s, t, w: unmasked, per row
+    assert sum("mask=mask_j" in line for line in loads) == 1, body  # the logits
+    assert "_og_bf16_exact(v" in body, body  # stored by the bits rounded once
+
+
+def test_row_walk_int64_offsets():
+    from opgraph.engines.triton.templates.pointwise import TEMPLATE
+
+    piece, h100 = _piece(_ce_backward((8, 8192), 50304))  # 3.3e9 elements
+    knobs = TEMPLATE.candidates(piece, h100)[0]
+    source = TEMPLATE.generate(piece, knobs, h100).source
+    assert "ROWS" in knobs and "pid = tl.program_id(0).to(tl.int64)" in source, source
+
+
+@pytest.mark.parametrize("case", ["same_layout", "pow2_columns", "short_rows", "wasteful_tail"])
+def test_flat_walk_first_where_rows_gain_nothing(case):
+    """No coordinate (x + y), only a power-of-two column's (a bias over [64, 1024]), rows shorter than
+    ROW_MIN: the flat walk only. A row's last tile masking off more than 1/16: the flat walk first."""
+    from opgraph.engines.triton.templates.pointwise import TEMPLATE
+
+    g = og.Graph(case, io_data_type=DT.FLOAT)
+    cols = {"same_layout": 1000, "pow2_columns": 1024, "short_rows": 100, "wasteful_tail": 300}[case]
+    x = g.tensor(dim=[64, cols], name="x")
+    other = g.tensor(dim=[64, cols] if case == "same_layout" else [1, cols] if case == "pow2_columns" else [64, 1],
+                     name="o")
+    g.add(x, other).set_output(True)
+    piece, h100 = _piece(g)
+    cands = TEMPLATE.candidates(piece, h100)
+    assert "BLOCK" in cands[0], cands
+    assert any("ROWS" in c for c in cands) == (case == "wasteful_tail"), cands
+
+
+def test_row_knobs_in_a_plan_file_for_a_flat_piece_are_a_typed_error():
+    import json
+
+    from opgraph.core.errors import SerializationError
+    from opgraph.runtime.plan import ExecutionPlan
+    from opgraph.runtime.plan_io import MAGIC_1
+
+    plan = _transposed((40, 300), (0, 1)).build(device="cpu", engines=["triton"])
+    doc = json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])
+    doc["steps"][0]["config"]["knobs"] = [["template", "pointwise"], ["COLS", 256], ["ROWS", 8], ["num_warps", 4]]
     with pytest.raises(SerializationError) as info:
         ExecutionPlan.from_bytes(MAGIC_1 + json.dumps(doc).encode())
     assert info.value.rule == "plan.knobs", str(info.value)

@@ -93,6 +93,12 @@ def _og_from_bf16(x):
     return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
+def _og_bf16_exact(x):
+    # a float32 value that bfloat16 holds exactly (one _og_from_bf16 made): its bits' high half, no
+    # second rounding
+    return (x.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
 def _og_fp8_bits(x, a, mant: tl.constexpr, emin: tl.constexpr, bias: tl.constexpr, sub: tl.constexpr):
     # the magnitude a (float32, finite, in range) rounded to nearest even with `mant` mantissa bits
     # and normals from 2**emin, as the 7 low bits of the fp8 code (sub = 2**(mant - emin) scales a

@@ -154,8 +154,31 @@ def _og_abs(x):
 
 
 def _og_fmod(a, b):
-    # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interpreted_casts.py)
-    return libdevice.fmod(a, b)
+    # exact, as C's fmod (x - trunc(x / y) * y is not); NumPy's fmod under the interpreter (interpreted_casts.py).
+    # fp32 in float64: Triton links libdevice flushing fp32 subnormals (fmodf(1e-45, 1) would be 0)
+    if a.dtype == tl.float32:
+        return libdevice.fmod(a.to(tl.float64), b.to(tl.float64)).to(tl.float32)
+    else:
+        return libdevice.fmod(a, b)
+
+
+def _og_ceil(x):
+    # cvt.rpi without .ftz: tl.ceil of fp32 is cvt.rpi.ftz (Triton's libdevice flushes subnormals:
+    # ceil(1e-45) was 0, not 1, on an H100: fuzz seed 20261126308167); np.ceil under the interpreter
+    if x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("cvt.rpi.f32.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.ceil(x)
+
+
+def _og_floor(x):
+    # cvt.rmi without .ftz (see _og_ceil)
+    if x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("cvt.rmi.f32.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return tl.floor(x)
 
 
 def _og_softplus(x, beta):
@@ -231,10 +254,11 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.LOGICAL_NOT: f"({x} == 0)",
         M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
         M.IDENTITY: x, M.SQRT: f"tl.sqrt({x})", M.RSQRT: f"(1.0 / tl.sqrt({x}))", M.EXP: f"tl.exp({x})",
-        M.LOG: f"tl.log({x})", M.CEIL: f"tl.ceil({x})",
+        M.LOG: f"tl.log({x})", M.CEIL: f"tl.ceil({x})" if _LITERAL.fullmatch(x) else f"_og_ceil({x})",
         M.NEG: f"({x} * -1.0)" if _LITERAL.fullmatch(x) else f"_og_neg({x})",
         M.ABS: f"tl.abs({x})" if _LITERAL.fullmatch(x) else f"_og_abs({x})",
-        M.FLOOR: f"tl.floor({x})", M.RECIPROCAL: f"(1.0 / {x})", M.SIN: f"tl.sin({x})",
+        M.FLOOR: f"tl.floor({x})" if _LITERAL.fullmatch(x) else f"_og_floor({x})",
+        M.RECIPROCAL: f"(1.0 / {x})", M.SIN: f"tl.sin({x})",
         M.COS: f"tl.cos({x})", M.TAN: f"(tl.sin({x}) / tl.cos({x}))", M.ERF: f"tl.erf({x})",
         M.TANH_FWD: f"_og_tanh({x})", M.SIGMOID_FWD: f"tl.sigmoid({x})",
         M.GELU_FWD: f"({x} * 0.5 * (1.0 + tl.erf({x} * 0.7071067811865476)))",
@@ -358,6 +382,8 @@ class Emitter:
         # each value as the piece's compute type (what templates read), and as computed (name, type)
         self.values: dict[int, str] = {}
         self.native: dict[int, tuple[str, str]] = {}
+        # fp32 values v{uid} rounded to BFLOAT16 by assign: stored by their bits, not rounded again
+        self.exact_bf16: set[int] = set()
 
     def operand(self, v: int | Const | None) -> str:
         if v is None:
@@ -437,9 +463,12 @@ class Emitter:
         typ = typ or self.compute
         name = f"v{uid}"
         self.lines.append(f"{name} = {value}")
-        rounded = round_in_compute(name, self.tensors[uid].data_type, typ)
+        dt = self.tensors[uid].data_type
+        rounded = round_in_compute(name, dt, typ)
         if rounded is not None:
             self.lines.append(f"{name} = {rounded}")
+        if rounded is not None and dt is DataType.BFLOAT16 and typ == "tl.float32":
+            self.exact_bf16.add(uid)
         self._named(uid, name, typ)
 
     def _emit_custom(self, node: Node, op: Custom) -> None:
@@ -461,4 +490,6 @@ class Emitter:
         if typ in _INT_TYPES:  # (a gen_index coordinate)
             name, typ = (name, typ) if typ == TL_DTYPE[desc.data_type] else (f"{name}.to(tl.float64)", "tl.float64")
         value = name if typ == TL_DTYPE[desc.data_type] else to_storage(name, desc.data_type, typ)
+        if uid in self.exact_bf16 and name == f"v{uid}" and typ == "tl.float32" and desc.data_type is DataType.BFLOAT16:
+            value = f"_og_bf16_exact({name})"
         self.lines.append(self.indexer.store(desc, self.ptr(uid), value))

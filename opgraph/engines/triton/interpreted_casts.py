@@ -94,6 +94,16 @@ def _abs(x: Any) -> Any:
     return _tensor(v & np.uint16(0x7FFF) if v.dtype == np.uint16 and x.dtype.is_floating() else np.abs(v), x, x.dtype)
 
 
+def _rounding(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], Any]:
+    """np.ceil / np.floor of a float (integers are their own ceiling), keeping its type."""
+    def rounded(x: Any) -> Any:
+        if not hasattr(x, "handle"):
+            return float(fn(x))
+        v = _values(x)
+        return _tensor(fn(v), x, x.dtype) if v.dtype.kind == "f" else x
+    return rounded
+
+
 def _rounder(np_type: Any) -> Callable[[Any], Any]:
     """x rounded to `np_type` and back, keeping x's type (NumPy rounds to nearest even)."""
     def rounded(x: Any) -> Any:
@@ -104,6 +114,8 @@ def _rounder(np_type: Any) -> Callable[[Any], Any]:
 
 FAST: dict[str, Callable[..., Any]] = {
     "_og_abs": _abs,
+    "_og_ceil": _rounding(np.ceil),
+    "_og_floor": _rounding(np.floor),
     "_og_fmod": _fmod,
     "_og_neg": _neg,
     "_og_round_f16": _rounder(np.float16),
