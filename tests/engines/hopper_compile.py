@@ -42,7 +42,8 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     """In the child process: compile the kernels of `module`'s HOPPER_CASES for a Hopper GPU named `gpu`
     and print a line per launch:
 
-        compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M ld.v4 V st.v4 W ld.1 L mul.hi H KNOBS
+        compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M ld.v4 V st.v4 W ld.1 L mul.hi H
+                 signbit S KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
     nodes make one piece, compiled with the template named; knobs None is the heuristic's choice, n the
@@ -120,6 +121,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                 st_v4 = len(re.findall(r"\bst\.global(?:\.[\w:]+)*?\.v4\.", ptx))
                 ld_1 = len(re.findall(r"\bld\.global(?:\.(?!v[248]\b)[\w:]+)*\.[bfsu](?:8|16|32|64)\b", ptx))
                 mulhi = len(re.findall(r"\bmul\.hi\.", ptx))
+                # |x| and -x of fp32 values as bit operations on the sign (and 0x7fffffff, xor 0x80000000):
+                # ptxas miscompiles them on wgmma accumulators (fuzz seeds 20261125508880, 20261126603140)
+                signbit = len(re.findall(r"\b(?:and\.b32\s+%r\d+, %r\d+, 2147483647|xor\.b32\s+%r\d+, %r\d+, "
+                                         r"-2147483648)\b", ptx))
                 print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
                       "cp.async", cp_async, "f16math", f16math, "f32math", f32math, "ld.v4", ld_v4, "st.v4", st_v4,
-                      "ld.1", ld_1, "mul.hi", mulhi, k)
+                      "ld.1", ld_1, "mul.hi", mulhi, "signbit", signbit, k)

@@ -203,7 +203,7 @@ def fused_qkv_graphs(io=DT.BFLOAT16, b=2, s=256, h=4, d=64):
     st.set_output(True).set_name("stats")
     g2 = og.Graph("qkv_bwd", io_data_type=io, intermediate_data_type=io)
     q, k, v = heads(g2, g2.tensor(dim=[b, s, 3 * h * d], name="qkv"))
-    ob = g2.tensor(dim=[b, h, s, d], name="o")
+    ob = g2.tensor(dim=[b, h, s, d], stride=list(g.final.tensor("o").stride), name="o")  # (as the forward stores O)
     stb = g2.tensor(dim=[b, h, s, 1], data_type=DT.FLOAT, name="stats")
     do = g2.transpose(g2.reshape(g2.tensor(dim=[b, s, h * d], name="dy"), [b, s, h, d]), [0, 2, 1, 3])
     grads = g2.sdpa_backward(q, k, v, ob, do, stb, attn_scale=d ** -0.5, use_causal_mask=True, name="bwd")
@@ -265,7 +265,8 @@ def test_gpu_fused_qkv_views_forward_and_backward():
     x = torch.randn(b, s, 3 * h * d, device="cuda", generator=gen).to(torch.bfloat16)
     dy = torch.randn(b, s, h * d, device="cuda", generator=gen).to(torch.bfloat16)
     f1, f2 = g.final, g2.final
-    o = torch.full(f1.tensor("o").dim, float("nan"), device="cuda", dtype=torch.bfloat16)
+    o = torch.empty_strided(f1.tensor("o").dim, f1.tensor("o").stride, device="cuda", dtype=torch.bfloat16)
+    o.fill_(float("nan"))
     stats = torch.full((b, h, s, 1), float("nan"), device="cuda")
     fwd.execute({f1.tensor("qkv").uid: x, f1.tensor("o").uid: o, f1.tensor("stats").uid: stats})
     dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda", dtype=torch.bfloat16)

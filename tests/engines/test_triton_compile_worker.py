@@ -23,6 +23,6 @@ def test_only_helpers_a_kernel_calls_become_triton_functions(tmp_path):
     path.write_text(module_source(body))
     module = exec_generated(str(path), "og_probe_helpers", jit=True)
     wrapped = {name for name, fn in vars(module).items() if isinstance(fn, JITFunction)}
-    # _og_tanh calls _og_expm1; the casts and the rest are not reached
-    assert wrapped == {"kernel", "_og_to_bf16", "_og_tanh", "_og_expm1"}, wrapped
+    # _og_tanh calls _og_expm1, _og_abs and _og_neg; the casts and the rest are not reached
+    assert wrapped == {"kernel", "_og_to_bf16", "_og_tanh", "_og_expm1", "_og_abs", "_og_neg"}, wrapped
     assert callable(module._og_pow) and not isinstance(module._og_pow, JITFunction)

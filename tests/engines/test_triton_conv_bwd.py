@@ -600,7 +600,19 @@ def gpu_wgrad():
     return g, x
 
 
+def _fuzz_dgrad_sigmoid_grad():
+    """Fuzz seed 20261126603140: a strided 1-D conv_dgrad whose accumulator feeds sigmoid_backward (its
+    exp(-|x|)) and sin; wrong on an H100 while |x| was an `and` of the sign bit."""
+    from pathlib import Path
+
+    from ..fuzz.replay import load
+    from ..fuzz.runner import graph_of
+
+    return graph_of(load(Path(__file__).parents[1] / "fuzz" / "regressions" / "seed20261126603140.json"))
+
+
 HOPPER_CASES = {  # the benchmark shapes: (graph, template, how many of its first candidates)
+    "fuzz_dgrad_sigmoid_grad": (_fuzz_dgrad_sigmoid_grad, "conv_dgrad", 1),
     "dgrad_drelu": (gpu_dgrad_drelu, "conv_dgrad", 2),
     "dgrad_drelu_stride2": (lambda: dgrad_drelu(n=32, c=64, k=64, hw=56, stride=2), "conv_dgrad", 1),
     "wgrad": (lambda: gpu_wgrad()[0], "conv_wgrad", 3),
@@ -636,6 +648,8 @@ def test_kernels_compile_for_hopper_without_spills():
     assert len(lines) >= 2 * len(HOPPER_CASES)
     spilled = [line for line in lines if " spills 0 " not in line]
     assert not spilled, "\n".join(spilled)
+    signed = [line for line in lines if " signbit 0 " not in line]  # abs / neg of accumulators as instructions
+    assert not signed, "\n".join(signed)
 
 
 # -- GPU, realistic sizes ------------------------------------------------------------------------------------

@@ -58,13 +58,20 @@ def _og_round_f32_d(x):
                                      dtype=tl.float64, is_pure=True, pack=1)
 
 
+def _og_mag(x):
+    # |x| by a select and a subtraction, not a bit operation on the sign: ptxas miscompiles those on
+    # wgmma accumulators (fuzz seeds 20261125508880, 20261126603140); -0.0 stays -0.0 (a magnitude for
+    # comparisons and the fp8 encoders, which take the sign apart)
+    return tl.where(x < 0, 0.0 - x, x)
+
+
 def _og_rint(x, big):
     # round half to even without rint: x - floor(x) is exact, and |x| >= big is already integral
     f = tl.floor(x)
     d = x - f
     odd = f - 2.0 * tl.floor(f * 0.5) != 0.0
     r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
-    return tl.where(tl.abs(x) >= big, x, r)
+    return tl.where(_og_mag(x) >= big, x, r)
 
 
 def _og_to_int(x, lo, hi, big, dtype: tl.constexpr, lo_i: tl.constexpr, hi_i: tl.constexpr):
@@ -119,7 +126,7 @@ def _og_fp8_bits(x, a, mant: tl.constexpr, emin: tl.constexpr, bias: tl.constexp
 
 def _og_to_e4m3(x):
     x = x.to(tl.float32)
-    a = tl.where(x != x, 0.0, tl.minimum(tl.abs(x), 448.0))
+    a = tl.where(x != x, 0.0, tl.minimum(_og_mag(x), 448.0))
     code = _og_fp8_bits(x, a, 3, -6, 7, 512.0)
     code = tl.where(x != x, 0x7F, code)
     return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
@@ -127,10 +134,10 @@ def _og_to_e4m3(x):
 
 def _og_to_e5m2(x):
     x = x.to(tl.float32)
-    a = tl.where((x != x) | (tl.abs(x) >= 61440.0), 0.0, tl.abs(x))
+    a = tl.where((x != x) | (_og_mag(x) >= 61440.0), 0.0, _og_mag(x))
     code = _og_fp8_bits(x, a, 2, -14, 15, 65536.0)
     sign = ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.int32)
-    code = tl.where(tl.abs(x) >= 61440.0, 0x7C | sign, code)
+    code = tl.where(_og_mag(x) >= 61440.0, 0x7C | sign, code)
     code = tl.where(x != x, 0x7F, code)
     return code.to(tl.uint8).to(tl.float8e5, bitcast=True)
 

@@ -100,9 +100,9 @@ def _og_log1p(x):
 
 def _og_tanh(x):
     # -expm1(-2|x|) / (2 + expm1(-2|x|)): relative accuracy near 0 too (1 - exp(-2|x|) cancels there)
-    m = _og_expm1(-2.0 * tl.abs(x))
-    y = (m * -1.0) / (2.0 + m)
-    return tl.where(x < 0, y * -1.0, y)
+    m = _og_expm1(-2.0 * _og_abs(x))
+    y = _og_neg(m) / (2.0 + m)
+    return tl.where(x < 0, _og_neg(y), y)
 
 
 def _og_signbit(a):
@@ -120,18 +120,20 @@ def _og_pow(a, b):
     # bit: -0 too) for an odd integer b; a finite a < 0 with a finite non-integer b is NaN; 1 ** y and
     # x ** 0 are 1 even for NaN. a is a tensor (see _mode_expr); no `&` between a's and b's booleans
     # (their shapes may differ: one a scalar, which Triton's interpreter turns into int32)
-    mag = tl.where(tl.abs(a) == 1.0, 1.0, tl.exp(b * tl.log(tl.abs(a))))
+    mag = tl.where(_og_abs(a) == 1.0, 1.0, tl.exp(b * tl.log(_og_abs(a))))
     b_int = tl.floor(b) == b  # true for +-inf
-    b_odd = b_int & (tl.abs(b) != float("inf")) & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
+    b_odd = b_int & (_og_abs(b) != float("inf")) & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
     negative = _og_signbit(a)
-    r = tl.where(b_odd, tl.where(negative, mag * -1.0, mag), mag)
+    r = tl.where(b_odd, tl.where(negative, _og_neg(mag), mag), mag)
     r = tl.where(b_int, r, tl.where((a < 0) & (a != float("-inf")), float("nan"), r))
     r = tl.where(a == 1.0, 1.0, r)
     return tl.where(b == 0, 1.0, r)
 
 
 def _og_neg(x):
-    # -x by neg.f32 / neg.f64 (see _og_abs); x * -1.0 under the interpreter
+    # -x by neg.f32 / neg.f64 (see _og_abs; the helpers above use it and _og_abs for the same reason: the
+    # sigmoid gradient's exp(-|x|) of a conv_dgrad accumulator was wrong on an H100, fuzz seed
+    # 20261126603140); x * -1.0 under the interpreter
     if x.dtype == tl.float32:
         return tl.inline_asm_elementwise("neg.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
     elif x.dtype == tl.float64:
@@ -183,7 +185,7 @@ def _og_floor(x):
 
 def _og_softplus(x, beta):
     z = beta * x
-    return (tl.maximum(z, 0.0) + _og_log1p(tl.exp(-tl.abs(z)))) / beta
+    return (tl.maximum(z, 0.0) + _og_log1p(tl.exp(_og_neg(_og_abs(z))))) / beta
 
 
 def _og_gelu_tanh(x):
@@ -194,19 +196,19 @@ def _og_gelu_tanh(x):
 
 def _og_half_1p_tanh(u):
     # (1 + tanh(u)) / 2 = sigmoid(2u), without the cancellation of 1 + tanh(u) for u << 0
-    e = tl.exp(-2.0 * tl.abs(u))
+    e = tl.exp(-2.0 * _og_abs(u))
     return tl.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _og_sech2(x):
     # 1 - tanh(x)**2 as 4e / (1 + e)**2, e = exp(-2|x|): no cancellation for large |x|
-    e = tl.exp(-2.0 * tl.abs(x))
+    e = tl.exp(-2.0 * _og_abs(x))
     return 4.0 * e / ((1.0 + e) * (1.0 + e))
 
 
 def _og_sigmoid_grad(x):
     # s * (1 - s) as e / (1 + e)**2, e = exp(-|x|)
-    e = tl.exp(-tl.abs(x))
+    e = tl.exp(_og_neg(_og_abs(x)))
     return e / ((1.0 + e) * (1.0 + e))
 
 
