@@ -215,6 +215,7 @@ class _Lowering:
         self.by_value: list[int] = []
         self.canon = canonical_uids(piece)
         keys, self.views = operand_slots(piece)
+        self.moves = isinstance(attention_views(piece), dict)  # (its view ops are the views' tensors)
         scalars = scalar_uids(piece)
         produced = {u for n in piece.nodes if n.kind not in MOVES for u in n.output_uids()}
         for uid in keys:
@@ -240,7 +241,7 @@ class _Lowering:
 
     def _node(self, node: Node) -> None:
         g, kind = self.graph, node.kind
-        if self.views and kind in MOVES:
+        if self.moves and kind in MOVES:
             return  # (read or written in place: the views' tensors)
         kwargs: dict[str, Any] = {"compute_data_type": _dtype(self.cudnn, node.compute_data_type),
                                   "name": f"n_{node.name}"}

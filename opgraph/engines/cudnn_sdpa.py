@@ -58,15 +58,18 @@ MOVES = frozenset({*VIEW_KINDS, "concatenate"})
 def attention_views(piece: Piece) -> dict[int, View] | str | None:
     """The attention operands the piece reads through views, and the gradients it writes through them,
     as Views by UID; None when the piece moves no data; why not, when cuDNN cannot take them so."""
-    if not any(n.kind in MOVES for n in piece.nodes):
-        return None
     attention = [n for n in piece.nodes if n.kind in ATTENTION_KINDS]
+    if not attention or not any(n.kind in MOVES for n in piece.nodes):
+        return None  # (a piece without attention is judged op by op)
     others = [n for n in piece.nodes if n.kind not in MOVES and n.kind not in ATTENTION_KINDS]
     if len(attention) != 1 or others:
         bad = others[0] if others else piece.nodes[0]
         return (f"the cudnn engine reads views (and writes gradients through them) around one attention op alone, "
                 f"not with {bad.label()}")
     node = attention[0]
+    joined = next((n for n in piece.nodes[:piece.nodes.index(node)] if n.kind == "concatenate"), None)
+    if joined is not None:
+        return f"the cudnn engine reads attention operands through views only, not through {joined.label()}"
     if node.kind == "sdpa" and piece.nodes[-1] is not node:
         return f"the cudnn engine writes the attention output O itself, not through {piece.nodes[-1].label()}"
     views = operand_views(piece, node, "cudnn")
@@ -97,7 +100,7 @@ def operand_slots(piece: Piece) -> tuple[list[int], dict[int, View]]:
     keys = [u for u in (*piece.inputs, *piece.outputs) if u in direct]
     order = [node.input(r) for r in node.op.input_roles()] + list(node.outputs)
     keys += [u for u in order if isinstance(u, int) and u in views]
-    return keys, views
+    return list(dict.fromkeys(keys)), views  # (one view may serve two roles: q and k of self-attention)
 
 
 def _rows_can_be_empty(node: Node, piece: Piece) -> bool:

@@ -232,7 +232,17 @@ def _transposed_add(rows, cols):
     return g
 
 
+def _literal_operands():
+    """x ** 2.0 (a literal exponent: torch's x ** 2) and fmod(3.0, x) (a literal dividend): their helpers
+    read operand types, which literals have none of when compiled (the interpreter accepts them)."""
+    g = og.Graph("literals", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=[4096], name="x")
+    g.add(g.pow(x, 2.0), g.mod(3.0, x)).set_output(True)
+    return g
+
+
 HOPPER_CASES = {
+    "literal_operands": (_literal_operands, "pointwise", None),
     "transposed_cast": (lambda: _transposed((50304, 768), (1, 0)), "pointwise", None),
     "transposed_add": (lambda: _transposed_add(50304, 768), "pointwise", lambda cands: cands[:3]),
     **{name: (lambda types=types: _narrow_product(*types), "pointwise", None) for name, types in NARROW.items()},

@@ -239,28 +239,41 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 
 def _flushed(node: Node, ins: list[Any], results: list[Any], tensors: Mapping[int, TensorDesc],
              hot: list[Any]) -> list[Any]:
-    """An fp32 transcendental function of a subnormal operand (Triton's libdevice flushes it: sqrt(1e-45)
-    is 0 there), or whose inner exponential is subnormal: an engine may flush it to a
-    signed zero (the GPU's fast exponential does: docs/concepts.md), so a result below a few times the
-    smallest normal, scaled by its operands (x * sech(x)**2 at x = -44 is -1e-36 exactly and -0.0 with
-    exp(-88) flushed), may be 0 too, and what reads it follows either (a square root of -2e-41 is NaN,
-    of -0.0 is -0.0: fuzz seed 20261126207165)."""
+    """Where an fp32 inexact function's result may differ by a flush to zero (docs/concepts.md): where
+    its subnormal operands, read as signed zeros (Triton's libdevice flushes them: sqrt(1e-45) is 0
+    there), give another result; and where the result is below a few times the smallest normal, scaled
+    by its operands' magnitude up to 2**20 (an inner exponential flushed: x * sech(x)**2 at x = -44 is
+    -1e-36 exactly and -0.0 with exp(-88) flushed; a square root of -2e-41 is NaN and of -0.0 is -0.0:
+    fuzz seed 20261126207165). What reads such an element follows either."""
     if not isinstance(node.op, Pointwise) or node_delta(node, tensors) != F32_DELTA or exact_node(node, tensors):
         return hot
+    descs = [None if u is None else tensors[u] for u in node.outputs]
     with np.errstate(all="ignore"):
-        scale, sub = np.ones(()), np.zeros((), dtype=bool)
+        scale = np.ones(())
+        zeroed, any_sub = [], False
         for a in ins:
-            if a is not None:
-                m = np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), posinf=0, neginf=0))
-                scale, sub = np.maximum(scale, m), sub | ((m > 0) & (m < _F32_TINY))  # (libdevice flushes these)
+            if a is None:
+                zeroed.append(a)
+                continue
+            v = np.asarray(a, dtype=np.float64)
+            m = np.abs(np.nan_to_num(v, posinf=0, neginf=0))
+            scale = np.maximum(scale, np.minimum(m, 2.0**20))
+            sub = (m > 0) & (m < _F32_TINY)
+            any_sub = any_sub or bool(sub.any())
+            zeroed.append(np.where(sub, np.copysign(0.0, v), v) if np.ndim(v) else (np.copysign(0.0, v) if sub else v))
+        alt = node.op.reference(zeroed, descs) if any_sub else [None] * len(results)
     out = []
-    for h, r in zip(hot, results):
+    for h, r, r0 in zip(hot, results, alt):
         if r is None:
             out.append(h)
             continue
         with np.errstate(all="ignore"):
-            a = np.abs(np.asarray(r, dtype=np.float64))
-            tiny = ((a > 0) & (a < 4 * _F32_TINY * scale)) | np.broadcast_to(sub, a.shape)
+            r = np.asarray(r, dtype=np.float64)
+            a = np.abs(r)
+            tiny = (a > 0) & (a < 4 * _F32_TINY * scale)
+            if r0 is not None:
+                r0 = np.broadcast_to(np.asarray(r0, dtype=np.float64), r.shape)
+                tiny = tiny | ((r0 != r) & ~(np.isnan(r0) & np.isnan(r)))
         out.append(h if not tiny.any() else tiny if h is None else (h | tiny))
     return out
 
@@ -271,6 +284,9 @@ def _big_integer_sum(node: Node, env: Mapping[int, np.ndarray], tensors: Mapping
     the sum decides the answer (2**63 - 2**63 + 1 is 1 or 0, fuzz seed 20261126110946)."""
     if node.kind not in _ACCUMULATING or not exact_node(node, tensors):
         return False
+    if any(tensors[u].data_type.is_floating for u in node.input_uids()) or \
+            getattr(getattr(node.op, "mode", None), "name", "") in ("MIN", "MAX", "AMAX"):
+        return False  # (a float max / min is exact in any order)
     ins = [None if v is None or isinstance(v, Const) else np.abs(np.asarray(env[v], dtype=np.float64))
            for v in node.inputs]
     limit = 2.0**53 if node.compute_data_type is DT.DOUBLE else 2.0**24

@@ -179,9 +179,10 @@ class Expect:
         # nudged several times (a value that is pure rounding noise changes sign in about half of
         # them: log or rsqrt of it then gives NaN, and the spread says anything goes), then in float32.
         # Computed only for an output outside its type's own tolerance.
+        base = {**{u: np.asarray(v, dtype=np.float64) for u, v in self.held.items()}, **self.want}
         for i in range(NUDGES + 1):
             nudged = oracle.evaluate(self.graph, self.held, rng if i < NUDGES else None, delta, low=i == NUDGES,
-                                     wild=WILD[i % len(WILD)], base=self.want)
+                                     wild=WILD[i % len(WILD)], base=base)
             for u in self.graph.outputs:
                 w, n = self.want[u].astype(np.float64), nudged[u].astype(np.float64)
                 with np.errstate(invalid="ignore"):

@@ -122,7 +122,7 @@ def _og_pow(a, b):
     # (their shapes may differ: one a scalar, which Triton's interpreter turns into int32)
     mag = tl.where(_og_abs(a) == 1.0, 1.0, tl.exp(b * tl.log(_og_abs(a))))
     b_int = tl.floor(b) == b  # true for +-inf
-    b_odd = b_int & (_og_abs(b) != float("inf")) & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
+    b_odd = b_int & (b != float("inf")) & (b != float("-inf")) & (b - 2.0 * tl.floor(b * 0.5) != 0.0)
     negative = _og_signbit(a)
     r = tl.where(b_odd, tl.where(negative, _og_neg(mag), mag), mag)
     r = tl.where(b_int, r, tl.where((a < 0) & (a != float("-inf")), float("nan"), r))
@@ -237,6 +237,14 @@ def _pow_expr(x: str, y: str) -> str:
     return f"_og_pow({_tensor_of(x, y)}, {y})"
 
 
+def _mod_expr(x: str, y: str) -> str:
+    if _LITERAL.fullmatch(x) and _LITERAL.fullmatch(y):  # folded (a literal has no dtype for _og_fmod)
+        with np.errstate(all="ignore"):
+            a, b = (np.float64(float(v.removeprefix("float('").removesuffix("')"))) for v in (x, y))
+            return literal(float(MODES[PointwiseMode.MOD].fn(a, b)))
+    return f"_og_fmod({_tensor_of(x, y)}, {y} + 0.0 * {x})"
+
+
 def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     """The compute-type expression of one pointwise mode over operand expressions `a`."""
     M = PointwiseMode
@@ -247,7 +255,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)
-        M.POW: _pow_expr(x, y), M.MOD: f"_og_fmod({x}, {y} + 0.0 * {x})", M.ADD_SQUARE: f"{x} + {y} * {y}",
+        M.POW: _pow_expr(x, y), M.MOD: _mod_expr(x, y), M.ADD_SQUARE: f"{x} + {y} * {y}",
         M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
         M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
         # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter
