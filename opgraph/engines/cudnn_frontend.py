@@ -186,13 +186,13 @@ def _pointwise_problem(node: Node) -> str | None:
 CANON_BASE = 1 << 20
 
 
-def canonical_uids(piece: Piece) -> dict[int, int]:
+def canonical_uids(piece: Piece, keys: list[int] | None = None) -> dict[int, int]:
     """The UIDs a piece's cuDNN graph gives what it binds (its inputs and outputs, and attention
     operands read through views: cudnn_sdpa.operand_slots): by position (CANON_BASE + i), not the
     piece's own, so that a plan built (and serialized) for one piece serves every piece with the same
     signature (the repeated blocks of a network). Far above the frontend's own numbering of virtual
-    tensors."""
-    return {u: CANON_BASE + i for i, u in enumerate(operand_slots(piece)[0])}
+    tensors. `keys`: operand_slots(piece)'s, where the caller has them."""
+    return {u: CANON_BASE + i for i, u in enumerate(operand_slots(piece)[0] if keys is None else keys)}
 def _number(node: Node, role: str) -> float:
     """A pointwise parameter, which `_pointwise_problem` made sure is a literal."""
     value = node.input(role)
@@ -213,9 +213,8 @@ class _Lowering:
                                    compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         self.tensors: dict[int, Any] = {}
         self.by_value: list[int] = []
-        self.canon = canonical_uids(piece)
         keys, self.views = operand_slots(piece)
-        self.moves = isinstance(attention_views(piece), dict)  # (its view ops are the views' tensors)
+        self.canon = canonical_uids(piece, keys)
         scalars = scalar_uids(piece)
         produced = {u for n in piece.nodes if n.kind not in MOVES for u in n.output_uids()}
         for uid in keys:
@@ -241,7 +240,7 @@ class _Lowering:
 
     def _node(self, node: Node) -> None:
         g, kind = self.graph, node.kind
-        if self.moves and kind in MOVES:
+        if self.views and kind in MOVES:  # (static_problem let view ops in only as views of attention)
             return  # (read or written in place: the views' tensors)
         kwargs: dict[str, Any] = {"compute_data_type": _dtype(self.cudnn, node.compute_data_type),
                                   "name": f"n_{node.name}"}
@@ -391,12 +390,15 @@ class CudnnKernel(Kernel):
         self._torch_device = torch.device(device.torch_name)
         keys, views = operand_slots(piece)
         self.uids = tuple(keys)
-        self.canon = canonical_uids(piece)  # piece UID -> the cuDNN graph's
+        self.canon = canonical_uids(piece, keys)  # piece UID -> the cuDNN graph's
         # where each bound UID's memory starts: (the buffer's UID, a byte offset); views' in their base
         self.where = {u: (u, 0) for u in keys}
         for u, v in views.items():
             self.where[u] = (v.base, v.offset * piece.tensor(v.base).data_type.itemsize)
         self.views = views
+        self.slots_in: dict[int, list[int]] = {}  # buffer UID -> the bound UIDs lying in it (rebind)
+        for u, (base, _) in self.where.items():
+            self.slots_in.setdefault(base, []).append(u)
         # one host float per pass-by-value scalar (cuDNN copies it at launch)
         self.host_scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self.uids
                              if piece.tensor(u).is_pass_by_value}

@@ -257,8 +257,7 @@ class CudnnLauncher(Launcher):
         return int(self.binding.pointers[base]) + offset
 
     def rebind(self, uids: Iterable[int]) -> bool:
-        moved = set(uids)
-        for uid in [k for k, (base, _) in self.kernel.where.items() if base in moved and k != base] + list(moved):
+        for uid in {k for u in uids for k in self.kernel.slots_in.get(u, (u,))}:
             if self.mode == "raw":
                 slot = self.slots.get(uid)
                 if slot is not None:

@@ -87,3 +87,21 @@ def run(g: og.Graph, feeds: dict, outs: list) -> list[np.ndarray]:
     pack.update(zip(outs, bufs))
     g.build(device="cpu").execute(pack)
     return [b.astype(np.float64) for b in bufs]
+
+
+def fused_qkv_errors(x, dy, o, dqkv, heads: int) -> dict[str, float]:
+    """Relative L2 errors of O and of the fused qkv input's gradient, for causal attention over the
+    heads of x = [B, S, 3 * H * D] with dy = dO as [B, S, H * D], against PyTorch autograd in float32."""
+    import torch.nn.functional as F
+
+    b, s, width = x.shape
+    d = width // (3 * heads)
+    xf = x.float().requires_grad_()
+    q, k, v = (t.reshape(b, s, heads, d).transpose(1, 2) for t in xf.split(heads * d, dim=2))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5)
+    ref.backward(dy.float().reshape(b, s, heads, d).transpose(1, 2))
+
+    def rel(a, r):
+        return ((a.float() - r).norm() / r.norm()).item()
+
+    return {"o": rel(o, ref), "dqkv": rel(dqkv, xf.grad)}
