@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -225,3 +230,24 @@ def assert_replay_equals_execute(plan, pack, out_uid: int) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(pack[out_uid], want)
+
+
+ROOT = Path(__file__).parent.parent
+
+
+def example_env(**extra: str) -> dict[str, str]:
+    """The environment an example runs in as a user's shell starts it from a checkout: the repo on the
+    path (an uninstalled checkout works too), unbuffered, no TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **extra}
+
+
+def run_example(name: str, *args: str, timeout: float = 600, **extra: str) -> str:
+    """Run examples/<name> in a subprocess: it must exit 0 and report no mismatch. Returns its output."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
+                          timeout=timeout, env=example_env(**extra), cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "MISMATCH" not in proc.stdout, proc.stdout[-3000:]
+    return proc.stdout

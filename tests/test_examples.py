@@ -4,7 +4,6 @@ said ~30 s and took 300+ s). They run as a user's shell would start them: no TRI
 
 from __future__ import annotations
 
-import os
 import re
 import resource
 import subprocess
@@ -12,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from .helpers import example_env
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("[0-9][0-9]_*.py"))
 QUICK_S = 15.0  # the CPU time of an example that states none ("a few seconds")
@@ -32,10 +33,8 @@ def _stated_cpu_s(path: Path) -> float | None:
 def test_example_runs(path):
     from opgraph.core.device import cuda_usable
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONUNBUFFERED"] = "1"
+    env = example_env()
     root = path.parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     before = _cpu_seconds()
     proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=900, env=env,
                           cwd=root)

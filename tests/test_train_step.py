@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ import pytest
 import opgraph as og
 from opgraph.training import MSE, SGD, AdamW, CrossEntropy, train_step
 
-from .helpers import requires_cuda, requires_interpreter
+from .helpers import requires_cuda, requires_interpreter, run_example
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -490,11 +487,7 @@ def test_cuda_graph_replay_equals_run():
 @pytest.mark.gpu
 @requires_cuda
 def test_example_15_on_the_gpu():
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "15_train_char_gpt.py"), "--steps", "60"],
-                          capture_output=True, text=True, timeout=900, cwd=EXAMPLES.parent,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "MISMATCH" not in proc.stdout
+    run_example("15_train_char_gpt.py", "--steps", "60", timeout=900)
 
 
 def test_capture_warm_up_undoes_its_step():

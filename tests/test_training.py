@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ from opgraph.tools.samples import nhwc
 from opgraph.testing import clone, empty_like_desc
 from opgraph.training import sgd_momentum, softmax_cross_entropy
 
-from .helpers import requires_cuda
+from .helpers import requires_cuda, run_example
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -203,17 +200,9 @@ def test_errors_name_the_rule():
     assert err.value.rule == "training.param"
 
 
-def _run_example(name, **env):
-    """Run examples/<name> in a subprocess: it must exit 0 and report no mismatch. Returns its output."""
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, cwd=EXAMPLES.parent, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "MISMATCH" not in proc.stdout, proc.stdout[-3000:]
-    return proc.stdout
-
 
 def test_example_09_cpu_mode():
-    out = _run_example("09_cuda_graph_training.py", OPGRAPH_EXAMPLE_CPU="1")
+    out = run_example("09_cuda_graph_training.py", OPGRAPH_EXAMPLE_CPU="1")
     assert "PyTorch vs op by op" in out, out
 
 
@@ -375,7 +364,7 @@ def test_cuda_graph_training_loop_matches_op_by_op(rng):
 @pytest.mark.gpu
 @requires_cuda
 def test_example_09_on_the_gpu():
-    out = _run_example("09_cuda_graph_training.py")
+    out = run_example("09_cuda_graph_training.py")
     assert "CUDA graph vs op by op" in out
 
 
@@ -384,7 +373,7 @@ def test_example_09_on_the_gpu():
 @requires_cuda
 def test_example_11_on_the_gpu():
     pytest.importorskip("sklearn")
-    out = _run_example("11_train_mobilenet_digits.py")
+    out = run_example("11_train_mobilenet_digits.py")
     assert "final test accuracy" in out
 
 
