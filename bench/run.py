@@ -211,13 +211,26 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
           f"{args.gpus} GPUs, time limit {args.time_limit:.0f} s (planned ~{sum(j.minutes for j in jobs) / args.gpus:.0f}"
           f" min per GPU with warm caches); raw -> {rawdir}", flush=True)
 
+    devices = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), args.gpus)
+
     def launch(job: Job, gpu: int, left: float) -> subprocess.Popen:
         sub = argparse.Namespace(**{**vars(args), "warm": job.repeat == 0})
         return subprocess.Popen(worker_argv(sub, job.repeat, job.raw, left, job.ids), cwd=here,
-                                env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else str(gpu)})
+                                env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]})
 
     schedule(jobs, args.gpus, args.time_limit, launch)
     return [j.raw for j in jobs if j.repeat > 0 and os.path.exists(j.raw)]
+
+
+def gpu_ids(visible: str | None, gpus: int) -> list[str]:
+    """The device each of the `gpus` worker slots gets: the i-th of the parent's CUDA_VISIBLE_DEVICES when it
+    names at least `gpus` devices (so `CUDA_VISIBLE_DEVICES=2,3 ... --gpus 2` leaves GPUs 0 and 1 alone),
+    else GPU i."""
+    named = [d.strip() for d in (visible or "").split(",") if d.strip()]
+    if visible is not None and named and len(named) < gpus:
+        raise SystemExit(f"bench: --gpus {gpus} but CUDA_VISIBLE_DEVICES={visible!r} names {len(named)}: "
+                         f"name at least {gpus} devices or unset it")
+    return named[:gpus] if named else [str(i) for i in range(gpus)]
 
 
 def next_job(pending: list[Job], running: list[Job]) -> int | None:

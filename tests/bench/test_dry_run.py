@@ -222,3 +222,14 @@ def test_merge_repeats_joins_groups_and_warm_files():
     assert [sorted(w.id for w in r.workloads) for r in merged] == [["a", "b"], ["a", "b"]]
     warm = merge_repeats([rec(0, ["a"]), rec(0, ["host"])])
     assert len(warm) == 1 and len(warm[0].workloads) == 2
+
+
+def test_gpu_ids_follow_the_parents_visible_devices():
+    from bench.run import gpu_ids
+
+    assert gpu_ids(None, 2) == ["0", "1"]
+    assert gpu_ids("", 2) == ["0", "1"]
+    assert gpu_ids("2,3", 2) == ["2", "3"]
+    assert gpu_ids(" 1, 3 ,5", 2) == ["1", "3"]
+    with pytest.raises(SystemExit, match="names 1"):
+        gpu_ids("3", 2)
