@@ -7,8 +7,9 @@ Training and backward pieces run in three launches and two passes over the input
   1. stats:   a 2-D grid (chunks of the reduced axes x channel blocks [x samples for instancenorm]);
               each program keeps fp32 tile accumulators of the shifted values (x - K, K = x at the
               slot's first element, the same in every chunk, which keeps the sums well conditioned),
-              reduces them once and stores its partials (count, mean - K, M2; for a backward sum(dy)
-              and sum(dy * (x - mean_chunk))) to scratch. Its tile loop keeps several tiles in flight
+              reduces them once and stores its partials (count, mean - K, M2 and, for a forward, the
+              unshifted sum, which gives the mean output where |mean| < |mean - K|; for a backward
+              sum(dy) and sum(dy * (x - mean_chunk))) to scratch. Its tile loop keeps several tiles in flight
               (knob ST: `tl.range(num_stages=ST)`, cp.async into shared memory; or knob PF: the next
               tile's loads issued into registers before this tile is used), as a pass that reads
               ~50 MB at bandwidth needs ~40 KB in flight per SM, which one tile a program is not;
@@ -78,7 +79,9 @@ class _Gen(NormGen):
         self.partials: tuple[str, ...]
         self.coefs: tuple[str, ...]
         if self.forward:
-            self.partials = ("cnt", "mu", "m2")
+            # sx: the unshifted sum, for the mean output (mean = K + (mean - K) keeps only |K|'s absolute
+            # precision, far from the mean's own where |mean| << |K|)
+            self.partials = ("cnt", "mu", "m2", "sx")
             self.coefs = ("k0", "mu", "sc", "sh")
         elif self.backward:
             self.partials = ("gd", "ge") if self.saved else ("cnt", "mu", "m2", "gd", "ge")
@@ -184,7 +187,8 @@ class _Gen(NormGen):
             shift, _ = self.full_values(em, fusion.prologue_for({self.x_uid}), grad=False)
         body += [renamed(line, "sv") for line in [*em.lines, f"K = {shift}"]]
         need_moments = not self.saved
-        accs = (["a1", "a2"] if need_moments else []) + (["ad", "ae"] if self.backward else [])
+        accs = (["a0"] if self.forward else []) + (["a1", "a2"] if need_moments else []) \
+            + (["ad", "ae"] if self.backward else [])
         body += [f"{a} = tl.zeros({shape}, {acc})" for a in accs]
         stages, prefetch = int(k.get("ST", 0)), bool(int(k.get("PF", 0)))
         if cl:
@@ -230,7 +234,10 @@ class _Gen(NormGen):
         xv, gv = self.full_values(em, nodes)
         loop = list(current)
         loop += em.lines
-        loop.append(f"d = tl.where(mask, {xv} - K, 0.0)")
+        if self.forward:
+            loop += [f"xr = tl.where(mask, {xv}, 0.0)", "d = tl.where(mask, xr - K, 0.0)", "a0 += xr"]
+        else:
+            loop.append(f"d = tl.where(mask, {xv} - K, 0.0)")
         if need_moments:
             loop += ["a1 += d", "a2 += d * d"]
         if self.backward:
@@ -248,7 +255,7 @@ class _Gen(NormGen):
         stores: dict[str, str] = {}
         if need_moments:
             body += ["mu = s_a1 / n", "m2 = s_a2 - s_a1 * s_a1 / n"]
-            stores.update(cnt="n + tl.zeros_like(mu)", mu="mu", m2="m2")
+            stores.update(cnt="n + tl.zeros_like(mu)", mu="mu", m2="m2", sx="s_a0")
         if self.backward:
             stores["gd"] = "s_ad"
             stores["ge"] = "s_ae" if self.saved else "s_ae - mu * s_ad"
@@ -314,7 +321,7 @@ class _Gen(NormGen):
         if not self.saved:
             body.append(f"kshift = tl.load({self.scratch(params, 'c_k0')} + slot, mask=smask, other=0.0)")
         if one:
-            names = {"cnt": "n_i", "mu": "mu_i", "m2": "m2_i", "gd": "d_i", "ge": "e_i"}
+            names = {"cnt": "n_i", "mu": "mu_i", "m2": "m2_i", "sx": "sx_i", "gd": "d_i", "ge": "e_i"}
             body += ["kk = kk0", f"km = (kk < {self.chunks}) & smask", f"ko = kk * {g.S} + slot"]
             body += [f"{names[p]} = {ld(p)}" for p in self.partials]
         if self.saved:
@@ -327,13 +334,21 @@ class _Gen(NormGen):
             body += take() + [f"mean = {mean_v}", f"inv = {inv_v}", "k0 = mean"]
         else:
             # exact merge of the chunks: the total mean first, then M2 about it
-            body += zeros("t_n", "t_m")
+            body += zeros("t_n", "t_m", "t_s")
             first = [f"t_n += tl.sum(n_i, {red})", f"t_m += tl.sum(n_i * mu_i, {red})"]
-            body += first if one else over_chunks([f"n_i = {ld('cnt')}", f"mu_i = {ld('mu')}", *first])
-            # partial means are relative to the shift K (stored by the stats pass as k0)
-            body += ["rel = t_m / tl.where(smask, t_n, 1.0)",
-                     "mean = kshift + rel",
-                     *zeros("t_2")]
+            loads = [f"n_i = {ld('cnt')}", f"mu_i = {ld('mu')}"]
+            if self.forward:
+                first.append(f"t_s += tl.sum(sx_i, {red})")
+                loads.append(f"sx_i = {ld('sx')}")
+            body += first if one else over_chunks([*loads, *first])
+            # partial means are relative to the shift K (stored by the stats pass as k0). K + rel is
+            # exact to ~eps |mean - K|, the unshifted sums' mean to ~eps |mean| (their partial sums grow
+            # with the mean): the mean output takes the smaller, as |mean| < |mean - K| or not
+            body += ["rel = t_m / tl.where(smask, t_n, 1.0)", "mean = kshift + rel"]
+            if self.forward:
+                body += ["raw = t_s / tl.where(smask, t_n, 1.0)",
+                         "mean = tl.where(tl.abs(raw) < tl.abs(rel), raw, mean)"]
+            body += zeros("t_2")
             second = ["dm = mu_i - rel", f"t_2 += tl.sum(m2_i + n_i * dm * dm, {red})"]
             if self.backward:
                 body += zeros("t_d", "t_e")
