@@ -86,25 +86,9 @@ def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
             plan, note = og_build(cs.step.graph, ctx, engines, tuned)
             onehot = torch.eye(classes, device=ctx.device, dtype=torch.float16)[labels]
             pack = cs.pack(x, onehot, lr=LR, momentum=MOMENTUM)
-            bound = {src.key: (t.uid, src) for t, src in imported.bound_inputs if src.kind == "parameter"}
-            velocity = {n: pack[cs.step.velocity[bound[n][0]].uid] for n in pnames}
+            # the momentum buffers, laid out like the parameters (the step keeps its optimizer state so)
+            velocity = {n: cs.step.param_state(n)["momentum_buffer"] for n in pnames}
             loss = pack[cs.step.loss.uid]
-            params = dict(m.named_parameters())
-
-            def grads() -> dict[str, Any]:
-                """The velocities in the parameters' own layouts: the graph binds each parameter through
-                a view (a transposed linear weight, a reshaped bias), so the velocity is written back
-                through the same view into a buffer shaped like the parameter."""
-                out = {}
-                for n in pnames:
-                    g = torch.zeros_like(params[n])
-                    view = bound[n][1].apply(g)
-                    if view.untyped_storage().data_ptr() != g.untyped_storage().data_ptr():
-                        raise RuntimeError(f"parameter {n} is bound through a copy, not a view: cannot map its "
-                                           "velocity back to the parameter's layout")
-                    view.copy_(velocity[n])
-                    out[n] = g
-                return out
 
             def call() -> None:
                 plan.execute(pack)
@@ -112,7 +96,7 @@ def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
 
             diagnose(f"{arch} training step [{name}]", plan, pack)
 
-            st.velocity, st.grads, st.loss, st.poison = (lambda: velocity), grads, (lambda: loss), loss
+            st.velocity, st.loss, st.poison = (lambda: velocity), (lambda: loss), loss
             return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
                           keep=(plan, cs, m, st))
         return Impl(name, setup, role="ours", tuned=tuned)
@@ -140,7 +124,6 @@ class _State:
         self.init_p = {n: p.detach().clone() for n, p in m.named_parameters()}
         self.init_b = {n: b.detach().clone() for n, b in m.named_buffers()}
         self.velocity: Any = dict  # () -> {param name: momentum buffer}: zeroed by reset
-        self.grads: Any = None  # () -> {param name: gradient in the parameter's layout} (default: velocity)
         self.loss: Any = lambda: None
         self.poison: Any = None
 
@@ -159,7 +142,7 @@ class _State:
 
     def read(self, _: Any) -> list[Any]:
         params, bufs = dict(self.m.named_parameters()), dict(self.m.named_buffers())
-        v = (self.grads or self.velocity)()
+        v = self.velocity()
         loss = self.loss()
         return ([None if loss is None else loss.reshape(-1)[:1]] + [v.get(n) for n in self.pnames]
                 + [params[n].detach() for n in self.pnames]
@@ -186,7 +169,9 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
         loss = F.cross_entropy(net(x), labels)
         loss.backward()
         opt_step()
-        out["loss"] = loss
+        # detached: a loss kept with its autograd graph keeps the step's AccumulateGrad nodes alive, and
+        # the next (captured, side-stream) backward then syncs with the default stream and breaks capture
+        out["loss"] = loss = loss.detach()
         return loss
 
     def velocity() -> dict[str, Any]:
@@ -197,7 +182,7 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
         call()
     if x.is_cuda:
         torch.cuda.synchronize()
-    st.velocity, st.loss = velocity, (lambda: out["loss"].detach())
+    st.velocity, st.loss = velocity, (lambda: out["loss"])
     engine = "ATen + autograd + SGD (foreach)" if mode is None else INDUCTOR_ENGINE + " + compiled SGD step"
     return Runner(call=call, read=st.read, reset=st.reset, engine=engine, graph_native=mode == "max-autotune",
                   capturable=mode != "max-autotune", notes=f"mode={mode}" if mode else "", keep=(m, opt, net, st))
