@@ -105,6 +105,21 @@ def _og_tanh(x):
     return tl.where(x < 0, _og_neg(y), y)
 
 
+def _og_tanh_fast(x):
+    # tanh where it runs once per score element of an attention tile loop: libdevice's tanhf (2 ulp;
+    # fp32 subnormal inputs flush to zero, which a softmax cannot see); np.tanh under the interpreter
+    if x.dtype == tl.float32:
+        return libdevice.tanh(x)
+    else:
+        return _og_tanh(x)
+
+
+def _og_sech2_fast(x):
+    # 1 - tanh(x)**2 from _og_tanh_fast's tanh (the same call as the recomputed forward's: one tanh)
+    t = _og_tanh_fast(x)
+    return 1.0 - t * t
+
+
 def _og_signbit(a):
     # the sign bit, read from the bits (-0 and -nan included): the compiled kernels of 2026-11-25 (H100)
     # folded the test (a == 0) & (1 / a < 0) to false, as if zeros had no sign

@@ -74,6 +74,15 @@ def _fmod(a: Any, b: Any) -> Any:
     return tl.core.tensor(TensorHandle(out, dtype), ty)
 
 
+def _tanh(x: Any) -> Any:
+    """tanh of a float tensor in its own type (NumPy's: what libdevice's tanhf computes, to 2 ulp)."""
+    v = _values(x)
+    if v.dtype.kind != "f":  # (bf16 is held as bits: the generated code passes fp32 here)
+        raise TypeError(f"_og_tanh_fast of {x.dtype} under the interpreter: it takes fp16/fp32/fp64")
+    with np.errstate(all="ignore"):
+        return _tensor(np.tanh(v).astype(v.dtype), x, x.dtype)
+
+
 def _neg(x: Any) -> Any:
     """-x, as x * -1.0 computes it: floats keep their type, integers become float32 (Triton's promotion)."""
     import triton.language as tl
@@ -118,6 +127,7 @@ FAST: dict[str, Callable[..., Any]] = {
     "_og_floor": _rounding(np.floor),
     "_og_fmod": _fmod,
     "_og_neg": _neg,
+    "_og_tanh_fast": _tanh,
     "_og_round_f16": _rounder(np.float16),
     "_og_round_f16_d": _rounder(np.float16),
     "_og_round_f32_d": _rounder(np.float32),

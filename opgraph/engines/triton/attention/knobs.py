@@ -45,8 +45,9 @@ def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[FwdKnob
     return [replace(k, ONELOOP=1) for k in c] + [c[0]]
 
 
-def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[BwdKnobs]:
-    """Backward knobs, the heuristic's choice first (ONELOOP as in the forward)."""
+def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:
+    """Backward knobs, the heuristic's choice first (ONELOOP as in the forward). `scored`: the tile loop
+    computes a score modifier and its derivative, whose values stay live beside the accumulators."""
     if not cuda:
         return [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)]
     width = max(_pow2_dim(d), _pow2_dim(dv or d))
@@ -60,6 +61,12 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None) -> list[BwdKnob
         c = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
              BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2),
              BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4)]
+        if scored:
+            # D=128 with tanh soft-capping and ALiBi (compiled for sm_90, 2026-11-26): the fused 64x64
+            # launch with 4 warps spilled 92 bytes (112 before the score modifier's tile-loop forms) and
+            # every split config's dK/dV launch 130-230; with 8 warps, or 32-row steps, none spill
+            c = [BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1),
+                 BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1), *c]
     else:
         # D=256 (compiled for sm_90, not timed): the dK/dV accumulators need 8 warps at 64 keys a
         # program (4 warps spilled 2 KiB)
