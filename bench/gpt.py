@@ -335,7 +335,8 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
     pack = ts.pack(w.x, target=w.y)
     t2 = time.perf_counter()
     note = (f"import+graph {t1 - t0:.1f}s, build {t2 - t1:.1f}s, {len(ts.graph.final.nodes)} ops, "
-            f"{engines_of(ts.plan)}; {len(imported.report.custom_ops)} custom op(s)")
+            f"{engines_of(ts.plan)}; {len(imported.report.custom_ops)} custom op(s)"
+            + "".join(f"; {why}" for why in attention_off_cudnn(ts.plan)))
     plan, loss_uid = ts.plan, ts.loss_uid
 
     def profile() -> list[dict[str, Any]]:  # the plan's kernels on the step's own buffers: after the timing
@@ -361,6 +362,26 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
         return pack[loss_uid]
 
     return Impl(step, note, imported.module, lambda: ts.step_count, hook)
+
+
+def attention_off_cudnn(plan: Any) -> list[str]:
+    """Why the attention steps that did not run on cuDNN did not: the cudnn engine's verdict on each
+    such piece (its static check, then cuDNN's own support check), once per distinct reason."""
+    from opgraph.engines import get_engine
+
+    reasons: dict[str, int] = {}
+    for st in plan.steps:
+        kinds = {n.kind for n in st.piece.nodes}
+        if st.config.engine == "cudnn" or not kinds & {"sdpa", "sdpa_backward"}:
+            continue
+        try:
+            verdict = get_engine("cudnn").supports(st.piece, plan.device)
+            why = "supported (tuning timed it slower)" if verdict.ok else verdict.reason
+        except Exception as e:  # a diagnostic: never the run's failure
+            why = f"{type(e).__name__}: {e}"
+        key = f"{'sdpa_backward' if 'sdpa_backward' in kinds else 'sdpa'} on {st.config.engine}, cudnn: {why[:300]}"
+        reasons[key] = reasons.get(key, 0) + 1
+    return [f"{n} x {k}" for k, n in reasons.items()]
 
 
 def steps_profile(plan: Any, rows: list[Any]) -> list[dict[str, Any]]:

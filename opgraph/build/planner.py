@@ -155,14 +155,14 @@ def plan_steps(
                      "engine and workspace filters" if dropped else
                      "add HeurMode.FALLBACK to heur_mode, or allow more engines",
             )
-        if cache is not None:  # autotune
-            config, kernel, others, _ = tune(piece, tuning[id(piece)], dev, names, cache, filters)
-            steps.append(Step(len(steps), piece, config, kernel, others))
-            continue
         for name, why in ranked.declined:
             log.info("  %s: %s declined: %s", piece.label(), name, why)
         for config, why in dropped:
             log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+        if cache is not None:  # autotune
+            config, kernel, others, _ = tune(piece, tuning[id(piece)], dev, names, cache, filters)
+            steps.append(Step(len(steps), piece, config, kernel, others))
+            continue
         t1 = time.perf_counter()
         config, kernel = _first_within_workspace(piece, configs, dev, filters)
         stats["kernels_s"][config.engine] = stats["kernels_s"].get(config.engine, 0.0) + time.perf_counter() - t1

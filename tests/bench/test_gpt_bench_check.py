@@ -184,3 +184,17 @@ def test_steps_profile_rows_name_each_steps_ops_and_config():
     assert [r["step"] for r in rows] == list(range(len(plan.steps)))
     assert sorted(op for r in rows for op in r["ops"]) == ["matmul", "pointwise"]
     assert all(r["device_us"] >= 0 and r["config"] for r in rows)
+
+
+def test_attention_off_cudnn_names_the_engine_and_cudnns_reason():
+    """bench.gpt's note says why attention steps did not run on cuDNN (the GPT-2 run of 2026-11-26 put
+    them on the generated kernels with the cudnn engine present, and nothing said why)."""
+    import opgraph as og
+    from bench.gpt import attention_off_cudnn
+
+    g = og.Graph("att", io_data_type=og.DataType.FLOAT)
+    q, k, v = (g.tensor(dim=[1, 2, 8, 16], name=n) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, attn_scale=0.25, generate_stats=False, use_causal_mask=True)
+    o.set_output(True)
+    (line,) = attention_off_cudnn(g.build(device="cpu", engines=["reference"]))
+    assert line.startswith("1 x sdpa on reference, cudnn: ") and len(line) > len("1 x sdpa on reference, cudnn: ")
