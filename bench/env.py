@@ -57,7 +57,10 @@ def meta(device: str, *, dry_run: bool = False) -> dict[str, Any]:
     }
     if device.startswith("cuda"):
         m["device"] = torch.cuda.get_device_name()
-        m["gpu_count"] = torch.cuda.device_count()
+        # the machine's GPUs (nvidia-smi ignores CUDA_VISIBLE_DEVICES, which a spread run's worker has set
+        # to one GPU), else those this process sees
+        listed = [line for line in _run(["nvidia-smi", "-L"]).splitlines() if line.startswith("GPU ")]
+        m["gpu_count"] = len(listed) or torch.cuda.device_count()
         m["cudnn"] = torch.backends.cudnn.version()
         m["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()[0:1]
         m["driver"] = m["driver"][0] if m["driver"] else "unknown"
