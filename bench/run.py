@@ -61,6 +61,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this host to spread (repeat, group) workers over")
     ap.add_argument("--name", default=None, help="suite name in the file names (default: from the selection)")
+    ap.add_argument("--resume", default=None, metavar="RAWDIR",
+                    help="go on with the run whose raw files are in RAWDIR (a later call on the same machine, caches "
+                         "still warm; same selection and flags): finished workloads are kept, the rest run")
     ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
                                                               "alternatives' times)")
     ap.add_argument("--steps", action="store_true", help="print where each opgraph plan's time goes, step by step")
@@ -129,7 +132,9 @@ def parent(args: argparse.Namespace) -> int:
     repeats = args.repeats or (2 if args.dry_run else 1 if args.quick or args.warm else 3)
     out = args.out or os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    rawdir = os.path.join(out, f"raw-{stamp}")
+    rawdir = args.resume or os.path.join(out, f"raw-{stamp}")
+    if args.resume and not os.path.isdir(args.resume):
+        raise SystemExit(f"bench: --resume {args.resume}: no such folder (give the raw-<time> folder of the run)")
     os.makedirs(rawdir, exist_ok=True)
     env = dict(os.environ)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +149,7 @@ def parent(args: argparse.Namespace) -> int:
     start, last = time.monotonic(), 0.0
     if args.gpus > 1:
         paths = run_spread(args, specs, repeats, rawdir, env, here)
+        progress(rawdir, [(j.raw, j.ids) for j in spread_jobs(specs, repeats, rawdir, False)])
         return finish(args, out, rawdir, paths)
     print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
           f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
@@ -163,6 +169,9 @@ def parent(args: argparse.Namespace) -> int:
             print(f"bench: repeat {i} not started: {left:.0f} s left, the last took {last:.0f} s", flush=True)
             break
         raw = os.path.join(rawdir, f"repeat{i}.json")
+        if done(raw, [sp.id for sp in specs]):  # (--resume)
+            paths.append(raw)
+            continue
         t0 = time.monotonic()
         try:
             subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here, check=False,
@@ -172,7 +181,28 @@ def parent(args: argparse.Namespace) -> int:
         last = time.monotonic() - t0
         if os.path.exists(raw):
             paths.append(raw)
+    ids = [sp.id for sp in specs]
+    progress(rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), ids) for i in range(1, repeats + 1)])
     return finish(args, out, rawdir, paths)
+
+
+def progress(rawdir: str, jobs: list[tuple[str, list[str]]]) -> None:
+    """Say whether every timed (repeat, workloads) job finished, or how to go on."""
+    left = [raw for raw, ids in jobs if not done(raw, ids)]
+    if left:
+        print(f"bench: run incomplete: {len(left)} of {len(jobs)} timed job(s) not finished; go on with "
+              f"--resume {rawdir} (same selection and flags)", flush=True)
+    else:
+        print("bench: run complete", flush=True)
+
+
+def done(raw: str, ids: list[str]) -> bool:
+    """Whether the raw file `raw` holds every workload of `ids`, each run to its end (a resumed run
+    starts no worker for it)."""
+    if not os.path.exists(raw):
+        return False
+    got = {w.id for w in RunRecord.from_json(open(raw).read()).workloads if w.finished}
+    return set(ids) <= got
 
 
 @dataclasses.dataclass
@@ -205,6 +235,7 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
                env: dict[str, str], here: str) -> list[str]:
     """Run the jobs on args.gpus GPUs, one worker process per GPU at a time; the raw files written."""
     jobs = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
+    jobs = [j for j in jobs if not done(j.raw, j.ids)]  # (--resume: what an earlier call finished)
     if args.warm:
         jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-")) for j in jobs if j.repeat == 1]
     print(f"bench: {len(specs)} workload(s) in {len({j.group for j in jobs})} group(s), {repeats} repeat(s) over "

@@ -60,6 +60,21 @@ def write(record: RunRecord, path: str) -> None:
     os.replace(tmp, path)
 
 
+def resumed(record: RunRecord, raw: str | None) -> set[str]:
+    """Where this repeat's raw file exists (`bench.run --resume`: an earlier call ran part of it), its
+    finished workloads go into `record` and their ids are returned: this process runs the others. The
+    record keeps the first process's environment and notes how many processes it took."""
+    if not raw or not os.path.exists(raw):
+        return set()
+    before = RunRecord.from_json(open(raw).read())
+    kept = [w for w in before.workloads if w.finished]
+    record.workloads.extend(kept)
+    record.meta = {**before.meta, "processes": int(before.meta.get("processes", 1)) + 1}
+    record.ceilings = before.ceilings or record.ceilings
+    log(f"resumed {raw}: {len(kept)} finished workload(s) kept")
+    return {w.id for w in kept}
+
+
 def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     import torch
 
@@ -85,7 +100,10 @@ def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     log(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, GEMM " +
         ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceil.gemm_tflops.items()))
     record = RunRecord(meta, ceil, [], args.repeat_index)
+    done = resumed(record, args.raw)
     for spec in specs:
+        if spec.id in done:
+            continue
         if ctx.out_of_time():
             log(f"== {spec.id}: not started (time limit)")
             continue

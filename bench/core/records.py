@@ -68,6 +68,11 @@ class WorkloadResult:
     error: str = ""
     elapsed_s: float = 0.0
 
+    @property
+    def finished(self) -> bool:
+        """It ran to its end: no implementation was cut by a time limit (a resumed run keeps it)."""
+        return not any(i.status == "skipped" and "time limit" in i.error for i in self.impls)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["floor"] = self.floor.to_dict()

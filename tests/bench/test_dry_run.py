@@ -224,6 +224,28 @@ def test_merge_repeats_joins_groups_and_warm_files():
     assert len(warm) == 1 and len(warm[0].workloads) == 2
 
 
+def test_done_and_progress_know_a_cut_job(tmp_path, capsys):
+    """A spread run's (repeat, group) job is done when its raw file holds each of its workloads run to
+    the end; one cut by the time limit, or missing, leaves the run incomplete (and says how to go on)."""
+    from bench.core.records import ImplResult, RunRecord, WorkloadResult
+    from bench.run import done, progress
+
+    def write(name, workloads):
+        (tmp_path / name).write_text(RunRecord({"device": "cpu"}, None, workloads, 1).to_json())
+        return str(tmp_path / name)
+
+    cut = WorkloadResult("b", "b", "g", impls=[ImplResult("opgraph", "ours", status="skipped",
+                                                         error="time limit reached")])
+    whole = write("repeat1-g.json", [WorkloadResult("a", "a", "g"), WorkloadResult("b", "b", "g")])
+    partial = write("repeat2-g.json", [WorkloadResult("a", "a", "g"), cut])
+    assert done(whole, ["a", "b"]) and not done(partial, ["a", "b"]) and done(partial, ["a"])
+    assert not done(str(tmp_path / "repeat3-g.json"), ["a"])
+    progress(str(tmp_path), [(whole, ["a", "b"]), (partial, ["a", "b"])])
+    assert f"1 of 2 timed job(s) not finished; go on with --resume {tmp_path}" in capsys.readouterr().out
+    progress(str(tmp_path), [(whole, ["a", "b"])])
+    assert "bench: run complete" in capsys.readouterr().out
+
+
 def test_gpu_ids_follow_the_parents_visible_devices():
     from bench.run import gpu_ids
 
@@ -233,3 +255,47 @@ def test_gpu_ids_follow_the_parents_visible_devices():
     assert gpu_ids(" 1, 3 ,5", 2) == ["1", "3"]
     with pytest.raises(SystemExit, match="names 1"):
         gpu_ids("3", 2)
+
+
+@pytest.mark.slow
+def test_resume_keeps_finished_workloads_and_runs_the_rest(tmp_path):
+    """`--resume RAWDIR`: a later call goes on with a run an earlier call's time limit cut (a suite larger
+    than one device call, run over several calls on one warm machine). Simulated: the first call's raw
+    file loses one workload and another is marked cut by the time limit; the resumed call runs those
+    two, keeps the third as it was, and writes tables over all three."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    ids = ["memory.pointwise_chain.fp16", "memory.pointwise_dag.fp16", "host.execute_tiny_conv"]  # (run order)
+    base = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", *ids, "--repeats", "1", "--no-tune",
+            "--out", str(tmp_path)]
+    first = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    (rawdir,) = [tmp_path / p for p in os.listdir(tmp_path) if p.startswith("raw-")]
+    raw = rawdir / "repeat1.json"
+    rec = json.load(open(raw))
+    assert [w["id"] for w in rec["workloads"]] == ids
+    kept = rec["workloads"][0]
+    cut = rec["workloads"][2]
+    cut["impls"][-1].update(status="skipped", error="time limit reached")
+    rec["workloads"] = [kept, cut]  # the DAG never started
+    json.dump(rec, open(raw, "w"))
+    for p in os.listdir(tmp_path):
+        if not p.startswith("raw-"):
+            os.remove(tmp_path / p)
+    again = subprocess.run([*base, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "1 finished workload(s) kept" in again.stdout + again.stderr
+    after = json.load(open(raw))
+    assert sorted(w["id"] for w in after["workloads"]) == sorted(ids)
+    assert after["workloads"][0] == kept  # as the first call left it, not run again
+    assert after["meta"]["processes"] == 2
+    assert all(i["status"] != "skipped" for w in after["workloads"] for i in w["impls"])
+    (json_file,) = [p for p in os.listdir(tmp_path) if p.endswith(".json")]
+    (run,) = json.load(open(tmp_path / json_file))["runs"]
+    assert {w["id"] for w in run["workloads"]} == set(ids)
+    # a third call finds everything done and starts no worker
+    third = subprocess.run([*base, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert third.returncode == 0 and "resumed" not in third.stdout + third.stderr, third.stdout[-2000:]
+    assert "bench: run complete" in third.stdout and "bench: run complete" in again.stdout
+    assert "run incomplete" not in first.stdout
