@@ -376,7 +376,7 @@ def attention_off_cudnn(plan: Any) -> list[str]:
             continue
         try:
             verdict = get_engine("cudnn").supports(st.piece, plan.device)
-            why = "supported (tuning timed it slower)" if verdict.ok else verdict.reason
+            why = "supported (another engine was ranked or timed first)" if verdict.ok else verdict.reason
         except Exception as e:  # a diagnostic: never the run's failure
             why = f"{type(e).__name__}: {e}"
         key = f"{'sdpa_backward' if 'sdpa_backward' in kinds else 'sdpa'} on {st.config.engine}, cudnn: {why[:300]}"

@@ -149,8 +149,9 @@ def parent(args: argparse.Namespace) -> int:
     start, last = time.monotonic(), 0.0
     if args.gpus > 1:
         paths = run_spread(args, specs, repeats, rawdir, env, here)
-        progress(rawdir, [(j.raw, j.ids) for j in spread_jobs(specs, repeats, rawdir, False)])
-        return finish(args, out, rawdir, paths)
+        rc = finish(args, out, rawdir, paths)
+        progress(args, rawdir, [(j.raw, j.ids) for j in spread_jobs(specs, repeats, rawdir, False)])
+        return rc
     print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
           f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
     paths = []
@@ -181,13 +182,16 @@ def parent(args: argparse.Namespace) -> int:
         last = time.monotonic() - t0
         if os.path.exists(raw):
             paths.append(raw)
+    rc = finish(args, out, rawdir, paths)
     ids = [sp.id for sp in specs]
-    progress(rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), ids) for i in range(1, repeats + 1)])
-    return finish(args, out, rawdir, paths)
+    progress(args, rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), ids) for i in range(1, repeats + 1)])
+    return rc
 
 
-def progress(rawdir: str, jobs: list[tuple[str, list[str]]]) -> None:
-    """Say whether every timed (repeat, workloads) job finished, or how to go on."""
+def progress(args: argparse.Namespace, rawdir: str, jobs: list[tuple[str, list[str]]]) -> None:
+    """The run's last line: whether every timed (repeat, workloads) job finished, or how to go on."""
+    if args.warm:
+        return
     left = [raw for raw, ids in jobs if not done(raw, ids)]
     if left:
         print(f"bench: run incomplete: {len(left)} of {len(jobs)} timed job(s) not finished; go on with "
@@ -234,8 +238,8 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
 def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], repeats: int, rawdir: str,
                env: dict[str, str], here: str) -> list[str]:
     """Run the jobs on args.gpus GPUs, one worker process per GPU at a time; the raw files written."""
-    jobs = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
-    jobs = [j for j in jobs if not done(j.raw, j.ids)]  # (--resume: what an earlier call finished)
+    every = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
+    jobs = [j for j in every if not done(j.raw, j.ids)]  # (--resume: what an earlier call finished)
     if args.warm:
         jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-")) for j in jobs if j.repeat == 1]
     print(f"bench: {len(specs)} workload(s) in {len({j.group for j in jobs})} group(s), {repeats} repeat(s) over "
@@ -250,7 +254,8 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
                                 env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]})
 
     schedule(jobs, args.gpus, args.time_limit, launch)
-    return [j.raw for j in jobs if j.repeat > 0 and os.path.exists(j.raw)]
+    # (every repeat's raw file so far: with --resume, those earlier calls finished too)
+    return [j.raw for j in every if j.repeat > 0 and os.path.exists(j.raw)]
 
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:

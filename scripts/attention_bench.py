@@ -344,7 +344,8 @@ def check_knobs(spec, cuda):
     masks, stages cut to fit shared memory."""
     from opgraph.engines.triton.attention.knobs import fit_bwd, fit_fwd
 
-    f, b = fwd_candidates(spec.D, cuda=cuda)[0], bwd_candidates(spec.D, cuda=cuda)[0]
+    f = fwd_candidates(spec.D, cuda=cuda)[0]
+    b = bwd_candidates(spec.D, cuda=cuda, scored=spec.score_mod is not None)[0]
     f, b = FwdKnobs(**{**f.__dict__, "ONELOOP": 1}), BwdKnobs(**{**b.__dict__, "ONELOOP": 1})
     return (fit_fwd(spec, f), fit_bwd(spec, b)) if cuda else (f, b)
 

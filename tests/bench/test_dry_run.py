@@ -3,6 +3,7 @@ timing stand-ins, repeat aggregation, files. Wiring only: the numbers mean nothi
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -86,6 +87,17 @@ def test_dry_run_spread_over_two_gpus_merges_repeats(tmp_path):
     assert len(data["warm"]["workloads"]) == 3
     md = open(tmp_path / json_files[0].replace(".json", ".md")).read()
     assert "2 process-level repeat(s)" in md and "Spread over 2 GPUs" in md
+    assert out.stdout.rstrip().splitlines()[-1] == "bench: run complete"
+    # --resume of the finished run starts no worker and writes the same tables over every repeat
+    (rawdir,) = [tmp_path / p for p in os.listdir(tmp_path) if p.startswith("raw-")]
+    os.remove(tmp_path / json_files[0])
+    again = subprocess.run([*cmd, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600, check=False)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "bench worker" not in again.stdout + again.stderr and again.stdout.rstrip().endswith("bench: run complete")
+    resumed = json.load(open(tmp_path / json_files[0]))
+    assert sorted(r["repeat"] for r in resumed["runs"]) == [1, 2]
+    assert all(len(r["workloads"]) == 3 for r in resumed["runs"])
 
 
 # -- the --gpus scheduler, on fake workers and a fake clock (pure Python) ----------------------------
@@ -240,10 +252,13 @@ def test_done_and_progress_know_a_cut_job(tmp_path, capsys):
     partial = write("repeat2-g.json", [WorkloadResult("a", "a", "g"), cut])
     assert done(whole, ["a", "b"]) and not done(partial, ["a", "b"]) and done(partial, ["a"])
     assert not done(str(tmp_path / "repeat3-g.json"), ["a"])
-    progress(str(tmp_path), [(whole, ["a", "b"]), (partial, ["a", "b"])])
+    timed = argparse.Namespace(warm=False)
+    progress(timed, str(tmp_path), [(whole, ["a", "b"]), (partial, ["a", "b"])])
     assert f"1 of 2 timed job(s) not finished; go on with --resume {tmp_path}" in capsys.readouterr().out
-    progress(str(tmp_path), [(whole, ["a", "b"])])
+    progress(timed, str(tmp_path), [(whole, ["a", "b"])])
     assert "bench: run complete" in capsys.readouterr().out
+    progress(argparse.Namespace(warm=True), str(tmp_path), [(partial, ["a", "b"])])  # a warm-up pass times nothing
+    assert capsys.readouterr().out == ""
 
 
 def test_gpu_ids_follow_the_parents_visible_devices():

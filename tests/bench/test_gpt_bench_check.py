@@ -196,5 +196,9 @@ def test_attention_off_cudnn_names_the_engine_and_cudnns_reason():
     q, k, v = (g.tensor(dim=[1, 2, 8, 16], name=n) for n in "qkv")
     o, _ = g.sdpa(q, k, v, attn_scale=0.25, generate_stats=False, use_causal_mask=True)
     o.set_output(True)
-    (line,) = attention_off_cudnn(g.build(device="cpu", engines=["reference"]))
-    assert line.startswith("1 x sdpa on reference, cudnn: ") and len(line) > len("1 x sdpa on reference, cudnn: ")
+    from opgraph.engines import get_engine
+
+    plan = g.build(device="cpu", engines=["reference"])
+    verdict = get_engine("cudnn").supports(plan.steps[0].piece, plan.device)
+    assert not verdict.ok and verdict.reason  # (no GPU here: the engine says why)
+    assert attention_off_cudnn(plan) == [f"1 x sdpa on reference, cudnn: {verdict.reason[:300]}"]

@@ -246,6 +246,28 @@ def test_candidates_fit_shared_memory():
             <= SMEM_LIMIT
 
 
+def test_score_modifier_tile_loop_forms(rng):
+    """The tile loop's forms of a score modifier (`_hot_loop_form`): tanh through _og_tanh_fast (and its
+    derivative through _og_sech2_fast), a division by a power of two as a product, any other division
+    kept: x * fl(1/41) is not x / 41, and position buckets built with floor(i / 41) would move (row 82:
+    41 * fl(1/41) = 0.99999994; review of 2026-11-26). Checked against the reference, forward and
+    backward, with positions up to 89."""
+    g = og.Graph("buckets", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    dims = (1, 2, 90, 16)
+    q, k, v = (g.tensor(dim=list(dims), stride=packed_strides(dims), name=n) for n in "qkv")
+
+    def mod(sg, s):
+        same = sg.cmp_eq(sg.floor(sg.div(sg.gen_index(s, axis=2), 41.0)),
+                         sg.floor(sg.div(sg.gen_index(s, axis=3), 41.0)))
+        return sg.add(sg.mul(sg.tanh(sg.div(s, 0.25)), 0.25), sg.mul(same, 5.0))
+    o, stats = g.sdpa(q, k, v, attn_scale=0.3, generate_stats=True, score_mod=mod)
+    o.set_output(True)
+    stats.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    src = plan.steps[0].kernel.source()
+    assert "_og_tanh_fast(" in src and " * 4.0" in src and "/ 41.0" in src, src[-3000:]
+
+
 def _softcap_alibi(backward: bool) -> og.Graph:
     """The benchmark's modified attention: B4 H16 S4096 D128 bf16, causal, 30 tanh(s / 30) + ALiBi."""
     g = og.Graph("softcap_alibi", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)

@@ -689,16 +689,23 @@ HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_ca
     "rmsnorm_bwd": (_rownorm(True, rms=True, dims=(4096, 8192)), "rownorm", None),
 }
 LOOPS = {"kernel_stats", "kernel_rownorm_bwd", "kernel_rownorm"}  # the kernels whose loop ST pipelines
+FORWARD_STATS = {"bn_nhwc", "bn_nchw", "instancenorm"}
 
 
 def test_kernels_compile_for_hopper():
     lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
     assert {line.split()[1] for line in lines} == set(HOPPER_CASES)
+    seen: set[str] = set()
     for line in lines:
         words = line.split()
         kernel, spills, cp_async = words[2], int(words[6]), int(words[10])
         knobs = ast.literal_eval(line[line.index("{"):])
         assert spills == 0, line
+        if kernel == "kernel_stats" and words[1] in FORWARD_STATS and words[1] not in seen:
+            # the heuristic's forward stats programs (3 tile accumulators since the mean keeps its own
+            # unshifted sum) are planned 3 to an SM, all in one wave: their registers must allow it
+            assert int(words[4]) * 32 * int(knobs["W"]) * 3 <= 65536, line
+        seen.add(words[1])
         if kernel in LOOPS and int(knobs.get("ST", 0)) > 1 and (kernel != "kernel_rownorm" or knobs.get("FP")):
             assert cp_async > 0, f"the loop was not pipelined: {line}"
 

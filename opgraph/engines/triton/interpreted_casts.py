@@ -76,6 +76,8 @@ def _fmod(a: Any, b: Any) -> Any:
 
 def _tanh(x: Any) -> Any:
     """tanh of a float tensor in its own type (NumPy's: what libdevice's tanhf computes, to 2 ulp)."""
+    if not hasattr(x, "handle"):  # a Python number
+        return float(np.tanh(x))
     v = _values(x)
     if v.dtype.kind != "f":  # (bf16 is held as bits: the generated code passes fp32 here)
         raise TypeError(f"_og_tanh_fast of {x.dtype} under the interpreter: it takes fp16/fp32/fp64")

@@ -446,14 +446,16 @@ class ScoreModCode:
 
 def _hot_loop_form(mode: PointwiseMode, refs: tuple[Ref | None, ...], ins: list[str]) -> str | None:
     """The form of a score-modifier op inside the tile loop, where it runs once per score element
-    beside the tensor-core work, or None for the pointwise template's own: division by a constant as a
-    product with its reciprocal, tanh as libdevice's tanhf and its derivative as 1 - tanh^2 (which
-    shares the tanh with the recomputed forward in a backward kernel). fp32 to ~2 ulp where the
-    pointwise forms are exact to 1 ulp, at a fraction of their instructions and registers: the
-    soft-capped score tile spilled registers at the tile sizes plain attention runs best at."""
+    beside the tensor-core work, or None for the pointwise template's own: division by a power of two
+    as the (exact) product with its reciprocal; tanh as libdevice's tanhf (2 ulp) and its derivative as
+    1 - tanh^2 (absolute error ~eps: relative accuracy is lost for |x| > ~4, where it is below 1e-3;
+    in a backward kernel the compiler may share the tanh with the recomputed forward's). A fraction of
+    the pointwise forms' instructions and registers: the soft-capped score tile spilled registers at
+    the tile sizes plain attention runs best at. (Other divisions stay divisions: x * fl(1/c) is not
+    x / c, and floor(j * fl(1/41)) misplaces bucket edges.)"""
     if mode is PointwiseMode.DIV and len(refs) > 1 and refs[1] is not None and refs[1].src is Src.CONST:
         c = refs[1].const
-        if c != 0 and math.isfinite(c) and math.isfinite(1.0 / c) and 1.0 / c != 0:
+        if c != 0 and math.isfinite(c) and math.frexp(c)[0] in (0.5, -0.5) and math.isfinite(1.0 / c):
             return f"{ins[0]} * {literal(1.0 / c)}"
     if mode is PointwiseMode.TANH_FWD:
         return f"_og_tanh_fast({ins[0]})"

@@ -96,6 +96,10 @@ def stats_bytes(g: StatsGeometry, piece: Piece) -> int:
                if u in piece.inputs and piece.tensor(u).dim == g.dims) or 2
 
 
+def pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 def _stages(tile_bytes: int) -> int:
     """Pipeline depth of the stats loop: about 24 KiB in flight per program (2-4 tiles)."""
     return 1 + max(1, min(3, round(24576 / max(1, tile_bytes))))
@@ -106,10 +110,13 @@ def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = N
            tile: int = 4096) -> dict[str, Any]:
     gpu = device.is_cuda
     cp = pow2_ceil(g.C)
-    accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else 2
-    # 16 warps an SM: 4 programs of 4 warps (2 accumulators), 2 of 8 (4 accumulators); ~110-128
-    # registers a thread, so that is also what fits at once (one wave)
-    per_sm = per_sm or (8 // accumulators)
+    # tile accumulators of the stats loop: a backward without saved stats keeps 4, a forward 3 (the
+    # shifted sums and the unshifted one, for the mean output), a backward with saved stats 2
+    accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else \
+        3 if g.kind in FORWARD else 2
+    # 16 warps an SM: 4 programs of 4 warps (2 accumulators, ~96-118 registers a thread), 3 of 4 (3
+    # accumulators: 141-154 registers, sm_90), 2 of 8 (4 accumulators): what fits at once (one wave)
+    per_sm = per_sm or {2: 4, 3: 3, 4: 2}[accumulators]
     if g.channels_last:
         if gpu:  # stats and apply tiles of 4096 elements; apply rows divide stats rows (ORDER)
             bc = min(cp, bc or 64)
@@ -133,7 +140,7 @@ def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = N
         stages = _stages(br * bc * elt) if gpu and -(-tiles // chunks) > 1 else 0
     return {
         "BR": br, "BC": bc, "CHUNK": -(-tiles // chunks),
-        "W": max(4, br * bc // 1024 * accumulators // 2) if gpu else 4,
+        "W": max(4, pow2_floor(br * bc // 1024 * accumulators // 2)) if gpu else 4,
         "ST": 0 if prefetch else stages, "PF": prefetch,
         "ABR": abr, "ABC": abc, "AW": 8 if gpu and abr * abc >= 4096 else 4,
         "BS": min(pow2_ceil(g.S), 8 if gpu else 4), "CW": 4, "ORDER": order,
@@ -143,8 +150,8 @@ def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = N
 def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[dict[str, Any]]:
     """Knob settings, the heuristic's first. Stats pass: tiles of ~4096 elements (channel blocks of 64
     contiguous channels, or Q blocks that waste < 6% in their ragged edge), 4 warps per 2 fp32
-    accumulators (32 elements a thread), 16 warps per SM (4 programs of 4 warps, or 2 of 8 when a
-    backward recomputes the mean: 4 accumulators), the row loop software-pipelined
+    accumulators (32 elements a thread), 16 warps per SM (4 programs of 4 warps; 3 for a forward's 3
+    accumulators; 2 of 8 when a backward recomputes the mean: 4 accumulators), the row loop software-pipelined
     (ST: `tl.range(num_stages=ST)`, cp.async into shared memory: ST - 1 tiles, ~24 KiB, in flight per
     program, ~96 KiB per SM, where the plain loop had one 8 KiB tile per program and waited for it
     every iteration); combine: 8 slots a program, every partial loaded once; apply: 4096-element
