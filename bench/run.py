@@ -242,9 +242,9 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
     jobs = [j for j in every if not done(j.raw, j.ids)]  # (--resume: what an earlier call finished)
     if args.warm:
         jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-")) for j in jobs if j.repeat == 1]
-    print(f"bench: {len(specs)} workload(s) in {len({j.group for j in jobs})} group(s), {repeats} repeat(s) over "
-          f"{args.gpus} GPUs, time limit {args.time_limit:.0f} s (planned ~{sum(j.minutes for j in jobs) / args.gpus:.0f}"
-          f" min per GPU with warm caches); raw -> {rawdir}", flush=True)
+    print(f"bench: {len(specs)} workload(s) in {len({j.group for j in every})} group(s), {repeats} repeat(s) over "
+          f"{args.gpus} GPUs, {len(jobs)} of {len(every)} job(s) to run, time limit {args.time_limit:.0f} s (planned "
+          f"~{sum(j.minutes for j in jobs) / args.gpus:.0f} min per GPU with warm caches); raw -> {rawdir}", flush=True)
 
     devices = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), args.gpus)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench v2 suite over several 10-minute device calls on one warm machine: each call goes on with the
 # run in $SUITE_DIR (`bench.run --resume` of its raw folder: finished workloads kept, caches still warm),
-# or starts it (with a warm-up pass) when there is none. Call it again, within the machine's idle
+# or starts it when there is none; a warm-up pass first (`--warm-first`). Call it again, within the machine's idle
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
 #     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] scripts/suite_session.sh
 set -u
@@ -12,11 +12,10 @@ export PYTHONUNBUFFERED=1
 raw=$(ls -d "$DIR"/raw-* 2>/dev/null | tail -1)
 # shellcheck disable=SC2086
 args=(--gpus "${GPUS:-4}" --repeats "${REPEATS:-3}" --time-limit "${TIME_LIMIT:-540}" --out "$DIR" ${SUITE:-all})
-if [ -n "$raw" ]; then
-  python3 -m bench.run "${args[@]}" --resume "$raw" 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
-else
-  python3 -m bench.run "${args[@]}" --warm-first 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
-fi
+resume=()
+[ -n "$raw" ] && resume=(--resume "$raw")
+# (--warm-first each time: with --resume, only the warm-up jobs not yet finished run)
+python3 -m bench.run "${args[@]}" --warm-first "${resume[@]}" 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
 if tail -20 "$DIR/log.txt" | grep -q "^bench: run complete"; then echo "suite complete"; else echo "suite not complete: call again"; fi
 tar czf "$OUT/suite.tgz" -C "$DIR" --exclude='raw-*/*.tmp' . 
 ls -la "$OUT"
