@@ -9,6 +9,16 @@ OUT=${OUT:-/tmp/out}
 DIR=${SUITE_DIR:-/tmp/suite}
 mkdir -p "$DIR"
 export PYTHONUNBUFFERED=1
+# the cuDNN frontend peer and opgraph's cudnn engine need the wheel the repo carries (.whl/, see the
+# device notes): installed once per machine, before anything is timed
+if ! python3 -c "import cudnn" 2>/dev/null; then
+  wheels=(.whl/nvidia_cudnn_frontend*.whl)
+  if [ -e "${wheels[0]}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}"
+    export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  python3 -c "import cudnn" 2>/dev/null || echo "suite_session: no cuDNN frontend: its peer and the cudnn engine are absent"
+fi
 raw=$(ls -d "$DIR"/raw-* 2>/dev/null | tail -1)
 # shellcheck disable=SC2086
 args=(--gpus "${GPUS:-4}" --repeats "${REPEATS:-3}" --time-limit "${TIME_LIMIT:-540}" --out "$DIR" ${SUITE:-all})
