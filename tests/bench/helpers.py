@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 from bench.core.floors import Ceilings, Floor
 from bench.core.records import ImplResult, RunRecord, WorkloadResult
 
@@ -33,3 +40,30 @@ def run(repeat: int, scale: float = 1.0, *, meta: dict | None = None, ours_err: 
     w2.impls = [impl("opgraph", "ours", device=5.0 * scale, execute=9.0, tuned=False),
                 impl("torch eager", "peer", device=4.0 * scale, execute=8.0, err=1e-3)]
     return RunRecord(dict(meta or META), Ceilings(3000.0 * scale, {"float16": 660.0}), [w, w2], repeat)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dry_run(out: Path, *args: str, timeout: float = 600) -> dict[str, Any]:
+    """`python -m bench.run --dry-run ARGS --out OUT` in a subprocess (the whole pipeline on the CPU): it
+    must exit 0; the JSON of the one results file it writes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bench.run", "--dry-run", *args, "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (json_file,) = [p for p in os.listdir(out) if p.endswith(".json")]
+    return json.load(open(out / json_file))
+
+
+def assert_step_checked(w: dict[str, Any], names: list[str], max_err: float,
+                        impls: tuple[str, ...] = ("opgraph", "torch eager")) -> dict[str, dict[str, Any]]:
+    """Every output of a training step's workload `w` checked for each of `impls`, all within `max_err`
+    and the tolerance rule; the implementations by name."""
+    by_name = {i["impl"]: i for i in w["impls"]}
+    for name in impls:
+        i = by_name[name]
+        assert i["status"] == "ok" and set(i["errors"]) == set(names), (name, i["error"])
+        assert all(e is not None and e < max_err for e in i["errors"].values()), (name, i["errors"])
+        assert i["verdict"]["passed"], (name, i["verdict"])
+    return by_name

@@ -4,11 +4,8 @@ backward calls of the PyTorch peers, the TFLOP/s table; and the group's dry run 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,9 +16,7 @@ from bench.core.floors import Floor
 from bench.core.render import fmt_num, render
 from bench.workloads import attention as A
 
-from .helpers import run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .helpers import dry_run, run
 
 
 def _rel(a, b):
@@ -113,14 +108,9 @@ def test_tflops_table_only_for_workloads_that_ask():
 
 @pytest.mark.slow
 def test_dry_run_of_the_attention_group(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", "attention", "--repeats", "1",
-           "--out", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (json_file,) = [p for p in os.listdir(tmp_path) if p.endswith(".json")]
+    data = dry_run(tmp_path, "--suite", "attention", "--repeats", "1", timeout=900)
     (md_file,) = [p for p in os.listdir(tmp_path) if p.endswith(".md")]
-    (repeat,) = json.load(open(tmp_path / json_file))["runs"]
+    (repeat,) = data["runs"]
     by_id = {w["id"]: w for w in repeat["workloads"]}
     assert len(by_id) == 16 and not any(w["error"] for w in by_id.values())
     for wid, w in by_id.items():

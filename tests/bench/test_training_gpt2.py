@@ -4,33 +4,18 @@ updated parameter) against the float64 step, for opgraph and the eager peer alik
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .helpers import assert_step_checked, dry_run
 
 
 @pytest.mark.slow
 def test_dry_run_of_the_gpt2_training_step(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", "training-gpt2", "--repeats", "1",
-           "--out", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (json_file,) = [p for p in os.listdir(tmp_path) if p.endswith(".json")]
-    (w,) = json.load(open(tmp_path / json_file))["runs"][0]["workloads"]
+    data = dry_run(tmp_path, "--suite", "training-gpt2", "--repeats", "1")
+    (w,) = data["runs"][0]["workloads"]
     assert not w["error"], w["error"]
     names = [o[0] for o in w["outputs"]]
     n_params = sum(n.startswith("grad:") for n in names)
     assert names[0] == "loss" and n_params == 28 and len(names) == 1 + 2 * n_params  # 2 layers, tied embedding
-    impls = {i["impl"]: i for i in w["impls"]}
-    for name in ("opgraph", "torch eager"):
-        i = impls[name]
-        assert i["status"] == "ok" and set(i["errors"]) == set(names), (name, i["error"])
-        assert all(e is not None and e < 0.05 for e in i["errors"].values()), (name, i["errors"])
-        assert i["verdict"]["passed"], (name, i["verdict"])
+    impls = assert_step_checked(w, names, 0.05)
     assert impls["torch.compile"]["status"] == "unavailable"

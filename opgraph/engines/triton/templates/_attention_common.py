@@ -45,8 +45,7 @@ class AttentionTemplateBase(Template):
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         spec = self._spec(piece, device)
         out = []
-        extra = {"scored": spec.score_mod is not None} if self.kind == "sdpa_backward" else {}
-        for k in self.candidates_for(spec.D, cuda=device.is_cuda, dv=spec.Dv, **extra):
+        for k in self.candidates_for(spec.D, cuda=device.is_cuda, dv=spec.Dv, scored=spec.score_mod is not None):
             fitted = self.fit(spec, k) if device.is_cuda else k
             if fitted is not None:
                 out.append({n: getattr(fitted, n) for n in self.KNOBS})

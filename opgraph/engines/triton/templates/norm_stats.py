@@ -334,7 +334,7 @@ class _Gen(NormGen):
             body += take() + [f"mean = {mean_v}", f"inv = {inv_v}", "k0 = mean"]
         else:
             # exact merge of the chunks: the total mean first, then M2 about it
-            body += zeros("t_n", "t_m", "t_s")
+            body += zeros("t_n", "t_m", *(["t_s"] if self.forward else []))
             first = [f"t_n += tl.sum(n_i, {red})", f"t_m += tl.sum(n_i * mu_i, {red})"]
             loads = [f"n_i = {ld('cnt')}", f"mu_i = {ld('mu')}"]
             if self.forward:
