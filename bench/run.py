@@ -221,8 +221,8 @@ class Job:
 
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
     """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
-    then repeat 1 of every group, longest first, then repeat 2, ...; groups that time the host last in
-    each round."""
+    then repeat 1 of every group, longest first, then repeat 2, ...; the timed repeats of groups that time
+    the host after all the others (each alone, so the GPUs drain once, not once per round)."""
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
@@ -231,8 +231,8 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
         round_ = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
                       os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
                       g.startswith("host") and r > 0) for g, ss in groups.items()]
-        jobs += sorted(round_, key=lambda j: (j.alone, -j.minutes))
-    return jobs
+        jobs += sorted(round_, key=lambda j: -j.minutes)
+    return [j for j in jobs if not j.alone] + [j for j in jobs if j.alone]
 
 
 def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], repeats: int, rawdir: str,

@@ -71,8 +71,8 @@ class Registry:
         return out
 
     def select(self, names: Sequence[str], *, quick: bool = False) -> list[WorkloadSpec]:
-        """The workloads named (groups, ids or globs over ids; "all"), in registration order, each once.
-        `quick` keeps those marked for smoke tests."""
+        """The workloads named (groups, families of groups: "attention" for "attention-fwd", ...; ids or
+        globs over ids; "all"), in registration order, each once. `quick` keeps those marked for smoke tests."""
         groups = self.groups()
         chosen: set[str] = set()
         for name in names or ["all"]:
@@ -80,6 +80,8 @@ class Registry:
                 hit = list(self._specs)
             elif name in groups:
                 hit = groups[name]
+            elif any(g.startswith(f"{name}-") for g in groups):
+                hit = [i for g, ids in groups.items() if g.startswith(f"{name}-") for i in ids]
             elif name in self._specs:
                 hit = [name]
             else:

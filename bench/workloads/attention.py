@@ -392,17 +392,24 @@ def softcap_alibi_case(ctx: Ctx, backward: bool) -> Case:
 
 
 _MINUTES = {"s1k": 0.5, "s4k": 0.7, "s16k": 1.6}  # backward; a forward ~0.6x
+
+
+def _group(backward: bool, tag: str) -> str:
+    """The attention family's groups are small enough to spread over GPUs (`--suite attention` selects all)."""
+    return "attention-fwd" if not backward else "attention-bwd-16k" if tag == "s16k" else "attention-bwd"
+
+
 for _backward, _make in ((False, sdpa_forward), (True, sdpa_backward)):
     for _tag, _s in SEQS:
         for _causal in (False, True):
             _kind = "bwd" if _backward else "fwd"
-            workload(f"attention.sdpa_{_kind}.{_tag}{'_causal' if _causal else ''}", group="attention",
+            workload(f"attention.sdpa_{_kind}.{_tag}{'_causal' if _causal else ''}", group=_group(_backward, _tag),
                      quick=_tag == "s1k", minutes=_MINUTES[_tag] * (1.0 if _backward else 0.6),
                      title=f"SDPA {_kind} B4 H16 S{_s} D128{' causal' if _causal else ''} bf16")(
                 functools.partial(_make, s=_s, causal=_causal))
-workload("attention.softcap_alibi_fwd.s4k", group="attention", minutes=0.6,
+workload("attention.softcap_alibi_fwd.s4k", group="attention-mod", minutes=0.6,
          title="SDPA fwd tanh soft-cap 30 + ALiBi (gen_index) causal B4 H16 S4096 D128 bf16")(
     functools.partial(softcap_alibi_case, backward=False))
-workload("attention.softcap_alibi_bwd.s4k", group="attention", minutes=0.8,
+workload("attention.softcap_alibi_bwd.s4k", group="attention-mod", minutes=0.8,
          title="SDPA bwd tanh soft-cap 30 + ALiBi (gen_index) causal B4 H16 S4096 D128 bf16")(
     functools.partial(softcap_alibi_case, backward=True))

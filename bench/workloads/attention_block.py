@@ -73,7 +73,7 @@ def _import(v: dict[str, Any]) -> tuple[Any, float]:
     return imported, time.perf_counter() - t0
 
 
-@workload("attention.block_fwd.bf16", group="attention", minutes=1.0,
+@workload("attention.block_fwd.bf16", group="attention-block", minutes=1.0,
           title="transformer block fwd (GPT-2 block, causal SDPA) d2048 h16 4×2048 tokens bf16")
 def block_forward(ctx: Ctx) -> Case:
     import torch
@@ -101,7 +101,7 @@ def block_forward(ctx: Ctx) -> Case:
                 notes="one graph imported with opgraph.from_torch (the import is in the first build's setup_s)")
 
 
-@workload("attention.block_fwd_bwd.bf16", group="attention", minutes=1.5,
+@workload("attention.block_fwd_bwd.bf16", group="attention-block", minutes=1.5,
           title="transformer block fwd+bwd (y, dx, 12 parameter gradients) d2048 h16 4×2048 tokens bf16")
 def block_forward_backward(ctx: Ctx) -> Case:
     import torch

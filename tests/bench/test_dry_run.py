@@ -59,12 +59,25 @@ def test_spread_jobs_order_repeats_and_keep_host_rows_alone():
     specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
                                       "host.execute_tiny_conv"])
     jobs = spread_jobs(specs, 3, "/raw", warm_first=True)
-    assert [j.repeat for j in jobs] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
-    for r in (1, 2, 3):  # the host-time group last in each round, alone
-        round_ = [j for j in jobs if j.repeat == r]
-        assert round_[-1].group == "host" and round_[-1].alone and not any(j.alone for j in round_[:-1])
-    assert not any(j.alone for j in jobs if j.repeat == 0)
+    # rounds in order; the host group's timed repeats at the end, alone (the GPUs drain once, not per round)
+    assert [j.repeat for j in jobs] == [0] * 3 + [1] * 2 + [2] * 2 + [3] * 2 + [1, 2, 3]
+    assert all(j.group == "host" and j.alone for j in jobs[-3:]) and not any(j.alone for j in jobs[:-3])
     assert len({j.raw for j in jobs}) == len(jobs)
+
+
+def test_a_family_of_groups_is_selected_by_its_name():
+    from bench import workloads
+    from bench.core import registry
+
+    workloads.load()
+    groups = registry.REGISTRY.groups()
+    family = [g for g in groups if g.startswith("attention-")]
+    assert len(family) >= 4 and "attention" not in groups  # spread over GPUs, selected as one
+    got = {s.id for s in registry.REGISTRY.select(["attention"])}
+    assert got == {i for g in family for i in groups[g]}
+    assert {s.id for s in registry.REGISTRY.select(["attention-mod"])} == set(groups["attention-mod"])
+    with pytest.raises(KeyError):
+        registry.REGISTRY.select(["attent"])
 
 
 @pytest.mark.slow
