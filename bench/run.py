@@ -14,7 +14,7 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
                        caches of the machine for a later timed run; nothing written)
     --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
                        its own on one GPU (CUDA_VISIBLE_DEVICES), repeat 1 of every group before any repeat 2;
-                       the host-time group runs alone (no other worker competing for the CPU). One machine
+                       the host-time rows never beside a warm-up pass (whose compiles load every core) or each other. One machine
                        per table still holds (same host, same GPU model); the header says the run was spread.
 """
 
@@ -216,13 +216,13 @@ class Job:
     ids: list[str]
     minutes: float
     raw: str
-    alone: bool  # host-time rows: no other worker on the host meanwhile
+    alone: bool  # host-time rows: no warm-up pass (compiles) and no other host-time job meanwhile
 
 
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
     """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
     then repeat 1 of every group, longest first, then repeat 2, ...; the timed repeats of groups that time
-    the host after all the others (each alone, so the GPUs drain once, not once per round)."""
+    the host first in the timed phase (they start once no warm-up runs: `next_job`)."""
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
@@ -232,7 +232,8 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
                       os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
                       g.startswith("host") and r > 0) for g, ss in groups.items()]
         jobs += sorted(round_, key=lambda j: -j.minutes)
-    return [j for j in jobs if not j.alone] + [j for j in jobs if j.alone]
+    return ([j for j in jobs if j.repeat == 0] + [j for j in jobs if j.alone]
+            + [j for j in jobs if j.repeat > 0 and not j.alone])
 
 
 def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], repeats: int, rawdir: str,
@@ -270,16 +271,18 @@ def gpu_ids(visible: str | None, gpus: int) -> list[str]:
 
 
 def next_job(pending: list[Job], running: list[Job]) -> int | None:
-    """Index in `pending` of the job to start now on a free GPU, or None: nothing beside a running `alone`
-    job; an `alone` job only when nothing runs, and no later job jumps it (it would wait for ever); a
-    group's timed repeats only after its warm-up pass ended (they would run with cold caches beside it
-    and compile the same kernels at once)."""
-    if any(j.alone for j in running):
-        return None
+    """Index in `pending` of the job to start now on a free GPU, or None. A group's timed repeats start only
+    after its warm-up pass ended (they would run with cold caches beside it and compile the same kernels at
+    once). A host-time job (`alone`) starts only while no warm-up pass runs (their compiles load every core)
+    and no other host-time job does; timed workers of other groups may run beside it (one process and core
+    each on a many-core host) and may pass it while it waits: warm-ups all come first, so its wait ends."""
     warming = {j.group for j in (*pending, *running) if j.repeat == 0}
+    compiling = any(j.repeat == 0 for j in running)
     for k, job in enumerate(pending):
         if job.alone:
-            return k if not running and job.group not in warming else None
+            if not compiling and not any(j.alone for j in running) and job.group not in warming:
+                return k
+            continue
         if job.repeat == 0 or job.group not in warming:
             return k
     return None

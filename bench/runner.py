@@ -93,11 +93,20 @@ def _execute_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: S
         res.graph_errors = dict(res.errors)
         res.metrics["replay_us"] = measure.back_to_back_us(runner.call, est, budget, cuda)
         if cuda:
-            res.metrics["device_us"] = measure.kernel_sum_us(runner.call)
-            res.methods["device_us"] = "profiler kernel sum"
+            _kernel_sum(res, runner.call, "profiler kernel sum")
         return
     res.metrics["execute_us"] = measure.back_to_back_us(runner.call, est, budget, cuda)
     res.metrics["latency_us"] = measure.latency_us(runner.call, budget, cuda)
+
+
+def _kernel_sum(res: ImplResult, call: Any, how: str) -> None:
+    """Device time from the profiler; none where it saw no device work at all (a call that launches nothing
+    computes nothing: its outputs were folded into constants, or its work ran where the profiler cannot see)."""
+    us = measure.kernel_sum_us(call)
+    if us > 0:
+        res.metrics["device_us"], res.methods["device_us"] = us, how
+    else:
+        res.notes = (res.notes + " device time not reported: the profiler saw no kernel in the call").strip()
 
 
 def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any],
@@ -106,8 +115,7 @@ def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Seq
         return
     est = res.metrics.get("execute_us") or measure.estimate_us(runner.call, True)
     if not runner.capturable:
-        res.metrics["device_us"] = measure.kernel_sum_us(runner.call)
-        res.methods["device_us"] = "profiler kernel sum (not capturable)"
+        _kernel_sum(res, runner.call, "profiler kernel sum (not capturable)")
         return
     try:
         cap = measure.capture(runner.call, 1)
@@ -116,8 +124,7 @@ def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Seq
 
         torch.cuda.synchronize()
         res.notes = (res.notes + f" CUDA graph capture failed: {_err(e)}").strip()
-        res.metrics["device_us"] = measure.kernel_sum_us(runner.call)
-        res.methods["device_us"] = "profiler kernel sum (capture failed)"
+        _kernel_sum(res, runner.call, "profiler kernel sum (capture failed)")
         return
     res.graph_errors = check.check_graph(runner, cap.ret, cap.graph.replay, refs, case.outputs)
     if not tol.sane(res.graph_errors, case.sane_limit):

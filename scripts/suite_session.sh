@@ -3,7 +3,8 @@
 # run in $SUITE_DIR (`bench.run --resume` of its raw folder: finished workloads kept, caches still warm),
 # or starts it when there is none; a warm-up pass first (`--warm-first`). Call it again, within the machine's idle
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
-#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] scripts/suite_session.sh
+#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [ALLOW_NO_FE=1] scripts/suite_session.sh
+# (the device call carries [".whl"]: without the cuDNN frontend it stops, unless ALLOW_NO_FE=1)
 set -u
 OUT=${OUT:-/tmp/out}
 DIR=${SUITE_DIR:-/tmp/suite}
@@ -17,7 +18,11 @@ if ! python3 -c "import cudnn" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}"
     export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
-  python3 -c "import cudnn" 2>/dev/null || echo "suite_session: no cuDNN frontend: its peer and the cudnn engine are absent"
+  if ! python3 -c "import cudnn" 2>/dev/null; then
+    # a run without it has no cuDNN FE peer rows and no cudnn engine in opgraph's plans: not the suite
+    echo "suite_session: no cuDNN frontend (carry .whl: the device call's carry [\".whl\"]; the folder is git-ignored)"
+    if [ "${ALLOW_NO_FE:-0}" != 1 ]; then echo "suite_session: stopping (ALLOW_NO_FE=1 runs without it)"; exit 2; fi
+  fi
 fi
 raw=$(ls -d "$DIR"/raw-* 2>/dev/null | tail -1)
 # shellcheck disable=SC2086

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from . import tolerance as tol
-from .floors import Ceilings, Floor
+from .floors import Ceilings, Floor, datasheet, math_us
 from .records import METRICS, ImplResult, RunRecord
 
 MACHINE_KEYS = ("device", "driver", "hostname")
@@ -130,6 +130,28 @@ def _merge_impl(rs: Sequence[ImplResult]) -> AggImpl:
                    methods, next((r.notes for r in rs if r.notes), ""))
 
 
+TIMES = ("device_us", "replay_us", "execute_us", "latency_us")
+
+
+def least_us(floor: Floor, device: str) -> float:
+    """No run of the workload can take less: its flops at the datasheet's dense peak (0: unknown)."""
+    peak = (datasheet(device) or {}).get(floor.dtype)
+    return math_us(floor.flops or sum(x.flops for x in floor.layers), peak)
+
+
+def drop_impossible(impls: Sequence[AggImpl], floor: Floor, device: str) -> None:
+    """A time of zero or below `least_us` measured something other than the work (a call that launched no
+    kernel, work on a stream the events did not see): the number is dropped and the row says why."""
+    least = least_us(floor, device)
+    for i in impls:
+        for m in TIMES:
+            s = i.metrics.get(m)
+            if s is not None and (s.median <= 0 or s.median < least):
+                del i.metrics[m]
+                i.notes = (i.notes + f" {m} {s.median:.1f} µs dropped: below the math floor at the datasheet "
+                           f"peak ({least:.1f} µs), so not a time of the work").strip()
+
+
 def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
     """One table's numbers from its repeats (any order)."""
     if not runs:
@@ -165,6 +187,7 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
                 per[i.impl].append(i)
         impls = [_merge_impl(per[n]) for n in names]
         w0 = ws[-1]
+        drop_impossible(impls, w0.floor, str(out.meta.get("device", "")))
         dtypes = dict(w0.outputs)
         tols = verdicts(impls, dtypes)
         out.workloads.append(AggWorkload(w0.id, w0.title, w0.group, w0.kind, list(w0.outputs), w0.floor, impls,

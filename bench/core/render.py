@@ -71,7 +71,8 @@ def cell(i: AggImpl | None, metric: str) -> str:
 
 
 def best_peer(w: AggWorkload, metric: str) -> AggImpl | None:
-    cands = [i for i in w.impls if i.role == "peer" and i.passed and metric in i.metrics]
+    cands = [i for i in w.impls if i.role == "peer" and i.passed and metric in i.metrics
+             and i.metrics[metric].median > 0]
     return min(cands, key=lambda i: i.metrics[metric].median) if cands else None
 
 
@@ -259,9 +260,10 @@ def header(agg: Aggregate) -> list[str]:
     sheet = datasheet(str(m.get("device", ""))) or {}
     lines = [(f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
              f"(driver {m.get('driver', '?')}, {m.get('gpu_count', 1)} GPU(s) in the machine; host CPU "
-             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s); each cell the median (min–max)."
+             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s) (a group says where it has fewer); each cell "
+             "the median (min–max)."
              + (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on one "
-                "GPU; the host-time group alone." if m.get("spread_gpus") else "")),
+                "GPU; the host-time rows never beside a warm-up (compiling) pass or each other." if m.get("spread_gpus") else "")),
              "",
              (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
              f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "
@@ -289,6 +291,10 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
     for g in groups:
         ws = [w for w in agg.workloads if w.group == g]
         out += [f"## {g}", ""]
+        short = sorted({w.repeats for w in ws if w.repeats < agg.repeats})
+        if short:
+            out += [f"**{'/'.join(map(str, short))} repeat(s) in this group** (the run's others: {agg.repeats}; the "
+                    "time limit ended it first).", ""]
         kernels = [w for w in ws if w.kind != "host"]
         for metric, t, blurb in TIME_TABLES:
             out += time_table(kernels, metric, t, blurb, agg)
@@ -305,6 +311,15 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
         notes = [w for w in ws if w.notes]
         if notes:
             out += ["Notes:", ""] + [f"- {w.title}: {w.notes}" for w in notes] + [""]
+        said: dict[tuple[str, str], list[str]] = {}
+        for w in ws:
+            for i in w.impls:
+                if i.notes and i.status == "ok":
+                    said.setdefault((i.impl, i.notes[:300]), []).append(w.title)
+        if said:
+            out += ["Implementation notes:", ""] + [
+                f"- {impl} ({titles[0] if len(titles) == 1 else f'{len(titles)} workloads'}): {note}"
+                for (impl, note), titles in said.items()] + [""]
         errs = [(w, i) for w in ws for i in w.impls if i.status != "ok" and i.error]
         if errs:
             out += ["Implementations that did not run:", ""]

@@ -165,6 +165,9 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
     out: dict[str, Any] = {}
 
     def call() -> Any:
+        if mode == "max-autotune":  # a new step: Inductor's CUDA-graph trees may reuse the last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()  # (without it: "accessing tensor output of CUDAGraphs
+            # that has been overwritten by a subsequent run", 2026-11-26)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x), labels)
         loss.backward()

@@ -74,3 +74,23 @@ def test_combined_errors_take_the_worse_mode():
 def test_schema_mismatch_is_refused():
     with pytest.raises(ValueError):
         RunRecord.from_json('{"schema": 1, "meta": {}, "workloads": []}')
+
+
+def test_times_below_the_math_floor_at_the_datasheet_peak_are_dropped_with_a_note():
+    """A peer whose call launched nothing (0 µs) or less than the work's flops at the dense peak allow is
+    not a time of the work: the number is dropped (no ratio, never the best peer) and the row says why."""
+    from bench.core.aggregate import least_us
+    from bench.core.render import best_peer
+
+    r = run(1)
+    w = r.workloads[0]  # 3.3 GFLOP: 3.3 µs at an H100's 989 TFLOP/s
+    w.impls[4].metrics["device_us"] = 1.0  # cuDNN FE tuned: impossible
+    w.impls[5].metrics["replay_us"] = 0.0  # torch.compile (CUDA graphs): nothing ran
+    agg = aggregate([r])
+    a = agg.workloads[0]
+    assert least_us(a.floor, META["device"]) == pytest.approx(660e6 * 5 / 989.4e6)
+    fe, cg = a.impl("cuDNN FE tuned"), a.impl("torch.compile (CUDA graphs)")
+    assert "device_us" not in fe.metrics and "execute_us" in fe.metrics and "dropped" in fe.notes
+    assert "replay_us" not in cg.metrics and "below the math floor" in cg.notes
+    assert best_peer(a, "device_us").impl == "torch eager"
+    assert "device_us" in a.impl("opgraph").metrics  # 10 µs: possible, kept

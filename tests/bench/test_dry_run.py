@@ -50,7 +50,7 @@ def test_dry_run_writes_checked_tables(tmp_path):
     assert again.returncode == 0 and "### CUDA graph: device time" in again.stdout
 
 
-def test_spread_jobs_order_repeats_and_keep_host_rows_alone():
+def test_spread_jobs_order_repeats_and_put_host_rows_first_in_the_timed_phase():
     from bench import workloads
     from bench.core import registry
     from bench.run import spread_jobs
@@ -59,9 +59,9 @@ def test_spread_jobs_order_repeats_and_keep_host_rows_alone():
     specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
                                       "host.execute_tiny_conv"])
     jobs = spread_jobs(specs, 3, "/raw", warm_first=True)
-    # rounds in order; the host group's timed repeats at the end, alone (the GPUs drain once, not per round)
-    assert [j.repeat for j in jobs] == [0] * 3 + [1] * 2 + [2] * 2 + [3] * 2 + [1, 2, 3]
-    assert all(j.group == "host" and j.alone for j in jobs[-3:]) and not any(j.alone for j in jobs[:-3])
+    # the warm-up pass, then the host group's timed repeats (never beside a warm-up: next_job), then rounds
+    assert [j.repeat for j in jobs] == [0] * 3 + [1, 2, 3] + [1] * 2 + [2] * 2 + [3] * 2
+    assert all(j.group == "host" and j.alone for j in jobs[3:6]) and not any(j.alone for j in jobs[6:] + jobs[:3])
     assert len({j.raw for j in jobs}) == len(jobs)
 
 
@@ -173,14 +173,18 @@ def test_schedule_waits_for_a_groups_warm_up_before_its_timed_repeats():
     assert len(ended) == 4
 
 
-def test_schedule_alone_job_waits_for_the_others_and_runs_by_itself():
-    jobs = [_job(1, "a"), _job(1, "b"), _job(1, "host", alone=True), _job(2, "a"), _job(2, "b")]
-    secs = {(1, "a"): 5, (1, "b"): 1, (1, "host"): 3, (2, "a"): 1, (2, "b"): 1}
+def test_schedule_host_job_waits_for_warm_ups_not_for_timed_workers():
+    """The host-time job starts once the last warm-up pass ended (compiles load every core), beside timed
+    workers of other groups; two host-time jobs never overlap; timed jobs pass it while it waits."""
+    jobs = [_job(0, "a"), _job(0, "b"), _job(0, "host"), _job(1, "host", alone=True), _job(2, "host", alone=True),
+            _job(1, "b"), _job(1, "a")]
+    secs = {(0, "a"): 5, (0, "b"): 1, (0, "host"): 1, (1, "host"): 3, (2, "host"): 3, (1, "b"): 10, (1, "a"): 1}
     events, ended, _, _ = _run(jobs, 4, float("inf"), secs)
     start = {key: t for _, t, key, _ in events}
-    assert start[(1, "host")] >= 5  # after a's repeat 1 ended, though 3 GPUs were free
-    assert start[(2, "a")] >= start[(1, "host")] + 3 and start[(2, "b")] >= start[(1, "host")] + 3
-    assert len(ended) == 5
+    assert start[(1, "b")] < 5 and start[(1, "host")] >= 5  # b's timed repeat passed it during a's warm-up
+    assert start[(2, "host")] >= start[(1, "host")] + 3
+    assert start[(1, "host")] < start[(1, "b")] + 10  # beside b's timed repeat, not after it
+    assert len(ended) == 7
 
 
 def test_schedule_more_jobs_than_gpus_and_failing_workers_end():
@@ -224,13 +228,14 @@ def test_schedule_kills_running_workers_when_the_parent_fails():
     assert len(procs) == 2 and all(p.killed for p in procs)
 
 
-def test_next_job_never_passes_an_alone_job():
+def test_next_job_host_rows_never_beside_a_warm_up_or_each_other():
     from bench.run import next_job
 
     pending = [_job(1, "host", alone=True), _job(2, "a")]
-    assert next_job(pending, [_job(1, "a")]) is None  # host waits for a; 2/a waits behind host
-    assert next_job(pending, []) == 0
-    assert next_job([_job(2, "a")], [_job(1, "host", alone=True)]) is None
+    assert next_job(pending, [_job(0, "b")]) == 1  # a warm-up runs: host waits, 2/a passes it
+    assert next_job(pending, [_job(1, "b")]) == 0  # beside a timed worker
+    assert next_job([_job(2, "host", alone=True)], [_job(1, "host", alone=True)]) is None
+    assert next_job([_job(1, "host", alone=True)], [], ) == 0
 
 
 def test_merge_repeats_joins_groups_and_warm_files():

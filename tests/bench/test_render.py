@@ -89,3 +89,14 @@ def test_every_implementation_names_its_engine():
     rows_ = table(md, "### Engines")
     a = next(r for r in rows_ if r["workload"] == "conv A fp16")
     assert a["opgraph"] == "triton:conv_fprop" and a["cuDNN FE tuned"] == "cuDNN" and a["torch eager"] == "cuDNN"
+
+
+def test_a_group_with_fewer_repeats_says_so_and_implementation_notes_are_listed():
+    r1, r2 = run(1), run(2)
+    r2.workloads = []  # the time limit ended repeat 2 before this group ran
+    r3 = run(3)
+    r1.workloads[0].impls[0].notes = r3.workloads[0].impls[0].notes = "CUDA-graph replay not timed: outputs wrong"
+    md = render(aggregate([r1, r2, r3]))
+    assert "3 process-level repeat(s)" in md and "**2 repeat(s) in this group**" in md
+    assert "- opgraph (conv A fp16): CUDA-graph replay not timed: outputs wrong" in md
+    assert "repeat(s) in this group" not in render(aggregate([run(1), run(2)]))
