@@ -39,7 +39,8 @@ precision and gradient clipping.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +48,12 @@ import numpy as np
 
 from ..autodiff import GradGraph, grad
 from ..autodiff.grad import resolve
-from ..core.dtypes import as_data_type
+from ..core.dtypes import DataType, as_data_type
 from ..core.errors import GraphError
 from ..core.tensor import Tensor, TensorDesc
 from ..core.types import UidPack
 from ..graph.builder import Graph
+from .losses import Loss, LossParts
 from .optimizers import SGD
 from .step import train_step
 
@@ -185,6 +187,11 @@ def softmax_cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, name: str = 
     classes on axis 1: logits and one-hot labels of dims [N, classes] or [N, classes, 1, 1] (the
     output of a 1x1-conv classifier). Returns a tensor of ones dims, of `g`'s intermediate type. Each
     sample's logits are shifted by their max first (log-sum-exp), so large logits do not overflow."""
+    return _softmax_cross_entropy(g, logits, onehot, name)[0]
+
+
+def _softmax_cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """`softmax_cross_entropy`, and the per-sample max m and sum of exp(logits - m) s it computes."""
     dims = onehot.dim or logits.dim
     if dims is None or len(dims) < 2:
         raise GraphError("the one-hot labels need declared dims [N, classes, ...]", tensor=onehot,
@@ -196,16 +203,56 @@ def softmax_cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, name: str = 
         return g.reduction(x, mode=mode, name=f"{name}.{what}").set_dim(dim).set_data_type(dt)
 
     m = reduce(logits, "max", per_sample, "max")
-    lse = g.add(g.log(reduce(g.exp(g.sub(logits, m)), "add", per_sample, "sum_exp")), m)
+    s = reduce(g.exp(g.sub(logits, m)), "add", per_sample, "sum_exp")
+    lse = g.add(g.log(s), m)
     picked = reduce(g.mul(logits, onehot), "add", per_sample, "picked")
-    return reduce(g.sub(lse, picked), "avg", [1] * len(dims), "mean").set_name(name)
+    return reduce(g.sub(lse, picked), "avg", [1] * len(dims), "mean").set_name(name), m, s
+
+
+@dataclass(frozen=True)
+class _OneHotCrossEntropy(Loss):
+    """`softmax_cross_entropy` against one-hot labels, with its gradient formed directly as PyTorch's
+    cross_entropy backward forms it: dlogits = (softmax - onehot) * (seed / N), computed in the
+    forward's intermediate type (FLOAT for a 16-bit model) and rounded once to the logits' gradient
+    type. Differentiating the loss's ops instead computes each backward intermediate in the
+    gradients' type: for an fp16 model, seed / N / s (below fp16's smallest normal for a wide
+    classifier) and the softmax are rounded apart, and the max's gradient (zero, as a difference of
+    two fp16 values near 1/N) adds a rounding error to each row's largest logit; the bias gradient
+    (the batch sum of dlogits) came out 3 to 9 times less accurate than PyTorch's."""
+
+    dims: tuple[int, ...]
+    data_type: Any
+    name = "softmax_cross_entropy"
+
+    def target(self, out: TensorDesc) -> tuple[tuple[int, ...], DataType]:
+        return tuple(self.dims), as_data_type(self.data_type)
+
+    def forward(self, g: Graph, out: Tensor, target: Tensor, out_desc: TensorDesc) -> LossParts:
+        loss, m, s = _softmax_cross_entropy(g, out, target, "loss")
+        return LossParts(loss, {"m": m, "s": s})
+
+    def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
+                 out_desc: TensorDesc) -> Tensor:
+        wide = saved["s"].known_data_type()  # the forward's intermediate type (FLOAT, DOUBLE)
+        count = math.prod(out_desc.dim) // out_desc.dim[1]  # the samples the loss averages over
+        shifted = g.sub(out, saved["m"], name="ce.bwd_shift").set_data_type(wide)
+        e = g.exp(shifted, name="ce.bwd_exp").set_data_type(wide)
+        p = g.div(e, saved["s"], name="ce.softmax").set_data_type(wide)
+        diff = g.sub(p, target, name="ce.bwd_diff").set_data_type(wide)
+        # the product is the logits' gradient: train_step gives it their type (one rounding)
+        if isinstance(seed, (int, float)):
+            return g.mul(diff, float(seed) / count, name="ce.dlogits")
+        weight = g.mul(seed, 1.0 / count, name="ce.bwd_weight").set_data_type(wide)
+        return g.mul(diff, weight, name="ce.dlogits")
 
 
 @dataclass
 class ClassifierStep:
     """The training step of a PyTorch classifier imported with `opgraph.from_torch` (train mode):
-    softmax cross-entropy on its logits against one-hot labels, then SGD with momentum on every
-    parameter of the module: `train_step` with that loss and optimizer (`step` is the `TrainStep`).
+    softmax cross-entropy on its logits against one-hot labels (its gradient formed directly, as
+    PyTorch's: (softmax - onehot) / N in FLOAT, rounded once to the logits' type), then SGD with
+    momentum on every parameter of the module: `train_step` with that loss and optimizer (`step` is
+    the `TrainStep`).
     The module's parameters are bound as views, so each step trains the module itself;
     `finish(pack)` copies the new batchnorm running stats into it.
 
@@ -237,15 +284,13 @@ def classifier_step(imported: Any, *, weight_decay: float = 0.0, grad_data_type:
     imported graph is not changed (it still runs forward passes). Gradients have the parameters'
     type, as in PyTorch (fp16 for a `.half()` model), unless `grad_data_type` says otherwise (or the
     parameters' types differ: then the graph's intermediate type)."""
-    from .losses import FunctionLoss
-
     outputs = list(imported.outputs)
     if len(outputs) != 1 or len(outputs[0].dim) != 2:
         raise GraphError(f"classifier_step needs one output of dims [N, classes]; the module has "
                          f"{[list(t.dim) for t in outputs]}", rule="training.classifier",
                          hint="import a module that returns the logits alone (wrap it if it returns more)")
     d = imported.graph.final.tensors[outputs[0].uid]
-    loss = FunctionLoss(lambda g, logits, onehot: softmax_cross_entropy(g, logits, onehot), (d.dim, d.data_type))
+    loss = _OneHotCrossEntropy(tuple(d.dim), d.data_type)
     params = [t.uid for t, source in imported.bound_inputs if source.kind == "parameter"]
     if grad_data_type is None:
         types = {imported.graph.final.tensors[uid].data_type for uid in params}
