@@ -140,3 +140,31 @@ def test_candidates_of_every_piece_compile_at_once_before_timing(cache_dir, monk
     cache.put(autotune.cache_key(piece, h100, ["triton"], autotune.ConfigFilter().key()), {"engine": "triton"})
     autotune.precompile([(piece, configs)], h100, ["triton"], cache)
     assert batches[-1] == {}  # the cached piece compiles nothing
+
+
+def test_later_passes_time_every_candidate_round_robin(monkeypatch):
+    """On a GPU each candidate is timed once per pass, the passes round-robin over the candidates (the
+    median of TUNE_PASSES measurements decides): a drift of the clocks during tuning, such as a first
+    candidate timed on a GPU still idle after the compiles, weighs on all alike. A candidate that
+    fails in a later pass is dropped and recorded as failed."""
+    import types
+
+    order = []
+
+    def fake(kernel, piece, device, bufs, warmup=3):
+        order.append(kernel)
+        if kernel == "kc" and len(order) > 3:
+            raise RuntimeError("launch failed")
+        return 1.0
+
+    monkeypatch.setattr(autotune, "time_kernel", fake)
+    piece = types.SimpleNamespace(label=lambda: "piece")
+    timed = [([9.0], "a", "ka"), ([2.0], "b", "kb"), ([2.0], "c", "kc")]
+    failed = []
+    autotune._more_passes(timed, piece, types.SimpleNamespace(is_cuda=True), {}, failed)
+    assert order[:3] == ["ka", "kb", "kc"] and order[3:5] == ["ka", "kb"]  # round-robin, c dropped
+    assert failed == ["c"] and [t[1] for t in timed] == ["a", "b"]
+    assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2
+    assert timed[0][0][0] == 9.0 and sorted(timed[0][0])[len(timed[0][0]) // 2] == 1.0  # the slow first pass outvoted
+    autotune._more_passes(timed, piece, types.SimpleNamespace(is_cuda=False), {}, failed)  # the CPU: one pass
+    assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2

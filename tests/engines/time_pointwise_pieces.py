@@ -7,13 +7,15 @@ one GPU (not a test: `python -m tests.engines.time_pointwise_pieces [ce] [tadd]`
         against BLOCK).
 
 Each config's kernel is compiled by the Triton engine and timed as the autotuner times candidates
-(opgraph.build.autotune.time_kernel: back-to-back launches behind a spin kernel, median); its output
+(opgraph.build.autotune.time_kernel: back-to-back launches behind a spin kernel, the median of
+TUNE_PASSES measurements); its output
 is compared with the first config's (the same math: bit-identical expected). Printed: the config as
 plans print it, µs, the bytes moved over the time, and the floor at the device's bandwidth."""
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 
 
@@ -21,7 +23,7 @@ def main(which: list[str], device: str = "cuda", small: bool = False) -> None:
     """`small` (and device "cpu"): tiny shapes, to try the script without a GPU."""
     import numpy as np
 
-    from opgraph.build.autotune import _buffers, time_kernel
+    from opgraph.build.autotune import TUNE_PASSES, _buffers, time_kernel
     from opgraph.core.config import HeurMode
     from opgraph.core.device import resolve_device
     from opgraph.core.piece import make_piece
@@ -49,7 +51,7 @@ def main(which: list[str], device: str = "cuda", small: bool = False) -> None:
         for config in engine.configs(piece, dev, HeurMode.B):
             kernel = engine.compile(piece, config, dev)
             bufs[piece.outputs[0]][...] = float("nan")  # poisoned: every element must be written
-            us = time_kernel(kernel, piece, dev, bufs)
+            us = statistics.median(time_kernel(kernel, piece, dev, bufs) for _ in range(TUNE_PASSES))
             buf = bufs[piece.outputs[0]]
             out = buf.float().cpu().numpy() if dev.is_cuda else np.asarray(buf, np.float32)
             if first is None:
