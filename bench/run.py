@@ -13,8 +13,9 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
     --warm             set up and check every implementation without timing (fills the compile and tuning
                        caches of the machine for a later timed run; nothing written)
     --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
-                       its own on one GPU (CUDA_VISIBLE_DEVICES), repeat 1 of every group before any repeat 2;
-                       the host-time rows never beside a warm-up pass (whose compiles load every core) or each other. One machine
+                       its own on one GPU (CUDA_VISIBLE_DEVICES), the warm-up pass first, then the host-time
+                       group's repeats (never beside a cold, compiling job or each other), then repeat 1 of
+                       every other group before any repeat 2. One machine
                        per table still holds (same host, same GPU model); the header says the run was spread.
 """
 
@@ -41,8 +42,9 @@ from .core.render import render
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("names", nargs="*", help="groups, workload ids or globs (same as --suite)")
-    ap.add_argument("--suite", nargs="+", default=[], help="groups, workload ids or globs; 'all' for everything")
+    ap.add_argument("names", nargs="*", help="groups, families of groups, workload ids or globs (same as --suite)")
+    ap.add_argument("--suite", nargs="+", default=[], help="groups, families of groups ('attention': every "
+                    "attention-* group), workload ids or globs; 'all' for everything")
     ap.add_argument("--repeats", type=int, default=None, help="process-level repeats (default 3; 1 with --quick, "
                                                                "2 with --dry-run)")
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else bench/results)")
@@ -216,13 +218,14 @@ class Job:
     ids: list[str]
     minutes: float
     raw: str
-    alone: bool  # host-time rows: no warm-up pass (compiles) and no other host-time job meanwhile
+    alone: bool  # host-time rows: no cold job (compiles) and no other host-time job meanwhile
+    cold: bool = False  # compiles and tunes from empty caches: the warm-up pass, or repeat 1 without one
 
 
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
     """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
     then repeat 1 of every group, longest first, then repeat 2, ...; the timed repeats of groups that time
-    the host first in the timed phase (they start once no warm-up runs: `next_job`)."""
+    the host first in the timed phase (they start once no cold job runs: `next_job`)."""
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
@@ -230,7 +233,8 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
     for r in ([0] if warm_first else []) + list(range(1, repeats + 1)):
         round_ = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
                       os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
-                      g.startswith("host") and r > 0) for g, ss in groups.items()]
+                      g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
+                  for g, ss in groups.items()]
         jobs += sorted(round_, key=lambda j: -j.minutes)
     return ([j for j in jobs if j.repeat == 0] + [j for j in jobs if j.alone]
             + [j for j in jobs if j.repeat > 0 and not j.alone])
@@ -242,7 +246,8 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
     every = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
     jobs = [j for j in every if not done(j.raw, j.ids)]  # (--resume: what an earlier call finished)
     if args.warm:
-        jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-")) for j in jobs if j.repeat == 1]
+        jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-"), alone=False, cold=True)
+                for j in jobs if j.repeat == 1]
     print(f"bench: {len(specs)} workload(s) in {len({j.group for j in every})} group(s), {repeats} repeat(s) over "
           f"{args.gpus} GPUs, {len(jobs)} of {len(every)} job(s) to run, time limit {args.time_limit:.0f} s (planned "
           f"~{sum(j.minutes for j in jobs) / args.gpus:.0f} min per GPU with warm caches); raw -> {rawdir}", flush=True)
@@ -273,11 +278,12 @@ def gpu_ids(visible: str | None, gpus: int) -> list[str]:
 def next_job(pending: list[Job], running: list[Job]) -> int | None:
     """Index in `pending` of the job to start now on a free GPU, or None. A group's timed repeats start only
     after its warm-up pass ended (they would run with cold caches beside it and compile the same kernels at
-    once). A host-time job (`alone`) starts only while no warm-up pass runs (their compiles load every core)
-    and no other host-time job does; timed workers of other groups may run beside it (one process and core
-    each on a many-core host) and may pass it while it waits: warm-ups all come first, so its wait ends."""
+    once). A host-time job (`alone`) starts only while no cold job runs (a warm-up pass, or repeat 1 of a run
+    without one: their compiles load every core) and no other host-time job does; warm timed workers of
+    other groups may run beside it (one process and core each on a many-core host) and may pass it while it
+    waits: cold jobs come first in `spread_jobs`' order, so its wait ends."""
     warming = {j.group for j in (*pending, *running) if j.repeat == 0}
-    compiling = any(j.repeat == 0 for j in running)
+    compiling = any(j.cold for j in running)
     for k, job in enumerate(pending):
         if job.alone:
             if not compiling and not any(j.alone for j in running) and job.group not in warming:

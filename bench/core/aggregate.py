@@ -148,8 +148,9 @@ def drop_impossible(impls: Sequence[AggImpl], floor: Floor, device: str) -> None
             s = i.metrics.get(m)
             if s is not None and (s.median <= 0 or s.median < least):
                 del i.metrics[m]
-                i.notes = (i.notes + f" {m} {s.median:.1f} µs dropped: below the math floor at the datasheet "
-                           f"peak ({least:.1f} µs), so not a time of the work").strip()
+                why = (f"below the math floor at the datasheet peak ({least:.1f} µs)" if s.median > 0 else
+                       "no time at all")
+                i.notes = (i.notes + f" {m} {s.median:.1f} µs dropped: {why}, so not a time of the work").strip()
 
 
 def aggregate(runs: Sequence[RunRecord]) -> Aggregate:

@@ -263,7 +263,7 @@ def header(agg: Aggregate) -> list[str]:
              f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s) (a group says where it has fewer); each cell "
              "the median (min–max)."
              + (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on one "
-                "GPU; the host-time rows never beside a warm-up (compiling) pass or each other." if m.get("spread_gpus") else "")),
+                "GPU; the host-time rows never beside a cold (compiling) job or each other." if m.get("spread_gpus") else "")),
              "",
              (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
              f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "
@@ -294,7 +294,7 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
         short = sorted({w.repeats for w in ws if w.repeats < agg.repeats})
         if short:
             out += [f"**{'/'.join(map(str, short))} repeat(s) in this group** (the run's others: {agg.repeats}; the "
-                    "time limit ended it first).", ""]
+                    "time limit or a failed worker ended it first).", ""]
         kernels = [w for w in ws if w.kind != "host"]
         for metric, t, blurb in TIME_TABLES:
             out += time_table(kernels, metric, t, blurb, agg)

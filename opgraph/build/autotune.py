@@ -175,8 +175,8 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
     one go, in candidate order, measured the first (the heuristic's choice, timed right after the
     compiles) slower than it ran later: bench v2 (H200, 2026-11-26) found tuned plans slower than the
     heuristic's in 3 attention, a dgrad and a matmul row (the likely cause; not verified on a GPU)."""
-    if not device.is_cuda:
-        return
+    if not device.is_cuda or len(timed) < 2:
+        return  # (one candidate: nothing to compare)
     for _ in range(TUNE_PASSES - 1):
         for entry in list(timed):
             samples, config, kernel = entry
@@ -186,6 +186,7 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
                 if not config_failure(err):
                     raise
                 log.info("%s: %s failed: %s", piece.label(), config, err)
+                kernel.drop_cached_buffers()
                 timed.remove(entry)
                 failed.append(config)
 
@@ -256,7 +257,8 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
     timed: list[tuple[list[float], EngineConfig, Kernel]] = []
     failed: list[EngineConfig] = []
     too_big: list[str] = []
-    _settle(device)
+    if len(candidates) > 1:
+        _settle(device)
     for i, config in enumerate(candidates):
         log.info("%s: timing %d/%d %s", piece.label(), i + 1, len(candidates), config)
         try:

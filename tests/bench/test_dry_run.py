@@ -145,7 +145,7 @@ class _Proc:
 def _job(repeat, group, alone=False, minutes=1.0):
     from bench.run import Job
 
-    return Job(repeat, group, [group], minutes, f"/raw/{repeat}-{group}.json", alone)
+    return Job(repeat, group, [group], minutes, f"/raw/{repeat}-{group}.json", alone, cold=repeat == 0)
 
 
 def _run(jobs, gpus, limit, seconds, rc=None):
@@ -226,6 +226,24 @@ def test_schedule_kills_running_workers_when_the_parent_fails():
     with pytest.raises(KeyboardInterrupt):
         schedule([_job(1, "a"), _job(1, "b")], 2, float("inf"), launch, clock=clock, sleep=sleep)
     assert len(procs) == 2 and all(p.killed for p in procs)
+
+
+def test_without_a_warm_up_pass_host_rows_wait_for_the_cold_first_repeats():
+    """No --warm-first: repeat 1 of every group compiles from empty caches, so the host-time rows wait for
+    those (others' repeat 2 may pass them); with --warm, the host group's warm-up is an ordinary job."""
+    from bench import workloads
+    from bench.core import registry
+    from bench.run import next_job, spread_jobs
+
+    workloads.load()
+    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "host.execute_tiny_conv"])
+    jobs = spread_jobs(specs, 2, "/raw", warm_first=False)
+    host1 = next(j for j in jobs if j.alone and j.repeat == 1)
+    cold_memory = next(j for j in jobs if j.group == "memory" and j.repeat == 1)
+    assert cold_memory.cold and not any(j.cold for j in jobs if j.repeat == 2)
+    pending = [host1] + [j for j in jobs if j.group == "memory" and j.repeat == 2]
+    assert next_job(pending, [cold_memory]) == 1  # the host job waits; the warm repeat behind it passes
+    assert next_job([host1], [cold_memory]) is None and next_job([host1], []) == 0
 
 
 def test_next_job_host_rows_never_beside_a_warm_up_or_each_other():

@@ -157,14 +157,24 @@ def test_later_passes_time_every_candidate_round_robin(monkeypatch):
             raise RuntimeError("launch failed")
         return 1.0
 
+    class K(str):
+        dropped = False
+
+        def drop_cached_buffers(self):
+            self.dropped = True
+
     monkeypatch.setattr(autotune, "time_kernel", fake)
     piece = types.SimpleNamespace(label=lambda: "piece")
-    timed = [([9.0], "a", "ka"), ([2.0], "b", "kb"), ([2.0], "c", "kc")]
+    ka, kb, kc = K("ka"), K("kb"), K("kc")
+    timed = [([9.0], "a", ka), ([2.0], "b", kb), ([2.0], "c", kc)]
     failed = []
     autotune._more_passes(timed, piece, types.SimpleNamespace(is_cuda=True), {}, failed)
     assert order[:3] == ["ka", "kb", "kc"] and order[3:5] == ["ka", "kb"]  # round-robin, c dropped
+    assert kc.dropped and not ka.dropped
     assert failed == ["c"] and [t[1] for t in timed] == ["a", "b"]
     assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2
     assert timed[0][0][0] == 9.0 and sorted(timed[0][0])[len(timed[0][0]) // 2] == 1.0  # the slow first pass outvoted
     autotune._more_passes(timed, piece, types.SimpleNamespace(is_cuda=False), {}, failed)  # the CPU: one pass
-    assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2
+    one = [([3.0], "a", ka)]
+    autotune._more_passes(one, piece, types.SimpleNamespace(is_cuda=True), {}, failed)  # nothing to compare
+    assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2 and one[0][0] == [3.0]
