@@ -222,9 +222,23 @@ class Job:
     cold: bool = False  # compiles and tunes from empty caches: the warm-up pass, or repeat 1 without one
 
 
+def job_seconds(job: Job) -> float:
+    """A job's expected seconds, for ordering (longest first): the group's measured cost (bench/core/costs.json,
+    cold or warm caches), else the registry's minutes."""
+    global _COSTS
+    if _COSTS is None:
+        with open(os.path.join(os.path.dirname(__file__), "core", "costs.json")) as f:
+            _COSTS = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    known = _COSTS.get(job.group)
+    return float(known["cold" if job.cold else "warm"]) if known else job.minutes * 60
+
+
+_COSTS: dict[str, dict[str, float]] | None = None
+
+
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
     """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
-    then repeat 1 of every group, longest first, then repeat 2, ...; the timed repeats of groups that time
+    then repeat 1 of every group, longest first (`job_seconds`), then repeat 2, ...; the timed repeats of groups that time
     the host first in the timed phase (they start once no cold job runs: `next_job`)."""
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
@@ -235,7 +249,7 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
                       os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
                       g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
                   for g, ss in groups.items()]
-        jobs += sorted(round_, key=lambda j: -j.minutes)
+        jobs += sorted(round_, key=lambda j: -job_seconds(j))
     return ([j for j in jobs if j.repeat == 0] + [j for j in jobs if j.alone]
             + [j for j in jobs if j.repeat > 0 and not j.alone])
 

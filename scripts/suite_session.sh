@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The bench v2 suite over several 10-minute device calls on one warm machine: each call goes on with the
 # run in $SUITE_DIR (`bench.run --resume` of its raw folder: finished workloads kept, caches still warm),
-# or starts it when there is none; a warm-up pass first (`--warm-first`). Call it again, within the machine's idle
+# or starts it when there is none (WARM_FIRST=1: a warm-up pass first, `--warm-first`). Call it again, within the machine's idle
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
-#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [ALLOW_NO_FE=1] scripts/suite_session.sh
+#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] scripts/suite_session.sh
 # (the device call carries [".whl"]: without the cuDNN frontend it stops, unless ALLOW_NO_FE=1)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -29,8 +29,13 @@ raw=$(ls -d "$DIR"/raw-* 2>/dev/null | tail -1)
 args=(--gpus "${GPUS:-4}" --repeats "${REPEATS:-3}" --time-limit "${TIME_LIMIT:-540}" --out "$DIR" ${SUITE:-all})
 resume=()
 [ -n "$raw" ] && resume=(--resume "$raw")
-# (--warm-first each time: with --resume, only the warm-up jobs not yet finished run)
-python3 -m bench.run "${args[@]}" --warm-first "${resume[@]}" 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
+# No separate warm-up pass unless WARM_FIRST=1: on four H200s (2026-11-26) the cold setups took ~4,600
+# worker-seconds and a timed round ~1,000, so warm-up + 3 repeats is ~32 minutes of the machine, more than a
+# session; repeat 1 with cold caches instead is ~27 (its setup times are the cold ones, reported apart).
+# (with --resume, only the jobs not yet finished run)
+warm=()
+[ "${WARM_FIRST:-0}" = 1 ] && warm=(--warm-first)
+python3 -m bench.run "${args[@]}" "${warm[@]}" "${resume[@]}" 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
 if tail -20 "$DIR/log.txt" | grep -q "^bench: run complete"; then echo "suite complete"; else echo "suite not complete: call again"; fi
 tar czf "$OUT/suite.tgz" -C "$DIR" --exclude='raw-*/*.tmp' . 
 ls -la "$OUT"

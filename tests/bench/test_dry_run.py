@@ -65,6 +65,24 @@ def test_spread_jobs_order_repeats_and_put_host_rows_first_in_the_timed_phase():
     assert len({j.raw for j in jobs}) == len(jobs)
 
 
+def test_jobs_start_longest_first_by_the_measured_costs():
+    """Each round is ordered by the groups' measured seconds (bench/core/costs.json), cold for a warm-up
+    or a first repeat without one, warm otherwise; a group without a measurement by its registry minutes."""
+    from bench import workloads
+    from bench.core import registry
+    from bench.run import job_seconds, spread_jobs
+
+    workloads.load()
+    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "training.mobilenet_v2.b64",
+                                      "attention.sdpa_bwd.s16k"])
+    cold = [j for j in spread_jobs(specs, 2, "/raw", warm_first=False) if j.repeat == 1]
+    warm = [j for j in spread_jobs(specs, 2, "/raw", warm_first=False) if j.repeat == 2]
+    assert [j.group for j in cold] == ["training-mobilenet_v2", "attention-bwd-16k", "memory"]
+    assert all(j.cold for j in cold) and not any(j.cold for j in warm)
+    assert job_seconds(cold[0]) > job_seconds(warm[0]) > 0
+    assert [job_seconds(j) for j in warm] == sorted((job_seconds(j) for j in warm), reverse=True)
+
+
 def test_a_family_of_groups_is_selected_by_its_name():
     from bench import workloads
     from bench.core import registry
