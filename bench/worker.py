@@ -4,12 +4,14 @@ record is rewritten after every workload, so a run cut short keeps what it finis
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from . import measure
 from .case import Ctx
+from .core.floors import Ceilings
 from .core.records import RunRecord
 from .core.registry import WorkloadSpec
 from .runner import log, run_workload
@@ -75,6 +77,32 @@ def resumed(record: RunRecord, raw: str | None) -> set[str]:
     return {w.id for w in kept}
 
 
+MACHINE = ("device", "driver", "hostname")
+
+
+def shared_ceilings(raw: str | None, meta: dict[str, Any], measure_now: Callable[[], Ceilings]) -> Ceilings:
+    """The run's ceilings: measured by its first worker on the machine and kept beside the raw files
+    (ceilings.json), read by the later ones (a worker otherwise spends ~5 s of copies and GEMMs on them,
+    ~20 workers a repeat). Measured again where the file is from another machine or unreadable."""
+    if not raw:
+        return measure_now()
+    path = os.path.join(os.path.dirname(os.path.abspath(raw)), "ceilings.json")
+    machine = {k: str(meta.get(k)) for k in MACHINE}
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        if kept["machine"] == machine:
+            return Ceilings.from_dict(kept["ceilings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ceil = measure_now()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"machine": machine, "ceilings": ceil.to_dict()}, f)
+    os.replace(tmp, path)
+    return ceil
+
+
 def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     import torch
 
@@ -96,7 +124,7 @@ def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     meta = env.meta(ctx.device, dry_run=args.dry_run)
     meta.update(scale=scale, features=sorted(feats), warm=args.warm)
     log(f"bench worker, repeat {args.repeat_index}: {meta}")
-    ceil = env.ceilings(ctx.device, budget)
+    ceil = shared_ceilings(args.raw, meta, lambda: env.ceilings(ctx.device, budget))
     log(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, GEMM " +
         ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceil.gemm_tflops.items()))
     record = RunRecord(meta, ceil, [], args.repeat_index)
