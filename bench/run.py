@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import re
@@ -225,15 +226,14 @@ class Job:
 def job_seconds(job: Job) -> float:
     """A job's expected seconds, for ordering (longest first): the group's measured cost (bench/core/costs.json,
     cold or warm caches), else the registry's minutes."""
-    global _COSTS
-    if _COSTS is None:
-        with open(os.path.join(os.path.dirname(__file__), "core", "costs.json")) as f:
-            _COSTS = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
-    known = _COSTS.get(job.group)
+    known = _costs().get(job.group)
     return float(known["cold" if job.cold else "warm"]) if known else job.minutes * 60
 
 
-_COSTS: dict[str, dict[str, float]] | None = None
+@functools.lru_cache(maxsize=1)
+def _costs() -> dict[str, dict[str, float]]:
+    with open(os.path.join(os.path.dirname(__file__), "core", "costs.json")) as f:
+        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
 
 
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:

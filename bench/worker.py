@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 from . import measure
 from .case import Ctx
+from .core.aggregate import MACHINE_KEYS
 from .core.floors import Ceilings
 from .core.records import RunRecord
 from .core.registry import WorkloadSpec
@@ -56,9 +57,14 @@ def configure_torch(cuda: bool) -> None:
 
 
 def write(record: RunRecord, path: str) -> None:
-    tmp = path + ".tmp"
+    _replace(path, record.to_json())
+
+
+def _replace(path: str, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a reader never sees half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        f.write(record.to_json())
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -77,9 +83,6 @@ def resumed(record: RunRecord, raw: str | None) -> set[str]:
     return {w.id for w in kept}
 
 
-MACHINE = ("device", "driver", "hostname")
-
-
 def shared_ceilings(raw: str | None, meta: dict[str, Any], measure_now: Callable[[], Ceilings]) -> Ceilings:
     """The run's ceilings: measured by its first worker on the machine and kept beside the raw files
     (ceilings.json), read by the later ones (a worker otherwise spends ~5 s of copies and GEMMs on them,
@@ -87,7 +90,7 @@ def shared_ceilings(raw: str | None, meta: dict[str, Any], measure_now: Callable
     if not raw:
         return measure_now()
     path = os.path.join(os.path.dirname(os.path.abspath(raw)), "ceilings.json")
-    machine = {k: str(meta.get(k)) for k in MACHINE}
+    machine = {k: str(meta.get(k)) for k in MACHINE_KEYS}
     try:
         with open(path) as f:
             kept = json.load(f)
@@ -96,10 +99,7 @@ def shared_ceilings(raw: str | None, meta: dict[str, Any], measure_now: Callable
     except (OSError, ValueError, KeyError, TypeError):
         pass
     ceil = measure_now()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"machine": machine, "ceilings": ceil.to_dict()}, f)
-    os.replace(tmp, path)
+    _replace(path, json.dumps({"machine": machine, "ceilings": ceil.to_dict()}))
     return ceil
 
 

@@ -136,7 +136,7 @@ TIMES = ("device_us", "replay_us", "execute_us", "latency_us")
 def least_us(floor: Floor, device: str) -> float:
     """No run of the workload can take less: its flops at the datasheet's dense peak (0: unknown)."""
     peak = (datasheet(device) or {}).get(floor.dtype)
-    return math_us(floor.flops or sum(x.flops for x in floor.layers), peak)
+    return math_us(floor.total_flops, peak)
 
 
 def drop_impossible(impls: Sequence[AggImpl], floor: Floor, device: str) -> None:

@@ -74,6 +74,11 @@ class Floor:
     note: str = ""
     tflops: bool = False  # also a TFLOP/s table: the flops (or the layers' sum) over each CUDA-graph device time
 
+    @property
+    def total_flops(self) -> float:
+        """The workload's floating-point operations: stated, else the layers' sum."""
+        return self.flops or sum(x.flops for x in self.layers)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["alt_bytes"] = [list(a) for a in self.alt_bytes]
@@ -123,7 +128,7 @@ def evaluate(floor: Floor, ceilings: Ceilings) -> FloorTimes:
         terms[f"bytes ({label})"] = bytes_us(nbytes, ceilings.copy_gbps)
     if floor.layers:
         terms["per-layer roofline"] = roofline_us(floor.layers, ceilings.copy_gbps, rate or 0.0)
-        terms["math"] = math_us(sum(x.flops for x in floor.layers), rate)
+        terms["math"] = math_us(floor.total_flops, rate)
         terms["bytes"] = bytes_us(sum(x.bytes for x in floor.layers), ceilings.copy_gbps)
         return FloorTimes(terms["per-layer roofline"], "per-layer roofline", terms)
     if not terms["bytes"] and not terms["math"]:

@@ -71,8 +71,7 @@ def cell(i: AggImpl | None, metric: str) -> str:
 
 
 def best_peer(w: AggWorkload, metric: str) -> AggImpl | None:
-    cands = [i for i in w.impls if i.role == "peer" and i.passed and metric in i.metrics
-             and i.metrics[metric].median > 0]
+    cands = [i for i in w.impls if i.role == "peer" and i.passed and metric in i.metrics]
     return min(cands, key=lambda i: i.metrics[metric].median) if cands else None
 
 
@@ -158,7 +157,7 @@ def rate_table(ws: Sequence[AggWorkload], agg: Aggregate) -> list[str]:
         return text + ("" if i.verdict is None or i.verdict.passed else " ✗")
 
     for w in ws:
-        total = w.floor.flops or sum(x.flops for x in w.floor.layers)
+        total = w.floor.total_flops
         rate = agg.ceilings.rate(w.floor.dtype) if agg.ceilings else None
         b = best_peer(w, "device_us")
         row = [w.title, fmt_num(total / 1e12), fmt_num(rate) if rate else "—"]

@@ -142,7 +142,6 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
 
 
 TUNE_PASSES = 5  # on a GPU: passes over the candidates, each timing every candidate once (round-robin)
-SETTLE_CYCLES = 40_000_000  # ~20 ms of a spin kernel before the first pass: the clocks up after the compiles
 
 
 def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3) -> float:
@@ -160,12 +159,13 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
     return time_call(run, cuda=False, warmup=1, repeat=2)
 
 
-def _settle(device: Device) -> None:
-    if device.is_cuda:
-        import torch
-
-        torch.cuda._sleep(SETTLE_CYCLES)
-        torch.cuda.synchronize()
+def _skip(err: Exception, piece: Piece, config: EngineConfig, failed: list[EngineConfig]) -> None:
+    """A candidate's own failure (see config_failure) is recorded and the candidate skipped; anything else
+    is opgraph's bug and propagates."""
+    if not config_failure(err):
+        raise err
+    log.info("%s: %s failed: %s", piece.label(), config, err)
+    failed.append(config)
 
 
 def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: Piece, device: Device,
@@ -183,12 +183,9 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
             try:
                 samples.append(time_kernel(kernel, piece, device, bufs, 0))
             except Exception as err:  # noqa: BLE001 - as in the first pass
-                if not config_failure(err):
-                    raise
-                log.info("%s: %s failed: %s", piece.label(), config, err)
+                _skip(err, piece, config, failed)
                 kernel.drop_cached_buffers()
                 timed.remove(entry)
-                failed.append(config)
 
 
 AHEAD_OF_TIME = ("triton", "library")  # engines whose kernels have compile specs (Kernel.compile_specs)
@@ -257,8 +254,10 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
     timed: list[tuple[list[float], EngineConfig, Kernel]] = []
     failed: list[EngineConfig] = []
     too_big: list[str] = []
-    if len(candidates) > 1:
-        _settle(device)
+    if device.is_cuda and len(candidates) > 1:
+        from ..core.timing import settle_clocks
+
+        settle_clocks()  # the first pass follows the compiles, on a GPU idle meanwhile
     for i, config in enumerate(candidates):
         log.info("%s: timing %d/%d %s", piece.label(), i + 1, len(candidates), config)
         try:
@@ -269,11 +268,8 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
                 too_big.append(f"{config}: {why}")
                 continue
             us = time_kernel(kernel, piece, device, bufs)
-        except Exception as err:  # noqa: BLE001 - sorted below: only a candidate's own failure is skipped
-            if not config_failure(err):
-                raise
-            log.info("%s: %s failed: %s", piece.label(), config, err)
-            failed.append(config)
+        except Exception as err:  # noqa: BLE001 - only a candidate's own failure is skipped
+            _skip(err, piece, config, failed)
             continue
         timed.append(([us], config, kernel))
     _more_passes(timed, piece, device, bufs, failed)

@@ -37,6 +37,15 @@ def time_call(fn: Callable[[], Any], *, cuda: bool, warmup: int = 3, repeat: int
 SPIN_CYCLES = 2_000_000  # about 1 ms on an H100: more than the host time of what is timed behind it
 
 
+def settle_clocks(cycles: int = 20 * SPIN_CYCLES) -> None:
+    """A spin kernel of `cycles` (~20 ms), waited for: a GPU idle meanwhile (compiles on the host) runs at
+    its working clocks before what is timed next."""
+    import torch
+
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+
+
 def time_device(fn: Callable[[], Any], *, warmup: int = 3, rounds: int = 5, burst: int = 10) -> float:
     """Device microseconds per call of `fn`: `burst` calls back to back between two CUDA events,
     enqueued while a spin kernel holds the device, so that none of their host time counts (median

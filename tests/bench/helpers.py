@@ -56,6 +56,16 @@ def dry_run(out: Path, *args: str, timeout: float = 600) -> dict[str, Any]:
     return json.load(open(out / json_file))
 
 
+def dry_run_step(out: Path, group: str) -> tuple[dict[str, Any], list[str], int]:
+    """One repeat of a training-step group's dry run: its one workload (which must not have failed), its
+    output names and how many parameters it checks (the `grad:` outputs)."""
+    data = dry_run(out, "--suite", group, "--repeats", "1")
+    (w,) = data["runs"][0]["workloads"]
+    assert not w["error"], w["error"]
+    names = [o[0] for o in w["outputs"]]
+    return w, names, sum(n.startswith("grad:") for n in names)
+
+
 def assert_step_checked(w: dict[str, Any], names: list[str], max_err: float,
                         impls: tuple[str, ...] = ("opgraph", "torch eager")) -> dict[str, dict[str, Any]]:
     """Every output of a training step's workload `w` checked for each of `impls`, all within `max_err`

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import assert_step_checked, dry_run
+from .helpers import assert_step_checked, dry_run_step
 
 
 @pytest.mark.slow
 def test_dry_run_of_the_resnet18_training_step(tmp_path):
-    data = dry_run(tmp_path, "--suite", "training-resnet18", "--repeats", "1")
-    (w,) = data["runs"][0]["workloads"]
-    assert not w["error"], w["error"]
-    names = [o[0] for o in w["outputs"]]
-    n_params = sum(n.startswith("grad:") for n in names)
+    w, names, n_params = dry_run_step(tmp_path, "training-resnet18")
     n_stats = sum(n.startswith("stat:") for n in names)
     assert names[0] == "loss" and n_params == 62 and n_stats == 40 and len(names) == 1 + 2 * n_params + n_stats
     assert_step_checked(w, names, 0.5)
