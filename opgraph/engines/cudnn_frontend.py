@@ -67,6 +67,7 @@ GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
 GEMM_OUT_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 B_PLANS = 4
 RANK_FIRST_US = 10.0  # cost-model µs below which a piece's host launch cost outweighs cuDNN's device win
+MMA_K = 16  # the reduction depth of an fp16/bf16 tensor-core instruction, the generated kernels' smallest K tile
 # opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method
 _PARAM_METHODS = {"relu", "relu_backward", "swish", "swish_backward"}
 _CONV_ATTRS = ("pre_padding", "post_padding", "stride", "dilation")
@@ -351,6 +352,27 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
     return frozenset(numerical), frozenset(behavior)
 
 
+def _worth_a_launch(piece: Piece, device: Device) -> bool:
+    estimate = estimate_us(piece, device)
+    return estimate is not None and estimate >= RANK_FIRST_US
+
+
+def _adds_residual(piece: Piece, conv: Node) -> bool:
+    """Whether a pointwise node after the conv (reading its result, directly or through other pointwise
+    nodes) also reads a tensor from outside the piece with the conv output's full shape (a residual add),
+    not a broadcast bias or scale. A prologue on the conv's input (SBR) is not an epilogue."""
+    out = conv.output_uids()[0]
+    shape = list(piece.tensor(out).dim)
+    after = {out}
+    for node in piece.nodes:  # (in topological order)
+        if node.kind != "pointwise" or not after & set(node.input_uids()):
+            continue
+        if any(u in piece.inputs and list(piece.tensor(u).dim) == shape for u in node.input_uids()):
+            return True
+        after |= set(node.output_uids())
+    return False
+
+
 class CudnnKernel(Kernel):
     """One cuDNN execution plan, built (or deserialized from the disk cache or a plan file:
     cudnn_launch.py); `bind` prebuilds its variant pack, `run` binds the piece's buffers by UID."""
@@ -504,20 +526,31 @@ class CudnnEngine(Engine):
         return Support.no(why) if why else Support.yes()
 
     def rank_first(self, piece: Piece, device: Device) -> bool:
-        """cuDNN's plans first for convolutions that are not depthwise and not tiny: on the H100 they
-        beat the generated kernels on every ResNet conv shape benchmarked, fused epilogue, SBR prologue
-        and genstats included (bench/results), but a cuDNN launch costs ~50 µs of host time against
-        ~9 µs for a generated kernel, so below RANK_FIRST_US of estimated device time the generated
-        kernel goes first. Generated kernels stay first for matmul and depthwise."""
-        estimate = estimate_us(piece, device)
-        if estimate is None or estimate < RANK_FIRST_US:
-            return False
+        """cuDNN's plans first for convolutions that are not depthwise and not tiny: they beat the
+        generated kernels on the ResNet conv shapes benchmarked, fused epilogue, SBR prologue, genstats,
+        dgrad+drelu included (bench/results, H100 and H200), but a cuDNN launch costs more host time than a
+        generated kernel's, so below RANK_FIRST_US of estimated device time the generated kernel goes first.
+        Two measured exceptions (bench v2, H200, 2026-11-26): a forward conv whose epilogue adds a residual
+        (a second full-size tensor) goes to cuDNN's runtime-fusion plans, 1.6x the generated kernel's time
+        (1x1 C64->K256 56², N32: 66 vs 42 µs fp16, 83 vs 51 bf16; ResNet-50 and MobileNetV2 plans with
+        cuDNN on those steps were 1.2x the generated-only plans), so the generated kernel goes first; a
+        grouped conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3 g32 C256,
+        N32: 104 vs 27.5 µs), so cuDNN goes first whatever the cost model says (it underestimates them).
+        Generated kernels stay first for matmul and depthwise."""
         if any(n.kind in ATTENTION_KINDS for n in piece.nodes):
-            return True  # cuDNN's fused attention is the bar the generated kernels are measured against
+            return _worth_a_launch(piece, device)  # cuDNN's fused attention: the generated kernels' bar
         for node in piece.nodes:
             if node.kind in GEMM_KINDS - {"matmul"}:
                 weight = piece.tensor(node.input_uids()[1] if node.kind != "conv_wgrad" else node.output_uids()[0])
-                return weight.dim[1] > 1  # C/groups: one input channel per group is depthwise
+                image = piece.tensor(node.output_uids()[0] if node.kind == "conv_dgrad" else node.input_uids()[0])
+                per_group = weight.dim[1]  # C/groups: one input channel per group is depthwise
+                if per_group == 1:
+                    return False
+                if image.dim[1] > per_group and per_group < MMA_K:  # grouped, narrow groups
+                    return True
+                if node.kind == "conv_fprop" and _adds_residual(piece, node):
+                    return False
+                return _worth_a_launch(piece, device)
         return False
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:

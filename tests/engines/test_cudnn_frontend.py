@@ -13,7 +13,8 @@ from opgraph import DataType as DT
 from opgraph.core.device import CPU, Device
 from opgraph.engines import engine_names, get_engine
 from opgraph.core.config import BehaviorNote, NumericalNote
-from opgraph.engines.cudnn_frontend import static_problem
+from opgraph.engines.cost import estimate_us
+from opgraph.engines.cudnn_frontend import RANK_FIRST_US, static_problem
 from opgraph.core.piece import make_piece
 from opgraph.build.planner import _all_by_reference, default_engines
 from opgraph.tools.samples import nhwc
@@ -79,6 +80,37 @@ def test_cudnn_ranks_first_on_convolutions_but_not_tiny_depthwise_or_matmul():
     g, _, _, c = mm_graph((1, 4096, 4096), (1, 4096, 4096))
     c.set_output(True)
     assert not engine.rank_first(whole(g), dev)
+
+
+def test_cudnn_rank_rules_measured_on_the_h200_residual_epilogue_and_narrow_groups():
+    engine, dev = get_engine("cudnn"), Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    # conv 1x1 + bias + residual + relu (ResNet's bottleneck end): the generated kernel goes first
+    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
+    r = g.tensor(dim=[32, 256, 56, 56], stride=nhwc([32, 256, 56, 56]), name="residual")
+    g.relu(g.add(g.bias(y, b), r)).set_output(True)
+    assert not engine.rank_first(whole(g), dev)
+    # the same conv with a broadcast bias and scale only: cuDNN first
+    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
+    s = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="s")
+    g.relu(g.mul(g.bias(y, b), s)).set_output(True)
+    assert engine.rank_first(whole(g), dev)
+    # grouped 3x3, 32 groups of 8 channels: cuDNN first although the cost model calls it cheap
+    g, x, w, y = conv_graph((32, 256, 28, 28), (256, 8, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert engine.rank_first(whole(g), dev)
+    # a plain conv of few input channels (the stem, C=3) is not grouped: the cost model decides
+    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2])
+    y.set_output(True)
+    assert engine.rank_first(whole(g), dev)
+    g, x, w, y = conv_graph((1, 3, 8, 8), (8, 3, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert not engine.rank_first(whole(g), dev)
+    # grouped with 16 channels a group: an MMA tile's depth, the cost model decides as for plain convs
+    g, x, w, y = conv_graph((32, 256, 28, 28), (256, 16, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert engine.rank_first(whole(g), dev) == (estimate_us(whole(g), dev) >= RANK_FIRST_US)
 
 
 def test_pointwise_only_pieces_are_left_to_generated_kernels():
