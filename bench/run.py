@@ -13,9 +13,12 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
     --warm             set up and check every implementation without timing (fills the compile and tuning
                        caches of the machine for a later timed run; nothing written)
     --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
-                       its own on one GPU (CUDA_VISIBLE_DEVICES), the warm-up pass first, then the host-time
-                       group's repeats (never beside a cold, compiling job or each other), then repeat 1 of
-                       every other group before any repeat 2. One machine
+                       its own on one GPU (CUDA_VISIBLE_DEVICES), the warm-up pass first, then repeat 1 of
+                       every group before any repeat 2, longest first; the host-time group's repeats start
+                       once no other group's cold, compiling job runs or waits, never beside each other; a group's later repeats wait
+                       for its cold job (the warm-up, or repeat 1 without one). A free GPU takes the first job
+                       whose expected seconds (bench/core/costs.json) fit in what is left of --time-limit, else
+                       the shortest one (`next_job`). One machine
                        per table still holds (same host, same GPU model); the header says the run was spread.
 """
 
@@ -38,6 +41,9 @@ from .core import registry
 from .core.aggregate import aggregate
 from .core.records import RunRecord
 from .core.render import render
+from .worker import MARGIN_S
+
+START_SHARE = 0.9  # a job needing more than this share of a call fits only in the call's first (1 - share)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -239,7 +245,8 @@ def _costs() -> dict[str, dict[str, float]]:
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
     """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
     then repeat 1 of every group, longest first (`job_seconds`), then repeat 2, ...; the timed repeats of groups that time
-    the host first in the timed phase (they start once no cold job runs: `next_job`)."""
+    the host first in the timed phase (they start once no cold job runs: `next_job`, which also may pass a job
+    that does not fit in the time left)."""
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
@@ -289,30 +296,45 @@ def gpu_ids(visible: str | None, gpus: int) -> list[str]:
     return named[:gpus] if named else [str(i) for i in range(gpus)]
 
 
-def next_job(pending: list[Job], running: list[Job]) -> int | None:
-    """Index in `pending` of the job to start now on a free GPU, or None. A group's timed repeats start only
-    after its warm-up pass ended (they would run with cold caches beside it and compile the same kernels at
-    once). A host-time job (`alone`) starts only while no cold job runs (a warm-up pass, or repeat 1 of a run
-    without one: their compiles load every core) and no other host-time job does; warm timed workers of
-    other groups may run beside it (one process and core each on a many-core host) and may pass it while it
-    waits: cold jobs come first in `spread_jobs`' order, so its wait ends."""
-    warming = {j.group for j in (*pending, *running) if j.repeat == 0}
-    compiling = any(j.cold for j in running)
-    for k, job in enumerate(pending):
-        if job.alone:
-            if not compiling and not any(j.alone for j in running) and job.group not in warming:
-                return k
-            continue
-        if job.repeat == 0 or job.group not in warming:
+def fits(seconds: float, left: float, limit: float) -> bool:
+    """Whether a job expected to take `seconds`, started with `left` of a call's `limit` seconds, runs to its
+    end: the worker (given `left`) starts nothing after MARGIN_S before that, so it needs seconds + MARGIN_S.
+    A job needing more than START_SHARE of a whole call fits while at least that share is left (the call's
+    beginning, where the longest-first order puts it: the most time a call gives; cut, it goes on in the
+    next call), so no call ever starves it. No limit (inf): everything fits."""
+    return left == float("inf") or min(seconds + MARGIN_S, START_SHARE * limit) <= left
+
+
+def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
+             limit: float = float("inf")) -> int | None:
+    """Index in `pending` of the job to start now on a free GPU, `left` of the call's `limit` seconds left,
+    or None. Eligible: a group's timed repeats start only after its cold job ended (the warm-up pass, or
+    repeat 1 of a run without one: a repeat 2 beside it would compile the same kernels from cold caches at
+    once). A host-time job (`alone`) starts only once no other group's cold job runs or waits (their
+    compiles load every core; one waiting would start beside it) and no other host-time job runs; warm
+    timed workers of other groups may run beside it (one process and core each on a many-core host) and
+    may pass it while it waits: cold jobs come first in `spread_jobs`' order, so its wait ends. Of the eligible jobs, the first in `pending`'s order that `fits` (its
+    `job_seconds`) in the time left; if none does, the shortest (what it finishes is kept, and it warms
+    the caches): a job is not started late in a call, to be cut at its end and run again, while a
+    shorter one would have finished."""
+    cold = {j.group for j in (*pending, *running) if j.cold}
+    host_busy = any(j.alone for j in running)
+    eligible = [k for k, job in enumerate(pending) if (job.cold or job.group not in cold)
+                and not (job.alone and (host_busy or cold - {job.group}))]
+    if not eligible:
+        return None
+    for k in eligible:
+        if fits(job_seconds(pending[k]), left, limit):
             return k
-    return None
+    return min(eligible, key=lambda k: job_seconds(pending[k]))
 
 
 def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Job, int, float], Any],
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> list[Job]:
     """Run `jobs` on `gpus` GPUs, one at a time each: `launch(job, gpu, seconds left)` starts a worker and
-    returns its process (poll(), kill()). Jobs not started 30 s before `time_limit` are dropped, workers
-    still running 30 s after it are killed; a worker that fails or is killed frees its GPU. The parent
+    returns its process (poll(), kill()); `next_job` picks each (by the time left). Jobs not started 30 s
+    before `time_limit` are dropped, workers still running 30 s after it are killed (a worker stops starting
+    implementations MARGIN_S before it); a worker that fails or is killed frees its GPU. The parent
     never waits on a worker but through poll(): on an error here (Ctrl-C) the running workers are killed.
     The jobs that ended, in the order they ended."""
     start = clock()
@@ -335,9 +357,12 @@ def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Jo
             if pending and left < 30:
                 print(f"bench: {len(pending)} job(s) not started: {left:.0f} s left", flush=True)
                 pending = []
-            k = next_job(pending, [j for _, _, j, _ in running]) if free and pending else None
+            k = next_job(pending, [j for _, _, j, _ in running], left, time_limit) if free and pending else None
             if k is not None:
                 job, gpu = pending.pop(k), free.pop(0)
+                if not fits(job_seconds(job), left, time_limit):
+                    print(f"bench: {job.group} repeat {job.repeat} started with {left:.0f} s left, expected "
+                          f"{job_seconds(job):.0f} s (no pending job fits; what it finishes is kept)", flush=True)
                 running.append((launch(job, gpu, left), gpu, job, clock()))
                 continue
             sleep(0.2)

@@ -160,10 +160,13 @@ class _Proc:
         self.killed = True
 
 
-def _job(repeat, group, alone=False, minutes=1.0):
+def _job(repeat, group, alone=False, minutes=1.0, cold=None):
+    """A job of a group without a measured cost: expected `minutes` * 60 s (`job_seconds`); cold: a
+    warm-up pass unless told."""
     from bench.run import Job
 
-    return Job(repeat, group, [group], minutes, f"/raw/{repeat}-{group}.json", alone, cold=repeat == 0)
+    return Job(repeat, group, [group], minutes, f"/raw/{repeat}-{group}.json", alone,
+               cold=repeat == 0 if cold is None else cold)
 
 
 def _run(jobs, gpus, limit, seconds, rc=None):
@@ -248,20 +251,28 @@ def test_schedule_kills_running_workers_when_the_parent_fails():
 
 def test_without_a_warm_up_pass_host_rows_wait_for_the_cold_first_repeats():
     """No --warm-first: repeat 1 of every group compiles from empty caches, so the host-time rows wait for
-    those (others' repeat 2 may pass them); with --warm, the host group's warm-up is an ordinary job."""
+    those (another group's repeat 2, its repeat 1 done, may pass them; the compiling group's own repeat 2
+    waits too); with --warm, the host group's warm-up is an ordinary job."""
     from bench import workloads
     from bench.core import registry
     from bench.run import next_job, spread_jobs
 
     workloads.load()
-    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "host.execute_tiny_conv"])
+    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
+                                      "host.execute_tiny_conv"])
     jobs = spread_jobs(specs, 2, "/raw", warm_first=False)
     host1 = next(j for j in jobs if j.alone and j.repeat == 1)
     cold_memory = next(j for j in jobs if j.group == "memory" and j.repeat == 1)
+    memory2 = next(j for j in jobs if j.group == "memory" and j.repeat == 2)
+    conv2 = next(j for j in jobs if j.group.startswith("conv") and j.repeat == 2)
     assert cold_memory.cold and not any(j.cold for j in jobs if j.repeat == 2)
-    pending = [host1] + [j for j in jobs if j.group == "memory" and j.repeat == 2]
-    assert next_job(pending, [cold_memory]) == 1  # the host job waits; the warm repeat behind it passes
+    assert next_job([host1, conv2], [cold_memory]) == 1  # the host job waits; a warm repeat behind it passes
+    assert next_job([host1, memory2], [cold_memory]) is None  # memory's repeat 2 waits for its cold repeat 1
     assert next_job([host1], [cold_memory]) is None and next_job([host1], []) == 0
+    # nor while another group's cold repeat waits to start (it would start beside the host rows); the host
+    # group's own cold repeat 1 does not hold it back
+    assert next_job([host1, cold_memory], []) == 1
+    assert next_job([host1, conv2], []) == 0
 
 
 def test_next_job_host_rows_never_beside_a_warm_up_or_each_other():
@@ -272,6 +283,76 @@ def test_next_job_host_rows_never_beside_a_warm_up_or_each_other():
     assert next_job(pending, [_job(1, "b")]) == 0  # beside a timed worker
     assert next_job([_job(2, "host", alone=True)], [_job(1, "host", alone=True)]) is None
     assert next_job([_job(1, "host", alone=True)], [], ) == 0
+
+
+def test_schedule_starts_a_short_job_near_the_calls_end_not_a_long_one():
+    """Late in a call a free GPU takes the first pending job that fits in the time left (its expected
+    seconds + the worker's MARGIN_S), not a longer one ahead of it that the call's end would cut."""
+    from bench.run import MARGIN_S, next_job
+
+    long, short = _job(1, "long", minutes=5.0), _job(1, "short", minutes=1.0)  # 300 s, 60 s expected
+    assert next_job([long, short], [], 140.0, 540.0) == 1
+    assert next_job([long, short], [], 300 + MARGIN_S, 540.0) == 0  # just fits: the existing order
+    assert next_job([long, short], [], 300 + MARGIN_S - 1, 540.0) == 1  # the worker's margin counts
+    jobs = [_job(1, "first", minutes=6.0), long, short]
+    events, ended, _, _ = _run(jobs, 1, 540.0, {(1, "first"): 400, (1, "long"): 300, (1, "short"): 60})
+    start = {key: t for _, t, key, _ in events}
+    assert 400 <= start[(1, "short")] < 401 and start[(1, "long")] >= start[(1, "short")] + 60, events
+
+
+def test_when_nothing_fits_the_shortest_eligible_job_starts():
+    """No pending job fits in the time left: the shortest eligible one starts (what it finishes is kept,
+    and it warms the caches); an ineligible one (a repeat 2 whose cold repeat 1 runs) is not taken."""
+    from bench.run import next_job
+
+    pending = [_job(1, "a", minutes=5.0), _job(1, "b", minutes=3.0), _job(2, "c", minutes=0.5),
+               _job(1, "d", minutes=2.0), _job(1, "e", minutes=4.0)]
+    assert next_job(pending, [_job(1, "c", cold=True)], 60.0, 540.0) == 3  # 120 s, not c's repeat 2 (30 s)
+    assert next_job(pending, [], 60.0, 540.0) == 2  # c's repeat 1 done: its repeat 2 is the shortest
+    jobs = [_job(1, "first", minutes=7.5), _job(1, "a", minutes=5.0), _job(1, "b", minutes=3.0)]
+    events, _, procs, _ = _run(jobs, 1, 540.0, {(1, "first"): 480, (1, "a"): 300, (1, "b"): 180})
+    assert [k for _, _, k, _ in events] == [(1, "first"), (1, "b")] and procs[(1, "b")].killed, events
+
+
+def test_a_job_longer_than_a_call_starts_at_the_calls_beginning():
+    """A job expected to take more than a whole call fits while most of the call is left (START_SHARE),
+    so the longest-first order starts it first and the fit rule never starves it; later in the call a
+    shorter one passes it."""
+    from bench.run import START_SHARE, next_job
+
+    huge, small = _job(1, "huge", minutes=12.0), _job(1, "small", minutes=1.0)  # 720 s > a 540-s call
+    assert next_job([huge, small], [], 540.0, 540.0) == 0
+    assert next_job([huge, small], [], START_SHARE * 540.0, 540.0) == 0
+    assert next_job([huge, small], [], START_SHARE * 540.0 - 1, 540.0) == 1
+    assert next_job([huge], [], 100.0, 540.0) == 0  # alone, it still starts (nothing else to run)
+    events, _, procs, _ = _run([huge, small], 2, 540.0, {(1, "huge"): None, (1, "small"): 60})
+    assert [(t, k) for _, t, k, _ in events] == [(0.0, (1, "huge")), (0.0, (1, "small"))]
+    events, _, _, _ = _run([huge, small], 1, 540.0, {(1, "huge"): 600, (1, "small"): 60})
+    assert [k for _, _, k, _ in events] == [(1, "huge")]  # then past the limit: small is dropped
+
+
+def test_a_groups_repeat_2_waits_for_its_cold_repeat_1():
+    """No warm-up pass: repeat 2 of a group does not start beside its repeat 1 (cold caches, the same
+    compiles twice at once) but after it; other groups' repeat 2 pass it meanwhile."""
+    jobs = [_job(1, "a", cold=True), _job(1, "b", cold=True), _job(2, "a"), _job(2, "b"), _job(2, "c")]
+    secs = {(1, "a"): 10, (1, "b"): 1, (2, "a"): 1, (2, "b"): 1, (2, "c"): 1}
+    events, ended, _, _ = _run(jobs, 2, float("inf"), secs)
+    start = {key: t for _, t, key, _ in events}
+    assert start[(2, "a")] >= 10 and start[(2, "b")] < 2 and start[(2, "c")] < 3, events
+    assert len(ended) == 5
+
+
+def test_without_a_time_limit_jobs_start_in_their_order():
+    """--time-limit 0 (inf): every job fits, so the order is `spread_jobs`' (eligibility aside), however
+    long a job is expected to take; with a limit the same jobs start shortest first late in a call."""
+    from bench.run import next_job
+
+    pending = [_job(1, "a", minutes=60.0), _job(1, "b", minutes=1.0)]
+    assert next_job(pending, []) == next_job(pending, [], float("inf"), float("inf")) == 0
+    assert next_job(pending, [], 100.0, 540.0) == 1
+    jobs = [_job(1, g, minutes=m) for g, m in zip("abcd", (1.0, 30.0, 2.0, 20.0))]
+    events, ended, _, _ = _run(jobs, 1, float("inf"), {(1, g): 5 for g in "abcd"})
+    assert [k for _, _, k, _ in events] == [(1, g) for g in "abcd"] and len(ended) == 4
 
 
 def test_merge_repeats_joins_groups_and_warm_files():
