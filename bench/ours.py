@@ -33,6 +33,23 @@ def engines_of(plan: Any) -> str:
     return f"{len(labels)} steps: " + ", ".join(f"{e} {n}" for e, n in by_engine.most_common())
 
 
+def tuning_note(plan: Any, max_steps: int = 2) -> str:
+    """For a tuned plan of at most `max_steps` steps: what the tuner measured, the chosen config and every
+    timed alternative (µs, as the tuner timed them), so a table can show where the tuner's measurement and
+    the suite's disagree (bench v2 found tuned generated-attention plans 20-30% slower than the
+    heuristic's, whose config is among the candidates)."""
+    steps = [s for s in plan.steps if s.config.measured_us is not None]
+    if not steps or len(plan.steps) > max_steps:
+        return ""
+
+    def short(c: Any) -> str:
+        knobs = ",".join(f"{k}={v}" for k, v in c.knobs if k not in ("template", "name"))
+        return f"{c.engine}[{knobs}] {c.measured_us:.1f}" if c.measured_us is not None else f"{c.engine}[{knobs}] -"
+
+    return "; ".join(f"tuner step {s.index}: chose {short(s.config)} µs; others "
+                     + ", ".join(short(a) for a in s.alternatives) for s in steps)
+
+
 def diagnose(title: str, plan: Any, pack: Mapping[Any, Any]) -> None:
     """--describe: the plan's configs (and tuned alternatives' times); --steps: device and host time per
     step and per engine/template (plan.profile_steps), the slowest steps with their ops."""
@@ -105,6 +122,8 @@ def graph_impls(ctx: Ctx, make: Callable[[], tuple[Any, Mapping[Any, Any], Seque
                 pack[o] = out_like(final.tensors[o.uid], ctx.device)
             bufs = [pack[o] for o in outputs]
             diagnose(f"{g.name} [{'generated' if engines else 'opgraph'}{' tuned' if tuned else ''}]", plan, pack)
+            if tuned:
+                note = "; ".join(x for x in (note, tuning_note(plan)) if x)
             return Runner(call=lambda: plan.execute(pack), outputs=bufs, engine=engines_of(plan), notes=note,
                           keep=plan)
 

@@ -161,7 +161,12 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
     st = _State(m, pnames, snames)  # the initial state, before the warm-up steps below change it
     opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM, foreach=True)
     net = m if mode is None else torch.compile(m, mode=mode, dynamic=False)
-    opt_step = opt.step if mode is None else torch.compile(opt.step, mode=mode, dynamic=False)
+    # the optimizer step is compiled without Inductor's CUDA graphs in both modes: under them, its graph
+    # read tensors that the model's graphs had overwritten ("accessing tensor output of CUDAGraphs that
+    # has been overwritten by a subsequent run" in SGD.step, every repeat of 2026-11-26, with
+    # cudagraph_mark_step_begin); the model's forward and backward keep the mode's CUDA graphs
+    opt_step = opt.step if mode is None else torch.compile(opt.step, mode="max-autotune-no-cudagraphs",
+                                                           dynamic=False)
     out: dict[str, Any] = {}
 
     def call() -> Any:
@@ -186,7 +191,8 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
     if x.is_cuda:
         torch.cuda.synchronize()
     st.velocity, st.loss = velocity, (lambda: out["loss"])
-    engine = "ATen + autograd + SGD (foreach)" if mode is None else INDUCTOR_ENGINE + " + compiled SGD step"
+    engine = ("ATen + autograd + SGD (foreach)" if mode is None
+              else INDUCTOR_ENGINE + " + compiled SGD step" + (" (no CUDA graphs)" if mode == "max-autotune" else ""))
     return Runner(call=call, read=st.read, reset=st.reset, engine=engine, graph_native=mode == "max-autotune",
                   capturable=mode != "max-autotune", notes=f"mode={mode}" if mode else "", keep=(m, opt, net, st))
 
