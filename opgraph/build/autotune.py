@@ -17,16 +17,17 @@ import logging
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.config import EngineConfig
 from ..core.device import Device
-from ..core.errors import GraphError, UnsupportedGraphError
+from ..core.errors import ExecutionError, GraphError, UnsupportedGraphError
 from ..core.piece import Piece
 from ..engines import get_engine
-from ..engines.base import Kernel
+from ..engines.base import Binding, Kernel
+from ..memory.buffers import address_of
 from .filters import ConfigFilter
 
 log = logging.getLogger("opgraph.autotune")
@@ -144,16 +145,46 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
 TUNE_PASSES = 5  # on a GPU: passes over the candidates, each timing every candidate once (round-robin)
 
 
+def bound_run(kernel: Kernel, bufs: dict[int, Any], scratch: Any, device: Device) -> Callable[[], None]:
+    """`kernel` bound to `bufs` and run as a plan's execute runs its step (`Kernel.bind`; on CUDA the
+    current stream): the tuner times the code the plan will run. `Kernel.run`, the self-contained path,
+    is another code path: generated kernels launch through Triton's JIT (a second compilation of the
+    same source, with its own specializations) and cuDNN plans rebuild their variant pack in Python
+    each call. Timed that way, bench v2 (H200, 2026-11-26) found tuned plans slower than the heuristic's
+    choice, which was among the candidates: generated attention forward 1.25-1.28x at S=1k and 4k, the
+    1k causal backward on the generated kernel (206 µs) instead of cuDNN's (164)."""
+    binding = Binding()
+    for uid, value in bufs.items():
+        binding.buffers[uid] = value
+        if not isinstance(value, (bool, int, float)):
+            binding.pointers[uid] = address_of(value)
+    if device.is_cuda:
+        import torch
+
+        binding.stream.set(int(torch.cuda.current_stream().cuda_stream))
+    calls = kernel.bind(binding, scratch).calls
+    preludes = list(binding.preludes.values())
+
+    def run() -> None:
+        for fn, args in (*preludes, *calls):
+            rc = fn(*args)
+            if rc:
+                raise ExecutionError(f"{kernel.config} failed to launch (code {rc})", rule="autotune.launch",
+                                     hint="the candidate is skipped; build with autotune=False to see it alone")
+    return run
+
+
 def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3) -> float:
     """One measurement of a candidate's device µs per run on CUDA (a burst of runs behind a spin kernel:
     its host time hidden, as in a captured CUDA graph or a plan that runs ahead of the device; timing
     each run from an idle device would charge a library call's host setup in full and pick by host
-    overhead); `tune` takes the median of TUNE_PASSES of them. On the CPU: wall clock."""
+    overhead); `tune` takes the median of TUNE_PASSES of them. On the CPU: wall clock. Either way the
+    candidate runs as a plan runs it (`bound_run`)."""
     from ..core.timing import time_call, time_device
     from ..memory.workspace import allocate
 
     scratch = allocate(kernel.scratch_bytes, device) if kernel.scratch_bytes else None
-    run = lambda: kernel.run(bufs, None, scratch)  # noqa: E731
+    run = bound_run(kernel, bufs, scratch, device)
     if device.is_cuda:
         return time_device(run, warmup=warmup, rounds=1)
     return time_call(run, cuda=False, warmup=1, repeat=2)

@@ -178,3 +178,46 @@ def test_later_passes_time_every_candidate_round_robin(monkeypatch):
     one = [([3.0], "a", ka)]
     autotune._more_passes(one, piece, types.SimpleNamespace(is_cuda=True), {}, failed)  # nothing to compare
     assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2 and one[0][0] == [3.0]
+
+
+class _Recorded:
+    """A kernel whose self-contained `run` must not be what tuning times: its bound launcher records
+    the prelude and the call, with the binding it was given."""
+
+    scratch_bytes = 0
+
+    def __init__(self, rc=None):
+        from opgraph.core.config import EngineConfig
+
+        self.config = EngineConfig("fake", (("k", 1),))
+        self.rc, self.log, self.binding = rc, [], None
+
+    def run(self, *a, **k):
+        raise AssertionError("tuning timed Kernel.run, not the path a plan runs")
+
+    def bind(self, binding, scratch):
+        from opgraph.engines.base import Launcher
+
+        self.binding = binding
+        binding.preludes["p"] = (self.log.append, ("prelude",))
+        return Launcher([(lambda: self.log.append("call") or self.rc, ())])
+
+
+def test_candidates_are_timed_through_the_bound_path_a_plan_runs():
+    from opgraph.core.device import CPU
+
+    x = np.ones((4, 8), np.float32)
+    kernel = _Recorded()
+    us = autotune.time_kernel(kernel, None, CPU, {1: x, 2: 0.5})
+    assert us >= 0 and kernel.log[:2] == ["prelude", "call"] and len(kernel.log) % 2 == 0
+    assert kernel.binding.buffers == {1: x, 2: 0.5}
+    assert kernel.binding.pointers == {1: x.__array_interface__["data"][0]}  # no pointer for a scalar
+
+
+def test_a_bound_launch_failing_with_a_code_is_the_candidates_failure():
+    from opgraph.core.device import CPU
+
+    with pytest.raises(og.ExecutionError) as info:
+        autotune.bound_run(_Recorded(rc=700), {}, None, CPU)()
+    assert info.value.rule == "autotune.launch" and "700" in str(info.value)
+    assert autotune.config_failure(info.value)
