@@ -13,8 +13,9 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
     --warm             set up and check every implementation without timing (fills the compile and tuning
                        caches of the machine for a later timed run; nothing written)
     --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
-                       its own on one GPU (CUDA_VISIBLE_DEVICES), the warm-up pass first, then repeat 1 of
-                       every group before any repeat 2, longest first; the host-time group's repeats start
+                       its own on one GPU (CUDA_VISIBLE_DEVICES), the cold jobs first (the warm-up pass, or
+                       repeat 1 of every group), longest first, then the later repeats group by group, a
+                       group's repeats together, longest group first; the host-time group's repeats start
                        once no other group's cold, compiling job runs or waits, never beside each other; a group's later repeats wait
                        for its cold job (the warm-up, or repeat 1 without one). A free GPU takes the first job
                        whose expected seconds (bench/core/costs.json) fit in what is left of --time-limit, else
@@ -243,22 +244,23 @@ def _costs() -> dict[str, dict[str, float]]:
 
 
 def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, warm_first: bool) -> list[Job]:
-    """(repeat, group) jobs in the order they start: the warm-up pass of every group first (where asked),
-    then repeat 1 of every group, longest first (`job_seconds`), then repeat 2, ...; the timed repeats of groups that time
-    the host first in the timed phase (they start once no cold job runs: `next_job`, which also may pass a job
-    that does not fit in the time left)."""
+    """(repeat, group) jobs in the order they start: the cold jobs first (the warm-up pass of every group
+    where asked, else repeat 1 of every group), longest first (`job_seconds`); then the timed repeats with
+    warm caches group by group, longest group first, a group's repeats together (when the time ends first,
+    the groups left short are few: a table needs 3 repeats, and 2 in every group make none); the timed
+    repeats of groups that time the host first among those (they start once no other group's cold job runs
+    or waits: `next_job`, which also may pass a job that does not fit in the time left)."""
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
-    jobs = []
-    for r in ([0] if warm_first else []) + list(range(1, repeats + 1)):
-        round_ = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
-                      os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
-                      g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
-                  for g, ss in groups.items()]
-        jobs += sorted(round_, key=lambda j: -job_seconds(j))
-    return ([j for j in jobs if j.repeat == 0] + [j for j in jobs if j.alone]
-            + [j for j in jobs if j.repeat > 0 and not j.alone])
+    jobs = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
+                os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
+                g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
+            for r in ([0] if warm_first else []) + list(range(1, repeats + 1)) for g, ss in groups.items()]
+    cold = sorted((j for j in jobs if j.cold), key=lambda j: -job_seconds(j))
+    warm = sorted((j for j in jobs if not j.cold), key=lambda j: (-job_seconds(j), j.group, j.repeat))
+    return ([j for j in cold if not j.alone] + [j for j in cold if j.alone] + [j for j in warm if j.alone]
+            + [j for j in warm if not j.alone])
 
 
 def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], repeats: int, rawdir: str,

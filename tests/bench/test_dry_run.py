@@ -59,10 +59,18 @@ def test_spread_jobs_order_repeats_and_put_host_rows_first_in_the_timed_phase():
     specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
                                       "host.execute_tiny_conv"])
     jobs = spread_jobs(specs, 3, "/raw", warm_first=True)
-    # the warm-up pass, then the host group's timed repeats (never beside a warm-up: next_job), then rounds
-    assert [j.repeat for j in jobs] == [0] * 3 + [1, 2, 3] + [1] * 2 + [2] * 2 + [3] * 2
+    # the warm-up pass, then the host group's timed repeats (never beside a warm-up: next_job), then the
+    # other groups' repeats group by group, the longer group (memory: bench/core/costs.json) first
+    assert [j.repeat for j in jobs] == [0] * 3 + [1, 2, 3] * 3
     assert all(j.group == "host" and j.alone for j in jobs[3:6]) and not any(j.alone for j in jobs[6:] + jobs[:3])
+    assert [j.group for j in jobs[6:]] == ["memory"] * 3 + ["conv-fp16"] * 3
     assert len({j.raw for j in jobs}) == len(jobs)
+    # without a warm-up pass: every group's cold repeat 1 first (the host's last of them), then the same order
+    jobs = spread_jobs(specs, 3, "/raw", warm_first=False)
+    assert [(j.group, j.repeat) for j in jobs] == [
+        ("memory", 1), ("conv-fp16", 1), ("host", 1), ("host", 2), ("host", 3),
+        ("memory", 2), ("memory", 3), ("conv-fp16", 2), ("conv-fp16", 3)]
+    assert [j.cold for j in jobs] == [True] * 3 + [False] * 6
 
 
 def test_jobs_start_longest_first_by_the_measured_costs():
