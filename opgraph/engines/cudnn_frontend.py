@@ -40,7 +40,7 @@ from ..ops.pointwise import Pointwise
 from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, Kernel
-from .cost import estimate_us
+from .cost import NARROW_GROUP, estimate_us
 from .cudnn_sdpa import (
     ATTENTION_KINDS,
     MOVES,
@@ -67,7 +67,6 @@ GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
 GEMM_OUT_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 B_PLANS = 4
 RANK_FIRST_US = 10.0  # cost-model µs below which a piece's host launch cost outweighs cuDNN's device win
-MMA_K = 16  # the reduction depth of an fp16/bf16 tensor-core instruction, the generated kernels' smallest K tile
 # opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method
 _PARAM_METHODS = {"relu", "relu_backward", "swish", "swish_backward"}
 _CONV_ATTRS = ("pre_padding", "post_padding", "stride", "dilation")
@@ -546,7 +545,7 @@ class CudnnEngine(Engine):
                 per_group = weight.dim[1]  # C/groups: one input channel per group is depthwise
                 if per_group == 1:
                     return False
-                if image.dim[1] > per_group and per_group < MMA_K:  # grouped, narrow groups
+                if image.dim[1] > per_group and per_group < NARROW_GROUP:  # grouped, narrow groups
                     return True
                 if node.kind == "conv_fprop" and _adds_residual(piece, node):
                     return False

@@ -25,6 +25,7 @@ from ....core.dtypes import DataType
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
+from ...cost import NARROW_GROUP
 from ..gemm import (
     Context,
     GemmPiece,
@@ -42,8 +43,6 @@ from ..gemm import (
     operand_tile,
 )
 from .base import pow2_at_least, unique
-
-NARROW_GROUP = 16  # channels per group below which a grouped conv's K tile is mostly padding
 
 
 class ConvFpropTemplate(TileTemplate):
