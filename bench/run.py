@@ -320,9 +320,10 @@ def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
     the caches): a job is not started late in a call, to be cut at its end and run again, while a
     shorter one would have finished."""
     cold = {j.group for j in (*pending, *running) if j.cold}
+    compiling = {j.group for j in (*pending, *running) if j.cold and not j.alone}  # (host jobs: one at a time)
     host_busy = any(j.alone for j in running)
     eligible = [k for k, job in enumerate(pending) if (job.cold or job.group not in cold)
-                and not (job.alone and (host_busy or cold - {job.group}))]
+                and not (job.alone and (host_busy or compiling - {job.group}))]
     if not eligible:
         return None
     for k in eligible:

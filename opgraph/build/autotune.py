@@ -26,7 +26,8 @@ from ..core.device import Device
 from ..core.errors import ExecutionError, GraphError, UnsupportedGraphError
 from ..core.piece import Piece
 from ..engines import get_engine
-from ..engines.base import Binding, Kernel
+from ..engines.base import Binding, Kernel, Launcher
+from ..memory.addresses import TABLE_KEY, AddressTable
 from ..memory.buffers import address_of
 from .filters import ConfigFilter
 
@@ -145,7 +146,7 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
 TUNE_PASSES = 5  # on a GPU: passes over the candidates, each timing every candidate once (round-robin)
 
 
-def bound_run(kernel: Kernel, bufs: dict[int, Any], scratch: Any, device: Device) -> Callable[[], None]:
+def bound_run(kernel: Kernel, piece: Piece, bufs: dict[int, Any], scratch: Any, device: Device) -> Callable[[], None]:
     """`kernel` bound to `bufs` and run as a plan's execute runs its step (`Kernel.bind`; on CUDA the
     current stream): the tuner times the code the plan will run. `Kernel.run`, the self-contained path,
     is another code path: generated kernels launch through Triton's JIT (a second compilation of the
@@ -158,20 +159,33 @@ def bound_run(kernel: Kernel, bufs: dict[int, Any], scratch: Any, device: Device
         binding.buffers[uid] = value
         if not isinstance(value, (bool, int, float)):
             binding.pointers[uid] = address_of(value)
+    table = AddressTable(piece.graph, device)
+    if table:  # by-reference tensors: the kernel reads their addresses from the table, as in a plan
+        table.update_from({uid: binding.pointers.get(uid, 0) for uid in table.slots}, force=True)
+        binding.buffers[TABLE_KEY] = table.tensor
+        binding.pointers[TABLE_KEY] = address_of(table.tensor)
     if device.is_cuda:
         import torch
 
-        binding.stream.set(int(torch.cuda.current_stream().cuda_stream))
-    calls = kernel.bind(binding, scratch).calls
-    preludes = list(binding.preludes.values())
+        binding.stream.set(int(torch.cuda.current_stream(device.index).cuda_stream))
+    return _BoundRun(kernel, binding, kernel.bind(binding, scratch), table)
 
-    def run() -> None:
-        for fn, args in (*preludes, *calls):
+
+class _BoundRun:
+    """One run of a bound candidate. It holds the launcher, not only its calls: the launcher owns what
+    the calls point at (a native launch's argument slots, cuDNN's pointer array, global scratch), which
+    its release would free under them; and the binding and address table the kernel reads."""
+
+    def __init__(self, kernel: Kernel, binding: Binding, launcher: Launcher, table: AddressTable) -> None:
+        self.kernel, self.binding, self.launcher, self.table = kernel, binding, launcher, table
+        self.preludes = list(binding.preludes.values())
+
+    def __call__(self) -> None:
+        for fn, args in (*self.preludes, *self.launcher.calls):
             rc = fn(*args)
             if rc:
-                raise ExecutionError(f"{kernel.config} failed to launch (code {rc})", rule="autotune.launch",
+                raise ExecutionError(f"{self.kernel.config} failed to launch (code {rc})", rule="autotune.launch",
                                      hint="the candidate is skipped; build with autotune=False to see it alone")
-    return run
 
 
 def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3) -> float:
@@ -184,7 +198,7 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
     from ..memory.workspace import allocate
 
     scratch = allocate(kernel.scratch_bytes, device) if kernel.scratch_bytes else None
-    run = bound_run(kernel, bufs, scratch, device)
+    run = bound_run(kernel, piece, bufs, scratch, device)
     if device.is_cuda:
         return time_device(run, warmup=warmup, rounds=1)
     return time_call(run, cuda=False, warmup=1, repeat=2)

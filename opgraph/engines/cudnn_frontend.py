@@ -351,9 +351,11 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
     return frozenset(numerical), frozenset(behavior)
 
 
-def _worth_a_launch(piece: Piece, device: Device) -> bool:
+def _worth_a_launch(piece: Piece, device: Device, waste: float = 1.0) -> bool:
+    """Whether the piece's estimated device time (times `waste`, what the generated kernel loses over the
+    cost model's rate) reaches RANK_FIRST_US."""
     estimate = estimate_us(piece, device)
-    return estimate is not None and estimate >= RANK_FIRST_US
+    return estimate is not None and estimate * waste >= RANK_FIRST_US
 
 
 def _adds_residual(piece: Piece, conv: Node) -> bool:
@@ -533,8 +535,9 @@ class CudnnEngine(Engine):
         (a second full-size tensor) goes to cuDNN's runtime-fusion plans, 1.6x the generated kernel's time
         (1x1 C64->K256 56², N32: 66 vs 42 µs fp16, 83 vs 51 bf16; ResNet-50 and MobileNetV2 plans with
         cuDNN on those steps were 1.2x the generated-only plans), so the generated kernel goes first; a
-        grouped conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3 g32 C256,
-        N32: 104 vs 27.5 µs), so cuDNN goes first whatever the cost model says (it underestimates them).
+        grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3 g32
+        C256, N32: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group) before
+        the RANK_FIRST_US test.
         Generated kernels stay first for matmul and depthwise."""
         if any(n.kind in ATTENTION_KINDS for n in piece.nodes):
             return _worth_a_launch(piece, device)  # cuDNN's fused attention: the generated kernels' bar
@@ -545,8 +548,9 @@ class CudnnEngine(Engine):
                 per_group = weight.dim[1]  # C/groups: one input channel per group is depthwise
                 if per_group == 1:
                     return False
-                if image.dim[1] > per_group and per_group < NARROW_GROUP:  # grouped, narrow groups
-                    return True
+                if node.kind == "conv_fprop" and image.dim[1] > per_group and per_group < NARROW_GROUP:
+                    # grouped, narrow groups: the generated kernel's K tile is padded NARROW_GROUP / C/g times
+                    return _worth_a_launch(piece, device, NARROW_GROUP / per_group)
                 if node.kind == "conv_fprop" and _adds_residual(piece, node):
                     return False
                 return _worth_a_launch(piece, device)

@@ -457,3 +457,14 @@ def test_resume_keeps_finished_workloads_and_runs_the_rest(tmp_path):
     assert third.returncode == 0 and "resumed" not in third.stdout + third.stderr, third.stdout[-2000:]
     assert "bench: run complete" in third.stdout and "bench: run complete" in again.stdout
     assert "run incomplete" not in first.stdout
+
+
+def test_two_host_time_groups_without_a_warm_up_do_not_wait_for_each_other():
+    """Each host group's cold repeat 1 is also a host-time job: they run one at a time, never waiting for
+    each other's compile (which would wait forever)."""
+    from bench.run import next_job
+
+    a1, b1 = _job(1, "host-a", alone=True, cold=True), _job(1, "host-b", alone=True, cold=True)
+    assert next_job([a1, b1], []) == 0
+    assert next_job([b1], [a1]) is None  # (one host job at a time)
+    assert next_job([a1, _job(1, "memory", cold=True)], []) == 1  # a compiling group still holds them

@@ -182,7 +182,8 @@ def test_later_passes_time_every_candidate_round_robin(monkeypatch):
 
 class _Recorded:
     """A kernel whose self-contained `run` must not be what tuning times: its bound launcher records
-    the prelude and the call, with the binding it was given."""
+    the prelude and the call, with the binding it was given; the launcher's life is watched (a native
+    launch's calls point into memory their launcher owns)."""
 
     scratch_bytes = 0
 
@@ -190,34 +191,64 @@ class _Recorded:
         from opgraph.core.config import EngineConfig
 
         self.config = EngineConfig("fake", (("k", 1),))
-        self.rc, self.log, self.binding = rc, [], None
+        self.rc, self.log, self.binding, self.launcher = rc, [], None, None
 
     def run(self, *a, **k):
         raise AssertionError("tuning timed Kernel.run, not the path a plan runs")
 
     def bind(self, binding, scratch):
+        import weakref
+
         from opgraph.engines.base import Launcher
 
         self.binding = binding
         binding.preludes["p"] = (self.log.append, ("prelude",))
-        return Launcher([(lambda: self.log.append("call") or self.rc, ())])
+        launcher = Launcher()
+        alive = weakref.ref(launcher)
+        launcher.calls = [(lambda: self.log.append("call" if alive() is not None else "freed") or self.rc, ())]
+        return launcher
+
+
+def _piece(by_reference=False):
+    from opgraph.core.piece import make_piece
+
+    g = _graph()
+    g.validate()
+    final = g.final
+    if by_reference:
+        final = g.build(device="cpu", by_reference=True).graph
+    return make_piece(final, 0, list(final.nodes))
 
 
 def test_candidates_are_timed_through_the_bound_path_a_plan_runs():
+    import gc
+
     from opgraph.core.device import CPU
 
+    piece = _piece()
     x = np.ones((4, 8), np.float32)
     kernel = _Recorded()
-    us = autotune.time_kernel(kernel, None, CPU, {1: x, 2: 0.5})
-    assert us >= 0 and kernel.log[:2] == ["prelude", "call"] and len(kernel.log) % 2 == 0
+    run = autotune.bound_run(kernel, piece, {1: x, 2: 0.5}, None, CPU)
+    gc.collect()
+    run()
+    assert kernel.log == ["prelude", "call"]  # the launcher lives as long as the run
     assert kernel.binding.buffers == {1: x, 2: 0.5}
     assert kernel.binding.pointers == {1: x.__array_interface__["data"][0]}  # no pointer for a scalar
+    assert autotune.time_kernel(_Recorded(), piece, CPU, {1: x}) >= 0
 
 
 def test_a_bound_launch_failing_with_a_code_is_the_candidates_failure():
     from opgraph.core.device import CPU
 
     with pytest.raises(og.ExecutionError) as info:
-        autotune.bound_run(_Recorded(rc=700), {}, None, CPU)()
+        autotune.bound_run(_Recorded(rc=700), _piece(), {}, None, CPU)()
     assert info.value.rule == "autotune.launch" and "700" in str(info.value)
     assert autotune.config_failure(info.value)
+
+
+def test_a_by_reference_graph_tunes_its_kernels_through_the_address_table(rng):
+    """By-reference tensors are read through the plan's address table: the tuner binds one too (it
+    failed with a KeyError before), and the tuned plan's results are right."""
+    plan = _graph().build(device="cpu", engines=["triton"], autotune=True, by_reference=True)
+    assert plan.steps[0].config.measured_us is not None
+    assert not og.testing.check_plan(plan, rng)
