@@ -19,7 +19,8 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
                        once no other group's cold, compiling job runs or waits, never beside each other; a group's later repeats wait
                        for its cold job (the warm-up, or repeat 1 without one). A free GPU takes the first job
                        whose expected seconds (bench/core/costs.json) fit in what is left of --time-limit, else
-                       the shortest one (`next_job`). One machine
+                       the shortest one (`next_job`); its worker process was started ahead, imports done
+                       (bench/standby.py). One machine
                        per table still holds (same host, same GPU model); the header says the run was spread.
 """
 
@@ -42,6 +43,7 @@ from .core import registry
 from .core.aggregate import aggregate
 from .core.records import RunRecord
 from .core.render import render
+from .standby import STANDBY_FLAG, StandbyPool, serve
 from .worker import MARGIN_S
 
 START_SHARE = 0.9  # a job needing more than this share of a call fits only in the call's first (1 - share)
@@ -77,8 +79,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
                                                               "alternatives' times)")
     ap.add_argument("--steps", action="store_true", help="print where each opgraph plan's time goes, step by step")
-    # internal: one repeat in this process
+    # internal: one repeat in this process; a worker started ahead of its job (bench/standby.py)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(STANDBY_FLAG, action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--repeat-index", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--raw", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
@@ -277,12 +280,18 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
 
     devices = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), args.gpus)
 
+    # each GPU's next worker waits ready (imports done) while the current job runs: bench/standby.py
+    pool = StandbyPool(here, lambda gpu: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]})
+
     def launch(job: Job, gpu: int, left: float) -> subprocess.Popen:
         sub = argparse.Namespace(**{**vars(args), "warm": job.repeat == 0})
-        return subprocess.Popen(worker_argv(sub, job.repeat, job.raw, left, job.ids), cwd=here,
-                                env={**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]})
+        return pool.launch(worker_argv(sub, job.repeat, job.raw, left, job.ids), gpu)
 
-    schedule(jobs, args.gpus, args.time_limit, launch)
+    try:
+        schedule(jobs, args.gpus, args.time_limit, launch)
+    finally:
+        pool.close()
+    print(f"bench: {pool.handed} of {len(jobs)} job(s) ran in a worker started ahead", flush=True)
     # (every repeat's raw file so far: with --resume, those earlier calls finished too)
     return [j.raw for j in every if j.repeat > 0 and os.path.exists(j.raw)]
 
@@ -429,6 +438,8 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == [STANDBY_FLAG]:
+        return serve(main)
     args = parse(argv)
     if args.list:
         print(list_workloads())

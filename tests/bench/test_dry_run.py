@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -127,6 +128,8 @@ def test_dry_run_spread_over_two_gpus_merges_repeats(tmp_path):
     md = open(tmp_path / json_files[0].replace(".json", ".md")).read()
     assert "2 process-level repeat(s)" in md and "Spread over 2 GPUs" in md
     assert out.stdout.rstrip().splitlines()[-1] == "bench: run complete"
+    handed = re.search(r"bench: (\d+) of (\d+) job\(s\) ran in a worker started ahead", out.stdout)
+    assert handed and 0 < int(handed.group(1)) < int(handed.group(2))  # (each GPU's first job starts fresh)
     # --resume of the finished run starts no worker and writes the same tables over every repeat
     (rawdir,) = [tmp_path / p for p in os.listdir(tmp_path) if p.startswith("raw-")]
     os.remove(tmp_path / json_files[0])
@@ -468,3 +471,61 @@ def test_two_host_time_groups_without_a_warm_up_do_not_wait_for_each_other():
     assert next_job([a1, b1], []) == 0
     assert next_job([b1], [a1]) is None  # (one host job at a time)
     assert next_job([a1, _job(1, "memory", cold=True)], []) == 1  # a compiling group still holds them
+
+
+# -- workers started ahead of their jobs (bench/standby.py) -----------------------------------------------
+
+
+class _FakeProc:
+    def __init__(self, argv, cwd=None, env=None, stdin=None, text=None):
+        import io
+
+        self.argv, self.env, self.killed, self.exit = argv, env, False, None
+        self.stdin = io.StringIO() if stdin is not None else None
+        self.sent = []
+        if self.stdin is not None:
+            self.stdin.close = lambda: self.sent.append(self.stdin.getvalue())
+
+    def poll(self):
+        return self.exit
+
+    def kill(self):
+        self.killed = True
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_standby_pool_hands_jobs_to_waiting_workers_and_replaces_dead_ones(monkeypatch):
+    from bench import standby
+
+    started = []
+    monkeypatch.setattr(standby.subprocess, "Popen", lambda *a, **k: started.append(_FakeProc(*a, **k)) or started[-1])
+    pool = standby.StandbyPool("/repo", lambda gpu: {"CUDA_VISIBLE_DEVICES": str(gpu)})
+    argv = [sys.executable, "-m", "bench.run", "--worker", "--raw", "r1"]
+    first = pool.launch(argv, 1)  # nothing waits yet: started fresh, then a waiting worker for GPU 1
+    assert first.argv == argv and first.env == {"CUDA_VISIBLE_DEVICES": "1"} and pool.handed == 0
+    waiting = pool.ready[1]
+    assert waiting.argv[-1] == standby.STANDBY_FLAG and waiting.env == {"CUDA_VISIBLE_DEVICES": "1"}
+    second = pool.launch([*argv[:-1], "r2"], 1)  # the waiting worker takes it: the args after `-m bench.run`
+    assert second is waiting and waiting.sent == [json.dumps(["--worker", "--raw", "r2"]) + "\n"]
+    assert pool.handed == 1
+    pool.ready[1].exit = 1  # the next waiting worker died: killed, the job started fresh
+    dead = pool.ready[1]
+    third = pool.launch([*argv[:-1], "r3"], 1)
+    assert dead.killed and third.argv[-1] == "r3" and third is not dead and pool.handed == 1
+    pool.close()
+    assert pool.ready == {}
+
+
+def test_a_standby_worker_runs_the_job_it_reads_or_exits_on_eof(monkeypatch):
+    import io
+
+    from bench import standby
+
+    monkeypatch.setattr(standby, "warm_imports", lambda: None)
+    ran = []
+    monkeypatch.setattr(standby.sys, "stdin", io.StringIO(json.dumps(["--worker", "--raw", "r"]) + "\n"))
+    assert standby.serve(lambda argv: ran.append(argv) or 7) == 7 and ran == [["--worker", "--raw", "r"]]
+    monkeypatch.setattr(standby.sys, "stdin", io.StringIO(""))
+    assert standby.serve(lambda argv: ran.append(argv) or 7) == 0 and len(ran) == 1
