@@ -15,6 +15,7 @@ import pytest
 import opgraph as og
 from opgraph.autodiff import grad
 from opgraph.core.device import Device
+from opgraph.core.piece import make_piece
 from opgraph.engines.triton.templates import attention as fwd_template
 from opgraph.engines.triton.templates import attention_bwd as bwd_template
 from opgraph.core.tensor import packed_strides
@@ -290,10 +291,53 @@ def _softcap_alibi(backward: bool) -> og.Graph:
     return g
 
 
-HOPPER_CASES = {  # the heuristic's choice for the benchmark's soft-capped ALiBi attention
+def _plain_causal(backward: bool) -> og.Graph:
+    """The benchmark's plain attention: B4 H16 S4096 D128 bf16, causal, scale 1/sqrt(128)."""
+    g = og.Graph("plain", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    dims = (4, 16, 4096, 128)
+    names = ("q", "k", "v", "o", "do") if backward else ("q", "k", "v")
+    t = {n: g.tensor(dim=list(dims), stride=packed_strides(dims), name=n) for n in names}
+    if backward:
+        stats = g.tensor(dim=[4, 16, 4096, 1], data_type=DT.FLOAT, name="stats")
+        outs = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], stats, attn_scale=128 ** -0.5,
+                               use_causal_mask=True)
+    else:
+        outs = g.sdpa(t["q"], t["k"], t["v"], attn_scale=128 ** -0.5, use_causal_mask=True)
+    for o in outs:
+        if o is not None:
+            o.set_output(True)
+    return g
+
+
+HOPPER_CASES = {  # the heuristic's choice for the benchmark's soft-capped ALiBi attention, and a plain one
     "softcap_alibi_fwd": (lambda: _softcap_alibi(False), "attention", None),
     "softcap_alibi_bwd": (lambda: _softcap_alibi(True), "attention_bwd", None),
+    "plain_causal_fwd": (lambda: _plain_causal(False), "attention", None),
+    "plain_causal_bwd": (lambda: _plain_causal(True), "attention_bwd", None),
 }
+
+
+def test_the_forward_applies_a_constant_positive_scale_inside_exp2_only():
+    """`folds_scale`: the plain score with a positive constant scale takes its row max on the raw product
+    (one fma per score in exp2's argument); a scale read at run time, a negative one, a bias or a score
+    modifier keep the scaled score (the max of the raw product is not the max of a negatively scaled one)."""
+    from opgraph.engines.triton.attention.common import folds_scale
+    from opgraph.engines.triton.attention.lowering import analyze, build_spec
+
+    def spec(**kw):
+        g = og.Graph("s", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+        q, k, v = (g.tensor(dim=[1, 2, 16, 32], name=n) for n in "qkv")
+        for o in g.sdpa(q, k, v, **kw):
+            if o is not None:
+                o.set_output(True)
+        g.validate()
+        piece = make_piece(g.final, 0, list(g.final.nodes))
+        return build_spec(piece, analyze(piece, "sdpa", "attention"), interpret=True)
+
+    assert folds_scale(spec(attn_scale=0.125)) and folds_scale(spec(attn_scale=0.125, use_causal_mask=True))
+    assert not folds_scale(spec(attn_scale=-0.125))
+    assert not folds_scale(spec(attn_scale=0.125, use_alibi_mask=True))
+    assert not folds_scale(spec(attn_scale=0.125, score_mod=lambda sg, s: sg.mul(s, 2.0)))
 
 
 def test_score_modifier_kernels_compile_for_hopper_without_spills():
@@ -307,8 +351,19 @@ def test_score_modifier_kernels_compile_for_hopper_without_spills():
     lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
     assert {(w[1], w[2]) for w in lines} == {("softcap_alibi_fwd", "kernel_attn_fwd"),
                                              ("softcap_alibi_bwd", "kernel_attn_bwd_pre"),
-                                             ("softcap_alibi_bwd", "kernel_attn_bwd")}, lines
+                                             ("softcap_alibi_bwd", "kernel_attn_bwd"),
+                                             ("plain_causal_fwd", "kernel_attn_fwd"),
+                                             ("plain_causal_bwd", "kernel_attn_bwd_pre"),
+                                             ("plain_causal_bwd", "kernel_attn_bwd")}, lines
     assert all(w[6] == "0" for w in lines), lines  # no spills
+    # the plain forward's softmax: the row max on the raw product, the scale inside exp2's argument (one
+    # fma per score): 302 fp32 fma/mul/add/sub in the PTX (Triton 3.9, sm_90), 426 before, where the scale's
+    # multiply and the causal select kept LLVM from fusing; 64 scores a thread per key block
+    (plain,) = [w for w in lines if w[1] == "plain_causal_fwd"]
+    assert int(plain[plain.index("f32math") + 1]) <= 5 * 64, plain
+    # the fused backward recomputing the probabilities the same way (fma): 338, 432 before
+    (plain,) = [w for w in lines if w[1] == "plain_causal_bwd" and w[2] == "kernel_attn_bwd"]
+    assert int(plain[plain.index("f32math") + 1]) <= 360, plain
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from .common import (
     dropout_scale_params,
     dropout_setup,
     extent,
+    folds_scale,
     pow2,
     rows_orient,
     scale_lines,
@@ -267,8 +268,9 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
     lines += _lse2(spec, "offs_m", vec_mask)
     lines.append(f"qk = {dot(spec, 'kt', 'tl.trans(qt)')}")
     o = cols_orient(str(spec.Sq) if ragged_rows else None, str(spec.Skv) if (masked and key_ok) else None)
-    lines += score_lines(spec, k, o, masked)
-    lines.append("pt = tl.math.exp2(s2 - lse2[None, :])")
+    raw = folds_scale(spec)  # (s2 the masked product: the scale in exp2's argument, one fma a score)
+    lines += score_lines(spec, k, o, masked, raw)
+    lines.append(f"pt = tl.math.exp2(s2{' * sm2' if raw else ''} - lse2[None, :])")
     lines.append(f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}" if tma else
                  f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
     if do.dtype != dt:
@@ -389,8 +391,9 @@ def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wk
         lines += [f"kt = kt.to({dt})", f"vt = vt.to({dt})"]
     lines.append(f"qk = {dot(spec, 'qt', 'tl.trans(kt)')}")
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
-    lines += score_lines(spec, k, o, masked)
-    lines.append("p = tl.math.exp2(s2 - lse2[:, None])")
+    raw = folds_scale(spec)
+    lines += score_lines(spec, k, o, masked, raw)
+    lines.append(f"p = tl.math.exp2(s2{' * sm2' if raw else ''} - lse2[:, None])")
     lines.append(f"dp = {dot(spec, 'dot_', 'tl.trans(vt)')}")
     if spec.dropout is not None:
         lines += dropout_lines(spec, k, o)

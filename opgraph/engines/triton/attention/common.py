@@ -185,10 +185,21 @@ def bias_load(spec: AttnSpec, o: Orient) -> str:
     return f"tl.load({b.name} + {' + '.join(terms)}{m}).to(tl.float32)"
 
 
-def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str) -> list[str]:
+def folds_scale(spec: AttnSpec) -> bool:
+    """Whether the score is the plain product times a positive constant scale (no bias, ALiBi or score
+    modifier): then the forward's row maximum is taken on the raw product and the scale applied inside
+    exp2's argument, `exp2(qk * sm2 - m)`, one fused multiply-add per score instead of a multiply and a
+    subtraction (the softmax's per-score ALU work, not the tensor cores, bounds these kernels on Hopper)."""
+    return (spec.score_mod is None and spec.bias is None and not spec.alibi and not isinstance(spec.scale, Scalar)
+            and float(spec.scale) > 0)
+
+
+def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str, raw: bool = False) -> list[str]:
     """From the raw product `qk` (fp32) to `s2`, the final score in log2 units (masked entries -inf).
     With a score modifier, `s_pre` (natural units) is the score it took (for its backward). `masked`:
-    whether to apply the masks, or a run-time condition of applying them (one loop over every block)."""
+    whether to apply the masks, or a run-time condition of applying them (one loop over every block).
+    `raw` (where `folds_scale`): `s2` is the masked product itself, still to be multiplied by `sm2`."""
+    assert not raw or folds_scale(spec)
     lines = []
     extra = []
     if spec.bias is not None:
@@ -196,7 +207,9 @@ def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str) ->
         extra.append(bias_load(spec, o))
     if spec.alibi:
         extra.append(alibi_expr(spec, o))
-    if spec.score_mod is None:
+    if raw:
+        lines.append("s2 = qk")
+    elif spec.score_mod is None:
         value = "qk * sm2"
         if extra:
             value += " + (" + " + ".join(extra) + f") * {LOG2E!r}"
