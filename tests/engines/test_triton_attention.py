@@ -318,10 +318,15 @@ HOPPER_CASES = {  # the heuristic's choice for the benchmark's soft-capped ALiBi
 
 
 def test_the_forward_applies_a_constant_positive_scale_inside_exp2_only():
-    """`folds_scale`: the plain score with a positive constant scale takes its row max on the raw product
-    (one fma per score in exp2's argument); a scale read at run time, a negative one, a bias or a score
-    modifier keep the scaled score (the max of the raw product is not the max of a negatively scaled one)."""
-    from opgraph.engines.triton.attention.common import folds_scale
+    """`exp2_factor`: the plain score with a positive constant scale takes its row max on the raw product
+    (one fma per score in exp2's argument), a score modifier's value leaves log2(e) out; a negative scale
+    (the max of the raw product is not the max of a negatively scaled one) or ALiBi / a bias without a
+    modifier (nothing saved) keep the scaled score."""
+    from opgraph.engines.triton.attention.common import exp2_factor
+    from opgraph.engines.triton.attention.spec import LOG2E
+
+    def folds_scale(spec):
+        return exp2_factor(spec) == "sm2"
     from opgraph.engines.triton.attention.lowering import analyze, build_spec
 
     def spec(**kw):
@@ -337,7 +342,9 @@ def test_the_forward_applies_a_constant_positive_scale_inside_exp2_only():
     assert folds_scale(spec(attn_scale=0.125)) and folds_scale(spec(attn_scale=0.125, use_causal_mask=True))
     assert not folds_scale(spec(attn_scale=-0.125))
     assert not folds_scale(spec(attn_scale=0.125, use_alibi_mask=True))
-    assert not folds_scale(spec(attn_scale=0.125, score_mod=lambda sg, s: sg.mul(s, 2.0)))
+    assert exp2_factor(spec(attn_scale=0.125, score_mod=lambda sg, s: sg.mul(s, 2.0))) == repr(LOG2E)
+    assert exp2_factor(spec(attn_scale=-0.125, score_mod=lambda sg, s: sg.mul(s, 2.0))) == repr(LOG2E)
+    assert exp2_factor(spec(attn_scale=0.125, use_alibi_mask=True)) is None
 
 
 def test_score_modifier_kernels_compile_for_hopper_without_spills():

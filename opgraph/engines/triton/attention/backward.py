@@ -34,8 +34,8 @@ from .common import (
     dropout_lines,
     dropout_scale_params,
     dropout_setup,
+    exp2_factor,
     extent,
-    folds_scale,
     pow2,
     rows_orient,
     scale_lines,
@@ -268,9 +268,9 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
     lines += _lse2(spec, "offs_m", vec_mask)
     lines.append(f"qk = {dot(spec, 'kt', 'tl.trans(qt)')}")
     o = cols_orient(str(spec.Sq) if ragged_rows else None, str(spec.Skv) if (masked and key_ok) else None)
-    raw = folds_scale(spec)  # (s2 the masked product: the scale in exp2's argument, one fma a score)
-    lines += score_lines(spec, k, o, masked, raw)
-    lines.append(f"pt = tl.math.exp2(s2{' * sm2' if raw else ''} - lse2[None, :])")
+    f = exp2_factor(spec)  # (s2 without it: applied in exp2's argument, one fma a score)
+    lines += score_lines(spec, k, o, masked, f is not None)
+    lines.append(f"pt = tl.math.exp2(s2{f' * {f}' if f else ''} - lse2[None, :])")
     lines.append(f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}" if tma else
                  f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
     if do.dtype != dt:
@@ -391,9 +391,9 @@ def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wk
         lines += [f"kt = kt.to({dt})", f"vt = vt.to({dt})"]
     lines.append(f"qk = {dot(spec, 'qt', 'tl.trans(kt)')}")
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
-    raw = folds_scale(spec)
-    lines += score_lines(spec, k, o, masked, raw)
-    lines.append(f"p = tl.math.exp2(s2{' * sm2' if raw else ''} - lse2[:, None])")
+    f = exp2_factor(spec)
+    lines += score_lines(spec, k, o, masked, f is not None)
+    lines.append(f"p = tl.math.exp2(s2{f' * {f}' if f else ''} - lse2[:, None])")
     lines.append(f"dp = {dot(spec, 'dot_', 'tl.trans(vt)')}")
     if spec.dropout is not None:
         lines += dropout_lines(spec, k, o)

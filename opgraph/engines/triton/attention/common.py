@@ -185,21 +185,27 @@ def bias_load(spec: AttnSpec, o: Orient) -> str:
     return f"tl.load({b.name} + {' + '.join(terms)}{m}).to(tl.float32)"
 
 
-def folds_scale(spec: AttnSpec) -> bool:
-    """Whether the score is the plain product times a positive constant scale (no bias, ALiBi or score
-    modifier): then the forward's row maximum is taken on the raw product and the scale applied inside
-    exp2's argument, `exp2(qk * sm2 - m)`, one fused multiply-add per score instead of a multiply and a
-    subtraction (the softmax's per-score ALU work, not the tensor cores, bounds these kernels on Hopper)."""
-    return (spec.score_mod is None and spec.bias is None and not spec.alibi and not isinstance(spec.scale, Scalar)
-            and float(spec.scale) > 0)
+def exp2_factor(spec: AttnSpec) -> str | None:
+    """The positive constant factor left out of `s2` (score_lines' `raw`) and applied inside exp2's
+    argument instead, `exp2(s2 * f - m)`: one fused multiply-add a score where a multiply and a
+    subtraction were (on Hopper the softmax's per-score ALU work, not the tensor cores, bounds these
+    kernels), the forward's row maximum taken on the unscaled score. `sm2` for the plain product with a
+    positive constant scale; log2(e) after a score modifier (its value in natural units); None where
+    nothing is saved (a bias or ALiBi without a modifier: the scale's multiply fuses into their add) or
+    the scale may be negative or is read at run time (the maximum of the unscaled score would be wrong)."""
+    if spec.score_mod is not None:
+        return repr(LOG2E)
+    if spec.bias is None and not spec.alibi and not isinstance(spec.scale, Scalar) and float(spec.scale) > 0:
+        return "sm2"
+    return None
 
 
 def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str, raw: bool = False) -> list[str]:
     """From the raw product `qk` (fp32) to `s2`, the final score in log2 units (masked entries -inf).
     With a score modifier, `s_pre` (natural units) is the score it took (for its backward). `masked`:
     whether to apply the masks, or a run-time condition of applying them (one loop over every block).
-    `raw` (where `folds_scale`): `s2` is the masked product itself, still to be multiplied by `sm2`."""
-    assert not raw or folds_scale(spec)
+    `raw` (where `exp2_factor` gives one): `s2` is the score without that factor (masked entries -inf)."""
+    assert not raw or exp2_factor(spec) is not None
     lines = []
     extra = []
     if spec.bias is not None:
@@ -207,7 +213,7 @@ def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str, ra
         extra.append(bias_load(spec, o))
     if spec.alibi:
         extra.append(alibi_expr(spec, o))
-    if raw:
+    if spec.score_mod is None and raw:
         lines.append("s2 = qk")
     elif spec.score_mod is None:
         value = "qk * sm2"
@@ -220,7 +226,7 @@ def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str, ra
         lines.append("s_pre = " + " + ".join(["qk * sm", *extra]))
         mod_lines, value = spec.score_mod.forward("s_pre", o.coords())
         lines += mod_lines
-        lines.append(f"s2 = ({value}) * {LOG2E!r}")
+        lines.append(f"s2 = {value}" if raw else f"s2 = ({value}) * {LOG2E!r}")
     if masked:
         m = mask_expr(spec, o)
         if m is not None:

@@ -24,8 +24,8 @@ from .common import (
     dropout_lines,
     dropout_scale_params,
     dropout_setup,
+    exp2_factor,
     extent,
-    folds_scale,
     pow2,
     rows_orient,
     scale_lines,
@@ -236,12 +236,13 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: b
                                                                   "offs_d[None, :]", and_mask(key_ok, dmask)), dt)
     lines.append(f"qk = {dot(spec, 'q', 'tl.trans(kt)')}")
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
-    raw = folds_scale(spec)
-    lines += score_lines(spec, k, o, masked, raw)
+    f = exp2_factor(spec)
+    times = f" * {f}" if f else ""
+    lines += score_lines(spec, k, o, masked, f is not None)
     lines += [
-        "m_ij = tl.maximum(m_i, tl.max(s2, 1) * sm2)" if raw else "m_ij = tl.maximum(m_i, tl.max(s2, 1))",
+        f"m_ij = tl.maximum(m_i, tl.max(s2, 1){times})",
         "m_s = tl.where(m_ij == float(\"-inf\"), 0.0, m_ij)",
-        "p = tl.math.exp2(s2 * sm2 - m_s[:, None])" if raw else "p = tl.math.exp2(s2 - m_s[:, None])",
+        f"p = tl.math.exp2(s2{times} - m_s[:, None])",
         "alpha = tl.math.exp2(m_i - m_s)",
         "l_i = l_i * alpha + tl.sum(p, 1)",
         "acc = acc * alpha[:, None]",
