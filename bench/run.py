@@ -16,12 +16,12 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
                        its own on one GPU (CUDA_VISIBLE_DEVICES), the cold jobs first (the warm-up pass, or
                        repeat 1 of every group), longest first, then the later repeats group by group, a
                        group's repeats together, longest group first; the host-time group's repeats start
-                       once no other group's cold, compiling job runs or waits, never beside each other; a group's later repeats wait
-                       for its cold job (the warm-up, or repeat 1 without one). A free GPU takes the first job
-                       whose expected seconds (bench/core/costs.json) fit in what is left of --time-limit, else
-                       the shortest one (`next_job`); its worker process was started ahead, imports done
-                       (bench/standby.py). One machine
-                       per table still holds (same host, same GPU model); the header says the run was spread.
+                       once no other group's cold, compiling job runs or waits, never beside each other; a
+                       group's later repeats wait for its cold job (the warm-up, or repeat 1 without one). A
+                       free GPU takes the first job whose expected seconds (bench/core/costs.json) fit in what
+                       is left of --time-limit, else the shortest one (`next_job`); its worker process was
+                       started ahead, imports done (bench/standby.py). One machine per table still holds
+                       (same host, same GPU model); the header says the run was spread.
 """
 
 from __future__ import annotations
@@ -79,9 +79,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
                                                               "alternatives' times)")
     ap.add_argument("--steps", action="store_true", help="print where each opgraph plan's time goes, step by step")
-    # internal: one repeat in this process; a worker started ahead of its job (bench/standby.py)
+    # internal: one repeat in this process (`--standby`, a worker started ahead of its job, is main's)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument(STANDBY_FLAG, action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--repeat-index", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--raw", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
@@ -324,10 +323,10 @@ def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
     once). A host-time job (`alone`) starts only once no other group's cold job runs or waits (their
     compiles load every core; one waiting would start beside it) and no other host-time job runs; warm
     timed workers of other groups may run beside it (one process and core each on a many-core host) and
-    may pass it while it waits: cold jobs come first in `spread_jobs`' order, so its wait ends. Of the eligible jobs, the first in `pending`'s order that `fits` (its
-    `job_seconds`) in the time left; if none does, the shortest (what it finishes is kept, and it warms
-    the caches): a job is not started late in a call, to be cut at its end and run again, while a
-    shorter one would have finished."""
+    may pass it while it waits: cold jobs come first in `spread_jobs`' order, so its wait ends. Of the
+    eligible jobs, the first in `pending`'s order that `fits` (its `job_seconds`) in the time left; if
+    none does, the shortest (what it finishes is kept, and it warms the caches): a job is not started late
+    in a call, to be cut at its end and run again, while a shorter one would have finished."""
     cold = {j.group for j in (*pending, *running) if j.cold}
     compiling = {j.group for j in (*pending, *running) if j.cold and not j.alone}  # (host jobs: one at a time)
     host_busy = any(j.alone for j in running)

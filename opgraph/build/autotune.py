@@ -217,9 +217,10 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
                  bufs: dict[int, Any], failed: list[EngineConfig]) -> None:
     """Passes 2..TUNE_PASSES over the candidates, one measurement each per pass (round-robin): a drift of
     the GPU's clocks over the tuning weighs on every candidate alike. Timing each candidate's rounds in
-    one go, in candidate order, measured the first (the heuristic's choice, timed right after the
-    compiles) slower than it ran later: bench v2 (H200, 2026-11-26) found tuned plans slower than the
-    heuristic's in 3 attention, a dgrad and a matmul row (the likely cause; not verified on a GPU)."""
+    one go, in candidate order, may measure the first (the heuristic's choice, timed right after the
+    compiles) slower than it runs later: bench v2 (H200, 2026-11-26) found tuned plans slower than the
+    heuristic's in 3 attention, a dgrad and a matmul row (a suspected cause beside the timed code path,
+    see bound_run; neither verified on a GPU yet)."""
     if not device.is_cuda or len(timed) < 2:
         return  # (one candidate: nothing to compare)
     for _ in range(TUNE_PASSES - 1):
