@@ -358,6 +358,9 @@ def _worth_a_launch(piece: Piece, device: Device, waste: float = 1.0) -> bool:
     return estimate is not None and estimate * waste >= RANK_FIRST_US
 
 
+FEW_CHANNELS = 8  # input channels per group of a stem conv (RGB, RGBA, padded to 4)
+
+
 def _adds_residual(piece: Piece, conv: Node) -> bool:
     """Whether a pointwise node after the conv (reading its result, directly or through other pointwise
     nodes) also reads a tensor from outside the piece with the conv output's full shape (a residual add),
@@ -537,7 +540,9 @@ class CudnnEngine(Engine):
         cuDNN on those steps were 1.2x the generated-only plans), so the generated kernel goes first; a
         grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3 g32
         C256, N32: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group) before
-        the RANK_FIRST_US test.
+        the RANK_FIRST_US test. And a bf16 forward conv of fewer than FEW_CHANNELS input channels per group
+        (a stem): cuDNN's bf16 plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32, H100, 2026-11-26:
+        272 vs 85 µs; the generated kernel 206, 186 tuned), so the generated kernel goes first.
         Generated kernels stay first for matmul and depthwise."""
         if any(n.kind in ATTENTION_KINDS for n in piece.nodes):
             return _worth_a_launch(piece, device)  # cuDNN's fused attention: the generated kernels' bar
@@ -552,6 +557,8 @@ class CudnnEngine(Engine):
                     # grouped, narrow groups: the generated kernel's K tile is padded NARROW_GROUP / C/g times
                     return _worth_a_launch(piece, device, NARROW_GROUP / per_group)
                 if node.kind == "conv_fprop" and _adds_residual(piece, node):
+                    return False
+                if node.kind == "conv_fprop" and per_group < FEW_CHANNELS and image.data_type is DataType.BFLOAT16:
                     return False
                 return _worth_a_launch(piece, device)
         return False

@@ -111,6 +111,13 @@ def test_cudnn_rank_rules_measured_on_the_h200_residual_epilogue_and_narrow_grou
     g, x, w, y = conv_graph((1, 3, 8, 8), (8, 3, 3, 3), padding=[1, 1])
     y.set_output(True)
     assert not engine.rank_first(whole(g), dev)
+    # the same stem in bf16: the generated kernel first (cuDNN's bf16 plans for C=3, H100: 3.2x its fp16 ones)
+    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2], dt=DT.BFLOAT16)
+    y.set_output(True)
+    assert estimate_us(whole(g), dev) >= RANK_FIRST_US and not engine.rank_first(whole(g), dev)
+    g, x, w, y = conv_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], dt=DT.BFLOAT16)
+    y.set_output(True)
+    assert engine.rank_first(whole(g), dev)  # bf16 with 64 channels: cuDNN first, as fp16
     # grouped with 16 channels a group: an MMA tile's depth, the cost model decides as for plain convs
     g, x, w, y = conv_graph((32, 256, 28, 28), (256, 16, 3, 3), padding=[1, 1])
     y.set_output(True)

@@ -347,30 +347,37 @@ def test_the_forward_applies_a_constant_positive_scale_inside_exp2_only():
     assert exp2_factor(spec(attn_scale=0.125, use_alibi_mask=True)) is None
 
 
-def test_score_modifier_kernels_compile_for_hopper_without_spills():
+def test_attention_kernels_compile_for_hopper():
     """bench v2 (H200, 2026-11-26) timed the soft-capped ALiBi attention at 1.8x (forward) and 3.3x
     (backward) FlexAttention's time: the heuristic's tiles spilled 60 and 112 bytes of registers, the
     score modifier costing ~6 special-function ops and ~3 divisions per score element. The tile loop's
-    forms (reciprocal products, libdevice tanh) and the backward's 8-warp choice leave no spill and one
-    division per row at most."""
+    forms (reciprocal products, libdevice tanh) leave the forward and the plain kernels without spills.
+    The backward's heuristic config is the split launches the autotuner chose in every row of the next
+    run (H100, 2026-11-26): with the score modifier its dK/dV launch spills (132 bytes, Triton 3.9) and
+    still took 0.53x the time of the non-spilling fused launch, so a bound, not zero, holds it."""
     from .hopper_compile import compile_for_hopper
 
     lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
-    assert {(w[1], w[2]) for w in lines} == {("softcap_alibi_fwd", "kernel_attn_fwd"),
-                                             ("softcap_alibi_bwd", "kernel_attn_bwd_pre"),
-                                             ("softcap_alibi_bwd", "kernel_attn_bwd"),
-                                             ("plain_causal_fwd", "kernel_attn_fwd"),
-                                             ("plain_causal_bwd", "kernel_attn_bwd_pre"),
-                                             ("plain_causal_bwd", "kernel_attn_bwd")}, lines
-    assert all(w[6] == "0" for w in lines), lines  # no spills
+    kernels = {(w[1], w[2]): w for w in lines}
+    assert set(kernels) == {("softcap_alibi_fwd", "kernel_attn_fwd"),
+                            *((f"{case}_bwd", f"kernel_attn_bwd_{k}") for case in ("softcap_alibi", "plain_causal")
+                              for k in ("pre", "dkdv", "dq")),
+                            ("plain_causal_fwd", "kernel_attn_fwd")}, lines
+    for key, w in kernels.items():
+        limit = 160 if key == ("softcap_alibi_bwd", "kernel_attn_bwd_dkdv") else 0
+        assert int(w[w.index("spills") + 1]) <= limit, w
+
+    def f32math(case, kernel):
+        w = kernels[(case, kernel)]
+        return int(w[w.index("f32math") + 1])
     # the plain forward's softmax: the row max on the raw product, the scale inside exp2's argument (one
     # fma per score): 302 fp32 fma/mul/add/sub in the PTX (Triton 3.9, sm_90), 426 before, where the scale's
     # multiply and the causal select kept LLVM from fusing; 64 scores a thread per key block
-    (plain,) = [w for w in lines if w[1] == "plain_causal_fwd"]
-    assert int(plain[plain.index("f32math") + 1]) <= 5 * 64, plain
-    # the fused backward recomputing the probabilities the same way (fma): 338, 432 before
-    (plain,) = [w for w in lines if w[1] == "plain_causal_bwd" and w[2] == "kernel_attn_bwd"]
-    assert int(plain[plain.index("f32math") + 1]) <= 360, plain
+    assert f32math("plain_causal_fwd", "kernel_attn_fwd") <= 5 * 64
+    # the backward recomputing the probabilities the same way (fma), 32 scores a thread per block in each
+    # launch: dK/dV 176, dQ 162 (the fused launch before: 338 for both, 432 without the fma)
+    assert f32math("plain_causal_bwd", "kernel_attn_bwd_dkdv") <= 185
+    assert f32math("plain_causal_bwd", "kernel_attn_bwd_dq") <= 175
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

@@ -57,18 +57,21 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
         c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
              BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3)]
     elif width <= 128:
-        # H100 bf16 B=4 H=16 (2026-11-25): the fused launch of 64x64 tiles, 4 warps, 2 stages: best
-        # causal (262/356/416 TFLOP/s at 1k/4k/16k), within 2-6% of the best split (the dK/dV launch
-        # 64x64/w4s2, the dQ launch 128x64/w8s3-4) without; 32-row dK/dV steps with 4 warps spilled
-        c = [BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
-             BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2),
-             BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4)]
+        # bench v2 (H100, bf16 B=4 H=16 D=128, 2026-11-26), the autotuner timing each candidate as a plan
+        # runs it: the split launches with 128 keys per dK/dV program stepping 64 query rows and 128
+        # queries per dQ program stepping 64 keys, 8 warps, 3 stages, fastest in all 6 plain rows (1k-16k,
+        # causal or not: 262 / 201 / 3,196 / 1,870 / 53,924 / 27,433 us) and with soft-capping + ALiBi
+        # (3,847); the fused 64x64 launch, the heuristic's choice before, took 1.03-1.41x (1.87x with the
+        # score modifier). (An earlier ranking, 2026-11-25, timed the candidates through Triton's JIT path.)
+        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4),
+             BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
+             BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2)]
         if scored:
             # D=128 with tanh soft-capping and ALiBi (compiled for sm_90, 2026-11-26): the fused 64x64
-            # launch with 4 warps spilled 92 bytes (112 before the score modifier's tile-loop forms) and
-            # every split config's dK/dV launch 130-230; with 8 warps, or 32-row steps, none spill
-            c = [BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1),
-                 BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1), *c]
+            # launch with 4 warps spilled 92 bytes and split configs with 4-warp dK/dV launches 130-230;
+            # with 8 warps, or 32-row steps, none spill
+            c = [c[0], c[1], BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1),
+                 BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1)]
     else:
         # D=256 (compiled for sm_90, not timed): the dK/dV accumulators need 8 warps at 64 keys a
         # program (4 warps spilled 2 KiB)
