@@ -36,7 +36,7 @@ from ..core.piece import Piece
 from ..core.types import Buffer, Stream, UidPack
 from ..ops.attention import SdpaBackward
 from ..ops.conv import _Conv
-from ..ops.pointwise import Pointwise
+from ..ops.pointwise import Pointwise, PointwiseMode
 from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, Kernel
@@ -361,20 +361,26 @@ def _worth_a_launch(piece: Piece, device: Device, waste: float = 1.0) -> bool:
 FEW_CHANNELS = 8  # input channels per group of a stem conv (RGB, RGBA, padded to 4)
 
 
-def _adds_residual(piece: Piece, conv: Node) -> bool:
-    """Whether a pointwise node after the conv (reading its result, directly or through other pointwise
-    nodes) also reads a tensor from outside the piece with the conv output's full shape (a residual add),
-    not a broadcast bias or scale. A prologue on the conv's input (SBR) is not an epilogue."""
+def _runtime_fused_epilogue(piece: Piece, conv: Node) -> str | None:
+    """What, in the epilogue after `conv` (pointwise nodes reading its result, directly or through other
+    pointwise nodes), sends cuDNN to its runtime-fusion plans, measured slower than the generated kernel:
+    "a residual add" (a tensor from outside the piece with the conv output's full shape) or "a
+    per-channel scale" (a multiply by a broadcast tensor from outside: an inference batchnorm left
+    unfolded, as `from_torch` imports it), else None (a bias and an activation: cuDNN's fused conv
+    kernels). A prologue on the conv's input (SBR) is not an epilogue."""
     out = conv.output_uids()[0]
     shape = list(piece.tensor(out).dim)
     after = {out}
     for node in piece.nodes:  # (in topological order)
         if node.kind != "pointwise" or not after & set(node.input_uids()):
             continue
-        if any(u in piece.inputs and list(piece.tensor(u).dim) == shape for u in node.input_uids()):
-            return True
+        outside = [u for u in node.input_uids() if u in piece.inputs]
+        if any(list(piece.tensor(u).dim) == shape for u in outside):
+            return "a residual add"
+        if outside and getattr(node.op, "mode", None) is PointwiseMode.MUL:
+            return "a per-channel scale"
         after |= set(node.output_uids())
-    return False
+    return None
 
 
 class CudnnKernel(Kernel):
@@ -531,19 +537,22 @@ class CudnnEngine(Engine):
 
     def rank_first(self, piece: Piece, device: Device) -> bool:
         """cuDNN's plans first for convolutions that are not depthwise and not tiny: they beat the
-        generated kernels on the ResNet conv shapes benchmarked, fused epilogue, SBR prologue, genstats,
-        dgrad+drelu included (bench/results, H100 and H200), but a cuDNN launch costs more host time than a
+        generated kernels on the ResNet conv shapes benchmarked with a bias + relu epilogue, SBR prologue,
+        genstats, dgrad+drelu (bench/results, H100 and H200), but a cuDNN launch costs more host time than a
         generated kernel's, so below RANK_FIRST_US of estimated device time the generated kernel goes first.
-        Two measured exceptions (bench v2, H200, 2026-11-26): a forward conv whose epilogue adds a residual
-        (a second full-size tensor) goes to cuDNN's runtime-fusion plans, 1.6x the generated kernel's time
-        (1x1 C64->K256 56², N32: 66 vs 42 µs fp16, 83 vs 51 bf16; ResNet-50 and MobileNetV2 plans with
-        cuDNN on those steps were 1.2x the generated-only plans), so the generated kernel goes first; a
-        grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3 g32
-        C256, N32: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group) before
-        the RANK_FIRST_US test. And a bf16 forward conv of fewer than FEW_CHANNELS input channels per group
-        (a stem): cuDNN's bf16 plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32, H100, 2026-11-26:
-        272 vs 85 µs; the generated kernel 206, 186 tuned), so the generated kernel goes first.
-        Generated kernels stay first for matmul and depthwise."""
+        Measured exceptions (bench v2, 2026-11-26), where the generated kernel goes first:
+        - a forward conv whose epilogue cuDNN runs through its runtime-fusion plans
+          (`_runtime_fused_epilogue`): a residual add, 1.6x the generated kernel's time (1x1 C64->K256
+          56², N32, H200: 66 vs 42 µs fp16, 83 vs 51 bf16), or a per-channel scale (an unfolded inference
+          batchnorm): with those on cuDNN, the heuristic plans of ResNet-50 b64 / b256 and MobileNetV2 b64
+          (scale + shift + activation after every conv) took 1.04 / 1.15 / 1.29x the generated-only
+          plans' time (H100: 3,076 vs 2,962, 11,325 vs 9,830, 1,363 vs 1,059 µs);
+        - a bf16 forward conv of fewer than FEW_CHANNELS input channels per group (a stem): cuDNN's bf16
+          plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32, H100: 272 vs 85 µs; the generated
+          kernel 206, 186 tuned).
+        A grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3
+        g32 C256, N32, H200: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group)
+        before the RANK_FIRST_US test. Generated kernels stay first for matmul and depthwise."""
         if any(n.kind in ATTENTION_KINDS for n in piece.nodes):
             return _worth_a_launch(piece, device)  # cuDNN's fused attention: the generated kernels' bar
         for node in piece.nodes:
@@ -556,7 +565,7 @@ class CudnnEngine(Engine):
                 if node.kind == "conv_fprop" and image.dim[1] > per_group and per_group < NARROW_GROUP:
                     # grouped, narrow groups: the generated kernel's K tile is padded NARROW_GROUP / C/g times
                     return _worth_a_launch(piece, device, NARROW_GROUP / per_group)
-                if node.kind == "conv_fprop" and _adds_residual(piece, node):
+                if node.kind == "conv_fprop" and _runtime_fused_epilogue(piece, node):
                     return False
                 if node.kind == "conv_fprop" and per_group < FEW_CHANNELS and image.data_type is DataType.BFLOAT16:
                     return False
