@@ -240,6 +240,23 @@ def test_wgrad_heuristic_splits_the_pixels(rng):
     assert plan.steps[0].config.knob("SPLIT_K") > 1
 
 
+def test_gpu_heuristic_of_sbr_wgrad_keeps_the_prologue_tiles_lean():
+    """With the scale + bias + relu prologue on the image, the first config is 32x64 with 3 taps a program
+    (the autotuner's choice on an H100, 0.74x the cost model's 64x64); without it, 64x64."""
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+
+    h100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+    template = _template("conv_wgrad")
+
+    def first(g):
+        return template.candidates(make_piece(g.final, 0, g.final.nodes), h100)[0]
+    sbr = first(sbr_wgrad(n=32, c=64, k=64, hw=56, intermediate=DT.HALF)[0])
+    assert (sbr["BLOCK_M"], sbr["BLOCK_N"], sbr["TAPS"]) == (32, 64, 3)
+    plain = first(_stored(wgrad_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1])))
+    assert (plain["BLOCK_M"], plain["BLOCK_N"], plain["TAPS"]) == (64, 64, 3)
+
+
 @pytest.mark.parametrize("split", [1, 3])
 def test_wgrad_depthwise_stencil(split, rng):
     g, _, _, dw = wgrad_graph((2, 16, 6, 7), (16, 1, 3, 3), pre_padding=[1, 0], post_padding=[1, 2],

@@ -67,6 +67,7 @@ from .base import Generated, Launch, module_source, pow2_at_least, unique
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
 MIN_GPU_CHANNELS = 8  # fewer input channels per group (not depthwise): no fused neighbours on the GPU
+LEAN_PROLOGUE = 48  # SBR -> wgrad: image elements a thread transforms per step, at most (see _lean_first)
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,8 @@ class ConvWgradTemplate(TileTemplate):
             configs = [first, *configs[1:]]
         else:
             configs = self._gpu_candidates(gp, device, elem, extra)
+            if gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
+                configs = self._lean_first(configs)
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
             configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
@@ -285,6 +288,19 @@ class ConvWgradTemplate(TileTemplate):
                     "SPLIT_K": self._split(gp, 64, 64, 1, small, device), "TAPS": 1, "num_warps": 4,
                     "num_stages": 2, **extra})
         return unique(out)
+
+    @staticmethod
+    def _lean_first(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """With a prologue on the image (SBR -> wgrad), first the best-ranked config of the most taps per
+        program whose image tiles hold at most LEAN_PROLOGUE elements a thread per step: the prologue runs
+        on every tap's tile in registers beside the taps' accumulators. H100 (bench v2, 2026-11-26, N32 C64
+        K64 56², 3x3): 32x64 tiles, 3 taps, 4 warps (48 a thread) 66.3 / 88.5 µs fp16 / bf16, the cost
+        model's 64x64 (96) 89.6 / 113.5 and 64x32 (96) 163.8 / 242.3; one tap a program loads DY three
+        times (120 / 149); without the prologue 64x64 is the fastest (31.7 against 41.4 for 32x64)."""
+        most = max(int(c.get("TAPS", 1)) for c in configs)
+        lean = [c for c in configs[:-1] if int(c.get("TAPS", 1)) == most
+                and most * c["BLOCK_M"] * c["BLOCK_K"] <= LEAN_PROLOGUE * 32 * c["num_warps"]]
+        return lean[:1] + [c for c in configs if c not in lean[:1]]
 
     def _split(self, gp: GemmPiece, bm: int, bn: int, taps: int, bk: int, device: Device) -> int:
         """SPLIT_K for ~2 programs per SM with >= 8 steps each, halved while the partials exceed half
