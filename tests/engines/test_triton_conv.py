@@ -668,6 +668,35 @@ def test_gpu_heuristics_for_the_benchmark_convs():
     assert first(256, 256, 14, 3)[0]["SPLIT_K"] == 1
 
 
+def test_gpu_heuristics_for_the_benchmark_convs_on_an_h100():
+    """The first candidates for an H100 are what its autotuner measured best (2026-11-26, N=32, every
+    candidate timed, fp16 and bf16 alike): see conv_cost."""
+    from opgraph.engines.triton.templates.conv_fprop import TEMPLATE
+
+    h100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+
+    def first(c, k, hw, r, stride=1, residual=False, dt=DT.HALF):
+        g, _, _, y = conv_graph((32, c, hw, hw), (k, c, r, r), dt=dt, padding=[r // 2] * 2, stride=[stride] * 2)
+        y = g.bias(y, g.tensor(dim=[1, k, 1, 1], stride=layout_stride((1, k, 1, 1), "nhwc"), name="b"))
+        if residual:
+            p = (hw + 2 * (r // 2) - r) // stride + 1
+            y = g.add(y, g.tensor(dim=[32, k, p, p], stride=layout_stride((32, k, p, p), "nhwc"), name="z"))
+        g.relu(y).set_output(True)
+        c0 = TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), h100)[0]
+        return c0["BLOCK_M"], c0["BLOCK_N"], c0["SPLIT_K"], c0["num_warps"]
+
+    for dt in (DT.HALF, DT.BFLOAT16):
+        # bias + residual + relu: 128x64, 4 warps, 44.2 µs against 128x256, 8 warps, 50.6 (fp16)
+        bm, bn, split, warps = first(64, 256, 56, 1, residual=True, dt=dt)
+        assert bm * bn <= 128 * 64 and warps == 4 and split == 1
+        assert first(512, 512, 7, 3, dt=dt)[:3] == (128, 256, 5)  # 26.6 against 128x128 x 5: 32.4
+        assert first(128, 128, 56, 3, stride=2, dt=dt)[:3] == (256, 128, 1)  # 22.8 against 128x128: 26.5
+        assert first(256, 512, 56, 1, stride=2, dt=dt)[:3] == (128, 256, 1)  # 25.8 against 256x128: 27.4
+        assert first(256, 64, 56, 1, dt=dt)[:3] == (256, 64, 1)  # 30.2 against 128x64: 32.3
+        assert first(256, 256, 14, 3, dt=dt)[:3] == (128, 128, 1)  # 23.3 against 256x64: 26.5
+        assert first(3, 64, 224, 7, stride=2, dt=dt)[:3] == (256, 64, 1)  # the stem: 183 against 128x64: 206
+
+
 def _bench_depthwise():
     g, _, _, y = conv_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])
     b = g.tensor(dim=[1, 256, 1, 1], name="b")
