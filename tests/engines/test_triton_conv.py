@@ -695,6 +695,10 @@ def test_gpu_heuristics_for_the_benchmark_convs_on_an_h100():
         assert first(256, 64, 56, 1, dt=dt)[:3] == (256, 64, 1)  # 30.2 against 128x64: 32.3
         assert first(256, 256, 14, 3, dt=dt)[:3] == (128, 128, 1)  # 23.3 against 256x64: 26.5
         assert first(3, 64, 224, 7, stride=2, dt=dt)[:3] == (256, 64, 1)  # the stem: 183 against 128x64: 206
+        # SBR -> conv -> genstats: the prologue's tile lean, 64x64 with 3 stages (53.1 against 128x64: 70.2)
+        sbr = TEMPLATE.candidates(make_piece((g := sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)).final, 0,
+                                             g.final.nodes), h100)[0]
+        assert (sbr["BLOCK_M"], sbr["BLOCK_N"], sbr["num_stages"], sbr["num_warps"]) == (64, 64, 3, 4)
 
 
 def _bench_depthwise():

@@ -44,6 +44,8 @@ from ..gemm import (
 )
 from .base import pow2_at_least, unique
 
+LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
+
 
 class ConvFpropTemplate(TileTemplate):
     name = "conv_fprop"
@@ -93,9 +95,14 @@ class ConvFpropTemplate(TileTemplate):
         if device.is_cuda and elem == 2:
             configs = self._ranked(gp, configs, device)
         if device.is_cuda and gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
-            # the prologue runs on the image tile in registers: keep that tile at 128 rows
-            small = [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
-            configs = small[:1] + [c for c in configs if c not in small[:1]]
+            # the prologue runs on the image tile in registers: at most LEAN_PROLOGUE of its elements a
+            # thread per step, 3 stages at most. H100 (bench v2, 2026-11-26), SBR -> conv 3x3 -> genstats,
+            # N32 C64 56²: 64x64, 4 warps, 3 stages 53.1 / 75.4 µs fp16 / bf16; 128x64, 4 warps (64 a
+            # thread), the first pick before, 70.2 / 103.7; 64x64 with 4 stages 93.6 / 131.2
+            lean = [c for c in configs[:-1] if c["SPLIT_K"] == 1 and c["num_stages"] <= 3
+                    and c["BLOCK_M"] * c["BLOCK_K"] <= LEAN_PROLOGUE * 32 * c["num_warps"]]
+            lean = lean or [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
+            configs = lean[:1] + [c for c in configs if c not in lean[:1]]
         return finish_candidates(configs, gp, device, extra)
 
     def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
