@@ -52,6 +52,7 @@ class Runner:
     keep: Any = None  # objects the call needs alive (plans, graphs, modules)
     measured: dict[str, float] | None = None  # metrics the setup measured itself (fresh-process timings)
     errors: dict[str, float | None] | None = None  # with `measured`: the errors it found (no check here)
+    after: Callable[[], str] | None = None  # a note made once every check and time is taken (a step profile)
 
 
 @dataclass

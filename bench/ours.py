@@ -50,6 +50,26 @@ def tuning_note(plan: Any, max_steps: int = 2) -> str:
                      + ", ".join(short(a) for a in s.alternatives) for s in steps)
 
 
+def steps_note(plan: Any, pack: Mapping[Any, Any], slowest: int = 4) -> str:
+    """Where a plan of many steps spends its device time, each step run alone (plan.profile_steps, after
+    every check and time of the row): µs per engine (and template) with the step count, and the slowest
+    steps with their ops. Which engine's steps to blame for a whole network's time."""
+    rows = plan.profile_steps(pack, repeat=10 if plan.device.is_cuda else 2)
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        acc = by.setdefault(r.engine + (":" + r.template if r.template else ""), [0, 0.0])
+        acc[0] += 1
+        acc[1] += r.device_us
+    parts = [f"{key} x{int(n)} {d:,.0f}" for key, (n, d) in sorted(by.items(), key=lambda kv: -kv[1][1])]
+    top = []
+    for r in sorted(rows, key=lambda r: -r.device_us)[:slowest]:
+        nodes = plan.steps[r.step].piece.nodes
+        kinds = "+".join(n.kind if n.kind != "pointwise" else str(n.op.mode.value) for n in nodes[:5])
+        top.append(f"{r.step} {r.engine} {kinds}{'+…' if len(nodes) > 5 else ''} {r.device_us:,.1f}")
+    return (f"steps alone, device µs: {sum(r.device_us for r in rows):,.0f} in all; " + ", ".join(parts)
+            + "; slowest: " + ", ".join(top))
+
+
 def diagnose(title: str, plan: Any, pack: Mapping[Any, Any]) -> None:
     """--describe: the plan's configs (and tuned alternatives' times); --steps: device and host time per
     step and per engine/template (plan.profile_steps), the slowest steps with their ops."""
@@ -124,8 +144,9 @@ def graph_impls(ctx: Ctx, make: Callable[[], tuple[Any, Mapping[Any, Any], Seque
             diagnose(f"{g.name} [{'generated' if engines else 'opgraph'}{' tuned' if tuned else ''}]", plan, pack)
             if tuned:
                 note = "; ".join(x for x in (note, tuning_note(plan)) if x)
+            profile = (lambda: steps_note(plan, pack)) if ctx.cuda and len(plan.steps) > 2 else None
             return Runner(call=lambda: plan.execute(pack), outputs=bufs, engine=engines_of(plan), notes=note,
-                          keep=plan)
+                          keep=plan, after=profile)
 
         out.append(Impl(name, setup, role="ours", tuned=tuned))
     return out

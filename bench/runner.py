@@ -63,6 +63,8 @@ def run_impl(ctx: Ctx, case: Case, impl: Impl, refs: Sequence[Any], budget: meas
             res.metrics["device_us"], res.methods["device_us"] = measure.wall_device_us(runner.call, est, budget)
             res.metrics["replay_us"] = res.metrics["execute_us"]
             res.methods["replay_us"] = "CPU wall clock (dry run)"
+        if runner.after is not None and ctx.timing and res.status == "ok":
+            res.notes = (res.notes + " " + _after_note(runner.after)).strip()
     except Exception as e:  # noqa: BLE001 - a failing implementation is a row, not the end of the run
         traceback.print_exc(limit=4)
         res.status, res.error = "error", _err(e)
@@ -75,6 +77,14 @@ def run_impl(ctx: Ctx, case: Case, impl: Impl, refs: Sequence[Any], budget: meas
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     return res
+
+
+def _after_note(after: Any) -> str:
+    """The runner's note made after its times (outside every time and setup_s); its failure is a note."""
+    try:
+        return str(after())
+    except Exception as e:  # noqa: BLE001 - a note, never the row's failure
+        return f"(step profile failed: {_err(e)})"
 
 
 def _execute_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any],
