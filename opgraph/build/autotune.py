@@ -144,6 +144,8 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
 
 
 TUNE_PASSES = 5  # on a GPU: passes over the candidates, each timing every candidate once (round-robin)
+PRUNE_AT = 1.5  # after the first pass, candidates this many times the fastest's time are timed no more
+BURST_US = 2000.0  # later passes: calls a measurement so that a burst lasts about this long (1 to 10)
 
 
 def bound_run(kernel: Kernel, piece: Piece, bufs: dict[int, Any], scratch: Any, device: Device) -> Callable[[], None]:
@@ -188,7 +190,8 @@ class _BoundRun:
                                      hint="the candidate is skipped; build with autotune=False to see it alone")
 
 
-def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3) -> float:
+def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3,
+                burst: int = 10) -> float:
     """One measurement of a candidate's device µs per run on CUDA (a burst of runs behind a spin kernel:
     its host time hidden, as in a captured CUDA graph or a plan that runs ahead of the device; timing
     each run from an idle device would charge a library call's host setup in full and pick by host
@@ -200,7 +203,7 @@ def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, An
     scratch = allocate(kernel.scratch_bytes, device) if kernel.scratch_bytes else None
     run = bound_run(kernel, piece, bufs, scratch, device)
     if device.is_cuda:
-        return time_device(run, warmup=warmup, rounds=1)
+        return time_device(run, warmup=warmup, rounds=1, burst=burst)
     return time_call(run, cuda=False, warmup=1, repeat=2)
 
 
@@ -216,22 +219,30 @@ def _skip(err: Exception, piece: Piece, config: EngineConfig, failed: list[Engin
 def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: Piece, device: Device,
                  bufs: dict[int, Any], failed: list[EngineConfig]) -> None:
     """Passes 2..TUNE_PASSES over the candidates, one measurement each per pass (round-robin): a drift of
-    the GPU's clocks over the tuning weighs on every candidate alike. Timing each candidate's rounds in
-    one go, in candidate order, may measure the first (the heuristic's choice, timed right after the
-    compiles) slower than it runs later: bench v2 (H200, 2026-11-26) found tuned plans slower than the
-    heuristic's in 3 attention, a dgrad and a matmul row (a suspected cause beside the timed code path,
-    see bound_run; neither verified on a GPU yet)."""
+    the GPU's clocks over the tuning weighs on every candidate alike (timing each candidate's rounds in
+    one go, in candidate order, may measure the first, timed right after the compiles, slower than it
+    runs later). Only the first-timed candidate and those within PRUNE_AT of the first pass's fastest go
+    on (a drift of a few percent cannot make the others win; they keep their one time), and a measurement's burst is as many
+    calls as fill ~BURST_US (one call of a 50-ms attention backward, ten of a 20-µs conv): bench v2's
+    tuned builds (H100, 2026-11-26) spent up to 100 s a workload timing, mostly the long and the losing
+    candidates."""
     if not device.is_cuda or len(timed) < 2:
         return  # (one candidate: nothing to compare)
+    fastest = min(samples[0] for samples, _, _ in timed)
+    going = [entry for k, entry in enumerate(timed) if k == 0 or entry[0][0] <= PRUNE_AT * fastest]
     for _ in range(TUNE_PASSES - 1):
-        for entry in list(timed):
+        if len(going) < 2:
+            return
+        for entry in list(going):
             samples, config, kernel = entry
+            burst = max(1, min(10, round(BURST_US / max(samples[0], 1e-3))))
             try:
-                samples.append(time_kernel(kernel, piece, device, bufs, 0))
+                samples.append(time_kernel(kernel, piece, device, bufs, 0, burst))
             except Exception as err:  # noqa: BLE001 - as in the first pass
                 _skip(err, piece, config, failed)
                 kernel.drop_cached_buffers()
                 timed.remove(entry)
+                going.remove(entry)
 
 
 AHEAD_OF_TIME = ("triton", "library")  # engines whose kernels have compile specs (Kernel.compile_specs)

@@ -151,8 +151,11 @@ def test_later_passes_time_every_candidate_round_robin(monkeypatch):
 
     order = []
 
-    def fake(kernel, piece, device, bufs, warmup=3):
+    bursts = {}
+
+    def fake(kernel, piece, device, bufs, warmup=3, burst=10):
         order.append(kernel)
+        bursts.setdefault(str(kernel), set()).add(burst)
         if kernel == "kc" and len(order) > 3:
             raise RuntimeError("launch failed")
         return 1.0
@@ -165,15 +168,22 @@ def test_later_passes_time_every_candidate_round_robin(monkeypatch):
 
     monkeypatch.setattr(autotune, "time_kernel", fake)
     piece = types.SimpleNamespace(label=lambda: "piece")
-    ka, kb, kc = K("ka"), K("kb"), K("kc")
-    timed = [([9.0], "a", ka), ([2.0], "b", kb), ([2.0], "c", kc)]
+    ka, kb, kc, kd = K("ka"), K("kb"), K("kc"), K("kd")
+    timed = [([9.0], "a", ka), ([2.0], "b", kb), ([2.0], "c", kc), ([3500.0], "d", kd)]
     failed = []
     autotune._more_passes(timed, piece, types.SimpleNamespace(is_cuda=True), {}, failed)
     assert order[:3] == ["ka", "kb", "kc"] and order[3:5] == ["ka", "kb"]  # round-robin, c dropped
     assert kc.dropped and not ka.dropped
-    assert failed == ["c"] and [t[1] for t in timed] == ["a", "b"]
-    assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2
+    assert failed == ["c"] and [t[1] for t in timed] == ["a", "b", "d"]
+    # d, 1750x the fastest, is pruned after the first pass (its one time kept); a, timed first, never is
+    assert [len(t[0]) for t in timed] == [autotune.TUNE_PASSES] * 2 + [1] and "kd" not in order
     assert timed[0][0][0] == 9.0 and sorted(timed[0][0])[len(timed[0][0]) // 2] == 1.0  # the slow first pass outvoted
+    assert bursts["kb"] == {10} and bursts["ka"] == {10}  # ~2 ms a burst: 10 calls at most
+    slow = [([30000.0], "a", K("ka")), ([31000.0], "b", K("kb"))]  # a 30-ms kernel: one call a measurement
+    bursts.clear()
+    autotune._more_passes(slow, piece, types.SimpleNamespace(is_cuda=True), {}, failed)
+    assert bursts == {"ka": {1}, "kb": {1}}
+    timed = timed[:2]
     autotune._more_passes(timed, piece, types.SimpleNamespace(is_cuda=False), {}, failed)  # the CPU: one pass
     one = [([3.0], "a", ka)]
     autotune._more_passes(one, piece, types.SimpleNamespace(is_cuda=True), {}, failed)  # nothing to compare
