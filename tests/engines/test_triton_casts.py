@@ -110,7 +110,7 @@ def _helper_module(body: str):
 def test_triton_encoders_round_like_the_reference(dt, src):
     import torch
 
-    name = {D.BFLOAT16: "_og_to_bf16", D.FP8_E4M3: "_og_to_e4m3", D.FP8_E5M2: "_og_to_e5m2"}[dt]
+    name = {D.BFLOAT16: "_og_to_bf16_bits", D.FP8_E4M3: "_og_to_e4m3", D.FP8_E5M2: "_og_to_e5m2"}[dt]
     n = 64
     mod = _helper_module(f"def kernel(p, q):\n    i = tl.arange(0, {n})\n    tl.store(q + i, {name}(tl.load(p + i)))\n")
     rng = np.random.default_rng(3)

@@ -719,6 +719,9 @@ def _bench_conv(c, k, hw, r):
 HOPPER_CASES = {  # (graph, template, candidates compiled, max registers)
     "depthwise_rows": (_bench_depthwise, "depthwise", 3, 128),
     "sbr_conv_genstats": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56), "conv_fprop", 2, 255),
+    # bf16: the prologue's roundings and the stores through the cvt.rn.bf16.f32 asm helpers
+    "sbr_conv_genstats_bf16": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=DT.BFLOAT16,
+                                                         intermediate=DT.BFLOAT16), "conv_fprop", 1, 255),
     "conv_512_7x7_split_k": (_bench_conv(512, 512, 7, 3), "conv_fprop", 3, 255),
     "conv_64_56x56": (_bench_conv(64, 64, 56, 3), "conv_fprop", 1, 255),
 }

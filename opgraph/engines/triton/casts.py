@@ -5,7 +5,9 @@ engine's rounding (opgraph/rounding.py) on the GPU and in Triton's interpreter a
   are applied to the integer result, so 2**31 - 1 or 2**63 - 1 are never first rounded to a float
   that overflows the cast;
 - bfloat16 and fp8: through float32 (as the reference, PyTorch and ml_dtypes do), round to nearest
-  even in integer arithmetic on the bits, then a bit cast. FP8 E4M3 saturates to +-448 (infinities
+  even: bfloat16 by the cvt instruction in an asm statement (on the GPU; its definition in integer
+  arithmetic on the bits, _og_to_bf16_bits, is what the interpreter tests hold it to), fp8 in integer
+  arithmetic on the bits, then a bit cast. FP8 E4M3 saturates to +-448 (infinities
   included) and keeps NaN; E5M2 overflows to +-inf. Neither Triton's interpreter (which truncates
   fp32 -> bf16, and decodes and rounds fp8 wrongly) nor a backend's satfinite conversion is relied on,
   and no float -> fp8 conversion instruction is emitted at all (some do not compile);
@@ -89,6 +91,22 @@ def _og_pow2(e):
 
 
 def _og_to_bf16(x):
+    # float32 -> bfloat16 by the cvt instruction (round to nearest even, subnormals kept, overflow to
+    # +-inf, NaN to a NaN): one instruction where _og_to_bf16_bits, the same rounding, takes ~7 integer
+    # ops an element; an asm statement, so that LLVM cannot narrow or contract the fp32 ops around it
+    return tl.inline_asm_elementwise("cvt.rn.bf16.f32 $0, $1;", "=h,f", [x.to(tl.float32)],
+                                     dtype=tl.bfloat16, is_pure=True, pack=1)
+
+
+def _og_round_bf16(x):
+    # x (float32) rounded to bfloat16 and back (its bits in the high half), as _og_round_f16
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 h; .reg .b32 w; cvt.rn.bf16.f32 h, $1; cvt.u32.u16 w, h; shl.b32 $0, w, 16; }", "=f,f",
+        [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1)
+
+
+def _og_to_bf16_bits(x):
+    # _og_to_bf16 in integer arithmetic on the bits (the definition the instruction is tested against)
     x = x.to(tl.float32)
     b = x.to(tl.uint32, bitcast=True)
     r = b + 0x7FFF + ((b >> 16) & 1)
@@ -223,7 +241,7 @@ def cast_to(value: str, target: str) -> str:
 
 # a value rounded to a narrower float type and back, by instructions the compiler cannot fold
 _ROUNDERS = {(DataType.HALF, "tl.float32"): "_og_round_f16", (DataType.HALF, "tl.float64"): "_og_round_f16_d",
-             (DataType.FLOAT, "tl.float64"): "_og_round_f32_d"}
+             (DataType.FLOAT, "tl.float64"): "_og_round_f32_d", (DataType.BFLOAT16, "tl.float32"): "_og_round_bf16"}
 
 
 def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:

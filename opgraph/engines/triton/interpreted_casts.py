@@ -137,6 +137,7 @@ FAST: dict[str, Callable[..., Any]] = {
     "_og_to_e4m3": _encoder(DataType.FP8_E4M3, "float8e4nv"),
     "_og_to_e5m2": _encoder(DataType.FP8_E5M2, "float8e5"),
     "_og_from_bf16": _decoder(DataType.BFLOAT16),
+    "_og_round_bf16": lambda x: _decoder(DataType.BFLOAT16)(_encoder(DataType.BFLOAT16, "bfloat16")(x)),
     "_og_from_e4m3": _decoder(DataType.FP8_E4M3),
     "_og_from_e5m2": _decoder(DataType.FP8_E5M2),
     "_og_to_int": _to_int,

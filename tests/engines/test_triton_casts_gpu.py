@@ -1,0 +1,59 @@
+"""The bfloat16 cast instructions of generated kernels on the GPU (casts.py: `_og_to_bf16` and
+`_og_round_bf16` are cvt.rn.bf16.f32 in asm statements) against their definition in integer arithmetic
+(`_og_to_bf16_bits`, which the interpreter tests hold to the reference) and the reference engine's
+rounding, over float32 values of every exponent with tie, near-tie, subnormal, overflow and special
+bit patterns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.core.rounding import round_to
+
+from ..helpers import requires_cuda
+
+pytestmark = [pytest.mark.gpu, requires_cuda]
+D = og.DataType
+
+
+def _patterns() -> np.ndarray:
+    """float32 bit patterns: every high half (sign, exponent, 7 mantissa bits) with low halves that
+    round down, tie (odd and even), round up, and the extremes."""
+    high = np.arange(1 << 16, dtype=np.uint32) << 16
+    low = np.array([0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)
+    return (high[:, None] | low[None, :]).ravel().view(np.float32)
+
+
+def test_gpu_bf16_cast_instructions_match_their_definition():
+    import torch
+
+    from opgraph.engines.triton.loader import load_module
+    from opgraph.engines.triton.templates.base import module_source
+
+    values = _patterns()
+    n = values.size
+    body = ("def kernel(p, q, r, s, n, BLOCK: tl.constexpr):\n"
+            "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+            "    m = i < n\n"
+            "    x = tl.load(p + i, mask=m)\n"
+            "    tl.store(q + i, _og_to_bf16(x), mask=m)\n"
+            "    tl.store(r + i, _og_to_bf16_bits(x), mask=m)\n"
+            "    tl.store(s + i, _og_round_bf16(x), mask=m)\n")
+    mod = load_module(module_source(body), interpret=False)
+    x = torch.from_numpy(values).cuda()
+    q = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    r = torch.empty_like(q)
+    s = torch.empty(n, dtype=torch.float32, device="cuda")
+    mod.kernel[(-(-n // 1024),)](x, q, r, s, n, BLOCK=1024)
+    asm = q.view(torch.int16).cpu().numpy().view(np.uint16)
+    bits = r.view(torch.int16).cpu().numpy().view(np.uint16)
+    nan = np.isnan(values)
+    assert np.array_equal(asm[~nan], bits[~nan])
+    want = round_to(values.astype(np.float64), D.BFLOAT16).view(np.uint16)
+    assert np.array_equal(asm[~nan], want[~nan])
+    assert np.isnan(q.float().cpu().numpy()[nan]).all()
+    rounded = s.cpu().numpy()
+    assert np.array_equal(rounded[~nan].view(np.uint32), want[~nan].astype(np.uint32) << 16)
+    assert np.isnan(rounded[nan]).all()
