@@ -143,7 +143,7 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
     return bufs
 
 
-TUNE_PASSES = 5  # on a GPU: passes over the candidates, each timing every candidate once (round-robin)
+TUNE_PASSES = 5  # on a GPU: passes over the candidates (round-robin), each timing every one still in the race once
 PRUNE_AT = 1.5  # after the first pass, candidates this many times the fastest's time are timed no more
 BURST_US = 2000.0  # later passes: calls a measurement so that a burst lasts about this long (1 to 10)
 

@@ -377,8 +377,8 @@ def _runtime_fused_epilogue(piece: Piece, conv: Node) -> str | None:
         outside = [u for u in node.input_uids() if u in piece.inputs]
         if any(list(piece.tensor(u).dim) == shape for u in outside):
             return "a residual add"
-        if outside and getattr(node.op, "mode", None) is PointwiseMode.MUL:
-            return "a per-channel scale"
+        if getattr(node.op, "mode", None) is PointwiseMode.MUL and any(piece.tensor(u).numel > 1 for u in outside):
+            return "a per-channel scale"  # (a scalar factor: not measured, the general rule decides)
         after |= set(node.output_uids())
     return None
 
@@ -547,7 +547,7 @@ class CudnnEngine(Engine):
           batchnorm): with those on cuDNN, the heuristic plans of ResNet-50 b64 / b256 and MobileNetV2 b64
           (scale + shift + activation after every conv) took 1.04 / 1.15 / 1.29x the generated-only
           plans' time (H100: 3,076 vs 2,962, 11,325 vs 9,830, 1,363 vs 1,059 µs);
-        - a bf16 forward conv of fewer than FEW_CHANNELS input channels per group (a stem): cuDNN's bf16
+        - an ungrouped bf16 forward conv of fewer than FEW_CHANNELS input channels (a stem): cuDNN's bf16
           plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32, H100: 272 vs 85 µs; the generated
           kernel 206, 186 tuned).
         A grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3

@@ -102,6 +102,12 @@ def test_cudnn_rank_rules_measured_residual_and_scale_epilogues_narrow_groups_bf
     b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
     g.relu(g.add(g.mul(y, s), b)).set_output(True)
     assert not engine.rank_first(whole(g), dev)
+    # a scalar factor is no per-channel scale: cuDNN first
+    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+    a = g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], name="alpha", data_type=DT.FLOAT)
+    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
+    g.relu(g.mul(g.bias(y, b), a)).set_output(True)
+    assert engine.rank_first(whole(g), dev)
     # an SBR prologue (scale on the conv's input) is not an epilogue: cuDNN first
     assert engine.rank_first(whole(sbr_conv_genstats(n=32, c=64, k=64, hw=56)), dev)
     # grouped 3x3, 32 groups of 8 channels: cuDNN first although the cost model calls it cheap (its estimate

@@ -2,7 +2,9 @@
 results rounded half to even and saturated (inf, -inf, 1e10 and NaN included), integer arithmetic exact
 (2**30 + 3), bfloat16 and fp8 rounded to nearest even through float32 with E4M3 saturating and E5M2
 overflowing to inf, exact decoding, also in float64 kernels. The Triton versions of the cast helpers
-(what the GPU runs) are checked here under the interpreter too, against their NumPy stand-ins."""
+(what the GPU runs) are checked here under the interpreter too, against their NumPy stand-ins, except the
+asm statements (bfloat16's cvt: its definition in integer arithmetic here, the instruction against that
+in test_triton_casts_gpu.py)."""
 
 from __future__ import annotations
 
@@ -163,3 +165,22 @@ def test_triton_integer_rounding(dt, src):
 
 
 _ = ml_dtypes
+
+
+def test_bf16_pieces_decline_gpus_before_sm80():
+    """The bf16 cast helpers are cvt.rn.bf16.f32 instructions (compute capability 8.0+): on an older GPU the
+    Triton engine declines a piece with a bf16 tensor, saying why; fp16 pieces and sm_80+ GPUs are unaffected."""
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines import get_engine
+
+    engine = get_engine("triton")
+
+    def template(dt, cap):
+        g = og.Graph("p", io_data_type=dt)
+        g.relu(g.tensor(dim=[4, 8], name="x")).set_output(True)
+        return engine._template(make_piece(g.final, 0, g.final.nodes), Device("cuda", 0, "GPU", cap, 40))
+
+    t, why = template(D.BFLOAT16, (7, 5))
+    assert t is None and "compute capability 8.0" in why and "7.5" in why
+    assert template(D.BFLOAT16, (8, 0))[0] is not None and template(D.HALF, (7, 5))[0] is not None

@@ -683,7 +683,8 @@ HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_ca
     "bn_bwd_recompute": (_bn_bwd(False), "norm_stats", None),
     "instancenorm": (_instancenorm(), "norm_stats", None),
     "instancenorm_bwd": (_instancenorm(True), "norm_stats", None),
-    "layernorm": (_rownorm(), "rownorm", _with(FP=0)),
+    # the heuristic's one-tile forward and the first persistent one (FP > 0: its ST loop must pipeline)
+    "layernorm": (_rownorm(), "rownorm", lambda cands: [cands[0], next(c for c in cands[1:] if c["FP"])]),
     "layernorm_bwd": (_rownorm(True), "rownorm", _with(PF=1)),
     "rmsnorm": (_rownorm(rms=True, dims=(4096, 8192)), "rownorm", None),
     "rmsnorm_bwd": (_rownorm(True, rms=True, dims=(4096, 8192)), "rownorm", None),

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ...core.device import Device
+from ...core.dtypes import DataType
 from ...core.errors import AttributeValueError
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
@@ -219,6 +220,12 @@ class TritonEngine(Engine):
         return Support.yes()
 
     def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:
+        if device.is_cuda and device.capability is not None and device.capability < (8, 0) and any(
+                piece.tensor(u).data_type is DataType.BFLOAT16 for n in piece.nodes
+                for u in (*n.input_uids(), *n.output_uids()) if isinstance(u, int)):
+            return None, (f"bfloat16 in generated kernels needs a GPU of compute capability 8.0 or newer (the "
+                          f"cvt.rn.bf16.f32 instruction); this one is {device.capability[0]}.{device.capability[1]}: "
+                          "another engine (PyTorch) runs it")
         refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)

@@ -3,7 +3,9 @@
 Under the interpreter every `tl` operation costs tens of microseconds of Python, and the Triton
 versions of the helpers take a dozen operations each; these compute the same bits (opgraph.rounding,
 the reference engine's own rounding) in one. The loader installs them in interpreted modules only;
-tests/engines/test_triton_casts.py runs the Triton versions in the interpreter against them.
+tests/engines/test_triton_casts.py runs the Triton versions in the interpreter against them, except those
+that are asm statements (the interpreter runs none): bfloat16's cvt instructions there are held to their
+integer-arithmetic definition (_og_to_bf16_bits) by a GPU test, tests/engines/test_triton_casts_gpu.py.
 """
 
 from __future__ import annotations

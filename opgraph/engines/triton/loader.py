@@ -54,7 +54,8 @@ def load_module(source: str, *, interpret: bool, fast_casts: bool = True) -> Mod
     """Import generated source; every top-level function named `kernel*` becomes a Triton kernel
     and every `_og_*` function a Triton device function (compile_worker.exec_generated, which the
     compile workers share, so both sides hash the same kernels). Interpreted, the cast helpers are
-    replaced by their one-step NumPy equivalents (interpreted_casts.py) unless `fast_casts` is False."""
+    replaced by their one-step NumPy equivalents (interpreted_casts.py) unless `fast_casts` is False
+    (then a helper that is an asm statement, such as bfloat16's cvt, cannot run)."""
     key = (source_hash(source), interpret, fast_casts or not interpret)
     if key in _MODULES:
         return _MODULES[key]

@@ -67,9 +67,10 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
              BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
              BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2)]
         if scored:
-            # D=128 with tanh soft-capping and ALiBi (compiled for sm_90, 2026-11-26): the fused 64x64
-            # launch with 4 warps spilled 92 bytes and split configs with 4-warp dK/dV launches 130-230;
-            # with 8 warps, or 32-row steps, none spill
+            # D=128 with tanh soft-capping and ALiBi (compiled for sm_90, 2026-11-26): the first config's
+            # dK/dV launch (8 warps, 128 keys) spills ~130 bytes and still measured the fastest; the fused
+            # 64x64 launch with 4 warps spilled 92 bytes, split configs with 4-warp 64-key dK/dV launches
+            # 130-230; the fused alternatives here (8 warps, or 32-row steps) do not spill
             c = [c[0], c[1], BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1),
                  BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1)]
     else:

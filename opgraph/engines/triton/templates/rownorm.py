@@ -4,8 +4,8 @@ the full-size inputs (a residual add before the norm) and a pointwise epilogue o
 output.
 
   forward:  one launch: x is read once, mean / inv_variance and y (and the epilogue's outputs)
-            written once. Either a [ROWS, BLOCK] tile per program (BLOCK = next power of 2 of hidden),
-            or (knob FP, the GPU default) FP programs (2 per SM) each walking a contiguous range of
+            written once. Either a [ROWS, BLOCK] tile per program (BLOCK = next power of 2 of hidden;
+            the GPU default), or (knob FP) FP programs (2 per SM) each walking a contiguous range of
             row tiles in a software-pipelined loop (knob ST: `tl.range(num_stages=ST)`, so the next
             tiles' loads are in flight while this tile's row reductions run), scale and bias loaded
             once per program.
