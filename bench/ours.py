@@ -50,17 +50,24 @@ def tuning_note(plan: Any, max_steps: int = 2) -> str:
                      + ", ".join(short(a) for a in s.alternatives) for s in steps)
 
 
+def by_engine(rows: Sequence[Any]) -> list[tuple[str, int, float, float]]:
+    """profile_steps' rows summed per engine (and template): (key, steps, device µs, host µs), the most
+    device time first."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        acc = by.setdefault(r.engine + (":" + r.template if r.template else ""), [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += r.device_us
+        acc[2] += r.host_us
+    return sorted(((k, int(n), d, h) for k, (n, d, h) in by.items()), key=lambda t: -t[2])
+
+
 def steps_note(plan: Any, pack: Mapping[Any, Any], slowest: int = 4) -> str:
     """Where a plan of many steps spends its device time, each step run alone (plan.profile_steps, after
     every check and time of the row): µs per engine (and template) with the step count, and the slowest
     steps with their ops. Which engine's steps to blame for a whole network's time."""
     rows = plan.profile_steps(pack, repeat=10 if plan.device.is_cuda else 2)
-    by: dict[str, list[float]] = {}
-    for r in rows:
-        acc = by.setdefault(r.engine + (":" + r.template if r.template else ""), [0, 0.0])
-        acc[0] += 1
-        acc[1] += r.device_us
-    parts = [f"{key} x{int(n)} {d:,.0f}" for key, (n, d) in sorted(by.items(), key=lambda kv: -kv[1][1])]
+    parts = [f"{key} x{n} {d:,.0f}" for key, n, d, _ in by_engine(rows)]
     top = []
     for r in sorted(rows, key=lambda r: -r.device_us)[:slowest]:
         nodes = plan.steps[r.step].piece.nodes
@@ -77,15 +84,9 @@ def diagnose(title: str, plan: Any, pack: Mapping[Any, Any]) -> None:
         print(f"== describe: {title}\n" + "\n".join("      " + ln for ln in plan.describe().splitlines()), flush=True)
     if os.environ.get("OPGRAPH_BENCH_STEPS") and plan.device.is_cuda:
         rows = plan.profile_steps(pack)
-        by: dict[str, list[float]] = {}
-        for r in rows:
-            acc = by.setdefault(r.engine + (":" + r.template if r.template else ""), [0, 0.0, 0.0])
-            acc[0] += 1
-            acc[1] += r.device_us
-            acc[2] += r.host_us
         print(f"== steps: {title}: {len(rows)} steps, device {sum(r.device_us for r in rows):.0f} us, host "
               f"{sum(r.host_us for r in rows):.0f} us", flush=True)
-        for key, (n, d, h) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        for key, n, d, h in by_engine(rows):
             print(f"      {key:28s} x{n:4d}  device {d:9.1f} us  host {h:8.1f} us", flush=True)
         for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
             ops = ", ".join(f"{n.kind}:{n.name}" for n in plan.steps[r.step].piece.nodes)

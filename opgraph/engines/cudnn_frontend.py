@@ -361,13 +361,13 @@ def _worth_a_launch(piece: Piece, device: Device, waste: float = 1.0) -> bool:
 FEW_CHANNELS = 8  # input channels per group of a stem conv (RGB, RGBA, padded to 4)
 
 
-def _runtime_fused_epilogue(piece: Piece, conv: Node) -> str | None:
-    """What, in the epilogue after `conv` (pointwise nodes reading its result, directly or through other
-    pointwise nodes), sends cuDNN to its runtime-fusion plans, measured slower than the generated kernel:
-    "a residual add" (a tensor from outside the piece with the conv output's full shape) or "a
-    per-channel scale" (a multiply by a broadcast tensor from outside: an inference batchnorm left
-    unfolded, as `from_torch` imports it), else None (a bias and an activation: cuDNN's fused conv
-    kernels). A prologue on the conv's input (SBR) is not an epilogue."""
+def _runtime_fused_epilogue(piece: Piece, conv: Node) -> bool:
+    """Whether the epilogue after `conv` (pointwise nodes reading its result, directly or through other
+    pointwise nodes) sends cuDNN to its runtime-fusion plans, measured slower than the generated kernel:
+    a residual add (a tensor from outside the piece with the conv output's full shape) or a per-channel
+    scale (a multiply by a broadcast tensor from outside: an inference batchnorm left unfolded, as
+    `from_torch` imports it); not a bias and an activation (cuDNN's fused conv kernels). A prologue on
+    the conv's input (SBR) is not an epilogue."""
     out = conv.output_uids()[0]
     shape = list(piece.tensor(out).dim)
     after = {out}
@@ -376,11 +376,11 @@ def _runtime_fused_epilogue(piece: Piece, conv: Node) -> str | None:
             continue
         outside = [u for u in node.input_uids() if u in piece.inputs]
         if any(list(piece.tensor(u).dim) == shape for u in outside):
-            return "a residual add"
+            return True  # a residual add
         if getattr(node.op, "mode", None) is PointwiseMode.MUL and any(piece.tensor(u).numel > 1 for u in outside):
-            return "a per-channel scale"  # (a scalar factor: not measured, the general rule decides)
+            return True  # a per-channel scale (a scalar factor: not measured, the general rule decides)
         after |= set(node.output_uids())
-    return None
+    return False
 
 
 class CudnnKernel(Kernel):

@@ -84,29 +84,27 @@ def test_cudnn_ranks_first_on_convolutions_but_not_tiny_depthwise_or_matmul():
 
 def test_cudnn_rank_rules_measured_residual_and_scale_epilogues_narrow_groups_bf16_stems():
     engine, dev = get_engine("cudnn"), Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    def conv1x1():
+        """ResNet's bottleneck conv 1x1 C64->K256 56², N32, and a maker of tensors broadcast to its output."""
+        g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+        return g, y, lambda name, dim=(1, 256, 1, 1), **kw: g.tensor(dim=list(dim), stride=nhwc(list(dim)),
+                                                                    name=name, **kw)
     # conv 1x1 + bias + residual + relu (ResNet's bottleneck end): the generated kernel goes first
-    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
-    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
-    r = g.tensor(dim=[32, 256, 56, 56], stride=nhwc([32, 256, 56, 56]), name="residual")
-    g.relu(g.add(g.bias(y, b), r)).set_output(True)
+    g, y, t = conv1x1()
+    g.relu(g.add(g.bias(y, t("b")), t("residual", (32, 256, 56, 56)))).set_output(True)
     assert not engine.rank_first(whole(g), dev)
     # the same conv with a broadcast bias only: cuDNN first
-    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
-    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
-    g.relu(g.bias(y, b)).set_output(True)
+    g, y, t = conv1x1()
+    g.relu(g.bias(y, t("b"))).set_output(True)
     assert engine.rank_first(whole(g), dev)
     # a per-channel scale and shift (an inference batchnorm as from_torch imports it): the generated kernel
     # first (whole networks, H100: ResNet-50 b256 and MobileNetV2 plans 1.15 / 1.29x with cuDNN on these)
-    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
-    s = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="s")
-    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
-    g.relu(g.add(g.mul(y, s), b)).set_output(True)
+    g, y, t = conv1x1()
+    g.relu(g.add(g.mul(y, t("s")), t("b"))).set_output(True)
     assert not engine.rank_first(whole(g), dev)
     # a scalar factor is no per-channel scale: cuDNN first
-    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
-    a = g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], name="alpha", data_type=DT.FLOAT)
-    b = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="b")
-    g.relu(g.mul(g.bias(y, b), a)).set_output(True)
+    g, y, t = conv1x1()
+    g.relu(g.mul(g.bias(y, t("b")), t("alpha", (1, 1, 1, 1), data_type=DT.FLOAT))).set_output(True)
     assert engine.rank_first(whole(g), dev)
     # an SBR prologue (scale on the conv's input) is not an epilogue: cuDNN first
     assert engine.rank_first(whole(sbr_conv_genstats(n=32, c=64, k=64, hw=56)), dev)

@@ -42,6 +42,7 @@ from .common import (
     score_lines,
     score_mod_grad,
     seqlen_lines,
+    times,
     tma_desc,
     tma_load,
     tma_ok,
@@ -270,7 +271,7 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
     o = cols_orient(str(spec.Sq) if ragged_rows else None, str(spec.Skv) if (masked and key_ok) else None)
     f = exp2_factor(spec)  # (s2 without it: applied in exp2's argument, one fma a score)
     lines += score_lines(spec, k, o, masked, f is not None)
-    lines.append(f"pt = tl.math.exp2(s2{f' * {f}' if f else ''} - lse2[None, :])")
+    lines.append(f"pt = tl.math.exp2(s2{times(f)} - lse2[None, :])")
     lines.append(f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}" if tma else
                  f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
     if do.dtype != dt:
@@ -393,7 +394,7 @@ def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wk
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
     f = exp2_factor(spec)
     lines += score_lines(spec, k, o, masked, f is not None)
-    lines.append(f"p = tl.math.exp2(s2{f' * {f}' if f else ''} - lse2[:, None])")
+    lines.append(f"p = tl.math.exp2(s2{times(f)} - lse2[:, None])")
     lines.append(f"dp = {dot(spec, 'dot_', 'tl.trans(vt)')}")
     if spec.dropout is not None:
         lines += dropout_lines(spec, k, o)

@@ -200,6 +200,11 @@ def exp2_factor(spec: AttnSpec) -> str | None:
     return None
 
 
+def times(factor: str | None) -> str:
+    """` * factor`, or nothing: `exp2_factor`'s factor where an expression takes it."""
+    return f" * {factor}" if factor else ""
+
+
 def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str, raw: bool = False) -> list[str]:
     """From the raw product `qk` (fp32) to `s2`, the final score in log2 units (masked entries -inf).
     With a score modifier, `s_pre` (natural units) is the score it took (for its backward). `masked`:

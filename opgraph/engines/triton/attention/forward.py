@@ -31,6 +31,7 @@ from .common import (
     scale_lines,
     score_lines,
     seqlen_lines,
+    times,
     tma_desc,
     tma_load,
     tma_ok,
@@ -237,12 +238,11 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: b
     lines.append(f"qk = {dot(spec, 'q', 'tl.trans(kt)')}")
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
     f = exp2_factor(spec)
-    times = f" * {f}" if f else ""
     lines += score_lines(spec, k, o, masked, f is not None)
     lines += [
-        f"m_ij = tl.maximum(m_i, tl.max(s2, 1){times})",
+        f"m_ij = tl.maximum(m_i, tl.max(s2, 1){times(f)})",
         "m_s = tl.where(m_ij == float(\"-inf\"), 0.0, m_ij)",
-        f"p = tl.math.exp2(s2{times} - m_s[:, None])",
+        f"p = tl.math.exp2(s2{times(f)} - m_s[:, None])",
         "alpha = tl.math.exp2(m_i - m_s)",
         "l_i = l_i * alpha + tl.sum(p, 1)",
         "acc = acc * alpha[:, None]",

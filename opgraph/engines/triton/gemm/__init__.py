@@ -126,6 +126,7 @@ from .tuning import (
     estimate_us,
     finish_candidates,
     gemm_candidates,
+    prologue_share,
     with_subtile,
 )
 
@@ -173,5 +174,6 @@ __all__ = [
     "tma_ok",
     "tma_prelude",
     "uses_fp32",
+    "prologue_share",
     "with_subtile",
 ]

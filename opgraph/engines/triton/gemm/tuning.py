@@ -126,3 +126,11 @@ def with_subtile(configs: list[dict[str, Any]], gp: GemmPiece, device: Device) -
     if not device.is_cuda or not gp.epilogue:
         return configs
     return [{**c, "EPILOGUE_SUBTILE": 2} if c["BLOCK_M"] * c["BLOCK_N"] >= 32768 else c for c in configs]
+
+
+def prologue_share(config: Mapping[str, Any], taps: int = 1) -> float:
+    """Image elements each thread of a program transforms per K step when a prologue (SBR's scale + bias
+    + relu) runs on the image tile in registers: `taps` tiles of BLOCK_M x BLOCK_K over the program's
+    threads. The templates with such a prologue prefer configs under a budget of it (conv_fprop,
+    conv_wgrad: measured on an H100, bench v2, 2026-11-26)."""
+    return taps * config["BLOCK_M"] * config["BLOCK_K"] / (32 * config["num_warps"])

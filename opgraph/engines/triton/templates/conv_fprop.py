@@ -41,6 +41,7 @@ from ..gemm import (
     input_taps,
     operand_bytes,
     operand_tile,
+    prologue_share,
 )
 from .base import pow2_at_least, unique
 
@@ -100,7 +101,7 @@ class ConvFpropTemplate(TileTemplate):
             # N32 C64 56²: 64x64, 4 warps, 3 stages 53.1 / 75.4 µs fp16 / bf16; 128x64, 4 warps (64 a
             # thread), the first pick before, 70.2 / 103.7; 64x64 with 4 stages 93.6 / 131.2
             lean = [c for c in configs[:-1] if c["SPLIT_K"] == 1 and c["num_stages"] <= 3
-                    and c["BLOCK_M"] * c["BLOCK_K"] <= LEAN_PROLOGUE * 32 * c["num_warps"]]
+                    and prologue_share(c) <= LEAN_PROLOGUE]
             lean = lean or [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
             configs = lean[:1] + [c for c in configs if c not in lean[:1]]
         return finish_candidates(configs, gp, device, extra)

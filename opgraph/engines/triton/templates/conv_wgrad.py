@@ -58,6 +58,7 @@ from ..gemm import (
     needs_int64,
     operand_bytes,
     operand_tile,
+    prologue_share,
     split_range,
     split_store,
     uses_fp32,
@@ -291,15 +292,14 @@ class ConvWgradTemplate(TileTemplate):
 
     @staticmethod
     def _lean_first(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """With a prologue on the image (SBR -> wgrad), first the best-ranked config of the most taps per
-        program whose image tiles hold at most LEAN_PROLOGUE elements a thread per step: the prologue runs
-        on every tap's tile in registers beside the taps' accumulators. H100 (bench v2, 2026-11-26, N32 C64
-        K64 56², 3x3): 32x64 tiles, 3 taps, 4 warps (48 a thread) 66.3 / 88.5 µs fp16 / bf16, the cost
-        model's 64x64 (96) 89.6 / 113.5 and 64x32 (96) 163.8 / 242.3; one tap a program loads DY three
-        times (120 / 149); without the prologue 64x64 is the fastest (31.7 against 41.4 for 32x64)."""
+        """With a prologue on the image (SBR -> wgrad), first the best-ranked config of the most taps a
+        program under LEAN_PROLOGUE (`prologue_share`: the prologue runs on every tap's tile in registers
+        beside the taps' accumulators). H100 (bench v2, 2026-11-26, N32 C64 K64 56² 3x3): 32x64, 3 taps, 4
+        warps (48) 66.3 / 88.5 µs fp16 / bf16; 64x64 (96) 89.6 / 113.5, 64x32 (96) 163.8 / 242.3, one tap
+        (DY loaded thrice) 120 / 149; without the prologue 64x64 is the fastest (31.7; 32x64 41.4)."""
         most = max(int(c.get("TAPS", 1)) for c in configs)
         lean = [c for c in configs[:-1] if int(c.get("TAPS", 1)) == most
-                and most * c["BLOCK_M"] * c["BLOCK_K"] <= LEAN_PROLOGUE * 32 * c["num_warps"]]
+                and prologue_share(c, most) <= LEAN_PROLOGUE]
         return lean[:1] + [c for c in configs if c not in lean[:1]]
 
     def _split(self, gp: GemmPiece, bm: int, bn: int, taps: int, bk: int, device: Device) -> int:
