@@ -54,7 +54,7 @@ def run_impl(ctx: Ctx, case: Case, impl: Impl, refs: Sequence[Any], budget: meas
             res.errors = dict(runner.errors or {})
             return res
         _execute_mode(ctx, case, runner, res, refs, budget)
-        if not ctx.timing:
+        if not (ctx.timing and case.timed):
             pass
         elif cuda and not runner.host_only:
             _graph_mode(ctx, case, runner, res, refs, budget)
@@ -63,7 +63,7 @@ def run_impl(ctx: Ctx, case: Case, impl: Impl, refs: Sequence[Any], budget: meas
             res.metrics["device_us"], res.methods["device_us"] = measure.wall_device_us(runner.call, est, budget)
             res.metrics["replay_us"] = res.metrics["execute_us"]
             res.methods["replay_us"] = "CPU wall clock (dry run)"
-        if runner.after is not None and ctx.timing and res.status == "ok":
+        if runner.after is not None and ctx.timing and case.timed and res.status == "ok":
             res.notes = (res.notes + " " + _after_note(runner.after)).strip()
     except Exception as e:  # noqa: BLE001 - a failing implementation is a row, not the end of the run
         traceback.print_exc(limit=4)
@@ -91,7 +91,7 @@ def _execute_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: S
                   budget: measure.Budget) -> None:
     cuda = ctx.cuda
     res.errors = check.check_execute(runner, refs, case.outputs, ctx.device)
-    if not ctx.timing:
+    if not (ctx.timing and case.timed):
         return
     if not tol.sane(res.errors, case.sane_limit):
         res.notes = (res.notes + " not timed: outputs missing, non-finite or far off").strip()
@@ -176,6 +176,7 @@ def run_workload(ctx: Ctx, spec: WorkloadSpec, budget: measure.Budget) -> Worklo
         refs = [r.detach().to(torch.float64) for r in case.reference()]
         if len(refs) != len(case.outputs):
             raise ValueError(f"{len(refs)} references for {len(case.outputs)} outputs")
+        out.absolute = [o.name for o, r in zip(case.outputs, refs) if check.zero_reference(r)]
         for impl in case.impls:
             r = run_impl(ctx, case, impl, refs, budget)
             out.impls.append(r)
@@ -202,7 +203,7 @@ def _fmt_errs(errs: dict[str, float | None]) -> str:
 def _apply_tolerance(w: WorkloadResult) -> None:
     errors = {i.impl: i.combined_errors() for i in w.impls if i.errors}
     peers = {i.impl for i in w.impls if i.role == "peer"}
-    tols = tol.tolerances(errors, peers, dict(w.outputs))
+    tols = tol.tolerances(errors, peers, dict(w.outputs), frozenset(w.absolute))
     w.tolerances = {k: {"value": v.value, "basis": v.basis} for k, v in tols.items()}
     for i in w.impls:
         if i.impl in errors:

@@ -92,11 +92,12 @@ def same_machine(runs: Sequence[RunRecord]) -> None:
                                      "(aggregate each machine's runs apart)")
 
 
-def verdicts(impls: Sequence[AggImpl], dtypes: dict[str, str]) -> dict[str, tol.Tolerance]:
+def verdicts(impls: Sequence[AggImpl], dtypes: dict[str, str],
+             absolute: Sequence[str] = ()) -> dict[str, tol.Tolerance]:
     """Apply the tolerance rule to aggregated implementations (sets each one's verdict)."""
     ran = {i.impl: i.errors for i in impls if i.errors}
     peers = {i.impl for i in impls if i.role == "peer"}
-    tols = tol.tolerances(ran, peers, dtypes)
+    tols = tol.tolerances(ran, peers, dtypes, frozenset(absolute))
     for i in impls:
         i.verdict = tol.judge(i.errors, tols) if i.errors else None
     return tols
@@ -190,7 +191,7 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
         w0 = ws[-1]
         drop_impossible(impls, w0.floor, str(out.meta.get("device", "")))
         dtypes = dict(w0.outputs)
-        tols = verdicts(impls, dtypes)
+        tols = verdicts(impls, dtypes, w0.absolute)
         out.workloads.append(AggWorkload(w0.id, w0.title, w0.group, w0.kind, list(w0.outputs), w0.floor, impls,
                                          tols, w0.notes, len(ws), next((w.error for w in ws if w.error), "")))
     return out

@@ -67,6 +67,7 @@ class WorkloadResult:
     notes: str = ""
     error: str = ""
     elapsed_s: float = 0.0
+    absolute: list[str] = field(default_factory=list)  # outputs zero in exact arithmetic: absolute errors
 
     @property
     def finished(self) -> bool:
@@ -84,7 +85,8 @@ class WorkloadResult:
         return cls(d["id"], d["title"], d["group"], d.get("kind", "kernel"),
                    [tuple(o) for o in d.get("outputs", [])], Floor.from_dict(d.get("floor")),
                    [ImplResult(**i) for i in d.get("impls", [])], dict(d.get("tolerances", {})),
-                   d.get("notes", ""), d.get("error", ""), float(d.get("elapsed_s", 0.0)))
+                   d.get("notes", ""), d.get("error", ""), float(d.get("elapsed_s", 0.0)),
+                   list(d.get("absolute", [])))
 
 
 @dataclass

@@ -9,6 +9,10 @@ The unit-roundoff floor keeps an output every peer computes exactly (a relu of r
 from demanding exactness. When no peer computes an output, the type's FALLBACK tolerance applies and
 the verdict says so. An implementation passes when every output's error is finite and within its
 tolerance; its worst output (largest error / tolerance) is reported.
+
+An output that is zero in exact arithmetic (its float64 reference is rounding noise: bench.check's
+zero_reference) has no relative error; its error is the root-mean-square of got - want, and its
+tolerance the same rule over those absolute errors, floored at ABSOLUTE_FLOOR instead of a roundoff.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ FACTOR = 3.0
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 # used only when no peer computes the output: a few units of the type's rounding at these sizes
 FALLBACK = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-5, "float64": 1e-12}
+ABSOLUTE_FLOOR = 1e-12  # an absolute error this small is the float64 reference's own rounding
 SANE = 0.5  # above this relative error (or non-finite) an output is garbage: its implementation is not timed
 
 
@@ -52,26 +57,29 @@ def sane(errors: Mapping[str, float | None], limit: float = SANE) -> bool:
     return bool(errors) and all(finite(e) and e <= limit for e in errors.values())
 
 
-def output_tolerance(peer_errors: Mapping[str, float | None], dtype: str) -> Tolerance:
-    """Tolerance of one output from the errors the peers made on it ({peer: error})."""
-    floor = UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"])
+def output_tolerance(peer_errors: Mapping[str, float | None], dtype: str, absolute: bool = False) -> Tolerance:
+    """Tolerance of one output from the errors the peers made on it ({peer: error}); `absolute`: the
+    errors are absolute (the output is zero in exact arithmetic)."""
+    floor = ABSOLUTE_FLOOR if absolute else UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float32"])
+    kind = ", absolute: exactly zero" if absolute else ""
     good = {p: e for p, e in peer_errors.items() if finite(e)}
     if not good:
-        return Tolerance(FALLBACK.get(dtype, FALLBACK["float32"]), "fallback (no peer computes it)")
+        return Tolerance(FALLBACK.get(dtype, FALLBACK["float32"]), f"fallback (no peer computes it{kind})")
     best_peer = min(good, key=lambda p: (good[p], p))
     scaled = FACTOR * good[best_peer]
     if scaled >= floor:
-        return Tolerance(scaled, f"{FACTOR:g} x {best_peer}")
-    return Tolerance(floor, f"unit roundoff ({dtype})")
+        return Tolerance(scaled, f"{FACTOR:g} x {best_peer}{kind}")
+    return Tolerance(floor, f"{'float64 rounding' if absolute else 'unit roundoff'} ({dtype}{kind})")
 
 
 def tolerances(errors: Mapping[str, Mapping[str, float | None]], peers: set[str] | frozenset[str],
-               dtypes: Mapping[str, str]) -> dict[str, Tolerance]:
-    """{output: Tolerance} from {impl: {output: error}}; only the implementations in `peers` set it."""
+               dtypes: Mapping[str, str], absolute: frozenset[str] = frozenset()) -> dict[str, Tolerance]:
+    """{output: Tolerance} from {impl: {output: error}}; only the implementations in `peers` set it;
+    the outputs in `absolute` have absolute errors (zero in exact arithmetic)."""
     out = {}
     for name, dtype in dtypes.items():
         peer_errors = {impl: errs.get(name) for impl, errs in errors.items() if impl in peers}
-        out[name] = output_tolerance(peer_errors, dtype)
+        out[name] = output_tolerance(peer_errors, dtype, name in absolute)
     return out
 
 

@@ -8,9 +8,16 @@ the step of the float64 module: the loss, every parameter's gradient (= its mome
 first step), every updated parameter and every batchnorm running statistic. (The update alone, new -
 old, is not compared: in fp16 many updates round away, e.g. a batchnorm weight near 1 moves by less
 than half an fp16 ulp, in PyTorch as anywhere.) fp16 training's errors against float64 are large for
-some tensors, so every finite result is timed and the tolerance rule alone judges it. Timing then goes
-on stepping (lr stays LR; the arithmetic of a step does not depend on the values). Dropout is off
-(p = 0), so every implementation computes the same function."""
+some tensors (a batchnorm bias's gradient is a sum that cancels almost to zero: 3 x the best peer's
+error is up to 2 there), so every finite result is timed and the tolerance rule alone judges it. Timing
+then goes on stepping (lr stays LR; the arithmetic of a step does not depend on the values). Dropout is
+off (p = 0), so every implementation computes the same function.
+
+Because the fp16 check is loose where fp16 itself is, each network also has a float32 check
+(`training.<arch>.b64.float32`, not timed): the same step from the same weights and input (fp16 values,
+exact in float32), opgraph's plans built without TF32 (deselect_numeric_notes=[DOWN_CONVERT_INPUTS]) and
+eager PyTorch in float32 (TF32 off) against the same float64 step, every output under the same rule:
+there a wrong gradient cannot hide in fp16's noise."""
 
 from __future__ import annotations
 
@@ -59,7 +66,8 @@ def _reference(model: Any, x: Any, labels: Any, pnames: list[str], snames: list[
             + [bufs[n].detach().clone() for n in snames])
 
 
-def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
+def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Case:
+    """The fp16 step, timed; `float32`: the float32 check of the same step (not timed, eager the only peer)."""
     import torch
 
     res, nb, classes = ctx.pick((224, batch, 1000), (224, min(batch, 16), 1000), (32, 8, 10))
@@ -72,8 +80,12 @@ def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
     model16 = model.half()
     x = x32.half()
     refs = _reference(model16, x, labels, pnames, snames)  # float64, from the same fp16 weights and input
-    outputs = ([Output("loss", "float16")] + [Output(f"grad:{n}", "float16") for n in pnames]
-               + [Output(f"param:{n}", "float16") for n in pnames] + [Output(f"stat:{n}", "float16") for n in snames])
+    if float32:  # the same values, exact in float32
+        model16, x = model16.float(), x.float()
+    dtype = "float32" if float32 else "float16"
+    outputs = ([Output("loss", dtype)] + [Output(f"grad:{n}", dtype) for n in pnames]
+               + [Output(f"param:{n}", dtype) for n in pnames] + [Output(f"stat:{n}", dtype) for n in snames])
+    exact = {"deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]} if float32 else {}
 
     def ours(name: str, engines: list[str] | None, tuned: bool) -> Impl:
         def setup() -> Runner:
@@ -83,8 +95,8 @@ def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
             st = _State(m, pnames, snames)
             imported = og.from_torch(m, (x,))
             cs = og.training.classifier_step(imported)
-            plan, note = og_build(cs.step.graph, ctx, engines, tuned)
-            onehot = torch.eye(classes, device=ctx.device, dtype=torch.float16)[labels]
+            plan, note = og_build(cs.step.graph, ctx, engines, tuned, **exact)
+            onehot = torch.eye(classes, device=ctx.device, dtype=x.dtype)[labels]
             pack = cs.pack(x, onehot, lr=LR, momentum=MOMENTUM)
             # the momentum buffers, laid out like the parameters (the step keeps its optimizer state so)
             velocity = {n: cs.step.param_state(n)["momentum_buffer"] for n in pnames}
@@ -101,17 +113,21 @@ def training_case(ctx: Ctx, arch: str, batch: int) -> Case:
                           keep=(plan, cs, m, st))
         return Impl(name, setup, role="ours", tuned=tuned)
 
-    impls = [ours(n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks)]
+    impls = [ours(n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks and not float32)]
     if ctx.scale == "tiny":  # a training step's generated kernels under Triton's interpreter: too slow
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls.append(Impl("torch eager", functools.partial(_torch_step, model16, x, labels, pnames, snames, None)))
     impls += [Impl(n, functools.partial(_torch_step, model16, x, labels, pnames, snames, mode), needs=frozenset(nd))
               for n, mode, nd in (("torch.compile", "max-autotune-no-cudagraphs", {"compile"}),
                                   ("torch.compile (CUDA graphs)", "max-autotune", {"compile", "cuda"}))
-              if mode != "max-autotune" or ctx.compile_cudagraphs]
+              if not float32 and (mode != "max-autotune" or ctx.compile_cudagraphs)]
     notes = (f"model: {source}; one checked step at lr {LR}, momentum {MOMENTUM}; {len(outputs)} outputs checked "
              f"(loss, {len(pnames)} gradients, {len(pnames)} updated parameters, {len(snames)} running statistics)")
-    return Case(outputs, lambda: refs, impls, Floor(layers=layers), notes=notes, sane_limit=float("inf"))
+    if float32:
+        notes += ("; the float32 check of the fp16 row's step (not timed): opgraph without TF32, eager float32 "
+                  "(TF32 off) the peer that sets the tolerance")
+    return Case(outputs, lambda: refs, impls, Floor(layers=layers), notes=notes, sane_limit=float("inf"),
+                timed=not float32)
 
 
 class _State:
@@ -202,3 +218,6 @@ for _arch, _b in (("resnet18", 64), ("mobilenet_v2", 64)):
              quick=_arch == "resnet18",
              title=f"{_arch} training step batch {_b}, fp16 channels-last 224², SGD momentum")(
         functools.partial(training_case, arch=_arch, batch=_b))
+    workload(f"training.{_arch}.b{_b}.float32", group=f"training-{_arch}", kind="training", minutes=0.5,
+             quick=False, title=f"{_arch} training step batch {_b}, float32 check of the step above (not timed)")(
+        functools.partial(training_case, arch=_arch, batch=_b, float32=True))

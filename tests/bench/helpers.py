@@ -57,11 +57,15 @@ def dry_run(out: Path, *args: str, timeout: float = 600) -> dict[str, Any]:
 
 
 def dry_run_step(out: Path, group: str) -> tuple[dict[str, Any], list[str], int]:
-    """One repeat of a training-step group's dry run: its one workload (which must not have failed), its
-    output names and how many parameters it checks (the `grad:` outputs)."""
+    """One repeat of a training-step group's dry run: its timed workload (which must not have failed), its
+    output names and how many parameters it checks (the `grad:` outputs). The group's other workloads
+    (a float32 check) are under the returned workload's "others" key, by id."""
     data = dry_run(out, "--suite", group, "--repeats", "1")
-    (w,) = data["runs"][0]["workloads"]
-    assert not w["error"], w["error"]
+    ws = data["runs"][0]["workloads"]
+    for w in ws:
+        assert not w["error"], (w["id"], w["error"])
+    w = ws[0]
+    w["others"] = {v["id"]: v for v in ws[1:]}
     names = [o[0] for o in w["outputs"]]
     return w, names, sum(n.startswith("grad:") for n in names)
 

@@ -55,3 +55,16 @@ def test_sane_gates_timing():
     assert not tol.sane({"y": None})
     assert not tol.sane({})
     assert tol.sane({"y": 5.0}, limit=float("inf")) and not tol.sane({"y": float("inf")}, limit=float("inf"))
+
+
+def test_an_exactly_zero_output_is_judged_by_absolute_error():
+    """An output zero in exact arithmetic (its float64 reference is rounding noise) gets an absolute
+    tolerance, 3 x the best peer's absolute error, floored at float64 rounding, and its basis says so; a
+    relative error over the noise once made such tolerances 1e14 (MobileNetV2 training, 2026-11-26)."""
+    errs = {"torch eager": {"g": 2e-6}, "torch.compile": {"g": 5e-6}, "opgraph": {"g": 1e-9}}
+    t = tol.tolerances(errs, {"torch eager", "torch.compile"}, {"g": "float16"}, frozenset({"g"}))["g"]
+    assert t.value == pytest.approx(6e-6) and "absolute" in t.basis and "torch eager" in t.basis
+    # far below fp16's unit roundoff: the relative floor does not apply to an absolute error
+    exact = tol.output_tolerance({"torch eager": 0.0}, "float16", absolute=True)
+    assert exact.value == tol.ABSOLUTE_FLOOR and "absolute" in exact.basis
+    assert not tol.judge({"g": 1e-5}, {"g": t}).passed and tol.judge({"g": 5e-6}, {"g": t}).passed
