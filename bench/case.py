@@ -73,7 +73,6 @@ class Case:
     notes: str = ""
     host_only: bool = False  # host-time rows (tiny shapes): every implementation gets host_us, execute_us, latency_us
     sane_limit: float = 0.5  # above this relative error an output is garbage and its implementation is not timed
-    timed: bool = True  # False: a correctness check only (every implementation set up and checked, none timed)
 
 
 SCALES = ("full", "quick", "tiny")

@@ -255,10 +255,12 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
+    # a correctness check that is not timed runs in the first repeat only: its result cannot change
     jobs = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
                 os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
                 g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
-            for r in ([0] if warm_first else []) + list(range(1, repeats + 1)) for g, ss in groups.items()]
+            for r in ([0] if warm_first else []) + list(range(1, repeats + 1)) for g, every in groups.items()
+            if (ss := [s for s in every if s.timed or r <= 1])]
     cold = sorted((j for j in jobs if j.cold), key=lambda j: -job_seconds(j))
     warm = sorted((j for j in jobs if not j.cold), key=lambda j: (-job_seconds(j), j.group, j.repeat))
     return ([j for j in cold if not j.alone] + [j for j in cold if j.alone] + [j for j in warm if j.alone]

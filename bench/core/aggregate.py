@@ -71,6 +71,7 @@ class AggWorkload:
     notes: str
     repeats: int
     error: str = ""
+    timed: bool = True  # False: a correctness check, run in the first repeat only
 
     def impl(self, name: str) -> AggImpl | None:
         return next((i for i in self.impls if i.impl == name), None)
@@ -193,5 +194,6 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
         dtypes = dict(w0.outputs)
         tols = verdicts(impls, dtypes, w0.absolute)
         out.workloads.append(AggWorkload(w0.id, w0.title, w0.group, w0.kind, list(w0.outputs), w0.floor, impls,
-                                         tols, w0.notes, len(ws), next((w.error for w in ws if w.error), "")))
+                                         tols, w0.notes, len(ws), next((w.error for w in ws if w.error), ""),
+                                         w0.timed))
     return out

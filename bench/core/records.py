@@ -68,6 +68,7 @@ class WorkloadResult:
     error: str = ""
     elapsed_s: float = 0.0
     absolute: list[str] = field(default_factory=list)  # outputs zero in exact arithmetic: absolute errors
+    timed: bool = True  # False: a correctness check (first repeat only, nothing timed)
 
     @property
     def finished(self) -> bool:
@@ -86,7 +87,7 @@ class WorkloadResult:
                    [tuple(o) for o in d.get("outputs", [])], Floor.from_dict(d.get("floor")),
                    [ImplResult(**i) for i in d.get("impls", [])], dict(d.get("tolerances", {})),
                    d.get("notes", ""), d.get("error", ""), float(d.get("elapsed_s", 0.0)),
-                   list(d.get("absolute", [])))
+                   list(d.get("absolute", [])), bool(d.get("timed", True)))
 
 
 @dataclass

@@ -30,6 +30,7 @@ class WorkloadSpec:
     quick: bool = True  # part of --quick (smoke tests)
     needs: frozenset[str] = frozenset()  # "cuda", "cudnn_frontend", "torchvision": reported skipped where unmet
     minutes: float = 0.5  # rough minutes of one repeat on an H100 with warm caches (planning only)
+    timed: bool = True  # False: a correctness check (set up and checked, never timed; first repeat only)
 
     def __post_init__(self) -> None:
         if not self.id or any(c.isspace() for c in self.id):
@@ -51,10 +52,10 @@ class Registry:
         return spec
 
     def workload(self, id: str, *, group: str, title: str, kind: str = "kernel", quick: bool = True,
-                 needs: Iterable[str] = (), minutes: float = 0.5) -> Callable[[Callable], Callable]:
+                 needs: Iterable[str] = (), minutes: float = 0.5, timed: bool = True) -> Callable[[Callable], Callable]:
         """Decorator: register `make(ctx) -> Case` as a workload; returns the function unchanged."""
         def deco(make: Callable) -> Callable:
-            self.register(WorkloadSpec(id, group, title, make, kind, quick, frozenset(needs), minutes))
+            self.register(WorkloadSpec(id, group, title, make, kind, quick, frozenset(needs), minutes, timed))
             return make
         return deco
 

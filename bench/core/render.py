@@ -292,7 +292,7 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
     for g in groups:
         ws = [w for w in agg.workloads if w.group == g]
         out += [f"## {g}", ""]
-        short = sorted({w.repeats for w in ws if w.repeats < agg.repeats})
+        short = sorted({w.repeats for w in ws if w.repeats < agg.repeats and w.timed})
         if short:
             out += [f"**{'/'.join(map(str, short))} repeat(s) in this group** (the run's others: {agg.repeats}; the "
                     "time limit or a failed worker ended it first).", ""]

@@ -74,6 +74,21 @@ def test_spread_jobs_order_repeats_and_put_host_rows_first_in_the_timed_phase():
     assert [j.cold for j in jobs] == [True] * 3 + [False] * 6
 
 
+def test_a_check_that_is_not_timed_runs_in_the_first_repeat_only():
+    """The training groups' float32 checks are set up and checked, never timed: a second repeat could
+    not change them, so repeats 2 and 3 of the group run its timed workload alone."""
+    from bench import workloads
+    from bench.core import registry
+    from bench.run import spread_jobs
+
+    workloads.load()
+    specs = registry.REGISTRY.select(["training-resnet18"])
+    assert [s.timed for s in specs] == [True, False]
+    for warm_first in (False, True):
+        jobs = {j.repeat: j.ids for j in spread_jobs(specs, 3, "/raw", warm_first=warm_first)}
+        assert jobs[1] == [s.id for s in specs] and jobs[2] == jobs[3] == ["training.resnet18.b64"]
+
+
 def test_jobs_start_longest_first_by_the_measured_costs():
     """Each round is ordered by the groups' measured seconds (bench/core/costs.json), cold for a warm-up
     or a first repeat without one, warm otherwise; a group without a measurement by its registry minutes."""
