@@ -36,7 +36,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .core import registry
@@ -182,12 +182,12 @@ def parent(args: argparse.Namespace) -> int:
             print(f"bench: repeat {i} not started: {left:.0f} s left, the last took {last:.0f} s", flush=True)
             break
         raw = os.path.join(rawdir, f"repeat{i}.json")
-        if done(raw, [sp.id for sp in specs]):  # (--resume)
+        if done(raw, repeat_ids(specs, i)):  # (--resume)
             paths.append(raw)
             continue
         t0 = time.monotonic()
         try:
-            subprocess.run(worker_argv(args, i, raw, left), env=env, cwd=here, check=False,
+            subprocess.run(worker_argv(args, i, raw, left, repeat_ids(specs, i)), env=env, cwd=here, check=False,
                            timeout=None if left == float("inf") else max(left, 30))
         except subprocess.TimeoutExpired:
             print(f"bench: repeat {i} killed at the time limit (finished workloads kept)", flush=True)
@@ -195,9 +195,15 @@ def parent(args: argparse.Namespace) -> int:
         if os.path.exists(raw):
             paths.append(raw)
     rc = finish(args, out, rawdir, paths)
-    ids = [sp.id for sp in specs]
-    progress(args, rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), ids) for i in range(1, repeats + 1)])
+    progress(args, rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), repeat_ids(specs, i))
+                            for i in range(1, repeats + 1)])
     return rc
+
+
+def repeat_ids(specs: Sequence[registry.WorkloadSpec], repeat: int) -> list[str]:
+    """The workloads repeat `repeat` runs: a correctness check that is not timed (`timed=False`) runs in
+    the first repeat (and a warm-up pass) only, its result could not change."""
+    return [s.id for s in specs if s.timed or repeat <= 1]
 
 
 def progress(args: argparse.Namespace, rawdir: str, jobs: list[tuple[str, list[str]]]) -> None:
@@ -255,12 +261,11 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
-    # a correctness check that is not timed runs in the first repeat only: its result cannot change
-    jobs = [Job(r, g, [s.id for s in ss], sum(s.minutes for s in ss),
+    jobs = [Job(r, g, ids, sum(s.minutes for s in ss if s.id in ids),
                 os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
                 g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
-            for r in ([0] if warm_first else []) + list(range(1, repeats + 1)) for g, every in groups.items()
-            if (ss := [s for s in every if s.timed or r <= 1])]
+            for r in ([0] if warm_first else []) + list(range(1, repeats + 1)) for g, ss in groups.items()
+            if (ids := repeat_ids(ss, r))]
     cold = sorted((j for j in jobs if j.cold), key=lambda j: -job_seconds(j))
     warm = sorted((j for j in jobs if not j.cold), key=lambda j: (-job_seconds(j), j.group, j.repeat))
     return ([j for j in cold if not j.alone] + [j for j in cold if j.alone] + [j for j in warm if j.alone]

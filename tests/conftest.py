@@ -33,7 +33,7 @@ def pytest_configure(config):
     # generated kernels in its interpreter (set before anything imports Triton).
     import os
 
-    # OPGRAPH_TEST_GPUS="0,1,2,3": xdist worker gwN runs on the (N mod 4)-th of them (before CUDA starts)
+    # OPGRAPH_TEST_GPUS="0,1": xdist worker gwN runs on the (N mod 2)-th GPU listed (set before CUDA starts)
     gpus = [g for g in os.environ.get("OPGRAPH_TEST_GPUS", "").split(",") if g.strip()]
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if gpus and worker.startswith("gw") and worker[2:].isdigit():
@@ -54,11 +54,6 @@ def pytest_collection_modifyitems(config, items):
     still hold GPU tests: the `gpu` mark wins."""
     import os
 
-    # OPGRAPH_TEST_GPUS="0,1,2,3": xdist worker gwN runs on the (N mod 4)-th of them (before CUDA starts)
-    gpus = [g for g in os.environ.get("OPGRAPH_TEST_GPUS", "").split(",") if g.strip()]
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if gpus and worker.startswith("gw") and worker[2:].isdigit():
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)].strip()
     try:
         import torch
 

@@ -192,7 +192,9 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
         w0 = ws[-1]
         drop_impossible(impls, w0.floor, str(out.meta.get("device", "")))
         dtypes = dict(w0.outputs)
-        tols = verdicts(impls, dtypes, w0.absolute)
+        # an output is absolute where any repeat found its reference zero (a repeat that failed before its
+        # references has none)
+        tols = verdicts(impls, dtypes, sorted({o for w in ws for o in w.absolute}))
         out.workloads.append(AggWorkload(w0.id, w0.title, w0.group, w0.kind, list(w0.outputs), w0.floor, impls,
                                          tols, w0.notes, len(ws), next((w.error for w in ws if w.error), ""),
                                          w0.timed))

@@ -9,7 +9,7 @@ first step), every updated parameter and every batchnorm running statistic. (The
 old, is not compared: in fp16 many updates round away, e.g. a batchnorm weight near 1 moves by less
 than half an fp16 ulp, in PyTorch as anywhere.) fp16 training's errors against float64 are large for
 some tensors (a batchnorm bias's gradient is a sum that cancels almost to zero: 3 x the best peer's
-error is up to 2 there), so every finite result is timed and the tolerance rule alone judges it. Timing
+error there exceeds 2), so every finite result is timed and the tolerance rule alone judges it. Timing
 then goes on stepping (lr stays LR; the arithmetic of a step does not depend on the values). Dropout is
 off (p = 0), so every implementation computes the same function.
 

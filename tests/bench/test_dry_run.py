@@ -79,11 +79,13 @@ def test_a_check_that_is_not_timed_runs_in_the_first_repeat_only():
     not change them, so repeats 2 and 3 of the group run its timed workload alone."""
     from bench import workloads
     from bench.core import registry
-    from bench.run import spread_jobs
+    from bench.run import repeat_ids, spread_jobs
 
     workloads.load()
     specs = registry.REGISTRY.select(["training-resnet18"])
     assert [s.timed for s in specs] == [True, False]
+    # one GPU: one worker per repeat, told its workloads
+    assert repeat_ids(specs, 1) == [s.id for s in specs] and repeat_ids(specs, 3) == ["training.resnet18.b64"]
     for warm_first in (False, True):
         jobs = {j.repeat: j.ids for j in spread_jobs(specs, 3, "/raw", warm_first=warm_first)}
         assert jobs[1] == [s.id for s in specs] and jobs[2] == jobs[3] == ["training.resnet18.b64"]
