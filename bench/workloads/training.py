@@ -80,8 +80,8 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
     model16 = model.half()
     x = x32.half()
     refs = _reference(model16, x, labels, pnames, snames)  # float64, from the same fp16 weights and input
-    if float32:  # the same values, exact in float32
-        model16, x = model16.float(), x.float()
+    net = model16.float() if float32 else model16  # the module stepped: the same values, exact in float32
+    x = x.float() if float32 else x
     dtype = "float32" if float32 else "float16"
     outputs = ([Output("loss", dtype)] + [Output(f"grad:{n}", dtype) for n in pnames]
                + [Output(f"param:{n}", dtype) for n in pnames] + [Output(f"stat:{n}", dtype) for n in snames])
@@ -91,7 +91,7 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
         def setup() -> Runner:
             import opgraph as og
 
-            m = copy.deepcopy(model16)
+            m = copy.deepcopy(net)
             st = _State(m, pnames, snames)
             imported = og.from_torch(m, (x,))
             cs = og.training.classifier_step(imported)
@@ -116,8 +116,8 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
     impls = [ours(n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks and not float32)]
     if ctx.scale == "tiny":  # a training step's generated kernels under Triton's interpreter: too slow
         impls = [i for i in impls if not i.name.startswith("generated")]
-    impls.append(Impl("torch eager", functools.partial(_torch_step, model16, x, labels, pnames, snames, None)))
-    impls += [Impl(n, functools.partial(_torch_step, model16, x, labels, pnames, snames, mode), needs=frozenset(nd))
+    impls.append(Impl("torch eager", functools.partial(_torch_step, net, x, labels, pnames, snames, None)))
+    impls += [Impl(n, functools.partial(_torch_step, net, x, labels, pnames, snames, mode), needs=frozenset(nd))
               for n, mode, nd in (("torch.compile", "max-autotune-no-cudagraphs", {"compile"}),
                                   ("torch.compile (CUDA graphs)", "max-autotune", {"compile", "cuda"}))
               if not float32 and (mode != "max-autotune" or ctx.compile_cudagraphs)]
@@ -164,7 +164,7 @@ class _State:
                 + [bufs[n] for n in self.snames])
 
 
-def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: list[str], mode: str | None) -> Runner:
+def _torch_step(model: Any, x: Any, labels: Any, pnames: list[str], snames: list[str], mode: str | None) -> Runner:
     import torch
     import torch.nn.functional as F
 
@@ -172,7 +172,7 @@ def _torch_step(model16: Any, x: Any, labels: Any, pnames: list[str], snames: li
         torch._dynamo.reset()  # nothing compiled for another mode serves this one
     if mode == "max-autotune":  # the batch never moves: Inductor's CUDA graphs need not copy it each step
         torch._dynamo.mark_static_address(x)
-    m = copy.deepcopy(model16)
+    m = copy.deepcopy(model)
     st = _State(m, pnames, snames)  # the initial state, before the warm-up steps below change it
     opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM, foreach=True)
     net = m if mode is None else torch.compile(m, mode=mode, dynamic=False)
