@@ -304,16 +304,19 @@ def test_int8_depthwise(rng):
 
 
 def sbr_conv_genstats(n=2, c=8, k=16, hw=5, r=3, *, dt=DT.HALF, intermediate=DT.HALF, padding=1, stride=1,
-                      store_y=True):
-    """The ResNet training pattern (cuDNN's conv_genstats sample): relu(x*s + b) -> conv -> genstats."""
+                      store_y=True, prologue=True):
+    """The ResNet training pattern (cuDNN's conv_genstats sample): relu(x*s + b) -> conv -> genstats
+    (prologue=False: conv -> genstats alone, the same shapes)."""
     g = og.Graph("sbr_conv_genstats", io_data_type=dt, intermediate_data_type=intermediate,
                  compute_data_type=DT.FLOAT)
     xd, wd, cd = [n, c, hw, hw], [k, c, r, r], [1, c, 1, 1]
     x = g.tensor(dim=xd, stride=nhwc(xd), name="X")
     w = g.tensor(dim=wd, stride=nhwc(wd), name="W")
-    s = g.tensor(dim=cd, stride=nhwc(cd), name="S")
-    b = g.tensor(dim=cd, stride=nhwc(cd), name="B")
-    conv_in = g.relu(g.bias(g.scale(x, s, name="scale"), b, name="bias"), name="relu")
+    conv_in = x
+    if prologue:
+        s = g.tensor(dim=cd, stride=nhwc(cd), name="S")
+        b = g.tensor(dim=cd, stride=nhwc(cd), name="B")
+        conv_in = g.relu(g.bias(g.scale(x, s, name="scale"), b, name="bias"), name="relu")
     y = g.conv_fprop(conv_in, w, padding=[padding] * 2, stride=[stride] * 2, name="conv")
     if store_y:
         y.set_output(True).set_name("Y")
@@ -695,10 +698,15 @@ def test_gpu_heuristics_for_the_benchmark_convs_on_an_h100():
         assert first(256, 64, 56, 1, dt=dt)[:3] == (256, 64, 1)  # 30.2 against 128x64: 32.3
         assert first(256, 256, 14, 3, dt=dt)[:3] == (128, 128, 1)  # 23.3 against 256x64: 26.5
         assert first(3, 64, 224, 7, stride=2, dt=dt)[:3] == (256, 64, 1)  # the stem: 183 against 128x64: 206
-        # SBR -> conv -> genstats: the prologue's tile lean, 64x64 with 3 stages (53.1 against 128x64: 70.2)
-        sbr = TEMPLATE.candidates(make_piece((g := sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)).final, 0,
-                                             g.final.nodes), h100)[0]
-        assert (sbr["BLOCK_M"], sbr["BLOCK_N"], sbr["num_stages"], sbr["num_warps"]) == (64, 64, 3, 4)
+        # SBR -> conv -> genstats: first the prologue as its own pass, then the plain conv's config; the
+        # fused configs after it, the prologue's tile lean: 64x64 with 3 stages (53.1 against 128x64: 70.2)
+        g = sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)
+        sbr = TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), h100)
+        plain = sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt, prologue=False)
+        assert sbr[0] == {**TEMPLATE.candidates(make_piece(plain.final, 0, plain.final.nodes), h100)[0],
+                          "PROLOGUE_PASS": 1}
+        fused = next(c for c in sbr if not c.get("PROLOGUE_PASS"))
+        assert (fused["BLOCK_M"], fused["BLOCK_N"], fused["num_stages"], fused["num_warps"]) == (64, 64, 3, 4)
 
 
 def _bench_depthwise():
@@ -716,12 +724,17 @@ def _bench_conv(c, k, hw, r):
     return build
 
 
+def _pass_and_fused(candidates):
+    """The heuristic's first config (the prologue as its own pass) and the first fused one."""
+    return [candidates[0], next(c for c in candidates if not c.get("PROLOGUE_PASS"))]
+
+
 HOPPER_CASES = {  # (graph, template, candidates compiled, max registers)
     "depthwise_rows": (_bench_depthwise, "depthwise", 3, 128),
-    "sbr_conv_genstats": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56), "conv_fprop", 2, 255),
+    "sbr_conv_genstats": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56), "conv_fprop", _pass_and_fused, 255),
     # bf16: the prologue's roundings and the stores through the cvt.rn.bf16.f32 asm helpers
     "sbr_conv_genstats_bf16": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=DT.BFLOAT16,
-                                                         intermediate=DT.BFLOAT16), "conv_fprop", 1, 255),
+                                                         intermediate=DT.BFLOAT16), "conv_fprop", _pass_and_fused, 255),
     "conv_512_7x7_split_k": (_bench_conv(512, 512, 7, 3), "conv_fprop", 3, 255),
     "conv_64_56x56": (_bench_conv(64, 64, 56, 3), "conv_fprop", 1, 255),
 }
@@ -734,7 +747,9 @@ def test_kernels_compile_for_hopper_without_spills():
 
     out = compile_for_hopper(__name__, gpu=H200.name, timeout=900)
     lines = [line for line in out.splitlines() if line.startswith("compiled")]
-    assert len(lines) >= sum(c[2] for c in HOPPER_CASES.values())
+    assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
+    # the SBR cases: the pass's kernel (a pointwise launch) beside the fused kernel's
+    assert any(" kernel_prologue_pass " in line for line in lines if line.split()[1] == "sbr_conv_genstats")
     for line in lines:
         name, regs, spills, smem = re.match(r"compiled (\S+) \S+ regs (\d+) spills (\d+) smem (\d+)", line).groups()
         assert int(spills) == 0 and int(smem) <= 227 * 1024, line

@@ -30,6 +30,7 @@ from .interpret import interpreting_here, triton_imported_interpreting
 from .launch import Launcher
 from .loader import load_module, module_file, module_name
 from .rewrite import fp8_fill, typed_scalars
+from .templates import _prologue_pass as prologue_pass
 from .templates import discover
 from .templates.base import Arg, Generated, Template
 
@@ -39,7 +40,8 @@ TEMPLATE_BY_NAME: dict[str, Template] = {t.name: t for t in TEMPLATES}
 
 def _estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
     """The template's own estimate of a config, else the generic bytes-and-math one (None off CUDA)."""
-    own = template.estimate(piece, knobs, device)
+    own = (prologue_pass.estimate(template, piece, knobs, device) if int(knobs.get(prologue_pass.KNOB, 0))
+           else template.estimate(piece, knobs, device))
     if own is not None:
         return own
     return estimate_us(piece, device, launches=2 if int(knobs.get("SPLIT", 1)) > 1 else 1)
@@ -283,7 +285,8 @@ class TritonEngine(Engine):
                 op=piece.nodes[0].label(), rule="triton.template",
                 hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
                      "or from a plan this version built")
-        generated = fp8_fill(template.generate(piece, knobs, device),
+        generated = fp8_fill(prologue_pass.generate(template, piece, knobs, device)
+                             if int(knobs.get(prologue_pass.KNOB, 0)) else template.generate(piece, knobs, device),
                              {u: t.data_type for u, t in piece.graph.tensors.items()})
         generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)

@@ -14,7 +14,7 @@ from .analysis import GemmPiece
 _TILE_EFF = {(128, 256): 1.0, (256, 128): 0.95, (128, 128): 0.85, (256, 64): 0.8, (128, 64): 0.7,
              (64, 128): 0.65, (64, 64): 0.5, (128, 32): 0.4, (64, 32): 0.3}
 _PEAK = {1: 1.5e15, 2: 0.75e15, 4: 0.37e15}  # realistic dense rates by operand bytes (int8, 16-bit, tf32)
-_BANDWIDTH = 3.0e12  # bytes/s an H100 streams (an H200 does ~4.2e12)
+BANDWIDTH = 3.0e12  # bytes/s an H100 streams (an H200 does ~4.2e12)
 
 
 def _iters(k: int, k_step: int, bk: int) -> int:
@@ -48,9 +48,9 @@ def estimate_us(m: int, n: int, k: int, knobs: Mapping[str, Any], *, nprog: int,
         waves = programs / sms
     t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
     moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
-    t = max(t_math, moved / _BANDWIDTH)
+    t = max(t_math, moved / BANDWIDTH)
     if split > 1:
-        t += split * m * n * nprog * 8 / _BANDWIDTH + 2e-6
+        t += split * m * n * nprog * 8 / BANDWIDTH + 2e-6
     if int(knobs.get("TMA", 0)):
         t += 7e-6  # the descriptors' scratch allocation at launch (CPU side; hidden by CUDA graphs)
     return t * 1e6 + 3.0

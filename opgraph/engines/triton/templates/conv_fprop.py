@@ -43,6 +43,7 @@ from ..gemm import (
     operand_tile,
     prologue_share,
 )
+from . import _prologue_pass as prologue_pass
 from .base import pow2_at_least, unique
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
@@ -104,7 +105,7 @@ class ConvFpropTemplate(TileTemplate):
                     and prologue_share(c) <= LEAN_PROLOGUE]
             lean = lean or [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
             configs = lean[:1] + [c for c in configs if c not in lean[:1]]
-        return finish_candidates(configs, gp, device, extra)
+        return prologue_pass.candidates(self, piece, gp, finish_candidates(configs, gp, device, extra), device, taps)
 
     def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
         """16-bit operands on Hopper: gemm_candidates' configs plus larger tiles with the K loop split

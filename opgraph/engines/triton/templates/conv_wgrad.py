@@ -64,6 +64,7 @@ from ..gemm import (
     uses_fp32,
     with_subtile,
 )
+from . import _prologue_pass as prologue_pass
 from .base import Generated, Launch, module_source, pow2_at_least, unique
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
@@ -255,7 +256,7 @@ class ConvWgradTemplate(TileTemplate):
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
             configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
-        return configs
+        return prologue_pass.candidates(self, piece, gp, configs, device, self._ntaps(gp))
 
     def _gpu_candidates(self, gp: GemmPiece, device: Device, elem: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
         """Tiles as wide as the channels need (a ResNet wgrad is 64-256 x 64-256 per tap), TAPS along

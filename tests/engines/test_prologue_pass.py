@@ -1,0 +1,100 @@
+"""The conv templates' image prologue run as its own pass (PROLOGUE_PASS=1): the pointwise kernel writes
+the conv's input into the step's scratch, the plain conv kernel reads it there; the piece, its outputs
+and its results are those of the fused kernel (against the reference engine, under the interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+from opgraph import DataType as DT
+from opgraph.core.device import Device
+from opgraph.core.errors import AttributeValueError
+from opgraph.core.piece import make_piece
+from opgraph.engines.triton import TEMPLATE_BY_NAME
+from opgraph.tools.samples import nhwc
+
+from ..helpers import candidate_configs, plan_with, templates
+from .test_triton_conv import sbr_conv_genstats
+from .test_triton_conv_bwd import sbr_wgrad
+
+pytestmark = pytest.mark.interpreter
+
+H100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+KNOB = "PROLOGUE_PASS"
+
+
+def _checked(g: og.Graph, rng, **knobs):
+    plan = plan_with(g, {KNOB: 1, **knobs})
+    generated = plan.steps[0].kernel.generated
+    assert generated.launches[0].kernel == "kernel_prologue_pass" and generated.scratch_bytes > 0
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+    return plan
+
+
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_sbr_conv_genstats_with_the_pass(dt, stride, rng):
+    """The padding reads 0 (the conv pads its input, the pass's output), not relu(b); genstats after."""
+    g = sbr_conv_genstats(n=2, c=8, k=16, hw=6, dt=dt, intermediate=dt, stride=stride)
+    plan = _checked(g, rng)
+    assert templates(plan) == ["conv_fprop"]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_sbr_wgrad_with_the_pass(stride, rng):
+    g, _ = sbr_wgrad(stride=stride, intermediate=DT.HALF)
+    _checked(g, rng)
+
+
+def test_sbr_wgrad_and_sgd_with_the_pass_and_a_split(rng):
+    """The pass's scratch comes after the split wgrad's own (its partials): neither overwrites the other."""
+    g, _ = sbr_wgrad(n=3, c=8, k=16, hw=8, sgd=True)
+    plan = _checked(g, rng, SPLIT_K=3)
+    generated = plan.steps[0].kernel.generated
+    offsets = {a.offset for launch in generated.launches for a in launch.args if a.kind == "scratch"}
+    assert len(offsets) >= 2 and min(offsets) == 0
+
+
+def test_the_cpu_heuristic_keeps_the_fused_kernel_and_offers_the_pass():
+    g = sbr_conv_genstats()
+    plan, _, configs = candidate_configs(g)
+    assert not configs[0].knob(KNOB, 0)
+    assert any(c.knob(KNOB, 0) for c in configs)
+    assert not plan.steps[0].config.knob(KNOB, 0)
+
+
+def test_on_the_gpu_a_filter_of_many_taps_tries_the_pass_first():
+    conv = TEMPLATE_BY_NAME["conv_fprop"]
+
+    def first(r: int) -> dict:
+        g = sbr_conv_genstats(n=32, c=64, k=64, hw=56, r=r, padding=r // 2)
+        return conv.candidates(make_piece(g.final, 0, g.final.nodes), H100)[0]
+    assert first(3).get(KNOB) == 1  # nine taps: the prologue would run nine times on each element
+    assert not first(1).get(KNOB)  # one tap: fused, the image read once
+    g = sbr_conv_genstats(n=32, c=64, k=64, hw=56)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    fused = next(c for c in conv.candidates(piece, H100) if not c.get(KNOB))
+    # the pass's estimate: the plain conv's plus one read and one write of the image
+    assert conv.estimate(piece, first(3), H100) > 0 and conv.estimate(piece, fused, H100) > 0
+
+
+def test_the_pass_needs_a_prologue_on_the_image():
+    g = og.Graph("plain", io_data_type=DT.HALF)
+    xd = [2, 8, 5, 5]
+    x = g.tensor(dim=xd, stride=nhwc(xd), name="x")
+    w = g.tensor(dim=[16, 8, 3, 3], stride=nhwc([16, 8, 3, 3]), name="w")
+    g.conv_fprop(x, w, padding=[1, 1]).set_output(True)
+    with pytest.raises(AttributeValueError) as err:
+        plan_with(g, {KNOB: 1})
+    assert err.value.rule == "triton.conv.prologue_pass" and "no prologue" in err.value.hint
+
+
+def test_only_the_conv_templates_take_the_knob():
+    g = og.Graph("pw", io_data_type=DT.HALF)
+    x = g.tensor(dim=[4, 8], name="x")
+    g.relu(g.mul(x, 2.0)).set_output(True)
+    with pytest.raises(AttributeValueError) as err:
+        plan_with(g, {KNOB: 1})
+    assert err.value.rule == "triton.conv.prologue_pass" and "pointwise" in str(err.value)
