@@ -14,7 +14,7 @@ from opgraph.core.piece import make_piece
 from opgraph.engines.triton import TEMPLATE_BY_NAME
 from opgraph.tools.samples import nhwc
 
-from ..helpers import candidate_configs, plan_with, templates
+from ..helpers import assert_engine_close_l2, candidate_configs, plan_with, requires_cuda, templates
 from .test_triton_conv import sbr_conv_genstats
 from .test_triton_conv_bwd import sbr_wgrad
 
@@ -98,3 +98,18 @@ def test_only_the_conv_templates_take_the_knob():
     with pytest.raises(AttributeValueError) as err:
         plan_with(g, {KNOB: 1})
     assert err.value.rule == "triton.conv.prologue_pass" and "pointwise" in str(err.value)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+def test_gpu_the_heuristic_runs_a_3x3_prologue_as_a_pass(dt, rng):
+    """The benchmark's SBR shapes (N32 C64 56², 3x3) on the GPU: the generated plan's one step takes the
+    pass (its first config there) and matches the reference; the statistics and DW are long sums, so
+    relative L2 errors."""
+    g, _ = sbr_wgrad(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)
+    plan = assert_engine_close_l2(g, rng, max_rel_l2=2e-2 if dt is DT.BFLOAT16 else 5e-3)
+    assert [s.config.knob(KNOB, 0) for s in plan.steps] == [1]
+    g = sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)
+    plan = assert_engine_close_l2(g, rng, max_rel_l2=2e-2 if dt is DT.BFLOAT16 else 5e-3)
+    assert [s.config.knob(KNOB, 0) for s in plan.steps] == [1]
