@@ -192,10 +192,8 @@ class ConvWgradTemplate(TileTemplate):
         ntaps = self._ntaps(gp)
         if taps < 1 or ntaps % taps:
             divisors = [d for d in range(1, ntaps + 1) if ntaps % d == 0]
-            raise AttributeValueError(
-                f"TAPS={taps} must divide the filter's {ntaps} taps", op=gp.main.label(), rule="triton.conv_wgrad.knob",
-                hint=f"use one of {divisors}",
-            )
+            raise AttributeValueError(f"TAPS={taps} must divide the filter's {ntaps} taps", op=gp.main.label(),
+                                      rule="triton.conv_wgrad.knob", hint=f"use one of {divisors}")
         return taps
 
     def tiling(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Tiling:
