@@ -62,6 +62,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     except ImportError:
         sys.exit(NO_BACKEND)
     from opgraph.core.device import Device
+    from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates import discover
     from opgraph.core.piece import make_piece
@@ -79,7 +80,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         elif callable(knobs):
             knobs = knobs(t.candidates(piece, device))
         for k in knobs:
-            gen = t.generate(piece, k, device)
+            gen = generate(t, piece, dict(k), device)
             loaded = load_module(gen.source, interpret=False)
             for launch in gen.launches:
                 fn = getattr(loaded, launch.kernel)

@@ -47,6 +47,14 @@ def _estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device
     return estimate_us(piece, device, launches=2 if int(knobs.get("SPLIT", 1)) > 1 else 1)
 
 
+def generate(template: Template, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+    """The source and launches of a config: the template's, or with PROLOGUE_PASS=1 the image prologue's
+    pass first (templates/_prologue_pass.py), whatever the template."""
+    if int(knobs.get(prologue_pass.KNOB, 0)):
+        return prologue_pass.generate(template, piece, knobs, device)
+    return template.generate(piece, knobs, device)
+
+
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("torch") is not None
 
@@ -285,8 +293,7 @@ class TritonEngine(Engine):
                 op=piece.nodes[0].label(), rule="triton.template",
                 hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
                      "or from a plan this version built")
-        generated = fp8_fill(prologue_pass.generate(template, piece, knobs, device)
-                             if int(knobs.get(prologue_pass.KNOB, 0)) else template.generate(piece, knobs, device),
+        generated = fp8_fill(generate(template, piece, knobs, device),
                              {u: t.data_type for u, t in piece.graph.tensors.items()})
         generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
         return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)
