@@ -72,9 +72,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--time-limit", type=float, default=float(os.environ.get("OPGRAPH_BENCH_TIME_LIMIT", 540)),
                     help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this host to spread (repeat, group) workers over")
-    ap.add_argument("--warm-workers", type=int, default=1, metavar="K",
-                    help="with --gpus and --warm-first: K workers per GPU in the warm-up pass (nothing there is "
-                         "timed: compiles, CPU-bound, overlap), one per GPU from the first timed repeat on")
     ap.add_argument("--name", default=None, help="suite name in the file names (default: from the selection)")
     ap.add_argument("--resume", default=None, metavar="RAWDIR",
                     help="go on with the run whose raw files are in RAWDIR (a later call on the same machine, caches "
@@ -289,36 +286,20 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
 
     devices = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), args.gpus)
 
-    # each worker slot's next worker waits ready (imports done) while the current job runs: bench/standby.py;
-    # slot s runs on GPU s mod --gpus (several slots per GPU only in a warm-up phase: warm_phases)
-    pool = StandbyPool(here, lambda slot: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run
-                                           else devices[slot % args.gpus]})
+    # each GPU's next worker waits ready (imports done) while the current job runs: bench/standby.py
+    pool = StandbyPool(here, lambda gpu: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]})
 
-    def launch(job: Job, slot: int, left: float) -> subprocess.Popen:
+    def launch(job: Job, gpu: int, left: float) -> subprocess.Popen:
         sub = argparse.Namespace(**{**vars(args), "warm": job.repeat == 0})
-        return pool.launch(worker_argv(sub, job.repeat, job.raw, left, job.ids), slot)
+        return pool.launch(worker_argv(sub, job.repeat, job.raw, left, job.ids), gpu)
 
-    start = time.monotonic()
     try:
-        for phase, slots in warm_phases(jobs, args.gpus, max(1, args.warm_workers)):
-            schedule(phase, slots, args.time_limit - (time.monotonic() - start), launch,
-                     where=lambda s: f"GPU {s % args.gpus}" + (f" (slot {s})" if slots > args.gpus else ""))
+        schedule(jobs, args.gpus, args.time_limit, launch)
     finally:
         pool.close()
     print(f"bench: {pool.handed} of {len(jobs)} job(s) ran in a worker started ahead", flush=True)
     # (every repeat's raw file so far: with --resume, those earlier calls finished too)
     return [j.raw for j in every if j.repeat > 0 and os.path.exists(j.raw)]
-
-
-def warm_phases(jobs: list[Job], gpus: int, per_gpu: int) -> list[tuple[list[Job], int]]:
-    """(jobs, worker slots) to schedule one after the other: with `per_gpu` > 1, first the warm-up pass
-    (repeat 0: set up and checked, nothing timed) on `per_gpu` slots a GPU, so that one job's CPU-bound
-    compiles overlap another's; then the timed repeats, one worker a GPU as ever (no timed job shares its
-    GPU). The suite's cold setups (~5,700 worker-seconds on H100s, mostly torch.compile's) are what a
-    session's device time cannot hold beside three timed repeats, one worker a GPU."""
-    if per_gpu <= 1 or not any(j.repeat == 0 for j in jobs):
-        return [(jobs, gpus)]
-    return [([j for j in jobs if j.repeat == 0], gpus * per_gpu), ([j for j in jobs if j.repeat > 0], gpus)]
 
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:
@@ -367,8 +348,7 @@ def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
 
 
 def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Job, int, float], Any],
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             where: Callable[[int], str] = lambda slot: f"GPU {slot}") -> list[Job]:
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> list[Job]:
     """Run `jobs` on `gpus` GPUs, one at a time each: `launch(job, gpu, seconds left)` starts a worker and
     returns its process (poll(), kill()); `next_job` picks each (by the time left). Jobs not started 30 s
     before `time_limit` are dropped, workers still running 30 s after it are killed (a worker stops starting
@@ -389,7 +369,7 @@ def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Jo
                     running.remove(item)
                     free.append(gpu)
                     ended.append(job)
-                    print(f"bench: {job.group} repeat {job.repeat} on {where(gpu)}: {clock() - t0:.0f} s"
+                    print(f"bench: {job.group} repeat {job.repeat} on GPU {gpu}: {clock() - t0:.0f} s"
                           + (f" (exit status {rc})" if rc else ""), flush=True)
             left = time_limit - (clock() - start)
             if pending and left < 30:

@@ -3,7 +3,7 @@
 # run in $SUITE_DIR (`bench.run --resume` of its raw folder: finished workloads kept, caches still warm),
 # or starts it when there is none (WARM_FIRST=1: a warm-up pass first, `--warm-first`). Call it again, within the machine's idle
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
-#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1 [WARM_WORKERS=2]] [ALLOW_NO_FE=1] scripts/suite_session.sh
+#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] scripts/suite_session.sh
 # (the device call carries [".whl"]: without the cuDNN frontend it stops, unless ALLOW_NO_FE=1)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -33,12 +33,8 @@ resume=()
 # worker-seconds and a timed round ~1,000, so warm-up + 3 repeats is ~32 minutes of the machine, more than a
 # session; repeat 1 with cold caches instead is ~27 (its setup times are the cold ones, reported apart).
 # (with --resume, only the jobs not yet finished run)
-# WARM_WORKERS=K (with WARM_FIRST=1): K workers a GPU in the warm-up pass, whose compiles are CPU-bound and
-# untimed; the timed repeats keep one a GPU. For the whole suite on four GPUs in one session: its cold setups
-# (~5,700 worker-seconds, bench/core/costs.json) plus 3 warm repeats (~2,800) do not fit 1,800 s of four GPUs
-# one worker each (not yet measured with K=2)
 warm=()
-[ "${WARM_FIRST:-0}" = 1 ] && warm=(--warm-first --warm-workers "${WARM_WORKERS:-1}")
+[ "${WARM_FIRST:-0}" = 1 ] && warm=(--warm-first)
 python3 -m bench.run "${args[@]}" "${warm[@]}" "${resume[@]}" 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
 if tail -20 "$DIR/log.txt" | grep -q "^bench: run complete"; then echo "suite complete"; else echo "suite not complete: call again"; fi
 tar czf "$OUT/suite.tgz" -C "$DIR" --exclude='raw-*/*.tmp' . 
