@@ -113,3 +113,34 @@ def test_gpu_the_heuristic_runs_a_3x3_prologue_as_a_pass(dt, rng):
     g = sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)
     plan = assert_engine_close_l2(g, rng, max_rel_l2=2e-2 if dt is DT.BFLOAT16 else 5e-3)
     assert [s.config.knob(KNOB, 0) for s in plan.steps] == [1]
+
+
+def test_a_prologue_reading_a_slice_of_the_piece_stays_fused(rng):
+    """slice(X) -> relu -> conv: the slice is a view the conv reads through; the prologue cannot run apart
+    (its piece would read a value of the conv's), so no pass is offered and the build is as before."""
+    g = og.Graph("sliced", io_data_type=DT.HALF)
+    xd = [2, 16, 5, 5]
+    x = g.tensor(dim=xd, stride=nhwc(xd), name="x")
+    w = g.tensor(dim=[16, 8, 3, 3], stride=nhwc([16, 8, 3, 3]), name="w")
+    half = g.slice(x, [slice(0, 2), slice(0, 8)], name="half")
+    g.conv_fprop(g.relu(half), w, padding=[1, 1]).set_output(True)
+    plan = g.build(device="cpu", engines=["triton"])
+    assert not og.testing.check_plan(plan, rng)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    if TEMPLATE_BY_NAME["conv_fprop"].match(piece, H100).ok:
+        assert not any(c.get(KNOB) for c in TEMPLATE_BY_NAME["conv_fprop"].candidates(piece, H100))
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_scratch_after_an_odd_sized_image_stays_aligned(split, rng):
+    """An fp16 image of 75 elements (150 bytes): the step's scratch is a whole number of 256-byte blocks,
+    so the split-K and genstats partials (float32 views of the scratch) still line up."""
+    g = sbr_conv_genstats(n=1, c=3, k=16, hw=5)
+    plan = _checked(g, rng, SPLIT_K=split)
+    assert plan.steps[0].kernel.generated.scratch_bytes % 256 == 0
+
+
+def test_the_fallback_config_stays_fused():
+    g = sbr_conv_genstats()
+    _, _, configs = candidate_configs(g)
+    assert not configs[-1].knob(KNOB, 0)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ....core.device import Device
+from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.piece import Piece, make_piece
 from ..gemm import TileTemplate
@@ -34,21 +35,26 @@ _POINTWISE = PointwiseTemplate()
 _ALIGN = 256
 _KERNEL = "kernel_prologue_pass"  # (the loader jits the functions named kernel*)
 _PASS_CONFIGS = 3  # the plain conv's best configs offered with the pass
+_IMAGE_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)
 
 
-def _split(piece: Piece, gp: GemmPiece, device: Device) -> tuple[Piece, Piece, int] | None:
+def _split(template: TileTemplate, piece: Piece, gp: GemmPiece,
+           device: Device) -> tuple[Piece, Piece, int] | None:
     """(the prologue's piece, the rest of the piece, the conv input the prologue computes), or None
-    where the image has no prologue the pointwise template can run alone (views, none at all)."""
+    where the image has no prologue the pointwise template and the conv template can run apart: none
+    at all, one that reads a view computed in the piece (a slice of X), an image type other than
+    fp16 / bf16 / fp32 (fp8's padding loads are rewritten for buffers, not scratch)."""
     uid = gp.main.input("image")
     if not isinstance(uid, int):
         return None
     nodes = gp.prologue.get(uid)
-    if not nodes or any(v in gp.views for v in (uid, *(u for n in nodes for u in n.output_uids()))):
+    if not nodes or piece.tensor(uid).data_type not in _IMAGE_TYPES:
         return None
     members = {id(n) for n in nodes}
     pre = make_piece(piece.graph, piece.index, list(nodes))
     rest = make_piece(piece.graph, piece.index, [n for n in piece.nodes if id(n) not in members])
-    if tuple(pre.outputs) != (uid,) or not _POINTWISE.match(pre, device).ok:
+    if (tuple(pre.outputs) != (uid,) or not set(pre.inputs) <= set(piece.inputs)
+            or not _POINTWISE.match(pre, device).ok or template.analyze(rest)[0] is None):
         return None
     return pre, rest, uid
 
@@ -56,15 +62,16 @@ def _split(piece: Piece, gp: GemmPiece, device: Device) -> tuple[Piece, Piece, i
 def candidates(template: TileTemplate, piece: Piece, gp: GemmPiece, configs: list[dict[str, Any]],
                device: Device, taps: int) -> list[dict[str, Any]]:
     """`configs` (the fused kernel's, the heuristic's first) with the pass variants: the plain conv's best
-    configs with PROLOGUE_PASS=1, first on the GPU when the filter has more than one tap, after the
-    fused ones otherwise (the tuner and the tests reach them)."""
-    parts = _split(piece, gp, device)
+    configs with PROLOGUE_PASS=1, first on the GPU when the filter has more than one tap, otherwise
+    before the last fused one (the broadest, FALLBACK's pick, stays last; the tuner and the tests reach
+    them)."""
+    parts = _split(template, piece, gp, device)
     if parts is None:
         return configs
     plain = template.candidates(parts[1], device)
     limit = _PASS_CONFIGS if device.is_cuda else 1
     passes = [{**c, KNOB: 1} for c in plain[:limit]]
-    return passes + configs if device.is_cuda and taps > 1 else configs + passes
+    return passes + configs if device.is_cuda and taps > 1 else configs[:-1] + passes + configs[-1:]
 
 
 def estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
@@ -73,7 +80,7 @@ def estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
     if not isinstance(template, TileTemplate) or template.name not in TEMPLATES:
         return None
     gp, _ = template.analyze(piece)
-    parts = None if gp is None else _split(piece, gp, device)
+    parts = None if gp is None else _split(template, piece, gp, device)
     if parts is None:
         return None
     pre, rest, _ = parts
@@ -92,9 +99,10 @@ def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
                                   f"{template.name}", op=piece.nodes[0].label(), rule="triton.conv.prologue_pass",
                                   hint=f"drop {KNOB} from this config")
     gp = template.analyzed(piece)
-    parts = _split(piece, gp, device)
+    parts = _split(template, piece, gp, device)
     if parts is None:
-        raise AttributeValueError(f"{KNOB}=1 needs a pointwise prologue on the image of {gp.main.label()}",
+        raise AttributeValueError(f"{KNOB}=1 needs a pointwise prologue on the image of {gp.main.label()} that "
+                                  "can run apart (on fp16, bf16 or fp32 values, reading no view of the piece)",
                                   op=gp.main.label(), rule="triton.conv.prologue_pass",
                                   hint=f"drop {KNOB} (this piece's image has no prologue to run apart)")
     pre, rest, uid = parts
@@ -113,4 +121,4 @@ def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
     return Generated(source + "\n" + main.source,
                      tuple(redirect(l, _KERNEL) for l in first.launches)
                      + tuple(redirect(l, l.kernel) for l in main.launches),
-                     offset + desc.nbytes, first.notes | main.notes)
+                     offset + -(-desc.nbytes // _ALIGN) * _ALIGN, first.notes | main.notes)
