@@ -15,12 +15,13 @@ tuner times both kinds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.piece import Piece, make_piece
+from ....memory.workspace import align_up
 from ..gemm import TileTemplate
 from ..gemm.tuning import BANDWIDTH
 from .base import Arg, ArgKind, Generated, Launch, Template
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 KNOB = "PROLOGUE_PASS"
 TEMPLATES = ("conv_fprop", "conv_wgrad")  # the templates whose candidates offer it
 _POINTWISE = PointwiseTemplate()
-_ALIGN = 256
 _KERNEL = "kernel_prologue_pass"  # (the loader jits the functions named kernel*)
 _PASS_CONFIGS = 3  # the plain conv's best configs offered with the pass
 _IMAGE_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)
@@ -59,6 +59,15 @@ def _split(template: TileTemplate, piece: Piece, gp: GemmPiece,
     return pre, rest, uid
 
 
+def _runs_it(template: Template) -> TypeGuard[TileTemplate]:
+    return isinstance(template, TileTemplate) and template.name in TEMPLATES
+
+
+def _plain(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """The conv kernel's own knobs (without the pass's)."""
+    return {k: v for k, v in knobs.items() if k != KNOB}
+
+
 def candidates(template: TileTemplate, piece: Piece, gp: GemmPiece, configs: list[dict[str, Any]],
                device: Device, taps: int) -> list[dict[str, Any]]:
     """`configs` (the fused kernel's, the heuristic's first) with the pass variants: the plain conv's best
@@ -77,14 +86,14 @@ def candidates(template: TileTemplate, piece: Piece, gp: GemmPiece, configs: lis
 def estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
     """The plain kernel's estimate plus the pass: the prologue's inputs read and the conv input written
     once, at the bandwidth the GEMM estimates assume."""
-    if not isinstance(template, TileTemplate) or template.name not in TEMPLATES:
+    if not _runs_it(template):
         return None
     gp, _ = template.analyze(piece)
     parts = None if gp is None else _split(template, piece, gp, device)
     if parts is None:
         return None
     pre, rest, _ = parts
-    plain = template.estimate(rest, {k: v for k, v in knobs.items() if k != KNOB}, device)
+    plain = template.estimate(rest, _plain(knobs), device)
     if plain is None:
         return None
     moved = sum(pre.tensor(u).nbytes for u in (*pre.inputs, *pre.outputs))
@@ -94,7 +103,7 @@ def estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
 def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> Generated:
     """The pointwise pass writing the conv's input into scratch (after the kernel's own scratch), then
     the template's kernel reading it there."""
-    if not isinstance(template, TileTemplate) or template.name not in TEMPLATES:
+    if not _runs_it(template):
         raise AttributeValueError(f"{KNOB} is a knob of the {' and '.join(TEMPLATES)} templates, not of "
                                   f"{template.name}", op=piece.nodes[0].label(), rule="triton.conv.prologue_pass",
                                   hint=f"drop {KNOB} from this config")
@@ -106,10 +115,10 @@ def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
                                   op=gp.main.label(), rule="triton.conv.prologue_pass",
                                   hint=f"drop {KNOB} (this piece's image has no prologue to run apart)")
     pre, rest, uid = parts
-    main = template.generate(rest, {k: v for k, v in knobs.items() if k != KNOB}, device)
+    main = template.generate(rest, _plain(knobs), device)
     first = _POINTWISE.generate(pre, dict(_POINTWISE.candidates(pre, device)[0]), device)
     assert first.scratch_bytes == 0 and all(l.kernel == "kernel" for l in first.launches)
-    offset = -(-main.scratch_bytes // _ALIGN) * _ALIGN
+    offset = align_up(main.scratch_bytes)
     desc = piece.tensor(uid)
     into = Arg(ArgKind.SCRATCH, offset=offset, dtype=str(desc.data_type.to_torch()).replace("torch.", ""))
 
@@ -121,4 +130,4 @@ def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
     return Generated(source + "\n" + main.source,
                      tuple(redirect(l, _KERNEL) for l in first.launches)
                      + tuple(redirect(l, l.kernel) for l in main.launches),
-                     offset + -(-desc.nbytes // _ALIGN) * _ALIGN, first.notes | main.notes)
+                     offset + align_up(desc.nbytes), first.notes | main.notes)
