@@ -8,7 +8,8 @@ in a group (the unit a command runs: `python -m bench.run --suite GROUP`).
         ...
         return Case(outputs=..., reference=..., impls=[...], floor=Floor(...))
 
-Selecting: "all", a group name, a workload id, or a glob over ids ("conv.*.bf16").
+Selecting: "all", a half of the suite by kind ("kernels": kernel and host workloads; "models": whole
+networks and training steps), a group name, a workload id, or a glob over ids ("conv.*.bf16").
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 KINDS = ("kernel", "network", "training", "host")
+# The suite in two halves of about equal machine time, each a table that fits one session's device time
+# on four GPUs at 3 repeats where the whole suite does not (bench/README.md, "Running the suite").
+HALVES = {"kernels": ("kernel", "host"), "models": ("network", "training")}
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,14 @@ class Registry:
 
     def select(self, names: Sequence[str], *, quick: bool = False) -> list[WorkloadSpec]:
         """The workloads named (groups, families of groups: "attention" for "attention-fwd", ...; ids or
-        globs over ids; "all"), in registration order, each once. `quick` keeps those marked for smoke tests."""
+        globs over ids; "all"; a half, HALVES), in registration order, each once. `quick` keeps those marked for smoke tests."""
         groups = self.groups()
         chosen: set[str] = set()
         for name in names or ["all"]:
             if name == "all":
                 hit = list(self._specs)
+            elif name in HALVES:
+                hit = [i for i, s in self._specs.items() if s.kind in HALVES[name]]
             elif name in groups:
                 hit = groups[name]
             elif any(g.startswith(f"{name}-") for g in groups):

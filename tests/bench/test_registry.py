@@ -29,6 +29,23 @@ def test_select_by_group_id_glob_and_all(reg):
     assert [s.id for s in reg.select(["net.big", "conv-fp16", "conv.a.fp16"])] == ["conv.a.fp16", "net.big"]
 
 
+def test_the_two_halves_by_kind_cover_the_suite_once(reg):
+    reg.workload("train.step", group="training-x", title="step", kind="training")(make)
+    reg.workload("host.tiny", group="host", title="tiny", kind="host")(make)
+    assert [s.id for s in reg.select(["kernels"])] == ["conv.a.fp16", "conv.a.bf16", "host.tiny"]
+    assert [s.id for s in reg.select(["models"])] == ["net.big", "train.step"]
+
+
+def test_the_suites_halves_split_every_group_whole():
+    from bench import workloads
+    from bench.core.registry import REGISTRY
+
+    workloads.load()
+    kernels, models = ({s.group for s in REGISTRY.select([h])} for h in ("kernels", "models"))
+    assert kernels and models and not kernels & models
+    assert kernels | models == set(REGISTRY.groups())
+
+
 def test_quick_keeps_the_smoke_test_workloads(reg):
     assert [s.id for s in reg.select(["all"], quick=True)] == ["conv.a.fp16", "conv.a.bf16"]
 
