@@ -3,7 +3,8 @@
 capture(fn, calls)   the suite's CUDA-graph helper: warm-up calls on a side stream, then `calls` calls
                      captured in one torch.cuda.CUDAGraph (peers and opgraph alike)
 device_us            CUDA graph of K calls, replays timed with CUDA events, / K (K so that a replay
-                     lasts ~2 ms); with cold_l2 an L2-sized memset precedes each call in the graph and
+                     lasts ~2 ms), each replay queued behind a spin kernel (HIDE_US): no host time counts
+                     (its graph launch's, ~10 µs and more on a busy host, had counted / K); with cold_l2 an L2-sized memset precedes each call in the graph and
                      a graph of K memsets alone is subtracted
 execute_us           plain calls back to back between two events, at most MAX_CALLS per synchronisation
 latency_us           one plain call on an idle device: wall clock from the call to its completion
@@ -24,6 +25,7 @@ MAX_CALLS = 200  # calls between synchronisations in execute/host timings ("a fe
 GRAPH_TARGET_US = 2000.0  # one replay of the K-call graph lasts about this long
 ROUND_TARGET_US = 3000.0  # one round of back-to-back calls
 MAX_K = 64
+HIDE_US = 1000.0  # spin before a timed graph replay or burst: longer than any host time to enqueue it
 
 
 @dataclass
@@ -82,12 +84,17 @@ def estimate_us(fn: Callable[[], Any], cuda: bool) -> float:
     return max(statistics.median(times), 1.0)
 
 
-def _events_us(fn: Callable[[], Any], rounds: int) -> list[float]:
+def events_us(fn: Callable[[], Any], rounds: int, hide_us: float = 0.0) -> list[float]:
+    """µs of `fn` between two CUDA events, once per round, each round from an idle device. With `hide_us`,
+    a spin kernel of about that many µs (at 2 GHz) is queued before the first event, so everything `fn`
+    launches is enqueued before the device reaches it: no host time counts (a graph launch's included)."""
     torch = _torch()
     out = []
     for _ in range(rounds):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
+        if hide_us > 0:
+            torch.cuda._sleep(int(hide_us * 2000))
         a.record()
         fn()
         b.record()
@@ -123,12 +130,12 @@ def device_us(fn: Callable[[], Any], est: float, budget: Budget, *, cold_l2: boo
 
     cap = capture(body, k, warmup=1)
     cap.graph.replay()
-    per = statistics.median(_events_us(cap.graph.replay, budget.rounds)) / k
+    per = statistics.median(events_us(cap.graph.replay, budget.rounds, HIDE_US)) / k
     how = f"CUDA graph of {k} calls"
     del cap
     if flush is not None:
         fcap = capture(flush.zero_, k, warmup=1)
-        per -= statistics.median(_events_us(fcap.graph.replay, budget.rounds)) / k
+        per -= statistics.median(events_us(fcap.graph.replay, budget.rounds, HIDE_US)) / k
         how += ", L2 flushed before each call (flush time subtracted)"
     return per, how
 
@@ -141,7 +148,7 @@ def back_to_back_us(fn: Callable[[], Any], est: float, budget: Budget, cuda: boo
         for _ in range(n):
             fn()
 
-    rounds = _events_us(calls, budget.rounds) if cuda else _wall_us(calls, budget.rounds, False)
+    rounds = events_us(calls, budget.rounds) if cuda else _wall_us(calls, budget.rounds, False)
     return statistics.median(rounds) / n
 
 
@@ -185,19 +192,11 @@ def kernel_sum_us(fn: Callable[[], Any], calls: int = 5) -> float:
 def burst_us(fn: Callable[[], Any], calls: int = 5, rounds: int = 3) -> float:
     """Quick device µs per call, host hidden: `calls` calls queued behind a spin kernel, between two
     events (for ranking many candidates, e.g. tuning cuDNN's plans)."""
-    torch = _torch()
-    out = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(2_000_000)
-        a.record()
+    def burst() -> None:
         for _ in range(calls):
             fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(out)
+
+    return statistics.median(events_us(burst, rounds, HIDE_US)) / calls
 
 
 def wall_device_us(fn: Callable[[], Any], est: float, budget: Budget) -> tuple[float, str]:

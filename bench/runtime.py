@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .measure import events_us
+
 T_START = time.perf_counter()  # a child's clock starts with this module (after the interpreter's own start)
 
 
@@ -64,21 +66,11 @@ def host_us(fn: Any, rounds: int = 15, burst: int = 20) -> float:
 def device_us(fn: Any, host_estimate_us: float, burst: int = 2, rounds: int = 3) -> float:
     """Device µs per call: `burst` calls enqueued behind a spin kernel long enough to cover their host
     time (twice the estimate, at 2 GHz), timed with CUDA events: no host time counts."""
-    import torch
-
-    cycles = int(max(host_estimate_us * burst, 500.0) * 2000 * 2)
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)
-        start.record()
+    def calls() -> None:
         for _ in range(burst):
             fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / burst)
-    return statistics.median(samples)
+
+    return statistics.median(events_us(calls, rounds, max(host_estimate_us * burst, 500.0) * 2)) / burst
 
 
 def wall_ms(fn: Any, steps: int = 10, rounds: int = 5) -> float:

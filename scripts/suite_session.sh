@@ -5,16 +5,23 @@
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
 #     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] scripts/suite_session.sh
 # or one run for the session, detached from the calls (DETACH=1 TIME_LIMIT=<seconds the machine has left>
-# [POLL=540]): every call after the first only waits for it and reports
+# [POLL=480] [LINES_SHOWN=40]): every call after the first only waits for it and reports; a run that
+# ended is not started again (remove $SUITE_DIR/pid to start another, e.g. with --resume in SUITE)
 # (the device call carries [".whl"]: without the cuDNN frontend it stops, unless ALLOW_NO_FE=1)
 set -u
 OUT=${OUT:-/tmp/out}
 DIR=${SUITE_DIR:-/tmp/suite}
 mkdir -p "$DIR"
+DIR=$(cd "$DIR" && pwd)
 export PYTHONUNBUFFERED=1
+detached=0
+[ "${DETACH:-0}" = 1 ] && [ -e "$DIR/pid" ] && detached=1  # a later call: the run has what it needs
+if [ "${DETACH:-0}" = 1 ] && [ $detached = 0 ] && [ -z "${TIME_LIMIT:-}" ]; then
+  echo "suite_session: DETACH=1 needs TIME_LIMIT, the seconds the machine has left for the run"; exit 2
+fi
 # the cuDNN frontend peer and opgraph's cudnn engine need the wheel the repo carries (.whl/, see the
 # device notes): installed once per machine, before anything is timed
-if ! python3 -c "import cudnn" 2>/dev/null; then
+if [ $detached = 0 ] && ! python3 -c "import cudnn" 2>/dev/null; then
   wheels=(.whl/nvidia_cudnn_frontend*.whl)
   if [ -e "${wheels[0]}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}"
@@ -46,17 +53,31 @@ if [ "${DETACH:-0}" = 1 ]; then
   if [ ! -e "$DIR/pid" ]; then
     mkdir -p "$DIR/repo"
     tar cf - --exclude=./.git . | tar xf - -C "$DIR/repo"
-    (cd "$DIR/repo" && PYTHONPATH="$DIR/repo${PYTHONPATH:+:$PYTHONPATH}" setsid bash -c \
-      'echo $$ > "$0/pid"; exec python3 -m bench.run "${@}"' "$DIR" "${args[@]}" "${warm[@]}" "${resume[@]}" \
-      >>"$DIR/log.txt" 2>&1 </dev/null &)
+    # (every descriptor of the detached run, and of the subshell that execs it, goes to the log: a shell
+    # left holding this script's stdout would keep a caller's `| tail` waiting until the run ends)
+    (cd "$DIR/repo" && PYTHONPATH="$DIR/repo${PYTHONPATH:+:$PYTHONPATH}" exec setsid bash -c \
+      'echo $$ > "$0/pid"; exec python3 -m bench.run "${@}"' "$DIR" "${args[@]}" "${warm[@]}" "${resume[@]}") \
+      >>"$DIR/log.txt" 2>&1 </dev/null &
     sleep 2
   fi
-  end=$((SECONDS + ${POLL:-540}))
-  while kill -0 "$(cat "$DIR/pid")" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 5; done
+  # (POLL: keep the call's whole command, the first call's setup included, well inside its limit)
+  t0=$SECONDS
+  end=$((SECONDS + ${POLL:-480}))
+  running() { kill -0 "$(cat "$DIR/pid")" 2>/dev/null && ! tail -3 "$DIR/log.txt" | grep -q "^bench: run "; }
+  while running && [ $SECONDS -lt $end ]; do sleep 5; done
   grep -E "^bench:|not started" "$DIR/log.txt" | tail -n "${LINES_SHOWN:-40}"
+  echo "suite_session: waited $((SECONDS - t0)) s"
 else
   python3 -m bench.run "${args[@]}" "${warm[@]}" "${resume[@]}" 2>&1 | tee -a "$DIR/log.txt" | grep -E "^bench|^== |not started"
 fi
-if tail -20 "$DIR/log.txt" | grep -q "^bench: run complete"; then echo "suite complete"; else echo "suite not complete: call again"; fi
+last=$(grep -E "^bench: run (complete|incomplete)" "$DIR/log.txt" | tail -1)
+if [[ $last == "bench: run complete"* ]]; then echo "suite complete"
+elif [ "${DETACH:-0}" = 1 ] && ! running; then
+  if [ -n "$last" ]; then
+    echo "suite ended incomplete (its time limit; the lines above say what did not run): the tables so far are in suite.tgz"
+  else
+    echo "suite_session: the run ended without its last line (it failed); the end of its log:"; tail -n 25 "$DIR/log.txt"
+  fi
+else echo "suite not complete: call again"; fi
 tar czf "$OUT/suite.tgz" -C "$DIR" --exclude='raw-*/*.tmp' --exclude=./repo . 
 ls -la "$OUT"

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 KINDS = ("kernel", "network", "training", "host")
-# The suite in two halves of about equal machine time, each a table that fits one session's device time
-# on four GPUs at 3 repeats where the whole suite does not (bench/README.md, "Running the suite").
+# The suite in two halves (~3,400 and ~4,500 worker-seconds at 3 repeats by costs.json), each a table that
+# fits one session's device time on four GPUs where the whole suite (~7,200) does not (bench/README.md).
 HALVES = {"kernels": ("kernel", "host"), "models": ("network", "training")}
 
 
