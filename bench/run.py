@@ -13,7 +13,8 @@ the repeats (median, min-max), and writes <date>-<device>-<suite>.json (every re
     --warm             set up and check every implementation without timing (fills the compile and tuning
                        caches of the machine for a later timed run; nothing written)
     --gpus N           spread the work over N GPUs of one host: each (repeat, group) is a worker process of
-                       its own on one GPU (CUDA_VISIBLE_DEVICES), the cold jobs first (the warm-up pass, or
+                       its own on one GPU (CUDA_VISIBLE_DEVICES) and that GPU's share of the cores
+                       (bench/standby.py core_slots), the cold jobs first (the warm-up pass, or
                        repeat 1 of every group), longest first, then the later repeats group by group, a
                        group's repeats together, longest group first; the host-time group's repeats start
                        once no other group's cold, compiling job runs or waits, never beside each other; a
@@ -43,7 +44,7 @@ from .core import registry
 from .core.aggregate import aggregate
 from .core.records import RunRecord
 from .core.render import render
-from .standby import STANDBY_FLAG, StandbyPool, serve
+from .standby import STANDBY_FLAG, StandbyPool, core_slots, serve
 from .worker import MARGIN_S
 
 START_SHARE = 0.9  # a job needing more than this share of a call fits only in the call's first (1 - share)
@@ -287,7 +288,8 @@ def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], rep
     devices = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), args.gpus)
 
     # each GPU's next worker waits ready (imports done) while the current job runs: bench/standby.py
-    pool = StandbyPool(here, lambda gpu: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]})
+    pool = StandbyPool(here, lambda gpu: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]},
+                       core_slots(args.gpus))
 
     def launch(job: Job, gpu: int, left: float) -> subprocess.Popen:
         sub = argparse.Namespace(**{**vars(args), "warm": job.repeat == 0})
@@ -413,8 +415,11 @@ def finish(args: argparse.Namespace, out: str, rawdir: str, paths: list[str]) ->
         return 0
     runs = merge_repeats([RunRecord.from_json(open(p).read()) for p in paths])
     if args.gpus > 1:
+        slots = core_slots(args.gpus)
         for r in runs:
             r.meta["spread_gpus"] = args.gpus
+            if slots:
+                r.meta["cores_per_worker"] = len(slots[0])
     runs = [r for r in runs if r.workloads]
     if not runs:
         print("bench: no results", file=sys.stderr)

@@ -11,9 +11,10 @@ process-level repeat. It does not touch the GPU before its job (no CUDA context 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 STANDBY_FLAG = "--standby"
@@ -44,19 +45,41 @@ def serve(main: Callable[[list[str]], int]) -> int:
     return main(json.loads(line))
 
 
+def core_slots(gpus: int, cores: Sequence[int] | None = None) -> list[list[int]] | None:
+    """The host's cores (this process's affinity) cut into one equal, disjoint set per GPU slot, or None
+    where a slot would get fewer than 2. A worker pinned to its slot's cores (its compile pools too:
+    Inductor and opgraph size theirs by the affinity) cannot slow another GPU's worker down: host time
+    in the execute, replay and latency rows is then not measured beside another worker's compiles."""
+    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    per = len(cores) // max(gpus, 1)
+    if per < 2:
+        return None
+    return [cores[i * per:(i + 1) * per] for i in range(gpus)]
+
+
 class StandbyPool:
     """One waiting worker per GPU slot. `launch(argv, gpu)` hands `argv` (a `--worker` command line:
     executable, -m, bench.run, args...) to the slot's waiting worker, or starts it fresh when there is
-    none or it died, then starts the slot's next waiting worker; `close()` ends the waiting ones."""
+    none or it died, then starts the slot's next waiting worker; `close()` ends the waiting ones. With
+    `cores`, each slot's workers run on that slot's cores only (`core_slots`)."""
 
-    def __init__(self, cwd: str, env_of: Callable[[int], dict[str, str]]) -> None:
-        self.cwd, self.env_of = cwd, env_of
+    def __init__(self, cwd: str, env_of: Callable[[int], dict[str, str]],
+                 cores: list[list[int]] | None = None) -> None:
+        self.cwd, self.env_of, self.cores = cwd, env_of, cores
         self.ready: dict[int, Any] = {}
         self.handed = 0  # jobs given to a waiting worker (the rest started fresh)
 
+    def _pin(self, gpu: int) -> Callable[[], None] | None:
+        if not self.cores:
+            return None
+        cores = self.cores[gpu]
+        return lambda: os.sched_setaffinity(0, cores)
+
+    def _popen(self, argv: list[str], gpu: int, **kw: Any) -> Any:
+        return subprocess.Popen(argv, cwd=self.cwd, env=self.env_of(gpu), preexec_fn=self._pin(gpu), **kw)
+
     def _spawn(self, gpu: int) -> Any:
-        return subprocess.Popen([sys.executable, "-m", "bench.run", STANDBY_FLAG], cwd=self.cwd,
-                                env=self.env_of(gpu), stdin=subprocess.PIPE, text=True)
+        return self._popen([sys.executable, "-m", "bench.run", STANDBY_FLAG], gpu, stdin=subprocess.PIPE, text=True)
 
     def launch(self, argv: list[str], gpu: int) -> Any:
         proc = self.ready.pop(gpu, None)
@@ -71,7 +94,7 @@ class StandbyPool:
                 proc.kill()
                 proc = None
         if proc is None:
-            proc = subprocess.Popen(argv, cwd=self.cwd, env=self.env_of(gpu))
+            proc = self._popen(argv, gpu)
         self.ready[gpu] = self._spawn(gpu)
         return proc
 

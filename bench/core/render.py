@@ -264,7 +264,9 @@ def header(agg: Aggregate) -> list[str]:
              f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s) (a group says where it has fewer); each cell "
              "the median (min–max)."
              + (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on one "
-                "GPU; the host-time rows never beside a cold (compiling) job or each other." if m.get("spread_gpus") else "")),
+                "GPU" + (f", pinned to {m['cores_per_worker']} cores of its own (its compiles too)"
+                         if m.get("cores_per_worker") else "")
+                + "; the host-time rows never beside a cold (compiling) job or each other." if m.get("spread_gpus") else "")),
              "",
              (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
              f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "

@@ -494,7 +494,7 @@ def test_two_host_time_groups_without_a_warm_up_do_not_wait_for_each_other():
 
 
 class _FakeProc:
-    def __init__(self, argv, cwd=None, env=None, stdin=None, text=None):
+    def __init__(self, argv, cwd=None, env=None, stdin=None, text=None, preexec_fn=None):
         import io
 
         self.argv, self.env, self.killed, self.exit = argv, env, False, None

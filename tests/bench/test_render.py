@@ -36,6 +36,15 @@ def test_header_names_machine_software_and_repeats():
         assert text in md, text
 
 
+def test_header_says_how_a_run_was_spread_and_pinned():
+    runs = [run(r, meta={"spread_gpus": 4, "cores_per_worker": 16}) for r in (1, 2)]
+    md = render(aggregate(runs), "t")
+    assert "Spread over 4 GPUs" in md and "pinned to 16 cores of its own" in md
+    md = render(aggregate([run(r, meta={"spread_gpus": 4}) for r in (1, 2)]), "t")
+    assert "Spread over 4 GPUs" in md and "pinned" not in md
+    assert "Spread over" not in render(aggregate([run(1)]), "t")
+
+
 def test_ratios_stay_within_one_table_and_use_the_best_passing_peer():
     md = render(aggregate([run(1)]), "t")
     dev = table(md, "### CUDA graph: device time")
