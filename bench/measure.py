@@ -4,8 +4,9 @@ capture(fn, calls)   the suite's CUDA-graph helper: warm-up calls on a side stre
                      captured in one torch.cuda.CUDAGraph (peers and opgraph alike)
 device_us            CUDA graph of K calls, replays timed with CUDA events, / K (K so that a replay
                      lasts ~2 ms), each replay queued behind a spin kernel (HIDE_US): no host time counts
-                     (its graph launch's, ~10 µs and more on a busy host, had counted / K); with cold_l2 an L2-sized memset precedes each call in the graph and
-                     a graph of K memsets alone is subtracted
+                     (the graph launch's, ~10 µs and more on a busy host, had counted / K); with cold_l2
+                     an L2-sized memset precedes each call in the graph and a graph of K memsets alone
+                     is subtracted
 execute_us           plain calls back to back between two events, at most MAX_CALLS per synchronisation
 latency_us           one plain call on an idle device: wall clock from the call to its completion
 host_us              host time per call, at most MAX_CALLS calls between synchronisations
