@@ -16,11 +16,15 @@ from .case import Output, Runner
 ZERO_RMS = 1e-12  # a float64 reference with a smaller root-mean-square is zero to its own rounding
 
 
+def _zero(norm: float, numel: int) -> bool:
+    return numel > 0 and norm / numel ** 0.5 <= ZERO_RMS
+
+
 def zero_reference(want: Any) -> bool:
     """The output is zero in exact arithmetic (its float64 reference is rounding noise, e.g. the gradient
     of a batchnorm bias whose output a later training-mode batchnorm re-centres): a relative error would
     divide by noise, so such an output is compared in absolute terms (`relerr`)."""
-    return want.numel() > 0 and float(want.norm()) / want.numel() ** 0.5 <= ZERO_RMS
+    return _zero(float(want.norm()), want.numel())
 
 
 def relerr(got: Any, want: Any) -> float:
@@ -37,9 +41,8 @@ def relerr(got: Any, want: Any) -> float:
     g = g.reshape(want.shape)
     if not torch.isfinite(g).all():
         return float("nan")
-    if zero_reference(want):
-        return float((g - want).norm()) / want.numel() ** 0.5
-    return float((g - want).norm() / want.norm().clamp_min(1e-300))
+    diff, norm = float((g - want).norm()), float(want.norm())
+    return diff / want.numel() ** 0.5 if _zero(norm, want.numel()) else diff / max(norm, 1e-300)
 
 
 def nan_fill(tensors: Sequence[Any]) -> None:

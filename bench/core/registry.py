@@ -77,7 +77,8 @@ class Registry:
 
     def select(self, names: Sequence[str], *, quick: bool = False) -> list[WorkloadSpec]:
         """The workloads named (groups, families of groups: "attention" for "attention-fwd", ...; ids or
-        globs over ids; "all"; a half, HALVES), in registration order, each once. `quick` keeps those marked for smoke tests."""
+        globs over ids; "all"; a half, HALVES), in registration order, each once. `quick` keeps those
+        marked for smoke tests."""
         groups = self.groups()
         chosen: set[str] = set()
         for name in names or ["all"]:

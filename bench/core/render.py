@@ -259,14 +259,16 @@ def header(agg: Aggregate) -> list[str]:
     m = agg.meta
     c = agg.ceilings
     sheet = datasheet(str(m.get("device", ""))) or {}
+    spread = ""
+    if m.get("spread_gpus"):
+        pinned = f", pinned to {m['cores_per_worker']} cores of its own (its compiles too)" \
+            if m.get("cores_per_worker") else ""
+        spread = (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on "
+                  f"one GPU{pinned}; the host-time rows never beside a cold (compiling) job or each other.")
     lines = [(f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
              f"(driver {m.get('driver', '?')}, {m.get('gpu_count', 1)} GPU(s) in the machine; host CPU "
              f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s) (a group says where it has fewer); each cell "
-             "the median (min–max)."
-             + (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on one "
-                "GPU" + (f", pinned to {m['cores_per_worker']} cores of its own (its compiles too)"
-                         if m.get("cores_per_worker") else "")
-                + "; the host-time rows never beside a cold (compiling) job or each other." if m.get("spread_gpus") else "")),
+             "the median (min–max)." + spread),
              "",
              (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
              f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "
