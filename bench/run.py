@@ -117,11 +117,18 @@ def slug(device: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", d).strip("-")[:24] or "device"
 
 
-def suite_name(args: argparse.Namespace) -> str:
+def suite_name(args: argparse.Namespace, limit: int = 60) -> str:
+    """--name, or the selection's names joined by "+": whole names within `limit` characters, then
+    "+N-more" (a name is never cut)."""
     if args.name:
         return args.name
-    names = list(args.suite) + list(args.names) or ["all"]
-    name = "+".join(re.sub(r"[^A-Za-z0-9_.-]+", "_", n) for n in names)[:60]
+    names = [re.sub(r"[^A-Za-z0-9_.-]+", "_", n) for n in list(args.suite) + list(args.names) or ["all"]]
+    kept = names[:1]
+    for n in names[1:]:
+        if len("+".join([*kept, n])) + len(f"+{len(names)}-more") > limit:
+            break
+        kept.append(n)
+    name = "+".join(kept) + (f"+{len(names) - len(kept)}-more" if len(kept) < len(names) else "")
     return name + ("-quick" if args.quick else "") + ("-dry-run" if args.dry_run else "")
 
 

@@ -3,7 +3,8 @@
 # run in $SUITE_DIR (`bench.run --resume` of its raw folder: finished workloads kept, caches still warm),
 # or starts it when there is none (WARM_FIRST=1: a warm-up pass first, `--warm-first`). Call it again, within the machine's idle
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
-#     [GPUS=4] [SUITE="all"] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] scripts/suite_session.sh
+#     [GPUS=4] [SUITE="all"] [NAME=<results name>] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] \
+#     scripts/suite_session.sh
 # or one run for the session, detached from the calls (DETACH=1 TIME_LIMIT=<seconds the machine has left>
 # [POLL=480] [LINES_SHOWN=40]): every call after the first only waits for it and reports; a run that
 # ended is not started again (remove $SUITE_DIR/pid to start another, e.g. with --resume in SUITE)
@@ -35,7 +36,7 @@ if [ $detached = 0 ] && ! python3 -c "import cudnn" 2>/dev/null; then
 fi
 raw=$(ls -d "$DIR"/raw-* 2>/dev/null | tail -1)
 # shellcheck disable=SC2086
-args=(--gpus "${GPUS:-4}" --repeats "${REPEATS:-3}" --time-limit "${TIME_LIMIT:-540}" --out "$DIR" ${SUITE:-all})
+args=(--gpus "${GPUS:-4}" --repeats "${REPEATS:-3}" --time-limit "${TIME_LIMIT:-540}" --out "$DIR" ${NAME:+--name "$NAME"} ${SUITE:-all})
 resume=()
 [ -n "$raw" ] && resume=(--resume "$raw")
 # No separate warm-up pass unless WARM_FIRST=1: on four H200s (2026-11-26) the cold setups took ~4,600

@@ -546,3 +546,16 @@ def test_a_standby_worker_runs_the_job_it_reads_or_exits_on_eof(monkeypatch):
     assert standby.serve(lambda argv: ran.append(argv) or 7) == 7 and ran == [["--worker", "--raw", "r"]]
     monkeypatch.setattr(standby.sys, "stdin", io.StringIO(""))
     assert standby.serve(lambda argv: ran.append(argv) or 7) == 0 and len(ran) == 1
+
+
+def test_a_long_selection_is_named_by_whole_group_names():
+    """The results file's name keeps whole names and counts the rest (suite-e's was cut mid-word:
+    "...+attention-mod+attentio")."""
+    from bench.run import parse, suite_name
+
+    args = parse(["conv", "memory", "host", "matmul", "attention-fwd", "attention-mod", "attention-bwd"])
+    name = suite_name(args)
+    assert name == "conv+memory+host+matmul+attention-fwd+attention-mod+1-more" and len(name) <= 60
+    assert suite_name(parse(["conv", "memory"])) == "conv+memory"
+    assert suite_name(parse(["--name", "suite-e", "conv"])) == "suite-e"
+    assert suite_name(parse(["x" * 70, "y"])) == "x" * 70 + "+1-more"  # a first name alone is kept whole

@@ -86,8 +86,9 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
         load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
         lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else
                  f"{name} = {from_storage(load, desc.data_type, target)}"]
-        if indexer.select is not None:
-            lines.append(f"{name} = tl.where({indexer.selected()}, {name}, 0)")
+        selected = indexer.selected()
+        if selected is not None:
+            lines.append(f"{name} = tl.where({selected}, {name}, 0)")
         return lines
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:

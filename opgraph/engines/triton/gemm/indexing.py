@@ -11,7 +11,9 @@ class TileIndexer:
     """Addresses tensors over a 2-D tile (expr.py's Indexer protocol).
 
     `axes[a]` says what logical axis `a` is in the tile: ("r", expr) a row coordinate (a
-    [rows] vector), ("c", expr) a column coordinate, ("s", expr) a per-program scalar. `rmask` /
+    [rows] vector), ("c", expr) a column coordinate, ("s", expr) a per-program scalar, ("t", expr)
+    a coordinate that depends on both (a [rows, cols] block: the input column of a conv whose K lanes
+    run over filter columns too, conv_fprop's MERGE_TAPS). `rmask` /
     `cmask` bound the rows / columns (None: all in bounds). `flat_rows` = (expr, ((axis, size), ...)):
     the row axes flattened, outermost first; a tensor packed over them is addressed by the flat index
     (cheaper, and contiguity stays visible to the compiler).
@@ -21,18 +23,21 @@ class TileIndexer:
     conv's ragged channel tail goes this way: Triton 3.6 on Hopper computed wrong sums for the ResNet
     stem (3 channels in a BLOCK_K of 16, split-K) with the channel mask in the loads, and with a tail
     clamped by tl.minimum gave sums that changed from run to run (MobileNetV2's 96-channel 1x1 conv,
-    128 x 128 tiles), as reads past the tensor would; wrapped by `%`, both match (tests/engines)."""
+    128 x 128 tiles), as reads past the tensor would; wrapped by `%`, both match (tests/engines).
+    `tmask`: a [rows, cols] mask applied the same way (by a select, never in the loads)."""
 
     def __init__(self, axes: Sequence[tuple[str, str]], rmask: str | None, cmask: str | None,
                  ptr: Callable[[int], str], shape: tuple[str, str],
                  flat_rows: tuple[str, tuple[tuple[int, int], ...]] | None = None,
-                 zero: tuple[str, str] = ("rm", "rn"), select: str | None = None) -> None:
+                 zero: tuple[str, str] = ("rm", "rn"), select: str | None = None,
+                 tmask: str | None = None) -> None:
         self.axes = tuple(axes)
         self.zero = zero  # a row and a column vector of the tile (for full-shape pointer blocks)
         self.rmask = rmask
         self.cmask = cmask
         assert select is None or select in (rmask, cmask)
         self.select = select
+        self.tmask = tmask
         self.ptr = ptr
         self.shape = shape
         self.flat_rows = flat_rows
@@ -57,12 +62,14 @@ class TileIndexer:
             return None
         return expr if step == 1 else f"{expr} * {step}"
 
-    def parts(self, desc: TensorDesc, full: bool = False) -> tuple[list[str], list[str], list[str]]:
-        """Offset terms of `desc` at the tile's coordinates: (row terms, column terms, scalars).
-        Broadcast axes (dim 1) drop out; `full` keeps both tile axes (a store's pointer block)."""
+    def parts(self, desc: TensorDesc, full: bool = False) -> tuple[list[str], list[str], list[str], list[str]]:
+        """Offset terms of `desc` at the tile's coordinates: (row terms, column terms, scalars, [rows,
+        cols] terms). Broadcast axes (dim 1) drop out; `full` keeps both tile axes (a store's pointer
+        block)."""
         rows: list[str] = []
         cols: list[str] = []
         scal: list[str] = []
+        tile: list[str] = []
         flat = self._flat(desc)
         if flat is not None:
             rows.append(flat)
@@ -71,22 +78,22 @@ class TileIndexer:
             if (flat is not None and where == "r") or s == 0 or d == 1:
                 continue
             term = expr if s == 1 else f"{expr} * {s}"
-            {"r": rows, "c": cols, "s": scal}[where].append(term)
+            {"r": rows, "c": cols, "s": scal, "t": tile}[where].append(term)
         if full:  # a tile axis of extent "1" (a weight row of the depthwise kernel) stays broadcast
             if self.shape[0] != "1":
                 rows = rows or [f"{self.zero[0]} * 0"]
             if self.shape[1] != "1":
                 cols = cols or [f"{self.zero[1]} * 0"]
-        return rows, cols, scal
+        return rows, cols, scal, tile
 
     def address(self, desc: TensorDesc, ptr: str, full: bool = False) -> tuple[str, str | None]:
-        rows, cols, scal = self.parts(desc, full)
+        rows, cols, scal, tile = self.parts(desc, full)
         terms = []
         if rows:
             terms.append(f"({' + '.join(rows)})[:, None]")
         if cols:
             terms.append(f"({' + '.join(cols)})[None, :]")
-        terms += scal
+        terms += [f"({t})" for t in tile] + scal
         masks = []
         if rows and self.rmask is not None and self.rmask != self.select:
             masks.append(f"{self.rmask}[:, None]")
@@ -95,10 +102,11 @@ class TileIndexer:
         return f"{ptr} + {' + '.join(terms)}" if terms else ptr, " & ".join(masks) or None
 
     def selected(self) -> str | None:
-        """The `select` mask broadcast over the tile."""
-        if self.select is None:
-            return None
-        return f"{self.select}[:, None]" if self.select == self.rmask else f"{self.select}[None, :]"
+        """The masks that loads leave out (`select`, `tmask`) over the tile; None: none."""
+        masks = [] if self.select is None else \
+            [f"{self.select}[:, None]" if self.select == self.rmask else f"{self.select}[None, :]"]
+        masks += [self.tmask] if self.tmask is not None else []
+        return " & ".join(masks) or None
 
     def mask(self) -> str | None:
         masks = []
@@ -106,6 +114,8 @@ class TileIndexer:
             masks.append(f"{self.rmask}[:, None]")
         if self.cmask is not None:
             masks.append(f"{self.cmask}[None, :]")
+        if self.tmask is not None:
+            masks.append(self.tmask)
         return " & ".join(masks) or None
 
     # -- expr.py's Indexer protocol --
@@ -139,4 +149,6 @@ class TileIndexer:
             return f"({expr})[:, None]"
         if where == "c":
             return f"({expr})[None, :]"
+        if where == "t":
+            return f"({expr})"
         return f"({expr} + tl.zeros((1, 1), tl.int32))"

@@ -11,6 +11,13 @@ contiguous along channels, KRSC the B loads.
 
 A prologue on the image (scale + bias + relu of a preceding batchnorm) runs on the gathered tile,
 and the padded positions are zeroed after it.
+
+MERGE_TAPS=1 (few channels per group: a stem's 3): the K lanes run over the filter's last spatial
+axis and the channels together, (s, c) with c fastest, so that a step covers a whole filter row:
+the 7x7 stem's 49 taps x 3 channels padded to 16 lanes (784 lanes an output row, 147 used) become 7
+rows x 21 channels padded to 32 (224). The image column then depends on the row and the lane (a
+[BLOCK_M, BLOCK_K] index, `TileIndexer`'s "t" axis); with NHWC (and KRSC) the 21 elements a lane row
+reads are contiguous.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 from ....core.config import Support
 from ....core.device import Device
 from ....core.dtypes import DataType
+from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
@@ -47,6 +55,8 @@ from . import _prologue_pass as prologue_pass
 from .base import pow2_at_least, unique
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
+MERGE_BELOW = 8  # channels per group under which MERGE_TAPS configs are candidates
+MERGE = "MERGE_TAPS"
 
 
 class ConvFpropTemplate(TileTemplate):
@@ -82,8 +92,24 @@ class ConvFpropTemplate(TileTemplate):
         return super().check(gp, device)
 
     def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+        """Filter taps x channel blocks; with MERGE_TAPS the other axes' taps x blocks of (s, c) lanes."""
         cg, taps, _ = self._shape(gp)
+        if int(knobs.get(MERGE, 0)):
+            last = gp.operand("weight").dim[-1]
+            return taps // last * -(-(last * cg) // int(knobs["BLOCK_K"]))
         return taps * -(-cg // int(knobs["BLOCK_K"]))
+
+    def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
+        """MERGE_TAPS variants of the first configs, where the channels per group are few and the filter's
+        last spatial axis has more than one tap; they follow the heuristic's first pick (on the CPU, the
+        broadest config stays last). Not first until measured on a GPU."""
+        cg, _, _ = self._shape(gp)
+        last = gp.operand("weight").dim[-1]
+        if cg >= MERGE_BELOW or last == 1 or len(gp.operand("weight").dim) < 3:
+            return configs
+        bk = min(64, pow2_at_least(last * cg, 16))
+        merged = unique([{**c, MERGE: 1, "BLOCK_K": bk} for c in configs[:-1][:2]])
+        return configs[:1] + merged + configs[1:] if device.is_cuda else configs[:-1] + merged + configs[-1:]
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         gp, verdict = self.analyze(piece)
@@ -105,6 +131,7 @@ class ConvFpropTemplate(TileTemplate):
                     and prologue_share(c) <= LEAN_PROLOGUE]
             lean = lean or [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
             configs = lean[:1] + [c for c in configs if c not in lean[:1]]
+        configs = self._merged(gp, configs, device)
         return prologue_pass.candidates(self, piece, gp, finish_candidates(configs, gp, device, extra), device, taps)
 
     def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
@@ -149,39 +176,40 @@ class ConvFpropTemplate(TileTemplate):
         gp = ctx.gp
         op = gp.main.op
         assert isinstance(op, ConvFprop) and ctx.dot is not None
-        x, w = gp.operand("image"), gp.operand("weight")
+        x = gp.operand("image")
         nsp = len(x.dim) - 2
         geo = op.geometry(nsp)
-        taps = w.dim[2:]
-        ydims = gp.space.dims
-        cg, ntaps, groups = self._shape(gp)
-        bk = int(knobs["BLOCK_K"])
-        ncb = -(-cg // bk)
         lines = []
         for i in range(nsp):
             s, p0 = geo.stride[i], geo.pre[i]
             expr = f"y{2 + i}" if s == 1 else f"y{2 + i} * {s}"
             lines.append(f"o{i} = {expr} - {p0}" if p0 else f"o{i} = {expr}")
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
-        body = []
-        if ncb > 1:
-            body += [f"tap = it // {ncb}", f"kc = (it % {ncb}) * BLOCK_K + tl.arange(0, BLOCK_K)"]
-        else:
-            body += ["tap = it", "kc = tl.arange(0, BLOCK_K)"]
-        moving = [(i, r) for i, r in enumerate(taps) if r > 1]
-        body += decompose("tap", moving, "t") if ntaps > 1 else []
-        checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        body += input_taps(geo, taps, ydims, x.dim, op.convolution_mode is ConvolutionMode.CONVOLUTION, checks)
-        amask = None
-        if checks:
-            body.append(f"amask = {' & '.join(checks)}")
-            amask = "amask"
+        flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
+        tiles = self._merged_tiles if int(knobs.get(MERGE, 0)) else self._tap_tiles
+        body, a_idx, b_idx = tiles(ctx, geo, flip, ctx.ptr_of(sig), int(knobs["BLOCK_K"]))
+        body += operand_tile(ctx, sig, "image", a_idx, "a")
+        body += operand_tile(ctx, sig, "weight", b_idx, "b")
+        body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
+        lines.append(f"for it in range({lo}, {hi}):")
+        lines += ["    " + line for line in body]
+        return lines
+
+    def _tap_tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
+                   ) -> tuple[list[str], TileIndexer, TileIndexer]:
+        """One filter tap and BLOCK_K channels a step: the step's lines and the two operands' indexers."""
+        gp = ctx.gp
+        x, w = gp.operand("image"), gp.operand("weight")
+        nsp = len(x.dim) - 2
+        taps = w.dim[2:]
+        ydims = gp.space.dims
+        cg, _, groups = self._shape(gp)
+        body, amask = _step(ctx, geo, flip, taps, -(-cg // bk), "kc")
         kmask, kc = None, "kc"
         if cg % bk:  # channels past the group's end: wrapped in the loads, zeroed by selects
             body += [f"kmask = kc < {cg}", f"kcc = kc % {cg}"]
             kmask, kc = "kmask", "kcc"
         body.append(f"xc = g * {cg} + {kc}" if groups > 1 else f"xc = {kc}")
-        ptr = ctx.ptr_of(sig)
         x_axes = [("r", "y0"), ("c", "xc"), *(("r", f"xi{i}") for i in range(nsp))]
         flat = None
         if all(r == 1 for r in taps) and all(s == 1 for s in geo.stride) and not any(geo.pre) \
@@ -192,12 +220,66 @@ class ConvFpropTemplate(TileTemplate):
         w_axes = [("c", "col"), ("r", kc), *(("s", f"wt{i}") for i in range(nsp))]
         b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"),
                             select=kmask)
-        body += operand_tile(ctx, sig, "image", a_idx, "a")
-        body += operand_tile(ctx, sig, "weight", b_idx, "b")
-        body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
-        lines.append(f"for it in range({lo}, {hi}):")
-        lines += ["    " + line for line in body]
-        return lines
+        return body, a_idx, b_idx
+
+    def _merged_tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
+                      ) -> tuple[list[str], TileIndexer, TileIndexer]:
+        """MERGE_TAPS: the other filter axes' taps one a step, the lanes over (s, c) of the last axis
+        (ls, lc); the image column xs = o + ls * dilation is a [BLOCK_M, BLOCK_K] index. Lanes past
+        S * C and columns outside the image are wrapped into it for the loads and zeroed by selects
+        (`TileIndexer`'s tmask), as the channel tail is in `_tap_tiles`."""
+        gp = ctx.gp
+        x, w = gp.operand("image"), gp.operand("weight")
+        cg, _, groups = self._shape(gp)
+        last = len(x.dim) - 3
+        taps, ydims = w.dim[2:], gp.space.dims
+        span = taps[last] * cg
+        if taps[last] == 1:
+            raise AttributeValueError(f"{MERGE}=1 needs a filter whose last spatial axis has more than one tap "
+                                      f"(filter {list(w.dim)})", op=gp.main.label(), rule="triton.conv.merge_taps",
+                                      hint=f"drop {MERGE} from this config")
+        body, amask = _step(ctx, geo, flip, taps[:last], -(-span // bk), "lane")
+        kmask, lw = None, "lane"
+        if span % bk:
+            body += [f"kmask = lane < {span}", f"lw = lane % {span}"]
+            kmask, lw = "kmask", "lw"
+        body += [f"ls = {lw} // {cg}", f"lc = {lw} % {cg}"]
+        d, width = geo.dilation[last], x.dim[-1]
+        body.append(f"xs = o{last}[:, None] + " + (f"(ls * {d})[None, :]" if d != 1 else "ls[None, :]"))
+        inside = ["(xs >= 0)"] if geo.pre[last] > 0 else []
+        if (ydims[-1] - 1) * geo.stride[last] - geo.pre[last] + (taps[last] - 1) * d > width - 1:
+            inside.append(f"(xs < {width})")
+        xw = "xs"
+        if inside:
+            bias = width * -(-geo.pre[last] // width)  # a multiple of the width that makes xs >= 0
+            body.append(f"xw = (xs + {bias}) % {width}" if bias else f"xw = xs % {width}")
+            xw = "xw"
+        smask = None
+        if kmask or inside:
+            body.append(f"smask = {' & '.join(([f'{kmask}[None, :]'] if kmask else []) + inside)}")
+            smask = "smask"
+        body.append(f"xc = g * {cg} + lc" if groups > 1 else "xc = lc")
+        x_axes = [("r", "y0"), ("c", "xc"), *(("r", f"xi{i}") for i in range(last)), ("t", xw)]
+        a_idx = TileIndexer(x_axes, amask, None, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "lane"), tmask=smask)
+        body.append(f"wsl = {taps[last] - 1} - ls" if flip else "wsl = ls")
+        w_axes = [("c", "col"), ("r", "lc"), *(("s", f"wt{i}") for i in range(last)), ("r", "wsl")]
+        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("lane", "rn"),
+                            select=kmask)
+        return body, a_idx, b_idx
+
+
+def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str) -> tuple[list[str], str | None]:
+    """A main-loop step's lines: its filter tap over `taps` (t{i}) and its K lanes `lane` (`blocks` blocks of
+    BLOCK_K a tap), the taps' input coordinates (xi{i}) and filter taps (wt{i}), and the rows' bounds as
+    `amask` (returned; None where every row is in bounds)."""
+    body = [f"tap = it // {blocks}", f"{lane} = (it % {blocks}) * BLOCK_K + tl.arange(0, BLOCK_K)"] if blocks > 1 \
+        else ["tap = it", f"{lane} = tl.arange(0, BLOCK_K)"]
+    body += decompose("tap", [(i, r) for i, r in enumerate(taps) if r > 1], "t") if math.prod(taps) > 1 else []
+    checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
+    body += input_taps(geo, taps, ctx.gp.space.dims, ctx.gp.operand("image").dim, flip, checks)
+    if not checks:
+        return body, None
+    return body + [f"amask = {' & '.join(checks)}"], "amask"
 
 
 def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> float:
@@ -235,7 +317,7 @@ def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> float:
     split, stages = int(knobs.get("SPLIT_K", 1)), int(knobs.get("num_stages", 3))
     warps = int(knobs.get("num_warps", 4))
     sms = max(device.sm_count, 1)
-    per = -(-(taps * -(-cg // bk)) // split)
+    per = -(-TEMPLATE.iterations(gp, knobs) // split)
     programs = -(-m // bm) * -(-n // bn) * groups * split
     smem = (stages if per > 1 else 1) * (bm + bn) * bk * 2
     regs = bm * bn // (32 * warps) + 64

@@ -1,0 +1,190 @@
+"""conv_fprop's MERGE_TAPS configs (the K lanes over a filter row's taps and the channels together, for
+convs of few channels per group: a stem) against the reference engine: geometries, layouts, split-K,
+prologues and epilogues, types; which pieces get the configs; the stem's kernels compiled for Hopper.
+Under the interpreter on the CPU with tiny shapes; marked gpu, on CUDA at the benchmark's stem size."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+from opgraph.build.planner import Step
+from opgraph.core.config import EngineConfig
+from opgraph.core.device import Device
+from opgraph.core.piece import make_piece
+from opgraph.engines import get_engine
+from opgraph.engines.triton.templates.conv_fprop import MERGE, TEMPLATE
+from opgraph.runtime.plan import ExecutionPlan
+
+from ..helpers import layout_stride, plan_with, requires_cuda
+from .hopper_compile import compile_for_hopper
+from .test_triton_conv import conv_graph
+
+pytestmark = pytest.mark.interpreter
+DT = og.DataType
+H100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+
+CASES = {  # x dims, w dims, conv attributes
+    "stem_stride2": ((2, 3, 11, 12), (16, 3, 7, 7), dict(padding=[3, 3], stride=[2, 2])),
+    "dilated_flipped_asymmetric": ((1, 2, 9, 10), (8, 2, 3, 5), dict(pre_padding=[1, 0], post_padding=[0, 3],
+                                                                     dilation=[1, 2], convolution_mode="convolution")),
+    "1d": ((2, 3, 13), (8, 3, 5), dict(padding=[2])),
+    "3d": ((1, 2, 4, 5, 6), (8, 2, 3, 2, 3), dict(padding=[1, 1, 1], stride=[1, 2, 1])),
+    "groups": ((2, 6, 7, 7), (16, 3, 3, 3), dict(padding=[1, 1])),
+    "lanes_over_one_block": ((1, 5, 6, 18), (8, 5, 1, 15), dict(padding=[0, 2])),  # 75 lanes: 2 blocks of 64
+    "one_channel_no_padding": ((2, 1, 6, 9), (8, 1, 2, 4), dict(padding=[0, 0])),
+    "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding wider than the image
+}
+
+
+def _graph(case, layout="nhwc", dt=DT.HALF, prologue=False, epilogue=False):
+    xd, wd, attrs = CASES[case]
+    g = og.Graph(case, io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="x")
+    w = g.tensor(dim=list(wd), stride=layout_stride(wd, layout), name="w")
+    y = g.conv_fprop(g.relu(g.add(x, 0.5)) if prologue else x, w, name="conv", **attrs)
+    if epilogue:
+        k = [1, wd[0]] + [1] * (len(xd) - 2)
+        y = g.relu(g.bias(y, g.tensor(dim=k, stride=layout_stride(k, layout), name="b")))
+    y.set_output(True)
+    return g
+
+
+def _lanes(case):
+    _, wd, _ = CASES[case]
+    return wd[-1] * wd[1]
+
+
+def _check(plan, rng, **tolerance):
+    assert "lane = " in plan.source(0), "not the MERGE_TAPS main loop"
+    bad = og.testing.check_plan(plan, rng, **tolerance)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_geometry(case, layout, rng):
+    bk = 64 if _lanes(case) > 32 else 16
+    _check(plan_with(_graph(case, layout), {"template": "conv_fprop", MERGE: 1, "BLOCK_K": bk, "SPLIT_K": 1, "BLOCK_M": 32, "BLOCK_N": 16}), rng)
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_k(split, rng):
+    """SPLIT_K over the filter rows (its slice index `ks` is not the lanes' names)."""
+    _check(plan_with(_graph("stem_stride2"), {MERGE: 1, "BLOCK_K": 32, "SPLIT_K": split}), rng)
+
+
+@pytest.mark.parametrize("case", ["stem_stride2", "groups", "narrow_image"])
+def test_prologue_and_epilogue(case, rng):
+    """relu(x + 0.5) on the gathered tile is zeroed where the lanes fall outside the image or past S * C."""
+    plan = plan_with(_graph(case, prologue=True, epilogue=True), {MERGE: 1, "BLOCK_K": 32, "SPLIT_K": 1})
+    _check(plan, rng)
+
+
+@pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.FLOAT], ids=lambda d: d.name)
+def test_dtypes(dt, rng):
+    _check(plan_with(_graph("stem_stride2", dt=dt, epilogue=True), {MERGE: 1, "BLOCK_K": 32, "SPLIT_K": 1}), rng)
+
+
+def test_exact_on_small_integers(rng):
+    """Every lane's product lands once: exact sums on small integers."""
+    plan = plan_with(_graph("stem_stride2", epilogue=True), {MERGE: 1, "BLOCK_K": 32, "SPLIT_K": 2})
+    _check(plan, rng, integers=True, low=-2, high=2, rtol=0, atol=0)
+
+
+def test_needs_a_filter_row_of_several_taps():
+    xd, wd = (2, 3, 6, 6), (8, 3, 3, 1)
+    g = og.Graph("one_tap_rows", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=list(xd), stride=layout_stride(xd, "nhwc"), name="x")
+    w = g.tensor(dim=list(wd), stride=layout_stride(wd, "nhwc"), name="w")
+    g.conv_fprop(x, w, padding=[1, 0]).set_output(True)
+    with pytest.raises(og.AttributeValueError, match="MERGE_TAPS=1 needs a filter whose last spatial axis"):
+        plan_with(g, {MERGE: 1, "BLOCK_K": 16, "SPLIT_K": 1})
+
+
+def _candidates(xd, wd, device, **attrs):
+    g, _, _, y = conv_graph(xd, wd, **attrs)
+    y.set_output(True)
+    return TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), device)
+
+
+def test_candidates_for_few_channels_only():
+    """Offered where C / groups < 8 and the filter row has several taps; never the heuristic's first pick
+    (not measured first), on the CPU before the broadest config."""
+    stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
+    merged = [c for c in stem if c.get(MERGE)]
+    assert merged and not stem[0].get(MERGE) and all(c["BLOCK_K"] == 32 for c in merged)
+    assert not any(c.get(MERGE) for c in _candidates((8, 16, 14, 14), (32, 16, 3, 3), H100, padding=[1, 1]))
+    assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 1), H100, padding=[1, 0]))
+    cpu = _candidates((2, 3, 11, 12), (16, 3, 7, 7), og.core.device.CPU, padding=[3, 3], stride=[2, 2])
+    assert cpu[-2].get(MERGE) and not cpu[-1].get(MERGE) and not cpu[0].get(MERGE)
+
+
+def test_iterations_per_filter_row():
+    g, _, _, y = conv_graph((2, 3, 11, 12), (16, 3, 7, 7), padding=[3, 3], stride=[2, 2])
+    y.set_output(True)
+    gp = TEMPLATE.analyzed(make_piece(g.final, 0, g.final.nodes))
+    assert TEMPLATE.iterations(gp, {"BLOCK_K": 16}) == 49
+    assert TEMPLATE.iterations(gp, {"BLOCK_K": 32, MERGE: 1}) == 7
+    assert TEMPLATE.iterations(gp, {"BLOCK_K": 16, MERGE: 1}) == 14
+
+
+# -- Hopper: the stem's merged kernels compiled (no GPU needed) --------------------------------------------------
+
+
+def _stem(dt):
+    def build():
+        g, _, _, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), dt=dt, padding=[3, 3], stride=[2, 2])
+        g.relu(g.bias(y, g.tensor(dim=[1, 64, 1, 1], name="b"))).set_output(True)
+        return g
+    return build
+
+
+def _merged_and_first(candidates):
+    return [candidates[0], *[c for c in candidates if c.get(MERGE)]]
+
+
+HOPPER_CASES = {  # (graph, template, candidates compiled)
+    "stem_fp16": (_stem(DT.HALF), "conv_fprop", _merged_and_first),
+    "stem_bf16": (_stem(DT.BFLOAT16), "conv_fprop", _merged_and_first),
+}
+
+
+def test_stem_kernels_compile_for_hopper_without_spills():
+    """The stem's first candidate and its MERGE_TAPS ones compiled for sm_90: no spills, shared memory
+    within an SM's, and the merged main loop loading fewer elements one at a time than the per-tap one
+    (21 of 32 lanes used against 3 of 16)."""
+    import re
+
+    out = compile_for_hopper(__name__, gpu=H100.name, timeout=900)
+    lines = [line for line in out.splitlines() if line.startswith("compiled")]
+    assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
+    for line in lines:
+        regs, spills, smem = map(int, re.search(r"regs (\d+) spills (\d+) smem (\d+)", line).groups())
+        assert spills == 0 and smem <= 227 * 1024 and regs <= 255, line
+    assert sum(MERGE in line for line in lines) >= 2, out
+
+
+# -- GPU --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+def test_gpu_stem_merged(dt, rng):
+    """The benchmark's stem (7x7/2, C3 -> K64, 224², N32, bias + relu) with each MERGE_TAPS candidate
+    compiled for this GPU, against the reference engine."""
+    from opgraph.core.device import resolve_device
+
+    g = _stem(dt)()
+    cpu = g.build(device="cpu", engines=["triton"])
+    (step,) = cpu.steps
+    dev = resolve_device("cuda")
+    merged = [c for c in TEMPLATE.candidates(step.piece, dev) if c.get(MERGE)]
+    assert merged
+    for knobs in merged:
+        config = EngineConfig("triton", (("template", TEMPLATE.name), *sorted(knobs.items())))
+        kernel = get_engine("triton").compile(step.piece, config, dev)
+        plan = ExecutionPlan(cpu.graph, dev, (Step(0, step.piece, config, kernel),), cpu.cuts)
+        bad = og.testing.check_plan(plan, rng, rtol=2e-2, atol=2e-2)
+        assert not bad, f"{knobs}: " + "\n".join(map(str, bad))
