@@ -77,6 +77,12 @@ def steps_note(plan: Any, pack: Mapping[Any, Any], slowest: int = 4) -> str:
             + "; slowest: " + ", ".join(top))
 
 
+def step_profile(ctx: Ctx, plan: Any, pack: Mapping[Any, Any]) -> Callable[[], str] | None:
+    """A Runner's `after` for a plan of many steps on the GPU (a network, a training step): its
+    steps_note, taken once every check and time of the row is done."""
+    return (lambda: steps_note(plan, pack)) if ctx.cuda and len(plan.steps) > 2 else None
+
+
 def diagnose(title: str, plan: Any, pack: Mapping[Any, Any]) -> None:
     """--describe: the plan's configs (and tuned alternatives' times); --steps: device and host time per
     step and per engine/template (plan.profile_steps), the slowest steps with their ops."""
@@ -145,9 +151,8 @@ def graph_impls(ctx: Ctx, make: Callable[[], tuple[Any, Mapping[Any, Any], Seque
             diagnose(f"{g.name} [{'generated' if engines else 'opgraph'}{' tuned' if tuned else ''}]", plan, pack)
             if tuned:
                 note = "; ".join(x for x in (note, tuning_note(plan)) if x)
-            profile = (lambda: steps_note(plan, pack)) if ctx.cuda and len(plan.steps) > 2 else None
             return Runner(call=lambda: plan.execute(pack), outputs=bufs, engine=engines_of(plan), notes=note,
-                          keep=plan, after=profile)
+                          keep=plan, after=step_profile(ctx, plan, pack))
 
         out.append(Impl(name, setup, role="ours", tuned=tuned))
     return out

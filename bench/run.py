@@ -123,8 +123,8 @@ def suite_name(args: argparse.Namespace, limit: int = 60) -> str:
     if args.name:
         return args.name
     names = [re.sub(r"[^A-Za-z0-9_.-]+", "_", n) for n in list(args.suite) + list(args.names) or ["all"]]
-    kept = names[:1]
-    for n in names[1:]:
+    kept = names if len("+".join(names)) <= limit else names[:1]
+    for n in names[len(kept):]:
         if len("+".join([*kept, n])) + len(f"+{len(names)}-more") > limit:
             break
         kept.append(n)

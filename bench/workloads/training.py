@@ -28,7 +28,7 @@ from typing import Any
 from ..case import Case, Ctx, Impl, Output, Runner
 from ..core.floors import Floor, roofline_layers
 from ..core.registry import workload
-from ..ours import VARIANTS, diagnose, engines_of
+from ..ours import VARIANTS, diagnose, engines_of, step_profile
 from ..ours import build as og_build
 from ..peers.torch_peers import INDUCTOR_ENGINE
 from .networks import build, layer_records
@@ -110,7 +110,7 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
 
             st.velocity, st.loss, st.poison = (lambda: velocity), (lambda: loss), loss
             return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
-                          keep=(plan, cs, m, st))
+                          keep=(plan, cs, m, st), after=step_profile(ctx, plan, pack))
         return Impl(name, setup, role="ours", tuned=tuned)
 
     impls = [ours(n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks and not float32)]

@@ -25,7 +25,7 @@ from typing import Any
 from ..case import Case, Ctx, Impl, Output, Runner
 from ..core.floors import Floor
 from ..core.registry import workload
-from ..ours import VARIANTS, diagnose, engines_of
+from ..ours import VARIANTS, diagnose, engines_of, step_profile
 from ..ours import build as og_build
 from ..peers.torch_peers import INDUCTOR_ENGINE
 
@@ -128,7 +128,7 @@ def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: li
         st.loss = lambda: loss
         diagnose(f"GPT-2 training step [{name}]", plan, pack)
         return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
-                      keep=(plan, ts, imported, m, st))
+                      keep=(plan, ts, imported, m, st), after=step_profile(ctx, plan, pack))
     return Impl(name, setup, role="ours", tuned=tuned)
 
 

@@ -557,5 +557,7 @@ def test_a_long_selection_is_named_by_whole_group_names():
     name = suite_name(args)
     assert name == "conv+memory+host+matmul+attention-fwd+attention-mod+1-more" and len(name) <= 60
     assert suite_name(parse(["conv", "memory"])) == "conv+memory"
+    fits = ["a" * 29, "b" * 30]  # 60 characters joined: whole, no "+N-more"
+    assert suite_name(parse(fits)) == "+".join(fits)
     assert suite_name(parse(["--name", "suite-e", "conv"])) == "suite-e"
     assert suite_name(parse(["x" * 70, "y"])) == "x" * 70 + "+1-more"  # a first name alone is kept whole

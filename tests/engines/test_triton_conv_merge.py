@@ -34,6 +34,7 @@ CASES = {  # x dims, w dims, conv attributes
     "lanes_over_one_block": ((1, 5, 6, 18), (8, 5, 1, 15), dict(padding=[0, 2])),  # 75 lanes: 2 blocks of 64
     "one_channel_no_padding": ((2, 1, 6, 9), (8, 1, 2, 4), dict(padding=[0, 0])),
     "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding wider than the image
+    "no_selects": ((2, 2, 10, 8), (8, 2, 3, 8), dict(padding=[0, 0])),  # 16 lanes, M = 16: nothing to mask
 }
 
 
@@ -66,6 +67,23 @@ def _check(plan, rng, **tolerance):
 def test_geometry(case, layout, rng):
     bk = 64 if _lanes(case) > 32 else 16
     _check(plan_with(_graph(case, layout), {"template": "conv_fprop", MERGE: 1, "BLOCK_K": bk, "SPLIT_K": 1, "BLOCK_M": 32, "BLOCK_N": 16}), rng)
+
+
+def test_no_masks_where_every_lane_and_row_is_in_bounds(rng):
+    plan = plan_with(_graph("no_selects"), {"template": "conv_fprop", MERGE: 1, "BLOCK_K": 16, "SPLIT_K": 1,
+                                            "BLOCK_M": 16, "BLOCK_N": 16})
+    loop = plan.source(0)[plan.source(0).index("for it in"):]
+    assert "smask" not in loop and "amask" not in loop and "tl.where" not in loop.split("acc = ")[0]
+    _check(plan, rng)
+
+
+def test_int8(rng):
+    """8-bit operands (int32 sums, exact) with the lanes padded to 32, tl.dot's least K for 8 bits."""
+    g, _, _, y = conv_graph((2, 3, 9, 9), (16, 3, 3, 3), dt=DT.INT8, padding=[1, 1])
+    y.set_output(True).set_data_type(DT.INT32)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    assert all(c["BLOCK_K"] >= 32 for c in TEMPLATE.candidates(piece, H100) if c.get(MERGE))
+    _check(plan_with(g, {MERGE: 1, "BLOCK_K": 32, "SPLIT_K": 1}), rng, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("split", [2, 3])
@@ -113,20 +131,30 @@ def test_candidates_for_few_channels_only():
     (not measured first), on the CPU before the broadest config."""
     stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
     merged = [c for c in stem if c.get(MERGE)]
-    assert merged and not stem[0].get(MERGE) and all(c["BLOCK_K"] == 32 for c in merged)
-    assert not any(c.get(MERGE) for c in _candidates((8, 16, 14, 14), (32, 16, 3, 3), H100, padding=[1, 1]))
+    assert merged and stem.index(merged[0]) == 3 and all(c["BLOCK_K"] == 32 for c in merged)
+    assert all(TEMPLATE.iterations(_stem_gp(), c) // c["SPLIT_K"] >= 2 for c in merged)
+    assert not any(c.get(MERGE) for c in _candidates((8, 8, 14, 14), (32, 8, 3, 3), H100, padding=[1, 1]))
     assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 1), H100, padding=[1, 0]))
     cpu = _candidates((2, 3, 11, 12), (16, 3, 7, 7), og.core.device.CPU, padding=[3, 3], stride=[2, 2])
     assert cpu[-2].get(MERGE) and not cpu[-1].get(MERGE) and not cpu[0].get(MERGE)
 
 
-def test_iterations_per_filter_row():
-    g, _, _, y = conv_graph((2, 3, 11, 12), (16, 3, 7, 7), padding=[3, 3], stride=[2, 2])
+def _stem_gp(dt=DT.HALF):
+    g, _, _, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), dt=dt, padding=[3, 3], stride=[2, 2])
     y.set_output(True)
-    gp = TEMPLATE.analyzed(make_piece(g.final, 0, g.final.nodes))
+    return TEMPLATE.analyzed(make_piece(g.final, 0, g.final.nodes))
+
+
+def test_iterations_and_estimates_per_filter_row():
+    gp = _stem_gp()
     assert TEMPLATE.iterations(gp, {"BLOCK_K": 16}) == 49
     assert TEMPLATE.iterations(gp, {"BLOCK_K": 32, MERGE: 1}) == 7
     assert TEMPLATE.iterations(gp, {"BLOCK_K": 16, MERGE: 1}) == 14
+    # both cost models count the merged trip count (fp16: conv_cost; fp32: the generic GEMM estimate)
+    for dt in (DT.HALF, DT.FLOAT):
+        piece = _stem_gp(dt).piece
+        knobs = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+        assert TEMPLATE.estimate(piece, {**knobs, MERGE: 1}, H100) < 0.5 * TEMPLATE.estimate(piece, knobs, H100)
 
 
 # -- Hopper: the stem's merged kernels compiled (no GPU needed) --------------------------------------------------
@@ -152,17 +180,22 @@ HOPPER_CASES = {  # (graph, template, candidates compiled)
 
 def test_stem_kernels_compile_for_hopper_without_spills():
     """The stem's first candidate and its MERGE_TAPS ones compiled for sm_90: no spills, shared memory
-    within an SM's, and the merged main loop loading fewer elements one at a time than the per-tap one
-    (21 of 32 lanes used against 3 of 16)."""
+    within an SM's, and the merged main loop issuing fewer one-element loads an output tile than the
+    per-tap one (7 steps of 32 lanes, 21 used, against 49 of 16, 3 used): less than half."""
     import re
 
     out = compile_for_hopper(__name__, gpu=H100.name, timeout=900)
     lines = [line for line in out.splitlines() if line.startswith("compiled")]
     assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
+    loads = {}  # (case, merged): one-element global loads in the kernel, and trip count an output tile
     for line in lines:
-        regs, spills, smem = map(int, re.search(r"regs (\d+) spills (\d+) smem (\d+)", line).groups())
+        regs, spills, smem, ld1 = map(int, re.search(r"regs (\d+) spills (\d+) smem (\d+) .*ld\.1 (\d+)",
+                                                     line).groups())
         assert spills == 0 and smem <= 227 * 1024 and regs <= 255, line
+        loads.setdefault((line.split()[1], MERGE in line), ld1 * (7 if MERGE in line else 49))
     assert sum(MERGE in line for line in lines) >= 2, out
+    for case in HOPPER_CASES:
+        assert loads[(case, True)] < loads[(case, False)] / 2, loads
 
 
 # -- GPU --------------------------------------------------------------------------------------------------------

@@ -136,6 +136,7 @@ class TileIndexer:
         return f"tl.load({address}, mask={mask}, other=0)"
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        assert self.tmask is None and self.select is None, "a store's addresses are never wrapped"
         address, mask = self.address(desc, ptr, full=True)
         if mask is None:
             return f"tl.store({address}, {value})"

@@ -100,16 +100,23 @@ class ConvFpropTemplate(TileTemplate):
         return taps * -(-cg // int(knobs["BLOCK_K"]))
 
     def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
-        """MERGE_TAPS variants of the first configs, where the channels per group are few and the filter's
-        last spatial axis has more than one tap; they follow the heuristic's first pick (on the CPU, the
-        broadest config stays last). Not first until measured on a GPU."""
+        """MERGE_TAPS variants of the first two configs, where the channels per group are few and the
+        filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes, at least 32 for
+        8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count). Not first until
+        measured on a GPU: on the GPU after the first three (the prologue pass takes its plain configs
+        from those), on the CPU before the broadest config, which stays last."""
         cg, _, _ = self._shape(gp)
         last = gp.operand("weight").dim[-1]
-        if cg >= MERGE_BELOW or last == 1 or len(gp.operand("weight").dim) < 3:
+        if cg >= MERGE_BELOW or last == 1:
             return configs
-        bk = min(64, pow2_at_least(last * cg, 16))
-        merged = unique([{**c, MERGE: 1, "BLOCK_K": bk} for c in configs[:-1][:2]])
-        return configs[:1] + merged + configs[1:] if device.is_cuda else configs[:-1] + merged + configs[-1:]
+        least = 32 if operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type) == 1 else 16
+        merged = []
+        for c in configs[:-1][:2]:
+            knobs = {**c, MERGE: 1, "BLOCK_K": min(64, pow2_at_least(last * cg, least))}
+            knobs["SPLIT_K"] = max(1, min(int(c.get("SPLIT_K", 1)), self.iterations(gp, knobs) // 3))
+            merged.append(knobs)
+        merged = unique(merged)
+        return configs[:3] + merged + configs[3:] if device.is_cuda else configs[:-1] + merged + configs[-1:]
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         gp, verdict = self.analyze(piece)
@@ -169,8 +176,9 @@ class ConvFpropTemplate(TileTemplate):
         elem = operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type)
         if elem == 2:
             return conv_cost(gp, knobs, device)
+        step = cg * gp.operand("weight").dim[-1] if int(knobs.get(MERGE, 0)) else cg  # K a tap (a filter row)
         return estimate_us(gp.space.m, gp.space.n, cg * taps, knobs, nprog=groups, device=device,
-                           elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes())
+                           elem_bytes=elem, k_step=step, moved_bytes=gp.moved_bytes())
 
     def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
         gp = ctx.gp
