@@ -35,6 +35,7 @@ CASES = {  # x dims, w dims, conv attributes
     "one_channel_no_padding": ((2, 1, 6, 9), (8, 1, 2, 4), dict(padding=[0, 0])),
     "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding wider than the image
     "no_selects": ((2, 2, 10, 8), (8, 2, 3, 8), dict(padding=[0, 0])),  # 16 lanes, M = 16: nothing to mask
+    "padding_beyond_width": ((1, 2, 5, 2), (8, 2, 3, 7), dict(padding=[1, 3])),  # columns from -3: wrapped by 4
 }
 
 

@@ -3,14 +3,14 @@ generated kernels under Triton's interpreter and by the torch engine, compared w
 engine (oracle.py), with poisoned outputs, guard bytes, untouched inputs, repeated executes and plan
 files intact and damaged (runner.py).
 
-Two shards (xdist runs them side by side) share the time budget; each runs its fixed seeds, then
-seeds derived from today's date, until it has run its share of OPGRAPH_FUZZ_MAX graphs (800) or spent
-its share of the budget, in CPU time (a loaded machine stretches the wall time, not the work), and
-must have run its share of at least OPGRAPH_FUZZ_MIN graphs (500). A failure is shrunk to a minimal case, written as JSON (to
-$OPGRAPH_FUZZ_OUT or the temporary directory) and printed with the command that replays it; copy
-the file to tests/fuzz/regressions/ once fixed. Knobs: OPGRAPH_FUZZ_SECONDS (the whole test's
-CPU budget, default 84 s), OPGRAPH_FUZZ_MIN, OPGRAPH_FUZZ_MAX, OPGRAPH_FUZZ_DATE (YYYYMMDD: replay a
-day's seeds).
+Two shards (xdist runs them side by side; `make test` runs them after the rest, alone) share the time
+budget; each runs its fixed seeds, then seeds derived from today's date, until it has run its share of
+OPGRAPH_FUZZ_MAX graphs (800) or spent its share of the budget, in CPU time (a loaded machine stretches
+the wall time, not the work), and must have run its share of at least OPGRAPH_FUZZ_MIN graphs (500). A
+failure is shrunk to a minimal case, written as JSON (to $OPGRAPH_FUZZ_OUT or the temporary directory)
+and printed with the command that replays it; copy the file to tests/fuzz/regressions/ once fixed.
+Knobs: OPGRAPH_FUZZ_SECONDS (the whole test's CPU budget, default 84 s), OPGRAPH_FUZZ_MIN,
+OPGRAPH_FUZZ_MAX, OPGRAPH_FUZZ_DATE (YYYYMMDD: replay a day's seeds).
 """
 
 from __future__ import annotations
