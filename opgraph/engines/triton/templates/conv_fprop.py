@@ -100,22 +100,26 @@ class ConvFpropTemplate(TileTemplate):
         return taps * -(-cg // int(knobs["BLOCK_K"]))
 
     def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
-        """MERGE_TAPS variants of the first two configs, where the channels per group are few and the
-        filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes, at least 32 for
-        8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count). Not first until
-        measured on a GPU: on the GPU after the first three (the prologue pass takes its plain configs
-        from those), on the CPU before the broadest config, which stays last."""
+        """MERGE_TAPS variants of the first configs of three distinct tiles, where the channels per group
+        are few and the filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes,
+        at least 32 for 8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count).
+        Not first until measured on a GPU: on the GPU after the first three (the prologue pass takes its
+        plain configs from those), on the CPU before the broadest config, which stays last."""
         cg, _, _ = self._shape(gp)
         last = gp.operand("weight").dim[-1]
         if cg >= MERGE_BELOW or last == 1:
             return configs
         least = 32 if operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type) == 1 else 16
-        merged = []
-        for c in configs[:-1][:2]:
+        merged: list[dict[str, Any]] = []
+        for c in configs[:-1]:
+            if len(merged) == 3:
+                break
+            if any((m["BLOCK_M"], m["BLOCK_N"], m["num_warps"]) == (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"])
+                   for m in merged):
+                continue  # distinct tiles: the merged loop's registers differ by tile, not by stages
             knobs = {**c, MERGE: 1, "BLOCK_K": min(64, pow2_at_least(last * cg, least))}
             knobs["SPLIT_K"] = max(1, min(int(c.get("SPLIT_K", 1)), self.iterations(gp, knobs) // 3))
             merged.append(knobs)
-        merged = unique(merged)
         return configs[:3] + merged + configs[3:] if device.is_cuda else configs[:-1] + merged + configs[-1:]
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
