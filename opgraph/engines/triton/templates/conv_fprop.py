@@ -91,13 +91,17 @@ class ConvFpropTemplate(TileTemplate):
                 "on such narrow groups", gp.main)
         return super().check(gp, device)
 
+    @staticmethod
+    def _step_k(gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+        """The K a main-loop tap covers: C / groups, or with MERGE_TAPS a filter row's S x C / groups."""
+        cg = gp.operand("weight").dim[1]
+        return cg * gp.operand("weight").dim[-1] if int(knobs.get(MERGE, 0)) else cg
+
     def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
         """Filter taps x channel blocks; with MERGE_TAPS the other axes' taps x blocks of (s, c) lanes."""
         cg, taps, _ = self._shape(gp)
-        if int(knobs.get(MERGE, 0)):
-            last = gp.operand("weight").dim[-1]
-            return taps // last * -(-(last * cg) // int(knobs["BLOCK_K"]))
-        return taps * -(-cg // int(knobs["BLOCK_K"]))
+        step = self._step_k(gp, knobs)
+        return taps * cg // step * -(-step // int(knobs["BLOCK_K"]))
 
     def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
         """MERGE_TAPS variants of the first configs of three distinct tiles, where the channels per group
@@ -180,9 +184,8 @@ class ConvFpropTemplate(TileTemplate):
         elem = operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type)
         if elem == 2:
             return conv_cost(gp, knobs, device)
-        step = cg * gp.operand("weight").dim[-1] if int(knobs.get(MERGE, 0)) else cg  # K a tap (a filter row)
         return estimate_us(gp.space.m, gp.space.n, cg * taps, knobs, nprog=groups, device=device,
-                           elem_bytes=elem, k_step=step, moved_bytes=gp.moved_bytes())
+                           elem_bytes=elem, k_step=self._step_k(gp, knobs), moved_bytes=gp.moved_bytes())
 
     def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
         gp = ctx.gp
