@@ -17,8 +17,12 @@ def test_three_times_the_best_peer():
 
 def test_unit_roundoff_floor_when_peers_are_exact():
     t = tol.output_tolerance({"torch eager": 0.0}, "float16")
-    assert t.value == 2.0**-11 and "unit roundoff" in t.basis
-    assert tol.output_tolerance({"torch eager": 1e-9}, "float32").value == 2.0**-24
+    assert t.value == 3 * 2.0**-11 and t.basis == "3 x unit roundoff (float16)"
+    # a peer whose scalar rounded the right way (error below one unit roundoff) sets no tighter bar
+    assert tol.output_tolerance({"torch eager": 1e-9}, "float32").value == 3 * 2.0**-24
+    # one float32 ulp off a correctly rounded peer passes; two units of fp16 rounding past it fail
+    assert 6.4e-8 <= tol.output_tolerance({"torch eager": 3e-9}, "float32").value
+    assert 2.0**-9 > tol.output_tolerance({"torch eager": 0.0}, "float16").value
 
 
 def test_fallback_when_no_peer_computes_the_output():
@@ -27,9 +31,9 @@ def test_fallback_when_no_peer_computes_the_output():
 
 
 def test_only_peers_set_the_tolerance():
-    errors = {"opgraph": {"y": 1e-6}, "torch eager": {"y": 2e-4}}
+    errors = {"opgraph": {"y": 1e-6}, "torch eager": {"y": 8e-4}}
     tols = tol.tolerances(errors, {"torch eager"}, {"y": "float16"})
-    assert tols["y"].value == pytest.approx(6e-4)
+    assert tols["y"].value == pytest.approx(2.4e-3)
 
 
 def test_judge_reports_the_worst_output():
