@@ -547,9 +547,11 @@ class CudnnEngine(Engine):
           batchnorm): with those on cuDNN, the heuristic plans of ResNet-50 b64 / b256 and MobileNetV2 b64
           (scale + shift + activation after every conv) took 1.04 / 1.15 / 1.29x the generated-only
           plans' time (H100: 3,076 vs 2,962, 11,325 vs 9,830, 1,363 vs 1,059 µs);
-        - an ungrouped bf16 forward conv of fewer than FEW_CHANNELS input channels (a stem): cuDNN's bf16
-          plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32, H100: 272 vs 85 µs; the generated
-          kernel 206, 186 tuned).
+        - an ungrouped forward conv of fewer than FEW_CHANNELS input channels (a stem), in bf16 or with a
+          filter row of several taps: cuDNN's bf16 plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32,
+          H100: 272 vs 85 µs), and the generated kernel's MERGE_TAPS configs (K lanes over a filter row's
+          taps and channels, first among its configs on a stem) 76-78 µs in fp16 and bf16 alike (H100,
+          2026-11-26, CUDA-graph device time: generated 76.5 / 76.3 µs, cuDNN FE 84.0 / 269.4).
         A grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3
         g32 C256, N32, H200: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group)
         before the RANK_FIRST_US test. Generated kernels stay first for matmul and depthwise."""
@@ -567,8 +569,9 @@ class CudnnEngine(Engine):
                     return _worth_a_launch(piece, device, NARROW_GROUP / per_group)
                 if node.kind == "conv_fprop" and _runtime_fused_epilogue(piece, node):
                     return False
-                if node.kind == "conv_fprop" and per_group < FEW_CHANNELS and image.data_type is DataType.BFLOAT16:
-                    return False
+                if node.kind == "conv_fprop" and per_group < FEW_CHANNELS and (
+                        image.data_type is DataType.BFLOAT16 or weight.dim[-1] > 1):
+                    return False  # a stem: see above (bf16; a filter row of several taps: MERGE_TAPS)
                 return _worth_a_launch(piece, device)
         return False
 

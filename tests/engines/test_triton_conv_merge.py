@@ -121,18 +121,23 @@ def test_needs_a_filter_row_of_several_taps():
         plan_with(g, {MERGE: 1, "BLOCK_K": 16, "SPLIT_K": 1})
 
 
-def _candidates(xd, wd, device, **attrs):
-    g, _, _, y = conv_graph(xd, wd, **attrs)
+def _candidates(xd, wd, device, dt=DT.HALF, **attrs):
+    g, _, _, y = conv_graph(xd, wd, dt=dt, **attrs)
     y.set_output(True)
     return TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), device)
 
 
 def test_candidates_for_few_channels_only():
-    """Offered where C / groups < 8 and the filter row has several taps; never the heuristic's first pick
-    (not measured first), on the CPU before the broadest config."""
+    """Offered where C / groups < 8 and the filter row has several taps: first on the GPU for 16-bit
+    operands, best estimate first (measured first on an H100's stem), after the first three for float32;
+    on the CPU before the broadest config."""
     stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
     merged = [c for c in stem if c.get(MERGE)]
-    assert merged and stem.index(merged[0]) == 3 and all(c["BLOCK_K"] == 32 for c in merged)
+    assert merged == stem[:len(merged)] and all(c["BLOCK_K"] == 32 for c in merged)
+    cost = [TEMPLATE.estimate(_stem_gp().piece, c, H100) for c in merged]
+    assert cost == sorted(cost) and cost[0] < 0.5 * TEMPLATE.estimate(_stem_gp().piece, stem[len(merged)], H100)
+    wide = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2], dt=DT.FLOAT)
+    assert not any(c.get(MERGE) for c in wide[:3]) and any(c.get(MERGE) for c in wide)
     assert all(TEMPLATE.iterations(_stem_gp(), c) // c["SPLIT_K"] >= 2 for c in merged)
     assert not any(c.get(MERGE) for c in _candidates((8, 8, 14, 14), (32, 8, 3, 3), H100, padding=[1, 1]))
     assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 1), H100, padding=[1, 0]))
@@ -170,7 +175,8 @@ def _stem(dt):
 
 
 def _merged_and_first(candidates):
-    return [candidates[0], *[c for c in candidates if c.get(MERGE)]]
+    """The MERGE_TAPS candidates and the first per-tap one (the first pick before MERGE_TAPS)."""
+    return [next(c for c in candidates if not c.get(MERGE)), *[c for c in candidates if c.get(MERGE)]]
 
 
 HOPPER_CASES = {  # (graph, template, candidates compiled)
@@ -180,7 +186,7 @@ HOPPER_CASES = {  # (graph, template, candidates compiled)
 
 
 def test_stem_kernels_compile_for_hopper_without_spills():
-    """The stem's first candidate and its MERGE_TAPS ones compiled for sm_90: no spills, shared memory
+    """The stem's first per-tap candidate and its MERGE_TAPS ones compiled for sm_90: no spills, shared memory
     within an SM's, and the merged main loop issuing fewer one-element loads an output tile than the
     per-tap one (7 steps of 32 lanes, 21 used, against 49 of 16, 3 used): less than half."""
     import re
