@@ -3,7 +3,7 @@
 # run in $SUITE_DIR (`bench.run --resume` of its raw folder: finished workloads kept, caches still warm),
 # or starts it when there is none (WARM_FIRST=1: a warm-up pass first, `--warm-first`). Call it again, within the machine's idle
 # window, until it prints "suite complete"; every call leaves the tables so far in $OUT.
-#     [GPUS=4] [SUITE="all"] [NAME=<results name>] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] \
+#     [GPUS=4] [SUITE="all"] [NAME=<results name, after the date and device>] [REPEATS=3] [SUITE_DIR=/tmp/suite] [WARM_FIRST=1] [ALLOW_NO_FE=1] \
 #     scripts/suite_session.sh
 # or one run for the session, detached from the calls (DETACH=1 TIME_LIMIT=<seconds the machine has left>
 # [POLL=480] [LINES_SHOWN=40]): every call after the first only waits for it and reports; a run that

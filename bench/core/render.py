@@ -224,8 +224,8 @@ def check_table(ws: Sequence[AggWorkload]) -> list[str]:
         names += [i.impl for i in w.impls if i.role == "peer" and i.impl not in names]
     lines = ["### Correctness (every output, execute and CUDA-graph modes, worst repeat)", "",
              ("Cell: worst output's error / its tolerance (✓ within, ✗ outside, with the output). Tolerance per "
-             "output: 3 x the best peer's relative L2 error against float64, at least the type's unit "
-             "roundoff; an output that is zero in exact arithmetic (float64 reference below 1e-12 RMS) by its "
+             "output: 3 x the larger of the best peer's relative L2 error against float64 and the type's unit "
+             "roundoff (the most a correctly rounded result is off); an output that is zero in exact arithmetic (float64 reference below 1e-12 RMS) by its "
              "absolute RMS error, the same rule (\"absolute\" in its basis)."), "",
              "| workload | outputs: tolerance (basis) | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
     for w in ws:

@@ -42,7 +42,8 @@ def _scatter(contrib, dims, out, window, stride, pre, post):
     return dxp[crop]
 
 
-def _geometry(window: str, stride: str, pre_padding: str, post_padding: str, nsp: int):
+def geometry(window: str, stride: str, pre_padding: str, post_padding: str, nsp: int):
+    """(window, stride, pre, post) per spatial axis from the ops' text parameters (one value: every axis)."""
     def full(v):
         v = ints(v)
         return v * nsp if len(v) == 1 else v
@@ -52,7 +53,7 @@ def _geometry(window: str, stride: str, pre_padding: str, post_padding: str, nsp
 
 def _avg_backward_ref(dy, *, in_dim, mode, window, stride, pre_padding, post_padding):
     dims = ints(in_dim)
-    w, s, pre, post = _geometry(window, stride, pre_padding, post_padding, len(dims) - 2)
+    w, s, pre, post = geometry(window, stride, pre_padding, post_padding, len(dims) - 2)
     if mode == ResampleMode.AVG_INCLUDE_PADDING.value:
         g = dy / math.prod(w)
     else:
@@ -64,7 +65,7 @@ def _avg_backward_ref(dy, *, in_dim, mode, window, stride, pre_padding, post_pad
 
 
 def _max_backward_ref(dy, x, *, window, stride, pre_padding, post_padding):
-    w, s, pre, post = _geometry(window, stride, pre_padding, post_padding, x.ndim - 2)
+    w, s, pre, post = geometry(window, stride, pre_padding, post_padding, x.ndim - 2)
     nsp = len(w)
     xp = np.pad(x, [(0, 0), (0, 0), *zip(pre, post)], constant_values=-np.inf)
     v = np.lib.stride_tricks.sliding_window_view(xp, w, axis=tuple(range(2, 2 + nsp)))
@@ -92,7 +93,7 @@ def _torch_pool(x, mode: str, w, s, pre, post):
 def _torch_backward(x, dy, mode, params):
     import torch
 
-    w, s, pre, post = _geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"],
+    w, s, pre, post = geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"],
                                 x.dim() - 2)
     with torch.enable_grad():
         xr = x.detach().requires_grad_(True)
@@ -111,7 +112,7 @@ def _max_backward_torch(dy, x, **params):
     import torch
 
     nsp = x.dim() - 2
-    w, s, pre, post = _geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
+    w, s, pre, post = geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
     if nsp in (2, 3) and pre == post and all(2 * p <= k for p, k in zip(pre, w)):
         # PyTorch's own pooling kernels, padding implicit: no padded copy of x and no autograd graph (the
         # autograd route below took 1.5 ms of host and device time for ResNet's stem pool at batch 64)

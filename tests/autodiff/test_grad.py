@@ -647,7 +647,7 @@ def test_max_pool_backward_torch_implementation_matches_the_reference(name, layo
     """The custom op's PyTorch implementation (aten's pooling kernels where the padding is symmetric,
     autograd otherwise) against its NumPy reference, ties included."""
     from opgraph.ops.builtin_custom import as_text
-    from opgraph.ops.pooling_backward import _geometry, _max_backward_ref, _max_backward_torch
+    from opgraph.ops.pooling_backward import _max_backward_ref, _max_backward_torch, geometry
 
     cfg = POOLS.get(name, dict(mode="max", window=[3, 3, 3], stride=[2, 2, 2], padding=1))
     nsp = len(cfg["window"])
@@ -658,7 +658,7 @@ def test_max_pool_backward_torch_implementation_matches_the_reference(name, layo
     params = {"window": as_text(cfg["window"]), "stride": as_text(cfg["stride"]), "pre_padding": as_text(pre),
               "post_padding": as_text(post)}
     x = np.round(rng.uniform(-2, 2, size=[2, 3, *([7, 6, 5][:nsp])]) * 2) / 2  # ties
-    w, s, _, _ = _geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
+    w, s, _, _ = geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
     out = [(d + a + b - k) // st + 1 for d, a, b, k, st in zip(x.shape[2:], pre, post, w, s)]
     dy = rng.uniform(-1, 1, size=[2, 3, *out])
     xt = torch.from_numpy(x)

@@ -35,7 +35,8 @@ def compile_for_hopper(module: str, *, gpu: str = "H100", timeout: float = 600) 
 
 SIG = {"FLOAT": "fp32", "DOUBLE": "fp64", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "UINT8": "u8",
        "INT32": "i32", "INT64": "i64", "BOOLEAN": "i1"}
-SCRATCH_SIG = {"float32": "fp32", "float64": "fp64", "int32": "i32", "float16": "fp16", "bfloat16": "bf16"}
+SCRATCH_SIG = {"float32": "fp32", "float64": "fp64", "int32": "i32", "float16": "fp16", "bfloat16": "bf16", "int8": "i8",
+               "int16": "i16"}
 
 
 def compile_cases(module: str, gpu: str = "H100") -> None:

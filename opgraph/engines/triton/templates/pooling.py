@@ -16,6 +16,7 @@ counted as -inf).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,7 +219,7 @@ class PoolingTemplate(Template):
         x_uid = p.node.inputs[0]
         assert isinstance(x_uid, int)
         xv = pro.operand(x_uid)
-        tap_lines = self._tap_coords(p, yflat) + pro.lines
+        tap_lines = tap_coords(p.geo.window, p.geo.stride, p.geo.pre_padding, p.x.dim, p.y.dim, yflat.coord) + pro.lines
         is_max = p.op.mode is ResampleMode.MAX
         if is_max:
             init = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)"]
@@ -266,34 +267,30 @@ class PoolingTemplate(Template):
         launch = Launch("kernel", (-(-ny // block),), tuple(args), (("num_warps", int(knobs.get("num_warps", 4))),))
         return Generated(source, (launch,))
 
-    @staticmethod
-    def _tap_coords(p: PoolPiece, yflat: FlatAxes) -> list[str]:
-        """Per tap `t`: the window offset per axis, the input coordinate `i{d}` and the mask `ok`."""
-        geo, x, y = p.geo, p.x, p.y
-        nsp = len(geo.window)
-        lines, checks = [], ["mask"]
-        inner = 1
-        inners = []
-        for d in reversed(range(nsp)):
-            inners.append(inner)
-            inner *= geo.window[d]
-        inners.reverse()
-        for d in range(nsp):
-            w, s, pre = geo.window[d], geo.stride[d], geo.pre_padding[d]
-            k = "t" if inners[d] == 1 else f"(t // {inners[d]})"
-            if inners[d] * w != inner:
-                k = f"{k} % {w}"
-            lines.append(f"k{d} = {k}")
-            size = y.dim[2 + d]
-            o = yflat.coord(2 + d) if size > 1 else "tl.zeros_like(lin)"
-            shift = f"(k{d} - {pre})" if pre else f"k{d}"
-            lines.append(f"i{d} = {o} * {s} + {shift}" if s != 1 else f"i{d} = {o} + {shift}")
-            if pre > 0:
-                checks.append(f"(i{d} >= 0)")
-            if (size - 1) * s - pre + w - 1 >= x.dim[2 + d]:
-                checks.append(f"(i{d} < {x.dim[2 + d]})")
-        lines.append(f"ok = {' & '.join(checks)}")
-        return lines
+
+def tap_coords(window: Sequence[int], stride: Sequence[int], pre: Sequence[int], x_dims: Sequence[int],
+               y_dims: Sequence[int], coord: Callable[[int], str], mask: str = "mask") -> list[str]:
+    """Per window tap `t` (row-major over the window): the offset `k{d}` per spatial axis, the input
+    coordinate `i{d}` of output coordinate coord(2 + d), and `ok`: `mask` and the tap inside the input."""
+    nsp = len(window)
+    lines, checks = [], [mask]
+    inners = [math.prod(window[d + 1:]) for d in range(nsp)]
+    for d in range(nsp):
+        w, s, p = window[d], stride[d], pre[d]
+        k = "t" if inners[d] == 1 else f"(t // {inners[d]})"
+        if inners[d] * w != math.prod(window):
+            k = f"{k} % {w}"
+        lines.append(f"k{d} = {k}")
+        size = y_dims[2 + d]
+        o = coord(2 + d) if size > 1 else "tl.zeros_like(lin)"
+        shift = f"(k{d} - {p})" if p else f"k{d}"
+        lines.append(f"i{d} = {o} * {s} + {shift}" if s != 1 else f"i{d} = {o} + {shift}")
+        if p > 0:
+            checks.append(f"(i{d} >= 0)")
+        if (size - 1) * s - p + w - 1 >= x_dims[2 + d]:
+            checks.append(f"(i{d} < {x_dims[2 + d]})")
+    lines.append(f"ok = {' & '.join(checks)}")
+    return lines
 
 
 TEMPLATE = PoolingTemplate()

@@ -1,0 +1,220 @@
+"""Pooling's backward: the custom ops `resample_max_backward` and `resample_avg_backward` of
+ops/pooling_backward.py (what autodiff emits for `resample`) as generated kernels. Gathers, not
+scatters: every dx element is written once by one program, with no atomics, so the result does not
+depend on scheduling.
+
+    avg   one kernel over dx:  dx[i] = sum over the windows o that hold i of dy[o] / count(o)
+    max   two kernels. The first walks dy's windows and writes each window's first-maximum tap (as
+          the forward pooling template picks it: window order, padding -inf, the first NaN wins) to
+          scratch, one byte a window for windows of up to 127 taps. The second walks dx: dx[i] = the
+          sum of dy[o] over the windows o that hold i and whose tap is i's place in o.
+
+Per spatial axis d an input coordinate i lies in at most ceil(window / stride) windows: o = (i + pre)
+// stride - j for j = 0, 1, ..., valid where 0 <= o < out and the tap k = i + pre - o * stride is
+inside the window (k >= 0 by construction). ResNet's stem pool (3x3/2, padding 1) has 2 per axis, 4
+windows a dx element. Both kernels walk their tensor in its memory order (channels fastest in NHWC:
+coalesced, vectorised loads and stores).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ....core.config import Support
+from ....core.device import Device
+from ....core.dtypes import DataType
+from ....core.ir import Node
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc, stride_order
+from ....ops.custom import Custom
+from ....ops.pooling import ResampleMode
+from ....ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD, geometry
+from ..casts import from_storage, to_storage
+from ..expr import compute_type, piece_types
+from .base import (
+    Arg,
+    ArgKind,
+    Generated,
+    Launch,
+    Template,
+    external_params,
+    indent,
+    module_source,
+    pow2_at_least,
+    program_id,
+    unique,
+)
+from .pooling import UNROLL_TAPS, tap_coords
+from .reduction import INT32_LIMIT, FlatAxes
+
+FLOATS = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT, DataType.DOUBLE)
+
+
+@dataclass(frozen=True)
+class PoolGrad:
+    node: Node
+    is_max: bool
+    dy: TensorDesc
+    x: TensorDesc | None  # max: the forward's input
+    dx: TensorDesc
+    window: tuple[int, ...]
+    stride: tuple[int, ...]
+    pre: tuple[int, ...]
+    exclude_padding: bool  # avg: count(o) is the window's taps inside the input, not prod(window)
+
+
+def analyze(piece: Piece) -> PoolGrad | Support:
+    if len(piece.nodes) != 1 or not isinstance(piece.nodes[0].op, Custom):
+        return Support.no("the pooling backward template runs one resample backward custom op alone")
+    node = piece.nodes[0]
+    op = node.op
+    assert isinstance(op, Custom)
+    if op.op_name not in (MAX_BACKWARD, AVG_BACKWARD):
+        return Support.no(f"custom op '{op.op_name}' is not a pooling backward", node)
+    params = dict(op.params)
+    dy = piece.tensor(node.input_uids()[0])
+    dx = piece.tensor(node.output_uids()[0])
+    x = piece.tensor(node.input_uids()[1]) if op.op_name == MAX_BACKWARD else None
+    for t in (dy, dx) if x is None else (dy, x, dx):
+        if t.data_type not in FLOATS:
+            return Support.no(f"{t.label()} is {t.data_type.value}; the pooling backward kernels take "
+                              f"{', '.join(f.value for f in FLOATS)}", node)
+    w, s, pre, _ = geometry(str(params["window"]), str(params["stride"]), str(params["pre_padding"]),
+                            str(params["post_padding"]), len(dx.dim) - 2)
+    if min(pre, default=0) < 0:
+        return Support.no("negative padding (a cropping window) is not generated", node)
+    exclude = params.get("mode") == ResampleMode.AVG_EXCLUDE_PADDING.value
+    return PoolGrad(node, x is not None, dy, x, dx, tuple(w), tuple(s), tuple(pre), exclude)
+
+
+def _flat(desc: TensorDesc) -> FlatAxes:
+    """A flat index `lin` over `desc`'s axes in its memory order (size-1 axes left out)."""
+    return FlatAxes("lin", [a for a in stride_order(desc.stride) if desc.dim[a] > 1], desc.dim, "c")
+
+
+def tap_type(taps: int) -> str:
+    return "int8" if taps <= 127 else "int16" if taps <= 32767 else "int32"
+
+
+class PoolBackwardTemplate(Template):
+    name = "pool_backward"
+    priority = 20
+    main_kinds = ("custom",)
+
+    def match(self, piece: Piece, device: Device) -> Support:
+        got = analyze(piece)
+        return got if isinstance(got, Support) else Support.yes()
+
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        p = analyze(piece)
+        assert isinstance(p, PoolGrad)
+        top = pow2_at_least(p.dx.numel, 16)
+        return unique([{"BLOCK": min(b, top), "num_warps": max(1, min(w, min(b, top) // 128))}
+                       for b, w in ((1024, 4), (512, 4), (2048, 8), (256, 2))])
+
+    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+        p = analyze(piece)
+        assert isinstance(p, PoolGrad)
+        block = int(knobs["BLOCK"])
+        if block < 1 or block & (block - 1):
+            raise ValueError(f"BLOCK={block} must be a power of 2")
+        big = any(t.numel > INT32_LIMIT or 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)) > INT32_LIMIT
+                  for t in (p.dy, p.dx, *(() if p.x is None else (p.x,))))
+        compute = compute_type(piece_types(piece))
+        warps = (("num_warps", int(knobs.get("num_warps", 4))),)
+        params, args = external_params(piece, [*piece.inputs, *piece.outputs])
+        kernels, launches = [], []
+        taps = math.prod(p.window)
+        if p.is_max:
+            scratch = Arg(ArgKind.SCRATCH, offset=0, dtype=tap_type(taps))
+            kernels.append(self._argmax(p, block, big, compute, ["taps", *params]))
+            launches.append(Launch("argmax", (-(-p.dy.numel // block),), (scratch, *args), warps))
+            params, args = ["taps", *params], [scratch, *args]
+        kernels.append(self._gather(p, block, big, compute, params))
+        launches.append(Launch("gather", (-(-p.dx.numel // block),), tuple(args), warps))
+        scratch_bytes = p.dy.numel * {"int8": 1, "int16": 2, "int32": 4}[tap_type(taps)] if p.is_max else 0
+        return Generated(module_source(*kernels), tuple(launches), scratch_bytes)
+
+    @staticmethod
+    def _argmax(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
+        """Each dy window's first-maximum tap, in dy's memory order, into `taps`."""
+        assert p.x is not None
+        yflat = _flat(p.dy)
+        coords = tap_coords(p.window, p.stride, p.pre, p.x.dim, p.dy.dim, yflat.coord)
+        terms = [f"{yflat.coord(a)} * {p.x.stride[a]}" for a in (0, 1) if p.dy.dim[a] > 1]
+        terms += [f"i{d} * {p.x.stride[2 + d]}" for d in range(len(p.window)) if p.x.dim[2 + d] > 1]
+        x_ptr = f"p{p.x.uid} + " + (" + ".join(terms) or "0")
+        taps = math.prod(p.window)
+        loop = f"for t in tl.static_range({taps}):" if taps <= UNROLL_TAPS else f"for t in range({taps}):"
+        body = [f"v = {from_storage(f'tl.load({x_ptr}, mask=ok, other=0)', p.x.data_type, compute)}",
+                "v = tl.where(ok, v, float('-inf'))",
+                "upd = (v > best) | ((v != v) & (best == best))",
+                "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
+        lines = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {p.dy.numel}",
+                 f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
+                 loop, *indent([*coords, *body]).split("\n"),
+                 f"tl.store(taps + lin, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
+        return f"@triton.jit\ndef argmax({', '.join(params)}):\n{indent(_settle(lines, yflat))}\n"
+
+    @staticmethod
+    def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
+        """dx over its memory order: the sum over the windows holding each element."""
+        xflat = _flat(p.dx)
+        nsp = len(p.window)
+        per_axis = [-(-w // s) for w, s in zip(p.window, p.stride)]
+        combos = math.prod(per_axis)
+        inner = [math.prod(per_axis[d + 1:]) for d in range(nsp)]
+        dy_terms = [f"{xflat.coord(a)} * {p.dy.stride[a]}" for a in (0, 1) if p.dx.dim[a] > 1 and p.dy.dim[a] > 1]
+        # the window's place in dy's memory order (the argmax kernel's `lin`), for the taps
+        yorder = [a for a in stride_order(p.dy.stride) if p.dy.dim[a] > 1]
+        ystep = {a: math.prod(p.dy.dim[b] for b in yorder[yorder.index(a) + 1:]) for a in yorder}
+        lin_terms = [f"{xflat.coord(a)} * {ystep[a]}" for a in (0, 1) if a in ystep]
+        body, valid = [], ["mask"]
+        for d in range(nsp):
+            w, s, pre, out = p.window[d], p.stride[d], p.pre[d], p.dy.dim[2 + d]
+            i = xflat.coord(2 + d) if p.dx.dim[2 + d] > 1 else "tl.zeros_like(lin)"
+            j = "j" if inner[d] == 1 else f"(j // {inner[d]})"
+            if inner[d] * per_axis[d] != combos:
+                j = f"{j} % {per_axis[d]}"
+            h = f"({i} + {pre})" if pre else i
+            body += [f"o{d} = {h} // {s} - {j}" if s != 1 else f"o{d} = {h} - {j}", f"k{d} = {h} - o{d} * {s}"]
+            valid += [f"(o{d} >= 0)", f"(o{d} < {out})"] + ([f"(k{d} < {w})"] if per_axis[d] * s > w else [])
+            if out > 1:
+                dy_terms.append(f"o{d} * {p.dy.stride[2 + d]}")
+                lin_terms.append(f"o{d} * {ystep[2 + d]}")
+        body.append(f"hit = {' & '.join(valid)}")
+        dy_ptr = f"p{p.dy.uid} + " + (" + ".join(dy_terms) or "0")
+        dy_val = from_storage(f"tl.load({dy_ptr}, mask=hit, other=0)", p.dy.data_type, compute)
+        if p.is_max:
+            tap = " + ".join(f"k{d} * {math.prod(p.window[d + 1:])}" if d < nsp - 1 else f"k{d}" for d in range(nsp))
+            # both loads under the window mask alone (constant over a channel run: vectorised), the
+            # tap test a select after them
+            body += [f"won = tl.load(taps + {' + '.join(lin_terms) or '0'}, mask=hit, other=-1) == {tap}",
+                     f"acc += tl.where(won, {dy_val}, 0.0)"]
+        else:
+            if p.exclude_padding:
+                counts = []
+                for d in range(nsp):
+                    lo = f"o{d} * {p.stride[d]} - {p.pre[d]}"
+                    counts.append(f"(tl.minimum({lo} + {p.window[d]}, {p.dx.dim[2 + d]}) - tl.maximum({lo}, 0))")
+                body.append(f"count = ({' * '.join(counts)}).to({compute})")
+            else:
+                body.append(f"count = {float(math.prod(p.window))!r}")
+            body.append(f"acc += tl.where(hit, {dy_val} / count, 0.0)")
+        loop = f"for j in tl.static_range({combos}):" if combos <= 64 else f"for j in range({combos}):"
+        dx_off = xflat.offset(p.dx) or "0"
+        lines = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {p.dx.numel}",
+                 f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
+                 f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)"]
+        return f"@triton.jit\ndef gather({', '.join(params)}):\n{indent(_settle(lines, xflat))}\n"
+
+
+def _settle(lines: list[str], flat: FlatAxes) -> list[str]:
+    """`lines` with the flat index's named sub-expressions defined right after `mask`."""
+    at = next(i for i, line in enumerate(lines) if line.startswith("mask = ")) + 1
+    return [*lines[:at], *flat.lines, *lines[at:]]
+
+
+TEMPLATE = PoolBackwardTemplate()

@@ -1,0 +1,158 @@
+"""The Triton pooling backward template (the custom ops resample_max_backward / resample_avg_backward
+that autodiff emits for `resample`) against the reference engine: under the interpreter on the CPU
+(small shapes: geometries, layouts, types, ties, NaN, wide windows) and, marked gpu, on CUDA at
+ResNet's stem pool size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.autodiff import grad
+from opgraph.engines.triton.templates.pool_backward import TEMPLATE, tap_type
+from opgraph.ops.pooling_backward import MAX_BACKWARD
+
+from ..helpers import requires_cuda
+from .test_triton_pooling import GEOMETRIES, _layout, _nans
+
+pytestmark = pytest.mark.interpreter
+DT = og.DataType
+MODES = ("max", "avg_include_padding", "avg_exclude_padding")
+MORE = {  # name: (input dims, window, stride, pre, post)
+    "window_under_stride": ([1, 3, 9, 11], [1, 2], [2, 3], [0, 1], [0, 0]),
+    "wide_window": ([1, 2, 12, 11], [9, 9], [1, 1], [4, 4], [4, 4]),  # 81 windows an element: a range loop
+    "int16_taps": ([1, 2, 140], [130], [5], [2], [0]),  # 130 taps: the argmax scratch is int16
+}
+
+
+def _grad_graph(mode, geo, *, dt=DT.FLOAT, layout="nchw"):
+    dims, w, s, pre, post = {**GEOMETRIES, **MORE}[geo]
+    g = og.Graph("pool", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=dims, stride=_layout(dims, layout), name="x")
+    y = g.resample(x, mode=mode, window=w, stride=s, pre_padding=pre, post_padding=post, name="pool")[0]
+    y.set_output(True).set_name("y")
+    return grad(g, y, x).graph
+
+
+def _ties(pack):
+    """Values on a grid of 0.5 in [-2, 2]: windows with several maxima (the first one gets the gradient)."""
+    for v in pack.values():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            v[...] = np.round(np.clip(v.astype(np.float64), -2, 2) * 2) / 2
+
+
+def _check(bg, rng, prepare=None, **tol):
+    plan = bg.build(device="cpu", engines=["triton"])
+    (step,) = plan.steps
+    assert dict(step.config.knobs)["template"] == TEMPLATE.name
+    bad = og.testing.check_plan(plan, rng, prepare=prepare, **tol)
+    assert not bad, "\n".join(map(str, bad))
+    return plan
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("geo", sorted(GEOMETRIES) + sorted(MORE))
+@pytest.mark.parametrize("mode", MODES)
+def test_geometries(mode, geo, layout, rng):
+    dims = {**GEOMETRIES, **MORE}[geo][0]
+    if layout == "nhwc" and len(dims) != 4:
+        pytest.skip("NHWC is a 2-D layout")
+    _check(_grad_graph(mode, geo, layout=layout), rng, prepare=_ties if mode == "max" else None)
+
+
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16, DT.DOUBLE], ids=lambda d: d.name)
+@pytest.mark.parametrize("mode", ["max", "avg_exclude_padding"])
+def test_types(mode, dt, rng):
+    _check(_grad_graph(mode, "2d", dt=dt, layout="nhwc"), rng, prepare=_ties if mode == "max" else None)
+
+
+def test_every_tie_goes_to_the_first_maximum(rng):
+    """All inputs equal: each window's gradient lands on its first tap inside the input, only."""
+    bg = _grad_graph("max", "2d")
+    plan = _check(bg, rng, prepare=lambda pack: [v.fill(1.0) for v in pack.values() if isinstance(v, np.ndarray)
+                                                 and v.ndim == 4 and v.shape[2:] == (7, 6)])
+    assert plan.steps[0].kernel is not None
+
+
+def test_nan_takes_the_gradient_as_in_the_forward(rng):
+    _check(_grad_graph("max", "2d"), rng, prepare=_nans)
+
+
+def test_layouts_of_dy_and_x_differ(rng):
+    """dy in NCHW, x in NHWC, dx in NHWC: each tensor indexed by its own strides."""
+    g = og.Graph("mixed", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    dims = [2, 3, 7, 6]
+    x = g.tensor(dim=dims, stride=_layout(dims, "nhwc"), name="x")
+    dy = g.tensor(dim=[2, 3, 4, 3], name="dy")
+    params = {"window": "3,3", "stride": "2,2", "pre_padding": "1,1", "post_padding": "1,1"}
+    g.custom(MAX_BACKWARD, dy, x, params=params, name="dpool").set_output(True)
+    _check(g, rng, prepare=_ties)
+
+
+def test_scratch_type_and_size():
+    assert (tap_type(9), tap_type(127), tap_type(128), tap_type(40000)) == ("int8", "int8", "int16", "int32")
+    for geo, item in (("2d", 1), ("int16_taps", 2)):
+        bg = _grad_graph("max", geo)
+        plan = bg.build(device="cpu", engines=["triton"])
+        dy = next(t for t in bg.final.tensors.values() if t.uid in bg.final.inputs and t.dim != GEOMETRIES.get(
+            geo, MORE.get(geo))[0])
+        assert plan.steps[0].kernel.scratch_bytes == dy.numel * item
+    avg = _grad_graph("avg_include_padding", "2d").build(device="cpu", engines=["triton"])
+    assert avg.steps[0].kernel.scratch_bytes == 0
+
+
+def test_declines_other_custom_ops_and_pieces():
+    from opgraph.core.piece import make_piece
+
+    g = og.Graph("slice", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[4, 6], name="x")
+    y = g.slice(x, [slice(1, 4)]).set_output(True)
+    sg = grad(g, y, x).graph
+    verdict = TEMPLATE.match(make_piece(sg.final, 0, sg.final.nodes), og.core.device.CPU)
+    assert not verdict.ok and "not a pooling backward" in verdict.reason
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+def test_gpu_resnet_stem_pool_backward(dt, rng):
+    """ResNet's stem pool (3x3/2, padding 1) backward at N8 C64 112², channels-last, on the GPU."""
+    g = og.Graph("stem_pool", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    dims = [8, 64, 112, 112]
+    x = g.tensor(dim=dims, stride=_layout(dims, "nhwc"), name="x")
+    y = g.resample(x, mode="max", window=[3, 3], stride=[2, 2], padding=1, name="pool")[0].set_output(True)
+    plan = grad(g, y, x).graph.build(device="cuda", engines=["triton"])
+    assert dict(plan.steps[0].config.knobs)["template"] == TEMPLATE.name
+    bad = og.testing.check_plan(plan, rng, prepare=_ties)
+    assert not bad, "\n".join(map(str, bad))
+
+
+# -- Hopper: the stem pool's backward kernels compiled (no GPU needed) -------------------------------------------
+
+
+def _stem_pool_grad(dt=DT.HALF):
+    g = og.Graph("stem_pool", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    dims = [64, 64, 112, 112]
+    x = g.tensor(dim=dims, stride=_layout(dims, "nhwc"), name="x")
+    y = g.resample(x, mode="max", window=[3, 3], stride=[2, 2], padding=1, name="pool")[0].set_output(True)
+    return grad(g, y, x).graph
+
+
+HOPPER_CASES = {"stem_pool_fp16": (_stem_pool_grad, TEMPLATE.name, None)}
+
+
+def test_stem_pool_backward_compiles_for_hopper_vectorised():
+    """ResNet-18's stem pool backward at batch 64 (the torch engine's aten kernels took 1,142 µs of its
+    6,048 µs training step on an H100) compiled for sm_90: no spills, and channels-last loads and stores
+    of 16-byte vectors in both kernels (x in the argmax kernel; dy and dx in the gather)."""
+    from .hopper_compile import compile_for_hopper
+
+    out = compile_for_hopper(__name__, gpu="NVIDIA H100 80GB HBM3", timeout=600)
+    lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("compiled")}
+    assert set(lines) == {"argmax", "gather"}, out
+    for kernel, line in lines.items():
+        fields = line.split()
+        stat = {fields[i]: int(fields[i + 1]) for i in range(3, 25, 2)}
+        assert stat["spills"] == 0, line
+        assert stat["ld.v4"] > 0 and stat["ld.1"] == 0, line  # no load of one element
