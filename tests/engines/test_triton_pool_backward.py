@@ -150,7 +150,7 @@ def test_stem_pool_backward_compiles_for_hopper_vectorised():
 
     out = compile_for_hopper(__name__, gpu="NVIDIA H100 80GB HBM3", timeout=600)
     lines = {line.split()[2]: line for line in out.splitlines() if line.startswith("compiled")}
-    assert set(lines) == {"argmax", "gather"}, out
+    assert set(lines) == {"kernel_argmax", "kernel_gather"}, out
     for kernel, line in lines.items():
         fields = line.split()
         stat = {fields[i]: int(fields[i + 1]) for i in range(3, 25, 2)}

@@ -130,10 +130,10 @@ class PoolBackwardTemplate(Template):
         if p.is_max:
             scratch = Arg(ArgKind.SCRATCH, offset=0, dtype=tap_type(taps))
             kernels.append(self._argmax(p, block, big, compute, ["taps", *params]))
-            launches.append(Launch("argmax", (-(-p.dy.numel // block),), (scratch, *args), warps))
+            launches.append(Launch("kernel_argmax", (-(-p.dy.numel // block),), (scratch, *args), warps))
             params, args = ["taps", *params], [scratch, *args]
         kernels.append(self._gather(p, block, big, compute, params))
-        launches.append(Launch("gather", (-(-p.dx.numel // block),), tuple(args), warps))
+        launches.append(Launch("kernel_gather", (-(-p.dx.numel // block),), tuple(args), warps))
         scratch_bytes = p.dy.numel * {"int8": 1, "int16": 2, "int32": 4}[tap_type(taps)] if p.is_max else 0
         return Generated(module_source(*kernels), tuple(launches), scratch_bytes)
 
@@ -156,7 +156,7 @@ class PoolBackwardTemplate(Template):
                  f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
                  loop, *indent([*coords, *body]).split("\n"),
                  f"tl.store(taps + lin, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
-        return f"@triton.jit\ndef argmax({', '.join(params)}):\n{indent(_settle(lines, yflat))}\n"
+        return f"def kernel_argmax({', '.join(params)}):\n{indent(_settle(lines, yflat))}\n"
 
     @staticmethod
     def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
@@ -208,7 +208,7 @@ class PoolBackwardTemplate(Template):
         lines = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {p.dx.numel}",
                  f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
                  f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)"]
-        return f"@triton.jit\ndef gather({', '.join(params)}):\n{indent(_settle(lines, xflat))}\n"
+        return f"def kernel_gather({', '.join(params)}):\n{indent(_settle(lines, xflat))}\n"
 
 
 def _settle(lines: list[str], flat: FlatAxes) -> list[str]:
