@@ -23,6 +23,8 @@ MORE = {  # name: (input dims, window, stride, pre, post)
     "window_under_stride": ([1, 3, 9, 11], [1, 2], [2, 3], [0, 1], [0, 0]),
     "wide_window": ([1, 2, 12, 11], [9, 9], [1, 1], [4, 4], [4, 4]),  # 81 windows an element: a range loop
     "int16_taps": ([1, 2, 140], [130], [5], [2], [0]),  # 130 taps: the argmax scratch is int16
+    "global": ([2, 3, 4, 5], [4, 5], [1, 1], [0, 0], [0, 0]),  # one window: dy's spatial axes of size 1
+    "unit_batch_and_channel": ([1, 1, 5, 6], [2, 2], [2, 2], [0, 1], [1, 1]),
 }
 
 
