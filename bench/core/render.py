@@ -10,7 +10,7 @@ used in a ratio); "err" an implementation that failed to run; — one that does 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from .aggregate import AggImpl, Aggregate, AggWorkload, Stat
 from .floors import datasheet, evaluate

@@ -21,8 +21,8 @@ tolerance the same rule over those absolute errors, floored at ABSOLUTE_FLOOR in
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 FACTOR = 3.0
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
