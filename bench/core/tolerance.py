@@ -15,7 +15,8 @@ tolerance; its worst output (largest error / tolerance) is reported.
 
 An output that is zero in exact arithmetic (its float64 reference is rounding noise: bench.check's
 zero_reference) has no relative error; its error is the root-mean-square of got - want, and its
-tolerance the same rule over those absolute errors, floored at ABSOLUTE_FLOOR instead of a roundoff.
+tolerance FACTOR x the smallest such error of a peer, floored at ABSOLUTE_FLOOR itself (not FACTOR x
+it: the floor is float64 noise, not a rounding bound of the output's type).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Tolerance:
     """The tolerance of one output, and what it rests on."""
 
     value: float
-    basis: str  # "3 x <peer>", "unit roundoff (float16)" or "fallback (no peer computes it)"
+    basis: str  # "3 x <peer>", "3 x unit roundoff (float16)", "float64 rounding (absolute: ...)" or "fallback ..."
 
 
 @dataclass(frozen=True)

@@ -550,8 +550,9 @@ class CudnnEngine(Engine):
         - an ungrouped forward conv of fewer than FEW_CHANNELS input channels (a stem), in bf16 or with a
           filter row of several taps: cuDNN's bf16 plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32,
           H100: 272 vs 85 µs), and the generated kernel's MERGE_TAPS configs (K lanes over a filter row's
-          taps and channels, first among its configs on a stem) 76-78 µs in fp16 and bf16 alike (H100,
-          2026-11-26, CUDA-graph device time: generated 76.5 / 76.3 µs, cuDNN FE 84.0 / 269.4).
+          taps and channels, first among its configs on a stem) 77.4 µs in fp16 and bf16 alike (H100,
+          2026-11-26, CUDA-graph device time, bench/results/2026-11-26-h100-stem-and-pool-backward.md run b:
+          the heuristic plan; cuDNN FE autotuned 83.8 / 267.9). FEW_CHANNELS is conv_fprop's MERGE_BELOW.
         A grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3
         g32 C256, N32, H200: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group)
         before the RANK_FIRST_US test. Generated kernels stay first for matmul and depthwise."""

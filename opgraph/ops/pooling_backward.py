@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from ..core.errors import AttributeValueError, ShapeError
 from .builtin_custom import ints
 from .custom import CUSTOM_OPS, register_custom_op
 from .pooling import ResampleMode
@@ -125,14 +126,61 @@ def _max_backward_torch(dy, x, **params):
     return _torch_backward(x, dy, ResampleMode.MAX.value, params)
 
 
+def checked_geometry(name: str, dy_dims, in_dims, params) -> tuple[tuple[int, ...], ...]:
+    """(window, stride, pre, post) of a pooling backward op, validated against its tensors: 1-3 spatial
+    axes, windows and strides of at least 1, paddings of at least 0, and dy of exactly the pooled dims
+    (N, C and each (in + pre + post - window) // stride + 1; no broadcasting), else a graph error."""
+    rule, nsp = "pooling_backward.geometry", len(in_dims) - 2
+    if not 1 <= nsp <= 3:
+        raise ShapeError(f"{name}: the input has {len(in_dims)} dims; pooling takes [N, C, 1 to 3 spatial]",
+                         rule=rule, hint="pool a tensor of rank 3, 4 or 5")
+    try:
+        geo = geometry(str(params["window"]), str(params["stride"]), str(params["pre_padding"]),
+                       str(params["post_padding"]), nsp)
+    except (KeyError, ValueError) as err:
+        raise AttributeValueError(f"{name}: window, stride, pre_padding and post_padding must be comma-separated "
+                                  f"ints ({type(err).__name__}: {err})", rule=rule,
+                                  hint="build the op through autodiff's resample rule, or pass as_text(ints)") from None
+    for label, values, low in zip(("window", "stride", "pre_padding", "post_padding"), geo, (1, 1, 0, 0)):
+        if len(values) != nsp or min(values) < low:
+            raise AttributeValueError(f"{name}: {label} {list(values)} needs {nsp} values of at least {low} (one "
+                                      f"per spatial axis)", rule=rule, hint=f"give {label} for every spatial axis")
+    w, st, pre, post = geo
+    out = tuple((d + a + b - k) // t + 1 for d, a, b, k, t in zip(in_dims[2:], pre, post, w, st))
+    want = (*in_dims[:2], *out)
+    if min(out) < 1 or tuple(dy_dims) != want:
+        raise ShapeError(f"{name}: dy has dims {list(dy_dims)}; pooling {list(in_dims)} with window {list(w)}, "
+                         f"stride {list(st)}, padding {list(pre)} / {list(post)} gives {list(want)}", rule=rule,
+                         hint="pass the gradient of the pooled output, of the pooled output's dims")
+    return geo
+
+
+def _infer_avg(dy, **p):
+    if p.get("mode") not in (ResampleMode.AVG_INCLUDE_PADDING.value, ResampleMode.AVG_EXCLUDE_PADDING.value):
+        raise AttributeValueError(f"{AVG_BACKWARD}: mode {p.get('mode')!r} is not an average pooling mode",
+                                  rule="pooling_backward.mode", hint="mode='avg_include_padding' or 'avg_exclude_padding'")
+    dims = ints(str(p["in_dim"]))
+    checked_geometry(AVG_BACKWARD, dy.dim, dims, p)
+    return [dims]
+
+
+def _infer_max(dy, x, **p):
+    checked_geometry(MAX_BACKWARD, dy.dim, x.dim, p)
+    return [x.dim]
+
+
+# the built-in definitions (an engine that generates these ops checks that a graph's op is still this one)
+REFERENCES = {MAX_BACKWARD: _max_backward_ref, AVG_BACKWARD: _avg_backward_ref}
+
+
 def ensure_registered() -> None:
     """Register the custom ops (again, if a test emptied the registry)."""
     if AVG_BACKWARD not in CUSTOM_OPS:
         register_custom_op(AVG_BACKWARD, num_inputs=1, reference=_avg_backward_ref, torch=_avg_backward_torch,
-                           infer=lambda dy, **p: [ints(p["in_dim"])])
+                           infer=_infer_avg)
     if MAX_BACKWARD not in CUSTOM_OPS:
         register_custom_op(MAX_BACKWARD, num_inputs=2, reference=_max_backward_ref, torch=_max_backward_torch,
-                           infer=lambda dy, x, **p: [x.dim])
+                           infer=_infer_max)
 
 
 ensure_registered()

@@ -370,3 +370,12 @@ def test_gpu_double_result_of_an_fp16_matmul_is_exact(rng):
     plan = assert_engine_matches(g, rng, engines=default_engines(Device("cuda", 0, "gpu")), device="cuda",
                                  expect_steps=1, rtol=1e-12, atol=1e-12)
     assert plan.steps[0].config.engine == "torch", plan.describe()
+
+
+def test_stem_rule_counts_the_channels_merge_taps_covers():
+    """rank_first sends a few-channel stem to the generated kernel because its MERGE_TAPS configs exist
+    for it: the two thresholds are one."""
+    from opgraph.engines.cudnn_frontend import FEW_CHANNELS
+    from opgraph.engines.triton.templates.conv_fprop import MERGE_BELOW
+
+    assert FEW_CHANNELS == MERGE_BELOW

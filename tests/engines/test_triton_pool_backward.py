@@ -11,7 +11,7 @@ import pytest
 import opgraph as og
 from opgraph.autodiff import grad
 from opgraph.engines.triton.templates.pool_backward import TEMPLATE, tap_type
-from opgraph.ops.pooling_backward import MAX_BACKWARD
+from opgraph.ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD
 
 from ..helpers import requires_cuda
 from .test_triton_pooling import GEOMETRIES, _layout, _nans
@@ -81,15 +81,56 @@ def test_nan_takes_the_gradient_as_in_the_forward(rng):
     _check(_grad_graph("max", "2d"), rng, prepare=_nans)
 
 
-def test_layouts_of_dy_and_x_differ(rng):
-    """dy in NCHW, x in NHWC, dx in NHWC: each tensor indexed by its own strides."""
+@pytest.mark.parametrize("dy_layout", ["nchw", "nhwc"])
+def test_layouts_of_dy_and_x_differ(dy_layout, rng):
+    """dy and x in different layouts (dx takes dy's, the custom op's first input): each tensor indexed
+    by its own strides, the taps in dy's order."""
     g = og.Graph("mixed", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
     dims = [2, 3, 7, 6]
-    x = g.tensor(dim=dims, stride=_layout(dims, "nhwc"), name="x")
-    dy = g.tensor(dim=[2, 3, 4, 3], name="dy")
-    params = {"window": "3,3", "stride": "2,2", "pre_padding": "1,1", "post_padding": "1,1"}
-    g.custom(MAX_BACKWARD, dy, x, params=params, name="dpool").set_output(True)
+    x = g.tensor(dim=dims, stride=_layout(dims, "nchw" if dy_layout == "nhwc" else "nhwc"), name="x")
+    dy = g.tensor(dim=[2, 3, 4, 3], stride=_layout([2, 3, 4, 3], dy_layout), name="dy")
+    g.custom(MAX_BACKWARD, dy, x, params=STEM_POOL, name="dpool").set_output(True)
     _check(g, rng, prepare=_ties)
+
+
+STEM_POOL = {"window": "3,3", "stride": "2,2", "pre_padding": "1,1", "post_padding": "1,1"}
+
+
+@pytest.mark.parametrize("dy_dims, params, error, match", [
+    ([1, 3, 4, 3], STEM_POOL, og.ShapeError, "gives \\[2, 3, 4, 3\\]"),  # dy broadcast over the batch
+    ([2, 3, 4, 3], {**STEM_POOL, "window": "3,3,3"}, og.AttributeValueError, "window \\[3, 3, 3\\] needs 2"),
+    ([2, 3, 4, 3], {**STEM_POOL, "stride": "0"}, og.AttributeValueError, "stride \\[0, 0\\] needs 2 values of at least 1"),
+    ([2, 3, 4, 3], {**STEM_POOL, "post_padding": "1,-1"}, og.AttributeValueError, "post_padding"),
+    ([2, 3, 4, 3], {**STEM_POOL, "window": "3,x"}, og.AttributeValueError, "comma-separated ints"),
+])
+def test_a_graph_of_bad_geometry_is_refused(dy_dims, params, error, match):
+    """The ops' infer checks the geometry and dy's dims (a typed error naming them), so no engine, this
+    template included, is handed a dy it would index wrongly."""
+    g = og.Graph("bad", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[2, 3, 7, 6], name="x")
+    dy = g.tensor(dim=dy_dims, name="dy")
+    with pytest.raises(error, match=match):
+        g.custom(MAX_BACKWARD, dy, x, params=params, name="dpool").set_output(True)
+        g.validate()
+
+
+def test_avg_backward_needs_an_average_mode():
+    g = og.Graph("bad", io_data_type=DT.FLOAT)
+    dy = g.tensor(dim=[2, 3, 4, 3], name="dy")
+    with pytest.raises(og.AttributeValueError, match="not an average pooling mode"):
+        g.custom(AVG_BACKWARD, dy, params={**STEM_POOL, "in_dim": "2,3,7,6", "mode": "max"}).set_output(True)
+        g.validate()
+
+
+def test_declines_a_pooling_backward_registered_again(custom_ops_restored, rng):
+    """A user who registers the op's name again with other math gets their definition, not ours."""
+    from opgraph.core.piece import make_piece
+
+    bg = _grad_graph("max", "2d")
+    og.register_custom_op(MAX_BACKWARD, num_inputs=2, reference=lambda dy, x, **p: 2 * x,
+                          infer=lambda dy, x, **p: [x.dim])
+    verdict = TEMPLATE.match(make_piece(bg.final, 0, bg.final.nodes), og.core.device.CPU)
+    assert not verdict.ok and "registered again" in verdict.reason
 
 
 def test_scratch_type_and_size():
@@ -97,8 +138,7 @@ def test_scratch_type_and_size():
     for geo, item in (("2d", 1), ("int16_taps", 2)):
         bg = _grad_graph("max", geo)
         plan = bg.build(device="cpu", engines=["triton"])
-        dy = next(t for t in bg.final.tensors.values() if t.uid in bg.final.inputs and t.dim != GEOMETRIES.get(
-            geo, MORE.get(geo))[0])
+        dy = bg.final.tensors[bg.final.nodes[0].input_uids()[0]]
         assert plan.steps[0].kernel.scratch_bytes == dy.numel * item
     avg = _grad_graph("avg_include_padding", "2d").build(device="cpu", engines=["triton"])
     assert avg.steps[0].kernel.scratch_bytes == 0

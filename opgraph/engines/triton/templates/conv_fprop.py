@@ -108,8 +108,9 @@ class ConvFpropTemplate(TileTemplate):
         are few and the filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes,
         at least 32 for 8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count).
         On the GPU first for 16-bit operands, best estimate first (H100, 2026-11-26, the 7x7/2 C3 -> K64
-        stem at N32: 256x64 and 128x64 merged 76-78 µs in fp16 and bf16, the best unmerged config 183;
-        conv_cost's estimates 67 and 73 against 181); for other types after the first three (not
+        stem at N32, bench/results/2026-11-26-h100-stem-and-pool-backward.md: merged 256x64 and 128x64
+        configs 76-78 µs tuned in fp16 and bf16 in run a, the heuristic's per-tap config 183; conv_cost's
+        estimates 67 and 73 against 181); for other types after the first three (not
         measured); on the CPU before the broadest config, which stays last."""
         cg, _, _ = self._shape(gp)
         last = gp.operand("weight").dim[-1]
@@ -128,7 +129,7 @@ class ConvFpropTemplate(TileTemplate):
             knobs["SPLIT_K"] = max(1, min(int(c.get("SPLIT_K", 1)), self.iterations(gp, knobs) // 3))
             merged.append(knobs)
         if device.is_cuda and elem == 2:
-            return sorted(merged, key=lambda c: self.estimate(gp.piece, c, device) or 0.0) + configs
+            return sorted(merged, key=lambda c: self.estimate(gp.piece, c, device) or math.inf) + configs
         return configs[:3] + merged + configs[3:] if device.is_cuda else configs[:-1] + merged + configs[-1:]
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:

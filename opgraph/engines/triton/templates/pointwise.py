@@ -334,7 +334,9 @@ class PointwiseTemplate(Template):
         dims = first.dim
         numel = math.prod(dims)
         externals = [*piece.inputs, *piece.outputs]
-        big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel > INT32_LIMIT
+        # (a program's lanes run past the end by less than a block or tile, at most 2**16: they must not
+        # wrap in int32)
+        big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel + 2**16 > INT32_LIMIT
         order = stride_order(first.stride)
         params, args = external_params(piece, externals)
         tiles = {"TILE_I": ("TILE_I", "TILE_J", transposed_axes, "a transposed tensor (transposed_axes)"),

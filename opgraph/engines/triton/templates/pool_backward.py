@@ -25,12 +25,13 @@ from typing import Any
 from ....core.config import Support
 from ....core.device import Device
 from ....core.dtypes import DataType
+from ....core.errors import GraphError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
-from ....ops.custom import Custom
+from ....ops.custom import CUSTOM_OPS, Custom
 from ....ops.pooling import ResampleMode
-from ....ops.pooling_backward import AVG_BACKWARD, MAX_BACKWARD, geometry
+from ....ops.pooling_backward import MAX_BACKWARD, REFERENCES, checked_geometry
 from ..casts import from_storage, to_storage
 from ..expr import compute_type, piece_types
 from .base import (
@@ -50,6 +51,7 @@ from .pooling import UNROLL_TAPS, tap_coords
 from .reduction import INT32_LIMIT, FlatAxes
 
 FLOATS = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT, DataType.DOUBLE)
+UNROLL_WINDOWS = 64  # the gather loop over the windows holding an element is unrolled up to this many
 
 
 @dataclass(frozen=True)
@@ -71,21 +73,28 @@ def analyze(piece: Piece) -> PoolGrad | Support:
     node = piece.nodes[0]
     op = node.op
     assert isinstance(op, Custom)
-    if op.op_name not in (MAX_BACKWARD, AVG_BACKWARD):
+    if op.op_name not in REFERENCES:
         return Support.no(f"custom op '{op.op_name}' is not a pooling backward", node)
+    if CUSTOM_OPS.get(op.op_name) is None or CUSTOM_OPS[op.op_name].reference is not REFERENCES[op.op_name]:
+        return Support.no(f"custom op '{op.op_name}' was registered again with another definition; the kernels "
+                          "compute the built-in one", node)
     params = dict(op.params)
     dy = piece.tensor(node.input_uids()[0])
     dx = piece.tensor(node.output_uids()[0])
     x = piece.tensor(node.input_uids()[1]) if op.op_name == MAX_BACKWARD else None
     for t in (dy, dx) if x is None else (dy, x, dx):
-        if t.data_type not in FLOATS:
-            return Support.no(f"{t.label()} is {t.data_type.value}; the pooling backward kernels take "
-                              f"{', '.join(f.value for f in FLOATS)}", node)
-    w, s, pre, _ = geometry(str(params["window"]), str(params["stride"]), str(params["pre_padding"]),
-                            str(params["post_padding"]), len(dx.dim) - 2)
-    if min(pre, default=0) < 0:
-        return Support.no("negative padding (a cropping window) is not generated", node)
-    exclude = params.get("mode") == ResampleMode.AVG_EXCLUDE_PADDING.value
+        if t.data_type not in FLOATS or t.is_pass_by_value:
+            return Support.no(f"{t.label()} is {'a pass-by-value scalar' if t.is_pass_by_value else t.data_type.value}"
+                              f"; the pooling backward kernels take buffers of {', '.join(f.value for f in FLOATS)}",
+                              node)
+    mode = params.get("mode")
+    if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING.value, ResampleMode.AVG_EXCLUDE_PADDING.value):
+        return Support.no(f"average pooling backward of mode {mode!r}", node)
+    try:  # (the op's infer checked it when the graph was built; a plan file's graph too)
+        w, s, pre, _ = checked_geometry(op.op_name, dy.dim, dx.dim, params)
+    except GraphError as err:
+        return Support.no(err.detail, node)
+    exclude = mode == ResampleMode.AVG_EXCLUDE_PADDING.value
     return PoolGrad(node, x is not None, dy, x, dx, tuple(w), tuple(s), tuple(pre), exclude)
 
 
@@ -94,7 +103,11 @@ def _flat(desc: TensorDesc) -> FlatAxes:
     return FlatAxes("lin", [a for a in stride_order(desc.stride) if desc.dim[a] > 1], desc.dim, "c")
 
 
+TAP_BYTES = {"int8": 1, "int16": 2, "int32": 4}
+
+
 def tap_type(taps: int) -> str:
+    """The scratch type of the argmax taps of a window of `taps` taps."""
     return "int8" if taps <= 127 else "int16" if taps <= 32767 else "int32"
 
 
@@ -120,7 +133,8 @@ class PoolBackwardTemplate(Template):
         block = int(knobs["BLOCK"])
         if block < 1 or block & (block - 1):
             raise ValueError(f"BLOCK={block} must be a power of 2")
-        big = any(t.numel > INT32_LIMIT or 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)) > INT32_LIMIT
+        # (the last program's lanes run up to numel + BLOCK: they must not wrap in int32)
+        big = any(t.numel + block > INT32_LIMIT or 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)) > INT32_LIMIT
                   for t in (p.dy, p.dx, *(() if p.x is None else (p.x,))))
         compute = compute_type(piece_types(piece))
         warps = (("num_warps", int(knobs.get("num_warps", 4))),)
@@ -134,7 +148,7 @@ class PoolBackwardTemplate(Template):
             params, args = ["taps", *params], [scratch, *args]
         kernels.append(self._gather(p, block, big, compute, params))
         launches.append(Launch("kernel_gather", (-(-p.dx.numel // block),), tuple(args), warps))
-        scratch_bytes = p.dy.numel * {"int8": 1, "int16": 2, "int32": 4}[tap_type(taps)] if p.is_max else 0
+        scratch_bytes = p.dy.numel * TAP_BYTES[tap_type(taps)] if p.is_max else 0
         return Generated(module_source(*kernels), tuple(launches), scratch_bytes)
 
     @staticmethod
@@ -152,11 +166,10 @@ class PoolBackwardTemplate(Template):
                 "v = tl.where(ok, v, float('-inf'))",
                 "upd = (v > best) | ((v != v) & (best == best))",
                 "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
-        lines = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {p.dy.numel}",
-                 f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
+        lines = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
                  loop, *indent([*coords, *body]).split("\n"),
                  f"tl.store(taps + lin, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
-        return f"def kernel_argmax({', '.join(params)}):\n{indent(_settle(lines, yflat))}\n"
+        return _kernel("kernel_argmax", params, p.dy.numel, block, big, yflat, lines)
 
     @staticmethod
     def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
@@ -203,18 +216,18 @@ class PoolBackwardTemplate(Template):
             else:
                 body.append(f"count = {float(math.prod(p.window))!r}")
             body.append(f"acc += tl.where(hit, {dy_val} / count, 0.0)")
-        loop = f"for j in tl.static_range({combos}):" if combos <= 64 else f"for j in range({combos}):"
+        loop = f"for j in tl.static_range({combos}):" if combos <= UNROLL_WINDOWS else f"for j in range({combos}):"
         dx_off = xflat.offset(p.dx) or "0"
-        lines = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {p.dx.numel}",
-                 f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
+        lines = [f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
                  f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)"]
-        return f"def kernel_gather({', '.join(params)}):\n{indent(_settle(lines, xflat))}\n"
+        return _kernel("kernel_gather", params, p.dx.numel, block, big, xflat, lines)
 
 
-def _settle(lines: list[str], flat: FlatAxes) -> list[str]:
-    """`lines` with the flat index's named sub-expressions defined right after `mask`."""
-    at = next(i for i, line in enumerate(lines) if line.startswith("mask = ")) + 1
-    return [*lines[:at], *flat.lines, *lines[at:]]
+def _kernel(name: str, params: list[str], numel: int, block: int, big: bool, flat: FlatAxes, body: list[str]) -> str:
+    """A kernel over `numel` elements, BLOCK a program, walked by `flat`'s index `lin`: its coordinates
+    (named while `body` was written) defined before `body`."""
+    head = [f"lin = {program_id(0, big)} * {block} + tl.arange(0, {block})", f"mask = lin < {numel}", *flat.lines]
+    return f"def {name}({', '.join(params)}):\n{indent([*head, *body])}\n"
 
 
 TEMPLATE = PoolBackwardTemplate()

@@ -196,7 +196,7 @@ class PoolingTemplate(Template):
         g = piece.graph
         externals = [*piece.inputs, *piece.outputs]
         ny = p.y.numel
-        big = ny > INT32_LIMIT or any(
+        big = ny + block > INT32_LIMIT or any(  # (the last program's lanes run up to ny + BLOCK)
             1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
             for u in externals)
         types = piece_types(piece)
