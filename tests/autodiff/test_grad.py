@@ -1020,6 +1020,25 @@ def test_conv_bn_relu_backward_on_triton_interpreter(rng):
     assert_engine_matches(res.graph, rng, engines=("triton",), expect_steps=3)
 
 
+@requires_interpreter
+@pytest.mark.interpreter
+def test_stem_backward_with_max_pool_runs_on_generated_kernels_alone(rng):
+    """ResNet's stem (conv, batchnorm, relu, 3x3/2 max pool), fp16 NHWC: its backward graph builds with
+    the generated kernels alone (the pool's backward custom op on the pool_backward template, which the
+    torch engine ran before) and matches the reference engine."""
+    from ..helpers import assert_engine_matches
+
+    g, y, params = _conv_bn_relu(og.DataType.HALF, 2, 8, 6)
+    pooled = g.resample(y.set_output(False), mode="max", window=[3, 3], stride=[2, 2], padding=1)[0]
+    pooled.set_output(True)
+    res = grad(g, pooled, params)
+    plan = assert_engine_matches(res.graph, rng, engines=("triton",),
+                                 prepare=lambda pack: [v.__setitem__(..., np.round(v * 4) / 4) for v in pack.values()
+                                                       if isinstance(v, np.ndarray) and v.dtype.kind == "f"])
+    templates = [dict(step.config.knobs).get("template") for step in plan.steps]
+    assert "pool_backward" in templates, plan.describe()
+
+
 def _gpu_block(dtype):
     return _conv_bn_relu(dtype, 32, 64, 56)
 
