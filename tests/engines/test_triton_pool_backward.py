@@ -200,3 +200,17 @@ def test_stem_pool_backward_compiles_for_hopper_vectorised():
         stat = {fields[i]: int(fields[i + 1]) for i in range(3, 25, 2)}
         assert stat["spills"] == 0, line
         assert stat["ld.v4"] > 0 and stat["ld.1"] == 0, line  # no load of one element
+
+
+def test_plan_file_round_trip(tmp_path, rng):
+    """A plan holding the template's two kernels and their byte scratch saves and loads, with its
+    scratch, and still matches the reference."""
+    from opgraph.runtime.plan import load_plan
+
+    plan = _grad_graph("max", "2d", dt=DT.HALF, layout="nhwc").build(device="cpu", engines=["triton"])
+    plan.save(tmp_path / "plan.json")
+    loaded = load_plan(tmp_path / "plan.json")
+    assert [dict(s.config.knobs)["template"] for s in loaded.steps] == [TEMPLATE.name]
+    assert loaded.steps[0].kernel.scratch_bytes == plan.steps[0].kernel.scratch_bytes > 0
+    bad = og.testing.check_plan(loaded, rng, prepare=_ties)
+    assert not bad, "\n".join(map(str, bad))
