@@ -225,8 +225,9 @@ def check_table(ws: Sequence[AggWorkload]) -> list[str]:
     lines = ["### Correctness (every output, execute and CUDA-graph modes, worst repeat)", "",
              ("Cell: worst output's error / its tolerance (✓ within, ✗ outside, with the output). Tolerance per "
              "output: 3 x the larger of the best peer's relative L2 error against float64 and the type's unit "
-             "roundoff (the most a correctly rounded result is off); an output that is zero in exact arithmetic (float64 reference below 1e-12 RMS) by its "
-             "absolute RMS error, the same rule (\"absolute\" in its basis)."), "",
+             "roundoff (the most a correctly rounded result is off); an output that is zero in exact arithmetic "
+             "(float64 reference below 1e-12 RMS) by its absolute RMS error, the same rule (\"absolute\" in its "
+             "basis)."), "",
              "| workload | outputs: tolerance (basis) | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
     for w in ws:
         tols = "; ".join(f"{o} {t.value:.2g} ({t.basis})" for o, t in list(w.tolerances.items())[:4])

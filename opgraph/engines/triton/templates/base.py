@@ -6,13 +6,14 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
 from ....core.piece import Piece
+from ....core.tensor import TensorDesc
 from ..expr import HELPERS, custom_imports
 
 
@@ -120,6 +121,20 @@ def external_params(piece: Piece, uids: Sequence[int]) -> tuple[list[str], list[
             params.append(f"p{u}")
             args.append(Arg(ArgKind.BUF, u))
     return params, args
+
+
+INT32_LIMIT = 2**31 - 1
+
+
+def extent(desc: TensorDesc) -> int:
+    """One past the largest element offset of `desc` (its strides' reach)."""
+    return 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
+
+
+def offsets_need_int64(descs: Iterable[TensorDesc], lanes: int | None = None) -> bool:
+    """Whether offsets into `descs` can pass int32; with `lanes`, a flat index walking a tensor's
+    elements that many lanes at a time (its last program runs up to numel + lanes) counts too."""
+    return any(extent(t) > INT32_LIMIT or (lanes is not None and t.numel + lanes > INT32_LIMIT) for t in descs)
 
 
 def program_id(axis: int = 0, big: bool = False) -> str:

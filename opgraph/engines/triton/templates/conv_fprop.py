@@ -103,10 +103,12 @@ class ConvFpropTemplate(TileTemplate):
         step = self._step_k(gp, knobs)
         return taps * cg // step * -(-step // int(knobs["BLOCK_K"]))
 
-    def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
+    def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device, elem: int
+                ) -> list[dict[str, Any]]:
         """MERGE_TAPS variants of the first configs of three distinct tiles, where the channels per group
         are few and the filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes,
-        at least 32 for 8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count).
+        at least 32 for 8-bit operands (`elem`: bytes an operand element), at most 64; SPLIT_K at most a
+        third of the merged trip count).
         On the GPU first for 16-bit operands, best estimate first (H100, 2026-11-26, the 7x7/2 C3 -> K64
         stem at N32, bench/results/2026-11-26-h100-stem-and-pool-backward.md: merged 256x64 and 128x64
         configs 76-78 µs tuned in fp16 and bf16 in run a, the heuristic's per-tap config 183; conv_cost's
@@ -116,7 +118,6 @@ class ConvFpropTemplate(TileTemplate):
         last = gp.operand("weight").dim[-1]
         if cg >= MERGE_BELOW or last == 1:
             return configs
-        elem = operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type)
         least = 32 if elem == 1 else 16
         merged: list[dict[str, Any]] = []
         for c in configs[:-1]:
@@ -152,7 +153,7 @@ class ConvFpropTemplate(TileTemplate):
                     and prologue_share(c) <= LEAN_PROLOGUE]
             lean = lean or [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
             configs = lean[:1] + [c for c in configs if c not in lean[:1]]
-        configs = self._merged(gp, configs, device)
+        configs = self._merged(gp, configs, device, elem)
         return prologue_pass.candidates(self, piece, gp, finish_candidates(configs, gp, device, extra), device, taps)
 
     def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:

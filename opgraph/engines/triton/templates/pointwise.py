@@ -28,9 +28,19 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
-from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
-
-INT32_LIMIT = 2**31 - 1
+from .base import (
+    INT32_LIMIT,
+    Generated,
+    Launch,
+    Template,
+    external_params,
+    indent,
+    module_source,
+    offsets_need_int64,
+    pow2_at_least,
+    program_id,
+    unique,
+)
 
 
 def _coordinate_offset(desc: TensorDesc, needed: set[int]) -> str:
@@ -238,10 +248,6 @@ def row_tiles(rows: int, cols: int) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(tiles))
 
 
-def _extent(desc: TensorDesc) -> int:
-    return 1 + sum((d - 1) * s for d, s in zip(desc.dim, desc.stride))
-
-
 def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
     """Fold step: {dims: (first node, its output uid)} over the outputs of non-view nodes."""
     if node.kind in VIEW_KINDS:
@@ -336,7 +342,7 @@ class PointwiseTemplate(Template):
         externals = [*piece.inputs, *piece.outputs]
         # (a program's lanes run past the end by less than a block or tile, at most 2**16: they must not
         # wrap in int32)
-        big = any(_extent(piece.tensor(u)) > INT32_LIMIT for u in externals) or numel + 2**16 > INT32_LIMIT
+        big = offsets_need_int64(piece.tensor(u) for u in externals) or numel + 2**16 > INT32_LIMIT
         order = stride_order(first.stride)
         params, args = external_params(piece, externals)
         tiles = {"TILE_I": ("TILE_I", "TILE_J", transposed_axes, "a transposed tensor (transposed_axes)"),

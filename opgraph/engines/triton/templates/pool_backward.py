@@ -6,8 +6,9 @@ depend on scheduling.
     avg   one kernel over dx:  dx[i] = sum over the windows o that hold i of dy[o] / count(o)
     max   two kernels. The first walks dy's windows and writes each window's first-maximum tap (as
           the forward pooling template picks it: window order, padding -inf, the first NaN wins) to
-          scratch, one byte a window for windows of up to 127 taps. The second walks dx: dx[i] = the
-          sum of dy[o] over the windows o that hold i and whose tap is i's place in o.
+          scratch at the window's offset in dy, one byte a window for windows of up to 127 taps. The
+          second walks dx: dx[i] = the sum of dy[o] over the windows o that hold i and whose tap is
+          i's place in o.
 
 Per spatial axis d an input coordinate i lies in at most ceil(window / stride) windows: o = (i + pre)
 // stride - j for j = 0, 1, ..., valid where 0 <= o < out and the tap k = i + pre - o * stride is
@@ -40,15 +41,15 @@ from .base import (
     Generated,
     Launch,
     Template,
+    extent,
     external_params,
     indent,
     module_source,
-    pow2_at_least,
+    offsets_need_int64,
     program_id,
-    unique,
 )
-from .pooling import UNROLL_TAPS, tap_coords
-from .reduction import INT32_LIMIT, FlatAxes
+from .pooling import UNROLL_TAPS, block_candidates, tap_coords
+from .reduction import FlatAxes
 
 FLOATS = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT, DataType.DOUBLE)
 UNROLL_WINDOWS = 64  # the gather loop over the windows holding an element is unrolled up to this many
@@ -123,9 +124,7 @@ class PoolBackwardTemplate(Template):
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         p = analyze(piece)
         assert isinstance(p, PoolGrad)
-        top = pow2_at_least(p.dx.numel, 16)
-        return unique([{"BLOCK": min(b, top), "num_warps": max(1, min(w, min(b, top) // 128))}
-                       for b, w in ((1024, 4), (512, 4), (2048, 8), (256, 2))])
+        return block_candidates(p.dx.numel, 1024)
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         p = analyze(piece)
@@ -133,9 +132,7 @@ class PoolBackwardTemplate(Template):
         block = int(knobs["BLOCK"])
         if block < 1 or block & (block - 1):
             raise ValueError(f"BLOCK={block} must be a power of 2")
-        # (the last program's lanes run up to numel + BLOCK: they must not wrap in int32)
-        big = any(t.numel + block > INT32_LIMIT or 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)) > INT32_LIMIT
-                  for t in (p.dy, p.dx, *(() if p.x is None else (p.x,))))
+        big = offsets_need_int64((p.dy, p.dx, *(() if p.x is None else (p.x,))), lanes=block)
         compute = compute_type(piece_types(piece))
         warps = (("num_warps", int(knobs.get("num_warps", 4))),)
         params, args = external_params(piece, [*piece.inputs, *piece.outputs])
@@ -148,12 +145,12 @@ class PoolBackwardTemplate(Template):
             params, args = ["taps", *params], [scratch, *args]
         kernels.append(self._gather(p, block, big, compute, params))
         launches.append(Launch("kernel_gather", (-(-p.dx.numel // block),), tuple(args), warps))
-        scratch_bytes = p.dy.numel * TAP_BYTES[tap_type(taps)] if p.is_max else 0
+        scratch_bytes = extent(p.dy) * TAP_BYTES[tap_type(taps)] if p.is_max else 0
         return Generated(module_source(*kernels), tuple(launches), scratch_bytes)
 
     @staticmethod
     def _argmax(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
-        """Each dy window's first-maximum tap, in dy's memory order, into `taps`."""
+        """Each dy window's first-maximum tap into `taps`, at dy's offset of the window."""
         assert p.x is not None
         yflat = _flat(p.dy)
         coords = tap_coords(p.window, p.stride, p.pre, p.x.dim, p.dy.dim, yflat.coord)
@@ -168,7 +165,7 @@ class PoolBackwardTemplate(Template):
                 "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
         lines = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
                  loop, *indent([*coords, *body]).split("\n"),
-                 f"tl.store(taps + lin, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
+                 f"tl.store(taps + {yflat.offset(p.dy) or '0'}, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
         return _kernel("kernel_argmax", params, p.dy.numel, block, big, yflat, lines)
 
     @staticmethod
@@ -179,11 +176,8 @@ class PoolBackwardTemplate(Template):
         per_axis = [-(-w // s) for w, s in zip(p.window, p.stride)]
         combos = math.prod(per_axis)
         inner = [math.prod(per_axis[d + 1:]) for d in range(nsp)]
+        # the window's offset in dy, where the argmax kernel also put its tap
         dy_terms = [f"{xflat.coord(a)} * {p.dy.stride[a]}" for a in (0, 1) if p.dx.dim[a] > 1 and p.dy.dim[a] > 1]
-        # the window's place in dy's memory order (the argmax kernel's `lin`), for the taps
-        yorder = [a for a in stride_order(p.dy.stride) if p.dy.dim[a] > 1]
-        ystep = {a: math.prod(p.dy.dim[b] for b in yorder[yorder.index(a) + 1:]) for a in yorder}
-        lin_terms = [f"{xflat.coord(a)} * {ystep[a]}" for a in (0, 1) if a in ystep]
         body, valid = [], ["mask"]
         for d in range(nsp):
             w, s, pre, out = p.window[d], p.stride[d], p.pre[d], p.dy.dim[2 + d]
@@ -196,15 +190,14 @@ class PoolBackwardTemplate(Template):
             valid += [f"(o{d} >= 0)", f"(o{d} < {out})"] + ([f"(k{d} < {w})"] if per_axis[d] * s > w else [])
             if out > 1:
                 dy_terms.append(f"o{d} * {p.dy.stride[2 + d]}")
-                lin_terms.append(f"o{d} * {ystep[2 + d]}")
         body.append(f"hit = {' & '.join(valid)}")
-        dy_ptr = f"p{p.dy.uid} + " + (" + ".join(dy_terms) or "0")
-        dy_val = from_storage(f"tl.load({dy_ptr}, mask=hit, other=0)", p.dy.data_type, compute)
+        dy_off = " + ".join(dy_terms) or "0"
+        dy_val = from_storage(f"tl.load(p{p.dy.uid} + {dy_off}, mask=hit, other=0)", p.dy.data_type, compute)
         if p.is_max:
             tap = " + ".join(f"k{d} * {math.prod(p.window[d + 1:])}" if d < nsp - 1 else f"k{d}" for d in range(nsp))
             # both loads under the window mask alone (constant over a channel run: vectorised), the
             # tap test a select after them
-            body += [f"won = tl.load(taps + {' + '.join(lin_terms) or '0'}, mask=hit, other=-1) == {tap}",
+            body += [f"won = tl.load(taps + {dy_off}, mask=hit, other=-1) == {tap}",
                      f"acc += tl.where(won, {dy_val}, 0.0)"]
         else:
             if p.exclude_padding:

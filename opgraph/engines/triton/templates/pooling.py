@@ -27,8 +27,20 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....ops.pooling import PoolGeometry, Resample, ResampleMode
 from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, piece_types, round_in_compute, to_storage
-from .base import Generated, Launch, Template, external_params, indent, module_source, pow2_at_least, program_id, unique
-from .reduction import INT32_LIMIT, FlatAxes
+from .base import (
+    INT32_LIMIT,
+    Generated,
+    Launch,
+    Template,
+    external_params,
+    indent,
+    module_source,
+    offsets_need_int64,
+    pow2_at_least,
+    program_id,
+    unique,
+)
+from .reduction import FlatAxes
 
 UNROLL_TAPS = 27  # windows up to 3x3x3 are unrolled
 
@@ -175,17 +187,8 @@ class PoolingTemplate(Template):
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         p = analyze(piece)
         assert isinstance(p, PoolPiece)
-        n = p.y.numel
-        top = pow2_at_least(n, 16)
-        taps = math.prod(p.geo.window)
         # ~4 outputs per thread; big windows do more work per output, so smaller blocks
-        first = 1024 if taps <= 16 else 512
-        ranked = [(first, 4), (first // 2, 4), (first * 2, 8), (256, 2)]
-        out = []
-        for block, warps in ranked:
-            block = min(block, top)
-            out.append({"BLOCK": block, "num_warps": max(1, min(warps, block // 128))})
-        return unique(out)
+        return block_candidates(p.y.numel, 1024 if math.prod(p.geo.window) <= 16 else 512)
 
     def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
         p = analyze(piece)
@@ -196,9 +199,7 @@ class PoolingTemplate(Template):
         g = piece.graph
         externals = [*piece.inputs, *piece.outputs]
         ny = p.y.numel
-        big = ny + block > INT32_LIMIT or any(  # (the last program's lanes run up to ny + BLOCK)
-            1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
-            for u in externals)
+        big = ny + block > INT32_LIMIT or offsets_need_int64(g.tensors[u] for u in externals)
         types = piece_types(piece)
         compute = compute_type(types)
         space = p.y.dim
@@ -266,6 +267,14 @@ class PoolingTemplate(Template):
         source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
         launch = Launch("kernel", (-(-ny // block),), tuple(args), (("num_warps", int(knobs.get("num_warps", 4))),))
         return Generated(source, (launch,))
+
+
+def block_candidates(numel: int, first: int) -> list[dict[str, Any]]:
+    """BLOCK / num_warps configs of a kernel over `numel` flat elements, `first` elements a program first,
+    then half, double and 256 (at most the elements' power of two, a warp per 128 lanes at most)."""
+    top = pow2_at_least(numel, 16)
+    return unique([{"BLOCK": min(b, top), "num_warps": max(1, min(w, min(b, top) // 128))}
+                   for b, w in ((first, 4), (first // 2, 4), (first * 2, 8), (256, 2))])
 
 
 def tap_coords(window: Sequence[int], stride: Sequence[int], pre: Sequence[int], x_dims: Sequence[int],
