@@ -104,9 +104,11 @@ from .space import (
 )
 from .splitk import (
     epilogue_tiling,
+    slice_block,
     split_range,
     split_store,
     split_sum,
+    split_sum_blocked,
 )
 from .template import (
     TileTemplate,
@@ -169,6 +171,8 @@ __all__ = [
     "split_range",
     "split_store",
     "split_sum",
+    "split_sum_blocked",
+    "slice_block",
     "stencil_dot",
     "stencil_support",
     "tma_ok",

@@ -67,3 +67,37 @@ def epilogue_tiling(tiling: Tiling, knobs: Mapping[str, Any], device: Device) ->
             else:
                 bn //= 2
     return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)
+
+
+def slice_block(split: int, tiling: Tiling, interpret: bool) -> int:
+    """Partial slices the combine launch loads at once: about 4096 elements (16 KB) per load, so
+    that a few programs keep enough bytes in flight whatever the split."""
+    budget = (1024 if interpret else 4096) // (tiling.block_m * tiling.block_n)
+    return max(2, min(1 << max(0, split - 1).bit_length(), 1 << max(0, budget.bit_length() - 1)))
+
+
+def split_sum_blocked(ctx: Context, sig: Signature, offset: int) -> list[str]:
+    """The combine launch's start under split-K: `acc` as the sum of the SPLIT_K partial tiles,
+    BLOCK_S slices per (pipelined) load and a fixed-order sum over them (deterministic). gemm.py's
+    split_sum adds one slice per step, which serialises on the load latency for deep splits."""
+    t = ctx.tiling
+    sp = t.space
+    dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
+    ws = sig.scratch("ws_acc", offset, dtype)
+    nprog = sp.nbatch * sp.groups
+    rows = f"pb * {sp.m} + rm" if nprog > 1 else "rm"
+    masks = [f"(s < {t.split})[:, None, None]"]
+    if t.rmask:
+        masks.append(f"{t.rmask}[None, :, None]")
+    if t.cmask:
+        masks.append(f"{t.cmask}[None, None, :]")
+    s_expr = "s0 + tl.arange(0, BLOCK_S)"
+    return [
+        f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})",
+        f"at = ({rows})[:, None] * {sp.n} + rn[None, :]",
+        f"for s0 in tl.range(0, {t.split}, BLOCK_S, num_stages=2):",
+        f"    s = ({s_expr}).to(tl.int64)" if t.big else f"    s = {s_expr}",
+        f"    part = tl.load({ws} + s[:, None, None] * {nprog * sp.m * sp.n} + at[None, :, :], "
+        f"mask={' & '.join(masks)}, other=0)",
+        "    acc += tl.sum(part, axis=0)",
+    ]

@@ -59,13 +59,17 @@ from ..gemm import (
     operand_bytes,
     operand_tile,
     prologue_share,
+    slice_block,
     split_range,
     split_store,
+    split_sum_blocked,
     uses_fp32,
     with_subtile,
 )
 from . import _prologue_pass as prologue_pass
+from . import _wgrad_merge as merge
 from .base import Generated, Launch, module_source, pow2_at_least, unique
+from .conv_fprop import MERGE
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
 MIN_GPU_CHANNELS = 8  # fewer input channels per group (not depthwise): no fused neighbours on the GPU
@@ -199,7 +203,7 @@ class ConvWgradTemplate(TileTemplate):
     def tiling(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Tiling:
         split = int(knobs.get("SPLIT_K", 1))
         sp = gp.space
-        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
+        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 or int(knobs.get(MERGE, 0)) else 0
         return TapTiling(sp, int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs.get("GROUP_M", 8)), split,
                          needs_int64(gp, scratch), per_program=self._per_program(gp, knobs))
 
@@ -247,8 +251,12 @@ class ConvWgradTemplate(TileTemplate):
             # a split whenever the loop is long, so that the tests run the combine launch
             first["SPLIT_K"] = max(first["SPLIT_K"], min(4, iters // 2)) if iters >= 4 else 1
             configs = [first, *configs[1:]]
+            if merge.applies(gp):  # before the broadest config (a saved plan may hold one)
+                configs = configs[:-1] + merge.candidates(self, gp, device, elem, extra) + configs[-1:]
         else:
             configs = self._gpu_candidates(gp, device, elem, extra)
+            if merge.applies(gp):
+                configs = configs[:1] + merge.candidates(self, gp, device, elem, extra) + configs[1:]
             if gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
                 configs = self._lean_first(configs)
         configs = with_subtile(configs, gp, device)
@@ -366,6 +374,9 @@ class ConvWgradTemplate(TileTemplate):
         if int(knobs.get("PERSISTENT", 0)):
             raise AttributeValueError("PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
                                       op=gp.main.label(), rule="triton.conv_wgrad.knob", hint="drop PERSISTENT")
+        merged = bool(int(knobs.get(MERGE, 0)))
+        if merged:
+            merge.check(gp, knobs, self._per_program(gp, knobs))
         tiling = self.tiling(gp, knobs)
         assert isinstance(tiling, TapTiling)
         ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
@@ -382,19 +393,21 @@ class ConvWgradTemplate(TileTemplate):
         functions: list[str] = []
         launches: list[Launch] = []
         plans, plan_ctx = ctx.reductions, ctx
-        if split > 1:
+        if split > 1 or merged:
             # the partials, then a combine launch on finer tiles that sums them and runs the epilogue
             ctx.scratch, ctx.reductions = Scratch(), []
             sp = gp.space
             acc_off = ctx.scratch.alloc(split * sp.nbatch * sp.groups * sp.m * sp.n * 4)
-            for j, acc in enumerate(accs[1]):
+            if merged:
+                body += merge.partial_store(ctx, sig, acc_off, knobs)
+            for j, acc in enumerate(accs[1] if not merged else []):
                 body += tiling.tap_lines(j) + ([f"acc = {acc}"] if acc != "acc" else []) + \
                     split_store(ctx, sig, acc_off)
             etiling = self.combine_tiling(tiling, knobs, device)
             ectx = dataclasses.replace(ctx, tiling=etiling)
             ectx.reductions = [ReductionPlan.make(r, ectx) for r in gp.reductions]
             esig = Signature()
-            block_s = _slice_block(split, etiling, ctx.interpret)
+            block_s = slice_block(split, etiling, ctx.interpret)
             ebody = etiling.header(with_split=False) + split_sum_blocked(ectx, esig, acc_off) + \
                 epilogue(ectx, esig, "acc", subtile)
             functions.append(sig.source("kernel", list(constexprs), body))
@@ -424,6 +437,8 @@ class ConvWgradTemplate(TileTemplate):
         """Lines of the main loop and the names of its accumulators (one per tap of the program)."""
         if self._is_stencil(ctx.gp):
             return self._stencil_loop(ctx, sig, knobs, lo, hi), ["acc"]
+        if int(knobs.get(MERGE, 0)):
+            return merge.mainloop(self, ctx, sig, knobs, lo, hi), ["acc"]
         return self._gemm_loop(ctx, sig, knobs, lo, hi)
 
     def _pixel_lines(self, ctx: Context, bk: int) -> tuple[list[str], str | None]:
@@ -552,40 +567,6 @@ class ConvWgradTemplate(TileTemplate):
         body += inner + ["    " + line for line in tap_body]
         lines.append(f"for it in range({lo}, {hi}):")
         return lines + ["    " + line for line in body]
-
-
-def _slice_block(split: int, tiling: Tiling, interpret: bool) -> int:
-    """Partial slices the combine launch loads at once: about 4096 elements (16 KB) per load, so
-    that a few programs keep enough bytes in flight whatever the split."""
-    budget = (1024 if interpret else 4096) // (tiling.block_m * tiling.block_n)
-    return max(2, min(pow2_at_least(split), 1 << max(0, budget.bit_length() - 1)))
-
-
-def split_sum_blocked(ctx: Context, sig: Signature, offset: int) -> list[str]:
-    """The combine launch's start under split-K: `acc` as the sum of the SPLIT_K partial tiles,
-    BLOCK_S slices per (pipelined) load and a fixed-order sum over them (deterministic). gemm.py's
-    split_sum adds one slice per step, which serialises on the load latency for deep splits."""
-    t = ctx.tiling
-    sp = t.space
-    dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
-    ws = sig.scratch("ws_acc", offset, dtype)
-    nprog = sp.nbatch * sp.groups
-    rows = f"pb * {sp.m} + rm" if nprog > 1 else "rm"
-    masks = [f"(s < {t.split})[:, None, None]"]
-    if t.rmask:
-        masks.append(f"{t.rmask}[None, :, None]")
-    if t.cmask:
-        masks.append(f"{t.cmask}[None, None, :]")
-    s_expr = "s0 + tl.arange(0, BLOCK_S)"
-    return [
-        f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})",
-        f"at = ({rows})[:, None] * {sp.n} + rn[None, :]",
-        f"for s0 in tl.range(0, {t.split}, BLOCK_S, num_stages=2):",
-        f"    s = ({s_expr}).to(tl.int64)" if t.big else f"    s = {s_expr}",
-        f"    part = tl.load({ws} + s[:, None, None] * {nprog * sp.m * sp.n} + at[None, :, :], "
-        f"mask={' & '.join(masks)}, other=0)",
-        "    acc += tl.sum(part, axis=0)",
-    ]
 
 
 def _unravel(index: int, sizes: list[int]) -> list[int]:
