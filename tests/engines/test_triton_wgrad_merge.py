@@ -37,7 +37,9 @@ CASES = {  # x dims, w dims, conv attributes
     "3d": ((1, 2, 4, 5, 6), (8, 2, 3, 2, 3), dict(padding=[1, 1, 1], stride=[1, 2, 1])),
     "groups": ((2, 6, 7, 7), (16, 3, 3, 3), dict(padding=[1, 1])),
     "one_channel_no_padding": ((2, 1, 6, 9), (8, 1, 2, 4), dict(padding=[0, 0])),
-    "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding wider than the image
+    "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding as wide as the image
+    "pre_padding_beyond_width": ((1, 3, 5, 2), (8, 3, 3, 5), dict(padding=[1, 3])),  # columns from -3: wrapped by 4
+    "stride_dilation_padding_1d": ((2, 3, 17), (8, 3, 5), dict(padding=[3], stride=[2], dilation=[2])),
     "no_selects": ((2, 2, 10, 8), (8, 2, 3, 8), dict(padding=[0, 0])),  # 16 lanes, BLOCK_M 16: nothing to mask
     "one_tap_rows": ((2, 3, 6, 6), (8, 3, 3, 1), dict(padding=[1, 0])),  # the last axis has one tap
 }
@@ -80,9 +82,20 @@ def test_every_tap_in_one_tile(case, split, rng):
     _check(plan_with(_graph(case), _knobs(case, taps=math.prod(wd[2:]), SPLIT_K=split)), rng)
 
 
-def test_one_tap_a_program(rng):
-    """TAPS=1: the lanes are the channels of one tap (the program's tap is the output space's `bb`)."""
-    _check(plan_with(_graph("stem_stride2"), _knobs("stem_stride2", taps=1, BLOCK_M=16)), rng)
+@pytest.mark.parametrize("case", ["stem_stride2", "groups"])
+def test_one_tap_a_program(case, rng):
+    """TAPS=1: the lanes are the channels of one tap (the program's tap is the output space's `bb`); a
+    config without TAPS means the same."""
+    _check(plan_with(_graph(case), _knobs(case, taps=1, BLOCK_M=16)), rng)
+    knobs = _knobs(case, BLOCK_M=16)
+    del knobs["TAPS"]
+    _check(plan_with(_graph(case), knobs), rng)
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_groups_with_a_filter_row_a_program(split, rng):
+    """Two groups of 3 channels, TAPS = a filter row: the partials at (tap * groups + group, channel)."""
+    _check(plan_with(_graph("groups"), _knobs("groups", SPLIT_K=split, BLOCK_N=16)), rng)
 
 
 @pytest.mark.parametrize("split", [2, 4])
@@ -135,6 +148,10 @@ def test_typed_errors_for_configs_that_cannot_run():
         plan_with(_graph("stem_stride2"), _knobs("stem_stride2", BLOCK_M=16))
     with pytest.raises(og.AttributeValueError, match="must divide the filter's 49 taps"):
         plan_with(_graph("stem_stride2"), _knobs("stem_stride2", taps=5))
+    depthwise, _, _, dw = wgrad_graph((2, 4, 13), (4, 1, 5), padding=[2])
+    dw.set_output(True)
+    with pytest.raises(og.AttributeValueError, match="fewer than 8 channels per group"):
+        plan_with(depthwise, {MERGE: 1, "TAPS": 1, "BLOCK_M": 16, "SPLIT_K": 1})
     wide, _, _, dw = wgrad_graph((2, 8, 6, 6), (8, 8, 3, 3), padding=[1, 1])
     dw.set_output(True)
     with pytest.raises(og.AttributeValueError, match="fewer than 8 channels per group"):
@@ -150,17 +167,22 @@ def _candidates(xd, wd, device, dt=DT.HALF, **attrs):
 def test_candidates_on_the_gpu_for_few_channels_only():
     """A stem's merged configs (a filter row and every tap, 32 and 256 lanes) come after the heuristic's
     first config, not before it, until a GPU has timed them; none where the channels are 8 or more, the
-    operands are integers, or the image has a prologue; on the CPU before the broadest config."""
+    operands are integers, or the image has a prologue fused (with the prologue's pass first, the plain
+    wgrad's configs); on the CPU before the broadest config."""
     stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
     merged = [c for c in stem if c.get(MERGE)]
     assert not stem[0].get(MERGE) and merged == stem[1:1 + len(merged)]
     assert {(c["TAPS"], c["BLOCK_M"]) for c in merged} == {(7, 32), (49, 256)}
     assert all(c["TAPS"] * 3 <= c["BLOCK_M"] <= MAX_LANES and c["SPLIT_K"] >= 8 for c in merged)
+    narrow = [c for c in _candidates((32, 3, 224, 224), (32, 3, 3, 3), H100, padding=[1, 1], stride=[2, 2])
+              if c.get(MERGE)]  # MobileNetV2's stem: 32 filters
+    assert {(c["TAPS"], c["BLOCK_M"], c["BLOCK_N"]) for c in narrow} == {(3, 16, 32), (9, 32, 32)}
     assert not any(c.get(MERGE) for c in _candidates((8, 8, 14, 14), (32, 8, 3, 3), H100, padding=[1, 1]))
     assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 3), H100, dt=DT.INT8,
                                                      padding=[1, 1]))
-    g, _ = sbr_wgrad(c=3, r=3)
-    assert not any(c.get(MERGE) for c in TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), H100))
+    g, _ = sbr_wgrad(c=3, r=3)  # merged only behind the prologue's own pass (the plain wgrad's configs)
+    sbr = [c for c in TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), H100) if c.get(MERGE)]
+    assert sbr and all(c.get("PROLOGUE_PASS") for c in sbr)
     cpu = _candidates((2, 3, 11, 12), (16, 3, 7, 7), og.core.device.CPU, padding=[3, 3], stride=[2, 2])
     assert [c.get(MERGE, 0) for c in cpu][-3:] == [1, 1, 0] and not cpu[0].get(MERGE)
 

@@ -7,8 +7,10 @@ again; it took 3,974 µs of an H100 in the ResNet-18 training step (N64, fp16, 2
 took 182. Merged, a program's rows are the lanes (tap, c) of TAPS taps (a filter row: 7 x 3 = 21 lanes
 padded to 32; or every tap: 147 to 256): one A tile [lanes, pixels] gathered from the image (its
 column depends on the lane and the pixel: a [rows, cols] index, `TileIndexer`'s "t" axes), one DY tile,
-one dot a step. Lanes past TAPS x C and image positions outside the image are wrapped into it for the
-loads and zeroed by a select, never masked in the loads (gemm/indexing.py says why).
+one dot a step. Lanes past TAPS x C are wrapped onto real ones (their rows of the dot are computed and
+never stored), and image positions outside the image on an axis of several taps are wrapped into it for
+the loads and zeroed by a select (gemm/indexing.py says why); the pixel tail and the bounds of an axis of
+one tap (a column mask) stay in the loads, as in the plain wgrad.
 
 The lanes of a tile are several taps of the output space (whose rows are the channels and whose batch
 axes are the taps), so the main kernel always writes fp32 partials to scratch at each lane's own (tap,
@@ -36,11 +38,12 @@ MAX_LANES = 256  # rows of a merged tile, at most
 
 
 def applies(gp: GemmPiece) -> bool:
-    """Whether MERGE_TAPS configs are offered: an ungrouped-or-grouped (not depthwise) float wgrad of
-    fewer than MERGE_BELOW channels per group, more than one filter tap, no prologue on the image."""
+    """Whether MERGE_TAPS configs are offered: a float wgrad, not depthwise, of fewer than MERGE_BELOW
+    channels per group, more than one filter tap, no prologue on the image."""
     x, dy = gp.operand("image"), gp.operand("loss")
     ntaps = math.prod(gp.space.dims[2:])
-    return (gp.space.m < MERGE_BELOW and ntaps > 1 and not gp.prologue.get(gp.main.input("image"))  # type: ignore[arg-type]
+    depthwise = not gp.space.batch  # (its rows are the taps: conv_wgrad's stencil loop)
+    return (not depthwise and gp.space.m < MERGE_BELOW and ntaps > 1 and not gp.prologue.get(gp.main.input("image"))  # type: ignore[arg-type]
             and not x.data_type.is_integer and not dy.data_type.is_integer)
 
 
@@ -63,9 +66,9 @@ def candidates(template: Any, gp: GemmPiece, device: Any, elem: int, extra: dict
             out.append({"BLOCK_M": bm, "BLOCK_N": min(32, pow2_at_least(sp.n, 16)), "BLOCK_K": 16, "GROUP_M": 1,
                         MERGE: 1, "TAPS": taps, "SPLIT_K": min(4, max(1, iters // 2)), "num_warps": 4, **extra})
             continue
-        bk = {1: 128, 2: 64}.get(elem, 32) if bm <= 64 else {1: 64, 2: 32}.get(elem, 16)
-        for bn in (64, 128):
-            if bn > max(32, pow2_at_least(sp.n, 32)):
+        bk = {1: 128, 2: 64}.get(elem, 32) if bm <= 64 else {1: 32}.get(elem, 16)  # 256 lanes: 32 spilled
+        for bn in (32, 64, 128):
+            if bn > max(32, pow2_at_least(sp.n, 32)) or bn == 32 and sp.n > 32:
                 continue
             warps = 8 if bm * bn >= 8192 else 4
             out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, MERGE: 1, "TAPS": taps,
@@ -79,8 +82,8 @@ def check(gp: GemmPiece, knobs: Mapping[str, Any], taps: int) -> None:
     span = taps * gp.space.m
     why = None
     if not applies(gp):
-        why = (f"{MERGE}=1 needs a float wgrad of fewer than {MERGE_BELOW} channels per group, more than one "
-               "filter tap and no prologue on the image")
+        why = (f"{MERGE}=1 needs a wgrad that is not depthwise, of float operands, fewer than {MERGE_BELOW} "
+               "channels per group, more than one filter tap and no prologue on the image")
     elif int(knobs["BLOCK_M"]) < span:
         why = f"{MERGE}=1 with TAPS={taps} needs BLOCK_M >= TAPS x channels per group = {span}"
     if why:
@@ -98,7 +101,7 @@ def mainloop(template: Any, ctx: Context, sig: Signature, knobs: Mapping[str, An
     x, dy = gp.operand("image"), gp.operand("loss")
     sp = gp.space
     nsp = len(x.dim) - 2
-    taps = int(knobs["TAPS"])
+    taps = getattr(ctx.tiling, "per_program", 1)
     cg, span = sp.m, taps * sp.m
     geo = op.geometry(nsp)
     flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
@@ -114,7 +117,7 @@ def mainloop(template: Any, ctx: Context, sig: Signature, knobs: Mapping[str, An
     b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn"))
     body += operand_tile(ctx, sig, "loss", b_idx, "b")
     # image positions: o * stride + tap * dilation - pre, the lane part before the loop
-    tmask = [f"(rm < {span})[:, None]"] if int(knobs["BLOCK_M"]) > span else []
+    tmask: list[str] = []  # (lanes past the span: rows of the dot that are never stored)
     x_axes: list[tuple[str, str]] = [("c", "jp0"), ("r", "xc")]
     cmask = [jmask] if jmask else []
     for a in range(nsp):
@@ -163,7 +166,7 @@ def partial_store(ctx: Context, sig: Signature, offset: int, knobs: Mapping[str,
     sp = t.space
     dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
     ws = sig.scratch("ws_acc", offset, dtype)
-    span = int(knobs["TAPS"]) * sp.m
+    span = getattr(t, "per_program", 1) * sp.m
     pb = f"mb * {sp.groups} + g" if sp.groups > 1 else "mb"
     row = f"(ks * {sp.nbatch * sp.groups} + {pb}) * {sp.m} + lc" if t.split > 1 else f"({pb}) * {sp.m} + lc"
     masks = [f"(rm < {span})[:, None]"] if int(knobs["BLOCK_M"]) > span else []

@@ -14,7 +14,8 @@ taps), so it is split over SPLIT_K programs (split-K over the pixels): each writ
 partial tile to scratch and a combine launch sums the partials in fixed order (deterministic), then
 runs the epilogue; it uses its own finer tiles so that it too spreads over the GPU. TAPS=T > 1 gives
 each program T taps of the filter with one accumulator each: the DY tile is loaded once per step
-for all T (T must divide the number of taps), which cuts the operand traffic when channels are few.
+for all T (T must divide the number of taps), which cuts the operand traffic when channels are few;
+with MERGE_TAPS=1 the T taps and the channels share the tile's rows, one accumulator (_wgrad_merge.py).
 
 Depthwise (one channel per group): each filter element is a dot product over the pixels of one
 channel, not a GEMM: each program owns all taps (rows, padded to a power of two) x BLOCK_N channels,
