@@ -13,7 +13,6 @@ import pytest
 import opgraph as og
 from opgraph.build.planner import Step
 from opgraph.core.config import EngineConfig
-from opgraph.core.device import Device
 from opgraph.core.piece import make_piece
 from opgraph.engines import get_engine
 from opgraph.engines.triton.templates._wgrad_merge import MAX_LANES
@@ -24,23 +23,15 @@ from opgraph.runtime.plan import ExecutionPlan
 from ..helpers import candidate_configs, layout_stride, plan_with, requires_cuda, step_plan
 from .hopper_compile import compile_for_hopper
 from .test_triton_conv_bwd import sbr_wgrad, wgrad_graph
+from .test_triton_conv_merge import CASES as FPROP_CASES
+from .test_triton_conv_merge import H100
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
-H100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
 
-CASES = {  # x dims, w dims, conv attributes
-    "stem_stride2": ((2, 3, 11, 12), (16, 3, 7, 7), dict(padding=[3, 3], stride=[2, 2])),
-    "dilated_flipped_asymmetric": ((1, 2, 9, 10), (8, 2, 3, 5), dict(pre_padding=[1, 0], post_padding=[0, 3],
-                                                                     dilation=[1, 2], convolution_mode="convolution")),
-    "1d": ((2, 3, 13), (8, 3, 5), dict(padding=[2])),
-    "3d": ((1, 2, 4, 5, 6), (8, 2, 3, 2, 3), dict(padding=[1, 1, 1], stride=[1, 2, 1])),
-    "groups": ((2, 6, 7, 7), (16, 3, 3, 3), dict(padding=[1, 1])),
-    "one_channel_no_padding": ((2, 1, 6, 9), (8, 1, 2, 4), dict(padding=[0, 0])),
-    "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding as wide as the image
-    "pre_padding_beyond_width": ((1, 3, 5, 2), (8, 3, 3, 5), dict(padding=[1, 3])),  # columns from -3: wrapped by 4
+CASES = {  # x dims, w dims, conv attributes: conv_fprop's merged geometries, and two of the wgrad's own
+    **FPROP_CASES,
     "stride_dilation_padding_1d": ((2, 3, 17), (8, 3, 5), dict(padding=[3], stride=[2], dilation=[2])),
-    "no_selects": ((2, 2, 10, 8), (8, 2, 3, 8), dict(padding=[0, 0])),  # 16 lanes, BLOCK_M 16: nothing to mask
     "one_tap_rows": ((2, 3, 6, 6), (8, 3, 3, 1), dict(padding=[1, 0])),  # the last axis has one tap
 }
 

@@ -16,7 +16,7 @@ The lanes of a tile are several taps of the output space (whose rows are the cha
 axes are the taps), so the main kernel always writes fp32 partials to scratch at each lane's own (tap,
 channel) and the split-K combine launch, unchanged, sums them and runs the epilogue (even at SPLIT_K=1).
 The conv_fprop analogue ran the stem forward in 77.4 µs (H100, from 183); these configs are candidates
-the tuner times, after the plain ones, until a GPU run has measured them.
+the tuner times, after the heuristic's first config, until a GPU run has measured them.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def applies(gp: GemmPiece) -> bool:
     x, dy = gp.operand("image"), gp.operand("loss")
     ntaps = math.prod(gp.space.dims[2:])
     depthwise = not gp.space.batch  # (its rows are the taps: conv_wgrad's stencil loop)
-    return (not depthwise and gp.space.m < MERGE_BELOW and ntaps > 1 and not gp.prologue.get(gp.main.input("image"))  # type: ignore[arg-type]
+    prologue = gp.prologue.get(gp.main.input("image"))  # type: ignore[arg-type]
+    return (not depthwise and gp.space.m < MERGE_BELOW and ntaps > 1 and not prologue
             and not x.data_type.is_integer and not dy.data_type.is_integer)
 
 
@@ -98,12 +99,12 @@ def mainloop(template: Any, ctx: Context, sig: Signature, knobs: Mapping[str, An
     assert ctx.dot is not None
     op = gp.main.op
     assert isinstance(op, ConvWgrad)
+    geo = template._geometry(gp)
     x, dy = gp.operand("image"), gp.operand("loss")
     sp = gp.space
     nsp = len(x.dim) - 2
     taps = getattr(ctx.tiling, "per_program", 1)
     cg, span = sp.m, taps * sp.m
-    geo = op.geometry(nsp)
     flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
     ptr = ctx.ptr_of(sig)
     lines = [f"lw = rm % {span}" if int(knobs["BLOCK_M"]) > span else "lw = rm",
@@ -111,11 +112,7 @@ def mainloop(template: Any, ctx: Context, sig: Signature, knobs: Mapping[str, An
     lines += decompose("mb", [(a, sp.dims[a]) for a in sp.batch], "mt")
     lines.append(f"xc = g * {cg} + lc" if sp.groups > 1 else "xc = lc")
     lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
-    body, jmask = template._pixel_lines(ctx, int(knobs["BLOCK_K"]))
-    pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
-    dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(nsp))]
-    b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn"))
-    body += operand_tile(ctx, sig, "loss", b_idx, "b")
+    body, jmask = template.dy_step(ctx, sig, int(knobs["BLOCK_K"]))
     # image positions: o * stride + tap * dilation - pre, the lane part before the loop
     tmask: list[str] = []  # (lanes past the span: rows of the dot that are never stored)
     x_axes: list[tuple[str, str]] = [("c", "jp0"), ("r", "xc")]

@@ -160,6 +160,11 @@ def module_source(*functions: str) -> str:
                       *custom_imports("\n".join(functions)), HELPERS, *functions])
 
 
+def verdict(analysis: object) -> Support:
+    """A template's match from its analysis of a piece: the Support it returned where it declines, else yes."""
+    return analysis if isinstance(analysis, Support) else Support.yes()
+
+
 def pow2_at_least(n: int, lo: int = 1) -> int:
     return max(lo, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
 

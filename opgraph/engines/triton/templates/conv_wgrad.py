@@ -456,6 +456,17 @@ class ConvWgradTemplate(TileTemplate):
         lines += decompose("j", axes, "jp")
         return lines, jmask
 
+    def dy_step(self, ctx: Context, sig: Signature, bk: int) -> tuple[list[str], str | None]:
+        """A main-loop step's output pixels (`_pixel_lines`: j, its mask, jp{axis}) and its DY tile `b`
+        [BLOCK_K pixels, BLOCK_N filters]; the mask's name is returned."""
+        dy = ctx.gp.operand("loss")
+        body, jmask = self._pixel_lines(ctx, bk)
+        pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
+        dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(len(dy.dim) - 2))]
+        b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ctx.ptr_of(sig), ("BLOCK_K", "BLOCK_N"), pixel_rows,
+                            zero=("j", "rn"))
+        return body + operand_tile(ctx, sig, "loss", b_idx, "b"), jmask
+
     def _image_positions(self, ctx: Context, taps: list[str], jmask: str | None,
                          name: str) -> tuple[list[str], str | None]:
         """Image positions xi{a} of the step's pixels at the taps named `taps` (per spatial axis), and
@@ -490,7 +501,7 @@ class ConvWgradTemplate(TileTemplate):
         gp = ctx.gp
         assert ctx.dot is not None and isinstance(ctx.tiling, TapTiling)
         tiling = ctx.tiling
-        x, dy = gp.operand("image"), gp.operand("loss")
+        x = gp.operand("image")
         nsp = len(x.dim) - 2
         sp = gp.space
         ptr = ctx.ptr_of(sig)
@@ -503,11 +514,7 @@ class ConvWgradTemplate(TileTemplate):
             lines += coord_lines
             tap_names.append(names)
         lines += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})" for acc in accs]
-        body, jmask = self._pixel_lines(ctx, int(knobs["BLOCK_K"]))
-        pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
-        dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(nsp))]
-        b_idx = TileIndexer(dy_axes, jmask, tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn"))
-        body += operand_tile(ctx, sig, "loss", b_idx, "b")
+        body, jmask = self.dy_step(ctx, sig, int(knobs["BLOCK_K"]))
         for j, acc in enumerate(accs):
             pos, pmask = self._image_positions(ctx, tap_names[j], jmask, f"xi{j}")
             body += pos
@@ -524,7 +531,7 @@ class ConvWgradTemplate(TileTemplate):
         the rows of `acc` at the end."""
         gp = ctx.gp
         assert ctx.dot is not None
-        x, dy = gp.operand("image"), gp.operand("loss")
+        x = gp.operand("image")
         nsp = len(x.dim) - 2
         sp = gp.space
         ntaps = self._ntaps(gp)
@@ -536,11 +543,7 @@ class ConvWgradTemplate(TileTemplate):
             lines += [f"acc_t{t} = tl.zeros((BLOCK_K, BLOCK_N), {acc_t})" for t in range(ntaps)]
         else:
             lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {acc_t})")
-        body, jmask = self._pixel_lines(ctx, int(knobs["BLOCK_K"]))
-        pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
-        dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(nsp))]
-        b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn"))
-        body += operand_tile(ctx, sig, "loss", b_idx, "b")
+        body, jmask = self.dy_step(ctx, sig, int(knobs["BLOCK_K"]))
         taps = [(a, sp.dims[a]) for a in range(2, len(sp.dims))]
         if unroll:
             for t in range(ntaps):

@@ -47,6 +47,7 @@ from .base import (
     module_source,
     offsets_need_int64,
     program_id,
+    verdict,
 )
 from .pooling import UNROLL_TAPS, block_candidates, tap_coords
 from .reduction import FlatAxes
@@ -118,8 +119,7 @@ class PoolBackwardTemplate(Template):
     main_kinds = ("custom",)
 
     def match(self, piece: Piece, device: Device) -> Support:
-        got = analyze(piece)
-        return got if isinstance(got, Support) else Support.yes()
+        return verdict(analyze(piece))
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         p = analyze(piece)

@@ -39,6 +39,7 @@ from .base import (
     pow2_at_least,
     program_id,
     unique,
+    verdict,
 )
 from .reduction import FlatAxes
 
@@ -181,8 +182,7 @@ class PoolingTemplate(Template):
     main_kinds = ("resample",)
 
     def match(self, piece: Piece, device: Device) -> Support:
-        got = analyze(piece)
-        return got if isinstance(got, Support) else Support.yes()
+        return verdict(analyze(piece))
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
         p = analyze(piece)

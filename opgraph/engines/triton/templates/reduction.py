@@ -52,6 +52,7 @@ from .base import (
     pow2_at_least,
     program_id,
     unique,
+    verdict,
 )
 
 INT32_LIMIT = 2**31 - 1
@@ -360,8 +361,7 @@ class ReductionTemplate(Template):
     main_kinds = ("reduction", "genstats")
 
     def match(self, piece: Piece, device: Device) -> Support:
-        got = analyze(piece)
-        return got if isinstance(got, Support) else Support.yes()
+        return verdict(analyze(piece))
 
     # -- knobs -----------------------------------------------------------------------------------
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
