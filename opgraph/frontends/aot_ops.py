@@ -89,6 +89,7 @@ def _native_layer_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
     out: list[Any] = [dx if want[0] else None]
     for i, t in ((1, dw), (2, db)):
         if want[i] and t is not None:
+            t.set_data_type(x.dtype if w is None else w.dtype)  # (FLOAT unless told: keep a float64 model's)
             out.append(g.reshape(t, normalized, name=imp.op_name("flat")) if len(full) != len(normalized) else t)
         else:
             out.append(None)
@@ -107,11 +108,17 @@ def _native_batch_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
     per_channel = (1, c) + (1,) * (x.rank - 2)
     scale = imp.reshaped(w, per_channel) if w is not None else _ones(imp, per_channel)
     want = _used(imp, node, a.get("output_mask"), 3)
-    dx, dw, db = imp.g.batchnorm_backward(imp.tensor(dy), imp.tensor(x), scale, imp.reshaped(mean, per_channel),
-                                          imp.reshaped(invstd, per_channel), name=imp.op_name())
+    if x.dtype == imp.torch.float64:  # the forward stored its statistics as FLOAT: recompute them exactly
+        stats: dict[str, Any] = dict(epsilon=float(a["eps"]))
+    else:
+        stats = dict(mean=imp.reshaped(mean, per_channel), inv_variance=imp.reshaped(invstd, per_channel))
+    dx, dw, db = imp.g.batchnorm_backward(imp.tensor(dy), imp.tensor(x), scale, name=imp.op_name(), **stats)
     out: list[Any] = [dx if want[0] else None]
     for i, t in ((1, dw), (2, db)):
-        out.append(imp.g.reshape(t, [c], name=imp.op_name("flat")) if want[i] and t is not None else None)
+        if want[i] and t is not None:  # (per-channel results are FLOAT unless told: keep a float64 model's)
+            out.append(imp.g.reshape(t.set_data_type(x.dtype if w is None else w.dtype), [c], name=imp.op_name("flat")))
+        else:
+            out.append(None)
     return out
 
 

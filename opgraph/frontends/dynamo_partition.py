@@ -97,7 +97,7 @@ class GraphReport:
 
 class PlanModule:
     """Runs one partition (an `ImportedGraph` of its FX submodule) as an opgraph plan; callable like
-    the submodule it replaces, with a tuple of outputs."""
+    the submodule it replaces (a tuple of outputs, or the one output bare, as the submodule returns)."""
 
     def __init__(self, imported: ImportedGraph, plan: Any, fallback: Any, name: str) -> None:
         import torch
@@ -119,10 +119,12 @@ class PlanModule:
         self._leaves = [(None, leaf.value) if leaf.tensor is None else (leaf.tensor.known_uid(), leaf.shape)
                         for leaf in imported._output_leaves]
         self._bound = [(h.known_uid(), s) for h, s in imported.bound_inputs]
+        output = next(n for n in fallback.graph.nodes if n.op == "output")
+        self._single = not isinstance(output.args[0], (tuple, list))  # (the submodule returns one value bare)
 
-    def __call__(self, *args: Any) -> tuple[Any, ...]:
+    def __call__(self, *args: Any) -> Any:
         if self.failed:
-            return tuple(self.fallback(*args))
+            return self.fallback(*args)
         torch = self._torch
         pack: dict[int, Any] = {}
         device = None
@@ -146,8 +148,9 @@ class PlanModule:
             self.failed = True
             log.warning("opgraph: partition %s failed to run (%s: %s); PyTorch runs it from now on", self.name,
                         type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-            return tuple(self.fallback(*args))
-        return tuple(value if uid is None else pack[uid].view(value) for uid, value in self._leaves)
+            return self.fallback(*args)
+        outs = tuple(value if uid is None else pack[uid].view(value) for uid, value in self._leaves)
+        return outs[0] if self._single else outs
 
 
 # -- partitioning ------------------------------------------------------------------------------------
