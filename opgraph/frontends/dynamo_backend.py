@@ -213,7 +213,7 @@ def explain(model: Any, *inputs: Any, backward: bool = True, **compile_kwargs: A
             for t in leaves[1:]:
                 total = total + t.sum()
             total.backward()
-    reasons = [f"{getattr(b, 'reason', b)}" + _where(b) for b in breaks.break_reasons]
+    reasons = [str(getattr(b, "reason", b)).strip().splitlines()[0] + _where(b) for b in breaks.break_reasons]
     return Explanation(breaks.graph_count, reasons, list(_REPORTS[first:]))
 
 

@@ -123,3 +123,25 @@ def test_autocast_and_grad_scaler_work_around_it():
 def test_not_a_module_is_a_typed_error():
     with pytest.raises(og.UnsupportedGraphError, match="compile.module"):
         og.compile(lambda x: x, (torch.randn(2),))
+
+
+def test_distributed_data_parallel_wraps_it(tmp_path):
+    """DDP (one process, gloo) wraps the compiled module: its reducer sees the gradients the plan
+    makes, through the module's own parameters."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = mlp().double()
+        eager = copy.deepcopy(model)
+        x = torch.randn(5, 6, dtype=torch.float64)
+        ddp = nn.parallel.DistributedDataParallel(og.compile(model, (x,)))
+        ddp(x).square().sum().backward()
+        eager(x).square().sum().backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10)
+    finally:
+        dist.destroy_process_group()
