@@ -99,10 +99,11 @@ class PlanModule:
     """Runs one partition (an `ImportedGraph` of its FX submodule) as an opgraph plan; callable like
     the submodule it replaces (a tuple of outputs, or the one output bare, as the submodule returns)."""
 
-    def __init__(self, imported: ImportedGraph, plan: Any, fallback: Any, name: str) -> None:
+    def __init__(self, imported: ImportedGraph, plan: Any, fallback: Any, name: str, device: Any) -> None:
         import torch
 
         self.imported = imported
+        self.device = device
         self.plan = plan
         self.fallback = fallback  # the FX submodule: PyTorch runs it if the plan ever fails
         self.name = name
@@ -127,10 +128,9 @@ class PlanModule:
             return self.fallback(*args)
         torch = self._torch
         pack: dict[int, Any] = {}
-        device = None
+        device = self.device
         for i, uid, dim, stride in self._inputs:
             x = args[i]
-            device = x.device
             if tuple(x.shape) != dim:
                 x = x.reshape(dim)
             if any(d > 1 and s != w for d, s, w in zip(dim, x.stride(), stride)):
@@ -183,11 +183,20 @@ def _supported(refused: Mapping[str, str], node: Any) -> bool:
     return all(v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)) for v in vals)
 
 
-def _device(sub: Any) -> str | None:
-    """The one device of a partition's tensor inputs (None: none, or several)."""
-    devices = {str(n.meta["val"].device.type) for n in sub.graph.nodes
-               if n.op == "placeholder" and hasattr(n.meta.get("val"), "device")}
-    return devices.pop() if len(devices) == 1 else None
+def _device(sub: Any) -> Any:
+    """The one device of a partition's tensor inputs, or of its values when it has none (a mask built
+    from `arange`); None when they are on several devices."""
+    def devices(nodes: Any) -> set[Any]:
+        found = set()
+        for n in nodes:
+            vals = n.meta.get("val")
+            for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+                if hasattr(v, "device"):
+                    found.add(v.device)
+        return found
+
+    found = devices(n for n in sub.graph.nodes if n.op == "placeholder") or devices(sub.graph.nodes)
+    return found.pop() if len(found) == 1 else None
 
 
 def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | None,
@@ -203,7 +212,7 @@ def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | No
                    for n in gm.graph.nodes if n.op == "placeholder")
     report = GraphReport(kind, index, shapes, nodes=len(calls))
     refused: dict[str, str] = {}
-    done: dict[frozenset[str], tuple[ImportedGraph, Any, list[str]]] = {}
+    done: dict[frozenset[str], tuple[ImportedGraph, Any, Any, list[str]]] = {}
     proposed: list[list[Any]] = []
     for _round in range(len(calls) + 1):
         support = create_op_support(functools.partial(lambda r, _subs, n: _supported(r, n), dict(refused)))
@@ -228,16 +237,16 @@ def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | No
     _account(report, calls, proposed, refused)
     subs = [done[frozenset(n.name for n in nodes)] for nodes in proposed]
     fused = fuse_by_partitions(gm, [dict.fromkeys(nodes) for nodes in proposed], prefix="opgraph_") if proposed else gm
-    for i, (imported, plan, placeholders) in enumerate(subs):
+    for i, (imported, plan, device, placeholders) in enumerate(subs):
         name = f"opgraph_{i}"
         sub = getattr(fused, name)
         if [n.name for n in sub.graph.nodes if n.op == "placeholder"] != placeholders:
             outcome = _import_partition(sub, engines, build_options)
             if isinstance(outcome, dict):  # (the same nodes imported before: not expected)
                 continue
-            imported, plan, _ = outcome
+            imported, plan, device, _ = outcome
         fused.delete_submodule(name)
-        fused.add_submodule(name, as_module(PlanModule(imported, plan, sub, name)))
+        fused.add_submodule(name, as_module(PlanModule(imported, plan, sub, name, device)))
         report.partitions.append(_partition_report(name, sub, plan))
     fused.recompile()
     return fused, report
@@ -279,12 +288,13 @@ def _why_not(node: Any) -> str:
 
 
 def _import_partition(sub: Any, engines: Sequence[str] | None,
-                      build_options: Mapping[str, Any]) -> tuple[ImportedGraph, Any, list[str]] | dict[str, str]:
+                      build_options: Mapping[str, Any]) -> tuple[ImportedGraph, Any, Any, list[str]] | dict[str, str]:
     """The partition imported and its plan built, or {node name: reason} for what to take out ({} when
     the whole partition must go)."""
     device = _device(sub)
     if device is None:
-        return {}
+        return {n.name: "its partition's tensors are on several devices" for n in sub.graph.nodes
+                if n.op == "call_function"}
     try:
         imported = import_fx(sub, name=sub.__class__.__name__)
     except GraphError as err:
@@ -295,10 +305,10 @@ def _import_partition(sub: Any, engines: Sequence[str] | None,
     if declined:
         return declined
     try:
-        plan = imported.plan(device, engines, **build_options)
+        plan = imported.plan(device.type, engines, **build_options)
     except GraphError as err:
         return {n.name: f"no plan: {err.detail}" for n in sub.graph.nodes if n.op == "call_function"}
-    return imported, plan, [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+    return imported, plan, device, [n.name for n in sub.graph.nodes if n.op == "placeholder"]
 
 
 def as_module(fn: Any) -> Any:

@@ -39,7 +39,8 @@ def tiny_transformer() -> nn.Module | None:
     except ImportError:
         return None
     config = GPT2Config(vocab_size=19, n_positions=8, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", bos_token_id=None,
+                        eos_token_id=None)
 
     class Logits(nn.Module):
         def __init__(self) -> None:
