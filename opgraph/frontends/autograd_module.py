@@ -79,6 +79,7 @@ class CompiledModule(torch.nn.Module):
         self.build_options = build_options
         self._imports: dict[tuple, ImportedGraph] = {}
         self._variants: dict[tuple, Variant] = {}
+        self._param_keys: dict[int, list[str]] = {}
         args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
         self._imported(args)  # import now: a module from_torch cannot import fails here, not in a loop
 
@@ -109,30 +110,33 @@ class CompiledModule(torch.nn.Module):
         if device is None:
             device = next((p.device for p in self.module.parameters()), torch.device("cpu"))
         low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-        needs = self._needs_grad(imported, leaves)
+        needs, current = self._needs_grad(imported, leaves)
         key = (id(imported), device.type, low, needs)
         variant = self._variants.get(key)
         if variant is None:
             variant = self._variants[key] = self._make(imported, needs, low, device)
         tensors = [leaves[i] for i, _ in variant.inputs]
-        params = [self.module.get_parameter(k) for k, _, _ in variant.params]
-        run = _Run(self, imported, variant, inputs, device)
+        params = [current[k] for k, _, _ in variant.params]
+        run = _Run(self, imported, variant, inputs, device, params)
         if variant.backward_plan is None:
             outs = run.forward()
         else:
             outs = _Function.apply(run, *tensors, *params)
         return _unflatten(imported, outs)
 
-    def _needs_grad(self, imported: ImportedGraph, leaves: list[Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """(flat indices of floating inputs, parameter keys) that need a gradient now."""
+    def _needs_grad(self, imported: ImportedGraph, leaves: list[Any]) -> tuple[tuple, dict[str, Any]]:
+        """((flat indices of floating inputs, parameter keys) that need a gradient now, {key: the
+        module's parameter} for those keys)."""
         if not torch.is_grad_enabled():
-            return (), ()
+            return ((), ()), {}
         inputs = tuple(i for i, (h, x) in enumerate(zip(imported._input_slots, leaves))
                        if h is not None and isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point())
-        keys = tuple(dict.fromkeys(s.key for _, s in imported.bound_inputs if s.kind == "parameter"
-                                   and self.module.get_parameter(s.key).requires_grad
-                                   and self.module.get_parameter(s.key).is_floating_point()))
-        return inputs, keys
+        keys = self._param_keys.get(id(imported))
+        if keys is None:
+            keys = self._param_keys[id(imported)] = list(dict.fromkeys(
+                s.key for _, s in imported.bound_inputs if s.kind == "parameter"))
+        current = {k: p for k in keys if (p := self.module.get_parameter(k)).requires_grad and p.is_floating_point()}
+        return (inputs, tuple(current)), current
 
     def _make(self, imported: ImportedGraph, needs: tuple, low: Any, device: Any) -> Variant:
         input_idx, keys = needs
@@ -198,8 +202,9 @@ class _Run:
     """One call: the forward pack (kept for the backward), then the backward pack."""
 
     def __init__(self, owner: CompiledModule, imported: ImportedGraph, variant: Variant, inputs: tuple,
-                 device: Any) -> None:
+                 device: Any, params: list[Any]) -> None:
         self.owner, self.imported, self.variant, self.inputs, self.device = owner, imported, variant, inputs, device
+        self.params = params  # the module's parameters differentiated, in variant.params' order
         self.pack: dict[int, Any] = {}
 
     def forward(self) -> tuple[Any, ...]:
@@ -208,9 +213,9 @@ class _Run:
         base = imported.variant_pack(*self.inputs, outputs={})
         members = {u for _, (_, ms) in v.tied.items() for u in ms}
         pack = {u: b for u, b in base.items() if u in final.inputs and u not in members}
-        module = self.owner.module
-        for key, (uid, _) in v.tied.items():
-            pack[uid] = module.get_parameter(key).detach()
+        for (key, uid, _), p in zip(v.params, self.params):
+            if key in v.tied:
+                pack[uid] = p.detach()
         for uid in final.outputs:
             d = final.tensors[uid]
             pack[uid] = torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=self.device)
@@ -234,10 +239,8 @@ class _Run:
             else:
                 buf.copy_(g.reshape(d.dim) if tuple(g.shape) != d.dim else g)
             pack[uid] = buf
-        module = self.owner.module
         results: list[Any] = []
-        for key, uid, source in v.params:
-            p = module.get_parameter(key)
+        for (_, uid, source), p in zip(v.params, self.params):
             out = torch.empty_like(p, memory_format=torch.preserve_format)
             pack[v.grads[uid]] = source.apply(out) if source is not None else out
             results.append(out)

@@ -196,7 +196,9 @@ def explain(model: Any, *inputs: Any, backward: bool = True, **compile_kwargs: A
     """Compile a deep copy of `model` with the opgraph backend (`compile_kwargs`: torch.compile's
     `mode`, `options`, `dynamic`), run it on `inputs` (and, with `backward`, the backward of the sum of
     its floating outputs) and say what happened: Dynamo's graph breaks, and for each graph the opgraph
-    partitions and the nodes left to PyTorch with the reason. The model itself is not run or changed."""
+    partitions and the nodes left to PyTorch with the reason. The model itself is not run or changed;
+    Dynamo's caches are reset, as torch._dynamo.explain resets them (compiled models recompile on their
+    next call)."""
     import torch
 
     twin = copy.deepcopy(model)
@@ -213,6 +215,7 @@ def explain(model: Any, *inputs: Any, backward: bool = True, **compile_kwargs: A
             for t in leaves[1:]:
                 total = total + t.sum()
             total.backward()
+    torch._dynamo.reset()
     reasons = [str(getattr(b, "reason", b)).strip().splitlines()[0] + _where(b) for b in breaks.break_reasons]
     return Explanation(breaks.graph_count, reasons, list(_REPORTS[first:]))
 

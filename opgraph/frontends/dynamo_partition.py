@@ -203,6 +203,7 @@ def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | No
                   build_options: Mapping[str, Any]) -> tuple[Any, GraphReport]:
     """Partition `gm` (an AOTAutograd GraphModule; modified in place), build a plan per partition and
     return the fused GraphModule, whose partitions are `PlanModule`s, with its report."""
+    from torch.fx.node import _get_qualified_name
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import create_op_support
     from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions, topo_sort
@@ -214,17 +215,22 @@ def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | No
     refused: dict[str, str] = {}
     done: dict[frozenset[str], tuple[ImportedGraph, Any, Any, list[str]]] = {}
     proposed: list[list[Any]] = []
+    # views at a partition's edge stay in PyTorch (a transposed weight read in place, not copied in or out)
+    views = sorted({_get_qualified_name(n.target) for n in calls if _base(n) in VIEW_OPS})
     for _round in range(len(calls) + 1):
         support = create_op_support(functools.partial(lambda r, _subs, n: _supported(r, n), dict(refused)))
-        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
-        proposed = [topo_sort(list(p.nodes)) for p in partitioner.propose_partitions()]
+        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True, non_compute_ops=views)
+        partitions = partitioner.propose_partitions()
+        partitioner.remove_bookend_non_compute_ops(partitions)
+        proposed = [topo_sort(list(p.nodes)) for p in partitions]
         proposed = [nodes for nodes in proposed if _computes(nodes)]
         again = False
         for i, nodes in enumerate(proposed):
             names = frozenset(n.name for n in nodes)
             if names in done:
                 continue
-            sub, _, _ = fuse_as_graphmodule(gm, nodes, f"opgraph_{i}", always_return_tuple=True)
+            # (the node order fuse_by_partitions will use: the same placeholders, in the same order)
+            sub, _, _ = fuse_as_graphmodule(gm, topo_sort(nodes), f"opgraph_{i}")
             outcome = _import_partition(sub, engines, build_options)
             if isinstance(outcome, dict):
                 refused.update(outcome or dict.fromkeys(names, "the partition did not import"))
@@ -240,7 +246,7 @@ def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | No
     for i, (imported, plan, device, placeholders) in enumerate(subs):
         name = f"opgraph_{i}"
         sub = getattr(fused, name)
-        if [n.name for n in sub.graph.nodes if n.op == "placeholder"] != placeholders:
+        if _body(sub) != placeholders:  # (placeholders are made in the order of first use)
             outcome = _import_partition(sub, engines, build_options)
             if isinstance(outcome, dict):  # (the same nodes imported before: not expected)
                 continue
@@ -264,6 +270,10 @@ def _account(report: GraphReport, calls: list[Any], proposed: list[list[Any]], r
             report.views += 1  # a view, or translatable but in a partition of views alone
         else:
             report.fallbacks.append(Fallback(n.name, _target(n), _why_not(n)))
+
+
+def _body(sub: Any) -> list[str]:
+    return [n.name for n in sub.graph.nodes if n.op == "call_function"]
 
 
 def _partition_report(name: str, sub: Any, plan: Any) -> PartitionReport:
@@ -308,7 +318,7 @@ def _import_partition(sub: Any, engines: Sequence[str] | None,
         plan = imported.plan(device.type, engines, **build_options)
     except GraphError as err:
         return {n.name: f"no plan: {err.detail}" for n in sub.graph.nodes if n.op == "call_function"}
-    return imported, plan, device, [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+    return imported, plan, device, _body(sub)
 
 
 def as_module(fn: Any) -> Any:

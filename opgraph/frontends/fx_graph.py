@@ -87,13 +87,6 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None, *, name: str
     placeholders, in order, and whose outputs are the graph's outputs, as a flat tuple (`run` and
     `unpack` give a tuple; a non-tensor output, e.g. AOTAutograd's None gradient, stays as it is).
     `example_inputs`: the placeholders' values (default: their traced `meta['val']`)."""
-    import torch
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    from . import aot_ops  # noqa: F401  (the AOTAutograd-only ops join the table)
-    from .torch_import import _translate
-    from .torch_importer import Importer
-
     args = list(examples(gm) if example_inputs is None else example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # an argument the graph does not read (a backward graph's input used for its size only, or read by
@@ -101,6 +94,25 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None, *, name: str
     # its shape and dtype), and `variant_pack` skips what is passed there
     args = [a if n.users else _unread(a) for n, a in zip(placeholders, args)]
     program = FxProgram.of(gm)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    bare = not isinstance(output.args[0], (tuple, list))
+    if bare:  # the translator reads a tuple of outputs; a graph returning one value bare gets one
+        output.args = ((output.args[0],),)
+    try:
+        return _import(gm, program, args, placeholders, name)
+    finally:
+        if bare:
+            output.args = (output.args[0][0],)
+
+
+def _import(gm: Any, program: FxProgram, args: list[Any], placeholders: list[Any], name: str | None) -> ImportedGraph:
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from . import aot_ops  # noqa: F401  (the AOTAutograd-only ops join the table)
+    from .torch_import import _translate
+    from .torch_importer import Importer
+
     with _disable_current_modes():  # constants the translator folds are real tensors, not fake ones
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32

@@ -145,3 +145,34 @@ def test_distributed_data_parallel_wraps_it(tmp_path):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_gpu_gpt_training_steps(autocast):
+    """On a GPU (the generated kernels): the GPT trained 5 AdamW steps by opgraph.compile and by eager
+    PyTorch, fp32 (TF32 off on both sides) or under bf16 autocast."""
+    from .compile_models import make_case
+
+    model, batches = make_case("gpt")
+    model = model.float().cuda()
+    eager = copy.deepcopy(model)
+    (ids,), _ = batches(0)
+    compiled = og.compile(model, (ids.cuda(),))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt_eager = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    tol = 3e-2 if autocast else 2e-3
+    for step in range(5):
+        (ids,), target = batches(step)
+        ids, target = ids.cuda(), target.cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = nn.functional.cross_entropy(compiled(ids).flatten(0, 1).float(), target.flatten())
+            loss_eager = nn.functional.cross_entropy(eager(ids).flatten(0, 1).float(), target.flatten())
+        torch.testing.assert_close(loss, loss_eager, rtol=tol, atol=tol)
+        loss.backward()
+        loss_eager.backward()
+        opt.step()
+        opt_eager.step()
+        opt.zero_grad()
+        opt_eager.zero_grad()
