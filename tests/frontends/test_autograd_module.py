@@ -159,7 +159,7 @@ def test_gpu_gpt_training_steps(autocast):
     model = model.float().cuda()
     eager = copy.deepcopy(model)
     (ids,), _ = batches(0)
-    compiled = og.compile(model, (ids.cuda(),))
+    compiled = og.compile(model, (ids.cuda(),), deselect_numeric_notes=["DOWN_CONVERT_INPUTS"])  # no TF32
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     opt_eager = torch.optim.AdamW(eager.parameters(), lr=1e-3)
     tol = 3e-2 if autocast else 2e-3
