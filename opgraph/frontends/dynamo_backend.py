@@ -71,7 +71,8 @@ class BackendOptions:
         if isinstance(engines, str):
             engines = [engines]
         cudagraphs = bool(settings.pop("cudagraphs", False))
-        return cls(cudagraphs, None if engines is None else tuple(engines), tuple(sorted(settings.items())))
+        build = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in settings.items()))
+        return cls(cudagraphs, None if engines is None else tuple(engines), build)
 
 
 def reports() -> list[GraphReport]:

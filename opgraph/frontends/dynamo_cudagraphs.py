@@ -12,8 +12,11 @@ that backend has the FX graph itself.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("opgraph.dynamo")
 
 Compiler = Callable[[Any, list[Any]], Any]
 
@@ -23,19 +26,24 @@ def with_cudagraphs(forward: Compiler, backward: Compiler, inference: Compiler,
     """The three AOTAutograd compilers wrapped so that what they compile replays as CUDA graphs.
     `dynamo_inputs`: how many inputs the Dynamo graph has (the forward's leading, fixed ones)."""
     import torch
-    from torch._dynamo.backends.cudagraphs import (
-        check_for_skip,
-        find_input_mutations,
-        get_device_index,
-        get_stack_traces,
-    )
-    from torch._inductor.cudagraph_trees import cudagraphify_impl
-    from torch._inductor.cudagraph_utils import (
-        BoxedDeviceIndex,
-        get_placeholder_info,
-        log_cudagraph_skip_and_bump_counter,
-    )
-    from torch._inductor.utils import BoxedBool, count_tangents, num_fw_fixed_arguments
+
+    try:  # PyTorch's private CUDA-graph machinery: without it (another version), run without CUDA graphs
+        from torch._dynamo.backends.cudagraphs import (
+            check_for_skip,
+            find_input_mutations,
+            get_device_index,
+            get_stack_traces,
+        )
+        from torch._inductor.cudagraph_trees import cudagraphify_impl
+        from torch._inductor.cudagraph_utils import (
+            BoxedDeviceIndex,
+            get_placeholder_info,
+            log_cudagraph_skip_and_bump_counter,
+        )
+        from torch._inductor.utils import BoxedBool, count_tangents, num_fw_fixed_arguments
+    except ImportError as err:
+        log.warning("opgraph: CUDA graphs are off: this PyTorch lacks what they use (%s)", err)
+        return forward, backward, inference
 
     do_cudagraphs = BoxedBool(True)
     device_index = BoxedDeviceIndex(None)

@@ -354,7 +354,8 @@ class ImportedGraph:
     # -- running ----------------------------------------------------------------------------------
     def plan(self, device: str | None = None, engines: Sequence[str] | None = None, **build_options: Any) -> Any:
         """The graph's ExecutionPlan for `device` and `engines`, built once and cached."""
-        key = (device, None if engines is None else tuple(engines), tuple(sorted(build_options.items())))
+        key = (device, None if engines is None else tuple(engines),
+               tuple(sorted((k, _freeze(v)) for k, v in build_options.items())))
         if key not in self._plans:
             self._plans[key] = self.graph.build(device=device, engines=engines, **build_options)
         return self._plans[key]

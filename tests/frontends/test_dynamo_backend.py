@@ -146,7 +146,9 @@ def test_options():
         BackendOptions.parse({}, "fastest")
 
 
-@pytest.mark.parametrize("options", [{"engines": ["torch"]}, {"cudagraphs": True}], ids=["torch-engine", "cudagraphs"])
+@pytest.mark.parametrize("options", [{"engines": ["torch"]}, {"cudagraphs": True},
+                                     {"deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]}],
+                         ids=["torch-engine", "cudagraphs", "a-build-option"])
 def test_options_reach_the_plans(options):
     torch.manual_seed(0)
     model = mlp().double()
