@@ -56,8 +56,6 @@ def compile_one(spec: dict) -> dict:
     """In the child: compile one kernel for sm_90a and measure its code."""
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    from triton.backends.nvidia.compiler import get_ptxas
-
     _fake_driver()
     import gemm_kernels as gk
     import gemm_sweep as gs
@@ -65,6 +63,15 @@ def compile_one(spec: dict) -> dict:
     t0 = time.time()
     ck = gs.compile_kernel(spec, 132, device="cpu")
     ctime = time.time() - t0
+    return {"variant": spec["variant"], "cfg": gk.cfg_name(spec["cfg"]), "dtype": spec["dtype"], "b": spec["b"],
+            "act": spec["act"], "compile_s": round(ctime, 2), **analyze(ck)}
+
+
+def analyze(ck) -> dict:
+    """What a CompiledKernel for sm_90 holds: ptxas's registers and spills, shared memory, warps, and
+    counts of the instructions that matter on Hopper (PTX, and SASS from Triton's cuobjdump)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
     ptx = ck.asm["ptx"]
     ptxas = get_ptxas(90)
     ptxas = getattr(ptxas, "path", ptxas)
@@ -82,9 +89,7 @@ def compile_one(spec: dict) -> dict:
     ttgir = ck.asm.get("ttgir", "")
     total_warps = re.search(r'"ttg.total-num-warps"\s*=\s*(\d+)', ttgir)
     return {
-        "variant": spec["variant"], "cfg": gk.cfg_name(spec["cfg"]), "dtype": spec["dtype"], "b": spec["b"],
-        "act": spec["act"], "compile_s": round(ctime, 2), "regs": regs, "spill_bytes": spills,
-        "smem": ck.metadata.shared, "warps": ck.metadata.num_warps,
+        "regs": regs, "spill_bytes": spills, "smem": ck.metadata.shared, "warps": ck.metadata.num_warps,
         "total_warps": int(total_warps.group(1)) if total_warps else ck.metadata.num_warps,
         "ws_regions": ttgir.count("ttg.warp_specialize"),
         "wgmma_ptx": len(re.findall(r"wgmma\.mma_async", ptx)),
