@@ -397,6 +397,9 @@ def child_main(role: str, conn, init: dict) -> None:
 def _fake_child(role: str, conn) -> None:
     """--fake: the scheduler's test without a GPU (children that compile, measure, crash and hang)."""
     import random
+    if os.environ.get("HOPPER_LAB_FAKE_FATAL") == role:
+        conn.send(("fatal", None, "a stand-in failure"))
+        return
     conn.send(("ready", None, None))
     while True:
         try:
@@ -513,10 +516,12 @@ class Sweep:
     def plan_shape(self, s: Shape, first: bool) -> None:
         """Queue the library runs and the variants' configs of shape s."""
         entry = self.shape_entry(s)
-        self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas"})
+        self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas", "pos": 0})
         if s.dtype == "fp8":
             self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas_fast_accum",
-                                       "fast_accum": True})
+                                       "fast_accum": True, "pos": 0})
+        # cuBLAS again after the shape's kernels: clocks drift under load (the ratios use the faster)
+        self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas_end", "pos": 2})
         pairs = self.fp8_variants() if s.dtype == "fp8" else [(n, 0) for n in self.variants]
         for vname, promote in pairs:
             v = self.gk.VARIANTS[vname]
@@ -642,6 +647,16 @@ class Sweep:
             while planned < len(self.shapes) and not first_pending and not stopping:
                 self.plan_shape(self.shapes[planned], first=False)
                 planned += 1
+            # no compile process could start (fatal): the measuring process compiles at first launch
+            if self.compile_queue and not any(not w.dead for w in compilers):
+                for key, spec in self.compile_queue:
+                    self.on_compiled({**spec, "key": key}, {"ok": True, "note": "compiled in the measuring process"})
+                self.compile_queue = []
+            if measurer.dead and not measurer.proc.is_alive() and measurer.ready is False and not stopping \
+                    and any("measure" in n and "could not start" in n for n in self.results["notes"]):
+                self.log("the measuring process could not start: stopping")
+                stopping = True
+                self.deadline = time.time()
             # hand out work
             if not stopping:
                 for w in compilers:
@@ -649,7 +664,9 @@ class Sweep:
                         key, spec = self.compile_queue.pop(0)
                         w.send(self.new_id(), {**spec, "key": key})
                 while measurer.ready and measurer.task is None and not measurer.dead and self.measure_queue:
-                    task = self.measure_queue.pop(0)
+                    task = self.next_measurement()
+                    if task is None:
+                        break
                     if task.get("label") in self.hung and task["kind"] == "kernel":
                         self.record(task, {"ok": False, "error": "not run: a kernel of this variant hung before"})
                         continue
@@ -713,6 +730,18 @@ class Sweep:
         self.log(f"wrote {self.out / 'gemm_sweep.json'} and {self.out / 'gemm_sweep.md'}")
         print(markdown(self.results, self.variants, summary_only=True), flush=True)
 
+    def next_measurement(self) -> dict | None:
+        """The first queued measurement that may run now: a shape's closing cuBLAS run waits until
+        none of the shape's kernels is still compiling."""
+        for i, task in enumerate(self.measure_queue):
+            if task.get("pos") == 2:
+                shape = task["shape"]
+                if any(t["shape"] == shape for ts in self.compile_waiting.values() for t in ts) or \
+                        any(t["shape"] == shape and t.get("pos", 1) < 2 for t in self.measure_queue):
+                    continue
+            return self.measure_queue.pop(i)
+        return None
+
     def new_id(self) -> int:
         self.next_id += 1
         return self.next_id
@@ -764,7 +793,7 @@ class Sweep:
                 self.record(task, {"ok": False, "error": "compile: " + str(res.get("error"))})
         order = {json.dumps(s.__dict__, sort_keys=True): i for i, s in enumerate(self.shapes)}
         self.measure_queue.sort(key=lambda t: (order.get(json.dumps(t["shape"], sort_keys=True), 99),
-                                               t["kind"] != "library"))
+                                               t.get("pos", 1)))
 
 
 def probe_env() -> dict:
@@ -800,7 +829,8 @@ def markdown(res: dict, variants: list[str], summary_only: bool = False) -> str:
     lines = [f"# Hopper GEMM lab: {env.get('gpu', '?')}",
              f"torch {env.get('torch')}, Triton {env.get('triton')}, {env.get('elapsed_s')} s of a {env.get('budget_s')} s "
              "budget. TFLOP/s from the median of triton.testing.do_bench (L2 flushed between runs); "
-             "every number's output was checked against an fp32 torch product first.", ""]
+             "every number's output was checked against an fp32 torch product first. cuBLAS: the faster of its runs "
+             "before and after the shape's kernels (clocks drift under load).", ""]
     seen = {v for sh in res["shapes"].values() for v in sh["variants"]}
     labels = [v for v in variants if v in seen]
     labels += sorted(seen - set(labels))  # (the fp8 "+promote" rows)
@@ -809,7 +839,7 @@ def markdown(res: dict, variants: list[str], summary_only: bool = False) -> str:
               "|---|---|---|" + "---|" * len(labels) + "---|"]
     for name, sh in res["shapes"].items():
         lib = sh["library"].get("cublas", {})
-        lt = lib.get("tflops")
+        lt = max([sh["library"].get(k, {}).get("tflops") or 0 for k in ("cublas", "cublas_end")]) or None
         cells = []
         best = None
         for v in labels:
