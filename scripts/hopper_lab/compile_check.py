@@ -152,7 +152,8 @@ def specs(full: bool) -> list[dict]:
         return cfgs[0] if cfgs else None
 
     # the fused epilogue (bias + tanh GELU) on a 128x256 tile, B row-major, and fp8
-    for name in ("plain", "persist", "persist_sub", "persist_ws", "persist_flat", "persist_flat_sub", "gluon_persist"):
+    for name in ("plain", "persist", "persist_sub", "persist_ws", "persist_flat", "persist_flat_sub", "gluon_persist",
+                 "gluon_ws"):
         cfg = big(gk.VARIANTS[name], 2)
         if cfg:
             out.append({"variant": name, "cfg": cfg, "dtype": "bf16", "b": "nk", "act": 2})

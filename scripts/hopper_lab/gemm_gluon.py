@@ -20,7 +20,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -74,6 +73,24 @@ def _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_
 
 
 @gluon.jit
+def _epilogue(out, bias_ptr, sa_ptr, sb_ptr, pid_n, N, BN: gl.constexpr, acc_layout: gl.constexpr,
+              HAS_BIAS: gl.constexpr, ACT: gl.constexpr, SCALED: gl.constexpr):
+    """The fp32 tile in the wgmma layout: scale, + bias[n], GELU (1: erf, 2: tanh form)."""
+    if SCALED:
+        out = out * (gl.load(sa_ptr) * gl.load(sb_ptr))
+    if HAS_BIAS:
+        offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+        bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
+        out = out + gl.expand_dims(bias, 0)
+    if ACT == 1:
+        out = 0.5 * out * (1.0 + gl.erf(out * 0.7071067811865476))
+    elif ACT == 2:
+        y2 = 1.5957691216057308 * (out + 0.044715 * out * out * out)
+        out = out / (1.0 + gl.exp(-y2))
+    return out
+
+
+@gluon.jit
 def gl_persistent(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
                   GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ACT: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
@@ -99,48 +116,34 @@ def gl_persistent(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
     k_tiles = gl.cdiv(K, BK)
     my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, step)
     total = my_tiles * k_tiles
-    if SCALED:
-        scale = gl.load(sa_ptr) * gl.load(sb_ptr)
-
     p = 0  # next (tile, k) item to load
     c = 0  # next item to multiply
     for _ in gl.static_range(NUM_BUFFERS - 2):
         p = _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_desc, bars, a_bufs, b_bufs,
                         BM, BN, BK, GROUP_M, NUM_BUFFERS, B_KMAJOR)
-    acc = warpgroup_mma_init(gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout))
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
     for t in range(my_tiles):
         for ki in range(k_tiles):
+            # the load goes to the stage item c - 2 read; that MMA finished (the wait below, last
+            # iteration, left only item c - 1's in flight)
             p = _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_desc, bars, a_bufs,
                             b_bufs, BM, BN, BK, GROUP_M, NUM_BUFFERS, B_KMAJOR)
             s = c % NUM_BUFFERS
             mbarrier.wait(bars.index(s), (c // NUM_BUFFERS) & 1)
-            # the previous MMA is done before this one starts: the stage it read (two items back
-            # from the load just issued) is free, and at most one MMA group is in flight
-            acc = warpgroup_mma_wait(0, (acc,))
             if B_KMAJOR:
                 b = b_bufs.index(s).permute((1, 0))
             else:
                 b = b_bufs.index(s)
-            acc = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=ki > 0, is_async=True)
+            tok = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=ki > 0, is_async=True)
+            acc = warpgroup_mma_wait(1, (tok,))  # item c - 1's MMA is done, item c's runs on
             c += 1
         out = warpgroup_mma_wait(0, (acc,))
         pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
-        if SCALED:
-            out = out * scale
-        if HAS_BIAS:
-            offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-            bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
-            out = out + gl.expand_dims(bias, 0)
-        if ACT == 1:
-            out = 0.5 * out * (1.0 + gl.erf(out * 0.7071067811865476))
-        elif ACT == 2:
-            y2 = 1.5957691216057308 * (out + 0.044715 * out * out * out)
-            out = out / (1.0 + gl.exp(-y2))
+        out = _epilogue(out, bias_ptr, sa_ptr, sb_ptr, pid_n, N, BN, acc_layout, HAS_BIAS, ACT, SCALED)
         tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
         c_smem.store(out.to(out_dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN], c_smem)
-        acc = warpgroup_mma_init(out)
     tma.store_wait(pendings=0)
     for i in gl.static_range(NUM_BUFFERS):
         mbarrier.invalidate(bars.index(i))
@@ -162,3 +165,105 @@ def descriptors(a, b, c, M: int, N: int, K: int, cfg: dict, b_kmajor: bool, in_d
                           gl.NVMMASharedLayout.get_default_for(b_blk, dt))
     dc = TensorDescriptor(c, [M, N], [N, 1], [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN], odt))
     return da, db, dc
+
+
+# --------------------------------------------------------------------------------------------
+# warp-specialized: a 1-warp TMA loader partition and the default partition's warpgroups doing
+# wgmma + the epilogue (FA3 / CUTLASS "cooperative" split, written out in Gluon)
+# --------------------------------------------------------------------------------------------
+@gluon.jit
+def _ws_loader(a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, BN: gl.constexpr, GROUP_M: gl.constexpr,
+               NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    start = gl.program_id(axis=0)
+    step = gl.num_programs(axis=0)
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    k_tiles = gl.cdiv(K, BK)
+    my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, step)
+    p = 0
+    for t in range(my_tiles):
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        for ki in range(k_tiles):
+            s = p % NUM_BUFFERS
+            # a stage is free once the consumers arrived on its empty barrier (barriers start with
+            # phase 1 complete: the first round does not wait)
+            mbarrier.wait(empty.index(s), ((p // NUM_BUFFERS) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, ki * BK], bar, a_bufs.index(s))
+            if B_KMAJOR:
+                tma.async_copy_global_to_shared(b_desc, [pid_n * BN, ki * BK], bar, b_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(b_desc, [ki * BK, pid_n * BN], bar, b_bufs.index(s))
+            p += 1
+
+
+@gluon.jit
+def _ws_consumer(a_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, ready, empty, a_bufs, b_bufs, c_smem, M, N, K,
+                 GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr,
+                 ACT: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = c_desc.block_type.shape[0]
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    dtype: gl.constexpr = a_desc.dtype
+    out_dtype: gl.constexpr = c_desc.dtype
+    acc_layout: gl.constexpr = wgmma_layout(dtype.primitive_bitwidth, BM, BN, num_warps)
+    start = gl.program_id(axis=0)
+    step = gl.num_programs(axis=0)
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    k_tiles = gl.cdiv(K, BK)
+    my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, step)
+    c = 0
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
+    for t in range(my_tiles):
+        for ki in range(k_tiles):
+            s = c % NUM_BUFFERS
+            mbarrier.wait(ready.index(s), (c // NUM_BUFFERS) & 1)
+            if B_KMAJOR:
+                b = b_bufs.index(s).permute((1, 0))
+            else:
+                b = b_bufs.index(s)
+            tok = warpgroup_mma(a_bufs.index(s), b, acc, use_acc=ki > 0, is_async=True)
+            acc = warpgroup_mma_wait(1, (tok,))
+            # item c - 1's MMA is done in every warpgroup (the barrier), so its stage goes back to
+            # the loader; the tile's first item has no predecessor in this tile (the last tile's
+            # final stage was released after its wait(0))
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index((c + NUM_BUFFERS - 1) % NUM_BUFFERS), pred=ki > 0)
+            c += 1
+        out = warpgroup_mma_wait(0, (acc,))
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index((c + NUM_BUFFERS - 1) % NUM_BUFFERS))
+        pid_m, pid_n = _tile_coords(start + t * step, num_pid_m, num_pid_n, GROUP_M)
+        out = _epilogue(out, bias_ptr, sa_ptr, sb_ptr, pid_n, N, BN, acc_layout, HAS_BIAS, ACT, SCALED)
+        tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
+        c_smem.store(out.to(out_dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def gl_ws(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
+          GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr,
+          HAS_BIAS: gl.constexpr, ACT: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
+    """Persistent, warp-specialized: the loader runs NUM_BUFFERS stages ahead across tiles while the
+    consumers multiply; the consumers' epilogue TMA store overlaps the next tile's main loop."""
+    BN: gl.constexpr = c_desc.block_type.shape[1]
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [NUM_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [NUM_BUFFERS] + b_desc.block_type.shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_BUFFERS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_ws_consumer, (a_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, ready, empty, a_bufs, b_bufs, c_smem, M, N, K,
+                        GROUP_M, NUM_BUFFERS, B_KMAJOR, HAS_BIAS, ACT, SCALED, num_warps)),
+        (_ws_loader, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, BN, GROUP_M, NUM_BUFFERS, B_KMAJOR)),
+    ], [1], [24])

@@ -276,7 +276,7 @@ def gemm_persistent_ptr(a_ptr, b_ptr, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
 @dataclass(frozen=True)
 class Variant:
     name: str
-    kernel: str  # "plain" | "tma" | "persistent" | "persistent_ptr" | "gluon"
+    kernel: str  # "plain" | "tma" | "persistent" | "persistent_ptr" | "gluon" | "gluon_ws"
     knobs: dict[str, int]  # fixed constexprs (DEV_DESC, WS, FLATTEN, SUBTILE, C_TMA)
     what: str
     needs: tuple[str, ...] = ()  # features (see features()) the variant needs
@@ -343,6 +343,15 @@ def _cfg_gluon(elem: int) -> list[dict[str, Any]]:
     return [c for c in out if c["num_stages"] >= 3]
 
 
+def _cfg_gluon_ws(elem: int) -> list[dict[str, Any]]:
+    # 8 consumer warps + the loader's warpgroup = 12 warps: maxnreg 168 lets the consumers take 240
+    # registers each (the loader 24); 4 consumer warps: 8 warps, no cap needed
+    out = [{**c, "maxnreg": 168} for c in _space(_BIG, (8,), (3, 4), elem, c_tma=True)]
+    out += [{**c, "maxnreg": 168} if c["num_warps"] == 8 else c
+            for c in _space([(128, 128, 64)], (4, 8), (4, 5, 6), elem, c_tma=True)]
+    return out
+
+
 def _cfg_ws(elem: int, *, c_tma: bool = False, subtile: bool = False) -> list[dict[str, Any]]:
     # Triton 3.6's Hopper warp specialization (Meta's autoWS) applies at num_warps=4 only (at 8 it
     # compiled without partitions): one producer warpgroup + two consumer warpgroups that split
@@ -394,6 +403,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
     Variant("gluon_persist", "gluon", {},
             "(g) Gluon: persistent, TMA ring + async wgmma pipelined across tiles, TMA store overlapped",
             needs=("gluon",), configs=_cfg_gluon),
+    Variant("gluon_ws", "gluon_ws", {},
+            "(g') Gluon, warp-specialized: a 1-warp TMA loader partition + consumer warpgroups (wgmma, "
+            "epilogue), persistent, TMA store overlapped", needs=("gluon",), configs=_cfg_gluon_ws),
     Variant("persist_flat_sub", "persistent", {"DEV_DESC": 0, "WS": 0, "FLATTEN": 1, "SUBTILE": 1, "C_TMA": 1},
             "(f') (f) + epilogue subtiling", needs=("host_desc", "range_flatten"),
             configs=lambda e: _cfg_small(e, subtile=True)),
@@ -401,13 +413,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
 
 # fp8 rows: the variants that matter, B K-major (wgmma's fp8 needs K-major operands)
 FP8_VARIANTS = ("plain", "tma_host", "persist", "persist_ws", "persist_flat", "persist_sub", "persist_cptr",
-                "gluon_persist")
+                "gluon_persist", "gluon_ws")
 
 
 def kernel_fn(variant: Variant):
-    if variant.kernel == "gluon":
+    if variant.kernel in ("gluon", "gluon_ws"):
         import gemm_gluon
-        return gemm_gluon.gl_persistent
+        return gemm_gluon.gl_persistent if variant.kernel == "gluon" else gemm_gluon.gl_ws
     return {"plain": gemm_plain, "tma": gemm_tma, "persistent": gemm_persistent,
             "persistent_ptr": gemm_persistent_ptr}[variant.kernel]
 
@@ -450,15 +462,18 @@ def constexprs(variant: Variant, cfg: dict[str, Any], *, b_kmajor: bool, has_bia
         kw.update(NUM_SMS=num_sms, B_KMAJOR=int(b_kmajor), **variant.knobs)
     elif variant.kernel == "persistent_ptr":
         kw.update(NUM_SMS=num_sms, FLATTEN=variant.knobs["FLATTEN"])
-    elif variant.kernel == "gluon":
+    elif variant.kernel in ("gluon", "gluon_ws"):
         kw = {"GROUP_M": cfg["GROUP_M"], "NUM_BUFFERS": cfg["num_stages"], "B_KMAJOR": int(b_kmajor),
               "HAS_BIAS": int(has_bias), "ACT": act, "SCALED": int(scaled)}
     return kw
 
 
 def options(cfg: dict[str, Any], variant: Variant | None = None) -> dict[str, Any]:
-    if variant is not None and variant.kernel == "gluon":
-        return {"num_warps": cfg["num_warps"]}  # (its stages are the kernel's own NUM_BUFFERS)
+    if variant is not None and variant.kernel in ("gluon", "gluon_ws"):
+        out = {"num_warps": cfg["num_warps"]}  # (its stages are the kernel's own NUM_BUFFERS)
+        if cfg.get("maxnreg"):
+            out["maxnreg"] = cfg["maxnreg"]
+        return out
     out = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if cfg.get("maxnreg"):
         out["maxnreg"] = cfg["maxnreg"]

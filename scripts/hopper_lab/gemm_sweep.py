@@ -192,7 +192,7 @@ def launch_parts(variant_name: str, cfg: dict, p, num_sms: int, fp8_promote: int
     elif v.kernel == "persistent_ptr":
         args = (a, b, c, bias, p.sa, p.sb, M, N, K, a.stride(0), a.stride(1), s_bk, s_bn)
         grid = (min(num_sms, tiles),)
-    elif v.kernel == "gluon":
+    elif v.kernel in ("gluon", "gluon_ws"):
         import gemm_gluon
         out_dt = "bf16" if s.dtype == "fp8" else s.dtype
         da, db, dc = gemm_gluon.descriptors(a, b, c, M, N, K, cfg, p.b_kmajor, s.dtype, out_dt)
@@ -917,7 +917,7 @@ def selftest(args) -> int:
         if missing:
             print(f"SKIP {vname}: " + "; ".join(f"{f}: {feats[f]}" for f in missing))
             continue
-        if v.kernel == "gluon":
+        if v.kernel.startswith("gluon"):
             print(f"SKIP {vname}: Gluon kernels do not run under the interpreter (compile_check.py compiles it)")
             continue
         for dtype, b, act in (("fp16", "nk", 0), ("fp16", "kn", 0), ("bf16", "nk", 2), ("fp8", "nk", 0), ("fp16", "kn", 1)):
