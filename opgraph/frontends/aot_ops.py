@@ -4,7 +4,8 @@ torch.export's training IR keeps `layer_norm`, and has no backward ops.
 
     native_layer_norm(x, shape, w, b, eps)        -> layernorm (training form): y, mean, rstd
     native_layer_norm_backward(dy, x, ..., mask)  -> layernorm_backward: dx, dw, db
-    native_batch_norm_backward(dy, x, w, ..., train=True, mask) -> batchnorm_backward (saved stats)
+    native_batch_norm_backward(dy, x, w, ..., mask) -> batchnorm_backward (train: the saved statistics;
+                                                     eval: pointwise ops and sums on the running ones)
     convolution_backward(dy, x, w, ..., mask)     -> conv_dgrad, conv_wgrad, a sum over N and space
     threshold_backward(dy, y, t)                  -> relu_backward (lower clip t)
     gelu_backward(dy, x, approximate)             -> gelu_backward / gelu_approx_tanh_backward
@@ -23,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
+from ..ops.layernorm import LayernormBackward
+from ..ops.norm import BatchnormBackward
 from ..ops.reduction import ReductionMode
 from .torch_importer import Args, Importer, Untranslatable, Value
 from .torch_ops import _ints, _shape, op
@@ -30,6 +33,8 @@ from .torch_ops_nn import reduce
 
 # backward ops (and composites AOTAutograd leaves whole) decomposed into ops the table covers
 DECOMPOSED = (
+    # eval-mode batch norm as pointwise ops (its empty saved statistics stay in PyTorch)
+    "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
     "mse_loss_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
     "hardswish_backward", "hardsigmoid_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
     "native_group_norm", "native_group_norm_backward", "native_dropout_backward", "rsub", "addcmul",
@@ -83,8 +88,8 @@ def _native_layer_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
     w = a.get("weight")
     scale = imp.reshaped(w, full) if w is not None else _ones(imp, full)
     want = _used(imp, node, a.get("output_mask"), 3)
-    dx, dw, db = imp.g.layernorm_backward(imp.tensor(dy), imp.tensor(x), scale, imp.tensor(a["mean"]),
-                                          imp.tensor(a["rstd"]), name=imp.op_name())
+    dx, dw, db = _outputs(imp, LayernormBackward(), [imp.tensor(dy), imp.tensor(x), scale, imp.tensor(a["mean"]),
+                                                     imp.tensor(a["rstd"])], want)
     g = imp.g
     out: list[Any] = [dx if want[0] else None]
     for i, t in ((1, dw), (2, db)):
@@ -99,20 +104,23 @@ def _native_layer_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
 @op("native_batch_norm_backward")
 def _native_batch_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
     dy, x, w = a["grad_out"], a["input"], a.get("weight")
+    if x.rank < 2:
+        raise Untranslatable("the backward of a batch norm of a 1-D input")
     if not a["train"]:
-        raise Untranslatable("the backward of an eval-mode batch norm")
+        return _eval_batch_norm_backward(imp, node, a)
     mean, invstd = a.get("save_mean"), a.get("save_invstd")
-    if not isinstance(mean, Value) or not isinstance(invstd, Value) or x.rank < 2:
+    if not isinstance(mean, Value) or not isinstance(invstd, Value):
         raise Untranslatable("a batch norm backward without the saved statistics")
     c = x.shape[1]
     per_channel = (1, c) + (1,) * (x.rank - 2)
     scale = imp.reshaped(w, per_channel) if w is not None else _ones(imp, per_channel)
     want = _used(imp, node, a.get("output_mask"), 3)
+    stats: list[Any]
     if x.dtype == imp.torch.float64:  # the forward stored its statistics as FLOAT: recompute them exactly
-        stats: dict[str, Any] = dict(epsilon=float(a["eps"]))
+        stats = [None, None, float(a["eps"])]
     else:
-        stats = dict(mean=imp.reshaped(mean, per_channel), inv_variance=imp.reshaped(invstd, per_channel))
-    dx, dw, db = imp.g.batchnorm_backward(imp.tensor(dy), imp.tensor(x), scale, name=imp.op_name(), **stats)
+        stats = [imp.reshaped(mean, per_channel), imp.reshaped(invstd, per_channel), None]
+    dx, dw, db = _outputs(imp, BatchnormBackward(), [imp.tensor(dy), imp.tensor(x), scale, *stats], want)
     out: list[Any] = [dx if want[0] else None]
     for i, t in ((1, dw), (2, db)):
         if want[i] and t is not None:  # (per-channel results are FLOAT unless told: keep a float64 model's)
@@ -120,6 +128,41 @@ def _native_batch_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
         else:
             out.append(None)
     return out
+
+
+def _eval_batch_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
+    """Eval mode: y = (x - running_mean) * s * w + b with s = rsqrt(running_var + eps), so
+    dx = dy * (w * s), dw = sum(dy * (x - running_mean) * s), db = sum(dy) (sums over N and space)."""
+    dy, x, w = a["grad_out"], a["input"], a.get("weight")
+    rm, rv = a.get("running_mean"), a.get("running_var")
+    if not isinstance(rm, Value) or not isinstance(rv, Value):
+        raise Untranslatable("an eval-mode batch norm backward without running statistics")
+    g = imp.g
+    c = x.shape[1]
+    per_channel = (1, c) + (1,) * (x.rank - 2)
+    want = _used(imp, node, a.get("output_mask"), 3)
+    inv = g.rsqrt(g.add(imp.reshaped(rv, per_channel), float(a["eps"]), name=imp.op_name("var_eps")),
+                  name=imp.op_name("inv_std"))
+    axes = [0] + list(range(2, x.rank))
+    out: list[Any] = [None, None, None]
+    if want[0]:
+        coefficient = g.mul(imp.reshaped(w, per_channel), inv, name=imp.op_name("w_inv")) if w is not None else inv
+        out[0] = g.mul(imp.tensor(dy), coefficient, name=imp.op_name("dx"))
+    if want[1]:
+        xhat = g.mul(g.sub(imp.tensor(x), imp.reshaped(rm, per_channel), name=imp.op_name("centered")), inv,
+                     name=imp.op_name("xhat"))
+        prod = g.mul(imp.tensor(dy), xhat, name=imp.op_name("dy_xhat"))
+        out[1] = reduce(imp, Value(dy.shape, dy.dtype, tensor=prod), axes, False, ReductionMode.ADD, (c,))
+    if want[2]:
+        out[2] = reduce(imp, dy, axes, False, ReductionMode.ADD, (c,))
+    return out
+
+
+def _outputs(imp: Importer, op: Any, inputs: list[Any], want: list[bool]) -> list[Any]:
+    """The op's results, only the wanted ones made (an unread virtual output is a graph error)."""
+    roles = [r for r, w in zip(op.output_roles(), want) if w]
+    made = dict(zip(op.output_roles(), imp.g._add_op(op, inputs, name=imp.op_name(), outputs=roles)))
+    return [made.get(r) if w else None for r, w in zip(op.output_roles(), want)]
 
 
 # -- convolution ------------------------------------------------------------------------------------

@@ -70,8 +70,8 @@ class PartitionReport:
 class GraphReport:
     """What became of one graph the backend compiled: `kind` ('forward', 'backward', 'inference'),
     the input shapes it was built for, the partitions opgraph runs and the nodes left to PyTorch
-    (`fallbacks`: ops opgraph cannot run; `views`: views and getitems outside partitions, which cost
-    nothing there)."""
+    (`fallbacks`: ops opgraph cannot run; `views`: views, getitems and empty tensors outside
+    partitions, which cost nothing there)."""
 
     kind: str
     index: int
@@ -179,8 +179,9 @@ def _supported(refused: Mapping[str, str], node: Any) -> bool:
         return False
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
-    # symbolic shapes (a dynamic graph) and non-tensor results stay in PyTorch
-    return all(v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape)) for v in vals)
+    # symbolic shapes (a dynamic graph), empty tensors and non-tensor results stay in PyTorch
+    return all(v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) and d > 0 for d in v.shape))
+               for v in vals)
 
 
 def _device(sub: Any) -> Any:
@@ -266,10 +267,15 @@ def _account(report: GraphReport, calls: list[Any], proposed: list[list[Any]], r
             continue
         if n.name in refused:
             report.fallbacks.append(Fallback(n.name, _target(n), refused[n.name]))
-        elif _base(n) in VIEW_OPS or _supported({}, n):
-            report.views += 1  # a view, or translatable but in a partition of views alone
+        elif _base(n) in VIEW_OPS or _supported({}, n) or _empty(n):
+            report.views += 1  # a view, an empty tensor, or translatable but in a partition of views alone
         else:
             report.fallbacks.append(Fallback(n.name, _target(n), _why_not(n)))
+
+
+def _empty(node: Any) -> bool:
+    val = node.meta.get("val")
+    return hasattr(val, "shape") and any(isinstance(d, int) and d == 0 for d in val.shape)
 
 
 def _body(sub: Any) -> list[str]:
@@ -294,7 +300,7 @@ def _why_not(node: Any) -> str:
         return "not an aten op"
     if not translatable(node):
         return "no opgraph translation"
-    return "symbolic or non-tensor values"
+    return "symbolic, empty or non-tensor values"
 
 
 def _import_partition(sub: Any, engines: Sequence[str] | None,
@@ -308,17 +314,32 @@ def _import_partition(sub: Any, engines: Sequence[str] | None,
     try:
         imported = import_fx(sub, name=sub.__class__.__name__)
     except GraphError as err:
-        if err.op:
+        if err.rule == "import.fx_node":
             return {err.op: f"translation failed: {err.detail}"}
-        return {n.name: f"import failed: {err.detail}" for n in sub.graph.nodes if n.op == "call_function"}
+        return _culprit(err, sub, "import failed")
     declined = {e.node: f"declined by the translator: {e.note}" for e in imported.report.custom_ops}
     if declined:
         return declined
     try:
         plan = imported.plan(device.type, engines, **build_options)
     except GraphError as err:
-        return {n.name: f"no plan: {err.detail}" for n in sub.graph.nodes if n.op == "call_function"}
+        return _culprit(err, sub, "no plan")
     return imported, plan, device, _body(sub)
+
+
+def _culprit(err: GraphError, sub: Any, what: str) -> dict[str, str]:
+    """The node an error is about, from the op it names (opgraph ops are named after the FX node that
+    made them: `addmm.matmul`, `view_1#2`); every node of the partition when it names none."""
+    import re
+
+    names = set(_body(sub))
+    reason = f"{what}: {str(err).splitlines()[0]}"
+    for e in (err, err.__cause__):
+        for quoted in re.findall(r"'([^']+)'", getattr(e, "op", "") or ""):
+            name = re.match(r"[A-Za-z0-9_]*", quoted)
+            if name and name.group() in names:
+                return {name.group(): reason}
+    return dict.fromkeys(names, reason)
 
 
 def as_module(fn: Any) -> Any:

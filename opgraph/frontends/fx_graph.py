@@ -91,8 +91,9 @@ def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None, *, name: str
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # an argument the graph does not read (a backward graph's input used for its size only, or read by
     # an output nobody asked for) is no graph input: a shape-only value stands for it (translators see
-    # its shape and dtype), and `variant_pack` skips what is passed there
-    args = [a if n.users else _unread(a) for n, a in zip(placeholders, args)]
+    # its shape and dtype), and `variant_pack` skips what is passed there. So is an empty tensor (an
+    # eval-mode batch norm's saved statistics), which no opgraph tensor can hold.
+    args = [a if n.users and not _empty(a) else _unread(a) for n, a in zip(placeholders, args)]
     program = FxProgram.of(gm)
     output = next(n for n in gm.graph.nodes if n.op == "output")
     bare = not isinstance(output.args[0], (tuple, list))
@@ -164,6 +165,10 @@ def _dense(t: Any) -> bool:
             return False
         expected *= size
     return True
+
+
+def _empty(example: Any) -> bool:
+    return hasattr(example, "shape") and any(int(d) == 0 for d in example.shape)
 
 
 def _unread(example: Any) -> Any:

@@ -169,3 +169,48 @@ def test_import_fx_outputs_keep_pytorchs_strides():
     a, b = imported.run(x)
     torch.testing.assert_close(a, x.t() + 1.0)
     torch.testing.assert_close(b, x.t())
+
+
+class Convolutions(nn.Module):
+    """Grouped, depthwise, dilated, strided and bias-free convolutions, 1-d and 2-d, eval-mode
+    batchnorm and layernorm without affine parameters: convolution_backward, native_layer_norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grouped = nn.Conv2d(4, 6, 3, padding=1, groups=2)
+        self.depthwise = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)
+        self.strided = nn.Conv2d(6, 4, 2, stride=2)
+        self.bn = nn.BatchNorm2d(4)
+        self.line = nn.Conv1d(4, 3, 3, padding=1)
+
+    def forward(self, x):
+        h = self.bn(self.strided(self.depthwise(self.grouped(x)).relu()))
+        h = F.layer_norm(h.flatten(2), (h.shape[2] * h.shape[3],))
+        return self.line(h)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_convolution_and_norm_backward_translations(train):
+    torch.manual_seed(0)
+    model = Convolutions().double().train(train)
+    made = _check(model, torch.randn(2, 4, 6, 6, dtype=torch.float64))
+    backward = next(r for r in made if r.kind == "backward")
+    targets = {op for p in backward.partitions for op, _ in p.ops}
+    assert "aten.convolution_backward.default" in targets, backward
+    assert "aten.native_layer_norm_backward.default" in targets, backward
+    if train:
+        assert "aten.native_batch_norm_backward.default" in targets, backward
+    assert not backward.fallbacks, backward
+
+
+def test_an_error_naming_an_op_refuses_only_its_node():
+    from opgraph.frontends.dynamo_partition import _culprit
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: (x.relu() * 2).exp())(torch.randn(3))
+    names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    inner = og.ShapeError("bad strides", op="pointwise 'mul.scale#1'", rule="test.inner")
+    try:
+        raise og.UnsupportedGraphError("the imported graph is not valid", rule="import.invalid") from inner
+    except og.UnsupportedGraphError as err:
+        assert list(_culprit(err, gm, "import failed")) == ["mul"]
+    assert sorted(_culprit(og.GraphError("no op named"), gm, "no plan")) == sorted(names)
