@@ -14,7 +14,7 @@ gradient, made into two plans, cached (`Variant`):
 - the forward graph: the imported graph replayed by `training.forward.prepare_forward` (what a training
   step starts from: tied parameters one input, normalizations in training form saving their
   statistics, under torch.autocast its casts), with the tensors the backward reads marked as outputs
-  (`opgraph.grad(..., ).keep_in`);
+  (`GradGraph.keep_in`);
 - the gradient graph: `opgraph.grad` of the module's floating outputs with respect to the parameters
   that require grad and the floating inputs that do (split mode: cheap tensors recomputed, heavy
   ones saved).
