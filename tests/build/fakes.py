@@ -71,4 +71,9 @@ def chain(names=("e", "m", "r", "a")) -> og.FinalGraph:
     return g.final
 
 
-__all__ = ["CPU", "FakeEngine", "at_most", "chain", "only_kinds"]
+# simulated GPUs, as `resolve_device` would describe them (no GPU needed to rank for them)
+H100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+
+
+__all__ = ["CPU", "H100", "H200", "FakeEngine", "at_most", "chain", "only_kinds"]
