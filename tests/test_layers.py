@@ -165,3 +165,60 @@ def test_no_source_file_is_huge(limit):
     big = [f"{p.relative_to(ROOT.parent)}: {n} lines" for p in ROOT.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > limit]
     assert not big, f"source files over {limit} lines (split them by concern):\n" + "\n".join(big)
+
+
+# -- engines: independent of each other, sharing through the neutral modules --
+
+# Each engine's modules; the rest of opgraph.engines is neutral (the registry, the contract, what several
+# engines share), owned by no engine.
+ENGINE_HOMES = {
+    "reference": ("opgraph.engines.reference",),
+    "triton": ("opgraph.engines.triton",),
+    "torch": ("opgraph.engines.torch_engine",),
+    "library": ("opgraph.engines.library",),
+    "cudnn": ("opgraph.engines.cudnn_frontend", "opgraph.engines.cudnn_launch", "opgraph.engines.cudnn_sdpa"),
+}
+NEUTRAL_ENGINE_MODULES = (
+    "opgraph.engines",  # the registry (get_engine, register_engine)
+    "opgraph.engines.base",  # the engine and kernel contract
+    "opgraph.engines.cost",  # the cost model: device rates, bytes and flops of a piece
+    "opgraph.engines.artifacts",  # compiled code that plan files carry
+    "opgraph.engines.shared",  # what several engines share: operand views, conv shape thresholds, ...
+)
+
+
+def _under(module: str, home: str) -> bool:
+    return module == home or module.startswith(home + ".")
+
+
+def _engine_of(module: str) -> str | None:
+    """The engine whose module this is; None for a neutral module (or one outside opgraph.engines)."""
+    for engine, homes in ENGINE_HOMES.items():
+        if any(_under(module, h) for h in homes):
+            return engine
+    return None
+
+
+def _neutral(module: str) -> bool:
+    return module == "opgraph.engines" or any(_under(module, n) for n in NEUTRAL_ENGINE_MODULES[1:])
+
+
+def test_every_engine_module_is_an_engines_or_neutral():
+    stray = [m for m in MODULES if _under(m, "opgraph.engines") and _engine_of(m) is None and not _neutral(m)]
+    assert not stray, f"modules of opgraph.engines that belong to no engine and are not neutral: {stray}"
+
+
+def test_no_engine_imports_another_engine():
+    """An engine reaches another only through the registry (get_engine); neutral modules import no engine."""
+    bad = []
+    for module, path in MODULES.items():
+        if not _under(module, "opgraph.engines"):
+            continue
+        mine = _engine_of(module)
+        for imported, line, _ in _imports(module, path):
+            theirs = _engine_of(imported)
+            if theirs is not None and theirs != mine:
+                who = f"engine {mine}" if mine else "a neutral module"
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} ({who}) imports {imported} "
+                           f"(engine {theirs})")
+    assert not bad, "imports between engines:\n" + "\n".join(bad)

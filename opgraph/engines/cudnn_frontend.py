@@ -33,6 +33,7 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, ExecutionError, InternalError, expect
 from ..core.ir import Const, Node
 from ..core.piece import Piece
+from ..core.torch_interop import as_torch
 from ..core.types import Buffer, Stream, UidPack
 from ..ops.attention import SdpaBackward
 from ..ops.conv import _Conv
@@ -50,7 +51,6 @@ from .cudnn_sdpa import (
     operand_slots,
     scalar_uids,
 )
-from .torch_engine.common import as_torch
 
 log = logging.getLogger("opgraph.cudnn")
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
@@ -244,10 +244,15 @@ class LibraryEngine(Engine):
                                   hint="take library configs from engine_configs() or from a plan the engine built")
 
 
-def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
-    from .torch_engine import host_ops
+class _HostAware(Protocol):
+    """The torch engine, as the registry gives it: which of a piece's ops it has no mapping of."""
 
-    return any(role == "main" and host_ops(sub) for role, sub in parts)
+    def host_ops(self, piece: Piece) -> list[str]: ...
+
+
+def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
+    torch = cast(_HostAware, get_engine(ENGINE_OF["main"]))
+    return any(role == "main" and torch.host_ops(sub) for role, sub in parts)
 
 
 register_engine(LibraryEngine())

@@ -185,6 +185,10 @@ class TorchEngine(Engine):
     def inplace_safe(self, config: EngineConfig) -> bool:
         return True  # outputs are copied out once every op of the piece ran
 
+    def host_ops(self, piece: Piece) -> list[str]:
+        """Labels of the piece's ops that have no torch mapping (the library engine asks, through the registry)."""
+        return host_ops(piece)
+
 
 register_engine(TorchEngine())
 __all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config"]
