@@ -167,7 +167,7 @@ def test_no_source_file_is_huge(limit):
     assert not big, f"source files over {limit} lines (split them by concern):\n" + "\n".join(big)
 
 
-# -- engines: independent of each other, sharing through the neutral modules --
+# -- engines: independent of each other; build/ reaches them through the registry and the neutral modules --
 
 # Each engine's modules; the rest of opgraph.engines is neutral (the registry, the contract, what several
 # engines share), owned by no engine.
@@ -222,3 +222,14 @@ def test_no_engine_imports_another_engine():
                 bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} ({who}) imports {imported} "
                            f"(engine {theirs})")
     assert not bad, "imports between engines:\n" + "\n".join(bad)
+
+
+def test_build_reaches_engines_through_the_registry_and_the_neutral_modules():
+    bad = []
+    for module, path in MODULES.items():
+        if not _under(module, "opgraph.build"):
+            continue
+        for imported, line, _ in _imports(module, path):
+            if _engine_of(imported) is not None:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} imports {imported}")
+    assert not bad, "build/ importing an engine's modules (use get_engine and the Engine contract):\n" + "\n".join(bad)

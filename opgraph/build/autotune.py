@@ -245,9 +245,6 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
                 going.remove(entry)
 
 
-AHEAD_OF_TIME = ("triton", "library")  # engines whose kernels have compile specs (Kernel.compile_specs)
-
-
 def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Device, engines: Sequence[str],
                cache: TuningCache, filters: ConfigFilter | None = None, mode: str = "parallel") -> dict[str, Any]:
     """Compile the candidate kernels of every piece the cache does not answer, all at once on every
@@ -259,11 +256,10 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
     on a CPU (interpreted kernels are not compiled ahead)."""
     if not device.is_cuda or mode == "lazy":
         return {}
-    from ..engines.triton import compiler
-    from .compile import LazyProgress
+    from .compile import SpecBatches
 
     filters = filters or ConfigFilter()
-    specs: dict[str, tuple[Any, Any]] = {}
+    batches = SpecBatches()
     seen: set[str] = set()
     for piece, candidates in jobs:
         key = cache_key(piece, device, engines, filters.key())
@@ -271,8 +267,8 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
             continue
         seen.add(key)
         for config in candidates:
-            if config.engine not in AHEAD_OF_TIME:
-                continue  # (a cuDNN plan built here would be built again when timed)
+            if get_engine(config.engine).compiler() is None:
+                continue  # nothing to compile ahead (a cuDNN plan built here would be built again when timed)
             try:
                 kernel = get_engine(config.engine).compile(piece, config, device)
             except Exception as err:  # noqa: BLE001 - tune meets it again and records it
@@ -280,13 +276,10 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
                     raise
                 continue
             for spec, fn in kernel.compile_specs():
-                specs.setdefault(spec.key, (spec, fn))
-    progress = LazyProgress(f"compiling {len(specs)} candidate kernels of {len(seen)} pieces to tune")
-    try:
-        report = compiler.compile_all(specs, parallel=mode == "parallel", progress=progress)
-    finally:
-        progress.close()
-    log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(specs), len(seen), report.seconds)
+                batches.add(config.engine, spec, fn)
+    report = batches.compile(parallel=mode == "parallel",
+                             what=f"compiling {len(batches)} candidate kernels of {len(seen)} pieces to tune")
+    log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(batches), len(seen), report.seconds)
     return {"pieces": len(seen), **dataclasses.asdict(report)}
 
 

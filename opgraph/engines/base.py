@@ -7,8 +7,8 @@ config. A kernel runs the piece over buffers keyed by UID.
 The kernel contract, in the order a plan uses it:
 
 - `compile_specs()`: work the build may do ahead of time and in parallel (the Triton engine's
-  kernels to compile); default none. The build hands them to the engine's compiler, then the kernel
-  finds the results in its engine's registry.
+  kernels to compile); default none. The build hands them to the compiler of the config's engine
+  (`Engine.compiler()`, a `Compiler`), then the kernel finds the results in its engine's registry.
 - `bind(binding, scratch) -> Launcher`: once per workspace a plan binds, everything about the step
   that does not change between executes is prepared (argument layouts, scratch views, grids); the
   launcher's `calls` are what an execute makes, and `rebind(uids)` takes new addresses or scalar
@@ -26,7 +26,7 @@ import ctypes
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from ..core.device import Device
     from ..core.piece import Piece
 
-__all__ = ["BehaviorNote", "Binding", "Engine", "EngineConfig", "HeurMode", "Kernel", "Launcher", "NumericalNote",
-           "RunLauncher", "StreamSlot", "Support"]
+__all__ = ["BehaviorNote", "Binding", "CompileReport", "Compiler", "Engine", "EngineConfig", "HeurMode", "Kernel",
+           "Launcher", "NumericalNote", "RunLauncher", "StreamSlot", "Support"]
 
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -137,6 +137,31 @@ class Kernel(ABC):
         """Forget anything kept from past runs' buffers (autotuning's timing buffers)."""
 
 
+@dataclass
+class CompileReport:
+    """What a compiler did with a batch of compile specs."""
+
+    kernels: int = 0  # distinct specs asked for
+    ready: int = 0  # already in this process
+    cached: int = 0  # read from a disk cache
+    compiled: int = 0  # compiled (in workers or here)
+    workers: int = 0
+    seconds: float = 0.0
+    failed: dict[str, str] = field(default_factory=dict)  # spec key -> error
+
+
+class Compiler(Protocol):
+    """An engine's ahead-of-time compiler (`Engine.compiler()`). Specs are what its kernels'
+    `compile_specs()` give, (spec, payload) pairs, a spec's `key` naming the compiled kernel (identical
+    kernels, one key). `compile_all` makes every spec's result available ({key: (spec, payload)}),
+    reporting failures rather than raising them; `compile_here` compiles one in this process (raising)."""
+
+    def compile_all(self, specs: Mapping[str, tuple[Any, Any]], *, parallel: bool = True,
+                    progress: Callable[[int, int], None] | None = None) -> CompileReport: ...
+
+    def compile_here(self, spec: Any, fn: Any) -> Any: ...
+
+
 class Engine(ABC):
     name: ClassVar[str]
     # whether the engine's pieces run neighbouring ops fused (the library engine's generated
@@ -157,6 +182,11 @@ class Engine(ABC):
 
     @abstractmethod
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel: ...
+
+    def compiler(self) -> Compiler | None:
+        """The compiler of the compile specs this engine's kernels give (`Kernel.compile_specs`); None
+        where they give none. The build compiles through it, never through an engine's modules."""
+        return None
 
     def rank_first(self, piece: Piece, device: Device) -> bool:
         """A heuristic rule: whether this engine's configs for `piece` go before those of engines

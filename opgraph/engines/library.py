@@ -34,7 +34,7 @@ from ..core.piece import Piece, make_piece
 from ..memory import workspace as wsp
 from ..memory.buffers import address_of
 from . import get_engine, register_engine
-from .base import Binding, Engine, Kernel, Launcher
+from .base import Binding, Compiler, Engine, Kernel, Launcher
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
@@ -213,6 +213,10 @@ class LibraryEngine(Engine):
     def engines_used(self, config: EngineConfig) -> frozenset[str]:
         roles = {k.split(".", 1)[0] for k, _ in config.knobs if "." in k}
         return frozenset({self.name, "torch", *(ENGINE_OF[r] for r in roles if r in ENGINE_OF)})
+
+    def compiler(self) -> Compiler | None:
+        """Its parts' compile specs are their engines': the generated prologue's and epilogue's (triton)."""
+        return get_engine(ENGINE_OF["epilogue"]).compiler()
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         compiled = []
