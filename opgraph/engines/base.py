@@ -23,6 +23,8 @@ The kernel contract, in the order a plan uses it:
 from __future__ import annotations
 
 import ctypes
+import enum
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +36,8 @@ if TYPE_CHECKING:
     from ..core.device import Device
     from ..core.piece import Piece
 
-__all__ = ["BehaviorNote", "Binding", "CompileReport", "Compiler", "Engine", "EngineConfig", "HeurMode", "Kernel",
-           "Launcher", "NumericalNote", "RunLauncher", "StreamSlot", "Support"]
+__all__ = ["BehaviorNote", "Binding", "CompileReport", "Compiler", "Engine", "EngineConfig", "EngineFacts", "HeurMode",
+           "Kernel", "Launcher", "NumericalNote", "PieceFact", "RunLauncher", "StreamSlot", "Support"]
 
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -162,6 +164,23 @@ class Compiler(Protocol):
     def compile_here(self, spec: Any, fn: Any) -> Any: ...
 
 
+class PieceFact(enum.Enum):
+    """What an engine may report about a piece it supports (`EngineFacts.facts`), for the build's
+    ranking policy (opgraph.build.policy) to read."""
+
+    # the conv's epilogue sends the engine to generic runtime-fusion kernels rather than its fused ones
+    RUNTIME_FUSED_EPILOGUE = "runtime_fused_epilogue"
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """An engine's report on a piece it supports: its estimate of the piece's device time (µs; None:
+    no estimate, as on the CPU) and the facts it knows. The build's ranking policy decides with them."""
+
+    estimate_us: float | None = None
+    facts: frozenset[PieceFact] = frozenset()
+
+
 class Engine(ABC):
     name: ClassVar[str]
     # whether the engine's pieces run neighbouring ops fused (the library engine's generated
@@ -188,9 +207,16 @@ class Engine(ABC):
         where they give none. The build compiles through it, never through an engine's modules."""
         return None
 
+    def facts(self, piece: Piece, device: Device) -> EngineFacts:
+        """What this engine reports about a piece it supports, for the build's ranking policy
+        (opgraph.build.policy, which decides whose configs go first). The default: nothing."""
+        return EngineFacts()
+
     def rank_first(self, piece: Piece, device: Device) -> bool:
-        """A heuristic rule: whether this engine's configs for `piece` go before those of engines
-        preferred to it (measured to win on pieces like it). The default: engine order decides."""
+        """Deprecated, never asked: the build's ranking policy (opgraph.build.policy) decides which
+        engine's configs go first, from the facts engines report (`facts`). Always False."""
+        warnings.warn("Engine.rank_first is deprecated and ignored: rules live in opgraph.build.policy",
+                      DeprecationWarning, stacklevel=2)
         return False
 
     def inplace_safe(self, config: EngineConfig) -> bool:

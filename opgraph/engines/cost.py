@@ -13,10 +13,6 @@ from ..core.piece import Piece
 RATES = {"H200": (4.2e12, 7.0e14), "H100": (3.0e12, 7.0e14)}
 DEFAULT_RATES = (1.5e12, 1.5e14)
 LAUNCH_US = 3.0
-# channels per group below which a grouped conv's generated implicit GEMM wastes most of its K tile (an
-# fp16/bf16 MMA's depth, 16): the rate above does not hold there (3x3, 32 groups of 8: 104 µs against
-# cuDNN's 27.5 on an H200, 2026-11-26)
-NARROW_GROUP = 16
 
 
 def rates(device: Device) -> tuple[float, float]:

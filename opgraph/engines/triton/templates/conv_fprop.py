@@ -33,7 +33,8 @@ from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ...cost import NARROW_GROUP, rates
+from ...cost import rates
+from ...shared.conv_shapes import FEW_CHANNELS, NARROW_GROUP
 from ..gemm import (
     Context,
     GemmPiece,
@@ -55,7 +56,7 @@ from . import _prologue_pass as prologue_pass
 from .base import pow2_at_least, unique
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
-MERGE_BELOW = 8  # channels per group under which MERGE_TAPS configs are candidates
+MERGE_BELOW = FEW_CHANNELS  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
 
