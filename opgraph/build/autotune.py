@@ -153,9 +153,8 @@ def bound_run(kernel: Kernel, piece: Piece, bufs: dict[int, Any], scratch: Any, 
     current stream): the tuner times the code the plan will run. `Kernel.run`, the self-contained path,
     is another code path: generated kernels launch through Triton's JIT (a second compilation of the
     same source, with its own specializations) and cuDNN plans rebuild their variant pack in Python
-    each call. Timed that way, bench v2 (H200, 2026-11-26) found tuned plans slower than the heuristic's
-    choice, which was among the candidates: generated attention forward 1.25-1.28x at S=1k and 4k, the
-    1k causal backward on the generated kernel (206 µs) instead of cuDNN's (164)."""
+    each call. Timed that way, tuned plans came out slower than the heuristic's choice, which was among
+    the candidates (bench/results/constants.md#tuning-the-plans-code)."""
     binding = Binding()
     for uid, value in bufs.items():
         binding.buffers[uid] = value
@@ -223,9 +222,9 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
     one go, in candidate order, may measure the first, timed right after the compiles, slower than it
     runs later). Only the first-timed candidate and those within PRUNE_AT of the first pass's fastest go
     on (a drift of a few percent cannot make the others win; they keep their one time), and a measurement's burst is as many
-    calls as fill ~BURST_US (one call of a 50-ms attention backward, ten of a 20-µs conv): bench v2's
-    tuned builds (H100, 2026-11-26) spent up to 100 s a workload timing, mostly the long and the losing
-    candidates."""
+    calls as fill ~BURST_US (one call of a 50-ms attention backward, ten of a 20-µs conv): tuned builds
+    spent most of their timing on the long and the losing candidates
+    (bench/results/constants.md#tuning-passes)."""
     if not device.is_cuda or len(timed) < 2:
         return  # (one candidate: nothing to compare)
     fastest = min(samples[0] for samples, _, _ in timed)

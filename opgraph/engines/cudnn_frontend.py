@@ -57,14 +57,13 @@ log = logging.getLogger("opgraph.cudnn")
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 ANCHORS = GEMM_KINDS | ATTENTION_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
 OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
-# GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100.
-# An fp32 training graph (examples/11) gave NaN losses through cuDNN plans (2026-11-25, not yet
-# understood), so FLOAT pieces stay with the generated kernels.
+# GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100; an
+# fp32 training graph gave NaN losses through cuDNN plans, so FLOAT pieces stay with the generated
+# kernels (bench/results/constants.md#cudnn-gemm-types).
 GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
 # ... and the result types its GEMM engines write. Nothing in a piece offered to cuDNN is DOUBLE (a
-# tensor or a compute type): its fused engines compute in fp32 at most, and where cuDNN accepted an
-# fp16 matmul with a DOUBLE output (its support check passed) the output came back NaN (the GPU
-# fuzzer, H100, 2026-11-25: tests/fuzz/regressions/seed20261125502833.json).
+# tensor or a compute type): its fused engines compute in fp32 at most, and an fp16 matmul with a
+# DOUBLE output that cuDNN accepted came back NaN (bench/results/constants.md#cudnn-gemm-types).
 GEMM_OUT_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 B_PLANS = 4
 # opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method

@@ -142,8 +142,8 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
         if missing:
             return f"cuDNN's sdpa_backward writes dQ, dK and dV ({', '.join(missing)} not used here)"
         if node.input("dropout_mask") is not None:
-            # seen on an H100 (cuDNN 9.19, frontend 1.32, 2026-11-25): dQ/dK off by up to 35% against the
-            # reference with an explicit mask; declined until the mask convention is understood
+            # dQ/dK disagreed with the reference (bench/results/constants.md#cudnn-attention-dropout-mask);
+            # declined until the mask convention is understood
             return ("cuDNN's backward with an explicit dropout mask disagreed with the reference on the GPU "
                     "(dQ, dK); the generated kernel runs it")
     return None

@@ -11,9 +11,9 @@ its epilogue, a prologue's output before the conv) live in the kernel's own scra
 A config's knobs are the parts' knobs under a prefix (`prologue.`, `epilogue.`), so a plan that names
 one compiles the same kernels again (plan files, the tuning cache). Knob `precision`: "exact" keeps a
 16-bit conv's declared fp32 output (PyTorch then convolves in fp32, TF32 on tensor cores: exact for
-16-bit inputs, but slower: 200-260 µs against 25-68 µs for the fused Triton kernel on the ResNet
-convs of the benchmark, H100, 2026-11-22); "native" (heuristic mode B, so autotuning weighs it) runs
-the conv in the operands' type, as eager PyTorch does, and says so with
+16-bit inputs, but several times slower than the fused Triton kernel:
+bench/results/constants.md#library-precision); "native" (heuristic mode B, so autotuning weighs it)
+runs the conv in the operands' type, as eager PyTorch does, and says so with
 NumericalNote.ROUNDED_INTERMEDIATE: build(autotune=True, deselect_numeric_notes=["rounded_intermediate"])
 keeps every intermediate in its declared type. Each part runs its engine's first config for the mode.
 """
