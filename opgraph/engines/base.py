@@ -2,7 +2,11 @@
 
 An engine answers four questions about a piece of graph: can you run it (and if not, why), which
 configs would you use (knobs + notes, ranked by a heuristic mode), and give me a kernel for this
-config. A kernel runs the piece over buffers keyed by UID.
+config. A kernel runs the piece over buffers keyed by UID. Two more serve the build: what the engine
+knows of a supported piece (`facts`: its estimate and `PieceFact`s; the build's ranking policy,
+opgraph.build.policy, decides from them whose configs go first), and the compiler of its kernels'
+ahead-of-time work (`compiler`). Engines never import each other: they reach each other through the
+registry (opgraph.engines.get_engine) and share code through opgraph.engines.shared.
 
 The kernel contract, in the order a plan uses it:
 
