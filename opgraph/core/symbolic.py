@@ -8,8 +8,9 @@
 A dim is a `SymInt`: a Python int or an `Expr`. Arithmetic on symbols gives an `Expr` in a canonical
 form, or an int where the symbols cancel (`seq - seq` is 0): a sum of monomials (an int coefficient
 times a product of atoms: symbols and floor divisions). Expressions whose canonical forms are equal
-(`==`) are equal for every value of their symbols; for sums of products of symbols the converse holds
-too, so inference proves `K of A == K of B` by `==`. A floor division keeps outside what its divisor
+(`==`) are equal for every value of their symbols; two polynomials (sums of products of symbols) are
+equal as polynomials exactly when their forms are, so inference proves `K of A == K of B` by `==` and
+refuses what it cannot prove. A floor division keeps outside what its divisor
 divides exactly, cancels common factors and merges nested divisions: `(4*s + 6)//4` is `s + 1`,
 `(2*s + 2)//4` is `(s + 1)//2`, `s//2//3` is `s//6`.
 
