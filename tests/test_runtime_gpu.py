@@ -171,12 +171,12 @@ def test_capture_records_go_with_their_graph_and_keep_no_pack():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(yv, _want(xv, bv))
-    assert len(plan._captures) == 1
+    assert len(plan.local_state().captures) == 1
     x2, b2, y2 = _buffers()
     plan.execute({x: x2, b: b2, y: y2})  # the plan binds these now; only the record could hold xv
     del graph, xv
     gc.collect()
-    assert len(plan._captures) == 0
+    assert len(plan.local_state().captures) == 0
     assert alive() is None
     with pytest.raises(og.GraphError):
         plan.update_cuda_graph(torch.cuda.CUDAGraph(), {x: _buffers()[0], b: bv, y: yv})
@@ -281,7 +281,7 @@ def test_cudnn_launch_paths_agree_and_plans_are_kept(tmp_path, monkeypatch):
         yv = torch.full_like(xv, float("nan"))
         for _ in range(2):
             plan.execute({x: xv, w: wv, bias: bv, y: yv})
-        outs[mode] = (yv, plan._prepare({x: xv, w: wv, bias: bv, y: yv}, None).launchers[0].mode)
+        outs[mode] = (yv, plan.bind({x: xv, w: wv, bias: bv, y: yv}, None).launchers[0].mode)
     want = torch.relu(torch.nn.functional.conv2d(xv.float(), wv.float(), bv.float().view(-1), padding=1)).half()
     for mode, (yv, used) in outs.items():
         assert used == mode or (mode == "raw" and used == "dict"), (mode, used)
@@ -333,7 +333,7 @@ def test_a_stable_binding_replays_one_graph_that_sees_what_changes():
         lv.fill_(0.1 * (i + 1))
         plan.execute(pack)
         check(2.0)
-    ag = plan._bound_owned.autograph
+    ag = plan.local_state().owned.autograph
     assert (ag.captures, ag.replays) == (1, 4), (ag.captures, ag.replays)
     pack[s] = 3.0  # baked into the launches: flat, then a new graph
     for _ in range(4):
@@ -368,5 +368,5 @@ def test_a_graph_follows_table_addressed_buffers_without_a_new_capture():
         plan.execute({x: xs[k], b: bv, lr: lv, s: 2.0, y: ys[k]})
         torch.cuda.synchronize()
         torch.testing.assert_close(ys[k], torch.relu(xs[k] * lv + bv) * 2.0)
-    ag = plan._bound_owned.autograph
+    ag = plan.local_state().owned.autograph
     assert ag.captures == 1 and ag.replays == 6, (ag.captures, ag.replays)

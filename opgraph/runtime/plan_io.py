@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ READS = (1, 2)
 MAGIC_1 = b"OPGRAPH-PLAN 1\n"
 MAGIC = b"OPGRAPH-PLAN 2 "  # then the body's SHA-256 in hex and a newline
 NoteT = TypeVar("NoteT", bound=Enum)
+log = logging.getLogger("opgraph.runtime")
 
 
 def _config_doc(c: EngineConfig) -> dict[str, Any]:
@@ -50,11 +52,13 @@ def _config_doc(c: EngineConfig) -> dict[str, Any]:
 
 
 def plan_artifacts(plan: Any) -> list[artifacts.Artifact]:
-    """The compiled kernels of a plan's steps, each distinct one once."""
+    """The compiled kernels of a plan's steps, each distinct one once (a loaded plan's own embedded
+    kernels visible to the engines meanwhile)."""
     seen: dict[tuple[str, str], artifacts.Artifact] = {}
-    for step in plan.steps:
-        for art in step.kernel.artifacts():
-            seen.setdefault((art.kind, art.key), art)
+    with plan.state.kernels.visible():
+        for step in plan.steps:
+            for art in step.kernel.artifacts():
+                seen.setdefault((art.kind, art.key), art)
     return list(seen.values())
 
 
@@ -189,10 +193,6 @@ def plan_body(data: Any) -> bytes:
 
 
 def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
-    from ..build.compile import compile_steps
-    from ..build.planner import Step
-    from .plan import ExecutionPlan
-
     body = plan_body(data)
     try:
         doc = json.loads(body.decode("utf-8"))
@@ -224,9 +224,17 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     arts = doc.get("artifacts", [])
     _expect(isinstance(arts, list), "artifacts", "expected a list")
     embedded = [artifacts.Artifact.from_doc(a, f"artifacts[{i}]") for i, a in enumerate(arts)]
-    if not differs:
-        for art in embedded:  # the engines find them before compiling anything
-            artifacts.put(art)
+    # the engines find the file's kernels while this plan compiles (and later binds), nothing else does
+    scope = artifacts.Scope(embedded if not differs else ())
+    with scope.visible():
+        return _plan_from_doc(doc, dev, differs, scope)
+
+
+def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope: artifacts.Scope) -> Any:
+    from ..build.compile import compile_steps
+    from ..build.planner import Step
+    from .plan import ExecutionPlan
+
     try:
         graph = graph_from_dict(doc.get("graph")).final
     except SerializationError:
@@ -234,7 +242,7 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     except GraphError as err:
         raise SerializationError(f"the plan's graph is invalid: {err}", rule="plan.graph") from None
     nodes = graph.nodes
-    steps_doc = doc.get("steps")
+    steps_doc: Any = doc.get("steps")
     _expect(isinstance(steps_doc, list) and bool(steps_doc), "steps", "expected a non-empty list")
     seen: list[int] = []
     steps = []
@@ -277,5 +285,8 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     except GraphError as err:
         raise SerializationError(f"the plan's kernels do not compile here: {err.detail}", rule="plan.compile",
                                  hint="build the graph anew on this device") from None
-    stats["embedded"] = len(embedded)
-    return ExecutionPlan(graph, dev, tuple(compiled), tuple(cuts), {"compile": stats})
+    kernels = scope.only_used()
+    stats["embedded"] = len(kernels)
+    if len(scope) > len(kernels):
+        log.info("plan file: %d embedded kernel(s) that no step uses were dropped", len(scope) - len(kernels))
+    return ExecutionPlan(graph, dev, tuple(compiled), tuple(cuts), {"compile": stats}, kernels=kernels)
