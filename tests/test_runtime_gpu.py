@@ -198,10 +198,11 @@ def test_set_address_then_execute_uses_the_pack():
 
 def test_a_saved_plan_loads_without_compiling(tmp_path, monkeypatch):
     """Built with compile="parallel", saved with its kernels; loaded with no kernel in this process
-    and an empty Triton cache: nothing compiles, and the results equal the built plan's."""
+    and empty kernel caches (a new machine): nothing compiles, and the results equal the built plan's.
+    The file's kernels serve the loaded plan only: the registry never takes them, and a plan built
+    afterwards compiles (or finds in the cache) its own."""
     import torch
 
-    from opgraph.engines import artifacts
     from opgraph.engines.triton import compiler
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton_a"))
@@ -213,19 +214,25 @@ def test_a_saved_plan_loads_without_compiling(tmp_path, monkeypatch):
     plan = g.build(device="cuda", engines=["triton"])
     assert plan.build_stats["compile"]["kernels"] >= 2
     xv = _cl(torch.randn(*dims, device="cuda", dtype=torch.float16))
-    y1, y2 = torch.empty_like(xv), torch.empty_like(xv)
+    y1, y2, y3 = torch.empty_like(xv), torch.empty_like(xv), torch.empty_like(xv)
     plan.execute({x: xv, y: y1})
     data = plan.to_bytes()
     compiler._BINARIES.clear()
-    artifacts.clear()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton_b"))
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path / "og_b"))
     before = dict(compiler.STATS)
     loaded = og.ExecutionPlan.from_bytes(data)
     loaded.execute({x.uid: xv, y.uid: y2})
     torch.cuda.synchronize()
     assert compiler.STATS["compiled"] == before["compiled"]
     assert compiler.STATS["embedded"] > before["embedded"]
+    assert loaded.build_stats["compile"]["embedded"] >= 2
+    assert not compiler._BINARIES  # the file's kernels stay the loaded plan's
     torch.testing.assert_close(y2, y1, rtol=0, atol=0)
+    again = g.build(device="cuda", engines=["triton"])
+    assert compiler._BINARIES  # its own kernels (compiled or from the cache), registered: not the file's
+    again.execute({x: xv, y: y3})
+    torch.testing.assert_close(y3, y1, rtol=0, atol=0)
 
 
 def test_lazy_compile_compiles_at_the_first_execute(tmp_path, monkeypatch):
