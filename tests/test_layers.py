@@ -41,6 +41,7 @@ FACADES = {
     ("opgraph.graph.builder", "opgraph.build.planner"),
     ("opgraph.graph.builder", "opgraph.runtime.plan"),
     ("opgraph.graph.builder", "opgraph.build.heuristics"),  # the facade's return type
+    ("opgraph.graph.builder", "opgraph.build.options"),  # Graph.build's options
     # g.sdpa_backward(score_mod=...) derives the modifier's derivative with autodiff's pointwise rules
     ("opgraph.ops.attention", "opgraph.autodiff.score_mod"),
 }

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..build.options import BuildOptions
 from ..build.partition import Cut
 from ..build.planner import Schedule, Step, engine_configs, plan_steps
 from ..core.device import Device
@@ -40,10 +41,10 @@ class StepTime:
 
 
 
-def build_plan(graph: FinalGraph, **options: Any) -> ExecutionPlan:
+def build_plan(graph: FinalGraph, options: BuildOptions | None = None, **keywords: Any) -> ExecutionPlan:
     """Plan `graph` (opgraph.build.planner.plan_steps: partition, configs, tuning, compilation) and wrap the
-    steps in an ExecutionPlan. `Graph.build` calls this."""
-    return ExecutionPlan.from_schedule(plan_steps(graph, **options))
+    steps in an ExecutionPlan. `Graph.build` calls this with its BuildOptions."""
+    return ExecutionPlan.from_schedule(plan_steps(graph, options, **keywords))
 
 
 class ExecutionPlan:
