@@ -143,13 +143,15 @@ def test_plan_files_carry_compiled_kernels_checked_by_hash(rng):
     assert artifacts.get("triton", "k" * 32) is None  # nothing from a file is registered process-wide
     assert len(loaded.state.kernels) == 0 and loaded.build_stats["compile"]["embedded"] == 0  # no step used it
     assert json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])["artifacts"] == []
-    for damage in (lambda a: a.update(data=a["data"][:-8] + "AAAAAAA="), lambda a: a.update(data="not base64!"),
-                   lambda a: a.update(sha256="0" * 64), lambda a: a.update(meta=[]), lambda a: a.pop("kind")):
+    for damage, rule in ((lambda a: a.update(data=a["data"][:-8] + "AAAAAAA="), "plan.artifact"),
+                         (lambda a: a.update(data="not base64!"), "plan.artifact"),
+                         (lambda a: a.update(sha256="0" * 64), "plan.artifact"),
+                         (lambda a: a.update(meta=[]), "plan.schema"), (lambda a: a.pop("kind"), "plan.schema")):
         d = json.loads(json.dumps(doc))
         damage(d["artifacts"][0])
         with pytest.raises(og.SerializationError) as err:
             og.ExecutionPlan.from_bytes(_rewrap(json.dumps(d).encode()))
-        assert err.value.rule == "plan.artifact"
+        assert err.value.rule == rule and "plan.artifacts[0]" in str(err.value)
     assert artifacts.get("triton", "k" * 32) is None
 
 
