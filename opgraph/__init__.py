@@ -11,11 +11,13 @@ docs/architecture.md.
 from typing import TYPE_CHECKING, Any
 
 from .build.heuristics import PieceConfigs
+from .build.options import BuildOptions
 from .core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote
 from .core.device import Device
 from .core.dtypes import DataType
 from .core.errors import (
     AttributeValueError,
+    BuildOptionError,
     DataflowError,
     DataTypeError,
     DuplicateUIDError,
@@ -71,7 +73,7 @@ def __dir__() -> list[str]:
 _configure_logging()
 
 __all__ = [
-    "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
+    "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError", "StepTime",

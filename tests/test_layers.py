@@ -42,6 +42,7 @@ FACADES = {
     ("opgraph.graph.builder", "opgraph.build.planner"),
     ("opgraph.graph.builder", "opgraph.runtime.plan"),
     ("opgraph.graph.builder", "opgraph.build.heuristics"),  # the facade's return type
+    ("opgraph.graph.builder", "opgraph.build.options"),  # Graph.build's options
     # g.sdpa_backward(score_mod=...) derives the modifier's derivative with autodiff's pointwise rules
     ("opgraph.ops.attention", "opgraph.autodiff.score_mod"),
     # opgraph.compile differentiates the forward graph a training step starts from (tied parameters one
@@ -267,3 +268,39 @@ def test_links_to_the_evidence_name_its_sections():
     bad = [f"{p.relative_to(ROOT.parent)}: #{a}" for p in sorted(ROOT.rglob("*.py"))
            for a in re.findall(r"constants\.md#([a-z0-9-]+)", p.read_text()) if a not in sections]
     assert not bad, f"links to sections {EVIDENCE.name} does not have:\n" + "\n".join(bad)
+
+
+# (module, expression): private reads in runtime/ that are not another opgraph object's state
+PRIVATE_READS_ALLOWED = {
+    # PyTorch's fast read of the current stream (what Inductor calls), looked up once per plan
+    ("opgraph.runtime.streams", "torch._C"),
+}
+
+
+def _private_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, expression) for every `x._name` whose x is not self or cls, and every `from m import
+    _name`: reads of another object's or module's private state."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {a.name}")
+                      for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_runtime_reads_no_private_state_of_other_objects():
+    """The runtime's shared state goes through typed objects and public methods (state.PlanState,
+    threads.ThreadState, the binder's methods), never through another object's `_attributes`."""
+    bad = []
+    for module, path in MODULES.items():
+        if not module.startswith("opgraph.runtime"):
+            continue
+        for line, expr in _private_reads(path):
+            if (module, expr) not in PRIVATE_READS_ALLOWED:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {expr}")
+    assert not bad, "private reads of other objects in runtime/:\n" + "\n".join(bad)
