@@ -33,10 +33,10 @@ def test_repeated_calls_reuse_the_pack_and_the_binding():
         first = imported.run(_x(1), engines=["torch"])
         plan = imported.plan("cpu", ["torch"])
         (state,) = imported._runs.values()
-        version = plan._binder.version
+        version = plan.local_state().binder.version
         outs = [imported.run(_x(i), engines=["torch"]) for i in range(2, 5)]
         assert imported._runs[next(iter(imported._runs))] is state
-        assert plan._binder.version == version, "the plan was bound again"
+        assert plan.local_state().binder.version == version, "the plan was bound again"
         for i, out in zip(range(2, 5), outs):  # copies: not overwritten by the calls after
             torch.testing.assert_close(out, model(_x(i)), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(first, model(_x(1)), rtol=1e-12, atol=1e-12)
