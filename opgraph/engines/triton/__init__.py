@@ -284,6 +284,11 @@ class TritonEngine(Engine):
         ]
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        return TritonKernel(piece, config, self.generated(piece, config, device), interpret=not device.is_cuda,
+                            device=device)
+
+    def generated(self, piece: Piece, config: EngineConfig, device: Device) -> Generated:
+        """The kernels of `config` as compile() loads them: source, launches and scratch, nothing run."""
         knobs = dict(config.knobs)
         name = knobs.pop("template")
         template = TEMPLATE_BY_NAME.get(name)
@@ -295,8 +300,7 @@ class TritonEngine(Engine):
                      "or from a plan this version built")
         generated = fp8_fill(generate(template, piece, knobs, device),
                              {u: t.data_type for u, t in piece.graph.tensors.items()})
-        generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
-        return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)
+        return typed_scalars(make_indirect(generated, table_slots(piece.graph)))
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its
     # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;
