@@ -20,18 +20,22 @@ the row walk: the flat walk was bound by instruction issue, not by memory.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
+from ....core.errors import AttributeValueError
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
+from ..knobs import PointwiseKnobs
 from .base import (
     INT32_LIMIT,
     Generated,
     Launch,
+    Match,
     Template,
     external_params,
     indent,
@@ -280,8 +284,9 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer) -> Emitter:
 class PointwiseTemplate(Template):
     name = "pointwise"
     main_kinds = ("pointwise", "custom", "slice", "transpose")
+    knob_class = PointwiseKnobs
 
-    def match(self, piece: Piece, device: Device) -> Support:
+    def match(self, piece: Piece, device: Device) -> Support | PointwiseMatch:
         # linear in a piece grown op by op: kind checks on the piece's kind set, per-op facts folded
         kinds = piece.kind_set
         views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
@@ -311,31 +316,46 @@ class PointwiseTemplate(Template):
             if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
                 return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
                                   f"piece's space {list(space)}", node)
-        return Support.yes()
+        return PointwiseMatch(self, piece, device)
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+
+class PointwiseMatch(Match[PointwiseKnobs]):
+    """A pointwise piece: the walk it takes (flat, transposed tiles or rows) is found once."""
+
+    @cached_property
+    def transposed(self) -> tuple[int, int] | None:
+        return transposed_axes(self.piece)
+
+    @cached_property
+    def rows(self) -> tuple[int, int] | None:
+        return row_axes(self.piece)
+
+    def candidates(self) -> list[PointwiseKnobs]:
+        piece = self.piece
         dims = piece.tensor(piece.outputs[0]).dim
         numel = math.prod(dims)
-        if transposed_axes(piece) is not None:
+        if self.transposed is not None:
             # (128 x 32: runs of 512 bytes of the transposed tensor, its tile transposed by ldmatrix)
-            return [{"TILE_I": 64, "TILE_J": 64, "num_warps": 4}, {"TILE_I": 32, "TILE_J": 128, "num_warps": 4},
-                    {"TILE_I": 128, "TILE_J": 32, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8}]
+            return [PointwiseKnobs(TILE_I=64, TILE_J=64, num_warps=4), PointwiseKnobs(TILE_I=32, TILE_J=128, num_warps=4),
+                    PointwiseKnobs(TILE_I=128, TILE_J=32, num_warps=4), PointwiseKnobs(BLOCK=2048, num_warps=8)]
         if numel >= 1 << 22:
             ranked = [(2048, 8), (4096, 8), (1024, 4), (2048, 4)]
         else:
             b = min(1024, pow2_at_least(numel, 16))
             ranked = [(b, 4), (min(2048, pow2_at_least(numel, 16)), 8)]
-        flat = unique([{"BLOCK": block, "num_warps": warps} for block, warps in ranked])
-        axes = row_axes(piece)
+        flat = unique([PointwiseKnobs(BLOCK=block, num_warps=warps) for block, warps in ranked])
+        axes = self.rows
         if axes is None:
             return flat
         rows, cols = dims[axes[0]], dims[axes[1]]
-        tiles = [{"ROWS": ti, "COLS": tj, "num_warps": w} for ti, tj, w in row_tiles(rows, cols)]
+        tiles = [PointwiseKnobs(ROWS=ti, COLS=tj, num_warps=w) for ti, tj, w in row_tiles(rows, cols)]
         # first where a row's last tile masks little off, after the flat walk up to a quarter, else not
-        waste = tail_waste(cols, tiles[0]["COLS"])
+        assert tiles[0].COLS is not None
+        waste = tail_waste(cols, tiles[0].COLS)
         return [*tiles, *flat] if waste <= ROW_FIRST_TAIL else [*flat, *tiles] if waste <= 0.25 else flat
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+    def generate(self, knobs: PointwiseKnobs) -> Generated:
+        piece = self.piece
         first = piece.tensor(piece.outputs[0])
         dims = first.dim
         numel = math.prod(dims)
@@ -345,18 +365,18 @@ class PointwiseTemplate(Template):
         big = offsets_need_int64(piece.tensor(u) for u in externals) or numel + 2**16 > INT32_LIMIT
         order = stride_order(first.stride)
         params, args = external_params(piece, externals)
-        tiles = {"TILE_I": ("TILE_I", "TILE_J", transposed_axes, "a transposed tensor (transposed_axes)"),
-                 "ROWS": ("ROWS", "COLS", row_axes, "per-element coordinates on rows (row_axes)")}
-        for key, (ki, kj, find, what) in tiles.items():
-            if key not in knobs:
+        walks = ((knobs.TILE_I, knobs.TILE_J, self.transposed, "TILE_I/TILE_J", "a transposed tensor (transposed_axes)"),
+                 (knobs.ROWS, knobs.COLS, self.rows, "ROWS/COLS", "per-element coordinates on rows (row_axes)"))
+        for ti, tj, axes, names, what in walks:
+            if ti is None or tj is None:
                 continue
-            axes = find(piece)
             if axes is None:
-                raise ValueError(f"{ki}/{kj} configs are for pieces with {what}")
-            indexer = TileIndexer(dims, *axes, order, big, int(knobs[ki]), int(knobs[kj]))
+                raise AttributeValueError(f"{names} configs are for pieces with {what}", rule="triton.pointwise.knob",
+                                          hint="take configs from engine_configs()")
+            indexer = TileIndexer(dims, *axes, order, big, ti, tj)
             body = [*indexer.coordinate_lines(), *_emit(piece, indexer).lines]
             source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
-            launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", int(knobs["num_warps"])),))
+            launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", knobs.warps),))
             return Generated(source, (launch,))
         flat = FlatIndexer(dims, order)
         lines = _emit(piece, flat).lines
@@ -369,9 +389,9 @@ class PointwiseTemplate(Template):
         source = module_source(
             f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
         )
-        block = int(knobs["BLOCK"])
-        launch = Launch("kernel", (-(-numel // block),), tuple(args),
-                        (("BLOCK", block), ("num_warps", int(knobs["num_warps"]))))
+        block = knobs.BLOCK
+        assert block is not None
+        launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))
         return Generated(source, (launch,))
 
 
