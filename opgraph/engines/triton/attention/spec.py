@@ -196,33 +196,3 @@ class BwdKnobs(Knobs):
     FUSED: int = 0  # one launch for dK/dV and dQ (W1, S1 for both), as FlexAttention
     ONELOOP: int = 0  # one loop over every visited block per kernel, the masks applied under a run-time test
     fp32_precision: str | None = None  # as FwdKnobs'
-
-
-@dataclass(frozen=True)
-class KernelLaunch:
-    """One launch of a generated kernel: name, grid, parameter names in order, warps and stages."""
-
-    kernel: str
-    grid: tuple[int, ...]
-    params: tuple[str, ...]
-    num_warps: int
-    num_stages: int
-
-
-@dataclass(frozen=True)
-class ScratchBuf:
-    """Scratch memory a generated kernel set needs: parameter `name`, `numel` elements of `dtype`
-    (a torch dtype name)."""
-
-    name: str
-    numel: int
-    dtype: str = "float32"
-
-
-@dataclass(frozen=True)
-class Source:
-    """Generated kernels: module functions (source text), launches in order, scratch buffers."""
-
-    functions: tuple[str, ...]
-    launches: tuple[KernelLaunch, ...]
-    scratch: tuple[ScratchBuf, ...] = ()

@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
 from ....core.piece import Piece
-from ..attention.generated import launches_of
 from ..attention.lowering import analyze, build_spec, support_of
 from .base import Generated, Match, Template, unique
 
@@ -68,4 +67,4 @@ class AttentionMatch(Match[Any]):
         return frozenset({NumericalNote.TENSOR_CORE})
 
     def generate(self, knobs: Any) -> Generated:
-        return launches_of(self.template.build(self.spec(knobs.fp32_precision), knobs))
+        return self.template.build(self.spec(knobs.fp32_precision), knobs)

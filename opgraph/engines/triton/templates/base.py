@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from ..expr import HELPERS, custom_imports
 from ..knobs import Knobs
 
 K = TypeVar("K", bound=Knobs)
+_PARAM = re.compile(r"([ps])(\d+)")
 
 
 class ArgKind(str, enum.Enum):
@@ -173,20 +175,30 @@ class Params:
         self.names: list[str] = []
         self.args: list[Arg] = []
 
-    def _add(self, name: str, arg: Arg) -> str:
+    def add(self, name: str, arg: Arg) -> str:
+        """Parameter `name`, filled by `arg` (once: a name used again is the same parameter)."""
         if name not in self.names:
             self.names.append(name)
             self.args.append(arg)
         return name
 
     def buf(self, uid: int) -> str:
-        return self._add(f"p{uid}", Arg(ArgKind.BUF, uid))
+        return self.add(f"p{uid}", Arg(ArgKind.BUF, uid))
 
     def scalar(self, uid: int) -> str:
-        return self._add(f"s{uid}", Arg(ArgKind.SCALAR, uid))
+        return self.add(f"s{uid}", Arg(ArgKind.SCALAR, uid))
 
     def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
-        return self._add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
+        return self.add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
+
+    def named(self, name: str, scratch: Mapping[str, Arg] | None = None) -> str:
+        """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar, or one of `scratch`."""
+        if scratch is not None and name in scratch:
+            return self.add(name, scratch[name])
+        found = _PARAM.fullmatch(name)
+        if found is None:
+            raise ValueError(f"kernel parameter {name!r}: not p<uid>, s<uid> or a scratch buffer")
+        return self.buf(int(found[2])) if found[1] == "p" else self.scalar(int(found[2]))
 
     def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
         return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
