@@ -131,7 +131,7 @@ def with_subtile(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> lis
 def prologue_share(config: TileKnobs, taps: int = 1) -> float:
     """Image elements each thread of a program transforms per K step when a prologue (SBR's scale + bias
     + relu) runs on the image tile in registers: `taps` tiles of BLOCK_M x BLOCK_K over the program's
-    threads. The templates with such a prologue prefer configs under a budget of it (conv_fprop,
-    conv_wgrad: measured on an H100, bench v2, 2026-11-26)."""
+    threads. The templates with such a prologue prefer configs under a budget of it (preferences.py:
+    SBR_CONV_LEAN, SBR_WGRAD_LEAN)."""
     assert config.BLOCK_K is not None
     return taps * config.BLOCK_M * config.BLOCK_K / (32 * config.warps)

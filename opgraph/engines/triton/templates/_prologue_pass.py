@@ -5,11 +5,9 @@ conv_fprop and conv_wgrad load the image tile once per filter tap, so a prologue
 registers of the tensor-core loop. The pass variant runs the prologue once, as the pointwise template's
 kernel writing the conv's input into the step's scratch memory, then the template's plain kernel over
 it: two launches of one step, the piece and its fusion unchanged (another engine may still take the
-fused piece whole). Measured 2026-11-26 on an H100 (bf16, N32 C64 56², 3x3): the fused wgrad took
-64.6 µs, the same wgrad without a prologue 30.5, and the pass moves 25.7 MB (about 11 µs at the measured
-copy rate); the fused conv + genstats 56.6, a plain conv + bias + relu of that shape 29.7. On the GPU a
-conv with more than one tap therefore tries the pass variants first (not yet measured as such); the
-tuner times both kinds.
+fused piece whole). On the GPU a conv with more than one tap tries the pass variants first (the
+preference PROLOGUE_PASS_FIRST, preferences.py: a fused 3x3 SBR wgrad took about twice the plain one);
+the tuner times both kinds.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from ..gemm.tuning import BANDWIDTH
 from ..knobs import TileKnobs
 from .base import Arg, ArgKind, Generated, Launch, Match
 from .pointwise import PointwiseTemplate
+from .preferences import PROLOGUE_PASS_FIRST
 
 KNOB = "PROLOGUE_PASS"
 TEMPLATES = ("conv_fprop", "conv_wgrad")  # the templates whose candidates offer it
@@ -73,7 +72,7 @@ class ProloguePass:
         them)."""
         cuda = self.rest.device.is_cuda
         passes = [c.replace(PROLOGUE_PASS=1) for c in self.rest.candidates()[:_PASS_CONFIGS if cuda else 1]]
-        return passes + configs if cuda and taps > 1 else configs[:-1] + passes + configs[-1:]
+        return PROLOGUE_PASS_FIRST.apply(configs, passes, 0 if cuda and taps > 1 else -1)
 
     def cost(self, k: TileKnobs) -> float | None:
         """The plain kernel's estimate plus the pass: the prologue's inputs read and the conv input written

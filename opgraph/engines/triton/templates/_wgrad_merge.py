@@ -3,8 +3,8 @@ TAPS filter taps and the channels together, (tap, c) with c fastest, instead of 
 
 The plain wgrad tile has C / groups rows (16+ after padding) per tap: the 7x7 stem's 3 channels fill
 3 of 16-32 rows, and its 49 taps are 49 (or 7 groups of 7) such tiles, each loading the image and DY
-again; it took 3,974 µs of an H100 in the ResNet-18 training step (N64, fp16, 2026-11-26) where cuDNN
-took 182. Merged, a program's rows are the lanes (tap, c) of TAPS taps (a filter row: 7 x 3 = 21 lanes
+again (over 20x cuDNN's time in the ResNet-18 training step: bench/results/triton-preferences.md
+#merged-wgrad). Merged, a program's rows are the lanes (tap, c) of TAPS taps (a filter row: 7 x 3 = 21 lanes
 padded to 32; or every tap: 147 to 256): one A tile [lanes, pixels] gathered from the image (its
 column depends on the lane and the pixel: a [rows, cols] index, `TileIndexer`'s "t" axes), one DY tile,
 one dot a step. Lanes past TAPS x C are wrapped onto real ones (their rows of the dot are computed and
@@ -15,8 +15,8 @@ one tap (a column mask) stay in the loads, as in the plain wgrad.
 The lanes of a tile are several taps of the output space (whose rows are the channels and whose batch
 axes are the taps), so the main kernel always writes fp32 partials to scratch at each lane's own (tap,
 channel) and the split-K combine launch, unchanged, sums them and runs the epilogue (even at SPLIT_K=1).
-The conv_fprop analogue ran the stem forward in 77.4 µs (H100, from 183); these configs are candidates
-the tuner times, after the heuristic's first config, until a GPU run has measured them.
+These configs are candidates the tuner times, after the heuristic's first config (MERGED_WGRAD,
+preferences.py), until a GPU run has measured them.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from ..gemm import (
 )
 from ..knobs import TileKnobs
 from .base import pow2_at_least
+from .preferences import DGRAD_LOSS_PROLOGUE
 
 UNROLL_TAPS = 32  # stencil (depthwise) loops with more taps x multiplier steps are not unrolled
 
@@ -301,8 +302,7 @@ class ConvDgradMatch(TileMatch):
         configs = gemm_candidates(gp.space.m, gp.space.n, kg * taps, nprog=groups, device=device,
                                   elem_bytes=self.elem, k_step=kg, moved_bytes=gp.moved_bytes(), extra=extra)
         if device.is_cuda and gp.prologue.get(gp.main.input("loss")):  # type: ignore[arg-type]
-            small = [c for c in configs[:-1] if c.BLOCK_M <= 128]
-            configs = small[:1] + [c for c in configs if c not in small[:1]]
+            configs = DGRAD_LOSS_PROLOGUE.apply(configs, lambda c: c.BLOCK_M <= 128)
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
             configs.insert(1, configs[0].replace(fp32_precision="ieee"))

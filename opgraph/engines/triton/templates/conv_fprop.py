@@ -32,7 +32,7 @@ from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ...cost import NARROW_GROUP, rates
+from ...cost import NARROW_GROUP
 from ..gemm import (
     Context,
     MainLoop,
@@ -52,10 +52,12 @@ from ..gemm import (
     prologue_share,
 )
 from ..knobs import TileKnobs
+from ._conv_cost import conv_cost
 from ._prologue_pass import OffersProloguePass
 from .base import pow2_at_least, unique
+from .preferences import MERGED_STEM, SBR_CONV_LEAN
 
-LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
+LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms a step, at most (SBR_CONV_LEAN)
 MERGE_BELOW = 8  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
@@ -125,12 +127,9 @@ class ConvFpropMatch(OffersProloguePass):
     def _merged(self, configs: list[TileKnobs]) -> list[TileKnobs]:
         """MERGE_TAPS variants of the first configs of three distinct tiles, where the channels per group
         are few and the filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes,
-        at least 32 for 8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count).
-        On the GPU first for 16-bit operands, best estimate first (H100, 2026-11-26, the 7x7/2 C3 -> K64
-        stem at N32, bench/results/2026-11-26-h100-stem-and-pool-backward.md: merged 256x64 and 128x64
-        configs 76-78 µs tuned in fp16 and bf16 in run a, the heuristic's per-tap config 183; conv_cost's
-        estimates 67 and 73 against 181); for other types after the first three (not
-        measured); on the CPU before the broadest config, which stays last."""
+        at least 32 for 8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count),
+        placed as MERGED_STEM says: on the GPU first for 16-bit operands (measured), best estimate first;
+        after the first three for other types (not measured); on the CPU before the broadest config."""
         cg, _, _ = self.shape
         last = self.gp.operand("weight").dim[-1]
         if cg >= MERGE_BELOW or last == 1:
@@ -146,8 +145,8 @@ class ConvFpropMatch(OffersProloguePass):
             knobs = knobs.replace(SPLIT_K=max(1, min(c.split_k, self.merged_loop.iterations(knobs) // 3)))
             merged.append(knobs)
         if self.device.is_cuda and self.elem == 2:
-            return sorted(merged, key=lambda c: self.estimate(c) or math.inf) + configs
-        return configs[:3] + merged + configs[3:] if self.device.is_cuda else configs[:-1] + merged + configs[-1:]
+            return MERGED_STEM.apply(configs, sorted(merged, key=lambda c: self.estimate(c) or math.inf), 0)
+        return MERGED_STEM.apply(configs, merged, 3 if self.device.is_cuda else -1)
 
     def candidates(self) -> list[TileKnobs]:
         gp, device, elem = self.gp, self.device, self.elem
@@ -160,13 +159,10 @@ class ConvFpropMatch(OffersProloguePass):
             configs = self._ranked(configs)
         if device.is_cuda and gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
             # the prologue runs on the image tile in registers: at most LEAN_PROLOGUE of its elements a
-            # thread per step, 3 stages at most. H100 (bench v2, 2026-11-26), SBR -> conv 3x3 -> genstats,
-            # N32 C64 56²: 64x64, 4 warps, 3 stages 53.1 / 75.4 µs fp16 / bf16; 128x64, 4 warps (64 a
-            # thread), the first pick before, 70.2 / 103.7; 64x64 with 4 stages 93.6 / 131.2
-            lean = [c for c in configs[:-1] if c.SPLIT_K == 1 and (c.num_stages or 0) <= 3
-                    and prologue_share(c) <= LEAN_PROLOGUE]
-            lean = lean or [c for c in configs[:-1] if c.BLOCK_M <= 128 and c.SPLIT_K == 1]
-            configs = lean[:1] + [c for c in configs if c not in lean[:1]]
+            # thread a step, 3 stages at most (else the first unsplit config of <= 128 rows)
+            configs = SBR_CONV_LEAN.apply(
+                configs, lambda c: c.SPLIT_K == 1 and (c.num_stages or 0) <= 3 and prologue_share(c) <= LEAN_PROLOGUE,
+                lambda c: c.BLOCK_M <= 128 and c.SPLIT_K == 1)
         configs = self._merged(configs)
         return self.offer_prologue_pass(finish_candidates(configs, gp, device, extra), taps)
 
@@ -333,72 +329,6 @@ def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str)
     if not checks:
         return body, None
     return body + [f"amask = {' & '.join(checks)}"], "amask"
-
-
-def conv_cost(match: ConvFpropMatch, knobs: TileKnobs) -> float:
-    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, fitted to H200
-    measurements (2026-11, ResNet-50 convs at N=32: 64x64 tiles 33 us and 128x128 x split 2 24 us for
-    C512 7x7, 128x128 25 us for C256 14x14, 256x64 28-31 us for C64 56x56) and to an H100 benchmark
-    that autotuned every candidate of the benchmark convs (2026-11-26, N=32, fp16 and bf16): C512 7x7
-    128x256 x split 5 26.6 us against 128x128 x split 5 32.4 (and 64x64 44.9, 128x128 x split 2 31.3:
-    the estimates follow these); C256 14x14 128x128 23.3 against 256x64 26.5; 3x3/2 C128 256x128 22.8
-    against 128x128 26.5; 1x1/2 C256->K512 128x256 25.8 against 256x128 27.4; 1x1 C256->K64 256x64
-    30.2 against 128x64 32.3; the 7x7/2 C3 stem 256x64 183 against 128x64 206; 1x1 C64->K256 with a
-    residual 128x64, 4 warps, 44.2 against 128x256 50.6; C64 56x56 256x64 30.5 (64x64 29.1).
-
-    A program's K iteration (a BLOCK_M x BLOCK_K gathered image tile and a BLOCK_K x BLOCK_N filter
-    tile, cp.async through shared memory, one wgmma) takes the longest of: ~0.37 us plus ~0.11 us per
-    MFLOP of its tile at a prefetch distance of 3 stages (0.43 us at 64x64x64, 0.61 us at 128x128x64);
-    the SM's multiplies, at ~4 TFLOP/s with pointer loads; its loads from L2 at ~60 KB/us per SM, for
-    all the programs it holds, an image row (an address and bounds check per row and tap) counting
-    1.25 filter rows unless a 1x1 conv reads the pixel rows as they are; and, for channels that are
-    not a multiple of 8 (the stem's 3: no 16-byte vectors), ~18 loaded elements/ns per SM. An SM holds
-    as many programs as 228 KB of shared memory (one stage when K takes one step: nothing to
-    pipeline) and 64K registers (the fp32 accumulator plus ~64 a thread; ptxas: within ~40)
-    allow. The epilogue moves the tile's output and full-size inputs (a residual) at ~45 KB/us per
-    program. The SMs' rounds, the L2 reads (the image tile re-read once per column of tiles, the
-    filter once per row; ~6 TB/s) and DRAM (each tensor once, a strided 1x1 reading only the pixels
-    it samples; 0.85x the device's copy rate) overlap imperfectly: a 4-norm, so that configs near the
-    DRAM floor still differ by their rounds. A full-size epilogue input waits on DRAM after the main
-    loop, hidden only by the other programs on the SM: 1 / resident of its bytes at ~100 KB/us per SM
-    is added. Split-K fills the SMs when the tiles are few (a 7x7 or 14x14 image with 256-512
-    channels) at the cost of writing and re-reading fp32 partials and a second launch."""
-    gp, device = match.gp, match.device
-    cg, taps, groups = match.shape
-    m, n = gp.space.m, gp.space.n
-    k = cg * taps
-    assert knobs.BLOCK_K is not None
-    bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
-    split, stages = knobs.split_k, knobs.num_stages or 3
-    warps = knobs.warps
-    sms = max(device.sm_count, 1)
-    per = -(-match.steps(knobs) // split)
-    programs = -(-m // bm) * -(-n // bn) * groups * split
-    smem = (stages if per > 1 else 1) * (bm + bn) * bk * 2
-    regs = bm * bn // (32 * warps) + 64
-    resident = max(1, min(228_000 // (smem + 2048), 65536 // (32 * warps * regs)))
-    busiest = -(-programs // sms)  # programs on the busiest SM
-    rounds, together = -(-busiest // resident), min(busiest, resident)
-    x = gp.operand("image")
-    rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else 1.25) * bm + bn
-    mflop = 2 * bm * bn * bk / 1e6
-    lag = 0.37 * 3 / max(1, stages - 1)  # prefetch distance stages - 1
-    t_it = max(lag + 0.114 * mflop, together * mflop / 4.0, together * rows * bk * 2 / 60e3)
-    if cg % 8:
-        t_it = max(t_it, together * (bm + bn) * bk / 18e3)
-    piece = gp.piece
-    size = m * n * groups
-    extra = sum(piece.tensor(u).nbytes for u in {u for nd in gp.epilogue for u in nd.input_uids()}
-                if u in piece.inputs and piece.tensor(u).numel * 2 > size) / size  # bytes per output element
-    stored = sum(piece.tensor(u).nbytes for u in gp.stores) / size
-    t_prog = per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / 45e3 + 0.5
-    traffic = groups * ((m * k * 2) * -(-n // bn) + (n * k * 2) * -(-m // bm))
-    moved = gp.moved_bytes() - x.nbytes + min(x.nbytes, m * k * groups * 2)
-    limits = (rounds * t_prog, traffic / 6e6, moved / (0.85 * rates(device)[0] / 1e6))
-    t = sum(v ** 4 for v in limits) ** 0.25 + busiest * bm * bn * extra / (together * 100e3)
-    if split > 1:
-        t += split * m * n * groups * 4 * 2 / 5e6 + 2.5
-    return t + 1.0
 
 
 ConvFpropTemplate.match_class = ConvFpropMatch

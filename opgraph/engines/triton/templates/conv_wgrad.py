@@ -63,10 +63,11 @@ from ..knobs import TileKnobs
 from ._prologue_pass import OffersProloguePass
 from ._wgrad_merge import MergedTaps
 from .base import pow2_at_least, unique
+from .preferences import MERGED_WGRAD, SBR_WGRAD_LEAN
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
 MIN_GPU_CHANNELS = 8  # fewer input channels per group (not depthwise): no fused neighbours on the GPU
-LEAN_PROLOGUE = 48  # SBR -> wgrad: image elements a thread transforms per step, at most (see _lean_first)
+LEAN_PROLOGUE = 48  # SBR -> wgrad: image elements a thread transforms a step, at most (SBR_WGRAD_LEAN)
 
 
 @dataclass(frozen=True)
@@ -254,13 +255,16 @@ class ConvWgradMatch(OffersProloguePass):
             configs = [first.replace(SPLIT_K=max(first.split_k, min(4, iters // 2)) if iters >= 4 else 1),
                        *configs[1:]]
             if merged.applies:  # before the broadest config (a saved plan may hold one)
-                configs = configs[:-1] + merged.candidates(extra) + configs[-1:]
+                configs = MERGED_WGRAD.apply(configs, merged.candidates(extra), -1)
         else:
             configs = self._gpu_candidates(extra)
             if merged.applies:
-                configs = configs[:1] + merged.candidates(extra) + configs[1:]
+                configs = MERGED_WGRAD.apply(configs, merged.candidates(extra), 1)
             if gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
-                configs = self._lean_first(configs)
+                # the prologue runs on every tap's image tile in registers beside the taps' accumulators
+                most = max(c.taps for c in configs)
+                configs = SBR_WGRAD_LEAN.apply(configs, lambda c: c.taps == most
+                                               and prologue_share(c, most) <= LEAN_PROLOGUE)
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
             configs.insert(1, configs[0].replace(fp32_precision="ieee"))
@@ -297,17 +301,6 @@ class ConvWgradMatch(OffersProloguePass):
         out.append(TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=small, GROUP_M=8, SPLIT_K=self.split_for(64, 64, 1, small),
                              TAPS=1, num_warps=4, num_stages=2, **extra))
         return unique(out)
-
-    @staticmethod
-    def _lean_first(configs: list[TileKnobs]) -> list[TileKnobs]:
-        """With a prologue on the image (SBR -> wgrad), first the best-ranked config of the most taps a
-        program under LEAN_PROLOGUE (`prologue_share`: the prologue runs on every tap's tile in registers
-        beside the taps' accumulators). H100 (bench v2, 2026-11-26, N32 C64 K64 56² 3x3): 32x64, 3 taps, 4
-        warps (48) 66.3 / 88.5 µs fp16 / bf16; 64x64 (96) 89.6 / 113.5, 64x32 (96) 163.8 / 242.3, one tap
-        (DY loaded thrice) 120 / 149; without the prologue 64x64 is the fastest (31.7; 32x64 41.4)."""
-        most = max(c.taps for c in configs)
-        lean = [c for c in configs[:-1] if c.taps == most and prologue_share(c, most) <= LEAN_PROLOGUE]
-        return lean[:1] + [c for c in configs if c not in lean[:1]]
 
     def split_for(self, bm: int, bn: int, taps: int, bk: int) -> int:
         """SPLIT_K for ~2 programs per SM with >= 8 steps each, halved while the partials exceed half

@@ -136,9 +136,8 @@ def _knobs(g: RowGeometry, device: Device, backward: bool = False, *, tile: int 
 def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[RownormKnobs]:
     """Forward: one tile of rows per program (8192 elements: 2 rows of 4096), 8 warps (32 elements a
     thread), both row reductions and the stores in registers: the autotuner's choice for layernorm
-    [8192, 4096] bf16 on an H100 (bench v2, 2026-11-26: 49.8 µs, timed as plans run it), where the
-    persistent form below, the heuristic's before, took 58.1 and every persistent variant 53-61. The
-    persistent form: 2 programs per SM, each walking a contiguous range of row tiles (2 rows of 4096,
+    [8192, 4096] bf16 on an H100, about 15% faster than the persistent form below
+    (bench/results/triton-preferences.md#rownorm-forward). The persistent form: 2 programs per SM, each walking a contiguous range of row tiles (2 rows of 4096,
     16 warps) in a software-pipelined loop (ST 4: the next 3 tiles in flight while this tile's
     reductions and stores run), scale and bias loaded once per program. Backward: 2 programs per SM
     each walking a contiguous range of rows one at a time, 8 elements a thread, the row loop
