@@ -6,8 +6,10 @@ than bfloat16: the engine's verdict, every config of every heuristic mode (knobs
 numerical notes, estimates) and a hash of each config's generated kernels (source, launches, scratch).
 
 The golden file was recorded from the code before the template protocol was rebuilt (issue 37): a change
-of what the engine offers or generates shows here as a diff of one piece. Where a change is meant,
-record the file again and say why in the commit:
+of what the engine offers or generates shows here as a diff of one piece. A kernel's source is more than
+behaviour: a plan file stores each step's source hash and refuses to load where opgraph (of the same
+version) generates another, so a source may change only with the version, or where a config could not be
+generated before. Where a change is meant, record the file again and say why in the commit:
 
     OPGRAPH_REGEN_GOLDEN=1 python -m pytest tests/engines/test_triton_selection_golden.py
 

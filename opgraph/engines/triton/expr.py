@@ -79,6 +79,8 @@ def literal(value: float | int | bool) -> str:
     return repr(v)
 
 
+# (HELPERS is part of every generated module, comments included: a change to its text changes every kernel's
+# source, and plan files check the source they were saved with; its one dated line stays until then)
 HELPERS = CAST_HELPERS + '''
 
 def _og_expm1(x):
@@ -122,8 +124,8 @@ def _og_sech2_fast(x):
 
 
 def _og_signbit(a):
-    # the sign bit, read from the bits (-0 and -nan included): kernels compiled for an H100 folded the
-    # test (a == 0) & (1 / a < 0) to false, as if zeros had no sign
+    # the sign bit, read from the bits (-0 and -nan included): the compiled kernels of 2026-11-25 (H100)
+    # folded the test (a == 0) & (1 / a < 0) to false, as if zeros had no sign
     if a.dtype == tl.float64:
         return a.to(tl.int64, bitcast=True) < 0
     else:

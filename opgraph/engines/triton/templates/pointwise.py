@@ -174,7 +174,7 @@ class TileIndexer:
         return lines
 
 
-def transposed_axes(piece: Piece) -> tuple[int, int] | None:
+def transposed_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     """(i, j) where a large tensor of the piece's space is contiguous along axis i and the first
     output along axis j != i: the flat walk would read (or write) it with a stride; None otherwise."""
     first = piece.tensor(piece.outputs[0])
@@ -189,8 +189,6 @@ def transposed_axes(piece: Piece) -> tuple[int, int] | None:
     j = innermost(first)
     if j is None:
         return None
-    found = memory_views(piece)
-    views = found if isinstance(found, dict) else {}
     tensors = _with_views(piece, views)
     for u in (*piece.inputs, *views):
         desc = tensors[u]
@@ -210,7 +208,7 @@ ROW_MIN = 128  # the shortest innermost axis the row walk takes (a tile's tail i
 ROW_FIRST_TAIL = 1 / 16  # the row walk ranks first where each row's last tile is masked off no more
 
 
-def row_axes(piece: Piece) -> tuple[int, int] | None:
+def row_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     """(i, j): the first output's innermost axis j (contiguous, at least ROW_MIN elements) and its next
     axis i, where no tensor is transposed (transposed_axes) and the flat walk would compute per element
     a coordinate other than a power-of-two `lin % dims[j]`: for a tensor broadcast along j (a per-row
@@ -223,10 +221,10 @@ def row_axes(piece: Piece) -> tuple[int, int] | None:
     order = tuple(a for a in stride_order(first.stride) if space[a] > 1)
     if len(order) < 2 or first.stride[order[-1]] != 1 or space[order[-1]] < ROW_MIN:
         return None
-    if transposed_axes(piece) is not None:
+    if transposed_axes(piece, views) is not None:
         return None
     flat = FlatIndexer(space, stride_order(first.stride))
-    _emit(piece, flat)
+    _emit(piece, flat, views)
     needed = {a for a in flat.needed if space[a] > 1}
     i, j = order[-2], order[-1]
     if not needed or (needed == {j} and _is_pow2(space[j])):
@@ -260,10 +258,9 @@ def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
     return {**acc, **{d: v for d, v in new.items() if d not in acc}} if new else acc
 
 
-def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer) -> Emitter:
-    """The piece's loads, math and stores over `indexer` (which notes the coordinates they need)."""
-    views = memory_views(piece)
-    assert not isinstance(views, Support), views.reason
+def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any]) -> Emitter:
+    """The piece's loads, math and stores over `indexer` (which notes the coordinates they need); `views`:
+    the piece's slices/transposes as views of memory (memory_views)."""
 
     def ptr(u: int) -> str:  # a view reads its source's buffer, from its offset
         if u not in views:
@@ -316,19 +313,24 @@ class PointwiseTemplate(Template):
             if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
                 return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
                                   f"piece's space {list(space)}", node)
-        return PointwiseMatch(self, piece, device)
+        return PointwiseMatch(self, piece, device, views)
 
 
 class PointwiseMatch(Match[PointwiseKnobs]):
-    """A pointwise piece: the walk it takes (flat, transposed tiles or rows) is found once."""
+    """A pointwise piece: its views of memory, and the walk it takes (flat, transposed tiles or rows), found
+    once."""
+
+    def __init__(self, template: PointwiseTemplate, piece: Piece, device: Device, views: dict[int, Any]) -> None:
+        super().__init__(template, piece, device)
+        self.views = views
 
     @cached_property
     def transposed(self) -> tuple[int, int] | None:
-        return transposed_axes(self.piece)
+        return transposed_axes(self.piece, self.views)
 
     @cached_property
     def rows(self) -> tuple[int, int] | None:
-        return row_axes(self.piece)
+        return row_axes(self.piece, self.views)
 
     def candidates(self) -> list[PointwiseKnobs]:
         piece = self.piece
@@ -374,12 +376,12 @@ class PointwiseMatch(Match[PointwiseKnobs]):
                 raise AttributeValueError(f"{names} configs are for pieces with {what}", rule="triton.pointwise.knob",
                                           hint="take configs from engine_configs()")
             indexer = TileIndexer(dims, *axes, order, big, ti, tj)
-            body = [*indexer.coordinate_lines(), *_emit(piece, indexer).lines]
+            body = [*indexer.coordinate_lines(), *_emit(piece, indexer, self.views).lines]
             source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
             launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", knobs.warps),))
             return Generated(source, (launch,))
         flat = FlatIndexer(dims, order)
-        lines = _emit(piece, flat).lines
+        lines = _emit(piece, flat, self.views).lines
         body = [
             f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",
