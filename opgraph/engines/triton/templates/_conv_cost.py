@@ -21,13 +21,24 @@ partials and a second launch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ....core.device import Device
 from ...cost import rates
+from ..gemm import GemmPiece
 from ..knobs import TileKnobs
 
-if TYPE_CHECKING:
-    from .conv_fprop import ConvFpropMatch
+
+class ConvMatch(Protocol):
+    """What the model reads of a conv_fprop match."""
+
+    gp: GemmPiece
+    device: Device
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...  # (channels per group, filter taps, groups)
+
+    def steps(self, k: TileKnobs) -> int: ...  # the main loop's trip count
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ HOPPER = ConvCostFit(lag_us=0.37, us_per_mflop=0.114, sm_mflop_per_us=4.0, l2_by
                      split_us=2.5, launch_us=1.0)
 
 
-def conv_cost(match: ConvFpropMatch, knobs: TileKnobs, fit: ConvCostFit = HOPPER) -> float:
+def conv_cost(match: ConvMatch, knobs: TileKnobs, fit: ConvCostFit = HOPPER) -> float:
     """Estimated microseconds of a 16-bit implicit-GEMM config of `match` (see the module docstring)."""
     gp, device = match.gp, match.device
     cg, taps, groups = match.shape

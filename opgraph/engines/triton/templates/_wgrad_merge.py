@@ -24,19 +24,41 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ....core.device import Device
 from ....core.errors import AttributeValueError
-from ....ops.conv import ConvolutionMode, ConvWgrad
-from ..gemm import Context, MainLoop, Signature, TileIndexer, TileLoop, decompose, operand_tile
+from ....ops.conv import ConvGeometry, ConvolutionMode, ConvWgrad
+from ..gemm import Context, GemmPiece, MainLoop, Signature, TileIndexer, TileLoop, decompose, operand_tile
 from ..knobs import TileKnobs
 from .base import pow2_at_least
 from .conv_fprop import MERGE, MERGE_BELOW
 
-if TYPE_CHECKING:
-    from .conv_wgrad import ConvWgradMatch
-
 MAX_LANES = 256  # rows of a merged tile, at most
+
+
+class WgradMatch(Protocol):
+    """What the merged loop asks of conv_wgrad's match (ConvWgradMatch)."""
+
+    gp: GemmPiece
+    device: Device
+
+    @property
+    def elem(self) -> int: ...
+
+    @property
+    def pixels(self) -> int: ...
+
+    @property
+    def geometry(self) -> ConvGeometry: ...
+
+    def iterations(self, k: TileKnobs) -> int: ...
+
+    def per_program(self, k: TileKnobs) -> int: ...
+
+    def split_for(self, bm: int, bn: int, taps: int, bk: int) -> int: ...
+
+    def dy_step(self, ctx: Context, sig: Signature, bk: int) -> tuple[list[str], str | None]: ...
 
 
 class MergedTaps(TileLoop):
@@ -45,7 +67,7 @@ class MergedTaps(TileLoop):
     tap, one dot into `acc`; partials at each lane's own (tap, channel), always."""
 
     writes_partials = True
-    m: ConvWgradMatch
+    m: WgradMatch  # type: ignore[assignment]
 
     @cached_property
     def applies(self) -> bool:
