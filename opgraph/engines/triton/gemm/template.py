@@ -1,14 +1,18 @@
 """The GEMM-class template protocol: `TileTemplate` recognises a piece (`analyze`), `TileMatch` holds the
-analysis and generates every kernel of the family through one path (`TileMatch.kernels`) with named hooks.
+analysis and generates every kernel of the family through one path (`TileMatch.build`) with named hooks.
 
 What the shared path does with a config, and the hook of each step (a template overrides the hooks it
 needs, in its match class; what varies by knobs is a strategy object the match returns):
 
+    check()                    the verdict on the device (operand types tl.dot multiplies, declines)
     strategy(knobs)            the config's way of running (`Strategy`: its cost and kernels): the match
                                itself (the plain kernel), or a composite (conv's image prologue as its own
                                pass first: templates/_prologue_pass.py)
-    loop(knobs) -> TileLoop    the main loop: trip count, lines, accumulators; conv_fprop and conv_wgrad's
-                               merged-tap loops, the depthwise stencils and dgrad's stride phases are loops
+    validate(knobs)            typed errors for knobs the template refuses whatever its loop
+    loop(knobs) -> TileLoop    the main loop: trip count, lines, accumulators, knob checks; conv_fprop and
+                               conv_wgrad's merged-tap loops, the depthwise stencils and dgrad's stride
+                               phases are loops (the depthwise row strips make their whole kernel body:
+                               `KernelParts`)
     tiling(knobs)              the grid (Tiling and its subclasses, whose header is made of named parts)
     dot(knobs)                 how the main loop multiplies (tl.dot kind, or the stencils' fp32 FMA)
     prelude / setup            module-level source; per-program lines before any tile (TMA descriptors)
@@ -388,7 +392,3 @@ class TileMatch(Match[TileKnobs], TileLoop):
         launches.append(Launch("kernel_epilogue", (etiling.per_split,), tuple(esig.args),
                                (*constexprs.items(), ("num_warps", combine.warps(etiling, k)))))
         return ectx
-
-    # -- conveniences of the analysis ------------------------------------------------------------------------
-    def operand(self, role: str) -> Any:
-        return self.gp.operand(role)
