@@ -134,9 +134,7 @@ class TileLoop:
         tile's header, its share of the main loop, then its partials (at scratch offset `partials`) or
         the epilogue."""
         m, tiling = self.m, ctx.tiling
-        work = tiling.split * tiling.per_split
         persistent = k.persistent
-        programs = min(work, persistent) if persistent else work
         tile = tiling.header(with_split=True, pid="work" if persistent else "tl.program_id(0)")
         split_lines, lo, hi = split_range(self.iterations(k), tiling.split)
         tile += split_lines
@@ -152,6 +150,7 @@ class TileLoop:
             return body + tile
         # FLATTEN=1: the tile loop and the K loop become one loop for Triton's pipeliner, which then loads
         # the next tile's first K slices during this tile's epilogue (short-K GEMMs)
+        work, programs = tiling.split * tiling.per_split, self.programs(tiling, k)
         body.append(f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten={bool(k.FLATTEN)}):")
         return body + ["    " + line for line in tile]
 
@@ -163,8 +162,6 @@ class TileLoop:
 class Combine:
     """How the split-K launch after the main kernel sums the partials and runs the epilogue (the default:
     finer tiles, ~2 programs per SM (EPI_M / EPI_N set them), one slice a step)."""
-
-    sums_blocks: ClassVar[bool] = False  # BlockedCombine: BLOCK_S slices a (pipelined) load
 
     def tiling(self, m: TileMatch, tiling: Tiling, k: TileKnobs) -> Tiling:
         return epilogue_tiling(tiling, k, m.device)
@@ -185,8 +182,6 @@ class Combine:
 class BlockedCombine(Combine):
     """Finer tiles down to 16 x 16 (COMBINE_M / COMBINE_N set them), BLOCK_S partial slices per pipelined
     load and a fixed-order sum over them, 4 warps: for the deep splits of conv_wgrad."""
-
-    sums_blocks = True
 
     def tiling(self, m: TileMatch, tiling: Tiling, k: TileKnobs) -> Tiling:
         bm, bn = tiling.block_m, tiling.block_n
