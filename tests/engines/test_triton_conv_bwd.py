@@ -655,6 +655,9 @@ HOPPER_CASES = {  # the benchmark shapes: (graph, template, how many of its firs
     "sbr_wgrad_float": (lambda: sbr_wgrad(n=32, c=64, k=64, hw=56)[0], "conv_wgrad", 1),
     "wgrad_depthwise": (lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
                         "conv_wgrad", 1),
+    "wgrad_depthwise_8_pixel_steps": (
+        lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])), "conv_wgrad",
+        lambda candidates: [c for c in candidates if c["BLOCK_K"] == 8]),
     "dgrad_depthwise": (lambda: _stored(dgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
                         "conv_dgrad", 1),
     "dgrad_bf16_groups_stride3": (lambda: _stored(dgrad_graph((8, 64, 30, 29), (128, 32, 3, 3), dt=DT.BFLOAT16,
@@ -739,6 +742,21 @@ def test_gpu_depthwise_backward(rng):
     g, _, _, dx = dgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])
     dx.set_output(True)
     assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_depthwise_wgrad_every_candidate(rng):
+    """Every GPU candidate of a depthwise wgrad, the 8-pixel steps of 128 channels (no tl.dot) among them."""
+    from opgraph.core.config import HeurMode
+
+    g, _, _, dw = wgrad_graph((8, 144, 28, 28), (144, 1, 3, 3), padding=[1, 1])
+    dw.set_output(True)
+    plan = g.build(device="cuda", engines=["triton"], heur_mode=[HeurMode.B])
+    step = plan.steps[0]
+    configs = (step.config, *step.alternatives)
+    assert any(c.knob("BLOCK_K") == 8 for c in configs)
+    assert_candidates_match(plan, step, configs, rng, **EXACT)
 
 
 @pytest.mark.gpu
