@@ -14,7 +14,6 @@ from dataclasses import replace
 
 from .spec import AttnSpec, BwdKnobs, FwdKnobs
 
-RESULTS = "bench/results/triton-preferences.md"  # the measurements the choices follow
 SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
 _ISZ = {"tl.float32": 4, "tl.float16": 2, "tl.bfloat16": 2, "tl.float64": 8, "tl.int8": 1, "tl.uint8": 1,
         "tl.int1": 1, "tl.int32": 4, "tl.int64": 8}
@@ -40,7 +39,7 @@ def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
              FwdKnobs(128, 32, 4, 3)]
     elif width <= 128:
         # 128x128/w8s3 the fastest on an H100 but at 1k causal (64x64/w4s3 then), 128x64/w8s3 within 3-8%,
-        # 2 stages and TMA reads slower (RESULTS#attention-forward)
+        # 2 stages and TMA reads slower (bench/results/triton-preferences.md#attention-forward)
         c = [FwdKnobs(128, 128, 8, 3), FwdKnobs(64, 64, 4, 3), FwdKnobs(128, 64, 8, 3), FwdKnobs(128, 64, 8, 4),
              FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 32, 4, 3)]
     else:
@@ -60,14 +59,15 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
     elif width <= 128:
         # the split launches (128 keys a dK/dV program stepping 64 query rows, 128 queries a dQ program
         # stepping 64 keys, 8 warps, 3 stages) timed the fastest as plans run them in every measured row
-        # (RESULTS#attention-backward); the fused 64x64 launch took 1.03-1.41x
+        # (bench/results/triton-preferences.md#attention-backward); the fused 64x64 launch took 1.03-1.41x
         c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4),
              BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
              BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2)]
         if scored:
             # D=128 with tanh soft-capping and ALiBi (compiled for sm_90): the first config's dK/dV launch
             # spills ~130 bytes and still measured the fastest; the fused alternatives here do not spill
-            # (4-warp fused or 64-key dK/dV launches spilled 92-230 bytes: RESULTS#attention-backward)
+            # (4-warp fused or 64-key dK/dV launches spilled 92-230 bytes:
+            # bench/results/triton-preferences.md#attention-backward)
             c = [c[0], c[1], BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1),
                  BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1)]
     else:

@@ -65,12 +65,11 @@ run (the prologue as its own pass) a `Strategy` from `strategy(knobs)`.
 
 from __future__ import annotations
 
+from ...shared.views import View, memory_views
 from .analysis import (
     GemmPiece,
     Reduce,
-    View,
     analyze,
-    memory_views,
 )
 from .constants import (
     INT32_LIMIT,

@@ -32,7 +32,8 @@ from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ...cost import NARROW_GROUP
+from ...cost import rates
+from ...shared.conv_shapes import FEW_CHANNELS, NARROW_GROUP
 from ..gemm import (
     Context,
     MainLoop,
@@ -52,13 +53,13 @@ from ..gemm import (
     prologue_share,
 )
 from ..knobs import TileKnobs
-from ._conv_cost import conv_cost
+from ._conv_fit import HOPPER, ImplicitGemmFit
 from ._prologue_pass import OffersProloguePass
 from .base import pow2_at_least, unique
 from .preferences import MERGED_STEM, SBR_CONV_LEAN
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms a step, at most (SBR_CONV_LEAN)
-MERGE_BELOW = 8  # channels per group under which MERGE_TAPS configs are candidates
+MERGE_BELOW = FEW_CHANNELS  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
 
@@ -329,6 +330,64 @@ def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str)
     if not checks:
         return body, None
     return body + [f"amask = {' & '.join(checks)}"], "amask"
+
+
+def conv_cost(match: ConvFpropMatch, knobs: TileKnobs, fit: ImplicitGemmFit = HOPPER) -> float:
+    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, with `fit`'s constants
+    (_conv_fit.py; the measurements: bench/results/constants.md#conv-cost-fit).
+
+    A program's K step takes the longest of: its latency (hidden in proportion to the prefetch
+    distance) plus its tile's math at the step rate; the SM's multiplies, for all the programs it
+    holds; its loads from L2, an image row weighing more than a filter row unless a 1x1 conv reads
+    the pixel rows as they are; and, for channels that are no multiple of the vector width (the
+    stem's 3), scalar loads. An SM holds as many programs as its shared memory (one stage when K
+    takes one step: nothing to pipeline) and registers (the fp32 accumulator and a few a thread)
+    allow. The epilogue moves the tile's output and full-size inputs (a residual). The SMs' rounds,
+    the L2 reads (the image tile re-read once per column of tiles, the filter once per row) and DRAM
+    (each tensor once, a strided 1x1 reading only the pixels it samples) overlap imperfectly: a
+    p-norm, so that configs near the DRAM floor still differ by their rounds. A full-size epilogue
+    input waits on DRAM after the main loop, hidden only by the other programs on the SM. Split-K
+    fills the SMs when the tiles are few (a 7x7 or 14x14 image with 256-512 channels) at the cost of
+    writing and re-reading fp32 partials and a second launch."""
+    gp, device = match.gp, match.device
+    cg, taps, groups = match.shape
+    m, n = gp.space.m, gp.space.n
+    k = cg * taps
+    assert knobs.BLOCK_K is not None
+    bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
+    split, stages = knobs.split_k, knobs.num_stages or 3
+    warps = knobs.warps
+    sms = max(device.sm_count, 1)
+    per = -(-match.steps(knobs) // split)
+    programs = -(-m // bm) * -(-n // bn) * groups * split
+    smem = (stages if per > 1 else 1) * (bm + bn) * bk * 2
+    regs = bm * bn // (32 * warps) + fit.regs_per_thread
+    resident = max(1, min(fit.smem_per_sm // (smem + fit.smem_per_program), fit.regs_per_sm // (32 * warps * regs)))
+    busiest = -(-programs // sms)  # programs on the busiest SM
+    rounds, together = -(-busiest // resident), min(busiest, resident)
+    x = gp.operand("image")
+    rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else fit.image_row_weight) * bm + bn
+    mflop = 2 * bm * bn * bk / 1e6
+    lag = fit.step_latency_us * fit.latency_stages / max(1, stages - 1)  # prefetch distance stages - 1
+    t_it = max(lag + fit.step_us_per_mflop * mflop, together * mflop / fit.sm_mflop_per_us,
+               together * rows * bk * 2 / fit.sm_l2_bytes_per_us)
+    if cg % fit.vector_channels:
+        t_it = max(t_it, together * (bm + bn) * bk / fit.sm_scalar_elems_per_us)
+    piece = gp.piece
+    size = m * n * groups
+    extra = sum(piece.tensor(u).nbytes for u in {u for nd in gp.epilogue for u in nd.input_uids()}
+                if u in piece.inputs and piece.tensor(u).numel * 2 > size) / size  # bytes per output element
+    stored = sum(piece.tensor(u).nbytes for u in gp.stores) / size
+    t_prog = (per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / fit.epilogue_bytes_per_us
+              + fit.program_us)
+    traffic = groups * ((m * k * 2) * -(-n // bn) + (n * k * 2) * -(-m // bm))
+    moved = gp.moved_bytes() - x.nbytes + min(x.nbytes, m * k * groups * 2)
+    limits = (rounds * t_prog, traffic / fit.l2_bytes_per_us, moved / (fit.dram_share * rates(device)[0] / 1e6))
+    t = (sum(v ** fit.overlap_norm for v in limits) ** (1 / fit.overlap_norm)
+         + busiest * bm * bn * extra / (together * fit.sm_epilogue_dram_bytes_per_us))
+    if split > 1:
+        t += split * m * n * groups * 4 * 2 / fit.split_bytes_per_us + fit.split_launch_us
+    return t + fit.base_us
 
 
 ConvFpropTemplate.match_class = ConvFpropMatch
