@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session on the lent machine: environment, the GPU test tier, then the benchmark suite.
 # Usage (from the repo root, on the GPU machine): scripts/gpu_session.sh [tests|bench|all] [bench args...]
+#        scripts/gpu_session.sh ab --old .old --new . [ab_kernels args...]   (scripts/ab_kernels.py: A/B of two versions)
 # Results go to $OUT (default /tmp/opgraph-gpu); TESTS picks test paths (default: tests).
 set -uo pipefail
 OUT=${OUT:-/tmp/opgraph-gpu}
@@ -34,4 +35,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   limit=${BENCH_TIMEOUT:-540}
   timeout $((limit + 30)) python3 -m bench.run --out "$OUT" --time-limit $((limit - 20)) "$@" 2>&1 \
     | tee "$OUT/bench.log" | tail -80
+fi
+if [ "$what" = ab ]; then
+  # opgraph's own plans at two versions (scripts/ab_kernels.py keeps within --budget; the timeout is a backstop)
+  timeout ${AB_TIMEOUT:-300} python3 scripts/ab_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | tail -150
+  exit "${PIPESTATUS[0]}"
 fi
