@@ -359,7 +359,14 @@ class Worker:
         names = {f.name for f in dataclasses.fields(Ctx)}
         self.ctx = Ctx(**{k: v for k, v in opts.items() if k in names})
         workloads.load()
-        self.specs = {s.id: s for s in registry.REGISTRY.select(list(args.suite))}
+        chosen: set[str] = set()
+        self.unknown = []  # names this version's registry does not know (a workload added or renamed since)
+        for name in args.suite:
+            try:
+                chosen.update(s.id for s in registry.REGISTRY.select([name]))
+            except KeyError:
+                self.unknown.append(name)
+        self.specs = {s.id: s for s in registry.REGISTRY.specs() if s.id in chosen}
         self.held: dict[tuple[str, str], Held] = {}
         self.root = root
         self.opgraph_file, self.bench_file = opgraph.__file__, bench.__file__
@@ -373,7 +380,7 @@ class Worker:
             meta = {"error": f"{type(e).__name__}: {e}"}
         return {"hello": True, "pid": os.getpid(), "env": _jsonable_dict(meta), "root": self.root,
                 "opgraph": self.opgraph_file, "bench": self.bench_file,
-                "workloads": [[s.id, s.group, s.title] for s in self.specs.values()],
+                "workloads": [[s.id, s.group, s.title] for s in self.specs.values()], "unknown": self.unknown,
                 "fallback": _jsonable_dict(getattr(self.tolerance, "FALLBACK", {}))}
 
     # -- setup: build, check, capture --------------------------------------------------------------------
@@ -891,6 +898,13 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
         order = list(dict.fromkeys(listed["new"] + listed["old"]))
         ids = {v: [w for w in order if w in listed[v]] for v in ("old", "new")}
         run.log(f"{len(order)} workload(s): {len(set(listed['old']) & set(listed['new']))} in both versions")
+        typos = set(hellos["old"].get("unknown", [])) & set(hellos["new"].get("unknown", []))  # type: ignore[union-attr]
+        if typos:
+            raise SystemExit(f"ab_kernels: no workload or group {sorted(typos)} in either version "
+                             "(`python -m bench.run --list` lists them)")
+        for v in ("old", "new"):
+            if hellos[v].get("unknown"):  # type: ignore[union-attr]
+                run.log(f"{v} knows no workload or group {hellos[v]['unknown']}")  # type: ignore[index]
         t_setup = run.elapsed()
         run.setup_all(ids, budget - reserve - DISPATCH_MARGIN_S, budget - reserve)
         setup_s = run.elapsed() - t_setup
@@ -903,7 +917,8 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
         timing_s = run.elapsed() - t_time
         for wid in order:
             for variant in args.variants:
-                sides = {v: run.results[v].get(wid, {}).get("sides", {}).get(variant) for v in ("old", "new")}
+                sides = {v: run.results[v].get(wid, {}).get("sides", {}).get(variant) if wid in listed[v] else
+                         {"status": "absent", "error": "no such workload in this version"} for v in ("old", "new")}
                 rows.append(make_row(wid, info[wid][1], variant, sides["old"], sides["new"],
                                      run.samples.get(("old", wid, variant), []),
                                      run.samples.get(("new", wid, variant), []), args.noise_floor))

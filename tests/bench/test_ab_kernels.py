@@ -153,3 +153,23 @@ def test_dry_run_of_the_repository_against_itself(tmp_path):
     assert rows["generated"]["kernels"] == "same" and rows["generated"]["new"]["engines"] == "triton:rownorm"
     assert data["meta"]["old"]["opgraph"].startswith(str(ROOT))
     assert (tmp_path / "ab_kernels.md").read_text().startswith("# opgraph A/B")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_ab_of_the_repository_against_itself(tmp_path):
+    """The CUDA path: plans checked, captured, timed in CUDA graphs with one K for both versions."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OUT")}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--old", str(ROOT), "--new", str(ROOT), "--workers", "1",
+                           "--suite", "conv.r50_3x3_c64.fp16", "memory.layernorm_fwd.bf16", "--budget", "200",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=400, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((tmp_path / "ab_kernels.json").read_text())
+    assert len(data["rows"]) == 4
+    for r in data["rows"]:
+        assert r["old"]["status"] == r["new"]["status"] == "ok", r
+        assert r["old"]["how"].startswith("CUDA graph of") and r["k"] >= 1
+        assert (r["configs"], r["verdict"] != "-") == ("same", True)
+        assert r["kernels"] in ("same", "-") and len(r["old_samples"]) == len(r["new_samples"]) == 4
+        assert r["ratio"] == pytest.approx(1.0, rel=0.25)  # the same code: only noise
+    assert "NVIDIA" in data["meta"]["new"]["env"]["device"]
