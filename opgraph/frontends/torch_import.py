@@ -28,7 +28,9 @@ from typing import Any
 
 from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value, is_tensor, node_meta, og_dims
+from .torch_fold import constant_nodes, evaluate
+from .torch_hops import inline_wrappers
+from .torch_importer import Args, Importer, Untranslatable, Value, is_tensor, node_location, node_meta, og_dims
 from .torch_mutations import (
     Versions,
     analyze_mutations,
@@ -87,6 +89,8 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
     tensors = [*program.state_dict.values(), *(a for a in args if isinstance(a, torch.Tensor))]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     imp = Importer(module, program, name or type(module).__name__, wide, {"eval_batchnorm": eval_batchnorm})
+    params = frozenset(n for n, (kind, _) in placeholder_kinds(program).items() if kind == "parameter")
+    inline_wrappers(program.graph_module, imp.report.notes, node_location, params)
     return _translate(imp, args)
 
 
@@ -100,7 +104,8 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     graph = program.graph_module.graph
     nodes = list(graph.nodes)
     kinds = placeholder_kinds(program)
-    live, host, state = analyze_mutations(imp, nodes, kinds)
+    folded = evaluate(nodes, constant_nodes(nodes, kinds), kinds, program)
+    live, host, state = analyze_mutations(imp, nodes, kinds, folded)
     imp.used = used_outputs(nodes, live)
 
     # placeholders
@@ -109,7 +114,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     user_leaf = iter(leaves)
     state_dict = program.state_dict
     for n in nodes:
-        if n.op != "placeholder":
+        if n.op != "placeholder" or n in folded:
             continue
         kind, key = kinds.get(n.name, ("input", n.name))
         if kind == "input":
@@ -151,12 +156,13 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
             target = mutation_target(n)
             if target is not None:
                 versions.written(target, n)
-    only = param_only_nodes(nodes, live, kinds)
-    calls = [n for n in nodes if n in live and n.op == "call_function"]
+    _bind_folded(imp, nodes, folded)
+    only = param_only_nodes(nodes, live, kinds, folded)
+    calls = [n for n in nodes if n in live and n.op == "call_function" and n not in folded]
     for n in calls:
         if n in only:
             imp.node = n
-            _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
+            _located(n, _translate_node, imp, n, resolved_args[n], torch_ops, custom_node)
     for n in calls:
         if n not in only and hasattr(n.target, "_schema"):
             prepare = torch_ops.PREPARE.get(op_key(n.target)[0])
@@ -166,7 +172,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     for n in calls:
         if n not in only:
             imp.node = n
-            _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
+            _located(n, _translate_node, imp, n, resolved_args[n], torch_ops, custom_node)
     imp.node = None
 
     # outputs and module-state updates
@@ -224,6 +230,29 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     )
 
 
+def _bind_folded(imp: Importer, nodes: list[Any], folded: dict[Any, Any]) -> None:
+    """The values of folded nodes: constant inputs for those a translated node (or the output) reads,
+    and for in-place writes (a reader of their target reads them)."""
+    import torch
+
+    needed = {a for n in nodes if n not in folded for a in n.all_input_nodes if a in folded}
+    needed |= {n for n in folded if n.op == "call_function" and hasattr(n.target, "_schema")
+               and mutation_target(n) is not None}
+    for n in nodes:
+        if n not in needed:
+            continue
+        value = folded[n]
+        if isinstance(value, torch.Tensor):
+            imp.env[n] = imp.constant_value(value.clone(), n.name)
+        elif isinstance(value, (list, tuple)):
+            imp.env[n] = [imp.constant_value(v.clone(), f"{n.name}.{i}") if isinstance(v, torch.Tensor) else v
+                          for i, v in enumerate(value)]
+        else:
+            imp.env[n] = value
+        if n.op == "call_function":
+            imp.report.entries.append(ReportEntry(n.name, str(n.target), "constant", (), "folded at import"))
+
+
 def _as_output(imp: Importer, value: Value, made: dict[int, Tensor], name: str) -> Tensor:
     """A non-virtual graph tensor holding `value`: the op output itself, or an identity op's output
     when the value is a graph input. A tensor returned twice is one output."""
@@ -235,6 +264,18 @@ def _as_output(imp: Importer, value: Value, made: dict[int, Tensor], name: str) 
     out.set_output(True).set_name(imp._unique(name))
     made[id(t)] = out
     return out
+
+
+def _located(node: Any, fn: Callable, *args: Any) -> None:
+    """fn(*args), an error raised by it naming the node's module and source line."""
+    try:
+        fn(*args)
+    except GraphError as err:
+        where = node_location(node)
+        if not where or where in err.detail:
+            raise
+        raise type(err)(f"{err.detail} (node '{node.name}', {str(node.target)}){where}", op=err.op,
+                        tensor=err.tensor, rule=err.rule, hint=err.hint) from err
 
 
 def _resolve_args(node: Any, versions: Versions) -> tuple[Any, Any]:
@@ -294,7 +335,7 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
         return
     before = len(imp.g._records)
     if not isinstance(target, torch._ops.OpOverload):
-        raise UnsupportedGraphError(f"node '{node.name}' calls {target!r}, which is not an aten op",
+        raise UnsupportedGraphError(f"node '{node.name}' calls {target!r}, which is not an aten op{node_location(node)}",
                                     rule="import.unsupported_call",
                                     hint="export the module with torch.export (aten ops only)")
     base, _ = op_key(target)

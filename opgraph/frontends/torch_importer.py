@@ -53,6 +53,40 @@ def node_meta(node: Any) -> Any:
     return node.meta.get("val") if hasattr(node, "meta") else None
 
 
+def node_location(node: Any) -> str:
+    """Where a traced node comes from, for errors: " (in module 'model.layers.0.self_attn'
+    (LlamaAttention), at modeling_llama.py:249: `q, k = apply_rotary_pos_emb(q, k, cos, sin)`)", from
+    torch.export's node meta (the innermost module, the innermost source frame outside torch); "" when
+    the node has neither."""
+    meta = getattr(node, "meta", None) or {}
+    parts = []
+    stack = meta.get("nn_module_stack") or {}
+    if stack:
+        path, kind = list(stack.values())[-1]
+        path = str(path).removeprefix("L['self'].").removeprefix("L__self__.") or "the top module"
+        parts.append(f"in module '{path}' ({str(getattr(kind, '__name__', kind)).rpartition('.')[2]})")
+    frame = _source_frame(meta.get("stack_trace") or "")
+    if frame:
+        parts.append(f"at {frame}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _source_frame(trace: str) -> str:
+    """'file.py:123: `code`' of the innermost frame of a stack trace that is not PyTorch's own."""
+    import re
+
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
+    if not frames:
+        return ""
+    import os
+
+    import torch
+
+    own = os.path.dirname(torch.__file__)
+    chosen = next((f for f in reversed(frames) if not f[0].startswith(own)), frames[-1])
+    return f"{os.path.basename(chosen[0])}:{chosen[1]}: `{chosen[2].strip()}`"
+
+
 def is_tensor(x: Any) -> bool:
     import torch
 

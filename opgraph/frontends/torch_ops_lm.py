@@ -5,6 +5,10 @@ not, RMSNorm.
     masked_fill(x, mask, v)    -> binary_select(v, x, mask)      (mask broadcast as torch aligns it)
     bitwise_not(mask), bool    -> logical_not
     rms_norm(x, shape, w, eps) -> rmsnorm (inference form; eps None is finfo(x.dtype).eps, PyTorch's)
+    a & b, a | b, a ^ b on bool (__and__, bitwise_and, logical_xor, ...) -> logical_and / logical_or / cmp_neq
+    diff(x, n, dim, prepend, append) -> x[1:] - x[:-1] along dim (slices; != for bool), n times
+    x[i0, i1, ...] (aten.index) with constant positions affine in the result's coordinates (broadcast
+        aranges: attention_mask[b, None, None, kv]) -> slices, permute, reshape, broadcast of x
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable
-from .torch_ops import _operands, _shape, op
+from .torch_importer import Args, Importer, Untranslatable, Value
+from .torch_ops import TRANSLATORS, _axis, _expand_to, _meta, _operands, _shape, _slice_value, op
 
 
 @op("embedding")
@@ -60,3 +64,152 @@ def _rms_norm(imp: Importer, node: Any, a: Args) -> Tensor:
     if tuple(_shape(node)) != x.shape:
         raise Untranslatable("rms_norm whose result is not the input's shape")
     return imp.g.rmsnorm("inference", imp.tensor(x), scale, epsilon=float(eps), name=imp.op_name())[0]
+
+
+# -- masks and positions: logical ops on bool, differences, indexing by constant positions ---------------
+
+_LOGICAL = {"__and__": "logical_and", "bitwise_and": "logical_and", "__or__": "logical_or",
+            "bitwise_or": "logical_or", "logical_xor": "cmp_neq", "__xor__": "cmp_neq", "bitwise_xor": "cmp_neq"}
+
+
+def _logical(builder: str) -> Any:
+    def translate(imp: Importer, node: Any, a: Args) -> Tensor:
+        x, y = a["self"], a["other"]
+        bools = all(not isinstance(v, Value) or v.dtype == imp.torch.bool for v in (x, y))
+        if not bools and builder != "cmp_neq" or not bools and _meta(node).dtype != imp.torch.bool:
+            raise Untranslatable(f"{node.target} of integer tensors (bitwise)")
+        xs, ys = _operands(imp, node, x, y)
+        if not isinstance(xs, Tensor):
+            xs, ys = ys, xs
+        return getattr(imp.g, builder)(xs, ys, name=imp.op_name())
+
+    return translate
+
+
+for _name, _builder in _LOGICAL.items():
+    TRANSLATORS[_name] = _logical(_builder)
+
+
+@op("diff")
+def _diff(imp: Importer, node: Any, a: Args) -> Any:
+    """diff(x, n, dim, prepend, append) = x[1:] - x[:-1] along dim (n times; bool: x[1:] != x[:-1])."""
+    x = a["self"]
+    axis = _axis(a["dim"], x.rank)
+    parts = [v for v in (a.get("prepend"), x, a.get("append")) if v is not None]
+    if any(not isinstance(v, Value) or v.rank != x.rank for v in parts):
+        raise Untranslatable("diff with a prepend/append of another rank")
+    shape = list(x.shape)
+    shape[axis] = sum(v.shape[axis] for v in parts)
+    cur: Any = x if len(parts) == 1 else Value(tuple(shape), x.dtype, tensor=imp.g.concatenate(
+        [imp.tensor(v) for v in parts], axis, name=imp.op_name("cat")))
+    for _ in range(int(a.get("n", 1))):
+        size = cur.shape[axis]
+        hi = _slice_value(imp, cur, axis, 1, size, 1)
+        lo = _slice_value(imp, cur, axis, 0, size - 1, 1)
+        hi_t, lo_t = (imp.tensor(v) if isinstance(v, Value) else v for v in (hi, lo))
+        d = imp.g.cmp_neq(hi_t, lo_t, name=imp.op_name()) if x.dtype == imp.torch.bool else \
+            imp.g.sub(hi_t, lo_t, name=imp.op_name())
+        d.set_data_type(x.dtype)
+        shape = list(cur.shape)
+        shape[axis] -= 1
+        cur = Value(tuple(shape), x.dtype, tensor=d)
+    return cur.tensor if cur.tensor is not None else cur
+
+
+@op("index")
+def _index(imp: Importer, node: Any, a: Args) -> Any:
+    """x[i0, i1, ...] with constant integer index tensors whose positions are an affine function of
+    the result's coordinates (aranges broadcast against each other: attention_mask[b, None, None, kv]):
+    slices, a permutation, a reshape and a broadcast of x, no gather."""
+    torch = imp.torch
+    x, indices = a["self"], list(a["indices"])
+    if not all(i is None or isinstance(i, Value) and i.source is not None and i.source.kind == "constant"
+               and not i.source.views and i.example is not None for i in indices):
+        raise Untranslatable("indexing by computed positions (only constant ones are translated)")
+    if any(i is not None and i.dtype == torch.bool for i in indices):
+        raise Untranslatable("indexing by a boolean mask")
+    shape = _shape(node)
+    positions = torch.arange(max(1, _numel(x.shape))).reshape(x.shape)[
+        tuple(slice(None) if i is None else imp.constants[i.source.key] for i in indices)]
+    if tuple(positions.shape) != shape:
+        raise Untranslatable("indexing whose result shape PyTorch computes otherwise")
+    plan = _affine_view(positions, x.shape)
+    if plan is None:
+        raise Untranslatable("indexing by positions that are not an affine function of the result's coordinates")
+    starts, steps, order = plan
+    cur: Any = x
+    sizes = list(x.shape)
+    for d in range(x.rank):
+        n = shape[order.index(d)] if d in order else 1
+        sizes[d] = n
+        cur = _as_value(_slice_value(imp, cur, d, starts[d], starts[d] + steps[d] * (n - 1) + 1, steps[d]),
+                        x.dtype, sizes)
+    used = [d for d in order if d is not None]
+    perm = used + [d for d in range(x.rank) if d not in order]
+    if perm != list(range(x.rank)):
+        sizes = [sizes[d] for d in perm]
+        cur = _as_value(imp.view(cur, torch.ops.aten.permute.default, perm)
+                        or imp.g.transpose(imp.tensor(cur), perm, name=imp.op_name("permute")), x.dtype, sizes)
+    # the result: the used axes in order, 1 on broadcast axes, then broadcast
+    kept = tuple(n if d is not None else 1 for n, d in zip(shape, order))
+    if cur.shape != kept:
+        cur = _as_value(imp.reshaped(cur, kept), x.dtype, kept)
+    if kept == shape:
+        return cur.tensor if cur.tensor is not None else cur
+    return _expand_to(imp, cur, shape)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _as_value(v: Any, dtype: Any, shape: Any) -> Value:
+    if isinstance(v, Value):
+        return v
+    return Value(tuple(int(d) for d in shape), dtype, tensor=v)
+
+
+def _affine_view(positions: Any, in_shape: tuple[int, ...]) -> tuple[list[int], list[int], list[Any]] | None:
+    """For flat positions P [out...] into a row-major tensor of `in_shape`: (start per input axis, step
+    per input axis, the input axis each output axis walks (None: broadcast or size 1)) when
+    P = offset + sum_k step_k * stride(axis_k) * j_k with distinct axes, else None."""
+    import torch
+
+    p = positions.to(torch.int64)
+    rank = len(in_shape)
+    strides = [_numel(in_shape[d + 1:]) for d in range(rank)]
+    offset = int(p.flatten()[0]) if p.numel() else 0
+    starts = []
+    rem = offset
+    for s in strides:
+        starts.append(rem // s)
+        rem %= s
+    steps = [1] * rank
+    order: list[Any] = []
+    expect_p = torch.full(p.shape, offset, dtype=torch.int64)
+    for k, n in enumerate(p.shape):
+        if n == 1:
+            order.append(None)
+            continue
+        idx = [0] * p.dim()
+        idx[k] = 1
+        delta = int(p[tuple(idx)]) - offset
+        if delta == 0:
+            order.append(None)
+            continue
+        axis = next((d for d in range(rank) if delta > 0 and delta % strides[d] == 0
+                     and delta // strides[d] < in_shape[d] and d not in order), None)
+        if axis is None:
+            return None
+        steps[axis] = delta // strides[axis]
+        if starts[axis] + steps[axis] * (n - 1) >= in_shape[axis]:
+            return None
+        order.append(axis)
+        coord = torch.arange(n).reshape([n if i == k else 1 for i in range(p.dim())])
+        expect_p = expect_p + coord * delta
+    if not torch.equal(expect_p, p):
+        return None
+    return starts, steps, order
