@@ -116,6 +116,26 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     return outs if multi else outs[0]
 
 
+def derived_node(imp: Importer, node: Any, args: Args) -> Value | None:
+    """A node of one tensor result computed from buffers and constants alone (no parameter, no user
+    input) that has no translation: a bound input computed at bind time by the aten op itself
+    (`torch_runtime.DerivedSpec`: recomputed only when an input changes), not a graph op. None for
+    other nodes (several results, non-tensor results)."""
+    import torch
+
+    from .torch_ops import call_schema
+
+    if not isinstance(node.meta.get("val"), torch.Tensor):
+        return None
+    slots: list[Value] = []
+    template = {k: _template(v, slots) for k, v in args.items()}
+
+    def compute(*tensors: Any) -> Any:
+        return call_schema(node.target, _fill(template, list(tensors)))
+
+    return imp.derived_value(compute, slots, node.name)
+
+
 def _draws_random(target: Any, args: dict[str, Any]) -> bool:
     """Whether the call draws random numbers: a seeded op (dropout, attention, rand...) unless its
     arguments turn the randomness off (dropout_p=0 or p=0, train=False: an eval-mode model)."""

@@ -49,17 +49,18 @@ def inline_wrappers(gm: Any, notes: list[str], where: Any, params: frozenset[str
                 hint="write that region of the forward without torch control-flow ops (cond, while_loop, map, "
                      "scan), or import the model in a mode that does not take it")
         sub_pos = next(i for i, a in enumerate(node.args) if getattr(a, "op", None) == "get_attr")
+        sub = getattr(gm, node.args[sub_pos].target)
         if name == "wrap_with_autocast" and node.args[2]:
             raise UnsupportedGraphError(
-                f"node '{node.name}' runs a region under torch.autocast({node.args[0]!r}, {node.args[1]}){where(node)}",
+                f"node '{node.name}' runs a region under torch.autocast({node.args[0]!r}, {node.args[1]})"
+                f"{_where(node, sub, where)}",
                 op=node.name, rule="import.autocast",
                 hint="import the model without autocast inside its forward (cast the model to the dtype you want "
                      "instead); regions with autocast(enabled=False) import as they are")
-        sub = getattr(gm, node.args[sub_pos].target)
         count += inline_wrappers(sub, notes, where)
         if name == "wrap_with_set_grad_enabled" and not node.args[0] and _reads_parameters(node.args[sub_pos + 1:],
                                                                                           params):
-            notes.append(f"{node.name}: a torch.no_grad() region{where(node)} is inlined; a training step "
+            notes.append(f"{node.name}: a torch.no_grad() region{_where(node, sub, where)} is inlined; a training step "
                          "differentiates through it (PyTorch does not)")
         _inline(gm, node, sub, list(node.args[sub_pos + 1:]), node.kwargs if name == "wrap" else {})
         count += 1
@@ -67,6 +68,12 @@ def inline_wrappers(gm: Any, notes: list[str], where: Any, params: frozenset[str
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return count
+
+
+def _where(node: Any, sub: Any, where: Any) -> str:
+    """The call's location, or its region's first node's (a wrapper call carries no source line)."""
+    inner = next((n for n in sub.graph.nodes if n.op == "call_function" and n.meta.get("stack_trace")), None)
+    return where(inner) if inner is not None else where(node)
 
 
 def _reads_parameters(operands: Any, params: frozenset[str]) -> bool:

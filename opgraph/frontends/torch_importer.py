@@ -118,6 +118,7 @@ class Importer:
         self.prepared: dict[Any, Any] = {}  # node -> what its PREPARE hook computed
         self.used: dict[Any, set[int]] = {}  # multi-output node -> the getitem indices read
         self.node: Any = None  # the node being translated
+        self.allow_tf32 = True  # whether plans may compute fp32 products with TF32 (from_torch sets it)
 
     # -- values -------------------------------------------------------------------------------------
     def tensor(self, v: Value) -> Tensor:

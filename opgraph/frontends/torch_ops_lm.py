@@ -8,7 +8,11 @@ not, RMSNorm.
     a & b, a | b, a ^ b on bool (__and__, bitwise_and, logical_xor, ...) -> logical_and / logical_or / cmp_neq
     diff(x, n, dim, prepend, append) -> x[1:] - x[:-1] along dim (slices; != for bool), n times
     x[i0, i1, ...] (aten.index) with constant positions affine in the result's coordinates (broadcast
-        aranges: attention_mask[b, None, None, kv]) -> slices, permute, reshape, broadcast of x
+        aranges: attention_mask[b, None, None, kv]) -> slices, permute, reshape, broadcast of x;
+        gather(x, dim, index) likewise
+    table[idx] (other integer positions, one index tensor, a floating table) -> embedding(table as [V, rest])
+    pad(x, pads, 'constant', v) -> concatenations with a broadcast block of v (negative pads: slices)
+    roll(x, shifts, dims) -> per axis concatenate(x[n-s:], x[:n-s])
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value
+from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 from .torch_ops import TRANSLATORS, _axis, _expand_to, _meta, _operands, _shape, _slice_value, op
 
 
@@ -125,12 +129,48 @@ def _index(imp: Importer, node: Any, a: Args) -> Any:
     x, indices = a["self"], list(a["indices"])
     if not all(i is None or isinstance(i, Value) and i.source is not None and i.source.kind == "constant"
                and not i.source.views and i.example is not None for i in indices):
-        raise Untranslatable("indexing by computed positions (only constant ones are translated)")
+        return _index_rows(imp, node, x, indices)
     if any(i is not None and i.dtype == torch.bool for i in indices):
         raise Untranslatable("indexing by a boolean mask")
-    shape = _shape(node)
     positions = torch.arange(max(1, _numel(x.shape))).reshape(x.shape)[
         tuple(slice(None) if i is None else imp.constants[i.source.key] for i in indices)]
+    return _positions_view(imp, node, x, positions)
+
+
+def _index_rows(imp: Importer, node: Any, x: Value, indices: list[Any]) -> Tensor:
+    """table[idx] (one integer index tensor on axis 0 of a floating table: a relative-position bias
+    table read at a buffer's positions) -> embedding over the table seen as [V, rest]."""
+    idx = indices[0] if len(indices) == 1 else None
+    if not isinstance(idx, Value) or idx.dtype.is_floating_point or idx.dtype == imp.torch.bool \
+            or not x.dtype.is_floating_point or x.rank < 1:
+        raise Untranslatable("indexing by computed positions other than rows of a floating table")
+    rest = x.shape[1:]
+    width = 1
+    for d in rest:
+        width *= d
+    table = imp.reshaped(x, (x.shape[0], width))
+    rows = imp.g.embedding(table, imp.reshaped(idx, idx.shape or (1,)), name=imp.op_name("rows"))
+    return imp.g.reshape(rows, list(og_dims(_shape(node))), name=imp.op_name("reshape"))
+
+
+@op("gather")
+def _gather(imp: Importer, node: Any, a: Args) -> Any:
+    """gather(x, dim, index) with a constant index whose positions are affine in the result's
+    coordinates (BERT's token_type_ids buffer read at positions arange(S)): a view of x, as `index`."""
+    torch = imp.torch
+    x, index = a["self"], a["index"]
+    if not (isinstance(index, Value) and index.source is not None and index.source.kind == "constant"
+            and not index.source.views):
+        raise Untranslatable("gather at computed positions (only constant ones are translated)")
+    flat = torch.arange(max(1, _numel(x.shape))).reshape(x.shape)
+    positions = torch.gather(flat, _axis(a["dim"], x.rank), imp.constants[index.source.key])
+    return _positions_view(imp, node, x, positions)
+
+
+def _positions_view(imp: Importer, node: Any, x: Value, positions: Any) -> Any:
+    """The elements of x at flat row-major `positions` (shape: the node's result) as a view of x."""
+    torch = imp.torch
+    shape = _shape(node)
     if tuple(positions.shape) != shape:
         raise Untranslatable("indexing whose result shape PyTorch computes otherwise")
     plan = _affine_view(positions, x.shape)
@@ -213,3 +253,71 @@ def _affine_view(positions: Any, in_shape: tuple[int, ...]) -> tuple[list[int], 
     if not torch.equal(expect_p, p):
         return None
     return starts, steps, order
+
+
+@op("pad", "constant_pad_nd")
+def _pad(imp: Importer, node: Any, a: Args) -> Any:
+    """F.pad(x, pads, 'constant', value): per axis from the last, a negative pad a slice, a positive one
+    a concatenation with a block of `value` (one element broadcast, no memory)."""
+    x = a.get("self", a.get("input"))
+    mode = a.get("mode", "constant")
+    if mode != "constant":
+        raise Untranslatable(f"padding mode {mode!r}")
+    value = a.get("value")
+    value = 0.0 if value is None else value
+    if isinstance(value, Value):
+        raise Untranslatable("a tensor padding value")
+    pads = list(a["pad"])
+    cur: Any = x
+    shape = list(x.shape)
+    for i in range(len(pads) // 2):
+        axis = x.rank - 1 - i
+        before, after = int(pads[2 * i]), int(pads[2 * i + 1])
+        if before < 0 or after < 0:
+            start, stop = max(0, -before), shape[axis] - max(0, -after)
+            cur = _as_value(_slice_value(imp, cur, axis, start, stop, 1), x.dtype, shape[:axis] + [stop - start]
+                            + shape[axis + 1:])
+            shape[axis] = stop - start
+            before, after = max(0, before), max(0, after)
+        if before == 0 and after == 0:
+            continue
+        parts = []
+        for n, where in ((before, "before"), (shape[axis], None), (after, "after")):
+            if n == 0:
+                continue
+            if where is None:
+                parts.append(imp.tensor(cur))
+                continue
+            block = shape[:axis] + [n] + shape[axis + 1:]
+            parts.append(imp.tensor(_filled_value(imp, block, value, x.dtype)))
+        shape[axis] += before + after
+        cur = _as_value(imp.g.concatenate(parts, axis, name=imp.op_name("pad")), x.dtype, shape)
+    return cur.tensor if cur.tensor is not None else cur
+
+
+def _filled_value(imp: Importer, shape: list[int], value: Any, dtype: Any) -> Value:
+    torch = imp.torch
+    one = torch.full((1,), value, dtype=dtype)
+    source = imp.constant(one, "pad_value").view(torch.ops.aten.expand.default, list(shape))
+    return Value(tuple(shape), dtype, source=source, example=one.expand(*shape))
+
+
+@op("roll")
+def _roll(imp: Importer, node: Any, a: Args) -> Any:
+    """roll(x, shifts, dims) = per axis cat([x[-s:], x[:-s]]) (dims empty: over the flattened x)."""
+    x = a["self"]
+    shifts, dims = list(a["shifts"]), list(a.get("dims") or [])
+    if not dims:
+        raise Untranslatable("roll over the flattened tensor")
+    cur: Any = x
+    for s, d in zip(shifts, dims):
+        axis = _axis(d, x.rank)
+        n = x.shape[axis]
+        s = int(s) % n if n else 0
+        if s == 0:
+            continue
+        head = _slice_value(imp, cur, axis, n - s, n, 1)
+        tail = _slice_value(imp, cur, axis, 0, n - s, 1)
+        parts = [imp.tensor(v) if isinstance(v, Value) else v for v in (head, tail)]
+        cur = _as_value(imp.g.concatenate(parts, axis, name=imp.op_name()), x.dtype, x.shape)
+    return cur.tensor if isinstance(cur, Value) and cur.tensor is not None else cur
