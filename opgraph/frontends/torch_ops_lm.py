@@ -259,7 +259,7 @@ def _affine_view(positions: Any, in_shape: tuple[int, ...]) -> tuple[list[int], 
 def _pad(imp: Importer, node: Any, a: Args) -> Any:
     """F.pad(x, pads, 'constant', value): per axis from the last, a negative pad a slice, a positive one
     a concatenation with a block of `value` (one element broadcast, no memory)."""
-    x = a.get("self", a.get("input"))
+    x: Value = a["self"] if "self" in a else a["input"]
     mode = a.get("mode", "constant")
     if mode != "constant":
         raise Untranslatable(f"padding mode {mode!r}")
