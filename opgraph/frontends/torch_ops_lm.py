@@ -13,6 +13,7 @@ not, RMSNorm.
     table[idx] (other integer positions, one index tensor, a floating table) -> embedding(table as [V, rest])
     pad(x, pads, 'constant', v) -> concatenations with a broadcast block of v (negative pads: slices)
     roll(x, shifts, dims) -> per axis concatenate(x[n-s:], x[:n-s])
+    cumsum(x, dim) -> cumsum (opgraph.ops.scan)
 """
 
 from __future__ import annotations
@@ -321,3 +322,10 @@ def _roll(imp: Importer, node: Any, a: Args) -> Any:
         parts = [imp.tensor(v) if isinstance(v, Value) else v for v in (head, tail)]
         cur = _as_value(imp.g.concatenate(parts, axis, name=imp.op_name()), x.dtype, x.shape)
     return cur.tensor if isinstance(cur, Value) and cur.tensor is not None else cur
+
+
+@op("cumsum")
+def _cumsum(imp: Importer, node: Any, a: Args) -> Tensor:
+    """cumsum(x, dim, dtype) -> cumsum (opgraph.ops.scan); the result in PyTorch's dtype."""
+    x = a["self"]
+    return imp.g.cumsum(imp.tensor(x), _axis(a["dim"], x.rank), name=imp.op_name())
