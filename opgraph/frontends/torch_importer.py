@@ -198,7 +198,12 @@ class Importer:
         time, zero-copy); None for other values (the caller emits a graph op)."""
         if v.source is None:  # (not bound)
             return None
-        example = op(v.example, *args)
+        try:
+            example = op(v.example, *args)
+        except RuntimeError:
+            if op is not self.torch.ops.aten.view.default:
+                return None
+            example = v.example.reshape(*args)  # not a view of these strides: Source.apply reshapes too
         return Value(tuple(example.shape), example.dtype, source=v.source.view(op, *args), example=example)
 
     def reshaped(self, v: Value, shape: tuple[int, ...]) -> Tensor:

@@ -10,7 +10,9 @@ not, RMSNorm.
     x[i0, i1, ...] (aten.index) with constant positions affine in the result's coordinates (broadcast
         aranges: attention_mask[b, None, None, kv]) -> slices, permute, reshape, broadcast of x;
         gather(x, dim, index) likewise
-    table[idx] (other integer positions, one index tensor, a floating table) -> embedding(table as [V, rest])
+    table[idx] (other integer positions, one index tensor on axis 0) -> embedding(table as [V, rest]);
+        gather at computed positions -> embedding(x as a column, index * stride + the other axes' offsets)
+        (integer tables go through a float one: exact below 2^24 elements and values)
     pad(x, pads, 'constant', v) -> concatenations with a broadcast block of v (negative pads: slices)
     roll(x, shifts, dims) -> per axis concatenate(x[n-s:], x[:n-s])
     cumsum(x, dim) -> cumsum (opgraph.ops.scan)
@@ -138,20 +140,57 @@ def _index(imp: Importer, node: Any, a: Args) -> Any:
     return _positions_view(imp, node, x, positions)
 
 
+_SMALL = 1 << 24  # elements a float32 holds every index (and integer value) of exactly
+
+
+def _float_table(imp: Importer, x: Value, rows: int) -> Tensor:
+    """x seen as a [rows, numel/rows] table of a floating type (integer and bool tensors cast: exact
+    below 2^24), for an embedding lookup."""
+    table = imp.reshaped(x, (rows, _numel(x.shape) // rows))
+    if x.dtype.is_floating_point:
+        return table
+    if _numel(x.shape) > _SMALL:
+        raise Untranslatable("gathering from a large integer tensor")
+    imp.note(f"{imp.node.name}: an integer tensor gathered through a floating table (exact below 2^24)")
+    return imp.g.identity(table, name=imp.op_name("as_float"))
+
+
+def _from_table(imp: Importer, node: Any, rows: Tensor, x: Value) -> Tensor:
+    out = imp.g.reshape(rows, list(og_dims(_shape(node))), name=imp.op_name("reshape"))
+    if x.dtype.is_floating_point:
+        return out
+    return imp.g.identity(out.set_data_type(imp.g.intermediate_data_type), name=imp.op_name("cast"))
+
+
 def _index_rows(imp: Importer, node: Any, x: Value, indices: list[Any]) -> Tensor:
-    """table[idx] (one integer index tensor on axis 0 of a floating table: a relative-position bias
-    table read at a buffer's positions) -> embedding over the table seen as [V, rest]."""
+    """table[idx] (one integer index tensor on axis 0: a relative-position bias table read at a
+    buffer's positions) -> embedding over the table seen as [V, rest]."""
     idx = indices[0] if len(indices) == 1 else None
-    if not isinstance(idx, Value) or idx.dtype.is_floating_point or idx.dtype == imp.torch.bool \
-            or not x.dtype.is_floating_point or x.rank < 1:
-        raise Untranslatable("indexing by computed positions other than rows of a floating table")
-    rest = x.shape[1:]
-    width = 1
-    for d in rest:
-        width *= d
-    table = imp.reshaped(x, (x.shape[0], width))
+    if not isinstance(idx, Value) or idx.dtype.is_floating_point or idx.dtype == imp.torch.bool or x.rank < 1:
+        raise Untranslatable("indexing by computed positions other than one integer index tensor on axis 0")
+    table = _float_table(imp, x, x.shape[0])
     rows = imp.g.embedding(table, imp.reshaped(idx, idx.shape or (1,)), name=imp.op_name("rows"))
-    return imp.g.reshape(rows, list(og_dims(_shape(node))), name=imp.op_name("reshape"))
+    return _from_table(imp, node, rows, x)
+
+
+def _gather_computed(imp: Importer, node: Any, x: Value, axis: int, index: Value) -> Tensor:
+    """gather(x, axis, index) at computed positions (a buffer read at positions made from the input:
+    RoBERTa's token types): flat positions index * stride + the other axes' offsets (a constant), an
+    embedding over x seen as a column."""
+    torch = imp.torch
+    if index.dtype.is_floating_point or index.dtype == torch.bool or _numel(x.shape) > _SMALL:
+        raise Untranslatable("gather of a large tensor, or by non-integer positions")
+    strides = [_numel(x.shape[d + 1:]) for d in range(x.rank)]
+    base = torch.zeros(index.shape, dtype=torch.int64)
+    for d, n in enumerate(index.shape):
+        if d != axis:
+            base = base + torch.arange(n).reshape([n if i == d else 1 for i in range(index.rank)]) * strides[d]
+    g = imp.g
+    scaled = g.mul(imp.tensor(index), strides[axis], name=imp.op_name("stride")).set_data_type("int64")
+    flat = g.add(scaled, imp.tensor(imp.constant_value(base, "gather_base")), name=imp.op_name("positions"))
+    flat.set_data_type("int64")
+    rows = g.embedding(_float_table(imp, x, _numel(x.shape)), flat, name=imp.op_name("rows"))
+    return _from_table(imp, node, rows, x)
 
 
 @op("gather")
@@ -162,7 +201,7 @@ def _gather(imp: Importer, node: Any, a: Args) -> Any:
     x, index = a["self"], a["index"]
     if not (isinstance(index, Value) and index.source is not None and index.source.kind == "constant"
             and not index.source.views):
-        raise Untranslatable("gather at computed positions (only constant ones are translated)")
+        return _gather_computed(imp, node, x, _axis(a["dim"], x.rank), index)
     flat = torch.arange(max(1, _numel(x.shape))).reshape(x.shape)
     positions = torch.gather(flat, _axis(a["dim"], x.rank), imp.constants[index.source.key])
     return _positions_view(imp, node, x, positions)

@@ -220,3 +220,28 @@ def test_fp32_precision_follows_pytorch_and_build_options():
     finally:
         torch.set_float32_matmul_precision(before)
     torch.testing.assert_close(imported.run(x, allow_tf32=True), model(x))
+
+
+def test_gather_and_index_at_computed_positions_are_embeddings():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("types", torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]))
+            self.register_buffer("index", torch.tensor([[2, 0], [1, 1], [0, 3]]))
+            self.table = nn.Parameter(torch.randn(5, 3, dtype=torch.float64))
+
+        def forward(self, ids, x):
+            positions = torch.cumsum((ids != 0).int(), dim=1) * (ids != 0).long()  # RoBERTa's position ids
+            types = torch.gather(self.types.expand(ids.shape[0], -1), 1, positions)
+            bias = self.table[self.index.view(-1)].view(3, 2, 3)  # a relative-position bias table
+            return x * types.unsqueeze(-1).to(x.dtype) + bias.sum(), positions
+
+    ids = torch.tensor([[5, 2, 0, 0, 0], [1, 1, 1, 1, 1]])
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    model = M()
+    imported = og.from_torch(model, (ids, x))
+    assert not imported.report.custom_ops, imported.report
+    kinds = [n.kind for n in imported.graph.final.nodes]
+    assert kinds.count("embedding") == 2 and "cumsum" in kinds
+    for got, want in zip(imported.run(ids, x), model(ids, x)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
