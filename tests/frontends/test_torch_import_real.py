@@ -245,3 +245,30 @@ def test_gather_and_index_at_computed_positions_are_embeddings():
     assert kinds.count("embedding") == 2 and "cumsum" in kinds
     for got, want in zip(imported.run(ids, x), model(ids, x)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("pattern", ["causal-bool", "causal-float", "window-bool", "all-true", "banded"])
+def test_constant_attention_masks_become_the_ops_own(pattern):
+    """A mask built from arange (transformers' without padding) is the sdpa op's causal / sliding-window
+    mask, no mask tensor; another pattern stays a mask."""
+    F = torch.nn.functional
+
+    class M(nn.Module):
+        def forward(self, q, k, v):
+            s = q.shape[-2]
+            i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+            allowed = {"causal-bool": j <= i, "causal-float": j <= i, "window-bool": (j <= i) & (j > i - 3),
+                       "all-true": j >= 0, "banded": (j - i).abs() <= 1}[pattern]
+            mask = allowed[None, None].expand(q.shape[0], 1, s, s)
+            if pattern == "causal-float":
+                mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, torch.finfo(q.dtype).min)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (torch.randn(2, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+    imported = _check(M(), q, k, v)
+    (node,) = [n for n in imported.graph.final.nodes if n.kind == "sdpa"]
+    op = node.op
+    recognised = pattern != "banded"
+    assert len(imported.bound_inputs) == (0 if recognised else 1)  # the mask, when it stays one
+    assert op.use_causal_mask == (pattern not in ("all-true", "banded"))
+    assert op.sliding_window_length == (3 if pattern == "window-bool" else None)

@@ -241,10 +241,10 @@ def tv_vit() -> Entry:
     return Entry(model, (torch.randn(B, 3, 32, 32),), torch.randint(0, 5, (B,)), "torchvision", "ViT")
 
 
-def _timm_model(name: str, size: int = 32, **kw: Any) -> Entry:
+def _timm_model(name: str, family: str, size: int = 32, **kw: Any) -> Entry:
     timm = _timm()
     model = timm.create_model(name, pretrained=False, num_classes=5, **kw)
-    return Entry(model, (torch.randn(B, 3, size, size),), torch.randint(0, 5, (B,)), "timm", name)
+    return Entry(model, (torch.randn(B, 3, size, size),), torch.randint(0, 5, (B,)), "timm", family)
 
 
 MODELS: dict[str, Callable[[], Entry]] = {
@@ -255,12 +255,12 @@ MODELS: dict[str, Callable[[], Entry]] = {
     "mobilenet_v2_hf": mobilenet_v2_hf,
     "tv_resnet18": lambda: _tv("resnet18"), "tv_mobilenet_v3_small": lambda: _tv("mobilenet_v3_small"),
     "tv_swin_t": tv_swin_t, "tv_vit": tv_vit,
-    "timm_vit_tiny": lambda: _timm_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2),
-    "timm_convnext_atto": lambda: _timm_model("convnext_atto", depths=(1, 1, 1, 1)),
-    "timm_resnet18": lambda: _timm_model("resnet18"),
-    "timm_mobilevit_xxs": lambda: _timm_model("mobilevit_xxs", size=64),
-    "timm_swin": lambda: _timm_model("swin_tiny_patch4_window7_224", img_size=32, patch_size=2, window_size=4,
-                                     depths=(1, 1), num_heads=(2, 2), embed_dim=16),
+    "timm_vit_tiny": lambda: _timm_model("vit_tiny_patch16_224", "ViT", img_size=32, patch_size=8, depth=2),
+    "timm_convnext_atto": lambda: _timm_model("convnext_atto", "CNN", depths=(1, 1, 1, 1)),
+    "timm_resnet18": lambda: _timm_model("resnet18", "CNN"),
+    "timm_mobilevit_xxs": lambda: _timm_model("mobilevit_xxs", "CNN+ViT", size=64),
+    "timm_swin": lambda: _timm_model("swin_tiny_patch4_window7_224", "Swin", img_size=32, patch_size=2,
+                                     window_size=4, depths=(1, 1), num_heads=(2, 2), embed_dim=16),
 }
 
 def build(name: str) -> Entry:
