@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 import opgraph as og  # noqa: E402
 
+from ..helpers import requires_cuda  # noqa: E402
 from .zoo_models import MODELS, TRAINED, Missing, build  # noqa: E402
 
 RTOL = 1e-4  # fp32 against PyTorch's fp32: max |diff| / max |reference|
@@ -129,6 +130,37 @@ def test_zoo_model_trains_one_adamw_step(name):
         if name in XFAIL_TRAIN:
             pytest.xfail(XFAIL_TRAIN[name])
         raise
+
+
+@pytest.fixture
+def fp32_torch():
+    """PyTorch in full fp32 (no TF32): what an import then asks of opgraph's plans too."""
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32 = saved[1]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("name", list(MODELS))
+def test_zoo_model_matches_pytorch_on_cuda(name, fp32_torch):
+    """The zoo built for the GPU engines, fp32 without TF32 on both sides, within 1e-4 of PyTorch."""
+    entry = _entry(name)
+    model = entry.module.eval().cuda()
+    inputs = tuple(x.cuda() for x in entry.inputs)
+    imported = og.from_torch(model, inputs)
+    assert not imported.allow_tf32
+    with torch.no_grad():
+        want = model(*inputs)
+    got = imported.run(*inputs)
+    plan = imported.plan("cuda")
+    torch_steps = sum(s.config.engine == "torch" for s in plan.steps)
+    print(f"{name}: {rel_error(got, want):.1e} relative, {len(imported.report.custom_ops)} custom ops, "
+          f"{torch_steps} / {len(plan.steps)} torch-engine steps")
+    assert rel_error(got, want) <= RTOL
 
 
 def main(names: list[str]) -> None:
