@@ -367,6 +367,14 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
         except Untranslatable as why:
             imp.rollback(mark)
             out, status, note = _fallback(imp, node, args, str(why), custom_node)
+        else:
+            if len(imp.g._records) > before and _bound_only(args):  # graph ops on buffers alone: bind time
+                from .torch_custom import derived_node
+
+                derived = derived_node(imp, node, args)
+                if derived is not None:
+                    imp.rollback(mark)
+                    out, status, note = derived, "derived", "buffers and constants alone: computed at bind time"
     imp.env[node] = _wrap(imp, node, out)
     kinds = tuple(r.op.kind for r in imp.g._records[before:])
     if status == "translated" and not kinds:

@@ -13,7 +13,8 @@ not, RMSNorm.
     table[idx] (other integer positions, one index tensor on axis 0) -> embedding(table as [V, rest]);
         gather at computed positions -> embedding(x as a column, index * stride + the other axes' offsets)
         (integer tables go through a float one: exact below 2^24 elements and values)
-    pad(x, pads, 'constant', v) -> concatenations with a broadcast block of v (negative pads: slices)
+    pad(x, pads, 'constant', v) -> concatenations with a broadcast block of v (negative pads: slices);
+        zeros read only by convolutions -> their padding (no op)
     roll(x, shifts, dims) -> per axis concatenate(x[n-s:], x[:n-s])
     cumsum(x, dim) -> cumsum (opgraph.ops.scan)
 """
@@ -25,6 +26,7 @@ from typing import Any
 from ..core.tensor import Tensor
 from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 from .torch_ops import TRANSLATORS, _axis, _expand_to, _meta, _operands, _shape, _slice_value, op
+from .torch_ops_nn import pad_absorbed
 
 
 @op("embedding")
@@ -300,6 +302,8 @@ def _pad(imp: Importer, node: Any, a: Args) -> Any:
     """F.pad(x, pads, 'constant', value): per axis from the last, a negative pad a slice, a positive one
     a concatenation with a block of `value` (one element broadcast, no memory)."""
     x: Value = a["self"] if "self" in a else a["input"]
+    if pad_absorbed(node):  # its convolutions take the zeros as their padding: nothing to compute here
+        return Value(_shape(node), x.dtype)
     mode = a.get("mode", "constant")
     if mode != "constant":
         raise Untranslatable(f"padding mode {mode!r}")

@@ -198,7 +198,7 @@ def test_untranslated_op_on_buffers_is_computed_at_bind_time():
     model = M()
     x = torch.randn(2, 4, dtype=torch.float64)
     imported = _check(model, x)
-    assert imported.report.counts().get("derived") == 1
+    assert imported.report.counts().get("derived") == 2  # argsort, and the cast of its result
     model.ids.copy_(torch.tensor([0, 1, 3, 2]))  # a changed buffer is recomputed
     torch.testing.assert_close(imported.run(x), model(x))
 
@@ -272,3 +272,46 @@ def test_constant_attention_masks_become_the_ops_own(pattern):
     assert len(imported.bound_inputs) == (0 if recognised else 1)  # the mask, when it stays one
     assert op.use_causal_mask == (pattern not in ("all-true", "banded"))
     assert op.sliding_window_length == (3 if pattern == "window-bool" else None)
+
+
+def test_zero_pads_before_convolutions_become_their_padding():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, stride=2, dtype=torch.float64)
+
+        def forward(self, x):
+            same = self.conv(torch.nn.functional.pad(x, (0, 1, 1, 2)))  # TF 'same': asymmetric zeros
+            kept = torch.nn.functional.pad(x, (1, 1), value=2.0)  # not zeros: a concatenation
+            return same.sum() + kept.sum(), kept
+
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    imported = _check(M(), x)
+    kinds = [n.kind for n in imported.graph.final.nodes]
+    assert kinds.count("concatenate") == 1
+    (conv,) = [n for n in imported.graph.final.nodes if n.kind == "conv_fprop"]
+    assert (list(conv.op.pre_padding), list(conv.op.post_padding)) == ([1, 0], [2, 1])
+
+
+def test_computations_on_buffers_alone_run_at_bind_time():
+    """A rotary table from a buffer (inv_freq) and constant positions: computed when bound (and again
+    when the buffer changes), no graph ops."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", torch.linspace(0.1, 1.0, 4, dtype=torch.float64))
+
+        def forward(self, x):
+            freqs = torch.arange(x.shape[1], dtype=torch.float64)[:, None] * self.inv_freq
+            table = torch.cat([freqs, freqs], -1)
+            return x * table.cos() + x.roll(1, -1) * table.sin()
+
+    model = M()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    imported = _check(model, x)
+    on_x = [n for n in imported.graph.final.nodes if n.kind != "concatenate"]  # (the roll of x)
+    assert {n.kind for n in on_x} <= {"pointwise", "slice"} and len(on_x) == 5, on_x  # 2 slices, 2 mul, add
+    assert imported.report.counts().get("derived", 0) >= 3  # the product, the cat, cos, sin
+    model.inv_freq.mul_(3.0)
+    torch.testing.assert_close(imported.run(x), model(x), rtol=1e-12, atol=1e-12)
