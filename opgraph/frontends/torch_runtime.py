@@ -451,6 +451,17 @@ def _draw(spec: RandomSpec, base: Any, generator: Any = None) -> Any:
     return base
 
 
+def _derived_leaves(imported: ImportedGraph, source: Source) -> list[Source]:
+    """The sources a derived input is computed from, through derived inputs computed from others
+    (an argsort of a buffer, then a cast of it): the module tensors whose updates make it stale."""
+    if source.kind != "derived":
+        return []
+    out: list[Source] = []
+    for s in imported.derived[source.key].inputs:
+        out += _derived_leaves(imported, s) if s.kind == "derived" else [s]
+    return out
+
+
 class _RunPack:
     """The variant pack `ImportedGraph.run` reuses for one plan and device: input buffers in the
     declared layouts (the caller's inputs are copied in), the module's tensors bound as views (in-place
@@ -476,7 +487,7 @@ class _RunPack:
         self.watch: list[tuple[dict, str, Any, int]] = []
         tensors: dict[tuple[str, str], Any] = {}
         for _, source in imported._bound:
-            for src in (source, *(imported.derived[source.key].inputs if source.kind == "derived" else ())):
+            for src in (source, *_derived_leaves(imported, source)):
                 key = (src.kind, src.key)
                 if src.kind in ("parameter", "buffer") and key not in tensors:
                     path, _, name = src.key.rpartition(".")
@@ -489,7 +500,7 @@ class _RunPack:
         self.derived: list[tuple[int, Source, list[tuple[Any, int]]]] = []
         for handle, source in imported._bound:
             if source.kind == "derived":
-                bases = [tensors[(s.kind, s.key)] for s in imported.derived[source.key].inputs
+                bases = [tensors[(s.kind, s.key)] for s in _derived_leaves(imported, source)
                          if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None]
                 self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
         self.randoms: list[tuple[RandomSpec, Any]] = []  # drawn by `refresh`, in variant_pack's order
