@@ -97,7 +97,8 @@ class ReportEntry:
 
     status: 'translated' (opgraph ops), 'custom' (a custom op running the aten op), 'alias' (no op:
     a view, copy or identity), 'constant' (folded at import), 'random' (a per-run random input),
-    'host' (done on the host by write_back)."""
+    'host' (done on the host by write_back), 'derived' (an untranslated op on buffers and constants
+    alone, computed at bind time and cached until an input changes)."""
 
     node: str
     target: str
@@ -172,7 +173,7 @@ class ImportedGraph:
     def __init__(self, *, graph: Graph, module: Any, inputs: list[Tensor | None], input_spec: Any,
                  output_leaves: list[OutputLeaf], output_spec: Any, bound: list[tuple[Tensor, Source]],
                  constants: dict[str, Any], randoms: dict[str, RandomSpec], derived: dict[str, DerivedSpec],
-                 mutations: list[Mutation], report: ImportReport) -> None:
+                 mutations: list[Mutation], report: ImportReport, allow_tf32: bool = True) -> None:
         self.graph = graph
         self.module = module
         self._input_slots = inputs
@@ -186,6 +187,7 @@ class ImportedGraph:
         self._derived_cache: dict[str, tuple[list, list, Any]] = {}
         self.mutations = mutations
         self.report = report
+        self.allow_tf32 = allow_tf32
         self._plans: dict[Any, Any] = {}
         self._device_constants: dict[tuple[str, str], Any] = {}
         self._runs: dict[tuple[int, str], _RunPack] = {}  # run()'s reused packs, per plan and device
@@ -352,12 +354,28 @@ class ImportedGraph:
         return self._device_constants[slot]
 
     # -- running ----------------------------------------------------------------------------------
-    def plan(self, device: str | None = None, engines: Sequence[str] | None = None, **build_options: Any) -> Any:
-        """The graph's ExecutionPlan for `device` and `engines`, built once and cached."""
+    def numeric_options(self, allow_tf32: bool | None = None, **build_options: Any) -> dict[str, Any]:
+        """`build_options` with the import's float32 precision applied: unless TF32 is allowed
+        (`allow_tf32`, else what PyTorch allowed at import: `allow_tf32` of from_torch), configs that
+        compute fp32 operands in a narrower type (NumericalNote.DOWN_CONVERT_INPUTS) are deselected."""
+        from ..core.config import NumericalNote
+
+        tf32 = self.allow_tf32 if allow_tf32 is None else bool(allow_tf32)
+        if tf32:
+            return dict(build_options)
+        notes = build_options.get("deselect_numeric_notes") or ()
+        notes = [notes] if isinstance(notes, (str, NumericalNote)) else list(notes)
+        return {**build_options, "deselect_numeric_notes": [*notes, NumericalNote.DOWN_CONVERT_INPUTS]}
+
+    def plan(self, device: str | None = None, engines: Sequence[str] | None = None, allow_tf32: bool | None = None,
+             **build_options: Any) -> Any:
+        """The graph's ExecutionPlan for `device` and `engines`, built once and cached. fp32 products
+        are computed in full precision unless TF32 is allowed (see `numeric_options`)."""
+        options = self.numeric_options(allow_tf32, **build_options)
         key = (device, None if engines is None else tuple(engines),
-               tuple(sorted((k, _freeze(v)) for k, v in build_options.items())))
+               tuple(sorted((k, _freeze(v)) for k, v in options.items())))
         if key not in self._plans:
-            self._plans[key] = self.graph.build(device=device, engines=engines, **build_options)
+            self._plans[key] = self.graph.build(device=device, engines=engines, **options)
         return self._plans[key]
 
     def run(self, *inputs: Any, device: str | None = None, engines: Sequence[str] | None = None,
@@ -433,6 +451,17 @@ def _draw(spec: RandomSpec, base: Any, generator: Any = None) -> Any:
     return base
 
 
+def _derived_leaves(imported: ImportedGraph, source: Source) -> list[Source]:
+    """The sources a derived input is computed from, through derived inputs computed from others
+    (an argsort of a buffer, then a cast of it): the module tensors whose updates make it stale."""
+    if source.kind != "derived":
+        return []
+    out: list[Source] = []
+    for s in imported.derived[source.key].inputs:
+        out += _derived_leaves(imported, s) if s.kind == "derived" else [s]
+    return out
+
+
 class _RunPack:
     """The variant pack `ImportedGraph.run` reuses for one plan and device: input buffers in the
     declared layouts (the caller's inputs are copied in), the module's tensors bound as views (in-place
@@ -458,7 +487,7 @@ class _RunPack:
         self.watch: list[tuple[dict, str, Any, int]] = []
         tensors: dict[tuple[str, str], Any] = {}
         for _, source in imported._bound:
-            for src in (source, *(imported.derived[source.key].inputs if source.kind == "derived" else ())):
+            for src in (source, *_derived_leaves(imported, source)):
                 key = (src.kind, src.key)
                 if src.kind in ("parameter", "buffer") and key not in tensors:
                     path, _, name = src.key.rpartition(".")
@@ -471,7 +500,7 @@ class _RunPack:
         self.derived: list[tuple[int, Source, list[tuple[Any, int]]]] = []
         for handle, source in imported._bound:
             if source.kind == "derived":
-                bases = [tensors[(s.kind, s.key)] for s in imported.derived[source.key].inputs
+                bases = [tensors[(s.kind, s.key)] for s in _derived_leaves(imported, source)
                          if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None]
                 self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
         self.randoms: list[tuple[RandomSpec, Any]] = []  # drawn by `refresh`, in variant_pack's order
