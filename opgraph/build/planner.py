@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,13 +84,24 @@ def _all_by_reference(graph: FinalGraph) -> FinalGraph:
     return dataclasses.replace(graph, tensors=tensors)
 
 
+@contextmanager
+def sessions(engines: Sequence[Engine]) -> Iterator[None]:
+    """One build's span for every engine it uses (Engine.session): what they learn of its pieces is
+    dropped when it ends."""
+    with ExitStack() as stack:
+        for e in engines:
+            stack.enter_context(e.session())
+        yield
+
+
 def engine_configs(
     graph: FinalGraph, *, heur_mode: Any = None, device: Any = None, engines: Sequence[str] | None = None
 ) -> list[PieceConfigs]:
     dev = resolve_device(device)
     usable = _engines(engines, dev)
-    pieces, _ = partition(graph, usable, dev)
-    return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
+    with sessions(usable):
+        pieces, _ = partition(graph, usable, dev)
+        return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
 
 
 def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keywords: Any) -> Schedule:
@@ -97,7 +109,6 @@ def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keyword
     one: the steps an ExecutionPlan runs. `options` (opgraph.build.options.BuildOptions), with any
     of its fields as keywords over it: Graph.build's options."""
     opts = BuildOptions.of(options, **keywords)
-    filters = opts.filters
     if opts.by_reference:
         graph = _all_by_reference(graph)
     dev = resolve_device(opts.device)
@@ -111,6 +122,12 @@ def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keyword
                 hint="build (and tune) before capturing; the cache makes later builds time nothing",
             )
     usable = _engines(opts.engines, dev)
+    with sessions(usable):
+        return _plan(graph, opts, dev, usable)
+
+
+def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engine]) -> Schedule:
+    filters = opts.filters
     modes = opts.modes
     compile_mode = opts.compile
     t0 = time.perf_counter()

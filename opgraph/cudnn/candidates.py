@@ -18,7 +18,7 @@ from ..build.filters import OPTIONS as FILTER_OPTIONS
 from ..build.filters import ConfigFilter
 from ..build.heuristics import rank_configs
 from ..build.partition import Cut, partition
-from ..build.planner import Step, default_engines
+from ..build.planner import Step, default_engines, sessions
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, as_modes
 from ..core.device import Device
 from ..core.errors import UnsupportedGraphError
@@ -74,7 +74,8 @@ class Planner:
         self.filters = ConfigFilter.from_options(dict(filters or {}))
         self.pieces: list[Piece]
         self.cuts: list[Cut]
-        self.pieces, self.cuts = partition(graph, self.engines, device)
+        with sessions(self.engines):
+            self.pieces, self.cuts = partition(graph, self.engines, device)
 
     # -- candidates ------------------------------------------------------------------------------
     def heuristic_candidates(self, modes: Any) -> list[Candidate]:

@@ -31,6 +31,7 @@ import enum
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -210,6 +211,13 @@ class Engine(ABC):
         """The compiler of the compile specs this engine's kernels give (`Kernel.compile_specs`); None
         where they give none. The build compiles through it, never through an engine's modules."""
         return None
+
+    def session(self) -> AbstractContextManager[None]:
+        """The span of one build (partition, ranking, compilation): what the engine learns about the
+        build's pieces may be kept within it and must be dropped when it ends, so that no cache outlives
+        the graph it analysed (a piece holds its graph, whose tensors hold the user's graph and plans).
+        The default keeps nothing."""
+        return nullcontext()
 
     def facts(self, piece: Piece, device: Device) -> EngineFacts:
         """What this engine reports about a piece it supports, for the build's ranking policy

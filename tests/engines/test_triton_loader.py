@@ -66,3 +66,16 @@ def test_memory_of_many_dropped_plans_is_bounded(count, tmp_path, monkeypatch):
         loader.load_module(sources[k % 3] + f"\n# variant {k}\n", interpret=True)
     gc.collect()
     assert loader.loaded_modules() <= loader.RECENT + 3 and _generated_in_sys_modules() == 0
+
+
+def test_a_dropped_plan_is_collected(rng):
+    """No engine cache outlives a build: the Triton engine's matches hold pieces, whose graph holds the
+    user's tensors, graph and plans; kept past the build they leaked up to 256 plans."""
+    import weakref
+
+    plan = _graph(7).build(device="cpu", engines=["triton"])
+    _run(plan, 7, rng)
+    dead = weakref.ref(plan)
+    del plan
+    gc.collect()
+    assert dead() is None

@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -216,35 +218,45 @@ def refusal_text(piece: Piece, refusals: list[tuple[Template, str]]) -> str:
 
 
 class _Matches:
-    """The engine's recent matches, by piece identity and device: a piece's analysis made by `supports`
-    serves `configs` and `compile` (the partitioner asks about many pieces: the oldest are dropped)."""
+    """One build's matches, by piece identity and device: a piece's analysis made by `supports` serves
+    `configs` and `compile` (the partitioner asks about many pieces: the oldest are dropped). It lives
+    for one build (TritonEngine.session), so no piece, and no graph or plan behind it, outlives it here."""
 
     SIZE = 256
 
     def __init__(self) -> None:
         self._found: OrderedDict[tuple[int, Device], tuple[Piece, Match[Any] | None, str]] = OrderedDict()
-        self._lock = threading.Lock()
 
     def get(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str] | None:
-        with self._lock:
-            hit = self._found.get((id(piece), device))
-            if hit is None or hit[0] is not piece:
-                return None
-            self._found.move_to_end((id(piece), device))
-            return hit[1], hit[2]
+        hit = self._found.get((id(piece), device))
+        if hit is None or hit[0] is not piece:
+            return None
+        self._found.move_to_end((id(piece), device))
+        return hit[1], hit[2]
 
     def put(self, piece: Piece, device: Device, match: Match[Any] | None, why: str) -> None:
-        with self._lock:
-            self._found[(id(piece), device)] = (piece, match, why)
-            while len(self._found) > self.SIZE:
-                self._found.popitem(last=False)
+        self._found[(id(piece), device)] = (piece, match, why)
+        while len(self._found) > self.SIZE:
+            self._found.popitem(last=False)
+
+
+# the matches of the build running in this thread (or task); None outside a build
+_SESSION: ContextVar[_Matches | None] = ContextVar("opgraph_triton_matches", default=None)
 
 
 class TritonEngine(Engine):
     name = "triton"
 
-    def __init__(self) -> None:
-        self._matches = _Matches()
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        if _SESSION.get() is not None:  # a build within a build shares the outer one's matches
+            yield
+            return
+        token = _SESSION.set(_Matches())
+        try:
+            yield
+        finally:
+            _SESSION.reset(token)
 
     def available(self, device: Device) -> Support:
         if not _triton_installed():
@@ -256,10 +268,12 @@ class TritonEngine(Engine):
 
     def match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
         """The first template's match of `piece` (by priority), or None and why no template runs it."""
-        found = self._matches.get(piece, device)
+        matches = _SESSION.get()
+        found = matches.get(piece, device) if matches is not None else None
         if found is None:
             found = self._match(piece, device)
-            self._matches.put(piece, device, *found)
+            if matches is not None:
+                matches.put(piece, device, *found)
         return found
 
     def _match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
