@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.errors import GraphError
+from ..core.errors import GraphError, printable
 from ..core.version import __version__
 
 console = Console(highlight=False, soft_wrap=True)
@@ -239,27 +239,38 @@ def cache() -> None:
     """Show or clear opgraph's disk cache (generated kernels, tuning answers)."""
 
 
+def _cache_problems(problems: tuple[str, ...]) -> None:
+    """Each fault of the cache in one line on stderr, then exit 1 (when there are any)."""
+    for problem in problems:
+        errors.print(f"[red]cache problem[/]: {escape(printable(problem))}")
+    if problems:
+        sys.exit(1)
+
+
 @cache.command("info")
 def cache_info() -> None:
-    """Where the cache is, what it holds and its size cap."""
+    """Where the cache is, what it holds and its size cap (exit 1 when a part cannot be read)."""
     from ..core.cache import info
 
     i = info()
-    say(f"cache folder: {i.root}  (OPGRAPH_CACHE_DIR)")
+    say(printable(f"cache folder: {i.root}  (OPGRAPH_CACHE_DIR)"))
     say(f"  generated kernels: {i.kernel_files} files, {i.kernel_bytes / 2**20:.1f} MiB "
         f"(cap {i.cap_bytes / 2**20:.0f} MiB: OPGRAPH_KERNEL_CACHE_MB)")
     say(f"  tuning answers: {i.tuning_entries} entries, {i.tuning_bytes / 1024:.1f} KiB")
+    _cache_problems(i.problems)
 
 
 @cache.command("clear")
 @click.option("--kernels/--no-kernels", default=True, show_default=True, help="remove generated kernel sources")
 @click.option("--tuning/--no-tuning", default=True, show_default=True, help="remove autotuning answers")
 def cache_clear(kernels: bool, tuning: bool) -> None:
-    """Delete the cached kernels and tuning answers (both are made again when needed)."""
-    from ..core.cache import clear
+    """Delete the cached kernels and tuning answers (both are made again when needed; exit 1 when some
+    could not be deleted)."""
+    from ..core.cache import clear_report
 
-    removed, freed = clear(kernels=kernels, tuning=tuning)
-    say(f"removed {removed} files ({freed / 2**20:.1f} MiB)")
+    done = clear_report(kernels=kernels, tuning=tuning)
+    say(f"removed {done.removed} files ({done.freed / 2**20:.1f} MiB)")
+    _cache_problems(done.problems)
 
 
 if __name__ == "__main__":
