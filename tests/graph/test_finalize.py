@@ -387,3 +387,65 @@ def test_layouts_are_named_as_images_only_where_an_op_says_so():
     assert final.tensor("img").layout == "nwc"  # a conv's image, through the relu before it
     assert final.tensor("wt").layout == "ncw" and final.tensor("b").layout == "ncw"
     assert final.tensor("out").layout == "nwc"  # a conv output follows its image
+
+
+# --- in-place updates in one-op graphs (issue 38: a matmul writing its own operand was accepted and its
+# kernel returned garbage) ---------------------------------------------------------------------------
+
+
+def _mm_inplace(role: str) -> og.Graph:
+    g = graph()
+    a = g.tensor(dim=[1, 8, 8], name="a", uid=1)
+    b = g.tensor(dim=[1, 8, 8], name="b", uid=2)
+    g.matmul(a, b, name="mm").set_output(True).set_uid(1 if role == "A" else 2).set_name("c")
+    return g
+
+
+def _conv_inplace(which: str) -> og.Graph:
+    g = graph()
+    x = g.tensor(dim=[4, 4, 3, 3], name="x", uid=1)
+    w = g.tensor(dim=[4, 4, 3, 3], name="w", uid=2)  # Y has the dims of both
+    g.conv_fprop(x, w, padding=[1, 1], name="conv").set_output(True).set_uid(1 if which == "X" else 2).set_name("y")
+    return g
+
+
+@pytest.mark.parametrize("make", [lambda: _mm_inplace("A"), lambda: _mm_inplace("B"), lambda: _conv_inplace("X"),
+                                  lambda: _conv_inplace("W")], ids=["matmul-A", "matmul-B", "conv-X", "conv-W"])
+def test_a_one_op_matmul_or_conv_writing_its_operand_is_refused(make):
+    err = expect(make(), og.DataflowError, "dataflow.inplace", "cannot update its input in place")
+    assert "(uid 1)" in str(err) or "(uid 2)" in str(err)
+
+
+@pytest.mark.parametrize("engine", ["reference", "torch", "triton"])
+def test_a_one_op_pointwise_update_in_place_is_computed_right(engine, rng):
+    pytest.importorskip("torch")
+    if engine == "triton":
+        from ..helpers import interpreter_available
+
+        if not interpreter_available():
+            pytest.skip("needs Triton's interpreter")
+    g = graph()
+    w = g.tensor(dim=[4, 8], name="w", uid=1)
+    d = g.tensor(dim=[4, 8], name="d", uid=2)
+    g.sub(w, d, name="upd").set_uid(1).set_output(True)  # W = W - dW
+    plan = g.build(device="cpu", engines=[engine])
+    wv, dv = rng.standard_normal((4, 8)), rng.standard_normal((4, 8))
+    buf = wv.astype(np.float32).copy()
+    plan.execute({1: buf, 2: dv.astype(np.float32)})
+    np.testing.assert_allclose(buf, wv.astype(np.float32) - dv.astype(np.float32), rtol=1e-6)
+
+
+def test_a_one_op_running_statistics_update_in_place_stays_allowed():
+    g = graph()
+    x = g.tensor(dim=[2, 4, 3, 3], name="x")
+    s, b = g.tensor(dim=[1, 4, 1, 1], name="s"), g.tensor(dim=[1, 4, 1, 1], name="b")
+    rm = g.tensor(dim=[1, 4, 1, 1], name="rm", uid=11)
+    rv = g.tensor(dim=[1, 4, 1, 1], name="rv", uid=12)
+    y, mean, inv, nrm, nrv = g.batchnorm(x, s, b, in_running_mean=rm, in_running_var=rv, epsilon=1e-5,
+                                         momentum=0.1)
+    for t in (y, mean, inv):
+        t.set_output(True)
+    nrm.set_uid(11).set_output(True)
+    nrv.set_uid(12).set_output(True)
+    final = g.validate().final
+    assert len(final.nodes) == 1 and {11, 12} <= set(final.nodes[0].outputs)
