@@ -17,6 +17,7 @@ are skipped. An output may be bound to its input's very buffer where opgraph.ali
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 from collections.abc import Sequence
@@ -31,7 +32,8 @@ from ..core.op import BUILDERS
 from ..core.tensor import Tensor, TensorDesc, storage_extent, strided_view
 from ..graph.builder import Graph
 from ..graph.finalize import _self_overlapping
-from ..memory.buffers import buffer_info, tensor_from_pointer
+from ..memory.buffers import BufferInfo, buffer_info, tensor_from_pointer
+from ..runtime.bindings import _check_buffer as check_buffer  # the pack's own checks: the same errors
 from ..runtime.bindings import resolve_key
 from ..runtime.plan import ExecutionPlan
 from . import enums
@@ -75,16 +77,24 @@ class tensor_attributes:
         return str(self._desc)
 
 
+CHECK_STRIDES = True  # the default of pygraph(check_strides=...): `opgraph.cudnn.CHECK_STRIDES = False`
+
+
 class pygraph(Graph):
     """A cuDNN frontend graph: build it with the op builders, then validate, plan, build and execute.
 
     opgraph extensions: `device=` ("cpu", "cuda", "cuda:N"; default the handle's device, else the GPU
-    when usable, else the CPU) and `engines=` (opgraph engine names, in order of preference)."""
+    when usable, else the CPU), `engines=` (opgraph engine names, in order of preference) and
+    `check_strides=` (default `opgraph.cudnn.CHECK_STRIDES`, True): a buffer of the tensor's logical
+    dims (size-1 axes aside) whose strides contradict the declared ones (NCHW data for an
+    NHWC-declared tensor) raises `[rule pack.strides]`, as opgraph's own API does, where cuDNN, which
+    sees a pointer only, would read it with the declared strides. `check_strides=False` keeps cuDNN's
+    trust: every dense buffer is read with the tensor's declared dims and strides."""
 
     def __init__(self, name: str = "test_graph", io_data_type: Any = None, intermediate_data_type: Any = None,
                  compute_data_type: Any = None, handle: Handle | None = None, *, device: Any = None,
                  engines: Sequence[str] | None = None, is_override_shape_enabled: bool = False,
-                 **options: Any) -> None:
+                 check_strides: bool | None = None, **options: Any) -> None:
         unknown = set(options) - _IGNORED_OPTIONS
         if unknown:
             raise TypeError(f"pygraph() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
@@ -96,6 +106,11 @@ class pygraph(Graph):
         self._device_arg = device
         self._engines = None if engines is None else list(engines)
         self._override_shapes = bool(is_override_shape_enabled)
+        if check_strides is None:
+            import sys
+
+            check_strides = bool(getattr(sys.modules.get("opgraph.cudnn"), "CHECK_STRIDES", CHECK_STRIDES))
+        self._check_strides = bool(check_strides)
         self._filters: dict[str, Any] = {}
         self._cpu_scalars: set[int] = set()  # id() of tensor_like handles made pass-by-value for a CPU scalar
         self._runtime_values: dict[int, tuple[Tensor, Any]] = {}  # tensor_scalar(RUNTIME_PARAM) values
@@ -440,7 +455,7 @@ class pygraph(Graph):
                     continue
                 if _hashable(key) and len(descs) < 4096:
                     descs[key] = desc
-            pack[key] = _as_declared(desc, value)
+            pack[key] = _as_declared(desc, value, plan.device if self._check_strides else None)
         for t, value in self._runtime_values.values():
             if plan.graph.handle_uid(t) is not None and t not in pack:
                 pack[t] = value
@@ -556,11 +571,13 @@ def _hashable(key: Any) -> bool:
     return True
 
 
-def _as_declared(desc: TensorDesc, value: Any) -> Any:
+def _as_declared(desc: TensorDesc, value: Any, check: Device | None = None) -> Any:
     """cuDNN binds by address: a dense buffer whose shape or strides differ from the tensor's (a [N, H, W]
     result for a [N, 1, H, W] tensor) is read and written with the tensor's dims and strides, as cuDNN
-    would, when it holds enough elements of the tensor's type. Anything else is bound as given (and
-    checked as opgraph checks every buffer)."""
+    would, when it holds enough elements of the tensor's type. With `check` (the plan's device), a
+    buffer of the tensor's logical dims (size-1 axes aside) must have its strides too: its layout is
+    known, and reading it with other strides would compute on scrambled data ([rule pack.strides]).
+    Anything else is bound as given (and checked as opgraph checks every buffer)."""
     if desc.is_pass_by_value or isinstance(value, (numbers.Number, np.generic)):
         return value
     if hasattr(value, "data_ptr") and value.shape == desc.dim and value.stride() == desc.stride:
@@ -574,6 +591,8 @@ def _as_declared(desc: TensorDesc, value: Any) -> Any:
     if info.data_type is not desc.data_type or (
             info.shape == desc.dim and all(a == b for d, a, b in zip(desc.dim, info.strides, desc.stride) if d > 1)):
         return value
+    if check is not None:
+        _check_layout(info, desc, check)
     numel = int(np.prod(info.shape))
     dense = storage_extent(info.shape, [abs(s) for s in info.strides]) == numel and min(info.strides, default=0) >= 0 \
         and not _self_overlapping(tuple(info.shape), tuple(info.strides))
@@ -582,6 +601,17 @@ def _as_declared(desc: TensorDesc, value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return strided_view(strided_view(value, (numel,), (1,)), desc.dim, desc.stride)
     return value.as_strided(desc.dim, desc.stride)
+
+
+def _check_layout(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
+    """Raise the pack's [rule pack.strides] error where the buffer has the tensor's dims (size-1 axes
+    aside: a [N, H, W] buffer for a [N, 1, H, W] tensor) and other strides on an axis longer than 1."""
+    mine = [(d, s) for d, s in zip(info.shape, info.strides) if d != 1]
+    if [d for d, _ in mine] != [d for d in desc.dim if d != 1]:
+        return  # another logical shape (a flat buffer): only the address says what it holds
+    given = iter(s for _, s in mine)
+    strides = tuple(next(given) if d != 1 else s for d, s in zip(desc.dim, desc.stride))
+    check_buffer(dataclasses.replace(info, shape=desc.dim, strides=strides), desc, device)
 
 
 for _name, _builder in BUILDERS.items():  # op builders raise cuDNN-catchable errors too
