@@ -21,6 +21,7 @@ from ..core.attrs import decode_op, encode_attrs
 from ..core.dtypes import as_data_type
 from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
+from ..core.limits import check_file_size, check_strings, preview
 from ..core.suggest import did_you_mean
 from ..core.tensor import Tensor
 
@@ -88,12 +89,14 @@ def _known_keys(obj: dict, keys: tuple[str, ...], where: str) -> None:
     """A misspelt key would otherwise be ignored silently (and its default used)."""
     unknown = sorted(k for k in obj if k not in keys)
     if unknown:
-        raise SerializationError(f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], keys)}",
+        raise SerializationError(f"{where}: unknown key {preview(unknown[0], 80)}{did_you_mean(unknown[0], keys)}",
                                  rule="json.unknown_key", hint=f"the keys here are {list(keys)}")
 
 
 def graph_from_json(text: str | bytes) -> Any:
-
+    """A validated Graph from graph JSON (a file's size and its strings are bounded: core/limits.py)."""
+    if isinstance(text, (str, bytes, bytearray)):
+        check_file_size(len(text), "graph file")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as err:  # bad syntax or encoding, huge numbers, deep nesting
@@ -109,6 +112,7 @@ def graph_from_dict(doc: Any) -> Any:
     """A validated Graph from a parsed graph document (see graph_from_json)."""
     from .builder import Graph
 
+    check_strings(doc, "graph")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(
             f"not an opgraph graph file (format is {doc.get('format') if isinstance(doc, dict) else None!r})",

@@ -26,18 +26,25 @@ console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def shown(text: str) -> str:
+    """Text from a file or a graph, safe to print with markup: escaped for rich, and every
+    character a terminal cannot show (a control character, a lone surrogate) written as repr() does."""
+    return escape(printable(text, keep="\n"))
+
+
 def say(text: str) -> None:
-    """Print text as it is (no markup, no highlighting, no wrapping)."""
-    console.print(text, markup=False)
+    """Print text as it is (no markup, no highlighting, no wrapping; non-printables escaped)."""
+    console.print(printable(text, keep="\n"), markup=False)
 
 
 def _fail(err: GraphError) -> None:
-    errors.print(f"[bold red]{type(err).__name__}[/]: {escape(str(err))}")
+    errors.print(f"[bold red]{type(err).__name__}[/]: {shown(str(err))}")
     sys.exit(1)
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A command whose GraphErrors (bad files, devices, options) end in one message and exit 1."""
+    """A command whose GraphErrors (bad files, devices, options) end in one message and exit 1. Anything
+    else is opgraph's own bug: one line too (exit 2), the traceback with OPGRAPH_TRACEBACK=1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,6 +52,17 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except GraphError as err:
             _fail(err)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - one line, never a traceback (unless asked for)
+            import os
+
+            if os.environ.get("OPGRAPH_TRACEBACK", "") not in ("", "0"):
+                raise
+            text = f"{type(err).__name__}: {err}"
+            errors.print(f"[bold red]unexpected error[/] {shown(text[:500])} (a bug in opgraph: please report it; "
+                         "OPGRAPH_TRACEBACK=1 shows where)")
+            sys.exit(2)
 
     return wrapper
 
@@ -90,11 +108,11 @@ def _report(result: Any, *, show: bool = True) -> bool:
     plan = result.plan
     name = plan.graph.name
     if show:
-        console.rule(escape(f"graph '{name}'"))
+        console.rule(shown(f"graph '{name}'"))
         say(str(plan.graph))
         say(plan.describe())
     for m in result.mismatches:
-        console.print(f"[red]mismatch[/] {escape(str(m))}")
+        console.print(f"[red]mismatch[/] {shown(str(m))}")
     ok = not result.mismatches
     status = "[green]matches the reference[/]" if ok else "[red]DOES NOT match the reference[/]"
     console.print(f"{escape(repr(name))}: {status} (largest |error| {result.max_err:.3g}, largest |output| "
@@ -138,7 +156,7 @@ def demo(device: str | None, seed: int, repeat: int) -> None:
         result = run_and_verify(plan, seed=seed, repeat=repeat)
         ok = _report(result)
         all_ok &= ok
-        table.add_row(escape(g.name), str(len(plan.steps)), escape(", ".join(s.config.engine for s in plan.steps)),
+        table.add_row(shown(g.name), str(len(plan.steps)), shown(", ".join(s.config.engine for s in plan.steps)),
                       "yes" if ok else "NO", f"{result.us:.1f}")
     console.print(table)
     sys.exit(0 if all_ok else 1)
@@ -211,7 +229,7 @@ def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: b
         try:
             Path(svg_path).write_bytes(render_svg(dot))
         except Exception as err:  # noqa: BLE001 - Graphviz missing is a user-environment problem
-            errors.print(f"[red]could not draw SVG[/]: {escape(str(err))} (pip install graphviz; apt install graphviz)")
+            errors.print(f"[red]could not draw SVG[/]: {shown(str(err))} (pip install graphviz; apt install graphviz)")
             sys.exit(1)
         say(f"wrote {svg_path}")
 
@@ -230,7 +248,7 @@ def engines(device: str | None) -> None:
     table.add_column("available")
     for name in engine_names():
         verdict: Any = get_engine(name).available(dev)
-        table.add_row(escape(name), "yes" if verdict.ok else escape(f"no: {verdict.reason}"))
+        table.add_row(shown(name), "yes" if verdict.ok else shown(f"no: {verdict.reason}"))
     console.print(table)
 
 
@@ -242,18 +260,19 @@ def cache() -> None:
 def _cache_problems(problems: tuple[str, ...]) -> None:
     """Each fault of the cache in one line on stderr, then exit 1 (when there are any)."""
     for problem in problems:
-        errors.print(f"[red]cache problem[/]: {escape(printable(problem))}")
+        errors.print(f"[red]cache problem[/]: {shown(problem)}")
     if problems:
         sys.exit(1)
 
 
 @cache.command("info")
+@user_errors
 def cache_info() -> None:
     """Where the cache is, what it holds and its size cap (exit 1 when a part cannot be read)."""
     from ..core.cache import info
 
     i = info()
-    say(printable(f"cache folder: {i.root}  (OPGRAPH_CACHE_DIR)"))
+    say(f"cache folder: {i.root}  (OPGRAPH_CACHE_DIR)")
     say(f"  generated kernels: {i.kernel_files} files, {i.kernel_bytes / 2**20:.1f} MiB "
         f"(cap {i.cap_bytes / 2**20:.0f} MiB: OPGRAPH_KERNEL_CACHE_MB)")
     say(f"  tuning answers: {i.tuning_entries} entries, {i.tuning_bytes / 1024:.1f} KiB")
@@ -263,6 +282,7 @@ def cache_info() -> None:
 @cache.command("clear")
 @click.option("--kernels/--no-kernels", default=True, show_default=True, help="remove generated kernel sources")
 @click.option("--tuning/--no-tuning", default=True, show_default=True, help="remove autotuning answers")
+@user_errors
 def cache_clear(kernels: bool, tuning: bool) -> None:
     """Delete the cached kernels and tuning answers (both are made again when needed; exit 1 when some
     could not be deleted)."""
