@@ -123,11 +123,9 @@ class ReferenceEngine(Engine):
         return Support.yes()
 
     def supports(self, piece: Piece, device: Device) -> Support:
-        for node in piece.nodes:
-            why = too_big(node, piece.graph.tensors)
-            if why is not None:
-                return Support.no(why)
-        return self.available(device)
+        tensors = piece.graph.tensors
+        why = piece.fold("reference.too_big", lambda found, node: found or too_big(node, tensors), None)
+        return Support.no(why) if why is not None else self.available(device)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         return [CONFIG]
