@@ -44,7 +44,7 @@ def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
             {"uid": t.uid, "name": t.name, "dim": list(t.dim), "stride": list(t.stride),
              "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value,
              **({"is_by_reference": True} if t.is_by_reference else {})}
-            for t in g.tensors.values()
+            for t in (g.tensors[u] for u in canonical_order(g))
         ],
         "ops": [
             {"op": n.kind, "name": n.name, "compute_data_type": n.compute_data_type.name,
@@ -54,6 +54,18 @@ def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
             for n in g.nodes
         ],
     }
+
+
+def canonical_order(g: FinalGraph) -> list[int]:
+    """The order tensors are written in: what the graph reads from outside (in-place updates included)
+    as declared, then what its ops produce, op by op in execution order. A graph read back lists them
+    so again (the order inference met them in depends on how the ops were added: not canonical)."""
+    produced = {u: n for n in g.nodes for u in n.output_uids()}
+    order = {u: None for u in g.tensors if u not in produced or u in produced[u].input_uids()}
+    for n in g.nodes:
+        order.update((u, None) for u in n.output_uids())
+    order.update((u, None) for u in g.tensors)  # (every tensor is one of those: kept whatever happens)
+    return list(order)
 
 
 def graph_to_json(g: FinalGraph, indent: int | None = 2) -> str:
