@@ -89,6 +89,22 @@ def _load(file: str, imports: tuple[str, ...]) -> Any:
     return load_file(file)
 
 
+# On a machine without a GPU the reference engine alone would check itself: generated kernels (in
+# Triton's interpreter) come first, then PyTorch's CPU ops, and the reference checks them all.
+CPU_ENGINES = ("triton", "torch", "reference")
+
+
+def _engines_for(device: Any, engines: tuple[str, ...]) -> list[str] | None:
+    """The engines to build with: those asked for, else on the CPU the ones that are not the reference."""
+    if engines:
+        return list(engines)
+    if device.is_cuda:
+        return None
+    from ..engines import get_engine
+
+    return [e for e in CPU_ENGINES if get_engine(e).available(device).ok]
+
+
 def _plan_of(loaded: Any, *, device: str | None, engines: tuple[str, ...], autotune: bool = False) -> Any:
     """The plan to run or explain: a plan file loaded (compiled here from its stored configs), or a
     graph file built."""
@@ -100,8 +116,11 @@ def _plan_of(loaded: Any, *, device: str | None, engines: tuple[str, ...], autot
 
         with console.status("loading the plan..."):
             return load_plan(loaded.path, device=device, on_mismatch="recompile")
-    with console.status(f"building '{loaded.graph.name}'..."):
-        return loaded.graph.build(device=device, engines=list(engines) or None, autotune=autotune)
+    from ..core.device import resolve_device
+
+    dev = resolve_device(device)
+    with console.status(f"building '{printable(loaded.graph.name)}'..."):
+        return loaded.graph.build(device=str(dev), engines=_engines_for(dev, engines), autotune=autotune)
 
 
 def _report(result: Any, *, show: bool = True) -> bool:
@@ -150,9 +169,13 @@ def demo(device: str | None, seed: int, repeat: int) -> None:
     for col in ("graph", "steps", "engines", "matches reference", "µs / execute"):
         table.add_column(col)
     all_ok = True
+    engines = _engines_for(dev, ())
+    if not dev.is_cuda and engines and engines[0] == "triton":
+        say("no GPU here: the generated Triton kernels run in Triton's interpreter (correct, but slow: the timings "
+            "are the interpreter's), checked against the reference engine")
     for g in graphs:
         with console.status(f"building '{g.name}'..."):
-            plan = g.build(device=str(dev.kind))
+            plan = g.build(device=str(dev), engines=engines)
         result = run_and_verify(plan, seed=seed, repeat=repeat)
         ok = _report(result)
         all_ok &= ok
