@@ -1,12 +1,11 @@
 """Issue 38: a generated conv_dgrad on an H200 (compiled) returned -0.0 where the reference gives -24.0,
-for DY expanded over the batch (strides [0, 1, 1, 4]: 4 filters, W 3 -> 5) and dilation [1, 2], built
-with the default heuristic and executed twice (the second execute replays the plan's CUDA graph). The
-same kernel is right under the interpreter (its source is the same for the CPU and the GPU).
-
-The kernel's main loop runs 3 iterations (3 filter taps x one BLOCK_K chunk of 4 filters) while the
-default config asks for num_stages=4; the tests below hold every candidate config, and every
-num_stages from 1 to 4, to the reference, on the first execute and on the replay, so that a failure
-says which knobs break it."""
+for DY expanded over the batch (strides [0, 1, 1, 4]: 4 filters, W 3 -> 5) and dilation [1, 2], times
+the literal -1, built with the default heuristic and executed repeatedly (later executes replay the
+plan's CUDA graph); right under the interpreter, whose kernel source is the same. LLVM folded
+`acc * -1.0` into a sign-bit xor of the wgmma accumulator, which ptxas miscompiles (fixed in
+engines/triton/expr.py: a product by a literal -1 is `_og_neg`; tests/engines/test_triton_conv_bwd.py
+checks the PTX on the CPU). Here, on the GPU: the default build over several executes, and every
+candidate config launched directly with each num_stages from 1 to 4, against the reference."""
 
 from __future__ import annotations
 
@@ -96,7 +95,7 @@ def test_the_issues_dgrad_built_by_default_is_right_on_every_execute(seed):
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_every_dgrad_config_and_stage_count_is_right(stages):
-    """Diagnosis: every candidate config of the piece, with num_stages from 1 to 4 (the loop runs 3
+    """Every candidate config of the piece, with num_stages from 1 to 4 (its main loop runs 3
     iterations), launched directly (no CUDA graph), three times each."""
     import torch
 
