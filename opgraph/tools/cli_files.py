@@ -176,7 +176,7 @@ def _fits_in_memory(graph: Any) -> None:
     """Refuse, before allocating, a graph whose buffers (and the reference's float64 copies of its
     outputs) would not fit in this machine's memory: `opgraph run` makes every one of them."""
     from ..core.tensor import storage_extent
-    from ..engines.reference import memory_budget
+    from ..engines.shared.evaluate import memory_budget
 
     need = 0
     for uid in (*graph.inputs, *graph.outputs):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.engines.reference import run_node
+from opgraph.engines.shared.evaluate import run_node
 
 D = og.DataType
 
