@@ -53,6 +53,7 @@ class ReferenceKernel(Kernel):
 
 class ReferenceEngine(Engine):
     name = "reference"
+    writes_after_compute = True
 
     def available(self, device: Device) -> Support:
         if device.is_cuda:

@@ -3,8 +3,7 @@
 1. UIDs: explicit ones must be unique, with one exception: an op output may share its UID with one
    declared (not produced) handle, which then stands for that output. That is a forward reference
    (declare a tensor with a UID, read it, produce it later with an op whose output gets the UID) or,
-   when the producing op reads that handle itself, an in-place update (allowed where each output
-   element depends on the same input element alone: _check_inplace).
+   when the producing op reads that handle itself, an in-place update (single-op graphs only).
    Missing UIDs are assigned.
 2. Dataflow from UIDs: one producer per tensor, topological order whatever order ops were added in,
    no cycles.
@@ -62,7 +61,8 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
         if id(t) not in producer_of and (uid not in aliases or uid in inplace):
             descs.setdefault(uid, _input_desc(g, t, uid))
     nodes = place_epilogues(place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs))
-    _check_inplace(nodes, descs)
+    if len(nodes) > 1:
+        _check_inplace(nodes, descs)
     mark_images(nodes, descs)
     final = FinalGraph(
         name=g.name, tensors=descs, nodes=tuple(nodes), io_data_type=g.io_data_type,
@@ -74,31 +74,20 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
 
 def _check_inplace(nodes: list[Node], descs: dict[int, TensorDesc]) -> None:
     """An op may write the tensor it reads (same UID as input and output: an in-place update such as
-    W = W - lr * dW) only where each output element depends on the same element of that input alone,
-    so that it is read before it is written by the same thread. In a multi-op graph the writer must be
-    a pointwise op (it produces the tensor's full dims, element by element); every other read of the
-    old value is ordered before the update (see _topological_order), and the partitioner keeps ops
-    that read other elements (a conv reading W as its filter) out of the writer's kernel. A one-op
-    graph may also be an aligned update of another kind (batchnorm's running statistics:
-    `Op.dependence`); a matmul or a convolution writing its own operand is refused (its kernel would
-    read elements it has already overwritten)."""
+    W = W - lr * dW) in a multi-op graph when each element is read before it is written by the same
+    thread: the writer must be a pointwise op (it produces the tensor's full dims, element by element).
+    Every other read of the old value is ordered before the update (see _topological_order), and the
+    partitioner keeps ops that read other elements (a conv reading W as its filter) out of the
+    writer's kernel."""
     for n in nodes:
         for uid in set(n.input_uids()) & set(n.output_uids()):
-            if len(nodes) > 1:
-                ok = n.kind == "pointwise"
-                why = f"in a graph of {len(nodes)} ops"
-            else:
-                outs = [r for r, u in zip(n.op.output_roles(), n.outputs) if u == uid]
-                ins = [r for r, u in zip(n.op.input_roles(), n.inputs) if u == uid and type(u) is int]
-                ok = all(n.op.dependence(o, i) == "aligned" for o in outs for i in ins)
-                why = f"(its {', '.join(outs)} written over its {', '.join(ins)})"
-            if not ok:
+            if n.kind != "pointwise":
                 raise DataflowError(
-                    f"{n.kind} cannot update its input in place {why}: its output elements depend on other "
-                    "input elements, which it would read after overwriting them", op=n.label(), tensor=descs[uid],
+                    f"{n.kind} cannot update its input in place in a graph of {len(nodes)} ops (its output "
+                    "elements depend on other input elements)", op=n.label(), tensor=descs[uid],
                     rule="dataflow.inplace",
                     hint="update in place with a pointwise op (e.g. W = sub(W, mul(lr, dW)) sharing W's UID), or "
-                    "give the output its own UID (and copy it back after the plan ran)",
+                    "give the output its own UID",
                 )
 
 
