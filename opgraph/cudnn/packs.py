@@ -14,7 +14,7 @@ from ..core.errors import GraphError
 from ..core.tensor import TensorDesc, storage_extent, strided_view
 from ..graph.finalize import _self_overlapping
 from ..memory.buffers import BufferInfo, buffer_info
-from ..runtime.bindings import _check_buffer as check_buffer  # the pack's own checks: the same errors
+from ..runtime.bindings import check_buffer  # the pack's own checks: the same errors
 
 
 def as_declared(desc: TensorDesc, value: Any, check: Device | None = None) -> Any:

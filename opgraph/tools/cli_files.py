@@ -11,7 +11,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +110,9 @@ def _plan_doc(body: bytes) -> dict[str, Any]:
         raise SerializationError(f"plan file version {version!r} is not supported (this opgraph reads "
                                  f"{', '.join(map(str, READS))})", rule="plan.version",
                                  hint="build and save the plan again")
+    from ..runtime.plan_schema import check_plan_document
+
+    check_plan_document(doc)  # as loading checks it: every structural problem at once
     return doc
 
 
@@ -129,46 +132,23 @@ def _check_schema(doc: Any, what: str) -> None:
         )
 
 
-def _damaged(where: str, what: str) -> NoReturn:
-    raise SerializationError(f"{where}: {what}", rule="plan.schema",
-                             hint="the file is damaged or was not written by ExecutionPlan.save")
-
-
 def plan_summary(doc: dict[str, Any]) -> str:
-    """The steps of a plan file as stored (engine, knobs, ops), without compiling anything; the document
-    is checked as loading checks it (a damaged one is a SerializationError, rule plan.schema)."""
+    """The steps of a plan file as stored (engine, knobs, ops), without compiling anything (the document
+    passed the plan schema in `_plan_doc`; its graph, the graph loader)."""
     from ..runtime.plan_io import _config
 
-    graph, env, dev, arts = doc.get("graph"), doc.get("environment"), doc.get("device"), doc.get("artifacts", [])
-    if not (isinstance(graph, dict) and isinstance(graph.get("ops"), list)):
-        _damaged("graph", "expected a graph object")
-    if not isinstance(env, dict):
-        _damaged("environment", "expected an object")
-    if not (isinstance(dev, dict) and dev.get("kind") in ("cpu", "cuda") and type(dev.get("index")) is int):
-        _damaged("device", "expected {kind, index}")
-    if not (isinstance(arts, list) and all(isinstance(a, dict) for a in arts)):
-        _damaged("artifacts", "expected a list of objects")
-    steps = doc.get("steps")
-    if not (isinstance(steps, list) and steps):
-        _damaged("steps", "expected a non-empty list")
+    graph, env, dev = doc["graph"], doc["environment"], doc["device"]
     graph_nodes = graph["ops"]
     where = "cpu" if dev["kind"] == "cpu" else f"cuda:{dev['index']} ({env.get('device')})"
     lines = [f"plan file for graph '{graph.get('name', '')}', built on {where} with "
              + ", ".join(f"{k} {v}" for k, v in env.items() if k in ("opgraph", "torch", "triton") and v)]
-    seen: set[int] = set()
-    for i, step in enumerate(steps):
-        if not isinstance(step, dict):
-            _damaged(f"steps[{i}]", "expected an object")
-        idx = step.get("nodes")
-        if not (isinstance(idx, list) and idx and all(type(j) is int and 0 <= j < len(graph_nodes) and j not in seen
-                                                       for j in idx)):
-            _damaged(f"steps[{i}]", "nodes must be indices of the graph's ops")
-        seen.update(idx)
-        config = _config(step.get("config"), f"steps[{i}].config")
+    for i, step in enumerate(doc["steps"]):
+        idx = step["nodes"]
+        if not all(0 <= j < len(graph_nodes) for j in idx):
+            raise SerializationError(f"plan.steps[{i}].nodes: indices past the graph's {len(graph_nodes)} ops",
+                                     rule="plan.schema", hint="the file is damaged: save the plan again")
         ops = ", ".join(f"{graph_nodes[j]['op']} '{graph_nodes[j].get('name', '')}'" for j in idx)
-        lines.append(f"  step {i}: {config}: {ops}")
-    if len(seen) != len(graph_nodes):
-        _damaged("steps", "every op of the graph must be in one step")
+        lines.append(f"  step {i}: {_config(step['config'])}: {ops}")
     return "\n".join(lines)
 
 
