@@ -14,13 +14,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.cache import describe, fault, locked, unwritable, write_atomic
 from ..core.config import EngineConfig
 from ..core.device import Device
 from ..core.errors import ExecutionError, GraphError, UnsupportedGraphError
@@ -81,36 +81,67 @@ def cache_key(piece: Piece, device: Device, engines: Sequence[str], filters: str
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+def _answer(entry: Any) -> bool:
+    """Whether a cached entry has the shape `tune` writes."""
+    return (isinstance(entry, dict) and isinstance(entry.get("engine"), str)
+            and isinstance(entry.get("knobs", []), list) and isinstance(entry.get("times", {}), dict))
+
+
 class TuningCache:
-    """A JSON file of {key: {"engine", "knobs", "times": {config: µs}}}; written atomically."""
+    """A JSON file of {key: {"engine", "knobs", "times": {config: µs}}}, shared by threads and
+    processes: each answer is merged in under a lock and the file replaced at once, so none is lost.
+    A file or entry that cannot be read or written (corrupt, the wrong shape, no rights) costs a tuning
+    run, never the build: the fault is reported once as a CacheWarning (opgraph.core.cache)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_path()
         self._data: dict[str, Any] | None = None
+        self._mine: dict[str, Any] = {}  # answers of this process, kept where the file cannot be written
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except (OSError, ValueError) as err:
+            why = "not JSON" if type(err) is json.JSONDecodeError else describe(err)
+            fault(self.path, f"cannot be read ({why}); every piece is tuned again")
+            return {}
+        if not isinstance(data, dict):
+            fault(self.path, f"is not a tuning file (a JSON {type(data).__name__}); every piece is tuned again",
+                  f"remove {self.path.name}, or run `opgraph cache clear --no-kernels`")
+            return {}
+        return data
 
     def _load(self) -> dict[str, Any]:
         if self._data is None:
-            try:
-                self._data = json.loads(self.path.read_text())
-                if not isinstance(self._data, dict):
-                    self._data = {}
-            except (OSError, ValueError):
-                self._data = {}
+            self._data = {**self._read(), **self._mine}
         return self._data
 
     def get(self, key: str) -> dict[str, Any] | None:
-        return self._load().get(key)
+        entry = self._load().get(key)
+        if entry is None or _answer(entry):
+            return entry
+        fault(self.path, f"entry {key[:12]}... is not a tuning answer; that piece is tuned again",
+              f"remove {self.path.name}, or run `opgraph cache clear --no-kernels`")
+        return None
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
-        data = self._load()
-        # merge with what other processes wrote meanwhile
-        self._data = None
-        data = {**self._load(), key: entry}
-        self._data = data
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        """Merge `entry` into the file, with what other threads and processes wrote meanwhile."""
+        self._mine[key] = entry
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with locked(self.path):
+                data = {**self._read(), key: entry}
+                write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True).encode())
+        except OSError as err:
+            unwritable(err)
+            data = {**(self._data or {}), key: entry}
+        self._data = {**data, **self._mine}
+
+
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _knobs_json(config: EngineConfig) -> list:
@@ -293,7 +324,7 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
     hit = cache.get(key)
     if hit is not None:
         times = hit.get("times", {})
-        known = [dataclasses.replace(c, measured_us=times.get(config_id(c))) for c in candidates]
+        known = [dataclasses.replace(c, measured_us=_time(times.get(config_id(c)))) for c in candidates]
         for c in known:
             if c.engine == hit.get("engine") and _knobs_json(c) == hit.get("knobs"):
                 log.info("%s: cached choice %s", piece.label(), c)

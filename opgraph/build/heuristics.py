@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig, HeurMode, Support
+from .partition import engine_supports
 from .policy import POLICY, Policy
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def rank_configs(
     configs: list[EngineConfig] = []
     declined: list[tuple[str, str]] = []
     for engine in engines:
-        verdict: Support = engine.supports(piece, device)
+        verdict: Support = engine_supports(engine, piece, device)  # (the partitioner's in-place rule too)
         if not verdict.ok:
             declined.append((engine.name, verdict.reason))
     supporting = [e for e in engines if e.name not in {n for n, _ in declined}]

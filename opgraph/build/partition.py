@@ -33,7 +33,7 @@ class Cut:
 
 
 def _unsupported(node: Node, graph: FinalGraph, engines: Sequence[Engine], device: Device) -> None:
-    verdicts = [(e.name, e.supports(make_piece(graph, 0, [node]), device)) for e in engines]
+    verdicts = [(e.name, engine_supports(e, make_piece(graph, 0, [node]), device)) for e in engines]
     reasons = "; ".join(f"{name}: {v.reason}" for name, v in verdicts)
     raise UnsupportedGraphError(
         f"no allowed engine runs this op ({reasons})", op=node.label(), rule="engine.no_support",
@@ -53,6 +53,31 @@ def _inplace_race(group: Sequence[Node], node: Node, graph: FinalGraph) -> str |
                     return (f"{node.label()} updates {graph.tensors[uid].label()} in place, which {other.label()} "
                             "reads at other elements: they cannot share a kernel")
     return None
+
+
+def overwrites_own_input(node: Node) -> str | None:
+    """Why `node` writes its result over an input it reads at other elements (a one-op graph's matmul or
+    convolution over its own operand, a transpose in place; finalize allows no such update in larger
+    graphs), or None. Only an engine that writes a piece's outputs after computing all of it (copying
+    them out: `Engine.writes_after_compute`) runs such a node right; another's kernel would read
+    elements it had already overwritten."""
+    roles = node.op.input_roles()
+    for out_role, out in zip(node.op.output_roles(), node.outputs):
+        for in_role, v in zip(roles, node.inputs):
+            if type(v) is int and v == out and node.op.dependence(out_role, in_role) not in ("aligned", "none"):
+                return (f"{node.label()} writes its {out_role} over its own {in_role} (UID {out}), whose other "
+                        "elements it still reads: only an engine that computes the whole result before writing it "
+                        "(torch, reference) runs that right [rule dataflow.inplace]")
+    return None
+
+
+def engine_supports(engine: Engine, piece: Piece, device: Device) -> Support:
+    """The engine's verdict on one kernel running the piece, with the partitioner's own rule first: a
+    node overwriting an input it reads at other elements needs an engine that writes after computing."""
+    overwrite = piece.fold("partition.overwrites", lambda found, n: found or overwrites_own_input(n), None)
+    if overwrite is not None and not engine.writes_after_compute:
+        return Support.no(overwrite)
+    return engine.supports(piece, device)
 
 
 def partition(
@@ -76,7 +101,7 @@ def partition(
         # query: cuDNN's support check)
         verdicts: list[tuple[str, Support]] = []
         for r, e in enumerate(engines[:limit]):
-            verdicts.append((e.name, e.supports(piece, device)))
+            verdicts.append((e.name, engine_supports(e, piece, device)))
             if verdicts[-1][1].ok:
                 return r, verdicts
         return None, verdicts
@@ -113,7 +138,7 @@ def partition(
         _unsupported(groups[-1][0], graph, engines, device)
     if not allow_partition and len(groups) > 1:
         whole = make_piece(graph, 0, graph.nodes)
-        single = next((e for e in engines if e.supports(whole, device).ok), None)
+        single = next((e for e in engines if engine_supports(e, whole, device).ok), None)
         if single is not None:
             return [whole], []
         cut = cuts[0]

@@ -10,7 +10,7 @@ import typing
 from dataclasses import fields
 from typing import Any
 
-from .errors import SerializationError
+from .errors import GraphError, SerializationError
 from .op import OPS, Op
 from .suggest import did_you_mean
 
@@ -99,8 +99,13 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
         raise SerializationError(f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}"
                                  f"{did_you_mean(first, names)}", rule="json.attrs",
                                  hint=f"{kind} takes {sorted(names)}")
-    values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
     try:
+        values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
         return cls(**values)
     except (TypeError, ValueError) as err:
         raise SerializationError(f"{where}: {err}", rule="json.attrs") from None
+    except SerializationError:
+        raise
+    except GraphError as err:  # an attribute's own check (a score modifier's index): say where it is
+        raise type(err)(f"{where}.attrs: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule,
+                        hint=err.hint) from None

@@ -21,13 +21,21 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every character that cannot be shown (controls, lone surrogates, other
+    non-printables, except those in `keep`) escaped as repr() escapes it: names from files print."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch in keep else repr(ch)[1:-1] for ch in text)
+
+
 def describe_tensor(tensor: Any) -> str:
     """`'name' (uid N)` for a tensor descriptor or handle; strings pass through."""
     if tensor is None:
         return ""
     if isinstance(tensor, str):
         return tensor
-    name = getattr(tensor, "name", "") or "<unnamed>"
+    name = printable(getattr(tensor, "name", "") or "<unnamed>")
     uid = getattr(tensor, "uid", None)
     return f"tensor '{name}' (uid {uid})" if uid is not None else f"tensor '{name}'"
 
@@ -62,7 +70,7 @@ class GraphError(Exception):
         self.tensor = describe_tensor(tensor)
         self.rule = rule
         self.hint = hint
-        super().__init__(self._format())
+        super().__init__(printable(self._format(), keep="\n"))
 
     def _format(self) -> str:
         where = ": ".join(part for part in (self.op, self.tensor) if part)

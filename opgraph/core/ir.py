@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from .dtypes import DataType
-from .errors import InternalError
+from .errors import InternalError, printable
 from .op import Const, Op
 from .tensor import TensorDesc
 
@@ -40,7 +40,7 @@ class Node:
         return self.op.kind
 
     def label(self) -> str:
-        return f"{self.op.kind} '{self.name}'"
+        return f"{self.op.kind} '{printable(self.name)}'"
 
     def op_as(self, kind: type[OpT]) -> OpT:
         """`op` as the class the code handling this node was registered for (its attributes typed)."""
@@ -72,7 +72,7 @@ class Node:
             return f"{role}={text}"
 
         outs = ", ".join(
-            f"%{u}:{tensors[u].type_str()}" + (f" '{tensors[u].name}'" if tensors[u].name else "")
+            f"%{u}:{tensors[u].type_str()}" + (f" '{printable(tensors[u].name)}'" if tensors[u].name else "")
             for u in self.output_uids()
         )
         args = ", ".join(
@@ -80,7 +80,7 @@ class Node:
         )
         attrs = " ".join(f"{k}={_fmt(v)}" for k, v in self.attr_items() if v is not None)
         attrs = f" {{{attrs}}}" if attrs else ""
-        return f"{outs} = {self.op.kind} '{self.name}'({args}){attrs}"
+        return f"{outs} = {self.op.kind} '{printable(self.name)}'({args}){attrs}"
 
 
 def _fmt(value: Any) -> str:
@@ -164,7 +164,7 @@ class FinalGraph:
 
     def __str__(self) -> str:
         head = (
-            f"graph '{self.name}' (io {self.io_data_type.short}, intermediate "
+            f"graph '{printable(self.name)}' (io {self.io_data_type.short}, intermediate "
             f"{self.intermediate_data_type.short}, compute {self.compute_data_type.short})"
         )
         lines = [head, "  inputs:"]

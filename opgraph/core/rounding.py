@@ -2,9 +2,15 @@
 
 Floats round to nearest even (overflow gives inf, NaN stays NaN; fp8 E4M3 has no inf and saturates
 to +-448, infinities included, as PyTorch's conversion and the GPU's satfinite conversion do, where
-ml_dtypes alone would give NaN). Integers round half to even and saturate to the type's range
-(NaN -> 0).
-Booleans are `value != 0`.
+ml_dtypes alone would give NaN).
+
+Integers truncate toward zero, as C's conversion and PyTorch's `x.to(torch.long)` do ([-2.7, -0.5,
+0.5, 2.7, 3.5] -> [-2, 0, 0, 2, 3]). Where those leave the result undefined, the reference defines
+it as a CUDA GPU's conversion instruction (cvt.rzi, which PyTorch's CUDA casts to int32/int64 run)
+does: values beyond the type's range saturate to its bounds (+-inf included) and NaN gives 0; int8
+and uint8 saturate the same way (PyTorch wraps or clamps there, depending on the device).
+
+Booleans are `value != 0` (NaN is True), as PyTorch's `x.to(torch.bool)`.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ def round_to(values: np.ndarray, data_type: DataType) -> np.ndarray:
     if data_type.is_integer:
         info = np.iinfo(data_type.numpy)
         with np.errstate(invalid="ignore"):
-            r = np.clip(np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0)), info.min, info.max)
+            r = np.clip(np.trunc(np.nan_to_num(values.astype(np.float64), nan=0.0)), info.min, info.max)
         # float(INT64 max) rounds up to 2**63, which does not cast back: saturate those by hand.
         top = r >= float(info.max)
         out = np.where(top, 0.0, r).astype(data_type.numpy)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .dtypes import DataType, as_data_type
-from .errors import GraphError, ShapeError
+from .errors import GraphError, ShapeError, printable
 
 INT64_MAX = 2**63 - 1
 
@@ -113,7 +113,7 @@ class TensorDesc:
         return layout_name(self.dim, self.stride, self.is_image)
 
     def label(self) -> str:
-        return f"tensor '{self.name or '<unnamed>'}' (uid {self.uid})"
+        return f"tensor '{printable(self.name or '<unnamed>')}' (uid {self.uid})"
 
     def type_str(self) -> str:
         dims = ",".join(str(d) for d in self.dim)
@@ -126,7 +126,7 @@ class TensorDesc:
         flags = [f for f, on in (("virtual", self.is_virtual), ("by-value", self.is_pass_by_value),
                                  ("by-reference", self.is_by_reference)) if on]
         extra = f" ({', '.join(flags)})" if flags else ""
-        return f"%{self.uid} '{self.name}': {self.type_str()}{extra}"
+        return f"%{self.uid} '{printable(self.name)}': {self.type_str()}{extra}"
 
 
 def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -> tuple[int, ...]:

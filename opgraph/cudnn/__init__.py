@@ -42,7 +42,7 @@ from .enums import (
 )
 from .errors import cudnnGraphNotSupportedError
 from .handles import Handle, create_handle, destroy_handle, get_stream, set_stream
-from .pygraph import pygraph, tensor_attributes
+from .pygraph import CHECK_STRIDES, pygraph, tensor_attributes
 from .wrapper import Graph, graph, graph_cache, jit
 
 __version__ = "1.10.0"  # the cuDNN frontend Python API this module mirrors
@@ -66,7 +66,7 @@ def get_last_error_string() -> str:
 
 
 __all__ = [
-    "BACKEND_VERSION", "Graph", "Handle", "backend_version", "backend_version_string", "behavior_note",
+    "BACKEND_VERSION", "CHECK_STRIDES", "Graph", "Handle", "backend_version", "backend_version_string", "behavior_note",
     "build_plan_policy", "convolution_mode", "create_handle", "cudnnGraphNotSupportedError", "data_type",
     "destroy_handle", "diagonal_alignment", "get_last_error_string", "get_stream", "graph", "graph_cache",
     "heur_mode", "jit", "knob", "knob_type", "norm_forward_phase", "numerical_note", "pointwise_mode", "pygraph",

@@ -28,7 +28,7 @@ from ..core.device import Device, resolve_device
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, GraphError, SerializationError, VariantPackError
 from ..core.op import BUILDERS
-from ..core.tensor import Tensor, TensorDesc, storage_extent, strided_view
+from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..graph.finalize import _self_overlapping
 from ..memory.buffers import buffer_info, tensor_from_pointer
@@ -38,6 +38,7 @@ from . import enums
 from .candidates import Candidate, Planner
 from .errors import cudnnGraphNotSupportedError, translated
 from .handles import Handle
+from .packs import as_declared
 
 # pygraph keywords of cuDNN that change nothing here (device properties, kernel caches, JIT hints)
 _IGNORED_OPTIONS = frozenset({"sm_count", "sm_version", "kernel_cache", "device_property",
@@ -75,16 +76,24 @@ class tensor_attributes:
         return str(self._desc)
 
 
+CHECK_STRIDES = True  # the default of pygraph(check_strides=...): `opgraph.cudnn.CHECK_STRIDES = False`
+
+
 class pygraph(Graph):
     """A cuDNN frontend graph: build it with the op builders, then validate, plan, build and execute.
 
     opgraph extensions: `device=` ("cpu", "cuda", "cuda:N"; default the handle's device, else the GPU
-    when usable, else the CPU) and `engines=` (opgraph engine names, in order of preference)."""
+    when usable, else the CPU), `engines=` (opgraph engine names, in order of preference) and
+    `check_strides=` (default `opgraph.cudnn.CHECK_STRIDES`, True): a buffer of the tensor's logical
+    dims (size-1 axes aside) whose strides contradict the declared ones (NCHW data for an
+    NHWC-declared tensor) raises `[rule pack.strides]`, as opgraph's own API does, where cuDNN, which
+    sees a pointer only, would read it with the declared strides. `check_strides=False` keeps cuDNN's
+    trust: every dense buffer is read with the tensor's declared dims and strides."""
 
     def __init__(self, name: str = "test_graph", io_data_type: Any = None, intermediate_data_type: Any = None,
                  compute_data_type: Any = None, handle: Handle | None = None, *, device: Any = None,
                  engines: Sequence[str] | None = None, is_override_shape_enabled: bool = False,
-                 **options: Any) -> None:
+                 check_strides: bool | None = None, **options: Any) -> None:
         unknown = set(options) - _IGNORED_OPTIONS
         if unknown:
             raise TypeError(f"pygraph() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
@@ -96,6 +105,11 @@ class pygraph(Graph):
         self._device_arg = device
         self._engines = None if engines is None else list(engines)
         self._override_shapes = bool(is_override_shape_enabled)
+        if check_strides is None:
+            import sys
+
+            check_strides = bool(getattr(sys.modules.get("opgraph.cudnn"), "CHECK_STRIDES", CHECK_STRIDES))
+        self._check_strides = bool(check_strides)
         self._filters: dict[str, Any] = {}
         self._cpu_scalars: set[int] = set()  # id() of tensor_like handles made pass-by-value for a CPU scalar
         self._runtime_values: dict[int, tuple[Tensor, Any]] = {}  # tensor_scalar(RUNTIME_PARAM) values
@@ -440,7 +454,7 @@ class pygraph(Graph):
                     continue
                 if _hashable(key) and len(descs) < 4096:
                     descs[key] = desc
-            pack[key] = _as_declared(desc, value)
+            pack[key] = as_declared(desc, value, plan.device if self._check_strides else None)
         for t, value in self._runtime_values.values():
             if plan.graph.handle_uid(t) is not None and t not in pack:
                 pack[t] = value
@@ -554,34 +568,6 @@ def _hashable(key: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _as_declared(desc: TensorDesc, value: Any) -> Any:
-    """cuDNN binds by address: a dense buffer whose shape or strides differ from the tensor's (a [N, H, W]
-    result for a [N, 1, H, W] tensor) is read and written with the tensor's dims and strides, as cuDNN
-    would, when it holds enough elements of the tensor's type. Anything else is bound as given (and
-    checked as opgraph checks every buffer)."""
-    if desc.is_pass_by_value or isinstance(value, (numbers.Number, np.generic)):
-        return value
-    if hasattr(value, "data_ptr") and value.shape == desc.dim and value.stride() == desc.stride:
-        return value  # the common case, decided without a BufferInfo
-    if not (isinstance(value, np.ndarray) or hasattr(value, "data_ptr")):
-        return value
-    try:
-        info = buffer_info(value)
-    except GraphError:
-        return value  # bind() names the problem
-    if info.data_type is not desc.data_type or (
-            info.shape == desc.dim and all(a == b for d, a, b in zip(desc.dim, info.strides, desc.stride) if d > 1)):
-        return value
-    numel = int(np.prod(info.shape))
-    dense = storage_extent(info.shape, [abs(s) for s in info.strides]) == numel and min(info.strides, default=0) >= 0 \
-        and not _self_overlapping(tuple(info.shape), tuple(info.strides))
-    if not dense or storage_extent(desc.dim, desc.stride) > numel:
-        return value
-    if isinstance(value, np.ndarray):
-        return strided_view(strided_view(value, (numel,), (1,)), desc.dim, desc.stride)
-    return value.as_strided(desc.dim, desc.stride)
 
 
 for _name, _builder in BUILDERS.items():  # op builders raise cuDNN-catchable errors too

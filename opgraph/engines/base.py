@@ -191,6 +191,9 @@ class Engine(ABC):
     # whether the engine's pieces run neighbouring ops fused (the library engine's generated
     # prologue/epilogue): the partitioner then lets its piece take an op a preferred engine runs alone
     fuses_neighbours: ClassVar[bool] = False
+    # whether a piece's outputs are written only once all of it was computed (copied out): an op may
+    # then write its result over an input it reads at other elements (a one-op matmul over its own A)
+    writes_after_compute: ClassVar[bool] = False
 
     @abstractmethod
     def available(self, device: Device) -> Support:

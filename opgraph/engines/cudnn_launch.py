@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..core.cache import cache_root
+from ..core.cache import cache_root, locked, write_atomic
 from . import artifacts
 from .base import Binding, Launcher
 
@@ -85,9 +85,7 @@ def store(key: str, data: bytes) -> None:
     path = _disk(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data)
     except OSError as err:  # a read-only cache: the plan is built again next time
         log.debug("cannot keep the cuDNN plan %s: %s", key, err)
 
@@ -136,7 +134,7 @@ class Verdicts:
     def _load(self) -> dict[str, Any]:
         if self._data is None:
             try:
-                data = json.loads(self._path().read_text())
+                data = json.loads(self._path().read_bytes())
                 self._data = data if isinstance(data, dict) else {}
             except (OSError, ValueError):
                 self._data = {}
@@ -161,15 +159,14 @@ class Verdicts:
             return
         path = self._path()
         try:
-            try:  # merge what other processes wrote meanwhile
-                disk = json.loads(path.read_text())
-                merged = {**(disk if isinstance(disk, dict) else {}), **self._data}
-            except (OSError, ValueError):
-                merged = dict(self._data)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(merged))
-            os.replace(tmp, path)
+            with locked(path):
+                try:  # merge what other processes wrote meanwhile
+                    disk = json.loads(path.read_bytes())
+                    merged = {**(disk if isinstance(disk, dict) else {}), **self._data}
+                except (OSError, ValueError):
+                    merged = dict(self._data)
+                write_atomic(path, json.dumps(merged).encode())
             self._new = 0
         except OSError as err:
             log.debug("cannot keep cuDNN verdicts: %s", err)

@@ -19,7 +19,7 @@ from ..core.piece import Piece
 from ..core.rounding import to_f64
 from . import register_engine
 from .base import Engine, Kernel
-from .shared.evaluate import load, run_node
+from .shared.evaluate import load, run_node, too_big
 
 CONFIG = EngineConfig(
     "reference",
@@ -53,6 +53,7 @@ class ReferenceKernel(Kernel):
 
 class ReferenceEngine(Engine):
     name = "reference"
+    writes_after_compute = True
 
     def available(self, device: Device) -> Support:
         if device.is_cuda:
@@ -60,7 +61,9 @@ class ReferenceEngine(Engine):
         return Support.yes()
 
     def supports(self, piece: Piece, device: Device) -> Support:
-        return self.available(device)
+        tensors = piece.graph.tensors
+        why = piece.fold("reference.too_big", lambda found, node: found or too_big(node, tensors), None)
+        return Support.no(why) if why is not None else self.available(device)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         return [CONFIG]

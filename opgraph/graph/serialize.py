@@ -21,6 +21,7 @@ from ..core.attrs import decode_op, encode_attrs
 from ..core.dtypes import as_data_type
 from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
+from ..core.limits import check_file_size, check_strings, preview
 from ..core.suggest import did_you_mean
 from ..core.tensor import Tensor
 
@@ -43,7 +44,7 @@ def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
             {"uid": t.uid, "name": t.name, "dim": list(t.dim), "stride": list(t.stride),
              "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value,
              **({"is_by_reference": True} if t.is_by_reference else {})}
-            for t in g.tensors.values()
+            for t in (g.tensors[u] for u in canonical_order(g))
         ],
         "ops": [
             {"op": n.kind, "name": n.name, "compute_data_type": n.compute_data_type.name,
@@ -53,6 +54,18 @@ def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
             for n in g.nodes
         ],
     }
+
+
+def canonical_order(g: FinalGraph) -> list[int]:
+    """The order tensors are written in: what the graph reads from outside (in-place updates included)
+    as declared, then what its ops produce, op by op in execution order. A graph read back lists them
+    so again (the order inference met them in depends on how the ops were added: not canonical)."""
+    produced = {u: n for n in g.nodes for u in n.output_uids()}
+    order = {u: None for u in g.tensors if u not in produced or u in produced[u].input_uids()}
+    for n in g.nodes:
+        order.update((u, None) for u in n.output_uids())
+    order.update((u, None) for u in g.tensors)  # (every tensor is one of those: kept whatever happens)
+    return list(order)
 
 
 def graph_to_json(g: FinalGraph, indent: int | None = 2) -> str:
@@ -88,12 +101,14 @@ def _known_keys(obj: dict, keys: tuple[str, ...], where: str) -> None:
     """A misspelt key would otherwise be ignored silently (and its default used)."""
     unknown = sorted(k for k in obj if k not in keys)
     if unknown:
-        raise SerializationError(f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], keys)}",
+        raise SerializationError(f"{where}: unknown key {preview(unknown[0], 80)}{did_you_mean(unknown[0], keys)}",
                                  rule="json.unknown_key", hint=f"the keys here are {list(keys)}")
 
 
 def graph_from_json(text: str | bytes) -> Any:
-
+    """A validated Graph from graph JSON (a file's size and its strings are bounded: core/limits.py)."""
+    if isinstance(text, (str, bytes, bytearray)):
+        check_file_size(len(text), "graph file")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as err:  # bad syntax or encoding, huge numbers, deep nesting
@@ -109,6 +124,7 @@ def graph_from_dict(doc: Any) -> Any:
     """A validated Graph from a parsed graph document (see graph_from_json)."""
     from .builder import Graph
 
+    check_strings(doc, "graph")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(
             f"not an opgraph graph file (format is {doc.get('format') if isinstance(doc, dict) else None!r})",

@@ -52,6 +52,13 @@ class Ref:
     index: int = 0
     const: float = 0.0
 
+    def __post_init__(self) -> None:
+        if type(self.index) is not int or self.index < 0:
+            raise AttributeValueError(
+                f"score_mod reference {self.src.value} index {self.index!r} is not a node or input number "
+                "(an integer >= 0)", rule="sdpa.score_mod_index",
+                hint="rebuild the modifier through g.sdpa(..., score_mod=fn); a file may not be edited by hand here")
+
     def __str__(self) -> str:
         if self.src is Src.NODE:
             return f"%{self.index}"
@@ -91,6 +98,23 @@ class ScoreMod:
 
     def __post_init__(self) -> None:
         check_counts(num_inputs=self.num_inputs)
+        for i, node in enumerate(self.nodes):
+            for r in node.operands:
+                if r is not None:
+                    self._in_range(r, i, f"node %{i}")
+        self._in_range(self.result, len(self.nodes), "result")
+
+    def _in_range(self, r: Ref, nodes: int, where: str) -> None:
+        """A reference to an earlier node (of `nodes`) or to one of the inputs: anything else would
+        index from the end, or fail, when evaluated."""
+        if r.src is Src.NODE and r.index >= nodes:
+            what = f"node %{r.index}, not one of the {nodes} before it" if nodes else f"node %{r.index} before any"
+        elif r.src is Src.INPUT and r.index >= self.num_inputs:
+            what = f"input {r.index}, not one of its {self.num_inputs}"
+        else:
+            return
+        raise AttributeValueError(f"score_mod {where} refers to {what}", rule="sdpa.score_mod_index",
+                                  hint="rebuild the modifier through g.sdpa(..., score_mod=fn)")
 
     def __repr__(self) -> str:
         body = "; ".join(f"%{i} = {n}" for i, n in enumerate(self.nodes))

@@ -15,7 +15,7 @@ from ..build.options import BuildOptions
 from ..build.partition import Cut
 from ..build.planner import Schedule, Step, engine_configs, plan_steps
 from ..core.device import Device
-from ..core.errors import GraphError
+from ..core.errors import GraphError, printable
 from ..core.ir import FinalGraph
 from ..engines import artifacts
 from .autograph import default as autograph_default
@@ -247,7 +247,7 @@ class ExecutionPlan:
     def describe(self) -> str:
         g = self.graph
         lines = [
-            f"plan for graph '{g.name}' on {self.device}: {len(self.steps)} step(s), "
+            f"plan for graph '{printable(g.name)}' on {self.device}: {len(self.steps)} step(s), "
             f"workspace {self.workspace_size} bytes"
         ]
         for step in self.steps:

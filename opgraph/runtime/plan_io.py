@@ -30,6 +30,7 @@ from ..build.partition import Cut
 from ..core.config import BehaviorNote, EngineConfig, NumericalNote
 from ..core.device import resolve_device
 from ..core.errors import GraphError, SerializationError
+from ..core.limits import check_file_size, check_strings
 from ..core.piece import make_piece
 from ..engines import artifacts, get_engine
 from ..graph.serialize import graph_from_dict, graph_to_dict
@@ -151,6 +152,7 @@ def plan_body(data: Any) -> bytes:
     if not isinstance(data, (bytes, bytearray)):
         raise SerializationError("not an opgraph plan file (bad header)", rule="plan.format",
                                  hint="plan files are written by ExecutionPlan.save / to_bytes")
+    check_file_size(len(data), "plan file")
     data = bytes(data)
     if data.startswith(MAGIC_1):
         return data[len(MAGIC_1):]
@@ -175,6 +177,7 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
         raise SerializationError(f"the plan file is not valid JSON: {str(err)[:200]}", rule="plan.syntax") from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or type(doc.get("version")) is not int:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
+    check_strings(doc, "plan")
     if doc["version"] not in READS:
         raise SerializationError(f"plan file version {doc['version']} is not supported (this opgraph reads "
                                  f"{', '.join(map(str, READS))})", rule="plan.version",

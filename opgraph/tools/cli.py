@@ -19,25 +19,32 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.errors import GraphError
+from ..core.errors import GraphError, printable
 from ..core.version import __version__
 
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def shown(text: str) -> str:
+    """Text from a file or a graph, safe to print with markup: escaped for rich, and every
+    character a terminal cannot show (a control character, a lone surrogate) written as repr() does."""
+    return escape(printable(text, keep="\n"))
+
+
 def say(text: str) -> None:
-    """Print text as it is (no markup, no highlighting, no wrapping)."""
-    console.print(text, markup=False)
+    """Print text as it is (no markup, no highlighting, no wrapping; non-printables escaped)."""
+    console.print(printable(text, keep="\n"), markup=False)
 
 
 def _fail(err: GraphError) -> None:
-    errors.print(f"[bold red]{type(err).__name__}[/]: {escape(str(err))}")
+    errors.print(f"[bold red]{type(err).__name__}[/]: {shown(str(err))}")
     sys.exit(1)
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A command whose GraphErrors (bad files, devices, options) end in one message and exit 1."""
+    """A command whose GraphErrors (bad files, devices, options) end in one message and exit 1. Anything
+    else is opgraph's own bug: one line too (exit 2), the traceback with OPGRAPH_TRACEBACK=1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,6 +52,17 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except GraphError as err:
             _fail(err)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001 - one line, never a traceback (unless asked for)
+            import os
+
+            if os.environ.get("OPGRAPH_TRACEBACK", "") not in ("", "0"):
+                raise
+            text = f"{type(err).__name__}: {err}"
+            errors.print(f"[bold red]unexpected error[/] {shown(text[:500])} (a bug in opgraph: please report it; "
+                         "OPGRAPH_TRACEBACK=1 shows where)")
+            sys.exit(2)
 
     return wrapper
 
@@ -71,6 +89,22 @@ def _load(file: str, imports: tuple[str, ...]) -> Any:
     return load_file(file)
 
 
+# On a machine without a GPU the reference engine alone would check itself: generated kernels (in
+# Triton's interpreter) come first, then PyTorch's CPU ops, and the reference checks them all.
+CPU_ENGINES = ("triton", "torch", "reference")
+
+
+def _engines_for(device: Any, engines: tuple[str, ...]) -> list[str] | None:
+    """The engines to build with: those asked for, else on the CPU the ones that are not the reference."""
+    if engines:
+        return list(engines)
+    if device.is_cuda:
+        return None
+    from ..engines import get_engine
+
+    return [e for e in CPU_ENGINES if get_engine(e).available(device).ok]
+
+
 def _plan_of(loaded: Any, *, device: str | None, engines: tuple[str, ...], autotune: bool = False) -> Any:
     """The plan to run or explain: a plan file loaded (compiled here from its stored configs), or a
     graph file built."""
@@ -82,19 +116,22 @@ def _plan_of(loaded: Any, *, device: str | None, engines: tuple[str, ...], autot
 
         with console.status("loading the plan..."):
             return load_plan(loaded.path, device=device, on_mismatch="recompile")
-    with console.status(f"building '{loaded.graph.name}'..."):
-        return loaded.graph.build(device=device, engines=list(engines) or None, autotune=autotune)
+    from ..core.device import resolve_device
+
+    dev = resolve_device(device)
+    with console.status(f"building '{printable(loaded.graph.name)}'..."):
+        return loaded.graph.build(device=str(dev), engines=_engines_for(dev, engines), autotune=autotune)
 
 
 def _report(result: Any, *, show: bool = True) -> bool:
     plan = result.plan
     name = plan.graph.name
     if show:
-        console.rule(escape(f"graph '{name}'"))
+        console.rule(shown(f"graph '{name}'"))
         say(str(plan.graph))
         say(plan.describe())
     for m in result.mismatches:
-        console.print(f"[red]mismatch[/] {escape(str(m))}")
+        console.print(f"[red]mismatch[/] {shown(str(m))}")
     ok = not result.mismatches
     status = "[green]matches the reference[/]" if ok else "[red]DOES NOT match the reference[/]"
     console.print(f"{escape(repr(name))}: {status} (largest |error| {result.max_err:.3g}, largest |output| "
@@ -132,13 +169,17 @@ def demo(device: str | None, seed: int, repeat: int) -> None:
     for col in ("graph", "steps", "engines", "matches reference", "µs / execute"):
         table.add_column(col)
     all_ok = True
+    engines = _engines_for(dev, ())
+    if not dev.is_cuda and engines and engines[0] == "triton":
+        say("no GPU here: the generated Triton kernels run in Triton's interpreter (correct, but slow: the timings "
+            "are the interpreter's), checked against the reference engine")
     for g in graphs:
         with console.status(f"building '{g.name}'..."):
-            plan = g.build(device=str(dev.kind))
+            plan = g.build(device=str(dev), engines=engines)
         result = run_and_verify(plan, seed=seed, repeat=repeat)
         ok = _report(result)
         all_ok &= ok
-        table.add_row(escape(g.name), str(len(plan.steps)), escape(", ".join(s.config.engine for s in plan.steps)),
+        table.add_row(shown(g.name), str(len(plan.steps)), shown(", ".join(s.config.engine for s in plan.steps)),
                       "yes" if ok else "NO", f"{result.us:.1f}")
     console.print(table)
     sys.exit(0 if all_ok else 1)
@@ -211,7 +252,7 @@ def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: b
         try:
             Path(svg_path).write_bytes(render_svg(dot))
         except Exception as err:  # noqa: BLE001 - Graphviz missing is a user-environment problem
-            errors.print(f"[red]could not draw SVG[/]: {escape(str(err))} (pip install graphviz; apt install graphviz)")
+            errors.print(f"[red]could not draw SVG[/]: {shown(str(err))} (pip install graphviz; apt install graphviz)")
             sys.exit(1)
         say(f"wrote {svg_path}")
 
@@ -230,7 +271,7 @@ def engines(device: str | None) -> None:
     table.add_column("available")
     for name in engine_names():
         verdict: Any = get_engine(name).available(dev)
-        table.add_row(escape(name), "yes" if verdict.ok else escape(f"no: {verdict.reason}"))
+        table.add_row(shown(name), "yes" if verdict.ok else shown(f"no: {verdict.reason}"))
     console.print(table)
 
 
@@ -239,9 +280,18 @@ def cache() -> None:
     """Show or clear opgraph's disk cache (generated kernels, tuning answers)."""
 
 
+def _cache_problems(problems: tuple[str, ...]) -> None:
+    """Each fault of the cache in one line on stderr, then exit 1 (when there are any)."""
+    for problem in problems:
+        errors.print(f"[red]cache problem[/]: {shown(problem)}")
+    if problems:
+        sys.exit(1)
+
+
 @cache.command("info")
+@user_errors
 def cache_info() -> None:
-    """Where the cache is, what it holds and its size cap."""
+    """Where the cache is, what it holds and its size cap (exit 1 when a part cannot be read)."""
     from ..core.cache import info
 
     i = info()
@@ -249,17 +299,21 @@ def cache_info() -> None:
     say(f"  generated kernels: {i.kernel_files} files, {i.kernel_bytes / 2**20:.1f} MiB "
         f"(cap {i.cap_bytes / 2**20:.0f} MiB: OPGRAPH_KERNEL_CACHE_MB)")
     say(f"  tuning answers: {i.tuning_entries} entries, {i.tuning_bytes / 1024:.1f} KiB")
+    _cache_problems(i.problems)
 
 
 @cache.command("clear")
 @click.option("--kernels/--no-kernels", default=True, show_default=True, help="remove generated kernel sources")
 @click.option("--tuning/--no-tuning", default=True, show_default=True, help="remove autotuning answers")
+@user_errors
 def cache_clear(kernels: bool, tuning: bool) -> None:
-    """Delete the cached kernels and tuning answers (both are made again when needed)."""
-    from ..core.cache import clear
+    """Delete the cached kernels and tuning answers (both are made again when needed; exit 1 when some
+    could not be deleted)."""
+    from ..core.cache import clear_report
 
-    removed, freed = clear(kernels=kernels, tuning=tuning)
-    say(f"removed {removed} files ({freed / 2**20:.1f} MiB)")
+    done = clear_report(kernels=kernels, tuning=tuning)
+    say(f"removed {done.removed} files ({done.freed / 2**20:.1f} MiB)")
+    _cache_problems(done.problems)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import GraphError, SerializationError
+from ..core.limits import check_file_size, check_strings
 
 
 def import_modules(names: tuple[str, ...] | list[str]) -> None:
@@ -68,7 +70,11 @@ def load_file(path: str) -> LoadedFile:
     from ..graph.serialize import graph_from_dict
     from ..runtime.plan_io import MAGIC, MAGIC_1, plan_body
 
-    data = Path(path).read_bytes()
+    try:
+        check_file_size(Path(path).stat().st_size, "file")
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise SerializationError(f"{path}: cannot be read ({err.strerror or err})", rule="cli.file") from None
     if data.startswith((MAGIC, MAGIC_1)):
         doc = _plan_doc(plan_body(data))
         _check_schema(doc.get("graph"), "the plan's graph")
@@ -83,12 +89,13 @@ def load_file(path: str) -> LoadedFile:
     except (ValueError, RecursionError) as err:
         raise SerializationError(f"{path} is not valid JSON: {str(err)[:200]}", rule="json.syntax",
                                  hint="graph files are written by Graph.to_json; plan files by plan.save") from None
+    check_strings(doc, "graph")  # before the schema, whose messages quote what they find
     _check_schema(doc, "the file")
     return LoadedFile(path, graph_from_dict(doc))
 
 
 def _plan_doc(body: bytes) -> dict[str, Any]:
-    from ..runtime.plan_io import PLAN_FORMAT
+    from ..runtime.plan_io import PLAN_FORMAT, READS
 
     try:
         doc = json.loads(body.decode("utf-8"))
@@ -97,6 +104,15 @@ def _plan_doc(body: bytes) -> dict[str, Any]:
                                  rule="plan.syntax") from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
+    check_strings(doc, "plan")
+    version = doc.get("version")
+    if type(version) is not int or version not in READS:
+        raise SerializationError(f"plan file version {version!r} is not supported (this opgraph reads "
+                                 f"{', '.join(map(str, READS))})", rule="plan.version",
+                                 hint="build and save the plan again")
+    from ..runtime.plan_schema import check_plan_document
+
+    check_plan_document(doc)  # as loading checks it: every structural problem at once
     return doc
 
 
@@ -107,7 +123,7 @@ def _check_schema(doc: Any, what: str) -> None:
         from ..graph.schema import schema_errors
     except ImportError:  # pragma: no cover - jsonschema is a dependency; loading still checks
         return
-    errors = schema_errors(doc)
+    errors = [e if len(e) <= 300 else e[:300] + "..." for e in schema_errors(doc)]  # (they quote what they find)
     if errors:
         raise SerializationError(
             f"{what} breaks the graph file schema in {len(errors)} place(s):\n    " + "\n    ".join(errors),
@@ -117,24 +133,42 @@ def _check_schema(doc: Any, what: str) -> None:
 
 
 def plan_summary(doc: dict[str, Any]) -> str:
-    """The steps of a plan file as stored (engine, knobs, ops), without compiling anything."""
-    from ..core.config import EngineConfig
+    """The steps of a plan file as stored (engine, knobs, ops), without compiling anything (the document
+    passed the plan schema in `_plan_doc`; its graph, the graph loader)."""
+    from ..runtime.plan_io import _config
 
-    graph_nodes = doc["graph"]["ops"]
-    env = doc.get("environment", {})
-    dev = doc.get("device", {})
-    where = "cpu" if dev.get("kind") == "cpu" else f"cuda:{dev.get('index', 0)} ({env.get('device')})"
-    lines = [f"plan file for graph '{doc['graph'].get('name', '')}', built on {where} with "
+    graph, env, dev = doc["graph"], doc["environment"], doc["device"]
+    graph_nodes = graph["ops"]
+    where = "cpu" if dev["kind"] == "cpu" else f"cuda:{dev['index']} ({env.get('device')})"
+    lines = [f"plan file for graph '{graph.get('name', '')}', built on {where} with "
              + ", ".join(f"{k} {v}" for k, v in env.items() if k in ("opgraph", "torch", "triton") and v)]
-    for i, step in enumerate(doc.get("steps", [])):
-        cfg = step.get("config", {})
-        knobs = tuple((k, v) for k, v in cfg.get("knobs", []))
-        text = str(EngineConfig(cfg.get("engine", "?"), knobs, estimate_us=cfg.get("estimate_us"),
-                                measured_us=cfg.get("measured_us")))
-        ops = ", ".join(f"{graph_nodes[j]['op']} '{graph_nodes[j].get('name', '')}'" for j in step.get("nodes", [])
-                        if isinstance(j, int) and 0 <= j < len(graph_nodes))
-        lines.append(f"  step {i}: {text}: {ops}")
+    for i, step in enumerate(doc["steps"]):
+        idx = step["nodes"]
+        if not all(0 <= j < len(graph_nodes) for j in idx):
+            raise SerializationError(f"plan.steps[{i}].nodes: indices past the graph's {len(graph_nodes)} ops",
+                                     rule="plan.schema", hint="the file is damaged: save the plan again")
+        ops = ", ".join(f"{graph_nodes[j]['op']} '{graph_nodes[j].get('name', '')}'" for j in idx)
+        lines.append(f"  step {i}: {_config(step['config'])}: {ops}")
     return "\n".join(lines)
+
+
+def _fits_in_memory(graph: Any) -> None:
+    """Refuse, before allocating, a graph whose buffers (and the reference's float64 copies of its
+    outputs) would not fit in this machine's memory: `opgraph run` makes every one of them."""
+    from ..core.tensor import storage_extent
+    from ..engines.shared.evaluate import memory_budget
+
+    need = 0
+    for uid in (*graph.inputs, *graph.outputs):
+        d = graph.tensors[uid]
+        need += storage_extent(d.dim, d.stride) * d.data_type.itemsize
+    need += sum(math.prod(graph.tensors[u].dim) * 8 * 2 for u in graph.outputs)
+    budget = memory_budget()
+    if need > budget:
+        raise GraphError(f"running graph '{graph.name}' on random inputs needs {need / 2**30:,.1f} GiB of host memory "
+                         f"for its buffers and the reference's results, more than the {budget / 2**30:,.0f} GiB here",
+                         rule="cli.memory", hint="check the graph (`opgraph check`), or run it from Python on your own "
+                         "buffers (plan.execute)")
 
 
 @dataclass
@@ -153,6 +187,7 @@ def run_and_verify(plan: Any, *, seed: int, repeat: int) -> RunResult:
     from ..testing import compare, output_scale, reference_outputs, user_scaled_pack
 
     final = plan.graph
+    _fits_in_memory(final)
     rng = np.random.default_rng(seed)
     pack = user_scaled_pack(final, rng)
     want = reference_outputs(final, pack)

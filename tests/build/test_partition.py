@@ -138,3 +138,83 @@ def test_an_inplace_update_shares_a_kernel_with_elementwise_readers():
     f = _inplace_graph("pointwise").final
     pieces, cuts = partition(f, [get_engine("reference")], CPU)
     assert len(pieces) == 1 and cuts == []
+
+
+# --- a one-op graph whose op writes its own input's UID (issue 38: a matmul's generated kernel returned
+# garbage, max error 158 against values up to 29) ------------------------------------------------------
+
+
+def _mm_inplace(role: str) -> og.Graph:
+    g = og.Graph("mm", io_data_type=og.DataType.FLOAT)
+    a = g.tensor(dim=[1, 8, 8], name="a", uid=1)
+    b = g.tensor(dim=[1, 8, 8], name="b", uid=2)
+    g.matmul(a, b, name="mm").set_output(True).set_uid(1 if role == "A" else 2).set_name("c")
+    return g
+
+
+def _conv_inplace(which: str) -> og.Graph:
+    g = og.Graph("conv", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 4, 3, 3], name="x", uid=1)
+    w = g.tensor(dim=[4, 4, 3, 3], name="w", uid=2)  # Y has the dims of both
+    g.conv_fprop(x, w, padding=[1, 1], name="conv").set_output(True).set_uid(1 if which == "X" else 2)
+    return g
+
+
+def _transpose_inplace() -> og.Graph:
+    g = og.Graph("t", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[4, 4], name="x", uid=1)
+    g.transpose(x, [1, 0], name="t").set_output(True).set_uid(1).set_stride([4, 1])
+    return g
+
+
+CASES = {"matmul-A": lambda: _mm_inplace("A"), "matmul-B": lambda: _mm_inplace("B"),
+         "conv-X": lambda: _conv_inplace("X"), "conv-W": lambda: _conv_inplace("W"), "transpose": _transpose_inplace}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_an_op_overwriting_an_input_it_reads_elsewhere_is_refused_by_generated_kernels(case):
+    pytest.importorskip("triton")
+    g = CASES[case]()
+    with pytest.raises(og.UnsupportedGraphError) as ei:
+        g.build(device="cpu", engines=["triton"])
+    text = str(ei.value)
+    assert "over its own" in text and "dataflow.inplace" in text and "torch, reference" in text
+
+
+@pytest.mark.parametrize("engine", ["reference", "torch"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_engines_that_write_after_computing_run_it_right(case, engine, rng):
+    """Through a copy: the whole result is computed before it is written over the input."""
+    if engine == "torch":
+        pytest.importorskip("torch")
+    g = CASES[case]()
+    final = g.final
+    (uid,) = final.outputs
+    plan = g.build(device="cpu", engines=[engine])
+    pack = og.testing.random_pack(final, rng)
+    want = og.testing.reference_outputs(final, {u: v.copy() for u, v in pack.items()})
+    plan.execute(pack)
+    np.testing.assert_allclose(pack[uid], want[uid], rtol=1e-5, atol=1e-5)
+
+
+def test_the_default_build_with_triton_first_gives_the_op_to_torch(rng):
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    g = _mm_inplace("A")
+    plan = g.build(device="cpu", engines=["triton", "torch"])
+    assert [s.config.engine for s in plan.steps] == ["torch"]
+    assert not og.testing.check_plan(plan, rng)
+
+
+def test_aligned_updates_in_place_stay_with_generated_kernels(rng):
+    pytest.importorskip("triton")
+    g = og.Graph("upd", io_data_type=og.DataType.FLOAT)
+    w = g.tensor(dim=[4, 8], name="w", uid=1)
+    d = g.tensor(dim=[4, 8], name="d", uid=2)
+    g.sub(w, d, name="upd").set_uid(1).set_output(True)  # W = W - dW
+    plan = g.build(device="cpu", engines=["triton"])
+    assert [s.config.engine for s in plan.steps] == ["triton"]
+    wv, dv = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    buf = wv.copy()
+    plan.execute({1: buf, 2: dv})
+    np.testing.assert_allclose(buf, wv - dv, rtol=1e-6)

@@ -50,10 +50,11 @@ def samples(hint) -> list:
 
 
 def _made(make):
-    """make(), or None where the class refuses the values when made (a negative role count)."""
+    """make(), or None where the class refuses the values when made (a negative role count, a score
+    modifier's reference out of range)."""
     try:
         return make()
-    except ValueError:
+    except (ValueError, og.GraphError):
         return None
 
 

@@ -291,3 +291,49 @@ def test_reference_engine_agrees_through_the_shim(handle, rng):
     f = g.final
     ref = reference_outputs(f, {X.get_uid(): x.numpy(), W.get_uid(): w.numpy(), B.get_uid(): b.numpy()})
     assert compare(f.tensors[Y.get_uid()], y.numpy(), ref[Y.get_uid()], rtol=0, atol=0) is None
+
+
+def _nchw_for_nhwc(handle, **options):
+    """X declared NHWC (channels-last strides); the program binds NCHW data of the same dims."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle, **options)
+    x = torch.randn(2, 4, 5, 5)  # NCHW
+    w = torch.randn(6, 4, 3, 3).to(memory_format=torch.channels_last)
+    X = g.tensor(name="X", dim=[2, 4, 5, 5], stride=[100, 1, 20, 4], data_type=x.dtype)
+    W = g.tensor(name="W", dim=w.size(), stride=w.stride(), data_type=w.dtype)
+    Y = g.conv_fprop(image=X, weight=W, padding=[1, 1], name="conv")
+    Y.set_output(True)
+    g.build([cudnn.heur_mode.A])
+    y = torch.full((2, 6, 5, 5), float("nan")).to(memory_format=torch.channels_last)
+    return g, (X, W, Y), (x, w, y)
+
+
+def test_a_buffer_whose_strides_contradict_the_tensor_is_refused(handle):
+    """cuDNN sees a pointer only and would read NCHW data with the NHWC strides (outputs off by 22 in
+    issue 38); opgraph sees the tensor's layout and raises the pack's own error."""
+    g, (X, W, Y), (x, w, y) = _nchw_for_nhwc(handle)
+    with pytest.raises(og.VariantPackError) as ei:
+        g.execute({X: x, W: w, Y: y}, None, handle=handle)
+    err = ei.value
+    assert isinstance(err, RuntimeError)  # cuDNN programs catch RuntimeError
+    assert err.rule == "pack.strides" and "[rule pack.strides]" in str(err) and "'X'" in str(err)
+    assert torch.isnan(y).all()  # nothing ran
+    # the layout the tensor declares binds, and so does [N, H, W]-style data with size-1 axes dropped
+    g.execute({X: x.to(memory_format=torch.channels_last), W: w, Y: y}, None, handle=handle)
+    want = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("how", ["argument", "module"])
+def test_check_strides_can_be_turned_off_for_cudnns_trust(handle, monkeypatch, how):
+    """check_strides=False (or opgraph.cudnn.CHECK_STRIDES = False) binds the buffer by address with
+    the declared strides, as cuDNN does and as before."""
+    if how == "module":
+        monkeypatch.setattr(cudnn, "CHECK_STRIDES", False)
+        g, (X, W, Y), (x, w, y) = _nchw_for_nhwc(handle)
+    else:
+        g, (X, W, Y), (x, w, y) = _nchw_for_nhwc(handle, check_strides=False)
+    g.execute({X: x, W: w, Y: y}, None, handle=handle)
+    as_declared = x.as_strided([2, 4, 5, 5], [100, 1, 20, 4])  # the same memory read with X's strides
+    want = torch.nn.functional.conv2d(as_declared.double(), w.double(), padding=1)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)

@@ -129,7 +129,7 @@ def test_gen_index_comparisons_and_integer_casts(rng):
     g.cmp_ge(x, 0.0).set_output(True).set_data_type(FLOAT)
     g.mul(x, 0.5).set_output(True).set_data_type(DT.BOOLEAN)  # nonzero, negatives included
     g.identity(g.mul(x, 100.0)).set_output(True).set_data_type(DT.INT8)  # saturates
-    g.identity(g.mul(x, 2.5)).set_output(True).set_data_type(DT.INT32)  # rounds half to even
+    g.identity(g.mul(x, 2.5)).set_output(True).set_data_type(DT.INT32)  # truncates toward zero
     g.identity(g.mul(x, 1000.0)).set_output(True).set_data_type(DT.FP8_E4M3)  # saturates to +-448
     g.identity(g.mul(x, 1e19)).set_output(True).set_data_type(DT.INT64)  # saturates, 2**63 included
     check(g, rng, expect_steps=1)

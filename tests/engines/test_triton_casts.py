@@ -1,5 +1,5 @@
 """Conversions in generated kernels follow the reference engine's rounding (opgraph.rounding): integer
-results rounded half to even and saturated (inf, -inf, 1e10 and NaN included), integer arithmetic exact
+results truncated toward zero and saturated (inf, -inf, 1e10 and NaN included), integer arithmetic exact
 (2**30 + 3), bfloat16 and fp8 rounded to nearest even through float32 with E4M3 saturating and E5M2
 overflowing to inf, exact decoding, also in float64 kernels. The Triton versions of the cast helpers
 (what the GPU runs) are checked here under the interpreter too, against their NumPy stand-ins, except the

@@ -2,7 +2,8 @@
 `_og_round_bf16` are cvt.rn.bf16.f32 in asm statements) against their definition in integer arithmetic
 (`_og_to_bf16_bits`, which the interpreter tests hold to the reference) and the reference engine's
 rounding, over float32 values of every exponent with tie, near-tie, subnormal, overflow and special
-bit patterns."""
+bit patterns; and conversions to integer types (truncation toward zero, saturation, NaN -> 0: issue 38)
+by compiled kernels and the torch engine on the GPU, against the definition and PyTorch's CUDA casts."""
 
 from __future__ import annotations
 
@@ -57,3 +58,38 @@ def test_gpu_bf16_cast_instructions_match_their_definition():
     rounded = s.cpu().numpy()
     assert np.array_equal(rounded[~nan].view(np.uint32), want[~nan].astype(np.uint32) << 16)
     assert np.isnan(rounded[nan]).all()
+
+
+@pytest.mark.parametrize("engine", ["triton", "torch"])
+@pytest.mark.parametrize("src", [D.FLOAT, D.DOUBLE, D.HALF])
+def test_gpu_integer_casts_truncate_and_saturate(engine, src):
+    import torch
+
+    from ..core.test_rounding import INTS, SPECIAL, _defined
+
+    values = SPECIAL.astype(src.numpy)
+    n = values.size
+    g = og.Graph("casts", io_data_type=src, compute_data_type=D.DOUBLE if src is D.DOUBLE else D.FLOAT)
+    x = g.tensor(dim=[n], name="x")
+    outs = {dt: g.identity(x).set_output(True).set_name(f"to_{dt.name}").set_data_type(dt) for dt in INTS + [D.BOOLEAN]}
+    mid = g.identity(x).set_data_type(D.INT32)
+    back = g.add(mid, 0.0).set_output(True).set_name("back").set_data_type(D.DOUBLE)
+    plan = g.build(device="cuda", engines=[engine])
+    assert {s.config.engine for s in plan.steps} == {engine}
+    xt = torch.from_numpy(values).cuda()
+    bufs = {dt: torch.full((n,), 99, dtype=dt.to_torch(), device="cuda") for dt in outs}
+    back_buf = torch.full((n,), float("nan"), dtype=torch.float64, device="cuda")
+    for _ in range(2):  # the second execute replays the plan's CUDA graph
+        plan.execute({x: xt, back: back_buf, **{outs[dt]: bufs[dt] for dt in outs}})
+    torch.cuda.synchronize()
+    as_f64 = values.astype(np.float64)
+    for dt, buf in bufs.items():
+        got = buf.cpu().tolist()
+        want = [int(w) for w in _defined(as_f64, dt)]
+        bad = [(float(v), int(b), w) for v, b, w in zip(as_f64, got, want) if int(b) != w]
+        assert not bad, f"{engine} {src.name} -> {dt.name}: (value, got, want) {bad[:6]}"
+        if dt in (D.INT32, D.INT64):  # PyTorch's CUDA conversion, where it is defined
+            inside = np.isfinite(as_f64) & (np.abs(as_f64) < float(np.iinfo(dt.numpy).max))
+            theirs = xt[torch.from_numpy(inside).cuda()].to(dt.to_torch()).cpu().tolist()
+            assert [g for g, i in zip(got, inside) if i] == theirs
+    np.testing.assert_array_equal(back_buf.cpu().numpy(), [float(v) for v in _defined(as_f64, D.INT32)])

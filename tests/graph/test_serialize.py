@@ -374,3 +374,117 @@ def test_a_variadic_count_out_of_range_is_a_serialization_error(count):
     op["attrs"]["num_inputs"] = count
     with pytest.raises(og.SerializationError, match="num_inputs"):
         og.Graph.from_json(json.dumps(doc))
+
+
+# --- bounded work on hostile files (issue 38) ---------------------------------------------------------
+
+
+def _small_doc() -> dict:
+    g = og.Graph("s", io_data_type=og.DataType.FLOAT)
+    g.relu(g.tensor(dim=[2, 3], name="x")).set_output(True)
+    return json.loads(g.to_json())
+
+
+def test_a_huge_unknown_key_costs_no_suggestion_search(monkeypatch):
+    """A 100 MB unknown key took 41 s and 4.45 GB (difflib indexed it); now a key past the string limit
+    is refused at once, and one under it is too long to be close to any key."""
+    import time
+
+    doc = _small_doc()
+    doc["k" * 5_000_000] = 1
+    t0 = time.perf_counter()
+    with pytest.raises(og.SerializationError) as ei:
+        og.Graph.from_json(json.dumps(doc))
+    assert ei.value.rule == "file.string_limit" and "OPGRAPH_MAX_STRING" in str(ei.value)
+    assert len(str(ei.value)) < 1000
+    monkeypatch.setenv("OPGRAPH_MAX_STRING", str(10_000_000))  # raised: the key is read, and refused as unknown
+    with pytest.raises(og.SerializationError) as ei:
+        og.Graph.from_json(json.dumps(doc))
+    assert ei.value.rule == "json.unknown_key" and "did you mean" not in str(ei.value)
+    assert time.perf_counter() - t0 < 10.0
+
+
+@pytest.mark.parametrize("where", ["name", "tensor name", "mode", "key"])
+def test_strings_over_the_limit_are_refused_naming_where(where, monkeypatch):
+    monkeypatch.setenv("OPGRAPH_MAX_STRING", "100")
+    doc = _small_doc()
+    long = "x" * 101
+    if where == "name":
+        doc["name"] = long
+    elif where == "tensor name":
+        doc["tensors"][0]["name"] = long
+    elif where == "mode":
+        doc["ops"][0]["attrs"]["mode"] = long
+    else:
+        doc["ops"][0]["attrs"][long] = 1
+    with pytest.raises(og.SerializationError) as ei:
+        og.Graph.from_json(json.dumps(doc))
+    assert ei.value.rule == "file.string_limit" and "101 characters" in str(ei.value) and "100" in str(ei.value)
+    monkeypatch.setenv("OPGRAPH_MAX_STRING", "200")
+    if where in ("name", "tensor name"):
+        og.Graph.from_json(json.dumps(doc))  # under a raised limit it loads
+
+
+def test_files_over_the_size_limit_are_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPGRAPH_MAX_FILE_MB", "1")
+    doc = _small_doc()
+    doc["tensors"][0]["name"] = "n" * 60_000
+    text = json.dumps(doc)
+    og.Graph.from_json(text)  # 60 KB
+    big = text[:-1] + ", " + '"pad": "' + "p" * 60_000 + '"' + "}"
+    with pytest.raises(og.SerializationError):  # unknown key, but read: 0.1 MB is under 1 MiB
+        og.Graph.from_json(big)
+    huge = " " * (2**20 + 1) + text
+    with pytest.raises(og.SerializationError) as ei:
+        og.Graph.from_json(huge)
+    assert ei.value.rule == "file.size_limit" and "OPGRAPH_MAX_FILE_MB" in str(ei.value)
+    plan = og.Graph.from_json(text).build(device="cpu", engines=["reference"])
+    data = plan.to_bytes()
+    monkeypatch.setenv("OPGRAPH_MAX_FILE_MB", str(len(data) / 2**20 / 2))
+    with pytest.raises(og.SerializationError) as ei:
+        og.ExecutionPlan.from_bytes(data)
+    assert ei.value.rule == "file.size_limit"
+
+
+def test_names_print_escaped_in_errors_and_descriptions():
+    doc = _small_doc()
+    doc["tensors"][0]["name"] = "\ud800\x1b[2J"
+    g = og.Graph.from_json(json.dumps(doc))
+    text = str(g.final) + g.build(device="cpu", engines=["reference"]).describe()
+    assert "\\ud800\\x1b[2J" in text and "\ud800" not in text and "\x1b" not in text
+    text.encode("utf-8")  # printable everywhere: no lone surrogate left
+    doc["tensors"][0]["dim"] = [2, 4]  # now a mismatch whose error names the tensor
+    doc["tensors"][1]["dim"] = [2, 3]
+    with pytest.raises(og.GraphError) as ei:
+        og.Graph.from_json(json.dumps(doc))
+    str(ei.value).encode("utf-8")
+
+
+# --- canonical text (issue 38: the round trip reordered the tensors of a matmul whose operand is a
+# transposed pointwise result) -------------------------------------------------------------------------
+
+
+def test_a_matmul_of_a_transposed_pointwise_result_round_trips_to_the_same_text():
+    """The transposes are placed next to the matmul that reads them, after the exp added later: the
+    tensors were listed in the order ops were added, and read back in the order they run."""
+    g = og.Graph("mm_t", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[1, 16, 8], name="x")
+    z = g.tensor(dim=[1, 12, 16], name="z")
+    t = g.transpose(g.relu(x), [0, 2, 1])
+    u = g.exp(z)
+    g.matmul(u, g.transpose(t, [0, 2, 1])).set_output(True).set_name("c")
+    text = g.to_json()
+    again = og.Graph.from_json(text).to_json()
+    assert again == text
+    assert og.Graph.from_json(again).to_json() == text
+
+
+def test_every_fuzz_graph_round_trips_to_the_same_text():
+    """A property over the fuzzer's random graphs (every op family, layouts, in-place updates)."""
+    from ..fuzz.families import make_case
+
+    for seed in range(400):
+        text = json.dumps(make_case(seed).graph, indent=2)
+        once = og.Graph.from_json(text).to_json()
+        assert once == text, f"seed {seed}: the first round trip changed the text"
+        assert og.Graph.from_json(once).to_json() == once, f"seed {seed}"

@@ -272,3 +272,25 @@ def test_python_dash_m_opgraph_and_the_version():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"opgraph, version {og.__version__}"
+
+
+def test_on_the_cpu_demo_and_run_check_generated_kernels_against_the_reference(tmp_path, monkeypatch):
+    """Issue 38: without a GPU the demo and `opgraph run` built for the reference engine and checked it
+    against itself; the generated kernels (Triton's interpreter) run now, beside the reference."""
+    import pytest
+
+    from ..helpers import interpreter_available
+
+    if not interpreter_available():
+        pytest.skip("needs Triton's interpreter")
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    demo = CliRunner().invoke(main, ["demo", "--device", "cpu", "--repeat", "1"])
+    assert demo.exit_code == 0, demo.output
+    assert "Triton's interpreter" in demo.output and "step 0: triton[" in demo.output
+    assert demo.output.count("matches the reference") == 2
+    run = CliRunner().invoke(main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--repeat", "1"])
+    assert run.exit_code == 0, run.output
+    assert "step 0: triton[" in run.output and "matches the reference" in run.output
+    ref = CliRunner().invoke(main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--repeat", "1",
+                                    "--engine", "reference"])
+    assert ref.exit_code == 0 and "step 0: reference" in ref.output

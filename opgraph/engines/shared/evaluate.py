@@ -4,11 +4,14 @@ mapping of (on the host)."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ...core.errors import ExecutionError
 from ...core.ir import Const, Node
 from ...core.rounding import round_to, to_f64
 from ...core.tensor import TensorDesc
@@ -22,8 +25,44 @@ def load(value: Any, desc: TensorDesc) -> np.ndarray:
     return np.full(desc.dim, float(value), dtype=np.float64)
 
 
+def memory_budget() -> int:
+    """The most bytes one float64 tensor may take here: OPGRAPH_REFERENCE_MAX_GB, else this machine's
+    physical memory."""
+    text = os.environ.get("OPGRAPH_REFERENCE_MAX_GB", "").strip()
+    try:
+        if text:
+            return int(float(text) * 2**30)
+    except (ValueError, OverflowError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 64 * 2**30
+
+
+def too_big(node: Node, tensors: Mapping[int, TensorDesc]) -> str | None:
+    """Why `node` cannot be evaluated here, or None: it is computed on float64 arrays of every tensor's
+    logical dims, so an input expanded by stride-0 axes is materialised whole."""
+    budget = memory_budget()
+    for uid in (*node.input_uids(), *node.output_uids()):
+        desc = tensors[uid]
+        size = math.prod(desc.dim) * 8
+        if size > budget:
+            return (f"{desc.label()} has {math.prod(desc.dim):,} logical elements ({list(desc.dim)}): the reference "
+                    f"engine computes on float64 arrays of logical dims, {size / 2**30:,.0f} GiB, more than the "
+                    f"{budget / 2**30:,.0f} GiB this machine allows it")
+    return None
+
+
 def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.ndarray | None]:
-    """Evaluate one node; `read(uid)` gives an input as float64. Returns outputs rounded to type."""
+    """Evaluate one node; `read(uid)` gives an input as float64. Returns outputs rounded to type.
+    A node whose tensors would not fit in memory as float64 arrays is refused before anything is
+    allocated (ExecutionError, rule reference.memory)."""
+    why = too_big(node, tensors)
+    if why is not None:
+        raise ExecutionError(why, op=node.label(), rule="reference.memory",
+                             hint="run it on another engine (a GPU's), or with smaller dims; OPGRAPH_REFERENCE_MAX_GB "
+                             "raises the limit where the machine has the memory")
     ins: list[np.ndarray | None] = []
     for v in node.inputs:
         if v is None:

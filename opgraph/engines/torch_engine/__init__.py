@@ -174,6 +174,7 @@ class TorchKernel(Kernel):
 
 class TorchEngine(Engine):
     name = "torch"
+    writes_after_compute = True
 
     def available(self, device: Device) -> Support:
         if importlib.util.find_spec("torch") is None:

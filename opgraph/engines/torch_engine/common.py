@@ -63,7 +63,7 @@ def to_numpy_f64(t: Any) -> np.ndarray:
 
 def round_to(t: torch.Tensor, dt: DataType) -> torch.Tensor:
     """`t` in declared type `dt`, rounded as opgraph.rounding.round_to does: floats to nearest even
-    (fp8 E4M3 saturating to +-448), integers half to even with saturation and NaN -> 0, booleans as
+    (fp8 E4M3 saturating to +-448), integers toward zero with saturation and NaN -> 0, booleans as
     value != 0."""
     import torch
 
@@ -74,7 +74,7 @@ def round_to(t: torch.Tensor, dt: DataType) -> torch.Tensor:
         return t != 0
     if dt.is_integer:
         info = np.iinfo(dt.numpy)
-        r = torch.nan_to_num(t.to(torch.float64), nan=0.0).round()  # torch.round: half to even
+        r = torch.nan_to_num(t.to(torch.float64), nan=0.0).trunc()  # toward zero, as t.to(torch.long)
         out = r.clamp(float(info.min), float(info.max)).to(target)
         if dt is DataType.INT64:  # float(INT64 max) is 2**63, which does not cast back
             out = torch.where(r >= 2.0**63, torch.full_like(out, info.max), out)

@@ -1,9 +1,9 @@
 """Conversions between the compute type and storage types in generated kernels, with the reference
 engine's rounding (opgraph/rounding.py) on the GPU and in Triton's interpreter alike.
 
-- integers: round half to even, saturate to the type's range (+-inf included), NaN -> 0; the bounds
-  are applied to the integer result, so 2**31 - 1 or 2**63 - 1 are never first rounded to a float
-  that overflows the cast;
+- integers: truncate toward zero (as C and PyTorch's `x.to(torch.long)`), saturate to the type's
+  range (+-inf included), NaN -> 0; the bounds are applied to the integer result, so 2**31 - 1 or
+  2**63 - 1 are never first rounded to a float that overflows the cast;
 - bfloat16 and fp8: through float32 (as the reference, PyTorch and ml_dtypes do), round to nearest
   even: bfloat16 by the cvt instruction in an asm statement (on the GPU; its definition in integer
   arithmetic on the bits, _og_to_bf16_bits, is what the interpreter tests hold it to), fp8 in integer
@@ -67,17 +67,13 @@ def _og_mag(x):
     return tl.where(x < 0, 0.0 - x, x)
 
 
-def _og_rint(x, big):
-    # round half to even without rint: x - floor(x) is exact, and |x| >= big is already integral
-    f = tl.floor(x)
-    d = x - f
-    odd = f - 2.0 * tl.floor(f * 0.5) != 0.0
-    r = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
-    return tl.where(_og_mag(x) >= big, x, r)
+def _og_trunc(x):
+    # toward zero: floor and ceil are exact (the conversion itself is not used out of range)
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
 
 
-def _og_to_int(x, lo, hi, big, dtype: tl.constexpr, lo_i: tl.constexpr, hi_i: tl.constexpr):
-    r = _og_rint(x, big)
+def _og_to_int(x, lo, hi, dtype: tl.constexpr, lo_i: tl.constexpr, hi_i: tl.constexpr):
+    r = _og_trunc(x)
     r = tl.where(x != x, 0.0, r)
     inside = (r > lo) & (r < hi)
     v = tl.where(inside, r, 0.0).to(dtype)
@@ -222,8 +218,7 @@ def to_storage(value: str, dt: DataType, compute: str) -> str:
         return f"({value} != 0)"
     if dt in INT_RANGE:
         lo, hi = INT_RANGE[dt]
-        big = "4503599627370496.0" if compute == "tl.float64" else "8388608.0"
-        return f"_og_to_int({value}, {_float(lo)}, {_float(hi)}, {big}, {TL_DTYPE[dt]}, {lo}, {hi})"
+        return f"_og_to_int({value}, {_float(lo)}, {_float(hi)}, {TL_DTYPE[dt]}, {lo}, {hi})"
     if dt in _ENCODE:
         return f"{_ENCODE[dt]}({value})"
     if TL_DTYPE[dt] == compute:

@@ -32,6 +32,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ...core.cache import describe, fault, unwritable, write_atomic
 from ...core.dtypes import DataType
 from .. import artifacts
 from ..base import CompileReport
@@ -114,15 +115,13 @@ def canonical_digest(source: str) -> str:
         return found
     path = cache_dir() / f"og_{digest}.canon"
     try:
-        found = path.read_text().strip()
-    except OSError:
+        found = path.read_bytes().decode("ascii").strip()
+    except (OSError, ValueError):  # absent, unreadable or corrupt: computed again
         found = ""
-    if len(found) != 32:
+    if len(found) != 32 or any(c not in "0123456789abcdef" for c in found):
         found = hashlib.sha256(_alpha_renamed(source).encode()).hexdigest()[:32]
         try:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(found)
-            os.replace(tmp, path)
+            write_atomic(path, found.encode())
         except OSError:
             pass
     _CANON[digest] = found
@@ -230,12 +229,23 @@ def _bin_path(key: str) -> Path:
 
 
 def _disk_get(spec: KernelSpec) -> KernelBinary | None:
+    """The spec's binary from opgraph's cache; None when absent, for another Triton, or unusable
+    (unreadable, corrupt: a CacheWarning naming the file, and it is compiled again)."""
     base = _bin_path(spec.key)
     try:
         cubin = base.with_suffix(".cubin").read_bytes()
-        binary = _binary(spec, base.with_suffix(".json").read_text(), cubin)
-    except (OSError, ValueError):
+        metadata = json.loads(base.with_suffix(".json").read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except (OSError, ValueError) as err:
+        fault(base.with_suffix(".json"), f"cannot be used ({describe(err)}); compiled again",
+              "remove it, or run `opgraph cache clear`")
+        return None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        fault(base.with_suffix(".json"), "is not a kernel's metadata; compiled again",
+              "remove it, or run `opgraph cache clear`")
+        return None
+    binary = KernelBinary(spec.key, cubin, metadata, hashlib.sha256(cubin).hexdigest())
     return binary if binary.meta("triton_version") == triton_version() else None
 
 
@@ -243,12 +253,10 @@ def _disk_put(binary: KernelBinary) -> None:
     base = _bin_path(binary.key)
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
-        for suffix, data in ((".json", json.dumps(binary.metadata).encode()), (".cubin", binary.cubin)):
-            tmp = base.with_suffix(f"{suffix}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, base.with_suffix(suffix))
+        for suffix, data in ((".cubin", binary.cubin), (".json", json.dumps(binary.metadata).encode())):
+            write_atomic(base.with_suffix(suffix), data)  # the metadata last: a reader needs both
     except OSError as err:  # a read-only cache: compiled again next time
-        log.debug("cannot keep kernel %s: %s", binary.key, err)
+        unwritable(err)
 
 
 def registered(spec: KernelSpec) -> KernelBinary | None:

@@ -52,7 +52,7 @@ def _decoder(dt: DataType) -> Callable[[Any], Any]:
     return decode
 
 
-def _to_int(x: Any, lo: Any, hi: Any, big: Any, dtype: Any, lo_i: Any, hi_i: Any) -> Any:
+def _to_int(x: Any, lo: Any, hi: Any, dtype: Any, lo_i: Any, hi_i: Any) -> Any:
     import triton.language as tl
 
     dtype = getattr(dtype, "value", dtype)

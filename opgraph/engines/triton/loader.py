@@ -8,6 +8,7 @@ there. On the CPU the kernel functions are wrapped by Triton's interpreter, on C
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -17,7 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 from types import ModuleType
 
-from ...core.cache import kernel_dir, note_kernel_written
+from ...core.cache import describe, fault, kernel_dir, note_kernel_written, private_dir, unwritable, write_atomic
 from .compile_worker import exec_generated
 
 # Generated modules live as long as a kernel holds them (TritonKernel.module), plus the RECENT last
@@ -40,18 +41,41 @@ def source_hash(source: str) -> str:
 
 
 def module_file(source: str) -> Path:
-    """The generated source's file in the cache (written once; Triton reads kernels' source from it)."""
+    """The generated source's file in the cache (written once; Triton reads kernels' source from it).
+    A cache that cannot hold it (unwritable, a folder or other bytes in its place) gives this
+    process's private folder instead, with one CacheWarning."""
     folder = cache_dir()
     path = folder / f"og_{source_hash(source)}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
+    data = source.encode()
+    try:
+        same = path.read_bytes() == data
+        if not same:
+            fault(path, "held other bytes than its name's hash; written again",
+                  "nothing: it is repaired (if this recurs, look for what else writes into the cache)")
+    except FileNotFoundError:
+        same = False
+    except OSError as err:  # a folder, or no right to read it
+        fault(path, f"cannot be read ({describe(err)}); this process uses a copy in a temporary folder", "remove it")
+        return _private_file(path.name, data)
+    if same:
         _LOADED.add(path)
-        note_kernel_written(folder, _LOADED)
-    else:
-        _LOADED.add(path)
-        os.utime(path)  # recently used: the cache's pruning keeps it
+        with contextlib.suppress(OSError):  # another user's file: used as it is
+            os.utime(path)  # recently used: the cache's pruning keeps it
+        return path
+    try:
+        write_atomic(path, data)
+    except OSError as err:
+        unwritable(err)
+        return _private_file(path.name, data)
+    _LOADED.add(path)
+    note_kernel_written(folder, _LOADED)
+    return path
+
+
+def _private_file(name: str, data: bytes) -> Path:
+    path = private_dir() / name
+    if not path.exists():
+        write_atomic(path, data)
     return path
 
 

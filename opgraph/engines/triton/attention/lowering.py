@@ -76,6 +76,8 @@ def _broadcasts(desc: TensorDesc, dims: tuple[int, ...]) -> bool:
 
 def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
     """The piece as a Fusion, or Support.no with the reason."""
+    if not piece.kind_set & {"sdpa", "sdpa_backward"}:  # known without a pass: the partitioner asks per op
+        return Support.no(f"the {template} template runs one {kind} op per kernel (attention ops here: none)")
     attn = [n for n in piece.nodes if n.kind in ("sdpa", "sdpa_backward")]
     others = [n for n in piece.nodes if n.kind not in ("sdpa", "sdpa_backward")]
     if len(attn) != 1 or attn[0].kind != kind:
