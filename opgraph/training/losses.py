@@ -18,7 +18,7 @@
     a function `loss(g, output, target) -> Tensor`: any ops on the graph (differentiated by
         opgraph.grad); the target is declared like the output unless train_step's target_like says.
 
-`stop_gradient(g, x)` is the identity whose gradient is zero (a fusable custom op).
+`stop_gradient(g, x)` is the identity whose gradient is zero (the op stop_gradient, a fusable IDENTITY).
 """
 
 from __future__ import annotations
@@ -28,24 +28,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..autodiff.rules_builtin_custom import ensure_rules
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, GraphError
+from ..core.errors import AttributeValueError, GraphError, expect
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
-from ..ops.builtin_custom import STOP_GRADIENT
+from ..ops.pointwise import StopGradient
 from ..ops.reduction import ReductionMode
 
 
-def ensure_registered() -> None:
-    """stop_gradient and its (empty) backward rule, registered (again, if a test emptied the registries)."""
-    ensure_rules()
-
-
 def stop_gradient(g: Graph, x: Tensor, name: str = "") -> Tensor:
-    """x itself, through which opgraph.grad passes no gradient."""
-    ensure_registered()
-    return g.custom(STOP_GRADIENT, x, name=name or STOP_GRADIENT)
+    """x itself, through which opgraph.grad passes no gradient (the op stop_gradient)."""
+    return expect(g._add_op(StopGradient(), [x], name=name or StopGradient.kind)[0], "stop_gradient's output")
 
 
 @dataclass

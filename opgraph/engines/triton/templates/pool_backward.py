@@ -1,4 +1,4 @@
-"""Pooling's backward: the custom ops `resample_max_backward` and `resample_avg_backward` of
+"""Pooling's backward: the ops `resample_max_backward` and `resample_avg_backward` of
 ops/pooling_backward.py (what autodiff emits for `resample`) as generated kernels. Gathers, not
 scatters: every dx element is written once by one program, with no atomics, so the result does not
 depend on scheduling.
@@ -30,9 +30,8 @@ from ....core.errors import GraphError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
-from ....ops.custom import CUSTOM_OPS, Custom
 from ....ops.pooling import ResampleMode
-from ....ops.pooling_backward import MAX_BACKWARD, REFERENCES, checked_geometry
+from ....ops.pooling_backward import PoolBackward, ResampleAvgBackward, ResampleMaxBackward
 from ..casts import from_storage, to_storage
 from ..expr import compute_type, piece_types
 from .base import (
@@ -70,33 +69,28 @@ class PoolGrad:
 
 
 def analyze(piece: Piece) -> PoolGrad | Support:
-    if len(piece.nodes) != 1 or not isinstance(piece.nodes[0].op, Custom):
-        return Support.no("the pooling backward template runs one resample backward custom op alone")
+    if len(piece.nodes) != 1 or not isinstance(piece.nodes[0].op, PoolBackward):
+        return Support.no("the pooling backward template runs one resample backward op alone")
     node = piece.nodes[0]
     op = node.op
-    assert isinstance(op, Custom)
-    if op.op_name not in REFERENCES:
-        return Support.no(f"custom op '{op.op_name}' is not a pooling backward", node)
-    if CUSTOM_OPS.get(op.op_name) is None or CUSTOM_OPS[op.op_name].reference is not REFERENCES[op.op_name]:
-        return Support.no(f"custom op '{op.op_name}' was registered again with another definition; the kernels "
-                          "compute the built-in one", node)
-    params = dict(op.params)
+    assert isinstance(op, PoolBackward)
     dy = piece.tensor(node.input_uids()[0])
     dx = piece.tensor(node.output_uids()[0])
-    x = piece.tensor(node.input_uids()[1]) if op.op_name == MAX_BACKWARD else None
+    x = piece.tensor(node.input_uids()[1]) if isinstance(op, ResampleMaxBackward) else None
     for t in (dy, dx) if x is None else (dy, x, dx):
         if t.data_type not in FLOATS or t.is_pass_by_value:
             return Support.no(f"{t.label()} is {'a pass-by-value scalar' if t.is_pass_by_value else t.data_type.value}"
                               f"; the pooling backward kernels take buffers of {', '.join(f.value for f in FLOATS)}",
                               node)
-    mode = params.get("mode")
-    if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING.value, ResampleMode.AVG_EXCLUDE_PADDING.value):
-        return Support.no(f"average pooling backward of mode {mode!r}", node)
+    mode = op.mode if isinstance(op, ResampleAvgBackward) else ResampleMode.MAX
+    if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING):
+        return Support.no(f"average pooling backward of mode {mode.name}", node)
     try:  # (the op's infer checked it when the graph was built; a plan file's graph too)
-        w, s, pre, _ = checked_geometry(op.op_name, dy.dim, dx.dim, params)
+        geo = op.geometry(dy.dim, dx.dim)
     except GraphError as err:
         return Support.no(err.detail, node)
-    exclude = mode == ResampleMode.AVG_EXCLUDE_PADDING.value
+    w, s, pre = geo.window, geo.stride, geo.pre_padding
+    exclude = mode is ResampleMode.AVG_EXCLUDE_PADDING
     return PoolGrad(node, x is not None, dy, x, dx, tuple(w), tuple(s), tuple(pre), exclude)
 
 
@@ -116,7 +110,7 @@ def tap_type(taps: int) -> str:
 class PoolBackwardTemplate(Template):
     name = "pool_backward"
     priority = 20
-    main_kinds = ("custom",)
+    main_kinds = (ResampleMaxBackward.kind, ResampleAvgBackward.kind)
 
     def match(self, piece: Piece, device: Device) -> Support:
         return verdict(analyze(piece))
