@@ -22,6 +22,8 @@ from . import (  # noqa: F401
 from .grad import CHEAP_KINDS, GradGraph, grad, saved_pack
 from .rules import (
     CUSTOM_RULES,
+    NOT_DIFFERENTIABLE,
+    NOT_DIFFERENTIABLE_MODES,
     POINTWISE_RULES,
     RULES,
     GradBuilder,
@@ -36,6 +38,8 @@ from .rules import (
 __all__ = [
     "CHEAP_KINDS",
     "CUSTOM_RULES",
+    "NOT_DIFFERENTIABLE",
+    "NOT_DIFFERENTIABLE_MODES",
     "POINTWISE_RULES",
     "RULES",
     "GradBuilder",

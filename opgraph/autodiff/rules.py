@@ -131,6 +131,16 @@ def register_custom_grad(op_name: str, fn: RuleFn, *, inputs: Roles | None = Non
                                         _roles(outputs, _all_outputs)), replace=replace)
 
 
+# Ops with no backward rule on purpose: the backward ops themselves (opgraph.grad takes first derivatives
+# only). opgraph.tools.op_table checks that every other op kind and pointwise mode has a rule.
+NOT_DIFFERENTIABLE: dict[str, str] = {
+    kind: "a backward op: no second derivatives" for kind in (
+        "batchnorm_backward", "instancenorm_backward", "layernorm_backward", "rmsnorm_backward", "sdpa_backward",
+        "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward")
+}
+NOT_DIFFERENTIABLE_MODES: frozenset[PointwiseMode] = frozenset(m for m in PointwiseMode if m.name.endswith("_BWD"))
+
+
 def rule_for(node: Node) -> Rule | None:
     """The rule that differentiates `node`, or None when there is none. An op kind's own rule comes
     first (stop_gradient is a Pointwise IDENTITY whose kind has its own rule)."""
