@@ -14,6 +14,7 @@ import pytest
 import opgraph as og
 from opgraph.training import SGD, AdamW, train_step
 
+from .helpers import requires_cuda, requires_interpreter
 from .test_train_step import assert_same_training, rel, torch_optimizer, torch_step
 
 torch = pytest.importorskip("torch")
@@ -144,3 +145,48 @@ def test_a_gradient_hook_sees_each_gradient_before_the_update():
     assert sorted(seen) == sorted(k for k, _ in model.named_parameters())
     for p, q in zip(model.parameters(), ref.parameters()):
         assert rel(p, q) <= 1e-12
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("make", [PosTable, ClsToken], ids=["pos_table", "cls_token"])
+def test_views_on_the_gpu(make):
+    """The same modules in float32 on CUDA with the default engines (generated kernels reading the
+    stride-0 ones of an expand), AdamW with weight decay, three steps against torch.optim (TF32 off there;
+    opgraph's fp32 products may use TF32: a loose bound)."""
+    torch.manual_seed(5)
+    model = make().cuda().train()
+    ref = copy.deepcopy(model)
+    if make is PosTable:
+        x, y = torch.randint(0, 11, (4, 8), device="cuda"), torch.randint(0, 11, (4, 8), device="cuda")
+    else:
+        x, y = torch.randn(4, 3, 8, device="cuda"), torch.randint(0, 5, (4,), device="cuda")
+    opt = AdamW(1e-2, weight_decay=0.05)
+    step = train_step(og.from_torch(model, (x,)), "cross_entropy", opt)
+    topt = torch_optimizer(opt, ref.parameters())
+    for _ in range(3):
+        loss = step.run(x, y)
+        want, _ = torch_step(ref, topt, x, y)
+        assert abs(float(loss) - float(want)) <= 1e-3 * abs(float(want))
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert rel(p, q) <= 1e-3, name
+
+
+@requires_interpreter
+@pytest.mark.interpreter
+def test_an_expanded_parameter_on_generated_kernels_matches_the_reference_engine():
+    """The class token's ones (an input with zero strides) and its summed gradient through generated
+    kernels (Triton's interpreter) against the reference engine, one AdamW step in float32."""
+    torch.manual_seed(6)
+    x, y = torch.randn(2, 3, 8), torch.randint(0, 5, (2,))
+    base = ClsToken().train()
+    results = []
+    for engines in (["reference"], ["triton", "torch"]):
+        model = copy.deepcopy(base)
+        step = train_step(og.from_torch(model, (x,)), "cross_entropy", AdamW(1e-2, weight_decay=0.05))
+        step.build("cpu", engines=engines)
+        step.run(x, y)
+        results.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    assert any(s.config.engine == "triton" for s in step.plan.steps)
+    for name, p in results[0].items():
+        assert rel(results[1][name], p) <= 1e-5, name
