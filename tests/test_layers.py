@@ -11,6 +11,7 @@ The one documented exception is the graph builder's facade (`Graph.build`, `Grap
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,100 @@ def test_no_source_file_is_huge(limit):
     big = [f"{p.relative_to(ROOT.parent)}: {n} lines" for p in ROOT.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > limit]
     assert not big, f"source files over {limit} lines (split them by concern):\n" + "\n".join(big)
+
+
+# -- engines: independent of each other; build/ reaches them through the registry and the neutral modules --
+
+# Each engine's modules; the rest of opgraph.engines is neutral (the registry, the contract, what several
+# engines share), owned by no engine.
+ENGINE_HOMES = {
+    "reference": ("opgraph.engines.reference",),
+    "triton": ("opgraph.engines.triton",),
+    "torch": ("opgraph.engines.torch_engine",),
+    "library": ("opgraph.engines.library",),
+    "cudnn": ("opgraph.engines.cudnn_frontend", "opgraph.engines.cudnn_launch", "opgraph.engines.cudnn_sdpa"),
+}
+NEUTRAL_ENGINE_MODULES = (
+    "opgraph.engines",  # the registry (get_engine, register_engine)
+    "opgraph.engines.base",  # the engine and kernel contract
+    "opgraph.engines.cost",  # the cost model: device rates, bytes and flops of a piece
+    "opgraph.engines.artifacts",  # compiled code that plan files carry
+    "opgraph.engines.shared",  # what several engines share: operand views, conv shape thresholds, ...
+)
+
+
+def _under(module: str, home: str) -> bool:
+    return module == home or module.startswith(home + ".")
+
+
+def _engine_of(module: str) -> str | None:
+    """The engine whose module this is; None for a neutral module (or one outside opgraph.engines)."""
+    for engine, homes in ENGINE_HOMES.items():
+        if any(_under(module, h) for h in homes):
+            return engine
+    return None
+
+
+def _neutral(module: str) -> bool:
+    return module == "opgraph.engines" or any(_under(module, n) for n in NEUTRAL_ENGINE_MODULES[1:])
+
+
+def test_every_engine_module_is_an_engines_or_neutral():
+    stray = [m for m in MODULES if _under(m, "opgraph.engines") and _engine_of(m) is None and not _neutral(m)]
+    assert not stray, f"modules of opgraph.engines that belong to no engine and are not neutral: {stray}"
+
+
+def test_no_engine_imports_another_engine():
+    """An engine reaches another only through the registry (get_engine); neutral modules import no engine."""
+    bad = []
+    for module, path in MODULES.items():
+        if not _under(module, "opgraph.engines"):
+            continue
+        mine = _engine_of(module)
+        for imported, line, _ in _imports(module, path):
+            theirs = _engine_of(imported)
+            if theirs is not None and theirs != mine:
+                who = f"engine {mine}" if mine else "a neutral module"
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} ({who}) imports {imported} "
+                           f"(engine {theirs})")
+    assert not bad, "imports between engines:\n" + "\n".join(bad)
+
+
+def test_build_reaches_engines_through_the_registry_and_the_neutral_modules():
+    bad = []
+    for module, path in MODULES.items():
+        if not _under(module, "opgraph.build"):
+            continue
+        for imported, line, _ in _imports(module, path):
+            if _engine_of(imported) is not None:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} imports {imported}")
+    assert not bad, "build/ importing an engine's modules (use get_engine and the Engine contract):\n" + "\n".join(bad)
+
+
+# -- measurements live in bench/results/; the code keeps a line and a link -----------------------------------
+
+DATED = re.compile(r"20[0-9][0-9]-[01][0-9]-[0-3][0-9]")
+# folders whose dated measurements are still being moved (issue 37: the Triton templates' own)
+DATES_PENDING = ("opgraph/engines/triton/",)
+EVIDENCE = ROOT.parent / "bench" / "results" / "constants.md"
+
+
+def test_no_dated_measurement_in_the_package():
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT.parent))
+        if rel.startswith(DATES_PENDING):
+            continue
+        bad += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                if DATED.search(line)]
+    assert not bad, ("dated measurements in opgraph/ (move the numbers to bench/results/constants.md and keep a "
+                     "line and a link):\n" + "\n".join(bad))
+
+
+def test_links_to_the_evidence_name_its_sections():
+    text = EVIDENCE.read_text()
+    sections = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    bad = [f"{p.relative_to(ROOT.parent)}: #{a}" for p in sorted(ROOT.rglob("*.py"))
+           for a in re.findall(r"constants\.md#([a-z0-9-]+)", p.read_text()) if a not in sections]
+    assert not bad, f"links to sections {EVIDENCE.name} does not have:\n" + "\n".join(bad)

@@ -11,8 +11,8 @@ whose only moved tensors are table-addressed) all take effect without a new capt
 that a launch holds by address, a new pass-by-value scalar or another workspace drops the graph; the
 plan launches flat until it is stable again.
 
-On by default since the GPU tier of 2026-11-25 passed with it (H100: 278 tests; the plans a test
-executes three times or more replay a graph); `plan.auto_graph = False` on a plan, or
+On by default since the GPU tier passed with it (bench/results/constants.md#auto-graph);
+`plan.auto_graph = False` on a plan, or
 OPGRAPH_AUTOGRAPH=0 when plans are built, launches flat. The capture is thread-local (other threads'
 CUDA calls go on) and, like any torch.cuda.graph capture, synchronizes the device once; a binding that
 keeps changing stops being captured after MAX_CAPTURES graphs. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,

@@ -18,10 +18,10 @@ Generated kernels launch natively from prebuilt argument tuples (engines/triton/
 foreign call, ~1-2 µs of host time, no Python per argument); cuDNN steps through the backend's
 execute with a prebuilt, UID-sorted pointer array (engines/cudnn_launch.py); PyTorch steps as
 before. Flat launching serves every plan and every call (new addresses, new scalars, host steps), but
-it still pays the driver's launch per kernel (measured on the H100 machine, 2026-11-25: about 4.5 µs
-per generated kernel, about 15 µs per cuDNN step, where cuDNN's own execute is most of it); so both:
-a capturable plan whose binding is stable can replay an internal CUDA graph of the same calls
-(autograph.py, on by default: 0.74 µs per generated step measured), re-pointed through the address table where only
+it still pays the driver's launch per kernel (several µs per generated kernel, more per cuDNN step:
+bench/results/constants.md#launch-costs); so both: a capturable plan whose binding is stable can replay
+an internal CUDA graph of the same calls (autograph.py, on by default: under a µs per generated step),
+re-pointed through the address table where only
 table-addressed tensors moved, falling back to flat launches whenever something it baked in changes.
 """
 

@@ -632,8 +632,20 @@ def _fuzz_dgrad_sigmoid_grad():
     return graph_of(load(Path(__file__).parents[1] / "fuzz" / "regressions" / "seed20261126603140.json"))
 
 
+def _dgrad_times_minus_one():
+    """Issue 38: a 1-D conv_dgrad (dy expanded over the batch, dilation [1, 2]) times the literal -1,
+    -0.0 for -24.0 on an H200 while `acc * -1.0` compiled to a sign-bit xor of the accumulator."""
+    from pathlib import Path
+
+    from ..fuzz.replay import load
+    from ..fuzz.runner import graph_of
+
+    return graph_of(load(Path(__file__).parents[1] / "fuzz" / "regressions" / "issue38-dgrad-neg.json"))
+
+
 HOPPER_CASES = {  # the benchmark shapes: (graph, template, how many of its first candidates)
     "fuzz_dgrad_sigmoid_grad": (_fuzz_dgrad_sigmoid_grad, "conv_dgrad", 1),
+    "dgrad_times_minus_one": (_dgrad_times_minus_one, "conv_dgrad", None),
     "dgrad_drelu": (gpu_dgrad_drelu, "conv_dgrad", 2),
     "dgrad_drelu_stride2": (lambda: dgrad_drelu(n=32, c=64, k=64, hw=56, stride=2), "conv_dgrad", 1),
     "wgrad": (lambda: gpu_wgrad()[0], "conv_wgrad", 3),

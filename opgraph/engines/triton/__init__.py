@@ -20,7 +20,7 @@ from ...core.errors import AttributeValueError
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
-from ..base import Binding, Engine, Kernel
+from ..base import Binding, Compiler, Engine, Kernel
 from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
 from . import compiler
@@ -306,6 +306,9 @@ class TritonEngine(Engine):
 
     def inplace_safe(self, config: EngineConfig) -> bool:
         return config.knob("template") in self.INPLACE_TEMPLATES
+
+    def compiler(self) -> Compiler:
+        return compiler  # the module: compile_all, compile_here (engines.base.Compiler)
 
 
 register_engine(TritonEngine())

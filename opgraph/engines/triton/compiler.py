@@ -33,6 +33,7 @@ from typing import Any
 
 from ...core.dtypes import DataType
 from .. import artifacts
+from ..base import CompileReport
 from .compile_worker import compile_spec
 from .loader import cache_dir, source_hash
 
@@ -304,17 +305,6 @@ def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
         STATS["loaded"] += found.key not in _BINARIES
     _BINARIES[spec.key] = found
     return found
-
-
-@dataclass
-class CompileReport:
-    kernels: int = 0  # distinct specs asked for
-    ready: int = 0  # already in this process
-    cached: int = 0  # read from Triton's disk cache
-    compiled: int = 0  # compiled (in workers or here)
-    workers: int = 0
-    seconds: float = 0.0
-    failed: dict[str, str] = field(default_factory=dict)  # spec key -> error
 
 
 def compile_all(specs: Mapping[str, tuple[KernelSpec, Any]], *, parallel: bool = True,

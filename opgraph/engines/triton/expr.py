@@ -261,13 +261,23 @@ def _mod_expr(x: str, y: str) -> str:
     return f"_og_fmod({_tensor_of(x, y)}, {y} + 0.0 * {x})"
 
 
+def _scaled_expr(x: str, y: str, op: str) -> str:
+    """x * y or x / y; a product or quotient by a literal -1 is `_og_neg`: LLVM folds it to a sign-bit
+    flip, which ptxas miscompiles on a wgmma accumulator (see _og_abs; issue 38's conv_dgrad * -1)."""
+    pairs = ((x, y), (y, x)) if op == "*" else ((x, y),)
+    for value, factor in pairs:
+        if factor in ("-1.0", "-1") and not _LITERAL.fullmatch(value):
+            return f"_og_neg({value})"
+    return f"{x} {op} {y}"
+
+
 def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     """The compute-type expression of one pointwise mode over operand expressions `a`."""
     M = PointwiseMode
     x = a[0] if a else ""
     y = a[1] if len(a) > 1 else ""
     simple = {
-        M.ADD: f"{x} + {y}", M.SUB: f"{x} - {y}", M.MUL: f"{x} * {y}", M.DIV: f"{x} / {y}",
+        M.ADD: f"{x} + {y}", M.SUB: f"{x} - {y}", M.MUL: _scaled_expr(x, y, "*"), M.DIV: _scaled_expr(x, y, "/"),
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)

@@ -60,12 +60,11 @@ and `estimate()` give a config's numerical notes and estimated time for the engi
 
 from __future__ import annotations
 
+from ...shared.views import View, memory_views
 from .analysis import (
     GemmPiece,
     Reduce,
-    View,
     analyze,
-    memory_views,
 )
 from .constants import (
     INT32_LIMIT,

@@ -33,7 +33,8 @@ from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ...cost import NARROW_GROUP, rates
+from ...cost import rates
+from ...shared.conv_shapes import FEW_CHANNELS, NARROW_GROUP
 from ..gemm import (
     Context,
     GemmPiece,
@@ -52,10 +53,11 @@ from ..gemm import (
     prologue_share,
 )
 from . import _prologue_pass as prologue_pass
+from ._conv_fit import HOPPER, ImplicitGemmFit
 from .base import pow2_at_least, unique
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
-MERGE_BELOW = 8  # channels per group under which MERGE_TAPS configs are candidates
+MERGE_BELOW = FEW_CHANNELS  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
 
@@ -304,34 +306,23 @@ def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str)
     return body + [f"amask = {' & '.join(checks)}"], "amask"
 
 
-def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> float:
-    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, fitted to H200
-    measurements (2026-11, ResNet-50 convs at N=32: 64x64 tiles 33 us and 128x128 x split 2 24 us for
-    C512 7x7, 128x128 25 us for C256 14x14, 256x64 28-31 us for C64 56x56) and to an H100 benchmark
-    that autotuned every candidate of the benchmark convs (2026-11-26, N=32, fp16 and bf16): C512 7x7
-    128x256 x split 5 26.6 us against 128x128 x split 5 32.4 (and 64x64 44.9, 128x128 x split 2 31.3:
-    the estimates follow these); C256 14x14 128x128 23.3 against 256x64 26.5; 3x3/2 C128 256x128 22.8
-    against 128x128 26.5; 1x1/2 C256->K512 128x256 25.8 against 256x128 27.4; 1x1 C256->K64 256x64
-    30.2 against 128x64 32.3; the 7x7/2 C3 stem 256x64 183 against 128x64 206; 1x1 C64->K256 with a
-    residual 128x64, 4 warps, 44.2 against 128x256 50.6; C64 56x56 256x64 30.5 (64x64 29.1).
+def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device, fit: ImplicitGemmFit = HOPPER) -> float:
+    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, with `fit`'s constants
+    (_conv_fit.py; the measurements: bench/results/constants.md#conv-cost-fit).
 
-    A program's K iteration (a BLOCK_M x BLOCK_K gathered image tile and a BLOCK_K x BLOCK_N filter
-    tile, cp.async through shared memory, one wgmma) takes the longest of: ~0.37 us plus ~0.11 us per
-    MFLOP of its tile at a prefetch distance of 3 stages (0.43 us at 64x64x64, 0.61 us at 128x128x64);
-    the SM's multiplies, at ~4 TFLOP/s with pointer loads; its loads from L2 at ~60 KB/us per SM, for
-    all the programs it holds, an image row (an address and bounds check per row and tap) counting
-    1.25 filter rows unless a 1x1 conv reads the pixel rows as they are; and, for channels that are
-    not a multiple of 8 (the stem's 3: no 16-byte vectors), ~18 loaded elements/ns per SM. An SM holds
-    as many programs as 228 KB of shared memory (one stage when K takes one step: nothing to
-    pipeline) and 64K registers (the fp32 accumulator plus ~64 a thread; ptxas: within ~40)
-    allow. The epilogue moves the tile's output and full-size inputs (a residual) at ~45 KB/us per
-    program. The SMs' rounds, the L2 reads (the image tile re-read once per column of tiles, the
-    filter once per row; ~6 TB/s) and DRAM (each tensor once, a strided 1x1 reading only the pixels
-    it samples; 0.85x the device's copy rate) overlap imperfectly: a 4-norm, so that configs near the
-    DRAM floor still differ by their rounds. A full-size epilogue input waits on DRAM after the main
-    loop, hidden only by the other programs on the SM: 1 / resident of its bytes at ~100 KB/us per SM
-    is added. Split-K fills the SMs when the tiles are few (a 7x7 or 14x14 image with 256-512
-    channels) at the cost of writing and re-reading fp32 partials and a second launch."""
+    A program's K step takes the longest of: its latency (hidden in proportion to the prefetch
+    distance) plus its tile's math at the step rate; the SM's multiplies, for all the programs it
+    holds; its loads from L2, an image row weighing more than a filter row unless a 1x1 conv reads
+    the pixel rows as they are; and, for channels that are no multiple of the vector width (the
+    stem's 3), scalar loads. An SM holds as many programs as its shared memory (one stage when K
+    takes one step: nothing to pipeline) and registers (the fp32 accumulator and a few a thread)
+    allow. The epilogue moves the tile's output and full-size inputs (a residual). The SMs' rounds,
+    the L2 reads (the image tile re-read once per column of tiles, the filter once per row) and DRAM
+    (each tensor once, a strided 1x1 reading only the pixels it samples) overlap imperfectly: a
+    p-norm, so that configs near the DRAM floor still differ by their rounds. A full-size epilogue
+    input waits on DRAM after the main loop, hidden only by the other programs on the SM. Split-K
+    fills the SMs when the tiles are few (a 7x7 or 14x14 image with 256-512 channels) at the cost of
+    writing and re-reading fp32 partials and a second launch."""
     cg, taps, groups = ConvFpropTemplate._shape(gp)
     m, n = gp.space.m, gp.space.n
     k = cg * taps
@@ -342,30 +333,33 @@ def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> float:
     per = -(-TEMPLATE.iterations(gp, knobs) // split)
     programs = -(-m // bm) * -(-n // bn) * groups * split
     smem = (stages if per > 1 else 1) * (bm + bn) * bk * 2
-    regs = bm * bn // (32 * warps) + 64
-    resident = max(1, min(228_000 // (smem + 2048), 65536 // (32 * warps * regs)))
+    regs = bm * bn // (32 * warps) + fit.regs_per_thread
+    resident = max(1, min(fit.smem_per_sm // (smem + fit.smem_per_program), fit.regs_per_sm // (32 * warps * regs)))
     busiest = -(-programs // sms)  # programs on the busiest SM
     rounds, together = -(-busiest // resident), min(busiest, resident)
     x = gp.operand("image")
-    rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else 1.25) * bm + bn
+    rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else fit.image_row_weight) * bm + bn
     mflop = 2 * bm * bn * bk / 1e6
-    lag = 0.37 * 3 / max(1, stages - 1)  # prefetch distance stages - 1
-    t_it = max(lag + 0.114 * mflop, together * mflop / 4.0, together * rows * bk * 2 / 60e3)
-    if cg % 8:
-        t_it = max(t_it, together * (bm + bn) * bk / 18e3)
+    lag = fit.step_latency_us * fit.latency_stages / max(1, stages - 1)  # prefetch distance stages - 1
+    t_it = max(lag + fit.step_us_per_mflop * mflop, together * mflop / fit.sm_mflop_per_us,
+               together * rows * bk * 2 / fit.sm_l2_bytes_per_us)
+    if cg % fit.vector_channels:
+        t_it = max(t_it, together * (bm + bn) * bk / fit.sm_scalar_elems_per_us)
     piece = gp.piece
     size = m * n * groups
     extra = sum(piece.tensor(u).nbytes for u in {u for nd in gp.epilogue for u in nd.input_uids()}
                 if u in piece.inputs and piece.tensor(u).numel * 2 > size) / size  # bytes per output element
     stored = sum(piece.tensor(u).nbytes for u in gp.stores) / size
-    t_prog = per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / 45e3 + 0.5
+    t_prog = (per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / fit.epilogue_bytes_per_us
+              + fit.program_us)
     traffic = groups * ((m * k * 2) * -(-n // bn) + (n * k * 2) * -(-m // bm))
     moved = gp.moved_bytes() - x.nbytes + min(x.nbytes, m * k * groups * 2)
-    limits = (rounds * t_prog, traffic / 6e6, moved / (0.85 * rates(device)[0] / 1e6))
-    t = sum(v ** 4 for v in limits) ** 0.25 + busiest * bm * bn * extra / (together * 100e3)
+    limits = (rounds * t_prog, traffic / fit.l2_bytes_per_us, moved / (fit.dram_share * rates(device)[0] / 1e6))
+    t = (sum(v ** fit.overlap_norm for v in limits) ** (1 / fit.overlap_norm)
+         + busiest * bm * bn * extra / (together * fit.sm_epilogue_dram_bytes_per_us))
     if split > 1:
-        t += split * m * n * groups * 4 * 2 / 5e6 + 2.5
-    return t + 1.0
+        t += split * m * n * groups * 4 * 2 / fit.split_bytes_per_us + fit.split_launch_us
+    return t + fit.base_us
 
 
 TEMPLATE = ConvFpropTemplate()
