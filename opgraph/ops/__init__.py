@@ -15,4 +15,5 @@ from . import (  # noqa: F401
     pooling,
     pooling_backward,
     reduction,
+    scan,
 )

@@ -58,11 +58,11 @@ def test_conv_cost_reads_its_fitted_constants():
 
     final = conv_bias_relu(n=32, c=64, k=64, hw=56, r=3, padding=1).final
     piece = make_piece(final, 0, final.nodes)
-    gp, _ = TEMPLATE.analyze(piece)
-    knobs = TEMPLATE.candidates(piece, H100)[0]
-    base = conv_cost(gp, knobs, H100)
-    assert base == conv_cost(gp, knobs, H100, HOPPER) == TEMPLATE.estimate(piece, knobs, H100)
-    assert conv_cost(gp, knobs, H100, dataclasses.replace(HOPPER, base_us=HOPPER.base_us + 5)) == pytest.approx(base + 5)
+    match = TEMPLATE.matched(piece, H100)
+    knobs = match.candidates()[0]
+    base = conv_cost(match, knobs)
+    assert base == conv_cost(match, knobs, HOPPER) == match.estimate(knobs)
+    assert conv_cost(match, knobs, dataclasses.replace(HOPPER, base_us=HOPPER.base_us + 5)) == pytest.approx(base + 5)
     slower_l2 = dataclasses.replace(HOPPER, sm_l2_bytes_per_us=HOPPER.sm_l2_bytes_per_us / 10)
-    assert conv_cost(gp, knobs, H100, slower_l2) > base
-    assert conv_cost(gp, knobs, H200) <= base  # H200's DRAM is faster
+    assert conv_cost(match, knobs, slower_l2) > base
+    assert conv_cost(TEMPLATE.matched(piece, H200), knobs) <= base  # H200's DRAM is faster
