@@ -7,7 +7,7 @@ Phases (all by default):
             8-step plan of cuDNN steps, each beside the launch paths they replace (Triton's JIT launch,
             the frontend's dict and public execute), each checked against PyTorch first.
   models    per network (ResNet-18, MobileNetV2; batch 64, fp16, channels-last, SGD momentum through
-            opgraph.training.classifier_step), each in fresh processes:
+            opgraph.training.train_step), each in fresh processes:
             cold   from nothing (empty opgraph and Triton caches) to the first training step, timed from
                    the process's start (imports included) and broken down;
             warm   the same in a second process (the caches warm), then plain execute against eager
@@ -241,24 +241,25 @@ def _network(name: str, batch: int) -> dict[str, Any]:
     imported = og.from_torch(model, (x,))
     stamps["import_graph_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    cs = og.training.classifier_step(imported)
+    step = og.training.train_step(imported, og.training.OneHotCrossEntropy(), og.training.SGD(0.0, momentum=0.9),
+                                  grad_data_type=og.DataType.HALF)
     stamps["step_graph_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    plan = cs.step.graph.build(device="cuda")
+    plan = step.graph.build(device="cuda")
     stamps["build_s"] = time.perf_counter() - t
     print("BUILD", json.dumps(_jsonable(plan.build_stats)), _count(s.config.engine for s in plan.steps),
           file=sys.stderr, flush=True)
-    pack = cs.pack(x, torch.eye(1000, device="cuda", dtype=torch.float16)[labels], lr=0.0, momentum=0.9)
+    pack = step.pack(x, target=torch.eye(1000, device="cuda", dtype=torch.float16)[labels])
     t = time.perf_counter()
     plan.execute(pack)
-    cs.finish(pack)
+    imported.write_back(pack)
     torch.cuda.synchronize()
     stamps["first_step_s"] = time.perf_counter() - t
     stamps["total_s"] = time.perf_counter() - T_START
     out = {"stamps": stamps, "build_stats": _jsonable(plan.build_stats), "steps": len(plan.steps),
            "engines": _count(s.config.engine for s in plan.steps), "compiled": dict(compiler.STATS)}
     if os.environ.get("RT_TIMING"):
-        out.update(_timing(model, x, labels, plan, pack, cs))
+        out.update(_timing(model, x, labels, plan, pack, step))
         path = os.environ.get("RT_SAVE")
         if path:
             t = time.perf_counter()
@@ -268,7 +269,7 @@ def _network(name: str, batch: int) -> dict[str, Any]:
     return out
 
 
-def _timing(model: Any, x: Any, labels: Any, plan: Any, pack: Any, cs: Any) -> dict[str, Any]:
+def _timing(model: Any, x: Any, labels: Any, plan: Any, pack: Any, step: Any) -> dict[str, Any]:
     import copy
 
     import torch
@@ -287,11 +288,11 @@ def _timing(model: Any, x: Any, labels: Any, plan: Any, pack: Any, cs: Any) -> d
         return loss
 
     eager_err = relerr(eager().detach().float(), want)
-    loss_uid = cs.step.loss.uid
+    loss_uid = step.loss_uid
 
     def og_step() -> None:
         plan.execute(pack)
-        cs.finish(pack)
+        step.imported.write_back(pack)
 
     out: dict[str, Any] = {"eager_relerr": eager_err, "eager_ms": wall_ms(eager)}
     for label, auto in (("", True), ("_flat", False)):

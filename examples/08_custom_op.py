@@ -40,7 +40,8 @@ if og.engines.get_engine("triton").available(device).ok:
     def swiglu_tl(x, gate, beta):
         return x * gate / (1.0 + tl.exp(-beta * gate))
 
-    og.register_custom_op("swiglu", num_inputs=2, reference=swiglu, triton=swiglu_tl, pointwise=True)
+    # the same name again: replace=True says so (another definition without it is a RegistrationError)
+    og.register_custom_op("swiglu", num_inputs=2, reference=swiglu, triton=swiglu_tl, pointwise=True, replace=True)
     fused = og.Graph.from_json(g.to_json()).build(device=device, engines=["triton"])
     print(f"\nfused: {len(fused.steps)} kernel, template {fused.steps[0].config.knob('template')}")
     print("\n".join(line for line in fused.source(0).splitlines() if "_og_custom_swiglu" in line))

@@ -25,7 +25,7 @@ import numpy as np
 
 import opgraph as og
 from opgraph.tools.samples import nhwc
-from opgraph.training import sgd_momentum, softmax_cross_entropy
+from opgraph.training import SGD, softmax_cross_entropy, step_graph
 
 CPU = os.environ.get("OPGRAPH_EXAMPLE_CPU") == "1" or not og.core.device.cuda_usable()
 N, C, HW, K1, K2, CLASSES = (8, 3, 8, 8, 16, 10) if CPU else (128, 3, 16, 32, 64, 10)
@@ -78,18 +78,18 @@ def batch(i):
 def initial_params(step):
     """{uid: array}: He-normal conv weights, zero biases."""
     f, rng, out = step.graph.final, np.random.default_rng(1), {}
-    for uid in step.params:
-        d = f.tensors[uid]
+    for slot in step.params:
+        d = f.tensors[slot.uid]
         arr = og.testing.empty_like_desc(d)
         arr[...] = rng.normal(0, math.sqrt(2 / math.prod(d.dim[1:])), d.dim) if d.name in ("w1", "w2", "fc") else 0
-        out[uid] = arr
+        out[slot.uid] = arr
     return out
 
 
 def make_pack(step, params, device):
-    """Everything the step graph binds: parameters, optimizer state, batch buffers, loss."""
+    """Everything the step graph binds: parameters, optimizer state and device scalars, batch buffers, loss."""
     f = step.graph.final
-    pack = {**{u: og.testing.clone(a) for u, a in params.items()}, **step.state(lr=0.0, momentum=MOMENTUM)}
+    pack = {**{u: og.testing.clone(a) for u, a in params.items()}, **step.state_pack()}
     for name in ("x", "onehot", "loss"):
         pack[f.tensor(name).uid] = og.testing.empty_like_desc(f.tensors[f.tensor(name).uid])
     if device == "cpu":
@@ -112,7 +112,8 @@ def train_op_by_op(plan, step, params, device):
     """plan.execute at every step: the reference curve. Returns (losses, host ms per step)."""
     f = step.graph.final
     pack = make_pack(step, params, device)
-    x, onehot, lr, loss = (f.tensor(n).uid for n in ("x", "onehot", "lr", "loss"))
+    x, onehot, loss = (f.tensor(n).uid for n in ("x", "onehot", "loss"))
+    lr = step.scalar("lr").uid  # SGD's learning rate, a device scalar
     losses, start = [], time.perf_counter()
     for i in range(STEPS):
         images, labels = batch(i)
@@ -131,7 +132,8 @@ def train_in_cuda_graph(plan, step, params):
 
     f = step.graph.final
     pack = make_pack(step, params, "cuda")
-    x, onehot, lr, loss = (f.tensor(n).uid for n in ("x", "onehot", "lr", "loss"))
+    x, onehot, loss = (f.tensor(n).uid for n in ("x", "onehot", "loss"))
+    lr = step.scalar("lr").uid
     x_bufs = [pack[x], torch.empty_like(pack[x])]  # buffers A and B, and pinned host staging for each
     oh_bufs = [pack[onehot], torch.empty_like(pack[onehot])]
     staging = [tuple(torch.empty_strided(b.shape, b.stride(), pin_memory=True) for b in (pack[x], pack[onehot]))
@@ -153,7 +155,7 @@ def train_in_cuda_graph(plan, step, params):
             copied[k].record()
 
     # populate runs the step once to warm up (compile, fill the table): keep the initial state
-    state = {u: pack[u].clone() for u in (*step.params, *(v.uid for v in step.velocity.values()))}
+    state = {u: pack[u].clone() for s in step.params for u in (s.uid, *s.state.values())}
     graph = plan.populate_cuda_graph(pack)
     for u, saved in state.items():
         pack[u].copy_(saved)
@@ -211,7 +213,7 @@ def main():
         print("no CUDA GPU here (or OPGRAPH_EXAMPLE_CPU=1): the CUDA-graph part needs one; training a smaller "
               f"network {STEPS} steps op by op on the reference engine instead")
     g, loss, params = network()
-    step = sgd_momentum(g, loss, params)
+    step = step_graph(g, loss, params, SGD(0.0, momentum=MOMENTUM))  # lr: a device scalar, set per step
     plan = step.graph.build(device=device, engines=["reference"] if CPU else None)
     print(f"training step: {len(step.graph.final.nodes)} ops, {len(plan.steps)} kernel(s) on {plan.device}")
     by_ref = {step.graph.final.tensor(n).uid for n in ("x", "onehot")}

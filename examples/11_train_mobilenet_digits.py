@@ -22,7 +22,7 @@ from sklearn.model_selection import train_test_split
 
 import opgraph as og
 from opgraph.tools.samples import nhwc
-from opgraph.training import sgd_momentum, softmax_cross_entropy
+from opgraph.training import SGD, softmax_cross_entropy, step_graph
 
 STEM = 16
 BLOCKS = [(16, 32, 1), (32, 64, 2), (64, 64, 1)]  # depthwise-separable blocks: (in, out, stride)
@@ -92,7 +92,7 @@ def main():
 
     device = "cuda" if og.core.device.cuda_usable() else "cpu"
     g, loss, params = mobilenet(BATCH, training=True)
-    step = sgd_momentum(g, loss, params, weight_decay=WEIGHT_DECAY)
+    step = step_graph(g, loss, params, SGD(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY))
     plan = step.graph.build(device=device)
     eval_g, _, _ = mobilenet(len(x_test), training=False)
     eval_plan = eval_g.build(device=device)
@@ -103,12 +103,12 @@ def main():
     # inputs), running stats, the batch (filled per step) and every other output
     f = step.graph.final
     rng = np.random.default_rng(0)
-    pack = step.state(lr=LR, momentum=MOMENTUM)
-    for uid in (*step.params, *f.inputs):
+    pack = step.state_pack()  # the velocities (zeros), the device scalars (lr, momentum, weight decay), the seed
+    for uid in (*(s.uid for s in step.params), *f.inputs):
         pack.setdefault(uid, init_value(f.tensors[uid], rng))
     for uid in f.outputs:
         pack.setdefault(uid, og.testing.empty_like_desc(f.tensors[uid]))
-    x_uid, onehot_uid, loss_uid, lr_uid = f.tensor("x").uid, f.tensor("onehot").uid, step.loss.uid, step.lr.uid
+    x_uid, onehot_uid, loss_uid, lr_uid = f.tensor("x").uid, f.tensor("onehot").uid, step.loss_uid, step.scalar("lr").uid
     if device == "cuda":
         from opgraph.core.torch_interop import pack_to_device
 

@@ -23,6 +23,7 @@ from .core.errors import (
     DuplicateUIDError,
     ExecutionError,
     GraphError,
+    RegistrationError,
     SerializationError,
     ShapeError,
     UnsupportedGraphError,
@@ -76,7 +77,7 @@ __all__ = [
     "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
     "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
-    "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
+    "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
     "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "compile", "from_torch",
     "grad", "load_plan", "register_custom_op", "testing", "torch_backend", "training",
 ]

@@ -254,10 +254,10 @@ def test_a_saved_training_step_runs_like_the_built_one(rng):
     """A training step updates parameters and velocities in place, and later ops read the updated
     value under the same UID. Plan files lost that: the graph file's reader gave every op the old
     value, so a loaded step differed (caught by the kernel-source check) or did not load."""
-    from .test_training import _tiny, init_pack, new_batch, feed
+    from .test_training import _tiny, feed, init_pack, new_batch, param_uids, sgd_step
 
     g, loss, params = _tiny()
-    step = og.training.sgd_momentum(g, loss, params)
+    step = sgd_step(g, loss, params)
     f = step.graph.final
     plan = step.graph.build(device="cpu", engines=["triton"])
     loaded = og.ExecutionPlan.from_bytes(plan.to_bytes())
@@ -267,9 +267,9 @@ def test_a_saved_training_step_runs_like_the_built_one(rng):
     for _ in range(2):
         x, _, onehot = new_batch(f, rng)
         for p, pack in zip((plan, loaded), packs):
-            feed(pack, f, x, onehot)
+            feed(pack, step, x, onehot)
             p.execute(pack)
-    for uid in (*step.params, step.loss.uid):
+    for uid in (*param_uids(step), step.loss_uid):
         np.testing.assert_array_equal(packs[1][uid], packs[0][uid])
 
 

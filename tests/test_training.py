@@ -1,5 +1,7 @@
-"""opgraph.training: training-step graphs (forward, softmax cross-entropy, backward, SGD with momentum
-updating parameters and velocities in place) against PyTorch autograd + torch.optim.SGD.
+"""opgraph.training's step graphs of hand-built graphs (`step_graph`: forward, softmax cross-entropy,
+backward, SGD with momentum updating parameters and velocities in place) and of imported classifiers
+(`train_step` with OneHotCrossEntropy) against PyTorch autograd + torch.optim.SGD; the deprecated
+`sgd_momentum` and `classifier_step`, wrappers of them, still give the same steps.
 
 On the CPU: the reference engine in float64 (a conv-batchnorm-relu / depthwise / pointwise /
 pool / classifier net, several steps with a changing learning rate); marked interpreter, the same
@@ -20,7 +22,7 @@ import pytest
 import opgraph as og
 from opgraph.tools.samples import nhwc
 from opgraph.testing import clone, empty_like_desc
-from opgraph.training import sgd_momentum, softmax_cross_entropy
+from opgraph.training import SGD, OneHotCrossEntropy, softmax_cross_entropy, step_graph, train_step
 
 from .helpers import requires_cuda, run_example
 
@@ -70,11 +72,29 @@ def torch_net(p, x, labels):
     return F.cross_entropy(logits.flatten(1), labels)
 
 
+def sgd_step(g, loss, params, *, weight_decay=0.0, **options):
+    """The step graph of SGD with momentum 0.9 (the learning rate a device scalar, set per step)."""
+    return step_graph(g, loss, params, SGD(0.1, momentum=0.9, weight_decay=weight_decay), **options)
+
+
+def param_uids(step):
+    return [s.uid for s in step.params]
+
+
+def velocity(step, uid):
+    return next(s.state["momentum_buffer"] for s in step.params if s.uid == uid)
+
+
+def velocity_uids(step):
+    return [s.state["momentum_buffer"] for s in step.params]
+
+
 def init_pack(step, rng, lr=0.1, momentum=0.9):
     """Every buffer of the step graph: parameters (scale near 1), optimizer state, batch, outputs."""
     f = step.graph.final
-    pack = step.state(lr=lr, momentum=momentum)
-    for uid in (*step.params, *f.inputs):
+    step.optimizer.set(lr=lr, momentum=momentum)
+    pack = step.state_pack()
+    for uid in (*param_uids(step), *f.inputs):
         if uid not in pack:
             d = f.tensors[uid]
             pack[uid] = empty_like_desc(d)
@@ -93,16 +113,17 @@ def new_batch(f, rng):
     return rng.uniform(-1, 1, xd.dim), labels, onehot
 
 
-def feed(pack, f, x, onehot, lr=None):
+def feed(pack, step, x, onehot, lr=None):
+    f = step.graph.final
     pack[f.tensor("x").uid][...] = x
     pack[f.tensor("onehot").uid][...] = onehot
     if lr is not None:
-        pack[f.tensor("lr").uid][...] = lr
+        pack[step.scalar("lr").uid][...] = lr
 
 
 def params_of(step, pack):
     f = step.graph.final
-    return {f.tensors[u].name: np.asarray(pack[u], dtype=np.float64) for u in step.params}
+    return {f.tensors[u].name: np.asarray(pack[u], dtype=np.float64) for u in param_uids(step)}
 
 
 # -- the reference engine, float64 ----------------------------------------------------------------------
@@ -112,7 +133,7 @@ def test_sgd_momentum_steps_match_torch_optim(rng):
     """Three steps, the learning rate changed between them (a device scalar), weight decay on:
     losses, parameters and velocities equal torch.optim.SGD's to float64 precision."""
     g, loss, params = small_net(DT.DOUBLE)
-    step = sgd_momentum(g, loss, params, weight_decay=1e-2)
+    step = sgd_step(g, loss, params, weight_decay=1e-2)
     plan = step.graph.build(device="cpu")
     f = step.graph.final
     pack = init_pack(step, rng)
@@ -120,7 +141,7 @@ def test_sgd_momentum_steps_match_torch_optim(rng):
     opt = torch.optim.SGD(p.values(), lr=0.1, momentum=0.9, weight_decay=1e-2)
     for i, lr in enumerate((0.1, 0.05, 0.2)):
         x, labels, onehot = new_batch(f, rng)
-        feed(pack, f, x, onehot, lr)
+        feed(pack, step, x, onehot, lr)
         plan.execute(pack)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -128,27 +149,27 @@ def test_sgd_momentum_steps_match_torch_optim(rng):
         want = torch_net(p, torch.tensor(x), torch.tensor(labels))
         want.backward()
         opt.step()
-        assert float(pack[step.loss.uid].reshape(-1)[0]) == pytest.approx(want.item(), rel=1e-12), i
+        assert float(pack[step.loss_uid].reshape(-1)[0]) == pytest.approx(want.item(), rel=1e-12), i
         got = params_of(step, pack)
         for name, t in p.items():
             np.testing.assert_allclose(got[name], t.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=f"{name} {i}")
-            v = pack[step.velocity[f.tensor(name).uid].uid]
+            v = pack[velocity(step, f.tensor(name).uid)]
             np.testing.assert_allclose(v, opt.state[t]["momentum_buffer"].numpy(), rtol=1e-10, atol=1e-12,
                                        err_msg=f"velocity of {name} at step {i}")
 
 
 def test_loss_decreases_on_a_fixed_batch(rng):
     g, loss, params = small_net(DT.FLOAT)
-    step = sgd_momentum(g, loss, params)
+    step = sgd_step(g, loss, params)
     plan = step.graph.build(device="cpu")
     f = step.graph.final
     pack = init_pack(step, rng, lr=0.2)
     x, _, onehot = new_batch(f, rng)
-    feed(pack, f, x, onehot)
+    feed(pack, step, x, onehot)
     losses = []
     for _ in range(8):
         plan.execute(pack)
-        losses.append(float(pack[step.loss.uid].reshape(-1)[0]))
+        losses.append(float(pack[step.loss_uid].reshape(-1)[0]))
     assert all(b < a for a, b in itertools.pairwise(losses)) and losses[-1] < 0.75 * losses[0], losses
 
 
@@ -156,19 +177,19 @@ def test_learning_rate_is_read_at_run_time(rng):
     """lr = 0 leaves the parameters bit for bit and still accumulates the velocity; the same plan
     then steps with the new rate, no rebuild."""
     g, loss, params = small_net(DT.DOUBLE)
-    step = sgd_momentum(g, loss, params, keep_grads=True)
+    step = sgd_step(g, loss, params, keep_grads=True)
     plan = step.graph.build(device="cpu")
     f = step.graph.final
     pack = init_pack(step, rng, lr=0.0)
     x, _, onehot = new_batch(f, rng)
-    feed(pack, f, x, onehot)
-    before = {u: clone(pack[u]) for u in step.params}
+    feed(pack, step, x, onehot)
+    before = {u: clone(pack[u]) for u in param_uids(step)}
     plan.execute(pack)
-    for uid, w in before.items():
-        np.testing.assert_array_equal(pack[uid], w)
-        grad_out = pack[step.grads.grads[uid].uid]
-        np.testing.assert_array_equal(pack[step.velocity[uid].uid], grad_out)  # v = 0.9 * 0 + dW
-    feed(pack, f, x, onehot, lr=0.5)
+    for slot in step.params:
+        np.testing.assert_array_equal(pack[slot.uid], before[slot.uid])
+        grad_out = pack[slot.grad_uid]
+        np.testing.assert_array_equal(pack[slot.state["momentum_buffer"]], grad_out)  # v = 0.9 * 0 + dW
+    feed(pack, step, x, onehot, lr=0.5)
     plan.execute(pack)
     for uid, w in before.items():
         assert not np.array_equal(pack[uid], w), f.tensors[uid].name
@@ -176,28 +197,58 @@ def test_learning_rate_is_read_at_run_time(rng):
 
 def test_step_graph_structure():
     g, loss, params = small_net(DT.FLOAT, by_reference=True)
-    step = sgd_momentum(g, loss, params)
+    step = sgd_step(g, loss, params)
     f = step.graph.final
     assert f.tensors[f.tensor("x").uid].is_by_reference and f.tensors[f.tensor("onehot").uid].is_by_reference
-    for uid in step.params:  # updated in place: the same UID written by a pointwise op that reads it
+    for uid in param_uids(step):  # updated in place: the same UID written by a pointwise op that reads it
         writer = f.producer(uid)
         assert writer is not None and writer.kind == "pointwise" and uid in writer.input_uids()
         assert uid in f.outputs and f.tensors[uid].name == g.final.tensors[uid].name
     assert not any(t.name.startswith("grad_") for t in (f.tensors[u] for u in f.outputs))  # gradients virtual
-    assert f.tensors[step.seed.uid].name == "grad_loss" and step.seed.uid in f.inputs
-    assert f.tensors[step.lr.uid].dim == (1,) and f.tensors[step.momentum.uid].dim == (1,)
-    assert step.loss.uid == g.final.tensor("loss").uid
+    assert f.tensors[step.seed_uid].name == "grad_loss" and step.seed_uid in f.inputs
+    assert f.tensors[step.scalar("lr").uid].dim == (1,) and f.tensors[step.scalar("momentum").uid].dim == (1,)
+    assert step.loss_uid == g.final.tensor("loss").uid
 
 
 def test_errors_name_the_rule():
     g, loss, params = small_net(DT.FLOAT)
     with pytest.raises(og.GraphError) as err:
-        sgd_momentum(g, g.final.tensor("bn_mean").uid, params)
+        sgd_step(g, g.final.tensor("bn_mean").uid, params)
     assert err.value.rule == "training.loss"
     g, loss, params = small_net(DT.FLOAT)
     with pytest.raises(og.GraphError) as err:
-        sgd_momentum(g, loss, [*params, g.final.tensor("bn_mean").uid])
+        sgd_step(g, loss, [*params, g.final.tensor("bn_mean").uid])
     assert err.value.rule == "training.param"
+    with pytest.raises(og.AttributeValueError) as err:
+        step_graph(g, loss, params, "sgd")
+    assert err.value.rule == "training.optimizer"
+
+
+def test_the_deprecated_sgd_momentum_warns_and_is_the_same_step(rng):
+    """sgd_momentum is step_graph with SGD(lr, momentum, weight_decay): the same graph, its scalars named
+    lr and momentum, the same results."""
+    from opgraph.training import sgd_momentum
+
+    g, loss, params = small_net(DT.DOUBLE)
+    with pytest.warns(DeprecationWarning, match="step_graph"):
+        old = sgd_momentum(g, loss, params, weight_decay=1e-2)
+    new = sgd_step(g, loss, params, weight_decay=1e-2)
+    assert old.graph.final.tensors[old.lr.uid].name == "lr" and set(old.velocity) == set(param_uids(new))
+    pack = old.state(lr=0.1, momentum=0.9)
+    f = old.graph.final
+    start = init_pack(new, rng)
+    for uid in (*param_uids(new), *f.inputs):  # (parameters, updated in place, are outputs)
+        pack.setdefault(uid, clone(start[uid]))
+    for uid in f.outputs:
+        pack.setdefault(uid, empty_like_desc(f.tensors[uid]))
+    x, _, onehot = new_batch(f, rng)
+    for p, step in ((pack, old.step_graph), (start, new)):
+        feed(p, step, x, onehot, 0.1)
+        step.graph.build(device="cpu").execute(p)
+    for uid in (*param_uids(new), new.loss_uid):
+        np.testing.assert_array_equal(pack[uid], start[uid])
+    for uid, v in old.velocity.items():
+        np.testing.assert_array_equal(pack[v.uid], start[velocity(new, uid)])
 
 
 
@@ -216,7 +267,7 @@ def _tiny():
 @pytest.mark.interpreter
 def test_triton_step_matches_the_reference_engine(rng):
     g, loss, params = _tiny()
-    step = sgd_momentum(g, loss, params, weight_decay=1e-3)
+    step = sgd_step(g, loss, params, weight_decay=1e-3)
     f = step.graph.final
     plans = {e: step.graph.build(device="cpu", engines=[e]) for e in ("reference", "triton")}
     assert all(s.config.engine == "triton" for s in plans["triton"].steps), plans["triton"].describe()
@@ -225,9 +276,9 @@ def test_triton_step_matches_the_reference_engine(rng):
     for _ in range(2):
         x, _, onehot = new_batch(f, rng)
         for e, plan in plans.items():
-            feed(packs[e], f, x, onehot)
+            feed(packs[e], step, x, onehot)
             plan.execute(packs[e])
-    for uid in (*step.params, *(v.uid for v in step.velocity.values()), step.loss.uid):
+    for uid in (*param_uids(step), *velocity_uids(step), step.loss_uid):
         np.testing.assert_allclose(packs["triton"][uid], packs["reference"][uid], rtol=1e-4, atol=1e-5,
                                    err_msg=f.tensors[uid].name)
 
@@ -246,7 +297,7 @@ def test_double_buffering_by_table_flips_between_replays(rng):
     buffers A and B, the table flipped with set_address and the learning rate written between
     'replays'; losses and parameters equal those of plan.execute at every step."""
     g, loss, params = _tiny()
-    step = sgd_momentum(g, loss, params)
+    step = sgd_step(g, loss, params)
     f = step.graph.final
     plan = step.graph.build(device="cpu", engines=["triton"])
     x_uid, oh_uid = f.tensor("x").uid, f.tensor("onehot").uid
@@ -257,9 +308,9 @@ def test_double_buffering_by_table_flips_between_replays(rng):
     eager = {u: clone(v) for u, v in start.items()}
     eager_losses = []
     for (x, _, onehot), lr in zip(batches, rates):
-        feed(eager, f, x, onehot, lr)
+        feed(eager, step, x, onehot, lr)
         plan.execute(eager)
-        eager_losses.append(float(eager[step.loss.uid].reshape(-1)[0]))
+        eager_losses.append(float(eager[step.loss_uid].reshape(-1)[0]))
 
     pack = {u: clone(v) for u, v in start.items()}
     bufs = {x_uid: [pack[x_uid], clone(pack[x_uid])], oh_uid: [pack[oh_uid], clone(pack[oh_uid])]}
@@ -271,11 +322,11 @@ def test_double_buffering_by_table_flips_between_replays(rng):
         bufs[oh_uid][k][...] = onehot
         plan.set_address(x_uid, bufs[x_uid][k])
         plan.set_address(oh_uid, bufs[oh_uid][k])
-        pack[step.lr.uid][...] = lr
+        pack[step.scalar("lr").uid][...] = lr
         replay()
-        losses.append(float(pack[step.loss.uid].reshape(-1)[0]))
+        losses.append(float(pack[step.loss_uid].reshape(-1)[0]))
     np.testing.assert_allclose(losses, eager_losses, rtol=1e-6)
-    for uid in step.params:
+    for uid in param_uids(step):
         np.testing.assert_allclose(pack[uid], eager[uid], rtol=1e-6, atol=1e-7, err_msg=f.tensors[uid].name)
 
 
@@ -310,10 +361,10 @@ def test_cuda_graph_training_loop_matches_op_by_op(rng):
     two buffers (flips by set_address, then by device-side copies into the address table); losses
     and parameters equal those of plan.execute at every step."""
     g, loss, params = small_net(DT.FLOAT, n=32, c=3, hw=16, k=16, k2=32, by_reference=True)
-    step = sgd_momentum(g, loss, params, weight_decay=1e-4)
+    step = sgd_step(g, loss, params, weight_decay=1e-4)
     f = step.graph.final
     plan = step.graph.build(device="cuda")
-    x_uid, oh_uid, lr_uid = f.tensor("x").uid, f.tensor("onehot").uid, step.lr.uid
+    x_uid, oh_uid, lr_uid = f.tensor("x").uid, f.tensor("onehot").uid, step.scalar("lr").uid
     start = _gpu_pack(step, rng)
     steps = 12
     batches = [new_batch(f, rng) for _ in range(steps)]
@@ -329,10 +380,10 @@ def test_cuda_graph_training_loop_matches_op_by_op(rng):
         put(eager[oh_uid], onehot)
         put(eager[lr_uid], lr)
         plan.execute(eager)
-        eager_losses.append(float(eager[step.loss.uid].reshape(-1)[0]))
+        eager_losses.append(float(eager[step.loss_uid].reshape(-1)[0]))
 
     pack = {u: v.clone() if isinstance(v, torch.Tensor) else v for u, v in start.items()}
-    state = {u: pack[u].clone() for u in (*step.params, *(v.uid for v in step.velocity.values()))}
+    state = {u: pack[u].clone() for u in (*param_uids(step), *velocity_uids(step))}
     bufs = {u: [pack[u], torch.empty_like(pack[u])] for u in (x_uid, oh_uid)}
     graph = plan.populate_cuda_graph(pack)  # its warm-up execute trains one step: restore the state
     for u, v in state.items():
@@ -354,9 +405,9 @@ def test_cuda_graph_training_loop_matches_op_by_op(rng):
             plan.address_table.copy_(tables[k])
         pack[lr_uid].fill_(lr)
         graph.replay()
-        losses.append(float(pack[step.loss.uid].reshape(-1)[0]))
+        losses.append(float(pack[step.loss_uid].reshape(-1)[0]))
     np.testing.assert_allclose(losses, eager_losses, rtol=1e-5)
-    for uid in step.params:
+    for uid in param_uids(step):
         torch.testing.assert_close(pack[uid], eager[uid], rtol=1e-5, atol=1e-6)
     assert eager_losses[-1] < eager_losses[0]
 
@@ -377,12 +428,12 @@ def test_example_11_on_the_gpu():
     assert "final test accuracy" in out
 
 
-# -- classifier_step: an imported PyTorch classifier trained through opgraph ------------------------------
+# -- an imported PyTorch classifier trained through train_step (one-hot cross-entropy, SGD) --------------
 
 
 @pytest.mark.parametrize("arch,batch,tol", [("resnet18", 4, 1e-9), ("mobilenet_v2", 8, 1e-6)])
-def test_classifier_step_trains_the_module_like_torch_sgd(arch, batch, tol):
-    """Two steps of opgraph.training.classifier_step on the CPU reference engine against
+def test_classifier_trains_like_torch_sgd(arch, batch, tol):
+    """Two steps of train_step(OneHotCrossEntropy(), SGD(momentum)) on the CPU reference engine against
     cross_entropy + backward + torch.optim.SGD(momentum) on a copy: parameters, running stats and
     the loss agree (float64; MobileNetV2's train-mode batchnorm over a few values per channel in its
     deepest layers amplifies rounding, hence its looser bound)."""
@@ -402,14 +453,14 @@ def test_classifier_step_trains_the_module_like_torch_sgd(arch, batch, tol):
     x = torch.randn(batch, 3, 32, 32, dtype=torch.float64)
     labels = torch.arange(batch) % 10
     imported = og.from_torch(model, (x,))
-    cs = og.training.classifier_step(imported)
-    assert len(imported.graph.final.outputs) < len(cs.step.graph.final.outputs)  # the import is untouched
-    plan = cs.step.graph.build(device="cpu")
-    pack = cs.pack(x, torch.eye(10, dtype=torch.float64)[labels], lr=0.1, momentum=0.9)
+    step = train_step(imported, OneHotCrossEntropy(), SGD(0.1, momentum=0.9))
+    assert len(imported.graph.final.outputs) < len(step.graph.final.outputs)  # the import is untouched
+    plan = step.build(device="cpu")
+    pack = step.pack(x, target=torch.eye(10, dtype=torch.float64)[labels])
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     for _ in range(2):
         plan.execute(pack)
-        cs.finish(pack)
+        imported.write_back(pack)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ref(x), labels)
         loss.backward()
@@ -420,14 +471,14 @@ def test_classifier_step_trains_the_module_like_torch_sgd(arch, batch, tol):
         stats = max(float((a.double() - b.double()).abs().max()) for a, b in zip(model.buffers(), ref.buffers()))
     assert worst <= tol * scale and stats <= tol * 10
     want = float(loss.detach())
-    assert abs(float(np.asarray(pack[cs.step.loss.uid]).ravel()[0]) - want) <= tol * want
+    assert abs(float(np.asarray(pack[step.loss_uid]).ravel()[0]) - want) <= tol * want
     assert int(model.bn1.num_batches_tracked if arch == "resnet18" else model.features[0][1].num_batches_tracked) == 2
 
 
 @pytest.mark.parametrize("dtype,want", [("half", "HALF"), ("float", "FLOAT"), ("explicit", "FLOAT")])
 def test_classifier_step_gradients_have_the_parameters_type(dtype, want):
     """Like PyTorch, an fp16 model's gradients are fp16 (dgrad/wgrad on fp16 operands), unless
-    grad_data_type says otherwise."""
+    grad_data_type says otherwise (the deprecated classifier_step, a train_step wrapper, picks it)."""
     torch = pytest.importorskip("torch")
 
     from .frontends.tv_models import build
@@ -435,8 +486,9 @@ def test_classifier_step_gradients_have_the_parameters_type(dtype, want):
     model = build("resnet18", num_classes=10).train()
     model = model.half() if dtype in ("half", "explicit") else model.float()
     x = torch.randn(2, 3, 32, 32, dtype=next(model.parameters()).dtype)
-    cs = og.training.classifier_step(og.from_torch(model, (x,)),
-                                     **({"grad_data_type": og.DataType.FLOAT} if dtype == "explicit" else {}))
+    with pytest.warns(DeprecationWarning, match="train_step"):
+        cs = og.training.classifier_step(og.from_torch(model, (x,)),
+                                         **({"grad_data_type": og.DataType.FLOAT} if dtype == "explicit" else {}))
     final = cs.step.graph.final
     kinds = {}
     for n in final.nodes:
@@ -447,7 +499,7 @@ def test_classifier_step_gradients_have_the_parameters_type(dtype, want):
 
 
 @pytest.mark.parametrize("engines", [None, pytest.param(["triton"], marks=pytest.mark.interpreter)])
-def test_classifier_step_fp16_last_layer_gradients_are_as_accurate_as_torch(engines):
+def test_fp16_classifier_last_layer_gradients_are_as_accurate_as_torch(engines):
     """An fp16 classifier with 1000 classes, batch 64 and small logits (an untrained network's, as in
     the benchmark's training.resnet18.b64): dlogits = (softmax - onehot) / 64 are below fp16's
     smallest normal. Formed in fp32 and rounded once, as PyTorch forms them, the bias gradient (their
@@ -465,16 +517,17 @@ def test_classifier_step_fp16_last_layer_gradients_are_as_accurate_as_torch(engi
     F.cross_entropy(want(x.double()), labels).backward()
     eager = copy.deepcopy(model)
     F.cross_entropy(eager(x), labels).backward()
-    cs = og.training.classifier_step(og.from_torch(model, (x,)))
-    plan = cs.step.graph.build(device="cpu", **({"engines": engines} if engines else {}))
-    pack = cs.pack(x, torch.eye(1000, dtype=torch.float16)[labels], lr=0.1, momentum=0.9)
+    step = train_step(og.from_torch(model, (x,)), OneHotCrossEntropy(), SGD(0.1, momentum=0.9),
+                      grad_data_type=og.DataType.HALF)
+    plan = step.build(device="cpu", **({"engines": engines} if engines else {}))
+    pack = step.pack(x, target=torch.eye(1000, dtype=torch.float16)[labels])
     plan.execute(pack)
 
     def rel(a, b):
         return float((a.double() - b).norm() / b.norm())
 
     for key in ("0.bias", "0.weight"):
-        grad = cs.step.param_state(key)["momentum_buffer"]  # the gradient, after a first step from zero
+        grad = step.param_state(key)["momentum_buffer"]  # the gradient, after a first step from zero
         ref = want.get_parameter(key).grad
         err, eager_err = rel(grad, ref), rel(eager.get_parameter(key).grad, ref)
         assert err <= 1.25 * eager_err, (key, err, eager_err)
@@ -493,6 +546,9 @@ def test_classifier_step_needs_one_logits_output():
             return self.a(x), self.b(x)
 
     imported = og.from_torch(TwoHeads().double(), (torch.randn(2, 4, dtype=torch.float64),))
-    with pytest.raises(og.GraphError) as info:
+    with pytest.raises(og.GraphError) as info, pytest.warns(DeprecationWarning):
         og.training.classifier_step(imported)
     assert info.value.rule == "training.classifier"
+    with pytest.raises(og.GraphError) as info:
+        train_step(imported, OneHotCrossEntropy(), SGD(0.1))
+    assert info.value.rule == "training.outputs"

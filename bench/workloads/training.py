@@ -1,6 +1,6 @@
 """Training steps of torchvision classifiers (ResNet-18, MobileNetV2) at batch 64, fp16 channels-last
 224²: cross-entropy, backward, SGD with momentum on fp16 parameters (as PyTorch trains a .half()
-model), through opgraph.training.classifier_step, beside the same step in eager PyTorch (plain and
+model), through opgraph.training.train_step (one-hot cross-entropy, SGD with momentum), beside the same step in eager PyTorch (plain and
 captured) and under torch.compile (the model compiled, the optimizer step compiled).
 
 Checked before timing: one step with lr = LR != 0 and momentum 0.9 from the same initial state, against
@@ -94,23 +94,25 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
             m = copy.deepcopy(net)
             st = _State(m, pnames, snames)
             imported = og.from_torch(m, (x,))
-            cs = og.training.classifier_step(imported)
-            plan, note = og_build(cs.step.graph, ctx, engines, tuned, **exact)
+            step = og.training.train_step(imported, og.training.OneHotCrossEntropy(),
+                                          og.training.SGD(LR, momentum=MOMENTUM),
+                                          grad_data_type=og.DataType.FLOAT if float32 else og.DataType.HALF)
+            plan, note = og_build(step.graph, ctx, engines, tuned, **exact)
             onehot = torch.eye(classes, device=ctx.device, dtype=x.dtype)[labels]
-            pack = cs.pack(x, onehot, lr=LR, momentum=MOMENTUM)
+            pack = step.pack(x, target=onehot)
             # the momentum buffers, laid out like the parameters (the step keeps its optimizer state so)
-            velocity = {n: cs.step.param_state(n)["momentum_buffer"] for n in pnames}
-            loss = pack[cs.step.loss.uid]
+            velocity = {n: step.param_state(n)["momentum_buffer"] for n in pnames}
+            loss = pack[step.loss_uid]
 
             def call() -> None:
                 plan.execute(pack)
-                cs.finish(pack)
+                imported.write_back(pack)  # the module's batchnorm running stats
 
             diagnose(f"{arch} training step [{name}]", plan, pack)
 
             st.velocity, st.loss, st.poison = (lambda: velocity), (lambda: loss), loss
             return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
-                          keep=(plan, cs, m, st), after=step_profile(ctx, plan, pack))
+                          keep=(plan, step, m, st), after=step_profile(ctx, plan, pack))
         return Impl(name, setup, role="ours", tuned=tuned)
 
     impls = [ours(n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks and not float32)]

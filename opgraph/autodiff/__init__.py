@@ -11,7 +11,6 @@ registry and the builder rules use, rules_<family>.py the rules).
 # every family registers its rules on import
 from . import (  # noqa: F401
     rules_attention,
-    rules_builtin_custom,
     rules_conv,
     rules_gather,
     rules_layout,
@@ -24,6 +23,8 @@ from . import (  # noqa: F401
 from .grad import CHEAP_KINDS, GradGraph, grad, saved_pack
 from .rules import (
     CUSTOM_RULES,
+    NOT_DIFFERENTIABLE,
+    NOT_DIFFERENTIABLE_MODES,
     POINTWISE_RULES,
     RULES,
     GradBuilder,
@@ -38,6 +39,8 @@ from .rules import (
 __all__ = [
     "CHEAP_KINDS",
     "CUSTOM_RULES",
+    "NOT_DIFFERENTIABLE",
+    "NOT_DIFFERENTIABLE_MODES",
     "POINTWISE_RULES",
     "RULES",
     "GradBuilder",

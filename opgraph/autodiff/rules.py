@@ -38,6 +38,7 @@ from ..core.dtypes import DataType
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph, Node
 from ..core.op import Op
+from ..core.registry import Registry
 from ..core.tensor import Tensor, TensorDesc
 from ..ops.custom import Custom
 from ..ops.layout import Concatenate, Reshape, Slice, Transpose
@@ -66,9 +67,13 @@ class Rule:
     outputs: Callable[[Node], frozenset[str]]
 
 
-RULES: dict[str, Rule] = {}
-POINTWISE_RULES: dict[PointwiseMode, Rule] = {}
-CUSTOM_RULES: dict[str, Rule] = {}
+def _rule_fn(rule: Rule) -> RuleFn:
+    return rule.fn
+
+
+RULES: Registry[str, Rule] = Registry("backward rule", same=_rule_fn)
+POINTWISE_RULES: Registry[PointwiseMode, Rule] = Registry("pointwise backward rule", same=_rule_fn)
+CUSTOM_RULES: Registry[str, Rule] = Registry("custom-op backward rule", same=_rule_fn)
 
 
 def _roles(spec: Roles | None, default: Callable[[Node], Iterable[str]]) -> Callable[[Node], frozenset[str]]:
@@ -100,7 +105,7 @@ def register_rule(kind: str, *, inputs: Roles | None = None,
                   outputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
     """Decorator: the backward rule of op kind `kind` (see the module docstring)."""
     def deco(fn: RuleFn) -> RuleFn:
-        RULES[kind] = Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs))
+        RULES.register(kind, Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs)))
         return fn
 
     return deco
@@ -110,27 +115,42 @@ def register_pointwise(*modes: PointwiseMode, inputs: Roles | None = None) -> Ca
     """Decorator: the backward rule of pointwise `modes` (inputs default to the operands)."""
     def deco(fn: RuleFn) -> RuleFn:
         for mode in modes:
-            POINTWISE_RULES[mode] = Rule(f"pointwise {mode.name}", fn, _roles(inputs, _operands),
-                                         _roles(None, _all_outputs))
+            POINTWISE_RULES.register(mode, Rule(f"pointwise {mode.name}", fn, _roles(inputs, _operands),
+                                                _roles(None, _all_outputs)))
         return fn
 
     return deco
 
 
 def register_custom_grad(op_name: str, fn: RuleFn, *, inputs: Roles | None = None,
-                         outputs: Roles | None = None) -> None:
+                         outputs: Roles | None = None, replace: bool = False) -> None:
     """The backward rule of the custom op registered as `op_name` (opgraph.register_custom_op).
-    `fn(ctx)` returns {"input0": gradient, ...} like any rule."""
-    CUSTOM_RULES[op_name] = Rule(f"custom {op_name}", fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs))
+    `fn(ctx)` returns {"input0": gradient, ...} like any rule. Another rule for the same op name is a
+    RegistrationError unless `replace`."""
+    CUSTOM_RULES.register(op_name, Rule(f"custom {op_name}", fn, _roles(inputs, _all_inputs),
+                                        _roles(outputs, _all_outputs)), replace=replace)
+
+
+# Ops with no backward rule on purpose: the backward ops themselves (opgraph.grad takes first derivatives
+# only). opgraph.tools.op_table checks that every other op kind and pointwise mode has a rule.
+NOT_DIFFERENTIABLE: dict[str, str] = {
+    kind: "a backward op: no second derivatives" for kind in (
+        "batchnorm_backward", "instancenorm_backward", "layernorm_backward", "rmsnorm_backward", "sdpa_backward",
+        "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward")
+}
+NOT_DIFFERENTIABLE_MODES: frozenset[PointwiseMode] = frozenset(m for m in PointwiseMode if m.name.endswith("_BWD"))
 
 
 def rule_for(node: Node) -> Rule | None:
-    """The rule that differentiates `node`, or None when there is none."""
+    """The rule that differentiates `node`, or None when there is none. An op kind's own rule comes
+    first (stop_gradient is a Pointwise IDENTITY whose kind has its own rule)."""
+    if node.kind in RULES:
+        return RULES[node.kind]
     if isinstance(node.op, Pointwise):
         return POINTWISE_RULES.get(node.op.mode)
     if isinstance(node.op, Custom):
         return CUSTOM_RULES.get(node.op.op_name)
-    return RULES.get(node.kind)
+    return None
 
 
 def unsupported(node: Node, what: str, hint: str, rule: str = "autodiff.no_rule") -> UnsupportedGraphError:

@@ -3,19 +3,16 @@
     reshape      dx = reshape(dy, x's dims)
     transpose    dx = transpose(dy, inverse permutation)
     concatenate  d(input i) = slice of dy along the axis at input i's offset
-    slice        dx = dy scattered into zeros of x's dims: the custom op ``slice_backward``
-                 (no existing op writes into zeros: a pad is not in the op set and a concatenate
-                 with zero blocks cannot express steps > 1), defined in ops/builtin_custom.py with a NumPy reference
-                 and a PyTorch implementation (dy -> dx; params in_dim and bounds as text). The
-                 gradients of slices that tile their input along one axis (a split: q, k, v of a
-                 fused projection) are summed as one concatenate of the dy's instead (grad.py)
+    slice        dx = dy scattered into zeros of x's dims: the op ``slice_backward`` (ops/layout.py;
+                 no other op writes into zeros: a pad is not in the op set and a concatenate with
+                 zero blocks cannot express steps > 1). The gradients of slices that tile their
+                 input along one axis (a split: q, k, v of a fused projection) are summed as one
+                 concatenate of the dy's instead (grad.py)
 """
 
 from __future__ import annotations
 
-from ..ops.builtin_custom import SLICE_BACKWARD, as_text, ensure_registered
-from ..ops.custom import Custom
-from ..ops.layout import Concatenate, Slice, Transpose
+from ..ops.layout import Concatenate, Slice, SliceBackward, Transpose
 from .rules import RuleContext, dim_of, register_rule
 
 
@@ -51,13 +48,10 @@ def concatenate(ctx: RuleContext):
 
 @register_rule("slice", inputs=("input",))
 def slice_(ctx: RuleContext):
-    ensure_registered()
     x = ctx.tensor_desc("input")
     dy = ctx.grad_full("output")
     bounds = ctx.op_as(Slice).bounds(None, x.dim)
-    params = (("bounds", ",".join(f"{a}:{b}:{c}" for a, b, c in bounds)),
-              ("in_dim", as_text(x.dim)))
-    op = Custom(op_name=SLICE_BACKWARD, num_inputs=1, num_outputs=1, params=params)
-    dx = ctx.b.op(op, [dy], ["output0"], [x.dim], tag="slice_backward")[0]
+    op = SliceBackward(in_dim=tuple(x.dim), slices=bounds)
+    dx = ctx.b.op(op, [dy], ["dx"], [x.dim], tag="slice_backward")[0]
     ctx.b.slice_grads[id(dx)] = (dy, bounds)
     return {"input": dx}

@@ -15,7 +15,8 @@ so no pointwise output is saved just for its own backward.
     RELU_FWD (clips, slope) -> RELU_BWD with the same parameters; TANH, SIGMOID, ELU, GELU,
     GELU_APPROX_TANH, SOFTPLUS, SWISH -> their *_BWD modes (same parameters)
 Comparisons, logical ops, CEIL, FLOOR and GEN_INDEX have zero gradient: no flow through them.
-Parameters (clips, slopes, alpha, beta) get no gradient.
+Parameters (clips, slopes, alpha, beta) get no gradient. stop_gradient (an IDENTITY of its own kind)
+passes none by definition.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 
 from ..ops.pointwise import PointwiseMode as M
-from .rules import RuleContext, register_pointwise
+from .rules import RuleContext, register_pointwise, register_rule
 
 _ZERO_GRAD = (M.CMP_EQ, M.CMP_NEQ, M.CMP_GT, M.CMP_GE, M.CMP_LT, M.CMP_LE, M.LOGICAL_AND, M.LOGICAL_OR,
               M.LOGICAL_NOT, M.CEIL, M.FLOOR, M.GEN_INDEX)
@@ -32,6 +33,11 @@ _ZERO_GRAD = (M.CMP_EQ, M.CMP_NEQ, M.CMP_GT, M.CMP_GE, M.CMP_LT, M.CMP_LE, M.LOG
 @register_pointwise(*_ZERO_GRAD, inputs=())
 def _zero(ctx: RuleContext):
     return {}  # never called: no input is differentiable
+
+
+@register_rule("stop_gradient", inputs=())
+def _stop_gradient(ctx: RuleContext):
+    return {}  # never called: no gradient flows through it
 
 
 def _both(ctx: RuleContext, dx, dy):

@@ -19,6 +19,7 @@ from ..core.device import Device
 from ..core.dtypes import DataType
 from ..core.errors import GraphError, expect
 from ..core.ir import FinalGraph
+from ..core.registry import Registry
 from ..core.tensor import Tensor
 from ..cudnn.candidates import Planner
 from ..cudnn.handles import Handle
@@ -294,12 +295,12 @@ class _Lowering:
         return handles
 
 
-LOWER: dict[D, Callable[[_Lowering, Descriptor], None]] = {}
+LOWER: Registry[D, Callable[[_Lowering, Descriptor], None]] = Registry("backend lowering")
 
 
 def _lowers(kind: D) -> Callable:
     def register(fn: Callable) -> Callable:
-        LOWER[kind] = fn
+        LOWER.register(kind, fn)
         return fn
     return register
 
@@ -330,12 +331,12 @@ def _conv(kind: type, prefix: str, ins: tuple[str, str], out: str) -> Callable:
     return lower
 
 
-LOWER[D.CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR] = _conv(ConvFprop, "OPERATION_CONVOLUTION_FORWARD",
-                                                                        ("X", "W"), "Y")
-LOWER[D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR] = _conv(
-    ConvDgrad, "OPERATION_CONVOLUTION_BWD_DATA", ("DY", "W"), "DX")
-LOWER[D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR] = _conv(
-    ConvWgrad, "OPERATION_CONVOLUTION_BWD_FILTER", ("X", "DY"), "DW")
+LOWER.register(D.CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+               _conv(ConvFprop, "OPERATION_CONVOLUTION_FORWARD", ("X", "W"), "Y"))
+LOWER.register(D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+               _conv(ConvDgrad, "OPERATION_CONVOLUTION_BWD_DATA", ("DY", "W"), "DX"))
+LOWER.register(D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+               _conv(ConvWgrad, "OPERATION_CONVOLUTION_BWD_FILTER", ("X", "DY"), "DW"))
 
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)

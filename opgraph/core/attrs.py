@@ -25,8 +25,14 @@ def _encode(value: Any) -> Any:
     return value
 
 
+def attr_fields(op: Op | type[Op]) -> tuple[dataclasses.Field, ...]:
+    """The attributes an op is made of: its dataclass fields that its constructor takes (a field fixed by
+    the class, `init=False`, is part of what the kind means, not of the op's attributes)."""
+    return tuple(f for f in fields(op) if f.init)
+
+
 def encode_attrs(op: Op) -> dict[str, Any]:
-    return {f.name: _encode(getattr(op, f.name)) for f in fields(op)}
+    return {f.name: _encode(getattr(op, f.name)) for f in attr_fields(op)}
 
 
 def _decode(value: Any, hint: Any, where: str) -> Any:
@@ -92,7 +98,7 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     if not isinstance(attrs, dict):
         raise SerializationError(f"{where}: 'attrs' must be an object", rule="json.attrs")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
+    names = {f.name for f in attr_fields(cls)}
     unknown = set(attrs) - names
     if unknown:
         first = sorted(unknown)[0]

@@ -12,6 +12,7 @@
       VariantPackError              a variant pack that does not fit the plan
       ExecutionError                a failure while running a plan
       InternalError                 a broken invariant of opgraph itself (a bug to report)
+      RegistrationError             a name registered twice (an op kind, builder, engine, rule, custom op...)
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ class VariantPackError(GraphError):
 
 class ExecutionError(GraphError):
     pass
+
+
+class RegistrationError(GraphError):
+    """A name registered twice with different things (core.registry.Registry)."""
 
 
 class InternalError(GraphError):

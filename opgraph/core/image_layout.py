@@ -18,6 +18,8 @@ IMAGE_ROLES: dict[str, tuple[str, ...]] = {
     "conv_dgrad": ("loss", "filter", "DX"),
     "conv_wgrad": ("image", "loss", "DW"),
     "resample": ("input", "output", "index"),
+    "resample_max_backward": ("grad", "input", "dx"),
+    "resample_avg_backward": ("grad", "dx"),
     "batchnorm": ("input", "y"),
     "batchnorm_inference": ("input", "y"),
     "batchnorm_backward": ("grad", "input", "dx"),
@@ -25,7 +27,7 @@ IMAGE_ROLES: dict[str, tuple[str, ...]] = {
     "instancenorm_backward": ("grad", "input", "dx"),
     "genstats": ("input",),
 }
-ELEMENTWISE = ("pointwise", "custom")
+ELEMENTWISE = ("pointwise", "custom", "stop_gradient")
 
 
 def image_uids(nodes: Sequence[Node], tensors: Mapping[int, TensorDesc]) -> set[int]:

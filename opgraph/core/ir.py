@@ -62,7 +62,7 @@ class Node:
         return tuple(u for u in self.outputs if u is not None)
 
     def attr_items(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self.op, f.name)) for f in fields(self.op)]
+        return [(f.name, getattr(self.op, f.name)) for f in fields(self.op) if f.init]
 
     def render(self, tensors: Mapping[int, TensorDesc]) -> str:
         def operand(role: str, value: Operand) -> str:

@@ -28,6 +28,7 @@ import numpy as np
 
 from .dtypes import DataType
 from .errors import GraphError, ShapeError
+from .registry import Registry
 from .tensor import TensorDesc
 
 
@@ -41,22 +42,18 @@ class Const:
         return repr(self.value)
 
 
-OPS: dict[str, type[Op]] = {}
-BUILDERS: dict[str, Callable[..., Any]] = {}
+OPS: Registry[str, type[Op]] = Registry("op kind")
+BUILDERS: Registry[str, Callable[..., Any]] = Registry("graph builder")
 
 
 def register_op(cls: type[Op]) -> type[Op]:
     """Class decorator: make an op kind known to finalize, JSON loading and the engines."""
-    if cls.kind in OPS and OPS[cls.kind] is not cls:
-        raise RuntimeError(f"op kind {cls.kind!r} registered twice")
-    OPS[cls.kind] = cls
-    return cls
+    return OPS.register(cls.kind, cls)
 
 
 def graph_method(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Function decorator: attach a builder to `Graph` under the function's name."""
-    BUILDERS[fn.__name__] = fn
-    return fn
+    return BUILDERS.register(fn.__name__, fn)
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,19 @@ import importlib
 
 from ..core.config import BehaviorNote, EngineConfig, NumericalNote, Support
 from ..core.errors import UnsupportedGraphError
+from ..core.registry import Registry
 from .base import Engine, Kernel
 
-ENGINES: dict[str, Engine] = {}
+ENGINES: Registry[str, Engine] = Registry("engine", same=type)  # (a fresh instance of the same engine class is the same engine)
 # Engines that live in modules of their own, loaded on first use so that the core imports no
 # GPU library.
 _LAZY = {"reference": ".reference", "triton": ".triton", "torch": ".torch_engine", "library": ".library",
          "cudnn": ".cudnn_frontend"}
 
 
-def register_engine(engine: Engine) -> Engine:
-    ENGINES[engine.name] = engine
-    return engine
+def register_engine(engine: Engine, *, replace: bool = False) -> Engine:
+    """Make `engine` known by its name (a RegistrationError if another engine has that name)."""
+    return ENGINES.register(engine.name, engine, replace=replace)
 
 
 def get_engine(name: str) -> Engine:

@@ -31,18 +31,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import expect
+from ..core.registry import Registry
 from ..core.tensor import Tensor
 from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 
 Translator = Callable[[Importer, Any, Args], Any]
-TRANSLATORS: dict[str, Translator] = {}
-PREPARE: dict[str, Translator] = {}
+TRANSLATORS: Registry[str, Translator] = Registry("aten translator")
+PREPARE: Registry[str, Translator] = Registry("aten prepare hook")
 
 
 def op(*names: str) -> Callable[[Translator], Translator]:
     def register(fn: Translator) -> Translator:
         for n in names:
-            TRANSLATORS[n] = fn
+            TRANSLATORS.register(n, fn)
         return fn
 
     return register
@@ -112,7 +113,7 @@ def _unary(builder: str) -> Translator:
 
 
 for _name, _builder in _UNARY.items():
-    TRANSLATORS[_name] = _unary(_builder)
+    TRANSLATORS.register(_name, _unary(_builder))
 
 _BINARY = {
     "mul": "mul", "maximum": "max", "minimum": "min", "eq": "cmp_eq", "ne": "cmp_neq", "gt": "cmp_gt",
@@ -130,7 +131,7 @@ def _binary(builder: str) -> Translator:
 
 
 for _name, _builder in _BINARY.items():
-    TRANSLATORS[_name] = _binary(_builder)
+    TRANSLATORS.register(_name, _binary(_builder))
 
 
 def _scaled(imp: Importer, value: Any, alpha: Any) -> Any:

@@ -1,8 +1,7 @@
-"""Translators of the ops language models add to the table: embedding lookup, masked_fill, boolean
-not, RMSNorm.
+"""Translators of the ops language models add to the table: embedding lookup, boolean not, RMSNorm
+(masked_fill is torch_ops.py's, beside where).
 
     embedding(W, idx)          -> embedding (opgraph.ops.gather), padding_idx carried for the backward
-    masked_fill(x, mask, v)    -> binary_select(v, x, mask)      (mask broadcast as torch aligns it)
     bitwise_not(mask), bool    -> logical_not
     rms_norm(x, shape, w, eps) -> rmsnorm (inference form; eps None is finfo(x.dtype).eps, PyTorch's)
     a & b, a | b, a ^ b on bool (__and__, bitwise_and, logical_xor, ...) -> logical_and / logical_or / cmp_neq
@@ -40,14 +39,6 @@ def _embedding(imp: Importer, node: Any, a: Args) -> Tensor:
     pad = pad + w.shape[0] if pad < -1 else pad  # aten keeps -1 for none; other negatives count back
     t = imp.g.embedding(imp.tensor(w), imp.reshaped(idx, idx.shape or (1,)), padding_idx=pad, name=imp.op_name())
     return t if idx.rank else imp.g.reshape(t, [w.shape[1]], name=imp.op_name("squeeze"))
-
-
-@op("masked_fill")
-def _masked_fill(imp: Importer, node: Any, a: Args) -> Tensor:
-    x, mask, value = _operands(imp, node, a["self"], a["mask"], a["value"])
-    if not isinstance(mask, Tensor):
-        raise Untranslatable("masked_fill with a literal mask")
-    return imp.g.binary_select(value, x, mask, name=imp.op_name())
 
 
 @op("bitwise_not")
@@ -96,7 +87,7 @@ def _logical(builder: str) -> Any:
 
 
 for _name, _builder in _LOGICAL.items():
-    TRANSLATORS[_name] = _logical(_builder)
+    TRANSLATORS.register(_name, _logical(_builder))
 
 
 @op("diff")

@@ -41,10 +41,10 @@ def _reduction(mode: ReductionMode) -> Translator:
     return translate
 
 
-TRANSLATORS["mean"] = _reduction(ReductionMode.AVG)
-TRANSLATORS["sum"] = _reduction(ReductionMode.ADD)
-TRANSLATORS["amax"] = _reduction(ReductionMode.MAX)
-TRANSLATORS["amin"] = _reduction(ReductionMode.MIN)
+TRANSLATORS.register("mean", _reduction(ReductionMode.AVG))
+TRANSLATORS.register("sum", _reduction(ReductionMode.ADD))
+TRANSLATORS.register("amax", _reduction(ReductionMode.MAX))
+TRANSLATORS.register("amin", _reduction(ReductionMode.MIN))
 
 
 @op("max", "min")

@@ -185,7 +185,7 @@ def _write_back(imp: Importer, t: Tensor, target: Value) -> None:
 
 for _name in ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm",
               "cudnn_batch_norm", "miopen_batch_norm"):
-    PREPARE[_name] = _prepare_bn
+    PREPARE.register(_name, _prepare_bn)
 
 
 @op("layer_norm")
@@ -281,8 +281,8 @@ def _adaptive(mode: ReductionMode, resample: ResampleMode) -> Translator:
 
 for _name in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool2d",
               "_adaptive_avg_pool3d"):
-    TRANSLATORS[_name] = _adaptive(ReductionMode.AVG, ResampleMode.AVG_INCLUDE_PADDING)
+    TRANSLATORS.register(_name, _adaptive(ReductionMode.AVG, ResampleMode.AVG_INCLUDE_PADDING))
 for _name in ("adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"):
-    TRANSLATORS[_name] = _adaptive(ReductionMode.MAX, ResampleMode.MAX)
+    TRANSLATORS.register(_name, _adaptive(ReductionMode.MAX, ResampleMode.MAX))
 
 

@@ -24,6 +24,7 @@ from ..core.ir import Const, FinalGraph
 from ..core.limits import check_file_size, check_strings, preview
 from ..core.suggest import did_you_mean
 from ..core.tensor import Tensor
+from ..ops.custom import upgrade_entry
 
 FORMAT = "opgraph.graph"
 VERSION = 1
@@ -177,6 +178,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         where = f"ops[{i}]"
         if not isinstance(o, dict):
             raise SerializationError(f"{where}: expected an object", rule="json.op")
+        o = upgrade_entry(o, where)  # a built-in op that files once named as a custom op
         _known_keys(o, OP_KEYS, where)
         op = decode_op(_field(o, "op", str, where), _field(o, "attrs", dict, where, {}), where)
         ins = _field(o, "inputs", dict, where)

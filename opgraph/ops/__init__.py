@@ -3,7 +3,6 @@
 from ..core.op import BUILDERS, OPS, Op, graph_method, register_op  # noqa: F401
 from . import (  # noqa: F401
     attention,
-    builtin_custom,
     conv,
     custom,
     gather,

@@ -15,18 +15,27 @@
 custom op (elementwise with broadcasting, outputs of the broadcast dims) given as a Triton function
 `f(*values, **params)` of compute-type values is fused into generated kernels like a built-in mode.
 Graph files name the op; loading one needs the op registered first (the error says so).
+
+Legacy custom ops: opgraph once emitted some of its own ops as custom ops (pooling's and slice's
+backward, stop_gradient), which are typed ops now. Graph and plan files written then name them as
+`{"op": "custom", "attrs": {"op_name": "slice_backward", "params": [...]}}`; `upgrade_entry` turns such
+an entry into the typed op's at load (the op's module registers how, in `LEGACY_CUSTOM`), and
+`g.custom(name, ...)` under such a name builds the typed op too, unless a custom op of that name is
+registered (then it is the user's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ..core.errors import AttributeValueError, GraphError, ShapeError
+from ..core.attrs import encode_attrs
+from ..core.errors import AttributeValueError, GraphError, SerializationError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
+from ..core.registry import Registry
 from ..core.tensor import TensorDesc
 from .base import broadcast_dims, first_tensor, strides_like
 
@@ -45,15 +54,19 @@ class CustomOpDef:
     pointwise: bool = False
 
 
-CUSTOM_OPS: dict[str, CustomOpDef] = {}
+CUSTOM_OPS: Registry[str, CustomOpDef] = Registry("custom op")
 
 
 def register_custom_op(
     name: str, *, num_inputs: int, reference: Callable[..., Any], num_outputs: int = 1,
     infer: Callable[..., Any] | None = None, torch: Callable[..., Any] | None = None, triton: Any = None,
-    pointwise: bool = False,
+    pointwise: bool = False, replace: bool = False,
 ) -> CustomOpDef:
-    """Register (or replace) a custom op, usable in graphs, graph files and plans like a built-in op.
+    """Register a custom op, usable in graphs, graph files and plans like a built-in op.
+
+    Registering a name again with the same definition does nothing; with another definition it is a
+    `RegistrationError` unless `replace=True` (plans built before keep the definition they were built with
+    only where their kernels compiled it in: build them again).
 
     Args:
         name: an identifier; graphs and files name the op by it.
@@ -68,6 +81,7 @@ def register_custom_op(
         triton: an optional `@triton.jit` elementwise function `f(*values, **params)` defined at a
             module's top level: a pointwise op given one is fused into generated kernels.
         pointwise: whether the op is elementwise with broadcasting.
+        replace: replace a custom op already registered under `name`.
 
     Returns:
         The CustomOpDef registered.
@@ -92,8 +106,7 @@ def register_custom_op(
         raise AttributeValueError(f"custom op '{name}': a Triton function is fused only for pointwise ops",
                                   rule="custom.triton", hint="set pointwise=True, or drop triton=")
     definition = CustomOpDef(name, num_inputs, num_outputs, reference, infer, torch, triton, pointwise)
-    CUSTOM_OPS[name] = definition
-    return definition
+    return CUSTOM_OPS.register(name, definition, replace=replace)
 
 
 def custom_op_def(name: str) -> CustomOpDef:
@@ -103,6 +116,55 @@ def custom_op_def(name: str) -> CustomOpDef:
             hint=f"call opgraph.register_custom_op('{name}', ...) before building or loading the graph",
         )
     return CUSTOM_OPS[name]
+
+
+# op name -> the typed op that custom op now is, from its parameters (AttributeValueError if they are bad)
+LegacyUpgrade = Callable[[dict[str, Param]], Op]
+LEGACY_CUSTOM: Registry[str, LegacyUpgrade] = Registry("legacy custom op")
+
+
+def legacy_op(op_name: str, params: dict[str, Param]) -> Op | None:
+    """The typed op that built-in custom op `op_name` is now (None: not a legacy name, or a custom op of that
+    name is registered, which is then the user's)."""
+    upgrade = LEGACY_CUSTOM.get(op_name)
+    if upgrade is None or op_name in CUSTOM_OPS:
+        return None
+    return upgrade(params)
+
+
+def upgrade_entry(entry: Any, where: str = "op") -> Any:
+    """A graph file's op entry that names a legacy custom op, as the typed op's entry: kind and attributes
+    from the old parameters, roles renamed by position (input0 -> the op's first input role, ...). Any
+    other entry is returned as it is."""
+    if not isinstance(entry, dict) or entry.get("op") != "custom" or not isinstance(entry.get("attrs"), dict):
+        return entry
+    attrs = entry["attrs"]
+    name, params = attrs.get("op_name"), attrs.get("params", [])
+    if not isinstance(name, str) or name not in LEGACY_CUSTOM or name in CUSTOM_OPS:
+        return entry
+    if not isinstance(params, list) or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                               for p in params):
+        raise SerializationError(f"{where}: the parameters of custom op '{name}' are not [name, value] pairs",
+                                 rule="json.legacy_op")
+    try:
+        op = cast(Op, legacy_op(name, {k: v for k, v in params}))
+    except GraphError as err:
+        raise SerializationError(f"{where}: custom op '{name}' (a built-in op now): {err.detail}",
+                                 rule="json.legacy_op", hint=err.hint) from None
+
+    def renamed(roles: Any, new: tuple[str, ...], old: str) -> Any:
+        if not isinstance(roles, dict):
+            return roles
+        out = {}
+        for role, value in roles.items():
+            index = int(role[len(old):]) if role.startswith(old) and role[len(old):].isdigit() else -1
+            out[new[index] if 0 <= index < len(new) else role] = value
+        return out
+
+    upgraded = {k: v for k, v in entry.items() if k not in ("op", "attrs", "inputs", "outputs")}
+    upgraded.update(op=op.kind, attrs=encode_attrs(op), inputs=renamed(entry.get("inputs"), op.input_roles(), "input"),
+                    outputs=renamed(entry.get("outputs"), op.output_roles(), "output"))
+    return upgraded
 
 
 @register_op
@@ -207,12 +269,16 @@ def custom(self, op_name: str, *inputs: Any, params: dict[str, Param] | None = N
         y = g.custom("scaled_softsign", x, params={"alpha": 0.5})
         ```
     """
+    items = tuple(sorted((params or {}).items()))
+    legacy = legacy_op(op_name, dict(items)) if op_name in LEGACY_CUSTOM else None
+    if legacy is not None:  # a built-in op once emitted as a custom op (see the module docstring)
+        outs = self._add_op(legacy, list(inputs), name=name or op_name, compute_data_type=compute_data_type)
+        return outs[0] if len(outs) == 1 else outs
     d = custom_op_def(op_name)
     if len(inputs) != d.num_inputs:
         raise AttributeValueError(f"custom op '{op_name}' takes {d.num_inputs} inputs, got {len(inputs)}",
                                   op=f"custom '{name or op_name}'", rule="custom.arity",
                                   hint=f"pass {d.num_inputs} tensors")
-    items = tuple(sorted((params or {}).items()))
     for key, value in items:
         if not isinstance(value, (int, float, str, bool)):
             raise AttributeValueError(f"custom op parameter {key}={value!r} is not a plain value",

@@ -23,6 +23,11 @@ slice(x, slices)         y = x[s_0, s_1, ...] with Python slice semantics per ax
                          against the input's dims at inference (`Slice.bounds`), so the attribute
                          stays right if the input's dims change after the builder call.
                          y is packed in the input's axis order.
+slice_backward(dy)       dx = zeros of dims `in_dim` with dy written where slice `slices` reads:
+                         dx[s_0, s_1, ...] = dy (the gradient of slice; autodiff emits it, no
+                         builder). `slices` are normalised (start, stop, step) triples, one per axis
+                         of dx; dy has the slice's dims. dx is packed in dy's axis order, of the
+                         graph's default type (intermediate when virtual, io when an output).
 concatenate(xs, axis)    y = the inputs joined along `axis` (all other dims equal, one data type);
                          y is packed in the first input's axis order. in_place_index (cuDNN) says
                          that input already sits in its slot of y's memory, so an engine may skip
@@ -42,6 +47,7 @@ from ..core.errors import AttributeValueError, DataTypeError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
 from ..core.tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
 from .base import strides_like
+from .custom import LEGACY_CUSTOM, Param
 
 # -- reshape -----------------------------------------------------------------------------------------
 
@@ -204,6 +210,63 @@ class Slice(Op):
         x = ins[0]
         assert x is not None
         return [x[tuple(builtins.slice(*b) for b in self.bounds(None, x.shape))]]
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class SliceBackward(Op):
+    """dx = zeros of dims `in_dim`, dy written at the positions slice `slices` reads (the gradient of
+    slice; see the module docstring)."""
+
+    kind = "slice_backward"
+    INPUTS = ("grad",)
+    OUTPUTS = ("dx",)
+    in_dim: tuple[int, ...]
+    slices: tuple[tuple[int, int, int], ...]
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        dy = ctx.tensor("grad")
+        if not self.in_dim or min(self.in_dim) < 1 or len(self.slices) != len(self.in_dim):
+            ctx.error(AttributeValueError, f"in_dim {list(self.in_dim)} with {len(self.slices)} slices: dx needs dims of "
+                      "at least 1 and one (start, stop, step) per axis", tensor="grad", rule="slice_backward.rank",
+                      hint="build it through autodiff's slice rule, which takes both from the forward slice")
+        for axis, (bounds, size) in enumerate(zip(self.slices, self.in_dim)):
+            start, stop, step = bounds
+            if step < 1 or builtins.slice(start, stop, step).indices(size) != bounds or not range(*bounds):
+                ctx.error(AttributeValueError, f"slices[{axis}] = {start}:{stop}:{step} is not a normalised, non-empty "
+                          f"slice of an axis of size {size}", tensor="grad", rule="slice_backward.bounds",
+                          hint="give Slice.bounds' (start, stop, step): 0 <= start < size, stop <= size, step >= 1")
+        want = tuple(len(range(*b)) for b in self.slices)
+        if dy.dim != want:
+            ctx.error(ShapeError, f"dy has dims {list(dy.dim)}; the slice {list(self.slices)} of {list(self.in_dim)} has "
+                      f"{list(want)}", tensor="grad", rule="slice_backward.dims",
+                      hint="pass the gradient of the slice's output")
+        return [TensorSpec(self.in_dim, strides_like(self.in_dim, dy))]
+
+    def reference(self, ins, outs):
+        dy = ins[0]
+        assert dy is not None
+        dx = np.zeros(self.in_dim)
+        dx[tuple(builtins.slice(*b) for b in self.slices)] = dy
+        return [dx]
+
+
+def _slice_backward_from_params(params: dict[str, Param]) -> SliceBackward:
+    """The legacy custom op's text parameters: bounds "start:stop:step,..." and in_dim "2,3,4"."""
+    try:
+        bounds = tuple(tuple(int(v) for v in item.split(":")) for item in str(params["bounds"]).split(","))
+        in_dim = tuple(int(v) for v in str(params["in_dim"]).split(","))
+    except (KeyError, ValueError) as err:
+        raise AttributeValueError(f"slice_backward's parameters bounds / in_dim do not parse ({type(err).__name__}: "
+                                  f"{err})", rule="slice_backward.params",
+                                  hint="bounds is 'start:stop:step' per axis and in_dim comma-separated ints") from None
+    if any(len(b) != 3 for b in bounds):
+        raise AttributeValueError(f"slice_backward's bounds {params['bounds']!r} need start:stop:step per axis",
+                                  rule="slice_backward.params", hint="give three ints per axis")
+    return SliceBackward(in_dim=in_dim, slices=tuple((b[0], b[1], b[2]) for b in bounds))
+
+
+LEGACY_CUSTOM.register(SliceBackward.kind, _slice_backward_from_params)
 
 
 # the ops whose output may be a view of their input's memory: kernels read them in place (GEMM operands,

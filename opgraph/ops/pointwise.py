@@ -22,6 +22,10 @@ Formulas (x = input0, y = input1, dy = the loss, i.e. the incoming gradient):
     TANH_BWD   dy*(1-tanh(x)^2)                           SIGMOID_BWD dy*s*(1-s), s = sigmoid(x)
     GEN_INDEX  the index along `axis` of each element of input0's dims (INT32 by default)
 Backward modes take the forward *input* x (not the forward output), as cuDNN's do.
+
+stop_gradient(x) = x: a pointwise IDENTITY of its own kind (`StopGradient`): every engine runs and fuses
+it as IDENTITY, and opgraph.grad passes no gradient through it (training's cross-entropy shifts the
+logits by their row max through it). Built by `opgraph.training.stop_gradient(g, x)`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +43,7 @@ from ..core.errors import AttributeValueError, expect
 from ..core.op import NodeContext, Op, TensorSpec, register_op
 from ..core.tensor import TensorDesc
 from .base import broadcast_dims, first_tensor
+from .custom import LEGACY_CUSTOM
 
 
 class PointwiseMode(enum.Enum):
@@ -310,3 +315,17 @@ class Pointwise(Op):
         with np.errstate(all="ignore"):
             result = self.info.fn(*operands, **params)
         return [np.broadcast_to(np.asarray(result, dtype=np.float64), out.dim)]
+
+
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class StopGradient(Pointwise):
+    """y = x, through which opgraph.grad passes no gradient: IDENTITY to every engine (see the module
+    docstring); its mode is fixed, so it has no attributes of its own."""
+
+    kind = "stop_gradient"
+    mode: PointwiseMode = field(default=PointwiseMode.IDENTITY, init=False)
+    axis: int | None = field(default=None, init=False)
+
+
+LEGACY_CUSTOM.register(StopGradient.kind, lambda params: StopGradient())

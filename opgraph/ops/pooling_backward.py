@@ -1,33 +1,99 @@
-"""The two custom ops of pooling's backward, registered when the op families are imported (so a plan
-file that holds them loads in any process):
+"""Pooling's backward: the gradient of `resample` with respect to its input, as autodiff emits it
+(autodiff/rules_pooling.py; no builder). Per spatial axis d: window w, stride s, paddings pre / post,
+as resample's (one value: every axis).
 
-    resample_avg_backward(dy; in_dim, window, stride, pre_padding, post_padding, mode) -> dx
+    resample_avg_backward(grad; mode, in_dim, window, stride, pre_padding, post_padding) -> dx
         dx[i] = sum over the windows o that hold i of dy[o] / count(o), count = prod(window)
-        (AVG_INCLUDE_PADDING) or the number of non-padded positions of o (AVG_EXCLUDE_PADDING)
-    resample_max_backward(dy, x; window, stride, pre_padding, post_padding) -> dx
+        (AVG_INCLUDE_PADDING) or the number of non-padded positions of o (AVG_EXCLUDE_PADDING);
+        dx has dims in_dim (the forward input's)
+    resample_max_backward(grad, input; window, stride, pre_padding, post_padding) -> dx
         dx[i] = sum over the windows o whose first maximum (padding is -inf) is i of dy[o]
-        (PyTorch's rule: one position per window gets the gradient, the first one on a tie)
+        (PyTorch's rule: one position per window gets the gradient, the first one on a tie); input is
+        the forward's input x, whose dims dx has
 
-No built-in op expresses them (average pooling backward is a transposed depthwise convolution with a
-constant filter, and graphs have no constant tensors; max pooling backward scatters each gradient to
-its window's argmax). ConvGeometry parameters are comma-separated ints (custom-op parameters are plain
-values). Each op has a NumPy reference and a PyTorch implementation; the reference engine runs them
-everywhere, the torch engine on the GPU. autodiff/rules_pooling.py emits them.
+dy (`grad`) has exactly the pooled dims: N, C and (in + pre + post - w) // s + 1 per axis (no
+broadcasting). dx is packed in dy's axis order, of the graph's default type. No other op expresses
+them (average pooling's backward is a transposed depthwise convolution with a constant filter, and
+graphs have no constant tensors; max pooling's scatters each gradient to its window's argmax).
+Before they were typed ops, opgraph emitted them as custom ops of these names with comma-separated
+text parameters; such graph files load as these ops (ops/custom.py, LEGACY_CUSTOM).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import numpy as np
 
-from ..core.errors import AttributeValueError, ShapeError
-from .builtin_custom import ints
-from .custom import CUSTOM_OPS, register_custom_op
-from .pooling import ResampleMode
+from ..core.errors import AttributeValueError, GraphError, ShapeError
+from ..core.op import NodeContext, Op, TensorSpec, register_op
+from .base import strides_like
+from .custom import LEGACY_CUSTOM, Param
+from .pooling import PoolGeometry, ResampleMode
 
-AVG_BACKWARD = "resample_avg_backward"
-MAX_BACKWARD = "resample_max_backward"
+_AVERAGES = (ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING)
+_GEOMETRY = ("window", "stride", "pre_padding", "post_padding")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolBackward(Op):
+    """What both pooling backward ops share: the forward's geometry, and its checks."""
+
+    OUTPUTS = ("dx",)
+    window: tuple[int, ...]
+    stride: tuple[int, ...]
+    pre_padding: tuple[int, ...] = (0,)
+    post_padding: tuple[int, ...] = (0,)
+
+    def geometry(self, dy_dims: tuple[int, ...], in_dims: tuple[int, ...],
+                 ctx: NodeContext | None = None) -> PoolGeometry:
+        """Window, stride, paddings per spatial axis and the pooled sizes, checked against dy's and the
+        input's dims: 1-3 spatial axes, windows and strides of at least 1, paddings of at least 0, dy of
+        exactly the pooled dims. A typed error otherwise (through `ctx` when given)."""
+
+        def fail(cls: type[GraphError], message: str, hint: str) -> NoReturn:
+            rule = "pooling_backward.geometry"
+            if ctx is not None:
+                ctx.error(cls, message, tensor="grad", rule=rule, hint=hint)
+            raise cls(f"{self.kind}: {message}", rule=rule, hint=hint)
+
+        nsp = len(in_dims) - 2
+        if not 1 <= nsp <= 3:
+            fail(ShapeError, f"the input has {len(in_dims)} dims; pooling takes [N, C, 1 to 3 spatial]",
+                 "pool a tensor of rank 3, 4 or 5")
+        values = []
+        for name, low in zip(_GEOMETRY, (1, 1, 0, 0)):
+            v = tuple(getattr(self, name))
+            v = v * nsp if len(v) == 1 else v
+            if len(v) != nsp or min(v) < low:
+                fail(AttributeValueError, f"{name} {list(v)} needs {nsp} values of at least {low} (one per spatial "
+                     "axis)", f"give {name} for every spatial axis")
+            values.append(v)
+        w, st, pre, post = values
+        out = tuple((d + a + b - k) // t + 1 for d, a, b, k, t in zip(in_dims[2:], pre, post, w, st))
+        want = (*in_dims[:2], *out)
+        if min(out) < 1 or tuple(dy_dims) != want:
+            fail(ShapeError, f"dy has dims {list(dy_dims)}; pooling {list(in_dims)} with window {list(w)}, stride "
+                 f"{list(st)}, padding {list(pre)} / {list(post)} gives {list(want)}",
+                 "pass the gradient of the pooled output, of the pooled output's dims")
+        return PoolGeometry(w, st, pre, post, out)
+
+    def normalize(self, ctx: NodeContext) -> Op:
+        """One window / stride / padding value per spatial axis (a single value given means every axis)."""
+        nsp = len(self.in_dims(ctx)) - 2
+        full = {n: getattr(self, n) * nsp for n in _GEOMETRY if len(getattr(self, n)) == 1 and nsp > 1}
+        return replace(self, **full) if full else self
+
+    def in_dims(self, ctx: NodeContext) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def infer(self, ctx: NodeContext) -> list[TensorSpec]:
+        dy = ctx.tensor("grad")
+        dims = self.in_dims(ctx)
+        self.geometry(dy.dim, dims, ctx)
+        return [TensorSpec(dims, strides_like(dims, dy))]
 
 
 def _scatter(contrib, dims, out, window, stride, pre, post):
@@ -43,144 +109,96 @@ def _scatter(contrib, dims, out, window, stride, pre, post):
     return dxp[crop]
 
 
-def geometry(window: str, stride: str, pre_padding: str, post_padding: str, nsp: int):
-    """(window, stride, pre, post) per spatial axis from the ops' text parameters (one value: every axis)."""
-    def full(v):
-        v = ints(v)
-        return v * nsp if len(v) == 1 else v
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class ResampleAvgBackward(PoolBackward):
+    """The gradient of average pooling (see the module docstring); dx has dims `in_dim`."""
 
-    return full(window), full(stride), full(pre_padding), full(post_padding)
+    kind = "resample_avg_backward"
+    INPUTS = ("grad",)
+    mode: ResampleMode = ResampleMode.AVG_INCLUDE_PADDING
+    in_dim: tuple[int, ...]
 
+    def in_dims(self, ctx: NodeContext) -> tuple[int, ...]:
+        if self.mode not in _AVERAGES:
+            ctx.error(AttributeValueError, f"mode {self.mode.name} is not an average pooling mode", tensor="grad",
+                      rule="pooling_backward.mode", hint="mode AVG_INCLUDE_PADDING or AVG_EXCLUDE_PADDING")
+        return tuple(self.in_dim)
 
-def _avg_backward_ref(dy, *, in_dim, mode, window, stride, pre_padding, post_padding):
-    dims = ints(in_dim)
-    w, s, pre, post = geometry(window, stride, pre_padding, post_padding, len(dims) - 2)
-    if mode == ResampleMode.AVG_INCLUDE_PADDING.value:
-        g = dy / math.prod(w)
-    else:
-        ones = np.pad(np.ones(dims[2:]), list(zip(pre, post)))
-        v = np.lib.stride_tricks.sliding_window_view(ones, w)
-        v = v[tuple(slice(None, None, st) for st in s)]
-        g = dy / v.reshape(*v.shape[: len(w)], -1).sum(axis=-1)
-    return _scatter(lambda k, tap: g, dims, dy.shape[2:], w, s, pre, post)
-
-
-def _max_backward_ref(dy, x, *, window, stride, pre_padding, post_padding):
-    w, s, pre, post = geometry(window, stride, pre_padding, post_padding, x.ndim - 2)
-    nsp = len(w)
-    xp = np.pad(x, [(0, 0), (0, 0), *zip(pre, post)], constant_values=-np.inf)
-    v = np.lib.stride_tricks.sliding_window_view(xp, w, axis=tuple(range(2, 2 + nsp)))
-    strided = (slice(None), slice(None), *(slice(None, None, st) for st in s))
-    v = v[strided]
-    arg = np.argmax(v.reshape(*v.shape[: 2 + nsp], -1), axis=-1)  # the first maximum (or NaN)
-    return _scatter(lambda k, tap: np.where(arg == k, dy, 0.0), x.shape, dy.shape[2:], w, s, pre, post)
-
-
-def _torch_pool(x, mode: str, w, s, pre, post):
-    import torch.nn.functional as F
-
-    nsp = len(w)
-    pads = [p for a in reversed(range(nsp)) for p in (pre[a], post[a])]
-    fn = {1: (F.max_pool1d, F.avg_pool1d), 2: (F.max_pool2d, F.avg_pool2d), 3: (F.max_pool3d, F.avg_pool3d)}[nsp]
-    if mode == ResampleMode.MAX.value:
-        return fn[0](F.pad(x, pads, value=float("-inf")), w, s)
-    total = fn[1](F.pad(x, pads), w, s)
-    if mode == ResampleMode.AVG_INCLUDE_PADDING.value:
-        return total
-    count = fn[1](F.pad(x.new_ones((1, 1, *x.shape[2:])), pads), w, s)
-    return total / count
+    def reference(self, ins, outs):
+        dy = ins[0]
+        assert dy is not None
+        dims = tuple(self.in_dim)
+        geo = self.geometry(dy.shape, dims)
+        w, s, pre, post = geo.window, geo.stride, geo.pre_padding, geo.post_padding
+        if self.mode is ResampleMode.AVG_INCLUDE_PADDING:
+            g = dy / math.prod(w)
+        else:
+            ones = np.pad(np.ones(dims[2:]), list(zip(pre, post)))
+            v = np.lib.stride_tricks.sliding_window_view(ones, w)
+            v = v[tuple(slice(None, None, st) for st in s)]
+            g = dy / v.reshape(*v.shape[: len(w)], -1).sum(axis=-1)
+        return [_scatter(lambda k, tap: g, dims, dy.shape[2:], w, s, pre, post)]
 
 
-def _torch_backward(x, dy, mode, params):
-    import torch
+@register_op
+@dataclass(frozen=True, kw_only=True)
+class ResampleMaxBackward(PoolBackward):
+    """The gradient of max pooling (see the module docstring); `input` is the forward's input."""
 
-    w, s, pre, post = geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"],
-                                x.dim() - 2)
-    with torch.enable_grad():
-        xr = x.detach().requires_grad_(True)
-        (dx,) = torch.autograd.grad(_torch_pool(xr, mode, w, s, pre, post), xr, dy)
-    return dx
+    kind = "resample_max_backward"
+    INPUTS = ("grad", "input")
 
+    def in_dims(self, ctx: NodeContext) -> tuple[int, ...]:
+        return ctx.tensor("input").dim
 
-def _avg_backward_torch(dy, **params):
-    import torch
-
-    x = torch.zeros(ints(params["in_dim"]), dtype=dy.dtype, device=dy.device)
-    return _torch_backward(x, dy, params["mode"], params)
-
-
-def _max_backward_torch(dy, x, **params):
-    import torch
-
-    nsp = x.dim() - 2
-    w, s, pre, post = geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
-    if nsp in (2, 3) and pre == post and all(2 * p <= k for p, k in zip(pre, w)):
-        # PyTorch's own pooling kernels, padding implicit: no padded copy of x and no autograd graph (the
-        # autograd route below took 1.5 ms of host and device time for ResNet's stem pool at batch 64)
-        aten = torch.ops.aten
-        fwd, bwd = ((aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward) if nsp == 2 else
-                    (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward))
-        ones = [1] * nsp
-        _, indices = fwd(x, list(w), list(s), list(pre), ones, False)
-        return bwd(dy, x, list(w), list(s), list(pre), ones, False, indices)
-    return _torch_backward(x, dy, ResampleMode.MAX.value, params)
+    def reference(self, ins, outs):
+        dy, x = ins
+        assert dy is not None and x is not None
+        geo = self.geometry(dy.shape, x.shape)
+        w, s, pre, post = geo.window, geo.stride, geo.pre_padding, geo.post_padding
+        nsp = len(w)
+        xp = np.pad(x, [(0, 0), (0, 0), *zip(pre, post)], constant_values=-np.inf)
+        v = np.lib.stride_tricks.sliding_window_view(xp, w, axis=tuple(range(2, 2 + nsp)))
+        strided = (slice(None), slice(None), *(slice(None, None, st) for st in s))
+        v = v[strided]
+        arg = np.argmax(v.reshape(*v.shape[: 2 + nsp], -1), axis=-1)  # the first maximum (or NaN)
+        return [_scatter(lambda k, tap: np.where(arg == k, dy, 0.0), x.shape, dy.shape[2:], w, s, pre, post)]
 
 
-def checked_geometry(name: str, dy_dims, in_dims, params) -> tuple[tuple[int, ...], ...]:
-    """(window, stride, pre, post) of a pooling backward op, validated against its tensors: 1-3 spatial
-    axes, windows and strides of at least 1, paddings of at least 0, and dy of exactly the pooled dims
-    (N, C and each (in + pre + post - window) // stride + 1; no broadcasting), else a graph error."""
-    rule, nsp = "pooling_backward.geometry", len(in_dims) - 2
-    if not 1 <= nsp <= 3:
-        raise ShapeError(f"{name}: the input has {len(in_dims)} dims; pooling takes [N, C, 1 to 3 spatial]",
-                         rule=rule, hint="pool a tensor of rank 3, 4 or 5")
+# -- the custom ops these were (graph files written before they were typed ops) ----------------------
+
+
+def _ints(params: dict[str, Param], name: str, op_name: str) -> tuple[int, ...]:
     try:
-        geo = geometry(str(params["window"]), str(params["stride"]), str(params["pre_padding"]),
-                       str(params["post_padding"]), nsp)
+        text = str(params[name])
+        return tuple(int(v) for v in text.split(",")) if text else ()
     except (KeyError, ValueError) as err:
-        raise AttributeValueError(f"{name}: window, stride, pre_padding and post_padding must be comma-separated "
-                                  f"ints ({type(err).__name__}: {err})", rule=rule,
-                                  hint="build the op through autodiff's resample rule, or pass as_text(ints)") from None
-    for label, values, low in zip(("window", "stride", "pre_padding", "post_padding"), geo, (1, 1, 0, 0)):
-        if len(values) != nsp or min(values) < low:
-            raise AttributeValueError(f"{name}: {label} {list(values)} needs {nsp} values of at least {low} (one "
-                                      f"per spatial axis)", rule=rule, hint=f"give {label} for every spatial axis")
-    w, st, pre, post = geo
-    out = tuple((d + a + b - k) // t + 1 for d, a, b, k, t in zip(in_dims[2:], pre, post, w, st))
-    want = (*in_dims[:2], *out)
-    if min(out) < 1 or tuple(dy_dims) != want:
-        raise ShapeError(f"{name}: dy has dims {list(dy_dims)}; pooling {list(in_dims)} with window {list(w)}, "
-                         f"stride {list(st)}, padding {list(pre)} / {list(post)} gives {list(want)}", rule=rule,
-                         hint="pass the gradient of the pooled output, of the pooled output's dims")
-    return geo
+        raise AttributeValueError(f"{op_name}: window, stride, pre_padding and post_padding must be comma-separated "
+                                  f"ints ({type(err).__name__}: {err})", rule="pooling_backward.geometry",
+                                  hint="build the op through autodiff's resample rule") from None
 
 
-def _infer_avg(dy, **p):
-    if p.get("mode") not in (ResampleMode.AVG_INCLUDE_PADDING.value, ResampleMode.AVG_EXCLUDE_PADDING.value):
-        raise AttributeValueError(f"{AVG_BACKWARD}: mode {p.get('mode')!r} is not an average pooling mode",
+def _geometry_params(params: dict[str, Param], op_name: str) -> dict[str, tuple[int, ...]]:
+    return {name: _ints(params, name, op_name) for name in _GEOMETRY}
+
+
+def _avg_from_params(params: dict[str, Param]) -> ResampleAvgBackward:
+    kind = ResampleAvgBackward.kind
+    mode = next((m for m in _AVERAGES if m.value == params.get("mode")), None)
+    if mode is None:
+        raise AttributeValueError(f"{kind}: mode {params.get('mode')!r} is not an average pooling mode",
                                   rule="pooling_backward.mode", hint="mode='avg_include_padding' or 'avg_exclude_padding'")
-    dims = ints(str(p["in_dim"]))
-    checked_geometry(AVG_BACKWARD, dy.dim, dims, p)
-    return [dims]
+    return ResampleAvgBackward(mode=mode, in_dim=_ints(params, "in_dim", kind), **_geometry_params(params, kind))
 
 
-def _infer_max(dy, x, **p):
-    checked_geometry(MAX_BACKWARD, dy.dim, x.dim, p)
-    return [x.dim]
+def _max_from_params(params: dict[str, Param]) -> ResampleMaxBackward:
+    return ResampleMaxBackward(**_geometry_params(params, ResampleMaxBackward.kind))
 
 
-# the built-in definitions (an engine that generates these ops checks that a graph's op is still this one)
-REFERENCES = {MAX_BACKWARD: _max_backward_ref, AVG_BACKWARD: _avg_backward_ref}
+LEGACY_CUSTOM.register(ResampleAvgBackward.kind, _avg_from_params)
+LEGACY_CUSTOM.register(ResampleMaxBackward.kind, _max_from_params)
 
-
-def ensure_registered() -> None:
-    """Register the custom ops (again, if a test emptied the registry)."""
-    if AVG_BACKWARD not in CUSTOM_OPS:
-        register_custom_op(AVG_BACKWARD, num_inputs=1, reference=_avg_backward_ref, torch=_avg_backward_torch,
-                           infer=_infer_avg)
-    if MAX_BACKWARD not in CUSTOM_OPS:
-        register_custom_op(MAX_BACKWARD, num_inputs=2, reference=_max_backward_ref, torch=_max_backward_torch,
-                           infer=_infer_max)
-
-
-ensure_registered()
+# (the op kinds, under the names the modules that emit and run them used)
+AVG_BACKWARD = ResampleAvgBackward.kind
+MAX_BACKWARD = ResampleMaxBackward.kind

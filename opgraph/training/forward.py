@@ -7,9 +7,12 @@ with three changes a training step needs:
    (a tied embedding is read as `W` by the lookup and as `W^T` by the output projection). Updating
    both in place would update the storage twice, and the plan could not order the reads of one view
    before the in-place write of the other. So a parameter read through several views becomes one
-   input (the module's tensor as it is, named by its key) and each view becomes layout ops on it
-   (transpose, reshape, slice): the gradients of the uses are summed by autodiff, the update is done
-   once, and every read is ordered before it.
+   input (the module's tensor as it is, named by its key) and each view becomes ops on it
+   (transpose, reshape, slice; an expand is a product with an input of ones of the expanded dims,
+   held with zero strides, `Prepared.ones`): the gradients of the uses are summed by autodiff, the
+   update is done once, and every read is ordered before it. A parameter read through one view of
+   part of it (a slice) or a broadcast (an expand) is made one input the same way, so that it is
+   updated whole (opgraph.training.module_graph).
 2. Normalizations: layernorm and rmsnorm in inference form (how the importer reads them) become the
    training form, and training batchnorm outputs its batch statistics: the backward reads the saved
    mean / inv_variance instead of recomputing them. Likewise sdpa generates its Stats (the row
@@ -52,6 +55,8 @@ from ..ops.pointwise import Pointwise, PointwiseMode
 GEMM_KINDS = frozenset({"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "sdpa"})
 _Y_ONLY = frozenset({"batchnorm", "batchnorm_inference"})  # y in the input's type, stats fp32
 LAYOUT_KINDS = frozenset({"reshape", "transpose", "slice", "concatenate"})
+# aten view ops that read part of a tensor or broadcast it: a parameter read so is updated whole
+READS_PART = frozenset({"slice", "expand", "expand_copy"})
 _FP32_MODES = frozenset({PointwiseMode.EXP, PointwiseMode.LOG, PointwiseMode.POW, PointwiseMode.RSQRT,
                          PointwiseMode.RECIPROCAL, PointwiseMode.TAN, PointwiseMode.SOFTPLUS_FWD})
 
@@ -78,6 +83,7 @@ class Prepared:
     tied: dict[str, Tensor] = field(default_factory=dict)
     stats: list[int] = field(default_factory=list)
     casts: int = 0
+    ones: dict[int, tuple[int, ...]] = field(default_factory=dict)  # inputs of ones (UID -> dims): bind expanded
 
 
 def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedParam] = (),
@@ -118,8 +124,17 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
         reader, so that they run in that reader's kernel (views of the parameter read in place)."""
         if uid not in handles:
             t = members[uid]
-            handles[uid] = _viewed(g, prepared.tied[t.key], views_of[uid], final.tensors[uid].dim, t.key, new_uid)
+            handles[uid] = _viewed(g, prepared.tied[t.key], views_of[uid], final.tensors[uid].dim, t.key, new_uid,
+                                   ones)
         return handles[uid]
+
+    def ones(dims: tuple[int, ...], data_type: DataType) -> Tensor:
+        """An input of ones of `dims` (bound to one element with zero strides)."""
+        t = g.tensor(dim=list(dims), stride=[0] * len(dims), data_type=data_type, name=f"ones{list(dims)}",
+                     uid=new_uid())
+        prepared.ones[t.known_uid()] = tuple(dims)
+        return t
+
     bound = set(bound) | set(members)
     casts: dict[int, Tensor] = {}
 
@@ -200,13 +215,15 @@ def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: 
     return None
 
 
-def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str, new_uid: Any) -> Tensor:
-    """`base` through a chain of aten view ops, as layout ops (transpose, reshape, slice)."""
+def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str, new_uid: Any,
+            ones: Any) -> Tensor:
+    """`base` through a chain of aten view ops, as layout ops (transpose, reshape, slice) and, for an
+    expand, a product with `ones(dims, type)` (an input of ones of the expanded dims)."""
     t = base
     shape = list(base.known_dim())
 
-    def add(op: Any) -> Tensor:
-        (out,) = g._add_op(op, [t], name=f"{key}.view{new_uid()}")
+    def add(op: Any, *more: Tensor) -> Tensor:
+        (out,) = g._add_op(op, [t, *more], name=f"{key}.view{new_uid()}")
         return expect(out, f"the output of {op.kind}").set_dim(tuple(shape))
 
     for op, args in views:
@@ -236,10 +253,21 @@ def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str
             bounds[axis] = slice(start, stop, step).indices(shape[axis])
             shape[axis] = len(range(*bounds[axis]))
             t = add(Slice(slices=tuple(bounds)))
+        elif name in ("expand", "expand_copy"):
+            sizes = [int(s) for s in args[0]]
+            lead = len(sizes) - len(shape)
+            target = [shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(sizes)]
+            if lead > 0:
+                shape = [1] * lead + shape
+                t = add(Reshape(dim=tuple(shape)))
+            if target != shape:
+                shape = target
+                t = add(Pointwise(mode=PointwiseMode.MUL), ones(tuple(shape), base.known_data_type()))
+                t.set_data_type(base.known_data_type())
         else:
             raise UnsupportedGraphError(f"parameter '{key}' is read through a {name} view", rule="training.tied_view",
-                                        hint="read tied parameters through view/reshape, t/transpose/permute or "
-                                        "slicing")
+                                        hint="read tied parameters through view/reshape, t/transpose/permute, "
+                                        "slicing or expand")
     if tuple(shape) != tuple(dim):
         raise UnsupportedGraphError(f"parameter '{key}': its view chain gives dims {shape}, the graph reads "
                                     f"{list(dim)}",

@@ -92,14 +92,19 @@ class Optimizer:
             self._values[name] = float(value)
             for buffers in self._bound:
                 if name in buffers:
-                    buffers[name].fill_(float(value))
+                    _fill(buffers[name], float(value))
 
     @property
     def hyper(self) -> dict[str, float]:
         return dict(self._values)
 
+    @property
+    def name(self) -> str:
+        """The prefix of its device scalars' names in a step graph ("sgd.lr", "adamw.beta1")."""
+        return type(self).__name__.lower()
+
     def bind(self, buffers: dict[str, Any]) -> None:
-        """Device scalars (name -> 1-element tensor) that `set` writes from now on."""
+        """Device scalars (name -> 1-element tensor or array) that `set` writes from now on."""
         self._bound.append(buffers)
 
     def state_names(self) -> tuple[str, ...]:
@@ -210,6 +215,14 @@ class AdamW(Optimizer):
         step = g.mul(g.div(m_new, denom, name=f"adamw.ratio.{tag}"), sh["step_size"], name=f"adamw.step.{tag}")
         delta = g.add(g.mul(w, sh["decay"], name=f"adamw.decay.{tag}"), step, name=f"adamw.delta.{tag}")
         commit(g, w, delta, s.skip, subtract=True, name=f"adamw.update.{tag}")
+
+
+def _fill(buffer: Any, value: float) -> None:
+    """Write `value` into a bound scalar: a torch tensor (a fill on its device, no synchronisation) or an array."""
+    if hasattr(buffer, "fill_"):
+        buffer.fill_(value)
+    else:
+        buffer[...] = value
 
 
 def scalar_type(param_types: set[DataType]) -> DataType:

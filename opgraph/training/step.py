@@ -9,10 +9,13 @@ training-step graph for a module imported with `opgraph.from_torch` in train mod
         loss = step.run(tokens, targets)        # = autocast forward, loss, backward, clip, AdamW.step()
         step.optimizer.set(lr=schedule(i))      # device scalars: a captured step reads the new value
 
-The graph (`step.graph`): the module's forward (prepared by opgraph.train_graph: tied parameters
-made one input, normalizations in training form, autocast's casts), the loss, the backward
-(opgraph.grad, combined), optional fp16 loss scaling and gradient clipping, and the optimizer's
-in-place updates of the module's own parameters and of the optimizer state (opgraph.optimizers).
+Building and running are apart: the step's graph (`step.step_graph`, a `ModuleStepGraph`; `step.graph`
+its Graph) is made by a pure function (opgraph.training.module_graph, over training.step_graph): the
+module's forward prepared for training (tied, sliced and expanded parameters made one input each,
+normalizations in training form, autocast's casts), the loss, the backward (opgraph.grad, combined),
+optional fp16 loss scaling and gradient clipping, and the optimizer's in-place updates of the module's own
+parameters and of the optimizer state (opgraph.training.optimizers). `TrainStep` binds the module's
+tensors and the optimizer state to it, builds the plan and runs it.
 
 - The loss's gradient seeds the backward: cross-entropy's and mse's are formed directly from the
   logits and per-row statistics (opgraph.losses); a loss function's ops are differentiated.
@@ -36,270 +39,96 @@ in-place updates of the module's own parameters and of the optimizer state (opgr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..autodiff import grad
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, GraphError, VariantPackError, expect
+from ..core.errors import GraphError, VariantPackError, expect
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
-from ..graph.builder import Graph
-from ..ops.reduction import ReductionMode
-from .forward import TiedParam, prepare_forward
-from .losses import Loss, as_loss
-from .optimizers import AdamW, Optimizer, UpdateScope, scalar_type
+from .losses import Loss
+from .module_graph import MIXED, ModuleStepGraph, module_step_graph
+from .optimizers import Optimizer
+from .step_graph import SCALER_DEFAULTS, GradientHook, ParamSlot, handles_by_uid
 
-MIXED = {None: None, "bf16": DataType.BFLOAT16, "bfloat16": DataType.BFLOAT16, "fp16": DataType.HALF,
-         "float16": DataType.HALF, "half": DataType.HALF}
-SCALER_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
-
-
-@dataclass
-class ParamSlot:
-    """A trained parameter: its state_dict `key`, the step graph input `uid` updated in place, the
-    `source` that binds it (the module tensor through the importer's views; None: the tensor itself),
-    and its optimizer state buffers (name -> uid)."""
-
-    key: str
-    uid: int
-    source: Any
-    state: dict[str, int] = field(default_factory=dict)
+__all__ = ["MIXED", "SCALER_DEFAULTS", "CapturedStep", "ParamSlot", "TrainStep", "train_step"]
 
 
 class TrainStep:
-    """A training step of an imported module (see the module docstring)."""
+    """A training step of an imported module: its graph (`step_graph`) and what runs it (see the module
+    docstring). The optimizer state lives here, per parameter key (`param_state`)."""
 
     def __init__(self, imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer | None = None,
                  mixed_precision: str | None = None, grad_clip_norm: float | None = None, *,
                  target_like: Any = None, loss_scale: Mapping[str, float] | None = None,
-                 grad_data_type: Any = None, name: str | None = None) -> None:
-        if mixed_precision not in MIXED:
-            raise AttributeValueError(f"mixed_precision={mixed_precision!r} is not None, 'bf16' or 'fp16'",
-                                      rule="training.mixed_precision", hint="pass None, 'bf16' or 'fp16'")
-        if grad_clip_norm is not None and not grad_clip_norm > 0:
-            raise AttributeValueError(f"grad_clip_norm={grad_clip_norm!r} must be > 0", rule="training.clip",
-                                      hint="pass a positive max norm, or None for no clipping")
+                 grad_data_type: Any = None, on_gradient: Sequence[GradientHook] = (), name: str | None = None) -> None:
         self.imported = imported
-        self.loss_fn: Loss = as_loss(loss, target_like)
-        self.optimizer = optimizer if optimizer is not None else AdamW(1e-3)
-        if not isinstance(self.optimizer, Optimizer):
-            raise AttributeValueError(f"optimizer={optimizer!r} is not an opgraph.training optimizer",
-                                      rule="training.optimizer", hint="pass opgraph.training.SGD(...) or AdamW(...)")
-        self.low = MIXED[mixed_precision]
+        self.step_graph: ModuleStepGraph = module_step_graph(
+            imported, loss, optimizer, mixed_precision, grad_clip_norm, target_like=target_like,
+            loss_scale=loss_scale, grad_data_type=grad_data_type, on_gradient=on_gradient, name=name)
         self.mixed_precision = mixed_precision
         self.grad_clip_norm = grad_clip_norm
-        unknown = set(loss_scale or {}) - set(SCALER_DEFAULTS)
-        if unknown:
-            raise AttributeValueError(f"loss_scale has unknown keys {sorted(unknown)}", rule="training.loss_scale",
-                                      hint=f"known: {sorted(SCALER_DEFAULTS)}")
         self.scaler = {**SCALER_DEFAULTS, **(loss_scale or {})} if self.low is DataType.HALF else None
-        self.params: list[ParamSlot] = []
-        self.scalars: dict[str, int] = {}  # device scalar inputs: hyper-parameters, counters, loss scale
         self.plan: Any = None
         self._device: Any = None
         self._pack: UidPack | None = None
-        self._state: dict[str, dict[str, Any]] = {}
+        self._state: dict[str, dict[str, Any]] = {}  # parameter key -> state name -> tensor (the parameter's layout)
         self._fingerprint: tuple = ()
-        self._build(grad_data_type, name)
 
-    # -- the graph ------------------------------------------------------------------------------------
-    def _build(self, grad_data_type: Any, name: str | None) -> None:
-        imp = self.imported
-        fg = imp.graph.final
-        module = imp.module
-        groups: dict[str, list[tuple[Tensor, Any]]] = {}
-        for t, source in imp.bound_inputs:
-            if source.kind == "parameter" and module.get_parameter(source.key).requires_grad:
-                groups.setdefault(source.key, []).append((t, source))
-        if not groups:
-            raise GraphError("the module has no trainable parameter", rule="training.no_params",
-                             hint="import a module with parameters that require grad")
-        tied = []
-        for key, members in groups.items():
-            p = module.get_parameter(key)
-            if not p.dtype.is_floating_point:
-                continue
-            if self.low is not None and p.dtype not in (_torch().float32, _torch().float64):
-                raise GraphError(f"mixed precision keeps fp32 master weights, but parameter '{key}' is {p.dtype}",
-                                 rule="training.master_type", hint="train the fp32 module (model.float()) with "
-                                 "mixed_precision, or a 16-bit module without it")
-            if len(members) > 1:
-                tied.append(TiedParam(key, [(t.known_uid(), s.views) for t, s in members], tuple(p.shape) or (1,),
-                                      tuple(p.stride()) or (1,), _og_type(p.dtype)))
-        bound = {t.known_uid() for t, _ in imp.bound_inputs}
-        outputs = imp.outputs
-        if len(outputs) != 1:
-            raise GraphError(f"train_step needs a module with one output (the one the loss reads); it has "
-                             f"{len(outputs)}", rule="training.outputs",
-                             hint="wrap the module so that it returns the logits (or prediction) alone")
-        out_uid = outputs[0].known_uid()
-        prep = prepare_forward(fg, bound=bound, tied=tied, low=self.low, internal=[out_uid],
-                               name=name or f"{fg.name}_train_step")
-        g = prep.graph
-        tied_keys = {t.key for t in tied}
-        for key, members in groups.items():
-            if key in tied_keys:
-                self.params.append(ParamSlot(key, prep.tied[key].known_uid(), None))
-            elif fg.tensors[members[0][0].known_uid()].data_type.is_floating:
-                self.params.append(ParamSlot(key, members[0][0].known_uid(), members[0][1]))
-        out = _by_uid(g)[out_uid]
-        out_desc = replace(fg.tensors[out_uid], data_type=out.data_type, is_virtual=True)
-        next_uid = max(max(fg.tensors), max(t._uid for t in g._tensors if t._uid is not None)) + 1
-        tdims, tdt = self.loss_fn.target(out_desc)
-        target = g.tensor(dim=list(tdims), data_type=tdt, name="target", uid=next_uid)
-        parts = self.loss_fn.forward(g, out, target, out_desc)
-        wide = fg.intermediate_data_type
-        loss = parts.loss.set_output(True).set_name("loss").set_data_type(wide)
-        g.validate()
-        ld = g.final.tensors[loss.known_uid()]
-        if ld.numel != 1 or not ld.data_type.is_floating:
-            raise GraphError(f"the loss must be a 1-element floating tensor, got {ld.type_str()}", tensor=ld,
-                             rule="training.loss", hint="reduce the loss to one value (a mean or a sum)")
-        self.loss_uid, self.target_uid, self.out_uid = loss.known_uid(), target.known_uid(), out_uid
-        saved = {k: v.known_uid() for k, v in parts.saved.items()}
-        analytic = type(self.loss_fn).gradient is not Loss.gradient
-        seeded = out_uid if analytic else self.loss_uid
-        n_forward = len(g._records)
-        res = grad(g, [seeded], [p.uid for p in self.params], combined=True, intermediate_data_type=grad_data_type,
-                   forward_types=self.low is not None, name=g.name)
-        sg = res.graph
-        self.graph = sg
-        for t in sg._tensors:
-            if t._uid in prep.stats:
-                t.set_is_virtual(True)
-        sg.validate()
-        self._next_uid = max(sg.final.tensors) + 1
-        self._pdesc = {p.uid: sg.final.tensors[p.uid] for p in self.params}
-        handles = _by_uid(sg)
-        sdt = scalar_type({d.data_type for d in self._pdesc.values()})
-        scale = self._scalar(sg, "loss_scale", DataType.FLOAT) if self.scaler else None
-        seed = res.grad_inputs[seeded]
-        self.seed_uid: int | None = seed.uid
-        first = len(sg._records)
-        if analytic:
-            named = {k: handles[u] for k, u in saved.items()}
-            d_out = self.loss_fn.gradient(sg, handles[out_uid], handles[self.target_uid], named,
-                                          1.0 if scale is None else scale, out_desc)
-            if d_out is None:
-                raise GraphError(f"{type(self.loss_fn).__name__}.gradient returned None", rule="training.loss_gradient",
-                                 hint="return d(loss)/d(out) times seed, or do not override gradient (then "
-                                      "opgraph.grad differentiates forward)")
-            self._alias(seed, d_out)
-        elif scale is not None:
-            value = sg.identity(scale, name="loss_scale.seed").set_data_type(seed.data_type)
-            if seed.known_dim() != (1,):
-                value = sg.reshape(value, list(seed.known_dim()), name="loss_scale.seed_dims")
-            self._alias(seed, value)
-        # the seed's ops between the forward and the backward (they come last in the list): ops are
-        # scheduled lowest record first among the ready ones, so an op left behind them would wait
-        order: dict[int, tuple] = {id(r): (n_forward, -1, i) for i, r in enumerate(sg._records[first:])}
-        grads = {p.uid: res.grads[p.uid].set_output(False) for p in self.params}
-        skip: Tensor | None = None
-        if scale is not None:
-            grads, skip = self._unscale(sg, grads, scale)
-        global_deps = skip is not None or self.grad_clip_norm is not None
-        if self.grad_clip_norm is not None:
-            grads = self._clip(sg, grads, sdt)
-        opt = self.optimizer
-        hyper = {n: self._scalar(sg, f"{type(opt).__name__.lower()}.{n}", sdt) for n in opt.used_hyper()}
-        step = self._scalar(sg, "optimizer.step", sdt) if opt.COUNTS_STEPS else None
-        scope = UpdateScope(sg, hyper, step, skip)
-        first = len(sg._records)
-        opt.prepare(scope)
-        order.update({id(r): (-1, i) for i, r in enumerate(sg._records[first:])})
-        for slot in self.params:
-            w = handles[slot.uid]
-            d = self._pdesc[slot.uid]
-            state = {}
-            for sname in opt.state_names():
-                uid = self._new_uid()
-                state[sname] = sg.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type,
-                                         name=f"{sname}.{slot.key}", uid=uid)
-                slot.state[sname] = uid
-            mark = len(sg._records)
-            opt.update(scope, w, grads[slot.uid], state, slot.key)
-            if not global_deps:
-                at = _producer_index(sg, res.grads[slot.uid])
-                order.update({id(r): (at, 1, i) for i, r in enumerate(sg._records[mark:])})
-        # each update right after its gradient's producer (without clipping or loss scaling, which need
-        # every gradient first): the partitioner can then fuse it into that kernel's epilogue
-        index = {id(r): (i, 0) for i, r in enumerate(sg._records)}
-        sg._records.sort(key=lambda r: order.get(id(r), index[id(r)]))
-        sg._invalidate()
-        if scale is not None and skip is not None:  # (_unscale made skip with the scale)
-            self._update_scale(sg, scale, skip)
-        sg.validate()
+    # -- the graph (ModuleStepGraph's) ----------------------------------------------------------------------
+    @property
+    def graph(self) -> Any:
+        return self.step_graph.graph
 
-    def _new_uid(self) -> int:
-        self._next_uid += 1
-        return self._next_uid - 1
+    @property
+    def params(self) -> list[ParamSlot]:
+        return list(self.step_graph.params)
 
-    def _rank(self, uid: int) -> int:
-        return len(self._pdesc[uid].dim)
+    @property
+    def scalars(self) -> dict[str, int]:
+        """Device scalar inputs by name: hyper-parameters, counters, loss scale."""
+        return dict(self.step_graph.scalars)
 
-    def _scalar(self, g: Graph, name: str, dt: DataType) -> Tensor:
-        t = g.tensor(dim=[1], data_type=dt, name=name, uid=self._new_uid())
-        self.scalars[name] = t.known_uid()
-        return t
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.step_graph.optimizer
 
-    @staticmethod
-    def _alias(seed: Tensor, value: Tensor) -> None:
-        """Make `value` (an op output) the backward's incoming gradient `seed` (a forward reference)."""
-        seed.set_is_virtual(True)
-        value.set_uid(seed.known_uid()).set_data_type(seed.data_type).set_is_virtual(True).set_name(seed.name)
+    @property
+    def loss_fn(self) -> Loss:
+        return self.step_graph.loss_fn
 
-    def _unscale(self, g: Graph, grads: dict[int, Tensor], scale: Tensor) -> tuple[dict[int, Tensor], Tensor]:
-        """Gradients divided by the loss scale, and `skip`: whether any of them holds an inf or NaN
-        (x * 0 is NaN exactly for those)."""
-        inv = g.reciprocal(scale, name="loss_scale.inverse")
-        out, total = {}, None
-        for uid, gr in grads.items():
-            tag = str(uid)
-            u = g.mul(gr, inv, name=f"unscale.{tag}")
-            probe = _sum_to_one(g, g.mul(u, 0.0, name=f"finite.{tag}.zero"), self._rank(uid), f"finite.{tag}")
-            total = probe if total is None else g.add(total, probe, name=f"finite.{tag}.total")
-            out[uid] = u
-        skip = g.cmp_neq(total, 0.0, name="found_inf")
-        return out, skip
+    @property
+    def low(self) -> DataType | None:
+        return self.step_graph.low
 
-    def _clip(self, g: Graph, grads: dict[int, Tensor], sdt: DataType) -> dict[int, Tensor]:
-        max_norm = self._scalar(g, "max_grad_norm", sdt)
-        total = None
-        for uid, gr in grads.items():
-            sq = _sum_to_one(g, g.mul(gr, gr, name=f"clip.{uid}.square"), self._rank(uid), f"clip.{uid}")
-            total = sq if total is None else g.add(total, sq, name=f"clip.{uid}.total")
-        norm = g.sqrt(total, name="grad_norm").set_output(True).set_uid(self._new_uid()).set_data_type(sdt)
-        self.grad_norm_uid = norm.uid
-        coef = g.min(g.div(max_norm, g.add(norm, 1e-6, name="clip.norm_eps"), name="clip.ratio"), 1.0,
-                     name="clip.coef")
-        return {uid: g.mul(gr, coef, name=f"clip.{uid}") for uid, gr in grads.items()}
+    @property
+    def loss_uid(self) -> int:
+        return self.step_graph.loss_uid
 
-    def _update_scale(self, g: Graph, scale: Tensor, skip: Tensor) -> None:
-        """GradScaler.update on the device: backoff on inf/NaN, growth after growth_interval clean steps."""
-        c = expect(self.scaler, "the loss scaler's settings")  # (loss scaling is on)
-        tracker = self._scalar(g, "loss_scale.growth_tracker", DataType.FLOAT)
-        next_count = g.add(tracker, 1.0, name="loss_scale.count")
-        grow = g.cmp_ge(next_count, float(c["growth_interval"]), name="loss_scale.grow")
-        factor = g.binary_select(float(c["backoff_factor"]),
-                                 g.binary_select(float(c["growth_factor"]), 1.0, grow, name="loss_scale.grow_factor"),
-                                 skip, name="loss_scale.factor")
-        new_scale = g.mul(scale, factor, name="loss_scale.new")
-        new_scale.set_uid(scale.uid).set_name(scale.name).set_data_type(DataType.FLOAT).set_output(True)
-        reset = g.logical_or(skip, grow, name="loss_scale.reset")
-        delta = g.binary_select(g.neg(tracker, name="loss_scale.zero"), 1.0, reset, name="loss_scale.delta")
-        new_tracker = g.add(tracker, delta, name="loss_scale.tracker")
-        new_tracker.set_uid(tracker.uid).set_name(tracker.name).set_data_type(DataType.FLOAT).set_output(True)
+    @property
+    def target_uid(self) -> int:
+        return self.step_graph.target_uid
 
-    # -- binding --------------------------------------------------------------------------------------
+    @property
+    def out_uid(self) -> int:
+        return self.step_graph.out_uid
+
+    @property
+    def seed_uid(self) -> int | None:
+        return self.step_graph.seed_uid
+
+    @property
+    def grad_norm_uid(self) -> int | None:
+        return self.step_graph.grad_norm_uid
+
     @property
     def loss(self) -> Tensor:
-        return _by_uid(self.graph)[self.loss_uid]
+        return handles_by_uid(self.graph)[self.loss_uid]
 
     @property
     def target(self) -> Tensor:
-        return _by_uid(self.graph)[self.target_uid]
+        return handles_by_uid(self.graph)[self.target_uid]
 
+    # -- binding --------------------------------------------------------------------------------------------
     def build(self, device: str | None = None, **build_options: Any) -> Any:
         """Build (or rebuild) the step's plan for `device` (default: a GPU if usable, else the CPU)."""
         self.plan = self.graph.build(device=device, **build_options)
@@ -351,29 +180,22 @@ class TrainStep:
 
     def _make_pack(self, device: Any) -> None:
         torch = _torch()
+        sg = self.step_graph
         final = self.graph.final
-        pack: UidPack = {}
 
         def empty(uid: int) -> Any:
             d = final.tensors[uid]
             return torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
 
+        pack: UidPack = {}
         for h in self.imported.inputs:
             pack[h.uid] = empty(h.uid)
         pack[self.target_uid] = empty(self.target_uid)
         self._bind_module(pack, device)
-        opt = self.optimizer
-        values = {**{f"{type(opt).__name__.lower()}.{n}": v for n, v in opt.hyper.items()},
-                  "optimizer.step": 0.0, "max_grad_norm": self.grad_clip_norm or 0.0,
-                  "loss_scale": (self.scaler or {}).get("init_scale", 1.0), "loss_scale.growth_tracker": 0.0}
-        bound: dict[str, Any] = {}
-        for name, uid in self.scalars.items():
-            pack[uid] = empty(uid).fill_(values[name])
-            if name.startswith(f"{type(opt).__name__.lower()}."):
-                bound[name.split(".", 1)[1]] = pack[uid]
-        opt.bind(bound)
-        if self.seed_uid is not None and self.seed_uid in final.inputs:
-            pack[self.seed_uid] = empty(self.seed_uid).fill_(1.0)
+        scalars = sg.state_pack(device, params=())  # the device scalars (bound to the optimizer) and the seed
+        pack.update(scalars)
+        for uid, dims in sg.ones.items():  # the broadcast of an expanded parameter: one element, zero strides
+            pack[uid] = torch.ones(1, dtype=final.tensors[uid].data_type.to_torch(), device=device).expand(*dims)
         for uid in final.outputs:
             if uid not in pack:
                 pack[uid] = empty(uid)
@@ -385,8 +207,7 @@ class TrainStep:
 
     def _bind_module(self, pack: UidPack, device: Any) -> None:
         """Parameters, buffers and constants (views of the module's tensors), and the optimizer state
-        (zeros made once per parameter, laid out like it)."""
-        torch = _torch()
+        (made once per parameter, laid out like it: `_param_state`)."""
         imp = self.imported
         final = self.graph.final
         cache: dict = {}
@@ -400,14 +221,19 @@ class TrainStep:
             if p.device != device:
                 raise VariantPackError(f"parameter '{slot.key}' is on {p.device}, the inputs on {device}",
                                        rule="training.device", hint="move the module to the inputs' device")
-            view = slot.source.apply(p) if slot.source is not None else p
-            pack[slot.uid] = view
-            state = self._state.setdefault(slot.key, {})
+            pack[slot.uid] = slot.source.apply(p) if slot.source is not None else p
             for sname, uid in slot.state.items():
-                if sname not in state or state[sname].device != device:
-                    state[sname] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                pack[uid] = slot.source.apply(state[sname]) if slot.source is not None else state[sname]
+                state = self._param_state(slot.key, sname, p)
+                pack[uid] = slot.source.apply(state) if slot.source is not None else state
         self._fingerprint = self._params_fingerprint()
+
+    def _param_state(self, key: str, name: str, p: Any) -> Any:
+        """Parameter `key`'s optimizer state `name`: zeros like the parameter when first asked for (torch's
+        lazily made state), kept across steps (and moved with the parameter's device)."""
+        state = self._state.setdefault(key, {})
+        if name not in state or state[name].device != p.device:
+            state[name] = _torch().zeros_like(p, memory_format=_torch().preserve_format)
+        return state[name]
 
     # -- running --------------------------------------------------------------------------------------
     def run(self, *inputs: Any, target: Any = None) -> Any:
@@ -485,7 +311,7 @@ class TrainStep:
     @property
     def grad_norm(self) -> Any:
         """The last step's global gradient norm before clipping (0-d), with grad_clip_norm."""
-        uid = getattr(self, "grad_norm_uid", None)
+        uid = self.grad_norm_uid
         return None if uid is None or self._pack is None else self._pack[uid].reshape(())
 
     def __repr__(self) -> str:
@@ -511,51 +337,21 @@ class CapturedStep:
 
 def train_step(imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer | None = None,
                mixed_precision: str | None = None, grad_clip_norm: float | None = None, **options: Any) -> TrainStep:
-    """A `TrainStep` for `imported` (see the module docstring). options: target_like (the target's
-    example or (dims, dtype), for a loss function), loss_scale ({init_scale, growth_factor,
-    backoff_factor, growth_interval} for fp16), grad_data_type, name."""
+    """The training step of module `imported` (opgraph.from_torch, train mode): forward, `loss`, backward,
+    clipping and `optimizer`'s update in one plan (see the module docstring).
+
+    loss: "cross_entropy", "mse", a `Loss` (CrossEntropy(...), MSE()) or a function (g, output, target) -> loss.
+    optimizer: SGD(...) or AdamW(...) (default AdamW(1e-3)); its hyper-parameters are device scalars.
+    mixed_precision: None, "bf16" or "fp16" (fp16 adds GradScaler's dynamic loss scale).
+    grad_clip_norm: the max global gradient norm (torch.nn.utils.clip_grad_norm_), or None.
+    options: target_like (the target's example or (dims, dtype), for a loss function), loss_scale
+        ({init_scale, growth_factor, backoff_factor, growth_interval} for fp16), grad_data_type,
+        on_gradient (gradient-ready hooks, opgraph.training.step_graph), name.
+    """
     return TrainStep(imported, loss, optimizer, mixed_precision, grad_clip_norm, **options)
-
-
-# -- helpers ------------------------------------------------------------------------------------------------
 
 
 def _torch() -> Any:
     import torch
 
     return torch
-
-
-def _og_type(dtype: Any) -> DataType:
-    from ..core.dtypes import as_data_type
-
-    return as_data_type(dtype)
-
-
-def _by_uid(g: Graph) -> dict[int, Tensor]:
-    """Handles by UID: for a UID held by a declared handle and an op output, the op output (the
-    tensor's value after that op)."""
-    produced = {id(t) for r in g._records for t in r.outputs if t is not None}
-    out: dict[int, Tensor] = {}
-    for t in g._tensors:
-        uid = t._uid if t._uid is not None else t.uid
-        if uid is None:
-            continue
-        if uid not in out or id(t) in produced:
-            out[uid] = t
-    return out
-
-
-def _producer_index(g: Graph, t: Tensor) -> int:
-    for i, r in enumerate(g._records):
-        if any(o is t for o in r.outputs):
-            return i
-    raise GraphError("the gradient has no producer in the step graph", rule="training.internal",
-                     hint="report this as a bug, with the module")
-
-
-def _sum_to_one(g: Graph, x: Tensor, rank: int, name: str) -> Tensor:
-    """The sum of all of x's elements (x of rank `rank`) as a [1] tensor (FLOAT)."""
-    r = g.reduction(x, ReductionMode.ADD, name=f"{name}.sum").set_dim([1] * rank)
-    r.set_data_type(g.intermediate_data_type)
-    return r if rank == 1 else g.reshape(r, [1], name=f"{name}.flat")

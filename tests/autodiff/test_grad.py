@@ -644,10 +644,9 @@ def test_max_pool_tie_goes_to_the_first_maximum(rng):
 @pytest.mark.parametrize("layout", ["nchw", NHWC])
 @pytest.mark.parametrize("name", [n for n, c in POOLS.items() if c["mode"] == "max"] + ["max_3d"])
 def test_max_pool_backward_torch_implementation_matches_the_reference(name, layout, rng):
-    """The custom op's PyTorch implementation (aten's pooling kernels where the padding is symmetric,
-    autograd otherwise) against its NumPy reference, ties included."""
-    from opgraph.ops.builtin_custom import as_text
-    from opgraph.ops.pooling_backward import _max_backward_ref, _max_backward_torch, geometry
+    """The op's PyTorch mapping (aten's pooling kernels where the padding is symmetric, autograd
+    otherwise) against its NumPy reference, ties included."""
+    from opgraph.ops.pooling_backward import ResampleMaxBackward
 
     cfg = POOLS.get(name, dict(mode="max", window=[3, 3, 3], stride=[2, 2, 2], padding=1))
     nsp = len(cfg["window"])
@@ -655,17 +654,31 @@ def test_max_pool_backward_torch_implementation_matches_the_reference(name, layo
         pytest.skip("NHWC is a 2-D layout")
     pre = cfg.get("pre_padding", [cfg.get("padding", 0)] * nsp)
     post = cfg.get("post_padding", [cfg.get("padding", 0)] * nsp)
-    params = {"window": as_text(cfg["window"]), "stride": as_text(cfg["stride"]), "pre_padding": as_text(pre),
-              "post_padding": as_text(post)}
+    op = ResampleMaxBackward(window=tuple(cfg["window"]), stride=tuple(cfg["stride"]), pre_padding=tuple(pre),
+                             post_padding=tuple(post))
     x = np.round(rng.uniform(-2, 2, size=[2, 3, *([7, 6, 5][:nsp])]) * 2) / 2  # ties
-    w, s, _, _ = geometry(params["window"], params["stride"], params["pre_padding"], params["post_padding"], nsp)
+    w, s = op.window, op.stride
     out = [(d + a + b - k) // st + 1 for d, a, b, k, st in zip(x.shape[2:], pre, post, w, s)]
     dy = rng.uniform(-1, 1, size=[2, 3, *out])
     xt = torch.from_numpy(x)
     if layout == NHWC:
         xt = xt.to(memory_format=torch.channels_last)
-    got = _max_backward_torch(torch.from_numpy(dy), xt, **params).numpy()
-    np.testing.assert_allclose(got, _max_backward_ref(dy, x, **params), rtol=0, atol=1e-12)
+    got = _torch_mapping(op, [torch.from_numpy(dy), xt], x.shape)
+    np.testing.assert_allclose(got, op.reference([dy, x], [None])[0], rtol=0, atol=1e-12)
+
+
+def _torch_mapping(op, tensors, out_dims):
+    """The torch engine's mapping of `op` run on float64 `tensors` (one node, its inputs bound)."""
+    from opgraph.engines.torch_engine import IMPLS
+    from opgraph.engines.torch_engine.common import Call
+
+    g = og.Graph("one", io_data_type=og.DataType.DOUBLE, compute_data_type=og.DataType.DOUBLE)
+    ins = [g.tensor(dim=list(t.shape), stride=list(t.stride()), name=f"in{i}") for i, t in enumerate(tensors)]
+    (out,) = g._add_op(op, ins, name="op")
+    out.set_output(True).set_dim(list(out_dims))
+    (node,) = g.final.nodes
+    values = {t.uid: v for t, v in zip(ins, tensors)}
+    return IMPLS[node.kind](Call(node, g.final.tensors, values, torch.device("cpu")))[0].numpy()
 
 
 # -- layout ops --------------------------------------------------------------------------------------------------------
@@ -926,10 +939,8 @@ def test_custom_op_gradient_rule(rng):
 
 
 @pytest.mark.parametrize("name", ["max_asym", "avg_exclude_asym", "avg_include", "max_1d"])
-def test_pooling_backward_custom_ops_torch_matches_reference(name, rng):
-    """The device implementations (torch) of the backward custom ops against their references."""
-    from opgraph.autodiff import rules_pooling as rp
-
+def test_pooling_backward_ops_torch_matches_reference(name, rng):
+    """The torch mappings of the pooling backward ops against their references."""
     cfg = POOLS[name]
     nsp = len(cfg["window"])
     g = fgraph()
@@ -937,25 +948,25 @@ def test_pooling_backward_custom_ops_torch_matches_reference(name, rng):
     kw = {k: v for k, v in cfg.items() if k != "mode"}
     y = g.resample(x, mode=cfg["mode"], **kw)[0].set_output(True)
     res = grad(g, y, x)
-    node = next(n for n in res.graph.final.nodes if n.kind == "custom")
-    d, params = node.op.definition, dict(node.op.params)
+    (node,) = [n for n in res.graph.final.nodes if n.kind in ("resample_max_backward", "resample_avg_backward")]
     xv = rng.standard_normal(g.final.tensors[x.uid].dim)
     dy = rng.standard_normal(g.final.tensors[y.uid].dim)
-    ins = [dy, xv][: node.op.num_inputs]
-    want = d.reference(*ins, **params)
-    got = d.torch(*(torch.tensor(a) for a in ins), **params).numpy()
+    ins = [dy, xv][: len(node.op.input_roles())]
+    want = node.op.reference(ins, [None])[0]
+    got = _torch_mapping(node.op, [torch.tensor(a) for a in ins], xv.shape)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    assert d.name in (rp.AVG_BACKWARD, rp.MAX_BACKWARD)
+    assert node.kind == ("resample_max_backward" if cfg["mode"] == "max" else "resample_avg_backward")
 
 
-def test_slice_backward_custom_op_torch_matches_reference(rng):
+def test_slice_backward_torch_matches_reference(rng):
     g = fgraph()
     x = g.tensor(dim=[4, 6], name="x")
     y = g.slice(x, [slice(1, 4), slice(0, 6, 2)]).set_output(True)
-    node = next(n for n in grad(g, y, x).graph.final.nodes if n.kind == "custom")
-    d, params = node.op.definition, dict(node.op.params)
+    (node,) = [n for n in grad(g, y, x).graph.final.nodes if n.kind == "slice_backward"]
     dy = rng.standard_normal((3, 3))
-    np.testing.assert_array_equal(d.torch(torch.tensor(dy), **params).numpy(), d.reference(dy, **params))
+    got = _torch_mapping(node.op, [torch.tensor(dy)], (4, 6))
+    np.testing.assert_array_equal(got, node.op.reference([dy], [None])[0])
+    assert got[0].tolist() == [0.0] * 6 and got[1, ::2].tolist() == dy[0].tolist()
 
 
 def test_backward_graph_round_trips_through_json():

@@ -14,7 +14,7 @@ from dataclasses import fields, replace
 import pytest
 
 import opgraph as og
-from opgraph.core.attrs import decode_op, encode_attrs
+from opgraph.core.attrs import attr_fields, decode_op, encode_attrs
 from opgraph.core.op import OPS
 
 from ..helpers import check_rule
@@ -62,7 +62,7 @@ def variants(cls) -> list:
     """An instance of `cls` with the first sample of every attribute, then one per other sample value
     (those the class accepts)."""
     hints = typing.get_type_hints(cls)
-    values = {f.name: samples(hints[f.name]) for f in fields(cls)}
+    values = {f.name: samples(hints[f.name]) for f in attr_fields(cls)}  # (init=False fields: the kind's)
     plain = cls(**{k: v[0] for k, v in values.items()})
     made = [_made(lambda k=k, v=v: replace(plain, **{k: v})) for k, vs in values.items() for v in vs[1:]]
     return [plain, *(m for m in made if m is not None)]
@@ -97,6 +97,15 @@ def test_enums_are_written_by_name():
 
 def test_the_registry_covers_the_op_families():
     assert {"pointwise", "matmul", "conv_fprop", "reduction", "resample", "layernorm", "custom"} <= set(OPS)
+
+
+def test_a_field_the_kind_fixes_is_not_an_attribute():
+    """stop_gradient is a pointwise IDENTITY of its own kind: its mode is not written, nor read back."""
+    op = OPS["stop_gradient"]()
+    assert encode_attrs(op) == {} and op.mode is og.PointwiseMode.IDENTITY
+    assert decode_op("stop_gradient", {}, "ops[0]") == op
+    with pytest.raises(og.SerializationError, match="unknown attribute"):
+        decode_op("stop_gradient", {"mode": "RELU_FWD"}, "ops[0]")
 
 
 def refused(kind, attrs, rule: str, *texts: str) -> og.SerializationError:

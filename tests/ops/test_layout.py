@@ -11,7 +11,7 @@ import pytest
 import opgraph as og
 from opgraph import DataType
 from opgraph.ops.layout import Concatenate, Reshape, Slice, Transpose
-from opgraph.core.tensor import channels_last_order, packed_strides, storage_extent
+from opgraph.core.tensor import channels_last_order, packed_strides, storage_extent, stride_order
 from tests.helpers import check_rule, raises_rule, run_reference
 
 torch = pytest.importorskip("torch")
@@ -345,3 +345,48 @@ def test_rule_concatenate_in_place_index(index):
     z = g.tensor(dim=[4, 6], name="z")
     g.concatenate([x, z], 0, in_place_index=index).set_output(True)
     raises_rule(g, og.AttributeValueError, "concatenate.in_place_index", "x")
+
+
+# -- slice_backward ------------------------------------------------------------------------------------------
+
+
+def _slice_backward(dy_dims, in_dim, slices, dy_stride=None):
+    from opgraph.ops.layout import SliceBackward
+
+    g = og.Graph("sb", io_data_type=DataType.FLOAT)
+    dy = g.tensor(dim=list(dy_dims), stride=dy_stride, name="dy")
+    (dx,) = g._add_op(SliceBackward(in_dim=tuple(in_dim), slices=tuple(slices)), [dy], name="dslice")
+    return g, dy, dx.set_output(True).set_name("dx")
+
+
+@pytest.mark.parametrize("engine", ["reference", "torch"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_slice_backward_scatters_dy_into_zeros_like_torch_autograd(engine, layout, rng):
+    in_dim, bounds = (2, 4, 7, 6), ((0, 2, 1), (1, 4, 2), (2, 7, 3), (0, 5, 1))
+    dy_dims = tuple(len(range(*b)) for b in bounds)
+    g, dy, dx = _slice_backward(dy_dims, in_dim, bounds, strides(dy_dims, layout))
+    plan = g.build(device="cpu", engines=[engine])
+    pack = og.testing.random_pack(plan.graph, rng)
+    pack[dx.uid][...] = np.nan
+    plan.execute(pack)
+    x = torch.zeros(in_dim, dtype=torch.float64, requires_grad=True)
+    view = x[tuple(slice(*b) for b in bounds)]
+    (want,) = torch.autograd.grad(view, x, torch.tensor(pack[dy.uid].astype(np.float64)))
+    np.testing.assert_array_equal(pack[dx.uid], want.numpy())
+    assert stride_order(g.final.tensors[dx.uid].stride) == stride_order(g.final.tensors[dy.uid].stride)
+
+
+@pytest.mark.parametrize("dy_dims,in_dim,slices,rule", [
+    ((2, 3), (4, 6), ((1, 3, 1),), "slice_backward.rank"),
+    ((2, 3), (4, 6), ((1, 3, 1), (0, 6, 0)), "slice_backward.bounds"),
+    ((2, 3), (4, 6), ((1, 3, 1), (-6, 6, 2)), "slice_backward.bounds"),  # not normalised
+    ((2, 2), (4, 6), ((1, 3, 1), (0, 6, 2)), "slice_backward.dims"),
+])
+def test_slice_backward_rules(dy_dims, in_dim, slices, rule):
+    g, _, _ = _slice_backward(dy_dims, in_dim, slices)
+    raises_rule(g, og.ShapeError if rule.endswith("dims") else og.AttributeValueError, rule, "dy")
+
+
+def test_slice_backward_round_trips_through_json():
+    g, _, _ = _slice_backward((2, 3), (4, 6), ((1, 3, 1), (0, 6, 2)))
+    assert og.Graph.from_json(g.to_json()).key() == g.key()

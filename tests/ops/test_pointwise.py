@@ -567,3 +567,28 @@ def test_axis_only_for_gen_index():
     with pytest.raises(og.AttributeValueError) as ei:
         g.validate()
     assert ei.value.rule == "pointwise.axis" and "'e'" in str(ei.value)
+
+
+# -- stop_gradient: a pointwise IDENTITY of its own kind -----------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["reference", "torch"])
+def test_stop_gradient_is_the_identity_and_passes_no_gradient(engine):
+    from opgraph.training import stop_gradient
+
+    rng = np.random.default_rng(3)
+    g = og.Graph("sg", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[3, 4], name="x")
+    y = g.mul(g.exp(stop_gradient(g, x)), x).set_output(True).set_name("y")  # d/dx = exp(x), not (1 + x) exp(x)
+    assert g.final.nodes[0].kind == "stop_gradient" and g.final.nodes[0].op.mode is PointwiseMode.IDENTITY
+    res = og.grad(g, [y], [x], combined=True)
+    plan = res.graph.build(device="cpu", engines=[engine])
+    pack = og.testing.random_pack(plan.graph, rng)
+    for u in plan.graph.outputs:
+        pack[u][...] = np.nan
+    pack[res.grad_inputs[y.uid].uid][...] = 1.0
+    plan.execute(pack)
+    xv = pack[x.uid].astype(np.float64)
+    np.testing.assert_allclose(pack[y.uid], np.exp(xv) * xv, rtol=1e-6)
+    np.testing.assert_allclose(pack[res.grads[x.uid].uid], np.exp(xv), rtol=1e-6)
+    assert og.Graph.from_json(g.to_json()).key() == g.key()

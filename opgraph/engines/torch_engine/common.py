@@ -18,6 +18,7 @@ import numpy as np
 from ...core.dtypes import DataType
 from ...core.errors import ExecutionError, expect
 from ...core.ir import Const, Node
+from ...core.registry import Registry
 from ...core.tensor import TensorDesc
 from ...core.torch_interop import as_torch  # noqa: F401 (the engine's mappings read buffers through it)
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 # kind -> mapping. A mapping takes a `Call` and returns one torch tensor (or None) per output role,
 # in any dtype and any dims that broadcast to the output's (rounding and broadcasting follow).
 OpMapping = Callable[["Call"], Sequence[Any]]
-IMPLS: dict[str, OpMapping] = {}
+IMPLS: Registry[str, OpMapping] = Registry("torch mapping")
 
 _WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
 _E4M3_MAX = 448.0
@@ -37,7 +38,7 @@ def implements(*kinds: str) -> Callable[[OpMapping], OpMapping]:
     """Decorator: register a mapping for op kinds."""
     def register(fn: OpMapping) -> OpMapping:
         for kind in kinds:
-            IMPLS[kind] = fn
+            IMPLS.register(kind, fn)
         return fn
     return register
 

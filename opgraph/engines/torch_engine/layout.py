@@ -1,6 +1,7 @@
-"""Layout ops in torch: reshape (logical row-major order), permute, slicing, torch.cat. They move data
-in its stored type (no trip through the compute type, so integers of any size stay exact); views
-where torch can make them, materialised when they are written to a bound buffer.
+"""Layout ops in torch: reshape (logical row-major order), permute, slicing, torch.cat, and slice's
+backward (zeros with the slice written in). They move data in its stored type (no trip through the
+compute type, so integers of any size stay exact); views where torch can make them, materialised when
+they are written to a bound buffer.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from ...ops.layout import Concatenate, Slice, Transpose
+from ...ops.layout import Concatenate, Slice, SliceBackward, Transpose
 from .common import Call, implements
 
 
@@ -29,6 +30,17 @@ def slice_(call: Call) -> list[Any]:
     x = call.raw("input")
     bounds = call.node.op_as(Slice).bounds(None, tuple(x.shape))
     return [x[tuple(builtins.slice(*b) for b in bounds)]]
+
+
+@implements("slice_backward")
+def slice_backward(call: Call) -> list[Any]:
+    import torch
+
+    op = call.node.op_as(SliceBackward)
+    dy = call.tensor("grad")
+    dx = torch.zeros(op.in_dim, dtype=dy.dtype, device=dy.device)
+    dx[tuple(builtins.slice(*b) for b in op.slices)] = dy
+    return [dx]
 
 
 @implements("concatenate")

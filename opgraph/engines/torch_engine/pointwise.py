@@ -128,7 +128,7 @@ def formula(mode: PointwiseMode) -> Callable[..., Any]:
     return _TABLE[mode]
 
 
-@implements("pointwise")
+@implements("pointwise", "stop_gradient")  # (stop_gradient: a Pointwise IDENTITY of its own kind)
 def pointwise(call: Call) -> list[Any]:
     op = call.node.op_as(Pointwise)
     out = call.out("output")

@@ -66,8 +66,9 @@ def _op_rule(kind: str, cls: Any) -> dict[str, Any]:
     from ...core.op import Op
 
     hints = typing.get_type_hints(cls)
-    attrs = {f.name: _attr_schema(hints[f.name]) for f in dataclasses.fields(cls)}
-    needed = [f.name for f in dataclasses.fields(cls)
+    own = [f for f in dataclasses.fields(cls) if f.init]  # (init=False fields are fixed by the kind)
+    attrs = {f.name: _attr_schema(hints[f.name]) for f in own}
+    needed = [f.name for f in own
               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     attr_doc: dict[str, Any] = {"type": "object", "properties": attrs, "additionalProperties": False}
     if needed:

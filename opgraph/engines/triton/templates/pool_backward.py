@@ -1,4 +1,4 @@
-"""Pooling's backward: the custom ops `resample_max_backward` and `resample_avg_backward` of
+"""Pooling's backward: the ops `resample_max_backward` and `resample_avg_backward` of
 ops/pooling_backward.py (what autodiff emits for `resample`) as generated kernels. Gathers, not
 scatters: every dx element is written once by one program, with no atomics, so the result does not
 depend on scheduling.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
@@ -30,9 +29,8 @@ from ....core.errors import GraphError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
-from ....ops.custom import CUSTOM_OPS, Custom
 from ....ops.pooling import ResampleMode
-from ....ops.pooling_backward import MAX_BACKWARD, REFERENCES, checked_geometry
+from ....ops.pooling_backward import PoolBackward, ResampleAvgBackward, ResampleMaxBackward
 from ..casts import from_storage, to_storage
 from ..expr import compute_type, piece_types
 from ..knobs import FlatKnobs
@@ -70,47 +68,41 @@ class PoolGrad:
     exclude_padding: bool  # avg: count(o) is the window's taps inside the input, not prod(window)
 
 
-MAIN_KINDS = ("custom",)  # the op kinds of the pooling backward ops (`pooling_backward` tells them apart)
+MAIN_KINDS = (ResampleMaxBackward.kind, ResampleAvgBackward.kind)  # the op kinds of the pooling backward ops
 
 
-def pooling_backward(node: Node) -> tuple[str, dict[str, Any]] | Support:
-    """(op name, parameters) of a built-in pooling backward op, or why `node` is not one: the one place
-    that knows how these ops are represented."""
-    op = node.op
-    if not isinstance(op, Custom):
-        return Support.no("the pooling backward template runs one resample backward custom op alone")
-    if op.op_name not in REFERENCES:
-        return Support.no(f"custom op '{op.op_name}' is not a pooling backward", node)
-    if CUSTOM_OPS.get(op.op_name) is None or CUSTOM_OPS[op.op_name].reference is not REFERENCES[op.op_name]:
-        return Support.no(f"custom op '{op.op_name}' was registered again with another definition; the kernels "
-                          "compute the built-in one", node)
-    return op.op_name, dict(op.params)
+def pooling_backward(node: Node) -> PoolBackward | Support:
+    """The pooling backward op of `node`, or why it is not one: the one place that knows how these ops are
+    represented."""
+    if not isinstance(node.op, PoolBackward):
+        return Support.no("the pooling backward template runs one resample backward op alone")
+    return node.op
 
 
 def analyze(piece: Piece) -> PoolGrad | Support:
     if len(piece.nodes) != 1:
-        return Support.no("the pooling backward template runs one resample backward custom op alone")
+        return Support.no("the pooling backward template runs one resample backward op alone")
     node = piece.nodes[0]
-    found = pooling_backward(node)
-    if isinstance(found, Support):
-        return found
-    op_name, params = found
+    op = pooling_backward(node)
+    if isinstance(op, Support):
+        return op
     dy = piece.tensor(node.input_uids()[0])
     dx = piece.tensor(node.output_uids()[0])
-    x = piece.tensor(node.input_uids()[1]) if op_name == MAX_BACKWARD else None
+    x = piece.tensor(node.input_uids()[1]) if isinstance(op, ResampleMaxBackward) else None
     for t in (dy, dx) if x is None else (dy, x, dx):
         if t.data_type not in FLOATS or t.is_pass_by_value:
             return Support.no(f"{t.label()} is {'a pass-by-value scalar' if t.is_pass_by_value else t.data_type.value}"
                               f"; the pooling backward kernels take buffers of {', '.join(f.value for f in FLOATS)}",
                               node)
-    mode = params.get("mode")
-    if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING.value, ResampleMode.AVG_EXCLUDE_PADDING.value):
-        return Support.no(f"average pooling backward of mode {mode!r}", node)
+    mode = op.mode if isinstance(op, ResampleAvgBackward) else ResampleMode.MAX
+    if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING):
+        return Support.no(f"average pooling backward of mode {mode.name}", node)
     try:  # (the op's infer checked it when the graph was built; a plan file's graph too)
-        w, s, pre, _ = checked_geometry(op_name, dy.dim, dx.dim, params)
+        geo = op.geometry(dy.dim, dx.dim)
     except GraphError as err:
         return Support.no(err.detail, node)
-    exclude = mode == ResampleMode.AVG_EXCLUDE_PADDING.value
+    w, s, pre = geo.window, geo.stride, geo.pre_padding
+    exclude = mode is ResampleMode.AVG_EXCLUDE_PADDING
     return PoolGrad(node, x is not None, dy, x, dx, tuple(w), tuple(s), tuple(pre), exclude)
 
 
