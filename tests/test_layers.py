@@ -42,7 +42,7 @@ FACADES = {
     ("opgraph.graph.builder", "opgraph.runtime.plan"),
     ("opgraph.graph.builder", "opgraph.build.heuristics"),  # the facade's return type
     # g.sdpa_backward(score_mod=...) derives the modifier's derivative with autodiff's pointwise rules
-    ("opgraph.ops.attention", "opgraph.autodiff.score_mod"),
+    ("opgraph.ops.attention_builders", "opgraph.autodiff.score_mod"),
 }
 
 

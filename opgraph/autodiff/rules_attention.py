@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ..ops.attention import BWD_RAGGED, Sdpa, SdpaBackward, ragged_role
 from ..core.errors import expect
+from ..ops.attention import BWD_RAGGED, Sdpa, SdpaBackward, ragged_role
 from .rules import RuleContext, register_rule, unsupported
 
 _GRADS = (("dQ", "q"), ("dK", "k"), ("dV", "v"), ("dBias", "bias"), ("dSink_token", "sink_token"))

@@ -3,6 +3,7 @@
 from ..core.op import BUILDERS, OPS, Op, graph_method, register_op  # noqa: F401
 from . import (  # noqa: F401
     attention,
+    attention_builders,
     builtin_custom,
     conv,
     custom,
