@@ -31,6 +31,7 @@ from .core.log import configure_from_env as _configure_logging
 from .core.tensor import Tensor, TensorDesc
 from .core.version import __version__
 from .graph.builder import Graph
+from .ops.attention import DiagonalAlignment
 from .ops.conv import ConvolutionMode
 from .ops.custom import register_custom_op
 from .ops.norm_common import NormForwardPhase
@@ -69,7 +70,7 @@ _configure_logging()
 
 __all__ = [
     "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
+    "DataflowError", "Device", "DiagonalAlignment", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
     "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "from_torch", "grad",
