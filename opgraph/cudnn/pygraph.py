@@ -28,13 +28,15 @@ from ..core.device import Device, resolve_device
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, GraphError, SerializationError, VariantPackError
 from ..core.op import BUILDERS
-from ..core.tensor import Tensor, TensorDesc, storage_extent, strided_view
+from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..graph.finalize import _self_overlapping
 from ..memory.buffers import buffer_info, tensor_from_pointer
 from ..runtime.bindings import resolve_key
 from ..runtime.plan import ExecutionPlan
-from . import enums
+from . import enums, ragged
+from .attention import AttentionGraph, adopt
+from .buffers import as_declared, hashable
 from .candidates import Candidate, Planner
 from .errors import cudnnGraphNotSupportedError, translated
 from .handles import Handle
@@ -75,7 +77,7 @@ class tensor_attributes:
         return str(self._desc)
 
 
-class pygraph(Graph):
+class pygraph(AttentionGraph, Graph):
     """A cuDNN frontend graph: build it with the op builders, then validate, plan, build and execute.
 
     opgraph extensions: `device=` ("cpu", "cuda", "cuda:N"; default the handle's device, else the GPU
@@ -106,6 +108,7 @@ class pygraph(Graph):
         self._build_errors: dict[int, str] = {}
         self._loaded: ExecutionPlan | None = None  # a deserialized plan
         self._pack_keys: tuple | None = None  # (plan, ids and UIDs to skip, {key: TensorDesc}): execute's lookups
+        self._init_attention()
 
     # -- tensors ---------------------------------------------------------------------------------
     # pygraph is opgraph's Graph under cuDNN frontend's API: where the two differ, cuDNN's signature wins
@@ -115,20 +118,24 @@ class pygraph(Graph):
                reordering_type: Any = None, name: str = "", uid: int | None = -1,
                ragged_offset_multiplier: int = 1, *, is_by_reference: bool = False) -> Tensor:
         """cuDNN's argument order; uid=-1 (cuDNN's "unset") has one assigned at validate."""
-        if ragged_offset is not None or ragged_offset_multiplier != 1:
-            raise AttributeValueError("ragged tensors (ragged_offset) are not supported", tensor=name,
-                                      rule="cudnn.ragged", hint="pad the batch to dense tensors")
+        if ragged_offset_multiplier != 1:
+            raise AttributeValueError("ragged_offset_multiplier is not supported", tensor=name,
+                                      rule="cudnn.ragged", hint="give ragged offsets in elements (multiplier 1)")
         if reordering_type not in (None, enums.tensor_reordering.NONE):
             raise AttributeValueError(f"tensor reordering {reordering_type} is not supported", tensor=name,
                                       rule="cudnn.reordering", hint="use tensor_reordering.NONE")
-        return super().tensor(dim=dim, stride=stride, data_type=data_type, name=name,
-                              uid=None if uid is None or uid == -1 else uid, is_virtual=is_virtual,
-                              is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference)
+        t = adopt(super().tensor(dim=dim, stride=stride, data_type=data_type, name=name,
+                                 uid=None if uid is None or uid == -1 else uid, is_virtual=is_virtual,
+                                 is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference))
+        return t if ragged_offset is None else t.set_ragged_offset(ragged_offset)
 
     @translated
     def tensor_like(self, input: Any, name: str = "", uid: int | None = None) -> Tensor:
         """A tensor shaped like a tensor of any graph, a buffer (PyTorch, NumPy, DLPack) or a number.
         A 1-element CPU buffer becomes a pass-by-value scalar, as in cuDNN."""
+        return adopt(self._tensor_like(input, name, uid))
+
+    def _tensor_like(self, input: Any, name: str, uid: int | None) -> Tensor:
         if isinstance(input, Tensor):
             dim, stride = input.dim, input.stride
             if dim is None:
@@ -157,12 +164,16 @@ class pygraph(Graph):
         self._runtime_values[id(t)] = (t, value)
         return t
 
+    def _add_op(self, op: Any, inputs: Sequence[Any], **kwargs: Any) -> list[Tensor | None]:
+        return [adopt(t) for t in super()._add_op(op, inputs, **kwargs)]
+
     # -- validation: cuDNN's adaptations, then opgraph's checks -------------------------------------
     @translated
     def validate(self) -> None:  # type: ignore[override]  # cuDNN frontend's signature
         if self._loaded is not None and not self._records:
             return
         if self._final is None:
+            self._adapt_attention()
             self._drop_unused()
             self._demote_cpu_scalars()
             super().validate()
@@ -170,6 +181,7 @@ class pygraph(Graph):
                 if not self._cudnn_strides():
                     break
                 super().validate()
+            self._layouts_after_validate()
 
     def _drop_unused(self) -> None:
         used = {id(v) for r in self._records for v in (*r.inputs, *r.outputs) if isinstance(v, Tensor)}
@@ -229,7 +241,10 @@ class pygraph(Graph):
     def _plans_for(self) -> Planner:
         self.validate()
         if self._planner is None or self._planner.graph is not self._final:
-            self._planner = Planner(self.final, self._device(), self._engines, self._filters)
+            engines: Sequence[str] | None = self._engines
+            if engines is None and self._device().is_cuda:
+                engines = self.implementation_engines()
+            self._planner = Planner(self.final, self._device(), engines, self._filters)
             self._candidates, self._built, self._build_errors = [], {}, {}
         return self._planner
 
@@ -412,11 +427,27 @@ class pygraph(Graph):
         self._planner = None
 
     # -- running -------------------------------------------------------------------------------------
-    @staticmethod
-    def _no_overrides(*overrides: Any) -> None:
-        if any(o is not None for o in overrides):
-            raise AttributeValueError("shape overrides at execute are not supported", rule="cudnn.override_shapes",
-                                      hint="build a graph per shape (plans are cheap to cache by shape)")
+    def _no_overrides(self, uids: Any, shapes: Any, strides: Any) -> None:
+        """Shape overrides that restate the built shapes are accepted (a ragged tensor's as declared to
+        cuDNN, strides unchecked); others need dynamic shapes (issue 42)."""
+        if uids is None and shapes is None and strides is None:
+            return
+        plan = self._loaded if self._loaded is not None else (self._selected() if self._built else None)
+        graph = plan.graph if plan is not None else self.final
+        for i, uid in enumerate(uids or []):
+            desc = graph.tensors.get(int(uid))
+            layout = self._ragged_layouts.get(int(uid))
+            shape = tuple(shapes[i]) if shapes is not None and i < len(shapes) else None
+            stride = tuple(strides[i]) if strides is not None and i < len(strides) else None
+            want = layout.declared_dim if layout is not None else (desc.dim if desc is not None else None)
+            if want is None or (shape is not None and shape != tuple(want)) or (
+                    layout is None and desc is not None and stride is not None and len(stride) == len(desc.dim)
+                    and any(d > 1 and a != b for d, a, b in zip(desc.dim, stride, desc.stride))):
+                raise AttributeValueError(
+                    f"override of UID {uid} to shape {list(shape or [])} and strides {list(stride or [])}: the plan was "
+                    f"built for {list(want or [])}", rule="cudnn.override_shapes",
+                    hint="build a graph per shape (plans are cheap to cache by shape); execute-time shape overrides "
+                    "are issue 42 (dynamic shapes)")
 
     def _pack(self, plan: ExecutionPlan, var_pack: Any) -> dict[Any, Any]:
         if not isinstance(var_pack, dict):
@@ -431,16 +462,19 @@ class pygraph(Graph):
         for key, value in var_pack.items():
             if key is None or value is None or id(key) in skip_ids or (type(key) is int and key in skip_uids):
                 continue
-            desc = descs.get(key) if _hashable(key) else None
+            desc = descs.get(key) if hashable(key) else None
             if desc is None:
                 try:
                     desc = plan.graph.tensors[resolve_key(plan.graph, key)]
                 except GraphError:
                     pack[key] = value  # bind() names the problem
                     continue
-                if _hashable(key) and len(descs) < 4096:
+                if hashable(key) and len(descs) < 4096:
                     descs[key] = desc
-            pack[key] = _as_declared(desc, value)
+            if self._ragged_layouts and self._loaded is None:
+                pack[desc.uid] = value if desc.uid in self._ragged_layouts else as_declared(desc, value)
+            else:
+                pack[key] = as_declared(desc, value)
         for t, value in self._runtime_values.values():
             if plan.graph.handle_uid(t) is not None and t not in pack:
                 pack[t] = value
@@ -464,7 +498,12 @@ class pygraph(Graph):
 
     def _run(self, plan: ExecutionPlan, var_pack: Any, workspace: Any, handle: Any) -> None:
         stream = self._stream(handle) if plan.device.is_cuda else None
-        plan.execute(self._pack(plan, var_pack), self._workspace(plan, workspace), stream=stream)
+        pack = self._pack(plan, var_pack)
+        done = ragged.prepare(self._ragged_layouts, plan.graph.tensors, pack) \
+            if self._ragged_layouts and self._loaded is None else None
+        plan.execute(pack, self._workspace(plan, workspace), stream=stream)
+        if done is not None:
+            done()
 
     @translated
     def execute(self, var_pack: dict, workspace: Any = None, handle: Any = None, override_uids: Any = None,  # type: ignore[override]  # cuDNN frontend's signature
@@ -548,43 +587,8 @@ class pygraph(Graph):
             return json.dumps({"name": self.name, "invalid": err.detail})
 
 
-def _hashable(key: Any) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
-
-
-def _as_declared(desc: TensorDesc, value: Any) -> Any:
-    """cuDNN binds by address: a dense buffer whose shape or strides differ from the tensor's (a [N, H, W]
-    result for a [N, 1, H, W] tensor) is read and written with the tensor's dims and strides, as cuDNN
-    would, when it holds enough elements of the tensor's type. Anything else is bound as given (and
-    checked as opgraph checks every buffer)."""
-    if desc.is_pass_by_value or isinstance(value, (numbers.Number, np.generic)):
-        return value
-    if hasattr(value, "data_ptr") and value.shape == desc.dim and value.stride() == desc.stride:
-        return value  # the common case, decided without a BufferInfo
-    if not (isinstance(value, np.ndarray) or hasattr(value, "data_ptr")):
-        return value
-    try:
-        info = buffer_info(value)
-    except GraphError:
-        return value  # bind() names the problem
-    if info.data_type is not desc.data_type or (
-            info.shape == desc.dim and all(a == b for d, a, b in zip(desc.dim, info.strides, desc.stride) if d > 1)):
-        return value
-    numel = int(np.prod(info.shape))
-    dense = storage_extent(info.shape, [abs(s) for s in info.strides]) == numel and min(info.strides, default=0) >= 0 \
-        and not _self_overlapping(tuple(info.shape), tuple(info.strides))
-    if not dense or storage_extent(desc.dim, desc.stride) > numel:
-        return value
-    if isinstance(value, np.ndarray):
-        return strided_view(strided_view(value, (numel,), (1,)), desc.dim, desc.stride)
-    return value.as_strided(desc.dim, desc.stride)
-
-
 for _name, _builder in BUILDERS.items():  # op builders raise cuDNN-catchable errors too
-    setattr(pygraph, _name, translated(_builder))
+    if _name not in vars(AttentionGraph):  # (cuDNN's signatures of sdpa and sdpa_backward)
+        setattr(pygraph, _name, translated(_builder))
 
 __all__ = ["pygraph", "tensor_attributes"]

@@ -2,9 +2,11 @@
 
 from ..core.op import BUILDERS, OPS, Op, graph_method, register_op  # noqa: F401
 from . import (  # noqa: F401
+    adalayernorm,
     attention,
     attention_builders,
     builtin_custom,
+    causal_conv1d,
     conv,
     custom,
     gather,

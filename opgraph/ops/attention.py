@@ -151,6 +151,8 @@ class _Attention(Op):
     score_mod: ScoreMod | None = None
     max_seq_len_q: int | None = None  # Sq of packed queries
     max_seq_len_kv: int | None = None  # Skv of packed or paged keys and values
+    # (role, n): the ragged offset of `role` counts elements, n a row (cuDNN's); without: rows
+    ragged_offset_strides: tuple[tuple[str, int], ...] = ()
 
     BASE_INPUTS: ClassVar[tuple[str, ...]] = ()
     REQUIRED: ClassVar[frozenset[str]] = frozenset()
@@ -175,6 +177,10 @@ class _Attention(Op):
     @property
     def masking(self) -> ref.Masking:
         return ref.Masking(self.use_padding_mask, self.bottom_right, self.sliding_window_length, self.right_bound)
+
+    def offset_divisor(self, role: str) -> int:
+        """What the ragged offset of `role` is divided by to give rows (see ragged_offset_strides)."""
+        return dict(self.ragged_offset_strides).get(role, 1)
 
     # -- geometry ---------------------------------------------------------------------------------------
     def qkv(self, ctx: NodeContext) -> tuple[TensorDesc, TensorDesc, TensorDesc]:
@@ -374,10 +380,11 @@ class _Attention(Op):
         if table is not None:
             toff = a.get(f"paged_attention_{role}_table_ragged_offset")
             pages = -(-rows // x.shape[2])
-            tab = ref.unpack(table, toff, None, b, pages) if toff is not None else table
+            tab = ref.unpack(table, self._rows(toff, f"paged_attention_{role}_table"), None, b, pages) \
+                if toff is not None else table
             return ref.unpage(x, tab.reshape(b, -1), rows)
         off = a.get(ragged_role(role))
-        return ref.unpack(x, off, lens, b, rows) if off is not None else x
+        return ref.unpack(x, self._rows(off, role), lens, b, rows) if off is not None else x
 
     def dense_output(self, a: dict[str, Any], role: str, value: np.ndarray | None, out: TensorDesc | None
                      ) -> np.ndarray | None:
@@ -388,7 +395,11 @@ class _Attention(Op):
         if off is None:
             return value
         lens = a["seq_len_kv"] if role in _KV_SIDE else a["seq_len_q"]
-        return ref.pack(value, off, lens, out.dim[2])
+        return ref.pack(value, self._rows(off, role), lens, out.dim[2])
+
+    def _rows(self, offsets: np.ndarray, role: str) -> np.ndarray:
+        div = self.offset_divisor(role)
+        return offsets if div == 1 else np.floor_divide(np.asarray(offsets, dtype=np.float64), div)
 
     def scores(self, a: dict[str, Any], q: np.ndarray, k: np.ndarray) -> ref.Scores:
         modifier = None

@@ -57,6 +57,11 @@ def check_packed(op: Any, ctx: NodeContext, g: Any) -> None:
                       f"[{g.b} or {g.b + 1}, 1, 1, 1]", tensor=role, rule="sdpa.ragged",
                       hint="one offset (in rows of axis 2) per sequence, e.g. the exclusive prefix sum of the "
                       "lengths")
+    known = {r.removesuffix("_ragged_offset") for r in op.input_roles() if r.endswith("_ragged_offset")}
+    for role, n in op.ragged_offset_strides:
+        if role not in known or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            ctx.error(AttributeValueError, f"ragged_offset_strides has ({role!r}, {n!r})", rule="sdpa.ragged",
+                      hint=f"pairs of a packed tensor's role (one of {sorted(known)}) and its elements per row >= 1")
     if ctx.has("paged_attention_k_table_ragged_offset") and not ctx.has("paged_attention_k_table") or \
             ctx.has("paged_attention_v_table_ragged_offset") and not ctx.has("paged_attention_v_table"):
         ctx.error(AttributeValueError, "a page table offset without its page table", rule="sdpa.paged",

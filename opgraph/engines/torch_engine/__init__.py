@@ -36,7 +36,21 @@ from ...core.types import Buffer, Stream
 from ...ops.custom import Custom
 from .. import register_engine
 from ..base import Engine, Kernel
-from . import attention, conv, custom, gather, gemm, layout, matmul, norm, pointwise, pooling, reduction  # noqa: F401  (register mappings)
+from . import (  # noqa: F401  (register mappings)
+    adalayernorm,
+    attention,
+    causal_conv1d,
+    conv,
+    custom,
+    gather,
+    gemm,
+    layout,
+    matmul,
+    norm,
+    pointwise,
+    pooling,
+    reduction,
+)
 from .common import IMPLS, Call, as_torch, finish, wide_compute
 from .estimate import estimate_us
 from .host import run_on_host

@@ -119,12 +119,17 @@ def evaluate(mod: ScoreMod, score: Any, inputs: list[Any], grad: Any = None) -> 
 
 
 def _ints(call: Call, role: str, n: int) -> Any:
-    """An integer input (lengths, offsets) as int64 [n] on the device (None when absent)."""
+    """An integer input (lengths, offsets) as int64 [n] on the device (None when absent); a ragged
+    offset in rows (divided by its ragged_offset_strides entry)."""
     if not call.has(role):
         return None
     import torch
 
-    return call.tensor(role, torch.int64).reshape(-1)[:n]
+    x = call.tensor(role, torch.int64).reshape(-1)[:n]
+    if role.endswith("_ragged_offset"):
+        div = call.node.op_as(_Attention).offset_divisor(role.removesuffix("_ragged_offset"))
+        x = torch.div(x, div, rounding_mode="floor") if div != 1 else x
+    return x
 
 
 def unpack(x: Any, off: Any, lens: Any, b: int, s: int) -> Any:
