@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -242,7 +243,9 @@ class pygraph(AttentionGraph, Graph):
         self.validate()
         if self._planner is None or self._planner.graph is not self._final:
             engines: Sequence[str] | None = self._engines
-            if engines is None and self._device().is_cuda:
+            if engines is None and os.environ.get("OPGRAPH_CUDNN_ENGINES"):
+                engines = [e.strip() for e in os.environ["OPGRAPH_CUDNN_ENGINES"].split(",") if e.strip()]
+            elif engines is None and self._device().is_cuda:
                 engines = self.implementation_engines()
             self._planner = Planner(self.final, self._device(), engines, self._filters)
             self._candidates, self._built, self._build_errors = [], {}, {}

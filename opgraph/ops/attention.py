@@ -166,6 +166,11 @@ class _Attention(Op):
     def scalar_inputs(self) -> frozenset[str]:
         return _SCALARS
 
+    def literal_inputs(self) -> frozenset[str]:
+        """The scalars, and a score modifier's inputs, may be pass-by-value tensors (a soft-cap or a -inf
+        a modifier reads, as cuDNN's flexible graphs pass them)."""
+        return _SCALARS | frozenset(self.score_mod.input_roles() if self.score_mod is not None else ())
+
     @property
     def bottom_right(self) -> bool:
         return self.use_causal_mask_bottom_right or self.diagonal_alignment is DiagonalAlignment.BOTTOM_RIGHT

@@ -15,7 +15,7 @@ padding mask, else Sq / Skv):
                   and (j >  i + delta_b - L             left bound L (the sliding window of length L))
                   and block_mask bit of tile (i // 128, j // 128)
                   delta_b = skv_b - sq_b for the bottom-right alignment, 0 for top-left
-    m           = max(max_j s, sink_h)          (sink_h = -inf without a sink token)
+    m           = max(max_j s, sink_h)          (sink_h = -inf without a sink token or on a padded row)
     Z           = sum_j exp(s - m) + exp(sink_h - m)
     P           = exp(s - m) / Z; a row with m = -inf (every s -inf, no sink) gives P = 0 (so O = 0)
     Stats       = m + log(Z) (natural log); a row with m = -inf: +inf (opgraph), -inf (cuDNN's form)
@@ -273,18 +273,24 @@ class Softmax:
 
 
 def softmax(sc: Scores, empty_stats: float = math.inf) -> Softmax:
-    """P, Stats (`empty_stats` on a row with nothing kept and no sink), score_max and score_sum_exp."""
+    """P, Stats (`empty_stats` on a row with nothing kept and no sink, and on a padded row), score_max
+    and score_sum_exp. A padded row (i >= seq_len_q[b]) is not part of its sequence: the sink does not
+    join it, so it is empty whatever the sink."""
     s = sc.s
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         m = s.max(axis=-1, keepdims=True)
-        if sc.sink is not None:
-            m = np.maximum(m, sc.sink)
+        sink = sc.sink
+        if sink is not None:
+            sink = np.broadcast_to(sink, m.shape)
+            if sc.rows is not None:
+                sink = np.where(sc.rows, sink, -np.inf)
+            m = np.maximum(m, sink)
         empty = m == -np.inf
         m0 = np.where(empty, 0.0, m)
         e = np.where(s == -np.inf, 0.0, np.exp(s - m0))
         total = e.sum(axis=-1, keepdims=True)
-        if sc.sink is not None:
-            total = total + np.where(empty, 0.0, np.exp(sc.sink - m0))
+        if sink is not None:
+            total = total + np.where(empty, 0.0, np.exp(sink - m0))
         safe = np.where(total == 0, 1.0, total)
         p = e / safe
         stats = np.where(empty, empty_stats, m0 + np.log(safe))

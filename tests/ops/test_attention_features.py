@@ -49,16 +49,20 @@ def keep_loops(sq, skv, lq, lkv, *, padding, br, left, right):
     return keep
 
 
-def attend(q, k, v, *, scale, keep, sink=None, mod=None, drop=None, empty=math.inf):
+def attend(q, k, v, *, scale, keep, sink=None, mod=None, drop=None, empty=math.inf, rows=None):
     """(O, Stats, score_max, score_sum_exp) in float64; the sink is one more softmax column whose value
-    row is zero; a row with every logit -inf gives O = 0, Stats = `empty`, max -inf, sum 0."""
+    row is zero, -inf on padded rows (`rows` False); a row with every logit -inf gives O = 0,
+    Stats = `empty`, max -inf, sum 0."""
     hq = q.shape[1]
     s = (q @ k.repeat_interleave(hq // k.shape[1], 1).transpose(-1, -2)) * scale
     if mod is not None:
         s = mod(s)
     s = s.masked_fill(~torch.as_tensor(keep), float("-inf"))
     if sink is not None:
-        s = torch.cat([s, sink.reshape(1, hq, 1, 1).expand(*s.shape[:3], 1)], dim=-1)
+        column = sink.reshape(1, hq, 1, 1).expand(*s.shape[:3], 1)
+        if rows is not None:
+            column = column.masked_fill(~torch.as_tensor(rows), float("-inf"))
+        s = torch.cat([s, column], dim=-1)
     empty_row = (s == float("-inf")).all(-1, keepdim=True)
     safe = s.masked_fill(empty_row, 0.0)
     p = torch.softmax(safe, -1).masked_fill(empty_row, 0.0)
@@ -212,8 +216,11 @@ def case(layout, band, *, sink=False, mod=False, hk=2, drop=None, sq=5, skv=7, b
     ts = {n: torch.tensor(d, requires_grad=backward) for n, d in dense.items()}
     sink_tt = torch.tensor(sink_v, requires_grad=backward) if sink else None
     mod_fn = (lambda s: torch.tanh(s / 2.0) * 2.0) if mod else None
+    rows = None
+    if padding:
+        rows = np.arange(sq).reshape(1, 1, sq, 1) < lq.reshape(B, 1, 1, 1)
     wo, wst, wm, wz = attend(ts["q"], ts["k"], ts["v"], scale=0.4, keep=keep, sink=sink_tt, mod=mod_fn, drop=drop_v,
-                             empty=math.inf if empty == "+inf" else -math.inf)
+                             empty=math.inf if empty == "+inf" else -math.inf, rows=rows)
     want = [wo.detach().numpy(), wst.detach().numpy(), wm.detach().numpy(), wz.detach().numpy()]
     if layout == "packed":
         want = [pack_loops(w, offq, lq, tq) for w in want]
@@ -298,8 +305,8 @@ def test_decode(layout, hk):
 @pytest.mark.parametrize("empty", ["+inf", "-inf"])
 @pytest.mark.parametrize("sink", [False, True])
 def test_empty_rows_and_extra_outputs(empty, sink):
-    """Padded and fully masked rows: O = 0, Stats = +inf or -inf (or the sink's logit with a sink),
-    score_max -inf, score_sum_exp 0 (the sink's 1)."""
+    """Padded and fully masked rows: O = 0, Stats = +inf or -inf (a fully masked row within its sequence:
+    the sink's logit with a sink), score_max -inf, score_sum_exp 0 (the sink's 1)."""
     case("dense", "left", sq=7, skv=5, sink=sink, padding=True, empty=empty, extra_outputs=True, backward=True)
 
 

@@ -318,22 +318,35 @@ def _dropout(call: Call, shape: tuple[int, ...], a: dict[str, Any], cd: Any) -> 
     return None
 
 
-def _softmax(s: Any, sink: Any = None, empty_stats: float = math.inf) -> tuple[Any, Any, Any, Any]:
+def _softmax(s: Any, sink: Any = None, empty_stats: float = math.inf, rows: Any = None) -> tuple[Any, Any, Any, Any]:
     """P (0 on empty rows), Stats (`empty_stats` on empty rows), score_max and score_sum_exp, with the
-    sink logits [1, H, 1, 1] in the denominator (attention_ref.softmax)."""
+    sink logits [1, H, 1, 1] in the denominator of the rows within their sequence (`rows`, boolean
+    [B, 1, Sq, 1]; None: all) (attention_ref.softmax)."""
     torch = _torch()
     m = s.amax(dim=-1, keepdim=True)
     if sink is not None:
-        m = torch.maximum(m, sink.reshape(1, -1, 1, 1).to(m.dtype))
+        sink = torch.broadcast_to(sink.reshape(1, -1, 1, 1).to(m.dtype), m.shape)
+        if rows is not None:
+            sink = sink.masked_fill(~rows, -math.inf)
+        m = torch.maximum(m, sink)
     empty = m == -math.inf
     m0 = torch.where(empty, torch.zeros_like(m), m)
     e = torch.exp(s - m0)
     total = e.sum(dim=-1, keepdim=True)
     if sink is not None:
-        total = total + torch.where(empty, torch.zeros_like(m), torch.exp(sink.reshape(1, -1, 1, 1) - m0))
+        total = total + torch.where(empty, torch.zeros_like(m), torch.exp(sink - m0))
     safe = torch.where(total == 0, torch.ones_like(total), total)
     stats = torch.where(empty, torch.full_like(m, empty_stats), m0 + torch.log(safe))
     return e / safe, stats, m, torch.where(empty, torch.zeros_like(total), total)
+
+
+def _rows(call: Call, b: int, sq: int, device: Any) -> Any:
+    """Boolean [B, 1, Sq, 1]: the query rows within their sequence (None without the padding mask)."""
+    torch = _torch()
+    if not call.node.op_as(_Attention).use_padding_mask:
+        return None
+    lq = _ints(call, "seq_len_q", b).reshape(b, 1, 1, 1)
+    return torch.arange(sq, device=device).reshape(1, 1, sq, 1) < lq
 
 
 # -- F.scaled_dot_product_attention ------------------------------------------------------------------
@@ -413,7 +426,8 @@ def sdpa(call: Call) -> list[Any]:
     a = _inputs(call, cd)
     a.update({r: _dense(call, r, b, sq, skv, cd) for r in ("q", "k", "v")})
     _, s, _ = _scores(call, a, cd, b, sq, skv)
-    p, stats, m, total = _softmax(s, a.get("sink_token"), EMPTY_ROW_STATS[op.empty_row_stats])
+    p, stats, m, total = _softmax(s, a.get("sink_token"), EMPTY_ROW_STATS[op.empty_row_stats],
+                                  _rows(call, b, sq, s.device))
     keep = _dropout_keep(call, tuple(s.shape))
     drop = _dropout(call, tuple(s.shape), a, cd)
     if drop is not None:
@@ -465,9 +479,9 @@ def sdpa_backward(call: Call) -> list[Any]:
         sink = a["sink_token"].reshape(1, -1, 1, 1)
         p_sink = torch.exp(sink - stats)
         ok = torch.isfinite(stats) & torch.isfinite(p_sink)
-        if op.use_padding_mask:
-            lq = _ints(call, "seq_len_q", b).reshape(b, 1, 1, 1)
-            ok = ok & (torch.arange(sq, device=q.device).reshape(1, 1, sq, 1) < lq)
+        rows = _rows(call, b, sq, q.device)
+        if rows is not None:
+            ok = ok & rows
         dsink = -torch.where(ok, p_sink * delta, torch.zeros_like(delta)).sum(dim=(0, 2), keepdim=True)
     return [_packed(call, "dQ", dq), _packed(call, "dK", dk), _packed(call, "dV", dv), dbias, dsink]
 
