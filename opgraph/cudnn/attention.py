@@ -27,6 +27,7 @@ from ..core.tensor import Tensor
 from ..ops.attention import DiagonalAlignment, Sdpa, SdpaBackward
 from . import ragged
 from .errors import cudnnGraphNotSupportedError, translated
+from .tensors import Tensor_, adopt  # noqa: F401  (re-exported)
 
 
 class attention_implementation(enum.Enum):  # noqa: N801  (cuDNN's name)
@@ -40,29 +41,6 @@ IMPLEMENTATION_ENGINES = {
     attention_implementation.COMPOSITE: ("cudnn", "torch", "reference"),
     attention_implementation.UNIFIED: ("triton", "torch", "reference"),
 }
-
-
-class Tensor_(Tensor):  # noqa: N801
-    """The tensors of a cudnn.pygraph: opgraph's handles plus cuDNN's ragged offset."""
-
-    __slots__ = ()
-
-    def set_ragged_offset(self, ragged_offset: Tensor) -> Tensor_:
-        graph: Any = self._graph
-        graph._ragged_offsets[id(self)] = ragged_offset
-        graph._invalidate()
-        return self
-
-    def get_ragged_offset(self) -> Tensor | None:
-        graph: Any = self._graph
-        return graph._ragged_offsets.get(id(self))
-
-
-def adopt(t: Any) -> Any:
-    """Give a handle of a pygraph cuDNN's tensor methods (same layout: the class is swapped)."""
-    if type(t) is Tensor:
-        t.__class__ = Tensor_
-    return t
 
 
 # roles of the attention ops whose tensors may be ragged, and the op role of their offsets

@@ -23,13 +23,14 @@ def hashable(key: Any) -> bool:
 
 
 def _as_type(value: Any, data_type: DataType) -> Any:
-    """A PyTorch buffer of another floating type of the same size, read as `data_type`: cuDNN reads the
-    bytes at the address (a bfloat16 buffer bound to a HALF tensor is read as half)."""
-    if not hasattr(value, "data_ptr") or not getattr(value, "is_floating_point", lambda: False)():
+    """A PyTorch buffer of another type of the same size, read as `data_type`: cuDNN reads the bytes at
+    the address (a bfloat16 buffer bound to a HALF tensor is read as half, a uint8 one as BOOLEAN)."""
+    if not hasattr(value, "data_ptr") or not hasattr(value, "element_size"):
         return value
-    if not data_type.is_floating or data_type is DataType.DOUBLE:
+    try:
+        want = data_type.to_torch()
+    except (KeyError, ValueError, TypeError, AttributeError):
         return value
-    want = data_type.to_torch()
     if value.dtype == want or value.element_size() != data_type.itemsize:
         return value
     return value.view(want)

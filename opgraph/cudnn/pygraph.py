@@ -36,46 +36,16 @@ from ..memory.buffers import buffer_info, tensor_from_pointer
 from ..runtime.bindings import resolve_key
 from ..runtime.plan import ExecutionPlan
 from . import enums, ragged
-from .attention import AttentionGraph, adopt
+from .attention import AttentionGraph
 from .buffers import as_declared, hashable
 from .candidates import Candidate, Planner
 from .errors import cudnnGraphNotSupportedError, translated
 from .handles import Handle
+from .tensors import adopt, tensor_attributes
 
 # pygraph keywords of cuDNN that change nothing here (device properties, kernel caches, JIT hints)
 _IGNORED_OPTIONS = frozenset({"sm_count", "sm_version", "kernel_cache", "device_property",
                               "is_dynamic_shape_enabled", "is_cuda_graph_replay_expected"})
-
-
-class tensor_attributes:
-    """A read-only view of a tensor of a built graph."""
-
-    def __init__(self, desc: TensorDesc) -> None:
-        self._desc = desc
-
-    def get_uid(self) -> int:
-        return self._desc.uid
-
-    def get_name(self) -> str:
-        return self._desc.name
-
-    def get_dim(self) -> list[int]:
-        return list(self._desc.dim)
-
-    def get_stride(self) -> list[int]:
-        return list(self._desc.stride)
-
-    def get_data_type(self) -> DataType:
-        return self._desc.data_type
-
-    def get_is_virtual(self) -> bool:
-        return self._desc.is_virtual
-
-    def get_is_pass_by_value(self) -> bool:
-        return self._desc.is_pass_by_value
-
-    def __repr__(self) -> str:
-        return str(self._desc)
 
 
 class pygraph(AttentionGraph, Graph):
@@ -110,6 +80,8 @@ class pygraph(AttentionGraph, Graph):
         self._loaded: ExecutionPlan | None = None  # a deserialized plan
         self._pack_keys: tuple | None = None  # (plan, ids and UIDs to skip, {key: TensorDesc}): execute's lookups
         self._init_attention()
+        self._kept_descs: dict[int, TensorDesc] = {}  # id(handle) -> its desc at the last validate
+        self._foreign: dict[int, tuple[Tensor, Tensor]] = {}  # id(another graph's handle) -> (it, its copy)
 
     # -- tensors ---------------------------------------------------------------------------------
     # pygraph is opgraph's Graph under cuDNN frontend's API: where the two differ, cuDNN's signature wins
@@ -138,11 +110,15 @@ class pygraph(AttentionGraph, Graph):
 
     def _tensor_like(self, input: Any, name: str, uid: int | None) -> Tensor:
         if isinstance(input, Tensor):
-            dim, stride = input.dim, input.stride
+            dim, stride, dtype = input.dim, input.stride, input.data_type
+            other = input.graph
+            known = getattr(other, "_kept_descs", {}).get(id(input)) if dim is None else None
+            if known is not None:  # inferred by the last validate of its graph (kept, as cuDNN keeps them)
+                dim, stride, dtype = known.dim, known.stride, known.data_type
             if dim is None:
                 raise GraphError(f"{input.label()} has no dims yet", tensor=input, rule="cudnn.tensor_like",
                                  hint="validate its graph first (its dims are inferred then), or set them")
-            return super().tensor(dim=dim, stride=stride, data_type=input.data_type, name=name or input.name,
+            return super().tensor(dim=dim, stride=stride, data_type=dtype, name=name or input.name,
                                   uid=uid, is_pass_by_value=input.is_pass_by_value)
         if isinstance(input, numbers.Number) and not isinstance(input, bool):
             return super().tensor_like(input, name=name, uid=uid)
@@ -168,6 +144,24 @@ class pygraph(AttentionGraph, Graph):
     def _add_op(self, op: Any, inputs: Sequence[Any], **kwargs: Any) -> list[Tensor | None]:
         return [adopt(t) for t in super()._add_op(op, inputs, **kwargs)]
 
+    def _operand(self, value: Any, op: Any, role: str, name: str) -> Any:
+        """A tensor of another cudnn.pygraph reads as a copy declared here (cuDNN's tensors belong to no
+        graph); the variant pack may bind it by the other graph's handle."""
+        if isinstance(value, Tensor) and isinstance(value.graph, pygraph) and value.graph is not self:
+            hit = self._foreign.get(id(value))
+            if hit is None:
+                kept = value.graph._kept_descs.get(id(value))
+                local = adopt(Graph.tensor(
+                    self, dim=value._dim or (kept.dim if kept else None), name=value.name,
+                    stride=value._stride or (kept.stride if kept else None), uid=value._uid,
+                    data_type=value._data_type or (kept.data_type if kept else None),
+                    is_pass_by_value=value.is_pass_by_value))
+                if id(value) in value.graph._cpu_scalars:
+                    self._cpu_scalars.add(id(local))
+                hit = self._foreign[id(value)] = (value, local)
+            value = hit[1]
+        return super()._operand(value, op, role, name)
+
     # -- validation: cuDNN's adaptations, then opgraph's checks -------------------------------------
     @translated
     def validate(self) -> None:  # type: ignore[override]  # cuDNN frontend's signature
@@ -183,6 +177,8 @@ class pygraph(AttentionGraph, Graph):
                     break
                 super().validate()
             self._layouts_after_validate()
+            final, uids = self.final, self._handle_uid
+            self._kept_descs = {id(t): final.tensors[uids[id(t)]] for t in self._tensors if id(t) in uids}
 
     def _drop_unused(self) -> None:
         used = {id(v) for r in self._records for v in (*r.inputs, *r.outputs) if isinstance(v, Tensor)}
@@ -465,6 +461,8 @@ class pygraph(AttentionGraph, Graph):
         for key, value in var_pack.items():
             if key is None or value is None or id(key) in skip_ids or (type(key) is int and key in skip_uids):
                 continue
+            if id(key) in self._foreign and self._foreign[id(key)][0] is key:
+                key = self._foreign[id(key)][1]
             desc = descs.get(key) if hashable(key) else None
             if desc is None:
                 try:

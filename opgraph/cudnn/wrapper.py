@@ -166,6 +166,7 @@ class Graph:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         g = self._require()
         plan = g._selected()
+        workspace = kwargs.pop("workspace", None)  # (opgraph plans own their workspace unless given one)
         if len(args) == 1 and isinstance(args[0], dict):
             given = args[0]
             pack: dict[Any, Any] = {}
@@ -180,7 +181,7 @@ class Graph:
                                                    rule="pack.missing", hint="add it to the dict")
                         value = given[key] = _allocate(t, plan.device)
                     pack[t] = value
-            g.execute(pack, None, **kwargs)
+            g.execute(pack, workspace, **kwargs)
             return given
         if self._tuples is None:
             raise GraphError("positional calls need set_io_tuples(inputs, outputs) first", rule="cudnn.wrapper_io",
@@ -190,7 +191,7 @@ class Graph:
             raise VariantPackError(f"{len(args)} arguments for {len(ins)} inputs", rule="pack.missing",
                                    hint="pass one buffer per input of set_io_tuples")
         results = [_allocate(t, plan.device) for t in outs]
-        g.execute({**dict(zip(ins, args)), **dict(zip(outs, results))}, None, **kwargs)
+        g.execute({**dict(zip(ins, args)), **dict(zip(outs, results))}, workspace, **kwargs)
         return results[0] if len(results) == 1 else results
 
 
