@@ -35,7 +35,7 @@ from ..graph.finalize import _self_overlapping
 from ..memory.buffers import buffer_info, tensor_from_pointer
 from ..runtime.bindings import resolve_key
 from ..runtime.plan import ExecutionPlan
-from . import enums, ragged
+from . import enums, overrides, ragged
 from .attention import AttentionGraph
 from .buffers import as_declared, hashable
 from .candidates import Candidate, Planner
@@ -82,6 +82,7 @@ class pygraph(AttentionGraph, Graph):
         self._init_attention()
         self._kept_descs: dict[int, TensorDesc] = {}  # id(handle) -> its desc at the last validate
         self._foreign: dict[int, tuple[Tensor, Tensor]] = {}  # id(another graph's handle) -> (it, its copy)
+        self._override_plans: dict[tuple, tuple[ExecutionPlan, dict]] = {}  # overrides.respecialize's cache
 
     # -- tensors ---------------------------------------------------------------------------------
     # pygraph is opgraph's Graph under cuDNN frontend's API: where the two differ, cuDNN's signature wins
@@ -426,27 +427,12 @@ class pygraph(AttentionGraph, Graph):
         self._planner = None
 
     # -- running -------------------------------------------------------------------------------------
-    def _no_overrides(self, uids: Any, shapes: Any, strides: Any) -> None:
-        """Shape overrides that restate the built shapes are accepted (a ragged tensor's as declared to
-        cuDNN, strides unchecked); others need dynamic shapes (issue 42)."""
+    def _no_overrides(self, uids: Any, shapes: Any, strides: Any) -> dict[int, tuple[int, ...]]:
+        """The packed tensors' new padded dims the shape overrides ask for (overrides.py); {} for none."""
         if uids is None and shapes is None and strides is None:
-            return
+            return {}
         plan = self._loaded if self._loaded is not None else (self._selected() if self._built else None)
-        graph = plan.graph if plan is not None else self.final
-        for i, uid in enumerate(uids or []):
-            desc = graph.tensors.get(int(uid))
-            layout = self._ragged_layouts.get(int(uid))
-            shape = tuple(shapes[i]) if shapes is not None and i < len(shapes) else None
-            stride = tuple(strides[i]) if strides is not None and i < len(strides) else None
-            want = layout.declared_dim if layout is not None else (desc.dim if desc is not None else None)
-            if want is None or (shape is not None and shape != tuple(want)) or (
-                    layout is None and desc is not None and stride is not None and len(stride) == len(desc.dim)
-                    and any(d > 1 and a != b for d, a, b in zip(desc.dim, stride, desc.stride))):
-                raise AttributeValueError(
-                    f"override of UID {uid} to shape {list(shape or [])} and strides {list(stride or [])}: the plan was "
-                    f"built for {list(want or [])}", rule="cudnn.override_shapes",
-                    hint="build a graph per shape (plans are cheap to cache by shape); execute-time shape overrides "
-                    "are issue 42 (dynamic shapes)")
+        return overrides.changes(self, plan.graph if plan is not None else self.final, uids, shapes, strides)
 
     def _pack(self, plan: ExecutionPlan, var_pack: Any) -> dict[Any, Any]:
         if not isinstance(var_pack, dict):
@@ -497,11 +483,14 @@ class pygraph(AttentionGraph, Graph):
         h = handle if isinstance(handle, Handle) else self.handle
         return None if h is None else h.check().stream
 
-    def _run(self, plan: ExecutionPlan, var_pack: Any, workspace: Any, handle: Any) -> None:
+    def _run(self, plan: ExecutionPlan, var_pack: Any, workspace: Any, handle: Any,
+             changed: dict[int, tuple[int, ...]] | None = None) -> None:
         stream = self._stream(handle) if plan.device.is_cuda else None
         pack = self._pack(plan, var_pack)
-        done = ragged.prepare(self._ragged_layouts, plan.graph.tensors, pack) \
-            if self._ragged_layouts and self._loaded is None else None
+        layouts = self._ragged_layouts
+        if changed:
+            plan, layouts = overrides.respecialize(self, plan, changed)
+        done = ragged.prepare(layouts, plan.graph.tensors, pack) if layouts and self._loaded is None else None
         plan.execute(pack, self._workspace(plan, workspace), stream=stream)
         if done is not None:
             done()
@@ -511,15 +500,15 @@ class pygraph(AttentionGraph, Graph):
                 override_shapes: Any = None, override_strides: Any = None) -> None:
         """Run the first built plan. Keys: tensors, UIDs or names; entries with a None key or value
         (an optional tensor not used) are skipped."""
-        self._no_overrides(override_uids, override_shapes, override_strides)
-        self._run(self._selected(), var_pack, workspace, handle)
+        changed = self._no_overrides(override_uids, override_shapes, override_strides)
+        self._run(self._selected(), var_pack, workspace, handle, changed)
 
     @translated
     def execute_plan_at_index(self, var_pack: dict, workspace: Any, index: int, handle: Any = None,
                               override_uids: Any = None, override_shapes: Any = None,
                               override_strides: Any = None) -> None:
-        self._no_overrides(override_uids, override_shapes, override_strides)
-        self._run(self._plan_at(int(index)), var_pack, workspace, handle)
+        changed = self._no_overrides(override_uids, override_shapes, override_strides)
+        self._run(self._plan_at(int(index)), var_pack, workspace, handle, changed)
 
     @translated
     def populate_cuda_graph(self, handle: Any, var_pack: dict, workspace: Any = None, cuda_graph: Any = None) -> Any:

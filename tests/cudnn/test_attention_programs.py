@@ -470,3 +470,43 @@ def test_causal_conv1d_op_autograd_and_compile():
     torch.testing.assert_close(compiled(x.detach(), w.detach(), None), cudnn.ops.causal_conv1d(x.detach(), w.detach()),
                                atol=0, rtol=0)
     assert isinstance(og.DataType.HALF, og.DataType)
+
+
+def test_a_packed_q_changes_its_sequence_length_at_execute():
+    """test_sdpa_thd's cached graph: built for S = 4, run with override_shapes of S = 9 (one plan per S)."""
+    torch.manual_seed(5)
+    b, h, d, skv = 2, 2, 8, 12
+
+    def run(g, lq, q_uid=0, o_uid=3):
+        tq = int(lq.sum())
+        q = torch.randn(tq, h, d, dtype=torch.float16)
+        k, v = (torch.randn(b, skv, h, d, dtype=torch.float16).transpose(1, 2) for _ in range(2))
+        off = (prefix(lq) * h * d).to(torch.int64).view(-1, 1, 1, 1)
+        o = torch.full((tq, h, d), float("nan"), dtype=torch.float16)
+        s = int(lq.max())
+        lkv = torch.full((b, 1, 1, 1), skv, dtype=torch.int32)
+        pack = {0: q, 1: k, 2: v, 3: o, 4: lq.view(-1, 1, 1, 1), 5: lkv, 6: off, 7: off}
+        g.execute(pack, None, override_uids=[0, 3], override_shapes=[[b, h, s, d], [b, h, s, d]],
+                  override_strides=[list(q.stride()), list(o.stride())])
+        p = prefix(lq)
+        for i in range(b):
+            wo, _, _ = sequence_attention(q[p[i]:p[i + 1]].double().permute(1, 0, 2), k[i].double(), v[i].double(),
+                                          scale=0.3)
+            torch.testing.assert_close(o[p[i]:p[i + 1]].double().permute(1, 0, 2), wo, atol=2e-3, rtol=2e-3)
+
+    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT,
+                      is_override_shape_enabled=True)
+    dims = (b, h, 4, d)
+    Q = g.tensor(uid=0, dim=dims, stride=(h * d, d, h * d, 1), data_type=HALF)
+    K, V = (g.tensor(uid=u, dim=(b, h, skv, d), stride=(h * skv * d, d, h * d, 1), data_type=HALF) for u in (1, 2))
+    LQ, LKV = (g.tensor(uid=u, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT32) for u in (4, 5))
+    QO, OO = (g.tensor(uid=u, dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT64) for u in (6, 7))
+    Q.set_ragged_offset(QO)
+    O, _ = g.sdpa(q=Q, k=K, v=V, attn_scale=0.3, use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LKV,
+                  generate_stats=False)
+    O.set_uid(3).set_output(True).set_dim(dims).set_stride((h * d, d, h * d, 1)).set_ragged_offset(OO)
+    build(g)
+    run(g, torch.tensor([3, 4], dtype=torch.int32))
+    run(g, torch.tensor([9, 2], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="issue 42"):
+        g.execute({}, None, override_uids=[1], override_shapes=[[b, h, skv + 1, d]], override_strides=None)
