@@ -18,7 +18,8 @@ the real frontend is left, and runs:
 It writes $OUT/nvfe_results.md and .json (per file: passed / failed / errors / skipped and the pass
 rate of the cases that did not skip; per notebook: ok or the error), the pytest logs and JUnit files,
 and the most frequent failure and skip reasons per file. Parts can be run separately (--parts) and
-test_mhas.py in shards (--shard i/n) so that each device call stays within its time limit.
+a file in shards (--shard i/n, by the same hash order) so that each device call stays within its time
+limit.
 
     python3 scripts/nvfe_run.py [--parts mhas,v2,thd,chunked,flexible,kernel_cache,samples]
                                 [--mhas-sample 1200] [--shard 0/1] [--jobs 8] [--timeout 180]
@@ -106,16 +107,16 @@ def _key(nodeid):
 
 
 def pytest_collection_modifyitems(config, items):
-    mhas = [i for i in items if i.nodeid.split("::")[0].endswith("test_mhas.py")]
-    if not mhas or not _SAMPLE:
-        return
-    keep = set(sorted((i.nodeid for i in mhas), key=_key)[:_SAMPLE])
+    """test_mhas.py: the _SAMPLE ids of smallest SHA-1; then every file: shard i of n by that order."""
+    ids = [i.nodeid for i in items]
+    mhas = [n for n in ids if n.split("::")[0].endswith("test_mhas.py")]
+    keep = set(ids) - set(mhas) | set(sorted(mhas, key=_key)[:_SAMPLE] if _SAMPLE else mhas)
     index, count = (int(x) for x in _SHARD.split("/"))
     keep = {n for k, n in enumerate(sorted(keep, key=_key)) if k % count == index}
-    drop = [i for i in items if i in mhas and i.nodeid not in keep]
+    drop = [i for i in items if i.nodeid not in keep]
     if drop:
         config.hook.pytest_deselected(items=drop)
-    items[:] = [i for i in items if not (i in mhas and i.nodeid not in keep)]
+    items[:] = [i for i in items if i.nodeid in keep]
 
 
 @pytest.fixture(autouse=True)
@@ -337,7 +338,7 @@ def run_tests(work: Path, out: Path, files: list[str], args: argparse.Namespace,
         if left < 20:
             results[name] = {"note": "not run: out of time"}
             continue
-        stem = Path(name).stem + ("" if args.shard == "0/1" or name != "test_mhas.py" else "_" + args.shard.replace("/", "of"))
+        stem = Path(name).stem + ("" if args.shard == "0/1" else "_" + args.shard.replace("/", "of"))
         junit = out / f"junit_{stem}.xml"
         cmd = [sys.executable, "-m", "pytest", name, "-p", "nvfe_sample_plugin", "-p", "no:cacheprovider",
                "-o", "console_output_style=classic", f"--junitxml={junit}", "-rfEs", "--tb=line"]
@@ -440,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default="mhas,v2,thd,chunked,flexible,kernel_cache,samples")
     p.add_argument("--mhas-sample", type=int, default=4000,
                    help="test ids of test_mhas.py to run (about 3 in 4 skip by the test's own combination rules)")
-    p.add_argument("--shard", default="0/1", help="i/n: the i-th of n shards of the test_mhas.py sample")
+    p.add_argument("--shard", default="0/1", help="i/n: the i-th of n shards of each file's tests")
     p.add_argument("--jobs", type=int, default=8, help="pytest-xdist workers (1: none)")
     p.add_argument("--timeout", type=int, default=180, help="seconds per test (pytest-timeout)")
     p.add_argument("--sample-timeout", type=int, default=240, help="seconds per notebook")
