@@ -66,10 +66,9 @@ def plan_rows(layers: int, batch: int) -> tuple[list[dict[str, Any]], int]:
         p = s.piece
         gemm = None
         if s.config.knob("template") == "matmul":
-            gp, verdict = MATMUL.analyze(p)
-            assert gp is not None, verdict.reason  # (the template matched the piece)
-            m, n, k, _ = MATMUL._problem(gp)
-            gemm = {"m": m, "n": n, "k": k, "nbatch": gp.space.nbatch}
+            match = MATMUL.match_class(MATMUL, MATMUL.analyze(p)[0], h100)  # (the template matched the piece)
+            m, n, k, _ = match.problem
+            gemm = {"m": m, "n": n, "k": k, "nbatch": match.gp.space.nbatch}
         big = [(p.tensor(u).label(), list(p.tensor(u).dim), p.tensor(u).data_type.name,
                 "in" if u in p.inputs else "out") for u in (*p.inputs, *p.outputs)
                if not p.tensor(u).is_pass_by_value and p.tensor(u).nbytes > 1e6]

@@ -182,7 +182,7 @@ def phase_host(results: dict[str, Any]) -> None:
             us = host_us(lambda plan=plan, pack=pack: plan.execute(pack))
             rows.append({"what": "generated kernels", "path": label, "steps": len(plan.steps), "launches": launches,
                          "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
-                         "launch_kinds": _count(type(x).__name__ for launcher in plan._prepare(pack, None).launchers
+                         "launch_kinds": _count(type(x).__name__ for launcher in plan.bind(pack, None).launchers
                                                 for x in getattr(launcher, "launches", ()))})
     modes = [("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: raw pointer array (OPGRAPH_AUTOGRAPH=0)", flat),
              ("flat: frontend execute (reference)", {**flat, "OPGRAPH_CUDNN_LAUNCH": "execute"})]
@@ -198,7 +198,7 @@ def phase_host(results: dict[str, Any]) -> None:
             us = host_us(lambda plan=plan, pack=pack: plan.execute(pack), burst=10)
             rows.append({"what": f"cuDNN steps ({'/'.join(engines)})", "path": label, "steps": len(plan.steps),
                          "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
-                         "mode": getattr(plan._prepare(pack, None).launchers[0], "mode", None)})
+                         "mode": getattr(plan.bind(pack, None).launchers[0], "mode", None)})
     for r in rows:
         print(f"   host: {r['what']:28s} {r['path']:32s} {r['us_per_step']:7.2f} us/step "
               f"({r['steps']} steps, relerr {r['relerr']:.1e})", flush=True)
@@ -308,7 +308,7 @@ def _timing(model: Any, x: Any, labels: Any, plan: Any, pack: Any, cs: Any) -> d
         out["host_execute_us" + label] = host_us(lambda: plan.execute(pack), rounds=7, burst=1)
     plan.auto_graph = True
     out["device_us_per_step"] = device_us(og_step, out["host_us_per_step_flat"])
-    ag = plan._bound_owned.autograph
+    ag = plan.local_state().owned.autograph
     out["autograph"] = {"enabled": ag.enabled, "captures": ag.captures, "replays": ag.replays}
     out["by_engine"] = _host_by_engine(plan, pack)
     return out
@@ -318,8 +318,8 @@ def _host_by_engine(plan: Any, pack: Any, runs: int = 5) -> dict[str, Any]:
     """Host µs of each step's launches inside a real execute, summed by engine (median of runs)."""
     import torch
 
-    bound = plan._prepare(pack, None)
-    handle, _ = plan._streams(None)
+    bound = plan.bind(pack, None)
+    handle, _ = plan.state.streams(None)
     bound.binding.stream.set(handle)
     per_step: list[list[float]] = [[] for _ in plan.steps]
     for _ in range(runs):

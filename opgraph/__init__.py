@@ -11,11 +11,13 @@ docs/architecture.md.
 from typing import TYPE_CHECKING, Any
 
 from .build.heuristics import PieceConfigs
+from .build.options import BuildOptions
 from .core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote
 from .core.device import Device
 from .core.dtypes import DataType
 from .core.errors import (
     AttributeValueError,
+    BuildOptionError,
     DataflowError,
     DataTypeError,
     DuplicateUIDError,
@@ -43,12 +45,15 @@ from .runtime.plan import ExecutionPlan, StepTime, load_plan
 # Loaded on first use: gradients, the PyTorch importer, training graphs and test helpers are not
 # needed to build and run a graph, and importing them costs most of `import opgraph`.
 _LAZY = {"grad": ".autodiff", "GradGraph": ".autodiff", "from_torch": ".frontends", "testing": ".testing",
-         "training": ".training"}
+         "training": ".training", "torch_backend": ".frontends.dynamo_backend",
+         "compile": ".frontends.autograd_module"}
 
 if TYPE_CHECKING:
     from . import testing, training
     from .autodiff.grad import GradGraph, grad
     from .frontends import from_torch
+    from .frontends.autograd_module import compile
+    from .frontends.dynamo_backend import torch_backend
 
 
 def __getattr__(name: str) -> Any:
@@ -69,10 +74,11 @@ def __dir__() -> list[str]:
 _configure_logging()
 
 __all__ = [
-    "AttributeValueError", "BehaviorNote", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DiagonalAlignment", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
+    "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
+    "DataflowError", "Device", "DiagonalAlignment", "DuplicateUIDError", "EngineConfig", "ExecutionError",
+    "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "from_torch", "grad",
-    "load_plan", "register_custom_op", "testing", "training",
+    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "compile", "from_torch",
+    "grad", "load_plan", "register_custom_op", "testing", "torch_backend", "training",
 ]

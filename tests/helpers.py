@@ -156,7 +156,10 @@ def plan_with(g: og.Graph, knobs: dict, *, engines=("triton",), **build) -> Exec
     """A plan whose only step runs its template with `knobs` (the other knobs from its heuristic)."""
     plan = g.build(device="cpu", engines=list(engines), **build)
     (step,) = plan.steps
-    config = EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
+    base = dict(step.config.knobs)
+    if knobs.get("template", base.get("template")) != base.get("template"):
+        base = {}  # (another template's knobs mean nothing to this one)
+    config = EngineConfig("triton", tuple(sorted({**base, **knobs}.items())))
     return step_plan(plan, step, config)
 
 

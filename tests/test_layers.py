@@ -11,6 +11,7 @@ The one documented exception is the graph builder's facade (`Graph.build`, `Grap
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,13 @@ FACADES = {
     ("opgraph.graph.builder", "opgraph.build.planner"),
     ("opgraph.graph.builder", "opgraph.runtime.plan"),
     ("opgraph.graph.builder", "opgraph.build.heuristics"),  # the facade's return type
+    ("opgraph.graph.builder", "opgraph.build.options"),  # Graph.build's options
     # g.sdpa_backward(score_mod=...) derives the modifier's derivative with autodiff's pointwise rules
     ("opgraph.ops.attention_builders", "opgraph.autodiff.score_mod"),
+    # opgraph.compile differentiates the forward graph a training step starts from (tied parameters one
+    # input, normalizations saving their statistics, autocast's casts): a sideways import within layer 7
+    # (training imports no frontend); prepare_forward builds on graph and ops alone
+    ("opgraph.frontends.autograd_module", "opgraph.training.forward"),
 }
 
 
@@ -165,3 +171,145 @@ def test_no_source_file_is_huge(limit):
     big = [f"{p.relative_to(ROOT.parent)}: {n} lines" for p in ROOT.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > limit]
     assert not big, f"source files over {limit} lines (split them by concern):\n" + "\n".join(big)
+
+
+# -- engines: independent of each other; build/ reaches them through the registry and the neutral modules --
+
+# Each engine's modules; the rest of opgraph.engines is neutral (the registry, the contract, what several
+# engines share), owned by no engine.
+ENGINE_HOMES = {
+    "reference": ("opgraph.engines.reference",),
+    "triton": ("opgraph.engines.triton",),
+    "torch": ("opgraph.engines.torch_engine",),
+    "library": ("opgraph.engines.library",),
+    "cudnn": ("opgraph.engines.cudnn_frontend", "opgraph.engines.cudnn_launch", "opgraph.engines.cudnn_sdpa"),
+}
+NEUTRAL_ENGINE_MODULES = (
+    "opgraph.engines",  # the registry (get_engine, register_engine)
+    "opgraph.engines.base",  # the engine and kernel contract
+    "opgraph.engines.cost",  # the cost model: device rates, bytes and flops of a piece
+    "opgraph.engines.artifacts",  # compiled code that plan files carry
+    "opgraph.engines.shared",  # what several engines share: operand views, conv shape thresholds, ...
+)
+
+
+def _under(module: str, home: str) -> bool:
+    return module == home or module.startswith(home + ".")
+
+
+def _engine_of(module: str) -> str | None:
+    """The engine whose module this is; None for a neutral module (or one outside opgraph.engines)."""
+    for engine, homes in ENGINE_HOMES.items():
+        if any(_under(module, h) for h in homes):
+            return engine
+    return None
+
+
+def _neutral(module: str) -> bool:
+    return module == "opgraph.engines" or any(_under(module, n) for n in NEUTRAL_ENGINE_MODULES[1:])
+
+
+def test_every_engine_module_is_an_engines_or_neutral():
+    stray = [m for m in MODULES if _under(m, "opgraph.engines") and _engine_of(m) is None and not _neutral(m)]
+    assert not stray, f"modules of opgraph.engines that belong to no engine and are not neutral: {stray}"
+
+
+def test_no_engine_imports_another_engine():
+    """An engine reaches another only through the registry (get_engine); neutral modules import no engine."""
+    bad = []
+    for module, path in MODULES.items():
+        if not _under(module, "opgraph.engines"):
+            continue
+        mine = _engine_of(module)
+        for imported, line, _ in _imports(module, path):
+            theirs = _engine_of(imported)
+            if theirs is not None and theirs != mine:
+                who = f"engine {mine}" if mine else "a neutral module"
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} ({who}) imports {imported} "
+                           f"(engine {theirs})")
+    assert not bad, "imports between engines:\n" + "\n".join(bad)
+
+
+def test_build_reaches_engines_through_the_registry_and_the_neutral_modules():
+    bad = []
+    for module, path in MODULES.items():
+        if not _under(module, "opgraph.build"):
+            continue
+        for imported, line, _ in _imports(module, path):
+            if _engine_of(imported) is not None:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} imports {imported}")
+    assert not bad, "build/ importing an engine's modules (use get_engine and the Engine contract):\n" + "\n".join(bad)
+
+
+# -- measurements live in bench/results/; the code keeps a line and a link -----------------------------------
+
+DATED = re.compile(r"20[0-9][0-9]-[01][0-9]-[0-3][0-9]")
+# dated lines that stay: a comment inside the helper source every generated kernel embeds (changing it
+# changes every kernel's source, which plan files saved by this version check)
+DATES_KEPT = {("opgraph/engines/triton/expr.py", "the compiled kernels of 2026-11-25 (H100)")}
+RESULTS = ROOT.parent / "bench" / "results"
+EVIDENCE = RESULTS / "constants.md"
+
+
+def test_no_dated_measurement_in_the_package():
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT.parent))
+        bad += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                if DATED.search(line) and not any(rel == f and kept in line for f, kept in DATES_KEPT)]
+    assert not bad, ("dated measurements in opgraph/ (move the numbers to bench/results/constants.md and keep a "
+                     "line and a link):\n" + "\n".join(bad))
+
+
+def _sections(path: Path) -> set[str]:
+    return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+
+
+def test_links_to_the_evidence_name_its_sections():
+    """Links from the package to a section of a bench/results/ note (constants.md, triton-preferences.md)."""
+    found = {}
+    bad = []
+    for p in sorted(ROOT.rglob("*.py")):
+        for name, a in re.findall(r"(constants|triton-preferences)\.md#([a-z0-9-]+)", p.read_text()):
+            if name not in found:
+                found[name] = _sections(RESULTS / f"{name}.md")
+            if a not in found[name]:
+                bad.append(f"{p.relative_to(ROOT.parent)}: {name}.md#{a}")
+    assert not bad, "links to sections their bench/results/ note does not have:\n" + "\n".join(bad)
+
+
+# (module, expression): private reads in runtime/ that are not another opgraph object's state
+PRIVATE_READS_ALLOWED = {
+    # PyTorch's fast read of the current stream (what Inductor calls), looked up once per plan
+    ("opgraph.runtime.streams", "torch._C"),
+}
+
+
+def _private_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, expression) for every `x._name` whose x is not self or cls, and every `from m import
+    _name`: reads of another object's or module's private state."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {a.name}")
+                      for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_runtime_reads_no_private_state_of_other_objects():
+    """The runtime's shared state goes through typed objects and public methods (state.PlanState,
+    threads.ThreadState, the binder's methods), never through another object's `_attributes`."""
+    bad = []
+    for module, path in MODULES.items():
+        if not module.startswith("opgraph.runtime"):
+            continue
+        for line, expr in _private_reads(path):
+            if (module, expr) not in PRIVATE_READS_ALLOWED:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {expr}")
+    assert not bad, "private reads of other objects in runtime/:\n" + "\n".join(bad)

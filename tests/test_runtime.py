@@ -110,7 +110,7 @@ def test_pass_by_value_scalars_are_rounded_on_every_binding_path():
         out[...] = np.nan
         plan.execute(p)
         np.testing.assert_array_equal(out, want)
-    assert plan._binder.values[s.uid] == float(np.float16(1 / 3))
+    assert plan.local_state().binder.values[s.uid] == float(np.float16(1 / 3))
 
 
 def test_any_damaged_byte_is_a_serialization_error(rng):
@@ -139,18 +139,19 @@ def test_plan_files_carry_compiled_kernels_checked_by_hash(rng):
     data = plan.to_bytes()
     doc = json.loads(data.split(b"\n", 1)[1])
     assert len(doc["artifacts"]) == 1 and doc["artifacts"][0]["sha256"] == hashlib.sha256(blob).hexdigest()
-    artifacts.clear()
-    og.ExecutionPlan.from_bytes(data)
-    assert artifacts.get("triton", "k" * 32).data == blob
-    artifacts.clear()
+    loaded = og.ExecutionPlan.from_bytes(data)
+    assert artifacts.get("triton", "k" * 32) is None  # nothing from a file is registered process-wide
+    assert len(loaded.state.kernels) == 0 and loaded.build_stats["compile"]["embedded"] == 0  # no step used it
     assert json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])["artifacts"] == []
-    for damage in (lambda a: a.update(data=a["data"][:-8] + "AAAAAAA="), lambda a: a.update(data="not base64!"),
-                   lambda a: a.update(sha256="0" * 64), lambda a: a.update(meta=[]), lambda a: a.pop("kind")):
+    for damage, rule in ((lambda a: a.update(data=a["data"][:-8] + "AAAAAAA="), "plan.artifact"),
+                         (lambda a: a.update(data="not base64!"), "plan.artifact"),
+                         (lambda a: a.update(sha256="0" * 64), "plan.artifact"),
+                         (lambda a: a.update(meta=[]), "plan.schema"), (lambda a: a.pop("kind"), "plan.schema")):
         d = json.loads(json.dumps(doc))
         damage(d["artifacts"][0])
         with pytest.raises(og.SerializationError) as err:
             og.ExecutionPlan.from_bytes(_rewrap(json.dumps(d).encode()))
-        assert err.value.rule == "plan.artifact"
+        assert err.value.rule == rule and "plan.artifacts[0]" in str(err.value)
     assert artifacts.get("triton", "k" * 32) is None
 
 
@@ -233,18 +234,18 @@ def test_kernels_compile_in_workers_each_once_and_are_reused(tmp_path, monkeypat
         compiler._BINARIES.clear()  # as a new process would start
         again = compiler.compile_all(distinct, pool=pool)
         assert (again.cached, again.compiled) == (2, 0) and compiler.STATS["compiled"] == before + 2
-        arts = [b.artifact() for b in binaries.values()]
+        arts = artifacts.Scope(b.artifact() for b in binaries.values())
         compiler._BINARIES.clear()
         monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "empty"))
-        for a in arts:
-            artifacts.put(a)
-        embedded = compiler.compile_all(distinct, pool=pool)
-        assert (embedded.ready, embedded.compiled) == (2, 0) and compiler.STATS["compiled"] == before + 2
-        for key, b in binaries.items():
-            assert compiler.registered(distinct[key][0]).cubin == b.cubin
+        monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path / "og_empty"))
+        with arts.visible():  # as while a plan file loads
+            embedded = compiler.compile_all(distinct, pool=pool)
+            assert (embedded.ready, embedded.compiled) == (2, 0) and compiler.STATS["compiled"] == before + 2
+            for key, b in binaries.items():
+                assert compiler.registered(distinct[key][0]).cubin == b.cubin
+        assert not compiler._BINARIES and all(compiler.registered(s) is None for s, _ in distinct.values())
     finally:
         pool.close()
-        artifacts.clear()
         compiler._BINARIES.clear()
 
 

@@ -171,12 +171,12 @@ def test_capture_records_go_with_their_graph_and_keep_no_pack():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(yv, _want(xv, bv))
-    assert len(plan._captures) == 1
+    assert len(plan.local_state().captures) == 1
     x2, b2, y2 = _buffers()
     plan.execute({x: x2, b: b2, y: y2})  # the plan binds these now; only the record could hold xv
     del graph, xv
     gc.collect()
-    assert len(plan._captures) == 0
+    assert len(plan.local_state().captures) == 0
     assert alive() is None
     with pytest.raises(og.GraphError):
         plan.update_cuda_graph(torch.cuda.CUDAGraph(), {x: _buffers()[0], b: bv, y: yv})
@@ -198,10 +198,11 @@ def test_set_address_then_execute_uses_the_pack():
 
 def test_a_saved_plan_loads_without_compiling(tmp_path, monkeypatch):
     """Built with compile="parallel", saved with its kernels; loaded with no kernel in this process
-    and an empty Triton cache: nothing compiles, and the results equal the built plan's."""
+    and empty kernel caches (a new machine): nothing compiles, and the results equal the built plan's.
+    The file's kernels serve the loaded plan only: the registry never takes them, and a plan built
+    afterwards compiles (or finds in the cache) its own."""
     import torch
 
-    from opgraph.engines import artifacts
     from opgraph.engines.triton import compiler
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton_a"))
@@ -213,19 +214,25 @@ def test_a_saved_plan_loads_without_compiling(tmp_path, monkeypatch):
     plan = g.build(device="cuda", engines=["triton"])
     assert plan.build_stats["compile"]["kernels"] >= 2
     xv = _cl(torch.randn(*dims, device="cuda", dtype=torch.float16))
-    y1, y2 = torch.empty_like(xv), torch.empty_like(xv)
+    y1, y2, y3 = torch.empty_like(xv), torch.empty_like(xv), torch.empty_like(xv)
     plan.execute({x: xv, y: y1})
     data = plan.to_bytes()
     compiler._BINARIES.clear()
-    artifacts.clear()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton_b"))
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path / "og_b"))
     before = dict(compiler.STATS)
     loaded = og.ExecutionPlan.from_bytes(data)
     loaded.execute({x.uid: xv, y.uid: y2})
     torch.cuda.synchronize()
     assert compiler.STATS["compiled"] == before["compiled"]
     assert compiler.STATS["embedded"] > before["embedded"]
+    assert loaded.build_stats["compile"]["embedded"] >= 2
+    assert not compiler._BINARIES  # the file's kernels stay the loaded plan's
     torch.testing.assert_close(y2, y1, rtol=0, atol=0)
+    again = g.build(device="cuda", engines=["triton"])
+    assert compiler._BINARIES  # its own kernels (compiled or from the cache), registered: not the file's
+    again.execute({x: xv, y: y3})
+    torch.testing.assert_close(y3, y1, rtol=0, atol=0)
 
 
 def test_lazy_compile_compiles_at_the_first_execute(tmp_path, monkeypatch):
@@ -281,7 +288,7 @@ def test_cudnn_launch_paths_agree_and_plans_are_kept(tmp_path, monkeypatch):
         yv = torch.full_like(xv, float("nan"))
         for _ in range(2):
             plan.execute({x: xv, w: wv, bias: bv, y: yv})
-        outs[mode] = (yv, plan._prepare({x: xv, w: wv, bias: bv, y: yv}, None).launchers[0].mode)
+        outs[mode] = (yv, plan.bind({x: xv, w: wv, bias: bv, y: yv}, None).launchers[0].mode)
     want = torch.relu(torch.nn.functional.conv2d(xv.float(), wv.float(), bv.float().view(-1), padding=1)).half()
     for mode, (yv, used) in outs.items():
         assert used == mode or (mode == "raw" and used == "dict"), (mode, used)
@@ -333,7 +340,7 @@ def test_a_stable_binding_replays_one_graph_that_sees_what_changes():
         lv.fill_(0.1 * (i + 1))
         plan.execute(pack)
         check(2.0)
-    ag = plan._bound_owned.autograph
+    ag = plan.local_state().owned.autograph
     assert (ag.captures, ag.replays) == (1, 4), (ag.captures, ag.replays)
     pack[s] = 3.0  # baked into the launches: flat, then a new graph
     for _ in range(4):
@@ -368,5 +375,5 @@ def test_a_graph_follows_table_addressed_buffers_without_a_new_capture():
         plan.execute({x: xs[k], b: bv, lr: lv, s: 2.0, y: ys[k]})
         torch.cuda.synchronize()
         torch.testing.assert_close(ys[k], torch.relu(xs[k] * lv + bv) * 2.0)
-    ag = plan._bound_owned.autograph
+    ag = plan.local_state().owned.autograph
     assert ag.captures == 1 and ag.replays == 6, (ag.captures, ag.replays)

@@ -87,3 +87,26 @@ def test_python_api_names_suggest_close_builders():
     x = g.tensor(dim=[2, 3])
     with pytest.raises(og.AttributeValueError, match="did you mean 'GELU_FWD'"):
         g.pointwise(x, mode="GELU")
+
+
+# -- plan files ----------------------------------------------------------------------------------------
+
+
+def test_the_committed_plan_schema_is_current():
+    from opgraph.runtime.plan_schema import SCHEMA_PATH as PLAN_SCHEMA, plan_schema, schema_text as plan_text
+
+    assert PLAN_SCHEMA.read_text() == plan_text(), "stale: run python -m opgraph.runtime.plan_schema --write"
+    assert PLAN_SCHEMA.parent == SCHEMA_PATH.parent  # beside the graph schema
+    jsonschema.Draft202012Validator.check_schema(plan_schema())
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_plan_files_written_by_save_fit_the_plan_schema_graph_included(index):
+    from opgraph.runtime.plan_schema import plan_schema_errors
+
+    plan = _sample_files()[index].build(device="cpu")
+    doc = json.loads(plan.to_bytes().split(b"\n", 1)[1])
+    assert plan_schema_errors(doc) == []
+    doc["graph"]["tensors"][0]["strides"] = [1]
+    assert any(e.startswith("plan.graph.tensors[0]: unknown key 'strides'") for e in plan_schema_errors(doc))
+    assert plan_schema_errors(doc, graph=False) == []  # what loading checks: the graph loader does the rest

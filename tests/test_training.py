@@ -236,7 +236,7 @@ def _emulated_capture(plan, pack):
     """What a captured CUDA graph holds: the plan bound once to the buffers of `pack` (workspace
     included), its launches replayed as they are; by-reference tensors are read through the address
     table (what cudagraph.populate records; the interpreter runs it)."""
-    bound = plan._prepare(pack, None)
+    bound = plan.bind(pack, None)
     return bound.run
 
 

@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     rules_pointwise,
     rules_pooling,
     rules_reduction,
+    rules_scan,
 )
 from .grad import CHEAP_KINDS, GradGraph, grad, saved_pack
 from .rules import (

@@ -153,9 +153,8 @@ def bound_run(kernel: Kernel, piece: Piece, bufs: dict[int, Any], scratch: Any, 
     current stream): the tuner times the code the plan will run. `Kernel.run`, the self-contained path,
     is another code path: generated kernels launch through Triton's JIT (a second compilation of the
     same source, with its own specializations) and cuDNN plans rebuild their variant pack in Python
-    each call. Timed that way, bench v2 (H200, 2026-11-26) found tuned plans slower than the heuristic's
-    choice, which was among the candidates: generated attention forward 1.25-1.28x at S=1k and 4k, the
-    1k causal backward on the generated kernel (206 µs) instead of cuDNN's (164)."""
+    each call. Timed that way, tuned plans came out slower than the heuristic's choice, which was among
+    the candidates (bench/results/constants.md#tuning-the-plans-code)."""
     binding = Binding()
     for uid, value in bufs.items():
         binding.buffers[uid] = value
@@ -223,9 +222,9 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
     one go, in candidate order, may measure the first, timed right after the compiles, slower than it
     runs later). Only the first-timed candidate and those within PRUNE_AT of the first pass's fastest go
     on (a drift of a few percent cannot make the others win; they keep their one time), and a measurement's burst is as many
-    calls as fill ~BURST_US (one call of a 50-ms attention backward, ten of a 20-µs conv): bench v2's
-    tuned builds (H100, 2026-11-26) spent up to 100 s a workload timing, mostly the long and the losing
-    candidates."""
+    calls as fill ~BURST_US (one call of a 50-ms attention backward, ten of a 20-µs conv): tuned builds
+    spent most of their timing on the long and the losing candidates
+    (bench/results/constants.md#tuning-passes)."""
     if not device.is_cuda or len(timed) < 2:
         return  # (one candidate: nothing to compare)
     fastest = min(samples[0] for samples, _, _ in timed)
@@ -245,9 +244,6 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
                 going.remove(entry)
 
 
-AHEAD_OF_TIME = ("triton", "library")  # engines whose kernels have compile specs (Kernel.compile_specs)
-
-
 def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Device, engines: Sequence[str],
                cache: TuningCache, filters: ConfigFilter | None = None, mode: str = "parallel") -> dict[str, Any]:
     """Compile the candidate kernels of every piece the cache does not answer, all at once on every
@@ -259,11 +255,10 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
     on a CPU (interpreted kernels are not compiled ahead)."""
     if not device.is_cuda or mode == "lazy":
         return {}
-    from ..engines.triton import compiler
-    from .compile import LazyProgress
+    from .compile import SpecBatches
 
     filters = filters or ConfigFilter()
-    specs: dict[str, tuple[Any, Any]] = {}
+    batches = SpecBatches()
     seen: set[str] = set()
     for piece, candidates in jobs:
         key = cache_key(piece, device, engines, filters.key())
@@ -271,8 +266,8 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
             continue
         seen.add(key)
         for config in candidates:
-            if config.engine not in AHEAD_OF_TIME:
-                continue  # (a cuDNN plan built here would be built again when timed)
+            if get_engine(config.engine).compiler() is None:
+                continue  # nothing to compile ahead (a cuDNN plan built here would be built again when timed)
             try:
                 kernel = get_engine(config.engine).compile(piece, config, device)
             except Exception as err:  # noqa: BLE001 - tune meets it again and records it
@@ -280,13 +275,10 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
                     raise
                 continue
             for spec, fn in kernel.compile_specs():
-                specs.setdefault(spec.key, (spec, fn))
-    progress = LazyProgress(f"compiling {len(specs)} candidate kernels of {len(seen)} pieces to tune")
-    try:
-        report = compiler.compile_all(specs, parallel=mode == "parallel", progress=progress)
-    finally:
-        progress.close()
-    log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(specs), len(seen), report.seconds)
+                batches.add(config.engine, spec, fn)
+    report = batches.compile(parallel=mode == "parallel",
+                             what=f"compiling {len(batches)} candidate kernels of {len(seen)} pieces to tune")
+    log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(batches), len(seen), report.seconds)
     return {"pieces": len(seen), **dataclasses.asdict(report)}
 
 

@@ -2,9 +2,9 @@
 
 `build()` (compile="parallel", the default on CUDA) gathers every step's compile specs
 (Kernel.compile_specs: the Triton engine's generated kernels, the library engine's parts), keeps one
-per distinct kernel (the repeated blocks of a network generate identical kernels), takes what this
-process or Triton's disk cache already has, and compiles the rest in worker processes, one per core
-(opgraph.engines.triton.pool). A rich progress bar appears when that takes more than PROGRESS_AFTER
+per distinct kernel (the repeated blocks of a network generate identical kernels) and hands them to
+the compiler of the step's engine (Engine.compiler(): the Triton engine's takes what this process or
+Triton's disk cache already has and compiles the rest in worker processes, one per core). A rich progress bar appears when that takes more than PROGRESS_AFTER
 seconds (OPGRAPH_PROGRESS=0 hides it). A step whose kernel fails to compile gives way to its next
 alternative config, as a config that fails to build does in the planner. compile="serial" compiles
 in this process, one kernel after the other; compile="lazy" leaves each kernel to its first execute.
@@ -17,12 +17,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.device import Device
-from ..core.errors import ExecutionError, GraphError
+from ..core.errors import ExecutionError, GraphError, InternalError
 from ..engines import get_engine
+from ..engines.base import Compiler, CompileReport
 
 log = logging.getLogger("opgraph.build")
 
@@ -71,21 +72,15 @@ def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list
     stats: dict[str, Any] = {"mode": mode}
     if mode == "lazy" or not device.is_cuda:
         return list(steps), stats
-    from ..engines.triton import compiler
-
-    specs: dict[str, tuple[Any, Any]] = {}
+    batches = SpecBatches()
     owners: dict[str, list[int]] = {}
     launches = 0
     for i, step in enumerate(steps):
         for spec, fn in step.kernel.compile_specs():
             launches += 1
-            specs.setdefault(spec.key, (spec, fn))
+            batches.add(step.config.engine, spec, fn)
             owners.setdefault(spec.key, []).append(i)
-    progress = LazyProgress(f"compiling {len(specs)} kernels")
-    try:
-        report = compiler.compile_all(specs, parallel=mode == "parallel", progress=progress)
-    finally:
-        progress.close()
+    report = batches.compile(parallel=mode == "parallel", what=f"compiling {len(batches)} kernels")
     stats.update(dataclasses.asdict(report))
     stats["launches"] = launches
     log.info("compiled %d distinct kernels of %d launches (%d ready, %d cached, %d compiled on %d workers) "
@@ -97,17 +92,64 @@ def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list
     return out, stats
 
 
+class SpecBatches:
+    """Compile specs gathered by the compiler of their engine (`Engine.compiler()`), one per distinct key."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, tuple[Compiler, dict[str, tuple[Any, Any]]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(specs) for _, specs in self.batches.values())
+
+    def add(self, engine: str, spec: Any, fn: Any) -> None:
+        compiler = get_engine(engine).compiler()
+        if compiler is None:
+            raise InternalError(f"the {engine} engine's kernels give compile specs but it has no compiler",
+                                rule="internal.invariant", hint="this is an opgraph bug: please report it")
+        self.batches.setdefault(id(compiler), (compiler, {}))[1].setdefault(spec.key, (spec, fn))
+
+    def compile(self, *, parallel: bool, what: str) -> CompileReport:
+        """Each compiler's batch compiled (in parallel where `parallel`), behind one progress bar; one report."""
+        progress = LazyProgress(what)
+        total, offset = len(self), 0
+        reports = []
+        try:
+            for compiler, specs in self.batches.values():
+                def step(done: int, _: int, before: int = offset) -> None:
+                    progress(before + done, total)
+
+                reports.append(compiler.compile_all(specs, parallel=parallel, progress=step))
+                offset += len(specs)
+        finally:
+            progress.close()
+        return merged(reports)
+
+
+def merged(reports: Iterable[CompileReport]) -> CompileReport:
+    out = CompileReport()
+    for r in reports:
+        out.kernels += r.kernels
+        out.ready += r.ready
+        out.cached += r.cached
+        out.compiled += r.compiled
+        out.workers = max(out.workers, r.workers)
+        out.seconds += r.seconds
+        out.failed.update(r.failed)
+    return out
+
+
 def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
     """The step with its first alternative config whose kernels compile (compiled here)."""
-    from ..engines.triton import compiler
-
     why = "; ".join(errors.values())
     log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
     for alt in step.alternatives:
         try:
-            kernel = get_engine(alt.engine).compile(step.piece, alt, device)
+            engine = get_engine(alt.engine)
+            kernel = engine.compile(step.piece, alt, device)
+            compiler = engine.compiler()
             for spec, fn in kernel.compile_specs():
-                compiler.compile_here(spec, fn)
+                if compiler is not None:
+                    compiler.compile_here(spec, fn)
         except Exception as err:  # noqa: BLE001 - the next alternative
             log.info("step %d: alternative %s failed too: %s", step.index, alt, err)
             continue

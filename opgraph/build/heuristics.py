@@ -5,8 +5,9 @@
     B         like A; engines may refine with short probes
     FALLBACK  the broadest configs, which always work (reference on the CPU, op-by-op on the GPU)
 
-Engines are ranked in the build's order of preference, except where an engine's rule
-(`Engine.rank_first`) says its configs win on a piece (cuDNN's on convolutions); FALLBACK keeps the order.
+Engines are ranked in the build's order of preference, except where the ranking policy
+(opgraph.build.policy) puts an engine's configs first on a piece (cuDNN's on convolutions); FALLBACK keeps
+the order.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig, HeurMode, Support
+from .policy import POLICY, Policy
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -39,7 +41,7 @@ class PieceConfigs:
 
 
 def rank_configs(
-    piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]
+    piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode], policy: Policy = POLICY
 ) -> PieceConfigs:
     configs: list[EngineConfig] = []
     declined: list[tuple[str, str]] = []
@@ -50,7 +52,7 @@ def rank_configs(
     supporting = [e for e in engines if e.name not in {n for n, _ in declined}]
     ruled = supporting
     if any(m is not HeurMode.FALLBACK for m in modes):
-        ruled = sorted(supporting, key=lambda e: not e.rank_first(piece, device))
+        ruled = policy.order(piece, supporting, device)
     for mode in modes:
         # the rules order INSTANT/A/B; FALLBACK keeps the build's order, also after other modes
         for engine in supporting if mode is HeurMode.FALLBACK else ruled:

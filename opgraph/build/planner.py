@@ -19,9 +19,9 @@ from ..engines import get_engine
 from ..engines.base import Engine, Kernel
 from .autotune import TuningCache, precompile, tune
 from .compile import compile_steps
-from .filters import OPTIONS as FILTER_OPTIONS
 from .filters import ConfigFilter
 from .heuristics import PieceConfigs, rank_configs
+from .options import BuildOptions
 from .partition import Cut, partition
 
 log = logging.getLogger("opgraph.build")
@@ -92,27 +92,16 @@ def engine_configs(
     return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
 
 
-def plan_steps(
-    graph: FinalGraph,
-    *,
-    heur_mode: Any = None,
-    device: Any = None,
-    engines: Sequence[str] | None = None,
-    allow_partition: bool = True,
-    autotune: bool = False,
-    **options: Any,
-) -> Schedule:
+def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keywords: Any) -> Schedule:
     """Partition `graph`, rank every piece's configs (or time them: `autotune`) and compile the chosen
-    one: the steps an ExecutionPlan runs. Options are Graph.build's."""
-    by_reference = options.pop("by_reference", False)
-    compile_mode = options.pop("compile", "parallel")
-    filters = ConfigFilter.from_options({k: options.pop(k) for k in FILTER_OPTIONS if k in options})
-    if options:
-        raise TypeError(f"build() got unexpected option(s): {', '.join(sorted(options))}")
-    if by_reference:
+    one: the steps an ExecutionPlan runs. `options` (opgraph.build.options.BuildOptions), with any
+    of its fields as keywords over it: Graph.build's options."""
+    opts = BuildOptions.of(options, **keywords)
+    filters = opts.filters
+    if opts.by_reference:
         graph = _all_by_reference(graph)
-    dev = resolve_device(device)
-    if autotune and dev.is_cuda:
+    dev = resolve_device(opts.device)
+    if opts.autotune and dev.is_cuda:
         import torch
 
         if torch.cuda.is_current_stream_capturing():
@@ -121,17 +110,18 @@ def plan_steps(
                 "synchronises the device, which breaks the capture", rule="autotune.capturing",
                 hint="build (and tune) before capturing; the cache makes later builds time nothing",
             )
-    usable = _engines(engines, dev)
-    modes = as_modes(heur_mode)
+    usable = _engines(opts.engines, dev)
+    modes = opts.modes
+    compile_mode = opts.compile
     t0 = time.perf_counter()
     stats: dict[str, Any] = {"kernels_s": {}}
-    pieces, cuts = partition(graph, usable, dev, allow_partition=allow_partition)
+    pieces, cuts = partition(graph, usable, dev, allow_partition=opts.allow_partition)
     stats["partition_s"] = time.perf_counter() - t0
     log.info("partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable],
              len(pieces))
     for cut in cuts:
         log.info("  not fused before %s: %s", cut.node.label(), "; ".join(f"{e}: {w}" for e, w in cut.reasons))
-    cache = TuningCache() if autotune else None
+    cache = TuningCache() if opts.autotune else None
     names = [e.name for e in usable]
     tuning: dict[int, list[EngineConfig]] = {}
     if cache is not None:  # every piece's candidates, compiled at once before any piece is timed

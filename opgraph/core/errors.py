@@ -4,6 +4,7 @@
       ShapeError                    dims/strides/rank/broadcasting/geometry
       DataTypeError                 an unsupported or inconsistent data type
       AttributeValueError           an op attribute out of range or of the wrong kind
+        BuildOptionError            an unknown build option, or one of the wrong kind (also a TypeError)
       DataflowError                 cycles, double producers, dangling tensors, in-place writes
       DuplicateUIDError             two tensors with one UID
       SerializationError            a graph or plan file that cannot be read
@@ -83,6 +84,11 @@ class DataTypeError(GraphError):
 
 class AttributeValueError(GraphError):
     pass
+
+
+class BuildOptionError(AttributeValueError, TypeError):
+    """An unknown `Graph.build` keyword or a build option of the wrong kind; a TypeError too, as
+    Python's own unknown-keyword error is."""
 
 
 class DataflowError(GraphError):

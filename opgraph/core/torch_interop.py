@@ -3,6 +3,7 @@ Imports torch when called."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from .dtypes import DataType, as_data_type
 from .errors import VariantPackError
-from .tensor import storage_extent, strided_view
+from .tensor import TensorDesc, storage_extent, strided_view
 
 _CARRIER = {DataType.BFLOAT16: "int16", DataType.FP8_E4M3: "uint8", DataType.FP8_E5M2: "uint8"}
 
@@ -53,3 +54,21 @@ def torch_to_numpy(t: Any) -> np.ndarray:
 def pack_to_device(pack: Mapping[int, Any], device: str) -> dict[int, Any]:
     """Arrays -> device tensors with the same strides; numbers (pass-by-value) unchanged."""
     return {k: numpy_to_torch(v, device) if isinstance(v, np.ndarray) else v for k, v in pack.items()}
+
+
+def as_torch(value: Any, desc: TensorDesc, device: Any) -> Any:
+    """A bound buffer as a torch tensor on `device`, zero-copy (NumPy arrays via torch.from_numpy,
+    bfloat16/fp8 through an integer view; __cuda_array_interface__ objects through torch.as_tensor).
+    Pass-by-value numbers stay Python numbers."""
+    import torch
+
+    if isinstance(value, torch.Tensor) or desc.is_pass_by_value:
+        return value
+    if isinstance(value, np.ndarray):
+        dt = as_data_type(value.dtype)
+        carrier = _CARRIER.get(dt)
+        with warnings.catch_warnings():  # read-only inputs: we never write them
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(value.view(carrier) if carrier is not None else value)
+        return t.view(dt.to_torch()) if carrier is not None else t
+    return torch.as_tensor(value, device=device)

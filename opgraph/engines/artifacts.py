@@ -1,6 +1,7 @@
 """Compiled code that plan files carry: Triton kernels' cubins with their metadata, cuDNN's serialized
 execution plans. An engine looks its artifacts up here by (kind, key) before compiling; a plan file's
-artifacts are checked (hash, types) and put here when the plan loads (opgraph.runtime.plan_io).
+artifacts are checked (hash, types) when the plan loads (opgraph.runtime.plan_io) and held by that
+plan (a `Scope`): lookups see them only while that plan loads, binds or saves, in that thread.
 
 An artifact is data, never code that Python runs: a cubin is loaded by the CUDA driver, a serialized
 cuDNN plan by cuDNN. Each carries its SHA-256, checked on load.
@@ -10,11 +11,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import contextvars
 import hashlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.errors import SerializationError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,16 +61,66 @@ class Artifact:
         return cls(kind, key, raw, meta, digest)
 
 
-_STORE: dict[tuple[str, str], Artifact] = {}
+class Scope:
+    """The artifacts one loaded plan carries, visible to the engines' lookups (`get`, `decoded`) only
+    inside `with scope.visible():` and only in that thread: a plan file never supplies code to
+    anything but the plan that carries it (nothing from a file is registered process-wide).
+    `used` names the artifacts some lookup asked for; the loader keeps only those."""
+
+    def __init__(self, items: Iterable[Artifact] = ()) -> None:
+        self._items = {(a.kind, a.key): a for a in items}
+        self._decoded: dict[tuple[str, str], Any] = {}
+        self.used: set[tuple[str, str]] = set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Artifact]:
+        return iter(self._items.values())
+
+    @contextlib.contextmanager
+    def visible(self) -> Iterator[Scope]:
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def only_used(self) -> Scope:
+        """The artifacts lookups asked for (with what they decoded), the others dropped."""
+        kept = Scope(a for k, a in self._items.items() if k in self.used)
+        kept._decoded = {k: v for k, v in self._decoded.items() if k in self.used}
+        kept.used = set(self.used)
+        return kept
+
+    def get(self, kind: str, key: str) -> Artifact | None:
+        found = self._items.get((kind, key))
+        if found is not None:
+            self.used.add((kind, key))
+        return found
+
+    def decoded(self, kind: str, key: str, decode: Callable[[Artifact], T | None]) -> T | None:
+        """`decode(artifact)` (an engine's check and conversion), made once per scope."""
+        if (kind, key) in self._decoded:
+            return self._decoded[(kind, key)]
+        art = self.get(kind, key)
+        value = decode(art) if art is not None else None
+        if art is not None:
+            self._decoded[(kind, key)] = value
+        return value
 
 
-def put(artifact: Artifact) -> None:
-    _STORE[(artifact.kind, artifact.key)] = artifact
+_CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("opgraph_artifacts", default=None)
 
 
 def get(kind: str, key: str) -> Artifact | None:
-    return _STORE.get((kind, key))
+    """The artifact (kind, key) of the plan being loaded or bound in this thread, if it carries one."""
+    scope = _CURRENT.get()
+    return scope.get(kind, key) if scope is not None else None
 
 
-def clear() -> None:
-    _STORE.clear()
+def decoded(kind: str, key: str, decode: Callable[[Artifact], T | None]) -> T | None:
+    """`decode` of the artifact (kind, key) of the plan being loaded or bound in this thread (made once
+    per plan), or None when it carries none."""
+    scope = _CURRENT.get()
+    return scope.decoded(kind, key, decode) if scope is not None else None

@@ -2,13 +2,17 @@
 
 An engine answers four questions about a piece of graph: can you run it (and if not, why), which
 configs would you use (knobs + notes, ranked by a heuristic mode), and give me a kernel for this
-config. A kernel runs the piece over buffers keyed by UID.
+config. A kernel runs the piece over buffers keyed by UID. Two more serve the build: what the engine
+knows of a supported piece (`facts`: its estimate and `PieceFact`s; the build's ranking policy,
+opgraph.build.policy, decides from them whose configs go first), and the compiler of its kernels'
+ahead-of-time work (`compiler`). Engines never import each other: they reach each other through the
+registry (opgraph.engines.get_engine) and share code through opgraph.engines.shared.
 
 The kernel contract, in the order a plan uses it:
 
 - `compile_specs()`: work the build may do ahead of time and in parallel (the Triton engine's
-  kernels to compile); default none. The build hands them to the engine's compiler, then the kernel
-  finds the results in its engine's registry.
+  kernels to compile); default none. The build hands them to the compiler of the config's engine
+  (`Engine.compiler()`, a `Compiler`), then the kernel finds the results in its engine's registry.
 - `bind(binding, scratch) -> Launcher`: once per workspace a plan binds, everything about the step
   that does not change between executes is prepared (argument layouts, scratch views, grids); the
   launcher's `calls` are what an execute makes, and `rebind(uids)` takes new addresses or scalar
@@ -23,10 +27,12 @@ The kernel contract, in the order a plan uses it:
 from __future__ import annotations
 
 import ctypes
+import enum
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 
@@ -34,8 +40,8 @@ if TYPE_CHECKING:
     from ..core.device import Device
     from ..core.piece import Piece
 
-__all__ = ["BehaviorNote", "Binding", "Engine", "EngineConfig", "HeurMode", "Kernel", "Launcher", "NumericalNote",
-           "RunLauncher", "StreamSlot", "Support"]
+__all__ = ["BehaviorNote", "Binding", "CompileReport", "Compiler", "Engine", "EngineConfig", "EngineFacts", "HeurMode",
+           "Kernel", "Launcher", "NumericalNote", "PieceFact", "RunLauncher", "StreamSlot", "Support"]
 
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -137,6 +143,48 @@ class Kernel(ABC):
         """Forget anything kept from past runs' buffers (autotuning's timing buffers)."""
 
 
+@dataclass
+class CompileReport:
+    """What a compiler did with a batch of compile specs."""
+
+    kernels: int = 0  # distinct specs asked for
+    ready: int = 0  # already in this process
+    cached: int = 0  # read from a disk cache
+    compiled: int = 0  # compiled (in workers or here)
+    workers: int = 0
+    seconds: float = 0.0
+    failed: dict[str, str] = field(default_factory=dict)  # spec key -> error
+
+
+class Compiler(Protocol):
+    """An engine's ahead-of-time compiler (`Engine.compiler()`). Specs are what its kernels'
+    `compile_specs()` give, (spec, payload) pairs, a spec's `key` naming the compiled kernel (identical
+    kernels, one key). `compile_all` makes every spec's result available ({key: (spec, payload)}),
+    reporting failures rather than raising them; `compile_here` compiles one in this process (raising)."""
+
+    def compile_all(self, specs: Mapping[str, tuple[Any, Any]], *, parallel: bool = True,
+                    progress: Callable[[int, int], None] | None = None) -> CompileReport: ...
+
+    def compile_here(self, spec: Any, fn: Any) -> Any: ...
+
+
+class PieceFact(enum.Enum):
+    """What an engine may report about a piece it supports (`EngineFacts.facts`), for the build's
+    ranking policy (opgraph.build.policy) to read."""
+
+    # the conv's epilogue sends the engine to generic runtime-fusion kernels rather than its fused ones
+    RUNTIME_FUSED_EPILOGUE = "runtime_fused_epilogue"
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """An engine's report on a piece it supports: its estimate of the piece's device time (µs; None:
+    no estimate, as on the CPU) and the facts it knows. The build's ranking policy decides with them."""
+
+    estimate_us: float | None = None
+    facts: frozenset[PieceFact] = frozenset()
+
+
 class Engine(ABC):
     name: ClassVar[str]
     # whether the engine's pieces run neighbouring ops fused (the library engine's generated
@@ -158,9 +206,21 @@ class Engine(ABC):
     @abstractmethod
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel: ...
 
+    def compiler(self) -> Compiler | None:
+        """The compiler of the compile specs this engine's kernels give (`Kernel.compile_specs`); None
+        where they give none. The build compiles through it, never through an engine's modules."""
+        return None
+
+    def facts(self, piece: Piece, device: Device) -> EngineFacts:
+        """What this engine reports about a piece it supports, for the build's ranking policy
+        (opgraph.build.policy, which decides whose configs go first). The default: nothing."""
+        return EngineFacts()
+
     def rank_first(self, piece: Piece, device: Device) -> bool:
-        """A heuristic rule: whether this engine's configs for `piece` go before those of engines
-        preferred to it (measured to win on pieces like it). The default: engine order decides."""
+        """Deprecated, never asked: the build's ranking policy (opgraph.build.policy) decides which
+        engine's configs go first, from the facts engines report (`facts`). Always False."""
+        warnings.warn("Engine.rank_first is deprecated and ignored: rules live in opgraph.build.policy",
+                      DeprecationWarning, stacklevel=2)
         return False
 
     def inplace_safe(self, config: EngineConfig) -> bool:

@@ -1,29 +1,47 @@
 """The cost model behind heuristic mode A: the bytes a piece must move and the math it must do,
-against the device's bandwidth and math rate. It ranks and explains; it does not replace timing."""
+against the device's bandwidth and math rate (DEVICE_RATES, one row per GPU family). It ranks and
+explains; it does not replace timing."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from ..core.device import Device
 from ..core.piece import Piece
 
-# Measured ceilings on this project's lent machines (device copy, fp16 GEMM); other GPUs get a
-# conservative default. bytes/s, flop/s.
-RATES = {"H200": (4.2e12, 7.0e14), "H100": (3.0e12, 7.0e14)}
-DEFAULT_RATES = (1.5e12, 1.5e14)
-LAUNCH_US = 3.0
-# channels per group below which a grouped conv's generated implicit GEMM wastes most of its K tile (an
-# fp16/bf16 MMA's depth, 16): the rate above does not hold there (3x3, 32 groups of 8: 104 µs against
-# cuDNN's 27.5 on an H200, 2026-11-26)
-NARROW_GROUP = 16
+EVIDENCE = "bench/results/constants.md"
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """The measured ceilings of a GPU family: what every cost model divides bytes and flops by."""
+
+    family: str  # a device whose name contains this is of the family
+    copy_bytes_per_s: float  # a device-to-device copy (bandwidth)
+    gemm_flops_per_s: float  # an fp16 GEMM (math)
+    evidence: str = ""  # the results the ceilings were measured in
+
+
+# the lent machines' GPUs, measured (in order: the first family a device's name contains is its)
+DEVICE_RATES: tuple[DeviceRates, ...] = (
+    DeviceRates("H200", 4.2e12, 7.0e14, f"{EVIDENCE}#device-rates"),
+    DeviceRates("H100", 3.0e12, 7.0e14, f"{EVIDENCE}#device-rates"),
+)
+DEFAULT_RATES = DeviceRates("other", 1.5e12, 1.5e14)  # other GPUs: conservative, not measured
+RATES = MappingProxyType({r.family: (r.copy_bytes_per_s, r.gemm_flops_per_s) for r in DEVICE_RATES})
+LAUNCH_US = 3.0  # device µs an estimate adds per kernel launch
+
+
+def device_rates(device: Device) -> DeviceRates:
+    return next((r for r in DEVICE_RATES if r.family in device.name), DEFAULT_RATES)
 
 
 def rates(device: Device) -> tuple[float, float]:
-    for key, value in RATES.items():
-        if key in device.name:
-            return value
-    return DEFAULT_RATES
+    """(bytes/s, flop/s) of the device's family (`device_rates`)."""
+    r = device_rates(device)
+    return r.copy_bytes_per_s, r.gemm_flops_per_s
 
 
 def piece_bytes(piece: Piece) -> int:

@@ -33,14 +33,15 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, ExecutionError, InternalError, expect
 from ..core.ir import Const, Node
 from ..core.piece import Piece
+from ..core.torch_interop import as_torch
 from ..core.types import Buffer, Stream, UidPack
 from ..ops.attention import SdpaBackward
 from ..ops.conv import _Conv
 from ..ops.pointwise import Pointwise, PointwiseMode
 from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
-from .base import Engine, Kernel
-from .cost import NARROW_GROUP, estimate_us
+from .base import Engine, EngineFacts, Kernel, PieceFact
+from .cost import estimate_us
 from .cudnn_sdpa import (
     ATTENTION_KINDS,
     MOVES,
@@ -50,23 +51,21 @@ from .cudnn_sdpa import (
     operand_slots,
     scalar_uids,
 )
-from .torch_engine.common import as_torch
+from .shared.conv_shapes import CONV_KINDS
 
 log = logging.getLogger("opgraph.cudnn")
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 ANCHORS = GEMM_KINDS | ATTENTION_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
 OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
-# GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100.
-# An fp32 training graph (examples/11) gave NaN losses through cuDNN plans (2026-11-25, not yet
-# understood), so FLOAT pieces stay with the generated kernels.
+# GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100; an
+# fp32 training graph gave NaN losses through cuDNN plans, so FLOAT pieces stay with the generated
+# kernels (bench/results/constants.md#cudnn-gemm-types).
 GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
 # ... and the result types its GEMM engines write. Nothing in a piece offered to cuDNN is DOUBLE (a
-# tensor or a compute type): its fused engines compute in fp32 at most, and where cuDNN accepted an
-# fp16 matmul with a DOUBLE output (its support check passed) the output came back NaN (the GPU
-# fuzzer, H100, 2026-11-25: tests/fuzz/regressions/seed20261125502833.json).
+# tensor or a compute type): its fused engines compute in fp32 at most, and an fp16 matmul with a
+# DOUBLE output that cuDNN accepted came back NaN (bench/results/constants.md#cudnn-gemm-types).
 GEMM_OUT_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 B_PLANS = 4
-RANK_FIRST_US = 10.0  # cost-model µs below which a piece's host launch cost outweighs cuDNN's device win
 # opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method
 _PARAM_METHODS = {"relu", "relu_backward", "swish", "swish_backward"}
 _CONV_ATTRS = ("pre_padding", "post_padding", "stride", "dilation")
@@ -351,19 +350,10 @@ def _notes(piece: Piece) -> tuple[frozenset[NumericalNote], frozenset[BehaviorNo
     return frozenset(numerical), frozenset(behavior)
 
 
-def _worth_a_launch(piece: Piece, device: Device, waste: float = 1.0) -> bool:
-    """Whether the piece's estimated device time (times `waste`, what the generated kernel loses over the
-    cost model's rate) reaches RANK_FIRST_US."""
-    estimate = estimate_us(piece, device)
-    return estimate is not None and estimate * waste >= RANK_FIRST_US
-
-
-FEW_CHANNELS = 8  # input channels per group of a stem conv (RGB, RGBA, padded to 4)
-
-
 def _runtime_fused_epilogue(piece: Piece, conv: Node) -> bool:
     """Whether the epilogue after `conv` (pointwise nodes reading its result, directly or through other
-    pointwise nodes) sends cuDNN to its runtime-fusion plans, measured slower than the generated kernel:
+    pointwise nodes) sends cuDNN to its runtime-fusion plans, measured slower than the generated kernel
+    (bench/results/constants.md#cudnn-leads):
     a residual add (a tensor from outside the piece with the conv output's full shape) or a per-channel
     scale (a multiply by a broadcast tensor from outside: an inference batchnorm left unfolded, as
     `from_torch` imports it); not a bias and an activation (cuDNN's fused conv kernels). A prologue on
@@ -535,46 +525,13 @@ class CudnnEngine(Engine):
         why, _ = _verdict(piece, device)
         return Support.no(why) if why else Support.yes()
 
-    def rank_first(self, piece: Piece, device: Device) -> bool:
-        """cuDNN's plans first for convolutions that are not depthwise and not tiny: they beat the
-        generated kernels on the ResNet conv shapes benchmarked with a bias + relu epilogue, SBR prologue,
-        genstats, dgrad+drelu (bench/results, H100 and H200), but a cuDNN launch costs more host time than a
-        generated kernel's, so below RANK_FIRST_US of estimated device time the generated kernel goes first.
-        Measured exceptions (bench v2, 2026-11-26), where the generated kernel goes first:
-        - a forward conv whose epilogue cuDNN runs through its runtime-fusion plans
-          (`_runtime_fused_epilogue`): a residual add, 1.6x the generated kernel's time (1x1 C64->K256
-          56², N32, H200: 66 vs 42 µs fp16, 83 vs 51 bf16), or a per-channel scale (an unfolded inference
-          batchnorm): with those on cuDNN, the heuristic plans of ResNet-50 b64 / b256 and MobileNetV2 b64
-          (scale + shift + activation after every conv) took 1.04 / 1.15 / 1.29x the generated-only
-          plans' time (H100: 3,076 vs 2,962, 11,325 vs 9,830, 1,363 vs 1,059 µs);
-        - an ungrouped forward conv of fewer than FEW_CHANNELS input channels (a stem), in bf16 or with a
-          filter row of several taps: cuDNN's bf16 plans took 3.2x its fp16 ones (7x7/2 C3->K64 224², N32,
-          H100: 272 vs 85 µs), and the generated kernel's MERGE_TAPS configs (K lanes over a filter row's
-          taps and channels, first among its configs on a stem) 77.4 µs in fp16 and bf16 alike (H100,
-          2026-11-26, CUDA-graph device time, bench/results/2026-11-26-h100-stem-and-pool-backward.md run b:
-          the heuristic plan; cuDNN FE autotuned 83.8 / 267.9). FEW_CHANNELS is conv_fprop's MERGE_BELOW.
-        A grouped forward conv of 2-15 channels per group wastes most of a generated kernel's MMA tile (3x3
-        g32 C256, N32, H200: 104 vs 27.5 µs), so its estimate counts that padding (16 / channels per group)
-        before the RANK_FIRST_US test. Generated kernels stay first for matmul and depthwise."""
-        if any(n.kind in ATTENTION_KINDS for n in piece.nodes):
-            return _worth_a_launch(piece, device)  # cuDNN's fused attention: the generated kernels' bar
-        for node in piece.nodes:
-            if node.kind in GEMM_KINDS - {"matmul"}:
-                weight = piece.tensor(node.input_uids()[1] if node.kind != "conv_wgrad" else node.output_uids()[0])
-                image = piece.tensor(node.output_uids()[0] if node.kind == "conv_dgrad" else node.input_uids()[0])
-                per_group = weight.dim[1]  # C/groups: one input channel per group is depthwise
-                if per_group == 1:
-                    return False
-                if node.kind == "conv_fprop" and image.dim[1] > per_group and per_group < NARROW_GROUP:
-                    # grouped, narrow groups: the generated kernel's K tile is padded NARROW_GROUP / C/g times
-                    return _worth_a_launch(piece, device, NARROW_GROUP / per_group)
-                if node.kind == "conv_fprop" and _runtime_fused_epilogue(piece, node):
-                    return False
-                if node.kind == "conv_fprop" and per_group < FEW_CHANNELS and (
-                        image.data_type is DataType.BFLOAT16 or weight.dim[-1] > 1):
-                    return False  # a stem: see above (bf16; a filter row of several taps: MERGE_TAPS)
-                return _worth_a_launch(piece, device)
-        return False
+    def facts(self, piece: Piece, device: Device) -> EngineFacts:
+        """The cost model's estimate (cuDNN's fused kernels run near the device's rates), and whether a
+        forward conv's epilogue sends cuDNN to its runtime-fusion plans (`_runtime_fused_epilogue`)."""
+        conv = next((n for n in piece.nodes if n.kind in CONV_KINDS), None)
+        fused = conv is not None and conv.kind == "conv_fprop" and _runtime_fused_epilogue(piece, conv)
+        return EngineFacts(estimate_us(piece, device),
+                           frozenset({PieceFact.RUNTIME_FUSED_EPILOGUE}) if fused else frozenset())
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         why, names = _verdict(piece, device)

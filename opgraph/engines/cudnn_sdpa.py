@@ -15,8 +15,8 @@ check then decides, and its message is the reason it declines):
 - the backward with all of dQ, dK and dV (cuDNN writes the three);
 - operands read through slices, reshapes and transposes of tensors in memory (the heads of a fused qkv
   projection), and gradients written through transposes and reshapes into their slots of one
-  concatenation (the projection's input gradient): the generated kernels' analysis
-  (triton/attention/views.py) gives each a View, a base buffer, an element offset and strides, which
+  concatenation (the projection's input gradient): the analysis the generated kernels
+  share (shared/views.py) gives each a View, a base buffer, an element offset and strides, which
   the cuDNN graph declares as a tensor of its own; the launch passes base + offset (`operand_slots`).
 Its plans, like every cudnn plan, are keyed by canonical UIDs (cudnn_frontend.canonical_uids), so one
 plan serves every piece of the same signature and loads from the disk cache or a plan file.
@@ -32,8 +32,7 @@ from ..core.ir import Const, Node
 from ..core.piece import Piece
 from ..ops.attention import SdpaBackward, _Attention, extensions
 from ..ops.layout import VIEW_KINDS
-from .triton.attention.views import gradient_targets, operand_views
-from .triton.gemm import View
+from .shared.views import View, gradient_targets, operand_views
 
 ATTENTION_KINDS = frozenset({"sdpa", "sdpa_backward"})
 _TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
@@ -145,8 +144,8 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
         if missing:
             return f"cuDNN's sdpa_backward writes dQ, dK and dV ({', '.join(missing)} not used here)"
         if node.input("dropout_mask") is not None:
-            # seen on an H100 (cuDNN 9.19, frontend 1.32, 2026-11-25): dQ/dK off by up to 35% against the
-            # reference with an explicit mask; declined until the mask convention is understood
+            # dQ/dK disagreed with the reference (bench/results/constants.md#cudnn-attention-dropout-mask);
+            # declined until the mask convention is understood
             return ("cuDNN's backward with an explicit dropout mask disagreed with the reference on the GPU "
                     "(dQ, dK); the generated kernel runs it")
     return None

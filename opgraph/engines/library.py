@@ -11,9 +11,9 @@ its epilogue, a prologue's output before the conv) live in the kernel's own scra
 A config's knobs are the parts' knobs under a prefix (`prologue.`, `epilogue.`), so a plan that names
 one compiles the same kernels again (plan files, the tuning cache). Knob `precision`: "exact" keeps a
 16-bit conv's declared fp32 output (PyTorch then convolves in fp32, TF32 on tensor cores: exact for
-16-bit inputs, but slower: 200-260 µs against 25-68 µs for the fused Triton kernel on the ResNet
-convs of the benchmark, H100, 2026-11-22); "native" (heuristic mode B, so autotuning weighs it) runs
-the conv in the operands' type, as eager PyTorch does, and says so with
+16-bit inputs, but several times slower than the fused Triton kernel:
+bench/results/constants.md#library-precision); "native" (heuristic mode B, so autotuning weighs it)
+runs the conv in the operands' type, as eager PyTorch does, and says so with
 NumericalNote.ROUNDED_INTERMEDIATE: build(autotune=True, deselect_numeric_notes=["rounded_intermediate"])
 keeps every intermediate in its declared type. Each part runs its engine's first config for the mode.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
@@ -34,7 +34,7 @@ from ..core.piece import Piece, make_piece
 from ..memory import workspace as wsp
 from ..memory.buffers import address_of
 from . import get_engine, register_engine
-from .base import Binding, Engine, Kernel, Launcher
+from .base import Binding, Compiler, Engine, Kernel, Launcher
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
@@ -214,6 +214,10 @@ class LibraryEngine(Engine):
         roles = {k.split(".", 1)[0] for k, _ in config.knobs if "." in k}
         return frozenset({self.name, "torch", *(ENGINE_OF[r] for r in roles if r in ENGINE_OF)})
 
+    def compiler(self) -> Compiler | None:
+        """Its parts' compile specs are their engines': the generated prologue's and epilogue's (triton)."""
+        return get_engine(ENGINE_OF["epilogue"]).compiler()
+
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         compiled = []
         for role, sub in self._checked_parts(piece, config):
@@ -244,10 +248,15 @@ class LibraryEngine(Engine):
                                   hint="take library configs from engine_configs() or from a plan the engine built")
 
 
-def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
-    from .torch_engine import host_ops
+class _HostAware(Protocol):
+    """The torch engine, as the registry gives it: which of a piece's ops it has no mapping of."""
 
-    return any(role == "main" and host_ops(sub) for role, sub in parts)
+    def host_ops(self, piece: Piece) -> list[str]: ...
+
+
+def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
+    torch = cast(_HostAware, get_engine(ENGINE_OF["main"]))
+    return any(role == "main" and torch.host_ops(sub) for role, sub in parts)
 
 
 register_engine(LibraryEngine())

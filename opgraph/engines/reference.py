@@ -15,12 +15,11 @@ import numpy as np
 
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
-from ..core.ir import Const, Node
 from ..core.piece import Piece
-from ..core.rounding import round_to, to_f64
-from ..core.tensor import TensorDesc
+from ..core.rounding import to_f64
 from . import register_engine
 from .base import Engine, Kernel
+from .shared.evaluate import load, run_node
 
 CONFIG = EngineConfig(
     "reference",
@@ -28,29 +27,6 @@ CONFIG = EngineConfig(
     behavior_notes=frozenset({BehaviorNote.HOST_EXECUTION, BehaviorNote.DEVICE_SCALARS}),
     why="the executable specification; runs any op on the CPU",
 )
-
-
-def load(value: Any, desc: TensorDesc) -> np.ndarray:
-    """A bound buffer (array or pass-by-value number) as float64 in logical dims."""
-    if isinstance(value, np.ndarray):
-        arr = to_f64(value)
-        return arr.reshape(desc.dim) if arr.shape != desc.dim else arr
-    return np.full(desc.dim, float(value), dtype=np.float64)
-
-
-def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.ndarray | None]:
-    """Evaluate one node; `read(uid)` gives an input as float64. Returns outputs rounded to type."""
-    ins: list[np.ndarray | None] = []
-    for v in node.inputs:
-        if v is None:
-            ins.append(None)
-        elif isinstance(v, Const):
-            ins.append(np.asarray(float(v.value), dtype=np.float64))
-        else:
-            ins.append(read(v))
-    outs = [None if u is None else tensors[u] for u in node.outputs]
-    results = node.op.reference(ins, outs)
-    return [None if d is None or r is None else round_to(r, d.data_type) for d, r in zip(outs, results)]
 
 
 class ReferenceKernel(Kernel):

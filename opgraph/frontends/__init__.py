@@ -3,6 +3,11 @@
 `from_torch(module, example_inputs)` traces a PyTorch module with torch.export and translates it into
 an opgraph `Graph` (see `opgraph.frontends.torch_import`). PyTorch is imported only when it is called,
 so `import opgraph` stays free of it.
+
+Inside PyTorch: `dynamo_backend` is the torch.compile backend (`backend="opgraph"`; AOTAutograd's
+graphs imported by `fx_graph`, cut by `dynamo_partition`, backward ops in `aot_ops`, CUDA-graph
+replay in `dynamo_cudagraphs`), `autograd_module` is `opgraph.compile` (forward and gradient plans in
+a torch.autograd.Function).
 """
 
 from __future__ import annotations

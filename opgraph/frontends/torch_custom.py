@@ -116,6 +116,40 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     return outs if multi else outs[0]
 
 
+def _on_device(value: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.device):
+        return device
+    if isinstance(value, dict):
+        return {k: _on_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not isinstance(value, _Slot):
+        return type(value)(_on_device(v, device) for v in value)
+    return value
+
+
+def derived_node(imp: Importer, node: Any, args: Args) -> Value | None:
+    """A node of one tensor result computed from buffers and constants alone (no parameter, no user
+    input: a rotary embedding's cos/sin tables, an untranslated op on a buffer): a bound input computed
+    at bind time by the aten op itself
+    (`torch_runtime.DerivedSpec`: recomputed only when an input changes), not a graph op. None for
+    other nodes (several results, non-tensor results)."""
+    import torch
+
+    from .torch_ops import call_schema
+
+    if not isinstance(node.meta.get("val"), torch.Tensor):
+        return None
+    slots: list[Value] = []
+    template = {k: _template(v, slots) for k, v in args.items()}
+
+    def compute(*tensors: Any) -> Any:
+        device = tensors[0].device  # device arguments (a traced .to(device)) follow the bound tensors
+        return call_schema(node.target, _fill(_on_device(template, device), list(tensors)))
+
+    return imp.derived_value(compute, slots, node.name)
+
+
 def _draws_random(target: Any, args: dict[str, Any]) -> bool:
     """Whether the call draws random numbers: a seeded op (dropout, attention, rand...) unless its
     arguments turn the randomness off (dropout_p=0 or p=0, train=False: an eval-mode model)."""

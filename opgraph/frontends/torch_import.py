@@ -28,7 +28,9 @@ from typing import Any
 
 from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value, is_tensor, node_meta, og_dims
+from .torch_fold import constant_nodes, evaluate
+from .torch_hops import inline_wrappers
+from .torch_importer import Args, Importer, Untranslatable, Value, is_tensor, node_location, node_meta, og_dims
 from .torch_mutations import (
     Versions,
     analyze_mutations,
@@ -50,7 +52,7 @@ from .torch_runtime import (
 
 
 def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, strict: bool = False,
-               eval_batchnorm: str = "folded") -> ImportedGraph:
+               eval_batchnorm: str = "folded", allow_tf32: bool | None = None) -> ImportedGraph:
     """Trace `module` with `example_inputs` (a tensor or a tuple of arguments) and translate it into an
     opgraph graph. Returns an `ImportedGraph` (graph, inputs, outputs, params, report, variant_pack,
     run, write_back). The module's mode (eval/train) at call time is what is imported; train mode
@@ -65,7 +67,11 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
             one of the four tensors changes);
         'scale_shift': the same, with s and t computed by graph ops from the bound parameters (run at
             every execute, before the activations);
-        'op': batchnorm_inference(x, running_mean, rsqrt(running_var + eps), weight, bias)."""
+        'op': batchnorm_inference(x, running_mean, rsqrt(running_var + eps), weight, bias).
+    allow_tf32: whether plans may compute fp32 products with TF32 inputs (NumericalNote
+        DOWN_CONVERT_INPUTS); None (default) does what PyTorch does at import: TF32 only where
+        torch.get_float32_matmul_precision() is not 'highest' and torch.backends.cudnn.allow_tf32 is
+        set. `ImportedGraph.plan`/`run` take allow_tf32= to override it per plan."""
     import torch
 
     if eval_batchnorm not in ("folded", "scale_shift", "op"):
@@ -87,7 +93,19 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
     tensors = [*program.state_dict.values(), *(a for a in args if isinstance(a, torch.Tensor))]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     imp = Importer(module, program, name or type(module).__name__, wide, {"eval_batchnorm": eval_batchnorm})
+    imp.allow_tf32 = _pytorch_allows_tf32(torch) if allow_tf32 is None else bool(allow_tf32)
+    imp.note("fp32 products: " + ("TF32 allowed" if imp.allow_tf32 else "full precision (plans deselect "
+             "NumericalNote.DOWN_CONVERT_INPUTS, TF32)") + (" as PyTorch's settings at import" if allow_tf32 is None
+                                                             else " (allow_tf32 of from_torch)"))
+    params = frozenset(n for n, (kind, _) in placeholder_kinds(program).items() if kind == "parameter")
+    inline_wrappers(program.graph_module, imp.report.notes, node_location, params)
     return _translate(imp, args)
+
+
+def _pytorch_allows_tf32(torch: Any) -> bool:
+    """Whether PyTorch computes fp32 matmuls and convolutions with TF32 (both must: opgraph's choice
+    is per plan, PyTorch's per op kind)."""
+    return torch.get_float32_matmul_precision() != "highest" and bool(torch.backends.cudnn.allow_tf32)
 
 
 def _translate(imp: Importer, args: tuple) -> ImportedGraph:
@@ -100,7 +118,8 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     graph = program.graph_module.graph
     nodes = list(graph.nodes)
     kinds = placeholder_kinds(program)
-    live, host, state = analyze_mutations(imp, nodes, kinds)
+    folded = evaluate(nodes, constant_nodes(nodes, kinds), kinds, program)
+    live, host, state = analyze_mutations(imp, nodes, kinds, folded)
     imp.used = used_outputs(nodes, live)
 
     # placeholders
@@ -109,7 +128,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     user_leaf = iter(leaves)
     state_dict = program.state_dict
     for n in nodes:
-        if n.op != "placeholder":
+        if n.op != "placeholder" or n in folded:
             continue
         kind, key = kinds.get(n.name, ("input", n.name))
         if kind == "input":
@@ -151,12 +170,13 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
             target = mutation_target(n)
             if target is not None:
                 versions.written(target, n)
-    only = param_only_nodes(nodes, live, kinds)
-    calls = [n for n in nodes if n in live and n.op == "call_function"]
+    _bind_folded(imp, nodes, folded)
+    only = param_only_nodes(nodes, live, kinds, folded)
+    calls = [n for n in nodes if n in live and n.op == "call_function" and n not in folded]
     for n in calls:
         if n in only:
             imp.node = n
-            _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
+            _located(n, _translate_node, imp, n, resolved_args[n], torch_ops, custom_node)
     for n in calls:
         if n not in only and hasattr(n.target, "_schema"):
             prepare = torch_ops.PREPARE.get(op_key(n.target)[0])
@@ -166,7 +186,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     for n in calls:
         if n not in only:
             imp.node = n
-            _translate_node(imp, n, resolved_args[n], torch_ops, custom_node)
+            _located(n, _translate_node, imp, n, resolved_args[n], torch_ops, custom_node)
     imp.node = None
 
     # outputs and module-state updates
@@ -220,8 +240,31 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     return ImportedGraph(
         graph=imp.g, module=imp.module, inputs=user_slots, input_spec=in_spec, output_leaves=leaves_out,
         output_spec=program.call_spec.out_spec, bound=imp.bound, constants=imp.constants, randoms=imp.randoms,
-        derived=imp.derived, mutations=imp.mutations, report=imp.report,
+        derived=imp.derived, mutations=imp.mutations, report=imp.report, allow_tf32=imp.allow_tf32,
     )
+
+
+def _bind_folded(imp: Importer, nodes: list[Any], folded: dict[Any, Any]) -> None:
+    """The values of folded nodes: constant inputs for those a translated node (or the output) reads,
+    and for in-place writes (a reader of their target reads them)."""
+    import torch
+
+    needed = {a for n in nodes if n not in folded for a in n.all_input_nodes if a in folded}
+    needed |= {n for n in folded if n.op == "call_function" and hasattr(n.target, "_schema")
+               and mutation_target(n) is not None}
+    for n in nodes:
+        if n not in needed:
+            continue
+        value = folded[n]
+        if isinstance(value, torch.Tensor):
+            imp.env[n] = imp.constant_value(value.clone(), n.name)
+        elif isinstance(value, (list, tuple)):
+            imp.env[n] = [imp.constant_value(v.clone(), f"{n.name}.{i}") if isinstance(v, torch.Tensor) else v
+                          for i, v in enumerate(value)]
+        else:
+            imp.env[n] = value
+        if n.op == "call_function":
+            imp.report.entries.append(ReportEntry(n.name, str(n.target), "constant", (), "folded at import"))
 
 
 def _as_output(imp: Importer, value: Value, made: dict[int, Tensor], name: str) -> Tensor:
@@ -235,6 +278,18 @@ def _as_output(imp: Importer, value: Value, made: dict[int, Tensor], name: str) 
     out.set_output(True).set_name(imp._unique(name))
     made[id(t)] = out
     return out
+
+
+def _located(node: Any, fn: Callable, *args: Any) -> None:
+    """fn(*args), an error raised by it naming the node's module and source line."""
+    try:
+        fn(*args)
+    except GraphError as err:
+        where = node_location(node)
+        if not where or where in err.detail:
+            raise
+        raise type(err)(f"{err.detail} (node '{node.name}', {str(node.target)}){where}", op=err.op,
+                        tensor=err.tensor, rule=err.rule, hint=err.hint) from err
 
 
 def _resolve_args(node: Any, versions: Versions) -> tuple[Any, Any]:
@@ -294,7 +349,7 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
         return
     before = len(imp.g._records)
     if not isinstance(target, torch._ops.OpOverload):
-        raise UnsupportedGraphError(f"node '{node.name}' calls {target!r}, which is not an aten op",
+        raise UnsupportedGraphError(f"node '{node.name}' calls {target!r}, which is not an aten op{node_location(node)}",
                                     rule="import.unsupported_call",
                                     hint="export the module with torch.export (aten ops only)")
     base, _ = op_key(target)
@@ -304,14 +359,22 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
     if translator is None and _no_tensor_inputs(args):
         out, status, note = torch_ops.factory(imp, node, args)
     elif translator is None:
-        out, status, note = custom_node(imp, node, args, f"no translation for {target}"), "custom", ""
+        out, status, note = _fallback(imp, node, args, f"no translation for {target}", custom_node)
     else:
         mark = imp.checkpoint()
         try:
             out = translator(imp, node, args)
         except Untranslatable as why:
             imp.rollback(mark)
-            out, status, note = custom_node(imp, node, args, str(why)), "custom", str(why)
+            out, status, note = _fallback(imp, node, args, str(why), custom_node)
+        else:
+            if len(imp.g._records) > before and _bound_only(args):  # graph ops on buffers alone: bind time
+                from .torch_custom import derived_node
+
+                derived = derived_node(imp, node, args)
+                if derived is not None:
+                    imp.rollback(mark)
+                    out, status, note = derived, "derived", "buffers and constants alone: computed at bind time"
     imp.env[node] = _wrap(imp, node, out)
     kinds = tuple(r.op.kind for r in imp.g._records[before:])
     if status == "translated" and not kinds:
@@ -319,6 +382,32 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
     if status == "custom":
         note = note or f"no translation for {target}"
     imp.report.entries.append(ReportEntry(node.name, str(target), status, kinds, note))
+
+
+def _fallback(imp: Importer, node: Any, args: Args, why: str, custom_node: Callable) -> tuple[Any, str, str]:
+    """An untranslated node: computed at bind time when it reads buffers and constants alone, else a
+    custom op running the aten op."""
+    from .torch_custom import derived_node
+
+    out = derived_node(imp, node, args) if _bound_only(args) else None
+    if out is not None:
+        return out, "derived", f"{why}: computed at bind time from buffers and constants"
+    return custom_node(imp, node, args, why), "custom", why
+
+
+def _bound_only(args: Args) -> bool:
+    """Whether every tensor argument is a buffer, a constant or computed from those at bind time (not
+    a parameter, which may need a gradient; not a random draw)."""
+    def walk(v: Any) -> list[Value]:
+        if isinstance(v, Value):
+            return [v]
+        if isinstance(v, (list, tuple)):
+            return [x for item in v for x in walk(item)]
+        return []
+
+    values = walk(list(args.values()))
+    return bool(values) and all(v.source is not None and v.source.kind in ("buffer", "constant", "derived")
+                                for v in values)
 
 
 def _no_tensor_inputs(args: Args) -> bool:

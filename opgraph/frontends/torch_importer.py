@@ -53,6 +53,40 @@ def node_meta(node: Any) -> Any:
     return node.meta.get("val") if hasattr(node, "meta") else None
 
 
+def node_location(node: Any) -> str:
+    """Where a traced node comes from, for errors: " (in module 'model.layers.0.self_attn'
+    (LlamaAttention), at modeling_llama.py:249: `q, k = apply_rotary_pos_emb(q, k, cos, sin)`)", from
+    torch.export's node meta (the innermost module, the innermost source frame outside torch); "" when
+    the node has neither."""
+    meta = getattr(node, "meta", None) or {}
+    parts = []
+    stack = meta.get("nn_module_stack") or {}
+    if stack:
+        path, kind = list(stack.values())[-1]
+        path = str(path).removeprefix("L['self'].").removeprefix("L__self__.") or "the top module"
+        parts.append(f"in module '{path}' ({str(getattr(kind, '__name__', kind)).rpartition('.')[2]})")
+    frame = _source_frame(meta.get("stack_trace") or "")
+    if frame:
+        parts.append(f"at {frame}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _source_frame(trace: str) -> str:
+    """'file.py:123: `code`' of the innermost frame of a stack trace that is not PyTorch's own."""
+    import re
+
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
+    if not frames:
+        return ""
+    import os
+
+    import torch
+
+    own = os.path.dirname(torch.__file__)
+    chosen = next((f for f in reversed(frames) if not f[0].startswith(own)), frames[-1])
+    return f"{os.path.basename(chosen[0])}:{chosen[1]}: `{chosen[2].strip()}`"
+
+
 def is_tensor(x: Any) -> bool:
     import torch
 
@@ -84,6 +118,7 @@ class Importer:
         self.prepared: dict[Any, Any] = {}  # node -> what its PREPARE hook computed
         self.used: dict[Any, set[int]] = {}  # multi-output node -> the getitem indices read
         self.node: Any = None  # the node being translated
+        self.allow_tf32 = True  # whether plans may compute fp32 products with TF32 (from_torch sets it)
 
     # -- values -------------------------------------------------------------------------------------
     def tensor(self, v: Value) -> Tensor:
@@ -163,7 +198,12 @@ class Importer:
         time, zero-copy); None for other values (the caller emits a graph op)."""
         if v.source is None:  # (not bound)
             return None
-        example = op(v.example, *args)
+        try:
+            example = op(v.example, *args)
+        except RuntimeError:
+            if op is not self.torch.ops.aten.view.default:
+                return None
+            example = v.example.reshape(*args)  # not a view of these strides: Source.apply reshapes too
         return Value(tuple(example.shape), example.dtype, source=v.source.view(op, *args), example=example)
 
     def reshaped(self, v: Value, shape: tuple[int, ...]) -> Tensor:

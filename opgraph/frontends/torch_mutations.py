@@ -79,9 +79,11 @@ def mutation_target(node: Any) -> Any:
     return arg if hasattr(arg, "op") else None
 
 
-def analyze_mutations(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]]) -> tuple[set[Any], dict, list]:
+def analyze_mutations(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]],
+                      folded: Any = frozenset()) -> tuple[set[Any], dict, list]:
     """Liveness with in-place aliasing resolved. Returns (live nodes, host updates {buffer node:
-    (key, amount)}, [(kind, key, final node)] module-state mutations translated in the graph)."""
+    (key, amount)}, [(kind, key, final node)] module-state mutations translated in the graph).
+    `folded` nodes (constants evaluated at import) may write into views of what they made."""
     versions = Versions()
     deps: dict[Any, list[Any]] = {}
     roots: list[Any] = []
@@ -97,7 +99,7 @@ def analyze_mutations(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[st
         deps[n] = [versions.resolve(a) for a in _flat_nodes((n.args, n.kwargs))]
         if n.op == "call_function" and hasattr(n.target, "_schema"):
             target = mutation_target(n)
-            if target is not None:
+            if target is not None and n not in folded:
                 _check_view_write(n, target, position)
                 versions.written(target, n)
             if op_key(n.target)[0] in _EFFECTFUL:
@@ -147,6 +149,8 @@ def _is_view(node: Any) -> bool:
 
 
 def _check_view_write(node: Any, target: Any, position: dict[Any, int]) -> None:
+    from .torch_importer import node_location
+
     """An in-place write into a view changes its base too: refuse when the base is read afterwards
     (functionalizing it would give those readers the old values)."""
     base = target
@@ -158,8 +162,9 @@ def _check_view_write(node: Any, target: Any, position: dict[Any, int]) -> None:
     if later:
         raise UnsupportedGraphError(
             f"node '{node.name}' ({node.target}) writes in place into a view of '{base.name}', which "
-            f"'{later[0].name}' reads afterwards", op=node.name, rule="import.view_mutation",
-            hint="write the module's forward out of place (y = x.clone(); y[...] = ... or torch.cat)",
+            f"'{later[0].name}' reads afterwards{node_location(node)}", op=node.name, rule="import.view_mutation",
+            hint="write that line of the forward out of place (y = x.clone(); y[...] = ... or torch.cat); writes "
+                 "into tensors made from constants alone (a mask built from zeros) are folded at import",
         )
 
 
@@ -182,11 +187,13 @@ def placeholder_kinds(program: Any) -> dict[str, tuple[str, str]]:
     return kinds
 
 
-def param_only_nodes(nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, str]]) -> set[Any]:
-    """Live nodes computed from parameters, buffers and constants alone (not random draws)."""
+def param_only_nodes(nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, str]],
+                     folded: Any = frozenset()) -> set[Any]:
+    """Live nodes computed from parameters, buffers and constants alone (not random draws); `folded`
+    nodes count as constants."""
     import torch
 
-    only: set[Any] = set()
+    only: set[Any] = set(folded)
     for n in nodes:
         if n.op == "placeholder":
             if kinds.get(n.name, ("input",))[0] in ("parameter", "buffer", "constant"):

@@ -350,6 +350,8 @@ def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step
     start, stop, step = slice(start, stop, step).indices(size)
     if (start, stop, step) == (0, size, 1):
         return x
+    if len(range(start, stop, step)) == 0:  # nothing: a value of no elements (cat leaves it out)
+        return Value(x.shape[:axis] + (0,) + x.shape[axis + 1:], x.dtype)
     viewed = imp.view(x, imp.torch.ops.aten.slice.Tensor, axis, start, stop, step)
     if viewed is not None:
         return viewed

@@ -6,6 +6,9 @@
       scale None -> 1/sqrt(E) (PyTorch's default; the op's own default is 1)
       is_causal -> use_causal_mask (PyTorch's diagonal is the top-left one)
       float attn_mask -> bias (broadcast to [B, H, Sq, Skv] with leading 1s)
+      a constant attn_mask (built from arange: transformers' masks without padding) that is causal or
+          causal with a sliding window -> use_causal_mask (+ sliding_window_length), no mask tensor;
+          all-true -> nothing
       bool attn_mask (True = attend) -> a score modifier select(mask, s, -inf), fused into the kernel
       dropout_p > 0 (train mode) -> Philox dropout=(p, seed, offset): seed an INT64 input drawn by
           variant_pack at every call (uniform in [0, 2^53)), offset 0. The draws are the op's Philox
@@ -23,6 +26,40 @@ from typing import Any
 
 from .torch_importer import Args, Importer, Untranslatable, Value
 from .torch_ops import op
+
+
+def _mask_pattern(imp: Importer, mask: Value, sq: int, skv: int) -> dict[str, Any] | None:
+    """The sdpa arguments a constant mask means ({} for all-true; use_causal_mask and
+    sliding_window_length for causal and sliding-window masks, top-left aligned as PyTorch's
+    is_causal), or None for a mask of another pattern, or not constant. A float mask counts when it
+    holds only 0 (attend) and -inf or the dtype's lowest (masked: transformers' min_dtype)."""
+    torch = imp.torch
+    if mask.source is None or mask.source.kind != "constant" or mask.example is None or mask.rank > 4:
+        return None
+    m = mask.example
+    if m.dtype == torch.bool:
+        allowed = m
+    elif m.dtype.is_floating_point:
+        masked = (m == -math.inf) | (m <= torch.finfo(m.dtype).min)
+        if not bool(((m == 0) | masked).all()):
+            return None
+        allowed = m == 0
+    else:
+        return None
+    allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape)).expand(-1, -1, sq, skv)
+    plane = allowed[0, 0]
+    if not bool((allowed == plane).all()):
+        return None
+    if bool(plane.all()):
+        return {}
+    i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
+    causal = j <= i
+    if torch.equal(plane, causal):
+        return {"use_causal_mask": True}
+    window = int(plane[-1].sum())
+    if 0 < window < skv and torch.equal(plane, causal & (j > i - window)):
+        return {"use_causal_mask": True, "sliding_window_length": window}
+    return None
 
 
 def _rank4(imp: Importer, v: Value) -> Any:
@@ -45,6 +82,14 @@ def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
         raise Untranslatable("a tensor scale")
     kw: dict[str, Any] = {"attn_scale": float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])}
     mask = a.get("attn_mask")
+    recognised = _mask_pattern(imp, mask, q.shape[-2], k.shape[-2]) if isinstance(mask, Value) else None
+    if recognised is not None:
+        kw.update(recognised)
+        imp.note(f"{node.name}: its constant attention mask is " + (
+            "all-true: dropped" if not recognised else "causal" + (
+                f" with a sliding window of {recognised['sliding_window_length']}"
+                if "sliding_window_length" in recognised else "") + ": the op's own mask, no mask tensor"))
+        mask = None
     if isinstance(mask, Value):
         if mask.rank > 4:
             raise Untranslatable("an attention mask of rank > 4")

@@ -287,14 +287,52 @@ def _conv_padding(padding: Any, w: Value, dilation: list[int], nsp: int) -> tupl
     return p, p
 
 
-@op("conv1d", "conv2d", "conv3d", "convolution", "_convolution")
+_CONVS = ("conv1d", "conv2d", "conv3d", "convolution", "_convolution")
+
+
+def _zero_pads(node: Any) -> list[int] | None:
+    """F.pad(x, pads) with zeros (TF-style 'same' padding before a convolution): the pads, when they
+    are non-negative and on the spatial axes only, else None."""
+    if getattr(node, "op", None) != "call_function" or not hasattr(node.target, "_schema"):
+        return None
+    base = node.target._schema.name.split("::")[-1]
+    if base not in ("pad", "constant_pad_nd"):
+        return None
+    schema_args = [x.name for x in node.target._schema.arguments]
+    given = dict(zip(schema_args, node.args)) | dict(node.kwargs)
+    pads = [int(p) for p in given["pad"]]
+    value = given.get("value") or 0
+    rank = len(node.meta["val"].shape)
+    if given.get("mode", "constant") != "constant" or value != 0 or min(pads, default=0) < 0 or len(pads) > 2 * (rank - 2):
+        return None
+    return pads
+
+
+def pad_absorbed(node: Any) -> bool:
+    """Whether every reader of pad node `node` is a convolution that takes its zeros as padding."""
+    if _zero_pads(node) is None or not node.users:
+        return False
+    return all(u.op == "call_function" and hasattr(u.target, "_schema") and u.args and u.args[0] is node
+               and u.target._schema.name.split("::")[-1] in _CONVS
+               and not (len(u.args) > 6 and u.args[6] is True) and not u.kwargs.get("transposed")
+               for u in node.users)
+
+
+@op(*_CONVS)
 def _conv(imp: Importer, node: Any, a: Args) -> Tensor:
     x, w, b = a["input"], a["weight"], a.get("bias")
     nsp = x.rank - 2
     if nsp < 1 or x.rank != w.rank:
         raise Untranslatable("convolution over an unbatched input")
     stride, dilation = _ints(a["stride"], nsp), _ints(a["dilation"], nsp)
-    pre, post = _conv_padding(a["padding"], w, dilation, nsp)
+    pre, post = (list(p) for p in _conv_padding(a["padding"], w, dilation, nsp))
+    source = node.args[0]
+    if pad_absorbed(source) and not a.get("transposed"):  # the zeros of F.pad(x) as the convolution's padding
+        pads = _zero_pads(source) or []
+        x = imp.env[source.args[0]]
+        for k in range(len(pads) // 2):
+            pre[nsp - 1 - k] += pads[2 * k]
+            post[nsp - 1 - k] += pads[2 * k + 1]
     g = imp.g
     if a.get("transposed"):
         y = g.conv_dgrad(imp.tensor(x), imp.tensor(w), pre_padding=pre, post_padding=post, stride=stride,

@@ -97,7 +97,8 @@ class ReportEntry:
 
     status: 'translated' (opgraph ops), 'custom' (a custom op running the aten op), 'alias' (no op:
     a view, copy or identity), 'constant' (folded at import), 'random' (a per-run random input),
-    'host' (done on the host by write_back)."""
+    'host' (done on the host by write_back), 'derived' (an untranslated op on buffers and constants
+    alone, computed at bind time and cached until an input changes)."""
 
     node: str
     target: str
@@ -172,7 +173,7 @@ class ImportedGraph:
     def __init__(self, *, graph: Graph, module: Any, inputs: list[Tensor | None], input_spec: Any,
                  output_leaves: list[OutputLeaf], output_spec: Any, bound: list[tuple[Tensor, Source]],
                  constants: dict[str, Any], randoms: dict[str, RandomSpec], derived: dict[str, DerivedSpec],
-                 mutations: list[Mutation], report: ImportReport) -> None:
+                 mutations: list[Mutation], report: ImportReport, allow_tf32: bool = True) -> None:
         self.graph = graph
         self.module = module
         self._input_slots = inputs
@@ -186,8 +187,10 @@ class ImportedGraph:
         self._derived_cache: dict[str, tuple[list, list, Any]] = {}
         self.mutations = mutations
         self.report = report
+        self.allow_tf32 = allow_tf32
         self._plans: dict[Any, Any] = {}
         self._device_constants: dict[tuple[str, str], Any] = {}
+        self._runs: dict[tuple[int, str], _RunPack] = {}  # run()'s reused packs, per plan and device
 
     # -- what the graph reads and writes --------------------------------------------------------------
     @property
@@ -320,15 +323,7 @@ class ImportedGraph:
                 base = self._derive(source.key, cache, params, device, generator)
             else:
                 spec = self.randoms[source.key]
-                base = torch.empty(spec.shape, dtype=spec.dtype, device=device or "cpu")
-                if spec.dist == "bernoulli":
-                    base.bernoulli_(spec.p, generator=generator)
-                elif spec.dist == "uniform":
-                    base.uniform_(generator=generator)
-                elif spec.dist == "seed":  # an integer seed the reference engine reads exactly (< 2**53)
-                    base.random_(0, 2**53, generator=generator)
-                else:
-                    base.normal_(generator=generator)
+                base = _draw(spec, torch.empty(spec.shape, dtype=spec.dtype, device=device or "cpu"), generator)
             cache[key] = base  # the module's own tensor object (derived inputs compare identities)
         base = cache[key]
         return source.apply(base.detach() if isinstance(base, torch.Tensor) and base.requires_grad else base)
@@ -359,27 +354,63 @@ class ImportedGraph:
         return self._device_constants[slot]
 
     # -- running ----------------------------------------------------------------------------------
-    def plan(self, device: str | None = None, engines: Sequence[str] | None = None, **build_options: Any) -> Any:
-        """The graph's ExecutionPlan for `device` and `engines`, built once and cached."""
-        key = (device, None if engines is None else tuple(engines), tuple(sorted(build_options.items())))
+    def numeric_options(self, allow_tf32: bool | None = None, **build_options: Any) -> dict[str, Any]:
+        """`build_options` with the import's float32 precision applied: unless TF32 is allowed
+        (`allow_tf32`, else what PyTorch allowed at import: `allow_tf32` of from_torch), configs that
+        compute fp32 operands in a narrower type (NumericalNote.DOWN_CONVERT_INPUTS) are deselected."""
+        from ..core.config import NumericalNote
+
+        tf32 = self.allow_tf32 if allow_tf32 is None else bool(allow_tf32)
+        if tf32:
+            return dict(build_options)
+        notes = build_options.get("deselect_numeric_notes") or ()
+        notes = [notes] if isinstance(notes, (str, NumericalNote)) else list(notes)
+        return {**build_options, "deselect_numeric_notes": [*notes, NumericalNote.DOWN_CONVERT_INPUTS]}
+
+    def plan(self, device: str | None = None, engines: Sequence[str] | None = None, allow_tf32: bool | None = None,
+             **build_options: Any) -> Any:
+        """The graph's ExecutionPlan for `device` and `engines`, built once and cached. fp32 products
+        are computed in full precision unless TF32 is allowed (see `numeric_options`)."""
+        options = self.numeric_options(allow_tf32, **build_options)
+        key = (device, None if engines is None else tuple(engines),
+               tuple(sorted((k, _freeze(v)) for k, v in options.items())))
         if key not in self._plans:
-            self._plans[key] = self.graph.build(device=device, engines=engines, **build_options)
+            self._plans[key] = self.graph.build(device=device, engines=engines, **options)
         return self._plans[key]
 
     def run(self, *inputs: Any, device: str | None = None, engines: Sequence[str] | None = None,
-            **build_options: Any) -> Any:
+            reuse_outputs: bool = False, **build_options: Any) -> Any:
         """Run the imported graph on `inputs` like `module(*inputs)`: builds (once) and executes a plan
         on the inputs' device (or `device`), writes updated running stats back into the module, and
-        returns the outputs in the module's structure."""
+        returns the outputs in the module's structure.
+
+        Repeated calls reuse one variant pack per plan and device (`_RunPack`): the inputs are copied
+        into its buffers, the module's tensors stay bound (re-bound only when one is replaced or
+        moves), random inputs are drawn in place, so the plan launches from its existing binding. The
+        results are copies of the pack's outputs, which the next call overwrites; `reuse_outputs=True`
+        returns the pack's output buffers themselves (no copy: valid until the next call)."""
         import torch
 
-        pack = self.variant_pack(*inputs)
+        leaves = self._flat_inputs(inputs)
+        at = next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
+        if at is None:
+            at = next((t.device for t in self.module.parameters()), torch.device("cpu"))
         if device is None:
-            first = next((v for v in pack.values() if isinstance(v, torch.Tensor)), None)
-            device = "cuda" if first is not None and first.is_cuda else "cpu"
-        self.plan(device, engines, **build_options).execute(pack)
+            device = "cuda" if at.type == "cuda" else "cpu"
+        plan = self.plan(device, engines, **build_options)
+        slot = (id(plan), str(at))
+        state = self._runs.get(slot)
+        if state is None or not state.current(self):
+            state = self._runs[slot] = _RunPack(self, leaves, at)
+        pack = state.refresh(self, leaves)
+        plan.execute(pack)
         self.write_back(pack)
-        return self.unpack(pack)
+        out = self.unpack(pack)
+        if reuse_outputs:
+            return out
+        from torch.utils import _pytree as pytree
+
+        return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
 
     def unpack(self, pack: Mapping[int, Buffer]) -> Any:
         """The module-structured outputs (tensors in the torch shapes the module returns) of a pack."""
@@ -405,3 +436,105 @@ class ImportedGraph:
     def __repr__(self) -> str:
         return (f"<ImportedGraph '{self.graph.name}': {len(self.inputs)} input(s), {len(self._bound)} bound, "
                 f"{len(self.outputs)} output(s), {len(self.report.custom_ops)} custom op(s)>")
+
+
+def _draw(spec: RandomSpec, base: Any, generator: Any = None) -> Any:
+    """Fill `base` in place with a draw of `spec`; returns it."""
+    if spec.dist == "bernoulli":
+        base.bernoulli_(spec.p, generator=generator)
+    elif spec.dist == "uniform":
+        base.uniform_(generator=generator)
+    elif spec.dist == "seed":  # an integer seed the reference engine reads exactly (< 2**53)
+        base.random_(0, 2**53, generator=generator)
+    else:
+        base.normal_(generator=generator)
+    return base
+
+
+def _derived_leaves(imported: ImportedGraph, source: Source) -> list[Source]:
+    """The sources a derived input is computed from, through derived inputs computed from others
+    (an argsort of a buffer, then a cast of it): the module tensors whose updates make it stale."""
+    if source.kind != "derived":
+        return []
+    out: list[Source] = []
+    for s in imported.derived[source.key].inputs:
+        out += _derived_leaves(imported, s) if s.kind == "derived" else [s]
+    return out
+
+
+class _RunPack:
+    """The variant pack `ImportedGraph.run` reuses for one plan and device: input buffers in the
+    declared layouts (the caller's inputs are copied in), the module's tensors bound as views (in-place
+    updates, an optimizer's, are seen through them), constants, random inputs (redrawn in place per
+    call) and output buffers. `current` says whether the module's tensors are still the ones bound
+    (same objects at the same addresses); `refresh` prepares a call."""
+
+    def __init__(self, imported: ImportedGraph, leaves: list[Any], device: Any) -> None:
+        import torch
+
+        final = imported.graph.final
+        self.pack: UidPack = {}
+        self.inputs: list[tuple[int, Any, Any, Tensor]] = []  # (leaf index, buffer seen in torch shape, dtype, handle)
+        for i, (handle, value) in enumerate(zip(imported._input_slots, leaves)):
+            if handle is None:
+                continue
+            d = final.tensors[handle.known_uid()]
+            buf = torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
+            self.pack[d.uid] = buf
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(torch.as_tensor(value).shape)
+            self.inputs.append((i, buf.view(shape) if shape != d.dim else buf, d.data_type.to_torch(), handle))
+        # module tensors bound: (the dict holding it, its name, the tensor, its address)
+        self.watch: list[tuple[dict, str, Any, int]] = []
+        tensors: dict[tuple[str, str], Any] = {}
+        for _, source in imported._bound:
+            for src in (source, *_derived_leaves(imported, source)):
+                key = (src.kind, src.key)
+                if src.kind in ("parameter", "buffer") and key not in tensors:
+                    path, _, name = src.key.rpartition(".")
+                    owner = imported.module.get_submodule(path)
+                    table = owner._parameters if src.kind == "parameter" else owner._buffers
+                    tensors[key] = table[name]
+                    if table[name] is not None:
+                        self.watch.append((table, name, table[name], table[name].data_ptr()))
+        # derived inputs: recomputed when a tensor they are computed from is updated in place
+        self.derived: list[tuple[int, Source, list[tuple[Any, int]]]] = []
+        for handle, source in imported._bound:
+            if source.kind == "derived":
+                bases = [tensors[(s.kind, s.key)] for s in _derived_leaves(imported, source)
+                         if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None]
+                self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
+        self.randoms: list[tuple[RandomSpec, Any]] = []  # drawn by `refresh`, in variant_pack's order
+        drawn: dict[str, Any] = {}
+        cache: dict[tuple[str, str], Any] = {}
+        for handle, source in imported._bound:
+            if source.kind != "random":
+                self.pack[handle.known_uid()] = imported._resolve(source, cache, {}, device, None)
+                continue
+            if source.key not in drawn:
+                spec = imported.randoms[source.key]
+                drawn[source.key] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+                self.randoms.append((spec, drawn[source.key]))
+            self.pack[handle.known_uid()] = source.apply(drawn[source.key])
+        for uid in final.outputs:
+            d = final.tensors[uid]
+            self.pack[uid] = torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
+
+    def current(self, imported: ImportedGraph) -> bool:
+        return all(t.data_ptr() == ptr and table.get(name) is t for table, name, t, ptr in self.watch)
+
+    def refresh(self, imported: ImportedGraph, leaves: list[Any]) -> UidPack:
+        import torch
+
+        for i, buf, dtype, handle in self.inputs:
+            x = leaves[i]
+            if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.shape != buf.shape:
+                x = imported._user_input(handle, x).reshape(buf.shape)  # converts, or says what is wrong
+            if x is not buf:
+                buf.copy_(x)
+        for k, (uid, source, bases) in enumerate(self.derived):
+            if any(b._version != v for b, v in bases):
+                self.pack[uid] = imported._resolve(source, {}, {}, None, None)
+                self.derived[k] = (uid, source, [(b, b._version) for b, _ in bases])
+        for spec, base in self.randoms:
+            _draw(spec, base)
+        return self.pack

@@ -24,6 +24,7 @@ log = logging.getLogger("opgraph.finalize")
 
 if TYPE_CHECKING:
     from ..build.heuristics import PieceConfigs
+    from ..build.options import BuildOptions
     from ..core.config import HeurMode
     from ..runtime.plan import ExecutionPlan
 
@@ -238,23 +239,28 @@ class Graph:
         engines: Sequence[str] | None = None,
         allow_partition: bool = True,
         autotune: bool = False,
-        **options: Any,
+        *,
+        options: BuildOptions | None = None,
+        **keywords: Any,
     ) -> ExecutionPlan:
         """Validate, partition, choose an engine config per piece and compile: an ExecutionPlan.
 
-        device None picks CUDA when a GPU is usable, else "cpu" (the reference engine). Options:
-        `by_reference=True` (every bound tensor read through the address table), and cuDNN's config
-        filters `select_numeric_notes`, `deselect_numeric_notes`, `select_behavior_notes`,
-        `deselect_behavior_notes` (NumericalNote / BehaviorNote values or names), `deselect_engines`
-        and `deselect_workspace_greater_than` (bytes), applied to heuristics and autotuning alike;
-        `compile`: "parallel" (default: every kernel compiled now, in worker processes, each distinct
-        kernel once), "serial" (now, in this process) or "lazy" (each at its first execute)."""
+        device None picks CUDA when a GPU is usable, else "cpu" (the reference engine). More options
+        as keywords: `by_reference=True` (every bound tensor read through the address table), and
+        cuDNN's config filters `select_numeric_notes`, `deselect_numeric_notes`,
+        `select_behavior_notes`, `deselect_behavior_notes` (NumericalNote / BehaviorNote values or
+        names), `deselect_engines` and `deselect_workspace_greater_than` (bytes), applied to
+        heuristics and autotuning alike; `compile`: "parallel" (default: every kernel compiled now,
+        in worker processes, each distinct kernel once), "serial" (now, in this process) or "lazy"
+        (each at its first execute). Or all of them at once as `options=opgraph.BuildOptions(...)`;
+        keywords given as well override those of `options` (a parameter left at its default does
+        not). An unknown keyword is a BuildOptionError (with a did-you-mean)."""
+        from ..build.options import merged
         from ..runtime.plan import build_plan
 
-        self._plan = build_plan(
-            self.final, heur_mode=heur_mode, device=device, engines=engines,
-            allow_partition=allow_partition, autotune=autotune, **options,
-        )
+        given = dict(heur_mode=heur_mode, device=device, engines=engines, allow_partition=allow_partition,
+                     autotune=autotune, **keywords)
+        self._plan = build_plan(self.final, merged(options, given, _BUILD_DEFAULTS))
         return self._plan
 
     def get_workspace_size(self) -> int:
@@ -288,6 +294,8 @@ class Graph:
         return (f"<opgraph.Graph '{self.name}': {len(self._tensors)} tensors, {len(self._records)} ops"
                 f"{', validated' if self._final is not None else ''}>")
 
+
+_BUILD_DEFAULTS = {"heur_mode": None, "device": None, "engines": None, "allow_partition": True, "autotune": False}
 
 for _name, _builder in BUILDERS.items():
     setattr(Graph, _name, _builder)

@@ -19,4 +19,5 @@ from . import (  # noqa: F401
     pooling,
     pooling_backward,
     reduction,
+    scan,
 )

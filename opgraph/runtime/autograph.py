@@ -11,8 +11,8 @@ whose only moved tensors are table-addressed) all take effect without a new capt
 that a launch holds by address, a new pass-by-value scalar or another workspace drops the graph; the
 plan launches flat until it is stable again.
 
-On by default since the GPU tier of 2026-11-25 passed with it (H100: 278 tests; the plans a test
-executes three times or more replay a graph); `plan.auto_graph = False` on a plan, or
+On by default since the GPU tier passed with it (bench/results/constants.md#auto-graph);
+`plan.auto_graph = False` on a plan, or
 OPGRAPH_AUTOGRAPH=0 when plans are built, launches flat. The capture is thread-local (other threads'
 CUDA calls go on) and, like any torch.cuda.graph capture, synchronizes the device once; a binding that
 keeps changing stops being captured after MAX_CAPTURES graphs. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,
@@ -34,11 +34,13 @@ MAX_CAPTURES = 8  # graphs per binding: one whose buffers keep moving launches f
 
 
 class AutoGraph:
+    """One bound plan's internal graph (bound.BoundPlan.autograph)."""
+
     def __init__(self, bound: Any) -> None:
-        plan = bound.plan
+        state = bound.state
         self.bound = bound
-        self.enabled = plan.device.is_cuda and all(
-            BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in plan.steps)
+        self.enabled = state.device.is_cuda and all(
+            BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in state.steps)
         self.graph: Any = None
         self.stable = 0
         self.captures = 0
@@ -48,10 +50,11 @@ class AutoGraph:
         self.graph = None
         self.stable = 0
 
-    def run(self) -> bool:
+    def run(self, wanted: bool = True) -> bool:
         """Replay (capturing first when the binding has been stable) and answer True, or False: the
-        caller launches flat. Runs on PyTorch's current stream, which the caller made the execute's."""
-        if not self.enabled or not self.bound.plan.auto_graph:
+        caller launches flat. `wanted`: the plan's `auto_graph`. Runs on PyTorch's current stream,
+        which the caller made the execute's."""
+        if not self.enabled or not wanted:
             return False
         import torch
 
@@ -63,7 +66,7 @@ class AutoGraph:
                 return False
             if self.captures >= MAX_CAPTURES:
                 log.info("plan '%s': its binding changed after each of %d graphs; launching one by one",
-                         self.bound.plan.graph.name, self.captures)
+                         self.bound.state.graph.name, self.captures)
                 self.enabled = False
                 return False
             if not self._capture(torch):
@@ -79,11 +82,11 @@ class AutoGraph:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                slot.set(bound.plan._streams.current())  # the capture stream
+                slot.set(bound.state.streams.current())  # the capture stream
                 bound.run()
         except Exception as err:  # noqa: BLE001 - launch flat from now on, as without graphs
             log.warning("plan '%s': capturing its launches failed (%s: %s); launching them one by one",
-                        bound.plan.graph.name, type(err).__name__, err)
+                        bound.state.graph.name, type(err).__name__, err)
             self.enabled = False
             return False
         finally:

@@ -21,7 +21,7 @@ from ..core.device import Device
 from ..core.errors import GraphError, VariantPackError
 from ..core.ir import FinalGraph, Node
 from ..core.rounding import round_to
-from ..core.tensor import Tensor, TensorDesc, storage_extent
+from ..core.tensor import Tensor, TensorDesc, channels_last_order, layout_name, packed_strides, storage_extent
 from ..memory.buffers import BufferInfo, address_of, buffer_info, tensor_from_pointer
 from .aliasing import InplaceRule
 
@@ -125,7 +125,8 @@ def held_scalar(value: Any, desc: TensorDesc, uses: tuple[tuple[Node, str], ...]
     return v
 
 
-def _check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
+def check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
+    """A VariantPackError unless the buffer fits the tensor: device, type, dims, strides."""
     want_device = device.torch_name
     if info.device != want_device:
         raise VariantPackError(
@@ -142,16 +143,35 @@ def _check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
     if tuple(info.shape) != desc.dim:
         raise VariantPackError(
             f"the buffer has shape {list(info.shape)} but the tensor has dims {list(desc.dim)}", tensor=desc,
-            rule="pack.shape", hint=f"bind a buffer of shape {list(desc.dim)} (reshape or view it)",
-        )
+            rule="pack.shape", hint=_shape_hint(list(info.shape), desc))
     for axis, (d, want, got) in enumerate(zip(desc.dim, desc.stride, info.strides)):
         if d > 1 and want != got:
+            declared, given = desc.layout, layout_name(desc.dim, info.strides, desc.is_image)
             raise VariantPackError(
-                f"the buffer has strides {list(info.strides)} but the tensor has strides {list(desc.stride)} "
-                f"(axis {axis} differs)", tensor=desc, rule="pack.strides",
-                hint="bind a buffer with the declared layout (e.g. .contiguous(memory_format=torch."
-                "channels_last) for NHWC), or declare the tensor with the buffer's strides",
-            )
+                f"the buffer's layout is {given} (strides {list(info.strides)}) but the tensor is declared "
+                f"{declared} (strides {list(desc.stride)}; axis {axis} differs)", tensor=desc, rule="pack.strides",
+                hint=f"declare the tensor with the buffer's strides (stride={list(info.strides)}), or pass a copy "
+                     f"in the declared layout: {_copy_in(desc)}")
+
+
+def _shape_hint(shape: list[int], desc: TensorDesc) -> str:
+    if math.prod(shape) == desc.numel:
+        return f"bind a buffer of shape {list(desc.dim)} (reshape or view it)"
+    return (f"a plan runs the dims it was built for: build a plan for dims {shape} (declare the tensor with "
+            f"them), or bind a buffer of shape {list(desc.dim)}")
+
+
+def _copy_in(desc: TensorDesc) -> str:
+    """The call that copies a buffer into the tensor's declared layout."""
+    rank = len(desc.dim)
+    if desc.stride == packed_strides(desc.dim):
+        return "buffer.contiguous()"
+    if rank in (4, 5) and desc.stride == packed_strides(desc.dim, channels_last_order(rank)):
+        return f"buffer.contiguous(memory_format=torch.{'channels_last' if rank == 4 else 'channels_last_3d'})"
+    return f"torch.empty_strided({list(desc.dim)}, {list(desc.stride)}).copy_(buffer)"
+
+
+_check_buffer = check_buffer  # the former name
 
 
 def _span(info: BufferInfo) -> tuple[int, int]:
@@ -243,7 +263,7 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
     if not isinstance(pack, Mapping):
         raise VariantPackError(
             f"a variant pack is a dict, got {type(pack).__name__}", rule="pack.type",
-            hint="pass {tensor_or_uid_or_name: buffer, ...}",
+            hint="pass {tensor_or_uid_or_name: buffer, ...} binding every input and output of the graph",
         )
     values: dict[int, Any] = {}
     for key, value in pack.items():
@@ -290,7 +310,7 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
                 tensor=desc, rule="pack.type",
                 hint="bind a dense NumPy array or PyTorch tensor (or a DLPack / __cuda_array_interface__ object)",
             ) from None
-        _check_buffer(info, desc, device)
+        check_buffer(info, desc, device)
         if uid in graph.outputs and isinstance(info.obj, np.ndarray) and not info.obj.flags.writeable:
             raise VariantPackError("the output buffer is read-only", tensor=desc, rule="pack.readonly",
                                    hint="bind a writeable array")
@@ -337,7 +357,7 @@ class PackBinder:
         self.values: dict[int, Any] = {}
         self.pointers: dict[int, int] = {}
         self.version = 0
-        self._pack: Any = None
+        self._pack: Any = _UNBOUND
         self._items: list[tuple[Any, int | None]] = []
         self._rounded: dict[int, tuple[Any, Any]] = {}  # uid -> (raw value, rounded value)
         self.outputs = tuple(graph.outputs)
@@ -419,6 +439,16 @@ class PackBinder:
             if _hashable(key) and len(self.keys) < 4096:
                 self.keys[key] = resolve_key(self.graph, key)
 
+    def uid_of(self, key: Any) -> int:
+        """The UID a variant-pack key names (a Tensor handle, TensorDesc, UID or name)."""
+        uid = self.keys.get(key) if _hashable(key) else None
+        return uid if uid is not None else resolve_key(self.graph, key)
+
+    def check_one(self, uid: int, value: Any) -> None:
+        """Check one buffer for tensor `uid` as a variant-pack entry is checked (VariantPackError)."""
+        if not self.fits(uid, value):
+            check_buffer(buffer_info(value), self.graph.tensors[uid], self.device)
+
     def fits(self, uid: int, value: Any) -> bool:
         """Whether one torch tensor fits tensor `uid` (dims, strides, type, device)."""
         expect = self.expect.get(uid)
@@ -440,7 +470,7 @@ class PackBinder:
                 if uid in out:
                     return None
                 out[uid] = value
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):  # AttributeError: not a mapping (`bind` says so)
             return None
         if len(out) != self.required:
             return None
@@ -471,6 +501,9 @@ class PackBinder:
                 if other != uid and a < hi and lo < b and not (a == lo and (other, uid) in self._allowed):
                     return None  # let `bind` decide (and explain) the overlap
         return out, pointers
+
+
+_UNBOUND = object()  # a fresh binder's last pack: no pack is it
 
 
 def _hashable(key: Any) -> bool:

@@ -18,56 +18,65 @@ Generated kernels launch natively from prebuilt argument tuples (engines/triton/
 foreign call, ~1-2 µs of host time, no Python per argument); cuDNN steps through the backend's
 execute with a prebuilt, UID-sorted pointer array (engines/cudnn_launch.py); PyTorch steps as
 before. Flat launching serves every plan and every call (new addresses, new scalars, host steps), but
-it still pays the driver's launch per kernel (measured on the H100 machine, 2026-11-25: about 4.5 µs
-per generated kernel, about 15 µs per cuDNN step, where cuDNN's own execute is most of it); so both:
-a capturable plan whose binding is stable can replay an internal CUDA graph of the same calls
-(autograph.py, on by default: 0.74 µs per generated step measured), re-pointed through the address table where only
+it still pays the driver's launch per kernel (several µs per generated kernel, more per cuDNN step:
+bench/results/constants.md#launch-costs); so both: a capturable plan whose binding is stable can replay
+an internal CUDA graph of the same calls (autograph.py, on by default: under a µs per generated step),
+re-pointed through the address table where only
 table-addressed tensors moved, falling back to flat launches whenever something it baked in changes.
+
+Everything here is one thread's (threads.ThreadState owns its BoundPlans): threads executing one plan
+at once never share a binding, a launcher or an argument slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ExecutionError, VariantPackError
 from ..engines.base import Binding, Launcher
 from ..memory import workspace as wsp
-from ..memory.addresses import TABLE_KEY
+from ..memory.addresses import TABLE_KEY, AddressTable
 from ..memory.buffers import address_of
 from .autograph import AutoGraph
 from .bindings import PackBinder
 
+if TYPE_CHECKING:
+    from .state import PlanState
+
 
 class BoundPlan:
-    def __init__(self, plan: Any, base: Any, views: Mapping[int, Any], workspace: Any = None) -> None:
-        self.plan = plan
+    """A plan's steps bound to one workspace in one thread (state.ThreadState): the binding, each
+    step's launcher, the flat list of calls an execute makes."""
+
+    def __init__(self, state: PlanState, binder: PackBinder, table: AddressTable, base: Any,
+                 views: Mapping[int, Any], workspace: Any = None) -> None:
+        self.state = state
+        self.table = table
         self.base = base
         self.workspace = workspace  # the user's workspace object (None: the plan's own)
         self.ws_ptr = address_of(base) if workspace is not None else 0
-        self.ws_range = (self.ws_ptr, self.ws_ptr + plan.workspace_size)
-        binder = plan._binder
+        self.ws_range = (self.ws_ptr, self.ws_ptr + state.workspace_size)
         self.binding = b = Binding()
         b.buffers.update(binder.values)
         b.pointers.update(binder.pointers)
         for uid, view in views.items():
             b.buffers[uid] = view
             b.pointers[uid] = address_of(view)
-        table = plan._table
         if table:
             b.buffers[TABLE_KEY] = table.tensor
             b.pointers[TABLE_KEY] = address_of(table.tensor)
             table.update_from(b.pointers)
         self.version = binder.version
         self.launchers: list[Launcher] = [
-            step.kernel.bind(b, wsp.scratch_view(base, plan.layout, step.index)) for step in plan.steps]
+            step.kernel.bind(b, wsp.scratch_view(base, state.layout, step.index)) for step in state.steps]
         self.readers: dict[int, list[int]] = {}
-        for i, step in enumerate(plan.steps):
+        for i, step in enumerate(state.steps):
             for uid in {*step.piece.inputs, *step.piece.outputs}:
                 self.readers.setdefault(uid, []).append(i)
-        self.torch_steps = any(step.kernel.needs_torch_stream for step in plan.steps)
+        self.torch_steps = any(step.kernel.needs_torch_stream for step in state.steps)
         # by-reference tensors that every launch reads through the table: moving them keeps a graph
-        self.table_only = set(table.slots) - set(plan.baked_addresses()) if table else set()
+        self.table_only = set(table.slots) - set(state.baked) if table else set()
         self.autograph = AutoGraph(self)
         self._collect()
 
@@ -80,7 +89,7 @@ class BoundPlan:
 
     def sync(self, binder: PackBinder, force_table: bool = False) -> None:
         """Bring the binding up to the binder's values: rewrite the slots of what moved."""
-        table = self.plan._table
+        table = self.table
         if binder.version != self.version:
             b = self.binding
             changed = [u for u, p in binder.pointers.items() if b.pointers.get(u) != p]
@@ -107,7 +116,7 @@ class BoundPlan:
 
     def _check_workspace(self, changed: list[int], binder: PackBinder) -> None:
         lo, hi = self.ws_range
-        graph = self.plan.graph
+        graph = self.state.graph
         for u in changed:
             ptr = binder.pointers.get(u)
             if ptr is None:
@@ -136,7 +145,7 @@ class BoundPlan:
                 pass
         for i, launcher in enumerate(self.launchers):
             if any(call[1] is args for call in launcher.calls):
-                step = self.plan.steps[i]
+                step = self.state.steps[i]
                 raise ExecutionError(f"step {i} ({step.config.engine}) failed to launch: {what}",
                                      op=step.piece.nodes[0].label(), rule="execute.launch",
                                      hint="run with CUDA_LAUNCH_BLOCKING=1 to find the kernel that faulted")

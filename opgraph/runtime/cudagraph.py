@@ -30,15 +30,18 @@ from ..memory.addresses import TABLE_KEY
 
 if TYPE_CHECKING:
     from .plan import ExecutionPlan
+    from .state import PlanState
+    from .threads import ThreadState
 
 log = logging.getLogger("opgraph.cudagraph")
 
 
 @dataclass
 class Capture:
-    """What a captured graph baked in, kept with the graph (plan._captures is keyed weakly by the
-    graph object, so a record goes when its graph does) and without the pack: like any CUDA graph,
-    it reads the buffers it was captured with, which the caller keeps alive."""
+    """What a captured graph baked in, kept with the graph (the populating thread's
+    state.ThreadState.captures is keyed weakly by the graph object, so a record goes when its graph
+    does) and without the pack: like any CUDA graph, it reads the buffers it was captured with, which
+    the caller keeps alive."""
 
     direct: dict[int, int]  # uid -> address baked into the launches (tensors not by reference)
     values: dict[int, Any]  # pass-by-value scalars baked into the launches
@@ -62,13 +65,13 @@ def _require_cuda(plan: ExecutionPlan) -> Any:
     return torch
 
 
-def _snapshot(plan: ExecutionPlan, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any]]:
-    binder = plan._binder
+def _snapshot(state: PlanState, local: ThreadState, pack: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, Any]]:
+    binder = local.binder
     binder.bind(pack)  # raises VariantPackError when the pack does not fit
     direct, values = {}, {}
-    baked = plan.baked_addresses()  # by reference, but a step without table reads uses the address
+    baked = state.baked  # by reference, but a step without table reads uses the address
     for uid, value in binder.values.items():
-        t = plan.graph.tensors[uid]
+        t = state.graph.tensors[uid]
         if t.is_pass_by_value:
             values[uid] = value
         elif not t.is_by_reference or uid in baked:
@@ -98,29 +101,32 @@ def _capture(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace
 
 def populate(plan: ExecutionPlan, pack: Mapping[Any, Any], workspace: Any = None) -> Any:
     torch = _require_cuda(plan)
-    direct, values = _snapshot(plan, pack)
+    local = plan.local_state()
+    direct, values = _snapshot(plan.state, local, pack)
     graph = torch.cuda.CUDAGraph()
     _capture(plan, graph, pack, workspace)
-    plan._captures[graph] = Capture(direct, values, _workspace_address(workspace))
+    local.captures[graph] = Capture(direct, values, _workspace_address(workspace))
     return graph
 
 
 def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: Any = None) -> UpdateResult:
     _require_cuda(plan)
+    local = plan.local_state()
     try:
-        record = plan._captures.get(graph)
+        record = local.captures.get(graph)
     except TypeError:  # not a weak-referenceable object, so not one of ours
         record = None
     if record is None:
-        raise GraphError("this CUDA graph was not populated by this plan", rule="cudagraph.unknown",
-                         hint="update graphs returned by this plan's populate_cuda_graph")
-    direct, values = _snapshot(plan, pack)  # raises VariantPackError when the pack does not fit
+        raise GraphError("this CUDA graph was not populated by this plan in this thread", rule="cudagraph.unknown",
+                         hint="update graphs returned by this plan's populate_cuda_graph, from the thread that "
+                              "populated them (each thread binds the plan on its own)")
+    direct, values = _snapshot(plan.state, local, pack)  # raises VariantPackError when the pack does not fit
     moved = tuple(u for u, a in direct.items() if record.direct.get(u) != a)
     changed = tuple(u for u, v in values.items() if record.values.get(u) != v)
     if _workspace_address(workspace) != record.workspace and plan.workspace_size:
         moved += (TABLE_KEY,)
     if not moved and not changed:
-        plan._table.update_from(plan._binder.pointers)  # by-reference tensors: new addresses, no re-capture
+        local.table.update_from(local.binder.pointers)  # by-reference tensors: new addresses, no re-capture
         return UpdateResult(False)
     names = ", ".join(plan.graph.tensors[u].label() for u in (*moved, *changed) if u in plan.graph.tensors)
     reason = (f"re-captured: {names or 'the workspace'} "
@@ -129,5 +135,5 @@ def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: 
     log.warning("update_cuda_graph %s", reason)
     graph.reset()
     _capture(plan, graph, pack, workspace)
-    plan._captures[graph] = Capture(direct, values, _workspace_address(workspace), record.recaptures + 1)
+    local.captures[graph] = Capture(direct, values, _workspace_address(workspace), record.recaptures + 1)
     return UpdateResult(True, reason, moved + changed)

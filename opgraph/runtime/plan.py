@@ -6,25 +6,22 @@ moved and launch."""
 from __future__ import annotations
 
 import functools
-import weakref
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..build.options import BuildOptions
 from ..build.partition import Cut
 from ..build.planner import Schedule, Step, engine_configs, plan_steps
-from ..core.config import BehaviorNote
 from ..core.device import Device
 from ..core.errors import GraphError
 from ..core.ir import FinalGraph
-from ..engines import get_engine
-from ..memory import workspace as wsp
-from ..memory.addresses import AddressTable
-from .aliasing import plan_inplace
+from ..engines import artifacts
 from .autograph import default as autograph_default
-from .bindings import PackBinder
 from .bound import BoundPlan
-from .streams import StreamResolver
+from .state import plan_state
+from .threads import ThreadState
 
 
 @dataclass(frozen=True)
@@ -44,39 +41,30 @@ class StepTime:
 
 
 
-def build_plan(graph: FinalGraph, **options: Any) -> ExecutionPlan:
+def build_plan(graph: FinalGraph, options: BuildOptions | None = None, **keywords: Any) -> ExecutionPlan:
     """Plan `graph` (opgraph.build.planner.plan_steps: partition, configs, tuning, compilation) and wrap the
-    steps in an ExecutionPlan. `Graph.build` calls this."""
-    return ExecutionPlan.from_schedule(plan_steps(graph, **options))
+    steps in an ExecutionPlan. `Graph.build` calls this with its BuildOptions."""
+    return ExecutionPlan.from_schedule(plan_steps(graph, options, **keywords))
 
 
 class ExecutionPlan:
-    """An ordered list of kernel launches over a variant pack plus a workspace."""
+    """An ordered list of kernel launches over a variant pack plus a workspace.
+
+    One plan may be executed from several threads at once, each on its own buffers and workspace
+    (opgraph.runtime.state: every thread binds its own pack, address table and workspaces)."""
 
     def __init__(self, graph: FinalGraph, device: Device, steps: tuple[Step, ...], cuts: tuple[Cut, ...],
-                 stats: Mapping[str, Any] | None = None) -> None:
+                 stats: Mapping[str, Any] | None = None, kernels: artifacts.Scope | None = None) -> None:
+        self.state = state = plan_state(graph, device, steps, kernels)
         self.graph = graph
         self.build_stats = dict(stats or {})  # where the build's (or the load's) time went
         self.device = device
         self.steps = steps
         self.cuts = cuts
-        self.layout = wsp.plan_layout(
-            graph, [s.piece.outputs for s in steps], [getattr(s.kernel, "scratch_bytes", 0) for s in steps]
-        )
-        self.workspace_size = self.layout.size
-        self._owned: Any = None  # the workspace the plan allocated
-        # which outputs may be bound to the very buffer of an input (runtime.aliasing), decided once here
-        self.inplace = plan_inplace(graph, [s.piece.nodes for s in steps],
-                                    [get_engine(s.config.engine).inplace_safe(s.config) for s in steps],
-                                    [str(s.config.engine) for s in steps])
-        self._binder = PackBinder(graph, device, self.inplace)
-        self._streams = StreamResolver(device)
-        self._table = AddressTable(graph, device)
-        self._table_stale = False  # set_address wrote the table: the next execute rewrites it
-        self._bound_owned: BoundPlan | None = None  # bound to the plan's own workspace
-        self._bound_user: BoundPlan | None = None  # bound to the last workspace the user passed
-        # CUDAGraph -> cudagraph.Capture, dropped with the graph
-        self._captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.layout = state.layout
+        self.workspace_size = state.layout.size
+        self.inplace = state.inplace  # which outputs may be bound to the very buffer of an input
+        self._threads = threading.local()  # .state: this thread's ThreadState
         # replay an internal CUDA graph of the launches while the binding is unchanged (runtime.autograph;
         # on unless OPGRAPH_AUTOGRAPH=0; set it on a plan to choose)
         self.auto_graph = autograph_default()
@@ -90,13 +78,22 @@ class ExecutionPlan:
         """Workspace slots (offset, bytes) of the virtual tensors that cross pieces."""
         return self.layout.tensors
 
+    def local_state(self) -> ThreadState:
+        """The calling thread's binding of this plan (made at its first use in the thread)."""
+        try:
+            return self._threads.state
+        except AttributeError:
+            local = self._threads.state = ThreadState(self.state)
+            return local
+
     # -- running -----------------------------------------------------------------------------------
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
-        """Run the plan. `workspace`: None (the plan allocates and keeps one) or a buffer of at least
-        `workspace_size` bytes on the plan's device. `stream`: None (PyTorch's current stream), a
-        torch.cuda.Stream, an object with `__cuda_stream__`, or a raw cudaStream_t as an int
-        (opgraph.runtime.streams)."""
-        handle, torch_stream = self._streams(stream)
+        """Run the plan. `workspace`: None (the plan allocates and keeps one per thread) or a buffer of
+        at least `workspace_size` bytes on the plan's device. `stream`: None (PyTorch's current
+        stream), a torch.cuda.Stream, an object with `__cuda_stream__`, or a raw cudaStream_t as an int
+        (opgraph.runtime.streams). Threads may execute one plan at once, each on its own buffers and
+        workspace."""
+        handle, torch_stream = self.state.streams(stream)
         if torch_stream is None:
             self._execute(variant_pack, workspace, handle)
             return
@@ -106,10 +103,19 @@ class ExecutionPlan:
             self._execute(variant_pack, workspace, handle)
 
     def _execute(self, variant_pack: Mapping[Any, Any], workspace: Any, handle: int) -> None:
-        bound = self._prepare(variant_pack, workspace)
+        try:
+            local = self._threads.state
+        except AttributeError:
+            local = self.local_state()
+        bound = local.prepare(variant_pack, workspace)
         bound.binding.stream.set(handle)
-        if not bound.autograph.run():
+        if not bound.autograph.run(self.auto_graph):
             bound.run()
+
+    def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> BoundPlan:
+        """The plan bound to the pack and the workspace in this thread, checked, without running it:
+        what the next execute with them launches (bound.BoundPlan: its launchers and calls)."""
+        return self.local_state().prepare(variant_pack, workspace)
 
     def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 20) -> list[tuple[str, int, float]]:
         """(kernel, launches per execute, mean device µs per launch) for every GPU kernel the plan runs,
@@ -117,7 +123,7 @@ class ExecutionPlan:
         from ..core.timing import time_call
 
         if not self.device.is_cuda:
-            bound = self._prepare(variant_pack, None)
+            bound = self.bind(variant_pack)
 
             def run_step(i: int) -> None:
                 _run_calls(bound.step_calls(i))
@@ -147,37 +153,12 @@ class ExecutionPlan:
         plan's time goes, step by step; `describe()` says what each step is."""
         from ..core.timing import step_times
 
-        handle, _ = self._streams(None)
-        bound = self._prepare(variant_pack, None)
+        handle, _ = self.state.streams(None)
+        bound = self.bind(variant_pack)
         bound.binding.stream.set(handle)
         runs = [lambda i=i: _run_calls(bound.preludes + bound.step_calls(i)) for i in range(len(self.steps))]
         return [StepTime(s.index, s.config.engine, str(s.config.knob("template", "")), len(s.piece.nodes), d, h)
                 for s, (d, h) in zip(self.steps, step_times(runs, cuda=self.device.is_cuda, repeat=repeat))]
-
-    def _prepare(self, variant_pack: Mapping[Any, Any], workspace: Any) -> BoundPlan:
-        """The plan bound to the pack and the workspace: everything the steps need, checked before
-        any step runs. The prelude of execute, profile and profile_steps alike."""
-        self._binder.bind(variant_pack)
-        bound = self._bound(workspace)
-        stale, self._table_stale = self._table_stale, False
-        bound.sync(self._binder, force_table=stale)
-        return bound
-
-    def _bound(self, user: Any) -> BoundPlan:
-        if user is None:
-            if self._bound_owned is None:
-                base = None
-                if self.workspace_size:
-                    self._owned = base = wsp.allocate(self.workspace_size, self.device)
-                views = wsp.tensor_views(base, self.layout, self.graph) if base is not None else {}
-                self._bound_owned = BoundPlan(self, base, views)
-            return self._bound_owned
-        last = self._bound_user
-        if last is not None and last.workspace is user and _same_address(user, last.ws_ptr):
-            return last
-        base = wsp.check(user, self.workspace_size, self.device, self.graph, self._binder.values)
-        self._bound_user = BoundPlan(self, base, wsp.tensor_views(base, self.layout, self.graph), workspace=user)
-        return self._bound_user
 
     # -- CUDA graphs and by-reference tensors (see opgraph.runtime.cudagraph) ----------------------------
     def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
@@ -195,44 +176,36 @@ class ExecutionPlan:
 
     @property
     def address_table(self) -> Any:
-        """The int64 device tensor of by-reference addresses (None without by-reference tensors).
-        Writing into it (e.g. a device-side copy captured in a graph) redirects later launches."""
-        self._table.exposed = True
-        return self._table.tensor
+        """The int64 device tensor of by-reference addresses (None without by-reference tensors), this
+        thread's. Writing into it (e.g. a device-side copy captured in a graph) redirects later launches."""
+        table = self.local_state().table
+        table.exposed = True
+        return table.tensor
 
     def table_slot(self, tensor: Any) -> int:
         from .bindings import resolve_key
 
         uid = resolve_key(self.graph, tensor)
-        if uid not in self._table.slots:
+        if uid not in self.state.slots:
             raise GraphError(f"{self.graph.tensors[uid].label()} is not by reference", rule="plan.not_by_reference",
                              hint="declare it with is_by_reference=True (or build(by_reference=True))")
-        return self._table.slots[uid][0]
+        return self.state.slots[uid][0]
 
     def baked_addresses(self) -> dict[int, Step]:
         """By-reference tensors whose address some step bakes into its launches anyway (a step whose
         config lacks SUPPORTS_CUDA_GRAPH_NATIVE_API: PyTorch calls, the library engine's cuDNN part),
         each with the first such step: a captured graph must be re-captured when they move."""
-        out: dict[int, Step] = {}
-        if not self.device.is_cuda:  # no capture; interpreted kernels read the table
-            return out
-        for step in self.steps:
-            if BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API not in step.config.behavior_notes:
-                for uid in (*step.piece.inputs, *step.piece.outputs):
-                    if self.graph.tensors[uid].is_by_reference:
-                        out.setdefault(uid, step)
-        return out
+        return dict(self.state.baked)
 
     def set_address(self, tensor: Any, buffer: Any) -> None:
-        """Point a by-reference tensor at another buffer (checked like a variant-pack entry); ordered on
-        the current stream, so a captured graph replayed afterwards reads the new buffer."""
-        from ..memory.buffers import address_of, buffer_info
-        from .bindings import _check_buffer, _hashable, resolve_key
+        """Point a by-reference tensor at another buffer (checked like a variant-pack entry) for this
+        thread's executes; ordered on the current stream, so a captured graph replayed afterwards reads
+        the new buffer."""
+        from ..memory.buffers import address_of
 
-        uid = self._binder.keys.get(tensor) if _hashable(tensor) else None
-        if uid is None:
-            uid = resolve_key(self.graph, tensor)
-        baked = self.baked_addresses().get(uid)
+        local = self.local_state()
+        uid = local.binder.uid_of(tensor)
+        baked = self.state.baked.get(uid)
         if baked is not None:
             raise GraphError(
                 f"{self.graph.tensors[uid].label()} is by reference, but step {baked.index} "
@@ -241,12 +214,11 @@ class ExecutionPlan:
                 hint="use update_cuda_graph (it re-captures), or build with "
                      "select_behavior_notes=['supports_cuda_graph_native_api'] so every step reads the table")
         slot = self.table_slot(uid)
-        if not self._binder.fits(uid, buffer):
-            _check_buffer(buffer_info(buffer), self.graph.tensors[uid], self.device)
-        addresses = list(self._table.current)
+        local.binder.check_one(uid, buffer)
+        addresses = list(local.table.current)
         addresses[slot] = address_of(buffer)
-        self._table.write(addresses, force=True)
-        self._table_stale = True  # the next execute points it back at its pack's buffer
+        local.table.write(addresses, force=True)
+        local.table_stale = True  # the next execute points it back at its pack's buffer
 
     # -- saving and loading ----------------------------------------------------------------------
     def to_bytes(self, embed_kernels: bool = True) -> bytes:
@@ -312,12 +284,6 @@ __all__ = ["ExecutionPlan", "Step", "StepTime", "build_plan", "engine_configs", 
 def _run_calls(calls: list[Any]) -> None:
     for fn, args in calls:
         fn(*args)
-
-
-def _same_address(buffer: Any, address: int) -> bool:
-    from ..memory.buffers import address_of
-
-    return address_of(buffer) == address
 
 
 def load_plan(path: Any, *, device: Any = None, on_mismatch: str = "error") -> ExecutionPlan:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from enum import Enum
-from typing import Any, TypeVar
+import logging
+from typing import Any
 
 from ..build.autotune import environment
 from ..build.partition import Cut
@@ -33,13 +33,11 @@ from ..core.errors import GraphError, SerializationError
 from ..core.piece import make_piece
 from ..engines import artifacts, get_engine
 from ..graph.serialize import graph_from_dict, graph_to_dict
+from .plan_schema import PLAN_FORMAT, PLAN_VERSION, READS, check_plan_document
 
-PLAN_FORMAT = "opgraph.plan"
-PLAN_VERSION = 2
-READS = (1, 2)
 MAGIC_1 = b"OPGRAPH-PLAN 1\n"
 MAGIC = b"OPGRAPH-PLAN 2 "  # then the body's SHA-256 in hex and a newline
-NoteT = TypeVar("NoteT", bound=Enum)
+log = logging.getLogger("opgraph.runtime")
 
 
 def _config_doc(c: EngineConfig) -> dict[str, Any]:
@@ -50,11 +48,13 @@ def _config_doc(c: EngineConfig) -> dict[str, Any]:
 
 
 def plan_artifacts(plan: Any) -> list[artifacts.Artifact]:
-    """The compiled kernels of a plan's steps, each distinct one once."""
+    """The compiled kernels of a plan's steps, each distinct one once (a loaded plan's own embedded
+    kernels visible to the engines meanwhile)."""
     seen: dict[tuple[str, str], artifacts.Artifact] = {}
-    for step in plan.steps:
-        for art in step.kernel.artifacts():
-            seen.setdefault((art.kind, art.key), art)
+    with plan.state.kernels.visible():
+        for step in plan.steps:
+            for art in step.kernel.artifacts():
+                seen.setdefault((art.kind, art.key), art)
     return list(seen.values())
 
 
@@ -93,37 +93,16 @@ def _no_default(value: Any) -> Any:
 
 def _expect(cond: bool, where: str, what: str) -> None:
     if not cond:
-        raise SerializationError(f"{where}: {what}", rule="plan.schema",
+        raise SerializationError(f"plan.{where}: {what}", rule="plan.schema",
                                  hint="the file is damaged or was not written by ExecutionPlan.save")
 
 
-def _config(doc: Any, where: str) -> EngineConfig:
-    _expect(isinstance(doc, dict), where, "expected an object")
-    engine, knobs = doc.get("engine"), doc.get("knobs")
-    _expect(isinstance(engine, str), where, "engine must be a string")
-    _expect(isinstance(knobs, list) and all(
-        isinstance(k, list) and len(k) == 2 and isinstance(k[0], str)
-        and (isinstance(k[1], (str, int, float, bool)) or k[1] is None) for k in knobs), where,
-        "knobs must be [name, value] pairs of plain values")
-    times = {}
-    for key in ("measured_us", "estimate_us"):
-        value = doc.get(key)
-        _expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)), where,
-                f"{key} must be a number")
-        times[key] = value
-    numerical = _notes(doc, "numerical_notes", NumericalNote, where)
-    behavior = _notes(doc, "behavior_notes", BehaviorNote, where)
-    why = doc.get("why", "")
-    _expect(isinstance(why, str), where, "why must be a string")
-    return EngineConfig(engine, tuple((k, v) for k, v in knobs), why=why, numerical_notes=numerical,
-                        behavior_notes=behavior, **times)
-
-
-def _notes(doc: Any, key: str, enum: type[NoteT], where: str) -> frozenset[NoteT]:
-    names = doc.get(key, [])
-    _expect(isinstance(names, list) and all(isinstance(n, str) and n in enum.__members__ for n in names),
-            where, f"{key} must list {enum.__name__} names")
-    return frozenset(enum[n] for n in names)
+def _config(doc: dict[str, Any]) -> EngineConfig:
+    """An engine config from its document (already checked against the plan schema)."""
+    return EngineConfig(doc["engine"], tuple((k, v) for k, v in doc["knobs"]), why=doc.get("why", ""),
+                        numerical_notes=frozenset(NumericalNote[n] for n in doc.get("numerical_notes", [])),
+                        behavior_notes=frozenset(BehaviorNote[n] for n in doc.get("behavior_notes", [])),
+                        measured_us=doc.get("measured_us"), estimate_us=doc.get("estimate_us"))
 
 
 def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
@@ -189,29 +168,22 @@ def plan_body(data: Any) -> bytes:
 
 
 def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
-    from ..build.compile import compile_steps
-    from ..build.planner import Step
-    from .plan import ExecutionPlan
-
     body = plan_body(data)
     try:
         doc = json.loads(body.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise SerializationError(f"the plan file is not valid JSON: {str(err)[:200]}", rule="plan.syntax") from None
-    _expect(isinstance(doc, dict), "plan", "expected an object")
-    if doc.get("format") != PLAN_FORMAT or type(doc.get("version")) is not int:
+    if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or type(doc.get("version")) is not int:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
     if doc["version"] not in READS:
         raise SerializationError(f"plan file version {doc['version']} is not supported (this opgraph reads "
                                  f"{', '.join(map(str, READS))})", rule="plan.version",
                                  hint="build and save the plan again")
-    dev_doc = doc.get("device")
-    _expect(isinstance(dev_doc, dict) and dev_doc.get("kind") in ("cpu", "cuda")
-            and type(dev_doc.get("index")) is int, "device", "expected {kind, index}")
+    check_plan_document(doc)  # every structural problem at once, with its JSON path; then the meaning
+    dev_doc = doc["device"]
     dev = resolve_device(device if device is not None else
                          ("cpu" if dev_doc["kind"] == "cpu" else f"cuda:{dev_doc['index']}"))
-    stored_env = doc.get("environment")
-    _expect(isinstance(stored_env, dict), "environment", "expected an object")
+    stored_env = doc["environment"]
     here = json.loads(json.dumps(environment(dev), default=str))
     differs = {k: (stored_env.get(k), here.get(k)) for k in set(stored_env) | set(here)
                if stored_env.get(k) != here.get(k)}
@@ -221,61 +193,61 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
             f"the plan was built for another environment ({text})", rule="plan.environment",
             hint="load with on_mismatch='recompile' to compile the stored configs here, or build anew",
         )
-    arts = doc.get("artifacts", [])
-    _expect(isinstance(arts, list), "artifacts", "expected a list")
-    embedded = [artifacts.Artifact.from_doc(a, f"artifacts[{i}]") for i, a in enumerate(arts)]
-    if not differs:
-        for art in embedded:  # the engines find them before compiling anything
-            artifacts.put(art)
+    embedded = [artifacts.Artifact.from_doc(a, f"plan.artifacts[{i}]") for i, a in enumerate(doc.get("artifacts", []))]
+    # the engines find the file's kernels while this plan compiles (and later binds), nothing else does
+    scope = artifacts.Scope(embedded if not differs else ())
+    with scope.visible():
+        return _plan_from_doc(doc, dev, differs, scope)
+
+
+def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope: artifacts.Scope) -> Any:
+    from ..build.compile import compile_steps
+    from ..build.planner import Step
+    from .plan import ExecutionPlan
+
     try:
-        graph = graph_from_dict(doc.get("graph")).final
+        graph = graph_from_dict(doc["graph"]).final
     except SerializationError:
         raise
     except GraphError as err:
         raise SerializationError(f"the plan's graph is invalid: {err}", rule="plan.graph") from None
     nodes = graph.nodes
-    steps_doc = doc.get("steps")
-    _expect(isinstance(steps_doc, list) and bool(steps_doc), "steps", "expected a non-empty list")
     seen: list[int] = []
     steps = []
-    for i, sd in enumerate(steps_doc):
+    for i, sd in enumerate(doc["steps"]):
         where = f"steps[{i}]"
-        _expect(isinstance(sd, dict), where, "expected an object")
-        idx = sd.get("nodes")
-        _expect(isinstance(idx, list) and bool(idx) and all(type(j) is int and 0 <= j < len(nodes) for j in idx),
-                where, "nodes must be indices of the graph's ops")
+        idx = sd["nodes"]
+        _expect(all(type(j) is int and j < len(nodes) for j in idx), where + ".nodes",
+                f"indices of the graph's ops (0..{len(nodes) - 1})")
         seen += idx
         piece = make_piece(graph, i, [nodes[j] for j in idx])
-        config = _config(sd.get("config"), where + ".config")
-        alts = sd.get("alternatives", [])
-        _expect(isinstance(alts, list), where, "alternatives must be a list")
-        alternatives = tuple(_config(a, f"{where}.alternatives[{k}]") for k, a in enumerate(alts))
-        _offered(piece, config, dev, where)
+        config = _config(sd["config"])
+        alternatives = tuple(_config(a) for a in sd.get("alternatives", []))
+        _offered(piece, config, dev, "plan." + where)
         try:
             kernel = get_engine(config.engine).compile(piece, config, dev)
         except GraphError as err:
-            raise SerializationError(f"{where}: cannot compile the stored config {config} here: {err.detail}",
+            raise SerializationError(f"plan.{where}: cannot compile the stored config {config} here: {err.detail}",
                                      rule="plan.compile", hint="build the graph anew on this device") from None
         stored = sd.get("source_sha256")
-        _expect(stored is None or isinstance(stored, str), where, "source_sha256 must be a string")
         if not differs and stored is not None and stored != _source_hash(kernel.source()):
-            raise SerializationError(f"{where}: the kernel opgraph generates for this config differs from the "
+            raise SerializationError(f"plan.{where}: the kernel opgraph generates for this config differs from the "
                                      "saved one", rule="plan.source", hint="build and save the plan again")
         steps.append(Step(i, piece, config, kernel, alternatives))
     _expect(sorted(seen) == list(range(len(nodes))), "steps", "every op must be in exactly one step, in order")
     _expect(seen == list(range(len(nodes))), "steps", "steps must run the ops in the graph's order")
     cuts = []
-    cuts_doc = doc.get("cuts", [])
-    _expect(isinstance(cuts_doc, list), "cuts", "expected a list")
-    for c in cuts_doc:
-        _expect(isinstance(c, dict) and type(c.get("node")) is int and 0 <= c["node"] < len(nodes)
-                and type(c.get("before")) is int and isinstance(c.get("reasons", []), list)
-                and all(isinstance(r, list) and len(r) == 2 for r in c.get("reasons", [])), "cuts", "bad entry")
-        cuts.append(Cut(c["before"], nodes[c["node"]], tuple((str(e), str(why)) for e, why in c.get("reasons", []))))
+    for k, c in enumerate(doc.get("cuts", [])):
+        _expect(type(c["node"]) is int and c["node"] < len(nodes) and type(c["before"]) is int,
+                f"cuts[{k}]", f"node must index the graph's ops (0..{len(nodes) - 1})")
+        cuts.append(Cut(c["before"], nodes[c["node"]], tuple((e, why) for e, why in c.get("reasons", []))))
     try:
         compiled, stats = compile_steps(steps, dev, "parallel")
     except GraphError as err:
         raise SerializationError(f"the plan's kernels do not compile here: {err.detail}", rule="plan.compile",
                                  hint="build the graph anew on this device") from None
-    stats["embedded"] = len(embedded)
-    return ExecutionPlan(graph, dev, tuple(compiled), tuple(cuts), {"compile": stats})
+    kernels = scope.only_used()
+    stats["embedded"] = len(kernels)
+    if len(scope) > len(kernels):
+        log.info("plan file: %d embedded kernel(s) that no step uses were dropped", len(scope) - len(kernels))
+    return ExecutionPlan(graph, dev, tuple(compiled), tuple(cuts), {"compile": stats}, kernels=kernels)

@@ -11,6 +11,7 @@ runs on no stream: it takes None only.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..core.device import Device
@@ -23,6 +24,7 @@ class StreamResolver:
     def __init__(self, device: Device) -> None:
         self.device = device
         self._external: dict[int, Any] = {}
+        self._lock = threading.Lock()
         self.current: Any = None
         if device.is_cuda:
             import torch
@@ -53,9 +55,10 @@ class StreamResolver:
             import torch
 
             ext = torch.cuda.ExternalStream(handle, device=self.device.torch_name)
-            if len(self._external) >= _MAX_EXTERNAL:
-                self._external.pop(next(iter(self._external)))
-            self._external[handle] = ext
+            with self._lock:  # threads share a plan's resolver
+                if len(self._external) >= _MAX_EXTERNAL:
+                    self._external.pop(next(iter(self._external)), None)
+                self._external[handle] = ext
         return handle, ext
 
     def handle(self, stream: Any) -> int:

@@ -16,12 +16,11 @@ Rule = Callable[[Piece], "str | None"]  # None: runs the piece; else the reason 
 
 
 class FakeEngine(Engine):
-    def __init__(self, name: str, rule: Rule = lambda piece: None, *, first: Callable[[Piece], bool] | None = None,
-                 fuses: bool = False, configs: Callable[[Piece, HeurMode], list[EngineConfig]] | None = None) -> None:
+    def __init__(self, name: str, rule: Rule = lambda piece: None, *, fuses: bool = False,
+                 configs: Callable[[Piece, HeurMode], list[EngineConfig]] | None = None) -> None:
         self.name = name  # type: ignore[misc]  (a ClassVar on real engines)
         self.fuses_neighbours = fuses  # type: ignore[misc]
         self._rule = rule
-        self._first = first
         self._configs = configs
         self.asked: list[HeurMode] = []  # the modes configs() was called with
 
@@ -41,9 +40,6 @@ class FakeEngine(Engine):
 
     def compile(self, piece, config, device):  # pragma: no cover  (the build tests compile nothing)
         raise AssertionError("fake engines compile nothing")
-
-    def rank_first(self, piece: Piece, device: Device) -> bool:
-        return bool(self._first and self._first(piece))
 
 
 def at_most(n: int) -> Rule:
@@ -71,4 +67,9 @@ def chain(names=("e", "m", "r", "a")) -> og.FinalGraph:
     return g.final
 
 
-__all__ = ["CPU", "FakeEngine", "at_most", "chain", "only_kinds"]
+# simulated GPUs, as `resolve_device` would describe them (no GPU needed to rank for them)
+H100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
+H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+
+
+__all__ = ["CPU", "H100", "H200", "FakeEngine", "at_most", "chain", "only_kinds"]

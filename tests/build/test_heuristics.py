@@ -1,5 +1,5 @@
-"""build.heuristics.rank_configs: configs ranked mode by mode in the engines' order, an engine's
-rank_first rule moving it ahead (except in FALLBACK), declined engines with their reasons, no
+"""build.heuristics.rank_configs: configs ranked mode by mode in the engines' order, a rule of the
+ranking policy moving an engine ahead (except in FALLBACK), declined engines with their reasons, no
 config twice."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from opgraph.build.heuristics import PieceConfigs, rank_configs
+from opgraph.build.policy import Match, Policy, Rule
 from opgraph.core.config import EngineConfig, HeurMode
 from opgraph.core.piece import make_piece
 
@@ -39,24 +40,31 @@ def test_modes_outer_engines_inner_in_the_given_order(piece):
     assert [c.engine for c in reverse.configs] == ["r", "q", "p"]
 
 
-def test_rank_first_moves_an_engine_ahead_keeping_the_others_in_order(piece):
-    engines = [FakeEngine("p"), FakeEngine("q", first=lambda pc: True), FakeEngine("r"),
-               FakeEngine("s", first=lambda pc: True)]
-    ranked = rank_configs(piece, engines, CPU, [H.A])
+def leading(*names: str, **match) -> Policy:
+    """A policy whose rules put `names` first on the pieces `match` holds for."""
+    return Policy(tuple(Rule(n, Match(**match), True, f"{n} first") for n in names), {})
+
+
+def test_a_rule_moves_an_engine_ahead_keeping_the_others_in_order(piece):
+    engines = [FakeEngine("p"), FakeEngine("q"), FakeEngine("r"), FakeEngine("s")]
+    ranked = rank_configs(piece, engines, CPU, [H.A], leading("s", "q"))
     assert [c.engine for c in ranked.configs] == ["q", "s", "p", "r"]  # a stable sort: q before s
     # a rule that does not hold for this piece leaves the order alone
-    lone = [FakeEngine("p"), FakeEngine("q", first=lambda pc: len(pc.nodes) == 1)]
-    assert [c.engine for c in rank_configs(piece, lone, CPU, [H.A]).configs] == ["p", "q"]
+    lone = [FakeEngine("p"), FakeEngine("q")]
+    alone = leading("q", max_ops=1)
+    assert [c.engine for c in rank_configs(piece, lone, CPU, [H.A], alone).configs] == ["p", "q"]
     one = make_piece(piece.graph, 0, piece.nodes[:1])
-    assert [c.engine for c in rank_configs(one, lone, CPU, [H.A]).configs] == ["q", "p"]
+    assert [c.engine for c in rank_configs(one, lone, CPU, [H.A], alone).configs] == ["q", "p"]
+    # the default policy has no rule for these engines
+    assert [c.engine for c in rank_configs(one, lone, CPU, [H.A]).configs] == ["p", "q"]
 
 
 def test_fallback_keeps_the_build_order_even_after_ruled_modes(piece):
-    engines = [FakeEngine("p"), FakeEngine("q", first=lambda pc: True)]
-    assert order(rank_configs(piece, engines, CPU, [H.FALLBACK])) == [("p", "fallback"), ("q", "fallback")]
-    both = rank_configs(piece, engines, CPU, [H.A, H.FALLBACK])
+    engines, policy = [FakeEngine("p"), FakeEngine("q")], leading("q")
+    assert order(rank_configs(piece, engines, CPU, [H.FALLBACK], policy)) == [("p", "fallback"), ("q", "fallback")]
+    both = rank_configs(piece, engines, CPU, [H.A, H.FALLBACK], policy)
     assert order(both) == [("q", "a"), ("p", "a"), ("p", "fallback"), ("q", "fallback")]
-    instant_after = rank_configs(piece, engines, CPU, [H.FALLBACK, H.INSTANT])
+    instant_after = rank_configs(piece, engines, CPU, [H.FALLBACK, H.INSTANT], policy)
     assert order(instant_after) == [("p", "fallback"), ("q", "fallback"), ("q", "instant"), ("p", "instant")]
 
 

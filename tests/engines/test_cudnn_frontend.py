@@ -14,7 +14,8 @@ from opgraph.core.device import CPU, Device
 from opgraph.engines import engine_names, get_engine
 from opgraph.core.config import BehaviorNote, NumericalNote
 from opgraph.engines.cost import estimate_us
-from opgraph.engines.cudnn_frontend import RANK_FIRST_US, static_problem
+from opgraph.engines.base import PieceFact
+from opgraph.engines.cudnn_frontend import static_problem
 from opgraph.core.piece import make_piece
 from opgraph.build.planner import _all_by_reference, default_engines
 from opgraph.tools.samples import nhwc
@@ -63,81 +64,25 @@ def test_a_conv_with_its_epilogue_is_offered():
     assert static_problem(whole(sbr_conv_genstats())) is None
 
 
-def test_cudnn_ranks_first_on_convolutions_but_not_tiny_depthwise_or_matmul():
-    engine, dev = get_engine("cudnn"), Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
-    assert engine.rank_first(whole(conv_bias_relu(n=32, c=64, k=64, hw=56)), dev)
-    assert not engine.rank_first(whole(conv_bias_relu()), dev)  # a few µs: host launch cost decides
-    assert engine.rank_first(whole(sbr_conv_genstats(n=32, c=64, k=64, hw=56)), dev)
+def test_facts_for_the_ranking_policy_the_cost_models_estimate_and_runtime_fused_epilogues():
+    """What the engine reports (opgraph.build.policy decides with it; tests/build/test_policy.py)."""
+    engine, dev = get_engine("cudnn"), Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    g = conv_bias_relu(n=32, c=64, k=64, hw=56)
+    facts = engine.facts(whole(g), dev)
+    assert facts.estimate_us == estimate_us(whole(g), dev) and facts.facts == frozenset()
+    assert engine.facts(whole(g), CPU).estimate_us is None
+    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+    res = g.tensor(dim=[32, 256, 56, 56], stride=nhwc([32, 256, 56, 56]), name="residual")
+    g.relu(g.add(y, res)).set_output(True)
+    assert engine.facts(whole(g), dev).facts == {PieceFact.RUNTIME_FUSED_EPILOGUE}
+    g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+    s = g.tensor(dim=[1, 256, 1, 1], stride=nhwc([1, 256, 1, 1]), name="s")
+    g.mul(y, s).set_output(True)
+    assert engine.facts(whole(g), dev).facts == {PieceFact.RUNTIME_FUSED_EPILOGUE}
+    assert engine.facts(whole(sbr_conv_genstats(n=32, c=64, k=64, hw=56)), dev).facts == frozenset()
     g, _, _, dx = dgrad_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1])
     dx.set_output(True)
-    assert engine.rank_first(whole(g), dev)
-    g, _, _, dw = wgrad_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1])
-    dw.set_output(True)
-    assert engine.rank_first(whole(g), dev)
-    g, x, w, y = conv_graph((32, 256, 56, 56), (256, 1, 3, 3), padding=[1, 1])  # depthwise
-    y.set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-    g, _, _, c = mm_graph((1, 4096, 4096), (1, 4096, 4096))
-    c.set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-
-
-def test_cudnn_rank_rules_measured_residual_and_scale_epilogues_narrow_groups_bf16_stems():
-    engine, dev = get_engine("cudnn"), Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
-    def conv1x1():
-        """ResNet's bottleneck conv 1x1 C64->K256 56², N32, and a maker of tensors broadcast to its output."""
-        g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
-        return g, y, lambda name, dim=(1, 256, 1, 1), **kw: g.tensor(dim=list(dim), stride=nhwc(list(dim)),
-                                                                    name=name, **kw)
-    # conv 1x1 + bias + residual + relu (ResNet's bottleneck end): the generated kernel goes first
-    g, y, t = conv1x1()
-    g.relu(g.add(g.bias(y, t("b")), t("residual", (32, 256, 56, 56)))).set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-    # the same conv with a broadcast bias only: cuDNN first
-    g, y, t = conv1x1()
-    g.relu(g.bias(y, t("b"))).set_output(True)
-    assert engine.rank_first(whole(g), dev)
-    # a per-channel scale and shift (an inference batchnorm as from_torch imports it): the generated kernel
-    # first (whole networks, H100: ResNet-50 b256 and MobileNetV2 plans 1.15 / 1.29x with cuDNN on these)
-    g, y, t = conv1x1()
-    g.relu(g.add(g.mul(y, t("s")), t("b"))).set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-    # a scalar factor is no per-channel scale: cuDNN first
-    g, y, t = conv1x1()
-    g.relu(g.mul(g.bias(y, t("b")), t("alpha", (1, 1, 1, 1), data_type=DT.FLOAT))).set_output(True)
-    assert engine.rank_first(whole(g), dev)
-    # an SBR prologue (scale on the conv's input) is not an epilogue: cuDNN first
-    assert engine.rank_first(whole(sbr_conv_genstats(n=32, c=64, k=64, hw=56)), dev)
-    # grouped 3x3, 32 groups of 8 channels: cuDNN first although the cost model calls it cheap (its estimate
-    # counts the generated kernel's padded K tile); a tiny one stays with the generated kernel (host cost)
-    g, x, w, y = conv_graph((32, 256, 28, 28), (256, 8, 3, 3), padding=[1, 1])
-    y.set_output(True)
-    assert estimate_us(whole(g), dev) < RANK_FIRST_US and engine.rank_first(whole(g), dev)
-    g, x, w, y = conv_graph((1, 64, 7, 7), (64, 8, 3, 3), padding=[1, 1])
-    y.set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-    # a plain conv of few input channels (the stem, C=3): with a filter row of several taps the generated
-    # kernel first (its MERGE_TAPS configs, H100: 76.5 against cuDNN's 84.0 µs); a 1x1 one: the cost model
-    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2])
-    y.set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 1, 1))
-    y.set_output(True)
-    assert engine.rank_first(whole(g), dev)
-    g, x, w, y = conv_graph((1, 3, 8, 8), (8, 3, 3, 3), padding=[1, 1])
-    y.set_output(True)
-    assert not engine.rank_first(whole(g), dev)
-    # the same stem in bf16: the generated kernel first (cuDNN's bf16 plans for C=3, H100: 3.2x its fp16 ones)
-    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2], dt=DT.BFLOAT16)
-    y.set_output(True)
-    assert estimate_us(whole(g), dev) >= RANK_FIRST_US and not engine.rank_first(whole(g), dev)
-    g, x, w, y = conv_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], dt=DT.BFLOAT16)
-    y.set_output(True)
-    assert engine.rank_first(whole(g), dev)  # bf16 with 64 channels: cuDNN first, as fp16
-    # grouped with 16 channels a group: an MMA tile's depth, the cost model decides as for plain convs
-    g, x, w, y = conv_graph((32, 256, 28, 28), (256, 16, 3, 3), padding=[1, 1])
-    y.set_output(True)
-    assert engine.rank_first(whole(g), dev) == (estimate_us(whole(g), dev) >= RANK_FIRST_US)
+    assert engine.facts(whole(g), dev).facts == frozenset()  # (forward convs' epilogues only)
 
 
 def test_pointwise_only_pieces_are_left_to_generated_kernels():
@@ -370,12 +315,3 @@ def test_gpu_double_result_of_an_fp16_matmul_is_exact(rng):
     plan = assert_engine_matches(g, rng, engines=default_engines(Device("cuda", 0, "gpu")), device="cuda",
                                  expect_steps=1, rtol=1e-12, atol=1e-12)
     assert plan.steps[0].config.engine == "torch", plan.describe()
-
-
-def test_stem_rule_counts_the_channels_merge_taps_covers():
-    """rank_first sends a few-channel stem to the generated kernel because its MERGE_TAPS configs exist
-    for it: the two thresholds are one."""
-    from opgraph.engines.cudnn_frontend import FEW_CHANNELS
-    from opgraph.engines.triton.templates.conv_fprop import MERGE_BELOW
-
-    assert FEW_CHANNELS == MERGE_BELOW

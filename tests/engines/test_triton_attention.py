@@ -241,7 +241,7 @@ def test_candidates_fit_shared_memory():
 
     g = graph(DT.HALF, sq=512, skv=640, d=128, dv=128, bias=(1, HQ, 512, 640), stats=True)
     piece = _piece(g, "sdpa")
-    spec = fwd_template.TEMPLATE._spec(piece, H100)
+    spec = fwd_template.TEMPLATE.matched(piece, H100).spec()
     for k in fwd_template.TEMPLATE.candidates(piece, H100):
         assert fwd_smem(spec, FwdKnobs(**{n: k[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})) \
             <= SMEM_LIMIT

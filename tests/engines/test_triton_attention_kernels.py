@@ -42,8 +42,23 @@ FWD = FwdKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 BWD = BwdKnobs(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, W1=4, S1=1, W2=4, S2=1, PRE_BLOCK=16)
 
 
+# the tensors' uids: kernel parameters are named as in the engine (p{uid} a buffer, s{uid} a scalar)
+UID = {n: i for i, n in enumerate(("Q", "K", "V", "O", "LSE", "SQ", "SKV", "SCALE", "BIAS", "SEED", "OFFSET", "DMASK",
+                                   "HS", "KS", "OS", "DO", "DQ", "DK", "DV", "DB"))}
+
+
+def P(name: str) -> str:
+    """The kernel parameter of buffer `name`."""
+    return f"p{UID[name]}"
+
+
 def operand(name: str, t) -> Operand:
-    return Operand(name, TL[t.dtype], tuple(t.stride()))
+    return Operand(P(name), TL[t.dtype], tuple(t.stride()))
+
+
+def run(gen, args: dict) -> None:
+    """The generated kernels on `args` (tensors and numbers by name), under the interpreter."""
+    launch(gen, {UID[n]: v for n, v in args.items()}, interpret=True)
 
 
 # -- the float64 reference ---------------------------------------------------------------------------
@@ -146,13 +161,13 @@ class RelPos:
         self.hs = hs
 
     def params(self):
-        return ("HS",)
+        return (P("HS"),)
 
     def forward(self, score, at):
-        return [f"hs = tl.load(HS + {at.h})"], f"{score} * hs + 0.25 * ({at.j} - {at.i}).to(tl.float32) + 0.5 * {at.b}"
+        return [f"hs = tl.load({P('HS')} + {at.h})"], f"{score} * hs + 0.25 * ({at.j} - {at.i}).to(tl.float32) + 0.5 * {at.b}"
 
     def backward(self, score, grad, at):
-        return [f"hs = tl.load(HS + {at.h})"], f"{grad} * hs"
+        return [f"hs = tl.load({P('HS')} + {at.h})"], f"{grad} * hs"
 
     def torch(self, s):
         b, _h, sq, skv = s.shape
@@ -249,10 +264,10 @@ def run_case(c: Case, seed: int = 0):
     scale = 0.35
     if c.scale == "arg":
         args["SCALE"] = scale
-        kw["scale"] = Scalar("arg", "SCALE")
+        kw["scale"] = Scalar("arg", f"s{UID['SCALE']}")
     elif c.scale == "ptr":
         args["SCALE"] = torch.tensor([scale])
-        kw["scale"] = Scalar("ptr", "SCALE")
+        kw["scale"] = Scalar("ptr", P("SCALE"))
     else:
         kw["scale"] = scale
     bias = None
@@ -264,7 +279,7 @@ def run_case(c: Case, seed: int = 0):
     if c.dropout == "philox":
         p, sd, off = 0.3, 0x1234_5678_9ABC, 77
         args["SEED"], args["OFFSET"] = torch.tensor([sd]), torch.tensor([off])
-        kw["dropout"] = PhiloxDropout(p, Scalar("ptr", "SEED"), Scalar("ptr", "OFFSET"))
+        kw["dropout"] = PhiloxDropout(p, Scalar("ptr", P("SEED")), Scalar("ptr", P("OFFSET")))
         ref_kw["keep"] = philox_keep(sd, off, p, (c.B, c.Hq, c.Sq, c.Skv)).double()
         ref_kw["drop_scale"] = 1.0 / (1.0 - p)
     elif c.dropout == "philox_const":  # numbers baked in; counters crossing 2^32 (the high word)
@@ -289,16 +304,16 @@ def run_case(c: Case, seed: int = 0):
     kp = ep = None
     if c.k_prologue:
         args["KS"] = torch.rand(c.D, generator=gen) + 0.5
-        kp = ScaleByVector("KS", args["KS"], 0.125, source=("K", tuple(k.stride())))
+        kp = ScaleByVector(P("KS"), args["KS"], 0.125, source=(P("K"), tuple(k.stride())))
         kw["prologue"] = (("k", kp),)
     if c.epilogue:
         args["OS"] = torch.rand(dv_, generator=gen)
-        ep = ScaleByVector("OS", args["OS"], -1.0)
+        ep = ScaleByVector(P("OS"), args["OS"], -1.0)
         kw["epilogue"] = ep
     spec = AttnSpec(c.B, c.Hq, c.Hk, c.Hk, c.Sq, c.Skv, c.D, dv_, operand("Q", q), operand("K", k), operand("V", v),
                     operand("O", o), operand("LSE", lse), causal=c.causal, window=c.window, alibi=c.alibi,
                     interpret=True, **kw)
-    launch(forward(spec, c.fwd), args, interpret=True)
+    run(forward(spec, c.fwd), args)
 
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
     bd = bias.double().requires_grad_() if bias is not None else None
@@ -322,7 +337,7 @@ def run_case(c: Case, seed: int = 0):
                      operand("O", o), operand("LSE", lse), causal=c.causal, window=c.window, alibi=c.alibi,
                      do=operand("DO", do), dq=operand("DQ", grads["DQ"]), dk=operand("DK", grads["DK"]),
                      dv=operand("DV", grads["DV"]), interpret=True, **kw)
-    launch(backward(bspec, c.bwd), {**args, "DO": do, **grads}, interpret=True)
+    run(backward(bspec, c.bwd), {**args, "DO": do, **grads})
     ro.backward(do.double())
     btol = {"float32": 5e-5, "float16": 1e-2, "bfloat16": 6e-2}[c.dtype]
     for name, ref in (("DQ", qd), ("DK", kd), ("DV", vd), ("DB", bd)):
@@ -380,8 +395,8 @@ def test_bias_minus_inf_rows_are_zero():
     o = torch.full_like(q, float("nan"))
     lse = torch.full((1, 2, 40, 1), float("nan"))
     spec = AttnSpec(1, 2, 2, 2, 40, 37, 16, 16, operand("Q", q), operand("K", k), operand("V", v), operand("O", o),
-                    operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias), interpret=True)
-    launch(forward(spec, c.fwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias}, interpret=True)
+                    operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias))
+    run(forward(spec, c.fwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias})
     ro, _rl = reference(q.double(), k.double(), v.double(), 0.5, bias=bias.double())
     assert (o[:, :, 5] == 0).all() and (lse[:, :, 5] == math.inf).all()
     _close(o.double(), ro, 2e-5, "O")
@@ -389,9 +404,8 @@ def test_bias_minus_inf_rows_are_zero():
     g = {n: torch.full_like(t, float("nan")) for n, t in (("DQ", q), ("DK", k), ("DV", v))}
     bspec = AttnSpec(1, 2, 2, 2, 40, 37, 16, 16, operand("Q", q), operand("K", k), operand("V", v), operand("O", o),
                      operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias), do=operand("DO", do),
-                     dq=operand("DQ", g["DQ"]), dk=operand("DK", g["DK"]), dv=operand("DV", g["DV"]), interpret=True)
-    launch(backward(bspec, c.bwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias, "DO": do, **g},
-           interpret=True)
+                     dq=operand("DQ", g["DQ"]), dk=operand("DK", g["DK"]), dv=operand("DV", g["DV"]))
+    run(backward(bspec, c.bwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias, "DO": do, **g})
     assert all(t.isfinite().all() for t in g.values())
     assert (g["DQ"][:, :, 5] == 0).all()
 

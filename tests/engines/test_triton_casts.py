@@ -179,7 +179,7 @@ def test_bf16_pieces_decline_gpus_before_sm80():
     def template(dt, cap):
         g = og.Graph("p", io_data_type=dt)
         g.relu(g.tensor(dim=[4, 8], name="x")).set_output(True)
-        return engine._template(make_piece(g.final, 0, g.final.nodes), Device("cuda", 0, "GPU", cap, 40))
+        return engine.match(make_piece(g.final, 0, g.final.nodes), Device("cuda", 0, "GPU", cap, 40))
 
     t, why = template(D.BFLOAT16, (7, 5))
     assert t is None and "compute capability 8.0" in why and "7.5" in why

@@ -261,13 +261,14 @@ def test_gpu_heuristic_of_sbr_wgrad_keeps_the_prologue_tiles_lean():
     assert sbr[0] == {**plain, "PROLOGUE_PASS": 1}
 
 
-@pytest.mark.parametrize("split", [1, 3])
-def test_wgrad_depthwise_stencil(split, rng):
+@pytest.mark.parametrize("knobs", [{"SPLIT_K": 1}, {"SPLIT_K": 3}, {"SPLIT_K": 3, "BLOCK_K": 8}], ids=str)
+def test_wgrad_depthwise_stencil(knobs, rng):
+    """(8 pixels a step: no tl.dot needs 16; the GPU heuristic offers it for wide channel blocks)"""
     g, _, _, dw = wgrad_graph((2, 16, 6, 7), (16, 1, 3, 3), pre_padding=[1, 0], post_padding=[1, 2],
                               stride=[1, 2])
     w = g.tensor(dim=[16, 1, 3, 3], stride=nhwc([16, 1, 3, 3]), name="w")
     g.sub(w, g.mul(dw, 0.5)).set_output(True)
-    plan = plan_with(g, {"SPLIT_K": split})
+    plan = plan_with(g, knobs)
     assert "tl.dot" not in plan.source(0)
     _check(plan, rng)
 
@@ -328,8 +329,8 @@ def test_fp32_tf32_knob_and_note(op):
     template = _template(f"conv_{op}")
     cands = template.candidates(piece, og.core.device.CPU)
     assert {c["fp32_precision"] for c in cands} == {"tf32", "ieee"}
-    assert template.notes(piece, {"fp32_precision": "tf32"}, H100) == {NumericalNote.DOWN_CONVERT_INPUTS}
-    assert template.notes(piece, {"fp32_precision": "ieee"}, H100) == frozenset()
+    assert template.notes(piece, {**cands[0], "fp32_precision": "tf32"}, H100) == {NumericalNote.DOWN_CONVERT_INPUTS}
+    assert template.notes(piece, {**cands[0], "fp32_precision": "ieee"}, H100) == frozenset()
     gpu = template.candidates(piece, H100)
     source = template.generate(piece, {**gpu[0], "fp32_precision": "tf32"}, H100).source
     assert 'input_precision="tf32"' in source
@@ -654,6 +655,9 @@ HOPPER_CASES = {  # the benchmark shapes: (graph, template, how many of its firs
     "sbr_wgrad_float": (lambda: sbr_wgrad(n=32, c=64, k=64, hw=56)[0], "conv_wgrad", 1),
     "wgrad_depthwise": (lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
                         "conv_wgrad", 1),
+    "wgrad_depthwise_8_pixel_steps": (
+        lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])), "conv_wgrad",
+        lambda candidates: [c for c in candidates if c["BLOCK_K"] == 8]),
     "dgrad_depthwise": (lambda: _stored(dgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
                         "conv_dgrad", 1),
     "dgrad_bf16_groups_stride3": (lambda: _stored(dgrad_graph((8, 64, 30, 29), (128, 32, 3, 3), dt=DT.BFLOAT16,
@@ -738,6 +742,21 @@ def test_gpu_depthwise_backward(rng):
     g, _, _, dx = dgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])
     dx.set_output(True)
     assert_engine_matches(g, rng, device="cuda", expect_steps=1, **EXACT)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_depthwise_wgrad_every_candidate(rng):
+    """Every GPU candidate of a depthwise wgrad, the 8-pixel steps of 128 channels (no tl.dot) among them."""
+    from opgraph.core.config import HeurMode
+
+    g, _, _, dw = wgrad_graph((8, 144, 28, 28), (144, 1, 3, 3), padding=[1, 1])
+    dw.set_output(True)
+    plan = g.build(device="cuda", engines=["triton"], heur_mode=[HeurMode.B])
+    step = plan.steps[0]
+    configs = (step.config, *step.alternatives)
+    assert any(c.knob("BLOCK_K") == 8 for c in configs)
+    assert_candidates_match(plan, step, configs, rng, **EXACT)
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ from opgraph.core.config import EngineConfig
 from opgraph.core.device import Device
 from opgraph.core.piece import make_piece
 from opgraph.engines import get_engine
+from opgraph.engines.triton.knobs import TileKnobs
 from opgraph.engines.triton.templates.conv_fprop import MERGE, TEMPLATE
 from opgraph.runtime.plan import ExecutionPlan
 
@@ -134,31 +135,33 @@ def test_candidates_for_few_channels_only():
     stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
     merged = [c for c in stem if c.get(MERGE)]
     assert merged == stem[:len(merged)] and all(c["BLOCK_K"] == 32 for c in merged)
-    cost = [TEMPLATE.estimate(_stem_gp().piece, c, H100) for c in merged]
-    assert cost == sorted(cost) and cost[0] < 0.5 * TEMPLATE.estimate(_stem_gp().piece, stem[len(merged)], H100)
+    piece = _stem_match().piece
+    cost = [TEMPLATE.estimate(piece, c, H100) for c in merged]
+    assert cost == sorted(cost) and cost[0] < 0.5 * TEMPLATE.estimate(piece, stem[len(merged)], H100)
     wide = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2], dt=DT.FLOAT)
     assert not any(c.get(MERGE) for c in wide[:3]) and any(c.get(MERGE) for c in wide)
-    assert all(TEMPLATE.iterations(_stem_gp(), c) // c["SPLIT_K"] >= 2 for c in merged)
+    m = _stem_match()
+    assert all(m.steps(m.knobs(c)) // c["SPLIT_K"] >= 2 for c in merged)
     assert not any(c.get(MERGE) for c in _candidates((8, 8, 14, 14), (32, 8, 3, 3), H100, padding=[1, 1]))
     assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 1), H100, padding=[1, 0]))
     cpu = _candidates((2, 3, 11, 12), (16, 3, 7, 7), og.core.device.CPU, padding=[3, 3], stride=[2, 2])
     assert cpu[-2].get(MERGE) and not cpu[-1].get(MERGE) and not cpu[0].get(MERGE)
 
 
-def _stem_gp(dt=DT.HALF):
+def _stem_match(dt=DT.HALF):
     g, _, _, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), dt=dt, padding=[3, 3], stride=[2, 2])
     y.set_output(True)
-    return TEMPLATE.analyzed(make_piece(g.final, 0, g.final.nodes))
+    return TEMPLATE.matched(make_piece(g.final, 0, g.final.nodes), H100)
 
 
 def test_iterations_and_estimates_per_filter_row():
-    gp = _stem_gp()
-    assert TEMPLATE.iterations(gp, {"BLOCK_K": 16}) == 49
-    assert TEMPLATE.iterations(gp, {"BLOCK_K": 32, MERGE: 1}) == 7
-    assert TEMPLATE.iterations(gp, {"BLOCK_K": 16, MERGE: 1}) == 14
+    m = _stem_match()
+    assert m.steps(TileKnobs(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)) == 49
+    assert m.steps(TileKnobs(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, MERGE_TAPS=1)) == 7
+    assert m.steps(TileKnobs(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, MERGE_TAPS=1)) == 14
     # both cost models count the merged trip count (fp16: conv_cost; fp32: the generic GEMM estimate)
     for dt in (DT.HALF, DT.FLOAT):
-        piece = _stem_gp(dt).piece
+        piece = _stem_match(dt).piece
         knobs = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
         assert TEMPLATE.estimate(piece, {**knobs, MERGE: 1}, H100) < 0.5 * TEMPLATE.estimate(piece, knobs, H100)
 

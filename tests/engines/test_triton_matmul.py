@@ -319,12 +319,13 @@ def test_gpu_heuristic_ranks_tma_persistent_first_for_a_large_gemm():
 
 def test_flatten_needs_a_persistent_grid():
     from opgraph.core.errors import AttributeValueError
-    from opgraph.engines.triton.gemm.template import check_knobs
+    from opgraph.engines.triton.knobs import TileKnobs
 
-    check_knobs({"PERSISTENT": 132, "FLATTEN": 1})
+    tile = {"BLOCK_M": 64, "BLOCK_N": 64}
+    TileKnobs.parse({**tile, "PERSISTENT": 132, "FLATTEN": 1})
     for bad in ({"FLATTEN": 1}, {"PERSISTENT": 132, "FLATTEN": 2}, {"PERSISTENT": 132, "FLATTEN": 1, "SPLIT_K": 2}):
         with pytest.raises(AttributeValueError, match="FLATTEN"):
-            check_knobs(bad)
+            TileKnobs.parse({**tile, **bad})
 
 
 def _mlp_up():

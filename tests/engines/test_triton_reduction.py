@@ -172,7 +172,10 @@ def test_reductions_of_different_axes_are_separate_steps(rng):
 
 
 def _force(monkeypatch, **knobs):
-    monkeypatch.setattr(TEMPLATE, "candidates", lambda piece, device: [dict(knobs)])
+    from opgraph.engines.triton.knobs import ReductionKnobs
+    from opgraph.engines.triton.templates.reduction import ReductionMatch
+
+    monkeypatch.setattr(ReductionMatch, "candidates", lambda self: [ReductionKnobs(**knobs)])
 
 
 @pytest.mark.parametrize("mode", list(R), ids=lambda m: m.name)

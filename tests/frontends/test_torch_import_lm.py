@@ -76,7 +76,7 @@ def test_padding_idx_row_gets_no_update():
 
 
 def test_untranslated_op_trains_through_torch_autograd():
-    """cumsum has no translation: a custom op running aten.cumsum, differentiated by a `_vjp` custom
+    """cumprod has no translation: a custom op running aten.cumprod, differentiated by a `_vjp` custom
     op (torch.autograd in float64 on the reference engine)."""
 
     class M(nn.Module):
@@ -85,13 +85,13 @@ def test_untranslated_op_trains_through_torch_autograd():
             self.lin = nn.Linear(4, 4)
 
         def forward(self, x):
-            return self.lin(torch.cumsum(self.lin(x), dim=1)).tanh()
+            return self.lin(torch.cumprod(self.lin(x), dim=1)).tanh()
 
     torch.manual_seed(0)
     model = M().double()
     x = torch.randn(3, 4, dtype=torch.float64)
     imported = og.from_torch(model, (x,))
-    assert [e.target for e in imported.report.custom_ops] == ["aten.cumsum.default"]
+    assert [e.target for e in imported.report.custom_ops] == ["aten.cumprod.default"]
     (out,) = imported.outputs
     params = [t for t, s in imported.bound_inputs if s.kind == "parameter"]
     res = og.grad(imported.graph, [out], params, combined=True)

@@ -5,8 +5,9 @@ torchvision cannot be installed (its wheels' C++ ops need a matching CUDA build 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -34,8 +34,7 @@ class _Bound:
     def __init__(self) -> None:
         from types import SimpleNamespace
 
-        self.plan = SimpleNamespace(device=SimpleNamespace(is_cuda=True), steps=[], auto_graph=True,
-                                    graph=SimpleNamespace(name="p"))
+        self.state = SimpleNamespace(device=SimpleNamespace(is_cuda=True), steps=[], graph=SimpleNamespace(name="p"))
 
 
 def test_a_binding_that_keeps_changing_stops_being_captured(monkeypatch):

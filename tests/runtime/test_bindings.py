@@ -274,6 +274,57 @@ def test_pack_must_be_a_mapping(case):
     assert ei.value.rule == "pack.type"
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_execute_none_says_what_to_pass(rng, fresh):
+    """A fresh plan's binder once compared None with its last pack (None) and raised an untyped
+    TypeError; now None is a variant pack of the wrong type, whether or not a pack was bound before."""
+    c = Case()
+    if not fresh:
+        c.plan.execute(c.pack(rng))
+    with pytest.raises(og.VariantPackError) as ei:
+        c.plan.execute(None)
+    assert ei.value.rule == "pack.type" and "NoneType" in str(ei.value)
+    assert "every input and output" in str(ei.value)
+
+
+def _image_plan(batch: int = 8):
+    g = og.Graph("img", io_data_type=D.FLOAT)
+    x = g.tensor(dim=[batch, 16, 12, 12], name="x")  # NCHW (packed row-major)
+    w = g.tensor(dim=[16, 16, 1, 1], name="w")
+    y = g.conv_fprop(x, w, padding=[0, 0]).set_output(True).set_name("y")
+    return g.build(device="cpu"), x, w, y
+
+
+def test_a_batch_the_plan_was_not_built_for_names_the_real_fix():
+    plan, x, w, y = _image_plan(8)
+    pack = {x: np.zeros((4, 16, 12, 12), np.float32), w: np.zeros((16, 16, 1, 1), np.float32),
+            y: np.zeros((8, 16, 12, 12), np.float32)}
+    with pytest.raises(og.VariantPackError) as ei:
+        plan.execute(pack)
+    assert ei.value.rule == "pack.shape"
+    assert "build a plan for dims [4, 16, 12, 12]" in ei.value.hint and "reshape" not in ei.value.hint
+    pack[x] = np.zeros((8, 16 * 12 * 12), np.float32)  # the same elements: a view fixes it
+    with pytest.raises(og.VariantPackError) as ei:
+        plan.execute(pack)
+    assert "bind a buffer of shape [8, 16, 12, 12] (reshape or view it)" in ei.value.hint
+
+
+def test_a_layout_mismatch_names_both_layouts_and_both_fixes():
+    torch = pytest.importorskip("torch")
+    plan, x, w, y = _image_plan(2)
+    xv = torch.randn(2, 16, 12, 12).contiguous(memory_format=torch.channels_last)
+    pack = {x: xv, w: torch.randn(16, 16, 1, 1), y: torch.empty(2, 16, 12, 12)}
+    with pytest.raises(og.VariantPackError) as ei:
+        plan.execute(pack)
+    err = ei.value
+    assert err.rule == "pack.strides"
+    assert "layout is nhwc" in err.detail and "declared nchw" in err.detail
+    assert f"stride={list(xv.stride())}" in err.hint and "buffer.contiguous()" in err.hint
+    assert "channels_last" not in err.hint  # the call the user already made is not the fix
+    pack[x] = xv.contiguous()
+    plan.execute(pack)  # the fix the hint names works
+
+
 def test_pass_by_value_holds_a_value_of_its_type(rng):
     """A HALF pass-by-value scalar given 0.1 acts as 0.1 in half, like a 1-element HALF buffer does."""
     g = og.Graph(io_data_type=D.DOUBLE)

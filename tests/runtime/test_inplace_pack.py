@@ -277,6 +277,6 @@ def test_gpu_fast_path_accepts_the_same_in_place_pack_again(rng):
     plan.execute(pack)  # the fast binder's path: twice the update
     once = torch.clamp_min(x0 * s + b, -0.5)
     torch.testing.assert_close(x, torch.clamp_min(once * s + b, -0.5))
-    assert plan._binder._fast(pack) is not None  # the in-place pack takes the fast path
-    assert plan._binder.inplace is plan.inplace
+    assert plan.local_state().binder._fast(pack) is not None  # the in-place pack takes the fast path
+    assert plan.local_state().binder.inplace is plan.inplace
     del f

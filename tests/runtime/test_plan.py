@@ -114,31 +114,30 @@ def test_describe_lists_steps_ops_and_engine():
 
 
 class EagerOneOpEngine(OneOpEngine):
-    """OneOpEngine whose rule puts its configs first on single-op pieces (Engine.rank_first)."""
+    """OneOpEngine, which a policy rule puts first on single-op pieces (opgraph.build.policy)."""
 
     name = "test_eager_one_op"
 
     def configs(self, piece, device, mode):
         return [EngineConfig(self.name, (("mode", mode.name),))]
 
-    def rank_first(self, piece, device):
-        return len(piece.nodes) == 1
 
-
-def test_rank_first_puts_a_later_engines_configs_first_except_in_fallback():
+def test_a_policy_rule_puts_a_later_engines_configs_first_except_in_fallback():
     from opgraph.build.heuristics import rank_configs
+    from opgraph.build.policy import Match, Policy, Rule
     from opgraph.core.piece import make_piece
 
+    policy = Policy((Rule(EagerOneOpEngine.name, Match(max_ops=1), True, "single ops"),), {})
     g, _ = chain_graph()
     g.validate()
     piece = make_piece(g.final, 0, [g.final.nodes[0]])
     engines = [get_engine("reference"), EagerOneOpEngine()]
-    ranked = rank_configs(piece, engines, og.core.device.CPU, [H.A])
+    ranked = rank_configs(piece, engines, og.core.device.CPU, [H.A], policy)
     assert [c.engine for c in ranked.configs] == ["test_eager_one_op", "reference"], ranked
-    ranked = rank_configs(piece, engines, og.core.device.CPU, [H.FALLBACK])
+    ranked = rank_configs(piece, engines, og.core.device.CPU, [H.FALLBACK], policy)
     assert ranked.configs[0].engine == "reference", ranked
     whole = make_piece(g.final, 0, list(g.final.nodes))
-    assert rank_configs(whole, engines, og.core.device.CPU, [H.A]).configs[0].engine == "reference"
+    assert rank_configs(whole, engines, og.core.device.CPU, [H.A], policy).configs[0].engine == "reference"
 
 
 class FailingFirstEngine(OneOpEngine):

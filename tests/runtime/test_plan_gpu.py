@@ -97,3 +97,50 @@ def test_partitioned_plan_uses_the_device_workspace(rng):
     plan.execute(pack, workspace=ws)
     with pytest.raises(og.VariantPackError):
         plan.execute(pack, workspace=torch.empty(1, dtype=torch.uint8, device="cuda"))
+
+
+@pytest.mark.parametrize("engines", [None, ["torch"]])
+@pytest.mark.parametrize("by_reference", [False, True])
+def test_threads_share_a_plan_each_on_its_own_stream_and_buffers(engines, by_reference):
+    """Four threads execute one plan at once, each on its own stream, buffers and workspace, some
+    executes with the same pack again (the fast path, then the internal CUDA graph), some with new
+    buffers: every result right (opgraph.runtime.threads)."""
+    import threading
+
+    import torch
+
+    g, x, b, y = _graph()
+    plan = g.build(device="cuda", engines=engines, by_reference=by_reference)
+    start = threading.Barrier(4)
+    problems: list[str] = []
+
+    def work(k: int) -> None:
+        stream = torch.cuda.Stream()
+        gen = torch.Generator(device="cuda").manual_seed(k)
+        start.wait()
+        with torch.cuda.stream(stream):
+            for i in range(30):
+                if i % 10 == 0:  # new buffers every ten executes; the same pack in between
+                    xv = torch.randn(4, 32, 8, 8, device="cuda", dtype=torch.float16,
+                                     generator=gen).to(memory_format=torch.channels_last)
+                    bv = torch.randn(1, 32, 1, 1, device="cuda", dtype=torch.float16, generator=gen)
+                    yv = torch.empty_like(xv)
+                    pack = {x: xv, b: bv, y: yv}
+                xv.normal_(generator=gen)  # new data in the same buffer
+                yv.fill_(float("nan"))
+                try:
+                    plan.execute(pack)
+                except Exception as err:  # noqa: BLE001 - reported by the test
+                    problems.append(f"thread {k}: {type(err).__name__}: {err}")
+                    return
+                want = torch.relu(xv.float() + bv.float())
+                if not torch.allclose(yv.float(), want, rtol=1e-2, atol=1e-2):
+                    problems.append(f"thread {k} execute {i}: max err {(yv.float() - want).abs().max().item()}")
+        stream.synchronize()
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not problems, problems[:3]

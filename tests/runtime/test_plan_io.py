@@ -153,3 +153,65 @@ def test_plans_with_built_in_custom_ops_load_in_a_fresh_process(make, tmp_path, 
     out = np.load(tmp_path / "out.npz")
     for u in plan.graph.outputs:
         np.testing.assert_array_equal(out[str(u)], pack[u])
+
+
+# -- the plan schema, and files written by earlier versions -------------------------------------------------
+
+FIXTURES = __import__("pathlib").Path(__file__).with_name("fixtures")
+
+
+@pytest.mark.parametrize("name", ["main_reference", "main_triton"])
+def test_plan_files_written_by_main_still_load_and_run(name, rng):
+    """Written at aee2b8b (the commit before the plan schema) by ExecutionPlan.save: a reference plan,
+    and a Triton plan with a cut, fallbacks and stored source hashes. Loaded here (compiled anew where
+    this machine's environment differs from the one recorded), they run like a plan built now."""
+    from opgraph.runtime.plan_schema import plan_schema_errors
+
+    if name == "main_triton":
+        pytest.importorskip("triton")
+    data = (FIXTURES / f"{name}.ogplan").read_bytes()
+    assert plan_schema_errors(json.loads(data.split(b"\n", 1)[1])) == []
+    loaded = og.ExecutionPlan.from_bytes(data, on_mismatch="recompile")
+    fresh = og.Graph.from_json(json.dumps(json.loads(data.split(b"\n", 1)[1])["graph"]))
+    built = fresh.build(device="cpu", engines=sorted({s.config.engine for s in loaded.steps}),
+                        heur_mode=["A", "FALLBACK"])
+    _same_results(built, loaded, rng)
+
+
+def _doc_and_file(plan):
+    doc = json.loads(plan.to_bytes().split(b"\n", 1)[1])
+
+    def rewrap(d):
+        body = json.dumps(d).encode()
+        return MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+    return doc, rewrap
+
+
+def test_a_document_breaking_the_schema_is_refused_naming_every_json_path():
+    plan = conv_bias_relu(n=1, c=2, k=2, hw=4).build(device="cpu")
+    doc, rewrap = _doc_and_file(plan)
+    doc["steps"][0]["config"]["knobs"] = [["mode"]]
+    doc["device"]["kind"] = "tpu"
+    doc["steps"][0]["nodes"] = [0, "1"]
+    doc["extra"] = 1
+    with pytest.raises(og.SerializationError) as ei:
+        og.ExecutionPlan.from_bytes(rewrap(doc))
+    text = str(ei.value)
+    assert ei.value.rule == "plan.schema" and "4 place(s)" in text
+    for path in ("plan: unknown key 'extra'", "plan.device.kind:", "plan.steps[0].config.knobs[0]:",
+                 "plan.steps[0].nodes[1]:"):
+        assert path in text, text
+
+
+@pytest.mark.parametrize("damage,path", [
+    (lambda d: d["steps"][0].update(nodes=[99]), "plan.steps[0].nodes"),
+    (lambda d: d.update(cuts=[{"before": 0, "node": 99, "reasons": []}]), "plan.cuts[0]"),
+    (lambda d: d["steps"][0]["config"].update(engine="nope"), "plan.steps[0]"),
+])
+def test_meaning_checked_after_the_schema_names_the_json_path(damage, path):
+    plan = conv_bias_relu(n=1, c=2, k=2, hw=4).build(device="cpu")
+    doc, rewrap = _doc_and_file(plan)
+    damage(doc)
+    with pytest.raises(og.SerializationError) as ei:
+        og.ExecutionPlan.from_bytes(rewrap(doc))
+    assert path in str(ei.value)

@@ -50,6 +50,7 @@ from . import (  # noqa: F401  (register mappings)
     pointwise,
     pooling,
     reduction,
+    scan,
 )
 from .common import IMPLS, Call, as_torch, finish, wide_compute
 from .estimate import estimate_us
@@ -94,8 +95,8 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
         numerical.add(NumericalNote.TENSOR_CORE)
     if device.is_cuda and any(n.kind in _GEMM and piece.graph.tensors[n.output_uids()[0]].data_type in
                               (DataType.FLOAT, DataType.DOUBLE) for n in piece.nodes):
-        # measured on an H200 (2026-11-22): cuDNN/cuBLAS fp32 results carry TF32-level error (~1e-4
-        # relative) even with PyTorch's TF32 flags pinned off, so say so rather than promise fp32
+        # cuDNN/cuBLAS fp32 results carry TF32-level error even with PyTorch's TF32 flags pinned off
+        # (bench/results/constants.md#torch-fp32-gemms), so say so rather than promise fp32
         numerical.add(NumericalNote.DOWN_CONVERT_INPUTS)
     if device.is_cuda and any(n.kind in ("conv_dgrad", "conv_wgrad") for n in piece.nodes):
         numerical.add(NumericalNote.NONDETERMINISTIC)  # cuDNN may pick atomics-based algorithms
@@ -198,6 +199,10 @@ class TorchEngine(Engine):
 
     def inplace_safe(self, config: EngineConfig) -> bool:
         return True  # outputs are copied out once every op of the piece ran
+
+    def host_ops(self, piece: Piece) -> list[str]:
+        """Labels of the piece's ops that have no torch mapping (the library engine asks, through the registry)."""
+        return host_ops(piece)
 
 
 register_engine(TorchEngine())

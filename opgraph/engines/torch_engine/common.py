@@ -9,17 +9,17 @@ stay exact, as in the float64 reference); every output is rounded to its declare
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ...core.dtypes import DataType, as_data_type
+from ...core.dtypes import DataType
 from ...core.errors import ExecutionError, expect
 from ...core.ir import Const, Node
 from ...core.tensor import TensorDesc
+from ...core.torch_interop import as_torch  # noqa: F401 (the engine's mappings read buffers through it)
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,6 @@ OpMapping = Callable[["Call"], Sequence[Any]]
 IMPLS: dict[str, OpMapping] = {}
 
 _WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
-_CARRIER = {DataType.BFLOAT16: np.int16, DataType.FP8_E4M3: np.uint8, DataType.FP8_E5M2: np.uint8}
 _E4M3_MAX = 448.0
 
 
@@ -51,24 +50,6 @@ def wide_compute(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     """Whether `node` computes in float64 (see the module docstring)."""
     return node.compute_data_type is DataType.DOUBLE or any(
         d.data_type in _WIDE for d in node_descs(node, tensors))
-
-
-def as_torch(value: Any, desc: TensorDesc, device: torch.device) -> Any:
-    """A bound buffer as a torch tensor on `device`, zero-copy (NumPy arrays via torch.from_numpy,
-    bfloat16/fp8 through an integer view; __cuda_array_interface__ objects through torch.as_tensor).
-    Pass-by-value numbers stay Python numbers."""
-    import torch
-
-    if isinstance(value, torch.Tensor) or desc.is_pass_by_value:
-        return value
-    if isinstance(value, np.ndarray):
-        dt = as_data_type(value.dtype)
-        carrier = _CARRIER.get(dt)
-        with warnings.catch_warnings():  # read-only inputs: we never write them
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.from_numpy(value.view(carrier) if carrier is not None else value)
-        return t.view(dt.to_torch()) if carrier is not None else t
-    return torch.as_tensor(value, device=device)
 
 
 def to_numpy_f64(t: Any) -> np.ndarray:

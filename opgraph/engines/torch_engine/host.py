@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...core.torch_interop import numpy_to_torch
-from ..reference import run_node
+from ..shared.evaluate import run_node
 from .common import Call, to_numpy_f64
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,38 +21,34 @@ from ...core.errors import AttributeValueError
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
-from ..base import Binding, Engine, Kernel
+from ..base import Binding, Compiler, Engine, Kernel
 from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
 from . import compiler
 from .bound import InterpretedLauncher, TritonLauncher
 from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
+from .knobs import Knobs
 from .launch import Launcher
 from .loader import load_module, module_file, module_name
 from .rewrite import fp8_fill, typed_scalars
-from .templates import _prologue_pass as prologue_pass
 from .templates import discover
-from .templates.base import Arg, Generated, Template
+from .templates.base import Arg, Generated, Match, Template
 
 TEMPLATES: list[Template] = discover()
 TEMPLATE_BY_NAME: dict[str, Template] = {t.name: t for t in TEMPLATES}
 
 
-def _estimate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+def estimate(match: Match[Any], knobs: Knobs) -> float | None:
     """The template's own estimate of a config, else the generic bytes-and-math one (None off CUDA)."""
-    own = (prologue_pass.estimate(template, piece, knobs, device) if int(knobs.get(prologue_pass.KNOB, 0))
-           else template.estimate(piece, knobs, device))
+    own = match.estimate(knobs)
     if own is not None:
         return own
-    return estimate_us(piece, device, launches=2 if int(knobs.get("SPLIT", 1)) > 1 else 1)
+    return estimate_us(match.piece, match.device, launches=match.launches(knobs))
 
 
-def generate(template: Template, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-    """The source and launches of a config: the template's, or with PROLOGUE_PASS=1 the image prologue's
-    pass first (templates/_prologue_pass.py), whatever the template."""
-    if int(knobs.get(prologue_pass.KNOB, 0)):
-        return prologue_pass.generate(template, piece, knobs, device)
+def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device: Device) -> Generated:
+    """The source and launches of a config of `template` (stored knobs, without ("template", name))."""
     return template.generate(piece, knobs, device)
 
 
@@ -218,8 +215,36 @@ def refusal_text(piece: Piece, refusals: list[tuple[Template, str]]) -> str:
     return text
 
 
+class _Matches:
+    """The engine's recent matches, by piece identity and device: a piece's analysis made by `supports`
+    serves `configs` and `compile` (the partitioner asks about many pieces: the oldest are dropped)."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._found: OrderedDict[tuple[int, Device], tuple[Piece, Match[Any] | None, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str] | None:
+        with self._lock:
+            hit = self._found.get((id(piece), device))
+            if hit is None or hit[0] is not piece:
+                return None
+            self._found.move_to_end((id(piece), device))
+            return hit[1], hit[2]
+
+    def put(self, piece: Piece, device: Device, match: Match[Any] | None, why: str) -> None:
+        with self._lock:
+            self._found[(id(piece), device)] = (piece, match, why)
+            while len(self._found) > self.SIZE:
+                self._found.popitem(last=False)
+
+
 class TritonEngine(Engine):
     name = "triton"
+
+    def __init__(self) -> None:
+        self._matches = _Matches()
 
     def available(self, device: Device) -> Support:
         if not _triton_installed():
@@ -229,7 +254,15 @@ class TritonEngine(Engine):
                               "this process (unset the variable, or run on device='cpu')")
         return Support.yes()
 
-    def _template(self, piece: Piece, device: Device) -> tuple[Template | None, str]:
+    def match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
+        """The first template's match of `piece` (by priority), or None and why no template runs it."""
+        found = self._matches.get(piece, device)
+        if found is None:
+            found = self._match(piece, device)
+            self._matches.put(piece, device, *found)
+        return found
+
+    def _match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
         if device.is_cuda and device.capability is not None and device.capability < (8, 0) and any(
                 piece.tensor(u).data_type is DataType.BFLOAT16 for n in piece.nodes
                 for u in (*n.input_uids(), *n.output_uids()) if isinstance(u, int)):
@@ -239,8 +272,8 @@ class TritonEngine(Engine):
         refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)
-            if verdict.ok:
-                return t, ""
+            if isinstance(verdict, Match):
+                return verdict, ""
             refusals.append((t, verdict.reason))
         return None, refusal_text(piece, refusals)
 
@@ -248,44 +281,49 @@ class TritonEngine(Engine):
         avail = self.available(device)
         if not avail.ok:
             return avail
-        template, why = self._template(piece, device)
-        return Support.yes() if template else Support.no(why)
+        match, why = self.match(piece, device)
+        return Support.yes() if match is not None else Support.no(why)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
-        template, _ = self._template(piece, device)
-        if template is None:
+        match, _ = self.match(piece, device)
+        if match is None:
             return []
-        candidates = template.candidates(piece, device)
-        def notes(k: dict[str, Any]) -> frozenset[NumericalNote]:
-            return frozenset(template.notes(piece, k, device))
+        candidates = match.candidates()
+        notes = {k: frozenset(match.notes(k)) for k in candidates}
         if mode is not HeurMode.B:
             # the heuristic's pick (FALLBACK: the broadest, last), then the best config of every other
             # numerical class (full-fp32 "ieee" next to tf32), so that a build filtering notes out
             # (deselect_numeric_notes=[DOWN_CONVERT_INPUTS]) still finds a config in these modes
             ordered = candidates[::-1] if mode is HeurMode.FALLBACK else candidates
-            picked: dict[frozenset, dict[str, Any]] = {}
+            picked: dict[frozenset[NumericalNote], Knobs] = {}
             for k in ordered:
-                picked.setdefault(notes(k), k)
+                picked.setdefault(notes[k], k)
             candidates = list(picked.values())
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
             behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
         else:
             behavior |= {BehaviorNote.INTERPRETED, BehaviorNote.HOST_EXECUTION}
+        name = match.template.name
         return [
             EngineConfig(
-                "triton", (("template", template.name), *sorted(k.items())),
-                numerical_notes=notes(k),
+                "triton", (("template", name), *k.pairs()),
+                numerical_notes=notes[k],
                 behavior_notes=frozenset(behavior),
-                estimate_us=_estimate(template, piece, k, device),
-                why=f"{template.name} template, {mode.name} heuristic",
+                estimate_us=estimate(match, k),
+                why=f"{name} template, {mode.name} heuristic",
             )
             for k in candidates
         ]
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
+        return TritonKernel(piece, config, self.generated(piece, config, device), interpret=not device.is_cuda,
+                            device=device)
+
+    def generated(self, piece: Piece, config: EngineConfig, device: Device) -> Generated:
+        """The kernels of `config` as compile() loads them: source, launches and scratch, nothing run."""
         knobs = dict(config.knobs)
-        name = knobs.pop("template")
+        name = knobs.pop("template", None)
         template = TEMPLATE_BY_NAME.get(name)
         if template is None:
             raise AttributeValueError(
@@ -293,10 +331,11 @@ class TritonEngine(Engine):
                 op=piece.nodes[0].label(), rule="triton.template",
                 hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
                      "or from a plan this version built")
-        generated = fp8_fill(generate(template, piece, knobs, device),
-                             {u: t.data_type for u, t in piece.graph.tensors.items()})
-        generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
-        return TritonKernel(piece, config, generated, interpret=not device.is_cuda, device=device)
+        match, _ = self.match(piece, device)
+        if match is None or match.template is not template:  # (a config read from a plan file: matched here)
+            match = template.matched(piece, device)
+        generated = fp8_fill(match.generate(match.knobs(knobs)), {u: t.data_type for u, t in piece.graph.tensors.items()})
+        return typed_scalars(make_indirect(generated, table_slots(piece.graph)))
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its
     # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;
@@ -307,7 +346,9 @@ class TritonEngine(Engine):
     def inplace_safe(self, config: EngineConfig) -> bool:
         return config.knob("template") in self.INPLACE_TEMPLATES
 
+    def compiler(self) -> Compiler:
+        return compiler  # the module: compile_all, compile_here (engines.base.Compiler)
+
 
 register_engine(TritonEngine())
 __all__ = ["TritonEngine", "TritonKernel", "TEMPLATES"]
-_ = NumericalNote

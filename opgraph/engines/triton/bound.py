@@ -101,7 +101,7 @@ class TritonLauncher(Launcher):
                 self._global = torch.empty(gx * gy * gz * scratch_bytes + align, dtype=torch.uint8,
                                            device=f"cuda:{self.device_index}")
                 global_scratch = -(-self._global.data_ptr() // align) * align
-            function = native.load(binary.key, binary.name, binary.cubin, int(binary.meta("shared", 0)),
+            function = native.load(binary.identity, binary.name, binary.cubin, int(binary.meta("shared", 0)),
                                    self.device_index, int(binary.meta("num_warps", 4)))
             types = [ty for _, ty in spec.runtime]  # type: ignore[union-attr]
             out = native.NativeLaunch(function, self.kernel.launchers[li].grid, int(binary.meta("num_warps", 4)),

@@ -14,7 +14,8 @@ Binaries live in a process-wide registry keyed by the spec's hash, so identical 
 blocks of a network, or two plans of the same graph) compile once; opgraph's kernel cache keeps them
 across processes (kernels/bin/<key>.cubin and .json beside the generated sources; the main process
 reads what a worker compiled from Triton's cache, without asking Triton to compile); plan files embed
-them (opgraph.engines.artifacts), so a loaded plan compiles nothing. `STATS["compiled"]` counts the
+them (opgraph.engines.artifacts), so a loaded plan compiles nothing: a file's binaries serve the plan
+that carries it only (looked up while it loads or binds) and never enter the registry. `STATS["compiled"]` counts the
 kernels this process had compiled (by itself or its workers): the test hook for "nothing compiled".
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 
 from ...core.dtypes import DataType
 from .. import artifacts
+from ..base import CompileReport
 from .compile_worker import compile_spec
 from .loader import cache_dir, source_hash
 
@@ -198,6 +200,16 @@ class KernelBinary:
     metadata: dict[str, Any]
     sha256: str = field(default="")
 
+    def __post_init__(self) -> None:
+        if not self.sha256:
+            object.__setattr__(self, "sha256", hashlib.sha256(self.cubin).hexdigest())
+
+    @property
+    def identity(self) -> str:
+        """The spec's key and the cubin's SHA-256: what a loaded CUDA module is cached under, so that two
+        binaries of one spec (this machine's and a plan file's) never stand in for each other."""
+        return f"{self.key}.{self.sha256}"
+
     @property
     def name(self) -> str:
         return str(self.metadata["name"])
@@ -207,10 +219,6 @@ class KernelBinary:
 
     def artifact(self) -> artifacts.Artifact:
         return artifacts.Artifact(ARTIFACT_KIND, self.key, self.cubin, {"metadata": self.metadata})
-
-    @classmethod
-    def from_artifact(cls, art: artifacts.Artifact) -> KernelBinary:
-        return cls(art.key, art.data, dict(art.meta["metadata"]), art.sha256)
 
 
 def _binary(spec: KernelSpec, metadata_text: str, cubin: bytes) -> KernelBinary:
@@ -244,21 +252,39 @@ def _disk_put(binary: KernelBinary) -> None:
 
 
 def registered(spec: KernelSpec) -> KernelBinary | None:
-    """The spec's binary if this process has it: compiled already, or embedded in a loaded plan
-    file (for this Triton version and target)."""
+    """The spec's binary if this process has it (compiled already, or read from the kernel cache),
+    else the one embedded in the plan being loaded or bound in this thread (opgraph.engines.artifacts:
+    used by that plan only, never registered here)."""
     found = _BINARIES.get(spec.key)
     if found is not None:
         return found
-    art = artifacts.get(ARTIFACT_KIND, spec.key)
-    if art is not None:
-        binary = KernelBinary.from_artifact(art)
-        target = binary.meta("target") or {}
-        if binary.meta("triton_version") == triton_version() and \
-                [target.get("backend"), target.get("arch"), target.get("warp_size")] == list(spec.target):
-            _BINARIES[spec.key] = binary
-            STATS["embedded"] += 1
-            return binary
-    return None
+    return artifacts.decoded(ARTIFACT_KIND, spec.key, lambda art: _embedded(spec, art))
+
+
+def _embedded(spec: KernelSpec, art: artifacts.Artifact) -> KernelBinary | None:
+    """A plan file's binary for `spec`, checked: for this Triton version and target, with metadata
+    the launcher can read; where this machine's kernel cache holds the spec's binary, that one (a
+    file's kernel never replaces a kernel compiled here; a differing one is logged and not used).
+    None: compile instead."""
+    meta = art.meta.get("metadata")
+    if not (isinstance(meta, dict) and isinstance(meta.get("name"), str)):
+        log.warning("plan file kernel %s has no readable metadata: compiling it instead", spec.kernel)
+        return None
+    binary = KernelBinary(art.key, art.data, dict(meta), art.sha256)
+    target = binary.meta("target") or {}
+    if binary.meta("triton_version") != triton_version() or not isinstance(target, dict) or \
+            [target.get("backend"), target.get("arch"), target.get("warp_size")] != list(spec.target):
+        return None
+    local = _disk_get(spec)
+    if local is not None:
+        if local.sha256 != binary.sha256:
+            log.warning("plan file kernel %s (%s) differs from the one compiled on this machine for the same "
+                        "source and options: using this machine's", spec.kernel, spec.key)
+        _BINARIES[spec.key] = local
+        STATS["loaded"] += 1
+        return local
+    STATS["embedded"] += 1
+    return binary
 
 
 def _cached(spec: KernelSpec, fn: Any) -> KernelBinary | None:
@@ -291,8 +317,13 @@ def _cached(spec: KernelSpec, fn: Any) -> KernelBinary | None:
 
 def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
     """Compile (or find in the caches) in this process, and register the binary."""
-    found = registered(spec) or _disk_get(spec)
-    if found is None:
+    found = registered(spec)
+    if found is not None:
+        return found
+    found = _disk_get(spec)
+    if found is not None:
+        STATS["loaded"] += 1
+    else:
         found = _cached(spec, fn)
         if found is None:
             kernel, hit = compile_spec(fn, spec.job())
@@ -300,21 +331,8 @@ def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
             meta_path = next(p for c, p in kernel.metadata_group.items() if c.endswith(".json"))
             found = _binary(spec, Path(meta_path).read_text(), bytes(kernel.kernel))
         _disk_put(found)
-    else:
-        STATS["loaded"] += found.key not in _BINARIES
     _BINARIES[spec.key] = found
     return found
-
-
-@dataclass
-class CompileReport:
-    kernels: int = 0  # distinct specs asked for
-    ready: int = 0  # already in this process
-    cached: int = 0  # read from Triton's disk cache
-    compiled: int = 0  # compiled (in workers or here)
-    workers: int = 0
-    seconds: float = 0.0
-    failed: dict[str, str] = field(default_factory=dict)  # spec key -> error
 
 
 def compile_all(specs: Mapping[str, tuple[KernelSpec, Any]], *, parallel: bool = True,

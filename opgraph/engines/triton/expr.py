@@ -79,6 +79,8 @@ def literal(value: float | int | bool) -> str:
     return repr(v)
 
 
+# (HELPERS is part of every generated module, comments included: a change to its text changes every kernel's
+# source, and plan files check the source they were saved with; its one dated line stays until then)
 HELPERS = CAST_HELPERS + '''
 
 def _og_expm1(x):

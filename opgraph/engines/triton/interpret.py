@@ -22,6 +22,10 @@ from typing import Any
 _STATE = threading.local()
 _INSTALLED = False
 _LOCK = threading.Lock()
+# Triton's interpreter patches triton.language module-wide for the length of a launch and keeps the
+# program id in one global builder: two interpreted launches at once break each other (an
+# InterpreterError, or wrong program ids), so opgraph's interpreted launches take turns
+_RUNNING = threading.RLock()
 
 
 def interpret_env() -> bool:
@@ -70,11 +74,13 @@ def _install() -> None:
 
 @contextlib.contextmanager
 def interpreting_here() -> Iterator[None]:
-    """Run interpreted kernels inside this block: the JITFunctions they call are interpreted too."""
+    """Run interpreted kernels inside this block (one thread at a time: Triton's interpreter is not
+    thread-safe): the JITFunctions they call are interpreted too."""
     _install()
     depth = getattr(_STATE, "depth", 0)
-    _STATE.depth = depth + 1
-    try:
-        yield
-    finally:
-        _STATE.depth = depth
+    with _RUNNING:
+        _STATE.depth = depth + 1
+        try:
+            yield
+        finally:
+            _STATE.depth = depth

@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import threading
+import weakref
+from collections import OrderedDict
 from pathlib import Path
 from types import ModuleType
 
 from ...core.cache import kernel_dir, note_kernel_written
 from .compile_worker import exec_generated
 
-_MODULES: dict[tuple[str, bool, bool], ModuleType] = {}
+# Generated modules live as long as a kernel holds them (TritonKernel.module), plus the RECENT last
+# loaded (a plan built again soon after its predecessor was dropped loads nothing): plans built and
+# dropped one after the other leave no module behind, and none is kept in sys.modules
+_MODULES: weakref.WeakValueDictionary[tuple[str, bool, bool], ModuleType] = weakref.WeakValueDictionary()
+_RECENT: OrderedDict[tuple[str, bool, bool], ModuleType] = OrderedDict()
+RECENT = 32
+_LOCK = threading.RLock()
 _LOADED: set[Path] = set()  # files this process imported: never pruned under it
 
 
@@ -57,15 +67,32 @@ def load_module(source: str, *, interpret: bool, fast_casts: bool = True) -> Mod
     replaced by their one-step NumPy equivalents (interpreted_casts.py) unless `fast_casts` is False
     (then a helper that is an asm statement, such as bfloat16's cvt, cannot run)."""
     key = (source_hash(source), interpret, fast_casts or not interpret)
-    if key in _MODULES:
-        return _MODULES[key]
-    module = exec_generated(str(module_file(source)), module_name(source, interpret, fast_casts),
-                            jit=not interpret)
+    with _LOCK:
+        module = _MODULES.get(key)
+        if module is None:
+            module = _load(source, interpret, fast_casts)
+            _MODULES[key] = module
+        _RECENT[key] = module
+        _RECENT.move_to_end(key)
+        while len(_RECENT) > RECENT:
+            _RECENT.popitem(last=False)
+    return module
+
+
+def _load(source: str, interpret: bool, fast_casts: bool) -> ModuleType:
+    name = module_name(source, interpret, fast_casts)
+    module = exec_generated(str(module_file(source)), name, jit=not interpret)
+    if sys.modules.get(name) is module:  # needed while it executes only: the kernels hold their globals
+        del sys.modules[name]
     if interpret and fast_casts:
         from .interpreted_casts import FAST
 
         for attr, fn in FAST.items():
             if hasattr(module, attr):
                 setattr(module, attr, fn)
-    _MODULES[key] = module
     return module
+
+
+def loaded_modules() -> int:
+    """Generated modules alive in this process (held by kernels, or among the RECENT last loaded)."""
+    return len(_MODULES)

@@ -206,10 +206,17 @@ def _validator() -> Any:
 def schema_errors(doc: Any, limit: int = 20) -> list[str]:
     """Every place `doc` (a parsed graph file) breaks the schema, as 'graph.path: message', in the
     file's order; empty when it fits."""
+    return format_errors(_validator(), doc, "graph", limit)
+
+
+def format_errors(validator: Any, doc: Any, root: str, limit: int = 20) -> list[str]:
+    """Every place `doc` breaks `validator`'s schema, as '<root>.path: message' (each message at most
+    300 characters), in the document's order."""
     found = []
-    for err in sorted(_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
+    for err in sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-        found.append(f"graph{path}: {_message(err)}")
+        message = _message(err)
+        found.append(f"{root}{path}: {message if len(message) <= 300 else message[:297] + '...'}")
     return list(dict.fromkeys(found))[:limit]
 
 
@@ -231,4 +238,4 @@ def _message(err: Any) -> str:
     return str(err.message)
 
 
-__all__ = ["graph_schema", "schema_errors", "schema_text", "SCHEMA_PATH"]
+__all__ = ["graph_schema", "format_errors", "schema_errors", "schema_text", "SCHEMA_ID", "SCHEMA_PATH"]

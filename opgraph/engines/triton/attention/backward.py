@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 
 from ....core.errors import expect
+from ....memory.workspace import align_up
+from ..templates.base import Arg, ArgKind, Generated
 from .common import (
     LOG2E,
     UNIFORM_HELPER,
@@ -48,8 +50,8 @@ from .common import (
     tma_ok,
     wide,
 )
-from .forward import block_loops, fwd_ranges, needs_loops
-from .spec import AttnSpec, BwdKnobs, Causal, KernelLaunch, Operand, ScratchBuf, Source
+from .forward import block_loops, fwd_ranges, generated, needs_loops
+from .spec import AttnSpec, BwdKnobs, Causal, Operand
 
 __all__ = ["backward", "dbias_broadcast"]
 
@@ -69,41 +71,51 @@ def _row(name: str, w: bool) -> str:
     return f"{name}.to(tl.int64)" if w else name
 
 
-def backward(spec: AttnSpec, kn: BwdKnobs) -> Source:
+def scratch_of(spec: AttnSpec) -> tuple[dict[str, Arg], int]:
+    """The backward's scratch buffers by parameter name (delta; the dBias partials where dBias broadcasts),
+    fp32 each from an aligned offset, and their bytes."""
+    sizes = {"DELTA": spec.B * spec.Hq * spec.Sq}
+    if spec.dbias is not None and dbias_broadcast(spec):
+        sizes["DBP"] = spec.B * spec.Hq * spec.Sq * spec.Skv
+    out, offset = {}, 0
+    for name, numel in sizes.items():
+        out[name] = Arg(ArgKind.SCRATCH, offset=offset, dtype="float32")
+        offset += align_up(numel * 4)
+    return out, offset
+
+
+def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
     if spec.Hk != spec.Hv:
         raise ValueError("the generated backward needs as many key heads as value heads")
-    pre = _preprocess(spec, kn)
-    pre_launch = KernelLaunch(pre.name, (-(-spec.Sq // kn.PRE_BLOCK), spec.B * spec.Hq), tuple(pre.params), 4, 1)
-    dkdv = _dkdv(spec, kn)
+    scratch, scratch_bytes = scratch_of(spec)
+    pre = _preprocess(spec, kn, scratch)
+    pre_launch = pre.launch((-(-spec.Sq // kn.PRE_BLOCK), spec.B * spec.Hq), 4, 1)
+    dkdv = _dkdv(spec, kn, scratch)
     nkv, nq = -(-spec.Skv // kn.BLOCK_N1), -(-spec.Sq // kn.BLOCK_M2)
     if kn.FUSED:
-        dq = _dq(spec, kn, fused=nkv)
+        dq = _dq(spec, kn, scratch, fused=nkv)
         both = _fuse(dkdv, dq, nkv)
         functions = [pre.source(), both.source()]
-        launches = [pre_launch, KernelLaunch(both.name, (nkv + spec.gk * nq, spec.B * spec.Hk), tuple(both.params),
-                                             kn.W1, kn.S1)]
+        launches = [pre_launch, both.launch((nkv + spec.gk * nq, spec.B * spec.Hk), kn.W1, kn.S1)]
     else:
-        dq = _dq(spec, kn)
+        dq = _dq(spec, kn, scratch)
         functions = [pre.source(), dkdv.source(), dq.source()]
-        launches = [pre_launch,
-                    KernelLaunch(dkdv.name, (nkv, spec.B * spec.Hk), tuple(dkdv.params), kn.W1, kn.S1),
-                    KernelLaunch(dq.name, (nq, spec.B * spec.Hq), tuple(dq.params), kn.W2, kn.S2)]
-    scratch = [ScratchBuf("DELTA", spec.B * spec.Hq * spec.Sq)]
-    if spec.dbias is not None and dbias_broadcast(spec):
-        red = _dbias_reduce(spec)
+        launches = [pre_launch, dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
+                    dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2)]
+    if "DBP" in scratch:
+        red = _dbias_reduce(spec, scratch)
         functions.append(red.source())
         n_out = math.prod(spec.bias_dims or ())
-        launches.append(KernelLaunch(red.name, (-(-n_out // 256),), tuple(red.params), 4, 1))
-        scratch.append(ScratchBuf("DBP", spec.B * spec.Hq * spec.Sq * spec.Skv))
+        launches.append(red.launch((-(-n_out // 256),), 4, 1))
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
-    return Source(tuple(functions), tuple(launches), tuple(scratch))
+    return generated(functions, launches, scratch_bytes)
 
 
-def _preprocess(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
+def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     """delta[b, h, i] = sum_d O * dO in fp32."""
     assert spec.o is not None and spec.do is not None
-    k = KernelText("kernel_attn_bwd_pre")
+    k = KernelText("kernel_attn_bwd_pre", scratch)
     pb, dvp = kn.PRE_BLOCK, pow2(spec.Dv)
     k.param(spec.o.name)
     k.param(spec.do.name)
@@ -144,9 +156,9 @@ def _lse2(spec: AttnSpec, offs: str, mask: str | None) -> list[str]:
             f"lse2 = tl.where(lse == float(\"-inf\"), float(\"inf\"), lse * {LOG2E!r})"]
 
 
-def _dkdv(spec: AttnSpec, kn: BwdKnobs) -> KernelText:
+def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     assert spec.dk is not None and spec.dv is not None and spec.do is not None and spec.stats is not None
-    k = KernelText("kernel_attn_bwd_dkdv")
+    k = KernelText("kernel_attn_bwd_dkdv", scratch)
     bm, bn = kn.BLOCK_M1, kn.BLOCK_N1
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     dt = dot_dtype(spec)
@@ -299,8 +311,9 @@ def _fuse(dkdv: KernelText, dq: KernelText, nkv: int) -> KernelText:
     """One kernel whose first `nkv` programs (per batch and key head) run the dK/dV kernel's body and
     the others the dQ kernel's: both kinds share the GPU, so neither launch's tail idles it."""
     k = KernelText("kernel_attn_bwd")
-    for p in (*dkdv.params, *dq.params):
-        k.param(p)
+    for part in (dkdv, dq):
+        for name, arg in zip(part.params.names, part.params.args):
+            k.params.add(name, arg)
     k.add(f"if tl.program_id(0) < {nkv}:")
     k.add(*dkdv.lines, depth=1)
     k.add("else:")
@@ -308,11 +321,11 @@ def _fuse(dkdv: KernelText, dq: KernelText, nkv: int) -> KernelText:
     return k
 
 
-def _dq(spec: AttnSpec, kn: BwdKnobs, fused: int = 0) -> KernelText:
+def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -> KernelText:
     """The dQ kernel; with `fused` (the count of dK/dV programs before it), the dQ part of the fused
     kernel, whose grid axis 1 is batch x key head and axis 0 past `fused` the GQA group's query blocks."""
     assert spec.dq is not None and spec.do is not None and spec.stats is not None
-    k = KernelText("kernel_attn_bwd_dq")
+    k = KernelText("kernel_attn_bwd_dq", scratch)
     bm, bn = kn.BLOCK_M2, kn.BLOCK_N2
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     dt = dot_dtype(spec)
@@ -407,10 +420,10 @@ def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wk
     return lines
 
 
-def _dbias_reduce(spec: AttnSpec) -> KernelText:
+def _dbias_reduce(spec: AttnSpec, scratch: dict[str, Arg]) -> KernelText:
     """dBias = the fp32 partials summed over the axes where the bias broadcasts."""
     assert spec.dbias is not None and spec.bias_dims is not None
-    k = KernelText("kernel_attn_dbias_reduce")
+    k = KernelText("kernel_attn_dbias_reduce", scratch)
     k.param("DBP")
     k.param(spec.dbias.name)
     full = (spec.B, spec.Hq, spec.Sq, spec.Skv)

@@ -9,34 +9,38 @@ both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..templates.base import Arg, Launch, Params
 from .spec import LOG2E, AttnSpec, Causal, Coords, MaskDropout, Operand, PhiloxDropout, Scalar
 
 INT32_MAX = 2**31 - 1
 
 
 class KernelText:
-    """One generated kernel: its parameters (in first-use order) and body lines."""
+    """One generated kernel: its parameters (the engine's `Params`, in first-use order: p{uid} buffers,
+    s{uid} scalars, and the `scratch` buffers by name) and body lines."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, scratch: Mapping[str, Arg] | None = None) -> None:
         self.name = name
-        self.params: list[str] = []
+        self.params = Params()
+        self.scratch = scratch or {}
         self.lines: list[str] = []
 
     def param(self, name: str) -> str:
-        if name not in self.params:
-            self.params.append(name)
-        return name
+        return self.params.named(name, self.scratch)
 
     def add(self, *lines: str, depth: int = 0) -> None:
         self.lines += ["    " * depth + line for line in lines]
 
     def source(self) -> str:
-        head = f"def {self.name}({', '.join(self.params)}):"
-        return "\n".join([head, *("    " + line for line in self.lines)]) + "\n"
+        return self.params.source(self.name, (), self.lines)
+
+    def launch(self, grid: tuple[int, ...], warps: int, stages: int) -> Launch:
+        return Launch(self.name, grid, tuple(self.params.args), (("num_warps", warps), ("num_stages", stages)))
 
 
 def pow2(n: int, lo: int = 16) -> int:

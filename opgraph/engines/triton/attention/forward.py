@@ -12,6 +12,7 @@ log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group.
 
 from __future__ import annotations
 
+from ..templates.base import Generated, Launch, module_source
 from .common import (
     UNIFORM_HELPER,
     KernelText,
@@ -37,7 +38,7 @@ from .common import (
     tma_ok,
     wide,
 )
-from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs, KernelLaunch, Source
+from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -72,7 +73,15 @@ def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     return lines
 
 
-def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Source:
+def generated(functions: list[str], launches: list[Launch], scratch_bytes: int = 0) -> Generated:
+    """Generated kernels as the engine runs them: the module, its launches, the scratch bytes; "needs_allocator"
+    where tensor descriptors take global scratch at launch."""
+    source = module_source(*functions)
+    notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
+    return Generated(source, tuple(launches), scratch_bytes, notes)
+
+
+def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Generated:
     """The forward kernel of `spec` with knobs `kn` (see module doc)."""
     k = KernelText(name)
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
@@ -177,8 +186,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Sour
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
-    launch = KernelLaunch(name, grid, tuple(k.params), kn.num_warps, kn.num_stages)
-    return Source(tuple(functions), (launch,))
+    return generated(functions, [k.launch(grid, kn.num_warps, kn.num_stages)])
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:

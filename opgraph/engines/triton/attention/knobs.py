@@ -38,8 +38,8 @@ def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
         c = [FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 64, 4, 4), FwdKnobs(64, 64, 4, 3),
              FwdKnobs(128, 32, 4, 3)]
     elif width <= 128:
-        # H100, bf16 B=4 H=16 (2026-11-25, TFLOP/s): 128x128/w8s3 432-521 (best but at 1k causal, where
-        # 64x64/w4s3 gave 299 to 270); 128x64/w8s3 within 3-8%; 2 stages lost 10-25%, TMA reads 5-10%
+        # 128x128/w8s3 the fastest on an H100 but at 1k causal (64x64/w4s3 then), 128x64/w8s3 within 3-8%,
+        # 2 stages and TMA reads slower (bench/results/triton-preferences.md#attention-forward)
         c = [FwdKnobs(128, 128, 8, 3), FwdKnobs(64, 64, 4, 3), FwdKnobs(128, 64, 8, 3), FwdKnobs(128, 64, 8, 4),
              FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 32, 4, 3)]
     else:
@@ -57,20 +57,17 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
         c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
              BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3)]
     elif width <= 128:
-        # bench v2 (H100, bf16 B=4 H=16 D=128, 2026-11-26), the autotuner timing each candidate as a plan
-        # runs it: the split launches with 128 keys per dK/dV program stepping 64 query rows and 128
-        # queries per dQ program stepping 64 keys, 8 warps, 3 stages, fastest in all 6 plain rows (1k-16k,
-        # causal or not: 262 / 201 / 3,196 / 1,870 / 53,924 / 27,433 us) and with soft-capping + ALiBi
-        # (3,847); the fused 64x64 launch, the heuristic's choice before, took 1.03-1.41x (1.87x with the
-        # score modifier). (An earlier ranking, 2026-11-25, timed the candidates through Triton's JIT path.)
+        # the split launches (128 keys a dK/dV program stepping 64 query rows, 128 queries a dQ program
+        # stepping 64 keys, 8 warps, 3 stages) timed the fastest as plans run them in every measured row
+        # (bench/results/triton-preferences.md#attention-backward); the fused 64x64 launch took 1.03-1.41x
         c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4),
              BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
              BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2)]
         if scored:
-            # D=128 with tanh soft-capping and ALiBi (compiled for sm_90, 2026-11-26): the first config's
-            # dK/dV launch (8 warps, 128 keys) spills ~130 bytes and still measured the fastest; the fused
-            # 64x64 launch with 4 warps spilled 92 bytes, split configs with 4-warp 64-key dK/dV launches
-            # 130-230; the fused alternatives here (8 warps, or 32-row steps) do not spill
+            # D=128 with tanh soft-capping and ALiBi (compiled for sm_90): the first config's dK/dV launch
+            # spills ~130 bytes and still measured the fastest; the fused alternatives here do not spill
+            # (4-warp fused or 64-key dK/dV launches spilled 92-230 bytes:
+            # bench/results/triton-preferences.md#attention-backward)
             c = [c[0], c[1], BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1),
                  BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1)]
     else:

@@ -23,6 +23,7 @@ from ....core.tensor import TensorDesc
 from ....ops.attention import _Attention, extensions
 from ....ops.pointwise import MODES, Pointwise, PointwiseMode
 from ....ops.score_mod import Ref, ScoreMod, Src
+from ...shared.views import ROLES, gradient_targets, operand_views
 from ..expr import TL_DTYPE, Emitter, _mode_expr, elementwise, literal, round_in_compute
 from ..gemm import VIEW_KINDS, View
 from .spec import (
@@ -34,7 +35,6 @@ from .spec import (
     PhiloxDropout,
     Scalar,
 )
-from .views import ROLES, gradient_targets, operand_views
 
 MAX_HEAD_DIM = 256
 

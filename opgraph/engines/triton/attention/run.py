@@ -1,37 +1,41 @@
 """Running generated attention kernels directly on torch tensors, without a graph: for the kernel
-tests (interpreter) and the GPU scripts. The templates run the same `Source` through the engine."""
+tests (interpreter) and the GPU scripts. The templates run the same `Generated` through the engine."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from .spec import Source
+from ..templates.base import ArgKind, Generated
 
 
-def load(src: Source, interpret: bool) -> Any:
+def load(gen: Generated, interpret: bool) -> Any:
     from ..loader import load_module
-    from ..templates.base import module_source
 
-    return load_module(module_source(*src.functions), interpret=interpret)
+    return load_module(gen.source, interpret=interpret)
 
 
-def launch(src: Source, args: Mapping[str, Any], *, interpret: bool, module: Any = None) -> Any:
-    """Run every launch of `src` with parameters from `args` (scratch buffers are allocated here
-    unless `args` has them). Returns the loaded module (pass it back to skip the lookup)."""
+def launch(gen: Generated, buffers: Mapping[int, Any], *, interpret: bool, module: Any = None) -> Any:
+    """Run every launch of `gen` on `buffers` (by uid: tensors for p{uid}, numbers for s{uid}); its scratch
+    is allocated here. Returns the loaded module (pass it back to skip the lookup)."""
     import torch
 
-    module = module or load(src, interpret)
-    args = dict(args)
-    device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
-    if any("make_tensor_descriptor" in f for f in src.functions):
+    module = module or load(gen, interpret)
+    device = next(v.device for v in buffers.values() if isinstance(v, torch.Tensor))
+    if "needs_allocator" in gen.notes:
         import triton
 
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
-    for s in src.scratch:
-        if s.name not in args:
-            args[s.name] = torch.empty(s.numel, dtype=getattr(torch, s.dtype), device=device)
-    for l in src.launches:
-        fn = getattr(module, l.kernel)
-        fn[l.grid](*[args[p] for p in l.params], num_warps=l.num_warps, num_stages=l.num_stages)
+    scratch = torch.empty(max(gen.scratch_bytes, 1), dtype=torch.int8, device=device)
+
+    def value(arg: Any) -> Any:
+        if arg.kind == ArgKind.SCRATCH:
+            return scratch[arg.offset:].view(getattr(torch, arg.dtype))
+        v = buffers[arg.uid]
+        return float(v) if arg.kind == ArgKind.SCALAR else v
+
+    for l in gen.launches:
+        meta = dict(l.meta)
+        module_fn = getattr(module, l.kernel)
+        module_fn[l.grid](*[value(a) for a in l.args], **meta)
     return module

@@ -14,6 +14,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..knobs import Knobs
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -164,7 +166,9 @@ class AttnSpec:
 
 
 @dataclass(frozen=True)
-class FwdKnobs:
+class FwdKnobs(Knobs):
+    """The forward kernel's knobs (the attention template's family, knobs.py)."""
+
     BLOCK_M: int = 128
     BLOCK_N: int = 64
     num_warps: int = 4
@@ -172,10 +176,13 @@ class FwdKnobs:
     TMA: int = 0  # read q, k and v through device-side tensor descriptors (zero-filled edges, no masks)
     ORDER: int = 0  # 1: grid (batch x head, query block): all heads' heaviest blocks first
     ONELOOP: int = 0  # one loop over every visited key block, the masks applied under a run-time test
+    fp32_precision: str | None = None  # fp32 operands: "tf32" products instead of IEEE fp32 (the spec's, "ieee")
 
 
 @dataclass(frozen=True)
-class BwdKnobs:
+class BwdKnobs(Knobs):
+    """The backward kernels' knobs (the attention_bwd template's family, knobs.py)."""
+
     BLOCK_M1: int = 64  # dk/dv kernel: query rows per step
     BLOCK_N1: int = 128  # dk/dv kernel: keys per program
     BLOCK_M2: int = 128  # dq kernel: queries per program
@@ -188,33 +195,4 @@ class BwdKnobs:
     TMA: int = 0  # read the streamed tiles (q, dO in dK/dV; k, v in dQ) through tensor descriptors
     FUSED: int = 0  # one launch for dK/dV and dQ (W1, S1 for both), as FlexAttention
     ONELOOP: int = 0  # one loop over every visited block per kernel, the masks applied under a run-time test
-
-
-@dataclass(frozen=True)
-class KernelLaunch:
-    """One launch of a generated kernel: name, grid, parameter names in order, warps and stages."""
-
-    kernel: str
-    grid: tuple[int, ...]
-    params: tuple[str, ...]
-    num_warps: int
-    num_stages: int
-
-
-@dataclass(frozen=True)
-class ScratchBuf:
-    """Scratch memory a generated kernel set needs: parameter `name`, `numel` elements of `dtype`
-    (a torch dtype name)."""
-
-    name: str
-    numel: int
-    dtype: str = "float32"
-
-
-@dataclass(frozen=True)
-class Source:
-    """Generated kernels: module functions (source text), launches in order, scratch buffers."""
-
-    functions: tuple[str, ...]
-    launches: tuple[KernelLaunch, ...]
-    scratch: tuple[ScratchBuf, ...] = ()
+    fp32_precision: str | None = None  # as FwdKnobs'

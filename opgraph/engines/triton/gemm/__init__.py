@@ -1,5 +1,5 @@
-"""Shared machinery of the GEMM-class templates: conv_fprop (implicit GEMM), depthwise conv and
-matmul use it; conv_dgrad / conv_wgrad are meant to build on the same pieces.
+"""Shared machinery of the GEMM-class templates: matmul, conv_fprop (implicit GEMM), conv_dgrad,
+conv_wgrad and depthwise conv generate through it.
 
 What a GEMM-class piece is (`analyze`): one *main op* plus
 
@@ -35,13 +35,14 @@ strides alone.
 Operand tiles are pointer loads with masks, written in one place (`TileIndexer.load_tile`); the
 matmul template swaps in device-side tensor descriptors (TMA) there when the operand allows.
 
-Knobs every tile template understands: BLOCK_M, BLOCK_N (BLOCK_K for the GEMMs), GROUP_M (group-M
-swizzle of the tile order, for L2 reuse), SPLIT_K (the main loop split over programs; fp32/int32
-partial accumulators in scratch, summed in fixed order by a second kernel that runs the epilogue on
-its own finer tiles, ~2 programs per SM (`epilogue_tiling`; EPI_M / EPI_N set them): deterministic), PERSISTENT (0: one tile per program; P: P programs loop over the tiles), FLATTEN (1: a persistent
-kernel's tile and K loops pipelined as one, the next tile's loads overlapping this tile's epilogue),
-EPILOGUE_SUBTILE (2: the epilogue runs on column halves, for heavy epilogues on 128x256 tiles),
-num_warps, num_stages, fp32_precision ("tf32" | "ieee", fp32 operands only).
+Knobs every tile template understands (`TileKnobs`, knobs.py, gives each its meaning): BLOCK_M,
+BLOCK_N (BLOCK_K for the GEMMs), GROUP_M (group-M swizzle of the tile order, for L2 reuse), SPLIT_K (the
+main loop split over programs; fp32/int32 partial accumulators in scratch, summed in fixed order by a
+second kernel that runs the epilogue on its own finer tiles, ~2 programs per SM (`epilogue_tiling`;
+EPI_M / EPI_N set them): deterministic), PERSISTENT (0: one tile per program; P: P programs loop over the
+tiles), FLATTEN (1: a persistent kernel's tile and K loops pipelined as one, the next tile's loads
+overlapping this tile's epilogue), EPILOGUE_SUBTILE (2: the epilogue runs on column halves, for heavy
+epilogues on 128x256 tiles), num_warps, num_stages, fp32_precision ("tf32" | "ieee", fp32 operands only).
 
 Reductions write one fp32 partial per program and kept position to scratch; a combine launch
 (`ReductionPlan.combine_source`: a program per block of positions and output array, all slots each)
@@ -50,22 +51,25 @@ position (e.g. N <= BLOCK_N for a row sum) it writes the result. A program that 
 tiles (the depthwise row strips) folds its partials in registers and stores once
 (`epilogue(..., accumulate=)`, `ReductionPlan.init_lines` / `store_lines`).
 
-Adding a main op (conv_dgrad, conv_wgrad): subclass `TileTemplate`, give `main_kinds`, `space`
-(how its output maps onto tiles), `check`, `dot`, `iterations`, `candidates` (`gemm_candidates`
-ranks tile shapes with the `estimate_us` cost model) and `mainloop` (build `TileIndexer`s for the
-operand tiles, get them from `operand_tile`, which also runs their prologues, and accumulate into
-`acc`); `setup`/`prelude` add per-program and module-level code (tensor descriptors). `notes()`
-and `estimate()` give a config's numerical notes and estimated time for the engine to report.
+Adding a main op (the template protocol of templates/base.py, in the GEMM family's form): subclass
+`TileTemplate` (name, priority, `main_kinds`, `space`: how its output maps onto tiles, `dot_roles`) and
+`TileMatch` (set the template's `match_class`); the match holds the analysis (`gp`, a GemmPiece) and
+overrides the hooks it needs (template.py's docstring lists them in the order the shared path calls them):
+`check` (the verdict), `candidates` (`gemm_candidates` ranks tile shapes with the `estimate_us` cost
+model), `cost`, `dot`, `iterations`, `tiling`, and `lines`, its plain main loop (build `TileIndexer`s
+for the operand tiles, get them from `operand_tile`, which also runs their prologues, and accumulate into
+`acc`); `setup` / `prelude` add per-program and module-level code (tensor descriptors). A variant of the
+main loop chosen by a knob is a `TileLoop` the match returns from `loop(knobs)`; a variant of the whole
+run (the prologue as its own pass) a `Strategy` from `strategy(knobs)`.
 """
 
 from __future__ import annotations
 
+from ...shared.views import View, memory_views
 from .analysis import (
     GemmPiece,
     Reduce,
-    View,
     analyze,
-    memory_views,
 )
 from .constants import (
     INT32_LIMIT,
@@ -111,8 +115,13 @@ from .splitk import (
     split_sum_blocked,
 )
 from .template import (
+    BlockedCombine,
+    Combine,
+    MainLoop,
+    Strategy,
+    TileLoop,
+    TileMatch,
     TileTemplate,
-    check_knobs,
 )
 from .tiling import (
     Tiling,
@@ -133,7 +142,12 @@ from .tuning import (
 )
 
 __all__ = [
-    "check_knobs",
+    "BlockedCombine",
+    "Combine",
+    "MainLoop",
+    "Strategy",
+    "TileLoop",
+    "TileMatch",
     "Context",
     "DotKind",
     "GemmPiece",

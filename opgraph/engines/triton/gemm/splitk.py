@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from ....core.device import Device
+from ..knobs import TileKnobs
 from .epilogue import Context
 from .scratch import Signature
 from .tiling import Tiling
@@ -49,15 +47,15 @@ def split_sum(ctx: Context, sig: Signature, offset: int) -> list[str]:
     return lines
 
 
-def epilogue_tiling(tiling: Tiling, knobs: Mapping[str, Any], device: Device) -> Tiling:
+def epilogue_tiling(tiling: Tiling, knobs: TileKnobs, device: Device) -> Tiling:
     """The tiles of the split-K epilogue launch. Each program sums SPLIT_K partial tiles (all
     loads issued at once) and runs the epilogue, so a tile of the main kernel's size would give few
     programs, each with SPLIT_K x (BM x BN / threads) loads in flight (a 128 x 128 tile split 2: 52
     programs for a 1568 x 512 conv). Finer tiles, down to 32 x 32, until there are about two programs
     per SM (knobs EPI_M / EPI_N set them)."""
     bm, bn = tiling.block_m, tiling.block_n
-    if "EPI_M" in knobs or "EPI_N" in knobs:
-        bm, bn = int(knobs.get("EPI_M", bm)), int(knobs.get("EPI_N", bn))
+    if knobs.EPI_M is not None or knobs.EPI_N is not None:
+        bm, bn = knobs.EPI_M or bm, knobs.EPI_N or bn
     else:
         bm, bn = min(bm, 64), min(bn, 128)
         want = 2 * max(device.sm_count, 1)

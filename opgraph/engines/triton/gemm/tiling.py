@@ -46,45 +46,66 @@ class Tiling:
     def cmask(self) -> str | None:
         return None if self.space.n % self.block_n == 0 else "cmask"
 
+    # -- the program's header, in named parts (subclasses override a part, never edit the lines) --------
     def header(self, *, with_split: bool, pid: str = "tl.program_id(0)") -> list[str]:
         """pid -> ks, pb (g, bb), pid_m, pid_n, rm, rn, masks, col, and the output coordinates y{axis}.
         `pid` is the program's work item (a persistent kernel's loop variable)."""
         sp = self.space
+        return [*self.program_lines(with_split, pid), *self.batch_lines(), *self.swizzle_lines(),
+                *self.row_lines(), "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", *self.row_mask_lines(),
+                *self.col_mask_lines(), f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn",
+                *self.row_coordinate_lines(), *self.batch_coordinate_lines(), f"y{sp.col} = col"]
+
+    def program_lines(self, with_split: bool, pid: str) -> list[str]:
+        """pid (int64 where offsets need it), the split-K slice ks, and pb / t: the program's batch/group
+        index and its tile."""
         lines = [f"pid = {pid}"]
         if self.big:
             lines.append("pid = pid.to(tl.int64)")
         if with_split and self.split > 1:
             lines += [f"ks = pid // {self.per_split}", f"pid = pid % {self.per_split}"]
-        nprog = sp.nbatch * sp.groups
-        if nprog > 1:
-            lines += [f"pb = pid // {self.tiles}", f"t = pid % {self.tiles}"]
-        else:
-            lines += ["pb = 0", "t = pid"]
-        lines.append(f"g = pb % {sp.groups}" if sp.groups > 1 else "g = 0")
-        lines.append(f"bb = pb // {sp.groups}" if sp.nbatch > 1 else "bb = 0")
+        if self.space.nbatch * self.space.groups > 1:
+            return lines + [f"pb = pid // {self.tiles}", f"t = pid % {self.tiles}"]
+        return lines + ["pb = 0", "t = pid"]
+
+    def batch_lines(self) -> list[str]:
+        """pb -> the group g and the batch index bb."""
+        sp = self.space
+        return [f"g = pb % {sp.groups}" if sp.groups > 1 else "g = 0",
+                f"bb = pb // {sp.groups}" if sp.nbatch > 1 else "bb = 0"]
+
+    def swizzle_lines(self) -> list[str]:
+        """t -> the tile's row and column pid_m, pid_n, group-M swizzled."""
         width = min(self.group_m, self.npm)
         if width > 1 and self.npn > 1:
-            lines += [
-                f"first_m = (t // {width * self.npn}) * {width}",
-                f"gsz = tl.minimum({self.npm} - first_m, {width})",
-                "pid_m = first_m + (t % gsz)",
-                f"pid_n = (t % {width * self.npn}) // gsz",
-            ]
-        else:
-            lines += [f"pid_m = t // {self.npn}", f"pid_n = t % {self.npn}"]
-        lines += [
-            "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        ]
-        if self.rmask:
-            lines.append(f"rmask = rm < {sp.m}")
-        if self.cmask:
-            lines.append(f"cmask = rn < {sp.n}")
-        lines.append(f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn")
-        lines += decompose("rm", [(a, sp.dims[a]) for a in sp.rows], "y")
-        lines += decompose("bb", [(a, sp.dims[a]) for a in sp.batch], "y")
-        lines.append(f"y{sp.col} = col")
-        return lines
+            return [f"first_m = (t // {width * self.npn}) * {width}", f"gsz = tl.minimum({self.npm} - first_m, {width})",
+                    "pid_m = first_m + (t % gsz)", f"pid_n = (t % {width * self.npn}) // gsz"]
+        return [f"pid_m = t // {self.npn}", f"pid_n = t % {self.npn}"]
+
+    def row_lines(self) -> list[str]:
+        """The tile's flat row indices rm (and, where they come first, the row coordinates)."""
+        return ["rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"]
+
+    def row_mask_lines(self) -> list[str]:
+        return [f"rmask = rm < {self.space.m}"] if self.rmask else []
+
+    def col_mask_lines(self) -> list[str]:
+        return [f"cmask = rn < {self.space.n}"] if self.cmask else []
+
+    def row_coordinate_lines(self) -> list[str]:
+        """rm -> the coordinates y{axis} of the row axes."""
+        sp = self.space
+        return decompose("rm", [(a, sp.dims[a]) for a in sp.rows], "y")
+
+    def batch_coordinate_lines(self) -> list[str]:
+        """bb -> the coordinates y{axis} of the per-program batch axes."""
+        sp = self.space
+        return decompose("bb", [(a, sp.dims[a]) for a in sp.batch], "y")
+
+    def tap_lines(self, j: int) -> list[str]:
+        """Lines before the epilogue (or partial store) of the program's j-th accumulator: none where a
+        program has one (TapTiling's programs have one per tap)."""
+        return []
 
     def output_indexer(self, ptr: Callable[[int], str], cols: str = "BLOCK_N") -> TileIndexer:
         sp = self.space

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ....core.device import Device
+from ..knobs import TileKnobs
 from ..templates.base import pow2_at_least, unique
 from .analysis import GemmPiece
 
@@ -22,13 +23,14 @@ def _iters(k: int, k_step: int, bk: int) -> int:
     return -(-chunk // bk) * max(1, k // chunk)
 
 
-def estimate_us(m: int, n: int, k: int, knobs: Mapping[str, Any], *, nprog: int, device: Device,
+def estimate_us(m: int, n: int, k: int, knobs: TileKnobs, *, nprog: int, device: Device,
                 elem_bytes: int = 2, k_step: int = 0, moved_bytes: int = 0) -> float:
     """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
     tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
     outputs), plus split-K's partials and its extra launch."""
-    bm, bn, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs["BLOCK_K"])
-    split, stages = int(knobs.get("SPLIT_K", 1)), int(knobs.get("num_stages", 3))
+    assert knobs.BLOCK_K is not None
+    bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
+    split, stages = knobs.split_k, knobs.num_stages or 3
     sms = max(device.sm_count, 1)
     iters = _iters(k, k_step, bk)
     programs = -(-m // bm) * -(-n // bn) * nprog * split
@@ -40,10 +42,10 @@ def estimate_us(m: int, n: int, k: int, knobs: Mapping[str, Any], *, nprog: int,
     chunk = k_step or k
     eff *= chunk / (-(-chunk // bk) * bk)  # lanes wasted on a ragged channel chunk
     peak = _PEAK.get(elem_bytes, _PEAK[2]) / sms
-    if int(knobs.get("TMA", 0)):
+    if knobs.tma:
         eff *= 1.2  # TMA copies: no address math or masks in the loop (measured 590-643 vs 531 TFLOP/s)
     waves: float = -(-programs // (sms * ctas)) * ctas
-    if int(knobs.get("PERSISTENT", 0)):
+    if knobs.persistent:
         eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
         waves = programs / sms
     t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
@@ -51,14 +53,14 @@ def estimate_us(m: int, n: int, k: int, knobs: Mapping[str, Any], *, nprog: int,
     t = max(t_math, moved / BANDWIDTH)
     if split > 1:
         t += split * m * n * nprog * 8 / BANDWIDTH + 2e-6
-    if int(knobs.get("TMA", 0)):
+    if knobs.tma:
         t += 7e-6  # the descriptors' scratch allocation at launch (CPU side; hidden by CUDA graphs)
     return t * 1e6 + 3.0
 
 
 def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_bytes: int = 2,
                     k_step: int = 0, moved_bytes: int = 0,
-                    extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                    extra: Mapping[str, Any] | None = None) -> list[TileKnobs]:
     """Tile configs for an M x N x K product repeated `nprog` times, the heuristic's choice first.
 
     On the GPU (Hopper) a grid of tile shapes (128x256 down to 64x32, only as wide as N needs),
@@ -77,11 +79,10 @@ def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_
         tiles = -(-m // bm) * -(-n // bn) * nprog
         iters = _iters(k, k_step, bk)
         split = min(4, iters // 4) if tiles < device.sm_count and iters >= 16 else 1
-        first = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 2, "SPLIT_K": split,
-                 "num_warps": 4, "num_stages": 1}
-        last = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1,
-                "num_warps": 4, "num_stages": 1}
-        return unique([{**first, **extra}, {**last, **extra}])
+        first = TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split, num_warps=4, num_stages=1,
+                          **extra)
+        last = TileKnobs(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, SPLIT_K=1, num_warps=4, num_stages=1, **extra)
+        return unique([first, last])
     bk = {1: 128, 2: 64}.get(elem_bytes, 32)
     bk = min(bk, pow2_at_least(chunk, 16))
     if elem_bytes == 1:
@@ -98,39 +99,39 @@ def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_
         for split in (1, 2, 4, 8):
             if split > 1 and iters // split < 4:
                 break
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
-                        "num_warps": warps, "num_stages": stages, **extra})
+            out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split, num_warps=warps,
+                                 num_stages=stages, **extra))
     out.sort(key=lambda c: estimate_us(m, n, k, c, nprog=nprog, device=device, elem_bytes=elem_bytes,
                                        k_step=k_step, moved_bytes=moved_bytes))
     out = out[:6]
-    out.append({"BLOCK_M": 64, "BLOCK_N": min(64, widest), "BLOCK_K": bk if elem_bytes == 1 else min(bk, 32),
-                "GROUP_M": 8, "SPLIT_K": 1,
-                "num_warps": 4, "num_stages": 2, **extra})
+    out.append(TileKnobs(BLOCK_M=64, BLOCK_N=min(64, widest), BLOCK_K=bk if elem_bytes == 1 else min(bk, 32),
+                         GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=2, **extra))
     return unique(out)
 
 
-def finish_candidates(configs: list[dict[str, Any]], gp: GemmPiece, device: Device,
-                      extra: Mapping[str, Any]) -> list[dict[str, Any]]:
+def finish_candidates(configs: list[TileKnobs], gp: GemmPiece, device: Device,
+                      extra: Mapping[str, Any]) -> list[TileKnobs]:
     """A GEMM template's ranked configs, finished: epilogue subtiles for large tiles (`with_subtile`)
     and, for fp32 operands (`extra` from `fp32_knobs`), the first config in full fp32 as the second."""
     configs = with_subtile(configs, gp, device)
     if "fp32_precision" in extra:
-        configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
+        configs.insert(1, configs[0].replace(fp32_precision="ieee"))
     return configs
 
 
-def with_subtile(configs: list[dict[str, Any]], gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
+def with_subtile(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> list[TileKnobs]:
     """EPILOGUE_SUBTILE=2 for large tiles with an epilogue beyond a store: on an H200-class GPU a
     128x256 fp32 accumulator already takes 128 registers per thread, and e.g. an erf-based GELU on
     the whole tile spills (seen in ptxas: 255 registers + spills; halves: none)."""
     if not device.is_cuda or not gp.epilogue:
         return configs
-    return [{**c, "EPILOGUE_SUBTILE": 2} if c["BLOCK_M"] * c["BLOCK_N"] >= 32768 else c for c in configs]
+    return [c.replace(EPILOGUE_SUBTILE=2) if c.BLOCK_M * c.BLOCK_N >= 32768 else c for c in configs]
 
 
-def prologue_share(config: Mapping[str, Any], taps: int = 1) -> float:
+def prologue_share(config: TileKnobs, taps: int = 1) -> float:
     """Image elements each thread of a program transforms per K step when a prologue (SBR's scale + bias
     + relu) runs on the image tile in registers: `taps` tiles of BLOCK_M x BLOCK_K over the program's
-    threads. The templates with such a prologue prefer configs under a budget of it (conv_fprop,
-    conv_wgrad: measured on an H100, bench v2, 2026-11-26)."""
-    return taps * config["BLOCK_M"] * config["BLOCK_K"] / (32 * config["num_warps"])
+    threads. The templates with such a prologue prefer configs under a budget of it (preferences.py:
+    SBR_CONV_LEAN, SBR_WGRAD_LEAN)."""
+    assert config.BLOCK_K is not None
+    return taps * config.BLOCK_M * config.BLOCK_K / (32 * config.warps)

@@ -26,7 +26,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ..casts import operand
 from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
-from .base import Params, Template, program_id
+from .base import Match, Params, Template, program_id
 
 INT32_LIMIT = 2**31 - 1
 FULL_ROLES = ("input", "grad")  # roles of a normalization op that live in the full space
@@ -261,7 +261,7 @@ class NormGen:
     (with the piece as a Fusion, `g.fusion`, and the space's dims, `g.dims`), the knobs `k`, the
     compute and accumulator types, and int64 program ids where offsets need them."""
 
-    def __init__(self, piece: Piece, g: Any, knobs: dict[str, Any]) -> None:
+    def __init__(self, piece: Piece, g: Any, knobs: Any) -> None:
         self.piece, self.g, self.k = piece, g, knobs
         self.node = g.fusion.norm
         self.compute = compute_of(piece)
@@ -302,18 +302,22 @@ class NormTemplate(Template):
     """A template of pieces that are one normalization op with its fusion, described by a geometry
     (`_geometry`: the geometry, or Support.no with the reason the piece is not one)."""
 
+    match_class: type[NormMatch]
+
     @abstractmethod
     def _geometry(self, piece: Piece) -> Any: ...
 
-    def match(self, piece: Piece, device: Device) -> Support:
+    def match(self, piece: Piece, device: Device) -> Support | NormMatch:
         g = self._geometry(piece)
-        return g if isinstance(g, Support) else Support.yes()
+        return g if isinstance(g, Support) else self.match_class(self, piece, device, g)
 
-    def geometry_of(self, piece: Piece) -> Any:
-        """The geometry of a piece the template matches."""
-        g = self._geometry(piece)
-        assert not isinstance(g, Support), g.reason
-        return g
+
+class NormMatch(Match[Any]):
+    """A normalization piece matched: its geometry `g`."""
+
+    def __init__(self, template: NormTemplate, piece: Piece, device: Device, g: Any) -> None:
+        super().__init__(template, piece, device)
+        self.g = g
 
 
 def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, compute: str) -> str:

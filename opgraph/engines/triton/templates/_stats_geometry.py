@@ -10,6 +10,7 @@ from typing import Any
 
 from ....core.device import Device
 from ....core.piece import Piece
+from ..knobs import StatsKnobs
 from ._norm_common import Fusion, memory_order, pow2_ceil
 from .base import unique
 
@@ -107,7 +108,7 @@ def _stages(tile_bytes: int) -> int:
 
 def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = None, q_cap: int = 1024,
            per_sm: int | None = None, order: int = 1, stages: int | None = None, prefetch: int = 0,
-           tile: int = 4096) -> dict[str, Any]:
+           tile: int = 4096) -> StatsKnobs:
     gpu = device.is_cuda
     cp = pow2_ceil(g.C)
     # tile accumulators of the stats loop: a backward without saved stats keeps 4, a forward 3 (the
@@ -138,16 +139,14 @@ def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = N
     chunks = max(1, min(tiles, -(-want // (cblocks * g.B))))
     if stages is None:
         stages = _stages(br * bc * elt) if gpu and -(-tiles // chunks) > 1 else 0
-    return {
-        "BR": br, "BC": bc, "CHUNK": -(-tiles // chunks),
-        "W": max(4, pow2_floor(br * bc // 1024 * accumulators // 2)) if gpu else 4,
-        "ST": 0 if prefetch else stages, "PF": prefetch,
-        "ABR": abr, "ABC": abc, "AW": 8 if gpu and abr * abc >= 4096 else 4,
-        "BS": min(pow2_ceil(g.S), 8 if gpu else 4), "CW": 4, "ORDER": order,
-    }
+    return StatsKnobs(BR=br, BC=bc, CHUNK=-(-tiles // chunks),
+                      W=max(4, pow2_floor(br * bc // 1024 * accumulators // 2)) if gpu else 4,
+                      ST=0 if prefetch else stages, PF=prefetch, ABR=abr, ABC=abc,
+                      AW=8 if gpu and abr * abc >= 4096 else 4, BS=min(pow2_ceil(g.S), 8 if gpu else 4), CW=4,
+                      ORDER=order)
 
 
-def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[dict[str, Any]]:
+def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[StatsKnobs]:
     """Knob settings, the heuristic's first. Stats pass: tiles of ~4096 elements (channel blocks of 64
     contiguous channels, or Q blocks that waste < 6% in their ragged edge), 4 warps per 2 fp32
     accumulators (32 elements a thread), 16 warps per SM (4 programs of 4 warps; 3 for a forward's 3
@@ -162,7 +161,7 @@ def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[dict
     code path runs (register prefetch included)."""
     variants: list[dict[str, Any]] = [{}, {"order": 0}, {"order": 2}]
     if device.is_cuda:
-        st = _knobs(g, device, elt)["ST"]
+        st = _knobs(g, device, elt).ST or 0
         variants += [{"stages": 0}, {"prefetch": 1}, *([{"stages": st - 1}, {"stages": st + 1}] if st > 1 else []),
                      {"tile": 8192}, {"bc": 32}, {"bc": 128}, {"bc": 256}, {"q_cap": 256}, {"per_sm": 8},
                      {"per_sm": 8, "prefetch": 1}, {"per_sm": 2}]

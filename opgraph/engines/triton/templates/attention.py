@@ -27,7 +27,6 @@ class AttentionTemplate(AttentionTemplateBase):
     name = "attention"
     kind = "sdpa"
     main_kinds = ("sdpa",)
-    KNOBS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA", "ORDER", "ONELOOP")
     candidates_for = staticmethod(fwd_candidates)
     fit = staticmethod(fit_fwd)
     knob_class = FwdKnobs

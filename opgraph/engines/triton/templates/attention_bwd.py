@@ -23,8 +23,6 @@ class AttentionBackwardTemplate(AttentionTemplateBase):
     name = "attention_bwd"
     kind = "sdpa_backward"
     main_kinds = ("sdpa_backward",)
-    KNOBS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "W1", "S1", "W2", "S2", "PRE_BLOCK", "TMA", "FUSED",
-             "ONELOOP")
     candidates_for = staticmethod(bwd_candidates)
     fit = staticmethod(fit_bwd)
     knob_class = BwdKnobs

@@ -1,20 +1,46 @@
-"""What a kernel template is: it recognises pieces it can run, proposes knob settings, and
-generates source plus the launches (kernel name, grid, arguments) that run the piece."""
+"""The template protocol: how a generated kernel is described to the Triton engine. A new template (a
+module of this package exposing `TEMPLATE`) is written against it, in the order the engine uses it:
+
+1. `Template.match(piece, device)` analyses the piece once: a typed refusal (`Support.no(reason, node)`,
+   the engine explains a piece nobody runs from these) or a `Match` holding the analysis (the template's
+   own: a GemmPiece, a pooling geometry, an attention spec). Templates are tried by descending
+   `priority`; the first match runs the piece. The engine keeps the match from `supports` / `configs`
+   to `compile` (by piece identity); a config read from a plan file is matched again.
+2. `Match.candidates()`: the template's knob sets (one frozen dataclass per family, knobs.py), the
+   heuristic's choice first, the broadest (HeurMode.FALLBACK's pick) last. A knob set is stored as
+   `pairs()` after ("template", name) in EngineConfig.knobs; `Match.knobs(stored)` reads it back.
+3. `Match.notes(knobs)`: numerical notes of a config (TF32 products, tensor cores); none by default.
+4. `Match.estimate(knobs)`: estimated µs on the match's device, or None for the engine's generic
+   bytes-and-math estimate (made with `Match.launches(knobs)` launches).
+5. `Match.generate(knobs) -> Generated`: the module source and its launches (kernel name, grid,
+   arguments as `Arg`s: bound buffers, pass-by-value scalars, typed slices of the step's scratch, the
+   address table), the scratch bytes and notes. `Params` collects a kernel's parameters and arguments.
+
+Ways of running a config that are not the plain kernel (an image prologue run as its own pass, merged
+filter taps, depthwise row strips) are strategy objects the match selects by the config's knobs
+(gemm/template.py says how); the engine sees one `generate`. The GEMM-class templates share their
+analysis, tiling, epilogue and generation in gemm/ (`TileTemplate` / `TileMatch`, with named hooks)."""
 
 from __future__ import annotations
 
 import enum
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
+from ....core.errors import AttributeValueError
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ..expr import HELPERS, custom_imports
+from ..knobs import Knobs
+
+K = TypeVar("K", bound=Knobs)
+_PARAM = re.compile(r"([ps])(\d+)")
 
 
 class ArgKind(str, enum.Enum):
@@ -38,6 +64,9 @@ class Arg:
 
 @dataclass(frozen=True)
 class Launch:
+    """One launch of a generated module's kernel: its name, grid, arguments in parameter order, and meta
+    (constexprs, num_warps / num_stages)."""
+
     kernel: str
     grid: tuple[int, ...]
     args: tuple[Arg, ...]
@@ -46,37 +75,96 @@ class Launch:
 
 @dataclass(frozen=True)
 class Generated:
+    """A config's kernels: the module source, its launches in order, the scratch bytes they share and
+    notes for the engine ("needs_allocator": device-side tensor descriptors)."""
+
     source: str
     launches: tuple[Launch, ...]
     scratch_bytes: int = 0
     notes: frozenset[str] = field(default_factory=frozenset)
 
 
-class Template(ABC):
-    name: str
-    priority: int = 0  # higher is tried first
-    # the op kinds a piece must hold for the template to apply (empty: any); explanations of why a
-    # piece was not fused list the reasons of templates that apply first
-    main_kinds: tuple[str, ...] = ()
+class Match(ABC, Generic[K]):
+    """A template's analysis of one piece on one device, and everything the engine asks of it (see the
+    module docstring). It reads as a `Support` that says yes (`ok`, `reason`), so code that only asks
+    whether a template runs a piece keeps asking `match(...).ok`."""
+
+    ok: ClassVar[bool] = True
+    reason: ClassVar[str] = ""
+
+    def __init__(self, template: Template, piece: Piece, device: Device) -> None:
+        self.template, self.piece, self.device = template, piece, device
+
+    def __bool__(self) -> bool:
+        return True
+
+    @property
+    def interpret(self) -> bool:
+        """Whether the kernels run in Triton's interpreter (the CPU)."""
+        return not self.device.is_cuda
 
     @abstractmethod
-    def match(self, piece: Piece, device: Device) -> Support: ...
+    def candidates(self) -> list[K]:
+        """Knob sets, the heuristic's choice first, the broadest last."""
 
-    @abstractmethod
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        """Knob settings, the heuristic's choice first."""
+    def knobs(self, stored: Mapping[str, Any]) -> K:
+        """The knob set of a stored config (its ("template", name) pair left out)."""
+        return self.template.knob_class.parse(stored, self.template.name)  # type: ignore[return-value]
 
-    @abstractmethod
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated: ...
-
-    # -- declared defaults (a template overrides what it knows better) -------------------------------
-    def notes(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> frozenset[NumericalNote]:
+    def notes(self, knobs: K) -> frozenset[NumericalNote]:
         """The numerical notes of a config (tensor cores, TF32, split reductions): none by default."""
         return frozenset()
 
-    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+    def estimate(self, knobs: K) -> float | None:
         """Estimated µs of a config; None: the engine's generic bytes-and-math estimate."""
         return None
+
+    def launches(self, knobs: K) -> int:
+        """Launches a config makes, for the generic estimate."""
+        return 1
+
+    @abstractmethod
+    def generate(self, knobs: K) -> Generated: ...
+
+
+class Template(ABC):
+    """A kernel template: its name (stored in configs), priority (higher is tried first), the op kinds a
+    piece must hold for it to apply (explanations of why a piece was not fused list the reasons of the
+    templates that apply first), its knob family, and `match`."""
+
+    name: str
+    priority: int = 0
+    main_kinds: tuple[str, ...] = ()
+    knob_class: type[Knobs] = Knobs
+
+    @abstractmethod
+    def match(self, piece: Piece, device: Device) -> Support | Match[Any]: ...
+
+    # -- conveniences for tests and tools: one call, one match (the engine keeps its matches instead) --
+    def matched(self, piece: Piece, device: Device) -> Match[Any]:
+        """The match of a piece this template runs; a typed error naming the reason where it does not."""
+        found = self.match(piece, device)
+        if not isinstance(found, Match):
+            raise AttributeValueError(f"the {self.name} template cannot run this piece: {found.reason}",
+                                      op=found.node.label() if found.node else None, rule="triton.template.match",
+                                      hint="ask the engine which template matches")
+        return found
+
+    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+        """The match's candidates as stored knob dicts."""
+        return [dict(k.pairs()) for k in self.matched(piece, device).candidates()]
+
+    def generate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> Generated:
+        m = self.matched(piece, device)
+        return m.generate(m.knobs(knobs))
+
+    def notes(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> frozenset[NumericalNote]:
+        m = self.matched(piece, device)
+        return m.notes(m.knobs(knobs))
+
+    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
+        m = self.matched(piece, device)
+        return m.estimate(m.knobs(knobs))
 
 
 class Params:
@@ -87,20 +175,30 @@ class Params:
         self.names: list[str] = []
         self.args: list[Arg] = []
 
-    def _add(self, name: str, arg: Arg) -> str:
+    def add(self, name: str, arg: Arg) -> str:
+        """Parameter `name`, filled by `arg` (once: a name used again is the same parameter)."""
         if name not in self.names:
             self.names.append(name)
             self.args.append(arg)
         return name
 
     def buf(self, uid: int) -> str:
-        return self._add(f"p{uid}", Arg(ArgKind.BUF, uid))
+        return self.add(f"p{uid}", Arg(ArgKind.BUF, uid))
 
     def scalar(self, uid: int) -> str:
-        return self._add(f"s{uid}", Arg(ArgKind.SCALAR, uid))
+        return self.add(f"s{uid}", Arg(ArgKind.SCALAR, uid))
 
     def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
-        return self._add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
+        return self.add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
+
+    def named(self, name: str, scratch: Mapping[str, Arg] | None = None) -> str:
+        """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar, or one of `scratch`."""
+        if scratch is not None and name in scratch:
+            return self.add(name, scratch[name])
+        found = _PARAM.fullmatch(name)
+        if found is None:
+            raise ValueError(f"kernel parameter {name!r}: not p<uid>, s<uid> or a scratch buffer")
+        return self.buf(int(found[2])) if found[1] == "p" else self.scalar(int(found[2]))
 
     def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
         return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
@@ -142,15 +240,12 @@ def program_id(axis: int = 0, big: bool = False) -> str:
     return f"tl.program_id({axis}).to(tl.int64)" if big else f"tl.program_id({axis})"
 
 
-def unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`configs` without repeats, in order (the first of equal knob settings kept)."""
-    seen, out = set(), []
-    for c in configs:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
+T = TypeVar("T")
+
+
+def unique(configs: Iterable[T]) -> list[T]:
+    """`configs` (knob sets) without repeats, in order (the first of equal ones kept)."""
+    return list(dict.fromkeys(configs))
 
 
 def module_source(*functions: str) -> str:
@@ -158,11 +253,6 @@ def module_source(*functions: str) -> str:
     helpers, the kernels."""
     return "\n".join(["import triton", "import triton.language as tl", "from triton.language.extra import libdevice",
                       *custom_imports("\n".join(functions)), HELPERS, *functions])
-
-
-def verdict(analysis: object) -> Support:
-    """A template's match from its analysis of a piece: the Support it returned where it declines, else yes."""
-    return analysis if isinstance(analysis, Support) else Support.yes()
 
 
 def pow2_at_least(n: int, lo: int = 1) -> int:

@@ -28,12 +28,11 @@ fp32 over the taps and the channel multiplier, a memory-bound stencil like depth
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
-from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.ir import Node
 from ....core.piece import Piece
@@ -41,10 +40,12 @@ from ....ops.conv import ConvDgrad, ConvGeometry, ConvolutionMode
 from ..gemm import (
     Context,
     DotKind,
-    GemmPiece,
+    MainLoop,
     OutputSpace,
     Signature,
     TileIndexer,
+    TileLoop,
+    TileMatch,
     TileTemplate,
     Tiling,
     decompose,
@@ -57,7 +58,9 @@ from ..gemm import (
     uses_fp32,
     with_subtile,
 )
+from ..knobs import TileKnobs
 from .base import pow2_at_least
+from .preferences import DGRAD_LOSS_PROLOGUE
 
 UNROLL_TAPS = 32  # stencil (depthwise) loops with more taps x multiplier steps are not unrolled
 
@@ -127,15 +130,14 @@ class PhaseTiling(Tiling):
         ragged = any(h % s for h, s in zip(self.phases.size, self.phases.stride))
         return "rmask" if ragged or self.phase_rows % self.block_m else None
 
-    def header(self, *, with_split: bool, pid: str = "tl.program_id(0)") -> list[str]:
-        lines = super().header(with_split=with_split, pid=pid)
+    def row_lines(self) -> list[str]:
+        """The phase-ordered rows: the phase `ph{a}` per strided axis, the row within the phase `ru` and its
+        coordinates u{axis}, the natural coordinates y{axis} and flat row index `rm` (so that stores,
+        partials and reductions address rows as usual)."""
         ph = self.phases
         assert ph is not None
         sp = self.space
         nsp = len(ph.stride)
-        # replace the natural row decomposition (from "rm = ..." on) with the phase-ordered one
-        start = next(i for i, line in enumerate(lines) if line.startswith("rm = "))
-        cut = next(i for i, line in enumerate(lines) if line.startswith("col = "))
         rows = [
             f"phase = pid_m // {self.npm_phase}",
             f"ru = (pid_m % {self.npm_phase}) * BLOCK_M + tl.arange(0, BLOCK_M)",
@@ -144,37 +146,29 @@ class PhaseTiling(Tiling):
         rows += decompose("phase", [(a, s) for a, s in strided], "ph") if strided else []
         rows += decompose("ru", [(0, sp.dims[0]), *((2 + a, ph.extent[a]) for a in range(nsp))], "u")
         rows.append("y0 = u0")
-        masks = [f"(ru < {self.phase_rows})"] if self.phase_rows % self.block_m else []
         for a in range(nsp):
             s = ph.stride[a]
             rows.append(f"y{2 + a} = ph{a} + u{2 + a} * {s}" if s > 1 else f"y{2 + a} = u{2 + a}")
-            if ph.size[a] % s:
-                masks.append(f"(y{2 + a} < {ph.size[a]})")
         flat = "y0"
         for a in range(nsp):
             flat = f"({flat}) * {ph.size[a]} + y{2 + a}"
-        rows.append(f"rm = {flat}")
-        rows.append("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
-        if masks:
-            rows.append(f"rmask = {' & '.join(masks)}")
-        if self.cmask:
-            rows.append(f"cmask = rn < {sp.n}")
-        natural = tuple(f"{p}{a} = " for a in sp.rows for p in ("y", "q_y"))
-        rest = [line for line in lines[cut:] if not line.startswith(natural)]
-        return lines[:start] + rows + rest
+        return rows + [f"rm = {flat}"]
+
+    def row_mask_lines(self) -> list[str]:
+        """Rows past a phase's pixels: past the phase's rows, or past the image on a ragged axis."""
+        ph = self.phases
+        assert ph is not None
+        masks = [f"(ru < {self.phase_rows})"] if self.phase_rows % self.block_m else []
+        masks += [f"(y{2 + a} < {ph.size[a]})" for a, s in enumerate(ph.stride) if ph.size[a] % s]
+        return [f"rmask = {' & '.join(masks)}"] if masks else []
+
+    def row_coordinate_lines(self) -> list[str]:
+        return []  # (the row lines gave them)
 
 
-@dataclass(frozen=True)
-class _LoopOperands:
-    """What every dgrad main loop starts from: the op, its geometry, DY, the spatial rank, the
-    filter taps and DX's dims."""
-
-    op: ConvDgrad
-    geo: ConvGeometry
-    dy: Any
-    nsp: int
-    taps: tuple[int, ...]
-    xd: tuple[int, ...]
+def _stencil(w_dim: tuple[int, ...]) -> bool:
+    """Depthwise (one channel per group): the stencil main loop instead of a GEMM."""
+    return w_dim[1] == 1
 
 
 class ConvDgradTemplate(TileTemplate):
@@ -183,163 +177,152 @@ class ConvDgradTemplate(TileTemplate):
     main_kinds = ("conv_dgrad",)
     main_label = "conv_dgrad"
 
-    # -- shapes --
-    @staticmethod
-    def _stencil(w_dim: tuple[int, ...]) -> bool:
-        """Depthwise (one channel per group): the stencil main loop instead of a GEMM."""
-        return w_dim[1] == 1
-
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         dx = piece.tensor(main.output_uids()[0])
         w = piece.tensor(main.input("filter"))  # type: ignore[arg-type]
-        groups = 1 if self._stencil(w.dim) else dx.dim[1] // w.dim[1]
+        groups = 1 if _stencil(w.dim) else dx.dim[1] // w.dim[1]
         return OutputSpace(dx.dim, rows=(0, *range(2, len(dx.dim))), col=1, groups=groups)
 
-    @staticmethod
-    def _shape(gp: GemmPiece) -> tuple[int, int, int, int]:
+
+class ConvDgradMatch(TileMatch):
+    """A conv_dgrad piece: its plain main loop keeps the pixels in natural order and masks a stride's holes;
+    strided configs with PHASES=1 run `PhaseLoop`, depthwise dgrads `Stencil`."""
+
+    template: ConvDgradTemplate
+
+    # -- shapes --
+    @cached_property
+    def shape(self) -> tuple[int, int, int, int]:
         """(filters per group, channels per group, filter taps, groups)."""
-        w = gp.operand("filter")
-        c = gp.space.dims[1]
-        groups = c // w.dim[1]
+        w = self.gp.operand("filter")
+        groups = self.gp.space.dims[1] // w.dim[1]
         return w.dim[0] // groups, w.dim[1], math.prod(w.dim[2:]), groups
 
-    def _geometry(self, gp: GemmPiece) -> ConvGeometry:
-        op = gp.main.op
+    @cached_property
+    def is_stencil(self) -> bool:
+        return _stencil(self.gp.operand("filter").dim)
+
+    @cached_property
+    def op(self) -> ConvDgrad:
+        op = self.gp.main.op
         assert isinstance(op, ConvDgrad)
-        return op.geometry(len(gp.space.dims) - 2)
+        return op
 
+    @cached_property
+    def geometry(self) -> ConvGeometry:
+        return self.op.geometry(len(self.gp.space.dims) - 2)
 
-    def _loop_operands(self, gp: GemmPiece) -> _LoopOperands:
-        op = gp.main.op
-        assert isinstance(op, ConvDgrad)
-        dy, w = gp.operand("loss"), gp.operand("filter")
-        return _LoopOperands(op, self._geometry(gp), dy, len(dy.dim) - 2, tuple(w.dim[2:]), tuple(gp.space.dims))
-    def _phases(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Phases | None:
-        geo = self._geometry(gp)
-        if self._stencil(gp.operand("filter").dim) or all(s == 1 for s in geo.stride):
+    @cached_property
+    def strided(self) -> bool:
+        return any(s > 1 for s in self.geometry.stride)
+
+    @cached_property
+    def stride_phases(self) -> Phases:
+        return Phases.make(self.geometry, tuple(self.gp.space.dims[2:]), tuple(self.gp.operand("filter").dim[2:]))
+
+    @cached_property
+    def elem(self) -> int:
+        return operand_bytes(self.gp.operand("loss").data_type, self.gp.operand("filter").data_type)
+
+    @cached_property
+    def stencil_loop(self) -> Stencil:
+        return Stencil(self)
+
+    @cached_property
+    def phase_loop(self) -> PhaseLoop:
+        return PhaseLoop(self)
+
+    def phases(self, k: TileKnobs) -> Phases | None:
+        """The stride phases a config's rows are ordered by (None: natural order)."""
+        if self.is_stencil or not self.strided or not k.phases:
             return None
-        if not int(knobs.get("PHASES", 1)):
-            return None
-        return Phases.make(geo, tuple(gp.space.dims[2:]), tuple(gp.operand("filter").dim[2:]))
+        return self.stride_phases
 
-    # -- TileTemplate hooks --
-    def check(self, gp: GemmPiece, device: Device) -> Support:
-        dy, w = gp.operand("loss"), gp.operand("filter")
-        if self._stencil(w.dim):
+    # -- verdict and hooks --
+    def check(self) -> Support:
+        dy, w = self.gp.operand("loss"), self.gp.operand("filter")
+        if self.is_stencil:
             if dy.data_type.is_integer or w.data_type.is_integer:
                 if dy.data_type is not DataType.INT8 or w.data_type is not DataType.INT8:
-                    return Support.no("integer depthwise dgrads need INT8 loss and filter", gp.main)
+                    return Support.no("integer depthwise dgrads need INT8 loss and filter", self.gp.main)
             if DataType.DOUBLE in (dy.data_type, w.data_type):
-                return Support.no("DOUBLE convolutions are not supported by the Triton templates", gp.main)
+                return Support.no("DOUBLE convolutions are not supported by the Triton templates", self.gp.main)
             return Support.yes()
-        kind = dot_kind(dy.data_type, w.data_type, interpret=not device.is_cuda)
+        kind = dot_kind(dy.data_type, w.data_type, interpret=self.interpret)
         if isinstance(kind, str):
-            return Support.no(kind, gp.main)
+            return Support.no(kind, self.gp.main)
         return Support.yes()
 
-    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
-        dy, w = gp.operand("loss"), gp.operand("filter")
-        if self._stencil(w.dim):
+    def loop(self, k: TileKnobs) -> TileLoop:
+        if self.is_stencil:
+            return self.stencil_loop
+        return self.phase_loop if self.phases(k) is not None else self
+
+    def dot(self, k: TileKnobs) -> DotKind:
+        dy, w = self.gp.operand("loss"), self.gp.operand("filter")
+        if self.is_stencil:
             return DotKind("tl.int32", "tl.int32") if dy.data_type.is_integer else DotKind("tl.float32", "tl.float32")
-        kind = dot_kind(dy.data_type, w.data_type, interpret=not device.is_cuda,
-                        fp32_precision=knobs.get("fp32_precision", "tf32"))
+        kind = dot_kind(dy.data_type, w.data_type, interpret=self.interpret, fp32_precision=k.precision)
         assert not isinstance(kind, str)
         return kind
 
-    def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
-        kg, _, ntaps, _ = self._shape(gp)
-        if self._stencil(gp.operand("filter").dim):
-            return ntaps * kg
-        phases = self._phases(gp, knobs)
-        taps = phases.max_taps() if phases is not None else ntaps
-        return taps * -(-kg // int(knobs["BLOCK_K"]))
+    def iterations(self, k: TileKnobs) -> int:
+        """Every filter tap x filter blocks (the holes of a stride masked)."""
+        kg, _, ntaps, _ = self.shape
+        assert k.BLOCK_K is not None
+        return ntaps * -(-kg // k.BLOCK_K)
 
-    def tiling(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Tiling:
-        stencil = self._stencil(gp.operand("filter").dim)
-        split = 1 if stencil else int(knobs.get("SPLIT_K", 1))
-        sp = gp.space
+    def tiling(self, k: TileKnobs) -> Tiling:
+        split = 1 if self.is_stencil else k.split_k
+        sp = self.gp.space
         scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
-        big = needs_int64(gp, scratch)
-        bm, bn, gm = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs.get("GROUP_M", 8))
-        phases = self._phases(gp, knobs)
+        big = needs_int64(self.gp, scratch)
+        phases = self.phases(k)
         if phases is not None:
-            return PhaseTiling(sp, bm, bn, gm, split, big, phases=phases)
-        return Tiling(sp, bm, bn, gm, split, big)
+            return PhaseTiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, big, phases=phases)
+        return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, big)
 
-    def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
-        out = {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"])}
-        if "BLOCK_K" in knobs:
-            out["BLOCK_K"] = int(knobs["BLOCK_K"])
+    def constexprs(self, k: TileKnobs) -> dict[str, int]:
+        out = {"BLOCK_M": k.BLOCK_M, "BLOCK_N": k.BLOCK_N}
+        if k.BLOCK_K is not None:
+            out["BLOCK_K"] = k.BLOCK_K
         return out
 
     # -- knobs --
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        gp, verdict = self.analyze(piece)
-        assert gp is not None, verdict.reason
+    def candidates(self) -> list[TileKnobs]:
+        gp, device = self.gp, self.device
+        if self.is_stencil:
+            return self.stencil_loop.candidates()
         dy, w = gp.operand("loss"), gp.operand("filter")
-        if self._stencil(w.dim):
-            return self._stencil_candidates(gp, device)
-        kg, cg, ntaps, groups = self._shape(gp)
+        kg, cg, ntaps, groups = self.shape
         extra: dict[str, Any] = {"fp32_precision": "tf32"} if uses_fp32(dy.data_type, w.data_type) else {}
-        geo = self._geometry(gp)
-        strided = any(s > 1 for s in geo.stride)
-        if strided:
+        if self.strided:
             extra["PHASES"] = 1
-        taps = ntaps
-        if strided:
-            taps = max(1, round(Phases.make(geo, tuple(gp.space.dims[2:]), tuple(w.dim[2:])).mean_taps()))
-        elem = operand_bytes(dy.data_type, w.data_type)
+        taps = max(1, round(self.stride_phases.mean_taps())) if self.strided else ntaps
         configs = gemm_candidates(gp.space.m, gp.space.n, kg * taps, nprog=groups, device=device,
-                                  elem_bytes=elem, k_step=kg, moved_bytes=gp.moved_bytes(), extra=extra)
+                                  elem_bytes=self.elem, k_step=kg, moved_bytes=gp.moved_bytes(), extra=extra)
         if device.is_cuda and gp.prologue.get(gp.main.input("loss")):  # type: ignore[arg-type]
-            small = [c for c in configs[:-1] if c["BLOCK_M"] <= 128]
-            configs = small[:1] + [c for c in configs if c not in small[:1]]
+            configs = DGRAD_LOSS_PROLOGUE.apply(configs, lambda c: c.BLOCK_M <= 128)
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
-            configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
-        if strided:
-            configs.append({**configs[-1], "PHASES": 0})  # the masked path, as a fallback
+            configs.insert(1, configs[0].replace(fp32_precision="ieee"))
+        if self.strided:
+            configs.append(configs[-1].replace(PHASES=0))  # the masked path, as a fallback
         return configs
 
-    def _stencil_candidates(self, gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
-        c = gp.space.dims[1]
-        if not device.is_cuda:
-            bm = min(32, pow2_at_least(gp.space.m, 16))
-            bn = min(32, pow2_at_least(c, 16))
-            return [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4}, {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4}]
-        # as depthwise.py: >= 8 elements per thread and >= 128 B contiguous per row keep loads wide
-        bn = min(128, max(16, pow2_at_least(c, 16)))
-        ranked = [(64, min(bn, 64), 4), (32, bn, 4), (128, min(bn, 64), 8), (64, bn, 8), (16, bn, 4)]
-        out, seen = [], set()
-        for bm, width, warps in ranked:
-            if (bm, width) not in seen:
-                seen.add((bm, width))
-                out.append({"BLOCK_M": bm, "BLOCK_N": width, "num_warps": warps})
-        return out
-
-    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
-        gp, _ = self.analyze(piece)
-        if gp is None or not device.is_cuda:
+    def cost(self, k: TileKnobs) -> float | None:
+        if not self.device.is_cuda:
             return None
-        if self._stencil(gp.operand("filter").dim):
-            return gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
-        kg, _, ntaps, groups = self._shape(gp)
-        phases = self._phases(gp, knobs)
+        if self.is_stencil:
+            return self.gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
+        kg, _, ntaps, groups = self.shape
+        phases = self.phases(k)
         taps = phases.mean_taps() if phases is not None else float(ntaps)  # masked holes still cost
-        elem = operand_bytes(gp.operand("loss").data_type, gp.operand("filter").data_type)
-        return estimate_us(gp.space.m, gp.space.n, max(1, round(kg * taps)), knobs, nprog=groups, device=device,
-                           elem_bytes=elem, k_step=kg, moved_bytes=gp.moved_bytes())
+        return estimate_us(self.gp.space.m, self.gp.space.n, max(1, round(kg * taps)), k, nprog=groups,
+                           device=self.device, elem_bytes=self.elem, k_step=kg, moved_bytes=self.gp.moved_bytes())
 
     # -- main loops --
-    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
-        if self._stencil(ctx.gp.operand("filter").dim):
-            return self._stencil_loop(ctx, sig)
-        if isinstance(ctx.tiling, PhaseTiling):
-            return self._phase_loop(ctx, sig, knobs, lo, hi)
-        return self._masked_loop(ctx, sig, knobs, lo, hi)
-
-    def _operands(self, ctx: Context, sig: Signature, kmask: str | None, amask: str | None,
-                  flat: bool) -> list[str]:
+    def operands(self, ctx: Context, sig: Signature, kmask: str | None, amask: str | None, flat: bool) -> list[str]:
         """The A (DY at positions o{a}, filters dk) and B (W at taps wt{a}) tiles, and the product."""
         gp = ctx.gp
         assert ctx.dot is not None
@@ -357,10 +340,10 @@ class ConvDgradTemplate(TileTemplate):
         lines.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
         return lines
 
-    def _k_chunk(self, gp: GemmPiece, bk: int, nkb: int) -> tuple[list[str], str | None]:
+    def k_chunk(self, bk: int, nkb: int) -> tuple[list[str], str | None]:
         """Lines giving `tap` (the flat tap step), `kc` (filters of this step within the group), `dk`
         (global filter index) and the filter mask."""
-        kg, _, _, groups = self._shape(gp)
+        kg, _, _, groups = self.shape
         if nkb > 1:
             lines = [f"tap = it // {nkb}", f"kc = (it % {nkb}) * BLOCK_K + tl.arange(0, BLOCK_K)"]
         else:
@@ -372,69 +355,80 @@ class ConvDgradTemplate(TileTemplate):
         lines.append(f"dk = g * {kg} + {kc}" if groups > 1 else f"dk = {kc}")
         return lines, kmask
 
-    def _masked_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
         """Pixels in natural order; every tap, holes of a stride masked."""
         gp = ctx.gp
-        assert ctx.dot is not None
-        lp = self._loop_operands(gp)
-        op, geo, dy, nsp, taps, xd = lp.op, lp.geo, lp.dy, lp.nsp, lp.taps, lp.xd
-        kg, _, ntaps, _ = self._shape(gp)
-        bk = int(knobs["BLOCK_K"])
+        assert ctx.dot is not None and k.BLOCK_K is not None
+        geo, dy, taps, xd = self.geometry, gp.operand("loss"), tuple(gp.operand("filter").dim[2:]), gp.space.dims
+        nsp = len(dy.dim) - 2
+        kg, _, ntaps, _ = self.shape
+        bk = k.BLOCK_K
         nkb = -(-kg // bk)
         lines = [f"b{a} = y{2 + a} + {geo.pre[a]}" if geo.pre[a] else f"b{a} = y{2 + a}" for a in range(nsp)]
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
-        body, kmask = self._k_chunk(gp, bk, nkb)
+        body, kmask = self.k_chunk(bk, nkb)
         moving = [(a, r) for a, r in enumerate(taps) if r > 1]
         body += decompose("tap", moving, "t") if ntaps > 1 else []
         checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        body += self._positions(geo, taps, xd, dy.dim, checks, op.convolution_mode)
+        body += _positions(geo, taps, xd, dy.dim, checks, self.op.convolution_mode)
         amask = None
         if checks:
             body.append(f"amask = {' & '.join(checks)}")
             amask = "amask"
         flat = all(r == 1 for r in taps) and all(s == 1 for s in geo.stride) and not any(geo.pre) \
             and tuple(dy.dim[2:]) == tuple(xd[2:])
-        body += self._operands(ctx, sig, kmask, amask, flat)
+        body += self.operands(ctx, sig, kmask, amask, flat)
         lines.append(f"for it in range({lo}, {hi}):")
-        return lines + ["    " + line for line in body]
+        return MainLoop(lines + ["    " + line for line in body])
 
-    @staticmethod
-    def _positions(geo: ConvGeometry, taps: tuple[int, ...], xd: tuple[int, ...], yd: tuple[int, ...],
-                   checks: list[str], mode: ConvolutionMode) -> list[str]:
-        """o{a} (DY positions of pixels b{a} = i + pre at taps t{a}), their validity checks, and the
-        filter taps wt{a} to read (flipped in CONVOLUTION mode)."""
-        lines = []
-        for a, r in enumerate(taps):
-            s, d, p0 = geo.stride[a], geo.dilation[a], geo.pre[a]
-            num = f"b{a} - t{a} * {d}" if r > 1 and d != 1 else f"b{a} - t{a}" if r > 1 else f"b{a}"
-            lowest, highest = p0 - (r - 1) * d, xd[2 + a] - 1 + p0
-            if s == 1:
-                lines.append(f"o{a} = {num}")
-                if lowest < 0:
-                    checks.append(f"(o{a} >= 0)")
-                if highest > yd[2 + a] - 1:
-                    checks.append(f"(o{a} < {yd[2 + a]})")
-            else:
-                lines += [f"q{a} = {num}", f"o{a} = q{a} // {s}"]
-                if lowest < 0:
-                    checks.append(f"(q{a} >= 0)")
-                checks.append(f"(q{a} % {s} == 0)")
-                if highest // s > yd[2 + a] - 1:
-                    checks.append(f"(o{a} < {yd[2 + a]})")
-            flip = mode is ConvolutionMode.CONVOLUTION
-            lines.append(f"wt{a} = {r - 1} - t{a}" if flip and r > 1 else f"wt{a} = t{a}" if r > 1 else f"wt{a} = 0")
-        return lines
 
-    def _phase_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
-        """Pixels of one phase per program; only the taps that reach the phase."""
-        gp = ctx.gp
-        assert ctx.dot is not None and isinstance(ctx.tiling, PhaseTiling)
+def _positions(geo: ConvGeometry, taps: tuple[int, ...], xd: tuple[int, ...], yd: tuple[int, ...],
+               checks: list[str], mode: ConvolutionMode) -> list[str]:
+    """o{a} (DY positions of pixels b{a} = i + pre at taps t{a}), their validity checks, and the
+    filter taps wt{a} to read (flipped in CONVOLUTION mode)."""
+    lines = []
+    for a, r in enumerate(taps):
+        s, d, p0 = geo.stride[a], geo.dilation[a], geo.pre[a]
+        num = f"b{a} - t{a} * {d}" if r > 1 and d != 1 else f"b{a} - t{a}" if r > 1 else f"b{a}"
+        lowest, highest = p0 - (r - 1) * d, xd[2 + a] - 1 + p0
+        if s == 1:
+            lines.append(f"o{a} = {num}")
+            if lowest < 0:
+                checks.append(f"(o{a} >= 0)")
+            if highest > yd[2 + a] - 1:
+                checks.append(f"(o{a} < {yd[2 + a]})")
+        else:
+            lines += [f"q{a} = {num}", f"o{a} = q{a} // {s}"]
+            if lowest < 0:
+                checks.append(f"(q{a} >= 0)")
+            checks.append(f"(q{a} % {s} == 0)")
+            if highest // s > yd[2 + a] - 1:
+                checks.append(f"(o{a} < {yd[2 + a]})")
+        flip = mode is ConvolutionMode.CONVOLUTION
+        lines.append(f"wt{a} = {r - 1} - t{a}" if flip and r > 1 else f"wt{a} = t{a}" if r > 1 else f"wt{a} = 0")
+    return lines
+
+
+class PhaseLoop(TileLoop):
+    """Stride > 1 with PHASES=1: pixels of one phase per program (PhaseTiling); only the taps that reach
+    the phase."""
+
+    m: ConvDgradMatch
+
+    def iterations(self, k: TileKnobs) -> int:
+        kg = self.m.shape[0]
+        assert k.BLOCK_K is not None
+        return self.m.stride_phases.max_taps() * -(-kg // k.BLOCK_K)
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        m, gp = self.m, ctx.gp
+        assert ctx.dot is not None and isinstance(ctx.tiling, PhaseTiling) and k.BLOCK_K is not None
         ph = ctx.tiling.phases
         assert ph is not None
-        lp = self._loop_operands(gp)
-        op, geo, dy, nsp, taps = lp.op, lp.geo, lp.dy, lp.nsp, lp.taps
-        kg, _, _, _ = self._shape(gp)
-        bk = int(knobs["BLOCK_K"])
+        geo, dy, taps = m.geometry, gp.operand("loss"), tuple(gp.operand("filter").dim[2:])
+        nsp = len(dy.dim) - 2
+        kg = m.shape[0]
+        bk = k.BLOCK_K
         nkb = -(-kg // bk)
         lines = []
         trips = []
@@ -448,7 +442,7 @@ class ConvDgradTemplate(TileTemplate):
             trips.append(f"n{a}")
         lines.append(f"trips = {' * '.join(trips)} * {nkb}")
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
-        body, kmask = self._k_chunk(gp, bk, nkb)
+        body, kmask = m.k_chunk(bk, nkb)
         rest = "tap"
         for a in reversed(range(nsp)):
             if a == 0:
@@ -457,7 +451,7 @@ class ConvDgradTemplate(TileTemplate):
                 body += [f"j{a} = {rest} % n{a}", f"tq{a} = {rest} // n{a}"]
                 rest = f"tq{a}"
         checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
+        flip = m.op.convolution_mode is ConvolutionMode.CONVOLUTION
         for a in range(nsp):
             s, d, p0, r = ph.stride[a], geo.dilation[a], geo.pre[a], taps[a]
             step = ph.step[a]
@@ -476,25 +470,51 @@ class ConvDgradTemplate(TileTemplate):
         if checks:
             body.append(f"amask = {' & '.join(checks)}")
             amask = "amask"
-        body += self._operands(ctx, sig, kmask, amask, flat=False)
+        body += m.operands(ctx, sig, kmask, amask, flat=False)
         lines.append(f"for it in range({lo}, tl.minimum({hi}, trips)):")
-        return lines + ["    " + line for line in body]
+        return MainLoop(lines + ["    " + line for line in body])
 
-    def _stencil_loop(self, ctx: Context, sig: Signature) -> list[str]:
-        """Depthwise: acc[pixels, channels] += DY[.., c*m + j, o(tap)] * W[c*m + j, 0, tap] over the taps
-        and the channel multiplier m, without tl.dot."""
-        gp = ctx.gp
+
+class Stencil(TileLoop):
+    """Depthwise: acc[pixels, channels] += DY[.., c*m + j, o(tap)] * W[c*m + j, 0, tap] over the taps
+    and the channel multiplier m, without tl.dot (no split)."""
+
+    tensor_core = False
+    m: ConvDgradMatch
+
+    def iterations(self, k: TileKnobs) -> int:
+        kg, _, ntaps, _ = self.m.shape
+        return ntaps * kg
+
+    def candidates(self) -> list[TileKnobs]:
+        c = self.m.gp.space.dims[1]
+        if not self.m.device.is_cuda:
+            bm = min(32, pow2_at_least(self.m.gp.space.m, 16))
+            bn = min(32, pow2_at_least(c, 16))
+            return [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4), TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4)]
+        # as depthwise.py: >= 8 elements per thread and >= 128 B contiguous per row keep loads wide
+        bn = min(128, max(16, pow2_at_least(c, 16)))
+        ranked = [(64, min(bn, 64), 4), (32, bn, 4), (128, min(bn, 64), 8), (64, bn, 8), (16, bn, 4)]
+        out, seen = [], set()
+        for bm, width, warps in ranked:
+            if (bm, width) not in seen:
+                seen.add((bm, width))
+                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps))
+        return out
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        m, gp = self.m, ctx.gp
         assert ctx.dot is not None
-        lp = self._loop_operands(gp)
-        op, geo, dy, nsp, taps, xd = lp.op, lp.geo, lp.dy, lp.nsp, lp.taps, lp.xd
-        mult, _, ntaps, _ = self._shape(gp)
+        geo, dy, taps, xd = m.geometry, gp.operand("loss"), tuple(gp.operand("filter").dim[2:]), gp.space.dims
+        nsp = len(dy.dim) - 2
+        mult, _, ntaps, _ = m.shape
         lines = [f"b{a} = y{2 + a} + {geo.pre[a]}" if geo.pre[a] else f"b{a} = y{2 + a}" for a in range(nsp)]
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
         body = [f"tap = it // {mult}", f"dk = col * {mult} + it % {mult}"] if mult > 1 else ["tap = it", "dk = col"]
         moving = [(a, r) for a, r in enumerate(taps) if r > 1]
         body += decompose("tap", moving, "t") if ntaps > 1 else []
         checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        body += self._positions(geo, taps, xd, dy.dim, checks, op.convolution_mode)
+        body += _positions(geo, taps, xd, dy.dim, checks, m.op.convolution_mode)
         amask = None
         if checks:
             body.append(f"amask = {' & '.join(checks)}")
@@ -509,7 +529,7 @@ class ConvDgradTemplate(TileTemplate):
         body.append("acc += a * b")
         steps = ntaps * mult
         lines.append(f"for it in tl.static_range({steps}):" if steps <= UNROLL_TAPS else f"for it in range({steps}):")
-        return lines + ["    " + line for line in body]
+        return MainLoop(lines + ["    " + line for line in body])
 
 
 def _select(index: str, values: tuple[int, ...]) -> str:
@@ -522,4 +542,5 @@ def _select(index: str, values: tuple[int, ...]) -> str:
     return expr
 
 
+ConvDgradTemplate.match_class = ConvDgradMatch
 TEMPLATE = ConvDgradTemplate()

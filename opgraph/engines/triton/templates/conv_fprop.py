@@ -23,23 +23,24 @@ reads are contiguous.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
-from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvFprop, ConvolutionMode
-from ...cost import NARROW_GROUP, rates
+from ...cost import rates
+from ...shared.conv_shapes import FEW_CHANNELS, NARROW_GROUP
 from ..gemm import (
     Context,
-    GemmPiece,
+    MainLoop,
     OutputSpace,
     Signature,
     TileIndexer,
+    TileLoop,
     TileTemplate,
     decompose,
     estimate_us,
@@ -51,11 +52,14 @@ from ..gemm import (
     operand_tile,
     prologue_share,
 )
-from . import _prologue_pass as prologue_pass
+from ..knobs import TileKnobs
+from ._conv_fit import HOPPER, ImplicitGemmFit
+from ._prologue_pass import OffersProloguePass
 from .base import pow2_at_least, unique
+from .preferences import MERGED_STEM, SBR_CONV_LEAN
 
-LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms per step, at most (see candidates)
-MERGE_BELOW = 8  # channels per group under which MERGE_TAPS configs are candidates
+LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms a step, at most (SBR_CONV_LEAN)
+MERGE_BELOW = FEW_CHANNELS  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
 
@@ -72,97 +76,104 @@ class ConvFpropTemplate(TileTemplate):
         w = piece.tensor(main.input("weight"))  # type: ignore[arg-type]
         return OutputSpace(y.dim, rows=(0, *range(2, len(y.dim))), col=1, groups=x.dim[1] // w.dim[1])
 
-    @staticmethod
-    def _shape(gp: GemmPiece) -> tuple[int, int, int]:
+
+class ConvFpropMatch(OffersProloguePass):
+    """A conv_fprop piece: its plain main loop is one filter tap and BLOCK_K channels a step; MERGE_TAPS=1
+    configs run `MergedTaps`."""
+
+    template: ConvFpropTemplate
+
+    @cached_property
+    def shape(self) -> tuple[int, int, int]:
         """(channels per group, filter taps, groups)."""
-        w = gp.operand("weight")
-        x = gp.operand("image")
+        w, x = self.gp.operand("weight"), self.gp.operand("image")
         return w.dim[1], math.prod(w.dim[2:]), x.dim[1] // w.dim[1]
 
-    def check(self, gp: GemmPiece, device: Device) -> Support:
-        cg, _, groups = self._shape(gp)
-        types = {gp.operand(r).data_type for r in self.dot_roles}
-        if device.is_cuda and groups > 1 and 1 < cg < NARROW_GROUP and DataType.BFLOAT16 in types:
+    @cached_property
+    def elem(self) -> int:
+        """Bytes an operand element of the product."""
+        return operand_bytes(self.gp.operand("image").data_type, self.gp.operand("weight").data_type)
+
+    @cached_property
+    def merged_loop(self) -> MergedTaps:
+        return MergedTaps(self)
+
+    def check(self) -> Support:
+        cg, _, groups = self.shape
+        types = {self.gp.operand(r).data_type for r in self.template.dot_roles}
+        if self.device.is_cuda and groups > 1 and 1 < cg < NARROW_GROUP and DataType.BFLOAT16 in types:
             # an open bug, held by tests/engines/test_triton_conv.py::test_gpu_grouped_conv_bf16_kernel_bug
             return Support.no(
                 f"bf16 grouped conv with {cg} channels per group: the generated kernel's output was wrong on an "
                 "H200 (3x3, 32 groups of 8 channels, 28x28, N=32: non-finite values; fp16, and N=8, right), an open "
                 "bug, so another engine (cuDNN, PyTorch) runs it; the generated kernel also took 3.8x cuDNN's time "
-                "on such narrow groups", gp.main)
-        return super().check(gp, device)
+                "on such narrow groups", self.gp.main)
+        return super().check()
 
-    @staticmethod
-    def _step_k(gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+    def loop(self, k: TileKnobs) -> TileLoop:
+        return self.merged_loop if k.merged else self
+
+    def step_k(self, k: TileKnobs) -> int:
         """The K a main-loop tap covers: C / groups, or with MERGE_TAPS a filter row's S x C / groups."""
-        cg = gp.operand("weight").dim[1]
-        return cg * gp.operand("weight").dim[-1] if int(knobs.get(MERGE, 0)) else cg
+        cg = self.shape[0]
+        return cg * self.gp.operand("weight").dim[-1] if k.merged else cg
 
-    def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
+    def iterations(self, k: TileKnobs) -> int:
         """Filter taps x channel blocks; with MERGE_TAPS the other axes' taps x blocks of (s, c) lanes."""
-        cg, taps, _ = self._shape(gp)
-        step = self._step_k(gp, knobs)
-        return taps * cg // step * -(-step // int(knobs["BLOCK_K"]))
+        cg, taps, _ = self.shape
+        step = self.step_k(k)
+        assert k.BLOCK_K is not None
+        return taps * cg // step * -(-step // k.BLOCK_K)
 
-    def _merged(self, gp: GemmPiece, configs: list[dict[str, Any]], device: Device, elem: int
-                ) -> list[dict[str, Any]]:
+    def _merged(self, configs: list[TileKnobs]) -> list[TileKnobs]:
         """MERGE_TAPS variants of the first configs of three distinct tiles, where the channels per group
         are few and the filter's last spatial axis has more than one tap (BLOCK_K: the row's S * C lanes,
-        at least 32 for 8-bit operands (`elem`: bytes an operand element), at most 64; SPLIT_K at most a
-        third of the merged trip count).
-        On the GPU first for 16-bit operands, best estimate first (H100, 2026-11-26, the 7x7/2 C3 -> K64
-        stem at N32, bench/results/2026-11-26-h100-stem-and-pool-backward.md: merged 256x64 and 128x64
-        configs 76-78 µs tuned in fp16 and bf16 in run a, the heuristic's per-tap config 183; conv_cost's
-        estimates 67 and 73 against 181); for other types after the first three (not
-        measured); on the CPU before the broadest config, which stays last."""
-        cg, _, _ = self._shape(gp)
-        last = gp.operand("weight").dim[-1]
+        at least 32 for 8-bit operands, at most 64; SPLIT_K at most a third of the merged trip count),
+        placed as MERGED_STEM says: on the GPU first for 16-bit operands (measured), best estimate first;
+        after the first three for other types (not measured); on the CPU before the broadest config."""
+        cg, _, _ = self.shape
+        last = self.gp.operand("weight").dim[-1]
         if cg >= MERGE_BELOW or last == 1:
             return configs
-        least = 32 if elem == 1 else 16
-        merged: list[dict[str, Any]] = []
+        least = 32 if self.elem == 1 else 16
+        merged: list[TileKnobs] = []
         for c in configs[:-1]:
             if len(merged) == 3:
                 break
-            if any((m["BLOCK_M"], m["BLOCK_N"], m["num_warps"]) == (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"])
-                   for m in merged):
+            if any((m.BLOCK_M, m.BLOCK_N, m.num_warps) == (c.BLOCK_M, c.BLOCK_N, c.num_warps) for m in merged):
                 continue  # distinct tiles: the merged loop's registers differ by tile, not by stages
-            knobs = {**c, MERGE: 1, "BLOCK_K": min(64, pow2_at_least(last * cg, least))}
-            knobs["SPLIT_K"] = max(1, min(int(c.get("SPLIT_K", 1)), self.iterations(gp, knobs) // 3))
+            knobs = c.replace(MERGE_TAPS=1, BLOCK_K=min(64, pow2_at_least(last * cg, least)))
+            knobs = knobs.replace(SPLIT_K=max(1, min(c.split_k, self.merged_loop.iterations(knobs) // 3)))
             merged.append(knobs)
-        if device.is_cuda and elem == 2:
-            return sorted(merged, key=lambda c: self.estimate(gp.piece, c, device) or math.inf) + configs
-        return configs[:3] + merged + configs[3:] if device.is_cuda else configs[:-1] + merged + configs[-1:]
+        if self.device.is_cuda and self.elem == 2:
+            return MERGED_STEM.apply(configs, sorted(merged, key=lambda c: self.estimate(c) or math.inf), 0)
+        return MERGED_STEM.apply(configs, merged, 3 if self.device.is_cuda else -1)
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        gp, verdict = self.analyze(piece)
-        assert gp is not None, verdict.reason
-        cg, taps, groups = self._shape(gp)
+    def candidates(self) -> list[TileKnobs]:
+        gp, device, elem = self.gp, self.device, self.elem
+        cg, taps, groups = self.shape
         x, w = gp.operand("image"), gp.operand("weight")
         extra = fp32_knobs(x.data_type, w.data_type)
-        elem = operand_bytes(x.data_type, w.data_type)
         configs = gemm_candidates(gp.space.m, gp.space.n, cg * taps, nprog=groups, device=device,
                                   elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes(), extra=extra)
         if device.is_cuda and elem == 2:
-            configs = self._ranked(gp, configs, device)
+            configs = self._ranked(configs)
         if device.is_cuda and gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
             # the prologue runs on the image tile in registers: at most LEAN_PROLOGUE of its elements a
-            # thread per step, 3 stages at most. H100 (bench v2, 2026-11-26), SBR -> conv 3x3 -> genstats,
-            # N32 C64 56²: 64x64, 4 warps, 3 stages 53.1 / 75.4 µs fp16 / bf16; 128x64, 4 warps (64 a
-            # thread), the first pick before, 70.2 / 103.7; 64x64 with 4 stages 93.6 / 131.2
-            lean = [c for c in configs[:-1] if c["SPLIT_K"] == 1 and c["num_stages"] <= 3
-                    and prologue_share(c) <= LEAN_PROLOGUE]
-            lean = lean or [c for c in configs[:-1] if c["BLOCK_M"] <= 128 and c["SPLIT_K"] == 1]
-            configs = lean[:1] + [c for c in configs if c not in lean[:1]]
-        configs = self._merged(gp, configs, device, elem)
-        return prologue_pass.candidates(self, piece, gp, finish_candidates(configs, gp, device, extra), device, taps)
+            # thread a step, 3 stages at most (else the first unsplit config of <= 128 rows)
+            configs = SBR_CONV_LEAN.apply(
+                configs, lambda c: c.SPLIT_K == 1 and (c.num_stages or 0) <= 3 and prologue_share(c) <= LEAN_PROLOGUE,
+                lambda c: c.BLOCK_M <= 128 and c.SPLIT_K == 1)
+        configs = self._merged(configs)
+        return self.offer_prologue_pass(finish_candidates(configs, gp, device, extra), taps)
 
-    def _ranked(self, gp: GemmPiece, base: list[dict[str, Any]], device: Device) -> list[dict[str, Any]]:
+    def _ranked(self, base: list[TileKnobs]) -> list[TileKnobs]:
         """16-bit operands on Hopper: gemm_candidates' configs plus larger tiles with the K loop split
         over enough programs to fill the SMs, ranked by `conv_cost` (which knows that these implicit
         GEMMs are bound by moving operand tiles from L2, see there). The first of gemm_candidates'
         ranking stays among the alternatives; the plain fallback stays last."""
-        cg, taps, groups = self._shape(gp)
-        n = gp.space.n
+        cg, taps, groups = self.shape
+        n = self.gp.space.n
         iters = taps * -(-cg // 64)
         pool = list(base[:-1])
         widest = max(32, pow2_at_least(n, 32))
@@ -175,47 +186,25 @@ class ConvFpropTemplate(TileTemplate):
                 for stages in (3, 4):
                     if stages * (bm + bn) * 64 * 2 > 200_000:
                         continue
-                    pool.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": min(64, pow2_at_least(cg, 16)),
-                                 "GROUP_M": 8, "SPLIT_K": split, "num_warps": 8 if bm * bn >= 16384 else 4,
-                                 "num_stages": stages, **{k: v for k, v in base[0].items() if k == "fp32_precision"}})
-        ranked = sorted(unique(pool), key=lambda c: conv_cost(gp, c, device))
+                    pool.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(64, pow2_at_least(cg, 16)), GROUP_M=8,
+                                          SPLIT_K=split, num_warps=8 if bm * bn >= 16384 else 4, num_stages=stages,
+                                          fp32_precision=base[0].fp32_precision))
+        ranked = sorted(unique(pool), key=lambda c: conv_cost(self, c))
         out = ranked[:6]
         out += [c for c in base[:3] if c not in out]  # the generic ranking's first picks, as alternatives
         return out + base[-1:]
 
-    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
-        gp, _ = self.analyze(piece)
-        if gp is None or not device.is_cuda:
+    def cost(self, k: TileKnobs) -> float | None:
+        if not self.device.is_cuda:
             return None
-        cg, taps, groups = self._shape(gp)
-        elem = operand_bytes(gp.operand("image").data_type, gp.operand("weight").data_type)
-        if elem == 2:
-            return conv_cost(gp, knobs, device)
-        return estimate_us(gp.space.m, gp.space.n, cg * taps, knobs, nprog=groups, device=device,
-                           elem_bytes=elem, k_step=self._step_k(gp, knobs), moved_bytes=gp.moved_bytes())
+        if self.elem == 2:
+            return conv_cost(self, k)
+        cg, taps, groups = self.shape
+        return estimate_us(self.gp.space.m, self.gp.space.n, cg * taps, k, nprog=groups, device=self.device,
+                           elem_bytes=self.elem, k_step=self.step_k(k), moved_bytes=self.gp.moved_bytes())
 
-    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
-        gp = ctx.gp
-        op = gp.main.op
-        assert isinstance(op, ConvFprop) and ctx.dot is not None
-        x = gp.operand("image")
-        nsp = len(x.dim) - 2
-        geo = op.geometry(nsp)
-        lines = []
-        for i in range(nsp):
-            s, p0 = geo.stride[i], geo.pre[i]
-            expr = f"y{2 + i}" if s == 1 else f"y{2 + i} * {s}"
-            lines.append(f"o{i} = {expr} - {p0}" if p0 else f"o{i} = {expr}")
-        lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
-        flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
-        tiles = self._merged_tiles if int(knobs.get(MERGE, 0)) else self._tap_tiles
-        body, a_idx, b_idx = tiles(ctx, geo, flip, ctx.ptr_of(sig), int(knobs["BLOCK_K"]))
-        body += operand_tile(ctx, sig, "image", a_idx, "a")
-        body += operand_tile(ctx, sig, "weight", b_idx, "b")
-        body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
-        lines.append(f"for it in range({lo}, {hi}):")
-        lines += ["    " + line for line in body]
-        return lines
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        return _conv_loop(ctx, sig, k, lo, hi, self._tap_tiles)
 
     def _tap_tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
                    ) -> tuple[list[str], TileIndexer, TileIndexer]:
@@ -225,7 +214,7 @@ class ConvFpropTemplate(TileTemplate):
         nsp = len(x.dim) - 2
         taps = w.dim[2:]
         ydims = gp.space.dims
-        cg, _, groups = self._shape(gp)
+        cg, _, groups = self.shape
         body, amask = _step(ctx, geo, flip, taps, -(-cg // bk), "kc")
         kmask, kc = None, "kc"
         if cg % bk:  # channels past the group's end: wrapped in the loads, zeroed by selects
@@ -244,22 +233,37 @@ class ConvFpropTemplate(TileTemplate):
                             select=kmask)
         return body, a_idx, b_idx
 
-    def _merged_tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
-                      ) -> tuple[list[str], TileIndexer, TileIndexer]:
-        """MERGE_TAPS: the other filter axes' taps one a step, the lanes over (s, c) of the last axis
-        (ls, lc); the image column xs = o + ls * dilation is a [BLOCK_M, BLOCK_K] index. Lanes past
-        S * C and columns outside the image are wrapped into it for the loads and zeroed by selects
-        (`TileIndexer`'s tmask), as the channel tail is in `_tap_tiles`."""
+
+class MergedTaps(TileLoop):
+    """MERGE_TAPS=1: the other filter axes' taps one a step, the lanes over (s, c) of the last axis
+    (ls, lc); the image column xs = o + ls * dilation is a [BLOCK_M, BLOCK_K] index. Lanes past
+    S * C and columns outside the image are wrapped into it for the loads and zeroed by selects
+    (`TileIndexer`'s tmask), as the channel tail is in the plain loop."""
+
+    m: ConvFpropMatch
+
+    def check_knobs(self, k: TileKnobs) -> None:
+        super().check_knobs(k)
+        w = self.m.gp.operand("weight")
+        if w.dim[-1] == 1:
+            raise AttributeValueError(f"{MERGE}=1 needs a filter whose last spatial axis has more than one tap "
+                                      f"(filter {list(w.dim)})", op=self.m.gp.main.label(),
+                                      rule="triton.conv.merge_taps", hint=f"drop {MERGE} from this config")
+
+    def iterations(self, k: TileKnobs) -> int:
+        return ConvFpropMatch.iterations(self.m, k)
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        return _conv_loop(ctx, sig, k, lo, hi, self._tiles)
+
+    def _tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
+               ) -> tuple[list[str], TileIndexer, TileIndexer]:
         gp = ctx.gp
         x, w = gp.operand("image"), gp.operand("weight")
-        cg, _, groups = self._shape(gp)
+        cg, _, groups = self.m.shape
         last = len(x.dim) - 3
         taps, ydims = w.dim[2:], gp.space.dims
         span = taps[last] * cg
-        if taps[last] == 1:
-            raise AttributeValueError(f"{MERGE}=1 needs a filter whose last spatial axis has more than one tap "
-                                      f"(filter {list(w.dim)})", op=gp.main.label(), rule="triton.conv.merge_taps",
-                                      hint=f"drop {MERGE} from this config")
         body, amask = _step(ctx, geo, flip, taps[:last], -(-span // bk), "lane")
         kmask, lw = None, "lane"
         if span % bk:
@@ -290,6 +294,30 @@ class ConvFpropTemplate(TileTemplate):
         return body, a_idx, b_idx
 
 
+def _conv_loop(ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str, tiles: Any) -> MainLoop:
+    """The implicit GEMM's main loop: the output pixels' input origins o{i}, then per step the operand
+    tiles `tiles` gives (the step's lines and the image / filter indexers) and one dot."""
+    gp = ctx.gp
+    op = gp.main.op
+    assert isinstance(op, ConvFprop) and ctx.dot is not None and k.BLOCK_K is not None
+    nsp = len(gp.operand("image").dim) - 2
+    geo = op.geometry(nsp)
+    lines = []
+    for i in range(nsp):
+        s, p0 = geo.stride[i], geo.pre[i]
+        expr = f"y{2 + i}" if s == 1 else f"y{2 + i} * {s}"
+        lines.append(f"o{i} = {expr} - {p0}" if p0 else f"o{i} = {expr}")
+    lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
+    flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
+    body, a_idx, b_idx = tiles(ctx, geo, flip, ctx.ptr_of(sig), k.BLOCK_K)
+    body += operand_tile(ctx, sig, "image", a_idx, "a")
+    body += operand_tile(ctx, sig, "weight", b_idx, "b")
+    body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
+    lines.append(f"for it in range({lo}, {hi}):")
+    lines += ["    " + line for line in body]
+    return MainLoop(lines)
+
+
 def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str) -> tuple[list[str], str | None]:
     """A main-loop step's lines: its filter tap over `taps` (t{i}) and its K lanes `lane` (`blocks` blocks of
     BLOCK_K a tap), the taps' input coordinates (xi{i}) and filter taps (wt{i}), and the rows' bounds as
@@ -304,68 +332,63 @@ def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str)
     return body + [f"amask = {' & '.join(checks)}"], "amask"
 
 
-def conv_cost(gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> float:
-    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, fitted to H200
-    measurements (2026-11, ResNet-50 convs at N=32: 64x64 tiles 33 us and 128x128 x split 2 24 us for
-    C512 7x7, 128x128 25 us for C256 14x14, 256x64 28-31 us for C64 56x56) and to an H100 benchmark
-    that autotuned every candidate of the benchmark convs (2026-11-26, N=32, fp16 and bf16): C512 7x7
-    128x256 x split 5 26.6 us against 128x128 x split 5 32.4 (and 64x64 44.9, 128x128 x split 2 31.3:
-    the estimates follow these); C256 14x14 128x128 23.3 against 256x64 26.5; 3x3/2 C128 256x128 22.8
-    against 128x128 26.5; 1x1/2 C256->K512 128x256 25.8 against 256x128 27.4; 1x1 C256->K64 256x64
-    30.2 against 128x64 32.3; the 7x7/2 C3 stem 256x64 183 against 128x64 206; 1x1 C64->K256 with a
-    residual 128x64, 4 warps, 44.2 against 128x256 50.6; C64 56x56 256x64 30.5 (64x64 29.1).
+def conv_cost(match: ConvFpropMatch, knobs: TileKnobs, fit: ImplicitGemmFit = HOPPER) -> float:
+    """Estimated microseconds of a 16-bit implicit-GEMM config on a Hopper GPU, with `fit`'s constants
+    (_conv_fit.py; the measurements: bench/results/constants.md#conv-cost-fit).
 
-    A program's K iteration (a BLOCK_M x BLOCK_K gathered image tile and a BLOCK_K x BLOCK_N filter
-    tile, cp.async through shared memory, one wgmma) takes the longest of: ~0.37 us plus ~0.11 us per
-    MFLOP of its tile at a prefetch distance of 3 stages (0.43 us at 64x64x64, 0.61 us at 128x128x64);
-    the SM's multiplies, at ~4 TFLOP/s with pointer loads; its loads from L2 at ~60 KB/us per SM, for
-    all the programs it holds, an image row (an address and bounds check per row and tap) counting
-    1.25 filter rows unless a 1x1 conv reads the pixel rows as they are; and, for channels that are
-    not a multiple of 8 (the stem's 3: no 16-byte vectors), ~18 loaded elements/ns per SM. An SM holds
-    as many programs as 228 KB of shared memory (one stage when K takes one step: nothing to
-    pipeline) and 64K registers (the fp32 accumulator plus ~64 a thread; ptxas: within ~40)
-    allow. The epilogue moves the tile's output and full-size inputs (a residual) at ~45 KB/us per
-    program. The SMs' rounds, the L2 reads (the image tile re-read once per column of tiles, the
-    filter once per row; ~6 TB/s) and DRAM (each tensor once, a strided 1x1 reading only the pixels
-    it samples; 0.85x the device's copy rate) overlap imperfectly: a 4-norm, so that configs near the
-    DRAM floor still differ by their rounds. A full-size epilogue input waits on DRAM after the main
-    loop, hidden only by the other programs on the SM: 1 / resident of its bytes at ~100 KB/us per SM
-    is added. Split-K fills the SMs when the tiles are few (a 7x7 or 14x14 image with 256-512
-    channels) at the cost of writing and re-reading fp32 partials and a second launch."""
-    cg, taps, groups = ConvFpropTemplate._shape(gp)
+    A program's K step takes the longest of: its latency (hidden in proportion to the prefetch
+    distance) plus its tile's math at the step rate; the SM's multiplies, for all the programs it
+    holds; its loads from L2, an image row weighing more than a filter row unless a 1x1 conv reads
+    the pixel rows as they are; and, for channels that are no multiple of the vector width (the
+    stem's 3), scalar loads. An SM holds as many programs as its shared memory (one stage when K
+    takes one step: nothing to pipeline) and registers (the fp32 accumulator and a few a thread)
+    allow. The epilogue moves the tile's output and full-size inputs (a residual). The SMs' rounds,
+    the L2 reads (the image tile re-read once per column of tiles, the filter once per row) and DRAM
+    (each tensor once, a strided 1x1 reading only the pixels it samples) overlap imperfectly: a
+    p-norm, so that configs near the DRAM floor still differ by their rounds. A full-size epilogue
+    input waits on DRAM after the main loop, hidden only by the other programs on the SM. Split-K
+    fills the SMs when the tiles are few (a 7x7 or 14x14 image with 256-512 channels) at the cost of
+    writing and re-reading fp32 partials and a second launch."""
+    gp, device = match.gp, match.device
+    cg, taps, groups = match.shape
     m, n = gp.space.m, gp.space.n
     k = cg * taps
-    bm, bn, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs["BLOCK_K"])
-    split, stages = int(knobs.get("SPLIT_K", 1)), int(knobs.get("num_stages", 3))
-    warps = int(knobs.get("num_warps", 4))
+    assert knobs.BLOCK_K is not None
+    bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
+    split, stages = knobs.split_k, knobs.num_stages or 3
+    warps = knobs.warps
     sms = max(device.sm_count, 1)
-    per = -(-TEMPLATE.iterations(gp, knobs) // split)
+    per = -(-match.steps(knobs) // split)
     programs = -(-m // bm) * -(-n // bn) * groups * split
     smem = (stages if per > 1 else 1) * (bm + bn) * bk * 2
-    regs = bm * bn // (32 * warps) + 64
-    resident = max(1, min(228_000 // (smem + 2048), 65536 // (32 * warps * regs)))
+    regs = bm * bn // (32 * warps) + fit.regs_per_thread
+    resident = max(1, min(fit.smem_per_sm // (smem + fit.smem_per_program), fit.regs_per_sm // (32 * warps * regs)))
     busiest = -(-programs // sms)  # programs on the busiest SM
     rounds, together = -(-busiest // resident), min(busiest, resident)
     x = gp.operand("image")
-    rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else 1.25) * bm + bn
+    rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else fit.image_row_weight) * bm + bn
     mflop = 2 * bm * bn * bk / 1e6
-    lag = 0.37 * 3 / max(1, stages - 1)  # prefetch distance stages - 1
-    t_it = max(lag + 0.114 * mflop, together * mflop / 4.0, together * rows * bk * 2 / 60e3)
-    if cg % 8:
-        t_it = max(t_it, together * (bm + bn) * bk / 18e3)
+    lag = fit.step_latency_us * fit.latency_stages / max(1, stages - 1)  # prefetch distance stages - 1
+    t_it = max(lag + fit.step_us_per_mflop * mflop, together * mflop / fit.sm_mflop_per_us,
+               together * rows * bk * 2 / fit.sm_l2_bytes_per_us)
+    if cg % fit.vector_channels:
+        t_it = max(t_it, together * (bm + bn) * bk / fit.sm_scalar_elems_per_us)
     piece = gp.piece
     size = m * n * groups
     extra = sum(piece.tensor(u).nbytes for u in {u for nd in gp.epilogue for u in nd.input_uids()}
                 if u in piece.inputs and piece.tensor(u).numel * 2 > size) / size  # bytes per output element
     stored = sum(piece.tensor(u).nbytes for u in gp.stores) / size
-    t_prog = per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / 45e3 + 0.5
+    t_prog = (per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / fit.epilogue_bytes_per_us
+              + fit.program_us)
     traffic = groups * ((m * k * 2) * -(-n // bn) + (n * k * 2) * -(-m // bm))
     moved = gp.moved_bytes() - x.nbytes + min(x.nbytes, m * k * groups * 2)
-    limits = (rounds * t_prog, traffic / 6e6, moved / (0.85 * rates(device)[0] / 1e6))
-    t = sum(v ** 4 for v in limits) ** 0.25 + busiest * bm * bn * extra / (together * 100e3)
+    limits = (rounds * t_prog, traffic / fit.l2_bytes_per_us, moved / (fit.dram_share * rates(device)[0] / 1e6))
+    t = (sum(v ** fit.overlap_norm for v in limits) ** (1 / fit.overlap_norm)
+         + busiest * bm * bn * extra / (together * fit.sm_epilogue_dram_bytes_per_us))
     if split > 1:
-        t += split * m * n * groups * 4 * 2 / 5e6 + 2.5
-    return t + 1.0
+        t += split * m * n * groups * 4 * 2 / fit.split_bytes_per_us + fit.split_launch_us
+    return t + fit.base_us
 
 
+ConvFpropTemplate.match_class = ConvFpropMatch
 TEMPLATE = ConvFpropTemplate()

@@ -25,56 +25,49 @@ tile, and accumulates their products in fp32 (no tl.dot); split over the pixels 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
-from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....ops.conv import ConvGeometry, ConvolutionMode, ConvWgrad
 from ..gemm import (
+    BlockedCombine,
     Context,
     DotKind,
-    GemmPiece,
+    MainLoop,
     OutputSpace,
-    ReductionPlan,
-    Scratch,
     Signature,
     TileIndexer,
+    TileLoop,
     TileTemplate,
     Tiling,
-    check_knobs,
     decompose,
     dot_kind,
-    epilogue,
     estimate_us,
     gemm_candidates,
-    make_context,
     needs_int64,
     operand_bytes,
     operand_tile,
     prologue_share,
-    slice_block,
-    split_range,
-    split_store,
-    split_sum_blocked,
     uses_fp32,
     with_subtile,
 )
-from . import _prologue_pass as prologue_pass
-from . import _wgrad_merge as merge
-from .base import Generated, Launch, module_source, pow2_at_least, unique
-from .conv_fprop import MERGE
+from ..knobs import TileKnobs
+from ._prologue_pass import OffersProloguePass
+from ._wgrad_merge import MergedTaps
+from .base import pow2_at_least, unique
+from .preferences import MERGED_WGRAD, SBR_WGRAD_LEAN
 
 UNROLL_TAPS = 32  # the depthwise loop unrolls at most this many taps
 MIN_GPU_CHANNELS = 8  # fewer input channels per group (not depthwise): no fused neighbours on the GPU
-LEAN_PROLOGUE = 48  # SBR -> wgrad: image elements a thread transforms per step, at most (see _lean_first)
+LEAN_PROLOGUE = 48  # SBR -> wgrad: image elements a thread transforms a step, at most (SBR_WGRAD_LEAN)
 
 
 @dataclass(frozen=True)
@@ -89,19 +82,15 @@ class TapTiling(Tiling):
     def per_split(self) -> int:
         return self.tiles * (self.space.nbatch // self.per_program) * self.space.groups
 
-    def header(self, *, with_split: bool, pid: str = "tl.program_id(0)") -> list[str]:
-        lines = super().header(with_split=with_split, pid=pid)
+    def batch_lines(self) -> list[str]:
+        lines = super().batch_lines()
         if self.per_program == 1:
             return lines
         sp = self.space
-        tap_lines = tuple(f"{p}{a} = " for a in sp.batch for p in ("y", "q_y"))
-        out = []
-        for line in lines:
-            if line.startswith("bb = "):
-                out.append(f"tg = pb // {sp.groups}" if sp.groups > 1 else "tg = pb")
-            elif not line.startswith(tap_lines):
-                out.append(line)
-        return out
+        return [lines[0], f"tg = pb // {sp.groups}" if sp.groups > 1 else "tg = pb"]
+
+    def batch_coordinate_lines(self) -> list[str]:
+        return super().batch_coordinate_lines() if self.per_program == 1 else []  # (per tap: tap_lines)
 
     def tap_lines(self, j: int) -> list[str]:
         sp = self.space
@@ -121,47 +110,70 @@ class TapTiling(Tiling):
         return lines, [f"tt{j}_{a}" for a in sp.batch]
 
 
+def _stencil(dw_dim: tuple[int, ...], x_dim: tuple[int, ...]) -> bool:
+    """Depthwise (one channel per group, one filter per group): per-channel dot products."""
+    return dw_dim[1] == 1 and dw_dim[0] == x_dim[1]
+
+
 class ConvWgradTemplate(TileTemplate):
     name = "conv_wgrad"
     priority = 50
     main_kinds = ("conv_wgrad",)
     main_label = "conv_wgrad"
 
-    # -- shapes --
-    @staticmethod
-    def _stencil(dw_dim: tuple[int, ...], x_dim: tuple[int, ...]) -> bool:
-        """Depthwise (one channel per group, one filter per group): per-channel dot products."""
-        return dw_dim[1] == 1 and dw_dim[0] == x_dim[1]
-
-    def _is_stencil(self, gp: GemmPiece) -> bool:
-        return self._stencil(gp.space.dims, gp.operand("image").dim)
-
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         dw = piece.tensor(main.output_uids()[0])
         x = piece.tensor(main.input("image"))  # type: ignore[arg-type]
         taps = tuple(range(2, len(dw.dim)))
-        if self._stencil(dw.dim, x.dim):
+        if _stencil(dw.dim, x.dim):
             return OutputSpace(dw.dim, rows=taps, col=0)
         return OutputSpace(dw.dim, rows=(1,), col=0, batch=taps, groups=x.dim[1] // dw.dim[1])
 
-    def _geometry(self, gp: GemmPiece) -> ConvGeometry:
-        op = gp.main.op
-        assert isinstance(op, ConvWgrad)
-        return op.geometry(len(gp.space.dims) - 2)
 
-    @staticmethod
-    def _pixels(gp: GemmPiece) -> int:
-        dy = gp.operand("loss")
+class ConvWgradMatch(OffersProloguePass):
+    """A conv_wgrad piece: its plain main loop is the GEMM over pixels (TAPS taps a program); a depthwise
+    wgrad runs `Stencil`, MERGE_TAPS=1 configs `MergedTaps` (_wgrad_merge.py)."""
+
+    template: ConvWgradTemplate
+    combine = BlockedCombine()
+
+    # -- shapes --
+    @cached_property
+    def is_stencil(self) -> bool:
+        return _stencil(self.gp.space.dims, self.gp.operand("image").dim)
+
+    @cached_property
+    def geometry(self) -> ConvGeometry:
+        op = self.gp.main.op
+        assert isinstance(op, ConvWgrad)
+        return op.geometry(len(self.gp.space.dims) - 2)
+
+    @cached_property
+    def pixels(self) -> int:
+        dy = self.gp.operand("loss")
         return dy.dim[0] * math.prod(dy.dim[2:])
 
-    @staticmethod
-    def _ntaps(gp: GemmPiece) -> int:
-        return math.prod(gp.space.dims[2:])
+    @cached_property
+    def ntaps(self) -> int:
+        return math.prod(self.gp.space.dims[2:])
 
-    # -- TileTemplate hooks --
-    def check(self, gp: GemmPiece, device: Device) -> Support:
+    @cached_property
+    def elem(self) -> int:
+        return operand_bytes(self.gp.operand("image").data_type, self.gp.operand("loss").data_type)
+
+    @cached_property
+    def stencil_loop(self) -> Stencil:
+        return Stencil(self)
+
+    @cached_property
+    def merged_loop(self) -> MergedTaps:
+        return MergedTaps(self)
+
+    # -- verdict and hooks --
+    def check(self) -> Support:
+        gp, device = self.gp, self.device
         x, dy = gp.operand("image"), gp.operand("loss")
-        if self._is_stencil(gp):
+        if self.is_stencil:
             if x.data_type.is_integer or dy.data_type.is_integer:
                 if x.data_type is not DataType.INT8 or dy.data_type is not DataType.INT8:
                     return Support.no("integer depthwise wgrads need INT8 image and loss", gp.main)
@@ -172,106 +184,99 @@ class ConvWgradTemplate(TileTemplate):
             return Support.no(f"{gp.space.m} input channel(s) per group: the GEMM tiles (16+ rows of channels) are "
                               "mostly padding (the ResNet stem's wgrad, 3 channels, took 5.4 ms on an H100), so this "
                               "wgrad runs alone, where a library convolution can take it", gp.main)
-        kind = dot_kind(x.data_type, dy.data_type, interpret=not device.is_cuda)
+        kind = dot_kind(x.data_type, dy.data_type, interpret=self.interpret)
         if isinstance(kind, str):
             return Support.no(kind, gp.main)
         return Support.yes()
 
-    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
-        x, dy = gp.operand("image"), gp.operand("loss")
-        if self._is_stencil(gp):
+    def loop(self, k: TileKnobs) -> TileLoop:
+        if k.merged:  # (its checks refuse depthwise wgrads)
+            return self.merged_loop
+        return self.stencil_loop if self.is_stencil else self
+
+    def validate(self, k: TileKnobs) -> None:
+        if k.persistent:
+            raise AttributeValueError("PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
+                                      op=self.gp.main.label(), rule="triton.conv_wgrad.knob", hint="drop PERSISTENT")
+        if k.BLOCK_K is None:
+            raise AttributeValueError("conv_wgrad configs need BLOCK_K (pixels a step)", op=self.gp.main.label(),
+                                      rule="triton.conv_wgrad.knob", hint="take configs from engine_configs()")
+
+    def dot(self, k: TileKnobs) -> DotKind:
+        x, dy = self.gp.operand("image"), self.gp.operand("loss")
+        if self.is_stencil:
             return DotKind("tl.int32", "tl.int32") if x.data_type.is_integer else DotKind("tl.float32", "tl.float32")
-        kind = dot_kind(x.data_type, dy.data_type, interpret=not device.is_cuda,
-                        fp32_precision=knobs.get("fp32_precision", "tf32"))
+        kind = dot_kind(x.data_type, dy.data_type, interpret=self.interpret, fp32_precision=k.precision)
         assert not isinstance(kind, str)
         return kind
 
-    def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
-        return -(-self._pixels(gp) // int(knobs["BLOCK_K"]))
+    def iterations(self, k: TileKnobs) -> int:
+        assert k.BLOCK_K is not None
+        return -(-self.pixels // k.BLOCK_K)
 
-    def constexprs(self, knobs: Mapping[str, Any]) -> dict[str, int]:
-        return {"BLOCK_M": int(knobs["BLOCK_M"]), "BLOCK_N": int(knobs["BLOCK_N"]), "BLOCK_K": int(knobs["BLOCK_K"])}
+    def constexprs(self, k: TileKnobs) -> dict[str, int]:
+        assert k.BLOCK_K is not None
+        return {"BLOCK_M": k.BLOCK_M, "BLOCK_N": k.BLOCK_N, "BLOCK_K": k.BLOCK_K}
 
-    def _per_program(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
-        taps = 1 if self._is_stencil(gp) else int(knobs.get("TAPS", 1))
-        ntaps = self._ntaps(gp)
-        if taps < 1 or ntaps % taps:
-            divisors = [d for d in range(1, ntaps + 1) if ntaps % d == 0]
-            raise AttributeValueError(f"TAPS={taps} must divide the filter's {ntaps} taps", op=gp.main.label(),
-                                      rule="triton.conv_wgrad.knob", hint=f"use one of {divisors}")
+    def per_program(self, k: TileKnobs) -> int:
+        taps = 1 if self.is_stencil else k.taps
+        if taps < 1 or self.ntaps % taps:
+            divisors = [d for d in range(1, self.ntaps + 1) if self.ntaps % d == 0]
+            raise AttributeValueError(f"TAPS={taps} must divide the filter's {self.ntaps} taps",
+                                      op=self.gp.main.label(), rule="triton.conv_wgrad.knob",
+                                      hint=f"use one of {divisors}")
         return taps
 
-    def tiling(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> Tiling:
-        split = int(knobs.get("SPLIT_K", 1))
-        sp = gp.space
-        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 or int(knobs.get(MERGE, 0)) else 0
-        return TapTiling(sp, int(knobs["BLOCK_M"]), int(knobs["BLOCK_N"]), int(knobs.get("GROUP_M", 8)), split,
-                         needs_int64(gp, scratch), per_program=self._per_program(gp, knobs))
-
-    def combine_tiling(self, tiling: Tiling, knobs: Mapping[str, Any], device: Device) -> Tiling:
-        """The split-K combine launch's tiles: finer than the main tiles until there are about two
-        programs per SM (each sums SPLIT_K partial tiles), down to 16 x 16; knobs COMBINE_M/N set them."""
-        bm, bn = tiling.block_m, tiling.block_n
-        if "COMBINE_M" in knobs or "COMBINE_N" in knobs:
-            bm, bn = int(knobs.get("COMBINE_M", bm)), int(knobs.get("COMBINE_N", bn))
-            for key, value in (("COMBINE_M", bm), ("COMBINE_N", bn)):
-                if value < 16 or value & (value - 1):
-                    raise AttributeValueError(f"{key}={value} must be a power of two >= 16",
-                                              rule="triton.conv_wgrad.knob", hint=f"pick {key} from 16, 32, 64")
-        else:
-            sp = tiling.space
-            want = 2 * device.sm_count
-            while bm * bn > 256:
-                t = Tiling(sp, bm, bn)
-                if t.per_split >= want:
-                    break
-                if bm >= bn and bm > 16:
-                    bm //= 2
-                elif bn > 16:
-                    bn //= 2
-                else:
-                    break
-        return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)
+    def tiling(self, k: TileKnobs) -> Tiling:
+        split = k.split_k
+        sp = self.gp.space
+        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 or k.merged else 0
+        return TapTiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch),
+                         per_program=self.per_program(k))
 
     # -- knobs --
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        gp, verdict = self.analyze(piece)
-        assert gp is not None, verdict.reason
-        if self._is_stencil(gp):
-            return self._stencil_candidates(gp, device)
+    def candidates(self) -> list[TileKnobs]:
+        gp, device = self.gp, self.device
+        if self.is_stencil:
+            return self.stencil_loop.candidates()
         x, dy = gp.operand("image"), gp.operand("loss")
         extra: dict[str, Any] = {"fp32_precision": "tf32"} if uses_fp32(x.data_type, dy.data_type) else {}
-        elem = operand_bytes(x.data_type, dy.data_type)
+        elem = self.elem
         sp = gp.space
-        pixels = self._pixels(gp)
+        pixels = self.pixels
+        merged = self.merged_loop
         if not device.is_cuda:
             configs = gemm_candidates(sp.m, sp.n, pixels, nprog=sp.nbatch * sp.groups, device=device,
                                       elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra)
-            first = dict(configs[0])
-            iters = -(-pixels // first["BLOCK_K"])
+            first = configs[0]
+            assert first.BLOCK_K is not None
+            iters = -(-pixels // first.BLOCK_K)
             # a split whenever the loop is long, so that the tests run the combine launch
-            first["SPLIT_K"] = max(first["SPLIT_K"], min(4, iters // 2)) if iters >= 4 else 1
-            configs = [first, *configs[1:]]
-            if merge.applies(gp):  # before the broadest config (a saved plan may hold one)
-                configs = configs[:-1] + merge.candidates(self, gp, device, elem, extra) + configs[-1:]
+            configs = [first.replace(SPLIT_K=max(first.split_k, min(4, iters // 2)) if iters >= 4 else 1),
+                       *configs[1:]]
+            if merged.applies:  # before the broadest config (a saved plan may hold one)
+                configs = MERGED_WGRAD.apply(configs, merged.candidates(extra), -1)
         else:
-            configs = self._gpu_candidates(gp, device, elem, extra)
-            if merge.applies(gp):
-                configs = configs[:1] + merge.candidates(self, gp, device, elem, extra) + configs[1:]
+            configs = self._gpu_candidates(extra)
+            if merged.applies:
+                configs = MERGED_WGRAD.apply(configs, merged.candidates(extra), 1)
             if gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
-                configs = self._lean_first(configs)
+                # the prologue runs on every tap's image tile in registers beside the taps' accumulators
+                most = max(c.taps for c in configs)
+                configs = SBR_WGRAD_LEAN.apply(configs, lambda c: c.taps == most
+                                               and prologue_share(c, most) <= LEAN_PROLOGUE)
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
-            configs.insert(1, {**configs[0], "fp32_precision": "ieee"})
-        return prologue_pass.candidates(self, piece, gp, configs, device, self._ntaps(gp))
+            configs.insert(1, configs[0].replace(fp32_precision="ieee"))
+        return self.offer_prologue_pass(configs, self.ntaps)
 
-    def _gpu_candidates(self, gp: GemmPiece, device: Device, elem: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    def _gpu_candidates(self, extra: Mapping[str, Any]) -> list[TileKnobs]:
         """Tiles as wide as the channels need (a ResNet wgrad is 64-256 x 64-256 per tap), TAPS along
         the filter's last axis when the tiles are small, and SPLIT_K so that the grid holds ~2
         programs per SM, capped so that the partials stay small next to the operands; ranked by the
         cost model. The top config also comes with twice its split (more programs, more partials)."""
-        sp = gp.space
-        bk = {1: 128, 2: 64}.get(elem, 32)
+        sp = self.gp.space
+        bk = {1: 128, 2: 64}.get(self.elem, 32)
         out = []
         shapes = [(128, 128), (64, 128), (128, 64), (64, 64), (64, 32), (32, 64), (32, 32)]
         last_axis = sp.dims[-1] if len(sp.dims) > 2 else 1
@@ -283,198 +288,75 @@ class ConvWgradTemplate(TileTemplate):
                     continue  # big tiles already reuse operands; T accumulators would spill
                 warps = 8 if bm * bn >= 16384 or taps > 1 and bm * bn >= 8192 else 4
                 stages = 3 if taps > 1 or bm * bn >= 16384 else 4
-                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-                            "SPLIT_K": self._split(gp, bm, bn, taps, bk, device), "TAPS": taps,
-                            "num_warps": warps, "num_stages": stages, **extra})
-        out.sort(key=lambda c: self._estimate(gp, c, device, elem))
+                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                                     SPLIT_K=self.split_for(bm, bn, taps, bk), TAPS=taps, num_warps=warps,
+                                     num_stages=stages, **extra))
+        out.sort(key=self._cost)
         out = out[:6]
         top = out[0]
-        if -(-self._pixels(gp) // bk) // (2 * top["SPLIT_K"]) >= 8:
-            out.insert(1, {**top, "SPLIT_K": 2 * top["SPLIT_K"]})
+        if -(-self.pixels // bk) // (2 * top.split_k) >= 8:
+            out.insert(1, top.replace(SPLIT_K=2 * top.split_k))
         # the fallback: one tap per program, plain 64 x 64 tiles, the reduction still split
-        small = min(bk, 32) if elem != 1 else bk
-        out.append({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": small, "GROUP_M": 8,
-                    "SPLIT_K": self._split(gp, 64, 64, 1, small, device), "TAPS": 1, "num_warps": 4,
-                    "num_stages": 2, **extra})
+        small = min(bk, 32) if self.elem != 1 else bk
+        out.append(TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=small, GROUP_M=8, SPLIT_K=self.split_for(64, 64, 1, small),
+                             TAPS=1, num_warps=4, num_stages=2, **extra))
         return unique(out)
 
-    @staticmethod
-    def _lean_first(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """With a prologue on the image (SBR -> wgrad), first the best-ranked config of the most taps a
-        program under LEAN_PROLOGUE (`prologue_share`: the prologue runs on every tap's tile in registers
-        beside the taps' accumulators). H100 (bench v2, 2026-11-26, N32 C64 K64 56² 3x3): 32x64, 3 taps, 4
-        warps (48) 66.3 / 88.5 µs fp16 / bf16; 64x64 (96) 89.6 / 113.5, 64x32 (96) 163.8 / 242.3, one tap
-        (DY loaded thrice) 120 / 149; without the prologue 64x64 is the fastest (31.7; 32x64 41.4)."""
-        most = max(int(c.get("TAPS", 1)) for c in configs)
-        lean = [c for c in configs[:-1] if int(c.get("TAPS", 1)) == most
-                and prologue_share(c, most) <= LEAN_PROLOGUE]
-        return lean[:1] + [c for c in configs if c not in lean[:1]]
-
-    def _split(self, gp: GemmPiece, bm: int, bn: int, taps: int, bk: int, device: Device) -> int:
+    def split_for(self, bm: int, bn: int, taps: int, bk: int) -> int:
         """SPLIT_K for ~2 programs per SM with >= 8 steps each, halved while the partials exceed half
         the bytes of the operands."""
-        sp = gp.space
+        sp = self.gp.space
         programs = TapTiling(sp, bm, bn, per_program=taps).per_split
-        iters = -(-self._pixels(gp) // bk)
-        split = max(1, min(iters // 8, -(-2 * max(device.sm_count, 1) // programs)))
-        while split > 1 and split * sp.nbatch * sp.groups * sp.m * sp.n * 4 > gp.moved_bytes() // 2:
+        iters = -(-self.pixels // bk)
+        split = max(1, min(iters // 8, -(-2 * max(self.device.sm_count, 1) // programs)))
+        while split > 1 and split * sp.nbatch * sp.groups * sp.m * sp.n * 4 > self.gp.moved_bytes() // 2:
             split //= 2
         return split
 
-    def _stencil_candidates(self, gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
-        sp = gp.space
-        bm = max(16, pow2_at_least(sp.m, 16))  # all taps in one tile
-        pixels = self._pixels(gp)
-        if not device.is_cuda:
-            bn = min(32, pow2_at_least(sp.n, 16))
-            iters = -(-pixels // 16)
-            return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 16, "SPLIT_K": min(4, max(1, iters // 2)),
-                     "num_warps": 4},
-                    {"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1, "num_warps": 4}]
-        sms = max(device.sm_count, 1)
-        out = []
-        for bn, bk, warps in ((64, 16, 4), (128, 8, 4), (32, 32, 4), (64, 32, 8)):
-            if bn > max(16, pow2_at_least(sp.n, 16)):
-                continue
-            tiles = -(-sp.n // bn)
-            iters = -(-pixels // bk)
-            split = max(1, min(iters // 8, -(-2 * sms // tiles)))
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps})
-        out.append({"BLOCK_M": bm, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1, "num_warps": 4})
-        return out
-
-    def _estimate(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device, elem: int) -> float:
-        sp = gp.space
-        taps = int(knobs.get("TAPS", 1))
-        pixels = self._pixels(gp)
-        t = estimate_us(sp.m, sp.n, pixels, knobs, nprog=sp.nbatch * sp.groups, device=device, elem_bytes=elem,
-                        moved_bytes=gp.moved_bytes())
+    def _cost(self, k: TileKnobs) -> float:
+        sp = self.gp.space
+        taps = k.taps
+        t = estimate_us(sp.m, sp.n, self.pixels, k, nprog=sp.nbatch * sp.groups, device=self.device,
+                        elem_bytes=self.elem, moved_bytes=self.gp.moved_bytes())
         # operand traffic through L2: the image once per tap, DY once per tap group (~8 TB/s on Hopper)
-        x, dy = gp.operand("image"), gp.operand("loss")
-        tiles_m, tiles_n = -(-sp.m // int(knobs["BLOCK_M"])), -(-sp.n // int(knobs["BLOCK_N"]))
+        x, dy = self.gp.operand("image"), self.gp.operand("loss")
+        tiles_m, tiles_n = -(-sp.m // k.BLOCK_M), -(-sp.n // k.BLOCK_N)
         l2 = sp.nbatch * (x.nbytes * tiles_n + dy.nbytes * tiles_m / taps)
         return max(t, l2 / 8e12 * 1e6 + 3.0)
 
-    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
-        gp, _ = self.analyze(piece)
-        if gp is None or not device.is_cuda:
+    def cost(self, k: TileKnobs) -> float | None:
+        if not self.device.is_cuda:
             return None
-        if self._is_stencil(gp):
-            return gp.moved_bytes() / (0.6 * 3.0e12) * 1e6 + 5.0
-        elem = operand_bytes(gp.operand("image").data_type, gp.operand("loss").data_type)
-        return self._estimate(gp, knobs, device, elem)
+        if self.is_stencil:
+            return self.gp.moved_bytes() / (0.6 * 3.0e12) * 1e6 + 5.0
+        return self._cost(k)
 
-    # -- generation --
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        gp, verdict = self.analyze(piece)
-        if gp is None:
-            raise AttributeValueError(f"the {self.name} template cannot run this piece: {verdict.reason}",
-                                      op=verdict.node.label() if verdict.node else None,
-                                      rule="triton.gemm.match", hint="ask the engine which template matches")
-        check_knobs(knobs)
-        if int(knobs.get("PERSISTENT", 0)):
-            raise AttributeValueError("PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
-                                      op=gp.main.label(), rule="triton.conv_wgrad.knob", hint="drop PERSISTENT")
-        merged = bool(int(knobs.get(MERGE, 0)))
-        if merged:
-            merge.check(gp, knobs, self._per_program(gp, knobs))
-        tiling = self.tiling(gp, knobs)
-        assert isinstance(tiling, TapTiling)
-        ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
-        split, subtile = tiling.split, int(knobs.get("EPILOGUE_SUBTILE", 1))
-        constexprs = self.constexprs(knobs)
-        warps = int(knobs.get("num_warps", 4))
-        meta = (*constexprs.items(), ("num_warps", warps), ("num_stages", int(knobs.get("num_stages", 2))))
-        sig = Signature()
-        body = tiling.header(with_split=True)
-        split_lines, lo, hi = split_range(self.iterations(gp, knobs), split)
-        body += split_lines
-        accs = self._mainloop(ctx, sig, knobs, lo, hi)
-        body += accs[0]
-        functions: list[str] = []
-        launches: list[Launch] = []
-        plans, plan_ctx = ctx.reductions, ctx
-        if split > 1 or merged:
-            # the partials, then a combine launch on finer tiles that sums them and runs the epilogue
-            ctx.scratch, ctx.reductions = Scratch(), []
-            sp = gp.space
-            acc_off = ctx.scratch.alloc(split * sp.nbatch * sp.groups * sp.m * sp.n * 4)
-            if merged:
-                body += merge.partial_store(ctx, sig, acc_off, knobs)
-            for j, acc in enumerate(accs[1] if not merged else []):
-                body += tiling.tap_lines(j) + ([f"acc = {acc}"] if acc != "acc" else []) + \
-                    split_store(ctx, sig, acc_off)
-            etiling = self.combine_tiling(tiling, knobs, device)
-            ectx = dataclasses.replace(ctx, tiling=etiling)
-            ectx.reductions = [ReductionPlan.make(r, ectx) for r in gp.reductions]
-            esig = Signature()
-            block_s = slice_block(split, etiling, ctx.interpret)
-            ebody = etiling.header(with_split=False) + split_sum_blocked(ectx, esig, acc_off) + \
-                epilogue(ectx, esig, "acc", subtile)
-            functions.append(sig.source("kernel", list(constexprs), body))
-            launches.append(Launch("kernel", (split * tiling.per_split,), tuple(sig.args), meta))
-            emeta = (("BLOCK_M", etiling.block_m), ("BLOCK_N", etiling.block_n), ("BLOCK_S", block_s),
-                     ("num_warps", 4))
-            functions.append(esig.source("kernel_epilogue", ["BLOCK_M", "BLOCK_N", "BLOCK_S"], ebody))
-            launches.append(Launch("kernel_epilogue", (etiling.per_split,), tuple(esig.args), emeta))
-            plans, plan_ctx = ectx.reductions, ectx
-        else:
-            for j, acc in enumerate(accs[1]):
-                body += tiling.tap_lines(j) + epilogue(ctx, sig, acc, subtile)
-            functions.append(sig.source("kernel", list(constexprs), body))
-            launches.append(Launch("kernel", (tiling.per_split,), tuple(sig.args), meta))
-        for i, plan in enumerate(plans):
-            if plan.slots > 1:
-                source, launch = plan.combine_source(plan_ctx, i)
-                functions.append(source)
-                launches.append(launch)
-        return Generated(module_source(*functions), tuple(launches), ctx.scratch.size)
-
-    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
-        return self._mainloop(ctx, sig, knobs, lo, hi)[0]
-
-    def _mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str,
-                  hi: str) -> tuple[list[str], list[str]]:
-        """Lines of the main loop and the names of its accumulators (one per tap of the program)."""
-        if self._is_stencil(ctx.gp):
-            return self._stencil_loop(ctx, sig, knobs, lo, hi), ["acc"]
-        if int(knobs.get(MERGE, 0)):
-            return merge.mainloop(self, ctx, sig, knobs, lo, hi), ["acc"]
-        return self._gemm_loop(ctx, sig, knobs, lo, hi)
-
-    def _pixel_lines(self, ctx: Context, bk: int) -> tuple[list[str], str | None]:
-        """The step's output pixels: flat index `j` ([BLOCK_K]), its mask and coordinates jp{axis}."""
-        gp = ctx.gp
-        dy = gp.operand("loss")
-        pixels = self._pixels(gp)
-        lines = ["j = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
+    # -- main loops --
+    def dy_step(self, ctx: Context, sig: Signature, bk: int) -> tuple[list[str], str | None]:
+        """A main-loop step's output pixels (j, its mask, jp{axis}) and its DY tile `b` [BLOCK_K pixels,
+        BLOCK_N filters]; the mask's name is returned."""
+        dy = ctx.gp.operand("loss")
+        body = ["j = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
         jmask = None
-        if pixels % bk:
-            lines.append(f"jmask = j < {pixels}")
+        if self.pixels % bk:
+            body.append(f"jmask = j < {self.pixels}")
             jmask = "jmask"
         axes = [(0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))]
-        lines += decompose("j", axes, "jp")
-        return lines, jmask
-
-    def dy_step(self, ctx: Context, sig: Signature, bk: int) -> tuple[list[str], str | None]:
-        """A main-loop step's output pixels (`_pixel_lines`: j, its mask, jp{axis}) and its DY tile `b`
-        [BLOCK_K pixels, BLOCK_N filters]; the mask's name is returned."""
-        dy = ctx.gp.operand("loss")
-        body, jmask = self._pixel_lines(ctx, bk)
-        pixel_rows = ("j", ((0, dy.dim[0]), *((a, dy.dim[a]) for a in range(2, len(dy.dim)))))
+        body += decompose("j", axes, "jp")
+        pixel_rows = ("j", tuple(axes))
         dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(len(dy.dim) - 2))]
         b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ctx.ptr_of(sig), ("BLOCK_K", "BLOCK_N"), pixel_rows,
                             zero=("j", "rn"))
         return body + operand_tile(ctx, sig, "loss", b_idx, "b"), jmask
 
-    def _image_positions(self, ctx: Context, taps: list[str], jmask: str | None,
-                         name: str) -> tuple[list[str], str | None]:
-        """Image positions xi{a} of the step's pixels at the taps named `taps` (per spatial axis), and
-        their mask `name` (None: all inside)."""
+    def image_positions(self, ctx: Context, taps: list[str], jmask: str | None,
+                        name: str) -> tuple[list[str], str | None]:
+        """Image positions {name}_{a} of the step's pixels at the taps named `taps` (per spatial axis), and
+        their mask `{name}_m` (None: all inside)."""
         gp = ctx.gp
         op = gp.main.op
         assert isinstance(op, ConvWgrad)
-        geo = self._geometry(gp)
+        geo = self.geometry
         x, dy = gp.operand("image"), gp.operand("loss")
         dw = gp.space.dims
         flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
@@ -496,10 +378,11 @@ class ConvWgradTemplate(TileTemplate):
         lines.append(f"{name}_m = {' & '.join(checks)}")
         return lines, f"{name}_m"
 
-    def _gemm_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str,
-                   hi: str) -> tuple[list[str], list[str]]:
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        """The GEMM over pixels: per step the DY tile once and, per tap of the program, the image tile at
+        that tap and one dot into the tap's accumulator."""
         gp = ctx.gp
-        assert ctx.dot is not None and isinstance(ctx.tiling, TapTiling)
+        assert ctx.dot is not None and isinstance(ctx.tiling, TapTiling) and k.BLOCK_K is not None
         tiling = ctx.tiling
         x = gp.operand("image")
         nsp = len(x.dim) - 2
@@ -514,27 +397,58 @@ class ConvWgradTemplate(TileTemplate):
             lines += coord_lines
             tap_names.append(names)
         lines += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})" for acc in accs]
-        body, jmask = self.dy_step(ctx, sig, int(knobs["BLOCK_K"]))
+        body, jmask = self.dy_step(ctx, sig, k.BLOCK_K)
         for j, acc in enumerate(accs):
-            pos, pmask = self._image_positions(ctx, tap_names[j], jmask, f"xi{j}")
+            pos, pmask = self.image_positions(ctx, tap_names[j], jmask, f"xi{j}")
             body += pos
             x_axes = [("c", "jp0"), ("r", "xc"), *(("c", f"xi{j}_{a}") for a in range(nsp))]
             a_idx = TileIndexer(x_axes, tiling.rmask, pmask, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "j"))
             body += operand_tile(ctx, sig, "image", a_idx, "a")
             body.append(f"{acc} = {ctx.dot.call('a', 'b', acc)}")
         lines.append(f"for it in range({lo}, {hi}):")
-        return lines + ["    " + line for line in body], accs
+        return MainLoop(lines + ["    " + line for line in body], tuple(accs))
 
-    def _stencil_loop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
-        """Depthwise: per step a DY tile [BLOCK_K pixels, BLOCK_N channels] and, per tap, the shifted
-        image tile; acc_t[channels] += sum over pixels of their product; the taps' sums are placed in
-        the rows of `acc` at the end."""
-        gp = ctx.gp
-        assert ctx.dot is not None
+
+class Stencil(TileLoop):
+    """Depthwise: per step a DY tile [BLOCK_K pixels, BLOCK_N channels] and, per tap, the shifted image
+    tile; acc_t[channels] += sum over pixels of their product; the taps' sums are placed in the rows of
+    `acc` at the end (no tl.dot: BLOCK_K may be 8)."""
+
+    tensor_core = False
+    m: ConvWgradMatch
+
+    def iterations(self, k: TileKnobs) -> int:
+        return self.m.iterations(k)
+
+    def candidates(self) -> list[TileKnobs]:
+        m = self.m
+        sp = m.gp.space
+        bm = max(16, pow2_at_least(sp.m, 16))  # all taps in one tile
+        pixels = m.pixels
+        if not m.device.is_cuda:
+            bn = min(32, pow2_at_least(sp.n, 16))
+            iters = -(-pixels // 16)
+            return [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=16, SPLIT_K=min(4, max(1, iters // 2)), num_warps=4),
+                    TileKnobs(BLOCK_M=bm, BLOCK_N=16, BLOCK_K=16, SPLIT_K=1, num_warps=4)]
+        sms = max(m.device.sm_count, 1)
+        out = []
+        for bn, bk, warps in ((64, 16, 4), (128, 8, 4), (32, 32, 4), (64, 32, 8)):
+            if bn > max(16, pow2_at_least(sp.n, 16)):
+                continue
+            tiles = -(-sp.n // bn)
+            iters = -(-pixels // bk)
+            split = max(1, min(iters // 8, -(-2 * sms // tiles)))
+            out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps))
+        out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=16, BLOCK_K=16, SPLIT_K=1, num_warps=4))
+        return out
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        m, gp = self.m, ctx.gp
+        assert ctx.dot is not None and k.BLOCK_K is not None
         x = gp.operand("image")
         nsp = len(x.dim) - 2
         sp = gp.space
-        ntaps = self._ntaps(gp)
+        ntaps = m.ntaps
         ptr = ctx.ptr_of(sig)
         acc_t = ctx.dot.acc
         unroll = ntaps <= UNROLL_TAPS
@@ -543,12 +457,12 @@ class ConvWgradTemplate(TileTemplate):
             lines += [f"acc_t{t} = tl.zeros((BLOCK_K, BLOCK_N), {acc_t})" for t in range(ntaps)]
         else:
             lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {acc_t})")
-        body, jmask = self.dy_step(ctx, sig, int(knobs["BLOCK_K"]))
+        body, jmask = m.dy_step(ctx, sig, k.BLOCK_K)
         taps = [(a, sp.dims[a]) for a in range(2, len(sp.dims))]
         if unroll:
             for t in range(ntaps):
                 coords = _unravel(t, [r for _, r in taps])
-                pos, pmask = self._image_positions(ctx, [str(c) for c in coords], jmask, "xi")
+                pos, pmask = m.image_positions(ctx, [str(c) for c in coords], jmask, "xi")
                 body += pos
                 x_axes = [("r", "jp0"), ("c", "col"), *(("r", f"xi_{a}") for a in range(nsp))]
                 a_idx = TileIndexer(x_axes, pmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("j", "rn"))
@@ -559,18 +473,18 @@ class ConvWgradTemplate(TileTemplate):
             lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {acc_t})")
             for t in range(ntaps):
                 lines.append(f"acc = tl.where((rm == {t})[:, None], tl.sum(acc_t{t}, axis=0)[None, :], acc)")
-            return lines
+            return MainLoop(lines)
         # many taps (3-D): a runtime tap loop, each tap's sum placed in its row at once
         inner = ["for tap in range(" + str(ntaps) + "):"]
         tap_lines = decompose("tap", [(a - 2, r) for a, r in taps], "tc")
-        pos, pmask = self._image_positions(ctx, [f"tc{a}" for a in range(nsp)], jmask, "xi")
+        pos, pmask = m.image_positions(ctx, [f"tc{a}" for a in range(nsp)], jmask, "xi")
         x_axes = [("r", "jp0"), ("c", "col"), *(("r", f"xi_{a}") for a in range(nsp))]
         a_idx = TileIndexer(x_axes, pmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("j", "rn"))
         tap_body = tap_lines + pos + operand_tile(ctx, sig, "image", a_idx, "a")
         tap_body.append("acc = tl.where((rm == tap)[:, None], acc + tl.sum(a * b, axis=0)[None, :], acc)")
         body += inner + ["    " + line for line in tap_body]
         lines.append(f"for it in range({lo}, {hi}):")
-        return lines + ["    " + line for line in body]
+        return MainLoop(lines + ["    " + line for line in body])
 
 
 def _unravel(index: int, sizes: list[int]) -> list[int]:
@@ -581,4 +495,5 @@ def _unravel(index: int, sizes: list[int]) -> list[int]:
     return list(reversed(out))
 
 
+ConvWgradTemplate.match_class = ConvWgradMatch
 TEMPLATE = ConvWgradTemplate()

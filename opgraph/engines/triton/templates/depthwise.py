@@ -31,10 +31,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, ClassVar
 
-from ....core.config import Support
-from ....core.device import Device
+from ....core.config import NumericalNote, Support
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
@@ -43,21 +43,23 @@ from ....ops.conv import ConvFprop, ConvolutionMode
 from ..gemm import (
     Context,
     DotKind,
-    GemmPiece,
+    MainLoop,
     OutputSpace,
     Signature,
+    Strategy,
     TileIndexer,
+    TileMatch,
     TileTemplate,
     Tiling,
     decompose,
     epilogue,
     input_taps,
-    make_context,
     needs_int64,
     operand_tile,
     preload_lines,
 )
-from .base import Generated, Launch, module_source, pow2_at_least
+from ..knobs import RowStripKnobs, TileKnobs
+from .base import Generated, pow2_at_least
 
 UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
 ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers: up to 3x3
@@ -91,28 +93,138 @@ class DepthwiseTemplate(TileTemplate):
         y = piece.tensor(main.output_uids()[0])
         return OutputSpace(y.dim, rows=(0, *range(2, len(y.dim))), col=1)
 
-    def check(self, gp: GemmPiece, device: Device) -> Support:
-        x, w = gp.operand("image"), gp.operand("weight")
+
+class DepthwiseMatch(TileMatch):
+    """A depthwise conv: its plain kernel computes pixel tiles (every tap unrolled); ROWS > 0 configs
+    (RowStripKnobs) run `RowStrips`."""
+
+    template: DepthwiseTemplate
+
+    @cached_property
+    def rows(self) -> RowStrips:
+        return RowStrips(self)
+
+    def check(self) -> Support:
+        x, w = self.gp.operand("image"), self.gp.operand("weight")
         if w.dim[1] != 1:
             return Support.no(f"not a depthwise conv: the filter has {w.dim[1]} channels per group (needs 1)",
-                              gp.main)
+                              self.gp.main)
         if x.data_type.is_integer or w.data_type.is_integer:
             if x.data_type is not DataType.INT8 or w.data_type is not DataType.INT8:
-                return Support.no("integer depthwise convs need INT8 image and filter", gp.main)
+                return Support.no("integer depthwise convs need INT8 image and filter", self.gp.main)
         if DataType.DOUBLE in (x.data_type, w.data_type):
-            return Support.no("DOUBLE depthwise convs are not supported by the Triton templates", gp.main)
+            return Support.no("DOUBLE depthwise convs are not supported by the Triton templates", self.gp.main)
         return Support.yes()
 
-    def dot(self, gp: GemmPiece, knobs: Mapping[str, Any], device: Device) -> DotKind:
-        if gp.operand("image").data_type.is_integer:
+    def dot(self, k: Any) -> DotKind:
+        if self.gp.operand("image").data_type.is_integer:
             return DotKind("tl.int32", "tl.int32")
         return DotKind("tl.float32", "tl.float32")
 
+    def knobs(self, stored: Mapping[str, Any]) -> Any:
+        """Row-strip knobs where ROWS > 0, else pixel tiles' (a stored ROWS=0 and its BLOCK_W left out)."""
+        if int(stored.get("ROWS", 0)) > 0:
+            return RowStripKnobs.parse(stored, self.template.name)
+        return TileKnobs.parse({k: v for k, v in stored.items() if k not in ("ROWS", "BLOCK_W")}, self.template.name)
+
+    def notes(self, knobs: Any) -> frozenset[NumericalNote]:
+        return frozenset()
+
     # -- knobs -------------------------------------------------------------------------------------
 
-    @staticmethod
-    def rows_ok(gp: GemmPiece) -> bool:
+    def candidates(self) -> list[Any]:
+        gp, device = self.gp, self.device
+        k = gp.space.dims[1]
+        rows: list[Any] = self.rows.candidates() if self.rows.applies else []
+        if not device.is_cuda:
+            bm = min(32, pow2_at_least(gp.space.m, 16))
+            bn = min(32, pow2_at_least(k, 16))
+            return rows[:1] + [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4),
+                               TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4)]
+        # pixel tiles: >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide;
+        # 16-32 elements per thread keep the registers (all 9 taps' loads in flight) under ~100, so
+        # that >= 16 warps fit on an SM
+        bn = min(64, max(16, pow2_at_least(k, 16)))
+        ranked = [(32, bn, 4), (64, bn, 8), (16, bn, 4), (64, bn, 4)]
+        out, seen = [], set()
+        for bm, width, warps in ranked:
+            if (bm, width) not in seen:
+                seen.add((bm, width))
+                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps))
+        return rows + out
+
+    def cost(self, k: Any) -> float | None:
+        """Bound by the bytes moved (the image once, the output, the filter): ~80% of an H100's copy
+        bandwidth when the taps' re-reads hit the caches, plus a launch."""
+        if not self.device.is_cuda:
+            return None
+        return self.gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
+
+    def strategy(self, k: Any) -> Strategy:
+        return self if isinstance(k, RowStripKnobs) else super().strategy(k)  # (cost: the bytes, either kind)
+
+    def generate(self, knobs: TileKnobs | RowStripKnobs) -> Generated:
+        if isinstance(knobs, RowStripKnobs):
+            return self.build(self.rows, knobs)
+        return super().generate(knobs)
+
+    # -- code --------------------------------------------------------------------------------------
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        """Pixel tiles: for every filter tap (unrolled), the shifted image tile times the tap's weights."""
+        gp = ctx.gp
+        op = gp.main.op
+        assert isinstance(op, ConvFprop) and ctx.dot is not None
+        x, w = gp.operand("image"), gp.operand("weight")
+        nsp = len(x.dim) - 2
+        geo = op.geometry(nsp)
+        taps = w.dim[2:]
+        ntaps = math.prod(taps)
+        ydims = gp.space.dims
+        mult = ydims[1] // x.dim[1]
+        lines = []
+        for i in range(nsp):
+            s, p0 = geo.stride[i], geo.pre[i]
+            expr = f"y{2 + i}" if s == 1 else f"y{2 + i} * {s}"
+            lines.append(f"o{i} = {expr} - {p0}" if p0 else f"o{i} = {expr}")
+        lines.append(f"cin = col // {mult}" if mult > 1 else "cin = col")
+        lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
+        moving = [(i, r) for i, r in enumerate(taps) if r > 1]
+        body = decompose("tap", moving, "t") if ntaps > 1 else []
+        checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
+        body += input_taps(geo, taps, ydims, x.dim, op.convolution_mode is ConvolutionMode.CONVOLUTION, checks)
+        amask = None
+        if checks:
+            body.append(f"amask = {' & '.join(checks)}")
+            amask = "amask"
+        ptr = ctx.ptr_of(sig)
+        x_axes = [("r", "y0"), ("c", "cin"), *(("r", f"xi{i}") for i in range(nsp))]
+        a_idx = TileIndexer(x_axes, amask, ctx.tiling.cmask, ptr, ("BLOCK_M", "BLOCK_N"), zero=("rm", "rn"))
+        w_axes = [("c", "col"), ("r", "rm"), *(("s", f"wt{i}") for i in range(nsp))]
+        b_idx = TileIndexer(w_axes, None, ctx.tiling.cmask, ptr, ("1", "BLOCK_N"), zero=("rm", "rn"))
+        body += operand_tile(ctx, sig, "image", a_idx, "a")
+        body += operand_tile(ctx, sig, "weight", b_idx, "b")
+        body.append("acc += a * b")
+        if ntaps <= UNROLL_TAPS:
+            lines.append(f"for tap in tl.static_range({ntaps}):")
+        else:
+            lines.append(f"for tap in range({ntaps}):")
+        return MainLoop(lines + ["    " + line for line in body])
+
+
+class RowStrips:
+    """The row-strip kernel (ROWS > 0) of a DepthwiseMatch, made through the shared path (TileMatch.build):
+    its own grid (RowTiling), body (the whole strip walk with the epilogue inside, `kernel_body`) and meta."""
+
+    writes_partials: ClassVar[bool] = False
+
+    def __init__(self, m: DepthwiseMatch) -> None:
+        self.m = m
+
+    @cached_property
+    def applies(self) -> bool:
         """Whether the row-strip kernel runs this piece."""
+        gp = self.m.gp
         op = gp.main.op
         assert isinstance(op, ConvFprop)
         x, w = gp.operand("image"), gp.operand("weight")
@@ -123,42 +235,21 @@ class DepthwiseTemplate(TileTemplate):
             return False
         return all(r.along == "rows" for r in gp.reductions)
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        gp, verdict = self.analyze(piece)
-        assert gp is not None, verdict.reason
-        k = gp.space.dims[1]
-        rows = self._row_candidates(gp, device) if self.rows_ok(gp) else []
-        if not device.is_cuda:
-            bm = min(32, pow2_at_least(gp.space.m, 16))
-            bn = min(32, pow2_at_least(k, 16))
-            return rows[:1] + [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4},
-                               {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4}]
-        # pixel tiles: >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide;
-        # 16-32 elements per thread keep the registers (all 9 taps' loads in flight) under ~100, so
-        # that >= 16 warps fit on an SM
-        bn = min(64, max(16, pow2_at_least(k, 16)))
-        ranked = [(32, bn, 4), (64, bn, 8), (16, bn, 4), (64, bn, 4)]
-        out, seen = [], set()
-        for bm, width, warps in ranked:
-            if (bm, width) not in seen:
-                seen.add((bm, width))
-                out.append({"BLOCK_M": bm, "BLOCK_N": width, "num_warps": warps})
-        return rows + out
-
-    def _row_candidates(self, gp: GemmPiece, device: Device) -> list[dict[str, Any]]:
+    def candidates(self) -> list[RowStripKnobs]:
         """Row-strip configs. A strip covers the output width (up to 64 pixels), BLOCK_N channels
         make rows of >= 64 bytes, and BLOCK_W x BLOCK_N / threads = 8 elements per thread: the R x S
         weight vectors (72 fp32 registers for 3x3) plus R accumulators keep a program near 128
         registers, i.e. 16 warps per SM. ROWS trades the halo rows (R - 1 per program) and the
         per-program loads of weights against filling the GPU: the smallest number of waves of
         (4 programs of 4 warps per SM), then the most rows."""
+        gp, device = self.m.gp, self.m.device
         sp = gp.space
         n, k, ho, wo = sp.dims
         r = gp.operand("weight").dim[2]
         if not device.is_cuda:
             bw = min(8, pow2_at_least(wo, 2))
-            return [{"ROWS": min(4, ho), "BLOCK_W": bw, "BLOCK_N": min(16, pow2_at_least(k, 4)), "num_warps": 1,
-                     "num_stages": 2}]
+            return [RowStripKnobs(ROWS=min(4, ho), BLOCK_W=bw, BLOCK_N=min(16, pow2_at_least(k, 4)), num_warps=1,
+                                  num_stages=2)]
         if gp.operand("image").data_type.itemsize == 1:
             return []  # 16 int8 channels per thread: 144 weight registers
         bw = min(64, pow2_at_least(wo, 4))
@@ -175,63 +266,45 @@ class DepthwiseTemplate(TileTemplate):
         best = options[0]
         out = []
         for rows in [best, *[o for o in options[1:4] if o != best]]:
-            out.append({"ROWS": rows, "BLOCK_W": bw, "BLOCK_N": bn, "num_warps": warps, "num_stages": 4,
-                        "MAXNREG": 128})
+            out.append(RowStripKnobs(ROWS=rows, BLOCK_W=bw, BLOCK_N=bn, num_warps=warps, num_stages=4, MAXNREG=128))
         # 3 stages (less shared memory), plain cached loads (num_stages=1: the shifted copies of a row
         # hit L1, nothing prefetched), half the channels per program
-        out[1:1] = [{**out[0], "num_stages": 3}, {**out[0], "num_stages": 1}]
+        out[1:1] = [out[0].replace(num_stages=3), out[0].replace(num_stages=1)]
         if bn >= 16:
-            out.insert(3, {**out[0], "BLOCK_N": bn // 2, "num_warps": max(1, warps // 2)})
+            out.insert(3, out[0].replace(BLOCK_N=bn // 2, num_warps=max(1, warps // 2)))
         return out
 
-    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
-        """Bound by the bytes moved (the image once, the output, the filter): ~80% of an H100's copy
-        bandwidth when the taps' re-reads hit the caches, plus a launch."""
-        gp, _ = self.analyze(piece)
-        if gp is None or not device.is_cuda:
-            return None
-        return gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
+    def check_knobs(self, k: RowStripKnobs) -> None:
+        if not self.applies:
+            raise AttributeValueError(f"the {self.m.template.name} template cannot run this piece with ROWS="
+                                      f"{k.ROWS}: the row-strip kernel (ROWS > 0) needs a 2-D conv with unit stride "
+                                      "and dilation along H, at most 9 taps and no reduction over channels",
+                                      rule="triton.depthwise.knob", hint="use ROWS=0 (pixel tiles)")
 
-    # -- code --------------------------------------------------------------------------------------
+    def blocks(self, k: RowStripKnobs) -> tuple[int, int]:
+        """(row blocks, strips) along H and W of an image."""
+        _, _, ho, wo = self.m.gp.space.dims
+        return -(-ho // k.ROWS), -(-wo // k.BLOCK_W)
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        if int(knobs.get("ROWS", 0)) <= 0:
-            return super().generate(piece, {k: v for k, v in knobs.items() if k not in ("ROWS", "BLOCK_W")}, device)
-        gp, verdict = self.analyze(piece)
-        if gp is None or not self.rows_ok(gp):
-            reason = verdict.reason if gp is None else "the row-strip kernel (ROWS > 0) needs a 2-D conv with " \
-                "unit stride and dilation along H, at most 9 taps and no reduction over channels"
-            raise AttributeValueError(f"the {self.name} template cannot run this piece with ROWS="
-                                      f"{knobs['ROWS']}: {reason}", rule="triton.depthwise.knob",
-                                      hint="use ROWS=0 (pixel tiles)")
-        rows, bw, bn = int(knobs["ROWS"]), int(knobs["BLOCK_W"]), int(knobs["BLOCK_N"])
-        for key, value in (("BLOCK_W", bw), ("BLOCK_N", bn)):
-            if value < 1 or value & (value - 1):
-                raise AttributeValueError(f"{key}={value} must be a power of two", rule="triton.depthwise.knob",
-                                          hint=f"pick {key} from 8, 16, 32, 64")
-        sp = gp.space
-        n, k, ho, wo = sp.dims
-        nhb, nwb = -(-ho // rows), -(-wo // bw)
-        tiling = RowTiling(sp, bw, bn, 1, 1, needs_int64(gp), groups_m=n * nhb * nwb)
-        ctx = make_context(gp, tiling, self.dot(gp, knobs, device), not device.is_cuda)
-        ctx.sm_count = device.sm_count
-        sig = Signature()
-        body = self._rows_kernel(ctx, sig, rows, nhb, nwb, int(knobs.get("num_stages", 3)))
-        meta: tuple[tuple[str, int], ...] = (
-            ("BLOCK_M", bw), ("BLOCK_N", bn), ("num_warps", int(knobs.get("num_warps", 4))),
-            ("num_stages", int(knobs.get("num_stages", 3))))
-        if int(knobs.get("MAXNREG", 0)):
-            meta += (("maxnreg", int(knobs["MAXNREG"])),)
-        functions = [sig.source("kernel", ["BLOCK_M", "BLOCK_N"], body)]
-        launches = [Launch("kernel", (tiling.per_split,), tuple(sig.args), meta)]
-        for i, plan in enumerate(ctx.reductions):
-            if plan.slots > 1:
-                source, launch = plan.combine_source(ctx, i)
-                functions.append(source)
-                launches.append(launch)
-        return Generated(module_source(*functions), tuple(launches), ctx.scratch.size)
+    def tiling(self, k: RowStripKnobs) -> Tiling:
+        sp = self.m.gp.space
+        nhb, nwb = self.blocks(k)
+        return RowTiling(sp, k.BLOCK_W, k.BLOCK_N, 1, 1, needs_int64(self.m.gp), groups_m=sp.dims[0] * nhb * nwb)
 
-    def _rows_kernel(self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int,
+    def constexprs(self, k: RowStripKnobs) -> dict[str, int]:
+        return {"BLOCK_M": k.BLOCK_W, "BLOCK_N": k.BLOCK_N}
+
+    def meta(self, k: RowStripKnobs) -> tuple[tuple[str, Any], ...]:
+        return (("num_warps", k.warps), ("num_stages", k.stages), *((("maxnreg", k.MAXNREG),) if k.MAXNREG else ()))
+
+    def programs(self, tiling: Tiling, k: RowStripKnobs) -> int:
+        return tiling.per_split
+
+    def body(self, ctx: Context, sig: Signature, k: RowStripKnobs, partials: int | None) -> list[str]:
+        nhb, nwb = self.blocks(k)
+        return self.kernel_body(ctx, sig, k.ROWS, nhb, nwb, k.stages)
+
+    def kernel_body(self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int,
                      stages: int) -> list[str]:
         gp = ctx.gp
         op = gp.main.op
@@ -361,45 +434,6 @@ class DepthwiseTemplate(TileTemplate):
             lines += plan.store_lines(ctx, sig, {uid: f"racc{uid}" for uid, *_ in plan.arrays}, indexer)
         return lines
 
-    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
-        gp = ctx.gp
-        op = gp.main.op
-        assert isinstance(op, ConvFprop) and ctx.dot is not None
-        x, w = gp.operand("image"), gp.operand("weight")
-        nsp = len(x.dim) - 2
-        geo = op.geometry(nsp)
-        taps = w.dim[2:]
-        ntaps = math.prod(taps)
-        ydims = gp.space.dims
-        mult = ydims[1] // x.dim[1]
-        lines = []
-        for i in range(nsp):
-            s, p0 = geo.stride[i], geo.pre[i]
-            expr = f"y{2 + i}" if s == 1 else f"y{2 + i} * {s}"
-            lines.append(f"o{i} = {expr} - {p0}" if p0 else f"o{i} = {expr}")
-        lines.append(f"cin = col // {mult}" if mult > 1 else "cin = col")
-        lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
-        moving = [(i, r) for i, r in enumerate(taps) if r > 1]
-        body = decompose("tap", moving, "t") if ntaps > 1 else []
-        checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
-        body += input_taps(geo, taps, ydims, x.dim, op.convolution_mode is ConvolutionMode.CONVOLUTION, checks)
-        amask = None
-        if checks:
-            body.append(f"amask = {' & '.join(checks)}")
-            amask = "amask"
-        ptr = ctx.ptr_of(sig)
-        x_axes = [("r", "y0"), ("c", "cin"), *(("r", f"xi{i}") for i in range(nsp))]
-        a_idx = TileIndexer(x_axes, amask, ctx.tiling.cmask, ptr, ("BLOCK_M", "BLOCK_N"), zero=("rm", "rn"))
-        w_axes = [("c", "col"), ("r", "rm"), *(("s", f"wt{i}") for i in range(nsp))]
-        b_idx = TileIndexer(w_axes, None, ctx.tiling.cmask, ptr, ("1", "BLOCK_N"), zero=("rm", "rn"))
-        body += operand_tile(ctx, sig, "image", a_idx, "a")
-        body += operand_tile(ctx, sig, "weight", b_idx, "b")
-        body.append("acc += a * b")
-        if ntaps <= UNROLL_TAPS:
-            lines.append(f"for tap in tl.static_range({ntaps}):")
-        else:
-            lines.append(f"for tap in range({ntaps}):")
-        return lines + ["    " + line for line in body]
 
-
+DepthwiseTemplate.match_class = DepthwiseMatch
 TEMPLATE = DepthwiseTemplate()

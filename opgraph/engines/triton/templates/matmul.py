@@ -17,11 +17,9 @@ Hopper (the research notes measured 663-694 TFLOP/s against 520-530 with pointer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
 
-from ....core.device import Device
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
@@ -29,9 +27,11 @@ from ..expr import TL_DTYPE
 from ..gemm import (
     Context,
     GemmPiece,
+    MainLoop,
     OutputSpace,
     Signature,
     TileIndexer,
+    TileMatch,
     TileTemplate,
     estimate_us,
     finish_candidates,
@@ -42,6 +42,7 @@ from ..gemm import (
     tma_ok,
     tma_prelude,
 )
+from ..knobs import TileKnobs
 
 # per operand: (the tile's row index start, its column index start) in the main loop
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
@@ -90,59 +91,63 @@ class MatmulTemplate(TileTemplate):
         rank = len(c.dim)
         return OutputSpace(c.dim, rows=(rank - 2,), col=rank - 1, batch=tuple(range(rank - 2)))
 
-    def iterations(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> int:
-        return -(-gp.operand("A").dim[-1] // int(knobs["BLOCK_K"]))
 
-    def _problem(self, gp: GemmPiece) -> tuple[int, int, int, int]:
-        a, b = gp.operand("A"), gp.operand("B")
-        elem = operand_bytes(a.data_type, b.data_type)
-        return gp.space.m, gp.space.n, a.dim[-1], elem
+class MatmulMatch(TileMatch):
+    template: MatmulTemplate
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        gp, verdict = self.analyze(piece)
-        assert gp is not None, verdict.reason
-        m, n, k, elem = self._problem(gp)
+    @cached_property
+    def problem(self) -> tuple[int, int, int, int]:
+        """(M, N, K, bytes an operand element) of the product."""
+        a, b = self.gp.operand("A"), self.gp.operand("B")
+        return self.gp.space.m, self.gp.space.n, a.dim[-1], operand_bytes(a.data_type, b.data_type)
+
+    @cached_property
+    def descriptors(self) -> dict[str, Descriptor]:
+        """The operands a tensor descriptor can read (TMA=1 configs read them so)."""
+        found = {role: descriptor(self.gp, role) for role in ("A", "B")}
+        return {role: d for role, d in found.items() if d is not None}
+
+    def iterations(self, k: TileKnobs) -> int:
+        assert k.BLOCK_K is not None
+        return -(-self.problem[2] // k.BLOCK_K)
+
+    def _cost(self, c: TileKnobs) -> float:
+        m, n, k, elem = self.problem
+        return estimate_us(m, n, k, c, nprog=self.gp.space.nbatch, device=self.device, elem_bytes=elem,
+                           moved_bytes=self.gp.moved_bytes())
+
+    def candidates(self) -> list[TileKnobs]:
+        gp, device = self.gp, self.device
+        m, n, k, elem = self.problem
         a, b = gp.operand("A"), gp.operand("B")
         extra = fp32_knobs(a.data_type, b.data_type)
         configs = gemm_candidates(m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem,
                                   moved_bytes=gp.moved_bytes(), extra=extra)
-        if device.is_cuda and descriptor(gp, "A") is not None and descriptor(gp, "B") is not None:
+        if device.is_cuda and len(self.descriptors) == 2:
             # TMA (+ persistent) versions of the plain configs, ranked together by the cost model
             tma = []
             for c in configs[:-1]:
-                if c["SPLIT_K"] == 1:
-                    tma.append({**c, "TMA": 1, "PERSISTENT": device.sm_count})
-                    tma.append({**c, "TMA": 1})
-            def cost(c: dict[str, Any]) -> float:
-                return estimate_us(m, n, k, c, nprog=gp.space.nbatch, device=device, elem_bytes=elem,
-                                   moved_bytes=gp.moved_bytes())
-
-            configs = sorted(tma + configs[:-1], key=cost)[:8] + configs[-1:]
-            first = next((c for c in configs if int(c.get("PERSISTENT", 0))), None)
+                if c.SPLIT_K == 1:
+                    tma.append(c.replace(TMA=1, PERSISTENT=device.sm_count))
+                    tma.append(c.replace(TMA=1))
+            configs = sorted(tma + configs[:-1], key=self._cost)[:8] + configs[-1:]
+            first = next((c for c in configs if c.persistent), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
-                configs.insert(configs.index(first) + 1, {**first, "FLATTEN": 1})
+                configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         return finish_candidates(configs, gp, device, extra)
 
-    def estimate(self, piece: Piece, knobs: Mapping[str, Any], device: Device) -> float | None:
-        gp, _ = self.analyze(piece)
-        if gp is None or not device.is_cuda:
-            return None
-        m, n, k, elem = self._problem(gp)
-        return estimate_us(m, n, k, knobs, nprog=gp.space.nbatch, device=device, elem_bytes=elem,
-                           moved_bytes=gp.moved_bytes())
+    def cost(self, k: TileKnobs) -> float | None:
+        return self._cost(k) if self.device.is_cuda else None
 
-    def _descriptors(self, gp: GemmPiece, knobs: Mapping[str, Any]) -> dict[str, Descriptor]:
-        if not int(knobs.get("TMA", 0)):
-            return {}
-        found = {role: descriptor(gp, role) for role in ("A", "B")}
-        return {role: d for role, d in found.items() if d is not None}
+    def _descriptors(self, k: TileKnobs) -> dict[str, Descriptor]:
+        return self.descriptors if k.tma else {}
 
-    def prelude(self, ctx: Context, knobs: Mapping[str, Any]) -> list[str]:
-        return tma_prelude(ctx.interpret) if self._descriptors(ctx.gp, knobs) else []
+    def prelude(self, ctx: Context, k: TileKnobs) -> list[str]:
+        return tma_prelude(ctx.interpret) if self._descriptors(k) else []
 
-    def setup(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any]) -> list[str]:
+    def setup(self, ctx: Context, sig: Signature, k: TileKnobs) -> list[str]:
         lines = []
-        for role, d in self._descriptors(ctx.gp, knobs).items():
+        for role, d in self._descriptors(k).items():
             rank = len(d.desc.dim)
             axes = [rank - 1, rank - 2] if d.transposed else [rank - 2, rank - 1]
             blocks = list(reversed(_BLOCKS[role])) if d.transposed else list(_BLOCKS[role])
@@ -176,15 +181,15 @@ class MatmulTemplate(TileTemplate):
             expr += f".to({target})"
         return [f"{name} = {expr}"]
 
-    def mainloop(self, ctx: Context, sig: Signature, knobs: Mapping[str, Any], lo: str, hi: str) -> list[str]:
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
         gp = ctx.gp
-        descs = self._descriptors(gp, knobs)
-        assert ctx.dot is not None
-        k = gp.operand("A").dim[-1]
-        bk = int(knobs["BLOCK_K"])
+        descs = self._descriptors(k)
+        assert ctx.dot is not None and k.BLOCK_K is not None
+        kdim = self.problem[2]
+        bk = k.BLOCK_K
         rank = len(gp.space.dims)
         batch = [("s", f"y{a}") for a in range(rank - 2)]
-        kmask = "kmask" if k % bk else None
+        kmask = "kmask" if kdim % bk else None
         ptr = ctx.ptr_of(sig)
         a_idx = TileIndexer([*batch, ("r", "rm"), ("c", "rk")], ctx.tiling.rmask, kmask, ptr,
                             ("BLOCK_M", "BLOCK_K"), zero=("rm", "rk"))
@@ -192,7 +197,7 @@ class MatmulTemplate(TileTemplate):
                             ("BLOCK_K", "BLOCK_N"), zero=("rk", "rn"))
         body = ["rk = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
         if kmask:
-            body.append(f"kmask = rk < {k}")
+            body.append(f"kmask = rk < {kdim}")
         for role, idx, name in (("A", a_idx, "a"), ("B", b_idx, "b")):
             if role in descs:
                 body += self._tma_tile(ctx, role, descs[role], name)
@@ -200,7 +205,8 @@ class MatmulTemplate(TileTemplate):
                 body += operand_tile(ctx, sig, role, idx, name)
         body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
         lines = [f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})", f"for it in range({lo}, {hi}):"]
-        return lines + ["    " + line for line in body]
+        return MainLoop(lines + ["    " + line for line in body])
 
 
+MatmulTemplate.match_class = MatmulMatch
 TEMPLATE = MatmulTemplate()

@@ -33,15 +33,14 @@ otherwise (NCHW) tiles are [channels, Q], Q contiguous, and P is walked one inde
 
 from __future__ import annotations
 
-from typing import Any
-
 from ....core.config import Support
-from ....core.device import Device
 from ....core.piece import Piece
 from ....memory.workspace import align_up
+from ..knobs import StatsKnobs
 from ._norm_common import (
     Comp,
     NormGen,
+    NormMatch,
     NormTemplate,
     Params,
     PrefetchIndexer,
@@ -66,7 +65,7 @@ class _Gen(NormGen):
 
     g: StatsGeometry
 
-    def __init__(self, piece: Piece, g: StatsGeometry, knobs: dict[str, Any]) -> None:
+    def __init__(self, piece: Piece, g: StatsGeometry, knobs: StatsKnobs) -> None:
         super().__init__(piece, g, knobs)
         kind = g.kind
         self.forward = kind in FORWARD
@@ -105,11 +104,11 @@ class _Gen(NormGen):
 
     def _tiles(self) -> int:
         g = self.g
-        br = int(self.k["BR"])
+        br = self.k.BR
         return -(-g.P // br) if g.channels_last else g.P * -(-g.Q // br)
 
     def _chunks(self) -> int:
-        return -(-self._tiles() // int(self.k["CHUNK"]))
+        return -(-self._tiles() // self.k.CHUNK)
 
     def comps(self, *, p: str | None, q: str | None, c_axis: int | None, p_axis: int | None,
               q_axis: int | None) -> list[Comp]:
@@ -157,7 +156,7 @@ class _Gen(NormGen):
     def stats_kernel(self) -> tuple[str, Launch]:
         g, k = self.g, self.k
         params = Params()
-        br, bc, chunk = int(k["BR"]), int(k["BC"]), int(k["CHUNK"])
+        br, bc, chunk = k.BR, k.BC, k.CHUNK
         acc = self.compute
         fusion = g.fusion
         nodes = fusion.prologue_for(fusion.full_inputs())
@@ -190,7 +189,7 @@ class _Gen(NormGen):
         accs = (["a0"] if self.forward else []) + (["a1", "a2"] if need_moments else []) \
             + (["ad", "ae"] if self.backward else [])
         body += [f"{a} = tl.zeros({shape}, {acc})" for a in accs]
-        stages, prefetch = int(k.get("ST", 0)), bool(int(k.get("PF", 0)))
+        stages, prefetch = (k.ST or 0), bool(k.PF)
         if cl:
             current = ["rp = p0 + tl.arange(0, BR)[:, None]", "pmask = rp < p_hi", "mask = pmask & cmask"]
             header = loop_header("p0", "p_lo", "p_hi", "BR", 0 if prefetch else stages)
@@ -266,7 +265,7 @@ class _Gen(NormGen):
         src = params.signature("kernel_stats", ["BR", "BC"]) + "\n" + indent(body)
         cblocks = -(-g.C // bc)
         launch = Launch("kernel_stats", (self.chunks, cblocks, g.B), tuple(params.args),
-                        (("BR", br), ("BC", bc), ("num_warps", int(k["W"]))))
+                        (("BR", br), ("BC", bc), ("num_warps", k.W)))
         return src, launch
 
     # launch 2: combine ----------------------------------------------------------------------------
@@ -278,7 +277,7 @@ class _Gen(NormGen):
         acc = self.compute
         tensors = self.piece.graph.tensors
         node = self.node
-        bs = int(k["BS"])
+        bs = k.BS
         bk = max(2, min(pow2_ceil(self.chunks), max(16, 8192 // bs)))
         # per-slot tensors (stats, scale, running stats, dscale) are [1, BS] vectors
         em = self.region([Comp(g.b_axes, "bb", 1), Comp(g.c_axes, "cc", 1)],
@@ -393,14 +392,14 @@ class _Gen(NormGen):
                 body.append(f"tl.store({self.scratch(params, 'c_' + name)} + slot, {coef[name]}, mask=smask)")
         src = params.signature("kernel_combine", ["BS", "BK"]) + "\n" + indent(body)
         launch = Launch("kernel_combine", (-(-g.S // bs),), tuple(params.args),
-                        (("BS", bs), ("BK", bk), ("num_warps", int(k["CW"]))))
+                        (("BS", bs), ("BK", bk), ("num_warps", k.CW)))
         return src, launch
 
     def dparams_kernel(self) -> tuple[str, Launch]:
         """instancenorm backward: dscale and dbias, sums over the samples of the per-slot terms."""
         g, k = self.g, self.k
         params = Params()
-        bs = int(k["BS"])
+        bs = k.BS
         bb = max(2, min(pow2_ceil(g.B), max(8, 4096 // bs)))
         em = self.region([Comp(g.c_axes, "cc", 1)], {frozenset(): None, frozenset({1}): "cmask"}, {1: "zc"}, params)
         body = [f"cc = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"cmask = cc < {g.C}", "zc = cc * 0",
@@ -416,14 +415,14 @@ class _Gen(NormGen):
         body += em.lines
         src = params.signature("kernel_dparams", ["BS", "BB"]) + "\n" + indent(body)
         launch = Launch("kernel_dparams", (-(-g.C // bs),), tuple(params.args),
-                        (("BS", bs), ("BB", bb), ("num_warps", int(k["CW"]))))
+                        (("BS", bs), ("BB", bb), ("num_warps", k.CW)))
         return src, launch
 
     # launch 3: apply --------------------------------------------------------------------------------
     def apply_kernel(self) -> tuple[str, Launch]:
         g, k = self.g, self.k
         params = Params()
-        abr, abc = int(k["ABR"]), int(k["ABC"])
+        abr, abc = k.ABR, k.ABC
         _, comps, masks, zeros = self._tile_layout("ABC")
         cl = g.channels_last
         ncb = -(-g.C // abc)
@@ -434,7 +433,7 @@ class _Gen(NormGen):
         if cl:
             row_tiles = -(-g.P // abr)
             if order:
-                chr_, nch = int(k["CHUNK"]) * int(k["BR"]), self.chunks
+                chr_, nch = k.CHUNK * k.BR, self.chunks
                 tpc = chr_ // abr
                 row_tiles = nch * tpc
                 if order == 2:
@@ -449,7 +448,7 @@ class _Gen(NormGen):
             row_tiles = g.P * nqb
             qvalid = ""
             if order:
-                ch, nch = int(k["CHUNK"]), self.chunks
+                ch, nch = k.CHUNK, self.chunks
                 if order == 2:
                     body.append(f"r = {row_tiles - 1} - r")
                 else:
@@ -484,19 +483,19 @@ class _Gen(NormGen):
         body += em.lines
         src = params.signature("kernel_apply", ["ABR", "ABC"]) + "\n" + indent(body)
         launch = Launch("kernel_apply", grid, tuple(params.args),
-                        (("ABR", abr), ("ABC", abc), ("num_warps", int(k["AW"]))))
+                        (("ABR", abr), ("ABC", abc), ("num_warps", k.AW)))
         return src, launch
 
     def apply_order(self) -> int:
         """The apply pass's tile order (knob ORDER): 0 in memory order; 1 the last tile rows of every
         stats chunk first, 2 the input's last rows first (both read first what the stats pass read
         last, which L2 may still hold). 1 and 2 need apply tiles that split the stats chunks."""
-        order = int(self.k.get("ORDER", 0))
+        order = (self.k.ORDER or 0)
         if self.inference or not order:
             return 0
         if self.g.channels_last:
-            return order if (int(self.k["CHUNK"]) * int(self.k["BR"])) % int(self.k["ABR"]) == 0 else 0
-        return order if int(self.k["ABR"]) == int(self.k["BR"]) else 0
+            return order if (self.k.CHUNK * self.k.BR) % self.k.ABR == 0 else 0
+        return order if self.k.ABR == self.k.BR else 0
 
     def generate(self) -> Generated:
         sources, launches = [], []
@@ -518,6 +517,7 @@ class NormStatsTemplate(NormTemplate):
     name = "norm_stats"
     priority = 30
     main_kinds = ("batchnorm", "batchnorm_inference", "batchnorm_backward", "instancenorm", "instancenorm_backward")
+    knob_class = StatsKnobs
 
     def _geometry(self, piece: Piece) -> StatsGeometry | Support:
         fusion = analyze(piece, KINDS, self.name)
@@ -528,12 +528,16 @@ class NormStatsTemplate(NormTemplate):
             return Support.no(f"{g.B} samples exceed the grid's third axis (65535)", fusion.norm)
         return g
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        g = self.geometry_of(piece)
-        return candidate_knobs(g, device, stats_bytes(g, piece))
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        return _Gen(piece, self.geometry_of(piece), knobs).generate()
+class NormStatsMatch(NormMatch):
+    g: StatsGeometry
+
+    def candidates(self) -> list[StatsKnobs]:
+        return candidate_knobs(self.g, self.device, stats_bytes(self.g, self.piece))
+
+    def generate(self, knobs: StatsKnobs) -> Generated:
+        return _Gen(self.piece, self.g, knobs).generate()
 
 
+NormStatsTemplate.match_class = NormStatsMatch
 TEMPLATE = NormStatsTemplate()

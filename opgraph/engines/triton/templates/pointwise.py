@@ -20,18 +20,22 @@ the row walk: the flat walk was bound by instruction issue, not by memory.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
+from ....core.errors import AttributeValueError
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
+from ..knobs import PointwiseKnobs
 from .base import (
     INT32_LIMIT,
     Generated,
     Launch,
+    Match,
     Template,
     external_params,
     indent,
@@ -170,7 +174,7 @@ class TileIndexer:
         return lines
 
 
-def transposed_axes(piece: Piece) -> tuple[int, int] | None:
+def transposed_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     """(i, j) where a large tensor of the piece's space is contiguous along axis i and the first
     output along axis j != i: the flat walk would read (or write) it with a stride; None otherwise."""
     first = piece.tensor(piece.outputs[0])
@@ -185,8 +189,6 @@ def transposed_axes(piece: Piece) -> tuple[int, int] | None:
     j = innermost(first)
     if j is None:
         return None
-    found = memory_views(piece)
-    views = found if isinstance(found, dict) else {}
     tensors = _with_views(piece, views)
     for u in (*piece.inputs, *views):
         desc = tensors[u]
@@ -206,7 +208,7 @@ ROW_MIN = 128  # the shortest innermost axis the row walk takes (a tile's tail i
 ROW_FIRST_TAIL = 1 / 16  # the row walk ranks first where each row's last tile is masked off no more
 
 
-def row_axes(piece: Piece) -> tuple[int, int] | None:
+def row_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     """(i, j): the first output's innermost axis j (contiguous, at least ROW_MIN elements) and its next
     axis i, where no tensor is transposed (transposed_axes) and the flat walk would compute per element
     a coordinate other than a power-of-two `lin % dims[j]`: for a tensor broadcast along j (a per-row
@@ -219,10 +221,10 @@ def row_axes(piece: Piece) -> tuple[int, int] | None:
     order = tuple(a for a in stride_order(first.stride) if space[a] > 1)
     if len(order) < 2 or first.stride[order[-1]] != 1 or space[order[-1]] < ROW_MIN:
         return None
-    if transposed_axes(piece) is not None:
+    if transposed_axes(piece, views) is not None:
         return None
     flat = FlatIndexer(space, stride_order(first.stride))
-    _emit(piece, flat)
+    _emit(piece, flat, views)
     needed = {a for a in flat.needed if space[a] > 1}
     i, j = order[-2], order[-1]
     if not needed or (needed == {j} and _is_pow2(space[j])):
@@ -256,10 +258,9 @@ def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
     return {**acc, **{d: v for d, v in new.items() if d not in acc}} if new else acc
 
 
-def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer) -> Emitter:
-    """The piece's loads, math and stores over `indexer` (which notes the coordinates they need)."""
-    views = memory_views(piece)
-    assert not isinstance(views, Support), views.reason
+def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any]) -> Emitter:
+    """The piece's loads, math and stores over `indexer` (which notes the coordinates they need); `views`:
+    the piece's slices/transposes as views of memory (memory_views)."""
 
     def ptr(u: int) -> str:  # a view reads its source's buffer, from its offset
         if u not in views:
@@ -280,8 +281,9 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer) -> Emitter:
 class PointwiseTemplate(Template):
     name = "pointwise"
     main_kinds = ("pointwise", "custom", "slice", "transpose")
+    knob_class = PointwiseKnobs
 
-    def match(self, piece: Piece, device: Device) -> Support:
+    def match(self, piece: Piece, device: Device) -> Support | PointwiseMatch:
         # linear in a piece grown op by op: kind checks on the piece's kind set, per-op facts folded
         kinds = piece.kind_set
         views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
@@ -311,31 +313,51 @@ class PointwiseTemplate(Template):
             if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
                 return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
                                   f"piece's space {list(space)}", node)
-        return Support.yes()
+        return PointwiseMatch(self, piece, device, views)
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+
+class PointwiseMatch(Match[PointwiseKnobs]):
+    """A pointwise piece: its views of memory, and the walk it takes (flat, transposed tiles or rows), found
+    once."""
+
+    def __init__(self, template: PointwiseTemplate, piece: Piece, device: Device, views: dict[int, Any]) -> None:
+        super().__init__(template, piece, device)
+        self.views = views
+
+    @cached_property
+    def transposed(self) -> tuple[int, int] | None:
+        return transposed_axes(self.piece, self.views)
+
+    @cached_property
+    def rows(self) -> tuple[int, int] | None:
+        return row_axes(self.piece, self.views)
+
+    def candidates(self) -> list[PointwiseKnobs]:
+        piece = self.piece
         dims = piece.tensor(piece.outputs[0]).dim
         numel = math.prod(dims)
-        if transposed_axes(piece) is not None:
+        if self.transposed is not None:
             # (128 x 32: runs of 512 bytes of the transposed tensor, its tile transposed by ldmatrix)
-            return [{"TILE_I": 64, "TILE_J": 64, "num_warps": 4}, {"TILE_I": 32, "TILE_J": 128, "num_warps": 4},
-                    {"TILE_I": 128, "TILE_J": 32, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8}]
+            return [PointwiseKnobs(TILE_I=64, TILE_J=64, num_warps=4), PointwiseKnobs(TILE_I=32, TILE_J=128, num_warps=4),
+                    PointwiseKnobs(TILE_I=128, TILE_J=32, num_warps=4), PointwiseKnobs(BLOCK=2048, num_warps=8)]
         if numel >= 1 << 22:
             ranked = [(2048, 8), (4096, 8), (1024, 4), (2048, 4)]
         else:
             b = min(1024, pow2_at_least(numel, 16))
             ranked = [(b, 4), (min(2048, pow2_at_least(numel, 16)), 8)]
-        flat = unique([{"BLOCK": block, "num_warps": warps} for block, warps in ranked])
-        axes = row_axes(piece)
+        flat = unique([PointwiseKnobs(BLOCK=block, num_warps=warps) for block, warps in ranked])
+        axes = self.rows
         if axes is None:
             return flat
         rows, cols = dims[axes[0]], dims[axes[1]]
-        tiles = [{"ROWS": ti, "COLS": tj, "num_warps": w} for ti, tj, w in row_tiles(rows, cols)]
+        tiles = [PointwiseKnobs(ROWS=ti, COLS=tj, num_warps=w) for ti, tj, w in row_tiles(rows, cols)]
         # first where a row's last tile masks little off, after the flat walk up to a quarter, else not
-        waste = tail_waste(cols, tiles[0]["COLS"])
+        assert tiles[0].COLS is not None
+        waste = tail_waste(cols, tiles[0].COLS)
         return [*tiles, *flat] if waste <= ROW_FIRST_TAIL else [*flat, *tiles] if waste <= 0.25 else flat
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
+    def generate(self, knobs: PointwiseKnobs) -> Generated:
+        piece = self.piece
         first = piece.tensor(piece.outputs[0])
         dims = first.dim
         numel = math.prod(dims)
@@ -345,21 +367,21 @@ class PointwiseTemplate(Template):
         big = offsets_need_int64(piece.tensor(u) for u in externals) or numel + 2**16 > INT32_LIMIT
         order = stride_order(first.stride)
         params, args = external_params(piece, externals)
-        tiles = {"TILE_I": ("TILE_I", "TILE_J", transposed_axes, "a transposed tensor (transposed_axes)"),
-                 "ROWS": ("ROWS", "COLS", row_axes, "per-element coordinates on rows (row_axes)")}
-        for key, (ki, kj, find, what) in tiles.items():
-            if key not in knobs:
+        walks = ((knobs.TILE_I, knobs.TILE_J, self.transposed, "TILE_I/TILE_J", "a transposed tensor (transposed_axes)"),
+                 (knobs.ROWS, knobs.COLS, self.rows, "ROWS/COLS", "per-element coordinates on rows (row_axes)"))
+        for ti, tj, axes, names, what in walks:
+            if ti is None or tj is None:
                 continue
-            axes = find(piece)
             if axes is None:
-                raise ValueError(f"{ki}/{kj} configs are for pieces with {what}")
-            indexer = TileIndexer(dims, *axes, order, big, int(knobs[ki]), int(knobs[kj]))
-            body = [*indexer.coordinate_lines(), *_emit(piece, indexer).lines]
+                raise AttributeValueError(f"{names} configs are for pieces with {what}", rule="triton.pointwise.knob",
+                                          hint="take configs from engine_configs()")
+            indexer = TileIndexer(dims, *axes, order, big, ti, tj)
+            body = [*indexer.coordinate_lines(), *_emit(piece, indexer, self.views).lines]
             source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
-            launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", int(knobs["num_warps"])),))
+            launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", knobs.warps),))
             return Generated(source, (launch,))
         flat = FlatIndexer(dims, order)
-        lines = _emit(piece, flat).lines
+        lines = _emit(piece, flat, self.views).lines
         body = [
             f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",
@@ -369,9 +391,9 @@ class PointwiseTemplate(Template):
         source = module_source(
             f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
         )
-        block = int(knobs["BLOCK"])
-        launch = Launch("kernel", (-(-numel // block),), tuple(args),
-                        (("BLOCK", block), ("num_warps", int(knobs["num_warps"]))))
+        block = knobs.BLOCK
+        assert block is not None
+        launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))
         return Generated(source, (launch,))
 
 

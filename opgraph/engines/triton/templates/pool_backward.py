@@ -35,11 +35,13 @@ from ....ops.pooling import ResampleMode
 from ....ops.pooling_backward import MAX_BACKWARD, REFERENCES, checked_geometry
 from ..casts import from_storage, to_storage
 from ..expr import compute_type, piece_types
+from ..knobs import FlatKnobs
 from .base import (
     Arg,
     ArgKind,
     Generated,
     Launch,
+    Match,
     Template,
     extent,
     external_params,
@@ -47,7 +49,6 @@ from .base import (
     module_source,
     offsets_need_int64,
     program_id,
-    verdict,
 )
 from .pooling import UNROLL_TAPS, block_candidates, tap_coords
 from .reduction import FlatAxes
@@ -69,21 +70,34 @@ class PoolGrad:
     exclude_padding: bool  # avg: count(o) is the window's taps inside the input, not prod(window)
 
 
-def analyze(piece: Piece) -> PoolGrad | Support:
-    if len(piece.nodes) != 1 or not isinstance(piece.nodes[0].op, Custom):
-        return Support.no("the pooling backward template runs one resample backward custom op alone")
-    node = piece.nodes[0]
+MAIN_KINDS = ("custom",)  # the op kinds of the pooling backward ops (`pooling_backward` tells them apart)
+
+
+def pooling_backward(node: Node) -> tuple[str, dict[str, Any]] | Support:
+    """(op name, parameters) of a built-in pooling backward op, or why `node` is not one: the one place
+    that knows how these ops are represented."""
     op = node.op
-    assert isinstance(op, Custom)
+    if not isinstance(op, Custom):
+        return Support.no("the pooling backward template runs one resample backward custom op alone")
     if op.op_name not in REFERENCES:
         return Support.no(f"custom op '{op.op_name}' is not a pooling backward", node)
     if CUSTOM_OPS.get(op.op_name) is None or CUSTOM_OPS[op.op_name].reference is not REFERENCES[op.op_name]:
         return Support.no(f"custom op '{op.op_name}' was registered again with another definition; the kernels "
                           "compute the built-in one", node)
-    params = dict(op.params)
+    return op.op_name, dict(op.params)
+
+
+def analyze(piece: Piece) -> PoolGrad | Support:
+    if len(piece.nodes) != 1:
+        return Support.no("the pooling backward template runs one resample backward custom op alone")
+    node = piece.nodes[0]
+    found = pooling_backward(node)
+    if isinstance(found, Support):
+        return found
+    op_name, params = found
     dy = piece.tensor(node.input_uids()[0])
     dx = piece.tensor(node.output_uids()[0])
-    x = piece.tensor(node.input_uids()[1]) if op.op_name == MAX_BACKWARD else None
+    x = piece.tensor(node.input_uids()[1]) if op_name == MAX_BACKWARD else None
     for t in (dy, dx) if x is None else (dy, x, dx):
         if t.data_type not in FLOATS or t.is_pass_by_value:
             return Support.no(f"{t.label()} is {'a pass-by-value scalar' if t.is_pass_by_value else t.data_type.value}"
@@ -93,7 +107,7 @@ def analyze(piece: Piece) -> PoolGrad | Support:
     if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING.value, ResampleMode.AVG_EXCLUDE_PADDING.value):
         return Support.no(f"average pooling backward of mode {mode!r}", node)
     try:  # (the op's infer checked it when the graph was built; a plan file's graph too)
-        w, s, pre, _ = checked_geometry(op.op_name, dy.dim, dx.dim, params)
+        w, s, pre, _ = checked_geometry(op_name, dy.dim, dx.dim, params)
     except GraphError as err:
         return Support.no(err.detail, node)
     exclude = mode == ResampleMode.AVG_EXCLUDE_PADDING.value
@@ -116,104 +130,106 @@ def tap_type(taps: int) -> str:
 class PoolBackwardTemplate(Template):
     name = "pool_backward"
     priority = 20
-    main_kinds = ("custom",)
+    main_kinds = MAIN_KINDS
+    knob_class = FlatKnobs
 
-    def match(self, piece: Piece, device: Device) -> Support:
-        return verdict(analyze(piece))
-
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+    def match(self, piece: Piece, device: Device) -> Support | PoolBackwardMatch:
         p = analyze(piece)
-        assert isinstance(p, PoolGrad)
-        return block_candidates(p.dx.numel, 1024)
+        return p if isinstance(p, Support) else PoolBackwardMatch(self, piece, device, p)
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        p = analyze(piece)
-        assert isinstance(p, PoolGrad)
-        block = int(knobs["BLOCK"])
-        if block < 1 or block & (block - 1):
-            raise ValueError(f"BLOCK={block} must be a power of 2")
+
+class PoolBackwardMatch(Match[FlatKnobs]):
+    def __init__(self, template: PoolBackwardTemplate, piece: Piece, device: Device, grad: PoolGrad) -> None:
+        super().__init__(template, piece, device)
+        self.grad = grad
+
+    def candidates(self) -> list[FlatKnobs]:
+        return block_candidates(self.grad.dx.numel, 1024)
+
+    def generate(self, knobs: FlatKnobs) -> Generated:
+        p, piece = self.grad, self.piece
+        block = knobs.BLOCK
         big = offsets_need_int64((p.dy, p.dx, *(() if p.x is None else (p.x,))), lanes=block)
         compute = compute_type(piece_types(piece))
-        warps = (("num_warps", int(knobs.get("num_warps", 4))),)
+        warps = (("num_warps", knobs.warps),)
         params, args = external_params(piece, [*piece.inputs, *piece.outputs])
         kernels, launches = [], []
         taps = math.prod(p.window)
         if p.is_max:
             scratch = Arg(ArgKind.SCRATCH, offset=0, dtype=tap_type(taps))
-            kernels.append(self._argmax(p, block, big, compute, ["taps", *params]))
+            kernels.append(_argmax(p, block, big, compute, ["taps", *params]))
             launches.append(Launch("kernel_argmax", (-(-p.dy.numel // block),), (scratch, *args), warps))
             params, args = ["taps", *params], [scratch, *args]
-        kernels.append(self._gather(p, block, big, compute, params))
+        kernels.append(_gather(p, block, big, compute, params))
         launches.append(Launch("kernel_gather", (-(-p.dx.numel // block),), tuple(args), warps))
         scratch_bytes = extent(p.dy) * TAP_BYTES[tap_type(taps)] if p.is_max else 0
         return Generated(module_source(*kernels), tuple(launches), scratch_bytes)
 
-    @staticmethod
-    def _argmax(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
-        """Each dy window's first-maximum tap into `taps`, at dy's offset of the window."""
-        assert p.x is not None
-        yflat = _flat(p.dy)
-        coords = tap_coords(p.window, p.stride, p.pre, p.x.dim, p.dy.dim, yflat.coord)
-        terms = [f"{yflat.coord(a)} * {p.x.stride[a]}" for a in (0, 1) if p.dy.dim[a] > 1]
-        terms += [f"i{d} * {p.x.stride[2 + d]}" for d in range(len(p.window)) if p.x.dim[2 + d] > 1]
-        x_ptr = f"p{p.x.uid} + " + (" + ".join(terms) or "0")
-        taps = math.prod(p.window)
-        loop = f"for t in tl.static_range({taps}):" if taps <= UNROLL_TAPS else f"for t in range({taps}):"
-        body = [f"v = {from_storage(f'tl.load({x_ptr}, mask=ok, other=0)', p.x.data_type, compute)}",
-                "v = tl.where(ok, v, float('-inf'))",
-                "upd = (v > best) | ((v != v) & (best == best))",
-                "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
-        lines = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
-                 loop, *indent([*coords, *body]).split("\n"),
-                 f"tl.store(taps + {yflat.offset(p.dy) or '0'}, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
-        return _kernel("kernel_argmax", params, p.dy.numel, block, big, yflat, lines)
 
-    @staticmethod
-    def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
-        """dx over its memory order: the sum over the windows holding each element."""
-        xflat = _flat(p.dx)
-        nsp = len(p.window)
-        per_axis = [-(-w // s) for w, s in zip(p.window, p.stride)]
-        combos = math.prod(per_axis)
-        inner = [math.prod(per_axis[d + 1:]) for d in range(nsp)]
-        # the window's offset in dy, where the argmax kernel also put its tap
-        dy_terms = [f"{xflat.coord(a)} * {p.dy.stride[a]}" for a in (0, 1) if p.dx.dim[a] > 1 and p.dy.dim[a] > 1]
-        body, valid = [], ["mask"]
-        for d in range(nsp):
-            w, s, pre, out = p.window[d], p.stride[d], p.pre[d], p.dy.dim[2 + d]
-            i = xflat.coord(2 + d) if p.dx.dim[2 + d] > 1 else "tl.zeros_like(lin)"
-            j = "j" if inner[d] == 1 else f"(j // {inner[d]})"
-            if inner[d] * per_axis[d] != combos:
-                j = f"{j} % {per_axis[d]}"
-            h = f"({i} + {pre})" if pre else i
-            body += [f"o{d} = {h} // {s} - {j}" if s != 1 else f"o{d} = {h} - {j}", f"k{d} = {h} - o{d} * {s}"]
-            valid += [f"(o{d} >= 0)", f"(o{d} < {out})"] + ([f"(k{d} < {w})"] if per_axis[d] * s > w else [])
-            if out > 1:
-                dy_terms.append(f"o{d} * {p.dy.stride[2 + d]}")
-        body.append(f"hit = {' & '.join(valid)}")
-        dy_off = " + ".join(dy_terms) or "0"
-        dy_val = from_storage(f"tl.load(p{p.dy.uid} + {dy_off}, mask=hit, other=0)", p.dy.data_type, compute)
-        if p.is_max:
-            tap = " + ".join(f"k{d} * {math.prod(p.window[d + 1:])}" if d < nsp - 1 else f"k{d}" for d in range(nsp))
-            # both loads under the window mask alone (constant over a channel run: vectorised), the
-            # tap test a select after them
-            body += [f"won = tl.load(taps + {dy_off}, mask=hit, other=-1) == {tap}",
-                     f"acc += tl.where(won, {dy_val}, 0.0)"]
+def _argmax(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
+    """Each dy window's first-maximum tap into `taps`, at dy's offset of the window."""
+    assert p.x is not None
+    yflat = _flat(p.dy)
+    coords = tap_coords(p.window, p.stride, p.pre, p.x.dim, p.dy.dim, yflat.coord)
+    terms = [f"{yflat.coord(a)} * {p.x.stride[a]}" for a in (0, 1) if p.dy.dim[a] > 1]
+    terms += [f"i{d} * {p.x.stride[2 + d]}" for d in range(len(p.window)) if p.x.dim[2 + d] > 1]
+    x_ptr = f"p{p.x.uid} + " + (" + ".join(terms) or "0")
+    taps = math.prod(p.window)
+    loop = f"for t in tl.static_range({taps}):" if taps <= UNROLL_TAPS else f"for t in range({taps}):"
+    body = [f"v = {from_storage(f'tl.load({x_ptr}, mask=ok, other=0)', p.x.data_type, compute)}",
+            "v = tl.where(ok, v, float('-inf'))",
+            "upd = (v > best) | ((v != v) & (best == best))",
+            "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
+    lines = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
+             loop, *indent([*coords, *body]).split("\n"),
+             f"tl.store(taps + {yflat.offset(p.dy) or '0'}, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
+    return _kernel("kernel_argmax", params, p.dy.numel, block, big, yflat, lines)
+
+def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
+    """dx over its memory order: the sum over the windows holding each element."""
+    xflat = _flat(p.dx)
+    nsp = len(p.window)
+    per_axis = [-(-w // s) for w, s in zip(p.window, p.stride)]
+    combos = math.prod(per_axis)
+    inner = [math.prod(per_axis[d + 1:]) for d in range(nsp)]
+    # the window's offset in dy, where the argmax kernel also put its tap
+    dy_terms = [f"{xflat.coord(a)} * {p.dy.stride[a]}" for a in (0, 1) if p.dx.dim[a] > 1 and p.dy.dim[a] > 1]
+    body, valid = [], ["mask"]
+    for d in range(nsp):
+        w, s, pre, out = p.window[d], p.stride[d], p.pre[d], p.dy.dim[2 + d]
+        i = xflat.coord(2 + d) if p.dx.dim[2 + d] > 1 else "tl.zeros_like(lin)"
+        j = "j" if inner[d] == 1 else f"(j // {inner[d]})"
+        if inner[d] * per_axis[d] != combos:
+            j = f"{j} % {per_axis[d]}"
+        h = f"({i} + {pre})" if pre else i
+        body += [f"o{d} = {h} // {s} - {j}" if s != 1 else f"o{d} = {h} - {j}", f"k{d} = {h} - o{d} * {s}"]
+        valid += [f"(o{d} >= 0)", f"(o{d} < {out})"] + ([f"(k{d} < {w})"] if per_axis[d] * s > w else [])
+        if out > 1:
+            dy_terms.append(f"o{d} * {p.dy.stride[2 + d]}")
+    body.append(f"hit = {' & '.join(valid)}")
+    dy_off = " + ".join(dy_terms) or "0"
+    dy_val = from_storage(f"tl.load(p{p.dy.uid} + {dy_off}, mask=hit, other=0)", p.dy.data_type, compute)
+    if p.is_max:
+        tap = " + ".join(f"k{d} * {math.prod(p.window[d + 1:])}" if d < nsp - 1 else f"k{d}" for d in range(nsp))
+        # both loads under the window mask alone (constant over a channel run: vectorised), the
+        # tap test a select after them
+        body += [f"won = tl.load(taps + {dy_off}, mask=hit, other=-1) == {tap}",
+                 f"acc += tl.where(won, {dy_val}, 0.0)"]
+    else:
+        if p.exclude_padding:
+            counts = []
+            for d in range(nsp):
+                lo = f"o{d} * {p.stride[d]} - {p.pre[d]}"
+                counts.append(f"(tl.minimum({lo} + {p.window[d]}, {p.dx.dim[2 + d]}) - tl.maximum({lo}, 0))")
+            body.append(f"count = ({' * '.join(counts)}).to({compute})")
         else:
-            if p.exclude_padding:
-                counts = []
-                for d in range(nsp):
-                    lo = f"o{d} * {p.stride[d]} - {p.pre[d]}"
-                    counts.append(f"(tl.minimum({lo} + {p.window[d]}, {p.dx.dim[2 + d]}) - tl.maximum({lo}, 0))")
-                body.append(f"count = ({' * '.join(counts)}).to({compute})")
-            else:
-                body.append(f"count = {float(math.prod(p.window))!r}")
-            body.append(f"acc += tl.where(hit, {dy_val} / count, 0.0)")
-        loop = f"for j in tl.static_range({combos}):" if combos <= UNROLL_WINDOWS else f"for j in range({combos}):"
-        dx_off = xflat.offset(p.dx) or "0"
-        lines = [f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
-                 f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)"]
-        return _kernel("kernel_gather", params, p.dx.numel, block, big, xflat, lines)
+            body.append(f"count = {float(math.prod(p.window))!r}")
+        body.append(f"acc += tl.where(hit, {dy_val} / count, 0.0)")
+    loop = f"for j in tl.static_range({combos}):" if combos <= UNROLL_WINDOWS else f"for j in range({combos}):"
+    dx_off = xflat.offset(p.dx) or "0"
+    lines = [f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
+             f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)"]
+    return _kernel("kernel_gather", params, p.dx.numel, block, big, xflat, lines)
 
 
 def _kernel(name: str, params: list[str], numel: int, block: int, big: bool, flat: FlatAxes, body: list[str]) -> str:

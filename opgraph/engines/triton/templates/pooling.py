@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
@@ -27,10 +26,12 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc, stride_order
 from ....ops.pooling import PoolGeometry, Resample, ResampleMode
 from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, piece_types, round_in_compute, to_storage
+from ..knobs import FlatKnobs
 from .base import (
     INT32_LIMIT,
     Generated,
     Launch,
+    Match,
     Template,
     external_params,
     indent,
@@ -39,7 +40,6 @@ from .base import (
     pow2_at_least,
     program_id,
     unique,
-    verdict,
 )
 from .reduction import FlatAxes
 
@@ -180,22 +180,25 @@ class PoolingTemplate(Template):
     name = "pooling"
     priority = 20
     main_kinds = ("resample",)
+    knob_class = FlatKnobs
 
-    def match(self, piece: Piece, device: Device) -> Support:
-        return verdict(analyze(piece))
-
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
+    def match(self, piece: Piece, device: Device) -> Support | PoolingMatch:
         p = analyze(piece)
-        assert isinstance(p, PoolPiece)
+        return p if isinstance(p, Support) else PoolingMatch(self, piece, device, p)
+
+
+class PoolingMatch(Match[FlatKnobs]):
+    def __init__(self, template: PoolingTemplate, piece: Piece, device: Device, pool: PoolPiece) -> None:
+        super().__init__(template, piece, device)
+        self.pool = pool
+
+    def candidates(self) -> list[FlatKnobs]:
         # ~4 outputs per thread; big windows do more work per output, so smaller blocks
-        return block_candidates(p.y.numel, 1024 if math.prod(p.geo.window) <= 16 else 512)
+        return block_candidates(self.pool.y.numel, 1024 if math.prod(self.pool.geo.window) <= 16 else 512)
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        p = analyze(piece)
-        assert isinstance(p, PoolPiece)
-        block = int(knobs["BLOCK"])
-        if block < 1 or block & (block - 1):
-            raise ValueError(f"BLOCK={block} must be a power of 2")
+    def generate(self, knobs: FlatKnobs) -> Generated:
+        p, piece = self.pool, self.piece
+        block = knobs.BLOCK
         g = piece.graph
         externals = [*piece.inputs, *piece.outputs]
         ny = p.y.numel
@@ -265,15 +268,17 @@ class PoolingTemplate(Template):
         body = [*head, *yflat.lines, *hoisted, *init, loop, *indent(tap_lines).split("\n"), *post]
         params, args = external_params(piece, externals)
         source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
-        launch = Launch("kernel", (-(-ny // block),), tuple(args), (("num_warps", int(knobs.get("num_warps", 4))),))
+        launch = Launch("kernel", (-(-ny // block),), tuple(args), (("num_warps", knobs.warps),))
         return Generated(source, (launch,))
 
 
-def block_candidates(numel: int, first: int) -> list[dict[str, Any]]:
+
+
+def block_candidates(numel: int, first: int) -> list[FlatKnobs]:
     """BLOCK / num_warps configs of a kernel over `numel` flat elements, `first` elements a program first,
     then half, double and 256 (at most the elements' power of two, a warp per 128 lanes at most)."""
     top = pow2_at_least(numel, 16)
-    return unique([{"BLOCK": min(b, top), "num_warps": max(1, min(w, min(b, top) // 128))}
+    return unique([FlatKnobs(BLOCK=min(b, top), num_warps=max(1, min(w, min(b, top) // 128)))
                    for b, w in ((first, 4), (first // 2, 4), (first * 2, 8), (256, 2))])
 
 

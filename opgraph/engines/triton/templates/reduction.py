@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
@@ -40,11 +39,13 @@ from ....core.tensor import TensorDesc, stride_order
 from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import Emitter, compute_type, elementwise, node_type, piece_types, to_storage
+from ..knobs import ReductionKnobs
 from .base import (
     Arg,
     ArgKind,
     Generated,
     Launch,
+    Match,
     Template,
     external_params,
     indent,
@@ -52,7 +53,6 @@ from .base import (
     pow2_at_least,
     program_id,
     unique,
-    verdict,
 )
 
 INT32_LIMIT = 2**31 - 1
@@ -359,14 +359,24 @@ class ReductionTemplate(Template):
     name = "reduction"
     priority = 10
     main_kinds = ("reduction", "genstats")
+    knob_class = ReductionKnobs
 
-    def match(self, piece: Piece, device: Device) -> Support:
-        return verdict(analyze(piece))
+    def match(self, piece: Piece, device: Device) -> Support | ReductionMatch:
+        a = analyze(piece)
+        return a if isinstance(a, Support) else ReductionMatch(self, piece, device, a)
+
+
+class ReductionMatch(Match[ReductionKnobs]):
+    def __init__(self, template: ReductionTemplate, piece: Piece, device: Device, analysis: Analysis) -> None:
+        super().__init__(template, piece, device)
+        self.a = analysis
+
+    def launches(self, knobs: ReductionKnobs) -> int:
+        return 2 if knobs.split > 1 else 1
 
     # -- knobs -----------------------------------------------------------------------------------
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        a = analyze(piece)
-        assert isinstance(a, Analysis)
+    def candidates(self) -> list[ReductionKnobs]:
+        a, piece, device = self.a, self.piece, self.device
         M, K = a.M, a.K
         pm, pk = pow2_at_least(M), pow2_at_least(K)
         if a.k_fast:  # rows: K contiguous, up to 4096 elements of a row per step
@@ -380,7 +390,7 @@ class ReductionTemplate(Template):
             bk = min(pk, max(1, 4096 // bm))
         base = (bm, bk)
         shapes = [base, (bm * 2, bk // 2), (bm // 2, bk * 2), (bm, bk * 2), (bm * 2, bk)]
-        out: list[dict[str, Any]] = []
+        out: list[ReductionKnobs] = []
         for i, (m, k) in enumerate(shapes):
             m, k = max(1, min(m, pm)), max(1, min(k, pk))
             if m * k > MAX_TILE:
@@ -393,19 +403,15 @@ class ReductionTemplate(Template):
                 s = min(s, -(-K // k))
                 st = _stages(a, piece, M, K, m, k, s, device)
                 for st_ in ([st, 0] if i == j == 0 and st else [st]):  # the plain loop: an alternative
-                    out.append({"BLOCK_M": m, "BLOCK_K": k, "SPLIT": s, "num_warps": w, "STAGES": st_})
+                    out.append(ReductionKnobs(BLOCK_M=m, BLOCK_K=k, SPLIT=s, num_warps=w, STAGES=st_))
         return unique(out)
 
     # -- source ----------------------------------------------------------------------------------
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        a = analyze(piece)
-        assert isinstance(a, Analysis)
-        bm, bk = int(knobs["BLOCK_M"]), int(knobs["BLOCK_K"])
-        for name, size in (("BLOCK_M", bm), ("BLOCK_K", bk)):
-            if size < 1 or size & (size - 1):
-                raise ValueError(f"{name}={size} must be a power of 2")
+    def generate(self, knobs: ReductionKnobs) -> Generated:
+        a, piece, device = self.a, self.piece, self.device
+        bm, bk = knobs.BLOCK_M, knobs.BLOCK_K
         M, K = a.M, a.K
-        per_chunk = -(-K // max(1, int(knobs.get("SPLIT", 1))))
+        per_chunk = -(-K // knobs.split)
         chunk = -(-per_chunk // bk) * bk  # whole tiles per chunk
         split = -(-K // chunk)  # chunks that hold any of K
         tile = (bm, bk) if a.k_fast else (bk, bm)
@@ -473,7 +479,7 @@ class ReductionTemplate(Template):
 
         k_vec = f"k0 + tl.arange(0, {bk})"
         bounds = f"0, {K}, {bk}" if split == 1 else f"pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}"
-        stages = int(knobs.get("STAGES", 0))
+        stages = knobs.stages
         # tl.range(num_stages=S) software-pipelines the loop's loads (cp.async into shared memory: S - 1
         # tiles in flight per program); the interpreter ignores it
         loop_head = (f"for k0 in tl.range({bounds}, num_stages={stages}):" if stages > 1
@@ -489,7 +495,7 @@ class ReductionTemplate(Template):
         signature = ", ".join([*params, *scratch_params])
         source = module_source(f"def kernel({signature}):\n{indent(body)}\n", combine_src)
         main = Launch("kernel", (-(-M // bm), split), tuple([*args, *scratch_args]),
-                      (("num_warps", int(knobs.get("num_warps", 4))),))
+                      (("num_warps", knobs.warps),))
         return Generated(source, (main, *launches), scratch_bytes,
                          frozenset({f"split={split}"} if split > 1 else set()))
 

@@ -30,10 +30,12 @@ from ....core.config import Support
 from ....core.device import Device
 from ....core.piece import Piece
 from ....memory.workspace import align_up
+from ..knobs import RownormKnobs
 from ._norm_common import (
     Comp,
     Fusion,
     NormGen,
+    NormMatch,
     NormTemplate,
     Params,
     PrefetchIndexer,
@@ -101,12 +103,12 @@ def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
 
 def _knobs(g: RowGeometry, device: Device, backward: bool = False, *, tile: int | None = None,
            warps: int | None = None, per_sm: int | None = None, stages: int | None = None, prefetch: int = 0,
-           persist: int | None = None) -> dict[str, Any]:
+           persist: int | None = None) -> RownormKnobs:
     block = pow2_ceil(g.H)
     if not device.is_cuda:  # interpreter: 2 rows a tile, a few programs, so the loops and masks all run
-        return {"BLOCK": block, "ROWS": min(2, pow2_ceil(g.R)), "W": 4, "PROGRAMS": min(3, g.R),
-                "RB": 2 if g.R > 2 else 1, "BW": 4, "ST": stages or 0, "PF": prefetch,
-                "FP": min(2, g.R) if persist else 0, "BH": min(block, 8), "BG": 2, "SW": 4}
+        return RownormKnobs(BLOCK=block, ROWS=min(2, pow2_ceil(g.R)), W=4, PROGRAMS=min(3, g.R), RB=2 if g.R > 2 else 1,
+                            BW=4, ST=stages or 0, PF=prefetch, FP=min(2, g.R) if persist else 0, BH=min(block, 8), BG=2,
+                            SW=4)
     # programs per SM: 2 where a program holds <= 16 elements of a row (tile) a thread in <= 16 warps
     # (~64 registers at 16 warps, ~110 at 8: two fit an SM at once), else 1 (two would not be resident
     # together: a second wave of equally long programs)
@@ -126,20 +128,16 @@ def _knobs(g: RowGeometry, device: Device, backward: bool = False, *, tile: int 
     partial_rows = -(-g.R // rpp)
     bh = min(block, 32)
     bg = max(2, min(pow2_ceil(partial_rows), 8192 // bh))
-    return {
-        "BLOCK": block, "ROWS": rows, "W": warps or min(16, max(4, rows * block // 512)),
-        "PROGRAMS": programs, "RB": 1, "BW": warps or min(16, max(4, block // 512)),
-        "ST": 0 if prefetch else stages, "PF": prefetch, "FP": persist * device.sm_count,
-        "BH": bh, "BG": bg, "SW": max(1, min(8, bh * bg // 1024)),
-    }
+    return RownormKnobs(BLOCK=block, ROWS=rows, W=warps or min(16, max(4, rows * block // 512)), PROGRAMS=programs,
+                        RB=1, BW=warps or min(16, max(4, block // 512)), ST=0 if prefetch else stages, PF=prefetch,
+                        FP=persist * device.sm_count, BH=bh, BG=bg, SW=max(1, min(8, bh * bg // 1024)))
 
 
-def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[dict[str, Any]]:
+def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[RownormKnobs]:
     """Forward: one tile of rows per program (8192 elements: 2 rows of 4096), 8 warps (32 elements a
     thread), both row reductions and the stores in registers: the autotuner's choice for layernorm
-    [8192, 4096] bf16 on an H100 (bench v2, 2026-11-26: 49.8 µs, timed as plans run it), where the
-    persistent form below, the heuristic's before, took 58.1 and every persistent variant 53-61. The
-    persistent form: 2 programs per SM, each walking a contiguous range of row tiles (2 rows of 4096,
+    [8192, 4096] bf16 on an H100, about 15% faster than the persistent form below
+    (bench/results/triton-preferences.md#rownorm-forward). The persistent form: 2 programs per SM, each walking a contiguous range of row tiles (2 rows of 4096,
     16 warps) in a software-pipelined loop (ST 4: the next 3 tiles in flight while this tile's
     reductions and stores run), scale and bias loaded once per program. Backward: 2 programs per SM
     each walking a contiguous range of rows one at a time, 8 elements a thread, the row loop
@@ -167,7 +165,7 @@ def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[dict
 class _Gen(NormGen):
     g: RowGeometry
 
-    def __init__(self, piece: Piece, g: RowGeometry, knobs: dict[str, Any]) -> None:
+    def __init__(self, piece: Piece, g: RowGeometry, knobs: RownormKnobs) -> None:
         super().__init__(piece, g, knobs)
         self.rms = g.kind.startswith("rmsnorm")
         self.backward = g.kind.endswith("_backward")
@@ -208,8 +206,8 @@ class _Gen(NormGen):
         g, k = self.g, self.k
         params = Params()
         acc = self.compute
-        block, rows = int(k["BLOCK"]), int(k["ROWS"])
-        persistent = int(k.get("FP", 0)) > 0
+        block, rows = k.BLOCK, k.ROWS
+        persistent = (k.FP or 0) > 0
         em, em_row, _ = self.indexers(params)
         em_par = em
         if persistent:
@@ -243,7 +241,7 @@ class _Gen(NormGen):
             self.store_result(em_row, role, name)
         tiles = -(-g.R // rows)
         if persistent:
-            programs = max(1, min(int(k["FP"]), tiles))
+            programs = max(1, min(k.FP, tiles))
             rpp = -(-tiles // programs) * rows
             programs = -(-g.R // rpp)
             loop = ["rr = r0 + tl.arange(0, ROWS)[:, None]", "rmask = rr < r_hi", "mask = rmask & jmask",
@@ -255,7 +253,7 @@ class _Gen(NormGen):
                 f"jmask = jj < {g.H}",
                 "z1 = jj * 0",
                 *em_par.lines,
-                *nest(loop_header("r0", "r_lo", "r_hi", "ROWS", int(k.get("ST", 0))), loop),
+                *nest(loop_header("r0", "r_lo", "r_hi", "ROWS", (k.ST or 0)), loop),
             ]
         else:
             programs = tiles
@@ -272,7 +270,7 @@ class _Gen(NormGen):
             ]
         src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
         launch = Launch("kernel_rownorm", (programs,), tuple(params.args),
-                        (("ROWS", rows), ("BLOCK", block), ("num_warps", int(k["W"]))))
+                        (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W)))
         return Generated(module_source(src), (launch,))
 
     # backward -------------------------------------------------------------------------------------
@@ -280,13 +278,13 @@ class _Gen(NormGen):
         g, k = self.g, self.k
         params = Params()
         acc = self.compute
-        block, rb = int(k["BLOCK"]), int(k["RB"])
-        programs = max(1, min(int(k["PROGRAMS"]), -(-g.R // rb)))
+        block, rb = k.BLOCK, k.RB
+        programs = max(1, min(k.PROGRAMS, -(-g.R // rb)))
         rpp = -(-g.R // programs)
         programs = -(-g.R // rpp)
         h = float(g.H)
         partial_roles = [r for r in ("dscale", "dbias") if self.stored(r) is not None]
-        stages, prefetch = int(k.get("ST", 0)), bool(int(k.get("PF", 0)))
+        stages, prefetch = (k.ST or 0), bool(k.PF)
         em, em_row, idx = self.indexers(params, prefetch)
         for n in g.fusion.prologue:
             em.emit(n)
@@ -348,7 +346,7 @@ class _Gen(NormGen):
                         "mask=jmask)")
         sources = [params.signature("kernel_rownorm_bwd", ["RB", "BLOCK"]) + "\n" + indent(body)]
         launches = [Launch("kernel_rownorm_bwd", (programs,), tuple(params.args),
-                           (("RB", rb), ("BLOCK", block), ("num_warps", int(k["BW"]))))]
+                           (("RB", rb), ("BLOCK", block), ("num_warps", k.BW)))]
         if partial_roles:
             src, launch = self.sum_partials(partial_roles, offsets, programs)
             sources.append(src)
@@ -358,8 +356,8 @@ class _Gen(NormGen):
     def sum_partials(self, roles: list[str], offsets: dict[str, int], programs: int) -> tuple[str, Launch]:
         g, k = self.g, self.k
         params = Params()
-        bh = int(k["BH"])
-        bg = int(k.get("BG") or max(2, min(pow2_ceil(programs), max(8, 4096 // bh))))
+        bh = k.BH
+        bg = k.BG or max(2, min(pow2_ceil(programs), max(8, 4096 // bh)))
         col = Comp(g.col_axes, "jj", 1)
         em = make_emitter(self.piece, self.compute,
                           RowIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
@@ -378,7 +376,7 @@ class _Gen(NormGen):
         body += em.lines
         src = params.signature("kernel_rownorm_sum", ["BH", "BG"]) + "\n" + indent(body)
         launch = Launch("kernel_rownorm_sum", (-(-g.H // bh),), tuple(params.args),
-                        (("BH", bh), ("BG", bg), ("num_warps", int(k["SW"]))))
+                        (("BH", bh), ("BG", bg), ("num_warps", k.SW)))
         return src, launch
 
 
@@ -386,6 +384,7 @@ class RownormTemplate(NormTemplate):
     name = "rownorm"
     priority = 31
     main_kinds = ("layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward")
+    knob_class = RownormKnobs
 
     def _geometry(self, piece: Piece) -> RowGeometry | Support:
         fusion = analyze(piece, KINDS, self.name)
@@ -393,13 +392,17 @@ class RownormTemplate(NormTemplate):
             return fusion
         return geometry(fusion, piece)
 
-    def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
-        g = self.geometry_of(piece)
-        return candidate_knobs(g, device, g.kind.endswith("_backward"))
 
-    def generate(self, piece: Piece, knobs: dict[str, Any], device: Device) -> Generated:
-        gen = _Gen(piece, self.geometry_of(piece), knobs)
+class RownormMatch(NormMatch):
+    g: RowGeometry
+
+    def candidates(self) -> list[RownormKnobs]:
+        return candidate_knobs(self.g, self.device, self.g.kind.endswith("_backward"))
+
+    def generate(self, knobs: RownormKnobs) -> Generated:
+        gen = _Gen(self.piece, self.g, knobs)
         return gen.backward_pass() if gen.backward else gen.forward()
 
 
+RownormTemplate.match_class = RownormMatch
 TEMPLATE = RownormTemplate()

@@ -1,17 +1,117 @@
-"""Attention operands that are views of memory: q/k/v (and the backward's o/dO) read in place through
-slices, reshapes and transposes of tensors in memory (the heads of a fused qkv projection), and the
-backward's dQ/dK/dV written through transposes and reshapes, and into their slots of a concatenation
-(the projection's input gradient). Each as a gemm `View`: the buffer, an element offset, strides."""
+"""Operands that are views of memory, as the engines that read them in place see them: a slice,
+transpose or reshape of a tensor in memory (a chain of them composes) is a `View` (the buffer, an
+element offset, strides); attention's q/k/v (and the backward's o/dO) read through such views (the heads
+of a fused qkv projection), and the backward's dQ/dK/dV written through transposes and reshapes into
+their slots of a concatenation (the projection's input gradient). The generated kernels and the cuDNN
+engine both read and write attention operands so; no engine owns this analysis."""
 
 from __future__ import annotations
 
-from ....core.config import Support
-from ....core.ir import Node
-from ....core.piece import Piece, make_piece
-from ....core.tensor import TensorDesc
-from ....ops.layout import Transpose
-from ..gemm import VIEW_KINDS, View, memory_views
-from ..gemm.analysis import reshape_strides
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...core.config import Support
+from ...core.ir import Node
+from ...core.piece import Piece, make_piece
+from ...core.tensor import TensorDesc
+from ...ops.layout import VIEW_KINDS, Reshape, Slice, Transpose
+
+
+@dataclass(frozen=True)
+class View:
+    """A slice/transpose of a tensor in memory, read in place: `desc` describes the view (its dims,
+    and strides into the buffer of `base`) from element `offset` of that buffer."""
+
+    base: int
+    offset: int
+    desc: TensorDesc
+
+
+def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View | str:
+    """The view `node` makes of `src` (itself read from buffer `base` at `offset`), or why not."""
+    op = node.op
+    if isinstance(op, Slice):
+        bounds = op.bounds(None, src.dim)
+        offset += sum(start * s for (start, _, _), s in zip(bounds, src.stride))
+        dims = tuple(len(range(*b)) for b in bounds)
+        strides = tuple(s * step for (_, _, step), s in zip(bounds, src.stride))
+    elif isinstance(op, Transpose):
+        perm = tuple(op.permutation)
+        dims = tuple(src.dim[p] for p in perm)
+        strides = tuple(src.stride[p] for p in perm)
+    elif isinstance(op, Reshape) and op.dim is not None:
+        known = math.prod(d for d in op.dim if d != -1)
+        dims = tuple(src.numel // known if d == -1 else d for d in op.dim)
+        reshaped = reshape_strides(src.dim, src.stride, dims)
+        if reshaped is None:
+            return f"{node.label()} regroups axes whose strides are not one run; it needs a copy"
+        strides = reshaped
+    else:
+        return f"{node.label()} is not a view"
+    return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
+
+
+def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
+    """Strides that show memory of dims `old` / `strides` as dims `new` (same elements, logical
+    row-major order), or None where the axes merged or split are not one run in memory (numpy's
+    no-copy reshape rule)."""
+    src = [(d, s) for d, s in zip(old, strides) if d != 1]
+    axes = [i for i, d in enumerate(new) if d != 1]
+    out = [0] * len(new)
+    i = j = 0
+    while i < len(src) and j < len(axes):
+        i_end, j_end, a, b = i, j, src[i][0], new[axes[j]]
+        while a != b:
+            if a < b and i_end + 1 < len(src):
+                i_end += 1
+                a *= src[i_end][0]
+            elif b < a and j_end + 1 < len(axes):
+                j_end += 1
+                b *= new[axes[j_end]]
+            else:
+                return None
+        if any(src[k][1] != src[k + 1][1] * src[k + 1][0] for k in range(i, i_end)):
+            return None
+        step = src[i_end][1]
+        for k in range(j_end, j - 1, -1):
+            out[axes[k]] = step
+            step *= new[axes[k]]
+        i, j = i_end + 1, j_end + 1
+    if i != len(src) or j != len(axes):
+        return None
+    step = 1
+    for k in range(len(new) - 1, -1, -1):  # unit axes: the stride a packed layout would give them
+        if new[k] == 1:
+            out[k] = step
+        else:
+            step = out[k] * new[k]
+    return tuple(out)
+
+
+def memory_views(piece: Piece) -> dict[int, View] | Support:
+    """The piece's slice/transpose nodes as views of tensors in memory (a chain of them composes),
+    by output UID; Support.no where one reads a value the piece computes (that needs a copy)."""
+    produced = {u for n in piece.nodes for u in n.output_uids()}
+    views: dict[int, View] = {}
+    for node in piece.nodes:
+        if node.kind not in VIEW_KINDS:
+            continue
+        src, out = node.input_uids()[0], node.output_uids()[0]
+        if src in views:
+            v = view_of(node, views[src].desc, views[src].base, views[src].offset, out)
+        elif src in produced:
+            return Support.no(f"{node.label()} takes a computed value; a slice/transpose is read in place "
+                              "from a tensor in memory only", node)
+        else:
+            v = view_of(node, piece.tensor(src), src, 0, out)
+        if isinstance(v, str):
+            return Support.no(v, node)
+        if piece.tensor(out).data_type is not v.desc.data_type:
+            return Support.no(f"{node.label()} changes the data type; a view keeps its source's", node)
+        views[out] = v
+    return views
+
 
 ROLES = ("q", "k", "v")
 

@@ -1,0 +1,181 @@
+"""The ranking policy: which engine's configs go first on a piece, as data.
+
+The build offers engines in its order of preference (planner.default_engines: generated kernels first);
+a rule of RULES may move an engine ahead on the pieces it matches. Engines report what they know about a
+piece (`Engine.facts`: an estimate of its device time, facts such as cuDNN's runtime-fused epilogues);
+the piece's shape is read here (`PieceFacts`); the rules decide:
+
+- the first rule of an engine whose `Match` holds says whether it leads (`Rule.leads`);
+- a leading engine still gives way where its estimated device time is below its LEAD_ABOVE_US: there,
+  its host launch cost outweighs its device win (engines not named there lead whatever the estimate);
+- engines that do not lead keep the build's order (a stable sort), and FALLBACK keeps it always
+  (heuristics.rank_configs).
+
+Each rule names the measurements it follows in bench/results/constants.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from ..core.dtypes import DataType
+from ..engines.base import EngineFacts, PieceFact
+from ..engines.shared.conv_shapes import CONV_KINDS, FEW_CHANNELS, NARROW_GROUP, ConvShape, conv_shape
+
+if TYPE_CHECKING:
+    from ..core.device import Device
+    from ..core.piece import Piece
+    from ..engines.base import Engine
+
+ATTENTION_KINDS = frozenset({"sdpa", "sdpa_backward"})
+EVIDENCE = "bench/results/constants.md"
+
+# Estimated device µs a piece must reach before an engine may lead on it: below it the engine's host
+# launch cost outweighs its device win (a cuDNN plan's execute costs more host time than a generated
+# kernel's native launch).
+LEAD_ABOVE_US: Mapping[str, float] = MappingProxyType({"cudnn": 10.0})
+
+
+@dataclass(frozen=True)
+class PieceFacts:
+    """What the rules read of a piece's shape: its anchor (the op its kernel is built around: the
+    first attention node, else the first convolution, else the first matmul, else the first node),
+    the anchor's convolution shape where it is one, and the number of ops."""
+
+    anchor: str
+    ops: int
+    conv: ConvShape | None = None
+
+    @classmethod
+    def of(cls, piece: Piece) -> PieceFacts:
+        nodes = piece.nodes
+        anchor = (next((n for n in nodes if n.kind in ATTENTION_KINDS), None)
+                  or next((n for n in nodes if n.kind in CONV_KINDS), None)
+                  or next((n for n in nodes if n.kind == "matmul"), None) or nodes[0])
+        conv = conv_shape(piece, anchor) if anchor.kind in CONV_KINDS else None
+        return cls(anchor.kind, len(nodes), conv)
+
+
+@dataclass(frozen=True)
+class Match:
+    """Which pieces a rule holds for: every field set must hold (None: any). The convolution fields
+    hold only for a piece whose anchor is a convolution; `fact` where the rule's engine reports it."""
+
+    kinds: frozenset[str] | None = None  # the anchor's op kind is one of these
+    max_ops: int | None = None  # the piece has at most this many ops
+    depthwise: bool | None = None  # one input channel per group
+    grouped: bool | None = None  # more than one group
+    channels_per_group_below: int | None = None
+    image_types: frozenset[DataType] | None = None  # the data type of the conv's image
+    filter_row_above: int | None = None  # taps on the filter's last spatial axis, more than
+    fact: PieceFact | None = None
+
+    def holds(self, piece: PieceFacts, reported: EngineFacts) -> bool:
+        if self.kinds is not None and piece.anchor not in self.kinds:
+            return False
+        if self.max_ops is not None and piece.ops > self.max_ops:
+            return False
+        if self.fact is not None and self.fact not in reported.facts:
+            return False
+        conv = piece.conv
+        checks = (self.depthwise, self.grouped, self.channels_per_group_below, self.image_types,
+                  self.filter_row_above)
+        if all(c is None for c in checks):
+            return True
+        if conv is None:
+            return False
+        return ((self.depthwise is None or conv.depthwise == self.depthwise)
+                and (self.grouped is None or conv.grouped == self.grouped)
+                and (self.channels_per_group_below is None or conv.channels_per_group < self.channels_per_group_below)
+                and (self.image_types is None or conv.image.data_type in self.image_types)
+                and (self.filter_row_above is None or conv.filter_row > self.filter_row_above))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """For pieces `match` holds for, whether `engine` leads. `pads_to`: the generated kernel pads each
+    group's channels to this many, so the device time at stake (tested against LEAD_ABOVE_US) is the
+    estimate times pads_to / channels per group. `why`: one line; `evidence`: where the measurements are."""
+
+    engine: str
+    match: Match
+    leads: bool
+    why: str
+    pads_to: int | None = None
+    evidence: str = ""
+
+    def stake(self, piece: PieceFacts, estimate_us: float) -> float:
+        if self.pads_to is None or piece.conv is None:
+            return estimate_us
+        return estimate_us * (self.pads_to / piece.conv.channels_per_group)
+
+
+_FPROP = frozenset({"conv_fprop"})
+RULES: tuple[Rule, ...] = (
+    Rule("cudnn", Match(kinds=ATTENTION_KINDS), True,
+         "cuDNN's fused attention leads where the piece is worth its launch", evidence=f"{EVIDENCE}#cudnn-leads"),
+    Rule("cudnn", Match(kinds=CONV_KINDS, depthwise=True), False,
+         "depthwise convolutions: the generated kernels'", evidence=f"{EVIDENCE}#cudnn-leads"),
+    Rule("cudnn", Match(kinds=_FPROP, grouped=True, channels_per_group_below=NARROW_GROUP), True,
+         "narrow groups: the generated kernel pads its K tile, cuDNN leads unless tiny", pads_to=NARROW_GROUP,
+         evidence=f"{EVIDENCE}#narrow-groups"),
+    Rule("cudnn", Match(kinds=_FPROP, fact=PieceFact.RUNTIME_FUSED_EPILOGUE), False,
+         "a residual add or per-channel scale after the conv: cuDNN's runtime-fusion plans are slower",
+         evidence=f"{EVIDENCE}#cudnn-leads"),
+    Rule("cudnn", Match(kinds=_FPROP, channels_per_group_below=FEW_CHANNELS,
+                        image_types=frozenset({DataType.BFLOAT16})), False,
+         "a bf16 stem: cuDNN's bf16 plans for few channels are slow", evidence=f"{EVIDENCE}#cudnn-leads"),
+    Rule("cudnn", Match(kinds=_FPROP, channels_per_group_below=FEW_CHANNELS, filter_row_above=1), False,
+         "a stem with a filter row of several taps: the generated kernel's MERGE_TAPS configs win",
+         evidence=f"{EVIDENCE}#cudnn-leads"),
+    Rule("cudnn", Match(kinds=CONV_KINDS), True,
+         "convolutions: cuDNN's plans beat the generated kernels where worth a launch",
+         evidence=f"{EVIDENCE}#cudnn-leads"),
+)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Rules (the first of an engine that holds decides) and per-engine launch thresholds."""
+
+    rules: tuple[Rule, ...] = RULES
+    lead_above_us: Mapping[str, float] = field(default_factory=lambda: LEAD_ABOVE_US)
+
+    def leads(self, piece: Piece, engine: Engine, device: Device, facts: PieceFacts | None = None) -> bool:
+        """Whether `engine`'s configs go before those of engines the build prefers to it."""
+        facts = facts or PieceFacts.of(piece)
+        found = self.decide(piece, facts, engine, device)
+        if found is None:
+            return False
+        rule, reported = found
+        if not rule.leads:
+            return False
+        bar = self.lead_above_us.get(engine.name)
+        if bar is None:
+            return True
+        return reported.estimate_us is not None and rule.stake(facts, reported.estimate_us) >= bar
+
+    def decide(self, piece: Piece, facts: PieceFacts, engine: Engine, device: Device
+               ) -> tuple[Rule, EngineFacts] | None:
+        """The engine's first rule that holds for the piece, with the engine's report (None: none holds)."""
+        mine = [r for r in self.rules if r.engine == engine.name]
+        if not mine:
+            return None
+        reported = engine.facts(piece, device)
+        for rule in mine:
+            if rule.match.holds(facts, reported):
+                return rule, reported
+        return None
+
+    def order(self, piece: Piece, engines: Sequence[Engine], device: Device) -> list[Engine]:
+        """`engines` with those that lead on the piece first, each group in the given order."""
+        facts = PieceFacts.of(piece)
+        return sorted(engines, key=lambda e: not self.leads(piece, e, device, facts))
+
+
+POLICY = Policy()
+
+__all__ = ["EVIDENCE", "LEAD_ABOVE_US", "POLICY", "RULES", "Match", "PieceFacts", "Policy", "Rule"]

@@ -1,0 +1,137 @@
+"""build.compile: the build compiles kernels ahead of time through the compiler of each step's engine
+(Engine.compiler(), the engine contract), never through an engine's modules: specs gathered per
+compiler, each distinct key once, one merged report, a step whose kernel failed replaced by an
+alternative that compiles. Fake engines with fake compilers, on a simulated GPU (no GPU needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from opgraph.build.compile import compile_steps, merged
+from opgraph.build.planner import Step
+from opgraph.core.config import EngineConfig
+from opgraph.core.errors import ExecutionError, InternalError
+from opgraph.core.piece import make_piece
+from opgraph.engines import ENGINES
+from opgraph.engines.base import CompileReport, Kernel
+
+from .fakes import H100, FakeEngine, chain
+
+
+@dataclass(frozen=True)
+class Spec:
+    key: str
+
+
+class FakeCompiler:
+    def __init__(self, failing: set[str] = frozenset()) -> None:
+        self.batches: list[dict] = []
+        self.here: list[str] = []
+        self.failing = failing
+
+    def compile_all(self, specs, *, parallel=True, progress=None):
+        self.batches.append(dict(specs))
+        if progress:
+            progress(len(specs), len(specs))
+        return CompileReport(kernels=len(specs), compiled=len(specs), workers=2 if parallel else 0,
+                             failed={k: "boom" for k in specs if k in self.failing})
+
+    def compile_here(self, spec, fn):
+        self.here.append(spec.key)
+        if spec.key in self.failing:
+            raise RuntimeError(f"{spec.key} does not compile")
+        return spec.key
+
+
+class SpecKernel(Kernel):
+    def __init__(self, piece, config, keys):
+        super().__init__(piece, config)
+        self.keys = keys
+
+    def run(self, buffers, stream=None, scratch=None):  # pragma: no cover
+        raise AssertionError("not run")
+
+    def compile_specs(self):
+        return [(Spec(k), f"fn:{k}") for k in self.keys]
+
+
+class AotEngine(FakeEngine):
+    """A fake engine whose kernels give the specs named by the config's 'keys' knob."""
+
+    def __init__(self, name, compiler):
+        super().__init__(name)
+        self._compiler = compiler
+
+    def compiler(self):
+        return self._compiler
+
+    def compile(self, piece, config, device):
+        return SpecKernel(piece, config, config.knob("keys"))
+
+
+@pytest.fixture
+def piece():
+    g = chain()
+    return make_piece(g, 0, g.nodes[:1])
+
+
+def step(i, piece, engine, *keys, alternatives=()):
+    config = EngineConfig(engine, (("keys", keys),))
+    return Step(i, piece, config, SpecKernel(piece, config, keys), tuple(alternatives))
+
+
+def test_specs_go_to_their_engines_compiler_once_per_key(piece, monkeypatch):
+    a, b = FakeCompiler(), FakeCompiler()
+    monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
+    monkeypatch.setitem(ENGINES, "aot_b", AotEngine("aot_b", b))
+    monkeypatch.setitem(ENGINES, "plain", FakeEngine("plain"))
+    steps = [step(0, piece, "aot_a", "k1", "k2"), step(1, piece, "aot_a", "k2"), step(2, piece, "aot_b", "k3"),
+             step(3, piece, "plain")]
+    out, stats = compile_steps(steps, H100, "parallel")
+    assert out == steps
+    assert [list(x) for x in a.batches] == [["k1", "k2"]] and [list(x) for x in b.batches] == [["k3"]]
+    assert stats["kernels"] == 3 and stats["launches"] == 4 and stats["compiled"] == 3 and stats["workers"] == 2
+    assert stats["mode"] == "parallel" and stats["failed"] == {}
+    _, serial = compile_steps(steps, H100, "serial")
+    assert serial["workers"] == 0
+
+
+def test_nothing_is_compiled_ahead_lazily_or_on_the_cpu(piece, monkeypatch):
+    from opgraph.core.device import CPU
+
+    a = FakeCompiler()
+    monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
+    steps = [step(0, piece, "aot_a", "k1")]
+    assert compile_steps(steps, H100, "lazy") == (steps, {"mode": "lazy"})
+    assert compile_steps(steps, CPU, "parallel") == (steps, {"mode": "parallel"})
+    assert a.batches == []
+
+
+def test_a_step_whose_kernel_fails_takes_its_first_alternative_that_compiles(piece, monkeypatch):
+    a = FakeCompiler(failing={"bad", "bad2"})
+    monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
+    broken, good = EngineConfig("aot_a", (("keys", ("bad2",)),)), EngineConfig("aot_a", (("keys", ("ok",)),))
+    steps = [step(0, piece, "aot_a", "bad", alternatives=(broken, good)), step(1, piece, "aot_a", "fine")]
+    out, stats = compile_steps(steps, H100, "parallel")
+    assert stats["failed"] == {"bad": "boom"}
+    assert out[1] is steps[1] and out[0].config == good and out[0].kernel.keys == ("ok",)
+    assert out[0].alternatives == (steps[0].config, broken)
+    assert a.here == ["bad2", "ok"]  # each alternative compiled here, in order
+    with pytest.raises(ExecutionError) as info:
+        compile_steps([step(0, piece, "aot_a", "bad", alternatives=(broken,))], H100, "parallel")
+    assert info.value.rule == "build.compile_failed"
+
+
+def test_specs_from_an_engine_without_a_compiler_are_a_bug(piece, monkeypatch):
+    monkeypatch.setitem(ENGINES, "plain", FakeEngine("plain"))
+    with pytest.raises(InternalError):
+        compile_steps([step(0, piece, "plain", "k1")], H100, "parallel")
+
+
+def test_reports_merge():
+    total = merged([CompileReport(kernels=2, ready=1, seconds=1.0, workers=4, failed={"a": "x"}),
+                    CompileReport(kernels=1, cached=1, compiled=1, seconds=0.5, workers=2)])
+    assert total == CompileReport(kernels=3, ready=1, cached=1, compiled=1, workers=4, seconds=1.5, failed={"a": "x"})
+    assert merged([]) == CompileReport()

@@ -1,0 +1,234 @@
+"""build.policy: which engine's configs go first on a piece, decided from the piece's shape and what
+engines report (Engine.facts) by a table of rules, with per-engine launch thresholds. The default rules
+with the real cuDNN engine's reports (cuDNN itself is not needed to report them), and the mechanism with
+fake engines and rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from opgraph import DataType as DT
+from opgraph.build.policy import LEAD_ABOVE_US, POLICY, RULES, Match, PieceFacts, Policy, Rule
+from opgraph.core.device import CPU
+from opgraph.core.piece import make_piece
+from opgraph.engines import get_engine
+from opgraph.engines.base import EngineFacts, PieceFact
+from opgraph.engines.cost import estimate_us
+from opgraph.engines.shared.conv_shapes import FEW_CHANNELS, NARROW_GROUP
+from opgraph.tools.samples import nhwc
+
+from ..engines.test_cudnn_frontend import conv_bias_relu, whole
+from ..engines.test_triton_conv import conv_graph, sbr_conv_genstats
+from ..engines.test_triton_conv_bwd import dgrad_graph, wgrad_graph
+from ..engines.test_triton_matmul import mm_graph
+from .fakes import H100, H200, FakeEngine, chain
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDNN_BAR = LEAD_ABOVE_US["cudnn"]
+
+
+def leads(g, dev) -> bool:
+    """Whether the default policy puts cuDNN's configs first on graph `g` as one piece."""
+    return POLICY.leads(whole(g), get_engine("cudnn"), dev)
+
+
+# -- the default rules, with cuDNN's reports ---------------------------------------------------------------
+
+
+def test_cudnn_leads_on_convolutions_but_not_tiny_depthwise_or_matmul():
+    dev = H100
+    assert leads(conv_bias_relu(n=32, c=64, k=64, hw=56), dev)
+    assert not leads(conv_bias_relu(), dev)  # a few µs: host launch cost decides
+    assert leads(sbr_conv_genstats(n=32, c=64, k=64, hw=56), dev)
+    g, _, _, dx = dgrad_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1])
+    dx.set_output(True)
+    assert leads(g, dev)
+    g, _, _, dw = wgrad_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1])
+    dw.set_output(True)
+    assert leads(g, dev)
+    g, x, w, y = conv_graph((32, 256, 56, 56), (256, 1, 3, 3), padding=[1, 1])  # depthwise
+    y.set_output(True)
+    assert not leads(g, dev)
+    g, _, _, c = mm_graph((1, 4096, 4096), (1, 4096, 4096))
+    c.set_output(True)
+    assert not leads(g, dev)
+
+
+def test_cudnn_rules_measured_residual_and_scale_epilogues_narrow_groups_bf16_stems():
+    dev = H200
+
+    def conv1x1():
+        """ResNet's bottleneck conv 1x1 C64->K256 56², N32, and a maker of tensors broadcast to its output."""
+        g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
+        return g, y, lambda name, dim=(1, 256, 1, 1), **kw: g.tensor(dim=list(dim), stride=nhwc(list(dim)),
+                                                                    name=name, **kw)
+    # conv 1x1 + bias + residual + relu (ResNet's bottleneck end): the generated kernel goes first
+    g, y, t = conv1x1()
+    g.relu(g.add(g.bias(y, t("b")), t("residual", (32, 256, 56, 56)))).set_output(True)
+    assert not leads(g, dev)
+    # the same conv with a broadcast bias only: cuDNN first
+    g, y, t = conv1x1()
+    g.relu(g.bias(y, t("b"))).set_output(True)
+    assert leads(g, dev)
+    # a per-channel scale and shift (an inference batchnorm as from_torch imports it): the generated kernel
+    # first (whole networks, H100: ResNet-50 b256 and MobileNetV2 plans 1.15 / 1.29x with cuDNN on these)
+    g, y, t = conv1x1()
+    g.relu(g.add(g.mul(y, t("s")), t("b"))).set_output(True)
+    assert not leads(g, dev)
+    # a scalar factor is no per-channel scale: cuDNN first
+    g, y, t = conv1x1()
+    g.relu(g.mul(g.bias(y, t("b")), t("alpha", (1, 1, 1, 1), data_type=DT.FLOAT))).set_output(True)
+    assert leads(g, dev)
+    # an SBR prologue (scale on the conv's input) is not an epilogue: cuDNN first
+    assert leads(sbr_conv_genstats(n=32, c=64, k=64, hw=56), dev)
+    # grouped 3x3, 32 groups of 8 channels: cuDNN first although the cost model calls it cheap (its estimate
+    # counts the generated kernel's padded K tile); a tiny one stays with the generated kernel (host cost)
+    g, x, w, y = conv_graph((32, 256, 28, 28), (256, 8, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert estimate_us(whole(g), dev) < CUDNN_BAR and leads(g, dev)
+    g, x, w, y = conv_graph((1, 64, 7, 7), (64, 8, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert not leads(g, dev)
+    # a plain conv of few input channels (the stem, C=3): with a filter row of several taps the generated
+    # kernel first (its MERGE_TAPS configs, H100: 76.5 against cuDNN's 84.0 µs); a 1x1 one: the cost model
+    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2])
+    y.set_output(True)
+    assert not leads(g, dev)
+    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 1, 1))
+    y.set_output(True)
+    assert leads(g, dev)
+    g, x, w, y = conv_graph((1, 3, 8, 8), (8, 3, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert not leads(g, dev)
+    # the same stem in bf16: the generated kernel first (cuDNN's bf16 plans for C=3, H100: 3.2x its fp16 ones)
+    g, x, w, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2], dt=DT.BFLOAT16)
+    y.set_output(True)
+    assert estimate_us(whole(g), dev) >= CUDNN_BAR and not leads(g, dev)
+    g, x, w, y = conv_graph((32, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], dt=DT.BFLOAT16)
+    y.set_output(True)
+    assert leads(g, dev)  # bf16 with 64 channels: cuDNN first, as fp16
+    # grouped with 16 channels a group: an MMA tile's depth, the cost model decides as for plain convs
+    g, x, w, y = conv_graph((32, 256, 28, 28), (256, 16, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    assert leads(g, dev) == (estimate_us(whole(g), dev) >= CUDNN_BAR)
+
+
+
+def test_attention_leads_where_worth_a_launch():
+    from ..engines.test_cudnn_attention import attention_graph
+
+    big = attention_graph(b=4, hq=12, hk=12, sq=1024, skv=1024)
+    assert estimate_us(whole(big), H100) >= CUDNN_BAR and leads(big, H100)
+    small = attention_graph()
+    assert estimate_us(whole(small), H100) < CUDNN_BAR and not leads(small, H100)
+
+
+def test_nothing_leads_on_the_cpu_where_nothing_is_estimated():
+    assert not leads(conv_bias_relu(n=32, c=64, k=64, hw=56), CPU)
+
+
+def test_the_stem_rule_counts_the_channels_merge_taps_covers():
+    """The policy sends a few-channel stem to the generated kernel because its MERGE_TAPS configs exist
+    for it, and cuDNN's narrow-group rule pads as the generated kernel's K tile: one threshold each, read
+    by both sides from engines/shared/conv_shapes.py."""
+    from opgraph.engines.triton.templates import conv_fprop
+
+    assert conv_fprop.MERGE_BELOW == FEW_CHANNELS and conv_fprop.NARROW_GROUP == NARROW_GROUP
+
+
+def test_every_rule_names_its_evidence_in_bench_results():
+    for rule in RULES:
+        path, _, anchor = rule.evidence.partition("#")
+        text = (ROOT / path).read_text()
+        headings = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+                    for h in re.findall(r"^#+ (.*)$", text, re.M)}
+        assert anchor in headings, (rule, sorted(headings))
+        assert rule.why
+
+
+# -- the mechanism, with fake engines and rules -------------------------------------------------------------
+
+
+class Reporting(FakeEngine):
+    def __init__(self, name, estimate=None, facts=frozenset()):
+        super().__init__(name)
+        self.report = EngineFacts(estimate, frozenset(facts))
+        self.asked = 0
+
+    def facts(self, piece, device):
+        self.asked += 1
+        return self.report
+
+
+@pytest.fixture
+def piece():
+    g = chain()
+    return make_piece(g, 0, g.nodes[:2])
+
+
+def test_the_first_rule_of_an_engine_that_holds_decides(piece):
+    e = Reporting("e", estimate=5.0)
+    no_first = Policy((Rule("e", Match(max_ops=1), True, "alone"), Rule("e", Match(), False, "no"),
+                       Rule("e", Match(), True, "never reached")), {})
+    assert not no_first.leads(piece, e, H100)
+    one = make_piece(piece.graph, 0, piece.nodes[:1])
+    assert no_first.leads(one, e, H100)
+    decided = no_first.decide(one, PieceFacts.of(one), e, H100)
+    assert decided is not None and decided[0].why == "alone" and decided[1] is e.report
+    other = Reporting("other")
+    assert no_first.decide(one, PieceFacts.of(one), other, H100) is None and other.asked == 0  # no rule: not asked
+
+
+def test_launch_thresholds_and_padding(piece):
+    lead = (Rule("e", Match(), True, "first"),)
+    assert Policy(lead, {"e": 5.0}).leads(piece, Reporting("e", estimate=5.0), H100)
+    assert not Policy(lead, {"e": 5.0}).leads(piece, Reporting("e", estimate=4.9), H100)
+    assert not Policy(lead, {"e": 5.0}).leads(piece, Reporting("e"), H100)  # no estimate: no lead
+    assert Policy(lead, {}).leads(piece, Reporting("e"), H100)  # no threshold: the rule alone
+    # pads_to scales the estimate by pads_to / channels per group, for convolutions only
+    g, x, w, y = conv_graph((2, 32, 8, 8), (32, 4, 3, 3), padding=[1, 1])  # 8 groups of 4 channels
+    y.set_output(True)
+    padded = Policy((Rule("e", Match(), True, "padded", pads_to=16),), {"e": 10.0})
+    assert padded.leads(whole(g), Reporting("e", estimate=2.5), H100)  # 2.5 * 16 / 4 = 10
+    assert not padded.leads(whole(g), Reporting("e", estimate=2.4), H100)
+    assert not padded.leads(piece, Reporting("e", estimate=2.5), H100)  # not a conv: the estimate as it is
+
+
+def test_matches_on_kinds_ops_facts_and_conv_shapes(piece):
+    flat = PieceFacts.of(piece)
+    assert flat.anchor == piece.nodes[0].kind and flat.ops == 2 and flat.conv is None
+    none = EngineFacts()
+    assert Match().holds(flat, none) and Match(kinds=frozenset({flat.anchor})).holds(flat, none)
+    assert not Match(kinds=frozenset({"matmul"})).holds(flat, none) and not Match(max_ops=1).holds(flat, none)
+    assert not Match(depthwise=False).holds(flat, none)  # conv fields need a conv anchor
+    fused = EngineFacts(facts=frozenset({PieceFact.RUNTIME_FUSED_EPILOGUE}))
+    assert Match(fact=PieceFact.RUNTIME_FUSED_EPILOGUE).holds(flat, fused)
+    assert not Match(fact=PieceFact.RUNTIME_FUSED_EPILOGUE).holds(flat, none)
+    g, x, w, y = conv_graph((2, 3, 8, 8), (8, 3, 3, 3), padding=[1, 1], dt=DT.BFLOAT16)
+    y.set_output(True)
+    stem = PieceFacts.of(whole(g))
+    assert stem.anchor == "conv_fprop" and stem.conv.channels_per_group == 3 and not stem.conv.grouped
+    assert Match(channels_per_group_below=4, filter_row_above=1, depthwise=False, grouped=False,
+                 image_types=frozenset({DT.BFLOAT16})).holds(stem, none)
+    for miss in (Match(channels_per_group_below=3), Match(filter_row_above=3), Match(depthwise=True),
+                 Match(grouped=True), Match(image_types=frozenset({DT.HALF}))):
+        assert not miss.holds(stem, none), miss
+    g, _, _, dw = wgrad_graph((2, 8, 6, 6), (16, 8, 3, 1), padding=[1, 0])
+    dw.set_output(True)
+    wg = PieceFacts.of(whole(g)).conv  # wgrad: the filter is its result
+    assert wg.kind == "conv_wgrad" and wg.channels_per_group == 8 and wg.filter_row == 1
+
+
+def test_order_is_stable_and_asks_each_engine_once(piece):
+    engines = [Reporting("p"), Reporting("q", estimate=20.0), Reporting("r"), Reporting("s", estimate=20.0)]
+    policy = Policy((Rule("s", Match(), True, "s"), Rule("q", Match(), True, "q")), {"q": 10.0, "s": 10.0})
+    assert [e.name for e in policy.order(piece, engines, H100)] == ["q", "s", "p", "r"]
+    assert [e.asked for e in engines] == [0, 1, 0, 1]
+
+
+def test_engine_rank_first_is_a_deprecated_no_op(piece):
+    with pytest.warns(DeprecationWarning, match="opgraph.build.policy"):
+        assert get_engine("cudnn").rank_first(piece, H100) is False

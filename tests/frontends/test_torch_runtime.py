@@ -1,0 +1,83 @@
+"""ImportedGraph.run between calls: one variant pack per plan and device, reused (inputs copied in, the
+module's tensors kept bound, no re-binding of the plan), results copied out unless asked not to, and
+every change to the module seen (replaced or moved tensors re-bound, in-place updates read through,
+folded batchnorm coefficients recomputed)."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).double().eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    return model
+
+
+def _x(seed: int, rows: int = 5) -> torch.Tensor:
+    return torch.randn(rows, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def test_repeated_calls_reuse_the_pack_and_the_binding():
+    model = _model()
+    imported = og.from_torch(model, (_x(0),))
+    with torch.no_grad():
+        first = imported.run(_x(1), engines=["torch"])
+        plan = imported.plan("cpu", ["torch"])
+        (state,) = imported._runs.values()
+        version = plan.local_state().binder.version
+        outs = [imported.run(_x(i), engines=["torch"]) for i in range(2, 5)]
+        assert imported._runs[next(iter(imported._runs))] is state
+        assert plan.local_state().binder.version == version, "the plan was bound again"
+        for i, out in zip(range(2, 5), outs):  # copies: not overwritten by the calls after
+            torch.testing.assert_close(out, model(_x(i)), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(first, model(_x(1)), rtol=1e-12, atol=1e-12)
+
+
+def test_reuse_outputs_returns_the_packs_buffers():
+    model = _model()
+    imported = og.from_torch(model, (_x(0),))
+    a = imported.run(_x(1), reuse_outputs=True)
+    ptr = a.data_ptr()
+    b = imported.run(_x(2), reuse_outputs=True)
+    assert b.data_ptr() == ptr and torch.equal(a, b)  # the same buffer, overwritten
+    with torch.no_grad():
+        torch.testing.assert_close(b, model(_x(2)), rtol=1e-12, atol=1e-12)
+
+
+def test_changes_to_the_module_are_seen():
+    model = _model()
+    imported = og.from_torch(model, (_x(0),))
+    x = _x(1)
+    imported.run(x)
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)  # in place: read through the bound view
+        torch.testing.assert_close(imported.run(x), model(x), rtol=1e-12, atol=1e-12)
+        model[3].weight = nn.Parameter(torch.randn(3, 8, dtype=torch.float64))  # replaced: bound again
+        torch.testing.assert_close(imported.run(x), model(x), rtol=1e-12, atol=1e-12)
+        model[1].weight.add_(0.5)  # folded batchnorm coefficients: recomputed
+        model[1].running_var.mul_(3.0)
+        torch.testing.assert_close(imported.run(x), model(x), rtol=1e-12, atol=1e-12)
+
+
+def test_train_mode_running_stats_and_bad_inputs():
+    model = _model().train()
+    ref = _model().train()
+    imported = og.from_torch(model, (_x(0),))
+    for i in range(3):
+        torch.testing.assert_close(imported.run(_x(i)), ref(_x(i)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model[1].running_mean, ref[1].running_mean, rtol=1e-12, atol=1e-12)
+    assert int(model[1].num_batches_tracked) == 3
+    with pytest.raises(og.VariantPackError, match="import.input_shape"):
+        imported.run(_x(0, rows=4))
+    with pytest.raises(og.VariantPackError, match="import.input_dtype"):
+        imported.run(_x(0).float())
+    torch.testing.assert_close(imported.run(_x(9)), ref(_x(9)), rtol=1e-12, atol=1e-12)  # still usable
