@@ -13,6 +13,8 @@ import pytest
 
 import opgraph as og
 
+from ..helpers import requires_cuda
+
 torch = pytest.importorskip("torch")
 import opgraph.cudnn as cudnn  # noqa: E402
 
@@ -27,13 +29,13 @@ def bshd(dims):
 
 def prefix(lens):
     t = torch.as_tensor(lens).flatten()
-    return torch.cat([torch.zeros(1, dtype=t.dtype), torch.cumsum(t, 0)])
+    return torch.cat([torch.zeros(1, dtype=t.dtype, device=t.device), torch.cumsum(t, 0)])
 
 
-def guarded(shape, dtype, values=None, margin=24):
+def guarded(shape, dtype, values=None, margin=24, device="cpu"):
     """A tensor inside a NaN-filled buffer with `margin` elements before and after (NVIDIA's guards)."""
     n = math.prod(shape)
-    raw = torch.full((n + 2 * margin,), float("nan"), dtype=dtype)
+    raw = torch.full((n + 2 * margin,), float("nan"), dtype=dtype, device=device)
     t = raw.as_strided(shape, [math.prod(shape[i + 1:]) for i in range(len(shape))], margin)
     if values is not None:
         t.copy_(values)
@@ -80,21 +82,24 @@ def build(graph):
 # -- THD buffers (test_mhas_v2's layout) ----------------------------------------------------------------
 
 
-def test_thd_forward_and_backward_with_sink_band_and_score_max():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])])
+def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
     torch.manual_seed(0)
     b, hq, hk, sq, skv, d, dv = 3, 4, 2, 6, 8, 16, 8
     lq, lkv = torch.tensor([4, 0, 6], dtype=torch.int32), torch.tensor([5, 3, 8], dtype=torch.int32)
     tq = max(64, (int(lq.sum()) + 63) // 64 * 64)
     tkv = max(64, (int(lkv.sum()) + 63) // 64 * 64)
-    q, _ = guarded((tq, hq, d), torch.float16, torch.randn(tq, hq, d))
-    k, _ = guarded((tkv, hk, d), torch.float16, torch.randn(tkv, hk, d))
-    v, _ = guarded((tkv, hk, dv), torch.float16, torch.randn(tkv, hk, dv))
-    o, o_raw = guarded((tq, hq, dv), torch.float16)
-    st, _ = guarded((tq, hq, 1), torch.float32)
-    smax, _ = guarded((tq, hq, 1), torch.float32)
-    sink = torch.randn(1, hq, 1, 1)
-    offs = {"q": prefix(lq) * hq * d, "k": prefix(lkv) * hk * d, "v": prefix(lkv) * hk * dv,
-            "o": prefix(lq) * hq * dv, "s": prefix(lq) * hq}
+    q, _ = guarded((tq, hq, d), torch.float16, torch.randn(tq, hq, d), device=device)
+    k, _ = guarded((tkv, hk, d), torch.float16, torch.randn(tkv, hk, d), device=device)
+    v, _ = guarded((tkv, hk, dv), torch.float16, torch.randn(tkv, hk, dv), device=device)
+    o, o_raw = guarded((tq, hq, dv), torch.float16, device=device)
+    st, _ = guarded((tq, hq, 1), torch.float32, device=device)
+    smax, _ = guarded((tq, hq, 1), torch.float32, device=device)
+    sink = torch.randn(1, hq, 1, 1).to(device)
+    offs = {n: t.to(device) for n, t in {"q": prefix(lq) * hq * d, "k": prefix(lkv) * hk * d,
+                                          "v": prefix(lkv) * hk * dv, "o": prefix(lq) * hq * dv,
+                                          "s": prefix(lq) * hq}.items()}
+    lq, lkv = lq.to(device), lkv.to(device)
     g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     Q = g.tensor(uid=0, dim=(b, hq, sq, d), stride=bshd((b, hq, sq, d)), data_type=HALF)
     K = g.tensor(uid=1, dim=(b, hk, skv, d), stride=bshd((b, hk, skv, d)), data_type=HALF)
@@ -135,9 +140,9 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max():
         torch.testing.assert_close(smax[pq[i]:pq[i + 1]].double().permute(1, 0, 2), wm, atol=1e-4, rtol=1e-4)
 
     # the backward graph over the same buffers, with dSink_token
-    do, _ = guarded((tq, hq, dv), torch.float16, 0.1 * torch.randn(tq, hq, dv))
-    grads = {n: guarded(t.shape, t.dtype)[0] for n, t in (("dq", q), ("dk", k), ("dv", v))}
-    dsink = torch.full((1, hq, 1, 1), float("nan"))
+    do, _ = guarded((tq, hq, dv), torch.float16, 0.1 * torch.randn(tq, hq, dv), device=device)
+    grads = {n: guarded(t.shape, t.dtype, device=device)[0] for n, t in (("dq", q), ("dk", k), ("dv", v))}
+    dsink = torch.full((1, hq, 1, 1), float("nan"), device=device)
     gb = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     t = {n: gb.tensor(uid=u, dim=dm, stride=bshd(dm), data_type=dt) for n, u, dm, dt in (
         ("q", 0, (b, hq, sq, d), HALF), ("k", 1, (b, hk, skv, d), HALF), ("v", 2, (b, hk, skv, dv), HALF),
@@ -161,7 +166,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max():
     gb.execute({0: q, 1: k, 2: v, 3: o, 9: do, 4: st, 6: grads["dq"], 7: grads["dk"], 8: grads["dv"], 29: sink,
                 30: dsink, 11: lq.view(-1, 1, 1, 1), 12: lkv.view(-1, 1, 1, 1), 13: offs["q"], 14: offs["k"],
                 15: offs["v"], 16: offs["o"], 17: offs["s"]}, None)
-    want_dsink = torch.zeros(hq, dtype=torch.float64)
+    want_dsink = torch.zeros(hq, dtype=torch.float64, device=device)
     for i in range(b):
         leaves = [x[p[i]:p[i + 1]].double().permute(1, 0, 2).requires_grad_() for x, p in ((q, pq), (k, pkv), (v, pkv))]
         sink_leaf = sink.double().requires_grad_()
