@@ -34,6 +34,7 @@ from .core.log import configure_from_env as _configure_logging
 from .core.tensor import Tensor, TensorDesc
 from .core.version import __version__
 from .graph.builder import Graph
+from .ops.attention import DiagonalAlignment
 from .ops.conv import ConvolutionMode
 from .ops.custom import register_custom_op
 from .ops.norm_common import NormForwardPhase
@@ -75,7 +76,8 @@ _configure_logging()
 
 __all__ = [
     "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DuplicateUIDError", "EngineConfig", "ExecutionError", "ExecutionPlan",
+    "DataflowError", "Device", "DiagonalAlignment", "DuplicateUIDError", "EngineConfig", "ExecutionError",
+    "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
     "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "compile", "from_torch",

@@ -44,7 +44,7 @@ FACADES = {
     ("opgraph.graph.builder", "opgraph.build.heuristics"),  # the facade's return type
     ("opgraph.graph.builder", "opgraph.build.options"),  # Graph.build's options
     # g.sdpa_backward(score_mod=...) derives the modifier's derivative with autodiff's pointwise rules
-    ("opgraph.ops.attention", "opgraph.autodiff.score_mod"),
+    ("opgraph.ops.attention_builders", "opgraph.autodiff.score_mod"),
     # opgraph.compile differentiates the forward graph a training step starts from (tied parameters one
     # input, normalizations saving their statistics, autocast's casts): a sideways import within layer 7
     # (training imports no frontend); prepare_forward builds on graph and ops alone

@@ -10,7 +10,9 @@ registry and the builder rules use, rules_<family>.py the rules).
 
 # every family registers its rules on import
 from . import (  # noqa: F401
+    rules_adalayernorm,
     rules_attention,
+    rules_causal_conv1d,
     rules_conv,
     rules_gather,
     rules_layout,

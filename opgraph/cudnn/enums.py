@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core.config import BehaviorNote, HeurMode, NumericalNote
 from ..core.dtypes import DataType
+from ..ops.attention import DiagonalAlignment
 from ..ops.conv import ConvolutionMode
 from ..ops.norm_common import NormForwardPhase
 from ..ops.pointwise import PointwiseMode
@@ -63,6 +64,7 @@ data_type = _namespace("data_type", {
                                   "INT4"]),
 })
 heur_mode = _namespace("heur_mode", {m.name: m for m in HeurMode})
+diagonal_alignment = _namespace("diagonal_alignment", {a.name: a for a in DiagonalAlignment})
 norm_forward_phase = _namespace("norm_forward_phase", {**{p.name: p for p in NormForwardPhase}, "NOT_SET": None})
 reduction_mode = _namespace("reduction_mode", {**{m.name: m for m in ReductionMode}, "NOT_SET": None})
 convolution_mode = _namespace("convolution_mode", {m.name: m for m in ConvolutionMode})
@@ -138,11 +140,6 @@ class scalar_type(enum.Enum):
 class reshape_mode(enum.Enum):
     VIEW_ONLY = "view_only"
     LOGICAL = "logical"
-
-
-class diagonal_alignment(enum.Enum):
-    TOP_LEFT = "top_left"
-    BOTTOM_RIGHT = "bottom_right"
 
 
 class knob:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,54 +33,25 @@ from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..graph.finalize import _self_overlapping
 from ..memory.buffers import buffer_info, tensor_from_pointer
-from ..runtime.bindings import resolve_key
+from ..runtime.bindings import hashable, resolve_key
 from ..runtime.plan import ExecutionPlan
-from . import enums
+from . import enums, overrides, ragged
+from .attention import AttentionGraph
 from .candidates import Candidate, Planner
 from .errors import cudnnGraphNotSupportedError, translated
 from .handles import Handle
 from .packs import as_declared
+from .tensors import adopt, tensor_attributes
 
 # pygraph keywords of cuDNN that change nothing here (device properties, kernel caches, JIT hints)
 _IGNORED_OPTIONS = frozenset({"sm_count", "sm_version", "kernel_cache", "device_property",
                               "is_dynamic_shape_enabled", "is_cuda_graph_replay_expected"})
 
 
-class tensor_attributes:
-    """A read-only view of a tensor of a built graph."""
-
-    def __init__(self, desc: TensorDesc) -> None:
-        self._desc = desc
-
-    def get_uid(self) -> int:
-        return self._desc.uid
-
-    def get_name(self) -> str:
-        return self._desc.name
-
-    def get_dim(self) -> list[int]:
-        return list(self._desc.dim)
-
-    def get_stride(self) -> list[int]:
-        return list(self._desc.stride)
-
-    def get_data_type(self) -> DataType:
-        return self._desc.data_type
-
-    def get_is_virtual(self) -> bool:
-        return self._desc.is_virtual
-
-    def get_is_pass_by_value(self) -> bool:
-        return self._desc.is_pass_by_value
-
-    def __repr__(self) -> str:
-        return str(self._desc)
-
-
 CHECK_STRIDES = True  # the default of pygraph(check_strides=...): `opgraph.cudnn.CHECK_STRIDES = False`
 
 
-class pygraph(Graph):
+class pygraph(AttentionGraph, Graph):
     """A cuDNN frontend graph: build it with the op builders, then validate, plan, build and execute.
 
     opgraph extensions: `device=` ("cpu", "cuda", "cuda:N"; default the handle's device, else the GPU
@@ -120,6 +92,10 @@ class pygraph(Graph):
         self._build_errors: dict[int, str] = {}
         self._loaded: ExecutionPlan | None = None  # a deserialized plan
         self._pack_keys: tuple | None = None  # (plan, ids and UIDs to skip, {key: TensorDesc}): execute's lookups
+        self._init_attention()
+        self._kept_descs: dict[int, TensorDesc] = {}  # id(handle) -> its desc at the last validate
+        self._foreign: dict[int, tuple[Tensor, Tensor]] = {}  # id(another graph's handle) -> (it, its copy)
+        self._override_plans: dict[tuple, tuple[ExecutionPlan, dict]] = {}  # overrides.respecialize's cache
 
     # -- tensors ---------------------------------------------------------------------------------
     # pygraph is opgraph's Graph under cuDNN frontend's API: where the two differ, cuDNN's signature wins
@@ -129,26 +105,34 @@ class pygraph(Graph):
                reordering_type: Any = None, name: str = "", uid: int | None = -1,
                ragged_offset_multiplier: int = 1, *, is_by_reference: bool = False) -> Tensor:
         """cuDNN's argument order; uid=-1 (cuDNN's "unset") has one assigned at validate."""
-        if ragged_offset is not None or ragged_offset_multiplier != 1:
-            raise AttributeValueError("ragged tensors (ragged_offset) are not supported", tensor=name,
-                                      rule="cudnn.ragged", hint="pad the batch to dense tensors")
+        if ragged_offset_multiplier != 1:
+            raise AttributeValueError("ragged_offset_multiplier is not supported", tensor=name,
+                                      rule="cudnn.ragged", hint="give ragged offsets in elements (multiplier 1)")
         if reordering_type not in (None, enums.tensor_reordering.NONE):
             raise AttributeValueError(f"tensor reordering {reordering_type} is not supported", tensor=name,
                                       rule="cudnn.reordering", hint="use tensor_reordering.NONE")
-        return super().tensor(dim=dim, stride=stride, data_type=data_type, name=name,
-                              uid=None if uid is None or uid == -1 else uid, is_virtual=is_virtual,
-                              is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference)
+        t = adopt(super().tensor(dim=dim, stride=stride, data_type=data_type, name=name,
+                                 uid=None if uid is None or uid == -1 else uid, is_virtual=is_virtual,
+                                 is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference))
+        return t if ragged_offset is None else t.set_ragged_offset(ragged_offset)
 
     @translated
     def tensor_like(self, input: Any, name: str = "", uid: int | None = None) -> Tensor:
         """A tensor shaped like a tensor of any graph, a buffer (PyTorch, NumPy, DLPack) or a number.
         A 1-element CPU buffer becomes a pass-by-value scalar, as in cuDNN."""
+        return adopt(self._tensor_like(input, name, uid))
+
+    def _tensor_like(self, input: Any, name: str, uid: int | None) -> Tensor:
         if isinstance(input, Tensor):
-            dim, stride = input.dim, input.stride
+            dim, stride, dtype = input.dim, input.stride, input.data_type
+            other = input.graph
+            known = getattr(other, "_kept_descs", {}).get(id(input)) if dim is None else None
+            if known is not None:  # inferred by the last validate of its graph (kept, as cuDNN keeps them)
+                dim, stride, dtype = known.dim, known.stride, known.data_type
             if dim is None:
                 raise GraphError(f"{input.label()} has no dims yet", tensor=input, rule="cudnn.tensor_like",
                                  hint="validate its graph first (its dims are inferred then), or set them")
-            return super().tensor(dim=dim, stride=stride, data_type=input.data_type, name=name or input.name,
+            return super().tensor(dim=dim, stride=stride, data_type=dtype, name=name or input.name,
                                   uid=uid, is_pass_by_value=input.is_pass_by_value)
         if isinstance(input, numbers.Number) and not isinstance(input, bool):
             return super().tensor_like(input, name=name, uid=uid)
@@ -171,12 +155,34 @@ class pygraph(Graph):
         self._runtime_values[id(t)] = (t, value)
         return t
 
+    def _add_op(self, op: Any, inputs: Sequence[Any], **kwargs: Any) -> list[Tensor | None]:
+        return [adopt(t) for t in super()._add_op(op, inputs, **kwargs)]
+
+    def _operand(self, value: Any, op: Any, role: str, name: str) -> Any:
+        """A tensor of another cudnn.pygraph reads as a copy declared here (cuDNN's tensors belong to no
+        graph); the variant pack may bind it by the other graph's handle."""
+        if isinstance(value, Tensor) and isinstance(value.graph, pygraph) and value.graph is not self:
+            hit = self._foreign.get(id(value))
+            if hit is None:
+                kept = value.graph._kept_descs.get(id(value))
+                local = adopt(Graph.tensor(
+                    self, dim=value._dim or (kept.dim if kept else None), name=value.name,
+                    stride=value._stride or (kept.stride if kept else None), uid=value._uid,
+                    data_type=value._data_type or (kept.data_type if kept else None),
+                    is_pass_by_value=value.is_pass_by_value))
+                if id(value) in value.graph._cpu_scalars:
+                    self._cpu_scalars.add(id(local))
+                hit = self._foreign[id(value)] = (value, local)
+            value = hit[1]
+        return super()._operand(value, op, role, name)
+
     # -- validation: cuDNN's adaptations, then opgraph's checks -------------------------------------
     @translated
     def validate(self) -> None:  # type: ignore[override]  # cuDNN frontend's signature
         if self._loaded is not None and not self._records:
             return
         if self._final is None:
+            self._adapt_attention()
             self._drop_unused()
             self._demote_cpu_scalars()
             super().validate()
@@ -184,6 +190,9 @@ class pygraph(Graph):
                 if not self._cudnn_strides():
                     break
                 super().validate()
+            self._layouts_after_validate()
+            final, uids = self.final, self._handle_uid
+            self._kept_descs = {id(t): final.tensors[uids[id(t)]] for t in self._tensors if id(t) in uids}
 
     def _drop_unused(self) -> None:
         used = {id(v) for r in self._records for v in (*r.inputs, *r.outputs) if isinstance(v, Tensor)}
@@ -243,7 +252,12 @@ class pygraph(Graph):
     def _plans_for(self) -> Planner:
         self.validate()
         if self._planner is None or self._planner.graph is not self._final:
-            self._planner = Planner(self.final, self._device(), self._engines, self._filters)
+            engines: Sequence[str] | None = self._engines
+            if engines is None and os.environ.get("OPGRAPH_CUDNN_ENGINES"):
+                engines = [e.strip() for e in os.environ["OPGRAPH_CUDNN_ENGINES"].split(",") if e.strip()]
+            elif engines is None and self._device().is_cuda:
+                engines = self.implementation_engines()
+            self._planner = Planner(self.final, self._device(), engines, self._filters)
             self._candidates, self._built, self._build_errors = [], {}, {}
         return self._planner
 
@@ -426,11 +440,12 @@ class pygraph(Graph):
         self._planner = None
 
     # -- running -------------------------------------------------------------------------------------
-    @staticmethod
-    def _no_overrides(*overrides: Any) -> None:
-        if any(o is not None for o in overrides):
-            raise AttributeValueError("shape overrides at execute are not supported", rule="cudnn.override_shapes",
-                                      hint="build a graph per shape (plans are cheap to cache by shape)")
+    def _no_overrides(self, uids: Any, shapes: Any, strides: Any) -> dict[int, tuple[int, ...]]:
+        """The packed tensors' new padded dims the shape overrides ask for (overrides.py); {} for none."""
+        if uids is None and shapes is None and strides is None:
+            return {}
+        plan = self._loaded if self._loaded is not None else (self._selected() if self._built else None)
+        return overrides.changes(self, plan.graph if plan is not None else self.final, uids, shapes, strides)
 
     def _pack(self, plan: ExecutionPlan, var_pack: Any) -> dict[Any, Any]:
         if not isinstance(var_pack, dict):
@@ -445,16 +460,22 @@ class pygraph(Graph):
         for key, value in var_pack.items():
             if key is None or value is None or id(key) in skip_ids or (type(key) is int and key in skip_uids):
                 continue
-            desc = descs.get(key) if _hashable(key) else None
+            if id(key) in self._foreign and self._foreign[id(key)][0] is key:
+                key = self._foreign[id(key)][1]
+            desc = descs.get(key) if hashable(key) else None
             if desc is None:
                 try:
                     desc = plan.graph.tensors[resolve_key(plan.graph, key)]
                 except GraphError:
                     pack[key] = value  # bind() names the problem
                     continue
-                if _hashable(key) and len(descs) < 4096:
+                if hashable(key) and len(descs) < 4096:
                     descs[key] = desc
-            pack[key] = as_declared(desc, value, plan.device if self._check_strides else None)
+            check = plan.device if self._check_strides else None
+            if self._ragged_layouts and self._loaded is None:
+                pack[desc.uid] = value if desc.uid in self._ragged_layouts else as_declared(desc, value, check)
+            else:
+                pack[key] = as_declared(desc, value, check)
         for t, value in self._runtime_values.values():
             if plan.graph.handle_uid(t) is not None and t not in pack:
                 pack[t] = value
@@ -476,24 +497,32 @@ class pygraph(Graph):
         h = handle if isinstance(handle, Handle) else self.handle
         return None if h is None else h.check().stream
 
-    def _run(self, plan: ExecutionPlan, var_pack: Any, workspace: Any, handle: Any) -> None:
+    def _run(self, plan: ExecutionPlan, var_pack: Any, workspace: Any, handle: Any,
+             changed: dict[int, tuple[int, ...]] | None = None) -> None:
         stream = self._stream(handle) if plan.device.is_cuda else None
-        plan.execute(self._pack(plan, var_pack), self._workspace(plan, workspace), stream=stream)
+        pack = self._pack(plan, var_pack)
+        layouts = self._ragged_layouts
+        if changed:
+            plan, layouts = overrides.respecialize(self, plan, changed)
+        done = ragged.prepare(layouts, plan.graph.tensors, pack) if layouts and self._loaded is None else None
+        plan.execute(pack, self._workspace(plan, workspace), stream=stream)
+        if done is not None:
+            done()
 
     @translated
     def execute(self, var_pack: dict, workspace: Any = None, handle: Any = None, override_uids: Any = None,  # type: ignore[override]  # cuDNN frontend's signature
                 override_shapes: Any = None, override_strides: Any = None) -> None:
         """Run the first built plan. Keys: tensors, UIDs or names; entries with a None key or value
         (an optional tensor not used) are skipped."""
-        self._no_overrides(override_uids, override_shapes, override_strides)
-        self._run(self._selected(), var_pack, workspace, handle)
+        changed = self._no_overrides(override_uids, override_shapes, override_strides)
+        self._run(self._selected(), var_pack, workspace, handle, changed)
 
     @translated
     def execute_plan_at_index(self, var_pack: dict, workspace: Any, index: int, handle: Any = None,
                               override_uids: Any = None, override_shapes: Any = None,
                               override_strides: Any = None) -> None:
-        self._no_overrides(override_uids, override_shapes, override_strides)
-        self._run(self._plan_at(int(index)), var_pack, workspace, handle)
+        changed = self._no_overrides(override_uids, override_shapes, override_strides)
+        self._run(self._plan_at(int(index)), var_pack, workspace, handle, changed)
 
     @translated
     def populate_cuda_graph(self, handle: Any, var_pack: dict, workspace: Any = None, cuda_graph: Any = None) -> Any:
@@ -562,15 +591,8 @@ class pygraph(Graph):
             return json.dumps({"name": self.name, "invalid": err.detail})
 
 
-def _hashable(key: Any) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
-
-
 for _name, _builder in BUILDERS.items():  # op builders raise cuDNN-catchable errors too
-    setattr(pygraph, _name, translated(_builder))
+    if _name not in vars(AttentionGraph):  # (cuDNN's signatures of sdpa and sdpa_backward)
+        setattr(pygraph, _name, translated(_builder))
 
 __all__ = ["pygraph", "tensor_attributes"]

@@ -6,8 +6,9 @@
         y.set_output(True)
     out = g({"conv::image": x, "conv::weight": w})["conv::Y"]             # built on exit; outputs allocated
 
-Tensors are found by their canonical name ("node::argument" for inputs, the output's name or
-"node::index" for outputs), their tensor, their name or their UID.
+Tensors are found by their canonical name ("node::argument" for inputs, "node::argument::i" for the
+tensors of a tuple argument such as sdpa's dropout; for outputs cuDNN's name, e.g. "bias::OUT_0",
+"ln::MEAN", "sdpa::O", as well as "node::index"), their tensor, their name or their UID.
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ class Graph:
             return self._by_buffer[id(value)]
         return value
 
+    def _tensors_in(self, value: Any) -> Any:
+        if isinstance(value, tuple):
+            return tuple(self._tensor(v) for v in value)
+        return self._tensor(value)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -113,16 +119,23 @@ class Graph:
             count = self._counts.get(name, 0)
             self._counts[name] = count + 1
             node_name = kwargs.setdefault("name", f"{name}.{count}")
-            args = tuple(self._tensor(a) for a in args)
-            kwargs = {k: self._tensor(v) for k, v in kwargs.items()}
+            args = tuple(self._tensors_in(a) for a in args)
+            kwargs = {k: self._tensors_in(v) for k, v in kwargs.items()}
             for key, value in itertools.chain(enumerate(args), kwargs.items()):
                 if isinstance(value, Tensor):
                     self._inputs[f"{node_name}::{key}"] = value
+                elif isinstance(value, tuple):  # (sdpa's dropout tuple: node::dropout::1, ...)
+                    for j, item in enumerate(value):
+                        if isinstance(item, Tensor):
+                            self._inputs[f"{node_name}::{key}::{j}"] = item
             result = attr(*args, **kwargs)
             outs = result if isinstance(result, (list, tuple)) else [result]
             for i, t in enumerate(outs):
                 if isinstance(t, Tensor):
                     self._outputs[f"{node_name}::{i}"] = t
+                    cudnn_name = _cudnn_output_name(g, t)
+                    if cudnn_name is not None:
+                        self._outputs[cudnn_name] = t
             return result
 
         return node
@@ -153,6 +166,7 @@ class Graph:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         g = self._require()
         plan = g._selected()
+        workspace = kwargs.pop("workspace", None)  # (opgraph plans own their workspace unless given one)
         if len(args) == 1 and isinstance(args[0], dict):
             given = args[0]
             pack: dict[Any, Any] = {}
@@ -167,7 +181,7 @@ class Graph:
                                                    rule="pack.missing", hint="add it to the dict")
                         value = given[key] = _allocate(t, plan.device)
                     pack[t] = value
-            g.execute(pack, None, **kwargs)
+            g.execute(pack, workspace, **kwargs)
             return given
         if self._tuples is None:
             raise GraphError("positional calls need set_io_tuples(inputs, outputs) first", rule="cudnn.wrapper_io",
@@ -177,8 +191,31 @@ class Graph:
             raise VariantPackError(f"{len(args)} arguments for {len(ins)} inputs", rule="pack.missing",
                                    hint="pass one buffer per input of set_io_tuples")
         results = [_allocate(t, plan.device) for t in outs]
-        g.execute({**dict(zip(ins, args)), **dict(zip(outs, results))}, None, **kwargs)
+        g.execute({**dict(zip(ins, args)), **dict(zip(outs, results))}, workspace, **kwargs)
         return results[0] if len(results) == 1 else results
+
+
+# cuDNN's names of op outputs where they are not opgraph's role names in upper case ("node::Y")
+_CUDNN_OUTPUTS: dict[str, dict[str, str]] = {
+    "pointwise": {"output": "OUT_0"},
+    "rmsnorm_backward": {"dscale": "Dscale", "dbias": "Dbias"},
+    "resample": {"index": "Index"},
+    "sdpa": {"o": "O", "stats": "Stats"},
+    "sdpa_backward": {"dQ": "dQ", "dK": "dK", "dV": "dV"},
+    "genstats": {"sum": "_sum_output", "sq_sum": "_sq_sum_output"},
+}
+
+
+def _cudnn_output_name(g: pygraph, t: Tensor) -> str | None:
+    """The name cuDNN frontend gives output `t` of the op that made it ("bias::OUT_0", "ln::MEAN")."""
+    for rec in reversed(g._records):
+        for role, out in zip(rec.op.output_roles(), rec.outputs):
+            if out is t:
+                name = _CUDNN_OUTPUTS.get(rec.op.kind, {}).get(role)
+                if name is None:
+                    name = "Y" if role == "output" else role.upper()
+                return f"{rec.name}{name}" if name.startswith("_") else f"{rec.name}::{name}"
+    return None
 
 
 def _has(d: dict, key: Any) -> bool:

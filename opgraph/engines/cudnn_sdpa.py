@@ -30,7 +30,7 @@ from ..core.config import Support
 from ..core.dtypes import DataType
 from ..core.ir import Const, Node
 from ..core.piece import Piece
-from ..ops.attention import SdpaBackward, _Attention
+from ..ops.attention import SdpaBackward, _Attention, extensions
 from ..ops.layout import VIEW_KINDS
 from .shared.views import View, gradient_targets, operand_views
 
@@ -112,6 +112,8 @@ def _rows_can_be_empty(node: Node, piece: Piece) -> bool:
 def attention_problem(node: Node, piece: Piece) -> str | None:
     """Why the cudnn engine does not offer this attention node to cuDNN (None: ask cuDNN)."""
     op = node.op_as(_Attention)
+    if extra := extensions(node):  # (issue 41, phase A: the torch engine runs these)
+        return f"the cudnn engine does not lower {'; '.join(extra)} yet"
     t = {r: piece.tensor(v) for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, int)}
     t.update({r: piece.tensor(u) for r, u in zip(op.output_roles(), node.outputs) if u is not None})
     for role in ("q", "k", "v", "o", "dO"):

@@ -2,7 +2,10 @@
 
 from ..core.op import BUILDERS, OPS, Op, graph_method, register_op  # noqa: F401
 from . import (  # noqa: F401
+    adalayernorm,
     attention,
+    attention_builders,
+    causal_conv1d,
     conv,
     custom,
     gather,

@@ -2,25 +2,36 @@
 
     O, Stats = g.sdpa(q, k, v, attn_scale=None, generate_stats=True, bias=None, use_alibi_mask=False,
                       use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
-                      use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None,
-                      score_mod=None, compute_data_type=None, name="")
+                      use_causal_mask_bottom_right=False, sliding_window_length=None,
+                      diagonal_alignment=TOP_LEFT, diagonal_band_left_bound=None,
+                      diagonal_band_right_bound=None, dropout=None, rng_dump=None, score_mod=None,
+                      q_ragged_offset=None, ..., paged_attention_k_table=None, ..., sink_token=None,
+                      score_max=None, score_sum_exp=None, block_mask=None, compute_data_type=None, name="")
     dQ, dK, dV = g.sdpa_backward(q, k, v, o, dO, stats, attn_scale=None, bias=None, dBias=None,
-                                 <the same mask arguments>, dropout=None, score_mod=None,
-                                 use_deterministic_algorithm=False, compute_data_type=None, name="")
+                                 <the same masks, ragged offsets, sink_token>, dSink_token=None,
+                                 dropout=None, score_mod=None, use_deterministic_algorithm=False,
+                                 compute_data_type=None, name="")
 
-q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (logical dims; the layout is the strides, so
-BSHD and BHSD both work); Hk and Hv divide Hq (GQA / MQA). O [B, Hq, Sq, Dv] keeps q's layout;
-Stats FP32 [B, Hq, Sq, 1]. The formulas are in attention_ref.py and docs/attention.md.
+Dense tensors: q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (logical dims; the layout is the
+strides, so BSHD and BHSD both work); Hk and Hv divide Hq (GQA / MQA). O [B, Hq, Sq, Dv] keeps q's layout;
+Stats FP32 [B, Hq, Sq, 1].
+
+Packed (ragged, THD) tensors: [1, H, T, D] with a ragged offset [B(+1), 1, 1, 1] (integer): sequence b is
+the rows (tokens) offset[b] .. offset[b] + seq_len[b] - 1 of axis 2; Sq / Skv are then the attributes
+max_seq_len_q / max_seq_len_kv and B the lengths' batch. Paged caches: k (or v) is a container
+[pages, H, block, D] read through a page table [B, 1, P, 1] (or a packed one [1, 1, T, 1] with its ragged
+offset). The formulas are in attention_ref.py and docs/attention.md.
 
 dropout: ``(p, seed, offset)`` (Philox; seed and offset 1-element INT64 or INT32 tensors read at run
 time) or ``(mask, scale)`` (an explicit mask broadcast to [B, Hq, Sq, Skv], times scale); the backward
-also takes cuDNN's ``(mask, scale, scale_inv)``. score_mod: see score_mod.py. dBias is a tensor the
-caller declares (dims of bias) that the backward writes, as in cuDNN.
+also takes cuDNN's ``(mask, scale, scale_inv)``. score_mod: see score_mod.py. dBias, dSink_token,
+score_max, score_sum_exp and rng_dump are tensors the caller declares and the op writes, as in cuDNN.
 """
 
 from __future__ import annotations
 
-import numbers
+import enum
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,33 +39,120 @@ import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError, expect
-from ..core.ir import Const
-from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
-from ..core.tensor import Tensor, TensorDesc, packed_strides
+from ..core.ir import Node
+from ..core.op import NodeContext, Op, TensorSpec, register_op
+from ..core.tensor import TensorDesc, packed_strides
+from . import attention_checks as checks
 from . import attention_ref as ref
 from .base import strides_like
-from .pointwise import Pointwise, PointwiseMode
-from .score_mod import ScoreMod, Src, evaluate, record
+from .score_mod import ScoreMod, evaluate
+
+
+class DiagonalAlignment(enum.Enum):
+    """Where the diagonal of the band mask runs: through (0, 0) (TOP_LEFT) or through the last query
+    and the last key of each sequence (BOTTOM_RIGHT: delta = skv_b - sq_b)."""
+
+    TOP_LEFT = "top_left"
+    BOTTOM_RIGHT = "bottom_right"
+
+
+EMPTY_ROW_STATS = {"+inf": math.inf, "-inf": -math.inf}  # the Stats of a row with no key kept
 
 _MASK_IN = ("attn_scale", "bias", "seq_len_q", "seq_len_kv", "dropout_seed", "dropout_offset", "dropout_mask",
             "dropout_scale")
-_FWD_IN = ("q", "k", "v", *_MASK_IN)
-_BWD_IN = ("q", "k", "v", "o", "dO", "stats", *_MASK_IN, "dropout_scale_inv")
+_PAGED = ("paged_attention_k_table", "paged_attention_v_table", "paged_attention_k_table_ragged_offset",
+          "paged_attention_v_table_ragged_offset")
+_EXTRA = ("sink_token", "block_mask")
+FWD_RAGGED = ("q", "k", "v", "o", "stats")
+BWD_RAGGED = ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
+_FWD_IN = ("q", "k", "v", *_MASK_IN, *(f"{r}_ragged_offset" for r in FWD_RAGGED), *_PAGED, *_EXTRA)
+_BWD_IN = ("q", "k", "v", "o", "dO", "stats", *_MASK_IN, "dropout_scale_inv",
+           *(f"{r}_ragged_offset" for r in BWD_RAGGED), *_EXTRA)
 _SCALARS = frozenset({"attn_scale", "dropout_seed", "dropout_offset", "dropout_scale", "dropout_scale_inv"})
 _ATTN_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE)
+_KV_SIDE = frozenset({"k", "v", "dK", "dV"})  # tensors whose rows are keys (the rest are queries)
+_LEN_TYPES = (DataType.INT32, DataType.INT64)
+
+
+def ragged_role(tensor_role: str) -> str:
+    """The input role of the ragged offset of the tensor under `tensor_role` ("q" -> "q_ragged_offset")."""
+    return f"{tensor_role}_ragged_offset"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The logical problem of one attention node: B sequences, Hq/Hk/Hv heads, Sq queries and Skv keys
+    per sequence (the padded dims), head dims D and Dv; which tensors are packed and which paged."""
+
+    b: int
+    hq: int
+    hk: int
+    hv: int
+    sq: int
+    skv: int
+    d: int
+    dv: int
+    packed: frozenset[str]
+    paged: frozenset[str]
+
+    @property
+    def scores(self) -> tuple[int, int, int, int]:
+        return (self.b, self.hq, self.sq, self.skv)
+
+    def rows(self, role: str) -> int:
+        return self.skv if role in _KV_SIDE else self.sq
+
+
+def extensions(node: Node) -> list[str]:
+    """What an attention node uses beyond the masks, layouts and outputs the generated kernels and the
+    cudnn engine were written for (each a phrase for a decline reason); [] when none. The torch and
+    reference engines run all of it."""
+    op = node.op_as(_Attention)
+    roles = dict(zip(op.input_roles(), node.inputs))
+    out = []
+    packed = [r.removesuffix("_ragged_offset") for r, v in roles.items() if r.endswith("_ragged_offset") and v]
+    if packed:
+        out.append(f"packed (ragged) {', '.join(packed)}")
+    if roles.get("paged_attention_k_table") is not None or roles.get("paged_attention_v_table") is not None:
+        out.append("a paged KV cache")
+    if op.diagonal_band_right_bound is not None:
+        out.append(f"a diagonal band with right bound {op.diagonal_band_right_bound}")
+    if op.diagonal_alignment is DiagonalAlignment.BOTTOM_RIGHT and not op.use_causal_mask_bottom_right:
+        out.append("a bottom-right aligned band without the causal flag")
+    for role in ("sink_token", "block_mask"):
+        if roles.get(role) is not None:
+            out.append(f"a {role.replace('_', ' ')}")
+    present = {r for r, u in zip(op.output_roles(), node.outputs) if u is not None}
+    for role in ("score_max", "score_sum_exp", "rng_dump", "dSink_token"):
+        if role in present:
+            out.append(f"the {role} output")
+    if isinstance(op, Sdpa) and op.empty_row_stats != "+inf" and "stats" in present:
+        out.append(f"Stats of {op.empty_row_stats} on rows with no key kept")
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class _Attention(Op):
-    """Attributes and checks shared by the forward and the backward op."""
+    """Attributes and checks shared by the forward and the backward op.
+
+    The band mask is stored in the fields older files know where they say it (use_causal_mask is a
+    top-left band with right bound 0, use_causal_mask_bottom_right a bottom-right one, and
+    sliding_window_length the left bound); `diagonal_alignment` and `diagonal_band_right_bound` hold
+    only what those cannot (the builders normalize to this form). `band` is the mask in one form."""
 
     use_alibi_mask: bool = False
     use_padding_mask: bool = False
     use_causal_mask: bool = False
     use_causal_mask_bottom_right: bool = False
     sliding_window_length: int | None = None
+    diagonal_alignment: DiagonalAlignment = DiagonalAlignment.TOP_LEFT
+    diagonal_band_right_bound: int | None = None
     dropout_probability: float | None = None  # the Philox form; the mask form has no attribute
     score_mod: ScoreMod | None = None
+    max_seq_len_q: int | None = None  # Sq of packed queries
+    max_seq_len_kv: int | None = None  # Skv of packed or paged keys and values
+    # (role, n): the ragged offset of `role` counts elements, n a row (cuDNN's); without: rows
+    ragged_offset_strides: tuple[tuple[str, int], ...] = ()
 
     BASE_INPUTS: ClassVar[tuple[str, ...]] = ()
     REQUIRED: ClassVar[frozenset[str]] = frozenset()
@@ -68,20 +166,41 @@ class _Attention(Op):
     def scalar_inputs(self) -> frozenset[str]:
         return _SCALARS
 
+    def literal_inputs(self) -> frozenset[str]:
+        """The scalars, and a score modifier's inputs, may be pass-by-value tensors (a soft-cap or a -inf
+        a modifier reads, as cuDNN's flexible graphs pass them)."""
+        return _SCALARS | frozenset(self.score_mod.input_roles() if self.score_mod is not None else ())
+
+    @property
+    def bottom_right(self) -> bool:
+        return self.use_causal_mask_bottom_right or self.diagonal_alignment is DiagonalAlignment.BOTTOM_RIGHT
+
+    @property
+    def right_bound(self) -> int | None:
+        return 0 if (self.use_causal_mask or self.use_causal_mask_bottom_right) else self.diagonal_band_right_bound
+
     @property
     def masking(self) -> ref.Masking:
-        return ref.Masking(self.use_padding_mask, self.use_causal_mask, self.use_causal_mask_bottom_right,
-                           self.sliding_window_length)
+        return ref.Masking(self.use_padding_mask, self.bottom_right, self.sliding_window_length, self.right_bound)
 
-    # -- checks -------------------------------------------------------------------------------------
+    def offset_divisor(self, role: str) -> int:
+        """What the ragged offset of `role` is divided by to give rows (see ragged_offset_strides)."""
+        return dict(self.ragged_offset_strides).get(role, 1)
+
+    # -- geometry ---------------------------------------------------------------------------------------
     def qkv(self, ctx: NodeContext) -> tuple[TensorDesc, TensorDesc, TensorDesc]:
+        self.geometry(ctx)
+        return ctx.tensor("q"), ctx.tensor("k"), ctx.tensor("v")
+
+    def geometry(self, ctx: NodeContext) -> Geometry:
+        """B, heads, Sq, Skv, head dims from q, k, v (packed, paged or dense) with their checks."""
         q, k, v = ctx.tensor("q"), ctx.tensor("k"), ctx.tensor("v")
         for role, t in (("q", q), ("k", k), ("v", v)):
             if len(t.dim) != 4:
                 ctx.error(ShapeError, f"input '{role}' has rank {len(t.dim)} (dims {list(t.dim)}); attention "
                           "takes rank-4 tensors", tensor=role, rule="sdpa.rank",
                           hint="give q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (logical dims; "
-                          "a BSHD buffer is these dims with BSHD strides)")
+                          "a BSHD buffer is these dims with BSHD strides; packed tensors are [1, H, T, D])")
         for role, t in (("q", q), ("k", k), ("v", v)):
             if t.data_type not in _ATTN_TYPES:
                 ctx.error(DataTypeError, f"input '{role}' has data type {t.data_type.name}", tensor=role,
@@ -92,15 +211,38 @@ class _Attention(Op):
                           tensor=role, rule="sdpa.dtype",
                           hint="give q, k and v one data type (a q, k or v computed in the graph is virtual and takes "
                           "the graph's intermediate_data_type unless you call set_data_type on it)")
+        packed = frozenset(r for r in ("q", "k", "v") if ctx.has(ragged_role(r)))
+        paged = frozenset(r for r in ("k", "v") if ctx.has(f"paged_attention_{r}_table"))
+        if packed & paged:
+            role = sorted(packed & paged)[0]
+            ctx.error(AttributeValueError, f"'{role}' is both packed and paged", tensor=role, rule="sdpa.paged",
+                      hint="give a paged cache its page table only (a page table may be packed itself)")
+        if "q" in packed:
+            b = self._packed_batch(ctx)
+            sq = self._max_len(ctx, "max_seq_len_q", self.max_seq_len_q, "q")
+            self._check_packed_dims(ctx, "q", q)
+        else:
+            b, sq = q.dim[0], q.dim[2]
+            if self.max_seq_len_q is not None and self.max_seq_len_q != sq:
+                ctx.error(ShapeError, f"max_seq_len_q={self.max_seq_len_q} but q (not packed) has {sq} queries",
+                          rule="sdpa.max_seq_len", hint="drop max_seq_len_q for a dense q")
+        lengths = {}
         for role, t in (("k", k), ("v", v)):
-            if t.dim[0] != q.dim[0]:
-                ctx.error(ShapeError, f"input '{role}' has batch {t.dim[0]} but q has {q.dim[0]}", tensor=role,
-                          rule="sdpa.batch", hint="q, k and v share the batch axis 0")
+            if role in paged:
+                lengths[role] = self._paged_length(ctx, role, t, b)
+            elif role in packed:
+                self._check_packed_dims(ctx, role, t)
+                lengths[role] = self._max_len(ctx, "max_seq_len_kv", self.max_seq_len_kv, role)
+            else:
+                if t.dim[0] != b:
+                    ctx.error(ShapeError, f"input '{role}' has batch {t.dim[0]} but q has {b}", tensor=role,
+                              rule="sdpa.batch", hint="q, k and v share the batch axis 0")
+                lengths[role] = t.dim[2]
         if k.dim[3] != q.dim[3]:
             ctx.error(ShapeError, f"k has head dim {k.dim[3]} but q has {q.dim[3]}", tensor="k",
                       rule="sdpa.head_dim", hint="q and k share the head dim D (axis 3); v's may differ")
-        if v.dim[2] != k.dim[2]:
-            ctx.error(ShapeError, f"v has {v.dim[2]} keys (axis 2) but k has {k.dim[2]}", tensor="v",
+        if lengths["v"] != lengths["k"]:
+            ctx.error(ShapeError, f"v has {lengths['v']} keys (axis 2) but k has {lengths['k']}", tensor="v",
                       rule="sdpa.kv_length", hint="k and v share the sequence axis Skv (axis 2)")
         for role, t in (("k", k), ("v", v)):
             if q.dim[1] % t.dim[1]:
@@ -108,11 +250,77 @@ class _Attention(Op):
                           tensor=role, rule="sdpa.gqa",
                           hint="for grouped-query attention, give k and v a number of heads that divides q's "
                           "(query head h reads key head h // (Hq / Hk))")
-        return q, k, v
+        return Geometry(b, q.dim[1], k.dim[1], v.dim[1], sq, lengths["k"], q.dim[3], v.dim[3], packed, paged)
+
+    def _packed_batch(self, ctx: NodeContext) -> int:
+        if not ctx.has("seq_len_q"):
+            ctx.error(ShapeError, "packed q needs seq_len_q (the length of each sequence)", tensor="q",
+                      rule="sdpa.ragged", hint="pass use_padding_mask=True with seq_len_q and seq_len_kv [B, 1, 1, 1]")
+        return ctx.tensor("seq_len_q").dim[0]
+
+    @staticmethod
+    def _max_len(ctx: NodeContext, attr: str, value: int | None, role: str) -> int:
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            ctx.error(AttributeValueError, f"packed '{role}' needs {attr} (a positive int), got {value!r}",
+                      tensor=role, rule="sdpa.max_seq_len",
+                      hint=f"pass {attr}=<the longest sequence>: the padded dims of the scores")
+        return value
+
+    @staticmethod
+    def _check_packed_dims(ctx: NodeContext, role: str, t: TensorDesc) -> None:
+        if t.dim[0] != 1:
+            ctx.error(ShapeError, f"packed '{role}' has dims {list(t.dim)}; a packed tensor is [1, H, T, D]",
+                      tensor=role, rule="sdpa.ragged",
+                      hint="give packed tensors batch 1: the tokens of every sequence lie along axis 2")
+
+    def _paged_length(self, ctx: NodeContext, role: str, t: TensorDesc, b: int) -> int:
+        table_role = f"paged_attention_{role}_table"
+        table = ctx.tensor(table_role)
+        if not table.data_type.is_integer or len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
+            ctx.error(ShapeError, f"{table_role} is {table.data_type.name} {list(table.dim)}", tensor=table_role,
+                      rule="sdpa.paged", hint="give an integer page table [B, 1, pages per sequence, 1]")
+        packed_table = ctx.has(f"{table_role}_ragged_offset")
+        if not packed_table and table.dim[0] != b:
+            ctx.error(ShapeError, f"{table_role} has batch {table.dim[0]}, the problem {b}", tensor=table_role,
+                      rule="sdpa.paged", hint="one row of pages per sequence")
+        if packed_table:
+            self._check_packed_dims(ctx, table_role, table)
+        if self.max_seq_len_kv is not None:
+            return self._max_len(ctx, "max_seq_len_kv", self.max_seq_len_kv, role)
+        if packed_table:
+            return self._max_len(ctx, "max_seq_len_kv", None, role)
+        return table.dim[2] * t.dim[2]
 
     def score_dims(self, ctx: NodeContext) -> tuple[int, int, int, int]:
-        q, k = ctx.tensor("q"), ctx.tensor("k")
-        return (q.dim[0], q.dim[1], q.dim[2], k.dim[2])
+        return self.geometry(ctx).scores
+
+    def row_dims(self, ctx: NodeContext, g: Geometry, role: str, width: int) -> tuple[int, ...]:
+        """Dims of a query- or key-side tensor under `role` with `width` features: packed [1, H, T, w]
+        when its ragged offset is given (T: the draft's, else q's or k's, else B * S), else dense."""
+        heads = {"k": g.hk, "dK": g.hk, "v": g.hv, "dV": g.hv}.get(role, g.hq)
+        if not ctx.has(ragged_role(role)):
+            return (g.b, heads, g.rows(role), width)
+        src = "k" if role in ("k", "dK") else "v" if role in ("v", "dV") else "q"
+        t = ctx.tensor(src)
+        tokens = t.dim[2] if src in g.packed else g.b * g.rows(role)
+        return (1, heads, tokens, width)
+
+    def check_rows(self, ctx: NodeContext, g: Geometry, role: str, width: int, layout: str | None = None) -> None:
+        """An input or output under `role` lies as `row_dims` of `layout` (default: itself) says (a packed
+        one with any T)."""
+        layout = layout or role
+        t = ctx.input(role) if role in self.input_roles() else ctx.output(role)
+        dim = getattr(t, "dim", None)
+        if dim is None:
+            return
+        want = self.row_dims(ctx, g, layout, width)
+        packed = ctx.has(ragged_role(layout))
+        ok = tuple(dim) == want or (packed and len(dim) == 4 and (dim[0], dim[1], dim[3]) == (1, want[1], want[3]))
+        if not ok:
+            shape = f"[1, {want[1]}, T, {want[3]}]" if packed else str(list(want))
+            ctx.error(ShapeError, f"'{role}' has dims {list(dim)}, expected {shape}", tensor=role,
+                      rule="sdpa_backward.dims" if isinstance(self, SdpaBackward) else "sdpa.dims",
+                      hint="query-side tensors are [B, Hq, Sq, w] (packed: [1, Hq, T, w]), key-side [B, H, Skv, w]")
 
     def check_broadcast(self, ctx: NodeContext, role: str, rule: str, what: str) -> None:
         t = ctx.input(role)
@@ -124,15 +332,10 @@ class _Attention(Op):
                       f"[B, Hq, Sq, Skv] = {list(full)}", tensor=role, rule=rule,
                       hint="give it rank 4 with each dim equal to the scores' or 1")
 
+    # -- checks -----------------------------------------------------------------------------------------
     def check_options(self, ctx: NodeContext) -> None:
-        b = ctx.tensor("q").dim[0]
-        if self.use_causal_mask and self.use_causal_mask_bottom_right:
-            ctx.error(AttributeValueError, "use_causal_mask and use_causal_mask_bottom_right are both set",
-                      rule="sdpa.causal", hint="pick one alignment of the causal diagonal")
-        w = self.sliding_window_length
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-            ctx.error(AttributeValueError, f"sliding_window_length={w!r} is not a positive int",
-                      rule="sdpa.sliding_window", hint="pass the window length W >= 1 (keys i-W < j <= i)")
+        g = self.geometry(ctx)
+        checks.check_band(self, ctx)
         if ctx.has("bias"):
             self.check_broadcast(ctx, "bias", "sdpa.bias_dims", "bias")
             if not ctx.tensor("bias").data_type.is_floating:
@@ -148,365 +351,198 @@ class _Attention(Op):
                       rule="sdpa.padding_mask", hint="set use_padding_mask=True, or drop the length tensors")
         for role in lens:
             t = ctx.tensor(role)
-            if t.dim != (b, 1, 1, 1) or t.data_type is not DataType.INT32:
-                ctx.error(ShapeError if t.dim != (b, 1, 1, 1) else DataTypeError,
-                          f"{role} is {t.data_type.name} {list(t.dim)}, expected INT32 [{b}, 1, 1, 1]", tensor=role,
-                          rule="sdpa.seq_len", hint="one INT32 length per batch entry, dims [B, 1, 1, 1]")
-        self.check_dropout(ctx)
-        self.check_score_mod(ctx)
-
-    def check_dropout(self, ctx: NodeContext) -> None:
-        p = self.dropout_probability
-        philox = [r for r in ("dropout_seed", "dropout_offset") if ctx.has(r)]
-        if p is not None:
-            if not (isinstance(p, float) and 0.0 <= p < 1.0):
-                ctx.error(AttributeValueError, f"dropout probability {p!r} is outside [0, 1)", rule="sdpa.dropout",
-                          hint="pass dropout=(p, seed, offset) with 0 <= p < 1")
-            if len(philox) != 2:
-                ctx.error(AttributeValueError, "Philox dropout needs a seed and an offset", rule="sdpa.dropout",
-                          hint="pass dropout=(p, seed, offset) with two 1-element INT64 tensors")
-            if ctx.has("dropout_mask"):
-                ctx.error(AttributeValueError, "dropout has both a probability and a mask", tensor="dropout_mask",
-                          rule="sdpa.dropout", hint="pass (p, seed, offset) or (mask, scale), not both")
-        elif philox:
-            ctx.error(AttributeValueError, f"{philox[0]} is given without a dropout probability", tensor=philox[0],
-                      rule="sdpa.dropout", hint="pass dropout=(p, seed, offset)")
-        for role in philox:
-            t = ctx.input(role)
-            if isinstance(t, TensorDesc) and not t.data_type.is_integer:
-                ctx.error(DataTypeError, f"{role} has data type {t.data_type.name}", tensor=role, rule="sdpa.dropout",
-                          hint="give the Philox seed and offset an integer type (INT64)")
-            if isinstance(t, Const) and (isinstance(t.value, float) and not float(t.value).is_integer()):
-                ctx.error(AttributeValueError, f"{role}={t.value} is not an integer", rule="sdpa.dropout",
-                          hint="seeds and offsets are integers")
-        if ctx.has("dropout_mask"):
-            self.check_broadcast(ctx, "dropout_mask", "sdpa.dropout", "dropout mask")
-            if not ctx.has("dropout_scale"):
-                ctx.error(AttributeValueError, "a dropout mask needs its scale", rule="sdpa.dropout",
-                          hint="pass dropout=(mask, scale), scale usually 1 / (1 - p)")
-        elif ctx.has("dropout_scale") or ctx.has("dropout_scale_inv"):
-            ctx.error(AttributeValueError, "a dropout scale is given without a mask", rule="sdpa.dropout",
-                      hint="pass dropout=(mask, scale)")
-
-    def check_score_mod(self, ctx: NodeContext) -> None:
-        mods = [("score_mod", self.score_mod), ("score_mod_grad", getattr(self, "score_mod_grad", None))]
-        for what, mod in mods:
-            if mod is None:
-                continue
-            n_in = self.score_mod.num_inputs if self.score_mod is not None else 0
-            for i, node in enumerate(mod.nodes):
-                bad = [r for r in node.operands if r is not None and (
-                    (r.src is Src.NODE and r.index >= i) or (r.src is Src.INPUT and r.index >= n_in)
-                    or (r.src is Src.GRAD and what == "score_mod"))]
-                if bad or len(node.operands) != len(_pointwise_roles(node)):
-                    ctx.error(AttributeValueError, f"{what} node %{i} ({node}) has operands that refer to no "
-                              "earlier node, input or score", rule="sdpa.score_mod",
-                              hint="rebuild the modifier through g.sdpa(..., score_mod=fn)")
-                if node.mode is PointwiseMode.GEN_INDEX and node.axis not in (0, 1, 2, 3):
-                    ctx.error(AttributeValueError, f"{what} node %{i} gen_index(axis={node.axis}) indexes no axis "
-                              "of the scores [B, H, Sq, Skv]", rule="sdpa.score_mod_axis",
-                              hint="use axis 2 for the query position i, 3 for the key position j")
-            r = mod.result
-            if (r.src is Src.NODE and r.index >= len(mod.nodes)) or (r.src is Src.INPUT and r.index >= n_in):
-                ctx.error(AttributeValueError, f"{what} result {r} refers to nothing", rule="sdpa.score_mod",
-                          hint="rebuild the modifier through g.sdpa(..., score_mod=fn)")
-        for role in (self.score_mod.input_roles() if self.score_mod is not None else ()):
-            self.check_broadcast(ctx, role, "sdpa.score_mod_input", "score_mod input")
+            if t.dim != (g.b, 1, 1, 1) or t.data_type not in _LEN_TYPES:
+                ctx.error(ShapeError if t.dim != (g.b, 1, 1, 1) else DataTypeError,
+                          f"{role} is {t.data_type.name} {list(t.dim)}, expected INT32 [{g.b}, 1, 1, 1]", tensor=role,
+                          rule="sdpa.seq_len", hint="one INT32 (or INT64) length per batch entry, dims [B, 1, 1, 1]")
+        checks.check_packed(self, ctx, g)
+        checks.check_extras(self, ctx, g)
+        checks.check_dropout(self, ctx)
+        checks.check_score_mod(self, ctx)
 
     # -- reference ------------------------------------------------------------------------------------
-    def scores(self, a: dict[str, Any]) -> ref.Scores:
+    def dense_geometry(self, a: dict[str, Any]) -> tuple[int, int, int]:
+        """(B, Sq, Skv) at run time, from the arrays and the attributes (see `geometry`)."""
+        q, k = a["q"], a["k"]
+        b = np.asarray(a["seq_len_q"]).shape[0] if a.get("q_ragged_offset") is not None else q.shape[0]
+        sq = int(expect(self.max_seq_len_q, "max_seq_len_q of packed q")) if a.get("q_ragged_offset") is not None \
+            else q.shape[2]
+        table = a.get("paged_attention_k_table")
+        if table is not None:
+            skv = self.max_seq_len_kv if self.max_seq_len_kv is not None else table.shape[2] * k.shape[2]
+        elif a.get("k_ragged_offset") is not None:
+            skv = int(expect(self.max_seq_len_kv, "max_seq_len_kv of packed k"))
+        else:
+            skv = k.shape[2]
+        return b, sq, int(skv)
+
+    def dense_input(self, a: dict[str, Any], role: str, b: int, sq: int, skv: int) -> np.ndarray:
+        """Input `role` in dense logical dims [B, H, S, w] (unpacked or unpaged)."""
+        x = a[role]
+        rows = skv if role in _KV_SIDE else sq
+        lens = a["seq_len_kv"] if role in _KV_SIDE else a["seq_len_q"]
+        table = a.get(f"paged_attention_{role}_table")
+        if table is not None:
+            toff = a.get(f"paged_attention_{role}_table_ragged_offset")
+            pages = -(-rows // x.shape[2])
+            tab = ref.unpack(table, self._rows(toff, f"paged_attention_{role}_table"), None, b, pages) \
+                if toff is not None else table
+            return ref.unpage(x, tab.reshape(b, -1), rows)
+        off = a.get(ragged_role(role))
+        return ref.unpack(x, self._rows(off, role), lens, b, rows) if off is not None else x
+
+    def dense_output(self, a: dict[str, Any], role: str, value: np.ndarray | None, out: TensorDesc | None
+                     ) -> np.ndarray | None:
+        """A dense output in the dims of `out` (packed back when its ragged offset is given)."""
+        if value is None or out is None:
+            return None
+        off = a.get(ragged_role(role))
+        if off is None:
+            return value
+        lens = a["seq_len_kv"] if role in _KV_SIDE else a["seq_len_q"]
+        return ref.pack(value, self._rows(off, role), lens, out.dim[2])
+
+    def _rows(self, offsets: np.ndarray, role: str) -> np.ndarray:
+        div = self.offset_divisor(role)
+        return offsets if div == 1 else np.floor_divide(np.asarray(offsets, dtype=np.float64), div)
+
+    def scores(self, a: dict[str, Any], q: np.ndarray, k: np.ndarray) -> ref.Scores:
         modifier = None
         if self.score_mod is not None:
             extra = [a[r] for r in self.score_mod.input_roles()]
             modifier = lambda s: evaluate(self.score_mod, s, extra)
-        return ref.scores(a["q"], a["k"], a["attn_scale"], a["bias"], self.use_alibi_mask, self.masking,
-                          a["seq_len_q"], a["seq_len_kv"], modifier)
+        return ref.scores(q, k, a["attn_scale"], a["bias"], self.use_alibi_mask, self.masking,
+                          a["seq_len_q"], a["seq_len_kv"], modifier, a.get("block_mask"), a.get("sink_token"))
 
     def dropout(self, a: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray | None:
         return ref.dropout_factor(shape, self.dropout_probability, a["dropout_seed"], a["dropout_offset"],
                                   a["dropout_mask"], a["dropout_scale"])
 
 
-def _pointwise_roles(node) -> tuple[str, ...]:
-    return Pointwise(mode=node.mode, axis=node.axis).input_roles()
-
-
 @register_op
 @dataclass(frozen=True, kw_only=True)
 class Sdpa(_Attention):
-    """O = softmax(mask(score_mod(attn_scale * q k^T + bias + alibi))) (dropped out) @ v; Stats = the
-    natural-log log-sum-exp of each row (+inf for a row with no key kept, whose O is 0)."""
+    """O = softmax(mask(score_mod(attn_scale * q k^T + bias + alibi)), sink) (dropped out) @ v; Stats =
+    the natural-log log-sum-exp of each row (`empty_row_stats` for a row with no key kept and no sink,
+    whose O is 0); score_max / score_sum_exp the softmax's row max and sum; rng_dump the dropout mask."""
 
     kind = "sdpa"
     BASE_INPUTS = _FWD_IN
     REQUIRED = frozenset({"q", "k", "v"})
-    OUTPUTS = ("o", "stats")
+    OUTPUTS = ("o", "stats", "score_max", "score_sum_exp", "rng_dump")
+    empty_row_stats: str = "+inf"
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
-        q, _k, v = self.qkv(ctx)
-        o = (q.dim[0], q.dim[1], q.dim[2], v.dim[3])
-        stats = (q.dim[0], q.dim[1], q.dim[2], 1)
+        g = self.geometry(ctx)
+        q = ctx.tensor("q")
+        o = self.row_dims(ctx, g, "o", g.dv)
+        draft = ctx.output("o")
+        if ctx.has("o_ragged_offset") and draft is not None and draft.dim is not None:
+            o = tuple(draft.dim)
         st_type = DataType.DOUBLE if q.data_type is DataType.DOUBLE else DataType.FLOAT
-        return [TensorSpec(o, strides_like(o, q)), TensorSpec(stats, packed_strides(stats), st_type)]
+        stats = self.row_dims(ctx, g, "stats", 1)
+        draft = ctx.output("stats")
+        if ctx.has("stats_ragged_offset") and draft is not None and draft.dim is not None:
+            stats = tuple(draft.dim)
+        stats_stride = strides_like(stats, q) if ctx.has("stats_ragged_offset") else packed_strides(stats)
+        return [TensorSpec(o, strides_like(o, q)), TensorSpec(stats, stats_stride, st_type),
+                TensorSpec(stats, stats_stride, st_type), TensorSpec(stats, stats_stride, st_type),
+                TensorSpec(g.scores, packed_strides(g.scores), DataType.FLOAT)]
 
     def check(self, ctx: NodeContext) -> None:
         self.check_options(ctx)
+        g = self.geometry(ctx)
+        if self.empty_row_stats not in EMPTY_ROW_STATS:
+            ctx.error(AttributeValueError, f"empty_row_stats={self.empty_row_stats!r}", rule="sdpa.empty_row_stats",
+                      hint="pass '+inf' (opgraph's, the default) or '-inf' (cuDNN's from 9.14)")
+        for role in ("o", "stats", "score_max", "score_sum_exp"):
+            if ctx.output(role) is not None:
+                self.check_rows(ctx, g, role, g.dv if role == "o" else 1, "o" if role == "o" else "stats")
+        if ctx.output("rng_dump") is not None and self.dropout_probability is None:
+            ctx.error(AttributeValueError, "rng_dump is requested without Philox dropout", tensor="rng_dump",
+                      rule="sdpa.rng_dump", hint="pass dropout=(p, seed, offset), or drop rng_dump")
 
     def reference(self, ins, outs):
         a = dict(zip(self.input_roles(), ins))
-        sc = self.scores(a)
-        o, stats = ref.forward(sc, a["v"], self.dropout(a, sc.s.shape))
-        return [o, stats if outs[1] is not None else None]
+        b, sq, skv = self.dense_geometry(a)
+        q, k, v = (self.dense_input(a, r, b, sq, skv) for r in ("q", "k", "v"))
+        sc = self.scores(a, q, k)
+        drop = self.dropout(a, sc.s.shape)
+        o, sm = ref.forward(sc, v, drop, EMPTY_ROW_STATS[self.empty_row_stats])
+        rng = None
+        if outs[4] is not None and drop is not None:
+            rng = (drop != 0).astype(np.float64)
+        return [self.dense_output(a, "o", o, outs[0]), self.dense_output(a, "stats", sm.stats, outs[1]),
+                self.dense_output(a, "stats", sm.score_max, outs[2]),
+                self.dense_output(a, "stats", sm.score_sum_exp, outs[3]), rng]
 
 
 @register_op
 @dataclass(frozen=True, kw_only=True)
 class SdpaBackward(_Attention):
-    """dQ, dK, dV (and dBias) of `sdpa` from q, k, v, its o and Stats, and dO (attention_ref.py).
-    `score_mod_grad` is dS1 = dS2 * d score_mod / d s1, a sub-graph of the score (SCORE) and the
-    incoming gradient (GRAD), derived from `score_mod` when the op is built."""
+    """dQ, dK, dV (and dBias, dSink_token) of `sdpa` from q, k, v, its o and Stats, and dO
+    (attention_ref.py). `score_mod_grad` is dS1 = dS2 * d score_mod / d s1, a sub-graph of the score
+    (SCORE) and the incoming gradient (GRAD), derived from `score_mod` when the op is built."""
 
     kind = "sdpa_backward"
     BASE_INPUTS = _BWD_IN
     REQUIRED = frozenset({"q", "k", "v", "o", "dO", "stats"})
-    OUTPUTS = ("dQ", "dK", "dV", "dBias")
+    OUTPUTS = ("dQ", "dK", "dV", "dBias", "dSink_token")
     score_mod_grad: ScoreMod | None = None
     use_deterministic_algorithm: bool = False
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
-        q, k, v = self.qkv(ctx)
-        specs = [TensorSpec(t.dim, strides_like(t.dim, t)) for t in (q, k, v)]
+        g = self.geometry(ctx)
+        specs = []
+        for role, src in (("dQ", "q"), ("dK", "k"), ("dV", "v")):
+            t = ctx.tensor(src)
+            dims = t.dim if ctx.has(ragged_role(role)) == (src in g.packed) else \
+                self.row_dims(ctx, g, role, t.dim[3])
+            specs.append(TensorSpec(dims, strides_like(dims, t)))
         bias = ctx.input("bias")
         specs.append(TensorSpec(bias.dim, strides_like(bias.dim, bias)) if isinstance(bias, TensorDesc)
                      else TensorSpec())
+        specs.append(TensorSpec((1, g.hq, 1, 1), packed_strides((1, g.hq, 1, 1)), DataType.FLOAT))
         return specs
 
     def check(self, ctx: NodeContext) -> None:
-        q, _k, v = self.qkv(ctx)
-        want = {"o": (*q.dim[:3], v.dim[3]), "dO": (*q.dim[:3], v.dim[3]), "stats": (*q.dim[:3], 1)}
-        for role, dims in want.items():
+        g = self.geometry(ctx)
+        if g.paged:
+            ctx.error(AttributeValueError, "sdpa_backward reads no paged KV cache", rule="sdpa.paged",
+                      hint="paged caches are for inference; give the backward dense or packed k and v")
+        for role, width in (("o", g.dv), ("dO", g.dv), ("stats", 1)):
+            self.check_rows(ctx, g, role, width)
             t = ctx.tensor(role)
-            if t.dim != dims:
-                ctx.error(ShapeError, f"input '{role}' has dims {list(t.dim)}, expected {list(dims)}", tensor=role,
-                          rule="sdpa_backward.dims",
-                          hint="pass the forward's O and Stats and dO = dL/dO ([B, Hq, Sq, Dv]; Stats [B, Hq, Sq, 1])")
             if not t.data_type.is_floating:
                 ctx.error(DataTypeError, f"input '{role}' has data type {t.data_type.name}", tensor=role,
                           rule="sdpa.dtype", hint="o, dO and stats are floating point")
         if ctx.output("dBias") is not None and not ctx.has("bias"):
             ctx.error(AttributeValueError, "dBias is requested without a bias", tensor="dBias",
                       rule="sdpa_backward.dbias", hint="pass the forward's bias, or drop dBias")
+        if ctx.output("dSink_token") is not None and not ctx.has("sink_token"):
+            ctx.error(AttributeValueError, "dSink_token is requested without a sink_token", tensor="dSink_token",
+                      rule="sdpa.sink", hint="pass the forward's sink_token, or drop dSink_token")
         if (self.score_mod is None) != (self.score_mod_grad is None):
             ctx.error(AttributeValueError, "score_mod and score_mod_grad must be given together",
                       rule="sdpa.score_mod", hint="build the op with g.sdpa_backward(..., score_mod=fn)")
+        for role, width in (("dQ", g.d), ("dK", g.d), ("dV", g.dv)):
+            if ctx.output(role) is not None:
+                self.check_rows(ctx, g, role, width)
         self.check_options(ctx)
 
     def reference(self, ins, outs):
         a = dict(zip(self.input_roles(), ins))
-        sc = self.scores(a)
+        b, sq, skv = self.dense_geometry(a)
+        q, k, v, o, do, stats = (self.dense_input(a, r, b, sq, skv) for r in ("q", "k", "v", "o", "dO", "stats"))
+        sc = self.scores(a, q, k)
         grad = None
         if self.score_mod_grad is not None:
             extra = [a[r] for r in expect(self.score_mod, "the score modifier of a score_mod_grad").input_roles()]
             grad = lambda s, g: evaluate(self.score_mod_grad, s, extra, g)
         bias_dims = outs[3].dim if outs[3] is not None else None
-        dq, dk, dv, dbias = ref.backward(sc, a["q"], a["k"], a["v"], a["o"], a["dO"], a["stats"],
-                                         self.dropout(a, sc.s.shape), grad, bias_dims)
-        return [dq, dk, dv, dbias]
+        dq, dk, dv, dbias, dsink = ref.backward(sc, q, k, v, o, do, stats, self.dropout(a, sc.s.shape), grad,
+                                                bias_dims)
+        return [self.dense_output(a, "dQ", dq, outs[0]), self.dense_output(a, "dK", dk, outs[1]),
+                self.dense_output(a, "dV", dv, outs[2]), dbias, dsink if outs[4] is not None else None]
 
 
-# -- builders --------------------------------------------------------------------------------------------
-
-
-def _dropout(dropout: Any, label: str, backward: bool) -> tuple[float | None, list[Any]]:
-    """(p, [seed, offset, mask, scale, scale_inv]) from the cuDNN-style dropout tuple."""
-    none = [None] * 5
-    if dropout is None:
-        return None, none
-    forms = "(p, seed, offset) or (mask, scale)" + (" or (mask, scale, scale_inv)" if backward else "")
-    if not isinstance(dropout, (tuple, list)) or len(dropout) not in (2, 3):
-        raise AttributeValueError(f"dropout={dropout!r} is not {forms}", op=label, rule="sdpa.dropout",
-                                  hint=f"pass dropout as a tuple {forms}")
-    first = dropout[0]
-    if len(dropout) == 3 and isinstance(first, numbers.Real) and not isinstance(first, bool):
-        p = float(first)
-        if not 0.0 <= p < 1.0:
-            raise AttributeValueError(f"dropout probability {p} is outside [0, 1)", op=label, rule="sdpa.dropout",
-                                      hint="pass 0 <= p < 1 (the probability of dropping an element)")
-        return p, [dropout[1], dropout[2], None, None, None]
-    if isinstance(first, Tensor) and (len(dropout) == 2 or backward):
-        return None, [None, None, first, dropout[1], dropout[2] if len(dropout) == 3 else None]
-    raise AttributeValueError(f"dropout={dropout!r} is not {forms}", op=label, rule="sdpa.dropout",
-                              hint=f"pass dropout as a tuple {forms} (mask is a tensor)")
-
-
-def _options(label: str, use_alibi_mask, use_padding_mask, use_causal_mask, use_causal_mask_bottom_right,
-             sliding_window_length) -> dict[str, Any]:
-    w = sliding_window_length
-    if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1):
-        raise AttributeValueError(f"sliding_window_length={w!r} is not a positive int", op=label,
-                                  rule="sdpa.sliding_window", hint="pass the window length W >= 1 (keys i-W < j <= i)")
-    return {"use_alibi_mask": bool(use_alibi_mask), "use_padding_mask": bool(use_padding_mask),
-                "use_causal_mask": bool(use_causal_mask), "use_causal_mask_bottom_right": bool(use_causal_mask_bottom_right),
-                "sliding_window_length": None if w is None else int(w)}
-
-
-def _score_mod(g: Any, score_mod: Any, label: str, q: Any, k: Any) -> tuple[ScoreMod | None, list[Any]]:
-    """A user's modifier function recorded, or an already recorded (ScoreMod, inputs) pair."""
-    if score_mod is None:
-        return None, []
-    if isinstance(score_mod, tuple) and len(score_mod) == 2 and isinstance(score_mod[0], ScoreMod):
-        return score_mod[0], list(score_mod[1])
-    dims = None
-    if isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim is not None and k.dim is not None \
-            and len(q.dim) == 4 and len(k.dim) == 4:
-        dims = (q.dim[0], q.dim[1], q.dim[2], k.dim[2])
-    return record(g, score_mod, label, dims)
-
-
-@graph_method
-def sdpa(self, q, k, v, attn_scale=None, generate_stats=True, bias=None, use_alibi_mask=False,
-         use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
-         use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None, score_mod=None,
-         compute_data_type=None, name=""):
-    """Scaled dot-product attention (cuDNN frontend's `sdpa`): [O, Stats].
-
-    Shapes: q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (dims logical); GQA/MQA when Hk and
-    Hv divide Hq; O [B, Hq, Sq, Dv]; Stats [B, Hq, Sq, 1].
-
-    Layouts: any strides with the last one 1, so BSHD and BHSD tensors both work; O takes q's axis order.
-
-    Types: q, k, v HALF, BFLOAT16, FLOAT or DOUBLE; softmax and accumulation in `compute_data_type`
-    (default FLOAT); Stats FLOAT (DOUBLE for DOUBLE inputs).
-
-    Formula: `S = attn_scale * q @ k^T + bias (+ alibi)`, `S = score_mod(S)`, masked positions -inf,
-    `P = softmax(S)` over keys (then dropout), `O = P @ v`; `Stats = logsumexp(S)` per row (natural log).
-    A row with every key masked gives O = 0 and Stats = +inf, not NaN. docs/attention.md has the exact
-    definitions of every mask and of the dropout stream.
-
-    Args:
-        q: queries.
-        k: keys.
-        v: values.
-        attn_scale: a number, a pass-by-value or a 1-element tensor read at run time (default 1.0, as cuDNN).
-        generate_stats: also output Stats (what the backward needs); False for inference.
-        bias: an additive bias broadcastable to [B, Hq, Sq, Skv] (optional).
-        use_alibi_mask: add ALiBi's per-head linear position bias.
-        use_padding_mask: keep only i < seq_len_q[b] and j < seq_len_kv[b].
-        seq_len_q: INT32 [B, 1, 1, 1], the valid query length per batch (with use_padding_mask).
-        seq_len_kv: INT32 [B, 1, 1, 1], the valid key length per batch (with use_padding_mask).
-        use_causal_mask: keep j <= i (top-left aligned).
-        use_causal_mask_bottom_right: keep j <= i + (Skv - Sq) (bottom-right aligned, with actual lengths).
-        sliding_window_length: W, keep j > i + delta - W as well (delta 0 top-left, Skv - Sq bottom-right).
-        dropout: (p, seed, offset) with seed and offset 1-element INT64 tensors read at run time (Philox;
-            docs/attention.md defines the stream), or (mask, scale) with an explicit mask tensor.
-        score_mod: a function `score_mod(g, score) -> tensor` building pointwise ops on the virtual score
-            [B, H, Sq, Skv] (g.gen_index gives positions; other graph tensors broadcast in); fused into
-            the kernel and allowed with every mask.
-        compute_data_type: the softmax's type.
-        name: the op's name.
-
-    Returns:
-        [O, Stats]; Stats is None when generate_stats is False.
-
-    Example:
-        ```python
-        q = g.tensor(dim=[4, 16, 1024, 128], name="q", data_type=og.DataType.BFLOAT16)
-        k = g.tensor(dim=[4, 16, 1024, 128], name="k", data_type=og.DataType.BFLOAT16)
-        v = g.tensor(dim=[4, 16, 1024, 128], name="v", data_type=og.DataType.BFLOAT16)
-        o, stats = g.sdpa(q, k, v, attn_scale=128 ** -0.5, use_causal_mask=True,
-                          score_mod=lambda g, s: g.mul(g.tanh(g.mul(s, 1 / 30.0)), 30.0))
-        ```
-    """
-    label = f"sdpa '{name or 'sdpa'}'"
-    opts = _options(label, use_alibi_mask, use_padding_mask, use_causal_mask, use_causal_mask_bottom_right,
-                    sliding_window_length)
-    p, (seed, offset, mask, scale, _) = _dropout(dropout, label, backward=False)
-    mod, extra = _score_mod(self, score_mod, label, q, k)
-    op = Sdpa(**opts, dropout_probability=p, score_mod=mod)
-    inputs = [q, k, v, attn_scale, bias, seq_len_q, seq_len_kv, seed, offset, mask, scale, *extra]
-    o, stats = self._add_op(op, inputs, name=name, compute_data_type=compute_data_type,
-                            outputs=["o", "stats"] if generate_stats else ["o"])
-    return [o, stats]
-
-
-@graph_method
-def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, bias=None, dBias=None, use_alibi_mask=False,
-                  use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
-                  use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None, score_mod=None,
-                  use_deterministic_algorithm=False, compute_data_type=None, name=""):
-    """The backward of `sdpa` (cuDNN frontend's `sdpa_backward`): [dQ, dK, dV], and dBias when given.
-
-    Shapes: as sdpa; o and dO [B, Hq, Sq, Dv], stats [B, Hq, Sq, 1]; dQ, dK, dV take the dims of q, k, v;
-    dBias the dims of bias.
-
-    Layouts: any strides with the last one 1; the gradients take their inputs' axis order.
-
-    Types: as sdpa; accumulation in FLOAT.
-
-    Formula: with P recomputed from q, k and stats, `dV = P^T @ dO`, `dP = dO @ v^T`,
-    `dS = P * (dP - rowsum(dO * o))`, times d score_mod / d S when a modifier is given (derived from the
-    pointwise ops' backward rules), `dQ = attn_scale * dS @ k`, `dK = attn_scale * dS^T @ q` (summed over
-    the query heads of a group), `dBias = dS` reduced to bias's dims.
-
-    Args:
-        q: queries of the forward.
-        k: keys of the forward.
-        v: values of the forward.
-        o: the forward's output.
-        dO: the gradient arriving at o.
-        stats: the forward's Stats.
-        attn_scale: as in sdpa.
-        dBias: a tensor you declare with the bias's dims; the op writes the bias's gradient into it.
-        bias: an additive bias broadcastable to [B, Hq, Sq, Skv] (optional).
-        use_alibi_mask: add ALiBi's per-head linear position bias.
-        use_padding_mask: keep only i < seq_len_q[b] and j < seq_len_kv[b].
-        seq_len_q: INT32 [B, 1, 1, 1], the valid query length per batch (with use_padding_mask).
-        seq_len_kv: INT32 [B, 1, 1, 1], the valid key length per batch (with use_padding_mask).
-        use_causal_mask: keep j <= i (top-left aligned).
-        use_causal_mask_bottom_right: keep j <= i + (Skv - Sq) (bottom-right aligned, with actual lengths).
-        sliding_window_length: W, keep j > i + delta - W as well (delta 0 top-left, Skv - Sq bottom-right).
-        dropout: (p, seed, offset) with seed and offset 1-element INT64 tensors read at run time (Philox;
-            docs/attention.md defines the stream), or (mask, scale) with an explicit mask tensor.
-        score_mod: a function `score_mod(g, score) -> tensor` building pointwise ops on the virtual score
-            [B, H, Sq, Skv] (g.gen_index gives positions; other graph tensors broadcast in); fused into
-            the kernel and allowed with every mask.
-        use_deterministic_algorithm: accepted for cuDNN compatibility; the generated kernels are always
-            deterministic (no atomics).
-        compute_data_type: the accumulation type.
-        name: the op's name.
-
-    Returns:
-        [dQ, dK, dV].
-
-    Example:
-        ```python
-        o, stats = g.sdpa(q, k, v, attn_scale=0.125, use_causal_mask=True)
-        do = g.tensor(dim=[4, 16, 1024, 128], name="dO", data_type=og.DataType.BFLOAT16)
-        dq, dk, dv = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, use_causal_mask=True)
-        ```
-    """
-    label = f"sdpa_backward '{name or 'sdpa_backward'}'"
-    opts = _options(label, use_alibi_mask, use_padding_mask, use_causal_mask, use_causal_mask_bottom_right,
-                    sliding_window_length)
-    p, (seed, offset, mask, scale, scale_inv) = _dropout(dropout, label, backward=True)
-    mod, extra = _score_mod(self, score_mod, label, q, k)
-    mod_grad = None
-    if mod is not None:
-        from ..autodiff.score_mod import derivative  # lazy: autodiff is a layer above ops
-
-        mod_grad = derivative(mod, label)
-    op = SdpaBackward(**opts, dropout_probability=p, score_mod=mod, score_mod_grad=mod_grad,
-                      use_deterministic_algorithm=bool(use_deterministic_algorithm))
-    inputs = [q, k, v, o, dO, stats, attn_scale, bias, seq_len_q, seq_len_kv, seed, offset, mask, scale,
-              scale_inv, *extra]
-    if dBias is not None and not (isinstance(dBias, Tensor) and dBias.graph is self):
-        raise ShapeError(f"dBias must be a tensor of this graph, got {type(dBias).__name__}", op=label,
-                         rule="sdpa_backward.dbias", hint="declare dBias with g.tensor(dim=<bias dims>) and pass it")
-    nm = name or f"sdpa_backward_{len(self._records)}"
-    handles = []
-    for role in ("dQ", "dK", "dV"):
-        t = Tensor(self, name=f"{nm}::{role}", is_virtual=True)
-        self._tensors.append(t)
-        handles.append(t)
-    self._add_op(op, inputs, name=nm, compute_data_type=compute_data_type, out_handles=[*handles, dBias])
-    return handles

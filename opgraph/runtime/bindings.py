@@ -423,7 +423,7 @@ class PackBinder:
 
     def _uids(self, pack: Mapping[Any, Any]) -> list[int]:
         keys = self.keys
-        return [keys[k] if _hashable(k) and k in keys else resolve_key(self.graph, k) for k in pack]
+        return [keys[k] if hashable(k) and k in keys else resolve_key(self.graph, k) for k in pack]
 
     def _round(self, uid: int, raw: Any) -> Any:
         last = self._rounded.get(uid)
@@ -436,12 +436,12 @@ class PackBinder:
     def _learn(self, pack: Mapping[Any, Any]) -> None:
         """Remember how the keys of a pack that `bind` accepted resolve."""
         for key in pack:
-            if _hashable(key) and len(self.keys) < 4096:
+            if hashable(key) and len(self.keys) < 4096:
                 self.keys[key] = resolve_key(self.graph, key)
 
     def uid_of(self, key: Any) -> int:
         """The UID a variant-pack key names (a Tensor handle, TensorDesc, UID or name)."""
-        uid = self.keys.get(key) if _hashable(key) else None
+        uid = self.keys.get(key) if hashable(key) else None
         return uid if uid is not None else resolve_key(self.graph, key)
 
     def check_one(self, uid: int, value: Any) -> None:
@@ -506,7 +506,7 @@ class PackBinder:
 _UNBOUND = object()  # a fresh binder's last pack: no pack is it
 
 
-def _hashable(key: Any) -> bool:
+def hashable(key: Any) -> bool:
     try:
         hash(key)
     except TypeError:

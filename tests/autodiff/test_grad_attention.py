@@ -126,3 +126,56 @@ def test_gradient_into_stats_is_an_error():
     with pytest.raises(og.UnsupportedGraphError) as info:
         grad(g, [st], [q])
     assert info.value.rule == "autodiff.output"
+
+
+def test_paged_caches_have_no_gradient():
+    g = fgraph()
+    q = g.tensor(dim=[2, 4, 5, 8], name="q")
+    k, v = (g.tensor(dim=[8, 4, 2, 8], name=n) for n in "kv")
+    tab = g.tensor(dim=[2, 1, 4, 1], data_type=og.DataType.INT32, name="tab")
+    o, _ = g.sdpa(q, k, v, paged_attention_k_table=tab, paged_attention_v_table=tab, generate_stats=False)
+    o.set_output(True)
+    with pytest.raises(og.UnsupportedGraphError) as info:
+        grad(g, [o], [q])
+    assert info.value.rule == "autodiff.sdpa_paged"
+
+
+@pytest.mark.parametrize("with_stats", [False, True])
+def test_gradient_of_packed_attention_with_a_sink(with_stats, rng):
+    """og.grad of a packed sdpa with a sink token and a band: dq, dk, dv packed like q, k, v, and the
+    sink's gradient, against autograd of a formulation by explicit loops over the sequences."""
+    lq, lkv, offq, offkv = [2, 3], [4, 3], [0, 3], [1, 6]
+    g = fgraph()
+    q = g.tensor(dim=[1, 2, 6, 4], name="q")
+    k, v = (g.tensor(dim=[1, 1, 9, 4], name=n) for n in "kv")
+    sink = g.tensor(dim=[1, 2, 1, 1], name="sink")
+    lens = [g.tensor(dim=[2, 1, 1, 1], data_type=og.DataType.INT32, name=n) for n in ("lq", "lkv")]
+    offs = [g.tensor(dim=[3, 1, 1, 1], data_type=og.DataType.INT64, name=n) for n in ("oq", "okv")]
+    o, st = g.sdpa(q, k, v, attn_scale=0.5, generate_stats=with_stats, use_padding_mask=True, seq_len_q=lens[0],
+                   seq_len_kv=lens[1], q_ragged_offset=offs[0], k_ragged_offset=offs[1], v_ragged_offset=offs[1],
+                   o_ragged_offset=offs[0], max_seq_len_q=3, max_seq_len_kv=4, sink_token=sink,
+                   diagonal_band_left_bound=2, diagonal_band_right_bound=1)
+    o.set_output(True)
+    if st is not None:
+        st.set_output(True)
+
+    def prepare(p):
+        p["lq"][...] = np.array(lq).reshape(2, 1, 1, 1)
+        p["lkv"][...] = np.array(lkv).reshape(2, 1, 1, 1)
+        p["oq"][...] = np.array(offq + [5]).reshape(3, 1, 1, 1)
+        p["okv"][...] = np.array(offkv + [9]).reshape(3, 1, 1, 1)
+
+    def fn(q, k, v, sink, **_):
+        out = torch.zeros(1, 2, 6, 4, dtype=torch.float64)
+        for b in range(2):
+            qb = q[0, :, offq[b]:offq[b] + lq[b]]
+            kb = k[0, :, offkv[b]:offkv[b] + lkv[b]].expand(2, -1, -1)
+            vb = v[0, :, offkv[b]:offkv[b] + lkv[b]].expand(2, -1, -1)
+            s = qb @ kb.transpose(-1, -2) * 0.5
+            i, j = torch.arange(lq[b])[:, None], torch.arange(lkv[b])[None, :]
+            s = s.masked_fill(~((j <= i + 1) & (j > i - 2)), float("-inf"))
+            s = torch.cat([s, sink[0].expand(2, lq[b], 1)], dim=-1)
+            out[0, :, offq[b]:offq[b] + lq[b]] = torch.softmax(s, -1)[..., :-1] @ vb
+        return out
+
+    check(g, o, [q, k, v, sink], fn, rng, prepare=prepare)

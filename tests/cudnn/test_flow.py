@@ -211,8 +211,10 @@ def test_tensor_arguments_in_cudnn_order(handle):
     t = g.tensor([2, 3], [3, 1], cudnn.data_type.FLOAT, False, False, None, cudnn.tensor_reordering.NONE, "t", 42)
     assert (t.get_name(), t.get_uid(), t.get_data_type(), t.get_is_virtual()) == ("t", 42, og.DataType.FLOAT, False)
     assert g.tensor(dim=[2], stride=[1], uid=-1).get_uid() is None  # -1: assigned at validate
+    packed = g.tensor(dim=[2], stride=[1], ragged_offset=t)  # cuDNN's ragged tensors (attention ops read them)
+    assert packed.get_ragged_offset() is t and t.get_ragged_offset() is None
     with pytest.raises(og.AttributeValueError, match="ragged") as ei:
-        g.tensor(dim=[2], stride=[1], ragged_offset=t)
+        g.tensor(dim=[2], stride=[1], ragged_offset=t, ragged_offset_multiplier=2)
     assert isinstance(ei.value, RuntimeError)
     with pytest.raises(RuntimeError, match="reordering"):
         g.tensor(dim=[2], stride=[1], reordering_type=cudnn.tensor_reordering.INT8x32)

@@ -93,7 +93,8 @@ def test_backward_without_every_gradient_is_declined():
     st = g.tensor(dim=[1, 2, 16, 1], data_type=DT.FLOAT, name="stats")
     from opgraph.ops.attention import SdpaBackward
 
-    (dq,) = g._add_op(SdpaBackward(), [q, k, v, o, do, st] + [None] * 9, outputs=["dQ"])[:1]
+    rest = [None] * (len(SdpaBackward().input_roles()) - 6)
+    (dq,) = g._add_op(SdpaBackward(), [q, k, v, o, do, st] + rest, outputs=["dQ"])[:1]
     dq.set_output(True)
     why = static_problem(whole(g))
     assert why is not None and "dQ, dK and dV" in why[0]

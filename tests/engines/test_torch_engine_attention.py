@@ -12,6 +12,7 @@ import opgraph as og
 from opgraph.ops import attention_ref as R
 
 from ..helpers import assert_engine_matches, requires_cuda
+from ..ops import test_attention_features as FEATURES
 from ..ops.attention_torch import strides
 
 torch = pytest.importorskip("torch")
@@ -169,3 +170,64 @@ def test_gpu_math_path(features, rng):
 def _check_gpu(g, rng):
     assert_engine_matches(g, rng, engines=("torch",), device="cuda", prepare=lambda p: _prepare(p, g),
                           rtol=3e-2, atol=3e-2, low=-1.0, high=1.0)
+
+
+# -- packed, paged, band, sink, extra outputs (the matrix of tests/ops/test_attention_features.py) ----------
+
+
+@pytest.mark.parametrize("layout,band,extra", FEATURES.MATRIX)
+def test_features_forward(layout, band, extra):
+    FEATURES.case(layout, band, **FEATURES.EXTRAS[extra], engine="torch",
+                  padding=True if layout == "paged" and extra == 1 else None)
+
+
+@pytest.mark.parametrize("layout,band,extra", [m for m in FEATURES.MATRIX if m[0] != "paged"])
+def test_features_backward(layout, band, extra):
+    FEATURES.case(layout, band, **FEATURES.EXTRAS[extra], backward=True, engine="torch")
+
+
+@pytest.mark.parametrize("layout", ["dense", "packed"])
+@pytest.mark.parametrize("sq,skv", [(5, 7), (1, 9)])
+def test_features_all_at_once(layout, sq, skv):
+    FEATURES.case(layout, "band_br", sink=True, mod=True, hk=2, drop="philox", sq=sq, skv=skv, backward=True,
+                  extra_outputs=True, padding=True, engine="torch")
+
+
+@pytest.mark.parametrize("empty", ["+inf", "-inf"])
+def test_features_empty_rows(empty):
+    FEATURES.case("dense", "left", sq=7, skv=5, sink=True, padding=True, empty=empty, extra_outputs=True,
+                  backward=True, engine="torch")
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged", "packed"])
+def test_features_decode(layout):
+    FEATURES.case(layout, "causal_br", hk=1, sq=1, skv=9, padding=True, extra_outputs=True, engine="torch")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["dense", "packed", "paged"])
+def test_gpu_features(layout):
+    """The feature matrix's all-in-one case on the GPU (float64 tensors: exact comparison)."""
+    backward = layout != "paged"
+    FEATURES.case(layout, "band_br", sink=True, mod=True, hk=2, drop="philox", sq=5, skv=7, backward=backward,
+                  extra_outputs=True, padding=True, engine="torch", device="cuda")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("band", [{"diagonal_band_left_bound": 32, "diagonal_band_right_bound": 8,
+                                   "diagonal_alignment": "BOTTOM_RIGHT"}, {"diagonal_band_right_bound": 16}])
+def test_gpu_band_bf16(band, rng):
+    _check_gpu(_graph(DT.BFLOAT16, sq=128, skv=192, d=64, dv=64, backward=True, padding=True, **band), rng)
+
+
+def test_triton_declines_the_extensions_by_name():
+    """A packed sdpa planned with the generated kernels first runs on the torch engine, and the
+    generated kernel's decline names what it lacks."""
+    g = FEATURES.case("packed", "right", sink=True, hk=2, engine="torch")
+    plan = g.build(device="cpu", engines=["triton", "torch"])
+    assert {s.config.engine for s in plan.steps} == {"torch"}
+    (pc,) = g.engine_configs(device="cpu", engines=["triton", "torch"])
+    why = dict(pc.declined)["triton"]
+    assert "packed (ragged) q, k, v, o, stats" in why and "right bound 1" in why and "sink token" in why, why

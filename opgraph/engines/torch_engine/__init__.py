@@ -37,7 +37,9 @@ from ...ops.custom import Custom
 from .. import register_engine
 from ..base import Engine, Kernel
 from . import (  # noqa: F401  (register mappings)
+    adalayernorm,
     attention,
+    causal_conv1d,
     conv,
     custom,
     gather,

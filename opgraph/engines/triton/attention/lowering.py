@@ -20,7 +20,7 @@ from ....core.errors import InternalError, expect
 from ....core.ir import Const, Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.attention import _Attention
+from ....ops.attention import _Attention, extensions
 from ....ops.pointwise import MODES, Pointwise, PointwiseMode
 from ....ops.score_mod import Ref, ScoreMod, Src
 from ...shared.views import ROLES, gradient_targets, operand_views
@@ -206,6 +206,8 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     """The memory-layout, type and size rules of the generated kernels."""
     node = f.node
     label = node.label()
+    if extra := extensions(node):  # (issue 41, phase A: the torch engine runs these)
+        return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
     q = piece.tensor(node.input("q"))  # type: ignore[arg-type]
     k = piece.tensor(node.input("k"))  # type: ignore[arg-type]
     v = piece.tensor(node.input("v"))  # type: ignore[arg-type]
