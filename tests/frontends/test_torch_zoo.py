@@ -27,11 +27,7 @@ RTOL = 1e-4  # fp32 against PyTorch's fp32: max |diff| / max |reference|
 XFAIL = {
     "t5": "T5's relative-position buckets use .to(torch.long) of a float (truncation): the cast fix of issue 40",
 }
-XFAIL_TRAIN = {
-    "vit": "the class token read through expand: train_step's fix of issue 40 (ShapeError tensor.overlapping_output)",
-    "convnext": "the last block's pwconv2.bias gets 1/16 of its gradient (the H*W positions after the mean pooling "
-                "are not summed): an autodiff bug to fix",
-}
+XFAIL_TRAIN: dict[str, str] = {}
 
 
 @dataclass
