@@ -29,7 +29,8 @@ tensors and the optimizer state to it, builds the plan and runs it.
   device: the backward is seeded with the scale, gradients are unscaled, an inf or NaN skips the
   update (parameters, state and step counter unchanged) and halves the scale, `growth_interval`
   clean steps double it.
-- `run(*inputs, target)` builds the plan on first use on the inputs' device, copies inputs and target
+- `run(*inputs, target)` builds the plan on first use on the inputs' device (fp32 products in full
+  precision unless the import allows TF32, as `ImportedGraph.run`), copies inputs and target
   into the step's own buffers, executes, writes batchnorm running stats back into the module and
   returns the loss (a 0-d tensor, a copy). `pack(...)` gives the same variant pack to drive the plan
   yourself; `capture(...)` records the step (and the write-back) in a CUDA graph: `replay(*inputs,
@@ -129,9 +130,13 @@ class TrainStep:
         return handles_by_uid(self.graph)[self.target_uid]
 
     # -- binding --------------------------------------------------------------------------------------------
-    def build(self, device: str | None = None, **build_options: Any) -> Any:
-        """Build (or rebuild) the step's plan for `device` (default: a GPU if usable, else the CPU)."""
-        self.plan = self.graph.build(device=device, **build_options)
+    def build(self, device: str | None = None, allow_tf32: bool | None = None, **build_options: Any) -> Any:
+        """Build (or rebuild) the step's plan for `device` (default: a GPU if usable, else the CPU). fp32
+        products are computed in full precision unless TF32 is allowed: `allow_tf32`, else the imported
+        module's setting (ImportedGraph.numeric_options: from_torch's allow_tf32 or PyTorch's at import)."""
+        numeric = getattr(self.imported, "numeric_options", None)
+        options = numeric(allow_tf32, **build_options) if numeric is not None else build_options
+        self.plan = self.graph.build(device=device, **options)
         return self.plan
 
     def _device_of(self, inputs: Sequence[Any]) -> Any:
