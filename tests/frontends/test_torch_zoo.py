@@ -25,9 +25,7 @@ from .zoo_models import MODELS, TRAINED, Missing, build  # noqa: E402
 RTOL = 1e-4  # fp32 against PyTorch's fp32: max |diff| / max |reference|
 
 # models that fail for a reason another change fixes (the test then expects the failure)
-XFAIL = {
-    "t5": "T5's relative-position buckets use .to(torch.long) of a float (truncation): the cast fix of issue 40",
-}
+XFAIL: dict[str, str] = {}
 XFAIL_TRAIN: dict[str, str] = {}
 
 
