@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ..core.errors import ShapeError
 from ..core.ir import Const
 from ..core.op import NodeContext
-from ..core.tensor import TensorDesc, packed_strides, stride_order
+from ..core.tensor import TensorDesc, format_dims, is_dynamic, packed_strides, stride_order
 
 
 def strides_like(dim: Sequence[int], like: TensorDesc | None) -> tuple[int, ...]:
@@ -45,16 +45,23 @@ def broadcast_dims(ctx: NodeContext, roles: Sequence[str]) -> tuple[int, ...]:
                 "an NCHW image is dims [1, C, 1, 1])",
             )
         for axis, (a, b) in enumerate(zip(out, t.dim)):
-            if a != b and a != 1 and b != 1:
+            # a literal 1 broadcasts; a dynamic dim never does (its value 1 pairs with an equal axis)
+            if a != b and not _is_one(a) and not _is_one(b):
                 ctx.error(
                     ShapeError,
-                    f"input '{role}' dims {list(t.dim)} do not broadcast with {out} at axis {axis} "
-                    f"({b} vs {a})",
+                    f"input '{role}' dims {format_dims(t.dim)} do not broadcast with {format_dims(out)} at axis "
+                    f"{axis} ({b} vs {a})",
                     tensor=role, rule="broadcast.dims",
-                    hint="make the axis equal or 1 in one of the operands",
+                    hint="make the axis equal or 1 in one of the operands" + (
+                        " (two dynamic sizes are equal only when written alike: declare one Dim for both)"
+                        if is_dynamic((a, b)) else ""),
                 )
-            out[axis] = max(a, b)
+            out[axis] = b if _is_one(a) else a
     return tuple(out)
+
+
+def _is_one(d: int) -> bool:
+    return isinstance(d, int) and d == 1
 
 
 def first_tensor(ctx: NodeContext, roles: Sequence[str], dim: Sequence[int]) -> TensorDesc | None:
