@@ -56,12 +56,29 @@ def broadcast_dims(ctx: NodeContext, roles: Sequence[str]) -> tuple[int, ...]:
                         " (two dynamic sizes are equal only when written alike: declare one Dim for both)"
                         if is_dynamic((a, b)) else ""),
                 )
-            out[axis] = b if _is_one(a) else a
+            out[axis] = broadcast_pair(a, b)
     return tuple(out)
 
 
 def _is_one(d: int) -> bool:
     return isinstance(d, int) and d == 1
+
+
+def broadcast_pair(a: int, b: int) -> int:
+    """The size of an axis where sizes `a` and `b` broadcast (equal, or one a literal 1): `max` for
+    ints; a dynamic size is never taken to be 1 (docs/design/dynamic-shapes.md)."""
+    return b if _is_one(a) else a
+
+
+def batch_only_refusal(ctx: NodeContext, roles: Sequence[str], what: str) -> str | None:
+    """Why an image op's operands under `roles` have a dynamic dim other than N (axis 0 of each),
+    or None: the op takes a dynamic batch only (dynamic channels and spatial dims are not in v1)."""
+    for role in roles:
+        t = ctx.input(role)
+        if isinstance(t, TensorDesc) and (is_dynamic(t.dim[1:]) or (role != roles[0] and is_dynamic(t.dim))):
+            return (f"{what} takes a dynamic batch (dim 0 of '{roles[0]}'), not the dynamic dims of '{role}' "
+                    f"{format_dims(t.dim)}: fix the channel and spatial sizes or build a plan per size")
+    return None
 
 
 def first_tensor(ctx: NodeContext, roles: Sequence[str], dim: Sequence[int]) -> TensorDesc | None:

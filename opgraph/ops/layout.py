@@ -45,7 +45,7 @@ import numpy as np
 
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
-from ..core.tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
+from ..core.tensor import INT64_MAX, Tensor, TensorDesc, format_dims, packed_strides, stride_order
 from .base import strides_like
 from .custom import LEGACY_CUSTOM, Param
 
@@ -58,6 +58,7 @@ class Reshape(Op):
     """y = x's elements, in logical row-major order, in dims `dim` (see the module docstring)."""
 
     kind = "reshape"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -67,7 +68,7 @@ class Reshape(Op):
         if self.dim is None:
             out = ctx.output("output")
             return None if out is None or out.dim is None else tuple(out.dim)
-        bad = [d for d in self.dim if d < 1 and d != -1]
+        bad = [d for d in self.dim if isinstance(d, int) and d < 1 and d != -1]
         if not self.dim or bad or list(self.dim).count(-1) > 1:
             ctx.error(
                 AttributeValueError, f"reshape dims {list(self.dim)} are not a shape (entries >= 1, at most one -1)",
@@ -76,7 +77,14 @@ class Reshape(Op):
         if -1 not in self.dim:
             return tuple(self.dim)
         known = math.prod(d for d in self.dim if d != -1)
-        if x.numel % known:
+        left = x.numel % known if isinstance(known, int) else x.numel
+        if not isinstance(left, int):  # (a dynamic element count, or a dynamic target)
+            ctx.error(
+                ShapeError, f"input dims {format_dims(x.dim)} do not provably fit dims {format_dims(self.dim)} for every "
+                "value of their dynamic dims", tensor="input", rule="reshape.numel",
+                hint="give the output's dims in full (set_dim) or keep the dynamic dims as whole factors",
+            )
+        if left:
             ctx.error(
                 ShapeError, f"input dims {list(x.dim)} ({x.numel} elements) do not fit dims {list(self.dim)}: "
                 f"{x.numel} is not a multiple of {known}", tensor="input", rule="reshape.numel",
@@ -115,6 +123,7 @@ class Transpose(Op):
     """Output axis k is input axis permutation[k] (see the module docstring for the strides)."""
 
     kind = "transpose"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -168,6 +177,7 @@ class Slice(Op):
     """y = x[slices...] with Python slice semantics, step >= 1 (see the module docstring)."""
 
     kind = "slice"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -284,6 +294,7 @@ class Concatenate(Op):
     """y = inputs joined along `axis` (see the module docstring). Roles input0 .. input{n-1}."""
 
     kind = "concatenate"
+    DYNAMIC = True
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
     num_inputs: int

@@ -129,6 +129,7 @@ class BatchnormInference(Op):
     """
 
     kind = "batchnorm_inference"
+    DYNAMIC = True
     INPUTS = ("input", "mean", "inv_variance", "scale", "bias")
     OUTPUTS = ("y",)
 
