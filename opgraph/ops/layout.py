@@ -177,7 +177,6 @@ class Slice(Op):
     """y = x[slices...] with Python slice semantics, step >= 1 (see the module docstring)."""
 
     kind = "slice"
-    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True

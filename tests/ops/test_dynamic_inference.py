@@ -80,7 +80,33 @@ def convolution(g, n, t):
     g.resample(y, mode=og.ResampleMode.MAX, window=[2, 2], stride=[2, 2])[0].set_output(True).set_name("p")
 
 
+def norm_training(g, n, t):
+    x = g.tensor(dim=[n, t, 16], name="x")
+    scale = g.tensor(dim=[1, 1, 16], name="scale")
+    bias = g.tensor(dim=[1, 1, 16], name="bias")
+    y, mean, inv_var = g.layernorm("training", x, scale, bias, epsilon=1e-5)
+    dy = g.tensor(dim=[n, t, 16], name="dy")
+    dx, dscale, dbias = g.layernorm_backward(dy, x, scale, mean, inv_var)
+    for name, out in (("y", y), ("dx", dx), ("dscale", dscale), ("dbias", dbias)):
+        out.set_output(True).set_name(name)
+    ry, rms_inv = g.rmsnorm("training", x, scale, epsilon=1e-5)
+    ry.set_output(True).set_name("ry")
+    rdx, rdscale, _ = g.rmsnorm_backward(dy, x, scale, rms_inv, has_dbias=False)
+    rdx.set_output(True).set_name("rdx")
+    rdscale.set_output(True).set_name("rdscale")
+
+
+def image_stats(g, n, t):
+    x = g.tensor(dim=[n, 4, 3, 3], name="x")
+    s, sq = g.genstats(x)
+    s.set_output(True).set_name("sum")
+    sq.set_output(True).set_name("sq")
+    stats = [g.tensor(dim=[1, 4, 1, 1], name=name) for name in ("mean", "inv_var", "scale", "bias")]
+    g.batchnorm_inference(x, *stats).set_output(True).set_name("y")
+
+
 FAMILIES: dict[str, Callable] = {
+    "norm training and backward": norm_training, "image statistics": image_stats,
     "pointwise and matmul": mlp, "batched matmul": batched_matmul, "reduction": row_sums, "norms": norms,
     "layout": layout, "embedding": lookup, "attention": attention, "conv and pooling": convolution,
 }
