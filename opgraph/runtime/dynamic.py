@@ -89,6 +89,7 @@ class DynamicPlan(ExecutionPlan):
         self.symbols: Mapping[str, Dim] = graph.symbols
         self.shape_plans = shape_plans
         self._extract = extraction_list(graph)
+        self._bound = tuple(dict.fromkeys(e.uid for e in self._extract))  # the tensors a shape key reads
         self._plans: OrderedDict[tuple[int, ...], ExecutionPlan] = OrderedDict()
         self._keys: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape key -> the dims' values
         self._names: dict[str, int] = {}  # a name bound in a pack -> its UID
@@ -137,13 +138,15 @@ class DynamicPlan(ExecutionPlan):
 
     def _values(self, pack: Mapping[Any, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         by_uid = {self._uid(k): v for k, v in pack.items()}
-        try:
-            key = tuple(_shape(by_uid[e.uid])[e.axis] if len(_shape(by_uid[e.uid])) == e.rank else -1
-                        for e in self._extract)
-        except KeyError as err:
-            t = self.graph.tensors[err.args[0]]
-            raise VariantPackError("the tensor is not bound: its dims give the plan's shape", tensor=t,
-                                   rule="pack.missing", hint="bind every input and output of the graph") from None
+        shapes: dict[int, tuple[int, ...]] = {}
+        for uid in self._bound:
+            value = by_uid.get(uid)
+            if value is None:
+                raise VariantPackError("the tensor is not bound: its dims give the plan's shape",
+                                       tensor=self.graph.tensors[uid], rule="pack.missing",
+                                       hint="bind every input and output of the graph")
+            shapes[uid] = _shape(value)
+        key = tuple(s[e.axis] if len(s := shapes[e.uid]) == e.rank else -1 for e in self._extract)
         values = self._keys.get(key)
         if values is None:
             values = self._solve(by_uid, key)
