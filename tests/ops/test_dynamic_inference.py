@@ -105,7 +105,21 @@ def image_stats(g, n, t):
     g.batchnorm_inference(x, *stats).set_output(True).set_name("y")
 
 
+def image_norms(g, n, t):
+    x = g.tensor(dim=[n, 4, 3, 3], name="x")
+    scale, bias, rm, rv = (g.tensor(dim=[1, 4, 1, 1], name=name) for name in ("scale", "bias", "rm", "rv"))
+    y, mean, inv_var, next_rm, next_rv = g.batchnorm(x, scale, bias, rm, rv, epsilon=1e-5, momentum=0.1)
+    dy = g.tensor(dim=[n, 4, 3, 3], name="dy")
+    dx, dscale, dbias = g.batchnorm_backward(dy, x, scale, mean, inv_var)
+    iy, imean, iinv = g.instancenorm("training", x, scale, bias, epsilon=1e-5)
+    idx, idscale, idbias = g.instancenorm_backward(dy, x, scale, imean, iinv)
+    for name, out in (("y", y), ("next_rm", next_rm), ("next_rv", next_rv), ("dx", dx), ("dscale", dscale),
+                      ("dbias", dbias), ("iy", iy), ("idx", idx), ("idscale", idscale), ("idbias", idbias)):
+        out.set_output(True).set_name(name)
+
+
 FAMILIES: dict[str, Callable] = {
+    "batch and instance norms": image_norms,
     "norm training and backward": norm_training, "image statistics": image_stats,
     "pointwise and matmul": mlp, "batched matmul": batched_matmul, "reduction": row_sums, "norms": norms,
     "layout": layout, "embedding": lookup, "attention": attention, "conv and pooling": convolution,
@@ -184,3 +198,15 @@ def test_convolution_takes_a_dynamic_batch_only(image, weight, names):
         g.validate()
     err = check_rule(info.value, "op.dynamic_dims", *names)
     assert "dynamic batch" in str(err)
+
+
+def test_running_statistics_need_two_values_per_channel_over_the_whole_range():
+    g = og.Graph(io_data_type=F32)
+    x = g.tensor(dim=[N, 4, 1, 1], name="x")  # n = 1 leaves one value per channel
+    stats = [g.tensor(dim=[1, 4, 1, 1], name=name) for name in ("scale", "bias", "rm", "rv")]
+    outs = g.batchnorm(x, *stats, epsilon=1e-5, momentum=0.1, name="bn")
+    for out in outs:
+        out.set_output(True)
+    with pytest.raises(og.ShapeError) as info:
+        g.validate()
+    check_rule(info.value, "norm.reduction_size", "x", "bn")
