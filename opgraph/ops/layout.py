@@ -43,8 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import AttributeValueError, DataTypeError, ShapeError
+from ..core.errors import AttributeValueError, DataTypeError, InternalError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
+from ..core.symbolic import Expr, provably_le, provably_lt
+from ..core.symbolic import bounds as size_bounds
 from ..core.tensor import INT64_MAX, Tensor, TensorDesc, format_dims, packed_strides, stride_order
 from .base import strides_like
 from .custom import LEGACY_CUSTOM, Param
@@ -171,12 +173,32 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
     return (start, stop, step)
 
 
+def _dynamic_bounds(ctx: NodeContext | None, axis: int, given: tuple[int, int, int], size: Expr) -> tuple[int, int, int]:
+    """(start, stop, step) on a dynamic axis, the same for its whole range: to the axis' end
+    (`(start, size, 1)`, start below the smallest size), or ints within its smallest size. Negative
+    indices, steps to the end and a stop past the smallest size are refused."""
+    start, stop, step = given
+    if step == 1 and provably_le(size, stop) and 0 <= start and provably_lt(start, size):
+        return (start, size, 1)  # type: ignore[return-value]  # to the end (a dynamic size: see TensorDesc.dim)
+    lowest = size_bounds(size)[0]
+    if start < 0 or stop < 0 or not provably_le(stop, size) or start >= stop:
+        if ctx is None:
+            raise InternalError(f"slice bounds {given} of a dynamic axis passed validation")
+        ctx.error(
+            ShapeError, f"slices[{axis}] = {start}:{stop}:{step} on the dynamic axis {axis} (size {size}, at least "
+            f"{lowest}) selects a length that depends on the size", tensor="input", rule="slice.dynamic",
+            hint=f"take the whole axis, or non-negative bounds within its smallest size {lowest} (narrow the Dim's range)",
+        )
+    return (start, stop, step)
+
+
 @register_op
 @dataclass(frozen=True, kw_only=True)
 class Slice(Op):
     """y = x[slices...] with Python slice semantics, step >= 1 (see the module docstring)."""
 
     kind = "slice"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -200,6 +222,9 @@ class Slice(Op):
                     AttributeValueError, f"slices[{axis}] has step {step}; steps must be >= 1", tensor="input",
                     rule="slice.step", hint="use a positive step (reverse an axis with another op)",
                 )
+            if isinstance(size, Expr):
+                out.append(_dynamic_bounds(ctx, axis, (start, stop, step), size))
+                continue
             start, stop, step = builtins.slice(start, stop, step).indices(size)
             if ctx is not None and len(range(start, stop, step)) == 0:
                 ctx.error(
@@ -212,7 +237,7 @@ class Slice(Op):
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         x = ctx.tensor("input")
-        dim = tuple(len(range(*b)) for b in self.bounds(ctx, x.dim))
+        dim = tuple(b[1] - b[0] if isinstance(b[1], Expr) else len(range(*b)) for b in self.bounds(ctx, x.dim))
         return [TensorSpec(dim, strides_like(dim, x), x.data_type)]
 
     def reference(self, ins, outs):
