@@ -92,7 +92,7 @@ class DynamicPlan(ExecutionPlan):
         self._bound = tuple(dict.fromkeys(e.uid for e in self._extract))  # the tensors a shape key reads
         self._plans: OrderedDict[tuple[int, ...], ExecutionPlan] = OrderedDict()
         self._keys: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape key -> the dims' values
-        self._names: dict[str, int] = {}  # a name bound in a pack -> its UID
+        self._names: dict[Any, int] = {}  # a pack key (handle, UID, name) -> its UID
         self._lock = threading.RLock()
         self.stats = {"shape_plans": 0, "evictions": 0}  # per-shape plans built and dropped
         self._check_solvable()
@@ -125,19 +125,24 @@ class DynamicPlan(ExecutionPlan):
 
     # -- shapes ------------------------------------------------------------------------------------
     def _uid(self, key: Any) -> int:
-        if isinstance(key, str):
-            uid = self._names.get(key)
-            if uid is None:
-                uid = self._names[key] = resolve_key(self.graph, key)
+        """The UID a pack key names (memoized per key: handles, UIDs and names repeat every call)."""
+        try:
+            return self._names[key]
+        except KeyError:
+            uid = resolve_key(self.graph, key)
+            if len(self._names) < 4096:
+                self._names[key] = uid
             return uid
-        return resolve_key(self.graph, key)
+        except TypeError:  # an unhashable key: resolve_key names what is wrong
+            return resolve_key(self.graph, key)
 
     def shape_of(self, variant_pack: Mapping[Any, Any]) -> dict[str, int]:
         """The dims' values that the pack's buffers give (each checked against its range)."""
         return dict(zip(self.symbols, self._values(variant_pack)[1]))
 
     def _values(self, pack: Mapping[Any, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        by_uid = {self._uid(k): v for k, v in pack.items()}
+        uid_of = self._uid
+        by_uid = {uid_of(k): v for k, v in pack.items()}
         shapes: dict[int, tuple[int, ...]] = {}
         for uid in self._bound:
             value = by_uid.get(uid)
@@ -145,8 +150,9 @@ class DynamicPlan(ExecutionPlan):
                 raise VariantPackError("the tensor is not bound: its dims give the plan's shape",
                                        tensor=self.graph.tensors[uid], rule="pack.missing",
                                        hint="bind every input and output of the graph")
-            shapes[uid] = _shape(value)
-        key = tuple(s[e.axis] if len(s := shapes[e.uid]) == e.rank else -1 for e in self._extract)
+            shape = getattr(value, "shape", None)
+            shapes[uid] = tuple(shape) if shape is not None else _shape(value)
+        key = tuple([s[e.axis] if len(s := shapes[e.uid]) == e.rank else -1 for e in self._extract])
         values = self._keys.get(key)
         if values is None:
             values = self._solve(by_uid, key)
