@@ -105,6 +105,12 @@ def image_stats(g, n, t):
     g.batchnorm_inference(x, *stats).set_output(True).set_name("y")
 
 
+def scan(g, n, t):
+    x = g.tensor(dim=[n, t], name="x")
+    g.cumsum(x, axis=1).set_output(True).set_name("forward")
+    g.cumsum(x, axis=0, reverse=True).set_output(True).set_name("backward")
+
+
 def slices(g, n, t):
     x = g.tensor(dim=[n, t + 3, 6], name="x")  # at least 4 long on axis 1
     g.slice(x, [slice(None), slice(1, 4), slice(0, 6, 2)]).set_output(True).set_name("window")
@@ -125,7 +131,7 @@ def image_norms(g, n, t):
 
 
 FAMILIES: dict[str, Callable] = {
-    "batch and instance norms": image_norms, "slice": slices,
+    "batch and instance norms": image_norms, "slice": slices, "cumsum": scan,
     "norm training and backward": norm_training, "image statistics": image_stats,
     "pointwise and matmul": mlp, "batched matmul": batched_matmul, "reduction": row_sums, "norms": norms,
     "layout": layout, "embedding": lookup, "attention": attention, "conv and pooling": convolution,
