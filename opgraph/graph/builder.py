@@ -254,7 +254,8 @@ class Graph:
         in worker processes, each distinct kernel once), "serial" (now, in this process) or "lazy"
         (each at its first execute). Or all of them at once as `options=opgraph.BuildOptions(...)`;
         keywords given as well override those of `options` (a parameter left at its default does
-        not). An unknown keyword is a BuildOptionError (with a did-you-mean)."""
+        not). An unknown keyword is a BuildOptionError (with a did-you-mean). A graph with dynamic
+        dims (opgraph.Dim) gets one plan for every shape in their ranges (opgraph.runtime.dynamic)."""
         from ..build.options import merged
         from ..runtime.plan import build_plan
 
