@@ -112,11 +112,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     import torch
-
-    from bench.measure import capture, events_us
-    from opgraph.engines.triton import TEMPLATE_BY_NAME, compiler
-
     import triton
+
+    from opgraph.engines.triton import TEMPLATE_BY_NAME, compiler
 
     dev = torch.cuda.get_device_properties(0)
     header = {"device": dev.name, "capability": list(torch.cuda.get_device_capability()), "torch": torch.__version__,
@@ -153,98 +151,108 @@ def main() -> int:
         (out / "hopper_gemm_check.json").write_text(json.dumps({**header, "rows": results}, indent=1))
         (out / "hopper_gemm_check.md").write_text(markdown(header, results, variants))
 
-    for name, m, n, k, epi, dt in rows:
+    for spec in rows:
         if time.time() - t0 > args.budget:
-            results.append({"name": name, "skipped": "budget"})
+            results.append({"name": spec[0], "skipped": "budget"})
             continue
-        b = built[name]
-        t = b["tensors"]
-        torch.manual_seed(0)
-        tdt = torch.bfloat16 if dt == "bf16" else torch.float16
-        a = torch.randn(m, k, device="cuda", dtype=tdt)
-        w = (torch.randn(n, k, device="cuda", dtype=torch.float32) / math.sqrt(k)).to(tdt)
-        bias = torch.randn(n, device="cuda", dtype=tdt) if epi else None
-        ref = a.float() @ w.float().t()
-        if bias is not None:
-            ref += bias.float()
-        if epi == "bias_gelu":
-            ref = torch.nn.functional.gelu(ref, approximate="tanh")
-        y = torch.empty(m, n, device="cuda", dtype=tdt)
-        pack = {t["a"]: a, t["b"]: w.t(), t["y"]: y}
-        if bias is not None:
-            pack[t["bias"]] = bias.view(1, n)
-        row: dict[str, Any] = {"name": name, "m": m, "n": n, "k": k, "epilogue": epi, "dtype": dt}
-        flop = 2.0 * m * n * k
-        scale = ref.abs().max().item()
-
-        def check(got: torch.Tensor) -> dict[str, Any]:
-            d = got.float() - ref
-            rel_l2 = (d.norm() / ref.norm()).item()
-            rel_max = (d.abs().max() / scale).item()
-            lim_l2, lim_max = TOL[dt]
-            ok = bool(torch.isfinite(got).all().item()) and rel_l2 <= lim_l2 and rel_max <= lim_max
-            return {"ok": ok, "rel_l2": rel_l2, "rel_max": rel_max}
-
-        def timed(fn: Any) -> float:
-            fn()
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            est = max((time.perf_counter() - t1) * 1e6, 5.0)
-            calls = max(1, min(50, int(3000 / est)))
-            cap = capture(fn, calls, warmup=1)
-            cap.graph.replay()
-            per = statistics.median(events_us(cap.graph.replay, args.rounds, 1000.0)) / calls
-            del cap
-            return per
-
-        for v in variants:
-            plan = b["plans"][v]
-            entry: dict[str, Any] = {"knobs": knobs_text(plan)}
-            try:
-                y.fill_(float("nan"))
-                plan.execute(pack)
-                torch.cuda.synchronize()
-                entry.update(check(y))
-                us = timed(lambda plan=plan: plan.execute(pack))
-                entry.update(us=us, tflops=flop / us / 1e6)
-            except Exception as err:  # noqa: BLE001 - recorded, the next variant runs
-                entry.update(ok=False, error=f"{type(err).__name__}: {err}"[:500])
-            failed |= not entry.get("ok", False)
-            row[v] = entry
-
-        cub: dict[str, Any] = {}
-        wt = w.t()
-        if epi == "bias_gelu":
-            def lib() -> Any:
-                return torch._addmm_activation(bias, a, wt, use_gelu=True)
-        elif epi == "bias":
-            def lib() -> Any:
-                return torch.addmm(bias, a, wt, out=y)
-        else:
-            def lib() -> Any:
-                return torch.matmul(a, wt, out=y)
-        try:
-            cub.update(check(lib()))
-            us = timed(lib)
-            cub.update(us=us, tflops=flop / us / 1e6)
-        except Exception as err:  # noqa: BLE001
-            cub.update(error=f"{type(err).__name__}: {err}"[:500])
-        row["cublas"] = cub
+        row = measure_row(spec, built[spec[0]], variants, args.rounds)
+        failed |= not all(row[v].get("ok", False) for v in variants)
         results.append(row)
-        line = f"{name}: cuBLAS {cub.get('tflops', 0):.0f}"
+        line = f"{spec[0]}: cuBLAS {row['cublas'].get('tflops', 0):.0f}"
         for v in variants:
             e = row[v]
             line += f" | {v} {e.get('tflops', 0):.0f} ({'ok' if e.get('ok') else 'FAIL'}) {e['knobs']}"
         print(line, flush=True)
         write()
-        del a, w, y, ref, pack
         torch.cuda.empty_cache()
     header["seconds"] = round(time.time() - t0, 1)
     write()
     print(markdown(header, results, variants))
     return 1 if failed else 0
+
+
+def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], rounds: int) -> dict[str, Any]:
+    """One shape: inputs, the fp32 reference, each variant's check and time, then cuBLAS's."""
+    import torch
+
+    from bench.measure import capture, events_us
+
+    name, m, n, k, epi, dt = spec
+    t = b["tensors"]
+    torch.manual_seed(0)
+    tdt = torch.bfloat16 if dt == "bf16" else torch.float16
+    a = torch.randn(m, k, device="cuda", dtype=tdt)
+    w = (torch.randn(n, k, device="cuda", dtype=torch.float32) / math.sqrt(k)).to(tdt)
+    wt = w.t()
+    bias = torch.randn(n, device="cuda", dtype=tdt) if epi else None
+    ref = a.float() @ w.float().t()
+    if bias is not None:
+        ref += bias.float()
+    if epi == "bias_gelu":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    y = torch.empty(m, n, device="cuda", dtype=tdt)
+    pack = {t["a"]: a, t["b"]: wt, t["y"]: y}
+    if bias is not None:
+        pack[t["bias"]] = bias.view(1, n)
+    row: dict[str, Any] = {"name": name, "m": m, "n": n, "k": k, "epilogue": epi, "dtype": dt}
+    flop = 2.0 * m * n * k
+    scale = ref.abs().max().item()
+    lim_l2, lim_max = TOL[dt]
+
+    def check(got: Any) -> dict[str, Any]:
+        d = got.float() - ref
+        rel_l2 = (d.norm() / ref.norm()).item()
+        rel_max = (d.abs().max() / scale).item()
+        ok = bool(torch.isfinite(got).all().item()) and rel_l2 <= lim_l2 and rel_max <= lim_max
+        return {"ok": ok, "rel_l2": rel_l2, "rel_max": rel_max}
+
+    def timed(fn: Any) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est = max((time.perf_counter() - t1) * 1e6, 5.0)
+        calls = max(1, min(50, int(3000 / est)))
+        cap = capture(fn, calls, warmup=1)
+        cap.graph.replay()
+        per = statistics.median(events_us(cap.graph.replay, rounds, 1000.0)) / calls
+        del cap
+        return per
+
+    for v in variants:
+        plan = b["plans"][v]
+        entry: dict[str, Any] = {"knobs": knobs_text(plan)}
+        try:
+            y.fill_(float("nan"))
+            plan.execute(pack)
+            torch.cuda.synchronize()
+            entry.update(check(y))
+            us = timed(lambda plan=plan: plan.execute(pack))
+            entry.update(us=us, tflops=flop / us / 1e6)
+        except Exception as err:  # noqa: BLE001 - recorded, the next variant runs
+            entry.update(ok=False, error=f"{type(err).__name__}: {err}"[:500])
+        row[v] = entry
+
+    if epi == "bias_gelu":
+        def lib() -> Any:
+            return torch._addmm_activation(bias, a, wt, use_gelu=True)
+    elif epi == "bias":
+        def lib() -> Any:
+            return torch.addmm(bias, a, wt, out=y)
+    else:
+        def lib() -> Any:
+            return torch.matmul(a, wt, out=y)
+    cub: dict[str, Any] = {}
+    try:
+        y.fill_(float("nan"))
+        cub.update(check(lib()))
+        us = timed(lib)
+        cub.update(us=us, tflops=flop / us / 1e6)
+    except Exception as err:  # noqa: BLE001
+        cub.update(error=f"{type(err).__name__}: {err}"[:500])
+    row["cublas"] = cub
+    return row
 
 
 def markdown(header: dict[str, Any], results: list[dict[str, Any]], variants: list[str]) -> str:

@@ -63,10 +63,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     except ImportError:
         sys.exit(NO_BACKEND)
     from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
     from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates import discover
-    from opgraph.core.piece import make_piece
 
     device = Device("cuda", 0, gpu, (9, 0), 132)
     templates = {t.name: t for t in discover()}

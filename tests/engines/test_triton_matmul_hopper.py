@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.core.config import EngineConfig
 from opgraph.core.device import Device
 from opgraph.core.errors import AttributeValueError
 from opgraph.core.piece import make_piece
 from opgraph.engines.triton.knobs import TileKnobs
-
-from opgraph.core.config import EngineConfig
 
 from ..helpers import plan_with, requires_cuda, step_plan
 from .test_triton_matmul import mm_graph

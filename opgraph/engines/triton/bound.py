@@ -97,7 +97,7 @@ class TritonLauncher(Launcher):
         spec = self.kernel.spec(li) if aligned and launch_mode() == "native" else None
         binary = self.kernel.binary(li) if spec is not None else None
         descs = [ai for ai, a in enumerate(launch.args) if a.kind == "desc"]
-        meta = binary.meta("tensordesc_meta") if binary is not None else None
+        meta = (binary.meta("tensordesc_meta") if binary is not None else None) or []
         if binary is not None and native.unsupported(binary.metadata) is None and tma_desc.launchable(meta, len(descs)):
             scratch_bytes = int(binary.meta("global_scratch_size") or 0)
             global_scratch = 0

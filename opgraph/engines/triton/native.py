@@ -183,6 +183,7 @@ class NativeLaunch:
         for ty in types:
             self.index.append(len(self.slots))
             rank = tma_desc.rank_of(ty)
+            extra: list[Any]
             if rank:
                 tensor_map = tma_desc.TensorMapSlot()
                 self.slots.append(tensor_map)

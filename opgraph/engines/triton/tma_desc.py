@@ -95,7 +95,7 @@ def encoder(lib: Any) -> Callable[..., int]:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int]
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class TensorMapSlot:

@@ -16,21 +16,36 @@ descriptor encoded at bind: `indirect.make_indirect` turns its parameter into a 
 made from the table's address, so those configs stay correct (at TMA=1's speed); the candidates offer
 TMA_HOST only where both operands are bound by value.
 
-Why: on an H200 with Triton 3.6 the lab's persistent host-descriptor kernels with a flattened loop and a
-subtiled epilogue reached 0.95-1.00x cuBLAS where the device-side descriptors reached 0.69-0.89x
-(bench/results/2026-11-29-h200-hopper-lab-gemm.md).
+Why: on an H200 with Triton 3.6 the Hopper lab's persistent host-descriptor kernels with a flattened loop
+and a subtiled epilogue reached 0.95-1.00x cuBLAS where device-side descriptors reached 0.69-0.89x (its
+results in bench/results/; scripts/hopper_lab/ and scripts/hopper_gemm_check.py measure them).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ....core.device import Device
+from ....core.piece import Piece
 from ..gemm import Context, MainLoop, Signature, TileLoop, epilogue, tma_strides
 from ..knobs import TileKnobs
 
-if TYPE_CHECKING:
-    from .matmul import MatmulMatch
+
+class MatmulMatch(Protocol):
+    """What this path asks of the matmul template's match (templates/matmul.py)."""
+
+    piece: Piece
+
+    @property
+    def descriptors(self) -> dict[str, Any]: ...
+
+    def geometry(self, role: str, d: Any) -> tuple[list[int], list[int], list[str]]: ...
+
+    def iterations(self, k: TileKnobs) -> int: ...
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop: ...
+
+    def setup(self, ctx: Context, sig: Signature, k: TileKnobs) -> list[str]: ...
 
 HOPPER = (9, 0)  # TMA (cp.async.bulk.tensor) needs compute capability 9.0
 
@@ -67,7 +82,7 @@ class HopperLoop(TileLoop):
     """The main loop of a TMA_HOST config: the match's own (descriptor loads), in a persistent kernel whose
     flattened tile loop keeps a second tile counter for the epilogue."""
 
-    m: MatmulMatch
+    m: MatmulMatch  # type: ignore[assignment]
 
     def iterations(self, k: TileKnobs) -> int:
         return self.m.iterations(k)

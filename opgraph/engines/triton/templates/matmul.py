@@ -45,7 +45,7 @@ from ..gemm import (
     tma_prelude,
 )
 from ..knobs import TileKnobs
-from ._matmul_hopper import HopperLoop, host_descriptors, host_tma_ok, hopper_config
+from ._matmul_hopper import HopperLoop, hopper_config, host_descriptors, host_tma_ok
 
 # per operand: (the tile's row index start, its column index start) in the main loop
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
