@@ -64,7 +64,7 @@ def test_host_descriptors_bias_relu(dt, persistent, flatten, subtile, rng):
     source = plan.source(0)
     assert "make_tensor_descriptor" not in source and "desc_A.load" in source and "desc_B.load" in source
     kinds = [a.kind for a in plan.steps[0].kernel.generated.launches[0].args]
-    assert kinds.count("desc") == 2
+    assert kinds.count("desc") == 3 and "tl.store" not in source  # A, B and the output's TMA stores
     if persistent and flatten:
         assert "work_c += 3" in source and "flatten=True" in source
     assert ("tl.split" in source) == (subtile == 2)
@@ -82,6 +82,21 @@ def test_layouts_batch_and_reduction(a_layout, b_layout, rng):
     plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 16,
                      "BLOCK_K": 16})
     assert plan.source(0).count("desc_") >= 2
+    _check(plan, rng)
+
+
+def test_outputs_stored_by_tma_where_they_allow(rng):
+    """Two outputs: the product (row-major: a TMA store) and relu(product + bias) in a column-major layout
+    (pointer stores); ragged edges, the epilogue on column halves."""
+    g, _, _, c = mm_graph((40, 32), (32, 72))
+    c.set_output(True)
+    bias = g.tensor(dim=[1, 72], name="bias")
+    y = g.relu(g.add(c, bias)).set_output(True)
+    y.set_stride([1, 40])
+    plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 32,
+                     "BLOCK_K": 16})
+    source = plan.source(0)
+    assert source.count(f"desc_c{c.uid}.store(") == 2 and source.count("tl.store(") == 2
     _check(plan, rng)
 
 
@@ -109,7 +124,7 @@ def test_by_reference_operands_get_device_side_descriptors(rng):
     source = plan.source(0)
     assert "desc_A = tl.make_tensor_descriptor(tl.multiple_of(tl.load(og_table" in source
     generated = plan.steps[0].kernel.generated
-    assert [x.kind for x in generated.launches[0].args].count("desc") == 1 and "needs_allocator" in generated.notes
+    assert [x.kind for x in generated.launches[0].args].count("desc") == 2 and "needs_allocator" in generated.notes
     _check(plan, rng)
     _check(plan, rng)  # new buffers, same plan
 
@@ -174,11 +189,13 @@ def test_signature_type_of_a_descriptor_parameter():
     first = t.candidates(piece, H200)[0]
     gen = t.generate(piece, first, H200)
     descs = [a for a in gen.launches[0].args if a.kind == ArgKind.DESC]
-    assert [a.block for a in descs] == [(128, 64), (256, 64)]
-    assert [a.shape for a in descs] == [(8192, 2048), (8192, 2048)] and all(a.strides == (2048, 1) for a in descs)
+    assert [a.block for a in descs] == [(128, 128), (128, 64), (256, 64)]  # the output's stores on column halves
+    assert [a.shape for a in descs] == [(8192, 8192), (8192, 2048), (8192, 2048)]
+    assert [a.strides for a in descs] == [(8192, 1), (2048, 1), (2048, 1)]
     kernel = TritonKernel.__new__(TritonKernel)
     kernel.piece = piece
-    assert [kernel._arg_type(a) for a in descs] == ["tensordesc<bf16[128, 64]>", "tensordesc<bf16[256, 64]>"]
+    assert [kernel._arg_type(a) for a in descs] == ["tensordesc<bf16[128, 128]>", "tensordesc<bf16[128, 64]>",
+                                                    "tensordesc<bf16[256, 64]>"]
 
 
 # -- descriptor encoding and the native launcher's slots, without a GPU -----------------------------------------
@@ -257,7 +274,17 @@ def _hopper_piece_graph():
     return g
 
 
-HOPPER_CASES = {"mlp_up_host": (_hopper_piece_graph, "matmul", lambda cands: [c for c in cands if c.get("TMA_HOST")][:1])}
+def _square_fp16():
+    g, _, _, c = mm_graph((2048, 2048), (2048, 2048), dt=DT.HALF, b_layout="col")
+    c.set_output(True)
+    return g
+
+
+def _host(cands):
+    return [c for c in cands if c.get("TMA_HOST")][:1]
+
+
+HOPPER_CASES = {"mlp_up_host": (_hopper_piece_graph, "matmul", _host), "square_fp16": (_square_fp16, "matmul", _host)}
 
 
 def test_kernels_compile_for_hopper():
@@ -266,10 +293,12 @@ def test_kernels_compile_for_hopper():
     from .hopper_compile import compile_for_hopper
 
     lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
-    assert len(lines) == 1 and "'TMA_HOST': 1" in lines[0], lines
-    fields = lines[0].split()
-    assert fields[6] == "0", lines  # no spills
-    assert int(fields[fields.index("tma") + 1]) >= 2, lines  # the operands' TMA loads (cp.async.bulk.tensor)
+    assert len(lines) == 2 and all("'TMA_HOST': 1" in line for line in lines), lines
+    for line in lines:
+        fields = line.split()
+        assert fields[6] == "0", lines  # no spills
+        # the operands' TMA loads and the output's TMA stores (cp.async.bulk.tensor), no pointer stores
+        assert int(fields[fields.index("tma") + 1]) >= 3 and fields[fields.index("st.v4") + 1] == "0", lines
 
 
 @pytest.mark.gpu

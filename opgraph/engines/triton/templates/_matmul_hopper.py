@@ -7,7 +7,10 @@ What changes against TMA=1 alone (device-side descriptors, `tl.make_tensor_descr
   kernel writes no descriptor to global memory and the launch allocates no scratch for one;
 - under FLATTEN the epilogue finds its tile from a second counter (`work_c`) rather than from the loop
   variable, as Triton's persistent-matmul tutorial does: the pipeliner issues the next tile's loads
-  before this tile's epilogue without keeping this tile's indices alive across them.
+  before this tile's epilogue without keeping this tile's indices alive across them;
+- the stored outputs that allow it (2-D, rows contiguous and 16-byte aligned, fp16 / bf16 / fp32) are
+  written by TMA stores through descriptors of their own (`store_descriptors`: no masks, the edges
+  clipped by the copy engine), the tile's column halves one after the other under EPILOGUE_SUBTILE=2.
 
 Everything else is the template's: the main loop's descriptor loads (`MatmulMatch.lines`), the tile
 header, the fused epilogue (bias, activations, casts, several outputs, reductions) and its column halves.
@@ -26,8 +29,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ....core.device import Device
+from ....core.dtypes import DataType
 from ....core.piece import Piece
-from ..gemm import Context, MainLoop, Signature, TileLoop, epilogue, tma_strides
+from ..gemm import Context, GemmPiece, MainLoop, Signature, TileLoop, can_subtile, epilogue, tma_strides
 from ..knobs import TileKnobs
 
 
@@ -35,6 +39,10 @@ class MatmulMatch(Protocol):
     """What this path asks of the matmul template's match (templates/matmul.py)."""
 
     piece: Piece
+    gp: GemmPiece
+
+    @property
+    def problem(self) -> tuple[int, int, int, int]: ...
 
     @property
     def descriptors(self) -> dict[str, Any]: ...
@@ -48,6 +56,8 @@ class MatmulMatch(Protocol):
     def setup(self, ctx: Context, sig: Signature, k: TileKnobs) -> list[str]: ...
 
 HOPPER = (9, 0)  # TMA (cp.async.bulk.tensor) needs compute capability 9.0
+SMEM_BUDGET = 200 * 1024  # shared memory the operand stages and the TMA stores' staging tiles may take
+_STORED = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)  # output types stored through descriptors
 
 
 def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
@@ -59,6 +69,30 @@ def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
         itemsize = d.desc.data_type.itemsize
         sig.desc(f"desc_{role}", d.base, d.offset, shape, tma_strides(shape, strides, itemsize),
                  [int(sizes[b]) for b in blocks])  # type: ignore[arg-type]
+
+
+def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs) -> None:
+    """TMA stores of the stored outputs that allow them (ctx.tma_stores): a 2-D output of the tile's
+    space, rows contiguous, 16-byte aligned rows, a float type; while the operands' stages and the
+    staging tiles fit in shared memory. The others keep pointer stores."""
+    gp, sp = m.gp, m.gp.space
+    if sp.nbatch * sp.groups != 1 or len(sp.dims) != 2:
+        return
+    assert k.BLOCK_K is not None
+    cols = k.BLOCK_N // 2 if k.subtile == 2 and can_subtile(ctx) else k.BLOCK_N
+    smem = k.stages * (k.BLOCK_M + k.BLOCK_N) * k.BLOCK_K * m.problem[3]
+    int_acc = ctx.dot is not None and ctx.dot.is_int
+    for uid in gp.stores:
+        t = ctx.tensors[uid]
+        size = t.data_type.itemsize
+        if (t.data_type not in _STORED or uid in gp.views or list(t.dim) != list(sp.dims) or t.stride[1] != 1
+                or (t.stride[0] * size) % 16 or (uid == gp.out and int_acc)):
+            continue
+        smem += k.BLOCK_M * cols * size
+        if smem > SMEM_BUDGET:
+            return
+        ctx.tma_stores[uid] = sig.desc(f"desc_c{uid}", uid, 0, list(t.dim),
+                                       tma_strides(list(t.dim), list(t.stride), size), [k.BLOCK_M, cols])
 
 
 def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
@@ -91,6 +125,8 @@ class HopperLoop(TileLoop):
         return self.m.lines(ctx, sig, k, lo, hi)
 
     def body(self, ctx: Context, sig: Signature, k: TileKnobs, partials: int | None) -> list[str]:
+        if partials is None:  # (partials: the split-K launch after this one runs the epilogue)
+            store_descriptors(self.m, ctx, sig, k)
         if partials is not None or not (k.persistent and k.FLATTEN):
             return super().body(ctx, sig, k, partials)
         tiling = ctx.tiling
