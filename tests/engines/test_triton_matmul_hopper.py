@@ -129,6 +129,17 @@ def test_by_reference_operands_get_device_side_descriptors(rng):
     _check(plan, rng)  # new buffers, same plan
 
 
+def test_split_k(rng):
+    """SPLIT_K=2: the main kernel reads through host descriptors and writes partials; the epilogue launch
+    stores by pointers."""
+    g = _bias_relu((24, 96), (96, 40), DT.HALF, 40, b_layout="col")
+    plan = _plan(g, {"SPLIT_K": 2, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+    launches = plan.steps[0].kernel.generated.launches
+    assert len(launches) == 2 and [a.kind for a in launches[0].args].count("desc") == 2
+    assert not any(a.kind == "desc" for a in launches[1].args)
+    _check(plan, rng)
+
+
 def test_rebinding_a_moved_buffer(rng):
     """The interpreter's launcher makes descriptors again when a buffer moves (a new pack)."""
     g = _bias_relu((24, 32), (32, 40), DT.HALF, 40)

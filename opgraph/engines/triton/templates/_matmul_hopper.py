@@ -86,7 +86,7 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
         t = ctx.tensors[uid]
         size = t.data_type.itemsize
         if (t.data_type not in _STORED or uid in gp.views or list(t.dim) != list(sp.dims) or t.stride[1] != 1
-                or (t.stride[0] * size) % 16 or (uid == gp.out and int_acc)):
+                or (t.stride[0] * size) % 16 or t.stride[0] < t.dim[1] or (uid == gp.out and int_acc)):
             continue
         smem += k.BLOCK_M * cols * size
         if smem > SMEM_BUDGET:
@@ -97,12 +97,21 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
 
 def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
     """Whether the candidates offer the Hopper path: a GPU with TMA, both operands readable through a
-    descriptor, and neither bound by reference (those would be read through device-side descriptors)."""
+    descriptor with nested strides, and neither bound by reference (those would be read through
+    device-side descriptors)."""
     if not device.is_cuda or device.capability is None or device.capability < HOPPER:
         return False
     if len(m.descriptors) != 2:
         return False
-    return not any(m.piece.graph.tensors[d.base].is_by_reference for d in m.descriptors.values())
+    for role, d in m.descriptors.items():
+        shape, strides, _ = m.geometry(role, d)
+        strides = tma_strides(shape, strides, d.desc.data_type.itemsize)
+        # nested strides, as cuTensorMapEncodeTiled describes a tensor (a broadcast batch axis is not)
+        if any(strides[i] < strides[i + 1] * shape[i + 1] for i in range(len(shape) - 1)):
+            return False
+        if m.piece.graph.tensors[d.base].is_by_reference:
+            return False
+    return True
 
 
 def hopper_config(c: TileKnobs, device: Device) -> TileKnobs:
