@@ -129,15 +129,16 @@ class MatmulMatch(TileMatch):
         if device.is_cuda and len(self.descriptors) == 2:
             # TMA (+ persistent) versions of the plain configs, and on Hopper the host-descriptor path
             # (_matmul_hopper.py), ranked together by the cost model
-            host = host_tma_ok(self, device)
-            tma = []
+            host_ok = host_tma_ok(self, device)
+            tma, host = [], []
             for c in configs[:-1]:
                 if c.SPLIT_K == 1:
                     tma.append(c.replace(TMA=1, PERSISTENT=device.sm_count))
                     tma.append(c.replace(TMA=1))
-                    if host:
-                        tma.append(hopper_config(c, device))
-            configs = sorted(tma + configs[:-1], key=self._cost)[:8] + configs[-1:]
+                    if host_ok:
+                        host.append(hopper_config(c, device))
+            # (a tie, e.g. tiny products at the launch floor, keeps the plain configs first)
+            configs = sorted(tma + configs[:-1] + host, key=self._cost)[:8] + configs[-1:]
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
