@@ -219,9 +219,11 @@ def test_encode_args_match_tritons_launcher():
     from opgraph.engines.triton.templates.base import Arg, ArgKind
 
     arg = Arg(ArgKind.DESC, 3, 0, shape=(2, 8192, 1024), strides=(8192 * 1024, 1024, 1), block=(1, 128, 64))
-    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 128, 64], "fp4_padded": False}
+    # bf16: Triton's element type 10 (what it compiles a bf16 descriptor to), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [1, 128, 64], "fp4_padded": False}
     kind, rank, address, dims, strides, box, ones, interleave, swizzle, l2, fill = tma_desc.encode_args(arg, 4096, meta)
-    assert (kind, rank, address, interleave, swizzle, l2, fill) == (8, 3, 4096, 0, 3, 2, 0)  # bf16: device 9 -> host 8
+    assert (kind, rank, address, interleave, swizzle, l2, fill) == (9, 3, 4096, 0, 3, 2, 0)
+    assert tma_desc.encode_args(arg, 0, {**meta, "elem_type": 6})[0] == 6  # fp16: the same on both sides
     assert list(dims) == [1024, 8192, 2] and list(strides) == [2048, 2048 * 8192] and list(box) == [64, 128, 1]
     assert list(ones) == [1, 1, 1]
     assert tma_desc.rank_of("tensordesc<bf16[1, 128, 64]>") == 3 and tma_desc.rank_of("*bf16") == 0
@@ -354,3 +356,18 @@ def test_gpu_by_reference_and_graph_replay(rng):
             plan.execute({a: x, b: bv, y: out})
             np.testing.assert_allclose(out.float().cpu().numpy(), (x.float() @ bv.float()).cpu().numpy(),
                                        rtol=2e-2, atol=2e-1)
+
+
+def test_an_unaligned_buffer_is_a_typed_error():
+    import torch
+
+    from opgraph.core.errors import ExecutionError
+    from opgraph.engines.triton import tma_desc
+    from opgraph.engines.triton.templates.base import Arg, ArgKind
+
+    buffer = torch.zeros(64, dtype=torch.float16)
+    arg = Arg(ArgKind.DESC, 0, 1, shape=(7, 8), strides=(8, 1), block=(16, 16))
+    with pytest.raises(ExecutionError, match="16-byte"):
+        tma_desc.descriptor_object(arg, buffer)
+    assert tma_desc.descriptor_object(Arg(ArgKind.DESC, 0, 8, shape=(7, 8), strides=(8, 1), block=(16, 16)),
+                                      buffer).base.data_ptr() == buffer.data_ptr() + 16

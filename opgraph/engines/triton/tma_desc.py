@@ -121,4 +121,8 @@ def descriptor_object(arg: Arg, buffer: Any) -> Any:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     base = torch.as_strided(buffer, (1,), (1,), buffer.storage_offset() + arg.offset)
+    if base.data_ptr() % 16:
+        raise ExecutionError(f"a TMA descriptor's buffer starts at {base.data_ptr():#x}, not on a 16-byte boundary",
+                             rule="triton.tma_desc", hint="bind 16-byte aligned buffers (fresh allocations are), or "
+                             "build with a config without TMA / TMA_HOST")
     return TensorDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block))
