@@ -371,3 +371,31 @@ def test_an_unaligned_buffer_is_a_typed_error():
         tma_desc.descriptor_object(arg, buffer)
     assert tma_desc.descriptor_object(Arg(ArgKind.DESC, 0, 8, shape=(7, 8), strides=(8, 1), block=(16, 16)),
                                       buffer).base.data_ptr() == buffer.data_ptr() + 16
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("rank", [2, 3])
+def test_gpu_encoding_equals_tritons(rank):
+    """The native launcher's CUtensorMap is byte for byte the one Triton's launcher encodes for the same
+    descriptor (its fill_tma_descriptor(_tiled); the map sits at the end of its PyCUtensorMap object)."""
+    import torch
+    import triton
+
+    from opgraph.engines.triton import native, tma_desc
+    from opgraph.engines.triton.templates.base import Arg, ArgKind
+
+    shape = (3, 256, 1024)[3 - rank:]
+    x = torch.empty(*shape, dtype=torch.bfloat16, device="cuda")
+    strides = tuple(x.stride())
+    block = (1, 128, 64)[3 - rank:]
+    arg = Arg(ArgKind.DESC, 0, 0, shape=shape, strides=strides, block=block)
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": list(block)}
+    slot = tma_desc.TensorMapSlot()
+    d = native.driver()
+    slot.encode(d.encode(), d.check, arg, x.data_ptr(), meta)
+    utils = triton.runtime.driver.active.utils
+    fill = getattr(utils, "fill_tma_descriptor_tiled", None) or utils.fill_tma_descriptor
+    theirs = fill(x.data_ptr(), 3, 2, 9, list(block), list(shape), list(strides), 0)
+    at = id(theirs) + type(theirs).__basicsize__ - tma_desc.MAP_BYTES
+    assert slot.raw() == ctypes.string_at(at, tma_desc.MAP_BYTES)
