@@ -137,7 +137,7 @@ class MatmulMatch(TileMatch):
                     tma.append(c.replace(TMA=1))
                     if host_ok:
                         host.append(hopper_config(c, device))
-            # (a tie, e.g. tiny products at the launch floor, keeps the plain configs first)
+            # (in a tie the host-descriptor configs come last)
             configs = sorted(tma + configs[:-1] + host, key=self._cost)[:8] + configs[-1:]
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
