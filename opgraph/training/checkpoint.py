@@ -29,13 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import StateDictError
 from .optimizers import SGD, AdamW, Optimizer
 
-if TYPE_CHECKING:
-    from .step import TrainStep
+TrainStep = Any  # opgraph.training.step.TrainStep (which imports this module)
 
 KEYS = ("model", "optimizer", "loss_scale", "step")
 _SCALER_KEYS = ("growth_factor", "backoff_factor", "growth_interval")
