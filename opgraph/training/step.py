@@ -196,6 +196,9 @@ class TrainStep:
         self._bind_module(pack, device)
         scalars = sg.state_pack(device, params=())  # the device scalars (bound to the optimizer) and the seed
         pack.update(scalars)
+        if self._pack is not None:  # the module moved: the step count and the loss scale go on
+            for uid in sg.scalars.values():
+                pack[uid].copy_(self._pack[uid])
         for uid, dims in sg.ones.items():  # the broadcast of an expanded parameter: one element, zero strides
             pack[uid] = torch.ones(1, dtype=final.tensors[uid].data_type.to_torch(), device=device).expand(*dims)
         for uid in final.outputs:
@@ -231,10 +234,12 @@ class TrainStep:
 
     def _param_state(self, key: str, name: str, p: Any) -> Any:
         """Parameter `key`'s optimizer state `name`: zeros like the parameter when first asked for (torch's
-        lazily made state), kept across steps (and moved with the parameter's device)."""
+        lazily made state), kept across steps (and moved to the parameter's device when it moved)."""
         state = self._state.setdefault(key, {})
-        if name not in state or state[name].device != p.device:
+        if name not in state:
             state[name] = _torch().zeros_like(p, memory_format=_torch().preserve_format)
+        elif state[name].device != p.device:  # the module moved: its state goes with it
+            state[name] = state[name].to(p.device)
         return state[name]
 
     # -- running --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import opgraph as og
 from opgraph.training import SGD, AdamW, train_step
 
-from ..helpers import ROOT, example_env
+from ..helpers import ROOT, example_env, requires_cuda
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -320,3 +320,35 @@ def test_sgd_structure_and_loss_scale_mismatches():
     with pytest.raises(og.StateDictError, match="'loss_scale'.*not fp16"):
         step.load_state_dict({**sd, "loss_scale": {"scale": 2.0, "_growth_tracker": 0}})
     step.load_state_dict({**sd, "loss_scale": None})  # (set to None: loads the rest)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_state_moves_with_the_module_to_the_gpu():
+    """3 steps on the CPU, the module moved to the GPU: the moments, the step count and the loss scale
+    go on (not made again), and the next step matches torch.optim's from the same checkpoint."""
+    model, step = make_step("adamw_fp16_clip")
+    run("adamw_fp16_clip", step, 0, 3)
+    sd = copy.deepcopy(step.state_dict())
+    model.cuda()
+    x, y = batch("adamw_fp16_clip", 3)
+    step.run(x.cuda(), y.cuda())
+    assert all(v.is_cuda for k, _ in model.named_parameters() for v in step.param_state(k).values())
+    eager = mlp(dtype=torch.float32).cuda()
+    eager.load_state_dict(sd["model"])
+    topt = torch.optim.AdamW(eager.parameters())
+    topt.load_state_dict(sd["optimizer"])
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.load_state_dict(sd["loss_scale"])
+    topt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = F.cross_entropy(eager(x.cuda()).float(), y.cuda())
+    scaler.scale(loss).backward()
+    scaler.unscale_(topt)
+    torch.nn.utils.clip_grad_norm_(eager.parameters(), 1.0)
+    scaler.step(topt)
+    scaler.update()
+    assert step.loss_scale == scaler.get_scale()
+    assert sd["step"] > 0 and step.step_count == float(topt.state[next(iter(eager.parameters()))]["step"])
+    for (key, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert rel(p, q) <= 1e-2, key
