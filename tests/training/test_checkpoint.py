@@ -20,6 +20,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 SPLIT, TOTAL = 10, 20
+INIT_SCALE = 2.0**15  # (fp16: a step skipped before the split and after it; the growth tracker at 2 at the split)
 
 
 def cnn(seed: int = 0):
@@ -39,7 +40,7 @@ CASES = {
                                                                               weight_decay=0.01))),
     "adamw_fp16_clip": (lambda seed=0: mlp(seed, torch.float32), (8, 6),
                         lambda: dict(optimizer=AdamW(1e-2), mixed_precision="fp16", grad_clip_norm=1.0,
-                                     loss_scale={"init_scale": 2.0**17, "growth_interval": 3})),
+                                     loss_scale={"init_scale": INIT_SCALE, "growth_interval": 3})),
 }
 
 
@@ -66,8 +67,9 @@ def main(case: str, ckpt: str, out: str) -> None:
     """The resumed half, in a process of its own: a model initialised otherwise, loaded, 10 more steps."""
     model, step = make_step(case, seed=123)
     step.load_state_dict(torch.load(ckpt, weights_only=True))
+    loaded = copy.deepcopy(step.state_dict())
     losses = run(case, step, SPLIT, TOTAL)
-    torch.save({"losses": losses, "state": step.state_dict()}, out)
+    torch.save({"loaded": loaded, "losses": losses, "state": step.state_dict()}, out)
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -91,26 +93,29 @@ def test_resumed_run_continues_bit_for_bit_in_a_new_process(case, tmp_path):
     _, first = make_step(case)
     got = run(case, first, 0, SPLIT)
     assert all(torch.equal(a, b) for a, b in zip(got, want[:SPLIT]))
-    torch.save(first.state_dict(), tmp_path / "ckpt.pt")
+    saved = first.state_dict()
+    if case.startswith("adamw"):  # the loss scale moved (skips and growth) and the tracker matters
+        assert saved["loss_scale"]["scale"] != INIT_SCALE and saved["loss_scale"]["_growth_tracker"] > 0
+        assert saved["step"] < SPLIT
+    torch.save(saved, tmp_path / "ckpt.pt")
     code = "import sys; from tests.training.test_checkpoint import main; main(*sys.argv[1:])"
     proc = subprocess.run([sys.executable, "-c", code, case, str(tmp_path / "ckpt.pt"), str(tmp_path / "out.pt")],
                           capture_output=True, text=True, env=example_env(), cwd=str(ROOT), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert_same_state(resumed["loaded"], saved)  # what was loaded is what was saved, counters included
     assert [float(v) for v in resumed["losses"]] == [float(v) for v in want[SPLIT:]]
     assert all(torch.equal(a, b) for a, b in zip(resumed["losses"], want[SPLIT:]))
     assert_same_state(resumed["state"], whole.state_dict())
-    if case.startswith("adamw"):  # the loss scale moved (skips and growth) and the tracker matters
-        scale = whole.state_dict()["loss_scale"]
-        assert scale["scale"] != 2.0**17 and whole.step_count < TOTAL
-        assert resumed["state"]["step"] == whole.step_count
+    if case.startswith("adamw"):
+        assert resumed["state"]["step"] == whole.step_count < TOTAL - 1
 
 
 def test_state_dict_layout_is_torch_optims():
     model, step = make_step("adamw_fp16_clip")
     sd = step.state_dict()
     assert sd["optimizer"]["state"] == {} and sd["step"] == 0  # torch's lazily made state
-    assert sd["loss_scale"] == {"scale": 2.0**17, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
+    assert sd["loss_scale"] == {"scale": INIT_SCALE, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
                                 "_growth_tracker": 0}
     run("adamw_fp16_clip", step, 0, 3)
     sd = step.state_dict()
@@ -214,7 +219,7 @@ def test_torch_optim_checkpoint_loads_into_a_step(name):
 
 def test_grad_scaler_state_loads_into_an_fp16_step():
     model, step = make_step("adamw_fp16_clip")
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**17, growth_interval=3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=3)
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
     scaler._scale.fill_(1024.0)
     scaler._growth_tracker.fill_(2)
