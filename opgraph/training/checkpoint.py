@@ -223,6 +223,10 @@ def _check_param_state(step: TrainStep, state: Any, ids: list[Any], params: list
     if not isinstance(state, Mapping):
         raise _error(f"a dict of per-parameter state, got {type(state).__name__}", "optimizer.state",
                      "pass optimizer.state_dict()")
+    strays = [k for k in state if k not in ids]
+    if strays:
+        raise _error(f"state for {strays[:5]}, which the group's params {list(ids)[:8]} do not list", "optimizer.state",
+                     "pass the optimizer's state dict as torch.optim made it (integer keys)")
     module = step.imported.module
     opt = step.optimizer
     names = set(opt.state_names())

@@ -295,6 +295,9 @@ BAD = {
                                  "optimizer.state[0]", ["another optimizer"]),
     "partial_state": (_with(lambda sd: sd["optimizer"]["state"][0].pop("exp_avg_sq")), "optimizer.state[0]",
                       ["lacks"]),
+    "string_state_keys": (_with(lambda sd: sd["optimizer"].update(state={str(k): v for k, v in
+                                                                        sd["optimizer"]["state"].items()})),
+                          "optimizer.state", ["'0'"]),
     "steps_differ": (_with(lambda sd: sd["optimizer"]["state"][0].update(step=torch.tensor(99.0))),
                      "optimizer.state", ["differ"]),
     "step_disagrees": (_with(lambda sd: sd.update(step=5)), "step", ["5"]),
