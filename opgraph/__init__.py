@@ -26,6 +26,7 @@ from .core.errors import (
     RegistrationError,
     SerializationError,
     ShapeError,
+    StateDictError,
     UnsupportedGraphError,
     VariantPackError,
 )
@@ -80,7 +81,7 @@ __all__ = [
     "DataflowError", "Device", "DiagonalAlignment", "Dim", "DuplicateUIDError", "EngineConfig", "ExecutionError",
     "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
-    "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
+    "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StateDictError", "StepTime",
     "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "compile", "from_torch",
     "grad", "load_plan", "register_custom_op", "testing", "torch_backend", "training",
 ]
