@@ -20,6 +20,7 @@ from .core.errors import (
     BuildOptionError,
     DataflowError,
     DataTypeError,
+    DistributedError,
     DuplicateUIDError,
     ExecutionError,
     GraphError,
@@ -76,7 +77,7 @@ _configure_logging()
 
 __all__ = [
     "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DiagonalAlignment", "DuplicateUIDError", "EngineConfig", "ExecutionError",
+    "DataflowError", "Device", "DiagonalAlignment", "DistributedError", "DuplicateUIDError", "EngineConfig", "ExecutionError",
     "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StepTime",

@@ -137,7 +137,8 @@ NOT_DIFFERENTIABLE: dict[str, str] = {
     kind: "a backward op: no second derivatives" for kind in (
         "batchnorm_backward", "instancenorm_backward", "layernorm_backward", "rmsnorm_backward", "sdpa_backward",
         "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward")
-}
+} | {kind: "a collective of a training step's gradients, made after the backward (opgraph.training.distributed)"
+     for kind in ("all_reduce", "all_reduce_wait")}
 NOT_DIFFERENTIABLE_MODES: frozenset[PointwiseMode] = frozenset(m for m in PointwiseMode if m.name.endswith("_BWD"))
 
 

@@ -45,6 +45,7 @@ from ..core.dtypes import DataType
 from ..core.errors import GraphError, VariantPackError, expect
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
+from .distributed import DEFAULT_BUCKET_CAP_MB, check_ranks_agree, data_parallel_hook
 from .losses import Loss
 from .module_graph import MIXED, ModuleStepGraph, module_step_graph
 from .optimizers import Optimizer
@@ -60,11 +61,18 @@ class TrainStep:
     def __init__(self, imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer | None = None,
                  mixed_precision: str | None = None, grad_clip_norm: float | None = None, *,
                  target_like: Any = None, loss_scale: Mapping[str, float] | None = None,
-                 grad_data_type: Any = None, on_gradient: Sequence[GradientHook] = (), name: str | None = None) -> None:
+                 grad_data_type: Any = None, on_gradient: Sequence[GradientHook] = (), name: str | None = None,
+                 process_group: Any = None, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
         self.imported = imported
+        self.process_group = process_group
+        if process_group is not None:  # gradients averaged over the group, in buckets (training.distributed)
+            on_gradient = (*on_gradient, data_parallel_hook(process_group, bucket_cap_mb))
         self.step_graph: ModuleStepGraph = module_step_graph(
             imported, loss, optimizer, mixed_precision, grad_clip_norm, target_like=target_like,
             loss_scale=loss_scale, grad_data_type=grad_data_type, on_gradient=on_gradient, name=name)
+        if process_group is not None:
+            check_ranks_agree(self.graph, {h.name or str(h.uid): tuple(h.known_dim()) for h in imported.inputs},
+                              process_group)
         self.mixed_precision = mixed_precision
         self.grad_clip_norm = grad_clip_norm
         self.scaler = {**SCALER_DEFAULTS, **(loss_scale or {})} if self.low is DataType.HALF else None
@@ -346,7 +354,9 @@ def train_step(imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer 
     grad_clip_norm: the max global gradient norm (torch.nn.utils.clip_grad_norm_), or None.
     options: target_like (the target's example or (dims, dtype), for a loss function), loss_scale
         ({init_scale, growth_factor, backoff_factor, growth_interval} for fp16), grad_data_type,
-        on_gradient (gradient-ready hooks, opgraph.training.step_graph), name.
+        on_gradient (gradient-ready hooks, opgraph.training.step_graph), name, process_group (a
+        torch.distributed group: data-parallel, gradients averaged over it in buckets of bucket_cap_mb
+        MiB, default 25; opgraph.training.distributed).
     """
     return TrainStep(imported, loss, optimizer, mixed_precision, grad_clip_norm, **options)
 
