@@ -34,6 +34,8 @@ tensors and the optimizer state to it, builds the plan and runs it.
   returns the loss (a 0-d tensor, a copy). `pack(...)` gives the same variant pack to drive the plan
   yourself; `capture(...)` records the step (and the write-back) in a CUDA graph: `replay(*inputs,
   target)`. The optimizer state lives in the step (`param_state(key)`, `step_count`, `loss_scale`).
+- process_group=group (torch.distributed): data-parallel, each rank on its shard, gradients averaged over
+  the group in buckets inside the step graph (opgraph.training.distributed); None: one process.
 """
 
 from __future__ import annotations
