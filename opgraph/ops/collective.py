@@ -34,6 +34,7 @@ from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, r
 from ..core.tensor import Tensor, packed_strides
 
 WORLD = "world"
+COLLECTIVE_KINDS = frozenset({"all_reduce", "all_reduce_wait"})
 _GROUPS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 

@@ -112,3 +112,16 @@ def test_the_graph_round_trips_through_json():
     assert back.to_json() == g.to_json()
     node = next(n for n in back.final.nodes if n.kind == "all_reduce")
     assert node.op.group == "group3" and node.op.average and node.op.num_inputs == 2
+
+
+def test_autotune_does_not_time_a_collective(monkeypatch, tmp_path):
+    """A rank that timed its collective alone (another rank's tuning cache hit) would hang the group."""
+    import opgraph.build.planner as planner
+
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path))
+    timed = []
+    real = planner.tune
+    monkeypatch.setattr(planner, "tune", lambda piece, *a, **k: timed.append(piece) or real(piece, *a, **k))
+    plan = bucket_graph().build(device="cpu", engines=["torch"], autotune=True)
+    assert len(plan.steps) == 3 and len(timed) == 1  # the mul/neg piece only
+    assert all(n.kind == "pointwise" for n in timed[0].nodes)

@@ -22,11 +22,11 @@ from typing import Any
 from ...core.config import EngineConfig
 from ...core.piece import Piece
 from ...core.types import Buffer, Stream
-from ...ops.collective import AllReduce, AllReduceWait, reduce_in_place
+from ...ops.collective import COLLECTIVE_KINDS, AllReduce, AllReduceWait, reduce_in_place
 from ..base import Kernel
 from .common import Call, as_torch, implements
 
-KINDS = frozenset({"all_reduce", "all_reduce_wait"})
+KINDS = COLLECTIVE_KINDS
 
 _streams: dict[int, Any] = {}  # device index -> its communication stream
 _pending: dict[int, Any] = {}  # a reduced bucket's address -> the event its reduction recorded
