@@ -20,6 +20,11 @@ losses is the global batch's, for equal shards and a mean loss); batch normaliza
 each rank's batch statistics and keeps its own running statistics (no SyncBatchNorm). Start every rank
 from the same parameters (seed the model, or broadcast it), as DDP does at construction.
 
+ZeRO-1 (`zero=True`): each parameter is updated, and its optimizer state kept, by one rank only
+(`shard_owners`: whole parameters, the largest first to the least loaded rank); the others' updates are
+left out of this rank's graph (`GradientBuckets.updated_elsewhere`), and after the step every rank
+broadcasts its parameters (`broadcast_params`, which TrainStep runs after the plan, captured with it).
+
 At construction the ranks compare a fingerprint of their step graphs (an all_gather of a hash and the
 inputs' dims): a rank whose graph or shapes differ is a `DistributedError` naming it, on every rank,
 rather than a collective that hangs or reduces mismatched buckets.
@@ -36,7 +41,7 @@ from ..core.errors import AttributeValueError, DistributedError
 from ..core.tensor import Tensor
 from ..graph.builder import Graph
 from ..ops.collective import register_group
-from .step_graph import ParamSlot
+from .step_graph import ParamSlot, handles_by_uid
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 
@@ -49,6 +54,17 @@ class GradientBuckets:
 
     group: str
     cap_bytes: int
+    zero: bool = False  # ZeRO-1: this process updates (and keeps state for) only the parameters it owns
+    rank: int = 0  # its rank in the group
+    size: int = 1  # the group's size
+
+    def updated_elsewhere(self, g: Graph, slots: Sequence[ParamSlot]) -> list[str]:
+        """With ZeRO-1, the parameters another rank owns (`shard_owners`)."""
+        if not self.zero:
+            return []
+        handles = handles_by_uid(g)
+        owners = shard_owners([(s.key, _numel(handles[s.uid].known_dim())) for s in slots], self.size)
+        return [k for k, r in owners.items() if r != self.rank]
 
     def __call__(self, g: Graph, slot: ParamSlot, grad: Tensor) -> Tensor:
         """One gradient alone (a bucket of its own)."""
@@ -84,8 +100,47 @@ class GradientBuckets:
         return out
 
 
-def data_parallel_hook(process_group: Any, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> GradientBuckets:
-    """The gradient hook of a data-parallel step over `process_group` (a torch.distributed group)."""
+def shard_owners(sizes: Sequence[tuple[str, int]], world: int) -> dict[str, int]:
+    """ZeRO-1's partition: parameter key -> the rank that updates it and keeps its optimizer state; the
+    largest first, each to the least loaded rank (by elements; ties to the lowest rank), as
+    torch.distributed.optim.ZeroRedundancyOptimizer balances them."""
+    if len(sizes) < world:
+        raise AttributeValueError(f"ZeRO-1 gives each of the {world} ranks whole parameters, and the step has "
+                                  f"{len(sizes)}", rule="training.zero_params",
+                                  hint="use zero=False with more ranks than parameters")
+    load = [0] * world
+    owners: dict[str, int] = {}
+    for key, n in sorted(sizes, key=lambda kv: -kv[1]):  # (stable: equal sizes in parameter order)
+        r = min(range(world), key=lambda i: (load[i], i))
+        owners[key] = r
+        load[r] += n
+    return owners
+
+
+def broadcast_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int], process_group: Any) -> None:
+    """Each parameter (key, torch tensor) from the rank that owns it to every rank: one broadcast per
+    owner of its parameters joined (after a ZeRO-1 step's updates; capturable in a CUDA graph)."""
+    import torch
+    import torch.distributed as dist
+
+    group = None if process_group is dist.group.WORLD else process_group
+    for r in sorted(set(owners.values())):
+        mine = [p for k, p in params if owners.get(k) == r]
+        if not mine:
+            continue
+        flat = torch.cat([p.detach().reshape(-1) for p in mine])
+        src = r if group is None else dist.get_global_rank(group, r)
+        dist.broadcast(flat, src=src, group=group)
+        at = 0
+        for p in mine:
+            p.detach().copy_(flat[at:at + p.numel()].view_as(p))
+            at += p.numel()
+
+
+def data_parallel_hook(process_group: Any, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+                       zero: bool = False) -> GradientBuckets:
+    """The gradient hook of a data-parallel step over `process_group` (a torch.distributed group);
+    `zero`: ZeRO-1 (see the module docstring)."""
     if not bucket_cap_mb > 0:
         raise AttributeValueError(f"bucket_cap_mb={bucket_cap_mb!r} must be > 0", rule="training.bucket_cap",
                                   hint="pass a bucket size in MiB (DDP's default is 25)")
@@ -96,15 +151,18 @@ def data_parallel_hook(process_group: Any, bucket_cap_mb: float = DEFAULT_BUCKET
                                rule="training.process_group",
                                hint="call torch.distributed.init_process_group(...) first (torchrun sets the "
                                     "environment), or pass process_group=None for one process")
-    return GradientBuckets(register_group(process_group), max(1, int(bucket_cap_mb * 2**20)))
+    group = None if process_group is dist.group.WORLD else process_group
+    return GradientBuckets(register_group(process_group), max(1, int(bucket_cap_mb * 2**20)), bool(zero),
+                           dist.get_rank(group), dist.get_world_size(group))
 
 
-def check_ranks_agree(graph: Graph, inputs: Mapping[str, tuple[int, ...]], process_group: Any) -> None:
-    """Every rank of `process_group` built the same step graph with the same input dims; else a
-    DistributedError naming the ranks that differ from rank 0 (raised on every rank)."""
+def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int, ...]], process_group: Any) -> None:
+    """Every rank of `process_group` built the same step (`what`: its step graph's JSON, or with ZeRO-1,
+    whose step graphs differ by rank, the imported forward's and the step's options) with the same input
+    dims; else a DistributedError naming the ranks that differ from rank 0 (raised on every rank)."""
     import torch.distributed as dist
 
-    digest = hashlib.sha256(graph.to_json(indent=None).encode()).hexdigest()
+    digest = hashlib.sha256(what.encode()).hexdigest()
     mine = (digest, dict(inputs))
     group = None if process_group is dist.group.WORLD else process_group
     size = dist.get_world_size(group)

@@ -20,7 +20,8 @@ hand-built graph's caller binds its own buffers (examples 09 and 11).
   update reads instead (the seam for a process group's all-reduce). A hook with a `gradients(g, slots,
   grads)` method sees them all at once (UID -> gradient, returns the same): buckets of gradients
   (opgraph.training.distributed). A hook's op that reads a gradient is placed right after the op making
-  it (an all-reduce starts as soon as its bucket exists); its other ops after the backward.
+  it (an all-reduce starts as soon as its bucket exists); its other ops after the backward. A hook's
+  `updated_elsewhere(g, slots)` names parameters this graph does not update (another process does: ZeRO-1).
 - Without clipping or loss scaling, each parameter's update ops are placed right after the op that makes
   its gradient, so the partitioner can fuse the update into that kernel's epilogue, in place. Clipping
   (the global norm, torch.nn.utils.clip_grad_norm_) and fp16 loss scaling (GradScaler's dynamic scale on
@@ -222,6 +223,7 @@ class _Builder:
             grads = (dict(together(g, slots, grads)) if together is not None
                      else {s.uid: hook(g, s, grads[s.uid]) for s in slots})
         order.update(_early(g, g._records[first:], [res.grads[s.uid] for s in slots]))
+        elsewhere = {k for hook in hooks for k in getattr(hook, "updated_elsewhere", lambda g, slots: ())(g, slots)}
         skip: Tensor | None = None
         if scale is not None:
             grads, skip = self._unscale(g, grads, scale, pdesc)
@@ -237,6 +239,10 @@ class _Builder:
         order.update({id(r): (-1, i) for i, r in enumerate(g._records[first:])})
         out_slots = []
         for slot in slots:
+            if slot.key in elsewhere:  # another process updates it (ZeRO-1): its gradient kept, no update nor state
+                grads[slot.uid].set_output(True)
+                out_slots.append(replace(slot, grad_uid=res.grads[slot.uid].uid))
+                continue
             w = handles[slot.uid]
             d = pdesc[slot.uid]
             state = {}

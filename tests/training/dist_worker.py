@@ -32,15 +32,17 @@ def cnn(dtype):
                          nn.Linear(4, 5)).to(dtype).train()
 
 
-# name -> (model, optimizer, grad_clip_norm, bucket_cap_mb, dtype name, engines)
+# name -> (model, optimizer, grad_clip_norm, bucket_cap_mb, dtype name, engines, zero)
 SCENARIOS = {
-    "mlp_sgd": ("mlp", "sgd", None, 25.0, "float64", None),
-    "mlp_sgd_clip": ("mlp", "sgd", 0.5, 25.0, "float64", None),
-    "mlp_adamw_buckets": ("mlp", "adamw", None, 100 / 2**20, "float64", None),  # ~100 bytes: a bucket per tensor or two
-    "mlp_adamw_clip_buckets": ("mlp", "adamw", 0.5, 300 / 2**20, "float64", None),
-    "mlp_adamw_f32_torch": ("mlp", "adamw", 0.5, 200 / 2**20, "float32", ["torch"]),
-    "cnn_sgd_bn": ("cnn", "sgd", None, 400 / 2**20, "float64", None),
-    "cnn_adamw_bn_clip": ("cnn", "adamw", 0.5, 400 / 2**20, "float64", None),
+    "mlp_sgd": ("mlp", "sgd", None, 25.0, "float64", None, False),
+    "mlp_sgd_clip": ("mlp", "sgd", 0.5, 25.0, "float64", None, False),
+    "mlp_adamw_buckets": ("mlp", "adamw", None, 100 / 2**20, "float64", None, False),  # ~100 bytes: a tensor or two each
+    "mlp_adamw_clip_buckets": ("mlp", "adamw", 0.5, 300 / 2**20, "float64", None, False),
+    "mlp_adamw_f32_torch": ("mlp", "adamw", 0.5, 200 / 2**20, "float32", ["torch"], False),
+    "mlp_sgd_zero": ("mlp", "sgd", None, 300 / 2**20, "float64", None, True),
+    "mlp_adamw_clip_zero": ("mlp", "adamw", 0.5, 300 / 2**20, "float64", None, True),
+    "cnn_sgd_bn": ("cnn", "sgd", None, 400 / 2**20, "float64", None, False),
+    "cnn_adamw_bn_clip": ("cnn", "adamw", 0.5, 400 / 2**20, "float64", None, False),
 }
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -99,7 +101,7 @@ def run(name, rank, world):
     import opgraph as og
     from opgraph.training import train_step
 
-    kind, opt_name, clip, cap, dtype_name, engines = SCENARIOS[name]
+    kind, opt_name, clip, cap, dtype_name, engines, zero = SCENARIOS[name]
     dtype = getattr(torch, dtype_name)
     model = (mlp if kind == "mlp" else cnn)(dtype)
     start = copy.deepcopy(model)
@@ -108,7 +110,7 @@ def run(name, rank, world):
     shards = [(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]) for x, y in data]
     opt = optimizer(opt_name)
     step = train_step(og.from_torch(model, (shards[0][0],)), "cross_entropy", opt, grad_clip_norm=clip,
-                      process_group=dist.group.WORLD, bucket_cap_mb=cap)
+                      process_group=dist.group.WORLD, bucket_cap_mb=cap, zero=zero)
     if engines is not None:
         step.build("cpu", engines=engines)
     out = {"buckets": sum(1 for n in step.graph.final.nodes if n.kind == "all_reduce"), "losses": [], "params": [],
@@ -117,6 +119,8 @@ def run(name, rank, world):
         out["losses"].append(float(step.run(x, y)))
         out["params"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
         out["norms"].append(None if clip is None else float(step.grad_norm))
+    out["state"] = {s.key: sorted(step.param_state(s.key)) for s in step.params}
+    out["updates"] = sum(1 for n in step.graph.final.nodes if ".update." in n.name)
     if kind == "cnn":  # DDP semantics: per-rank batch statistics; torch DDP (no buffer broadcast) as the reference
         twin = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(start), broadcast_buffers=False,
                                                          bucket_cap_mb=cap)

@@ -24,7 +24,8 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-MLP = ["mlp_sgd", "mlp_sgd_clip", "mlp_adamw_buckets", "mlp_adamw_clip_buckets", "mlp_adamw_f32_torch"]
+MLP = ["mlp_sgd", "mlp_sgd_clip", "mlp_adamw_buckets", "mlp_adamw_clip_buckets", "mlp_adamw_f32_torch",
+       "mlp_sgd_zero", "mlp_adamw_clip_zero"]
 CNN = ["cnn_sgd_bn", "cnn_adamw_bn_clip"]
 TOL = {"float64": 1e-10, "float32": 2e-5}
 
@@ -57,7 +58,7 @@ def launch(tmp_path: Path, names: list[str], world: int = 2, timeout: float = 24
 
 @pytest.fixture(scope="module")
 def mlp_runs(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("mlp"), MLP)
+    return launch(tmp_path_factory.mktemp("mlp"), [*MLP, "mismatch"])
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,18 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(mlp_runs, name):
         assert r0["norms"] == r1["norms"] and all(n > SCENARIOS[name][2] for n in r0["norms"])
         for got, want in zip(r0["norms"], r0["global_norms"]):
             assert abs(got - want) <= tol * want, (got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp_sgd_zero", "mlp_adamw_clip_zero"])
+def test_zero1_shards_the_optimizer_state(mlp_runs, name):
+    """Each parameter's state on one rank only, every parameter's on some rank, each rank's update ops
+    for its own parameters only (the parameters themselves equal the global batch's: the test above)."""
+    states = [mlp_runs[r][name]["state"] for r in (0, 1)]
+    owned = [{k for k, names in st.items() if names} for st in states]
+    assert owned[0] and owned[1] and not owned[0] & owned[1] and owned[0] | owned[1] == set(states[0])
+    full = mlp_runs[0][name.replace("_zero", "" if "sgd" in name else "_buckets")]
+    assert mlp_runs[0][name]["updates"] + mlp_runs[1][name]["updates"] == full["updates"]
 
 
 @pytest.mark.slow
@@ -131,10 +144,9 @@ def test_batchnorm_cnn_trains_like_ddp(cnn_runs, name):
 
 
 @pytest.mark.slow
-def test_ranks_whose_graphs_differ_get_a_typed_error_naming_the_rank(tmp_path):
-    results = launch(tmp_path, ["mismatch"])
+def test_ranks_whose_graphs_differ_get_a_typed_error_naming_the_rank(mlp_runs):
     for r in (0, 1):
-        res = results[r]["mismatch"]
+        res = mlp_runs[r]["mismatch"]
         assert res["error"] == "DistributedError" and res["rule"] == "training.ranks_differ", res
         assert "rank 1" in res["message"] and "[3, 6]" in res["message"] and "[4, 6]" in res["message"]
 
@@ -149,6 +161,9 @@ def test_bucket_cap_and_an_uninitialized_group_are_refused():
     imported = og.from_torch(model, (torch.randn(4, 6, dtype=torch.float64),))
     with pytest.raises(og.AttributeValueError, match="bucket_cap_mb"):
         train_step(imported, "cross_entropy", SGD(0.1), process_group=object(), bucket_cap_mb=0)
+    with pytest.raises(og.AttributeValueError, match="process_group") as info:
+        train_step(imported, "cross_entropy", SGD(0.1), zero=True)
+    assert info.value.rule == "training.zero"
     if not dist.is_initialized():
         with pytest.raises(og.DistributedError, match="not initialized"):
             train_step(imported, "cross_entropy", SGD(0.1), process_group=object())
@@ -162,19 +177,24 @@ sys.path.insert(0, sys.argv[2])
 from tests.training.dist_worker import cnn
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-model, twin = cnn(torch.float32).cuda(), cnn(torch.float32).cuda()
+model, sharded, twin = cnn(torch.float32).cuda(), cnn(torch.float32).cuda(), cnn(torch.float32).cuda()
 x, y = torch.randn(8, 3, 6, 6, device="cuda"), torch.randint(0, 5, (8,), device="cuda")
-a = train_step(og.from_torch(model, (x,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=0.5,
-               process_group=dist.group.WORLD, bucket_cap_mb=400 / 2**20)
+a, z = (train_step(og.from_torch(m, (x,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=0.5,
+                   process_group=dist.group.WORLD, bucket_cap_mb=400 / 2**20, zero=zero)
+        for m, zero in ((model, False), (sharded, True)))
 b = train_step(og.from_torch(twin, (x,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=0.5)
 assert sum(n.kind == "all_reduce" for n in a.graph.final.nodes) >= 2
-captured = a.capture(x, y)
+print(a.build("cuda").describe())
+captured = [a.capture(x, y), z.capture(x, y)]  # (ZeRO-1: the broadcast of parameters captured too)
 for i in range(3):
-    got, want = float(captured.replay(x, y)), float(b.run(x, y))
-    assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+    want = float(b.run(x, y))
+    for c in captured:
+        got = float(c.replay(x, y))
+        assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
 torch.cuda.synchronize()
-for p, q in zip(model.parameters(), twin.parameters()):
+for p, q, r in zip(model.parameters(), twin.parameters(), sharded.parameters()):
     torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(r, q, rtol=1e-4, atol=1e-5)
 dist.destroy_process_group()
 print("ok")
 """
@@ -184,7 +204,7 @@ print("ok")
 @requires_cuda
 def test_one_gpu_data_parallel_step_is_captured_with_nccl(tmp_path):
     """World size 1 over NCCL: the distributed path (collectives on the communication stream) runs and
-    is captured in a CUDA graph; it trains like the step without a process group."""
+    is captured in a CUDA graph, with ZeRO-1 too; both train like the step without a process group."""
     if not dist.is_nccl_available():
         pytest.skip("this PyTorch has no NCCL")
     script = tmp_path / "worker.py"
