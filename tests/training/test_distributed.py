@@ -4,8 +4,9 @@ mean), the clipped global gradient norm, the averaged gradients (the first SGD s
 parameters after every one of 3 steps, for SGD with momentum and AdamW, with and without clipping,
 over one and several buckets, float64 on the reference engine and float32 on the torch engine; a
 batchnorm CNN against torch DDP (per-rank batch statistics, DDP's semantics); ranks whose graphs
-differ get a DistributedError naming the rank. Marked gpu: the one-GPU path (NCCL, world size 1)
-captured in a CUDA graph."""
+differ get a DistributedError naming the rank; ZeRO-1's sharded optimizer state. Marked gpu
+(tests/training/dist_gpu_worker.py): the one-GPU path (NCCL, world size 1) and two GPUs, captured in CUDA
+graphs, against torch DDP."""
 
 from __future__ import annotations
 
@@ -169,47 +170,36 @@ def test_bucket_cap_and_an_uninitialized_group_are_refused():
             train_step(imported, "cross_entropy", SGD(0.1), process_group=object())
 
 
-GPU_WORKER = """
-import os, sys, torch, torch.distributed as dist
-import opgraph as og
-from opgraph.training import AdamW, train_step
-sys.path.insert(0, sys.argv[2])
-from tests.training.dist_worker import cnn
-torch.cuda.set_device(0)
-dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-model, sharded, twin = cnn(torch.float32).cuda(), cnn(torch.float32).cuda(), cnn(torch.float32).cuda()
-x, y = torch.randn(8, 3, 6, 6, device="cuda"), torch.randint(0, 5, (8,), device="cuda")
-a, z = (train_step(og.from_torch(m, (x,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=0.5,
-                   process_group=dist.group.WORLD, bucket_cap_mb=400 / 2**20, zero=zero)
-        for m, zero in ((model, False), (sharded, True)))
-b = train_step(og.from_torch(twin, (x,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=0.5)
-assert sum(n.kind == "all_reduce" for n in a.graph.final.nodes) >= 2
-print(a.build("cuda").describe())
-captured = [a.capture(x, y), z.capture(x, y)]  # (ZeRO-1: the broadcast of parameters captured too)
-for i in range(3):
-    want = float(b.run(x, y))
-    for c in captured:
-        got = float(c.replay(x, y))
-        assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
-torch.cuda.synchronize()
-for p, q, r in zip(model.parameters(), twin.parameters(), sharded.parameters()):
-    torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(r, q, rtol=1e-4, atol=1e-5)
-dist.destroy_process_group()
-print("ok")
-"""
+def launch_gpus(tmp_path: Path, world: int) -> None:
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.training.dist_gpu_worker", str(r), str(world),
+                               str(tmp_path / "store")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    try:
+        logs = [p.communicate(timeout=540)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("the GPU ranks did not finish in time (a collective hung?)")
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0 and log.rstrip().endswith("ok"), f"rank {r}:\n{log[-6000:]}"
 
 
 @pytest.mark.gpu
 @requires_cuda
 def test_one_gpu_data_parallel_step_is_captured_with_nccl(tmp_path):
     """World size 1 over NCCL: the distributed path (collectives on the communication stream) runs and
-    is captured in a CUDA graph, with ZeRO-1 too; both train like the step without a process group."""
+    is captured in a CUDA graph, with ZeRO-1 too; both train like torch DDP."""
     if not dist.is_nccl_available():
         pytest.skip("this PyTorch has no NCCL")
-    script = tmp_path / "worker.py"
-    script.write_text(GPU_WORKER)
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), str(ROOT)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-3000:] + done.stderr[-5000:]
+    launch_gpus(tmp_path, 1)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_two_gpus_train_like_ddp_over_nccl(tmp_path):
+    """Two ranks, a GPU each, NCCL: captured data-parallel steps (and ZeRO-1) train like torch DDP."""
+    if not dist.is_nccl_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs and NCCL")
+    launch_gpus(tmp_path, 2)
