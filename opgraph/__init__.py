@@ -20,6 +20,7 @@ from .core.errors import (
     BuildOptionError,
     DataflowError,
     DataTypeError,
+    DistributedError,
     DuplicateUIDError,
     ExecutionError,
     GraphError,
@@ -78,7 +79,7 @@ _configure_logging()
 
 __all__ = [
     "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DiagonalAlignment", "Dim", "DuplicateUIDError", "EngineConfig", "ExecutionError",
+    "DataflowError", "Device", "DiagonalAlignment", "Dim", "DistributedError", "DuplicateUIDError", "EngineConfig", "ExecutionError",
     "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
     "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StateDictError", "StepTime",

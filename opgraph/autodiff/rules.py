@@ -145,7 +145,8 @@ NOT_DIFFERENTIABLE: dict[str, str] = {
         "batchnorm_backward", "instancenorm_backward", "layernorm_backward", "rmsnorm_backward", "sdpa_backward",
         "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward",
         "adalayernorm_backward", "causal_conv1d_backward")
-}
+} | {kind: "a collective of a training step's gradients, made after the backward (opgraph.training.distributed)"
+     for kind in ("all_reduce", "all_reduce_wait")}
 NOT_DIFFERENTIABLE_MODES: frozenset[PointwiseMode] = frozenset(m for m in PointwiseMode if m.name.endswith("_BWD"))
 
 

@@ -18,6 +18,7 @@ from ..core.ir import FinalGraph
 from ..core.piece import Piece
 from ..engines import get_engine
 from ..engines.base import Engine, Kernel
+from ..ops.collective import COLLECTIVE_KINDS
 from .autotune import TuningCache, precompile, tune
 from .compile import compile_steps
 from .filters import ConfigFilter
@@ -166,7 +167,8 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
             log.info("  %s: %s declined: %s", piece.label(), name, why)
         for config, why in dropped:
             log.info("  %s: %s filtered out: %s", piece.label(), config, why)
-        if cache is not None:  # autotune
+        if cache is not None and not any(n.kind in COLLECTIVE_KINDS for n in piece.nodes):
+            # autotune (a collective is not timed: its ranks' builds would have to time it together)
             config, kernel, others, _ = tune(piece, tuning[id(piece)], dev, names, cache, filters)
             steps.append(Step(len(steps), piece, config, kernel, others))
             continue

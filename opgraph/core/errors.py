@@ -12,6 +12,7 @@
       UnsupportedGraphError         no allowed engine runs a piece (names each engine's reason)
       VariantPackError              a variant pack that does not fit the plan
       ExecutionError                a failure while running a plan
+      DistributedError              ranks of a process group that disagree (graphs, shapes), naming the rank
       InternalError                 a broken invariant of opgraph itself (a bug to report)
       RegistrationError             a name registered twice (an op kind, builder, engine, rule, custom op...)
 """
@@ -128,6 +129,10 @@ class VariantPackError(GraphError):
 
 class ExecutionError(GraphError):
     pass
+
+
+class DistributedError(GraphError):
+    """The ranks of a process group disagree (their step graphs or shapes differ): names the rank(s)."""
 
 
 class RegistrationError(GraphError):

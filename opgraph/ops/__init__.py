@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     attention,
     attention_builders,
     causal_conv1d,
+    collective,
     conv,
     custom,
     gather,

@@ -10,7 +10,8 @@ and `step_graph` (the step's graph, built by pure functions: `step_graph(g, loss
 for a graph you built yourself); `optimizers` (SGD, AdamW: every hyper-parameter a device scalar);
 `losses` (cross-entropy, one-hot cross-entropy, mse, your own; stop_gradient); `forward` (the imported
 graph prepared for training: tied and sliced parameters, training-form norms, autocast casts);
-`classifier` (the deprecated `sgd_momentum` and `classifier_step`, wrappers of the above).
+`distributed` (data-parallel steps: `train_step(..., process_group=group)`, gradients averaged over a
+torch.distributed group in buckets); `classifier` (the deprecated `sgd_momentum` and `classifier_step`, wrappers of the above).
 """
 
 from .classifier import ClassifierStep, TrainingStep, classifier_step, sgd_momentum

@@ -36,6 +36,8 @@ tensors and the optimizer state to it, builds the plan and runs it.
   yourself; `capture(...)` records the step (and the write-back) in a CUDA graph: `replay(*inputs,
   target)`. The optimizer state lives in the step (`param_state(key)`, `step_count`, `loss_scale`);
   `state_dict()` / `load_state_dict(sd)` checkpoint it in torch.optim's layout (opgraph.training.checkpoint).
+- process_group=group (torch.distributed): data-parallel, each rank on its shard, gradients averaged over
+  the group in buckets inside the step graph (opgraph.training.distributed); None: one process.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.dtypes import DataType
-from ..core.errors import GraphError, VariantPackError, expect
+from ..core.errors import AttributeValueError, GraphError, VariantPackError, expect
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
 from . import checkpoint
+from .distributed import DEFAULT_BUCKET_CAP_MB, broadcast_params, check_ranks_agree, data_parallel_hook, shard_owners
 from .losses import Loss
 from .module_graph import MIXED, ModuleStepGraph, module_step_graph
 from .optimizers import Optimizer
@@ -63,11 +66,30 @@ class TrainStep:
     def __init__(self, imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer | None = None,
                  mixed_precision: str | None = None, grad_clip_norm: float | None = None, *,
                  target_like: Any = None, loss_scale: Mapping[str, float] | None = None,
-                 grad_data_type: Any = None, on_gradient: Sequence[GradientHook] = (), name: str | None = None) -> None:
+                 grad_data_type: Any = None, on_gradient: Sequence[GradientHook] = (), name: str | None = None,
+                 process_group: Any = None, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, zero: bool = False) -> None:
         self.imported = imported
+        self.process_group = process_group
+        self._owners: dict[str, int] | None = None  # ZeRO-1: parameter key -> the rank that updates it
+        if zero and process_group is None:
+            raise AttributeValueError("zero=True (ZeRO-1) shards the optimizer state over a process group",
+                                      rule="training.zero", hint="pass process_group=... as well, or zero=False")
+        if process_group is not None:  # gradients averaged over the group, in buckets (training.distributed)
+            hook = data_parallel_hook(process_group, bucket_cap_mb, zero)
+            on_gradient = (*on_gradient, hook)
         self.step_graph: ModuleStepGraph = module_step_graph(
             imported, loss, optimizer, mixed_precision, grad_clip_norm, target_like=target_like,
             loss_scale=loss_scale, grad_data_type=grad_data_type, on_gradient=on_gradient, name=name)
+        if process_group is not None:
+            if zero:
+                final = self.graph.final
+                self._owners = shard_owners([(s.key, final.tensors[s.uid].numel) for s in self.params], hook.size)
+                what = "\n".join([imported.graph.to_json(indent=None), repr(self.optimizer), str(mixed_precision),
+                                  str(grad_clip_norm), str(bucket_cap_mb), type(self.loss_fn).__name__])
+            else:
+                what = self.graph.to_json(indent=None)
+            check_ranks_agree(what, {h.name or str(h.uid): tuple(h.known_dim()) for h in imported.inputs},
+                              process_group)
         self.mixed_precision = mixed_precision
         self.grad_clip_norm = grad_clip_norm
         self.scaler = {**SCALER_DEFAULTS, **(loss_scale or {})} if self.low is DataType.HALF else None
@@ -254,7 +276,7 @@ class TrainStep:
         if self.plan is None or self.plan.device.is_cuda != (self._device.type == "cuda"):
             self.build("cuda" if self._device.type == "cuda" else "cpu")
         self.plan.execute(pack)
-        self.imported.write_back(pack)
+        self._after_execute(pack)
         return pack[self.loss_uid].reshape(()).clone()
 
     def capture(self, *inputs: Any, target: Any = None) -> CapturedStep:
@@ -273,21 +295,31 @@ class TrainStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self.plan.execute(pack)
-            self.imported.write_back(pack)
+            self._after_execute(pack)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self._restore(saved)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.plan.execute(pack)
-            self.imported.write_back(pack)
+            self._after_execute(pack)
         return CapturedStep(self, graph)
+
+    def _after_execute(self, pack: Mapping[int, Buffer]) -> None:
+        """Batchnorm running stats back into the module; with ZeRO-1, each parameter from its owner."""
+        self.imported.write_back(pack)
+        if self._owners is not None:
+            module = self.imported.module
+            broadcast_params([(s.key, module.get_parameter(s.key)) for s in self.params], self._owners,
+                             self.process_group)
 
     def _snapshot(self, pack: Mapping[int, Buffer]) -> list[tuple[Any, Any]]:
         # every output: parameters and optimizer state are updated in place (outputs read before
         # they are written, not graph inputs), and the rest are cheap
         keep = [pack[u] for u in self.graph.final.outputs]
         keep += [b for b in self.imported.module.buffers()]
+        if self._owners is not None:  # (parameters other ranks update are not outputs here)
+            keep += [self.imported.module.get_parameter(s.key).detach() for s in self.params]
         return [(t, t.detach().clone()) for t in keep]
 
     @staticmethod
@@ -372,7 +404,9 @@ def train_step(imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer 
     grad_clip_norm: the max global gradient norm (torch.nn.utils.clip_grad_norm_), or None.
     options: target_like (the target's example or (dims, dtype), for a loss function), loss_scale
         ({init_scale, growth_factor, backoff_factor, growth_interval} for fp16), grad_data_type,
-        on_gradient (gradient-ready hooks, opgraph.training.step_graph), name.
+        on_gradient (gradient-ready hooks, opgraph.training.step_graph), name, process_group (a
+        torch.distributed group: data-parallel, gradients averaged over it in buckets of bucket_cap_mb
+        MiB, default 25; zero=True: ZeRO-1, optimizer state sharded; opgraph.training.distributed).
     """
     return TrainStep(imported, loss, optimizer, mixed_precision, grad_clip_norm, **options)
 

@@ -17,7 +17,11 @@ hand-built graph's caller binds its own buffers (examples 09 and 11).
   with an `AnalyticSeed`, at a tensor whose gradient the caller forms directly (cross-entropy's from the
   logits: opgraph.training.losses).
 - `on_gradient` hooks see each parameter's gradient as soon as it is made and return the tensor the
-  update reads instead (the seam for a process group's all-reduce).
+  update reads instead (the seam for a process group's all-reduce). A hook with a `gradients(g, slots,
+  grads)` method sees them all at once (UID -> gradient, returns the same): buckets of gradients
+  (opgraph.training.distributed). A hook's op that reads a gradient is placed right after the op making
+  it (an all-reduce starts as soon as its bucket exists); its other ops after the backward. A hook's
+  `updated_elsewhere(g, slots)` names parameters this graph does not update (another process does: ZeRO-1).
 - Without clipping or loss scaling, each parameter's update ops are placed right after the op that makes
   its gradient, so the partitioner can fuse the update into that kernel's epilogue, in place. Clipping
   (the global norm, torch.nn.utils.clip_grad_norm_) and fp16 loss scaling (GradScaler's dynamic scale on
@@ -213,8 +217,13 @@ class _Builder:
         # scheduled lowest record first among the ready ones, so an op left behind them would wait
         order: dict[int, tuple] = {id(r): (n_forward, -1, i) for i, r in enumerate(g._records[first:])}
         grads = {s.uid: res.grads[s.uid].set_output(keep_grads) for s in slots}
+        first = len(g._records)
         for hook in hooks:
-            grads = {s.uid: hook(g, s, grads[s.uid]) for s in slots}
+            together = getattr(hook, "gradients", None)  # a hook of every gradient at once (buckets)
+            grads = (dict(together(g, slots, grads)) if together is not None
+                     else {s.uid: hook(g, s, grads[s.uid]) for s in slots})
+        order.update(_early(g, g._records[first:], [res.grads[s.uid] for s in slots]))
+        elsewhere = {k for hook in hooks for k in getattr(hook, "updated_elsewhere", lambda g, slots: ())(g, slots)}
         skip: Tensor | None = None
         if scale is not None:
             grads, skip = self._unscale(g, grads, scale, pdesc)
@@ -230,6 +239,10 @@ class _Builder:
         order.update({id(r): (-1, i) for i, r in enumerate(g._records[first:])})
         out_slots = []
         for slot in slots:
+            if slot.key in elsewhere:  # another process updates it (ZeRO-1): its gradient kept, no update nor state
+                grads[slot.uid].set_output(True)
+                out_slots.append(replace(slot, grad_uid=res.grads[slot.uid].uid))
+                continue
             w = handles[slot.uid]
             d = pdesc[slot.uid]
             state = {}
@@ -332,6 +345,20 @@ def _alias(seed: Tensor, value: Tensor) -> None:
     """Make `value` (an op output) the backward's incoming gradient `seed` (a forward reference)."""
     seed.set_is_virtual(True)
     value.set_uid(seed.known_uid()).set_data_type(seed.data_type).set_is_virtual(True).set_name(seed.name)
+
+
+def _early(g: Graph, records: Sequence[Any], gradients: Sequence[Tensor]) -> dict[int, tuple]:
+    """Order keys placing each hook op that reads a gradient right after the latest producer of the
+    gradients it reads (an all-reduce starts as soon as its bucket is made); other hook ops keep their
+    place after the backward (the wait for a reduction, as late as it can be)."""
+    producer = {id(o): i for i, r in enumerate(g._records) for o in r.outputs if o is not None}
+    made = {id(t): producer[id(t)] for t in gradients if id(t) in producer}
+    out: dict[int, tuple] = {}
+    for i, r in enumerate(records):
+        at = [made[id(v)] for v in r.inputs if id(v) in made]
+        if at:
+            out[id(r)] = (max(at), 2, i)
+    return out
 
 
 def _producer_index(g: Graph, t: Tensor) -> int:

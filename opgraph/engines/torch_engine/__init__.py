@@ -40,6 +40,7 @@ from . import (  # noqa: F401  (register mappings)
     adalayernorm,
     attention,
     causal_conv1d,
+    collective,
     conv,
     custom,
     gather,
@@ -190,13 +191,17 @@ class TorchEngine(Engine):
 
     def supports(self, piece: Piece, device: Device) -> Support:
         # Every op has a torch mapping or runs on the host through the reference engine.
-        return self.available(device)
+        alone = collective.check_alone(piece)
+        return Support.no(alone) if alone is not None else self.available(device)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         return [make_config(piece, device, mode)]
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
-        return TorchKernel(piece, config, device)
+        kernel = TorchKernel(piece, config, device)
+        if device.is_cuda and collective.lone_collective(piece):  # on a communication stream
+            return collective.CollectiveKernel(piece, config, _torch_device(device), kernel._stream)
+        return kernel
 
     def inplace_safe(self, config: EngineConfig) -> bool:
         return True  # outputs are copied out once every op of the piece ran

@@ -1,0 +1,222 @@
+"""Data-parallel training-step benchmark of issue 44: opgraph's data-parallel step
+(`train_step(..., process_group=...)`, captured in one CUDA graph with its NCCL calls) against PyTorch DDP,
+eager and under torch.compile, on 1..8 GPUs of one host, one process a GPU. Self-contained:
+
+    python -m bench.data_parallel resnet50 --gpus 1,2,4,8          # ResNet-50, 224², batch 64 a GPU, fp16, SGD
+    python -m bench.data_parallel gpt --gpus 1,8 --layers 12        # GPT-2 small, bf16, AdamW (bench.gpt's model)
+    python -m bench.data_parallel --dry-run                        # CPU, gloo, 2 ranks, a tiny MLP: wiring only
+
+Implementations, all from the same weights on the same shards (each rank its own batch of --batch):
+  opgraph          train_step(..., process_group=WORLD) captured (step.capture), replayed
+  opgraph-zero1    the same with zero=True (optimizer state sharded; a broadcast of parameters after)
+  ddp              DistributedDataParallel + autocast (+ GradScaler for fp16) + torch.optim (fused on CUDA)
+  ddp-compile      the same with torch.compile(ddp_model)
+Checked before timing: every implementation's first-step loss (rank 0's shard) within 2% of ddp's.
+Timed: per world size and implementation, the median over --iters steps (after --warmup) of the slowest
+rank's step time (CUDA events). Reported: ms per step, items/s over all GPUs, the scaling efficiency
+(throughput at N GPUs / (N x throughput at 1 GPU), targets >= 0.95 at 8), and opgraph's step time over
+ddp-compile's (target <= 0.9). NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_var] = _value
+
+MODES = ("opgraph", "opgraph-zero1", "ddp", "ddp-compile")
+
+
+def workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """The model (fp32, train mode), a batch maker, the optimizers and the precision of `name`."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "tiny":
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+        make = lambda g: (torch.randn(args.batch, 32, generator=g), torch.randint(0, 10, (args.batch,), generator=g))  # noqa: E731
+        return {"model": model.to(device).train(), "make": make, "items": args.batch, "unit": "samples/s",
+                "precision": None, "sgd": True}
+    if name == "resnet50":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.frontends.tv_models import build
+
+        model = build("resnet50").to(device).to(memory_format=torch.channels_last).train()
+
+        def make(g: Any) -> tuple[Any, Any]:
+            x = torch.randn(args.batch, 3, 224, 224, generator=g).to(memory_format=torch.channels_last)
+            return x, torch.randint(0, 1000, (args.batch,), generator=g)
+        return {"model": model, "make": make, "items": args.batch, "unit": "images/s", "precision": "fp16",
+                "sgd": True}
+    from .gpt import GPT, GPTConfig
+
+    c = GPTConfig(seq=args.seq, layers=args.layers)
+    model = GPT(c).to(device).train()
+
+    def make_tokens(g: Any) -> tuple[Any, Any]:
+        return (torch.randint(0, c.vocab, (args.batch, c.seq), generator=g),
+                torch.randint(0, c.vocab, (args.batch, c.seq), generator=g))
+    return {"model": model, "make": make_tokens, "items": args.batch * c.seq, "unit": "tokens/s",
+            "precision": "bf16", "sgd": False}
+
+
+def time_steps(fn: Any, warmup: int, iters: int, cuda: bool) -> list[float]:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap_mb: float) -> tuple[Any, float]:
+    """(one step, the first step's loss)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import opgraph as og
+    from opgraph.training import SGD, AdamW, train_step
+
+    model = copy.deepcopy(w["model"])
+    if mode.startswith("opgraph"):
+        opt = SGD(0.1, momentum=0.9) if w["sgd"] else AdamW(3e-4)
+        step = train_step(og.from_torch(model, (x,)), "cross_entropy", opt, mixed_precision=w["precision"],
+                          process_group=dist.group.WORLD, bucket_cap_mb=cap_mb, zero=mode.endswith("zero1"))
+        if not cuda:
+            first = float(step.run(x, y))
+            return (lambda: step.run(x, y)), first
+        captured = step.capture(x, y)  # (its warm-up step is undone)
+        first = float(captured.replay())
+        return captured.replay, first
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[x.device.index] if cuda else None,
+                                                    bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
+    net = torch.compile(ddp) if mode == "ddp-compile" else ddp
+    fused = {"fused": True} if cuda else {}
+    topt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **fused) if w["sgd"]
+            else torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, **fused))
+    low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(w["precision"])
+    scaler = torch.amp.GradScaler("cuda") if w["precision"] == "fp16" and cuda else None
+
+    def run() -> Any:
+        topt.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, dtype=low, enabled=low is not None):
+            out = net(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(topt)
+            scaler.update()
+        else:
+            loss.backward()
+            topt.step()
+        return loss
+    return run, float(run().detach())
+
+
+def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    cuda = not args.dry_run
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        w = workload(args.workload, args, device)
+        x, y = w["make"](torch.Generator().manual_seed(rank))
+        x, y = x.to(device), y.to(device)
+        rows: dict[str, Any] = {}
+        for mode in args.modes:
+            fn, first = implementation(mode, w, x, y, cuda, args.bucket_cap_mb)
+            ms = time_steps(fn, args.warmup, args.iters, cuda)
+            slowest = [0.0] * len(ms)
+            for i, t in enumerate(ms):  # per step, the slowest rank's time
+                v = torch.tensor([t], dtype=torch.float64, device=device)
+                dist.all_reduce(v, op=dist.ReduceOp.MAX)
+                slowest[i] = float(v)
+            rows[mode] = {"ms": statistics.median(slowest), "first_loss": first}
+        if rank == 0:
+            Path(out).write_text(json.dumps({"rows": rows, "items": w["items"], "unit": w["unit"]}))
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("workload", nargs="?", default="resnet50", choices=["resnet50", "gpt", "tiny"])
+    p.add_argument("--gpus", default="1,2", help="world sizes, comma-separated (one GPU a rank)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--batch", type=int, default=None, help="per GPU (default 64 images, 8 sequences)")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--dry-run", action="store_true", help="CPU, gloo, 2 ranks, the tiny model")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.workload, args.gpus, args.iters, args.warmup = "tiny", "1,2", 3, 1
+        args.modes = "opgraph,opgraph-zero1,ddp"  # (torch.compile on the CPU compiles C++ for minutes)
+    args.batch = args.batch or {"resnet50": 64, "gpt": 8, "tiny": 16}[args.workload]
+    args.modes = [m for m in args.modes.split(",") if m]
+    import torch.multiprocessing as mp
+
+    results: dict[int, Any] = {}
+    for world in (int(n) for n in args.gpus.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rank0.json")
+            mp.spawn(rank_main, args=(world, args, os.path.join(tmp, "store"), out), nprocs=world, join=True)
+            results[world] = json.loads(Path(out).read_text())
+    failed = 0
+    print(f"{args.workload}, batch {args.batch} a GPU: ms per step (slowest rank, median), throughput, scaling")
+    for world, res in results.items():
+        rows, base = res["rows"], results.get(min(results), res)["rows"]
+        ref = rows.get("ddp", {}).get("first_loss")
+        for mode, r in rows.items():
+            ok = ref is None or abs(r["first_loss"] - ref) <= 0.02 * abs(ref)
+            failed += not ok
+            rate = res["items"] * world / (r["ms"] / 1e3)
+            one = base.get(mode)  # the same per-GPU batch: efficiency = time at the fewest GPUs / time here
+            scale = "" if one is None or world == min(results) else \
+                f"  scaling {one['ms'] / r['ms']:.3f} of {min(results)} GPU(s)"
+            vs = "" if "ddp-compile" not in rows or not mode.startswith("opgraph") else \
+                f"  / ddp-compile {r['ms'] / rows['ddp-compile']['ms']:.2f}"
+            print(f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}"
+                  f"{'' if ok else '  FAILED CHECK: first loss ' + format(r['first_loss'], '.4g') + ' vs ddp ' + format(ref, '.4g')}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
