@@ -15,9 +15,11 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || true)
 export OPGRAPH_COMMIT=${OPGRAPH_COMMIT:-${commit:-unknown}}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
-# the cuDNN frontend peer, when its wheel was carried in .whl/
-if ls .whl/nvidia_cudnn_frontend*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl \
+# wheels carried in .whl/ (the image has no network): the cuDNN frontend peer, the package's own
+# dependencies the image lacks (jsonschema and its own); torchvision is handled below
+wheels=$(ls .whl/*.whl 2>/dev/null | grep -v torchvision || true)
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
   lib=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), 'lib'))" 2>/dev/null)
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"

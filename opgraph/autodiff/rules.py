@@ -136,7 +136,8 @@ def register_custom_grad(op_name: str, fn: RuleFn, *, inputs: Roles | None = Non
 NOT_DIFFERENTIABLE: dict[str, str] = {
     kind: "a backward op: no second derivatives" for kind in (
         "batchnorm_backward", "instancenorm_backward", "layernorm_backward", "rmsnorm_backward", "sdpa_backward",
-        "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward")
+        "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward",
+        "adalayernorm_backward", "causal_conv1d_backward")
 }
 NOT_DIFFERENTIABLE_MODES: frozenset[PointwiseMode] = frozenset(m for m in PointwiseMode if m.name.endswith("_BWD"))
 

@@ -46,9 +46,10 @@ def preview(text: str, n: int = 40) -> str:
     return repr(head + "...") if len(text) > n else repr(head)
 
 
-def check_strings(doc: Any, where: str) -> None:
+def check_strings(doc: Any, where: str, payloads: frozenset[str] = frozenset()) -> None:
     """Refuse a parsed JSON document holding a string (a key or a value) longer than OPGRAPH_MAX_STRING
-    characters, naming where it is. Iterative: a deep document cannot overflow the stack."""
+    characters, naming where it is. Iterative: a deep document cannot overflow the stack. String values
+    under a key in `payloads` (a plan's embedded kernels, base64) are bounded by the file's size alone."""
     limit = max_string()
     stack: list[tuple[Any, str]] = [(doc, where)]
     while stack:
@@ -64,7 +65,8 @@ def check_strings(doc: Any, where: str) -> None:
                     raise SerializationError(
                         f"{at}: a key of {len(key):,} characters ({preview(key)}), over the limit of {limit:,}",
                         rule="file.string_limit", hint="if the file is genuine, raise OPGRAPH_MAX_STRING")
-                stack.append((item, f"{at}.{key}" if len(str(key)) <= 40 else f"{at}.<key>"))
+                if not (key in payloads and isinstance(item, str)):
+                    stack.append((item, f"{at}.{key}" if len(str(key)) <= 40 else f"{at}.<key>"))
         elif isinstance(value, list):
             stack.extend((item, f"{at}[{i}]") for i, item in enumerate(value))
 

@@ -138,8 +138,10 @@ def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[
     _REPORTS.append(report)
     log.info("opgraph: %s", report.summary())
 
-    def run(args: list[Any]) -> Any:  # AOTAutograd's boxed calling convention
-        return fused(*args)
+    def run(args: list[Any]) -> Any:  # AOTAutograd's boxed calling convention: the callee empties the list
+        values = list(args)  # (so the inputs it held can be freed early; PyTorch's CUDA graph trees check it)
+        args.clear()
+        return fused(*values)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -144,7 +144,10 @@ def derived_node(imp: Importer, node: Any, args: Args) -> Value | None:
     template = {k: _template(v, slots) for k, v in args.items()}
 
     def compute(*tensors: Any) -> Any:
-        device = tensors[0].device  # device arguments (a traced .to(device)) follow the bound tensors
+        # device arguments (a traced .to(device)) follow the bound tensors; a constant kept on the CPU
+        # (Importer.constant) meets a module buffer on the GPU (a rotary table's positions and inv_freq)
+        device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
+        tensors = tuple(t.to(device) for t in tensors)
         return call_schema(node.target, _fill(_on_device(template, device), list(tensors)))
 
     return imp.derived_value(compute, slots, node.name)

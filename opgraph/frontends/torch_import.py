@@ -104,8 +104,19 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
 
 def _pytorch_allows_tf32(torch: Any) -> bool:
     """Whether PyTorch computes fp32 matmuls and convolutions with TF32 (both must: opgraph's choice
-    is per plan, PyTorch's per op kind)."""
-    return torch.get_float32_matmul_precision() != "highest" and bool(torch.backends.cudnn.allow_tf32)
+    is per plan, PyTorch's per op kind). PyTorch >= 2.9's per-backend flags are read first: its legacy
+    getters raise once the two APIs were mixed (as the torch engine's pinning of cuDNN convs does)."""
+    try:
+        matmul = torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:
+        matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", "ieee") == "tf32"
+    precision = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
+    if precision in ("tf32", "ieee"):
+        return matmul and precision == "tf32"
+    try:
+        return matmul and bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        return False
 
 
 def _translate(imp: Importer, args: tuple) -> ImportedGraph:

@@ -15,7 +15,9 @@ On by default since the GPU tier passed with it (bench/results/constants.md#auto
 `plan.auto_graph = False` on a plan, or
 OPGRAPH_AUTOGRAPH=0 when plans are built, launches flat. The capture is thread-local (other threads'
 CUDA calls go on) and, like any torch.cuda.graph capture, synchronizes the device once; a binding that
-keeps changing stops being captured after MAX_CAPTURES graphs. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,
+keeps changing stops being captured after MAX_CAPTURES graphs. A plan executed by more than one
+thread is never captured (PyTorch's one CUDA generator per process is registered with a capture, and
+another thread drawing random numbers meanwhile breaks it), and one capture runs at a time. Only plans whose every step is CUDA_GRAPH_CAPTURABLE are captured,
 never inside a capture of the caller's own. A capture that fails turns the feature off for that
 binding (flat launches, as without it). The graph's memory pool holds the temporaries of steps that
 run through PyTorch, for the binding's life.
@@ -24,6 +26,7 @@ run through PyTorch, for the binding's life.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from ..core.config import BehaviorNote
@@ -31,6 +34,8 @@ from ..core.config import BehaviorNote
 log = logging.getLogger("opgraph.runtime")
 AFTER = 2  # executes with nothing changed before the capture
 MAX_CAPTURES = 8  # graphs per binding: one whose buffers keep moving launches flat from then on
+# one capture at a time in the process: PyTorch registers its one CUDA generator with each capture
+_CAPTURING = threading.Lock()
 
 
 class AutoGraph:
@@ -56,6 +61,10 @@ class AutoGraph:
         which the caller made the execute's."""
         if not self.enabled or not wanted:
             return False
+        if self.bound.state.threads.shared:  # see state.ThreadCount
+            self.enabled = False
+            self.graph = None
+            return False
         import torch
 
         if torch.cuda.is_current_stream_capturing():
@@ -69,7 +78,13 @@ class AutoGraph:
                          self.bound.state.graph.name, self.captures)
                 self.enabled = False
                 return False
-            if not self._capture(torch):
+            if not _CAPTURING.acquire(blocking=False):  # another thread is capturing: flat this time
+                return False
+            try:
+                captured = self._capture(torch)
+            finally:
+                _CAPTURING.release()
+            if not captured:
                 return False
         self.graph.replay()
         self.replays += 1

@@ -39,6 +39,9 @@ from .plan_schema import PLAN_FORMAT, PLAN_VERSION, READS, check_plan_document
 MAGIC_1 = b"OPGRAPH-PLAN 1\n"
 MAGIC = b"OPGRAPH-PLAN 2 "  # then the body's SHA-256 in hex and a newline
 log = logging.getLogger("opgraph.runtime")
+# string values the per-string limit skips (core.limits.check_strings): artifacts[].data, the embedded
+# compiled kernels in base64, as long as the kernels are (the file's size limit bounds them)
+PAYLOADS = frozenset({"data"})
 
 
 def _config_doc(c: EngineConfig) -> dict[str, Any]:
@@ -177,7 +180,7 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
         raise SerializationError(f"the plan file is not valid JSON: {str(err)[:200]}", rule="plan.syntax") from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT or type(doc.get("version")) is not int:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
-    check_strings(doc, "plan")
+    check_strings(doc, "plan", PAYLOADS)
     if doc["version"] not in READS:
         raise SerializationError(f"plan file version {doc['version']} is not supported (this opgraph reads "
                                  f"{', '.join(map(str, READS))})", rule="plan.version",
@@ -200,10 +203,11 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
     # the engines find the file's kernels while this plan compiles (and later binds), nothing else does
     scope = artifacts.Scope(embedded if not differs else ())
     with scope.visible():
-        return _plan_from_doc(doc, dev, differs, scope)
+        return _plan_from_doc(doc, dev, differs, scope, on_mismatch == "recompile")
 
 
-def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope: artifacts.Scope) -> Any:
+def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope: artifacts.Scope,
+                   recompile: bool = False) -> Any:
     from ..build.compile import compile_steps
     from ..build.planner import Step
     from .plan import ExecutionPlan
@@ -234,8 +238,14 @@ def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope
                                      rule="plan.compile", hint="build the graph anew on this device") from None
         stored = sd.get("source_sha256")
         if not differs and stored is not None and stored != _source_hash(kernel.source()):
-            raise SerializationError(f"plan.{where}: the kernel opgraph generates for this config differs from the "
-                                     "saved one", rule="plan.source", hint="build and save the plan again")
+            if not recompile:
+                raise SerializationError(
+                    f"plan.{where}: the kernel opgraph generates for this config differs from the saved one (the "
+                    "file was written by another opgraph)", rule="plan.source",
+                    hint="load with on_mismatch='recompile' to run the stored configs as this opgraph generates "
+                         "them, or build and save the plan again")
+            log.warning("plan.%s: the kernel opgraph generates for this config differs from the saved one; "
+                        "running it as this opgraph generates it (on_mismatch='recompile')", where)
         steps.append(Step(i, piece, config, kernel, alternatives))
     _expect(sorted(seen) == list(range(len(nodes))), "steps", "every op must be in exactly one step, in order")
     _expect(seen == list(range(len(nodes))), "steps", "steps must run the ops in the graph's order")

@@ -19,6 +19,7 @@ calling thread's binding.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -35,7 +36,25 @@ from .aliasing import InplaceRule, plan_inplace
 from .streams import StreamResolver
 
 
-@dataclass(frozen=True, eq=False)
+class ThreadCount:
+    """How many threads have bound a plan (threads.ThreadState registers itself): the one mutable
+    fact of a PlanState. A plan run by several threads is never captured by autograph (PyTorch's
+    CUDA generator is one per process: another thread's random numbers during a capture break it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def join(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    @property
+    def shared(self) -> bool:
+        return self.count > 1
+
+
+@dataclass(frozen=True)
 class PlanState:
     """What every execute of a plan reads and nothing changes after the build (or the load)."""
 
@@ -48,6 +67,7 @@ class PlanState:
     baked: Mapping[int, Step]  # by-reference uid -> the first step that bakes its address anyway
     streams: StreamResolver
     kernels: artifacts.Scope = field(default_factory=artifacts.Scope)  # a loaded plan's embedded kernels
+    threads: ThreadCount = field(default_factory=ThreadCount, compare=False)
 
     @property
     def workspace_size(self) -> int:

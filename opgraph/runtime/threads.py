@@ -24,6 +24,7 @@ class ThreadState:
 
     def __init__(self, state: PlanState) -> None:
         self.state = state
+        state.threads.join()
         self.binder = PackBinder(state.graph, state.device, state.inplace)
         self.table = AddressTable(state.graph, state.device)
         self.table_stale = False  # set_address wrote the table: the next execute rewrites it

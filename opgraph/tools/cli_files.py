@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.errors import GraphError, SerializationError
 from ..core.limits import check_file_size, check_strings
+from ..runtime.plan_io import PAYLOADS as PLAN_PAYLOADS
 
 
 def import_modules(names: tuple[str, ...] | list[str]) -> None:
@@ -104,7 +105,7 @@ def _plan_doc(body: bytes) -> dict[str, Any]:
                                  rule="plan.syntax") from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
-    check_strings(doc, "plan")
+    check_strings(doc, "plan", PLAN_PAYLOADS)
     version = doc.get("version")
     if type(version) is not int or version not in READS:
         raise SerializationError(f"plan file version {version!r} is not supported (this opgraph reads "

@@ -48,9 +48,9 @@ def sequence_attention(q, k, v, *, scale, left=None, right=None, br=False, sink=
     k = k.repeat_interleave(hq // k.shape[0], 0)
     v = v.repeat_interleave(hq // v.shape[0], 0)
     s = q @ k.transpose(-1, -2) * scale
-    i, j = torch.arange(sq)[:, None], torch.arange(skv)[None, :]
+    i, j = torch.arange(sq, device=q.device)[:, None], torch.arange(skv, device=q.device)[None, :]
     delta = skv - sq if br else 0
-    keep = torch.ones(sq, skv, dtype=torch.bool)
+    keep = torch.ones(sq, skv, dtype=torch.bool, device=q.device)
     if right is not None:
         keep &= j <= i + delta + right
     if left is not None:

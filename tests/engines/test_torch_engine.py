@@ -655,12 +655,12 @@ def test_exact_math_pins_and_restores_torch_flags():
     try:
         caller = state()
         with exact_math(True):
-            assert state()[:3] == ("highest", "ieee", "ieee") and not mm.allow_tf32
+            assert state()[:3] == ("highest", "ieee", "none") and not mm.allow_tf32
             assert not mm.allow_fp16_reduced_precision_reduction and not mm.allow_bf16_reduced_precision_reduction
             call = type("C", (), {"device": torch.device("cuda")})()
             with math_mode(call, True):
                 assert mm.allow_tf32 and conv.fp32_precision == "tf32"
-            assert state()[:3] == ("highest", "ieee", "ieee") and not mm.allow_tf32
+            assert state()[:3] == ("highest", "ieee", "none") and not mm.allow_tf32
         assert state() == caller
     finally:
         torch.set_float32_matmul_precision(before[0])
@@ -770,3 +770,19 @@ def test_float64_results_round_once_to_half():
         want = round_to(x, DT.HALF).astype(np.float64)
     assert np.array_equal(got, want, equal_nan=True)
     assert got[-13] != got[-12] or ties[0] == ties[1]  # the two sides of the tie round apart
+
+
+def test_pinned_tf32_flags_keep_pytorchs_legacy_getter_working():
+    """The torch engine pinned cuDNN's conv flag alone (PyTorch >= 2.9's API): with conv's and rnn's
+    flags apart, PyTorch's legacy getter raises, and torch.export (which calls it) failed for every
+    later import of the process (the GPU tier's train_step tests)."""
+    from opgraph.engines.torch_engine.gemm import math_mode
+    from opgraph.engines.torch_engine.precision import exact_math
+
+    call = type("C", (), {"device": torch.device("cuda")})()
+    with exact_math(True):
+        assert torch.backends.cudnn.allow_tf32 is False
+        with math_mode(call, True):
+            assert torch.backends.cudnn.allow_tf32 is True
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert isinstance(torch.backends.cudnn.allow_tf32, bool)

@@ -103,20 +103,25 @@ def test_match_is_the_analysis_its_methods_answer_from():
 
 
 def test_the_engine_keeps_a_pieces_match_and_matches_a_stored_config_again(monkeypatch):
+    """Within one build (Engine.session) supports' match serves configs and compile; after it nothing
+    is kept (a kept piece held its graph, and the user's plans through it)."""
     engine = get_engine("triton")
     piece = _matmul_piece()
-    assert engine.supports(piece, CPU).ok
     calls = []
     matmul = TEMPLATE_BY_NAME["matmul"]
     original = type(matmul).match
     monkeypatch.setattr(type(matmul), "match", lambda self, p, d: calls.append(p) or original(self, p, d))
-    configs = engine.configs(piece, CPU, HeurMode.B)
-    engine.generated(piece, configs[0], CPU)
-    assert calls == []  # supports' match served configs and the kernels
-    stored = EngineConfig("triton", configs[0].knobs)  # as a plan file gives it back, for a piece built anew
-    again = make_piece(piece.graph, piece.index, list(piece.nodes))
-    assert engine.generated(again, stored, CPU).source == engine.generated(piece, configs[0], CPU).source
-    assert calls == [again]
+    with engine.session():
+        assert engine.supports(piece, CPU).ok
+        configs = engine.configs(piece, CPU, HeurMode.B)
+        engine.generated(piece, configs[0], CPU)
+        assert calls == [piece]  # supports' match served configs and the kernels
+        stored = EngineConfig("triton", configs[0].knobs)  # as a plan file gives it back, for a piece built anew
+        again = make_piece(piece.graph, piece.index, list(piece.nodes))
+        assert engine.generated(again, stored, CPU).source == engine.generated(piece, configs[0], CPU).source
+        assert calls == [piece, again]
+    engine.supports(piece, CPU)
+    assert calls == [piece, again, piece]  # the session's matches went with it
 
 
 def test_a_config_of_a_template_that_declines_the_piece_is_a_typed_error():

@@ -135,12 +135,10 @@ def test_zoo_model_trains_one_adamw_step(name):
 @pytest.fixture
 def fp32_torch():
     """PyTorch in full fp32 (no TF32): what an import then asks of opgraph's plans too."""
-    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cudnn.allow_tf32 = saved[1]
+    from opgraph.engines.torch_engine.precision import exact_math
+
+    with exact_math(True):  # both of PyTorch's TF32 APIs kept consistent (its legacy getters raise otherwise)
+        yield
 
 
 @pytest.mark.gpu

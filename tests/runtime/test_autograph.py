@@ -34,7 +34,10 @@ class _Bound:
     def __init__(self) -> None:
         from types import SimpleNamespace
 
-        self.state = SimpleNamespace(device=SimpleNamespace(is_cuda=True), steps=[], graph=SimpleNamespace(name="p"))
+        from opgraph.runtime.state import ThreadCount
+
+        self.state = SimpleNamespace(device=SimpleNamespace(is_cuda=True), steps=[], graph=SimpleNamespace(name="p"),
+                                     threads=ThreadCount())
 
 
 def test_a_binding_that_keeps_changing_stops_being_captured(monkeypatch):
@@ -59,3 +62,34 @@ def test_a_binding_that_keeps_changing_stops_being_captured(monkeypatch):
     assert ag.captures == autograph.MAX_CAPTURES and len(replayed) == 2 * autograph.MAX_CAPTURES
     assert [ag.run() for _ in range(autograph.AFTER + 3)] == [False] * (autograph.AFTER + 3)
     assert ag.enabled is False and ag.captures == autograph.MAX_CAPTURES
+
+
+def test_a_plan_run_by_two_threads_is_not_captured(monkeypatch):
+    """PyTorch's CUDA generator is one per process and joins every capture: another thread drawing
+    random numbers during a capture broke it, and every later torch.randn of the process (the GPU
+    tier's cascade). A plan that a second thread binds launches flat from then on."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    bound = _Bound()
+    ag = autograph.AutoGraph(bound)
+    captured = []
+    monkeypatch.setattr(ag, "_capture", lambda _torch: captured.append(1) or False)
+    bound.state.threads.join()
+    assert [ag.run() for _ in range(autograph.AFTER + 1)] == [False] * (autograph.AFTER + 1) and captured == [1]
+    bound.state.threads.join()  # a second thread
+    assert not ag.run() and not ag.enabled and captured == [1]
+
+
+def test_one_capture_at_a_time(monkeypatch):
+    """While another thread captures (the process-wide lock held), a stable binding launches flat and
+    tries again later."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ag = autograph.AutoGraph(_Bound())
+    captured = []
+    monkeypatch.setattr(ag, "_capture", lambda _torch: captured.append(1) or False)
+    with autograph._CAPTURING:
+        assert [ag.run() for _ in range(autograph.AFTER + 2)] == [False] * (autograph.AFTER + 2)
+    assert captured == [] and ag.enabled
+    ag.run()
+    assert captured == [1]

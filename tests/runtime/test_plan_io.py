@@ -216,3 +216,21 @@ def test_meaning_checked_after_the_schema_names_the_json_path(damage, path):
     with pytest.raises(og.SerializationError) as ei:
         og.ExecutionPlan.from_bytes(rewrap(doc))
     assert path in str(ei.value)
+
+
+def test_a_kernel_generated_differently_now_is_refused_or_recompiled(rng):
+    """A plan file whose stored kernel source hash is not what this opgraph generates for the config
+    (written by another version of the generator) is refused by default, naming the way out; with
+    on_mismatch='recompile' it runs the config as generated now."""
+    pytest.importorskip("triton")
+    g = og.Graph("src", io_data_type=og.DataType.FLOAT)
+    g.relu(g.tensor(dim=[4, 8], name="x")).set_output(True).set_name("y")
+    plan = g.build(device="cpu", engines=["triton"])
+    doc, rewrap = _doc_and_file(plan)
+    assert doc["steps"][0].get("source_sha256")
+    doc["steps"][0]["source_sha256"] = "0" * len(doc["steps"][0]["source_sha256"])
+    with pytest.raises(og.SerializationError) as ei:
+        og.ExecutionPlan.from_bytes(rewrap(doc))
+    assert ei.value.rule == "plan.source" and "on_mismatch='recompile'" in str(ei.value)
+    loaded = og.ExecutionPlan.from_bytes(rewrap(doc), on_mismatch="recompile")
+    _same_results(plan, loaded, rng)

@@ -20,6 +20,7 @@ from typing import Any
 from ...core.dtypes import DataType
 from ...core.tensor import TensorDesc
 from .common import Call
+from .precision import set_cudnn_tf32
 
 # The TF32 path relies on cuDNN/cuBLAS computing products of TF32-representable values exactly and
 # accumulating in fp32 (implicit-GEMM algorithms do; a transform-based algorithm would not be exact):
@@ -60,15 +61,10 @@ def _tf32() -> Iterator[None]:
     except RuntimeError:  # inconsistent legacy/new TF32 flags of the caller: leave them, stay exact
         yield
         return
-    conv: Any = getattr(torch.backends.cudnn, "conv", None)  # (torch >= 2.9's per-backend TF32 flags)
-    new_api = conv is not None and hasattr(conv, "fp32_precision")
-    old_conv = conv.fp32_precision if new_api else torch.backends.cudnn.allow_tf32
     matmul = torch.backends.cuda.matmul
     old_matmul = matmul.fp32_precision if hasattr(matmul, "fp32_precision") else None
-    if new_api:
-        conv.fp32_precision = "tf32"
-    else:
-        torch.backends.cudnn.allow_tf32 = True
+    undo: list[Any] = []
+    set_cudnn_tf32(torch, True, undo)
     torch.set_float32_matmul_precision("high")
     try:
         yield
@@ -76,10 +72,8 @@ def _tf32() -> Iterator[None]:
         torch.set_float32_matmul_precision(legacy)
         if old_matmul is not None:
             matmul.fp32_precision = old_matmul
-        if new_api:
-            conv.fp32_precision = old_conv
-        else:
-            torch.backends.cudnn.allow_tf32 = old_conv
+        for restore in reversed(undo):
+            restore()
 
 
 def math_mode(call: Call, allow_tf32: bool) -> Any:

@@ -6,8 +6,9 @@ pins these flags for its duration and restores the caller's settings afterwards.
 They are process-wide flags: a thread running torch GEMMs at the same moment sees them too (it only
 gets more exact math). How each one is pinned, so that PyTorch's consistency checks between its
 legacy and new (>= 2.9) TF32 APIs keep passing:
-- cuDNN conv: `torch.backends.cudnn.conv.fp32_precision = "ieee"` (what convolutions read since
-  2.9), else the legacy `torch.backends.cudnn.allow_tf32 = False`;
+- cuDNN conv: the legacy `torch.backends.cudnn.allow_tf32 = False`, which sets >= 2.9's conv and rnn
+  flags together to what its getter reads back (setting conv's flag alone, or to "ieee", makes that
+  getter raise, and torch.export calls it); the caller's per-operator flags are restored one by one;
 - cuBLAS fp32: `torch.set_float32_matmul_precision("highest")`, which sets the legacy and the new
   flags together; the caller's legacy value and new per-backend values are restored one by one;
 - fp16/bf16 GEMMs: no reduced-precision reductions, no fp16 accumulation (split-K kept as it was).
@@ -28,12 +29,37 @@ def _pin_attr(obj: Any, name: str, value: Any, undo: Undo) -> None:
     undo.append(lambda: setattr(obj, name, old))
 
 
-def _pin_conv(torch: Any, undo: Undo) -> None:
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    if conv is not None and hasattr(conv, "fp32_precision"):
-        _pin_attr(conv, "fp32_precision", "ieee", undo)
+def cudnn_flags(torch: Any) -> list[Any]:
+    """PyTorch >= 2.9's per-operator cuDNN TF32 flags (conv and rnn), or [] before it."""
+    flags = [getattr(torch.backends.cudnn, k, None) for k in ("conv", "rnn")]
+    return [f for f in flags if f is not None and hasattr(f, "fp32_precision")]
+
+
+def set_cudnn_tf32(torch: Any, allow: bool, undo: Undo) -> None:
+    """cuDNN's TF32 set through the legacy setter, which writes conv's and rnn's flags together in
+    the values its getter reads back ("tf32" / "none"); the caller's flags restored one by one. Setting
+    conv's flag alone (or to "ieee") leaves a state in which the legacy getter, which torch.export
+    calls, raises for the rest of the process."""
+    saved = [(f, f.fp32_precision) for f in cudnn_flags(torch)]
+    if saved:
+        torch.backends.cudnn.allow_tf32 = allow
+
+        values = {value for _, value in saved}
+
+        def restore() -> None:
+            if values in ({"tf32"}, {"none"}):  # what the legacy setter writes: through it again
+                torch.backends.cudnn.allow_tf32 = values == {"tf32"}
+                return
+            for f, value in saved:
+                f.fp32_precision = value
+
+        undo.append(restore)
     else:
-        _pin_attr(torch.backends.cudnn, "allow_tf32", False, undo)
+        _pin_attr(torch.backends.cudnn, "allow_tf32", allow, undo)
+
+
+def _pin_conv(torch: Any, undo: Undo) -> None:
+    set_cudnn_tf32(torch, False, undo)
 
 
 def _pin_matmul(torch: Any, undo: Undo) -> None:
