@@ -26,11 +26,13 @@ from .core.errors import (
     RegistrationError,
     SerializationError,
     ShapeError,
+    StateDictError,
     UnsupportedGraphError,
     VariantPackError,
 )
 from .core.ir import Const, FinalGraph, Node
 from .core.log import configure_from_env as _configure_logging
+from .core.symbolic import Dim
 from .core.tensor import Tensor, TensorDesc
 from .core.version import __version__
 from .graph.builder import Graph
@@ -76,10 +78,10 @@ _configure_logging()
 
 __all__ = [
     "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DiagonalAlignment", "DuplicateUIDError", "EngineConfig", "ExecutionError",
+    "DataflowError", "Device", "DiagonalAlignment", "Dim", "DuplicateUIDError", "EngineConfig", "ExecutionError",
     "ExecutionPlan",
     "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
-    "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StepTime",
+    "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StateDictError", "StepTime",
     "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "compile", "from_torch",
     "grad", "load_plan", "register_custom_op", "testing", "torch_backend", "training",
 ]

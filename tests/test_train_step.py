@@ -355,6 +355,26 @@ def test_run_builds_once_and_returns_a_copy_of_the_loss():
     assert step.plan.device.kind == "cpu"
 
 
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_the_plan_computes_fp32_products_as_the_import_allows(allow_tf32, monkeypatch):
+    """TF32 (NumericalNote.DOWN_CONVERT_INPUTS) only where from_torch's allow_tf32 (or PyTorch's settings
+    at import) allowed it, as ImportedGraph.run; build's own allow_tf32 and filters override and add."""
+    from opgraph.core.config import NumericalNote
+
+    model = mlp(torch.float32)
+    x = torch.randn(8, 6)
+    step = train_step(og.from_torch(model, (x,), allow_tf32=allow_tf32), optimizer=SGD(0.1))
+    seen: list[dict] = []
+    build = step.graph.build
+    monkeypatch.setattr(step.graph, "build", lambda **kw: seen.append(kw) or build(**kw))
+    step.run(x, torch.arange(8) % 5)
+    step.build("cpu", allow_tf32=not allow_tf32, deselect_numeric_notes=["TENSOR_CORE"])
+    run, explicit = (list(kw.get("deselect_numeric_notes", ())) for kw in seen)
+    assert run == ([] if allow_tf32 else [NumericalNote.DOWN_CONVERT_INPUTS])
+    assert explicit == (["TENSOR_CORE", NumericalNote.DOWN_CONVERT_INPUTS] if allow_tf32 else ["TENSOR_CORE"])
+    assert seen[0]["device"] == "cpu" and step.plan.device.kind == "cpu"
+
 def test_errors_name_the_rule():
     model = mlp()
     x = torch.randn(8, 6, dtype=torch.float64)

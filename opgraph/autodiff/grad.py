@@ -333,6 +333,7 @@ class _Pass:
         self.b.prefix = f"d{node.name}"
         first_new = len(self.g._tensors)
         result = rule.fn(_Ctx(self, node, needed))
+        over = self.fg.tensors[arriving[0][1]].dim if rule.broadcasts else None
         for role in needed:
             g = result.get(role)
             if g is None:
@@ -340,7 +341,7 @@ class _Pass:
                                   "this input is not differentiated by the rule", rule="autodiff.no_input_grad")
             uid = node.input(role)
             assert isinstance(uid, int)
-            g = self.b.unbroadcast(g, self.fg.tensors[uid].dim)
+            g = self.b.unbroadcast(g, self.fg.tensors[uid].dim, over)
             if self.forward_types and isinstance(g, Tensor):
                 g = self._in_forward_type(g, uid, first_new)
             self.contrib.setdefault(uid, []).append(g)

@@ -15,7 +15,10 @@ A returned gradient may have the op output's broadcast dims: the algorithm reduc
 to the input's dims. It may also be *smaller* than the input where it is constant along an axis (the
 gradient of a sum is the same for every summed element): such a gradient stays in its small dims
 (dims 1 in those axes) as long as the ops that read it broadcast, and is expanded only where a full
-tensor is needed (`ctx.grad_full`, `GradBuilder.expand`).
+tensor is needed (`ctx.grad_full`, `GradBuilder.expand`). The rule of an op whose output is the
+broadcast of its inputs (pointwise modes, batchnorm_inference: `broadcasts=True`) may return such a
+small gradient for an input broadcast along those axes too: it stands for the output's dims, so the
+input's gradient is the reduction times the positions it stands for (`GradBuilder.unbroadcast`'s `over`).
 
 Rules never read forward tensors from a buffer directly: `ctx.input` / `ctx.output` give a handle
 that the algorithm later resolves to a saved tensor (an input of the backward graph) or to a
@@ -59,12 +62,15 @@ class Rule:
     `inputs(node)`: the input roles a gradient flows into (others, such as a mask, epsilon or a
     comparison's operands, get none). `outputs(node)`: the output roles whose gradient the rule can
     take (a gradient arriving at another output, e.g. batchnorm's running stats, is an error).
+    `broadcasts`: the op's output is the broadcast of its inputs, so a gradient the rule returns in
+    smaller dims stands for the output's (see the module docstring).
     """
 
     kind: str
     fn: RuleFn
     inputs: Callable[[Node], frozenset[str]]
     outputs: Callable[[Node], frozenset[str]]
+    broadcasts: bool = False
 
 
 def _rule_fn(rule: Rule) -> RuleFn:
@@ -101,11 +107,12 @@ def _operands(node: Node) -> Iterable[str]:
     return node.op.operand_roles()
 
 
-def register_rule(kind: str, *, inputs: Roles | None = None,
-                  outputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
+def register_rule(kind: str, *, inputs: Roles | None = None, outputs: Roles | None = None,
+                  broadcasts: bool = False) -> Callable[[RuleFn], RuleFn]:
     """Decorator: the backward rule of op kind `kind` (see the module docstring)."""
     def deco(fn: RuleFn) -> RuleFn:
-        RULES.register(kind, Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs)))
+        RULES.register(kind, Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs),
+                                  broadcasts))
         return fn
 
     return deco
@@ -116,7 +123,7 @@ def register_pointwise(*modes: PointwiseMode, inputs: Roles | None = None) -> Ca
     def deco(fn: RuleFn) -> RuleFn:
         for mode in modes:
             POINTWISE_RULES.register(mode, Rule(f"pointwise {mode.name}", fn, _roles(inputs, _operands),
-                                                _roles(None, _all_outputs)))
+                                                _roles(None, _all_outputs), broadcasts=True))
         return fn
 
     return deco
@@ -187,6 +194,19 @@ def broadcast(dims: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
         assert len(d) == rank, f"broadcast of {dims}"
         out = [max(a, b) for a, b in zip(out, d)]
     return tuple(out)
+
+
+def _positions(g: Value, dims: tuple[int, ...], over: tuple[int, ...]) -> int:
+    """How many positions of `over` one element of gradient `g` (broadcastable to `over`) stands for
+    in the gradient of an operand of dims `dims` (broadcastable to `over`), beyond those its
+    reduction to `dims` sums: the product of `over` along the axes where g and dims are both 1."""
+    gd = dim_of(g) if isinstance(g, Tensor) else (1,)
+    if _numel(dims) == 1:
+        return _numel(over) // _numel(gd)
+    if _numel(gd) == 1:
+        gd = (1,) * len(over)
+    assert len(gd) == len(dims) == len(over), f"gradient dims {gd} and operand dims {dims} do not fit {over}"
+    return _numel(tuple(o for a, d, o in zip(gd, dims, over) if a == 1 and d == 1))
 
 
 class GradBuilder:
@@ -404,14 +424,20 @@ class GradBuilder:
 
     # -- broadcast gradients --------------------------------------------------------------------------
     @overload
-    def unbroadcast(self, g: Tensor, dims: Sequence[int]) -> Tensor: ...
+    def unbroadcast(self, g: Tensor, dims: Sequence[int], over: Sequence[int] | None = None) -> Tensor: ...
     @overload
-    def unbroadcast(self, g: Value, dims: Sequence[int]) -> Value: ...
+    def unbroadcast(self, g: Value, dims: Sequence[int], over: Sequence[int] | None = None) -> Value: ...
 
-    def unbroadcast(self, g: Value, dims: Sequence[int]) -> Value:
+    def unbroadcast(self, g: Value, dims: Sequence[int], over: Sequence[int] | None = None) -> Value:
         """`g` reduced (ADD) over the axes where it is larger than `dims`. Axes where g is 1 and dims
-        are not stay 1 (a broadcast gradient, expanded only where needed)."""
+        are not stay 1 (a broadcast gradient, expanded only where needed). `over`: the dims g stands
+        for (a broadcasting op's output): where g is 1 and `dims` is 1 but `over` is not, each
+        element of g is the gradient of `over`'s positions along that axis, so their count multiplies it."""
         dims = tuple(dims)
+        if over is not None:
+            count = _positions(g, dims, tuple(over))
+            if count != 1:
+                return self.mul(self.unbroadcast(g, dims), float(count))
         if not isinstance(g, Tensor):
             return g
         gd = dim_of(g)

@@ -95,7 +95,7 @@ def instancenorm(ctx: RuleContext):
     return _backward_op(ctx, InstancenormBackward(), [dy, ctx.input("input"), ctx.input("scale"), *stats])
 
 
-@register_rule("batchnorm_inference", inputs=("input", "mean", "inv_variance", "scale", "bias"))
+@register_rule("batchnorm_inference", inputs=("input", "mean", "inv_variance", "scale", "bias"), broadcasts=True)
 def batchnorm_inference(ctx: RuleContext):
     b = ctx.b
     dy = ctx.incoming("y")

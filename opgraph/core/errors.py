@@ -8,6 +8,7 @@
       DataflowError                 cycles, double producers, dangling tensors, in-place writes
       DuplicateUIDError             two tensors with one UID
       SerializationError            a graph or plan file that cannot be read
+        StateDictError              a checkpoint (state dict) that does not fit what loads it (also a ValueError)
       UnsupportedGraphError         no allowed engine runs a piece (names each engine's reason)
       VariantPackError              a variant pack that does not fit the plan
       ExecutionError                a failure while running a plan
@@ -110,6 +111,11 @@ class DuplicateUIDError(GraphError):
 
 class SerializationError(GraphError):
     pass
+
+
+class StateDictError(SerializationError, ValueError):
+    """A state dict that does not fit what loads it (a training step's checkpoint): a missing or unknown
+    key, a tensor of the wrong shape, another optimizer's state. A ValueError too, as torch.optim's are."""
 
 
 class UnsupportedGraphError(GraphError):

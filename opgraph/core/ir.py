@@ -6,14 +6,16 @@ by `Graph.validate()` and never changes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
 
 from .dtypes import DataType
-from .errors import InternalError, printable
+from .errors import InternalError, ShapeError, printable
 from .op import Const, Op
+from .symbolic import Dim, Expr, evaluate
 from .tensor import TensorDesc
 
 __all__ = ["Const", "FinalGraph", "Node", "Operand"]
@@ -105,10 +107,13 @@ class FinalGraph:
     # id(handle) -> (handle, uid) for the Tensor handles the graph was finalized from; the handle is
     # kept so that its id cannot be reused by another object while this graph lives.
     handles: Mapping[int, tuple[Any, int]] = field(default_factory=dict, repr=False, compare=False)
+    # shape tuple -> the static graph at that shape (`at`), most recent last
+    _at: dict[tuple[int, ...], FinalGraph] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         producer = {u: i for i, n in enumerate(self.nodes) for u in n.output_uids()}
         object.__setattr__(self, "_producer", producer)
+        object.__setattr__(self, "_at", {})
 
     def __hash__(self) -> int:
         return hash((self.name, self.nodes))
@@ -132,6 +137,55 @@ class FinalGraph:
             for u in set(n.input_uids()):
                 out.setdefault(u, []).append(i)
         return {u: tuple(v) for u, v in out.items()}
+
+    @cached_property
+    def symbols(self) -> dict[str, Dim]:
+        """The dynamic dims (opgraph.Dim) its tensors' dims and strides use, by name, in name order;
+        empty for a static graph."""
+        found: dict[str, Dim] = {}
+        for t in self.tensors.values():
+            for d in t.symbols():
+                found[d.name] = d
+        return dict(sorted(found.items()))
+
+    @property
+    def is_dynamic(self) -> bool:
+        return bool(self.symbols)
+
+    def at(self, env: Mapping[str, int]) -> FinalGraph:
+        """The static graph this one is when each dynamic dim has its value in `env` (by name; each
+        within its range): every dim and stride evaluated, nodes and handles kept (a variant pack keyed
+        by this graph's handles binds the result). The graph itself when it is static. Memoized per
+        shape (the last AT_CACHE shapes made)."""
+        if not self.symbols:
+            return self
+        key = self.shape_key(env)
+        hit = self._at.get(key)
+        if hit is not None:
+            return hit
+        values = dict(zip(self.symbols, key))
+        tensors = {u: _at_shape(t, values) for u, t in self.tensors.items()}
+        nodes = tuple(dataclasses.replace(n, op=_op_at(n.op, values)) for n in self.nodes)
+        static = FinalGraph(self.name, tensors, nodes, self.io_data_type, self.intermediate_data_type,
+                            self.compute_data_type, handles=self.handles)
+        self._at[key] = static
+        while len(self._at) > AT_CACHE:  # (threads racing here evict one more: harmless)
+            self._at.pop(next(iter(self._at)), None)
+        return static
+
+    def shape_key(self, env: Mapping[str, int]) -> tuple[int, ...]:
+        """The values of `symbols` in `env`, in their order, each checked against its range."""
+        key = []
+        for name, dim in self.symbols.items():
+            value = env.get(name)
+            if isinstance(value, bool) or not isinstance(value, int) or not dim.contains(value):
+                raise ShapeError(
+                    f"the shape gives dim '{name}' the value {value!r}, outside its range {dim.min}..{dim.max}"
+                    if isinstance(value, int) else f"the shape gives no int value for dim '{name}' (got {value!r})",
+                    rule="dim.value", hint=f"give every dynamic dim of the graph a value: {list(self.symbols)}",
+                )
+            key.append(value)
+        return tuple(key)
 
     def handle_uid(self, handle: Any) -> int | None:
         """The UID a Tensor handle had when this graph was finalized; None for a handle of another graph."""
@@ -167,10 +221,43 @@ class FinalGraph:
             f"graph '{printable(self.name)}' (io {self.io_data_type.short}, intermediate "
             f"{self.intermediate_data_type.short}, compute {self.compute_data_type.short})"
         )
-        lines = [head, "  inputs:"]
+        lines = [head]
+        if self.symbols:
+            lines.append("  dims: " + ", ".join(f"{d.name} {d.min}..{d.max}" for d in self.symbols.values()))
+        lines.append("  inputs:")
         lines += [f"    {self.tensors[u]}" for u in self.inputs]
         lines.append("  ops:")
         lines += [f"    {n.render(self.tensors)}" for n in self.nodes]
         lines.append("  outputs:")
         lines += [f"    {self.tensors[u]}" for u in self.outputs]
         return "\n".join(lines)
+
+
+AT_CACHE = 64  # static graphs kept per dynamic graph (FinalGraph.at)
+
+
+def _at_shape(t: TensorDesc, env: Mapping[str, int]) -> TensorDesc:
+    if not t.is_dynamic:
+        return t
+    return dataclasses.replace(t, dim=tuple(evaluate(d, env) for d in t.dim),
+                               stride=tuple(evaluate(s, env) for s in t.stride))
+
+
+def _value_at(value: Any, env: Mapping[str, int]) -> Any:
+    if isinstance(value, (Expr, Dim)):
+        return evaluate(value, env)
+    if isinstance(value, tuple):
+        return tuple(_value_at(v, env) for v in value)
+    return value
+
+
+def _op_at(op: Op, env: Mapping[str, int]) -> Op:
+    """The op with attributes that are dynamic sizes (a reshape's target, a slice's end) evaluated."""
+    changed = {}
+    for f in fields(op):
+        if f.init:
+            value = getattr(op, f.name)
+            new = _value_at(value, env)
+            if new is not value and new != value:
+                changed[f.name] = new
+    return dataclasses.replace(op, **changed) if changed else op

@@ -155,6 +155,10 @@ class Op:
     SCALAR_INPUTS: ClassVar[frozenset[str]] = frozenset()
     # The op's math is the same whatever the element type (layout ops move data, never round it).
     MOVES_DATA_ONLY: ClassVar[bool] = False
+    # Its rules (normalize, infer, check) take dynamic dims (opgraph.Dim, expressions of them) and
+    # decide over their whole ranges; an op without it given a dynamic input is refused by finalize
+    # (rule op.dynamic_dims). `dynamic_refusal` narrows which axes may be dynamic.
+    DYNAMIC: ClassVar[bool] = False
 
     def input_roles(self) -> tuple[str, ...]:
         return self.INPUTS
@@ -190,6 +194,11 @@ class Op:
 
     def check(self, ctx: NodeContext) -> None:
         """Rules beyond inference, run once the outputs are fully known. Raise a typed GraphError."""
+
+    def dynamic_refusal(self, ctx: NodeContext) -> str | None:
+        """Why this op, whose class is DYNAMIC, cannot take the dynamic dims its inputs have here
+        (e.g. a filter-gradient convolution over dynamic spatial dims), or None when it can."""
+        return None
 
     def dependence(self, output: str, input: str) -> str:
         """How output role `output` depends on input role `input`: "none" (not at all), "aligned" (each

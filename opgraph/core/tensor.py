@@ -16,24 +16,43 @@ import numpy as np
 
 from .dtypes import DataType, as_data_type
 from .errors import GraphError, ShapeError, printable
+from .symbolic import Dim, Expr, SymInt, bounds, free_symbols
 
 INT64_MAX = 2**63 - 1
 
 
 def packed_strides(dim: Sequence[int], order: Sequence[int] | None = None) -> tuple[int, ...]:
-    """Strides of a packed tensor. `order` lists axes from outermost to innermost (default: row-major)."""
+    """Strides of a packed tensor. `order` lists axes from outermost to innermost (default: row-major).
+    Dynamic dims (opgraph.core.symbolic) give expressions: [batch, seq, 64] -> [64*seq, 64, 1]."""
     order = list(range(len(dim))) if order is None else list(order)
-    strides = [0] * len(dim)
-    step = 1
+    strides: list[Any] = [0] * len(dim)
+    step: Any = 1
     for axis in reversed(order):
         strides[axis] = step
-        step *= max(int(dim[axis]), 1)
+        d = dim[axis]
+        step = step * (d if isinstance(d, (Expr, Dim)) else max(int(d), 1))  # a dynamic dim is >= 1
     return tuple(strides)
+
+
+def order_value(value: SymInt) -> int:
+    """A size as an int to order by: itself, or a dynamic size at its range's maximum (finalize proves
+    that the order of a tensor's strides is the same over the whole range, so any point would do)."""
+    return value if isinstance(value, int) else bounds(value)[1]
 
 
 def stride_order(stride: Sequence[int]) -> tuple[int, ...]:
     """Axes from outermost to innermost by stride (ties keep the logical order)."""
-    return tuple(sorted(range(len(stride)), key=lambda a: (-stride[a], a)))
+    return tuple(sorted(range(len(stride)), key=lambda a: (-order_value(stride[a]), a)))
+
+
+def format_dims(values: Sequence[Any]) -> str:
+    """Dims or strides as a list, dynamic sizes as their text: `[batch, 64*seq, 1]`."""
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def is_dynamic(values: Sequence[Any]) -> bool:
+    """Whether any of the dims or strides is an expression of dynamic dims."""
+    return any(isinstance(v, Expr) for v in values)
 
 
 def channels_last_order(rank: int) -> tuple[int, ...]:
@@ -61,7 +80,7 @@ def layout_name(dim: Sequence[int], stride: Sequence[int], image: bool = False) 
 
 def storage_extent(dim: Sequence[int], stride: Sequence[int]) -> int:
     """Number of elements a buffer must hold for these dims and strides."""
-    if any(d == 0 for d in dim):
+    if any(isinstance(d, int) and d == 0 for d in dim):
         return 0
     return 1 + sum((d - 1) * s for d, s in zip(dim, stride))
 
@@ -85,6 +104,8 @@ class TensorDesc:
 
     uid: int
     name: str
+    # ints; in a graph with dynamic dims (opgraph.Dim) some are `Expr`s of them (typed int: only
+    # finalize, the ops' rules and `FinalGraph.at` see such graphs; engines get `graph.at(shape)`)
     dim: tuple[int, ...]
     stride: tuple[int, ...]
     data_type: DataType
@@ -103,6 +124,15 @@ class TensorDesc:
     @property
     def nbytes(self) -> int:
         return storage_extent(self.dim, self.stride) * self.data_type.itemsize
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether a dim or stride depends on a dynamic dim (opgraph.Dim)."""
+        return is_dynamic(self.dim) or is_dynamic(self.stride)
+
+    def symbols(self) -> frozenset[Dim]:
+        """The dynamic dims its dims and strides depend on."""
+        return frozenset().union(*(free_symbols(v) for v in (*self.dim, *self.stride)))
 
     @property
     def is_scalar(self) -> bool:
@@ -137,8 +167,11 @@ def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -
             f"{what} must be a sequence of ints, got {values!r}", tensor=tensor, rule=f"tensor.{what}",
             hint=f"pass {what} as a list such as [32, 64, 56, 56]",
         ) from None
-    out = []
+    out: list[Any] = []  # ints and dynamic sizes (see TensorDesc.dim)
     for v in items:
+        if isinstance(v, (Dim, Expr)):
+            out.append(_check_symbolic(v, items, what, tensor, allow_zero=allow_zero))
+            continue
         if isinstance(v, bool) or not hasattr(v, "__index__"):
             raise ShapeError(
                 f"{what} must hold ints, got {values!r}", tensor=tensor, rule=f"tensor.{what}",
@@ -152,6 +185,23 @@ def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -
             )
         out.append(v)
     return tuple(out)
+
+
+def _check_symbolic(value: Dim | Expr, items: tuple, what: str, tensor: Any, *, allow_zero: bool) -> SymInt:
+    """A dynamic dim or stride: its lowest value over the range must be >= 1 (>= 0 for a stride)."""
+    e: SymInt = Expr.of(value) if isinstance(value, Dim) else value
+    if isinstance(e, int):
+        return e
+    lo, hi = bounds(e)
+    if lo < (0 if allow_zero else 1) or hi > INT64_MAX:
+        shown = [str(v) for v in items]
+        raise ShapeError(
+            f"{what} {shown} has the entry {e}, which can be {lo if lo < 1 else hi} within its dims' ranges",
+            tensor=tensor, rule=f"tensor.{what}",
+            hint="dims must be >= 1 and strides >= 0 for every value of their dynamic dims: narrow the Dim's "
+            "range or change the expression",
+        )
+    return e
 
 
 class Graph(Protocol):
@@ -354,11 +404,12 @@ class Tensor:
         self._name = str(name)
         return self._touch()
 
-    def set_dim(self, dim: Sequence[int]) -> Tensor:
+    def set_dim(self, dim: Sequence[Any]) -> Tensor:
+        """The dims: ints, dynamic dims (`opgraph.Dim`) or expressions of them (`batch * seq`)."""
         self._dim = _check_int_tuple(dim, "dim", self, allow_zero=False)
         return self._touch()
 
-    def set_stride(self, stride: Sequence[int]) -> Tensor:
+    def set_stride(self, stride: Sequence[Any]) -> Tensor:
         self._stride = _check_int_tuple(stride, "stride", self, allow_zero=True)
         return self._touch()
 

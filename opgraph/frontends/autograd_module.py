@@ -23,7 +23,8 @@ themselves, so autograd accumulates into `p.grad`, runs parameter hooks and DDP'
 module. The saved activations are the forward plan's output buffers, which the backward pack binds
 as they are: not copied, held by the autograd graph until it is freed (fresh per forward call, so a
 second forward before the first backward keeps both). Batchnorm running stats are written back
-after each training-mode forward, as PyTorch does. Not differentiable twice (once_differentiable).
+after each training-mode forward, as PyTorch does. Differentiable once: a backward with create_graph=True
+gives the gradients' values, and differentiating those raises UnsupportedGraphError (compile.double_backward).
 
 One plan pair per input shape (a new shape imports again and builds new plans, logged on
 `opgraph.dynamo`).
@@ -80,15 +81,29 @@ class CompiledModule(torch.nn.Module):
         self._imports: dict[tuple, ImportedGraph] = {}
         self._variants: dict[tuple, Variant] = {}
         self._param_keys: dict[int, list[str]] = {}
+        self.register_load_state_dict_pre_hook(CompiledModule._under_module)
         args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
         self._imported(args)  # import now: a module from_torch cannot import fails here, not in a loop
 
-    # the module's own state under its own names (no "module." prefix)
+    # the module's own state under its own names (no "module." prefix), also inside a parent module or DDP
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module.state_dict(*args, **kwargs)
+        out = self.module.state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        metadata = getattr(out, "_metadata", None)
+        if metadata is not None:  # (a parent's load looks the module's versions up under "<prefix>module")
+            for key in [k for k in metadata if k == prefix[:-1] or k.startswith(prefix)]:
+                metadata.setdefault(prefix + "module" + ("." + key[len(prefix):] if key != prefix[:-1] else ""),
+                                    metadata[key])
+        return out
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.module.load_state_dict(*args, **kwargs)
+
+    @staticmethod
+    def _under_module(owner: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A parent's load_state_dict walks into `module`: its keys, as state_dict gave them, go under it."""
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            state_dict[prefix + "module." + key[len(prefix):]] = state_dict.pop(key)
 
     def _imported(self, args: tuple) -> ImportedGraph:
         from . import from_torch
@@ -114,10 +129,10 @@ class CompiledModule(torch.nn.Module):
         key = (id(imported), device.type, low, needs)
         variant = self._variants.get(key)
         if variant is None:
-            variant = self._variants[key] = self._make(imported, needs, low, device)
+            variant = self._variants[key] = self._make(imported, needs, low, device, inputs)
         tensors = [leaves[i] for i, _ in variant.inputs]
         params = [current[k] for k, _, _ in variant.params]
-        run = _Run(self, imported, variant, inputs, device, params)
+        run = _Run(self, imported, variant, inputs, device, params, tensors)
         if variant.backward_plan is None:
             outs = run.forward()
         else:
@@ -138,7 +153,7 @@ class CompiledModule(torch.nn.Module):
         current = {k: p for k in keys if (p := self.module.get_parameter(k)).requires_grad and p.is_floating_point()}
         return (inputs, tuple(current)), current
 
-    def _make(self, imported: ImportedGraph, needs: tuple, low: Any, device: Any) -> Variant:
+    def _make(self, imported: ImportedGraph, needs: tuple, low: Any, device: Any, inputs: tuple) -> Variant:
         input_idx, keys = needs
         fg = imported.graph.final
         groups: dict[str, list[tuple[Any, Source]]] = {}
@@ -152,8 +167,9 @@ class CompiledModule(torch.nn.Module):
                 tied.append(TiedParam(key, [(t.known_uid(), s.views) for t, s in members], tuple(p.shape) or (1,),
                                       tuple(p.stride()) or (1,), as_data_type(p.dtype)))
         bound = {t.known_uid() for t, _ in imported.bound_inputs}
+        types = None if low is None else _autocast_types(self.module, imported, inputs, device.type, low)
         prep = prepare_forward(fg, bound=bound, tied=tied, low=None if low is None else as_data_type(low),
-                               name=f"{fg.name}_forward")
+                               output_types=types, name=f"{fg.name}_forward")
         g = prep.graph
         variant = Variant(g, None)
         for tp in tied:
@@ -187,6 +203,37 @@ class CompiledModule(torch.nn.Module):
         return variant
 
 
+def _autocast_types(module: torch.nn.Module, imported: ImportedGraph, inputs: tuple, device_type: str,
+                    low: Any) -> dict[int, Any]:
+    """The types eager PyTorch gives the module's floating results under autocast(device_type, low), by
+    output UID: the module run on fake tensors (no computation, its parameters and buffers untouched).
+    Where that run fails, None per output: the autocast type of the op making it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
+
+    leaves = [leaf.tensor.known_uid() if leaf.tensor is not None else None for leaf in imported._output_leaves]
+    fallback: dict[int, Any] = {u: None for u in leaves if u is not None}
+    mode = FakeTensorMode()
+
+    def fake(t: Any) -> Any:
+        return mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
+
+    try:
+        state = {k: fake(v) for k, v in [*module.named_parameters(), *module.named_buffers()]}
+        args = pytree.tree_map(fake, inputs)
+        with mode, torch.autocast(device_type, dtype=low):
+            out = functional_call(module, state, args)
+        types = [x.dtype if isinstance(x, torch.Tensor) else None for x in pytree.tree_leaves(out)]
+    except Exception as err:  # noqa: BLE001 - any failure of a fake run: the ops' autocast types instead
+        log.debug("opgraph.compile: the fake autocast run of %s failed (%s); outputs take their op's autocast type",
+                  type(module).__name__, err)
+        return fallback
+    if len(types) != len(leaves):
+        return fallback
+    return {u: as_data_type(t) for u, t in zip(leaves, types) if u is not None and t is not None
+            and t.is_floating_point}
+
+
 def _signature(args: tuple) -> tuple:
     return tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else repr(x)
                  for x in pytree.tree_leaves(args))
@@ -202,9 +249,10 @@ class _Run:
     """One call: the forward pack (kept for the backward), then the backward pack."""
 
     def __init__(self, owner: CompiledModule, imported: ImportedGraph, variant: Variant, inputs: tuple,
-                 device: Any, params: list[Any]) -> None:
+                 device: Any, params: list[Any], tensors: list[Any]) -> None:
         self.owner, self.imported, self.variant, self.inputs, self.device = owner, imported, variant, inputs, device
         self.params = params  # the module's parameters differentiated, in variant.params' order
+        self.tensors = tensors  # the inputs differentiated, in variant.inputs' order
         self.pack: dict[int, Any] = {}
 
     def forward(self) -> tuple[Any, ...]:
@@ -264,11 +312,39 @@ class _Function(torch.autograd.Function):
         return outs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: Any) -> Any:
         run = ctx.run
+        if run is None:
+            raise UnsupportedGraphError(
+                "a second backward through opgraph.compile's module (retain_graph=True): the first freed the "
+                "saved activations", rule="compile.retain_graph",
+                hint="run the module's forward again for each backward")
         ctx.run = None  # the saved activations go with the autograd graph's node
-        return (None, *run.backward(grads))
+        create_graph = torch.is_grad_enabled()
+        with torch.no_grad():
+            results = run.backward(grads)
+        if create_graph:  # values now; differentiating them raises (the gradient plan is not differentiable)
+            sources = [*run.params, *[t for t in run.tensors if isinstance(t, torch.Tensor) and t.requires_grad]]
+            results = list(_NotTwice.apply(len(results), *results, *sources))
+        return (None, *results)
+
+
+class _NotTwice(torch.autograd.Function):
+    """The gradients of a backward run with create_graph=True: their values, and a typed error when they
+    are differentiated (double backward, a gradient penalty)."""
+
+    @staticmethod
+    def forward(ctx: Any, count: int, *tensors: Any) -> Any:
+        return tuple(t.view_as(t) for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise UnsupportedGraphError(
+            "opgraph.compile's module is differentiable once: a gradient of its gradients (create_graph=True "
+            "then a backward through the result: double backward, a gradient penalty, Hessian-vector products) "
+            "would differentiate its gradient plan, which opgraph does not", rule="compile.double_backward",
+            hint="compute the term that needs second derivatives with the eager module (or torch.compile "
+                 "with another backend); create_graph=True alone, with the gradients used as values, works")
 
 
 def compile(module: torch.nn.Module, example_inputs: Any, **build_options: Any) -> CompiledModule:  # noqa: A001

@@ -78,7 +78,9 @@ class Graph:
         is_by_reference: bool = False,
     ) -> Tensor:
         """Declare a tensor. Strides default to packed row-major over `dim`; the data type defaults to
-        the graph's io_data_type (or intermediate_data_type when virtual)."""
+        the graph's io_data_type (or intermediate_data_type when virtual). A dim may be dynamic: an
+        `opgraph.Dim` (a name and a range) or an expression of them (`batch * seq`), and so may a
+        stride; the plan then runs every shape in the ranges (docs/design/dynamic-shapes.md)."""
         t = Tensor(
             self, dim=dim, stride=stride, data_type=data_type, name=name, uid=uid,
             is_virtual=is_virtual, is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference,
@@ -254,7 +256,8 @@ class Graph:
         in worker processes, each distinct kernel once), "serial" (now, in this process) or "lazy"
         (each at its first execute). Or all of them at once as `options=opgraph.BuildOptions(...)`;
         keywords given as well override those of `options` (a parameter left at its default does
-        not). An unknown keyword is a BuildOptionError (with a did-you-mean)."""
+        not). An unknown keyword is a BuildOptionError (with a did-you-mean). A graph with dynamic
+        dims (opgraph.Dim) gets one plan for every shape in their ranges (opgraph.runtime.dynamic)."""
         from ..build.options import merged
         from ..runtime.plan import build_plan
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.dtypes import DataType
 from ..core.errors import DataflowError, DataTypeError, DuplicateUIDError, GraphError, ShapeError
 from ..core.image_layout import mark_images
 from ..core.ir import Const, FinalGraph, Node
-from ..core.op import Draft, NodeContext, TensorSpec
-from ..core.tensor import Tensor, TensorDesc, packed_strides, stride_order
+from ..core.op import Draft, NodeContext, Op, TensorSpec
+from ..core.symbolic import Dim, Expr, free_symbols, provably_le
+from ..core.tensor import Tensor, TensorDesc, format_dims, is_dynamic, packed_strides, stride_order
 from ..ops.base import strides_like
 from .placement import place_epilogues, place_views
 
@@ -53,6 +54,7 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
             if isinstance(v, Tensor):
                 readers[uids[id(v)]] = readers.get(uids[id(v)], 0) + 1
     _check_dangling(g, records, uids, producer_of, readers)
+    _check_dim_names(g, uids)
     descs: dict[int, TensorDesc] = {}
     for t in g._tensors:
         uid = uids[id(t)]
@@ -231,6 +233,8 @@ def _input_desc(g: Graph, t: Tensor, uid: int) -> TensorDesc:
         )
     stride = t._stride if t._stride is not None else packed_strides(t._dim)
     _check_stride_rank(t._dim, stride, label)
+    if is_dynamic(t._dim) or is_dynamic(stride):
+        _check_dynamic_layout(tuple(t._dim), tuple(stride), label)
     dt = t._data_type or (g.intermediate_data_type if t.is_virtual else g.io_data_type)
     if t.is_pass_by_value and _numel(t._dim) != 1:
         raise ShapeError(
@@ -252,21 +256,51 @@ def _numel(dim: tuple[int, ...]) -> int:
 def _check_stride_rank(dim: tuple[int, ...], stride: tuple[int, ...], label: str) -> None:
     if len(stride) != len(dim):
         raise ShapeError(
-            f"dims {list(dim)} have rank {len(dim)} but strides {list(stride)} have rank {len(stride)}",
+            f"dims {format_dims(dim)} have rank {len(dim)} but strides {format_dims(stride)} have rank {len(stride)}",
             tensor=label, rule="tensor.stride_rank", hint="give one stride per dim",
         )
 
 
 def _self_overlapping(dim: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """True when two different indices of the tensor map to one element."""
+    """True when two different indices of the tensor map to one element (for dynamic sizes: when
+    that is not proven impossible over the whole range)."""
     extent = 1
     for axis in reversed(stride_order(stride)):
-        if dim[axis] == 1:
+        if isinstance(dim[axis], int) and dim[axis] == 1:
             continue
-        if stride[axis] < extent:
+        if not provably_le(extent, stride[axis]):
             return True
         extent = stride[axis] * (dim[axis] - 1) + extent
     return False
+
+
+def _check_dim_names(g: Graph, uids: dict[int, int]) -> None:
+    """One name is one dynamic dim: two ranges for a name are refused, naming both tensors."""
+    seen: dict[str, tuple[Dim, str]] = {}
+    for t in g._tensors:
+        for d in {d for v in (*(t._dim or ()), *(t._stride or ())) if isinstance(v, Expr) for d in free_symbols(v)}:
+            first = seen.setdefault(d.name, (d, _label(t, uids[id(t)])))
+            if first[0] != d:
+                raise ShapeError(
+                    f"the dynamic dim '{d.name}' has the range {first[0].min}..{first[0].max} in {first[1]} but "
+                    f"{d.min}..{d.max} here", tensor=_label(t, uids[id(t)]), rule="dim.conflict",
+                    hint=f"declare one Dim('{d.name}', min, max) and use it everywhere (or give the two their own names)",
+                )
+
+
+def _check_dynamic_layout(dim: tuple[int, ...], stride: tuple[int, ...], label: str) -> None:
+    """The strides of axes that can be longer than 1 keep one order over the whole range (so every
+    kernel knows the innermost axis), proven pairwise: each pair provably ordered or equal."""
+    axes = [a for a in range(len(dim)) if not (isinstance(dim[a], int) and dim[a] == 1)]
+    for i, a in enumerate(axes):
+        for b in axes[i + 1:]:
+            if not (provably_le(stride[a], stride[b]) or provably_le(stride[b], stride[a])):
+                raise ShapeError(
+                    f"the strides {[str(s) for s in stride]} of axes {a} ({stride[a]}) and {b} ({stride[b]}) "
+                    "swap order within the dims' ranges", tensor=label, rule="tensor.layout_order",
+                    hint="give strides whose order is the same for every value of the dynamic dims (packed "
+                    "strides always are), or narrow the Dim's range",
+                )
 
 
 def _finalize_node(
@@ -302,6 +336,10 @@ def _finalize_node(
     ]
     cdt = rec.compute_data_type or g.compute_data_type
     ctx = NodeContext(label, roles, inputs, op.output_roles(), drafts, cdt, g.intermediate_data_type)
+    dynamic = _dynamic_operand(inputs, drafts)
+    if dynamic is not None:
+        _admit_dynamic(op, ctx, label, dynamic)
+        return _finalize_dynamic_node(g, rec, op, ctx, label, roles, inputs, operands, drafts, cdt, descs)
     op = op.normalize(ctx)
     specs = op.infer(ctx)
     if len(specs) != len(drafts):
@@ -316,6 +354,62 @@ def _finalize_node(
         outs.append(desc)
     check_ctx = NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type)
     op.check(check_ctx)
+    return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
+
+
+def _dynamic_operand(inputs: list[TensorDesc | Const | None], drafts: list[Draft | None]) -> Any:
+    """The first input (or output draft) with a dynamic dim or stride, else None."""
+    for t in inputs:
+        if isinstance(t, TensorDesc) and t.is_dynamic:
+            return t
+    for d in drafts:
+        if d is not None and (is_dynamic(d.dim or ()) or is_dynamic(d.stride or ())):
+            return d.label()
+    return None
+
+
+def _admit_dynamic(op: Op, ctx: NodeContext, label: str, tensor: Any) -> None:
+    if not op.DYNAMIC:
+        raise ShapeError(
+            f"{op.kind} does not take dynamic dims (yet): its rules decide by sizes", op=label, tensor=tensor,
+            rule="op.dynamic_dims",
+            hint="give this op's operands static dims (build a plan per shape), or keep the dynamic dims to ops "
+            "that take them (see docs/design/dynamic-shapes.md)",
+        )
+    reason = op.dynamic_refusal(ctx)
+    if reason is not None:
+        raise ShapeError(reason, op=label, tensor=tensor, rule="op.dynamic_dims",
+                         hint="fix those dims of this op's operands (or build a plan per size)")
+
+
+def _finalize_dynamic_node(g: Graph, rec: OpRecord, op: Op, ctx: NodeContext, label: str, roles: tuple[str, ...],
+                           inputs: list[TensorDesc | Const | None], operands: list[int | Const | None],
+                           drafts: list[Draft | None], cdt: DataType, descs: dict[int, TensorDesc]) -> Node:
+    """`_finalize_node`'s rules for a node with dynamic dims: a rule that decides by a size it cannot
+    know over the whole range (Python's TypeError from a symbolic size) is a ShapeError naming the
+    op and the rule, never a guess."""
+    stage = "normalize"
+    try:
+        op = op.normalize(ctx)
+        stage = "infer"
+        specs = op.infer(ctx)
+        outs: list[TensorDesc | None] = []
+        for role, draft, spec in zip(op.output_roles(), drafts, specs):
+            if draft is None:
+                outs.append(None)
+                continue
+            desc = _merge(g, label, role, draft, spec, inputs)
+            descs[desc.uid] = desc
+            outs.append(desc)
+        stage = "check"
+        check_ctx = NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type)
+        op.check(check_ctx)
+    except TypeError as err:
+        raise ShapeError(
+            f"{op.kind}'s {stage} rule cannot decide over the dynamic dims' ranges ({err})"[:600], op=label,
+            tensor=_dynamic_operand(inputs, drafts), rule="op.dynamic_dims",
+            hint="give this op's operands static dims, or narrow the dynamic dims so the rule holds for every value",
+        ) from None
     return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
 
 
@@ -342,7 +436,7 @@ def _draft(t: Tensor, uid: int, alias: Tensor | None, generated_name: str, op_la
 
 
 def _show(value) -> str:
-    return value.name if isinstance(value, DataType) else str(list(value))
+    return value.name if isinstance(value, DataType) else str([v if isinstance(v, int) else str(v) for v in value])
 
 
 def _merge(
@@ -351,9 +445,9 @@ def _merge(
     tlabel = draft.label()
     if draft.dim is not None and spec.dim is not None and tuple(draft.dim) != tuple(spec.dim):
         raise ShapeError(
-            f"output '{role}' was set to dims {list(draft.dim)} but the op computes dims {list(spec.dim)}",
+            f"output '{role}' was set to dims {format_dims(draft.dim)} but the op computes dims {format_dims(spec.dim)}",
             op=label, tensor=tlabel, rule="infer.dims_mismatch",
-            hint=f"remove the set_dim call or set dims {list(spec.dim)}",
+            hint=f"remove the set_dim call or set dims {format_dims(spec.dim)}",
         )
     dim = draft.dim if draft.dim is not None else spec.dim
     if dim is None:
@@ -366,7 +460,7 @@ def _merge(
     _check_stride_rank(tuple(dim), tuple(stride), tlabel)
     if _self_overlapping(tuple(dim), tuple(stride)):
         raise ShapeError(
-            f"output strides {list(stride)} for dims {list(dim)} make different elements share memory",
+            f"output strides {format_dims(stride)} for dims {format_dims(dim)} make different elements share memory",
             op=label, tensor=tlabel, rule="tensor.overlapping_output",
             hint="give outputs strides where each element has its own address (e.g. packed strides)",
         )

@@ -23,26 +23,35 @@ from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
 from ..core.limits import check_file_size, check_strings, preview
 from ..core.suggest import did_you_mean
+from ..core.symbolic import Dim
+from ..core.symbolic import from_json as size_from_json
+from ..core.symbolic import to_json as size_to_json
 from ..core.tensor import Tensor
 from ..ops.custom import upgrade_entry
 
 FORMAT = "opgraph.graph"
-VERSION = 1
+VERSION = 1  # a static graph's files (unchanged, so their keys and caches stay)
+DYNAMIC_VERSION = 2  # a graph with dynamic dims: "dims" and sizes that are expression texts
+VERSIONS = (VERSION, DYNAMIC_VERSION)
+MAX_DIMS = 64  # dynamic dims of one graph
 
 
 def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
     def operand(v: Any) -> Any:
         return {"const": v.value} if isinstance(v, Const) else v
 
+    dynamic = {"dims": [d.to_json() for d in g.symbols.values()]} if g.symbols else {}
     return {
         "format": FORMAT,
-        "version": VERSION,
+        "version": DYNAMIC_VERSION if dynamic else VERSION,
         "name": g.name,
         "io_data_type": g.io_data_type.name,
         "intermediate_data_type": g.intermediate_data_type.name,
         "compute_data_type": g.compute_data_type.name,
+        **dynamic,
         "tensors": [
-            {"uid": t.uid, "name": t.name, "dim": list(t.dim), "stride": list(t.stride),
+            {"uid": t.uid, "name": t.name, "dim": [size_to_json(d) for d in t.dim],
+             "stride": [size_to_json(s) for s in t.stride],
              "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value,
              **({"is_by_reference": True} if t.is_by_reference else {})}
             for t in (g.tensors[u] for u in canonical_order(g))
@@ -92,8 +101,8 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str, defau
 
 _JSON_NAMES = {list: "a list", dict: "an object", str: "a string", int: "an integer", bool: "true or false"}
 # the keys each object of a graph file may have (schema/graph.schema.json says the same)
-GRAPH_KEYS = ("format", "version", "name", "io_data_type", "intermediate_data_type", "compute_data_type", "tensors",
-              "ops")
+GRAPH_KEYS = ("format", "version", "name", "io_data_type", "intermediate_data_type", "compute_data_type", "dims",
+              "tensors", "ops")
 TENSOR_KEYS = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_by_reference")
 OP_KEYS = ("op", "name", "compute_data_type", "attrs", "inputs", "outputs")
 
@@ -132,9 +141,9 @@ def graph_from_dict(doc: Any) -> Any:
             rule="json.format", hint=f"graph files have \"format\": \"{FORMAT}\"",
         )
     version = doc.get("version")
-    if type(version) is not int or version != VERSION:
+    if type(version) is not int or version not in VERSIONS:
         raise SerializationError(
-            f"graph file version {version!r} is not supported (this opgraph reads version {VERSION})",
+            f"graph file version {version!r} is not supported (this opgraph reads versions {list(VERSIONS)})",
             rule="json.version", hint="re-export the graph with this opgraph version",
         )
     try:
@@ -146,6 +155,25 @@ def graph_from_dict(doc: Any) -> Any:
                         hint=err.hint) from None
 
 
+def _dims(doc: dict) -> dict[str, Dim]:
+    """The dynamic dims a file declares (version 2), by name."""
+    entries = _field(doc, "dims", list, "graph", [])
+    if bool(entries) != (doc.get("version") == DYNAMIC_VERSION):
+        raise SerializationError(f"a graph file is version {DYNAMIC_VERSION} exactly when it declares dynamic dims "
+                                 f"(this one is version {doc.get('version')} with {len(entries)})", rule="json.version",
+                                 hint="write the graph with Graph.to_json")
+    if len(entries) > MAX_DIMS:
+        raise SerializationError(f"{len(entries)} dynamic dims are beyond {MAX_DIMS}", rule="json.dims")
+    symbols: dict[str, Dim] = {}
+    for entry in entries:
+        dim = Dim.from_json(entry)
+        if dim.name in symbols:
+            raise SerializationError(f"dims: '{dim.name}' is declared twice", rule="json.dims",
+                                     hint="declare each dynamic dim once")
+        symbols[dim.name] = dim
+    return symbols
+
+
 def _load(doc: dict, graph_cls: Any) -> Any:
     _known_keys(doc, GRAPH_KEYS, "graph")
     # keys the Python API defaults are optional here too, with the same defaults
@@ -155,6 +183,14 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         intermediate_data_type=as_data_type(_field(doc, "intermediate_data_type", str, "graph", "FLOAT")),
         compute_data_type=as_data_type(_field(doc, "compute_data_type", str, "graph", "FLOAT")),
     )
+    symbols = _dims(doc)
+
+    def sizes(t: dict, key: str, where: str) -> list[Any] | None:
+        values = _field(t, key, list, where, None)  # (what is not a size is refused by g.tensor)
+        if values is None or not symbols:
+            return values
+        return [size_from_json(v, symbols) if isinstance(v, str) else v for v in values]
+
     handles: dict[int, Tensor] = {}
     entries: dict[int, dict] = {}
     for i, t in enumerate(_field(doc, "tensors", list, "graph")):
@@ -168,7 +204,7 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         entries[uid] = t
         dtype = _field(t, "data_type", str, where, None)
         handles[uid] = g.tensor(
-            dim=_field(t, "dim", list, where, None), stride=_field(t, "stride", list, where, None),
+            dim=sizes(t, "dim", where), stride=sizes(t, "stride", where),
             data_type=None if dtype is None else as_data_type(dtype), name=_field(t, "name", str, where, ""),
             uid=uid, is_virtual=_field(t, "is_virtual", bool, where, False),
             is_pass_by_value=_field(t, "is_pass_by_value", bool, where, False),
@@ -213,7 +249,8 @@ def _load(doc: dict, graph_cls: Any) -> Any:
             if any(v == uid and type(v) is int for v in ins.values()):  # an in-place update: the
                 # output is a second handle on the UID
                 e = entries[uid]
-                handles_out = g.tensor(dim=e.get("dim"), stride=e.get("stride"), data_type=e.get("data_type"),
+                handles_out = g.tensor(dim=sizes(e, "dim", where), stride=sizes(e, "stride", where),
+                                       data_type=e.get("data_type"),
                                        name=e.get("name", ""), uid=uid)
                 out_handles.append(handles_out)
                 updated[uid] = handles_out

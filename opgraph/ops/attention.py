@@ -427,6 +427,7 @@ class Sdpa(_Attention):
     whose O is 0); score_max / score_sum_exp the softmax's row max and sum; rng_dump the dropout mask."""
 
     kind = "sdpa"
+    DYNAMIC = True
     BASE_INPUTS = _FWD_IN
     REQUIRED = frozenset({"q", "k", "v"})
     OUTPUTS = ("o", "stats", "score_max", "score_sum_exp", "rng_dump")

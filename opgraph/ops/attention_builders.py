@@ -11,6 +11,7 @@ import numpy as np
 
 from ..core.errors import AttributeValueError, ShapeError
 from ..core.op import graph_method
+from ..core.symbolic import Expr
 from ..core.tensor import Tensor
 from .attention import DiagonalAlignment, Sdpa, SdpaBackward
 from .score_mod import ScoreMod, record
@@ -129,7 +130,9 @@ def _score_dims(q, k, seq_len_q, q_off, k_off, table, max_q, max_kv) -> tuple[in
         skv = max_kv if max_kv is not None else (td[2] * kd[2] if td is not None else None)
     else:
         skv = max_kv if k_off is not None else kd[2]
-    return None if skv is None else (b, qd[1], sq, int(skv))
+    if skv is None:
+        return None
+    return (b, qd[1], sq, skv if isinstance(skv, Expr) else int(skv))  # type: ignore[return-value]
 
 
 def _declared(g: Any, value: Any, role: str, label: str) -> Tensor | None:

@@ -34,7 +34,7 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
 from ..core.op import Draft, NodeContext, Op, TensorSpec, graph_method, register_op
 from ..core.tensor import Tensor, TensorDesc
-from .base import strides_like
+from .base import batch_only_refusal, strides_like
 from .conv_math import (
     INPUT_TYPES,
     ConvGeometry,
@@ -222,8 +222,12 @@ class ConvFprop(_Conv):
     g = k // (K/G); spatial dims y = (x + p0 + p1 - ((r-1)*d + 1)) // s + 1. Y follows X's layout."""
 
     kind = "conv_fprop"
+    DYNAMIC = True
     INPUTS = ("image", "weight")
     OUTPUTS = ("Y",)
+
+    def dynamic_refusal(self, ctx: NodeContext) -> str | None:
+        return batch_only_refusal(ctx, self.INPUTS, "conv_fprop")
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         x, w = self._checked_ranks(ctx)

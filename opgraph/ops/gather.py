@@ -54,6 +54,7 @@ class Embedding(Op):
     """output[i..., :] = weight[indices[i...], :]; zeros for indices outside [0, V)."""
 
     kind = "embedding"
+    DYNAMIC = True
     INPUTS = ("weight", "indices")
     OUTPUTS = ("output",)
     padding_idx: int = -1

@@ -54,6 +54,7 @@ class Layernorm(ScalarRules, Op):
     """
 
     kind = "layernorm"
+    DYNAMIC = True
     INPUTS = ("input", "scale", "bias", "epsilon")
     OUTPUTS = ("y", "mean", "inv_variance")
     OPTIONAL_INPUTS = frozenset({"scale", "bias"})
@@ -100,6 +101,7 @@ class LayernormBackward(Op):
     """
 
     kind = "layernorm_backward"
+    DYNAMIC = True
     INPUTS = ("grad", "input", "scale", "mean", "inv_variance")
     OUTPUTS = ("dx", "dscale", "dbias")
 
@@ -132,6 +134,7 @@ class Rmsnorm(ScalarRules, Op):
     """
 
     kind = "rmsnorm"
+    DYNAMIC = True
     INPUTS = ("input", "scale", "bias", "epsilon")
     OUTPUTS = ("y", "inv_variance")
     OPTIONAL_INPUTS = frozenset({"bias"})
@@ -164,6 +167,7 @@ class RmsnormBackward(Op):
     """
 
     kind = "rmsnorm_backward"
+    DYNAMIC = True
     INPUTS = ("grad", "input", "scale", "inv_variance")
     OUTPUTS = ("dx", "dscale", "dbias")
 

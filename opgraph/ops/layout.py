@@ -43,9 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import AttributeValueError, DataTypeError, ShapeError
+from ..core.errors import AttributeValueError, DataTypeError, InternalError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
-from ..core.tensor import INT64_MAX, Tensor, TensorDesc, packed_strides, stride_order
+from ..core.symbolic import Expr, provably_le, provably_lt
+from ..core.symbolic import bounds as size_bounds
+from ..core.tensor import INT64_MAX, Tensor, TensorDesc, format_dims, packed_strides, stride_order
 from .base import strides_like
 from .custom import LEGACY_CUSTOM, Param
 
@@ -58,6 +60,7 @@ class Reshape(Op):
     """y = x's elements, in logical row-major order, in dims `dim` (see the module docstring)."""
 
     kind = "reshape"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -67,7 +70,7 @@ class Reshape(Op):
         if self.dim is None:
             out = ctx.output("output")
             return None if out is None or out.dim is None else tuple(out.dim)
-        bad = [d for d in self.dim if d < 1 and d != -1]
+        bad = [d for d in self.dim if isinstance(d, int) and d < 1 and d != -1]
         if not self.dim or bad or list(self.dim).count(-1) > 1:
             ctx.error(
                 AttributeValueError, f"reshape dims {list(self.dim)} are not a shape (entries >= 1, at most one -1)",
@@ -76,7 +79,14 @@ class Reshape(Op):
         if -1 not in self.dim:
             return tuple(self.dim)
         known = math.prod(d for d in self.dim if d != -1)
-        if x.numel % known:
+        left = x.numel % known if isinstance(known, int) else x.numel
+        if not isinstance(left, int):  # (a dynamic element count, or a dynamic target)
+            ctx.error(
+                ShapeError, f"input dims {format_dims(x.dim)} do not provably fit dims {format_dims(self.dim)} for every "
+                "value of their dynamic dims", tensor="input", rule="reshape.numel",
+                hint="give the output's dims in full (set_dim) or keep the dynamic dims as whole factors",
+            )
+        if left:
             ctx.error(
                 ShapeError, f"input dims {list(x.dim)} ({x.numel} elements) do not fit dims {list(self.dim)}: "
                 f"{x.numel} is not a multiple of {known}", tensor="input", rule="reshape.numel",
@@ -115,6 +125,7 @@ class Transpose(Op):
     """Output axis k is input axis permutation[k] (see the module docstring for the strides)."""
 
     kind = "transpose"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -162,12 +173,32 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
     return (start, stop, step)
 
 
+def _dynamic_bounds(ctx: NodeContext | None, axis: int, given: tuple[int, int, int], size: Expr) -> tuple[int, int, int]:
+    """(start, stop, step) on a dynamic axis, the same for its whole range: to the axis' end
+    (`(start, size, 1)`, start below the smallest size), or ints within its smallest size. Negative
+    indices, steps to the end and a stop past the smallest size are refused."""
+    start, stop, step = given
+    if step == 1 and provably_le(size, stop) and 0 <= start and provably_lt(start, size):
+        return (start, size, 1)  # type: ignore[return-value]  # to the end (a dynamic size: see TensorDesc.dim)
+    lowest = size_bounds(size)[0]
+    if start < 0 or stop < 0 or not provably_le(stop, size) or start >= stop:
+        if ctx is None:
+            raise InternalError(f"slice bounds {given} of a dynamic axis passed validation")
+        ctx.error(
+            ShapeError, f"slices[{axis}] = {start}:{stop}:{step} on the dynamic axis {axis} (size {size}, at least "
+            f"{lowest}) selects a length that depends on the size", tensor="input", rule="slice.dynamic",
+            hint=f"take the whole axis, or non-negative bounds within its smallest size {lowest} (narrow the Dim's range)",
+        )
+    return (start, stop, step)
+
+
 @register_op
 @dataclass(frozen=True, kw_only=True)
 class Slice(Op):
     """y = x[slices...] with Python slice semantics, step >= 1 (see the module docstring)."""
 
     kind = "slice"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
@@ -191,6 +222,9 @@ class Slice(Op):
                     AttributeValueError, f"slices[{axis}] has step {step}; steps must be >= 1", tensor="input",
                     rule="slice.step", hint="use a positive step (reverse an axis with another op)",
                 )
+            if isinstance(size, Expr):
+                out.append(_dynamic_bounds(ctx, axis, (start, stop, step), size))
+                continue
             start, stop, step = builtins.slice(start, stop, step).indices(size)
             if ctx is not None and len(range(start, stop, step)) == 0:
                 ctx.error(
@@ -203,7 +237,7 @@ class Slice(Op):
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         x = ctx.tensor("input")
-        dim = tuple(len(range(*b)) for b in self.bounds(ctx, x.dim))
+        dim = tuple(b[1] - b[0] if isinstance(b[1], Expr) else len(range(*b)) for b in self.bounds(ctx, x.dim))
         return [TensorSpec(dim, strides_like(dim, x), x.data_type)]
 
     def reference(self, ins, outs):
@@ -284,6 +318,7 @@ class Concatenate(Op):
     """y = inputs joined along `axis` (see the module docstring). Roles input0 .. input{n-1}."""
 
     kind = "concatenate"
+    DYNAMIC = True
     OUTPUTS = ("output",)
     MOVES_DATA_ONLY = True
     num_inputs: int

@@ -32,6 +32,7 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
 from ..core.tensor import packed_strides
+from .base import broadcast_pair
 
 
 @register_op
@@ -40,6 +41,7 @@ class Matmul(Op):
     """C = A @ B with broadcast batch axes (see the module docstring)."""
 
     kind = "matmul"
+    DYNAMIC = True
     INPUTS = ("A", "B")
     OUTPUTS = ("C",)
 
@@ -86,7 +88,7 @@ class Matmul(Op):
                     f"({x} vs {y})", tensor="B", rule="matmul.batch",
                     hint="make batch axes equal, or 1 in one operand",
                 )
-            batch.append(max(x, y))
+            batch.append(broadcast_pair(x, y))
         dim = (*batch, m, n)
         return [TensorSpec(dim, packed_strides(dim))]
 

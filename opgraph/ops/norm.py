@@ -13,6 +13,7 @@ import numpy as np
 
 from ..core.errors import AttributeValueError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
+from ..core.symbolic import provably_le
 from ..core.tensor import TensorDesc
 from .norm_common import (
     REQUIRED,
@@ -63,6 +64,7 @@ class Batchnorm(ScalarRules, Op):
     """
 
     kind = "batchnorm"
+    DYNAMIC = True
     INPUTS = ("input", "scale", "bias", "in_running_mean", "in_running_var", "epsilon", "momentum")
     OUTPUTS = ("y", "mean", "inv_variance", "next_running_mean", "next_running_var")
     OPTIONAL_INPUTS = frozenset({"in_running_mean", "in_running_var", "momentum"})
@@ -87,7 +89,7 @@ class Batchnorm(ScalarRules, Op):
         if running:
             rm, rv = (check_dims(ctx, role, c, "norm.stats_dims", hint, channels=True)
                       for role in ("in_running_mean", "in_running_var"))
-            if x.numel // x.dim[1] < 2:
+            if not provably_le(2, x.numel // x.dim[1]):  # (over the whole range of a dynamic batch)
                 ctx.error(
                     ShapeError, f"input dims {list(x.dim)} give one value per channel: the unbiased variance "
                     "of the running stats is undefined", tensor="input", rule="norm.reduction_size",
@@ -129,6 +131,7 @@ class BatchnormInference(Op):
     """
 
     kind = "batchnorm_inference"
+    DYNAMIC = True
     INPUTS = ("input", "mean", "inv_variance", "scale", "bias")
     OUTPUTS = ("y",)
 
@@ -163,6 +166,7 @@ class BatchnormBackward(ScalarRules, Op):
     """
 
     kind = "batchnorm_backward"
+    DYNAMIC = True
     INPUTS = ("grad", "input", "scale", "mean", "inv_variance", "epsilon")
     OUTPUTS = ("dx", "dscale", "dbias")
     OPTIONAL_INPUTS = frozenset({"mean", "inv_variance", "epsilon"})
@@ -215,6 +219,7 @@ class Instancenorm(ScalarRules, Op):
     """
 
     kind = "instancenorm"
+    DYNAMIC = True
     INPUTS = ("input", "scale", "bias", "epsilon")
     OUTPUTS = ("y", "mean", "inv_variance")
     SCALAR_INPUTS = frozenset({"epsilon"})
@@ -253,6 +258,7 @@ class InstancenormBackward(ScalarRules, Op):
     """
 
     kind = "instancenorm_backward"
+    DYNAMIC = True
     INPUTS = ("grad", "input", "scale", "mean", "inv_variance", "epsilon")
     OUTPUTS = ("dx", "dscale", "dbias")
     OPTIONAL_INPUTS = frozenset({"mean", "inv_variance", "epsilon"})

@@ -241,6 +241,7 @@ class Pointwise(Op):
     """An elementwise op; `mode` selects the formula (see the module docstring)."""
 
     kind = "pointwise"
+    DYNAMIC = True
     mode: PointwiseMode
     axis: int | None = None  # GEN_INDEX only
 

@@ -46,7 +46,7 @@ from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataflowError, DataTypeError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, graph_method, register_op
 from ..core.tensor import TensorDesc
-from .base import strides_like
+from .base import batch_only_refusal, strides_like
 
 
 class ResampleMode(enum.Enum):
@@ -82,6 +82,7 @@ class Resample(Op):
     """Max / average pooling over the spatial axes of [N, C, spatial...] (see the module docstring)."""
 
     kind = "resample"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output", "index")
     mode: ResampleMode = ResampleMode.MAX
@@ -141,6 +142,9 @@ class Resample(Op):
                  f"than the window {w[axis]}: the output would have {out[axis]} positions",
                  "resample.output_size", "use a smaller window or more padding, or a larger input")
         return PoolGeometry(w, s, pre, post, out)
+
+    def dynamic_refusal(self, ctx: NodeContext) -> str | None:
+        return batch_only_refusal(ctx, ("input",), "resample")
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         x = ctx.tensor("input")

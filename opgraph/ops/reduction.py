@@ -98,6 +98,7 @@ class Reduction(Op):
     """y = reduce_mode(x) over the axes where y's dim is 1 and x's is not (see the module docstring)."""
 
     kind = "reduction"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     mode: ReductionMode
@@ -145,6 +146,7 @@ class GenStats(Op):
     """sum and sum of squares per channel (axis 1) of an [N, C, spatial...] input."""
 
     kind = "genstats"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("sum", "sq_sum")
 

@@ -27,6 +27,7 @@ class Cumsum(Op):
     """y = the running sum of x along `axis` (from the end when `reverse`)."""
 
     kind = "cumsum"
+    DYNAMIC = True
     INPUTS = ("input",)
     OUTPUTS = ("output",)
     axis: int

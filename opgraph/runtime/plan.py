@@ -43,7 +43,12 @@ class StepTime:
 
 def build_plan(graph: FinalGraph, options: BuildOptions | None = None, **keywords: Any) -> ExecutionPlan:
     """Plan `graph` (opgraph.build.planner.plan_steps: partition, configs, tuning, compilation) and wrap the
-    steps in an ExecutionPlan. `Graph.build` calls this with its BuildOptions."""
+    steps in an ExecutionPlan. `Graph.build` calls this with its BuildOptions. A graph with dynamic dims
+    gets a DynamicPlan (opgraph.runtime.dynamic): one plan for every shape in the dims' ranges."""
+    if graph.is_dynamic:
+        from .dynamic import DynamicPlan
+
+        return DynamicPlan(graph, BuildOptions.of(options, **keywords))
     return ExecutionPlan.from_schedule(plan_steps(graph, options, **keywords))
 
 

@@ -35,7 +35,7 @@ with three changes a training step needs:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,11 +87,15 @@ class Prepared:
 
 
 def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedParam] = (),
-                    low: DataType | None = None, internal: Sequence[int] = (), name: str | None = None) -> Prepared:
+                    low: DataType | None = None, internal: Sequence[int] = (),
+                    output_types: Mapping[int, DataType | None] | None = None, name: str | None = None) -> Prepared:
     """Replay `final` as described in the module docstring. `bound`: UIDs of the inputs bound from the
     module (parameters, buffers, constants), which do not make a pointwise op wide. `internal`: outputs
     of `final` that become virtual (the module's results, which a loss reads), typed like any
-    intermediate (the graph does not validate until something reads them)."""
+    intermediate (the graph does not validate until something reads them). `output_types`: outputs of
+    `final` that stay outputs in another type (the type eager PyTorch gives a module's result under
+    autocast; None: the autocast type of the op making it), written by that op."""
+    output_types = output_types or {}
     internal_uids = set(internal)
     g = Graph(name or final.name, io_data_type=final.io_data_type, intermediate_data_type=final.intermediate_data_type,
               compute_data_type=final.compute_data_type)
@@ -168,8 +172,10 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
                 continue
             d = final.tensors[out_uid]
             virtual = d.is_virtual or out_uid in internal_uids
-            dt = typed if typed is not None and d.data_type in (DataType.FLOAT, DataType.DOUBLE) \
-                and virtual else d.data_type
+            wide = typed is not None and d.data_type in (DataType.FLOAT, DataType.DOUBLE)
+            dt = typed if typed is not None and wide and virtual else d.data_type
+            if not virtual and out_uid in output_types and d.data_type.is_floating:
+                dt = output_types[out_uid] or (typed if wide and typed is not None else d.data_type)
             out.set_uid(out_uid).set_name(d.name).set_dim(d.dim).set_data_type(dt).set_is_virtual(virtual)
             if virtual and dt is d.data_type:
                 out.set_stride(d.stride)

@@ -29,11 +29,13 @@ tensors and the optimizer state to it, builds the plan and runs it.
   device: the backward is seeded with the scale, gradients are unscaled, an inf or NaN skips the
   update (parameters, state and step counter unchanged) and halves the scale, `growth_interval`
   clean steps double it.
-- `run(*inputs, target)` builds the plan on first use on the inputs' device, copies inputs and target
+- `run(*inputs, target)` builds the plan on first use on the inputs' device (fp32 products in full
+  precision unless the import allows TF32, as `ImportedGraph.run`), copies inputs and target
   into the step's own buffers, executes, writes batchnorm running stats back into the module and
   returns the loss (a 0-d tensor, a copy). `pack(...)` gives the same variant pack to drive the plan
   yourself; `capture(...)` records the step (and the write-back) in a CUDA graph: `replay(*inputs,
-  target)`. The optimizer state lives in the step (`param_state(key)`, `step_count`, `loss_scale`).
+  target)`. The optimizer state lives in the step (`param_state(key)`, `step_count`, `loss_scale`);
+  `state_dict()` / `load_state_dict(sd)` checkpoint it in torch.optim's layout (opgraph.training.checkpoint).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ..core.dtypes import DataType
 from ..core.errors import GraphError, VariantPackError, expect
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
+from . import checkpoint
 from .losses import Loss
 from .module_graph import MIXED, ModuleStepGraph, module_step_graph
 from .optimizers import Optimizer
@@ -129,9 +132,13 @@ class TrainStep:
         return handles_by_uid(self.graph)[self.target_uid]
 
     # -- binding --------------------------------------------------------------------------------------------
-    def build(self, device: str | None = None, **build_options: Any) -> Any:
-        """Build (or rebuild) the step's plan for `device` (default: a GPU if usable, else the CPU)."""
-        self.plan = self.graph.build(device=device, **build_options)
+    def build(self, device: str | None = None, allow_tf32: bool | None = None, **build_options: Any) -> Any:
+        """Build (or rebuild) the step's plan for `device` (default: a GPU if usable, else the CPU). fp32
+        products are computed in full precision unless TF32 is allowed: `allow_tf32`, else the imported
+        module's setting (ImportedGraph.numeric_options: from_torch's allow_tf32 or PyTorch's at import)."""
+        numeric = getattr(self.imported, "numeric_options", None)
+        options = numeric(allow_tf32, **build_options) if numeric is not None else build_options
+        self.plan = self.graph.build(device=device, **options)
         return self.plan
 
     def _device_of(self, inputs: Sequence[Any]) -> Any:
@@ -194,6 +201,9 @@ class TrainStep:
         self._bind_module(pack, device)
         scalars = sg.state_pack(device, params=())  # the device scalars (bound to the optimizer) and the seed
         pack.update(scalars)
+        if self._pack is not None:  # the module moved: the step count and the loss scale go on
+            for uid in sg.scalars.values():
+                pack[uid].copy_(self._pack[uid])
         for uid, dims in sg.ones.items():  # the broadcast of an expanded parameter: one element, zero strides
             pack[uid] = torch.ones(1, dtype=final.tensors[uid].data_type.to_torch(), device=device).expand(*dims)
         for uid in final.outputs:
@@ -229,10 +239,12 @@ class TrainStep:
 
     def _param_state(self, key: str, name: str, p: Any) -> Any:
         """Parameter `key`'s optimizer state `name`: zeros like the parameter when first asked for (torch's
-        lazily made state), kept across steps (and moved with the parameter's device)."""
+        lazily made state), kept across steps (and moved to the parameter's device when it moved)."""
         state = self._state.setdefault(key, {})
-        if name not in state or state[name].device != p.device:
+        if name not in state:
             state[name] = _torch().zeros_like(p, memory_format=_torch().preserve_format)
+        elif state[name].device != p.device:  # the module moved: its state goes with it
+            state[name] = state[name].to(p.device)
         return state[name]
 
     # -- running --------------------------------------------------------------------------------------
@@ -313,6 +325,20 @@ class TrainStep:
         """The last step's global gradient norm before clipping (0-d), with grad_clip_norm."""
         uid = self.grad_norm_uid
         return None if uid is None or self._pack is None else self._pack[uid].reshape(())
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint laid out as PyTorch's: {"model": the module's state dict, "optimizer": torch.optim's
+        layout ({"state": {i: ...}, "param_groups": [...]}, i a position in module.parameters()),
+        "loss_scale": GradScaler's state dict or None, "step": AdamW's step count or None}. Its tensors
+        are the live ones (torch.save it). See opgraph.training.checkpoint."""
+        return checkpoint.state_dict(self)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a checkpoint of this step, or one made by an eager loop ({"model": model.state_dict(),
+        "optimizer": opt.state_dict(), "loss_scale": scaler.state_dict()}): the module's tensors, the
+        optimizer's state and hyper-parameters, the step count, the loss scale. A checkpoint that does
+        not fit raises StateDictError before anything changes."""
+        checkpoint.load_state_dict(self, state_dict)
 
     def __repr__(self) -> str:
         return (f"<TrainStep {self.graph.name}: {len(self.params)} parameters, {self.optimizer}, "

@@ -279,6 +279,58 @@ def test_broadcast_operands_are_reduced(combined, rng):
     check(g, y, [x, bias, row, s], lambda x, bias, row, s: (x * row + bias) * s, rng, combined=combined)
 
 
+# a gradient constant along the axes a mean or sum reduced (compact: 1 in those axes) that reaches an operand
+# broadcast along them: the operand's gradient sums every broadcast position, not only the compact ones
+def _mean(g, t, dim):
+    return g.reduction(t, mode=og.ReductionMode.AVG).set_dim(dim).set_data_type(D)
+
+
+def _channels_last_block(g):  # ConvNeXt's end: a Linear's bias and a layer scale over [N, H, W, C], mean over H, W
+    x, bias, gamma = g.tensor(dim=[2, 3, 4, 5], name="x"), g.tensor(dim=[1, 1, 1, 5], name="bias"), \
+        g.tensor(dim=[1, 1, 1, 5], name="gamma")
+    return [x, bias, gamma], _mean(g, g.mul(g.add(x, bias), gamma), [2, 1, 1, 5]), \
+        lambda x, bias, gamma: ((x + bias) * gamma).mean(dim=(1, 2), keepdim=True)
+
+
+def _channels_first_mean(g):  # the same, permuted to [N, C, H, W] before the pooling (HF's ConvNext)
+    x, bias = g.tensor(dim=[2, 3, 4, 5], name="x"), g.tensor(dim=[1, 1, 1, 5], name="bias")
+    r = g.tensor(dim=[2, 5, 3, 4], name="r")
+    y = _mean(g, g.add(r, g.transpose(g.add(x, bias), [0, 3, 1, 2])), [2, 5, 1, 1])
+    return [x, bias, r], y, lambda x, bias, r: (r + (x + bias).permute(0, 3, 1, 2)).mean(dim=(2, 3), keepdim=True)
+
+
+def _sequence(g):  # [N, T, C] with a bias and a scale subtracted, mean over T
+    x, bias, s = g.tensor(dim=[2, 6, 4], name="x"), g.tensor(dim=[1, 1, 4], name="bias"), g.tensor(dim=[1], name="s")
+    y = g.reduction(g.sub(g.sub(x, bias), s), mode=og.ReductionMode.ADD).set_dim([2, 1, 4]).set_data_type(D)
+    return [x, bias, s], y, lambda x, bias, s: (x - bias - s).sum(dim=1, keepdim=True)
+
+
+def _scalar_to_scalar(g):  # a one-element parameter, summed over everything
+    x, s = g.tensor(dim=[3, 4], name="x"), g.tensor(dim=[1, 1], name="s")
+    return [x, s], _mean(g, g.add(x, s), [1, 1]), lambda x, s: (x + s).mean().reshape(1, 1)
+
+
+def _frozen_batchnorm(g):  # batchnorm_inference's broadcast statistics and affine, then global pooling
+    x = image(g, [2, 3, 2, 4], "x", NHWC)
+    mean, inv, scale, bias = (g.tensor(dim=[1, 3, 1, 1], name=n) for n in ("mean", "inv", "scale", "bias"))
+    y = _mean(g, g.batchnorm_inference(x, mean, inv, scale, bias), [2, 3, 1, 1])
+    return [x, mean, inv, scale, bias], y, lambda x, mean, inv, scale, bias: \
+        ((x - mean) * inv * scale + bias).mean(dim=(2, 3), keepdim=True)
+
+
+COMPACT = {"channels_last_block": _channels_last_block, "channels_first_mean": _channels_first_mean,
+           "sequence": _sequence, "scalar_to_scalar": _scalar_to_scalar, "frozen_batchnorm": _frozen_batchnorm}
+
+
+@pytest.mark.parametrize("combined", [False, True], ids=["split", "combined"])
+@pytest.mark.parametrize("case", list(COMPACT))
+def test_broadcast_operand_of_a_compact_gradient_sums_every_position(case, combined, rng):
+    g = fgraph()
+    wrt, y, fn = COMPACT[case](g)
+    y.set_output(True)
+    check(g, y, wrt, fn, rng, combined=combined)
+
+
 def test_pass_by_value_scalar_gets_no_gradient_but_reads(rng):
     g = fgraph()
     x = g.tensor(dim=[2, 3], name="x")

@@ -44,7 +44,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     and print a line per launch:
 
         compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M ld.v4 V st.v4 W ld.1 L mul.hi H
-                 signbit S KNOBS
+                 signbit S tma T KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
     nodes make one piece, compiled with the template named; knobs None is the heuristic's choice, n the
@@ -63,10 +63,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     except ImportError:
         sys.exit(NO_BACKEND)
     from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
     from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates import discover
-    from opgraph.core.piece import make_piece
 
     device = Device("cuda", 0, gpu, (9, 0), 132)
     templates = {t.name: t for t in discover()}
@@ -92,6 +92,9 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                         sig[arg_name] = "*" + SIG[final.tensors[arg.uid].data_type.name]
                     elif arg.kind == "scalar":
                         sig[arg_name] = "fp32"
+                    elif arg.kind == "desc":  # a host-side TMA descriptor (engines/triton/tma_desc.py)
+                        element = SIG[final.tensors[arg.uid].data_type.name]
+                        sig[arg_name] = f"tensordesc<{element}[{', '.join(map(str, arg.block))}]>"
                     else:
                         sig[arg_name] = "*" + SCRATCH_SIG[arg.dtype]
                 for a in fn.arg_names:
@@ -127,6 +130,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                 # ptxas miscompiles them on wgmma accumulators (fuzz seeds 20261125508880, 20261126603140)
                 signbit = len(re.findall(r"\b(?:and\.b32\s+%r\d+, %r\d+, 2147483647|xor\.b32\s+%r\d+, %r\d+, "
                                          r"-2147483648)\b", ptx))
+                tma = ptx.count("cp.async.bulk.tensor")
                 print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
                       "cp.async", cp_async, "f16math", f16math, "f32math", f32math, "ld.v4", ld_v4, "st.v4", st_v4,
-                      "ld.1", ld_1, "mul.hi", mulhi, "signbit", signbit, k)
+                      "ld.1", ld_1, "mul.hi", mulhi, "signbit", signbit, "tma", tma, k)

@@ -311,10 +311,12 @@ def test_gpu_heuristic_ranks_tma_persistent_first_for_a_large_gemm():
     piece = make_piece(g.final, 0, g.final.nodes)
     template = next(t for t in TEMPLATES if t.name == "matmul")
     h200 = Device("cuda", 0, "H200", (9, 0), 132)
-    first = template.candidates(piece, h200)[0]
+    cands = template.candidates(piece, h200)
+    first = cands[0]
     assert first["TMA"] == 1 and first["PERSISTENT"] == 132 and (first["BLOCK_M"], first["BLOCK_N"]) == (128, 256)
-    assert first["EPILOGUE_SUBTILE"] == 2
-    assert template.candidates(piece, h200)[1] == {**first, "FLATTEN": 1}  # its pipelined twin, for tuning
+    assert first["EPILOGUE_SUBTILE"] == 2 and first["TMA_HOST"] == 1  # the Hopper path (test_triton_matmul_hopper)
+    device = next(c for c in cands if c.get("PERSISTENT") and not c.get("TMA_HOST"))
+    assert cands[cands.index(device) + 1] == {**device, "FLATTEN": 1}  # its pipelined twin, for tuning
 
 
 def test_flatten_needs_a_persistent_grid():

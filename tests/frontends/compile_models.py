@@ -126,3 +126,32 @@ def compare_training(model: nn.Module, batches: Callable[[int], Any], wrap: Call
     for (name, b), c in zip(model.named_buffers(), eager.buffers()):
         torch.testing.assert_close(b, c, rtol=1e-7, atol=1e-7, msg=f"buffer {name} after {steps} steps")
     return compiled
+
+
+class _TwoResults(nn.Module):
+    """Pooled conv features (bf16 under autocast: pooling runs in its input's type) and a layer norm of
+    the input's channel means (fp32: no autocast op on the way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.LayerNorm(3)
+
+    def forward(self, x):
+        pooled = nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1).flatten(1)
+        return pooled, self.norm(x.mean((2, 3)))
+
+
+# float32 models and an input, for torch.autocast(bfloat16) on the CPU
+AUTOCAST: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    "mlp": lambda: (_case("mlp").float(), torch.randn(5, 6)),
+    "cnn_batchnorm": lambda: (_case("cnn_batchnorm").float(), torch.randn(4, 3, 8, 8)),
+    "gpt": lambda: (_case("gpt").float(), torch.randint(0, 17, (2, 8))),
+    "two_results": lambda: (_TwoResults(), torch.randn(2, 3, 6, 6)),
+}
+
+
+def _case(name: str) -> nn.Module:
+    case = make_case(name)
+    assert case is not None
+    return case[0]

@@ -21,7 +21,7 @@ nn = torch.nn
 from opgraph.frontends import dynamo_backend  # noqa: E402
 from opgraph.frontends.dynamo_backend import BackendOptions, explain, reports  # noqa: E402
 
-from .compile_models import CASES, compare_training, make_case, mlp  # noqa: E402
+from .compile_models import AUTOCAST, CASES, compare_training, make_case, mlp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,6 +50,23 @@ def test_training_matches_eager(name):
     assert all(r.partitions for r in made), "\n".join(str(r) for r in made)
     if name != "transformers_gpt2":  # (what transformers' own code leaves to PyTorch is its business)
         assert not [f for r in made for f in r.fallbacks], "\n".join(str(r) for r in made)
+
+
+@pytest.mark.parametrize("name", list(AUTOCAST))
+def test_autocast_outputs_have_eager_types(name):
+    """Under torch.autocast(bfloat16) on the CPU, AOTAutograd's graphs hold autocast's casts: the outputs
+    have eager's types and values, and the opgraph plans ran."""
+    torch.manual_seed(0)
+    model, x = AUTOCAST[name]()
+    eager = copy.deepcopy(model)
+    first = len(reports())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = torch.utils._pytree.tree_leaves(_compile(model)(x))
+        refs = torch.utils._pytree.tree_leaves(eager(x))
+    assert [o.dtype for o in outs] == [r.dtype for r in refs]
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.float(), r.float(), rtol=2e-2, atol=2e-2)
+    assert any(g.partitions for g in reports()[first:])
 
 
 def test_batchnorm_running_stats_follow_pytorch():

@@ -1,7 +1,8 @@
 """The model zoo (zoo_models.py): models from transformers, timm and torchvision, tiny sizes, random
-weights, imported with from_torch and run on the reference engine against PyTorch in fp32; six of them
-through one AdamW training step against torch.optim.AdamW. Each row counts the custom ops (aten ops
-run opaquely) and the steps a plan for the GPU engines (triton, torch) puts on the torch engine.
+weights, imported with from_torch and run on the reference engine against PyTorch in fp32; eight of them
+through one AdamW training step against torch.optim.AdamW. Marked gpu: the same on CUDA, PyTorch and the
+import both in fp32 without TF32. Each row counts the custom ops (aten ops run opaquely) and the steps a
+plan for the GPU engines (triton, torch) puts on the torch engine.
 
 `python -m tests.frontends.test_torch_zoo [names...]` prints the table (tests/frontends/ZOO.md).
 """
@@ -24,14 +25,8 @@ from .zoo_models import MODELS, TRAINED, Missing, build  # noqa: E402
 RTOL = 1e-4  # fp32 against PyTorch's fp32: max |diff| / max |reference|
 
 # models that fail for a reason another change fixes (the test then expects the failure)
-XFAIL = {
-    "t5": "T5's relative-position buckets use .to(torch.long) of a float (truncation): the cast fix of issue 40",
-}
-XFAIL_TRAIN = {
-    "vit": "the class token read through expand: train_step's fix of issue 40 (ShapeError tensor.overlapping_output)",
-    "convnext": "the last block's pwconv2.bias gets 1/16 of its gradient (the H*W positions after the mean pooling "
-                "are not summed): an autodiff bug to fix",
-}
+XFAIL: dict[str, str] = {}
+XFAIL_TRAIN: dict[str, str] = {}
 
 
 @dataclass
@@ -104,10 +99,16 @@ def test_zoo_model_imports_and_matches_pytorch(name):
 
 @pytest.mark.parametrize("name", TRAINED)
 def test_zoo_model_trains_one_adamw_step(name):
+    _train_one_adamw_step(name, "cpu")
+
+
+def _train_one_adamw_step(name: str, device: str) -> None:
     entry = _entry(name)
-    model = entry.module.train()
+    model = entry.module.train().to(device)
+    inputs, target = tuple(x.to(device) for x in entry.inputs), entry.target.to(device)
     reference = copy.deepcopy(model)
-    imported = og.from_torch(model, entry.inputs)
+    imported = og.from_torch(model, inputs)
+    assert device == "cpu" or not imported.allow_tf32  # (fp32_torch: PyTorch's fp32 without TF32)
     # eps 1e-3: AdamW's first update is about lr * sign(grad), so gradients that are zero in exact
     # arithmetic (a key bias's: softmax ignores a constant added to every score) and round to noise
     # would move by +-lr in either implementation; eps keeps their updates near zero
@@ -115,9 +116,9 @@ def test_zoo_model_trains_one_adamw_step(name):
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     try:
         step = og.training.train_step(imported, "cross_entropy", og.training.AdamW(**hyper))
-        loss = step.run(*entry.inputs, target=entry.target)
+        loss = step.run(*inputs, target=target)
         opt = torch.optim.AdamW(reference.parameters(), **hyper)
-        want = torch.nn.functional.cross_entropy(reference(*entry.inputs), entry.target)
+        want = torch.nn.functional.cross_entropy(reference(*inputs), target)
         want.backward()
         opt.step()
         assert rel_error(loss.reshape(()), want.detach()) <= RTOL
@@ -159,6 +160,14 @@ def test_zoo_model_matches_pytorch_on_cuda(name, fp32_torch):
     print(f"{name}: {rel_error(got, want):.1e} relative, {len(imported.report.custom_ops)} custom ops, "
           f"{torch_steps} / {len(plan.steps)} torch-engine steps")
     assert rel_error(got, want) <= RTOL
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("name", TRAINED)
+def test_zoo_model_trains_one_adamw_step_on_cuda(name, fp32_torch):
+    """The training step's plan on the GPU follows the import's fp32 precision (TF32 off, as PyTorch here)."""
+    _train_one_adamw_step(name, "cuda")
 
 
 def main(names: list[str]) -> None:

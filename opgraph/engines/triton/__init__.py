@@ -26,7 +26,7 @@ from .. import register_engine
 from ..base import Binding, Compiler, Engine, Kernel
 from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
-from . import compiler
+from . import compiler, tma_desc
 from .bound import InterpretedLauncher, TritonLauncher
 from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
@@ -125,6 +125,8 @@ class TritonKernel(Kernel):
             return "fp64"  # a Python float, rounded to its declared type by the binding (rewrite.typed_scalars)
         if arg.kind == "scratch":
             return compiler.scratch_type(arg.dtype)
+        if arg.kind == "desc":
+            return tma_desc.signature_type(compiler.pointer_type(self.piece.tensor(arg.uid).data_type)[1:], arg.block)
         return "*i64"  # the address table
 
     def spec(self, i: int) -> compiler.KernelSpec | None:
@@ -185,6 +187,8 @@ class TritonKernel(Kernel):
             return _as_torch(scratch)[arg.offset:].view(getattr(torch, arg.dtype))
         if arg.kind == "table":
             return buffers[TABLE_KEY]
+        if arg.kind == "desc":
+            return tma_desc.descriptor_object(arg, _as_torch(buffers[arg.uid]))
         raise ValueError(arg.kind)
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:

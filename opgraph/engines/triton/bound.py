@@ -6,8 +6,9 @@ written once when the kernel is bound; `rebind` rewrites only the slots of the t
 The binary comes from the compiler's registry (compiled by the build, or embedded in a plan file);
 with `build(compile="lazy")` it is compiled here, at the first bind.
 
-Triton's own launch path stays for what the native one does not do: a pointer that is not 16-byte
-aligned (the precompiled kernels assume alignment; Triton's JIT specialises and compiles a variant),
+A host-side TMA descriptor argument (ArgKind.DESC) is encoded into its slot at bind and again when its
+buffer moves (tma_desc.py). Triton's own launch path stays for what the native one does not do: a
+pointer that is not 16-byte aligned (the precompiled kernels assume alignment; Triton's JIT specialises and compiles a variant),
 kernels whose metadata asks for launch features the native launcher lacks, and OPGRAPH_LAUNCH=jit.
 In Triton's interpreter (the CPU) the arguments are the bound arrays as zero-copy tensors, made at
 bind, and each call runs the interpreter.
@@ -23,7 +24,7 @@ import numpy as np
 
 from ...memory.addresses import TABLE_KEY
 from ..base import Binding, Launcher
-from . import compiler, native
+from . import compiler, native, tma_desc
 from .interpret import interpreting_here
 
 
@@ -54,9 +55,10 @@ class TritonLauncher(Launcher):
         self.device_index = kernel.device_index
         binding.preludes[("cuda-context", self.device_index)] = (native.ensure_context, (self.device_index,))
         self.users: dict[int, list[tuple[int, int]]] = {}
+        self._meta: dict[int, dict[int, Any]] = {}  # launch -> {descriptor argument: its tensordesc_meta entry}
         for li, launch in enumerate(kernel.generated.launches):
             for ai, arg in enumerate(launch.args):
-                if arg.kind in ("buf", "scalar"):
+                if arg.kind in ("buf", "scalar", "desc"):
                     self.users.setdefault(arg.uid, []).append((li, ai))
         self.launches = [self._make(li) for li in range(len(kernel.generated.launches))]
         self.calls = [x.call for x in self.launches]
@@ -69,6 +71,8 @@ class TritonLauncher(Launcher):
             return self.binding.buffers[arg.uid]
         if arg.kind == "scratch":
             return self.scratch_ptr + arg.offset
+        if arg.kind == "desc":
+            return tma_desc.address(arg, self.binding.pointers[arg.uid], self.kernel.piece.tensor(arg.uid).data_type.itemsize)
         return self.binding.pointers[TABLE_KEY]
 
     def _object(self, li: int, ai: int) -> Any:
@@ -82,6 +86,8 @@ class TritonLauncher(Launcher):
             import torch
 
             return self.scratch[arg.offset:].view(getattr(torch, arg.dtype))
+        if arg.kind == "desc":
+            return tma_desc.descriptor_object(arg, self.binding.buffers[arg.uid])
         return self.binding.buffers[TABLE_KEY]
 
     def _make(self, li: int) -> Any:
@@ -90,7 +96,9 @@ class TritonLauncher(Launcher):
         aligned = all(v % 16 == 0 for v, a in zip(values, launch.args) if a.kind != "scalar")
         spec = self.kernel.spec(li) if aligned and launch_mode() == "native" else None
         binary = self.kernel.binary(li) if spec is not None else None
-        if binary is not None and native.unsupported(binary.metadata) is None:
+        descs = [ai for ai, a in enumerate(launch.args) if a.kind == "desc"]
+        meta = (binary.meta("tensordesc_meta") if binary is not None else None) or []
+        if binary is not None and native.unsupported(binary.metadata) is None and tma_desc.launchable(meta, len(descs)):
             scratch_bytes = int(binary.meta("global_scratch_size") or 0)
             global_scratch = 0
             if scratch_bytes:  # per-program scratch the kernel asks for: one buffer for the binding's life
@@ -107,7 +115,11 @@ class TritonLauncher(Launcher):
             out = native.NativeLaunch(function, self.kernel.launchers[li].grid, int(binary.meta("num_warps", 4)),
                                       int(binary.meta("shared", 0)), types, self.binding.stream.c, global_scratch)
             for ai, v in enumerate(values):
-                out.set(ai, v)
+                if ai in descs:
+                    out.set_descriptor(ai, launch.args[ai], v, meta[descs.index(ai)])
+                else:
+                    out.set(ai, v)
+            self._meta[li] = {ai: meta[j] for j, ai in enumerate(descs)}
             return out
         return _JitLaunch(self.kernel.launchers[li], [self._object(li, ai) for ai in range(len(launch.args))])
 
@@ -119,8 +131,12 @@ class TritonLauncher(Launcher):
                 launch = self.launches[li]
                 if isinstance(launch, native.NativeLaunch):
                     value = self._value(li, ai)
-                    if launch.types[ai].startswith("*") and value % 16:
+                    desc = ai in self._meta.get(li, {})
+                    if (desc or launch.types[ai].startswith("*")) and value % 16:
                         stale.add(li)  # no longer aligned: Triton's JIT takes it
+                    elif desc:  # encoded again for the new address (tma_desc.py)
+                        launch.set_descriptor(ai, self.kernel.generated.launches[li].args[ai], value,
+                                              self._meta[li][ai])
                     else:
                         launch.set(ai, value)
                 else:
@@ -158,6 +174,8 @@ class InterpretedLauncher(Launcher):
                     import torch
 
                     args.append(_as_torch(self.scratch)[a.offset:].view(getattr(torch, a.dtype)))
+                elif a.kind == "desc":
+                    args.append(tma_desc.descriptor_object(a, _as_torch(self.binding.buffers[a.uid])))
                 else:
                     args.append(self.binding.buffers[TABLE_KEY])
             out.append(args)

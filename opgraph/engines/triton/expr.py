@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -522,7 +522,9 @@ class Emitter:
         assert out is not None
         self.assign(out, f"({CUSTOM_PREFIX}{op.op_name}({', '.join(args)})).to({typ})", typ)
 
-    def store(self, uid: int) -> None:
+    def store(self, uid: int, indexer: Any = None) -> None:
+        """Store tensor uid's value through `indexer` (the emitter's own by default; another one addresses
+        the tensor by itself: a TMA descriptor's store, gemm/epilogue.py)."""
         desc = self.tensors[uid]
         name, typ = self._native(uid, self.values[uid])
         if typ in _INT_TYPES:  # (a gen_index coordinate)
@@ -530,4 +532,7 @@ class Emitter:
         value = name if typ == TL_DTYPE[desc.data_type] else to_storage(name, desc.data_type, typ)
         if uid in self.exact_bf16 and name == f"v{uid}" and typ == "tl.float32" and desc.data_type is DataType.BFLOAT16:
             value = f"_og_bf16_exact({name})"
-        self.lines.append(self.indexer.store(desc, self.ptr(uid), value))
+        if indexer is not None:
+            self.lines.append(indexer.store(desc, "", value))
+        else:
+            self.lines.append(self.indexer.store(desc, self.ptr(uid), value))

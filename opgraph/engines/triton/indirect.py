@@ -9,6 +9,14 @@ any of them. For each launch, the parameters of by-reference buffers leave the s
 so a new address in the table redirects the next launch, including launches replayed from a captured
 CUDA graph. Addresses written to the table are checked for 16-byte alignment, which the loaded
 pointers are declared to have (Triton cannot infer it from a load, and vector loads need it).
+
+A host-side TMA descriptor of such a buffer (ArgKind.DESC, encoded at bind: it would hold the address
+of the bind) becomes a descriptor the kernel makes from the table's address, with the same shape,
+strides and block:
+
+    desc_A = tl.make_tensor_descriptor(tl.multiple_of(tl.load(og_table + 2).to(...), 16) + 64, ...)
+
+(device-side descriptors take Triton's global scratch at launch: the "needs_allocator" note).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ TABLE_PARAM = "og_table"
 
 def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]]) -> Generated:
     """`generated` with the buffers in `slots` ({uid: (table slot, data type)}) read by reference."""
-    if not any(a.kind == "buf" and a.uid in slots for l in generated.launches for a in l.args):
+    if not any(a.kind in ("buf", "desc") and a.uid in slots for l in generated.launches for a in l.args):
         return generated
     source = generated.source
     lines = source.splitlines()
@@ -35,11 +43,12 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
     edits: list[tuple[int, int, list[str]]] = []  # (first line, last line, replacement), 1-based
     launches: list[Launch] = []
     done: dict[str, tuple[Arg, ...]] = {}
+    device_descriptors = False
     for launch in generated.launches:
         if launch.kernel in done:
             launches.append(replace(launch, args=done[launch.kernel]))
             continue
-        refs = [i for i, a in enumerate(launch.args) if a.kind == "buf" and a.uid in slots]
+        refs = [i for i, a in enumerate(launch.args) if a.kind in ("buf", "desc") and a.uid in slots]
         if not refs:
             launches.append(launch)
             continue
@@ -53,8 +62,16 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
         loads = []
         for i in refs:
             name = params[i].arg
-            slot, dtype = slots[launch.args[i].uid]
-            loads.append(f"{body_indent}{name} = tl.load({TABLE_PARAM} + {slot}).to(tl.pointer_type({TL_DTYPE[dtype]}))")
+            arg = launch.args[i]
+            slot, dtype = slots[arg.uid]
+            pointer = f"tl.load({TABLE_PARAM} + {slot}).to(tl.pointer_type({TL_DTYPE[dtype]}))"
+            if arg.kind == "desc":
+                base = f"tl.multiple_of({pointer}, 16)" + (f" + {arg.offset}" if arg.offset else "")
+                loads.append(f"{body_indent}{name} = tl.make_tensor_descriptor({base}, shape={list(arg.shape)}, "
+                             f"strides={list(arg.strides)}, block_shape={list(arg.block)})")
+                device_descriptors = True
+                continue
+            loads.append(f"{body_indent}{name} = {pointer}")
             loads.append(f"{body_indent}{name} = tl.multiple_of({name}, 16)")
         edits.append((fn.lineno, fn.body[0].lineno - 1, [header, *loads]))
         args = tuple(a for i, a in enumerate(launch.args) if i not in refs) + (Arg(ArgKind.TABLE),)
@@ -62,4 +79,5 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
         launches.append(replace(launch, args=args))
     for first, last, replacement in sorted(edits, reverse=True):
         lines[first - 1:last] = replacement
-    return replace(generated, source="\n".join(lines) + "\n", launches=tuple(launches))
+    notes = generated.notes | {"needs_allocator"} if device_descriptors else generated.notes
+    return replace(generated, source="\n".join(lines) + "\n", launches=tuple(launches), notes=notes)

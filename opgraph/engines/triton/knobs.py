@@ -9,9 +9,9 @@ prologue to run apart) is the template's match's to check.
 
     family          templates                                 knobs
     TileKnobs       matmul, conv_fprop, conv_dgrad,           BLOCK_M BLOCK_N BLOCK_K GROUP_M SPLIT_K num_warps
-                    conv_wgrad, depthwise (pixel tiles)       num_stages PERSISTENT FLATTEN TMA EPILOGUE_SUBTILE
-                                                              EPI_M EPI_N fp32_precision PHASES TAPS COMBINE_M
-                                                              COMBINE_N MERGE_TAPS PROLOGUE_PASS
+                    conv_wgrad, depthwise (pixel tiles)       num_stages PERSISTENT FLATTEN TMA TMA_HOST
+                                                              EPILOGUE_SUBTILE EPI_M EPI_N fp32_precision PHASES
+                                                              TAPS COMBINE_M COMBINE_N MERGE_TAPS PROLOGUE_PASS
     RowStripKnobs   depthwise (row strips)                    ROWS BLOCK_W BLOCK_N num_warps num_stages MAXNREG
     FlatKnobs       pooling, pool_backward                    BLOCK num_warps
     PointwiseKnobs  pointwise                                 BLOCK TILE_I TILE_J ROWS COLS num_warps
@@ -112,6 +112,7 @@ class TileKnobs(Knobs):
     PERSISTENT: int | None = None  # 0: a program per tile; P: P programs loop over the tiles (0)
     FLATTEN: int | None = None  # 1: a persistent kernel's tile and K loops pipelined as one (0)
     TMA: int | None = None  # 1: operands read through device-side tensor descriptors where they allow (matmul; 0)
+    TMA_HOST: int | None = None  # 1 (with TMA=1): those descriptors made at bind, kernel arguments (matmul; 0)
     EPILOGUE_SUBTILE: int | None = None  # 2: the epilogue runs on column halves of the tile (1)
     EPI_M: int | None = None  # rows of the split-K epilogue launch's tiles (derived: ~2 programs per SM)
     EPI_N: int | None = None  # its columns
@@ -151,8 +152,11 @@ class TileKnobs(Knobs):
             raise AttributeValueError(
                 f"fp32_precision={self.fp32_precision!r} is not 'tf32' or 'ieee'", rule="triton.gemm.fp32_precision",
                 hint="use 'tf32' (tensor cores, 10-bit mantissa inputs) or 'ieee' (full fp32)")
-        for key in ("TMA", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS"):
+        for key in ("TMA", "TMA_HOST", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS"):
             _one_of(key, getattr(self, key), (0, 1), rule, f"use {key}=0 or 1")
+        if self.TMA_HOST and not self.TMA:
+            raise AttributeValueError(f"TMA_HOST={self.TMA_HOST} needs TMA=1 (it says where TMA's descriptors are "
+                                      "made)", rule=rule, hint="add TMA=1, or drop TMA_HOST")
 
     # the values in effect (the defaults of knobs a config leaves out)
     @property
@@ -190,6 +194,10 @@ class TileKnobs(Knobs):
     @property
     def tma(self) -> bool:
         return bool(self.TMA)
+
+    @property
+    def tma_host(self) -> bool:
+        return bool(self.TMA_HOST)
 
     @property
     def merged(self) -> bool:

@@ -11,9 +11,11 @@ of each signature). The stream is one `c_void_p` shared by every launch of a bin
 
 The kernel ABI is Triton's (3.x): the non-constexpr parameters in order, then the global-scratch and
 profile-scratch pointers; block = 32 x num_warps threads; `shared` bytes of dynamic shared memory
-(opted in above 48 KiB when the module is loaded). Kernels that need what this launcher does not do
-(clusters, cooperative or PDL launches, tensor descriptors, profile scratch) say so in `unsupported`,
-and the caller launches them through Triton instead.
+(opted in above 48 KiB when the module is loaded). A host-side tensor descriptor parameter is three
+kinds of slots: its 128-byte CUtensorMap, then its shape and strides (tma_desc.py says why and how it is
+encoded). Kernels that need what this launcher does not do (clusters, cooperative or PDL launches,
+descriptors it cannot encode, profile scratch) say so in `unsupported`, and the caller launches them
+through Triton instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import threading
 from typing import Any
 
 from ...core.errors import ExecutionError
+from . import tma_desc
 
 _LOCK = threading.RLock()  # load() holds it and may create the driver
 _DRIVER: Any = None
@@ -46,6 +49,18 @@ class _Driver:
                      "cuFuncSetCacheConfig", "cuDeviceGetAttribute", "cuCtxGetCurrent", "cuCtxSetCurrent",
                      "cuDevicePrimaryCtxRetain", "cuDeviceGet", "cuGetErrorString"):
             getattr(lib, name).restype = ctypes.c_int
+
+    _encode: Any = None
+
+    def encode(self) -> Any:
+        """cuTensorMapEncodeTiled (CUDA 12+ drivers), looked up on first use."""
+        if self._encode is None:
+            try:
+                self._encode = tma_desc.encoder(self.lib)
+            except AttributeError:
+                raise ExecutionError("this CUDA driver has no cuTensorMapEncodeTiled (TMA descriptors need CUDA 12+)",
+                                     rule="triton.driver", hint="use a config without TMA_HOST") from None
+        return self._encode
 
     def check(self, rc: int, what: str) -> None:
         if rc:
@@ -92,8 +107,9 @@ def unsupported(metadata: dict[str, Any]) -> str | None:
         return "a cluster launch (num_ctas > 1)"
     if metadata.get("launch_cooperative_grid") or metadata.get("launch_pdl"):
         return "a cooperative or programmatic-dependent launch"
-    if metadata.get("tensordesc_meta"):
-        return "tensor-descriptor arguments"
+    meta = metadata.get("tensordesc_meta")
+    if meta and not tma_desc.launchable(meta, len(meta)):
+        return "tensor-descriptor arguments it cannot encode (im2col, fp4)"
     if int(metadata.get("profile_scratch_size") or 0):
         return "profile scratch (instrumentation)"
     return None
@@ -155,14 +171,34 @@ def _pack(ty: str, value: Any) -> Any:
 
 class NativeLaunch:
     """One kernel launch with its argument slots. `set(i, value)` writes runtime argument i (a pointer
-    as an int, a scalar as a number); `call` is the (function, args) pair an execute makes."""
+    as an int, a scalar as a number), `set_descriptor(i, ...)` encodes descriptor argument i; `call` is the
+    (function, args) pair an execute makes."""
 
     def __init__(self, function: int, grid: tuple[int, int, int], num_warps: int, shared: int,
                  types: list[str], stream_c: ctypes.c_void_p, global_scratch: int = 0) -> None:
         self.types = types
-        self.slots: list[Any] = [ctypes.c_uint64(0) if ty.startswith("*") else _SCALARS[ty]() for ty in types]
-        self.slots += [ctypes.c_uint64(global_scratch), ctypes.c_uint64(0)]  # global and profile scratch
-        self.params = (ctypes.c_void_p * len(self.slots))(*[ctypes.addressof(s) for s in self.slots])
+        self.slots: list[Any] = []
+        self.index: list[int] = []  # the first slot of each runtime argument
+        addresses: list[int] = []
+        for ty in types:
+            self.index.append(len(self.slots))
+            rank = tma_desc.rank_of(ty)
+            extra: list[Any]
+            if rank:
+                tensor_map = tma_desc.TensorMapSlot()
+                self.slots.append(tensor_map)
+                addresses.append(tensor_map.address)
+                extra = [ctypes.c_int32() for _ in range(rank)] + [ctypes.c_int64() for _ in range(rank)]
+            else:
+                extra = [ctypes.c_uint64(0) if ty.startswith("*") else _SCALARS[ty]()]
+            for slot in extra:
+                self.slots.append(slot)
+                addresses.append(ctypes.addressof(slot))
+        for value in (global_scratch, 0):  # global and profile scratch
+            slot = ctypes.c_uint64(value)
+            self.slots.append(slot)
+            addresses.append(ctypes.addressof(slot))
+        self.params = (ctypes.c_void_p * len(addresses))(*addresses)
         gx, gy, gz = grid
         self.args = (ctypes.c_void_p(function), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz),
                      ctypes.c_uint(32 * num_warps), ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
@@ -172,7 +208,18 @@ class NativeLaunch:
 
     def set(self, i: int, value: Any) -> None:
         ty = self.types[i]
-        self.slots[i].value = int(value) if ty.startswith("*") else _pack(ty, value)
+        self.slots[self.index[i]].value = int(value) if ty.startswith("*") else _pack(ty, value)
+
+    def set_descriptor(self, i: int, arg: Any, global_address: int, meta: dict[str, Any]) -> None:
+        """Encode descriptor argument i (a templates.base.Arg of kind DESC) at `global_address`, with the
+        kernel's `tensordesc_meta` entry for it."""
+        d = driver()
+        at = self.index[i]
+        self.slots[at].encode(d.encode(), d.check, arg, global_address, meta)
+        rank = len(arg.shape)
+        for j, (dim, stride) in enumerate(zip(arg.shape, arg.strides)):
+            self.slots[at + 1 + j].value = int(dim)
+            self.slots[at + 1 + rank + j].value = int(stride)
 
 
 def _nothing() -> None:

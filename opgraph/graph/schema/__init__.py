@@ -124,16 +124,16 @@ def _data_type_names() -> list[str]:
 def graph_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a graph file, from the registered ops."""
     from ...core.op import OPS
-    from ..serialize import FORMAT, GRAPH_KEYS, OP_KEYS, TENSOR_KEYS, VERSION
+    from ..serialize import FORMAT, GRAPH_KEYS, OP_KEYS, TENSOR_KEYS, VERSIONS
 
     dtype = {"$ref": "#/$defs/data_type"}
     tensor_props = {
         "uid": {"$ref": "#/$defs/uid"},
         "name": {"type": "string"},
-        "dim": {"type": "array", "items": {"type": "integer", "minimum": 1},
+        "dim": {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 1}, {"$ref": "#/$defs/size"}]},
                 "description": "logical dims (N, C, spatial... for images; batch..., M, K for matmul); "
                                "may be left out on a virtual tensor, whose dims are inferred"},
-        "stride": {"type": "array", "items": {"type": "integer", "minimum": 0},
+        "stride": {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 0}, {"$ref": "#/$defs/size"}]},
                    "description": "elements between neighbours along each dim; default packed row-major"},
         "data_type": {**dtype, "description": "default: the graph's io_data_type (intermediate_data_type "
                                               "for virtual tensors)"},
@@ -155,11 +155,13 @@ def graph_schema() -> dict[str, Any]:
     assert list(tensor_props) == list(TENSOR_KEYS) and list(op_props) == list(OP_KEYS)
     graph_props = {
         "format": {"const": FORMAT},
-        "version": {"const": VERSION},
+        "version": {"enum": list(VERSIONS), "description": "1; 2 for a graph with dynamic dims"},
         "name": {"type": "string"},
         "io_data_type": {**dtype, "default": "HALF"},
         "intermediate_data_type": {**dtype, "default": "FLOAT"},
         "compute_data_type": {**dtype, "default": "FLOAT"},
+        "dims": {"type": "array", "items": {"$ref": "#/$defs/dim"},
+                 "description": "the dynamic dims the sizes name (version 2)"},
         "tensors": {"type": "array", "items": {"$ref": "#/$defs/tensor"}},
         "ops": {"type": "array", "items": {"$ref": "#/$defs/op"}},
     }
@@ -177,6 +179,12 @@ def graph_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "$defs": {
             "uid": {"type": "integer", "description": "a tensor's unique id (int64)"},
+            "dim": {"type": "object", "properties": {"name": {"type": "string"}, "min": {"type": "integer", "minimum": 1},
+                                                     "max": {"type": "integer", "minimum": 1}},
+                    "required": ["name", "min", "max"], "additionalProperties": False,
+                    "description": "a dynamic dim: any int of min..max"},
+            "size": {"type": "string", "description": "a dynamic size: an expression of dims' names, ints and "
+                                                      "+ - * // % (e.g. '64*seq')"},
             "data_type": {"enum": _data_type_names()},
             "operand": {"anyOf": [
                 {"$ref": "#/$defs/uid"},

@@ -132,6 +132,7 @@ from .tma import (
     TMA_PRELUDE,
     tma_ok,
     tma_prelude,
+    tma_strides,
 )
 from .tuning import (
     estimate_us,
@@ -191,6 +192,7 @@ __all__ = [
     "stencil_support",
     "tma_ok",
     "tma_prelude",
+    "tma_strides",
     "uses_fp32",
     "prologue_share",
     "with_subtile",

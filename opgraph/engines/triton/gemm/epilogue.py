@@ -35,6 +35,7 @@ class Context:
     tensors: dict[int, TensorDesc] = field(default_factory=dict)
     reductions: list[ReductionPlan] = field(default_factory=list)
     sm_count: int = 132  # the device's SMs (sizes the combine launches)
+    tma_stores: dict[int, str] = field(default_factory=dict)  # stored uid -> its tensor descriptor (TMA stores)
 
     def ptr_of(self, sig: Signature) -> Callable[[int], str]:
         def ptr(uid: int) -> str:
@@ -121,7 +122,8 @@ def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
     `accumulate` (whole tiles only): the reductions fold their partials into running vectors named
     {accumulate}{uid} instead of storing them (`ReductionPlan.init_lines` / `store_lines`)."""
     if subtile <= 1 or not can_subtile(ctx) or accumulate:
-        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate)
+        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate,
+                              "pid_n * BLOCK_N")
     t, sp = ctx.tiling, ctx.tiling.space
     half = t.block_n // 2
     lines = [f"{acc}_h0, {acc}_h1 = tl.split(tl.permute(tl.reshape({acc}, (BLOCK_M, 2, {half})), (0, 2, 1)))"]
@@ -132,7 +134,7 @@ def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
         lines.append(f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn")
         lines.append(f"y{sp.col} = col")
         indexer = t.output_indexer(ctx.ptr_of(sig), cols=str(half))
-        lines += _epilogue_tile(ctx, sig, f"{acc}_h{h}", indexer)
+        lines += _epilogue_tile(ctx, sig, f"{acc}_h{h}", indexer, col0=f"pid_n * BLOCK_N + {h * half}")
     return lines
 
 
@@ -164,8 +166,21 @@ def can_subtile(ctx: Context) -> bool:
     return ctx.tiling.block_n >= 32 and not any(p.red.along == "cols" for p in ctx.reductions)
 
 
+class DescriptorStore:
+    """Stores of a tile through a tensor descriptor (TMA; Context.tma_stores): the tile's rows from
+    pid_m * BLOCK_M, its columns from `col0`; out-of-bounds rows and columns are not written."""
+
+    def __init__(self, name: str, col0: str, shape: tuple[str, str]) -> None:
+        self.name, self.col0, self.shape = name, col0, shape
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        rows, cols = self.shape
+        return f"{self.name}.store([pid_m * BLOCK_M, {self.col0}], tl.broadcast_to({value}, ({rows}, {cols})))"
+
+
 def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
-                   preset: Mapping[int, str] | None = None, accumulate: str | None = None) -> list[str]:
+                   preset: Mapping[int, str] | None = None, accumulate: str | None = None,
+                   col0: str = "pid_n * BLOCK_N") -> list[str]:
     gp = ctx.gp
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:
@@ -179,6 +194,8 @@ def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
     for uid in gp.stores:
         if uid == out and int_acc and out_desc.data_type is DataType.INT32:
             em.lines.append(indexer.store(out_desc, ctx.ptr_of(sig)(uid), acc))  # exact, not via fp32
+        elif uid in ctx.tma_stores:
+            em.store(uid, DescriptorStore(ctx.tma_stores[uid], col0, indexer.shape))
         else:
             em.store(uid)
     lines = em.lines

@@ -1,4 +1,5 @@
-"""Tensor descriptors (TMA) for operand loads on Hopper, and the scratch allocator they need."""
+"""Tensor descriptors (TMA) for operand loads on Hopper: device-side ones and the scratch allocator they need,
+the strides of host-side ones (kernel arguments, encoded at bind: engines/triton/tma_desc.py)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ def tma_ok(desc: TensorDesc, offset: int, inner: int) -> bool:
     if desc.stride[inner] != 1 or (offset * size) % 16:
         return False
     return all((s * size) % 16 == 0 for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and d > 1)
+
+
+def tma_strides(shape: list[int], strides: list[int], itemsize: int) -> list[int]:
+    """`strides` (elements, the last 1) with those of size-1 axes replaced by a 16-byte aligned value
+    (a host-side descriptor checks every stride's alignment, even where no step along it is taken)."""
+    out = list(strides)
+    reach = 1
+    for a in reversed(range(len(shape))):
+        if a < len(shape) - 1 and shape[a] == 1:
+            step = max(16 // itemsize, 1)
+            out[a] = -(-reach // step) * step
+        reach = max(reach, out[a] * shape[a])
+    return out

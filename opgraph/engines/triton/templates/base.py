@@ -14,7 +14,7 @@ module of this package exposing `TEMPLATE`) is written against it, in the order 
    bytes-and-math estimate (made with `Match.launches(knobs)` launches).
 5. `Match.generate(knobs) -> Generated`: the module source and its launches (kernel name, grid,
    arguments as `Arg`s: bound buffers, pass-by-value scalars, typed slices of the step's scratch, the
-   address table), the scratch bytes and notes. `Params` collects a kernel's parameters and arguments.
+   address table, host-side TMA descriptors of bound buffers), the scratch bytes and notes. `Params` collects a kernel's parameters and arguments.
 
 Ways of running a config that are not the plain kernel (an image prologue run as its own pass, merged
 filter taps, depthwise row strips) are strategy objects the match selects by the config's knobs
@@ -50,6 +50,7 @@ class ArgKind(str, enum.Enum):
     SCALAR = "scalar"  # a pass-by-value scalar's value (uid)
     SCRATCH = "scratch"  # a typed slice of the step's scratch memory (byte offset, dtype name)
     TABLE = "table"  # the plan's address table of by-reference tensors
+    DESC = "desc"  # a host-side TMA tensor descriptor of a bound buffer (engines/triton/tma_desc.py)
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,11 @@ class Arg:
 
     kind: ArgKind
     uid: int = -1
-    offset: int = 0
+    offset: int = 0  # SCRATCH: bytes into the scratch; DESC: elements into the buffer
     dtype: str = "float32"
+    shape: tuple[int, ...] = ()  # DESC: the addressed tensor's dims, outermost first
+    strides: tuple[int, ...] = ()  # DESC: its strides in elements (the last one 1)
+    block: tuple[int, ...] = ()  # DESC: the block one load or store moves
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,13 @@ class Params:
 
     def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
         return self.add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
+
+    def desc(self, name: str, uid: int, offset: int, shape: Sequence[int], strides: Sequence[int],
+             block: Sequence[int]) -> str:
+        """A host-side tensor descriptor of buffer `uid` from element `offset` (a kernel argument that the
+        launcher encodes at bind: tma_desc.py)."""
+        return self.add(name, Arg(ArgKind.DESC, uid, offset, shape=tuple(shape), strides=tuple(strides),
+                                  block=tuple(block)))
 
     def named(self, name: str, scratch: Mapping[str, Arg] | None = None) -> str:
         """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar, or one of `scratch`."""

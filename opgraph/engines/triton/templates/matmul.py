@@ -11,8 +11,9 @@ results itself.
 Knob TMA=1 reads each operand that allows it (no prologue, one contiguous axis among its last two,
 16-byte aligned strides, at most one batch axis) through a device-side tensor descriptor: TMA
 copies, zero-filled at the edges, no masks. PERSISTENT=P runs P programs that loop over the tiles
-(the descriptors are built once per program). Together they are the fast path for large GEMMs on
-Hopper (the research notes measured 663-694 TFLOP/s against 520-530 with pointer loads).
+(the descriptors are built once per program). TMA_HOST=1 passes the descriptors as kernel arguments
+instead, encoded when the kernel is bound: the Hopper path (_matmul_hopper.py), which the candidates
+offer first on compute capability 9.0+ with FLATTEN=1 and the epilogue on column halves.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..gemm import (
     OutputSpace,
     Signature,
     TileIndexer,
+    TileLoop,
     TileMatch,
     TileTemplate,
     estimate_us,
@@ -43,6 +45,7 @@ from ..gemm import (
     tma_prelude,
 )
 from ..knobs import TileKnobs
+from ._matmul_hopper import HopperLoop, hopper_config, host_descriptors, host_tma_ok
 
 # per operand: (the tile's row index start, its column index start) in the main loop
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
@@ -124,14 +127,19 @@ class MatmulMatch(TileMatch):
         configs = gemm_candidates(m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem,
                                   moved_bytes=gp.moved_bytes(), extra=extra)
         if device.is_cuda and len(self.descriptors) == 2:
-            # TMA (+ persistent) versions of the plain configs, ranked together by the cost model
-            tma = []
+            # TMA (+ persistent) versions of the plain configs, and on Hopper the host-descriptor path
+            # (_matmul_hopper.py), ranked together by the cost model
+            host_ok = host_tma_ok(self, device)
+            tma, host = [], []
             for c in configs[:-1]:
                 if c.SPLIT_K == 1:
                     tma.append(c.replace(TMA=1, PERSISTENT=device.sm_count))
                     tma.append(c.replace(TMA=1))
-            configs = sorted(tma + configs[:-1], key=self._cost)[:8] + configs[-1:]
-            first = next((c for c in configs if c.persistent), None)
+                    if host_ok:
+                        host.append(hopper_config(c, device))
+            # (in a tie the host-descriptor configs come last)
+            configs = sorted(tma + configs[:-1] + host, key=self._cost)[:8] + configs[-1:]
+            first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         return finish_candidates(configs, gp, device, extra)
@@ -143,20 +151,32 @@ class MatmulMatch(TileMatch):
         return self.descriptors if k.tma else {}
 
     def prelude(self, ctx: Context, k: TileKnobs) -> list[str]:
-        return tma_prelude(ctx.interpret) if self._descriptors(k) else []
+        return tma_prelude(ctx.interpret) if self._descriptors(k) and not k.tma_host else []
+
+    def loop(self, k: TileKnobs) -> TileLoop:
+        return HopperLoop(self) if k.tma_host else self
+
+    def geometry(self, role: str, d: Descriptor) -> tuple[list[int], list[int], list[str]]:
+        """The descriptor of operand `role`: its dims and strides (elements), outermost first, and its block
+        (constexpr names, "1" for the batch axis)."""
+        rank = len(d.desc.dim)
+        axes = [rank - 1, rank - 2] if d.transposed else [rank - 2, rank - 1]
+        blocks = list(reversed(_BLOCKS[role])) if d.transposed else list(_BLOCKS[role])
+        shape = [d.desc.dim[a] for a in axes]
+        strides = [d.desc.stride[a] for a in axes]
+        if d.batch is not None:
+            shape.insert(0, d.desc.dim[d.batch])
+            strides.insert(0, d.desc.stride[d.batch])
+            blocks.insert(0, "1")
+        return shape, strides, blocks
 
     def setup(self, ctx: Context, sig: Signature, k: TileKnobs) -> list[str]:
+        if k.tma_host:  # kernel arguments: nothing to make in the kernel
+            host_descriptors(self, sig, k)
+            return []
         lines = []
         for role, d in self._descriptors(k).items():
-            rank = len(d.desc.dim)
-            axes = [rank - 1, rank - 2] if d.transposed else [rank - 2, rank - 1]
-            blocks = list(reversed(_BLOCKS[role])) if d.transposed else list(_BLOCKS[role])
-            shape = [d.desc.dim[a] for a in axes]
-            strides = [d.desc.stride[a] for a in axes]
-            if d.batch is not None:
-                shape.insert(0, d.desc.dim[d.batch])
-                strides.insert(0, d.desc.stride[d.batch])
-                blocks.insert(0, "1")
+            shape, strides, blocks = self.geometry(role, d)
             base = sig.buf(d.base)
             if d.offset:
                 base = f"{base} + {d.offset}"

@@ -1,0 +1,128 @@
+"""Host-side TMA tensor descriptors as kernel arguments (ArgKind.DESC).
+
+How Triton (3.6 and 3.9 alike) passes one: a kernel parameter typed `tensordesc<fp16[128, 64]>` (the
+element type and the block) compiles, where the target lowers it to TMA (sm_90+: the binary's metadata
+then holds a `tensordesc_meta` entry per descriptor: swizzle, element size and type, block), to the
+parameters
+
+    CUtensorMap (128 bytes, 64-byte aligned, by value: a __grid_constant__), shape (rank x i32),
+    strides (rank x i64, elements)
+
+in place of the one. Triton's launcher encodes the CUtensorMap from a `TensorDescriptor` at every launch
+(`make_tensordesc_arg` in triton/backends/nvidia/driver.py: cuTensorMapEncodeTiled, the shape and strides
+innermost first, strides in bytes, L2 promotion 128B, no OOB NaN fill). opgraph's native launcher does the
+same once, at bind (`encode`), writes the 128 bytes into the launch's argument slot, and encodes again only
+when the bound buffer moves (`TritonLauncher.rebind`); a replay of a captured CUDA graph sees the
+descriptor that was current at capture, exactly as it sees a pointer argument (the runtime re-captures when
+a by-value argument changes). Buffers read through the plan's address table (double buffering under CUDA
+graphs) never reach here: `indirect.make_indirect` makes their descriptors in the kernel.
+
+Triton's JIT launch (the fallback path, OPGRAPH_LAUNCH=jit) and its interpreter take a
+`triton.tools.tensor_descriptor.TensorDescriptor` object instead (`descriptor_object`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ...core.errors import ExecutionError
+from .templates.base import Arg
+
+MAP_BYTES = 128  # sizeof(CUtensorMap)
+MAP_ALIGN = 64
+# Triton's element-type enum of a descriptor (the metadata's elem_type) -> CUtensorMapDataType: equal but
+# for three (TMA_DTYPE_DEVICE_TO_HOST in Triton's NVIDIA driver)
+_HOST_TYPE = {8: 10, 9: 8, 10: 9}
+_L2_PROMOTION_128B = 2
+_INTERLEAVE_NONE = 0
+_OOB_FILL_NONE = 0
+_TYPE = re.compile(r"tensordesc<([^\[>]+)\[([^\]]*)\]")
+
+
+def signature_type(element: str, block: Sequence[int]) -> str:
+    """The kernel parameter's Triton type: `element` is Triton's name of the element type (fp16, bf16, ...)."""
+    return f"tensordesc<{element}[{', '.join(str(b) for b in block)}]>"
+
+
+def rank_of(ty: str) -> int:
+    """The rank of a descriptor parameter's type (its block's), 0 where `ty` is not a descriptor's."""
+    found = _TYPE.match(ty)
+    return 0 if found is None else found.group(2).count(",") + 1
+
+
+def launchable(meta: Any, count: int) -> bool:
+    """Whether the native launcher can encode a kernel's `count` descriptors from its `tensordesc_meta`:
+    one entry per descriptor (the kernel uses TMA), tiled (not im2col), no fp4 padding."""
+    if count == 0:
+        return True
+    if not isinstance(meta, list) or len(meta) != count:
+        return False
+    need = ("swizzle", "elem_size", "elem_type", "block_size")
+    return all(isinstance(m, Mapping) and all(k in m for k in need) and not m.get("fp4_padded")
+               and not m.get("is_im2col") for m in meta)
+
+
+def address(arg: Arg, base: int, itemsize: int) -> int:
+    """The descriptor's global address: the bound buffer's plus the argument's element offset."""
+    return base + arg.offset * itemsize
+
+
+def encode_args(arg: Arg, global_address: int, meta: Mapping[str, Any]) -> tuple[Any, ...]:
+    """cuTensorMapEncodeTiled's arguments after the tensor map pointer, in the driver's order (innermost
+    axis first, strides in bytes, the innermost stride left out), as Triton's launcher gives them."""
+    elem = int(meta["elem_size"])
+    block = [int(b) for b in meta["block_size"]]
+    rank = len(arg.shape)
+    if len(block) != rank or len(arg.strides) != rank:
+        raise ExecutionError(f"a tensor descriptor of rank {rank} got a block of {len(block)} axes",
+                             rule="triton.tma_desc", hint="run with OPGRAPH_LAUNCH=jit and report it")
+    dims = (ctypes.c_uint64 * rank)(*reversed(arg.shape))
+    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*[s * elem for s in reversed(arg.strides[:-1])])
+    box = (ctypes.c_uint32 * rank)(*reversed(block))
+    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
+    kind = _HOST_TYPE.get(int(meta["elem_type"]), int(meta["elem_type"]))
+    return (kind, rank, global_address, dims, strides, box, ones, _INTERLEAVE_NONE, int(meta["swizzle"]),
+            _L2_PROMOTION_128B, _OOB_FILL_NONE)
+
+
+def encoder(lib: Any) -> Callable[..., int]:
+    """libcuda's cuTensorMapEncodeTiled with its argument types."""
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int]
+    return fn
+
+
+class TensorMapSlot:
+    """A kernel argument's 128 bytes of CUtensorMap, 64-byte aligned (cuTensorMapEncodeTiled requires it)."""
+
+    def __init__(self) -> None:
+        self.buffer = (ctypes.c_uint8 * (MAP_BYTES + MAP_ALIGN))()
+        self.address = -(-ctypes.addressof(self.buffer) // MAP_ALIGN) * MAP_ALIGN
+
+    def encode(self, fn: Callable[..., int], check: Callable[[int, str], None], arg: Arg, global_address: int,
+               meta: Mapping[str, Any]) -> None:
+        check(fn(self.address, *encode_args(arg, global_address, meta)),
+              f"encode a TMA descriptor of shape {list(arg.shape)} at {global_address:#x}")
+
+    def raw(self) -> bytes:
+        return ctypes.string_at(self.address, MAP_BYTES)
+
+
+def descriptor_object(arg: Arg, buffer: Any) -> Any:
+    """The descriptor as Triton's JIT and interpreter take it: a TensorDescriptor over `buffer` (a torch
+    tensor: the bound buffer) from the argument's element offset."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    base = torch.as_strided(buffer, (1,), (1,), buffer.storage_offset() + arg.offset)
+    if base.data_ptr() % 16:
+        raise ExecutionError(f"a TMA descriptor's buffer starts at {base.data_ptr():#x}, not on a 16-byte boundary",
+                             rule="triton.tma_desc", hint="bind 16-byte aligned buffers (fresh allocations are), or "
+                             "build with a config without TMA / TMA_HOST")
+    return TensorDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block))

@@ -1,0 +1,300 @@
+"""Plans of graphs with dynamic dims (opgraph.Dim): one build for the whole range, executed at any
+shape inside it (design step 4 of docs/design/dynamic-shapes.md: per-shape plans).
+
+At build, the plan at the range's maximum is built (so a graph an engine cannot run is refused up
+front, and its kernels are compiled), and the graph is checked to be solvable: every dynamic dim
+must be read off some bound buffer's size alone. Per execute, the *shape key* is the sizes the pack's
+buffers have on the axes that give a dim (a few tuple reads); a new key is solved once
+(opgraph.core.symbolic_solve: typed errors naming the tensor, the axis, the dim and its range), and
+the static graph at that shape (`FinalGraph.at`) is planned with the build's options and kept in an
+LRU of `shape_plans` plans. A key seen before costs a dict lookup; the plan then binds and runs the
+pack as a static plan does. Every engine runs this way (the reference and torch engines build for
+free; generated kernels compile per shape, on disk like every kernel); kernels that take sizes at
+run time are design steps 5-7.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..build.options import BuildOptions
+from ..core.errors import GraphError, UnsupportedGraphError, VariantPackError, printable
+from ..core.ir import FinalGraph
+from ..core.symbolic import Dim, Expr, evaluate
+from ..core.symbolic_solve import Observed, solve
+from ..core.tensor import format_dims
+from .bindings import resolve_key
+from .plan import ExecutionPlan
+
+if TYPE_CHECKING:
+    from .bound import BoundPlan
+
+log = logging.getLogger("opgraph.dynamic")
+
+SHAPE_PLANS = 16  # per-shape plans a dynamic plan keeps (least recently used first out)
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """An axis of a bound tensor whose size gives a dynamic dim (the dim alone, or linear in one)."""
+
+    uid: int
+    axis: int
+    rank: int
+
+
+def extraction_list(graph: FinalGraph) -> tuple[Extraction, ...]:
+    """The axes a shape key reads: of every bound tensor, each axis whose declared size is a dynamic
+    dim alone or linear in one (`seq`, `2*seq`, `seq + 1`)."""
+    found = []
+    for uid in (*graph.inputs, *graph.outputs):
+        t = graph.tensors[uid]
+        for axis, d in enumerate(t.dim):
+            if isinstance(d, Expr) and _linear_in_one(d):
+                found.append(Extraction(uid, axis, len(t.dim)))
+    return tuple(found)
+
+
+def _linear_in_one(e: Expr) -> bool:
+    symbols = {a for mono, _ in e.terms for a in mono}
+    return len(symbols) == 1 and isinstance(next(iter(symbols)), Dim) and all(len(m) <= 1 for m, _ in e.terms)
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        from ..memory.buffers import buffer_info
+
+        shape = buffer_info(value).shape
+    return tuple(shape)
+
+
+class DynamicPlan(ExecutionPlan):
+    """A plan for every shape of a graph's dynamic dims (see the module docstring). `execute`,
+    `bind`, `profile`, `profile_steps` and `populate_cuda_graph` take a pack of any shape in the
+    ranges; `at(shape)` is the static plan of one shape (a dict of dim values), `for_pack(pack)` the
+    one of a pack's. What depends on one plan's state (its address table, plan files) is refused
+    with a typed error that says so."""
+
+    def __init__(self, graph: FinalGraph, options: BuildOptions,  # noqa: D107 - (no ExecutionPlan state)
+                 shape_plans: int = SHAPE_PLANS) -> None:
+        self.graph = graph
+        self.options = options
+        self.symbols: Mapping[str, Dim] = graph.symbols
+        self.shape_plans = shape_plans
+        self._extract = extraction_list(graph)
+        self._bound = tuple(dict.fromkeys(e.uid for e in self._extract))  # the tensors a shape key reads
+        self._plans: OrderedDict[tuple[int, ...], ExecutionPlan] = OrderedDict()
+        self._keys: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape key -> the dims' values
+        self._names: dict[Any, int] = {}  # a pack key (handle, UID, name) -> its UID
+        self._lock = threading.RLock()
+        self.stats = {"shape_plans": 0, "evictions": 0}  # per-shape plans built and dropped
+        self._check_solvable()
+        self.max_shape = {name: d.max for name, d in self.symbols.items()}
+        start = time.perf_counter()
+        self.max_plan = self.at(self.max_shape)  # built now: what no engine can run is refused here
+        self.build_stats = {"max_shape_build_s": time.perf_counter() - start}
+        self.device = self.max_plan.device
+        self.cuts = self.max_plan.cuts
+        self.steps = self.max_plan.steps  # (those of the range's maximum, as is the workspace size)
+        self.workspace_size = self.max_plan.workspace_size
+        self.auto_graph = self.max_plan.auto_graph
+
+    def _check_solvable(self) -> None:
+        """Every dim must be readable off the bound buffers alone (refused here, not at the first
+        execute): solved symbolically at the range's maximum."""
+        values = {n: d.max for n, d in self.symbols.items()}
+        observed = [Observed(d, evaluate(d, values), f"dim {axis} of {self.graph.tensors[u].label()}")
+                    for u in (*self.graph.inputs, *self.graph.outputs)
+                    for axis, d in enumerate(self.graph.tensors[u].dim)]
+        from ..core.errors import ShapeError
+
+        try:
+            solve(observed, error=ShapeError)
+        except ShapeError as err:
+            raise ShapeError(f"the graph's dynamic dims cannot be read off its bound tensors: {err.detail}",
+                             rule="plan.dim_unknown", hint="give some input or output a dim that is the dynamic "
+                             "dim alone (or linear in it), e.g. dims [batch, seq, 64] rather than only [batch*seq, 64]"
+                             ) from None
+
+    # -- shapes ------------------------------------------------------------------------------------
+    def _uid(self, key: Any) -> int:
+        """The UID a pack key names (memoized per key: handles, UIDs and names repeat every call)."""
+        try:
+            return self._names[key]
+        except KeyError:
+            uid = resolve_key(self.graph, key)
+            if len(self._names) < 4096:
+                self._names[key] = uid
+            return uid
+        except TypeError:  # an unhashable key: resolve_key names what is wrong
+            return resolve_key(self.graph, key)
+
+    def shape_of(self, variant_pack: Mapping[Any, Any]) -> dict[str, int]:
+        """The dims' values that the pack's buffers give (each checked against its range)."""
+        return dict(zip(self.symbols, self._values(variant_pack)[1]))
+
+    def _values(self, pack: Mapping[Any, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        uid_of = self._uid
+        by_uid = {uid_of(k): v for k, v in pack.items()}
+        shapes: dict[int, tuple[int, ...]] = {}
+        for uid in self._bound:
+            value = by_uid.get(uid)
+            if value is None:
+                raise VariantPackError("the tensor is not bound: its dims give the plan's shape",
+                                       tensor=self.graph.tensors[uid], rule="pack.missing",
+                                       hint="bind every input and output of the graph")
+            shape = getattr(value, "shape", None)
+            shapes[uid] = tuple(shape) if shape is not None else _shape(value)
+        key = tuple([s[e.axis] if len(s := shapes[e.uid]) == e.rank else -1 for e in self._extract])
+        values = self._keys.get(key)
+        if values is None:
+            values = self._solve(by_uid, key)
+        return key, values
+
+    def _solve(self, by_uid: Mapping[int, Any], key: tuple[int, ...]) -> tuple[int, ...]:
+        observed = []
+        for uid in dict.fromkeys(e.uid for e in self._extract):
+            t = self.graph.tensors[uid]
+            shape = _shape(by_uid[uid])
+            if len(shape) != len(t.dim):
+                raise VariantPackError(
+                    f"the buffer has {len(shape)} dims {list(shape)}, the tensor {len(t.dim)} "
+                    f"{format_dims(t.dim)}", tensor=t, rule="pack.rank",
+                    hint="bind a buffer of the tensor's rank, its dynamic dims in their ranges")
+            observed += [Observed(d, shape[axis], f"dim {axis} of {t.label()}") for axis, d in enumerate(t.dim)
+                         if isinstance(d, Expr)]
+        env = solve(observed)
+        values = self.graph.shape_key(env)
+        with self._lock:
+            self._keys[key] = values
+            if len(self._keys) > 64 * self.shape_plans:
+                self._keys.pop(next(iter(self._keys)))
+        return values
+
+    def at(self, shape: Mapping[str, int]) -> ExecutionPlan:
+        """The static plan of one shape (built with the build's options at its first use, then kept
+        among the last `shape_plans` used)."""
+        return self._plan(self.graph.shape_key(shape))
+
+    def _plan(self, values: tuple[int, ...]) -> ExecutionPlan:
+        plan = self._plans.get(values)
+        if plan is not None:
+            if next(reversed(self._plans)) != values:
+                with self._lock:
+                    if values in self._plans:
+                        self._plans.move_to_end(values)
+            return plan
+        with self._lock:
+            plan = self._plans.get(values)
+            if plan is None:
+                plan = self._build(values)
+        return plan
+
+    def _build(self, values: tuple[int, ...]) -> ExecutionPlan:
+        from .plan import build_plan
+
+        shape = dict(zip(self.symbols, values))
+        start = time.perf_counter()
+        plan = build_plan(self.graph.at(shape), self.options)
+        self.stats["shape_plans"] += 1
+        log.info("plan '%s': built the plan for %s in %.1f ms (%d step(s))", printable(self.graph.name),
+                 _shape_text(shape), 1e3 * (time.perf_counter() - start), len(plan.steps))
+        self._plans[values] = plan
+        while len(self._plans) > self.shape_plans:
+            dropped, _ = self._plans.popitem(last=False)
+            self.stats["evictions"] += 1
+            log.info("plan '%s': dropped the plan for %s (keeps %d shapes)", printable(self.graph.name),
+                     _shape_text(dict(zip(self.symbols, dropped))), self.shape_plans)
+        return plan
+
+    def for_pack(self, variant_pack: Mapping[Any, Any]) -> ExecutionPlan:
+        """The static plan of the pack's shape."""
+        return self._plan(self._values(variant_pack)[1])
+
+    # -- running -----------------------------------------------------------------------------------
+    def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
+        """Run the plan at the shape of the pack's buffers (any shape within the dims' ranges); a
+        workspace given must hold the `workspace_size_at` of that shape."""
+        self.for_pack(variant_pack).execute(variant_pack, workspace, stream)
+
+    def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> BoundPlan:
+        return self.for_pack(variant_pack).bind(variant_pack, workspace)
+
+    def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 20) -> list[tuple[str, int, float]]:
+        return self.for_pack(variant_pack).profile(variant_pack, repeat)
+
+    def profile_steps(self, variant_pack: Mapping[Any, Any], repeat: int = 10) -> list[Any]:
+        return self.for_pack(variant_pack).profile_steps(variant_pack, repeat)
+
+    def workspace_size_at(self, shape: Mapping[str, int]) -> int:
+        return self.at(shape).workspace_size
+
+    def _unsupported(self, what: str) -> GraphError:
+        return UnsupportedGraphError(
+            f"{what} of a plan with dynamic dims is not supported yet", rule="plan.dynamic",
+            hint="use the static plan of one shape: plan.at({'batch': 4, ...}) (or plan.for_pack(pack))")
+
+    def to_bytes(self, embed_kernels: bool = True) -> bytes:
+        raise self._unsupported("a plan file")
+
+    def save(self, path: Any, embed_kernels: bool = True) -> None:
+        raise self._unsupported("a plan file")
+
+    def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
+        return self.for_pack(variant_pack).populate_cuda_graph(variant_pack, workspace)
+
+    def update_cuda_graph(self, graph: Any, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
+        return self.for_pack(variant_pack).update_cuda_graph(graph, variant_pack, workspace)
+
+    def set_address(self, tensor: Any, buffer: Any) -> None:
+        raise self._unsupported("set_address")
+
+    @property
+    def address_table(self) -> Any:
+        raise self._unsupported("the address table")
+
+    def table_slot(self, tensor: Any) -> int:
+        raise self._unsupported("the address table")
+
+    def baked_addresses(self) -> Any:
+        raise self._unsupported("baked_addresses")
+
+    def local_state(self) -> Any:
+        raise self._unsupported("the thread state")
+
+    @property
+    def workspace_layout(self) -> Mapping[int, tuple[int, int]]:
+        return self.max_plan.workspace_layout
+
+    def source(self, step: int) -> str | None:
+        """The source of a step of the plan at the range's maximum."""
+        return self.max_plan.source(step)
+
+    # -- explaining --------------------------------------------------------------------------------
+    def describe(self) -> str:
+        dims = ", ".join(f"{d.name} {d.min}..{d.max}" for d in self.symbols.values())
+        with self._lock:
+            shapes = [_shape_text(dict(zip(self.symbols, v))) for v in self._plans]
+        lines = [f"dynamic plan for graph '{printable(self.graph.name)}': dims {dims}; a plan per shape "
+                 f"(keeps {self.shape_plans}); built {self.stats['shape_plans']}, dropped {self.stats['evictions']}",
+                 "  shapes kept: " + ("; ".join(shapes) or "-"),
+                 "  at the range's maximum:"]
+        lines += ["    " + line for line in self.max_plan.describe().splitlines()]
+        return "\n".join(lines)
+
+    __str__ = describe
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{d.name} {d.min}..{d.max}" for d in self.symbols.values())
+        return f"<DynamicPlan '{self.graph.name}' ({dims}) on {self.device}: {len(self._plans)} shape plan(s)>"
+
+
+def _shape_text(shape: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in shape.items())

@@ -1,0 +1,291 @@
+"""Check and time opgraph's generated GEMMs on the Hopper path (issue 39) against cuBLAS, in one GPU call.
+
+    PYTHONPATH=$PWD python scripts/hopper_gemm_check.py --out $OUT            # from the repo root, ~2-3 min
+
+For each matmul shape of the Hopper lab's table (bench/results/2026-11-29-h200-hopper-lab-gemm.md: 8192^3,
+the Llama (d 1024, 8192 tokens) and GPT-2 (d 2048) projections, matmul + bias + GELU), B an nn.Linear
+weight ([N, K], K contiguous), it builds opgraph plans with engines=["triton"]:
+
+  new     the heuristic's choice (on sm_90: TMA_HOST=1, host-side descriptors, persistent, flattened)
+  before  the first device-side TMA config of the same candidates (what the heuristic chose before
+          TMA_HOST: tl.make_tensor_descriptor in the kernel)
+  same-dev  (--ablate) the `new` knobs without TMA_HOST: the descriptors' side alone
+
+compiles every kernel at once (in parallel), checks every output against torch in fp32 (the output
+poisoned with NaN first; relative L2 and max errors within the output type's rounding), then times each
+plan's execute and cuBLAS (torch.matmul / addmm / _addmm_activation with out=) as a CUDA graph of K calls
+(bench.measure: replays timed with CUDA events behind a spin kernel, no host time), median of --rounds.
+Prints a markdown table; writes $OUT/hopper_gemm_check.{json,md} after every row (a kill keeps what ran).
+Exit status 1 when an output check fails. --budget (s) stops starting rows; --only NAME,... picks rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# name, M, N, K, epilogue ("" | "bias" | "bias_gelu"), dtype
+SHAPES = [
+    ("square8k.fp16", 8192, 8192, 8192, "", "fp16"),
+    ("square8k.bf16", 8192, 8192, 8192, "", "bf16"),
+    ("llama.lm_head", 8192, 32000, 1024, "", "bf16"),
+    ("llama.qkv", 8192, 1536, 1024, "", "bf16"),
+    ("llama.o", 8192, 1024, 1024, "", "bf16"),
+    ("llama.up", 8192, 2816, 1024, "", "bf16"),
+    ("llama.gate_up", 8192, 5632, 1024, "", "bf16"),
+    ("llama.down", 8192, 1024, 2816, "", "bf16"),
+    ("gpt2.qkv", 8192, 6144, 2048, "", "bf16"),
+    ("gpt2.o", 8192, 2048, 2048, "", "bf16"),
+    ("gpt2.mlp_up", 8192, 8192, 2048, "", "bf16"),
+    ("gpt2.mlp_down", 8192, 2048, 8192, "", "bf16"),
+    ("gelu.8192x4096x4096", 8192, 4096, 4096, "bias_gelu", "bf16"),
+    ("gelu.gpt2.mlp_up", 8192, 8192, 2048, "bias_gelu", "bf16"),
+    ("bias.gpt2.qkv", 8192, 6144, 2048, "bias", "bf16"),
+    ("small.512", 512, 512, 512, "", "bf16"),  # small products: the heuristic picks the path here too
+    ("decode.m16", 16, 4096, 4096, "", "bf16"),
+]
+# relative L2 and max error (of max |ref|) an output may have: its type's rounding, with room
+TOL = {"bf16": (6e-3, 1.6e-2), "fp16": (1.5e-3, 4e-3)}
+
+
+def graph_of(name: str, m: int, n: int, k: int, epi: str, dt: str) -> tuple[Any, dict[str, Any]]:
+    import opgraph as og
+
+    DT = og.DataType
+    io = DT.BFLOAT16 if dt == "bf16" else DT.HALF
+    g = og.Graph(name.replace(".", "_"), io_data_type=io, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(dim=[m, k], name="a")
+    b = g.tensor(dim=[k, n], stride=[1, k], name="w_t")  # an nn.Linear weight [N, K], transposed in place
+    y = g.matmul(a, b, name="mm")
+    t = {"a": a, "b": b}
+    if epi:
+        bias = g.tensor(dim=[1, n], name="bias")
+        t["bias"] = bias
+        y = g.add(y, bias)
+        if epi == "bias_gelu":
+            y = g.gelu_approx_tanh(y)
+    y.set_output(True).set_data_type(io)
+    t["y"] = y
+    return g, t
+
+
+def config_plan(plan: Any, knobs: dict[str, Any]) -> Any:
+    """`plan` (one step) compiled with the matmul template's `knobs` instead."""
+    from opgraph.build.planner import Step
+    from opgraph.engines import EngineConfig, get_engine
+    from opgraph.runtime.plan import ExecutionPlan
+
+    (step,) = plan.steps
+    config = EngineConfig("triton", (("template", "matmul"), *sorted(knobs.items())))
+    kernel = get_engine("triton").compile(step.piece, config, plan.device)
+    return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
+
+
+def knobs_text(plan: Any) -> str:
+    k = dict(plan.steps[0].config.knobs)
+    k.pop("template", None)
+    short = {"BLOCK_M": "", "BLOCK_N": "x", "BLOCK_K": "x", "num_warps": " w", "num_stages": " s"}
+    head = "".join(f"{p}{k.pop(n)}" for n, p in short.items() if n in k)
+    flags = [f"{n}={v}" for n, v in sorted(k.items()) if n not in ("GROUP_M", "SPLIT_K") and v]
+    return " ".join([head, *flags])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds; no row starts after it")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--only", default="", help="comma-separated row names")
+    ap.add_argument("--ablate", action="store_true", help="also the new knobs with device-side descriptors")
+    args = ap.parse_args()
+    t0 = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    import triton
+
+    from opgraph.engines.triton import TEMPLATE_BY_NAME, compiler
+
+    dev = torch.cuda.get_device_properties(0)
+    header = {"device": dev.name, "capability": list(torch.cuda.get_device_capability()), "torch": torch.__version__,
+              "triton": triton.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    rows = [s for s in SHAPES if not args.only or s[0] in args.only.split(",")]
+    variants = ["new", "before"] + (["same-dev"] if args.ablate else [])
+
+    # -- build every plan (nothing compiled yet), then compile all kernels in parallel ----------------------
+    built: dict[str, dict[str, Any]] = {}
+    for name, m, n, k, epi, dt in rows:
+        g, t = graph_of(name, m, n, k, epi, dt)
+        plan = g.build(device="cuda", engines=["triton"], allow_partition=False, compile="lazy")
+        assert len(plan.steps) == 1, plan.describe()
+        chosen = dict(plan.steps[0].config.knobs)
+        chosen.pop("template", None)
+        cands = TEMPLATE_BY_NAME["matmul"].candidates(plan.steps[0].piece, plan.device)
+        before = next((c for c in cands if c.get("TMA") and not c.get("TMA_HOST")), cands[0])
+        plans = {"new": plan, "before": config_plan(plan, before)}
+        if args.ablate:
+            plans["same-dev"] = config_plan(plan, {kk: v for kk, v in chosen.items() if kk != "TMA_HOST"})
+        built[name] = {"graph": g, "tensors": t, "plans": plans}
+    specs = {spec.key: (spec, fn) for b in built.values() for p in b["plans"].values() for s in p.steps
+             for spec, fn in s.kernel.compile_specs()}
+    report = compiler.compile_all(specs)
+    print(f"compiled {len(specs)} kernels in {time.time() - t0:.0f} s ({report.compiled} compiled, "
+          f"failed: {len(report.failed)})", flush=True)
+    for key, why in report.failed.items():
+        print(f"  compile failed {key}: {why[:300]}", flush=True)
+
+    results: list[dict[str, Any]] = []
+    failed = False
+
+    def write() -> None:
+        (out / "hopper_gemm_check.json").write_text(json.dumps({**header, "rows": results}, indent=1))
+        (out / "hopper_gemm_check.md").write_text(markdown(header, results, variants))
+
+    for spec in rows:
+        if time.time() - t0 > args.budget:
+            results.append({"name": spec[0], "skipped": "budget"})
+            continue
+        row = measure_row(spec, built[spec[0]], variants, args.rounds)
+        failed |= not all(row[v].get("ok", False) for v in variants)
+        results.append(row)
+        line = f"{spec[0]}: cuBLAS {row['cublas'].get('tflops', 0):.0f}"
+        for v in variants:
+            e = row[v]
+            line += f" | {v} {e.get('tflops', 0):.0f} ({'ok' if e.get('ok') else 'FAIL'}) {e['knobs']}"
+        print(line, flush=True)
+        write()
+        torch.cuda.empty_cache()
+    header["seconds"] = round(time.time() - t0, 1)
+    write()
+    print(markdown(header, results, variants))
+    return 1 if failed else 0
+
+
+def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], rounds: int) -> dict[str, Any]:
+    """One shape: inputs, the fp32 reference, each variant's check and time, then cuBLAS's."""
+    import torch
+
+    from bench.measure import capture, events_us
+
+    name, m, n, k, epi, dt = spec
+    t = b["tensors"]
+    torch.manual_seed(0)
+    tdt = torch.bfloat16 if dt == "bf16" else torch.float16
+    a = torch.randn(m, k, device="cuda", dtype=tdt)
+    w = (torch.randn(n, k, device="cuda", dtype=torch.float32) / math.sqrt(k)).to(tdt)
+    wt = w.t()
+    bias = torch.randn(n, device="cuda", dtype=tdt) if epi else None
+    ref = a.float() @ w.float().t()
+    if bias is not None:
+        ref += bias.float()
+    if epi == "bias_gelu":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    y = torch.empty(m, n, device="cuda", dtype=tdt)
+    pack = {t["a"]: a, t["b"]: wt, t["y"]: y}
+    if bias is not None:
+        pack[t["bias"]] = bias.view(1, n)
+    row: dict[str, Any] = {"name": name, "m": m, "n": n, "k": k, "epilogue": epi, "dtype": dt}
+    flop = 2.0 * m * n * k
+    scale = ref.abs().max().item()
+    lim_l2, lim_max = TOL[dt]
+
+    def check(got: Any) -> dict[str, Any]:
+        d = got.float() - ref
+        rel_l2 = (d.norm() / ref.norm()).item()
+        rel_max = (d.abs().max() / scale).item()
+        ok = bool(torch.isfinite(got).all().item()) and rel_l2 <= lim_l2 and rel_max <= lim_max
+        return {"ok": ok, "rel_l2": rel_l2, "rel_max": rel_max}
+
+    def timed(fn: Any) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est = max((time.perf_counter() - t1) * 1e6, 5.0)
+        calls = max(1, min(50, int(3000 / est)))
+        cap = capture(fn, calls, warmup=1)
+        cap.graph.replay()
+        per = statistics.median(events_us(cap.graph.replay, rounds, 1000.0)) / calls
+        del cap
+        return per
+
+    for v in variants:
+        plan = b["plans"][v]
+        entry: dict[str, Any] = {"knobs": knobs_text(plan)}
+        try:
+            y.fill_(float("nan"))
+            plan.execute(pack)
+            torch.cuda.synchronize()
+            entry.update(check(y))
+            us = timed(lambda plan=plan: plan.execute(pack))
+            entry.update(us=us, tflops=flop / us / 1e6)
+        except Exception as err:  # noqa: BLE001 - recorded, the next variant runs
+            entry.update(ok=False, error=f"{type(err).__name__}: {err}"[:500])
+        row[v] = entry
+
+    if epi == "bias_gelu":
+        def lib() -> Any:
+            return torch._addmm_activation(bias, a, wt, use_gelu=True)
+    elif epi == "bias":
+        def lib() -> Any:
+            return torch.addmm(bias, a, wt, out=y)
+    else:
+        def lib() -> Any:
+            return torch.matmul(a, wt, out=y)
+    cub: dict[str, Any] = {}
+    try:
+        y.fill_(float("nan"))
+        cub.update(check(lib()))
+        us = timed(lib)
+        cub.update(us=us, tflops=flop / us / 1e6)
+    except Exception as err:  # noqa: BLE001
+        cub.update(error=f"{type(err).__name__}: {err}"[:500])
+    row["cublas"] = cub
+    return row
+
+
+def markdown(header: dict[str, Any], results: list[dict[str, Any]], variants: list[str]) -> str:
+    lines = [f"# opgraph Hopper GEMM check: {header['device']} (sm_{''.join(map(str, header['capability']))})",
+             f"torch {header['torch']}, Triton {header['triton']}, {header['started']}"
+             + (f", {header['seconds']} s" if "seconds" in header else "")
+             + ". TFLOP/s from CUDA-graph replays (median); every output checked against torch fp32 first.", "",
+             "| shape | M x N x K | cuBLAS | " + " | ".join(variants) + " | new / cuBLAS | new knobs |",
+             "|---|---|---|" + "---|" * len(variants) + "---|---|"]
+    for r in results:
+        if "skipped" in r:
+            lines.append(f"| {r['name']} | skipped ({r['skipped']}) |")
+            continue
+        cub = r["cublas"].get("tflops")
+        cells = []
+        for v in variants:
+            e = r[v]
+            if "tflops" not in e:
+                cells.append("error" if "error" in e else "-")
+                continue
+            cells.append(f"{e['tflops']:.0f}{'' if e['ok'] else ' **WRONG**'}")
+        ratio = r["new"].get("tflops", 0) / cub if cub else float("nan")
+        shape = f"{r['m']}x{r['n']}x{r['k']} {r['dtype']}{' +' + r['epilogue'] if r['epilogue'] else ''}"
+        lines.append(f"| {r['name']} | {shape} | {cub:.0f} | " if cub else f"| {r['name']} | {shape} | - | ")
+        lines[-1] += " | ".join(cells) + f" | {ratio:.2f} | {r['new']['knobs']} |"
+    errors = [(r["name"], v, r[v]["error"]) for r in results if "skipped" not in r for v in [*variants, "cublas"]
+              if "error" in r[v]]
+    if errors:
+        lines += ["", "Errors:"] + [f"- {n} {v}: {e}" for n, v, e in errors]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

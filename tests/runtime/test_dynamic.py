@@ -1,0 +1,143 @@
+"""Plans of graphs with dynamic dims (opgraph.runtime.dynamic): built once, executed at many shapes
+against the reference engine at each shape (random inputs, poisoned outputs); the per-shape plan
+cache; the pack's typed errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.runtime.dynamic import DynamicPlan
+from opgraph.testing import compare, random_pack, reference_outputs
+from tests.helpers import check_rule, requires_interpreter
+
+B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
+SHAPES = [(1, 1), (2, 3), (3, 5), (7, 13), (16, 17), (5, 31), (16, 37)]  # ones, primes, the range's ends
+
+
+def mlp_graph() -> og.Graph:
+    g = og.Graph("dyn", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B, S, 8], name="x")
+    bias = g.tensor(dim=[1, 1, 8], name="bias")
+    g.relu(g.add(x, bias)).set_output(True).set_name("y")
+    return g
+
+
+def run_at(plan: og.ExecutionPlan, env: dict, rng: np.random.Generator, keyed=lambda g, u: u) -> None:
+    """Execute `plan` on a pack of the shape `env` and compare every output with the reference engine
+    run on the static graph of that shape."""
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    want = reference_outputs(static, pack)
+    plan.execute({keyed(static, u): v for u, v in pack.items()})
+    bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("engine", ["reference", pytest.param("torch", marks=pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("torch"), reason="needs PyTorch"))])
+def test_one_build_runs_every_shape(engine):
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=[engine])
+    assert isinstance(plan, DynamicPlan) and plan.stats["shape_plans"] == 1  # the maximum, at build
+    rng = np.random.default_rng(0)
+    for b, s in SHAPES:
+        run_at(plan, {"batch": b, "seq": s}, rng)
+    assert plan.stats["shape_plans"] == len(SHAPES)  # (16, 37) is the maximum built at build
+    run_at(plan, {"batch": 3, "seq": 5}, rng)
+    assert plan.stats["shape_plans"] == len(SHAPES)  # a shape seen before builds nothing
+
+
+@requires_interpreter
+def test_generated_kernels_per_shape():
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["triton"])
+    assert plan.steps[0].config.engine == "triton"
+    rng = np.random.default_rng(1)
+    for b, s in [(1, 1), (3, 13), (16, 37)]:
+        run_at(plan, {"batch": b, "seq": s}, rng)
+
+
+def test_packs_keyed_by_handle_and_name():
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["reference"])
+    rng = np.random.default_rng(2)
+    run_at(plan, {"batch": 2, "seq": 7}, rng, keyed=lambda static, u: static.tensors[u].name)
+    handles = {g.final.handle_uid(h): h for h, _ in g.final.handles.values()}
+    run_at(plan, {"batch": 4, "seq": 9}, rng, keyed=lambda static, u: handles[u])
+
+
+def test_shape_plans_are_an_lru():
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["reference"])
+    plan.shape_plans = 2
+    rng = np.random.default_rng(3)
+    for b, s in [(1, 1), (2, 2), (1, 1), (3, 3)]:
+        run_at(plan, {"batch": b, "seq": s}, rng)
+    # the maximum (built at build) and (2, 2) go; (1, 1) was used again before (3, 3) came
+    assert plan.stats == {"shape_plans": 4, "evictions": 2}
+    assert "batch=1 seq=1; batch=3 seq=3" in plan.describe()
+
+
+def pack_of(g: og.Graph, x_shape, y_shape=None) -> dict:
+    return {"x": np.ones(x_shape, np.float32), "bias": np.ones((1, 1, 8), np.float32),
+            "y": np.zeros(y_shape or x_shape, np.float32)}
+
+
+@pytest.mark.parametrize("x_shape, y_shape, rule, names", [
+    ((17, 3, 8), None, "pack.dim_range", ("x", "batch")),
+    ((2, 38, 8), None, "pack.dim_range", ("x", "seq")),
+    ((2, 3, 8), (2, 4, 8), "pack.dim_mismatch", ("y", "x", "seq")),
+    ((2, 3), None, "pack.rank", ("x",)),
+])
+def test_pack_errors_name_the_tensor_and_the_dim(x_shape, y_shape, rule, names):
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["reference"])
+    with pytest.raises(og.VariantPackError) as info:
+        plan.execute(pack_of(g, x_shape, y_shape))
+    check_rule(info.value, rule, *names)
+
+
+def test_a_static_axis_of_the_wrong_size_is_refused_by_the_shape_plan():
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["reference"])
+    with pytest.raises(og.VariantPackError):
+        plan.execute(pack_of(g, (2, 3, 9)))
+
+
+def test_a_missing_tensor_is_named():
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["reference"])
+    pack = pack_of(g, (2, 3, 8))
+    del pack["y"]
+    with pytest.raises(og.VariantPackError) as info:
+        plan.execute(pack)
+    check_rule(info.value, "pack.missing", "y")
+
+
+def test_a_graph_whose_dims_no_buffer_gives_is_refused_at_build():
+    g = og.Graph("packed", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B * S, 8], name="x")
+    g.relu(x).set_output(True).set_name("y")
+    with pytest.raises(og.ShapeError) as info:
+        g.build(device="cpu", engines=["reference"])
+    check_rule(info.value, "plan.dim_unknown")
+
+
+def test_what_needs_one_plan_state_is_refused_with_a_typed_error():
+    plan = mlp_graph().build(device="cpu", engines=["reference"])
+    with pytest.raises(og.UnsupportedGraphError):
+        plan.to_bytes()
+    with pytest.raises(og.UnsupportedGraphError):
+        _ = plan.address_table
+    assert plan.at({"batch": 2, "seq": 3}).graph.tensor("y").dim == (2, 3, 8)
+    assert plan.workspace_size == plan.max_plan.workspace_size
+
+
+def test_graph_execute_runs_the_dynamic_plan():
+    g = mlp_graph()
+    g.build(device="cpu", engines=["reference"])
+    pack = pack_of(g, (2, 3, 8))
+    g.execute(pack)
+    np.testing.assert_array_equal(pack["y"], np.full((2, 3, 8), 2.0, np.float32))
