@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.9.0
 
-.PHONY: demo test lint typecheck docs install clean
+.PHONY: demo test lint typecheck format docs install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,8 @@ test: lint
 	$(PY) -m pytest -n 2 -q --deselect $(FUZZ)
 	$(PY) -m pytest -n 2 -q $(FUZZ)
 
-# ruff (pyflakes, import order, bugbear, pyupgrade), mypy and the layering test over the package
+# ruff (pyflakes, import order, bugbear, pyupgrade, blind except, complexity), mypy and the layering test
+# over the package (config: [tool.ruff] and [tool.mypy] in pyproject.toml)
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check opgraph
 	$(PY) -m mypy opgraph
@@ -36,6 +37,10 @@ lint: $(VENV)/.installed
 # mypy alone over the package (config: [tool.mypy] in pyproject.toml); `lint` runs it too
 typecheck: $(VENV)/.installed
 	$(PY) -m mypy opgraph
+
+# the one formatter: ruff format, Black's style at 120 columns ([tool.ruff.format] in pyproject.toml)
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format opgraph tests examples bench scripts
 
 # the user guide (docs/, mkdocs.yml) into site/; every warning is an error
 docs: $(VENV)/.installed

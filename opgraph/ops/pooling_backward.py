@@ -22,7 +22,9 @@ text parameters; such graph files load as these ops (ops/custom.py, LEGACY_CUSTO
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from types import EllipsisType
 from typing import NoReturn
 
 import numpy as np
@@ -96,16 +98,17 @@ class PoolBackward(Op):
         return [TensorSpec(dims, strides_like(dims, dy))]
 
 
-def _scatter(contrib, dims, out, window, stride, pre, post):
+def _scatter(contrib: Callable[[int, tuple[int, ...]], np.ndarray], dims: Sequence[int], out: Sequence[int],
+             window: Sequence[int], stride: Sequence[int], pre: Sequence[int], post: Sequence[int]) -> np.ndarray:
     """Sum, per window tap, contrib(tap number, tap) (an array of dy's dims) onto the padded input
     positions o*s + tap, then crop the padding: a float64 array of `dims`."""
     padded = [d + p + q for d, p, q in zip(dims[2:], pre, post)]
     dxp = np.zeros((*dims[:2], *padded))
     for k, tap in enumerate(np.ndindex(*window)):
         target = tuple(slice(t, t + (o - 1) * s + 1, s) for t, o, s in zip(tap, out, stride))
-        at = (Ellipsis, *target)
+        at: tuple[EllipsisType | slice, ...] = (Ellipsis, *target)
         dxp[at] += contrib(k, tap)
-    crop = (Ellipsis, *(slice(p, p + d) for p, d in zip(pre, dims[2:])))
+    crop: tuple[EllipsisType | slice, ...] = (Ellipsis, *(slice(p, p + d) for p, d in zip(pre, dims[2:])))
     return dxp[crop]
 
 

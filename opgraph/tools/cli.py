@@ -9,6 +9,7 @@ option) ends in one error and its hint, never a traceback.
 from __future__ import annotations
 
 import functools
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -251,7 +252,7 @@ def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: b
     if svg_path:
         try:
             Path(svg_path).write_bytes(render_svg(dot))
-        except Exception as err:  # noqa: BLE001 - Graphviz missing is a user-environment problem
+        except (ImportError, RuntimeError, OSError, subprocess.SubprocessError) as err:  # no graphviz, or no `dot`
             errors.print(f"[red]could not draw SVG[/]: {shown(str(err))} (pip install graphviz; apt install graphviz)")
             sys.exit(1)
         say(f"wrote {svg_path}")

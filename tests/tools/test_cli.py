@@ -93,6 +93,15 @@ def test_explain_svg(tmp_path):
     assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))
 
 
+def test_explain_svg_without_graphviz_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` program (or no graphviz package): one line, exit 1
+    svg = tmp_path / "plan.svg"
+    result = CliRunner().invoke(main, ["explain", str(_graph_file(tmp_path)), "--device", "cpu", "--svg", str(svg)])
+    assert result.exit_code == 1, result.output
+    assert "could not draw SVG" in result.output and "Traceback" not in result.output
+    assert not svg.exists()
+
+
 # -- issue 20: what the CLI shows a newcomer --------------------------------------------------------
 
 

@@ -384,7 +384,7 @@ def compile_all(specs: Mapping[str, tuple[KernelSpec, Any]], *, parallel: bool =
                 if found is None:  # the worker's cache is not readable here: compile (a cache hit) here
                     try:
                         found = compile_here(spec, fn)
-                    except Exception as err:  # noqa: BLE001
+                    except Exception as err:  # noqa: BLE001 - as below: the caller decides
                         report.failed[spec.key] = f"{type(err).__name__}: {err}"
                 if found is not None:
                     _BINARIES[spec.key] = found
