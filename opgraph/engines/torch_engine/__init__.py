@@ -22,6 +22,7 @@ Behaviour:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -175,12 +176,17 @@ class TorchKernel(Kernel):
             dst.copy_(src.reshape(dst.shape) if src.shape != dst.shape else src)
 
 
+@functools.cache
+def _torch_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
 class TorchEngine(Engine):
     name = "torch"
     writes_after_compute = True
 
     def available(self, device: Device) -> Support:
-        if importlib.util.find_spec("torch") is None:
+        if not _torch_installed():
             return Support.no("PyTorch is not installed (pip install 'opgraph[torch]')")
         if device.is_cuda:
             import torch

@@ -34,7 +34,7 @@ _lock = threading.Lock()
 
 
 def has_collective(piece: Piece) -> bool:
-    return any(n.kind in KINDS for n in piece.nodes)
+    return not piece.kind_set.isdisjoint(KINDS)  # (kind_set grows with the piece: no pass over its nodes)
 
 
 @implements("all_reduce")
