@@ -124,8 +124,8 @@ def _og_sech2_fast(x):
 
 
 def _og_signbit(a):
-    # the sign bit, read from the bits (-0 and -nan included): the compiled kernels of 2026-11-25 (H100)
-    # folded the test (a == 0) & (1 / a < 0) to false, as if zeros had no sign
+    # the sign bit, read from the bits (-0 and -nan included): a compiler folded (a == 0) & (1 / a < 0)
+    # to false (bench/results/constants.md#sign-bit)
     if a.dtype == tl.float64:
         return a.to(tl.int64, bitcast=True) < 0
     else:

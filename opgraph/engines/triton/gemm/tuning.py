@@ -45,7 +45,7 @@ def estimate_us(m: int, n: int, k: int, knobs: TileKnobs, *, nprog: int, device:
     if knobs.tma:
         eff *= 1.2  # TMA copies: no address math or masks in the loop (measured 590-643 vs 531 TFLOP/s)
     if knobs.tma_host and knobs.persistent:
-        eff *= 1.08  # host descriptors, flattened loop, subtiled epilogue: the Hopper lab's 0.95-1.00x cuBLAS
+        eff *= 1.08  # host descriptors, flattened loop, subtiled epilogue (bench/results/constants.md#hopper-host-descriptors)
     waves: float = -(-programs // (sms * ctas)) * ctas
     if knobs.persistent:
         eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
