@@ -340,7 +340,19 @@ def _finalize_node(
     if dynamic is not None:
         _admit_dynamic(op, ctx, label, dynamic)
         return _finalize_dynamic_node(g, rec, op, ctx, label, roles, inputs, operands, drafts, cdt, descs)
+    op, outs = _apply_rules(g, op, ctx, label, roles, inputs, drafts, cdt, descs, [""])
+    return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
+
+
+def _apply_rules(g: Graph, op: Op, ctx: NodeContext, label: str, roles: tuple[str, ...],
+                 inputs: list[TensorDesc | Const | None], drafts: list[Draft | None], cdt: DataType,
+                 descs: dict[int, TensorDesc], stage: list[str]) -> tuple[Op, list[TensorDesc | None]]:
+    """An op's normalize, infer and check rules over its inputs and output drafts: the normalized op
+    and its outputs' descriptors (recorded in `descs`). `stage[0]` names the rule running, for the
+    dynamic path's errors."""
+    stage[0] = "normalize"
     op = op.normalize(ctx)
+    stage[0] = "infer"
     specs = op.infer(ctx)
     if len(specs) != len(drafts):
         raise RuntimeError(f"{op.kind}.infer returned {len(specs)} specs for {len(drafts)} outputs")
@@ -352,9 +364,9 @@ def _finalize_node(
         desc = _merge(g, label, role, draft, spec, inputs)
         descs[desc.uid] = desc
         outs.append(desc)
-    check_ctx = NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type)
-    op.check(check_ctx)
-    return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
+    stage[0] = "check"
+    op.check(NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type))
+    return op, outs
 
 
 def _dynamic_operand(inputs: list[TensorDesc | Const | None], drafts: list[Draft | None]) -> Any:
@@ -388,25 +400,12 @@ def _finalize_dynamic_node(g: Graph, rec: OpRecord, op: Op, ctx: NodeContext, la
     """`_finalize_node`'s rules for a node with dynamic dims: a rule that decides by a size it cannot
     know over the whole range (Python's TypeError from a symbolic size) is a ShapeError naming the
     op and the rule, never a guess."""
-    stage = "normalize"
+    stage = [""]
     try:
-        op = op.normalize(ctx)
-        stage = "infer"
-        specs = op.infer(ctx)
-        outs: list[TensorDesc | None] = []
-        for role, draft, spec in zip(op.output_roles(), drafts, specs):
-            if draft is None:
-                outs.append(None)
-                continue
-            desc = _merge(g, label, role, draft, spec, inputs)
-            descs[desc.uid] = desc
-            outs.append(desc)
-        stage = "check"
-        check_ctx = NodeContext(label, roles, inputs, op.output_roles(), outs, cdt, g.intermediate_data_type)
-        op.check(check_ctx)
+        op, outs = _apply_rules(g, op, ctx, label, roles, inputs, drafts, cdt, descs, stage)
     except TypeError as err:
         raise ShapeError(
-            f"{op.kind}'s {stage} rule cannot decide over the dynamic dims' ranges ({err})"[:600], op=label,
+            f"{op.kind}'s {stage[0]} rule cannot decide over the dynamic dims' ranges ({err})"[:600], op=label,
             tensor=_dynamic_operand(inputs, drafts), rule="op.dynamic_dims",
             hint="give this op's operands static dims, or narrow the dynamic dims so the rule holds for every value",
         ) from None
