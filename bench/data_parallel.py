@@ -8,6 +8,8 @@ eager and under torch.compile, on 1..8 GPUs of one host, one process a GPU. Self
 
 Implementations, all from the same weights on the same shards (each rank its own batch of --batch):
   opgraph          train_step(..., process_group=WORLD) captured (step.capture), replayed
+  opgraph-run      the same step executed by plain calls (step.run): the like of ddp's plain calls, since
+                   PyTorch's stack cannot capture DDP's NCCL calls in a CUDA graph
   opgraph-zero1    the same with zero=True (optimizer state sharded; a broadcast of parameters after)
   ddp              DistributedDataParallel + autocast (+ GradScaler for fp16) + torch.optim (fused on CUDA)
   ddp-compile      the same with torch.compile(ddp_model)
@@ -34,7 +36,7 @@ from typing import Any
 for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ[_var] = _value
 
-MODES = ("opgraph", "opgraph-zero1", "ddp", "ddp-compile")
+MODES = ("opgraph", "opgraph-run", "opgraph-zero1", "ddp", "ddp-compile")
 
 
 def workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]:
@@ -108,7 +110,7 @@ def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap
         opt = SGD(0.1, momentum=0.9) if w["sgd"] else AdamW(3e-4)
         step = train_step(og.from_torch(model, (x,)), "cross_entropy", opt, mixed_precision=w["precision"],
                           process_group=dist.group.WORLD, bucket_cap_mb=cap_mb, zero=mode.endswith("zero1"))
-        if not cuda:
+        if not cuda or mode == "opgraph-run":
             first = float(step.run(x, y))
             return (lambda: step.run(x, y)), first
         captured = step.capture(x, y)  # (its warm-up step is undone)
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.dry_run:
         args.workload, args.gpus, args.iters, args.warmup = "tiny", "1,2", 3, 1
-        args.modes = "opgraph,opgraph-zero1,ddp"  # (torch.compile on the CPU compiles C++ for minutes)
+        args.modes = "opgraph,opgraph-run,opgraph-zero1,ddp"  # (torch.compile on the CPU compiles C++ for minutes)
     args.batch = args.batch or {"resnet50": 64, "gpt": 8, "tiny": 16}[args.workload]
     args.modes = [m for m in args.modes.split(",") if m]
     import torch.multiprocessing as mp
