@@ -27,10 +27,12 @@ test: lint
 	$(PY) -m pytest -n 2 -q --deselect $(FUZZ)
 	$(PY) -m pytest -n 2 -q $(FUZZ)
 
-# ruff (pyflakes, import order, bugbear, pyupgrade, blind except, complexity), mypy and the layering test
+# ruff (pyflakes, import order, bugbear, pyupgrade, blind except, complexity), the formatting (ruff format
+# --check), mypy and the layering test
 # over the package (config: [tool.ruff] and [tool.mypy] in pyproject.toml)
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check opgraph
+	$(VENV)/bin/ruff format --check opgraph tests examples bench scripts
 	$(PY) -m mypy opgraph
 	$(PY) -m pytest -q tests/test_layers.py
 

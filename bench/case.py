@@ -118,8 +118,9 @@ class Ctx:
         t = torch.randn(*shape, device=self.device, dtype=torch.float32).mul_(scale).to(dtype or torch.float16)
         return t.to(memory_format=torch.channels_last) if channels_last else t
 
-    def rand(self, *shape: int, dtype: Any = None, lo: float = 0.0, hi: float = 1.0,
-             channels_last: bool = False) -> Any:
+    def rand(
+        self, *shape: int, dtype: Any = None, lo: float = 0.0, hi: float = 1.0, channels_last: bool = False
+    ) -> Any:
         import torch
 
         t = (torch.rand(*shape, device=self.device, dtype=torch.float32) * (hi - lo) + lo).to(dtype or torch.float16)

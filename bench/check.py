@@ -17,7 +17,7 @@ ZERO_RMS = 1e-12  # a float64 reference with a smaller root-mean-square is zero 
 
 
 def _zero(norm: float, numel: int) -> bool:
-    return numel > 0 and norm / numel ** 0.5 <= ZERO_RMS
+    return numel > 0 and norm / numel**0.5 <= ZERO_RMS
 
 
 def zero_reference(want: Any) -> bool:
@@ -36,8 +36,10 @@ def relerr(got: Any, want: Any) -> float:
         got = torch.as_tensor(got)
     g = got.detach().to(device=want.device, dtype=torch.float64)
     if g.numel() != want.numel():
-        raise ValueError(f"output has {g.numel()} elements, its reference {want.numel()} "
-                         f"(shapes {list(got.shape)} and {list(want.shape)})")
+        raise ValueError(
+            f"output has {g.numel()} elements, its reference {want.numel()} "
+            f"(shapes {list(got.shape)} and {list(want.shape)})"
+        )
     g = g.reshape(want.shape)
     if not torch.isfinite(g).all():
         return float("nan")
@@ -56,13 +58,13 @@ def nan_fill(tensors: Sequence[Any]) -> None:
 def poison_allocator(refs: Sequence[Any], outputs: Sequence[Output], device: str, copies: int = 3) -> None:
     import torch
 
-    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-              "float64": torch.float64}
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
     blocks = []
     for ref, out in zip(refs, outputs):
         for _ in range(copies):
-            blocks.append(torch.full(tuple(ref.shape), float("nan"), dtype=dtypes.get(out.dtype, torch.float32),
-                                     device=device))
+            blocks.append(
+                torch.full(tuple(ref.shape), float("nan"), dtype=dtypes.get(out.dtype, torch.float32), device=device)
+            )
     del blocks
 
 
@@ -89,8 +91,9 @@ def compare(got: Sequence[Any], refs: Sequence[Any], outputs: Sequence[Output]) 
     return errs
 
 
-def check_execute(runner: Runner, refs: Sequence[Any], outputs: Sequence[Output],
-                  device: str) -> dict[str, float | None]:
+def check_execute(
+    runner: Runner, refs: Sequence[Any], outputs: Sequence[Output], device: str
+) -> dict[str, float | None]:
     """Errors of one plain call (or the runner's check_call), its outputs poisoned first."""
     import torch
 
@@ -106,8 +109,9 @@ def check_execute(runner: Runner, refs: Sequence[Any], outputs: Sequence[Output]
     return compare(read_outputs(runner, ret), refs, outputs)
 
 
-def check_graph(runner: Runner, captured_ret: Any, replay: Any, refs: Sequence[Any],
-                outputs: Sequence[Output]) -> dict[str, float | None]:
+def check_graph(
+    runner: Runner, captured_ret: Any, replay: Any, refs: Sequence[Any], outputs: Sequence[Output]
+) -> dict[str, float | None]:
     """Errors of one replay of a captured call: the graph's own output buffers poisoned first."""
     import torch
 
@@ -115,8 +119,13 @@ def check_graph(runner: Runner, captured_ret: Any, replay: Any, refs: Sequence[A
         runner.reset()
     # the graph's own output buffers: what it returned when captured (or the runner's static outputs);
     # state a `read` also reports (parameters, statistics) is restored by `reset` instead
-    nan_fill([t for t in (as_list(captured_ret) if runner.read is not None else read_outputs(runner, captured_ret))
-              if hasattr(t, "is_floating_point")])
+    nan_fill(
+        [
+            t
+            for t in (as_list(captured_ret) if runner.read is not None else read_outputs(runner, captured_ret))
+            if hasattr(t, "is_floating_point")
+        ]
+    )
     replay()
     torch.cuda.synchronize()
     return compare(read_outputs(runner, captured_ret), refs, outputs)

@@ -33,7 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+for _var, _value in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
     os.environ[_var] = _value
 
 MODES = ("opgraph", "opgraph-run", "opgraph-zero1", "ddp", "ddp-compile")
@@ -48,8 +52,14 @@ def workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]
     if name == "tiny":
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         make = lambda g: (torch.randn(args.batch, 32, generator=g), torch.randint(0, 10, (args.batch,), generator=g))  # noqa: E731
-        return {"model": model.to(device).train(), "make": make, "items": args.batch, "unit": "samples/s",
-                "precision": None, "sgd": True}
+        return {
+            "model": model.to(device).train(),
+            "make": make,
+            "items": args.batch,
+            "unit": "samples/s",
+            "precision": None,
+            "sgd": True,
+        }
     if name == "resnet50":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.frontends.tv_models import build
@@ -59,18 +69,27 @@ def workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]
         def make(g: Any) -> tuple[Any, Any]:
             x = torch.randn(args.batch, 3, 224, 224, generator=g).to(memory_format=torch.channels_last)
             return x, torch.randint(0, 1000, (args.batch,), generator=g)
-        return {"model": model, "make": make, "items": args.batch, "unit": "images/s", "precision": "fp16",
-                "sgd": True}
+
+        return {"model": model, "make": make, "items": args.batch, "unit": "images/s", "precision": "fp16", "sgd": True}
     from .gpt import GPT, GPTConfig
 
     c = GPTConfig(seq=args.seq, layers=args.layers)
     model = GPT(c).to(device).train()
 
     def make_tokens(g: Any) -> tuple[Any, Any]:
-        return (torch.randint(0, c.vocab, (args.batch, c.seq), generator=g),
-                torch.randint(0, c.vocab, (args.batch, c.seq), generator=g))
-    return {"model": model, "make": make_tokens, "items": args.batch * c.seq, "unit": "tokens/s",
-            "precision": "bf16", "sgd": False}
+        return (
+            torch.randint(0, c.vocab, (args.batch, c.seq), generator=g),
+            torch.randint(0, c.vocab, (args.batch, c.seq), generator=g),
+        )
+
+    return {
+        "model": model,
+        "make": make_tokens,
+        "items": args.batch * c.seq,
+        "unit": "tokens/s",
+        "precision": "bf16",
+        "sgd": False,
+    }
 
 
 def time_steps(fn: Any, warmup: int, iters: int, cuda: bool) -> list[float]:
@@ -108,20 +127,31 @@ def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap
     model = copy.deepcopy(w["model"])
     if mode.startswith("opgraph"):
         opt = SGD(0.1, momentum=0.9) if w["sgd"] else AdamW(3e-4)
-        step = train_step(og.from_torch(model, (x,)), "cross_entropy", opt, mixed_precision=w["precision"],
-                          process_group=dist.group.WORLD, bucket_cap_mb=cap_mb, zero=mode.endswith("zero1"))
+        step = train_step(
+            og.from_torch(model, (x,)),
+            "cross_entropy",
+            opt,
+            mixed_precision=w["precision"],
+            process_group=dist.group.WORLD,
+            bucket_cap_mb=cap_mb,
+            zero=mode.endswith("zero1"),
+        )
         if not cuda or mode == "opgraph-run":
             first = float(step.run(x, y))
             return (lambda: step.run(x, y)), first
         captured = step.capture(x, y)  # (its warm-up step is undone)
         first = float(captured.replay())
         return captured.replay, first
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[x.device.index] if cuda else None,
-                                                    bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[x.device.index] if cuda else None, bucket_cap_mb=cap_mb, gradient_as_bucket_view=True
+    )
     net = torch.compile(ddp) if mode == "ddp-compile" else ddp
     fused = {"fused": True} if cuda else {}
-    topt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **fused) if w["sgd"]
-            else torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, **fused))
+    topt = (
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **fused)
+        if w["sgd"]
+        else torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, **fused)
+    )
     low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(w["precision"])
     scaler = torch.amp.GradScaler("cuda") if w["precision"] == "fp16" and cuda else None
 
@@ -138,6 +168,7 @@ def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap
             loss.backward()
             topt.step()
         return loss
+
     return run, float(run().detach())
 
 
@@ -209,12 +240,20 @@ def main(argv: list[str] | None = None) -> int:
             failed += not ok
             rate = res["items"] * world / (r["ms"] / 1e3)
             one = base.get(mode)  # the same per-GPU batch: efficiency = time at the fewest GPUs / time here
-            scale = "" if one is None or world == min(results) else \
-                f"  scaling {one['ms'] / r['ms']:.3f} of {min(results)} GPU(s)"
-            vs = "" if "ddp-compile" not in rows or not mode.startswith("opgraph") else \
-                f"  / ddp-compile {r['ms'] / rows['ddp-compile']['ms']:.2f}"
-            print(f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}"
-                  f"{'' if ok else '  FAILED CHECK: first loss ' + format(r['first_loss'], '.4g') + ' vs ddp ' + format(ref, '.4g')}")
+            scale = (
+                ""
+                if one is None or world == min(results)
+                else f"  scaling {one['ms'] / r['ms']:.3f} of {min(results)} GPU(s)"
+            )
+            vs = (
+                ""
+                if "ddp-compile" not in rows or not mode.startswith("opgraph")
+                else f"  / ddp-compile {r['ms'] / rows['ddp-compile']['ms']:.2f}"
+            )
+            print(
+                f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}"
+                f"{'' if ok else '  FAILED CHECK: first loss ' + format(r['first_loss'], '.4g') + ' vs ddp ' + format(ref, '.4g')}"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     return 1 if failed else 0

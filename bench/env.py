@@ -12,8 +12,10 @@ from typing import Any
 from . import measure
 from .core.floors import Ceilings
 
-SETTINGS = ("torch.backends.cudnn.benchmark=True (eager picks cuDNN's fastest algorithm); TF32 off; "
-            "L2 warm (calls back to back on the same buffers) unless --cold-l2")
+SETTINGS = (
+    "torch.backends.cudnn.benchmark=True (eager picks cuDNN's fastest algorithm); TF32 off; "
+    "L2 warm (calls back to back on the same buffers) unless --cold-l2"
+)
 
 
 def _run(cmd: list[str]) -> str:
@@ -51,9 +53,15 @@ def meta(device: str, *, dry_run: bool = False) -> dict[str, Any]:
     m: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "hostname": socket.gethostname(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
-        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "opgraph_commit": opgraph_commit(), "settings": SETTINGS, "dry_run": dry_run,
+        "hostname": socket.gethostname(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "opgraph_commit": opgraph_commit(),
+        "settings": SETTINGS,
+        "dry_run": dry_run,
     }
     if device.startswith("cuda"):
         m["device"] = torch.cuda.get_device_name()
@@ -113,6 +121,10 @@ def ceilings(device: str, budget: measure.Budget) -> Ceilings:
 
     cuda = device.startswith("cuda")
     n, m = (256 << 20, 8192) if cuda else (1 << 20, 256)
-    return Ceilings(_copy_gbps(device, n, budget),
-                    {"float16": _gemm_tflops(device, m, torch.float16, budget),
-                     "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget)})
+    return Ceilings(
+        _copy_gbps(device, n, budget),
+        {
+            "float16": _gemm_tflops(device, m, torch.float16, budget),
+            "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget),
+        },
+    )

@@ -65,9 +65,14 @@ import opgraph as og
 from .ours import engines_of
 
 PEAK_BF16 = 989.4e12  # dense bf16 tensor-core peak of an H100 / H200 SXM (datasheet)
-MODES = {"opgraph-graph": "opgraph (CUDA graph)", "eager-graph": "eager (CUDA graph)",
-         "compile-graph": "compile max-autotune", "opgraph": "opgraph", "eager": "eager",
-         "compile": "compile no-cudagraphs"}
+MODES = {
+    "opgraph-graph": "opgraph (CUDA graph)",
+    "eager-graph": "eager (CUDA graph)",
+    "compile-graph": "compile max-autotune",
+    "opgraph": "opgraph",
+    "eager": "eager",
+    "compile": "compile no-cudagraphs",
+}
 GROUPS = {"graph": ["opgraph-graph", "eager-graph", "compile-graph"], "plain": ["opgraph", "eager", "compile"]}
 
 
@@ -170,8 +175,15 @@ def gpt2(args: argparse.Namespace) -> Workload:
     x = torch.randint(0, c.vocab, (args.batch, c.seq), device="cuda")
     y = torch.randint(0, c.vocab, (args.batch, c.seq), device="cuda")
     tokens = args.batch * c.seq
-    return Workload(f"GPT-2 small ({c.layers}L d{c.d} seq {c.seq} batch {args.batch}, {c.attention})", model, x, y,
-                    tokens, "tokens/s", model.flops_per_token() * tokens)
+    return Workload(
+        f"GPT-2 small ({c.layers}L d{c.d} seq {c.seq} batch {args.batch}, {c.attention})",
+        model,
+        x,
+        y,
+        tokens,
+        "tokens/s",
+        model.flops_per_token() * tokens,
+    )
 
 
 def vision(name: str, batch: int) -> Workload:
@@ -185,6 +197,7 @@ def vision(name: str, batch: int) -> Workload:
 
         def make(weights: Any = None, name: str = name) -> nn.Module:
             return build(name)
+
     torch.manual_seed(0)
     model = make(weights=None).cuda().to(memory_format=torch.channels_last).train()
     for m in model.modules():
@@ -196,8 +209,15 @@ def vision(name: str, batch: int) -> Workload:
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         copy.deepcopy(model)(x)
-    return Workload(f"{name} (224², batch {batch}, channels-last)", model, x, y, batch, "images/s",
-                    3 * float(counter.get_total_flops()))
+    return Workload(
+        f"{name} (224², batch {batch}, channels-last)",
+        model,
+        x,
+        y,
+        batch,
+        "images/s",
+        3 * float(counter.get_total_flops()),
+    )
 
 
 WORKLOADS: dict[str, Callable[[argparse.Namespace], Workload]] = {
@@ -223,8 +243,9 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
-def torch_step(model: nn.Module, w: Workload, lr: float, *,
-               capturable: bool = False) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
+def torch_step(
+    model: nn.Module, w: Workload, lr: float, *, capturable: bool = False
+) -> tuple[Callable[[], torch.Tensor], torch.optim.Optimizer]:
     """Eager PyTorch's step (autocast bf16 on the batch's device, fused AdamW) and its optimizer."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=capturable)
 
@@ -275,7 +296,9 @@ def restore_torch_state(saved: Saved, model: nn.Module, opt: torch.optim.Optimiz
                 p.grad.zero_()
 
 
-def captured(fn: Callable[[], torch.Tensor], model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], torch.Tensor]:
+def captured(
+    fn: Callable[[], torch.Tensor], model: nn.Module, opt: torch.optim.Optimizer
+) -> Callable[[], torch.Tensor]:
     """fn recorded in a CUDA graph after a warm-up on a side stream whose steps are undone (as
     opgraph's step.capture does), so the first replay is the first step; returns the replaying callable."""
     saved = torch_state(model, opt)
@@ -328,15 +351,18 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
     # opgraph
     t0 = time.perf_counter()
     imported = og.from_torch(model, (w.x,))
-    ts = og.training.train_step(imported, "cross_entropy", og.training.AdamW(lr), mixed_precision="bf16",
-                                grad_clip_norm=args.clip)
+    ts = og.training.train_step(
+        imported, "cross_entropy", og.training.AdamW(lr), mixed_precision="bf16", grad_clip_norm=args.clip
+    )
     t1 = time.perf_counter()
     ts.build("cuda", autotune=args.autotune)
     pack = ts.pack(w.x, target=w.y)
     t2 = time.perf_counter()
-    note = (f"import+graph {t1 - t0:.1f}s, build {t2 - t1:.1f}s, {len(ts.graph.final.nodes)} ops, "
-            f"{engines_of(ts.plan)}; {len(imported.report.custom_ops)} custom op(s)"
-            + "".join(f"; {why}" for why in attention_off_cudnn(ts.plan)))
+    note = (
+        f"import+graph {t1 - t0:.1f}s, build {t2 - t1:.1f}s, {len(ts.graph.final.nodes)} ops, "
+        f"{engines_of(ts.plan)}; {len(imported.report.custom_ops)} custom op(s)"
+        + "".join(f"; {why}" for why in attention_off_cudnn(ts.plan))
+    )
     plan, loss_uid = ts.plan, ts.loss_uid
 
     def profile() -> list[dict[str, Any]]:  # the plan's kernels on the step's own buffers: after the timing
@@ -345,8 +371,11 @@ def make(mode: str, w: Workload, lr: float, args: argparse.Namespace) -> Impl:
         for r in rows:
             key = r.engine + (":" + r.template if r.template else "")
             by[key] = by.get(key, 0.0) + r.device_us
-        print("   device time per engine/template (us): " +
-              ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])), flush=True)
+        print(
+            "   device time per engine/template (us): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])),
+            flush=True,
+        )
         for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
             print(f"      {r}", flush=True)
         return steps_profile(plan, rows)
@@ -386,9 +415,16 @@ def attention_off_cudnn(plan: Any) -> list[str]:
 
 def steps_profile(plan: Any, rows: list[Any]) -> list[dict[str, Any]]:
     """profile_steps' rows with each step's ops and config, for the JSON."""
-    return [{"step": r.step, "kernel": f"{r.engine}:{r.template}", "device_us": round(r.device_us, 1),
-             "ops": [n.kind for n in plan.steps[r.step].piece.nodes], "config": str(plan.steps[r.step].config)}
-            for r in rows]
+    return [
+        {
+            "step": r.step,
+            "kernel": f"{r.engine}:{r.template}",
+            "device_us": round(r.device_us, 1),
+            "ops": [n.kind for n in plan.steps[r.step].piece.nodes],
+            "config": str(plan.steps[r.step].config),
+        }
+        for r in rows
+    ]
 
 
 # -- the check of the first step ------------------------------------------------------------------------------
@@ -472,8 +508,9 @@ def check(ref: Reference, impl: Impl, loss: float) -> tuple[float, list[str]]:
         bound = 2.02 * ref.lr + 1e-6 * (1.0 + float(p0.abs().max()))
         diff = float((p - want).abs().max())
         if not diff <= bound:
-            problems.append(f"{name}: max |p - p_fp32| {diff:.3g} > {bound:.3g} (2 lr): not one step from the "
-                            "initial weights")
+            problems.append(
+                f"{name}: max |p - p_fp32| {diff:.3g} > {bound:.3g} (2 lr): not one step from the initial weights"
+            )
         cos = update_cosine(p0, p, want)
         if not cos >= ref.min_cosine(name):
             problems.append(f"{name}: the update's cosine with fp32 eager's {cos:.4f} < {ref.min_cosine(name):.4f}")
@@ -500,9 +537,11 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace, checkpoint: Cal
     far are written: a run stopped by a time limit keeps what it measured)."""
     print(f"== {w.name}: {w.flops / 1e12:.2f} TFLOP per step", flush=True)
     ref = reference(w, args.lr)
-    print(f"   eager fp32 first step: loss {ref.loss:.4f}; checked weights (eager bf16's update cosine with "
-          f"fp32's -> the bound): {', '.join(f'{n} ({c:.4f} -> {ref.min_cosine(n):.4f})' for n, c in ref.peer_cosine.items())}",
-          flush=True)
+    print(
+        f"   eager fp32 first step: loss {ref.loss:.4f}; checked weights (eager bf16's update cosine with "
+        f"fp32's -> the bound): {', '.join(f'{n} ({c:.4f} -> {ref.min_cosine(n):.4f})' for n, c in ref.peer_cosine.items())}",
+        flush=True,
+    )
     for mode in modes:
         label = MODES[mode]
         impl = None
@@ -517,10 +556,17 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace, checkpoint: Cal
                 print(f"   {label:24s} FAILED CHECK (not timed): {'; '.join(problems)}", flush=True)
             else:
                 ms = time_steps(impl.step, args.warmup, args.iters)
-                r.update(ms=ms, rate=w.items / ms * 1e3, mfu=w.flops / (ms * 1e-3) / PEAK_BF16,
-                         setup_s=time.perf_counter() - t0)
-                print(f"   {label:24s} {ms:9.2f} ms  {r['rate']:12.0f} {w.unit}  MFU {r['mfu']:6.1%}  "
-                      f"loss {first:.4f} ({err:.2%})  [{impl.note}]", flush=True)
+                r.update(
+                    ms=ms,
+                    rate=w.items / ms * 1e3,
+                    mfu=w.flops / (ms * 1e-3) / PEAK_BF16,
+                    setup_s=time.perf_counter() - t0,
+                )
+                print(
+                    f"   {label:24s} {ms:9.2f} ms  {r['rate']:12.0f} {w.unit}  MFU {r['mfu']:6.1%}  "
+                    f"loss {first:.4f} ({err:.2%})  [{impl.note}]",
+                    flush=True,
+                )
                 if impl.after_timing is not None:
                     try:  # a failing profile does not undo the timing
                         r["steps_profile"] = impl.after_timing()
@@ -539,17 +585,24 @@ def run(w: Workload, modes: list[str], args: argparse.Namespace, checkpoint: Cal
 
 def failures(workloads: list[Workload]) -> list[str]:
     """The rows that failed their check or raised (the process exits 1 when there are any)."""
-    return [f"{w.name} / {label}: " + ("; ".join(r["check"]) if "check" in r else r.get("error", "no time"))
-            for w in workloads for label, r in w.results.items() if "ms" not in r]
+    return [
+        f"{w.name} / {label}: " + ("; ".join(r["check"]) if "check" in r else r.get("error", "no time"))
+        for w in workloads
+        for label, r in w.results.items()
+        if "ms" not in r
+    ]
 
 
 def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
-    lines = [f"Training steps, {meta['date']}, {meta['device']} (driver {meta.get('driver')}, CPU {meta.get('cpu')}; "
-             f"torch {meta['torch']}, Triton {meta.get('triton')}, cuDNN {meta.get('cudnn')}, opgraph "
-             f"{meta.get('opgraph_commit')}); {meta.get('settings')}; "
-             "ms per step (median), rate, MFU vs 989 TFLOP/s bf16; ratio = opgraph / best peer of its group",
-             "", "| workload | implementation | ms / step | rate | MFU | opgraph / best peer |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Training steps, {meta['date']}, {meta['device']} (driver {meta.get('driver')}, CPU {meta.get('cpu')}; "
+        f"torch {meta['torch']}, Triton {meta.get('triton')}, cuDNN {meta.get('cudnn')}, opgraph "
+        f"{meta.get('opgraph_commit')}); {meta.get('settings')}; "
+        "ms per step (median), rate, MFU vs 989 TFLOP/s bf16; ratio = opgraph / best peer of its group",
+        "",
+        "| workload | implementation | ms / step | rate | MFU | opgraph / best peer |",
+        "|---|---|---|---|---|---|",
+    ]
     for w in workloads:
         for members in GROUPS.values():
             labels = [MODES[m] for m in members]
@@ -562,8 +615,10 @@ def table(workloads: list[Workload], meta: dict[str, Any]) -> str:
                 if r is None:
                     continue
                 if "ms" in r:
-                    lines.append(f"| {w.name} | {lb} | {r['ms']:.2f} | {r['rate']:,.0f} {w.unit} | {r['mfu']:.1%} | "
-                                 f"{ratio if lb == labels[0] else ''} |")
+                    lines.append(
+                        f"| {w.name} | {lb} | {r['ms']:.2f} | {r['rate']:,.0f} {w.unit} | {r['mfu']:.1%} | "
+                        f"{ratio if lb == labels[0] else ''} |"
+                    )
                 elif "check" in r:
                     lines.append(f"| {w.name} | {lb} | FAILED CHECK: {r['check'][0][:80]} | | | |")
                 else:
@@ -600,9 +655,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.benchmark = True
     from .env import meta as run_meta
 
-    meta = {**run_meta("cuda"), "settings": "TF32 on for every implementation's fp32 matmuls and convs; "
-            "torch.backends.cudnn.benchmark=True; " + ("opgraph autotuned" if args.autotune else
-                                                      "opgraph's heuristic configs (no autotuning)")}
+    meta = {
+        **run_meta("cuda"),
+        "settings": "TF32 on for every implementation's fp32 matmuls and convs; "
+        "torch.backends.cudnn.benchmark=True; "
+        + ("opgraph autotuned" if args.autotune else "opgraph's heuristic configs (no autotuning)"),
+    }
     print(meta, flush=True)
     done: list[Workload] = []
     stem = os.path.join(args.out, f"gpt-bench-{'-'.join(args.which)}-{'-'.join(modes)}")
@@ -610,8 +668,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(workloads: list[Workload]) -> str:  # each file replaced whole: a kill mid-write keeps the last
         text = table(workloads, meta)
-        doc = json.dumps({"meta": meta, "args": vars(args), "results": {w.name: w.results for w in workloads}},
-                         indent=1)
+        doc = json.dumps(
+            {"meta": meta, "args": vars(args), "results": {w.name: w.results for w in workloads}}, indent=1
+        )
         for path, content in ((stem + ".md", text + "\n"), (stem + ".json", doc)):
             with open(path + ".tmp", "w") as f:
                 f.write(content)

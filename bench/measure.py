@@ -115,8 +115,9 @@ def _wall_us(fn: Callable[[], Any], rounds: int, cuda: bool) -> list[float]:
     return out
 
 
-def device_us(fn: Callable[[], Any], est: float, budget: Budget, *, cold_l2: bool = False,
-              flush_bytes: int = 0) -> tuple[float, str]:
+def device_us(
+    fn: Callable[[], Any], est: float, budget: Budget, *, cold_l2: bool = False, flush_bytes: int = 0
+) -> tuple[float, str]:
     """Device µs per call from a CUDA graph of K calls; (value, how it was measured)."""
     torch = _torch()
     k = max(1, min(MAX_K, int(GRAPH_TARGET_US / est)))
@@ -193,6 +194,7 @@ def kernel_sum_us(fn: Callable[[], Any], calls: int = 5) -> float:
 def burst_us(fn: Callable[[], Any], calls: int = 5, rounds: int = 3) -> float:
     """Quick device µs per call, host hidden: `calls` calls queued behind a spin kernel, between two
     events (for ranking many candidates, e.g. tuning cuDNN's plans)."""
+
     def burst() -> None:
         for _ in range(calls):
             fn()

@@ -18,15 +18,19 @@ from typing import Any, Callable, Mapping, Sequence
 from .case import Ctx, Impl, Runner
 
 VARIANTS: tuple[tuple[str, list[str] | None, bool], ...] = (
-    ("opgraph", None, False), ("opgraph tuned", None, True),
-    ("generated", ["triton"], False), ("generated tuned", ["triton"], True),
+    ("opgraph", None, False),
+    ("opgraph tuned", None, True),
+    ("generated", ["triton"], False),
+    ("generated tuned", ["triton"], True),
 )
 
 
 def engines_of(plan: Any) -> str:
     """'cudnn', 'triton:conv_fprop', or '12 steps: triton 9, cudnn 2, torch 1'."""
-    labels = [s.config.engine + (f":{s.config.knob('template', '')}" if s.config.knob("template", "") else "")
-              for s in plan.steps]
+    labels = [
+        s.config.engine + (f":{s.config.knob('template', '')}" if s.config.knob("template", "") else "")
+        for s in plan.steps
+    ]
     if len(labels) == 1:
         return labels[0]
     by_engine = Counter(s.config.engine for s in plan.steps)
@@ -46,8 +50,10 @@ def tuning_note(plan: Any, max_steps: int = 2) -> str:
         knobs = ",".join(f"{k}={v}" for k, v in c.knobs if k not in ("template", "name"))
         return f"{c.engine}[{knobs}] {c.measured_us:.1f}" if c.measured_us is not None else f"{c.engine}[{knobs}] -"
 
-    return "; ".join(f"tuner step {s.index}: chose {short(s.config)} µs; others "
-                     + ", ".join(short(a) for a in s.alternatives) for s in steps)
+    return "; ".join(
+        f"tuner step {s.index}: chose {short(s.config)} µs; others " + ", ".join(short(a) for a in s.alternatives)
+        for s in steps
+    )
 
 
 def by_engine(rows: Sequence[Any]) -> list[tuple[str, int, float, float]]:
@@ -73,8 +79,12 @@ def steps_note(plan: Any, pack: Mapping[Any, Any], slowest: int = 4) -> str:
         nodes = plan.steps[r.step].piece.nodes
         kinds = "+".join(n.kind if n.kind != "pointwise" else str(n.op.mode.value) for n in nodes[:5])
         top.append(f"{r.step} {r.engine} {kinds}{'+…' if len(nodes) > 5 else ''} {r.device_us:,.1f}")
-    return (f"steps alone, device µs: {sum(r.device_us for r in rows):,.0f} in all; " + ", ".join(parts)
-            + "; slowest: " + ", ".join(top))
+    return (
+        f"steps alone, device µs: {sum(r.device_us for r in rows):,.0f} in all; "
+        + ", ".join(parts)
+        + "; slowest: "
+        + ", ".join(top)
+    )
 
 
 def step_profile(ctx: Ctx, plan: Any, pack: Mapping[Any, Any]) -> Callable[[], str] | None:
@@ -90,8 +100,11 @@ def diagnose(title: str, plan: Any, pack: Mapping[Any, Any]) -> None:
         print(f"== describe: {title}\n" + "\n".join("      " + ln for ln in plan.describe().splitlines()), flush=True)
     if os.environ.get("OPGRAPH_BENCH_STEPS") and plan.device.is_cuda:
         rows = plan.profile_steps(pack)
-        print(f"== steps: {title}: {len(rows)} steps, device {sum(r.device_us for r in rows):.0f} us, host "
-              f"{sum(r.host_us for r in rows):.0f} us", flush=True)
+        print(
+            f"== steps: {title}: {len(rows)} steps, device {sum(r.device_us for r in rows):.0f} us, host "
+            f"{sum(r.host_us for r in rows):.0f} us",
+            flush=True,
+        )
         for key, n, d, h in by_engine(rows):
             print(f"      {key:28s} x{n:4d}  device {d:9.1f} us  host {h:8.1f} us", flush=True)
         for r in sorted(rows, key=lambda r: -r.device_us)[:15]:
@@ -119,12 +132,18 @@ def build(graph: Any, ctx: Ctx, engines: list[str] | None, tuned: bool, **kw: An
         if engines != ["triton"]:
             raise
         opts["engines"] = ["triton", "torch"]
-        return graph.build(device=device, autotune=tuned, **opts), \
-            f"triton alone cannot build it ({type(e).__name__}: {str(e)[:120]}); with the torch engine"
+        return graph.build(
+            device=device, autotune=tuned, **opts
+        ), f"triton alone cannot build it ({type(e).__name__}: {str(e)[:120]}); with the torch engine"
 
 
-def graph_impls(ctx: Ctx, make: Callable[[], tuple[Any, Mapping[Any, Any], Sequence[Any]]], *,
-                tune: bool | None = None, **build_kw: Any) -> list[Impl]:
+def graph_impls(
+    ctx: Ctx,
+    make: Callable[[], tuple[Any, Mapping[Any, Any], Sequence[Any]]],
+    *,
+    tune: bool | None = None,
+    **build_kw: Any,
+) -> list[Impl]:
     """The four builds of a graph. `make()` returns (graph, {input handle: tensor}, [output handles in
     the Case's order]); it is called once, the graph shared, each build given fresh output buffers."""
     state: dict[str, Any] = {}
@@ -151,8 +170,14 @@ def graph_impls(ctx: Ctx, make: Callable[[], tuple[Any, Mapping[Any, Any], Seque
             diagnose(f"{g.name} [{'generated' if engines else 'opgraph'}{' tuned' if tuned else ''}]", plan, pack)
             if tuned:
                 note = "; ".join(x for x in (note, tuning_note(plan)) if x)
-            return Runner(call=lambda: plan.execute(pack), outputs=bufs, engine=engines_of(plan), notes=note,
-                          keep=plan, after=step_profile(ctx, plan, pack))
+            return Runner(
+                call=lambda: plan.execute(pack),
+                outputs=bufs,
+                engine=engines_of(plan),
+                notes=note,
+                keep=plan,
+                after=step_profile(ctx, plan, pack),
+            )
 
         out.append(Impl(name, setup, role="ours", tuned=tuned))
     return out

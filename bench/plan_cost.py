@@ -46,8 +46,9 @@ def plan_rows(layers: int, batch: int) -> tuple[list[dict[str, Any]], int]:
     torch.manual_seed(0)
     model = GPT(c).train()
     idx = torch.randint(0, c.vocab, (batch, c.seq))
-    step = og.training.train_step(og.from_torch(model, (idx,)), "cross_entropy", og.training.AdamW(3e-4),
-                                  mixed_precision="bf16")
+    step = og.training.train_step(
+        og.from_torch(model, (idx,)), "cross_entropy", og.training.AdamW(3e-4), mixed_precision="bf16"
+    )
     final = step.graph.final
     h100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
     engines = ["triton", "library", "torch"]
@@ -69,16 +70,29 @@ def plan_rows(layers: int, batch: int) -> tuple[list[dict[str, Any]], int]:
             match = MATMUL.match_class(MATMUL, MATMUL.analyze(p)[0], h100)  # (the template matched the piece)
             m, n, k, _ = match.problem
             gemm = {"m": m, "n": n, "k": k, "nbatch": match.gp.space.nbatch}
-        big = [(p.tensor(u).label(), list(p.tensor(u).dim), p.tensor(u).data_type.name,
-                "in" if u in p.inputs else "out") for u in (*p.inputs, *p.outputs)
-               if not p.tensor(u).is_pass_by_value and p.tensor(u).nbytes > 1e6]
-        rows.append({"i": s.index, "engine": s.config.engine, "template": s.config.knob("template"),
-                     "knobs": {k: str(v) for k, v in s.config.knobs}, "names": [n.name for n in p.nodes],
-                     "bytes": sum(p.tensor(u).nbytes for u in (*p.inputs, *p.outputs)
-                                  if not p.tensor(u).is_pass_by_value),
-                     "flops": piece_flops(p), "estimate_us": s.config.estimate_us, "gemm": gemm, "tensors": big})
-    print(f"planned in {planned_s:.2f} s on this host (partition, configs, generated modules loaded; nothing "
-          "compiled)", file=sys.stderr)
+        big = [
+            (p.tensor(u).label(), list(p.tensor(u).dim), p.tensor(u).data_type.name, "in" if u in p.inputs else "out")
+            for u in (*p.inputs, *p.outputs)
+            if not p.tensor(u).is_pass_by_value and p.tensor(u).nbytes > 1e6
+        ]
+        rows.append(
+            {
+                "i": s.index,
+                "engine": s.config.engine,
+                "template": s.config.knob("template"),
+                "knobs": {k: str(v) for k, v in s.config.knobs},
+                "names": [n.name for n in p.nodes],
+                "bytes": sum(p.tensor(u).nbytes for u in (*p.inputs, *p.outputs) if not p.tensor(u).is_pass_by_value),
+                "flops": piece_flops(p),
+                "estimate_us": s.config.estimate_us,
+                "gemm": gemm,
+                "tensors": big,
+            }
+        )
+    print(
+        f"planned in {planned_s:.2f} s on this host (partition, configs, generated modules loaded; nothing compiled)",
+        file=sys.stderr,
+    )
     return rows, len(final.nodes)
 
 
@@ -140,19 +154,31 @@ def main() -> None:
             json.dump(rows, f, indent=0)
     if args.steps:
         for r in rows:
-            print(r["i"], r["engine"], r["template"], f"{r['bytes'] / 1e6:.1f} MB", f"{r['flops'] / 1e9:.0f} GF",
-                  ", ".join(r["names"])[:160])
-    print(f"{ops} ops, {len(rows)} steps (cost-model estimate, H100 rates {BW / 1e12:.1f} TB/s, {PEAK / 1e12:.0f} TFLOP/s)")
+            print(
+                r["i"],
+                r["engine"],
+                r["template"],
+                f"{r['bytes'] / 1e6:.1f} MB",
+                f"{r['flops'] / 1e9:.0f} GF",
+                ", ".join(r["names"])[:160],
+            )
+    print(
+        f"{ops} ops, {len(rows)} steps (cost-model estimate, H100 rates {BW / 1e12:.1f} TB/s, {PEAK / 1e12:.0f} TFLOP/s)"
+    )
     print("| category | steps | GB moved | TFLOP | roofline ms | with GEMM waves ms |")
     print("|---|---|---|---|---|---|")
     tot = {"steps": 0, "bytes": 0, "flops": 0, "roofline_us": 0.0, "waves_us": 0.0}
     for name, a in table(rows).items():
-        print(f"| {name} | {a['steps']} | {a['bytes'] / 1e9:.2f} | {a['flops'] / 1e12:.2f} | "
-              f"{a['roofline_us'] / 1e3:.2f} | {a['waves_us'] / 1e3:.2f} |")
+        print(
+            f"| {name} | {a['steps']} | {a['bytes'] / 1e9:.2f} | {a['flops'] / 1e12:.2f} | "
+            f"{a['roofline_us'] / 1e3:.2f} | {a['waves_us'] / 1e3:.2f} |"
+        )
         for key in tot:
             tot[key] += a[key]
-    print(f"| total | {tot['steps']} | {tot['bytes'] / 1e9:.2f} | {tot['flops'] / 1e12:.2f} | "
-          f"{tot['roofline_us'] / 1e3:.2f} | {tot['waves_us'] / 1e3:.2f} |")
+    print(
+        f"| total | {tot['steps']} | {tot['bytes'] / 1e9:.2f} | {tot['flops'] / 1e12:.2f} | "
+        f"{tot['roofline_us'] / 1e3:.2f} | {tot['waves_us'] / 1e3:.2f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,15 @@ def load(path: str) -> tuple[str, object, object]:
         d = json.load(f)
     runs = [RunRecord.from_json(json.dumps(r)) for r in d["runs"]]
     name = os.path.splitext(os.path.basename(path))[0]
-    return name, aggregate(runs), (aggregate([RunRecord.from_json(json.dumps(d["warm"]))])
-                                   if d.get("warm") and d["warm"].get("workloads") else None)
+    return (
+        name,
+        aggregate(runs),
+        (
+            aggregate([RunRecord.from_json(json.dumps(d["warm"]))])
+            if d.get("warm") and d["warm"].get("workloads")
+            else None
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,34 +51,55 @@ START_SHARE = 0.9  # a job needing more than this share of a call fits only in t
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("names", nargs="*", help="groups, families of groups, workload ids or globs (same as --suite)")
-    ap.add_argument("--suite", nargs="+", default=[], help="groups, families of groups ('attention': every "
-                    "attention-* group), workload ids or globs; 'all' for everything")
-    ap.add_argument("--repeats", type=int, default=None, help="process-level repeats (default 3; 1 with --quick, "
-                                                               "2 with --dry-run)")
+    ap.add_argument(
+        "--suite",
+        nargs="+",
+        default=[],
+        help="groups, families of groups ('attention': every "
+        "attention-* group), workload ids or globs; 'all' for everything",
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="process-level repeats (default 3; 1 with --quick, 2 with --dry-run)"
+    )
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else bench/results)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--warm", action="store_true")
-    ap.add_argument("--warm-first", action="store_true", help="a --warm pass in its own process before the timed "
-                                                              "repeats (a machine with cold caches)")
+    ap.add_argument(
+        "--warm-first",
+        action="store_true",
+        help="a --warm pass in its own process before the timed repeats (a machine with cold caches)",
+    )
     ap.add_argument("--list", action="store_true", help="list groups and workloads, then exit")
     ap.add_argument("--no-tune", action="store_true", help="no tuned plans (opgraph, generated) and no cuDNN tuning")
     ap.add_argument("--tune-networks", action="store_true", help="also tuned plans of whole networks (slow first time)")
     ap.add_argument("--no-compile", action="store_true", help="no torch.compile peers")
     ap.add_argument("--no-compile-cudagraphs", action="store_true", help="no torch.compile mode=max-autotune row")
     ap.add_argument("--cold-l2", action="store_true", help="flush L2 before each call in device-time graphs")
-    ap.add_argument("--time-limit", type=float, default=float(os.environ.get("OPGRAPH_BENCH_TIME_LIMIT", 540)),
-                    help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=float(os.environ.get("OPGRAPH_BENCH_TIME_LIMIT", 540)),
+        help="seconds for the whole command (default 540: a 10-minute device call with margin; 0: none)",
+    )
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this host to spread (repeat, group) workers over")
     ap.add_argument("--name", default=None, help="suite name in the file names (default: from the selection)")
-    ap.add_argument("--resume", default=None, metavar="RAWDIR",
-                    help="go on with the run whose raw files are in RAWDIR (a later call on the same machine, caches "
-                         "still warm; same selection and flags): finished workloads are kept, the rest run")
-    ap.add_argument("--describe", action="store_true", help="print each opgraph plan's describe() (configs, tuned "
-                                                              "alternatives' times)")
+    ap.add_argument(
+        "--resume",
+        default=None,
+        metavar="RAWDIR",
+        help="go on with the run whose raw files are in RAWDIR (a later call on the same machine, caches "
+        "still warm; same selection and flags): finished workloads are kept, the rest run",
+    )
+    ap.add_argument(
+        "--describe",
+        action="store_true",
+        help="print each opgraph plan's describe() (configs, tuned alternatives' times)",
+    )
     ap.add_argument("--steps", action="store_true", help="print where each opgraph plan's time goes, step by step")
     # internal: one repeat in this process (`--standby`, a worker started ahead of its job, is main's)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -124,7 +145,7 @@ def suite_name(args: argparse.Namespace, limit: int = 60) -> str:
         return args.name
     names = [re.sub(r"[^A-Za-z0-9_.-]+", "_", n) for n in list(args.suite) + list(args.names) or ["all"]]
     kept = names if len("+".join(names)) <= limit else names[:1]
-    for n in names[len(kept):]:
+    for n in names[len(kept) :]:
         if len("+".join([*kept, n])) + len(f"+{len(names)}-more") > limit:
             break
         kept.append(n)
@@ -132,14 +153,33 @@ def suite_name(args: argparse.Namespace, limit: int = 60) -> str:
     return name + ("-quick" if args.quick else "") + ("-dry-run" if args.dry_run else "")
 
 
-def worker_argv(args: argparse.Namespace, index: int, raw: str, seconds: float,
-                suite: list[str] | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "bench.run", "--worker", "--repeat-index", str(index), "--raw", raw,
-            "--suite", *(suite or list(args.suite) + list(args.names) or ["all"])]
+def worker_argv(
+    args: argparse.Namespace, index: int, raw: str, seconds: float, suite: list[str] | None = None
+) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--worker",
+        "--repeat-index",
+        str(index),
+        "--raw",
+        raw,
+        "--suite",
+        *(suite or list(args.suite) + list(args.names) or ["all"]),
+    ]
     if seconds != float("inf"):
         argv += ["--seconds", f"{seconds:.0f}"]
-    for flag in ("quick", "dry_run", "warm", "no_tune", "tune_networks", "no_compile", "no_compile_cudagraphs",
-                 "cold_l2"):
+    for flag in (
+        "quick",
+        "dry_run",
+        "warm",
+        "no_tune",
+        "tune_networks",
+        "no_compile",
+        "no_compile_cudagraphs",
+        "cold_l2",
+    ):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     return argv
@@ -172,15 +212,23 @@ def parent(args: argparse.Namespace) -> int:
         rc = finish(args, out, rawdir, paths)
         progress(args, rawdir, [(j.raw, j.ids) for j in spread_jobs(specs, repeats, rawdir, False)])
         return rc
-    print(f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
-          f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}", flush=True)
+    print(
+        f"bench: {len(specs)} workload(s), {repeats} repeat(s), time limit {args.time_limit:.0f} s "
+        f"(planned ~{sum(s.minutes for s in specs) * repeats:.0f} min with warm caches); raw -> {rawdir}",
+        flush=True,
+    )
     paths = []
     if args.warm_first and not args.warm:
         t0 = time.monotonic()
         warm = argparse.Namespace(**{**vars(args), "warm": True})
         try:
-            subprocess.run(worker_argv(warm, 0, os.path.join(rawdir, "warm.json"), args.time_limit), env=env, cwd=here,
-                           check=False, timeout=None if args.time_limit == float("inf") else max(args.time_limit, 30))
+            subprocess.run(
+                worker_argv(warm, 0, os.path.join(rawdir, "warm.json"), args.time_limit),
+                env=env,
+                cwd=here,
+                check=False,
+                timeout=None if args.time_limit == float("inf") else max(args.time_limit, 30),
+            )
         except subprocess.TimeoutExpired:
             print("bench: the warm-up pass reached the time limit", flush=True)
         print(f"bench: warm-up pass {time.monotonic() - t0:.0f} s", flush=True)
@@ -195,16 +243,22 @@ def parent(args: argparse.Namespace) -> int:
             continue
         t0 = time.monotonic()
         try:
-            subprocess.run(worker_argv(args, i, raw, left, repeat_ids(specs, i)), env=env, cwd=here, check=False,
-                           timeout=None if left == float("inf") else max(left, 30))
+            subprocess.run(
+                worker_argv(args, i, raw, left, repeat_ids(specs, i)),
+                env=env,
+                cwd=here,
+                check=False,
+                timeout=None if left == float("inf") else max(left, 30),
+            )
         except subprocess.TimeoutExpired:
             print(f"bench: repeat {i} killed at the time limit (finished workloads kept)", flush=True)
         last = time.monotonic() - t0
         if os.path.exists(raw):
             paths.append(raw)
     rc = finish(args, out, rawdir, paths)
-    progress(args, rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), repeat_ids(specs, i))
-                            for i in range(1, repeats + 1)])
+    progress(
+        args, rawdir, [(os.path.join(rawdir, f"repeat{i}.json"), repeat_ids(specs, i)) for i in range(1, repeats + 1)]
+    )
     return rc
 
 
@@ -220,8 +274,11 @@ def progress(args: argparse.Namespace, rawdir: str, jobs: list[tuple[str, list[s
         return
     left = [raw for raw, ids in jobs if not done(raw, ids)]
     if left:
-        print(f"bench: run incomplete: {len(left)} of {len(jobs)} timed job(s) not finished; go on with "
-              f"--resume {rawdir} (same selection and flags)", flush=True)
+        print(
+            f"bench: run incomplete: {len(left)} of {len(jobs)} timed job(s) not finished; go on with "
+            f"--resume {rawdir} (same selection and flags)",
+            flush=True,
+        )
     else:
         print("bench: run complete", flush=True)
 
@@ -269,34 +326,60 @@ def spread_jobs(specs: list[registry.WorkloadSpec], repeats: int, rawdir: str, w
     groups: dict[str, list[registry.WorkloadSpec]] = {}
     for s in specs:
         groups.setdefault(s.group, []).append(s)
-    jobs = [Job(r, g, ids, sum(s.minutes for s in ss if s.id in ids),
-                os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
-                g.startswith("host") and r > 0, r == 0 or (r == 1 and not warm_first))
-            for r in ([0] if warm_first else []) + list(range(1, repeats + 1)) for g, ss in groups.items()
-            if (ids := repeat_ids(ss, r))]
+    jobs = [
+        Job(
+            r,
+            g,
+            ids,
+            sum(s.minutes for s in ss if s.id in ids),
+            os.path.join(rawdir, f"{'warm' if r == 0 else f'repeat{r}'}-{g}.json"),
+            g.startswith("host") and r > 0,
+            r == 0 or (r == 1 and not warm_first),
+        )
+        for r in ([0] if warm_first else []) + list(range(1, repeats + 1))
+        for g, ss in groups.items()
+        if (ids := repeat_ids(ss, r))
+    ]
     cold = sorted((j for j in jobs if j.cold), key=lambda j: -job_seconds(j))
     warm = sorted((j for j in jobs if not j.cold), key=lambda j: (-job_seconds(j), j.group, j.repeat))
-    return ([j for j in cold if not j.alone] + [j for j in cold if j.alone] + [j for j in warm if j.alone]
-            + [j for j in warm if not j.alone])
+    return (
+        [j for j in cold if not j.alone]
+        + [j for j in cold if j.alone]
+        + [j for j in warm if j.alone]
+        + [j for j in warm if not j.alone]
+    )
 
 
-def run_spread(args: argparse.Namespace, specs: list[registry.WorkloadSpec], repeats: int, rawdir: str,
-               env: dict[str, str], here: str) -> list[str]:
+def run_spread(
+    args: argparse.Namespace,
+    specs: list[registry.WorkloadSpec],
+    repeats: int,
+    rawdir: str,
+    env: dict[str, str],
+    here: str,
+) -> list[str]:
     """Run the jobs on args.gpus GPUs, one worker process per GPU at a time; the raw files written."""
     every = spread_jobs(specs, repeats, rawdir, args.warm_first and not args.warm)
     jobs = [j for j in every if not done(j.raw, j.ids)]  # (--resume: what an earlier call finished)
     if args.warm:
-        jobs = [dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-"), alone=False, cold=True)
-                for j in jobs if j.repeat == 1]
-    print(f"bench: {len(specs)} workload(s) in {len({j.group for j in every})} group(s), {repeats} repeat(s) over "
-          f"{args.gpus} GPUs, {len(jobs)} of {len(every)} job(s) to run, time limit {args.time_limit:.0f} s (planned "
-          f"~{sum(j.minutes for j in jobs) / args.gpus:.0f} min per GPU with warm caches); raw -> {rawdir}", flush=True)
+        jobs = [
+            dataclasses.replace(j, repeat=0, raw=j.raw.replace("repeat1-", "warm-"), alone=False, cold=True)
+            for j in jobs
+            if j.repeat == 1
+        ]
+    print(
+        f"bench: {len(specs)} workload(s) in {len({j.group for j in every})} group(s), {repeats} repeat(s) over "
+        f"{args.gpus} GPUs, {len(jobs)} of {len(every)} job(s) to run, time limit {args.time_limit:.0f} s (planned "
+        f"~{sum(j.minutes for j in jobs) / args.gpus:.0f} min per GPU with warm caches); raw -> {rawdir}",
+        flush=True,
+    )
 
     devices = gpu_ids(env.get("CUDA_VISIBLE_DEVICES"), args.gpus)
 
     # each GPU's next worker waits ready (imports done) while the current job runs: bench/standby.py
-    pool = StandbyPool(here, lambda gpu: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]},
-                       core_slots(args.gpus))
+    pool = StandbyPool(
+        here, lambda gpu: {**env, "CUDA_VISIBLE_DEVICES": "" if args.dry_run else devices[gpu]}, core_slots(args.gpus)
+    )
 
     def launch(job: Job, gpu: int, left: float) -> subprocess.Popen:
         sub = argparse.Namespace(**{**vars(args), "warm": job.repeat == 0})
@@ -317,8 +400,10 @@ def gpu_ids(visible: str | None, gpus: int) -> list[str]:
     else GPU i."""
     named = [d.strip() for d in (visible or "").split(",") if d.strip()]
     if visible is not None and named and len(named) < gpus:
-        raise SystemExit(f"bench: --gpus {gpus} but CUDA_VISIBLE_DEVICES={visible!r} names {len(named)}: "
-                         f"name at least {gpus} devices or unset it")
+        raise SystemExit(
+            f"bench: --gpus {gpus} but CUDA_VISIBLE_DEVICES={visible!r} names {len(named)}: "
+            f"name at least {gpus} devices or unset it"
+        )
     return named[:gpus] if named else [str(i) for i in range(gpus)]
 
 
@@ -331,8 +416,9 @@ def fits(seconds: float, left: float, limit: float) -> bool:
     return left == float("inf") or min(seconds + MARGIN_S, START_SHARE * limit) <= left
 
 
-def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
-             limit: float = float("inf")) -> int | None:
+def next_job(
+    pending: list[Job], running: list[Job], left: float = float("inf"), limit: float = float("inf")
+) -> int | None:
     """Index in `pending` of the job to start now on a free GPU, `left` of the call's `limit` seconds left,
     or None. Eligible: a group's timed repeats start only after its cold job ended (the warm-up pass, or
     repeat 1 of a run without one: a repeat 2 beside it would compile the same kernels from cold caches at
@@ -346,8 +432,11 @@ def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
     cold = {j.group for j in (*pending, *running) if j.cold}
     compiling = {j.group for j in (*pending, *running) if j.cold and not j.alone}  # (host jobs: one at a time)
     host_busy = any(j.alone for j in running)
-    eligible = [k for k, job in enumerate(pending) if (job.cold or job.group not in cold)
-                and not (job.alone and (host_busy or compiling - {job.group}))]
+    eligible = [
+        k
+        for k, job in enumerate(pending)
+        if (job.cold or job.group not in cold) and not (job.alone and (host_busy or compiling - {job.group}))
+    ]
     if not eligible:
         return None
     for k in eligible:
@@ -356,8 +445,14 @@ def next_job(pending: list[Job], running: list[Job], left: float = float("inf"),
     return min(eligible, key=lambda k: job_seconds(pending[k]))
 
 
-def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Job, int, float], Any],
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> list[Job]:
+def schedule(
+    jobs: list[Job],
+    gpus: int,
+    time_limit: float,
+    launch: Callable[[Job, int, float], Any],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Job]:
     """Run `jobs` on `gpus` GPUs, one at a time each: `launch(job, gpu, seconds left)` starts a worker and
     returns its process (poll(), kill()); `next_job` picks each (by the time left). Jobs not started 30 s
     before `time_limit` are dropped, workers still running 30 s after it are killed (a worker stops starting
@@ -378,8 +473,11 @@ def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Jo
                     running.remove(item)
                     free.append(gpu)
                     ended.append(job)
-                    print(f"bench: {job.group} repeat {job.repeat} on GPU {gpu}: {clock() - t0:.0f} s"
-                          + (f" (exit status {rc})" if rc else ""), flush=True)
+                    print(
+                        f"bench: {job.group} repeat {job.repeat} on GPU {gpu}: {clock() - t0:.0f} s"
+                        + (f" (exit status {rc})" if rc else ""),
+                        flush=True,
+                    )
             left = time_limit - (clock() - start)
             if pending and left < 30:
                 print(f"bench: {len(pending)} job(s) not started: {left:.0f} s left", flush=True)
@@ -388,8 +486,11 @@ def schedule(jobs: list[Job], gpus: int, time_limit: float, launch: Callable[[Jo
             if k is not None:
                 job, gpu = pending.pop(k), free.pop(0)
                 if not fits(job_seconds(job), left, time_limit):
-                    print(f"bench: {job.group} repeat {job.repeat} started with {left:.0f} s left, expected "
-                          f"{job_seconds(job):.0f} s (no pending job fits; what it finishes is kept)", flush=True)
+                    print(
+                        f"bench: {job.group} repeat {job.repeat} started with {left:.0f} s left, expected "
+                        f"{job_seconds(job):.0f} s (no pending job fits; what it finishes is kept)",
+                        flush=True,
+                    )
                 running.append((launch(job, gpu, left), gpu, job, clock()))
                 continue
             sleep(0.2)
@@ -432,16 +533,27 @@ def finish(args: argparse.Namespace, out: str, rawdir: str, paths: list[str]) ->
         print("bench: no results", file=sys.stderr)
         return 1
     agg = aggregate(runs)
-    warms = [RunRecord.from_json(open(os.path.join(rawdir, p)).read()) for p in sorted(os.listdir(rawdir))
-             if p.startswith("warm") and p.endswith(".json")]
+    warms = [
+        RunRecord.from_json(open(os.path.join(rawdir, p)).read())
+        for p in sorted(os.listdir(rawdir))
+        if p.startswith("warm") and p.endswith(".json")
+    ]
     warm = merge_repeats(warms)[0] if warms else None
     name = f"{runs[0].meta.get('date')}-{slug(str(runs[0].meta.get('device')))}-{suite_name(args)}"
     title = f"{name}: `python -m bench.run {' '.join(sys.argv[1:])}`"
     md = render(agg, title, aggregate([warm]) if warm and warm.workloads else None)
     with open(os.path.join(out, name + ".json"), "w") as f:
-        json.dump({"schema": 2, "suite": suite_name(args), "command": sys.argv[1:],
-                   "runs": [json.loads(r.to_json()) for r in runs],
-                   "warm": json.loads(warm.to_json()) if warm else None}, f, indent=1)
+        json.dump(
+            {
+                "schema": 2,
+                "suite": suite_name(args),
+                "command": sys.argv[1:],
+                "runs": [json.loads(r.to_json()) for r in runs],
+                "warm": json.loads(warm.to_json()) if warm else None,
+            },
+            f,
+            indent=1,
+        )
     with open(os.path.join(out, name + ".md"), "w") as f:
         f.write(md)
     print(md, flush=True)
@@ -469,5 +581,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

@@ -88,8 +88,9 @@ def _after_note(after: Any) -> str:
         return f"(step profile failed: {_err(e)})"
 
 
-def _execute_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any],
-                  budget: measure.Budget) -> None:
+def _execute_mode(
+    ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any], budget: measure.Budget
+) -> None:
     cuda = ctx.cuda
     res.errors = check.check_execute(runner, refs, case.outputs, ctx.device)
     if not ctx.timing:
@@ -120,8 +121,9 @@ def _kernel_sum(res: ImplResult, call: Any, how: str) -> None:
         res.notes = (res.notes + " device time not reported: the profiler saw no kernel in the call").strip()
 
 
-def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any],
-                budget: measure.Budget) -> None:
+def _graph_mode(
+    ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Sequence[Any], budget: measure.Budget
+) -> None:
     if runner.graph_native or not tol.sane(res.errors, case.sane_limit):
         return
     est = res.metrics.get("execute_us") or measure.estimate_us(runner.call, True)
@@ -144,7 +146,8 @@ def _graph_mode(ctx: Ctx, case: Case, runner: Runner, res: ImplResult, refs: Seq
     res.metrics["replay_us"] = measure.back_to_back_us(cap.graph.replay, est, budget, True)
     del cap
     res.metrics["device_us"], res.methods["device_us"] = measure.device_us(
-        runner.call, est, budget, cold_l2=ctx.cold_l2, flush_bytes=l2_bytes() if ctx.cold_l2 else 0)
+        runner.call, est, budget, cold_l2=ctx.cold_l2, flush_bytes=l2_bytes() if ctx.cold_l2 else 0
+    )
 
 
 def l2_bytes() -> int:
@@ -184,9 +187,15 @@ def run_workload(ctx: Ctx, spec: WorkloadSpec, budget: measure.Budget) -> Worklo
             r = run_impl(ctx, case, impl, refs, budget)
             out.impls.append(r)
             m = r.metrics
-            log(f"   {impl.name:30s} {r.status:6s} " + " ".join(f"{k}={m[k]:.1f}" for k in
-                ("device_us", "replay_us", "execute_us", "latency_us", "host_us", "setup_s") if k in m)
-                + f"  err={_fmt_errs(r.errors)}  [{r.engine}] {r.error} {r.notes}")
+            log(
+                f"   {impl.name:30s} {r.status:6s} "
+                + " ".join(
+                    f"{k}={m[k]:.1f}"
+                    for k in ("device_us", "replay_us", "execute_us", "latency_us", "host_us", "setup_s")
+                    if k in m
+                )
+                + f"  err={_fmt_errs(r.errors)}  [{r.engine}] {r.error} {r.notes}"
+            )
         del case, refs
     except Exception as e:  # noqa: BLE001 - a broken workload is reported; the suite goes on
         traceback.print_exc(limit=6)
@@ -211,5 +220,9 @@ def _apply_tolerance(w: WorkloadResult) -> None:
     for i in w.impls:
         if i.impl in errors:
             v = tol.judge(errors[i.impl], tols)
-            i.verdict = {"passed": v.passed, "worst_output": v.worst_output, "worst_ratio": v.worst_ratio,
-                         "reason": v.reason}
+            i.verdict = {
+                "passed": v.passed,
+                "worst_output": v.worst_output,
+                "worst_ratio": v.worst_ratio,
+                "reason": v.reason,
+            }

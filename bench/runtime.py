@@ -66,6 +66,7 @@ def host_us(fn: Any, rounds: int = 15, burst: int = 20) -> float:
 def device_us(fn: Any, host_estimate_us: float, burst: int = 2, rounds: int = 3) -> float:
     """Device µs per call: `burst` calls enqueued behind a spin kernel long enough to cover their host
     time (twice the estimate, at 2 GHz), timed with CUDA events: no host time counts."""
+
     def calls() -> None:
         for _ in range(burst):
             fn()
@@ -169,8 +170,11 @@ def phase_host(results: dict[str, Any]) -> None:
 
     rows = []
     flat = {"OPGRAPH_AUTOGRAPH": "0"}
-    modes = [("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: native launches (OPGRAPH_AUTOGRAPH=0)", flat),
-             ("flat: Triton JIT launches (reference)", {**flat, "OPGRAPH_LAUNCH": "jit"})]
+    modes = [
+        ("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}),
+        ("flat: native launches (OPGRAPH_AUTOGRAPH=0)", flat),
+        ("flat: Triton JIT launches (reference)", {**flat, "OPGRAPH_LAUNCH": "jit"}),
+    ]
     for label, env in modes:
         with _Env(env):
             plan, pack, (out, ref) = _chain_plan(16)
@@ -180,12 +184,27 @@ def phase_host(results: dict[str, Any]) -> None:
             err = relerr(out.float(), ref)
             launches = sum(len(s.kernel.generated.launches) for s in plan.steps)
             us = host_us(lambda plan=plan, pack=pack: plan.execute(pack))
-            rows.append({"what": "generated kernels", "path": label, "steps": len(plan.steps), "launches": launches,
-                         "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
-                         "launch_kinds": _count(type(x).__name__ for launcher in plan.bind(pack, None).launchers
-                                                for x in getattr(launcher, "launches", ()))})
-    modes = [("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}), ("flat: raw pointer array (OPGRAPH_AUTOGRAPH=0)", flat),
-             ("flat: frontend execute (reference)", {**flat, "OPGRAPH_CUDNN_LAUNCH": "execute"})]
+            rows.append(
+                {
+                    "what": "generated kernels",
+                    "path": label,
+                    "steps": len(plan.steps),
+                    "launches": launches,
+                    "us_per_execute": us,
+                    "us_per_step": us / len(plan.steps),
+                    "relerr": err,
+                    "launch_kinds": _count(
+                        type(x).__name__
+                        for launcher in plan.bind(pack, None).launchers
+                        for x in getattr(launcher, "launches", ())
+                    ),
+                }
+            )
+    modes = [
+        ("auto graph (default)", {"OPGRAPH_AUTOGRAPH": "1"}),
+        ("flat: raw pointer array (OPGRAPH_AUTOGRAPH=0)", flat),
+        ("flat: frontend execute (reference)", {**flat, "OPGRAPH_CUDNN_LAUNCH": "execute"}),
+    ]
     for label, env in modes:
         with _Env(env):
             plan, pack, outs = _conv_plan(8)
@@ -196,12 +215,23 @@ def phase_host(results: dict[str, Any]) -> None:
             torch.cuda.synchronize()
             err = max(relerr(y.float(), want) for y, want in outs)
             us = host_us(lambda plan=plan, pack=pack: plan.execute(pack), burst=10)
-            rows.append({"what": f"cuDNN steps ({'/'.join(engines)})", "path": label, "steps": len(plan.steps),
-                         "us_per_execute": us, "us_per_step": us / len(plan.steps), "relerr": err,
-                         "mode": getattr(plan.bind(pack, None).launchers[0], "mode", None)})
+            rows.append(
+                {
+                    "what": f"cuDNN steps ({'/'.join(engines)})",
+                    "path": label,
+                    "steps": len(plan.steps),
+                    "us_per_execute": us,
+                    "us_per_step": us / len(plan.steps),
+                    "relerr": err,
+                    "mode": getattr(plan.bind(pack, None).launchers[0], "mode", None),
+                }
+            )
     for r in rows:
-        print(f"   host: {r['what']:28s} {r['path']:32s} {r['us_per_step']:7.2f} us/step "
-              f"({r['steps']} steps, relerr {r['relerr']:.1e})", flush=True)
+        print(
+            f"   host: {r['what']:28s} {r['path']:32s} {r['us_per_step']:7.2f} us/step "
+            f"({r['steps']} steps, relerr {r['relerr']:.1e})",
+            flush=True,
+        )
     results["host"] = rows
 
 
@@ -241,14 +271,20 @@ def _network(name: str, batch: int) -> dict[str, Any]:
     imported = og.from_torch(model, (x,))
     stamps["import_graph_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    step = og.training.train_step(imported, og.training.OneHotCrossEntropy(), og.training.SGD(0.0, momentum=0.9),
-                                  grad_data_type=og.DataType.HALF)
+    step = og.training.train_step(
+        imported, og.training.OneHotCrossEntropy(), og.training.SGD(0.0, momentum=0.9), grad_data_type=og.DataType.HALF
+    )
     stamps["step_graph_s"] = time.perf_counter() - t
     t = time.perf_counter()
     plan = step.graph.build(device="cuda")
     stamps["build_s"] = time.perf_counter() - t
-    print("BUILD", json.dumps(_jsonable(plan.build_stats)), _count(s.config.engine for s in plan.steps),
-          file=sys.stderr, flush=True)
+    print(
+        "BUILD",
+        json.dumps(_jsonable(plan.build_stats)),
+        _count(s.config.engine for s in plan.steps),
+        file=sys.stderr,
+        flush=True,
+    )
     pack = step.pack(x, target=torch.eye(1000, device="cuda", dtype=torch.float16)[labels])
     t = time.perf_counter()
     plan.execute(pack)
@@ -256,8 +292,13 @@ def _network(name: str, batch: int) -> dict[str, Any]:
     torch.cuda.synchronize()
     stamps["first_step_s"] = time.perf_counter() - t
     stamps["total_s"] = time.perf_counter() - T_START
-    out = {"stamps": stamps, "build_stats": _jsonable(plan.build_stats), "steps": len(plan.steps),
-           "engines": _count(s.config.engine for s in plan.steps), "compiled": dict(compiler.STATS)}
+    out = {
+        "stamps": stamps,
+        "build_stats": _jsonable(plan.build_stats),
+        "steps": len(plan.steps),
+        "engines": _count(s.config.engine for s in plan.steps),
+        "compiled": dict(compiler.STATS),
+    }
     if os.environ.get("RT_TIMING"):
         out.update(_timing(model, x, labels, plan, pack, step))
         path = os.environ.get("RT_SAVE")
@@ -372,8 +413,16 @@ def _load(path: str) -> dict[str, Any]:
     total = time.perf_counter() - t0
     first = time.perf_counter() - t1
     built = sum(1 for s in plan.steps if s.config.engine == "cudnn" and not getattr(s.kernel, "deserialized", True))
-    return {"import_torch_s": t_torch, "load_s": t_loaded, "first_execute_s": first, "beyond_torch_s": total, "compiled": dict(compiler.STATS),
-            "cudnn_built": built, "steps": len(plan.steps), "build_stats": _jsonable(plan.build_stats)}
+    return {
+        "import_torch_s": t_torch,
+        "load_s": t_loaded,
+        "first_execute_s": first,
+        "beyond_torch_s": total,
+        "compiled": dict(compiler.STATS),
+        "cudnn_built": built,
+        "steps": len(plan.steps),
+        "build_stats": _jsonable(plan.build_stats),
+    }
 
 
 def _count(items: Any) -> dict[str, int]:
@@ -390,19 +439,23 @@ def _jsonable(value: Any) -> Any:
 def _child(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "bench.runtime", *args], env={**os.environ, **env},
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.runtime", *args],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as err:
         tail = err.stderr or ""
         if isinstance(tail, bytes):
             tail = tail.decode(errors="replace")
-        return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0,
-                "stderr": tail[-3000:]}
+        return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0, "stderr": tail[-3000:]}
     wall = time.perf_counter() - t0
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         return {"error": f"exit {proc.returncode}", "wall_s": wall, "stderr": proc.stderr[-3000:]}
-    out = json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT ") :])
     out["wall_s"] = wall
     return out
 
@@ -430,38 +483,66 @@ def phase_models(results: dict[str, Any], models: list[str], deadline: float) ->
 def _short(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"ERROR {r['error']}: {r.get('stderr', '')[-600:]}"
-    keys = ("wall_s", "stamps", "beyond_torch_s", "compiled", "ratio", "host_us_per_step", "device_us_per_step",
-            "relerr", "cudnn_built")
+    keys = (
+        "wall_s",
+        "stamps",
+        "beyond_torch_s",
+        "compiled",
+        "ratio",
+        "host_us_per_step",
+        "device_us_per_step",
+        "relerr",
+        "cudnn_built",
+    )
     return json.dumps({k: r[k] for k in keys if k in r}, default=str)[:900]
 
 
 # -- report -----------------------------------------------------------------------------------------
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
-    lines = [f"Measured {meta['date']} on {meta['device']}: torch {meta['torch']}, Triton {meta['triton']}, "
-             f"cuDNN {meta['cudnn']}, cuDNN frontend {meta.get('cudnn_frontend')}, {meta['cpus']} CPU cores. "
-             "`python -m bench.runtime`, one run.", "",
-             "| host µs per step of a repeated execute | path | steps | µs/step | µs/execute | target |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Measured {meta['date']} on {meta['device']}: torch {meta['torch']}, Triton {meta['triton']}, "
+        f"cuDNN {meta['cudnn']}, cuDNN frontend {meta.get('cudnn_frontend')}, {meta['cpus']} CPU cores. "
+        "`python -m bench.runtime`, one run.",
+        "",
+        "| host µs per step of a repeated execute | path | steps | µs/step | µs/execute | target |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results.get("host", []):
         target = "<= 3" if "generated" in r["what"] else "<= 8"
-        lines.append(f"| {r['what']} | {r['path']} | {r['steps']} | {r['us_per_step']:.2f} | "
-                     f"{r['us_per_execute']:.1f} | {target if 'reference' not in r['path'] else '-'} |")
-    lines += ["", "| training step (batch 64, fp16, channels-last) | execute | ms | eager ms | ratio (target <= 0.8) | "
-              "host µs/step (execute + BN write-back) | device µs/step | loss relerr |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['what']} | {r['path']} | {r['steps']} | {r['us_per_step']:.2f} | "
+            f"{r['us_per_execute']:.1f} | {target if 'reference' not in r['path'] else '-'} |"
+        )
+    lines += [
+        "",
+        "| training step (batch 64, fp16, channels-last) | execute | ms | eager ms | ratio (target <= 0.8) | "
+        "host µs/step (execute + BN write-back) | device µs/step | loss relerr |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in results.get("models", {}).items():
         w = row.get("warm", {})
         if "execute_ms" in w:
             for label, key in (("auto graph (default)", ""), ("flat launches (OPGRAPH_AUTOGRAPH=0)", "_flat")):
-                lines.append(f"| {name} | {label} | {w['execute_ms' + key]:.2f} | {w['eager_ms']:.2f} | "
-                             f"{w['ratio' + key]:.2f} | {w['host_us_per_step' + key]:.0f} | "
-                             f"{w['device_us_per_step']:.0f} | {w['relerr' + key]:.1e} |")
+                lines.append(
+                    f"| {name} | {label} | {w['execute_ms' + key]:.2f} | {w['eager_ms']:.2f} | "
+                    f"{w['ratio' + key]:.2f} | {w['host_us_per_step' + key]:.0f} | "
+                    f"{w['device_us_per_step']:.0f} | {w['relerr' + key]:.1e} |"
+                )
         else:
             lines.append(f"| {name} | {w.get('error', 'not run')} | | | | | | |")
-    lines += ["", "| from nothing to the first training step (s) | caches | total (target) | imports (torch + rest) | "
-              "model import + step graph | build (of which compile) | first step | kernels compiled |",
-              "|---|---|---|---|---|---|---|---|"]
-    targets = {("resnet18", "cold"): 15, ("mobilenet_v2", "cold"): 30, ("resnet18", "warm"): 5, ("mobilenet_v2", "warm"): 5}
+    lines += [
+        "",
+        "| from nothing to the first training step (s) | caches | total (target) | imports (torch + rest) | "
+        "model import + step graph | build (of which compile) | first step | kernels compiled |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    targets = {
+        ("resnet18", "cold"): 15,
+        ("mobilenet_v2", "cold"): 30,
+        ("resnet18", "warm"): 5,
+        ("mobilenet_v2", "warm"): 5,
+    }
     for name, row in results.get("models", {}).items():
         for stage in ("cold", "warm"):
             r = row.get(stage, {})
@@ -474,16 +555,23 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{st['import_torch_s'] + st['import_rest_s']:.1f} ({st['import_torch_s']:.1f} + {st['import_rest_s']:.1f}) | "
                 f"{st['import_graph_s'] + st['step_graph_s']:.1f} | {st['build_s']:.1f} ({bs.get('compile_s', 0):.1f}) | "
                 f"{st['first_step_s']:.2f} | {r.get('build_stats', {}).get('compile', {}).get('compiled', '-')} of "
-                f"{r.get('build_stats', {}).get('compile', {}).get('kernels', '-')} |")
-    lines += ["", "| saved training plan, fresh process | load (s) | first execute (s) | beyond `import torch` (s, target <= 3) "
-              "| kernels compiled | cuDNN plans built | plan file |", "|---|---|---|---|---|---|---|"]
+                f"{r.get('build_stats', {}).get('compile', {}).get('kernels', '-')} |"
+            )
+    lines += [
+        "",
+        "| saved training plan, fresh process | load (s) | first execute (s) | beyond `import torch` (s, target <= 3) "
+        "| kernels compiled | cuDNN plans built | plan file |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, row in results.get("models", {}).items():
         r, w = row.get("load", {}), row.get("warm", {})
         if "beyond_torch_s" not in r:
             lines.append(f"| {name} | {r.get('error', 'not run')[:200]} | | | | | |")
             continue
-        lines.append(f"| {name} | {r['load_s']:.2f} | {r['first_execute_s']:.2f} | {r['beyond_torch_s']:.2f} | "
-                     f"{r['compiled'].get('compiled')} | {r['cudnn_built']} | {w.get('plan_bytes', 0) / 1e6:.1f} MB |")
+        lines.append(
+            f"| {name} | {r['load_s']:.2f} | {r['first_execute_s']:.2f} | {r['beyond_torch_s']:.2f} | "
+            f"{r['compiled'].get('compiled')} | {r['cudnn_built']} | {w.get('plan_bytes', 0) / 1e6:.1f} MB |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -504,9 +592,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
-    meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "triton": triton.__version__,
-            "cpus": os.cpu_count()}
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "triton": triton.__version__,
+        "cpus": os.cpu_count(),
+    }
     try:
         from importlib import metadata
 

@@ -54,7 +54,7 @@ def core_slots(gpus: int, cores: Sequence[int] | None = None) -> list[list[int]]
     per = len(cores) // max(gpus, 1)
     if per < 2:
         return None
-    return [cores[i * per:(i + 1) * per] for i in range(gpus)]
+    return [cores[i * per : (i + 1) * per] for i in range(gpus)]
 
 
 class StandbyPool:
@@ -63,8 +63,7 @@ class StandbyPool:
     none or it died, then starts the slot's next waiting worker; `close()` ends the waiting ones. With
     `cores`, each slot's workers run on that slot's cores only (`core_slots`)."""
 
-    def __init__(self, cwd: str, env_of: Callable[[int], dict[str, str]],
-                 cores: list[list[int]] | None = None) -> None:
+    def __init__(self, cwd: str, env_of: Callable[[int], dict[str, str]], cores: list[list[int]] | None = None) -> None:
         self.cwd, self.env_of, self.cores = cwd, env_of, cores
         self.ready: dict[int, Any] = {}
         self.handed = 0  # jobs given to a waiting worker (the rest started fresh)

@@ -112,21 +112,35 @@ def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     configure_torch(cuda)
     scale = "tiny" if args.dry_run else "quick" if args.quick else "full"
     quick = args.quick or args.dry_run  # smoke tests: no tuned builds, no torch.compile mode="max-autotune" row
-    ctx = Ctx(device="cuda" if cuda else "cpu", scale=scale, tune=not (args.no_tune or quick),
-              tune_networks=args.tune_networks, compile=not args.no_compile,
-              compile_cudagraphs=not (args.no_compile_cudagraphs or quick), cold_l2=args.cold_l2,
-              features=feats, timing=not args.warm,
-              deadline=t_start + args.seconds - MARGIN_S if args.seconds else None)
-    budget = measure.Budget(rounds=2, latency_calls=3) if args.dry_run else \
-        measure.Budget(rounds=3, latency_calls=10) if args.quick else measure.Budget()
+    ctx = Ctx(
+        device="cuda" if cuda else "cpu",
+        scale=scale,
+        tune=not (args.no_tune or quick),
+        tune_networks=args.tune_networks,
+        compile=not args.no_compile,
+        compile_cudagraphs=not (args.no_compile_cudagraphs or quick),
+        cold_l2=args.cold_l2,
+        features=feats,
+        timing=not args.warm,
+        deadline=t_start + args.seconds - MARGIN_S if args.seconds else None,
+    )
+    budget = (
+        measure.Budget(rounds=2, latency_calls=3)
+        if args.dry_run
+        else measure.Budget(rounds=3, latency_calls=10)
+        if args.quick
+        else measure.Budget()
+    )
     from . import env
 
     meta = env.meta(ctx.device, dry_run=args.dry_run)
     meta.update(scale=scale, features=sorted(feats), warm=args.warm)
     log(f"bench worker, repeat {args.repeat_index}: {meta}")
     ceil = shared_ceilings(args.raw, meta, lambda: env.ceilings(ctx.device, budget))
-    log(f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, GEMM " +
-        ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceil.gemm_tflops.items()))
+    log(
+        f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, GEMM "
+        + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceil.gemm_tflops.items())
+    )
     record = RunRecord(meta, ceil, [], args.repeat_index)
     done = resumed(record, args.raw)
     for spec in specs:

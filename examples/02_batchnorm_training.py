@@ -24,6 +24,7 @@ var_biased = x.var(axis=(0, 2, 3))
 print("inv_variance     ", np.round(pack[f.tensor("inv_variance").uid].ravel(), 4), "= 1/sqrt(biased var + eps)")
 print("numpy            ", np.round(1 / np.sqrt(var_biased + 1e-5), 4))
 n = x.size / x.shape[1]
-print("next running var ", np.round(pack[f.tensor("next_running_var").uid].ravel(), 4),
-      "= 0.9 * 1 + 0.1 * unbiased var")
+print(
+    "next running var ", np.round(pack[f.tensor("next_running_var").uid].ravel(), 4), "= 0.9 * 1 + 0.1 * unbiased var"
+)
 print("numpy            ", np.round(0.9 + 0.1 * var_biased * n / (n - 1), 4))

@@ -11,8 +11,11 @@ from opgraph.tools.samples import conv_bias_relu
 g = conv_bias_relu(n=1, c=8, k=8, hw=6)
 device = "cuda" if og.core.device.cuda_usable() else "cpu"
 
-for piece in g.engine_configs(heur_mode=[og.HeurMode.A, og.HeurMode.B, og.HeurMode.FALLBACK], device=device,
-                              engines=["triton", "reference"] if device == "cpu" else None):
+for piece in g.engine_configs(
+    heur_mode=[og.HeurMode.A, og.HeurMode.B, og.HeurMode.FALLBACK],
+    device=device,
+    engines=["triton", "reference"] if device == "cpu" else None,
+):
     print(piece)  # ranked configs per piece, with knobs, notes and estimates; engines that declined say why
 
 plan = g.build(device=device, engines=["triton"], heur_mode=og.HeurMode.B)

@@ -136,8 +136,10 @@ def train_in_cuda_graph(plan, step, params):
     lr = step.scalar("lr").uid
     x_bufs = [pack[x], torch.empty_like(pack[x])]  # buffers A and B, and pinned host staging for each
     oh_bufs = [pack[onehot], torch.empty_like(pack[onehot])]
-    staging = [tuple(torch.empty_strided(b.shape, b.stride(), pin_memory=True) for b in (pack[x], pack[onehot]))
-               for _ in range(2)]  # same strides as the device buffers: the copies are plain memcpys
+    staging = [
+        tuple(torch.empty_strided(b.shape, b.stride(), pin_memory=True) for b in (pack[x], pack[onehot]))
+        for _ in range(2)
+    ]  # same strides as the device buffers: the copies are plain memcpys
     copied = [torch.cuda.Event() for _ in range(2)]  # buffer k holds its batch
     consumed = [torch.cuda.Event() for _ in range(2)]  # the graph finished reading buffer k
     copy_stream = torch.cuda.Stream()
@@ -210,16 +212,21 @@ def max_rel_diff(a, b):
 def main():
     device = "cpu" if CPU else "cuda"
     if CPU:
-        print("no CUDA GPU here (or OPGRAPH_EXAMPLE_CPU=1): the CUDA-graph part needs one; training a smaller "
-              f"network {STEPS} steps op by op on the reference engine instead")
+        print(
+            "no CUDA GPU here (or OPGRAPH_EXAMPLE_CPU=1): the CUDA-graph part needs one; training a smaller "
+            f"network {STEPS} steps op by op on the reference engine instead"
+        )
     g, loss, params = network()
     step = step_graph(g, loss, params, SGD(0.0, momentum=MOMENTUM))  # lr: a device scalar, set per step
     plan = step.graph.build(device=device, engines=["reference"] if CPU else None)
     print(f"training step: {len(step.graph.final.nodes)} ops, {len(plan.steps)} kernel(s) on {plan.device}")
     by_ref = {step.graph.final.tensor(n).uid for n in ("x", "onehot")}
     for s in plan.steps:  # a kernel that takes addresses as arguments would keep reading buffer A
-        if not CPU and by_ref & set(s.piece.inputs) and \
-                og.BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API not in s.config.behavior_notes:
+        if (
+            not CPU
+            and by_ref & set(s.piece.inputs)
+            and og.BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API not in s.config.behavior_notes
+        ):
             sys.exit(f"MISMATCH: step {s.index} ({s.config}) reads x or onehot but not through the address table")
     init = initial_params(step)
     for i in range(STEPS):  # the data set, made once (the timed loops only copy it)
@@ -229,23 +236,30 @@ def main():
     curves = {"op by op": eager}
     if not CPU:
         curves["CUDA graph"], graph_ms = train_in_cuda_graph(plan, step, init)
-        print(f"time per step: {eager_ms:.2f} ms op by op, {graph_ms:.2f} ms in the CUDA graph "
-              "(data preparation included)")
+        print(
+            f"time per step: {eager_ms:.2f} ms op by op, {graph_ms:.2f} ms in the CUDA graph "
+            "(data preparation included)"
+        )
     curves["PyTorch"] = train_torch(step, init, device)
 
     print("step  lr       " + "".join(f"{k:>12}" for k in curves))
     for i in sorted({*range(0, STEPS, 1 if CPU else 10), STEPS - 1}):  # every 10th step and the last
         print(f"{i:4d}  {lr_at(i):.4f}  " + "".join(f"{c[i]:12.6f}" for c in curves.values()))
     ok = True
-    checks = [("PyTorch", "op by op", RTOL)] if CPU else [("CUDA graph", "op by op", RTOL),
-                                                         ("PyTorch", "op by op", TORCH_RTOL)]
+    checks = (
+        [("PyTorch", "op by op", RTOL)]
+        if CPU
+        else [("CUDA graph", "op by op", RTOL), ("PyTorch", "op by op", TORCH_RTOL)]
+    )
     for a, b, tol in checks:
         n = TORCH_STEPS if "PyTorch" in (a, b) and not CPU else len(curves[b])
         diff = max_rel_diff(curves[a][:n], curves[b][:n])
         good = diff <= tol
         ok &= good
-        print(f"max relative difference {a} vs {b} over {n} steps: {diff:.2e} (tolerance {tol:.0e}) "
-              f"{'ok' if good else 'MISMATCH'}")
+        print(
+            f"max relative difference {a} vs {b} over {n} steps: {diff:.2e} (tolerance {tol:.0e}) "
+            f"{'ok' if good else 'MISMATCH'}"
+        )
     if eager[-1] >= eager[0]:
         ok = False
         print("MISMATCH: the loss did not decrease")

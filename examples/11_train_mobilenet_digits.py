@@ -35,8 +35,9 @@ def conv_bn_relu(g, h, name, cin, cout, r, stride, training, depthwise=False):
     """conv (depthwise when asked) + batchnorm + relu; parameters are graph inputs named name.*"""
     wdim = [cout, 1 if depthwise else cin, r, r]
     w = g.tensor(dim=wdim, stride=nhwc(wdim), name=f"{name}.w")
-    scale, bias, mean, var = (g.tensor(dim=[1, cout, 1, 1], name=f"{name}.{p}")
-                              for p in ("scale", "bias", "running_mean", "running_var"))
+    scale, bias, mean, var = (
+        g.tensor(dim=[1, cout, 1, 1], name=f"{name}.{p}") for p in ("scale", "bias", "running_mean", "running_var")
+    )
     h = g.conv_fprop(h, w, padding=r // 2, stride=stride)
     if training:
         h, m, inv, next_mean, next_var = g.batchnorm(h, scale, bias, mean, var, epsilon=EPS, momentum=0.1)
@@ -86,8 +87,9 @@ def init_value(desc, rng):
 def main():
     digits = load_digits()
     images = (digits.images / 16.0 - 0.5).astype(np.float32)[:, None]  # [1797, 1, 8, 8]
-    x_train, x_test, y_train, y_test = train_test_split(images, digits.target, test_size=0.2, random_state=0,
-                                                        stratify=digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
     print(f"digits: {len(x_train)} training and {len(x_test)} test images")
 
     device = "cuda" if og.core.device.cuda_usable() else "cpu"
@@ -96,8 +98,10 @@ def main():
     plan = step.graph.build(device=device)
     eval_g, _, _ = mobilenet(len(x_test), training=False)
     eval_plan = eval_g.build(device=device)
-    print(f"training step: {len(step.graph.final.nodes)} ops in {len(plan.steps)} kernel(s) on {plan.device}; "
-          f"inference: {len(eval_plan.steps)} kernel(s)")
+    print(
+        f"training step: {len(step.graph.final.nodes)} ops in {len(plan.steps)} kernel(s) on {plan.device}; "
+        f"inference: {len(eval_plan.steps)} kernel(s)"
+    )
 
     # the training pack, by UID: optimizer state, parameters (updated in place: outputs that are also
     # inputs), running stats, the batch (filled per step) and every other output
@@ -108,7 +112,12 @@ def main():
         pack.setdefault(uid, init_value(f.tensors[uid], rng))
     for uid in f.outputs:
         pack.setdefault(uid, og.testing.empty_like_desc(f.tensors[uid]))
-    x_uid, onehot_uid, loss_uid, lr_uid = f.tensor("x").uid, f.tensor("onehot").uid, step.loss_uid, step.scalar("lr").uid
+    x_uid, onehot_uid, loss_uid, lr_uid = (
+        f.tensor("x").uid,
+        f.tensor("onehot").uid,
+        step.loss_uid,
+        step.scalar("lr").uid,
+    )
     if device == "cuda":
         from opgraph.core.torch_interop import pack_to_device
 
@@ -130,8 +139,11 @@ def main():
 
     def evaluate():
         names = {t.name: uid for uid, t in f.tensors.items()}
-        eval_pack = {t.name: pack[names[t.name]] for t in eval_g.final.tensors.values()
-                     if not t.is_virtual and t.name in names and t.name != "x"}  # shared parameters and stats
+        eval_pack = {
+            t.name: pack[names[t.name]]
+            for t in eval_g.final.tensors.values()
+            if not t.is_virtual and t.name in names and t.name != "x"
+        }  # shared parameters and stats
         eval_pack.update({"x": x_test, "logits": np.empty((len(x_test), CLASSES, 1, 1), np.float32)})
         if device == "cuda":
             from opgraph.core.torch_interop import pack_to_device
@@ -150,7 +162,7 @@ def main():
         for i in range(steps_per_epoch):
             t = epoch * steps_per_epoch + i
             put(lr_uid, LR * 0.5 * (1 + math.cos(math.pi * t / total)))  # cosine schedule, read at run time
-            batch = order[i * BATCH:(i + 1) * BATCH]
+            batch = order[i * BATCH : (i + 1) * BATCH]
             put(x_uid, x_train[batch])
             put(onehot_uid, np.eye(CLASSES, dtype=np.float32)[y_train[batch]])
             plan.execute(pack)  # weights, velocities updated in place
@@ -158,8 +170,10 @@ def main():
                 pack[old], pack[new] = pack[new], pack[old]
             losses.append(float(host(loss_uid).ravel()[0]))
         accuracy = evaluate()
-        print(f"epoch {epoch + 1:2d}: mean loss {np.mean(losses):.4f}, test accuracy {accuracy:.2%} "
-              f"({time.perf_counter() - start:.0f} s)")
+        print(
+            f"epoch {epoch + 1:2d}: mean loss {np.mean(losses):.4f}, test accuracy {accuracy:.2%} "
+            f"({time.perf_counter() - start:.0f} s)"
+        )
     print(f"final test accuracy {accuracy:.2%} after {total} steps ({time.process_time():.0f} s of CPU time)")
     if accuracy < 0.97:
         print("MISMATCH: below the 97% target")

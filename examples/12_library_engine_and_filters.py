@@ -30,16 +30,22 @@ def run(title, **options):
     return plan
 
 
-for piece in conv_bias_relu(n=1, c=8, k=8, hw=6).engine_configs(heur_mode=[og.HeurMode.B], device=device,
-                                                                   engines=ENGINES):
+for piece in conv_bias_relu(n=1, c=8, k=8, hw=6).engine_configs(
+    heur_mode=[og.HeurMode.B], device=device, engines=ENGINES
+):
     print(piece)  # every config of every engine: knobs, numerical and behaviour notes
 
 run("default: the fused Triton kernel first")
-plan = run("deselect_engines=['triton']: the library config runs Triton kernels too, so torch is left",
-           deselect_engines=["triton"])
+plan = run(
+    "deselect_engines=['triton']: the library config runs Triton kernels too, so torch is left",
+    deselect_engines=["triton"],
+)
 assert plan.steps[0].config.engine == "torch"
-plan = run("the library engine, native precision (the conv in fp16, as eager PyTorch)",
-           heur_mode=[og.HeurMode.B], select_numeric_notes=["rounded_intermediate"])
+plan = run(
+    "the library engine, native precision (the conv in fp16, as eager PyTorch)",
+    heur_mode=[og.HeurMode.B],
+    select_numeric_notes=["rounded_intermediate"],
+)
 assert plan.steps[0].config.engine == "library" and plan.steps[0].config.knob("precision") == "native"
 print("\nits parts:", [(role, sub.kinds) for role, sub, _ in plan.steps[0].kernel.parts])
 

@@ -54,8 +54,12 @@ conv = create_descriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)
 set_attribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 2)
 set_attribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT)
 set_attribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, CUDNN_CROSS_CORRELATION)
-for attr, values in ((CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, [1, 1]), (CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, [1, 1]),
-                     (CUDNN_ATTR_CONVOLUTION_DILATIONS, [1, 1]), (CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, [1, 1])):
+for attr, values in (
+    (CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, [1, 1]),
+    (CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, [1, 1]),
+    (CUDNN_ATTR_CONVOLUTION_DILATIONS, [1, 1]),
+    (CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, [1, 1]),
+):
     set_attribute(conv, attr, CUDNN_TYPE_INT64, values)
 finalize(conv)
 print("3. convolution: 2 spatial dims, padding 1, stride 1, cross-correlation in FLOAT")
@@ -119,8 +123,10 @@ Y = np.full((N, H, W, K), np.nan, np.float32).transpose(0, 3, 1, 2)
 if device.is_cuda:
     import torch
 
-    X, Wt, B, Y = (torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).cuda().permute(0, 3, 1, 2)
-                   for a in (X, Wt, B, Y))
+    X, Wt, B, Y = (
+        torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).cuda().permute(0, 3, 1, 2)
+        for a in (X, Wt, B, Y)
+    )
     pointers = [t.data_ptr() for t in (X, Wt, B, Y)]
     workspace = torch.empty(max(ws_size, 1), dtype=torch.uint8, device="cuda").data_ptr()
 else:
@@ -140,7 +146,7 @@ xp = np.pad(x64, ((0, 0), (0, 0), (1, 1), (1, 1)))
 want = np.zeros((N, K, H, W))
 for r in range(3):
     for s in range(3):
-        want += np.einsum("nchw,kc->nkhw", xp[:, :, r:r + H, s:s + W], w64[:, :, r, s])
+        want += np.einsum("nchw,kc->nkhw", xp[:, :, r : r + H, s : s + W], w64[:, :, r, s])
 want = np.maximum(want + b64, 0)
 err = np.abs(as_np(Y).astype(np.float64) - want).max()
 print(f"9. Y against a NumPy conv + bias + relu: max |error| {err:.2e}")
@@ -158,5 +164,7 @@ set_attribute(g2, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 
 try:
     finalize(g2)
 except BackendError as refusal:
-    print(f"10. the bias tensor given as the filter is refused ({refusal.status.name}, rule {refusal.rule}):\n"
-          f"    {refusal}")
+    print(
+        f"10. the bias tensor given as the filter is refused ({refusal.status.name}, rule {refusal.rule}):\n"
+        f"    {refusal}"
+    )

@@ -108,14 +108,47 @@ def main() -> int:
         print("--gpu-size needs a CUDA GPU")
         return 2
     if args.gpu_size:
-        cfg = dict(d=384, heads=6, seq=256, layers=6, batch=64, steps=1500, lr=1e-3, chars=4_000_000,
-                   mixed="bf16", target=1.6, tolerance=0.05)
+        cfg = dict(
+            d=384,
+            heads=6,
+            seq=256,
+            layers=6,
+            batch=64,
+            steps=1500,
+            lr=1e-3,
+            chars=4_000_000,
+            mixed="bf16",
+            target=1.6,
+            tolerance=0.05,
+        )
     elif gpu:  # the quick GPU check the tests run
-        cfg = dict(d=128, heads=4, seq=64, layers=2, batch=32, steps=200, lr=2e-3, chars=1_000_000,
-                   mixed="bf16", target=2.4, tolerance=0.05)
+        cfg = dict(
+            d=128,
+            heads=4,
+            seq=64,
+            layers=2,
+            batch=32,
+            steps=200,
+            lr=2e-3,
+            chars=1_000_000,
+            mixed="bf16",
+            target=2.4,
+            tolerance=0.05,
+        )
     else:
-        cfg = dict(d=48, heads=2, seq=32, layers=2, batch=16, steps=150, lr=3e-3, chars=300_000,
-                   mixed=None, target=2.6, tolerance=0.03)
+        cfg = dict(
+            d=48,
+            heads=2,
+            seq=32,
+            layers=2,
+            batch=16,
+            steps=150,
+            lr=3e-3,
+            chars=300_000,
+            mixed=None,
+            target=2.6,
+            tolerance=0.03,
+        )
     if args.steps is not None:
         cfg["steps"] = args.steps
         cfg["target"] = cfg["target"] if args.steps >= 150 else 3.3
@@ -123,9 +156,11 @@ def main() -> int:
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.int64)
     split = int(0.95 * len(data))
-    print(f"{len(text)} characters of the standard library, vocabulary {len(chars)}; device {device}, "
-          f"{cfg['layers']} layers d={cfg['d']} seq {cfg['seq']} batch {cfg['batch']}, "
-          f"mixed precision {cfg['mixed']}, attention {args.attention}")
+    print(
+        f"{len(text)} characters of the standard library, vocabulary {len(chars)}; device {device}, "
+        f"{cfg['layers']} layers d={cfg['d']} seq {cfg['seq']} batch {cfg['batch']}, "
+        f"mixed precision {cfg['mixed']}, attention {args.attention}"
+    )
 
     torch.manual_seed(0)
     model = CharGPT(len(chars), cfg["d"], cfg["heads"], cfg["seq"], cfg["layers"], args.attention).to(device)
@@ -134,16 +169,23 @@ def main() -> int:
 
     def batch(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(0, len(source) - cfg["seq"] - 1, (cfg["batch"],), generator=gen)
-        x = torch.stack([source[s:s + cfg["seq"]] for s in starts])
-        y = torch.stack([source[s + 1:s + 1 + cfg["seq"]] for s in starts])
+        x = torch.stack([source[s : s + cfg["seq"]] for s in starts])
+        y = torch.stack([source[s + 1 : s + 1 + cfg["seq"]] for s in starts])
         return x.to(device), y.to(device)
 
     t0 = time.perf_counter()
     imported = og.from_torch(model.train(), (batch(data)[0],))
-    step = og.training.train_step(imported, "cross_entropy", og.training.AdamW(cfg["lr"], weight_decay=0.1),
-                                  mixed_precision=cfg["mixed"], grad_clip_norm=1.0)
-    print(f"imported and built the step graph in {time.perf_counter() - t0:.1f} s: "
-          f"{len(step.graph.final.nodes)} ops; {imported.report.summary().splitlines()[0]}")
+    step = og.training.train_step(
+        imported,
+        "cross_entropy",
+        og.training.AdamW(cfg["lr"], weight_decay=0.1),
+        mixed_precision=cfg["mixed"],
+        grad_clip_norm=1.0,
+    )
+    print(
+        f"imported and built the step graph in {time.perf_counter() - t0:.1f} s: "
+        f"{len(step.graph.final.nodes)} ops; {imported.report.summary().splitlines()[0]}"
+    )
     topt = torch.optim.AdamW(twin.parameters(), lr=cfg["lr"], weight_decay=0.1)
 
     def lr_at(i: int) -> float:
@@ -190,15 +232,21 @@ def main() -> int:
         model.eval()
         x, y = batch(data[split:])
         val = float(F.cross_entropy(imported.run(x).float().reshape(-1, len(chars)), y.reshape(-1)))
-    print(f"mean loss over the last {tail} steps: opgraph {final:.4f}, PyTorch {final_ref:.4f}; "
-          f"held-out loss (opgraph forward) {val:.4f}; target <= {cfg['target']}")
-    print(f"time per step: opgraph {1e3 * t_og / cfg['steps']:.1f} ms, PyTorch {1e3 * t_torch / cfg['steps']:.1f} ms "
-          f"(opgraph on {step.plan.device}, {len(step.plan.steps)} kernels per step"
-          f"{', replayed from a CUDA graph' if replay is not None else ''})")
+    print(
+        f"mean loss over the last {tail} steps: opgraph {final:.4f}, PyTorch {final_ref:.4f}; "
+        f"held-out loss (opgraph forward) {val:.4f}; target <= {cfg['target']}"
+    )
+    print(
+        f"time per step: opgraph {1e3 * t_og / cfg['steps']:.1f} ms, PyTorch {1e3 * t_torch / cfg['steps']:.1f} ms "
+        f"(opgraph on {step.plan.device}, {len(step.plan.steps)} kernels per step"
+        f"{', replayed from a CUDA graph' if replay is not None else ''})"
+    )
     ok = final <= cfg["target"] and abs(final - final_ref) <= cfg["tolerance"] * final_ref
     if not ok:
-        print(f"MISMATCH: final loss {final:.4f} (target {cfg['target']}), PyTorch {final_ref:.4f} "
-              f"(tolerance {cfg['tolerance']:.0%})")
+        print(
+            f"MISMATCH: final loss {final:.4f} (target {cfg['target']}), PyTorch {final_ref:.4f} "
+            f"(tolerance {cfg['tolerance']:.0%})"
+        )
         return 1
     sample = "".join(chars[int(i)] for i in x[0, :60].tolist())
     print(f"a held-out window: {sample!r}")

@@ -48,9 +48,15 @@ from .runtime.plan import ExecutionPlan, StepTime, load_plan
 
 # Loaded on first use: gradients, the PyTorch importer, training graphs and test helpers are not
 # needed to build and run a graph, and importing them costs most of `import opgraph`.
-_LAZY = {"grad": ".autodiff", "GradGraph": ".autodiff", "from_torch": ".frontends", "testing": ".testing",
-         "training": ".training", "torch_backend": ".frontends.dynamo_backend",
-         "compile": ".frontends.autograd_module"}
+_LAZY = {
+    "grad": ".autodiff",
+    "GradGraph": ".autodiff",
+    "from_torch": ".frontends",
+    "testing": ".testing",
+    "training": ".training",
+    "torch_backend": ".frontends.dynamo_backend",
+    "compile": ".frontends.autograd_module",
+}
 
 if TYPE_CHECKING:
     from . import testing, training
@@ -78,11 +84,51 @@ def __dir__() -> list[str]:
 _configure_logging()
 
 __all__ = [
-    "AttributeValueError", "BehaviorNote", "BuildOptionError", "BuildOptions", "Const", "ConvolutionMode", "DataType", "DataTypeError",
-    "DataflowError", "Device", "DiagonalAlignment", "Dim", "DistributedError", "DuplicateUIDError", "EngineConfig", "ExecutionError",
+    "AttributeValueError",
+    "BehaviorNote",
+    "BuildOptionError",
+    "BuildOptions",
+    "Const",
+    "ConvolutionMode",
+    "DataType",
+    "DataTypeError",
+    "DataflowError",
+    "Device",
+    "DiagonalAlignment",
+    "Dim",
+    "DistributedError",
+    "DuplicateUIDError",
+    "EngineConfig",
+    "ExecutionError",
     "ExecutionPlan",
-    "FinalGraph", "GradGraph", "Graph", "GraphError", "HeurMode", "Node", "NormForwardPhase", "NumericalNote",
-    "PieceConfigs", "PointwiseMode", "ReductionMode", "RegistrationError", "ResampleMode", "SerializationError", "ShapeError", "StateDictError", "StepTime",
-    "Tensor", "TensorDesc", "UnsupportedGraphError", "VariantPackError", "__version__", "compile", "from_torch",
-    "grad", "load_plan", "register_custom_op", "testing", "torch_backend", "training",
+    "FinalGraph",
+    "GradGraph",
+    "Graph",
+    "GraphError",
+    "HeurMode",
+    "Node",
+    "NormForwardPhase",
+    "NumericalNote",
+    "PieceConfigs",
+    "PointwiseMode",
+    "ReductionMode",
+    "RegistrationError",
+    "ResampleMode",
+    "SerializationError",
+    "ShapeError",
+    "StateDictError",
+    "StepTime",
+    "Tensor",
+    "TensorDesc",
+    "UnsupportedGraphError",
+    "VariantPackError",
+    "__version__",
+    "compile",
+    "from_torch",
+    "grad",
+    "load_plan",
+    "register_custom_op",
+    "testing",
+    "torch_backend",
+    "training",
 ]

@@ -56,7 +56,7 @@ def _fan_in_operands(graph: FinalGraph) -> dict[int, float]:
 
     def mark(uid: object, fan_in: int) -> None:
         if isinstance(uid, int) and uid in inputs and fan_in > 0:
-            scales[uid] = min(scales.get(uid, 1.0), fan_in ** -0.5)
+            scales[uid] = min(scales.get(uid, 1.0), fan_in**-0.5)
 
     for n in graph.nodes:
         if n.kind == "matmul":
@@ -117,13 +117,22 @@ class Mismatch:
     unwritten: int  # elements still holding the poison
 
     def __str__(self) -> str:
-        text = (f"{self.tensor.label()}: max |err| {self.max_abs_err:.3g} at {list(self.worst_index)} "
-                f"(got {self.got!r}, want {self.want!r})")
+        text = (
+            f"{self.tensor.label()}: max |err| {self.max_abs_err:.3g} at {list(self.worst_index)} "
+            f"(got {self.got!r}, want {self.want!r})"
+        )
         return text + (f"; {self.unwritten} element(s) never written" if self.unwritten else "")
 
 
-def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, *, rtol: float | None = None,
-            atol: float | None = None, relative_to_scale: bool = False) -> Mismatch | None:
+def compare(
+    desc: TensorDesc,
+    got: np.ndarray,
+    want: np.ndarray,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    relative_to_scale: bool = False,
+) -> Mismatch | None:
     """None when `got` matches `want` within the type's tolerance (NaN where the reference has NaN).
     Per element: |got - want| <= atol + rtol * |want|. `relative_to_scale` also lets every element
     be off by rtol times the output's largest magnitude: what rounding in a long sum allows (an
@@ -148,8 +157,15 @@ def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, *, rtol: float 
     return Mismatch(desc, tuple(int(i) for i in idx), float(g[idx]), float(w[idx]), float(err.max()), unwritten)
 
 
-def check_plan(plan: Any, rng: np.random.Generator, *, prepare: Any = None, rtol: float | None = None,
-               atol: float | None = None, **kw: Any) -> list[Mismatch]:
+def check_plan(
+    plan: Any,
+    rng: np.random.Generator,
+    *,
+    prepare: Any = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    **kw: Any,
+) -> list[Mismatch]:
     """Run `plan` on random inputs (poisoned outputs) and compare every output with the reference
     engine. `prepare(pack)` may adjust the NumPy inputs first (e.g. positive variances). On CUDA
     the pack is copied to the device with the same strides. Returns the mismatches (empty = pass)."""
@@ -167,5 +183,6 @@ def check_plan(plan: Any, rng: np.random.Generator, *, prepare: Any = None, rtol
     else:
         plan.execute(pack)
         got = {u: pack[u] for u in graph.outputs}
-    return [m for u in graph.outputs
-            if (m := compare(graph.tensors[u], got[u], want[u], rtol=rtol, atol=atol)) is not None]
+    return [
+        m for u in graph.outputs if (m := compare(graph.tensors[u], got[u], want[u], rtol=rtol, atol=atol)) is not None
+    ]

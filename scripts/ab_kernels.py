@@ -57,8 +57,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_SUITE = ("conv-fp16", "conv-more-fp16", "conv-bwd-fp16", "matmul", "memory", "attention-fwd",
-                 "attention-bwd")
+DEFAULT_SUITE = ("conv-fp16", "conv-more-fp16", "conv-bwd-fp16", "matmul", "memory", "attention-fwd", "attention-bwd")
 DEFAULT_VARIANTS = ("opgraph", "generated")
 NOISE_FLOOR = 0.01  # relative: below this a difference is noise however tight the repeats
 DISPATCH_MARGIN_S = 20.0  # no setup starts this long before the setup phase's end
@@ -80,8 +79,13 @@ def compare(old: Sequence[float], new: Sequence[float], floor: float = NOISE_FLO
     """old µs, new µs (medians), new/old, noise (the larger spread of the two, at least `floor`) and the
     verdict: "SLOWER" beyond noise, "faster" beyond noise, "same", or "-" when a side has no sample."""
     if not old or not new:
-        return {"old_us": statistics.median(old) if old else None, "new_us": statistics.median(new) if new else None,
-                "ratio": None, "noise": None, "verdict": "-"}
+        return {
+            "old_us": statistics.median(old) if old else None,
+            "new_us": statistics.median(new) if new else None,
+            "ratio": None,
+            "noise": None,
+            "verdict": "-",
+        }
     o, n = statistics.median(old), statistics.median(new)
     noise = max([floor] + [s for s in (spread(old), spread(new)) if s is not None])
     ratio = n / o if o > 0 else math.inf
@@ -113,18 +117,36 @@ def _timed(side: dict[str, Any] | None) -> bool:
     return bool(side) and side.get("status") == "ok"
 
 
-def make_row(wid: str, title: str, variant: str, old: dict[str, Any] | None, new: dict[str, Any] | None,
-             old_samples: Sequence[float], new_samples: Sequence[float], floor: float = NOISE_FLOOR) -> dict[str, Any]:
+def make_row(
+    wid: str,
+    title: str,
+    variant: str,
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+    old_samples: Sequence[float],
+    new_samples: Sequence[float],
+    floor: float = NOISE_FLOOR,
+) -> dict[str, Any]:
     """One row of the tables: the comparison, whether configs and kernels are the same, and whether it is
     a regression to look at (with why)."""
-    row: dict[str, Any] = {"id": wid, "title": title, "variant": variant, "old": old, "new": new,
-                           "old_samples": list(old_samples), "new_samples": list(new_samples)}
+    row: dict[str, Any] = {
+        "id": wid,
+        "title": title,
+        "variant": variant,
+        "old": old,
+        "new": new,
+        "old_samples": list(old_samples),
+        "new_samples": list(new_samples),
+    }
     row.update(compare(old_samples, new_samples, floor))
     row["configs"], row["kernels"] = same_steps((old or {}).get("steps"), (new or {}).get("steps"))
     why = []
     if row["verdict"] == "SLOWER" and "differ" in (row["configs"], row["kernels"]):
-        why.append(f"slower beyond noise ({row['ratio']:.3f} > 1 + {row['noise']:.3f}) and its "
-                   + " and ".join(k for k in ("configs", "kernels") if row[k] == "differ") + " differ")
+        why.append(
+            f"slower beyond noise ({row['ratio']:.3f} > 1 + {row['noise']:.3f}) and its "
+            + " and ".join(k for k in ("configs", "kernels") if row[k] == "differ")
+            + " differ"
+        )
     if _passed(old) and _passed(new) is False:
         why.append("new fails its check where old passes: " + str((new or {}).get("check", {}).get("reason", "")))
     if _timed(old) and not _timed(new):
@@ -141,13 +163,20 @@ def totals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     for name, sel in [(v, [r for r in rows if r["variant"] == v]) for v in variants] + [("all", list(rows))]:
         both = [r for r in sel if r["ratio"] is not None and math.isfinite(r["ratio"])]
-        out.append({"variant": name, "rows": len(sel), "timed": len(both),
-                    "old_us": sum(r["old_us"] for r in both), "new_us": sum(r["new_us"] for r in both),
-                    "geomean": math.exp(statistics.fmean(math.log(r["ratio"]) for r in both)) if both else None,
-                    **{v: sum(r["verdict"] == v for r in sel) for v in ("same", "faster", "SLOWER")},
-                    "configs_differ": sum(r["configs"] == "differ" for r in sel),
-                    "kernels_differ": sum(r["kernels"] == "differ" for r in sel),
-                    "regressions": sum(bool(r["regression"]) for r in sel)})
+        out.append(
+            {
+                "variant": name,
+                "rows": len(sel),
+                "timed": len(both),
+                "old_us": sum(r["old_us"] for r in both),
+                "new_us": sum(r["new_us"] for r in both),
+                "geomean": math.exp(statistics.fmean(math.log(r["ratio"]) for r in both)) if both else None,
+                **{v: sum(r["verdict"] == v for r in sel) for v in ("same", "faster", "SLOWER")},
+                "configs_differ": sum(r["configs"] == "differ" for r in sel),
+                "kernels_differ": sum(r["kernels"] == "differ" for r in sel),
+                "regressions": sum(bool(r["regression"]) for r in sel),
+            }
+        )
     return out
 
 
@@ -193,8 +222,10 @@ def step_differences(row: dict[str, Any]) -> list[str]:
         if _configs([a]) != _configs([b]):
             out.append(f"step {i} ({a.get('ops', '')}): {_step_text(a)} → {_step_text(b)}")
         elif a.get("kernel", "") != b.get("kernel", ""):
-            out.append(f"step {i} ({a.get('ops', '')}): same config {_step_text(a)}, kernel {a.get('kernel') or '-'} "
-                       f"→ {b.get('kernel') or '-'}")
+            out.append(
+                f"step {i} ({a.get('ops', '')}): same config {_step_text(a)}, kernel {a.get('kernel') or '-'} "
+                f"→ {b.get('kernel') or '-'}"
+            )
     return out
 
 
@@ -203,52 +234,78 @@ def render(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     old, new = meta.get("old", {}), meta.get("new", {})
     env = new.get("env") or old.get("env") or {}
     lines = [f"# opgraph A/B: {old.get('label', 'old')} → {new.get('label', 'new')}", ""]
-    lines.append(f"{env.get('date', '?')}, {env.get('device', '?')} (driver {env.get('driver', '?')}); "
-                 f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores; torch {env.get('torch', '?')}, "
-                 f"Triton {env.get('triton', '?')}, cuDNN {env.get('cudnn', '?')}, cuDNN frontend "
-                 f"{env.get('cudnn_frontend') or 'absent (no cudnn engine: carry .whl)'}.")
+    lines.append(
+        f"{env.get('date', '?')}, {env.get('device', '?')} (driver {env.get('driver', '?')}); "
+        f"{env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores; torch {env.get('torch', '?')}, "
+        f"Triton {env.get('triton', '?')}, cuDNN {env.get('cudnn', '?')}, cuDNN frontend "
+        f"{env.get('cudnn_frontend') or 'absent (no cudnn engine: carry .whl)'}."
+    )
     lines.append(f"Command: `{meta.get('command', '')}`")
-    lines.append(f"Old: {old.get('label', '?')} ({old.get('root', '?')}); new: {new.get('label', '?')} "
-                 f"({new.get('root', '?')}). Suite: {' '.join(meta.get('suite', []))}; variants: "
-                 f"{', '.join(meta.get('variants', []))} (heuristic builds; no peers).")
-    how = ("CPU wall clock of back-to-back calls (dry run), a sample = the median of "
-           f"{meta.get('rounds')} rounds" if meta.get("dry_run") else "CUDA-graph device time "
-           "(bench.measure.capture: K calls in one graph, each replay behind a spin kernel), a sample = the median "
-           f"of {meta.get('rounds')} replays / K")
-    lines.append(f"Timing: {how}; versions interleaved old,new,new,old per row (the next pass new,old,old,new), "
-                 f"{meta.get('passes')} passes. Noise = the larger "
-                 f"(max-min)/median of the two versions' samples, at least {meta.get('noise_floor', 0):.1%}. "
-                 "Check: bench's rule without peers: each output's type's fallback tolerance "
-                 f"({meta.get('fallback', '')}); the cell is ✓/✗ and the worst error / tolerance.")
-    lines.append(f"Caches (both versions): OPGRAPH_CACHE_DIR={meta.get('cache', {}).get('opgraph')}, "
-                 f"TRITON_CACHE_DIR={meta.get('cache', {}).get('triton')}. {meta.get('workers')} worker(s) per "
-                 f"version. Wall: setup {meta.get('setup_s', 0):.0f} s, timing {meta.get('timing_s', 0):.0f} s, "
-                 f"total {meta.get('wall_s', 0):.0f} s of a {meta.get('budget', 0):.0f}-s budget"
-                 + (f"; {meta['cut']}" if meta.get("cut") else "") + ".")
+    lines.append(
+        f"Old: {old.get('label', '?')} ({old.get('root', '?')}); new: {new.get('label', '?')} "
+        f"({new.get('root', '?')}). Suite: {' '.join(meta.get('suite', []))}; variants: "
+        f"{', '.join(meta.get('variants', []))} (heuristic builds; no peers)."
+    )
+    how = (
+        f"CPU wall clock of back-to-back calls (dry run), a sample = the median of {meta.get('rounds')} rounds"
+        if meta.get("dry_run")
+        else "CUDA-graph device time "
+        "(bench.measure.capture: K calls in one graph, each replay behind a spin kernel), a sample = the median "
+        f"of {meta.get('rounds')} replays / K"
+    )
+    lines.append(
+        f"Timing: {how}; versions interleaved old,new,new,old per row (the next pass new,old,old,new), "
+        f"{meta.get('passes')} passes. Noise = the larger "
+        f"(max-min)/median of the two versions' samples, at least {meta.get('noise_floor', 0):.1%}. "
+        "Check: bench's rule without peers: each output's type's fallback tolerance "
+        f"({meta.get('fallback', '')}); the cell is ✓/✗ and the worst error / tolerance."
+    )
+    lines.append(
+        f"Caches (both versions): OPGRAPH_CACHE_DIR={meta.get('cache', {}).get('opgraph')}, "
+        f"TRITON_CACHE_DIR={meta.get('cache', {}).get('triton')}. {meta.get('workers')} worker(s) per "
+        f"version. Wall: setup {meta.get('setup_s', 0):.0f} s, timing {meta.get('timing_s', 0):.0f} s, "
+        f"total {meta.get('wall_s', 0):.0f} s of a {meta.get('budget', 0):.0f}-s budget"
+        + (f"; {meta['cut']}" if meta.get("cut") else "")
+        + "."
+    )
     if meta.get("dry_run"):
         lines.append("**Dry run** (CPU, tiny shapes, interpreter): times are wall clock and meaningless.")
-    lines += ["", "## Totals", "", "| variant | rows | timed in both | Σ old µs | Σ new µs | Σ new / Σ old | geomean "
-              "new/old | same | faster | SLOWER | configs differ | kernels differ | regressions |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Totals",
+        "",
+        "| variant | rows | timed in both | Σ old µs | Σ new µs | Σ new / Σ old | geomean "
+        "new/old | same | faster | SLOWER | configs differ | kernels differ | regressions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for t in totals(rows):
         ratio = f"{t['new_us'] / t['old_us']:.3f}" if t["old_us"] else "-"
         geo = f"{t['geomean']:.3f}" if t["geomean"] is not None else "-"
-        lines.append(f"| {t['variant']} | {t['rows']} | {t['timed']} | {_us(t['old_us'])} | {_us(t['new_us'])} | "
-                     f"{ratio} | {geo} | {t['same']} | {t['faster']} | {t['SLOWER']} | {t['configs_differ']} | "
-                     f"{t['kernels_differ']} | {t['regressions']} |")
+        lines.append(
+            f"| {t['variant']} | {t['rows']} | {t['timed']} | {_us(t['old_us'])} | {_us(t['new_us'])} | "
+            f"{ratio} | {geo} | {t['same']} | {t['faster']} | {t['SLOWER']} | {t['configs_differ']} | "
+            f"{t['kernels_differ']} | {t['regressions']} |"
+        )
     regress = [r for r in rows if r["regression"]]
-    lines += ["", f"**Regressions to look at** (exit status {exit_status(rows)}): "
-              + ("none." if not regress else "")]
+    lines += ["", f"**Regressions to look at** (exit status {exit_status(rows)}): " + ("none." if not regress else "")]
     lines += [f"- {r['id']} [{r['variant']}]: {r['why']}" for r in regress]
-    lines += ["", "## Rows", "", "| workload | variant | old µs | new µs | new/old | noise ± | verdict | configs | "
-              "kernels | engines (old → new) | check old | check new |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Rows",
+        "",
+        "| workload | variant | old µs | new µs | new/old | noise ± | verdict | configs | "
+        "kernels | engines (old → new) | check old | check new |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
         noise = f"{r['noise']:.1%}" if r["noise"] is not None else "-"
         verdict = f"**{r['verdict']}**" if r["verdict"] == "SLOWER" else r["verdict"]
-        lines.append(f"| {r['id']} | {r['variant']} | {_us(r['old_us'])} | {_us(r['new_us'])} | {ratio} | {noise} | "
-                     f"{verdict} | {r['configs']} | {r['kernels']} | {_engines(r)} | {_check_cell(r['old'])} | "
-                     f"{_check_cell(r['new'])} |")
+        lines.append(
+            f"| {r['id']} | {r['variant']} | {_us(r['old_us'])} | {_us(r['new_us'])} | {ratio} | {noise} | "
+            f"{verdict} | {r['configs']} | {r['kernels']} | {_engines(r)} | {_check_cell(r['old'])} | "
+            f"{_check_cell(r['new'])} |"
+        )
     diffs = [(r, step_differences(r)) for r in rows if "differ" in (r["configs"], r["kernels"])]
     if diffs:
         lines += ["", "## Steps that differ (old → new)", ""]
@@ -262,8 +319,10 @@ def render(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
             for name in ("old", "new"):
                 side = r[name] or {}
                 if not _timed(side) or not r[f"{name}_samples"]:
-                    parts.append(f"{name}: {side.get('status', 'not set up')} {side.get('error', '')}".strip()
-                                 + ("" if not _timed(side) else " (no sample: time ran out)"))
+                    parts.append(
+                        f"{name}: {side.get('status', 'not set up')} {side.get('error', '')}".strip()
+                        + ("" if not _timed(side) else " (no sample: time ran out)")
+                    )
             lines.append(f"- {r['id']} [{r['variant']}]: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
 
@@ -311,8 +370,12 @@ def kernel_digest(kernel: Any) -> str:
 def step_info(step: Any) -> dict[str, Any]:
     nodes = list(step.piece.nodes)
     ops = "+".join(str(getattr(n, "kind", "?")) for n in nodes[:6]) + ("+…" if len(nodes) > 6 else "")
-    return {"engine": step.config.engine, "knobs": [[str(k), _jsonable(v)] for k, v in step.config.knobs],
-            "ops": ops, "kernel": kernel_digest(step.kernel)}
+    return {
+        "engine": step.config.engine,
+        "knobs": [[str(k), _jsonable(v)] for k, v in step.config.knobs],
+        "ops": ops,
+        "kernel": kernel_digest(step.kernel),
+    }
 
 
 @dataclasses.dataclass
@@ -353,9 +416,16 @@ class Worker:
         unknown = [v for v in args.variants if v not in known]
         if unknown:
             raise SystemExit(f"ab_kernels: unknown variant(s) {unknown}; bench.ours.VARIANTS has {sorted(known)}")
-        opts = dict(device="cuda" if self.cuda else "cpu", scale="tiny" if args.dry_run else "full",
-                    tune=any("tuned" in v for v in args.variants), tune_networks=False, compile=False,
-                    compile_cudagraphs=False, features=frozenset({"cuda"} if self.cuda else ()), timing=True)
+        opts = dict(
+            device="cuda" if self.cuda else "cpu",
+            scale="tiny" if args.dry_run else "full",
+            tune=any("tuned" in v for v in args.variants),
+            tune_networks=False,
+            compile=False,
+            compile_cudagraphs=False,
+            features=frozenset({"cuda"} if self.cuda else ()),
+            timing=True,
+        )
         names = {f.name for f in dataclasses.fields(Ctx)}
         self.ctx = Ctx(**{k: v for k, v in opts.items() if k in names})
         workloads.load()
@@ -378,10 +448,17 @@ class Worker:
             meta = env.meta(self.ctx.device, dry_run=self.args.dry_run)
         except Exception as e:  # noqa: BLE001 - a header field, not the run
             meta = {"error": f"{type(e).__name__}: {e}"}
-        return {"hello": True, "pid": os.getpid(), "env": _jsonable_dict(meta), "root": self.root,
-                "opgraph": self.opgraph_file, "bench": self.bench_file,
-                "workloads": [[s.id, s.group, s.title] for s in self.specs.values()], "unknown": self.unknown,
-                "fallback": _jsonable_dict(getattr(self.tolerance, "FALLBACK", {}))}
+        return {
+            "hello": True,
+            "pid": os.getpid(),
+            "env": _jsonable_dict(meta),
+            "root": self.root,
+            "opgraph": self.opgraph_file,
+            "bench": self.bench_file,
+            "workloads": [[s.id, s.group, s.title] for s in self.specs.values()],
+            "unknown": self.unknown,
+            "fallback": _jsonable_dict(getattr(self.tolerance, "FALLBACK", {})),
+        }
 
     # -- setup: build, check, capture --------------------------------------------------------------------
     def setup(self, wid: str) -> dict[str, Any]:
@@ -408,8 +485,12 @@ class Worker:
             tols = self.tolerance.tolerances(errors, frozenset(), dtypes, absolute)
             for v, errs in errors.items():
                 verdict = self.tolerance.judge(errs, tols)
-                sides[v]["check"] = {"passed": verdict.passed, "worst_output": verdict.worst_output,
-                                     "worst_ratio": verdict.worst_ratio, "reason": verdict.reason}
+                sides[v]["check"] = {
+                    "passed": verdict.passed,
+                    "worst_output": verdict.worst_output,
+                    "worst_ratio": verdict.worst_ratio,
+                    "reason": verdict.reason,
+                }
                 sides[v]["tolerances"] = {k: {"value": t.value, "basis": t.basis} for k, t in tols.items()}
             del case, refs
         except Exception as e:  # noqa: BLE001 - a broken workload is a row
@@ -420,8 +501,13 @@ class Worker:
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-        return {"id": wid, "group": spec.group, "title": spec.title, "sides": _jsonable_dict(sides),
-                "elapsed_s": time.perf_counter() - t0}
+        return {
+            "id": wid,
+            "group": spec.group,
+            "title": spec.title,
+            "sides": _jsonable_dict(sides),
+            "elapsed_s": time.perf_counter() - t0,
+        }
 
     def _setup_impl(self, wid: str, variant: str, case: Any, impl: Any, refs: list[Any]) -> dict[str, Any]:
         check, measure, torch = self.check, self.measure, self.torch
@@ -449,10 +535,10 @@ class Worker:
                         raise RuntimeError("the runner says it cannot be captured")
                     held.k = max(1, min(measure.MAX_K, int(measure.GRAPH_TARGET_US / est)))
                     held.graph = measure.capture(runner.call, held.k, warmup=1)
-                    graph_errors = check.check_graph(runner, held.graph.ret, held.graph.graph.replay, refs,
-                                                     case.outputs)
-                    side["errors"] = {k: _worse(errors.get(k), graph_errors.get(k)) for k in
-                                      {*errors, *graph_errors}}
+                    graph_errors = check.check_graph(
+                        runner, held.graph.ret, held.graph.graph.replay, refs, case.outputs
+                    )
+                    side["errors"] = {k: _worse(errors.get(k), graph_errors.get(k)) for k in {*errors, *graph_errors}}
                     if not self.tolerance.sane(graph_errors, case.sane_limit):
                         side.update(status="not timed", error="outputs wrong on CUDA-graph replay")
                         return side
@@ -549,13 +635,22 @@ def worker_main(args: argparse.Namespace) -> int:
 class Proc:
     """One worker process and the thread that reads its answers into the parent's queue."""
 
-    def __init__(self, version: str, index: int, argv: list[str], env: dict[str, str], cwd: str, log: str,
-                 answers: queue.Queue) -> None:
+    def __init__(
+        self, version: str, index: int, argv: list[str], env: dict[str, str], cwd: str, log: str, answers: queue.Queue
+    ) -> None:
         self.version, self.index, self.log = version, index, log
         self.name = f"{version}-{index}"
         self.log_file = open(log, "w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
-                                     env=env, cwd=cwd, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log_file,
+            env=env,
+            cwd=cwd,
+            text=True,
+            bufsize=1,
+        )
         self.alive = True
         self.busy: str | None = None
         self.holds: set[str] = set()
@@ -612,13 +707,24 @@ def label_of(root: str, given: str | None, fallback_env: bool) -> str:
     if given:
         return given
     try:
-        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                             timeout=10, check=False).stdout.strip()
+        top = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
         if top and os.path.realpath(top) == os.path.realpath(root):
-            sha = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, timeout=10, check=False).stdout.strip()
-            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+            sha = subprocess.run(
+                ["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
             if sha:
                 return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -662,17 +768,31 @@ class Run:
         except (AttributeError, OSError):
             cores = os.cpu_count() or 1
         base.setdefault("OPGRAPH_COMPILE_WORKERS", str(max(1, cores // a.workers)))
-        self.cache = {"opgraph": base.get("OPGRAPH_CACHE_DIR", "(opgraph's default: ~/.cache/opgraph)"),
-                      "triton": base.get("TRITON_CACHE_DIR", "(Triton's default: ~/.triton/cache)")}
+        self.cache = {
+            "opgraph": base.get("OPGRAPH_CACHE_DIR", "(opgraph's default: ~/.cache/opgraph)"),
+            "triton": base.get("TRITON_CACHE_DIR", "(Triton's default: ~/.triton/cache)"),
+        }
         for version in ("old", "new"):
             env = dict(base)
             env["PYTHONPATH"] = roots[version] + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
             env["OPGRAPH_COMMIT"] = labels[version]
-            argv = [sys.executable, os.path.abspath(__file__), "--worker", "--root", roots[version],
-                    "--suite", *a.suite, "--variants", *a.variants] + (["--dry-run"] if a.dry_run else [])
+            argv = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "--root",
+                roots[version],
+                "--suite",
+                *a.suite,
+                "--variants",
+                *a.variants,
+            ] + (["--dry-run"] if a.dry_run else [])
             for i in range(a.workers):
-                self.procs.append(Proc(version, i, argv, env, roots[version],
-                                       os.path.join(logdir, f"{version}-{i}.log"), self.answers))
+                self.procs.append(
+                    Proc(
+                        version, i, argv, env, roots[version], os.path.join(logdir, f"{version}-{i}.log"), self.answers
+                    )
+                )
 
     def wait_hellos(self) -> None:
         waiting = {p for p in self.procs}
@@ -714,8 +834,10 @@ class Run:
             left = setup_end - self.elapsed()
             if left <= 0:
                 for p in busy:
-                    self.log(f"worker {p.name} still setting up {p.busy} at the setup deadline: killed "
-                             f"({len(p.holds)} workload(s) it held lost)")
+                    self.log(
+                        f"worker {p.name} still setting up {p.busy} at the setup deadline: killed "
+                        f"({len(p.holds)} workload(s) it held lost)"
+                    )
                     self._lost(p, f"worker killed at the setup deadline while setting up {p.busy}")
                     p.stop(kill=True)
                 break
@@ -726,8 +848,15 @@ class Run:
             self._answer_setup(proc, msg)
         for v in ("old", "new"):
             for wid in pending[v]:
-                self.results[v].setdefault(wid, {"id": wid, "sides": {
-                    x: {"status": "not set up", "error": "budget: setup phase over"} for x in self.args.variants}})
+                self.results[v].setdefault(
+                    wid,
+                    {
+                        "id": wid,
+                        "sides": {
+                            x: {"status": "not set up", "error": "budget: setup phase over"} for x in self.args.variants
+                        },
+                    },
+                )
 
     def _answer_setup(self, proc: Proc, msg: dict[str, Any] | None) -> None:
         wid = proc.busy
@@ -741,19 +870,26 @@ class Run:
             return
         proc.busy = None
         if "sides" not in msg:
-            msg = {"id": wid, "sides": {x: {"status": "error", "error": msg.get("error", "?")}
-                                        for x in self.args.variants}}
+            msg = {
+                "id": wid,
+                "sides": {x: {"status": "error", "error": msg.get("error", "?")} for x in self.args.variants},
+            }
         msg["worker"] = proc.name
         self.results[proc.version][wid] = msg
         proc.holds.add(wid)
-        parts = [f"{v} {s.get('status')} [{s.get('engines', '')}] {s.get('setup_s', 0):.1f} s" + (
-            f" ({s.get('error')})" if s.get("error") else "") for v, s in msg["sides"].items()]
+        parts = [
+            f"{v} {s.get('status')} [{s.get('engines', '')}] {s.get('setup_s', 0):.1f} s"
+            + (f" ({s.get('error')})" if s.get("error") else "")
+            for v, s in msg["sides"].items()
+        ]
         self.log(f"{proc.version} {wid}: {msg.get('elapsed_s', 0):.1f} s: " + "; ".join(parts))
 
     def _lost(self, proc: Proc, why: str) -> None:
         for wid in sorted(proc.holds | ({proc.busy} if proc.busy else set())):
-            self.results[proc.version][wid] = {"id": wid, "sides": {
-                x: {"status": "lost", "error": why} for x in self.args.variants}}
+            self.results[proc.version][wid] = {
+                "id": wid,
+                "sides": {x: {"status": "lost", "error": why} for x in self.args.variants},
+            }
         proc.holds, proc.busy = set(), None
 
     # -- timing --------------------------------------------------------------------------------------------
@@ -762,8 +898,9 @@ class Run:
 
     def sample(self, version: str, wid: str, variant: str, k: int | None) -> None:
         proc = self.holder(version, wid)
-        if proc is None or not proc.send({"cmd": "time", "id": wid, "variant": variant, "rounds": self.args.rounds,
-                                          "k": k}):
+        if proc is None or not proc.send(
+            {"cmd": "time", "id": wid, "variant": variant, "rounds": self.args.rounds, "k": k}
+        ):
             return
         while True:
             try:
@@ -802,9 +939,12 @@ class Run:
     def row_k(self, wid: str, variant: str) -> int | None:
         """Calls per graph for both versions' samples of a row: the smaller of their choices (bench's rule, a
         replay of ~2 ms, applied to each version's estimate); None where a side has no graph."""
-        ks = [int(side["k"]) for v in ("old", "new")
-              if (side := self.results[v].get(wid, {}).get("sides", {}).get(variant, {})).get("status") == "ok"
-              and str(side.get("how", "")).startswith("CUDA graph")]
+        ks = [
+            int(side["k"])
+            for v in ("old", "new")
+            if (side := self.results[v].get(wid, {}).get("sides", {}).get(variant, {})).get("status") == "ok"
+            and str(side.get("how", "")).startswith("CUDA graph")
+        ]
         return min(ks) if ks else None
 
     def time_all(self, rows: list[tuple[str, str]], end: float) -> str:
@@ -840,25 +980,42 @@ def next_setup(pending: Sequence[str], started_other: set[str], done_other: set[
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts/ab_kernels.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts/ab_kernels.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--old", help="the old version's package root (holding opgraph/ and bench/)")
     ap.add_argument("--new", help="the new version's package root")
-    ap.add_argument("--suite", nargs="+", default=list(DEFAULT_SUITE), help="groups, workload ids or globs, as "
-                    "bench.run takes them (default: %(default)s)")
-    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), help="opgraph's builds (bench.ours."
-                    "VARIANTS names; default: %(default)s)")
+    ap.add_argument(
+        "--suite",
+        nargs="+",
+        default=list(DEFAULT_SUITE),
+        help="groups, workload ids or globs, as bench.run takes them (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(DEFAULT_VARIANTS),
+        help="opgraph's builds (bench.ours.VARIANTS names; default: %(default)s)",
+    )
     ap.add_argument("--budget", type=float, default=270.0, help="seconds for the whole command (default 270)")
     ap.add_argument("--out", default=None, help="folder for ab_kernels.json and .md (default $OUT, else .)")
     ap.add_argument("--dry-run", action="store_true", help="the CPU: tiny shapes, interpreter, wall-clock times")
-    ap.add_argument("--workers", type=int, default=None, help="worker processes per version (default: cores / 4, "
-                    "at most 4; 1 with --dry-run)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes per version (default: cores / 4, at most 4; 1 with --dry-run)",
+    )
     ap.add_argument("--passes", type=int, default=2, help="timing passes (each: old,new,new,old per row)")
     ap.add_argument("--rounds", type=int, default=5, help="graph replays per sample (its median)")
     ap.add_argument("--noise-floor", type=float, default=NOISE_FLOOR, help="the least noise (relative)")
     ap.add_argument("--timing-reserve", type=float, default=40.0, help="seconds kept for timing (default 40)")
-    ap.add_argument("--cache", default=None, help="set OPGRAPH_CACHE_DIR and TRITON_CACHE_DIR under this folder for "
-                    "both versions (default: the environment's, the same for both)")
+    ap.add_argument(
+        "--cache",
+        default=None,
+        help="set OPGRAPH_CACHE_DIR and TRITON_CACHE_DIR under this folder for "
+        "both versions (default: the environment's, the same for both)",
+    )
     ap.add_argument("--old-label", default=None)
     ap.add_argument("--new-label", default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -873,8 +1030,10 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
     roots = {"old": os.path.realpath(args.old), "new": os.path.realpath(args.new)}
     for v, root in roots.items():
         if not (os.path.isdir(os.path.join(root, "opgraph")) and os.path.isdir(os.path.join(root, "bench"))):
-            raise SystemExit(f"ab_kernels: --{v} {root} holds no opgraph/ and bench/ (a package root: the repository "
-                             "top, or a `git archive <commit> opgraph bench` export)")
+            raise SystemExit(
+                f"ab_kernels: --{v} {root} holds no opgraph/ and bench/ (a package root: the repository "
+                "top, or a `git archive <commit> opgraph bench` export)"
+            )
     args.workers = args.workers or default_workers(args.dry_run)
     out = args.out or os.environ.get("OUT") or "."
     logdir = os.path.join(out, "ab_kernels-logs")
@@ -883,8 +1042,10 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
     run = Run(args)
     budget = args.budget
     reserve = min(args.timing_reserve, budget / 3)
-    run.log(f"old {labels['old']} ({roots['old']}) vs new {labels['new']} ({roots['new']}); {args.workers} worker(s) "
-            f"per version; budget {budget:.0f} s (timing reserve {reserve:.0f} s)")
+    run.log(
+        f"old {labels['old']} ({roots['old']}) vs new {labels['new']} ({roots['new']}); {args.workers} worker(s) "
+        f"per version; budget {budget:.0f} s (timing reserve {reserve:.0f} s)"
+    )
     run.start(roots, labels, logdir)
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
@@ -900,39 +1061,76 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
         run.log(f"{len(order)} workload(s): {len(set(listed['old']) & set(listed['new']))} in both versions")
         typos = set(hellos["old"].get("unknown", [])) & set(hellos["new"].get("unknown", []))  # type: ignore[union-attr]
         if typos:
-            raise SystemExit(f"ab_kernels: no workload or group {sorted(typos)} in either version "
-                             "(`python -m bench.run --list` lists them)")
+            raise SystemExit(
+                f"ab_kernels: no workload or group {sorted(typos)} in either version "
+                "(`python -m bench.run --list` lists them)"
+            )
         for v in ("old", "new"):
             if hellos[v].get("unknown"):  # type: ignore[union-attr]
                 run.log(f"{v} knows no workload or group {hellos[v]['unknown']}")  # type: ignore[index]
         t_setup = run.elapsed()
         run.setup_all(ids, budget - reserve - DISPATCH_MARGIN_S, budget - reserve)
         setup_s = run.elapsed() - t_setup
-        timed_rows = [(w, v) for w in order for v in args.variants
-                      if any(run.results[x].get(w, {}).get("sides", {}).get(v, {}).get("status") == "ok"
-                             for x in ("old", "new"))]
+        timed_rows = [
+            (w, v)
+            for w in order
+            for v in args.variants
+            if any(run.results[x].get(w, {}).get("sides", {}).get(v, {}).get("status") == "ok" for x in ("old", "new"))
+        ]
         run.log(f"setup done in {setup_s:.0f} s; timing {len(timed_rows)} row(s)")
         t_time = run.elapsed()
         cut = run.time_all(timed_rows, budget - END_MARGIN_S)
         timing_s = run.elapsed() - t_time
         for wid in order:
             for variant in args.variants:
-                sides = {v: run.results[v].get(wid, {}).get("sides", {}).get(variant) if wid in listed[v] else
-                         {"status": "absent", "error": "no such workload in this version"} for v in ("old", "new")}
-                rows.append(make_row(wid, info[wid][1], variant, sides["old"], sides["new"],
-                                     run.samples.get(("old", wid, variant), []),
-                                     run.samples.get(("new", wid, variant), []), args.noise_floor))
+                sides = {
+                    v: run.results[v].get(wid, {}).get("sides", {}).get(variant)
+                    if wid in listed[v]
+                    else {"status": "absent", "error": "no such workload in this version"}
+                    for v in ("old", "new")
+                }
+                rows.append(
+                    make_row(
+                        wid,
+                        info[wid][1],
+                        variant,
+                        sides["old"],
+                        sides["new"],
+                        run.samples.get(("old", wid, variant), []),
+                        run.samples.get(("new", wid, variant), []),
+                        args.noise_floor,
+                    )
+                )
                 rows[-1]["k"] = run.k_used.get((wid, variant))
-        meta = {"schema": 1, "command": " ".join(["python", "scripts/ab_kernels.py", *argv]),
-                "suite": list(args.suite), "variants": list(args.variants), "budget": budget,
-                "dry_run": args.dry_run, "workers": args.workers, "passes": args.passes, "rounds": args.rounds,
-                "noise_floor": args.noise_floor, "cache": run.cache, "setup_s": setup_s, "timing_s": timing_s,
-                "wall_s": run.elapsed(), "cut": cut,
-                "fallback": ", ".join(f"{k} {v:g}" for k, v in (hellos["new"] or {}).get("fallback", {}).items()),
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                **{v: {"label": labels[v], "root": roots[v], "env": hellos[v].get("env", {}),  # type: ignore[union-attr]
-                       "opgraph": hellos[v].get("opgraph"), "bench": hellos[v].get("bench")}  # type: ignore[union-attr]
-                   for v in ("old", "new")}}
+        meta = {
+            "schema": 1,
+            "command": " ".join(["python", "scripts/ab_kernels.py", *argv]),
+            "suite": list(args.suite),
+            "variants": list(args.variants),
+            "budget": budget,
+            "dry_run": args.dry_run,
+            "workers": args.workers,
+            "passes": args.passes,
+            "rounds": args.rounds,
+            "noise_floor": args.noise_floor,
+            "cache": run.cache,
+            "setup_s": setup_s,
+            "timing_s": timing_s,
+            "wall_s": run.elapsed(),
+            "cut": cut,
+            "fallback": ", ".join(f"{k} {v:g}" for k, v in (hellos["new"] or {}).get("fallback", {}).items()),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **{
+                v: {
+                    "label": labels[v],
+                    "root": roots[v],
+                    "env": hellos[v].get("env", {}),  # type: ignore[union-attr]
+                    "opgraph": hellos[v].get("opgraph"),
+                    "bench": hellos[v].get("bench"),
+                }  # type: ignore[union-attr]
+                for v in ("old", "new")
+            },
+        }
         not_in = {v: sorted(set(order) - set(listed[v])) for v in ("old", "new")}
         if any(not_in.values()):
             meta["not_in"] = not_in

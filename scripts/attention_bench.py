@@ -86,6 +86,7 @@ class SoftCap:
 
         def mod(score, b, h, qi, kvi):
             return cap * torch.tanh(score / cap)
+
         return mod
 
 
@@ -114,14 +115,32 @@ class Alibi:
 
         def mod(score, b, h, qi, kvi):
             return score + slopes[h] * (kvi - qi)
+
         return mod
 
 
 # -- problems ---------------------------------------------------------------------------------------
 
 
-def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout="bhsd", dtype=torch.bfloat16,
-         window=None, pad=None, bias=None, mod=None, seed=0, grad=True):
+def make(
+    B,
+    Hq,
+    Sq,
+    D,
+    *,
+    Hk=None,
+    Skv=None,
+    Dv=None,
+    causal=Causal.NONE,
+    layout="bhsd",
+    dtype=torch.bfloat16,
+    window=None,
+    pad=None,
+    bias=None,
+    mod=None,
+    seed=0,
+    grad=True,
+):
     """Tensors and the forward/backward specs of one problem (inputs random, outputs NaN)."""
     Hk, Skv, Dv = Hk or Hq, Skv or Sq, Dv or D
     g = torch.Generator(device=DEV).manual_seed(seed)
@@ -134,7 +153,7 @@ def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout
     t = {"Q": rnd(B, Hq, Sq, D), "K": rnd(B, Hk, Skv, D), "V": rnd(B, Hk, Skv, Dv)}
     t["O"] = torch.full((B, Hq, Sq, Dv), float("nan"), device=DEV, dtype=dtype)
     t["LSE"] = torch.full((B, Hq, Sq, 1), float("nan"), device=DEV)
-    kw = {"scale": D ** -0.5, "causal": causal, "window": window, "interpret": DRY}
+    kw = {"scale": D**-0.5, "causal": causal, "window": window, "interpret": DRY}
     if pad is not None:
         t["SQ"] = torch.tensor(pad[0], dtype=torch.int32, device=DEV).view(B, 1, 1, 1)
         t["SKV"] = torch.tensor(pad[1], dtype=torch.int32, device=DEV).view(B, 1, 1, 1)
@@ -148,8 +167,21 @@ def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout
         n = 2 ** int(math.log2(Hq))
         t["SLOPES"] = torch.tensor([2.0 ** (-8.0 * (h + 1) / n) for h in range(Hq)], device=DEV)
         kw["score_mod"] = Alibi(t["SLOPES"])
-    base = {"B": B, "Hq": Hq, "Hk": Hk, "Hv": Hk, "Sq": Sq, "Skv": Skv, "D": D, "Dv": Dv, "q": op("Q", t["Q"]), "k": op("K", t["K"]),
-                "v": op("V", t["V"]), "o": op("O", t["O"]), "stats": op("LSE", t["LSE"])}
+    base = {
+        "B": B,
+        "Hq": Hq,
+        "Hk": Hk,
+        "Hv": Hk,
+        "Sq": Sq,
+        "Skv": Skv,
+        "D": D,
+        "Dv": Dv,
+        "q": op("Q", t["Q"]),
+        "k": op("K", t["K"]),
+        "v": op("V", t["V"]),
+        "o": op("O", t["O"]),
+        "stats": op("LSE", t["LSE"]),
+    }
     fspec = AttnSpec(**base, **kw)
     bspec = None
     if grad:
@@ -160,8 +192,15 @@ def make(B, Hq, Sq, D, *, Hk=None, Skv=None, Dv=None, causal=Causal.NONE, layout
         if bias is not None:
             t["DB"] = torch.full_like(t["BIAS"], float("nan"))
             extra["dbias"] = op("DB", t["DB"])
-        bspec = AttnSpec(**base, **kw, do=op("DO", t["DO"]), dq=op("DQ", t["DQ"]), dk=op("DK", t["DK"]),
-                         dv=op("DV", t["DV"]), **extra)
+        bspec = AttnSpec(
+            **base,
+            **kw,
+            do=op("DO", t["DO"]),
+            dq=op("DQ", t["DQ"]),
+            dk=op("DK", t["DK"]),
+            dv=op("DV", t["DV"]),
+            **extra,
+        )
     return fspec, bspec, t
 
 
@@ -269,12 +308,19 @@ def runner(src, t):
     launch(src, t, interpret=DRY, module=module)  # allocates nothing new below: scratch kept in t
     for s in src.scratch:
         t.setdefault(s.name, torch.empty(s.numel, dtype=getattr(torch, s.dtype), device=DEV))
-    fns = [(getattr(module, l.kernel)[l.grid], [t[p] for p in l.params],
-            {"num_warps": l.num_warps, "num_stages": l.num_stages}) for l in src.launches]
+    fns = [
+        (
+            getattr(module, l.kernel)[l.grid],
+            [t[p] for p in l.params],
+            {"num_warps": l.num_warps, "num_stages": l.num_stages},
+        )
+        for l in src.launches
+    ]
 
     def run():
         for fn, args, meta in fns:
             fn(*args, **meta)
+
     run.parts = [lambda f=f, a=a, m=m: f(*a, **m) for f, a, m in fns]
     return run
 
@@ -287,8 +333,11 @@ def flops(B, H, Sq, Skv, D, causal, mode):
 def torch_backends():
     from torch.nn.attention import SDPBackend
 
-    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
 
 
 def time_torch(t, causal, scale, backend):
@@ -328,10 +377,17 @@ def correctness_cases():
 def knob_sets(D, cuda):
     """(forward knobs, split backward knobs (each a dK/dV and a dQ setting), fused backward knobs)."""
     if not cuda:
-        return (fwd_candidates(D, cuda=False), bwd_candidates(D, cuda=False),
-                [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)])
-    fk = [FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 128, 8, 3, ONELOOP=1), FwdKnobs(64, 64, 4, 3),
-          FwdKnobs(64, 64, 4, 3, ONELOOP=1)]
+        return (
+            fwd_candidates(D, cuda=False),
+            bwd_candidates(D, cuda=False),
+            [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)],
+        )
+    fk = [
+        FwdKnobs(128, 128, 8, 3),
+        FwdKnobs(128, 128, 8, 3, ONELOOP=1),
+        FwdKnobs(64, 64, 4, 3),
+        FwdKnobs(64, 64, 4, 3, ONELOOP=1),
+    ]
     dkdv = [(64, 128, 8, 3, 1), (64, 64, 4, 2, 1), (64, 128, 8, 4, 1), (64, 128, 8, 3, 0)]
     dq = [(128, 64, 8, 3), (64, 64, 4, 2), (128, 64, 8, 4), (128, 64, 8, 3)]
     split = [BwdKnobs(a[0], a[1], b[0], b[1], a[2], a[3], b[2], b[3], ONELOOP=a[4]) for a, b in zip(dkdv, dq)]
@@ -376,7 +432,6 @@ def best_split(bspec, t, cands, fb):
     return fb / total / 1e9, parts, (_short(kd).split("+")[0], _short(kq).split("+")[1])
 
 
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="S = 1k and 4k only")
@@ -390,9 +445,16 @@ def main():
     ap.add_argument("--sections", default="graph", help="extra sections: graph (the templates end to end)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    results = {"device": "cpu (dry)" if DRY else torch.cuda.get_device_name(), "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d"), "correctness": [], "speed": [], "score_mod": []}
+    results = {
+        "device": "cpu (dry)" if DRY else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "correctness": [],
+        "speed": [],
+        "score_mod": [],
+    }
     import triton
+
     results["triton"] = triton.__version__
     print("#", results["device"], "torch", torch.__version__, "triton", triton.__version__, flush=True)
 
@@ -500,27 +562,31 @@ def graph_checks(size=(2, 8, 1000), dims=(128, 64)):
             qd, kd = (b, h, s, d), (b, hk, s, d)
             q = g.tensor(dim=list(qd), stride=packed_strides(qd, (0, 2, 1, 3)), name="q")
             k, v = (g.tensor(dim=list(kd), stride=packed_strides(kd, (0, 2, 1, 3)), name=n) for n in "kv")
-            o, st = g.sdpa(q, k, v, attn_scale=d ** -0.5, use_causal_mask=causal)
+            o, st = g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal)
             o.set_output(True).set_name("o")
             st.set_output(True).set_name("stats")
             do = g.tensor(dim=list(qd), name="do")
-            for x, n in zip(g.sdpa_backward(q, k, v, o, do, st, attn_scale=d ** -0.5, use_causal_mask=causal),
-                            ("dq", "dk", "dv")):
+            for x, n in zip(
+                g.sdpa_backward(q, k, v, o, do, st, attn_scale=d**-0.5, use_causal_mask=causal), ("dq", "dk", "dv")
+            ):
                 x.set_output(True).set_name(n)
             t0 = time.time()
             plan = g.build(engines=["triton"], device=DEV)
             templates = sorted({st_.config.knob("template") for st_ in plan.steps})
             dt = {DT.BFLOAT16: torch.bfloat16, DT.HALF: torch.float16}[io]
             gen = torch.Generator(device=DEV).manual_seed(1)
-            x = {n: torch.randn(b, s, shp[1], d, device=DEV, generator=gen).to(dt).permute(0, 2, 1, 3)
-                 for n, shp in (("q", qd), ("k", kd), ("v", kd))}
+            x = {
+                n: torch.randn(b, s, shp[1], d, device=DEV, generator=gen).to(dt).permute(0, 2, 1, 3)
+                for n, shp in (("q", qd), ("k", kd), ("v", kd))
+            }
             x["do"] = torch.randn(qd, device=DEV, generator=gen).to(dt)
             final = g.final
             res = {}
             for n in ("o", "dq", "dk", "dv", "stats"):
                 t = final.tensor(n)
-                res[n] = torch.empty_strided(t.dim, t.stride, device=DEV,
-                                             dtype=torch.float32 if n == "stats" else dt).fill_(float("nan"))
+                res[n] = torch.empty_strided(
+                    t.dim, t.stride, device=DEV, dtype=torch.float32 if n == "stats" else dt
+                ).fill_(float("nan"))
             pack = {final.tensor(n).uid: x[n] for n in ("q", "k", "v", "do")}
             pack.update({final.tensor(n).uid: res[n] for n in ("o", "dq", "dk", "dv", "stats")})
             plan.execute(pack)
@@ -528,14 +594,24 @@ def graph_checks(size=(2, 8, 1000), dims=(128, 64)):
                 torch.cuda.synchronize()
             build_s = time.time() - t0
             qf, kf, vf = (x[n].float().requires_grad_() for n in "qkv")
-            ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=d ** -0.5, enable_gqa=True)
+            ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=d**-0.5, enable_gqa=True)
             ref.backward(x["do"].float())
-            errs = {"O": rel(res["o"], ref), "dQ": rel(res["dq"], qf.grad), "dK": rel(res["dk"], kf.grad),
-                    "dV": rel(res["dv"], vf.grad)}
+            errs = {
+                "O": rel(res["o"], ref),
+                "dQ": rel(res["dq"], qf.grad),
+                "dK": rel(res["dk"], kf.grad),
+                "dV": rel(res["dv"], vf.grad),
+            }
             ok = all(e < 2e-2 for e in errs.values())
             out.append({"case": desc, "errors": errs, "ok": ok, "templates": templates, "build_s": build_s})
-            print(("ok  " if ok else "BAD ") + desc + " " + " ".join(f"{n} {e:.1e}" for n, e in errs.items())
-                  + f" templates {templates} (build+run {build_s:.0f} s)", flush=True)
+            print(
+                ("ok  " if ok else "BAD ")
+                + desc
+                + " "
+                + " ".join(f"{n} {e:.1e}" for n, e in errs.items())
+                + f" templates {templates} (build+run {build_s:.0f} s)",
+                flush=True,
+            )
         except Exception as e:  # noqa: BLE001
             out.append({"case": desc, "error": f"{type(e).__name__}: {e}"})
             print("ERR " + desc, type(e).__name__, str(e)[:400], flush=True)
@@ -569,16 +645,27 @@ def speed_row(results, B, H, S, D, causal, fk, split, fused):
     ratio = (best_f / cud[0], best_b / cud[1]) if isinstance(cud, tuple) else (float("nan"),) * 2
     row["ratio_vs_cudnn"] = ratio
     results["speed"].append(row)
-    peers = " ".join(f"{n} {v[0]:.0f}/{v[1]:.0f}" if isinstance(v, tuple) else f"{n} err"
-                     for n, v in row["peers"].items())
-    print(f"S={S:5d} {'causal' if causal else 'full  '} ours fwd {best_f:.0f} bwd {best_b:.0f} | {peers} "
-          f"| vs cudnn fwd {ratio[0]:.2f} bwd {ratio[1]:.2f}", flush=True)
+    peers = " ".join(
+        f"{n} {v[0]:.0f}/{v[1]:.0f}" if isinstance(v, tuple) else f"{n} err" for n, v in row["peers"].items()
+    )
+    print(
+        f"S={S:5d} {'causal' if causal else 'full  '} ours fwd {best_f:.0f} bwd {best_b:.0f} | {peers} "
+        f"| vs cudnn fwd {ratio[0]:.2f} bwd {ratio[1]:.2f}",
+        flush=True,
+    )
     print("    fwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in row["fwd"].items()), flush=True)
-    print("    bwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in row["bwd"].items()) + f" (best parts {row['split_best']})",
-          flush=True)
-    print("    bwd parts (us: pre, dkdv, dq): " + "; ".join(
-        f"{k} " + ("/".join(f"{x * 1e3:.0f}" for x in v) if isinstance(v, list) else str(v))
-        for k, v in row["bwd_parts"].items()), flush=True)
+    print(
+        "    bwd: " + "; ".join(f"{k} {_fmt(v)}" for k, v in row["bwd"].items()) + f" (best parts {row['split_best']})",
+        flush=True,
+    )
+    print(
+        "    bwd parts (us: pre, dkdv, dq): "
+        + "; ".join(
+            f"{k} " + ("/".join(f"{x * 1e3:.0f}" for x in v) if isinstance(v, list) else str(v))
+            for k, v in row["bwd_parts"].items()
+        ),
+        flush=True,
+    )
 
 
 def mod_row(results, B, H, S, D, m, fk, split, flex):
@@ -598,12 +685,25 @@ def mod_row(results, B, H, S, D, m, fk, split, flex):
             fl = (ff / fl[0] / 1e9, fb / fl[1] / 1e9)
         except Exception as e:  # noqa: BLE001
             print("# flex failed:", type(e).__name__, str(e)[:300], flush=True)
-    row = {"S": S, "mod": m, "ours": (ours_f, ours_b), "flex": fl, "O_err": err, "fwd": fres, "bwd_parts": parts,
-           "split_best": best, "ratio": (ours_f / fl[0], ours_b / fl[1])}
+    row = {
+        "S": S,
+        "mod": m,
+        "ours": (ours_f, ours_b),
+        "flex": fl,
+        "O_err": err,
+        "fwd": fres,
+        "bwd_parts": parts,
+        "split_best": best,
+        "ratio": (ours_f / fl[0], ours_b / fl[1]),
+    }
     results["score_mod"].append(row)
-    print(f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {fl[0]:.0f}/{fl[1]:.0f} "
-          f"ratio {row['ratio'][0]:.2f}/{row['ratio'][1]:.2f} (O err {err:.1e}) fwd: "
-          + "; ".join(f"{k} {_fmt(v)}" for k, v in fres.items()) + f"; bwd best parts {best}", flush=True)
+    print(
+        f"S={S:5d} {m:8s} ours {ours_f:.0f}/{ours_b:.0f} flex {fl[0]:.0f}/{fl[1]:.0f} "
+        f"ratio {row['ratio'][0]:.2f}/{row['ratio'][1]:.2f} (O err {err:.1e}) fwd: "
+        + "; ".join(f"{k} {_fmt(v)}" for k, v in fres.items())
+        + f"; bwd best parts {best}",
+        flush=True,
+    )
 
 
 def _short(k) -> str:

@@ -20,13 +20,23 @@ def spec_for(B, H, S, D, causal, dtype="tl.bfloat16", bwd=False, **kw):
 
     st = (H * S * D, S * D, D, 1)
     sst = (H * S, S, 1, 1)
-    ops = {"q": Operand("Q", dtype, st), "k": Operand("K", dtype, st), "v": Operand("V", dtype, st),
-               "o": Operand("O", dtype, st), "stats": Operand("LSE", "tl.float32", sst)}
+    ops = {
+        "q": Operand("Q", dtype, st),
+        "k": Operand("K", dtype, st),
+        "v": Operand("V", dtype, st),
+        "o": Operand("O", dtype, st),
+        "stats": Operand("LSE", "tl.float32", sst),
+    }
     if bwd:
-        ops.update(do=Operand("DO", dtype, st), dq=Operand("DQ", dtype, st), dk=Operand("DK", dtype, st),
-                   dv=Operand("DV", dtype, st))
-    return AttnSpec(B, H, H, H, S, S, D, D, scale=D ** -0.5,
-                    causal=Causal.TOP_LEFT if causal else Causal.NONE, **ops, **kw)
+        ops.update(
+            do=Operand("DO", dtype, st),
+            dq=Operand("DQ", dtype, st),
+            dk=Operand("DK", dtype, st),
+            dv=Operand("DV", dtype, st),
+        )
+    return AttnSpec(
+        B, H, H, H, S, S, D, D, scale=D**-0.5, causal=Causal.TOP_LEFT if causal else Causal.NONE, **ops, **kw
+    )
 
 
 SIG = {"tl.bfloat16": "*bf16", "tl.float16": "*fp16", "tl.float32": "*fp32", "tl.int32": "*i32", "tl.int64": "*i64"}
@@ -52,12 +62,17 @@ def compile_source(src, spec, sass=False):
         fn = getattr(module, l.kernel)
         sig = {a: types.get(a, "*fp32") for a in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)}
-        ck = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs={}, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": l.num_warps, "num_stages": l.num_stages})
+        ck = triton.compile(
+            triton.compiler.ASTSource(fn=fn, signature=sig, constexprs={}, attrs=attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": l.num_warps, "num_stages": l.num_stages},
+        )
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(ck.asm["ptx"])
         cubin = f.name + ".cubin"
-        res = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", cubin], capture_output=True, text=True, check=False)
+        res = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", cubin], capture_output=True, text=True, check=False
+        )
         regs = max([int(r) for r in re.findall(r"Used (\d+) registers", res.stderr)] or [0])
         spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr))
         wgmma = ck.asm["ptx"].count("wgmma.mma_async")
@@ -66,7 +81,9 @@ def compile_source(src, spec, sass=False):
         if sass:
             nvdis = os.path.join(os.path.dirname(ptxas), "cuobjdump")
             s = subprocess.run([nvdis, "-sass", cubin], capture_output=True, text=True, check=False).stdout
-            print(f"  SASS {l.kernel}: HGMMA {s.count('HGMMA')} HMMA {s.count('HMMA')} LDL {s.count('LDL')} STL {s.count('STL')}")
+            print(
+                f"  SASS {l.kernel}: HGMMA {s.count('HGMMA')} HMMA {s.count('HMMA')} LDL {s.count('LDL')} STL {s.count('STL')}"
+            )
         os.unlink(f.name)
     return out
 
@@ -89,11 +106,13 @@ def main():
 
 def fwd_knobs(D):
     from opgraph.engines.triton.attention.knobs import fwd_candidates
+
     return fwd_candidates(D, cuda=True)[:1]
 
 
 def bwd_knobs(D):
     from opgraph.engines.triton.attention.knobs import bwd_candidates
+
     return bwd_candidates(D, cuda=True)[:1]
 
 

@@ -16,8 +16,10 @@ from bench.workloads.networks import calibrated
 def inputs_of(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """The fp32 input each direct child of `model` sees on `x` (children called in order)."""
     seen: dict[str, torch.Tensor] = {}
-    hooks = [child.register_forward_pre_hook(lambda m, a, name=name: seen.setdefault(name, a[0].detach()))
-             for name, child in model.named_children()]
+    hooks = [
+        child.register_forward_pre_hook(lambda m, a, name=name: seen.setdefault(name, a[0].detach()))
+        for name, child in model.named_children()
+    ]
     with torch.no_grad():
         model(x)
     for h in hooks:

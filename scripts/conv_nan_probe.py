@@ -41,8 +41,9 @@ CASE = Path(__file__).resolve().parent.parent / "tests" / "fuzz" / "regressions"
 
 def _buffer(desc, values, dev: str, shift: int = 0):
     """A NaN-filled buffer of desc's strides `shift` elements into its allocation, holding `values`."""
-    raw = torch.full((shift + storage_extent(desc.dim, desc.stride),), float("nan"),
-                     dtype=desc.data_type.to_torch(), device=dev)
+    raw = torch.full(
+        (shift + storage_extent(desc.dim, desc.stride),), float("nan"), dtype=desc.data_type.to_torch(), device=dev
+    )
     view = raw[shift:].as_strided(desc.dim, desc.stride)
     if values is not None:
         view.copy_(values.to(dev))
@@ -67,12 +68,22 @@ def main() -> None:
         if nan:
             w[0, 1, 2] = float("nan")
         want = -torch.nn.functional.conv1d(x.double(), w.double())
-        sweep = [{}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 3}, {"BLOCK_K": 32},
-                 {"BLOCK_M": 16, "BLOCK_N": 16}]
+        sweep = [
+            {},
+            {"num_stages": 1},
+            {"num_stages": 2},
+            {"num_stages": 3},
+            {"BLOCK_K": 32},
+            {"BLOCK_M": 16, "BLOCK_N": 16},
+        ]
         if "--sweep" in sys.argv and not nan:
-            sweep = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_stages": st, "num_warps": w}
-                     for m, n in ((64, 32), (64, 64), (128, 32), (32, 32), (16, 32)) for k in (16, 32)
-                     for st in (1, 2, 3, 4) for w in (4, 8)]
+            sweep = [
+                {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_stages": st, "num_warps": w}
+                for m, n in ((64, 32), (64, 64), (128, 32), (32, 32), (16, 32))
+                for k in (16, 32)
+                for st in (1, 2, 3, 4)
+                for w in (4, 8)
+            ]
         for change in sweep:
             knobs = {**base, **change}
             g = t.generate(piece, knobs, device)
@@ -86,21 +97,28 @@ def main() -> None:
                 torch.cuda.synchronize()
             got = bufs[out_uid].double().cpu()
             ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
-            print(f"nan={nan} {change or 'plan knobs'}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
-                  f"want {want.flatten().tolist()}")
+            print(
+                f"nan={nan} {change or 'plan knobs'}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
+                f"want {want.flatten().tolist()}"
+            )
         # the same through a plan (the native launch of the precompiled kernel), buffers at an offset
         # of 0 and 1 elements (a 2-byte misaligned one takes Triton's JIT)
         plan = graph_of(load(str(CASE))).build(device=dev, engines=["triton"])
         for shift in (0, 1, 8):
-            bufs = {x_uid: _buffer(xd, x, dev, shift), w_uid: _buffer(wd, w, dev, shift),
-                    out_uid: _buffer(od, None, dev, shift)}
+            bufs = {
+                x_uid: _buffer(xd, x, dev, shift),
+                w_uid: _buffer(wd, w, dev, shift),
+                out_uid: _buffer(od, None, dev, shift),
+            }
             plan.execute(bufs)
             if dev == "cuda":
                 torch.cuda.synchronize()
             got = bufs[out_uid].double().cpu()
             ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2, equal_nan=True)
-            print(f"nan={nan} plan.execute, buffers shifted {shift}: {'OK' if ok else 'WRONG'} "
-                  f"got {got.flatten().tolist()} ({plan.steps[0].config})")
+            print(
+                f"nan={nan} plan.execute, buffers shifted {shift}: {'OK' if ok else 'WRONG'} "
+                f"got {got.flatten().tolist()} ({plan.steps[0].config})"
+            )
 
 
 def channels() -> None:
@@ -115,9 +133,13 @@ def channels() -> None:
     device = resolve_device(dev)
     t = TEMPLATE_BY_NAME["conv_fprop"]
     engine = get_engine("triton")
-    sweep = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": 1, "num_stages": st,
-              "num_warps": w} for m, n in ((64, 32), (128, 64), (16, 16)) for k in (16, 32)
-             for st in (1, 3, 4) for w in (4,)]
+    sweep = [
+        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": 1, "num_stages": st, "num_warps": w}
+        for m, n in ((64, 32), (128, 64), (16, 16))
+        for k in (16, 32)
+        for st in (1, 3, 4)
+        for w in (4,)
+    ]
     wrong = total = 0
     for c in (1, 3, 4, 8):
         for spatial in ((9,), (6, 7)):
@@ -127,8 +149,9 @@ def channels() -> None:
                 g = og.Graph("probe", io_data_type=og.DataType.BFLOAT16, compute_data_type=og.DataType.FLOAT)
                 x = g.tensor(dim=xdims, stride=nhwc(xdims) if layout == "nhwc" else None, name="x")
                 w = g.tensor(dim=wdims, stride=nhwc(wdims) if layout == "nhwc" else None, name="w")
-                y = g.conv_fprop(x, w, padding=[1] * len(spatial), stride=[1] * len(spatial),
-                                 dilation=[1] * len(spatial))
+                y = g.conv_fprop(
+                    x, w, padding=[1] * len(spatial), stride=[1] * len(spatial), dilation=[1] * len(spatial)
+                )
                 y.set_output(True).set_data_type(og.DataType.FLOAT)
                 final = g.final
                 piece = make_piece(final, 0, final.nodes)
@@ -150,27 +173,44 @@ def channels() -> None:
                     total += 1
                     if not torch.allclose(got, want, rtol=2e-2, atol=2e-2, equal_nan=True):
                         wrong += 1
-                        print(f"WRONG C{c} {spatial} {layout} {knobs}: max |err| "
-                              f"{(got - want).abs().nan_to_num(float('inf')).max().item():.3g}")
+                        print(
+                            f"WRONG C{c} {spatial} {layout} {knobs}: max |err| "
+                            f"{(got - want).abs().nan_to_num(float('inf')).max().item():.3g}"
+                        )
     print(f"{wrong} wrong of {total} (config, shape) runs")
 
 
 # edits of the generated kernel's text: (name, [(old, new), ...])
 VARIANTS = [
     ("as generated", []),
-    ("no selects (4x sums expected)", [("a = tl.where(kmask[None, :], a, 0)", "a = a"),
-                                       ("b = tl.where(kmask[:, None], b, 0)", "b = b")]),
+    (
+        "no selects (4x sums expected)",
+        [("a = tl.where(kmask[None, :], a, 0)", "a = a"), ("b = tl.where(kmask[:, None], b, 0)", "b = b")],
+    ),
     ("select a only", [("b = tl.where(kmask[:, None], b, 0)", "b = b")]),
     ("select b only", [("a = tl.where(kmask[None, :], a, 0)", "a = a")]),
-    ("masked loads", [("a = tl.where(kmask[None, :], a, 0)", "a = a"), ("b = tl.where(kmask[:, None], b, 0)", "b = b"),
-                      ("mask=amask[:, None]", "mask=amask[:, None] & kmask[None, :]"),
-                      ("mask=cmask[None, :]", "mask=cmask[None, :] & kmask[:, None]")]),
+    (
+        "masked loads",
+        [
+            ("a = tl.where(kmask[None, :], a, 0)", "a = a"),
+            ("b = tl.where(kmask[:, None], b, 0)", "b = b"),
+            ("mask=amask[:, None]", "mask=amask[:, None] & kmask[None, :]"),
+            ("mask=cmask[None, :]", "mask=cmask[None, :] & kmask[:, None]"),
+        ],
+    ),
     ("acc += dot", [("acc = tl.dot(a, b, acc)", "acc += tl.dot(a, b)")]),
-    ("fp32 ieee dot", [("acc = tl.dot(a, b, acc)",
-                        "acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=\"ieee\")")]),
+    (
+        "fp32 ieee dot",
+        [("acc = tl.dot(a, b, acc)", 'acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")')],
+    ),
     ("wrap without %", [("kcc = kc % 4", "kcc = kc - (kc // 4) * 4")]),
-    ("where with zeros_like", [("a = tl.where(kmask[None, :], a, 0)", "a = tl.where(kmask[None, :], a, tl.zeros_like(a))"),
-                               ("b = tl.where(kmask[:, None], b, 0)", "b = tl.where(kmask[:, None], b, tl.zeros_like(b))")]),
+    (
+        "where with zeros_like",
+        [
+            ("a = tl.where(kmask[None, :], a, 0)", "a = tl.where(kmask[None, :], a, tl.zeros_like(a))"),
+            ("b = tl.where(kmask[:, None], b, 0)", "b = tl.where(kmask[:, None], b, tl.zeros_like(b))"),
+        ],
+    ),
 ]
 
 
@@ -185,8 +225,14 @@ def _case():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*xd.dim, generator=gen).to(torch.bfloat16)
     w = torch.randn(*wd.dim, generator=gen).to(torch.bfloat16)
-    return SimpleNamespace(piece=make_piece(final, 0, final.nodes), uids=(x_uid, w_uid, out_uid), descs=(xd, wd, od),
-                           x=x, w=w, want=-torch.nn.functional.conv1d(x.double(), w.double()))
+    return SimpleNamespace(
+        piece=make_piece(final, 0, final.nodes),
+        uids=(x_uid, w_uid, out_uid),
+        descs=(xd, wd, od),
+        x=x,
+        w=w,
+        want=-torch.nn.functional.conv1d(x.double(), w.double()),
+    )
 
 
 def _run_generated(c, g, source: str, dev: str):
@@ -228,8 +274,10 @@ def variants() -> None:
                 for kind in ("ttgir", "ptx"):
                     (ir / f"{tag}.{kind}").write_text(str(compiled.asm.get(kind, "")))
             ok = torch.allclose(got, c.want, rtol=1e-2, atol=1e-2, equal_nan=True)
-            print(f"num_stages={stages} {name}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
-                  f"want {[round(v, 4) for v in c.want.flatten().tolist()]}")
+            print(
+                f"num_stages={stages} {name}: {'OK' if ok else 'WRONG'} got {got.flatten().tolist()} "
+                f"want {[round(v, 4) for v in c.want.flatten().tolist()]}"
+            )
 
 
 def _run_conv(xdims, xstride, wdims, wstride, knobs, dev, seed=0):
@@ -276,8 +324,10 @@ def shapes() -> None:
                     total += 1
                     wrong += not ok
                     zeros = bool((got == 0).all())
-                    print(f"K{k} W{width} weights {lname} num_stages={stages}: {'OK' if ok else 'WRONG'}"
-                          f"{' (all zeros)' if zeros and not ok else ''}")
+                    print(
+                        f"K{k} W{width} weights {lname} num_stages={stages}: {'OK' if ok else 'WRONG'}"
+                        f"{' (all zeros)' if zeros and not ok else ''}"
+                    )
     print(f"{wrong} wrong of {total}")
 
 

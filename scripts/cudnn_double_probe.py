@@ -76,9 +76,11 @@ def probe(label: str, g: og.Graph, dev) -> None:
     if len(final.nodes) > 1:
         want = want.relu()
     got = bufs[out_uid].double()
-    print(f"   NaN in result: {int(got.isnan().sum())} of {got.numel()}; max |err| "
-          f"{float((got - want).abs().nan_to_num(float('inf')).max()):.3g}; got[0] {got.flatten()[:3].tolist()} "
-          f"want {want.flatten()[:3].tolist()}")
+    print(
+        f"   NaN in result: {int(got.isnan().sum())} of {got.numel()}; max |err| "
+        f"{float((got - want).abs().nan_to_num(float('inf')).max()):.3g}; got[0] {got.flatten()[:3].tolist()} "
+        f"want {want.flatten()[:3].tolist()}"
+    )
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
 """GPU diagnosis: is a genstats sum mismatch in the reduction, or in Y itself? (run on the GPU machine)"""
+
 import sys
 
 import numpy as np
@@ -21,6 +22,8 @@ for seed in range(6):
     s = torch_to_numpy(dev[s_uid]).astype(np.float64).ravel()
     yw = want[y_uid].astype(np.float64)
     sw = want[s_uid].astype(np.float64).ravel()
-    print(f"seed {seed}: |sum - want| max {np.abs(s - sw).max():.3g}; |sum(Y_got) - sum| max "
-          f"{np.abs(y.sum((0, 2, 3)) - s).max():.3g}; |sum(Y_got) - want| max {np.abs(y.sum((0, 2, 3)) - sw).max():.3g};"
-          f" Y max err {np.abs(y - yw).max():.3g}, Y mean err {(y - yw).mean():.3g}, nonzero Y errs {(y != yw).mean():.3f}")
+    print(
+        f"seed {seed}: |sum - want| max {np.abs(s - sw).max():.3g}; |sum(Y_got) - sum| max "
+        f"{np.abs(y.sum((0, 2, 3)) - s).max():.3g}; |sum(Y_got) - want| max {np.abs(y.sum((0, 2, 3)) - sw).max():.3g};"
+        f" Y max err {np.abs(y - yw).max():.3g}, Y mean err {(y - yw).mean():.3g}, nonzero Y errs {(y != yw).mean():.3f}"
+    )

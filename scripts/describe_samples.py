@@ -1,5 +1,6 @@
 """Print describe() for the sample conv+bias+relu and batchnorm+relu graphs at ResNet sizes and draw
 their plans (docs/explain.md shows the output). Runs on the best device here."""
+
 import sys
 from pathlib import Path
 

@@ -64,8 +64,13 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
             except Exception as err:  # noqa: BLE001 - the harness itself: count it, keep going
                 stats.untyped[f"harness:{type(err).__name__}"] += 1
                 if len(harness) < 5:
-                    harness.append({"seed": seed, "error": f"{type(err).__name__}: {err}",
-                                    "traceback": traceback.format_exc()[-3000:]})
+                    harness.append(
+                        {
+                            "seed": seed,
+                            "error": f"{type(err).__name__}: {err}",
+                            "traceback": traceback.format_exc()[-3000:],
+                        }
+                    )
             seed += workers
             if time.monotonic() - last_report > 20:
                 queue.put(("progress", index, stats.graphs))
@@ -77,11 +82,16 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
 
 def _payload(stats) -> dict:
     return {
-        "graphs": stats.graphs, "runs": stats.runs, "damaged": stats.damaged,
-        "declined": dict(stats.declined), "untyped": dict(stats.untyped), "steps": dict(stats.steps),
+        "graphs": stats.graphs,
+        "runs": stats.runs,
+        "damaged": stats.damaged,
+        "declined": dict(stats.declined),
+        "untyped": dict(stats.untyped),
+        "steps": dict(stats.steps),
         "families": dict(stats.families),
-        "failures": [{"seed": f.seed, "engines": f.engines, "kind": f.kind, "detail": f.detail}
-                     for f in stats.failures],
+        "failures": [
+            {"seed": f.seed, "engines": f.engines, "kind": f.kind, "detail": f.detail} for f in stats.failures
+        ],
     }
 
 
@@ -106,8 +116,10 @@ def _shrink_failures(failures: list[dict], out: Path, seconds: float, device: st
             except Exception:  # noqa: BLE001 - keep the unshrunk case
                 pass
         path = folder / f"seed{f['seed']}.json"
-        path.write_text(json.dumps({"note": f"{f['kind']} [{f['engines']}]: {f['detail'][:300]}", **case.to_dict()},
-                                   indent=1) + "\n")
+        path.write_text(
+            json.dumps({"note": f"{f['kind']} [{f['engines']}]: {f['detail'][:300]}", **case.to_dict()}, indent=1)
+            + "\n"
+        )
         written.append(str(path))
     return written
 
@@ -128,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + 60 * args.minutes
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(i, args.workers, base, deadline, queue, args.device), daemon=True)
-             for i in range(args.workers)]
+    procs = [
+        ctx.Process(target=_worker, args=(i, args.workers, base, deadline, queue, args.device), daemon=True)
+        for i in range(args.workers)
+    ]
     for p in procs:
         p.start()
     results, dead, progress = [], [], {}
@@ -167,19 +181,44 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     summary = {
-        **total, "seconds": round(elapsed, 1), "workers": args.workers, "first_seed": base,
+        **total,
+        "seconds": round(elapsed, 1),
+        "workers": args.workers,
+        "first_seed": base,
         "device": torch.cuda.get_device_name(0) if args.device != "cpu" else "cpu (interpreter)",
-        "torch": torch.__version__, "triton": triton.__version__,
-        "mismatches": kinds.get("mismatch", 0), "failures": len(failures), "failures_by_kind": dict(kinds),
-        "untyped_errors_by_class": dict(untyped), "declined_by_rule": dict(declined), "steps": dict(steps),
-        "families": dict(families), "dead_workers": dead, "first_failures": failures[:50],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "mismatches": kinds.get("mismatch", 0),
+        "failures": len(failures),
+        "failures_by_kind": dict(kinds),
+        "untyped_errors_by_class": dict(untyped),
+        "declined_by_rule": dict(declined),
+        "steps": dict(steps),
+        "families": dict(families),
+        "dead_workers": dead,
+        "first_failures": failures[:50],
         "harness_errors": harness_errors[:20],
         "failure_cases": written,
     }
     (out / "fuzz_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(json.dumps({k: summary[k] for k in ("graphs", "runs", "seconds", "mismatches", "failures",
-                                              "failures_by_kind", "untyped_errors_by_class", "dead_workers")},
-                     indent=1))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in (
+                    "graphs",
+                    "runs",
+                    "seconds",
+                    "mismatches",
+                    "failures",
+                    "failures_by_kind",
+                    "untyped_errors_by_class",
+                    "dead_workers",
+                )
+            },
+            indent=1,
+        )
+    )
     return 1 if failures or dead or sum(untyped.values()) else 0
 
 

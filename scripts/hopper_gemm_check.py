@@ -119,8 +119,13 @@ def main() -> int:
     from opgraph.engines.triton import TEMPLATE_BY_NAME, compiler
 
     dev = torch.cuda.get_device_properties(0)
-    header = {"device": dev.name, "capability": list(torch.cuda.get_device_capability()), "torch": torch.__version__,
-              "triton": triton.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    header = {
+        "device": dev.name,
+        "capability": list(torch.cuda.get_device_capability()),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     rows = [s for s in SHAPES if not args.only or s[0] in args.only.split(",")]
     variants = ["new", "before"] + (["same-dev"] if args.ablate else [])
 
@@ -138,11 +143,19 @@ def main() -> int:
         if args.ablate:
             plans["same-dev"] = config_plan(plan, {kk: v for kk, v in chosen.items() if kk != "TMA_HOST"})
         built[name] = {"graph": g, "tensors": t, "plans": plans}
-    specs = {spec.key: (spec, fn) for b in built.values() for p in b["plans"].values() for s in p.steps
-             for spec, fn in s.kernel.compile_specs()}
+    specs = {
+        spec.key: (spec, fn)
+        for b in built.values()
+        for p in b["plans"].values()
+        for s in p.steps
+        for spec, fn in s.kernel.compile_specs()
+    }
     report = compiler.compile_all(specs)
-    print(f"compiled {len(specs)} kernels in {time.time() - t0:.0f} s ({report.compiled} compiled, "
-          f"failed: {len(report.failed)})", flush=True)
+    print(
+        f"compiled {len(specs)} kernels in {time.time() - t0:.0f} s ({report.compiled} compiled, "
+        f"failed: {len(report.failed)})",
+        flush=True,
+    )
     for key, why in report.failed.items():
         print(f"  compile failed {key}: {why[:300]}", flush=True)
 
@@ -237,14 +250,18 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         row[v] = entry
 
     if epi == "bias_gelu":
+
         def lib() -> Any:
             return torch._addmm_activation(bias, a, wt, use_gelu=True)
     elif epi == "bias":
+
         def lib() -> Any:
             return torch.addmm(bias, a, wt, out=y)
     else:
+
         def lib() -> Any:
             return torch.matmul(a, wt, out=y)
+
     cub: dict[str, Any] = {}
     try:
         y.fill_(float("nan"))
@@ -258,12 +275,15 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
 
 
 def markdown(header: dict[str, Any], results: list[dict[str, Any]], variants: list[str]) -> str:
-    lines = [f"# opgraph Hopper GEMM check: {header['device']} (sm_{''.join(map(str, header['capability']))})",
-             f"torch {header['torch']}, Triton {header['triton']}, {header['started']}"
-             + (f", {header['seconds']} s" if "seconds" in header else "")
-             + ". TFLOP/s from CUDA-graph replays (median); every output checked against torch fp32 first.", "",
-             "| shape | M x N x K | cuBLAS | " + " | ".join(variants) + " | new / cuBLAS | new knobs |",
-             "|---|---|---|" + "---|" * len(variants) + "---|---|"]
+    lines = [
+        f"# opgraph Hopper GEMM check: {header['device']} (sm_{''.join(map(str, header['capability']))})",
+        f"torch {header['torch']}, Triton {header['triton']}, {header['started']}"
+        + (f", {header['seconds']} s" if "seconds" in header else "")
+        + ". TFLOP/s from CUDA-graph replays (median); every output checked against torch fp32 first.",
+        "",
+        "| shape | M x N x K | cuBLAS | " + " | ".join(variants) + " | new / cuBLAS | new knobs |",
+        "|---|---|---|" + "---|" * len(variants) + "---|---|",
+    ]
     for r in results:
         if "skipped" in r:
             lines.append(f"| {r['name']} | skipped ({r['skipped']}) |")
@@ -280,8 +300,13 @@ def markdown(header: dict[str, Any], results: list[dict[str, Any]], variants: li
         shape = f"{r['m']}x{r['n']}x{r['k']} {r['dtype']}{' +' + r['epilogue'] if r['epilogue'] else ''}"
         lines.append(f"| {r['name']} | {shape} | {cub:.0f} | " if cub else f"| {r['name']} | {shape} | - | ")
         lines[-1] += " | ".join(cells) + f" | {ratio:.2f} | {r['new']['knobs']} |"
-    errors = [(r["name"], v, r[v]["error"]) for r in results if "skipped" not in r for v in [*variants, "cublas"]
-              if "error" in r[v]]
+    errors = [
+        (r["name"], v, r[v]["error"])
+        for r in results
+        if "skipped" not in r
+        for v in [*variants, "cublas"]
+        if "error" in r[v]
+    ]
     if errors:
         lines += ["", "Errors:"] + [f"- {n} {v}: {e}" for n, v, e in errors]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
 """Where the host time of plan.execute goes (run on the GPU machine)."""
+
 import sys
 import time
 

@@ -39,8 +39,7 @@ def cases() -> None:
             fails = []
             for _ in range(3):
                 fails += [str(f) for f in runner.run(case).failures]
-            print(f"seed {seed} [{es.name}] steps: {steps}\n   {len(fails)} failure(s) in 3 runs: "
-                  f"{fails[:2]}")
+            print(f"seed {seed} [{es.name}] steps: {steps}\n   {len(fails)} failure(s) in 3 runs: {fails[:2]}")
 
 
 def grouped_dgrad() -> None:
@@ -52,8 +51,10 @@ def grouped_dgrad() -> None:
             dy[:, 2:4] = float("nan")  # group 1 only
             dx = torch.nn.grad.conv1d_input((n, c, w_len + 1), w, dy, 1, 1, 1, groups)
             others = torch.cat([dx[:, :1], dx[:, 2:]], dim=1)
-            print(f"grouped dgrad {dt} N{n} C{c} K{k} W{w_len}: group 1 NaN {bool(dx[:, 1].isnan().all())}, "
-                  f"NaN elements in other groups {int(others.isnan().sum())} of {others.numel()}")
+            print(
+                f"grouped dgrad {dt} N{n} C{c} K{k} W{w_len}: group 1 NaN {bool(dx[:, 1].isnan().all())}, "
+                f"NaN elements in other groups {int(others.isnan().sum())} of {others.numel()}"
+            )
 
 
 def fprop_nan_taps() -> None:

@@ -67,7 +67,7 @@ def rewrite_imports(text: str) -> str:
     out = []
     for line in text.splitlines(keepends=True):
         body = line.rstrip("\n")
-        end = line[len(body):]
+        end = line[len(body) :]
         m = _IMPORT.match(body)
         if m:
             alias = re.search(r"as\s+(\w+)", m["rest"] or "")
@@ -340,8 +340,21 @@ def run_tests(work: Path, out: Path, files: list[str], args: argparse.Namespace,
             continue
         stem = Path(name).stem + ("" if args.shard == "0/1" else "_" + args.shard.replace("/", "of"))
         junit = out / f"junit_{stem}.xml"
-        cmd = [sys.executable, "-m", "pytest", name, "-p", "nvfe_sample_plugin", "-p", "no:cacheprovider",
-               "-o", "console_output_style=classic", f"--junitxml={junit}", "-rfEs", "--tb=line"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            name,
+            "-p",
+            "nvfe_sample_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "console_output_style=classic",
+            f"--junitxml={junit}",
+            "-rfEs",
+            "--tb=line",
+        ]
         if args.fake_cuda or args.cpu:
             cmd[3:3] = ["-p", "nvfe_cpu" if args.cpu else "nvfe_fake_cuda"]
         if args.k:
@@ -355,8 +368,9 @@ def run_tests(work: Path, out: Path, files: list[str], args: argparse.Namespace,
         t0 = time.time()
         with open(out / f"{stem}.log", "w") as log:
             try:
-                rc = subprocess.run(cmd, cwd=cwd, env=_env(work, args), stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=max(10, left - 10)).returncode
+                rc = subprocess.run(
+                    cmd, cwd=cwd, env=_env(work, args), stdout=log, stderr=subprocess.STDOUT, timeout=max(10, left - 10)
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         entry = {"rc": rc, "seconds": round(time.time() - t0, 1)}
@@ -364,8 +378,12 @@ def run_tests(work: Path, out: Path, files: list[str], args: argparse.Namespace,
             text = (out / f"{stem}.log").read_text()
             m = re.search(r"(\d+)(?:/\d+)? tests? collected|(\d+) selected", text)
             found = re.findall(r"^\S+\.py::\S+", text, re.M)
-            entry.update(collected=len(found), summary=text.strip().splitlines()[-1:] if text.strip() else [],
-                         errors=text.count("ERROR collecting"), matched=bool(m))
+            entry.update(
+                collected=len(found),
+                summary=text.strip().splitlines()[-1:] if text.strip() else [],
+                errors=text.count("ERROR collecting"),
+                matched=bool(m),
+            )
         else:
             entry.update(_junit_counts(junit))
         results[stem] = entry
@@ -387,17 +405,30 @@ def run_samples(work: Path, out: Path, args: argparse.Namespace, deadline: float
             continue
         cmd = [sys.executable, "-m", "py_compile", script.name] if args.collect_only else [sys.executable, script.name]
         if args.cpu and not args.collect_only:
-            cmd = [sys.executable, "-c", f"import nvfe_cpu, runpy; runpy.run_path({script.name!r}, run_name='__main__')"]
+            cmd = [
+                sys.executable,
+                "-c",
+                f"import nvfe_cpu, runpy; runpy.run_path({script.name!r}, run_name='__main__')",
+            ]
         t0 = time.time()
         try:
-            proc = subprocess.run(cmd, cwd=nb_dir, env=_env(work, args), capture_output=True, text=True,
-                                  timeout=min(args.sample_timeout, max(10, left - 10)))
+            proc = subprocess.run(
+                cmd,
+                cwd=nb_dir,
+                env=_env(work, args),
+                capture_output=True,
+                text=True,
+                timeout=min(args.sample_timeout, max(10, left - 10)),
+            )
             ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr).strip().splitlines()[-12:]
         except subprocess.TimeoutExpired:
             ok, tail = False, ["timeout"]
         (out / f"sample_{script.stem}.log").write_text("\n".join(tail) + "\n")
-        results[script.stem] = {"result": "ok" if ok else "failed", "seconds": round(time.time() - t0, 1),
-                                "last": "" if ok else (tail[-1] if tail else "")}
+        results[script.stem] = {
+            "result": "ok" if ok else "failed",
+            "seconds": round(time.time() - t0, 1),
+            "last": "" if ok else (tail[-1] if tail else ""),
+        }
     return results
 
 
@@ -406,24 +437,31 @@ def table(tests: dict, samples: dict, collect_only: bool) -> str:
     if tests:
         if collect_only:
             lines += ["| file | collected | collection errors | rc |", "|---|---|---|---|"]
-            lines += [f"| {k} | {v.get('collected', '-')} | {v.get('errors', '-')} | {v.get('rc', '-')} |"
-                      for k, v in tests.items()]
+            lines += [
+                f"| {k} | {v.get('collected', '-')} | {v.get('errors', '-')} | {v.get('rc', '-')} |"
+                for k, v in tests.items()
+            ]
         else:
-            lines += ["| file | passed | failed | errors | skipped | pass rate (not skipped) | seconds |",
-                      "|---|---|---|---|---|---|---|"]
+            lines += [
+                "| file | passed | failed | errors | skipped | pass rate (not skipped) | seconds |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for k, v in tests.items():
                 if "passed" not in v:
                     lines.append(f"| {k} | {v.get('note', v.get('rc'))} | | | | | |")
                     continue
                 ran = v["passed"] + v["failed"] + v["errors"]
                 rate = f"{100.0 * v['passed'] / ran:.1f}%" if ran else "-"
-                lines.append(f"| {k} | {v['passed']} | {v['failed']} | {v['errors']} | {v['skipped']} | {rate} | "
-                             f"{v['seconds']} |")
+                lines.append(
+                    f"| {k} | {v['passed']} | {v['failed']} | {v['errors']} | {v['skipped']} | {rate} | "
+                    f"{v['seconds']} |"
+                )
         lines.append("")
     if samples:
         lines += ["| notebook | result | seconds | last line |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['result']} | {v.get('seconds', '')} | {v.get('last', '')[:120]} |"
-                  for k, v in samples.items()]
+        lines += [
+            f"| {k} | {v['result']} | {v.get('seconds', '')} | {v.get('last', '')[:120]} |" for k, v in samples.items()
+        ]
         lines.append("")
     for k, v in tests.items():
         for kind in ("failed", "skipped"):
@@ -439,8 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=os.environ.get("NVFE_WORK", "/tmp/nvfe_work"))
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/nvfe_out"))
     p.add_argument("--parts", default="mhas,v2,thd,chunked,flexible,kernel_cache,samples")
-    p.add_argument("--mhas-sample", type=int, default=4000,
-                   help="test ids of test_mhas.py to run (about 3 in 4 skip by the test's own combination rules)")
+    p.add_argument(
+        "--mhas-sample",
+        type=int,
+        default=4000,
+        help="test ids of test_mhas.py to run (about 3 in 4 skip by the test's own combination rules)",
+    )
     p.add_argument("--shard", default="0/1", help="i/n: the i-th of n shards of each file's tests")
     p.add_argument("--jobs", type=int, default=8, help="pytest-xdist workers (1: none)")
     p.add_argument("--timeout", type=int, default=180, help="seconds per test (pytest-timeout)")
@@ -449,8 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", default="", help="OPGRAPH_CUDNN_ENGINES for the run (default: opgraph's choice)")
     p.add_argument("--collect-only", action="store_true")
     p.add_argument("--fake-cuda", action="store_true", help="(with --collect-only, on a machine without a GPU)")
-    p.add_argument("--cpu", action="store_true",
-                   help="run the tests with their CUDA tensors on the CPU (a plumbing check, not an acceptance run)")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run the tests with their CUDA tensors on the CPU (a plumbing check, not an acceptance run)",
+    )
     p.add_argument("-k", default="", help="pytest -k expression (a subset)")
     args = p.parse_args(argv)
     deadline = time.time() + args.budget
@@ -461,8 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     problems = prepare(src, work)
     if problems:
-        print("imports of the real cudnn frontend are left after the rewrite:\n  " + "\n  ".join(problems),
-              file=sys.stderr)
+        print(
+            "imports of the real cudnn frontend are left after the rewrite:\n  " + "\n  ".join(problems),
+            file=sys.stderr,
+        )
         return 3
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     files = [f for part in parts if part in TEST_PARTS for f in TEST_PARTS[part]]

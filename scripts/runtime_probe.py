@@ -34,7 +34,9 @@ def triton() -> bool:
     torch.cuda.synchronize()
     ok = torch.allclose(yv.float(), torch.relu(xv.float() + bv.float()), atol=1e-2)
     bound = plan._prepare({x: xv, b: bv, y: yv}, None)
-    print("launches", [type(launch).__name__ for launcher in bound.launchers for launch in launcher.launches], flush=True)
+    print(
+        "launches", [type(launch).__name__ for launcher in bound.launchers for launch in launcher.launches], flush=True
+    )
     return ok
 
 
@@ -51,8 +53,13 @@ def cudnn() -> bool:
     plan = g.build(device="cuda", engines=["cudnn", "triton", "torch"])
     print("build", time.perf_counter() - t0, plan.build_stats, plan.steps[0].config, flush=True)
     k = plan.steps[0].kernel
-    print("serialized", None if getattr(k, "serialized", None) is None else len(k.serialized), "cpp_index",
-          getattr(k, "cpp_index", None), flush=True)
+    print(
+        "serialized",
+        None if getattr(k, "serialized", None) is None else len(k.serialized),
+        "cpp_index",
+        getattr(k, "cpp_index", None),
+        flush=True,
+    )
     xv = cl(torch.randn(*dims, device="cuda", dtype=torch.float16))
     wv = cl(torch.randn(64, 64, 3, 3, device="cuda", dtype=torch.float16) / 24)
     yv = torch.full_like(xv, float("nan"))

@@ -32,8 +32,12 @@ def gemm(a, b, c, M, N, K, sbk, sbn, NEG: tl.constexpr, BM: tl.constexpr, BN: tl
 def main() -> None:
     wrong = total = 0
     for (m, n, k), kmajor, stages, neg, (bm, bn, bk) in itertools.product(
-            ((2, 2, 12), (2, 2, 48), (64, 32, 48), (200, 100, 96)), (True, False), (1, 3, 4), (True, False),
-            ((64, 32, 16), (64, 64, 32), (128, 128, 64))):
+        ((2, 2, 12), (2, 2, 48), (64, 32, 48), (200, 100, 96)),
+        (True, False),
+        (1, 3, 4),
+        (True, False),
+        ((64, 32, 16), (64, 64, 32), (128, 128, 64)),
+    ):
         gen = torch.Generator().manual_seed(0)
         av = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         bv = torch.randn(k, n, generator=gen).to(torch.bfloat16)
@@ -42,8 +46,9 @@ def main() -> None:
         b = bv.t().contiguous().t().cuda() if kmajor else bv.cuda()
         c = torch.full((m, n), float("nan"), device="cuda")
         grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-        gemm[grid](a, b, c, m, n, k, b.stride(0), b.stride(1), NEG=neg, BM=bm, BN=bn, BK=bk, num_stages=stages,
-                   num_warps=4)
+        gemm[grid](
+            a, b, c, m, n, k, b.stride(0), b.stride(1), NEG=neg, BM=bm, BN=bn, BK=bk, num_stages=stages, num_warps=4
+        )
         torch.cuda.synchronize()
         got = c.double().cpu()
         ok = torch.allclose(got, want, rtol=2e-2, atol=2e-2)
@@ -51,8 +56,10 @@ def main() -> None:
         if not ok:
             wrong += 1
             zeros = " (all zeros)" if bool((got == 0).all()) else ""
-            print(f"WRONG m{m} n{n} k{k} B {'k-major' if kmajor else 'n-major'} tiles {bm}x{bn}x{bk} "
-                  f"num_stages={stages} {'-acc' if neg else 'acc'}{zeros}")
+            print(
+                f"WRONG m{m} n{n} k{k} B {'k-major' if kmajor else 'n-major'} tiles {bm}x{bn}x{bk} "
+                f"num_stages={stages} {'-acc' if neg else 'acc'}{zeros}"
+            )
     print(f"{wrong} wrong of {total}")
 
 

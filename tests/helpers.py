@@ -59,8 +59,18 @@ def interpreter_available() -> bool:
 requires_interpreter = pytest.mark.skipif(not interpreter_available(), reason="needs Triton and PyTorch")
 
 
-def assert_engine_matches(g: og.Graph, rng: np.random.Generator, *, engines=("triton",), device: str = "cpu",
-                          expect_steps: int | None = None, prepare=None, rtol=None, atol=None, **kw):
+def assert_engine_matches(
+    g: og.Graph,
+    rng: np.random.Generator,
+    *,
+    engines=("triton",),
+    device: str = "cpu",
+    expect_steps: int | None = None,
+    prepare=None,
+    rtol=None,
+    atol=None,
+    **kw,
+):
     """Build g for `engines` on `device` (the CPU means Triton's interpreter), run it on random
     inputs with poisoned outputs and assert every output matches the reference engine.
     Returns the plan (so tests can look at its steps)."""
@@ -179,8 +189,9 @@ def assert_candidates_match(plan, step, configs, rng: np.random.Generator, **tol
         assert not bad, f"{config}: " + "\n".join(map(str, bad))
 
 
-def assert_engine_close_l2(g: og.Graph, rng: np.random.Generator, *, max_rel_l2: float, engines=("triton",),
-                           device: str = "cuda", **kw):
+def assert_engine_close_l2(
+    g: og.Graph, rng: np.random.Generator, *, max_rel_l2: float, engines=("triton",), device: str = "cuda", **kw
+):
     """Like assert_engine_matches, but each output is compared by its relative L2 error
     ||got - want|| / ||want||: for low-precision results of long sums with cancellation (gradients),
     where an elementwise tolerance measures the inputs' rounding, not the kernel."""
@@ -249,8 +260,15 @@ def example_env(**extra: str) -> dict[str, str]:
 
 def run_example(name: str, *args: str, timeout: float = 600, **extra: str) -> str:
     """Run examples/<name> in a subprocess: it must exit 0 and report no mismatch. Returns its output."""
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
-                          timeout=timeout, env=example_env(**extra), cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=example_env(**extra),
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "MISMATCH" not in proc.stdout, proc.stdout[-3000:]
     return proc.stdout

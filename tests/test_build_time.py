@@ -66,7 +66,7 @@ def test_growing_a_piece_is_making_it():
     g = og.Graph(io_data_type=og.DataType.FLOAT)
     w = g.tensor(dim=[3], name="w", uid=50)
     x = g.tensor(dim=[3], name="x")
-    a = g.mul(w, x)                       # reads the old w
+    a = g.mul(w, x)  # reads the old w
     b = g.exp(a).set_output(True).set_name("b")
     g.sub(w, g.mul(a, 0.1)).set_uid(50).set_output(True)  # w updated in place
     g.add(b, x).set_output(True).set_name("c")

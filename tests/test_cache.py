@@ -48,8 +48,9 @@ def test_the_loader_keeps_the_folder_under_the_cap(tmp_path, monkeypatch):
     loader.load_module("def kernel_probe(x):\n    return x\n# " + "y" * 100 + "\n", interpret=True)
     files = list((tmp_path / "kernels").iterdir())
     assert len(files) <= 8, len(files)
-    assert any("og_" + loader.source_hash("def kernel_probe(x):\n    return x\n# " + "y" * 100 + "\n") in f.name
-               for f in files)
+    assert any(
+        "og_" + loader.source_hash("def kernel_probe(x):\n    return x\n# " + "y" * 100 + "\n") in f.name for f in files
+    )
 
 
 def test_cap_from_the_environment(monkeypatch):

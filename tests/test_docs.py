@@ -29,14 +29,19 @@ def test_getting_started_runs_as_written(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["OPGRAPH_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, "guide.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "guide.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (tmp_path / "block.json").exists() and (tmp_path / "block.plan").exists()
-    for args in (["check", "block.json"], ["run", "block.json", "--device", "cpu", "--repeat", "1"],
-                 ["explain", "block.plan"]):
-        cli = subprocess.run([sys.executable, "-m", "opgraph", *args], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=600)
+    for args in (
+        ["check", "block.json"],
+        ["run", "block.json", "--device", "cpu", "--repeat", "1"],
+        ["explain", "block.plan"],
+    ):
+        cli = subprocess.run(
+            [sys.executable, "-m", "opgraph", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
         assert cli.returncode == 0, (args, cli.stdout[-2000:], cli.stderr[-2000:])
 
 
@@ -66,7 +71,8 @@ PACKAGE = ROOT / "opgraph"
 def _layers_units() -> set[str]:
     """opgraph's top-level packages (`name/`) and modules (`name.py`): the units tests/test_layers.py layers."""
     return {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} | {
-        p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
+        p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")
+    }
 
 
 def _readme_layout() -> str:

@@ -41,9 +41,9 @@ def _bezier_points(pos: str) -> list[tuple[float, float]]:
     pts = [tuple(map(float, p.split(","))) for p in pos.split() if not p.startswith(("e,", "s,"))]
     out = []
     for i in range(0, len(pts) - 3, 3):
-        p0, p1, p2, p3 = pts[i:i + 4]
+        p0, p1, p2, p3 = pts[i : i + 4]
         for t in np.linspace(0, 1, 16):
-            a, b, c, d = (1 - t) ** 3, 3 * t * (1 - t) ** 2, 3 * t * t * (1 - t), t ** 3
+            a, b, c, d = (1 - t) ** 3, 3 * t * (1 - t) ** 2, 3 * t * t * (1 - t), t**3
             out.append((a * p0[0] + b * p1[0] + c * p2[0] + d * p3[0], a * p0[1] + b * p1[1] + c * p2[1] + d * p3[1]))
     return out
 
@@ -51,8 +51,9 @@ def _bezier_points(pos: str) -> list[tuple[float, float]]:
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot program is not installed")
 def test_no_edge_crosses_a_label_in_the_laid_out_picture():
     plan = _plan()
-    laid = json.loads(subprocess.run(["dot", "-Tjson"], input=plan_to_dot(plan), capture_output=True, text=True,
-                                     check=True).stdout)
+    laid = json.loads(
+        subprocess.run(["dot", "-Tjson"], input=plan_to_dot(plan), capture_output=True, text=True, check=True).stdout
+    )
     objects = laid["objects"]
     boxes = {}
     for o in objects:

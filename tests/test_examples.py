@@ -36,8 +36,7 @@ def test_example_runs(path):
     env = example_env()
     root = path.parent.parent
     before = _cpu_seconds()
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=900, env=env,
-                          cwd=root)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=900, env=env, cwd=root)
     used = _cpu_seconds() - before
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "MISMATCH" not in proc.stdout, proc.stdout[-3000:]

@@ -121,8 +121,10 @@ def test_no_import_goes_up_a_layer():
             if (module, imported) in FACADES:
                 continue
             if other_level > level or (other_level == level and other != name):
-                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} ({name}, layer {level}) imports "
-                           f"{imported} ({other}, layer {other_level})")
+                bad.append(
+                    f"{path.relative_to(ROOT.parent)}:{line}: {module} ({name}, layer {level}) imports "
+                    f"{imported} ({other}, layer {other_level})"
+                )
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
 
 
@@ -168,8 +170,11 @@ def test_module_level_imports_have_no_cycle():
 
 @pytest.mark.parametrize("limit", [600])
 def test_no_source_file_is_huge(limit):
-    big = [f"{p.relative_to(ROOT.parent)}: {n} lines" for p in ROOT.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > limit]
+    big = [
+        f"{p.relative_to(ROOT.parent)}: {n} lines"
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > limit
+    ]
     assert not big, f"source files over {limit} lines (split them by concern):\n" + "\n".join(big)
 
 
@@ -225,8 +230,9 @@ def test_no_engine_imports_another_engine():
             theirs = _engine_of(imported)
             if theirs is not None and theirs != mine:
                 who = f"engine {mine}" if mine else "a neutral module"
-                bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} ({who}) imports {imported} "
-                           f"(engine {theirs})")
+                bad.append(
+                    f"{path.relative_to(ROOT.parent)}:{line}: {module} ({who}) imports {imported} (engine {theirs})"
+                )
     assert not bad, "imports between engines:\n" + "\n".join(bad)
 
 
@@ -252,15 +258,22 @@ def test_no_dated_measurement_in_the_package():
     bad = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = str(path.relative_to(ROOT.parent))
-        bad += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
-                if DATED.search(line)]
-    assert not bad, ("dated measurements in opgraph/ (move the numbers to bench/results/constants.md and keep a "
-                     "line and a link):\n" + "\n".join(bad))
+        bad += [
+            f"{rel}:{i}: {line.strip()}"
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if DATED.search(line)
+        ]
+    assert not bad, (
+        "dated measurements in opgraph/ (move the numbers to bench/results/constants.md and keep a "
+        "line and a link):\n" + "\n".join(bad)
+    )
 
 
 def _sections(path: Path) -> set[str]:
-    return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+    return {
+        re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)
+    }
 
 
 def test_links_to_the_evidence_name_its_sections():
@@ -294,8 +307,11 @@ def _private_reads(path: Path) -> list[tuple[int, str]]:
                 continue
             found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.ImportFrom):
-            found += [(node.lineno, f"from {'.' * node.level}{node.module or ''} import {a.name}")
-                      for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            found += [
+                (node.lineno, f"from {'.' * node.level}{node.module or ''} import {a.name}")
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
     return found
 
 

@@ -20,12 +20,14 @@ def test_typed_and_one_version_source():
 
 
 def test_import_opgraph_leaves_the_heavy_parts_for_first_use():
-    code = ("import sys, opgraph as og\n"
-            "lazy = ('opgraph.testing', 'opgraph.training', 'opgraph.autodiff', 'opgraph.frontends', 'torch', 'triton')\n"
-            "print(sorted(m for m in lazy if m in sys.modules))\n"
-            "og.grad, og.GradGraph, og.testing.compare, og.training.sgd_momentum\n"
-            "from opgraph import from_torch, grad\n"
-            "print(sorted(m for m in lazy[:4] if m in sys.modules))\n")
+    code = (
+        "import sys, opgraph as og\n"
+        "lazy = ('opgraph.testing', 'opgraph.training', 'opgraph.autodiff', 'opgraph.frontends', 'torch', 'triton')\n"
+        "print(sorted(m for m in lazy if m in sys.modules))\n"
+        "og.grad, og.GradGraph, og.testing.compare, og.training.sgd_momentum\n"
+        "from opgraph import from_torch, grad\n"
+        "print(sorted(m for m in lazy[:4] if m in sys.modules))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     first, second = done.stdout.splitlines()

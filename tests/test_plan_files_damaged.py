@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
+
 # damaged files are written with the version-1 header (no checksum), so that the damage reaches the
 # parser's checks; a version-2 file's checksum would refuse them all up front
 from opgraph.runtime.plan_io import MAGIC_1 as MAGIC
@@ -73,8 +74,10 @@ def test_removed_or_unknown_knobs():
 
 
 @requires_interpreter
-@pytest.mark.parametrize("template", ["pointwise", "reduction", "matmul", "conv_fprop", "rownorm", "norm_stats",
-                                      "pooling", "depthwise", "nope", 3])
+@pytest.mark.parametrize(
+    "template",
+    ["pointwise", "reduction", "matmul", "conv_fprop", "rownorm", "norm_stats", "pooling", "depthwise", "nope", 3],
+)
 def test_flipped_template_name(template):
     doc = _doc(_plan(["triton"]))
     for i, step in enumerate(doc["steps"]):
@@ -116,15 +119,30 @@ def test_flipped_engine_name(engine, rng):
             _load(doc)
 
 
-@pytest.mark.parametrize("path,value", [
-    (("steps", 0, "alternatives"), 5), (("steps", 0, "alternatives"), [7]), (("cuts",), 3), (("cuts",), [[1]]),
-    (("cuts",), [{"before": 1, "node": 0, "reasons": [["torch"]]}]),
-    (("steps", 0, "nodes"), [0, 0]), (("steps", 0, "nodes"), [99]), (("steps", 0, "nodes"), "0"),
-    (("steps", 0, "config", "numerical_notes"), ["TF64"]), (("steps", 0, "config", "knobs"), {"a": 1}),
-    (("steps", 0, "config", "measured_us"), "fast"), (("steps",), []), (("device", "index"), "0"),
-    (("graph", "tensors", 0, "dim"), [2, "3", 4]), (("graph", "tensors", 0, "data_type"), "FLOAT16X"),
-    (("graph", "ops", 0, "attrs", "mode"), "NOPE"), (("graph",), None), (("version",), 99), (("environment",), 3),
-])
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (("steps", 0, "alternatives"), 5),
+        (("steps", 0, "alternatives"), [7]),
+        (("cuts",), 3),
+        (("cuts",), [[1]]),
+        (("cuts",), [{"before": 1, "node": 0, "reasons": [["torch"]]}]),
+        (("steps", 0, "nodes"), [0, 0]),
+        (("steps", 0, "nodes"), [99]),
+        (("steps", 0, "nodes"), "0"),
+        (("steps", 0, "config", "numerical_notes"), ["TF64"]),
+        (("steps", 0, "config", "knobs"), {"a": 1}),
+        (("steps", 0, "config", "measured_us"), "fast"),
+        (("steps",), []),
+        (("device", "index"), "0"),
+        (("graph", "tensors", 0, "dim"), [2, "3", 4]),
+        (("graph", "tensors", 0, "data_type"), "FLOAT16X"),
+        (("graph", "ops", 0, "attrs", "mode"), "NOPE"),
+        (("graph",), None),
+        (("version",), 99),
+        (("environment",), 3),
+    ],
+)
 def test_fields_of_the_wrong_kind(path, value):
     doc = _doc(_plan(["reference"]))
     target = doc

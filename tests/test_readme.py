@@ -22,14 +22,15 @@ def test_the_quick_start_runs_as_pasted(tmp_path):
     script.write_text(block.group(1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a user's shell
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "(8, 32, 12, 12) float16 True" in done.stdout, done.stdout
 
 
 def test_it_says_how_to_install_with_pip():
-    assert re.search(r"pip install \.\s", README) and "pip install \".[torch,triton]\"" in README
+    assert re.search(r"pip install \.\s", README) and 'pip install ".[torch,triton]"' in README
 
 
 def test_the_numerical_notes_it_names_exist():

@@ -143,10 +143,13 @@ def test_plan_files_carry_compiled_kernels_checked_by_hash(rng):
     assert artifacts.get("triton", "k" * 32) is None  # nothing from a file is registered process-wide
     assert len(loaded.state.kernels) == 0 and loaded.build_stats["compile"]["embedded"] == 0  # no step used it
     assert json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])["artifacts"] == []
-    for damage, rule in ((lambda a: a.update(data=a["data"][:-8] + "AAAAAAA="), "plan.artifact"),
-                         (lambda a: a.update(data="not base64!"), "plan.artifact"),
-                         (lambda a: a.update(sha256="0" * 64), "plan.artifact"),
-                         (lambda a: a.update(meta=[]), "plan.schema"), (lambda a: a.pop("kind"), "plan.schema")):
+    for damage, rule in (
+        (lambda a: a.update(data=a["data"][:-8] + "AAAAAAA="), "plan.artifact"),
+        (lambda a: a.update(data="not base64!"), "plan.artifact"),
+        (lambda a: a.update(sha256="0" * 64), "plan.artifact"),
+        (lambda a: a.update(meta=[]), "plan.schema"),
+        (lambda a: a.pop("kind"), "plan.schema"),
+    ):
         d = json.loads(json.dumps(doc))
         damage(d["artifacts"][0])
         with pytest.raises(og.SerializationError) as err:
@@ -194,9 +197,21 @@ def _specs(graphs, target=("cuda", 90, 32)):
             module = exec_generated(str(module_file(src)), module_name(src, False), jit=True)
             for launch in k.generated.launches:
                 fn = getattr(module, launch.kernel)
-                out.append((compiler.make_spec(fn, str(module_file(src)), module_name(src, False), launch.kernel,
-                                               [k._arg_type(a) for a in launch.args], dict(launch.meta), target,
-                                               compiler.canonical_digest(src)), fn))
+                out.append(
+                    (
+                        compiler.make_spec(
+                            fn,
+                            str(module_file(src)),
+                            module_name(src, False),
+                            launch.kernel,
+                            [k._arg_type(a) for a in launch.args],
+                            dict(launch.meta),
+                            target,
+                            compiler.canonical_digest(src),
+                        ),
+                        fn,
+                    )
+                )
     return out
 
 
@@ -212,8 +227,11 @@ def test_kernels_compile_in_workers_each_once_and_are_reused(tmp_path, monkeypat
     monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path / "og"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     graphs = []
-    for name, build in (("a", lambda g, x: g.sigmoid(g.mul(x, 3.0))), ("b", lambda g, x: g.relu(g.add(x, 1.0))),
-                        ("a2", lambda g, x: g.sigmoid(g.mul(x, 3.0)))):
+    for name, build in (
+        ("a", lambda g, x: g.sigmoid(g.mul(x, 3.0))),
+        ("b", lambda g, x: g.relu(g.add(x, 1.0))),
+        ("a2", lambda g, x: g.sigmoid(g.mul(x, 3.0))),
+    ):
         g = og.Graph(name, io_data_type=og.DataType.HALF)
         build(g, g.tensor(dim=[4, 32], name="x")).set_output(True)
         graphs.append(g)

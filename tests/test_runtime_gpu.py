@@ -87,8 +87,9 @@ def test_each_pointer_is_read_once_per_execute(monkeypatch):
         plan.execute(dict(pack))  # a new dict of the same tensors
     monkeypatch.undo()
     torch.cuda.synchronize()
-    assert (same, len(reads) - same) == (9, 9), f"data_ptr() reads for 3 + 3 executes of a 3-tensor pack: {same}, " \
-        f"{len(reads) - same}"
+    assert (same, len(reads) - same) == (9, 9), (
+        f"data_ptr() reads for 3 + 3 executes of a 3-tensor pack: {same}, {len(reads) - same}"
+    )
     torch.testing.assert_close(yv, _want(xv, bv))
 
 
@@ -243,6 +244,7 @@ def test_lazy_compile_compiles_at_the_first_execute(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     compiler._BINARIES.clear()
     g, x, b, y = _bias_relu()
+
     def made():  # compiled, or loaded from a disk cache that another test of this process filled
         return compiler.STATS["compiled"] + compiler.STATS["loaded"]
 

@@ -77,8 +77,11 @@ def test_fast_binder_checks_run_time_scalars():
     final = g.final
     fast = PackBinder(final, CUDA)
     fast.tensor_type = FakeCudaTensor
-    pack = {u: FakeCudaTensor(final.tensors[u].dim, torch.float32, 4096 * (i + 1))
-            for i, u in enumerate((*final.inputs, *final.outputs)) if not final.tensors[u].is_pass_by_value}
+    pack = {
+        u: FakeCudaTensor(final.tensors[u].dim, torch.float32, 4096 * (i + 1))
+        for i, u in enumerate((*final.inputs, *final.outputs))
+        if not final.tensors[u].is_pass_by_value
+    }
     pack[eps.uid] = 1e-5
     fast._learn(pack)
     assert fast._fast(pack) is not None
@@ -105,8 +108,12 @@ def test_pass_by_value_epsilon_is_checked_like_a_literal(bad, rng):
     g = graph(None)
     plan = g.build(device="cpu")
     f = g.final
-    pack = {"x": random_values(f.tensor("x"), rng), "scale": random_values(f.tensor("scale"), rng), "eps": bad,
-            "y": poison(np.empty(f.tensor("y").dim, np.float32))}
+    pack = {
+        "x": random_values(f.tensor("x"), rng),
+        "scale": random_values(f.tensor("scale"), rng),
+        "eps": bad,
+        "y": poison(np.empty(f.tensor("y").dim, np.float32)),
+    }
     with pytest.raises(og.VariantPackError) as info:
         plan.execute(pack)
     err = info.value
@@ -122,8 +129,15 @@ def test_pass_by_value_momentum_is_checked(rng):
     x = g.tensor(dim=[4, 3, 2], name="x")
     c = [1, 3, 1]
     m = g.tensor(dim=[1], name="m", is_pass_by_value=True)
-    outs = g.batchnorm(x, g.tensor(dim=c, name="scale"), g.tensor(dim=c, name="bias"), g.tensor(dim=c, name="rm"),
-                       g.tensor(dim=c, name="rv"), epsilon=1e-5, momentum=m)
+    outs = g.batchnorm(
+        x,
+        g.tensor(dim=c, name="scale"),
+        g.tensor(dim=c, name="bias"),
+        g.tensor(dim=c, name="rm"),
+        g.tensor(dim=c, name="rv"),
+        epsilon=1e-5,
+        momentum=m,
+    )
     for i, t in enumerate(outs):
         t.set_output(True).set_name(f"o{i}")
     plan = g.build(device="cpu")

@@ -45,21 +45,27 @@ def gpt(dtype=torch.float64, **kw):
 def torch_optimizer(opt, params):
     h = opt.hyper
     if isinstance(opt, AdamW):
-        return torch.optim.AdamW(params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                                 weight_decay=h["weight_decay"])
-    return torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"], nesterov=opt.nesterov,
-                           weight_decay=h["weight_decay"])
+        return torch.optim.AdamW(
+            params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"], weight_decay=h["weight_decay"]
+        )
+    return torch.optim.SGD(
+        params, lr=h["lr"], momentum=h["momentum"], nesterov=opt.nesterov, weight_decay=h["weight_decay"]
+    )
 
 
 def torch_step(model, opt, x, y, *, loss="cross_entropy", clip=None, autocast=None, scaler=None):
     opt.zero_grad(set_to_none=True)
-    ctx = torch.autocast("cpu" if x.device.type == "cpu" else "cuda", dtype=autocast) if autocast else \
-        torch.autocast("cpu", enabled=False)
+    ctx = (
+        torch.autocast("cpu" if x.device.type == "cpu" else "cuda", dtype=autocast)
+        if autocast
+        else torch.autocast("cpu", enabled=False)
+    )
     with ctx:
         out = model(x)
         if loss == "cross_entropy":
-            value = F.cross_entropy(out.reshape(-1, out.shape[-1]).float() if autocast else
-                                    out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            value = F.cross_entropy(
+                out.reshape(-1, out.shape[-1]).float() if autocast else out.reshape(-1, out.shape[-1]), y.reshape(-1)
+            )
         else:
             value = F.mse_loss(out.float() if autocast else out, y)
     norm = None
@@ -202,8 +208,11 @@ def test_cross_entropy_ignore_index_and_label_smoothing():
     assert_same_training(model, ref, step, topt, tol=1e-12)
 
 
-GPTS = [dict(), dict(positions="rotary", norm="rms", mlp="swiglu"),
-        dict(positions="rotary", attention="sdpa", layers=1)]
+GPTS = [
+    dict(),
+    dict(positions="rotary", norm="rms", mlp="swiglu"),
+    dict(positions="rotary", attention="sdpa", layers=1),
+]
 
 
 @pytest.mark.parametrize("kw", GPTS, ids=["learned-layernorm-gelu", "rotary-rmsnorm-swiglu", "sdpa-custom-op"])
@@ -239,8 +248,18 @@ def test_gpt_trains_like_torch(kw):
 
 def test_batchnorm_running_stats_are_written_back():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(4, 3)).double().train()
+    model = (
+        nn.Sequential(
+            nn.Conv2d(2, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 3),
+        )
+        .double()
+        .train()
+    )
     ref = copy.deepcopy(model)
     x = torch.randn(4, 2, 5, 5, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 1])
@@ -295,8 +314,9 @@ def test_fp16_dynamic_loss_scale_like_grad_scaler():
     y = torch.arange(8) % 5
     cfg = {"init_scale": 2.0**40, "growth_interval": 2}
     opt = AdamW(1e-2)
-    step = train_step(og.from_torch(model, (x,)), optimizer=opt, mixed_precision="fp16", grad_clip_norm=1.0,
-                      loss_scale=cfg)
+    step = train_step(
+        og.from_torch(model, (x,)), optimizer=opt, mixed_precision="fp16", grad_clip_norm=1.0, loss_scale=cfg
+    )
     topt = torch_optimizer(opt, ref.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=cfg["init_scale"], growth_interval=cfg["growth_interval"])
     scales, counts = [], []
@@ -327,8 +347,9 @@ def test_fp16_loss_scale_seeds_a_loss_function():
         d = g.sub(out, target)
         return g.reduction(g.mul(d, d), "avg").set_dim([1, 1]).set_data_type("float")
 
-    step = train_step(og.from_torch(model, (x,)), mse, SGD(0.1), mixed_precision="fp16",
-                      loss_scale={"init_scale": 1024.0})
+    step = train_step(
+        og.from_torch(model, (x,)), mse, SGD(0.1), mixed_precision="fp16", loss_scale={"init_scale": 1024.0}
+    )
     topt = torch.optim.SGD(ref.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     for _ in range(3):
@@ -355,7 +376,6 @@ def test_run_builds_once_and_returns_a_copy_of_the_loss():
     assert step.plan.device.kind == "cpu"
 
 
-
 @pytest.mark.parametrize("allow_tf32", [False, True])
 def test_the_plan_computes_fp32_products_as_the_import_allows(allow_tf32, monkeypatch):
     """TF32 (NumericalNote.DOWN_CONVERT_INPUTS) only where from_torch's allow_tf32 (or PyTorch's settings
@@ -375,6 +395,7 @@ def test_the_plan_computes_fp32_products_as_the_import_allows(allow_tf32, monkey
     assert explicit == (["TENSOR_CORE", NumericalNote.DOWN_CONVERT_INPUTS] if allow_tf32 else ["TENSOR_CORE"])
     assert seen[0]["device"] == "cpu" and step.plan.device.kind == "cpu"
 
+
 def test_errors_name_the_rule():
     model = mlp()
     x = torch.randn(8, 6, dtype=torch.float64)
@@ -387,8 +408,12 @@ def test_errors_name_the_rule():
         (lambda: SGD(0.1, nesterov=True), "training.nesterov"),
         (lambda: AdamW(0.1, betas=(1.0, 0.9)), "training.betas"),
         (lambda: SGD(0.1).set(beta1=0.9), "training.hyper"),
-        (lambda: train_step(imported, loss_scale={"init_scale": 2.0}, mixed_precision="fp16",
-                            optimizer=SGD(0.1)).run(x), "training.target"),
+        (
+            lambda: train_step(
+                imported, loss_scale={"init_scale": 2.0}, mixed_precision="fp16", optimizer=SGD(0.1)
+            ).run(x),
+            "training.target",
+        ),
         (lambda: train_step(imported, optimizer=SGD(0.1)).run(x, torch.arange(7)), "training.target_shape"),
         (lambda: train_step(og.from_torch(model.half(), (x.half(),)), mixed_precision="bf16"), "training.master_type"),
     ]
@@ -485,12 +510,14 @@ def test_cuda_graph_replay_equals_run():
     losses and parameters of step.run on a copy of the module."""
     model = _gpu_gpt()
     twin = copy.deepcopy(model)
-    batches = [(torch.randint(0, 97, (4, 32), device="cuda"), torch.randint(0, 97, (4, 32), device="cuda"))
-               for _ in range(6)]
+    batches = [
+        (torch.randint(0, 97, (4, 32), device="cuda"), torch.randint(0, 97, (4, 32), device="cuda")) for _ in range(6)
+    ]
     steps = {}
     for name, m in (("run", model), ("graph", twin)):
-        steps[name] = train_step(og.from_torch(m, (batches[0][0],)), "cross_entropy", AdamW(1e-3),
-                                 mixed_precision="bf16", grad_clip_norm=1.0)
+        steps[name] = train_step(
+            og.from_torch(m, (batches[0][0],)), "cross_entropy", AdamW(1e-3), mixed_precision="bf16", grad_clip_norm=1.0
+        )
     captured = steps["graph"].capture(*batches[0])
     for i, (idx, y) in enumerate(batches):
         lr = 1e-3 * (1 + math.cos(math.pi * i / len(batches))) / 2
@@ -516,8 +543,9 @@ def test_capture_warm_up_undoes_its_step():
     model = gpt(torch.float32, vocab=37, d=32, heads=2, seq=16, layers=1)
     twin = copy.deepcopy(model)
     idx, y = torch.randint(0, 37, (2, 16)), torch.randint(0, 37, (2, 16))
-    a, b = (train_step(og.from_torch(m, (idx,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=1.0)
-            for m in (model, twin))
+    a, b = (
+        train_step(og.from_torch(m, (idx,)), "cross_entropy", AdamW(1e-2), grad_clip_norm=1.0) for m in (model, twin)
+    )
     pack = b.pack(idx, y)
     b.build("cpu")
     saved = b._snapshot(pack)

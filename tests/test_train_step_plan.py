@@ -80,8 +80,13 @@ def test_mixed_precision_split_gradient_is_not_copied():
     concats = [n for n in final.nodes if n.kind == "concatenate"]
     assert len(concats) == 2, [n.name for n in concats]  # one per layer
     assert all(final.tensors[n.output_uids()[0]].data_type is og.DataType.BFLOAT16 for n in concats)
-    copies = [n.name for n in final.nodes if n.kind == "pointwise" and n.op.mode.name == "IDENTITY"
-              and final.tensors[n.input_uids()[0]].data_type is final.tensors[n.output_uids()[0]].data_type]
+    copies = [
+        n.name
+        for n in final.nodes
+        if n.kind == "pointwise"
+        and n.op.mode.name == "IDENTITY"
+        and final.tensors[n.input_uids()[0]].data_type is final.tensors[n.output_uids()[0]].data_type
+    ]
     assert not copies, copies
 
 
@@ -118,8 +123,9 @@ def test_sdpa_step_on_generated_kernels_matches_the_reference_engine():
     base = sdpa_gpt(torch.float32, layers)
     idx = torch.randint(0, 17, (2, 8))
     y = torch.randint(0, 17, (2, 8))
-    models, losses, steps = _two_steps_each(base, idx, y, "cross_entropy", SGD(0.5, momentum=0.9),
-                                            mixed_precision="bf16")
+    models, losses, steps = _two_steps_each(
+        base, idx, y, "cross_entropy", SGD(0.5, momentum=0.9), mixed_precision="bf16"
+    )
     templates = [s.config.knob("template") for s in steps[("triton", "torch")].plan.steps]
     assert templates.count("attention") == layers and templates.count("attention_bwd") == layers, templates
     got, want = losses[("triton", "torch")], losses[("reference",)]
@@ -147,8 +153,9 @@ def test_cross_entropy_reads_the_logits_once_in_the_forward(smoothing):
     loss = og.training.CrossEntropy(label_smoothing=smoothing)
     models, losses, steps = _two_steps_each(base, x, y, loss, SGD(0.1, momentum=0.9))
     step = steps[("triton", "torch")]
-    forward, backward = [{n.name for n in s.piece.nodes} for s in step.plan.steps
-                         if step.out_uid in s.piece.inputs]  # exactly two steps read the logits
+    forward, backward = [
+        {n.name for n in s.piece.nodes} for s in step.plan.steps if step.out_uid in s.piece.inputs
+    ]  # exactly two steps read the logits
     assert {"ce.sum", "ce.picked"} | ({"ce.mean_logit"} if smoothing else set()) <= forward, forward
     assert "ce.dlogits" in backward, backward
     got, want = losses[("triton", "torch")], losses[("reference",)]

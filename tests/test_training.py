@@ -154,8 +154,13 @@ def test_sgd_momentum_steps_match_torch_optim(rng):
         for name, t in p.items():
             np.testing.assert_allclose(got[name], t.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=f"{name} {i}")
             v = pack[velocity(step, f.tensor(name).uid)]
-            np.testing.assert_allclose(v, opt.state[t]["momentum_buffer"].numpy(), rtol=1e-10, atol=1e-12,
-                                       err_msg=f"velocity of {name} at step {i}")
+            np.testing.assert_allclose(
+                v,
+                opt.state[t]["momentum_buffer"].numpy(),
+                rtol=1e-10,
+                atol=1e-12,
+                err_msg=f"velocity of {name} at step {i}",
+            )
 
 
 def test_loss_decreases_on_a_fixed_batch(rng):
@@ -251,7 +256,6 @@ def test_the_deprecated_sgd_momentum_warns_and_is_the_same_step(rng):
         np.testing.assert_array_equal(pack[v.uid], start[velocity(new, uid)])
 
 
-
 def test_example_09_cpu_mode():
     out = run_example("09_cuda_graph_training.py", OPGRAPH_EXAMPLE_CPU="1")
     assert "PyTorch vs op by op" in out, out
@@ -279,8 +283,9 @@ def test_triton_step_matches_the_reference_engine(rng):
             feed(packs[e], step, x, onehot)
             plan.execute(packs[e])
     for uid in (*param_uids(step), *velocity_uids(step), step.loss_uid):
-        np.testing.assert_allclose(packs["triton"][uid], packs["reference"][uid], rtol=1e-4, atol=1e-5,
-                                   err_msg=f.tensors[uid].name)
+        np.testing.assert_allclose(
+            packs["triton"][uid], packs["reference"][uid], rtol=1e-4, atol=1e-5, err_msg=f.tensors[uid].name
+        )
 
 
 def _emulated_capture(plan, pack):
@@ -487,8 +492,9 @@ def test_classifier_step_gradients_have_the_parameters_type(dtype, want):
     model = model.half() if dtype in ("half", "explicit") else model.float()
     x = torch.randn(2, 3, 32, 32, dtype=next(model.parameters()).dtype)
     with pytest.warns(DeprecationWarning, match="train_step"):
-        cs = og.training.classifier_step(og.from_torch(model, (x,)),
-                                         **({"grad_data_type": og.DataType.FLOAT} if dtype == "explicit" else {}))
+        cs = og.training.classifier_step(
+            og.from_torch(model, (x,)), **({"grad_data_type": og.DataType.FLOAT} if dtype == "explicit" else {})
+        )
     final = cs.step.graph.final
     kinds = {}
     for n in final.nodes:
@@ -517,8 +523,9 @@ def test_fp16_classifier_last_layer_gradients_are_as_accurate_as_torch(engines):
     F.cross_entropy(want(x.double()), labels).backward()
     eager = copy.deepcopy(model)
     F.cross_entropy(eager(x), labels).backward()
-    step = train_step(og.from_torch(model, (x,)), OneHotCrossEntropy(), SGD(0.1, momentum=0.9),
-                      grad_data_type=og.DataType.HALF)
+    step = train_step(
+        og.from_torch(model, (x,)), OneHotCrossEntropy(), SGD(0.1, momentum=0.9), grad_data_type=og.DataType.HALF
+    )
     plan = step.build(device="cpu", **({"engines": engines} if engines else {}))
     pack = step.pack(x, target=torch.eye(1000, dtype=torch.float16)[labels])
     plan.execute(pack)

@@ -89,12 +89,14 @@ def same_machine(runs: Sequence[RunRecord]) -> None:
     for key in MACHINE_KEYS:
         seen = {str(r.meta.get(key)) for r in runs}
         if len(seen) > 1:
-            raise MixedMachinesError(f"repeats differ in {key}: {sorted(seen)}; one machine per table "
-                                     "(aggregate each machine's runs apart)")
+            raise MixedMachinesError(
+                f"repeats differ in {key}: {sorted(seen)}; one machine per table (aggregate each machine's runs apart)"
+            )
 
 
-def verdicts(impls: Sequence[AggImpl], dtypes: dict[str, str],
-             absolute: Sequence[str] = ()) -> dict[str, tol.Tolerance]:
+def verdicts(
+    impls: Sequence[AggImpl], dtypes: dict[str, str], absolute: Sequence[str] = ()
+) -> dict[str, tol.Tolerance]:
     """Apply the tolerance rule to aggregated implementations (sets each one's verdict)."""
     ran = {i.impl: i.errors for i in impls if i.errors}
     peers = {i.impl for i in impls if i.role == "peer"}
@@ -127,9 +129,18 @@ def _merge_impl(rs: Sequence[ImplResult]) -> AggImpl:
     methods: dict[str, str] = {}
     for r in rs:
         methods.update(r.methods)
-    return AggImpl(first.impl, first.role, first.tuned, " | ".join(engines) if len(engines) > 1 else
-                   next(iter(engines), ""), status, next((r.error for r in rs if r.error), ""), errors, metrics,
-                   methods, next((r.notes for r in rs if r.notes), ""))
+    return AggImpl(
+        first.impl,
+        first.role,
+        first.tuned,
+        " | ".join(engines) if len(engines) > 1 else next(iter(engines), ""),
+        status,
+        next((r.error for r in rs if r.error), ""),
+        errors,
+        metrics,
+        methods,
+        next((r.notes for r in rs if r.notes), ""),
+    )
 
 
 TIMES = ("device_us", "replay_us", "execute_us", "latency_us")
@@ -150,8 +161,9 @@ def drop_impossible(impls: Sequence[AggImpl], floor: Floor, device: str) -> None
             s = i.metrics.get(m)
             if s is not None and (s.median <= 0 or s.median < least):
                 del i.metrics[m]
-                why = (f"below the math floor at the datasheet peak ({least:.1f} µs)" if s.median > 0 else
-                       "no time at all")
+                why = (
+                    f"below the math floor at the datasheet peak ({least:.1f} µs)" if s.median > 0 else "no time at all"
+                )
                 i.notes = (i.notes + f" {m} {s.median:.1f} µs dropped: {why}, so not a time of the work").strip()
 
 
@@ -165,8 +177,10 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
     cs = [r.ceilings for r in runs if r.ceilings is not None]
     if cs:
         kinds = sorted({k for c in cs for k in c.gemm_tflops})
-        ceil = Ceilings(statistics.median(c.copy_gbps for c in cs),
-                        {k: statistics.median(c.gemm_tflops[k] for c in cs if k in c.gemm_tflops) for k in kinds})
+        ceil = Ceilings(
+            statistics.median(c.copy_gbps for c in cs),
+            {k: statistics.median(c.gemm_tflops[k] for c in cs if k in c.gemm_tflops) for k in kinds},
+        )
     order: list[str] = []
     by_id: dict[str, list] = {}
     for r in runs:
@@ -195,7 +209,20 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
         # an output is absolute where any repeat found its reference zero (a repeat that failed before its
         # references has none)
         tols = verdicts(impls, dtypes, sorted({o for w in ws for o in w.absolute}))
-        out.workloads.append(AggWorkload(w0.id, w0.title, w0.group, w0.kind, list(w0.outputs), w0.floor, impls,
-                                         tols, w0.notes, len(ws), next((w.error for w in ws if w.error), ""),
-                                         w0.timed))
+        out.workloads.append(
+            AggWorkload(
+                w0.id,
+                w0.title,
+                w0.group,
+                w0.kind,
+                list(w0.outputs),
+                w0.floor,
+                impls,
+                tols,
+                w0.notes,
+                len(ws),
+                next((w.error for w in ws if w.error), ""),
+                w0.timed,
+            )
+        )
     return out

@@ -88,10 +88,15 @@ class Floor:
     def from_dict(cls, d: Mapping[str, Any] | None) -> Floor:
         if not d:
             return cls()
-        return cls(float(d.get("bytes", 0.0)), float(d.get("flops", 0.0)), d.get("dtype", "float16"),
-                   tuple((str(n), float(b)) for n, b in d.get("alt_bytes", ())),
-                   tuple(Layer(**layer) for layer in d.get("layers", ())), d.get("note", ""),
-                   bool(d.get("tflops", False)))
+        return cls(
+            float(d.get("bytes", 0.0)),
+            float(d.get("flops", 0.0)),
+            d.get("dtype", "float16"),
+            tuple((str(n), float(b)) for n, b in d.get("alt_bytes", ())),
+            tuple(Layer(**layer) for layer in d.get("layers", ())),
+            d.get("note", ""),
+            bool(d.get("tflops", False)),
+        )
 
 
 def bytes_us(nbytes: float, gbps: float) -> float:

@@ -83,11 +83,21 @@ class WorkloadResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkloadResult:
-        return cls(d["id"], d["title"], d["group"], d.get("kind", "kernel"),
-                   [tuple(o) for o in d.get("outputs", [])], Floor.from_dict(d.get("floor")),
-                   [ImplResult(**i) for i in d.get("impls", [])], dict(d.get("tolerances", {})),
-                   d.get("notes", ""), d.get("error", ""), float(d.get("elapsed_s", 0.0)),
-                   list(d.get("absolute", [])), bool(d.get("timed", True)))
+        return cls(
+            d["id"],
+            d["title"],
+            d["group"],
+            d.get("kind", "kernel"),
+            [tuple(o) for o in d.get("outputs", [])],
+            Floor.from_dict(d.get("floor")),
+            [ImplResult(**i) for i in d.get("impls", [])],
+            dict(d.get("tolerances", {})),
+            d.get("notes", ""),
+            d.get("error", ""),
+            float(d.get("elapsed_s", 0.0)),
+            list(d.get("absolute", [])),
+            bool(d.get("timed", True)),
+        )
 
 
 @dataclass
@@ -100,18 +110,30 @@ class RunRecord:
     repeat: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"schema": SCHEMA, "repeat": self.repeat, "meta": self.meta,
-                           "ceilings": self.ceilings.to_dict() if self.ceilings else None,
-                           "workloads": [w.to_dict() for w in self.workloads]}, indent=1, sort_keys=False,
-                          default=_json_default)
+        return json.dumps(
+            {
+                "schema": SCHEMA,
+                "repeat": self.repeat,
+                "meta": self.meta,
+                "ceilings": self.ceilings.to_dict() if self.ceilings else None,
+                "workloads": [w.to_dict() for w in self.workloads],
+            },
+            indent=1,
+            sort_keys=False,
+            default=_json_default,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:
         d = json.loads(text)
         if d.get("schema") != SCHEMA:
             raise ValueError(f"results schema {d.get('schema')} is not {SCHEMA} (written by another bench version)")
-        return cls(d["meta"], Ceilings.from_dict(d["ceilings"]) if d.get("ceilings") else None,
-                   [WorkloadResult.from_dict(w) for w in d["workloads"]], int(d.get("repeat", 0)))
+        return cls(
+            d["meta"],
+            Ceilings.from_dict(d["ceilings"]) if d.get("ceilings") else None,
+            [WorkloadResult.from_dict(w) for w in d["workloads"]],
+            int(d.get("repeat", 0)),
+        )
 
 
 def _json_default(x: Any) -> Any:

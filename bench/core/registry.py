@@ -55,12 +55,24 @@ class Registry:
         self._specs[spec.id] = spec
         return spec
 
-    def workload(self, id: str, *, group: str, title: str, kind: str = "kernel", quick: bool = True,
-                 needs: Iterable[str] = (), minutes: float = 0.5, timed: bool = True) -> Callable[[Callable], Callable]:
+    def workload(
+        self,
+        id: str,
+        *,
+        group: str,
+        title: str,
+        kind: str = "kernel",
+        quick: bool = True,
+        needs: Iterable[str] = (),
+        minutes: float = 0.5,
+        timed: bool = True,
+    ) -> Callable[[Callable], Callable]:
         """Decorator: register `make(ctx) -> Case` as a workload; returns the function unchanged."""
+
         def deco(make: Callable) -> Callable:
             self.register(WorkloadSpec(id, group, title, make, kind, quick, frozenset(needs), minutes, timed))
             return make
+
         return deco
 
     def get(self, id: str) -> WorkloadSpec:
@@ -95,8 +107,10 @@ class Registry:
             else:
                 hit = fnmatch.filter(self._specs, name)
             if not hit:
-                raise KeyError(f"no workload or group {name!r}; groups: {', '.join(groups)} "
-                               "(`python -m bench.run --list` lists the workloads)")
+                raise KeyError(
+                    f"no workload or group {name!r}; groups: {', '.join(groups)} "
+                    "(`python -m bench.run --list` lists the workloads)"
+                )
             chosen.update(hit)
         return [s for s in self._specs.values() if s.id in chosen and (s.quick or not quick)]
 

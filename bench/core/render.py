@@ -17,20 +17,37 @@ from .floors import datasheet, evaluate
 from .records import OURS
 
 TIME_TABLES: tuple[tuple[str, str, str], ...] = (
-    ("device_us", "CUDA graph: device time (µs per call)",
-     ("Each implementation captured K times in one CUDA graph by the suite's helper (the same for all), "
-     "replays timed with CUDA events, divided by K: device time, host hidden. † the profiler's kernel "
-     "sum, for an implementation that cannot be captured.")),
-    ("replay_us", "CUDA graph: replay as run (µs per call)",
-     ("One captured call replayed back to back (at most a few hundred replays between synchronisations), host "
-     "time of the replay included. torch.compile (CUDA graphs) is mode=\"max-autotune\", replaying its own "
-     "graphs.")),
-    ("execute_us", "Execute: plain calls (µs per call)",
-     ("Plain calls back to back, at most a few hundred between synchronisations: host time counts where it "
-     "exceeds the device's. torch.compile is mode=\"max-autotune-no-cudagraphs\".")),
-    ("latency_us", "Latency: one plain call (µs)",
-     ("One plain call on an idle device, wall clock from the call until the device is done (median of "
-     "many).")),
+    (
+        "device_us",
+        "CUDA graph: device time (µs per call)",
+        (
+            "Each implementation captured K times in one CUDA graph by the suite's helper (the same for all), "
+            "replays timed with CUDA events, divided by K: device time, host hidden. † the profiler's kernel "
+            "sum, for an implementation that cannot be captured."
+        ),
+    ),
+    (
+        "replay_us",
+        "CUDA graph: replay as run (µs per call)",
+        (
+            "One captured call replayed back to back (at most a few hundred replays between synchronisations), host "
+            'time of the replay included. torch.compile (CUDA graphs) is mode="max-autotune", replaying its own '
+            "graphs."
+        ),
+    ),
+    (
+        "execute_us",
+        "Execute: plain calls (µs per call)",
+        (
+            "Plain calls back to back, at most a few hundred between synchronisations: host time counts where it "
+            'exceeds the device\'s. torch.compile is mode="max-autotune-no-cudagraphs".'
+        ),
+    ),
+    (
+        "latency_us",
+        "Latency: one plain call (µs)",
+        ("One plain call on an idle device, wall clock from the call until the device is done (median of many)."),
+    ),
 )
 SHORT = {"opgraph": "opgraph", "opgraph tuned": "tuned", "generated": "generated", "generated tuned": "gen. tuned"}
 
@@ -101,8 +118,11 @@ def columns(ws: Sequence[AggWorkload], metric: str) -> tuple[list[str], list[str
     peers: list[str] = []
     for w in ws:
         for i in w.impls:
-            if i.role == "peer" and i.impl not in peers and any(
-                    (x := v.impl(i.impl)) is not None and metric in x.metrics for v in ws):
+            if (
+                i.role == "peer"
+                and i.impl not in peers
+                and any((x := v.impl(i.impl)) is not None and metric in x.metrics for v in ws)
+            ):
                 peers.append(i.impl)
     return ours, peers
 
@@ -113,8 +133,13 @@ def time_table(ws: Sequence[AggWorkload], metric: str, title: str, blurb: str, a
         return []
     ours, peers = columns(ws, metric)
     ours = [n for n in ours if any((i := w.impl(n)) is not None and metric in i.metrics for w in ws)]
-    head = (["workload", "floor (µs)", "engines (" + " · ".join(SHORT[n] for n in ours) + ")"] + ours + peers
-            + ["best peer"] + [f"{SHORT[n]} / best" for n in ours])
+    head = (
+        ["workload", "floor (µs)", "engines (" + " · ".join(SHORT[n] for n in ours) + ")"]
+        + ours
+        + peers
+        + ["best peer"]
+        + [f"{SHORT[n]} / best" for n in ours]
+    )
     lines = [f"### {title}", "", blurb, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios: dict[str, list[float]] = {n: [] for n in ours}
     for w in ws:
@@ -144,10 +169,19 @@ def rate_table(ws: Sequence[AggWorkload], agg: Aggregate) -> list[str]:
     ours, peers = columns(ws, "device_us")
     ours = [n for n in ours if any((i := w.impl(n)) is not None and "device_us" in i.metrics for w in ws)]
     head = ["workload", "TFLOP", "floor rate"] + ours + peers + ["best peer"]
-    lines = ["### Throughput: TFLOP/s (from the CUDA-graph device time)", "",
-             ("The workload's floating-point operations over the median device time of the first table (its ✗ and † "
-              "carry over). Floor rate: the cuBLAS GEMM rate measured for the type, the rate the math floor "
-              "assumes."), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        "### Throughput: TFLOP/s (from the CUDA-graph device time)",
+        "",
+        (
+            "The workload's floating-point operations over the median device time of the first table (its ✗ and † "
+            "carry over). Floor rate: the cuBLAS GEMM rate measured for the type, the rate the math floor "
+            "assumes."
+        ),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+
     def tf(i: AggImpl | None, total: float) -> str:
         if i is None or "device_us" not in i.metrics or not i.metrics["device_us"].median:
             return "err" if i is not None and i.status == "error" else "—"
@@ -173,13 +207,18 @@ def setup_table(ws: Sequence[AggWorkload], warm: bool = False) -> list[str]:
         return []
     ours, peers = columns(ws, "setup_s")
     names = ours + peers
-    title = ("### Setup in the warm-up pass (s): the caches as the command found them" if warm else
-             "### Setup: build, compile and tuning time (s; never inside a time above)")
-    blurb = ("The --warm-first pass: setup and checks only, before the timed repeats." if warm else
-             "A repeat with cold caches compiles and tunes from scratch, later ones reuse the machine's caches "
-             "(Inductor, Triton, opgraph's and the cuDNN peer's tuning); hence the ranges.")
-    lines = [title, "", blurb, "",
-             "| workload | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    title = (
+        "### Setup in the warm-up pass (s): the caches as the command found them"
+        if warm
+        else "### Setup: build, compile and tuning time (s; never inside a time above)"
+    )
+    blurb = (
+        "The --warm-first pass: setup and checks only, before the timed repeats."
+        if warm
+        else "A repeat with cold caches compiles and tunes from scratch, later ones reuse the machine's caches "
+        "(Inductor, Triton, opgraph's and the cuDNN peer's tuning); hence the ranges."
+    )
+    lines = [title, "", blurb, "", "| workload | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for w in ws:
         lines.append(f"| {w.title} | " + " | ".join(cell(w.impl(n), "setup_s") for n in names) + " |")
     return lines + [""]
@@ -201,8 +240,16 @@ def engines_table(ws: Sequence[AggWorkload]) -> list[str]:
             rows.append(f"| {w.title} | " + " | ".join(cells) + " |")
     if not rows:
         return []
-    return (["### Engines (what ran each implementation)", "",
-             "| workload | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)] + rows + [""])
+    return (
+        [
+            "### Engines (what ran each implementation)",
+            "",
+            "| workload | " + " | ".join(names) + " |",
+            "|" + "---|" * (len(names) + 1),
+        ]
+        + rows
+        + [""]
+    )
 
 
 def check_cell(i: AggImpl | None) -> str:
@@ -222,13 +269,20 @@ def check_table(ws: Sequence[AggWorkload]) -> list[str]:
     names: list[str] = [n for n in OURS if any(w.impl(n) for w in ws)]
     for w in ws:
         names += [i.impl for i in w.impls if i.role == "peer" and i.impl not in names]
-    lines = ["### Correctness (every output, execute and CUDA-graph modes, worst repeat)", "",
-             ("Cell: worst output's error / its tolerance (✓ within, ✗ outside, with the output). Tolerance per "
-             "output: 3 x the larger of the best peer's relative L2 error against float64 and the type's unit "
-             "roundoff (the most a correctly rounded result is off); an output that is zero in exact arithmetic "
-             "(float64 reference below 1e-12 RMS) by its absolute RMS error, the same rule (\"absolute\" in its "
-             "basis)."), "",
-             "| workload | outputs: tolerance (basis) | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+    lines = [
+        "### Correctness (every output, execute and CUDA-graph modes, worst repeat)",
+        "",
+        (
+            "Cell: worst output's error / its tolerance (✓ within, ✗ outside, with the output). Tolerance per "
+            "output: 3 x the larger of the best peer's relative L2 error against float64 and the type's unit "
+            "roundoff (the most a correctly rounded result is off); an output that is zero in exact arithmetic "
+            '(float64 reference below 1e-12 RMS) by its absolute RMS error, the same rule ("absolute" in its '
+            "basis)."
+        ),
+        "",
+        "| workload | outputs: tolerance (basis) | " + " | ".join(names) + " |",
+        "|" + "---|" * (len(names) + 2),
+    ]
     for w in ws:
         tols = "; ".join(f"{o} {t.value:.2g} ({t.basis})" for o, t in list(w.tolerances.items())[:4])
         if len(w.tolerances) > 4:
@@ -242,17 +296,28 @@ def host_table(ws: Sequence[AggWorkload]) -> list[str]:
     ws = [w for w in ws if w.kind == "host"]
     if not ws:
         return []
-    lines = ["### Host time (tiny shapes)", "",
-             ("µs of host time per call, at most a few hundred calls between synchronisations; execute and "
-             "latency as in the tables above."), "",
-             ("| measurement | implementation | engine | host µs | execute µs | latency µs | fresh process ms | check "
-             "| note |"), "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "### Host time (tiny shapes)",
+        "",
+        (
+            "µs of host time per call, at most a few hundred calls between synchronisations; execute and "
+            "latency as in the tables above."
+        ),
+        "",
+        (
+            "| measurement | implementation | engine | host µs | execute µs | latency µs | fresh process ms | check "
+            "| note |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for w in ws:
         for i in w.impls:
-            lines.append(f"| {w.title} | {i.impl} | {i.engine or '—'} | {cell(i, 'host_us')} | "
-                         f"{cell(i, 'execute_us')} | {cell(i, 'latency_us')} | {cell(i, 'fresh_ms')} | "
-                         f"{check_cell(i)} | "
-                         f"{(i.notes + ' ' + i.error).strip()[:160]} |")
+            lines.append(
+                f"| {w.title} | {i.impl} | {i.engine or '—'} | {cell(i, 'host_us')} | "
+                f"{cell(i, 'execute_us')} | {cell(i, 'latency_us')} | {cell(i, 'fresh_ms')} | "
+                f"{check_cell(i)} | "
+                f"{(i.notes + ' ' + i.error).strip()[:160]} |"
+            )
     return lines + [""]
 
 
@@ -262,29 +327,50 @@ def header(agg: Aggregate) -> list[str]:
     sheet = datasheet(str(m.get("device", ""))) or {}
     spread = ""
     if m.get("spread_gpus"):
-        pinned = f", pinned to {m['cores_per_worker']} cores of its own (its compiles too)" \
-            if m.get("cores_per_worker") else ""
-        spread = (f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on "
-                  f"one GPU{pinned}; the host-time rows never beside a cold (compiling) job or each other.")
-    lines = [(f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
-             f"(driver {m.get('driver', '?')}, {m.get('gpu_count', 1)} GPU(s) in the machine; host CPU "
-             f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s) (a group says where it has fewer); each cell "
-             "the median (min–max)." + spread),
-             "",
-             (f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
-             f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "
-             f"{m.get('cudnn_frontend') or 'not installed'}, torchvision {m.get('torchvision') or 'not installed'}, "
-             f"opgraph {m.get('opgraph_commit', '?')}. Settings: {m.get('settings', '')}")]
+        pinned = (
+            f", pinned to {m['cores_per_worker']} cores of its own (its compiles too)"
+            if m.get("cores_per_worker")
+            else ""
+        )
+        spread = (
+            f" Spread over {m['spread_gpus']} GPUs of the machine: each (repeat, group) a worker process on "
+            f"one GPU{pinned}; the host-time rows never beside a cold (compiling) job or each other."
+        )
+    lines = [
+        (
+            f"Measured {', '.join(m.get('dates', [m.get('date', '?')]))} on **{m.get('device', '?')}** "
+            f"(driver {m.get('driver', '?')}, {m.get('gpu_count', 1)} GPU(s) in the machine; host CPU "
+            f"{m.get('cpu', '?')}), {agg.repeats} process-level repeat(s) (a group says where it has fewer); each cell "
+            "the median (min–max)." + spread
+        ),
+        "",
+        (
+            f"Software: Python {m.get('python', '?')}, PyTorch {m.get('torch', '?')} (CUDA {m.get('cuda', '?')}, "
+            f"cuDNN {m.get('cudnn', '?')}), Triton {m.get('triton', '?')}, cuDNN frontend "
+            f"{m.get('cudnn_frontend') or 'not installed'}, torchvision {m.get('torchvision') or 'not installed'}, "
+            f"opgraph {m.get('opgraph_commit', '?')}. Settings: {m.get('settings', '')}"
+        ),
+    ]
     if c:
         rates = ", ".join(f"{k} {v:.0f}" for k, v in c.gemm_tflops.items())
         peak = ", ".join(f"{k} {sheet[k]:.0f}" for k in c.gemm_tflops if k in sheet)
         hbm = f"{sheet['hbm_gbps']:.0f} GB/s" if "hbm_gbps" in sheet else "no datasheet entry"
-        lines += ["", (f"Ceilings measured in the run: copy {c.copy_gbps:.0f} GB/s (datasheet HBM bandwidth {hbm}); "
-                  f"cuBLAS GEMM 8192³ {rates} TFLOP/s (datasheet dense peak {peak or 'no entry'} TFLOP/s). Floors "
-                  "use the measured rates.")]
+        lines += [
+            "",
+            (
+                f"Ceilings measured in the run: copy {c.copy_gbps:.0f} GB/s (datasheet HBM bandwidth {hbm}); "
+                f"cuBLAS GEMM 8192³ {rates} TFLOP/s (datasheet dense peak {peak or 'no entry'} TFLOP/s). Floors "
+                "use the measured rates."
+            ),
+        ]
     if m.get("scale") and m.get("scale") != "full":
-        lines += ["", (f"**Scale {m['scale']}**: shapes smaller than the titles say (smoke test or dry run); the "
-                  "numbers only show that the pipeline runs.")]
+        lines += [
+            "",
+            (
+                f"**Scale {m['scale']}**: shapes smaller than the titles say (smoke test or dry run); the "
+                "numbers only show that the pipeline runs."
+            ),
+        ]
     return lines + [""]
 
 
@@ -299,8 +385,11 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
         out += [f"## {g}", ""]
         short = sorted({w.repeats for w in ws if w.repeats < agg.repeats and w.timed})
         if short:
-            out += [f"**{'/'.join(map(str, short))} repeat(s) in this group** (the run's others: {agg.repeats}; the "
-                    "time limit or a failed worker ended it first).", ""]
+            out += [
+                f"**{'/'.join(map(str, short))} repeat(s) in this group** (the run's others: {agg.repeats}; the "
+                "time limit or a failed worker ended it first).",
+                "",
+            ]
         kernels = [w for w in ws if w.kind != "host"]
         for metric, t, blurb in TIME_TABLES:
             out += time_table(kernels, metric, t, blurb, agg)
@@ -323,9 +412,14 @@ def render(agg: Aggregate, title: str = "", warm: Aggregate | None = None) -> st
                 if i.notes and i.status == "ok":
                     said.setdefault((i.impl, i.notes[:300]), []).append(w.title)
         if said:
-            out += ["Implementation notes:", ""] + [
-                f"- {impl} ({titles[0] if len(titles) == 1 else f'{len(titles)} workloads'}): {note}"
-                for (impl, note), titles in said.items()] + [""]
+            out += (
+                ["Implementation notes:", ""]
+                + [
+                    f"- {impl} ({titles[0] if len(titles) == 1 else f'{len(titles)} workloads'}): {note}"
+                    for (impl, note), titles in said.items()
+                ]
+                + [""]
+            )
         errs = [(w, i) for w in ws for i in w.impls if i.status != "ok" and i.error]
         if errs:
             out += ["Implementations that did not run:", ""]

@@ -73,12 +73,17 @@ def output_tolerance(peer_errors: Mapping[str, float | None], dtype: str, absolu
     scaled = FACTOR * good[best_peer]
     if scaled >= floor:
         return Tolerance(scaled, f"{FACTOR:g} x {best_peer}{kind}")
-    return Tolerance(floor, "float64 rounding (absolute: exactly zero)" if absolute
-                     else f"{FACTOR:g} x unit roundoff ({dtype})")
+    return Tolerance(
+        floor, "float64 rounding (absolute: exactly zero)" if absolute else f"{FACTOR:g} x unit roundoff ({dtype})"
+    )
 
 
-def tolerances(errors: Mapping[str, Mapping[str, float | None]], peers: set[str] | frozenset[str],
-               dtypes: Mapping[str, str], absolute: frozenset[str] = frozenset()) -> dict[str, Tolerance]:
+def tolerances(
+    errors: Mapping[str, Mapping[str, float | None]],
+    peers: set[str] | frozenset[str],
+    dtypes: Mapping[str, str],
+    absolute: frozenset[str] = frozenset(),
+) -> dict[str, Tolerance]:
     """{output: Tolerance} from {impl: {output: error}}; only the implementations in `peers` set it;
     the outputs in `absolute` have absolute errors (zero in exact arithmetic)."""
     out = {}

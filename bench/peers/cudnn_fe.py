@@ -74,15 +74,25 @@ class _Graph:
 
         cudnn = module()
         self.handle = _handle()
-        g = cudnn.pygraph(io_data_type=_dt(io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
+        g = cudnn.pygraph(
+            io_data_type=_dt(io_dtype),
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+            handle=self.handle,
+        )
         self.pack: dict[int, Any] = {}
         tensors: dict[str, Any] = {}
         uid = 1
         for name, t in inputs.items():
             by_value = t.device.type == "cpu" and t.numel() == 1
-            tensors[name] = g.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=_dt(t.dtype),
-                                     is_pass_by_value=by_value, uid=uid)
+            tensors[name] = g.tensor(
+                name=name,
+                dim=list(t.shape),
+                stride=list(t.stride()),
+                data_type=_dt(t.dtype),
+                is_pass_by_value=by_value,
+                uid=uid,
+            )
             self.pack[uid] = t
             uid += 1
         outs = build(g, tensors)
@@ -140,7 +150,8 @@ class _Graph:
 
 def cache_file() -> str:
     root = os.environ.get("OPGRAPH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opgraph")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opgraph"
+    )
     return os.path.join(root, "bench_cudnn_fe_tuning.json")
 
 
@@ -181,8 +192,9 @@ def _engine(name: str, fast: bool, extra: str = "") -> str:
     return f"cuDNN {name[:48]}" + ("" if fast else " (public execute)") + (f"; {extra}" if extra else "")
 
 
-def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, tune: bool | None = None,
-          public: bool = False) -> list[Impl]:
+def impls(
+    ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, tune: bool | None = None, public: bool = False
+) -> list[Impl]:
     """The heuristic and tuned cuDNN frontend peers of a graph `build(g, {name: fe tensor})` that
     returns [(fe output tensor, torch dtype)] in the Case's output order (tuned unless ctx.tune is off).
     `public`: also the heuristic plan launched through the frontend's public execute_plan_at_index."""
@@ -200,8 +212,13 @@ def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, t
                 last = e
                 continue
             call = cg.launcher(i, public)
-            return Runner(call=call, outputs=cg.outputs, engine=_engine(name, call.fast), keep=cg,
-                          notes=f"plan {i} of {len(cg.names)} (heur_mode A)")
+            return Runner(
+                call=call,
+                outputs=cg.outputs,
+                engine=_engine(name, call.fast),
+                keep=cg,
+                notes=f"plan {i} of {len(cg.names)} (heur_mode A)",
+            )
         raise RuntimeError(f"none of cuDNN's {len(cg.names)} plans builds: {last}")
 
     def tuned() -> Runner:
@@ -215,8 +232,13 @@ def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, t
             try:
                 cg.graph.build_plan_at_index(i)
                 call = cg.launcher(i)
-                return Runner(call=call, outputs=cg.outputs, engine=_engine(cached, call.fast), keep=cg,
-                              notes=f"the fastest of all plans in an earlier tuning (cached in {cache_file()})")
+                return Runner(
+                    call=call,
+                    outputs=cg.outputs,
+                    engine=_engine(cached, call.fast),
+                    keep=cg,
+                    notes=f"the fastest of all plans in an earlier tuning (cached in {cache_file()})",
+                )
             except Exception:  # noqa: BLE001 - the cached plan no longer builds: tune again
                 pass
         t0, seen, timed = time.perf_counter(), set(), []
@@ -239,16 +261,20 @@ def impls(ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, t
         _, i, name = min(timed, key=lambda t: t[0])
         call = cg.launcher(i)
         capped = len(seen) < len(set(cg.names))
-        note = (f"fastest of {len(timed)} plans built ({len(seen)} distinct of {len(cg.names)} offered"
-                + (f"; tuning stopped at {TUNE_BUDGET_S:.0f} s" if capped else "") + ")")
+        note = (
+            f"fastest of {len(timed)} plans built ({len(seen)} distinct of {len(cg.names)} offered"
+            + (f"; tuning stopped at {TUNE_BUDGET_S:.0f} s" if capped else "")
+            + ")"
+        )
         if not capped:
             _remember(key, name)
         return Runner(call=call, outputs=cg.outputs, engine=_engine(name, call.fast), keep=cg, notes=note)
 
     out = [Impl("cuDNN FE heuristic", heuristic, role="peer", tuned=False, needs=need)]
     if public:
-        out.append(Impl("cuDNN FE heuristic (public execute)", lambda: heuristic(True), role="peer", tuned=False,
-                        needs=need))
+        out.append(
+            Impl("cuDNN FE heuristic (public execute)", lambda: heuristic(True), role="peer", tuned=False, needs=need)
+        )
     if tune:
         out.append(Impl("cuDNN FE tuned", tuned, role="peer", tuned=True, needs=need))
     return out

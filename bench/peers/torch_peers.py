@@ -18,23 +18,41 @@ EAGER_ENGINE = "ATen (cuDNN/cuBLAS + native kernels)"
 INDUCTOR_ENGINE = "Inductor (generated Triton + ATen/cuBLAS/cuDNN externs)"
 
 
-def eager(fn: Callable[..., Any], args: Sequence[Any] = (), *, name: str = "torch eager",
-          engine: str = EAGER_ENGINE, grad: bool = False, needs: Sequence[str] = ()) -> Impl:
+def eager(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    name: str = "torch eager",
+    engine: str = EAGER_ENGINE,
+    grad: bool = False,
+    needs: Sequence[str] = (),
+) -> Impl:
     """fn(*args) as PyTorch runs it, op by op."""
+
     def setup() -> Runner:
         def call() -> Any:
             if grad:
                 return fn(*args)
             with __import__("torch").no_grad():
                 return fn(*args)
+
         return Runner(call=call, engine=engine)
+
     return Impl(name, setup, role="peer", needs=frozenset(needs))
 
 
-def compiled(fn: Callable[..., Any], args: Sequence[Any] = (), *, inference: bool = True, freezing: bool = False,
-             fullgraph: bool = True, cudagraphs: bool = True, read: Callable[[Any], Sequence[Any]] | None = None,
-             reset: Callable[[], None] | None = None, prepare: Callable[[Callable], Callable] | None = None,
-             ) -> list[Impl]:
+def compiled(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    inference: bool = True,
+    freezing: bool = False,
+    fullgraph: bool = True,
+    cudagraphs: bool = True,
+    read: Callable[[Any], Sequence[Any]] | None = None,
+    reset: Callable[[], None] | None = None,
+    prepare: Callable[[Callable], Callable] | None = None,
+) -> list[Impl]:
     """The torch.compile peers of fn(*args): mode max-autotune-no-cudagraphs (execute and captured
     rows) and, when `cudagraphs`, max-autotune (its own CUDA graphs). `prepare(compiled_fn)` may wrap
     the compiled callable into the thing called (a training step)."""
@@ -43,9 +61,14 @@ def compiled(fn: Callable[..., Any], args: Sequence[Any] = (), *, inference: boo
         modes.append(("torch.compile (CUDA graphs)", "max-autotune", True))
     out = []
     for name, mode, native in modes:
-        out.append(Impl(name, _compile_setup(fn, args, mode, native, inference, freezing, fullgraph, read, reset,
-                                             prepare),
-                        role="peer", needs=frozenset({"compile", "cuda"} if native else {"compile"})))
+        out.append(
+            Impl(
+                name,
+                _compile_setup(fn, args, mode, native, inference, freezing, fullgraph, read, reset, prepare),
+                role="peer",
+                needs=frozenset({"compile", "cuda"} if native else {"compile"}),
+            )
+        )
     return out
 
 
@@ -58,8 +81,18 @@ def _cudagraph_skips() -> int:
         return 0
 
 
-def _compile_setup(fn: Callable[..., Any], args: Sequence[Any], mode: str, native: bool, inference: bool,
-                   freezing: bool, fullgraph: bool, read: Any, reset: Any, prepare: Any) -> Callable[[], Runner]:
+def _compile_setup(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    mode: str,
+    native: bool,
+    inference: bool,
+    freezing: bool,
+    fullgraph: bool,
+    read: Any,
+    reset: Any,
+    prepare: Any,
+) -> Callable[[], Runner]:
     def setup() -> Runner:
         import torch
 
@@ -89,6 +122,15 @@ def _compile_setup(fn: Callable[..., Any], args: Sequence[Any], mode: str, nativ
         notes = f"mode={mode}" + (", freezing" if freezing else "")
         if native and _cudagraph_skips() > skips_before:  # the row would claim CUDA graphs it does not use
             notes += "; Inductor skipped CUDA graphs for part of it (see the log)"
-        return Runner(call=call, engine=INDUCTOR_ENGINE, notes=notes, graph_native=native, read=read, reset=reset,
-                      capturable=not native, keep=f)
+        return Runner(
+            call=call,
+            engine=INDUCTOR_ENGINE,
+            notes=notes,
+            graph_native=native,
+            read=read,
+            reset=reset,
+            capturable=not native,
+            keep=f,
+        )
+
     return setup

@@ -7,8 +7,18 @@ from __future__ import annotations
 import importlib
 import os
 
-MODULES = ("memory", "conv", "conv_backward", "matmul", "networks", "training", "host", "attention",
-           "attention_block", "training_gpt2")
+MODULES = (
+    "memory",
+    "conv",
+    "conv_backward",
+    "matmul",
+    "networks",
+    "training",
+    "host",
+    "attention",
+    "attention_block",
+    "training_gpt2",
+)
 
 
 def load() -> None:

@@ -39,9 +39,11 @@ from ..peers.torch_peers import compiled, eager
 
 DT = og.DataType
 SEQS = (("s1k", 1024), ("s4k", 4096), ("s16k", 16384))
-BACKENDS = (("flash", "FLASH_ATTENTION", "FlashAttention-2 (PyTorch's flash backend)"),
-            ("cudnn", "CUDNN_ATTENTION", "cuDNN SDPA (PyTorch's cudnn backend)"),
-            ("efficient", "EFFICIENT_ATTENTION", "memory-efficient attention, CUTLASS (PyTorch's efficient backend)"))
+BACKENDS = (
+    ("flash", "FLASH_ATTENTION", "FlashAttention-2 (PyTorch's flash backend)"),
+    ("cudnn", "CUDNN_ATTENTION", "cuDNN SDPA (PyTorch's cudnn backend)"),
+    ("efficient", "EFFICIENT_ATTENTION", "memory-efficient attention, CUTLASS (PyTorch's efficient backend)"),
+)
 FLEX = "FlexAttention (torch.compile)"
 FLEX_ENGINE = "Inductor's flex_attention Triton template (autotuned)"
 SOFTCAP = 30.0
@@ -72,11 +74,13 @@ def softcap_alibi64(slopes: Sequence[float]) -> Mod64:
         import torch
 
         return SOFTCAP * torch.tanh(s / SOFTCAP) + slopes[h] * (j - i)
+
     return mod
 
 
-def attention64(q: Any, k: Any, v: Any, scale: float, causal: bool, mod: Mod64 | None = None,
-                do: Any = None) -> dict[str, Any]:
+def attention64(
+    q: Any, k: Any, v: Any, scale: float, causal: bool, mod: Mod64 | None = None, do: Any = None
+) -> dict[str, Any]:
     """float64 attention, one (batch, head) at a time: {"o", "lse"} and, given dO, {"dq", "dk", "dv"}
     (autograd through the same float64 math)."""
     import torch
@@ -84,11 +88,14 @@ def attention64(q: Any, k: Any, v: Any, scale: float, causal: bool, mod: Mod64 |
     b_, h_, s_q, _ = q.shape
     s_kv = k.shape[2]
     dev = q.device
-    out = {"o": torch.empty(q.shape[:3] + v.shape[3:], dtype=torch.float64, device=dev),
-           "lse": torch.empty(b_, h_, s_q, 1, dtype=torch.float64, device=dev)}
+    out = {
+        "o": torch.empty(q.shape[:3] + v.shape[3:], dtype=torch.float64, device=dev),
+        "lse": torch.empty(b_, h_, s_q, 1, dtype=torch.float64, device=dev),
+    }
     if do is not None:
-        out.update({n: torch.empty(t.shape, dtype=torch.float64, device=dev) for n, t in (("dq", q), ("dk", k),
-                                                                                           ("dv", v))})
+        out.update(
+            {n: torch.empty(t.shape, dtype=torch.float64, device=dev) for n, t in (("dq", q), ("dk", k), ("dv", v))}
+        )
     i = torch.arange(s_q, device=dev, dtype=torch.float64)[:, None]
     j = torch.arange(s_kv, device=dev, dtype=torch.float64)[None, :]
     masked = (j > i) if causal else None
@@ -144,26 +151,31 @@ def grad_call(forward: Callable[..., Any], args: Sequence[Any], do: Any) -> tupl
     side = torch.cuda.Stream() if cuda else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream())
-    with (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()), torch.enable_grad():
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.enable_grad():
         out = forward(*leaves)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
     node = out.grad_fn
     slots = _leaf_slots(node, leaves)
     if slots is not None:
+
         def direct() -> Any:
             grads = node(do)
             return tuple(grads[s] for s in slots)
+
         return direct, f"backward: {type(node).__name__} called directly", (out, leaves)
 
     def through_autograd() -> Any:
         return torch.autograd.grad(out, leaves, do, retain_graph=True)
+
     return through_autograd, "backward: torch.autograd.grad on the retained forward", (out, leaves)
 
 
-def torch_sdpa(name: str, backend: str, engine: str, args: Sequence[Any], causal: bool, scale: float,
-               do: Any = None) -> Impl:
+def torch_sdpa(
+    name: str, backend: str, engine: str, args: Sequence[Any], causal: bool, scale: float, do: Any = None
+) -> Impl:
     """One PyTorch SDPA backend, forward (do None) or backward alone."""
+
     def fwd(q: Any, k: Any, v: Any) -> Any:
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -178,6 +190,7 @@ def torch_sdpa(name: str, backend: str, engine: str, args: Sequence[Any], causal
     def setup() -> Runner:
         call, how, keep = grad_call(fwd, args, do)
         return Runner(call=call, engine=engine, notes=how, keep=keep)
+
     return Impl(f"torch sdpa ({name})", setup, role="peer", needs=frozenset(needs))
 
 
@@ -185,8 +198,9 @@ def torch_sdpa_all(args: Sequence[Any], causal: bool, scale: float, do: Any = No
     return [torch_sdpa(n, b, e, args, causal, scale, do) for n, b, e in BACKENDS]
 
 
-def flex(ctx: Ctx, args: Sequence[Any], causal: bool, scale: float, score_mod: Any = None,
-         do: Any = None) -> list[Impl]:
+def flex(
+    ctx: Ctx, args: Sequence[Any], causal: bool, scale: float, score_mod: Any = None, do: Any = None
+) -> list[Impl]:
     """FlexAttention compiled, forward or (do given) backward alone. Its own CUDA-graph mode
     (mode="max-autotune") is not a row: the suite's helper captures this one, and at these sizes
     (0.1-50 ms a call) host time is noise while a second autotuned compile costs minutes."""
@@ -202,20 +216,23 @@ def flex(ctx: Ctx, args: Sequence[Any], causal: bool, scale: float, score_mod: A
         if causal and "mask" not in holder:
             from torch.nn.attention.flex_attention import create_block_mask
 
-            holder["mask"] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, s, s,
-                                               device=args[0].device)
+            holder["mask"] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, s, s, device=args[0].device)
 
     if do is None:
+
         def prepare(fc: Callable[..., Any]) -> Callable[[], Any]:
             prepare_mask()
             return lambda: fc(*args)
+
         impls = compiled(f, args, inference=True, cudagraphs=False, prepare=prepare)
     else:
+
         def prepare(fc: Callable[..., Any]) -> Callable[[], Any]:
             prepare_mask()
             call, _, keep = grad_call(fc, args, do)
             holder["keep"] = keep
             return call
+
         impls = compiled(f, (), inference=False, cudagraphs=False, prepare=prepare)
     for i in impls:
         i.name = FLEX
@@ -224,8 +241,9 @@ def flex(ctx: Ctx, args: Sequence[Any], causal: bool, scale: float, score_mod: A
         def named(setup: Callable[[], Runner] = setup) -> Runner:
             r = setup()
             r.engine = FLEX_ENGINE
-            r.notes = (r.notes + "; block mask (causal) made at setup" if causal else r.notes)
+            r.notes = r.notes + "; block mask (causal) made at setup" if causal else r.notes
             return r
+
         i.setup = named
     return impls
 
@@ -250,6 +268,7 @@ def fe_forward(dims: Sequence[int], causal: bool, scale: float) -> Callable[[Any
             o, _ = g.sdpa(t["q"], t["k"], t["v"], is_inference=True, **kw)
         o.set_dim(list(dims)).set_stride(_packed(dims))
         return [(o, torch.bfloat16)]
+
     return build
 
 
@@ -257,11 +276,13 @@ def fe_backward(dims: Sequence[int], causal: bool, scale: float) -> Callable[[An
     import torch
 
     def build(g: Any, t: Any) -> list:
-        grads = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["dO"], t["stats"], attn_scale=scale,
-                                use_causal_mask=causal)
+        grads = g.sdpa_backward(
+            t["q"], t["k"], t["v"], t["o"], t["dO"], t["stats"], attn_scale=scale, use_causal_mask=causal
+        )
         for x in grads:
             x.set_dim(list(dims)).set_stride(_packed(dims))
         return [(x, torch.bfloat16) for x in grads]
+
     return build
 
 
@@ -271,14 +292,17 @@ ScoreMod = Callable[[Any, Any], Any]
 
 def softcap_alibi(slopes: Any) -> ScoreMod:
     """The score modifier: 30 tanh(s / 30) + slope[h] (j - i), slopes a graph tensor [1, H, 1, 1]."""
+
     def mod(g: Any, s: Any) -> Any:
         capped = g.mul(g.tanh(g.div(s, SOFTCAP)), SOFTCAP)
         return g.add(capped, g.mul(g.sub(g.gen_index(s, axis=3), g.gen_index(s, axis=2)), slopes))
+
     return mod
 
 
-def forward_graph(name: str, q: Any, k: Any, v: Any, causal: bool, scale: float,
-                  slopes: Any = None) -> tuple[Any, dict, list]:
+def forward_graph(
+    name: str, q: Any, k: Any, v: Any, causal: bool, scale: float, slopes: Any = None
+) -> tuple[Any, dict, list]:
     g = og.Graph(name, io_data_type=DT.BFLOAT16)
     Q, K, V = (g.tensor_like(t, name=n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     inputs = {Q: q, K: k, V: v}
@@ -298,8 +322,9 @@ def backward_graph(name: str, t: dict[str, Any], causal: bool, scale: float) -> 
     g = og.Graph(name, io_data_type=DT.BFLOAT16)
     h = {n: g.tensor_like(x, name=n) for n, x in t.items()}
     mod = softcap_alibi(h["slopes"]) if "slopes" in h else None
-    grads = g.sdpa_backward(h["q"], h["k"], h["v"], h["o"], h["dO"], h["stats"], attn_scale=scale,
-                            use_causal_mask=causal, score_mod=mod)
+    grads = g.sdpa_backward(
+        h["q"], h["k"], h["v"], h["o"], h["dO"], h["stats"], attn_scale=scale, use_causal_mask=causal, score_mod=mod
+    )
     for x, n in zip(grads, ("dq", "dk", "dv")):
         x.set_output(True).set_name(n)
     g.validate()
@@ -330,8 +355,13 @@ def sdpa_forward(ctx: Ctx, s: int, causal: bool) -> Case:
     impls += torch_sdpa_all((q, k, v), causal, scale)
     impls += flex(ctx, (q, k, v), causal, scale)
     impls += cudnn_fe.impls(ctx, {"q": q, "k": k, "v": v}, fe_forward(dims, causal, scale), q.dtype)
-    return Case([Output("o", BF16)], ref, impls, _floor(dims, causal, False),
-                notes="inference forward (O only; opgraph generate_stats=False, cuDNN is_inference)")
+    return Case(
+        [Output("o", BF16)],
+        ref,
+        impls,
+        _floor(dims, causal, False),
+        notes="inference forward (O only; opgraph generate_stats=False, cuDNN is_inference)",
+    )
 
 
 def sdpa_backward(ctx: Ctx, s: int, causal: bool) -> Case:
@@ -349,9 +379,14 @@ def sdpa_backward(ctx: Ctx, s: int, causal: bool) -> Case:
     impls += flex(ctx, (q, k, v), causal, scale, do=do)
     impls += cudnn_fe.impls(ctx, t, fe_backward(dims, causal, scale), q.dtype)
     outs = [Output(n, BF16) for n in ("dq", "dk", "dv")]
-    return Case(outs, lambda: [full["dq"], full["dk"], full["dv"]], impls, _floor(dims, causal, True),
-                notes="backward alone; opgraph and cuDNN read O and Stats of the float64 forward (rounded to "
-                      "bf16 / fp32), PyTorch's backends and Flex those of their own forward")
+    return Case(
+        outs,
+        lambda: [full["dq"], full["dk"], full["dv"]],
+        impls,
+        _floor(dims, causal, True),
+        notes="backward alone; opgraph and cuDNN read O and Stats of the float64 forward (rounded to "
+        "bf16 / fp32), PyTorch's backends and Flex those of their own forward",
+    )
 
 
 def _flex_mod(slopes: Any) -> Callable[..., Any]:
@@ -359,6 +394,7 @@ def _flex_mod(slopes: Any) -> Callable[..., Any]:
         import torch
 
         return SOFTCAP * torch.tanh(score / SOFTCAP) + slopes[h] * (ki - qi)
+
     return score_mod
 
 
@@ -370,7 +406,7 @@ def softcap_alibi_case(ctx: Ctx, backward: bool) -> Case:
 
     dims, (q, k, v) = _inputs(ctx, ctx.pick(4096, 2048, 64))
     b, h, s, d = dims
-    scale = d ** -0.5
+    scale = d**-0.5
     slope_list = alibi_slopes(h)
     slopes = torch.tensor(slope_list, device=ctx.device, dtype=torch.float32)
     mod64 = softcap_alibi64(slope_list)
@@ -379,16 +415,33 @@ def softcap_alibi_case(ctx: Ctx, backward: bool) -> Case:
     if not backward:
         impls = graph_impls(ctx, lambda: forward_graph("sdpa_softcap_alibi_fwd", q, k, v, True, scale, slopes4))
         impls += flex(ctx, (q, k, v), True, scale, flex_mod)
-        return Case([Output("o", BF16)], lambda: [attention64(q, k, v, scale, True, mod64)["o"]], impls,
-                    _floor(dims, True, False), notes="inference forward (O only)")
+        return Case(
+            [Output("o", BF16)],
+            lambda: [attention64(q, k, v, scale, True, mod64)["o"]],
+            impls,
+            _floor(dims, True, False),
+            notes="inference forward (O only)",
+        )
     do = ctx.randn(*dims, dtype=torch.bfloat16)
     full = attention64(q, k, v, scale, True, mod64, do=do)
-    t = {"q": q, "k": k, "v": v, "o": full["o"].to(torch.bfloat16), "dO": do, "stats": full["lse"].float(),
-         "slopes": slopes4}
+    t = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "o": full["o"].to(torch.bfloat16),
+        "dO": do,
+        "stats": full["lse"].float(),
+        "slopes": slopes4,
+    }
     impls = graph_impls(ctx, lambda: backward_graph("sdpa_softcap_alibi_bwd", t, True, scale))
     impls += flex(ctx, (q, k, v), True, scale, flex_mod, do=do)
-    return Case([Output(n, BF16) for n in ("dq", "dk", "dv")], lambda: [full["dq"], full["dk"], full["dv"]],
-                impls, _floor(dims, True, True), notes="backward alone (score modifier's derivative fused)")
+    return Case(
+        [Output(n, BF16) for n in ("dq", "dk", "dv")],
+        lambda: [full["dq"], full["dk"], full["dv"]],
+        impls,
+        _floor(dims, True, True),
+        notes="backward alone (score modifier's derivative fused)",
+    )
 
 
 _MINUTES = {"s1k": 0.5, "s4k": 0.7, "s16k": 1.6}  # backward; a forward ~0.6x
@@ -403,13 +456,22 @@ for _backward, _make in ((False, sdpa_forward), (True, sdpa_backward)):
     for _tag, _s in SEQS:
         for _causal in (False, True):
             _kind = "bwd" if _backward else "fwd"
-            workload(f"attention.sdpa_{_kind}.{_tag}{'_causal' if _causal else ''}", group=_group(_backward, _tag),
-                     quick=_tag == "s1k", minutes=_MINUTES[_tag] * (1.0 if _backward else 0.6),
-                     title=f"SDPA {_kind} B4 H16 S{_s} D128{' causal' if _causal else ''} bf16")(
-                functools.partial(_make, s=_s, causal=_causal))
-workload("attention.softcap_alibi_fwd.s4k", group="attention-mod", minutes=0.6,
-         title="SDPA fwd tanh soft-cap 30 + ALiBi (gen_index) causal B4 H16 S4096 D128 bf16")(
-    functools.partial(softcap_alibi_case, backward=False))
-workload("attention.softcap_alibi_bwd.s4k", group="attention-mod", minutes=0.8,
-         title="SDPA bwd tanh soft-cap 30 + ALiBi (gen_index) causal B4 H16 S4096 D128 bf16")(
-    functools.partial(softcap_alibi_case, backward=True))
+            workload(
+                f"attention.sdpa_{_kind}.{_tag}{'_causal' if _causal else ''}",
+                group=_group(_backward, _tag),
+                quick=_tag == "s1k",
+                minutes=_MINUTES[_tag] * (1.0 if _backward else 0.6),
+                title=f"SDPA {_kind} B4 H16 S{_s} D128{' causal' if _causal else ''} bf16",
+            )(functools.partial(_make, s=_s, causal=_causal))
+workload(
+    "attention.softcap_alibi_fwd.s4k",
+    group="attention-mod",
+    minutes=0.6,
+    title="SDPA fwd tanh soft-cap 30 + ALiBi (gen_index) causal B4 H16 S4096 D128 bf16",
+)(functools.partial(softcap_alibi_case, backward=False))
+workload(
+    "attention.softcap_alibi_bwd.s4k",
+    group="attention-mod",
+    minutes=0.8,
+    title="SDPA bwd tanh soft-cap 30 + ALiBi (gen_index) causal B4 H16 S4096 D128 bf16",
+)(functools.partial(softcap_alibi_case, backward=True))

@@ -50,11 +50,13 @@ def layers(b: int, s: int, d: int, backward: bool) -> tuple[Layer, ...]:
     half the square's flops); backward adds each GEMM's data and weight gradients, attention's backward
     (2.5x its forward) and the layernorms' backward."""
     t, e = b * s, 2
-    fwd = (Layer("ln1+qkv", 2 * t * d * 3 * d, e * (t * d + 3 * d * d + 3 * t * d)),
-           Layer("attention", 2.0 * b * s * s * d, e * 4 * t * d),
-           Layer("proj+residual", 2 * t * d * d, e * (3 * t * d + d * d)),
-           Layer("ln2+fc+gelu", 2 * t * d * 4 * d, e * (t * d + 4 * d * d + 4 * t * d)),
-           Layer("fc_proj+residual", 2 * t * 4 * d * d, e * (6 * t * d + 4 * d * d)))
+    fwd = (
+        Layer("ln1+qkv", 2 * t * d * 3 * d, e * (t * d + 3 * d * d + 3 * t * d)),
+        Layer("attention", 2.0 * b * s * s * d, e * 4 * t * d),
+        Layer("proj+residual", 2 * t * d * d, e * (3 * t * d + d * d)),
+        Layer("ln2+fc+gelu", 2 * t * d * 4 * d, e * (t * d + 4 * d * d + 4 * t * d)),
+        Layer("fc_proj+residual", 2 * t * 4 * d * d, e * (6 * t * d + 4 * d * d)),
+    )
     if not backward:
         return fwd
     out = list(fwd)
@@ -73,8 +75,12 @@ def _import(v: dict[str, Any]) -> tuple[Any, float]:
     return imported, time.perf_counter() - t0
 
 
-@workload("attention.block_fwd.bf16", group="attention-block", minutes=1.0,
-          title="transformer block fwd (GPT-2 block, causal SDPA) d2048 h16 4×2048 tokens bf16")
+@workload(
+    "attention.block_fwd.bf16",
+    group="attention-block",
+    minutes=1.0,
+    title="transformer block fwd (GPT-2 block, causal SDPA) d2048 h16 4×2048 tokens bf16",
+)
 def block_forward(ctx: Ctx) -> Case:
     import torch
 
@@ -89,20 +95,31 @@ def block_forward(ctx: Ctx) -> Case:
             imported, _ = _import(v)
             pack = imported.variant_pack(x)
             final = imported.graph.final
-            state["made"] = (imported.graph, {k: t for k, t in pack.items() if k not in final.outputs},
-                             imported.outputs)
+            state["made"] = (
+                imported.graph,
+                {k: t for k, t in pack.items() if k not in final.outputs},
+                imported.outputs,
+            )
         return state["made"]
 
     impls = graph_impls(ctx, make)
     impls += [eager(m, (x,), engine="ATen (cuBLAS, PyTorch's default SDPA backend)")]
     impls += compiled(m, (x,), inference=True, freezing=True, cudagraphs=ctx.compile_cudagraphs)
-    return Case([Output("y", BF16)], lambda: [want], impls,
-                Floor(layers=layers(v["b"], v["s"], v["d"], False), dtype=BF16, tflops=True),
-                notes="one graph imported with opgraph.from_torch (the import is in the first build's setup_s)")
+    return Case(
+        [Output("y", BF16)],
+        lambda: [want],
+        impls,
+        Floor(layers=layers(v["b"], v["s"], v["d"], False), dtype=BF16, tflops=True),
+        notes="one graph imported with opgraph.from_torch (the import is in the first build's setup_s)",
+    )
 
 
-@workload("attention.block_fwd_bwd.bf16", group="attention-block", minutes=1.5,
-          title="transformer block fwd+bwd (y, dx, 12 parameter gradients) d2048 h16 4×2048 tokens bf16")
+@workload(
+    "attention.block_fwd_bwd.bf16",
+    group="attention-block",
+    minutes=1.5,
+    title="transformer block fwd+bwd (y, dx, 12 parameter gradients) d2048 h16 4×2048 tokens bf16",
+)
 def block_forward_backward(ctx: Ctx) -> Case:
     import torch
 
@@ -116,8 +133,10 @@ def block_forward_backward(ctx: Ctx) -> Case:
     sources = {src.key: (t, src) for t, src in imported.bound_inputs if src.kind == "parameter"}
     missing = [n for n in pnames if n not in sources]
     if missing or len(sources) != len(imported.bound_inputs):
-        raise RuntimeError(f"expected each parameter bound once; unbound {missing}, bound "
-                           f"{[s.label() for _, s in imported.bound_inputs]}")
+        raise RuntimeError(
+            f"expected each parameter bound once; unbound {missing}, bound "
+            f"{[s.label() for _, s in imported.bound_inputs]}"
+        )
     views = [sources[n][1].apply for n in pnames]
 
     def ref() -> list[Any]:
@@ -154,6 +173,7 @@ def block_forward_backward(ctx: Ctx) -> Case:
         def call() -> Any:
             y = fn(xl)
             return (y, *torch.autograd.grad(y, leaves, dy))
+
         return call
 
     def eager_setup() -> Runner:
@@ -162,8 +182,14 @@ def block_forward_backward(ctx: Ctx) -> Case:
     impls = graph_impls(ctx, make) + [Impl("torch eager", eager_setup)]
     impls += compiled(m, (), inference=False, prepare=autograd_call, read=read, cudagraphs=ctx.compile_cudagraphs)
     names = ["y", "dx"] + [f"d{n}" for n in pnames]
-    return Case([Output(n, BF16) for n in names], ref, impls,
-                Floor(layers=layers(v["b"], v["s"], v["d"], True), dtype=BF16, tflops=True),
-                notes=(f"fwd+bwd: one opgraph plan of the combined graph (opgraph.grad(combined=True)) of the imported "
-                       f"block (from_torch {import_s:.1f} s, not in setup_s); peers run the forward then autograd's "
-                       "backward; parameter gradients compared in the graph's bound views"))
+    return Case(
+        [Output(n, BF16) for n in names],
+        ref,
+        impls,
+        Floor(layers=layers(v["b"], v["s"], v["d"], True), dtype=BF16, tflops=True),
+        notes=(
+            f"fwd+bwd: one opgraph plan of the combined graph (opgraph.grad(combined=True)) of the imported "
+            f"block (from_torch {import_s:.1f} s, not in setup_s); peers run the forward then autograd's "
+            "backward; parameter gradients compared in the graph's bound views"
+        ),
+    )

@@ -47,6 +47,7 @@ def lazy(fn: Callable[[], Sequence[Any]]) -> Callable[[], Sequence[Any]]:
         if not memo:
             memo.append(fn())
         return memo[0]
+
     return get
 
 

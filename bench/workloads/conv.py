@@ -108,8 +108,9 @@ def conv_case(ctx: Ctx, shape: Shape, dtype: str) -> Case:
     impls += compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
 
     def fe_build(g: Any, t: Any) -> list:
-        y = g.conv_fprop(image=t["x"], weight=t["w"], padding=[s.pad] * 2, stride=[s.stride] * 2, dilation=[1, 1],
-                         name="conv")
+        y = g.conv_fprop(
+            image=t["x"], weight=t["w"], padding=[s.pad] * 2, stride=[s.stride] * 2, dilation=[1, 1], name="conv"
+        )
         y = g.bias(input=y, bias=t["b"], name="bias")
         if z is not None:
             y = g.add(y, t["z"], name="residual")
@@ -143,6 +144,9 @@ def fused_peer(x: Any, w: Any, b: Any, z: Any, s: Shape) -> Impl:
 for _dt in ("float16", "bfloat16"):
     for _i, _s in enumerate(SHAPES):
         _epi = "+bias+residual+relu" if _s.residual else "+bias+relu"
-        workload(f"conv.{_s.key}.{short(_dt)}", group=f"conv-{short(_dt)}" if _i < 5 else f"conv-more-{short(_dt)}",
-                 title=f"{_s.title} {_epi} N{_s.n} {short(_dt)}", minutes=0.4)(
-            functools.partial(conv_case, shape=_s, dtype=_dt))
+        workload(
+            f"conv.{_s.key}.{short(_dt)}",
+            group=f"conv-{short(_dt)}" if _i < 5 else f"conv-more-{short(_dt)}",
+            title=f"{_s.title} {_epi} N{_s.n} {short(_dt)}",
+            minutes=0.4,
+        )(functools.partial(conv_case, shape=_s, dtype=_dt))

@@ -28,17 +28,28 @@ def _shapes(ctx: Ctx) -> tuple[int, int, int, int]:
 def _common(ctx: Ctx, dtype: str) -> dict[str, Any]:
     N, C, H, K = _shapes(ctx)
     tdt = torch_dtype(dtype)
-    return dict(N=N, C=C, H=H, K=K, tdt=tdt, ogdt=TORCH_TO_OG[dtype],
-                x=ctx.randn(N, C, H, H, dtype=tdt, channels_last=True),
-                w=ctx.randn(K, C, 3, 3, dtype=tdt, scale=(C * 9) ** -0.5, channels_last=True),
-                dy=ctx.randn(N, K, H, H, dtype=tdt, channels_last=True),
-                sc=ctx.rand(1, C, 1, 1, dtype=tdt, lo=0.5, hi=1.5), bb=ctx.randn(1, C, 1, 1, dtype=tdt, scale=0.1),
-                flops=2 * N * K * H * H * C * 9)
+    return dict(
+        N=N,
+        C=C,
+        H=H,
+        K=K,
+        tdt=tdt,
+        ogdt=TORCH_TO_OG[dtype],
+        x=ctx.randn(N, C, H, H, dtype=tdt, channels_last=True),
+        w=ctx.randn(K, C, 3, 3, dtype=tdt, scale=(C * 9) ** -0.5, channels_last=True),
+        dy=ctx.randn(N, K, H, H, dtype=tdt, channels_last=True),
+        sc=ctx.rand(1, C, 1, 1, dtype=tdt, lo=0.5, hi=1.5),
+        bb=ctx.randn(1, C, 1, 1, dtype=tdt, scale=0.1),
+        flops=2 * N * K * H * H * C * 9,
+    )
 
 
 def _peers(ctx: Ctx, f: Callable, args: tuple, fe_inputs: dict, fe_build: Callable, tdt: Any) -> list:
-    return ([eager(f, args)] + compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
-            + cudnn_fe.impls(ctx, fe_inputs, fe_build, tdt))
+    return (
+        [eager(f, args)]
+        + compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
+        + cudnn_fe.impls(ctx, fe_inputs, fe_build, tdt)
+    )
 
 
 def _cbw(dy: Any, x: Any, w: Any, mask: list[bool]) -> Any:
@@ -169,6 +180,6 @@ CASES = (
 
 for _dt in ("float16", "bfloat16"):
     for _key, _title, _fn in CASES:
-        workload(f"conv_bwd.{_key}.{short(_dt)}", group=f"conv-bwd-{short(_dt)}", title=f"{_title} {short(_dt)}",
-                 minutes=0.4)(
-            functools.partial(_fn, dtype=_dt))
+        workload(
+            f"conv_bwd.{_key}.{short(_dt)}", group=f"conv-bwd-{short(_dt)}", title=f"{_title} {short(_dt)}", minutes=0.4
+        )(functools.partial(_fn, dtype=_dt))

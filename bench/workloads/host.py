@@ -32,8 +32,9 @@ def _tiny_conv(ctx: Ctx) -> tuple:
     return x, w, b, ref
 
 
-@workload("host.execute_tiny_conv", group="host", kind="host", title="host time per call: conv1x1+bias+relu "
-          "N1 C64 8² fp16")
+@workload(
+    "host.execute_tiny_conv", group="host", kind="host", title="host time per call: conv1x1+bias+relu N1 C64 8² fp16"
+)
 def execute_tiny_conv(ctx: Ctx) -> Case:
     import torch
     import torch.nn.functional as F
@@ -60,10 +61,11 @@ def execute_tiny_conv(ctx: Ctx) -> Case:
         y = fg.conv_fprop(image=t["x"], weight=t["w"], padding=[0, 0], stride=[1, 1], dilation=[1, 1])
         return [(fg.relu(input=fg.bias(input=y, bias=t["b"])), torch.float16)]
 
-    impls = [Impl("opgraph", lambda: ours(False), role="ours", tuned=False),
-             Impl("opgraph (UID keys)", lambda: ours(True), role="ours", tuned=False),
-             Impl("torch eager", eager)] + cudnn_fe.impls(ctx, {"x": x, "w": w, "b": b4}, fe_build, torch.float16,
-                                                       tune=False, public=True)
+    impls = [
+        Impl("opgraph", lambda: ours(False), role="ours", tuned=False),
+        Impl("opgraph (UID keys)", lambda: ours(True), role="ours", tuned=False),
+        Impl("torch eager", eager),
+    ] + cudnn_fe.impls(ctx, {"x": x, "w": w, "b": b4}, fe_build, torch.float16, tune=False, public=True)
     return Case([Output("y", "float16")], ref, impls, host_only=True)
 
 
@@ -154,22 +156,43 @@ def cuda_graph_ops(ctx: Ctx, which: str) -> Case:
         else:  # update alone
             call, check = (lambda: plan.update_cuda_graph(graph, packs[toggle()])), both_updates
         launches = sum(len(st.kernel.generated.launches) for st in plan.steps if hasattr(st.kernel, "generated"))
-        return Runner(call=call, check_call=check, outputs=bufs[0] + bufs[1], engine=engines_of(plan),
-                      keep=(plan, graph), notes=f"{len(plan.steps)} steps, {launches} launches")
+        return Runner(
+            call=call,
+            check_call=check,
+            outputs=bufs[0] + bufs[1],
+            engine=engines_of(plan),
+            keep=(plan, graph),
+            notes=f"{len(plan.steps)} steps, {launches} launches",
+        )
 
     kinds = ("execute", "replay", "update+replay", "flip+replay", "update alone")
-    impls = [Impl(f"opgraph {k}", (lambda k=k: runner(k)), role="ours", needs=frozenset({"cuda"}) if k != "execute"
-                  else frozenset()) for k in kinds]
+    impls = [
+        Impl(
+            f"opgraph {k}",
+            (lambda k=k: runner(k)),
+            role="ours",
+            needs=frozenset({"cuda"}) if k != "execute" else frozenset(),
+        )
+        for k in kinds
+    ]
     dtypes = {"y": "float16", "mean": "float32", "inv_var": "float32"}
     outputs = [Output(f"{n}{i}", dtypes[n]) for i in (0, 1) for n in names]
-    return Case(outputs, lambda: refs[0] + refs[1], impls, host_only=True,
-                notes="no peer: the tolerance is the type's fallback (bench.core.tolerance.FALLBACK)")
+    return Case(
+        outputs,
+        lambda: refs[0] + refs[1],
+        impls,
+        host_only=True,
+        notes="no peer: the tolerance is the type's fallback (bench.core.tolerance.FALLBACK)",
+    )
 
 
 for _which, _title in (("conv", "conv3x3+bias+relu N32 C64 56²"), ("bn", "batchnorm+relu N32 C256 56²")):
-    workload(f"host.cuda_graph_ops.{_which}", group="host", kind="host",
-             title=f"host µs per step of a by-reference plan, {_title}")(
-        (lambda w: (lambda ctx: cuda_graph_ops(ctx, w)))(_which))
+    workload(
+        f"host.cuda_graph_ops.{_which}",
+        group="host",
+        kind="host",
+        title=f"host µs per step of a by-reference plan, {_title}",
+    )((lambda w: lambda ctx: cuda_graph_ops(ctx, w))(_which))
 
 
 FRESH = """
@@ -194,8 +217,13 @@ print(json.dumps(dict(ms=(t2 - t1) * 1e3, total_ms=(t2 - t0) * 1e3, err=err)))
 """
 
 
-@workload("host.build_vs_load", group="host", kind="host", minutes=1.0,
-          title="fresh process: build (tuned, cold cache), build (tuning cached), load a saved plan; first result ms")
+@workload(
+    "host.build_vs_load",
+    group="host",
+    kind="host",
+    minutes=1.0,
+    title="fresh process: build (tuned, cold cache), build (tuning cached), load a saved plan; first result ms",
+)
 def build_vs_load(ctx: Ctx) -> Case:
     import json
 
@@ -209,17 +237,30 @@ def build_vs_load(ctx: Ctx) -> Case:
 
     def fresh(load: bool, tune: bool, save: bool) -> Runner:
         code = FRESH.format(n=n, c=c, hw=hw, device=device, path=path, load=load, tune=tune and ctx.cuda, save=save)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                             check=False)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False
+        )
         if out.returncode != 0:
             raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed")
         d = json.loads(out.stdout.strip().splitlines()[-1])
-        return Runner(call=lambda: None, measured={"fresh_ms": d["ms"]}, errors={"y": d["err"]},
-                      notes=f"{d['total_ms']:.0f} ms with imports and data", engine="opgraph")
+        return Runner(
+            call=lambda: None,
+            measured={"fresh_ms": d["ms"]},
+            errors={"y": d["err"]},
+            notes=f"{d['total_ms']:.0f} ms with imports and data",
+            engine="opgraph",
+        )
 
-    impls = [Impl("build + tune (cold cache) + run", lambda: fresh(False, True, True), role="ours"),
-             Impl("build (tuning cached) + run", lambda: fresh(False, True, False), role="ours"),
-             Impl("load saved plan + run", lambda: fresh(True, False, False), role="ours")]
-    return Case([Output("y", "float16")], lambda: [torch.zeros(1)], impls, host_only=True,
-                notes="each in a fresh process, in this order; y checked there against the reference engine "
-                      "(no peer: the fp16 fallback tolerance)")
+    impls = [
+        Impl("build + tune (cold cache) + run", lambda: fresh(False, True, True), role="ours"),
+        Impl("build (tuning cached) + run", lambda: fresh(False, True, False), role="ours"),
+        Impl("load saved plan + run", lambda: fresh(True, False, False), role="ours"),
+    ]
+    return Case(
+        [Output("y", "float16")],
+        lambda: [torch.zeros(1)],
+        impls,
+        host_only=True,
+        notes="each in a fresh process, in this order; y checked there against the reference engine "
+        "(no peer: the fp16 fallback tolerance)",
+    )

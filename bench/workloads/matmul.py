@@ -29,7 +29,7 @@ def matmul_bias_gelu(ctx: Ctx, dtype: str) -> Case:
     M, K, N = ctx.pick((8192, 4096, 4096), (2048, 4096, 4096), (16, 32, 24))
     tdt = torch_dtype(dtype)
     a = ctx.randn(M, K, dtype=tdt)
-    b = ctx.randn(K, N, dtype=tdt, scale=K ** -0.5)
+    b = ctx.randn(K, N, dtype=tdt, scale=K**-0.5)
     bias = ctx.randn(N, dtype=tdt, scale=0.5)
 
     ref = lambda: [F.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")]  # noqa: E731
@@ -50,8 +50,9 @@ def matmul_bias_gelu(ctx: Ctx, dtype: str) -> Case:
 
     impls = graph_impls(ctx, make) + [eager(f, (a, b, bias)), addmm_activation(a, b, bias)]
     impls += compiled(f, (a, b, bias), cudagraphs=ctx.compile_cudagraphs)
-    impls += cudnn_fe.impls(ctx, {"a": a.view(1, M, K), "b": b.view(1, K, N), "bias": bias.view(1, 1, N)}, fe_build,
-                            tdt)
+    impls += cudnn_fe.impls(
+        ctx, {"a": a.view(1, M, K), "b": b.view(1, K, N), "bias": bias.view(1, 1, N)}, fe_build, tdt
+    )
     moved = (a.numel() + b.numel() + N + M * N) * a.element_size()
     return Case([Output("y", dtype)], ref, impls, Floor(bytes=moved, flops=2 * M * K * N, dtype=dtype))
 
@@ -66,9 +67,12 @@ def addmm_activation(a: Any, b: Any, bias: Any) -> Impl:
 
 
 for _dt in ("float16", "bfloat16"):
-    workload(f"matmul.bias_gelu.{short(_dt)}", group="matmul", minutes=0.5,
-             title=f"matmul+bias+GELU(tanh) 8192×4096×4096 {short(_dt)}")(
-        functools.partial(matmul_bias_gelu, dtype=_dt))
+    workload(
+        f"matmul.bias_gelu.{short(_dt)}",
+        group="matmul",
+        minutes=0.5,
+        title=f"matmul+bias+GELU(tanh) 8192×4096×4096 {short(_dt)}",
+    )(functools.partial(matmul_bias_gelu, dtype=_dt))
 
 
 # -- the transformer MLP block -------------------------------------------------------------------------
@@ -77,10 +81,18 @@ def _mlp_tensors(ctx: Ctx) -> dict[str, Any]:
 
     M, D, H = ctx.pick((8192, 1024, 4096), (2048, 1024, 4096), (16, 32, 64))
     bf = torch.bfloat16
-    return dict(M=M, D=D, H=H, x=ctx.randn(M, D, dtype=bf), gamma=ctx.rand(D, dtype=bf, lo=0.5, hi=1.5),
-                beta=ctx.randn(D, dtype=bf, scale=0.1), w1=ctx.randn(D, H, dtype=bf, scale=D ** -0.5),
-                b1=ctx.randn(H, dtype=bf, scale=0.1), w2=ctx.randn(H, D, dtype=bf, scale=H ** -0.5),
-                b2=ctx.randn(D, dtype=bf, scale=0.1))
+    return dict(
+        M=M,
+        D=D,
+        H=H,
+        x=ctx.randn(M, D, dtype=bf),
+        gamma=ctx.rand(D, dtype=bf, lo=0.5, hi=1.5),
+        beta=ctx.randn(D, dtype=bf, scale=0.1),
+        w1=ctx.randn(D, H, dtype=bf, scale=D**-0.5),
+        b1=ctx.randn(H, dtype=bf, scale=0.1),
+        w2=ctx.randn(H, D, dtype=bf, scale=H**-0.5),
+        b2=ctx.randn(D, dtype=bf, scale=0.1),
+    )
 
 
 PARAMS = ("x", "gamma", "beta", "w1", "b1", "w2", "b2")
@@ -120,26 +132,41 @@ def _mlp_graph(v: dict[str, Any]) -> tuple[Any, dict[Any, Any], Any]:
     h = g.gelu_approx_tanh(g.add(g.matmul(ln, W1, name="fc1"), B1)).set_data_type(bf)
     Y = g.add(g.matmul(h, W2, name="fc2"), B2).set_output(True).set_name("y")
     g.validate()
-    inputs = {X: v["x"], G: v["gamma"].view(1, D), B: v["beta"].view(1, D), W1: v["w1"], B1: v["b1"].view(1, H),
-              W2: v["w2"], B2: v["b2"].view(1, D)}
+    inputs = {
+        X: v["x"],
+        G: v["gamma"].view(1, D),
+        B: v["beta"].view(1, D),
+        W1: v["w1"],
+        B1: v["b1"].view(1, H),
+        W2: v["w2"],
+        B2: v["b2"].view(1, D),
+    }
     return g, inputs, Y
 
 
 def _mlp_layers(M: int, D: int, H: int, backward: bool) -> tuple[Layer, ...]:
     e = 2  # bf16
-    fwd = (Layer("ln+fc1+gelu", 2 * M * D * H, e * (M * D + D * H + M * H)),
-           Layer("fc2", 2 * M * H * D, e * (M * H + H * D + M * D)))
+    fwd = (
+        Layer("ln+fc1+gelu", 2 * M * D * H, e * (M * D + D * H + M * H)),
+        Layer("fc2", 2 * M * H * D, e * (M * H + H * D + M * D)),
+    )
     if not backward:
         return fwd
-    return fwd + (Layer("fc2.dgrad+gelu'", 2 * M * H * D, e * (M * D + H * D + 2 * M * H)),
-                  Layer("fc2.wgrad", 2 * M * H * D, e * (M * H + M * D + H * D)),
-                  Layer("fc1.dgrad", 2 * M * D * H, e * (M * H + D * H + M * D)),
-                  Layer("fc1.wgrad", 2 * M * D * H, e * (M * D + M * H + D * H)),
-                  Layer("ln.bwd", 0, e * 3 * M * D))
+    return fwd + (
+        Layer("fc2.dgrad+gelu'", 2 * M * H * D, e * (M * D + H * D + 2 * M * H)),
+        Layer("fc2.wgrad", 2 * M * H * D, e * (M * H + M * D + H * D)),
+        Layer("fc1.dgrad", 2 * M * D * H, e * (M * H + D * H + M * D)),
+        Layer("fc1.wgrad", 2 * M * D * H, e * (M * D + M * H + D * H)),
+        Layer("ln.bwd", 0, e * 3 * M * D),
+    )
 
 
-@workload("mlp.fwd.bf16", group="matmul", title="MLP block fwd: layernorm → matmul → GELU → matmul, "
-          "8192×1024 → 4096 → 1024 bf16", minutes=0.6)
+@workload(
+    "mlp.fwd.bf16",
+    group="matmul",
+    title="MLP block fwd: layernorm → matmul → GELU → matmul, 8192×1024 → 4096 → 1024 bf16",
+    minutes=0.6,
+)
 def mlp_forward(ctx: Ctx) -> Case:
     v = _mlp_tensors(ctx)
     args = tuple(v[k] for k in PARAMS)
@@ -149,16 +176,26 @@ def mlp_forward(ctx: Ctx) -> Case:
         g, inputs, Y = _mlp_graph(v)
         return g, inputs, [Y]
 
-    impls = graph_impls(ctx, make) + [eager(mlp, args), eager(mlp_fused, args, name="torch fused ops",
-                                                               engine="ATen + " + ADDMM_ENGINE)]
+    impls = graph_impls(ctx, make) + [
+        eager(mlp, args),
+        eager(mlp_fused, args, name="torch fused ops", engine="ATen + " + ADDMM_ENGINE),
+    ]
     impls += compiled(mlp, args, cudagraphs=ctx.compile_cudagraphs)
-    return Case([Output("y", "bfloat16")], ref, impls, Floor(layers=_mlp_layers(v["M"], v["D"], v["H"], False),
-                                                              dtype="bfloat16"),
-                notes="no cuDNN frontend peer: the block is not one cuDNN graph (its matmul is in the matmul rows)")
+    return Case(
+        [Output("y", "bfloat16")],
+        ref,
+        impls,
+        Floor(layers=_mlp_layers(v["M"], v["D"], v["H"], False), dtype="bfloat16"),
+        notes="no cuDNN frontend peer: the block is not one cuDNN graph (its matmul is in the matmul rows)",
+    )
 
 
-@workload("mlp.fwd_bwd.bf16", group="matmul", title="MLP block fwd+bwd (y and all 7 gradients), "
-          "8192×1024 → 4096 → 1024 bf16", minutes=0.8)
+@workload(
+    "mlp.fwd_bwd.bf16",
+    group="matmul",
+    title="MLP block fwd+bwd (y and all 7 gradients), 8192×1024 → 4096 → 1024 bf16",
+    minutes=0.8,
+)
 def mlp_forward_backward(ctx: Ctx) -> Case:
     import torch
 
@@ -194,6 +231,7 @@ def mlp_forward_backward(ctx: Ctx) -> Case:
         def call() -> Any:
             y = fn(*leaves)
             return (y, *torch.autograd.grad(y, leaves, dy))
+
         return call
 
     def eager_setup() -> Runner:
@@ -202,6 +240,11 @@ def mlp_forward_backward(ctx: Ctx) -> Case:
     impls = graph_impls(ctx, make) + [Impl("torch eager", eager_setup)]
     impls += compiled(mlp, (), inference=False, prepare=autograd_call, cudagraphs=ctx.compile_cudagraphs)
     outs = [Output(n, "bfloat16") for n in names]
-    return Case(outs, ref, impls, Floor(layers=_mlp_layers(v["M"], v["D"], v["H"], True), dtype="bfloat16"),
-                notes="fwd+bwd: one opgraph plan of the combined graph (opgraph.grad(combined=True)); peers run "
-                      "the forward then autograd's backward")
+    return Case(
+        outs,
+        ref,
+        impls,
+        Floor(layers=_mlp_layers(v["M"], v["D"], v["H"], True), dtype="bfloat16"),
+        notes="fwd+bwd: one opgraph plan of the combined graph (opgraph.grad(combined=True)); peers run "
+        "the forward then autograd's backward",
+    )

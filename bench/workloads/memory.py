@@ -70,8 +70,12 @@ def pointwise_dag(ctx: Ctx) -> Case:
         return g, {A: a, B: b}, [Y1, Y2]
 
     ref = lambda: list(f(a.double(), b.double()))  # noqa: E731
-    return Case([Output("y1", "float16"), Output("y2", "float16")], ref,
-                graph_impls(ctx, make) + torch_peers(ctx, f, (a, b)), Floor(bytes=4 * n * 2))
+    return Case(
+        [Output("y1", "float16"), Output("y2", "float16")],
+        ref,
+        graph_impls(ctx, make) + torch_peers(ctx, f, (a, b)),
+        Floor(bytes=4 * n * 2),
+    )
 
 
 def _bn_inputs(ctx: Ctx) -> tuple:
@@ -84,8 +88,11 @@ def _bn_inputs(ctx: Ctx) -> tuple:
     return N, C, H, x, gam, bet
 
 
-@workload("memory.batchnorm_fwd_relu.fp16", group="memory",
-          title="batchnorm training + relu, N32 C256 56² fp16 (y, mean, inv_var, running stats)")
+@workload(
+    "memory.batchnorm_fwd_relu.fp16",
+    group="memory",
+    title="batchnorm training + relu, N32 C256 56² fp16 (y, mean, inv_var, running stats)",
+)
 def batchnorm_forward(ctx: Ctx) -> Case:
     import torch
 
@@ -101,15 +108,21 @@ def batchnorm_forward(ctx: Ctx) -> Case:
         inv = (var + EPS).rsqrt()
         y = torch.relu((xd - mean.view(st)) * inv.view(st) * gam.double().view(st) + bet.double().view(st))
         m = N * H * H
-        return [y, mean, inv, (1 - MOMENTUM) * rm0.double() + MOMENTUM * mean,
-                (1 - MOMENTUM) * rv0.double() + MOMENTUM * var * m / (m - 1)]
+        return [
+            y,
+            mean,
+            inv,
+            (1 - MOMENTUM) * rm0.double() + MOMENTUM * mean,
+            (1 - MOMENTUM) * rv0.double() + MOMENTUM * var * m / (m - 1),
+        ]
 
     def make() -> Any:
         g = og.Graph("bn_relu", io_data_type=DT.HALF)
         X = g.tensor_like(x, name="x")
         SC, BI, RM, RV = (g.tensor(dim=st, data_type=DT.FLOAT, name=k) for k in ("scale", "bias", "rm", "rv"))
-        y, mean, inv, nrm, nrv = g.batchnorm(X, SC, BI, in_running_mean=RM, in_running_var=RV, epsilon=EPS,
-                                             momentum=MOMENTUM, name="bn")
+        y, mean, inv, nrm, nrv = g.batchnorm(
+            X, SC, BI, in_running_mean=RM, in_running_var=RV, epsilon=EPS, momentum=MOMENTUM, name="bn"
+        )
         for t, k in ((mean, "mean"), (inv, "inv_var"), (nrm, "next_rm"), (nrv, "next_rv")):
             t.set_output(True).set_name(k)
         Y = g.relu(y).set_output(True).set_name("y")
@@ -131,32 +144,59 @@ def batchnorm_forward(ctx: Ctx) -> Case:
 
     def eager_impl(rm: Any, rv: Any, reset: Any, read: Any) -> list[Impl]:
         def setup() -> Runner:
-            return Runner(call=lambda: bn(x, gam, bet, rm, rv), read=read, reset=reset,
-                          engine=EAGER_ENGINE + ": _batch_norm_with_update (cuDNN where it applies) + relu")
+            return Runner(
+                call=lambda: bn(x, gam, bet, rm, rv),
+                read=read,
+                reset=reset,
+                engine=EAGER_ENGINE + ": _batch_norm_with_update (cuDNN where it applies) + relu",
+            )
+
         return [Impl("torch eager", setup)]
 
     def compiled_impls(rm: Any, rv: Any, reset: Any, read: Any) -> list[Impl]:
         return compiled(bn, (x, gam, bet, rm, rv), cudagraphs=ctx.compile_cudagraphs, read=read, reset=reset)
 
     def fe_build(g: Any, t: Any) -> list:
-        y, mean, inv, nrm, nrv = g.batchnorm(input=t["x"], scale=t["scale"], bias=t["bias"],
-                                             in_running_mean=t["rm"], in_running_var=t["rv"], epsilon=t["eps"],
-                                             momentum=t["momentum"], name="bn")
+        y, mean, inv, nrm, nrv = g.batchnorm(
+            input=t["x"],
+            scale=t["scale"],
+            bias=t["bias"],
+            in_running_mean=t["rm"],
+            in_running_var=t["rv"],
+            epsilon=t["eps"],
+            momentum=t["momentum"],
+            name="bn",
+        )
         return [(g.relu(input=y, name="relu"), torch.float16)] + [(o, torch.float32) for o in (mean, inv, nrm, nrv)]
 
-    fe_inputs = {"x": x, "scale": gam.view(st), "bias": bet.view(st), "rm": rm0.view(st), "rv": rv0.view(st),
-                 "eps": torch.full((1, 1, 1, 1), EPS), "momentum": torch.full((1, 1, 1, 1), MOMENTUM)}
-    impls = (graph_impls(ctx, make) + stateful(eager_impl) + stateful(compiled_impls)
-             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.float16))
+    fe_inputs = {
+        "x": x,
+        "scale": gam.view(st),
+        "bias": bet.view(st),
+        "rm": rm0.view(st),
+        "rv": rv0.view(st),
+        "eps": torch.full((1, 1, 1, 1), EPS),
+        "momentum": torch.full((1, 1, 1, 1), MOMENTUM),
+    }
+    impls = (
+        graph_impls(ctx, make)
+        + stateful(eager_impl)
+        + stateful(compiled_impls)
+        + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.float16)
+    )
     outs = [Output("y", "float16")] + [Output(k, "float32") for k in ("mean", "inv_var", "next_rm", "next_rv")]
     act = N * C * H * H * 2
-    floor = Floor(bytes=2 * act, alt_bytes=(("two passes: statistics, then normalize", 3 * act),),
-                  note="the input (51 MB) does not fit in L2 (50 MB on an H100): two passes read it twice")
+    floor = Floor(
+        bytes=2 * act,
+        alt_bytes=(("two passes: statistics, then normalize", 3 * act),),
+        note="the input (51 MB) does not fit in L2 (50 MB on an H100): two passes read it twice",
+    )
     return Case(outs, ref, impls, floor)
 
 
-@workload("memory.batchnorm_bwd.fp16", group="memory",
-          title="batchnorm backward (dx, dscale, dbias), N32 C256 56² fp16")
+@workload(
+    "memory.batchnorm_bwd.fp16", group="memory", title="batchnorm backward (dx, dscale, dbias), N32 C256 56² fp16"
+)
 def batchnorm_backward(ctx: Ctx) -> Case:
     import torch
 
@@ -188,20 +228,25 @@ def batchnorm_backward(ctx: Ctx) -> Case:
         return g, {X: x, DY: dy, SC: gam.view(st), M: save_mean.view(st), IV: save_invstd.view(st)}, [DX, DS, DB]
 
     def f(dy: Any, x: Any, w: Any, mean: Any, invstd: Any, reserve: Any) -> Any:
-        return torch.ops.aten.batch_norm_backward(dy, x, w, None, None, mean, invstd, True, EPS, [True, True, True],
-                                                  reserve)
+        return torch.ops.aten.batch_norm_backward(
+            dy, x, w, None, None, mean, invstd, True, EPS, [True, True, True], reserve
+        )
 
     args = (dy, x, gam, save_mean, save_invstd, reserve)
 
     def fe_build(g: Any, t: Any) -> list:
-        dx, ds, db = g.batchnorm_backward(grad=t["dy"], input=t["x"], scale=t["scale"], mean=t["mean"],
-                                          inv_variance=t["inv_var"], name="bnb")
+        dx, ds, db = g.batchnorm_backward(
+            grad=t["dy"], input=t["x"], scale=t["scale"], mean=t["mean"], inv_variance=t["inv_var"], name="bnb"
+        )
         return [(dx, torch.float16), (ds, torch.float32), (db, torch.float32)]
 
     fe_inputs = {"dy": dy, "x": x, "scale": gam.view(st), "mean": save_mean.view(st), "inv_var": save_invstd.view(st)}
-    impls = (graph_impls(ctx, make) + [eager(f, args, engine=EAGER_ENGINE + ": batch_norm_backward (autograd's op)")]
-             + compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
-             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.float16))
+    impls = (
+        graph_impls(ctx, make)
+        + [eager(f, args, engine=EAGER_ENGINE + ": batch_norm_backward (autograd's op)")]
+        + compiled(f, args, cudagraphs=ctx.compile_cudagraphs)
+        + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.float16)
+    )
     act = N * C * H * H * 2
     floor = Floor(bytes=3 * act, alt_bytes=(("two passes: reductions, then dx", 5 * act),))
     return Case([Output("dx", "float16"), Output("dscale", "float32"), Output("dbias", "float32")], ref, impls, floor)
@@ -245,14 +290,27 @@ def layernorm_forward(ctx: Ctx) -> Case:
         return torch.ops.aten.native_layer_norm(x, [N], w, b, EPS)
 
     def fe_build(g: Any, t: Any) -> list:
-        y, mean, inv = g.layernorm(norm_forward_phase=module().norm_forward_phase.TRAINING, input=t["x"],
-                                   scale=t["scale"], bias=t["bias"], epsilon=t["eps"], name="ln")
+        y, mean, inv = g.layernorm(
+            norm_forward_phase=module().norm_forward_phase.TRAINING,
+            input=t["x"],
+            scale=t["scale"],
+            bias=t["bias"],
+            epsilon=t["eps"],
+            name="ln",
+        )
         return [(y, torch.bfloat16), (mean, torch.float32), (inv, torch.float32)]
 
-    fe_inputs = {"x": x.view(1, M, N), "scale": w.view(1, 1, N), "bias": b.view(1, 1, N),
-                 "eps": torch.full((1, 1, 1), EPS)}
-    impls = (graph_impls(ctx, make) + torch_peers(ctx, f, (x, w, b))
-             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.bfloat16))
+    fe_inputs = {
+        "x": x.view(1, M, N),
+        "scale": w.view(1, 1, N),
+        "bias": b.view(1, 1, N),
+        "eps": torch.full((1, 1, 1), EPS),
+    }
+    impls = (
+        graph_impls(ctx, make)
+        + torch_peers(ctx, f, (x, w, b))
+        + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.bfloat16)
+    )
     outs = [Output("y", "bfloat16"), Output("mean", "float32"), Output("inv_var", "float32")]
     return Case(outs, ref, impls, Floor(bytes=2 * M * N * 2 + 2 * M * 4 + 2 * N * 2))
 
@@ -261,8 +319,7 @@ def module() -> Any:
     return cudnn_fe.module()
 
 
-@workload("memory.layernorm_bwd.bf16", group="memory",
-          title="layernorm backward [8192, 4096] bf16 (dx, dscale, dbias)")
+@workload("memory.layernorm_bwd.bf16", group="memory", title="layernorm backward [8192, 4096] bf16 (dx, dscale, dbias)")
 def layernorm_backward(ctx: Ctx) -> Case:
     import torch
 
@@ -295,13 +352,22 @@ def layernorm_backward(ctx: Ctx) -> Case:
         return torch.ops.aten.native_layer_norm_backward(dy, x, [N], mean, rstd, w, b, [True, True, True])
 
     def fe_build(g: Any, t: Any) -> list:
-        dx, ds, db = g.layernorm_backward(grad=t["dy"], input=t["x"], scale=t["scale"], mean=t["mean"],
-                                          inv_variance=t["inv_var"], name="lnb")
+        dx, ds, db = g.layernorm_backward(
+            grad=t["dy"], input=t["x"], scale=t["scale"], mean=t["mean"], inv_variance=t["inv_var"], name="lnb"
+        )
         return [(dx, torch.bfloat16), (ds, torch.bfloat16), (db, torch.bfloat16)]
 
-    fe_inputs = {"dy": dy.view(1, M, N), "x": x.view(1, M, N), "scale": w.view(1, 1, N),
-                 "mean": mean.view(1, M, 1), "inv_var": rstd.view(1, M, 1)}
-    impls = (graph_impls(ctx, make) + torch_peers(ctx, f, (dy, x, mean_n, rstd_n, w, b))
-             + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.bfloat16))
+    fe_inputs = {
+        "dy": dy.view(1, M, N),
+        "x": x.view(1, M, N),
+        "scale": w.view(1, 1, N),
+        "mean": mean.view(1, M, 1),
+        "inv_var": rstd.view(1, M, 1),
+    }
+    impls = (
+        graph_impls(ctx, make)
+        + torch_peers(ctx, f, (dy, x, mean_n, rstd_n, w, b))
+        + cudnn_fe.impls(ctx, fe_inputs, fe_build, torch.bfloat16)
+    )
     outs = [Output("dx", "bfloat16"), Output("dscale", "bfloat16"), Output("dbias", "bfloat16")]
     return Case(outs, ref, impls, Floor(bytes=3 * M * N * 2 + 2 * M * 4 + 3 * N * 2))

@@ -70,8 +70,17 @@ def layer_records(model: Any, x: Any, elem: int = 2) -> list[LayerRecord]:
             flops = 2 * out.numel() * (mod.in_channels // mod.groups) * math.prod(mod.kernel_size)
             recs.append(LayerRecord("gemm", name, flops, i.numel() * elem, out.numel() * elem, wbytes, i is x))
         elif isinstance(mod, nn.Linear):
-            recs.append(LayerRecord("gemm", name, 2 * out.numel() * mod.in_features, i.numel() * elem,
-                                    out.numel() * elem, wbytes, i is x))
+            recs.append(
+                LayerRecord(
+                    "gemm",
+                    name,
+                    2 * out.numel() * mod.in_features,
+                    i.numel() * elem,
+                    out.numel() * elem,
+                    wbytes,
+                    i is x,
+                )
+            )
         elif isinstance(mod, (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
             recs.append(LayerRecord("pool", name, 0.0, i.numel() * elem, out.numel() * elem))
         elif isinstance(mod, nn.modules.batchnorm._BatchNorm):
@@ -119,15 +128,21 @@ def network_case(ctx: Ctx, arch: str, batch: int) -> Case:
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls += [eager(model16, (x,))]
     impls += compiled(model16, (x,), inference=True, freezing=True, cudagraphs=ctx.compile_cudagraphs)
-    notes = (f"model: {source}; fp16 weights and activations; tuned opgraph plans "
-             f"{'included' if ctx.tune_networks else 'not built (--tune-networks)'}")
+    notes = (
+        f"model: {source}; fp16 weights and activations; tuned opgraph plans "
+        f"{'included' if ctx.tune_networks else 'not built (--tune-networks)'}"
+    )
     return Case([Output("logits", "float16")], lambda: [want], impls, Floor(layers=layers), notes=notes)
 
 
 # one group per network: a network's builds and compiles take minutes; 3 repeats of one fit a command
 CASES = (("resnet50", 64, 2.0), ("resnet50", 256, 2.5), ("resnet50", 1, 1.5), ("mobilenet_v2", 64, 2.0))
 for _arch, _b, _min in CASES:
-    workload(f"networks.{_arch}.b{_b}", group=f"networks-{_arch}-b{_b}", kind="network",
-             quick=(_arch, _b) == ("resnet50", 1), minutes=_min,
-             title=f"{_arch} inference batch {_b}, fp16 channels-last 224²")(
-        functools.partial(network_case, arch=_arch, batch=_b))
+    workload(
+        f"networks.{_arch}.b{_b}",
+        group=f"networks-{_arch}-b{_b}",
+        kind="network",
+        quick=(_arch, _b) == ("resnet50", 1),
+        minutes=_min,
+        title=f"{_arch} inference batch {_b}, fp16 channels-last 224²",
+    )(functools.partial(network_case, arch=_arch, batch=_b))

@@ -62,8 +62,12 @@ def _reference(model: Any, x: Any, labels: Any, pnames: list[str], snames: list[
     grads = [params[n].grad.detach().clone() for n in pnames]
     opt.step()
     bufs = dict(m.named_buffers())
-    return ([loss.detach().reshape(1)] + grads + [params[n].detach().clone() for n in pnames]
-            + [bufs[n].detach().clone() for n in snames])
+    return (
+        [loss.detach().reshape(1)]
+        + grads
+        + [params[n].detach().clone() for n in pnames]
+        + [bufs[n].detach().clone() for n in snames]
+    )
 
 
 def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Case:
@@ -83,8 +87,12 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
     net = model16.float() if float32 else model16  # the module stepped: the same values, exact in float32
     x = x.float() if float32 else x
     dtype = "float32" if float32 else "float16"
-    outputs = ([Output("loss", dtype)] + [Output(f"grad:{n}", dtype) for n in pnames]
-               + [Output(f"param:{n}", dtype) for n in pnames] + [Output(f"stat:{n}", dtype) for n in snames])
+    outputs = (
+        [Output("loss", dtype)]
+        + [Output(f"grad:{n}", dtype) for n in pnames]
+        + [Output(f"param:{n}", dtype) for n in pnames]
+        + [Output(f"stat:{n}", dtype) for n in snames]
+    )
     exact = {"deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]} if float32 else {}
 
     def ours(name: str, engines: list[str] | None, tuned: bool) -> Impl:
@@ -94,9 +102,12 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
             m = copy.deepcopy(net)
             st = _State(m, pnames, snames)
             imported = og.from_torch(m, (x,))
-            step = og.training.train_step(imported, og.training.OneHotCrossEntropy(),
-                                          og.training.SGD(LR, momentum=MOMENTUM),
-                                          grad_data_type=og.DataType.FLOAT if float32 else og.DataType.HALF)
+            step = og.training.train_step(
+                imported,
+                og.training.OneHotCrossEntropy(),
+                og.training.SGD(LR, momentum=MOMENTUM),
+                grad_data_type=og.DataType.FLOAT if float32 else og.DataType.HALF,
+            )
             plan, note = og_build(step.graph, ctx, engines, tuned, **exact)
             onehot = torch.eye(classes, device=ctx.device, dtype=x.dtype)[labels]
             pack = step.pack(x, target=onehot)
@@ -111,23 +122,39 @@ def training_case(ctx: Ctx, arch: str, batch: int, float32: bool = False) -> Cas
             diagnose(f"{arch} training step [{name}]", plan, pack)
 
             st.velocity, st.loss, st.poison = (lambda: velocity), (lambda: loss), loss
-            return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
-                          keep=(plan, step, m, st), after=step_profile(ctx, plan, pack))
+            return Runner(
+                call=call,
+                read=st.read,
+                reset=st.reset,
+                engine=engines_of(plan),
+                notes=note,
+                keep=(plan, step, m, st),
+                after=step_profile(ctx, plan, pack),
+            )
+
         return Impl(name, setup, role="ours", tuned=tuned)
 
     impls = [ours(n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks and not float32)]
     if ctx.scale == "tiny":  # a training step's generated kernels under Triton's interpreter: too slow
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls.append(Impl("torch eager", functools.partial(_torch_step, net, x, labels, pnames, snames, None)))
-    impls += [Impl(n, functools.partial(_torch_step, net, x, labels, pnames, snames, mode), needs=frozenset(nd))
-              for n, mode, nd in (("torch.compile", "max-autotune-no-cudagraphs", {"compile"}),
-                                  ("torch.compile (CUDA graphs)", "max-autotune", {"compile", "cuda"}))
-              if not float32 and (mode != "max-autotune" or ctx.compile_cudagraphs)]
-    notes = (f"model: {source}; one checked step at lr {LR}, momentum {MOMENTUM}; {len(outputs)} outputs checked "
-             f"(loss, {len(pnames)} gradients, {len(pnames)} updated parameters, {len(snames)} running statistics)")
+    impls += [
+        Impl(n, functools.partial(_torch_step, net, x, labels, pnames, snames, mode), needs=frozenset(nd))
+        for n, mode, nd in (
+            ("torch.compile", "max-autotune-no-cudagraphs", {"compile"}),
+            ("torch.compile (CUDA graphs)", "max-autotune", {"compile", "cuda"}),
+        )
+        if not float32 and (mode != "max-autotune" or ctx.compile_cudagraphs)
+    ]
+    notes = (
+        f"model: {source}; one checked step at lr {LR}, momentum {MOMENTUM}; {len(outputs)} outputs checked "
+        f"(loss, {len(pnames)} gradients, {len(pnames)} updated parameters, {len(snames)} running statistics)"
+    )
     if float32:
-        notes += ("; the float32 check of the fp16 row's step (not timed): opgraph without TF32, eager float32 "
-                  "(TF32 off) the peer that sets the tolerance")
+        notes += (
+            "; the float32 check of the fp16 row's step (not timed): opgraph without TF32, eager float32 "
+            "(TF32 off) the peer that sets the tolerance"
+        )
     return Case(outputs, lambda: refs, impls, Floor(layers=layers), notes=notes, sane_limit=float("inf"))
 
 
@@ -161,9 +188,12 @@ class _State:
         params, bufs = dict(self.m.named_parameters()), dict(self.m.named_buffers())
         v = self.velocity()
         loss = self.loss()
-        return ([None if loss is None else loss.reshape(-1)[:1]] + [v.get(n) for n in self.pnames]
-                + [params[n].detach() for n in self.pnames]
-                + [bufs[n] for n in self.snames])
+        return (
+            [None if loss is None else loss.reshape(-1)[:1]]
+            + [v.get(n) for n in self.pnames]
+            + [params[n].detach() for n in self.pnames]
+            + [bufs[n] for n in self.snames]
+        )
 
 
 def _torch_step(model: Any, x: Any, labels: Any, pnames: list[str], snames: list[str], mode: str | None) -> Runner:
@@ -182,8 +212,7 @@ def _torch_step(model: Any, x: Any, labels: Any, pnames: list[str], snames: list
     # read tensors that the model's graphs had overwritten ("accessing tensor output of CUDAGraphs that
     # has been overwritten by a subsequent run" in SGD.step, every repeat of 2026-11-26, with
     # cudagraph_mark_step_begin); the model's forward and backward keep the mode's CUDA graphs
-    opt_step = opt.step if mode is None else torch.compile(opt.step, mode="max-autotune-no-cudagraphs",
-                                                           dynamic=False)
+    opt_step = opt.step if mode is None else torch.compile(opt.step, mode="max-autotune-no-cudagraphs", dynamic=False)
     out: dict[str, Any] = {}
 
     def call() -> Any:
@@ -208,17 +237,38 @@ def _torch_step(model: Any, x: Any, labels: Any, pnames: list[str], snames: list
     if x.is_cuda:
         torch.cuda.synchronize()
     st.velocity, st.loss = velocity, (lambda: out["loss"])
-    engine = ("ATen + autograd + SGD (foreach)" if mode is None
-              else INDUCTOR_ENGINE + " + compiled SGD step" + (" (no CUDA graphs)" if mode == "max-autotune" else ""))
-    return Runner(call=call, read=st.read, reset=st.reset, engine=engine, graph_native=mode == "max-autotune",
-                  capturable=mode != "max-autotune", notes=f"mode={mode}" if mode else "", keep=(m, opt, net, st))
+    engine = (
+        "ATen + autograd + SGD (foreach)"
+        if mode is None
+        else INDUCTOR_ENGINE + " + compiled SGD step" + (" (no CUDA graphs)" if mode == "max-autotune" else "")
+    )
+    return Runner(
+        call=call,
+        read=st.read,
+        reset=st.reset,
+        engine=engine,
+        graph_native=mode == "max-autotune",
+        capturable=mode != "max-autotune",
+        notes=f"mode={mode}" if mode else "",
+        keep=(m, opt, net, st),
+    )
 
 
 for _arch, _b in (("resnet18", 64), ("mobilenet_v2", 64)):
-    workload(f"training.{_arch}.b{_b}", group=f"training-{_arch}", kind="training", minutes=2.0,
-             quick=_arch == "resnet18",
-             title=f"{_arch} training step batch {_b}, fp16 channels-last 224², SGD momentum")(
-        functools.partial(training_case, arch=_arch, batch=_b))
-    workload(f"training.{_arch}.b{_b}.float32", group=f"training-{_arch}", kind="training", minutes=0.5,
-             quick=False, timed=False, title=f"{_arch} training step batch {_b}, float32 check of the step above (not timed)")(
-        functools.partial(training_case, arch=_arch, batch=_b, float32=True))
+    workload(
+        f"training.{_arch}.b{_b}",
+        group=f"training-{_arch}",
+        kind="training",
+        minutes=2.0,
+        quick=_arch == "resnet18",
+        title=f"{_arch} training step batch {_b}, fp16 channels-last 224², SGD momentum",
+    )(functools.partial(training_case, arch=_arch, batch=_b))
+    workload(
+        f"training.{_arch}.b{_b}.float32",
+        group=f"training-{_arch}",
+        kind="training",
+        minutes=0.5,
+        quick=False,
+        timed=False,
+        title=f"{_arch} training step batch {_b}, float32 check of the step above (not timed)",
+    )(functools.partial(training_case, arch=_arch, batch=_b, float32=True))

@@ -37,8 +37,9 @@ def _setup(ctx: Ctx) -> dict[str, Any]:
 
     from ..gpt import GPT, GPTConfig
 
-    batch, seq, layers, d, heads, vocab = ctx.pick((8, 1024, 12, 768, 12, 50304), (4, 512, 12, 768, 12, 50304),
-                                                   (2, 32, 2, 32, 2, 128))
+    batch, seq, layers, d, heads, vocab = ctx.pick(
+        (8, 1024, 12, 768, 12, 50304), (4, 512, 12, 768, 12, 50304), (2, 32, 2, 32, 2, 128)
+    )
     c = GPTConfig(vocab=vocab, seq=seq, layers=layers, heads=heads, d=d)
     torch.manual_seed(0)
     model = GPT(c).to(ctx.device).train()
@@ -99,21 +100,24 @@ class _AdamState:
         moments = self.moments()
         loss = self.loss()
         grads = [moments[n]["exp_avg"] / (1.0 - BETAS[0]) if n in moments else None for n in self.pnames]
-        return ([None if loss is None else loss.reshape(-1)[:1].float()] + grads
-                + [params[n].detach() for n in self.pnames])
+        return (
+            [None if loss is None else loss.reshape(-1)[:1].float()] + grads + [params[n].detach() for n in self.pnames]
+        )
 
 
-def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: list[str] | None,
-          tuned: bool) -> Impl:
+def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: list[str] | None, tuned: bool) -> Impl:
     def setup() -> Runner:
         import opgraph as og
 
         m = copy.deepcopy(v["model"])
         st = _AdamState(m, pnames)
         imported = og.from_torch(m, (v["x"],))
-        ts = og.training.train_step(imported, "cross_entropy",
-                                    og.training.AdamW(LR, betas=BETAS, eps=EPS, weight_decay=WD),
-                                    mixed_precision="bf16")
+        ts = og.training.train_step(
+            imported,
+            "cross_entropy",
+            og.training.AdamW(LR, betas=BETAS, eps=EPS, weight_decay=WD),
+            mixed_precision="bf16",
+        )
         plan, note = og_build(ts.graph, ctx, engines, tuned)
         ts.plan = plan
         pack = ts.pack(v["x"], target=v["y"])
@@ -127,8 +131,16 @@ def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: li
         st.counters = lambda: [pack[ts.scalars["optimizer.step"]]]
         st.loss = lambda: loss
         diagnose(f"GPT-2 training step [{name}]", plan, pack)
-        return Runner(call=call, read=st.read, reset=st.reset, engine=engines_of(plan), notes=note,
-                      keep=(plan, ts, imported, m, st), after=step_profile(ctx, plan, pack))
+        return Runner(
+            call=call,
+            read=st.read,
+            reset=st.reset,
+            engine=engines_of(plan),
+            notes=note,
+            keep=(plan, ts, imported, m, st),
+            after=step_profile(ctx, plan, pack),
+        )
+
     return Impl(name, setup, role="ours", tuned=tuned)
 
 
@@ -140,8 +152,14 @@ def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None
     cuda = v["x"].is_cuda
     m = copy.deepcopy(v["model"])
     st = _AdamState(m, pnames)
-    opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                            **({"fused": True, "capturable": True} if cuda else {}))
+    opt = torch.optim.AdamW(
+        m.parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WD,
+        **({"fused": True, "capturable": True} if cuda else {}),
+    )
     net = m if mode is None else torch.compile(m, mode=mode, dynamic=False)
     device = "cuda" if cuda else "cpu"
     out: dict[str, Any] = {}
@@ -169,32 +187,63 @@ def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None
     st.moments = moments
     st.counters = lambda: [s["step"] for s in moments().values() if torch.is_tensor(s.get("step"))]
     st.loss = lambda: out.get("loss")
-    engine = ("ATen + autograd (autocast bf16) + fused AdamW" if mode is None
-              else INDUCTOR_ENGINE + " + fused AdamW (not compiled)")
-    return Runner(call=call, read=st.read, reset=st.reset, engine=engine, graph_native=mode == "max-autotune",
-                  capturable=mode != "max-autotune", notes=f"mode={mode}" if mode else "", keep=(m, opt, net, st))
+    engine = (
+        "ATen + autograd (autocast bf16) + fused AdamW"
+        if mode is None
+        else INDUCTOR_ENGINE + " + fused AdamW (not compiled)"
+    )
+    return Runner(
+        call=call,
+        read=st.read,
+        reset=st.reset,
+        engine=engine,
+        graph_native=mode == "max-autotune",
+        capturable=mode != "max-autotune",
+        notes=f"mode={mode}" if mode else "",
+        keep=(m, opt, net, st),
+    )
 
 
-@workload("training.gpt2.b8", group="training-gpt2", kind="training", minutes=3.0,
-          title="GPT-2 small training step, batch 8 × seq 1024, bf16 mixed precision, AdamW")
+@workload(
+    "training.gpt2.b8",
+    group="training-gpt2",
+    kind="training",
+    minutes=3.0,
+    title="GPT-2 small training step, batch 8 × seq 1024, bf16 mixed precision, AdamW",
+)
 def gpt2_training(ctx: Ctx) -> Case:
     v = _setup(ctx)
     model = v["model"]
     pnames = [n for n, _ in model.named_parameters()]
     refs = _reference(model, v["x"], v["y"], pnames)
-    outputs = ([Output("loss", "float32")] + [Output(f"grad:{n}", "float32") for n in pnames]
-               + [Output(f"param:{n}", "float32") for n in pnames])
+    outputs = (
+        [Output("loss", "float32")]
+        + [Output(f"grad:{n}", "float32") for n in pnames]
+        + [Output(f"param:{n}", "float32") for n in pnames]
+    )
     impls = [_ours(ctx, v, pnames, n, e, t) for n, e, t in VARIANTS if not t or (ctx.tune and ctx.tune_networks)]
     if ctx.scale == "tiny":  # a training step's generated kernels under Triton's interpreter: too slow
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls.append(Impl("torch eager", lambda: _torch_step(ctx, v, pnames, None)))
-    impls += [Impl(n, (lambda mode=mode: _torch_step(ctx, v, pnames, mode)), needs=frozenset(nd))
-              for n, mode, nd in (("torch.compile", "max-autotune-no-cudagraphs", {"compile"}),
-                                  ("torch.compile (CUDA graphs)", "max-autotune", {"compile", "cuda"}))
-              if mode != "max-autotune" or ctx.compile_cudagraphs]
+    impls += [
+        Impl(n, (lambda mode=mode: _torch_step(ctx, v, pnames, mode)), needs=frozenset(nd))
+        for n, mode, nd in (
+            ("torch.compile", "max-autotune-no-cudagraphs", {"compile"}),
+            ("torch.compile (CUDA graphs)", "max-autotune", {"compile", "cuda"}),
+        )
+        if mode != "max-autotune" or ctx.compile_cudagraphs
+    ]
     flops = model.flops_per_token() * v["tokens"]
-    notes = (f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters (tied embedding); one checked step "
-             f"at lr {LR}; {len(outputs)} outputs (loss, {len(pnames)} gradients, {len(pnames)} updated parameters); "
-             "floor and TFLOP/s: 6N + 12 L d T flops per token")
-    return Case(outputs, lambda: refs, impls, Floor(flops=flops, dtype="bfloat16", tflops=True), notes=notes,
-                sane_limit=float("inf"))
+    notes = (
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters (tied embedding); one checked step "
+        f"at lr {LR}; {len(outputs)} outputs (loss, {len(pnames)} gradients, {len(pnames)} updated parameters); "
+        "floor and TFLOP/s: 6N + 12 L d T flops per token"
+    )
+    return Case(
+        outputs,
+        lambda: refs,
+        impls,
+        Floor(flops=flops, dtype="bfloat16", tflops=True),
+        notes=notes,
+        sane_limit=float("inf"),
+    )

@@ -97,8 +97,10 @@ class GradGraph:
 
         ops = len(self.graph._records)
         mode = "forward + backward" if self.combined else "backward"
-        text = (f"<GradGraph '{self.graph.name}' ({mode}, {ops} ops): gradients of {names(self.grads)}; "
-                f"incoming gradients for {names(self.grad_inputs)}; {len(self.saved)} saved forward tensor(s)")
+        text = (
+            f"<GradGraph '{self.graph.name}' ({mode}, {ops} ops): gradients of {names(self.grads)}; "
+            f"incoming gradients for {names(self.grad_inputs)}; {len(self.saved)} saved forward tensor(s)"
+        )
         if self.recomputed:
             text += f", {len(self.recomputed)} recomputed"
         if self.must_keep:
@@ -109,24 +111,33 @@ class GradGraph:
         """The gradient output of a wrt tensor (handle, UID or name of the forward tensor)."""
         uid = resolve(self.forward, key, "key")
         if uid not in self.grads:
-            raise GraphError(f"no gradient was asked for {self.forward.tensors[uid].label()}", rule="autodiff.key",
-                             hint=f"pass it in wrt; gradients exist for UIDs {sorted(self.grads)}")
+            raise GraphError(
+                f"no gradient was asked for {self.forward.tensors[uid].label()}",
+                rule="autodiff.key",
+                hint=f"pass it in wrt; gradients exist for UIDs {sorted(self.grads)}",
+            )
         return self.grads[uid]
 
     def grad_input_of(self, key: Any) -> Tensor:
         """The incoming-gradient input of a forward output (handle, UID or name)."""
         uid = resolve(self.forward, key, "key")
         if uid not in self.grad_inputs:
-            raise GraphError(f"{self.forward.tensors[uid].label()} is not one of the outputs", rule="autodiff.key",
-                             hint=f"incoming gradients exist for UIDs {sorted(self.grad_inputs)}")
+            raise GraphError(
+                f"{self.forward.tensors[uid].label()} is not one of the outputs",
+                rule="autodiff.key",
+                hint=f"incoming gradients exist for UIDs {sorted(self.grad_inputs)}",
+            )
         return self.grad_inputs[uid]
 
     def keep_in(self, forward: Graph) -> Graph:
         """Mark the `must_keep` tensors as outputs of the user's forward graph (and pin every UID the
         forward graph was finalized with, so the saved UIDs stay valid). Returns `forward`."""
         if any(handle.graph is not forward for handle, _ in self.forward.handles.values()):
-            raise GraphError("keep_in got another graph than the one differentiated", rule="autodiff.keep_in",
-                             hint="pass the forward Graph given to grad()")
+            raise GraphError(
+                "keep_in got another graph than the one differentiated",
+                rule="autodiff.keep_in",
+                hint="pass the forward Graph given to grad()",
+            )
         for handle, uid in list(self.forward.handles.values()):
             if handle._uid is None:
                 handle.set_uid(uid)
@@ -140,11 +151,14 @@ class GradGraph:
     def describe(self) -> str:
         f = self.forward
         lines = [f"gradient graph '{self.graph.name}' ({'forward + backward' if self.combined else 'backward'})"]
-        lines += [f"  incoming gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}"
-                  for u, t in self.grad_inputs.items()]
+        lines += [
+            f"  incoming gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}" for u, t in self.grad_inputs.items()
+        ]
         lines += [f"  gradient {t.name} (uid {t.uid}) of {f.tensors[u].label()}" for u, t in self.grads.items()]
-        lines += [f"  saved {f.tensors[u].label()}" + (" (forward must output it)" if u in self.must_keep else "")
-                  for u in self.saved]
+        lines += [
+            f"  saved {f.tensors[u].label()}" + (" (forward must output it)" if u in self.must_keep else "")
+            for u in self.saved
+        ]
         lines += [f"  recomputed {f.tensors[u].label()}" for u in self.recomputed]
         return "\n".join(lines)
 
@@ -154,25 +168,37 @@ def resolve(fg: FinalGraph, key: Any, what: str) -> int:
     if isinstance(key, Tensor):
         uid = fg.handle_uid(key)
         if uid is None:
-            raise GraphError("the tensor handle is not part of the differentiated graph", tensor=key,
-                             rule="autodiff.unknown_tensor",
-                             hint=f"pass {what} as handles of that graph, UIDs or names")
+            raise GraphError(
+                "the tensor handle is not part of the differentiated graph",
+                tensor=key,
+                rule="autodiff.unknown_tensor",
+                hint=f"pass {what} as handles of that graph, UIDs or names",
+            )
         return uid
     if isinstance(key, TensorDesc):
         key = key.uid
     if isinstance(key, int) and not isinstance(key, bool):
         if key not in fg.tensors:
-            raise GraphError(f"UID {key} is not a tensor of graph '{fg.name}'", rule="autodiff.unknown_tensor",
-                             hint=f"known UIDs: {sorted(fg.tensors)}")
+            raise GraphError(
+                f"UID {key} is not a tensor of graph '{fg.name}'",
+                rule="autodiff.unknown_tensor",
+                hint=f"known UIDs: {sorted(fg.tensors)}",
+            )
         return key
     if isinstance(key, str):
         matches = [u for u, t in fg.tensors.items() if t.name == key]
         if len(matches) != 1:
-            raise GraphError(f"{len(matches)} tensors are named {key!r}", rule="autodiff.unknown_tensor",
-                             hint="pass the tensor handle or its UID")
+            raise GraphError(
+                f"{len(matches)} tensors are named {key!r}",
+                rule="autodiff.unknown_tensor",
+                hint="pass the tensor handle or its UID",
+            )
         return matches[0]
-    raise GraphError(f"{what} must hold tensors, UIDs or names, got {type(key).__name__}", rule="autodiff.key",
-                     hint="pass the Tensor handles the builders returned")
+    raise GraphError(
+        f"{what} must hold tensors, UIDs or names, got {type(key).__name__}",
+        rule="autodiff.key",
+        hint="pass the Tensor handles the builders returned",
+    )
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -181,9 +207,18 @@ def _as_list(value: Any) -> list[Any]:
     return [value]
 
 
-def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = False, recompute: bool = True,
-         allow_unused: bool = False, intermediate_data_type: Any = None, forward_types: bool = False,
-         name: str | None = None) -> GradGraph:
+def grad(
+    graph: Graph | FinalGraph,
+    outputs: Any,
+    wrt: Any,
+    *,
+    combined: bool = False,
+    recompute: bool = True,
+    allow_unused: bool = False,
+    intermediate_data_type: Any = None,
+    forward_types: bool = False,
+    name: str | None = None,
+) -> GradGraph:
     """The gradient graph of `graph`: the gradients of `wrt` given incoming gradients of `outputs`.
 
     outputs, wrt: a tensor or a list of tensors (handles, UIDs or names of the forward graph).
@@ -200,11 +235,22 @@ def grad(graph: Graph | FinalGraph, outputs: Any, wrt: Any, *, combined: bool = 
     """
     fg = graph.final if isinstance(graph, Graph) else graph
     if not isinstance(fg, FinalGraph):
-        raise GraphError(f"grad takes a Graph or FinalGraph, got {type(graph).__name__}", rule="autodiff.graph",
-                         hint="pass the forward opgraph.Graph")
-    return _Pass(fg, _as_list(outputs), _as_list(wrt), combined=combined, recompute=recompute,
-                 allow_unused=allow_unused, intermediate=intermediate_data_type, forward_types=forward_types,
-                 name=name).run()
+        raise GraphError(
+            f"grad takes a Graph or FinalGraph, got {type(graph).__name__}",
+            rule="autodiff.graph",
+            hint="pass the forward opgraph.Graph",
+        )
+    return _Pass(
+        fg,
+        _as_list(outputs),
+        _as_list(wrt),
+        combined=combined,
+        recompute=recompute,
+        allow_unused=allow_unused,
+        intermediate=intermediate_data_type,
+        forward_types=forward_types,
+        name=name,
+    ).run()
 
 
 class _Ctx(RuleContext):
@@ -244,27 +290,48 @@ class _Ctx(RuleContext):
 
 
 class _Pass:
-    def __init__(self, fg: FinalGraph, outputs: list[Any], wrt: list[Any], *, combined: bool, recompute: bool,
-                 allow_unused: bool, intermediate: Any, name: str | None, forward_types: bool = False) -> None:
+    def __init__(
+        self,
+        fg: FinalGraph,
+        outputs: list[Any],
+        wrt: list[Any],
+        *,
+        combined: bool,
+        recompute: bool,
+        allow_unused: bool,
+        intermediate: Any,
+        name: str | None,
+        forward_types: bool = False,
+    ) -> None:
         self.fg = fg
         self.outputs = list(dict.fromkeys(resolve(fg, k, "outputs") for k in outputs))
         self.wrt = list(dict.fromkeys(resolve(fg, k, "wrt") for k in wrt))
         if not self.outputs or not self.wrt:
-            raise GraphError("grad needs at least one output and one wrt tensor", rule="autodiff.empty",
-                             hint="pass outputs=[loss] and wrt=[weights, ...]")
+            raise GraphError(
+                "grad needs at least one output and one wrt tensor",
+                rule="autodiff.empty",
+                hint="pass outputs=[loss] and wrt=[weights, ...]",
+            )
         for uid in self.wrt:
             d = fg.tensors[uid]
             if not d.data_type.is_floating:
-                raise DataTypeError(f"the gradient of a {d.data_type.name} tensor is not defined", tensor=d,
-                                    rule="autodiff.wrt_type", hint="differentiate with respect to floating tensors")
+                raise DataTypeError(
+                    f"the gradient of a {d.data_type.name} tensor is not defined",
+                    tensor=d,
+                    rule="autodiff.wrt_type",
+                    hint="differentiate with respect to floating tensors",
+                )
         self.combined = combined
         self.recompute = recompute
         self.allow_unused = allow_unused
         self.forward_types = forward_types
         suffix = "train_step" if combined else "grad"
-        self.g = Graph(name or f"{fg.name or 'graph'}_{suffix}", io_data_type=fg.io_data_type,
-                       intermediate_data_type=intermediate or fg.intermediate_data_type,
-                       compute_data_type=fg.compute_data_type)
+        self.g = Graph(
+            name or f"{fg.name or 'graph'}_{suffix}",
+            io_data_type=fg.io_data_type,
+            intermediate_data_type=intermediate or fg.intermediate_data_type,
+            compute_data_type=fg.compute_data_type,
+        )
         self.b = GradBuilder(self.g)
         self.b.next_uid = max(fg.tensors, default=0) + 1
         self.handles: dict[int, Tensor] = {}  # forward UID -> handle in self.g
@@ -282,8 +349,9 @@ class _Pass:
             if uid not in self.requires:  # no wrt tensor reaches it: no gradient to take in
                 continue
             d = self.fg.tensors[uid]
-            t = self.g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"grad_{_name(d)}",
-                              uid=self.b.new_uid())
+            t = self.g.tensor(
+                dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"grad_{_name(d)}", uid=self.b.new_uid()
+            )
             grad_inputs[uid] = self.b.note(t)
             self.contrib.setdefault(uid, []).append(t)
         for node in reversed(self.fg.nodes):
@@ -302,34 +370,46 @@ class _Pass:
         for node in self.fg.nodes:
             rule = rule_for(node)
             diff = rule.inputs(node) if rule is not None else frozenset(node.op.input_roles())
-            if any(isinstance(v, int) and v in req and role in diff
-                   for role, v in zip(node.op.input_roles(), node.inputs)):
+            if any(
+                isinstance(v, int) and v in req and role in diff for role, v in zip(node.op.input_roles(), node.inputs)
+            ):
                 req.update(u for u in node.output_uids() if self.fg.tensors[u].data_type.is_floating)
         return req
 
     def _backward(self, node: Node) -> None:
-        arriving = [(role, uid) for role, uid in zip(node.op.output_roles(), node.outputs)
-                    if uid is not None and self.contrib.get(uid)]
+        arriving = [
+            (role, uid)
+            for role, uid in zip(node.op.output_roles(), node.outputs)
+            if uid is not None and self.contrib.get(uid)
+        ]
         if not arriving:
             return
         rule = rule_for(node)
         diff = rule.inputs(node) if rule is not None else frozenset(node.op.input_roles())
-        needed = [role for role, v in zip(node.op.input_roles(), node.inputs)
-                  if isinstance(v, int) and v in self.requires and role in diff]
+        needed = [
+            role
+            for role, v in zip(node.op.input_roles(), node.inputs)
+            if isinstance(v, int) and v in self.requires and role in diff
+        ]
         if not needed:
             return
         if rule is None:
             what = f"pointwise mode {node.op.mode.name}" if isinstance(node.op, Pointwise) else node.kind
-            raise unsupported(node, f"no backward rule for {what}, but a gradient flows through it (into "
-                              f"{', '.join(needed)})",
-                              "differentiate a graph without this op, or add a rule (opgraph.autodiff."
-                              "register_rule / register_custom_grad)")
+            raise unsupported(
+                node,
+                f"no backward rule for {what}, but a gradient flows through it (into {', '.join(needed)})",
+                "differentiate a graph without this op, or add a rule (opgraph.autodiff."
+                "register_rule / register_custom_grad)",
+            )
         outs = rule.outputs(node)
         bad = [role for role, _ in arriving if role not in outs]
         if bad:
-            raise unsupported(node, f"a gradient arrives at output '{bad[0]}', through which {node.kind} is not "
-                              "differentiated", "do not use that output on the path to the differentiated outputs",
-                              rule="autodiff.output")
+            raise unsupported(
+                node,
+                f"a gradient arrives at output '{bad[0]}', through which {node.kind} is not differentiated",
+                "do not use that output on the path to the differentiated outputs",
+                rule="autodiff.output",
+            )
         self.b.prefix = f"d{node.name}"
         first_new = len(self.g._tensors)
         result = rule.fn(_Ctx(self, node, needed))
@@ -337,8 +417,12 @@ class _Pass:
         for role in needed:
             g = result.get(role)
             if g is None:
-                raise unsupported(node, f"the backward rule gave no gradient for input '{role}'",
-                                  "this input is not differentiated by the rule", rule="autodiff.no_input_grad")
+                raise unsupported(
+                    node,
+                    f"the backward rule gave no gradient for input '{role}'",
+                    "this input is not differentiated by the rule",
+                    rule="autodiff.no_input_grad",
+                )
             uid = node.input(role)
             assert isinstance(uid, int)
             g = self.b.unbroadcast(g, self.fg.tensors[uid].dim, over)
@@ -418,7 +502,9 @@ class _Pass:
             if not self.allow_unused:
                 raise GraphError(
                     "no gradient reaches this wrt tensor from the outputs (it is not used on a path to them, or "
-                    "only through ops with zero gradient such as comparisons)", tensor=d, rule="autodiff.unused",
+                    "only through ops with zero gradient such as comparisons)",
+                    tensor=d,
+                    rule="autodiff.unused",
                     hint="drop it from wrt, or pass allow_unused=True to get zeros",
                 )
             full = self.b.expand(0.0, d.dim, carrier=lambda: self.fwd(uid))
@@ -444,16 +530,29 @@ class _Pass:
         if uid not in self.handles:
             assert not self.combined
             d = self.fg.tensors[uid]
-            self.handles[uid] = self.g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name,
-                                              uid=uid, is_pass_by_value=d.is_pass_by_value)
+            self.handles[uid] = self.g.tensor(
+                dim=d.dim,
+                stride=d.stride,
+                data_type=d.data_type,
+                name=d.name,
+                uid=uid,
+                is_pass_by_value=d.is_pass_by_value,
+            )
         return self.handles[uid]
 
     def _copy_forward(self) -> None:
         fg, g = self.fg, self.g
         for uid in fg.inputs:
             d = fg.tensors[uid]
-            self.handles[uid] = g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name, uid=uid,
-                                         is_pass_by_value=d.is_pass_by_value, is_by_reference=d.is_by_reference)
+            self.handles[uid] = g.tensor(
+                dim=d.dim,
+                stride=d.stride,
+                data_type=d.data_type,
+                name=d.name,
+                uid=uid,
+                is_pass_by_value=d.is_pass_by_value,
+                is_by_reference=d.is_by_reference,
+            )
         for node in fg.nodes:
             self._replay(node, node.output_uids())
 
@@ -490,8 +589,17 @@ class _Pass:
             return None
         if node.kind in CHEAP_KINDS:
             return node.inputs, lambda: self._replay(node, [uid])[0]
-        ins = (node.input("input"), node.output("mean"), node.output("inv_variance"), node.input("scale"),
-               node.input("bias")) if node.kind == "batchnorm" else ()
+        ins = (
+            (
+                node.input("input"),
+                node.output("mean"),
+                node.output("inv_variance"),
+                node.input("scale"),
+                node.input("bias"),
+            )
+            if node.kind == "batchnorm"
+            else ()
+        )
         tensors = tuple(v for v in ins if isinstance(v, int))  # (batchnorm's operands are tensors)
         if node.kind == "batchnorm" and uid == node.output("y") and len(tensors) == 5:
 
@@ -513,6 +621,7 @@ class _Pass:
 
         kept = {u for u in self.requested if free(u) or self._recipe(u) is None or not self.recompute}
         chosen: set[int] = set()
+
         def position(u: int) -> int:
             return expect(fg.producer_index(u), f"the producer of recomputed UID {u}")
 
@@ -566,6 +675,9 @@ def saved_pack(result: GradGraph, forward_pack: Mapping[Any, Any]) -> dict[int, 
     missing = [u for u in result.saved if u not in forward_pack]
     if missing and not result.combined:
         labels = ", ".join(result.forward.tensors[u].label() for u in missing)
-        raise UnsupportedGraphError(f"the forward pack lacks saved tensors {labels}", rule="autodiff.saved",
-                                    hint="mark them as forward outputs (GradGraph.keep_in) and run the forward plan")
+        raise UnsupportedGraphError(
+            f"the forward pack lacks saved tensors {labels}",
+            rule="autodiff.saved",
+            hint="mark them as forward outputs (GradGraph.keep_in) and run the forward plan",
+        )
     return {u: forward_pack[u] for u in result.saved if u in forward_pack}

@@ -102,17 +102,22 @@ def _all_outputs(node: Node) -> Iterable[str]:
 
 def _operands(node: Node) -> Iterable[str]:
     if not isinstance(node.op, Pointwise):
-        raise unsupported(node, "a pointwise rule got another op", "register the rule under the op's own kind",
-                          rule="autodiff.rule_kind")
+        raise unsupported(
+            node,
+            "a pointwise rule got another op",
+            "register the rule under the op's own kind",
+            rule="autodiff.rule_kind",
+        )
     return node.op.operand_roles()
 
 
-def register_rule(kind: str, *, inputs: Roles | None = None, outputs: Roles | None = None,
-                  broadcasts: bool = False) -> Callable[[RuleFn], RuleFn]:
+def register_rule(
+    kind: str, *, inputs: Roles | None = None, outputs: Roles | None = None, broadcasts: bool = False
+) -> Callable[[RuleFn], RuleFn]:
     """Decorator: the backward rule of op kind `kind` (see the module docstring)."""
+
     def deco(fn: RuleFn) -> RuleFn:
-        RULES.register(kind, Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs),
-                                  broadcasts))
+        RULES.register(kind, Rule(kind, fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs), broadcasts))
         return fn
 
     return deco
@@ -120,33 +125,54 @@ def register_rule(kind: str, *, inputs: Roles | None = None, outputs: Roles | No
 
 def register_pointwise(*modes: PointwiseMode, inputs: Roles | None = None) -> Callable[[RuleFn], RuleFn]:
     """Decorator: the backward rule of pointwise `modes` (inputs default to the operands)."""
+
     def deco(fn: RuleFn) -> RuleFn:
         for mode in modes:
-            POINTWISE_RULES.register(mode, Rule(f"pointwise {mode.name}", fn, _roles(inputs, _operands),
-                                                _roles(None, _all_outputs), broadcasts=True))
+            POINTWISE_RULES.register(
+                mode,
+                Rule(
+                    f"pointwise {mode.name}", fn, _roles(inputs, _operands), _roles(None, _all_outputs), broadcasts=True
+                ),
+            )
         return fn
 
     return deco
 
 
-def register_custom_grad(op_name: str, fn: RuleFn, *, inputs: Roles | None = None,
-                         outputs: Roles | None = None, replace: bool = False) -> None:
+def register_custom_grad(
+    op_name: str, fn: RuleFn, *, inputs: Roles | None = None, outputs: Roles | None = None, replace: bool = False
+) -> None:
     """The backward rule of the custom op registered as `op_name` (opgraph.register_custom_op).
     `fn(ctx)` returns {"input0": gradient, ...} like any rule. Another rule for the same op name is a
     RegistrationError unless `replace`."""
-    CUSTOM_RULES.register(op_name, Rule(f"custom {op_name}", fn, _roles(inputs, _all_inputs),
-                                        _roles(outputs, _all_outputs)), replace=replace)
+    CUSTOM_RULES.register(
+        op_name,
+        Rule(f"custom {op_name}", fn, _roles(inputs, _all_inputs), _roles(outputs, _all_outputs)),
+        replace=replace,
+    )
 
 
 # Ops with no backward rule on purpose: the backward ops themselves (opgraph.grad takes first derivatives
 # only). opgraph.tools.op_table checks that every other op kind and pointwise mode has a rule.
 NOT_DIFFERENTIABLE: dict[str, str] = {
-    kind: "a backward op: no second derivatives" for kind in (
-        "batchnorm_backward", "instancenorm_backward", "layernorm_backward", "rmsnorm_backward", "sdpa_backward",
-        "embedding_backward", "resample_avg_backward", "resample_max_backward", "slice_backward",
-        "adalayernorm_backward", "causal_conv1d_backward")
-} | {kind: "a collective of a training step's gradients, made after the backward (opgraph.training.distributed)"
-     for kind in ("all_reduce", "all_reduce_wait")}
+    kind: "a backward op: no second derivatives"
+    for kind in (
+        "batchnorm_backward",
+        "instancenorm_backward",
+        "layernorm_backward",
+        "rmsnorm_backward",
+        "sdpa_backward",
+        "embedding_backward",
+        "resample_avg_backward",
+        "resample_max_backward",
+        "slice_backward",
+        "adalayernorm_backward",
+        "causal_conv1d_backward",
+    )
+} | {
+    kind: "a collective of a training step's gradients, made after the backward (opgraph.training.distributed)"
+    for kind in ("all_reduce", "all_reduce_wait")
+}
 NOT_DIFFERENTIABLE_MODES: frozenset[PointwiseMode] = frozenset(m for m in PointwiseMode if m.name.endswith("_BWD"))
 
 
@@ -178,8 +204,11 @@ def dim_of(t: Tensor) -> tuple[int, ...]:
     builder makes (`GradBuilder.op`), so a tensor without them is a bug of the algorithm."""
     dim = t.dim
     if dim is None:
-        raise UnsupportedGraphError(f"{t.label()} has no dims in the backward graph", rule="autodiff.dims",
-                                    hint="this is an opgraph bug: please report it with the graph")
+        raise UnsupportedGraphError(
+            f"{t.label()} has no dims in the backward graph",
+            rule="autodiff.dims",
+            hint="this is an opgraph bug: please report it with the graph",
+        )
     return tuple(dim)
 
 
@@ -248,8 +277,16 @@ class GradBuilder:
             self._by_dims.setdefault(tuple(t.dim), t)
         return t
 
-    def op(self, op: Op, inputs: Sequence[Any], outputs: Sequence[str], dims: Sequence[Sequence[int]], *,
-           tag: str, float_outputs: bool = False) -> list[Tensor]:
+    def op(
+        self,
+        op: Op,
+        inputs: Sequence[Any],
+        outputs: Sequence[str],
+        dims: Sequence[Sequence[int]],
+        *,
+        tag: str,
+        float_outputs: bool = False,
+    ) -> list[Tensor]:
         """Add `op` with only the output roles `outputs` (of dims `dims`). `float_outputs`: give
         them the intermediate type (ops whose outputs default to FLOAT or BOOLEAN)."""
         handles = self.g._add_op(op, list(inputs), name=self.name(tag), outputs=list(outputs))
@@ -278,8 +315,9 @@ class GradBuilder:
     @overload
     def pw(self, mode: PointwiseMode, a: Tensor, /, *operands: Value, tag: str = "", **params: Value) -> Tensor: ...
     @overload
-    def pw(self, mode: PointwiseMode, a: Value, b: Tensor, /, *operands: Value, tag: str = "",
-           **params: Value) -> Tensor: ...
+    def pw(
+        self, mode: PointwiseMode, a: Value, b: Tensor, /, *operands: Value, tag: str = "", **params: Value
+    ) -> Tensor: ...
     @overload
     def pw(self, mode: PointwiseMode, /, *operands: Value, tag: str = "", **params: Value) -> Value: ...
 
@@ -293,8 +331,14 @@ class GradBuilder:
                 kw = {p: (d if v is None else v) for (p, d), v in zip(info.params, values)}
                 return float(np.asarray(info.fn(*(np.float64(o) for o in literals), **kw), dtype=np.float64))
         dims = broadcast(d for o in operands if (d := self.dims(o)) is not None)
-        (out,) = self.op(Pointwise(mode=mode), [*operands, *values], ["output"], [dims],
-                         tag=tag or mode.value, float_outputs=info.bool_out)
+        (out,) = self.op(
+            Pointwise(mode=mode),
+            [*operands, *values],
+            ["output"],
+            [dims],
+            tag=tag or mode.value,
+            float_outputs=info.bool_out,
+        )
         return out
 
     @overload
@@ -391,8 +435,7 @@ class GradBuilder:
         dims = tuple(dims)
         if dim_of(t) == dims:
             return t
-        (out,) = self.op(Reduction(mode=mode), [t], ["output"], [dims], tag=f"reduce_{mode.value}",
-                         float_outputs=True)
+        (out,) = self.op(Reduction(mode=mode), [t], ["output"], [dims], tag=f"reduce_{mode.value}", float_outputs=True)
         return out
 
     def reshape(self, t: Tensor, dims: Sequence[int]) -> Tensor:
@@ -485,8 +528,12 @@ class RuleContext:
         """The node's op as the class the rule was registered for (its attributes typed)."""
         op = self.node.op
         if not isinstance(op, kind):
-            raise unsupported(self.node, f"the rule for {kind.__name__} got a {type(op).__name__}",
-                              "register the rule under the op's own kind", rule="autodiff.rule_kind")
+            raise unsupported(
+                self.node,
+                f"the rule for {kind.__name__} got a {type(op).__name__}",
+                "register the rule under the op's own kind",
+                rule="autodiff.rule_kind",
+            )
         return op
 
     def input_desc(self, role: str) -> TensorDesc | None:
@@ -498,8 +545,9 @@ class RuleContext:
         """The forward descriptor of input `role`, which the op's checks made a tensor."""
         d = self.input_desc(role)
         if d is None:
-            raise unsupported(self.node, f"input '{role}' is not a tensor", "pass a tensor there",
-                              rule="autodiff.operand")
+            raise unsupported(
+                self.node, f"input '{role}' is not a tensor", "pass a tensor there", rule="autodiff.operand"
+            )
         return d
 
     def output_desc(self, role: str) -> TensorDesc | None:
@@ -510,8 +558,9 @@ class RuleContext:
         """The forward descriptor of output `role`, which the node must have (see `has_output`)."""
         d = self.output_desc(role)
         if d is None:
-            raise unsupported(self.node, f"the op has no output '{role}'", "declare the output",
-                              rule="autodiff.operand")
+            raise unsupported(
+                self.node, f"the op has no output '{role}'", "declare the output", rule="autodiff.operand"
+            )
         return d
 
     def has_input(self, role: str) -> bool:
@@ -534,8 +583,9 @@ class RuleContext:
         """`input(role)` of an input the op's checks made a tensor."""
         v = self.input(role)
         if not isinstance(v, Tensor):
-            raise unsupported(self.node, f"input '{role}' is {v!r}, not a tensor", "pass a tensor there",
-                              rule="autodiff.operand")
+            raise unsupported(
+                self.node, f"input '{role}' is {v!r}, not a tensor", "pass a tensor there", rule="autodiff.operand"
+            )
         return v
 
     def output(self, role: str) -> Tensor:  # pragma: no cover
@@ -549,8 +599,12 @@ class RuleContext:
         an op differentiated through one output, that output's)."""
         g = self.grad(role)
         if g is None:
-            raise unsupported(self.node, f"no gradient arrives at output '{role}'",
-                              "differentiate the op through the outputs its rule takes", rule="autodiff.output")
+            raise unsupported(
+                self.node,
+                f"no gradient arrives at output '{role}'",
+                "differentiate the op through the outputs its rule takes",
+                rule="autodiff.output",
+            )
         return g
 
     def grad_full(self, role: str) -> Tensor:  # pragma: no cover
@@ -558,4 +612,3 @@ class RuleContext:
 
     def needs(self, role: str) -> bool:  # pragma: no cover
         raise NotImplementedError
-

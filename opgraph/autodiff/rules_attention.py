@@ -19,8 +19,16 @@ from ..ops.attention import BWD_RAGGED, Sdpa, SdpaBackward, ragged_role
 from .rules import RuleContext, register_rule, unsupported
 
 _GRADS = (("dQ", "q"), ("dK", "k"), ("dV", "v"), ("dBias", "bias"), ("dSink_token", "sink_token"))
-_SHARED = ("attn_scale", "bias", "seq_len_q", "seq_len_kv", "dropout_seed", "dropout_offset", "dropout_mask",
-           "dropout_scale")
+_SHARED = (
+    "attn_scale",
+    "bias",
+    "seq_len_q",
+    "seq_len_kv",
+    "dropout_seed",
+    "dropout_offset",
+    "dropout_mask",
+    "dropout_scale",
+)
 # the backward's packing of each tensor: the forward's offset of the tensor it mirrors
 _PACKED_AS = {"q": "q", "k": "k", "v": "v", "o": "o", "dO": "o", "stats": "stats", "dQ": "q", "dK": "k", "dV": "v"}
 
@@ -32,8 +40,12 @@ def sdpa(ctx: RuleContext):
     if not wanted:
         return {}
     if ctx.has_input("paged_attention_k_table") or ctx.has_input("paged_attention_v_table"):
-        raise unsupported(ctx.node, "attention over a paged KV cache has no backward",
-                          "read k and v dense or packed where gradients are needed", rule="autodiff.sdpa_paged")
+        raise unsupported(
+            ctx.node,
+            "attention over a paged KV cache has no backward",
+            "read k and v dense or packed where gradients are needed",
+            rule="autodiff.sdpa_paged",
+        )
     roles = op.input_roles()
     fwd = {r: ctx.input(r) for r in roles}
     extra = [fwd[r] for r in (op.score_mod.input_roles() if op.score_mod is not None else ())]
@@ -56,7 +68,25 @@ def sdpa(ctx: RuleContext):
     bwd = SdpaBackward(**attrs, score_mod_grad=None if op.score_mod is None else derivative(op.score_mod))
     packed = [offsets[_PACKED_AS[r]] for r in BWD_RAGGED]
     dims = [ctx.tensor_desc(role).dim for _, role in wanted]
-    handles = ctx.b.op(bwd, [fwd["q"], fwd["k"], fwd["v"], o, ctx.grad_full("o"), stats, *shared, None, *packed, fwd["sink_token"],
-                             fwd["block_mask"], *extra],
-                       [out for out, _ in wanted], dims, tag="sdpa_backward", float_outputs=True)
+    handles = ctx.b.op(
+        bwd,
+        [
+            fwd["q"],
+            fwd["k"],
+            fwd["v"],
+            o,
+            ctx.grad_full("o"),
+            stats,
+            *shared,
+            None,
+            *packed,
+            fwd["sink_token"],
+            fwd["block_mask"],
+            *extra,
+        ],
+        [out for out, _ in wanted],
+        dims,
+        tag="sdpa_backward",
+        float_outputs=True,
+    )
     return {role: h for (_, role), h in zip(wanted, handles)}

@@ -18,6 +18,5 @@ def causal_conv1d(ctx: RuleContext):
     bwd = CausalConv1dBackward(activation=op.activation)
     inputs = [ctx.grad_full("y"), ctx.input("input"), ctx.input("weight"), ctx.input("bias")]
     dims = [ctx.tensor_desc(role).dim for _, role in wanted]
-    handles = ctx.b.op(bwd, inputs, [out for out, _ in wanted], dims, tag="causal_conv1d_backward",
-                       float_outputs=True)
+    handles = ctx.b.op(bwd, inputs, [out for out, _ in wanted], dims, tag="causal_conv1d_backward", float_outputs=True)
     return {role: h for (_, role), h in zip(wanted, handles)}

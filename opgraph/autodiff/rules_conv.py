@@ -23,8 +23,13 @@ from .rules import RuleContext, Value, register_rule
 
 
 def _attrs(op: _Conv) -> dict:
-    return {"pre_padding": op.pre_padding, "post_padding": op.post_padding, "stride": op.stride,
-            "dilation": op.dilation, "convolution_mode": op.convolution_mode}
+    return {
+        "pre_padding": op.pre_padding,
+        "post_padding": op.post_padding,
+        "stride": op.stride,
+        "dilation": op.dilation,
+        "convolution_mode": op.convolution_mode,
+    }
 
 
 def _fprop(ctx: RuleContext, x: Value | None, w: Value | None, dims: Sequence[int]) -> Tensor:
@@ -90,8 +95,12 @@ def matmul(ctx: RuleContext):
         out["A"] = b.op(Matmul(), [dc, bt], ["C"], [(*batch, a_desc.dim[-2], a_desc.dim[-1])], tag="dA")[0]
     if ctx.needs("B"):
         a = ctx.tensor("A")
-        if rank > 2 and math.prod(b_desc.dim[:-2]) == 1 and tuple(a_desc.dim[:-2]) == tuple(batch) \
-                and math.prod(batch) > 1:
+        if (
+            rank > 2
+            and math.prod(b_desc.dim[:-2]) == 1
+            and tuple(a_desc.dim[:-2]) == tuple(batch)
+            and math.prod(batch) > 1
+        ):
             # B shared by the batch (a linear layer's weight): one GEMM over all rows, not one per
             # batch entry and a sum (the reshapes are views of tensors in memory)
             rows, ones = math.prod(batch) * a_desc.dim[-2], (1,) * (rank - 2)

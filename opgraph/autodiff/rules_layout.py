@@ -1,13 +1,13 @@
 """Backward rules of the layout ops.
 
-    reshape      dx = reshape(dy, x's dims)
-    transpose    dx = transpose(dy, inverse permutation)
-    concatenate  d(input i) = slice of dy along the axis at input i's offset
-    slice        dx = dy scattered into zeros of x's dims: the op ``slice_backward`` (ops/layout.py;
-                 no other op writes into zeros: a pad is not in the op set and a concatenate with
-                 zero blocks cannot express steps > 1). The gradients of slices that tile their
-                 input along one axis (a split: q, k, v of a fused projection) are summed as one
-                 concatenate of the dy's instead (grad.py)
+reshape      dx = reshape(dy, x's dims)
+transpose    dx = transpose(dy, inverse permutation)
+concatenate  d(input i) = slice of dy along the axis at input i's offset
+slice        dx = dy scattered into zeros of x's dims: the op ``slice_backward`` (ops/layout.py;
+             no other op writes into zeros: a pad is not in the op set and a concatenate with
+             zero blocks cannot express steps > 1). The gradients of slices that tile their
+             input along one axis (a split: q, k, v of a fused projection) are summed as one
+             concatenate of the dy's instead (grad.py)
 """
 
 from __future__ import annotations

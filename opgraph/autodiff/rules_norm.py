@@ -31,8 +31,9 @@ from .rules import RuleContext, Value, register_rule
 _GRADS = (("dx", "input"), ("dscale", "scale"), ("dbias", "bias"))
 
 
-def _backward_op(ctx: RuleContext, op: Op, inputs: Sequence[Value | None], *,
-                 bias_role: str = "bias") -> dict[str, Tensor]:
+def _backward_op(
+    ctx: RuleContext, op: Op, inputs: Sequence[Value | None], *, bias_role: str = "bias"
+) -> dict[str, Tensor]:
     """Run a *_backward op with only the outputs whose gradient is wanted."""
     x = ctx.tensor_desc("input")
     wanted = [(out, role) for out, role in _GRADS if ctx.has_input(role) and ctx.needs(role)]

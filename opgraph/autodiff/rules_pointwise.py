@@ -26,8 +26,20 @@ import math
 from ..ops.pointwise import PointwiseMode as M
 from .rules import RuleContext, register_pointwise, register_rule
 
-_ZERO_GRAD = (M.CMP_EQ, M.CMP_NEQ, M.CMP_GT, M.CMP_GE, M.CMP_LT, M.CMP_LE, M.LOGICAL_AND, M.LOGICAL_OR,
-              M.LOGICAL_NOT, M.CEIL, M.FLOOR, M.GEN_INDEX)
+_ZERO_GRAD = (
+    M.CMP_EQ,
+    M.CMP_NEQ,
+    M.CMP_GT,
+    M.CMP_GE,
+    M.CMP_LT,
+    M.CMP_LE,
+    M.LOGICAL_AND,
+    M.LOGICAL_OR,
+    M.LOGICAL_NOT,
+    M.CEIL,
+    M.FLOOR,
+    M.GEN_INDEX,
+)
 
 
 @register_pointwise(*_ZERO_GRAD, inputs=())
@@ -96,8 +108,11 @@ def _max_min(ctx):
 def _pow(ctx):
     dz, b = ctx.grad("output"), ctx.b
     x, y = ctx.input("input0"), ctx.input("input1")
-    return _both(ctx, lambda: b.mul(b.mul(dz, y), b.pw(M.POW, x, b.sub(y, 1.0))),
-                 lambda: b.mul(b.mul(dz, b.pw(M.POW, x, y)), b.pw(M.LOG, x)))
+    return _both(
+        ctx,
+        lambda: b.mul(b.mul(dz, y), b.pw(M.POW, x, b.sub(y, 1.0))),
+        lambda: b.mul(b.mul(dz, b.pw(M.POW, x, y)), b.pw(M.LOG, x)),
+    )
 
 
 @register_pointwise(M.MOD)
@@ -131,6 +146,7 @@ def _neg(ctx):
 
 def _unary(mode: M, derivative):
     """dx = dz * derivative(b, x)."""
+
     @register_pointwise(mode)
     def rule(ctx):
         b = ctx.b
@@ -151,8 +167,13 @@ _unary(M.TAN, lambda b, x: b.pw(M.RECIPROCAL, b.pw(M.ADD_SQUARE, 0.0, b.pw(M.COS
 _unary(M.ERF, lambda b, x: b.mul(b.pw(M.EXP, b.neg(b.mul(x, x))), 2.0 / math.sqrt(math.pi)))
 
 _BACKWARD_MODE = {
-    M.RELU_FWD: M.RELU_BWD, M.TANH_FWD: M.TANH_BWD, M.SIGMOID_FWD: M.SIGMOID_BWD, M.ELU_FWD: M.ELU_BWD,
-    M.GELU_FWD: M.GELU_BWD, M.GELU_APPROX_TANH_FWD: M.GELU_APPROX_TANH_BWD, M.SOFTPLUS_FWD: M.SOFTPLUS_BWD,
+    M.RELU_FWD: M.RELU_BWD,
+    M.TANH_FWD: M.TANH_BWD,
+    M.SIGMOID_FWD: M.SIGMOID_BWD,
+    M.ELU_FWD: M.ELU_BWD,
+    M.GELU_FWD: M.GELU_BWD,
+    M.GELU_APPROX_TANH_FWD: M.GELU_APPROX_TANH_BWD,
+    M.SOFTPLUS_FWD: M.SOFTPLUS_BWD,
     M.SWISH_FWD: M.SWISH_BWD,
 }
 

@@ -21,8 +21,14 @@ from ..ops.reduction import Reduction
 from ..ops.reduction import ReductionMode as R
 from .rules import RuleContext, register_rule
 
-_WIDTH = {DataType.FP8_E4M3: 0, DataType.FP8_E5M2: 0, DataType.HALF: 1, DataType.BFLOAT16: 1, DataType.FLOAT: 2,
-          DataType.DOUBLE: 3}
+_WIDTH = {
+    DataType.FP8_E4M3: 0,
+    DataType.FP8_E5M2: 0,
+    DataType.HALF: 1,
+    DataType.BFLOAT16: 1,
+    DataType.FLOAT: 2,
+    DataType.DOUBLE: 3,
+}
 
 
 def _holds(wide: DataType, narrow: DataType) -> bool:

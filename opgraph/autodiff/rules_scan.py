@@ -1,6 +1,6 @@
 """Backward rule of the running sum.
 
-    cumsum   y = cumsum(x, axis, reverse)   dx = cumsum(dy, axis, not reverse)
+cumsum   y = cumsum(x, axis, reverse)   dx = cumsum(dy, axis, not reverse)
 """
 
 from __future__ import annotations
@@ -13,6 +13,12 @@ from .rules import RuleContext, register_rule
 def cumsum(ctx: RuleContext):
     op = ctx.op_as(Cumsum)
     x = ctx.tensor_desc("input")
-    (dx,) = ctx.b.op(Cumsum(axis=op.axis, reverse=not op.reverse), [ctx.grad_full("output")], ["output"], [x.dim],
-                     tag="cumsum_backward", float_outputs=True)
+    (dx,) = ctx.b.op(
+        Cumsum(axis=op.axis, reverse=not op.reverse),
+        [ctx.grad_full("output")],
+        ["output"],
+        [x.dim],
+        tag="cumsum_backward",
+        float_outputs=True,
+    )
     return {"input": dx}

@@ -143,8 +143,10 @@ def derivative(mod: ScoreMod, op_label: str = "sdpa_backward") -> ScoreMod:
         rule = POINTWISE_RULES.get(node.mode)
         if rule is None:
             raise UnsupportedGraphError(
-                f"the score modifier's {node.mode.name} has no backward rule", op=op_label,
-                rule="sdpa.score_mod_grad", hint="use pointwise modes that opgraph.grad differentiates",
+                f"the score modifier's {node.mode.name} has no backward rule",
+                op=op_label,
+                rule="sdpa.score_mod_grad",
+                hint="use pointwise modes that opgraph.grad differentiates",
             )
         ctx = _Ctx(node, g, b, depends)
         # the rules are duck-typed over this stand-in context (and its SimpleNamespace node)

@@ -57,118 +57,214 @@ def _dtype(desc: Descriptor, name: A, default: DataType | None = None) -> DataTy
     if v is None:
         return default
     if v not in N.DATA_TYPES:
-        raise BackendError(f"{v.name} is not a data type opgraph computes in", descriptor=desc, attribute=name,
-                           status=Status.CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE, rule="backend.data_type",
-                           hint="use CUDNN_DATA_FLOAT, HALF, BFLOAT16, DOUBLE, INT8, UINT8, INT32, INT64, BOOLEAN "
-                                "or an FP8 type")
+        raise BackendError(
+            f"{v.name} is not a data type opgraph computes in",
+            descriptor=desc,
+            attribute=name,
+            status=Status.CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE,
+            rule="backend.data_type",
+            hint="use CUDNN_DATA_FLOAT, HALF, BFLOAT16, DOUBLE, INT8, UINT8, INT32, INT64, BOOLEAN or an FP8 type",
+        )
     return N.DATA_TYPES[v]
 
 
 def _tensor(desc: Descriptor) -> TensorInfo:
     dims, strides = desc.values(A.CUDNN_ATTR_TENSOR_DIMENSIONS), desc.values(A.CUDNN_ATTR_TENSOR_STRIDES)
     if len(dims) != len(strides):
-        raise BackendError(f"{len(dims)} dimensions but {len(strides)} strides", descriptor=desc,
-                           attribute=A.CUDNN_ATTR_TENSOR_STRIDES, rule="tensor.stride_rank",
-                           hint="set one stride per dimension")
+        raise BackendError(
+            f"{len(dims)} dimensions but {len(strides)} strides",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_STRIDES,
+            rule="tensor.stride_rank",
+            hint="set one stride per dimension",
+        )
     if any(d < 1 for d in dims):
-        raise BackendError(f"dimensions {dims} must all be >= 1", descriptor=desc,
-                           attribute=A.CUDNN_ATTR_TENSOR_DIMENSIONS, rule="tensor.dim", hint="use positive sizes")
+        raise BackendError(
+            f"dimensions {dims} must all be >= 1",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_DIMENSIONS,
+            rule="tensor.dim",
+            hint="use positive sizes",
+        )
     if any(s < 0 for s in strides):
-        raise BackendError(f"strides {strides} must all be >= 0", descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_STRIDES,
-                           rule="tensor.stride", hint="use non-negative strides (in elements)")
+        raise BackendError(
+            f"strides {strides} must all be >= 0",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_STRIDES,
+            rule="tensor.stride",
+            hint="use non-negative strides (in elements)",
+        )
     uid = desc.value(A.CUDNN_ATTR_TENSOR_UNIQUE_ID)
     if uid < 0:
-        raise BackendError(f"UID {uid} is negative", descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_UNIQUE_ID,
-                           rule="tensor.uid", hint="pick a non-negative int64 UID")
+        raise BackendError(
+            f"UID {uid} is negative",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_UNIQUE_ID,
+            rule="tensor.uid",
+            hint="pick a non-negative int64 UID",
+        )
     dt = _dtype(desc, A.CUDNN_ATTR_TENSOR_DATA_TYPE)
     if dt is None:
-        raise BackendError("the data type is not set", descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_DATA_TYPE,
-                           rule="backend.required", hint="set CUDNN_ATTR_TENSOR_DATA_TYPE")
+        raise BackendError(
+            "the data type is not set",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_DATA_TYPE,
+            rule="backend.required",
+            hint="set CUDNN_ATTR_TENSOR_DATA_TYPE",
+        )
     align = desc.value(A.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT)
     if align < 1 or align & (align - 1) or (align % dt.itemsize and align < dt.itemsize):
-        raise BackendError(f"byte alignment {align} is not a power of two of at least the element size",
-                           descriptor=desc, attribute=A.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, rule="tensor.alignment",
-                           hint=f"set the alignment of the buffers you will bind, e.g. {max(16, dt.itemsize)}")
+        raise BackendError(
+            f"byte alignment {align} is not a power of two of at least the element size",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
+            rule="tensor.alignment",
+            hint=f"set the alignment of the buffers you will bind, e.g. {max(16, dt.itemsize)}",
+        )
     for name, ok in ((A.CUDNN_ATTR_TENSOR_VECTOR_COUNT, (1,)), (A.CUDNN_ATTR_TENSOR_VECTORIZED_DIMENSION, (-1, 0, 1))):
         if desc.has(name) and desc.value(name) not in ok:
-            raise BackendError(f"vectorized layouts ({name.name}={desc.value(name)}) are not supported",
-                               descriptor=desc, attribute=name, status=Status.CUDNN_STATUS_NOT_SUPPORTED_LAYOUT,
-                               rule="tensor.vectorized", hint="describe the layout with plain strides")
+            raise BackendError(
+                f"vectorized layouts ({name.name}={desc.value(name)}) are not supported",
+                descriptor=desc,
+                attribute=name,
+                status=Status.CUDNN_STATUS_NOT_SUPPORTED_LAYOUT,
+                rule="tensor.vectorized",
+                hint="describe the layout with plain strides",
+            )
     reorder = desc.value(A.CUDNN_ATTR_TENSOR_REORDERING_MODE)
     if reorder not in (None, N.cudnnBackendTensorReordering_t.CUDNN_TENSOR_REORDERING_NONE):
-        raise BackendError(f"reordering {reorder.name} is not supported", descriptor=desc,
-                           attribute=A.CUDNN_ATTR_TENSOR_REORDERING_MODE, status=Status.CUDNN_STATUS_NOT_SUPPORTED_LAYOUT,
-                           rule="tensor.reordering", hint="use CUDNN_TENSOR_REORDERING_NONE")
+        raise BackendError(
+            f"reordering {reorder.name} is not supported",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_REORDERING_MODE,
+            status=Status.CUDNN_STATUS_NOT_SUPPORTED_LAYOUT,
+            rule="tensor.reordering",
+            hint="use CUDNN_TENSOR_REORDERING_NONE",
+        )
     by_value = bool(desc.value(A.CUDNN_ATTR_TENSOR_IS_BY_VALUE, False))
     if by_value and math.prod(dims) != 1:
-        raise BackendError(f"a by-value tensor holds one value, this one has dimensions {dims}", descriptor=desc,
-                           attribute=A.CUDNN_ATTR_TENSOR_IS_BY_VALUE, rule="tensor.pass_by_value",
-                           hint="give by-value scalars dimensions [1, 1, ...]")
-    return TensorInfo(uid, tuple(dims), tuple(strides), dt, bool(desc.value(A.CUDNN_ATTR_TENSOR_IS_VIRTUAL, False)),
-                      by_value)
+        raise BackendError(
+            f"a by-value tensor holds one value, this one has dimensions {dims}",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_TENSOR_IS_BY_VALUE,
+            rule="tensor.pass_by_value",
+            hint="give by-value scalars dimensions [1, 1, ...]",
+        )
+    return TensorInfo(
+        uid, tuple(dims), tuple(strides), dt, bool(desc.value(A.CUDNN_ATTR_TENSOR_IS_VIRTUAL, False)), by_value
+    )
 
 
 def _lengths(desc: Descriptor, count_attr: A, attrs: tuple[A, ...]) -> None:
     n = desc.value(count_attr)
     for name in attrs:
         if len(desc.values(name)) != n:
-            raise BackendError(f"{len(desc.values(name))} values for {n} spatial dimensions", descriptor=desc,
-                               attribute=name, rule="backend.spatial_dims",
-                               hint=f"set {n} values (one per spatial dimension, {count_attr.name})")
+            raise BackendError(
+                f"{len(desc.values(name))} values for {n} spatial dimensions",
+                descriptor=desc,
+                attribute=name,
+                rule="backend.spatial_dims",
+                hint=f"set {n} values (one per spatial dimension, {count_attr.name})",
+            )
 
 
 def _convolution(desc: Descriptor) -> None:
     _dtype(desc, A.CUDNN_ATTR_CONVOLUTION_COMP_TYPE)
-    _lengths(desc, A.CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, (
-        A.CUDNN_ATTR_CONVOLUTION_DILATIONS, A.CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
-        A.CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, A.CUDNN_ATTR_CONVOLUTION_POST_PADDINGS))
+    _lengths(
+        desc,
+        A.CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
+        (
+            A.CUDNN_ATTR_CONVOLUTION_DILATIONS,
+            A.CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+            A.CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
+            A.CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
+        ),
+    )
 
 
 def _resample(desc: Descriptor) -> None:
     mode = desc.value(A.CUDNN_ATTR_RESAMPLE_MODE)
     if mode not in N.RESAMPLE_MODES:
-        raise BackendError(f"{mode.name} is not supported", descriptor=desc, attribute=A.CUDNN_ATTR_RESAMPLE_MODE,
-                           status=NOT_SUPPORTED, rule="resample.mode",
-                           hint="use CUDNN_RESAMPLE_MAXPOOL or an AVGPOOL mode")
+        raise BackendError(
+            f"{mode.name} is not supported",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_RESAMPLE_MODE,
+            status=NOT_SUPPORTED,
+            rule="resample.mode",
+            hint="use CUDNN_RESAMPLE_MAXPOOL or an AVGPOOL mode",
+        )
     pad = desc.value(A.CUDNN_ATTR_RESAMPLE_PADDING_MODE)
     if pad is N.cudnnPaddingMode_t.CUDNN_EDGE_VAL_PAD:
-        raise BackendError("edge-value padding is not supported", descriptor=desc,
-                           attribute=A.CUDNN_ATTR_RESAMPLE_PADDING_MODE, status=NOT_SUPPORTED, rule="resample.padding",
-                           hint="use CUDNN_ZERO_PAD (average) or CUDNN_NEG_INF_PAD (max)")
-    _lengths(desc, A.CUDNN_ATTR_RESAMPLE_SPATIAL_DIMS, (
-        A.CUDNN_ATTR_RESAMPLE_WINDOW_DIMS, A.CUDNN_ATTR_RESAMPLE_STRIDES, A.CUDNN_ATTR_RESAMPLE_PRE_PADDINGS,
-        A.CUDNN_ATTR_RESAMPLE_POST_PADDINGS))
+        raise BackendError(
+            "edge-value padding is not supported",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_RESAMPLE_PADDING_MODE,
+            status=NOT_SUPPORTED,
+            rule="resample.padding",
+            hint="use CUDNN_ZERO_PAD (average) or CUDNN_NEG_INF_PAD (max)",
+        )
+    _lengths(
+        desc,
+        A.CUDNN_ATTR_RESAMPLE_SPATIAL_DIMS,
+        (
+            A.CUDNN_ATTR_RESAMPLE_WINDOW_DIMS,
+            A.CUDNN_ATTR_RESAMPLE_STRIDES,
+            A.CUDNN_ATTR_RESAMPLE_PRE_PADDINGS,
+            A.CUDNN_ATTR_RESAMPLE_POST_PADDINGS,
+        ),
+    )
 
 
 def _matmul(desc: Descriptor) -> None:
     _dtype(desc, A.CUDNN_ATTR_MATMUL_COMP_TYPE)
     if desc.value(A.CUDNN_ATTR_MATMUL_PADDING_VALUE, 0.0) != 0.0:
-        raise BackendError("a padding value is not supported", descriptor=desc, attribute=A.CUDNN_ATTR_MATMUL_PADDING_VALUE,
-                           status=NOT_SUPPORTED, rule="matmul.padding", hint="leave it at 0")
+        raise BackendError(
+            "a padding value is not supported",
+            descriptor=desc,
+            attribute=A.CUDNN_ATTR_MATMUL_PADDING_VALUE,
+            status=NOT_SUPPORTED,
+            rule="matmul.padding",
+            hint="leave it at 0",
+        )
 
 
 def _pointwise_op(desc: Descriptor) -> None:
-    mode = N.POINTWISE_MODES[desc.value(A.CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR).value(A.CUDNN_ATTR_POINTWISE_MODE)]
-    need = [A.CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, A.CUDNN_ATTR_OPERATION_POINTWISE_DXDESC] if _backward(mode) else \
-        [A.CUDNN_ATTR_OPERATION_POINTWISE_YDESC, A.CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-         A.CUDNN_ATTR_OPERATION_POINTWISE_TDESC][: MODES[mode].arity]
+    mode = N.POINTWISE_MODES[
+        desc.value(A.CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR).value(A.CUDNN_ATTR_POINTWISE_MODE)
+    ]
+    need = (
+        [A.CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, A.CUDNN_ATTR_OPERATION_POINTWISE_DXDESC]
+        if _backward(mode)
+        else [
+            A.CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
+            A.CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+            A.CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+        ][: MODES[mode].arity]
+    )
     for name in need:
         if not desc.has(name):
-            raise BackendError(f"{mode.name} needs {name.name}", descriptor=desc, attribute=name, rule="backend.required",
-                               hint=f"set {name.name} to a tensor descriptor")
+            raise BackendError(
+                f"{mode.name} needs {name.name}",
+                descriptor=desc,
+                attribute=name,
+                rule="backend.required",
+                hint=f"set {name.name} to a tensor descriptor",
+            )
 
 
 def _backward(mode: PointwiseMode) -> bool:
     return mode.name.endswith("_BWD")
 
 
-FINALIZERS.update({
-    D.CUDNN_BACKEND_TENSOR_DESCRIPTOR: _tensor,
-    D.CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR: _convolution,
-    D.CUDNN_BACKEND_RESAMPLE_DESCRIPTOR: _resample,
-    D.CUDNN_BACKEND_MATMUL_DESCRIPTOR: _matmul,
-    D.CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: _pointwise_op,
-})
+FINALIZERS.update(
+    {
+        D.CUDNN_BACKEND_TENSOR_DESCRIPTOR: _tensor,
+        D.CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR: _convolution,
+        D.CUDNN_BACKEND_RESAMPLE_DESCRIPTOR: _resample,
+        D.CUDNN_BACKEND_MATMUL_DESCRIPTOR: _matmul,
+        D.CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: _pointwise_op,
+    }
+)
 
 
 # -- operation graphs ---------------------------------------------------------------------------------
@@ -195,8 +291,14 @@ class _Lowering:
         self.origin: dict[int, tuple[Descriptor, A]] = {}
         self.auto: dict[int, tuple[str, Any]] = {}
         self.infos: dict[int, TensorInfo] = {}
-        uids = [t.state.uid for op in desc.values(A.CUDNN_ATTR_OPERATIONGRAPH_OPS) for _, (k, vs) in op.attrs.items()
-                if k is T.CUDNN_TYPE_BACKEND_DESCRIPTOR for t in vs if t.type is D.CUDNN_BACKEND_TENSOR_DESCRIPTOR]
+        uids = [
+            t.state.uid
+            for op in desc.values(A.CUDNN_ATTR_OPERATIONGRAPH_OPS)
+            for _, (k, vs) in op.attrs.items()
+            if k is T.CUDNN_TYPE_BACKEND_DESCRIPTOR
+            for t in vs
+            if t.type is D.CUDNN_BACKEND_TENSOR_DESCRIPTOR
+        ]
         self.next_uid = max(uids, default=0) + 1
 
     def info(self, op: Descriptor, name: A) -> TensorInfo | None:
@@ -206,9 +308,13 @@ class _Lowering:
         info = t.state
         seen = self.infos.setdefault(info.uid, info)
         if seen != info:
-            raise BackendError(f"UID {info.uid} is given to two tensor descriptors that differ ({seen} and {info})",
-                               descriptor=op, attribute=name, rule="tensor.duplicate_uid",
-                               hint="describe each tensor once (reuse the descriptor) or give it another UID")
+            raise BackendError(
+                f"UID {info.uid} is given to two tensor descriptors that differ ({seen} and {info})",
+                descriptor=op,
+                attribute=name,
+                rule="tensor.duplicate_uid",
+                hint="describe each tensor once (reuse the descriptor) or give it another UID",
+            )
         self.origin.setdefault(info.uid, (op, name))
         return info
 
@@ -216,8 +322,13 @@ class _Lowering:
         """`info` of an attribute the operation cannot do without (finalize has checked it is set)."""
         info = self.info(op, name)
         if info is None:
-            raise BackendError(f"{name.name} is not set", descriptor=op, attribute=name, rule="backend.required",
-                               hint=f"set {name.name} before finalizing the operation graph")
+            raise BackendError(
+                f"{name.name} is not set",
+                descriptor=op,
+                attribute=name,
+                rule="backend.required",
+                hint=f"set {name.name} before finalizing the operation graph",
+            )
         return info
 
     def inp(self, op: Descriptor, name: A) -> Tensor | None:
@@ -227,9 +338,15 @@ class _Lowering:
         if info.uid in self.produced:
             return self.produced[info.uid]
         if info.uid not in self.declared:
-            self.declared[info.uid] = self.g.tensor(dim=info.dim, stride=info.stride, data_type=info.data_type,
-                                                    name=f"t{info.uid}", uid=info.uid, is_virtual=info.is_virtual,
-                                                    is_pass_by_value=info.is_by_value)
+            self.declared[info.uid] = self.g.tensor(
+                dim=info.dim,
+                stride=info.stride,
+                data_type=info.data_type,
+                name=f"t{info.uid}",
+                uid=info.uid,
+                is_virtual=info.is_virtual,
+                is_pass_by_value=info.is_by_value,
+            )
         return self.declared[info.uid]
 
     def required_input(self, op: Descriptor, name: A) -> Tensor:
@@ -241,13 +358,22 @@ class _Lowering:
         if info is None or t is None:
             return
         if info.uid in self.produced:
-            raise BackendError(f"UID {info.uid} is the output of two operations", descriptor=op, attribute=name,
-                               rule="dataflow.two_producers", hint="give each operation output its own tensor")
-        t.set_uid(info.uid).set_dim(info.dim).set_stride(info.stride).set_data_type(info.data_type).set_name(f"t{info.uid}")
+            raise BackendError(
+                f"UID {info.uid} is the output of two operations",
+                descriptor=op,
+                attribute=name,
+                rule="dataflow.two_producers",
+                hint="give each operation output its own tensor",
+            )
+        t.set_uid(info.uid).set_dim(info.dim).set_stride(info.stride).set_data_type(info.data_type).set_name(
+            f"t{info.uid}"
+        )
         t.set_output(not info.is_virtual)
         self.produced[info.uid] = t
 
-    def internal(self, dim: tuple[int, ...], stride: tuple[int, ...], data_type: DataType, how: tuple[str, Any]) -> Tensor:
+    def internal(
+        self, dim: tuple[int, ...], stride: tuple[int, ...], data_type: DataType, how: tuple[str, Any]
+    ) -> Tensor:
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         self.auto[uid] = how
         return self.g.tensor(dim=dim, stride=stride, data_type=data_type, name=f"internal{uid}", uid=uid)
@@ -264,8 +390,13 @@ class _Lowering:
             return self.internal((1,), (1,), DataType.FLOAT, ("pointer", v))
         t, dim = self.required_input(op, name), self.required_info(op, name).dim
         if math.prod(dim) != 1:
-            raise BackendError(f"a device alpha/beta is one value, {t.label()} has dimensions {list(dim)}",
-                               descriptor=op, attribute=name, rule="backend.scalar", hint="use a [1, 1, ...] tensor")
+            raise BackendError(
+                f"a device alpha/beta is one value, {t.label()} has dimensions {list(dim)}",
+                descriptor=op,
+                attribute=name,
+                rule="backend.scalar",
+                hint="use a [1, 1, ...] tensor",
+            )
         return t
 
     def epilogue(self, op: Descriptor, y: Tensor, y_attr: A, alpha: Any, beta: Any, beta_attr: A) -> Tensor:
@@ -275,8 +406,13 @@ class _Lowering:
         if beta is not None:
             info = self.required_info(op, y_attr)
             if info.is_virtual:
-                raise BackendError("beta needs the previous Y, but Y is virtual", descriptor=op, attribute=beta_attr,
-                                   rule="backend.beta_virtual", hint="make Y non-virtual, or set beta to 0")
+                raise BackendError(
+                    "beta needs the previous Y, but Y is virtual",
+                    descriptor=op,
+                    attribute=beta_attr,
+                    rule="backend.beta_virtual",
+                    hint="make Y non-virtual, or set beta to 0",
+                )
             old = self.internal(info.dim, info.stride, info.data_type, ("alias", info.uid))
             y = self.g.add(y, self.g.scale(old, beta, name=f"{self._name(op)}::beta"), name=f"{self._name(op)}::axpby")
         return y
@@ -302,15 +438,18 @@ def _lowers(kind: D) -> Callable:
     def register(fn: Callable) -> Callable:
         LOWER.register(kind, fn)
         return fn
+
     return register
 
 
 def _conv_attrs(c: Descriptor) -> dict[str, Any]:
-    return dict(pre_padding=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS)),
-                post_padding=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_POST_PADDINGS)),
-                stride=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES)),
-                dilation=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_DILATIONS)),
-                convolution_mode=N.CONV_MODES[c.value(A.CUDNN_ATTR_CONVOLUTION_CONV_MODE)])
+    return dict(
+        pre_padding=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS)),
+        post_padding=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_POST_PADDINGS)),
+        stride=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES)),
+        dilation=tuple(c.values(A.CUDNN_ATTR_CONVOLUTION_DILATIONS)),
+        convolution_mode=N.CONV_MODES[c.value(A.CUDNN_ATTR_CONVOLUTION_CONV_MODE)],
+    )
 
 
 def _conv(kind: type, prefix: str, ins: tuple[str, str], out: str) -> Callable:
@@ -328,15 +467,22 @@ def _conv(kind: type, prefix: str, ins: tuple[str, str], out: str) -> Callable:
             return
         y.set_dim(info.dim).set_data_type(comp or DataType.FLOAT)
         lw.out(op, y_attr, lw.epilogue(op, y, y_attr, a, b, beta))
+
     return lower
 
 
-LOWER.register(D.CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
-               _conv(ConvFprop, "OPERATION_CONVOLUTION_FORWARD", ("X", "W"), "Y"))
-LOWER.register(D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
-               _conv(ConvDgrad, "OPERATION_CONVOLUTION_BWD_DATA", ("DY", "W"), "DX"))
-LOWER.register(D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
-               _conv(ConvWgrad, "OPERATION_CONVOLUTION_BWD_FILTER", ("X", "DY"), "DW"))
+LOWER.register(
+    D.CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+    _conv(ConvFprop, "OPERATION_CONVOLUTION_FORWARD", ("X", "W"), "Y"),
+)
+LOWER.register(
+    D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+    _conv(ConvDgrad, "OPERATION_CONVOLUTION_BWD_DATA", ("DY", "W"), "DX"),
+)
+LOWER.register(
+    D.CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+    _conv(ConvWgrad, "OPERATION_CONVOLUTION_BWD_FILTER", ("X", "DY"), "DW"),
+)
 
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)
@@ -344,19 +490,33 @@ def _pointwise(lw: _Lowering, op: Descriptor) -> None:
     pw = op.value(A.CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR)
     mode = N.POINTWISE_MODES[pw.value(A.CUDNN_ATTR_POINTWISE_MODE)]
     if _backward(mode):
-        operands = [lw.inp(op, A.CUDNN_ATTR_OPERATION_POINTWISE_DYDESC), lw.inp(op, A.CUDNN_ATTR_OPERATION_POINTWISE_XDESC)]
+        operands = [
+            lw.inp(op, A.CUDNN_ATTR_OPERATION_POINTWISE_DYDESC),
+            lw.inp(op, A.CUDNN_ATTR_OPERATION_POINTWISE_XDESC),
+        ]
         out = A.CUDNN_ATTR_OPERATION_POINTWISE_DXDESC
     else:
-        operands = [lw.inp(op, a) for a in (A.CUDNN_ATTR_OPERATION_POINTWISE_XDESC, A.CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-                                            A.CUDNN_ATTR_OPERATION_POINTWISE_TDESC)][: MODES[mode].arity]
+        operands = [
+            lw.inp(op, a)
+            for a in (
+                A.CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+                A.CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+                A.CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+            )
+        ][: MODES[mode].arity]
         out = A.CUDNN_ATTR_OPERATION_POINTWISE_YDESC
     for i, attr in enumerate((A.CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, A.CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2)):
         alpha = lw.scalar(op, attr, 1.0)
         if alpha is not None and i < len(operands) and not _backward(mode):
             operands[i] = lw.g.scale(operands[i], alpha, name=f"{lw._name(op)}::alpha{i + 1}")
-    params = {"lower_clip": A.CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, "upper_clip": A.CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP,
-              "negative_slope": A.CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, "alpha": A.CUDNN_ATTR_POINTWISE_ELU_ALPHA,
-              "beta": A.CUDNN_ATTR_POINTWISE_SOFTPLUS_BETA, "swish_beta": A.CUDNN_ATTR_POINTWISE_SWISH_BETA}
+    params = {
+        "lower_clip": A.CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP,
+        "upper_clip": A.CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP,
+        "negative_slope": A.CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE,
+        "alpha": A.CUDNN_ATTR_POINTWISE_ELU_ALPHA,
+        "beta": A.CUDNN_ATTR_POINTWISE_SOFTPLUS_BETA,
+        "swish_beta": A.CUDNN_ATTR_POINTWISE_SWISH_BETA,
+    }
     roles = [p for p, _ in MODES[mode].params]
     values = [pw.value(params[r]) for r in roles]
     axis = pw.value(A.CUDNN_ATTR_POINTWISE_AXIS)
@@ -367,48 +527,82 @@ def _pointwise(lw: _Lowering, op: Descriptor) -> None:
 @_lowers(D.CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR)
 def _matmul_op(lw: _Lowering, op: Descriptor) -> None:
     m = op.value(A.CUDNN_ATTR_OPERATION_MATMUL_DESC)
-    lw.add(op, Matmul(), [lw.inp(op, A.CUDNN_ATTR_OPERATION_MATMUL_ADESC), lw.inp(op, A.CUDNN_ATTR_OPERATION_MATMUL_BDESC)],
-           {"C": A.CUDNN_ATTR_OPERATION_MATMUL_CDESC}, _dtype(m, A.CUDNN_ATTR_MATMUL_COMP_TYPE))
+    lw.add(
+        op,
+        Matmul(),
+        [lw.inp(op, A.CUDNN_ATTR_OPERATION_MATMUL_ADESC), lw.inp(op, A.CUDNN_ATTR_OPERATION_MATMUL_BDESC)],
+        {"C": A.CUDNN_ATTR_OPERATION_MATMUL_CDESC},
+        _dtype(m, A.CUDNN_ATTR_MATMUL_COMP_TYPE),
+    )
 
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)
 def _reduction(lw: _Lowering, op: Descriptor) -> None:
     r = op.value(A.CUDNN_ATTR_OPERATION_REDUCTION_DESC)
-    lw.add(op, Reduction(mode=N.REDUCTION_MODES[r.value(A.CUDNN_ATTR_REDUCTION_OPERATOR)]),
-           [lw.inp(op, A.CUDNN_ATTR_OPERATION_REDUCTION_XDESC)], {"output": A.CUDNN_ATTR_OPERATION_REDUCTION_YDESC},
-           _dtype(r, A.CUDNN_ATTR_REDUCTION_COMP_TYPE))
+    lw.add(
+        op,
+        Reduction(mode=N.REDUCTION_MODES[r.value(A.CUDNN_ATTR_REDUCTION_OPERATOR)]),
+        [lw.inp(op, A.CUDNN_ATTR_OPERATION_REDUCTION_XDESC)],
+        {"output": A.CUDNN_ATTR_OPERATION_REDUCTION_YDESC},
+        _dtype(r, A.CUDNN_ATTR_REDUCTION_COMP_TYPE),
+    )
 
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR)
 def _genstats(lw: _Lowering, op: Descriptor) -> None:
-    lw.add(op, GenStats(), [lw.inp(op, A.CUDNN_ATTR_OPERATION_GENSTATS_XDESC)],
-           {"sum": A.CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, "sq_sum": A.CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC},
-           _dtype(op, A.CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC))
+    lw.add(
+        op,
+        GenStats(),
+        [lw.inp(op, A.CUDNN_ATTR_OPERATION_GENSTATS_XDESC)],
+        {"sum": A.CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, "sq_sum": A.CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC},
+        _dtype(op, A.CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC),
+    )
 
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_RESAMPLE_FWD_DESCRIPTOR)
 def _resample_op(lw: _Lowering, op: Descriptor) -> None:
     r = op.value(A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_DESC)
-    kind = Resample(mode=N.RESAMPLE_MODES[r.value(A.CUDNN_ATTR_RESAMPLE_MODE)],
-                    window=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_WINDOW_DIMS)),
-                    stride=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_STRIDES)),
-                    pre_padding=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_PRE_PADDINGS)),
-                    post_padding=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_POST_PADDINGS)),
-                    generate_index=op.has(A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_IDXDESC))
-    for attr, neutral in ((A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_ALPHA, 1.0), (A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_BETA, 0.0)):
+    kind = Resample(
+        mode=N.RESAMPLE_MODES[r.value(A.CUDNN_ATTR_RESAMPLE_MODE)],
+        window=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_WINDOW_DIMS)),
+        stride=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_STRIDES)),
+        pre_padding=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_PRE_PADDINGS)),
+        post_padding=tuple(r.values(A.CUDNN_ATTR_RESAMPLE_POST_PADDINGS)),
+        generate_index=op.has(A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_IDXDESC),
+    )
+    for attr, neutral in (
+        (A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_ALPHA, 1.0),
+        (A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_BETA, 0.0),
+    ):
         if lw.scalar(op, attr, neutral) is not None:
-            raise BackendError("resample alpha/beta other than 1/0 are not supported", descriptor=op, attribute=attr,
-                               status=NOT_SUPPORTED, rule="resample.scale", hint="scale with a pointwise op after it")
-    lw.add(op, kind, [lw.inp(op, A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_XDESC)],
-           {"output": A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_YDESC, "index": A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_IDXDESC},
-           _dtype(r, A.CUDNN_ATTR_RESAMPLE_COMP_TYPE))
+            raise BackendError(
+                "resample alpha/beta other than 1/0 are not supported",
+                descriptor=op,
+                attribute=attr,
+                status=NOT_SUPPORTED,
+                rule="resample.scale",
+                hint="scale with a pointwise op after it",
+            )
+    lw.add(
+        op,
+        kind,
+        [lw.inp(op, A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_XDESC)],
+        {"output": A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_YDESC, "index": A.CUDNN_ATTR_OPERATION_RESAMPLE_FWD_IDXDESC},
+        _dtype(r, A.CUDNN_ATTR_RESAMPLE_COMP_TYPE),
+    )
 
 
 def _norm_kind(op: Descriptor, mode_attr: A, table: dict) -> Any:
     mode = op.value(mode_attr)
     if mode not in table:
-        raise BackendError(f"{mode.name} is not supported here", descriptor=op, attribute=mode_attr, status=NOT_SUPPORTED,
-                           rule="norm.mode", hint=f"use {', '.join(m.name for m in table)}")
+        raise BackendError(
+            f"{mode.name} is not supported here",
+            descriptor=op,
+            attribute=mode_attr,
+            status=NOT_SUPPORTED,
+            rule="norm.mode",
+            hint=f"use {', '.join(m.name for m in table)}",
+        )
     return table[mode]
 
 
@@ -417,27 +611,62 @@ _M = N.cudnnBackendNormMode_t
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR)
 def _norm_forward(lw: _Lowering, op: Descriptor) -> None:
-    a = {r: A[f"CUDNN_ATTR_OPERATION_NORM_FWD_{r}"] for r in (
-        "XDESC", "YDESC", "MEAN_DESC", "INV_VARIANCE_DESC", "SCALE_DESC", "BIAS_DESC", "EPSILON_DESC",
-        "EXP_AVG_FACTOR_DESC", "INPUT_RUNNING_MEAN_DESC", "INPUT_RUNNING_VAR_DESC", "OUTPUT_RUNNING_MEAN_DESC",
-        "OUTPUT_RUNNING_VAR_DESC")}
+    a = {
+        r: A[f"CUDNN_ATTR_OPERATION_NORM_FWD_{r}"]
+        for r in (
+            "XDESC",
+            "YDESC",
+            "MEAN_DESC",
+            "INV_VARIANCE_DESC",
+            "SCALE_DESC",
+            "BIAS_DESC",
+            "EPSILON_DESC",
+            "EXP_AVG_FACTOR_DESC",
+            "INPUT_RUNNING_MEAN_DESC",
+            "INPUT_RUNNING_VAR_DESC",
+            "OUTPUT_RUNNING_MEAN_DESC",
+            "OUTPUT_RUNNING_VAR_DESC",
+        )
+    }
     if op.values(A.CUDNN_ATTR_OPERATION_NORM_FWD_PEER_STAT_DESCS):
-        raise BackendError("peer statistics (multi-GPU batchnorm) are not supported", descriptor=op,
-                           attribute=A.CUDNN_ATTR_OPERATION_NORM_FWD_PEER_STAT_DESCS, status=NOT_SUPPORTED,
-                           rule="norm.peer_stats", hint="all-reduce the statistics outside the graph")
+        raise BackendError(
+            "peer statistics (multi-GPU batchnorm) are not supported",
+            descriptor=op,
+            attribute=A.CUDNN_ATTR_OPERATION_NORM_FWD_PEER_STAT_DESCS,
+            status=NOT_SUPPORTED,
+            rule="norm.peer_stats",
+            hint="all-reduce the statistics outside the graph",
+        )
     phase = N.NORM_PHASES[op.value(A.CUDNN_ATTR_OPERATION_NORM_FWD_PHASE)]
-    mode = _norm_kind(op, A.CUDNN_ATTR_OPERATION_NORM_FWD_MODE, {
-        _M.CUDNN_BATCH_NORM: "batch", _M.CUDNN_LAYER_NORM: "layer", _M.CUDNN_RMS_NORM: "rms",
-        _M.CUDNN_INSTANCE_NORM: "instance"})
+    mode = _norm_kind(
+        op,
+        A.CUDNN_ATTR_OPERATION_NORM_FWD_MODE,
+        {
+            _M.CUDNN_BATCH_NORM: "batch",
+            _M.CUDNN_LAYER_NORM: "layer",
+            _M.CUDNN_RMS_NORM: "rms",
+            _M.CUDNN_INSTANCE_NORM: "instance",
+        },
+    )
     x, scale, bias, eps = (lw.inp(op, a[r]) for r in ("XDESC", "SCALE_DESC", "BIAS_DESC", "EPSILON_DESC"))
-    outs = {"y": a["YDESC"], "mean": a["MEAN_DESC"], "inv_variance": a["INV_VARIANCE_DESC"],
-            "next_running_mean": a["OUTPUT_RUNNING_MEAN_DESC"], "next_running_var": a["OUTPUT_RUNNING_VAR_DESC"]}
+    outs = {
+        "y": a["YDESC"],
+        "mean": a["MEAN_DESC"],
+        "inv_variance": a["INV_VARIANCE_DESC"],
+        "next_running_mean": a["OUTPUT_RUNNING_MEAN_DESC"],
+        "next_running_var": a["OUTPUT_RUNNING_VAR_DESC"],
+    }
     if mode == "batch" and phase is NormForwardPhase.INFERENCE:
-        lw.add(op, BatchnormInference(), [x, lw.inp(op, a["MEAN_DESC"]), lw.inp(op, a["INV_VARIANCE_DESC"]), scale, bias],
-               {"y": a["YDESC"]})
+        lw.add(
+            op,
+            BatchnormInference(),
+            [x, lw.inp(op, a["MEAN_DESC"]), lw.inp(op, a["INV_VARIANCE_DESC"]), scale, bias],
+            {"y": a["YDESC"]},
+        )
     elif mode == "batch":
-        rm, rv, momentum = (lw.inp(op, a[r]) for r in ("INPUT_RUNNING_MEAN_DESC", "INPUT_RUNNING_VAR_DESC",
-                                                       "EXP_AVG_FACTOR_DESC"))
+        rm, rv, momentum = (
+            lw.inp(op, a[r]) for r in ("INPUT_RUNNING_MEAN_DESC", "INPUT_RUNNING_VAR_DESC", "EXP_AVG_FACTOR_DESC")
+        )
         lw.add(op, Batchnorm(), [x, scale, bias, rm, rv, eps, momentum], outs)
     else:
         kind = {"layer": Layernorm, "rms": Rmsnorm, "instance": Instancenorm}[mode](norm_forward_phase=phase)
@@ -446,18 +675,42 @@ def _norm_forward(lw: _Lowering, op: Descriptor) -> None:
 
 @_lowers(D.CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR)
 def _norm_backward(lw: _Lowering, op: Descriptor) -> None:
-    a = {r: A[f"CUDNN_ATTR_OPERATION_NORM_BWD_{r}"] for r in (
-        "XDESC", "DYDESC", "DXDESC", "MEAN_DESC", "INV_VARIANCE_DESC", "SCALE_DESC", "EPSILON_DESC", "DSCALE_DESC",
-        "DBIAS_DESC")}
+    a = {
+        r: A[f"CUDNN_ATTR_OPERATION_NORM_BWD_{r}"]
+        for r in (
+            "XDESC",
+            "DYDESC",
+            "DXDESC",
+            "MEAN_DESC",
+            "INV_VARIANCE_DESC",
+            "SCALE_DESC",
+            "EPSILON_DESC",
+            "DSCALE_DESC",
+            "DBIAS_DESC",
+        )
+    }
     if op.values(A.CUDNN_ATTR_OPERATION_NORM_BWD_PEER_STAT_DESCS):
-        raise BackendError("peer statistics (multi-GPU batchnorm) are not supported", descriptor=op,
-                           attribute=A.CUDNN_ATTR_OPERATION_NORM_BWD_PEER_STAT_DESCS, status=NOT_SUPPORTED,
-                           rule="norm.peer_stats", hint="all-reduce the statistics outside the graph")
-    mode = _norm_kind(op, A.CUDNN_ATTR_OPERATION_NORM_BWD_MODE, {
-        _M.CUDNN_BATCH_NORM: "batch", _M.CUDNN_LAYER_NORM: "layer", _M.CUDNN_RMS_NORM: "rms",
-        _M.CUDNN_INSTANCE_NORM: "instance"})
-    dy, x, scale, mean, inv, eps = (lw.inp(op, a[r]) for r in (
-        "DYDESC", "XDESC", "SCALE_DESC", "MEAN_DESC", "INV_VARIANCE_DESC", "EPSILON_DESC"))
+        raise BackendError(
+            "peer statistics (multi-GPU batchnorm) are not supported",
+            descriptor=op,
+            attribute=A.CUDNN_ATTR_OPERATION_NORM_BWD_PEER_STAT_DESCS,
+            status=NOT_SUPPORTED,
+            rule="norm.peer_stats",
+            hint="all-reduce the statistics outside the graph",
+        )
+    mode = _norm_kind(
+        op,
+        A.CUDNN_ATTR_OPERATION_NORM_BWD_MODE,
+        {
+            _M.CUDNN_BATCH_NORM: "batch",
+            _M.CUDNN_LAYER_NORM: "layer",
+            _M.CUDNN_RMS_NORM: "rms",
+            _M.CUDNN_INSTANCE_NORM: "instance",
+        },
+    )
+    dy, x, scale, mean, inv, eps = (
+        lw.inp(op, a[r]) for r in ("DYDESC", "XDESC", "SCALE_DESC", "MEAN_DESC", "INV_VARIANCE_DESC", "EPSILON_DESC")
+    )
     outs = {"dx": a["DXDESC"], "dscale": a["DSCALE_DESC"], "dbias": a["DBIAS_DESC"]}
     if mode == "batch":
         lw.add(op, BatchnormBackward(), [dy, x, scale, mean, inv, eps], outs)
@@ -494,11 +747,26 @@ def _located(err: GraphError, desc: Descriptor, lw: _Lowering, ops: list[Descrip
         owner, attr = lw.origin[uid]
         op = op or owner
         if op is not owner:  # the tensor is also read by `op`: name the attribute of `op` that holds it
-            attr = next((n for n, (k, vs) in op.attrs.items() if k is T.CUDNN_TYPE_BACKEND_DESCRIPTOR
-                         for v in vs if v.type is D.CUDNN_BACKEND_TENSOR_DESCRIPTOR and v.state.uid == uid), attr)
+            attr = next(
+                (
+                    n
+                    for n, (k, vs) in op.attrs.items()
+                    if k is T.CUDNN_TYPE_BACKEND_DESCRIPTOR
+                    for v in vs
+                    if v.type is D.CUDNN_BACKEND_TENSOR_DESCRIPTOR and v.state.uid == uid
+                ),
+                attr,
+            )
     status = NOT_SUPPORTED if err.rule.startswith(("engine.", "partition.")) else Status.CUDNN_STATUS_BAD_PARAM
-    return BackendError(err.detail, descriptor=op or desc, attribute=attr, status=status, rule=err.rule,
-                        hint=err.hint, tensor=err.tensor)
+    return BackendError(
+        err.detail,
+        descriptor=op or desc,
+        attribute=attr,
+        status=status,
+        rule=err.rule,
+        hint=err.hint,
+        tensor=err.tensor,
+    )
 
 
 FINALIZERS[D.CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR] = _operation_graph

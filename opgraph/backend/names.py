@@ -58,19 +58,28 @@ VALUE_ENUMS: dict[AttributeType, type[CEnum]] = {
 }
 
 # -- to opgraph ---------------------------------------------------------------------------------------
-DATA_TYPES = {v: DataType[v.name.removeprefix("CUDNN_DATA_")] for v in cudnnDataType_t
-              if v.name.removeprefix("CUDNN_DATA_") in DataType.__members__}
+DATA_TYPES = {
+    v: DataType[v.name.removeprefix("CUDNN_DATA_")]
+    for v in cudnnDataType_t
+    if v.name.removeprefix("CUDNN_DATA_") in DataType.__members__
+}
 POINTWISE_MODES = {v: PointwiseMode[v.name.removeprefix("CUDNN_POINTWISE_")] for v in cudnnPointwiseMode_t}
 REDUCTION_MODES = {v: ReductionMode[v.name.removeprefix("CUDNN_REDUCE_TENSOR_")] for v in cudnnReduceTensorOp_t}
-CONV_MODES = {cudnnConvolutionMode_t.CUDNN_CONVOLUTION: ConvolutionMode.CONVOLUTION,
-              cudnnConvolutionMode_t.CUDNN_CROSS_CORRELATION: ConvolutionMode.CROSS_CORRELATION}
+CONV_MODES = {
+    cudnnConvolutionMode_t.CUDNN_CONVOLUTION: ConvolutionMode.CONVOLUTION,
+    cudnnConvolutionMode_t.CUDNN_CROSS_CORRELATION: ConvolutionMode.CROSS_CORRELATION,
+}
 HEUR_MODES = {v: HeurMode[v.name.removeprefix("CUDNN_HEUR_MODE_")] for v in cudnnBackendHeurMode_t}
-NORM_PHASES = {cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_INFERENCE: NormForwardPhase.INFERENCE,
-               cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_TRAINING: NormForwardPhase.TRAINING}
-RESAMPLE_MODES = {cudnnResampleMode_t.CUDNN_RESAMPLE_MAXPOOL: ResampleMode.MAX,
-                  cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL: ResampleMode.AVG_INCLUDE_PADDING,
-                  cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_INCLUDE_PADDING: ResampleMode.AVG_INCLUDE_PADDING,
-                  cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING: ResampleMode.AVG_EXCLUDE_PADDING}
+NORM_PHASES = {
+    cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_INFERENCE: NormForwardPhase.INFERENCE,
+    cudnnBackendNormFwdPhase_t.CUDNN_NORM_FWD_TRAINING: NormForwardPhase.TRAINING,
+}
+RESAMPLE_MODES = {
+    cudnnResampleMode_t.CUDNN_RESAMPLE_MAXPOOL: ResampleMode.MAX,
+    cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL: ResampleMode.AVG_INCLUDE_PADDING,
+    cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_INCLUDE_PADDING: ResampleMode.AVG_INCLUDE_PADDING,
+    cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING: ResampleMode.AVG_EXCLUDE_PADDING,
+}
 NUMERICAL_NOTES = {n: cudnnBackendNumericalNote_t["CUDNN_NUMERICAL_NOTE_" + n.name] for n in NumericalNote}
 BEHAVIOR_NOTES = {n: cudnnBackendBehaviorNote_t["CUDNN_BEHAVIOR_NOTE_" + n.name] for n in BehaviorNote}
 

@@ -44,8 +44,12 @@ def environment(device: Device) -> dict[str, Any]:
     """Everything outside the piece that can change which config is fastest."""
     from ..core.version import __version__
 
-    env: dict[str, Any] = {"opgraph": __version__, "device": device.name, "capability": device.capability,
-                           "sm_count": device.sm_count}
+    env: dict[str, Any] = {
+        "opgraph": __version__,
+        "device": device.name,
+        "capability": device.capability,
+        "sm_count": device.sm_count,
+    }
     for dist in ("torch", "triton", "nvidia-cudnn-frontend"):
         env[dist] = _version(dist)
     torch = sys.modules.get("torch")
@@ -83,8 +87,12 @@ def cache_key(piece: Piece, device: Device, engines: Sequence[str], filters: str
 
 def _answer(entry: Any) -> bool:
     """Whether a cached entry has the shape `tune` writes."""
-    return (isinstance(entry, dict) and isinstance(entry.get("engine"), str)
-            and isinstance(entry.get("knobs", []), list) and isinstance(entry.get("times", {}), dict))
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("engine"), str)
+        and isinstance(entry.get("knobs", []), list)
+        and isinstance(entry.get("times", {}), dict)
+    )
 
 
 class TuningCache:
@@ -108,8 +116,11 @@ class TuningCache:
             fault(self.path, f"cannot be read ({why}); every piece is tuned again")
             return {}
         if not isinstance(data, dict):
-            fault(self.path, f"is not a tuning file (a JSON {type(data).__name__}); every piece is tuned again",
-                  f"remove {self.path.name}, or run `opgraph cache clear --no-kernels`")
+            fault(
+                self.path,
+                f"is not a tuning file (a JSON {type(data).__name__}); every piece is tuned again",
+                f"remove {self.path.name}, or run `opgraph cache clear --no-kernels`",
+            )
             return {}
         return data
 
@@ -122,8 +133,11 @@ class TuningCache:
         entry = self._load().get(key)
         if entry is None or _answer(entry):
             return entry
-        fault(self.path, f"entry {key[:12]}... is not a tuning answer; that piece is tuned again",
-              f"remove {self.path.name}, or run `opgraph cache clear --no-kernels`")
+        fault(
+            self.path,
+            f"entry {key[:12]}... is not a tuning answer; that piece is tuned again",
+            f"remove {self.path.name}, or run `opgraph cache clear --no-kernels`",
+        )
         return None
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
@@ -216,12 +230,16 @@ class _BoundRun:
         for fn, args in (*self.preludes, *self.launcher.calls):
             rc = fn(*args)
             if rc:
-                raise ExecutionError(f"{self.kernel.config} failed to launch (code {rc})", rule="autotune.launch",
-                                     hint="the candidate is skipped; build with autotune=False to see it alone")
+                raise ExecutionError(
+                    f"{self.kernel.config} failed to launch (code {rc})",
+                    rule="autotune.launch",
+                    hint="the candidate is skipped; build with autotune=False to see it alone",
+                )
 
 
-def time_kernel(kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3,
-                burst: int = 10) -> float:
+def time_kernel(
+    kernel: Kernel, piece: Piece, device: Device, bufs: dict[int, Any], warmup: int = 3, burst: int = 10
+) -> float:
     """One measurement of a candidate's device µs per run on CUDA (a burst of runs behind a spin kernel:
     its host time hidden, as in a captured CUDA graph or a plan that runs ahead of the device; timing
     each run from an idle device would charge a library call's host setup in full and pick by host
@@ -246,8 +264,13 @@ def _skip(err: Exception, piece: Piece, config: EngineConfig, failed: list[Engin
     failed.append(config)
 
 
-def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: Piece, device: Device,
-                 bufs: dict[int, Any], failed: list[EngineConfig]) -> None:
+def _more_passes(
+    timed: list[tuple[list[float], EngineConfig, Kernel]],
+    piece: Piece,
+    device: Device,
+    bufs: dict[int, Any],
+    failed: list[EngineConfig],
+) -> None:
     """Passes 2..TUNE_PASSES over the candidates, one measurement each per pass (round-robin): a drift of
     the GPU's clocks over the tuning weighs on every candidate alike (timing each candidate's rounds in
     one go, in candidate order, may measure the first, timed right after the compiles, slower than it
@@ -275,8 +298,14 @@ def _more_passes(timed: list[tuple[list[float], EngineConfig, Kernel]], piece: P
                 going.remove(entry)
 
 
-def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Device, engines: Sequence[str],
-               cache: TuningCache, filters: ConfigFilter | None = None, mode: str = "parallel") -> dict[str, Any]:
+def precompile(
+    jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]],
+    device: Device,
+    engines: Sequence[str],
+    cache: TuningCache,
+    filters: ConfigFilter | None = None,
+    mode: str = "parallel",
+) -> dict[str, Any]:
     """Compile the candidate kernels of every piece the cache does not answer, all at once on every
     core (the build's compiler pool), before `tune` times them one piece after the other, which would
     otherwise compile them one at a time (GPT-2's training step: 392 steps, 46 distinct pieces, ~370
@@ -307,15 +336,21 @@ def precompile(jobs: Sequence[tuple[Piece, Sequence[EngineConfig]]], device: Dev
                 continue
             for spec, fn in kernel.compile_specs():
                 batches.add(config.engine, spec, fn)
-    report = batches.compile(parallel=mode == "parallel",
-                             what=f"compiling {len(batches)} candidate kernels of {len(seen)} pieces to tune")
+    report = batches.compile(
+        parallel=mode == "parallel", what=f"compiling {len(batches)} candidate kernels of {len(seen)} pieces to tune"
+    )
     log.info("precompiled %d candidate kernels of %d pieces in %.1f s", len(batches), len(seen), report.seconds)
     return {"pieces": len(seen), **dataclasses.asdict(report)}
 
 
-def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engines: Sequence[str],
-         cache: TuningCache, filters: ConfigFilter | None = None
-         ) -> tuple[EngineConfig, Kernel, tuple[EngineConfig, ...], bool]:
+def tune(
+    piece: Piece,
+    candidates: Sequence[EngineConfig],
+    device: Device,
+    engines: Sequence[str],
+    cache: TuningCache,
+    filters: ConfigFilter | None = None,
+) -> tuple[EngineConfig, Kernel, tuple[EngineConfig, ...], bool]:
     """The fastest candidate (with its measured time), its kernel, the others (with theirs), and
     whether the answer came from the cache. `filters` rejects kernels by workspace (candidates are
     already filtered by notes and engine)."""
@@ -360,17 +395,28 @@ def tune(piece: Piece, candidates: Sequence[EngineConfig], device: Device, engin
         results.append((us, dataclasses.replace(config, measured_us=us), kernel))
     if not results and too_big and not failed:
         raise UnsupportedGraphError(
-            f"every engine config of {piece.label()} needs more workspace than the build allows "
-            f"({'; '.join(too_big)})", op=piece.nodes[0].label(), rule="engine.workspace_limit",
-            hint="raise deselect_workspace_greater_than")
+            f"every engine config of {piece.label()} needs more workspace than the build allows ({'; '.join(too_big)})",
+            op=piece.nodes[0].label(),
+            rule="engine.workspace_limit",
+            hint="raise deselect_workspace_greater_than",
+        )
     if not results:
-        raise GraphError(f"every candidate config of {piece.label()} failed while tuning",
-                         rule="autotune.all_failed", hint="build without autotune=True to see the first error")
+        raise GraphError(
+            f"every candidate config of {piece.label()} failed while tuning",
+            rule="autotune.all_failed",
+            hint="build without autotune=True to see the first error",
+        )
     results.sort(key=lambda r: r[0])
     us, best, kernel = results[0]
-    cache.put(key, {"engine": best.engine, "knobs": _knobs_json(best),
-                    "times": {config_id(c): t for t, c, _ in results},
-                    "piece": [n.label() for n in piece.nodes]})
+    cache.put(
+        key,
+        {
+            "engine": best.engine,
+            "knobs": _knobs_json(best),
+            "times": {config_id(c): t for t, c, _ in results},
+            "piece": [n.label() for n in piece.nodes],
+        },
+    )
     others = tuple(c for _, c, _ in results[1:]) + tuple(failed)
     log.info("%s: chose %s (%.1f us)", piece.label(), best, us)
     return best, kernel, others, False

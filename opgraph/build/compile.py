@@ -51,8 +51,14 @@ class LazyProgress:
             except ImportError:
                 self.enabled = False
                 return
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(file=sys.stderr), transient=False)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(file=sys.stderr),
+                transient=False,
+            )
             self.bar.start()
             self.task = self.bar.add_task(self.what, total=total)
         self.bar.update(self.task, completed=done, total=total)
@@ -67,8 +73,7 @@ def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list
     """Compile the kernels of `steps` (planner.Step) ahead of their first launch; returns the steps
     (a step whose kernel failed replaced by its first alternative that compiles) and statistics."""
     if mode not in MODES:
-        raise GraphError(f"build(compile={mode!r})", rule="build.compile",
-                         hint=f"use one of {', '.join(MODES)}")
+        raise GraphError(f"build(compile={mode!r})", rule="build.compile", hint=f"use one of {', '.join(MODES)}")
     stats: dict[str, Any] = {"mode": mode}
     if mode == "lazy" or not device.is_cuda:
         return list(steps), stats
@@ -83,9 +88,16 @@ def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list
     report = batches.compile(parallel=mode == "parallel", what=f"compiling {len(batches)} kernels")
     stats.update(dataclasses.asdict(report))
     stats["launches"] = launches
-    log.info("compiled %d distinct kernels of %d launches (%d ready, %d cached, %d compiled on %d workers) "
-             "in %.1f s", report.kernels, launches, report.ready, report.cached, report.compiled, report.workers,
-             report.seconds)
+    log.info(
+        "compiled %d distinct kernels of %d launches (%d ready, %d cached, %d compiled on %d workers) in %.1f s",
+        report.kernels,
+        launches,
+        report.ready,
+        report.cached,
+        report.compiled,
+        report.workers,
+        report.seconds,
+    )
     out = list(steps)
     for i in sorted({i for key in report.failed for i in owners[key]}):
         out[i] = _replace(out[i], device, {k: report.failed[k] for k in report.failed if i in owners[k]})
@@ -104,8 +116,11 @@ class SpecBatches:
     def add(self, engine: str, spec: Any, fn: Any) -> None:
         compiler = get_engine(engine).compiler()
         if compiler is None:
-            raise InternalError(f"the {engine} engine's kernels give compile specs but it has no compiler",
-                                rule="internal.invariant", hint="this is an opgraph bug: please report it")
+            raise InternalError(
+                f"the {engine} engine's kernels give compile specs but it has no compiler",
+                rule="internal.invariant",
+                hint="this is an opgraph bug: please report it",
+            )
         self.batches.setdefault(id(compiler), (compiler, {}))[1].setdefault(spec.key, (spec, fn))
 
     def compile(self, *, parallel: bool, what: str) -> CompileReport:
@@ -115,6 +130,7 @@ class SpecBatches:
         reports = []
         try:
             for compiler, specs in self.batches.values():
+
                 def step(done: int, _: int, before: int = offset) -> None:
                     progress(before + done, total)
 
@@ -155,6 +171,9 @@ def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
             continue
         others = tuple(c for c in (step.config, *step.alternatives) if c is not alt)
         return dataclasses.replace(step, config=alt, kernel=kernel, alternatives=others)
-    raise ExecutionError(f"step {step.index} ({step.piece.label()}): {step.config} failed to compile: {why}",
-                         op=step.piece.nodes[0].label(), rule="build.compile_failed",
-                         hint="build with another engine, or report the graph (its kernels do not compile)")
+    raise ExecutionError(
+        f"step {step.index} ({step.piece.label()}): {step.config} failed to compile: {why}",
+        op=step.piece.nodes[0].label(),
+        rule="build.compile_failed",
+        hint="build with another engine, or report the graph (its kernels do not compile)",
+    )

@@ -13,8 +13,14 @@ from ..core.config import BehaviorNote, EngineConfig, NumericalNote
 from ..core.errors import AttributeValueError
 from ..engines.base import Kernel
 
-OPTIONS = ("select_numeric_notes", "deselect_numeric_notes", "select_behavior_notes", "deselect_behavior_notes",
-           "deselect_engines", "deselect_workspace_greater_than")
+OPTIONS = (
+    "select_numeric_notes",
+    "deselect_numeric_notes",
+    "select_behavior_notes",
+    "deselect_behavior_notes",
+    "deselect_engines",
+    "deselect_workspace_greater_than",
+)
 
 
 def _notes(kind: type[enum.Enum], values: Any, option: str) -> frozenset:
@@ -31,9 +37,10 @@ def _notes(kind: type[enum.Enum], values: Any, option: str) -> frozenset:
         match = next((n for n in kind if name.upper() == n.name or name.lower() == n.value), None)
         if match is None:
             raise AttributeValueError(
-                f"build option {option}: {v!r} is not a {kind.__name__}", rule="build.filter",
-                hint=f"pass opgraph.{kind.__name__} values or their names: "
-                     f"{', '.join(n.name for n in kind)}")
+                f"build option {option}: {v!r} is not a {kind.__name__}",
+                rule="build.filter",
+                hint=f"pass opgraph.{kind.__name__} values or their names: {', '.join(n.name for n in kind)}",
+            )
         out.add(match)
     return frozenset(out)
 
@@ -59,7 +66,9 @@ class ConfigFilter:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise AttributeValueError(
                 f"build option deselect_workspace_greater_than={limit!r} is not a byte count",
-                rule="build.filter", hint="pass a non-negative int (bytes), or None for no limit")
+                rule="build.filter",
+                hint="pass a non-negative int (bytes), or None for no limit",
+            )
         engines = options.get("deselect_engines") or ()
         engines = [engines] if isinstance(engines, str) else list(engines)
         from ..engines import engine_names
@@ -68,7 +77,9 @@ class ConfigFilter:
         if unknown:
             raise AttributeValueError(
                 f"build option deselect_engines names no engine: {', '.join(map(repr, unknown))}",
-                rule="build.filter", hint=f"engines are: {', '.join(engine_names())}")
+                rule="build.filter",
+                hint=f"engines are: {', '.join(engine_names())}",
+            )
         return ConfigFilter(
             _notes(NumericalNote, options.get("select_numeric_notes"), "select_numeric_notes"),
             _notes(NumericalNote, options.get("deselect_numeric_notes"), "deselect_numeric_notes"),
@@ -89,12 +100,14 @@ class ConfigFilter:
             used = get_engine(config.engine).engines_used(config) & self.deselect_engines
             if used:
                 return f"engine {', '.join(sorted(used))} deselected"
-        missing = (self.select_numeric_notes - config.numerical_notes) | \
-            (self.select_behavior_notes - config.behavior_notes)
+        missing = (self.select_numeric_notes - config.numerical_notes) | (
+            self.select_behavior_notes - config.behavior_notes
+        )
         if missing:
             return "lacks selected note(s) " + ", ".join(sorted(n.value for n in missing))
-        present = (self.deselect_numeric_notes & config.numerical_notes) | \
-            (self.deselect_behavior_notes & config.behavior_notes)
+        present = (self.deselect_numeric_notes & config.numerical_notes) | (
+            self.deselect_behavior_notes & config.behavior_notes
+        )
         if present:
             return "has deselected note(s) " + ", ".join(sorted(n.value for n in present))
         return None

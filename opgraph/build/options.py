@@ -57,24 +57,36 @@ class BuildOptions:
 
         put("heur_mode", as_modes(self.heur_mode))
         if self.device is not None and not isinstance(self.device, (str, Device)):
-            raise BuildOptionError(f"build option device={self.device!r} is not a device", rule="build.option",
-                                   hint="pass 'cpu', 'cuda', 'cuda:N', an opgraph Device, or None")
+            raise BuildOptionError(
+                f"build option device={self.device!r} is not a device",
+                rule="build.option",
+                hint="pass 'cpu', 'cuda', 'cuda:N', an opgraph Device, or None",
+            )
         engines = self.engines
         if engines is not None:
             engines = (engines,) if isinstance(engines, str) else tuple(engines)
             if not all(isinstance(e, str) for e in engines):
-                raise BuildOptionError(f"build option engines={self.engines!r} must name engines",
-                                       rule="build.option", hint="pass engine names, e.g. ['triton', 'torch']")
+                raise BuildOptionError(
+                    f"build option engines={self.engines!r} must name engines",
+                    rule="build.option",
+                    hint="pass engine names, e.g. ['triton', 'torch']",
+                )
         put("engines", engines)
         for name in ("allow_partition", "autotune", "by_reference"):
             value = getattr(self, name)
             if type(value) is not bool and value not in (0, 1):
-                raise BuildOptionError(f"build option {name}={value!r} is not True or False", rule="build.option",
-                                       hint=f"pass {name}=True or {name}=False")
+                raise BuildOptionError(
+                    f"build option {name}={value!r} is not True or False",
+                    rule="build.option",
+                    hint=f"pass {name}=True or {name}=False",
+                )
             put(name, bool(value))
         if self.compile not in COMPILE_MODES:
-            raise BuildOptionError(f"build option compile={self.compile!r} is not a compile mode",
-                                   rule="build.compile", hint=f"use one of {', '.join(COMPILE_MODES)}")
+            raise BuildOptionError(
+                f"build option compile={self.compile!r} is not a compile mode",
+                rule="build.compile",
+                hint=f"use one of {', '.join(COMPILE_MODES)}",
+            )
         filters = ConfigFilter.from_options({name: getattr(self, name) for name in FILTER_OPTIONS})
         for name in FILTER_OPTIONS:
             put(name, getattr(filters, name))
@@ -97,16 +109,22 @@ class BuildOptions:
     def of(options: BuildOptions | None = None, **keywords: Any) -> BuildOptions:
         """`options` (default: all defaults) with `keywords` applied over it."""
         if options is not None and not isinstance(options, BuildOptions):
-            raise BuildOptionError(f"options={options!r} is not a BuildOptions", rule="build.option",
-                                   hint="pass options=opgraph.BuildOptions(...), or the options as keywords")
+            raise BuildOptionError(
+                f"options={options!r} is not a BuildOptions",
+                rule="build.option",
+                hint="pass options=opgraph.BuildOptions(...), or the options as keywords",
+            )
         check_names(keywords)
         return dataclasses.replace(options, **keywords) if options is not None else BuildOptions(**keywords)
 
     def as_keywords(self) -> dict[str, Any]:
         """The options as Graph.build's keyword arguments (those that differ from the defaults)."""
         default = _DEFAULT
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
 
 
 NAMES = tuple(f.name for f in dataclasses.fields(BuildOptions))
@@ -118,8 +136,10 @@ def check_names(keywords: Mapping[str, Any]) -> None:
     for name in keywords:
         if name not in NAMES:
             raise BuildOptionError(
-                f"build() has no option {name!r}{did_you_mean(str(name)[:100], NAMES)}", rule="build.option",
-                hint=f"the options are {', '.join(NAMES)} (opgraph.BuildOptions)")
+                f"build() has no option {name!r}{did_you_mean(str(name)[:100], NAMES)}",
+                rule="build.option",
+                hint=f"the options are {', '.join(NAMES)} (opgraph.BuildOptions)",
+            )
 
 
 def merged(options: BuildOptions | None, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> BuildOptions:

@@ -36,7 +36,9 @@ def _unsupported(node: Node, graph: FinalGraph, engines: Sequence[Engine], devic
     verdicts = [(e.name, engine_supports(e, make_piece(graph, 0, [node]), device)) for e in engines]
     reasons = "; ".join(f"{name}: {v.reason}" for name, v in verdicts)
     raise UnsupportedGraphError(
-        f"no allowed engine runs this op ({reasons})", op=node.label(), rule="engine.no_support",
+        f"no allowed engine runs this op ({reasons})",
+        op=node.label(),
+        rule="engine.no_support",
         hint="allow another engine (engines=[...]); 'reference' runs every op on the CPU",
     )
 
@@ -50,8 +52,10 @@ def _inplace_race(group: Sequence[Node], node: Node, graph: FinalGraph) -> str |
             if uid in other.input_uids():
                 out = [graph.tensors[u].dim for u in other.output_uids()]
                 if other.kind != "pointwise" or any(d != dims for d in out):
-                    return (f"{node.label()} updates {graph.tensors[uid].label()} in place, which {other.label()} "
-                            "reads at other elements: they cannot share a kernel")
+                    return (
+                        f"{node.label()} updates {graph.tensors[uid].label()} in place, which {other.label()} "
+                        "reads at other elements: they cannot share a kernel"
+                    )
     return None
 
 
@@ -65,9 +69,11 @@ def overwrites_own_input(node: Node) -> str | None:
     for out_role, out in zip(node.op.output_roles(), node.outputs):
         for in_role, v in zip(roles, node.inputs):
             if type(v) is int and v == out and node.op.dependence(out_role, in_role) not in ("aligned", "none"):
-                return (f"{node.label()} writes its {out_role} over its own {in_role} (UID {out}), whose other "
-                        "elements it still reads: only an engine that computes the whole result before writing it "
-                        "(torch, reference) runs that right [rule dataflow.inplace]")
+                return (
+                    f"{node.label()} writes its {out_role} over its own {in_role} (UID {out}), whose other "
+                    "elements it still reads: only an engine that computes the whole result before writing it "
+                    "(torch, reference) runs that right [rule dataflow.inplace]"
+                )
     return None
 
 
@@ -116,8 +122,12 @@ def partition(
                 if fit is not None and fit == owner and owner > 0 and not engines[owner].fuses_neighbours:
                     preferred, _ = best(make_piece(graph, len(groups), [node]), owner)
                     if preferred is not None:
-                        verdicts = [(engines[owner].name,
-                                     Support.no(f"this op runs on the preferred engine '{engines[preferred].name}'"))]
+                        verdicts = [
+                            (
+                                engines[owner].name,
+                                Support.no(f"this op runs on the preferred engine '{engines[preferred].name}'"),
+                            )
+                        ]
                         fit = None
                 if fit is not None or owner is None:
                     groups[-1].append(node)
@@ -145,7 +155,9 @@ def partition(
         reasons = "; ".join(f"{name}: {why}" for name, why in cut.reasons)
         raise UnsupportedGraphError(
             f"the graph needs {len(groups)} kernels, and allow_partition=False asks for one; fusion broke "
-            f"at this op ({reasons})", op=cut.node.label(), rule="partition.strict",
+            f"at this op ({reasons})",
+            op=cut.node.label(),
+            rule="partition.strict",
             hint="build with allow_partition=True to run it as several kernels, or change the op",
         )
     return pieces, cuts

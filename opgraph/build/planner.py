@@ -64,7 +64,8 @@ def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
     chosen = list(names) if names is not None else default_engines(device)
     if not chosen:
         raise UnsupportedGraphError(
-            f"no engine is available for {device}", rule="engine.none",
+            f"no engine is available for {device}",
+            rule="engine.none",
             hint="build with device='cpu' to use the reference engine",
         )
     engines = [get_engine(n) for n in chosen]
@@ -72,7 +73,8 @@ def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
     if not usable:
         reasons = "; ".join(f"{e.name}: {e.available(device).reason}" for e in engines)
         raise UnsupportedGraphError(
-            f"none of the engines {chosen} can run on {device} ({reasons})", rule="engine.unavailable",
+            f"none of the engines {chosen} can run on {device} ({reasons})",
+            rule="engine.unavailable",
             hint="pick engines available on this device, or another device",
         )
     return usable
@@ -80,8 +82,10 @@ def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
 
 def _all_by_reference(graph: FinalGraph) -> FinalGraph:
     """The graph with every bound (non-virtual, not pass-by-value) tensor by reference."""
-    tensors = {u: (dataclasses.replace(t, is_by_reference=True) if not t.is_virtual and not t.is_pass_by_value else t)
-               for u, t in graph.tensors.items()}
+    tensors = {
+        u: (dataclasses.replace(t, is_by_reference=True) if not t.is_virtual and not t.is_pass_by_value else t)
+        for u, t in graph.tensors.items()
+    }
     return dataclasses.replace(graph, tensors=tensors)
 
 
@@ -119,7 +123,8 @@ def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keyword
         if torch.cuda.is_current_stream_capturing():
             raise GraphError(
                 "build(autotune=True) was called while a CUDA graph is being captured: timing candidates "
-                "synchronises the device, which breaks the capture", rule="autotune.capturing",
+                "synchronises the device, which breaks the capture",
+                rule="autotune.capturing",
                 hint="build (and tune) before capturing; the cache makes later builds time nothing",
             )
     usable = _engines(opts.engines, dev)
@@ -135,8 +140,9 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
     stats: dict[str, Any] = {"kernels_s": {}}
     pieces, cuts = partition(graph, usable, dev, allow_partition=opts.allow_partition)
     stats["partition_s"] = time.perf_counter() - t0
-    log.info("partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable],
-             len(pieces))
+    log.info(
+        "partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable], len(pieces)
+    )
     for cut in cuts:
         log.info("  not fused before %s: %s", cut.node.label(), "; ".join(f"{e}: {w}" for e, w in cut.reasons))
     cache = TuningCache() if opts.autotune else None
@@ -146,22 +152,30 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
         for piece in pieces:
             tuning[id(piece)] = filters.keep(rank_configs(piece, usable, dev, (*modes, HeurMode.B)).configs)[0]
         t1 = time.perf_counter()
-        stats["precompile"] = precompile([(p, tuning[id(p)]) for p in pieces], dev, names, cache, filters,
-                                         compile_mode)
+        stats["precompile"] = precompile([(p, tuning[id(p)]) for p in pieces], dev, names, cache, filters, compile_mode)
         stats["precompile_s"] = time.perf_counter() - t1
     steps: list[Step] = []
     for piece in pieces:
         ranked = rank_configs(piece, usable, dev, modes)
         configs, dropped = filters.keep(ranked.configs)
         if not configs:
-            reasons = "; ".join([*(f"{n}: {why}" for n, why in ranked.declined),
-                                 *(f"{c} filtered out: {why}" for c, why in dropped)]) or "no config in these modes"
+            reasons = (
+                "; ".join(
+                    [
+                        *(f"{n}: {why}" for n, why in ranked.declined),
+                        *(f"{c} filtered out: {why}" for c, why in dropped),
+                    ]
+                )
+                or "no config in these modes"
+            )
             raise UnsupportedGraphError(
-                f"no engine config for {piece.label()} in heuristic modes "
-                f"{[m.name for m in modes]} ({reasons})", op=piece.nodes[0].label(), rule="engine.no_config",
+                f"no engine config for {piece.label()} in heuristic modes {[m.name for m in modes]} ({reasons})",
+                op=piece.nodes[0].label(),
+                rule="engine.no_config",
                 hint="add HeurMode.FALLBACK to heur_mode, allow more engines, or relax the build's note, "
-                     "engine and workspace filters" if dropped else
-                     "add HeurMode.FALLBACK to heur_mode, or allow more engines",
+                "engine and workspace filters"
+                if dropped
+                else "add HeurMode.FALLBACK to heur_mode, or allow more engines",
             )
         for name, why in ranked.declined:
             log.info("  %s: %s declined: %s", piece.label(), name, why)
@@ -183,8 +197,9 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
     return Schedule(graph, dev, tuple(steps), tuple(cuts), stats)
 
 
-def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: Device,
-                            filters: ConfigFilter) -> tuple[EngineConfig, Kernel]:
+def _first_within_workspace(
+    piece: Piece, configs: Sequence[EngineConfig], dev: Device, filters: ConfigFilter
+) -> tuple[EngineConfig, Kernel]:
     """The first config (in rank order) that compiles and whose kernel's workspace passes the build's
     limit, compiled. A config that fails to compile (a library plan its own support check accepted,
     then could not build) gives way to the next one; if all fail, the first failure is raised."""
@@ -200,14 +215,21 @@ def _first_within_workspace(piece: Piece, configs: Sequence[EngineConfig], dev: 
             continue
         why = filters.rejects_kernel(kernel)
         if why is None:
-            log.info("  %s -> %s (%d candidate configs; compiled in %.1f ms)", piece.label(), config,
-                     len(configs), (time.perf_counter() - t0) * 1e3)
+            log.info(
+                "  %s -> %s (%d candidate configs; compiled in %.1f ms)",
+                piece.label(),
+                config,
+                len(configs),
+                (time.perf_counter() - t0) * 1e3,
+            )
             return config, kernel
         log.info("  %s: %s filtered out: %s", piece.label(), config, why)
         too_big.append(f"{config}: {why}")
     if failed and not too_big:
         raise failed[0]
     raise UnsupportedGraphError(
-        f"every engine config of {piece.label()} needs more workspace than the build allows "
-        f"({'; '.join(too_big)})", op=piece.nodes[0].label(), rule="engine.workspace_limit",
-        hint="raise deselect_workspace_greater_than, or add HeurMode.B / FALLBACK for more candidates")
+        f"every engine config of {piece.label()} needs more workspace than the build allows ({'; '.join(too_big)})",
+        op=piece.nodes[0].label(),
+        rule="engine.workspace_limit",
+        hint="raise deselect_workspace_greater_than, or add HeurMode.B / FALLBACK for more candidates",
+    )

@@ -52,9 +52,12 @@ class PieceFacts:
     @classmethod
     def of(cls, piece: Piece) -> PieceFacts:
         nodes = piece.nodes
-        anchor = (next((n for n in nodes if n.kind in ATTENTION_KINDS), None)
-                  or next((n for n in nodes if n.kind in CONV_KINDS), None)
-                  or next((n for n in nodes if n.kind == "matmul"), None) or nodes[0])
+        anchor = (
+            next((n for n in nodes if n.kind in ATTENTION_KINDS), None)
+            or next((n for n in nodes if n.kind in CONV_KINDS), None)
+            or next((n for n in nodes if n.kind == "matmul"), None)
+            or nodes[0]
+        )
         conv = conv_shape(piece, anchor) if anchor.kind in CONV_KINDS else None
         return cls(anchor.kind, len(nodes), conv)
 
@@ -81,17 +84,18 @@ class Match:
         if self.fact is not None and self.fact not in reported.facts:
             return False
         conv = piece.conv
-        checks = (self.depthwise, self.grouped, self.channels_per_group_below, self.image_types,
-                  self.filter_row_above)
+        checks = (self.depthwise, self.grouped, self.channels_per_group_below, self.image_types, self.filter_row_above)
         if all(c is None for c in checks):
             return True
         if conv is None:
             return False
-        return ((self.depthwise is None or conv.depthwise == self.depthwise)
-                and (self.grouped is None or conv.grouped == self.grouped)
-                and (self.channels_per_group_below is None or conv.channels_per_group < self.channels_per_group_below)
-                and (self.image_types is None or conv.image.data_type in self.image_types)
-                and (self.filter_row_above is None or conv.filter_row > self.filter_row_above))
+        return (
+            (self.depthwise is None or conv.depthwise == self.depthwise)
+            and (self.grouped is None or conv.grouped == self.grouped)
+            and (self.channels_per_group_below is None or conv.channels_per_group < self.channels_per_group_below)
+            and (self.image_types is None or conv.image.data_type in self.image_types)
+            and (self.filter_row_above is None or conv.filter_row > self.filter_row_above)
+        )
 
 
 @dataclass(frozen=True)
@@ -115,25 +119,56 @@ class Rule:
 
 _FPROP = frozenset({"conv_fprop"})
 RULES: tuple[Rule, ...] = (
-    Rule("cudnn", Match(kinds=ATTENTION_KINDS), True,
-         "cuDNN's fused attention leads where the piece is worth its launch", evidence=f"{EVIDENCE}#cudnn-leads"),
-    Rule("cudnn", Match(kinds=CONV_KINDS, depthwise=True), False,
-         "depthwise convolutions: the generated kernels'", evidence=f"{EVIDENCE}#cudnn-leads"),
-    Rule("cudnn", Match(kinds=_FPROP, grouped=True, channels_per_group_below=NARROW_GROUP), True,
-         "narrow groups: the generated kernel pads its K tile, cuDNN leads unless tiny", pads_to=NARROW_GROUP,
-         evidence=f"{EVIDENCE}#narrow-groups"),
-    Rule("cudnn", Match(kinds=_FPROP, fact=PieceFact.RUNTIME_FUSED_EPILOGUE), False,
-         "a residual add or per-channel scale after the conv: cuDNN's runtime-fusion plans are slower",
-         evidence=f"{EVIDENCE}#cudnn-leads"),
-    Rule("cudnn", Match(kinds=_FPROP, channels_per_group_below=FEW_CHANNELS,
-                        image_types=frozenset({DataType.BFLOAT16})), False,
-         "a bf16 stem: cuDNN's bf16 plans for few channels are slow", evidence=f"{EVIDENCE}#cudnn-leads"),
-    Rule("cudnn", Match(kinds=_FPROP, channels_per_group_below=FEW_CHANNELS, filter_row_above=1), False,
-         "a stem with a filter row of several taps: the generated kernel's MERGE_TAPS configs win",
-         evidence=f"{EVIDENCE}#cudnn-leads"),
-    Rule("cudnn", Match(kinds=CONV_KINDS), True,
-         "convolutions: cuDNN's plans beat the generated kernels where worth a launch",
-         evidence=f"{EVIDENCE}#cudnn-leads"),
+    Rule(
+        "cudnn",
+        Match(kinds=ATTENTION_KINDS),
+        True,
+        "cuDNN's fused attention leads where the piece is worth its launch",
+        evidence=f"{EVIDENCE}#cudnn-leads",
+    ),
+    Rule(
+        "cudnn",
+        Match(kinds=CONV_KINDS, depthwise=True),
+        False,
+        "depthwise convolutions: the generated kernels'",
+        evidence=f"{EVIDENCE}#cudnn-leads",
+    ),
+    Rule(
+        "cudnn",
+        Match(kinds=_FPROP, grouped=True, channels_per_group_below=NARROW_GROUP),
+        True,
+        "narrow groups: the generated kernel pads its K tile, cuDNN leads unless tiny",
+        pads_to=NARROW_GROUP,
+        evidence=f"{EVIDENCE}#narrow-groups",
+    ),
+    Rule(
+        "cudnn",
+        Match(kinds=_FPROP, fact=PieceFact.RUNTIME_FUSED_EPILOGUE),
+        False,
+        "a residual add or per-channel scale after the conv: cuDNN's runtime-fusion plans are slower",
+        evidence=f"{EVIDENCE}#cudnn-leads",
+    ),
+    Rule(
+        "cudnn",
+        Match(kinds=_FPROP, channels_per_group_below=FEW_CHANNELS, image_types=frozenset({DataType.BFLOAT16})),
+        False,
+        "a bf16 stem: cuDNN's bf16 plans for few channels are slow",
+        evidence=f"{EVIDENCE}#cudnn-leads",
+    ),
+    Rule(
+        "cudnn",
+        Match(kinds=_FPROP, channels_per_group_below=FEW_CHANNELS, filter_row_above=1),
+        False,
+        "a stem with a filter row of several taps: the generated kernel's MERGE_TAPS configs win",
+        evidence=f"{EVIDENCE}#cudnn-leads",
+    ),
+    Rule(
+        "cudnn",
+        Match(kinds=CONV_KINDS),
+        True,
+        "convolutions: cuDNN's plans beat the generated kernels where worth a launch",
+        evidence=f"{EVIDENCE}#cudnn-leads",
+    ),
 )
 
 
@@ -158,8 +193,9 @@ class Policy:
             return True
         return reported.estimate_us is not None and rule.stake(facts, reported.estimate_us) >= bar
 
-    def decide(self, piece: Piece, facts: PieceFacts, engine: Engine, device: Device
-               ) -> tuple[Rule, EngineFacts] | None:
+    def decide(
+        self, piece: Piece, facts: PieceFacts, engine: Engine, device: Device
+    ) -> tuple[Rule, EngineFacts] | None:
         """The engine's first rule that holds for the piece, with the engine's report (None: none holds)."""
         mine = [r for r in self.rules if r.engine == engine.name]
         if not mine:

@@ -63,7 +63,8 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
             return hint[value]
         raise SerializationError(
             f"{where}: {value!r} is not a {hint.__name__}{did_you_mean(str(value), hint.__members__)}",
-            rule="json.attr_enum", hint=f"one of {list(hint.__members__)}",
+            rule="json.attr_enum",
+            hint=f"one of {list(hint.__members__)}",
         )
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
@@ -91,9 +92,10 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     cls = OPS.get(kind)
     if cls is None:
         raise SerializationError(
-            f"{where}: unknown op kind {kind!r}{did_you_mean(kind, OPS)}", rule="json.op_kind",
+            f"{where}: unknown op kind {kind!r}{did_you_mean(kind, OPS)}",
+            rule="json.op_kind",
             hint=f"known kinds: {sorted(OPS)} (a custom op is kind 'custom', registered before loading: "
-                 "`opgraph check --import MODULE`)",
+            "`opgraph check --import MODULE`)",
         )
     if not isinstance(attrs, dict):
         raise SerializationError(f"{where}: 'attrs' must be an object", rule="json.attrs")
@@ -102,9 +104,11 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     unknown = set(attrs) - names
     if unknown:
         first = sorted(unknown)[0]
-        raise SerializationError(f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}"
-                                 f"{did_you_mean(first, names)}", rule="json.attrs",
-                                 hint=f"{kind} takes {sorted(names)}")
+        raise SerializationError(
+            f"{where}: unknown attribute(s) {sorted(unknown)} for {kind}{did_you_mean(first, names)}",
+            rule="json.attrs",
+            hint=f"{kind} takes {sorted(names)}",
+        )
     try:
         values = {k: _decode(v, hints[k], f"{where}.attrs.{k}") for k, v in attrs.items()}
         return cls(**values)
@@ -113,5 +117,6 @@ def decode_op(kind: str, attrs: Any, where: str) -> Op:
     except SerializationError:
         raise
     except GraphError as err:  # an attribute's own check (a score modifier's index): say where it is
-        raise type(err)(f"{where}.attrs: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule,
-                        hint=err.hint) from None
+        raise type(err)(
+            f"{where}.attrs: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule, hint=err.hint
+        ) from None

@@ -64,8 +64,11 @@ def fault(path: Path | str, problem: str, fix: str = FIX_ROOT) -> None:
 
 def unwritable(err: BaseException) -> None:
     """Report once that the cache cannot be written (whatever part of it failed)."""
-    fault(cache_root(), f"cannot be written ({describe(err)}); this process keeps its kernels in a temporary "
-          "folder and its tuning answers in memory")
+    fault(
+        cache_root(),
+        f"cannot be written ({describe(err)}); this process keeps its kernels in a temporary "
+        "folder and its tuning answers in memory",
+    )
 
 
 def describe(err: BaseException) -> str:
@@ -337,6 +340,22 @@ def prune(folder: Path, cap: int, keep: set[Path] = frozenset(), *, now: float |
     return removed
 
 
-__all__ = ["CacheInfo", "CacheWarning", "Cleared", "cache_root", "clear", "clear_report", "fault", "info",
-           "kernel_cache_cap", "kernel_dir", "locked", "private_dir", "prune", "tuning_path", "unique_tmp",
-           "unwritable", "write_atomic"]
+__all__ = [
+    "CacheInfo",
+    "CacheWarning",
+    "Cleared",
+    "cache_root",
+    "clear",
+    "clear_report",
+    "fault",
+    "info",
+    "kernel_cache_cap",
+    "kernel_dir",
+    "locked",
+    "private_dir",
+    "prune",
+    "tuning_path",
+    "unique_tmp",
+    "unwritable",
+    "write_atomic",
+]

@@ -31,15 +31,19 @@ def as_modes(heur_mode: HeurMode | str | Sequence[HeurMode | str] | None) -> tup
     if heur_mode is None:
         return DEFAULT_MODES
     # one mode (a HeurMode, a name, or anything else, refused below) or a list of them
-    items: list[object] = (list(heur_mode) if isinstance(heur_mode, Iterable)
-                            and not isinstance(heur_mode, (HeurMode, str, bytes)) else [heur_mode])
+    items: list[object] = (
+        list(heur_mode)
+        if isinstance(heur_mode, Iterable) and not isinstance(heur_mode, (HeurMode, str, bytes))
+        else [heur_mode]
+    )
     modes = []
     for m in items:
         if isinstance(m, str) and m.strip().upper() in HeurMode.__members__:
             m = HeurMode[m.strip().upper()]
         if not isinstance(m, HeurMode):
             raise AttributeValueError(
-                f"heur_mode {m!r} is not a heuristic mode", rule="heur_mode.unknown",
+                f"heur_mode {m!r} is not a heuristic mode",
+                rule="heur_mode.unknown",
                 hint=f"pass opgraph.HeurMode values ({', '.join(HeurMode.__members__)}) or a list of them",
             )
         modes.append(m)

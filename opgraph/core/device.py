@@ -55,7 +55,8 @@ def resolve_device(device: str | Device | None) -> Device:
         index = int(text.split(":", 1)[1]) if ":" in text else 0
         if not cuda_usable():
             raise GraphError(
-                f"device {device!r} was asked for but no CUDA GPU is usable here", rule="device.unavailable",
+                f"device {device!r} was asked for but no CUDA GPU is usable here",
+                rule="device.unavailable",
                 hint="install PyTorch with CUDA on a machine with a GPU, or build with device='cpu'",
             )
         import torch

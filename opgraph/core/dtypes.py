@@ -74,27 +74,54 @@ _TO_NUMPY = {
 }
 _FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
 _FLOATING = {
-    DataType.FLOAT, DataType.DOUBLE, DataType.HALF, DataType.BFLOAT16,
-    DataType.FP8_E4M3, DataType.FP8_E5M2,
+    DataType.FLOAT,
+    DataType.DOUBLE,
+    DataType.HALF,
+    DataType.BFLOAT16,
+    DataType.FP8_E4M3,
+    DataType.FP8_E5M2,
 }
 _SHORT = {
-    DataType.FLOAT: "f32", DataType.DOUBLE: "f64", DataType.HALF: "f16", DataType.BFLOAT16: "bf16",
-    DataType.INT8: "i8", DataType.UINT8: "u8", DataType.INT32: "i32", DataType.INT64: "i64",
-    DataType.BOOLEAN: "bool", DataType.FP8_E4M3: "f8e4m3", DataType.FP8_E5M2: "f8e5m2",
+    DataType.FLOAT: "f32",
+    DataType.DOUBLE: "f64",
+    DataType.HALF: "f16",
+    DataType.BFLOAT16: "bf16",
+    DataType.INT8: "i8",
+    DataType.UINT8: "u8",
+    DataType.INT32: "i32",
+    DataType.INT64: "i64",
+    DataType.BOOLEAN: "bool",
+    DataType.FP8_E4M3: "f8e4m3",
+    DataType.FP8_E5M2: "f8e5m2",
 }
 _TORCH_NAMES = {
-    DataType.FLOAT: "float32", DataType.DOUBLE: "float64", DataType.HALF: "float16",
-    DataType.BFLOAT16: "bfloat16", DataType.INT8: "int8", DataType.UINT8: "uint8",
-    DataType.INT32: "int32", DataType.INT64: "int64", DataType.BOOLEAN: "bool",
-    DataType.FP8_E4M3: "float8_e4m3fn", DataType.FP8_E5M2: "float8_e5m2",
+    DataType.FLOAT: "float32",
+    DataType.DOUBLE: "float64",
+    DataType.HALF: "float16",
+    DataType.BFLOAT16: "bfloat16",
+    DataType.INT8: "int8",
+    DataType.UINT8: "uint8",
+    DataType.INT32: "int32",
+    DataType.INT64: "int64",
+    DataType.BOOLEAN: "bool",
+    DataType.FP8_E4M3: "float8_e4m3fn",
+    DataType.FP8_E5M2: "float8_e5m2",
 }
 _FROM_TORCH_NAME = {v: k for k, v in _TORCH_NAMES.items()}
 _ALIASES = {
-    "float32": DataType.FLOAT, "fp32": DataType.FLOAT, "f32": DataType.FLOAT,
-    "float64": DataType.DOUBLE, "fp64": DataType.DOUBLE, "f64": DataType.DOUBLE,
-    "float16": DataType.HALF, "fp16": DataType.HALF, "f16": DataType.HALF,
-    "bf16": DataType.BFLOAT16, "bool": DataType.BOOLEAN,
-    "float8_e4m3fn": DataType.FP8_E4M3, "float8_e5m2": DataType.FP8_E5M2,
+    "float32": DataType.FLOAT,
+    "fp32": DataType.FLOAT,
+    "f32": DataType.FLOAT,
+    "float64": DataType.DOUBLE,
+    "fp64": DataType.DOUBLE,
+    "f64": DataType.DOUBLE,
+    "float16": DataType.HALF,
+    "fp16": DataType.HALF,
+    "f16": DataType.HALF,
+    "bf16": DataType.BFLOAT16,
+    "bool": DataType.BOOLEAN,
+    "float8_e4m3fn": DataType.FP8_E4M3,
+    "float8_e5m2": DataType.FP8_E5M2,
 }
 
 

@@ -1,20 +1,20 @@
 """The exception family. Every error names the op, the tensor, the rule it broke and what to do next.
 
-    GraphError                      anything wrong with a graph or its use
-      ShapeError                    dims/strides/rank/broadcasting/geometry
-      DataTypeError                 an unsupported or inconsistent data type
-      AttributeValueError           an op attribute out of range or of the wrong kind
-        BuildOptionError            an unknown build option, or one of the wrong kind (also a TypeError)
-      DataflowError                 cycles, double producers, dangling tensors, in-place writes
-      DuplicateUIDError             two tensors with one UID
-      SerializationError            a graph or plan file that cannot be read
-        StateDictError              a checkpoint (state dict) that does not fit what loads it (also a ValueError)
-      UnsupportedGraphError         no allowed engine runs a piece (names each engine's reason)
-      VariantPackError              a variant pack that does not fit the plan
-      ExecutionError                a failure while running a plan
-      DistributedError              ranks of a process group that disagree (graphs, shapes), naming the rank
-      InternalError                 a broken invariant of opgraph itself (a bug to report)
-      RegistrationError             a name registered twice (an op kind, builder, engine, rule, custom op...)
+GraphError                      anything wrong with a graph or its use
+  ShapeError                    dims/strides/rank/broadcasting/geometry
+  DataTypeError                 an unsupported or inconsistent data type
+  AttributeValueError           an op attribute out of range or of the wrong kind
+    BuildOptionError            an unknown build option, or one of the wrong kind (also a TypeError)
+  DataflowError                 cycles, double producers, dangling tensors, in-place writes
+  DuplicateUIDError             two tensors with one UID
+  SerializationError            a graph or plan file that cannot be read
+    StateDictError              a checkpoint (state dict) that does not fit what loads it (also a ValueError)
+  UnsupportedGraphError         no allowed engine runs a piece (names each engine's reason)
+  VariantPackError              a variant pack that does not fit the plan
+  ExecutionError                a failure while running a plan
+  DistributedError              ranks of a process group that disagree (graphs, shapes), naming the rank
+  InternalError                 a broken invariant of opgraph itself (a bug to report)
+  RegistrationError             a name registered twice (an op kind, builder, engine, rule, custom op...)
 """
 
 from __future__ import annotations
@@ -147,6 +147,9 @@ def expect(value: T | None, what: str) -> T:
     """`value`, which opgraph's own logic guarantees is there (`what` names it); InternalError if it
     is None. For the places a type checker cannot see the guarantee."""
     if value is None:
-        raise InternalError(f"{what} is missing", rule="internal.invariant",
-                            hint="this is an opgraph bug: please report it with the graph that triggered it")
+        raise InternalError(
+            f"{what} is missing",
+            rule="internal.invariant",
+            hint="this is an opgraph bug: please report it with the graph that triggered it",
+        )
     return value

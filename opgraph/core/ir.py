@@ -47,8 +47,12 @@ class Node:
     def op_as(self, kind: type[OpT]) -> OpT:
         """`op` as the class the code handling this node was registered for (its attributes typed)."""
         if not isinstance(self.op, kind):
-            raise InternalError(f"code for {kind.__name__} ops got a {type(self.op).__name__}", op=self.label(),
-                                rule="internal.op_kind", hint="this is an opgraph bug: please report it")
+            raise InternalError(
+                f"code for {kind.__name__} ops got a {type(self.op).__name__}",
+                op=self.label(),
+                rule="internal.op_kind",
+                hint="this is an opgraph bug: please report it",
+            )
         return self.op
 
     def input(self, role: str) -> Operand:
@@ -77,9 +81,7 @@ class Node:
             f"%{u}:{tensors[u].type_str()}" + (f" '{printable(tensors[u].name)}'" if tensors[u].name else "")
             for u in self.output_uids()
         )
-        args = ", ".join(
-            filter(None, (operand(r, v) for r, v in zip(self.op.input_roles(), self.inputs)))
-        )
+        args = ", ".join(filter(None, (operand(r, v) for r, v in zip(self.op.input_roles(), self.inputs))))
         attrs = " ".join(f"{k}={_fmt(v)}" for k, v in self.attr_items() if v is not None)
         attrs = f" {{{attrs}}}" if attrs else ""
         return f"{outs} = {self.op.kind} '{printable(self.name)}'({args}){attrs}"
@@ -121,9 +123,7 @@ class FinalGraph:
     @cached_property
     def inputs(self) -> tuple[int, ...]:
         """Non-virtual tensors that no op produces: what the variant pack must supply."""
-        return tuple(
-            u for u, t in self.tensors.items() if not t.is_virtual and u not in self._producer
-        )
+        return tuple(u for u, t in self.tensors.items() if not t.is_virtual and u not in self._producer)
 
     @cached_property
     def outputs(self) -> tuple[int, ...]:
@@ -166,8 +166,15 @@ class FinalGraph:
         values = dict(zip(self.symbols, key))
         tensors = {u: _at_shape(t, values) for u, t in self.tensors.items()}
         nodes = tuple(dataclasses.replace(n, op=_op_at(n.op, values)) for n in self.nodes)
-        static = FinalGraph(self.name, tensors, nodes, self.io_data_type, self.intermediate_data_type,
-                            self.compute_data_type, handles=self.handles)
+        static = FinalGraph(
+            self.name,
+            tensors,
+            nodes,
+            self.io_data_type,
+            self.intermediate_data_type,
+            self.compute_data_type,
+            handles=self.handles,
+        )
         self._at[key] = static
         while len(self._at) > AT_CACHE:  # (threads racing here evict one more: harmless)
             self._at.pop(next(iter(self._at)), None)
@@ -181,8 +188,10 @@ class FinalGraph:
             if isinstance(value, bool) or not isinstance(value, int) or not dim.contains(value):
                 raise ShapeError(
                     f"the shape gives dim '{name}' the value {value!r}, outside its range {dim.min}..{dim.max}"
-                    if isinstance(value, int) else f"the shape gives no int value for dim '{name}' (got {value!r})",
-                    rule="dim.value", hint=f"give every dynamic dim of the graph a value: {list(self.symbols)}",
+                    if isinstance(value, int)
+                    else f"the shape gives no int value for dim '{name}' (got {value!r})",
+                    rule="dim.value",
+                    hint=f"give every dynamic dim of the graph a value: {list(self.symbols)}",
                 )
             key.append(value)
         return tuple(key)
@@ -239,8 +248,9 @@ AT_CACHE = 64  # static graphs kept per dynamic graph (FinalGraph.at)
 def _at_shape(t: TensorDesc, env: Mapping[str, int]) -> TensorDesc:
     if not t.is_dynamic:
         return t
-    return dataclasses.replace(t, dim=tuple(evaluate(d, env) for d in t.dim),
-                               stride=tuple(evaluate(s, env) for s in t.stride))
+    return dataclasses.replace(
+        t, dim=tuple(evaluate(d, env) for d in t.dim), stride=tuple(evaluate(s, env) for s in t.stride)
+    )
 
 
 def _value_at(value: Any, env: Mapping[str, int]) -> Any:

@@ -37,7 +37,9 @@ def check_file_size(size: int, what: str) -> None:
     if size > limit:
         raise SerializationError(
             f"the {what} is {size / 2**20:.2f} MiB, over the limit of {limit / 2**20:.2f} MiB (OPGRAPH_MAX_FILE_MB)",
-            rule="file.size_limit", hint="if the file is genuine, raise OPGRAPH_MAX_FILE_MB")
+            rule="file.size_limit",
+            hint="if the file is genuine, raise OPGRAPH_MAX_FILE_MB",
+        )
 
 
 def preview(text: str, n: int = 40) -> str:
@@ -58,13 +60,17 @@ def check_strings(doc: Any, where: str, payloads: frozenset[str] = frozenset()) 
             if len(value) > limit:
                 raise SerializationError(
                     f"{at}: a string of {len(value):,} characters ({preview(value)}), over the limit of {limit:,}",
-                    rule="file.string_limit", hint="if the file is genuine, raise OPGRAPH_MAX_STRING")
+                    rule="file.string_limit",
+                    hint="if the file is genuine, raise OPGRAPH_MAX_STRING",
+                )
         elif isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and len(key) > limit:
                     raise SerializationError(
                         f"{at}: a key of {len(key):,} characters ({preview(key)}), over the limit of {limit:,}",
-                        rule="file.string_limit", hint="if the file is genuine, raise OPGRAPH_MAX_STRING")
+                        rule="file.string_limit",
+                        hint="if the file is genuine, raise OPGRAPH_MAX_STRING",
+                    )
                 if not (key in payloads and isinstance(item, str)):
                     stack.append((item, f"{at}.{key}" if len(str(key)) <= 40 else f"{at}.<key>"))
         elif isinstance(value, list):

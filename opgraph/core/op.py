@@ -109,7 +109,9 @@ class NodeContext:
         value = self._in[role]
         if not isinstance(value, TensorDesc):
             self.error(
-                ShapeError, f"input '{role}' must be a tensor, got {value}", rule="op.operand",
+                ShapeError,
+                f"input '{role}' must be a tensor, got {value}",
+                rule="op.operand",
                 hint=f"pass a tensor made with g.tensor(...) as '{role}'",
             )
         return value
@@ -208,11 +210,7 @@ class Op:
         (opgraph.runtime.aliasing)."""
         return "any"
 
-    def reference(
-        self, ins: list[np.ndarray | None], outs: list[TensorDesc | None]
-    ) -> list[np.ndarray | None]:
+    def reference(self, ins: list[np.ndarray | None], outs: list[TensorDesc | None]) -> list[np.ndarray | None]:
         """The op's meaning: float64 arrays in logical dims in, float64 arrays out (one per output
         role; None where the output is absent). Rounding to the declared types is the engine's job."""
         raise NotImplementedError
-
-

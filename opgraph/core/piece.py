@@ -79,9 +79,13 @@ class Piece:
         doc = {
             "in": [desc(u) for u in self.inputs],
             "nodes": [
-                [n.kind, encode_attrs(n.op), n.compute_data_type.value,
-                 [None if v is None else (num(v) if isinstance(v, int) else repr(v.value)) for v in n.inputs],
-                 [None if u is None else desc(u) for u in n.outputs]]
+                [
+                    n.kind,
+                    encode_attrs(n.op),
+                    n.compute_data_type.value,
+                    [None if v is None else (num(v) if isinstance(v, int) else repr(v.value)) for v in n.inputs],
+                    [None if u is None else desc(u) for u in n.outputs],
+                ]
                 for n in self.nodes
             ],
             "out": [num(u) for u in self.outputs],
@@ -142,8 +146,14 @@ def grow(piece: Piece, node: Node, index: int | None = None) -> Piece:
     nodes plus `node`, in time proportional to `node`."""
     g = piece.growth if piece.growth is not None else _grown_all(piece.graph, piece.nodes)
     ng = _grown(piece.graph, g, node)
-    return Piece(piece.index if index is None else index, (*piece.nodes, node), tuple(ng.inputs),
-                 tuple(ng.outputs), piece.graph, ng)
+    return Piece(
+        piece.index if index is None else index,
+        (*piece.nodes, node),
+        tuple(ng.inputs),
+        tuple(ng.outputs),
+        piece.graph,
+        ng,
+    )
 
 
 def _grown_all(graph: FinalGraph, nodes: Sequence[Node]) -> _Growth:

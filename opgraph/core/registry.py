@@ -53,9 +53,10 @@ class Registry(dict[K, V]):
             if a is not b and a != b:
                 raise RegistrationError(
                     f"{self.what} {key!r} is already registered ({describe(old)}); registering {describe(value)} "
-                    "under the same name would replace it", rule="registry.duplicate",
+                    "under the same name would replace it",
+                    rule="registry.duplicate",
                     hint=f"give the new {self.what} another name, remove the first registration, or replace it on "
-                         "purpose (replace=True)",
+                    "purpose (replace=True)",
                 )
         self[key] = value
         return value

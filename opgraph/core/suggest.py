@@ -24,8 +24,11 @@ def close_names(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     key = word.strip().upper()
     if not upper or len(key) > 2 * max(map(len, upper)) + 8:  # close to nothing: ratio < 0.6
         return []
-    related = [c for u, c in upper.items()
-               if key and u != key and (u.startswith(key + "_") or key.startswith(u + "_") or u.endswith("_" + key))]
+    related = [
+        c
+        for u, c in upper.items()
+        if key and u != key and (u.startswith(key + "_") or key.startswith(u + "_") or u.endswith("_" + key))
+    ]
     related.sort(key=lambda c: abs(len(c) - len(key)))
     spelled = [upper[m] for m in difflib.get_close_matches(key, list(upper), n=n, cutoff=0.6)]
     return list(dict.fromkeys([*related, *spelled]))[:n]

@@ -51,17 +51,30 @@ class Dim:
     max: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier() or keyword.iskeyword(self.name) \
-                or len(self.name) > MAX_NAME:
-            raise ShapeError(f"a dynamic dim's name must be a Python identifier of at most {MAX_NAME} characters, "
-                             f"got {self.name!r}", rule="dim.name", hint="name it like a variable: 'batch', 'seq_q'")
+        if (
+            not isinstance(self.name, str)
+            or not self.name.isidentifier()
+            or keyword.iskeyword(self.name)
+            or len(self.name) > MAX_NAME
+        ):
+            raise ShapeError(
+                f"a dynamic dim's name must be a Python identifier of at most {MAX_NAME} characters, got {self.name!r}",
+                rule="dim.name",
+                hint="name it like a variable: 'batch', 'seq_q'",
+            )
         for end in (self.min, self.max):
             if isinstance(end, bool) or not isinstance(end, int):
-                raise ShapeError(f"dim '{self.name}': the range ends must be ints, got min={self.min!r}, "
-                                 f"max={self.max!r}", rule="dim.range", hint="e.g. Dim('batch', 1, 256)")
+                raise ShapeError(
+                    f"dim '{self.name}': the range ends must be ints, got min={self.min!r}, max={self.max!r}",
+                    rule="dim.range",
+                    hint="e.g. Dim('batch', 1, 256)",
+                )
         if not 1 <= self.min <= self.max <= INT64_MAX:
-            raise ShapeError(f"dim '{self.name}': the range [{self.min}, {self.max}] is empty or not within "
-                             f"[1, 2**63 - 1]", rule="dim.range", hint="give 1 <= min <= max, e.g. Dim('seq', 1, 8192)")
+            raise ShapeError(
+                f"dim '{self.name}': the range [{self.min}, {self.max}] is empty or not within [1, 2**63 - 1]",
+                rule="dim.range",
+                hint="give 1 <= min <= max, e.g. Dim('seq', 1, 8192)",
+            )
 
     def contains(self, value: int) -> bool:
         return self.min <= value <= self.max
@@ -75,8 +88,11 @@ class Dim:
     @classmethod
     def from_json(cls, doc: Any) -> Dim:
         if not isinstance(doc, dict) or set(doc) != {"name", "min", "max"}:
-            raise SerializationError(f"a dynamic dim is {{'name', 'min', 'max'}}, got {str(doc)[:200]}",
-                                     rule="symbolic.json", hint="write dims as Dim.to_json() does")
+            raise SerializationError(
+                f"a dynamic dim is {{'name', 'min', 'max'}}, got {str(doc)[:200]}",
+                rule="symbolic.json",
+                hint="write dims as Dim.to_json() does",
+            )
         try:
             return cls(doc["name"], doc["min"], doc["max"])
         except ShapeError as err:
@@ -191,7 +207,7 @@ class Expr:
     def symbol(self) -> Dim | None:
         """The Dim this expression is exactly (a bare symbol), else None."""
         if len(self.terms) == 1:
-            (mono, coef), = self.terms
+            ((mono, coef),) = self.terms
             if coef == 1 and len(mono) == 1 and isinstance(mono[0], Dim):
                 return mono[0]
         return None
@@ -206,8 +222,10 @@ class Expr:
         return hash(dim) if dim is not None else hash(self.terms)
 
     def __bool__(self) -> bool:
-        raise TypeError(f"the truth value of the dynamic size {self} depends on its symbols' values: decide over "
-                        "the whole range (opgraph.core.symbolic.bounds, provably_le) or at one shape (evaluate)")
+        raise TypeError(
+            f"the truth value of the dynamic size {self} depends on its symbols' values: decide over "
+            "the whole range (opgraph.core.symbolic.bounds, provably_le) or at one shape (evaluate)"
+        )
 
     def __str__(self) -> str:
         return _print(self)
@@ -266,8 +284,10 @@ SymInt: TypeAlias = "int | Expr"  # a dim or stride: an int, or an expression of
 
 def _not_int_divisor(op: str, other: Any) -> Any:
     if isinstance(other, (Dim, Expr)):
-        raise TypeError(f"'{op}' by the dynamic size {other} is not supported: divide by an int "
-                        "(a symbolic divisor has no canonical form here)")
+        raise TypeError(
+            f"'{op}' by the dynamic size {other} is not supported: divide by an int "
+            "(a symbolic divisor has no canonical form here)"
+        )
     return NotImplemented
 
 
@@ -311,7 +331,7 @@ def floordiv(value: SymInt | Dim, den: int) -> SymInt:
         den //= common
     num = _make(inside)  # (den >= 2 still: each coefficient left is below den, so gcd(den, ...) < den)
     if isinstance(num, Expr) and len(num.terms) == 1:
-        (mono, coef), = num.terms
+        ((mono, coef),) = num.terms
         if coef == 1 and len(mono) == 1 and isinstance(mono[0], FloorDiv):
             return _make(outside) + floordiv(mono[0].num, mono[0].den * den)
     assert isinstance(num, Expr)
@@ -356,23 +376,30 @@ def parse(text: str, symbols: Mapping[str, Dim]) -> SymInt:
     parentheses) means, its names looked up in `symbols`. A SerializationError names what is wrong;
     nothing is evaluated by Python."""
     if not isinstance(text, str) or len(text) > MAX_TEXT:
-        raise SerializationError(f"a symbolic size is a text of at most {MAX_TEXT} characters, got "
-                                 f"{type(text).__name__} {str(text)[:80]!r}", rule="symbolic.parse",
-                                 hint="write sizes as str(expr) does, e.g. 'batch*seq + 1'")
+        raise SerializationError(
+            f"a symbolic size is a text of at most {MAX_TEXT} characters, got {type(text).__name__} {str(text)[:80]!r}",
+            rule="symbolic.parse",
+            hint="write sizes as str(expr) does, e.g. 'batch*seq + 1'",
+        )
     try:
         tree = ast.parse(text.strip(), mode="eval")
         return _from_ast(tree.body, symbols)
     except SerializationError:
         raise
     except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as err:
-        raise SerializationError(f"cannot read the symbolic size {text[:80]!r}: {type(err).__name__}: {err}"[:300],
-                                 rule="symbolic.parse", hint="write sizes as str(expr) does, e.g. "
-                                 "'batch*seq + 1', '(h + 1)//2'") from None
+        raise SerializationError(
+            f"cannot read the symbolic size {text[:80]!r}: {type(err).__name__}: {err}"[:300],
+            rule="symbolic.parse",
+            hint="write sizes as str(expr) does, e.g. 'batch*seq + 1', '(h + 1)//2'",
+        ) from None
 
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-    ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
 }
 
 
@@ -384,9 +411,11 @@ def _from_ast(node: ast.AST, symbols: Mapping[str, Dim]) -> SymInt:
     if isinstance(node, ast.Name):
         dim = symbols.get(node.id)
         if dim is None:
-            raise SerializationError(f"the symbolic size names '{node.id}', which is not a declared dim "
-                                     f"(known: {sorted(symbols)[:20]})", rule="symbolic.unknown",
-                                     hint="declare every dim a size names in the file's dims")
+            raise SerializationError(
+                f"the symbolic size names '{node.id}', which is not a declared dim (known: {sorted(symbols)[:20]})",
+                rule="symbolic.unknown",
+                hint="declare every dim a size names in the file's dims",
+            )
         return Expr.of(dim)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         inner = _from_ast(node.operand, symbols)
@@ -406,8 +435,11 @@ def to_json(value: SymInt) -> int | str:
 
 def from_json(doc: Any, symbols: Mapping[str, Dim]) -> SymInt:
     if isinstance(doc, bool) or not isinstance(doc, (int, str)):
-        raise SerializationError(f"a size is an int or the text of an expression, got {str(doc)[:80]}",
-                                 rule="symbolic.json", hint="write sizes as to_json() does")
+        raise SerializationError(
+            f"a size is an int or the text of an expression, got {str(doc)[:80]}",
+            rule="symbolic.json",
+            hint="write sizes as to_json() does",
+        )
     return doc if isinstance(doc, int) else parse(doc, symbols)
 
 
@@ -442,6 +474,7 @@ def _fold(value: SymInt, atom: Callable[[Dim], Any]) -> Any:
 def evaluate(value: SymInt | Dim, env: Mapping[str, int]) -> int:
     """The int `value` is when each symbol has its value in `env` (by name). Ranges are not checked
     here (`solve` checks them); a missing symbol is a KeyError naming it."""
+
     def at(dim: Dim) -> int:
         try:
             return env[dim.name]
@@ -467,8 +500,7 @@ def lambdify(values: Sequence[SymInt], symbols: Sequence[Dim]) -> Callable[..., 
     if unknown:
         raise ValueError(f"the values use symbols not given: {sorted(unknown)}")
     body = ", ".join(f"({to_json(v)})" for v in values)
-    code = compile(f"lambda {', '.join(names)}: ({body}{',' if len(values) == 1 else ''})", "<opgraph sizes>",
-                   "eval")
+    code = compile(f"lambda {', '.join(names)}: ({body}{',' if len(values) == 1 else ''})", "<opgraph sizes>", "eval")
     fn: Callable[..., tuple[int, ...]] = eval(code, {"__builtins__": {}})  # noqa: S307 - text made above
     return fn
 
@@ -529,8 +561,11 @@ def _relaxed_bounds(v: Expr, ranges: Ranges | None) -> tuple[int, int] | None:
     seq//2 as an atom of its own range proves nothing). For monomials of at most one floor division
     whose numerator has none; None elsewhere."""
     divs = [a for mono, _ in v.terms for a in mono if isinstance(a, FloorDiv)]
-    if not divs or any(sum(isinstance(a, FloorDiv) for a in mono) > 1 for mono, _ in v.terms) \
-            or any(isinstance(a, FloorDiv) for f in divs for mono, _ in f.num.terms for a in mono):
+    if (
+        not divs
+        or any(sum(isinstance(a, FloorDiv) for a in mono) > 1 for mono, _ in v.terms)
+        or any(isinstance(a, FloorDiv) for f in divs for mono, _ in f.num.terms for a in mono)
+    ):
         return None
     scale = math.lcm(*(f.den for f in divs))
     taken = {d.name for d in free_symbols(v)}

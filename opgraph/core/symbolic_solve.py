@@ -40,8 +40,11 @@ def _linear(e: Expr) -> tuple[Dim, int, int] | None:
     return None if sym is None else (sym, a, b)
 
 
-def solve(observed: Sequence[Observed], error: type[ShapeError] | type[VariantPackError] = VariantPackError,
-          ranges: Ranges | None = None) -> dict[str, int]:
+def solve(
+    observed: Sequence[Observed],
+    error: type[ShapeError] | type[VariantPackError] = VariantPackError,
+    ranges: Ranges | None = None,
+) -> dict[str, int]:
     """The value of every symbol the observed sizes determine, each in its range (or in `ranges`), and
     every observed size consistent with them. A size linear in its one unknown symbol (batch, 2*seq,
     seq + 1) gives that symbol; the others are checked once the values they use are known. Raises
@@ -73,15 +76,23 @@ def solve(observed: Sequence[Observed], error: type[ShapeError] | type[VariantPa
             source[sym.name] = ob.where
         if len(left) == len(pending):
             names = sorted({d.name for ob in left for d in free_symbols(substitute(ob.expr, known))})
-            raise error(f"the sizes do not determine the dim(s) {names}: {left[0].where} is "
-                        f"{substitute(left[0].expr, known)}", rule="pack.dim_unknown",
-                        hint="give some input a dim that is the symbol alone (or linear in it)")
+            raise error(
+                f"the sizes do not determine the dim(s) {names}: {left[0].where} is {substitute(left[0].expr, known)}",
+                rule="pack.dim_unknown",
+                hint="give some input a dim that is the symbol alone (or linear in it)",
+            )
         pending = left
     return known
 
 
-def _out_of_range(ob: Observed, e: Expr, sym: Dim, span: tuple[int, int], inexact: bool,
-                  error: type[ShapeError] | type[VariantPackError]) -> None:
+def _out_of_range(
+    ob: Observed,
+    e: Expr,
+    sym: Dim,
+    span: tuple[int, int],
+    inexact: bool,
+    error: type[ShapeError] | type[VariantPackError],
+) -> None:
     lo, hi = span
     if inexact:
         shown = str(ob.expr) if ob.expr == e else f"{ob.expr} ({e} with the dims known)"
@@ -91,13 +102,24 @@ def _out_of_range(ob: Observed, e: Expr, sym: Dim, span: tuple[int, int], inexac
     else:
         ends = sorted((evaluate(e, {sym.name: lo}), evaluate(e, {sym.name: hi})))
         what = f"outside the range of {e} ({ends[0]}..{ends[1]}: dim '{sym.name}' in {lo}..{hi})"
-    raise error(f"{ob.where} is {ob.value}, {what}", rule="pack.dim_range",
-                hint=f"bind a buffer whose size there is in range, or build with a wider range for '{sym.name}'")
+    raise error(
+        f"{ob.where} is {ob.value}, {what}",
+        rule="pack.dim_range",
+        hint=f"bind a buffer whose size there is in range, or build with a wider range for '{sym.name}'",
+    )
 
 
-def _disagree(ob: Observed, want: int, known: Mapping[str, int], source: Mapping[str, str],
-              error: type[ShapeError] | type[VariantPackError]) -> None:
+def _disagree(
+    ob: Observed,
+    want: int,
+    known: Mapping[str, int],
+    source: Mapping[str, str],
+    error: type[ShapeError] | type[VariantPackError],
+) -> None:
     used = sorted(d.name for d in free_symbols(ob.expr))
     given = ", ".join(f"'{n}' = {known[n]} (from {source.get(n, 'the ranges')})" for n in used)
-    raise error(f"{ob.where} is {ob.value}, but {ob.expr} is {want} with {given}", rule="pack.dim_mismatch",
-                hint="bind buffers whose sizes agree: tensors that share a dynamic dim must have the same size there")
+    raise error(
+        f"{ob.where} is {ob.value}, but {ob.expr} is {want} with {given}",
+        rule="pack.dim_mismatch",
+        hint="bind buffers whose sizes agree: tensors that share a dynamic dim must have the same size there",
+    )

@@ -153,8 +153,15 @@ class TensorDesc:
         return text
 
     def __str__(self) -> str:
-        flags = [f for f, on in (("virtual", self.is_virtual), ("by-value", self.is_pass_by_value),
-                                 ("by-reference", self.is_by_reference)) if on]
+        flags = [
+            f
+            for f, on in (
+                ("virtual", self.is_virtual),
+                ("by-value", self.is_pass_by_value),
+                ("by-reference", self.is_by_reference),
+            )
+            if on
+        ]
         extra = f" ({', '.join(flags)})" if flags else ""
         return f"%{self.uid} '{printable(self.name)}': {self.type_str()}{extra}"
 
@@ -164,7 +171,9 @@ def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -
         items = tuple(values)
     except TypeError:
         raise ShapeError(
-            f"{what} must be a sequence of ints, got {values!r}", tensor=tensor, rule=f"tensor.{what}",
+            f"{what} must be a sequence of ints, got {values!r}",
+            tensor=tensor,
+            rule=f"tensor.{what}",
             hint=f"pass {what} as a list such as [32, 64, 56, 56]",
         ) from None
     out: list[Any] = []  # ints and dynamic sizes (see TensorDesc.dim)
@@ -174,13 +183,17 @@ def _check_int_tuple(values: Any, what: str, tensor: Any, *, allow_zero: bool) -
             continue
         if isinstance(v, bool) or not hasattr(v, "__index__"):
             raise ShapeError(
-                f"{what} must hold ints, got {values!r}", tensor=tensor, rule=f"tensor.{what}",
+                f"{what} must hold ints, got {values!r}",
+                tensor=tensor,
+                rule=f"tensor.{what}",
                 hint=f"pass {what} as a list of Python ints",
             )
         v = int(v)
         if v < 0 or (v == 0 and not allow_zero) or v > INT64_MAX:
             raise ShapeError(
-                f"{what} {list(items)} has an entry out of range ({v})", tensor=tensor, rule=f"tensor.{what}",
+                f"{what} {list(items)} has an entry out of range ({v})",
+                tensor=tensor,
+                rule=f"tensor.{what}",
                 hint="dims must be >= 1 and strides >= 0",
             )
         out.append(v)
@@ -197,7 +210,8 @@ def _check_symbolic(value: Dim | Expr, items: tuple, what: str, tensor: Any, *, 
         shown = [str(v) for v in items]
         raise ShapeError(
             f"{what} {shown} has the entry {e}, which can be {lo if lo < 1 else hi} within its dims' ranges",
-            tensor=tensor, rule=f"tensor.{what}",
+            tensor=tensor,
+            rule=f"tensor.{what}",
             hint="dims must be >= 1 and strides >= 0 for every value of their dynamic dims: narrow the Dim's "
             "range or change the expression",
         )
@@ -219,8 +233,17 @@ class Tensor:
     Setters return the tensor so they chain: ``y.set_output(True).set_data_type(HALF)``.
     """
 
-    __slots__ = ("_graph", "_uid", "_name", "_dim", "_stride", "_data_type", "_is_virtual",
-                 "_is_pass_by_value", "_is_by_reference")
+    __slots__ = (
+        "_graph",
+        "_uid",
+        "_name",
+        "_dim",
+        "_stride",
+        "_data_type",
+        "_is_virtual",
+        "_is_pass_by_value",
+        "_is_by_reference",
+    )
 
     def __init__(
         self,
@@ -330,8 +353,12 @@ class Tensor:
 
     # -- where the value must be known (set, or inferred by `Graph.validate()`) -------------------
     def _unknown(self, what: str) -> GraphError:
-        return GraphError(f"the {what} is not known yet", tensor=self, rule="tensor.unknown",
-                          hint="set it, or validate the graph (g.validate()) so that it is inferred")
+        return GraphError(
+            f"the {what} is not known yet",
+            tensor=self,
+            rule="tensor.unknown",
+            hint="set it, or validate the graph (g.validate()) so that it is inferred",
+        )
 
     def known_uid(self) -> int:
         """`uid`, which must be known here: the user's, or the one `Graph.validate()` assigned."""
@@ -394,7 +421,9 @@ class Tensor:
             from .errors import DuplicateUIDError
 
             raise DuplicateUIDError(
-                f"UID must be an int in [0, 2**63 - 1], got {uid!r}", tensor=self, rule="tensor.uid",
+                f"UID must be an int in [0, 2**63 - 1], got {uid!r}",
+                tensor=self,
+                rule="tensor.uid",
                 hint="pick a non-negative int64 UID, or leave uid=None to have one assigned",
             )
         self._uid = int(uid)

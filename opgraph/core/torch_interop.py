@@ -24,9 +24,12 @@ def numpy_to_torch(arr: np.ndarray, device: str = "cpu") -> Any:
     dt = as_data_type(arr.dtype)
     itemsize = arr.dtype.itemsize
     if any(s < 0 or s % itemsize for s in arr.strides):
-        raise VariantPackError(f"an array with byte strides {arr.strides} (negative, or not whole elements of "
-                               f"{itemsize} bytes) has no torch tensor of the same strides",
-                               rule="pack.strides", hint="pass np.ascontiguousarray(array)")
+        raise VariantPackError(
+            f"an array with byte strides {arr.strides} (negative, or not whole elements of "
+            f"{itemsize} bytes) has no torch tensor of the same strides",
+            rule="pack.strides",
+            hint="pass np.ascontiguousarray(array)",
+        )
     strides = [s // itemsize for s in arr.strides]
     base = np.empty(max(storage_extent(arr.shape, strides), 1), dtype=arr.dtype)
     if arr.size:
@@ -43,8 +46,7 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     dt = as_data_type(t.dtype)
     logical = t.detach().contiguous().cpu()
     carrier = _CARRIER.get(dt)
-    values = (logical.view(getattr(__import__("torch"), carrier)).numpy().view(dt.numpy) if carrier
-              else logical.numpy())
+    values = logical.view(getattr(__import__("torch"), carrier)).numpy().view(dt.numpy) if carrier else logical.numpy()
     base = np.empty(max(storage_extent(t.shape, t.stride()), 1), dtype=dt.numpy)
     out = strided_view(base, t.shape, t.stride())
     out[...] = values

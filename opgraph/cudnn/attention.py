@@ -44,8 +44,13 @@ IMPLEMENTATION_ENGINES = {
 
 
 # roles of the attention ops whose tensors may be ragged, and the op role of their offsets
-_FWD_TENSORS = {"q": "q", "k": "k", "v": "v", "paged_attention_k_table": "paged_attention_k_table",
-                "paged_attention_v_table": "paged_attention_v_table"}
+_FWD_TENSORS = {
+    "q": "q",
+    "k": "k",
+    "v": "v",
+    "paged_attention_k_table": "paged_attention_k_table",
+    "paged_attention_v_table": "paged_attention_v_table",
+}
 _FWD_OUTPUTS = {"o": "o", "stats": "stats", "score_max": "stats", "score_sum_exp": "stats"}
 _BWD_TENSORS = {r: r for r in ("q", "k", "v", "o", "dO", "stats")}
 _BWD_OUTPUTS = {r: r for r in ("dQ", "dK", "dV")}
@@ -55,8 +60,11 @@ _KV = frozenset({"k", "v", "dK", "dV"})
 def _refuse(what: str) -> Any:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise cudnnGraphNotSupportedError(
-            f"{what} is not implemented by opgraph", op=what, rule="cudnn.not_implemented",
-            hint="opgraph's attention takes HALF, BFLOAT16, FLOAT and DOUBLE tensors (sdpa, sdpa_backward)")
+            f"{what} is not implemented by opgraph",
+            op=what,
+            rule="cudnn.not_implemented",
+            hint="opgraph's attention takes HALF, BFLOAT16, FLOAT and DOUBLE tensors (sdpa, sdpa_backward)",
+        )
 
     method.__name__ = what
     return method
@@ -78,80 +86,177 @@ class AttentionGraph:
 
     # -- builders -------------------------------------------------------------------------------------
     @translated
-    def sdpa(self, q: Any, k: Any, v: Any, is_inference: Any = None, attn_scale: Any = None, bias: Any = None,
-             block_mask: Any = None, use_alibi_mask: bool = False, use_padding_mask: bool = False,
-             seq_len_q: Any = None, seq_len_kv: Any = None, use_causal_mask: bool = False,
-             use_causal_mask_bottom_right: bool = False, sliding_window_length: Any = None,
-             diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT, diagonal_band_left_bound: Any = None,
-             diagonal_band_right_bound: Any = None, dropout: Any = None, rng_dump: Any = None,
-             paged_attention_k_table: Any = None, paged_attention_v_table: Any = None,
-             paged_attention_max_seq_len_kv: Any = None, compute_data_type: Any = None, name: str = "",
-             score_mod: Any = None, generate_stats: Any = None,
-             implementation: Any = attention_implementation.AUTO, score_max: Any = None,
-             score_sum_exp: Any = None, sink_token: Any = None, unfuse_fma: bool = False) -> list[Any]:
+    def sdpa(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        is_inference: Any = None,
+        attn_scale: Any = None,
+        bias: Any = None,
+        block_mask: Any = None,
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length: Any = None,
+        diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
+        diagonal_band_left_bound: Any = None,
+        diagonal_band_right_bound: Any = None,
+        dropout: Any = None,
+        rng_dump: Any = None,
+        paged_attention_k_table: Any = None,
+        paged_attention_v_table: Any = None,
+        paged_attention_max_seq_len_kv: Any = None,
+        compute_data_type: Any = None,
+        name: str = "",
+        score_mod: Any = None,
+        generate_stats: Any = None,
+        implementation: Any = attention_implementation.AUTO,
+        score_max: Any = None,
+        score_sum_exp: Any = None,
+        sink_token: Any = None,
+        unfuse_fma: bool = False,
+    ) -> list[Any]:
         """cuDNN frontend's `pygraph.sdpa` (its signature and defaults; the module docstring lists what
         the shim adapts). Returns [O, Stats] (Stats None without generate_stats)."""
         if (generate_stats is None) == (is_inference is None):
-            raise AttributeValueError("exactly one of generate_stats and is_inference must be set",
-                                      op=f"sdpa '{name}'", rule="cudnn.generate_stats",
-                                      hint="pass generate_stats=True for training (is_inference is its deprecated "
-                                      "negation)")
+            raise AttributeValueError(
+                "exactly one of generate_stats and is_inference must be set",
+                op=f"sdpa '{name}'",
+                rule="cudnn.generate_stats",
+                hint="pass generate_stats=True for training (is_inference is its deprecated negation)",
+            )
         self._implementation(implementation)
         if score_mod is not None and not use_padding_mask:
             seq_len_q = seq_len_kv = None  # lengths the modifier reads (cuDNN's flexible graphs)
         from ..ops.attention_builders import sdpa as build
 
-        o, stats = build(self, q, k, v, attn_scale=attn_scale, generate_stats=generate_stats, bias=bias,
-                         use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask, seq_len_q=seq_len_q,
-                         seq_len_kv=seq_len_kv, use_causal_mask=use_causal_mask,
-                         use_causal_mask_bottom_right=use_causal_mask_bottom_right,
-                         sliding_window_length=sliding_window_length, dropout=dropout, score_mod=score_mod,
-                         compute_data_type=compute_data_type, name=name, is_inference=is_inference,
-                         diagonal_alignment=diagonal_alignment, diagonal_band_left_bound=diagonal_band_left_bound,
-                         diagonal_band_right_bound=diagonal_band_right_bound, rng_dump=rng_dump,
-                         paged_attention_k_table=paged_attention_k_table,
-                         paged_attention_v_table=paged_attention_v_table,
-                         paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, sink_token=sink_token,
-                         score_max=score_max, score_sum_exp=score_sum_exp, block_mask=block_mask,
-                         empty_row_stats="-inf")
+        o, stats = build(
+            self,
+            q,
+            k,
+            v,
+            attn_scale=attn_scale,
+            generate_stats=generate_stats,
+            bias=bias,
+            use_alibi_mask=use_alibi_mask,
+            use_padding_mask=use_padding_mask,
+            seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv,
+            use_causal_mask=use_causal_mask,
+            use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            sliding_window_length=sliding_window_length,
+            dropout=dropout,
+            score_mod=score_mod,
+            compute_data_type=compute_data_type,
+            name=name,
+            is_inference=is_inference,
+            diagonal_alignment=diagonal_alignment,
+            diagonal_band_left_bound=diagonal_band_left_bound,
+            diagonal_band_right_bound=diagonal_band_right_bound,
+            rng_dump=rng_dump,
+            paged_attention_k_table=paged_attention_k_table,
+            paged_attention_v_table=paged_attention_v_table,
+            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv,
+            sink_token=sink_token,
+            score_max=score_max,
+            score_sum_exp=score_sum_exp,
+            block_mask=block_mask,
+            empty_row_stats="-inf",
+        )
         return [o, stats]
 
     @translated
-    def sdpa_backward(self, q: Any, k: Any, v: Any, o: Any, dO: Any, stats: Any, attn_scale: Any = None,
-                      bias: Any = None, dBias: Any = None, use_alibi_mask: bool = False,
-                      use_padding_mask: bool = False, seq_len_q: Any = None, seq_len_kv: Any = None,
-                      max_total_seq_len_q: Any = None, max_total_seq_len_kv: Any = None,
-                      use_causal_mask: bool = False, use_causal_mask_bottom_right: bool = False,
-                      sliding_window_length: Any = None, diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
-                      diagonal_band_left_bound: Any = None, diagonal_band_right_bound: Any = None,
-                      dropout: Any = None, rng_dump: Any = None, use_deterministic_algorithm: bool = False,
-                      compute_data_type: Any = None, name: str = "", score_mod: Any = None,
-                      score_mod_bprop: Any = None, sink_token: Any = None, dSink_token: Any = None) -> list[Any]:
+    def sdpa_backward(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        o: Any,
+        dO: Any,
+        stats: Any,
+        attn_scale: Any = None,
+        bias: Any = None,
+        dBias: Any = None,
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+        max_total_seq_len_q: Any = None,
+        max_total_seq_len_kv: Any = None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length: Any = None,
+        diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
+        diagonal_band_left_bound: Any = None,
+        diagonal_band_right_bound: Any = None,
+        dropout: Any = None,
+        rng_dump: Any = None,
+        use_deterministic_algorithm: bool = False,
+        compute_data_type: Any = None,
+        name: str = "",
+        score_mod: Any = None,
+        score_mod_bprop: Any = None,
+        sink_token: Any = None,
+        dSink_token: Any = None,
+    ) -> list[Any]:
         """cuDNN frontend's `pygraph.sdpa_backward`: [dQ, dK, dV]. max_total_seq_len_q/kv (cuDNN's
         workspace sizes for ragged tensors) are checked and unused: packed buffers are bound as they are."""
         label = f"sdpa_backward '{name}'"
-        for what, value in (("max_total_seq_len_q", max_total_seq_len_q),
-                            ("max_total_seq_len_kv", max_total_seq_len_kv)):
+        for what, value in (
+            ("max_total_seq_len_q", max_total_seq_len_q),
+            ("max_total_seq_len_kv", max_total_seq_len_kv),
+        ):
             if value is not None and (isinstance(value, bool) or int(value) < 0):
-                raise AttributeValueError(f"{what}={value!r} is not a count of tokens", op=label,
-                                          rule="cudnn.max_total_seq_len", hint=f"pass {what} as an int >= 0")
+                raise AttributeValueError(
+                    f"{what}={value!r} is not a count of tokens",
+                    op=label,
+                    rule="cudnn.max_total_seq_len",
+                    hint=f"pass {what} as an int >= 0",
+                )
         if rng_dump is not None:
-            raise UnsupportedGraphError("sdpa_backward writes no rng_dump (the forward does)", op=label,
-                                        rule="cudnn.rng_dump", hint="dump the dropout mask from the forward sdpa")
+            raise UnsupportedGraphError(
+                "sdpa_backward writes no rng_dump (the forward does)",
+                op=label,
+                rule="cudnn.rng_dump",
+                hint="dump the dropout mask from the forward sdpa",
+            )
         if score_mod is not None and not use_padding_mask:
             seq_len_q = seq_len_kv = None
         from ..ops.attention_builders import sdpa_backward as build
 
-        return build(self, q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias,
-                     use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask, seq_len_q=seq_len_q,
-                     seq_len_kv=seq_len_kv, use_causal_mask=use_causal_mask,
-                     use_causal_mask_bottom_right=use_causal_mask_bottom_right,
-                     sliding_window_length=sliding_window_length, dropout=dropout, score_mod=score_mod,
-                     use_deterministic_algorithm=use_deterministic_algorithm, compute_data_type=compute_data_type,
-                     name=name, diagonal_alignment=diagonal_alignment,
-                     diagonal_band_left_bound=diagonal_band_left_bound,
-                     diagonal_band_right_bound=diagonal_band_right_bound, sink_token=sink_token,
-                     dSink_token=dSink_token)
+        return build(
+            self,
+            q,
+            k,
+            v,
+            o,
+            dO,
+            stats,
+            attn_scale=attn_scale,
+            bias=bias,
+            dBias=dBias,
+            use_alibi_mask=use_alibi_mask,
+            use_padding_mask=use_padding_mask,
+            seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv,
+            use_causal_mask=use_causal_mask,
+            use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            sliding_window_length=sliding_window_length,
+            dropout=dropout,
+            score_mod=score_mod,
+            use_deterministic_algorithm=use_deterministic_algorithm,
+            compute_data_type=compute_data_type,
+            name=name,
+            diagonal_alignment=diagonal_alignment,
+            diagonal_band_left_bound=diagonal_band_left_bound,
+            diagonal_band_right_bound=diagonal_band_right_bound,
+            sink_token=sink_token,
+            dSink_token=dSink_token,
+        )
 
     sdpa_fp8 = translated(_refuse("sdpa_fp8"))
     sdpa_fp8_backward = translated(_refuse("sdpa_fp8_backward"))
@@ -161,16 +266,20 @@ class AttentionGraph:
     def _implementation(self, value: Any) -> None:
         name = getattr(value, "name", value)
         if name not in attention_implementation.__members__:
-            raise AttributeValueError(f"implementation={value!r} is not an attention_implementation",
-                                      rule="cudnn.attention_implementation",
-                                      hint=f"one of {list(attention_implementation.__members__)}")
+            raise AttributeValueError(
+                f"implementation={value!r} is not an attention_implementation",
+                rule="cudnn.attention_implementation",
+                hint=f"one of {list(attention_implementation.__members__)}",
+            )
         impl = attention_implementation[name]
         if impl is not attention_implementation.AUTO:
             self._implementations.add(impl)
         if len(self._implementations) > 1:
-            raise AttributeValueError("one graph asks for both the COMPOSITE and the UNIFIED implementation",
-                                      rule="cudnn.attention_implementation",
-                                      hint="build the two attention ops in graphs of their own")
+            raise AttributeValueError(
+                "one graph asks for both the COMPOSITE and the UNIFIED implementation",
+                rule="cudnn.attention_implementation",
+                hint="build the two attention ops in graphs of their own",
+            )
 
     def implementation_engines(self) -> tuple[str, ...] | None:
         """The engines an explicit `implementation` puts first (None: opgraph's choice)."""
@@ -198,8 +307,10 @@ class AttentionGraph:
         roles = list(op.input_roles())
         ins = dict(zip(roles, rec.inputs))
         outs = dict(zip(op.output_roles(), rec.outputs))
-        tensors = {**{r: ins.get(r) for r in (_FWD_TENSORS if forward else _BWD_TENSORS)},
-                   **{r: outs.get(r) for r in (_FWD_OUTPUTS if forward else _BWD_OUTPUTS)}}
+        tensors = {
+            **{r: ins.get(r) for r in (_FWD_TENSORS if forward else _BWD_TENSORS)},
+            **{r: outs.get(r) for r in (_FWD_OUTPUTS if forward else _BWD_OUTPUTS)},
+        }
         slots = _FWD_TENSORS | _FWD_OUTPUTS if forward else _BWD_TENSORS | _BWD_OUTPUTS
         strides: dict[str, int] = {}
         attrs: dict[str, Any] = {}
@@ -210,14 +321,22 @@ class AttentionGraph:
             slot = slots[role]
             rows = ragged.to_rows(t)
             if rows is None:
-                raise AttributeValueError(f"the ragged tensor {t.label()} has no dims and strides set",
-                                          op=rec.name, tensor=t, rule="cudnn.ragged",
-                                          hint="set_dim and set_stride it ([B, H, S, w] with the batch stride unused)")
+                raise AttributeValueError(
+                    f"the ragged tensor {t.label()} has no dims and strides set",
+                    op=rec.name,
+                    tensor=t,
+                    rule="cudnn.ragged",
+                    hint="set_dim and set_stride it ([B, H, S, w] with the batch stride unused)",
+                )
             given = ins.get(f"{slot}_ragged_offset")
             if given is not None and given is not off:
-                raise AttributeValueError(f"{t.label()} and the other '{slot}' tensors have different ragged offsets",
-                                          op=rec.name, tensor=t, rule="cudnn.ragged",
-                                          hint="Stats, score_max and score_sum_exp share one ragged offset")
+                raise AttributeValueError(
+                    f"{t.label()} and the other '{slot}' tensors have different ragged offsets",
+                    op=rec.name,
+                    tensor=t,
+                    rule="cudnn.ragged",
+                    hint="Stats, score_max and score_sum_exp share one ragged offset",
+                )
             dims, stride, s, row_stride = rows
             declared = tuple(t._dim)
             t._dim, t._stride = dims, stride
@@ -243,8 +362,14 @@ class AttentionGraph:
             ins = dict(zip(rec.op.input_roles(), rec.inputs))
             lens = None if role.startswith("paged") else ins.get("seq_len_kv" if role in _KV else "seq_len_q")
             self._ragged_layouts[uid_of[id(t)]] = ragged.RaggedLayout(
-                uid_of[id(t)], uid_of[id(off)], None if lens is None else uid_of[id(lens)], s, row_stride, is_out,
-                declared)
+                uid_of[id(t)],
+                uid_of[id(off)],
+                None if lens is None else uid_of[id(lens)],
+                s,
+                row_stride,
+                is_out,
+                declared,
+            )
 
 
 __all__ = ["AttentionGraph", "IMPLEMENTATION_ENGINES", "Tensor_", "adopt", "attention_implementation"]

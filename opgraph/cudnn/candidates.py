@@ -29,8 +29,9 @@ from ..engines.base import Engine
 from ..runtime.plan import ExecutionPlan
 
 # notes a plan has only when every piece's config has them (capabilities); the others when any has
-_ALL_PIECES = frozenset({BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API,
-                         BehaviorNote.DEVICE_SCALARS})
+_ALL_PIECES = frozenset(
+    {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API, BehaviorNote.DEVICE_SCALARS}
+)
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,9 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return " | ".join(c.engine + (f"[{' '.join(f'{k}={v}' for k, v in c.knobs)}]" if c.knobs else "")
-                          for c in self.configs)
+        return " | ".join(
+            c.engine + (f"[{' '.join(f'{k}={v}' for k, v in c.knobs)}]" if c.knobs else "") for c in self.configs
+        )
 
     @property
     def behavior_notes(self) -> frozenset[BehaviorNote]:
@@ -61,16 +63,23 @@ class Candidate:
 class Planner:
     """The pieces of a graph on a device and the engine configs that run them."""
 
-    def __init__(self, graph: FinalGraph, device: Device, engines: Sequence[str] | None = None,
-                 filters: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        graph: FinalGraph,
+        device: Device,
+        engines: Sequence[str] | None = None,
+        filters: Mapping[str, Any] | None = None,
+    ) -> None:
         self.graph = graph
         self.device = device
         names = list(engines) if engines is not None else default_engines(device)
         self.engines: list[Engine] = [e for e in map(get_engine, names) if e.available(device).ok]
         if not self.engines:
             raise UnsupportedGraphError(
-                f"none of the engines {names} can run on {device}", rule="engine.unavailable",
-                hint="build for another device, or allow the reference engine on the CPU")
+                f"none of the engines {names} can run on {device}",
+                rule="engine.unavailable",
+                hint="build for another device, or allow the reference engine on the CPU",
+            )
         self.filters = ConfigFilter.from_options(dict(filters or {}))
         self.pieces: list[Piece]
         self.cuts: list[Cut]
@@ -86,12 +95,21 @@ class Planner:
             configs = rank_configs(piece, self.engines, self.device, as_modes(modes))
             kept, dropped = self.filters.keep(configs.configs)
             if not kept:
-                reasons = "; ".join([*(f"{n}: {why}" for n, why in configs.declined),
-                                     *(f"{c} filtered out: {why}" for c, why in dropped)]) or "no config in these modes"
+                reasons = (
+                    "; ".join(
+                        [
+                            *(f"{n}: {why}" for n, why in configs.declined),
+                            *(f"{c} filtered out: {why}" for c, why in dropped),
+                        ]
+                    )
+                    or "no config in these modes"
+                )
                 raise UnsupportedGraphError(
-                    f"no engine config for {piece.label()} ({reasons})", op=piece.nodes[0].label(),
+                    f"no engine config for {piece.label()} ({reasons})",
+                    op=piece.nodes[0].label(),
                     rule="engine.no_config",
-                    hint="add heur_mode.FALLBACK, or relax deselect_engines / the note and workspace filters")
+                    hint="add heur_mode.FALLBACK, or relax deselect_engines / the note and workspace filters",
+                )
             ranked.append(kept)
         out: list[Candidate] = []
         for k in range(max(len(r) for r in ranked)):
@@ -105,8 +123,10 @@ class Planner:
         if not 0 <= index < len(self.engines):
             raise UnsupportedGraphError(
                 f"there is no engine {index} on {self.device} (engines: "
-                f"{', '.join(f'{i}={e.name}' for i, e in enumerate(self.engines))})", rule="cudnn.engine_index",
-                hint=f"pick an engine index in [0, {len(self.engines) - 1}] (get_engine_count())")
+                f"{', '.join(f'{i}={e.name}' for i, e in enumerate(self.engines))})",
+                rule="cudnn.engine_index",
+                hint=f"pick an engine index in [0, {len(self.engines) - 1}] (get_engine_count())",
+            )
         engine = self.engines[index]
         out = []
         for piece in self.pieces:
@@ -114,8 +134,10 @@ class Planner:
             if not verdict.ok:
                 raise UnsupportedGraphError(
                     f"engine {index} ({engine.name}) does not run {piece.label()}: {verdict.reason}",
-                    op=(verdict.node or piece.nodes[0]).label(), rule="engine.no_support",
-                    hint="pick another engine, or let the heuristics choose (create_execution_plans)")
+                    op=(verdict.node or piece.nodes[0]).label(),
+                    rule="engine.no_support",
+                    hint="pick another engine, or let the heuristics choose (create_execution_plans)",
+                )
             configs: list[EngineConfig] = []
             for mode in (HeurMode.A, HeurMode.B, HeurMode.FALLBACK):
                 configs += [c for c in engine.configs(piece, self.device, mode) if c not in configs]
@@ -123,8 +145,11 @@ class Planner:
             if not kept:
                 raise UnsupportedGraphError(
                     f"every config of engine {index} ({engine.name}) for {piece.label()} is filtered out "
-                    f"({'; '.join(f'{c}: {why}' for c, why in dropped)})", op=piece.nodes[0].label(),
-                    rule="engine.no_config", hint="relax the note, engine and workspace filters")
+                    f"({'; '.join(f'{c}: {why}' for c, why in dropped)})",
+                    op=piece.nodes[0].label(),
+                    rule="engine.no_config",
+                    hint="relax the note, engine and workspace filters",
+                )
             out.append(kept)
         return out
 
@@ -134,7 +159,9 @@ class Planner:
         if not 0 <= kernel_cfg <= top:
             raise UnsupportedGraphError(
                 f"engine {index} ({self.engines[index].name}) has kernel configs 0..{top}, not {kernel_cfg}",
-                rule="cudnn.knob_value", hint=f"pick KERNEL_CFG in [0, {top}] (get_knobs_for_engine)")
+                rule="cudnn.knob_value",
+                hint=f"pick KERNEL_CFG in [0, {top}] (get_knobs_for_engine)",
+            )
         return Candidate(tuple(c[min(kernel_cfg, len(c) - 1)] for c in per_piece), index, kernel_cfg)
 
     def engine_index(self, config: EngineConfig) -> int:
@@ -149,9 +176,12 @@ class Planner:
             kernel = get_engine(config.engine).compile(piece, config, self.device)
             why = self.filters.rejects_kernel(kernel)
             if why is not None:
-                raise UnsupportedGraphError(f"{config} for {piece.label()}: {why}", op=piece.nodes[0].label(),
-                                            rule="engine.workspace_limit",
-                                            hint="raise deselect_workspace_greater_than, or pick another plan")
+                raise UnsupportedGraphError(
+                    f"{config} for {piece.label()}: {why}",
+                    op=piece.nodes[0].label(),
+                    rule="engine.workspace_limit",
+                    hint="raise deselect_workspace_greater_than, or pick another plan",
+                )
             steps.append(Step(len(steps), piece, config, kernel))
         return ExecutionPlan(self.graph, self.device, tuple(steps), tuple(self.cuts))
 

@@ -57,32 +57,48 @@ def _placeholders(name: str, names: list[str]) -> dict[str, Any]:
     return {n: kind[n] for n in names}
 
 
-data_type = _namespace("data_type", {
-    **{dt.name: dt for dt in DataType},
-    "NOT_SET": None,
-    **_placeholders("data_type", ["INT8x4", "UINT8x4", "INT8x32", "FAST_FLOAT_FOR_FP8", "FP8_E8M0", "FP4_E2M1",
-                                  "INT4"]),
-})
+data_type = _namespace(
+    "data_type",
+    {
+        **{dt.name: dt for dt in DataType},
+        "NOT_SET": None,
+        **_placeholders(
+            "data_type", ["INT8x4", "UINT8x4", "INT8x32", "FAST_FLOAT_FOR_FP8", "FP8_E8M0", "FP4_E2M1", "INT4"]
+        ),
+    },
+)
 heur_mode = _namespace("heur_mode", {m.name: m for m in HeurMode})
 diagonal_alignment = _namespace("diagonal_alignment", {a.name: a for a in DiagonalAlignment})
 norm_forward_phase = _namespace("norm_forward_phase", {**{p.name: p for p in NormForwardPhase}, "NOT_SET": None})
 reduction_mode = _namespace("reduction_mode", {**{m.name: m for m in ReductionMode}, "NOT_SET": None})
 convolution_mode = _namespace("convolution_mode", {m.name: m for m in ConvolutionMode})
 pointwise_mode = _namespace("pointwise_mode", {m.name: m for m in PointwiseMode})
-resample_mode = _namespace("resample_mode", {
-    "MAXPOOL": ResampleMode.MAX, "AVGPOOL_INCLUDE_PADDING": ResampleMode.AVG_INCLUDE_PADDING,
-    "AVGPOOL_EXCLUDE_PADDING": ResampleMode.AVG_EXCLUDE_PADDING,
-    **_placeholders("resample_mode", ["BILINEAR", "NEAREST"]),
-})
-behavior_note = _namespace("behavior_note", {
-    **{n.name: n for n in BehaviorNote},
-    **_placeholders("behavior_note", ["REQUIRES_FILTER_INT8x32_REORDER", "REQUIRES_BIAS_INT8x32_REORDER"]),
-})
-numerical_note = _namespace("numerical_note", {
-    **{n.name: n for n in NumericalNote},
-    **_placeholders("numerical_note", ["FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6",
-                                       "WINOGRAD_TILE_13x13", "STRICT_NAN_PROP"]),
-})
+resample_mode = _namespace(
+    "resample_mode",
+    {
+        "MAXPOOL": ResampleMode.MAX,
+        "AVGPOOL_INCLUDE_PADDING": ResampleMode.AVG_INCLUDE_PADDING,
+        "AVGPOOL_EXCLUDE_PADDING": ResampleMode.AVG_EXCLUDE_PADDING,
+        **_placeholders("resample_mode", ["BILINEAR", "NEAREST"]),
+    },
+)
+behavior_note = _namespace(
+    "behavior_note",
+    {
+        **{n.name: n for n in BehaviorNote},
+        **_placeholders("behavior_note", ["REQUIRES_FILTER_INT8x32_REORDER", "REQUIRES_BIAS_INT8x32_REORDER"]),
+    },
+)
+numerical_note = _namespace(
+    "numerical_note",
+    {
+        **{n.name: n for n in NumericalNote},
+        **_placeholders(
+            "numerical_note",
+            ["FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13", "STRICT_NAN_PROP"],
+        ),
+    },
+)
 
 
 class build_plan_policy(enum.Enum):
@@ -147,18 +163,36 @@ class knob:
 
     __slots__ = ("max_value", "min_value", "stride", "type")
 
-    def __init__(self, knob_type: knob_type = knob_type.NOT_SET, max_value: int = 0, min_value: int = 0,
-                 stride: int = 1) -> None:
+    def __init__(
+        self, knob_type: knob_type = knob_type.NOT_SET, max_value: int = 0, min_value: int = 0, stride: int = 1
+    ) -> None:
         self.type = knob_type
         self.max_value = int(max_value)
         self.min_value = int(min_value)
         self.stride = int(stride)
 
     def __repr__(self) -> str:
-        return (f'{{"knob_type": "{self.type.name}", "max_value": {self.max_value}, '
-                f'"min_value": {self.min_value}, "stride": {self.stride}}}')
+        return (
+            f'{{"knob_type": "{self.type.name}", "max_value": {self.max_value}, '
+            f'"min_value": {self.min_value}, "stride": {self.stride}}}'
+        )
 
 
-__all__ = ["behavior_note", "build_plan_policy", "convolution_mode", "data_type", "diagonal_alignment",
-           "heur_mode", "knob", "knob_type", "norm_forward_phase", "numerical_note", "pointwise_mode",
-           "reduction_mode", "resample_mode", "reshape_mode", "scalar_type", "tensor_reordering"]
+__all__ = [
+    "behavior_note",
+    "build_plan_policy",
+    "convolution_mode",
+    "data_type",
+    "diagonal_alignment",
+    "heur_mode",
+    "knob",
+    "knob_type",
+    "norm_forward_phase",
+    "numerical_note",
+    "pointwise_mode",
+    "reduction_mode",
+    "resample_mode",
+    "reshape_mode",
+    "scalar_type",
+    "tensor_reordering",
+]

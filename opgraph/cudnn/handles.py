@@ -26,8 +26,11 @@ class Handle:
 
     def check(self) -> Handle:
         if self.destroyed:
-            raise GraphError("the handle was destroyed", rule="cudnn.handle_destroyed",
-                             hint="create a new handle with cudnn.create_handle()")
+            raise GraphError(
+                "the handle was destroyed",
+                rule="cudnn.handle_destroyed",
+                hint="create a new handle with cudnn.create_handle()",
+            )
         return self
 
     def __repr__(self) -> str:
@@ -42,8 +45,11 @@ def create_handle(device: Any = None) -> Handle:
 
 def _handle(handle: Any) -> Handle:
     if not isinstance(handle, Handle):
-        raise GraphError(f"expected a handle from cudnn.create_handle(), got {type(handle).__name__}",
-                         rule="cudnn.handle", hint="create one with cudnn.create_handle()")
+        raise GraphError(
+            f"expected a handle from cudnn.create_handle(), got {type(handle).__name__}",
+            rule="cudnn.handle",
+            hint="create one with cudnn.create_handle()",
+        )
     return handle.check()
 
 

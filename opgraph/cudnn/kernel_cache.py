@@ -31,16 +31,25 @@ class KernelCache:
     @translated
     def deserialize(self, data: Any) -> None:
         if self._deserialized:
-            raise AttributeValueError("this kernel cache was already deserialized into", rule="cudnn.kernel_cache",
-                                      hint="deserialize into a new cache (cudnn.create_kernel_cache())")
+            raise AttributeValueError(
+                "this kernel cache was already deserialized into",
+                rule="cudnn.kernel_cache",
+                hint="deserialize into a new cache (cudnn.create_kernel_cache())",
+            )
         try:
             doc = json.loads(data if isinstance(data, (str, bytes, bytearray)) else bytes(data))
         except (TypeError, ValueError) as err:
-            raise SerializationError(f"not a kernel cache: {err}", rule="cudnn.kernel_cache",
-                                     hint="pass what KernelCache.serialize() returned") from None
+            raise SerializationError(
+                f"not a kernel cache: {err}",
+                rule="cudnn.kernel_cache",
+                hint="pass what KernelCache.serialize() returned",
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-            raise SerializationError("not an opgraph kernel cache document", rule="cudnn.kernel_cache",
-                                     hint="pass what KernelCache.serialize() returned")
+            raise SerializationError(
+                "not an opgraph kernel cache document",
+                rule="cudnn.kernel_cache",
+                hint="pass what KernelCache.serialize() returned",
+            )
         self._deserialized = True
 
     def __repr__(self) -> str:

@@ -59,8 +59,10 @@ def _plan(backward: bool, x: Tensor, weight: Tensor, activation: str) -> tuple[A
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor) -> None:
     if x.dim() != 3 or weight.dim() != 2 or bias.dim() != 1:
-        raise ValueError(f"expected x (3-D), weight (2-D), bias (1-D); got {tuple(x.shape)}, {tuple(weight.shape)}, "
-                         f"{tuple(bias.shape)}")
+        raise ValueError(
+            f"expected x (3-D), weight (2-D), bias (1-D); got {tuple(x.shape)}, {tuple(weight.shape)}, "
+            f"{tuple(bias.shape)}"
+        )
     if not x.dtype == weight.dtype == bias.dtype:
         raise TypeError(f"x, weight and bias have types {x.dtype}, {weight.dtype}, {bias.dtype}; give them one")
     if not x.device == weight.device == bias.device:

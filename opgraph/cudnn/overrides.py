@@ -31,18 +31,28 @@ def changes(pg: Any, graph: Any, uids: Any, shapes: Any, strides: Any) -> dict[i
         stride = tuple(int(s) for s in strides[i]) if strides is not None and i < len(strides) else None
         want = layout.declared_dim if layout is not None else (desc.dim if desc is not None else None)
         if want is not None and (shape is None or shape == tuple(want)):
-            if layout is not None or stride is None or len(stride) != len(desc.dim) or all(
-                    d <= 1 or a == b for d, a, b in zip(desc.dim, stride, desc.stride)):
+            if (
+                layout is not None
+                or stride is None
+                or len(stride) != len(desc.dim)
+                or all(d <= 1 or a == b for d, a, b in zip(desc.dim, stride, desc.stride))
+            ):
                 continue
-        elif layout is not None and shape is not None and len(shape) == 4 and \
-                (shape[0], shape[1], shape[3]) == tuple(layout.declared_dim[i] for i in (0, 1, 3)):
+        elif (
+            layout is not None
+            and shape is not None
+            and len(shape) == 4
+            and (shape[0], shape[1], shape[3]) == tuple(layout.declared_dim[i] for i in (0, 1, 3))
+        ):
             out[uid] = shape
             continue
         raise AttributeValueError(
             f"override of UID {uid} to shape {list(shape or [])} and strides {list(stride or [])}: the plan was built "
-            f"for {list(want or [])}", rule="cudnn.override_shapes",
+            f"for {list(want or [])}",
+            rule="cudnn.override_shapes",
             hint="a packed (ragged) tensor may change its sequence length; other shapes need a graph per shape "
-            "(execute-time shape overrides are issue 42, dynamic shapes)")
+            "(execute-time shape overrides are issue 42, dynamic shapes)",
+        )
     return out
 
 
@@ -71,14 +81,24 @@ def respecialize(pg: Any, plan: Any, new: dict[int, tuple[int, ...]]) -> tuple[A
         dim, stride = (None, None) if d.is_virtual or produced else (d.dim, d.stride)
         if uid in new:
             b, h, s, w = new[uid]
-            dim, stride = (1, h, b * s, w), (max(h * d.stride[1], b * s * d.stride[2], w * d.stride[3], 1),
-                                              *d.stride[1:])
+            dim, stride = (
+                (1, h, b * s, w),
+                (max(h * d.stride[1], b * s * d.stride[2], w * d.stride[3], 1), *d.stride[1:]),
+            )
             lay = layouts[uid]
             layouts[uid] = dataclasses.replace(lay, max_rows=s, declared_dim=new[uid])
         elif produced and not d.is_virtual:
             dim, stride = d.dim, d.stride
-        c = Tensor(g, dim=dim, stride=stride, data_type=d.data_type, name=d.name, uid=uid, is_virtual=d.is_virtual,
-                   is_pass_by_value=d.is_pass_by_value)
+        c = Tensor(
+            g,
+            dim=dim,
+            stride=stride,
+            data_type=d.data_type,
+            name=d.name,
+            uid=uid,
+            is_virtual=d.is_virtual,
+            is_pass_by_value=d.is_pass_by_value,
+        )
         g._tensors.append(c)
         copies[id(t)] = c
         return c

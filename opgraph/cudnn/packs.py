@@ -52,13 +52,17 @@ def as_declared(desc: TensorDesc, value: Any, check: Device | None = None) -> An
     except GraphError:
         return value  # bind() names the problem
     if info.data_type is not desc.data_type or (
-            info.shape == desc.dim and all(a == b for d, a, b in zip(desc.dim, info.strides, desc.stride) if d > 1)):
+        info.shape == desc.dim and all(a == b for d, a, b in zip(desc.dim, info.strides, desc.stride) if d > 1)
+    ):
         return value
     if check is not None:
         _check_layout(info, desc, check)
     numel = int(np.prod(info.shape))
-    dense = storage_extent(info.shape, [abs(s) for s in info.strides]) == numel and min(info.strides, default=0) >= 0 \
+    dense = (
+        storage_extent(info.shape, [abs(s) for s in info.strides]) == numel
+        and min(info.strides, default=0) >= 0
         and not _self_overlapping(tuple(info.shape), tuple(info.strides))
+    )
     if not dense or storage_extent(desc.dim, desc.stride) > numel:
         return value
     if isinstance(value, np.ndarray):

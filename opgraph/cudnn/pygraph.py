@@ -44,8 +44,16 @@ from .packs import as_declared
 from .tensors import adopt, tensor_attributes
 
 # pygraph keywords of cuDNN that change nothing here (device properties, kernel caches, JIT hints)
-_IGNORED_OPTIONS = frozenset({"sm_count", "sm_version", "kernel_cache", "device_property",
-                              "is_dynamic_shape_enabled", "is_cuda_graph_replay_expected"})
+_IGNORED_OPTIONS = frozenset(
+    {
+        "sm_count",
+        "sm_version",
+        "kernel_cache",
+        "device_property",
+        "is_dynamic_shape_enabled",
+        "is_cuda_graph_replay_expected",
+    }
+)
 
 
 CHECK_STRIDES = True  # the default of pygraph(check_strides=...): `opgraph.cudnn.CHECK_STRIDES = False`
@@ -62,17 +70,29 @@ class pygraph(AttentionGraph, Graph):
     sees a pointer only, would read it with the declared strides. `check_strides=False` keeps cuDNN's
     trust: every dense buffer is read with the tensor's declared dims and strides."""
 
-    def __init__(self, name: str = "test_graph", io_data_type: Any = None, intermediate_data_type: Any = None,
-                 compute_data_type: Any = None, handle: Handle | None = None, *, device: Any = None,
-                 engines: Sequence[str] | None = None, is_override_shape_enabled: bool = False,
-                 check_strides: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        name: str = "test_graph",
+        io_data_type: Any = None,
+        intermediate_data_type: Any = None,
+        compute_data_type: Any = None,
+        handle: Handle | None = None,
+        *,
+        device: Any = None,
+        engines: Sequence[str] | None = None,
+        is_override_shape_enabled: bool = False,
+        check_strides: bool | None = None,
+        **options: Any,
+    ) -> None:
         unknown = set(options) - _IGNORED_OPTIONS
         if unknown:
             raise TypeError(f"pygraph() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         super().__init__(
-            name, DataType.HALF if io_data_type is None else io_data_type,
+            name,
+            DataType.HALF if io_data_type is None else io_data_type,
             DataType.FLOAT if intermediate_data_type is None else intermediate_data_type,
-            DataType.FLOAT if compute_data_type is None else compute_data_type)
+            DataType.FLOAT if compute_data_type is None else compute_data_type,
+        )
         self.handle = handle.check() if isinstance(handle, Handle) else None
         self._device_arg = device
         self._engines = None if engines is None else list(engines)
@@ -100,20 +120,48 @@ class pygraph(AttentionGraph, Graph):
     # -- tensors ---------------------------------------------------------------------------------
     # pygraph is opgraph's Graph under cuDNN frontend's API: where the two differ, cuDNN's signature wins
     @translated
-    def tensor(self, dim: Sequence[int] | None = None, stride: Sequence[int] | None = None, data_type: Any = None,  # type: ignore[override]  # cuDNN frontend's signature
-               is_virtual: bool = False, is_pass_by_value: bool = False, ragged_offset: Any = None,
-               reordering_type: Any = None, name: str = "", uid: int | None = -1,
-               ragged_offset_multiplier: int = 1, *, is_by_reference: bool = False) -> Tensor:
+    def tensor(  # type: ignore[override]  # cuDNN frontend's signature
+        self,
+        dim: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
+        data_type: Any = None,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+        ragged_offset: Any = None,
+        reordering_type: Any = None,
+        name: str = "",
+        uid: int | None = -1,
+        ragged_offset_multiplier: int = 1,
+        *,
+        is_by_reference: bool = False,
+    ) -> Tensor:
         """cuDNN's argument order; uid=-1 (cuDNN's "unset") has one assigned at validate."""
         if ragged_offset_multiplier != 1:
-            raise AttributeValueError("ragged_offset_multiplier is not supported", tensor=name,
-                                      rule="cudnn.ragged", hint="give ragged offsets in elements (multiplier 1)")
+            raise AttributeValueError(
+                "ragged_offset_multiplier is not supported",
+                tensor=name,
+                rule="cudnn.ragged",
+                hint="give ragged offsets in elements (multiplier 1)",
+            )
         if reordering_type not in (None, enums.tensor_reordering.NONE):
-            raise AttributeValueError(f"tensor reordering {reordering_type} is not supported", tensor=name,
-                                      rule="cudnn.reordering", hint="use tensor_reordering.NONE")
-        t = adopt(super().tensor(dim=dim, stride=stride, data_type=data_type, name=name,
-                                 uid=None if uid is None or uid == -1 else uid, is_virtual=is_virtual,
-                                 is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference))
+            raise AttributeValueError(
+                f"tensor reordering {reordering_type} is not supported",
+                tensor=name,
+                rule="cudnn.reordering",
+                hint="use tensor_reordering.NONE",
+            )
+        t = adopt(
+            super().tensor(
+                dim=dim,
+                stride=stride,
+                data_type=data_type,
+                name=name,
+                uid=None if uid is None or uid == -1 else uid,
+                is_virtual=is_virtual,
+                is_pass_by_value=is_pass_by_value,
+                is_by_reference=is_by_reference,
+            )
+        )
         return t if ragged_offset is None else t.set_ragged_offset(ragged_offset)
 
     @translated
@@ -130,20 +178,37 @@ class pygraph(AttentionGraph, Graph):
             if known is not None:  # inferred by the last validate of its graph (kept, as cuDNN keeps them)
                 dim, stride, dtype = known.dim, known.stride, known.data_type
             if dim is None:
-                raise GraphError(f"{input.label()} has no dims yet", tensor=input, rule="cudnn.tensor_like",
-                                 hint="validate its graph first (its dims are inferred then), or set them")
-            return super().tensor(dim=dim, stride=stride, data_type=dtype, name=name or input.name,
-                                  uid=uid, is_pass_by_value=input.is_pass_by_value)
+                raise GraphError(
+                    f"{input.label()} has no dims yet",
+                    tensor=input,
+                    rule="cudnn.tensor_like",
+                    hint="validate its graph first (its dims are inferred then), or set them",
+                )
+            return super().tensor(
+                dim=dim,
+                stride=stride,
+                data_type=dtype,
+                name=name or input.name,
+                uid=uid,
+                is_pass_by_value=input.is_pass_by_value,
+            )
         if isinstance(input, numbers.Number) and not isinstance(input, bool):
             return super().tensor_like(input, name=name, uid=uid)
         info = buffer_info(input)
         if info.device == "cpu" and int(np.prod(info.shape)) == 1:
-            t = super().tensor(dim=info.shape or (1,), stride=info.strides or (1,), data_type=info.data_type,
-                               name=name, uid=uid, is_pass_by_value=True)
+            t = super().tensor(
+                dim=info.shape or (1,),
+                stride=info.strides or (1,),
+                data_type=info.data_type,
+                name=name,
+                uid=uid,
+                is_pass_by_value=True,
+            )
             self._cpu_scalars.add(id(t))
             return t
-        return super().tensor(dim=info.shape or (1,), stride=info.strides or (1,), data_type=info.data_type,
-                              name=name, uid=uid)
+        return super().tensor(
+            dim=info.shape or (1,), stride=info.strides or (1,), data_type=info.data_type, name=name, uid=uid
+        )
 
     @translated
     def tensor_scalar(self, value: float, scalar_type: Any = enums.scalar_type.COMPILE_TIME_CONST) -> Any:
@@ -165,11 +230,17 @@ class pygraph(AttentionGraph, Graph):
             hit = self._foreign.get(id(value))
             if hit is None:
                 kept = value.graph._kept_descs.get(id(value))
-                local = adopt(Graph.tensor(
-                    self, dim=value._dim or (kept.dim if kept else None), name=value.name,
-                    stride=value._stride or (kept.stride if kept else None), uid=value._uid,
-                    data_type=value._data_type or (kept.data_type if kept else None),
-                    is_pass_by_value=value.is_pass_by_value))
+                local = adopt(
+                    Graph.tensor(
+                        self,
+                        dim=value._dim or (kept.dim if kept else None),
+                        name=value.name,
+                        stride=value._stride or (kept.stride if kept else None),
+                        uid=value._uid,
+                        data_type=value._data_type or (kept.data_type if kept else None),
+                        is_pass_by_value=value.is_pass_by_value,
+                    )
+                )
                 if id(value) in value.graph._cpu_scalars:
                     self._cpu_scalars.add(id(local))
                 hit = self._foreign[id(value)] = (value, local)
@@ -275,8 +346,10 @@ class pygraph(AttentionGraph, Graph):
         for kind, value in dict(knobs or {}).items():
             if kind is not enums.knob_type.KERNEL_CFG:
                 raise AttributeValueError(
-                    f"knob {kind} is not one opgraph exposes", rule="cudnn.knob",
-                    hint="opgraph engines take KERNEL_CFG (see get_knobs_for_engine)")
+                    f"knob {kind} is not one opgraph exposes",
+                    rule="cudnn.knob",
+                    hint="opgraph engines take KERNEL_CFG (see get_knobs_for_engine)",
+                )
             cfg = int(value)
         cand = self._plans_for().engine_candidate(int(engine_id), cfg)
         if cand not in self._candidates:
@@ -294,12 +367,16 @@ class pygraph(AttentionGraph, Graph):
     def _check_index(self, index: int) -> int:
         if not self._candidates:
             raise cudnnGraphNotSupportedError(
-                "the graph has no execution plan candidates", rule="cudnn.no_plans",
-                hint="call create_execution_plans([heur_mode.A, heur_mode.FALLBACK]) (or create_execution_plan) first")
+                "the graph has no execution plan candidates",
+                rule="cudnn.no_plans",
+                hint="call create_execution_plans([heur_mode.A, heur_mode.FALLBACK]) (or create_execution_plan) first",
+            )
         if not 0 <= int(index) < len(self._candidates):
-            raise AttributeValueError(f"there is no plan {index} (the graph has {len(self._candidates)})",
-                                      rule="cudnn.plan_index",
-                                      hint=f"pick an index in [0, {len(self._candidates) - 1}]")
+            raise AttributeValueError(
+                f"there is no plan {index} (the graph has {len(self._candidates)})",
+                rule="cudnn.plan_index",
+                hint=f"pick an index in [0, {len(self._candidates) - 1}]",
+            )
         return int(index)
 
     @translated
@@ -332,7 +409,9 @@ class pygraph(AttentionGraph, Graph):
         if not self._built:
             raise cudnnGraphNotSupportedError(
                 "no execution plan built: " + "; ".join(f"plan {i}: {e}" for i, e in self._build_errors.items()),
-                rule="cudnn.build_plans", hint="try other heuristic modes or engines")
+                rule="cudnn.build_plans",
+                hint="try other heuristic modes or engines",
+            )
 
     @translated
     def build(self, modes: Any = None) -> None:  # type: ignore[override]  # cuDNN frontend's signature
@@ -352,8 +431,11 @@ class pygraph(AttentionGraph, Graph):
         if self._loaded is not None:
             return self._loaded
         if not self._built:
-            raise GraphError("no execution plan is built", rule="cudnn.not_built",
-                             hint="call create_execution_plans(...), check_support() and build_plans() first")
+            raise GraphError(
+                "no execution plan is built",
+                rule="cudnn.not_built",
+                hint="call create_execution_plans(...), check_support() and build_plans() first",
+            )
         return self._built[min(self._built)]
 
     def _plan_at(self, index: int) -> ExecutionPlan:
@@ -361,19 +443,29 @@ class pygraph(AttentionGraph, Graph):
             return self._loaded
         i = self._check_index(index)
         if i not in self._built:
-            raise GraphError(f"plan {i} is not built", rule="cudnn.not_built",
-                             hint=f"call build_plan_at_index({i}) (or build_plans(build_plan_policy.ALL))")
+            raise GraphError(
+                f"plan {i} is not built",
+                rule="cudnn.not_built",
+                hint=f"call build_plan_at_index({i}) (or build_plans(build_plan_policy.ALL))",
+            )
         return self._built[i]
 
     @translated
-    def get_workspace_size(self, handle: Any = None, override_uids: Any = None, override_shapes: Any = None,
-                           override_strides: Any = None) -> int:
+    def get_workspace_size(
+        self, handle: Any = None, override_uids: Any = None, override_shapes: Any = None, override_strides: Any = None
+    ) -> int:
         self._no_overrides(override_uids, override_shapes, override_strides)
         return self._selected().workspace_size
 
     @translated
-    def get_workspace_size_plan_at_index(self, index: int, handle: Any = None, override_uids: Any = None,
-                                         override_shapes: Any = None, override_strides: Any = None) -> int:
+    def get_workspace_size_plan_at_index(
+        self,
+        index: int,
+        handle: Any = None,
+        override_uids: Any = None,
+        override_shapes: Any = None,
+        override_strides: Any = None,
+    ) -> int:
         self._no_overrides(override_uids, override_shapes, override_strides)
         i = self._check_index(index) if self._loaded is None else 0
         plan = self._loaded if self._loaded is not None else self._built.get(i)
@@ -404,8 +496,11 @@ class pygraph(AttentionGraph, Graph):
     @translated
     def get_engine_and_knobs_at_index(self, index: int) -> tuple[int, dict]:
         cand = self._candidate(index)
-        engine = cand.engine if cand.engine >= 0 else (
-            self._planner.engine_index(cand.configs[0]) if self._planner is not None else -1)
+        engine = (
+            cand.engine
+            if cand.engine >= 0
+            else (self._planner.engine_index(cand.configs[0]) if self._planner is not None else -1)
+        )
         return engine, {enums.knob_type.KERNEL_CFG: cand.kernel_cfg if cand.engine >= 0 else int(index)}
 
     # -- filters (before create_execution_plans, as in cuDNN) ---------------------------------------
@@ -413,8 +508,11 @@ class pygraph(AttentionGraph, Graph):
         values = list(values) if isinstance(values, (list, tuple, set, frozenset)) else [values]
         foreign = [v for v in values if type(v).__name__ in ("numerical_note", "behavior_note")]
         if foreign and select:
-            raise AttributeValueError(f"{option}: no opgraph engine config has {', '.join(map(repr, foreign))}",
-                                      rule="cudnn.note", hint="select notes opgraph configs carry")
+            raise AttributeValueError(
+                f"{option}: no opgraph engine config has {', '.join(map(repr, foreign))}",
+                rule="cudnn.note",
+                hint="select notes opgraph configs carry",
+            )
         values = [v for v in values if v not in foreign]  # deselecting what no config has changes nothing
         self._filters[option] = values
         self._planner = None
@@ -449,8 +547,11 @@ class pygraph(AttentionGraph, Graph):
 
     def _pack(self, plan: ExecutionPlan, var_pack: Any) -> dict[Any, Any]:
         if not isinstance(var_pack, dict):
-            raise VariantPackError(f"a variant pack is a dict, got {type(var_pack).__name__}", rule="pack.type",
-                                   hint="pass {tensor_or_uid: buffer, ...}")
+            raise VariantPackError(
+                f"a variant pack is a dict, got {type(var_pack).__name__}",
+                rule="pack.type",
+                hint="pass {tensor_or_uid: buffer, ...}",
+            )
         if self._pack_keys is None or self._pack_keys[0] is not plan:
             skip_ids = {id(t) for t in self._dropped}
             skip_uids = {t._uid for t in self._dropped if t._uid is not None and t._uid not in plan.graph.tensors}
@@ -487,8 +588,7 @@ class pygraph(AttentionGraph, Graph):
         if isinstance(workspace, (int, np.integer)) and not isinstance(workspace, bool):
             if not plan.device.is_cuda:
                 return None  # a raw host address cannot be checked; the plan uses its own workspace
-            return tensor_from_pointer(int(workspace), (plan.workspace_size,), (1,), DataType.UINT8,
-                                       plan.device.index)
+            return tensor_from_pointer(int(workspace), (plan.workspace_size,), (1,), DataType.UINT8, plan.device.index)
         if not plan.device.is_cuda and type(workspace).__module__.startswith("torch"):
             return buffer_info(workspace).obj  # the NumPy view the reference engine computes on
         return workspace
@@ -497,8 +597,14 @@ class pygraph(AttentionGraph, Graph):
         h = handle if isinstance(handle, Handle) else self.handle
         return None if h is None else h.check().stream
 
-    def _run(self, plan: ExecutionPlan, var_pack: Any, workspace: Any, handle: Any,
-             changed: dict[int, tuple[int, ...]] | None = None) -> None:
+    def _run(
+        self,
+        plan: ExecutionPlan,
+        var_pack: Any,
+        workspace: Any,
+        handle: Any,
+        changed: dict[int, tuple[int, ...]] | None = None,
+    ) -> None:
         stream = self._stream(handle) if plan.device.is_cuda else None
         pack = self._pack(plan, var_pack)
         layouts = self._ragged_layouts
@@ -510,17 +616,31 @@ class pygraph(AttentionGraph, Graph):
             done()
 
     @translated
-    def execute(self, var_pack: dict, workspace: Any = None, handle: Any = None, override_uids: Any = None,  # type: ignore[override]  # cuDNN frontend's signature
-                override_shapes: Any = None, override_strides: Any = None) -> None:
+    def execute(  # type: ignore[override]  # cuDNN frontend's signature
+        self,
+        var_pack: dict,
+        workspace: Any = None,
+        handle: Any = None,
+        override_uids: Any = None,
+        override_shapes: Any = None,
+        override_strides: Any = None,
+    ) -> None:
         """Run the first built plan. Keys: tensors, UIDs or names; entries with a None key or value
         (an optional tensor not used) are skipped."""
         changed = self._no_overrides(override_uids, override_shapes, override_strides)
         self._run(self._selected(), var_pack, workspace, handle, changed)
 
     @translated
-    def execute_plan_at_index(self, var_pack: dict, workspace: Any, index: int, handle: Any = None,
-                              override_uids: Any = None, override_shapes: Any = None,
-                              override_strides: Any = None) -> None:
+    def execute_plan_at_index(
+        self,
+        var_pack: dict,
+        workspace: Any,
+        index: int,
+        handle: Any = None,
+        override_uids: Any = None,
+        override_shapes: Any = None,
+        override_strides: Any = None,
+    ) -> None:
         changed = self._no_overrides(override_uids, override_shapes, override_strides)
         self._run(self._plan_at(int(index)), var_pack, workspace, handle, changed)
 
@@ -531,8 +651,9 @@ class pygraph(AttentionGraph, Graph):
         if cuda_graph is not None:
             raise AttributeValueError(
                 "populate_cuda_graph captures into a torch.cuda.CUDAGraph it returns, not a raw cudaGraph_t",
-                rule="cudnn.cuda_graph", hint="call g = graph.populate_cuda_graph(handle, pack, workspace) and "
-                "g.replay()")
+                rule="cudnn.cuda_graph",
+                hint="call g = graph.populate_cuda_graph(handle, pack, workspace) and g.replay()",
+            )
         plan = self._selected()
         return plan.populate_cuda_graph(self._pack(plan, var_pack), self._workspace(plan, workspace))
 
@@ -564,8 +685,11 @@ class pygraph(AttentionGraph, Graph):
         try:
             raw = bytes(data)
         except (TypeError, ValueError):
-            raise SerializationError(f"cannot read a plan from a {type(data).__name__}", rule="cudnn.deserialize",
-                                     hint="pass what serialize() returned (a list of ints, bytes or str)") from None
+            raise SerializationError(
+                f"cannot read a plan from a {type(data).__name__}",
+                rule="cudnn.deserialize",
+                hint="pass what serialize() returned (a list of ints, bytes or str)",
+            ) from None
         self._loaded = ExecutionPlan.from_bytes(raw, device=self._device())
         self._final = self._loaded.graph
 
@@ -573,8 +697,11 @@ class pygraph(AttentionGraph, Graph):
     def query_tensor_attributes_of_uid(self, uid: int) -> tensor_attributes:
         graph = self._loaded.graph if self._loaded is not None else self.final
         if uid not in graph.tensors:
-            raise GraphError(f"UID {uid} is not a tensor of this graph", rule="cudnn.uid",
-                             hint=f"known UIDs: {sorted(graph.tensors)}")
+            raise GraphError(
+                f"UID {uid} is not a tensor of this graph",
+                rule="cudnn.uid",
+                hint=f"known UIDs: {sorted(graph.tensors)}",
+            )
         return tensor_attributes(graph.tensors[uid])
 
     @translated

@@ -57,8 +57,9 @@ def _is_torch(x: Any) -> bool:
 
 def _span(value: Any) -> int:
     """Elements from the buffer's first element to its last (its own extent; strides >= 0)."""
-    return storage_extent(tuple(value.shape), tuple(abs(int(s)) for s in (value.stride() if _is_torch(value)
-                                                                          else _np_strides(value))))
+    return storage_extent(
+        tuple(value.shape), tuple(abs(int(s)) for s in (value.stride() if _is_torch(value) else _np_strides(value)))
+    )
 
 
 def _np_strides(a: np.ndarray) -> tuple[int, ...]:
@@ -75,8 +76,12 @@ def _flat(value: Any, n: int) -> Any:
 def bind(value: Any, desc: TensorDesc) -> Any:
     """The user's buffer of a packed input as a tensor of `desc` (a view, or a zero-padded copy)."""
     if isinstance(value, int) or not hasattr(value, "shape"):
-        raise VariantPackError(f"a packed (ragged) tensor is bound to a {type(value).__name__}", tensor=desc,
-                               rule="cudnn.ragged_buffer", hint="bind a PyTorch tensor or NumPy array")
+        raise VariantPackError(
+            f"a packed (ragged) tensor is bound to a {type(value).__name__}",
+            tensor=desc,
+            rule="cudnn.ragged_buffer",
+            hint="bind a PyTorch tensor or NumPy array",
+        )
     need = storage_extent(desc.dim, desc.stride)
     have = _span(value)
     if have >= need:
@@ -117,12 +122,18 @@ def finish(user: Any, computed: Any, layout: RaggedLayout, offsets: Any, lens: A
         off = torch.as_tensor(offsets, device=dev).reshape(-1).to(torch.int64)
         n = off.shape[0] if lens is None else torch.as_tensor(lens).reshape(-1).shape[0]
         start = off[:n] // layout.row_stride
-        count = torch.full_like(start, layout.max_rows) if lens is None else \
-            torch.as_tensor(lens, device=dev).reshape(-1)[:n].to(torch.int64).clamp(0, layout.max_rows)
+        count = (
+            torch.full_like(start, layout.max_rows)
+            if lens is None
+            else torch.as_tensor(lens, device=dev).reshape(-1)[:n].to(torch.int64).clamp(0, layout.max_rows)
+        )
         r = torch.arange(rows, device=dev)
         covered = ((r[None, :] >= start[:, None]) & (r[None, :] < start[:, None] + count[:, None])).any(0)
-        idx = (r[:, None, None] * desc.stride[2] + torch.arange(h, device=dev)[None, :, None] * desc.stride[1]
-               + torch.arange(w, device=dev)[None, None, :] * desc.stride[3])
+        idx = (
+            r[:, None, None] * desc.stride[2]
+            + torch.arange(h, device=dev)[None, :, None] * desc.stride[1]
+            + torch.arange(w, device=dev)[None, None, :] * desc.stride[3]
+        )
         keep = covered[:, None, None] & (idx < have)
         src = computed[0].permute(1, 0, 2)  # [rows, H, w]
         _flat(user, have).index_put_((idx[keep],), src[keep].to(user.dtype))
@@ -130,25 +141,35 @@ def finish(user: Any, computed: Any, layout: RaggedLayout, offsets: Any, lens: A
     _finish_numpy(user, computed, layout, offsets, lens, desc, have)
 
 
-def _finish_numpy(user: np.ndarray, computed: Any, layout: RaggedLayout, offsets: Any, lens: Any,
-                  desc: TensorDesc, have: int) -> None:
+def _finish_numpy(
+    user: np.ndarray, computed: Any, layout: RaggedLayout, offsets: Any, lens: Any, desc: TensorDesc, have: int
+) -> None:
     h, rows, w = desc.dim[1], desc.dim[2], desc.dim[3]
     off = np.asarray(offsets).reshape(-1).astype(np.int64)
     n = off.shape[0] if lens is None else np.asarray(lens).reshape(-1).shape[0]
     start = off[:n] // layout.row_stride
-    count = np.full_like(start, layout.max_rows) if lens is None else \
-        np.clip(np.asarray(lens).reshape(-1)[:n].astype(np.int64), 0, layout.max_rows)
+    count = (
+        np.full_like(start, layout.max_rows)
+        if lens is None
+        else np.clip(np.asarray(lens).reshape(-1)[:n].astype(np.int64), 0, layout.max_rows)
+    )
     r = np.arange(rows)
-    covered: np.ndarray = np.any((r[None, :] >= start[:, None]) & (r[None, :] < start[:, None] + count[:, None]), axis=0)
-    idx = (r[:, None, None] * desc.stride[2] + np.arange(h)[None, :, None] * desc.stride[1]
-           + np.arange(w)[None, None, :] * desc.stride[3])
+    covered: np.ndarray = np.any(
+        (r[None, :] >= start[:, None]) & (r[None, :] < start[:, None] + count[:, None]), axis=0
+    )
+    idx = (
+        r[:, None, None] * desc.stride[2]
+        + np.arange(h)[None, :, None] * desc.stride[1]
+        + np.arange(w)[None, None, :] * desc.stride[3]
+    )
     keep = covered[:, None, None] & (idx < have)
     src = np.moveaxis(np.asarray(computed)[0], 1, 0)
     _flat(user, have)[idx[keep]] = src[keep]
 
 
-def prepare(layouts: Mapping[int, RaggedLayout], descs: Mapping[int, TensorDesc], pack: dict[Any, Any]
-            ) -> Callable[[], None]:
+def prepare(
+    layouts: Mapping[int, RaggedLayout], descs: Mapping[int, TensorDesc], pack: dict[Any, Any]
+) -> Callable[[], None]:
     """Replace the packed tensors' buffers in `pack` (keyed by UID) by what the plan binds; returns
     the function that copies the outputs' sequence rows back into the user's buffers afterwards."""
     todo = []
@@ -164,8 +185,14 @@ def prepare(layouts: Mapping[int, RaggedLayout], descs: Mapping[int, TensorDesc]
 
     def done() -> None:
         for user, computed, layout, desc in todo:
-            finish(user, computed, layout, pack.get(layout.offset_uid),
-                   None if layout.lens_uid is None else pack.get(layout.lens_uid), desc)
+            finish(
+                user,
+                computed,
+                layout,
+                pack.get(layout.offset_uid),
+                None if layout.lens_uid is None else pack.get(layout.lens_uid),
+                desc,
+            )
 
     return done
 

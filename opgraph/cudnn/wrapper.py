@@ -49,8 +49,16 @@ def _allocate(t: Tensor, device: Any) -> Any:
 class Graph:
     """cuDNN's wrapper graph: build inside `with`, compiled on exit, called like a function after."""
 
-    def __init__(self, *, handle: Any = None, inputs: list | None = None, outputs: list | None = None,
-                 heuristics: list | None = None, workspace_alloc: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        handle: Any = None,
+        inputs: list | None = None,
+        outputs: list | None = None,
+        heuristics: list | None = None,
+        workspace_alloc: bool = True,
+        **kwargs: Any,
+    ) -> None:
         self._kwargs = kwargs
         self._handle = handle
         self._graph: pygraph | None = None
@@ -65,8 +73,9 @@ class Graph:
 
     def __enter__(self) -> Graph:
         if self._graph is not None:
-            raise GraphError("the graph was already created", rule="cudnn.wrapper_state",
-                             hint="make a new cudnn.Graph()")
+            raise GraphError(
+                "the graph was already created", rule="cudnn.wrapper_state", hint="make a new cudnn.Graph()"
+            )
         self._graph = pygraph(handle=self._handle, **self._kwargs)
         return self
 
@@ -89,8 +98,11 @@ class Graph:
 
     def _require(self) -> pygraph:
         if self._graph is None:
-            raise GraphError("the graph is not created", rule="cudnn.wrapper_state",
-                             hint="build it inside `with cudnn.Graph(...) as g:`")
+            raise GraphError(
+                "the graph is not created",
+                rule="cudnn.wrapper_state",
+                hint="build it inside `with cudnn.Graph(...) as g:`",
+            )
         return self._graph
 
     def _tensor(self, value: Any) -> Any:
@@ -153,8 +165,11 @@ class Graph:
         else:
             hit = self._by_buffer.get(id(key))
         if hit is None:
-            raise VariantPackError(f"{key!r} is not a tensor of this graph", rule="cudnn.wrapper_key",
-                                   hint=f"use one of: {', '.join(table)}")
+            raise VariantPackError(
+                f"{key!r} is not a tensor of this graph",
+                rule="cudnn.wrapper_key",
+                hint=f"use one of: {', '.join(table)}",
+            )
         return hit
 
     @translated
@@ -177,19 +192,29 @@ class Graph:
                     value = next((given[k] for k in (key, t, t.name, t.uid) if _has(given, k)), None)
                     if value is None:
                         if not is_out:
-                            raise VariantPackError(f"input {key} ({t.label()}) is not given", tensor=t,
-                                                   rule="pack.missing", hint="add it to the dict")
+                            raise VariantPackError(
+                                f"input {key} ({t.label()}) is not given",
+                                tensor=t,
+                                rule="pack.missing",
+                                hint="add it to the dict",
+                            )
                         value = given[key] = _allocate(t, plan.device)
                     pack[t] = value
             g.execute(pack, workspace, **kwargs)
             return given
         if self._tuples is None:
-            raise GraphError("positional calls need set_io_tuples(inputs, outputs) first", rule="cudnn.wrapper_io",
-                             hint="call graph.set_io_tuples([...], [...]) or pass a dict")
+            raise GraphError(
+                "positional calls need set_io_tuples(inputs, outputs) first",
+                rule="cudnn.wrapper_io",
+                hint="call graph.set_io_tuples([...], [...]) or pass a dict",
+            )
         ins, outs = self._tuples
         if len(args) != len(ins):
-            raise VariantPackError(f"{len(args)} arguments for {len(ins)} inputs", rule="pack.missing",
-                                   hint="pass one buffer per input of set_io_tuples")
+            raise VariantPackError(
+                f"{len(args)} arguments for {len(ins)} inputs",
+                rule="pack.missing",
+                hint="pass one buffer per input of set_io_tuples",
+            )
         results = [_allocate(t, plan.device) for t in outs]
         g.execute({**dict(zip(ins, args)), **dict(zip(outs, results))}, workspace, **kwargs)
         return results[0] if len(results) == 1 else results
@@ -225,18 +250,43 @@ def _has(d: dict, key: Any) -> bool:
         return False
 
 
-_FLOW = frozenset({"build", "build_operation_graph", "build_plan_at_index", "build_plans", "check_support",
-                   "create_execution_plan", "create_execution_plans", "validate", "execute",
-                   "execute_plan_at_index"})
+_FLOW = frozenset(
+    {
+        "build",
+        "build_operation_graph",
+        "build_plan_at_index",
+        "build_plans",
+        "check_support",
+        "create_execution_plan",
+        "create_execution_plans",
+        "validate",
+        "execute",
+        "execute_plan_at_index",
+    }
+)
 
 
 @contextlib.contextmanager
-def graph(handle: Any = None, name: str = "cudnn_graph", io_data_type: Any = enums.data_type.HALF,
-          intermediate_data_type: Any = enums.data_type.FLOAT, compute_data_type: Any = enums.data_type.FLOAT,
-          **graph_kwargs: Any) -> Iterator[tuple[pygraph, list]]:
+def graph(
+    handle: Any = None,
+    name: str = "cudnn_graph",
+    io_data_type: Any = enums.data_type.HALF,
+    intermediate_data_type: Any = enums.data_type.FLOAT,
+    compute_data_type: Any = enums.data_type.FLOAT,
+    **graph_kwargs: Any,
+) -> Iterator[tuple[pygraph, list]]:
     """Yields (pygraph, []) as cuDNN's `cudnn.graph(handle)` does."""
-    yield pygraph(name=name, io_data_type=io_data_type, intermediate_data_type=intermediate_data_type,
-                  compute_data_type=compute_data_type, handle=handle, **graph_kwargs), []
+    yield (
+        pygraph(
+            name=name,
+            io_data_type=io_data_type,
+            intermediate_data_type=intermediate_data_type,
+            compute_data_type=compute_data_type,
+            handle=handle,
+            **graph_kwargs,
+        ),
+        [],
+    )
 
 
 def jit(heur_modes: Any = enums.heur_mode.A, **_: Any) -> Callable:

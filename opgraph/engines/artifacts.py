@@ -36,21 +36,34 @@ class Artifact:
             object.__setattr__(self, "sha256", hashlib.sha256(self.data).hexdigest())
 
     def to_doc(self) -> dict[str, Any]:
-        return {"kind": self.kind, "key": self.key, "sha256": self.sha256, "meta": self.meta,
-                "data": base64.b64encode(self.data).decode("ascii")}
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "sha256": self.sha256,
+            "meta": self.meta,
+            "data": base64.b64encode(self.data).decode("ascii"),
+        }
 
     @classmethod
     def from_doc(cls, doc: Any, where: str) -> Artifact:
         def bad(what: str) -> SerializationError:
-            return SerializationError(f"{where}: {what}", rule="plan.artifact",
-                                      hint="the file is damaged: save the plan again (or load it with "
-                                           "on_mismatch='recompile' after removing its artifacts)")
+            return SerializationError(
+                f"{where}: {what}",
+                rule="plan.artifact",
+                hint="the file is damaged: save the plan again (or load it with "
+                "on_mismatch='recompile' after removing its artifacts)",
+            )
 
         if not isinstance(doc, dict):
             raise bad("expected an object")
         kind, key, digest, meta, data = (doc.get(k) for k in ("kind", "key", "sha256", "meta", "data"))
-        if not (isinstance(kind, str) and isinstance(key, str) and isinstance(digest, str)
-                and isinstance(meta, dict) and isinstance(data, str)):
+        if not (
+            isinstance(kind, str)
+            and isinstance(key, str)
+            and isinstance(digest, str)
+            and isinstance(meta, dict)
+            and isinstance(data, str)
+        ):
             raise bad("kind, key, sha256 and data must be strings and meta an object")
         try:
             raw = base64.b64decode(data.encode("ascii"), validate=True)

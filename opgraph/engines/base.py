@@ -41,8 +41,23 @@ if TYPE_CHECKING:
     from ..core.device import Device
     from ..core.piece import Piece
 
-__all__ = ["BehaviorNote", "Binding", "CompileReport", "Compiler", "Engine", "EngineConfig", "EngineFacts", "HeurMode",
-           "Kernel", "Launcher", "NumericalNote", "PieceFact", "RunLauncher", "StreamSlot", "Support"]
+__all__ = [
+    "BehaviorNote",
+    "Binding",
+    "CompileReport",
+    "Compiler",
+    "Engine",
+    "EngineConfig",
+    "EngineFacts",
+    "HeurMode",
+    "Kernel",
+    "Launcher",
+    "NumericalNote",
+    "PieceFact",
+    "RunLauncher",
+    "StreamSlot",
+    "Support",
+]
 
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -163,8 +178,13 @@ class Compiler(Protocol):
     kernels, one key). `compile_all` makes every spec's result available ({key: (spec, payload)}),
     reporting failures rather than raising them; `compile_here` compiles one in this process (raising)."""
 
-    def compile_all(self, specs: Mapping[str, tuple[Any, Any]], *, parallel: bool = True,
-                    progress: Callable[[int, int], None] | None = None) -> CompileReport: ...
+    def compile_all(
+        self,
+        specs: Mapping[str, tuple[Any, Any]],
+        *,
+        parallel: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> CompileReport: ...
 
     def compile_here(self, spec: Any, fn: Any) -> Any: ...
 
@@ -230,8 +250,11 @@ class Engine(ABC):
     def rank_first(self, piece: Piece, device: Device) -> bool:
         """Deprecated, never asked: the build's ranking policy (opgraph.build.policy) decides which
         engine's configs go first, from the facts engines report (`facts`). Always False."""
-        warnings.warn("Engine.rank_first is deprecated and ignored: rules live in opgraph.build.policy",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "Engine.rank_first is deprecated and ignored: rules live in opgraph.build.policy",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return False
 
     def inplace_safe(self, config: EngineConfig) -> bool:

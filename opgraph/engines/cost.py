@@ -46,8 +46,7 @@ def rates(device: Device) -> tuple[float, float]:
 
 def piece_bytes(piece: Piece) -> int:
     """Each input read once, each output written once."""
-    return sum(piece.tensor(u).nbytes for u in (*piece.inputs, *piece.outputs)
-               if not piece.tensor(u).is_pass_by_value)
+    return sum(piece.tensor(u).nbytes for u in (*piece.inputs, *piece.outputs) if not piece.tensor(u).is_pass_by_value)
 
 
 def piece_flops(piece: Piece) -> int:

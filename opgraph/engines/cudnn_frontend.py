@@ -107,13 +107,18 @@ def _dtype(cudnn: Any, dt: DataType) -> Any:
 def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
     """Why the piece cannot be lowered, without asking cuDNN (None: it can be)."""
     if not any(n.kind in ANCHORS for n in piece.nodes):
-        return ("the cudnn engine runs pieces around a convolution or matmul (or attention); generated kernels "
-                "serve the rest"), None
+        return (
+            "the cudnn engine runs pieces around a convolution or matmul (or attention); generated kernels "
+            "serve the rest"
+        ), None
     for uid in (*piece.inputs, *piece.outputs):
         t = piece.tensor(uid)
         if t.is_by_reference:
-            return (f"{t.label()} is by reference: cuDNN bakes buffer addresses into its launches, generated "
-                    "kernels read them from the plan's address table", None)
+            return (
+                f"{t.label()} is by reference: cuDNN bakes buffer addresses into its launches, generated "
+                "kernels read them from the plan's address table",
+                None,
+            )
     views = attention_views(piece)
     if isinstance(views, str):
         return views, None
@@ -126,12 +131,18 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
         if node.kind in GEMM_KINDS:
             types = {piece.tensor(u).data_type for u in node.input_uids()}
             if not types <= GEMM_TYPES:
-                return (f"the cudnn engine offers fp16/bf16 {node.kind} only (operands "
-                        f"{', '.join(sorted(t.name for t in types))})", node)
+                return (
+                    f"the cudnn engine offers fp16/bf16 {node.kind} only (operands "
+                    f"{', '.join(sorted(t.name for t in types))})",
+                    node,
+                )
             out = piece.tensor(node.output_uids()[0])
             if out.data_type not in GEMM_OUT_TYPES:
-                return (f"the cudnn engine offers {node.kind} with an fp16/bf16/fp32 result only "
-                        f"({out.label()} is {out.data_type.name})", node)
+                return (
+                    f"the cudnn engine offers {node.kind} with an fp16/bf16/fp32 result only "
+                    f"({out.label()} is {out.data_type.name})",
+                    node,
+                )
         if node.kind not in ANCHORS | OTHER_KINDS:
             return f"cuDNN's graph API has no {node.kind} op here", node
         if set(node.output_uids()) & set(node.input_uids()) or set(node.output_uids()) & set(piece.inputs):
@@ -192,12 +203,18 @@ def canonical_uids(piece: Piece, keys: list[int] | None = None) -> dict[int, int
     signature (the repeated blocks of a network). Far above the frontend's own numbering of virtual
     tensors. `keys`: operand_slots(piece)'s, where the caller has them."""
     return {u: CANON_BASE + i for i, u in enumerate(operand_slots(piece)[0] if keys is None else keys)}
+
+
 def _number(node: Node, role: str) -> float:
     """A pointwise parameter, which `_pointwise_problem` made sure is a literal."""
     value = node.input(role)
     if not isinstance(value, Const):
-        raise InternalError(f"{role} is not a literal", op=node.label(), rule="internal.invariant",
-                            hint="this is an opgraph bug: please report it with the graph")
+        raise InternalError(
+            f"{role} is not a literal",
+            op=node.label(),
+            rule="internal.invariant",
+            hint="this is an opgraph bug: please report it with the graph",
+        )
     return float(value.value)
 
 
@@ -207,9 +224,13 @@ class _Lowering:
     def __init__(self, piece: Piece, handle: Any) -> None:
         self.cudnn = cudnn = _cudnn()
         self.piece = piece
-        self.graph = cudnn.pygraph(name=f"opgraph_piece_{piece.index}", io_data_type=cudnn.data_type.HALF,
-                                   intermediate_data_type=cudnn.data_type.FLOAT,
-                                   compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        self.graph = cudnn.pygraph(
+            name=f"opgraph_piece_{piece.index}",
+            io_data_type=cudnn.data_type.HALF,
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+            handle=handle,
+        )
         self.tensors: dict[int, Any] = {}
         self.by_value: list[int] = []
         keys, self.views = operand_slots(piece)
@@ -222,8 +243,13 @@ class _Lowering:
             t = self.views[uid].desc if uid in self.views else piece.tensor(uid)
             dim, stride = ([1, 1, 1, 1], [1, 1, 1, 1]) if uid in scalars else (list(t.dim), list(t.stride))
             self.tensors[uid] = self.graph.tensor(
-                dim=dim, stride=stride, data_type=_dtype(cudnn, t.data_type), uid=self.canon[uid],
-                is_pass_by_value=t.is_pass_by_value, name=f"t{uid}")
+                dim=dim,
+                stride=stride,
+                data_type=_dtype(cudnn, t.data_type),
+                uid=self.canon[uid],
+                is_pass_by_value=t.is_pass_by_value,
+                name=f"t{uid}",
+            )
             if t.is_pass_by_value:
                 self.by_value.append(uid)
         for node in piece.nodes:
@@ -241,8 +267,10 @@ class _Lowering:
         g, kind = self.graph, node.kind
         if self.views and kind in MOVES:  # (static_problem let view ops in only as views of attention)
             return  # (read or written in place: the views' tensors)
-        kwargs: dict[str, Any] = {"compute_data_type": _dtype(self.cudnn, node.compute_data_type),
-                                  "name": f"n_{node.name}"}
+        kwargs: dict[str, Any] = {
+            "compute_data_type": _dtype(self.cudnn, node.compute_data_type),
+            "name": f"n_{node.name}",
+        }
         roles = {r: self._operand(v) for r, v in zip(node.op.input_roles(), node.inputs) if v is not None}
         if kind == "pointwise":
             op = node.op_as(Pointwise)
@@ -386,8 +414,10 @@ class CudnnKernel(Kernel):
         if heuristic not in ("A", "FALLBACK") or not isinstance(index, int):
             raise AttributeValueError(
                 f"cudnn config {config} has no valid 'heuristic' (A or FALLBACK) and 'plan' (int) knobs",
-                op=piece.nodes[0].label(), rule="cudnn.config",
-                hint="take cudnn configs from engine_configs() or from a plan the engine built")
+                op=piece.nodes[0].label(),
+                rule="cudnn.config",
+                hint="take cudnn configs from engine_configs() or from a plan the engine built",
+            )
         self.handle = _handle(device.index)
         self.key = cudnn_launch.plan_key(piece.signature(), [list(k) for k in config.knobs], device.index)
         self.serialized: bytes | None = None
@@ -422,8 +452,9 @@ class CudnnKernel(Kernel):
         for u, (base, _) in self.where.items():
             self.slots_in.setdefault(base, []).append(u)
         # one host float per pass-by-value scalar (cuDNN copies it at launch)
-        self.host_scalars = {u: torch.zeros(1, dtype=torch.float32) for u in self.uids
-                             if piece.tensor(u).is_pass_by_value}
+        self.host_scalars = {
+            u: torch.zeros(1, dtype=torch.float32) for u in self.uids if piece.tensor(u).is_pass_by_value
+        }
 
     def _build(self, piece: Piece, heuristic: str, index: int, name: Any) -> None:
         try:
@@ -441,10 +472,12 @@ class CudnnKernel(Kernel):
         except (Declined, AttributeValueError):
             raise
         except Exception as err:  # noqa: BLE001 - cuDNN's own exception types vary by version
-            raise ExecutionError(f"cuDNN could not build plan {index} ({name}): {type(err).__name__}: {err}",
-                                 op=piece.nodes[0].label(), rule="cudnn.build",
-                                 hint="pick another cudnn plan (engine_configs(heur_mode='B')) or another engine"
-                                 ) from err
+            raise ExecutionError(
+                f"cuDNN could not build plan {index} ({name}): {type(err).__name__}: {err}",
+                op=piece.nodes[0].label(),
+                rule="cudnn.build",
+                hint="pick another cudnn plan (engine_configs(heur_mode='B')) or another engine",
+            ) from err
         self.serialized = cudnn_launch.serialize(self.graph)
         if self.serialized is not None:
             cudnn_launch.store(self.key, self.serialized)
@@ -487,12 +520,16 @@ class CudnnKernel(Kernel):
             elif self.cpp_index < 0 and hasattr(lowered, "_execute"):
                 lowered._execute(ptrs, ws, self.handle.backend_handle, None, None, None)
             else:
-                self.graph.execute_plan_at_index({self.canon[u]: t for u, t in pack.items()}, workspace,
-                                                 index=self.index, handle=self.handle)
+                self.graph.execute_plan_at_index(
+                    {self.canon[u]: t for u, t in pack.items()}, workspace, index=self.index, handle=self.handle
+                )
         except Exception as err:  # noqa: BLE001
-            raise ExecutionError(f"cuDNN failed to execute: {type(err).__name__}: {err}",
-                                 op=self.piece.nodes[0].label(), rule="cudnn.execute",
-                                 hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])") from err
+            raise ExecutionError(
+                f"cuDNN failed to execute: {type(err).__name__}: {err}",
+                op=self.piece.nodes[0].label(),
+                rule="cudnn.execute",
+                hint="build without the 'cudnn' engine (deselect_engines=['cudnn'])",
+            ) from err
 
     def lowered_is_deserialized(self) -> bool:
         return self.deserialized
@@ -530,8 +567,9 @@ class CudnnEngine(Engine):
         forward conv's epilogue sends cuDNN to its runtime-fusion plans (`_runtime_fused_epilogue`)."""
         conv = next((n for n in piece.nodes if n.kind in CONV_KINDS), None)
         fused = conv is not None and conv.kind == "conv_fprop" and _runtime_fused_epilogue(piece, conv)
-        return EngineFacts(estimate_us(piece, device),
-                           frozenset({PieceFact.RUNTIME_FUSED_EPILOGUE}) if fused else frozenset())
+        return EngineFacts(
+            estimate_us(piece, device), frozenset({PieceFact.RUNTIME_FUSED_EPILOGUE}) if fused else frozenset()
+        )
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         why, names = _verdict(piece, device)
@@ -539,18 +577,28 @@ class CudnnEngine(Engine):
             return []
         count = B_PLANS if mode is HeurMode.B else 1
         numerical, behavior = _notes(piece)
-        return [EngineConfig("cudnn", (("heuristic", "A"), ("plan", i), ("name", name)),
-                             numerical_notes=numerical, behavior_notes=behavior,
-                             estimate_us=estimate_us(piece, device),
-                             why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic)")
-                for i, name in enumerate(names[:count])]
+        return [
+            EngineConfig(
+                "cudnn",
+                (("heuristic", "A"), ("plan", i), ("name", name)),
+                numerical_notes=numerical,
+                behavior_notes=behavior,
+                estimate_us=estimate_us(piece, device),
+                why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic)",
+            )
+            for i, name in enumerate(names[:count])
+        ]
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         try:
             return CudnnKernel(piece, config, device)
         except Declined as err:
-            raise ExecutionError(str(err), op=piece.nodes[0].label(), rule="cudnn.build",
-                                 hint="build again to let the heuristics pick a plan this cuDNN offers") from err
+            raise ExecutionError(
+                str(err),
+                op=piece.nodes[0].label(),
+                rule="cudnn.build",
+                hint="build again to let the heuristics pick a plan this cuDNN offers",
+            ) from err
 
 
 register_engine(CudnnEngine())

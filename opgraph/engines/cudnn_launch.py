@@ -57,8 +57,12 @@ def environment(device_index: int) -> dict[str, Any]:
     import cudnn  # noqa: PLC0415
 
     props = torch.cuda.get_device_properties(device_index)
-    return {"device": props.name, "capability": [props.major, props.minor], "cudnn": int(cudnn.backend_version()),
-            "frontend": fe}
+    return {
+        "device": props.name,
+        "capability": [props.major, props.minor],
+        "cudnn": int(cudnn.backend_version()),
+        "frontend": fe,
+    }
 
 
 def plan_key(signature: Any, knobs: Any, device_index: int) -> str:
@@ -143,8 +147,13 @@ class Verdicts:
 
     def get(self, key: str) -> tuple[str | None, list[str]] | None:
         entry = self._load().get(key)
-        if isinstance(entry, list) and len(entry) == 2 and (entry[0] is None or isinstance(entry[0], str)) \
-                and isinstance(entry[1], list) and all(isinstance(n, str) for n in entry[1]):
+        if (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and (entry[0] is None or isinstance(entry[0], str))
+            and isinstance(entry[1], list)
+            and all(isinstance(n, str) for n in entry[1])
+        ):
             return entry[0], list(entry[1])
         return None
 
@@ -227,14 +236,21 @@ class CudnnLauncher(Launcher):
             self.slots = {ours[c]: i for i, c in enumerate(order)}
             for u, i in self.slots.items():
                 self.array[i] = self._address(u)
-            self.calls = [(lowered._execute_with_raw_ptrs,
-                           (ctypes.addressof(self.array), len(order), self.ws, self.handle.backend_handle,
-                            kernel.cpp_index))]
+            self.calls = [
+                (
+                    lowered._execute_with_raw_ptrs,
+                    (ctypes.addressof(self.array), len(order), self.ws, self.handle.backend_handle, kernel.cpp_index),
+                )
+            ]
             self.mode = "raw"
         elif mode in ("raw", "dict") and kernel.cpp_index >= 0 and hasattr(lowered, "_execute_plan_at_index"):
             self.pointers = {canon[u]: self._address(u) for u in kernel.uids}
-            self.calls = [(lowered._execute_plan_at_index,
-                           (self.pointers, self.ws, kernel.cpp_index, self.handle.backend_handle, None, None, None))]
+            self.calls = [
+                (
+                    lowered._execute_plan_at_index,
+                    (self.pointers, self.ws, kernel.cpp_index, self.handle.backend_handle, None, None, None),
+                )
+            ]
             self.mode = "dict"
         elif mode in ("raw", "dict") and kernel.cpp_index < 0 and hasattr(lowered, "_execute"):
             self.pointers = {canon[u]: self._address(u) for u in kernel.uids}

@@ -63,10 +63,12 @@ def attention_views(piece: Piece) -> dict[int, View] | str | None:
     others = [n for n in piece.nodes if n.kind not in MOVES and n.kind not in ATTENTION_KINDS]
     if len(attention) != 1 or others:
         bad = others[0] if others else piece.nodes[0]
-        return (f"the cudnn engine reads views (and writes gradients through them) around one attention op alone, "
-                f"not with {bad.label()}")
+        return (
+            f"the cudnn engine reads views (and writes gradients through them) around one attention op alone, "
+            f"not with {bad.label()}"
+        )
     node = attention[0]
-    joined = next((n for n in piece.nodes[:piece.nodes.index(node)] if n.kind == "concatenate"), None)
+    joined = next((n for n in piece.nodes[: piece.nodes.index(node)] if n.kind == "concatenate"), None)
     if joined is not None:
         return f"the cudnn engine reads attention operands through views only, not through {joined.label()}"
     if node.kind == "sdpa" and piece.nodes[-1] is not node:
@@ -105,8 +107,9 @@ def operand_slots(piece: Piece) -> tuple[list[int], dict[int, View]]:
 def _rows_can_be_empty(node: Node, piece: Piece) -> bool:
     op = node.op_as(_Attention)
     sq, skv = piece.tensor(node.input("q")).dim[2], piece.tensor(node.input("k")).dim[2]  # type: ignore[arg-type]
-    return op.use_padding_mask or (sq > skv and (op.use_causal_mask_bottom_right
-                                                 or op.sliding_window_length is not None))
+    return op.use_padding_mask or (
+        sq > skv and (op.use_causal_mask_bottom_right or op.sliding_window_length is not None)
+    )
 
 
 def attention_problem(node: Node, piece: Piece) -> str | None:
@@ -129,8 +132,10 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
     if op.dropout_probability is not None:
         return "cuDNN's Philox dropout draws another random stream than the op's (tl.rand, docs/attention.md)"
     if node.input("dropout_mask") is not None and isinstance(node.input("dropout_scale"), Const):
-        return ("cuDNN takes the dropout scale as a tensor: give dropout=(mask, scale) a 1-element or "
-                "pass-by-value scale tensor for the cudnn engine")
+        return (
+            "cuDNN takes the dropout scale as a tensor: give dropout=(mask, scale) a 1-element or "
+            "pass-by-value scale tensor for the cudnn engine"
+        )
     stats = t.get("stats")
     if stats is not None and stats.data_type is not DataType.FLOAT:
         return f"cuDNN's Stats are FLOAT (here {stats.data_type.name})"
@@ -146,8 +151,10 @@ def attention_problem(node: Node, piece: Piece) -> str | None:
         if node.input("dropout_mask") is not None:
             # dQ/dK disagreed with the reference (bench/results/constants.md#cudnn-attention-dropout-mask);
             # declined until the mask convention is understood
-            return ("cuDNN's backward with an explicit dropout mask disagreed with the reference on the GPU "
-                    "(dQ, dK); the generated kernel runs it")
+            return (
+                "cuDNN's backward with an explicit dropout mask disagreed with the reference on the GPU "
+                "(dQ, dK); the generated kernel runs it"
+            )
     return None
 
 
@@ -157,8 +164,10 @@ def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[A
     ins = {r: lowering.tensors[v] for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, int)}
     consts = {r: float(v.value) for r, v in zip(op.input_roles(), node.inputs) if isinstance(v, Const)}
     common: dict[str, Any] = {
-        "use_alibi_mask": op.use_alibi_mask, "use_padding_mask": op.use_padding_mask,
-        "use_causal_mask": op.use_causal_mask, "use_causal_mask_bottom_right": op.use_causal_mask_bottom_right,
+        "use_alibi_mask": op.use_alibi_mask,
+        "use_padding_mask": op.use_padding_mask,
+        "use_causal_mask": op.use_causal_mask,
+        "use_causal_mask_bottom_right": op.use_causal_mask_bottom_right,
         **kwargs,
     }
     if op.sliding_window_length is not None:
@@ -181,10 +190,16 @@ def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[A
     uid = node.output("dBias")
     if uid is not None:
         d = lowering.piece.tensor(uid)
-        dbias = g.tensor(dim=list(d.dim), stride=list(d.stride), data_type=lowering.dtype(d.data_type),
-                         name=f"t{uid}")
+        dbias = g.tensor(dim=list(d.dim), stride=list(d.stride), data_type=lowering.dtype(d.data_type), name=f"t{uid}")
         common["dBias"] = dbias
-    dq, dk, dv = g.sdpa_backward(ins["q"], ins["k"], ins["v"], ins["o"], ins["dO"], ins["stats"],
-                                 use_deterministic_algorithm=node.op_as(SdpaBackward).use_deterministic_algorithm,
-                                 **common)
+    dq, dk, dv = g.sdpa_backward(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        ins["o"],
+        ins["dO"],
+        ins["stats"],
+        use_deterministic_algorithm=node.op_as(SdpaBackward).use_deterministic_algorithm,
+        **common,
+    )
     return [dq, dk, dv, dbias]

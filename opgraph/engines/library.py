@@ -39,8 +39,11 @@ from .base import Binding, Compiler, Engine, Kernel, Launcher
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
 # a composite is only as capturable / device-scalar-reading as every part
-_ALL_PARTS = {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API,
-              BehaviorNote.DEVICE_SCALARS}
+_ALL_PARTS = {
+    BehaviorNote.CUDA_GRAPH_CAPTURABLE,
+    BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API,
+    BehaviorNote.DEVICE_SCALARS,
+}
 
 
 _SIXTEEN_BIT = (DataType.HALF, DataType.BFLOAT16)
@@ -78,8 +81,11 @@ def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | s
         return i
     graph = native_graph(piece) if precision == "native" else piece.graph
     assert graph is not None, "native precision asked of a piece where it does not apply"
-    groups: list[tuple[str, Sequence[Node]]] = [("prologue", piece.nodes[:i]), ("main", piece.nodes[i:i + 1]),
-                                                 ("epilogue", piece.nodes[i + 1:])]
+    groups: list[tuple[str, Sequence[Node]]] = [
+        ("prologue", piece.nodes[:i]),
+        ("main", piece.nodes[i : i + 1]),
+        ("epilogue", piece.nodes[i + 1 :]),
+    ]
     return [(role, make_piece(graph, piece.index, list(nodes))) for role, nodes in groups if nodes]
 
 
@@ -89,7 +95,7 @@ def _prefixed(role: str, config: EngineConfig) -> tuple[tuple[str, Any], ...]:
 
 def _part_config(role: str, config: EngineConfig) -> EngineConfig:
     prefix = f"{role}."
-    knobs = tuple((k[len(prefix):], v) for k, v in config.knobs if k.startswith(prefix))
+    knobs = tuple((k[len(prefix) :], v) for k, v in config.knobs if k.startswith(prefix))
     return EngineConfig(ENGINE_OF[role], knobs)
 
 
@@ -118,11 +124,18 @@ class LibraryKernel(Kernel):
         """The parts bound in order; the tensors between them are views of this kernel's scratch,
         made here once (a binding of its own that reads through to the plan's)."""
         views = self._tensor_views(scratch) if self.scratch_bytes else {}
-        child = Binding(ChainMap(views, binding.buffers),  # type: ignore[arg-type]
-                        ChainMap({u: address_of(v) for u, v in views.items()}, binding.pointers),  # type: ignore[arg-type]
-                        binding.stream, binding.preludes)
-        return CompositeLauncher([kernel.bind(child, wsp.scratch_view(scratch, self.layout, i))
-                                  for i, (_, _, kernel) in enumerate(self.parts)])
+        child = Binding(
+            ChainMap(views, binding.buffers),  # type: ignore[arg-type]
+            ChainMap({u: address_of(v) for u, v in views.items()}, binding.pointers),  # type: ignore[arg-type]
+            binding.stream,
+            binding.preludes,
+        )
+        return CompositeLauncher(
+            [
+                kernel.bind(child, wsp.scratch_view(scratch, self.layout, i))
+                for i, (_, _, kernel) in enumerate(self.parts)
+            ]
+        )
 
     def compile_specs(self) -> list[Any]:
         return [spec for _, _, kernel in self.parts for spec in kernel.compile_specs()]
@@ -173,8 +186,11 @@ class LibraryEngine(Engine):
         for role, sub in parts:
             verdict = get_engine(ENGINE_OF[role]).supports(sub, device)
             if not verdict.ok:
-                return Support.no(f"its {role} ({', '.join(n.name for n in sub.nodes)}) does not run as one "
-                                  f"{ENGINE_OF[role]} kernel: {verdict.reason}", verdict.node)
+                return Support.no(
+                    f"its {role} ({', '.join(n.name for n in sub.nodes)}) does not run as one "
+                    f"{ENGINE_OF[role]} kernel: {verdict.reason}",
+                    verdict.node,
+                )
         if role_has_host(parts):
             return Support.no("the convolution or matmul has no torch mapping (it would run on the host)")
         return Support.yes()
@@ -203,9 +219,10 @@ class LibraryEngine(Engine):
         behavior -= {n for n in _ALL_PARTS if not all(n in c.behavior_notes for _, c in chosen)}
         estimates = [c.estimate_us for _, c in chosen]
         return EngineConfig(
-            "library", (("main", "torch"), ("precision", precision),
-                        *(kv for role, c in chosen for kv in _prefixed(role, c))),
-            numerical_notes=numerical, behavior_notes=behavior,
+            "library",
+            (("main", "torch"), ("precision", precision), *(kv for role, c in chosen for kv in _prefixed(role, c))),
+            numerical_notes=numerical,
+            behavior_notes=behavior,
             estimate_us=None if None in estimates else sum(estimates),  # type: ignore[arg-type]
             why=" then ".join(f"{role} on {c.engine}" for role, c in chosen) + f", {precision}, {mode.name} heuristic",
         )
@@ -238,14 +255,20 @@ class LibraryEngine(Engine):
             if isinstance(parts, str):
                 problem = parts
             else:
-                missing = [role for role, _ in parts
-                           if ENGINE_OF[role] == "triton" and _part_config(role, config).knob("template") is None]
+                missing = [
+                    role
+                    for role, _ in parts
+                    if ENGINE_OF[role] == "triton" and _part_config(role, config).knob("template") is None
+                ]
                 if not missing:
                     return parts
                 problem = f"no knobs for its {' and '.join(missing)} (expected '{missing[0]}.template' and the rest)"
-        raise AttributeValueError(f"library config {config} cannot run {piece.label()}: {problem}",
-                                  op=piece.nodes[0].label(), rule="library.config",
-                                  hint="take library configs from engine_configs() or from a plan the engine built")
+        raise AttributeValueError(
+            f"library config {config} cannot run {piece.label()}: {problem}",
+            op=piece.nodes[0].label(),
+            rule="library.config",
+            hint="take library configs from engine_configs() or from a plan the engine built",
+        )
 
 
 class _HostAware(Protocol):

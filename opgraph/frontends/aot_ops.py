@@ -34,10 +34,22 @@ from .torch_ops_nn import reduce
 # backward ops (and composites AOTAutograd leaves whole) decomposed into ops the table covers
 DECOMPOSED = (
     # eval-mode batch norm as pointwise ops (its empty saved statistics stay in PyTorch)
-    "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
-    "mse_loss_backward", "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
-    "hardswish_backward", "hardsigmoid_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
-    "native_group_norm", "native_group_norm_backward", "native_dropout_backward", "rsub", "addcmul",
+    "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit",
+    "mse_loss_backward",
+    "hardtanh_backward",
+    "leaky_relu_backward",
+    "elu_backward",
+    "softplus_backward",
+    "hardswish_backward",
+    "hardsigmoid_backward",
+    "_fused_rms_norm",
+    "_fused_rms_norm_backward",
+    "native_group_norm",
+    "native_group_norm_backward",
+    "native_dropout_backward",
+    "rsub",
+    "addcmul",
 )
 
 
@@ -76,8 +88,7 @@ def _native_layer_norm(imp: Importer, node: Any, a: Args) -> list[Any]:
     w, b = a.get("weight"), a.get("bias")
     scale = imp.reshaped(w, full) if w is not None else _ones(imp, full)
     bias = imp.reshaped(b, full) if b is not None else None
-    y, mean, rstd = imp.g.layernorm("training", imp.tensor(x), scale, bias, epsilon=float(a["eps"]),
-                                    name=imp.op_name())
+    y, mean, rstd = imp.g.layernorm("training", imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name())
     return [y, mean, rstd]
 
 
@@ -88,8 +99,12 @@ def _native_layer_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
     w = a.get("weight")
     scale = imp.reshaped(w, full) if w is not None else _ones(imp, full)
     want = _used(imp, node, a.get("output_mask"), 3)
-    dx, dw, db = _outputs(imp, LayernormBackward(), [imp.tensor(dy), imp.tensor(x), scale, imp.tensor(a["mean"]),
-                                                     imp.tensor(a["rstd"])], want)
+    dx, dw, db = _outputs(
+        imp,
+        LayernormBackward(),
+        [imp.tensor(dy), imp.tensor(x), scale, imp.tensor(a["mean"]), imp.tensor(a["rstd"])],
+        want,
+    )
     g = imp.g
     out: list[Any] = [dx if want[0] else None]
     for i, t in ((1, dw), (2, db)):
@@ -141,16 +156,20 @@ def _eval_batch_norm_backward(imp: Importer, node: Any, a: Args) -> list[Any]:
     c = x.shape[1]
     per_channel = (1, c) + (1,) * (x.rank - 2)
     want = _used(imp, node, a.get("output_mask"), 3)
-    inv = g.rsqrt(g.add(imp.reshaped(rv, per_channel), float(a["eps"]), name=imp.op_name("var_eps")),
-                  name=imp.op_name("inv_std"))
+    inv = g.rsqrt(
+        g.add(imp.reshaped(rv, per_channel), float(a["eps"]), name=imp.op_name("var_eps")), name=imp.op_name("inv_std")
+    )
     axes = [0] + list(range(2, x.rank))
     out: list[Any] = [None, None, None]
     if want[0]:
         coefficient = g.mul(imp.reshaped(w, per_channel), inv, name=imp.op_name("w_inv")) if w is not None else inv
         out[0] = g.mul(imp.tensor(dy), coefficient, name=imp.op_name("dx"))
     if want[1]:
-        xhat = g.mul(g.sub(imp.tensor(x), imp.reshaped(rm, per_channel), name=imp.op_name("centered")), inv,
-                     name=imp.op_name("xhat"))
+        xhat = g.mul(
+            g.sub(imp.tensor(x), imp.reshaped(rm, per_channel), name=imp.op_name("centered")),
+            inv,
+            name=imp.op_name("xhat"),
+        )
         prod = g.mul(imp.tensor(dy), xhat, name=imp.op_name("dy_xhat"))
         out[1] = reduce(imp, Value(dy.shape, dy.dtype, tensor=prod), axes, False, ReductionMode.ADD, (c,))
     if want[2]:
@@ -226,15 +245,17 @@ def _silu_backward(imp: Importer, node: Any, a: Args) -> Tensor:
 @op("sigmoid_backward")
 def _sigmoid_backward(imp: Importer, node: Any, a: Args) -> Tensor:
     g, dy, y = imp.g, imp.tensor(a["grad_output"]), imp.tensor(a["output"])
-    return g.mul(g.mul(dy, y, name=imp.op_name("dy_y")), g.sub(1.0, y, name=imp.op_name("one_minus")),
-                 name=imp.op_name())
+    return g.mul(
+        g.mul(dy, y, name=imp.op_name("dy_y")), g.sub(1.0, y, name=imp.op_name("one_minus")), name=imp.op_name()
+    )
 
 
 @op("tanh_backward")
 def _tanh_backward(imp: Importer, node: Any, a: Args) -> Tensor:
     g, dy, y = imp.g, imp.tensor(a["grad_output"]), imp.tensor(a["output"])
-    return g.mul(dy, g.sub(1.0, g.mul(y, y, name=imp.op_name("square")), name=imp.op_name("one_minus")),
-                 name=imp.op_name())
+    return g.mul(
+        dy, g.sub(1.0, g.mul(y, y, name=imp.op_name("square")), name=imp.op_name("one_minus")), name=imp.op_name()
+    )
 
 
 def _sum_keep(imp: Importer, t: Tensor, like: Value, dim: int, what: str) -> Tensor:
@@ -274,7 +295,11 @@ def _embedding_dense_backward(imp: Importer, node: Any, a: Args) -> Tensor:
         raise Untranslatable("embedding backward of floating indices or another rank")
     n, d = int(a["num_weights"]), int(dy.shape[-1])
     pad = int(a.get("padding_idx", -1))
-    t = imp.g.embedding_backward(imp.tensor(dy), imp.reshaped(idx, idx.shape or (1,)), n,
-                                 padding_idx=pad + n if pad < -1 else pad, name=imp.op_name())
+    t = imp.g.embedding_backward(
+        imp.tensor(dy),
+        imp.reshaped(idx, idx.shape or (1,)),
+        n,
+        padding_idx=pad + n if pad < -1 else pad,
+        name=imp.op_name(),
+    )
     return t.set_dim([n, d]) if _shape(node) == (n, d) else t
-

@@ -92,8 +92,9 @@ class CompiledModule(torch.nn.Module):
         metadata = getattr(out, "_metadata", None)
         if metadata is not None:  # (a parent's load looks the module's versions up under "<prefix>module")
             for key in [k for k in metadata if k == prefix[:-1] or k.startswith(prefix)]:
-                metadata.setdefault(prefix + "module" + ("." + key[len(prefix):] if key != prefix[:-1] else ""),
-                                    metadata[key])
+                metadata.setdefault(
+                    prefix + "module" + ("." + key[len(prefix) :] if key != prefix[:-1] else ""), metadata[key]
+                )
         return out
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
@@ -103,7 +104,7 @@ class CompiledModule(torch.nn.Module):
     def _under_module(owner: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         """A parent's load_state_dict walks into `module`: its keys, as state_dict gave them, go under it."""
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            state_dict[prefix + "module." + key[len(prefix):]] = state_dict.pop(key)
+            state_dict[prefix + "module." + key[len(prefix) :]] = state_dict.pop(key)
 
     def _imported(self, args: tuple) -> ImportedGraph:
         from . import from_torch
@@ -112,8 +113,11 @@ class CompiledModule(torch.nn.Module):
         imported = self._imports.get(key)
         if imported is None:
             if self._imports:
-                log.info("opgraph.compile: importing %s again for %s (one plan per shape and mode)",
-                         type(self.module).__name__, key)
+                log.info(
+                    "opgraph.compile: importing %s again for %s (one plan per shape and mode)",
+                    type(self.module).__name__,
+                    key,
+                )
             imported = from_torch(self.module, args, eval_batchnorm="scale_shift")
             self._imports[key] = imported
         return imported
@@ -144,12 +148,16 @@ class CompiledModule(torch.nn.Module):
         module's parameter} for those keys)."""
         if not torch.is_grad_enabled():
             return ((), ()), {}
-        inputs = tuple(i for i, (h, x) in enumerate(zip(imported._input_slots, leaves))
-                       if h is not None and isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point())
+        inputs = tuple(
+            i
+            for i, (h, x) in enumerate(zip(imported._input_slots, leaves))
+            if h is not None and isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point()
+        )
         keys = self._param_keys.get(id(imported))
         if keys is None:
-            keys = self._param_keys[id(imported)] = list(dict.fromkeys(
-                s.key for _, s in imported.bound_inputs if s.kind == "parameter"))
+            keys = self._param_keys[id(imported)] = list(
+                dict.fromkeys(s.key for _, s in imported.bound_inputs if s.kind == "parameter")
+            )
         current = {k: p for k in keys if (p := self.module.get_parameter(k)).requires_grad and p.is_floating_point()}
         return (inputs, tuple(current)), current
 
@@ -164,12 +172,25 @@ class CompiledModule(torch.nn.Module):
         for key, members in groups.items():
             if len(members) > 1:
                 p = self.module.get_parameter(key)
-                tied.append(TiedParam(key, [(t.known_uid(), s.views) for t, s in members], tuple(p.shape) or (1,),
-                                      tuple(p.stride()) or (1,), as_data_type(p.dtype)))
+                tied.append(
+                    TiedParam(
+                        key,
+                        [(t.known_uid(), s.views) for t, s in members],
+                        tuple(p.shape) or (1,),
+                        tuple(p.stride()) or (1,),
+                        as_data_type(p.dtype),
+                    )
+                )
         bound = {t.known_uid() for t, _ in imported.bound_inputs}
         types = None if low is None else _autocast_types(self.module, imported, inputs, device.type, low)
-        prep = prepare_forward(fg, bound=bound, tied=tied, low=None if low is None else as_data_type(low),
-                               output_types=types, name=f"{fg.name}_forward")
+        prep = prepare_forward(
+            fg,
+            bound=bound,
+            tied=tied,
+            low=None if low is None else as_data_type(low),
+            output_types=types,
+            name=f"{fg.name}_forward",
+        )
         g = prep.graph
         variant = Variant(g, None)
         for tp in tied:
@@ -186,12 +207,17 @@ class CompiledModule(torch.nn.Module):
         options = {"device": "cuda" if device.type == "cuda" else "cpu", **self.build_options}
         if wrt and outputs:
             try:
-                res = grad(g, outputs, wrt, allow_unused=True, forward_types=low is not None,
-                           name=f"{fg.name}_backward")
+                res = grad(
+                    g, outputs, wrt, allow_unused=True, forward_types=low is not None, name=f"{fg.name}_backward"
+                )
             except GraphError as err:
-                raise UnsupportedGraphError(f"opgraph.compile cannot differentiate {type(self.module).__name__}: "
-                                            f"{err.detail}", op=err.op, tensor=err.tensor, rule="compile.grad",
-                                            hint=err.hint or "run the module without gradients (torch.no_grad)") from err
+                raise UnsupportedGraphError(
+                    f"opgraph.compile cannot differentiate {type(self.module).__name__}: {err.detail}",
+                    op=err.op,
+                    tensor=err.tensor,
+                    rule="compile.grad",
+                    hint=err.hint or "run the module without gradients (torch.no_grad)",
+                ) from err
             res.keep_in(g)
             g.validate()
             variant.grad_outputs = {u: t.known_uid() for u, t in res.grad_inputs.items()}
@@ -203,8 +229,9 @@ class CompiledModule(torch.nn.Module):
         return variant
 
 
-def _autocast_types(module: torch.nn.Module, imported: ImportedGraph, inputs: tuple, device_type: str,
-                    low: Any) -> dict[int, Any]:
+def _autocast_types(
+    module: torch.nn.Module, imported: ImportedGraph, inputs: tuple, device_type: str, low: Any
+) -> dict[int, Any]:
     """The types eager PyTorch gives the module's floating results under autocast(device_type, low), by
     output UID: the module run on fake tensors (no computation, its parameters and buffers untouched).
     Where that run fails, None per output: the autocast type of the op making it."""
@@ -225,18 +252,24 @@ def _autocast_types(module: torch.nn.Module, imported: ImportedGraph, inputs: tu
             out = functional_call(module, state, args)
         types = [x.dtype if isinstance(x, torch.Tensor) else None for x in pytree.tree_leaves(out)]
     except Exception as err:  # noqa: BLE001 - any failure of a fake run: the ops' autocast types instead
-        log.debug("opgraph.compile: the fake autocast run of %s failed (%s); outputs take their op's autocast type",
-                  type(module).__name__, err)
+        log.debug(
+            "opgraph.compile: the fake autocast run of %s failed (%s); outputs take their op's autocast type",
+            type(module).__name__,
+            err,
+        )
         return fallback
     if len(types) != len(leaves):
         return fallback
-    return {u: as_data_type(t) for u, t in zip(leaves, types) if u is not None and t is not None
-            and t.is_floating_point}
+    return {
+        u: as_data_type(t) for u, t in zip(leaves, types) if u is not None and t is not None and t.is_floating_point
+    }
 
 
 def _signature(args: tuple) -> tuple:
-    return tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else repr(x)
-                 for x in pytree.tree_leaves(args))
+    return tuple(
+        (tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else repr(x)
+        for x in pytree.tree_leaves(args)
+    )
 
 
 def _unflatten(imported: ImportedGraph, outs: Sequence[Any]) -> Any:
@@ -248,8 +281,16 @@ def _unflatten(imported: ImportedGraph, outs: Sequence[Any]) -> Any:
 class _Run:
     """One call: the forward pack (kept for the backward), then the backward pack."""
 
-    def __init__(self, owner: CompiledModule, imported: ImportedGraph, variant: Variant, inputs: tuple,
-                 device: Any, params: list[Any], tensors: list[Any]) -> None:
+    def __init__(
+        self,
+        owner: CompiledModule,
+        imported: ImportedGraph,
+        variant: Variant,
+        inputs: tuple,
+        device: Any,
+        params: list[Any],
+        tensors: list[Any],
+    ) -> None:
         self.owner, self.imported, self.variant, self.inputs, self.device = owner, imported, variant, inputs, device
         self.params = params  # the module's parameters differentiated, in variant.params' order
         self.tensors = tensors  # the inputs differentiated, in variant.inputs' order
@@ -317,8 +358,10 @@ class _Function(torch.autograd.Function):
         if run is None:
             raise UnsupportedGraphError(
                 "a second backward through opgraph.compile's module (retain_graph=True): the first freed the "
-                "saved activations", rule="compile.retain_graph",
-                hint="run the module's forward again for each backward")
+                "saved activations",
+                rule="compile.retain_graph",
+                hint="run the module's forward again for each backward",
+            )
         ctx.run = None  # the saved activations go with the autograd graph's node
         create_graph = torch.is_grad_enabled()
         with torch.no_grad():
@@ -342,9 +385,11 @@ class _NotTwice(torch.autograd.Function):
         raise UnsupportedGraphError(
             "opgraph.compile's module is differentiable once: a gradient of its gradients (create_graph=True "
             "then a backward through the result: double backward, a gradient penalty, Hessian-vector products) "
-            "would differentiate its gradient plan, which opgraph does not", rule="compile.double_backward",
+            "would differentiate its gradient plan, which opgraph does not",
+            rule="compile.double_backward",
             hint="compute the term that needs second derivatives with the eager module (or torch.compile "
-                 "with another backend); create_graph=True alone, with the gradients used as values, works")
+            "with another backend); create_graph=True alone, with the gradients used as values, works",
+        )
 
 
 def compile(module: torch.nn.Module, example_inputs: Any, **build_options: Any) -> CompiledModule:  # noqa: A001
@@ -354,6 +399,9 @@ def compile(module: torch.nn.Module, example_inputs: Any, **build_options: Any) 
     `build_options`: passed to `Graph.build` (engines, autotune, heur_mode, ...; `device` defaults to
     the inputs')."""
     if not isinstance(module, torch.nn.Module):
-        raise UnsupportedGraphError(f"opgraph.compile takes a torch.nn.Module, got {type(module).__name__}",
-                                    rule="compile.module", hint="pass the model (an nn.Module)")
+        raise UnsupportedGraphError(
+            f"opgraph.compile takes a torch.nn.Module, got {type(module).__name__}",
+            rule="compile.module",
+            hint="pass the model (an nn.Module)",
+        )
     return CompiledModule(module, example_inputs, dict(build_options))

@@ -60,12 +60,19 @@ class BackendOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None = None, mode: str | None = None) -> BackendOptions:
         options = dict(options or {})
-        modes = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True},
-                 "max-autotune": {"cudagraphs": True, "autotune": True},
-                 "max-autotune-no-cudagraphs": {"autotune": True}}
+        modes = {
+            None: {},
+            "default": {},
+            "reduce-overhead": {"cudagraphs": True},
+            "max-autotune": {"cudagraphs": True, "autotune": True},
+            "max-autotune-no-cudagraphs": {"autotune": True},
+        }
         if mode not in modes:
-            raise AttributeValueError(f"torch.compile mode={mode!r} is not one opgraph knows",
-                                      rule="dynamo.mode", hint=f"use one of {[m for m in modes if m]}")
+            raise AttributeValueError(
+                f"torch.compile mode={mode!r} is not one opgraph knows",
+                rule="dynamo.mode",
+                hint=f"use one of {[m for m in modes if m]}",
+            )
         settings = {**modes[mode], **options}
         engines = settings.pop("engines", None)
         if isinstance(engines, str):
@@ -84,19 +91,27 @@ def clear_reports() -> None:
     _REPORTS.clear()
 
 
-def torch_backend(gm: Any, example_inputs: Sequence[Any], *, mode: str | None = None,
-                  options: Mapping[str, Any] | None = None) -> Any:
+def torch_backend(
+    gm: Any, example_inputs: Sequence[Any], *, mode: str | None = None, options: Mapping[str, Any] | None = None
+) -> Any:
     """The torch.compile backend (Dynamo's backend signature: an FX GraphModule and its example
     inputs; `mode` and `options` as torch.compile passes them). Returns the compiled callable."""
     opts = BackendOptions.parse(options, mode)
     compile_id = _compile_id()
     if any(_symbolic(x) for x in example_inputs):
-        log.info("opgraph: graph %s is dynamic; it is compiled once per input shape met (one plan per shape "
-                 "until dynamic shapes land)", compile_id)
+        log.info(
+            "opgraph: graph %s is dynamic; it is compiled once per input shape met (one plan per shape "
+            "until dynamic shapes land)",
+            compile_id,
+        )
         return _PerShape(gm, opts)
     if compile_id is not None and compile_id.frame_compile_id:
-        log.info("opgraph: recompiling frame %s (compile %s) for input shapes %s", compile_id.frame_id,
-                 compile_id.frame_compile_id, [tuple(x.shape) for x in example_inputs if hasattr(x, "shape")])
+        log.info(
+            "opgraph: recompiling frame %s (compile %s) for input shapes %s",
+            compile_id.frame_id,
+            compile_id.frame_compile_id,
+            [tuple(x.shape) for x in example_inputs if hasattr(x, "shape")],
+        )
     return _aot(opts, len(example_inputs))(gm, example_inputs)
 
 
@@ -126,8 +141,13 @@ def _aot(opts: BackendOptions, dynamo_inputs: int) -> Any:
         from .dynamo_cudagraphs import with_cudagraphs
 
         forward, backward, inference = with_cudagraphs(forward, backward, inference, dynamo_inputs)
-    return aot_autograd(fw_compiler=forward, bw_compiler=backward, inference_compiler=inference,
-                        decompositions=decompositions(), keep_inference_input_mutations=False)
+    return aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=backward,
+        inference_compiler=inference,
+        decompositions=decompositions(),
+        keep_inference_input_mutations=False,
+    )
 
 
 def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[Any]) -> Any:
@@ -158,12 +178,15 @@ class _PerShape:
     def __call__(self, *args: Any) -> Any:
         import torch
 
-        key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
-                    for a in args)
+        key = tuple(
+            (tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args
+        )
         fn = self.compiled.get(key)
         if fn is None:
-            log.info("opgraph: compiling a dynamic graph for input shapes %s (one plan per shape)",
-                     [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
+            log.info(
+                "opgraph: compiling a dynamic graph for input shapes %s (one plan per shape)",
+                [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)],
+            )
             fn = self.compiled[key] = _aot(self.opts, len(args))(copy.deepcopy(self.gm), list(args))
         return fn(*args)
 
@@ -185,8 +208,10 @@ class Explanation:
         return [f for g in self.graphs for f in g.fallbacks]
 
     def summary(self) -> str:
-        lines = [f"{self.graph_count} graph(s), {len(self.graph_breaks)} graph break(s), "
-                 f"{len(self.fallbacks)} node(s) left to PyTorch"]
+        lines = [
+            f"{self.graph_count} graph(s), {len(self.graph_breaks)} graph break(s), "
+            f"{len(self.fallbacks)} node(s) left to PyTorch"
+        ]
         lines += [f"graph break: {b}" for b in self.graph_breaks]
         lines += [g.summary() for g in self.graphs]
         return "\n".join(lines)
@@ -211,8 +236,11 @@ def explain(model: Any, *inputs: Any, backward: bool = True, **compile_kwargs: A
     compiled = torch.compile(twin, backend=torch_backend, **compile_kwargs)
     out = compiled(*inputs)
     if backward:
-        leaves = [t for t in torch.utils._pytree.tree_leaves(out)
-                  if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point]
+        leaves = [
+            t
+            for t in torch.utils._pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point
+        ]
         if leaves:
             total = leaves[0].sum()
             for t in leaves[1:]:

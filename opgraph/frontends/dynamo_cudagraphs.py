@@ -21,8 +21,9 @@ log = logging.getLogger("opgraph.dynamo")
 Compiler = Callable[[Any, list[Any]], Any]
 
 
-def with_cudagraphs(forward: Compiler, backward: Compiler, inference: Compiler,
-                    dynamo_inputs: int) -> tuple[Compiler, Compiler, Compiler]:
+def with_cudagraphs(
+    forward: Compiler, backward: Compiler, inference: Compiler, dynamo_inputs: int
+) -> tuple[Compiler, Compiler, Compiler]:
     """The three AOTAutograd compilers wrapped so that what they compile replays as CUDA graphs.
     `dynamo_inputs`: how many inputs the Dynamo graph has (the forward's leading, fixed ones)."""
     import torch
@@ -62,9 +63,17 @@ def with_cudagraphs(forward: Compiler, backward: Compiler, inference: Compiler,
                 log_cudagraph_skip_and_bump_counter(f"skipping cudagraphs due to {skip}")
                 return compiled
             device_index.set(index)
-            out = cudagraphify_impl(compiled, aot_inputs, range(fixed), device_index=device_index.value,
-                                    is_backward=False, is_inference=is_inference, stack_traces=traces,
-                                    placeholders=placeholders, mutated_input_idxs=mutated)
+            out = cudagraphify_impl(
+                compiled,
+                aot_inputs,
+                range(fixed),
+                device_index=device_index.value,
+                is_backward=False,
+                is_inference=is_inference,
+                stack_traces=traces,
+                placeholders=placeholders,
+                mutated_input_idxs=mutated,
+            )
             out._boxed_call = True  # type: ignore[attr-defined]
             return out
 
@@ -91,9 +100,17 @@ def with_cudagraphs(forward: Compiler, backward: Compiler, inference: Compiler,
 
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
-        out = cudagraphify_impl(compiled, aot_inputs, range(fixed), device_index=index, is_backward=True,
-                                is_inference=False, stack_traces=traces, placeholders=placeholders,
-                                mutated_input_idxs=mutated)
+        out = cudagraphify_impl(
+            compiled,
+            aot_inputs,
+            range(fixed),
+            device_index=index,
+            is_backward=True,
+            is_inference=False,
+            stack_traces=traces,
+            placeholders=placeholders,
+            mutated_input_idxs=mutated,
+        )
         out._boxed_call = True  # type: ignore[attr-defined]
         return out
 

@@ -32,11 +32,36 @@ from .torch_runtime import ImportedGraph
 log = logging.getLogger("opgraph.dynamo")
 
 # ops PyTorch runs as views or no-ops: a partition of these alone is not worth a plan
-VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "alias", "detach", "clone",
-    "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind", "contiguous", "as_strided",
-    "lift_fresh_copy", "view_as", "expand_as", "flatten", "unflatten", "chunk", "narrow",
-})
+VIEW_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "alias",
+        "detach",
+        "clone",
+        "squeeze",
+        "unsqueeze",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "contiguous",
+        "as_strided",
+        "lift_fresh_copy",
+        "view_as",
+        "expand_as",
+        "flatten",
+        "unflatten",
+        "chunk",
+        "narrow",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -86,8 +111,10 @@ class GraphReport:
         return sum(p.nodes for p in self.partitions)
 
     def summary(self) -> str:
-        head = (f"{self.kind} graph {self.index}: {self.nodes} node(s), {self.nodes_in_opgraph} in "
-                f"{len(self.partitions)} opgraph partition(s), {len(self.fallbacks)} left to PyTorch")
+        head = (
+            f"{self.kind} graph {self.index}: {self.nodes} node(s), {self.nodes_in_opgraph} in "
+            f"{len(self.partitions)} opgraph partition(s), {len(self.fallbacks)} left to PyTorch"
+        )
         lines = [head] + [f"  {p}" for p in self.partitions] + [f"  fallback {f}" for f in self.fallbacks]
         return "\n".join(lines)
 
@@ -115,10 +142,14 @@ class PlanModule:
             if handle is not None:
                 d = final.tensors[handle.known_uid()]
                 self._inputs.append((i, d.uid, d.dim, d.stride))
-        self._outputs = [(u, final.tensors[u].dim, final.tensors[u].stride, final.tensors[u].data_type.to_torch())
-                         for u in final.outputs]
-        self._leaves = [(None, leaf.value) if leaf.tensor is None else (leaf.tensor.known_uid(), leaf.shape)
-                        for leaf in imported._output_leaves]
+        self._outputs = [
+            (u, final.tensors[u].dim, final.tensors[u].stride, final.tensors[u].data_type.to_torch())
+            for u in final.outputs
+        ]
+        self._leaves = [
+            (None, leaf.value) if leaf.tensor is None else (leaf.tensor.known_uid(), leaf.shape)
+            for leaf in imported._output_leaves
+        ]
         self._bound = [(h.known_uid(), s) for h, s in imported.bound_inputs]
         output = next(n for n in fallback.graph.nodes if n.op == "output")
         self._single = not isinstance(output.args[0], (tuple, list))  # (the submodule returns one value bare)
@@ -146,8 +177,12 @@ class PlanModule:
             self.plan.execute(pack)
         except Exception as err:  # noqa: BLE001 - any failure: PyTorch runs the partition from now on
             self.failed = True
-            log.warning("opgraph: partition %s failed to run (%s: %s); PyTorch runs it from now on", self.name,
-                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            log.warning(
+                "opgraph: partition %s failed to run (%s: %s); PyTorch runs it from now on",
+                self.name,
+                type(err).__name__,
+                str(err).splitlines()[0] if str(err) else "",
+            )
             return self.fallback(*args)
         outs = tuple(value if uid is None else pack[uid].view(value) for uid, value in self._leaves)
         return outs[0] if self._single else outs
@@ -180,13 +215,15 @@ def _supported(refused: Mapping[str, str], node: Any) -> bool:
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
     # symbolic shapes (a dynamic graph), empty tensors and non-tensor results stay in PyTorch
-    return all(v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) and d > 0 for d in v.shape))
-               for v in vals)
+    return all(
+        v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) and d > 0 for d in v.shape)) for v in vals
+    )
 
 
 def _device(sub: Any) -> Any:
     """The one device of a partition's tensor inputs, or of its values when it has none (a mask built
     from `arange`); None when they are on several devices."""
+
     def devices(nodes: Any) -> set[Any]:
         found = set()
         for n in nodes:
@@ -200,8 +237,9 @@ def _device(sub: Any) -> Any:
     return found.pop() if len(found) == 1 else None
 
 
-def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | None,
-                  build_options: Mapping[str, Any]) -> tuple[Any, GraphReport]:
+def compile_graph(
+    gm: Any, kind: str, index: int, *, engines: Sequence[str] | None, build_options: Mapping[str, Any]
+) -> tuple[Any, GraphReport]:
     """Partition `gm` (an AOTAutograd GraphModule; modified in place), build a plan per partition and
     return the fused GraphModule, whose partitions are `PlanModule`s, with its report."""
     from torch.fx.node import _get_qualified_name
@@ -210,8 +248,11 @@ def compile_graph(gm: Any, kind: str, index: int, *, engines: Sequence[str] | No
     from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions, topo_sort
 
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    shapes = tuple(tuple(int(d) for d in n.meta["val"].shape) if hasattr(n.meta.get("val"), "shape") else ()
-                   for n in gm.graph.nodes if n.op == "placeholder")
+    shapes = tuple(
+        tuple(int(d) for d in n.meta["val"].shape) if hasattr(n.meta.get("val"), "shape") else ()
+        for n in gm.graph.nodes
+        if n.op == "placeholder"
+    )
     report = GraphReport(kind, index, shapes, nodes=len(calls))
     refused: dict[str, str] = {}
     done: dict[frozenset[str], tuple[ImportedGraph, Any, Any, list[str]]] = {}
@@ -303,14 +344,16 @@ def _why_not(node: Any) -> str:
     return "symbolic, empty or non-tensor values"
 
 
-def _import_partition(sub: Any, engines: Sequence[str] | None,
-                      build_options: Mapping[str, Any]) -> tuple[ImportedGraph, Any, Any, list[str]] | dict[str, str]:
+def _import_partition(
+    sub: Any, engines: Sequence[str] | None, build_options: Mapping[str, Any]
+) -> tuple[ImportedGraph, Any, Any, list[str]] | dict[str, str]:
     """The partition imported and its plan built, or {node name: reason} for what to take out ({} when
     the whole partition must go)."""
     device = _device(sub)
     if device is None:
-        return {n.name: "its partition's tensors are on several devices" for n in sub.graph.nodes
-                if n.op == "call_function"}
+        return {
+            n.name: "its partition's tensors are on several devices" for n in sub.graph.nodes if n.op == "call_function"
+        }
     try:
         imported = import_fx(sub, name=sub.__class__.__name__)
     except GraphError as err:

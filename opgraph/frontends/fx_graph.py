@@ -75,9 +75,12 @@ def examples(gm: Any) -> list[Any]:
         if n.op != "placeholder":
             continue
         if "val" not in n.meta:
-            raise UnsupportedGraphError(f"placeholder '{n.name}' has no traced value (meta['val'])",
-                                        rule="import.fx_meta", hint="import graphs traced with fake tensors "
-                                        "(AOTAutograd, make_fx, torch.export), which record each node's value")
+            raise UnsupportedGraphError(
+                f"placeholder '{n.name}' has no traced value (meta['val'])",
+                rule="import.fx_meta",
+                hint="import graphs traced with fake tensors "
+                "(AOTAutograd, make_fx, torch.export), which record each node's value",
+            )
         values.append(n.meta["val"])
     return values
 
@@ -127,8 +130,11 @@ def _import(gm: Any, program: FxProgram, args: list[Any], placeholders: list[Any
                 if node is not None:
                     raise UnsupportedGraphError(
                         f"node '{node.name}' ({node.target}) failed to translate: {type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''}", op=node.name, rule="import.fx_node",
-                        hint="report this as an importer bug, with the graph (gm.print_readable())") from err
+                        f"{str(err).splitlines()[0] if str(err) else ''}",
+                        op=node.name,
+                        rule="import.fx_node",
+                        hint="report this as an importer bug, with the graph (gm.print_readable())",
+                    ) from err
                 unread = _unread_inputs(imp, placeholders)
                 if not unread or not isinstance(err, UnsupportedGraphError):
                     raise

@@ -71,13 +71,19 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
     if not all(m is None or isinstance(m, torch.Tensor) for m in metas):
         raise UnsupportedGraphError(
             f"node '{node.name}' ({target}) has no translation ({reason}) and returns non-tensor values",
-            op=node.name, rule="import.unsupported", hint="compute it outside the module, or avoid the op",
+            op=node.name,
+            rule="import.unsupported",
+            hint="compute it outside the module, or avoid the op",
         )
     slots: list[Value] = []
     template = {k: _template(v, slots) for k, v in args.items()}
     if not slots:
-        raise UnsupportedGraphError(f"node '{node.name}' ({target}) has no tensor input", op=node.name,
-                                    rule="import.unsupported", hint="compute it outside the module")
+        raise UnsupportedGraphError(
+            f"node '{node.name}' ({target}) has no tensor input",
+            op=node.name,
+            rule="import.unsupported",
+            hint="compute it outside the module",
+        )
     in_meta = [(v.shape, v.dtype) for v in slots]
     out_meta = [None if m is None else (tuple(int(d) for d in m.shape), m.dtype) for m in metas]
 
@@ -90,22 +96,26 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
         for arr, (shape, dtype) in zip(arrays, in_meta):
             t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).reshape(shape)
             tensors.append(t if dtype.is_floating_point else t.to(dtype))
-        return [None if o is None else o.detach().to(torch.float64).reshape(og_dims(o.shape)).numpy()
-                for o in call(tensors)]
+        return [
+            None if o is None else o.detach().to(torch.float64).reshape(og_dims(o.shape)).numpy() for o in call(tensors)
+        ]
 
     def device(*tensors: Any) -> list[Any]:
         # the torch engine passes operands in its compute type: integer and bool inputs (indices,
         # masks) get their traced dtype back, float inputs are computed in the type they come in
-        shaped = [t.reshape(shape) if dtype.is_floating_point else t.reshape(shape).to(dtype)
-                  for t, (shape, dtype) in zip(tensors, in_meta)]
+        shaped = [
+            t.reshape(shape) if dtype.is_floating_point else t.reshape(shape).to(dtype)
+            for t, (shape, dtype) in zip(tensors, in_meta)
+        ]
         return [None if o is None else o.reshape(og_dims(o.shape)) for o in call(shaped)]
 
     def infer(*_descs: Any) -> list[Any]:
         return [((1,), torch.float32) if m is None else (og_dims(m[0]), m[1]) for m in out_meta]
 
     name = "torch_" + re.sub(r"\W", "_", str(target).removeprefix("aten.")) + f"_{next(_COUNTER)}"
-    register_custom_op(name, num_inputs=len(slots), num_outputs=len(metas), reference=reference, infer=infer,
-                       torch=device)
+    register_custom_op(
+        name, num_inputs=len(slots), num_outputs=len(metas), reference=reference, infer=infer, torch=device
+    )
     _register_vjp(name, call, in_meta, out_meta)
     used = imp.used.get(node, set(range(len(metas)))) if multi else {0}
     op = Custom(op_name=name, num_inputs=len(slots), num_outputs=len(metas))
@@ -165,6 +175,8 @@ def _draws_random(target: Any, args: dict[str, Any]) -> bool:
         if isinstance(p, (int, float)) and p == 0 or args.get("train", True) is False:
             return False
     return True
+
+
 def _register_vjp(name: str, call: Any, in_meta: list[tuple[Any, Any]], out_meta: list[Any]) -> None:
     """The backward rule of custom op `name`: a `<name>_vjp` custom op per combination of outputs that
     receive a gradient and inputs that need one (made on first use), reading the op's inputs and those
@@ -190,8 +202,12 @@ def _register_vjp(name: str, call: Any, in_meta: list[tuple[Any, Any]], out_meta
             chosen = [results[k] for k in outs]
             dys = [g.reshape(r.shape).to(r.dtype) for g, r in zip(grads, chosen)]
             got = torch.autograd.grad(chosen, [ins[i] for i in wrt], dys, allow_unused=True)
-        return [torch.zeros(og_dims(in_meta[i][0]), dtype=ins[i].dtype, device=ins[i].device) if d is None
-                else d.reshape(og_dims(in_meta[i][0])) for i, d in zip(wrt, got)]
+        return [
+            torch.zeros(og_dims(in_meta[i][0]), dtype=ins[i].dtype, device=ins[i].device)
+            if d is None
+            else d.reshape(og_dims(in_meta[i][0]))
+            for i, d in zip(wrt, got)
+        ]
 
     def op_for(outs: list[int], wrt: list[int]) -> str:
         vname = f"{name}_vjp_{'_'.join(map(str, outs))}_wrt_{'_'.join(map(str, wrt))}"
@@ -209,8 +225,9 @@ def _register_vjp(name: str, call: Any, in_meta: list[tuple[Any, Any]], out_meta
         def infer(*_descs: Any) -> list[Any]:
             return [og_dims(in_meta[i][0]) for i in wrt]
 
-        register_custom_op(vname, num_inputs=n + len(outs), num_outputs=len(wrt), reference=reference, infer=infer,
-                           torch=device)
+        register_custom_op(
+            vname, num_inputs=n + len(outs), num_outputs=len(wrt), reference=reference, infer=infer, torch=device
+        )
         made.add(vname)
         return vname
 

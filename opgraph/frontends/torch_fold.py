@@ -22,8 +22,17 @@ from .torch_mutations import mutation_target
 
 _UNINITIALISED = ("empty", "empty_like", "new_empty", "empty_strided", "empty_permuted")
 # ops that read only their tensor argument's shape, dtype and device (x.new_zeros(...), zeros_like(x))
-_SHAPE_ONLY = ("new_zeros", "new_ones", "new_full", "new_empty", "new_empty_strided", "zeros_like", "ones_like",
-               "full_like", "empty_like")
+_SHAPE_ONLY = (
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "new_empty",
+    "new_empty_strided",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "empty_like",
+)
 
 
 def _base(node: Any) -> str:

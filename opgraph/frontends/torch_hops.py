@@ -44,25 +44,34 @@ def inline_wrappers(gm: Any, notes: list[str], where: Any, params: frozenset[str
             continue
         if name not in _WRAPPERS:
             raise UnsupportedGraphError(
-                f"node '{node.name}' calls the higher-order op {name}{where(node)}", op=node.name,
+                f"node '{node.name}' calls the higher-order op {name}{where(node)}",
+                op=node.name,
                 rule="import.higher_order",
                 hint="write that region of the forward without torch control-flow ops (cond, while_loop, map, "
-                     "scan), or import the model in a mode that does not take it")
+                "scan), or import the model in a mode that does not take it",
+            )
         sub_pos = next(i for i, a in enumerate(node.args) if getattr(a, "op", None) == "get_attr")
         sub = getattr(gm, node.args[sub_pos].target)
         if name == "wrap_with_autocast" and node.args[2]:
             raise UnsupportedGraphError(
                 f"node '{node.name}' runs a region under torch.autocast({node.args[0]!r}, {node.args[1]})"
                 f"{_where(node, sub, where)}",
-                op=node.name, rule="import.autocast",
+                op=node.name,
+                rule="import.autocast",
                 hint="import the model without autocast inside its forward (cast the model to the dtype you want "
-                     "instead); regions with autocast(enabled=False) import as they are")
+                "instead); regions with autocast(enabled=False) import as they are",
+            )
         count += inline_wrappers(sub, notes, where)
-        if name == "wrap_with_set_grad_enabled" and not node.args[0] and _reads_parameters(node.args[sub_pos + 1:],
-                                                                                          params):
-            notes.append(f"{node.name}: a torch.no_grad() region{_where(node, sub, where)} is inlined; a training step "
-                         "differentiates through it (PyTorch does not)")
-        _inline(gm, node, sub, list(node.args[sub_pos + 1:]), node.kwargs if name == "wrap" else {})
+        if (
+            name == "wrap_with_set_grad_enabled"
+            and not node.args[0]
+            and _reads_parameters(node.args[sub_pos + 1 :], params)
+        ):
+            notes.append(
+                f"{node.name}: a torch.no_grad() region{_where(node, sub, where)} is inlined; a training step "
+                "differentiates through it (PyTorch does not)"
+            )
+        _inline(gm, node, sub, list(node.args[sub_pos + 1 :]), node.kwargs if name == "wrap" else {})
         count += 1
     if count:
         gm.graph.eliminate_dead_code()
@@ -120,6 +129,10 @@ def _inline(gm: Any, call: Any, sub: Any, operands: list[Any], kwargs: dict[str,
             user.replace_all_uses_with(results[user.args[1]])
             graph.erase_node(user)
     if call.users:
-        raise UnsupportedGraphError(f"node '{call.name}' (a wrapped region) is read other than by its results",
-                                    op=call.name, rule="import.internal", hint="report this as an importer bug")
+        raise UnsupportedGraphError(
+            f"node '{call.name}' (a wrapped region) is read other than by its results",
+            op=call.name,
+            rule="import.internal",
+            hint="report this as an importer bug",
+        )
     graph.erase_node(call)

@@ -51,8 +51,15 @@ from .torch_runtime import (
 # -- tracing and the main loop -----------------------------------------------------------------------
 
 
-def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, strict: bool = False,
-               eval_batchnorm: str = "folded", allow_tf32: bool | None = None) -> ImportedGraph:
+def from_torch(
+    module: Any,
+    example_inputs: Any,
+    *,
+    name: str | None = None,
+    strict: bool = False,
+    eval_batchnorm: str = "folded",
+    allow_tf32: bool | None = None,
+) -> ImportedGraph:
     """Trace `module` with `example_inputs` (a tensor or a tuple of arguments) and translate it into an
     opgraph graph. Returns an `ImportedGraph` (graph, inputs, outputs, params, report, variant_pack,
     run, write_back). The module's mode (eval/train) at call time is what is imported; train mode
@@ -75,28 +82,41 @@ def from_torch(module: Any, example_inputs: Any, *, name: str | None = None, str
     import torch
 
     if eval_batchnorm not in ("folded", "scale_shift", "op"):
-        raise AttributeValueError(f"eval_batchnorm={eval_batchnorm!r} is not 'folded', 'scale_shift' or 'op'",
-                                  rule="import.option", hint="pass eval_batchnorm='folded', 'scale_shift' or 'op'")
+        raise AttributeValueError(
+            f"eval_batchnorm={eval_batchnorm!r} is not 'folded', 'scale_shift' or 'op'",
+            rule="import.option",
+            hint="pass eval_batchnorm='folded', 'scale_shift' or 'op'",
+        )
 
     if not isinstance(module, torch.nn.Module):
-        raise UnsupportedGraphError(f"from_torch takes a torch.nn.Module, got {type(module).__name__}",
-                                    rule="import.module", hint="pass the model (an nn.Module)")
+        raise UnsupportedGraphError(
+            f"from_torch takes a torch.nn.Module, got {type(module).__name__}",
+            rule="import.module",
+            hint="pass the model (an nn.Module)",
+        )
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
         program = torch.export.export(module, args, strict=strict)
     except Exception as err:  # noqa: BLE001 - torch.export raises many types; report one
         raise UnsupportedGraphError(
             f"torch.export could not trace the module: {type(err).__name__}: {str(err).splitlines()[0]}",
-            rule="import.trace", hint="make the forward traceable by torch.export (no data-dependent Python "
+            rule="import.trace",
+            hint="make the forward traceable by torch.export (no data-dependent Python "
             "control flow), or pass strict=True/False to try the other tracer",
         ) from err
     tensors = [*program.state_dict.values(), *(a for a in args if isinstance(a, torch.Tensor))]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     imp = Importer(module, program, name or type(module).__name__, wide, {"eval_batchnorm": eval_batchnorm})
     imp.allow_tf32 = _pytorch_allows_tf32(torch) if allow_tf32 is None else bool(allow_tf32)
-    imp.note("fp32 products: " + ("TF32 allowed" if imp.allow_tf32 else "full precision (plans deselect "
-             "NumericalNote.DOWN_CONVERT_INPUTS, TF32)") + (" as PyTorch's settings at import" if allow_tf32 is None
-                                                             else " (allow_tf32 of from_torch)"))
+    imp.note(
+        "fp32 products: "
+        + (
+            "TF32 allowed"
+            if imp.allow_tf32
+            else "full precision (plans deselect NumericalNote.DOWN_CONVERT_INPUTS, TF32)"
+        )
+        + (" as PyTorch's settings at import" if allow_tf32 is None else " (allow_tf32 of from_torch)")
+    )
     params = frozenset(n for n, (kind, _) in placeholder_kinds(program).items() if kind == "parameter")
     inline_wrappers(program.graph_module, imp.report.notes, node_location, params)
     return _translate(imp, args)
@@ -160,14 +180,19 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
             example = program.constants[key]
             imp.constants[key] = example.detach().cpu()
         else:
-            raise UnsupportedGraphError(f"input '{n.name}' of kind {kind} is not supported", rule="import.input_kind",
-                                        hint="import modules whose inputs are tensors, parameters and buffers")
+            raise UnsupportedGraphError(
+                f"input '{n.name}' of kind {kind} is not supported",
+                rule="import.input_kind",
+                hint="import modules whose inputs are tensors, parameters and buffers",
+            )
         example = example.detach()
         imp.env[n] = Value(tuple(example.shape), example.dtype, source=Source(kind, key), example=example)
     if len(user_slots) != len(leaves):
-        raise UnsupportedGraphError(f"the traced program has {len(user_slots)} user inputs but the example has "
-                                    f"{len(leaves)} leaves", rule="import.inputs",
-                                    hint="pass the example inputs as the module's positional arguments")
+        raise UnsupportedGraphError(
+            f"the traced program has {len(user_slots)} user inputs but the example has {len(leaves)} leaves",
+            rule="import.inputs",
+            hint="pass the example inputs as the module's positional arguments",
+        )
 
     # translation: parameter-only nodes first, then batchnorm preparations, then the rest; arguments
     # are resolved through in-place writes in program order whatever the translation order
@@ -229,29 +254,53 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
             kind = "buffer" if spec.kind == OutputKind.BUFFER_MUTATION else "parameter"
             state.append((kind, spec.target, out))
         else:
-            raise UnsupportedGraphError(f"output kind {spec.kind} is not supported", rule="import.output_kind",
-                                        hint="import modules that return tensors (and update only buffers)")
+            raise UnsupportedGraphError(
+                f"output kind {spec.kind} is not supported",
+                rule="import.output_kind",
+                hint="import modules that return tensors (and update only buffers)",
+            )
     for kind, key, final in state:
         value = imp.env.get(final)
         if not isinstance(value, Value):
             continue
         t = _as_output(imp, value, made, f"{key}@next")
         imp.mutations.append(Mutation(kind, key, t))
-        imp.report.entries.append(ReportEntry(final.name, f"{kind} {key}", "translated", (),
-                                              f"updated by the graph: output '{key}@next', copied back by write_back"))
+        imp.report.entries.append(
+            ReportEntry(
+                final.name,
+                f"{kind} {key}",
+                "translated",
+                (),
+                f"updated by the graph: output '{key}@next', copied back by write_back",
+            )
+        )
     for final, (kind, key, amount) in host.items():
         imp.mutations.append(Mutation(kind, key, None, amount))
-        imp.report.entries.append(ReportEntry(final.name, str(final.target), "host", (),
-                                              f"{key} += {amount} on the host by write_back"))
+        imp.report.entries.append(
+            ReportEntry(final.name, str(final.target), "host", (), f"{key} += {amount} on the host by write_back")
+        )
     try:
         imp.g.validate()
     except GraphError as err:
-        raise UnsupportedGraphError(f"the imported graph is not valid: {err}", rule="import.invalid",
-                                    hint="report this as an importer bug, with the module") from err
+        raise UnsupportedGraphError(
+            f"the imported graph is not valid: {err}",
+            rule="import.invalid",
+            hint="report this as an importer bug, with the module",
+        ) from err
     return ImportedGraph(
-        graph=imp.g, module=imp.module, inputs=user_slots, input_spec=in_spec, output_leaves=leaves_out,
-        output_spec=program.call_spec.out_spec, bound=imp.bound, constants=imp.constants, randoms=imp.randoms,
-        derived=imp.derived, mutations=imp.mutations, report=imp.report, allow_tf32=imp.allow_tf32,
+        graph=imp.g,
+        module=imp.module,
+        inputs=user_slots,
+        input_spec=in_spec,
+        output_leaves=leaves_out,
+        output_spec=program.call_spec.out_spec,
+        bound=imp.bound,
+        constants=imp.constants,
+        randoms=imp.randoms,
+        derived=imp.derived,
+        mutations=imp.mutations,
+        report=imp.report,
+        allow_tf32=imp.allow_tf32,
     )
 
 
@@ -261,8 +310,9 @@ def _bind_folded(imp: Importer, nodes: list[Any], folded: dict[Any, Any]) -> Non
     import torch
 
     needed = {a for n in nodes if n not in folded for a in n.all_input_nodes if a in folded}
-    needed |= {n for n in folded if n.op == "call_function" and hasattr(n.target, "_schema")
-               and mutation_target(n) is not None}
+    needed |= {
+        n for n in folded if n.op == "call_function" and hasattr(n.target, "_schema") and mutation_target(n) is not None
+    }
     for n in nodes:
         if n not in needed:
             continue
@@ -270,8 +320,10 @@ def _bind_folded(imp: Importer, nodes: list[Any], folded: dict[Any, Any]) -> Non
         if isinstance(value, torch.Tensor):
             imp.env[n] = imp.constant_value(value.clone(), n.name)
         elif isinstance(value, (list, tuple)):
-            imp.env[n] = [imp.constant_value(v.clone(), f"{n.name}.{i}") if isinstance(v, torch.Tensor) else v
-                          for i, v in enumerate(value)]
+            imp.env[n] = [
+                imp.constant_value(v.clone(), f"{n.name}.{i}") if isinstance(v, torch.Tensor) else v
+                for i, v in enumerate(value)
+            ]
         else:
             imp.env[n] = value
         if n.op == "call_function":
@@ -299,8 +351,13 @@ def _located(node: Any, fn: Callable, *args: Any) -> None:
         where = node_location(node)
         if not where or where in err.detail:
             raise
-        raise type(err)(f"{err.detail} (node '{node.name}', {str(node.target)}){where}", op=err.op,
-                        tensor=err.tensor, rule=err.rule, hint=err.hint) from err
+        raise type(err)(
+            f"{err.detail} (node '{node.name}', {str(node.target)}){where}",
+            op=err.op,
+            tensor=err.tensor,
+            rule=err.rule,
+            hint=err.hint,
+        ) from err
 
 
 def _resolve_args(node: Any, versions: Versions) -> tuple[Any, Any]:
@@ -325,8 +382,11 @@ def _values(imp: Importer, v: Any, lenient: bool) -> Any:
         if v in imp.env:
             return imp.env[v]
         if not lenient:
-            raise UnsupportedGraphError(f"node '{v.name}' is read before it was translated", rule="import.internal",
-                                        hint="report this as an importer bug")
+            raise UnsupportedGraphError(
+                f"node '{v.name}' is read before it was translated",
+                rule="import.internal",
+                hint="report this as an importer bug",
+            )
         meta = node_meta(v)  # not translated yet: a value with its shape only
         return Value(tuple(int(d) for d in meta.shape), meta.dtype) if is_tensor(meta) else None
     if isinstance(v, (list, tuple)):
@@ -360,9 +420,11 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
         return
     before = len(imp.g._records)
     if not isinstance(target, torch._ops.OpOverload):
-        raise UnsupportedGraphError(f"node '{node.name}' calls {target!r}, which is not an aten op{node_location(node)}",
-                                    rule="import.unsupported_call",
-                                    hint="export the module with torch.export (aten ops only)")
+        raise UnsupportedGraphError(
+            f"node '{node.name}' calls {target!r}, which is not an aten op{node_location(node)}",
+            rule="import.unsupported_call",
+            hint="export the module with torch.export (aten ops only)",
+        )
     base, _ = op_key(target)
     args = _bind(imp, node, resolved)
     translator = torch_ops.TRANSLATORS.get(base)
@@ -409,6 +471,7 @@ def _fallback(imp: Importer, node: Any, args: Args, why: str, custom_node: Calla
 def _bound_only(args: Args) -> bool:
     """Whether every tensor argument is a buffer, a constant or computed from those at bind time (not
     a parameter, which may need a gradient; not a random draw)."""
+
     def walk(v: Any) -> list[Value]:
         if isinstance(v, Value):
             return [v]
@@ -417,8 +480,9 @@ def _bound_only(args: Args) -> bool:
         return []
 
     values = walk(list(args.values()))
-    return bool(values) and all(v.source is not None and v.source.kind in ("buffer", "constant", "derived")
-                                for v in values)
+    return bool(values) and all(
+        v.source is not None and v.source.kind in ("buffer", "constant", "derived") for v in values
+    )
 
 
 def _no_tensor_inputs(args: Args) -> bool:

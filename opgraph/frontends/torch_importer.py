@@ -132,8 +132,11 @@ class Importer:
             v.source, v.example = self.constant(zeros, "uninit"), zeros
             v.uninit = False
         if v.source is None:
-            raise UnsupportedGraphError(f"node '{self.node.name}' reads a value the importer has not translated",
-                                        rule="import.internal", hint="report this as an importer bug")
+            raise UnsupportedGraphError(
+                f"node '{self.node.name}' reads a value the importer has not translated",
+                rule="import.internal",
+                hint="report this as an importer bug",
+            )
         source = v.source
         if source not in self._declared:
             ex = v.example

@@ -10,8 +10,7 @@ from typing import Any
 from ..core.errors import UnsupportedGraphError
 from .torch_importer import Importer
 
-_EFFECTFUL = ("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm",
-              "miopen_batch_norm")
+_EFFECTFUL = ("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm", "miopen_batch_norm")
 
 
 def op_key(target: Any) -> tuple[str, str]:
@@ -79,8 +78,9 @@ def mutation_target(node: Any) -> Any:
     return arg if hasattr(arg, "op") else None
 
 
-def analyze_mutations(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]],
-                      folded: Any = frozenset()) -> tuple[set[Any], dict, list]:
+def analyze_mutations(
+    imp: Importer, nodes: list[Any], kinds: dict[str, tuple[str, str]], folded: Any = frozenset()
+) -> tuple[set[Any], dict, list]:
     """Liveness with in-place aliasing resolved. Returns (live nodes, host updates {buffer node:
     (key, amount)}, [(kind, key, final node)] module-state mutations translated in the graph).
     `folded` nodes (constants evaluated at import) may write into views of what they made."""
@@ -116,14 +116,22 @@ def analyze_mutations(imp: Importer, nodes: list[Any], kinds: dict[str, tuple[st
         if n.op != "placeholder" or versions.final(n) is n:
             continue
         if kinds.get(n.name, ("input", ""))[0] not in ("parameter", "buffer"):
-            imp.note(f"input '{n.name}' is updated in place by the module; the graph does not write the "
-                     "caller's tensor (its outputs are the module's results only)")
+            imp.note(
+                f"input '{n.name}' is updated in place by the module; the graph does not write the "
+                "caller's tensor (its outputs are the module's results only)"
+            )
             continue
         final = versions.final(n)
         kind, key = kinds[n.name]
         # `buf += k` on a buffer nothing else reads (num_batches_tracked): done on the host
-        if (final.op == "call_function" and op_key(final.target)[0] == "add" and final.args[0] is n
-                and not _flat_nodes(final.args[1:]) and readers.get(n, 0) == 1 and readers.get(final, 0) == 0):
+        if (
+            final.op == "call_function"
+            and op_key(final.target)[0] == "add"
+            and final.args[0] is n
+            and not _flat_nodes(final.args[1:])
+            and readers.get(n, 0) == 1
+            and readers.get(final, 0) == 0
+        ):
             alpha = final.kwargs.get("alpha", 1)
             host[final] = (kind, key, final.args[1] * alpha)
             continue
@@ -162,9 +170,11 @@ def _check_view_write(node: Any, target: Any, position: dict[Any, int]) -> None:
     if later:
         raise UnsupportedGraphError(
             f"node '{node.name}' ({node.target}) writes in place into a view of '{base.name}', which "
-            f"'{later[0].name}' reads afterwards{node_location(node)}", op=node.name, rule="import.view_mutation",
+            f"'{later[0].name}' reads afterwards{node_location(node)}",
+            op=node.name,
+            rule="import.view_mutation",
             hint="write that line of the forward out of place (y = x.clone(); y[...] = ... or torch.cat); writes "
-                 "into tensors made from constants alone (a mask built from zeros) are folded at import",
+            "into tensors made from constants alone (a mask built from zeros) are folded at import",
         )
 
 
@@ -180,15 +190,20 @@ def placeholder_kinds(program: Any) -> dict[str, tuple[str, str]]:
     from torch.export.graph_signature import InputKind
 
     kinds = {}
-    names = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer", InputKind.CONSTANT_TENSOR: "constant",
-             InputKind.USER_INPUT: "input"}
+    names = {
+        InputKind.PARAMETER: "parameter",
+        InputKind.BUFFER: "buffer",
+        InputKind.CONSTANT_TENSOR: "constant",
+        InputKind.USER_INPUT: "input",
+    }
     for spec in program.graph_signature.input_specs:
         kinds[spec.arg.name] = (names.get(spec.kind, str(spec.kind)), spec.target or spec.arg.name)
     return kinds
 
 
-def param_only_nodes(nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, str]],
-                     folded: Any = frozenset()) -> set[Any]:
+def param_only_nodes(
+    nodes: list[Any], live: set[Any], kinds: dict[str, tuple[str, str]], folded: Any = frozenset()
+) -> set[Any]:
     """Live nodes computed from parameters, buffers and constants alone (not random draws); `folded`
     nodes count as constants."""
     import torch

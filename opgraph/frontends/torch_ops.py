@@ -99,9 +99,24 @@ def _operands(imp: Importer, node: Any, *values: Any) -> list[Any]:
 
 
 _UNARY = {
-    "neg": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "reciprocal",
-    "abs": "abs", "sin": "sin", "cos": "cos", "tan": "tan", "erf": "erf", "floor": "floor", "ceil": "ceil",
-    "tanh": "tanh", "sigmoid": "sigmoid", "relu": "relu", "silu": "swish", "logical_not": "logical_not",
+    "neg": "neg",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal",
+    "abs": "abs",
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "erf": "erf",
+    "floor": "floor",
+    "ceil": "ceil",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "relu": "relu",
+    "silu": "swish",
+    "logical_not": "logical_not",
 }
 
 
@@ -116,9 +131,19 @@ for _name, _builder in _UNARY.items():
     TRANSLATORS.register(_name, _unary(_builder))
 
 _BINARY = {
-    "mul": "mul", "maximum": "max", "minimum": "min", "eq": "cmp_eq", "ne": "cmp_neq", "gt": "cmp_gt",
-    "ge": "cmp_ge", "lt": "cmp_lt", "le": "cmp_le", "logical_and": "logical_and", "logical_or": "logical_or",
-    "fmod": "mod", "true_divide": "div",
+    "mul": "mul",
+    "maximum": "max",
+    "minimum": "min",
+    "eq": "cmp_eq",
+    "ne": "cmp_neq",
+    "gt": "cmp_gt",
+    "ge": "cmp_ge",
+    "lt": "cmp_lt",
+    "le": "cmp_le",
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
+    "fmod": "mod",
+    "true_divide": "div",
 }
 
 
@@ -273,8 +298,10 @@ def _gelu(imp: Importer, node: Any, a: Args) -> Tensor:
 
 @op("softplus")
 def _softplus(imp: Importer, node: Any, a: Args) -> Tensor:
-    imp.note("softplus: PyTorch returns x where beta*x > threshold; opgraph computes log1p(exp(beta*x))/beta "
-             "everywhere (a difference below 1e-8 relative for the default threshold 20)")
+    imp.note(
+        "softplus: PyTorch returns x where beta*x > threshold; opgraph computes log1p(exp(beta*x))/beta "
+        "everywhere (a difference below 1e-8 relative for the default threshold 20)"
+    )
     return imp.g.softplus(imp.tensor(a["self"]), beta=a.get("beta", 1.0), name=imp.op_name())
 
 
@@ -304,8 +331,20 @@ def _relu6_shift(imp: Importer, x: Tensor) -> Tensor:
 # -- layout -----------------------------------------------------------------------------------------
 
 
-@op("view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as",
-    "view_copy", "squeeze_copy", "unsqueeze_copy")
+@op(
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "flatten",
+    "unflatten",
+    "squeeze",
+    "unsqueeze",
+    "view_as",
+    "reshape_as",
+    "view_copy",
+    "squeeze_copy",
+    "unsqueeze_copy",
+)
 def _reshape(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
     shape = _shape(node)
@@ -326,8 +365,10 @@ def _expand(imp: Importer, node: Any, a: Args) -> Any:
 
 def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
     if x.is_bound:
-        padded = expect(imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape)),
-                        "the view of a bound value")
+        padded = expect(
+            imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape)),
+            "the view of a bound value",
+        )
         return imp.view(padded, imp.torch.ops.aten.expand.default, list(shape))
     # a value times ones of the target shape (held with zero strides: no memory)
     ones = imp.constant(imp.torch.ones(1, dtype=x.dtype), "ones")
@@ -352,7 +393,7 @@ def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step
     if (start, stop, step) == (0, size, 1):
         return x
     if len(range(start, stop, step)) == 0:  # nothing: a value of no elements (cat leaves it out)
-        return Value(x.shape[:axis] + (0,) + x.shape[axis + 1:], x.dtype)
+        return Value(x.shape[:axis] + (0,) + x.shape[axis + 1 :], x.dtype)
     viewed = imp.view(x, imp.torch.ops.aten.slice.Tensor, axis, start, stop, step)
     if viewed is not None:
         return viewed
@@ -423,9 +464,15 @@ def _unbind(imp: Importer, node: Any, a: Args) -> list[Any]:
     x = a["self"]
     axis = _axis(a["dim"], x.rank)
     parts = _split_at(imp, node, x, axis, [1] * x.shape[axis])
-    shape = x.shape[:axis] + x.shape[axis + 1:]
-    return [None if p is None else imp.reshaped(p, shape) if isinstance(p, Value)
-            else imp.g.reshape(p, list(og_dims(shape)), name=imp.op_name("squeeze")) for p in parts]
+    shape = x.shape[:axis] + x.shape[axis + 1 :]
+    return [
+        None
+        if p is None
+        else imp.reshaped(p, shape)
+        if isinstance(p, Value)
+        else imp.g.reshape(p, list(og_dims(shape)), name=imp.op_name("squeeze"))
+        for p in parts
+    ]
 
 
 @op("cat", "concat", "concatenate")
@@ -462,16 +509,22 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
     if not isinstance(meta, torch.Tensor):
         from ..core.errors import UnsupportedGraphError
 
-        raise UnsupportedGraphError(f"node '{node.name}' ({target}) does not make one tensor", rule="import.factory",
-                                    hint="compute it outside the module and pass it as an input")
+        raise UnsupportedGraphError(
+            f"node '{node.name}' ({target}) does not make one tensor",
+            rule="import.factory",
+            hint="compute it outside the module and pass it as an input",
+        )
     shape = tuple(int(d) for d in meta.shape)
     if torch.Tag.nondeterministic_seeded in target.tags:
         dist = {"rand": "uniform", "randn": "normal"}.get(base)
         if dist is None:
             from ..core.errors import UnsupportedGraphError
 
-            raise UnsupportedGraphError(f"random op {target} is not supported", rule="import.random",
-                                        hint="draw it outside the module and pass it as an input")
+            raise UnsupportedGraphError(
+                f"random op {target} is not supported",
+                rule="import.random",
+                hint="draw it outside the module and pass it as an input",
+            )
         return imp.random_value(dist, shape, meta.dtype), "random", f"a {dist} input drawn by variant_pack"
     if base in ("empty", "empty_strided", "empty_permuted"):
         return Value(shape, meta.dtype, uninit=True), "alias", "uninitialised"
@@ -495,4 +548,3 @@ def call_schema(target: Any, args: dict[str, Any]) -> Any:
         else:
             positional.append(args[arg.name])
     return target(*positional, **keywords)
-

@@ -85,10 +85,20 @@ def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
     recognised = _mask_pattern(imp, mask, q.shape[-2], k.shape[-2]) if isinstance(mask, Value) else None
     if recognised is not None:
         kw.update(recognised)
-        imp.note(f"{node.name}: its constant attention mask is " + (
-            "all-true: dropped" if not recognised else "causal" + (
-                f" with a sliding window of {recognised['sliding_window_length']}"
-                if "sliding_window_length" in recognised else "") + ": the op's own mask, no mask tensor"))
+        imp.note(
+            f"{node.name}: its constant attention mask is "
+            + (
+                "all-true: dropped"
+                if not recognised
+                else "causal"
+                + (
+                    f" with a sliding window of {recognised['sliding_window_length']}"
+                    if "sliding_window_length" in recognised
+                    else ""
+                )
+                + ": the op's own mask, no mask tensor"
+            )
+        )
         mask = None
     if isinstance(mask, Value):
         if mask.rank > 4:
@@ -107,10 +117,13 @@ def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
         seed = imp.random_value("seed", (1,), torch.int64)
         offset = imp.constant_value(torch.zeros(1, dtype=torch.int64), "dropout_offset")
         kw["dropout"] = (p, imp.tensor(seed), imp.tensor(offset))
-        imp.note(f"{node.name}: attention dropout in train mode: the op's Philox stream, its seed an input drawn "
-                 "by variant_pack at every call (other draws than PyTorch's)")
-    o, _ = imp.g.sdpa(_rank4(imp, q), _rank4(imp, k), _rank4(imp, v), generate_stats=False,
-                      name=imp.op_name("sdpa"), **kw)
+        imp.note(
+            f"{node.name}: attention dropout in train mode: the op's Philox stream, its seed an input drawn "
+            "by variant_pack at every call (other draws than PyTorch's)"
+        )
+    o, _ = imp.g.sdpa(
+        _rank4(imp, q), _rank4(imp, k), _rank4(imp, v), generate_stats=False, name=imp.op_name("sdpa"), **kw
+    )
     if q.rank == 3:
         out_shape = (*q.shape[:2], v.shape[-1])
         return imp.g.reshape(o, list(out_shape), name=imp.op_name("reshape"))

@@ -59,8 +59,11 @@ def _rms_norm(imp: Importer, node: Any, a: Args) -> Tensor:
     if not isinstance(eps, (int, float)):
         raise Untranslatable("rms_norm with a tensor eps")
     torch = imp.torch
-    scale = imp.reshaped(w, full) if w is not None else imp.tensor(
-        imp.constant_value(torch.ones(full, dtype=imp.g.intermediate_data_type.to_torch()), "ones"))
+    scale = (
+        imp.reshaped(w, full)
+        if w is not None
+        else imp.tensor(imp.constant_value(torch.ones(full, dtype=imp.g.intermediate_data_type.to_torch()), "ones"))
+    )
     if tuple(_shape(node)) != x.shape:
         raise Untranslatable("rms_norm whose result is not the input's shape")
     return imp.g.rmsnorm("inference", imp.tensor(x), scale, epsilon=float(eps), name=imp.op_name())[0]
@@ -68,8 +71,15 @@ def _rms_norm(imp: Importer, node: Any, a: Args) -> Tensor:
 
 # -- masks and positions: logical ops on bool, differences, indexing by constant positions ---------------
 
-_LOGICAL = {"__and__": "logical_and", "bitwise_and": "logical_and", "__or__": "logical_or",
-            "bitwise_or": "logical_or", "logical_xor": "cmp_neq", "__xor__": "cmp_neq", "bitwise_xor": "cmp_neq"}
+_LOGICAL = {
+    "__and__": "logical_and",
+    "bitwise_and": "logical_and",
+    "__or__": "logical_or",
+    "bitwise_or": "logical_or",
+    "logical_xor": "cmp_neq",
+    "__xor__": "cmp_neq",
+    "bitwise_xor": "cmp_neq",
+}
 
 
 def _logical(builder: str) -> Any:
@@ -100,15 +110,25 @@ def _diff(imp: Importer, node: Any, a: Args) -> Any:
         raise Untranslatable("diff with a prepend/append of another rank")
     shape = list(x.shape)
     shape[axis] = sum(v.shape[axis] for v in parts)
-    cur: Any = x if len(parts) == 1 else Value(tuple(shape), x.dtype, tensor=imp.g.concatenate(
-        [imp.tensor(v) for v in parts], axis, name=imp.op_name("cat")))
+    cur: Any = (
+        x
+        if len(parts) == 1
+        else Value(
+            tuple(shape),
+            x.dtype,
+            tensor=imp.g.concatenate([imp.tensor(v) for v in parts], axis, name=imp.op_name("cat")),
+        )
+    )
     for _ in range(int(a.get("n", 1))):
         size = cur.shape[axis]
         hi = _slice_value(imp, cur, axis, 1, size, 1)
         lo = _slice_value(imp, cur, axis, 0, size - 1, 1)
         hi_t, lo_t = (imp.tensor(v) if isinstance(v, Value) else v for v in (hi, lo))
-        d = imp.g.cmp_neq(hi_t, lo_t, name=imp.op_name()) if x.dtype == imp.torch.bool else \
-            imp.g.sub(hi_t, lo_t, name=imp.op_name())
+        d = (
+            imp.g.cmp_neq(hi_t, lo_t, name=imp.op_name())
+            if x.dtype == imp.torch.bool
+            else imp.g.sub(hi_t, lo_t, name=imp.op_name())
+        )
         d.set_data_type(x.dtype)
         shape = list(cur.shape)
         shape[axis] -= 1
@@ -123,13 +143,21 @@ def _index(imp: Importer, node: Any, a: Args) -> Any:
     slices, a permutation, a reshape and a broadcast of x, no gather."""
     torch = imp.torch
     x, indices = a["self"], list(a["indices"])
-    if not all(i is None or isinstance(i, Value) and i.source is not None and i.source.kind == "constant"
-               and not i.source.views and i.example is not None for i in indices):
+    if not all(
+        i is None
+        or isinstance(i, Value)
+        and i.source is not None
+        and i.source.kind == "constant"
+        and not i.source.views
+        and i.example is not None
+        for i in indices
+    ):
         return _index_rows(imp, node, x, indices)
     if any(i is not None and i.dtype == torch.bool for i in indices):
         raise Untranslatable("indexing by a boolean mask")
     positions = torch.arange(max(1, _numel(x.shape))).reshape(x.shape)[
-        tuple(slice(None) if i is None else imp.constants[i.source.key] for i in indices)]
+        tuple(slice(None) if i is None else imp.constants[i.source.key] for i in indices)
+    ]
     return _positions_view(imp, node, x, positions)
 
 
@@ -173,7 +201,7 @@ def _gather_computed(imp: Importer, node: Any, x: Value, axis: int, index: Value
     torch = imp.torch
     if index.dtype.is_floating_point or index.dtype == torch.bool or _numel(x.shape) > _SMALL:
         raise Untranslatable("gather of a large tensor, or by non-integer positions")
-    strides = [_numel(x.shape[d + 1:]) for d in range(x.rank)]
+    strides = [_numel(x.shape[d + 1 :]) for d in range(x.rank)]
     base = torch.zeros(index.shape, dtype=torch.int64)
     for d, n in enumerate(index.shape):
         if d != axis:
@@ -192,8 +220,12 @@ def _gather(imp: Importer, node: Any, a: Args) -> Any:
     coordinates (BERT's token_type_ids buffer read at positions arange(S)): a view of x, as `index`."""
     torch = imp.torch
     x, index = a["self"], a["index"]
-    if not (isinstance(index, Value) and index.source is not None and index.source.kind == "constant"
-            and not index.source.views):
+    if not (
+        isinstance(index, Value)
+        and index.source is not None
+        and index.source.kind == "constant"
+        and not index.source.views
+    ):
         return _gather_computed(imp, node, x, _axis(a["dim"], x.rank), index)
     flat = torch.arange(max(1, _numel(x.shape))).reshape(x.shape)
     positions = torch.gather(flat, _axis(a["dim"], x.rank), imp.constants[index.source.key])
@@ -215,14 +247,19 @@ def _positions_view(imp: Importer, node: Any, x: Value, positions: Any) -> Any:
     for d in range(x.rank):
         n = shape[order.index(d)] if d in order else 1
         sizes[d] = n
-        cur = _as_value(_slice_value(imp, cur, d, starts[d], starts[d] + steps[d] * (n - 1) + 1, steps[d]),
-                        x.dtype, sizes)
+        cur = _as_value(
+            _slice_value(imp, cur, d, starts[d], starts[d] + steps[d] * (n - 1) + 1, steps[d]), x.dtype, sizes
+        )
     used = [d for d in order if d is not None]
     perm = used + [d for d in range(x.rank) if d not in order]
     if perm != list(range(x.rank)):
         sizes = [sizes[d] for d in perm]
-        cur = _as_value(imp.view(cur, torch.ops.aten.permute.default, perm)
-                        or imp.g.transpose(imp.tensor(cur), perm, name=imp.op_name("permute")), x.dtype, sizes)
+        cur = _as_value(
+            imp.view(cur, torch.ops.aten.permute.default, perm)
+            or imp.g.transpose(imp.tensor(cur), perm, name=imp.op_name("permute")),
+            x.dtype,
+            sizes,
+        )
     # the result: the used axes in order, 1 on broadcast axes, then broadcast
     kept = tuple(n if d is not None else 1 for n, d in zip(shape, order))
     if cur.shape != kept:
@@ -253,7 +290,7 @@ def _affine_view(positions: Any, in_shape: tuple[int, ...]) -> tuple[list[int], 
 
     p = positions.to(torch.int64)
     rank = len(in_shape)
-    strides = [_numel(in_shape[d + 1:]) for d in range(rank)]
+    strides = [_numel(in_shape[d + 1 :]) for d in range(rank)]
     offset = int(p.flatten()[0]) if p.numel() else 0
     starts = []
     rem = offset
@@ -273,8 +310,14 @@ def _affine_view(positions: Any, in_shape: tuple[int, ...]) -> tuple[list[int], 
         if delta == 0:
             order.append(None)
             continue
-        axis = next((d for d in range(rank) if delta > 0 and delta % strides[d] == 0
-                     and delta // strides[d] < in_shape[d] and d not in order), None)
+        axis = next(
+            (
+                d
+                for d in range(rank)
+                if delta > 0 and delta % strides[d] == 0 and delta // strides[d] < in_shape[d] and d not in order
+            ),
+            None,
+        )
         if axis is None:
             return None
         steps[axis] = delta // strides[axis]
@@ -310,8 +353,9 @@ def _pad(imp: Importer, node: Any, a: Args) -> Any:
         before, after = int(pads[2 * i]), int(pads[2 * i + 1])
         if before < 0 or after < 0:
             start, stop = max(0, -before), shape[axis] - max(0, -after)
-            cur = _as_value(_slice_value(imp, cur, axis, start, stop, 1), x.dtype, shape[:axis] + [stop - start]
-                            + shape[axis + 1:])
+            cur = _as_value(
+                _slice_value(imp, cur, axis, start, stop, 1), x.dtype, shape[:axis] + [stop - start] + shape[axis + 1 :]
+            )
             shape[axis] = stop - start
             before, after = max(0, before), max(0, after)
         if before == 0 and after == 0:
@@ -323,7 +367,7 @@ def _pad(imp: Importer, node: Any, a: Args) -> Any:
             if where is None:
                 parts.append(imp.tensor(cur))
                 continue
-            block = shape[:axis] + [n] + shape[axis + 1:]
+            block = shape[:axis] + [n] + shape[axis + 1 :]
             parts.append(imp.tensor(_filled_value(imp, block, value, x.dtype)))
         shape[axis] += before + after
         cur = _as_value(imp.g.concatenate(parts, axis, name=imp.op_name("pad")), x.dtype, shape)

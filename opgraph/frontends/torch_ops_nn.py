@@ -15,8 +15,9 @@ from .torch_ops import TRANSLATORS, Translator, _axis, _ints, _meta, _operands, 
 # -- reductions ---------------------------------------------------------------------------------------
 
 
-def reduce(imp: Importer, x: Value, axes: list[int], keepdim: bool, mode: ReductionMode,
-           out_shape: tuple[int, ...]) -> Tensor:
+def reduce(
+    imp: Importer, x: Value, axes: list[int], keepdim: bool, mode: ReductionMode, out_shape: tuple[int, ...]
+) -> Tensor:
     """Reduce `x` over `axes` (torch axes); the result has torch shape `out_shape`."""
     rank = x.rank
     axes = sorted({_axis(d, rank) for d in axes}) if axes else list(range(rank))
@@ -91,8 +92,17 @@ def _log_softmax(imp: Importer, node: Any, a: Args) -> Tensor:
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
-def _nll(imp: Importer, node: Any, logp: Tensor, x: Value, target: Value, weight: Value | None,
-         reduction: int, ignore_index: int, smoothing: float = 0.0) -> Tensor:
+def _nll(
+    imp: Importer,
+    node: Any,
+    logp: Tensor,
+    x: Value,
+    target: Value,
+    weight: Value | None,
+    reduction: int,
+    ignore_index: int,
+    smoothing: float = 0.0,
+) -> Tensor:
     """The negative log-likelihood of class-index targets over log-probabilities `logp` (dims of x),
     class axis 1, with PyTorch's weighting, ignore_index and reduction."""
     g = imp.g
@@ -118,8 +128,9 @@ def _nll(imp: Importer, node: Any, logp: Tensor, x: Value, target: Value, weight
         if weight is not None:
             raise Untranslatable("label_smoothing with class weights")
         total = imp.reduction(logp, ReductionMode.ADD, og_dims(rows), imp.op_name("smooth"))
-        smooth = g.mul(g.mul(total, valid, name=imp.op_name("smask")), -smoothing / x.shape[1],
-                       name=imp.op_name("sscale"))
+        smooth = g.mul(
+            g.mul(total, valid, name=imp.op_name("smask")), -smoothing / x.shape[1], name=imp.op_name("sscale")
+        )
         loss = g.add(g.mul(loss, 1.0 - smoothing, name=imp.op_name("lscale")), smooth, name=imp.op_name("smoothed"))
     how = _REDUCTIONS.get(reduction)
     if how == "none":
@@ -139,8 +150,17 @@ def _cross_entropy(imp: Importer, node: Any, a: Args) -> Tensor:
         raise Untranslatable("cross_entropy with probability targets or unbatched input")
     shifted, _, z, _ = _softmax_parts(imp, x, 1)
     logp = imp.g.sub(shifted, imp.g.log(z, name=imp.op_name("log")), name=imp.op_name("logp"))
-    return _nll(imp, node, logp, x, a["target"], a.get("weight"), a["reduction"], a["ignore_index"],
-                float(a.get("label_smoothing") or 0.0))
+    return _nll(
+        imp,
+        node,
+        logp,
+        x,
+        a["target"],
+        a.get("weight"),
+        a["reduction"],
+        a["ignore_index"],
+        float(a.get("label_smoothing") or 0.0),
+    )
 
 
 @op("nll_loss", "nll_loss_nd", "nll_loss2d", "nll_loss_forward", "nll_loss2d_forward")
@@ -148,8 +168,16 @@ def _nll_loss(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
     if a["target"].rank != x.rank - 1:
         raise Untranslatable("nll_loss over unbatched input")
-    loss = _nll(imp, node if not isinstance(_meta(node), (list, tuple)) else _Sub(node, 0), imp.tensor(x), x,
-                a["target"], a.get("weight"), a["reduction"], a["ignore_index"])
+    loss = _nll(
+        imp,
+        node if not isinstance(_meta(node), (list, tuple)) else _Sub(node, 0),
+        imp.tensor(x),
+        x,
+        a["target"],
+        a.get("weight"),
+        a["reduction"],
+        a["ignore_index"],
+    )
     if isinstance(_meta(node), (list, tuple)):  # *_forward -> (output, total_weight)
         if imp.used.get(node, set()) - {0}:
             raise Untranslatable("nll_loss total_weight")
@@ -210,8 +238,10 @@ def _linear(imp: Importer, node: Any, a: Args) -> Tensor:
     if x.rank == 2:
         bt = _transposed(imp, w)
     elif w.is_bound:
-        bt = imp.reshaped(expect(imp.view(w, imp.torch.ops.aten.t.default), "the view of a bound weight"),
-                          (1,) * (x.rank - 2) + wt_shape)
+        bt = imp.reshaped(
+            expect(imp.view(w, imp.torch.ops.aten.t.default), "the view of a bound weight"),
+            (1,) * (x.rank - 2) + wt_shape,
+        )
     else:
         bt = _lead_ones(imp, _transposed(imp, w), wt_shape, x.rank)
     y = imp.g.matmul(imp.tensor(x), bt, name=imp.op_name("matmul"))
@@ -258,7 +288,8 @@ def _permute(imp: Importer, node: Any, a: Args) -> Any:
     if perm == list(range(x.rank)):
         return x
     return imp.view(x, imp.torch.ops.aten.permute.default, perm) or imp.g.transpose(
-        imp.tensor(x), perm, name=imp.op_name())
+        imp.tensor(x), perm, name=imp.op_name()
+    )
 
 
 @op("transpose")
@@ -272,7 +303,8 @@ def _transpose(imp: Importer, node: Any, a: Args) -> Any:
     perm = list(range(x.rank))
     perm[d0], perm[d1] = perm[d1], perm[d0]
     return imp.view(x, imp.torch.ops.aten.permute.default, perm) or imp.g.transpose(
-        imp.tensor(x), perm, name=imp.op_name())
+        imp.tensor(x), perm, name=imp.op_name()
+    )
 
 
 def _conv_padding(padding: Any, w: Value, dilation: list[int], nsp: int) -> tuple[list[int], list[int]]:
@@ -303,7 +335,12 @@ def _zero_pads(node: Any) -> list[int] | None:
     pads = [int(p) for p in given["pad"]]
     value = given.get("value") or 0
     rank = len(node.meta["val"].shape)
-    if given.get("mode", "constant") != "constant" or value != 0 or min(pads, default=0) < 0 or len(pads) > 2 * (rank - 2):
+    if (
+        given.get("mode", "constant") != "constant"
+        or value != 0
+        or min(pads, default=0) < 0
+        or len(pads) > 2 * (rank - 2)
+    ):
         return None
     return pads
 
@@ -312,10 +349,16 @@ def pad_absorbed(node: Any) -> bool:
     """Whether every reader of pad node `node` is a convolution that takes its zeros as padding."""
     if _zero_pads(node) is None or not node.users:
         return False
-    return all(u.op == "call_function" and hasattr(u.target, "_schema") and u.args and u.args[0] is node
-               and u.target._schema.name.split("::")[-1] in _CONVS
-               and not (len(u.args) > 6 and u.args[6] is True) and not u.kwargs.get("transposed")
-               for u in node.users)
+    return all(
+        u.op == "call_function"
+        and hasattr(u.target, "_schema")
+        and u.args
+        and u.args[0] is node
+        and u.target._schema.name.split("::")[-1] in _CONVS
+        and not (len(u.args) > 6 and u.args[6] is True)
+        and not u.kwargs.get("transposed")
+        for u in node.users
+    )
 
 
 @op(*_CONVS)
@@ -335,12 +378,26 @@ def _conv(imp: Importer, node: Any, a: Args) -> Tensor:
             post[nsp - 1 - k] += pads[2 * k + 1]
     g = imp.g
     if a.get("transposed"):
-        y = g.conv_dgrad(imp.tensor(x), imp.tensor(w), pre_padding=pre, post_padding=post, stride=stride,
-                         dilation=dilation, name=imp.op_name("conv_transpose"))
+        y = g.conv_dgrad(
+            imp.tensor(x),
+            imp.tensor(w),
+            pre_padding=pre,
+            post_padding=post,
+            stride=stride,
+            dilation=dilation,
+            name=imp.op_name("conv_transpose"),
+        )
         y.set_dim(og_dims(_shape(node)))
     else:
-        y = g.conv_fprop(imp.tensor(x), imp.tensor(w), pre_padding=pre, post_padding=post, stride=stride,
-                         dilation=dilation, name=imp.op_name("conv"))
+        y = g.conv_fprop(
+            imp.tensor(x),
+            imp.tensor(w),
+            pre_padding=pre,
+            post_padding=post,
+            stride=stride,
+            dilation=dilation,
+            name=imp.op_name("conv"),
+        )
     if b is None:
         return y
     return g.add(y, imp.reshaped(b, (1, b.shape[0]) + (1,) * nsp), name=imp.op_name("bias"))
@@ -353,10 +410,15 @@ def _mask_dropout(imp: Importer, x: Value, p: float, shape: tuple[int, ...]) -> 
     keep = 1.0 - p
     mask = imp.random_value("bernoulli", shape, x.dtype, keep)
     scaled = imp.g.div(imp.tensor(mask), keep, name=imp.op_name("scale"))
-    imp.note("dropout in train mode: a Bernoulli mask input drawn by variant_pack from torch's RNG at every call "
-             "(the same draws as PyTorch's CPU dropout after the same seed)")
-    return imp.g.mul(imp.at_rank(x, len(shape)) if len(shape) < x.rank else imp.tensor(x),
-                     imp.at_rank(Value(shape, x.dtype, tensor=scaled), x.rank), name=imp.op_name())
+    imp.note(
+        "dropout in train mode: a Bernoulli mask input drawn by variant_pack from torch's RNG at every call "
+        "(the same draws as PyTorch's CPU dropout after the same seed)"
+    )
+    return imp.g.mul(
+        imp.at_rank(x, len(shape)) if len(shape) < x.rank else imp.tensor(x),
+        imp.at_rank(Value(shape, x.dtype, tensor=scaled), x.rank),
+        name=imp.op_name(),
+    )
 
 
 @op("dropout", "native_dropout", "feature_dropout")
@@ -400,8 +462,18 @@ def _rand_like(imp: Importer, node: Any, a: Args) -> Value:
     return imp.random_value("uniform" if base == "rand_like" else "normal", tuple(meta.shape), meta.dtype)
 
 
-@op("zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones", "new_full", "new_empty",
-    "fill", "zero")
+@op(
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "empty_like",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "new_empty",
+    "fill",
+    "zero",
+)
 def _like(imp: Importer, node: Any, a: Args) -> Value:
     base = node.target._schema.name.split("::")[-1].rstrip("_")
     meta = _meta(node)
@@ -419,5 +491,3 @@ def _like(imp: Importer, node: Any, a: Args) -> Value:
         if isinstance(fill, Value):
             raise Untranslatable("fill with a tensor value")
     return imp.constant_value(torch.full(shape, fill, dtype=dtype), base)
-
-

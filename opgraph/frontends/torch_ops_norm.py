@@ -61,8 +61,11 @@ def _folded(imp: Importer, x: Value, a: Args, eps: float) -> tuple[Tensor, Tenso
     if not all(v is None or v.is_bound for v in values):
         return None
     pc = [1, x.shape[1]] + [1] * (x.rank - 2)
-    present = [expect(imp.view(v, imp.torch.ops.aten.view.default, pc), "the view of a bound parameter")
-               for v in values if v is not None]
+    present = [
+        expect(imp.view(v, imp.torch.ops.aten.view.default, pc), "the view of a bound parameter")
+        for v in values
+        if v is not None
+    ]
     has_w, has_b = values[0] is not None, values[1] is not None
     wide = imp.g.intermediate_data_type.to_torch()
 
@@ -109,18 +112,29 @@ def _prepare_bn(imp: Importer, node: Any, a: Args) -> Any:
     training, _, eps = _bn_args(node, a)
     x = a["input"]
     stats = [a.get("running_mean"), a.get("running_var")]
-    if training or None in stats or not isinstance(x, Value) or x.rank < 2 \
-            or not all(_ready(a.get(k)) for k in ("running_mean", "running_var", "weight", "bias")):
+    if (
+        training
+        or None in stats
+        or not isinstance(x, Value)
+        or x.rank < 2
+        or not all(_ready(a.get(k)) for k in ("running_mean", "running_var", "weight", "bias"))
+    ):
         return None
     return _eval_coefficients(imp, x, a, eps)
 
 
-_BN_MUTATING = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm",
-                "miopen_batch_norm"}
+_BN_MUTATING = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "cudnn_batch_norm", "miopen_batch_norm"}
 
 
-@op("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-    "_native_batch_norm_legit_functional", "cudnn_batch_norm", "miopen_batch_norm")
+@op(
+    "batch_norm",
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit_functional",
+    "cudnn_batch_norm",
+    "miopen_batch_norm",
+)
 def _batch_norm(imp: Importer, node: Any, a: Args) -> Any:
     base = node.target._schema.name.split("::")[-1]
     x, rm, rv = a["input"], a.get("running_mean"), a.get("running_var")
@@ -142,9 +156,14 @@ def _batch_norm(imp: Importer, node: Any, a: Args) -> Any:
             s, t = coefficients
             y = g.add(g.mul(imp.tensor(x), s, name=imp.op_name("scale_x")), t, name=imp.op_name())
         else:
-            y = g.batchnorm_inference(imp.tensor(x), _filled(imp, _per_channel(imp, rm, x, 0.0), x), coefficients,
-                                      _filled(imp, _per_channel(imp, a.get("weight"), x, 1.0), x),
-                                      _filled(imp, _per_channel(imp, a.get("bias"), x, 0.0), x), name=imp.op_name())
+            y = g.batchnorm_inference(
+                imp.tensor(x),
+                _filled(imp, _per_channel(imp, rm, x, 0.0), x),
+                coefficients,
+                _filled(imp, _per_channel(imp, a.get("weight"), x, 1.0), x),
+                _filled(imp, _per_channel(imp, a.get("bias"), x, 0.0), x),
+                name=imp.op_name(),
+            )
         return [y] + [None] * (len(_meta(node)) - 1) if multi else y
     scale = _filled(imp, _per_channel(imp, a.get("weight"), x, 1.0), x)
     bias = _filled(imp, _per_channel(imp, a.get("bias"), x, 0.0), x)
@@ -152,8 +171,15 @@ def _batch_norm(imp: Importer, node: Any, a: Args) -> Any:
     wanted = ["y"] + [r for i, r in ((1, "mean"), (2, "inv_variance")) if i in used]
     if running:
         wanted += ["next_running_mean", "next_running_var"]
-    inputs = [imp.tensor(x), scale, bias, _per_channel(imp, rm, x, 0.0) if running else None,
-              _per_channel(imp, rv, x, 1.0) if running else None, float(eps), float(momentum) if running else None]
+    inputs = [
+        imp.tensor(x),
+        scale,
+        bias,
+        _per_channel(imp, rm, x, 0.0) if running else None,
+        _per_channel(imp, rv, x, 1.0) if running else None,
+        float(eps),
+        float(momentum) if running else None,
+    ]
     outs = dict(zip(Batchnorm().output_roles(), g._add_op(Batchnorm(), inputs, name=imp.op_name(), outputs=wanted)))
     c = [x.shape[1]]
     if rm is not None and rv is not None and base in _BN_MUTATING:  # (running)
@@ -179,12 +205,25 @@ def _write_back(imp: Importer, t: Tensor, target: Value) -> None:
         return
     t.set_output(True).set_name(imp._unique(f"{src.key}@next")).set_data_type(target.dtype)
     imp.mutations.append(Mutation("buffer", src.key, t))
-    imp.report.entries.append(ReportEntry(imp.node.name, f"buffer {src.key}", "translated", (),
-                                          f"output '{src.key}@next', copied into the module by write_back"))
+    imp.report.entries.append(
+        ReportEntry(
+            imp.node.name,
+            f"buffer {src.key}",
+            "translated",
+            (),
+            f"output '{src.key}@next', copied into the module by write_back",
+        )
+    )
 
 
-for _name in ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm",
-              "cudnn_batch_norm", "miopen_batch_norm"):
+for _name in (
+    "batch_norm",
+    "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit",
+    "native_batch_norm",
+    "cudnn_batch_norm",
+    "miopen_batch_norm",
+):
     PREPARE.register(_name, _prepare_bn)
 
 
@@ -194,8 +233,11 @@ def _layer_norm(imp: Importer, node: Any, a: Args) -> Tensor:
     full = (1,) * (x.rank - len(shape)) + tuple(shape)
     w, b = a.get("weight"), a.get("bias")
     torch = imp.torch
-    scale = imp.reshaped(w, full) if w is not None else imp.tensor(
-        imp.constant_value(torch.ones(full, dtype=imp.g.intermediate_data_type.to_torch()), "ones"))
+    scale = (
+        imp.reshaped(w, full)
+        if w is not None
+        else imp.tensor(imp.constant_value(torch.ones(full, dtype=imp.g.intermediate_data_type.to_torch()), "ones"))
+    )
     bias = imp.reshaped(b, full) if b is not None else None
     y = imp.g.layernorm("inference", imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name())
     return y[0]
@@ -233,8 +275,9 @@ def _max_pool(imp: Importer, node: Any, a: Args) -> Any:
             post[i] = (out - 1) * s[i] + k[i] - x.shape[2 + i] - p[i]
             if post[i] >= k[i] or post[i] < 0:
                 raise Untranslatable("ceil_mode pooling with a window past the padding")
-    y, _ = imp.g.resample(imp.tensor(x), ResampleMode.MAX, window=k, stride=s, pre_padding=p, post_padding=post,
-                          name=imp.op_name())
+    y, _ = imp.g.resample(
+        imp.tensor(x), ResampleMode.MAX, window=k, stride=s, pre_padding=p, post_padding=post, name=imp.op_name()
+    )
     return [y, None] if multi else y
 
 
@@ -279,10 +322,13 @@ def _adaptive(mode: ReductionMode, resample: ResampleMode) -> Translator:
     return translate
 
 
-for _name in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool2d",
-              "_adaptive_avg_pool3d"):
+for _name in (
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool3d",
+):
     TRANSLATORS.register(_name, _adaptive(ReductionMode.AVG, ResampleMode.AVG_INCLUDE_PADDING))
 for _name in ("adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"):
     TRANSLATORS.register(_name, _adaptive(ReductionMode.MAX, ResampleMode.MAX))
-
-

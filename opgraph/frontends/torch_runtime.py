@@ -170,10 +170,23 @@ class ImportedGraph:
     params   {uid: torch tensor} of every bound input (parameters, buffers, constants), current values
     """
 
-    def __init__(self, *, graph: Graph, module: Any, inputs: list[Tensor | None], input_spec: Any,
-                 output_leaves: list[OutputLeaf], output_spec: Any, bound: list[tuple[Tensor, Source]],
-                 constants: dict[str, Any], randoms: dict[str, RandomSpec], derived: dict[str, DerivedSpec],
-                 mutations: list[Mutation], report: ImportReport, allow_tf32: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        graph: Graph,
+        module: Any,
+        inputs: list[Tensor | None],
+        input_spec: Any,
+        output_leaves: list[OutputLeaf],
+        output_spec: Any,
+        bound: list[tuple[Tensor, Source]],
+        constants: dict[str, Any],
+        randoms: dict[str, RandomSpec],
+        derived: dict[str, DerivedSpec],
+        mutations: list[Mutation],
+        report: ImportReport,
+        allow_tf32: bool = True,
+    ) -> None:
         self.graph = graph
         self.module = module
         self._input_slots = inputs
@@ -217,8 +230,9 @@ class ImportedGraph:
         return {t.known_uid(): self._resolve(s, cache, {}, None, None) for t, s in self._bound if s.kind != "random"}
 
     # -- variant packs ------------------------------------------------------------------------------------
-    def variant_pack(self, *inputs: Any, outputs: Any = None, params: Mapping[str, Any] | None = None,
-                     generator: Any = None) -> UidPack:
+    def variant_pack(
+        self, *inputs: Any, outputs: Any = None, params: Mapping[str, Any] | None = None, generator: Any = None
+    ) -> UidPack:
         """A variant pack {uid: tensor}: the user inputs (copied to the declared layout if their strides
         differ), the module's current parameters and buffers (or `params` {key: tensor} instead),
         constants, fresh random draws (dropout masks, from torch's RNG or `generator`) and outputs
@@ -254,7 +268,8 @@ class ImportedGraph:
         if len(leaves) != len(self._input_slots):
             raise VariantPackError(
                 f"the module was imported with {len(self._input_slots)} input leaves, got {len(leaves)}",
-                rule="import.inputs", hint="call with the same arguments (structure) as the example inputs",
+                rule="import.inputs",
+                hint="call with the same arguments (structure) as the example inputs",
             )
         return leaves
 
@@ -267,14 +282,17 @@ class ImportedGraph:
         want = desc.data_type.to_torch()
         if value.dtype != want:
             raise VariantPackError(
-                f"the input is {value.dtype} but the graph was imported with {want}", tensor=desc,
-                rule="import.input_dtype", hint=f"pass a {want} tensor, or import again with one",
+                f"the input is {value.dtype} but the graph was imported with {want}",
+                tensor=desc,
+                rule="import.input_dtype",
+                hint=f"pass a {want} tensor, or import again with one",
             )
         shape = tuple(value.shape) or (1,)
         if shape != desc.dim:
             raise VariantPackError(
                 f"the input has shape {list(value.shape)} but the graph was imported with {list(desc.dim)}",
-                tensor=desc, rule="import.input_shape",
+                tensor=desc,
+                rule="import.input_shape",
                 hint="opgraph graphs have static shapes: import again with an example of this shape",
             )
         value = value.reshape(desc.dim)
@@ -294,14 +312,20 @@ class ImportedGraph:
             for key, value in outputs.items():
                 uid = key.uid if isinstance(key, Tensor) else int(key)
                 if uid not in final.outputs:
-                    raise VariantPackError(f"uid {uid} is not an output of the imported graph",
-                                           rule="import.outputs", hint=f"outputs are {list(final.outputs)}")
+                    raise VariantPackError(
+                        f"uid {uid} is not an output of the imported graph",
+                        rule="import.outputs",
+                        hint=f"outputs are {list(final.outputs)}",
+                    )
                 out[uid] = value
             return out
         handles = self.outputs
         if len(outputs) != len(handles):
-            raise VariantPackError(f"got {len(outputs)} output buffers for {len(handles)} outputs",
-                                   rule="import.outputs", hint="pass one buffer per entry of .outputs, or a dict")
+            raise VariantPackError(
+                f"got {len(outputs)} output buffers for {len(handles)} outputs",
+                rule="import.outputs",
+                hint="pass one buffer per entry of .outputs, or a dict",
+            )
         return {h.known_uid(): v for h, v in zip(handles, outputs)}
 
     def _resolve(self, source: Source, cache: dict, params: Mapping[str, Any], device: Any, generator: Any) -> Any:
@@ -335,8 +359,12 @@ class ImportedGraph:
         bases = [cache[(s.kind, s.key)] for s in spec.inputs]
         versions = [b._version for b in bases]
         hit = self._derived_cache.get(name)
-        if hit is None or len(hit[0]) != len(bases) or any(a is not b for a, b in zip(hit[0], bases)) \
-                or hit[1] != versions:
+        if (
+            hit is None
+            or len(hit[0]) != len(bases)
+            or any(a is not b for a, b in zip(hit[0], bases))
+            or hit[1] != versions
+        ):
             import torch
 
             with torch.no_grad():
@@ -367,19 +395,33 @@ class ImportedGraph:
         notes = [notes] if isinstance(notes, (str, NumericalNote)) else list(notes)
         return {**build_options, "deselect_numeric_notes": [*notes, NumericalNote.DOWN_CONVERT_INPUTS]}
 
-    def plan(self, device: str | None = None, engines: Sequence[str] | None = None, allow_tf32: bool | None = None,
-             **build_options: Any) -> Any:
+    def plan(
+        self,
+        device: str | None = None,
+        engines: Sequence[str] | None = None,
+        allow_tf32: bool | None = None,
+        **build_options: Any,
+    ) -> Any:
         """The graph's ExecutionPlan for `device` and `engines`, built once and cached. fp32 products
         are computed in full precision unless TF32 is allowed (see `numeric_options`)."""
         options = self.numeric_options(allow_tf32, **build_options)
-        key = (device, None if engines is None else tuple(engines),
-               tuple(sorted((k, _freeze(v)) for k, v in options.items())))
+        key = (
+            device,
+            None if engines is None else tuple(engines),
+            tuple(sorted((k, _freeze(v)) for k, v in options.items())),
+        )
         if key not in self._plans:
             self._plans[key] = self.graph.build(device=device, engines=engines, **options)
         return self._plans[key]
 
-    def run(self, *inputs: Any, device: str | None = None, engines: Sequence[str] | None = None,
-            reuse_outputs: bool = False, **build_options: Any) -> Any:
+    def run(
+        self,
+        *inputs: Any,
+        device: str | None = None,
+        engines: Sequence[str] | None = None,
+        reuse_outputs: bool = False,
+        **build_options: Any,
+    ) -> Any:
         """Run the imported graph on `inputs` like `module(*inputs)`: builds (once) and executes a plan
         on the inputs' device (or `device`), writes updated running stats back into the module, and
         returns the outputs in the module's structure.
@@ -416,8 +458,10 @@ class ImportedGraph:
         """The module-structured outputs (tensors in the torch shapes the module returns) of a pack."""
         from torch.utils import _pytree as pytree
 
-        leaves = [leaf.value if leaf.tensor is None else pack[leaf.tensor.known_uid()].reshape(leaf.shape)
-                  for leaf in self._output_leaves]
+        leaves = [
+            leaf.value if leaf.tensor is None else pack[leaf.tensor.known_uid()].reshape(leaf.shape)
+            for leaf in self._output_leaves
+        ]
         return pytree.tree_unflatten(leaves, self._output_spec)
 
     def write_back(self, pack: Mapping[int, Buffer]) -> None:
@@ -434,8 +478,10 @@ class ImportedGraph:
                     target.copy_(pack[m.tensor.known_uid()].reshape(target.shape))
 
     def __repr__(self) -> str:
-        return (f"<ImportedGraph '{self.graph.name}': {len(self.inputs)} input(s), {len(self._bound)} bound, "
-                f"{len(self.outputs)} output(s), {len(self.report.custom_ops)} custom op(s)>")
+        return (
+            f"<ImportedGraph '{self.graph.name}': {len(self.inputs)} input(s), {len(self._bound)} bound, "
+            f"{len(self.outputs)} output(s), {len(self.report.custom_ops)} custom op(s)>"
+        )
 
 
 def _draw(spec: RandomSpec, base: Any, generator: Any = None) -> Any:
@@ -500,8 +546,11 @@ class _RunPack:
         self.derived: list[tuple[int, Source, list[tuple[Any, int]]]] = []
         for handle, source in imported._bound:
             if source.kind == "derived":
-                bases = [tensors[(s.kind, s.key)] for s in _derived_leaves(imported, source)
-                         if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None]
+                bases = [
+                    tensors[(s.kind, s.key)]
+                    for s in _derived_leaves(imported, source)
+                    if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None
+                ]
                 self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
         self.randoms: list[tuple[RandomSpec, Any]] = []  # drawn by `refresh`, in variant_pack's order
         drawn: dict[str, Any] = {}

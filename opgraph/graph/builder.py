@@ -82,8 +82,15 @@ class Graph:
         `opgraph.Dim` (a name and a range) or an expression of them (`batch * seq`), and so may a
         stride; the plan then runs every shape in the ranges (docs/design/dynamic-shapes.md)."""
         t = Tensor(
-            self, dim=dim, stride=stride, data_type=data_type, name=name, uid=uid,
-            is_virtual=is_virtual, is_pass_by_value=is_pass_by_value, is_by_reference=is_by_reference,
+            self,
+            dim=dim,
+            stride=stride,
+            data_type=data_type,
+            name=name,
+            uid=uid,
+            is_virtual=is_virtual,
+            is_pass_by_value=is_pass_by_value,
+            is_by_reference=is_by_reference,
         )
         self._tensors.append(t)
         return t
@@ -94,8 +101,9 @@ class Graph:
         from ..memory.buffers import buffer_info
 
         if isinstance(like, numbers.Number) and not isinstance(like, bool):
-            return self.tensor(dim=[1], stride=[1], data_type=self.compute_data_type, name=name, uid=uid,
-                               is_pass_by_value=True)
+            return self.tensor(
+                dim=[1], stride=[1], data_type=self.compute_data_type, name=name, uid=uid, is_pass_by_value=True
+            )
         info = buffer_info(like)
         dim = info.shape or (1,)
         stride = info.strides or (1,)
@@ -106,17 +114,20 @@ class Graph:
         if value is None:
             if role not in op.optional_inputs():
                 raise ShapeError(
-                    f"input '{role}' is required", op=f"{op.kind} '{name}'", rule="op.missing_input",
+                    f"input '{role}' is required",
+                    op=f"{op.kind} '{name}'",
+                    rule="op.missing_input",
                     hint=f"pass a tensor as '{role}'",
                 )
             return None
         if isinstance(value, Tensor):
             if value.graph is not self:
                 raise GraphError(
-                    f"input '{role}' belongs to another graph", op=f"{op.kind} '{name}'", tensor=value,
+                    f"input '{role}' belongs to another graph",
+                    op=f"{op.kind} '{name}'",
+                    tensor=value,
                     rule="op.foreign_tensor",
-                    hint="declare the tensor in this graph (g.tensor / g.tensor_like); UIDs may repeat "
-                    "across graphs",
+                    hint="declare the tensor in this graph (g.tensor / g.tensor_like); UIDs may repeat across graphs",
                 )
             return value
         if isinstance(value, (numbers.Real, np.bool_)) and role in op.literal_inputs():
@@ -125,7 +136,8 @@ class Graph:
         kind = "a tensor or a Python number" if role in op.literal_inputs() else "a tensor"
         raise ShapeError(
             f"input '{role}' must be {kind}, got {type(value).__name__} {value!r}",
-            op=f"{op.kind} '{name}'", rule="op.operand",
+            op=f"{op.kind} '{name}'",
+            rule="op.operand",
             hint=f"pass {kind} made in this graph as '{role}'",
         )
 
@@ -186,8 +198,14 @@ class Graph:
             from .finalize import finalize
 
             self._final, self._handle_uid = finalize(self)
-            log.info("finalize '%s': %d ops, %d tensors (%d inputs, %d outputs)", self.name, len(self._final.nodes),
-                     len(self._final.tensors), len(self._final.inputs), len(self._final.outputs))
+            log.info(
+                "finalize '%s': %d ops, %d tensors (%d inputs, %d outputs)",
+                self.name,
+                len(self._final.nodes),
+                len(self._final.tensors),
+                len(self._final.inputs),
+                len(self._final.outputs),
+            )
             log.debug("%s", self._final)
         return self
 
@@ -261,8 +279,14 @@ class Graph:
         from ..build.options import merged
         from ..runtime.plan import build_plan
 
-        given = dict(heur_mode=heur_mode, device=device, engines=engines, allow_partition=allow_partition,
-                     autotune=autotune, **keywords)
+        given = dict(
+            heur_mode=heur_mode,
+            device=device,
+            engines=engines,
+            allow_partition=allow_partition,
+            autotune=autotune,
+            **keywords,
+        )
         self._plan = build_plan(self.final, merged(options, given, _BUILD_DEFAULTS))
         return self._plan
 
@@ -276,7 +300,8 @@ class Graph:
     def _require_plan(self) -> ExecutionPlan:
         if self._plan is None or self._plan.graph != self._final:
             raise GraphError(
-                "the graph has no plan built since its last change", rule="plan.missing",
+                "the graph has no plan built since its last change",
+                rule="plan.missing",
                 hint="call g.build() (or g.build(device='cpu')) before g.execute(...)",
             )
         return self._plan
@@ -288,14 +313,15 @@ class Graph:
         except GraphError as err:
             lines = [f"graph '{self.name}' (not valid yet: {err.detail})"]
             for r in self._records:
-                ins = ", ".join("-" if v is None else str(v) if isinstance(v, Const) else v.label()
-                                for v in r.inputs)
+                ins = ", ".join("-" if v is None else str(v) if isinstance(v, Const) else v.label() for v in r.inputs)
                 lines.append(f"    {r.op.kind} '{r.name}'({ins})")
             return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"<opgraph.Graph '{self.name}': {len(self._tensors)} tensors, {len(self._records)} ops"
-                f"{', validated' if self._final is not None else ''}>")
+        return (
+            f"<opgraph.Graph '{self.name}': {len(self._tensors)} tensors, {len(self._records)} ops"
+            f"{', validated' if self._final is not None else ''}>"
+        )
 
 
 _BUILD_DEFAULTS = {"heur_mode": None, "device": None, "engines": None, "allow_partition": True, "autotune": False}

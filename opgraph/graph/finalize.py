@@ -36,13 +36,16 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
     records = g._records
     if not records:
         raise GraphError(
-            f"graph '{g.name}' has no ops", rule="graph.empty",
+            f"graph '{g.name}' has no ops",
+            rule="graph.empty",
             hint="add at least one op (e.g. g.conv_fprop(...)) before validate/build",
         )
     for r in records:
         if all(t is None for t in r.outputs):
             raise DataflowError(
-                "the op produces no output", op=f"{r.op.kind} '{r.name}'", rule="dataflow.no_output",
+                "the op produces no output",
+                op=f"{r.op.kind} '{r.name}'",
+                rule="dataflow.no_output",
                 hint=f"give it at least one of its outputs {list(r.op.output_roles())}",
             )
     producer_of = {id(t): i for i, r in enumerate(records) for t in r.outputs if t is not None}
@@ -67,8 +70,12 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
         _check_inplace(nodes, descs)
     mark_images(nodes, descs)
     final = FinalGraph(
-        name=g.name, tensors=descs, nodes=tuple(nodes), io_data_type=g.io_data_type,
-        intermediate_data_type=g.intermediate_data_type, compute_data_type=g.compute_data_type,
+        name=g.name,
+        tensors=descs,
+        nodes=tuple(nodes),
+        io_data_type=g.io_data_type,
+        intermediate_data_type=g.intermediate_data_type,
+        compute_data_type=g.compute_data_type,
         handles={id(t): (t, uids[id(t)]) for t in g._tensors},
     )
     return final, uids
@@ -86,7 +93,9 @@ def _check_inplace(nodes: list[Node], descs: dict[int, TensorDesc]) -> None:
             if n.kind != "pointwise":
                 raise DataflowError(
                     f"{n.kind} cannot update its input in place in a graph of {len(nodes)} ops (its output "
-                    "elements depend on other input elements)", op=n.label(), tensor=descs[uid],
+                    "elements depend on other input elements)",
+                    op=n.label(),
+                    tensor=descs[uid],
                     rule="dataflow.inplace",
                     hint="update in place with a pointwise op (e.g. W = sub(W, mul(lr, dW)) sharing W's UID), or "
                     "give the output its own UID",
@@ -112,7 +121,8 @@ def _assign_uids(
         if len(declared) > 1 or not produced:
             names = ", ".join(f"'{h.name or '<unnamed>'}'" for h in handles)
             raise DuplicateUIDError(
-                f"UID {uid} is given to {len(handles)} tensors ({names})", tensor=_label(handles[1], uid),
+                f"UID {uid} is given to {len(handles)} tensors ({names})",
+                tensor=_label(handles[1], uid),
                 rule="tensor.duplicate_uid",
                 hint="give each tensor its own UID (or leave uid unset to have one assigned); a declared "
                 "tensor may share its UID only with the op output it stands for",
@@ -125,8 +135,10 @@ def _assign_uids(
             if ref.is_virtual or out.is_virtual:
                 raise DataflowError(
                     f"'{rec.name}' updates a virtual tensor in place (input '{ref.name or '<unnamed>'}' "
-                    f"and output '{out.name or '<unnamed>'}' share UID {uid})", op=f"{rec.op.kind} '{rec.name}'",
-                    tensor=_label(ref, uid), rule="dataflow.inplace",
+                    f"and output '{out.name or '<unnamed>'}' share UID {uid})",
+                    op=f"{rec.op.kind} '{rec.name}'",
+                    tensor=_label(ref, uid),
+                    rule="dataflow.inplace",
                     hint="an in-place update reads and writes a bound buffer: make both handles "
                     "non-virtual (set_output(True) on the output), or give the output its own UID",
                 )
@@ -135,8 +147,10 @@ def _assign_uids(
             which = "virtual" if ref.is_virtual else "non-virtual"
             raise DataflowError(
                 f"the declared tensor is {which} but the output of '{rec.name}' that shares its UID {uid} "
-                f"('{out.name or '<unnamed>'}') is not", op=f"{rec.op.kind} '{rec.name}'",
-                tensor=_label(ref, uid), rule="tensor.uid_alias",
+                f"('{out.name or '<unnamed>'}') is not",
+                op=f"{rec.op.kind} '{rec.name}'",
+                tensor=_label(ref, uid),
+                rule="tensor.uid_alias",
                 hint="a declared tensor that shares its UID with an op output stands for that output: "
                 "declare both virtual, or both non-virtual (set_output(True) on the output)",
             )
@@ -154,8 +168,12 @@ def _assign_uids(
     return uids, aliases, inplace
 
 
-def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: AbstractSet[int] = frozenset(),
-                       produced: AbstractSet[int] = frozenset()) -> list[int]:
+def _topological_order(
+    records: list[OpRecord],
+    uids: dict[int, int],
+    inplace: AbstractSet[int] = frozenset(),
+    produced: AbstractSet[int] = frozenset(),
+) -> list[int]:
     producer: dict[int, int] = {}
     for i, r in enumerate(records):
         for t in r.outputs:
@@ -166,7 +184,9 @@ def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: A
                 first = records[producer[uid]]
                 raise DataflowError(
                     f"the tensor is produced by two ops ('{first.name}' and '{r.name}')",
-                    op=f"{r.op.kind} '{r.name}'", tensor=_label(t, uid), rule="dataflow.two_producers",
+                    op=f"{r.op.kind} '{r.name}'",
+                    tensor=_label(t, uid),
+                    rule="dataflow.two_producers",
                     hint="each tensor must be written by exactly one op: give one of the outputs another UID",
                 )
             producer[uid] = i
@@ -175,8 +195,13 @@ def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: A
     for i, r in enumerate(records):
         # the declared handle of a tensor updated in place is its old value: reading it does not wait
         # for the update (and the update's own read of it is not a dependency either)
-        d = {producer[uids[id(v)]] for v in r.inputs if isinstance(v, Tensor) and uids[id(v)] in producer
-             and not (uids[id(v)] in inplace and id(v) not in produced)}
+        d = {
+            producer[uids[id(v)]]
+            for v in r.inputs
+            if isinstance(v, Tensor)
+            and uids[id(v)] in producer
+            and not (uids[id(v)] in inplace and id(v) not in produced)
+        }
         d.discard(i)
         deps.append(d)
     for i, r in enumerate(records):  # ... and every other read of the old value runs before the update
@@ -207,14 +232,17 @@ def _topological_order(records: list[OpRecord], uids: dict[int, int], inplace: A
         while i not in walk:
             walk.append(i)
             i = min(d for d in deps[i] if d in stuck)
-        cycle = walk[walk.index(i):]
+        cycle = walk[walk.index(i) :]
         first = records[cycle[0]]
-        culprit = next(v for v in first.inputs if isinstance(v, Tensor)
-                       and producer.get(uids[id(v)]) == cycle[1 % len(cycle)])
+        culprit = next(
+            v for v in first.inputs if isinstance(v, Tensor) and producer.get(uids[id(v)]) == cycle[1 % len(cycle)]
+        )
         names = " <- ".join(f"'{records[j].name}'" for j in (*cycle, cycle[0]))
         raise DataflowError(
             f"the ops form a cycle through their UIDs ({names}: each reads what the next one writes)",
-            op=f"{first.op.kind} '{first.name}'", tensor=_label(culprit, uids[id(culprit)]), rule="dataflow.cycle",
+            op=f"{first.op.kind} '{first.name}'",
+            tensor=_label(culprit, uids[id(culprit)]),
+            rule="dataflow.cycle",
             hint="an op cannot depend on its own output; check the UIDs of the tensors in the cycle",
         )
     return order
@@ -228,7 +256,9 @@ def _input_desc(g: Graph, t: Tensor, uid: int) -> TensorDesc:
     label = _label(t, uid)
     if t._dim is None:
         raise ShapeError(
-            "the tensor has no dims", tensor=label, rule="tensor.no_dims",
+            "the tensor has no dims",
+            tensor=label,
+            rule="tensor.no_dims",
             hint="give graph inputs their dims: g.tensor(dim=[...]) or t.set_dim([...])",
         )
     stride = t._stride if t._stride is not None else packed_strides(t._dim)
@@ -238,12 +268,14 @@ def _input_desc(g: Graph, t: Tensor, uid: int) -> TensorDesc:
     dt = t._data_type or (g.intermediate_data_type if t.is_virtual else g.io_data_type)
     if t.is_pass_by_value and _numel(t._dim) != 1:
         raise ShapeError(
-            f"a pass-by-value tensor must hold one value, this one has dims {list(t._dim)}", tensor=label,
+            f"a pass-by-value tensor must hold one value, this one has dims {list(t._dim)}",
+            tensor=label,
             rule="tensor.pass_by_value",
             hint="declare pass-by-value scalars with dims [1] (or all ones); pass arrays as ordinary tensors",
         )
-    return TensorDesc(uid, t.name, t._dim, tuple(stride), dt, t.is_virtual, t.is_pass_by_value,
-                      t.is_by_reference and not t.is_virtual)
+    return TensorDesc(
+        uid, t.name, t._dim, tuple(stride), dt, t.is_virtual, t.is_pass_by_value, t.is_by_reference and not t.is_virtual
+    )
 
 
 def _numel(dim: tuple[int, ...]) -> int:
@@ -257,7 +289,9 @@ def _check_stride_rank(dim: tuple[int, ...], stride: tuple[int, ...], label: str
     if len(stride) != len(dim):
         raise ShapeError(
             f"dims {format_dims(dim)} have rank {len(dim)} but strides {format_dims(stride)} have rank {len(stride)}",
-            tensor=label, rule="tensor.stride_rank", hint="give one stride per dim",
+            tensor=label,
+            rule="tensor.stride_rank",
+            hint="give one stride per dim",
         )
 
 
@@ -283,7 +317,9 @@ def _check_dim_names(g: Graph, uids: dict[int, int]) -> None:
             if first[0] != d:
                 raise ShapeError(
                     f"the dynamic dim '{d.name}' has the range {first[0].min}..{first[0].max} in {first[1]} but "
-                    f"{d.min}..{d.max} here", tensor=_label(t, uids[id(t)]), rule="dim.conflict",
+                    f"{d.min}..{d.max} here",
+                    tensor=_label(t, uids[id(t)]),
+                    rule="dim.conflict",
                     hint=f"declare one Dim('{d.name}', min, max) and use it everywhere (or give the two their own names)",
                 )
 
@@ -293,11 +329,13 @@ def _check_dynamic_layout(dim: tuple[int, ...], stride: tuple[int, ...], label: 
     kernel knows the innermost axis), proven pairwise: each pair provably ordered or equal."""
     axes = [a for a in range(len(dim)) if not (isinstance(dim[a], int) and dim[a] == 1)]
     for i, a in enumerate(axes):
-        for b in axes[i + 1:]:
+        for b in axes[i + 1 :]:
             if not (provably_le(stride[a], stride[b]) or provably_le(stride[b], stride[a])):
                 raise ShapeError(
                     f"the strides {[str(s) for s in stride]} of axes {a} ({stride[a]}) and {b} ({stride[b]}) "
-                    "swap order within the dims' ranges", tensor=label, rule="tensor.layout_order",
+                    "swap order within the dims' ranges",
+                    tensor=label,
+                    rule="tensor.layout_order",
                     hint="give strides whose order is the same for every value of the dynamic dims (packed "
                     "strides always are), or narrow the Dim's range",
                 )
@@ -316,13 +354,18 @@ def _finalize_node(
             desc = descs[uids[id(v)]]
             if desc.is_pass_by_value and role not in op.literal_inputs():
                 raise ShapeError(
-                    f"input '{role}' cannot be a pass-by-value scalar", op=label, tensor=desc,
-                    rule="op.pass_by_value", hint=f"pass an ordinary tensor in device memory as '{role}'",
+                    f"input '{role}' cannot be a pass-by-value scalar",
+                    op=label,
+                    tensor=desc,
+                    rule="op.pass_by_value",
+                    hint=f"pass an ordinary tensor in device memory as '{role}'",
                 )
             if role in op.scalar_inputs() and desc.numel != 1:
                 raise ShapeError(
                     f"input '{role}' takes one value, but the tensor has dims {list(desc.dim)}",
-                    op=label, tensor=desc, rule="op.scalar_input",
+                    op=label,
+                    tensor=desc,
+                    rule="op.scalar_input",
                     hint=f"bind a 1-element tensor (dims [1]), a pass-by-value tensor or a Python number as '{role}'",
                 )
             inputs.append(desc)
@@ -344,9 +387,18 @@ def _finalize_node(
     return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
 
 
-def _apply_rules(g: Graph, op: Op, ctx: NodeContext, label: str, roles: tuple[str, ...],
-                 inputs: list[TensorDesc | Const | None], drafts: list[Draft | None], cdt: DataType,
-                 descs: dict[int, TensorDesc], stage: list[str]) -> tuple[Op, list[TensorDesc | None]]:
+def _apply_rules(
+    g: Graph,
+    op: Op,
+    ctx: NodeContext,
+    label: str,
+    roles: tuple[str, ...],
+    inputs: list[TensorDesc | Const | None],
+    drafts: list[Draft | None],
+    cdt: DataType,
+    descs: dict[int, TensorDesc],
+    stage: list[str],
+) -> tuple[Op, list[TensorDesc | None]]:
     """An op's normalize, infer and check rules over its inputs and output drafts: the normalized op
     and its outputs' descriptors (recorded in `descs`). `stage[0]` names the rule running, for the
     dynamic path's errors."""
@@ -383,20 +435,37 @@ def _dynamic_operand(inputs: list[TensorDesc | Const | None], drafts: list[Draft
 def _admit_dynamic(op: Op, ctx: NodeContext, label: str, tensor: Any) -> None:
     if not op.DYNAMIC:
         raise ShapeError(
-            f"{op.kind} does not take dynamic dims (yet): its rules decide by sizes", op=label, tensor=tensor,
+            f"{op.kind} does not take dynamic dims (yet): its rules decide by sizes",
+            op=label,
+            tensor=tensor,
             rule="op.dynamic_dims",
             hint="give this op's operands static dims (build a plan per shape), or keep the dynamic dims to ops "
             "that take them (see docs/design/dynamic-shapes.md)",
         )
     reason = op.dynamic_refusal(ctx)
     if reason is not None:
-        raise ShapeError(reason, op=label, tensor=tensor, rule="op.dynamic_dims",
-                         hint="fix those dims of this op's operands (or build a plan per size)")
+        raise ShapeError(
+            reason,
+            op=label,
+            tensor=tensor,
+            rule="op.dynamic_dims",
+            hint="fix those dims of this op's operands (or build a plan per size)",
+        )
 
 
-def _finalize_dynamic_node(g: Graph, rec: OpRecord, op: Op, ctx: NodeContext, label: str, roles: tuple[str, ...],
-                           inputs: list[TensorDesc | Const | None], operands: list[int | Const | None],
-                           drafts: list[Draft | None], cdt: DataType, descs: dict[int, TensorDesc]) -> Node:
+def _finalize_dynamic_node(
+    g: Graph,
+    rec: OpRecord,
+    op: Op,
+    ctx: NodeContext,
+    label: str,
+    roles: tuple[str, ...],
+    inputs: list[TensorDesc | Const | None],
+    operands: list[int | Const | None],
+    drafts: list[Draft | None],
+    cdt: DataType,
+    descs: dict[int, TensorDesc],
+) -> Node:
     """`_finalize_node`'s rules for a node with dynamic dims: a rule that decides by a size it cannot
     know over the whole range (Python's TypeError from a symbolic size) is a ShapeError naming the
     op and the rule, never a guess."""
@@ -405,8 +474,10 @@ def _finalize_dynamic_node(g: Graph, rec: OpRecord, op: Op, ctx: NodeContext, la
         op, outs = _apply_rules(g, op, ctx, label, roles, inputs, drafts, cdt, descs, stage)
     except TypeError as err:
         raise ShapeError(
-            f"{op.kind}'s {stage[0]} rule cannot decide over the dynamic dims' ranges ({err})"[:600], op=label,
-            tensor=_dynamic_operand(inputs, drafts), rule="op.dynamic_dims",
+            f"{op.kind}'s {stage[0]} rule cannot decide over the dynamic dims' ranges ({err})"[:600],
+            op=label,
+            tensor=_dynamic_operand(inputs, drafts),
+            rule="op.dynamic_dims",
             hint="give this op's operands static dims, or narrow the dynamic dims so the rule holds for every value",
         ) from None
     return Node(op, rec.name, tuple(operands), tuple(d.uid if d else None for d in outs), cdt)
@@ -423,15 +494,24 @@ def _draft(t: Tensor, uid: int, alias: Tensor | None, generated_name: str, op_la
             cls = DataTypeError if what == "data_type" else ShapeError
             raise cls(
                 f"the output sets {what} {_show(mine)} but the declared tensor '{alias.name or '<unnamed>'}' "
-                f"sharing its UID sets {what} {_show(theirs)}", op=op_label, tensor=_label(t, uid),
-                rule="tensor.uid_alias", hint=f"set {what} on one of the two handles only, or make them agree",
+                f"sharing its UID sets {what} {_show(theirs)}",
+                op=op_label,
+                tensor=_label(t, uid),
+                rule="tensor.uid_alias",
+                hint=f"set {what} on one of the two handles only, or make them agree",
             )
         return mine if mine is not None else theirs
 
     name = alias.name if t.name in ("", generated_name) and alias.name else t.name
-    return Draft(uid, name, pick("dim", t._dim, alias._dim), pick("stride", t._stride, alias._stride),
-                 pick("data_type", t._data_type, alias._data_type), t.is_virtual,
-                 t.is_by_reference or alias.is_by_reference)
+    return Draft(
+        uid,
+        name,
+        pick("dim", t._dim, alias._dim),
+        pick("stride", t._stride, alias._stride),
+        pick("data_type", t._data_type, alias._data_type),
+        t.is_virtual,
+        t.is_by_reference or alias.is_by_reference,
+    )
 
 
 def _show(value) -> str:
@@ -445,14 +525,19 @@ def _merge(
     if draft.dim is not None and spec.dim is not None and tuple(draft.dim) != tuple(spec.dim):
         raise ShapeError(
             f"output '{role}' was set to dims {format_dims(draft.dim)} but the op computes dims {format_dims(spec.dim)}",
-            op=label, tensor=tlabel, rule="infer.dims_mismatch",
+            op=label,
+            tensor=tlabel,
+            rule="infer.dims_mismatch",
             hint=f"remove the set_dim call or set dims {format_dims(spec.dim)}",
         )
     dim = draft.dim if draft.dim is not None else spec.dim
     if dim is None:
         raise ShapeError(
-            f"the dims of output '{role}' cannot be inferred from the inputs", op=label, tensor=tlabel,
-            rule="infer.dims_unknown", hint="set them on the output with .set_dim([...])",
+            f"the dims of output '{role}' cannot be inferred from the inputs",
+            op=label,
+            tensor=tlabel,
+            rule="infer.dims_unknown",
+            hint="set them on the output with .set_dim([...])",
         )
     like = next((t for t in inputs if isinstance(t, TensorDesc) and len(t.dim) == len(dim)), None)
     stride = draft.stride or spec.stride or strides_like(dim, like)
@@ -460,13 +545,23 @@ def _merge(
     if _self_overlapping(tuple(dim), tuple(stride)):
         raise ShapeError(
             f"output strides {format_dims(stride)} for dims {format_dims(dim)} make different elements share memory",
-            op=label, tensor=tlabel, rule="tensor.overlapping_output",
+            op=label,
+            tensor=tlabel,
+            rule="tensor.overlapping_output",
             hint="give outputs strides where each element has its own address (e.g. packed strides)",
         )
     default = g.intermediate_data_type if draft.is_virtual else g.io_data_type
     dt: DataType = draft.data_type or spec.data_type or default
-    return TensorDesc(draft.uid or 0, draft.name, tuple(dim), tuple(stride), dt, draft.is_virtual, False,
-                      draft.is_by_reference and not draft.is_virtual)
+    return TensorDesc(
+        draft.uid or 0,
+        draft.name,
+        tuple(dim),
+        tuple(stride),
+        dt,
+        draft.is_virtual,
+        False,
+        draft.is_by_reference and not draft.is_virtual,
+    )
 
 
 def _check_dangling(
@@ -480,23 +575,31 @@ def _check_dangling(
         read = readers.get(uid, 0) > 0
         if uid in produced and t.is_pass_by_value:
             raise DataflowError(
-                "an op output cannot be pass-by-value", tensor=label, rule="dataflow.pass_by_value_output",
+                "an op output cannot be pass-by-value",
+                tensor=label,
+                rule="dataflow.pass_by_value_output",
                 hint="pass-by-value tensors are host scalars given at execute; drop set_is_pass_by_value",
             )
         if t.is_virtual and not is_produced and uid not in produced:
             raise DataflowError(
-                "the virtual tensor is read but no op produces it", tensor=label, rule="dataflow.unproduced_virtual",
+                "the virtual tensor is read but no op produces it",
+                tensor=label,
+                rule="dataflow.unproduced_virtual",
                 hint="make it a graph input (is_virtual=False) or produce it with an op",
             )
         if t.is_virtual and is_produced and not read:
             rec = records[producer_of[id(t)]]
             raise DataflowError(
-                f"the virtual output of '{rec.name}' is never read", tensor=label,
-                op=f"{rec.op.kind} '{rec.name}'", rule="dataflow.unread_virtual",
+                f"the virtual output of '{rec.name}' is never read",
+                tensor=label,
+                op=f"{rec.op.kind} '{rec.name}'",
+                rule="dataflow.unread_virtual",
                 hint="mark it as a graph output with .set_output(True), or stop requesting it",
             )
         if not t.is_virtual and not is_produced and not read and uid not in produced:
             raise DataflowError(
-                "the tensor is declared but no op reads or produces it", tensor=label, rule="dataflow.unused",
+                "the tensor is declared but no op reads or produces it",
+                tensor=label,
+                rule="dataflow.unused",
                 hint="use it as an op input, or remove it from the graph",
             )

@@ -50,17 +50,27 @@ def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
         "compute_data_type": g.compute_data_type.name,
         **dynamic,
         "tensors": [
-            {"uid": t.uid, "name": t.name, "dim": [size_to_json(d) for d in t.dim],
-             "stride": [size_to_json(s) for s in t.stride],
-             "data_type": t.data_type.name, "is_virtual": t.is_virtual, "is_pass_by_value": t.is_pass_by_value,
-             **({"is_by_reference": True} if t.is_by_reference else {})}
+            {
+                "uid": t.uid,
+                "name": t.name,
+                "dim": [size_to_json(d) for d in t.dim],
+                "stride": [size_to_json(s) for s in t.stride],
+                "data_type": t.data_type.name,
+                "is_virtual": t.is_virtual,
+                "is_pass_by_value": t.is_pass_by_value,
+                **({"is_by_reference": True} if t.is_by_reference else {}),
+            }
             for t in (g.tensors[u] for u in canonical_order(g))
         ],
         "ops": [
-            {"op": n.kind, "name": n.name, "compute_data_type": n.compute_data_type.name,
-             "attrs": encode_attrs(n.op),
-             "inputs": {r: operand(v) for r, v in zip(n.op.input_roles(), n.inputs) if v is not None},
-             "outputs": {r: u for r, u in zip(n.op.output_roles(), n.outputs) if u is not None}}
+            {
+                "op": n.kind,
+                "name": n.name,
+                "compute_data_type": n.compute_data_type.name,
+                "attrs": encode_attrs(n.op),
+                "inputs": {r: operand(v) for r, v in zip(n.op.input_roles(), n.inputs) if v is not None},
+                "outputs": {r: u for r, u in zip(n.op.output_roles(), n.outputs) if u is not None},
+            }
             for n in g.nodes
         ],
     }
@@ -101,8 +111,17 @@ def _field(obj: dict, key: str, kind: type | tuple[type, ...], where: str, defau
 
 _JSON_NAMES = {list: "a list", dict: "an object", str: "a string", int: "an integer", bool: "true or false"}
 # the keys each object of a graph file may have (schema/graph.schema.json says the same)
-GRAPH_KEYS = ("format", "version", "name", "io_data_type", "intermediate_data_type", "compute_data_type", "dims",
-              "tensors", "ops")
+GRAPH_KEYS = (
+    "format",
+    "version",
+    "name",
+    "io_data_type",
+    "intermediate_data_type",
+    "compute_data_type",
+    "dims",
+    "tensors",
+    "ops",
+)
 TENSOR_KEYS = ("uid", "name", "dim", "stride", "data_type", "is_virtual", "is_pass_by_value", "is_by_reference")
 OP_KEYS = ("op", "name", "compute_data_type", "attrs", "inputs", "outputs")
 
@@ -111,8 +130,11 @@ def _known_keys(obj: dict, keys: tuple[str, ...], where: str) -> None:
     """A misspelt key would otherwise be ignored silently (and its default used)."""
     unknown = sorted(k for k in obj if k not in keys)
     if unknown:
-        raise SerializationError(f"{where}: unknown key {preview(unknown[0], 80)}{did_you_mean(unknown[0], keys)}",
-                                 rule="json.unknown_key", hint=f"the keys here are {list(keys)}")
+        raise SerializationError(
+            f"{where}: unknown key {preview(unknown[0], 80)}{did_you_mean(unknown[0], keys)}",
+            rule="json.unknown_key",
+            hint=f"the keys here are {list(keys)}",
+        )
 
 
 def graph_from_json(text: str | bytes) -> Any:
@@ -122,11 +144,13 @@ def graph_from_json(text: str | bytes) -> Any:
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as err:  # bad syntax or encoding, huge numbers, deep nesting
-        raise SerializationError(f"not valid JSON: {type(err).__name__}: {str(err)[:200]}",
-                                 rule="json.syntax") from None
+        raise SerializationError(
+            f"not valid JSON: {type(err).__name__}: {str(err)[:200]}", rule="json.syntax"
+        ) from None
     except TypeError:
-        raise SerializationError(f"a graph file is text or bytes, not {type(text).__name__}",
-                                 rule="json.syntax") from None
+        raise SerializationError(
+            f"a graph file is text or bytes, not {type(text).__name__}", rule="json.syntax"
+        ) from None
     return graph_from_dict(doc)
 
 
@@ -138,38 +162,45 @@ def graph_from_dict(doc: Any) -> Any:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerializationError(
             f"not an opgraph graph file (format is {doc.get('format') if isinstance(doc, dict) else None!r})",
-            rule="json.format", hint=f"graph files have \"format\": \"{FORMAT}\"",
+            rule="json.format",
+            hint=f'graph files have "format": "{FORMAT}"',
         )
     version = doc.get("version")
     if type(version) is not int or version not in VERSIONS:
         raise SerializationError(
             f"graph file version {version!r} is not supported (this opgraph reads versions {list(VERSIONS)})",
-            rule="json.version", hint="re-export the graph with this opgraph version",
+            rule="json.version",
+            hint="re-export the graph with this opgraph version",
         )
     try:
         return _load(doc, Graph)
     except GraphError as err:
         if isinstance(err, SerializationError):
             raise
-        raise type(err)(f"in the graph file: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule,
-                        hint=err.hint) from None
+        raise type(err)(
+            f"in the graph file: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule, hint=err.hint
+        ) from None
 
 
 def _dims(doc: dict) -> dict[str, Dim]:
     """The dynamic dims a file declares (version 2), by name."""
     entries = _field(doc, "dims", list, "graph", [])
     if bool(entries) != (doc.get("version") == DYNAMIC_VERSION):
-        raise SerializationError(f"a graph file is version {DYNAMIC_VERSION} exactly when it declares dynamic dims "
-                                 f"(this one is version {doc.get('version')} with {len(entries)})", rule="json.version",
-                                 hint="write the graph with Graph.to_json")
+        raise SerializationError(
+            f"a graph file is version {DYNAMIC_VERSION} exactly when it declares dynamic dims "
+            f"(this one is version {doc.get('version')} with {len(entries)})",
+            rule="json.version",
+            hint="write the graph with Graph.to_json",
+        )
     if len(entries) > MAX_DIMS:
         raise SerializationError(f"{len(entries)} dynamic dims are beyond {MAX_DIMS}", rule="json.dims")
     symbols: dict[str, Dim] = {}
     for entry in entries:
         dim = Dim.from_json(entry)
         if dim.name in symbols:
-            raise SerializationError(f"dims: '{dim.name}' is declared twice", rule="json.dims",
-                                     hint="declare each dynamic dim once")
+            raise SerializationError(
+                f"dims: '{dim.name}' is declared twice", rule="json.dims", hint="declare each dynamic dim once"
+            )
         symbols[dim.name] = dim
     return symbols
 
@@ -204,9 +235,12 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         entries[uid] = t
         dtype = _field(t, "data_type", str, where, None)
         handles[uid] = g.tensor(
-            dim=sizes(t, "dim", where), stride=sizes(t, "stride", where),
-            data_type=None if dtype is None else as_data_type(dtype), name=_field(t, "name", str, where, ""),
-            uid=uid, is_virtual=_field(t, "is_virtual", bool, where, False),
+            dim=sizes(t, "dim", where),
+            stride=sizes(t, "stride", where),
+            data_type=None if dtype is None else as_data_type(dtype),
+            name=_field(t, "name", str, where, ""),
+            uid=uid,
+            is_virtual=_field(t, "is_virtual", bool, where, False),
             is_pass_by_value=_field(t, "is_pass_by_value", bool, where, False),
             is_by_reference=_field(t, "is_by_reference", bool, where, False),
         )
@@ -222,9 +256,11 @@ def _load(doc: dict, graph_cls: Any) -> Any:
         for roles, given, what in ((op.input_roles(), ins, "input"), (op.output_roles(), outs, "output")):
             for role in given:
                 if role not in roles:
-                    raise SerializationError(f"{where}: {op.kind} has no {what} role '{role}'"
-                                             f"{did_you_mean(role, roles)}", rule="json.role",
-                                             hint=f"its {what} roles are {list(roles)}")
+                    raise SerializationError(
+                        f"{where}: {op.kind} has no {what} role '{role}'{did_you_mean(role, roles)}",
+                        rule="json.role",
+                        hint=f"its {what} roles are {list(roles)}",
+                    )
 
         def operand(role: str, ins: dict = ins, where: str = where) -> Any:
             v = ins.get(role)
@@ -234,8 +270,9 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                 return v["const"]
             if isinstance(v, int) and not isinstance(v, bool) and v in handles:
                 return handles[v]
-            raise SerializationError(f"{where}.inputs.{role}: {v!r} is neither a listed UID nor a constant",
-                                     rule="json.operand")
+            raise SerializationError(
+                f"{where}.inputs.{role}: {v!r} is neither a listed UID nor a constant", rule="json.operand"
+            )
 
         out_handles: list[Tensor | None] = []
         updated: dict[int, Any] = {}
@@ -249,16 +286,24 @@ def _load(doc: dict, graph_cls: Any) -> Any:
             if any(v == uid and type(v) is int for v in ins.values()):  # an in-place update: the
                 # output is a second handle on the UID
                 e = entries[uid]
-                handles_out = g.tensor(dim=sizes(e, "dim", where), stride=sizes(e, "stride", where),
-                                       data_type=e.get("data_type"),
-                                       name=e.get("name", ""), uid=uid)
+                handles_out = g.tensor(
+                    dim=sizes(e, "dim", where),
+                    stride=sizes(e, "stride", where),
+                    data_type=e.get("data_type"),
+                    name=e.get("name", ""),
+                    uid=uid,
+                )
                 out_handles.append(handles_out)
                 updated[uid] = handles_out
             else:
                 out_handles.append(handles[uid])
         cdt = _field(o, "compute_data_type", str, where, None)
-        g._add_op(op, [operand(r) for r in op.input_roles()], name=_field(o, "name", str, where, ""),
-                  compute_data_type=None if cdt is None else as_data_type(cdt),
-                  out_handles=out_handles)
+        g._add_op(
+            op,
+            [operand(r) for r in op.input_roles()],
+            name=_field(o, "name", str, where, ""),
+            compute_data_type=None if cdt is None else as_data_type(cdt),
+            out_handles=out_handles,
+        )
         handles.update(updated)  # ops are listed in execution order: the ones after an update read its result
     return g.validate()

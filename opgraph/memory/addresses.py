@@ -61,7 +61,8 @@ class AddressTable:
         for uid, (slot, _) in self.slots.items():
             if addresses[slot] % 16:
                 raise VariantPackError(
-                    f"the buffer's address {addresses[slot]:#x} is not 16-byte aligned", tensor=self.graph.tensors[uid],
+                    f"the buffer's address {addresses[slot]:#x} is not 16-byte aligned",
+                    tensor=self.graph.tensors[uid],
                     rule="pack.alignment",
                     hint="by-reference buffers must start on a 16-byte boundary (fresh allocations do)",
                 )
@@ -79,8 +80,9 @@ class AddressTable:
         import torch
 
         if not self._ring:
-            self._ring = [(torch.empty(len(addresses), dtype=torch.int64).pin_memory(), torch.cuda.Event())
-                          for _ in range(4)]
+            self._ring = [
+                (torch.empty(len(addresses), dtype=torch.int64).pin_memory(), torch.cuda.Event()) for _ in range(4)
+            ]
         host, done = self._ring[self._next]
         self._next = (self._next + 1) % len(self._ring)
         done.synchronize()

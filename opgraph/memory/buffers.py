@@ -49,13 +49,22 @@ def _check_torch_layout(t: Any) -> None:
     kind = "nested" if getattr(t, "is_nested", False) else None if t.layout is torch.strided else str(t.layout)
     if kind is not None:
         raise VariantPackError(
-            f"a {kind.removeprefix('torch.')} tensor has no dense, strided storage to bind", rule="pack.layout",
+            f"a {kind.removeprefix('torch.')} tensor has no dense, strided storage to bind",
+            rule="pack.layout",
             hint="bind a dense tensor (e.g. t.to_dense(), or torch.nested.to_padded_tensor for a nested one)",
         )
 
 
-_TYPESTR = {"f2": "half", "f4": "float", "f8": "double", "i1": "int8", "u1": "uint8",
-            "i4": "int32", "i8": "int64", "b1": "boolean"}
+_TYPESTR = {
+    "f2": "half",
+    "f4": "float",
+    "f8": "double",
+    "i1": "int8",
+    "u1": "uint8",
+    "i4": "int32",
+    "i8": "int64",
+    "b1": "boolean",
+}
 
 
 def buffer_info(obj: Any) -> BufferInfo:
@@ -65,17 +74,26 @@ def buffer_info(obj: Any) -> BufferInfo:
         if any(s % itemsize for s, d in zip(obj.strides, obj.shape) if d > 1):
             raise VariantPackError(
                 f"the array's byte strides {list(obj.strides)} are not multiples of its element size {itemsize}",
-                rule="pack.strides", hint="bind an array whose elements are aligned (e.g. np.ascontiguousarray)",
+                rule="pack.strides",
+                hint="bind an array whose elements are aligned (e.g. np.ascontiguousarray)",
             )
         return BufferInfo(
-            tuple(obj.shape), tuple(s // itemsize for s in obj.strides), as_data_type(obj.dtype),
-            "cpu", obj.__array_interface__["data"][0], obj,
+            tuple(obj.shape),
+            tuple(s // itemsize for s in obj.strides),
+            as_data_type(obj.dtype),
+            "cpu",
+            obj.__array_interface__["data"][0],
+            obj,
         )
     if _is_torch_tensor(obj):
         _check_torch_layout(obj)
         device = "cpu" if obj.device.type == "cpu" else f"{obj.device.type}:{obj.device.index or 0}"
         return BufferInfo(
-            tuple(obj.shape), tuple(obj.stride()), as_data_type(obj.dtype), device, obj.data_ptr(),
+            tuple(obj.shape),
+            tuple(obj.stride()),
+            as_data_type(obj.dtype),
+            device,
+            obj.data_ptr(),
             obj if device != "cpu" else _torch_to_numpy(obj),
         )
     if hasattr(obj, "__cuda_array_interface__"):
@@ -84,7 +102,8 @@ def buffer_info(obj: Any) -> BufferInfo:
         if typestr not in _TYPESTR:
             raise VariantPackError(
                 f"__cuda_array_interface__ typestr {cai['typestr']!r} is not supported",
-                rule="pack.dtype", hint="pass a float16/32/64, int8/32/64, uint8 or bool buffer",
+                rule="pack.dtype",
+                hint="pass a float16/32/64, int8/32/64, uint8 or bool buffer",
             )
         torch = sys.modules.get("torch")
         if torch is not None:  # a zero-copy torch view, so every engine can use it
@@ -121,13 +140,17 @@ class _PointerView:
 
     def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
         self.__cuda_array_interface__ = {
-            "shape": shape, "strides": tuple(s * itemsize for s in strides),
-            "typestr": _CARRIER_TYPESTR[itemsize], "data": (int(ptr), False), "version": 3,
+            "shape": shape,
+            "strides": tuple(s * itemsize for s in strides),
+            "typestr": _CARRIER_TYPESTR[itemsize],
+            "data": (int(ptr), False),
+            "version": 3,
         }
 
 
-def tensor_from_pointer(ptr: int, dim: tuple[int, ...], stride: tuple[int, ...], data_type: DataType,
-                        device_index: int) -> Any:
+def tensor_from_pointer(
+    ptr: int, dim: tuple[int, ...], stride: tuple[int, ...], data_type: DataType, device_index: int
+) -> Any:
     """A torch tensor over device memory at `ptr` with the given dims, strides and type. opgraph
     cannot check that the memory is there: a raw pointer is the caller's promise."""
     import torch

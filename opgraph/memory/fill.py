@@ -37,8 +37,9 @@ def poison(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def random_values(desc: TensorDesc, rng: np.random.Generator, *, low: float = -2.0, high: float = 2.0,
-                  integers: bool = False) -> np.ndarray:
+def random_values(
+    desc: TensorDesc, rng: np.random.Generator, *, low: float = -2.0, high: float = 2.0, integers: bool = False
+) -> np.ndarray:
     """Random non-zero data of the tensor's type and layout. `integers` draws small integers, which
     every float type holds exactly (so low-precision results can be compared exactly)."""
     arr = empty_like_desc(desc)

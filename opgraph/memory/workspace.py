@@ -34,7 +34,9 @@ class WorkspaceLayout:
     size: int
 
 
-def plan_layout(graph: FinalGraph, pieces_outputs: Sequence[Sequence[int]], scratch_bytes: Sequence[int]) -> WorkspaceLayout:
+def plan_layout(
+    graph: FinalGraph, pieces_outputs: Sequence[Sequence[int]], scratch_bytes: Sequence[int]
+) -> WorkspaceLayout:
     tensors: dict[int, tuple[int, int]] = {}
     scratch: dict[int, tuple[int, int]] = {}
     offset = 0
@@ -61,26 +63,34 @@ def allocate(size: int, device: Device) -> Any:
 
 def check(workspace: Any, size: int, device: Device, graph: FinalGraph, bound: Mapping[int, Any]) -> Any:
     """The user's workspace, validated (type, device, size, contiguity, overlap with bound buffers)."""
-    want = "a 1-D uint8 torch tensor on " + device.torch_name if device.is_cuda else \
-        "a contiguous 1-D uint8 NumPy array"
+    want = (
+        "a 1-D uint8 torch tensor on " + device.torch_name if device.is_cuda else "a contiguous 1-D uint8 NumPy array"
+    )
     try:
         info = buffer_info(workspace)
     except GraphError:  # not a buffer, or of a type opgraph does not know (complex): the rule below says why
         info = None
-    ok = (info is not None and info.data_type.name == "UINT8" and len(info.shape) == 1
-          and (info.strides in ((1,), ()) or info.shape[0] <= 1) and info.device == device.torch_name)
+    ok = (
+        info is not None
+        and info.data_type.name == "UINT8"
+        and len(info.shape) == 1
+        and (info.strides in ((1,), ()) or info.shape[0] <= 1)
+        and info.device == device.torch_name
+    )
     if isinstance(workspace, np.ndarray):
         ok = ok and workspace.flags.c_contiguous and workspace.flags.writeable and not device.is_cuda
     if not ok:
         raise VariantPackError(
-            f"the workspace must be {want}", rule="pack.workspace",
+            f"the workspace must be {want}",
+            rule="pack.workspace",
             hint="pass a buffer of plan.workspace_size bytes on the plan's device, or None to let the plan "
             "allocate one",
         )
     assert info is not None
     if info.shape[0] < size:
         raise VariantPackError(
-            f"the workspace has {info.shape[0]} bytes but the plan needs {size}", rule="pack.workspace_size",
+            f"the workspace has {info.shape[0]} bytes but the plan needs {size}",
+            rule="pack.workspace_size",
             hint="allocate plan.workspace_size bytes",
         )
     lo, hi = info.ptr, info.ptr + size
@@ -92,8 +102,10 @@ def check(workspace: Any, size: int, device: Device, graph: FinalGraph, bound: M
         b_hi = b.ptr + storage_extent(b.shape, b.strides) * b.data_type.itemsize
         if b_lo < hi and lo < b_hi:
             raise VariantPackError(
-                "the workspace overlaps the buffer bound to this tensor", tensor=graph.tensors[uid],
-                rule="pack.workspace_overlap", hint="give the workspace memory of its own",
+                "the workspace overlaps the buffer bound to this tensor",
+                tensor=graph.tensors[uid],
+                rule="pack.workspace_overlap",
+                hint="give the workspace memory of its own",
             )
     return info.obj if device.is_cuda else workspace
 
@@ -102,7 +114,7 @@ def tensor_views(base: Any, layout: WorkspaceLayout, graph: FinalGraph) -> dict[
     views = {}
     for uid, (offset, nbytes) in layout.tensors.items():
         t = graph.tensors[uid]
-        chunk = base[offset:offset + nbytes]
+        chunk = base[offset : offset + nbytes]
         if isinstance(chunk, np.ndarray):
             views[uid] = strided_view(chunk.view(t.data_type.numpy), t.dim, t.stride)
         else:
@@ -112,4 +124,4 @@ def tensor_views(base: Any, layout: WorkspaceLayout, graph: FinalGraph) -> dict[
 
 def scratch_view(base: Any, layout: WorkspaceLayout, step: int) -> Any:
     slot = layout.scratch.get(step)
-    return None if slot is None else base[slot[0]:slot[0] + slot[1]]
+    return None if slot is None else base[slot[0] : slot[0] + slot[1]]

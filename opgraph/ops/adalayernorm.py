@@ -54,15 +54,27 @@ def ada_axes(x_dim: tuple[int, ...], scale_dim: tuple[int, ...]) -> tuple[int, .
 def ada_stats_dims(ctx: NodeContext, x: Any) -> tuple[int, ...]:
     """mean / inv_variance dims from scale's, with the checks of scale and bias."""
     s = ctx.tensor("scale")
-    hint = ("give scale and bias the input's rank, the input's dim on the normalized axes and on the batch "
-            "axis (or 1 there), and 1 elsewhere: input [B, S, E] takes [B, 1, E]")
+    hint = (
+        "give scale and bias the input's rank, the input's dim on the normalized axes and on the batch "
+        "axis (or 1 there), and 1 elsewhere: input [B, S, E] takes [B, 1, E]"
+    )
     if len(s.dim) != len(x.dim) or any(d not in (1, xd) for d, xd in zip(s.dim, x.dim)):
-        ctx.error(ShapeError, f"input 'scale' dims {list(s.dim)} do not fit input dims {list(x.dim)}", tensor="scale",
-                  rule="norm.scale_dims", hint=hint)
+        ctx.error(
+            ShapeError,
+            f"input 'scale' dims {list(s.dim)} do not fit input dims {list(x.dim)}",
+            tensor="scale",
+            rule="norm.scale_dims",
+            hint=hint,
+        )
     axes = ada_axes(x.dim, s.dim)
     if not axes:
-        ctx.error(ShapeError, f"scale dims {list(s.dim)} normalize no axis of input dims {list(x.dim)}",
-                  tensor="scale", rule="norm.scale_dims", hint=hint)
+        ctx.error(
+            ShapeError,
+            f"scale dims {list(s.dim)} normalize no axis of input dims {list(x.dim)}",
+            tensor="scale",
+            rule="norm.scale_dims",
+            hint=hint,
+        )
     if ctx.has("bias"):
         check_dims(ctx, "bias", s.dim, "norm.bias_dims", "give bias the same dims as scale")
     return tuple(1 if i in axes else d for i, d in enumerate(x.dim))
@@ -100,10 +112,10 @@ class AdaLayernorm(ScalarRules, Op):
 class AdaLayernormBackward(Op):
     """The gradients of adalayernorm with the forward's saved mean and inv_variance:
 
-        xhat   = (x - mean) * inv_variance,  g = dy * scale
-        dx     = inv_variance * (g - mean_A(g) - xhat * mean_A(g * xhat))
-        dscale = sum over the axes where scale's dim is 1 of dy * xhat   (scale's dims: per batch entry)
-        dbias  = sum over the same axes of dy
+    xhat   = (x - mean) * inv_variance,  g = dy * scale
+    dx     = inv_variance * (g - mean_A(g) - xhat * mean_A(g * xhat))
+    dscale = sum over the axes where scale's dim is 1 of dy * xhat   (scale's dims: per batch entry)
+    dbias  = sum over the same axes of dy
     """
 
     kind = "adalayernorm_backward"
@@ -127,8 +139,16 @@ class AdaLayernormBackward(Op):
 
 
 @graph_method
-def adalayernorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor, bias: Tensor,
-                 epsilon: Scalar = REQUIRED, compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
+def adalayernorm(
+    self,
+    norm_forward_phase: NormForwardPhase | str,
+    input: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    epsilon: Scalar = REQUIRED,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """Adaptive layer normalization (cuDNN's adalayernorm): layernorm with a scale and bias per batch entry.
 
     Shapes: input [B, S..., E]; scale and bias [B, 1..., E] (the input's dim on the batch axis or 1, on
@@ -163,13 +183,26 @@ def adalayernorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor
     need_epsilon(epsilon, "adalayernorm")
     phase = as_phase(norm_forward_phase, "adalayernorm", name)
     outputs = ["y", "mean", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
-    return self._add_op(AdaLayernorm(norm_forward_phase=phase), [input, scale, bias, epsilon], name=name,
-                        compute_data_type=compute_data_type, outputs=outputs)
+    return self._add_op(
+        AdaLayernorm(norm_forward_phase=phase),
+        [input, scale, bias, epsilon],
+        name=name,
+        compute_data_type=compute_data_type,
+        outputs=outputs,
+    )
 
 
 @graph_method
-def adalayernorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: Tensor, inv_variance: Tensor,
-                          compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
+def adalayernorm_backward(
+    self,
+    grad: Tensor,
+    input: Tensor,
+    scale: Tensor,
+    mean: Tensor,
+    inv_variance: Tensor,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """The gradients of adalayernorm: [dx, dscale, dbias].
 
     Shapes: grad and input as adalayernorm's input; scale as its scale; mean and inv_variance as saved;
@@ -201,5 +234,6 @@ def adalayernorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean
         dx, dscale, dshift = g.adalayernorm_backward(dy, x, scale, mean, inv_var)
         ```
     """
-    return self._add_op(AdaLayernormBackward(), [grad, input, scale, mean, inv_variance], name=name,
-                        compute_data_type=compute_data_type)
+    return self._add_op(
+        AdaLayernormBackward(), [grad, input, scale, mean, inv_variance], name=name, compute_data_type=compute_data_type
+    )

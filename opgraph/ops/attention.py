@@ -58,16 +58,38 @@ class DiagonalAlignment(enum.Enum):
 
 EMPTY_ROW_STATS = {"+inf": math.inf, "-inf": -math.inf}  # the Stats of a row with no key kept
 
-_MASK_IN = ("attn_scale", "bias", "seq_len_q", "seq_len_kv", "dropout_seed", "dropout_offset", "dropout_mask",
-            "dropout_scale")
-_PAGED = ("paged_attention_k_table", "paged_attention_v_table", "paged_attention_k_table_ragged_offset",
-          "paged_attention_v_table_ragged_offset")
+_MASK_IN = (
+    "attn_scale",
+    "bias",
+    "seq_len_q",
+    "seq_len_kv",
+    "dropout_seed",
+    "dropout_offset",
+    "dropout_mask",
+    "dropout_scale",
+)
+_PAGED = (
+    "paged_attention_k_table",
+    "paged_attention_v_table",
+    "paged_attention_k_table_ragged_offset",
+    "paged_attention_v_table_ragged_offset",
+)
 _EXTRA = ("sink_token", "block_mask")
 FWD_RAGGED = ("q", "k", "v", "o", "stats")
 BWD_RAGGED = ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
 _FWD_IN = ("q", "k", "v", *_MASK_IN, *(f"{r}_ragged_offset" for r in FWD_RAGGED), *_PAGED, *_EXTRA)
-_BWD_IN = ("q", "k", "v", "o", "dO", "stats", *_MASK_IN, "dropout_scale_inv",
-           *(f"{r}_ragged_offset" for r in BWD_RAGGED), *_EXTRA)
+_BWD_IN = (
+    "q",
+    "k",
+    "v",
+    "o",
+    "dO",
+    "stats",
+    *_MASK_IN,
+    "dropout_scale_inv",
+    *(f"{r}_ragged_offset" for r in BWD_RAGGED),
+    *_EXTRA,
+)
 _SCALARS = frozenset({"attn_scale", "dropout_seed", "dropout_offset", "dropout_scale", "dropout_scale_inv"})
 _ATTN_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE)
 _KV_SIDE = frozenset({"k", "v", "dK", "dV"})  # tensors whose rows are keys (the rest are queries)
@@ -197,26 +219,44 @@ class _Attention(Op):
         q, k, v = ctx.tensor("q"), ctx.tensor("k"), ctx.tensor("v")
         for role, t in (("q", q), ("k", k), ("v", v)):
             if len(t.dim) != 4:
-                ctx.error(ShapeError, f"input '{role}' has rank {len(t.dim)} (dims {list(t.dim)}); attention "
-                          "takes rank-4 tensors", tensor=role, rule="sdpa.rank",
-                          hint="give q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (logical dims; "
-                          "a BSHD buffer is these dims with BSHD strides; packed tensors are [1, H, T, D])")
+                ctx.error(
+                    ShapeError,
+                    f"input '{role}' has rank {len(t.dim)} (dims {list(t.dim)}); attention takes rank-4 tensors",
+                    tensor=role,
+                    rule="sdpa.rank",
+                    hint="give q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (logical dims; "
+                    "a BSHD buffer is these dims with BSHD strides; packed tensors are [1, H, T, D])",
+                )
         for role, t in (("q", q), ("k", k), ("v", v)):
             if t.data_type not in _ATTN_TYPES:
-                ctx.error(DataTypeError, f"input '{role}' has data type {t.data_type.name}", tensor=role,
-                          rule="sdpa.dtype", hint="attention takes HALF, BFLOAT16, FLOAT or DOUBLE q, k, v")
+                ctx.error(
+                    DataTypeError,
+                    f"input '{role}' has data type {t.data_type.name}",
+                    tensor=role,
+                    rule="sdpa.dtype",
+                    hint="attention takes HALF, BFLOAT16, FLOAT or DOUBLE q, k, v",
+                )
         for role, t in (("k", k), ("v", v)):
             if t.data_type != q.data_type:
-                ctx.error(DataTypeError, f"input '{role}' is {t.data_type.name} but q is {q.data_type.name}",
-                          tensor=role, rule="sdpa.dtype",
-                          hint="give q, k and v one data type (a q, k or v computed in the graph is virtual and takes "
-                          "the graph's intermediate_data_type unless you call set_data_type on it)")
+                ctx.error(
+                    DataTypeError,
+                    f"input '{role}' is {t.data_type.name} but q is {q.data_type.name}",
+                    tensor=role,
+                    rule="sdpa.dtype",
+                    hint="give q, k and v one data type (a q, k or v computed in the graph is virtual and takes "
+                    "the graph's intermediate_data_type unless you call set_data_type on it)",
+                )
         packed = frozenset(r for r in ("q", "k", "v") if ctx.has(ragged_role(r)))
         paged = frozenset(r for r in ("k", "v") if ctx.has(f"paged_attention_{r}_table"))
         if packed & paged:
             role = sorted(packed & paged)[0]
-            ctx.error(AttributeValueError, f"'{role}' is both packed and paged", tensor=role, rule="sdpa.paged",
-                      hint="give a paged cache its page table only (a page table may be packed itself)")
+            ctx.error(
+                AttributeValueError,
+                f"'{role}' is both packed and paged",
+                tensor=role,
+                rule="sdpa.paged",
+                hint="give a paged cache its page table only (a page table may be packed itself)",
+            )
         if "q" in packed:
             b = self._packed_batch(ctx)
             sq = self._max_len(ctx, "max_seq_len_q", self.max_seq_len_q, "q")
@@ -224,8 +264,12 @@ class _Attention(Op):
         else:
             b, sq = q.dim[0], q.dim[2]
             if self.max_seq_len_q is not None and self.max_seq_len_q != sq:
-                ctx.error(ShapeError, f"max_seq_len_q={self.max_seq_len_q} but q (not packed) has {sq} queries",
-                          rule="sdpa.max_seq_len", hint="drop max_seq_len_q for a dense q")
+                ctx.error(
+                    ShapeError,
+                    f"max_seq_len_q={self.max_seq_len_q} but q (not packed) has {sq} queries",
+                    rule="sdpa.max_seq_len",
+                    hint="drop max_seq_len_q for a dense q",
+                )
         lengths = {}
         for role, t in (("k", k), ("v", v)):
             if role in paged:
@@ -235,54 +279,96 @@ class _Attention(Op):
                 lengths[role] = self._max_len(ctx, "max_seq_len_kv", self.max_seq_len_kv, role)
             else:
                 if t.dim[0] != b:
-                    ctx.error(ShapeError, f"input '{role}' has batch {t.dim[0]} but q has {b}", tensor=role,
-                              rule="sdpa.batch", hint="q, k and v share the batch axis 0")
+                    ctx.error(
+                        ShapeError,
+                        f"input '{role}' has batch {t.dim[0]} but q has {b}",
+                        tensor=role,
+                        rule="sdpa.batch",
+                        hint="q, k and v share the batch axis 0",
+                    )
                 lengths[role] = t.dim[2]
         if k.dim[3] != q.dim[3]:
-            ctx.error(ShapeError, f"k has head dim {k.dim[3]} but q has {q.dim[3]}", tensor="k",
-                      rule="sdpa.head_dim", hint="q and k share the head dim D (axis 3); v's may differ")
+            ctx.error(
+                ShapeError,
+                f"k has head dim {k.dim[3]} but q has {q.dim[3]}",
+                tensor="k",
+                rule="sdpa.head_dim",
+                hint="q and k share the head dim D (axis 3); v's may differ",
+            )
         if lengths["v"] != lengths["k"]:
-            ctx.error(ShapeError, f"v has {lengths['v']} keys (axis 2) but k has {lengths['k']}", tensor="v",
-                      rule="sdpa.kv_length", hint="k and v share the sequence axis Skv (axis 2)")
+            ctx.error(
+                ShapeError,
+                f"v has {lengths['v']} keys (axis 2) but k has {lengths['k']}",
+                tensor="v",
+                rule="sdpa.kv_length",
+                hint="k and v share the sequence axis Skv (axis 2)",
+            )
         for role, t in (("k", k), ("v", v)):
             if q.dim[1] % t.dim[1]:
-                ctx.error(ShapeError, f"input '{role}' has {t.dim[1]} heads, which does not divide q's {q.dim[1]}",
-                          tensor=role, rule="sdpa.gqa",
-                          hint="for grouped-query attention, give k and v a number of heads that divides q's "
-                          "(query head h reads key head h // (Hq / Hk))")
+                ctx.error(
+                    ShapeError,
+                    f"input '{role}' has {t.dim[1]} heads, which does not divide q's {q.dim[1]}",
+                    tensor=role,
+                    rule="sdpa.gqa",
+                    hint="for grouped-query attention, give k and v a number of heads that divides q's "
+                    "(query head h reads key head h // (Hq / Hk))",
+                )
         return Geometry(b, q.dim[1], k.dim[1], v.dim[1], sq, lengths["k"], q.dim[3], v.dim[3], packed, paged)
 
     def _packed_batch(self, ctx: NodeContext) -> int:
         if not ctx.has("seq_len_q"):
-            ctx.error(ShapeError, "packed q needs seq_len_q (the length of each sequence)", tensor="q",
-                      rule="sdpa.ragged", hint="pass use_padding_mask=True with seq_len_q and seq_len_kv [B, 1, 1, 1]")
+            ctx.error(
+                ShapeError,
+                "packed q needs seq_len_q (the length of each sequence)",
+                tensor="q",
+                rule="sdpa.ragged",
+                hint="pass use_padding_mask=True with seq_len_q and seq_len_kv [B, 1, 1, 1]",
+            )
         return ctx.tensor("seq_len_q").dim[0]
 
     @staticmethod
     def _max_len(ctx: NodeContext, attr: str, value: int | None, role: str) -> int:
         if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            ctx.error(AttributeValueError, f"packed '{role}' needs {attr} (a positive int), got {value!r}",
-                      tensor=role, rule="sdpa.max_seq_len",
-                      hint=f"pass {attr}=<the longest sequence>: the padded dims of the scores")
+            ctx.error(
+                AttributeValueError,
+                f"packed '{role}' needs {attr} (a positive int), got {value!r}",
+                tensor=role,
+                rule="sdpa.max_seq_len",
+                hint=f"pass {attr}=<the longest sequence>: the padded dims of the scores",
+            )
         return value
 
     @staticmethod
     def _check_packed_dims(ctx: NodeContext, role: str, t: TensorDesc) -> None:
         if t.dim[0] != 1:
-            ctx.error(ShapeError, f"packed '{role}' has dims {list(t.dim)}; a packed tensor is [1, H, T, D]",
-                      tensor=role, rule="sdpa.ragged",
-                      hint="give packed tensors batch 1: the tokens of every sequence lie along axis 2")
+            ctx.error(
+                ShapeError,
+                f"packed '{role}' has dims {list(t.dim)}; a packed tensor is [1, H, T, D]",
+                tensor=role,
+                rule="sdpa.ragged",
+                hint="give packed tensors batch 1: the tokens of every sequence lie along axis 2",
+            )
 
     def _paged_length(self, ctx: NodeContext, role: str, t: TensorDesc, b: int) -> int:
         table_role = f"paged_attention_{role}_table"
         table = ctx.tensor(table_role)
         if not table.data_type.is_integer or len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
-            ctx.error(ShapeError, f"{table_role} is {table.data_type.name} {list(table.dim)}", tensor=table_role,
-                      rule="sdpa.paged", hint="give an integer page table [B, 1, pages per sequence, 1]")
+            ctx.error(
+                ShapeError,
+                f"{table_role} is {table.data_type.name} {list(table.dim)}",
+                tensor=table_role,
+                rule="sdpa.paged",
+                hint="give an integer page table [B, 1, pages per sequence, 1]",
+            )
         packed_table = ctx.has(f"{table_role}_ragged_offset")
         if not packed_table and table.dim[0] != b:
-            ctx.error(ShapeError, f"{table_role} has batch {table.dim[0]}, the problem {b}", tensor=table_role,
-                      rule="sdpa.paged", hint="one row of pages per sequence")
+            ctx.error(
+                ShapeError,
+                f"{table_role} has batch {table.dim[0]}, the problem {b}",
+                tensor=table_role,
+                rule="sdpa.paged",
+                hint="one row of pages per sequence",
+            )
         if packed_table:
             self._check_packed_dims(ctx, table_role, table)
         if self.max_seq_len_kv is not None:
@@ -318,9 +404,13 @@ class _Attention(Op):
         ok = tuple(dim) == want or (packed and len(dim) == 4 and (dim[0], dim[1], dim[3]) == (1, want[1], want[3]))
         if not ok:
             shape = f"[1, {want[1]}, T, {want[3]}]" if packed else str(list(want))
-            ctx.error(ShapeError, f"'{role}' has dims {list(dim)}, expected {shape}", tensor=role,
-                      rule="sdpa_backward.dims" if isinstance(self, SdpaBackward) else "sdpa.dims",
-                      hint="query-side tensors are [B, Hq, Sq, w] (packed: [1, Hq, T, w]), key-side [B, H, Skv, w]")
+            ctx.error(
+                ShapeError,
+                f"'{role}' has dims {list(dim)}, expected {shape}",
+                tensor=role,
+                rule="sdpa_backward.dims" if isinstance(self, SdpaBackward) else "sdpa.dims",
+                hint="query-side tensors are [B, Hq, Sq, w] (packed: [1, Hq, T, w]), key-side [B, H, Skv, w]",
+            )
 
     def check_broadcast(self, ctx: NodeContext, role: str, rule: str, what: str) -> None:
         t = ctx.input(role)
@@ -328,9 +418,13 @@ class _Attention(Op):
             return
         full = self.score_dims(ctx)
         if len(t.dim) != 4 or any(d not in (1, f) for d, f in zip(t.dim, full)):
-            ctx.error(ShapeError, f"{what} '{role}' dims {list(t.dim)} do not broadcast to the scores "
-                      f"[B, Hq, Sq, Skv] = {list(full)}", tensor=role, rule=rule,
-                      hint="give it rank 4 with each dim equal to the scores' or 1")
+            ctx.error(
+                ShapeError,
+                f"{what} '{role}' dims {list(t.dim)} do not broadcast to the scores [B, Hq, Sq, Skv] = {list(full)}",
+                tensor=role,
+                rule=rule,
+                hint="give it rank 4 with each dim equal to the scores' or 1",
+            )
 
     # -- checks -----------------------------------------------------------------------------------------
     def check_options(self, ctx: NodeContext) -> None:
@@ -339,22 +433,40 @@ class _Attention(Op):
         if ctx.has("bias"):
             self.check_broadcast(ctx, "bias", "sdpa.bias_dims", "bias")
             if not ctx.tensor("bias").data_type.is_floating:
-                ctx.error(DataTypeError, f"bias has data type {ctx.tensor('bias').data_type.name}", tensor="bias",
-                          rule="sdpa.dtype", hint="give bias a floating-point type")
+                ctx.error(
+                    DataTypeError,
+                    f"bias has data type {ctx.tensor('bias').data_type.name}",
+                    tensor="bias",
+                    rule="sdpa.dtype",
+                    hint="give bias a floating-point type",
+                )
         lens = [r for r in ("seq_len_q", "seq_len_kv") if ctx.has(r)]
         if self.use_padding_mask and len(lens) != 2:
             missing = [r for r in ("seq_len_q", "seq_len_kv") if r not in lens]
-            ctx.error(ShapeError, f"use_padding_mask needs seq_len_q and seq_len_kv; {', '.join(missing)} "
-                      "missing", rule="sdpa.padding_mask", hint="pass both INT32 [B, 1, 1, 1] length tensors")
+            ctx.error(
+                ShapeError,
+                f"use_padding_mask needs seq_len_q and seq_len_kv; {', '.join(missing)} missing",
+                rule="sdpa.padding_mask",
+                hint="pass both INT32 [B, 1, 1, 1] length tensors",
+            )
         if lens and not self.use_padding_mask:
-            ctx.error(AttributeValueError, f"{lens[0]} is given without use_padding_mask", tensor=lens[0],
-                      rule="sdpa.padding_mask", hint="set use_padding_mask=True, or drop the length tensors")
+            ctx.error(
+                AttributeValueError,
+                f"{lens[0]} is given without use_padding_mask",
+                tensor=lens[0],
+                rule="sdpa.padding_mask",
+                hint="set use_padding_mask=True, or drop the length tensors",
+            )
         for role in lens:
             t = ctx.tensor(role)
             if t.dim != (g.b, 1, 1, 1) or t.data_type not in _LEN_TYPES:
-                ctx.error(ShapeError if t.dim != (g.b, 1, 1, 1) else DataTypeError,
-                          f"{role} is {t.data_type.name} {list(t.dim)}, expected INT32 [{g.b}, 1, 1, 1]", tensor=role,
-                          rule="sdpa.seq_len", hint="one INT32 (or INT64) length per batch entry, dims [B, 1, 1, 1]")
+                ctx.error(
+                    ShapeError if t.dim != (g.b, 1, 1, 1) else DataTypeError,
+                    f"{role} is {t.data_type.name} {list(t.dim)}, expected INT32 [{g.b}, 1, 1, 1]",
+                    tensor=role,
+                    rule="sdpa.seq_len",
+                    hint="one INT32 (or INT64) length per batch entry, dims [B, 1, 1, 1]",
+                )
         checks.check_packed(self, ctx, g)
         checks.check_extras(self, ctx, g)
         checks.check_dropout(self, ctx)
@@ -365,8 +477,11 @@ class _Attention(Op):
         """(B, Sq, Skv) at run time, from the arrays and the attributes (see `geometry`)."""
         q, k = a["q"], a["k"]
         b = np.asarray(a["seq_len_q"]).shape[0] if a.get("q_ragged_offset") is not None else q.shape[0]
-        sq = int(expect(self.max_seq_len_q, "max_seq_len_q of packed q")) if a.get("q_ragged_offset") is not None \
+        sq = (
+            int(expect(self.max_seq_len_q, "max_seq_len_q of packed q"))
+            if a.get("q_ragged_offset") is not None
             else q.shape[2]
+        )
         table = a.get("paged_attention_k_table")
         if table is not None:
             skv = self.max_seq_len_kv if self.max_seq_len_kv is not None else table.shape[2] * k.shape[2]
@@ -385,14 +500,18 @@ class _Attention(Op):
         if table is not None:
             toff = a.get(f"paged_attention_{role}_table_ragged_offset")
             pages = -(-rows // x.shape[2])
-            tab = ref.unpack(table, self._rows(toff, f"paged_attention_{role}_table"), None, b, pages) \
-                if toff is not None else table
+            tab = (
+                ref.unpack(table, self._rows(toff, f"paged_attention_{role}_table"), None, b, pages)
+                if toff is not None
+                else table
+            )
             return ref.unpage(x, tab.reshape(b, -1), rows)
         off = a.get(ragged_role(role))
         return ref.unpack(x, self._rows(off, role), lens, b, rows) if off is not None else x
 
-    def dense_output(self, a: dict[str, Any], role: str, value: np.ndarray | None, out: TensorDesc | None
-                     ) -> np.ndarray | None:
+    def dense_output(
+        self, a: dict[str, Any], role: str, value: np.ndarray | None, out: TensorDesc | None
+    ) -> np.ndarray | None:
         """A dense output in the dims of `out` (packed back when its ragged offset is given)."""
         if value is None or out is None:
             return None
@@ -411,12 +530,29 @@ class _Attention(Op):
         if self.score_mod is not None:
             extra = [a[r] for r in self.score_mod.input_roles()]
             modifier = lambda s: evaluate(self.score_mod, s, extra)
-        return ref.scores(q, k, a["attn_scale"], a["bias"], self.use_alibi_mask, self.masking,
-                          a["seq_len_q"], a["seq_len_kv"], modifier, a.get("block_mask"), a.get("sink_token"))
+        return ref.scores(
+            q,
+            k,
+            a["attn_scale"],
+            a["bias"],
+            self.use_alibi_mask,
+            self.masking,
+            a["seq_len_q"],
+            a["seq_len_kv"],
+            modifier,
+            a.get("block_mask"),
+            a.get("sink_token"),
+        )
 
     def dropout(self, a: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray | None:
-        return ref.dropout_factor(shape, self.dropout_probability, a["dropout_seed"], a["dropout_offset"],
-                                  a["dropout_mask"], a["dropout_scale"])
+        return ref.dropout_factor(
+            shape,
+            self.dropout_probability,
+            a["dropout_seed"],
+            a["dropout_offset"],
+            a["dropout_mask"],
+            a["dropout_scale"],
+        )
 
 
 @register_op
@@ -446,22 +582,35 @@ class Sdpa(_Attention):
         if ctx.has("stats_ragged_offset") and draft is not None and draft.dim is not None:
             stats = tuple(draft.dim)
         stats_stride = strides_like(stats, q) if ctx.has("stats_ragged_offset") else packed_strides(stats)
-        return [TensorSpec(o, strides_like(o, q)), TensorSpec(stats, stats_stride, st_type),
-                TensorSpec(stats, stats_stride, st_type), TensorSpec(stats, stats_stride, st_type),
-                TensorSpec(g.scores, packed_strides(g.scores), DataType.FLOAT)]
+        return [
+            TensorSpec(o, strides_like(o, q)),
+            TensorSpec(stats, stats_stride, st_type),
+            TensorSpec(stats, stats_stride, st_type),
+            TensorSpec(stats, stats_stride, st_type),
+            TensorSpec(g.scores, packed_strides(g.scores), DataType.FLOAT),
+        ]
 
     def check(self, ctx: NodeContext) -> None:
         self.check_options(ctx)
         g = self.geometry(ctx)
         if self.empty_row_stats not in EMPTY_ROW_STATS:
-            ctx.error(AttributeValueError, f"empty_row_stats={self.empty_row_stats!r}", rule="sdpa.empty_row_stats",
-                      hint="pass '+inf' (opgraph's, the default) or '-inf' (cuDNN's from 9.14)")
+            ctx.error(
+                AttributeValueError,
+                f"empty_row_stats={self.empty_row_stats!r}",
+                rule="sdpa.empty_row_stats",
+                hint="pass '+inf' (opgraph's, the default) or '-inf' (cuDNN's from 9.14)",
+            )
         for role in ("o", "stats", "score_max", "score_sum_exp"):
             if ctx.output(role) is not None:
                 self.check_rows(ctx, g, role, g.dv if role == "o" else 1, "o" if role == "o" else "stats")
         if ctx.output("rng_dump") is not None and self.dropout_probability is None:
-            ctx.error(AttributeValueError, "rng_dump is requested without Philox dropout", tensor="rng_dump",
-                      rule="sdpa.rng_dump", hint="pass dropout=(p, seed, offset), or drop rng_dump")
+            ctx.error(
+                AttributeValueError,
+                "rng_dump is requested without Philox dropout",
+                tensor="rng_dump",
+                rule="sdpa.rng_dump",
+                hint="pass dropout=(p, seed, offset), or drop rng_dump",
+            )
 
     def reference(self, ins, outs):
         a = dict(zip(self.input_roles(), ins))
@@ -473,9 +622,13 @@ class Sdpa(_Attention):
         rng = None
         if outs[4] is not None and drop is not None:
             rng = (drop != 0).astype(np.float64)
-        return [self.dense_output(a, "o", o, outs[0]), self.dense_output(a, "stats", sm.stats, outs[1]),
-                self.dense_output(a, "stats", sm.score_max, outs[2]),
-                self.dense_output(a, "stats", sm.score_sum_exp, outs[3]), rng]
+        return [
+            self.dense_output(a, "o", o, outs[0]),
+            self.dense_output(a, "stats", sm.stats, outs[1]),
+            self.dense_output(a, "stats", sm.score_max, outs[2]),
+            self.dense_output(a, "stats", sm.score_sum_exp, outs[3]),
+            rng,
+        ]
 
 
 @register_op
@@ -497,35 +650,58 @@ class SdpaBackward(_Attention):
         specs = []
         for role, src in (("dQ", "q"), ("dK", "k"), ("dV", "v")):
             t = ctx.tensor(src)
-            dims = t.dim if ctx.has(ragged_role(role)) == (src in g.packed) else \
-                self.row_dims(ctx, g, role, t.dim[3])
+            dims = t.dim if ctx.has(ragged_role(role)) == (src in g.packed) else self.row_dims(ctx, g, role, t.dim[3])
             specs.append(TensorSpec(dims, strides_like(dims, t)))
         bias = ctx.input("bias")
-        specs.append(TensorSpec(bias.dim, strides_like(bias.dim, bias)) if isinstance(bias, TensorDesc)
-                     else TensorSpec())
+        specs.append(
+            TensorSpec(bias.dim, strides_like(bias.dim, bias)) if isinstance(bias, TensorDesc) else TensorSpec()
+        )
         specs.append(TensorSpec((1, g.hq, 1, 1), packed_strides((1, g.hq, 1, 1)), DataType.FLOAT))
         return specs
 
     def check(self, ctx: NodeContext) -> None:
         g = self.geometry(ctx)
         if g.paged:
-            ctx.error(AttributeValueError, "sdpa_backward reads no paged KV cache", rule="sdpa.paged",
-                      hint="paged caches are for inference; give the backward dense or packed k and v")
+            ctx.error(
+                AttributeValueError,
+                "sdpa_backward reads no paged KV cache",
+                rule="sdpa.paged",
+                hint="paged caches are for inference; give the backward dense or packed k and v",
+            )
         for role, width in (("o", g.dv), ("dO", g.dv), ("stats", 1)):
             self.check_rows(ctx, g, role, width)
             t = ctx.tensor(role)
             if not t.data_type.is_floating:
-                ctx.error(DataTypeError, f"input '{role}' has data type {t.data_type.name}", tensor=role,
-                          rule="sdpa.dtype", hint="o, dO and stats are floating point")
+                ctx.error(
+                    DataTypeError,
+                    f"input '{role}' has data type {t.data_type.name}",
+                    tensor=role,
+                    rule="sdpa.dtype",
+                    hint="o, dO and stats are floating point",
+                )
         if ctx.output("dBias") is not None and not ctx.has("bias"):
-            ctx.error(AttributeValueError, "dBias is requested without a bias", tensor="dBias",
-                      rule="sdpa_backward.dbias", hint="pass the forward's bias, or drop dBias")
+            ctx.error(
+                AttributeValueError,
+                "dBias is requested without a bias",
+                tensor="dBias",
+                rule="sdpa_backward.dbias",
+                hint="pass the forward's bias, or drop dBias",
+            )
         if ctx.output("dSink_token") is not None and not ctx.has("sink_token"):
-            ctx.error(AttributeValueError, "dSink_token is requested without a sink_token", tensor="dSink_token",
-                      rule="sdpa.sink", hint="pass the forward's sink_token, or drop dSink_token")
+            ctx.error(
+                AttributeValueError,
+                "dSink_token is requested without a sink_token",
+                tensor="dSink_token",
+                rule="sdpa.sink",
+                hint="pass the forward's sink_token, or drop dSink_token",
+            )
         if (self.score_mod is None) != (self.score_mod_grad is None):
-            ctx.error(AttributeValueError, "score_mod and score_mod_grad must be given together",
-                      rule="sdpa.score_mod", hint="build the op with g.sdpa_backward(..., score_mod=fn)")
+            ctx.error(
+                AttributeValueError,
+                "score_mod and score_mod_grad must be given together",
+                rule="sdpa.score_mod",
+                hint="build the op with g.sdpa_backward(..., score_mod=fn)",
+            )
         for role, width in (("dQ", g.d), ("dK", g.d), ("dV", g.dv)):
             if ctx.output(role) is not None:
                 self.check_rows(ctx, g, role, width)
@@ -541,9 +717,11 @@ class SdpaBackward(_Attention):
             extra = [a[r] for r in expect(self.score_mod, "the score modifier of a score_mod_grad").input_roles()]
             grad = lambda s, g: evaluate(self.score_mod_grad, s, extra, g)
         bias_dims = outs[3].dim if outs[3] is not None else None
-        dq, dk, dv, dbias, dsink = ref.backward(sc, q, k, v, o, do, stats, self.dropout(a, sc.s.shape), grad,
-                                                bias_dims)
-        return [self.dense_output(a, "dQ", dq, outs[0]), self.dense_output(a, "dK", dk, outs[1]),
-                self.dense_output(a, "dV", dv, outs[2]), dbias, dsink if outs[4] is not None else None]
-
-
+        dq, dk, dv, dbias, dsink = ref.backward(sc, q, k, v, o, do, stats, self.dropout(a, sc.s.shape), grad, bias_dims)
+        return [
+            self.dense_output(a, "dQ", dq, outs[0]),
+            self.dense_output(a, "dK", dk, outs[1]),
+            self.dense_output(a, "dV", dv, outs[2]),
+            dbias,
+            dsink if outs[4] is not None else None,
+        ]

@@ -24,19 +24,31 @@ def _dropout(dropout: Any, label: str, backward: bool) -> tuple[float | None, li
         return None, none
     forms = "(p, seed, offset) or (mask, scale)" + (" or (mask, scale, scale_inv)" if backward else "")
     if not isinstance(dropout, (tuple, list)) or len(dropout) not in (2, 3):
-        raise AttributeValueError(f"dropout={dropout!r} is not {forms}", op=label, rule="sdpa.dropout",
-                                  hint=f"pass dropout as a tuple {forms}")
+        raise AttributeValueError(
+            f"dropout={dropout!r} is not {forms}",
+            op=label,
+            rule="sdpa.dropout",
+            hint=f"pass dropout as a tuple {forms}",
+        )
     first = dropout[0]
     if len(dropout) == 3 and isinstance(first, numbers.Real) and not isinstance(first, bool):
         p = float(first)
         if not 0.0 <= p < 1.0:
-            raise AttributeValueError(f"dropout probability {p} is outside [0, 1)", op=label, rule="sdpa.dropout",
-                                      hint="pass 0 <= p < 1 (the probability of dropping an element)")
+            raise AttributeValueError(
+                f"dropout probability {p} is outside [0, 1)",
+                op=label,
+                rule="sdpa.dropout",
+                hint="pass 0 <= p < 1 (the probability of dropping an element)",
+            )
         return p, [dropout[1], dropout[2], None, None, None]
     if isinstance(first, Tensor) and (len(dropout) == 2 or backward):
         return None, [None, None, first, dropout[1], dropout[2] if len(dropout) == 3 else None]
-    raise AttributeValueError(f"dropout={dropout!r} is not {forms}", op=label, rule="sdpa.dropout",
-                              hint=f"pass dropout as a tuple {forms} (mask is a tensor)")
+    raise AttributeValueError(
+        f"dropout={dropout!r} is not {forms}",
+        op=label,
+        rule="sdpa.dropout",
+        hint=f"pass dropout as a tuple {forms} (mask is a tensor)",
+    )
 
 
 def as_alignment(value: Any, label: str) -> DiagonalAlignment:
@@ -52,40 +64,69 @@ def as_alignment(value: Any, label: str) -> DiagonalAlignment:
     name = getattr(value, "name", None)
     if isinstance(name, str) and name in DiagonalAlignment.__members__:
         return DiagonalAlignment[name]
-    raise AttributeValueError(f"diagonal_alignment={value!r} is not TOP_LEFT or BOTTOM_RIGHT", op=label,
-                              rule="sdpa.band", hint="pass opgraph.DiagonalAlignment.TOP_LEFT or BOTTOM_RIGHT")
+    raise AttributeValueError(
+        f"diagonal_alignment={value!r} is not TOP_LEFT or BOTTOM_RIGHT",
+        op=label,
+        rule="sdpa.band",
+        hint="pass opgraph.DiagonalAlignment.TOP_LEFT or BOTTOM_RIGHT",
+    )
 
 
 def _int_or_none(value: Any, what: str, label: str, low: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise AttributeValueError(f"{what}={value!r} is not an int >= {low}", op=label, rule="sdpa.band",
-                                  hint=f"pass {what} as an int >= {low}, or None for no bound")
+        raise AttributeValueError(
+            f"{what}={value!r} is not an int >= {low}",
+            op=label,
+            rule="sdpa.band",
+            hint=f"pass {what} as an int >= {low}, or None for no bound",
+        )
     return int(value)
 
 
-def band_fields(label: str, use_causal_mask: bool = False, use_causal_mask_bottom_right: bool = False,
-                sliding_window_length: Any = None, diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
-                diagonal_band_left_bound: Any = None, diagonal_band_right_bound: Any = None) -> dict[str, Any]:
+def band_fields(
+    label: str,
+    use_causal_mask: bool = False,
+    use_causal_mask_bottom_right: bool = False,
+    sliding_window_length: Any = None,
+    diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
+    diagonal_band_left_bound: Any = None,
+    diagonal_band_right_bound: Any = None,
+) -> dict[str, Any]:
     """The op's band fields from either spelling (cuDNN's deprecated causal flags and sliding window,
     or the band), normalized: what the causal flags and sliding_window_length can say is said there."""
     if sliding_window_length is not None and diagonal_band_left_bound is not None:
-        raise AttributeValueError("sliding_window_length and diagonal_band_left_bound are both set", op=label,
-                                  rule="sdpa.band", hint="they are one bound: pass one of them")
+        raise AttributeValueError(
+            "sliding_window_length and diagonal_band_left_bound are both set",
+            op=label,
+            rule="sdpa.band",
+            hint="they are one bound: pass one of them",
+        )
     right = _int_or_none(diagonal_band_right_bound, "diagonal_band_right_bound", label, 0)
     if (use_causal_mask or use_causal_mask_bottom_right) and right is not None:
-        raise AttributeValueError("a causal flag and diagonal_band_right_bound are both set", op=label,
-                                  rule="sdpa.band", hint="a causal mask is right bound 0: pass one of the two")
+        raise AttributeValueError(
+            "a causal flag and diagonal_band_right_bound are both set",
+            op=label,
+            rule="sdpa.band",
+            hint="a causal mask is right bound 0: pass one of the two",
+        )
     left_name = "sliding_window_length" if sliding_window_length is not None else "diagonal_band_left_bound"
     left = sliding_window_length if sliding_window_length is not None else diagonal_band_left_bound
     if left is not None and (isinstance(left, bool) or not isinstance(left, (int, np.integer)) or left < 1):
-        raise AttributeValueError(f"{left_name}={left!r} is not a positive int", op=label,
-                                  rule="sdpa.sliding_window", hint="pass the window length W >= 1 (keys i-W < j <= i)")
+        raise AttributeValueError(
+            f"{left_name}={left!r} is not a positive int",
+            op=label,
+            rule="sdpa.sliding_window",
+            hint="pass the window length W >= 1 (keys i-W < j <= i)",
+        )
     align = as_alignment(diagonal_alignment, label)
     if use_causal_mask and use_causal_mask_bottom_right:  # (the op's check names it)
-        return {"use_causal_mask": True, "use_causal_mask_bottom_right": True,
-                "sliding_window_length": None if left is None else int(left)}
+        return {
+            "use_causal_mask": True,
+            "use_causal_mask_bottom_right": True,
+            "sliding_window_length": None if left is None else int(left),
+        }
     if use_causal_mask:
         align, right = DiagonalAlignment.TOP_LEFT, 0
     elif use_causal_mask_bottom_right:
@@ -93,10 +134,13 @@ def band_fields(label: str, use_causal_mask: bool = False, use_causal_mask_botto
     bottom_right = align is DiagonalAlignment.BOTTOM_RIGHT
     flag_br = right == 0 and bottom_right
     keep_align = bottom_right and not flag_br and (left is not None or right is not None)
-    return {"use_causal_mask": right == 0 and not bottom_right, "use_causal_mask_bottom_right": flag_br,
-            "sliding_window_length": None if left is None else int(left),
-            "diagonal_alignment": DiagonalAlignment.BOTTOM_RIGHT if keep_align else DiagonalAlignment.TOP_LEFT,
-            "diagonal_band_right_bound": None if right in (None, 0) else right}
+    return {
+        "use_causal_mask": right == 0 and not bottom_right,
+        "use_causal_mask_bottom_right": flag_br,
+        "sliding_window_length": None if left is None else int(left),
+        "diagonal_alignment": DiagonalAlignment.BOTTOM_RIGHT if keep_align else DiagonalAlignment.TOP_LEFT,
+        "diagonal_band_right_bound": None if right in (None, 0) else right,
+    }
 
 
 def _score_mod(g: Any, score_mod: Any, label: str, dims: tuple[int, ...] | None) -> tuple[ScoreMod | None, list[Any]]:
@@ -138,18 +182,24 @@ def _score_dims(q, k, seq_len_q, q_off, k_off, table, max_q, max_kv) -> tuple[in
 def _declared(g: Any, value: Any, role: str, label: str) -> Tensor | None:
     """An output tensor the caller declared (dBias, score_max, ...)."""
     if value is not None and not (isinstance(value, Tensor) and value.graph is g):
-        raise ShapeError(f"{role} must be a tensor of this graph, got {type(value).__name__}", op=label,
-                         rule="sdpa_backward.dbias" if role == "dBias" else f"sdpa.{role}",
-                         hint=f"declare {role} with g.tensor(dim=...) and pass it")
+        raise ShapeError(
+            f"{role} must be a tensor of this graph, got {type(value).__name__}",
+            op=label,
+            rule="sdpa_backward.dbias" if role == "dBias" else f"sdpa.{role}",
+            hint=f"declare {role} with g.tensor(dim=...) and pass it",
+        )
     return value
 
 
 def _stats_flag(generate_stats: Any, is_inference: Any, label: str) -> bool:
     """generate_stats from itself or cuDNN's deprecated is_inference (its negation); default True."""
     if generate_stats is not None and is_inference is not None and bool(generate_stats) == bool(is_inference):
-        raise AttributeValueError(f"generate_stats={generate_stats} and is_inference={is_inference} disagree",
-                                  op=label, rule="sdpa.generate_stats",
-                                  hint="pass generate_stats only (is_inference is its deprecated negation)")
+        raise AttributeValueError(
+            f"generate_stats={generate_stats} and is_inference={is_inference} disagree",
+            op=label,
+            rule="sdpa.generate_stats",
+            hint="pass generate_stats only (is_inference is its deprecated negation)",
+        )
     if generate_stats is not None:
         return bool(generate_stats)
     return True if is_inference is None else not bool(is_inference)
@@ -162,16 +212,49 @@ def _new_output(g: Any, name: str) -> Tensor:
 
 
 @graph_method
-def sdpa(self, q, k, v, attn_scale=None, generate_stats=None, bias=None, use_alibi_mask=False,
-         use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
-         use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None, score_mod=None,
-         compute_data_type=None, name="", *, is_inference=None, diagonal_alignment=DiagonalAlignment.TOP_LEFT,
-         diagonal_band_left_bound=None, diagonal_band_right_bound=None, rng_dump=None, q_ragged_offset=None,
-         k_ragged_offset=None, v_ragged_offset=None, o_ragged_offset=None, stats_ragged_offset=None,
-         max_seq_len_q=None, max_seq_len_kv=None, paged_attention_k_table=None, paged_attention_v_table=None,
-         paged_attention_k_table_ragged_offset=None, paged_attention_v_table_ragged_offset=None,
-         paged_attention_max_seq_len_kv=None, sink_token=None, score_max=None, score_sum_exp=None,
-         block_mask=None, empty_row_stats="+inf"):
+def sdpa(
+    self,
+    q,
+    k,
+    v,
+    attn_scale=None,
+    generate_stats=None,
+    bias=None,
+    use_alibi_mask=False,
+    use_padding_mask=False,
+    seq_len_q=None,
+    seq_len_kv=None,
+    use_causal_mask=False,
+    use_causal_mask_bottom_right=False,
+    sliding_window_length=None,
+    dropout=None,
+    score_mod=None,
+    compute_data_type=None,
+    name="",
+    *,
+    is_inference=None,
+    diagonal_alignment=DiagonalAlignment.TOP_LEFT,
+    diagonal_band_left_bound=None,
+    diagonal_band_right_bound=None,
+    rng_dump=None,
+    q_ragged_offset=None,
+    k_ragged_offset=None,
+    v_ragged_offset=None,
+    o_ragged_offset=None,
+    stats_ragged_offset=None,
+    max_seq_len_q=None,
+    max_seq_len_kv=None,
+    paged_attention_k_table=None,
+    paged_attention_v_table=None,
+    paged_attention_k_table_ragged_offset=None,
+    paged_attention_v_table_ragged_offset=None,
+    paged_attention_max_seq_len_kv=None,
+    sink_token=None,
+    score_max=None,
+    score_sum_exp=None,
+    block_mask=None,
+    empty_row_stats="+inf",
+):
     """Scaled dot-product attention (cuDNN frontend's `sdpa`): [O, Stats].
 
     Shapes: q [B, Hq, Sq, D], k [B, Hk, Skv, D], v [B, Hv, Skv, Dv] (dims logical); GQA/MQA when Hk and
@@ -250,25 +333,63 @@ def sdpa(self, q, k, v, attn_scale=None, generate_stats=None, bias=None, use_ali
     """
     label = f"sdpa '{name or 'sdpa'}'"
     wants_stats = _stats_flag(generate_stats, is_inference, label)
-    opts = band_fields(label, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length,
-                       diagonal_alignment, diagonal_band_left_bound, diagonal_band_right_bound)
+    opts = band_fields(
+        label,
+        use_causal_mask,
+        use_causal_mask_bottom_right,
+        sliding_window_length,
+        diagonal_alignment,
+        diagonal_band_left_bound,
+        diagonal_band_right_bound,
+    )
     max_kv = _paged_max(max_seq_len_kv, paged_attention_max_seq_len_kv, label)
     p, (seed, offset, mask, scale, _) = _dropout(dropout, label, backward=False)
-    dims = _score_dims(q, k, seq_len_q, q_ragged_offset, k_ragged_offset, paged_attention_k_table, max_seq_len_q,
-                       max_kv)
+    dims = _score_dims(
+        q, k, seq_len_q, q_ragged_offset, k_ragged_offset, paged_attention_k_table, max_seq_len_q, max_kv
+    )
     mod, extra = _score_mod(self, score_mod, label, dims)
-    op = Sdpa(**opts, use_alibi_mask=bool(use_alibi_mask), use_padding_mask=bool(use_padding_mask),
-              dropout_probability=p, score_mod=mod, max_seq_len_q=_opt_int(max_seq_len_q),
-              max_seq_len_kv=max_kv, empty_row_stats=str(empty_row_stats))
-    inputs = [q, k, v, attn_scale, bias, seq_len_q, seq_len_kv, seed, offset, mask, scale, q_ragged_offset,
-              k_ragged_offset, v_ragged_offset, o_ragged_offset, stats_ragged_offset, paged_attention_k_table,
-              paged_attention_v_table, paged_attention_k_table_ragged_offset, paged_attention_v_table_ragged_offset,
-              sink_token, block_mask, *extra]
+    op = Sdpa(
+        **opts,
+        use_alibi_mask=bool(use_alibi_mask),
+        use_padding_mask=bool(use_padding_mask),
+        dropout_probability=p,
+        score_mod=mod,
+        max_seq_len_q=_opt_int(max_seq_len_q),
+        max_seq_len_kv=max_kv,
+        empty_row_stats=str(empty_row_stats),
+    )
+    inputs = [
+        q,
+        k,
+        v,
+        attn_scale,
+        bias,
+        seq_len_q,
+        seq_len_kv,
+        seed,
+        offset,
+        mask,
+        scale,
+        q_ragged_offset,
+        k_ragged_offset,
+        v_ragged_offset,
+        o_ragged_offset,
+        stats_ragged_offset,
+        paged_attention_k_table,
+        paged_attention_v_table,
+        paged_attention_k_table_ragged_offset,
+        paged_attention_v_table_ragged_offset,
+        sink_token,
+        block_mask,
+        *extra,
+    ]
     nm = name or f"sdpa_{len(self._records)}"
     o = _new_output(self, f"{nm}::o")
     stats = _new_output(self, f"{nm}::stats") if wants_stats else None
-    declared = [_declared(self, t, r, label) for t, r in ((score_max, "score_max"), (score_sum_exp, "score_sum_exp"),
-                                                          (rng_dump, "rng_dump"))]
+    declared = [
+        _declared(self, t, r, label)
+        for t, r in ((score_max, "score_max"), (score_sum_exp, "score_sum_exp"), (rng_dump, "rng_dump"))
+    ]
     self._add_op(op, inputs, name=nm, compute_data_type=compute_data_type, out_handles=[o, stats, *declared])
     return [o, stats]
 
@@ -279,22 +400,59 @@ def _opt_int(value: Any) -> int | None:
 
 def _paged_max(max_seq_len_kv: Any, paged: Any, label: str) -> int | None:
     if max_seq_len_kv is not None and paged is not None and int(max_seq_len_kv) != int(paged):
-        raise AttributeValueError(f"max_seq_len_kv={max_seq_len_kv} and paged_attention_max_seq_len_kv={paged} "
-                                  "differ", op=label, rule="sdpa.max_seq_len", hint="they are one attribute: pass one")
+        raise AttributeValueError(
+            f"max_seq_len_kv={max_seq_len_kv} and paged_attention_max_seq_len_kv={paged} differ",
+            op=label,
+            rule="sdpa.max_seq_len",
+            hint="they are one attribute: pass one",
+        )
     value = max_seq_len_kv if max_seq_len_kv is not None else paged
     return _opt_int(value)
 
 
 @graph_method
-def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, bias=None, dBias=None, use_alibi_mask=False,
-                  use_padding_mask=False, seq_len_q=None, seq_len_kv=None, use_causal_mask=False,
-                  use_causal_mask_bottom_right=False, sliding_window_length=None, dropout=None, score_mod=None,
-                  use_deterministic_algorithm=False, compute_data_type=None, name="", *,
-                  diagonal_alignment=DiagonalAlignment.TOP_LEFT, diagonal_band_left_bound=None,
-                  diagonal_band_right_bound=None, q_ragged_offset=None, k_ragged_offset=None, v_ragged_offset=None,
-                  o_ragged_offset=None, dO_ragged_offset=None, stats_ragged_offset=None, dQ_ragged_offset=None,
-                  dK_ragged_offset=None, dV_ragged_offset=None, max_seq_len_q=None, max_seq_len_kv=None,
-                  sink_token=None, dSink_token=None, block_mask=None):
+def sdpa_backward(
+    self,
+    q,
+    k,
+    v,
+    o,
+    dO,
+    stats,
+    attn_scale=None,
+    bias=None,
+    dBias=None,
+    use_alibi_mask=False,
+    use_padding_mask=False,
+    seq_len_q=None,
+    seq_len_kv=None,
+    use_causal_mask=False,
+    use_causal_mask_bottom_right=False,
+    sliding_window_length=None,
+    dropout=None,
+    score_mod=None,
+    use_deterministic_algorithm=False,
+    compute_data_type=None,
+    name="",
+    *,
+    diagonal_alignment=DiagonalAlignment.TOP_LEFT,
+    diagonal_band_left_bound=None,
+    diagonal_band_right_bound=None,
+    q_ragged_offset=None,
+    k_ragged_offset=None,
+    v_ragged_offset=None,
+    o_ragged_offset=None,
+    dO_ragged_offset=None,
+    stats_ragged_offset=None,
+    dQ_ragged_offset=None,
+    dK_ragged_offset=None,
+    dV_ragged_offset=None,
+    max_seq_len_q=None,
+    max_seq_len_kv=None,
+    sink_token=None,
+    dSink_token=None,
+    block_mask=None,
+):
     """The backward of `sdpa` (cuDNN frontend's `sdpa_backward`): [dQ, dK, dV], and dBias / dSink_token
     when given.
 
@@ -367,8 +525,15 @@ def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, bias=None, dBias
         ```
     """
     label = f"sdpa_backward '{name or 'sdpa_backward'}'"
-    opts = band_fields(label, use_causal_mask, use_causal_mask_bottom_right, sliding_window_length,
-                       diagonal_alignment, diagonal_band_left_bound, diagonal_band_right_bound)
+    opts = band_fields(
+        label,
+        use_causal_mask,
+        use_causal_mask_bottom_right,
+        sliding_window_length,
+        diagonal_alignment,
+        diagonal_band_left_bound,
+        diagonal_band_right_bound,
+    )
     p, (seed, offset, mask, scale, scale_inv) = _dropout(dropout, label, backward=True)
     dims = _score_dims(q, k, seq_len_q, q_ragged_offset, k_ragged_offset, None, max_seq_len_q, max_seq_len_kv)
     mod, extra = _score_mod(self, score_mod, label, dims)
@@ -377,17 +542,49 @@ def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, bias=None, dBias
         from ..autodiff.score_mod import derivative  # lazy: autodiff is a layer above ops
 
         mod_grad = derivative(mod, label)
-    op = SdpaBackward(**opts, use_alibi_mask=bool(use_alibi_mask), use_padding_mask=bool(use_padding_mask),
-                      dropout_probability=p, score_mod=mod, score_mod_grad=mod_grad,
-                      use_deterministic_algorithm=bool(use_deterministic_algorithm),
-                      max_seq_len_q=_opt_int(max_seq_len_q), max_seq_len_kv=_opt_int(max_seq_len_kv))
-    offsets = [q_ragged_offset, k_ragged_offset, v_ragged_offset, o_ragged_offset,
-               o_ragged_offset if dO_ragged_offset is None else dO_ragged_offset, stats_ragged_offset,
-               q_ragged_offset if dQ_ragged_offset is None else dQ_ragged_offset,
-               k_ragged_offset if dK_ragged_offset is None else dK_ragged_offset,
-               v_ragged_offset if dV_ragged_offset is None else dV_ragged_offset]
-    inputs = [q, k, v, o, dO, stats, attn_scale, bias, seq_len_q, seq_len_kv, seed, offset, mask, scale,
-              scale_inv, *offsets, sink_token, block_mask, *extra]
+    op = SdpaBackward(
+        **opts,
+        use_alibi_mask=bool(use_alibi_mask),
+        use_padding_mask=bool(use_padding_mask),
+        dropout_probability=p,
+        score_mod=mod,
+        score_mod_grad=mod_grad,
+        use_deterministic_algorithm=bool(use_deterministic_algorithm),
+        max_seq_len_q=_opt_int(max_seq_len_q),
+        max_seq_len_kv=_opt_int(max_seq_len_kv),
+    )
+    offsets = [
+        q_ragged_offset,
+        k_ragged_offset,
+        v_ragged_offset,
+        o_ragged_offset,
+        o_ragged_offset if dO_ragged_offset is None else dO_ragged_offset,
+        stats_ragged_offset,
+        q_ragged_offset if dQ_ragged_offset is None else dQ_ragged_offset,
+        k_ragged_offset if dK_ragged_offset is None else dK_ragged_offset,
+        v_ragged_offset if dV_ragged_offset is None else dV_ragged_offset,
+    ]
+    inputs = [
+        q,
+        k,
+        v,
+        o,
+        dO,
+        stats,
+        attn_scale,
+        bias,
+        seq_len_q,
+        seq_len_kv,
+        seed,
+        offset,
+        mask,
+        scale,
+        scale_inv,
+        *offsets,
+        sink_token,
+        block_mask,
+        *extra,
+    ]
     dBias = _declared(self, dBias, "dBias", label)
     dSink_token = _declared(self, dSink_token, "dSink_token", label)
     nm = name or f"sdpa_backward_{len(self._records)}"

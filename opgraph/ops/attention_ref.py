@@ -120,8 +120,7 @@ class Masking:
     def any(self) -> bool:
         return self.padding or self.left is not None or self.right is not None
 
-    def keep(self, b: int, sq: int, skv: int, seq_q: np.ndarray | None, seq_kv: np.ndarray | None
-             ) -> np.ndarray | None:
+    def keep(self, b: int, sq: int, skv: int, seq_q: np.ndarray | None, seq_kv: np.ndarray | None) -> np.ndarray | None:
         """Boolean [B, 1, Sq, Skv] (None: every position kept)."""
         if not self.any:
             return None
@@ -227,9 +226,19 @@ class Scores:
     sink: np.ndarray | None = None
 
 
-def scores(q, k, scale, bias, alibi: bool, masking: Masking, seq_q, seq_kv,
-           modifier: Callable[[np.ndarray], np.ndarray] | None, block_mask: np.ndarray | None = None,
-           sink: np.ndarray | None = None) -> Scores:
+def scores(
+    q,
+    k,
+    scale,
+    bias,
+    alibi: bool,
+    masking: Masking,
+    seq_q,
+    seq_kv,
+    modifier: Callable[[np.ndarray], np.ndarray] | None,
+    block_mask: np.ndarray | None = None,
+    sink: np.ndarray | None = None,
+) -> Scores:
     b, hq, sq, _ = q.shape
     skv = k.shape[2]
     sc = _scalar(scale, 1.0)
@@ -297,8 +306,9 @@ def softmax(sc: Scores, empty_stats: float = math.inf) -> Softmax:
     return Softmax(p, stats, m, np.where(empty, 0.0, total))
 
 
-def forward(sc: Scores, v: np.ndarray, drop: np.ndarray | None, empty_stats: float = math.inf
-            ) -> tuple[np.ndarray, Softmax]:
+def forward(
+    sc: Scores, v: np.ndarray, drop: np.ndarray | None, empty_stats: float = math.inf
+) -> tuple[np.ndarray, Softmax]:
     """O and the row statistics from the scores."""
     sm = softmax(sc, empty_stats)
     p = sm.p if drop is None else sm.p * drop
@@ -306,9 +316,18 @@ def forward(sc: Scores, v: np.ndarray, drop: np.ndarray | None, empty_stats: flo
     return o, sm
 
 
-def backward(sc: Scores, q, k, v, o, do, stats, drop: np.ndarray | None,
-             modifier_grad: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-             bias_dims: tuple[int, ...] | None):
+def backward(
+    sc: Scores,
+    q,
+    k,
+    v,
+    o,
+    do,
+    stats,
+    drop: np.ndarray | None,
+    modifier_grad: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+    bias_dims: tuple[int, ...] | None,
+):
     """dQ, dK, dV, dBias (None without a bias) and dSink ([1, Hq, 1, 1]; None without a sink)."""
     hq = q.shape[1]
     s = sc.s

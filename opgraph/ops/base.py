@@ -38,9 +38,9 @@ def broadcast_dims(ctx: NodeContext, roles: Sequence[str]) -> tuple[int, ...]:
         if len(t.dim) != rank:
             ctx.error(
                 ShapeError,
-                f"input '{role}' has rank {len(t.dim)} (dims {list(t.dim)}) but the other operands have "
-                f"rank {rank}",
-                tensor=role, rule="broadcast.rank",
+                f"input '{role}' has rank {len(t.dim)} (dims {list(t.dim)}) but the other operands have rank {rank}",
+                tensor=role,
+                rule="broadcast.rank",
                 hint="give every operand the same rank, with 1 in broadcast axes (a per-channel bias of "
                 "an NCHW image is dims [1, C, 1, 1])",
             )
@@ -51,10 +51,14 @@ def broadcast_dims(ctx: NodeContext, roles: Sequence[str]) -> tuple[int, ...]:
                     ShapeError,
                     f"input '{role}' dims {format_dims(t.dim)} do not broadcast with {format_dims(out)} at axis "
                     f"{axis} ({b} vs {a})",
-                    tensor=role, rule="broadcast.dims",
-                    hint="make the axis equal or 1 in one of the operands" + (
+                    tensor=role,
+                    rule="broadcast.dims",
+                    hint="make the axis equal or 1 in one of the operands"
+                    + (
                         " (two dynamic sizes are equal only when written alike: declare one Dim for both)"
-                        if is_dynamic((a, b)) else ""),
+                        if is_dynamic((a, b))
+                        else ""
+                    ),
                 )
             out[axis] = broadcast_pair(a, b)
     return tuple(out)
@@ -76,8 +80,10 @@ def batch_only_refusal(ctx: NodeContext, roles: Sequence[str], what: str) -> str
     for role in roles:
         t = ctx.input(role)
         if isinstance(t, TensorDesc) and (is_dynamic(t.dim[1:]) or (role != roles[0] and is_dynamic(t.dim))):
-            return (f"{what} takes a dynamic batch (dim 0 of '{roles[0]}'), not the dynamic dims of '{role}' "
-                    f"{format_dims(t.dim)}: fix the channel and spatial sizes or build a plan per size")
+            return (
+                f"{what} takes a dynamic batch (dim 0 of '{roles[0]}'), not the dynamic dims of '{role}' "
+                f"{format_dims(t.dim)}: fix the channel and spatial sizes or build a plan per size"
+            )
     return None
 
 

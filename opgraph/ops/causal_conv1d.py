@@ -39,27 +39,51 @@ def as_activation(value: Any, label: str) -> Conv1dActivation:
     for a in Conv1dActivation:
         if isinstance(value, str) and value.lower() in (a.value, a.name.lower()):
             return a
-    raise AttributeValueError(f"activation={value!r} is not 'identity' or 'silu'", op=label,
-                              rule="causal_conv1d.activation", hint="pass activation='identity' or 'silu'")
+    raise AttributeValueError(
+        f"activation={value!r} is not 'identity' or 'silu'",
+        op=label,
+        rule="causal_conv1d.activation",
+        hint="pass activation='identity' or 'silu'",
+    )
 
 
 def _check(ctx: NodeContext, roles: tuple[str, ...]) -> tuple[int, int, int, int]:
     """(B, D, L, K) with the shape and type rules of the family."""
     x, w = ctx.tensor("input"), ctx.tensor("weight")
     if len(x.dim) != 3:
-        ctx.error(ShapeError, f"input has dims {list(x.dim)}; causal_conv1d takes [B, D, L]", tensor="input",
-                  rule="causal_conv1d.dims", hint="give the input as [batch, channels, sequence]")
+        ctx.error(
+            ShapeError,
+            f"input has dims {list(x.dim)}; causal_conv1d takes [B, D, L]",
+            tensor="input",
+            rule="causal_conv1d.dims",
+            hint="give the input as [batch, channels, sequence]",
+        )
     b, d, length = x.dim
     if len(w.dim) != 2 or w.dim[0] != d or w.dim[1] < 1:
-        ctx.error(ShapeError, f"weight has dims {list(w.dim)}, expected [{d}, K]", tensor="weight",
-                  rule="causal_conv1d.dims", hint="one filter of K taps per channel: weight [D, K]")
+        ctx.error(
+            ShapeError,
+            f"weight has dims {list(w.dim)}, expected [{d}, K]",
+            tensor="weight",
+            rule="causal_conv1d.dims",
+            hint="one filter of K taps per channel: weight [D, K]",
+        )
     if ctx.has("bias") and ctx.tensor("bias").dim not in ((d,), (1, d, 1)):
-        ctx.error(ShapeError, f"bias has dims {list(ctx.tensor('bias').dim)}, expected [{d}]", tensor="bias",
-                  rule="causal_conv1d.dims", hint="one bias per channel: bias [D]")
+        ctx.error(
+            ShapeError,
+            f"bias has dims {list(ctx.tensor('bias').dim)}, expected [{d}]",
+            tensor="bias",
+            rule="causal_conv1d.dims",
+            hint="one bias per channel: bias [D]",
+        )
     for role in roles:
         if ctx.has(role) and not ctx.tensor(role).data_type.is_floating:
-            ctx.error(DataTypeError, f"input '{role}' has data type {ctx.tensor(role).data_type.name}", tensor=role,
-                      rule="causal_conv1d.dtype", hint="causal_conv1d takes floating tensors")
+            ctx.error(
+                DataTypeError,
+                f"input '{role}' has data type {ctx.tensor(role).data_type.name}",
+                tensor=role,
+                rule="causal_conv1d.dtype",
+                hint="causal_conv1d takes floating tensors",
+            )
     return b, d, length, w.dim[1]
 
 
@@ -68,7 +92,7 @@ def pre_activation(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.
     _, _, length = x.shape
     k = w.shape[1]
     padded = np.concatenate([np.zeros(x.shape[:2] + (k - 1,)), x], axis=2)
-    z = sum(w[None, :, j, None] * padded[:, :, j:j + length] for j in range(k))
+    z = sum(w[None, :, j, None] * padded[:, :, j : j + length] for j in range(k))
     return z + (0.0 if bias is None else bias.reshape(1, -1, 1))
 
 
@@ -113,13 +137,21 @@ class CausalConv1dBackward(Op):
         _, d, _, k = _check(ctx, self.INPUTS)
         x, dy = ctx.tensor("input"), ctx.tensor("grad")
         if dy.dim != x.dim:
-            ctx.error(ShapeError, f"grad has dims {list(dy.dim)}, the input {list(x.dim)}", tensor="grad",
-                      rule="causal_conv1d.dims", hint="pass dy = dL/dy of the forward's output")
+            ctx.error(
+                ShapeError,
+                f"grad has dims {list(dy.dim)}, the input {list(x.dim)}",
+                tensor="grad",
+                rule="causal_conv1d.dims",
+                hint="pass dy = dL/dy of the forward's output",
+            )
         w = ctx.tensor("weight")
         b = ctx.input("bias")
         bdim = tuple(b.dim) if b is not None and hasattr(b, "dim") else (d,)
-        return [TensorSpec(x.dim, strides_like(x.dim, x)), TensorSpec(w.dim, strides_like(w.dim, w)),
-                TensorSpec(bdim, strides_like(bdim, None))]
+        return [
+            TensorSpec(x.dim, strides_like(x.dim, x)),
+            TensorSpec(w.dim, strides_like(w.dim, w)),
+            TensorSpec(bdim, strides_like(bdim, None)),
+        ]
 
     def reference(self, ins, outs):
         dy, x, w, bias = ins
@@ -132,15 +164,22 @@ class CausalConv1dBackward(Op):
             dz = dy
         padded_x = np.concatenate([np.zeros(x.shape[:2] + (k - 1,)), x], axis=2)
         padded_dz = np.concatenate([dz, np.zeros(dz.shape[:2] + (k - 1,))], axis=2)
-        dx = sum(w[None, :, j, None] * padded_dz[:, :, k - 1 - j:k - 1 - j + length] for j in range(k))
-        dw = np.stack([(dz * padded_x[:, :, j:j + length]).sum(axis=(0, 2)) for j in range(k)], axis=1)
+        dx = sum(w[None, :, j, None] * padded_dz[:, :, k - 1 - j : k - 1 - j + length] for j in range(k))
+        dw = np.stack([(dz * padded_x[:, :, j : j + length]).sum(axis=(0, 2)) for j in range(k)], axis=1)
         db = dz.sum(axis=(0, 2))
         return [dx, dw, None if outs[2] is None else db.reshape(outs[2].dim)]
 
 
 @graph_method
-def causal_conv1d(self, input: Tensor, weight: Tensor, bias: Tensor | None = None, activation: Any = "identity",
-                  compute_data_type: Any = None, name: str = "") -> Tensor:
+def causal_conv1d(
+    self,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: Any = "identity",
+    compute_data_type: Any = None,
+    name: str = "",
+) -> Tensor:
     """Causal depthwise 1-D convolution with an optional fused activation (cuDNN's causal_conv1d).
 
     Shapes: input [B, D, L]; weight [D, K]; bias [D] (optional); y [B, D, L].
@@ -173,9 +212,16 @@ def causal_conv1d(self, input: Tensor, weight: Tensor, bias: Tensor | None = Non
 
 
 @graph_method
-def causal_conv1d_backward(self, grad: Tensor, input: Tensor, weight: Tensor, bias: Tensor | None = None,
-                           activation: Any = "identity", compute_data_type: Any = None,
-                           name: str = "") -> list[Tensor | None]:
+def causal_conv1d_backward(
+    self,
+    grad: Tensor,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: Any = "identity",
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """The gradients of causal_conv1d: [dx, dweight, dbias].
 
     Shapes: grad and input [B, D, L]; weight [D, K]; bias [D] (optional); dx as the input, dweight as

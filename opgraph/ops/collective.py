@@ -64,10 +64,13 @@ def resolve_group(key: str, op: str = "") -> tuple[Any, int]:
 
         return _GROUPS[key], dist.get_world_size(_GROUPS[key])
     if key != WORLD:
-        raise ExecutionError(f"no process group is registered under '{key}' in this process", op=op,
-                             rule="collective.group",
-                             hint="call opgraph.ops.collective.register_group(group) on every rank, in the same "
-                                  "order, before running a plan whose collectives name it")
+        raise ExecutionError(
+            f"no process group is registered under '{key}' in this process",
+            op=op,
+            rule="collective.group",
+            hint="call opgraph.ops.collective.register_group(group) on every rank, in the same "
+            "order, before running a plan whose collectives name it",
+        )
     try:
         import torch.distributed as dist
     except ImportError:
@@ -87,10 +90,12 @@ def reduce_in_place(t: Any, key: str, average: bool, op: str = "") -> None:
     try:
         dist.all_reduce(t, group=group)
     except (RuntimeError, ValueError) as err:
-        raise ExecutionError(f"torch.distributed.all_reduce failed: {type(err).__name__}: {err}", op=op,
-                             rule="collective.failed",
-                             hint="every rank must run the same step; host tensors need a gloo group, CUDA "
-                                  "tensors an NCCL one") from err
+        raise ExecutionError(
+            f"torch.distributed.all_reduce failed: {type(err).__name__}: {err}",
+            op=op,
+            rule="collective.failed",
+            hint="every rank must run the same step; host tensors need a gloo group, CUDA tensors an NCCL one",
+        ) from err
     if average:
         t.div_(size)
 
@@ -115,14 +120,23 @@ class AllReduce(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         roles = self.input_roles()
         if not roles:
-            ctx.error(AttributeValueError, "all_reduce has no inputs", rule="all_reduce.count",
-                      hint="pass a list of at least one tensor")
+            ctx.error(
+                AttributeValueError,
+                "all_reduce has no inputs",
+                rule="all_reduce.count",
+                hint="pass a list of at least one tensor",
+            )
         xs = [ctx.tensor(r) for r in roles]
         for role, x in zip(roles[1:], xs[1:]):
             if x.data_type is not xs[0].data_type:
-                ctx.error(DataTypeError, f"input '{role}' has type {x.data_type.name} but input0 has "
-                          f"{xs[0].data_type.name}; a bucket holds one type", tensor=role,
-                          rule="all_reduce.data_type", hint="reduce tensors of each type in a bucket of their own")
+                ctx.error(
+                    DataTypeError,
+                    f"input '{role}' has type {x.data_type.name} but input0 has "
+                    f"{xs[0].data_type.name}; a bucket holds one type",
+                    tensor=role,
+                    rule="all_reduce.data_type",
+                    hint="reduce tensors of each type in a bucket of their own",
+                )
         total = sum(x.numel for x in xs)
         return [TensorSpec((total,), (1,), xs[0].data_type)]
 
@@ -157,16 +171,29 @@ class AllReduceWait(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         bucket = ctx.tensor("bucket")
         if not self.shapes:
-            ctx.error(AttributeValueError, "all_reduce_wait has no outputs", rule="all_reduce_wait.count",
-                      hint="give the shapes of the bucket's tensors")
+            ctx.error(
+                AttributeValueError,
+                "all_reduce_wait has no outputs",
+                rule="all_reduce_wait.count",
+                hint="give the shapes of the bucket's tensors",
+            )
         if any(not s or any(type(d) is not int or d < 1 for d in s) for s in self.shapes):
-            ctx.error(AttributeValueError, f"shapes {[list(s) for s in self.shapes]} are not all lists of positive "
-                      "dims", tensor="bucket", rule="all_reduce_wait.shapes", hint="give each tensor's dims")
+            ctx.error(
+                AttributeValueError,
+                f"shapes {[list(s) for s in self.shapes]} are not all lists of positive dims",
+                tensor="bucket",
+                rule="all_reduce_wait.shapes",
+                hint="give each tensor's dims",
+            )
         total = sum(math.prod(s) for s in self.shapes)
         if bucket.dim != (total,):
-            ctx.error(ShapeError, f"the bucket has dims {list(bucket.dim)}, the shapes hold {total} elements",
-                      tensor="bucket", rule="all_reduce_wait.size",
-                      hint="cut the bucket all_reduce made into the shapes of its inputs")
+            ctx.error(
+                ShapeError,
+                f"the bucket has dims {list(bucket.dim)}, the shapes hold {total} elements",
+                tensor="bucket",
+                rule="all_reduce_wait.size",
+                hint="cut the bucket all_reduce made into the shapes of its inputs",
+            )
         return [TensorSpec(tuple(s), packed_strides(s), bucket.data_type) for s in self.shapes]
 
     def reference(self, ins, outs):
@@ -174,7 +201,7 @@ class AllReduceWait(Op):
         out, at = [], 0
         for s in self.shapes:
             n = math.prod(s)
-            out.append(np.asarray(flat[at:at + n]).reshape(s))
+            out.append(np.asarray(flat[at : at + n]).reshape(s))
             at += n
         return out
 
@@ -207,9 +234,12 @@ def all_reduce(self, inputs, group: str = WORLD, average: bool = True, name: str
         ```
     """
     if isinstance(inputs, Tensor) or not isinstance(inputs, (list, tuple)) or not inputs:
-        raise AttributeValueError(f"inputs must be a non-empty list of tensors, got {inputs!r}",
-                                  op=f"all_reduce '{name}'", rule="all_reduce.count",
-                                  hint="pass the tensors to reduce as a list: g.all_reduce([a, b])")
+        raise AttributeValueError(
+            f"inputs must be a non-empty list of tensors, got {inputs!r}",
+            op=f"all_reduce '{name}'",
+            rule="all_reduce.count",
+            hint="pass the tensors to reduce as a list: g.all_reduce([a, b])",
+        )
     op = AllReduce(num_inputs=len(inputs), group=str(group), average=bool(average))
     return self._add_op(op, list(inputs), name=name)[0]
 
@@ -241,8 +271,11 @@ def all_reduce_wait(self, bucket, shapes, name: str = ""):
         ```
     """
     if not isinstance(shapes, (list, tuple)) or not shapes:
-        raise AttributeValueError(f"shapes must be a non-empty list of dims, got {shapes!r}",
-                                  op=f"all_reduce_wait '{name}'", rule="all_reduce_wait.count",
-                                  hint="pass the dims of the tensors the bucket holds")
+        raise AttributeValueError(
+            f"shapes must be a non-empty list of dims, got {shapes!r}",
+            op=f"all_reduce_wait '{name}'",
+            rule="all_reduce_wait.count",
+            hint="pass the dims of the tensors the bucket holds",
+        )
     op = AllReduceWait(shapes=tuple(tuple(int(d) for d in s) for s in shapes))
     return self._add_op(op, [bucket], name=name)

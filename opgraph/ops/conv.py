@@ -66,18 +66,21 @@ class _Conv(Op):
         if not isinstance(first, TensorDesc) or not 3 <= len(first.dim) <= 5:
             return self  # infer reports the rank
         geo = self.geometry(len(first.dim) - 2)
-        return dataclasses.replace(self, pre_padding=geo.pre, post_padding=geo.post, stride=geo.stride,
-                                   dilation=geo.dilation)
+        return dataclasses.replace(
+            self, pre_padding=geo.pre, post_padding=geo.post, stride=geo.stride, dilation=geo.dilation
+        )
 
     def geometry(self, nsp: int) -> ConvGeometry:
         """The attributes resolved for `nsp` spatial axes (no checks: see `_checked_geometry`)."""
+
         def full(values: tuple[int, ...] | int, default: int) -> tuple[int, ...]:
             if isinstance(values, int):
                 return (values,) * nsp
             return values if values else (default,) * nsp
 
-        return ConvGeometry(full(self.pre_padding, 0), full(self.post_padding, 0), full(self.stride, 1),
-                        full(self.dilation, 1))
+        return ConvGeometry(
+            full(self.pre_padding, 0), full(self.post_padding, 0), full(self.stride, 1), full(self.dilation, 1)
+        )
 
     def _checked_ranks(self, ctx: NodeContext) -> tuple[TensorDesc, TensorDesc]:
         """Both inputs, of equal rank 3..5 (the first input sets the rank)."""
@@ -85,15 +88,20 @@ class _Conv(Op):
         a, b = ctx.tensor(first), ctx.tensor(second)
         if not 3 <= len(a.dim) <= 5:
             ctx.error(
-                ShapeError, f"input '{first}' has rank {len(a.dim)} (dims {list(a.dim)}); convolutions take "
-                "rank 3, 4 or 5 ([N, C, W], [N, C, H, W] or [N, C, D, H, W])", tensor=first, rule="conv.rank",
+                ShapeError,
+                f"input '{first}' has rank {len(a.dim)} (dims {list(a.dim)}); convolutions take "
+                "rank 3, 4 or 5 ([N, C, W], [N, C, H, W] or [N, C, D, H, W])",
+                tensor=first,
+                rule="conv.rank",
                 hint="give the tensor one batch axis, one channel axis and 1 to 3 spatial axes (use "
                 "a spatial dim of 1 for a lower-dimensional conv)",
             )
         if len(b.dim) != len(a.dim):
             ctx.error(
-                ShapeError, f"input '{second}' has rank {len(b.dim)} (dims {list(b.dim)}) but '{first}' has "
-                f"rank {len(a.dim)}", tensor=second, rule="conv.rank",
+                ShapeError,
+                f"input '{second}' has rank {len(b.dim)} (dims {list(b.dim)}) but '{first}' has rank {len(a.dim)}",
+                tensor=second,
+                rule="conv.rank",
                 hint="image, filter and loss of a convolution all have the same rank",
             )
         return a, b
@@ -104,70 +112,104 @@ class _Conv(Op):
             values = getattr(self, attr)
             if isinstance(values, tuple) and values and len(values) != nsp:
                 ctx.error(
-                    AttributeValueError, f"{attr} {list(values)} has {len(values)} value(s) but the "
-                    f"convolution has {nsp} spatial dim(s)", tensor=role, rule="conv.attr_length",
+                    AttributeValueError,
+                    f"{attr} {list(values)} has {len(values)} value(s) but the convolution has {nsp} spatial dim(s)",
+                    tensor=role,
+                    rule="conv.attr_length",
                     hint=f"give {attr} one value per spatial dim ({nsp})",
                 )
         geo = self.geometry(nsp)
         if any(v < 0 for v in geo.pre + geo.post):
             ctx.error(
-                AttributeValueError, f"padding must be >= 0, got pre_padding {list(geo.pre)}, post_padding "
-                f"{list(geo.post)}", tensor=role, rule="conv.padding",
+                AttributeValueError,
+                f"padding must be >= 0, got pre_padding {list(geo.pre)}, post_padding {list(geo.post)}",
+                tensor=role,
+                rule="conv.padding",
                 hint="negative padding (cropping) is not supported: slice the image first, or use 0",
             )
         if any(v < 1 for v in geo.stride):
-            ctx.error(AttributeValueError, f"stride must be >= 1, got {list(geo.stride)}", tensor=role,
-                      rule="conv.stride", hint="use stride 1 for a dense convolution")
+            ctx.error(
+                AttributeValueError,
+                f"stride must be >= 1, got {list(geo.stride)}",
+                tensor=role,
+                rule="conv.stride",
+                hint="use stride 1 for a dense convolution",
+            )
         if any(v < 1 for v in geo.dilation):
-            ctx.error(AttributeValueError, f"dilation must be >= 1, got {list(geo.dilation)}", tensor=role,
-                      rule="conv.dilation", hint="use dilation 1 for an undilated filter")
+            ctx.error(
+                AttributeValueError,
+                f"dilation must be >= 1, got {list(geo.dilation)}",
+                tensor=role,
+                rule="conv.dilation",
+                hint="use dilation 1 for an undilated filter",
+            )
         return geo
 
     def _check_groups(self, ctx: NodeContext, c: int, cg: int, k: int, role: str) -> None:
         """C must split into groups of the filter's channel count, and K over the groups."""
         if c % cg:
             ctx.error(
-                ShapeError, f"the image has {c} channels, which is not a multiple of the filter's {cg} "
-                "channels per group", tensor=role, rule="conv.channels",
-                hint="filter dims are [K, C/groups, ...]: use C for a plain conv, 1 for depthwise, or a "
-                "divisor of C",
+                ShapeError,
+                f"the image has {c} channels, which is not a multiple of the filter's {cg} channels per group",
+                tensor=role,
+                rule="conv.channels",
+                hint="filter dims are [K, C/groups, ...]: use C for a plain conv, 1 for depthwise, or a divisor of C",
             )
         groups = c // cg
         if k % groups:
             ctx.error(
-                ShapeError, f"{k} output channels do not split over {groups} groups (image channels {c} / "
-                f"filter channels {cg})", tensor=role, rule="conv.groups",
+                ShapeError,
+                f"{k} output channels do not split over {groups} groups (image channels {c} / filter channels {cg})",
+                tensor=role,
+                rule="conv.groups",
                 hint=f"make the number of filters K a multiple of {groups}",
             )
 
     def _check_batch(self, ctx: NodeContext, a: Sequence[int], b: Sequence[int], role: str, other: str) -> None:
         if a[0] != b[0]:
-            ctx.error(ShapeError, f"batch size {b[0]} of '{role}' does not match batch size {a[0]} of "
-                      f"'{other}'", tensor=role, rule="conv.batch", hint="use the same N for image and loss")
+            ctx.error(
+                ShapeError,
+                f"batch size {b[0]} of '{role}' does not match batch size {a[0]} of '{other}'",
+                tensor=role,
+                rule="conv.batch",
+                hint="use the same N for image and loss",
+            )
 
-    def _check_loss(self, ctx: NodeContext, geo: ConvGeometry, x: Sequence[int], r: Sequence[int],
-                    y: Sequence[int], role: str) -> None:
+    def _check_loss(
+        self, ctx: NodeContext, geo: ConvGeometry, x: Sequence[int], r: Sequence[int], y: Sequence[int], role: str
+    ) -> None:
         want = geo.out_size(x, r)
         if tuple(y) != want:
             ctx.error(
-                ShapeError, f"loss spatial dims {list(y)} do not match the forward convolution of image spatial "
+                ShapeError,
+                f"loss spatial dims {list(y)} do not match the forward convolution of image spatial "
                 f"dims {list(x)} with filter {list(r)} ({geo.describe()}), which gives {list(want)}",
-                tensor=role, rule="conv.loss_dims",
+                tensor=role,
+                rule="conv.loss_dims",
                 hint="use the padding, stride and dilation of the forward conv, and its image and filter dims",
             )
 
-    def _unique_sizes(self, ctx: NodeContext, spans: list[tuple[int, int]], what: str, fits: str,
-                      set_dims: str) -> tuple[int, ...]:
+    def _unique_sizes(
+        self, ctx: NodeContext, spans: list[tuple[int, int]], what: str, fits: str, set_dims: str
+    ) -> tuple[int, ...]:
         """The one spatial size per axis that `spans` allows (the forward formula inverted)."""
         if any(lo > hi for lo, hi in spans):
-            ctx.error(ShapeError, f"no {what} size fits {fits}", tensor="loss", rule="conv.loss_dims",
-                      hint="use the padding, stride and dilation of the forward conv")
+            ctx.error(
+                ShapeError,
+                f"no {what} size fits {fits}",
+                tensor="loss",
+                rule="conv.loss_dims",
+                hint="use the padding, stride and dilation of the forward conv",
+            )
         sizes = pick_sizes(spans)
         if sizes is None:
             out = self.OUTPUTS[0]
             ctx.error(
-                ShapeError, f"the {what} spatial dims are not determined: with this stride several sizes fit "
-                f"{fits} (per axis: {spans_text(spans)})", tensor=out, rule="conv.ambiguous_dims",
+                ShapeError,
+                f"the {what} spatial dims are not determined: with this stride several sizes fit "
+                f"{fits} (per axis: {spans_text(spans)})",
+                tensor=out,
+                rule="conv.ambiguous_dims",
                 hint=f"set the forward {what} dims on {out}: .set_dim({set_dims})",
             )
         return sizes
@@ -177,15 +219,20 @@ class _Conv(Op):
             dt = ctx.tensor(role).data_type
             if dt not in INPUT_TYPES:
                 ctx.error(
-                    DataTypeError, f"input '{role}' has data type {dt.name}, which convolutions do not take",
-                    tensor=role, rule="conv.data_type",
+                    DataTypeError,
+                    f"input '{role}' has data type {dt.name}, which convolutions do not take",
+                    tensor=role,
+                    rule="conv.data_type",
                     hint="use a float type (FLOAT, HALF, BFLOAT16, DOUBLE, FP8) or INT8/UINT8",
                 )
         first, second = (ctx.tensor(r).data_type for r in self.INPUTS)
         if first.is_floating != second.is_floating:
             ctx.error(
-                DataTypeError, f"inputs mix float and integer types ('{self.INPUTS[0]}' {first.name}, "
-                f"'{self.INPUTS[1]}' {second.name})", tensor=self.INPUTS[1], rule="conv.mixed_types",
+                DataTypeError,
+                f"inputs mix float and integer types ('{self.INPUTS[0]}' {first.name}, "
+                f"'{self.INPUTS[1]}' {second.name})",
+                tensor=self.INPUTS[1],
+                rule="conv.mixed_types",
                 hint="make both inputs float, or both INT8/UINT8 (quantize or cast one of them)",
             )
         role = self.OUTPUTS[0]
@@ -194,8 +241,11 @@ class _Conv(Op):
         if out.data_type is DataType.BOOLEAN or (first.is_floating and out.data_type.is_integer):
             kind = "float" if first.is_floating else "integer"
             ctx.error(
-                DataTypeError, f"output '{role}' has data type {out.data_type.name}, which a convolution of "
-                f"{kind} inputs cannot produce", tensor=role, rule="conv.data_type",
+                DataTypeError,
+                f"output '{role}' has data type {out.data_type.name}, which a convolution of "
+                f"{kind} inputs cannot produce",
+                tensor=role,
+                rule="conv.data_type",
                 hint="use a float output type; integer outputs (e.g. INT32) need INT8/UINT8 inputs",
             )
 
@@ -207,9 +257,13 @@ class _Conv(Op):
     def _check_out_rank(self, ctx: NodeContext, dim: Sequence[int], rank: int) -> None:
         role = self.OUTPUTS[0]
         if len(dim) != rank:
-            ctx.error(ShapeError, f"output '{role}' was set to dims {list(dim)} (rank {len(dim)}) but the inputs "
-                      f"have rank {rank}", tensor=role, rule="conv.rank",
-                      hint="give the output the rank of the inputs")
+            ctx.error(
+                ShapeError,
+                f"output '{role}' was set to dims {list(dim)} (rank {len(dim)}) but the inputs have rank {rank}",
+                tensor=role,
+                rule="conv.rank",
+                hint="give the output the rank of the inputs",
+            )
 
     def check(self, ctx: NodeContext) -> None:
         self._check_types(ctx)
@@ -236,8 +290,11 @@ class ConvFprop(_Conv):
         out = geo.out_size(x.dim[2:], w.dim[2:])
         if min(out) < 1:
             ctx.error(
-                ShapeError, f"the output spatial dims would be {list(out)}: image spatial dims {list(x.dim[2:])} "
-                f"with filter {list(w.dim[2:])} ({geo.describe()})", tensor="image", rule="conv.output_size",
+                ShapeError,
+                f"the output spatial dims would be {list(out)}: image spatial dims {list(x.dim[2:])} "
+                f"with filter {list(w.dim[2:])} ({geo.describe()})",
+                tensor="image",
+                rule="conv.output_size",
                 hint="the dilated filter, (r-1)*dilation + 1, must fit in the padded image: pad more, or use "
                 "a smaller filter or dilation",
             )
@@ -267,15 +324,18 @@ class ConvDgrad(_Conv):
         geo = self._checked_geometry(ctx, len(dy.dim) - 2)
         if dy.dim[1] != w.dim[0]:
             ctx.error(
-                ShapeError, f"the loss has {dy.dim[1]} channels but the filter has {w.dim[0]} filters (K)",
-                tensor="loss", rule="conv.out_channels",
+                ShapeError,
+                f"the loss has {dy.dim[1]} channels but the filter has {w.dim[0]} filters (K)",
+                tensor="loss",
+                rule="conv.out_channels",
                 hint="the loss of a conv has one channel per filter: dims [N, K, ...] for a filter [K, C/groups, ...]",
             )
         dim = self._set_dims(ctx)
         if dim is None:
             fits = f"loss spatial dims {list(dy.dim[2:])} with filter {list(w.dim[2:])} ({geo.describe()})"
-            x = self._unique_sizes(ctx, geo.image_sizes(dy.dim[2:], w.dim[2:]), "image", fits,
-                                   f"[{dy.dim[0]}, C, spatial...]")
+            x = self._unique_sizes(
+                ctx, geo.image_sizes(dy.dim[2:], w.dim[2:]), "image", fits, f"[{dy.dim[0]}, C, spatial...]"
+            )
             dim = (dy.dim[0], w.dim[1], *x)
         else:
             self._check_out_rank(ctx, dim, len(dy.dim))
@@ -311,15 +371,18 @@ class ConvWgrad(_Conv):
         dim = self._set_dims(ctx)
         if dim is None:
             fits = f"image spatial dims {list(x.dim[2:])} and loss spatial dims {list(dy.dim[2:])} ({geo.describe()})"
-            taps = self._unique_sizes(ctx, geo.filter_sizes(x.dim[2:], dy.dim[2:]), "filter", fits,
-                                      f"[{dy.dim[1]}, C/groups, taps...]")
+            taps = self._unique_sizes(
+                ctx, geo.filter_sizes(x.dim[2:], dy.dim[2:]), "filter", fits, f"[{dy.dim[1]}, C/groups, taps...]"
+            )
             dim = (dy.dim[1], x.dim[1], *taps)
         else:
             self._check_out_rank(ctx, dim, len(x.dim))
             if dim[0] != dy.dim[1]:
                 ctx.error(
-                    ShapeError, f"DW was set to {dim[0]} filters (K) but the loss has {dy.dim[1]} channels",
-                    tensor="DW", rule="conv.out_channels",
+                    ShapeError,
+                    f"DW was set to {dim[0]} filters (K) but the loss has {dy.dim[1]} channels",
+                    tensor="DW",
+                    rule="conv.out_channels",
                     hint=f"the filter gradient has dims [K, C/groups, ...] with K = {dy.dim[1]}",
                 )
             self._check_groups(ctx, x.dim[1], dim[1], dim[0], "DW")
@@ -347,9 +410,12 @@ def _spatial_rank(tensors: Sequence[Any]) -> int | None:
 
 def _ints(value: IntOrInts, default: int, what: str, nsp: int | None, label: str) -> tuple[int, ...]:
     """A per-spatial-dim tuple from None (the default), an int (for every dim) or a sequence."""
+
     def bad() -> AttributeValueError:
         return AttributeValueError(
-            f"{what} must be an int or a list of ints, got {value!r}", op=label, rule="conv.attr_type",
+            f"{what} must be an int or a list of ints, got {value!r}",
+            op=label,
+            rule="conv.attr_type",
             hint=f"pass {what} as a list with one int per spatial dim, e.g. [1, 1]",
         )
 
@@ -368,13 +434,23 @@ def _ints(value: IntOrInts, default: int, what: str, nsp: int | None, label: str
     return tuple(int(v) for v in items)
 
 
-def _conv_attrs(kind: str, name: str, inputs: Sequence[Any], padding: IntOrInts, pre_padding: IntOrInts,
-                post_padding: IntOrInts, stride: IntOrInts, dilation: IntOrInts,
-                convolution_mode: Any) -> dict[str, Any]:
+def _conv_attrs(
+    kind: str,
+    name: str,
+    inputs: Sequence[Any],
+    padding: IntOrInts,
+    pre_padding: IntOrInts,
+    post_padding: IntOrInts,
+    stride: IntOrInts,
+    dilation: IntOrInts,
+    convolution_mode: Any,
+) -> dict[str, Any]:
     label = f"{kind} '{name or '<unnamed>'}'"
     if padding is not None and (pre_padding is not None or post_padding is not None):
         raise AttributeValueError(
-            "both padding and pre_padding/post_padding were given", op=label, rule="conv.padding_args",
+            "both padding and pre_padding/post_padding were given",
+            op=label,
+            rule="conv.padding_args",
             hint="pass padding (symmetric) or pre_padding and post_padding (asymmetric), not both",
         )
     if padding is not None:
@@ -383,13 +459,17 @@ def _conv_attrs(kind: str, name: str, inputs: Sequence[Any], padding: IntOrInts,
         key = convolution_mode.strip().upper()
         if key not in ConvolutionMode.__members__:
             raise AttributeValueError(
-                f"convolution_mode={convolution_mode!r} is not a convolution mode", op=label,
-                rule="conv.attr_type", hint="use ConvolutionMode.CROSS_CORRELATION or ConvolutionMode.CONVOLUTION",
+                f"convolution_mode={convolution_mode!r} is not a convolution mode",
+                op=label,
+                rule="conv.attr_type",
+                hint="use ConvolutionMode.CROSS_CORRELATION or ConvolutionMode.CONVOLUTION",
             )
         convolution_mode = ConvolutionMode[key]
     if not isinstance(convolution_mode, ConvolutionMode):
         raise AttributeValueError(
-            f"convolution_mode={convolution_mode!r} is not a ConvolutionMode", op=label, rule="conv.attr_type",
+            f"convolution_mode={convolution_mode!r} is not a ConvolutionMode",
+            op=label,
+            rule="conv.attr_type",
             hint="use ConvolutionMode.CROSS_CORRELATION or ConvolutionMode.CONVOLUTION",
         )
     nsp = _spatial_rank(inputs)
@@ -403,10 +483,20 @@ def _conv_attrs(kind: str, name: str, inputs: Sequence[Any], padding: IntOrInts,
 
 
 @graph_method
-def conv_fprop(self, image: Tensor, weight: Tensor, padding: IntOrInts = None, stride: IntOrInts = None,
-               dilation: IntOrInts = None, convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
-               compute_data_type: Any = None, name: str = "", *, pre_padding: IntOrInts = None,
-               post_padding: IntOrInts = None) -> Tensor:
+def conv_fprop(
+    self,
+    image: Tensor,
+    weight: Tensor,
+    padding: IntOrInts = None,
+    stride: IntOrInts = None,
+    dilation: IntOrInts = None,
+    convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
+    compute_data_type: Any = None,
+    name: str = "",
+    *,
+    pre_padding: IntOrInts = None,
+    post_padding: IntOrInts = None,
+) -> Tensor:
     """Y = conv(image, weight): a 1-D, 2-D or 3-D (grouped, dilated, strided) convolution.
 
     Shapes: image [N, C, *spatial], weight [K, C/groups, *filter] -> Y [N, K, *out] with
@@ -446,16 +536,27 @@ def conv_fprop(self, image: Tensor, weight: Tensor, padding: IntOrInts = None, s
         y = g.conv_fprop(x, w, padding=1, stride=2)      # [8, 128, 28, 28]
         ```
     """
-    attrs = _conv_attrs("conv_fprop", name, [image, weight], padding, pre_padding, post_padding, stride,
-                        dilation, convolution_mode)
+    attrs = _conv_attrs(
+        "conv_fprop", name, [image, weight], padding, pre_padding, post_padding, stride, dilation, convolution_mode
+    )
     return self._add_op(ConvFprop(**attrs), [image, weight], name=name, compute_data_type=compute_data_type)[0]
 
 
 @graph_method
-def conv_dgrad(self, loss: Tensor, filter: Tensor, padding: IntOrInts = None, stride: IntOrInts = None,
-               dilation: IntOrInts = None, convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
-               compute_data_type: Any = None, name: str = "", *, pre_padding: IntOrInts = None,
-               post_padding: IntOrInts = None) -> Tensor:
+def conv_dgrad(
+    self,
+    loss: Tensor,
+    filter: Tensor,
+    padding: IntOrInts = None,
+    stride: IntOrInts = None,
+    dilation: IntOrInts = None,
+    convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
+    compute_data_type: Any = None,
+    name: str = "",
+    *,
+    pre_padding: IntOrInts = None,
+    post_padding: IntOrInts = None,
+) -> Tensor:
     """DX, the gradient of `conv_fprop` with respect to its image (a transposed convolution).
 
     Shapes: loss DY [N, K, *out], filter [K, C/groups, *filter] -> DX [N, C, *in]. The input size is
@@ -490,16 +591,27 @@ def conv_dgrad(self, loss: Tensor, filter: Tensor, padding: IntOrInts = None, st
         dx = g.conv_dgrad(dy, w, padding=1, stride=2).set_dim([8, 64, 56, 56]).set_output(True)
         ```
     """
-    attrs = _conv_attrs("conv_dgrad", name, [loss, filter], padding, pre_padding, post_padding, stride,
-                        dilation, convolution_mode)
+    attrs = _conv_attrs(
+        "conv_dgrad", name, [loss, filter], padding, pre_padding, post_padding, stride, dilation, convolution_mode
+    )
     return self._add_op(ConvDgrad(**attrs), [loss, filter], name=name, compute_data_type=compute_data_type)[0]
 
 
 @graph_method
-def conv_wgrad(self, image: Tensor, loss: Tensor, padding: IntOrInts = None, stride: IntOrInts = None,
-               dilation: IntOrInts = None, convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
-               compute_data_type: Any = None, name: str = "", *, pre_padding: IntOrInts = None,
-               post_padding: IntOrInts = None) -> Tensor:
+def conv_wgrad(
+    self,
+    image: Tensor,
+    loss: Tensor,
+    padding: IntOrInts = None,
+    stride: IntOrInts = None,
+    dilation: IntOrInts = None,
+    convolution_mode: Any = ConvolutionMode.CROSS_CORRELATION,
+    compute_data_type: Any = None,
+    name: str = "",
+    *,
+    pre_padding: IntOrInts = None,
+    post_padding: IntOrInts = None,
+) -> Tensor:
     """DW, the gradient of `conv_fprop` with respect to its filter.
 
     Shapes: image [N, C, *in], loss DY [N, K, *out] -> DW [K, C/groups, *filter]. The filter size is
@@ -534,6 +646,7 @@ def conv_wgrad(self, image: Tensor, loss: Tensor, padding: IntOrInts = None, str
         dw = g.conv_wgrad(x, dy, padding=1, stride=2).set_output(True).set_name("dW")   # [128, 64, 3, 3]
         ```
     """
-    attrs = _conv_attrs("conv_wgrad", name, [image, loss], padding, pre_padding, post_padding, stride,
-                        dilation, convolution_mode)
+    attrs = _conv_attrs(
+        "conv_wgrad", name, [image, loss], padding, pre_padding, post_padding, stride, dilation, convolution_mode
+    )
     return self._add_op(ConvWgrad(**attrs), [image, loss], name=name, compute_data_type=compute_data_type)[0]

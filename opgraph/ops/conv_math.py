@@ -22,10 +22,18 @@ class ConvolutionMode(enum.Enum):
         return f"ConvolutionMode.{self.name}"
 
 
-INPUT_TYPES = frozenset({
-    DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE, DataType.FP8_E4M3,
-    DataType.FP8_E5M2, DataType.INT8, DataType.UINT8,
-})
+INPUT_TYPES = frozenset(
+    {
+        DataType.FLOAT,
+        DataType.HALF,
+        DataType.BFLOAT16,
+        DataType.DOUBLE,
+        DataType.FP8_E4M3,
+        DataType.FP8_E5M2,
+        DataType.INT8,
+        DataType.UINT8,
+    }
+)
 _OUT_LETTERS = "xyz"  # einsum letters of the output (loss) spatial axes
 _TAP_LETTERS = "rst"  # ... and of the filter taps
 
@@ -60,13 +68,15 @@ class ConvGeometry:
         spans = []
         for xi, yi, p0, p1, s, d in zip(x, y, self.pre, self.post, self.stride, self.dilation):
             hi_eff = xi + p0 + p1 - (yi - 1) * s  # the dilated filter extent (r-1)*d + 1 lies in
-            lo_eff = max(hi_eff - s + 1, 1)       # [hi_eff - s + 1, hi_eff]
+            lo_eff = max(hi_eff - s + 1, 1)  # [hi_eff - s + 1, hi_eff]
             spans.append((-(-(lo_eff - 1) // d) + 1, (hi_eff - 1) // d + 1))
         return spans
 
     def describe(self) -> str:
-        return (f"pre_padding {list(self.pre)}, post_padding {list(self.post)}, stride {list(self.stride)}, "
-                f"dilation {list(self.dilation)}")
+        return (
+            f"pre_padding {list(self.pre)}, post_padding {list(self.post)}, stride {list(self.stride)}, "
+            f"dilation {list(self.dilation)}"
+        )
 
 
 def pick_sizes(spans: list[tuple[int, int]]) -> tuple[int, ...] | None:
@@ -118,8 +128,9 @@ def conv_forward(x: np.ndarray, w: np.ndarray, geo: ConvGeometry, mode: Convolut
     return y.reshape(n, k, *out)
 
 
-def conv_data_grad(dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: ConvGeometry,
-                   mode: ConvolutionMode) -> np.ndarray:
+def conv_data_grad(
+    dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: ConvGeometry, mode: ConvolutionMode
+) -> np.ndarray:
     """DX of image dims x_dim from DY and W in float64 (see ConvDgrad)."""
     n, k = dy.shape[:2]
     c, cg = x_dim[1], w.shape[1]
@@ -134,16 +145,18 @@ def conv_data_grad(dy: np.ndarray, w: np.ndarray, x_dim: Sequence[int], geo: Con
     lead = (slice(None),) * 3
     # Each filter tap scatters DY (times that tap's weights) onto a strided, non-overlapping slice.
     for tap in np.ndindex(*taps):
-        target = tuple(slice(t * d, t * d + (yo - 1) * s + 1, s)
-                       for t, d, yo, s in zip(tap, geo.dilation, out, geo.stride))
+        target = tuple(
+            slice(t * d, t * d + (yo - 1) * s + 1, s) for t, d, yo, s in zip(tap, geo.dilation, out, geo.stride)
+        )
         w_tap = (Ellipsis, *tap)
         dxp[lead + target] += np.einsum(f"ngk{o},gkc->ngc{o}", dyg, wg[w_tap], optimize=True)
     crop = tuple(slice(p0, p0 + xi) for p0, xi in zip(geo.pre, x_dim[2:]))
     return dxp[lead + crop].reshape(n, c, *x_dim[2:])
 
 
-def conv_weight_grad(x: np.ndarray, dy: np.ndarray, w_dim: Sequence[int], geo: ConvGeometry,
-                     mode: ConvolutionMode) -> np.ndarray:
+def conv_weight_grad(
+    x: np.ndarray, dy: np.ndarray, w_dim: Sequence[int], geo: ConvGeometry, mode: ConvolutionMode
+) -> np.ndarray:
     """DW of filter dims w_dim from X and DY in float64 (see ConvWgrad)."""
     n, c = x.shape[:2]
     k, cg, taps = dy.shape[1], w_dim[1], tuple(w_dim[2:])

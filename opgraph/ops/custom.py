@@ -58,9 +58,16 @@ CUSTOM_OPS: Registry[str, CustomOpDef] = Registry("custom op")
 
 
 def register_custom_op(
-    name: str, *, num_inputs: int, reference: Callable[..., Any], num_outputs: int = 1,
-    infer: Callable[..., Any] | None = None, torch: Callable[..., Any] | None = None, triton: Any = None,
-    pointwise: bool = False, replace: bool = False,
+    name: str,
+    *,
+    num_inputs: int,
+    reference: Callable[..., Any],
+    num_outputs: int = 1,
+    infer: Callable[..., Any] | None = None,
+    torch: Callable[..., Any] | None = None,
+    triton: Any = None,
+    pointwise: bool = False,
+    replace: bool = False,
 ) -> CustomOpDef:
     """Register a custom op, usable in graphs, graph files and plans like a built-in op.
 
@@ -94,17 +101,29 @@ def register_custom_op(
         ```
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise AttributeValueError(f"custom op name {name!r} must be an identifier", rule="custom.name",
-                                  hint="use letters, digits and underscores, e.g. 'swiglu'")
+        raise AttributeValueError(
+            f"custom op name {name!r} must be an identifier",
+            rule="custom.name",
+            hint="use letters, digits and underscores, e.g. 'swiglu'",
+        )
     if num_inputs < 1 or num_outputs < 1:
-        raise AttributeValueError("a custom op takes at least one input and makes at least one output",
-                                  rule="custom.arity", hint="set num_inputs and num_outputs >= 1")
+        raise AttributeValueError(
+            "a custom op takes at least one input and makes at least one output",
+            rule="custom.arity",
+            hint="set num_inputs and num_outputs >= 1",
+        )
     if infer is None and not pointwise:
-        raise AttributeValueError(f"custom op '{name}' needs an infer function (or pointwise=True)",
-                                  rule="custom.infer", hint="pass infer=lambda *inputs: [dims, ...]")
+        raise AttributeValueError(
+            f"custom op '{name}' needs an infer function (or pointwise=True)",
+            rule="custom.infer",
+            hint="pass infer=lambda *inputs: [dims, ...]",
+        )
     if triton is not None and not pointwise:
-        raise AttributeValueError(f"custom op '{name}': a Triton function is fused only for pointwise ops",
-                                  rule="custom.triton", hint="set pointwise=True, or drop triton=")
+        raise AttributeValueError(
+            f"custom op '{name}': a Triton function is fused only for pointwise ops",
+            rule="custom.triton",
+            hint="set pointwise=True, or drop triton=",
+        )
     definition = CustomOpDef(name, num_inputs, num_outputs, reference, infer, torch, triton, pointwise)
     return CUSTOM_OPS.register(name, definition, replace=replace)
 
@@ -112,7 +131,8 @@ def register_custom_op(
 def custom_op_def(name: str) -> CustomOpDef:
     if name not in CUSTOM_OPS:
         raise GraphError(
-            f"custom op '{name}' is not registered in this process", rule="custom.unregistered",
+            f"custom op '{name}' is not registered in this process",
+            rule="custom.unregistered",
             hint=f"call opgraph.register_custom_op('{name}', ...) before building or loading the graph",
         )
     return CUSTOM_OPS[name]
@@ -142,28 +162,35 @@ def upgrade_entry(entry: Any, where: str = "op") -> Any:
     name, params = attrs.get("op_name"), attrs.get("params", [])
     if not isinstance(name, str) or name not in LEGACY_CUSTOM or name in CUSTOM_OPS:
         return entry
-    if not isinstance(params, list) or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                                               for p in params):
-        raise SerializationError(f"{where}: the parameters of custom op '{name}' are not [name, value] pairs",
-                                 rule="json.legacy_op")
+    if not isinstance(params, list) or not all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in params
+    ):
+        raise SerializationError(
+            f"{where}: the parameters of custom op '{name}' are not [name, value] pairs", rule="json.legacy_op"
+        )
     try:
         op = cast(Op, legacy_op(name, {k: v for k, v in params}))
     except GraphError as err:
-        raise SerializationError(f"{where}: custom op '{name}' (a built-in op now): {err.detail}",
-                                 rule="json.legacy_op", hint=err.hint) from None
+        raise SerializationError(
+            f"{where}: custom op '{name}' (a built-in op now): {err.detail}", rule="json.legacy_op", hint=err.hint
+        ) from None
 
     def renamed(roles: Any, new: tuple[str, ...], old: str) -> Any:
         if not isinstance(roles, dict):
             return roles
         out = {}
         for role, value in roles.items():
-            index = int(role[len(old):]) if role.startswith(old) and role[len(old):].isdigit() else -1
+            index = int(role[len(old) :]) if role.startswith(old) and role[len(old) :].isdigit() else -1
             out[new[index] if 0 <= index < len(new) else role] = value
         return out
 
     upgraded = {k: v for k, v in entry.items() if k not in ("op", "attrs", "inputs", "outputs")}
-    upgraded.update(op=op.kind, attrs=encode_attrs(op), inputs=renamed(entry.get("inputs"), op.input_roles(), "input"),
-                    outputs=renamed(entry.get("outputs"), op.output_roles(), "output"))
+    upgraded.update(
+        op=op.kind,
+        attrs=encode_attrs(op),
+        inputs=renamed(entry.get("inputs"), op.input_roles(), "input"),
+        outputs=renamed(entry.get("outputs"), op.output_roles(), "output"),
+    )
     return upgraded
 
 
@@ -200,9 +227,13 @@ class Custom(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         d = self.definition
         if (d.num_inputs, d.num_outputs) != (self.num_inputs, self.num_outputs):
-            ctx.error(ShapeError, f"custom op '{d.name}' is registered with {d.num_inputs} inputs and "
-                      f"{d.num_outputs} outputs, the graph has {self.num_inputs} and {self.num_outputs}",
-                      rule="custom.arity", hint="register the op as the graph uses it")
+            ctx.error(
+                ShapeError,
+                f"custom op '{d.name}' is registered with {d.num_inputs} inputs and "
+                f"{d.num_outputs} outputs, the graph has {self.num_inputs} and {self.num_outputs}",
+                rule="custom.arity",
+                hint="register the op as the graph uses it",
+            )
         ins = [ctx.input(r) for r in self.input_roles()]
         if d.infer is None:  # pointwise: broadcast dims, the first full-size operand's layout
             dim = broadcast_dims(ctx, self.input_roles())
@@ -213,16 +244,27 @@ class Custom(Op):
         except GraphError:
             raise
         except Exception as err:  # noqa: BLE001 - the user's function: report it as a graph error
-            ctx.error(ShapeError, f"the infer function of custom op '{d.name}' failed: {type(err).__name__}: "
-                      f"{err}", rule="custom.infer_failed", hint="fix the registered infer function")
+            ctx.error(
+                ShapeError,
+                f"the infer function of custom op '{d.name}' failed: {type(err).__name__}: {err}",
+                rule="custom.infer_failed",
+                hint="fix the registered infer function",
+            )
         if not isinstance(result, (list, tuple)) or len(result) != self.num_outputs:
-            ctx.error(ShapeError, f"the infer function of '{d.name}' must return {self.num_outputs} entries, got "
-                      f"{result!r}", rule="custom.infer_result", hint="return [dims, ...] or [(dims, dtype), ...]")
+            ctx.error(
+                ShapeError,
+                f"the infer function of '{d.name}' must return {self.num_outputs} entries, got {result!r}",
+                rule="custom.infer_result",
+                hint="return [dims, ...] or [(dims, dtype), ...]",
+            )
         specs = []
         first = next((t for t in ins if isinstance(t, TensorDesc)), None)
         for entry in result:
-            dims, dtype = (entry if isinstance(entry, tuple) and len(entry) == 2 and not
-                           isinstance(entry[1], int) else (entry, None))
+            dims, dtype = (
+                entry
+                if isinstance(entry, tuple) and len(entry) == 2 and not isinstance(entry[1], int)
+                else (entry, None)
+            )
             dims = tuple(int(v) for v in dims)
             specs.append(TensorSpec(dims, strides_like(dims, first), None if dtype is None else _dtype(dtype)))
         return specs
@@ -230,8 +272,10 @@ class Custom(Op):
     def reference(self, ins, outs):
         result = self.definition.reference(*ins, **dict(self.params))
         results = list(result) if isinstance(result, (list, tuple)) else [result]
-        return [np.broadcast_to(np.asarray(r, dtype=np.float64), o.dim) if o is not None else None
-                for r, o in zip(results, outs)]
+        return [
+            np.broadcast_to(np.asarray(r, dtype=np.float64), o.dim) if o is not None else None
+            for r, o in zip(results, outs)
+        ]
 
 
 def _dtype(value: Any):
@@ -241,8 +285,9 @@ def _dtype(value: Any):
 
 
 @graph_method
-def custom(self, op_name: str, *inputs: Any, params: dict[str, Param] | None = None, compute_data_type=None,
-           name: str = ""):
+def custom(
+    self, op_name: str, *inputs: Any, params: dict[str, Param] | None = None, compute_data_type=None, name: str = ""
+):
     """Apply a custom op registered with `opgraph.register_custom_op`.
 
     Shapes: what the op's `infer` says (a pointwise op: the inputs' broadcast dims).
@@ -276,14 +321,20 @@ def custom(self, op_name: str, *inputs: Any, params: dict[str, Param] | None = N
         return outs[0] if len(outs) == 1 else outs
     d = custom_op_def(op_name)
     if len(inputs) != d.num_inputs:
-        raise AttributeValueError(f"custom op '{op_name}' takes {d.num_inputs} inputs, got {len(inputs)}",
-                                  op=f"custom '{name or op_name}'", rule="custom.arity",
-                                  hint=f"pass {d.num_inputs} tensors")
+        raise AttributeValueError(
+            f"custom op '{op_name}' takes {d.num_inputs} inputs, got {len(inputs)}",
+            op=f"custom '{name or op_name}'",
+            rule="custom.arity",
+            hint=f"pass {d.num_inputs} tensors",
+        )
     for key, value in items:
         if not isinstance(value, (int, float, str, bool)):
-            raise AttributeValueError(f"custom op parameter {key}={value!r} is not a plain value",
-                                      op=f"custom '{name or op_name}'", rule="custom.param",
-                                      hint="parameters are ints, floats, strings or bools")
+            raise AttributeValueError(
+                f"custom op parameter {key}={value!r} is not a plain value",
+                op=f"custom '{name or op_name}'",
+                rule="custom.param",
+                hint="parameters are ints, floats, strings or bools",
+            )
     op = Custom(op_name=op_name, num_inputs=d.num_inputs, num_outputs=d.num_outputs, params=items)
     outs = self._add_op(op, list(inputs), name=name or op_name, compute_data_type=compute_data_type)
     return outs[0] if d.num_outputs == 1 else outs

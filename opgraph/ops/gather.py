@@ -30,15 +30,25 @@ from ..core.tensor import packed_strides
 def _check_indices(ctx: NodeContext, role: str) -> None:
     t = ctx.tensor(role)
     if not t.data_type.is_integer:
-        ctx.error(DataTypeError, f"input '{role}' is {t.data_type.name}; indices must be an integer type",
-                  tensor=role, rule="gather.index_type", hint="pass the indices as INT64 or INT32")
+        ctx.error(
+            DataTypeError,
+            f"input '{role}' is {t.data_type.name}; indices must be an integer type",
+            tensor=role,
+            rule="gather.index_type",
+            hint="pass the indices as INT64 or INT32",
+        )
 
 
 def _check_float(ctx: NodeContext, role: str) -> None:
     t = ctx.tensor(role)
     if not t.data_type.is_floating:
-        ctx.error(DataTypeError, f"input '{role}' is {t.data_type.name}; it must be a floating type",
-                  tensor=role, rule="gather.float", hint="cast it to a float type first")
+        ctx.error(
+            DataTypeError,
+            f"input '{role}' is {t.data_type.name}; it must be a floating type",
+            tensor=role,
+            rule="gather.float",
+            hint="cast it to a float type first",
+        )
 
 
 def _rows(idx: np.ndarray, num: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,8 +72,13 @@ class Embedding(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         w, idx = ctx.tensor("weight"), ctx.tensor("indices")
         if len(w.dim) != 2:
-            ctx.error(ShapeError, f"input 'weight' dims {list(w.dim)} are not [num_weights, embedding_dim]",
-                      tensor="weight", rule="embedding.weight_rank", hint="pass a 2-D table [V, D]")
+            ctx.error(
+                ShapeError,
+                f"input 'weight' dims {list(w.dim)} are not [num_weights, embedding_dim]",
+                tensor="weight",
+                rule="embedding.weight_rank",
+                hint="pass a 2-D table [V, D]",
+            )
         dim = (*idx.dim, w.dim[1])
         return [TensorSpec(dim, packed_strides(dim))]
 
@@ -71,9 +86,13 @@ class Embedding(Op):
         _check_float(ctx, "weight")
         _check_indices(ctx, "indices")
         if self.padding_idx < -1 or self.padding_idx >= ctx.tensor("weight").dim[0]:
-            ctx.error(AttributeValueError, f"padding_idx {self.padding_idx} is not a row of the table "
-                      f"({ctx.tensor('weight').dim[0]} rows) or -1", tensor="weight", rule="embedding.padding_idx",
-                      hint="pass a row number in [0, V), or -1 for none")
+            ctx.error(
+                AttributeValueError,
+                f"padding_idx {self.padding_idx} is not a row of the table ({ctx.tensor('weight').dim[0]} rows) or -1",
+                tensor="weight",
+                rule="embedding.padding_idx",
+                hint="pass a row number in [0, V), or -1 for none",
+            )
 
     def reference(self, ins, outs):
         w, idx = ins
@@ -95,12 +114,21 @@ class EmbeddingBackward(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         g, idx = ctx.tensor("grad"), ctx.tensor("indices")
         if tuple(g.dim[:-1]) != tuple(idx.dim):
-            ctx.error(ShapeError, f"input 'grad' dims {list(g.dim)} are not the indices' dims {list(idx.dim)} "
-                      "plus the embedding axis", tensor="grad", rule="embedding_backward.dims",
-                      hint="pass the gradient of embedding's output, dims [*indices.dim, D]")
+            ctx.error(
+                ShapeError,
+                f"input 'grad' dims {list(g.dim)} are not the indices' dims {list(idx.dim)} plus the embedding axis",
+                tensor="grad",
+                rule="embedding_backward.dims",
+                hint="pass the gradient of embedding's output, dims [*indices.dim, D]",
+            )
         if self.num_weights < 1:
-            ctx.error(AttributeValueError, f"num_weights {self.num_weights} must be >= 1", tensor="grad",
-                      rule="embedding_backward.num_weights", hint="pass the table's row count V")
+            ctx.error(
+                AttributeValueError,
+                f"num_weights {self.num_weights} must be >= 1",
+                tensor="grad",
+                rule="embedding_backward.num_weights",
+                hint="pass the table's row count V",
+            )
         dim = (self.num_weights, g.dim[-1])
         return [TensorSpec(dim, packed_strides(dim))]
 
@@ -108,9 +136,13 @@ class EmbeddingBackward(Op):
         _check_float(ctx, "grad")
         _check_indices(ctx, "indices")
         if self.padding_idx < -1 or self.padding_idx >= self.num_weights:
-            ctx.error(AttributeValueError, f"padding_idx {self.padding_idx} is not a row of the table "
-                      f"({self.num_weights} rows) or -1", tensor="grad", rule="embedding.padding_idx",
-                      hint="pass a row number in [0, V), or -1 for none")
+            ctx.error(
+                AttributeValueError,
+                f"padding_idx {self.padding_idx} is not a row of the table ({self.num_weights} rows) or -1",
+                tensor="grad",
+                rule="embedding.padding_idx",
+                hint="pass a row number in [0, V), or -1 for none",
+            )
 
     def reference(self, ins, outs):
         g, idx = ins
@@ -152,13 +184,15 @@ def embedding(self, weight, indices, padding_idx: int = -1, compute_data_type=No
         x = g.embedding(wte, idx)
         ```
     """
-    return self._add_op(Embedding(padding_idx=int(padding_idx)), [weight, indices], name=name,
-                        compute_data_type=compute_data_type)[0]
+    return self._add_op(
+        Embedding(padding_idx=int(padding_idx)), [weight, indices], name=name, compute_data_type=compute_data_type
+    )[0]
 
 
 @graph_method
-def embedding_backward(self, grad, indices, num_weights: int, padding_idx: int = -1, compute_data_type=None,
-                       name: str = ""):
+def embedding_backward(
+    self, grad, indices, num_weights: int, padding_idx: int = -1, compute_data_type=None, name: str = ""
+):
     """The gradient of an embedding's table: the rows of `grad` scatter-added by index.
 
     Shapes: grad [..., D], indices [...] (grad's dims without the last); output [num_weights, D].

@@ -176,8 +176,13 @@ class RmsnormBackward(Op):
         check_float(ctx, self.INPUTS)
         check_grad(ctx, x)
         stats = norm_stats_dims(ctx, x)
-        check_dims(ctx, "inv_variance", stats, "norm.stats_dims",
-                    "pass the rmsnorm forward's inv_variance (the input's dims, 1 on normalized axes)")
+        check_dims(
+            ctx,
+            "inv_variance",
+            stats,
+            "norm.stats_dims",
+            "pass the rmsnorm forward's inv_variance (the input's dims, 1 on normalized axes)",
+        )
         s = ctx.tensor("scale")
         return [y_spec(x), float_spec(s.dim, s), float_spec(s.dim, s)]
 
@@ -190,9 +195,16 @@ class RmsnormBackward(Op):
 
 
 @graph_method
-def layernorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor | None = None,
-              bias: Tensor | None = None, epsilon: Scalar = REQUIRED, compute_data_type: Any = None,
-              name: str = "") -> list[Tensor | None]:
+def layernorm(
+    self,
+    norm_forward_phase: NormForwardPhase | str,
+    input: Tensor,
+    scale: Tensor | None = None,
+    bias: Tensor | None = None,
+    epsilon: Scalar = REQUIRED,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """Layer normalization over the axes where scale's dim equals the input's.
 
     Shapes: input [rows..., hidden...]; scale and bias have the input's rank, with the input's dim on
@@ -233,13 +245,26 @@ def layernorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, s
     need_epsilon(epsilon, "layernorm")
     phase = as_phase(norm_forward_phase, "layernorm", name)
     outputs = ["y", "mean", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
-    return self._add_op(Layernorm(norm_forward_phase=phase), [input, scale, bias, epsilon], name=name,
-                        compute_data_type=compute_data_type, outputs=outputs)
+    return self._add_op(
+        Layernorm(norm_forward_phase=phase),
+        [input, scale, bias, epsilon],
+        name=name,
+        compute_data_type=compute_data_type,
+        outputs=outputs,
+    )
 
 
 @graph_method
-def layernorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: Tensor, inv_variance: Tensor,
-                       compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
+def layernorm_backward(
+    self,
+    grad: Tensor,
+    input: Tensor,
+    scale: Tensor,
+    mean: Tensor,
+    inv_variance: Tensor,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """The gradients of layernorm: [dx, dscale, dbias].
 
     Shapes: grad dy and input x as layernorm's input; scale as layernorm's; mean and inv_variance as
@@ -273,14 +298,22 @@ def layernorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: T
         dx, dgamma, dbeta = g.layernorm_backward(dy, x, gamma, mean, inv_var)
         ```
     """
-    return self._add_op(LayernormBackward(), [grad, input, scale, mean, inv_variance], name=name,
-                        compute_data_type=compute_data_type)
+    return self._add_op(
+        LayernormBackward(), [grad, input, scale, mean, inv_variance], name=name, compute_data_type=compute_data_type
+    )
 
 
 @graph_method
-def rmsnorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor,
-            bias: Tensor | None = None, epsilon: Scalar = REQUIRED, compute_data_type: Any = None,
-            name: str = "") -> list[Tensor | None]:
+def rmsnorm(
+    self,
+    norm_forward_phase: NormForwardPhase | str,
+    input: Tensor,
+    scale: Tensor,
+    bias: Tensor | None = None,
+    epsilon: Scalar = REQUIRED,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """RMS normalization over the axes where scale's dim equals the input's (as in layernorm).
 
     Shapes: input x; scale (and bias) of the input's rank with the input's dim on normalized axes and
@@ -315,13 +348,26 @@ def rmsnorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, sca
     need_epsilon(epsilon, "rmsnorm")
     phase = as_phase(norm_forward_phase, "rmsnorm", name)
     outputs = ["y", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
-    return self._add_op(Rmsnorm(norm_forward_phase=phase), [input, scale, bias, epsilon], name=name,
-                        compute_data_type=compute_data_type, outputs=outputs)
+    return self._add_op(
+        Rmsnorm(norm_forward_phase=phase),
+        [input, scale, bias, epsilon],
+        name=name,
+        compute_data_type=compute_data_type,
+        outputs=outputs,
+    )
 
 
 @graph_method
-def rmsnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, inv_variance: Tensor, has_dbias: bool,
-                     compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
+def rmsnorm_backward(
+    self,
+    grad: Tensor,
+    input: Tensor,
+    scale: Tensor,
+    inv_variance: Tensor,
+    has_dbias: bool,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """The gradients of rmsnorm: [dx, dscale, dbias].
 
     Shapes: grad dy and input x as rmsnorm's input; scale as rmsnorm's; inv_variance as saved; dx as
@@ -354,5 +400,10 @@ def rmsnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, inv_varia
         ```
     """
     outputs = ["dx", "dscale", "dbias"] if has_dbias else ["dx", "dscale"]
-    return self._add_op(RmsnormBackward(), [grad, input, scale, inv_variance], name=name,
-                        compute_data_type=compute_data_type, outputs=outputs)
+    return self._add_op(
+        RmsnormBackward(),
+        [grad, input, scale, inv_variance],
+        name=name,
+        compute_data_type=compute_data_type,
+        outputs=outputs,
+    )

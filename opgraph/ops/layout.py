@@ -73,8 +73,11 @@ class Reshape(Op):
         bad = [d for d in self.dim if isinstance(d, int) and d < 1 and d != -1]
         if not self.dim or bad or list(self.dim).count(-1) > 1:
             ctx.error(
-                AttributeValueError, f"reshape dims {list(self.dim)} are not a shape (entries >= 1, at most one -1)",
-                tensor="input", rule="reshape.dim", hint="give dims >= 1; one -1 stands for the remaining size",
+                AttributeValueError,
+                f"reshape dims {list(self.dim)} are not a shape (entries >= 1, at most one -1)",
+                tensor="input",
+                rule="reshape.dim",
+                hint="give dims >= 1; one -1 stands for the remaining size",
             )
         if -1 not in self.dim:
             return tuple(self.dim)
@@ -82,14 +85,20 @@ class Reshape(Op):
         left = x.numel % known if isinstance(known, int) else x.numel
         if not isinstance(left, int):  # (a dynamic element count, or a dynamic target)
             ctx.error(
-                ShapeError, f"input dims {format_dims(x.dim)} do not provably fit dims {format_dims(self.dim)} for every "
-                "value of their dynamic dims", tensor="input", rule="reshape.numel",
+                ShapeError,
+                f"input dims {format_dims(x.dim)} do not provably fit dims {format_dims(self.dim)} for every "
+                "value of their dynamic dims",
+                tensor="input",
+                rule="reshape.numel",
                 hint="give the output's dims in full (set_dim) or keep the dynamic dims as whole factors",
             )
         if left:
             ctx.error(
-                ShapeError, f"input dims {list(x.dim)} ({x.numel} elements) do not fit dims {list(self.dim)}: "
-                f"{x.numel} is not a multiple of {known}", tensor="input", rule="reshape.numel",
+                ShapeError,
+                f"input dims {list(x.dim)} ({x.numel} elements) do not fit dims {list(self.dim)}: "
+                f"{x.numel} is not a multiple of {known}",
+                tensor="input",
+                rule="reshape.numel",
                 hint="choose dims whose product is the input's element count",
             )
         return tuple(x.numel // known if d == -1 else d for d in self.dim)
@@ -105,8 +114,10 @@ class Reshape(Op):
         assert isinstance(y, TensorDesc)
         if y.numel != x.numel:
             ctx.error(
-                ShapeError, f"output dims {list(y.dim)} hold {y.numel} elements but the input dims {list(x.dim)} "
-                f"hold {x.numel}", tensor="output", rule="reshape.numel",
+                ShapeError,
+                f"output dims {list(y.dim)} hold {y.numel} elements but the input dims {list(x.dim)} hold {x.numel}",
+                tensor="output",
+                rule="reshape.numel",
                 hint="choose output dims whose product is the input's element count",
             )
 
@@ -136,8 +147,10 @@ class Transpose(Op):
         perm = tuple(self.permutation)
         if sorted(perm) != list(range(len(x.dim))):
             ctx.error(
-                AttributeValueError, f"permutation {list(perm)} is not a permutation of the input's "
-                f"{len(x.dim)} axes (dims {list(x.dim)})", tensor="input", rule="transpose.permutation",
+                AttributeValueError,
+                f"permutation {list(perm)} is not a permutation of the input's {len(x.dim)} axes (dims {list(x.dim)})",
+                tensor="input",
+                rule="transpose.permutation",
                 hint=f"list each axis 0..{len(x.dim) - 1} exactly once; output axis k reads input axis permutation[k]",
             )
         dim = tuple(x.dim[p] for p in perm)
@@ -157,14 +170,18 @@ class Transpose(Op):
 def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
     if not isinstance(s, builtins.slice):
         raise AttributeValueError(
-            f"slices[{axis}] is {s!r}, not a Python slice", op=f"slice '{name}'", rule="slice.type",
+            f"slices[{axis}] is {s!r}, not a Python slice",
+            op=f"slice '{name}'",
+            rule="slice.type",
             hint="pass one slice object per axis, e.g. [slice(None), slice(2, 10, 2)] (an int index would drop "
             "the axis: use slice(i, i + 1))",
         )
     for what, v in (("start", s.start), ("stop", s.stop), ("step", s.step)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
             raise AttributeValueError(
-                f"slices[{axis}].{what} is {v!r}, not an int or None", op=f"slice '{name}'", rule="slice.type",
+                f"slices[{axis}].{what} is {v!r}, not an int or None",
+                op=f"slice '{name}'",
+                rule="slice.type",
                 hint="slice bounds and steps are ints (or None)",
             )
     step = 1 if s.step is None else int(s.step)
@@ -173,7 +190,9 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
     return (start, stop, step)
 
 
-def _dynamic_bounds(ctx: NodeContext | None, axis: int, given: tuple[int, int, int], size: Expr) -> tuple[int, int, int]:
+def _dynamic_bounds(
+    ctx: NodeContext | None, axis: int, given: tuple[int, int, int], size: Expr
+) -> tuple[int, int, int]:
     """(start, stop, step) on a dynamic axis, the same for its whole range: to the axis' end
     (`(start, size, 1)`, start below the smallest size), or ints within its smallest size. Negative
     indices, steps to the end and a stop past the smallest size are refused."""
@@ -185,8 +204,11 @@ def _dynamic_bounds(ctx: NodeContext | None, axis: int, given: tuple[int, int, i
         if ctx is None:
             raise InternalError(f"slice bounds {given} of a dynamic axis passed validation")
         ctx.error(
-            ShapeError, f"slices[{axis}] = {start}:{stop}:{step} on the dynamic axis {axis} (size {size}, at least "
-            f"{lowest}) selects a length that depends on the size", tensor="input", rule="slice.dynamic",
+            ShapeError,
+            f"slices[{axis}] = {start}:{stop}:{step} on the dynamic axis {axis} (size {size}, at least "
+            f"{lowest}) selects a length that depends on the size",
+            tensor="input",
+            rule="slice.dynamic",
             hint=f"take the whole axis, or non-negative bounds within its smallest size {lowest} (narrow the Dim's range)",
         )
     return (start, stop, step)
@@ -208,8 +230,11 @@ class Slice(Op):
         """The normalised (start, stop, step) of every axis of an input of dims `dim`."""
         if ctx is not None and len(self.slices) > len(dim):
             ctx.error(
-                ShapeError, f"{len(self.slices)} slices given for an input of rank {len(dim)} (dims {list(dim)})",
-                tensor="input", rule="slice.rank", hint="give at most one slice per input axis",
+                ShapeError,
+                f"{len(self.slices)} slices given for an input of rank {len(dim)} (dims {list(dim)})",
+                tensor="input",
+                rule="slice.rank",
+                hint="give at most one slice per input axis",
             )
         out = []
         for axis, size in enumerate(dim):
@@ -219,8 +244,11 @@ class Slice(Op):
             start, stop, step = self.slices[axis]
             if ctx is not None and step < 1:
                 ctx.error(
-                    AttributeValueError, f"slices[{axis}] has step {step}; steps must be >= 1", tensor="input",
-                    rule="slice.step", hint="use a positive step (reverse an axis with another op)",
+                    AttributeValueError,
+                    f"slices[{axis}] has step {step}; steps must be >= 1",
+                    tensor="input",
+                    rule="slice.step",
+                    hint="use a positive step (reverse an axis with another op)",
                 )
             if isinstance(size, Expr):
                 out.append(_dynamic_bounds(ctx, axis, (start, stop, step), size))
@@ -228,8 +256,11 @@ class Slice(Op):
             start, stop, step = builtins.slice(start, stop, step).indices(size)
             if ctx is not None and len(range(start, stop, step)) == 0:
                 ctx.error(
-                    ShapeError, f"slices[{axis}] = {start}:{stop}:{step} selects no element of axis {axis} "
-                    f"(size {size}, input dims {list(dim)})", tensor="input", rule="slice.empty",
+                    ShapeError,
+                    f"slices[{axis}] = {start}:{stop}:{step} selects no element of axis {axis} "
+                    f"(size {size}, input dims {list(dim)})",
+                    tensor="input",
+                    rule="slice.empty",
                     hint="every axis of the output must keep at least one element",
                 )
             out.append((start, stop, step))
@@ -261,20 +292,34 @@ class SliceBackward(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         dy = ctx.tensor("grad")
         if not self.in_dim or min(self.in_dim) < 1 or len(self.slices) != len(self.in_dim):
-            ctx.error(AttributeValueError, f"in_dim {list(self.in_dim)} with {len(self.slices)} slices: dx needs dims of "
-                      "at least 1 and one (start, stop, step) per axis", tensor="grad", rule="slice_backward.rank",
-                      hint="build it through autodiff's slice rule, which takes both from the forward slice")
+            ctx.error(
+                AttributeValueError,
+                f"in_dim {list(self.in_dim)} with {len(self.slices)} slices: dx needs dims of "
+                "at least 1 and one (start, stop, step) per axis",
+                tensor="grad",
+                rule="slice_backward.rank",
+                hint="build it through autodiff's slice rule, which takes both from the forward slice",
+            )
         for axis, (bounds, size) in enumerate(zip(self.slices, self.in_dim)):
             start, stop, step = bounds
             if step < 1 or builtins.slice(start, stop, step).indices(size) != bounds or not range(*bounds):
-                ctx.error(AttributeValueError, f"slices[{axis}] = {start}:{stop}:{step} is not a normalised, non-empty "
-                          f"slice of an axis of size {size}", tensor="grad", rule="slice_backward.bounds",
-                          hint="give Slice.bounds' (start, stop, step): 0 <= start < size, stop <= size, step >= 1")
+                ctx.error(
+                    AttributeValueError,
+                    f"slices[{axis}] = {start}:{stop}:{step} is not a normalised, non-empty "
+                    f"slice of an axis of size {size}",
+                    tensor="grad",
+                    rule="slice_backward.bounds",
+                    hint="give Slice.bounds' (start, stop, step): 0 <= start < size, stop <= size, step >= 1",
+                )
         want = tuple(len(range(*b)) for b in self.slices)
         if dy.dim != want:
-            ctx.error(ShapeError, f"dy has dims {list(dy.dim)}; the slice {list(self.slices)} of {list(self.in_dim)} has "
-                      f"{list(want)}", tensor="grad", rule="slice_backward.dims",
-                      hint="pass the gradient of the slice's output")
+            ctx.error(
+                ShapeError,
+                f"dy has dims {list(dy.dim)}; the slice {list(self.slices)} of {list(self.in_dim)} has {list(want)}",
+                tensor="grad",
+                rule="slice_backward.dims",
+                hint="pass the gradient of the slice's output",
+            )
         return [TensorSpec(self.in_dim, strides_like(self.in_dim, dy))]
 
     def reference(self, ins, outs):
@@ -291,12 +336,17 @@ def _slice_backward_from_params(params: dict[str, Param]) -> SliceBackward:
         bounds = tuple(tuple(int(v) for v in item.split(":")) for item in str(params["bounds"]).split(","))
         in_dim = tuple(int(v) for v in str(params["in_dim"]).split(","))
     except (KeyError, ValueError) as err:
-        raise AttributeValueError(f"slice_backward's parameters bounds / in_dim do not parse ({type(err).__name__}: "
-                                  f"{err})", rule="slice_backward.params",
-                                  hint="bounds is 'start:stop:step' per axis and in_dim comma-separated ints") from None
+        raise AttributeValueError(
+            f"slice_backward's parameters bounds / in_dim do not parse ({type(err).__name__}: {err})",
+            rule="slice_backward.params",
+            hint="bounds is 'start:stop:step' per axis and in_dim comma-separated ints",
+        ) from None
     if any(len(b) != 3 for b in bounds):
-        raise AttributeValueError(f"slice_backward's bounds {params['bounds']!r} need start:stop:step per axis",
-                                  rule="slice_backward.params", hint="give three ints per axis")
+        raise AttributeValueError(
+            f"slice_backward's bounds {params['bounds']!r} need start:stop:step per axis",
+            rule="slice_backward.params",
+            hint="give three ints per axis",
+        )
     return SliceBackward(in_dim=in_dim, slices=tuple((b[0], b[1], b[2]) for b in bounds))
 
 
@@ -334,41 +384,59 @@ class Concatenate(Op):
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         roles = self.input_roles()
         if not roles:
-            ctx.error(AttributeValueError, "concatenate has no inputs", rule="concatenate.count",
-                      hint="pass a list of at least one tensor")
+            ctx.error(
+                AttributeValueError,
+                "concatenate has no inputs",
+                rule="concatenate.count",
+                hint="pass a list of at least one tensor",
+            )
         xs = [ctx.tensor(r) for r in roles]
         first = xs[0]
         rank = len(first.dim)
         if not -rank <= self.axis < rank:
             ctx.error(
-                AttributeValueError, f"axis {self.axis} is outside the inputs' rank {rank} (dims {list(first.dim)})",
-                tensor=roles[0], rule="concatenate.axis", hint=f"pick an axis in [{-rank}, {rank - 1}]",
+                AttributeValueError,
+                f"axis {self.axis} is outside the inputs' rank {rank} (dims {list(first.dim)})",
+                tensor=roles[0],
+                rule="concatenate.axis",
+                hint=f"pick an axis in [{-rank}, {rank - 1}]",
             )
         axis = self.axis % rank
         for role, x in zip(roles[1:], xs[1:]):
             if len(x.dim) != rank:
                 ctx.error(
-                    ShapeError, f"input '{role}' has rank {len(x.dim)} (dims {list(x.dim)}) but input0 has rank "
-                    f"{rank} (dims {list(first.dim)})", tensor=role, rule="concatenate.rank",
+                    ShapeError,
+                    f"input '{role}' has rank {len(x.dim)} (dims {list(x.dim)}) but input0 has rank "
+                    f"{rank} (dims {list(first.dim)})",
+                    tensor=role,
+                    rule="concatenate.rank",
                     hint="give every input the same rank",
                 )
             off = [a for a in range(rank) if a != axis and x.dim[a] != first.dim[a]]
             if off:
                 ctx.error(
-                    ShapeError, f"input '{role}' dims {list(x.dim)} differ from input0 dims {list(first.dim)} at "
-                    f"axis {off[0]}, which is not the concatenation axis {axis}", tensor=role,
-                    rule="concatenate.dims", hint=f"make every dim except axis {axis} equal across the inputs",
+                    ShapeError,
+                    f"input '{role}' dims {list(x.dim)} differ from input0 dims {list(first.dim)} at "
+                    f"axis {off[0]}, which is not the concatenation axis {axis}",
+                    tensor=role,
+                    rule="concatenate.dims",
+                    hint=f"make every dim except axis {axis} equal across the inputs",
                 )
             if x.data_type is not first.data_type:
                 ctx.error(
-                    DataTypeError, f"input '{role}' has type {x.data_type.name} but input0 has "
-                    f"{first.data_type.name}; concatenate moves data, it does not convert it", tensor=role,
-                    rule="concatenate.data_type", hint="cast the inputs to one type first (e.g. g.identity)",
+                    DataTypeError,
+                    f"input '{role}' has type {x.data_type.name} but input0 has "
+                    f"{first.data_type.name}; concatenate moves data, it does not convert it",
+                    tensor=role,
+                    rule="concatenate.data_type",
+                    hint="cast the inputs to one type first (e.g. g.identity)",
                 )
         if self.in_place_index is not None and not 0 <= self.in_place_index < len(roles):
             ctx.error(
-                AttributeValueError, f"in_place_index {self.in_place_index} is not an input index "
-                f"(there are {len(roles)} inputs)", tensor=roles[0], rule="concatenate.in_place_index",
+                AttributeValueError,
+                f"in_place_index {self.in_place_index} is not an input index (there are {len(roles)} inputs)",
+                tensor=roles[0],
+                rule="concatenate.in_place_index",
                 hint=f"pick an index in [0, {len(roles) - 1}] or leave it None",
             )
         dim = list(first.dim)
@@ -391,7 +459,9 @@ def _dims(value: Any, name: str) -> tuple[int, ...]:
         out = None
     if out is None or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in out):
         raise AttributeValueError(
-            f"dim must be a list of ints, got {value!r}", op=f"reshape '{name}'", rule="reshape.dim",
+            f"dim must be a list of ints, got {value!r}",
+            op=f"reshape '{name}'",
+            rule="reshape.dim",
             hint="pass dims such as [8, -1] or leave dim=None and set_dim the output",
         )
     return tuple(int(v) for v in out)
@@ -461,8 +531,10 @@ def transpose(self, input, permutation, compute_data_type=None, name=""):
         perm = tuple(int(p) for p in permutation)
     except (TypeError, ValueError):
         raise AttributeValueError(
-            f"permutation must be a list of ints, got {permutation!r}", op=f"transpose '{name}'",
-            rule="transpose.permutation", hint="pass e.g. [0, 2, 3, 1]",
+            f"permutation must be a list of ints, got {permutation!r}",
+            op=f"transpose '{name}'",
+            rule="transpose.permutation",
+            hint="pass e.g. [0, 2, 3, 1]",
         ) from None
     return self._add_op(Transpose(permutation=perm), [input], name=name, compute_data_type=compute_data_type)[0]
 
@@ -529,9 +601,12 @@ def concatenate(self, inputs, axis, in_place_index=None, name=""):
     """
     if isinstance(inputs, Tensor) or not isinstance(inputs, (list, tuple)) or not inputs:
         raise AttributeValueError(
-            f"inputs must be a non-empty list of tensors, got {inputs!r}", op=f"concatenate '{name}'",
-            rule="concatenate.count", hint="pass the tensors to join as a list: g.concatenate([a, b], axis=1)",
+            f"inputs must be a non-empty list of tensors, got {inputs!r}",
+            op=f"concatenate '{name}'",
+            rule="concatenate.count",
+            hint="pass the tensors to join as a list: g.concatenate([a, b], axis=1)",
         )
-    op = Concatenate(num_inputs=len(inputs), axis=int(axis),
-                     in_place_index=None if in_place_index is None else int(in_place_index))
+    op = Concatenate(
+        num_inputs=len(inputs), axis=int(axis), in_place_index=None if in_place_index is None else int(in_place_index)
+    )
     return self._add_op(op, list(inputs), name=name)[0]

@@ -51,41 +51,56 @@ class Matmul(Op):
         for role, t in (("A", a), ("B", b)):
             if len(t.dim) < 2:
                 ctx.error(
-                    ShapeError, f"input '{role}' dims {list(t.dim)} have rank {len(t.dim)}; matmul needs rank >= 2",
-                    tensor=role, rule="matmul.rank",
+                    ShapeError,
+                    f"input '{role}' dims {list(t.dim)} have rank {len(t.dim)}; matmul needs rank >= 2",
+                    tensor=role,
+                    rule="matmul.rank",
                     hint="give a vector a unit axis: [K] becomes [1, K] (A) or [K, 1] (B)",
                 )
             if t.data_type is DataType.BOOLEAN:
                 ctx.error(
-                    DataTypeError, f"input '{role}' is BOOLEAN; matmul multiplies numbers", tensor=role,
-                    rule="matmul.bool", hint="cast it to a float or integer type first",
+                    DataTypeError,
+                    f"input '{role}' is BOOLEAN; matmul multiplies numbers",
+                    tensor=role,
+                    rule="matmul.bool",
+                    hint="cast it to a float or integer type first",
                 )
         if a.data_type.is_integer != b.data_type.is_integer:
             ctx.error(
-                DataTypeError, f"input 'A' is {a.data_type.name} but 'B' is {b.data_type.name}: integer and float "
-                "operands do not mix", tensor="B", rule="matmul.dtype_mix",
+                DataTypeError,
+                f"input 'A' is {a.data_type.name} but 'B' is {b.data_type.name}: integer and float operands do not mix",
+                tensor="B",
+                rule="matmul.dtype_mix",
                 hint="cast one operand so both are integer (int8 GEMM) or both floating",
             )
         if len(a.dim) != len(b.dim):
             ctx.error(
-                ShapeError, f"input 'B' has rank {len(b.dim)} (dims {list(b.dim)}) but 'A' has rank {len(a.dim)} "
-                f"(dims {list(a.dim)})", tensor="B", rule="matmul.batch_rank",
+                ShapeError,
+                f"input 'B' has rank {len(b.dim)} (dims {list(b.dim)}) but 'A' has rank {len(a.dim)} "
+                f"(dims {list(a.dim)})",
+                tensor="B",
+                rule="matmul.batch_rank",
                 hint="give both operands the same rank, with 1 in broadcast batch axes",
             )
         m, k = a.dim[-2:]
         k2, n = b.dim[-2:]
         if k != k2:
             ctx.error(
-                ShapeError, f"input 'A' dims {list(a.dim)} have K = {k} (last axis) but 'B' dims {list(b.dim)} "
-                f"have K = {k2} (second-to-last axis)", tensor="B", rule="matmul.k",
+                ShapeError,
+                f"input 'A' dims {list(a.dim)} have K = {k} (last axis) but 'B' dims {list(b.dim)} "
+                f"have K = {k2} (second-to-last axis)",
+                tensor="B",
+                rule="matmul.k",
                 hint="A is [..., M, K] and B [..., K, N]; to use B's transpose, give B transposed strides",
             )
         batch = []
         for axis, (x, y) in enumerate(zip(a.dim[:-2], b.dim[:-2])):
             if x != y and x != 1 and y != 1:
                 ctx.error(
-                    ShapeError, f"batch axis {axis} of 'A' {list(a.dim)} and 'B' {list(b.dim)} do not broadcast "
-                    f"({x} vs {y})", tensor="B", rule="matmul.batch",
+                    ShapeError,
+                    f"batch axis {axis} of 'A' {list(a.dim)} and 'B' {list(b.dim)} do not broadcast ({x} vs {y})",
+                    tensor="B",
+                    rule="matmul.batch",
                     hint="make batch axes equal, or 1 in one operand",
                 )
             batch.append(broadcast_pair(x, y))
@@ -136,6 +151,8 @@ def matmul(self, A, B, compute_data_type=None, padding=0.0, name=""):
     if not isinstance(padding, (int, float)) or isinstance(padding, bool) or padding != 0:
         raise AttributeValueError(
             f"padding={padding!r} is not supported; opgraph's matmul has no ragged operands to pad",
-            op=f"matmul '{name}'", rule="matmul.padding", hint="leave padding at 0.0",
+            op=f"matmul '{name}'",
+            rule="matmul.padding",
+            hint="leave padding at 0.0",
         )
     return self._add_op(Matmul(), [A, B], name=name, compute_data_type=compute_data_type)[0]

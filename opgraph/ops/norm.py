@@ -80,19 +80,26 @@ class Batchnorm(ScalarRules, Op):
         running = [r for r in ("in_running_mean", "in_running_var", "momentum") if ctx.has(r)]
         if running and len(running) < 3:
             ctx.error(
-                AttributeValueError, f"got only {', '.join(running)} of in_running_mean, in_running_var and "
-                "momentum", tensor=running[0], rule="norm.running_stats",
+                AttributeValueError,
+                f"got only {', '.join(running)} of in_running_mean, in_running_var and momentum",
+                tensor=running[0],
+                rule="norm.running_stats",
                 hint="pass all three to update the running stats, or none of them",
             )
         rm: TensorDesc | None = None
         rv: TensorDesc | None = None
         if running:
-            rm, rv = (check_dims(ctx, role, c, "norm.stats_dims", hint, channels=True)
-                      for role in ("in_running_mean", "in_running_var"))
+            rm, rv = (
+                check_dims(ctx, role, c, "norm.stats_dims", hint, channels=True)
+                for role in ("in_running_mean", "in_running_var")
+            )
             if not provably_le(2, x.numel // x.dim[1]):  # (over the whole range of a dynamic batch)
                 ctx.error(
-                    ShapeError, f"input dims {list(x.dim)} give one value per channel: the unbiased variance "
-                    "of the running stats is undefined", tensor="input", rule="norm.reduction_size",
+                    ShapeError,
+                    f"input dims {list(x.dim)} give one value per channel: the unbiased variance "
+                    "of the running stats is undefined",
+                    tensor="input",
+                    rule="norm.reduction_size",
                     hint="use a batch with N * spatial >= 2, or drop the running stats",
                 )
         check_scalars(ctx, momentum=True)
@@ -269,15 +276,26 @@ class InstancenormBackward(ScalarRules, Op):
         check_float(ctx, self.INPUTS)
         check_grad(ctx, x)
         c = per_channel(x)
-        check_dims(ctx, "scale", c, "norm.scale_dims",
-                    "scale of instancenorm is per channel: dims [1, C, 1, ...] (the input's rank)", channels=True)
+        check_dims(
+            ctx,
+            "scale",
+            c,
+            "norm.scale_dims",
+            "scale of instancenorm is per channel: dims [1, C, 1, ...] (the input's rank)",
+            channels=True,
+        )
         check_saved_stats(ctx)
         stats = x.dim[:2] + (1,) * (len(x.dim) - 2)
         for role in ("mean", "inv_variance"):
             if ctx.has(role):
-                check_dims(ctx, role, stats, "norm.stats_dims",
-                            "pass the instancenorm forward's mean and inv_variance (dims [N, C, 1, ...])",
-                            channels=True)
+                check_dims(
+                    ctx,
+                    role,
+                    stats,
+                    "norm.stats_dims",
+                    "pass the instancenorm forward's mean and inv_variance (dims [N, C, 1, ...])",
+                    channels=True,
+                )
         if ctx.has("epsilon"):
             check_scalars(ctx)
         s = ctx.tensor("scale")
@@ -296,10 +314,19 @@ class InstancenormBackward(ScalarRules, Op):
 
 
 @graph_method
-def batchnorm(self, input: Tensor, scale: Tensor, bias: Tensor, in_running_mean: Tensor | None = None,
-              in_running_var: Tensor | None = None, epsilon: Scalar = REQUIRED, momentum: Scalar | None = None,
-              peer_stats: Sequence[Tensor] | None = None, compute_data_type: Any = None,
-              name: str = "") -> list[Tensor | None]:
+def batchnorm(
+    self,
+    input: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    in_running_mean: Tensor | None = None,
+    in_running_var: Tensor | None = None,
+    epsilon: Scalar = REQUIRED,
+    momentum: Scalar | None = None,
+    peer_stats: Sequence[Tensor] | None = None,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """Training-mode batch normalization: statistics over N and the spatial axes, per channel.
 
     Shapes: input [N, C, *spatial] (rank >= 2); scale, bias, in_running_mean, in_running_var and
@@ -346,13 +373,26 @@ def batchnorm(self, input: Tensor, scale: Tensor, bias: Tensor, in_running_mean:
     outputs = ["y", "mean", "inv_variance"]
     if in_running_mean is not None and in_running_var is not None and momentum is not None:
         outputs += ["next_running_mean", "next_running_var"]
-    return self._add_op(Batchnorm(), [input, scale, bias, in_running_mean, in_running_var, epsilon, momentum],
-                        name=name, compute_data_type=compute_data_type, outputs=outputs)
+    return self._add_op(
+        Batchnorm(),
+        [input, scale, bias, in_running_mean, in_running_var, epsilon, momentum],
+        name=name,
+        compute_data_type=compute_data_type,
+        outputs=outputs,
+    )
 
 
 @graph_method
-def batchnorm_inference(self, input: Tensor, mean: Tensor, inv_variance: Tensor, scale: Tensor, bias: Tensor,
-                        compute_data_type: Any = None, name: str = "") -> Tensor:
+def batchnorm_inference(
+    self,
+    input: Tensor,
+    mean: Tensor,
+    inv_variance: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> Tensor:
     """Batch normalization with given per-channel statistics (inference).
 
     Shapes: input [N, C, *spatial]; mean, inv_variance, scale, bias [1, C, 1, ...]; y as the input.
@@ -384,15 +424,24 @@ def batchnorm_inference(self, input: Tensor, mean: Tensor, inv_variance: Tensor,
         y = g.relu(g.batchnorm_inference(x, mean, g.rsqrt(g.add(var, 1e-5)), scale, bias))
         ```
     """
-    return self._add_op(BatchnormInference(), [input, mean, inv_variance, scale, bias], name=name,
-                        compute_data_type=compute_data_type)[0]
+    return self._add_op(
+        BatchnormInference(), [input, mean, inv_variance, scale, bias], name=name, compute_data_type=compute_data_type
+    )[0]
 
 
 @graph_method
-def batchnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: Tensor | None = None,
-                       inv_variance: Tensor | None = None, epsilon: Scalar | None = None,
-                       peer_stats: Sequence[Tensor] | None = None, compute_data_type: Any = None,
-                       name: str = "") -> list[Tensor | None]:
+def batchnorm_backward(
+    self,
+    grad: Tensor,
+    input: Tensor,
+    scale: Tensor,
+    mean: Tensor | None = None,
+    inv_variance: Tensor | None = None,
+    epsilon: Scalar | None = None,
+    peer_stats: Sequence[Tensor] | None = None,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """The gradients of training-mode batchnorm: [dx, dscale, dbias].
 
     Shapes: grad dy and input x [N, C, *spatial]; scale, mean, inv_variance [1, C, 1, ...];
@@ -428,13 +477,25 @@ def batchnorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: T
         ```
     """
     no_peer_stats(peer_stats, "batchnorm_backward", name)
-    return self._add_op(BatchnormBackward(), [grad, input, scale, mean, inv_variance, epsilon], name=name,
-                        compute_data_type=compute_data_type)
+    return self._add_op(
+        BatchnormBackward(),
+        [grad, input, scale, mean, inv_variance, epsilon],
+        name=name,
+        compute_data_type=compute_data_type,
+    )
 
 
 @graph_method
-def instancenorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor, scale: Tensor, bias: Tensor,
-                 epsilon: Scalar, compute_data_type: Any = None, name: str = "") -> list[Tensor | None]:
+def instancenorm(
+    self,
+    norm_forward_phase: NormForwardPhase | str,
+    input: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    epsilon: Scalar,
+    compute_data_type: Any = None,
+    name: str = "",
+) -> list[Tensor | None]:
     """Instance normalization: statistics over the spatial axes, per sample and channel.
 
     Shapes: input [N, C, *spatial] (rank >= 3); scale and bias [1, C, 1, ...]; mean and inv_variance
@@ -468,14 +529,28 @@ def instancenorm(self, norm_forward_phase: NormForwardPhase | str, input: Tensor
     """
     phase = as_phase(norm_forward_phase, "instancenorm", name)
     outputs = ["y", "mean", "inv_variance"] if phase is NormForwardPhase.TRAINING else ["y"]
-    return self._add_op(Instancenorm(norm_forward_phase=phase), [input, scale, bias, epsilon], name=name,
-                        compute_data_type=compute_data_type, outputs=outputs)
+    return self._add_op(
+        Instancenorm(norm_forward_phase=phase),
+        [input, scale, bias, epsilon],
+        name=name,
+        compute_data_type=compute_data_type,
+        outputs=outputs,
+    )
 
 
 @graph_method
-def instancenorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean: Tensor | None = None,
-                          inv_variance: Tensor | None = None, compute_data_type: Any = None, name: str = "", *,
-                          epsilon: Scalar | None = None) -> list[Tensor | None]:
+def instancenorm_backward(
+    self,
+    grad: Tensor,
+    input: Tensor,
+    scale: Tensor,
+    mean: Tensor | None = None,
+    inv_variance: Tensor | None = None,
+    compute_data_type: Any = None,
+    name: str = "",
+    *,
+    epsilon: Scalar | None = None,
+) -> list[Tensor | None]:
     """The gradients of instancenorm: [dx, dscale, dbias].
 
     Shapes: grad dy and input x [N, C, *spatial]; scale [1, C, 1, ...]; mean and inv_variance
@@ -508,5 +583,9 @@ def instancenorm_backward(self, grad: Tensor, input: Tensor, scale: Tensor, mean
         dx, dscale, dbias = g.instancenorm_backward(dy, x, scale, mean, inv_var)
         ```
     """
-    return self._add_op(InstancenormBackward(), [grad, input, scale, mean, inv_variance, epsilon], name=name,
-                        compute_data_type=compute_data_type)
+    return self._add_op(
+        InstancenormBackward(),
+        [grad, input, scale, mean, inv_variance, epsilon],
+        name=name,
+        compute_data_type=compute_data_type,
+    )

@@ -69,8 +69,10 @@ def check_input(ctx: NodeContext, min_rank: int = 2) -> TensorDesc:
     x = ctx.tensor("input")
     if len(x.dim) < min_rank:
         ctx.error(
-            ShapeError, f"input 'input' has rank {len(x.dim)} (dims {list(x.dim)}), but this op needs "
-            f"rank >= {min_rank}", tensor="input", rule="norm.rank",
+            ShapeError,
+            f"input 'input' has rank {len(x.dim)} (dims {list(x.dim)}), but this op needs rank >= {min_rank}",
+            tensor="input",
+            rule="norm.rank",
             hint="give the input an N and a C axis (and spatial axes for instancenorm): dims [N, C, ...]; "
             "add size-1 axes if needed",
         )
@@ -82,14 +84,17 @@ def check_float(ctx: NodeContext, roles: Sequence[str]) -> None:
         t = ctx.input(role)
         if isinstance(t, TensorDesc) and not t.data_type.is_floating:
             ctx.error(
-                DataTypeError, f"input '{role}' has data type {t.data_type.name}; normalizations need "
-                "floating-point tensors", tensor=role, rule="norm.dtype",
+                DataTypeError,
+                f"input '{role}' has data type {t.data_type.name}; normalizations need floating-point tensors",
+                tensor=role,
+                rule="norm.dtype",
                 hint="declare it FLOAT, HALF or BFLOAT16 (stats and scale/bias are usually FLOAT)",
             )
 
 
-def check_dims(ctx: NodeContext, role: str, want: Sequence[int], rule: str, hint: str,
-                channels: bool = False) -> TensorDesc:
+def check_dims(
+    ctx: NodeContext, role: str, want: Sequence[int], rule: str, hint: str, channels: bool = False
+) -> TensorDesc:
     """`role` must have dims `want`; with `channels` (a per-channel tensor), one that only differs in
     axis 1 breaks `norm.channels`."""
     t = ctx.tensor(role)
@@ -99,17 +104,20 @@ def check_dims(ctx: NodeContext, role: str, want: Sequence[int], rule: str, hint
     same_but_c = len(t.dim) == len(want) and all(a == b for i, (a, b) in enumerate(zip(t.dim, want)) if i != 1)
     if channels and same_but_c:
         ctx.error(
-            ShapeError, f"input '{role}' has {t.dim[1]} channels (dims {list(t.dim)}) but the input has "
-            f"{want[1]} (expected dims {list(want)})", tensor=role, rule="norm.channels",
+            ShapeError,
+            f"input '{role}' has {t.dim[1]} channels (dims {list(t.dim)}) but the input has "
+            f"{want[1]} (expected dims {list(want)})",
+            tensor=role,
+            rule="norm.channels",
             hint="axis 1 is C: give every per-channel tensor the input's channel count",
         )
-    ctx.error(ShapeError, f"input '{role}' has dims {list(t.dim)}, expected {list(want)}", tensor=role,
-              rule=rule, hint=hint)
+    ctx.error(
+        ShapeError, f"input '{role}' has dims {list(t.dim)}, expected {list(want)}", tensor=role, rule=rule, hint=hint
+    )
 
 
 def check_grad(ctx: NodeContext, x: TensorDesc) -> None:
-    check_dims(ctx, "grad", x.dim, "norm.grad_dims",
-                "grad is dL/dy of the forward op: it has the forward input's dims")
+    check_dims(ctx, "grad", x.dim, "norm.grad_dims", "grad is dL/dy of the forward op: it has the forward input's dims")
 
 
 def scalar_problem(role: str, value: float) -> tuple[str, str, str] | None:
@@ -117,8 +125,11 @@ def scalar_problem(role: str, value: float) -> tuple[str, str, str] | None:
     if role == "epsilon" and not value >= 0:
         return (f"epsilon={value} is negative or NaN", "norm.epsilon", "use a small positive epsilon such as 1e-5")
     if role == "momentum" and not 0 <= value <= 1:
-        return (f"momentum={value} is outside [0, 1]", "norm.momentum",
-                "momentum weighs the batch statistic: running = (1-m)*running + m*batch (PyTorch's default is 0.1)")
+        return (
+            f"momentum={value} is outside [0, 1]",
+            "norm.momentum",
+            "momentum weighs the batch statistic: running = (1-m)*running + m*batch (PyTorch's default is 0.1)",
+        )
     return None
 
 
@@ -146,8 +157,10 @@ def check_saved_stats(ctx: NodeContext) -> None:
         return
     given = [r for r in ("mean", "inv_variance", "epsilon") if ctx.has(r)] or ["none of them"]
     ctx.error(
-        AttributeValueError, f"got {', '.join(given)}: pass both saved stats (mean and inv_variance) or "
-        "epsilon alone", tensor="mean" if ctx.has("mean") else "inv_variance", rule="norm.saved_stats",
+        AttributeValueError,
+        f"got {', '.join(given)}: pass both saved stats (mean and inv_variance) or epsilon alone",
+        tensor="mean" if ctx.has("mean") else "inv_variance",
+        rule="norm.saved_stats",
         hint="pass the forward op's mean and inv_variance outputs (or, for a recompute, only epsilon)",
     )
 
@@ -165,16 +178,28 @@ def norm_stats_dims(ctx: NodeContext, x: TensorDesc) -> tuple[int, ...]:
         axes = tuple(range(1, len(x.dim)))
     else:
         s = ctx.tensor(ref)
-        hint = (f"give {ref} the input's rank with, per axis, the input's dim (normalized) or 1 (a batch "
-                "axis): input [N, C, H, W] takes [1, C, H, W]; input [rows, hidden] takes [1, hidden]")
+        hint = (
+            f"give {ref} the input's rank with, per axis, the input's dim (normalized) or 1 (a batch "
+            "axis): input [N, C, H, W] takes [1, C, H, W]; input [rows, hidden] takes [1, hidden]"
+        )
         if len(s.dim) != len(x.dim) or any(d not in (1, xd) for d, xd in zip(s.dim, x.dim)):
-            ctx.error(ShapeError, f"input '{ref}' dims {list(s.dim)} do not fit input dims {list(x.dim)}",
-                      tensor=ref, rule=f"norm.{ref}_dims", hint=hint)
+            ctx.error(
+                ShapeError,
+                f"input '{ref}' dims {list(s.dim)} do not fit input dims {list(x.dim)}",
+                tensor=ref,
+                rule=f"norm.{ref}_dims",
+                hint=hint,
+            )
         axes = tuple(i for i, (d, xd) in enumerate(zip(s.dim, x.dim)) if d == xd)
         if all(x.dim[i] == 1 for i in axes):
-            ctx.error(ShapeError, f"input '{ref}' dims {list(s.dim)} normalize no axis of input dims "
-                      f"{list(x.dim)} (every axis it matches has size 1)", tensor=ref,
-                      rule=f"norm.{ref}_dims", hint=hint)
+            ctx.error(
+                ShapeError,
+                f"input '{ref}' dims {list(s.dim)} normalize no axis of input dims "
+                f"{list(x.dim)} (every axis it matches has size 1)",
+                tensor=ref,
+                rule=f"norm.{ref}_dims",
+                hint=hint,
+            )
         if ref == "scale" and ctx.has("bias"):
             check_dims(ctx, "bias", s.dim, "norm.bias_dims", "give bias the same dims as scale")
     return tuple(1 if i in axes else d for i, d in enumerate(x.dim))
@@ -226,8 +251,6 @@ def fit_outputs(arrays: list[np.ndarray | None], outs: list[TensorDesc | None]) 
     return [None if a is None or d is None else np.broadcast_to(a, d.dim) for a, d in zip(arrays, outs)]
 
 
-
-
 class Required:
     def __repr__(self) -> str:
         return "<required>"
@@ -256,7 +279,9 @@ def as_phase(value: Any, kind: str, name: str) -> NormForwardPhase:
             if key.upper() in (phase.name, phase.value.upper()):
                 return phase
     raise AttributeValueError(
-        f"norm_forward_phase={value!r} is not a forward phase", op=op_label(kind, name), rule="norm.phase",
+        f"norm_forward_phase={value!r} is not a forward phase",
+        op=op_label(kind, name),
+        rule="norm.phase",
         hint="pass NormForwardPhase.TRAINING (outputs the stats) or NormForwardPhase.INFERENCE",
     )
 
@@ -265,6 +290,8 @@ def no_peer_stats(peer_stats: Any, kind: str, name: str) -> None:
     if peer_stats is None or (isinstance(peer_stats, (list, tuple)) and len(peer_stats) == 0):
         return
     raise AttributeValueError(
-        "peer_stats (multi-GPU batch norm) is not supported", op=op_label(kind, name), rule="norm.peer_stats",
+        "peer_stats (multi-GPU batch norm) is not supported",
+        op=op_label(kind, name),
+        rule="norm.peer_stats",
         hint="pass peer_stats=None or []; for multi-GPU training, all-reduce the batch statistics outside the graph",
     )

@@ -198,23 +198,40 @@ _INF = math.inf
 _RELU_PARAMS = (("lower_clip", 0.0), ("upper_clip", _INF), ("negative_slope", 0.0))
 M = PointwiseMode
 MODES: dict[PointwiseMode, ModeInfo] = {
-    M.ADD: ModeInfo(2, np.add), M.SUB: ModeInfo(2, np.subtract), M.MUL: ModeInfo(2, np.multiply),
-    M.DIV: ModeInfo(2, np.divide), M.MAX: ModeInfo(2, np.maximum), M.MIN: ModeInfo(2, np.minimum),
-    M.POW: ModeInfo(2, _pow), M.MOD: ModeInfo(2, np.fmod),
+    M.ADD: ModeInfo(2, np.add),
+    M.SUB: ModeInfo(2, np.subtract),
+    M.MUL: ModeInfo(2, np.multiply),
+    M.DIV: ModeInfo(2, np.divide),
+    M.MAX: ModeInfo(2, np.maximum),
+    M.MIN: ModeInfo(2, np.minimum),
+    M.POW: ModeInfo(2, _pow),
+    M.MOD: ModeInfo(2, np.fmod),
     M.ADD_SQUARE: ModeInfo(2, lambda a, b: a + b * b),
-    M.CMP_EQ: ModeInfo(2, np.equal, bool_out=True), M.CMP_NEQ: ModeInfo(2, np.not_equal, bool_out=True),
-    M.CMP_GT: ModeInfo(2, np.greater, bool_out=True), M.CMP_GE: ModeInfo(2, np.greater_equal, bool_out=True),
-    M.CMP_LT: ModeInfo(2, np.less, bool_out=True), M.CMP_LE: ModeInfo(2, np.less_equal, bool_out=True),
+    M.CMP_EQ: ModeInfo(2, np.equal, bool_out=True),
+    M.CMP_NEQ: ModeInfo(2, np.not_equal, bool_out=True),
+    M.CMP_GT: ModeInfo(2, np.greater, bool_out=True),
+    M.CMP_GE: ModeInfo(2, np.greater_equal, bool_out=True),
+    M.CMP_LT: ModeInfo(2, np.less, bool_out=True),
+    M.CMP_LE: ModeInfo(2, np.less_equal, bool_out=True),
     M.LOGICAL_AND: ModeInfo(2, lambda a, b: _t(a) & _t(b), bool_out=True),
     M.LOGICAL_OR: ModeInfo(2, lambda a, b: _t(a) | _t(b), bool_out=True),
     M.LOGICAL_NOT: ModeInfo(1, lambda a: ~_t(a), bool_out=True),
     M.BINARY_SELECT: ModeInfo(3, _select),
     M.IDENTITY: ModeInfo(1, lambda a: a),
-    M.SQRT: ModeInfo(1, np.sqrt), M.RSQRT: ModeInfo(1, lambda a: 1.0 / np.sqrt(a)),
-    M.EXP: ModeInfo(1, np.exp), M.LOG: ModeInfo(1, np.log), M.NEG: ModeInfo(1, np.negative),
-    M.ABS: ModeInfo(1, np.abs), M.CEIL: ModeInfo(1, np.ceil), M.FLOOR: ModeInfo(1, np.floor),
-    M.RECIPROCAL: ModeInfo(1, lambda a: 1.0 / a), M.SIN: ModeInfo(1, np.sin), M.COS: ModeInfo(1, np.cos),
-    M.TAN: ModeInfo(1, np.tan), M.ERF: ModeInfo(1, erf), M.TANH_FWD: ModeInfo(1, np.tanh),
+    M.SQRT: ModeInfo(1, np.sqrt),
+    M.RSQRT: ModeInfo(1, lambda a: 1.0 / np.sqrt(a)),
+    M.EXP: ModeInfo(1, np.exp),
+    M.LOG: ModeInfo(1, np.log),
+    M.NEG: ModeInfo(1, np.negative),
+    M.ABS: ModeInfo(1, np.abs),
+    M.CEIL: ModeInfo(1, np.ceil),
+    M.FLOOR: ModeInfo(1, np.floor),
+    M.RECIPROCAL: ModeInfo(1, lambda a: 1.0 / a),
+    M.SIN: ModeInfo(1, np.sin),
+    M.COS: ModeInfo(1, np.cos),
+    M.TAN: ModeInfo(1, np.tan),
+    M.ERF: ModeInfo(1, erf),
+    M.TANH_FWD: ModeInfo(1, np.tanh),
     M.SIGMOID_FWD: ModeInfo(1, _sigmoid),
     M.ELU_FWD: ModeInfo(1, lambda x, alpha: np.where(x > 0, x, alpha * np.expm1(x)), (("alpha", 1.0),)),
     M.GELU_FWD: ModeInfo(1, lambda x: x * _phi_cdf(x)),
@@ -289,13 +306,19 @@ class Pointwise(Op):
             assert isinstance(out, TensorDesc)
             if self.axis is None or not (0 <= self.axis < len(out.dim)):
                 ctx.error(
-                    AttributeValueError, f"gen_index axis={self.axis} is outside the output's rank "
-                    f"{len(out.dim)}", tensor="output", rule="pointwise.gen_index_axis",
+                    AttributeValueError,
+                    f"gen_index axis={self.axis} is outside the output's rank {len(out.dim)}",
+                    tensor="output",
+                    rule="pointwise.gen_index_axis",
                     hint=f"pick an axis in [0, {len(out.dim) - 1}]",
                 )
         elif self.axis is not None:
-            ctx.error(AttributeValueError, f"axis is only used by GEN_INDEX, not {self.mode.name}",
-                      rule="pointwise.axis", hint="drop the axis argument")
+            ctx.error(
+                AttributeValueError,
+                f"axis is only used by GEN_INDEX, not {self.mode.name}",
+                rule="pointwise.axis",
+                hint="drop the axis argument",
+            )
 
     def reference(self, ins, outs):
         out = outs[0]
@@ -309,10 +332,7 @@ class Pointwise(Op):
         n = self.info.arity
         # 1-element operands broadcast to anything, whatever their rank (finalize allows it)
         operands = [v.reshape(()) if v.size == 1 else v for v in ins[:n]]
-        params = {
-            p: (default if v is None else v.reshape(()))
-            for (p, default), v in zip(self.info.params, ins[n:])
-        }
+        params = {p: (default if v is None else v.reshape(())) for (p, default), v in zip(self.info.params, ins[n:])}
         with np.errstate(all="ignore"):
             result = self.info.fn(*operands, **params)
         return [np.broadcast_to(np.asarray(result, dtype=np.float64), out.dim)]

@@ -26,8 +26,7 @@ def _pw(g, mode: PointwiseMode, operands, params=None, *, name, compute_data_typ
     if unknown:
         raise TypeError(f"{mode.name} takes no parameter(s) {sorted(unknown)}")
     inputs = list(operands) + [values.get(p) for p, _ in info.params]
-    return g._add_op(Pointwise(mode=mode, axis=axis), inputs, name=name,
-                     compute_data_type=compute_data_type)[0]
+    return g._add_op(Pointwise(mode=mode, axis=axis), inputs, name=name, compute_data_type=compute_data_type)[0]
 
 
 @graph_method
@@ -68,7 +67,8 @@ def pointwise(self, input0, input1=None, input2=None, *, mode, compute_data_type
     if not isinstance(mode, PointwiseMode):
         raise AttributeValueError(
             f"mode={mode!r} is not a pointwise mode{did_you_mean(str(mode), PointwiseMode.__members__)}",
-            op="pointwise", rule="pointwise.mode",
+            op="pointwise",
+            rule="pointwise.mode",
             hint="pass an opgraph.PointwiseMode (e.g. PointwiseMode.ADD) or its name",
         )
     operands = [input0, input1, input2][: MODES[mode].arity]
@@ -106,12 +106,20 @@ _PW_COMMON = """Shapes: operands of equal rank whose dims are equal or 1 (a broa
 
 def _pw_doc(summary: str, formula: str, args: list[tuple[str, str]], example: str, types: str = "") -> str:
     """A pointwise builder's docstring: what every pointwise op shares, and its own formula."""
-    arg_lines = "".join(f"\n        {n}: {d}" for n, d in [*args, ("compute_data_type", "the type the math runs in."),
-                                                           ("name", "the op's name (shown in plans and errors).")])
+    arg_lines = "".join(
+        f"\n        {n}: {d}"
+        for n, d in [
+            *args,
+            ("compute_data_type", "the type the math runs in."),
+            ("name", "the op's name (shown in plans and errors)."),
+        ]
+    )
     common = _PW_COMMON if not types else _PW_COMMON.rsplit("Types:", 1)[0] + "Types: " + types
-    return (f"{summary}\n\n    {common}\n\n    Formula: `{formula}`.\n\n    Args:{arg_lines}\n\n"
-            f"    Returns:\n        the output, a virtual tensor.\n\n    Example:\n        ```python\n"
-            f"        {example}\n        ```\n    ")
+    return (
+        f"{summary}\n\n    {common}\n\n    Formula: `{formula}`.\n\n    Args:{arg_lines}\n\n"
+        f"    Returns:\n        the output, a virtual tensor.\n\n    Example:\n        ```python\n"
+        f"        {example}\n        ```\n    "
+    )
 
 
 def _binary(mode: PointwiseMode, doc: str, first: str = "a", second: str = "b"):
@@ -123,9 +131,13 @@ def _binary(mode: PointwiseMode, doc: str, first: str = "a", second: str = "b"):
     builder.__doc__ = doc
     P = inspect.Parameter
     builder.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [P("self", P.POSITIONAL_OR_KEYWORD), P(first, P.POSITIONAL_OR_KEYWORD), P(second, P.POSITIONAL_OR_KEYWORD),
-         P("compute_data_type", P.POSITIONAL_OR_KEYWORD, default=None),
-         P("name", P.POSITIONAL_OR_KEYWORD, default="")]
+        [
+            P("self", P.POSITIONAL_OR_KEYWORD),
+            P(first, P.POSITIONAL_OR_KEYWORD),
+            P(second, P.POSITIONAL_OR_KEYWORD),
+            P("compute_data_type", P.POSITIONAL_OR_KEYWORD, default=None),
+            P("name", P.POSITIONAL_OR_KEYWORD, default=""),
+        ]
     )
     return graph_method(builder)
 
@@ -150,51 +162,109 @@ def _backward(mode: PointwiseMode, doc: str):
 
 _OPERAND = "a tensor or a Python number."
 for _mode, _f in [
-    (M.ADD, "a + b"), (M.SUB, "a - b"), (M.MUL, "a * b"), (M.DIV, "a / b"), (M.ADD_SQUARE, "a + b * b"),
-    (M.LOGICAL_AND, "(a != 0) and (b != 0)"), (M.LOGICAL_OR, "(a != 0) or (b != 0)"),
+    (M.ADD, "a + b"),
+    (M.SUB, "a - b"),
+    (M.MUL, "a * b"),
+    (M.DIV, "a / b"),
+    (M.ADD_SQUARE, "a + b * b"),
+    (M.LOGICAL_AND, "(a != 0) and (b != 0)"),
+    (M.LOGICAL_OR, "(a != 0) or (b != 0)"),
 ]:
-    _binary(_mode, _pw_doc(f"Elementwise {_f}, with broadcasting.", f"output = {_f}",
-                           [("a", "the first operand: " + _OPERAND), ("b", "the second operand: " + _OPERAND)],
-                           f"y = g.{_mode.value}(x, g.tensor(dim=[1, 64, 1, 1], name='b'))"))
-for _mode, _f in [(M.MAX, "max(input0, input1)"), (M.MIN, "min(input0, input1)"),
-                  (M.POW, "input0 ** input1 (C99 pow, special values included)"), (M.MOD, "fmod(input0, input1)")]:
-    _binary(_mode, _pw_doc(f"Elementwise {_f}, with broadcasting.", f"output = {_f}",
-                           [("input0", "the first operand: " + _OPERAND), ("input1", "the second operand: " + _OPERAND)],
-                           f"y = g.{_mode.value}(x, 2.0)"), "input0", "input1")
-for _mode, _f in [(M.CMP_EQ, "=="), (M.CMP_NEQ, "!="), (M.CMP_GT, ">"), (M.CMP_GE, ">="),
-                  (M.CMP_LT, "<"), (M.CMP_LE, "<=")]:
-    _binary(_mode, _pw_doc(f"Elementwise comparison input {_f} comparison: 1 where it holds, else 0.",
-                           f"output = (input {_f} comparison)",
-                           [("input", "the left operand: " + _OPERAND), ("comparison", "the right operand: " + _OPERAND)],
-                           f"mask = g.{_mode.value}(x, 0.0)   # BOOLEAN",
-                           types="computed in `compute_data_type`; the output is BOOLEAN unless its type is set."),
-            "input", "comparison")
+    _binary(
+        _mode,
+        _pw_doc(
+            f"Elementwise {_f}, with broadcasting.",
+            f"output = {_f}",
+            [("a", "the first operand: " + _OPERAND), ("b", "the second operand: " + _OPERAND)],
+            f"y = g.{_mode.value}(x, g.tensor(dim=[1, 64, 1, 1], name='b'))",
+        ),
+    )
+for _mode, _f in [
+    (M.MAX, "max(input0, input1)"),
+    (M.MIN, "min(input0, input1)"),
+    (M.POW, "input0 ** input1 (C99 pow, special values included)"),
+    (M.MOD, "fmod(input0, input1)"),
+]:
+    _binary(
+        _mode,
+        _pw_doc(
+            f"Elementwise {_f}, with broadcasting.",
+            f"output = {_f}",
+            [("input0", "the first operand: " + _OPERAND), ("input1", "the second operand: " + _OPERAND)],
+            f"y = g.{_mode.value}(x, 2.0)",
+        ),
+        "input0",
+        "input1",
+    )
+for _mode, _f in [
+    (M.CMP_EQ, "=="),
+    (M.CMP_NEQ, "!="),
+    (M.CMP_GT, ">"),
+    (M.CMP_GE, ">="),
+    (M.CMP_LT, "<"),
+    (M.CMP_LE, "<="),
+]:
+    _binary(
+        _mode,
+        _pw_doc(
+            f"Elementwise comparison input {_f} comparison: 1 where it holds, else 0.",
+            f"output = (input {_f} comparison)",
+            [("input", "the left operand: " + _OPERAND), ("comparison", "the right operand: " + _OPERAND)],
+            f"mask = g.{_mode.value}(x, 0.0)   # BOOLEAN",
+            types="computed in `compute_data_type`; the output is BOOLEAN unless its type is set.",
+        ),
+        "input",
+        "comparison",
+    )
 
 for _mode, _f in [
-    (M.LOGICAL_NOT, "x == 0"), (M.IDENTITY, "x (a cast to the output's type)"), (M.SQRT, "sqrt(x)"),
-    (M.RSQRT, "1 / sqrt(x)"), (M.EXP, "exp(x)"), (M.LOG, "log(x)"), (M.NEG, "-x"), (M.ABS, "|x|"),
-    (M.CEIL, "ceil(x)"), (M.FLOOR, "floor(x)"), (M.RECIPROCAL, "1 / x"), (M.SIN, "sin(x)"),
-    (M.COS, "cos(x)"), (M.TAN, "tan(x)"), (M.ERF, "erf(x)"), (M.TANH_FWD, "tanh(x)"),
-    (M.SIGMOID_FWD, "1 / (1 + exp(-x))"), (M.GELU_FWD, "x * Phi(x), Phi the standard normal CDF (erf form)"),
+    (M.LOGICAL_NOT, "x == 0"),
+    (M.IDENTITY, "x (a cast to the output's type)"),
+    (M.SQRT, "sqrt(x)"),
+    (M.RSQRT, "1 / sqrt(x)"),
+    (M.EXP, "exp(x)"),
+    (M.LOG, "log(x)"),
+    (M.NEG, "-x"),
+    (M.ABS, "|x|"),
+    (M.CEIL, "ceil(x)"),
+    (M.FLOOR, "floor(x)"),
+    (M.RECIPROCAL, "1 / x"),
+    (M.SIN, "sin(x)"),
+    (M.COS, "cos(x)"),
+    (M.TAN, "tan(x)"),
+    (M.ERF, "erf(x)"),
+    (M.TANH_FWD, "tanh(x)"),
+    (M.SIGMOID_FWD, "1 / (1 + exp(-x))"),
+    (M.GELU_FWD, "x * Phi(x), Phi the standard normal CDF (erf form)"),
     (M.GELU_APPROX_TANH_FWD, "0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))"),
 ]:
-    _unary(_mode, _pw_doc(f"Elementwise {_f}.", f"output = {_f}", [("input", "x, a tensor.")],
-                          f"y = g.{_mode.value}(x)"))
+    _unary(
+        _mode, _pw_doc(f"Elementwise {_f}.", f"output = {_f}", [("input", "x, a tensor.")], f"y = g.{_mode.value}(x)")
+    )
 
-_FORWARD = {M.TANH_BWD: ("tanh", "1 - tanh(x)^2"), M.SIGMOID_BWD: ("sigmoid", "s * (1 - s), s = sigmoid(x)"),
-            M.ELU_BWD: ("elu", "1 if x > 0 else alpha * exp(x)"),
-            M.GELU_BWD: ("gelu", "Phi(x) + x * phi(x)"),
-            M.GELU_APPROX_TANH_BWD: ("gelu_approx_tanh", "the derivative of the tanh approximation"),
-            M.SOFTPLUS_BWD: ("softplus", "sigmoid(beta * x)"),
-            M.SWISH_BWD: ("swish", "s + beta * x * s * (1 - s), s = sigmoid(beta * x)")}
+_FORWARD = {
+    M.TANH_BWD: ("tanh", "1 - tanh(x)^2"),
+    M.SIGMOID_BWD: ("sigmoid", "s * (1 - s), s = sigmoid(x)"),
+    M.ELU_BWD: ("elu", "1 if x > 0 else alpha * exp(x)"),
+    M.GELU_BWD: ("gelu", "Phi(x) + x * phi(x)"),
+    M.GELU_APPROX_TANH_BWD: ("gelu_approx_tanh", "the derivative of the tanh approximation"),
+    M.SOFTPLUS_BWD: ("softplus", "sigmoid(beta * x)"),
+    M.SWISH_BWD: ("swish", "s + beta * x * s * (1 - s), s = sigmoid(beta * x)"),
+}
 for _mode, (_fwd, _d) in _FORWARD.items():
-    _backward(_mode, _pw_doc(
-        f"The gradient of `{_fwd}` at its input x, times the incoming gradient (cuDNN's {_mode.name}).",
-        f"output = loss * ({_d})",
-        [("loss", "dy, the gradient of the forward op's output."),
-         ("input", "x, the forward op's *input* (not its output), as cuDNN's backward modes take."),
-         ("**params", "the forward op's parameters (alpha, beta, swish_beta), when it had them.")],
-        f"dx = g.{_mode.value}(dy, x)"))
+    _backward(
+        _mode,
+        _pw_doc(
+            f"The gradient of `{_fwd}` at its input x, times the incoming gradient (cuDNN's {_mode.name}).",
+            f"output = loss * ({_d})",
+            [
+                ("loss", "dy, the gradient of the forward op's output."),
+                ("input", "x, the forward op's *input* (not its output), as cuDNN's backward modes take."),
+                ("**params", "the forward op's parameters (alpha, beta, swish_beta), when it had them."),
+            ],
+            f"dx = g.{_mode.value}(dy, x)",
+        ),
+    )
 
 
 @graph_method
@@ -288,8 +358,7 @@ def binary_select(self, input0, input1, mask, compute_data_type=None, name=""):
 
 
 @graph_method
-def relu(self, input, negative_slope=None, lower_clip=None, upper_clip=None, compute_data_type=None,
-         name=""):
+def relu(self, input, negative_slope=None, lower_clip=None, upper_clip=None, compute_data_type=None, name=""):
     """Relu, with cuDNN's optional slope and clips (leaky relu, relu6, clipped relu).
 
     Shapes: elementwise: the output has the input's dims.
@@ -349,13 +418,15 @@ def leaky_relu(self, input, negative_slope, compute_data_type=None, name=""):
         y = g.leaky_relu(x, 0.01)
         ```
     """
-    return _pw(self, M.RELU_FWD, [input], {"negative_slope": negative_slope}, name=name,
-               compute_data_type=compute_data_type)
+    return _pw(
+        self, M.RELU_FWD, [input], {"negative_slope": negative_slope}, name=name, compute_data_type=compute_data_type
+    )
 
 
 @graph_method
-def relu_backward(self, loss, input, negative_slope=None, lower_clip=None, upper_clip=None,
-                  compute_data_type=None, name=""):
+def relu_backward(
+    self, loss, input, negative_slope=None, lower_clip=None, upper_clip=None, compute_data_type=None, name=""
+):
     """The gradient of `relu` at its input, times the incoming gradient (RELU_BWD).
 
     Shapes: loss and input broadcast; the output has their dims.
@@ -414,8 +485,14 @@ def leaky_relu_backward(self, loss, input, negative_slope, compute_data_type=Non
         dx = g.leaky_relu_backward(dy, x, 0.01)
         ```
     """
-    return _pw(self, M.RELU_BWD, [loss, input], {"negative_slope": negative_slope}, name=name,
-               compute_data_type=compute_data_type)
+    return _pw(
+        self,
+        M.RELU_BWD,
+        [loss, input],
+        {"negative_slope": negative_slope},
+        name=name,
+        compute_data_type=compute_data_type,
+    )
 
 
 @graph_method
@@ -496,8 +573,7 @@ def swish(self, input, swish_beta=None, compute_data_type=None, name=""):
         y = g.swish(x)           # SiLU
         ```
     """
-    return _pw(self, M.SWISH_FWD, [input], {"swish_beta": swish_beta}, name=name,
-               compute_data_type=compute_data_type)
+    return _pw(self, M.SWISH_FWD, [input], {"swish_beta": swish_beta}, name=name, compute_data_type=compute_data_type)
 
 
 @graph_method
@@ -527,12 +603,15 @@ def gen_index(self, input, axis, compute_data_type=None, name=""):
         causal = g.cmp_le(col, g.gen_index(x, axis=0))      # a lower-triangular mask
         ```
     """
-    return _pw(self, M.GEN_INDEX, [input], name=name, compute_data_type=compute_data_type,
-               axis=_axis(axis, name))
+    return _pw(self, M.GEN_INDEX, [input], name=name, compute_data_type=compute_data_type, axis=_axis(axis, name))
 
 
 def _axis(axis: Any, name: str) -> int:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise AttributeValueError(f"gen_index axis must be an int, got {axis!r}", op=f"gen_index '{name}'",
-                                  rule="pointwise.gen_index_axis", hint="pass the axis as an int")
+        raise AttributeValueError(
+            f"gen_index axis must be an int, got {axis!r}",
+            op=f"gen_index '{name}'",
+            rule="pointwise.gen_index_axis",
+            hint="pass the axis as an int",
+        )
     return int(axis)

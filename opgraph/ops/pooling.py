@@ -103,44 +103,69 @@ class Resample(Op):
 
         nsp = len(dims) - 2
         if ctx is not None and not 1 <= nsp <= 3:
-            fail(ShapeError, f"input dims {list(dims)} have rank {len(dims)}; resample pools [N, C, spatial...] "
-                 "with 1, 2 or 3 spatial axes", "resample.rank",
-                 "give the input rank 3 (NCW), 4 (NCHW) or 5 (NCDHW); NHWC is a matter of strides")
+            fail(
+                ShapeError,
+                f"input dims {list(dims)} have rank {len(dims)}; resample pools [N, C, spatial...] "
+                "with 1, 2 or 3 spatial axes",
+                "resample.rank",
+                "give the input rank 3 (NCW), 4 (NCHW) or 5 (NCDHW); NHWC is a matter of strides",
+            )
         values: dict[str, tuple[int, ...]] = {}
         for attr in _GEOMETRY:
             v = tuple(getattr(self, attr))
             if len(v) == 1:
                 v = v * nsp
             if ctx is not None and len(v) != nsp:
-                fail(AttributeValueError,
-                     f"{attr} {list(getattr(self, attr))} has {len(getattr(self, attr))} entries but the input "
-                     f"{list(dims)} has {nsp} spatial axes", f"resample.{attr}_length",
-                     f"give {attr} one entry per spatial axis ({nsp}), or a single value for all of them")
+                fail(
+                    AttributeValueError,
+                    f"{attr} {list(getattr(self, attr))} has {len(getattr(self, attr))} entries but the input "
+                    f"{list(dims)} has {nsp} spatial axes",
+                    f"resample.{attr}_length",
+                    f"give {attr} one entry per spatial axis ({nsp}), or a single value for all of them",
+                )
             values[attr] = v
         w, s, pre, post = (values[a] for a in _GEOMETRY)
         if ctx is not None:
             if any(v < 1 for v in w):
-                fail(AttributeValueError, f"window {list(w)} has an entry below 1", "resample.window_value",
-                     "every window extent must be >= 1")
+                fail(
+                    AttributeValueError,
+                    f"window {list(w)} has an entry below 1",
+                    "resample.window_value",
+                    "every window extent must be >= 1",
+                )
             if any(v < 1 for v in s):
-                fail(AttributeValueError, f"stride {list(s)} has an entry below 1", "resample.stride_value",
-                     "every stride must be >= 1")
+                fail(
+                    AttributeValueError,
+                    f"stride {list(s)} has an entry below 1",
+                    "resample.stride_value",
+                    "every stride must be >= 1",
+                )
             if any(v < 0 for v in pre + post):
-                fail(AttributeValueError, f"padding pre {list(pre)} / post {list(post)} has a negative entry",
-                     "resample.padding_negative", "paddings must be >= 0")
+                fail(
+                    AttributeValueError,
+                    f"padding pre {list(pre)} / post {list(post)} has a negative entry",
+                    "resample.padding_negative",
+                    "paddings must be >= 0",
+                )
             for axis in range(nsp):
                 if pre[axis] >= w[axis] or post[axis] >= w[axis]:
-                    fail(AttributeValueError,
-                         f"padding (pre {pre[axis]}, post {post[axis]}) of spatial axis {axis} is not below the "
-                         f"window {w[axis]}: a window could hold padding only", "resample.padding_window",
-                         f"use paddings below {w[axis]} in that axis (PyTorch allows at most {w[axis] // 2})")
+                    fail(
+                        AttributeValueError,
+                        f"padding (pre {pre[axis]}, post {post[axis]}) of spatial axis {axis} is not below the "
+                        f"window {w[axis]}: a window could hold padding only",
+                        "resample.padding_window",
+                        f"use paddings below {w[axis]} in that axis (PyTorch allows at most {w[axis] // 2})",
+                    )
         out = tuple((dims[2 + a] + pre[a] + post[a] - w[a]) // s[a] + 1 for a in range(nsp))
         if ctx is not None and any(o < 1 for o in out):
             axis = next(a for a, o in enumerate(out) if o < 1)
-            fail(ShapeError,
-                 f"spatial axis {axis} of size {dims[2 + axis]} with padding {pre[axis]}+{post[axis]} is smaller "
-                 f"than the window {w[axis]}: the output would have {out[axis]} positions",
-                 "resample.output_size", "use a smaller window or more padding, or a larger input")
+            fail(
+                ShapeError,
+                f"spatial axis {axis} of size {dims[2 + axis]} with padding {pre[axis]}+{post[axis]} is smaller "
+                f"than the window {w[axis]}: the output would have {out[axis]} positions",
+                "resample.output_size",
+                "use a smaller window or more padding, or a larger input",
+            )
         return PoolGeometry(w, s, pre, post, out)
 
     def dynamic_refusal(self, ctx: NodeContext) -> str | None:
@@ -156,8 +181,10 @@ class Resample(Op):
     def check(self, ctx: NodeContext) -> None:
         if self.generate_index and self.mode is not ResampleMode.MAX:
             ctx.error(
-                AttributeValueError, f"generate_index=True is only defined for MAX pooling, not {self.mode.name}",
-                tensor="input", rule="resample.index_mode",
+                AttributeValueError,
+                f"generate_index=True is only defined for MAX pooling, not {self.mode.name}",
+                tensor="input",
+                rule="resample.index_mode",
                 hint="drop generate_index, or use mode=ResampleMode.MAX",
             )
         index = ctx.output("index")
@@ -165,7 +192,9 @@ class Resample(Op):
             ctx.error(
                 DataflowError,
                 f"the index output is {'present' if index is not None else 'absent'} but generate_index="
-                f"{self.generate_index}", tensor="input", rule="resample.index_output",
+                f"{self.generate_index}",
+                tensor="input",
+                rule="resample.index_output",
                 hint="produce the index output exactly when generate_index=True",
             )
         if isinstance(index, TensorDesc):
@@ -173,13 +202,19 @@ class Resample(Op):
             dt = index.data_type
             if not dt.is_integer:
                 ctx.error(
-                    DataTypeError, f"the index output has type {dt.name}; it holds window positions",
-                    tensor="index", rule="resample.index_type", hint="give the index an integer type (INT8, INT32)",
+                    DataTypeError,
+                    f"the index output has type {dt.name}; it holds window positions",
+                    tensor="index",
+                    rule="resample.index_type",
+                    hint="give the index an integer type (INT8, INT32)",
                 )
             if np.iinfo(dt.numpy).max < n - 1:
                 ctx.error(
-                    DataTypeError, f"the index output's type {dt.name} cannot hold window positions up to {n - 1} "
-                    f"(window of {n} elements)", tensor="index", rule="resample.index_range",
+                    DataTypeError,
+                    f"the index output's type {dt.name} cannot hold window positions up to {n - 1} "
+                    f"(window of {n} elements)",
+                    tensor="index",
+                    rule="resample.index_range",
                     hint="set the index to a wider type: index.set_data_type(DataType.INT32)",
                 )
 
@@ -223,15 +258,29 @@ def _ints(value: Any, what: str, name: str) -> tuple[int, ...]:
         out = None
     if out is None or not out or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in out):
         raise AttributeValueError(
-            f"{what} must be an int or a list of ints, got {value!r}", op=f"resample '{name}'",
-            rule=f"resample.{what}_type", hint=f"pass {what} as e.g. [2, 2] (one entry per spatial axis)",
+            f"{what} must be an int or a list of ints, got {value!r}",
+            op=f"resample '{name}'",
+            rule=f"resample.{what}_type",
+            hint=f"pass {what} as e.g. [2, 2] (one entry per spatial axis)",
         )
     return tuple(int(v) for v in out)
 
 
 @graph_method
-def resample(self, input, mode=ResampleMode.MAX, window=None, stride=None, pre_padding=None, post_padding=None,
-             generate_index=False, compute_data_type=None, name="", *, padding=None):
+def resample(
+    self,
+    input,
+    mode=ResampleMode.MAX,
+    window=None,
+    stride=None,
+    pre_padding=None,
+    post_padding=None,
+    generate_index=False,
+    compute_data_type=None,
+    name="",
+    *,
+    padding=None,
+):
     """Max or average pooling over the spatial axes of an [N, C, spatial...] tensor.
 
     Shapes: input [N, C, *spatial] (1-3 spatial axes) -> Y [N, C, *out] with
@@ -271,21 +320,26 @@ def resample(self, input, mode=ResampleMode.MAX, window=None, stride=None, pre_p
         mode = ResampleMode[mode.upper()] if isinstance(mode, str) else ResampleMode(mode)
     except (KeyError, ValueError):
         raise AttributeValueError(
-            f"mode {mode!r} is not a resample mode", op=f"resample '{name}'", rule="resample.mode",
+            f"mode {mode!r} is not a resample mode",
+            op=f"resample '{name}'",
+            rule="resample.mode",
             hint="pass MAX, AVG_INCLUDE_PADDING or AVG_EXCLUDE_PADDING (an opgraph.ResampleMode or its name)",
         ) from None
     if window is None:
         raise TypeError("resample() needs a window, e.g. window=[2, 2]")
     if padding is not None and (pre_padding is not None or post_padding is not None):
         raise AttributeValueError(
-            "padding is given together with pre_padding/post_padding", op=f"resample '{name}'",
-            rule="resample.padding_conflict", hint="pass either padding (both sides) or pre_padding/post_padding",
+            "padding is given together with pre_padding/post_padding",
+            op=f"resample '{name}'",
+            rule="resample.padding_conflict",
+            hint="pass either padding (both sides) or pre_padding/post_padding",
         )
     if padding is not None:
         pre_padding = post_padding = padding
     w = _ints(window, "window", name)
     op = Resample(
-        mode=mode, window=w,
+        mode=mode,
+        window=w,
         stride=w if stride is None else _ints(stride, "stride", name),
         pre_padding=(0,) if pre_padding is None else _ints(pre_padding, "pre_padding", name),
         post_padding=(0,) if post_padding is None else _ints(post_padding, "post_padding", name),

@@ -49,8 +49,9 @@ class PoolBackward(Op):
     pre_padding: tuple[int, ...] = (0,)
     post_padding: tuple[int, ...] = (0,)
 
-    def geometry(self, dy_dims: tuple[int, ...], in_dims: tuple[int, ...],
-                 ctx: NodeContext | None = None) -> PoolGeometry:
+    def geometry(
+        self, dy_dims: tuple[int, ...], in_dims: tuple[int, ...], ctx: NodeContext | None = None
+    ) -> PoolGeometry:
         """Window, stride, paddings per spatial axis and the pooled sizes, checked against dy's and the
         input's dims: 1-3 spatial axes, windows and strides of at least 1, paddings of at least 0, dy of
         exactly the pooled dims. A typed error otherwise (through `ctx` when given)."""
@@ -63,23 +64,32 @@ class PoolBackward(Op):
 
         nsp = len(in_dims) - 2
         if not 1 <= nsp <= 3:
-            fail(ShapeError, f"the input has {len(in_dims)} dims; pooling takes [N, C, 1 to 3 spatial]",
-                 "pool a tensor of rank 3, 4 or 5")
+            fail(
+                ShapeError,
+                f"the input has {len(in_dims)} dims; pooling takes [N, C, 1 to 3 spatial]",
+                "pool a tensor of rank 3, 4 or 5",
+            )
         values = []
         for name, low in zip(_GEOMETRY, (1, 1, 0, 0)):
             v = tuple(getattr(self, name))
             v = v * nsp if len(v) == 1 else v
             if len(v) != nsp or min(v) < low:
-                fail(AttributeValueError, f"{name} {list(v)} needs {nsp} values of at least {low} (one per spatial "
-                     "axis)", f"give {name} for every spatial axis")
+                fail(
+                    AttributeValueError,
+                    f"{name} {list(v)} needs {nsp} values of at least {low} (one per spatial axis)",
+                    f"give {name} for every spatial axis",
+                )
             values.append(v)
         w, st, pre, post = values
         out = tuple((d + a + b - k) // t + 1 for d, a, b, k, t in zip(in_dims[2:], pre, post, w, st))
         want = (*in_dims[:2], *out)
         if min(out) < 1 or tuple(dy_dims) != want:
-            fail(ShapeError, f"dy has dims {list(dy_dims)}; pooling {list(in_dims)} with window {list(w)}, stride "
-                 f"{list(st)}, padding {list(pre)} / {list(post)} gives {list(want)}",
-                 "pass the gradient of the pooled output, of the pooled output's dims")
+            fail(
+                ShapeError,
+                f"dy has dims {list(dy_dims)}; pooling {list(in_dims)} with window {list(w)}, stride "
+                f"{list(st)}, padding {list(pre)} / {list(post)} gives {list(want)}",
+                "pass the gradient of the pooled output, of the pooled output's dims",
+            )
         return PoolGeometry(w, st, pre, post, out)
 
     def normalize(self, ctx: NodeContext) -> Op:
@@ -98,8 +108,15 @@ class PoolBackward(Op):
         return [TensorSpec(dims, strides_like(dims, dy))]
 
 
-def _scatter(contrib: Callable[[int, tuple[int, ...]], np.ndarray], dims: Sequence[int], out: Sequence[int],
-             window: Sequence[int], stride: Sequence[int], pre: Sequence[int], post: Sequence[int]) -> np.ndarray:
+def _scatter(
+    contrib: Callable[[int, tuple[int, ...]], np.ndarray],
+    dims: Sequence[int],
+    out: Sequence[int],
+    window: Sequence[int],
+    stride: Sequence[int],
+    pre: Sequence[int],
+    post: Sequence[int],
+) -> np.ndarray:
     """Sum, per window tap, contrib(tap number, tap) (an array of dy's dims) onto the padded input
     positions o*s + tap, then crop the padding: a float64 array of `dims`."""
     padded = [d + p + q for d, p, q in zip(dims[2:], pre, post)]
@@ -124,8 +141,13 @@ class ResampleAvgBackward(PoolBackward):
 
     def in_dims(self, ctx: NodeContext) -> tuple[int, ...]:
         if self.mode not in _AVERAGES:
-            ctx.error(AttributeValueError, f"mode {self.mode.name} is not an average pooling mode", tensor="grad",
-                      rule="pooling_backward.mode", hint="mode AVG_INCLUDE_PADDING or AVG_EXCLUDE_PADDING")
+            ctx.error(
+                AttributeValueError,
+                f"mode {self.mode.name} is not an average pooling mode",
+                tensor="grad",
+                rule="pooling_backward.mode",
+                hint="mode AVG_INCLUDE_PADDING or AVG_EXCLUDE_PADDING",
+            )
         return tuple(self.in_dim)
 
     def reference(self, ins, outs):
@@ -177,9 +199,12 @@ def _ints(params: dict[str, Param], name: str, op_name: str) -> tuple[int, ...]:
         text = str(params[name])
         return tuple(int(v) for v in text.split(",")) if text else ()
     except (KeyError, ValueError) as err:
-        raise AttributeValueError(f"{op_name}: window, stride, pre_padding and post_padding must be comma-separated "
-                                  f"ints ({type(err).__name__}: {err})", rule="pooling_backward.geometry",
-                                  hint="build the op through autodiff's resample rule") from None
+        raise AttributeValueError(
+            f"{op_name}: window, stride, pre_padding and post_padding must be comma-separated "
+            f"ints ({type(err).__name__}: {err})",
+            rule="pooling_backward.geometry",
+            hint="build the op through autodiff's resample rule",
+        ) from None
 
 
 def _geometry_params(params: dict[str, Param], op_name: str) -> dict[str, tuple[int, ...]]:
@@ -190,8 +215,11 @@ def _avg_from_params(params: dict[str, Param]) -> ResampleAvgBackward:
     kind = ResampleAvgBackward.kind
     mode = next((m for m in _AVERAGES if m.value == params.get("mode")), None)
     if mode is None:
-        raise AttributeValueError(f"{kind}: mode {params.get('mode')!r} is not an average pooling mode",
-                                  rule="pooling_backward.mode", hint="mode='avg_include_padding' or 'avg_exclude_padding'")
+        raise AttributeValueError(
+            f"{kind}: mode {params.get('mode')!r} is not an average pooling mode",
+            rule="pooling_backward.mode",
+            hint="mode='avg_include_padding' or 'avg_exclude_padding'",
+        )
     return ResampleAvgBackward(mode=mode, in_dim=_ints(params, "in_dim", kind), **_geometry_params(params, kind))
 
 

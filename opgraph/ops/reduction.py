@@ -118,7 +118,9 @@ class Reduction(Op):
             ctx.error(
                 ShapeError,
                 f"output dims {list(y.dim)} have rank {len(y.dim)} but the input dims {list(x.dim)} have "
-                f"rank {len(x.dim)}", tensor="output", rule="reduction.rank",
+                f"rank {len(x.dim)}",
+                tensor="output",
+                rule="reduction.rank",
                 hint="give the output the input's rank, with 1 in every reduced axis (a per-row sum of "
                 f"{list(x.dim)} is {list(x.dim[:-1]) + [1]})",
             )
@@ -128,7 +130,9 @@ class Reduction(Op):
             ctx.error(
                 ShapeError,
                 f"output dims {list(y.dim)} do not reduce input dims {list(x.dim)}: axis {a} is {y.dim[a]}, "
-                f"neither {x.dim[a]} (kept) nor 1 (reduced)", tensor="output", rule="reduction.dims",
+                f"neither {x.dim[a]} (kept) nor 1 (reduced)",
+                tensor="output",
+                rule="reduction.dims",
                 hint="set each output dim to the input's (kept axis) or to 1 (reduced axis)",
             )
 
@@ -154,8 +158,10 @@ class GenStats(Op):
         x = ctx.tensor("input")
         if len(x.dim) < 2:
             ctx.error(
-                ShapeError, f"input dims {list(x.dim)} have rank {len(x.dim)}; genstats needs [N, C, ...]",
-                tensor="input", rule="genstats.rank",
+                ShapeError,
+                f"input dims {list(x.dim)} have rank {len(x.dim)}; genstats needs [N, C, ...]",
+                tensor="input",
+                rule="genstats.rank",
                 hint="give the input at least two axes, channels in axis 1",
             )
         dim = (1, x.dim[1]) + (1,) * (len(x.dim) - 2)
@@ -208,7 +214,9 @@ def reduction(self, input, mode, compute_data_type=None, name=""):
         mode = ReductionMode[mode.upper()] if isinstance(mode, str) else ReductionMode(mode)
     except (KeyError, ValueError):
         raise AttributeValueError(
-            f"mode {mode!r} is not a reduction mode", op=f"reduction '{name}'", rule="reduction.mode",
+            f"mode {mode!r} is not a reduction mode",
+            op=f"reduction '{name}'",
+            rule="reduction.mode",
             hint=f"pass an opgraph.ReductionMode or its name: {', '.join(m.name for m in ReductionMode)}",
         ) from None
     return self._add_op(Reduction(mode=mode), [input], name=name, compute_data_type=compute_data_type)[0]

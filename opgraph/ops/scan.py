@@ -40,8 +40,13 @@ class Cumsum(Op):
     def check(self, ctx: NodeContext) -> None:
         rank = len(ctx.tensor("input").dim)
         if not 0 <= self.axis < rank:
-            ctx.error(AttributeValueError, f"axis {self.axis} is not an axis of the rank-{rank} input", tensor="input",
-                      rule="cumsum.axis", hint=f"pass an axis in [0, {rank})")
+            ctx.error(
+                AttributeValueError,
+                f"axis {self.axis} is not an axis of the rank-{rank} input",
+                tensor="input",
+                rule="cumsum.axis",
+                hint=f"pass an axis in [0, {rank})",
+            )
 
     def reference(self, ins, outs):
         (x,) = ins
@@ -78,5 +83,6 @@ def cumsum(self, input, axis: int, reverse: bool = False, compute_data_type=None
         positions = g.cumsum(mask, axis=1)
         ```
     """
-    return self._add_op(Cumsum(axis=int(axis), reverse=bool(reverse)), [input], name=name,
-                        compute_data_type=compute_data_type)[0]
+    return self._add_op(
+        Cumsum(axis=int(axis), reverse=bool(reverse)), [input], name=name, compute_data_type=compute_data_type
+    )[0]

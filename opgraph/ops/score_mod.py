@@ -56,8 +56,10 @@ class Ref:
         if type(self.index) is not int or self.index < 0:
             raise AttributeValueError(
                 f"score_mod reference {self.src.value} index {self.index!r} is not a node or input number "
-                "(an integer >= 0)", rule="sdpa.score_mod_index",
-                hint="rebuild the modifier through g.sdpa(..., score_mod=fn); a file may not be edited by hand here")
+                "(an integer >= 0)",
+                rule="sdpa.score_mod_index",
+                hint="rebuild the modifier through g.sdpa(..., score_mod=fn); a file may not be edited by hand here",
+            )
 
     def __str__(self) -> str:
         if self.src is Src.NODE:
@@ -80,8 +82,11 @@ class ScoreNode:
 
     def __str__(self) -> str:
         roles = Pointwise(mode=self.mode, axis=self.axis).input_roles()
-        args = [str(r) if i < MODES[self.mode].arity else f"{role}={r}"
-                for i, (role, r) in enumerate(zip(roles, self.operands)) if r is not None]
+        args = [
+            str(r) if i < MODES[self.mode].arity else f"{role}={r}"
+            for i, (role, r) in enumerate(zip(roles, self.operands))
+            if r is not None
+        ]
         if self.axis is not None:
             args.append(f"axis={self.axis}")
         return f"{self.mode.value}({', '.join(args)})"
@@ -113,8 +118,11 @@ class ScoreMod:
             what = f"input {r.index}, not one of its {self.num_inputs}"
         else:
             return
-        raise AttributeValueError(f"score_mod {where} refers to {what}", rule="sdpa.score_mod_index",
-                                  hint="rebuild the modifier through g.sdpa(..., score_mod=fn)")
+        raise AttributeValueError(
+            f"score_mod {where} refers to {what}",
+            rule="sdpa.score_mod_index",
+            hint="rebuild the modifier through g.sdpa(..., score_mod=fn)",
+        )
 
     def __repr__(self) -> str:
         body = "; ".join(f"%{i} = {n}" for i, n in enumerate(self.nodes))
@@ -128,8 +136,9 @@ class ScoreMod:
         return any(r.src is src for r in refs)
 
 
-def evaluate(mod: ScoreMod, score: np.ndarray, inputs: Sequence[np.ndarray], grad: np.ndarray | None = None
-             ) -> np.ndarray:
+def evaluate(
+    mod: ScoreMod, score: np.ndarray, inputs: Sequence[np.ndarray], grad: np.ndarray | None = None
+) -> np.ndarray:
     """The modifier's value (float64, the score's shape) for `score`, the extra inputs (arrays that
     broadcast to the score) and, for a derivative sub-graph, the incoming `grad`."""
     values: list[np.ndarray] = []
@@ -160,7 +169,7 @@ def evaluate(mod: ScoreMod, score: np.ndarray, inputs: Sequence[np.ndarray], gra
             idx_shape[axis] = shape[axis]
             values.append(np.arange(shape[axis], dtype=np.float64).reshape(idx_shape))
             continue
-        params = {p: (default if v is None else v) for (p, default), v in zip(info.params, ops[info.arity:])}
+        params = {p: (default if v is None else v) for (p, default), v in zip(info.params, ops[info.arity :])}
         with np.errstate(all="ignore"):
             out = info.fn(*ops[: info.arity], **params)
         values.append(np.asarray(out, dtype=np.float64))
@@ -218,7 +227,9 @@ class ScoreModBuilder:
                 self.externals.append(value)
                 return Ref(Src.INPUT, len(self.externals) - 1)
             raise GraphError(
-                f"score_mod operand '{role}' belongs to another graph", op=self.op_label, tensor=value,
+                f"score_mod operand '{role}' belongs to another graph",
+                op=self.op_label,
+                tensor=value,
                 rule="sdpa.score_mod_operand",
                 hint="a score modifier reads the score, numbers and tensors of the graph the attention is in",
             )
@@ -227,15 +238,25 @@ class ScoreModBuilder:
             return Ref(Src.CONST, const=float(v))
         raise ShapeError(
             f"score_mod operand '{role}' must be a tensor or a Python number, got {type(value).__name__}",
-            op=self.op_label, rule="sdpa.score_mod_operand",
+            op=self.op_label,
+            rule="sdpa.score_mod_operand",
             hint="build the modifier from the score, numbers and tensors of the graph",
         )
 
-    def _add_op(self, op: Any, inputs: Sequence[Any], *, name: str = "", compute_data_type: Any = None,
-                outputs: Any = None, out_handles: Any = None) -> list[Tensor]:
+    def _add_op(
+        self,
+        op: Any,
+        inputs: Sequence[Any],
+        *,
+        name: str = "",
+        compute_data_type: Any = None,
+        outputs: Any = None,
+        out_handles: Any = None,
+    ) -> list[Tensor]:
         if not isinstance(op, Pointwise):
             raise AttributeValueError(
-                f"a score modifier may only build pointwise ops, not '{op.kind}'", op=self.op_label,
+                f"a score modifier may only build pointwise ops, not '{op.kind}'",
+                op=self.op_label,
                 rule="sdpa.score_mod_op",
                 hint="compute the non-pointwise part outside the modifier and pass its result in as a "
                 "tensor of the graph (it broadcasts to [B, H, Sq, Skv])",
@@ -243,14 +264,20 @@ class ScoreModBuilder:
         roles = op.input_roles()
         refs = tuple(self.ref(v, r) for v, r in zip(inputs, roles))
         if any(r is None for r in refs[: op.info.arity]):
-            raise ShapeError(f"{op.mode.value} needs {op.info.arity} operands", op=self.op_label,
-                             rule="sdpa.score_mod_operand", hint="pass every operand")
+            raise ShapeError(
+                f"{op.mode.value} needs {op.info.arity} operands",
+                op=self.op_label,
+                rule="sdpa.score_mod_operand",
+                hint="pass every operand",
+            )
         self.nodes.append(ScoreNode(op.mode, refs, op.axis))
         return [self._handle(Ref(Src.NODE, len(self.nodes) - 1), name or op.mode.value)]
 
     def tensor(self, *args: Any, **kwargs: Any) -> Tensor:
         raise GraphError(
-            "a score modifier cannot declare tensors", op=self.op_label, rule="sdpa.score_mod_tensor",
+            "a score modifier cannot declare tensors",
+            op=self.op_label,
+            rule="sdpa.score_mod_tensor",
             hint="declare the tensor in the graph (g.tensor(...)) and use it inside the modifier",
         )
 
@@ -265,25 +292,34 @@ class ScoreModBuilder:
     def finish(self, result: Any) -> tuple[ScoreMod, list[Tensor]]:
         if not isinstance(result, (Tensor, numbers.Real)):
             raise AttributeValueError(
-                f"score_mod returned {type(result).__name__}, not a tensor", op=self.op_label,
-                rule="sdpa.score_mod_result", hint="return the modified score (a tensor built from `score`)",
+                f"score_mod returned {type(result).__name__}, not a tensor",
+                op=self.op_label,
+                rule="sdpa.score_mod_result",
+                hint="return the modified score (a tensor built from `score`)",
             )
         ref = self.ref(result, "result")
         assert ref is not None
         return ScoreMod(tuple(self.nodes), ref, len(self.externals)), list(self.externals)
 
 
-def record(outer: Any, fn: Callable[..., Any], op_label: str, score_dim: tuple[int, ...] | None = None
-           ) -> tuple[ScoreMod, list[Tensor]]:
+def record(
+    outer: Any, fn: Callable[..., Any], op_label: str, score_dim: tuple[int, ...] | None = None
+) -> tuple[ScoreMod, list[Tensor]]:
     """Run the user's modifier `fn(sub, score)` on a recording builder: the ScoreMod and the outer
     tensors it reads (the extra inputs of the attention node, in order)."""
     if isinstance(fn, ScoreMod):
-        raise AttributeValueError("pass a recorded ScoreMod with its inputs", op=op_label,
-                                  rule="sdpa.score_mod", hint="use opgraph.ops.score_mod.record")
+        raise AttributeValueError(
+            "pass a recorded ScoreMod with its inputs",
+            op=op_label,
+            rule="sdpa.score_mod",
+            hint="use opgraph.ops.score_mod.record",
+        )
     if not callable(fn):
         raise AttributeValueError(
             f"score_mod must be a function score_mod(g, score) -> tensor, got {type(fn).__name__}",
-            op=op_label, rule="sdpa.score_mod", hint="pass a function that builds pointwise ops on `score`",
+            op=op_label,
+            rule="sdpa.score_mod",
+            hint="pass a function that builds pointwise ops on `score`",
         )
     sub = ScoreModBuilder(outer, op_label)
     if score_dim is not None:
@@ -291,5 +327,14 @@ def record(outer: Any, fn: Callable[..., Any], op_label: str, score_dim: tuple[i
     return sub.finish(fn(sub, sub.score))
 
 
-__all__ = ["INPUT_ROLE", "OPERAND_ROLES", "Ref", "ScoreMod", "ScoreModBuilder", "ScoreNode", "Src", "evaluate",
-           "record"]
+__all__ = [
+    "INPUT_ROLE",
+    "OPERAND_ROLES",
+    "Ref",
+    "ScoreMod",
+    "ScoreModBuilder",
+    "ScoreNode",
+    "Src",
+    "evaluate",
+    "record",
+]

@@ -62,8 +62,9 @@ class InplaceRule:
         return self.refused.get((a, b)) or self.refused.get((b, a)) or ""
 
 
-def plan_inplace(graph: FinalGraph, step_nodes: Sequence[Sequence[Node]], step_safe: Sequence[bool],
-                 step_labels: Sequence[str]) -> InplaceRule:
+def plan_inplace(
+    graph: FinalGraph, step_nodes: Sequence[Sequence[Node]], step_safe: Sequence[bool], step_labels: Sequence[str]
+) -> InplaceRule:
     """The in-place rule of a plan whose step k runs the nodes `step_nodes[k]`, on an engine that is
     `step_safe[k]` (Engine.inplace_safe), described as `step_labels[k]`."""
     step_of = {node: k for k, nodes in enumerate(step_nodes) for node in nodes}
@@ -87,34 +88,51 @@ def plan_inplace(graph: FinalGraph, step_nodes: Sequence[Sequence[Node]], step_s
 
 def _same_layout(graph: FinalGraph, a: int, b: int) -> bool:
     ta, tb = graph.tensors[a], graph.tensors[b]
-    return ta.dim == tb.dim and ta.data_type is tb.data_type and all(
-        s == r for d, s, r in zip(ta.dim, ta.stride, tb.stride) if d > 1)
+    return (
+        ta.dim == tb.dim
+        and ta.data_type is tb.data_type
+        and all(s == r for d, s, r in zip(ta.dim, ta.stride, tb.stride) if d > 1)
+    )
 
 
-def _why_not(graph: FinalGraph, i: int, o: int, aligned: set[int], other: set[int], readers: list,
-             step_of: Mapping[Node, int], step_safe: Sequence[bool], step_labels: Sequence[str]) -> str | None:
+def _why_not(
+    graph: FinalGraph,
+    i: int,
+    o: int,
+    aligned: set[int],
+    other: set[int],
+    readers: list,
+    step_of: Mapping[Node, int],
+    step_safe: Sequence[bool],
+    step_labels: Sequence[str],
+) -> str | None:
     ti, to = graph.tensors[i].label(), graph.tensors[o].label()
     if o not in aligned:
         how = "depends on other elements of" if o in other else "does not depend on"
-        return (f"{to} {how} {ti}, so writing it over {ti} would change values still to be read "
-                "(an output may take its input's buffer only where each element depends on the same element "
-                "of that input alone: pointwise chains, running-statistics updates)")
+        return (
+            f"{to} {how} {ti}, so writing it over {ti} would change values still to be read "
+            "(an output may take its input's buffer only where each element depends on the same element "
+            "of that input alone: pointwise chains, running-statistics updates)"
+        )
     writer = graph.producer(o)
     assert writer is not None
     w = step_of[writer]
     for n in readers:
         s = step_of[n]
         if s > w:
-            return (f"{n.label()} reads {ti} in step {s}, after step {w} wrote {to} over it (build so that "
-                    "they share a kernel, or give the output its own buffer)")
+            return (
+                f"{n.label()} reads {ti} in step {s}, after step {w} wrote {to} over it (build so that "
+                "they share a kernel, or give the output its own buffer)"
+            )
     in_step = [n for n in graph.nodes if step_of[n] == w]
     for n in in_step:
         late = [u for u in n.output_uids() if u in other]
         if late:
-            return (f"{n.label()} depends on other elements of {ti} in the kernel of step {w} that writes {to} "
-                    "over it")
+            return f"{n.label()} depends on other elements of {ti} in the kernel of step {w} that writes {to} over it"
     if any(step_of[n] == w for n in readers) and not step_safe[w]:
-        return (f"step {w} ({step_labels[w]}) may write {to} before it read all of {ti}: its engine does not "
-                "promise element-by-element updates (build with engines that do, e.g. deselect_engines="
-                "['library', 'cudnn'], or give the output its own buffer)")
+        return (
+            f"step {w} ({step_labels[w]}) may write {to} before it read all of {ti}: its engine does not "
+            "promise element-by-element updates (build with engines that do, e.g. deselect_engines="
+            "['library', 'cudnn'], or give the output its own buffer)"
+        )
     return None

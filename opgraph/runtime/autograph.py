@@ -45,7 +45,8 @@ class AutoGraph:
         state = bound.state
         self.bound = bound
         self.enabled = state.device.is_cuda and all(
-            BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in state.steps)
+            BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in state.steps
+        )
         self.graph: Any = None
         self.stable = 0
         self.captures = 0
@@ -74,8 +75,11 @@ class AutoGraph:
             if self.stable <= AFTER:
                 return False
             if self.captures >= MAX_CAPTURES:
-                log.info("plan '%s': its binding changed after each of %d graphs; launching one by one",
-                         self.bound.state.graph.name, self.captures)
+                log.info(
+                    "plan '%s': its binding changed after each of %d graphs; launching one by one",
+                    self.bound.state.graph.name,
+                    self.captures,
+                )
                 self.enabled = False
                 return False
             if not _CAPTURING.acquire(blocking=False):  # another thread is capturing: flat this time
@@ -100,8 +104,12 @@ class AutoGraph:
                 slot.set(bound.state.streams.current())  # the capture stream
                 bound.run()
         except Exception as err:  # noqa: BLE001 - launch flat from now on, as without graphs
-            log.warning("plan '%s': capturing its launches failed (%s: %s); launching them one by one",
-                        bound.state.graph.name, type(err).__name__, err)
+            log.warning(
+                "plan '%s': capturing its launches failed (%s: %s); launching them one by one",
+                bound.state.graph.name,
+                type(err).__name__,
+                err,
+            )
             self.enabled = False
             return False
         finally:

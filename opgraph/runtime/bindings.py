@@ -31,7 +31,8 @@ def resolve_key(graph: FinalGraph, key: Any) -> int:
         uid = graph.handle_uid(key)
         if uid is None:
             raise VariantPackError(
-                "the tensor handle is not part of the graph this plan was built from", tensor=key,
+                "the tensor handle is not part of the graph this plan was built from",
+                tensor=key,
                 rule="pack.unknown",
                 hint="bind the tensors of the graph the plan was built from (or use UIDs)",
             )
@@ -41,7 +42,8 @@ def resolve_key(graph: FinalGraph, key: Any) -> int:
     if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
         if int(key) not in graph.tensors:
             raise VariantPackError(
-                f"UID {int(key)} is not a tensor of this graph", rule="pack.unknown",
+                f"UID {int(key)} is not a tensor of this graph",
+                rule="pack.unknown",
                 hint=f"known UIDs: {sorted(graph.tensors)}",
             )
         return int(key)
@@ -51,15 +53,15 @@ def resolve_key(graph: FinalGraph, key: Any) -> int:
             return matches[0]
         if not matches:
             names = sorted(t.name for t in graph.tensors.values() if not t.is_virtual and t.name)
-            raise VariantPackError(
-                f"no tensor is named {key!r}", rule="pack.unknown", hint=f"known names: {names}"
-            )
+            raise VariantPackError(f"no tensor is named {key!r}", rule="pack.unknown", hint=f"known names: {names}")
         raise VariantPackError(
-            f"{len(matches)} tensors are named {key!r} (UIDs {matches})", rule="pack.ambiguous_name",
+            f"{len(matches)} tensors are named {key!r} (UIDs {matches})",
+            rule="pack.ambiguous_name",
             hint="bind them by UID or by tensor handle",
         )
     raise VariantPackError(
-        f"a variant pack key must be a Tensor, a UID or a name, got {type(key).__name__}", rule="pack.key",
+        f"a variant pack key must be a Tensor, a UID or a name, got {type(key).__name__}",
+        rule="pack.key",
         hint="use the tensor handles the builders returned, their .uid, or their names",
     )
 
@@ -75,8 +77,10 @@ def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
             info = None
         if info is None or info.device != "cpu" or int(np.prod(info.shape)) != 1:
             raise VariantPackError(
-                f"a pass-by-value tensor takes a host number, got {type(value).__name__}", tensor=desc,
-                rule="pack.pass_by_value", hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
+                f"a pass-by-value tensor takes a host number, got {type(value).__name__}",
+                tensor=desc,
+                rule="pack.pass_by_value",
+                hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
             )
         v = np.asarray(info.obj).reshape(()).item()
     # the tensor holds a value of its type, as a 1-element buffer of that type would
@@ -120,8 +124,13 @@ def held_scalar(value: Any, desc: TensorDesc, uses: tuple[tuple[Node, str], ...]
         problem = node.op.check_scalar(role, float(v))
         if problem is not None:
             message, rule, hint = problem
-            raise VariantPackError(f"{message} (given at run time as '{role}' of {node.label()})", op=node.label(),
-                                   tensor=desc, rule=rule, hint=hint)
+            raise VariantPackError(
+                f"{message} (given at run time as '{role}' of {node.label()})",
+                op=node.label(),
+                tensor=desc,
+                rule=rule,
+                hint=hint,
+            )
     return v
 
 
@@ -130,35 +139,47 @@ def check_buffer(info: BufferInfo, desc: TensorDesc, device: Device) -> None:
     want_device = device.torch_name
     if info.device != want_device:
         raise VariantPackError(
-            f"the buffer is on {info.device} but the plan runs on {want_device}", tensor=desc,
-            rule="pack.device", hint=f"move the buffer to {want_device}, or build the plan for {info.device}",
+            f"the buffer is on {info.device} but the plan runs on {want_device}",
+            tensor=desc,
+            rule="pack.device",
+            hint=f"move the buffer to {want_device}, or build the plan for {info.device}",
         )
     if info.data_type is not desc.data_type:
         raise VariantPackError(
-            f"the buffer holds {info.data_type.name} but the tensor is {desc.data_type.name}", tensor=desc,
-            rule="pack.dtype", hint=f"bind a {desc.data_type.name} buffer (or change the tensor's data_type)",
+            f"the buffer holds {info.data_type.name} but the tensor is {desc.data_type.name}",
+            tensor=desc,
+            rule="pack.dtype",
+            hint=f"bind a {desc.data_type.name} buffer (or change the tensor's data_type)",
         )
     if desc.numel == 1 and int(np.prod(info.shape)) == 1:
         return  # a scalar binds whatever its rank
     if tuple(info.shape) != desc.dim:
         raise VariantPackError(
-            f"the buffer has shape {list(info.shape)} but the tensor has dims {list(desc.dim)}", tensor=desc,
-            rule="pack.shape", hint=_shape_hint(list(info.shape), desc))
+            f"the buffer has shape {list(info.shape)} but the tensor has dims {list(desc.dim)}",
+            tensor=desc,
+            rule="pack.shape",
+            hint=_shape_hint(list(info.shape), desc),
+        )
     for axis, (d, want, got) in enumerate(zip(desc.dim, desc.stride, info.strides)):
         if d > 1 and want != got:
             declared, given = desc.layout, layout_name(desc.dim, info.strides, desc.is_image)
             raise VariantPackError(
                 f"the buffer's layout is {given} (strides {list(info.strides)}) but the tensor is declared "
-                f"{declared} (strides {list(desc.stride)}; axis {axis} differs)", tensor=desc, rule="pack.strides",
+                f"{declared} (strides {list(desc.stride)}; axis {axis} differs)",
+                tensor=desc,
+                rule="pack.strides",
                 hint=f"declare the tensor with the buffer's strides (stride={list(info.strides)}), or pass a copy "
-                     f"in the declared layout: {_copy_in(desc)}")
+                f"in the declared layout: {_copy_in(desc)}",
+            )
 
 
 def _shape_hint(shape: list[int], desc: TensorDesc) -> str:
     if math.prod(shape) == desc.numel:
         return f"bind a buffer of shape {list(desc.dim)} (reshape or view it)"
-    return (f"a plan runs the dims it was built for: build a plan for dims {shape} (declare the tensor with "
-            f"them), or bind a buffer of shape {list(desc.dim)}")
+    return (
+        f"a plan runs the dims it was built for: build a plan for dims {shape} (declare the tensor with "
+        f"them), or bind a buffer of shape {list(desc.dim)}"
+    )
 
 
 def _copy_in(desc: TensorDesc) -> str:
@@ -210,14 +231,17 @@ def _views_overlap(a: BufferInfo, b: BufferInfo) -> bool:
         if j == len(axes):
             return diff == 0
         s, d = axes[j]
-        return any(abs(k) < d and abs(diff - k * s) <= reach[j + 1] and reachable(diff - k * s, j + 1)
-                   for k in {diff // s, diff // s + 1})
+        return any(
+            abs(k) < d and abs(diff - k * s) <= reach[j + 1] and reachable(diff - k * s, j + 1)
+            for k in {diff // s, diff // s + 1}
+        )
 
     return reachable((a.ptr - b.ptr) // size, 0)
 
 
-def _overlapping_output(graph: FinalGraph, infos: Mapping[int, BufferInfo], inplace: InplaceRule | None = None
-                        ) -> tuple[int, int] | None:
+def _overlapping_output(
+    graph: FinalGraph, infos: Mapping[int, BufferInfo], inplace: InplaceRule | None = None
+) -> tuple[int, int] | None:
     """(output, other) for the first output buffer that shares memory with another bound buffer, in
     the graph's output order, other than an in-place update `inplace` allows (the very buffer of an
     input the output updates element by element); None when none does. A sweep over the buffers'
@@ -235,8 +259,7 @@ def _overlapping_output(graph: FinalGraph, infos: Mapping[int, BufferInfo], inpl
                 for o, other in ((u, v), (v, u)):
                     if o not in rank:
                         continue
-                    if (inplace is not None and (other, o) in inplace.allowed
-                            and _same_buffer(infos[o], infos[other])):
+                    if inplace is not None and (other, o) in inplace.allowed and _same_buffer(infos[o], infos[other]):
                         continue  # an in-place update through the pack
                     found.append((rank[o], o, other))
         active.append(u)
@@ -256,13 +279,15 @@ def arrays_overlap(a: np.ndarray, b: np.ndarray) -> bool:
         return True
 
 
-def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: InplaceRule | None = None
-         ) -> dict[int, Any]:
+def bind(
+    graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: InplaceRule | None = None
+) -> dict[int, Any]:
     """Check a variant pack against the graph; return {uid: array or device tensor or number}. An output
     may be bound to the very buffer of an input where `inplace` (the plan's rule) allows that pair."""
     if not isinstance(pack, Mapping):
         raise VariantPackError(
-            f"a variant pack is a dict, got {type(pack).__name__}", rule="pack.type",
+            f"a variant pack is a dict, got {type(pack).__name__}",
+            rule="pack.type",
             hint="pass {tensor_or_uid_or_name: buffer, ...} binding every input and output of the graph",
         )
     values: dict[int, Any] = {}
@@ -271,19 +296,27 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
         desc = graph.tensors[uid]
         if desc.is_virtual:
             raise VariantPackError(
-                "the tensor is virtual (internal to the graph) and cannot be bound", tensor=desc,
-                rule="pack.virtual", hint="mark it with .set_output(True) before building to read it",
+                "the tensor is virtual (internal to the graph) and cannot be bound",
+                tensor=desc,
+                rule="pack.virtual",
+                hint="mark it with .set_output(True) before building to read it",
             )
         if uid in values:
-            raise VariantPackError("the tensor is bound twice (under two keys)", tensor=desc,
-                                   rule="pack.duplicate", hint="bind each tensor once")
+            raise VariantPackError(
+                "the tensor is bound twice (under two keys)",
+                tensor=desc,
+                rule="pack.duplicate",
+                hint="bind each tensor once",
+            )
         values[uid] = value
     required = (*graph.inputs, *graph.outputs)
     missing = [graph.tensors[u] for u in required if u not in values]
     if missing:
         names = ", ".join(f"'{t.name}' (uid {t.uid})" for t in missing)
         raise VariantPackError(
-            f"the variant pack lacks {len(missing)} tensor(s): {names}", tensor=missing[0], rule="pack.missing",
+            f"the variant pack lacks {len(missing)} tensor(s): {names}",
+            tensor=missing[0],
+            rule="pack.missing",
             hint="bind every non-virtual input and output of the graph",
         )
     out: dict[int, Any] = {}
@@ -296,24 +329,34 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
             continue
         if device.is_cuda and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             if int(value) <= 0:
-                raise VariantPackError(f"a raw device pointer must be a positive address, got {value}",
-                                       tensor=desc, rule="pack.pointer", hint="pass tensor.data_ptr()")
+                raise VariantPackError(
+                    f"a raw device pointer must be a positive address, got {value}",
+                    tensor=desc,
+                    rule="pack.pointer",
+                    hint="pass tensor.data_ptr()",
+                )
             value = tensor_from_pointer(int(value), desc.dim, desc.stride, desc.data_type, device.index)
         try:
             info = buffer_info(value)
         except GraphError as err:  # not a buffer, or one of a type opgraph does not know: name the tensor
-            raise VariantPackError(err.detail, tensor=desc, rule=err.rule if isinstance(err, VariantPackError)
-                                   else "pack.dtype", hint=err.hint) from None
+            raise VariantPackError(
+                err.detail,
+                tensor=desc,
+                rule=err.rule if isinstance(err, VariantPackError) else "pack.dtype",
+                hint=err.hint,
+            ) from None
         except Exception as err:  # noqa: BLE001 - an object that claims to be a buffer but cannot be read as one
             raise VariantPackError(
                 f"the {type(value).__name__} cannot be read as a buffer: {type(err).__name__}: {str(err)[:200]}",
-                tensor=desc, rule="pack.type",
+                tensor=desc,
+                rule="pack.type",
                 hint="bind a dense NumPy array or PyTorch tensor (or a DLPack / __cuda_array_interface__ object)",
             ) from None
         check_buffer(info, desc, device)
         if uid in graph.outputs and isinstance(info.obj, np.ndarray) and not info.obj.flags.writeable:
-            raise VariantPackError("the output buffer is read-only", tensor=desc, rule="pack.readonly",
-                                   hint="bind a writeable array")
+            raise VariantPackError(
+                "the output buffer is read-only", tensor=desc, rule="pack.readonly", hint="bind a writeable array"
+            )
         infos[uid] = info
         out[uid] = info.obj if device.is_cuda or desc.numel != 1 else info.obj.reshape(desc.dim)
     clash = _overlapping_output(graph, infos, inplace)
@@ -324,7 +367,8 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
         raise VariantPackError(
             f"the output buffer overlaps the buffer of {graph.tensors[uid].label()}"
             + (f": it is that very buffer, but {why}" if why else ""),
-            tensor=graph.tensors[o], rule="pack.overlap",
+            tensor=graph.tensors[o],
+            rule="pack.overlap",
             hint="give every output its own memory (in-place updates reuse the input's UID, or bind an "
             "output to the buffer of an input it updates element by element)",
         )
@@ -332,8 +376,12 @@ def bind(graph: FinalGraph, device: Device, pack: Mapping[Any, Any], inplace: In
 
 
 def _same_buffer(a: BufferInfo, b: BufferInfo) -> bool:
-    return a.ptr == b.ptr and a.data_type is b.data_type and a.shape == b.shape and all(
-        s == t for d, s, t in zip(a.shape, a.strides, b.strides) if d > 1)
+    return (
+        a.ptr == b.ptr
+        and a.data_type is b.data_type
+        and a.shape == b.shape
+        and all(s == t for d, s, t in zip(a.shape, a.strides, b.strides) if d > 1)
+    )
 
 
 class PackBinder:
@@ -404,8 +452,11 @@ class PackBinder:
         for uid in self.pass_by_value:  # rounded and checked here, memoized per value (both paths)
             if uid in values:
                 values[uid] = self._round(uid, values[uid])
-        changed = (pointers != self.pointers or values.keys() != self.values.keys()
-                   or any(values[u] != self.values[u] for u in self.pass_by_value if u in values))
+        changed = (
+            pointers != self.pointers
+            or values.keys() != self.values.keys()
+            or any(values[u] != self.values[u] for u in self.pass_by_value if u in values)
+        )
         self.values, self.pointers = values, pointers
         if changed:
             self.version += 1
@@ -455,8 +506,12 @@ class PackBinder:
         if expect is None or type(value) is not self.tensor_type:
             return False
         shape, stride, loose, dtype, _ = expect
-        if value.shape != shape or value.dtype is not dtype or not value.is_cuda \
-                or value.device.index != self.device.index:
+        if (
+            value.shape != shape
+            or value.dtype is not dtype
+            or not value.is_cuda
+            or value.device.index != self.device.index
+        ):
             return False
         got = value.stride()
         return got == stride or all(g == s for g, s, l in zip(got, stride, loose) if not l)

@@ -49,8 +49,15 @@ class BoundPlan:
     """A plan's steps bound to one workspace in one thread (state.ThreadState): the binding, each
     step's launcher, the flat list of calls an execute makes."""
 
-    def __init__(self, state: PlanState, binder: PackBinder, table: AddressTable, base: Any,
-                 views: Mapping[int, Any], workspace: Any = None) -> None:
+    def __init__(
+        self,
+        state: PlanState,
+        binder: PackBinder,
+        table: AddressTable,
+        base: Any,
+        views: Mapping[int, Any],
+        workspace: Any = None,
+    ) -> None:
         self.state = state
         self.table = table
         self.base = base
@@ -69,7 +76,8 @@ class BoundPlan:
             table.update_from(b.pointers)
         self.version = binder.version
         self.launchers: list[Launcher] = [
-            step.kernel.bind(b, wsp.scratch_view(base, state.layout, step.index)) for step in state.steps]
+            step.kernel.bind(b, wsp.scratch_view(base, state.layout, step.index)) for step in state.steps
+        ]
         self.readers: dict[int, list[int]] = {}
         for i, step in enumerate(state.steps):
             for uid in {*step.piece.inputs, *step.piece.outputs}:
@@ -122,8 +130,12 @@ class BoundPlan:
             if ptr is None:
                 continue
             if ptr < hi and lo < ptr + graph.tensors[u].nbytes:
-                raise VariantPackError("the workspace overlaps the buffer bound to this tensor", tensor=graph.tensors[u],
-                                       rule="pack.workspace_overlap", hint="give the workspace memory of its own")
+                raise VariantPackError(
+                    "the workspace overlaps the buffer bound to this tensor",
+                    tensor=graph.tensors[u],
+                    rule="pack.workspace_overlap",
+                    hint="give the workspace memory of its own",
+                )
 
     def run(self) -> None:
         for fn, args in self.preludes:
@@ -146,7 +158,10 @@ class BoundPlan:
         for i, launcher in enumerate(self.launchers):
             if any(call[1] is args for call in launcher.calls):
                 step = self.state.steps[i]
-                raise ExecutionError(f"step {i} ({step.config.engine}) failed to launch: {what}",
-                                     op=step.piece.nodes[0].label(), rule="execute.launch",
-                                     hint="run with CUDA_LAUNCH_BLOCKING=1 to find the kernel that faulted")
+                raise ExecutionError(
+                    f"step {i} ({step.config.engine}) failed to launch: {what}",
+                    op=step.piece.nodes[0].label(),
+                    rule="execute.launch",
+                    hint="run with CUDA_LAUNCH_BLOCKING=1 to find the kernel that faulted",
+                )
         raise ExecutionError(f"a launch failed: {what}", rule="execute.launch")

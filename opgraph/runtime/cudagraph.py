@@ -58,8 +58,9 @@ class UpdateResult:
 
 def _require_cuda(plan: ExecutionPlan) -> Any:
     if not plan.device.is_cuda:
-        raise GraphError("CUDA graphs need a plan built for a CUDA device", rule="cudagraph.device",
-                         hint="build with device='cuda'")
+        raise GraphError(
+            "CUDA graphs need a plan built for a CUDA device", rule="cudagraph.device", hint="build with device='cuda'"
+        )
     import torch
 
     return torch
@@ -117,9 +118,12 @@ def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: 
     except TypeError:  # not a weak-referenceable object, so not one of ours
         record = None
     if record is None:
-        raise GraphError("this CUDA graph was not populated by this plan in this thread", rule="cudagraph.unknown",
-                         hint="update graphs returned by this plan's populate_cuda_graph, from the thread that "
-                              "populated them (each thread binds the plan on its own)")
+        raise GraphError(
+            "this CUDA graph was not populated by this plan in this thread",
+            rule="cudagraph.unknown",
+            hint="update graphs returned by this plan's populate_cuda_graph, from the thread that "
+            "populated them (each thread binds the plan on its own)",
+        )
     direct, values = _snapshot(plan.state, local, pack)  # raises VariantPackError when the pack does not fit
     moved = tuple(u for u, a in direct.items() if record.direct.get(u) != a)
     changed = tuple(u for u, v in values.items() if record.values.get(u) != v)
@@ -129,9 +133,11 @@ def update(plan: ExecutionPlan, graph: Any, pack: Mapping[Any, Any], workspace: 
         local.table.update_from(local.binder.pointers)  # by-reference tensors: new addresses, no re-capture
         return UpdateResult(False)
     names = ", ".join(plan.graph.tensors[u].label() for u in (*moved, *changed) if u in plan.graph.tensors)
-    reason = (f"re-captured: {names or 'the workspace'} "
-              "moved or changed and is baked into the launches (declare tensors by reference, and scalars "
-              "as 1-element device tensors, to update without re-capture)")
+    reason = (
+        f"re-captured: {names or 'the workspace'} "
+        "moved or changed and is baked into the launches (declare tensors by reference, and scalars "
+        "as 1-element device tensors, to update without re-capture)"
+    )
     log.warning("update_cuda_graph %s", reason)
     graph.reset()
     _capture(plan, graph, pack, workspace)

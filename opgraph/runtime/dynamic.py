@@ -82,8 +82,12 @@ class DynamicPlan(ExecutionPlan):
     one of a pack's. What depends on one plan's state (its address table, plan files) is refused
     with a typed error that says so."""
 
-    def __init__(self, graph: FinalGraph, options: BuildOptions,  # noqa: D107 - (no ExecutionPlan state)
-                 shape_plans: int = SHAPE_PLANS) -> None:
+    def __init__(
+        self,
+        graph: FinalGraph,
+        options: BuildOptions,  # noqa: D107 - (no ExecutionPlan state)
+        shape_plans: int = SHAPE_PLANS,
+    ) -> None:
         self.graph = graph
         self.options = options
         self.symbols: Mapping[str, Dim] = graph.symbols
@@ -110,18 +114,22 @@ class DynamicPlan(ExecutionPlan):
         """Every dim must be readable off the bound buffers alone (refused here, not at the first
         execute): solved symbolically at the range's maximum."""
         values = {n: d.max for n, d in self.symbols.items()}
-        observed = [Observed(d, evaluate(d, values), f"dim {axis} of {self.graph.tensors[u].label()}")
-                    for u in (*self.graph.inputs, *self.graph.outputs)
-                    for axis, d in enumerate(self.graph.tensors[u].dim)]
+        observed = [
+            Observed(d, evaluate(d, values), f"dim {axis} of {self.graph.tensors[u].label()}")
+            for u in (*self.graph.inputs, *self.graph.outputs)
+            for axis, d in enumerate(self.graph.tensors[u].dim)
+        ]
         from ..core.errors import ShapeError
 
         try:
             solve(observed, error=ShapeError)
         except ShapeError as err:
-            raise ShapeError(f"the graph's dynamic dims cannot be read off its bound tensors: {err.detail}",
-                             rule="plan.dim_unknown", hint="give some input or output a dim that is the dynamic "
-                             "dim alone (or linear in it), e.g. dims [batch, seq, 64] rather than only [batch*seq, 64]"
-                             ) from None
+            raise ShapeError(
+                f"the graph's dynamic dims cannot be read off its bound tensors: {err.detail}",
+                rule="plan.dim_unknown",
+                hint="give some input or output a dim that is the dynamic "
+                "dim alone (or linear in it), e.g. dims [batch, seq, 64] rather than only [batch*seq, 64]",
+            ) from None
 
     # -- shapes ------------------------------------------------------------------------------------
     def _uid(self, key: Any) -> int:
@@ -147,9 +155,12 @@ class DynamicPlan(ExecutionPlan):
         for uid in self._bound:
             value = by_uid.get(uid)
             if value is None:
-                raise VariantPackError("the tensor is not bound: its dims give the plan's shape",
-                                       tensor=self.graph.tensors[uid], rule="pack.missing",
-                                       hint="bind every input and output of the graph")
+                raise VariantPackError(
+                    "the tensor is not bound: its dims give the plan's shape",
+                    tensor=self.graph.tensors[uid],
+                    rule="pack.missing",
+                    hint="bind every input and output of the graph",
+                )
             shape = getattr(value, "shape", None)
             shapes[uid] = tuple(shape) if shape is not None else _shape(value)
         key = tuple([s[e.axis] if len(s := shapes[e.uid]) == e.rank else -1 for e in self._extract])
@@ -165,11 +176,16 @@ class DynamicPlan(ExecutionPlan):
             shape = _shape(by_uid[uid])
             if len(shape) != len(t.dim):
                 raise VariantPackError(
-                    f"the buffer has {len(shape)} dims {list(shape)}, the tensor {len(t.dim)} "
-                    f"{format_dims(t.dim)}", tensor=t, rule="pack.rank",
-                    hint="bind a buffer of the tensor's rank, its dynamic dims in their ranges")
-            observed += [Observed(d, shape[axis], f"dim {axis} of {t.label()}") for axis, d in enumerate(t.dim)
-                         if isinstance(d, Expr)]
+                    f"the buffer has {len(shape)} dims {list(shape)}, the tensor {len(t.dim)} {format_dims(t.dim)}",
+                    tensor=t,
+                    rule="pack.rank",
+                    hint="bind a buffer of the tensor's rank, its dynamic dims in their ranges",
+                )
+            observed += [
+                Observed(d, shape[axis], f"dim {axis} of {t.label()}")
+                for axis, d in enumerate(t.dim)
+                if isinstance(d, Expr)
+            ]
         env = solve(observed)
         values = self.graph.shape_key(env)
         with self._lock:
@@ -204,14 +220,23 @@ class DynamicPlan(ExecutionPlan):
         start = time.perf_counter()
         plan = build_plan(self.graph.at(shape), self.options)
         self.stats["shape_plans"] += 1
-        log.info("plan '%s': built the plan for %s in %.1f ms (%d step(s))", printable(self.graph.name),
-                 _shape_text(shape), 1e3 * (time.perf_counter() - start), len(plan.steps))
+        log.info(
+            "plan '%s': built the plan for %s in %.1f ms (%d step(s))",
+            printable(self.graph.name),
+            _shape_text(shape),
+            1e3 * (time.perf_counter() - start),
+            len(plan.steps),
+        )
         self._plans[values] = plan
         while len(self._plans) > self.shape_plans:
             dropped, _ = self._plans.popitem(last=False)
             self.stats["evictions"] += 1
-            log.info("plan '%s': dropped the plan for %s (keeps %d shapes)", printable(self.graph.name),
-                     _shape_text(dict(zip(self.symbols, dropped))), self.shape_plans)
+            log.info(
+                "plan '%s': dropped the plan for %s (keeps %d shapes)",
+                printable(self.graph.name),
+                _shape_text(dict(zip(self.symbols, dropped))),
+                self.shape_plans,
+            )
         return plan
 
     def for_pack(self, variant_pack: Mapping[Any, Any]) -> ExecutionPlan:
@@ -238,8 +263,10 @@ class DynamicPlan(ExecutionPlan):
 
     def _unsupported(self, what: str) -> GraphError:
         return UnsupportedGraphError(
-            f"{what} of a plan with dynamic dims is not supported yet", rule="plan.dynamic",
-            hint="use the static plan of one shape: plan.at({'batch': 4, ...}) (or plan.for_pack(pack))")
+            f"{what} of a plan with dynamic dims is not supported yet",
+            rule="plan.dynamic",
+            hint="use the static plan of one shape: plan.at({'batch': 4, ...}) (or plan.for_pack(pack))",
+        )
 
     def to_bytes(self, embed_kernels: bool = True) -> bytes:
         raise self._unsupported("a plan file")
@@ -282,10 +309,12 @@ class DynamicPlan(ExecutionPlan):
         dims = ", ".join(f"{d.name} {d.min}..{d.max}" for d in self.symbols.values())
         with self._lock:
             shapes = [_shape_text(dict(zip(self.symbols, v))) for v in self._plans]
-        lines = [f"dynamic plan for graph '{printable(self.graph.name)}': dims {dims}; a plan per shape "
-                 f"(keeps {self.shape_plans}); built {self.stats['shape_plans']}, dropped {self.stats['evictions']}",
-                 "  shapes kept: " + ("; ".join(shapes) or "-"),
-                 "  at the range's maximum:"]
+        lines = [
+            f"dynamic plan for graph '{printable(self.graph.name)}': dims {dims}; a plan per shape "
+            f"(keeps {self.shape_plans}); built {self.stats['shape_plans']}, dropped {self.stats['evictions']}",
+            "  shapes kept: " + ("; ".join(shapes) or "-"),
+            "  at the range's maximum:",
+        ]
         lines += ["    " + line for line in self.max_plan.describe().splitlines()]
         return "\n".join(lines)
 

@@ -40,7 +40,6 @@ class StepTime:
         return f"step {self.step:4d} {what:24s} {self.ops:3d} ops  device {self.device_us:9.1f} us  host {self.host_us:7.1f} us"
 
 
-
 def build_plan(graph: FinalGraph, options: BuildOptions | None = None, **keywords: Any) -> ExecutionPlan:
     """Plan `graph` (opgraph.build.planner.plan_steps: partition, configs, tuning, compilation) and wrap the
     steps in an ExecutionPlan. `Graph.build` calls this with its BuildOptions. A graph with dynamic dims
@@ -58,8 +57,15 @@ class ExecutionPlan:
     One plan may be executed from several threads at once, each on its own buffers and workspace
     (opgraph.runtime.state: every thread binds its own pack, address table and workspaces)."""
 
-    def __init__(self, graph: FinalGraph, device: Device, steps: tuple[Step, ...], cuts: tuple[Cut, ...],
-                 stats: Mapping[str, Any] | None = None, kernels: artifacts.Scope | None = None) -> None:
+    def __init__(
+        self,
+        graph: FinalGraph,
+        device: Device,
+        steps: tuple[Step, ...],
+        cuts: tuple[Cut, ...],
+        stats: Mapping[str, Any] | None = None,
+        kernels: artifacts.Scope | None = None,
+    ) -> None:
         self.state = state = plan_state(graph, device, steps, kernels)
         self.graph = graph
         self.build_stats = dict(stats or {})  # where the build's (or the load's) time went
@@ -133,9 +139,14 @@ class ExecutionPlan:
             def run_step(i: int) -> None:
                 _run_calls(bound.step_calls(i))
 
-            return [(f"step {s.index} ({s.config.engine})", 1,
-                     time_call(functools.partial(run_step, i), cuda=False, warmup=1, repeat=3))
-                    for i, s in enumerate(self.steps)]
+            return [
+                (
+                    f"step {s.index} ({s.config.engine})",
+                    1,
+                    time_call(functools.partial(run_step, i), cuda=False, warmup=1, repeat=3),
+                )
+                for i, s in enumerate(self.steps)
+            ]
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -162,8 +173,10 @@ class ExecutionPlan:
         bound = self.bind(variant_pack)
         bound.binding.stream.set(handle)
         runs = [lambda i=i: _run_calls(bound.preludes + bound.step_calls(i)) for i in range(len(self.steps))]
-        return [StepTime(s.index, s.config.engine, str(s.config.knob("template", "")), len(s.piece.nodes), d, h)
-                for s, (d, h) in zip(self.steps, step_times(runs, cuda=self.device.is_cuda, repeat=repeat))]
+        return [
+            StepTime(s.index, s.config.engine, str(s.config.knob("template", "")), len(s.piece.nodes), d, h)
+            for s, (d, h) in zip(self.steps, step_times(runs, cuda=self.device.is_cuda, repeat=repeat))
+        ]
 
     # -- CUDA graphs and by-reference tensors (see opgraph.runtime.cudagraph) ----------------------------
     def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
@@ -192,8 +205,11 @@ class ExecutionPlan:
 
         uid = resolve_key(self.graph, tensor)
         if uid not in self.state.slots:
-            raise GraphError(f"{self.graph.tensors[uid].label()} is not by reference", rule="plan.not_by_reference",
-                             hint="declare it with is_by_reference=True (or build(by_reference=True))")
+            raise GraphError(
+                f"{self.graph.tensors[uid].label()} is not by reference",
+                rule="plan.not_by_reference",
+                hint="declare it with is_by_reference=True (or build(by_reference=True))",
+            )
         return self.state.slots[uid][0]
 
     def baked_addresses(self) -> dict[int, Step]:
@@ -217,7 +233,8 @@ class ExecutionPlan:
                 f"({baked.config.engine}) bakes its address into its launches: set_address cannot redirect it",
                 rule="cudagraph.baked_address",
                 hint="use update_cuda_graph (it re-captures), or build with "
-                     "select_behavior_notes=['supports_cuda_graph_native_api'] so every step reads the table")
+                "select_behavior_notes=['supports_cuda_graph_native_api'] so every step reads the table",
+            )
         slot = self.table_slot(uid)
         local.binder.check_one(uid, buffer)
         addresses = list(local.table.current)
@@ -272,8 +289,9 @@ class ExecutionPlan:
 
     def source(self, step: int) -> str | None:
         if not 0 <= step < len(self.steps):
-            raise GraphError(f"the plan has no step {step}", rule="plan.step",
-                             hint=f"steps are 0..{len(self.steps) - 1}")
+            raise GraphError(
+                f"the plan has no step {step}", rule="plan.step", hint=f"steps are 0..{len(self.steps) - 1}"
+            )
         return self.steps[step].kernel.source()
 
     def __repr__(self) -> str:

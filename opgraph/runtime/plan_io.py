@@ -45,10 +45,15 @@ PAYLOADS = frozenset({"data"})
 
 
 def _config_doc(c: EngineConfig) -> dict[str, Any]:
-    return {"engine": c.engine, "knobs": [[k, v] for k, v in c.knobs], "measured_us": c.measured_us,
-            "estimate_us": c.estimate_us, "why": c.why,
-            "numerical_notes": sorted(n.name for n in c.numerical_notes),
-            "behavior_notes": sorted(n.name for n in c.behavior_notes)}
+    return {
+        "engine": c.engine,
+        "knobs": [[k, v] for k, v in c.knobs],
+        "measured_us": c.measured_us,
+        "estimate_us": c.estimate_us,
+        "why": c.why,
+        "numerical_notes": sorted(n.name for n in c.numerical_notes),
+        "behavior_notes": sorted(n.name for n in c.behavior_notes),
+    }
 
 
 def plan_artifacts(plan: Any) -> list[artifacts.Artifact]:
@@ -71,13 +76,17 @@ def plan_to_dict(plan: Any, embed_kernels: bool = True) -> dict[str, Any]:
         "device": {"kind": plan.device.kind, "index": plan.device.index},
         "graph": graph_to_dict(plan.graph),
         "steps": [
-            {"nodes": [index[id(n)] for n in s.piece.nodes], "config": _config_doc(s.config),
-             "alternatives": [_config_doc(c) for c in s.alternatives],
-             "source_sha256": _source_hash(s.kernel.source())}
+            {
+                "nodes": [index[id(n)] for n in s.piece.nodes],
+                "config": _config_doc(s.config),
+                "alternatives": [_config_doc(c) for c in s.alternatives],
+                "source_sha256": _source_hash(s.kernel.source()),
+            }
             for s in plan.steps
         ],
-        "cuts": [{"before": c.before, "node": index[id(c.node)], "reasons": [list(r) for r in c.reasons]}
-                 for c in plan.cuts],
+        "cuts": [
+            {"before": c.before, "node": index[id(c.node)], "reasons": [list(r) for r in c.reasons]} for c in plan.cuts
+        ],
         "artifacts": [a.to_doc() for a in plan_artifacts(plan)] if embed_kernels else [],
     }
 
@@ -97,16 +106,24 @@ def _no_default(value: Any) -> Any:
 
 def _expect(cond: bool, where: str, what: str) -> None:
     if not cond:
-        raise SerializationError(f"plan.{where}: {what}", rule="plan.schema",
-                                 hint="the file is damaged or was not written by ExecutionPlan.save")
+        raise SerializationError(
+            f"plan.{where}: {what}",
+            rule="plan.schema",
+            hint="the file is damaged or was not written by ExecutionPlan.save",
+        )
 
 
 def _config(doc: dict[str, Any]) -> EngineConfig:
     """An engine config from its document (already checked against the plan schema)."""
-    return EngineConfig(doc["engine"], tuple((k, v) for k, v in doc["knobs"]), why=doc.get("why", ""),
-                        numerical_notes=frozenset(NumericalNote[n] for n in doc.get("numerical_notes", [])),
-                        behavior_notes=frozenset(BehaviorNote[n] for n in doc.get("behavior_notes", [])),
-                        measured_us=doc.get("measured_us"), estimate_us=doc.get("estimate_us"))
+    return EngineConfig(
+        doc["engine"],
+        tuple((k, v) for k, v in doc["knobs"]),
+        why=doc.get("why", ""),
+        numerical_notes=frozenset(NumericalNote[n] for n in doc.get("numerical_notes", [])),
+        behavior_notes=frozenset(BehaviorNote[n] for n in doc.get("behavior_notes", [])),
+        measured_us=doc.get("measured_us"),
+        estimate_us=doc.get("estimate_us"),
+    )
 
 
 def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
@@ -120,11 +137,16 @@ def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
         if verdict.ok:
             verdict = engine.supports(piece, dev)
     except GraphError as err:
-        raise SerializationError(f"{where}: {err.detail}", rule="plan.engine",
-                                 hint="the file is damaged, or build the graph anew here") from None
+        raise SerializationError(
+            f"{where}: {err.detail}", rule="plan.engine", hint="the file is damaged, or build the graph anew here"
+        ) from None
     if not verdict.ok:
-        raise SerializationError(f"{where}: engine '{config.engine}' does not run {piece.label()} here: "
-                                 f"{verdict.reason}", rule="plan.engine", hint="build the graph anew on this device")
+        raise SerializationError(
+            f"{where}: engine '{config.engine}' does not run {piece.label()} here: {verdict.reason}",
+            rule="plan.engine",
+            hint="build the graph anew on this device",
+        )
+
     def typed(knobs: Any) -> tuple:  # True == 1 == 1.0 in Python; a knob of another type is another knob
         return tuple((k, type(v).__name__, v) for k, v in knobs)
 
@@ -132,44 +154,58 @@ def _offered(piece: Any, config: EngineConfig, dev: Any, where: str) -> None:
     if typed(config.knobs) not in offered:
         raise SerializationError(
             f"{where}: the stored knobs {dict(config.knobs)} are not a config engine '{config.engine}' offers "
-            f"for {piece.label()} here", rule="plan.knobs",
-            hint="the file is damaged, or was saved by another opgraph version: build and save the plan again")
+            f"for {piece.label()} here",
+            rule="plan.knobs",
+            hint="the file is damaged, or was saved by another opgraph version: build and save the plan again",
+        )
 
 
 def plan_from_bytes(data: bytes, *, device: Any = None, on_mismatch: str = "error") -> Any:
     if on_mismatch not in ("error", "recompile"):
-        raise SerializationError(f"on_mismatch={on_mismatch!r}", rule="plan.option",
-                                 hint="use 'error' or 'recompile'")
+        raise SerializationError(f"on_mismatch={on_mismatch!r}", rule="plan.option", hint="use 'error' or 'recompile'")
     try:
         return _plan_from_bytes(data, device, on_mismatch)
     except SerializationError:
         raise
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError, AssertionError) as err:
         # whatever a damaged document trips over inside the loaders: still a damaged file
-        raise SerializationError(f"the plan file is damaged ({type(err).__name__}: {str(err)[:200]})",
-                                 rule="plan.schema", hint="save the plan again") from None
+        raise SerializationError(
+            f"the plan file is damaged ({type(err).__name__}: {str(err)[:200]})",
+            rule="plan.schema",
+            hint="save the plan again",
+        ) from None
 
 
 def plan_body(data: Any) -> bytes:
     """The JSON body of a plan file (either header version), its checksum verified."""
     if not isinstance(data, (bytes, bytearray)):
-        raise SerializationError("not an opgraph plan file (bad header)", rule="plan.format",
-                                 hint="plan files are written by ExecutionPlan.save / to_bytes")
+        raise SerializationError(
+            "not an opgraph plan file (bad header)",
+            rule="plan.format",
+            hint="plan files are written by ExecutionPlan.save / to_bytes",
+        )
     check_file_size(len(data), "plan file")
     data = bytes(data)
     if data.startswith(MAGIC_1):
-        return data[len(MAGIC_1):]
+        return data[len(MAGIC_1) :]
     if data.startswith(MAGIC):
-        head, sep, body = data[len(MAGIC):].partition(b"\n")
+        head, sep, body = data[len(MAGIC) :].partition(b"\n")
         if not sep or len(head) != 64:
-            raise SerializationError("the plan file's header is damaged", rule="plan.format",
-                                     hint="save the plan again")
+            raise SerializationError(
+                "the plan file's header is damaged", rule="plan.format", hint="save the plan again"
+            )
         if hashlib.sha256(body).hexdigest().encode() != head:
-            raise SerializationError("the plan file is damaged: its content does not match the SHA-256 in its "
-                                     "header", rule="plan.checksum", hint="save the plan again (or copy it again)")
+            raise SerializationError(
+                "the plan file is damaged: its content does not match the SHA-256 in its header",
+                rule="plan.checksum",
+                hint="save the plan again (or copy it again)",
+            )
         return body
-    raise SerializationError("not an opgraph plan file (bad header)", rule="plan.format",
-                             hint="plan files are written by ExecutionPlan.save / to_bytes")
+    raise SerializationError(
+        "not an opgraph plan file (bad header)",
+        rule="plan.format",
+        hint="plan files are written by ExecutionPlan.save / to_bytes",
+    )
 
 
 def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
@@ -182,21 +218,26 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
     check_strings(doc, "plan", PAYLOADS)
     if doc["version"] not in READS:
-        raise SerializationError(f"plan file version {doc['version']} is not supported (this opgraph reads "
-                                 f"{', '.join(map(str, READS))})", rule="plan.version",
-                                 hint="build and save the plan again")
+        raise SerializationError(
+            f"plan file version {doc['version']} is not supported (this opgraph reads {', '.join(map(str, READS))})",
+            rule="plan.version",
+            hint="build and save the plan again",
+        )
     check_plan_document(doc)  # every structural problem at once, with its JSON path; then the meaning
     dev_doc = doc["device"]
-    dev = resolve_device(device if device is not None else
-                         ("cpu" if dev_doc["kind"] == "cpu" else f"cuda:{dev_doc['index']}"))
+    dev = resolve_device(
+        device if device is not None else ("cpu" if dev_doc["kind"] == "cpu" else f"cuda:{dev_doc['index']}")
+    )
     stored_env = doc["environment"]
     here = json.loads(json.dumps(environment(dev), default=str))
-    differs = {k: (stored_env.get(k), here.get(k)) for k in set(stored_env) | set(here)
-               if stored_env.get(k) != here.get(k)}
+    differs = {
+        k: (stored_env.get(k), here.get(k)) for k in set(stored_env) | set(here) if stored_env.get(k) != here.get(k)
+    }
     if differs and on_mismatch == "error":
         text = "; ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in sorted(differs.items()))
         raise SerializationError(
-            f"the plan was built for another environment ({text})", rule="plan.environment",
+            f"the plan was built for another environment ({text})",
+            rule="plan.environment",
             hint="load with on_mismatch='recompile' to compile the stored configs here, or build anew",
         )
     embedded = [artifacts.Artifact.from_doc(a, f"plan.artifacts[{i}]") for i, a in enumerate(doc.get("artifacts", []))]
@@ -206,8 +247,9 @@ def _plan_from_bytes(data: Any, device: Any, on_mismatch: str) -> Any:
         return _plan_from_doc(doc, dev, differs, scope, on_mismatch == "recompile")
 
 
-def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope: artifacts.Scope,
-                   recompile: bool = False) -> Any:
+def _plan_from_doc(
+    doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope: artifacts.Scope, recompile: bool = False
+) -> Any:
     from ..build.compile import compile_steps
     from ..build.planner import Step
     from .plan import ExecutionPlan
@@ -224,8 +266,11 @@ def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope
     for i, sd in enumerate(doc["steps"]):
         where = f"steps[{i}]"
         idx = sd["nodes"]
-        _expect(all(type(j) is int and j < len(nodes) for j in idx), where + ".nodes",
-                f"indices of the graph's ops (0..{len(nodes) - 1})")
+        _expect(
+            all(type(j) is int and j < len(nodes) for j in idx),
+            where + ".nodes",
+            f"indices of the graph's ops (0..{len(nodes) - 1})",
+        )
         seen += idx
         piece = make_piece(graph, i, [nodes[j] for j in idx])
         config = _config(sd["config"])
@@ -234,31 +279,45 @@ def _plan_from_doc(doc: dict[str, Any], dev: Any, differs: dict[str, Any], scope
         try:
             kernel = get_engine(config.engine).compile(piece, config, dev)
         except GraphError as err:
-            raise SerializationError(f"plan.{where}: cannot compile the stored config {config} here: {err.detail}",
-                                     rule="plan.compile", hint="build the graph anew on this device") from None
+            raise SerializationError(
+                f"plan.{where}: cannot compile the stored config {config} here: {err.detail}",
+                rule="plan.compile",
+                hint="build the graph anew on this device",
+            ) from None
         stored = sd.get("source_sha256")
         if not differs and stored is not None and stored != _source_hash(kernel.source()):
             if not recompile:
                 raise SerializationError(
                     f"plan.{where}: the kernel opgraph generates for this config differs from the saved one (the "
-                    "file was written by another opgraph)", rule="plan.source",
+                    "file was written by another opgraph)",
+                    rule="plan.source",
                     hint="load with on_mismatch='recompile' to run the stored configs as this opgraph generates "
-                         "them, or build and save the plan again")
-            log.warning("plan.%s: the kernel opgraph generates for this config differs from the saved one; "
-                        "running it as this opgraph generates it (on_mismatch='recompile')", where)
+                    "them, or build and save the plan again",
+                )
+            log.warning(
+                "plan.%s: the kernel opgraph generates for this config differs from the saved one; "
+                "running it as this opgraph generates it (on_mismatch='recompile')",
+                where,
+            )
         steps.append(Step(i, piece, config, kernel, alternatives))
     _expect(sorted(seen) == list(range(len(nodes))), "steps", "every op must be in exactly one step, in order")
     _expect(seen == list(range(len(nodes))), "steps", "steps must run the ops in the graph's order")
     cuts = []
     for k, c in enumerate(doc.get("cuts", [])):
-        _expect(type(c["node"]) is int and c["node"] < len(nodes) and type(c["before"]) is int,
-                f"cuts[{k}]", f"node must index the graph's ops (0..{len(nodes) - 1})")
+        _expect(
+            type(c["node"]) is int and c["node"] < len(nodes) and type(c["before"]) is int,
+            f"cuts[{k}]",
+            f"node must index the graph's ops (0..{len(nodes) - 1})",
+        )
         cuts.append(Cut(c["before"], nodes[c["node"]], tuple((e, why) for e, why in c.get("reasons", []))))
     try:
         compiled, stats = compile_steps(steps, dev, "parallel")
     except GraphError as err:
-        raise SerializationError(f"the plan's kernels do not compile here: {err.detail}", rule="plan.compile",
-                                 hint="build the graph anew on this device") from None
+        raise SerializationError(
+            f"the plan's kernels do not compile here: {err.detail}",
+            rule="plan.compile",
+            hint="build the graph anew on this device",
+        ) from None
     kernels = scope.only_used()
     stats["embedded"] = len(kernels)
     if len(scope) > len(kernels):

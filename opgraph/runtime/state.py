@@ -74,19 +74,32 @@ class PlanState:
         return self.layout.size
 
 
-def plan_state(graph: FinalGraph, device: Device, steps: tuple[Step, ...],
-               kernels: artifacts.Scope | None = None) -> PlanState:
+def plan_state(
+    graph: FinalGraph, device: Device, steps: tuple[Step, ...], kernels: artifacts.Scope | None = None
+) -> PlanState:
     """The PlanState of steps the planner (or a plan file) gave: the workspace layout, the in-place
     rule and the table's slots, each decided once here."""
-    layout = wsp.plan_layout(graph, [s.piece.outputs for s in steps],
-                             [getattr(s.kernel, "scratch_bytes", 0) for s in steps])
+    layout = wsp.plan_layout(
+        graph, [s.piece.outputs for s in steps], [getattr(s.kernel, "scratch_bytes", 0) for s in steps]
+    )
     # which outputs may be bound to the very buffer of an input (runtime.aliasing)
-    inplace = plan_inplace(graph, [s.piece.nodes for s in steps],
-                           [get_engine(s.config.engine).inplace_safe(s.config) for s in steps],
-                           [str(s.config.engine) for s in steps])
-    return PlanState(graph, device, steps, layout, inplace, MappingProxyType(table_slots(graph)),
-                     MappingProxyType(_baked(graph, device, steps)), StreamResolver(device),
-                     kernels if kernels is not None else artifacts.Scope())
+    inplace = plan_inplace(
+        graph,
+        [s.piece.nodes for s in steps],
+        [get_engine(s.config.engine).inplace_safe(s.config) for s in steps],
+        [str(s.config.engine) for s in steps],
+    )
+    return PlanState(
+        graph,
+        device,
+        steps,
+        layout,
+        inplace,
+        MappingProxyType(table_slots(graph)),
+        MappingProxyType(_baked(graph, device, steps)),
+        StreamResolver(device),
+        kernels if kernels is not None else artifacts.Scope(),
+    )
 
 
 def _baked(graph: FinalGraph, device: Device, steps: tuple[Step, ...]) -> dict[int, Step]:

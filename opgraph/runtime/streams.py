@@ -31,8 +31,9 @@ class StreamResolver:
 
             index = device.index
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Inductor calls: a fast read
-            self.current = (lambda: raw(index)) if raw is not None else \
-                (lambda: torch.cuda.current_stream(index).cuda_stream)
+            self.current = (
+                (lambda: raw(index)) if raw is not None else (lambda: torch.cuda.current_stream(index).cuda_stream)
+            )
             self._torch_stream_type = torch.cuda.Stream
 
     def __call__(self, stream: Any) -> tuple[int, Any]:
@@ -40,8 +41,11 @@ class StreamResolver:
         if not self.device.is_cuda:
             if stream is None:
                 return 0, None
-            raise VariantPackError(f"a CPU plan runs on no stream, got {type(stream).__name__}",
-                                   rule="execute.stream", hint="pass stream=None (or build the plan for a GPU)")
+            raise VariantPackError(
+                f"a CPU plan runs on no stream, got {type(stream).__name__}",
+                rule="execute.stream",
+                hint="pass stream=None (or build the plan for a GPU)",
+            )
         current = self.current()
         if stream is None:
             return current, None
@@ -64,14 +68,20 @@ class StreamResolver:
     def handle(self, stream: Any) -> int:
         if type(stream) is int:
             if stream < 0:
-                raise VariantPackError(f"a raw stream handle must be >= 0, got {stream}", rule="execute.stream",
-                                       hint="pass torch.cuda.Stream.cuda_stream, a stream object, or None")
+                raise VariantPackError(
+                    f"a raw stream handle must be >= 0, got {stream}",
+                    rule="execute.stream",
+                    hint="pass torch.cuda.Stream.cuda_stream, a stream object, or None",
+                )
             return stream
         if isinstance(stream, self._torch_stream_type):
             index = stream.device.index if stream.device.index is not None else 0
             if stream.device.type != "cuda" or index != self.device.index:
-                raise VariantPackError(f"the stream is on {stream.device} but the plan runs on {self.device.torch_name}",
-                                       rule="execute.stream_device", hint="pass a stream of the plan's device")
+                raise VariantPackError(
+                    f"the stream is on {stream.device} but the plan runs on {self.device.torch_name}",
+                    rule="execute.stream_device",
+                    hint="pass a stream of the plan's device",
+                )
             return int(stream.cuda_stream)
         protocol = getattr(stream, "__cuda_stream__", None)
         if callable(protocol):
@@ -81,6 +91,8 @@ class StreamResolver:
             except (TypeError, ValueError):
                 pass
         raise VariantPackError(
-            f"cannot run on a stream given as {type(stream).__name__}", rule="execute.stream",
+            f"cannot run on a stream given as {type(stream).__name__}",
+            rule="execute.stream",
             hint="pass None (the current stream), a torch.cuda.Stream, an object with __cuda_stream__, or a raw "
-                 "cudaStream_t as an int")
+            "cudaStream_t as an int",
+        )

@@ -61,22 +61,31 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if os.environ.get("OPGRAPH_TRACEBACK", "") not in ("", "0"):
                 raise
             text = f"{type(err).__name__}: {err}"
-            errors.print(f"[bold red]unexpected error[/] {shown(text[:500])} (a bug in opgraph: please report it; "
-                         "OPGRAPH_TRACEBACK=1 shows where)")
+            errors.print(
+                f"[bold red]unexpected error[/] {shown(text[:500])} (a bug in opgraph: please report it; "
+                "OPGRAPH_TRACEBACK=1 shows where)"
+            )
             sys.exit(2)
 
     return wrapper
 
 
 def _imports(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--import", "imports", multiple=True, metavar="MODULE",
-                        help="import MODULE first (a name or a .py path), e.g. one that registers custom ops; "
-                             "repeatable")(fn)
+    return click.option(
+        "--import",
+        "imports",
+        multiple=True,
+        metavar="MODULE",
+        help="import MODULE first (a name or a .py path), e.g. one that registers custom ops; repeatable",
+    )(fn)
 
 
 def _device_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--device", default=None,
-                        help="cpu, cuda or cuda:N (default: the GPU when there is one; a plan file's own device)")(fn)
+    return click.option(
+        "--device",
+        default=None,
+        help="cpu, cuda or cuda:N (default: the GPU when there is one; a plan file's own device)",
+    )(fn)
 
 
 def _file_arg(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,8 +120,11 @@ def _plan_of(loaded: Any, *, device: str | None, engines: tuple[str, ...], autot
     graph file built."""
     if loaded.is_plan:
         if engines or autotune:
-            raise GraphError("a plan file fixes its engines and configs; --engine and --autotune apply to graph "
-                             "files", rule="cli.plan_options", hint="drop those options, or give the graph file")
+            raise GraphError(
+                "a plan file fixes its engines and configs; --engine and --autotune apply to graph files",
+                rule="cli.plan_options",
+                hint="drop those options, or give the graph file",
+            )
         from ..runtime.plan import load_plan
 
         with console.status("loading the plan..."):
@@ -135,8 +147,10 @@ def _report(result: Any, *, show: bool = True) -> bool:
         console.print(f"[red]mismatch[/] {shown(str(m))}")
     ok = not result.mismatches
     status = "[green]matches the reference[/]" if ok else "[red]DOES NOT match the reference[/]"
-    console.print(f"{escape(repr(name))}: {status} (largest |error| {result.max_err:.3g}, largest |output| "
-                  f"{result.scale:.3g}); {result.us:.1f} µs per execute on {escape(str(plan.device))}")
+    console.print(
+        f"{escape(repr(name))}: {status} (largest |error| {result.max_err:.3g}, largest |output| "
+        f"{result.scale:.3g}); {result.us:.1f} µs per execute on {escape(str(plan.device))}"
+    )
     return ok
 
 
@@ -172,16 +186,23 @@ def demo(device: str | None, seed: int, repeat: int) -> None:
     all_ok = True
     engines = _engines_for(dev, ())
     if not dev.is_cuda and engines and engines[0] == "triton":
-        say("no GPU here: the generated Triton kernels run in Triton's interpreter (correct, but slow: the timings "
-            "are the interpreter's), checked against the reference engine")
+        say(
+            "no GPU here: the generated Triton kernels run in Triton's interpreter (correct, but slow: the timings "
+            "are the interpreter's), checked against the reference engine"
+        )
     for g in graphs:
         with console.status(f"building '{g.name}'..."):
             plan = g.build(device=str(dev), engines=engines)
         result = run_and_verify(plan, seed=seed, repeat=repeat)
         ok = _report(result)
         all_ok &= ok
-        table.add_row(shown(g.name), str(len(plan.steps)), shown(", ".join(s.config.engine for s in plan.steps)),
-                      "yes" if ok else "NO", f"{result.us:.1f}")
+        table.add_row(
+            shown(g.name),
+            str(len(plan.steps)),
+            shown(", ".join(s.config.engine for s in plan.steps)),
+            "yes" if ok else "NO",
+            f"{result.us:.1f}",
+        )
     console.print(table)
     sys.exit(0 if all_ok else 1)
 
@@ -211,8 +232,9 @@ def check(file: str, imports: tuple[str, ...]) -> None:
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="timed runs")
 @_imports
 @user_errors
-def run(file: str, device: str | None, engines: tuple[str, ...], seed: int, repeat: int,
-        imports: tuple[str, ...]) -> None:
+def run(
+    file: str, device: str | None, engines: tuple[str, ...], seed: int, repeat: int, imports: tuple[str, ...]
+) -> None:
     """Run a graph or plan file on random inputs and compare it with the reference engine.
 
     Weights of matmuls and convolutions are scaled by 1/sqrt(fan-in), as an initialised model's
@@ -236,8 +258,15 @@ def run(file: str, device: str | None, engines: tuple[str, ...], seed: int, repe
 @click.option("--svg", "svg_path", type=click.Path(dir_okay=False), help="draw the plan as SVG (needs Graphviz)")
 @_imports
 @user_errors
-def explain(file: str, device: str | None, engines: tuple[str, ...], autotune: bool, dot_path: str | None,
-            svg_path: str | None, imports: tuple[str, ...]) -> None:
+def explain(
+    file: str,
+    device: str | None,
+    engines: tuple[str, ...],
+    autotune: bool,
+    dot_path: str | None,
+    svg_path: str | None,
+    imports: tuple[str, ...],
+) -> None:
     """Build a graph file (or load a plan file) and explain the plan: pieces, engines, knobs,
     estimates, and why neighbouring ops were not fused."""
     from .draw import plan_to_dot, render_svg
@@ -297,8 +326,10 @@ def cache_info() -> None:
 
     i = info()
     say(f"cache folder: {i.root}  (OPGRAPH_CACHE_DIR)")
-    say(f"  generated kernels: {i.kernel_files} files, {i.kernel_bytes / 2**20:.1f} MiB "
-        f"(cap {i.cap_bytes / 2**20:.0f} MiB: OPGRAPH_KERNEL_CACHE_MB)")
+    say(
+        f"  generated kernels: {i.kernel_files} files, {i.kernel_bytes / 2**20:.1f} MiB "
+        f"(cap {i.cap_bytes / 2**20:.0f} MiB: OPGRAPH_KERNEL_CACHE_MB)"
+    )
     say(f"  tuning answers: {i.tuning_entries} entries, {i.tuning_bytes / 1024:.1f} KiB")
     _cache_problems(i.problems)
 

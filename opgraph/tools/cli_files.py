@@ -28,8 +28,11 @@ def import_modules(names: tuple[str, ...] | list[str]) -> None:
         try:
             if name.endswith(".py"):
                 if not path.is_file():
-                    raise GraphError(f"--import {name}: no such file", rule="cli.import",
-                                     hint="give a module name (my_ops) or the path of a .py file")
+                    raise GraphError(
+                        f"--import {name}: no such file",
+                        rule="cli.import",
+                        hint="give a module name (my_ops) or the path of a .py file",
+                    )
                 # the folder goes on sys.path so that generated kernels can import the module's
                 # Triton functions by its name
                 sys.path.insert(0, str(path.resolve().parent))
@@ -45,11 +48,17 @@ def import_modules(names: tuple[str, ...] | list[str]) -> None:
         except GraphError:
             raise
         except ImportError as err:
-            raise GraphError(f"--import {name}: {err}", rule="cli.import",
-                             hint="run from the folder that holds the module, or give the path of its .py file") from None
+            raise GraphError(
+                f"--import {name}: {err}",
+                rule="cli.import",
+                hint="run from the folder that holds the module, or give the path of its .py file",
+            ) from None
         except Exception as err:  # noqa: BLE001 - the user's module failed: say where, without our traceback
-            raise GraphError(f"--import {name}: the module raised {type(err).__name__}: {err}",
-                             rule="cli.import", hint="run `python -c 'import MODULE'` to see the traceback") from None
+            raise GraphError(
+                f"--import {name}: the module raised {type(err).__name__}: {err}",
+                rule="cli.import",
+                hint="run `python -c 'import MODULE'` to see the traceback",
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -82,14 +91,18 @@ def load_file(path: str) -> LoadedFile:
         try:
             graph = graph_from_dict(doc.get("graph"))
         except GraphError as err:
-            raise SerializationError(f"the plan's graph is invalid: {err.detail}", op=err.op, tensor=err.tensor,
-                                     rule=err.rule, hint=err.hint) from None
+            raise SerializationError(
+                f"the plan's graph is invalid: {err.detail}", op=err.op, tensor=err.tensor, rule=err.rule, hint=err.hint
+            ) from None
         return LoadedFile(path, graph, doc)
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as err:
-        raise SerializationError(f"{path} is not valid JSON: {str(err)[:200]}", rule="json.syntax",
-                                 hint="graph files are written by Graph.to_json; plan files by plan.save") from None
+        raise SerializationError(
+            f"{path} is not valid JSON: {str(err)[:200]}",
+            rule="json.syntax",
+            hint="graph files are written by Graph.to_json; plan files by plan.save",
+        ) from None
     check_strings(doc, "graph")  # before the schema, whose messages quote what they find
     _check_schema(doc, "the file")
     return LoadedFile(path, graph_from_dict(doc))
@@ -101,16 +114,19 @@ def _plan_doc(body: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(body.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise SerializationError(f"the plan file is damaged (not valid JSON after its header): {str(err)[:200]}",
-                                 rule="plan.syntax") from None
+        raise SerializationError(
+            f"the plan file is damaged (not valid JSON after its header): {str(err)[:200]}", rule="plan.syntax"
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise SerializationError("not an opgraph plan file", rule="plan.format")
     check_strings(doc, "plan", PLAN_PAYLOADS)
     version = doc.get("version")
     if type(version) is not int or version not in READS:
-        raise SerializationError(f"plan file version {version!r} is not supported (this opgraph reads "
-                                 f"{', '.join(map(str, READS))})", rule="plan.version",
-                                 hint="build and save the plan again")
+        raise SerializationError(
+            f"plan file version {version!r} is not supported (this opgraph reads {', '.join(map(str, READS))})",
+            rule="plan.version",
+            hint="build and save the plan again",
+        )
     from ..runtime.plan_schema import check_plan_document
 
     check_plan_document(doc)  # as loading checks it: every structural problem at once
@@ -141,13 +157,18 @@ def plan_summary(doc: dict[str, Any]) -> str:
     graph, env, dev = doc["graph"], doc["environment"], doc["device"]
     graph_nodes = graph["ops"]
     where = "cpu" if dev["kind"] == "cpu" else f"cuda:{dev['index']} ({env.get('device')})"
-    lines = [f"plan file for graph '{graph.get('name', '')}', built on {where} with "
-             + ", ".join(f"{k} {v}" for k, v in env.items() if k in ("opgraph", "torch", "triton") and v)]
+    lines = [
+        f"plan file for graph '{graph.get('name', '')}', built on {where} with "
+        + ", ".join(f"{k} {v}" for k, v in env.items() if k in ("opgraph", "torch", "triton") and v)
+    ]
     for i, step in enumerate(doc["steps"]):
         idx = step["nodes"]
         if not all(0 <= j < len(graph_nodes) for j in idx):
-            raise SerializationError(f"plan.steps[{i}].nodes: indices past the graph's {len(graph_nodes)} ops",
-                                     rule="plan.schema", hint="the file is damaged: save the plan again")
+            raise SerializationError(
+                f"plan.steps[{i}].nodes: indices past the graph's {len(graph_nodes)} ops",
+                rule="plan.schema",
+                hint="the file is damaged: save the plan again",
+            )
         ops = ", ".join(f"{graph_nodes[j]['op']} '{graph_nodes[j].get('name', '')}'" for j in idx)
         lines.append(f"  step {i}: {_config(step['config'])}: {ops}")
     return "\n".join(lines)
@@ -166,10 +187,12 @@ def _fits_in_memory(graph: Any) -> None:
     need += sum(math.prod(graph.tensors[u].dim) * 8 * 2 for u in graph.outputs)
     budget = memory_budget()
     if need > budget:
-        raise GraphError(f"running graph '{graph.name}' on random inputs needs {need / 2**30:,.1f} GiB of host memory "
-                         f"for its buffers and the reference's results, more than the {budget / 2**30:,.0f} GiB here",
-                         rule="cli.memory", hint="check the graph (`opgraph check`), or run it from Python on your own "
-                         "buffers (plan.execute)")
+        raise GraphError(
+            f"running graph '{graph.name}' on random inputs needs {need / 2**30:,.1f} GiB of host memory "
+            f"for its buffers and the reference's results, more than the {budget / 2**30:,.0f} GiB here",
+            rule="cli.memory",
+            hint="check the graph (`opgraph check`), or run it from Python on your own buffers (plan.execute)",
+        )
 
 
 @dataclass
@@ -203,11 +226,12 @@ def run_and_verify(plan: Any, *, seed: int, repeat: int) -> RunResult:
         plan.execute(pack)
         got = {u: pack[u] for u in final.outputs}
         run = lambda: plan.execute(pack)  # noqa: E731
-    mismatches = [m for u in final.outputs
-                  if (m := compare(final.tensors[u], got[u], want[u], relative_to_scale=True))]
+    mismatches = [m for u in final.outputs if (m := compare(final.tensors[u], got[u], want[u], relative_to_scale=True))]
     with np.errstate(invalid="ignore"):
-        errs = [np.nanmax(np.abs(np.asarray(got[u], np.float64) - np.asarray(want[u], np.float64)), initial=0.0)
-                for u in final.outputs]
+        errs = [
+            np.nanmax(np.abs(np.asarray(got[u], np.float64) - np.asarray(want[u], np.float64)), initial=0.0)
+            for u in final.outputs
+        ]
     scale = max((output_scale(want[u]) for u in final.outputs), default=0.0)
     micros = time_call(run, cuda=plan.device.is_cuda, warmup=min(3, repeat), repeat=repeat)
     return RunResult(plan, mismatches, micros, float(max(errs, default=0.0)), scale)

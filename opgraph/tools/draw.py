@@ -25,7 +25,7 @@ def _q(text: str) -> str:
 def _step_label(step: Any) -> str:
     knobs = [f"{k}={v}" for k, v in step.config.knobs]
     lines = [f"step {step.index}: {step.config.engine}"]
-    lines += [" ".join(knobs[i:i + KNOBS_PER_LINE]) for i in range(0, len(knobs), KNOBS_PER_LINE)]
+    lines += [" ".join(knobs[i : i + KNOBS_PER_LINE]) for i in range(0, len(knobs), KNOBS_PER_LINE)]
     return "".join(line + LEFT for line in lines)
 
 
@@ -36,8 +36,8 @@ def _legend() -> list[str]:
         '    lg_in [shape=ellipse, label="input buffer", fontsize=8];',
         '    lg_op [shape=box, style="rounded", label="op", fontsize=8];',
         '    lg_out [shape=doubleoctagon, label="output buffer", fontsize=8];',
-        '    lg_a [shape=point, width=0.05]; lg_b [shape=point, width=0.05];',
-        '    lg_c [shape=point, width=0.05]; lg_d [shape=point, width=0.05];',
+        "    lg_a [shape=point, width=0.05]; lg_b [shape=point, width=0.05];",
+        "    lg_c [shape=point, width=0.05]; lg_d [shape=point, width=0.05];",
         "    lg_in -> lg_op -> lg_out;",
         f'    lg_a -> lg_b [style=bold, color="{WORKSPACE}", '
         'label=" tensor passed between kernels\\lthrough the plan\'s workspace\\l", fontsize=8];',
@@ -50,9 +50,12 @@ def _legend() -> list[str]:
 
 def plan_to_dot(plan: Any, *, legend: bool = True) -> str:
     g = plan.graph
-    lines = [f"digraph {_q(g.name or 'graph')} {{", "  rankdir=TB; forcelabels=true; nodesep=0.4; ranksep=0.45;",
-             '  node [fontname="Helvetica", fontsize=10];',
-             '  edge [fontname="Helvetica", fontsize=9, color="#555555", fontcolor="#333333"];']
+    lines = [
+        f"digraph {_q(g.name or 'graph')} {{",
+        "  rankdir=TB; forcelabels=true; nodesep=0.4; ranksep=0.45;",
+        '  node [fontname="Helvetica", fontsize=10];',
+        '  edge [fontname="Helvetica", fontsize=9, color="#555555", fontcolor="#333333"];',
+    ]
     for uid, t in g.tensors.items():
         if t.is_virtual:
             continue
@@ -61,13 +64,17 @@ def plan_to_dot(plan: Any, *, legend: bool = True) -> str:
         lines.append(f"  t{uid} [shape={shape}, label={_q(text)}];")
     for step in plan.steps:
         color = PALETTE[step.index % len(PALETTE)]
-        lines += [f"  subgraph cluster_{step.index} {{", f"    style=filled; color={_q(color)}; label=\"\";",
-                  f"    s{step.index} [shape=plaintext, fontsize=9, label={_q(_step_label(step))}];"]
+        lines += [
+            f"  subgraph cluster_{step.index} {{",
+            f'    style=filled; color={_q(color)}; label="";',
+            f"    s{step.index} [shape=plaintext, fontsize=9, label={_q(_step_label(step))}];",
+        ]
         for i, n in enumerate(step.piece.nodes):
             attrs = getattr(n.op, "mode", None)
             text = n.kind + (NL + attrs.name if attrs is not None else "") + NL + f"'{n.name}'"
-            lines.append(f"    n{step.index}_{i} [shape=box, style=\"rounded,filled\", fillcolor=white, "
-                         f"label={_q(text)}];")
+            lines.append(
+                f'    n{step.index}_{i} [shape=box, style="rounded,filled", fillcolor=white, label={_q(text)}];'
+            )
         if step.piece.nodes:  # the title above the first op
             lines.append(f"    s{step.index} -> n{step.index}_0 [style=invis];")
         lines.append("  }")

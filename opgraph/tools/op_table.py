@@ -67,11 +67,22 @@ def _kinds_named(fn: Any, depth: int = 3, seen: set[int] | None = None) -> set[s
     except (OSError, TypeError, SyntaxError):
         return kinds
     scope = getattr(fn, "__globals__", {})
-    checked = {id(a) for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-               and node.func.id in ("isinstance", "issubclass") for a in ast.walk(node)}
+    checked = {
+        id(a)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("isinstance", "issubclass")
+        for a in ast.walk(node)
+    }
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in BUILDERS \
-                and isinstance(node.func.value, (ast.Name, ast.Attribute)) and _names_graph(node.func.value):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in BUILDERS
+            and isinstance(node.func.value, (ast.Name, ast.Attribute))
+            and _names_graph(node.func.value)
+        ):
             kinds |= _kinds_named(BUILDERS[node.func.attr], depth, seen)  # g.relu(...), imp.g.add(...)
         elif isinstance(node, ast.Name) and id(node) not in checked:
             obj = scope.get(node.id)
@@ -175,10 +186,21 @@ def op_table() -> list[OpPlaces]:
             backward = "per custom op (register_custom_grad)"
         else:
             backward = f"none: {NOT_DIFFERENTIABLE[kind]}" if kind in NOT_DIFFERENTIABLE else ""
-        rows.append(OpPlaces(
-            kind, cls.__module__.removeprefix("opgraph.ops."), tuple(sorted(builders.get(kind, ()))),
-            cls.reference is not Op.reference, kind in torch_kinds, tuple(triton), kind in library.GEMM_KINDS,
-            kind in cudnn_kinds, backward, tuple(sorted(aten.get(kind, ()))), tuple(sorted(lowered.get(kind, ())))))
+        rows.append(
+            OpPlaces(
+                kind,
+                cls.__module__.removeprefix("opgraph.ops."),
+                tuple(sorted(builders.get(kind, ()))),
+                cls.reference is not Op.reference,
+                kind in torch_kinds,
+                tuple(triton),
+                kind in library.GEMM_KINDS,
+                kind in cudnn_kinds,
+                backward,
+                tuple(sorted(aten.get(kind, ()))),
+                tuple(sorted(lowered.get(kind, ()))),
+            )
+        )
     return sorted(rows, key=lambda r: (r.family, r.kind))
 
 
@@ -195,8 +217,11 @@ def problems(rows: list[OpPlaces]) -> list[str]:
             out.append(f"{r.kind}: no torch mapping (engines/torch_engine, @implements)")
         if not r.backward:
             out.append(f"{r.kind}: no backward rule (autodiff/rules_*.py) and not in autodiff's NOT_DIFFERENTIABLE")
-    out += [f"pointwise {m.name}: no backward rule and not in NOT_DIFFERENTIABLE_MODES" for m in MODES
-            if m not in POINTWISE_RULES and m not in NOT_DIFFERENTIABLE_MODES]
+    out += [
+        f"pointwise {m.name}: no backward rule and not in NOT_DIFFERENTIABLE_MODES"
+        for m in MODES
+        if m not in POINTWISE_RULES and m not in NOT_DIFFERENTIABLE_MODES
+    ]
     return out
 
 
@@ -220,9 +245,11 @@ def render(rows: list[OpPlaces]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| `{r.kind}` | {r.family} | {_cell(r.builders)} | {yes[r.reference]} | {yes[r.torch]} | "
-                     f"{', '.join(r.triton) or '—'} | {yes[r.library]} | {yes[r.cudnn_engine]} | {r.backward or '—'} | "
-                     f"{_cell(r.aten)} | {_cell(r.cudnn)} |")
+        lines.append(
+            f"| `{r.kind}` | {r.family} | {_cell(r.builders)} | {yes[r.reference]} | {yes[r.torch]} | "
+            f"{', '.join(r.triton) or '—'} | {yes[r.library]} | {yes[r.cudnn_engine]} | {r.backward or '—'} | "
+            f"{_cell(r.aten)} | {_cell(r.cudnn)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -15,12 +15,20 @@ def nhwc(dim: list[int]) -> list[int]:
 
 
 def conv_bias_relu(
-    n: int = 4, c: int = 16, k: int = 16, hw: int = 16, r: int = 3, *, padding: int = 1,
-    data_type: Any = DataType.HALF, name: str = "conv_bias_relu",
+    n: int = 4,
+    c: int = 16,
+    k: int = 16,
+    hw: int = 16,
+    r: int = 3,
+    *,
+    padding: int = 1,
+    data_type: Any = DataType.HALF,
+    name: str = "conv_bias_relu",
 ) -> Graph:
     """y = relu(conv(x, w) + b), NHWC, the conv output and the sum virtual."""
-    g = Graph(name=name, io_data_type=data_type, intermediate_data_type=DataType.FLOAT,
-              compute_data_type=DataType.FLOAT)
+    g = Graph(
+        name=name, io_data_type=data_type, intermediate_data_type=DataType.FLOAT, compute_data_type=DataType.FLOAT
+    )
     x = g.tensor(dim=[n, c, hw, hw], stride=nhwc([n, c, hw, hw]), name="X")
     w = g.tensor(dim=[k, c, r, r], stride=nhwc([k, c, r, r]), name="W")
     b = g.tensor(dim=[1, k, 1, 1], stride=nhwc([1, k, 1, 1]), name="B")
@@ -31,13 +39,20 @@ def conv_bias_relu(
 
 
 def batchnorm_relu(
-    n: int = 4, c: int = 16, hw: int = 16, *, data_type: Any = DataType.HALF, epsilon: float = 1e-5,
-    momentum: float = 0.1, name: str = "batchnorm_relu",
+    n: int = 4,
+    c: int = 16,
+    hw: int = 16,
+    *,
+    data_type: Any = DataType.HALF,
+    epsilon: float = 1e-5,
+    momentum: float = 0.1,
+    name: str = "batchnorm_relu",
 ) -> Graph:
     """Training batchnorm (saving mean/inv_variance, updating running stats) followed by relu, NHWC.
     Epsilon is baked in; momentum is a pass-by-value scalar given at execute."""
-    g = Graph(name=name, io_data_type=data_type, intermediate_data_type=DataType.FLOAT,
-              compute_data_type=DataType.FLOAT)
+    g = Graph(
+        name=name, io_data_type=data_type, intermediate_data_type=DataType.FLOAT, compute_data_type=DataType.FLOAT
+    )
     x = g.tensor(dim=[n, c, hw, hw], stride=nhwc([n, c, hw, hw]), name="X")
     stat = [1, c, 1, 1]
     scale = g.tensor(dim=stat, data_type=DataType.FLOAT, name="scale")

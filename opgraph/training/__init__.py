@@ -21,7 +21,28 @@ from .optimizers import SGD, AdamW, Optimizer
 from .step import CapturedStep, TrainStep, train_step
 from .step_graph import AnalyticSeed, GradientHook, ParamSlot, StepGraph, step_graph
 
-__all__ = ["train_step", "TrainStep", "CapturedStep", "step_graph", "StepGraph", "ParamSlot", "AnalyticSeed",
-           "GradientHook", "module_step_graph", "ModuleStepGraph", "SGD", "AdamW", "Optimizer", "CrossEntropy",
-           "OneHotCrossEntropy", "MSE", "Loss", "stop_gradient", "softmax_cross_entropy",
-           "TrainingStep", "sgd_momentum", "ClassifierStep", "classifier_step"]
+__all__ = [
+    "train_step",
+    "TrainStep",
+    "CapturedStep",
+    "step_graph",
+    "StepGraph",
+    "ParamSlot",
+    "AnalyticSeed",
+    "GradientHook",
+    "module_step_graph",
+    "ModuleStepGraph",
+    "SGD",
+    "AdamW",
+    "Optimizer",
+    "CrossEntropy",
+    "OneHotCrossEntropy",
+    "MSE",
+    "Loss",
+    "stop_gradient",
+    "softmax_cross_entropy",
+    "TrainingStep",
+    "sgd_momentum",
+    "ClassifierStep",
+    "classifier_step",
+]

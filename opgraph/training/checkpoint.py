@@ -59,8 +59,12 @@ def state_dict(step: TrainStep) -> dict[str, Any]:
         entry.update({name: kept[name] for name in opt.state_names()})
         state[index[id(module.get_parameter(slot.key))]] = entry
     groups = _torch_optimizer(opt, params).state_dict()["param_groups"]
-    return {"model": module.state_dict(), "optimizer": {"state": state, "param_groups": groups},
-            "loss_scale": _scaler_state(step), "step": count}
+    return {
+        "model": module.state_dict(),
+        "optimizer": {"state": state, "param_groups": groups},
+        "loss_scale": _scaler_state(step),
+        "step": count,
+    }
 
 
 def load_state_dict(step: TrainStep, sd: Mapping[str, Any]) -> None:
@@ -115,12 +119,17 @@ def _parse(step: TrainStep, sd: Any) -> _Loaded:
         raise _error(f"a training step loads a dict, got {type(sd).__name__}", "", "pass what state_dict() returned")
     unknown = [k for k in sd if k not in KEYS]
     if unknown:
-        raise _error(f"unknown key(s) {unknown}", str(unknown[0]),
-                     f"a training step's checkpoint has the keys {list(KEYS)}")
+        raise _error(
+            f"unknown key(s) {unknown}", str(unknown[0]), f"a training step's checkpoint has the keys {list(KEYS)}"
+        )
     for key in ("model", "optimizer"):
         if key not in sd:
-            raise _error("missing", key, "pass {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), "
-                         "...}, or what TrainStep.state_dict() returned")
+            raise _error(
+                "missing",
+                key,
+                "pass {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), "
+                "...}, or what TrainStep.state_dict() returned",
+            )
     _check_model(step, sd["model"])
     out = _Loaded()
     _check_optimizer(step, sd["optimizer"], out)
@@ -136,16 +145,28 @@ def _check_model(step: TrainStep, model: Any) -> None:
     missing = [k for k in own if k not in model]
     unexpected = [k for k in model if k not in own]
     if missing or unexpected:
-        what = "; ".join(part for part in (f"missing {missing[:5]}" if missing else "",
-                                           f"unexpected {unexpected[:5]}" if unexpected else "") if part)
-        raise _error(f"the module's keys do not match: {what}", f"model.{(missing or unexpected)[0]}",
-                     "load a checkpoint of this model (the same module class and configuration); a torch.compile'd "
-                     "module's keys start with '_orig_mod.': strip it")
+        what = "; ".join(
+            part
+            for part in (
+                f"missing {missing[:5]}" if missing else "",
+                f"unexpected {unexpected[:5]}" if unexpected else "",
+            )
+            if part
+        )
+        raise _error(
+            f"the module's keys do not match: {what}",
+            f"model.{(missing or unexpected)[0]}",
+            "load a checkpoint of this model (the same module class and configuration); a torch.compile'd "
+            "module's keys start with '_orig_mod.': strip it",
+        )
     for key, value in model.items():
         mine = own[key]
         if hasattr(value, "shape") and tuple(value.shape) != tuple(mine.shape):
-            raise _error(f"shape {list(value.shape)}, the module's tensor is {list(mine.shape)}", f"model.{key}",
-                         "load a checkpoint of a model of the same configuration (sizes)")
+            raise _error(
+                f"shape {list(value.shape)}, the module's tensor is {list(mine.shape)}",
+                f"model.{key}",
+                "load a checkpoint of a model of the same configuration (sizes)",
+            )
 
 
 def _kind(group: Mapping[str, Any]) -> str:
@@ -161,49 +182,71 @@ def _check_optimizer(step: TrainStep, osd: Any, out: _Loaded) -> None:
     mine = type(opt).__name__
     if not isinstance(osd, Mapping) or set(osd) != {"state", "param_groups"}:
         got = sorted(osd) if isinstance(osd, Mapping) else type(osd).__name__
-        raise _error(f"a torch.optim state dict has the keys ['param_groups', 'state'], got {got}", "optimizer",
-                     "pass optimizer.state_dict() (torch.optim) or TrainStep.state_dict()['optimizer']")
+        raise _error(
+            f"a torch.optim state dict has the keys ['param_groups', 'state'], got {got}",
+            "optimizer",
+            "pass optimizer.state_dict() (torch.optim) or TrainStep.state_dict()['optimizer']",
+        )
     groups = osd["param_groups"]
     if not isinstance(groups, (list, tuple)) or len(groups) != 1 or not isinstance(groups[0], Mapping):
         n = len(groups) if isinstance(groups, (list, tuple)) else type(groups).__name__
-        raise _error(f"a training step has one parameter group (one set of hyper-parameters), the checkpoint "
-                     f"has {n}", "optimizer.param_groups",
-                     "train the eager model with one group (torch.optim.AdamW(model.parameters(), ...))")
+        raise _error(
+            f"a training step has one parameter group (one set of hyper-parameters), the checkpoint has {n}",
+            "optimizer.param_groups",
+            "train the eager model with one group (torch.optim.AdamW(model.parameters(), ...))",
+        )
     group = groups[0]
     kind = _kind(group)
     weight_decay = float(group.get("weight_decay", 0.0))
     if kind != mine and not (kind == "Adam" and mine == "AdamW" and weight_decay == 0.0):
-        raise _error(f"the checkpoint is {kind}'s, this step's optimizer is {mine}", "optimizer.param_groups",
-                     f"build the step with the checkpoint's optimizer (opgraph.training.{kind}(...)) or load a "
-                     f"checkpoint of {mine}")
+        raise _error(
+            f"the checkpoint is {kind}'s, this step's optimizer is {mine}",
+            "optimizer.param_groups",
+            f"build the step with the checkpoint's optimizer (opgraph.training.{kind}(...)) or load a "
+            f"checkpoint of {mine}",
+        )
     for flag in ("amsgrad", "maximize"):
         if group.get(flag):
-            raise _error(f"{flag}=True, which opgraph's {mine} does not have", f"optimizer.param_groups.{flag}",
-                         f"train with {flag}=False")
+            raise _error(
+                f"{flag}=True, which opgraph's {mine} does not have",
+                f"optimizer.param_groups.{flag}",
+                f"train with {flag}=False",
+            )
     if isinstance(opt, SGD):
         _check_sgd(opt, group)
     params = list(step.imported.module.parameters())
     ids = group.get("params")
     if not isinstance(ids, (list, tuple)) or len(ids) != len(params):
         n = len(ids) if isinstance(ids, (list, tuple)) else "no"
-        raise _error(f"the group has {n} parameters, the module {len(params)}", "optimizer.param_groups.params",
-                     "make the torch optimizer over all of model.parameters(), in their order (frozen ones too)")
+        raise _error(
+            f"the group has {n} parameters, the module {len(params)}",
+            "optimizer.param_groups.params",
+            "make the torch optimizer over all of model.parameters(), in their order (frozen ones too)",
+        )
     out.hyper = _hyper(opt, group)
     _check_param_state(step, osd["state"], list(ids), params, out)
 
 
 def _check_sgd(opt: SGD, group: Mapping[str, Any]) -> None:
     if float(group.get("dampening", 0.0)) != 0.0:
-        raise _error(f"dampening={group['dampening']}, opgraph's SGD has none", "optimizer.param_groups.dampening",
-                     "train with dampening=0")
-    structure = {"momentum": (float(group["momentum"]) != 0.0, opt.has_momentum),
-                 "nesterov": (bool(group.get("nesterov", False)), opt.nesterov),
-                 "weight_decay": (float(group.get("weight_decay", 0.0)) != 0.0, opt.has_decay)}
+        raise _error(
+            f"dampening={group['dampening']}, opgraph's SGD has none",
+            "optimizer.param_groups.dampening",
+            "train with dampening=0",
+        )
+    structure = {
+        "momentum": (float(group["momentum"]) != 0.0, opt.has_momentum),
+        "nesterov": (bool(group.get("nesterov", False)), opt.nesterov),
+        "weight_decay": (float(group.get("weight_decay", 0.0)) != 0.0, opt.has_decay),
+    }
     for name, (theirs, ours) in structure.items():
         if theirs != ours:
-            raise _error(f"{name} is {'on' if theirs else 'off'} in the checkpoint and {'on' if ours else 'off'} in "
-                         "the step (fixed when the step graph is built)", f"optimizer.param_groups.{name}",
-                         f"build the step with SGD(..., {name}={group[name]!r}) to load this checkpoint")
+            raise _error(
+                f"{name} is {'on' if theirs else 'off'} in the checkpoint and {'on' if ours else 'off'} in "
+                "the step (fixed when the step graph is built)",
+                f"optimizer.param_groups.{name}",
+                f"build the step with SGD(..., {name}={group[name]!r}) to load this checkpoint",
+            )
 
 
 def _hyper(opt: Optimizer, group: Mapping[str, Any]) -> dict[str, float]:
@@ -221,12 +264,18 @@ def _hyper(opt: Optimizer, group: Mapping[str, Any]) -> dict[str, float]:
 
 def _check_param_state(step: TrainStep, state: Any, ids: list[Any], params: list[Any], out: _Loaded) -> None:
     if not isinstance(state, Mapping):
-        raise _error(f"a dict of per-parameter state, got {type(state).__name__}", "optimizer.state",
-                     "pass optimizer.state_dict()")
+        raise _error(
+            f"a dict of per-parameter state, got {type(state).__name__}",
+            "optimizer.state",
+            "pass optimizer.state_dict()",
+        )
     strays = [k for k in state if k not in ids]
     if strays:
-        raise _error(f"state for {strays[:5]}, which the group's params {list(ids)[:8]} do not list", "optimizer.state",
-                     "pass the optimizer's state dict as torch.optim made it (integer keys)")
+        raise _error(
+            f"state for {strays[:5]}, which the group's params {list(ids)[:8]} do not list",
+            "optimizer.state",
+            "pass the optimizer's state dict as torch.optim made it (integer keys)",
+        )
     module = step.imported.module
     opt = step.optimizer
     names = set(opt.state_names())
@@ -245,31 +294,41 @@ def _check_param_state(step: TrainStep, state: Any, ids: list[Any], params: list
         entry = {k: v for k, v in entry.items() if v is not None}  # (torch's SGD once kept momentum_buffer=None)
         extra = sorted(set(entry) - allowed)
         if extra:
-            raise _error(f"state {extra} of parameter '{slot.key}' is not {type(opt).__name__}'s "
-                         f"({sorted(allowed) or 'no state'}): another optimizer's checkpoint", where,
-                         f"load a checkpoint of {opt!r}, or build the step with the checkpoint's optimizer")
+            raise _error(
+                f"state {extra} of parameter '{slot.key}' is not {type(opt).__name__}'s "
+                f"({sorted(allowed) or 'no state'}): another optimizer's checkpoint",
+                where,
+                f"load a checkpoint of {opt!r}, or build the step with the checkpoint's optimizer",
+            )
         if not entry:
             continue
         lacking = sorted(names - set(entry)) + (["step"] if opt.COUNTS_STEPS and "step" not in entry else [])
         if lacking:
-            raise _error(f"parameter '{slot.key}' lacks state {lacking}", where,
-                         "pass a complete optimizer state dict (all of a parameter's state, or none)")
+            raise _error(
+                f"parameter '{slot.key}' lacks state {lacking}",
+                where,
+                "pass a complete optimizer state dict (all of a parameter's state, or none)",
+            )
         for name in names:
             value = entry[name]
             if not hasattr(value, "shape") or tuple(value.shape) != tuple(p.shape):
                 shape = list(value.shape) if hasattr(value, "shape") else type(value).__name__
-                raise _error(f"{name} of parameter '{slot.key}' is {shape}, the parameter {list(p.shape)}",
-                             f"{where}.{name}", "load the optimizer state of the same model (sizes and parameter "
-                             "order: module.parameters())")
+                raise _error(
+                    f"{name} of parameter '{slot.key}' is {shape}, the parameter {list(p.shape)}",
+                    f"{where}.{name}",
+                    "load the optimizer state of the same model (sizes and parameter order: module.parameters())",
+                )
         out.state[slot.key] = {name: entry[name] for name in names}
         if opt.COUNTS_STEPS:
             steps[slot.key] = float(entry["step"])
     if opt.COUNTS_STEPS:
         if len(set(steps.values())) > 1 or (steps and len(steps) != len(step.params)):
             counts = {k: steps.get(k) for k in [s.key for s in step.params][:6]}
-            raise _error(f"the parameters' step counts differ ({counts}); a training step has one counter",
-                         "optimizer.state", "load a checkpoint in which every trained parameter took the same "
-                         "number of steps")
+            raise _error(
+                f"the parameters' step counts differ ({counts}); a training step has one counter",
+                "optimizer.state",
+                "load a checkpoint in which every trained parameter took the same number of steps",
+            )
         out.scalars["optimizer.step"] = next(iter(steps.values()), 0.0)
 
 
@@ -279,8 +338,11 @@ def _check_step(step: TrainStep, count: Any, out: _Loaded) -> None:
     if isinstance(count, bool) or not isinstance(count, (int, float)) or count < 0 or count != int(count):
         raise _error(f"a step count (an int >= 0), got {count!r}", "step", "pass what state_dict() returned")
     if out.state and float(count) != out.scalars["optimizer.step"]:
-        raise _error(f"{count}, the optimizer state's step is {out.scalars['optimizer.step']:g}", "step",
-                     "pass the step count saved with the optimizer state (or leave 'step' out)")
+        raise _error(
+            f"{count}, the optimizer state's step is {out.scalars['optimizer.step']:g}",
+            "step",
+            "pass the step count saved with the optimizer state (or leave 'step' out)",
+        )
     out.scalars["optimizer.step"] = float(count)
 
 
@@ -289,22 +351,33 @@ def _check_scaler(step: TrainStep, sd: Mapping[str, Any], out: _Loaded) -> None:
     value = sd.get("loss_scale")
     if scaler is None:
         if value:
-            raise _error("this step has no loss scale (it is not fp16 mixed precision)", "loss_scale",
-                         "set sd['loss_scale'] = None to load the rest, or build the step with "
-                         "mixed_precision='fp16'")
+            raise _error(
+                "this step has no loss scale (it is not fp16 mixed precision)",
+                "loss_scale",
+                "set sd['loss_scale'] = None to load the rest, or build the step with mixed_precision='fp16'",
+            )
         return
     if "loss_scale" not in sd:
-        raise _error("missing: the step scales its fp16 loss", "loss_scale",
-                     "pass GradScaler.state_dict() (or TrainStep.state_dict()'s), or None to keep the step's scale")
+        raise _error(
+            "missing: the step scales its fp16 loss",
+            "loss_scale",
+            "pass GradScaler.state_dict() (or TrainStep.state_dict()'s), or None to keep the step's scale",
+        )
     if not value:
         return
     if not isinstance(value, Mapping) or "scale" not in value:
-        raise _error(f"GradScaler.state_dict()'s layout ({{'scale': ..., '_growth_tracker': ...}}), got {value!r}",
-                     "loss_scale", "pass GradScaler.state_dict() or TrainStep.state_dict()['loss_scale']")
+        raise _error(
+            f"GradScaler.state_dict()'s layout ({{'scale': ..., '_growth_tracker': ...}}), got {value!r}",
+            "loss_scale",
+            "pass GradScaler.state_dict() or TrainStep.state_dict()['loss_scale']",
+        )
     for name in _SCALER_KEYS:
         if name in value and float(value[name]) != float(scaler[name]):
-            raise _error(f"{value[name]}, the step's is {scaler[name]} (fixed when the step graph is built)",
-                         f"loss_scale.{name}", f"build the step with loss_scale={{'{name}': {value[name]!r}}}")
+            raise _error(
+                f"{value[name]}, the step's is {scaler[name]} (fixed when the step graph is built)",
+                f"loss_scale.{name}",
+                f"build the step with loss_scale={{'{name}': {value[name]!r}}}",
+            )
     out.scalars["loss_scale"] = float(value["scale"])
     out.scalars["loss_scale.growth_tracker"] = float(value.get("_growth_tracker", 0))
 
@@ -325,9 +398,13 @@ def _scaler_state(step: TrainStep) -> dict[str, Any] | None:
     c = step.scaler
     scale = step.loss_scale
     tracker = step._scalar_value("loss_scale.growth_tracker")
-    return {"scale": float(c["init_scale"]) if scale is None else scale, "growth_factor": float(c["growth_factor"]),
-            "backoff_factor": float(c["backoff_factor"]), "growth_interval": int(c["growth_interval"]),
-            "_growth_tracker": 0 if tracker is None else int(tracker)}
+    return {
+        "scale": float(c["init_scale"]) if scale is None else scale,
+        "growth_factor": float(c["growth_factor"]),
+        "backoff_factor": float(c["backoff_factor"]),
+        "growth_interval": int(c["growth_interval"]),
+        "_growth_tracker": 0 if tracker is None else int(tracker),
+    }
 
 
 def _torch_optimizer(opt: Optimizer, params: list[Any]) -> Any:
@@ -335,11 +412,13 @@ def _torch_optimizer(opt: Optimizer, params: list[Any]) -> Any:
     torch = _torch()
     h = opt.hyper
     if isinstance(opt, AdamW):
-        return torch.optim.AdamW(params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                                 weight_decay=h["weight_decay"])
+        return torch.optim.AdamW(
+            params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"], weight_decay=h["weight_decay"]
+        )
     if isinstance(opt, SGD):
-        return torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"], nesterov=opt.nesterov,
-                               weight_decay=h["weight_decay"])
+        return torch.optim.SGD(
+            params, lr=h["lr"], momentum=h["momentum"], nesterov=opt.nesterov, weight_decay=h["weight_decay"]
+        )
     raise _error(f"{type(opt).__name__} has no torch.optim layout", "optimizer", "checkpoint an SGD or AdamW step")
 
 

@@ -75,9 +75,17 @@ class TrainingStep:
         return self.step_graph.state_pack(device)
 
 
-def sgd_momentum(forward: Graph, loss: Tensor, params: Sequence[Tensor], *, weight_decay: float = 0.0,
-                 keep_grads: bool = False, scalar_data_type: Any = None, grad_data_type: Any = None,
-                 name: str | None = None) -> TrainingStep:
+def sgd_momentum(
+    forward: Graph,
+    loss: Tensor,
+    params: Sequence[Tensor],
+    *,
+    weight_decay: float = 0.0,
+    keep_grads: bool = False,
+    scalar_data_type: Any = None,
+    grad_data_type: Any = None,
+    name: str | None = None,
+) -> TrainingStep:
     """Deprecated: `step_graph(forward, loss, params, SGD(lr, momentum=m, weight_decay=weight_decay))`.
 
     The training step of `forward`: loss and gradients of `params`, then SGD with momentum, as one graph
@@ -87,19 +95,32 @@ def sgd_momentum(forward: Graph, loss: Tensor, params: Sequence[Tensor], *, weig
     """
     _deprecated("sgd_momentum", "opgraph.training.step_graph(g, loss, params, SGD(lr, momentum=...))")
     sdt = as_data_type(scalar_data_type) if scalar_data_type is not None else forward.final.compute_data_type
-    sg = step_graph(forward, loss, params, SGD(0.0, momentum=0.9, weight_decay=weight_decay),
-                    scalar_data_type=sdt, keep_grads=keep_grads, grad_data_type=grad_data_type,
-                    scalar_names={"sgd.lr": "lr", "sgd.momentum": "momentum", "sgd.weight_decay": "weight_decay"},
-                    name=name or f"{forward.name or 'graph'}_sgd")
+    sg = step_graph(
+        forward,
+        loss,
+        params,
+        SGD(0.0, momentum=0.9, weight_decay=weight_decay),
+        scalar_data_type=sdt,
+        keep_grads=keep_grads,
+        grad_data_type=grad_data_type,
+        scalar_names={"sgd.lr": "lr", "sgd.momentum": "momentum", "sgd.weight_decay": "weight_decay"},
+        name=name or f"{forward.name or 'graph'}_sgd",
+    )
     handles = handles_by_uid(sg.graph)
     first: dict[int | None, Tensor] = {}
     for t in sg.graph._tensors:  # the declared handle of each parameter (what the update reads)
         first.setdefault(t._uid, t)
     return TrainingStep(
-        sg.graph, handles[sg.loss_uid], {s.uid: first[s.uid] for s in sg.params},
-        {s.uid: handles[s.state["momentum_buffer"]] for s in sg.params}, sg.scalar("lr"), sg.scalar("momentum"),
+        sg.graph,
+        handles[sg.loss_uid],
+        {s.uid: first[s.uid] for s in sg.params},
+        {s.uid: handles[s.state["momentum_buffer"]] for s in sg.params},
+        sg.scalar("lr"),
+        sg.scalar("momentum"),
         first[sg.seed_uid] if sg.seed_uid is not None else handles[sg.loss_uid],
-        Grads({s.uid: handles[s.grad_uid] for s in sg.params if s.grad_uid is not None}), sg)
+        Grads({s.uid: handles[s.grad_uid] for s in sg.params if s.grad_uid is not None}),
+        sg,
+    )
 
 
 @dataclass
@@ -134,16 +155,20 @@ def classifier_step(imported: Any, *, weight_decay: float = 0.0, grad_data_type:
     _deprecated("classifier_step", "opgraph.training.train_step(imported, OneHotCrossEntropy(), SGD(...))")
     outputs = list(imported.outputs)
     if len(outputs) != 1 or len(outputs[0].dim) != 2:
-        raise GraphError(f"classifier_step needs one output of dims [N, classes]; the module has "
-                         f"{[list(t.dim) for t in outputs]}", rule="training.classifier",
-                         hint="import a module that returns the logits alone (wrap it if it returns more)")
+        raise GraphError(
+            f"classifier_step needs one output of dims [N, classes]; the module has {[list(t.dim) for t in outputs]}",
+            rule="training.classifier",
+            hint="import a module that returns the logits alone (wrap it if it returns more)",
+        )
     if grad_data_type is None:
-        types = {imported.graph.final.tensors[t.uid].data_type for t, s in imported.bound_inputs
-                 if s.kind == "parameter"}
+        types = {
+            imported.graph.final.tensors[t.uid].data_type for t, s in imported.bound_inputs if s.kind == "parameter"
+        }
         grad_data_type = types.pop() if len(types) == 1 else None
     # momentum is structural (a velocity buffer); pack() writes the caller's values into the scalars
-    step = train_step(imported, OneHotCrossEntropy(), SGD(0.0, momentum=0.9, weight_decay=weight_decay),
-                      grad_data_type=grad_data_type)
+    step = train_step(
+        imported, OneHotCrossEntropy(), SGD(0.0, momentum=0.9, weight_decay=weight_decay), grad_data_type=grad_data_type
+    )
     return ClassifierStep(imported, step, step.target)
 
 

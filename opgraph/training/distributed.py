@@ -105,9 +105,11 @@ def shard_owners(sizes: Sequence[tuple[str, int]], world: int) -> dict[str, int]
     largest first, each to the least loaded rank (by elements; ties to the lowest rank), as
     torch.distributed.optim.ZeroRedundancyOptimizer balances them."""
     if len(sizes) < world:
-        raise AttributeValueError(f"ZeRO-1 gives each of the {world} ranks whole parameters, and the step has "
-                                  f"{len(sizes)}", rule="training.zero_params",
-                                  hint="use zero=False with more ranks than parameters")
+        raise AttributeValueError(
+            f"ZeRO-1 gives each of the {world} ranks whole parameters, and the step has {len(sizes)}",
+            rule="training.zero_params",
+            hint="use zero=False with more ranks than parameters",
+        )
     load = [0] * world
     owners: dict[str, int] = {}
     for key, n in sorted(sizes, key=lambda kv: -kv[1]):  # (stable: equal sizes in parameter order)
@@ -133,27 +135,38 @@ def broadcast_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int
         dist.broadcast(flat, src=src, group=group)
         at = 0
         for p in mine:
-            p.detach().copy_(flat[at:at + p.numel()].view_as(p))
+            p.detach().copy_(flat[at : at + p.numel()].view_as(p))
             at += p.numel()
 
 
-def data_parallel_hook(process_group: Any, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
-                       zero: bool = False) -> GradientBuckets:
+def data_parallel_hook(
+    process_group: Any, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, zero: bool = False
+) -> GradientBuckets:
     """The gradient hook of a data-parallel step over `process_group` (a torch.distributed group);
     `zero`: ZeRO-1 (see the module docstring)."""
     if not bucket_cap_mb > 0:
-        raise AttributeValueError(f"bucket_cap_mb={bucket_cap_mb!r} must be > 0", rule="training.bucket_cap",
-                                  hint="pass a bucket size in MiB (DDP's default is 25)")
+        raise AttributeValueError(
+            f"bucket_cap_mb={bucket_cap_mb!r} must be > 0",
+            rule="training.bucket_cap",
+            hint="pass a bucket size in MiB (DDP's default is 25)",
+        )
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
-        raise DistributedError("process_group is given but torch.distributed is not initialized",
-                               rule="training.process_group",
-                               hint="call torch.distributed.init_process_group(...) first (torchrun sets the "
-                                    "environment), or pass process_group=None for one process")
+        raise DistributedError(
+            "process_group is given but torch.distributed is not initialized",
+            rule="training.process_group",
+            hint="call torch.distributed.init_process_group(...) first (torchrun sets the "
+            "environment), or pass process_group=None for one process",
+        )
     group = None if process_group is dist.group.WORLD else process_group
-    return GradientBuckets(register_group(process_group), max(1, int(bucket_cap_mb * 2**20)), bool(zero),
-                           dist.get_rank(group), dist.get_world_size(group))
+    return GradientBuckets(
+        register_group(process_group),
+        max(1, int(bucket_cap_mb * 2**20)),
+        bool(zero),
+        dist.get_rank(group),
+        dist.get_world_size(group),
+    )
 
 
 def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int, ...]], process_group: Any) -> None:
@@ -173,14 +186,19 @@ def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int, ...]], process_
     if not bad:
         return
     rank = bad[0]
-    diffs = [f"input '{name}' has dims {list(dims)} on rank {rank} and "
-             f"{list(first_inputs[name]) if name in first_inputs else 'none'} on rank 0"
-             for name, dims in gathered[rank][1].items() if first_inputs.get(name) != dims]
+    diffs = [
+        f"input '{name}' has dims {list(dims)} on rank {rank} and "
+        f"{list(first_inputs[name]) if name in first_inputs else 'none'} on rank 0"
+        for name, dims in gathered[rank][1].items()
+        if first_inputs.get(name) != dims
+    ]
     why = "; ".join(diffs) if diffs else "the graphs differ (ops, attributes, parameters or options)"
-    raise DistributedError(f"the step graph of rank {rank} differs from rank 0's ({why}); ranks that differ: "
-                           f"{bad}", rule="training.ranks_differ",
-                           hint="build every rank's step from the same model and options, with shards of one size "
-                                "(drop the last uneven batch, as DistributedSampler(drop_last=True) does)")
+    raise DistributedError(
+        f"the step graph of rank {rank} differs from rank 0's ({why}); ranks that differ: {bad}",
+        rule="training.ranks_differ",
+        hint="build every rank's step from the same model and options, with shards of one size "
+        "(drop the last uneven batch, as DistributedSampler(drop_last=True) does)",
+    )
 
 
 def _numel(dims: Sequence[int]) -> int:

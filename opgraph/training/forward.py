@@ -57,8 +57,17 @@ _Y_ONLY = frozenset({"batchnorm", "batchnorm_inference"})  # y in the input's ty
 LAYOUT_KINDS = frozenset({"reshape", "transpose", "slice", "concatenate"})
 # aten view ops that read part of a tensor or broadcast it: a parameter read so is updated whole
 READS_PART = frozenset({"slice", "expand", "expand_copy"})
-_FP32_MODES = frozenset({PointwiseMode.EXP, PointwiseMode.LOG, PointwiseMode.POW, PointwiseMode.RSQRT,
-                         PointwiseMode.RECIPROCAL, PointwiseMode.TAN, PointwiseMode.SOFTPLUS_FWD})
+_FP32_MODES = frozenset(
+    {
+        PointwiseMode.EXP,
+        PointwiseMode.LOG,
+        PointwiseMode.POW,
+        PointwiseMode.RSQRT,
+        PointwiseMode.RECIPROCAL,
+        PointwiseMode.TAN,
+        PointwiseMode.SOFTPLUS_FWD,
+    }
+)
 
 
 @dataclass
@@ -86,9 +95,16 @@ class Prepared:
     ones: dict[int, tuple[int, ...]] = field(default_factory=dict)  # inputs of ones (UID -> dims): bind expanded
 
 
-def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedParam] = (),
-                    low: DataType | None = None, internal: Sequence[int] = (),
-                    output_types: Mapping[int, DataType | None] | None = None, name: str | None = None) -> Prepared:
+def prepare_forward(
+    final: FinalGraph,
+    *,
+    bound: set[int],
+    tied: Sequence[TiedParam] = (),
+    low: DataType | None = None,
+    internal: Sequence[int] = (),
+    output_types: Mapping[int, DataType | None] | None = None,
+    name: str | None = None,
+) -> Prepared:
     """Replay `final` as described in the module docstring. `bound`: UIDs of the inputs bound from the
     module (parameters, buffers, constants), which do not make a pointwise op wide. `internal`: outputs
     of `final` that become virtual (the module's results, which a loss reads), typed like any
@@ -97,8 +113,12 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
     autocast; None: the autocast type of the op making it), written by that op."""
     output_types = output_types or {}
     internal_uids = set(internal)
-    g = Graph(name or final.name, io_data_type=final.io_data_type, intermediate_data_type=final.intermediate_data_type,
-              compute_data_type=final.compute_data_type)
+    g = Graph(
+        name or final.name,
+        io_data_type=final.io_data_type,
+        intermediate_data_type=final.intermediate_data_type,
+        compute_data_type=final.compute_data_type,
+    )
     handles: dict[int, Tensor] = {}
     types: dict[int, DataType] = {}
     members = {uid: t for t in tied for uid, _ in t.members}
@@ -113,8 +133,15 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
         if uid in members:
             continue
         d = final.tensors[uid]
-        handles[uid] = g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=d.name, uid=uid,
-                                is_pass_by_value=d.is_pass_by_value, is_by_reference=d.is_by_reference)
+        handles[uid] = g.tensor(
+            dim=d.dim,
+            stride=d.stride,
+            data_type=d.data_type,
+            name=d.name,
+            uid=uid,
+            is_pass_by_value=d.is_pass_by_value,
+            is_by_reference=d.is_by_reference,
+        )
         types[uid] = d.data_type
     views_of: dict[int, tuple] = {}
     for t in tied:
@@ -128,14 +155,14 @@ def prepare_forward(final: FinalGraph, *, bound: set[int], tied: Sequence[TiedPa
         reader, so that they run in that reader's kernel (views of the parameter read in place)."""
         if uid not in handles:
             t = members[uid]
-            handles[uid] = _viewed(g, prepared.tied[t.key], views_of[uid], final.tensors[uid].dim, t.key, new_uid,
-                                   ones)
+            handles[uid] = _viewed(g, prepared.tied[t.key], views_of[uid], final.tensors[uid].dim, t.key, new_uid, ones)
         return handles[uid]
 
     def ones(dims: tuple[int, ...], data_type: DataType) -> Tensor:
         """An input of ones of `dims` (bound to one element with zero strides)."""
-        t = g.tensor(dim=list(dims), stride=[0] * len(dims), data_type=data_type, name=f"ones{list(dims)}",
-                     uid=new_uid())
+        t = g.tensor(
+            dim=list(dims), stride=[0] * len(dims), data_type=data_type, name=f"ones{list(dims)}", uid=new_uid()
+        )
         prepared.ones[t.known_uid()] = tuple(dims)
         return t
 
@@ -200,8 +227,9 @@ def _training_form(node: Node) -> tuple[Any, list[str]]:
     return op, present
 
 
-def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: set[int],
-              low: DataType) -> DataType | None:
+def _out_type(
+    node: Node, final: FinalGraph, types: dict[int, DataType], bound: set[int], low: DataType
+) -> DataType | None:
     """The autocast type of the node's floating outputs (None: keep the imported type)."""
     if node.kind in GEMM_KINDS:
         return low
@@ -212,8 +240,12 @@ def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: 
     if node.kind in _Y_ONLY:
         x = node.input("input")
         return low if isinstance(x, int) and types[x] is low else None
-    if not isinstance(node.op, Pointwise) or node.op.mode in _FP32_MODES or node.op.info.bool_out \
-            or node.op.mode is PointwiseMode.GEN_INDEX:
+    if (
+        not isinstance(node.op, Pointwise)
+        or node.op.mode in _FP32_MODES
+        or node.op.info.bool_out
+        or node.op.mode is PointwiseMode.GEN_INDEX
+    ):
         return None
     acts = [u for u in ins if u not in bound and final.tensors[u].data_type.is_floating]
     if acts and all(types[u] is low for u in acts):
@@ -221,8 +253,7 @@ def _out_type(node: Node, final: FinalGraph, types: dict[int, DataType], bound: 
     return None
 
 
-def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str, new_uid: Any,
-            ones: Any) -> Tensor:
+def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str, new_uid: Any, ones: Any) -> Tensor:
     """`base` through a chain of aten view ops, as layout ops (transpose, reshape, slice) and, for an
     expand, a product with `ones(dims, type)` (an input of ones of the expanded dims)."""
     t = base
@@ -271,11 +302,15 @@ def _viewed(g: Graph, base: Tensor, views: tuple, dim: tuple[int, ...], key: str
                 t = add(Pointwise(mode=PointwiseMode.MUL), ones(tuple(shape), base.known_data_type()))
                 t.set_data_type(base.known_data_type())
         else:
-            raise UnsupportedGraphError(f"parameter '{key}' is read through a {name} view", rule="training.tied_view",
-                                        hint="read tied parameters through view/reshape, t/transpose/permute, "
-                                        "slicing or expand")
+            raise UnsupportedGraphError(
+                f"parameter '{key}' is read through a {name} view",
+                rule="training.tied_view",
+                hint="read tied parameters through view/reshape, t/transpose/permute, slicing or expand",
+            )
     if tuple(shape) != tuple(dim):
-        raise UnsupportedGraphError(f"parameter '{key}': its view chain gives dims {shape}, the graph reads "
-                                    f"{list(dim)}",
-                                    rule="training.tied_view", hint="report this as a bug, with the module")
+        raise UnsupportedGraphError(
+            f"parameter '{key}': its view chain gives dims {shape}, the graph reads {list(dim)}",
+            rule="training.tied_view",
+            hint="report this as a bug, with the module",
+        )
     return t

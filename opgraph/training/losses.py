@@ -66,8 +66,9 @@ class Loss:
     def forward(self, g: Graph, out: Tensor, target: Tensor, out_desc: TensorDesc) -> LossParts:
         raise NotImplementedError
 
-    def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
-                 out_desc: TensorDesc) -> Tensor | None:
+    def gradient(
+        self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any, out_desc: TensorDesc
+    ) -> Tensor | None:
         """d(loss)/d(out) times `seed` (a number or a [1] tensor), or None to differentiate `forward`."""
         return None
 
@@ -87,9 +88,12 @@ class CrossEntropy(Loss):
     def _axis(self, out: TensorDesc) -> int:
         rank = len(out.dim)
         if rank < 2 or not -rank <= self.class_axis < rank:
-            raise GraphError(f"cross_entropy over output dims {list(out.dim)} with class_axis {self.class_axis}",
-                             tensor=out, rule="training.loss_dims",
-                             hint="the model must return logits with a batch axis and a class axis")
+            raise GraphError(
+                f"cross_entropy over output dims {list(out.dim)} with class_axis {self.class_axis}",
+                tensor=out,
+                rule="training.loss_dims",
+                hint="the model must return logits with a batch axis and a class axis",
+            )
         return self.class_axis % rank
 
     def target(self, out: TensorDesc) -> tuple[tuple[int, ...], DataType]:
@@ -98,8 +102,11 @@ class CrossEntropy(Loss):
 
     def forward(self, g: Graph, out: Tensor, target: Tensor, out_desc: TensorDesc) -> LossParts:
         if not 0.0 <= self.label_smoothing <= 1.0:
-            raise AttributeValueError(f"label_smoothing {self.label_smoothing} is not in [0, 1]",
-                                      rule="training.label_smoothing", hint="pass a value in [0, 1]")
+            raise AttributeValueError(
+                f"label_smoothing {self.label_smoothing} is not in [0, 1]",
+                rule="training.label_smoothing",
+                hint="pass a value in [0, 1]",
+            )
         axis = self._axis(out_desc)
         rows = self.target(out_desc)[0]
         ones = (1,) * len(rows)
@@ -112,24 +119,33 @@ class CrossEntropy(Loss):
         # the picked logit's (and label smoothing's mean logit's) reduction right after the sum of exps,
         # before any op that reads a reduced value: all reduce the same rows, so the partitioner puts
         # them in one kernel, one pass over the logits
-        picked = _reduce(g, g.mul(onehot, g.sub(out, m, name="ce.shift_picked").set_data_type(g.intermediate_data_type),
-                                  name="ce.pick"), ReductionMode.ADD, rows, "ce.picked")
+        picked = _reduce(
+            g,
+            g.mul(
+                onehot, g.sub(out, m, name="ce.shift_picked").set_data_type(g.intermediate_data_type), name="ce.pick"
+            ),
+            ReductionMode.ADD,
+            rows,
+            "ce.picked",
+        )
         mean_c = _reduce(g, shifted, ReductionMode.AVG, rows, "ce.mean_logit") if self.label_smoothing else None
         log_s = g.log(s, name="ce.log_sum")
         nll = g.sub(log_s, picked, name="ce.nll")
         if mean_c is not None:
             smooth = g.sub(log_s, mean_c, name="ce.smooth")
             eps = self.label_smoothing
-            nll = g.add(g.mul(nll, 1.0 - eps, name="ce.nll_part"), g.mul(smooth, eps, name="ce.smooth_part"),
-                        name="ce.smoothed")
+            nll = g.add(
+                g.mul(nll, 1.0 - eps, name="ce.nll_part"), g.mul(smooth, eps, name="ce.smooth_part"), name="ce.smoothed"
+            )
         valid = g.cmp_neq(target, self.ignore_index, name="ce.valid").set_data_type(g.intermediate_data_type)
         total = _reduce(g, g.mul(nll, valid, name="ce.masked"), ReductionMode.ADD, ones, "ce.total")
         count = _reduce(g, valid, ReductionMode.ADD, ones, "ce.count")
         loss = g.div(total, count, name="ce.loss")
         return LossParts(loss, {"m": m, "s": s, "count": count, "valid": valid, "onehot": onehot})
 
-    def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
-                 out_desc: TensorDesc) -> Tensor:
+    def gradient(
+        self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any, out_desc: TensorDesc
+    ) -> Tensor:
         axis = self._axis(out_desc)
         # per-row weights first, then one elementwise chain over the logits (one kernel, fused into the
         # consumers' prologues where they can): nothing of the logits' size is kept from the forward
@@ -156,8 +172,12 @@ def _softmax_cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, name: str) 
     """`softmax_cross_entropy`, and the per-sample max m and sum of exp(logits - m) s it computes."""
     dims = onehot.dim or logits.dim
     if dims is None or len(dims) < 2:
-        raise GraphError("the one-hot labels need declared dims [N, classes, ...]", tensor=onehot,
-                         rule="training.labels", hint="declare onehot with g.tensor(dim=[N, classes])")
+        raise GraphError(
+            "the one-hot labels need declared dims [N, classes, ...]",
+            tensor=onehot,
+            rule="training.labels",
+            hint="declare onehot with g.tensor(dim=[N, classes])",
+        )
     per_sample = [dims[0], 1, *dims[2:]]
     dt = g.intermediate_data_type
 
@@ -186,17 +206,21 @@ class OneHotCrossEntropy(Loss):
 
     def target(self, out: TensorDesc) -> tuple[tuple[int, ...], DataType]:
         if len(out.dim) < 2:
-            raise GraphError(f"one-hot cross-entropy needs logits [N, classes, ...], got dims {list(out.dim)}",
-                             tensor=out, rule="training.classifier",
-                             hint="import a module that returns the logits alone (wrap it if it returns more)")
+            raise GraphError(
+                f"one-hot cross-entropy needs logits [N, classes, ...], got dims {list(out.dim)}",
+                tensor=out,
+                rule="training.classifier",
+                hint="import a module that returns the logits alone (wrap it if it returns more)",
+            )
         return tuple(out.dim), out.data_type
 
     def forward(self, g: Graph, out: Tensor, target: Tensor, out_desc: TensorDesc) -> LossParts:
         loss, m, s = _softmax_cross_entropy(g, out, target, "loss")
         return LossParts(loss, {"m": m, "s": s})
 
-    def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
-                 out_desc: TensorDesc) -> Tensor:
+    def gradient(
+        self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any, out_desc: TensorDesc
+    ) -> Tensor:
         wide = saved["s"].known_data_type()  # the forward's intermediate type (FLOAT, DOUBLE)
         count = math.prod(out_desc.dim) // out_desc.dim[1]  # the samples the loss averages over
         shifted = g.sub(out, saved["m"], name="ce.bwd_shift").set_data_type(wide)
@@ -222,8 +246,9 @@ class MSE(Loss):
         mean = _reduce(g, g.mul(d, d, name="mse.square"), ReductionMode.AVG, (1,) * len(out_desc.dim), "mse.loss")
         return LossParts(mean, {})
 
-    def gradient(self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any,
-                 out_desc: TensorDesc) -> Tensor:
+    def gradient(
+        self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any, out_desc: TensorDesc
+    ) -> Tensor:
         d = g.sub(out, target, name="mse.bwd_diff")
         k = 2.0 / math.prod(out_desc.dim)
         scale = seed * k if isinstance(seed, (int, float)) else g.mul(seed, k, name="mse.bwd_scale")
@@ -249,8 +274,11 @@ class FunctionLoss(Loss):
     def forward(self, g: Graph, out: Tensor, target: Tensor, out_desc: TensorDesc) -> LossParts:
         loss = self.fn(g, out, target)
         if not isinstance(loss, Tensor):
-            raise GraphError(f"the loss function returned {type(loss).__name__}, not a tensor of the graph",
-                             rule="training.loss", hint="return the loss tensor (dims [1]) your ops computed")
+            raise GraphError(
+                f"the loss function returned {type(loss).__name__}, not a tensor of the graph",
+                rule="training.loss",
+                hint="return the loss tensor (dims [1]) your ops computed",
+            )
         return LossParts(loss, {})
 
 
@@ -270,6 +298,9 @@ def as_loss(loss: Any, target_like: Any = None) -> Loss:
             else:
                 spec = (tuple(target_like[0]), target_like[1])
         return FunctionLoss(loss, spec)
-    raise AttributeValueError(f"loss={loss!r} is not 'cross_entropy', 'mse', a Loss or a function",
-                              rule="training.loss", hint="pass loss='cross_entropy', 'mse', "
-                              "opgraph.training.CrossEntropy(...), or fn(g, output, target) -> loss tensor")
+    raise AttributeValueError(
+        f"loss={loss!r} is not 'cross_entropy', 'mse', a Loss or a function",
+        rule="training.loss",
+        hint="pass loss='cross_entropy', 'mse', "
+        "opgraph.training.CrossEntropy(...), or fn(g, output, target) -> loss tensor",
+    )

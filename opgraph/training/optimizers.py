@@ -46,8 +46,7 @@ class UpdateScope:
     shared: dict[str, Tensor] = field(default_factory=dict)
 
 
-def commit(g: Graph, old: Tensor, delta: Any, skip: Tensor | None, *, subtract: bool = False,
-           name: str = "") -> Tensor:
+def commit(g: Graph, old: Tensor, delta: Any, skip: Tensor | None, *, subtract: bool = False, name: str = "") -> Tensor:
     """The in-place update old <- old + delta (or - delta), unchanged where `skip`: an output with
     old's UID, name and type, made by an op that reads `old` itself."""
     new = (g.sub if subtract else g.add)(old, delta, name=f"{name}.new")
@@ -86,8 +85,11 @@ class Optimizer:
         """New hyper-parameter values, written into every bound device scalar."""
         unknown = sorted(set(values) - set(self.HYPER))
         if unknown:
-            raise AttributeValueError(f"{type(self).__name__} has no hyper-parameter(s) {unknown}",
-                                      rule="training.hyper", hint=f"set one of {list(self.HYPER)}")
+            raise AttributeValueError(
+                f"{type(self).__name__} has no hyper-parameter(s) {unknown}",
+                rule="training.hyper",
+                hint=f"set one of {list(self.HYPER)}",
+            )
         for name, value in values.items():
             self._values[name] = float(value)
             for buffers in self._bound:
@@ -135,8 +137,11 @@ class SGD(Optimizer):
 
     def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0) -> None:
         if nesterov and momentum == 0:
-            raise AttributeValueError("Nesterov momentum needs a momentum", rule="training.nesterov",
-                                      hint="pass momentum > 0 with nesterov=True")
+            raise AttributeValueError(
+                "Nesterov momentum needs a momentum",
+                rule="training.nesterov",
+                hint="pass momentum > 0 with nesterov=True",
+            )
         super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
         object.__setattr__(self, "nesterov", bool(nesterov))
         object.__setattr__(self, "has_momentum", momentum != 0)
@@ -163,8 +168,9 @@ class SGD(Optimizer):
             delta = g.add(mb, d, name=f"sgd.buf_delta.{tag}")
             new_buf = commit(g, buf, delta, s.skip, name=f"sgd.buf.{tag}")
             if self.nesterov:
-                d = g.add(d, g.mul(new_buf, s.hyper["momentum"], name=f"sgd.nesterov_mb.{tag}"),
-                          name=f"sgd.nesterov.{tag}")
+                d = g.add(
+                    d, g.mul(new_buf, s.hyper["momentum"], name=f"sgd.nesterov_mb.{tag}"), name=f"sgd.nesterov.{tag}"
+                )
             else:
                 d = new_buf
         commit(g, w, g.mul(d, s.hyper["lr"], name=f"sgd.step.{tag}"), s.skip, subtract=True, name=f"sgd.update.{tag}")
@@ -177,13 +183,17 @@ class AdamW(Optimizer):
     STATE = ("exp_avg", "exp_avg_sq")
     COUNTS_STEPS = True
 
-    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01) -> None:
+    def __init__(
+        self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01
+    ) -> None:
         b1, b2 = betas
         for name, v in (("beta1", b1), ("beta2", b2)):
             if not 0.0 <= v < 1.0:
-                raise AttributeValueError(f"AdamW {name} {v} is not in [0, 1)", rule="training.betas",
-                                          hint="pass betas=(beta1, beta2) with both in [0, 1)")
+                raise AttributeValueError(
+                    f"AdamW {name} {v} is not in [0, 1)",
+                    rule="training.betas",
+                    hint="pass betas=(beta1, beta2) with both in [0, 1)",
+                )
         super().__init__(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay)
 
     @property
@@ -205,13 +215,26 @@ class AdamW(Optimizer):
     def update(self, s: UpdateScope, w: Tensor, grad: Tensor, state: dict[str, Tensor], tag: str) -> None:
         g, sh = s.g, s.shared
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m_new = commit(g, m, g.mul(g.sub(grad, m, name=f"adamw.dm.{tag}"), sh["one_minus_beta1"],
-                                   name=f"adamw.m_delta.{tag}"), s.skip, name=f"adamw.m.{tag}")
+        m_new = commit(
+            g,
+            m,
+            g.mul(g.sub(grad, m, name=f"adamw.dm.{tag}"), sh["one_minus_beta1"], name=f"adamw.m_delta.{tag}"),
+            s.skip,
+            name=f"adamw.m.{tag}",
+        )
         sq = g.mul(grad, grad, name=f"adamw.g2.{tag}")
-        v_new = commit(g, v, g.mul(g.sub(sq, v, name=f"adamw.dv.{tag}"), sh["one_minus_beta2"],
-                                   name=f"adamw.v_delta.{tag}"), s.skip, name=f"adamw.v.{tag}")
-        denom = g.add(g.mul(g.sqrt(v_new, name=f"adamw.sqrt_v.{tag}"), sh["inv_sqrt_bc2"], name=f"adamw.vhat.{tag}"),
-                      s.hyper["eps"], name=f"adamw.denom.{tag}")
+        v_new = commit(
+            g,
+            v,
+            g.mul(g.sub(sq, v, name=f"adamw.dv.{tag}"), sh["one_minus_beta2"], name=f"adamw.v_delta.{tag}"),
+            s.skip,
+            name=f"adamw.v.{tag}",
+        )
+        denom = g.add(
+            g.mul(g.sqrt(v_new, name=f"adamw.sqrt_v.{tag}"), sh["inv_sqrt_bc2"], name=f"adamw.vhat.{tag}"),
+            s.hyper["eps"],
+            name=f"adamw.denom.{tag}",
+        )
         step = g.mul(g.div(m_new, denom, name=f"adamw.ratio.{tag}"), sh["step_size"], name=f"adamw.step.{tag}")
         delta = g.add(g.mul(w, sh["decay"], name=f"adamw.decay.{tag}"), step, name=f"adamw.delta.{tag}")
         commit(g, w, delta, s.skip, subtract=True, name=f"adamw.update.{tag}")

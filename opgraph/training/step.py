@@ -63,33 +63,66 @@ class TrainStep:
     """A training step of an imported module: its graph (`step_graph`) and what runs it (see the module
     docstring). The optimizer state lives here, per parameter key (`param_state`)."""
 
-    def __init__(self, imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer | None = None,
-                 mixed_precision: str | None = None, grad_clip_norm: float | None = None, *,
-                 target_like: Any = None, loss_scale: Mapping[str, float] | None = None,
-                 grad_data_type: Any = None, on_gradient: Sequence[GradientHook] = (), name: str | None = None,
-                 process_group: Any = None, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, zero: bool = False) -> None:
+    def __init__(
+        self,
+        imported: Any,
+        loss: Any = "cross_entropy",
+        optimizer: Optimizer | None = None,
+        mixed_precision: str | None = None,
+        grad_clip_norm: float | None = None,
+        *,
+        target_like: Any = None,
+        loss_scale: Mapping[str, float] | None = None,
+        grad_data_type: Any = None,
+        on_gradient: Sequence[GradientHook] = (),
+        name: str | None = None,
+        process_group: Any = None,
+        bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+        zero: bool = False,
+    ) -> None:
         self.imported = imported
         self.process_group = process_group
         self._owners: dict[str, int] | None = None  # ZeRO-1: parameter key -> the rank that updates it
         if zero and process_group is None:
-            raise AttributeValueError("zero=True (ZeRO-1) shards the optimizer state over a process group",
-                                      rule="training.zero", hint="pass process_group=... as well, or zero=False")
+            raise AttributeValueError(
+                "zero=True (ZeRO-1) shards the optimizer state over a process group",
+                rule="training.zero",
+                hint="pass process_group=... as well, or zero=False",
+            )
         if process_group is not None:  # gradients averaged over the group, in buckets (training.distributed)
             hook = data_parallel_hook(process_group, bucket_cap_mb, zero)
             on_gradient = (*on_gradient, hook)
         self.step_graph: ModuleStepGraph = module_step_graph(
-            imported, loss, optimizer, mixed_precision, grad_clip_norm, target_like=target_like,
-            loss_scale=loss_scale, grad_data_type=grad_data_type, on_gradient=on_gradient, name=name)
+            imported,
+            loss,
+            optimizer,
+            mixed_precision,
+            grad_clip_norm,
+            target_like=target_like,
+            loss_scale=loss_scale,
+            grad_data_type=grad_data_type,
+            on_gradient=on_gradient,
+            name=name,
+        )
         if process_group is not None:
             if zero:
                 final = self.graph.final
                 self._owners = shard_owners([(s.key, final.tensors[s.uid].numel) for s in self.params], hook.size)
-                what = "\n".join([imported.graph.to_json(indent=None), repr(self.optimizer), str(mixed_precision),
-                                  str(grad_clip_norm), str(bucket_cap_mb), type(self.loss_fn).__name__])
+                what = "\n".join(
+                    [
+                        imported.graph.to_json(indent=None),
+                        repr(self.optimizer),
+                        str(mixed_precision),
+                        str(grad_clip_norm),
+                        str(bucket_cap_mb),
+                        type(self.loss_fn).__name__,
+                    ]
+                )
             else:
                 what = self.graph.to_json(indent=None)
-            check_ranks_agree(what, {h.name or str(h.uid): tuple(h.known_dim()) for h in imported.inputs},
-                              process_group)
+            check_ranks_agree(
+                what, {h.name or str(h.uid): tuple(h.known_dim()) for h in imported.inputs}, process_group
+            )
         self.mixed_precision = mixed_precision
         self.grad_clip_norm = grad_clip_norm
         self.scaler = {**SCALER_DEFAULTS, **(loss_scale or {})} if self.low is DataType.HALF else None
@@ -189,14 +222,19 @@ class TrainStep:
         for h, v in zip(handles, values):
             pack[h.uid].copy_(self.imported._user_input(h, v).to(device))
         if target is None:
-            raise VariantPackError("a training step needs the target", rule="training.target",
-                                   hint="call step.run(*inputs, target)")
+            raise VariantPackError(
+                "a training step needs the target", rule="training.target", hint="call step.run(*inputs, target)"
+            )
         d = self.graph.final.tensors[self.target_uid]
         t = target if isinstance(target, torch.Tensor) else torch.as_tensor(target)
         if t.numel() != d.numel:
-            raise VariantPackError(f"the target has shape {list(t.shape)} ({t.numel()} elements); the loss takes "
-                                   f"{d.numel} ({list(d.dim)})", tensor=d, rule="training.target_shape",
-                                   hint="pass the targets of this batch (class indices for cross_entropy)")
+            raise VariantPackError(
+                f"the target has shape {list(t.shape)} ({t.numel()} elements); the loss takes "
+                f"{d.numel} ({list(d.dim)})",
+                tensor=d,
+                rule="training.target_shape",
+                hint="pass the targets of this batch (class indices for cross_entropy)",
+            )
         pack[self.target_uid].copy_(t.reshape(d.dim).to(device=device, dtype=d.data_type.to_torch()))
         for handle, source in self.imported.bound_inputs:  # dropout masks: a new draw per step
             if source.kind == "random" and handle.uid in pack:
@@ -233,8 +271,11 @@ class TrainStep:
                 pack[uid] = empty(uid)
         missing = [final.tensors[u].label() for u in final.inputs if u not in pack]
         if missing:
-            raise GraphError(f"the step graph reads inputs train_step does not bind: {', '.join(missing)}",
-                             rule="training.internal", hint="report this as a bug, with the module")
+            raise GraphError(
+                f"the step graph reads inputs train_step does not bind: {', '.join(missing)}",
+                rule="training.internal",
+                hint="report this as a bug, with the module",
+            )
         self._pack, self._device = pack, device
 
     def _bind_module(self, pack: UidPack, device: Any) -> None:
@@ -244,15 +285,21 @@ class TrainStep:
         final = self.graph.final
         cache: dict = {}
         for handle, source in imp.bound_inputs:
-            if handle.uid in final.tensors and final.tensors[handle.uid].is_virtual is False \
-                    and handle.uid in final.inputs:
+            if (
+                handle.uid in final.tensors
+                and final.tensors[handle.uid].is_virtual is False
+                and handle.uid in final.inputs
+            ):
                 pack[handle.uid] = imp._resolve(source, cache, {}, device, None)
         module = imp.module
         for slot in self.params:
             p = module.get_parameter(slot.key).detach()
             if p.device != device:
-                raise VariantPackError(f"parameter '{slot.key}' is on {p.device}, the inputs on {device}",
-                                       rule="training.device", hint="move the module to the inputs' device")
+                raise VariantPackError(
+                    f"parameter '{slot.key}' is on {p.device}, the inputs on {device}",
+                    rule="training.device",
+                    hint="move the module to the inputs' device",
+                )
             pack[slot.uid] = slot.source.apply(p) if slot.source is not None else p
             for sname, uid in slot.state.items():
                 state = self._param_state(slot.key, sname, p)
@@ -286,8 +333,11 @@ class TrainStep:
         torch = _torch()
         pack = self.pack(*inputs, target=target)
         if self._device.type != "cuda":
-            raise GraphError("CUDA graphs need inputs on a CUDA device", rule="cudagraph.device",
-                             hint="move the module and inputs to the GPU")
+            raise GraphError(
+                "CUDA graphs need inputs on a CUDA device",
+                rule="cudagraph.device",
+                hint="move the module and inputs to the GPU",
+            )
         if self.plan is None or not self.plan.device.is_cuda:
             self.build("cuda")
         saved = self._snapshot(pack)
@@ -310,8 +360,9 @@ class TrainStep:
         self.imported.write_back(pack)
         if self._owners is not None:
             module = self.imported.module
-            broadcast_params([(s.key, module.get_parameter(s.key)) for s in self.params], self._owners,
-                             self.process_group)
+            broadcast_params(
+                [(s.key, module.get_parameter(s.key)) for s in self.params], self._owners, self.process_group
+            )
 
     def _snapshot(self, pack: Mapping[int, Buffer]) -> list[tuple[Any, Any]]:
         # every output: parameters and optimizer state are updated in place (outputs read before
@@ -373,9 +424,11 @@ class TrainStep:
         checkpoint.load_state_dict(self, state_dict)
 
     def __repr__(self) -> str:
-        return (f"<TrainStep {self.graph.name}: {len(self.params)} parameters, {self.optimizer}, "
-                f"loss {self.loss_fn.name}, mixed_precision={self.mixed_precision}, "
-                f"grad_clip_norm={self.grad_clip_norm}>")
+        return (
+            f"<TrainStep {self.graph.name}: {len(self.params)} parameters, {self.optimizer}, "
+            f"loss {self.loss_fn.name}, mixed_precision={self.mixed_precision}, "
+            f"grad_clip_norm={self.grad_clip_norm}>"
+        )
 
 
 class CapturedStep:
@@ -387,14 +440,23 @@ class CapturedStep:
         self.graph = graph
 
     def replay(self, *inputs: Any, target: Any = None) -> Any:
-        pack = (self.step.pack(*inputs, target=target) if inputs or target is not None
-                else expect(self.step._pack, "the captured step's variant pack"))  # (capture made it)
+        pack = (
+            self.step.pack(*inputs, target=target)
+            if inputs or target is not None
+            else expect(self.step._pack, "the captured step's variant pack")
+        )  # (capture made it)
         self.graph.replay()
         return pack[self.step.loss_uid].reshape(())
 
 
-def train_step(imported: Any, loss: Any = "cross_entropy", optimizer: Optimizer | None = None,
-               mixed_precision: str | None = None, grad_clip_norm: float | None = None, **options: Any) -> TrainStep:
+def train_step(
+    imported: Any,
+    loss: Any = "cross_entropy",
+    optimizer: Optimizer | None = None,
+    mixed_precision: str | None = None,
+    grad_clip_norm: float | None = None,
+    **options: Any,
+) -> TrainStep:
     """The training step of module `imported` (opgraph.from_torch, train mode): forward, `loss`, backward,
     clipping and `optimizer`'s update in one plan (see the module docstring).
 

@@ -98,8 +98,11 @@ class StepGraph:
         own name too) as a handle of the step graph."""
         uid = self.scalars.get(name) or self.hyper_scalars.get(name)
         if uid is None:
-            raise GraphError(f"the step has no device scalar {name!r}", rule="training.scalar",
-                             hint=f"its scalars: {sorted(self.scalars)}")
+            raise GraphError(
+                f"the step has no device scalar {name!r}",
+                rule="training.scalar",
+                hint=f"its scalars: {sorted(self.scalars)}",
+            )
         return handles_by_uid(self.graph)[uid]
 
     def state_pack(self, device: Any = None, params: Iterable[ParamSlot] | None = None) -> UidPack:
@@ -121,12 +124,24 @@ class StepGraph:
         return out
 
 
-def step_graph(forward: Graph, loss: Any, params: Sequence[Any], optimizer: Optimizer, *,
-               seed: AnalyticSeed | None = None, grad_clip_norm: float | None = None,
-               loss_scale: Mapping[str, float] | None = None, grad_data_type: Any = None,
-               forward_types: bool = False, scalar_data_type: Any = None, keep_grads: bool = False,
-               scalar_names: Mapping[str, str] | None = None, virtual: Iterable[int] = (),
-               on_gradient: Sequence[GradientHook] = (), name: str | None = None) -> StepGraph:
+def step_graph(
+    forward: Graph,
+    loss: Any,
+    params: Sequence[Any],
+    optimizer: Optimizer,
+    *,
+    seed: AnalyticSeed | None = None,
+    grad_clip_norm: float | None = None,
+    loss_scale: Mapping[str, float] | None = None,
+    grad_data_type: Any = None,
+    forward_types: bool = False,
+    scalar_data_type: Any = None,
+    keep_grads: bool = False,
+    scalar_names: Mapping[str, str] | None = None,
+    virtual: Iterable[int] = (),
+    on_gradient: Sequence[GradientHook] = (),
+    name: str | None = None,
+) -> StepGraph:
     """The training step of `forward` (a validated graph computing `loss`, a 1-element floating tensor):
     gradients of `params` and `optimizer`'s in-place updates, as one graph (see the module docstring).
 
@@ -143,15 +158,28 @@ def step_graph(forward: Graph, loss: Any, params: Sequence[Any], optimizer: Opti
     on_gradient: gradient-ready hooks, applied in order (see GradientHook).
     """
     return _Builder(forward, optimizer, scalar_names or {}, name).build(
-        loss, params, seed, grad_clip_norm, loss_scale, grad_data_type, forward_types, scalar_data_type, keep_grads,
-        set(virtual), tuple(on_gradient))
+        loss,
+        params,
+        seed,
+        grad_clip_norm,
+        loss_scale,
+        grad_data_type,
+        forward_types,
+        scalar_data_type,
+        keep_grads,
+        set(virtual),
+        tuple(on_gradient),
+    )
 
 
 class _Builder:
     def __init__(self, forward: Graph, optimizer: Optimizer, scalar_names: Mapping[str, str], name: str | None) -> None:
         if not isinstance(optimizer, Optimizer):
-            raise AttributeValueError(f"optimizer={optimizer!r} is not an opgraph.training optimizer",
-                                      rule="training.optimizer", hint="pass opgraph.training.SGD(...) or AdamW(...)")
+            raise AttributeValueError(
+                f"optimizer={optimizer!r} is not an opgraph.training optimizer",
+                rule="training.optimizer",
+                hint="pass opgraph.training.SGD(...) or AdamW(...)",
+            )
         self.forward = forward
         self.opt = optimizer
         self.names = scalar_names
@@ -161,35 +189,69 @@ class _Builder:
         self.next_uid = 0
         self.grad_norm_uid: int | None = None
 
-    def build(self, loss: Any, params: Sequence[Any], seed: AnalyticSeed | None, clip: float | None,
-              loss_scale: Mapping[str, float] | None, grad_data_type: Any, forward_types: bool, sdt: Any,
-              keep_grads: bool, virtual: set[int], hooks: tuple[GradientHook, ...]) -> StepGraph:
+    def build(
+        self,
+        loss: Any,
+        params: Sequence[Any],
+        seed: AnalyticSeed | None,
+        clip: float | None,
+        loss_scale: Mapping[str, float] | None,
+        grad_data_type: Any,
+        forward_types: bool,
+        sdt: Any,
+        keep_grads: bool,
+        virtual: set[int],
+        hooks: tuple[GradientHook, ...],
+    ) -> StepGraph:
         fg = self.forward.final
         loss_uid = resolve(fg, loss, "loss")
         d = fg.tensors[loss_uid]
         if d.numel != 1 or not d.data_type.is_floating:
-            raise GraphError(f"the loss must be a 1-element floating tensor, got {d.type_str()}", tensor=d,
-                             rule="training.loss", hint="reduce the loss to one value (a mean or a sum)")
-        slots = [p if isinstance(p, ParamSlot) else ParamSlot(fg.tensors[resolve(fg, p, "params")].name,
-                                                             resolve(fg, p, "params")) for p in params]
+            raise GraphError(
+                f"the loss must be a 1-element floating tensor, got {d.type_str()}",
+                tensor=d,
+                rule="training.loss",
+                hint="reduce the loss to one value (a mean or a sum)",
+            )
+        slots = [
+            p
+            if isinstance(p, ParamSlot)
+            else ParamSlot(fg.tensors[resolve(fg, p, "params")].name, resolve(fg, p, "params"))
+            for p in params
+        ]
         for slot in slots:
             if slot.uid not in fg.inputs:
-                raise GraphError("a trained parameter must be an input of the forward graph (it is updated in place)",
-                                 tensor=fg.tensors[slot.uid], rule="training.param",
-                                 hint="declare the parameter with g.tensor(...) and pass that handle")
+                raise GraphError(
+                    "a trained parameter must be an input of the forward graph (it is updated in place)",
+                    tensor=fg.tensors[slot.uid],
+                    rule="training.param",
+                    hint="declare the parameter with g.tensor(...) and pass that handle",
+                )
         if clip is not None and not clip > 0:
-            raise AttributeValueError(f"grad_clip_norm={clip!r} must be > 0", rule="training.clip",
-                                      hint="pass a positive max norm, or None for no clipping")
+            raise AttributeValueError(
+                f"grad_clip_norm={clip!r} must be > 0",
+                rule="training.clip",
+                hint="pass a positive max norm, or None for no clipping",
+            )
         scaler = None if loss_scale is None else {**SCALER_DEFAULTS, **loss_scale}
         unknown = set(loss_scale or {}) - set(SCALER_DEFAULTS)
         if unknown:
-            raise AttributeValueError(f"loss_scale has unknown keys {sorted(unknown)}", rule="training.loss_scale",
-                                      hint=f"known: {sorted(SCALER_DEFAULTS)}")
+            raise AttributeValueError(
+                f"loss_scale has unknown keys {sorted(unknown)}",
+                rule="training.loss_scale",
+                hint=f"known: {sorted(SCALER_DEFAULTS)}",
+            )
         seeded = seed.uid if seed is not None else loss_uid
         n_forward = len(self.forward._records)
-        res = grad(self.forward, [seeded], [s.uid for s in slots], combined=True,
-                   intermediate_data_type=grad_data_type, forward_types=forward_types,
-                   name=self.name or f"{self.forward.name or 'graph'}_train_step")
+        res = grad(
+            self.forward,
+            [seeded],
+            [s.uid for s in slots],
+            combined=True,
+            intermediate_data_type=grad_data_type,
+            forward_types=forward_types,
+            name=self.name or f"{self.forward.name or 'graph'}_train_step",
+        )
         g = res.graph
         for uid in fg.inputs:  # combined graphs copy inputs without the flag: double-buffered inputs keep it
             if fg.tensors[uid].is_by_reference:
@@ -220,8 +282,11 @@ class _Builder:
         first = len(g._records)
         for hook in hooks:
             together = getattr(hook, "gradients", None)  # a hook of every gradient at once (buckets)
-            grads = (dict(together(g, slots, grads)) if together is not None
-                     else {s.uid: hook(g, s, grads[s.uid]) for s in slots})
+            grads = (
+                dict(together(g, slots, grads))
+                if together is not None
+                else {s.uid: hook(g, s, grads[s.uid]) for s in slots}
+            )
         order.update(_early(g, g._records[first:], [res.grads[s.uid] for s in slots]))
         elsewhere = {k for hook in hooks for k in getattr(hook, "updated_elsewhere", lambda g, slots: ())(g, slots)}
         skip: Tensor | None = None
@@ -247,15 +312,17 @@ class _Builder:
             d = pdesc[slot.uid]
             state = {}
             for sname in opt.state_names():
-                state[sname] = g.tensor(dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"{sname}.{slot.key}",
-                                        uid=self._new_uid())
+                state[sname] = g.tensor(
+                    dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"{sname}.{slot.key}", uid=self._new_uid()
+                )
             mark = len(g._records)
             opt.update(scope, w, grads[slot.uid], state, slot.key)
             if not global_deps:
                 at = _producer_index(g, res.grads[slot.uid])
                 order.update({id(r): (at, 1, i) for i, r in enumerate(g._records[mark:])})
-            out_slots.append(replace(slot, grad_uid=res.grads[slot.uid].uid,
-                                     state={k: t.known_uid() for k, t in state.items()}))
+            out_slots.append(
+                replace(slot, grad_uid=res.grads[slot.uid].uid, state={k: t.known_uid() for k, t in state.items()})
+            )
         # each update right after its gradient's producer (without clipping or loss scaling, which need
         # every gradient first): the partitioner can then fuse it into that kernel's epilogue
         index = {id(r): (i, 0) for i, r in enumerate(g._records)}
@@ -266,8 +333,17 @@ class _Builder:
         g.validate()
         names = {self.names.get(k, k): u for k, u in self.scalars.items()}
         values = {self.names.get(k, k): v for k, v in self.values.items()}
-        return StepGraph(g, tuple(out_slots), opt, names, values, {n: t.known_uid() for n, t in hyper.items()},
-                         loss_uid, seed_uid if seed_uid in g.final.inputs else None, self.grad_norm_uid)
+        return StepGraph(
+            g,
+            tuple(out_slots),
+            opt,
+            names,
+            values,
+            {n: t.known_uid() for n, t in hyper.items()},
+            loss_uid,
+            seed_uid if seed_uid in g.final.inputs else None,
+            self.grad_norm_uid,
+        )
 
     def _new_uid(self) -> int:
         self.next_uid += 1
@@ -279,8 +355,9 @@ class _Builder:
         self.values[name] = float(value)
         return t
 
-    def _unscale(self, g: Graph, grads: dict[int, Tensor], scale: Tensor,
-                 pdesc: Mapping[int, Any]) -> tuple[dict[int, Tensor], Tensor]:
+    def _unscale(
+        self, g: Graph, grads: dict[int, Tensor], scale: Tensor, pdesc: Mapping[int, Any]
+    ) -> tuple[dict[int, Tensor], Tensor]:
         """Gradients divided by the loss scale, and `skip`: whether any of them holds an inf or NaN
         (x * 0 is NaN exactly for those)."""
         inv = g.reciprocal(scale, name="loss_scale.inverse")
@@ -294,8 +371,9 @@ class _Builder:
         skip = g.cmp_neq(expect(total, "a parameter's gradient"), 0.0, name="found_inf")
         return out, skip
 
-    def _clip(self, g: Graph, grads: dict[int, Tensor], sdt: DataType, pdesc: Mapping[int, Any],
-              clip: float) -> dict[int, Tensor]:
+    def _clip(
+        self, g: Graph, grads: dict[int, Tensor], sdt: DataType, pdesc: Mapping[int, Any], clip: float
+    ) -> dict[int, Tensor]:
         max_norm = self._scalar(g, "max_grad_norm", sdt, clip)
         total = None
         for uid, gr in grads.items():
@@ -304,8 +382,7 @@ class _Builder:
         norm = g.sqrt(expect(total, "a parameter's gradient"), name="grad_norm")
         norm.set_output(True).set_uid(self._new_uid()).set_data_type(sdt)
         self.grad_norm_uid = norm.uid
-        coef = g.min(g.div(max_norm, g.add(norm, 1e-6, name="clip.norm_eps"), name="clip.ratio"), 1.0,
-                     name="clip.coef")
+        coef = g.min(g.div(max_norm, g.add(norm, 1e-6, name="clip.norm_eps"), name="clip.ratio"), 1.0, name="clip.coef")
         return {uid: g.mul(gr, coef, name=f"clip.{uid}") for uid, gr in grads.items()}
 
     def _update_scale(self, g: Graph, scale: Tensor, skip: Tensor, c: Mapping[str, float]) -> None:
@@ -313,9 +390,12 @@ class _Builder:
         tracker = self._scalar(g, "loss_scale.growth_tracker", DataType.FLOAT, 0.0)
         next_count = g.add(tracker, 1.0, name="loss_scale.count")
         grow = g.cmp_ge(next_count, float(c["growth_interval"]), name="loss_scale.grow")
-        factor = g.binary_select(float(c["backoff_factor"]),
-                                 g.binary_select(float(c["growth_factor"]), 1.0, grow, name="loss_scale.grow_factor"),
-                                 skip, name="loss_scale.factor")
+        factor = g.binary_select(
+            float(c["backoff_factor"]),
+            g.binary_select(float(c["growth_factor"]), 1.0, grow, name="loss_scale.grow_factor"),
+            skip,
+            name="loss_scale.factor",
+        )
         new_scale = g.mul(scale, factor, name="loss_scale.new")
         new_scale.set_uid(scale.uid).set_name(scale.name).set_data_type(DataType.FLOAT).set_output(True)
         reset = g.logical_or(skip, grow, name="loss_scale.reset")
@@ -365,8 +445,11 @@ def _producer_index(g: Graph, t: Tensor) -> int:
     for i, r in enumerate(g._records):
         if any(o is t for o in r.outputs):
             return i
-    raise GraphError("the gradient has no producer in the step graph", rule="training.internal",
-                     hint="report this as a bug, with the module")
+    raise GraphError(
+        "the gradient has no producer in the step graph",
+        rule="training.internal",
+        hint="report this as a bug, with the module",
+    )
 
 
 def _sum_to_one(g: Graph, x: Tensor, rank: int, name: str) -> Tensor:

@@ -34,8 +34,22 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _attn_inner(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, lo, hi, offs_m, qk_scale,
-                BN: tl.constexpr, MASKED: tl.constexpr, WS: tl.constexpr):
+def _attn_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_desc,
+    v_desc,
+    kv_row0,
+    lo,
+    hi,
+    offs_m,
+    qk_scale,
+    BN: tl.constexpr,
+    MASKED: tl.constexpr,
+    WS: tl.constexpr,
+):
     for start_n in tl.range(lo, hi, BN, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BN)
         k = k_desc.load([kv_row0 + start_n, 0])
@@ -59,9 +73,22 @@ def _attn_inner(acc, l_i, m_i, q, k_desc, v_desc, kv_row0, lo, hi, offs_m, qk_sc
 
 
 @triton.jit
-def attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, sm_scale, S,
-             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, WS: tl.constexpr,
-             O_TMA: tl.constexpr, SPLIT: tl.constexpr):
+def attn_fwd(
+    q_desc,
+    k_desc,
+    v_desc,
+    o_desc,
+    o_ptr,
+    sm_scale,
+    S,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WS: tl.constexpr,
+    O_TMA: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """Q, K, V, O: [B * H * S, D] row-major views (one row per (batch, head, position))."""
     start_m = tl.program_id(0)
     row0 = tl.program_id(1) * S
@@ -72,13 +99,16 @@ def attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, sm_scale, S,
     qk_scale = sm_scale * 1.44269504  # exp(x) = exp2(x / ln 2)
     q = q_desc.load([row0 + start_m * BM, 0])
     if CAUSAL and SPLIT:  # unmasked blocks left of the diagonal, then the diagonal block masked
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_desc, v_desc, row0, 0, start_m * BM, offs_m, qk_scale,
-                                    BN, False, WS)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_desc, v_desc, row0, start_m * BM, (start_m + 1) * BM,
-                                    offs_m, qk_scale, BN, True, WS)
+        acc, l_i, m_i = _attn_inner(
+            acc, l_i, m_i, q, k_desc, v_desc, row0, 0, start_m * BM, offs_m, qk_scale, BN, False, WS
+        )
+        acc, l_i, m_i = _attn_inner(
+            acc, l_i, m_i, q, k_desc, v_desc, row0, start_m * BM, (start_m + 1) * BM, offs_m, qk_scale, BN, True, WS
+        )
     elif CAUSAL:  # one loop, every block masked (3.6's Hopper warp specialization fails on two loops)
-        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_desc, v_desc, row0, 0, (start_m + 1) * BM, offs_m,
-                                    qk_scale, BN, True, WS)
+        acc, l_i, m_i = _attn_inner(
+            acc, l_i, m_i, q, k_desc, v_desc, row0, 0, (start_m + 1) * BM, offs_m, qk_scale, BN, True, WS
+        )
     else:
         acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_desc, v_desc, row0, 0, S, offs_m, qk_scale, BN, False, WS)
     out = (acc / l_i[:, None]).to(o_ptr.dtype.element_ty)
@@ -90,21 +120,28 @@ def attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, sm_scale, S,
 
 
 VARIANTS = {
-    "fa_tma": ({"WS": 0, "O_TMA": 1, "SPLIT": 1},
-               "FA2 forward, TMA descriptors for Q/K/V/O (Triton tutorial 06's Hopper path)"),
-    "fa_ws": ({"WS": 1, "O_TMA": 0, "SPLIT": 0},
-              "fa_tma with the KV loop under tl.range(warp_specialize=True), pointer store of O, causal as one "
-              "masked loop (two loops failed to compile with 3.6)"),
+    "fa_tma": (
+        {"WS": 0, "O_TMA": 1, "SPLIT": 1},
+        "FA2 forward, TMA descriptors for Q/K/V/O (Triton tutorial 06's Hopper path)",
+    ),
+    "fa_ws": (
+        {"WS": 1, "O_TMA": 0, "SPLIT": 0},
+        "fa_tma with the KV loop under tl.range(warp_specialize=True), pointer store of O, causal as one "
+        "masked loop (two loops failed to compile with 3.6)",
+    ),
 }
 
 
 def configs(variant: str) -> list[dict]:
     if variant == "fa_ws":  # 3.6's Hopper autoWS partitions at num_warps 4 (two consumer warpgroups + producer)
-        return [{"BM": 128, "BN": 128, "num_warps": 4, "num_stages": 2}] + \
-            [{"BM": 128, "BN": 64, "num_warps": 4, "num_stages": s} for s in (2, 3)]
-    return [{"BM": 128, "BN": 128, "num_warps": 8, "num_stages": s} for s in (2, 3)] + \
-        [{"BM": 128, "BN": 64, "num_warps": 8, "num_stages": s} for s in (2, 3, 4)] + \
-        [{"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 3}]
+        return [{"BM": 128, "BN": 128, "num_warps": 4, "num_stages": 2}] + [
+            {"BM": 128, "BN": 64, "num_warps": 4, "num_stages": s} for s in (2, 3)
+        ]
+    return (
+        [{"BM": 128, "BN": 128, "num_warps": 8, "num_stages": s} for s in (2, 3)]
+        + [{"BM": 128, "BN": 64, "num_warps": 8, "num_stages": s} for s in (2, 3, 4)]
+        + [{"BM": 64, "BN": 64, "num_warps": 4, "num_stages": 3}]
+    )
 
 
 def cfg_name(c: dict) -> str:
@@ -138,7 +175,7 @@ def launch_parts(variant: str, cfg: dict, q, k, v, o, causal: bool):
     kw = {"D": D, "BM": cfg["BM"], "BN": cfg["BN"], "CAUSAL": int(causal), **knobs}
     opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     grid = (S // cfg["BM"], B * H)
-    return attn_fwd, grid, (qd, kd, vd, od, views[3], 1.0 / D ** 0.5, S), kw, opts
+    return attn_fwd, grid, (qd, kd, vd, od, views[3], 1.0 / D**0.5, S), kw, opts
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,6 +184,7 @@ def launch_parts(variant: str, cfg: dict, q, k, v, o, causal: bool):
 class AttnMeasurer:
     def __init__(self, rep_ms: int):
         import torch
+
         self.torch = torch
         self.rep_ms = rep_ms
         self.key = None
@@ -159,8 +197,9 @@ class AttnMeasurer:
             torch.cuda.empty_cache()
             B, H, S, D, causal = sh
             g = torch.Generator(device="cuda").manual_seed(0)
-            self.q, self.k, self.v = (torch.randn(B, H, S, D, generator=g, device="cuda").to(torch.bfloat16)
-                                      for _ in range(3))
+            self.q, self.k, self.v = (
+                torch.randn(B, H, S, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3)
+            )
             self.o = torch.empty_like(self.q)
             self.ref = None
             self.key = sh
@@ -169,12 +208,14 @@ class AttnMeasurer:
     def library(self, sh, backend: str):
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
         be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
         causal = sh[4]
 
         def fn():
             with sdpa_kernel(be):
                 return F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=causal)
+
         return fn
 
     def reference(self, sh):
@@ -190,6 +231,7 @@ class AttnMeasurer:
 
     def measure(self, task: dict) -> dict:
         from triton.testing import do_bench
+
         torch = self.torch
         sh = tuple(task["shape"])
         self._problem(sh)
@@ -201,11 +243,13 @@ class AttnMeasurer:
                 self.ref = out.float()
             err = float((out.float() - self.ref).abs().max())
         else:
-            kern, grid, args, kw, opts = launch_parts(task["variant"], task["cfg"], self.q, self.k, self.v, self.o,
-                                                      sh[4])
+            kern, grid, args, kw, opts = launch_parts(
+                task["variant"], task["cfg"], self.q, self.k, self.v, self.o, sh[4]
+            )
 
             def fn():
                 kern[grid](*args, **kw, **opts)
+
             self.o.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
@@ -249,6 +293,7 @@ def child_main(conn, init: dict) -> None:
     try:
         os.environ.pop("TRITON_INTERPRET", None)
         import torch
+
         torch.cuda.init()
         meas = AttnMeasurer(init["rep_ms"])
     except Exception as e:  # noqa: BLE001
@@ -268,8 +313,11 @@ def child_main(conn, init: dict) -> None:
             res = meas.measure(task)
         except Exception as e:  # noqa: BLE001
             text = str(e).strip()
-            res = {"ok": False, "error": f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"[:500],
-                   "trace": traceback.format_exc()[-1200:]}
+            res = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"[:500],
+                "trace": traceback.format_exc()[-1200:],
+            }
             try:
                 torch.cuda.synchronize()
             except Exception:  # noqa: BLE001 - a sticky CUDA error: this child is done
@@ -301,14 +349,16 @@ def sweep(args) -> None:
         print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
     def record(task, res):
-        entry = results["shapes"].setdefault(shape_name(task["shape"]), {"flops": flops(task["shape"]),
-                                                                        "library": {}, "variants": {}})
+        entry = results["shapes"].setdefault(
+            shape_name(task["shape"]), {"flops": flops(task["shape"]), "library": {}, "variants": {}}
+        )
         if task["kind"] == "library":
             entry["library"][task["label"]] = res
         else:
             ve = entry["variants"].setdefault(task["label"], {"configs": []})
-            ve["configs"].append({"cfg": cfg_name(task["cfg"]), **{k: res.get(k) for k in ("ok", "ms", "tflops", "err",
-                                                                                         "error")}})
+            ve["configs"].append(
+                {"cfg": cfg_name(task["cfg"]), **{k: res.get(k) for k in ("ok", "ms", "tflops", "err", "error")}}
+            )
             okc = [c for c in ve["configs"] if c.get("tflops")]
             if okc:
                 ve["best"] = max(okc, key=lambda c: c["tflops"])
@@ -316,8 +366,10 @@ def sweep(args) -> None:
         lib = entry["library"].get("cudnn", {}).get("tflops")
         if res.get("tflops") and lib and task["kind"] == "kernel":
             what += f" ({res['tflops'] / lib:.2f}x cuDNN)"
-        log(f"{shape_name(task['shape']):28s} {task['label']:8s} {cfg_name(task['cfg']) if 'cfg' in task else '':16s} "
-            f"{what}")
+        log(
+            f"{shape_name(task['shape']):28s} {task['label']:8s} {cfg_name(task['cfg']) if 'cfg' in task else '':16s} "
+            f"{what}"
+        )
         (out / "attn_sweep.json").write_text(json.dumps(results, indent=1, default=str))
         (out / "attn_sweep.md").write_text(attn_markdown(results))
 
@@ -368,8 +420,11 @@ def sweep(args) -> None:
                 proc.join(5)
             if current["kind"] == "kernel" and not dead and limit:
                 hung.add(current["label"])
-            why = "the process died" if dead else \
-                ("ended at the budget" if limit == 0 else f"timed out after {limit:.0f} s")
+            why = (
+                "the process died"
+                if dead
+                else ("ended at the budget" if limit == 0 else f"timed out after {limit:.0f} s")
+            )
             record(current, {"ok": False, "error": why})
             current = None
             if time.time() > deadline:
@@ -393,9 +448,14 @@ def sweep(args) -> None:
 
 
 def attn_markdown(res: dict) -> str:
-    lines = [f"# Hopper attention lab (Triton {res['env'].get('triton')}, {res['env'].get('elapsed_s')} s)", "",
-             "Forward, bf16, TFLOP/s (causal counts half the FLOPs); ratio to cuDNN's SDPA in brackets.", "",
-             "| shape | cuDNN | flash (FA2) | " + " | ".join(VARIANTS) + " |", "|---|---|---|" + "---|" * len(VARIANTS)]
+    lines = [
+        f"# Hopper attention lab (Triton {res['env'].get('triton')}, {res['env'].get('elapsed_s')} s)",
+        "",
+        "Forward, bf16, TFLOP/s (causal counts half the FLOPs); ratio to cuDNN's SDPA in brackets.",
+        "",
+        "| shape | cuDNN | flash (FA2) | " + " | ".join(VARIANTS) + " |",
+        "|---|---|---|" + "---|" * len(VARIANTS),
+    ]
     for name, e in res["shapes"].items():
         lib = e["library"].get("cudnn", {}).get("tflops")
         cells = [f"{lib:.0f}" if lib else str(e["library"].get("cudnn", {}).get("error", "-"))[:60]]
@@ -403,14 +463,19 @@ def attn_markdown(res: dict) -> str:
         cells.append(f"{fl:.0f}" if fl else "-")
         for v in VARIANTS:
             b = e["variants"].get(v, {}).get("best")
-            cells.append(f"{b['tflops']:.0f} ({b['tflops'] / lib:.2f}) {b['cfg']}" if b and lib else
-                         (f"{b['tflops']:.0f} {b['cfg']}" if b else "fail"))
+            cells.append(
+                f"{b['tflops']:.0f} ({b['tflops'] / lib:.2f}) {b['cfg']}"
+                if b and lib
+                else (f"{b['tflops']:.0f} {b['cfg']}" if b else "fail")
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Every config", ""]
     for name, e in res["shapes"].items():
         for v, ve in e["variants"].items():
-            parts = [f"{c['cfg']}: {c['tflops']:.0f}" if c.get("tflops") else f"{c['cfg']}: {c.get('error')}"
-                     for c in ve["configs"]]
+            parts = [
+                f"{c['cfg']}: {c['tflops']:.0f}" if c.get("tflops") else f"{c['cfg']}: {c.get('error')}"
+                for c in ve["configs"]
+            ]
             lines.append(f"- {name} {v}: " + "; ".join(parts))
     lines += ["", "## Notes", ""] + [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
@@ -421,12 +486,15 @@ def attn_markdown(res: dict) -> str:
 # --------------------------------------------------------------------------------------------
 def selftest() -> int:
     import torch
+
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     fails = total = 0
     for causal in (False, True):
         for v in VARIANTS:
-            for cfg in ({"BM": 32, "BN": 16, "num_warps": 4, "num_stages": 2},
-                        {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 2}):
+            for cfg in (
+                {"BM": 32, "BN": 16, "num_warps": 4, "num_stages": 2},
+                {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 2},
+            ):
                 B, H, S, D = 1, 2, 96, 64
                 g = torch.Generator().manual_seed(1)
                 q, k, v_ = (torch.randn(B, H, S, D, generator=g) for _ in range(3))
@@ -437,8 +505,9 @@ def selftest() -> int:
                 total += 1
                 try:
                     kern[grid](*args, **kw, **opts)
-                    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v_.float(),
-                                                                           is_causal=causal)
+                    ref = torch.nn.functional.scaled_dot_product_attention(
+                        q.float(), k.float(), v_.float(), is_causal=causal
+                    )
                     err = float((o.float() - ref).abs().max())
                     ok = err < 1e-2
                 except Exception as e:  # noqa: BLE001
@@ -454,6 +523,7 @@ def compile_check() -> int:
     """Compile every variant's configs for sm_90a without a GPU (compile_check.py's stand-in driver)."""
     import compile_check as cc
     import torch
+
     cc._fake_driver()
     rows = 0
     for v in VARIANTS:
@@ -470,8 +540,13 @@ def compile_check() -> int:
                     text = str(e).strip()
                     info = {"error": f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"[:300]}
                 rows += 1
-                print(v, cfg_name(cfg), "causal" if causal else "full", " ".join(f"{a}={b}" for a, b in info.items()),
-                      flush=True)
+                print(
+                    v,
+                    cfg_name(cfg),
+                    "causal" if causal else "full",
+                    " ".join(f"{a}={b}" for a, b in info.items()),
+                    flush=True,
+                )
     return 0
 
 

@@ -47,6 +47,7 @@ def _fake_driver() -> None:
 
         def get_active_torch_device(self):
             import torch
+
             return torch.device("cpu")
 
     driver.set_active(Sm90Driver())
@@ -63,8 +64,15 @@ def compile_one(spec: dict) -> dict:
     t0 = time.time()
     ck = gs.compile_kernel(spec, 132, device="cpu")
     ctime = time.time() - t0
-    return {"variant": spec["variant"], "cfg": gk.cfg_name(spec["cfg"]), "dtype": spec["dtype"], "b": spec["b"],
-            "act": spec["act"], "compile_s": round(ctime, 2), **analyze(ck)}
+    return {
+        "variant": spec["variant"],
+        "cfg": gk.cfg_name(spec["cfg"]),
+        "dtype": spec["dtype"],
+        "b": spec["b"],
+        "act": spec["act"],
+        "compile_s": round(ctime, 2),
+        **analyze(ck),
+    }
 
 
 def analyze(ck) -> dict:
@@ -77,19 +85,27 @@ def analyze(ck) -> dict:
     ptxas = getattr(ptxas, "path", ptxas)
     tmp = Path(tempfile.mkdtemp())
     (tmp / "k.ptx").write_text(ptx)
-    info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(tmp / "k.ptx"), "-o", str(tmp / "k.cubin")],
-                          capture_output=True, text=True, check=False).stderr
+    info = subprocess.run(
+        [ptxas, "-v", "--gpu-name", "sm_90a", str(tmp / "k.ptx"), "-o", str(tmp / "k.cubin")],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stderr
     regs = max([int(r) for r in re.findall(r"Used (\d+) registers", info)] or [0])
     spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", info))
     sass = ""
     cuobjdump = Path(ptxas).with_name("cuobjdump")
     if cuobjdump.exists() and (tmp / "k.cubin").exists():
-        sass = subprocess.run([str(cuobjdump), "-sass", str(tmp / "k.cubin")], capture_output=True, text=True,
-                              check=False).stdout
+        sass = subprocess.run(
+            [str(cuobjdump), "-sass", str(tmp / "k.cubin")], capture_output=True, text=True, check=False
+        ).stdout
     ttgir = ck.asm.get("ttgir", "")
     total_warps = re.search(r'"ttg.total-num-warps"\s*=\s*(\d+)', ttgir)
     return {
-        "regs": regs, "spill_bytes": spills, "smem": ck.metadata.shared, "warps": ck.metadata.num_warps,
+        "regs": regs,
+        "spill_bytes": spills,
+        "smem": ck.metadata.shared,
+        "warps": ck.metadata.num_warps,
         "total_warps": int(total_warps.group(1)) if total_warps else ck.metadata.num_warps,
         "ws_regions": ttgir.count("ttg.warp_specialize"),
         "wgmma_ptx": len(re.findall(r"wgmma\.mma_async", ptx)),
@@ -118,12 +134,23 @@ def _child(arg: str) -> None:
 def run_child(spec: dict, timeout: float) -> dict:
     import gemm_kernels as gk
 
-    base = {"variant": spec["variant"], "cfg": gk.cfg_name(spec["cfg"]), "dtype": spec["dtype"], "b": spec["b"],
-            "act": spec["act"]}
+    base = {
+        "variant": spec["variant"],
+        "cfg": gk.cfg_name(spec["cfg"]),
+        "dtype": spec["dtype"],
+        "b": spec["b"],
+        "act": spec["act"],
+    }
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     try:
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-                              capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return {**base, "ok": False, "error": f"compile timed out after {timeout:.0f} s"}
     for line in done.stdout.splitlines():
@@ -152,8 +179,16 @@ def specs(full: bool) -> list[dict]:
         return cfgs[0] if cfgs else None
 
     # the fused epilogue (bias + tanh GELU) on a 128x256 tile, B row-major, and fp8
-    for name in ("plain", "persist", "persist_sub", "persist_ws", "persist_flat", "persist_flat_sub", "gluon_persist",
-                 "gluon_ws"):
+    for name in (
+        "plain",
+        "persist",
+        "persist_sub",
+        "persist_ws",
+        "persist_flat",
+        "persist_flat_sub",
+        "gluon_persist",
+        "gluon_ws",
+    ):
         cfg = big(gk.VARIANTS[name], 2)
         if cfg:
             out.append({"variant": name, "cfg": cfg, "dtype": "bf16", "b": "nk", "act": 2})
@@ -165,9 +200,30 @@ def specs(full: bool) -> list[dict]:
     return out
 
 
-COLS = ["variant", "cfg", "dtype", "b", "act", "ok", "regs", "spill_bytes", "smem", "warps", "total_warps",
-        "ws_regions", "wgmma_ptx", "gmma_sass", "hmma_sass", "tma_load_ptx", "tma_store_ptx", "cp_async_ptx",
-        "setmaxnreg", "local_mem_sass", "compile_s", "error"]
+COLS = [
+    "variant",
+    "cfg",
+    "dtype",
+    "b",
+    "act",
+    "ok",
+    "regs",
+    "spill_bytes",
+    "smem",
+    "warps",
+    "total_warps",
+    "ws_regions",
+    "wgmma_ptx",
+    "gmma_sass",
+    "hmma_sass",
+    "tma_load_ptx",
+    "tma_store_ptx",
+    "cp_async_ptx",
+    "setmaxnreg",
+    "local_mem_sass",
+    "compile_s",
+    "error",
+]
 
 
 def main() -> None:
@@ -187,16 +243,19 @@ def main() -> None:
     if args.only:
         keep = set(args.only.split(","))
         todo = [s for s in todo if s["variant"] in keep]
-    print(f"triton {triton.__version__}: compiling {len(todo)} kernels for sm_90a, {args.jobs} at a time",
-          flush=True)
+    print(f"triton {triton.__version__}: compiling {len(todo)} kernels for sm_90a, {args.jobs} at a time", flush=True)
     rows = []
     with ThreadPoolExecutor(args.jobs) as pool:
         for r in pool.map(lambda s: run_child(s, args.timeout), todo):
             rows.append(r)
             print(" ".join(f"{c}={r.get(c)}" for c in COLS if r.get(c) not in (None, "")), flush=True)
     if args.out:
-        lines = [f"Compiled for sm_90a with Triton {triton.__version__} on a CPU (no GPU): {len(rows)} kernels.", "",
-                 "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+        lines = [
+            f"Compiled for sm_90a with Triton {triton.__version__} on a CPU (no GPU): {len(rows)} kernels.",
+            "",
+            "| " + " | ".join(COLS) + " |",
+            "|" + "---|" * len(COLS),
+        ]
         for r in rows:
             lines.append("| " + " | ".join(str(r.get(c, "")).replace("|", "/") for c in COLS) + " |")
         Path(args.out).write_text("\n".join(lines) + "\n")

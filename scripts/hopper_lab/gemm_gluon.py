@@ -52,9 +52,26 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_desc, bars, a_bufs, b_bufs,
-                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-                NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr):
+def _issue_load(
+    p,
+    total,
+    k_tiles,
+    start,
+    step,
+    num_pid_m,
+    num_pid_n,
+    a_desc,
+    b_desc,
+    bars,
+    a_bufs,
+    b_bufs,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+):
     """Load item p of this program's stream of (tile, k) slices into stage p % NUM_BUFFERS."""
     pred = p < total
     q = gl.minimum(p, total - 1)  # (items past the end are predicated off; keep their coordinates valid)
@@ -73,8 +90,19 @@ def _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_
 
 
 @gluon.jit
-def _epilogue(out, bias_ptr, sa_ptr, sb_ptr, pid_n, N, BN: gl.constexpr, acc_layout: gl.constexpr,
-              HAS_BIAS: gl.constexpr, ACT: gl.constexpr, SCALED: gl.constexpr):
+def _epilogue(
+    out,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    pid_n,
+    N,
+    BN: gl.constexpr,
+    acc_layout: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACT: gl.constexpr,
+    SCALED: gl.constexpr,
+):
     """The fp32 tile in the wgmma layout: scale, + bias[n], GELU (1: erf, 2: tanh form)."""
     if SCALED:
         out = out * (gl.load(sa_ptr) * gl.load(sb_ptr))
@@ -91,9 +119,24 @@ def _epilogue(out, bias_ptr, sa_ptr, sb_ptr, pid_n, N, BN: gl.constexpr, acc_lay
 
 
 @gluon.jit
-def gl_persistent(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
-                  GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, ACT: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
+def gl_persistent(
+    a_desc,
+    b_desc,
+    c_desc,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    GROUP_M: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACT: gl.constexpr,
+    SCALED: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
     BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -119,15 +162,51 @@ def gl_persistent(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
     p = 0  # next (tile, k) item to load
     c = 0  # next item to multiply
     for _ in gl.static_range(NUM_BUFFERS - 2):
-        p = _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_desc, bars, a_bufs, b_bufs,
-                        BM, BN, BK, GROUP_M, NUM_BUFFERS, B_KMAJOR)
+        p = _issue_load(
+            p,
+            total,
+            k_tiles,
+            start,
+            step,
+            num_pid_m,
+            num_pid_n,
+            a_desc,
+            b_desc,
+            bars,
+            a_bufs,
+            b_bufs,
+            BM,
+            BN,
+            BK,
+            GROUP_M,
+            NUM_BUFFERS,
+            B_KMAJOR,
+        )
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=acc_layout)
     for t in range(my_tiles):
         for ki in range(k_tiles):
             # the load goes to the stage item c - 2 read; that MMA finished (the wait below, last
             # iteration, left only item c - 1's in flight)
-            p = _issue_load(p, total, k_tiles, start, step, num_pid_m, num_pid_n, a_desc, b_desc, bars, a_bufs,
-                            b_bufs, BM, BN, BK, GROUP_M, NUM_BUFFERS, B_KMAJOR)
+            p = _issue_load(
+                p,
+                total,
+                k_tiles,
+                start,
+                step,
+                num_pid_m,
+                num_pid_n,
+                a_desc,
+                b_desc,
+                bars,
+                a_bufs,
+                b_bufs,
+                BM,
+                BN,
+                BK,
+                GROUP_M,
+                NUM_BUFFERS,
+                B_KMAJOR,
+            )
             s = c % NUM_BUFFERS
             mbarrier.wait(bars.index(s), (c // NUM_BUFFERS) & 1)
             if B_KMAJOR:
@@ -161,8 +240,13 @@ def descriptors(a, b, c, M: int, N: int, K: int, cfg: dict, b_kmajor: bool, in_d
     a_blk = [BM, BK]
     b_blk = [BN, BK] if b_kmajor else [BK, BN]
     da = TensorDescriptor(a, [M, K], [K, 1], a_blk, gl.NVMMASharedLayout.get_default_for(a_blk, dt))
-    db = TensorDescriptor(b, [N, K] if b_kmajor else [K, N], [K, 1] if b_kmajor else [N, 1], b_blk,
-                          gl.NVMMASharedLayout.get_default_for(b_blk, dt))
+    db = TensorDescriptor(
+        b,
+        [N, K] if b_kmajor else [K, N],
+        [K, 1] if b_kmajor else [N, 1],
+        b_blk,
+        gl.NVMMASharedLayout.get_default_for(b_blk, dt),
+    )
     dc = TensorDescriptor(c, [M, N], [N, 1], [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN], odt))
     return da, db, dc
 
@@ -172,8 +256,21 @@ def descriptors(a, b, c, M: int, N: int, K: int, cfg: dict, b_kmajor: bool, in_d
 # wgmma + the epilogue (FA3 / CUTLASS "cooperative" split, written out in Gluon)
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _ws_loader(a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, BN: gl.constexpr, GROUP_M: gl.constexpr,
-               NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr):
+def _ws_loader(
+    a_desc,
+    b_desc,
+    ready,
+    empty,
+    a_bufs,
+    b_bufs,
+    M,
+    N,
+    K,
+    BN: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+):
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     start = gl.program_id(axis=0)
@@ -201,9 +298,28 @@ def _ws_loader(a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, BN: gl.con
 
 
 @gluon.jit
-def _ws_consumer(a_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, ready, empty, a_bufs, b_bufs, c_smem, M, N, K,
-                 GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr, HAS_BIAS: gl.constexpr,
-                 ACT: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
+def _ws_consumer(
+    a_desc,
+    c_desc,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    ready,
+    empty,
+    a_bufs,
+    b_bufs,
+    c_smem,
+    M,
+    N,
+    K,
+    GROUP_M: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACT: gl.constexpr,
+    SCALED: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     BM: gl.constexpr = c_desc.block_type.shape[0]
     BN: gl.constexpr = c_desc.block_type.shape[1]
     BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -247,9 +363,24 @@ def _ws_consumer(a_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, ready, empty, a_bufs,
 
 
 @gluon.jit
-def gl_ws(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
-          GROUP_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, B_KMAJOR: gl.constexpr,
-          HAS_BIAS: gl.constexpr, ACT: gl.constexpr, SCALED: gl.constexpr, num_warps: gl.constexpr):
+def gl_ws(
+    a_desc,
+    b_desc,
+    c_desc,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    GROUP_M: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ACT: gl.constexpr,
+    SCALED: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     """Persistent, warp-specialized: the loader runs NUM_BUFFERS stages ahead across tiles while the
     consumers multiply; the consumers' epilogue TMA store overlaps the next tile's main loop."""
     BN: gl.constexpr = c_desc.block_type.shape[1]
@@ -262,8 +393,35 @@ def gl_ws(a_desc, b_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, M, N, K,
     for i in gl.static_range(NUM_BUFFERS):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_ws_consumer, (a_desc, c_desc, bias_ptr, sa_ptr, sb_ptr, ready, empty, a_bufs, b_bufs, c_smem, M, N, K,
-                        GROUP_M, NUM_BUFFERS, B_KMAJOR, HAS_BIAS, ACT, SCALED, num_warps)),
-        (_ws_loader, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, BN, GROUP_M, NUM_BUFFERS, B_KMAJOR)),
-    ], [1], [24])
+    gl.warp_specialize(
+        [
+            (
+                _ws_consumer,
+                (
+                    a_desc,
+                    c_desc,
+                    bias_ptr,
+                    sa_ptr,
+                    sb_ptr,
+                    ready,
+                    empty,
+                    a_bufs,
+                    b_bufs,
+                    c_smem,
+                    M,
+                    N,
+                    K,
+                    GROUP_M,
+                    NUM_BUFFERS,
+                    B_KMAJOR,
+                    HAS_BIAS,
+                    ACT,
+                    SCALED,
+                    num_warps,
+                ),
+            ),
+            (_ws_loader, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, BN, GROUP_M, NUM_BUFFERS, B_KMAJOR)),
+        ],
+        [1],
+        [24],
+    )

@@ -48,8 +48,7 @@ def _grouped(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, bias_ptr, offs_n, N, scale, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-              SCALED: tl.constexpr):
+def _epilogue(acc, bias_ptr, offs_n, N, scale, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr):
     """fp32 tile -> scale, + bias[n], GELU (ACT 1: erf, 2: tanh form as cuBLASLt's GELU_BIAS)."""
     if SCALED:
         acc = acc * scale
@@ -90,11 +89,31 @@ def _dot(a, b, acc, FP8_PROMOTE: tl.constexpr):
 # (a) one tile per program, pointer loads
 # --------------------------------------------------------------------------------------------
 @triton.jit
-def gemm_plain(a_ptr, b_ptr, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
-               stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-               HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr,
-               FP8_PROMOTE: tl.constexpr):
+def gemm_plain(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SCALED: tl.constexpr,
+    FP8_PROMOTE: tl.constexpr,
+):
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
     pid_m, pid_n = _grouped(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
@@ -121,8 +140,20 @@ def gemm_plain(a_ptr, b_ptr, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
 # (b) one tile per program, TMA descriptors (host- or device-side)
 # --------------------------------------------------------------------------------------------
 @triton.jit
-def _descriptors(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 C_BN: tl.constexpr, B_KMAJOR: tl.constexpr, DEV_DESC: tl.constexpr):
+def _descriptors(
+    a,
+    b,
+    c,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    C_BN: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    DEV_DESC: tl.constexpr,
+):
     """a, b, c are pointers (DEV_DESC: descriptors made here, in the kernel) or host descriptors."""
     if DEV_DESC:
         a_desc = tl.make_tensor_descriptor(a, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
@@ -139,8 +170,19 @@ def _descriptors(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.co
 
 
 @triton.jit
-def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, B_KMAJOR: tl.constexpr, FP8_PROMOTE: tl.constexpr, WS: tl.constexpr):
+def _tma_mainloop(
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    k_tiles,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    FP8_PROMOTE: tl.constexpr,
+    WS: tl.constexpr,
+):
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for ki in tl.range(k_tiles, warp_specialize=WS):
         a = a_desc.load([off_m, ki * BK])
@@ -156,24 +198,57 @@ def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, BM: tl.constexpr, BN: t
 # (c)-(f) persistent, grouped tile order; TMA (host/device descriptors) or pointer loads
 # --------------------------------------------------------------------------------------------
 @triton.jit
-def _store_tile(c_desc, c_ptr, acc, bias_ptr, off_m, off_n, M, N, scale, BM: tl.constexpr,
-                BN: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr,
-                C_TMA: tl.constexpr):
+def _store_tile(
+    c_desc,
+    c_ptr,
+    acc,
+    bias_ptr,
+    off_m,
+    off_n,
+    M,
+    N,
+    scale,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SCALED: tl.constexpr,
+    C_TMA: tl.constexpr,
+):
     offs_n = off_n + tl.arange(0, BN)
     out = _epilogue(acc, bias_ptr, offs_n, N, scale, HAS_BIAS, ACT, SCALED).to(c_ptr.dtype.element_ty)
     if C_TMA:
         c_desc.store([off_m, off_n], out)
     else:
         offs_m = off_m + tl.arange(0, BM)
-        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], out,
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], out, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
-def gemm_tma(a, b, c, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-             B_KMAJOR: tl.constexpr, DEV_DESC: tl.constexpr, WS: tl.constexpr, C_TMA: tl.constexpr,
-             HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr, FP8_PROMOTE: tl.constexpr):
+def gemm_tma(
+    a,
+    b,
+    c,
+    c_ptr,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    DEV_DESC: tl.constexpr,
+    WS: tl.constexpr,
+    C_TMA: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SCALED: tl.constexpr,
+    FP8_PROMOTE: tl.constexpr,
+):
     a_desc, b_desc, c_desc = _descriptors(a, b, c, M, N, K, BM, BN, BK, BN, B_KMAJOR, DEV_DESC)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
@@ -181,17 +256,53 @@ def gemm_tma(a, b, c, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
     off_m = pid_m * BM
     off_n = pid_n * BN
     acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, tl.cdiv(K, BK), BM, BN, BK, B_KMAJOR, FP8_PROMOTE, WS)
-    _store_tile(c_desc, c_ptr, acc, bias_ptr, off_m, off_n, M, N, _scale(sa_ptr, sb_ptr, SCALED), BM, BN,
-                HAS_BIAS, ACT, SCALED, C_TMA)
+    _store_tile(
+        c_desc,
+        c_ptr,
+        acc,
+        bias_ptr,
+        off_m,
+        off_n,
+        M,
+        N,
+        _scale(sa_ptr, sb_ptr, SCALED),
+        BM,
+        BN,
+        HAS_BIAS,
+        ACT,
+        SCALED,
+        C_TMA,
+    )
 
 
 @triton.jit
-def gemm_persistent(a, b, c, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                    NUM_SMS: tl.constexpr, B_KMAJOR: tl.constexpr, DEV_DESC: tl.constexpr,
-                    WS: tl.constexpr, FLATTEN: tl.constexpr, SUBTILE: tl.constexpr, C_TMA: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr,
-                    FP8_PROMOTE: tl.constexpr):
+def gemm_persistent(
+    a,
+    b,
+    c,
+    c_ptr,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    B_KMAJOR: tl.constexpr,
+    DEV_DESC: tl.constexpr,
+    WS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    SUBTILE: tl.constexpr,
+    C_TMA: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SCALED: tl.constexpr,
+    FP8_PROMOTE: tl.constexpr,
+):
     """a/b/c: host descriptors, or pointers with DEV_DESC; c_ptr: C as a pointer (C_TMA=0 stores)."""
     C_BN: tl.constexpr = BN // 2 if SUBTILE else BN
     a_desc, b_desc, c_desc = _descriptors(a, b, c, M, N, K, BM, BN, BK, C_BN, B_KMAJOR, DEV_DESC)
@@ -223,22 +334,56 @@ def gemm_persistent(a, b, c, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
         if SUBTILE:
             halves = tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1))
             acc0, acc1 = tl.split(halves)
-            _store_tile(c_desc, c_ptr, acc0, bias_ptr, off_m, off_n, M, N, scale, BM, BN // 2,
-                        HAS_BIAS, ACT, SCALED, C_TMA)
-            _store_tile(c_desc, c_ptr, acc1, bias_ptr, off_m, off_n + BN // 2, M, N, scale, BM, BN // 2,
-                        HAS_BIAS, ACT, SCALED, C_TMA)
+            _store_tile(
+                c_desc, c_ptr, acc0, bias_ptr, off_m, off_n, M, N, scale, BM, BN // 2, HAS_BIAS, ACT, SCALED, C_TMA
+            )
+            _store_tile(
+                c_desc,
+                c_ptr,
+                acc1,
+                bias_ptr,
+                off_m,
+                off_n + BN // 2,
+                M,
+                N,
+                scale,
+                BM,
+                BN // 2,
+                HAS_BIAS,
+                ACT,
+                SCALED,
+                C_TMA,
+            )
         else:
-            _store_tile(c_desc, c_ptr, acc, bias_ptr, off_m, off_n, M, N, scale, BM, BN,
-                        HAS_BIAS, ACT, SCALED, C_TMA)
+            _store_tile(c_desc, c_ptr, acc, bias_ptr, off_m, off_n, M, N, scale, BM, BN, HAS_BIAS, ACT, SCALED, C_TMA)
 
 
 @triton.jit
-def gemm_persistent_ptr(a_ptr, b_ptr, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
-                        stride_am, stride_ak, stride_bk, stride_bn,
-                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                        NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SCALED: tl.constexpr,
-                        FP8_PROMOTE: tl.constexpr):
+def gemm_persistent_ptr(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    sa_ptr,
+    sb_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SCALED: tl.constexpr,
+    FP8_PROMOTE: tl.constexpr,
+):
     """Persistent with pointer loads (opgraph's PERSISTENT without TMA; tutorial 09's
     matmul_kernel_persistent)."""
     start_pid = tl.program_id(0)
@@ -256,18 +401,23 @@ def gemm_persistent_ptr(a_ptr, b_ptr, c_ptr, bias_ptr, sa_ptr, sb_ptr, M, N, K,
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for ki in range(k_tiles):
             offs_k = ki * BK + rk
-            a = tl.load(a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak,
-                        mask=rk[None, :] < K - ki * BK, other=0.0)
-            b = tl.load(b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn,
-                        mask=rk[:, None] < K - ki * BK, other=0.0)
+            a = tl.load(
+                a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak, mask=rk[None, :] < K - ki * BK, other=0.0
+            )
+            b = tl.load(
+                b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn, mask=rk[:, None] < K - ki * BK, other=0.0
+            )
             acc = _dot(a, b, acc, FP8_PROMOTE)
         tile_id_c += NUM_SMS
         pid_m, pid_n = _grouped(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         out = _epilogue(acc, bias_ptr, offs_n, N, scale, HAS_BIAS, ACT, SCALED)
-        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(c_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        tl.store(
+            c_ptr + offs_m[:, None] * N + offs_n[None, :],
+            out.to(c_ptr.dtype.element_ty),
+            mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,8 +451,9 @@ def smem_bytes(cfg: dict[str, Any], elem: int, out_elem: int = 2, c_tma: bool = 
     return stages + c
 
 
-def _space(shapes, warps, stages, elem: int, *, c_tma: bool, subtile: bool = False,
-           group_m=(8,), ws: bool = False) -> list[dict[str, Any]]:
+def _space(
+    shapes, warps, stages, elem: int, *, c_tma: bool, subtile: bool = False, group_m=(8,), ws: bool = False
+) -> list[dict[str, Any]]:
     out = []
     for (bm, bn, bk), w, s, g in itertools.product(shapes, warps, stages, group_m):
         bk_eff = bk if elem == 2 else bk * 2  # fp8: twice the K elements for the same bytes
@@ -333,8 +484,9 @@ def _cfg_persistent(elem: int, *, c_tma: bool = True, subtile: bool = False) -> 
 
 def _cfg_small(elem: int, *, c_tma: bool = True, subtile: bool = False) -> list[dict[str, Any]]:
     """A control variant's smaller space: the shapes that matter, one or two depths."""
-    return _space(_BIG + [(128, 128, 64)], (8,), (3, 4), elem, c_tma=c_tma, subtile=subtile) + \
-        _space([(128, 128, 64)], (4,), (4,), elem, c_tma=c_tma, subtile=subtile)
+    return _space(_BIG + [(128, 128, 64)], (8,), (3, 4), elem, c_tma=c_tma, subtile=subtile) + _space(
+        [(128, 128, 64)], (4,), (4,), elem, c_tma=c_tma, subtile=subtile
+    )
 
 
 def _cfg_gluon(elem: int) -> list[dict[str, Any]]:
@@ -347,8 +499,10 @@ def _cfg_gluon_ws(elem: int) -> list[dict[str, Any]]:
     # 8 consumer warps + the loader's warpgroup = 12 warps: maxnreg 168 lets the consumers take 240
     # registers each (the loader 24); 4 consumer warps: 8 warps, no cap needed
     out = [{**c, "maxnreg": 168} for c in _space(_BIG, (8,), (3, 4), elem, c_tma=True)]
-    out += [{**c, "maxnreg": 168} if c["num_warps"] == 8 else c
-            for c in _space([(128, 128, 64)], (4, 8), (4, 5, 6), elem, c_tma=True)]
+    out += [
+        {**c, "maxnreg": 168} if c["num_warps"] == 8 else c
+        for c in _space([(128, 128, 64)], (4, 8), (4, 5, 6), elem, c_tma=True)
+    ]
     return out
 
 
@@ -359,69 +513,171 @@ def _cfg_ws(elem: int, *, c_tma: bool = False, subtile: bool = False) -> list[di
     return _space(_BIG + _MID, (4,), (2, 3, 4), elem, c_tma=c_tma, subtile=subtile, ws=True)
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in [
-    Variant("plain", "plain", {}, "(a) one tile per program, pointer loads with masks (opgraph today)",
-            configs=_cfg_plain),
-    Variant("tma_host", "tma", {"DEV_DESC": 0}, "(b) one tile per program, host-side TensorDescriptor loads + TMA store",
-            needs=("host_desc",), configs=_cfg_tma),
-    Variant("tma_ws", "tma", {"DEV_DESC": 0, "WS": 1, "C_TMA": 0},
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in [
+        Variant(
+            "plain",
+            "plain",
+            {},
+            "(a) one tile per program, pointer loads with masks (opgraph today)",
+            configs=_cfg_plain,
+        ),
+        Variant(
+            "tma_host",
+            "tma",
+            {"DEV_DESC": 0},
+            "(b) one tile per program, host-side TensorDescriptor loads + TMA store",
+            needs=("host_desc",),
+            configs=_cfg_tma,
+        ),
+        Variant(
+            "tma_ws",
+            "tma",
+            {"DEV_DESC": 0, "WS": 1, "C_TMA": 0},
             "(d0) one tile per program, host descriptors, K loop tl.range(warp_specialize=True), pointer stores",
-            needs=("host_desc", "range_ws"), configs=_cfg_ws),
-    Variant("tma_dev", "tma", {"DEV_DESC": 1},
+            needs=("host_desc", "range_ws"),
+            configs=_cfg_ws,
+        ),
+        Variant(
+            "tma_dev",
+            "tma",
+            {"DEV_DESC": 1},
             "(b') one tile per program, device-side tl.make_tensor_descriptor (opgraph's TMA=1)",
-            needs=("dev_desc",), configs=lambda e: _cfg_small(e)),
-    Variant("persist_ptr", "persistent_ptr", {"FLATTEN": 0},
-            "(c0) persistent, grouped order, pointer loads", configs=lambda e: _cfg_small(e, c_tma=False)),
-    Variant("persist_ptr_flat", "persistent_ptr", {"FLATTEN": 1},
+            needs=("dev_desc",),
+            configs=lambda e: _cfg_small(e),
+        ),
+        Variant(
+            "persist_ptr",
+            "persistent_ptr",
+            {"FLATTEN": 0},
+            "(c0) persistent, grouped order, pointer loads",
+            configs=lambda e: _cfg_small(e, c_tma=False),
+        ),
+        Variant(
+            "persist_ptr_flat",
+            "persistent_ptr",
+            {"FLATTEN": 1},
             "(f0) persistent pointer loads, tile+K loops flattened (tutorial 09's persistent kernel)",
-            needs=("range_flatten",), configs=lambda e: _cfg_small(e, c_tma=False)),
-    Variant("persist", "persistent", {"DEV_DESC": 0, "WS": 0, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 1},
-            "(c) persistent, grouped order, host descriptors, TMA store", needs=("host_desc",),
-            configs=_cfg_persistent),
-    Variant("persist_dev", "persistent", {"DEV_DESC": 1, "WS": 0, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 1},
-            "(c') as (c) with device-side descriptors (opgraph's TMA=1 PERSISTENT)", needs=("dev_desc",),
-            configs=lambda e: _cfg_small(e)),
-    Variant("persist_cptr", "persistent", {"DEV_DESC": 0, "WS": 0, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 0},
-            "(c'') as (c), C stored by pointers (an epilogue with several outputs)", needs=("host_desc",),
-            configs=lambda e: _cfg_small(e, c_tma=False)),
-    Variant("persist_ws", "persistent", {"DEV_DESC": 0, "WS": 1, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 0},
+            needs=("range_flatten",),
+            configs=lambda e: _cfg_small(e, c_tma=False),
+        ),
+        Variant(
+            "persist",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 0, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 1},
+            "(c) persistent, grouped order, host descriptors, TMA store",
+            needs=("host_desc",),
+            configs=_cfg_persistent,
+        ),
+        Variant(
+            "persist_dev",
+            "persistent",
+            {"DEV_DESC": 1, "WS": 0, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 1},
+            "(c') as (c) with device-side descriptors (opgraph's TMA=1 PERSISTENT)",
+            needs=("dev_desc",),
+            configs=lambda e: _cfg_small(e),
+        ),
+        Variant(
+            "persist_cptr",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 0, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 0},
+            "(c'') as (c), C stored by pointers (an epilogue with several outputs)",
+            needs=("host_desc",),
+            configs=lambda e: _cfg_small(e, c_tma=False),
+        ),
+        Variant(
+            "persist_ws",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 1, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 0},
             "(d) (c) + tl.range(warp_specialize=True); C by pointer stores (3.6's Hopper WS fails on a TMA store)",
-            needs=("host_desc", "range_ws"), configs=_cfg_ws),
-    Variant("persist_ws_ctma", "persistent", {"DEV_DESC": 0, "WS": 1, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 1},
+            needs=("host_desc", "range_ws"),
+            configs=_cfg_ws,
+        ),
+        Variant(
+            "persist_ws_ctma",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 1, "FLATTEN": 0, "SUBTILE": 0, "C_TMA": 1},
             "(d') (d) with a TMA store of C (failed to compile with 3.6 on CPU: a control)",
-            needs=("host_desc", "range_ws"), configs=lambda e: _cfg_ws(e, c_tma=True)[:2], default=False),
-    Variant("persist_sub", "persistent", {"DEV_DESC": 0, "WS": 0, "FLATTEN": 0, "SUBTILE": 1, "C_TMA": 1},
-            "(e) (c) + epilogue on two column halves", needs=("host_desc",),
-            configs=lambda e: _cfg_persistent(e, subtile=True)),
-    Variant("persist_ws_sub", "persistent", {"DEV_DESC": 0, "WS": 1, "FLATTEN": 0, "SUBTILE": 1, "C_TMA": 0},
+            needs=("host_desc", "range_ws"),
+            configs=lambda e: _cfg_ws(e, c_tma=True)[:2],
+            default=False,
+        ),
+        Variant(
+            "persist_sub",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 0, "FLATTEN": 0, "SUBTILE": 1, "C_TMA": 1},
+            "(e) (c) + epilogue on two column halves",
+            needs=("host_desc",),
+            configs=lambda e: _cfg_persistent(e, subtile=True),
+        ),
+        Variant(
+            "persist_ws_sub",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 1, "FLATTEN": 0, "SUBTILE": 1, "C_TMA": 0},
             "(e') (d) + epilogue subtiling (pointer stores; failed to compile with 3.6 on CPU: a control)",
-            needs=("host_desc", "range_ws"), configs=lambda e: _cfg_ws(e, c_tma=False, subtile=True)[:2],
-            default=False),
-    Variant("persist_flat", "persistent", {"DEV_DESC": 0, "WS": 0, "FLATTEN": 1, "SUBTILE": 0, "C_TMA": 1},
+            needs=("host_desc", "range_ws"),
+            configs=lambda e: _cfg_ws(e, c_tma=False, subtile=True)[:2],
+            default=False,
+        ),
+        Variant(
+            "persist_flat",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 0, "FLATTEN": 1, "SUBTILE": 0, "C_TMA": 1},
             "(f) (c) + tl.range(flatten=True): next tile's loads under this tile's epilogue",
-            needs=("host_desc", "range_flatten"), configs=_cfg_persistent),
-    Variant("gluon_persist", "gluon", {},
+            needs=("host_desc", "range_flatten"),
+            configs=_cfg_persistent,
+        ),
+        Variant(
+            "gluon_persist",
+            "gluon",
+            {},
             "(g) Gluon: persistent, TMA ring + async wgmma pipelined across tiles, TMA store overlapped",
-            needs=("gluon",), configs=_cfg_gluon),
-    Variant("gluon_ws", "gluon_ws", {},
+            needs=("gluon",),
+            configs=_cfg_gluon,
+        ),
+        Variant(
+            "gluon_ws",
+            "gluon_ws",
+            {},
             "(g') Gluon, warp-specialized: a 1-warp TMA loader partition + consumer warpgroups (wgmma, "
-            "epilogue), persistent, TMA store overlapped", needs=("gluon",), configs=_cfg_gluon_ws),
-    Variant("persist_flat_sub", "persistent", {"DEV_DESC": 0, "WS": 0, "FLATTEN": 1, "SUBTILE": 1, "C_TMA": 1},
-            "(f') (f) + epilogue subtiling", needs=("host_desc", "range_flatten"),
-            configs=lambda e: _cfg_small(e, subtile=True)),
-]}
+            "epilogue), persistent, TMA store overlapped",
+            needs=("gluon",),
+            configs=_cfg_gluon_ws,
+        ),
+        Variant(
+            "persist_flat_sub",
+            "persistent",
+            {"DEV_DESC": 0, "WS": 0, "FLATTEN": 1, "SUBTILE": 1, "C_TMA": 1},
+            "(f') (f) + epilogue subtiling",
+            needs=("host_desc", "range_flatten"),
+            configs=lambda e: _cfg_small(e, subtile=True),
+        ),
+    ]
+}
 
 # fp8 rows: the variants that matter, B K-major (wgmma's fp8 needs K-major operands)
-FP8_VARIANTS = ("plain", "tma_host", "persist", "persist_ws", "persist_flat", "persist_sub", "persist_cptr",
-                "gluon_persist", "gluon_ws")
+FP8_VARIANTS = (
+    "plain",
+    "tma_host",
+    "persist",
+    "persist_ws",
+    "persist_flat",
+    "persist_sub",
+    "persist_cptr",
+    "gluon_persist",
+    "gluon_ws",
+)
 
 
 def kernel_fn(variant: Variant):
     if variant.kernel in ("gluon", "gluon_ws"):
         import gemm_gluon
+
         return gemm_gluon.gl_persistent if variant.kernel == "gluon" else gemm_gluon.gl_ws
-    return {"plain": gemm_plain, "tma": gemm_tma, "persistent": gemm_persistent,
-            "persistent_ptr": gemm_persistent_ptr}[variant.kernel]
+    return {"plain": gemm_plain, "tma": gemm_tma, "persistent": gemm_persistent, "persistent_ptr": gemm_persistent_ptr}[
+        variant.kernel
+    ]
 
 
 def features() -> dict[str, str | None]:
@@ -431,6 +687,7 @@ def features() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+
         out["host_desc"] = None
     except ImportError as e:
         out["host_desc"] = f"no triton.tools.tensor_descriptor ({e})"
@@ -441,6 +698,7 @@ def features() -> dict[str, str | None]:
     out["allocator"] = None if hasattr(triton, "set_allocator") else "no triton.set_allocator"
     try:
         import gemm_gluon  # noqa: F401
+
         out["gluon"] = None
     except Exception as e:  # noqa: BLE001 - any import failure means no Gluon here
         out["gluon"] = f"no usable triton.experimental.gluon Hopper API ({type(e).__name__}: {e})"[:300]
@@ -449,22 +707,48 @@ def features() -> dict[str, str | None]:
     return out
 
 
-def constexprs(variant: Variant, cfg: dict[str, Any], *, b_kmajor: bool, has_bias: bool, act: int,
-               scaled: bool, fp8_promote: int, num_sms: int) -> dict[str, Any]:
+def constexprs(
+    variant: Variant,
+    cfg: dict[str, Any],
+    *,
+    b_kmajor: bool,
+    has_bias: bool,
+    act: int,
+    scaled: bool,
+    fp8_promote: int,
+    num_sms: int,
+) -> dict[str, Any]:
     """The kernel's constexpr arguments for a config (launch options num_warps/num_stages apart)."""
-    kw: dict[str, Any] = {"BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"], "GROUP_M": cfg["GROUP_M"],
-                          "HAS_BIAS": int(has_bias), "ACT": act, "SCALED": int(scaled),
-                          "FP8_PROMOTE": fp8_promote}
+    kw: dict[str, Any] = {
+        "BM": cfg["BM"],
+        "BN": cfg["BN"],
+        "BK": cfg["BK"],
+        "GROUP_M": cfg["GROUP_M"],
+        "HAS_BIAS": int(has_bias),
+        "ACT": act,
+        "SCALED": int(scaled),
+        "FP8_PROMOTE": fp8_promote,
+    }
     if variant.kernel == "tma":
-        kw.update(B_KMAJOR=int(b_kmajor), DEV_DESC=variant.knobs["DEV_DESC"], WS=variant.knobs.get("WS", 0),
-                  C_TMA=variant.knobs.get("C_TMA", 1))
+        kw.update(
+            B_KMAJOR=int(b_kmajor),
+            DEV_DESC=variant.knobs["DEV_DESC"],
+            WS=variant.knobs.get("WS", 0),
+            C_TMA=variant.knobs.get("C_TMA", 1),
+        )
     elif variant.kernel == "persistent":
         kw.update(NUM_SMS=num_sms, B_KMAJOR=int(b_kmajor), **variant.knobs)
     elif variant.kernel == "persistent_ptr":
         kw.update(NUM_SMS=num_sms, FLATTEN=variant.knobs["FLATTEN"])
     elif variant.kernel in ("gluon", "gluon_ws"):
-        kw = {"GROUP_M": cfg["GROUP_M"], "NUM_BUFFERS": cfg["num_stages"], "B_KMAJOR": int(b_kmajor),
-              "HAS_BIAS": int(has_bias), "ACT": act, "SCALED": int(scaled)}
+        kw = {
+            "GROUP_M": cfg["GROUP_M"],
+            "NUM_BUFFERS": cfg["num_stages"],
+            "B_KMAJOR": int(b_kmajor),
+            "HAS_BIAS": int(has_bias),
+            "ACT": act,
+            "SCALED": int(scaled),
+        }
     return kw
 
 

@@ -78,7 +78,14 @@ SHAPES = [
     Shape("gelu.8192x4096x4096", T, 4096, 4096, act=2, what="matmul + bias + GELU vs torch._addmm_activation"),
     Shape("gelu.gpt2.mlp_up", T, 8192, 2048, act=2, what="GPT-2 MLP up + bias + GELU"),
     Shape("square8k.kn", T, 8192, 8192, "kn", what="8192^3, B row-major [K, N] (torch.matmul(a, b))"),
-    Shape("fp8.square8k", T, 8192, 8192, dtype="fp8", what="fp8 E4M3 8192^3, per-tensor scales, bf16 out, vs torch._scaled_mm"),
+    Shape(
+        "fp8.square8k",
+        T,
+        8192,
+        8192,
+        dtype="fp8",
+        what="fp8 E4M3 8192^3, per-tensor scales, bf16 out, vs torch._scaled_mm",
+    ),
 ]
 
 
@@ -87,8 +94,8 @@ SHAPES = [
 # --------------------------------------------------------------------------------------------
 def torch_dtype(name: str):
     import torch
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
-            "fp32": torch.float32}[name]
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32}[name]
 
 
 class Problem:
@@ -96,6 +103,7 @@ class Problem:
 
     def __init__(self, shape: Shape, device: str, seed: int = 0):
         import torch
+
         self.shape = shape
         M, N, K = shape.M, shape.N, shape.K
         g = torch.Generator(device=device).manual_seed(seed)
@@ -144,6 +152,7 @@ class Problem:
 
     def check(self, out) -> tuple[bool, float, str]:
         import torch
+
         if torch.isnan(out).any():
             return False, float("nan"), "NaN in C (unwritten tiles or a NaN result)"
         err = float((out.float() - self.ref).abs().max()) / max(self.ref_max, 1e-30)
@@ -155,20 +164,25 @@ class Problem:
     def library(self, fast_accum: bool = False):
         """The vendor's call for this problem (cuBLAS / cuBLASLt through torch)."""
         import torch
+
         s = self.shape
         a, b = self.a, self.b_as_kn
         if s.dtype == "fp8":
+
             def fn():
-                return torch._scaled_mm(a, b, scale_a=self.sa, scale_b=self.sb, out_dtype=torch.bfloat16,
-                                        use_fast_accum=fast_accum)
+                return torch._scaled_mm(
+                    a, b, scale_a=self.sa, scale_b=self.sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+                )
         elif s.act == 2:
             bias = self.bias
 
             def fn():
                 return torch._addmm_activation(bias, a, b, use_gelu=True)
         else:
+
             def fn():
                 return torch.matmul(a, b)
+
         return fn
 
 
@@ -179,8 +193,16 @@ def launch_parts(variant_name: str, cfg: dict, p, num_sms: int, fp8_promote: int
     v = gk.VARIANTS[variant_name]
     s = p.shape
     M, N, K = s.M, s.N, s.K
-    kw = gk.constexprs(v, cfg, b_kmajor=p.b_kmajor, has_bias=s.has_bias, act=s.act, scaled=s.dtype == "fp8",
-                       fp8_promote=fp8_promote, num_sms=num_sms)
+    kw = gk.constexprs(
+        v,
+        cfg,
+        b_kmajor=p.b_kmajor,
+        has_bias=s.has_bias,
+        act=s.act,
+        scaled=s.dtype == "fp8",
+        fp8_promote=fp8_promote,
+        num_sms=num_sms,
+    )
     bias = p.bias if p.bias is not None else p.c
     a, b, c = p.a, p.b, p.c
     BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
@@ -194,6 +216,7 @@ def launch_parts(variant_name: str, cfg: dict, p, num_sms: int, fp8_promote: int
         grid = (min(num_sms, tiles),)
     elif v.kernel in ("gluon", "gluon_ws"):
         import gemm_gluon
+
         out_dt = "bf16" if s.dtype == "fp8" else s.dtype
         da, db, dc = gemm_gluon.descriptors(a, b, c, M, N, K, cfg, p.b_kmajor, s.dtype, out_dt)
         args = (da, db, dc, bias, p.sa, p.sb, M, N, K)
@@ -201,10 +224,14 @@ def launch_parts(variant_name: str, cfg: dict, p, num_sms: int, fp8_promote: int
     else:
         if v.desc == "host":
             from triton.tools.tensor_descriptor import TensorDescriptor
+
             c_bn = BN // 2 if kw.get("SUBTILE") else BN
             da = TensorDescriptor(a, [M, K], [K, 1], [BM, BK])
-            db = TensorDescriptor(b, [N, K], [K, 1], [BN, BK]) if p.b_kmajor else \
-                TensorDescriptor(b, [K, N], [N, 1], [BK, BN])
+            db = (
+                TensorDescriptor(b, [N, K], [K, 1], [BN, BK])
+                if p.b_kmajor
+                else TensorDescriptor(b, [K, N], [N, 1], [BK, BN])
+            )
             dc = TensorDescriptor(c, [M, N], [N, 1], [BM, c_bn])
         else:
             da, db, dc = a, b, c
@@ -219,6 +246,7 @@ def launcher(variant_name: str, cfg: dict, p, num_sms: int, fp8_promote: int = 0
 
     def run():
         fn[grid](*args, **kw, **opts)
+
     return run
 
 
@@ -230,8 +258,9 @@ def compile_kernel(spec: dict, num_sms: int, device: str = "cuda"):
     """Compile one kernel through Triton's JIT warmup (the launch path: same specialization, same
     file-cache entry as the timed launch) on problem-shaped stand-in arguments; the CompiledKernel."""
     s = Shape("compile", 4096, 4096, 4096, spec["b"], spec["dtype"], spec["act"])
-    fn, grid, args, kw, opts = launch_parts(spec["variant"], spec["cfg"], _TinyProblem(s, device), num_sms,
-                                            spec.get("fp8_promote", 0))
+    fn, grid, args, kw, opts = launch_parts(
+        spec["variant"], spec["cfg"], _TinyProblem(s, device), num_sms, spec.get("fp8_promote", 0)
+    )
     return fn.warmup(*args, grid=grid, **kw, **opts)
 
 
@@ -241,8 +270,14 @@ def compile_spec(spec: dict, num_sms: int) -> dict:
     t0 = time.time()
     ck = compile_kernel(spec, num_sms)
     ck._init_handles()  # loads it: registers, spills; raises OutOfResources past the shared memory
-    return {"ok": True, "compile_s": round(time.time() - t0, 2), "regs": ck.n_regs, "spills": ck.n_spills,
-            "smem": ck.metadata.shared, "warps": ck.metadata.num_warps}
+    return {
+        "ok": True,
+        "compile_s": round(time.time() - t0, 2),
+        "regs": ck.n_regs,
+        "spills": ck.n_spills,
+        "smem": ck.metadata.shared,
+        "warps": ck.metadata.num_warps,
+    }
 
 
 class _TinyProblem:
@@ -252,6 +287,7 @@ class _TinyProblem:
 
     def __init__(self, shape: Shape, device: str = "cuda"):
         import torch
+
         self.shape = shape
         dt = torch_dtype(shape.dtype)
         self.out_dtype = torch.bfloat16 if shape.dtype == "fp8" else dt
@@ -314,9 +350,11 @@ class Measurer:
 
     def _time(self, fn) -> float:
         from triton.testing import do_bench
+
         if self.timer == "graph":
             try:
                 from triton.testing import do_bench_cudagraph
+
                 return float(do_bench_cudagraph(fn, rep=self.rep_ms, return_mode="median"))
             except Exception:  # noqa: BLE001 - fall back to events
                 pass
@@ -357,6 +395,7 @@ def child_main(role: str, conn, init: dict) -> None:
     try:
         os.environ.pop("TRITON_INTERPRET", None)
         import torch
+
         torch.cuda.init()
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         meas = Measurer(init["timer"], init["rep_ms"]) if role == "measure" else None
@@ -382,8 +421,7 @@ def child_main(role: str, conn, init: dict) -> None:
         except Exception as e:  # noqa: BLE001 - every failure is a finding
             text = str(e).strip()
             first = text.splitlines()[-1] if text else ""
-            res = {"ok": False, "error": f"{type(e).__name__}: {first}"[:500],
-                   "trace": traceback.format_exc()[-1500:]}
+            res = {"ok": False, "error": f"{type(e).__name__}: {first}"[:500], "trace": traceback.format_exc()[-1500:]}
             if role == "measure":
                 try:
                     torch.cuda.synchronize()
@@ -397,6 +435,7 @@ def child_main(role: str, conn, init: dict) -> None:
 def _fake_child(role: str, conn) -> None:
     """--fake: the scheduler's test without a GPU (children that compile, measure, crash and hang)."""
     import random
+
     if os.environ.get("HOPPER_LAB_FAKE_FATAL") == role:
         conn.send(("fatal", None, "a stand-in failure"))
         return
@@ -415,8 +454,15 @@ def _fake_child(role: str, conn) -> None:
         if role == "compile":
             if task["variant"] == "tma_dev" and cfg.get("BM") == 256:
                 os._exit(3)
-            res = {"ok": task["variant"] != "persist_flat_sub", "error": "PassManager::run failed", "regs": 168,
-                   "spills": 0, "smem": 1000, "warps": cfg.get("num_warps"), "compile_s": 0.1}
+            res = {
+                "ok": task["variant"] != "persist_flat_sub",
+                "error": "PassManager::run failed",
+                "regs": 168,
+                "spills": 0,
+                "smem": 1000,
+                "warps": cfg.get("num_warps"),
+                "compile_s": 0.1,
+            }
         else:
             if task.get("variant") == "persist_ptr" and cfg.get("BN") == 256:
                 time.sleep(1000)
@@ -472,15 +518,20 @@ class Sweep:
         self.out.mkdir(parents=True, exist_ok=True)
         self.init = {"timer": args.timer, "rep_ms": args.rep, "fake": args.fake}
         self.features = gk.features()
-        names = [n for n in args.variants.split(",") if n] if args.variants else \
-            [n for n, v in gk.VARIANTS.items() if v.default]
+        names = (
+            [n for n in args.variants.split(",") if n]
+            if args.variants
+            else [n for n, v in gk.VARIANTS.items() if v.default]
+        )
         self.variants = [n for n in names if n in gk.VARIANTS]
         self.shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes.split(",")]
         if args.no_fp8:
             self.shapes = [s for s in self.shapes if s.dtype != "fp8"]
         if args.dtype != "bf16":
-            self.shapes = [Shape(s.name, s.M, s.N, s.K, s.b, args.dtype if s.dtype != "fp8" else "fp8", s.act, s.what)
-                           for s in self.shapes]
+            self.shapes = [
+                Shape(s.name, s.M, s.N, s.K, s.b, args.dtype if s.dtype != "fp8" else "fp8", s.act, s.what)
+                for s in self.shapes
+            ]
         self.compiled: dict[str, dict] = {}  # compile key -> result
         self.compile_waiting: dict[str, list] = {}  # compile key -> measure tasks waiting on it
         self.compile_queue: list[tuple[str, dict]] = []
@@ -499,9 +550,21 @@ class Sweep:
         return json.dumps([variant, self.gk.cfg_name(cfg), shape.key, promote])
 
     def shape_entry(self, s: Shape) -> dict:
-        return self.results["shapes"].setdefault(s.name, {
-            "M": s.M, "N": s.N, "K": s.K, "b": s.b, "dtype": s.dtype, "act": s.act, "what": s.what,
-            "flops": s.flops, "library": {}, "variants": {}})
+        return self.results["shapes"].setdefault(
+            s.name,
+            {
+                "M": s.M,
+                "N": s.N,
+                "K": s.K,
+                "b": s.b,
+                "dtype": s.dtype,
+                "act": s.act,
+                "what": s.what,
+                "flops": s.flops,
+                "library": {},
+                "variants": {},
+            },
+        )
 
     def variant_entry(self, s: Shape, vname: str) -> dict:
         return self.shape_entry(s)["variants"].setdefault(vname, {"configs": []})
@@ -518,8 +581,9 @@ class Sweep:
         entry = self.shape_entry(s)
         self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas", "pos": 0})
         if s.dtype == "fp8":
-            self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas_fast_accum",
-                                       "fast_accum": True, "pos": 0})
+            self.measure_queue.append(
+                {"kind": "library", "shape": s.__dict__, "label": "cublas_fast_accum", "fast_accum": True, "pos": 0}
+            )
         # cuBLAS again after the shape's kernels: clocks drift under load (the ratios use the faster)
         self.measure_queue.append({"kind": "library", "shape": s.__dict__, "label": "cublas_end", "pos": 2})
         pairs = self.fp8_variants() if s.dtype == "fp8" else [(n, 0) for n in self.variants]
@@ -542,10 +606,20 @@ class Sweep:
             for cfg in cfgs:
                 pr = cfg["BK"] if promote < 0 else promote
                 key = self.ckey(vname, cfg, s, pr)
-                task = {"kind": "kernel", "shape": s.__dict__, "variant": vname, "cfg": cfg, "label": label,
-                        "fp8_promote": pr, "ckey": key}
-                self.need_compile(key, {"variant": vname, "cfg": cfg, "dtype": s.dtype, "b": s.b, "act": s.act,
-                                        "fp8_promote": pr}, task)
+                task = {
+                    "kind": "kernel",
+                    "shape": s.__dict__,
+                    "variant": vname,
+                    "cfg": cfg,
+                    "label": label,
+                    "fp8_promote": pr,
+                    "ckey": key,
+                }
+                self.need_compile(
+                    key,
+                    {"variant": vname, "cfg": cfg, "dtype": s.dtype, "b": s.b, "act": s.act, "fp8_promote": pr},
+                    task,
+                )
         del entry
 
     def best_configs(self, vname: str, space: list[dict]) -> list[dict] | None:
@@ -589,8 +663,10 @@ class Sweep:
                 self.log(f"{s.name:22s} {task['label']:26s} FAILED {res.get('error')}")
         else:
             ve = self.variant_entry(s, task["label"])
-            row = {"cfg": self.gk.cfg_name(task["cfg"]),
-                   **{k: res.get(k) for k in ("ok", "ms", "tflops", "err", "error", "first_call_s", "note")}}
+            row = {
+                "cfg": self.gk.cfg_name(task["cfg"]),
+                **{k: res.get(k) for k in ("ok", "ms", "tflops", "err", "error", "first_call_s", "note")},
+            }
             ve["configs"].append(row)
             ok = [c for c in ve["configs"] if c.get("tflops")]
             if ok:
@@ -605,8 +681,13 @@ class Sweep:
         self.write()
 
     def write(self) -> None:
-        self.results["env"] = {**self.env, "elapsed_s": round(time.time() - self.t0, 1), "budget_s": self.args.budget,
-                               "features": self.features, "variants": {n: self.gk.VARIANTS[n].what for n in self.variants}}
+        self.results["env"] = {
+            **self.env,
+            "elapsed_s": round(time.time() - self.t0, 1),
+            "budget_s": self.args.budget,
+            "features": self.features,
+            "variants": {n: self.gk.VARIANTS[n].what for n in self.variants},
+        }
         tmp = self.out / "gemm_sweep.json.tmp"
         tmp.write_text(json.dumps(self.results, indent=1, default=str))
         tmp.replace(self.out / "gemm_sweep.json")
@@ -621,9 +702,11 @@ class Sweep:
     def run(self) -> None:
         from multiprocessing.connection import wait
 
-        self.log(f"budget {self.args.budget:.0f} s, {len(self.variants)} variants, {len(self.shapes)} shapes, "
-                 f"{self.args.jobs} compile processes; features: "
-                 + ", ".join(f"{k}={'yes' if v is None else 'NO'}" for k, v in self.features.items()))
+        self.log(
+            f"budget {self.args.budget:.0f} s, {len(self.variants)} variants, {len(self.shapes)} shapes, "
+            f"{self.args.jobs} compile processes; features: "
+            + ", ".join(f"{k}={'yes' if v is None else 'NO'}" for k, v in self.features.items())
+        )
         self.env = probe_env()
         self.log("env: " + ", ".join(f"{k}={v}" for k, v in self.env.items()))
         self.plan_shape(self.shapes[0], first=True)
@@ -636,14 +719,22 @@ class Sweep:
             if now > self.deadline and not stopping:
                 stopping = True
                 self.log("budget spent: no new tasks; writing results")
-                self.results["notes"].append(f"stopped by the budget at {now - self.t0:.0f} s with "
-                                             f"{len(self.measure_queue)} measurements and {len(self.compile_queue)} "
-                                             "compiles not run")
+                self.results["notes"].append(
+                    f"stopped by the budget at {now - self.t0:.0f} s with "
+                    f"{len(self.measure_queue)} measurements and {len(self.compile_queue)} "
+                    "compiles not run"
+                )
             # plan later shapes once the first shape's measurements are all done
-            first_pending = any(Shape(**t["shape"]) == self.shapes[0] for t in self.measure_queue) or \
-                any(Shape(**t["shape"]) == self.shapes[0] for w in self.workers if w.task and w.role == "measure"
-                    for t in [w.task[1]]) or \
-                any(Shape(**t["shape"]) == self.shapes[0] for ts in self.compile_waiting.values() for t in ts)
+            first_pending = (
+                any(Shape(**t["shape"]) == self.shapes[0] for t in self.measure_queue)
+                or any(
+                    Shape(**t["shape"]) == self.shapes[0]
+                    for w in self.workers
+                    if w.task and w.role == "measure"
+                    for t in [w.task[1]]
+                )
+                or any(Shape(**t["shape"]) == self.shapes[0] for ts in self.compile_waiting.values() for t in ts)
+            )
             while planned < len(self.shapes) and not first_pending and not stopping:
                 self.plan_shape(self.shapes[planned], first=False)
                 planned += 1
@@ -652,8 +743,13 @@ class Sweep:
                 for key, spec in self.compile_queue:
                     self.on_compiled({**spec, "key": key}, {"ok": True, "note": "compiled in the measuring process"})
                 self.compile_queue = []
-            if measurer.dead and not measurer.proc.is_alive() and measurer.ready is False and not stopping \
-                    and any("measure" in n and "could not start" in n for n in self.results["notes"]):
+            if (
+                measurer.dead
+                and not measurer.proc.is_alive()
+                and measurer.ready is False
+                and not stopping
+                and any("measure" in n and "could not start" in n for n in self.results["notes"])
+            ):
                 self.log("the measuring process could not start: stopping")
                 stopping = True
                 self.deadline = time.time()
@@ -736,8 +832,9 @@ class Sweep:
         for i, task in enumerate(self.measure_queue):
             if task.get("pos") == 2:
                 shape = task["shape"]
-                if any(t["shape"] == shape for ts in self.compile_waiting.values() for t in ts) or \
-                        any(t["shape"] == shape and t.get("pos", 1) < 2 for t in self.measure_queue):
+                if any(t["shape"] == shape for ts in self.compile_waiting.values() for t in ts) or any(
+                    t["shape"] == shape and t.get("pos", 1) < 2 for t in self.measure_queue
+                ):
                     continue
             return self.measure_queue.pop(i)
         return None
@@ -777,9 +874,15 @@ class Sweep:
     def on_compiled(self, spec: dict, res: dict) -> None:
         key = spec["key"]
         self.compiled[key] = res
-        row = {"variant": spec["variant"], "cfg": self.gk.cfg_name(spec["cfg"]), "dtype": spec["dtype"],
-               "b": spec["b"], "act": spec["act"], "fp8_promote": spec.get("fp8_promote", 0),
-               **{k: res.get(k) for k in ("ok", "error", "regs", "spills", "smem", "warps", "compile_s")}}
+        row = {
+            "variant": spec["variant"],
+            "cfg": self.gk.cfg_name(spec["cfg"]),
+            "dtype": spec["dtype"],
+            "b": spec["b"],
+            "act": spec["act"],
+            "fp8_promote": spec.get("fp8_promote", 0),
+            **{k: res.get(k) for k in ("ok", "error", "regs", "spills", "smem", "warps", "compile_s")},
+        }
         self.results["compile"].append(row)
         if not res.get("ok"):
             self.log(f"compile {row['variant']:18s} {row['cfg']:26s} {row['dtype']} FAILED {res.get('error')}")
@@ -792,8 +895,7 @@ class Sweep:
             else:
                 self.record(task, {"ok": False, "error": "compile: " + str(res.get("error"))})
         order = {json.dumps(s.__dict__, sort_keys=True): i for i, s in enumerate(self.shapes)}
-        self.measure_queue.sort(key=lambda t: (order.get(json.dumps(t["shape"], sort_keys=True), 99),
-                                               t.get("pos", 1)))
+        self.measure_queue.sort(key=lambda t: (order.get(json.dumps(t["shape"], sort_keys=True), 99), t.get("pos", 1)))
 
 
 def probe_env() -> dict:
@@ -804,17 +906,23 @@ def probe_env() -> dict:
     env: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count()}
     try:
         import triton
+
         env["triton"] = triton.__version__
     except Exception as e:  # noqa: BLE001
         env["triton"] = f"unavailable: {e}"
     try:
         from importlib.metadata import version
+
         env["torch"] = version("torch")
     except Exception:  # noqa: BLE001
         pass
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         env["gpu"] = q.stdout.strip()
     except Exception as e:  # noqa: BLE001
         env["gpu"] = f"nvidia-smi failed: {e}"
@@ -826,17 +934,23 @@ def probe_env() -> dict:
 # --------------------------------------------------------------------------------------------
 def markdown(res: dict, variants: list[str], summary_only: bool = False) -> str:
     env = res.get("env", {})
-    lines = [f"# Hopper GEMM lab: {env.get('gpu', '?')}",
-             f"torch {env.get('torch')}, Triton {env.get('triton')}, {env.get('elapsed_s')} s of a {env.get('budget_s')} s "
-             "budget. TFLOP/s from the median of triton.testing.do_bench (L2 flushed between runs); "
-             "every number's output was checked against an fp32 torch product first. cuBLAS: the faster of its runs "
-             "before and after the shape's kernels (clocks drift under load).", ""]
+    lines = [
+        f"# Hopper GEMM lab: {env.get('gpu', '?')}",
+        f"torch {env.get('torch')}, Triton {env.get('triton')}, {env.get('elapsed_s')} s of a {env.get('budget_s')} s "
+        "budget. TFLOP/s from the median of triton.testing.do_bench (L2 flushed between runs); "
+        "every number's output was checked against an fp32 torch product first. cuBLAS: the faster of its runs "
+        "before and after the shape's kernels (clocks drift under load).",
+        "",
+    ]
     seen = {v for sh in res["shapes"].values() for v in sh["variants"]}
     labels = [v for v in variants if v in seen]
     labels += sorted(seen - set(labels))  # (the fp8 "+promote" rows)
-    lines += ["## Best TFLOP/s per variant (ratio to cuBLAS)", "",
-              "| shape | M x N x K | cuBLAS | " + " | ".join(labels) + " | best |",
-              "|---|---|---|" + "---|" * len(labels) + "---|"]
+    lines += [
+        "## Best TFLOP/s per variant (ratio to cuBLAS)",
+        "",
+        "| shape | M x N x K | cuBLAS | " + " | ".join(labels) + " | best |",
+        "|---|---|---|" + "---|" * len(labels) + "---|",
+    ]
     for name, sh in res["shapes"].items():
         lib = sh["library"].get("cublas", {})
         lt = max([sh["library"].get(k, {}).get("tflops") or 0 for k in ("cublas", "cublas_end")]) or None
@@ -856,16 +970,26 @@ def markdown(res: dict, variants: list[str], summary_only: bool = False) -> str:
             else:
                 cells.append("fail" if ve.get("configs") else "")
         bcell = f"{best[0]} {best[2]}: {best[1] / lt:.2f}x" if best and lt else (best[0] if best else "")
-        lines.append(f"| {name} | {sh['M']}x{sh['N']}x{sh['K']} {sh['b']} {sh['dtype']}{' +bias+gelu' if sh['act'] else ''} "
-                     f"| {lt:.0f} | " if lt else f"| {name} | {sh['M']}x{sh['N']}x{sh['K']} | {lib.get('error', '-')} | ")
+        lines.append(
+            f"| {name} | {sh['M']}x{sh['N']}x{sh['K']} {sh['b']} {sh['dtype']}{' +bias+gelu' if sh['act'] else ''} "
+            f"| {lt:.0f} | "
+            if lt
+            else f"| {name} | {sh['M']}x{sh['N']}x{sh['K']} | {lib.get('error', '-')} | "
+        )
         lines[-1] += " | ".join(cells) + f" | {bcell} |"
     if summary_only:
         return "\n".join(lines)
     lines += ["", "## Library rows", ""]
     for name, sh in res["shapes"].items():
         for lab, r in sh["library"].items():
-            lines.append(f"- {name} {lab}: " + (f"{r['tflops']:.1f} TFLOP/s, {r['ms'] * 1e3:.1f} us, err {r['err']:.2g}"
-                                                if r.get("tflops") else f"FAILED {r.get('error')}"))
+            lines.append(
+                f"- {name} {lab}: "
+                + (
+                    f"{r['tflops']:.1f} TFLOP/s, {r['ms'] * 1e3:.1f} us, err {r['err']:.2g}"
+                    if r.get("tflops")
+                    else f"FAILED {r.get('error')}"
+                )
+            )
     lines += ["", "## Every config (TFLOP/s, or why not)", ""]
     for name, sh in res["shapes"].items():
         lines.append(f"### {name}: {sh['what']}")
@@ -880,13 +1004,18 @@ def markdown(res: dict, variants: list[str], summary_only: bool = False) -> str:
         lines.append("")
     comp = res.get("compile", [])
     if comp:
-        lines += ["## Compiles (registers, spills, shared memory as loaded on the GPU)", "",
-                  "| variant | config | dtype | B | act | ok | regs | spills | smem | warps | s | error |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Compiles (registers, spills, shared memory as loaded on the GPU)",
+            "",
+            "| variant | config | dtype | B | act | ok | regs | spills | smem | warps | s | error |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in comp:
-            lines.append(f"| {r['variant']}{'+promote' if r.get('fp8_promote') else ''} | {r['cfg']} | {r['dtype']} | "
-                         f"{r['b']} | {r['act']} | {r['ok']} | {r.get('regs')} | {r.get('spills')} | {r.get('smem')} | "
-                         f"{r.get('warps')} | {r.get('compile_s')} | {str(r.get('error') or '')[:160]} |")
+            lines.append(
+                f"| {r['variant']}{'+promote' if r.get('fp8_promote') else ''} | {r['cfg']} | {r['dtype']} | "
+                f"{r['b']} | {r['act']} | {r['ok']} | {r.get('regs')} | {r.get('spills')} | {r.get('smem')} | "
+                f"{r.get('warps')} | {r.get('compile_s')} | {str(r.get('error') or '')[:160]} |"
+            )
     lines += ["", "## Variants", ""] + [f"- {n}: {w}" for n, w in env.get("variants", {}).items()]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
@@ -903,6 +1032,7 @@ def selftest(args) -> int:
     feats = gk.features()
     if hasattr(__import__("triton"), "set_allocator"):
         import triton
+
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     cases = [  # (M, N, K, config): ragged edges on the small tiles, several tiles and K steps
         (72, 80, 96, {"BM": 32, "BN": 32, "BK": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}),
@@ -920,7 +1050,13 @@ def selftest(args) -> int:
         if v.kernel.startswith("gluon"):
             print(f"SKIP {vname}: Gluon kernels do not run under the interpreter (compile_check.py compiles it)")
             continue
-        for dtype, b, act in (("fp16", "nk", 0), ("fp16", "kn", 0), ("bf16", "nk", 2), ("fp8", "nk", 0), ("fp16", "kn", 1)):
+        for dtype, b, act in (
+            ("fp16", "nk", 0),
+            ("fp16", "kn", 0),
+            ("bf16", "nk", 2),
+            ("fp8", "nk", 0),
+            ("fp16", "kn", 1),
+        ):
             if dtype == "fp8" and vname not in gk.FP8_VARIANTS:
                 continue
             for M, N, K, cfg in cases:
@@ -936,10 +1072,17 @@ def selftest(args) -> int:
                     run()
                     ok, err, why = p.check(p.c)
                 except Exception as e:  # noqa: BLE001
-                    ok, err, why = False, float("nan"), f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                    ok, err, why = (
+                        False,
+                        float("nan"),
+                        f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}",
+                    )
                 failures += not ok
-                print(f"{'ok  ' if ok else 'FAIL'} {vname:18s} {dtype} B {b} act {act} {M}x{N}x{K} "
-                      f"{gk.cfg_name(cfg):22s} err {err:.2e} {why}", flush=True)
+                print(
+                    f"{'ok  ' if ok else 'FAIL'} {vname:18s} {dtype} B {b} act {act} {M}x{N}x{K} "
+                    f"{gk.cfg_name(cfg):22s} err {err:.2e} {why}",
+                    flush=True,
+                )
     print(f"{total - failures} passed, {failures} failed")
     return 1 if failures else 0
 
@@ -954,11 +1097,14 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="the 16-bit type of the non-fp8 rows")
     ap.add_argument("--no-fp8", action="store_true", help="leave the fp8 row out")
     ap.add_argument("--topk", type=int, default=3, help="configs per variant on the shapes after the first")
-    ap.add_argument("--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 4) - 3)),
-                    help="compile processes")
+    ap.add_argument("--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 4) - 3)), help="compile processes")
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms) per measurement")
-    ap.add_argument("--timer", default="bench", choices=["bench", "graph"],
-                    help="bench: do_bench with L2 flushes; graph: do_bench_cudagraph (warm L2)")
+    ap.add_argument(
+        "--timer",
+        default="bench",
+        choices=["bench", "graph"],
+        help="bench: do_bench with L2 flushes; graph: do_bench_cudagraph (warm L2)",
+    )
     ap.add_argument("--compile-timeout", type=float, default=240)
     ap.add_argument("--measure-timeout", type=float, default=30)
     ap.add_argument("--selftest", action="store_true", help="run every variant under TRITON_INTERPRET=1 on the CPU")
@@ -969,6 +1115,7 @@ def main() -> int:
         return selftest(args)
     if args.list:
         import gemm_kernels as gk
+
         for n, v in gk.VARIANTS.items():
             print(f"{n:18s} default={v.default} {len(v.configs(2))} bf16 configs, {len(v.configs(1))} fp8: {v.what}")
         for s in SHAPES:

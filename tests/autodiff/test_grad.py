@@ -82,8 +82,7 @@ def run_grad(g, outs, wrt, rng, *, combined=False, prepare=None, **kw):
         pack.update({u: v for u, v in fpack.items() if u not in pack})
     out_uids = [resolve(res.forward, o, "outputs") for o in _list(outs)]
     fwd = {u: pack[u] for u in out_uids}
-    dys = {u: pack[res.grad_inputs[u].uid] if u in res.grad_inputs else np.zeros(fg.tensors[u].dim)
-           for u in out_uids}
+    dys = {u: pack[res.grad_inputs[u].uid] if u in res.grad_inputs else np.zeros(fg.tensors[u].dim) for u in out_uids}
     grads = {u: pack[t.uid] for u, t in res.grads.items()}
     return res, inputs, fwd, dys, grads
 
@@ -112,16 +111,30 @@ def check(g, outs, wrt, fn, rng, *, combined=False, prepare=None, rtol=1e-9, ato
     assert len(ys) == len(out_uids)
     for uid, y in zip(out_uids, ys):
         want_y = y.detach().numpy().reshape(fg.tensors[uid].dim)
-        np.testing.assert_allclose(np.asarray(fwd[uid], dtype=np.float64), want_y,
-                                   rtol=rtol, atol=atol, err_msg=f"forward {fg.tensors[uid].name} differs from torch")
+        np.testing.assert_allclose(
+            np.asarray(fwd[uid], dtype=np.float64),
+            want_y,
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"forward {fg.tensors[uid].name} differs from torch",
+        )
     wrt_uids = [u for u in res.grads]
     live = [(u, y) for u, y in zip(out_uids, ys) if y.requires_grad]
-    want = torch.autograd.grad([y for _, y in live], [tin[fg.tensors[u].name] for u in wrt_uids],
-                               [_t(dys[u]).reshape(y.shape) for u, y in live], allow_unused=True)
+    want = torch.autograd.grad(
+        [y for _, y in live],
+        [tin[fg.tensors[u].name] for u in wrt_uids],
+        [_t(dys[u]).reshape(y.shape) for u, y in live],
+        allow_unused=True,
+    )
     for uid, w in zip(wrt_uids, want):
         w = np.zeros(fg.tensors[uid].dim) if w is None else w.numpy()
-        np.testing.assert_allclose(np.asarray(grads[uid], dtype=np.float64), w.reshape(fg.tensors[uid].dim),
-                                   rtol=rtol, atol=atol, err_msg=f"gradient of {fg.tensors[uid].name}")
+        np.testing.assert_allclose(
+            np.asarray(grads[uid], dtype=np.float64),
+            w.reshape(fg.tensors[uid].dim),
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"gradient of {fg.tensors[uid].name}",
+        )
     return res
 
 
@@ -141,8 +154,11 @@ def check_fd(g, outs, wrt, rng, *, prepare=None, h=1e-6, rtol=1e-6):
 
         numeric = (loss(1) - loss(-1)) / (2 * h)
         analytic = float(np.sum(np.asarray(grads[uid]) * v))
-        assert math.isclose(numeric, analytic, rel_tol=rtol, abs_tol=1e-7), (res.forward.tensors[uid].name,
-                                                                              numeric, analytic)
+        assert math.isclose(numeric, analytic, rel_tol=rtol, abs_tol=1e-7), (
+            res.forward.tensors[uid].name,
+            numeric,
+            analytic,
+        )
     return res
 
 
@@ -150,9 +166,18 @@ def check_fd(g, outs, wrt, rng, *, prepare=None, h=1e-6, rtol=1e-6):
 
 _SQRT2PI = math.sqrt(2 * math.pi)
 UNARY = {
-    M.IDENTITY: lambda x: x * 1.0, M.NEG: lambda x: -x, M.ABS: torch.abs, M.EXP: torch.exp,
-    M.SIN: torch.sin, M.COS: torch.cos, M.TAN: torch.tan, M.ERF: torch.erf, M.TANH_FWD: torch.tanh,
-    M.SIGMOID_FWD: torch.sigmoid, M.GELU_FWD: F.gelu, M.GELU_APPROX_TANH_FWD: lambda x: F.gelu(x, approximate="tanh"),
+    M.IDENTITY: lambda x: x * 1.0,
+    M.NEG: lambda x: -x,
+    M.ABS: torch.abs,
+    M.EXP: torch.exp,
+    M.SIN: torch.sin,
+    M.COS: torch.cos,
+    M.TAN: torch.tan,
+    M.ERF: torch.erf,
+    M.TANH_FWD: torch.tanh,
+    M.SIGMOID_FWD: torch.sigmoid,
+    M.GELU_FWD: F.gelu,
+    M.GELU_APPROX_TANH_FWD: lambda x: F.gelu(x, approximate="tanh"),
     M.RECIPROCAL: torch.reciprocal,
 }
 POSITIVE = {M.LOG: torch.log, M.SQRT: torch.sqrt, M.RSQRT: torch.rsqrt}
@@ -169,8 +194,15 @@ def test_unary(mode, rng):
 
 
 BINARY = {
-    M.ADD: torch.add, M.SUB: torch.sub, M.MUL: torch.mul, M.DIV: torch.div, M.MAX: torch.maximum,
-    M.MIN: torch.minimum, M.POW: torch.pow, M.ADD_SQUARE: lambda a, b: a + b * b, M.MOD: torch.fmod,
+    M.ADD: torch.add,
+    M.SUB: torch.sub,
+    M.MUL: torch.mul,
+    M.DIV: torch.div,
+    M.MAX: torch.maximum,
+    M.MIN: torch.minimum,
+    M.POW: torch.pow,
+    M.ADD_SQUARE: lambda a, b: a + b * b,
+    M.MOD: torch.fmod,
 }
 
 
@@ -198,8 +230,7 @@ def test_max_min_ties_split_like_torch(mode, rng):
     a = g.tensor(dim=[2, 4], name="a")
     b = g.tensor(dim=[2, 4], name="b")
     y = g.pointwise(a, b, mode=mode).set_output(True)
-    check(g, y, [a, b], lambda a, b: BINARY[mode](a, b), rng,
-          prepare=lambda p: p["b"].__setitem__((0,), p["a"][0]))
+    check(g, y, [a, b], lambda a, b: BINARY[mode](a, b), rng, prepare=lambda p: p["b"].__setitem__((0,), p["a"][0]))
 
 
 def test_literal_operands(rng):
@@ -213,8 +244,11 @@ ACTIVATIONS = [
     ("relu", lambda g, x: g.relu(x), lambda x: F.relu(x)),
     ("leaky", lambda g, x: g.leaky_relu(x, 0.1), lambda x: F.leaky_relu(x, 0.1)),
     ("relu6", lambda g, x: g.relu(x, upper_clip=1.0), lambda x: F.hardtanh(x, 0.0, 1.0)),
-    ("clip_slope", lambda g, x: g.relu(x, lower_clip=-0.5, upper_clip=1.0, negative_slope=0.2),
-     lambda x: torch.where(x < -0.5, -0.5 + 0.2 * (x + 0.5), torch.clamp(x, max=1.0))),
+    (
+        "clip_slope",
+        lambda g, x: g.relu(x, lower_clip=-0.5, upper_clip=1.0, negative_slope=0.2),
+        lambda x: torch.where(x < -0.5, -0.5 + 0.2 * (x + 0.5), torch.clamp(x, max=1.0)),
+    ),
     ("elu", lambda g, x: g.elu(x, alpha=0.7), lambda x: F.elu(x, 0.7)),
     ("softplus", lambda g, x: g.softplus(x, beta=2.0), lambda x: F.softplus(x, beta=2.0)),
     ("swish", lambda g, x: g.swish(x, swish_beta=1.5), lambda x: x * torch.sigmoid(1.5 * x)),
@@ -286,10 +320,16 @@ def _mean(g, t, dim):
 
 
 def _channels_last_block(g):  # ConvNeXt's end: a Linear's bias and a layer scale over [N, H, W, C], mean over H, W
-    x, bias, gamma = g.tensor(dim=[2, 3, 4, 5], name="x"), g.tensor(dim=[1, 1, 1, 5], name="bias"), \
-        g.tensor(dim=[1, 1, 1, 5], name="gamma")
-    return [x, bias, gamma], _mean(g, g.mul(g.add(x, bias), gamma), [2, 1, 1, 5]), \
-        lambda x, bias, gamma: ((x + bias) * gamma).mean(dim=(1, 2), keepdim=True)
+    x, bias, gamma = (
+        g.tensor(dim=[2, 3, 4, 5], name="x"),
+        g.tensor(dim=[1, 1, 1, 5], name="bias"),
+        g.tensor(dim=[1, 1, 1, 5], name="gamma"),
+    )
+    return (
+        [x, bias, gamma],
+        _mean(g, g.mul(g.add(x, bias), gamma), [2, 1, 1, 5]),
+        lambda x, bias, gamma: ((x + bias) * gamma).mean(dim=(1, 2), keepdim=True),
+    )
 
 
 def _channels_first_mean(g):  # the same, permuted to [N, C, H, W] before the pooling (HF's ConvNext)
@@ -314,12 +354,20 @@ def _frozen_batchnorm(g):  # batchnorm_inference's broadcast statistics and affi
     x = image(g, [2, 3, 2, 4], "x", NHWC)
     mean, inv, scale, bias = (g.tensor(dim=[1, 3, 1, 1], name=n) for n in ("mean", "inv", "scale", "bias"))
     y = _mean(g, g.batchnorm_inference(x, mean, inv, scale, bias), [2, 3, 1, 1])
-    return [x, mean, inv, scale, bias], y, lambda x, mean, inv, scale, bias: \
-        ((x - mean) * inv * scale + bias).mean(dim=(2, 3), keepdim=True)
+    return (
+        [x, mean, inv, scale, bias],
+        y,
+        lambda x, mean, inv, scale, bias: ((x - mean) * inv * scale + bias).mean(dim=(2, 3), keepdim=True),
+    )
 
 
-COMPACT = {"channels_last_block": _channels_last_block, "channels_first_mean": _channels_first_mean,
-           "sequence": _sequence, "scalar_to_scalar": _scalar_to_scalar, "frozen_batchnorm": _frozen_batchnorm}
+COMPACT = {
+    "channels_last_block": _channels_last_block,
+    "channels_first_mean": _channels_first_mean,
+    "sequence": _sequence,
+    "scalar_to_scalar": _scalar_to_scalar,
+    "frozen_batchnorm": _frozen_batchnorm,
+}
 
 
 @pytest.mark.parametrize("combined", [False, True], ids=["split", "combined"])
@@ -448,8 +496,7 @@ def test_genstats(rng):
     s, sq = g.genstats(x)
     s.set_data_type(D).set_output(True)
     sq.set_data_type(D).set_output(True)
-    check(g, [s, sq], x, lambda x: (x.sum(dim=(0, 2, 3), keepdim=True), (x * x).sum(dim=(0, 2, 3), keepdim=True)),
-          rng)
+    check(g, [s, sq], x, lambda x: (x.sum(dim=(0, 2, 3), keepdim=True), (x * x).sum(dim=(0, 2, 3), keepdim=True)), rng)
 
 
 # -- matmul ------------------------------------------------------------------------------------------------------------
@@ -458,9 +505,13 @@ def test_genstats(rng):
 @pytest.mark.parametrize("case", ["plain", "batched", "broadcast_a", "broadcast_b", "transposed"])
 def test_matmul(case, rng):
     g = fgraph()
-    a_dim, b_dim = {"plain": ([3, 4], [4, 5]), "batched": ([2, 3, 4], [2, 4, 5]),
-                    "broadcast_a": ([1, 3, 4], [3, 4, 5]), "broadcast_b": ([2, 3, 4], [1, 4, 5]),
-                    "transposed": ([2, 3, 4], [2, 4, 5])}[case]
+    a_dim, b_dim = {
+        "plain": ([3, 4], [4, 5]),
+        "batched": ([2, 3, 4], [2, 4, 5]),
+        "broadcast_a": ([1, 3, 4], [3, 4, 5]),
+        "broadcast_b": ([2, 3, 4], [1, 4, 5]),
+        "transposed": ([2, 3, 4], [2, 4, 5]),
+    }[case]
     a = g.tensor(dim=a_dim, name="a")
     b_stride = [20, 1, 4] if case == "transposed" else None  # B column-major
     b = g.tensor(dim=b_dim, stride=b_stride, name="b")
@@ -556,9 +607,15 @@ def test_batchnorm_training(layout, stats, rng):
         bias = g.tensor(dim=[1, 4, 1, 1], name="bias")
         y = g._add_op(Batchnorm(), [x, scale, bias, None, None, 1e-3, None], outputs=["y"])[0]
     y = g.relu(y).set_output(True)
-    res = check(g, y, [x, scale, bias],
-                lambda x, scale, bias, **_: F.relu(F.batch_norm(x, None, None, scale.reshape(-1), bias.reshape(-1),
-                                                                training=True, eps=1e-3)), rng)
+    res = check(
+        g,
+        y,
+        [x, scale, bias],
+        lambda x, scale, bias, **_: F.relu(
+            F.batch_norm(x, None, None, scale.reshape(-1), bias.reshape(-1), training=True, eps=1e-3)
+        ),
+        rng,
+    )
     if stats == "saved":
         assert {mean.uid, inv.uid} <= set(res.saved)
 
@@ -647,8 +704,9 @@ POOLS = {
     "max_asym": dict(mode="max", window=[3, 2], stride=[1, 2], pre_padding=[2, 0], post_padding=[0, 1]),
     "avg_include": dict(mode="avg_include_padding", window=[3, 3], stride=[2, 2], padding=1),
     "avg_exclude": dict(mode="avg_exclude_padding", window=[3, 3], stride=[2, 2], padding=1),
-    "avg_exclude_asym": dict(mode="avg_exclude_padding", window=[2, 3], stride=[1, 2], pre_padding=[1, 2],
-                             post_padding=[0, 1]),
+    "avg_exclude_asym": dict(
+        mode="avg_exclude_padding", window=[2, 3], stride=[1, 2], pre_padding=[1, 2], post_padding=[0, 1]
+    ),
     "max_1d": dict(mode="max", window=[3], stride=[2], padding=1),
     "avg_3d": dict(mode="avg_include_padding", window=[2, 2, 2], stride=[1, 2, 2]),
 }
@@ -706,8 +764,9 @@ def test_max_pool_backward_torch_implementation_matches_the_reference(name, layo
         pytest.skip("NHWC is a 2-D layout")
     pre = cfg.get("pre_padding", [cfg.get("padding", 0)] * nsp)
     post = cfg.get("post_padding", [cfg.get("padding", 0)] * nsp)
-    op = ResampleMaxBackward(window=tuple(cfg["window"]), stride=tuple(cfg["stride"]), pre_padding=tuple(pre),
-                             post_padding=tuple(post))
+    op = ResampleMaxBackward(
+        window=tuple(cfg["window"]), stride=tuple(cfg["stride"]), pre_padding=tuple(pre), post_padding=tuple(post)
+    )
     x = np.round(rng.uniform(-2, 2, size=[2, 3, *([7, 6, 5][:nsp])]) * 2) / 2  # ties
     w, s = op.window, op.stride
     out = [(d + a + b - k) // st + 1 for d, a, b, k, st in zip(x.shape[2:], pre, post, w, s)]
@@ -875,8 +934,14 @@ def test_recompute_keeps_the_conv_output_and_recomputes_relu(rng):
 def test_recompute_off_saves_everything_read(rng):
     g = fgraph()
     x, w1, w2, c1, r, y = _conv_relu_conv(g)
-    res = check(g, y, [x, w1, w2], lambda x, w1, w2: F.conv2d(F.relu(F.conv2d(x, w1, padding=1)), w2, padding=1), rng,
-                recompute=False)
+    res = check(
+        g,
+        y,
+        [x, w1, w2],
+        lambda x, w1, w2: F.conv2d(F.relu(F.conv2d(x, w1, padding=1)), w2, padding=1),
+        rng,
+        recompute=False,
+    )
     assert set(res.must_keep) == {c1.uid, r.uid} and res.recomputed == ()
 
 
@@ -974,20 +1039,28 @@ def test_half_gradient_intermediates(rng):
     res = grad(g, y, [x, w], intermediate_data_type=og.DataType.HALF)
     bg = res.graph.final
     assert {bg.tensors[u].data_type for n in bg.nodes if n.kind == "pointwise" for u in n.output_uids()} == {
-        og.DataType.HALF}  # (transposes keep their input's type)
+        og.DataType.HALF
+    }  # (transposes keep their input's type)
     assert bg.tensors[res.grads[x.uid].uid].data_type is og.DataType.FLOAT
-    check(g, y, [x, w], lambda x, w: torch.tanh(x @ w), rng, rtol=2e-2, atol=2e-2,
-          intermediate_data_type=og.DataType.HALF)
+    check(
+        g, y, [x, w], lambda x, w: torch.tanh(x @ w), rng, rtol=2e-2, atol=2e-2, intermediate_data_type=og.DataType.HALF
+    )
 
 
 def test_custom_op_gradient_rule(rng):
-    og.register_custom_op("cube", num_inputs=1, pointwise=True, reference=lambda x: x ** 3)
-    register_custom_grad("cube", lambda ctx: {"input0": ctx.b.mul(ctx.grad("output0"), ctx.b.mul(
-        ctx.b.mul(ctx.input("input0"), ctx.input("input0")), 3.0))})
+    og.register_custom_op("cube", num_inputs=1, pointwise=True, reference=lambda x: x**3)
+    register_custom_grad(
+        "cube",
+        lambda ctx: {
+            "input0": ctx.b.mul(
+                ctx.grad("output0"), ctx.b.mul(ctx.b.mul(ctx.input("input0"), ctx.input("input0")), 3.0)
+            )
+        },
+    )
     g = fgraph()
     x = g.tensor(dim=[3, 3], name="x")
     y = g.sin(g.custom("cube", x)).set_output(True)
-    check(g, y, x, lambda x: torch.sin(x ** 3), rng)
+    check(g, y, x, lambda x: torch.sin(x**3), rng)
 
 
 @pytest.mark.parametrize("name", ["max_asym", "avg_exclude_asym", "avg_include", "max_1d"])
@@ -1067,8 +1140,17 @@ def test_batchnorm_output_is_recomputed_from_the_saved_conv_output(rng):
     res = grad(g, y, params)
     assert res.must_keep == (fg.tensor("conv").uid,)
     assert res.recomputed == (fg.tensor("bn").uid,)
-    check(g, y, params, lambda x, w, scale, bias: F.relu(F.batch_norm(
-        F.conv2d(x, w, padding=1), None, None, scale.reshape(-1), bias.reshape(-1), training=True, eps=1e-5)), rng)
+    check(
+        g,
+        y,
+        params,
+        lambda x, w, scale, bias: F.relu(
+            F.batch_norm(
+                F.conv2d(x, w, padding=1), None, None, scale.reshape(-1), bias.reshape(-1), training=True, eps=1e-5
+            )
+        ),
+        rng,
+    )
 
 
 @requires_interpreter
@@ -1095,9 +1177,16 @@ def test_stem_backward_with_max_pool_runs_on_generated_kernels_alone(rng):
     pooled = g.resample(y.set_output(False), mode="max", window=[3, 3], stride=[2, 2], padding=1)[0]
     pooled.set_output(True)
     res = grad(g, pooled, params)
-    plan = assert_engine_matches(res.graph, rng, engines=("triton",),
-                                 prepare=lambda pack: [v.__setitem__(..., np.round(v * 4) / 4) for v in pack.values()
-                                                       if isinstance(v, np.ndarray) and v.dtype.kind == "f"])
+    plan = assert_engine_matches(
+        res.graph,
+        rng,
+        engines=("triton",),
+        prepare=lambda pack: [
+            v.__setitem__(..., np.round(v * 4) / 4)
+            for v in pack.values()
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f"
+        ],
+    )
     templates = [dict(step.config.knobs).get("template") for step in plan.steps]
     assert "pool_backward" in templates, plan.describe()
 

@@ -20,8 +20,11 @@ B, HQ, SQ, SKV, DH = 2, 4, 5, 6, 8
 
 
 def _qkv(g, hk=2):
-    return (g.tensor(dim=[B, HQ, SQ, DH], name="q"), g.tensor(dim=[B, hk, SKV, DH], name="k"),
-            g.tensor(dim=[B, hk, SKV, DH], name="v"))
+    return (
+        g.tensor(dim=[B, HQ, SQ, DH], name="q"),
+        g.tensor(dim=[B, hk, SKV, DH], name="k"),
+        g.tensor(dim=[B, hk, SKV, DH], name="v"),
+    )
 
 
 def _sdpa(g, q, k, v, stats=True, **kw):
@@ -33,15 +36,22 @@ def _sdpa(g, q, k, v, stats=True, **kw):
 
 
 @pytest.mark.parametrize("combined", [False, True])
-@pytest.mark.parametrize("opts", [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True,
-                                                                   "sliding_window_length": 3}])
+@pytest.mark.parametrize(
+    "opts", [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True, "sliding_window_length": 3}]
+)
 @pytest.mark.parametrize("hk", [4, 2, 1])
 def test_masks_gqa(opts, hk, combined, rng):
     g = fgraph()
     q, k, v = _qkv(g, hk)
     o = _sdpa(g, q, k, v, **opts)
-    keep = keep_mask(B, SQ, SKV, causal=opts.get("use_causal_mask", False),
-                     br=opts.get("use_causal_mask_bottom_right", False), window=opts.get("sliding_window_length"))
+    keep = keep_mask(
+        B,
+        SQ,
+        SKV,
+        causal=opts.get("use_causal_mask", False),
+        br=opts.get("use_causal_mask_bottom_right", False),
+        window=opts.get("sliding_window_length"),
+    )
     res = check(g, o, [q, k, v], lambda q, k, v: attention(q, k, v, scale=0.3, keep=keep)[0], rng, combined=combined)
     kinds = [r.op.kind for r in res.graph._records]
     assert "sdpa_backward" in kinds
@@ -53,11 +63,17 @@ def test_bias_and_score_mod(rng):
     g = fgraph()
     q, k, v = _qkv(g)
     bias = g.tensor(dim=[1, HQ, SQ, SKV], name="bias")
-    o = _sdpa(g, q, k, v, bias=bias, use_causal_mask=True,
-              score_mod=lambda sg, s: sg.mul(sg.tanh(sg.div(s, 1.5)), 1.5))
+    o = _sdpa(g, q, k, v, bias=bias, use_causal_mask=True, score_mod=lambda sg, s: sg.mul(sg.tanh(sg.div(s, 1.5)), 1.5))
     keep = keep_mask(B, SQ, SKV, causal=True)
-    check(g, o, [q, k, v, bias], lambda q, k, v, bias: attention(
-        q, k, v, scale=0.3, bias=bias, keep=keep, mod=lambda s: torch.tanh(s / 1.5) * 1.5)[0], rng)
+    check(
+        g,
+        o,
+        [q, k, v, bias],
+        lambda q, k, v, bias: attention(
+            q, k, v, scale=0.3, bias=bias, keep=keep, mod=lambda s: torch.tanh(s / 1.5) * 1.5
+        )[0],
+        rng,
+    )
 
 
 def test_without_stats_recomputes(rng):
@@ -79,11 +95,17 @@ def test_padding_and_dropout_mask(rng):
     def prepare(p):
         p["lq"][...] = np.array([3, 5]).reshape(B, 1, 1, 1)
         p["lkv"][...] = np.array([6, 2]).reshape(B, 1, 1, 1)
-        p["m"][...] = (np.arange(p["m"].size).reshape(p["m"].shape) % 3 != 0)
+        p["m"][...] = np.arange(p["m"].size).reshape(p["m"].shape) % 3 != 0
 
     keep = keep_mask(B, SQ, SKV, lens=([3, 5], [6, 2]))
-    check(g, o, [q, k, v], lambda q, k, v, lq, lkv, m: attention(q, k, v, scale=0.3, keep=keep, drop=m * 2.0)[0],
-          rng, prepare=prepare)
+    check(
+        g,
+        o,
+        [q, k, v],
+        lambda q, k, v, lq, lkv, m: attention(q, k, v, scale=0.3, keep=keep, drop=m * 2.0)[0],
+        rng,
+        prepare=prepare,
+    )
 
 
 def test_philox_dropout(rng):
@@ -98,8 +120,7 @@ def test_philox_dropout(rng):
         p["off"][...] = 1000
 
     drop = R.dropout_keep(0.2, 42, 1000, (B, HQ, SQ, SKV)) / 0.8
-    check(g, o, [q, k, v], lambda q, k, v, seed, off: attention(q, k, v, scale=0.3, drop=drop)[0], rng,
-          prepare=prepare)
+    check(g, o, [q, k, v], lambda q, k, v, seed, off: attention(q, k, v, scale=0.3, drop=drop)[0], rng, prepare=prepare)
 
 
 def test_attention_in_a_chain(rng):
@@ -113,8 +134,14 @@ def test_attention_in_a_chain(rng):
     y = g.tanh(o).set_output(True).set_name("y")
     keep = keep_mask(B, SQ, SKV, causal=True)
     for combined in (False, True):
-        check(g, y, [x, w, v], lambda x, w, k, v: torch.tanh(attention(x * w, k, v, scale=0.3, keep=keep)[0]),
-              rng, combined=combined)
+        check(
+            g,
+            y,
+            [x, w, v],
+            lambda x, w, k, v: torch.tanh(attention(x * w, k, v, scale=0.3, keep=keep)[0]),
+            rng,
+            combined=combined,
+        )
 
 
 def test_gradient_into_stats_is_an_error():
@@ -151,10 +178,25 @@ def test_gradient_of_packed_attention_with_a_sink(with_stats, rng):
     sink = g.tensor(dim=[1, 2, 1, 1], name="sink")
     lens = [g.tensor(dim=[2, 1, 1, 1], data_type=og.DataType.INT32, name=n) for n in ("lq", "lkv")]
     offs = [g.tensor(dim=[3, 1, 1, 1], data_type=og.DataType.INT64, name=n) for n in ("oq", "okv")]
-    o, st = g.sdpa(q, k, v, attn_scale=0.5, generate_stats=with_stats, use_padding_mask=True, seq_len_q=lens[0],
-                   seq_len_kv=lens[1], q_ragged_offset=offs[0], k_ragged_offset=offs[1], v_ragged_offset=offs[1],
-                   o_ragged_offset=offs[0], max_seq_len_q=3, max_seq_len_kv=4, sink_token=sink,
-                   diagonal_band_left_bound=2, diagonal_band_right_bound=1)
+    o, st = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.5,
+        generate_stats=with_stats,
+        use_padding_mask=True,
+        seq_len_q=lens[0],
+        seq_len_kv=lens[1],
+        q_ragged_offset=offs[0],
+        k_ragged_offset=offs[1],
+        v_ragged_offset=offs[1],
+        o_ragged_offset=offs[0],
+        max_seq_len_q=3,
+        max_seq_len_kv=4,
+        sink_token=sink,
+        diagonal_band_left_bound=2,
+        diagonal_band_right_bound=1,
+    )
     o.set_output(True)
     if st is not None:
         st.set_output(True)
@@ -168,14 +210,14 @@ def test_gradient_of_packed_attention_with_a_sink(with_stats, rng):
     def fn(q, k, v, sink, **_):
         out = torch.zeros(1, 2, 6, 4, dtype=torch.float64)
         for b in range(2):
-            qb = q[0, :, offq[b]:offq[b] + lq[b]]
-            kb = k[0, :, offkv[b]:offkv[b] + lkv[b]].expand(2, -1, -1)
-            vb = v[0, :, offkv[b]:offkv[b] + lkv[b]].expand(2, -1, -1)
+            qb = q[0, :, offq[b] : offq[b] + lq[b]]
+            kb = k[0, :, offkv[b] : offkv[b] + lkv[b]].expand(2, -1, -1)
+            vb = v[0, :, offkv[b] : offkv[b] + lkv[b]].expand(2, -1, -1)
             s = qb @ kb.transpose(-1, -2) * 0.5
             i, j = torch.arange(lq[b])[:, None], torch.arange(lkv[b])[None, :]
             s = s.masked_fill(~((j <= i + 1) & (j > i - 2)), float("-inf"))
             s = torch.cat([s, sink[0].expand(2, lq[b], 1)], dim=-1)
-            out[0, :, offq[b]:offq[b] + lq[b]] = torch.softmax(s, -1)[..., :-1] @ vb
+            out[0, :, offq[b] : offq[b] + lq[b]] = torch.softmax(s, -1)[..., :-1] @ vb
         return out
 
     check(g, o, [q, k, v, sink], fn, rng, prepare=prepare)

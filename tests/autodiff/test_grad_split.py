@@ -25,8 +25,11 @@ def _split_graph(bounds):
     return g, x, w, total
 
 
-@pytest.mark.parametrize("bounds,joined", [([(0, 3), (3, 7), (7, 9)], True), ([(0, 3), (5, 9)], False),
-                                           ([(0, 4), (2, 9)], False)], ids=["tiling", "gap", "overlap"])
+@pytest.mark.parametrize(
+    "bounds,joined",
+    [([(0, 3), (3, 7), (7, 9)], True), ([(0, 3), (5, 9)], False), ([(0, 4), (2, 9)], False)],
+    ids=["tiling", "gap", "overlap"],
+)
 def test_split_gradient_is_a_concatenate(bounds, joined, rng):
     g, x, w, loss = _split_graph(bounds)
     res = og.grad(g, [loss], [x])

@@ -12,10 +12,14 @@ from opgraph.ops.pointwise import PointwiseMode
 from opgraph.ops.reduction import ReductionMode
 
 
-@pytest.mark.parametrize("backend, ours, prefix", [
-    (names.cudnnPointwiseMode_t, PointwiseMode, "CUDNN_POINTWISE_"),
-    (names.cudnnReduceTensorOp_t, ReductionMode, "CUDNN_REDUCE_TENSOR_"),
-], ids=["pointwise", "reduction"])
+@pytest.mark.parametrize(
+    "backend, ours, prefix",
+    [
+        (names.cudnnPointwiseMode_t, PointwiseMode, "CUDNN_POINTWISE_"),
+        (names.cudnnReduceTensorOp_t, ReductionMode, "CUDNN_REDUCE_TENSOR_"),
+    ],
+    ids=["pointwise", "reduction"],
+)
 def test_mirrored_enums_list_opgraphs_members_in_order(backend, ours, prefix):
     got = [(m.name.removeprefix(prefix), m.value) for m in backend]
     want = [(m.name, i) for i, m in enumerate(ours)]

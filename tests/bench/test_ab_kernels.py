@@ -29,11 +29,22 @@ def _load():
 ab = _load()
 
 
-def side(engine="triton", knobs=(("template", "conv_fprop"), ("BLOCK_M", 64)), kernel="spec:abc", passed=True, ratio=0.2, status="ok"):
-    return {"status": status, "engines": f"{engine}:conv_fprop",
-            "steps": [{"engine": engine, "knobs": [list(k) for k in knobs], "ops": "conv_fprop+bias+relu",
-                       "kernel": kernel}],
-            "check": {"passed": passed, "worst_output": "y", "worst_ratio": ratio, "reason": "" if passed else "y: big"}}
+def side(
+    engine="triton",
+    knobs=(("template", "conv_fprop"), ("BLOCK_M", 64)),
+    kernel="spec:abc",
+    passed=True,
+    ratio=0.2,
+    status="ok",
+):
+    return {
+        "status": status,
+        "engines": f"{engine}:conv_fprop",
+        "steps": [
+            {"engine": engine, "knobs": [list(k) for k in knobs], "ops": "conv_fprop+bias+relu", "kernel": kernel}
+        ],
+        "check": {"passed": passed, "worst_output": "y", "worst_ratio": ratio, "reason": "" if passed else "y: big"},
+    }
 
 
 def test_spread_needs_two_samples():
@@ -92,7 +103,9 @@ def test_regression_needs_slower_and_a_difference():
     assert row["regression"] and "configs differ" in row["why"]
     row = ab.make_row("w", "t", "generated", side(), side(kernel="spec:other"), *SLOW)
     assert row["regression"] and "kernels differ" in row["why"]
-    faster = ab.make_row("w", "t", "generated", side(), side(knobs=(("template", "conv_fprop"), ("BLOCK_M", 128))), SLOW[1], SLOW[0])
+    faster = ab.make_row(
+        "w", "t", "generated", side(), side(knobs=(("template", "conv_fprop"), ("BLOCK_M", 128))), SLOW[1], SLOW[0]
+    )
     assert faster["verdict"] == "faster" and not faster["regression"]
 
 
@@ -107,9 +120,19 @@ def test_regression_on_a_check_or_a_failure_new_brings():
 
 
 def test_totals_and_exit_status():
-    rows = [ab.make_row("a", "t", "opgraph", side(), side(), [100.0, 100.0], [100.0, 100.0]),
-            ab.make_row("b", "t", "opgraph", side(), side(knobs=(("template", "conv_fprop"), ("BLOCK_M", 128))), [100.0, 100.0], [121.0, 121.0]),
-            ab.make_row("a", "t", "generated", side(), side(), [50.0, 50.0], [40.0, 40.0])]
+    rows = [
+        ab.make_row("a", "t", "opgraph", side(), side(), [100.0, 100.0], [100.0, 100.0]),
+        ab.make_row(
+            "b",
+            "t",
+            "opgraph",
+            side(),
+            side(knobs=(("template", "conv_fprop"), ("BLOCK_M", 128))),
+            [100.0, 100.0],
+            [121.0, 121.0],
+        ),
+        ab.make_row("a", "t", "generated", side(), side(), [50.0, 50.0], [40.0, 40.0]),
+    ]
     by = {t["variant"]: t for t in ab.totals(rows)}
     assert by["opgraph"]["timed"] == 2 and by["opgraph"]["old_us"] == 200.0 and by["opgraph"]["new_us"] == 221.0
     assert by["opgraph"]["geomean"] == pytest.approx(math.sqrt(1.21))
@@ -119,11 +142,21 @@ def test_totals_and_exit_status():
 
 
 def test_render_names_rows_differences_and_regressions():
-    rows = [ab.make_row("conv.a", "t", "generated", side(), side(knobs=(("template", "conv_fprop"), ("BLOCK_M", 128))), *SLOW),
-            ab.make_row("conv.b", "t", "opgraph", side(), {"status": "not set up", "error": "budget"}, [1.0], [])]
-    meta = {"old": {"label": "aee2b8b", "root": "/x/.old", "env": {}}, "new": {"label": "86670c6", "root": "/x",
-            "env": {"device": "NVIDIA H200", "date": "2026-11-29"}}, "suite": ["conv-fp16"],
-            "variants": ["opgraph", "generated"], "rounds": 5, "passes": 2, "noise_floor": 0.01}
+    rows = [
+        ab.make_row(
+            "conv.a", "t", "generated", side(), side(knobs=(("template", "conv_fprop"), ("BLOCK_M", 128))), *SLOW
+        ),
+        ab.make_row("conv.b", "t", "opgraph", side(), {"status": "not set up", "error": "budget"}, [1.0], []),
+    ]
+    meta = {
+        "old": {"label": "aee2b8b", "root": "/x/.old", "env": {}},
+        "new": {"label": "86670c6", "root": "/x", "env": {"device": "NVIDIA H200", "date": "2026-11-29"}},
+        "suite": ["conv-fp16"],
+        "variants": ["opgraph", "generated"],
+        "rounds": 5,
+        "passes": 2,
+        "noise_floor": 0.01,
+    }
     md = ab.render(meta, rows)
     assert md.startswith("# opgraph A/B: aee2b8b → 86670c6")
     assert "NVIDIA H200" in md and "(exit status 1)" in md
@@ -138,9 +171,30 @@ def test_render_names_rows_differences_and_regressions():
 def test_dry_run_of_the_repository_against_itself(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH", "OUT")}
     env["OPGRAPH_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--old", str(ROOT), "--new", str(ROOT), "--dry-run",
-                           "--suite", "memory.layernorm_fwd.bf16", "--passes", "1", "--rounds", "2",
-                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--old",
+            str(ROOT),
+            "--new",
+            str(ROOT),
+            "--dry-run",
+            "--suite",
+            "memory.layernorm_fwd.bf16",
+            "--passes",
+            "1",
+            "--rounds",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((tmp_path / "ab_kernels.json").read_text())
     rows = {r["variant"]: r for r in data["rows"]}
@@ -160,9 +214,30 @@ def test_dry_run_of_the_repository_against_itself(tmp_path):
 def test_gpu_ab_of_the_repository_against_itself(tmp_path):
     """The CUDA path: plans checked, captured, timed in CUDA graphs with one K for both versions."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OUT")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--old", str(ROOT), "--new", str(ROOT), "--workers", "1",
-                           "--suite", "conv.r50_3x3_c64.fp16", "memory.layernorm_fwd.bf16", "--budget", "200",
-                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=400, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--old",
+            str(ROOT),
+            "--new",
+            str(ROOT),
+            "--workers",
+            "1",
+            "--suite",
+            "conv.r50_3x3_c64.fp16",
+            "memory.layernorm_fwd.bf16",
+            "--budget",
+            "200",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((tmp_path / "ab_kernels.json").read_text())
     assert len(data["rows"]) == 4

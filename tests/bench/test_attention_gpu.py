@@ -21,8 +21,14 @@ def _run(spec_id: str):
 
     workloads.load()
     configure_torch(True)
-    ctx = Ctx(device="cuda", scale="quick", tune=False, compile=True, compile_cudagraphs=False,
-              features=features(argparse.Namespace(dry_run=False, no_compile=False)))
+    ctx = Ctx(
+        device="cuda",
+        scale="quick",
+        tune=False,
+        compile=True,
+        compile_cudagraphs=False,
+        features=features(argparse.Namespace(dry_run=False, no_compile=False)),
+    )
     w = run_workload(ctx, REGISTRY.get(spec_id), measure.Budget(rounds=3, latency_calls=3))
     assert not w.error, w.error
     return {i.impl: i for i in w.impls}

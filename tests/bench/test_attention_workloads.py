@@ -47,20 +47,27 @@ def test_score_modifier_graph_and_reference_agree():
     q, k, v, do = (torch.randn(b, h, s, d, generator=g).to(torch.bfloat16) for _ in range(4))
     slopes = torch.tensor(A.alibi_slopes(h), dtype=torch.float32)
     q = q * 4  # large scores: the soft-cap bends them
-    want = A.attention64(q, k, v, d ** -0.5, True, A.softcap_alibi64(A.alibi_slopes(h)), do=do)
-    graph, inputs, (o,) = A.forward_graph("t", q, k, v, True, d ** -0.5, slopes.view(1, h, 1, 1))
+    want = A.attention64(q, k, v, d**-0.5, True, A.softcap_alibi64(A.alibi_slopes(h)), do=do)
+    graph, inputs, (o,) = A.forward_graph("t", q, k, v, True, d**-0.5, slopes.view(1, h, 1, 1))
     out = torch.full((b, h, s, d), float("nan"), dtype=torch.bfloat16)
     graph.build(device="cpu", engines=["reference"]).execute({**inputs, o: out})
-    assert _rel(out, want["o"]) < 2 ** -8
-    plain = A.attention64(q, k, v, d ** -0.5, True)["o"]
+    assert _rel(out, want["o"]) < 2**-8
+    plain = A.attention64(q, k, v, d**-0.5, True)["o"]
     assert _rel(plain, want["o"]) > 0.05  # the modifier changes the result: the check above can fail
-    t = {"q": q, "k": k, "v": v, "o": want["o"].to(torch.bfloat16), "dO": do, "stats": want["lse"].float(),
-         "slopes": slopes.view(1, h, 1, 1)}
-    graph, inputs, outs = A.backward_graph("tb", t, True, d ** -0.5)
+    t = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "o": want["o"].to(torch.bfloat16),
+        "dO": do,
+        "stats": want["lse"].float(),
+        "slopes": slopes.view(1, h, 1, 1),
+    }
+    graph, inputs, outs = A.backward_graph("tb", t, True, d**-0.5)
     bufs = [torch.full((b, h, s, d), float("nan"), dtype=torch.bfloat16) for _ in outs]
     graph.build(device="cpu", engines=["reference"]).execute({**inputs, **dict(zip(outs, bufs))})
     for name, buf in zip(("dq", "dk", "dv"), bufs):
-        assert _rel(buf, want[name]) < 2 ** -7, name
+        assert _rel(buf, want[name]) < 2**-7, name
 
 
 def test_backend_backward_is_the_node_called_directly_and_equals_autograd():
@@ -74,8 +81,13 @@ def test_backend_backward_is_the_node_called_directly_and_equals_autograd():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def math_(q, k, v):  # an autograd graph whose last node does not take q, k, v directly
-        return torch.softmax((q @ k.transpose(-1, -2)).float().masked_fill(
-            torch.ones(40, 40, dtype=torch.bool).triu(1), -math.inf), -1).to(q.dtype) @ v
+        return (
+            torch.softmax(
+                (q @ k.transpose(-1, -2)).float().masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), -math.inf),
+                -1,
+            ).to(q.dtype)
+            @ v
+        )
 
     for fn, direct in ((flash, True), (math_, False)):
         call, how, _ = A.grad_call(fn, (q, k, v), do)
@@ -116,8 +128,7 @@ def test_dry_run_of_the_attention_group(tmp_path):
     for wid, w in by_id.items():
         impls = {i["impl"]: i for i in w["impls"]}
         names = [o[0] for o in w["outputs"]]
-        want_names = {"sdpa_fwd": ["o"], "softcap_alibi_fwd": ["o"], "block_fwd": ["y"]}.get(
-            wid.split(".")[1], names)
+        want_names = {"sdpa_fwd": ["o"], "softcap_alibi_fwd": ["o"], "block_fwd": ["y"]}.get(wid.split(".")[1], names)
         assert names == want_names, wid
         for name in ("opgraph", "generated"):  # every output checked
             assert impls[name]["status"] == "ok" and set(impls[name]["errors"]) == set(names), (wid, name)

@@ -16,8 +16,9 @@ def _ctx(compile_: bool):
 
     args = argparse.Namespace(dry_run=False, no_compile=not compile_)
     configure_torch(True)
-    return Ctx(device="cuda", scale="quick", tune=False, compile=compile_, compile_cudagraphs=compile_,
-               features=features(args))
+    return Ctx(
+        device="cuda", scale="quick", tune=False, compile=compile_, compile_cudagraphs=compile_, features=features(args)
+    )
 
 
 def _run(spec_id: str, compile_: bool = False):

@@ -18,9 +18,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_dry_run_writes_checked_tables(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", "memory.pointwise_dag.fp16",
-           "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv", "--repeats", "2", "--no-tune", "--warm-first",
-           "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--dry-run",
+        "--suite",
+        "memory.pointwise_dag.fp16",
+        "conv.r50_1x1_c256_k64.fp16",
+        "host.execute_tiny_conv",
+        "--repeats",
+        "2",
+        "--no-tune",
+        "--warm-first",
+        "--out",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     md_files = [p for p in os.listdir(tmp_path) if p.endswith(".md")]
@@ -46,8 +59,15 @@ def test_dry_run_writes_checked_tables(tmp_path):
         host = {i["impl"]: i for i in by_id["host.execute_tiny_conv"]["impls"]}
         assert "host_us" in host["opgraph"]["metrics"] and host["opgraph"]["verdict"]["passed"]
     # re-rendering the file gives the same tables
-    again = subprocess.run([sys.executable, "-m", "bench.report", str(tmp_path / json_files[0])], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120, check=False)
+    again = subprocess.run(
+        [sys.executable, "-m", "bench.report", str(tmp_path / json_files[0])],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert again.returncode == 0 and "### CUDA graph: device time" in again.stdout
 
 
@@ -57,8 +77,9 @@ def test_spread_jobs_order_repeats_and_put_host_rows_first_in_the_timed_phase():
     from bench.run import spread_jobs
 
     workloads.load()
-    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
-                                      "host.execute_tiny_conv"])
+    specs = registry.REGISTRY.select(
+        ["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv"]
+    )
     jobs = spread_jobs(specs, 3, "/raw", warm_first=True)
     # the warm-up pass, then the host group's timed repeats (never beside a warm-up: next_job), then the
     # other groups' repeats group by group, the longer group (memory: bench/core/costs.json) first
@@ -69,8 +90,16 @@ def test_spread_jobs_order_repeats_and_put_host_rows_first_in_the_timed_phase():
     # without a warm-up pass: every group's cold repeat 1 first (the host's last of them), then the same order
     jobs = spread_jobs(specs, 3, "/raw", warm_first=False)
     assert [(j.group, j.repeat) for j in jobs] == [
-        ("memory", 1), ("conv-fp16", 1), ("host", 1), ("host", 2), ("host", 3),
-        ("memory", 2), ("memory", 3), ("conv-fp16", 2), ("conv-fp16", 3)]
+        ("memory", 1),
+        ("conv-fp16", 1),
+        ("host", 1),
+        ("host", 2),
+        ("host", 3),
+        ("memory", 2),
+        ("memory", 3),
+        ("conv-fp16", 2),
+        ("conv-fp16", 3),
+    ]
     assert [j.cold for j in jobs] == [True] * 3 + [False] * 6
 
 
@@ -99,8 +128,9 @@ def test_jobs_start_longest_first_by_the_measured_costs():
     from bench.run import job_seconds, spread_jobs
 
     workloads.load()
-    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "training.mobilenet_v2.b64",
-                                      "attention.sdpa_bwd.s16k"])
+    specs = registry.REGISTRY.select(
+        ["memory.pointwise_dag.fp16", "training.mobilenet_v2.b64", "attention.sdpa_bwd.s16k"]
+    )
     cold = [j for j in spread_jobs(specs, 2, "/raw", warm_first=False) if j.repeat == 1]
     warm = [j for j in spread_jobs(specs, 2, "/raw", warm_first=False) if j.repeat == 2]
     assert [j.group for j in cold] == ["training-mobilenet_v2", "attention-bwd-16k", "memory"]
@@ -129,17 +159,35 @@ def test_dry_run_spread_over_two_gpus_merges_repeats(tmp_path):
     """--gpus 2: one worker process per (repeat, group), two at a time; the tables as from one worker per
     repeat (each repeat holds every workload), the header says how the run was spread."""
     env = {**os.environ, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", "memory.pointwise_dag.fp16",
-           "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv", "--repeats", "2", "--no-tune", "--warm-first",
-           "--gpus", "2", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--dry-run",
+        "--suite",
+        "memory.pointwise_dag.fp16",
+        "conv.r50_1x1_c256_k64.fp16",
+        "host.execute_tiny_conv",
+        "--repeats",
+        "2",
+        "--no-tune",
+        "--warm-first",
+        "--gpus",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     json_files = [p for p in os.listdir(tmp_path) if p.endswith(".json")]
     data = json.load(open(tmp_path / json_files[0]))
     assert sorted(r["repeat"] for r in data["runs"]) == [1, 2]
     for run in data["runs"]:
-        assert {w["id"] for w in run["workloads"]} == {"memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
-                                                       "host.execute_tiny_conv"}
+        assert {w["id"] for w in run["workloads"]} == {
+            "memory.pointwise_dag.fp16",
+            "conv.r50_1x1_c256_k64.fp16",
+            "host.execute_tiny_conv",
+        }
         assert run["meta"]["spread_gpus"] == 2
     assert len(data["warm"]["workloads"]) == 3
     md = open(tmp_path / json_files[0].replace(".json", ".md")).read()
@@ -150,8 +198,9 @@ def test_dry_run_spread_over_two_gpus_merges_repeats(tmp_path):
     # --resume of the finished run starts no worker and writes the same tables over every repeat
     (rawdir,) = [tmp_path / p for p in os.listdir(tmp_path) if p.startswith("raw-")]
     os.remove(tmp_path / json_files[0])
-    again = subprocess.run([*cmd, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600, check=False)
+    again = subprocess.run(
+        [*cmd, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "bench worker" not in again.stdout + again.stderr and again.stdout.rstrip().endswith("bench: run complete")
     resumed = json.load(open(tmp_path / json_files[0]))
@@ -193,8 +242,15 @@ def _job(repeat, group, alone=False, minutes=1.0, cold=None):
     warm-up pass unless told."""
     from bench.run import Job
 
-    return Job(repeat, group, [group], minutes, f"/raw/{repeat}-{group}.json", alone,
-               cold=repeat == 0 if cold is None else cold)
+    return Job(
+        repeat,
+        group,
+        [group],
+        minutes,
+        f"/raw/{repeat}-{group}.json",
+        alone,
+        cold=repeat == 0 if cold is None else cold,
+    )
 
 
 def _run(jobs, gpus, limit, seconds, rc=None):
@@ -225,8 +281,15 @@ def test_schedule_waits_for_a_groups_warm_up_before_its_timed_repeats():
 def test_schedule_host_job_waits_for_warm_ups_not_for_timed_workers():
     """The host-time job starts once the last warm-up pass ended (compiles load every core), beside timed
     workers of other groups; two host-time jobs never overlap; timed jobs pass it while it waits."""
-    jobs = [_job(0, "a"), _job(0, "b"), _job(0, "host"), _job(1, "host", alone=True), _job(2, "host", alone=True),
-            _job(1, "b"), _job(1, "a")]
+    jobs = [
+        _job(0, "a"),
+        _job(0, "b"),
+        _job(0, "host"),
+        _job(1, "host", alone=True),
+        _job(2, "host", alone=True),
+        _job(1, "b"),
+        _job(1, "a"),
+    ]
     secs = {(0, "a"): 5, (0, "b"): 1, (0, "host"): 1, (1, "host"): 3, (2, "host"): 3, (1, "b"): 10, (1, "a"): 1}
     events, ended, _, _ = _run(jobs, 4, float("inf"), secs)
     start = {key: t for _, t, key, _ in events}
@@ -286,8 +349,9 @@ def test_without_a_warm_up_pass_host_rows_wait_for_the_cold_first_repeats():
     from bench.run import next_job, spread_jobs
 
     workloads.load()
-    specs = registry.REGISTRY.select(["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16",
-                                      "host.execute_tiny_conv"])
+    specs = registry.REGISTRY.select(
+        ["memory.pointwise_dag.fp16", "conv.r50_1x1_c256_k64.fp16", "host.execute_tiny_conv"]
+    )
     jobs = spread_jobs(specs, 2, "/raw", warm_first=False)
     host1 = next(j for j in jobs if j.alone and j.repeat == 1)
     cold_memory = next(j for j in jobs if j.group == "memory" and j.repeat == 1)
@@ -310,7 +374,13 @@ def test_next_job_host_rows_never_beside_a_warm_up_or_each_other():
     assert next_job(pending, [_job(0, "b")]) == 1  # a warm-up runs: host waits, 2/a passes it
     assert next_job(pending, [_job(1, "b")]) == 0  # beside a timed worker
     assert next_job([_job(2, "host", alone=True)], [_job(1, "host", alone=True)]) is None
-    assert next_job([_job(1, "host", alone=True)], [], ) == 0
+    assert (
+        next_job(
+            [_job(1, "host", alone=True)],
+            [],
+        )
+        == 0
+    )
 
 
 def test_schedule_starts_a_short_job_near_the_calls_end_not_a_long_one():
@@ -333,8 +403,13 @@ def test_when_nothing_fits_the_shortest_eligible_job_starts():
     and it warms the caches); an ineligible one (a repeat 2 whose cold repeat 1 runs) is not taken."""
     from bench.run import next_job
 
-    pending = [_job(1, "a", minutes=5.0), _job(1, "b", minutes=3.0), _job(2, "c", minutes=0.5),
-               _job(1, "d", minutes=2.0), _job(1, "e", minutes=4.0)]
+    pending = [
+        _job(1, "a", minutes=5.0),
+        _job(1, "b", minutes=3.0),
+        _job(2, "c", minutes=0.5),
+        _job(1, "d", minutes=2.0),
+        _job(1, "e", minutes=4.0),
+    ]
     assert next_job(pending, [_job(1, "c", cold=True)], 60.0, 540.0) == 3  # 120 s, not c's repeat 2 (30 s)
     assert next_job(pending, [], 60.0, 540.0) == 2  # c's repeat 1 done: its repeat 2 is the shortest
     jobs = [_job(1, "first", minutes=7.5), _job(1, "a", minutes=5.0), _job(1, "b", minutes=3.0)]
@@ -409,8 +484,9 @@ def test_done_and_progress_know_a_cut_job(tmp_path, capsys):
         (tmp_path / name).write_text(RunRecord({"device": "cpu"}, None, workloads, 1).to_json())
         return str(tmp_path / name)
 
-    cut = WorkloadResult("b", "b", "g", impls=[ImplResult("opgraph", "ours", status="skipped",
-                                                         error="time limit reached")])
+    cut = WorkloadResult(
+        "b", "b", "g", impls=[ImplResult("opgraph", "ours", status="skipped", error="time limit reached")]
+    )
     whole = write("repeat1-g.json", [WorkloadResult("a", "a", "g"), WorkloadResult("b", "b", "g")])
     partial = write("repeat2-g.json", [WorkloadResult("a", "a", "g"), cut])
     assert done(whole, ["a", "b"]) and not done(partial, ["a", "b"]) and done(partial, ["a"])
@@ -443,8 +519,19 @@ def test_resume_keeps_finished_workloads_and_runs_the_rest(tmp_path):
     two, keeps the third as it was, and writes tables over all three."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     ids = ["memory.pointwise_chain.fp16", "memory.pointwise_dag.fp16", "host.execute_tiny_conv"]  # (run order)
-    base = [sys.executable, "-m", "bench.run", "--dry-run", "--suite", *ids, "--repeats", "1", "--no-tune",
-            "--out", str(tmp_path)]
+    base = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--dry-run",
+        "--suite",
+        *ids,
+        "--repeats",
+        "1",
+        "--no-tune",
+        "--out",
+        str(tmp_path),
+    ]
     first = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     (rawdir,) = [tmp_path / p for p in os.listdir(tmp_path) if p.startswith("raw-")]
@@ -459,8 +546,9 @@ def test_resume_keeps_finished_workloads_and_runs_the_rest(tmp_path):
     for p in os.listdir(tmp_path):
         if not p.startswith("raw-"):
             os.remove(tmp_path / p)
-    again = subprocess.run([*base, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600, check=False)
+    again = subprocess.run(
+        [*base, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "1 finished workload(s) kept" in again.stdout + again.stderr
     after = json.load(open(raw))
@@ -472,8 +560,9 @@ def test_resume_keeps_finished_workloads_and_runs_the_rest(tmp_path):
     (run,) = json.load(open(tmp_path / json_file))["runs"]
     assert {w["id"] for w in run["workloads"]} == set(ids)
     # a third call finds everything done and starts no worker
-    third = subprocess.run([*base, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600, check=False)
+    third = subprocess.run(
+        [*base, "--resume", str(rawdir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert third.returncode == 0 and "resumed" not in third.stdout + third.stderr, third.stdout[-2000:]
     assert "bench: run complete" in third.stdout and "bench: run complete" in again.stdout
     assert "run incomplete" not in first.stdout

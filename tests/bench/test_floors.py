@@ -53,9 +53,13 @@ def test_per_layer_roofline_sums_each_layers_bound():
 
 
 def test_roofline_layers_inference_and_training():
-    recs = [LayerRecord("gemm", "conv1", 100.0, 10.0, 20.0, 5.0, first=True), LayerRecord("norm", "bn1", 0, 20, 20, 2),
-            LayerRecord("pool", "pool", 0, 20, 5), LayerRecord("gemm", "fc", 50.0, 5.0, 1.0, 3.0),
-            LayerRecord("add", "block", 0, 7.0)]
+    recs = [
+        LayerRecord("gemm", "conv1", 100.0, 10.0, 20.0, 5.0, first=True),
+        LayerRecord("norm", "bn1", 0, 20, 20, 2),
+        LayerRecord("pool", "pool", 0, 20, 5),
+        LayerRecord("gemm", "fc", 50.0, 5.0, 1.0, 3.0),
+        LayerRecord("add", "block", 0, 7.0),
+    ]
     inf = roofline_layers(recs)
     assert [x.name for x in inf] == ["conv1", "pool", "fc", "block"]  # the norm folds into conv1
     assert inf[0].bytes == 35.0 and inf[3].bytes == 7.0
@@ -75,7 +79,8 @@ def test_datasheet_most_specific_name_first():
 
 
 def test_floor_round_trips_through_json_dicts():
-    f = Floor(bytes=1.0, flops=2.0, dtype="bfloat16", alt_bytes=(("two passes", 3.0),), layers=(Layer("a", 1, 2),),
-              note="n")
+    f = Floor(
+        bytes=1.0, flops=2.0, dtype="bfloat16", alt_bytes=(("two passes", 3.0),), layers=(Layer("a", 1, 2),), note="n"
+    )
     assert Floor.from_dict(f.to_dict()) == f
     assert Floor.from_dict(None) == Floor()

@@ -34,8 +34,14 @@ def _gpt_workload() -> gpt.Workload:
 def _conv_workload() -> gpt.Workload:
     """Batchnorm: running statistics and a step counter among the buffers a warm-up moves."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(8, 10)).train()
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    ).train()
     x = torch.randn(4, 3, 8, 8)
     y = torch.randint(0, 10, (4,))
     return gpt.Workload("tiny CNN", model, x, y, 4, "images/s", 1.0)
@@ -129,10 +135,12 @@ def test_check_passes_a_first_step_and_fails_what_is_not_one():
 
 def test_a_failed_check_is_not_timed_and_fails_the_run(tmp_path):
     w = _gpt_workload()
-    w.results = {"opgraph": {"loss": 5.9, "loss_err": 0.07, "check": ["first-step loss 5.9 vs fp32 eager 5.5"]},
-                 "eager": {"ms": 2.0, "rate": 1.0, "mfu": 0.1},
-                 "opgraph (CUDA graph)": {"ms": 1.0, "rate": 2.0, "mfu": 0.2},
-                 "eager (CUDA graph)": {"ms": 1.5, "rate": 1.5, "mfu": 0.15}}
+    w.results = {
+        "opgraph": {"loss": 5.9, "loss_err": 0.07, "check": ["first-step loss 5.9 vs fp32 eager 5.5"]},
+        "eager": {"ms": 2.0, "rate": 1.0, "mfu": 0.1},
+        "opgraph (CUDA graph)": {"ms": 1.0, "rate": 2.0, "mfu": 0.2},
+        "eager (CUDA graph)": {"ms": 1.5, "rate": 1.5, "mfu": 0.15},
+    }
     text = gpt.table([w], {"date": "today", "device": "cpu", "torch": torch.__version__})
     rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| tiny GPT")}
     assert "FAILED CHECK: first-step loss" in rows["opgraph"]
@@ -150,10 +158,29 @@ def test_bench_on_a_small_gpt_checks_every_row(tmp_path):
     sets TF32 and cudnn.benchmark): every row passes the first-step check (the eager graph's warm-up
     undone) and is timed; the run exits 0."""
     modes = "opgraph,opgraph-graph,eager,eager-graph"
-    cmd = [sys.executable, "-m", "bench.gpt", "gpt2", "--layers", "2", "--seq", "128", "--batch", "2", "--modes",
-           modes, "--warmup", "1", "--iters", "2", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                         timeout=600, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.gpt",
+        "gpt2",
+        "--layers",
+        "2",
+        "--seq",
+        "128",
+        "--batch",
+        "2",
+        "--modes",
+        modes,
+        "--warmup",
+        "1",
+        "--iters",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600, check=False
+    )
     log = out.stdout[-3000:] + out.stderr[-3000:]
     assert "FAILED" not in out.stdout, log
     (name,) = [p for p in os.listdir(tmp_path) if p.endswith(".json")]
@@ -177,9 +204,11 @@ def test_steps_profile_rows_name_each_steps_ops_and_config():
     g.relu(g.matmul(x, w)).set_output(True).set_name("y")
     plan = g.build(device="cpu")
     rng = np.random.default_rng(0)
-    pack = {g.final.tensor("x").uid: rng.normal(size=(4, 8)).astype(np.float32),
-            g.final.tensor("w").uid: rng.normal(size=(8, 3)).astype(np.float32),
-            g.final.tensor("y").uid: np.full((4, 3), np.nan, np.float32)}
+    pack = {
+        g.final.tensor("x").uid: rng.normal(size=(4, 8)).astype(np.float32),
+        g.final.tensor("w").uid: rng.normal(size=(8, 3)).astype(np.float32),
+        g.final.tensor("y").uid: np.full((4, 3), np.nan, np.float32),
+    }
     rows = gpt.steps_profile(plan, plan.profile_steps(pack, repeat=1))
     assert [r["step"] for r in rows] == list(range(len(plan.steps)))
     assert sorted(op for r in rows for op in r["ops"]) == ["matmul", "pointwise"]

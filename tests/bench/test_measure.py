@@ -47,8 +47,11 @@ class FakeDevice:
         def synchronize() -> None:
             device.host = max(device.host, device.dev)
 
-        return types.SimpleNamespace(cuda=types.SimpleNamespace(
-            Event=Event, synchronize=synchronize, _sleep=lambda cycles: device.enqueue(cycles / 2000)))
+        return types.SimpleNamespace(
+            cuda=types.SimpleNamespace(
+                Event=Event, synchronize=synchronize, _sleep=lambda cycles: device.enqueue(cycles / 2000)
+            )
+        )
 
 
 @pytest.fixture
@@ -69,9 +72,15 @@ def test_device_us_of_a_graph_counts_no_host_time(device, monkeypatch):
 
     def capture(fn, calls, warmup=1):
         k_seen.append(calls)
-        return measure.Captured(types.SimpleNamespace(replay=lambda: (
-            setattr(device, "host", device.host + LAUNCH_US),
-            [device.enqueue(WORK_US) for _ in range(calls)])), None)
+        return measure.Captured(
+            types.SimpleNamespace(
+                replay=lambda: (
+                    setattr(device, "host", device.host + LAUNCH_US),
+                    [device.enqueue(WORK_US) for _ in range(calls)],
+                )
+            ),
+            None,
+        )
 
     monkeypatch.setattr(measure, "capture", capture)
     # an estimate inflated by host time gives a small K: the launch had added LAUNCH_US / K a call

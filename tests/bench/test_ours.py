@@ -16,8 +16,7 @@ def test_tuning_note_names_the_choice_and_every_alternative_with_the_tuners_time
     other = EngineConfig("triton", (("template", "attention"), ("BLOCK_M", 128)), measured_us=91.25)
     failed = EngineConfig("cudnn", (("plan", 0),))
     note = tuning_note(SimpleNamespace(steps=[_step(0, chosen, [other, failed])]))
-    assert note == ("tuner step 0: chose triton[BLOCK_M=64] 80.5 µs; others triton[BLOCK_M=128] 91.2, "
-                    "cudnn[plan=0] -")
+    assert note == ("tuner step 0: chose triton[BLOCK_M=64] 80.5 µs; others triton[BLOCK_M=128] 91.2, cudnn[plan=0] -")
 
 
 def test_tuning_note_is_empty_for_untuned_or_long_plans():
@@ -45,8 +44,7 @@ def test_steps_note_splits_a_plans_device_time_by_engine_and_names_the_slowest_s
     y.set_output(True)
     plan = g.build(device="cpu", engines=["triton"])
     assert len(plan.steps) > 2
-    pack = {u: rng.standard_normal(t.dim).astype("float32") for u, t in g.final.tensors.items()
-            if not t.is_virtual}
+    pack = {u: rng.standard_normal(t.dim).astype("float32") for u, t in g.final.tensors.items() if not t.is_virtual}
     note = steps_note(plan, pack)
     total = float(re.search(r"device µs: ([\d,.]+) in all", note).group(1).replace(",", ""))
     parts = [float(v.replace(",", "")) for v in re.findall(r"x\d+ ([\d,.]+)", note)]
@@ -62,4 +60,5 @@ def test_a_failing_after_note_is_a_note_not_the_rows_failure():
 
     def broken():
         raise RuntimeError("profiler busy")
+
     assert _after_note(broken) == "(step profile failed: RuntimeError: profiler busy)"

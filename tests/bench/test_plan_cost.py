@@ -21,13 +21,21 @@ def test_gpt2_plan_for_an_h100_reads_the_logits_twice_and_recomputes_no_attentio
     out = tmp_path / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "bench.plan_cost", "--layers", "1", "--batch", "1", "--json",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.plan_cost", "--layers", "1", "--batch", "1", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| total |" in done.stdout
     rows = json.loads(out.read_text())
-    logits = [r for r in rows if any(t[1] == [1, 1024, 50304] and t[3] == "in" and "grad" not in t[0]
-                                     for t in r["tensors"])]
+    logits = [
+        r for r in rows if any(t[1] == [1, 1024, 50304] and t[3] == "in" and "grad" not in t[0] for t in r["tensors"])
+    ]
     assert [r["template"] for r in logits] == ["reduction", "pointwise"], [r["names"] for r in logits]
     assert {"ce.sum", "ce.picked"} <= set(logits[0]["names"])
     templates = [r["template"] for r in rows]

@@ -31,8 +31,17 @@ def test_numbers():
 
 def test_header_names_machine_software_and_repeats():
     md = render(aggregate([run(1), run(2), run(3)]), "t")
-    for text in ("NVIDIA H100 80GB HBM3", "driver 580.1", "Xeon", "PyTorch 2.11.0", "Triton 3.6.0", "3 process-level",
-                 "copy 3000 GB/s", "datasheet HBM bandwidth 3350 GB/s", "dense peak float16 989"):
+    for text in (
+        "NVIDIA H100 80GB HBM3",
+        "driver 580.1",
+        "Xeon",
+        "PyTorch 2.11.0",
+        "Triton 3.6.0",
+        "3 process-level",
+        "copy 3000 GB/s",
+        "datasheet HBM bandwidth 3350 GB/s",
+        "dense peak float16 989",
+    ):
         assert text in md, text
 
 

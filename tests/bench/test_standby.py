@@ -23,11 +23,16 @@ def test_core_slots_cut_the_cores_into_equal_disjoint_sets():
 def test_a_slots_worker_runs_on_its_cores_only():
     last = max(os.sched_getaffinity(0))
     pool = standby.StandbyPool(os.getcwd(), lambda gpu: dict(os.environ), [[last], [last]])
-    proc = pool._popen([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], 1,
-                       stdout=subprocess.PIPE, text=True)
+    proc = pool._popen(
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        1,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     out, _ = proc.communicate(timeout=60)
     assert out.strip() == f"[{last}]"
     free = standby.StandbyPool(os.getcwd(), lambda gpu: dict(os.environ))  # no slots: the parent's cores
-    proc = free._popen([sys.executable, "-c", "import os; print(len(os.sched_getaffinity(0)))"], 0,
-                       stdout=subprocess.PIPE, text=True)
+    proc = free._popen(
+        [sys.executable, "-c", "import os; print(len(os.sched_getaffinity(0)))"], 0, stdout=subprocess.PIPE, text=True
+    )
     assert int(proc.communicate(timeout=60)[0]) == len(os.sched_getaffinity(0))

@@ -19,6 +19,7 @@ def test_ceilings_are_measured_once_per_run_and_machine(tmp_path):
         def now():
             calls.append(gbps)
             return Ceilings(gbps, {"float16": 700.0, "bfloat16": 710.0})
+
         return now
 
     raw = str(tmp_path / "repeat1-memory.json")

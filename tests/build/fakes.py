@@ -16,8 +16,14 @@ Rule = Callable[[Piece], "str | None"]  # None: runs the piece; else the reason 
 
 
 class FakeEngine(Engine):
-    def __init__(self, name: str, rule: Rule = lambda piece: None, *, fuses: bool = False,
-                 configs: Callable[[Piece, HeurMode], list[EngineConfig]] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        rule: Rule = lambda piece: None,
+        *,
+        fuses: bool = False,
+        configs: Callable[[Piece, HeurMode], list[EngineConfig]] | None = None,
+    ) -> None:
         self.name = name  # type: ignore[misc]  (a ClassVar on real engines)
         self.fuses_neighbours = fuses  # type: ignore[misc]
         self._rule = rule
@@ -48,10 +54,12 @@ def at_most(n: int) -> Rule:
 
 def only_kinds(*names: str) -> Rule:
     """Runs a piece of one op whose name is in `names`."""
+
     def rule(piece: Piece) -> str | None:
         if len(piece.nodes) == 1 and piece.nodes[0].name in names:
             return None
         return f"runs only {'/'.join(names)} alone"
+
     return rule
 
 

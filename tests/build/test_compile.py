@@ -35,8 +35,12 @@ class FakeCompiler:
         self.batches.append(dict(specs))
         if progress:
             progress(len(specs), len(specs))
-        return CompileReport(kernels=len(specs), compiled=len(specs), workers=2 if parallel else 0,
-                             failed={k: "boom" for k in specs if k in self.failing})
+        return CompileReport(
+            kernels=len(specs),
+            compiled=len(specs),
+            workers=2 if parallel else 0,
+            failed={k: "boom" for k in specs if k in self.failing},
+        )
 
     def compile_here(self, spec, fn):
         self.here.append(spec.key)
@@ -87,8 +91,12 @@ def test_specs_go_to_their_engines_compiler_once_per_key(piece, monkeypatch):
     monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
     monkeypatch.setitem(ENGINES, "aot_b", AotEngine("aot_b", b))
     monkeypatch.setitem(ENGINES, "plain", FakeEngine("plain"))
-    steps = [step(0, piece, "aot_a", "k1", "k2"), step(1, piece, "aot_a", "k2"), step(2, piece, "aot_b", "k3"),
-             step(3, piece, "plain")]
+    steps = [
+        step(0, piece, "aot_a", "k1", "k2"),
+        step(1, piece, "aot_a", "k2"),
+        step(2, piece, "aot_b", "k3"),
+        step(3, piece, "plain"),
+    ]
     out, stats = compile_steps(steps, H100, "parallel")
     assert out == steps
     assert [list(x) for x in a.batches] == [["k1", "k2"]] and [list(x) for x in b.batches] == [["k3"]]
@@ -131,7 +139,11 @@ def test_specs_from_an_engine_without_a_compiler_are_a_bug(piece, monkeypatch):
 
 
 def test_reports_merge():
-    total = merged([CompileReport(kernels=2, ready=1, seconds=1.0, workers=4, failed={"a": "x"}),
-                    CompileReport(kernels=1, cached=1, compiled=1, seconds=0.5, workers=2)])
+    total = merged(
+        [
+            CompileReport(kernels=2, ready=1, seconds=1.0, workers=4, failed={"a": "x"}),
+            CompileReport(kernels=1, cached=1, compiled=1, seconds=0.5, workers=2),
+        ]
+    )
     assert total == CompileReport(kernels=3, ready=1, cached=1, compiled=1, workers=4, seconds=1.5, failed={"a": "x"})
     assert merged([]) == CompileReport()

@@ -35,8 +35,12 @@ def _conv_bias_relu():
 
 
 def test_select_needs_every_note_deselect_drops_any():
-    cfg = EngineConfig("triton", (("BLOCK", 64),), frozenset({NumericalNote.TENSOR_CORE}),
-                       frozenset({BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}))
+    cfg = EngineConfig(
+        "triton",
+        (("BLOCK", 64),),
+        frozenset({NumericalNote.TENSOR_CORE}),
+        frozenset({BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}),
+    )
     assert ConfigFilter.from_options({"select_numeric_notes": ["tensor_core"]}).rejects(cfg) is None
     why = ConfigFilter.from_options({"select_behavior_notes": ["DEVICE_SCALARS", "cuda_graph_capturable"]}).rejects(cfg)
     assert why is not None and "cuda_graph_capturable" in why
@@ -46,10 +50,15 @@ def test_select_needs_every_note_deselect_drops_any():
     assert not ConfigFilter.from_options({}) and ConfigFilter.from_options({}).key() == ""
 
 
-@pytest.mark.parametrize("option,value", [("deselect_numeric_notes", ["fast_math"]),
-                                          ("deselect_engines", ["tensorrt"]),
-                                          ("deselect_workspace_greater_than", -1),
-                                          ("deselect_workspace_greater_than", "1MB")])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("deselect_numeric_notes", ["fast_math"]),
+        ("deselect_engines", ["tensorrt"]),
+        ("deselect_workspace_greater_than", -1),
+        ("deselect_workspace_greater_than", "1MB"),
+    ],
+)
 def test_bad_filter_values_are_typed_errors(option, value):
     with pytest.raises(og.AttributeValueError) as info:
         _relu_graph().build(device="cpu", **{option: value})
@@ -95,8 +104,13 @@ def test_autotuning_times_only_what_passes_and_caches_apart(tmp_path, monkeypatc
     timed = []
     real = autotune.time_kernel
     monkeypatch.setattr(autotune, "time_kernel", lambda k, *a: timed.append(k.config.engine) or real(k, *a))
-    plan = _conv_bias_relu().build(device="cpu", engines=["triton", "library", "torch"], autotune=True,
-                                   deselect_engines=["triton"], deselect_workspace_greater_than=0)
+    plan = _conv_bias_relu().build(
+        device="cpu",
+        engines=["triton", "library", "torch"],
+        autotune=True,
+        deselect_engines=["triton"],
+        deselect_workspace_greater_than=0,
+    )
     assert "triton" not in timed and "library" not in timed and timed  # library kernels need scratch
     assert plan.steps[0].config.engine == "torch"
     assert not og.testing.check_plan(plan, rng)
@@ -112,8 +126,9 @@ def test_autotuning_times_only_what_passes_and_caches_apart(tmp_path, monkeypatc
 def test_deselecting_an_engine_removes_composites_that_run_its_code(rng):
     """A library config runs Triton (epilogue) and torch (conv) code: deselecting either removes it."""
     for gone, left in (("triton", "torch"), ("torch", "triton")):
-        plan = _conv_bias_relu().build(device="cpu", engines=["triton", "library", "torch"], heur_mode=["B"],
-                                       deselect_engines=[gone])
+        plan = _conv_bias_relu().build(
+            device="cpu", engines=["triton", "library", "torch"], heur_mode=["B"], deselect_engines=[gone]
+        )
         used = {st.config.engine for st in plan.steps} | {c.engine for st in plan.steps for c in st.alternatives}
         assert used == {left}, plan.describe()
         assert not og.testing.check_plan(plan, rng)

@@ -85,12 +85,16 @@ def test_declined_engines_keep_their_reasons_and_offer_nothing(piece):
 
 def test_a_config_offered_twice_is_listed_once_where_first_ranked(piece):
     def same_in_every_mode(pc, mode):
-        return [EngineConfig("p", (("tile", 64),), why=f"first in {mode.name}"),
-                EngineConfig("p", (("tile", 128),), why=mode.name)]
+        return [
+            EngineConfig("p", (("tile", 64),), why=f"first in {mode.name}"),
+            EngineConfig("p", (("tile", 128),), why=mode.name),
+        ]
 
     def duplicates_of_p(pc, mode):  # equal to p's configs except for the fields not compared
-        return [EngineConfig("p", (("tile", 128),), why="q says so", measured_us=3.0),
-                EngineConfig("q", (("tile", 32),))]
+        return [
+            EngineConfig("p", (("tile", 128),), why="q says so", measured_us=3.0),
+            EngineConfig("q", (("tile", 32),)),
+        ]
 
     engines = [FakeEngine("p", configs=same_in_every_mode), FakeEngine("q", configs=duplicates_of_p)]
     ranked = rank_configs(piece, engines, CPU, [H.A, H.B, H.FALLBACK])

@@ -19,8 +19,16 @@ def _graph() -> og.Graph:
     return g
 
 
-@pytest.mark.parametrize("typo,meant", [("devcie", "device"), ("autotun", "autotune"), ("by_ref", "by_reference"),
-                                        ("deselect_engine", "deselect_engines"), ("heur_modes", "heur_mode")])
+@pytest.mark.parametrize(
+    "typo,meant",
+    [
+        ("devcie", "device"),
+        ("autotun", "autotune"),
+        ("by_ref", "by_reference"),
+        ("deselect_engine", "deselect_engines"),
+        ("heur_modes", "heur_mode"),
+    ],
+)
 def test_an_unknown_keyword_is_a_typed_error_with_a_suggestion(typo, meant):
     with pytest.raises(og.BuildOptionError) as ei:
         _graph().build(device="cpu", **{typo: 1})
@@ -60,22 +68,37 @@ def test_options_are_frozen_and_normalised_once():
         o.autotune = False  # type: ignore[misc]
     assert o.replace(autotune=False).autotune is False and o.autotune is True
     assert BuildOptions.of(o, device="cpu").as_keywords() == {
-        "heur_mode": (og.HeurMode.B,), "device": "cpu", "engines": ("reference",), "autotune": True,
-        "deselect_numeric_notes": frozenset({og.NumericalNote.TENSOR_CORE})}
-    assert set(NAMES) >= {"heur_mode", "device", "engines", "allow_partition", "autotune", "by_reference",
-                          "compile", "deselect_workspace_greater_than"}
+        "heur_mode": (og.HeurMode.B,),
+        "device": "cpu",
+        "engines": ("reference",),
+        "autotune": True,
+        "deselect_numeric_notes": frozenset({og.NumericalNote.TENSOR_CORE}),
+    }
+    assert set(NAMES) >= {
+        "heur_mode",
+        "device",
+        "engines",
+        "allow_partition",
+        "autotune",
+        "by_reference",
+        "compile",
+        "deselect_workspace_greater_than",
+    }
 
 
-@pytest.mark.parametrize("keywords,error,rule", [
-    ({"autotune": "yes"}, og.BuildOptionError, "build.option"),
-    ({"by_reference": None}, og.BuildOptionError, "build.option"),
-    ({"compile": "fast"}, og.BuildOptionError, "build.compile"),
-    ({"device": 3}, og.BuildOptionError, "build.option"),
-    ({"engines": [1, 2]}, og.BuildOptionError, "build.option"),
-    ({"heur_mode": "Q"}, og.AttributeValueError, "heur_mode.unknown"),
-    ({"deselect_engines": ["nope"]}, og.AttributeValueError, "build.filter"),
-    ({"deselect_workspace_greater_than": -1}, og.AttributeValueError, "build.filter"),
-])
+@pytest.mark.parametrize(
+    "keywords,error,rule",
+    [
+        ({"autotune": "yes"}, og.BuildOptionError, "build.option"),
+        ({"by_reference": None}, og.BuildOptionError, "build.option"),
+        ({"compile": "fast"}, og.BuildOptionError, "build.compile"),
+        ({"device": 3}, og.BuildOptionError, "build.option"),
+        ({"engines": [1, 2]}, og.BuildOptionError, "build.option"),
+        ({"heur_mode": "Q"}, og.AttributeValueError, "heur_mode.unknown"),
+        ({"deselect_engines": ["nope"]}, og.AttributeValueError, "build.filter"),
+        ({"deselect_workspace_greater_than": -1}, og.AttributeValueError, "build.filter"),
+    ],
+)
 def test_values_of_the_wrong_kind_are_refused_before_anything_is_built(keywords, error, rule):
     with pytest.raises(error) as ei:
         _graph().build(**{"device": "cpu", **keywords})

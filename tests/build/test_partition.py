@@ -37,6 +37,7 @@ def test_an_op_no_engine_runs_at_all_is_refused_with_reasons():
 
 # -- the greedy rule, with stand-in engines (build/fakes.py) -----------------------------------------
 
+
 def names(pieces) -> list[list[str]]:
     return [[n.name for n in p.nodes] for p in pieces]
 
@@ -167,8 +168,13 @@ def _transpose_inplace() -> og.Graph:
     return g
 
 
-CASES = {"matmul-A": lambda: _mm_inplace("A"), "matmul-B": lambda: _mm_inplace("B"),
-         "conv-X": lambda: _conv_inplace("X"), "conv-W": lambda: _conv_inplace("W"), "transpose": _transpose_inplace}
+CASES = {
+    "matmul-A": lambda: _mm_inplace("A"),
+    "matmul-B": lambda: _mm_inplace("B"),
+    "conv-X": lambda: _conv_inplace("X"),
+    "conv-W": lambda: _conv_inplace("W"),
+    "transpose": _transpose_inplace,
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

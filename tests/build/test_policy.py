@@ -63,8 +63,12 @@ def test_cudnn_rules_measured_residual_and_scale_epilogues_narrow_groups_bf16_st
     def conv1x1():
         """ResNet's bottleneck conv 1x1 C64->K256 56², N32, and a maker of tensors broadcast to its output."""
         g, x, w, y = conv_graph((32, 64, 56, 56), (256, 64, 1, 1))
-        return g, y, lambda name, dim=(1, 256, 1, 1), **kw: g.tensor(dim=list(dim), stride=nhwc(list(dim)),
-                                                                    name=name, **kw)
+        return (
+            g,
+            y,
+            lambda name, dim=(1, 256, 1, 1), **kw: g.tensor(dim=list(dim), stride=nhwc(list(dim)), name=name, **kw),
+        )
+
     # conv 1x1 + bias + residual + relu (ResNet's bottleneck end): the generated kernel goes first
     g, y, t = conv1x1()
     g.relu(g.add(g.bias(y, t("b")), t("residual", (32, 256, 56, 56)))).set_output(True)
@@ -116,7 +120,6 @@ def test_cudnn_rules_measured_residual_and_scale_epilogues_narrow_groups_bf16_st
     assert leads(g, dev) == (estimate_us(whole(g), dev) >= CUDNN_BAR)
 
 
-
 def test_attention_leads_where_worth_a_launch():
     from ..engines.test_cudnn_attention import attention_graph
 
@@ -143,8 +146,10 @@ def test_every_rule_names_its_evidence_in_bench_results():
     for rule in RULES:
         path, _, anchor = rule.evidence.partition("#")
         text = (ROOT / path).read_text()
-        headings = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
-                    for h in re.findall(r"^#+ (.*)$", text, re.M)}
+        headings = {
+            re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)
+        }
         assert anchor in headings, (rule, sorted(headings))
         assert rule.why
 
@@ -171,8 +176,14 @@ def piece():
 
 def test_the_first_rule_of_an_engine_that_holds_decides(piece):
     e = Reporting("e", estimate=5.0)
-    no_first = Policy((Rule("e", Match(max_ops=1), True, "alone"), Rule("e", Match(), False, "no"),
-                       Rule("e", Match(), True, "never reached")), {})
+    no_first = Policy(
+        (
+            Rule("e", Match(max_ops=1), True, "alone"),
+            Rule("e", Match(), False, "no"),
+            Rule("e", Match(), True, "never reached"),
+        ),
+        {},
+    )
     assert not no_first.leads(piece, e, H100)
     one = make_piece(piece.graph, 0, piece.nodes[:1])
     assert no_first.leads(one, e, H100)
@@ -211,10 +222,20 @@ def test_matches_on_kinds_ops_facts_and_conv_shapes(piece):
     y.set_output(True)
     stem = PieceFacts.of(whole(g))
     assert stem.anchor == "conv_fprop" and stem.conv.channels_per_group == 3 and not stem.conv.grouped
-    assert Match(channels_per_group_below=4, filter_row_above=1, depthwise=False, grouped=False,
-                 image_types=frozenset({DT.BFLOAT16})).holds(stem, none)
-    for miss in (Match(channels_per_group_below=3), Match(filter_row_above=3), Match(depthwise=True),
-                 Match(grouped=True), Match(image_types=frozenset({DT.HALF}))):
+    assert Match(
+        channels_per_group_below=4,
+        filter_row_above=1,
+        depthwise=False,
+        grouped=False,
+        image_types=frozenset({DT.BFLOAT16}),
+    ).holds(stem, none)
+    for miss in (
+        Match(channels_per_group_below=3),
+        Match(filter_row_above=3),
+        Match(depthwise=True),
+        Match(grouped=True),
+        Match(image_types=frozenset({DT.HALF})),
+    ):
         assert not miss.holds(stem, none), miss
     g, _, _, dw = wgrad_graph((2, 8, 6, 6), (16, 8, 3, 1), padding=[1, 0])
     dw.set_output(True)

@@ -118,23 +118,36 @@ def attention(b, h, s, d, *, dt=DT.HALF, causal=True, backward=False):
     g = og.Graph("att", io_data_type=dt, intermediate_data_type=DT.FLOAT)
     q, k, v = (g.tensor(dim=list(dims), stride=stride, name=n) for n in "qkv")
     if not backward:
-        o, _ = g.sdpa(q, k, v, attn_scale=d ** -0.5, use_causal_mask=causal, generate_stats=False, name="fwd")
+        o, _ = g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal, generate_stats=False, name="fwd")
         o.set_output(True).set_stride(stride)
         return g
     o, do = (g.tensor(dim=list(dims), stride=stride, name=n) for n in ("o", "dO"))
     stats = g.tensor(dim=[b, h, s, 1], data_type=DT.FLOAT, name="stats")
-    for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=d ** -0.5, use_causal_mask=causal, name="bwd"):
+    for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=d**-0.5, use_causal_mask=causal, name="bwd"):
         t.set_output(True)
     return g
 
 
 CORPUS: dict[str, Callable[[], og.Graph]] = {
     # ResNet-50's convolutions at N=32 (forward, bias + relu), in three types
-    **{f"{name}_{dt.name}": (lambda a=args, dt=dt: conv(*a, dt=dt))
-       for name, args in {"stem7x7s2_c3": (32, 3, 64, 224, 7, ), "c64_3x3_56": (32, 64, 64, 56, 3),
-                          "c64_k256_1x1_56": (32, 64, 256, 56, 1), "c256_k64_1x1_56": (32, 256, 64, 56, 1),
-                          "c512_3x3_7": (32, 512, 512, 7, 3), "c256_3x3_14": (32, 256, 256, 14, 3)}.items()
-       for dt in (DT.HALF, DT.BFLOAT16, DT.FLOAT)},
+    **{
+        f"{name}_{dt.name}": (lambda a=args, dt=dt: conv(*a, dt=dt))
+        for name, args in {
+            "stem7x7s2_c3": (
+                32,
+                3,
+                64,
+                224,
+                7,
+            ),
+            "c64_3x3_56": (32, 64, 64, 56, 3),
+            "c64_k256_1x1_56": (32, 64, 256, 56, 1),
+            "c256_k64_1x1_56": (32, 256, 64, 56, 1),
+            "c512_3x3_7": (32, 512, 512, 7, 3),
+            "c256_3x3_14": (32, 256, 256, 14, 3),
+        }.items()
+        for dt in (DT.HALF, DT.BFLOAT16, DT.FLOAT)
+    },
     "stem7x7s2_c3_pad3": lambda: conv(32, 3, 64, 224, 7, pad=3, stride=2),
     "stem7x7s2_c3_pad3_bf16": lambda: conv(32, 3, 64, 224, 7, pad=3, stride=2, dt=DT.BFLOAT16),
     "stem1x1_c3": lambda: conv(32, 3, 64, 224, 1),

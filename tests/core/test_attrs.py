@@ -134,25 +134,43 @@ def test_an_unknown_attribute_suggests_the_close_one():
 
 
 def test_a_misspelled_enum_member_suggests_the_close_one():
-    err = refused("pointwise", {"mode": "RELU"}, "json.attr_enum", "ops[2].attrs.mode", "'RELU' is not a PointwiseMode",
-                  "did you mean 'RELU_FWD'")
+    err = refused(
+        "pointwise",
+        {"mode": "RELU"},
+        "json.attr_enum",
+        "ops[2].attrs.mode",
+        "'RELU' is not a PointwiseMode",
+        "did you mean 'RELU_FWD'",
+    )
     assert "ADD" in err.hint
     refused("pointwise", {"mode": 3}, "json.attr_enum", "3 is not a PointwiseMode")
 
 
-@pytest.mark.parametrize("kind,attrs,where,what", [
-    ("transpose", {"permutation": "021"}, "ops[2].attrs.permutation", "expected a list"),
-    ("transpose", {"permutation": [0, "1", 2]}, "ops[2].attrs.permutation[1]", "expected int, got '1'"),
-    ("transpose", {"permutation": None}, "ops[2].attrs.permutation", "expected a list"),
-    ("concatenate", {"num_inputs": 2, "axis": True}, "ops[2].attrs.axis", "expected int, got True"),
-    ("concatenate", {"num_inputs": 2.0, "axis": 1}, "ops[2].attrs.num_inputs", "expected int, got 2.0"),
-    ("slice", {"slices": [[0, 4]]}, "ops[2].attrs.slices[0]", "expected 3 items"),
-    ("conv_fprop", {"stride": "2"}, "ops[2].attrs.stride", "fits none of"),
-    ("resample", {"window": [2, 2], "stride": [2, 2], "generate_index": 1}, "ops[2].attrs.generate_index",
-     "expected bool"),
-    ("custom", {"op_name": "f", "num_inputs": 1, "num_outputs": 1, "params": [["k", [1]]]},
-     "ops[2].attrs.params[0][1]", "fits none of"),
-], ids=lambda v: v if isinstance(v, str) and v.startswith(("expected", "fits")) else None)
+@pytest.mark.parametrize(
+    "kind,attrs,where,what",
+    [
+        ("transpose", {"permutation": "021"}, "ops[2].attrs.permutation", "expected a list"),
+        ("transpose", {"permutation": [0, "1", 2]}, "ops[2].attrs.permutation[1]", "expected int, got '1'"),
+        ("transpose", {"permutation": None}, "ops[2].attrs.permutation", "expected a list"),
+        ("concatenate", {"num_inputs": 2, "axis": True}, "ops[2].attrs.axis", "expected int, got True"),
+        ("concatenate", {"num_inputs": 2.0, "axis": 1}, "ops[2].attrs.num_inputs", "expected int, got 2.0"),
+        ("slice", {"slices": [[0, 4]]}, "ops[2].attrs.slices[0]", "expected 3 items"),
+        ("conv_fprop", {"stride": "2"}, "ops[2].attrs.stride", "fits none of"),
+        (
+            "resample",
+            {"window": [2, 2], "stride": [2, 2], "generate_index": 1},
+            "ops[2].attrs.generate_index",
+            "expected bool",
+        ),
+        (
+            "custom",
+            {"op_name": "f", "num_inputs": 1, "num_outputs": 1, "params": [["k", [1]]]},
+            "ops[2].attrs.params[0][1]",
+            "fits none of",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.startswith(("expected", "fits")) else None,
+)
 def test_a_value_of_the_wrong_type_is_refused_where_it_is(kind, attrs, where, what):
     refused(kind, attrs, "json.attr_type", f"{where}: ", what)
 

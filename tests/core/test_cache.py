@@ -37,8 +37,16 @@ def test_kernel_dir_is_created_and_tuning_sits_beside_it(root):
     assert cache.tuning_path() == root / "tuning.json"
 
 
-@pytest.mark.parametrize("text,mb", [("", cache.DEFAULT_KERNEL_CACHE_MB), ("  ", cache.DEFAULT_KERNEL_CACHE_MB),
-                                     ("lots", cache.DEFAULT_KERNEL_CACHE_MB), ("0.5", 0.5), ("-1", -1.0)])
+@pytest.mark.parametrize(
+    "text,mb",
+    [
+        ("", cache.DEFAULT_KERNEL_CACHE_MB),
+        ("  ", cache.DEFAULT_KERNEL_CACHE_MB),
+        ("lots", cache.DEFAULT_KERNEL_CACHE_MB),
+        ("0.5", 0.5),
+        ("-1", -1.0),
+    ],
+)
 def test_cap_from_the_environment(monkeypatch, text, mb):
     monkeypatch.setenv("OPGRAPH_KERNEL_CACHE_MB", text)
     assert cache.kernel_cache_cap() == int(mb * 2**20)

@@ -211,8 +211,16 @@ def test_canonical_digests_of_other_bytes_are_computed_again(root, monkeypatch, 
 
 
 @requires_interpreter
-@pytest.mark.parametrize("doc", [[1, 2], "text", {"entry": [1, 2]}, {"entry": {"engine": 3}},
-                                 {"entry": {"engine": "triton", "knobs": [], "times": [1]}}])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [1, 2],
+        "text",
+        {"entry": [1, 2]},
+        {"entry": {"engine": 3}},
+        {"entry": {"engine": "triton", "knobs": [], "times": [1]}},
+    ],
+)
 def test_tuning_answers_of_the_wrong_shape(root, rng, monkeypatch, doc):
     assert not _build_and_check(rng, autotune=True)
     path = root / "tuning.json"
@@ -258,8 +266,9 @@ def test_huge_and_infinite_sizes_mean_no_cap(monkeypatch, value, cap):
 
 def _cli(*args: str):
     result = CliRunner().invoke(main, ["cache", *args])
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception,
-                                                                                      SystemExit), result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit), (
+        result.output
+    )
     return result
 
 

@@ -12,9 +12,21 @@ from opgraph.core.piece import make_piece
 DT = og.DataType
 
 
-def graph(*, dims=(2, 3, 4), layout="packed", io=DT.FLOAT, mid=DT.FLOAT, compute=None, mode="exp",
-          const=1.0, names=("x", "b", "e", "m", "r", "y"), uids=None, swap=False, keep_mid=False,
-          same_input=False) -> og.FinalGraph:
+def graph(
+    *,
+    dims=(2, 3, 4),
+    layout="packed",
+    io=DT.FLOAT,
+    mid=DT.FLOAT,
+    compute=None,
+    mode="exp",
+    const=1.0,
+    names=("x", "b", "e", "m", "r", "y"),
+    uids=None,
+    swap=False,
+    keep_mid=False,
+    same_input=False,
+) -> og.FinalGraph:
     """y = (mode(x) * b) + const: three pointwise ops; `uids` for x, b and y."""
     nx, nb, ne, nm, nr, ny = names
     ux, ub, uy = uids or (None, None, None)
@@ -54,11 +66,22 @@ def test_names_uids_and_the_piece_index_do_not_change_it():
     assert make_piece(renamed, 5, renamed.nodes).signature() == BASE
 
 
-@pytest.mark.parametrize("change", [
-    dict(dims=(2, 3, 5)), dict(layout="column-major"), dict(io=DT.HALF), dict(mid=DT.HALF),
-    dict(compute=DT.HALF), dict(mode="log"), dict(const=2.0), dict(swap=True), dict(keep_mid=True),
-    dict(same_input=True),
-], ids=lambda c: next(iter(c)))
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(dims=(2, 3, 5)),
+        dict(layout="column-major"),
+        dict(io=DT.HALF),
+        dict(mid=DT.HALF),
+        dict(compute=DT.HALF),
+        dict(mode="log"),
+        dict(const=2.0),
+        dict(swap=True),
+        dict(keep_mid=True),
+        dict(same_input=True),
+    ],
+    ids=lambda c: next(iter(c)),
+)
 def test_anything_that_changes_the_kernel_changes_it(change):
     assert signature(graph(**change)) != BASE
 

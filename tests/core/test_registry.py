@@ -49,8 +49,17 @@ def test_every_registry_of_opgraph_refuses_duplicates():
     import opgraph.engines.torch_engine.common as torch_common
     import opgraph.ops.custom as custom
 
-    tables = [op.OPS, op.BUILDERS, engines.ENGINES, torch_common.IMPLS, rules.RULES, rules.POINTWISE_RULES,
-              rules.CUSTOM_RULES, custom.CUSTOM_OPS, lowering.LOWER]
+    tables = [
+        op.OPS,
+        op.BUILDERS,
+        engines.ENGINES,
+        torch_common.IMPLS,
+        rules.RULES,
+        rules.POINTWISE_RULES,
+        rules.CUSTOM_RULES,
+        custom.CUSTOM_OPS,
+        lowering.LOWER,
+    ]
     try:
         from opgraph.frontends import torch_ops
     except ImportError:  # (torch missing)

@@ -111,7 +111,7 @@ def test_floor_division_simplifies():
     assert cdiv(s, 64) == (s + 63) // 64
     assert (s + 5) % 5 == s % 5
     assert floordiv(13, 4) == 3 and cdiv(13, 4) == 4
-    atom = ((s + 1) // 2)
+    atom = (s + 1) // 2
     assert isinstance(atom, Expr) and isinstance(atom.terms[0][0][0], FloorDiv)
 
 
@@ -158,11 +158,21 @@ def test_too_many_terms_is_refused():
 # -- dims ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, lo, hi, rule", [
-    ("", 1, 2, "dim.name"), ("2x", 1, 2, "dim.name"), ("lambda", 1, 2, "dim.name"), ("a b", 1, 2, "dim.name"),
-    ("x" * 65, 1, 2, "dim.name"), ("x", 0, 2, "dim.range"), ("x", 3, 2, "dim.range"), ("x", True, 2, "dim.range"),
-    ("x", 1, 2.0, "dim.range"), ("x", 1, 2**63, "dim.range"),
-])
+@pytest.mark.parametrize(
+    "name, lo, hi, rule",
+    [
+        ("", 1, 2, "dim.name"),
+        ("2x", 1, 2, "dim.name"),
+        ("lambda", 1, 2, "dim.name"),
+        ("a b", 1, 2, "dim.name"),
+        ("x" * 65, 1, 2, "dim.name"),
+        ("x", 0, 2, "dim.range"),
+        ("x", 3, 2, "dim.range"),
+        ("x", True, 2, "dim.range"),
+        ("x", 1, 2.0, "dim.range"),
+        ("x", 1, 2**63, "dim.range"),
+    ],
+)
 def test_bad_dims_are_shape_errors(name, lo, hi, rule):
     with pytest.raises(ShapeError) as err:
         Dim(name, lo, hi)
@@ -202,11 +212,27 @@ def test_printing_is_readable():
     assert str(1 - b) == "-batch + 1"
 
 
-@pytest.mark.parametrize("text", [
-    "batch +", "x + 1", "batch ** 2", "f(batch)", "batch.real", "batch / 2", "batch // seq", "batch % 0",
-    "1.5 * batch", "True", "batch if seq else 1", "[batch]", "9" * 30, "batch" + " + batch" * 200,
-    "(" * 300 + "batch" + ")" * 300, "(batch + seq + h + 1) * " * 12 + "1",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "batch +",
+        "x + 1",
+        "batch ** 2",
+        "f(batch)",
+        "batch.real",
+        "batch / 2",
+        "batch // seq",
+        "batch % 0",
+        "1.5 * batch",
+        "True",
+        "batch if seq else 1",
+        "[batch]",
+        "9" * 30,
+        "batch" + " + batch" * 200,
+        "(" * 300 + "batch" + ")" * 300,
+        "(batch + seq + h + 1) * " * 12 + "1",
+    ],
+)
 def test_parse_refuses_what_is_not_a_size(text):
     with pytest.raises(SerializationError) as err:
         parse(text, SYMBOLS)

@@ -15,8 +15,13 @@ from .test_symbolic import B, H, S, _cases, _env
 
 
 def test_solve_finds_the_symbols_from_bare_and_linear_sizes():
-    obs = [Observed(B * S, 12, "dim 0 of 'y'"), Observed(2 * S + 1, 7, "dim 1 of 'x'"), Observed(B, 4, "dim 0 of 'x'"),
-           Observed(16, 16, "dim 2 of 'x'"), Observed((S + 1) // 2, 2, "dim 1 of 'z'")]
+    obs = [
+        Observed(B * S, 12, "dim 0 of 'y'"),
+        Observed(2 * S + 1, 7, "dim 1 of 'x'"),
+        Observed(B, 4, "dim 0 of 'x'"),
+        Observed(16, 16, "dim 2 of 'x'"),
+        Observed((S + 1) // 2, 2, "dim 1 of 'z'"),
+    ]
     assert solve(obs) == {"batch": 4, "seq": 3}
 
 
@@ -30,7 +35,7 @@ def test_solve_random_packs():
         assert solve(obs) == env
         k = rng.randrange(len(obs))
         if not isinstance(obs[k].expr, int) and obs[k].value > 1:
-            wrong = obs[:k] + [Observed(obs[k].expr, obs[k].value + 1, obs[k].where)] + obs[k + 1:]
+            wrong = obs[:k] + [Observed(obs[k].expr, obs[k].value + 1, obs[k].where)] + obs[k + 1 :]
             try:
                 other = solve(wrong)
             except VariantPackError as err:
@@ -40,15 +45,20 @@ def test_solve_random_packs():
 
 
 def test_solve_errors_name_the_place_the_dim_and_the_range():
-    with pytest.raises(VariantPackError, match=r"dim 0 of 'x' is 17, outside the range of dim 'batch' \(1..16\)") as err:
+    with pytest.raises(
+        VariantPackError, match=r"dim 0 of 'x' is 17, outside the range of dim 'batch' \(1..16\)"
+    ) as err:
         solve([Observed(B, 17, "dim 0 of 'x'")])
     assert err.value.rule == "pack.dim_range" and "wider range for 'batch'" in err.value.hint
     with pytest.raises(VariantPackError, match=r"outside the range of seq \+ 100 \(103..140"):
         solve([Observed(S + 100, 7, "dim 1 of 'x'")])
     with pytest.raises(VariantPackError, match="for no integer 'seq'"):
         solve([Observed(2 * S, 7, "dim 1 of 'x'")])
-    with pytest.raises(VariantPackError, match=r"dim 0 of 'y' is 13, but batch\*seq is 12 with 'batch' = 4 "
-                                               r"\(from dim 0 of 'x'\), 'seq' = 3 \(from dim 1 of 'z'\)") as err:
+    with pytest.raises(
+        VariantPackError,
+        match=r"dim 0 of 'y' is 13, but batch\*seq is 12 with 'batch' = 4 "
+        r"\(from dim 0 of 'x'\), 'seq' = 3 \(from dim 1 of 'z'\)",
+    ) as err:
         solve([Observed(B * S, 13, "dim 0 of 'y'"), Observed(B, 4, "dim 0 of 'x'"), Observed(S, 3, "dim 1 of 'z'")])
     assert err.value.rule == "pack.dim_mismatch"
     with pytest.raises(VariantPackError, match=r"do not determine the dim\(s\) \['batch', 'seq'\]") as err:

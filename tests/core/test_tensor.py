@@ -19,7 +19,12 @@ def test_tensor_arguments_read_back():
     assert (t.dim, t.stride, t.data_type, t.name, t.uid) == ((2, 3, 4), (1, 8, 2), D.HALF, "t", 42)
     assert not t.is_virtual and not t.is_pass_by_value and t.is_output
     assert (t.get_dim(), t.get_stride(), t.get_data_type(), t.get_name(), t.get_uid()) == (
-        [2, 3, 4], [1, 8, 2], D.HALF, "t", 42)
+        [2, 3, 4],
+        [1, 8, 2],
+        D.HALF,
+        "t",
+        42,
+    )
     v = g.tensor(dim=[1], is_virtual=True, is_pass_by_value=True)
     assert v.is_virtual and v.is_pass_by_value and not v.is_output
     assert v.uid is None and v.stride is None and v.data_type is None  # nothing assigned before validate
@@ -96,16 +101,20 @@ def test_inferred_properties_do_not_override_user_values():
 # -- tensor_like ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make, dims, strides, dt", [
-    (lambda: np.zeros((2, 3, 4, 5), np.float32), (2, 3, 4, 5), (60, 20, 5, 1), D.FLOAT),
-    (lambda: np.zeros((2, 4, 5, 3), np.float16).transpose(0, 3, 1, 2), (2, 3, 4, 5), (60, 1, 15, 3), D.HALF),
-    (lambda: np.zeros((4, 6), np.int8)[:, ::2], (4, 3), (6, 2), D.INT8),
-    (lambda: np.zeros((3, 4), np.float64).T, (4, 3), (1, 4), D.DOUBLE),
-    (lambda: np.zeros((5,), ml_dtypes.bfloat16), (5,), (1,), D.BFLOAT16),
-    (lambda: np.zeros((2, 2), ml_dtypes.float8_e4m3fn), (2, 2), (2, 1), D.FP8_E4M3),
-    (lambda: np.zeros((2, 1, 3), np.bool_), (2, 1, 3), (3, 3, 1), D.BOOLEAN),
-    (lambda: np.zeros((), np.float32), (1,), (1,), D.FLOAT),
-], ids=["nchw", "nhwc-view", "strided", "transposed", "bf16", "fp8", "bool", "0d"])
+@pytest.mark.parametrize(
+    "make, dims, strides, dt",
+    [
+        (lambda: np.zeros((2, 3, 4, 5), np.float32), (2, 3, 4, 5), (60, 20, 5, 1), D.FLOAT),
+        (lambda: np.zeros((2, 4, 5, 3), np.float16).transpose(0, 3, 1, 2), (2, 3, 4, 5), (60, 1, 15, 3), D.HALF),
+        (lambda: np.zeros((4, 6), np.int8)[:, ::2], (4, 3), (6, 2), D.INT8),
+        (lambda: np.zeros((3, 4), np.float64).T, (4, 3), (1, 4), D.DOUBLE),
+        (lambda: np.zeros((5,), ml_dtypes.bfloat16), (5,), (1,), D.BFLOAT16),
+        (lambda: np.zeros((2, 2), ml_dtypes.float8_e4m3fn), (2, 2), (2, 1), D.FP8_E4M3),
+        (lambda: np.zeros((2, 1, 3), np.bool_), (2, 1, 3), (3, 3, 1), D.BOOLEAN),
+        (lambda: np.zeros((), np.float32), (1,), (1,), D.FLOAT),
+    ],
+    ids=["nchw", "nhwc-view", "strided", "transposed", "bf16", "fp8", "bool", "0d"],
+)
 def test_tensor_like_numpy(make, dims, strides, dt):
     g = og.Graph()
     t = g.tensor_like(make(), name="t", uid=9)
@@ -170,8 +179,7 @@ def test_tensor_like_dlpack():
 def test_tensor_like_layouts_execute(rng):
     """Tensors described by tensor_like take those very buffers in the variant pack."""
     torch = pytest.importorskip("torch")
-    x_t = torch.from_numpy(rng.uniform(-2, 2, (2, 3, 4, 5)).astype(np.float32)).to(
-        memory_format=torch.channels_last)
+    x_t = torch.from_numpy(rng.uniform(-2, 2, (2, 3, 4, 5)).astype(np.float32)).to(memory_format=torch.channels_last)
     b_np = rng.uniform(-2, 2, (1, 3, 1, 1)).astype(np.float32)
     g = og.Graph(io_data_type=D.FLOAT)
     x = g.tensor_like(x_t, name="x")
@@ -189,8 +197,7 @@ def test_tensor_like_layouts_execute(rng):
 # -- bad values ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dim", [[0, 2], [-1, 2], [1.5, 2], 5, [True, 2], ["2"], [2**63]],
-                         ids=lambda v: repr(v))
+@pytest.mark.parametrize("dim", [[0, 2], [-1, 2], [1.5, 2], 5, [True, 2], ["2"], [2**63]], ids=lambda v: repr(v))
 def test_bad_dims(dim):
     g = og.Graph()
     with pytest.raises(og.ShapeError) as ei:

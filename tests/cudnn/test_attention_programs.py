@@ -36,7 +36,7 @@ def guarded(shape, dtype, values=None, margin=24, device="cpu"):
     """A tensor inside a NaN-filled buffer with `margin` elements before and after (NVIDIA's guards)."""
     n = math.prod(shape)
     raw = torch.full((n + 2 * margin,), float("nan"), dtype=dtype, device=device)
-    t = raw.as_strided(shape, [math.prod(shape[i + 1:]) for i in range(len(shape))], margin)
+    t = raw.as_strided(shape, [math.prod(shape[i + 1 :]) for i in range(len(shape))], margin)
     if values is not None:
         t.copy_(values)
     return t, raw
@@ -96,9 +96,16 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
     st, _ = guarded((tq, hq, 1), torch.float32, device=device)
     smax, _ = guarded((tq, hq, 1), torch.float32, device=device)
     sink = torch.randn(1, hq, 1, 1).to(device)
-    offs = {n: t.to(device) for n, t in {"q": prefix(lq) * hq * d, "k": prefix(lkv) * hk * d,
-                                          "v": prefix(lkv) * hk * dv, "o": prefix(lq) * hq * dv,
-                                          "s": prefix(lq) * hq}.items()}
+    offs = {
+        n: t.to(device)
+        for n, t in {
+            "q": prefix(lq) * hq * d,
+            "k": prefix(lkv) * hk * d,
+            "v": prefix(lkv) * hk * dv,
+            "o": prefix(lq) * hq * dv,
+            "s": prefix(lq) * hq,
+        }.items()
+    }
     lq, lkv = lq.to(device), lkv.to(device)
     g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     Q = g.tensor(uid=0, dim=(b, hq, sq, d), stride=bshd((b, hq, sq, d)), data_type=HALF)
@@ -106,77 +113,153 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
     V = g.tensor(uid=2, dim=(b, hk, skv, dv), stride=bshd((b, hk, skv, dv)), data_type=HALF)
     LQ = g.tensor(uid=11, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT32)
     LKV = g.tensor(uid=12, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT32)
-    OFF = {n: g.tensor(uid=13 + i, dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT64)
-           for i, n in enumerate(offs)}
+    OFF = {
+        n: g.tensor(uid=13 + i, dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT64) for i, n in enumerate(offs)
+    }
     Q.set_ragged_offset(OFF["q"])
     K.set_ragged_offset(OFF["k"])
     V.set_ragged_offset(OFF["v"])
     SM = g.tensor(uid=27, dim=(b, hq, sq, 1), stride=bshd((b, hq, sq, 1)), data_type=FLOAT)
     SM.set_output(True)
     SINK = g.tensor(uid=29, dim=(1, hq, 1, 1), stride=(hq, 1, 1, 1), data_type=FLOAT)
-    O, S = g.sdpa(name="f", q=Q, k=K, v=V, generate_stats=True, attn_scale=0.125, use_padding_mask=True,
-                  seq_len_q=LQ, seq_len_kv=LKV, diagonal_band_left_bound=3, diagonal_band_right_bound=0,
-                  diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, score_max=SM, sink_token=SINK,
-                  implementation=cudnn.attention_implementation.AUTO, unfuse_fma=True)
+    O, S = g.sdpa(
+        name="f",
+        q=Q,
+        k=K,
+        v=V,
+        generate_stats=True,
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=LQ,
+        seq_len_kv=LKV,
+        diagonal_band_left_bound=3,
+        diagonal_band_right_bound=0,
+        diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
+        score_max=SM,
+        sink_token=SINK,
+        implementation=cudnn.attention_implementation.AUTO,
+        unfuse_fma=True,
+    )
     O.set_uid(3).set_output(True).set_dim((b, hq, sq, dv)).set_stride(bshd((b, hq, sq, dv)))
     O.set_ragged_offset(OFF["o"])
     S.set_uid(4).set_output(True).set_data_type(FLOAT).set_dim((b, hq, sq, 1)).set_stride(bshd((b, hq, sq, 1)))
     S.set_ragged_offset(OFF["s"])
     SM.set_ragged_offset(OFF["s"])
     build(g)
-    pack = {0: q, 1: k, 2: v, 3: o, 4: st, 27: smax, 29: sink, 11: lq.view(-1, 1, 1, 1), 12: lkv.view(-1, 1, 1, 1),
-            13: offs["q"], 14: offs["k"], 15: offs["v"], 16: offs["o"], 17: offs["s"]}
+    pack = {
+        0: q,
+        1: k,
+        2: v,
+        3: o,
+        4: st,
+        27: smax,
+        29: sink,
+        11: lq.view(-1, 1, 1, 1),
+        12: lkv.view(-1, 1, 1, 1),
+        13: offs["q"],
+        14: offs["k"],
+        15: offs["v"],
+        16: offs["o"],
+        17: offs["s"],
+    }
     g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
     total = int(lq.sum())
     assert torch.isnan(o[total:]).all() and torch.isnan(o_raw[:24]).all() and torch.isnan(o_raw[-24:]).all()
     pq, pkv = prefix(lq), prefix(lkv)
     for i in range(b):
-        qs = q[pq[i]:pq[i + 1]].double().permute(1, 0, 2)
-        ks = k[pkv[i]:pkv[i + 1]].double().permute(1, 0, 2)
-        vs = v[pkv[i]:pkv[i + 1]].double().permute(1, 0, 2)
+        qs = q[pq[i] : pq[i + 1]].double().permute(1, 0, 2)
+        ks = k[pkv[i] : pkv[i + 1]].double().permute(1, 0, 2)
+        vs = v[pkv[i] : pkv[i + 1]].double().permute(1, 0, 2)
         wo, wst, wm = sequence_attention(qs, ks, vs, scale=0.125, left=3, right=0, br=True, sink=sink.double())
-        torch.testing.assert_close(o[pq[i]:pq[i + 1]].double().permute(1, 0, 2), wo, atol=2e-3, rtol=2e-3)
-        torch.testing.assert_close(st[pq[i]:pq[i + 1]].double().permute(1, 0, 2), wst, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(smax[pq[i]:pq[i + 1]].double().permute(1, 0, 2), wm, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(o[pq[i] : pq[i + 1]].double().permute(1, 0, 2), wo, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(st[pq[i] : pq[i + 1]].double().permute(1, 0, 2), wst, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(smax[pq[i] : pq[i + 1]].double().permute(1, 0, 2), wm, atol=1e-4, rtol=1e-4)
 
     # the backward graph over the same buffers, with dSink_token
     do, _ = guarded((tq, hq, dv), torch.float16, 0.1 * torch.randn(tq, hq, dv), device=device)
     grads = {n: guarded(t.shape, t.dtype, device=device)[0] for n, t in (("dq", q), ("dk", k), ("dv", v))}
     dsink = torch.full((1, hq, 1, 1), float("nan"), device=device)
     gb = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
-    t = {n: gb.tensor(uid=u, dim=dm, stride=bshd(dm), data_type=dt) for n, u, dm, dt in (
-        ("q", 0, (b, hq, sq, d), HALF), ("k", 1, (b, hk, skv, d), HALF), ("v", 2, (b, hk, skv, dv), HALF),
-        ("o", 3, (b, hq, sq, dv), HALF), ("dO", 9, (b, hq, sq, dv), HALF), ("st", 4, (b, hq, sq, 1), FLOAT))}
+    t = {
+        n: gb.tensor(uid=u, dim=dm, stride=bshd(dm), data_type=dt)
+        for n, u, dm, dt in (
+            ("q", 0, (b, hq, sq, d), HALF),
+            ("k", 1, (b, hk, skv, d), HALF),
+            ("v", 2, (b, hk, skv, dv), HALF),
+            ("o", 3, (b, hq, sq, dv), HALF),
+            ("dO", 9, (b, hq, sq, dv), HALF),
+            ("st", 4, (b, hq, sq, 1), FLOAT),
+        )
+    }
     lens = [gb.tensor(uid=u, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT32) for u in (11, 12)]
-    off = {n: gb.tensor(uid=13 + i, dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT64)
-           for i, n in enumerate(offs)}
+    off = {
+        n: gb.tensor(uid=13 + i, dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT64) for i, n in enumerate(offs)
+    }
     for n, o_ in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"), ("dO", "o"), ("st", "s")):
         t[n].set_ragged_offset(off[o_])
     sk = gb.tensor(uid=29, dim=(1, hq, 1, 1), stride=(hq, 1, 1, 1), data_type=FLOAT)
     dsk = gb.tensor(uid=30, dim=(1, hq, 1, 1), stride=(hq, 1, 1, 1), data_type=FLOAT)
-    dQ, dK, dV = gb.sdpa_backward(name="b", q=t["q"], k=t["k"], v=t["v"], o=t["o"], dO=t["dO"], stats=t["st"],
-                                  attn_scale=0.125, use_padding_mask=True, seq_len_q=lens[0], seq_len_kv=lens[1],
-                                  max_total_seq_len_q=tq, max_total_seq_len_kv=tkv, diagonal_band_left_bound=3,
-                                  diagonal_band_right_bound=0, diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
-                                  use_deterministic_algorithm=True, sink_token=sk, dSink_token=dsk)
+    dQ, dK, dV = gb.sdpa_backward(
+        name="b",
+        q=t["q"],
+        k=t["k"],
+        v=t["v"],
+        o=t["o"],
+        dO=t["dO"],
+        stats=t["st"],
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=lens[0],
+        seq_len_kv=lens[1],
+        max_total_seq_len_q=tq,
+        max_total_seq_len_kv=tkv,
+        diagonal_band_left_bound=3,
+        diagonal_band_right_bound=0,
+        diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
+        use_deterministic_algorithm=True,
+        sink_token=sk,
+        dSink_token=dsk,
+    )
     for h, u, n, dm in ((dQ, 6, "q", (b, hq, sq, d)), (dK, 7, "k", (b, hk, skv, d)), (dV, 8, "v", (b, hk, skv, dv))):
         h.set_uid(u).set_output(True).set_dim(dm).set_stride(bshd(dm))
         h.set_ragged_offset(off[n])
     build(gb)
-    gb.execute({0: q, 1: k, 2: v, 3: o, 9: do, 4: st, 6: grads["dq"], 7: grads["dk"], 8: grads["dv"], 29: sink,
-                30: dsink, 11: lq.view(-1, 1, 1, 1), 12: lkv.view(-1, 1, 1, 1), 13: offs["q"], 14: offs["k"],
-                15: offs["v"], 16: offs["o"], 17: offs["s"]}, None)
+    gb.execute(
+        {
+            0: q,
+            1: k,
+            2: v,
+            3: o,
+            9: do,
+            4: st,
+            6: grads["dq"],
+            7: grads["dk"],
+            8: grads["dv"],
+            29: sink,
+            30: dsink,
+            11: lq.view(-1, 1, 1, 1),
+            12: lkv.view(-1, 1, 1, 1),
+            13: offs["q"],
+            14: offs["k"],
+            15: offs["v"],
+            16: offs["o"],
+            17: offs["s"],
+        },
+        None,
+    )
     want_dsink = torch.zeros(hq, dtype=torch.float64, device=device)
     for i in range(b):
-        leaves = [x[p[i]:p[i + 1]].double().permute(1, 0, 2).requires_grad_() for x, p in ((q, pq), (k, pkv), (v, pkv))]
+        leaves = [
+            x[p[i] : p[i + 1]].double().permute(1, 0, 2).requires_grad_() for x, p in ((q, pq), (k, pkv), (v, pkv))
+        ]
         sink_leaf = sink.double().requires_grad_()
         wo, _, _ = sequence_attention(*leaves, scale=0.125, left=3, right=0, br=True, sink=sink_leaf)
-        gq, gk, gv, gs = torch.autograd.grad(wo, [*leaves, sink_leaf], do[pq[i]:pq[i + 1]].double().permute(1, 0, 2))
+        gq, gk, gv, gs = torch.autograd.grad(wo, [*leaves, sink_leaf], do[pq[i] : pq[i + 1]].double().permute(1, 0, 2))
         want_dsink += gs.reshape(-1)
         for got, want, p in ((grads["dq"], gq, pq), (grads["dk"], gk, pkv), (grads["dv"], gv, pkv)):
-            torch.testing.assert_close(got[p[i]:p[i + 1]].double().permute(1, 0, 2), want, atol=3e-3, rtol=3e-3)
+            torch.testing.assert_close(got[p[i] : p[i + 1]].double().permute(1, 0, 2), want, atol=3e-3, rtol=3e-3)
     for got, p in ((grads["dq"], pq), (grads["dk"], pkv), (grads["dv"], pkv)):
-        assert torch.isnan(got[int(p[-1]):]).all()  # rows past the last sequence untouched
+        assert torch.isnan(got[int(p[-1]) :]).all()  # rows past the last sequence untouched
     torch.testing.assert_close(dsink.reshape(-1).double(), want_dsink, atol=1e-3, rtol=1e-3)
 
 
@@ -205,25 +288,52 @@ def test_t3hd_forward_backward_with_dropout_and_rng_dump():
     RNG = g.tensor_like(rng_dump)
     for x in (Q, K, V):
         x.set_ragged_offset(QO)
-    O, ST = g.sdpa(name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=0.125, use_padding_mask=True,
-                   seq_len_q=LQ, seq_len_kv=LKV, diagonal_band_right_bound=0, dropout=(0.1, SEED, OFFSET),
-                   rng_dump=RNG)
+    O, ST = g.sdpa(
+        name="sdpa",
+        q=Q,
+        k=K,
+        v=V,
+        generate_stats=True,
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=LQ,
+        seq_len_kv=LKV,
+        diagonal_band_right_bound=0,
+        dropout=(0.1, SEED, OFFSET),
+        rng_dump=RNG,
+    )
     O.set_output(True).set_dim(dims).set_stride(bshd(dims))
     O.set_ragged_offset(OO)
     ST.set_output(True).set_data_type(FLOAT)
     build(g)
-    g.execute({Q: q, K: k, V: v, LQ: lens, LKV: lens, QO: off, OO: off_o, SEED: seed, OFFSET: offset, RNG: rng_dump,
-               O: o, ST: stats}, None)
+    g.execute(
+        {
+            Q: q,
+            K: k,
+            V: v,
+            LQ: lens,
+            LKV: lens,
+            QO: off,
+            OO: off_o,
+            SEED: seed,
+            OFFSET: offset,
+            RNG: rng_dump,
+            O: o,
+            ST: stats,
+        },
+        None,
+    )
     assert set(rng_dump.unique().tolist()) == {0.0, 1.0}
     packed_q = qkv.view(b * s, 3, h, d)
     packed_o = o.as_strided((b * s, h, d), (h * d, d, 1))
     p = prefix(lens)
     for i in range(b):
-        seq = packed_q[p[i]:p[i + 1]].double().permute(1, 2, 0, 3)  # [3, H, s_i, D]
+        seq = packed_q[p[i] : p[i + 1]].double().permute(1, 2, 0, 3)  # [3, H, s_i, D]
         n = int(lens[i])
-        wo, wst, _ = sequence_attention(seq[0], seq[1], seq[2], scale=0.125, right=0,
-                                        drop=rng_dump[i, :, :n, :n].double() / 0.9)
-        torch.testing.assert_close(packed_o[p[i]:p[i + 1]].double().permute(1, 0, 2), wo, atol=3e-3, rtol=3e-3)
+        wo, wst, _ = sequence_attention(
+            seq[0], seq[1], seq[2], scale=0.125, right=0, drop=rng_dump[i, :, :n, :n].double() / 0.9
+        )
+        torch.testing.assert_close(packed_o[p[i] : p[i + 1]].double().permute(1, 0, 2), wo, atol=3e-3, rtol=3e-3)
         torch.testing.assert_close(stats[i, :, :n].double(), wst, atol=1e-4, rtol=1e-4)
         assert torch.isneginf(stats[i, :, n:]).all()  # padded rows: cuDNN's -inf
 
@@ -237,27 +347,53 @@ def test_t3hd_forward_backward_with_dropout_and_rng_dump():
     SEED, OFFSET = gb.tensor_like(seed), gb.tensor_like(offset)
     for x, ro in zip(t[:5], (QO, QO, QO, OO, OO)):
         x.set_ragged_offset(ro)
-    grads = gb.sdpa_backward(name="sdpa_backward", q=t[0], k=t[1], v=t[2], o=t[3], dO=t[4], stats=t[5],
-                             attn_scale=0.125, use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LKV,
-                             diagonal_band_right_bound=0, dropout=(0.1, SEED, OFFSET))
+    grads = gb.sdpa_backward(
+        name="sdpa_backward",
+        q=t[0],
+        k=t[1],
+        v=t[2],
+        o=t[3],
+        dO=t[4],
+        stats=t[5],
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=LQ,
+        seq_len_kv=LKV,
+        diagonal_band_right_bound=0,
+        dropout=(0.1, SEED, OFFSET),
+    )
     for hnd, buf in zip(grads, (dq, dk, dv)):
         hnd.set_output(True).set_dim(buf.size()).set_stride(buf.stride())
         hnd.set_ragged_offset(QO)
     build(gb)
-    gb.execute({**dict(zip(t, (q, k, v, o, do, stats))), LQ: lens, LKV: lens, QO: off, OO: off_o, SEED: seed,
-                OFFSET: offset, grads[0]: dq, grads[1]: dk, grads[2]: dv}, None)
+    gb.execute(
+        {
+            **dict(zip(t, (q, k, v, o, do, stats))),
+            LQ: lens,
+            LKV: lens,
+            QO: off,
+            OO: off_o,
+            SEED: seed,
+            OFFSET: offset,
+            grads[0]: dq,
+            grads[1]: dk,
+            grads[2]: dv,
+        },
+        None,
+    )
     packed_d = dqkv.view(b * s, 3, h, d)
     packed_do = do.as_strided((b * s, h, d), (h * d, d, 1))
     for i in range(b):
         n = int(lens[i])
-        seq = packed_q[p[i]:p[i + 1]].double().permute(1, 2, 0, 3)
+        seq = packed_q[p[i] : p[i + 1]].double().permute(1, 2, 0, 3)
         leaves = [seq[j].clone().requires_grad_() for j in range(3)]
         wo, _, _ = sequence_attention(*leaves, scale=0.125, right=0, drop=rng_dump[i, :, :n, :n].double() / 0.9)
-        want = torch.autograd.grad(wo, leaves, packed_do[p[i]:p[i + 1]].double().permute(1, 0, 2))
+        want = torch.autograd.grad(wo, leaves, packed_do[p[i] : p[i + 1]].double().permute(1, 0, 2))
         for j in range(3):
-            torch.testing.assert_close(packed_d[p[i]:p[i + 1], j].double().permute(1, 0, 2), want[j], atol=3e-3,
-                                       rtol=3e-3)
-    assert torch.isnan(packed_d[int(p[-1]):]).all()
+            torch.testing.assert_close(
+                packed_d[p[i] : p[i + 1], j].double().permute(1, 0, 2), want[j], atol=3e-3, rtol=3e-3
+            )
+    assert torch.isnan(packed_d[int(p[-1]) :]).all()
 
 
 # -- paged caches, decode --------------------------------------------------------------------------------
@@ -270,7 +406,9 @@ def _container(x, block):
     padded = torch.cat([x, torch.zeros(bsz, h, per * block - s, d, dtype=x.dtype)], 2)
     container = torch.cat(padded.clone().chunk(per, dim=2), dim=0)
     table = torch.arange(bsz * per, dtype=torch.int32).reshape(per, 1, bsz, 1).transpose(0, 2)
-    return container, torch.zeros(bsz * per, dtype=torch.int32).as_strided((bsz, 1, per, 1), (per, per, 1, 1)).copy_(table)
+    return container, torch.zeros(bsz * per, dtype=torch.int32).as_strided((bsz, 1, per, 1), (per, per, 1, 1)).copy_(
+        table
+    )
 
 
 @pytest.mark.parametrize("packed_table", [False, True])
@@ -291,9 +429,9 @@ def test_paged_decode(packed_table):
     for tab in (tk, tv):
         if packed_table:  # sequence b's pages packed one after the other, with their offsets
             pages = [(int(n) + block - 1) // block for n in lkv.flatten()]
-            rows = torch.cat([tab[i, 0, :pages[i], 0] for i in range(b)])
+            rows = torch.cat([tab[i, 0, : pages[i], 0] for i in range(b)])
             flat = torch.zeros(b * tab.shape[2], dtype=torch.int32)
-            flat[:rows.numel()] = rows
+            flat[: rows.numel()] = rows
             packed = flat.view(b, tab.shape[2], 1, 1).permute(0, 2, 1, 3)
             off = prefix(torch.tensor(pages, dtype=torch.int32)).view(-1, 1, 1, 1)
             T, OFF = g.tensor_like(packed), g.tensor_like(off)
@@ -303,9 +441,20 @@ def test_paged_decode(packed_table):
             T = g.tensor_like(tab)
             feeds[T] = tab
         tables.append(T)
-    O, _ = g.sdpa(name="sdpa", q=Q, k=CK, v=CV, is_inference=True, attn_scale=0.25, use_padding_mask=True,
-                  seq_len_q=LQ, seq_len_kv=LKV, paged_attention_k_table=tables[0], paged_attention_v_table=tables[1],
-                  paged_attention_max_seq_len_kv=s_kv)
+    O, _ = g.sdpa(
+        name="sdpa",
+        q=Q,
+        k=CK,
+        v=CV,
+        is_inference=True,
+        attn_scale=0.25,
+        use_padding_mask=True,
+        seq_len_q=LQ,
+        seq_len_kv=LKV,
+        paged_attention_k_table=tables[0],
+        paged_attention_v_table=tables[1],
+        paged_attention_max_seq_len_kv=s_kv,
+    )
     O.set_output(True).set_dim(o.shape).set_stride(o.stride())
     g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     g.execute({**feeds, O: o}, None)
@@ -329,8 +478,18 @@ def test_packed_q_dense_o_int64_lengths_and_an_unread_stats():
     g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     Q, K, V, LQ, LKV, OFF = (g.tensor_like(x) for x in (q, k, v, lq, lkv, off))
     Q.set_ragged_offset(OFF)
-    O, _ = g.sdpa(name="sdpa", q=Q, k=K, v=V, is_inference=False, attn_scale=0.3, use_causal_mask=True,
-                  use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LKV)
+    O, _ = g.sdpa(
+        name="sdpa",
+        q=Q,
+        k=K,
+        v=V,
+        is_inference=False,
+        attn_scale=0.3,
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=LQ,
+        seq_len_kv=LKV,
+    )
     O.set_output(True).set_dim(dims).set_stride(bshd(dims))
     build(g)
     g.execute({Q: q, K: k, V: v, LQ: lq, LKV: lkv, OFF: off, O: o}, None)
@@ -338,8 +497,9 @@ def test_packed_q_dense_o_int64_lengths_and_an_unread_stats():
     p = prefix(lq)
     for i in range(b):
         n = int(lq[i])
-        wo, _, _ = sequence_attention(packed[p[i]:p[i + 1]].double().permute(1, 0, 2), k[i].double(), v[i].double(),
-                                      scale=0.3, right=0)
+        wo, _, _ = sequence_attention(
+            packed[p[i] : p[i + 1]].double().permute(1, 0, 2), k[i].double(), v[i].double(), scale=0.3, right=0
+        )
         torch.testing.assert_close(o[i, :, :n].double(), wo, atol=2e-3, rtol=2e-3)
         assert (o[i, :, n:] == 0).all()
 
@@ -383,8 +543,13 @@ def test_shape_overrides_that_restate_the_shapes():
     c = g.matmul(a, b_).set_output(True).set_uid(2)
     build(g)
     x, y, z = torch.randn(1, 4, 3), torch.randn(1, 3, 2), torch.empty(1, 4, 2)
-    g.execute({0: x, 1: y, 2: z}, None, override_uids=[0, 1, 2], override_shapes=[[1, 4, 3], [1, 3, 2], [1, 4, 2]],
-              override_strides=[[12, 3, 1], [6, 2, 1], [8, 2, 1]])
+    g.execute(
+        {0: x, 1: y, 2: z},
+        None,
+        override_uids=[0, 1, 2],
+        override_shapes=[[1, 4, 3], [1, 3, 2], [1, 4, 2]],
+        override_strides=[[12, 3, 1], [6, 2, 1], [8, 2, 1]],
+    )
     torch.testing.assert_close(z, x @ y)
     with pytest.raises(RuntimeError, match="issue 42"):
         g.execute({0: x, 1: y, 2: z}, None, override_uids=[0], override_shapes=[[1, 8, 3]], override_strides=None)
@@ -401,8 +566,12 @@ def test_a_buffer_of_the_other_16_bit_type_is_read_as_declared():
     x, y = torch.randn(1, 4, 8, dtype=torch.bfloat16), torch.randn(1, 8, 4, dtype=torch.bfloat16)
     z = torch.empty(1, 4, 4, dtype=torch.bfloat16)
     g.execute({0: x, 1: y, 2: z}, None)
-    torch.testing.assert_close(z.view(torch.float16).float(), x.view(torch.float16).float() @ y.view(torch.float16).float(),
-                               atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(
+        z.view(torch.float16).float(),
+        x.view(torch.float16).float() @ y.view(torch.float16).float(),
+        atol=1e-2,
+        rtol=1e-2,
+    )
 
 
 def test_kernel_cache_and_versions():
@@ -432,11 +601,21 @@ def test_wrapper_output_names_are_cudnn_s():
     x = torch.randn(2, 5, 8)
     scale, shift = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
     eps = torch.full((1, 1, 1), 1e-3)
-    with cudnn.Graph(io_data_type=FLOAT, compute_data_type=FLOAT, device="cpu",
-                     inputs=["adaln::input", "adaln::scale", "adaln::bias", "adaln::epsilon"],
-                     outputs=["adaln::Y", "adaln::MEAN", "adaln::INV_VARIANCE"]) as graph:
-        out, mean, inv = graph.adalayernorm(name="adaln", norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
-                                            input=x, scale=scale, bias=shift, epsilon=eps)
+    with cudnn.Graph(
+        io_data_type=FLOAT,
+        compute_data_type=FLOAT,
+        device="cpu",
+        inputs=["adaln::input", "adaln::scale", "adaln::bias", "adaln::epsilon"],
+        outputs=["adaln::Y", "adaln::MEAN", "adaln::INV_VARIANCE"],
+    ) as graph:
+        out, mean, inv = graph.adalayernorm(
+            name="adaln",
+            norm_forward_phase=cudnn.norm_forward_phase.TRAINING,
+            input=x,
+            scale=scale,
+            bias=shift,
+            epsilon=eps,
+        )
         out.set_name("output").set_output(True)
         mean.set_name("mean").set_output(True)
         inv.set_name("inv_var").set_output(True)
@@ -472,8 +651,9 @@ def test_causal_conv1d_op_autograd_and_compile():
     for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     compiled = torch.compile(lambda x, w, b: cudnn.ops.causal_conv1d(x, w, b, activation="identity"))
-    torch.testing.assert_close(compiled(x.detach(), w.detach(), None), cudnn.ops.causal_conv1d(x.detach(), w.detach()),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        compiled(x.detach(), w.detach(), None), cudnn.ops.causal_conv1d(x.detach(), w.detach()), atol=0, rtol=0
+    )
     assert isinstance(og.DataType.HALF, og.DataType)
 
 
@@ -491,24 +671,32 @@ def test_a_packed_q_changes_its_sequence_length_at_execute():
         s = int(lq.max())
         lkv = torch.full((b, 1, 1, 1), skv, dtype=torch.int32)
         pack = {0: q, 1: k, 2: v, 3: o, 4: lq.view(-1, 1, 1, 1), 5: lkv, 6: off, 7: off}
-        g.execute(pack, None, override_uids=[0, 3], override_shapes=[[b, h, s, d], [b, h, s, d]],
-                  override_strides=[list(q.stride()), list(o.stride())])
+        g.execute(
+            pack,
+            None,
+            override_uids=[0, 3],
+            override_shapes=[[b, h, s, d], [b, h, s, d]],
+            override_strides=[list(q.stride()), list(o.stride())],
+        )
         p = prefix(lq)
         for i in range(b):
-            wo, _, _ = sequence_attention(q[p[i]:p[i + 1]].double().permute(1, 0, 2), k[i].double(), v[i].double(),
-                                          scale=0.3)
-            torch.testing.assert_close(o[p[i]:p[i + 1]].double().permute(1, 0, 2), wo, atol=2e-3, rtol=2e-3)
+            wo, _, _ = sequence_attention(
+                q[p[i] : p[i + 1]].double().permute(1, 0, 2), k[i].double(), v[i].double(), scale=0.3
+            )
+            torch.testing.assert_close(o[p[i] : p[i + 1]].double().permute(1, 0, 2), wo, atol=2e-3, rtol=2e-3)
 
-    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT,
-                      is_override_shape_enabled=True)
+    g = cudnn.pygraph(
+        io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT, is_override_shape_enabled=True
+    )
     dims = (b, h, 4, d)
     Q = g.tensor(uid=0, dim=dims, stride=(h * d, d, h * d, 1), data_type=HALF)
     K, V = (g.tensor(uid=u, dim=(b, h, skv, d), stride=(h * skv * d, d, h * d, 1), data_type=HALF) for u in (1, 2))
     LQ, LKV = (g.tensor(uid=u, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT32) for u in (4, 5))
     QO, OO = (g.tensor(uid=u, dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT64) for u in (6, 7))
     Q.set_ragged_offset(QO)
-    O, _ = g.sdpa(q=Q, k=K, v=V, attn_scale=0.3, use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LKV,
-                  generate_stats=False)
+    O, _ = g.sdpa(
+        q=Q, k=K, v=V, attn_scale=0.3, use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LKV, generate_stats=False
+    )
     O.set_uid(3).set_output(True).set_dim(dims).set_stride((h * d, d, h * d, 1)).set_ragged_offset(OO)
     build(g)
     run(g, torch.tensor([3, 4], dtype=torch.int32))

@@ -23,10 +23,13 @@ def _matmul_bias(handle, b, s, e, dtype, **options):
     x = torch.randn(b, s, e, dtype=dtype, device=handle.device.torch_name)
     w = torch.randn(1, e, 2 * e, dtype=dtype, device=x.device)
     bias = torch.randn(1, 1, 2 * e, dtype=dtype, device=x.device)
-    g = cudnn.pygraph(intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
-                      handle=handle, **options)
-    X, W, B = (g.tensor(name=n, dim=t.size(), stride=t.stride(), data_type=t.dtype)
-               for n, t in (("X", x), ("W", w), ("B", bias)))
+    g = cudnn.pygraph(
+        intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT, handle=handle, **options
+    )
+    X, W, B = (
+        g.tensor(name=n, dim=t.size(), stride=t.stride(), data_type=t.dtype)
+        for n, t in (("X", x), ("W", w), ("B", bias))
+    )
     Y = g.bias(name="bias", input=g.matmul(name="matmul", A=X, B=W), bias=B)
     Y.set_output(True).set_data_type(dtype)
     g.validate()
@@ -39,8 +42,9 @@ def _matmul_bias(handle, b, s, e, dtype, **options):
 def _execute(g, tensors, buffers, want):
     X, W, B, Y = tensors
     y = torch.full_like(want, float("nan"))
-    g.execute(dict(zip((X, W, B, Y), (*buffers, y))),
-              torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=y.device))
+    g.execute(
+        dict(zip((X, W, B, Y), (*buffers, y))), torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=y.device)
+    )
     if y.is_cuda:
         torch.cuda.synchronize()
     return y
@@ -65,8 +69,7 @@ def test_reference_plans_are_not_runtime_compiled():
 @requires_interpreter
 @pytest.mark.interpreter
 def test_generated_kernels_are_runtime_compiled():
-    g, tensors, buffers, want = _matmul_bias(cudnn.create_handle("cpu"), 1, 16, 16, torch.float32,
-                                             engines=["triton"])
+    g, tensors, buffers, want = _matmul_bias(cudnn.create_handle("cpu"), 1, 16, 16, torch.float32, engines=["triton"])
     assert g.get_plan_name_at_index(0).startswith("triton")
     notes = g.get_behavior_notes_for_plan_at_index(0)
     assert RC in notes and cudnn.behavior_note.INTERPRETED in notes  # Triton's interpreter on the CPU

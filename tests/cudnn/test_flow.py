@@ -20,8 +20,12 @@ def handle():
 
 
 def _conv_bias_relu(handle, n=2, c=4, k=6, hw=6):
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.FLOAT,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
     x = torch.randn(n, c, hw, hw).to(memory_format=torch.channels_last)
     w = torch.randn(k, c, 3, 3).to(memory_format=torch.channels_last)
     b = torch.randn(1, k, 1, 1)
@@ -148,8 +152,11 @@ def test_variant_pack_loose_entries(handle):
     S.set_output(True).set_dim([3, 1, 7]).set_data_type(cudnn.data_type.FLOAT)
     g.build([cudnn.heur_mode.A])
     s = torch.full((3, 7), float("nan"))  # [3, 7] for a [3, 1, 7] tensor: the same memory, cuDNN-style
-    g.execute({X: x, S: s, unused: torch.zeros(4), None: torch.zeros(2), "nothing": None},
-              torch.empty(8, dtype=torch.uint8), handle=handle)
+    g.execute(
+        {X: x, S: s, unused: torch.zeros(4), None: torch.zeros(2), "nothing": None},
+        torch.empty(8, dtype=torch.uint8),
+        handle=handle,
+    )
     torch.testing.assert_close(s.double(), x.double().sum(1), rtol=1e-5, atol=1e-5)
     with pytest.raises(og.VariantPackError, match="int is not a buffer") as ei:
         g.execute({X: x.data_ptr(), S: s}, None)
@@ -182,8 +189,11 @@ def test_serialize_round_trip(handle):
         loaded.deserialize(handle, form)
         assert loaded.get_execution_plan_count() == 1
         y = _out(want)
-        loaded.execute({X.get_uid(): x, W.get_uid(): w, B.get_uid(): b, Y.get_uid(): y},
-                       torch.empty(loaded.get_workspace_size(), dtype=torch.uint8), handle=handle)
+        loaded.execute(
+            {X.get_uid(): x, W.get_uid(): w, B.get_uid(): b, Y.get_uid(): y},
+            torch.empty(loaded.get_workspace_size(), dtype=torch.uint8),
+            handle=handle,
+        )
         torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
         attrs = loaded.query_tensor_attributes_of_uid(Y.get_uid())
         assert attrs.get_dim() == list(want.shape) and attrs.get_data_type() is cudnn.data_type.FLOAT
@@ -242,8 +252,18 @@ def test_tensor_like_and_scalars(handle):
     g.build([cudnn.heur_mode.A])
     assert one.get_is_pass_by_value() and not mat.get_is_pass_by_value()
     y, z = torch.empty(2, 3, 4), torch.empty(2, 3, 1)
-    g.execute({A: a, A2: a2, one: torch.full((1, 1, 1), 3.0), b1: torch.full((1, 1, 4), 0.5),
-               mat: torch.full((1, 1, 1), 2.0), Y: y, Z: z}, None)
+    g.execute(
+        {
+            A: a,
+            A2: a2,
+            one: torch.full((1, 1, 1), 3.0),
+            b1: torch.full((1, 1, 4), 0.5),
+            mat: torch.full((1, 1, 1), 2.0),
+            Y: y,
+            Z: z,
+        },
+        None,
+    )
     torch.testing.assert_close(y, a * 0.75 + 2)
     torch.testing.assert_close(z, a2 * 2)
     h = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT)
@@ -297,8 +317,13 @@ def test_reference_engine_agrees_through_the_shim(handle, rng):
 
 def _nchw_for_nhwc(handle, **options):
     """X declared NHWC (channels-last strides); the program binds NCHW data of the same dims."""
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT, handle=handle, **options)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.FLOAT,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+        **options,
+    )
     x = torch.randn(2, 4, 5, 5)  # NCHW
     w = torch.randn(6, 4, 3, 3).to(memory_format=torch.channels_last)
     X = g.tensor(name="X", dim=[2, 4, 5, 5], stride=[100, 1, 20, 4], data_type=x.dtype)

@@ -75,19 +75,45 @@ def test_batchnorm_training_updates_running_stats_in_place(env):
     scale, bias = torch.rand(1, 6, 1, 1, device=device) + 0.5, torch.randn(1, 6, 1, 1, device=device)
     rm, rv = torch.randn(1, 6, 1, 1, device=device), torch.rand(1, 6, 1, 1, device=device) + 0.5
     want_rm, want_rv = rm.clone().reshape(-1).double(), rv.clone().reshape(-1).double()  # torch updates these
-    want_y = torch.nn.functional.batch_norm(x.double(), want_rm, want_rv, scale.reshape(-1).double(),
-                                            bias.reshape(-1).double(), training=True, momentum=0.1, eps=1e-5)
+    want_y = torch.nn.functional.batch_norm(
+        x.double(),
+        want_rm,
+        want_rv,
+        scale.reshape(-1).double(),
+        bias.reshape(-1).double(),
+        training=True,
+        momentum=0.1,
+        eps=1e-5,
+    )
     g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, handle=handle)
     X, S, B, RM, RV = (g.tensor_like(t) for t in (x, scale, bias, rm, rv))
     eps, mom = g.tensor_like(torch.full((1, 1, 1, 1), 1e-5)), g.tensor_like(torch.full((1, 1, 1, 1), 0.1))
-    y, mean, inv, nrm, nrv = g.batchnorm(input=X, scale=S, bias=B, in_running_mean=RM, in_running_var=RV, epsilon=eps,
-                                         momentum=mom)
+    y, mean, inv, nrm, nrv = g.batchnorm(
+        input=X, scale=S, bias=B, in_running_mean=RM, in_running_var=RV, epsilon=eps, momentum=mom
+    )
     for t in (y, mean, inv, nrm, nrv):
         t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
     out = torch.empty_like(x)
     saved = [torch.empty_like(scale) for _ in range(2)]
-    _run(g, {X: x, S: scale, B: bias, RM: rm, RV: rv, eps: torch.full((1, 1, 1, 1), 1e-5),
-             mom: torch.full((1, 1, 1, 1), 0.1), y: out, mean: saved[0], inv: saved[1], nrm: rm, nrv: rv}, handle, device)
+    _run(
+        g,
+        {
+            X: x,
+            S: scale,
+            B: bias,
+            RM: rm,
+            RV: rv,
+            eps: torch.full((1, 1, 1, 1), 1e-5),
+            mom: torch.full((1, 1, 1, 1), 0.1),
+            y: out,
+            mean: saved[0],
+            inv: saved[1],
+            nrm: rm,
+            nrv: rv,
+        },
+        handle,
+        device,
+    )
     torch.testing.assert_close(out.double(), want_y, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(rm.reshape(-1).double(), want_rm, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rv.reshape(-1).double(), want_rv, rtol=1e-5, atol=1e-5)
@@ -103,7 +129,11 @@ def test_layernorm_and_backward(env):
     Y, M, IV = g.layernorm(norm_forward_phase=cudnn.norm_forward_phase.TRAINING, input=X, scale=W, bias=B, epsilon=eps)
     for t in (Y, M, IV):
         t.set_output(True).set_data_type(cudnn.data_type.FLOAT)
-    y, m, iv = torch.empty(4, 6, 32, device=device), torch.empty(4, 6, 1, device=device), torch.empty(4, 6, 1, device=device)
+    y, m, iv = (
+        torch.empty(4, 6, 32, device=device),
+        torch.empty(4, 6, 1, device=device),
+        torch.empty(4, 6, 1, device=device),
+    )
     _run(g, {X: x.detach(), W: w, B: b, eps: torch.full((1, 1, 1), 1e-5), Y: y, M: m, IV: iv}, handle, device)
     want = torch.nn.functional.layer_norm(x.double(), [32], w.reshape(-1).double(), b.reshape(-1).double(), 1e-5)
     torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
@@ -126,14 +156,18 @@ def test_rmsnorm_instancenorm(env):
     s, b = torch.randn(1, 5, 1, 1, device=device), torch.randn(1, 5, 1, 1, device=device)
     g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, handle=handle)
     X, S, B = g.tensor_like(x), g.tensor_like(s), g.tensor_like(b)
-    Yi = g.instancenorm(norm_forward_phase=cudnn.norm_forward_phase.INFERENCE, input=X, scale=S, bias=B, epsilon=1e-5)[0]
+    Yi = g.instancenorm(norm_forward_phase=cudnn.norm_forward_phase.INFERENCE, input=X, scale=S, bias=B, epsilon=1e-5)[
+        0
+    ]
     ONES = g.tensor_like(torch.ones(1, 5, 4, 4))
     Yr = g.rmsnorm(norm_forward_phase=cudnn.norm_forward_phase.INFERENCE, input=X, scale=ONES, epsilon=1e-5)[0]
     Yi.set_output(True)
     Yr.set_output(True)
     yi, yr = torch.empty_like(x), torch.empty_like(x)
     _run(g, {X: x, S: s, B: b, ONES: torch.ones(1, 5, 4, 4, device=device), Yi: yi, Yr: yr}, handle, device)
-    want_i = torch.nn.functional.instance_norm(x.double(), weight=s.reshape(-1).double(), bias=b.reshape(-1).double(), eps=1e-5)
+    want_i = torch.nn.functional.instance_norm(
+        x.double(), weight=s.reshape(-1).double(), bias=b.reshape(-1).double(), eps=1e-5
+    )
     xd = x.double()
     want_r = xd / torch.sqrt((xd * xd).mean(dim=(1, 2, 3), keepdim=True) + 1e-5)
     torch.testing.assert_close(yi.double(), want_i, rtol=1e-4, atol=1e-4)
@@ -153,7 +187,11 @@ def test_reduction_genstats_slice_pointwise(env):
     SL = g.slice(X, [slice(None), slice(1, 5, 2)], name="sl")
     P = g.cmp_gt(input=g.tanh(input=SL), comparison=0.25)
     P.set_output(True)
-    r, s, sq = torch.empty(2, 1, 5, 5, device=device), torch.empty(1, 6, 1, 1, device=device), torch.empty(1, 6, 1, 1, device=device)
+    r, s, sq = (
+        torch.empty(2, 1, 5, 5, device=device),
+        torch.empty(1, 6, 1, 1, device=device),
+        torch.empty(1, 6, 1, 1, device=device),
+    )
     p = torch.empty(2, 2, 5, 5, dtype=torch.bool, device=device)
     _run(g, {X: x, R: r, S: s, SQ: sq, P: p}, handle, device)
     xd = x.double()
@@ -169,7 +207,10 @@ def test_enums_are_opgraphs_values():
     assert cudnn.norm_forward_phase.TRAINING is og.NormForwardPhase.TRAINING
     assert cudnn.behavior_note.RUNTIME_COMPILATION is og.BehaviorNote.RUNTIME_COMPILATION
     assert cudnn.numerical_note.TENSOR_CORE is og.NumericalNote.TENSOR_CORE
-    assert cudnn.pointwise_mode.ADD is og.PointwiseMode.ADD and cudnn.convolution_mode.CONVOLUTION in cudnn.convolution_mode
+    assert (
+        cudnn.pointwise_mode.ADD is og.PointwiseMode.ADD
+        and cudnn.convolution_mode.CONVOLUTION in cudnn.convolution_mode
+    )
     assert og.DataType.FLOAT in cudnn.data_type and len(list(cudnn.heur_mode)) == 4
     assert "INT4" in repr(cudnn.data_type.INT4) and cudnn.data_type.INT4 not in list(og.DataType)
     assert cudnn.build_plan_policy.ALL.name == "ALL" and cudnn.knob_type.KERNEL_CFG.name == "KERNEL_CFG"
@@ -198,8 +239,9 @@ def test_graph_wrapper():
         y = g.conv_fprop(image=x, weight=w, padding=[1, 1], name="conv")
         y.set_output(True)
     out = g({"conv::image": x, "conv::weight": w})["conv::0"]
-    torch.testing.assert_close(out.double(), torch.nn.functional.conv2d(x.double(), w.double(), padding=1),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        out.double(), torch.nn.functional.conv2d(x.double(), w.double(), padding=1), rtol=1e-4, atol=1e-4
+    )
     g.set_io_tuples(["conv::image", "conv::weight"], ["conv::0"])
     torch.testing.assert_close(g(x, w), out)
     with pytest.raises(og.VariantPackError):

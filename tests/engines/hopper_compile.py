@@ -25,18 +25,41 @@ def compile_for_hopper(module: str, *, gpu: str = "H100", timeout: float = 600) 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-c", _CHILD, module, gpu], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, module, gpu],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode == NO_BACKEND:
         pytest.skip("Triton has no NVIDIA backend here")
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-SIG = {"FLOAT": "fp32", "DOUBLE": "fp64", "HALF": "fp16", "BFLOAT16": "bf16", "INT8": "i8", "UINT8": "u8",
-       "INT32": "i32", "INT64": "i64", "BOOLEAN": "i1"}
-SCRATCH_SIG = {"float32": "fp32", "float64": "fp64", "int32": "i32", "float16": "fp16", "bfloat16": "bf16", "int8": "i8",
-               "int16": "i16"}
+SIG = {
+    "FLOAT": "fp32",
+    "DOUBLE": "fp64",
+    "HALF": "fp16",
+    "BFLOAT16": "bf16",
+    "INT8": "i8",
+    "UINT8": "u8",
+    "INT32": "i32",
+    "INT64": "i64",
+    "BOOLEAN": "i1",
+}
+SCRATCH_SIG = {
+    "float32": "fp32",
+    "float64": "fp64",
+    "int32": "i32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "int8": "i8",
+    "int16": "i16",
+}
 
 
 def compile_cases(module: str, gpu: str = "H100") -> None:
@@ -77,7 +100,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         piece = make_piece(final, 0, final.nodes)
         t = templates[template]
         if knobs is None or isinstance(knobs, int):
-            knobs = t.candidates(piece, device)[:knobs or 1]
+            knobs = t.candidates(piece, device)[: knobs or 1]
         elif callable(knobs):
             knobs = knobs(t.candidates(piece, device))
         for k in knobs:
@@ -103,14 +126,21 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                         consts[(fn.arg_names.index(a),)] = meta.pop(a)
                 # pointers are 16-byte aligned at run time: without the attribute nothing is vectorised
                 # or pipelined, and the code (and registers) would not be the GPU's
-                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                         if sig.get(a, "").startswith("*")}
+                attrs = {
+                    (i,): [["tt.divisibility", 16]]
+                    for i, a in enumerate(fn.arg_names)
+                    if sig.get(a, "").startswith("*")
+                }
                 src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
                 ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
                 with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                     f.write(ck.asm["ptx"])
-                out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                                     capture_output=True, text=True, check=False).stderr
+                out = subprocess.run(
+                    [ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stderr
                 os.unlink(f.name)
                 regs = max([int(r) for r in re.findall(r"Used (\d+) registers", out)] or [0])
                 spills = sum(int(s) for s in re.findall(r"(\d+) bytes spill stores", out))
@@ -128,9 +158,41 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                 mulhi = len(re.findall(r"\bmul\.hi\.", ptx))
                 # |x| and -x of fp32 values as bit operations on the sign (and 0x7fffffff, xor 0x80000000):
                 # ptxas miscompiles them on wgmma accumulators (fuzz seeds 20261125508880, 20261126603140)
-                signbit = len(re.findall(r"\b(?:and\.b32\s+%r\d+, %r\d+, 2147483647|xor\.b32\s+%r\d+, %r\d+, "
-                                         r"-2147483648)\b", ptx))
+                signbit = len(
+                    re.findall(
+                        r"\b(?:and\.b32\s+%r\d+, %r\d+, 2147483647|xor\.b32\s+%r\d+, %r\d+, "
+                        r"-2147483648)\b",
+                        ptx,
+                    )
+                )
                 tma = ptx.count("cp.async.bulk.tensor")
-                print("compiled", name, launch.kernel, "regs", regs, "spills", spills, "smem", ck.metadata.shared,
-                      "cp.async", cp_async, "f16math", f16math, "f32math", f32math, "ld.v4", ld_v4, "st.v4", st_v4,
-                      "ld.1", ld_1, "mul.hi", mulhi, "signbit", signbit, "tma", tma, k)
+                print(
+                    "compiled",
+                    name,
+                    launch.kernel,
+                    "regs",
+                    regs,
+                    "spills",
+                    spills,
+                    "smem",
+                    ck.metadata.shared,
+                    "cp.async",
+                    cp_async,
+                    "f16math",
+                    f16math,
+                    "f32math",
+                    f32math,
+                    "ld.v4",
+                    ld_v4,
+                    "st.v4",
+                    st_v4,
+                    "ld.1",
+                    ld_1,
+                    "mul.hi",
+                    mulhi,
+                    "signbit",
+                    signbit,
+                    "tma",
+                    tma,
+                    k,
+                )

@@ -46,7 +46,7 @@ def test_estimate_is_the_slower_of_bytes_and_math_plus_a_launch():
     piece = make_piece(g.final, 0, list(g.final.nodes))
     bw, peak = rates(H100)
     want = max(piece_bytes(piece) / bw, piece_flops(piece) / peak) * 1e6 + LAUNCH_US
-    assert estimate_us(piece, H100) == pytest.approx(want) and piece_flops(piece) == 2 * 4096 ** 3
+    assert estimate_us(piece, H100) == pytest.approx(want) and piece_flops(piece) == 2 * 4096**3
     assert estimate_us(piece, A100) > estimate_us(piece, H100)  # the default rates are lower
     assert estimate_us(piece, CPU) is None
 

@@ -17,8 +17,24 @@ from ..ops.attention_torch import strides
 from .test_cudnn_frontend import requires_cudnn, whole
 
 
-def attention_graph(io=DT.HALF, *, b=2, hq=4, hk=2, sq=64, skv=96, d=64, layout="bshd", backward=False,
-                    stats=None, bias=False, padding=False, drop=None, scale=0.125, **opts):
+def attention_graph(
+    io=DT.HALF,
+    *,
+    b=2,
+    hq=4,
+    hk=2,
+    sq=64,
+    skv=96,
+    d=64,
+    layout="bshd",
+    backward=False,
+    stats=None,
+    bias=False,
+    padding=False,
+    drop=None,
+    scale=0.125,
+    **opts,
+):
     g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
     dims = {"q": (b, hq, sq, d), "k": (b, hk, skv, d), "v": (b, hk, skv, d)}
     t = {n: g.tensor(dim=x, stride=strides(x, layout), name=n) for n, x in dims.items()}
@@ -33,11 +49,16 @@ def attention_graph(io=DT.HALF, *, b=2, hq=4, hk=2, sq=64, skv=96, d=64, layout=
     if drop == "mask":
         kw["dropout"] = (g.tensor(dim=[b, hq, sq, skv], name="dmask"), 1 / 0.75)
     elif drop == "mask_scale_tensor":  # what cuDNN takes: the scale as a (pass-by-value) tensor
-        kw["dropout"] = (g.tensor(dim=[b, hq, sq, skv], name="dmask"),
-                         g.tensor(dim=[1, 1, 1, 1], data_type=DT.FLOAT, is_pass_by_value=True, name="dscale"))
+        kw["dropout"] = (
+            g.tensor(dim=[b, hq, sq, skv], name="dmask"),
+            g.tensor(dim=[1, 1, 1, 1], data_type=DT.FLOAT, is_pass_by_value=True, name="dscale"),
+        )
     elif drop == "philox":
-        kw["dropout"] = (0.25, g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="seed"),
-                         g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="offset"))
+        kw["dropout"] = (
+            0.25,
+            g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="seed"),
+            g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="offset"),
+        )
     want_stats = backward if stats is None else stats
     o, st = g.sdpa(t["q"], t["k"], t["v"], generate_stats=want_stats, **kw, name="fwd")
     o.set_output(True).set_stride(strides((b, hq, sq, d), layout))
@@ -74,14 +95,17 @@ def test_plain_attention_is_offered():
     assert static_problem(whole(g2)) is None
 
 
-@pytest.mark.parametrize("kw,words", [
-    ({"io": DT.FLOAT}, "fp16/bf16"),
-    ({"d": 20}, "multiples of 8"),
-    ({"drop": "philox"}, "Philox"),
-    ({"padding": True, "stats": True}, "+inf"),
-    ({"sq": 96, "skv": 64, "use_causal_mask_bottom_right": True, "stats": True}, "+inf"),
-    ({"score_mod": lambda g, s: g.tanh(s)}, "score modifiers"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"io": DT.FLOAT}, "fp16/bf16"),
+        ({"d": 20}, "multiples of 8"),
+        ({"drop": "philox"}, "Philox"),
+        ({"padding": True, "stats": True}, "+inf"),
+        ({"sq": 96, "skv": 64, "use_causal_mask_bottom_right": True, "stats": True}, "+inf"),
+        ({"score_mod": lambda g, s: g.tanh(s)}, "score modifiers"),
+    ],
+)
 def test_declines_with_a_reason(kw, words):
     why = static_problem(whole(attention_graph(**kw)))
     assert why is not None and words in why[0], why
@@ -122,12 +146,23 @@ def _prepare(g):
                 pack[uid][...] = (rng.uniform(size=t.dim) > 0.25).astype(pack[uid].dtype)
             elif t.name == "stats":
                 pack[uid][...] = np.abs(pack[uid]) + 2.0  # a plausible LSE
+
     return prepare
 
 
 def _cudnn(g, rng, tol=3e-2):
-    plan = assert_engine_matches(g, rng, engines=("cudnn",), device="cuda", expect_steps=1, rtol=tol, atol=tol,
-                                 prepare=_prepare(g), low=-1.0, high=1.0)
+    plan = assert_engine_matches(
+        g,
+        rng,
+        engines=("cudnn",),
+        device="cuda",
+        expect_steps=1,
+        rtol=tol,
+        atol=tol,
+        prepare=_prepare(g),
+        low=-1.0,
+        high=1.0,
+    )
     assert plan.steps[0].config.engine == "cudnn", plan.describe()
     assert NumericalNote.TENSOR_CORE in plan.steps[0].config.numerical_notes
     return plan
@@ -158,9 +193,16 @@ def test_gpu_forward_then_backward(io, d, mask, rng):
 
 @pytest.mark.gpu
 @requires_cudnn
-@pytest.mark.parametrize("features", [{"bias": True}, {"padding": True, "stats": False},
-                                      {"drop": "mask_scale_tensor", "stats": True}, {"layout": "bhsd", "hk": 1},
-                                      {"sliding_window_length": 32, "use_causal_mask": True, "stats": True}])
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"bias": True},
+        {"padding": True, "stats": False},
+        {"drop": "mask_scale_tensor", "stats": True},
+        {"layout": "bhsd", "hk": 1},
+        {"sliding_window_length": 32, "use_causal_mask": True, "stats": True},
+    ],
+)
 def test_gpu_forward_features(features, rng):
     _cudnn(attention_graph(DT.BFLOAT16, d=64, sq=128, skv=128, **features), rng)
 
@@ -193,13 +235,20 @@ def fused_qkv_graphs(io=DT.BFLOAT16, b=2, s=256, h=4, d=64):
     """An imported GPT block's attention: q/k/v sliced from one [B, S, 3 * H * D] tensor, the backward's
     dO a transposed view of dy, and the gradients through transposes and reshapes into one concatenation
     (the qkv projection's input gradient), in the graph's io type. The forward and the backward graph."""
+
     def heads(g, qkv):
-        return [g.transpose(g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * h * d, (i + 1) * h * d)]),
-                                      [b, s, h, d]), [0, 2, 1, 3]) for i in range(3)]
+        return [
+            g.transpose(
+                g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * h * d, (i + 1) * h * d)]), [b, s, h, d]),
+                [0, 2, 1, 3],
+            )
+            for i in range(3)
+        ]
 
     g = og.Graph("qkv_fwd", io_data_type=io, intermediate_data_type=DT.FLOAT)
-    o, st = g.sdpa(*heads(g, g.tensor(dim=[b, s, 3 * h * d], name="qkv")), attn_scale=d ** -0.5,
-                   use_causal_mask=True, name="fwd")
+    o, st = g.sdpa(
+        *heads(g, g.tensor(dim=[b, s, 3 * h * d], name="qkv")), attn_scale=d**-0.5, use_causal_mask=True, name="fwd"
+    )
     o.set_output(True).set_name("o")
     st.set_output(True).set_name("stats")
     g2 = og.Graph("qkv_bwd", io_data_type=io, intermediate_data_type=io)
@@ -207,9 +256,10 @@ def fused_qkv_graphs(io=DT.BFLOAT16, b=2, s=256, h=4, d=64):
     ob = g2.tensor(dim=[b, h, s, d], stride=list(g.final.tensor("o").stride), name="o")  # (as the forward stores O)
     stb = g2.tensor(dim=[b, h, s, 1], data_type=DT.FLOAT, name="stats")
     do = g2.transpose(g2.reshape(g2.tensor(dim=[b, s, h * d], name="dy"), [b, s, h, d]), [0, 2, 1, 3])
-    grads = g2.sdpa_backward(q, k, v, ob, do, stb, attn_scale=d ** -0.5, use_causal_mask=True, name="bwd")
-    g2.concatenate([g2.reshape(g2.transpose(x, [0, 2, 1, 3]), [b, s, h * d]) for x in grads], axis=2) \
-        .set_output(True).set_name("dqkv")
+    grads = g2.sdpa_backward(q, k, v, ob, do, stb, attn_scale=d**-0.5, use_causal_mask=True, name="bwd")
+    g2.concatenate([g2.reshape(g2.transpose(x, [0, 2, 1, 3]), [b, s, h * d]) for x in grads], axis=2).set_output(
+        True
+    ).set_name("dqkv")
     return g, g2
 
 
@@ -240,10 +290,14 @@ def test_fused_qkv_views_are_offered_with_their_offsets():
 def test_views_feeding_other_ops_are_declined_with_a_reason():
     g = og.Graph("qkv_other", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
     qkv = g.tensor(dim=[1, 128, 3 * 2 * 64], name="qkv")
-    heads = [g.transpose(g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * 128, (i + 1) * 128)]),
-                                   [1, 128, 2, 64]), [0, 2, 1, 3]) for i in range(3)]
-    o, _ = g.sdpa(g.mul(heads[0], 2.0).set_data_type(DT.BFLOAT16), heads[1], heads[2], generate_stats=False,
-                  name="fwd")
+    heads = [
+        g.transpose(
+            g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * 128, (i + 1) * 128)]), [1, 128, 2, 64]),
+            [0, 2, 1, 3],
+        )
+        for i in range(3)
+    ]
+    o, _ = g.sdpa(g.mul(heads[0], 2.0).set_data_type(DT.BFLOAT16), heads[1], heads[2], generate_stats=False, name="fwd")
     o.set_output(True)
     why = static_problem(whole(g))
     assert why is not None and "attention op alone" in why[0], why
@@ -272,8 +326,15 @@ def test_gpu_fused_qkv_views_forward_and_backward():
     stats = torch.full((b, h, s, 1), float("nan"), device="cuda")
     fwd.execute({f1.tensor("qkv").uid: x, f1.tensor("o").uid: o, f1.tensor("stats").uid: stats})
     dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda", dtype=torch.bfloat16)
-    bwd.execute({f2.tensor("qkv").uid: x, f2.tensor("o").uid: o, f2.tensor("stats").uid: stats,
-                 f2.tensor("dy").uid: dy, f2.tensor("dqkv").uid: dqkv})
+    bwd.execute(
+        {
+            f2.tensor("qkv").uid: x,
+            f2.tensor("o").uid: o,
+            f2.tensor("stats").uid: stats,
+            f2.tensor("dy").uid: dy,
+            f2.tensor("dqkv").uid: dqkv,
+        }
+    )
     torch.cuda.synchronize()
     errs = fused_qkv_errors(x, dy, o, dqkv, h)
     assert all(e < 2e-2 for e in errs.values()), errs

@@ -27,7 +27,8 @@ from .test_triton_matmul import mm_graph
 
 requires_cudnn = pytest.mark.skipif(
     not cuda_available() or importlib.util.find_spec("cudnn") is None,
-    reason="needs a CUDA GPU and nvidia-cudnn-frontend")
+    reason="needs a CUDA GPU and nvidia-cudnn-frontend",
+)
 
 
 def whole(g: og.Graph):
@@ -95,8 +96,12 @@ def test_pointwise_only_pieces_are_left_to_generated_kernels():
 
 @pytest.mark.parametrize("case", ["elu_alpha", "relu_tensor_clip", "gen_index", "convolution_mode"])
 def test_declines_what_cudnn_cannot_express_naming_the_op(case):
-    g, x, w, y = conv_graph((2, 8, 6, 6), (16, 8, 3, 3), padding=[1, 1],
-                            **({"convolution_mode": og.ConvolutionMode.CONVOLUTION} if case == "convolution_mode" else {}))
+    g, x, w, y = conv_graph(
+        (2, 8, 6, 6),
+        (16, 8, 3, 3),
+        padding=[1, 1],
+        **({"convolution_mode": og.ConvolutionMode.CONVOLUTION} if case == "convolution_mode" else {}),
+    )
     if case == "elu_alpha":
         out = g.elu(y, alpha=0.5, name="act")
     elif case == "relu_tensor_clip":
@@ -312,6 +317,7 @@ def test_a_double_result_of_an_fp16_matmul_goes_to_the_torch_engine_on_cuda(monk
 def test_gpu_double_result_of_an_fp16_matmul_is_exact(rng):
     """The fuzz case on the GPU with every default engine: the torch engine computes it in fp64."""
     g = _mm_double("double_output")
-    plan = assert_engine_matches(g, rng, engines=default_engines(Device("cuda", 0, "gpu")), device="cuda",
-                                 expect_steps=1, rtol=1e-12, atol=1e-12)
+    plan = assert_engine_matches(
+        g, rng, engines=default_engines(Device("cuda", 0, "gpu")), device="cuda", expect_steps=1, rtol=1e-12, atol=1e-12
+    )
     assert plan.steps[0].config.engine == "torch", plan.describe()

@@ -49,8 +49,7 @@ def test_conv_bias_relu(dt, rng):
 
 
 def test_prologue_conv_and_genstats_epilogue(rng):
-    plan = assert_engine_matches(sbr_conv_genstats(n=2, c=8, k=16, hw=5), rng, engines=("library",),
-                                 expect_steps=1)
+    plan = assert_engine_matches(sbr_conv_genstats(n=2, c=8, k=16, hw=5), rng, engines=("library",), expect_steps=1)
     assert roles(plan) == ["prologue", "main", "epilogue"]
     source = plan.source(0)
     assert "# -- prologue" in source and "# -- epilogue" in source
@@ -132,8 +131,11 @@ def test_config_knobs_notes_and_a_plan_file(tmp_path, rng):
     assert not bad, "\n".join(map(str, bad))
 
 
-@pytest.mark.parametrize("knobs", [(("precision", "fast"),), (("main", "torch"), ("precision", "exact"))],
-                         ids=["unknown_precision", "no_epilogue_knobs"])
+@pytest.mark.parametrize(
+    "knobs",
+    [(("precision", "fast"),), (("main", "torch"), ("precision", "exact"))],
+    ids=["unknown_precision", "no_epilogue_knobs"],
+)
 def test_a_damaged_config_is_a_typed_error(knobs):
     g = conv_bias_relu()
     plan = g.build(device="cpu", engines=["library"])
@@ -196,8 +198,9 @@ def test_native_precision_is_offered_to_tuning_with_its_note():
 def test_native_precision_runs_the_conv_in_fp16(rng):
     g = conv_bias_relu()
     exact = g.build(device="cpu", engines=["library"])
-    plan = conv_bias_relu().build(device="cpu", engines=["library"], heur_mode=[HeurMode.B],
-                                  select_numeric_notes=["rounded_intermediate"])
+    plan = conv_bias_relu().build(
+        device="cpu", engines=["library"], heur_mode=[HeurMode.B], select_numeric_notes=["rounded_intermediate"]
+    )
     (step,) = plan.steps
     assert step.config.knob("precision") == "native"
     main = next(sub for role, sub, _ in step.kernel.parts if role == "main")
@@ -219,8 +222,9 @@ def test_gpu_conv_bias_relu_and_capture(rng):
     plan = assert_engine_matches(g, rng, engines=("library",), device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
     config = plan.steps[0].config
     assert BehaviorNote.CUDA_GRAPH_CAPTURABLE in config.behavior_notes
-    pack = {t.uid: torch.randn(*t.dim, device="cuda", dtype=torch.float16).as_strided(t.dim, t.stride)
-            for t in (x, w, b)}
+    pack = {
+        t.uid: torch.randn(*t.dim, device="cuda", dtype=torch.float16).as_strided(t.dim, t.stride) for t in (x, w, b)
+    }
     pack[out.uid] = torch.empty_strided(out.dim, out.stride, device="cuda", dtype=torch.float16)
     assert_replay_equals_execute(plan, pack, out.uid)
 

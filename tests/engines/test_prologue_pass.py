@@ -71,6 +71,7 @@ def test_on_the_gpu_a_filter_of_many_taps_tries_the_pass_first():
     def first(r: int) -> dict:
         g = sbr_conv_genstats(n=32, c=64, k=64, hw=56, r=r, padding=r // 2)
         return conv.candidates(make_piece(g.final, 0, g.final.nodes), H100)[0]
+
     assert first(3).get(KNOB) == 1  # nine taps: the prologue would run nine times on each element
     assert not first(1).get(KNOB)  # one tap: fused, the image read once
     g = sbr_conv_genstats(n=32, c=64, k=64, hw=56)

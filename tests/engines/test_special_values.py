@@ -27,10 +27,13 @@ D = og.DataType
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, -2.5, np.inf, -np.inf, np.nan]
 CPU = [pytest.mark.interpreter, requires_interpreter]
 # (device, engine): the CPU runs generated kernels under Triton's interpreter; the GPU compiles them
-ENGINES = [pytest.param(("cpu", "triton"), marks=CPU, id="triton"), pytest.param(("cpu", "torch"), marks=CPU, id="torch"),
-           pytest.param(("cpu", "reference"), marks=CPU, id="reference"),
-           pytest.param(("cuda", "triton"), marks=pytest.mark.gpu, id="cuda-triton"),
-           pytest.param(("cuda", "torch"), marks=pytest.mark.gpu, id="cuda-torch")]
+ENGINES = [
+    pytest.param(("cpu", "triton"), marks=CPU, id="triton"),
+    pytest.param(("cpu", "torch"), marks=CPU, id="torch"),
+    pytest.param(("cpu", "reference"), marks=CPU, id="reference"),
+    pytest.param(("cuda", "triton"), marks=pytest.mark.gpu, id="cuda-triton"),
+    pytest.param(("cuda", "torch"), marks=pytest.mark.gpu, id="cuda-torch"),
+]
 
 
 def c_pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -138,8 +141,13 @@ def test_batchnorm_backward_dscale_near_the_top_of_fp16(where, rng):
     dbias.set_output(True)
     xs = rng.uniform(0.5, 1.0, (n, c, 2, 2)).astype(np.float32)
     dys = np.full((n, c, 2, 2), 9000.0, dtype=np.float32)  # sum(dy * x) ~ 1e5 per channel
-    pack = {dy: dys, x: xs, scale: rng.uniform(0.5, 1.5, (1, c, 1, 1)).astype(np.float32),
-            mean: np.zeros((1, c, 1, 1), np.float32), inv: np.full((1, c, 1, 1), 0.5, np.float32)}
+    pack = {
+        dy: dys,
+        x: xs,
+        scale: rng.uniform(0.5, 1.5, (1, c, 1, 1)).astype(np.float32),
+        mean: np.zeros((1, c, 1, 1), np.float32),
+        inv: np.full((1, c, 1, 1), 0.5, np.float32),
+    }
     final = g.final
     for t in (dx, dscale, dbias):
         pack[t] = np.full(t.dim, np.nan, dtype=final.tensors[t.uid].data_type.numpy)

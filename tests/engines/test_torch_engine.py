@@ -56,6 +56,7 @@ def scalar(g: og.Graph, kind: str, value: float, name: str):
 
 def setter(**values):
     """A `prepare` for check_plan: give the named scalar tensors their values (whatever kind)."""
+
     def prepare(pack):
         for t, value in values.values():
             if not isinstance(t, og.Tensor):
@@ -64,10 +65,12 @@ def setter(**values):
                 pack[t.uid][...] = value
             else:
                 pack[t.uid] = float(value)
+
     return prepare
 
 
 # -- pointwise ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", [m for m in PointwiseMode if m is not M.GEN_INDEX], ids=lambda m: m.name)
 def test_pointwise_every_mode(mode, rng):
@@ -104,9 +107,14 @@ def test_parametrised_activations(kind, rng):
     x = g.tensor(dim=[4, 6], name="x")
     dy = g.tensor(dim=[4, 6], name="dy")
     a, b, s = scalar(g, kind, 0.5, "a"), scalar(g, kind, 1.5, "b"), scalar(g, kind, 0.75, "s")
-    outputs(g.elu(x, alpha=a), g.softplus(x, beta=b), g.swish(x, swish_beta=s),
-            g.pointwise(dy, x, mode=M.ELU_BWD, alpha=a), g.pointwise(dy, x, mode=M.SOFTPLUS_BWD, beta=b),
-            g.pointwise(dy, x, mode=M.SWISH_BWD, swish_beta=s))
+    outputs(
+        g.elu(x, alpha=a),
+        g.softplus(x, beta=b),
+        g.swish(x, swish_beta=s),
+        g.pointwise(dy, x, mode=M.ELU_BWD, alpha=a),
+        g.pointwise(dy, x, mode=M.SOFTPLUS_BWD, beta=b),
+        g.pointwise(dy, x, mode=M.SWISH_BWD, swish_beta=s),
+    )
     check(g, rng, prepare=setter(a=(a, 0.5), b=(b, 1.5), s=(s, 0.75)))
 
 
@@ -184,16 +192,28 @@ class Conv:
     def dims(self):
         ones = (1,) * len(self.x)
         s, d = self.stride or ones, self.dilation or ones
-        y = tuple((x + p0 + p1 - ((r - 1) * dd + 1)) // ss + 1
-                  for x, r, p0, p1, ss, dd in zip(self.x, self.r, self.pre, self.post, s, d))
-        return {"X": [self.n, self.c, *self.x], "W": [self.k, self.c // self.groups, *self.r],
-                "DY": [self.n, self.k, *y]}
+        y = tuple(
+            (x + p0 + p1 - ((r - 1) * dd + 1)) // ss + 1
+            for x, r, p0, p1, ss, dd in zip(self.x, self.r, self.pre, self.post, s, d)
+        )
+        return {
+            "X": [self.n, self.c, *self.x],
+            "W": [self.k, self.c // self.groups, *self.r],
+            "DY": [self.n, self.k, *y],
+        }
 
     def kwargs(self):
-        pad = ({"padding": list(self.pre)} if self.pre == self.post
-               else {"pre_padding": list(self.pre), "post_padding": list(self.post)})
-        return {**pad, "stride": list(self.stride or ()) or None, "dilation": list(self.dilation or ()) or None,
-                "convolution_mode": self.mode}
+        pad = (
+            {"padding": list(self.pre)}
+            if self.pre == self.post
+            else {"pre_padding": list(self.pre), "post_padding": list(self.post)}
+        )
+        return {
+            **pad,
+            "stride": list(self.stride or ()) or None,
+            "dilation": list(self.dilation or ()) or None,
+            "convolution_mode": self.mode,
+        }
 
 
 CONVS = [
@@ -227,9 +247,18 @@ def test_conv_geometries(op, case, layout, rng):
     check(conv_graph(op, case, layout), rng, expect_steps=1)
 
 
-@pytest.mark.parametrize(("io", "out_type"), [
-    (HALF, None), (BF16, None), (HALF, FLOAT), (DT.FP8_E4M3, FLOAT), (DT.INT8, DT.INT32), (DT.UINT8, DT.INT32),
-], ids=["f16", "bf16", "f16_to_f32", "fp8_to_f32", "i8_to_i32", "u8_to_i32"])
+@pytest.mark.parametrize(
+    ("io", "out_type"),
+    [
+        (HALF, None),
+        (BF16, None),
+        (HALF, FLOAT),
+        (DT.FP8_E4M3, FLOAT),
+        (DT.INT8, DT.INT32),
+        (DT.UINT8, DT.INT32),
+    ],
+    ids=["f16", "bf16", "f16_to_f32", "fp8_to_f32", "i8_to_i32", "u8_to_i32"],
+)
 @pytest.mark.parametrize("op", list(CONV_IO))
 def test_conv_dtypes(op, io, out_type, rng):
     compute = DT.INT32 if io.is_integer else FLOAT
@@ -279,8 +308,9 @@ def test_int32_data_stays_exact_beyond_float32(rng):
 
 
 @pytest.mark.parametrize("mode", list(ReductionMode), ids=lambda m: m.name)
-@pytest.mark.parametrize("out_dim", [[1, 3, 1, 1], [2, 1, 1, 5], [1, 1, 1, 1], [2, 3, 4, 5]],
-                         ids=["per_channel", "middle", "full", "none"])
+@pytest.mark.parametrize(
+    "out_dim", [[1, 3, 1, 1], [2, 1, 1, 5], [1, 1, 1, 1], [2, 3, 4, 5]], ids=["per_channel", "middle", "full", "none"]
+)
 def test_reduction_modes_and_axes(mode, out_dim, rng):
     dims = [2, 3, 4, 5]
     g = graph(HALF, "red")
@@ -309,6 +339,7 @@ def test_genstats(layout, rng):
 
 def positive(*tensors, value=EPS):
     """prepare: positive values for scalars/variances given as tensors."""
+
     def prepare(pack):
         for t in tensors:
             if isinstance(t, og.Tensor):
@@ -316,6 +347,7 @@ def positive(*tensors, value=EPS):
                     pack[t.uid][...] = np.abs(pack[t.uid].astype(np.float64)) + value
                 else:
                     pack[t.uid] = value
+
     return prepare
 
 
@@ -435,16 +467,18 @@ POOLS = [
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("mode", [ResampleMode.MAX, ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING],
-                         ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "mode", [ResampleMode.MAX, ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING], ids=lambda m: m.name
+)
 @pytest.mark.parametrize("case", POOLS, ids=lambda c: c[0])
 def test_resample(case, mode, layout, rng):
     _, dims, window, stride, pre, post = case
     g = graph(HALF, "pool")
     x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
     index = mode is ResampleMode.MAX
-    y, idx = g.resample(x, mode=mode, window=window, stride=stride, pre_padding=pre, post_padding=post,
-                        generate_index=index)
+    y, idx = g.resample(
+        x, mode=mode, window=window, stride=stride, pre_padding=pre, post_padding=post, generate_index=index
+    )
     outputs(y, idx)
     if idx is not None:
         idx.set_data_type(DT.INT32)
@@ -502,7 +536,12 @@ def test_conv_bias_relu_batchnorm_reduction(layout, rng):
     g.reduction(y, ReductionMode.AVG).set_output(True).set_dim([2, 1, 1, 1])
     plan = check(g, rng, expect_steps=1)
     assert [n.kind for n in plan.steps[0].piece.nodes] == [
-        "conv_fprop", "pointwise", "pointwise", "batchnorm", "reduction"]
+        "conv_fprop",
+        "pointwise",
+        "pointwise",
+        "batchnorm",
+        "reduction",
+    ]
 
 
 @requires_interpreter
@@ -630,8 +669,11 @@ def test_config_notes_on_cuda():
     pieces = [make_piece(g.final, 0, g.final.nodes)]
     config = make_config(pieces[0], cuda, og.HeurMode.A)
     assert config.behavior_notes == {BehaviorNote.DEVICE_SCALARS, BehaviorNote.CUDA_GRAPH_CAPTURABLE}
-    assert config.numerical_notes == {NumericalNote.TENSOR_CORE, NumericalNote.NONDETERMINISTIC,
-                                      NumericalNote.DOWN_CONVERT_INPUTS}  # fp32 conv outputs: TF32-level
+    assert config.numerical_notes == {
+        NumericalNote.TENSOR_CORE,
+        NumericalNote.NONDETERMINISTIC,
+        NumericalNote.DOWN_CONVERT_INPUTS,
+    }  # fp32 conv outputs: TF32-level
     assert config.estimate_us is not None and config.estimate_us > 3 * 3.0  # three ops' launches at least
     g32 = graph(FLOAT, "fp32")
     g32.matmul(g32.tensor(dim=[4, 4], name="a"), g32.tensor(dim=[4, 4], name="b")).set_output(True)
@@ -646,9 +688,14 @@ def test_exact_math_pins_and_restores_torch_flags():
     mm, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
 
     def state():
-        return (torch.get_float32_matmul_precision(), mm.fp32_precision, conv.fp32_precision,
-                mm.allow_fp16_reduced_precision_reduction, mm.allow_fp16_reduced_precision_reduction_split_k,
-                mm.allow_bf16_reduced_precision_reduction)
+        return (
+            torch.get_float32_matmul_precision(),
+            mm.fp32_precision,
+            conv.fp32_precision,
+            mm.allow_fp16_reduced_precision_reduction,
+            mm.allow_fp16_reduced_precision_reduction_split_k,
+            mm.allow_bf16_reduced_precision_reduction,
+        )
 
     before = state()
     torch.set_float32_matmul_precision("high")  # a caller that allows TF32
@@ -669,6 +716,7 @@ def test_exact_math_pins_and_restores_torch_flags():
 
 
 # -- GPU --------------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @requires_cuda
@@ -697,8 +745,9 @@ def test_gpu_conv(op, io, rng):
     case = Conv("resnet", 8, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1))
     out = DT.INT32 if io.is_integer else None
     compute = DT.INT32 if io.is_integer else FLOAT
-    assert_engine_matches(conv_graph(op, case, "nhwc", io, out, compute), rng, engines=("torch",),
-                          device="cuda", **TF32_TOL.get(io, {}))
+    assert_engine_matches(
+        conv_graph(op, case, "nhwc", io, out, compute), rng, engines=("torch",), device="cuda", **TF32_TOL.get(io, {})
+    )
 
 
 # cuDNN/cuBLAS fp32 results carry TF32-level error on the GPU (measured: ~1e-4 relative, noted as
@@ -715,8 +764,9 @@ def test_gpu_low_precision_operands_fp32_output(op, io, rng):
     accuracy (checked at that tolerance; the config says DOWN_CONVERT_INPUTS)."""
     if op == "matmul":
         g = og.Graph("mm", io_data_type=io, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
-        g.matmul(g.tensor(dim=[2, 512, 1024], name="A"), g.tensor(dim=[2, 1024, 256], name="B")) \
-            .set_output(True).set_data_type(FLOAT)
+        g.matmul(g.tensor(dim=[2, 512, 1024], name="A"), g.tensor(dim=[2, 1024, 256], name="B")).set_output(
+            True
+        ).set_data_type(FLOAT)
     else:
         g = conv_graph(op, Conv("resnet", 8, 64, 64, (28, 28), (3, 3), (1, 1), (1, 1)), "nhwc", io, FLOAT)
     plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda", **TF32_TOL[FLOAT])
@@ -728,8 +778,9 @@ def test_gpu_low_precision_operands_fp32_output(op, io, rng):
 @requires_cuda
 @pytest.mark.parametrize("io", [FLOAT, HALF, BF16, DT.INT8], ids=lambda d: d.name)
 def test_gpu_matmul(io, rng):
-    g = og.Graph("mm", io_data_type=io, intermediate_data_type=FLOAT,
-                 compute_data_type=DT.INT32 if io.is_integer else FLOAT)
+    g = og.Graph(
+        "mm", io_data_type=io, intermediate_data_type=FLOAT, compute_data_type=DT.INT32 if io.is_integer else FLOAT
+    )
     a = g.tensor(dim=[4, 512, 1024], name="A")
     b = g.tensor(dim=[1, 1024, 768], stride=[1024 * 768, 1, 1024], name="B")
     c = g.matmul(a, b).set_output(True)
@@ -763,8 +814,13 @@ def test_float64_results_round_once_to_half():
 
     rng = np.random.default_rng(7)
     ties = (np.float32(1.3950195) + np.array([2.0**-30, -(2.0**-30)])).astype(np.float64)  # beside an fp16 tie
-    x = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-9, 6, 20000), ties,
-                        [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e300, -1e300, 65519.99, 65520.0, 2.0**-25, 3e-8]])
+    x = np.concatenate(
+        [
+            rng.standard_normal(20000) * 10.0 ** rng.integers(-9, 6, 20000),
+            ties,
+            [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e300, -1e300, 65519.99, 65520.0, 2.0**-25, 3e-8],
+        ]
+    )
     got = torch_round_to(torch.from_numpy(x), DT.HALF).numpy().astype(np.float64)
     with np.errstate(over="ignore"):
         want = round_to(x, DT.HALF).astype(np.float64)

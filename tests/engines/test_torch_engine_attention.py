@@ -26,8 +26,24 @@ def _softcap(g, s):
     return g.mul(g.tanh(g.div(s, 2.0)), 2.0)
 
 
-def _graph(io=DT.FLOAT, *, sq=5, skv=7, hk=2, hv=2, d=8, dv=8, layout="bshd", backward=False, stats=None,
-           bias=False, mod=False, padding=False, drop=None, **opts):
+def _graph(
+    io=DT.FLOAT,
+    *,
+    sq=5,
+    skv=7,
+    hk=2,
+    hv=2,
+    d=8,
+    dv=8,
+    layout="bshd",
+    backward=False,
+    stats=None,
+    bias=False,
+    mod=False,
+    padding=False,
+    drop=None,
+    **opts,
+):
     """sdpa (and, with backward, sdpa_backward reading its O and Stats) over tensors of `io` type."""
     g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
     dims = {"q": (B, HQ, sq, d), "k": (B, hk, skv, d), "v": (B, hv, skv, dv)}
@@ -45,8 +61,11 @@ def _graph(io=DT.FLOAT, *, sq=5, skv=7, hk=2, hv=2, d=8, dv=8, layout="bshd", ba
     if drop == "mask":
         kw["dropout"] = (g.tensor(dim=[B, HQ, sq, skv], name="dmask"), 1 / 0.75)
     elif drop == "philox":
-        kw["dropout"] = (0.25, g.tensor(dim=[1], data_type=DT.INT64, name="seed"),
-                         g.tensor(dim=[1], data_type=DT.INT64, name="offset"))
+        kw["dropout"] = (
+            0.25,
+            g.tensor(dim=[1], data_type=DT.INT64, name="seed"),
+            g.tensor(dim=[1], data_type=DT.INT64, name="offset"),
+        )
     want_stats = backward if stats is None else stats
     o, st = g.sdpa(t["q"], t["k"], t["v"], generate_stats=want_stats, **kw, name="fwd")
     o.set_output(True).set_stride(strides((B, HQ, sq, dv), layout))
@@ -91,8 +110,14 @@ def _uses_fast_path(g, kind="sdpa"):
     return TA.fast_path(Call(node, g.final.tensors, {}, torch.device("cpu")))
 
 
-MASKS = [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}, {"sliding_window_length": 3},
-         {"use_causal_mask_bottom_right": True, "sliding_window_length": 2}, {"use_alibi_mask": True}]
+MASKS = [
+    {},
+    {"use_causal_mask": True},
+    {"use_causal_mask_bottom_right": True},
+    {"sliding_window_length": 3},
+    {"use_causal_mask_bottom_right": True, "sliding_window_length": 2},
+    {"use_alibi_mask": True},
+]
 
 
 @pytest.mark.parametrize("opts", MASKS)
@@ -105,11 +130,19 @@ def test_forward(opts, stats, hk, hv, layout, rng):
     _check(g, rng)
 
 
-@pytest.mark.parametrize("features", [
-    {"bias": True}, {"bias": True, "use_causal_mask": True}, {"mod": True}, {"padding": True},
-    {"padding": True, "use_causal_mask_bottom_right": True}, {"drop": "mask"}, {"drop": "philox"},
-    {"bias": True, "mod": True, "drop": "mask", "use_causal_mask": True},
-])
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"bias": True},
+        {"bias": True, "use_causal_mask": True},
+        {"mod": True},
+        {"padding": True},
+        {"padding": True, "use_causal_mask_bottom_right": True},
+        {"drop": "mask"},
+        {"drop": "philox"},
+        {"bias": True, "mod": True, "drop": "mask", "use_causal_mask": True},
+    ],
+)
 @pytest.mark.parametrize("sq,skv", [(5, 7), (7, 5)])
 def test_forward_features(features, sq, skv, rng):
     _check(_graph(sq=sq, skv=skv, **features), rng)
@@ -121,11 +154,22 @@ def test_forward_half_types(io, rng):
     _check(_graph(io, stats=True, bias=True, use_causal_mask=True), rng)
 
 
-@pytest.mark.parametrize("features", [
-    {}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}, {"bias": True}, {"use_alibi_mask": True},
-    {"mod": True}, {"padding": True, "use_causal_mask": True}, {"sliding_window_length": 2},
-    {"drop": "mask"}, {"drop": "philox", "use_causal_mask": True}, {"bias": True, "mod": True, "drop": "mask"},
-])
+@pytest.mark.parametrize(
+    "features",
+    [
+        {},
+        {"use_causal_mask": True},
+        {"use_causal_mask_bottom_right": True},
+        {"bias": True},
+        {"use_alibi_mask": True},
+        {"mod": True},
+        {"padding": True, "use_causal_mask": True},
+        {"sliding_window_length": 2},
+        {"drop": "mask"},
+        {"drop": "philox", "use_causal_mask": True},
+        {"bias": True, "mod": True, "drop": "mask"},
+    ],
+)
 @pytest.mark.parametrize("hk,hv", [(2, 2), (1, 2)])
 def test_backward(features, hk, hv, rng):
     g = _graph(hk=hk, hv=hv, backward=True, **features)
@@ -161,15 +205,25 @@ def test_gpu_forward_backward(io, d, causal, rng):
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("features", [{"mod": True, "use_causal_mask": True}, {"drop": "philox"},
-                                      {"padding": True, "bias": True}])
+@pytest.mark.parametrize(
+    "features", [{"mod": True, "use_causal_mask": True}, {"drop": "philox"}, {"padding": True, "bias": True}]
+)
 def test_gpu_math_path(features, rng):
     _check_gpu(_graph(DT.BFLOAT16, sq=128, skv=192, d=64, dv=64, backward=True, **features), rng)
 
 
 def _check_gpu(g, rng):
-    assert_engine_matches(g, rng, engines=("torch",), device="cuda", prepare=lambda p: _prepare(p, g),
-                          rtol=3e-2, atol=3e-2, low=-1.0, high=1.0)
+    assert_engine_matches(
+        g,
+        rng,
+        engines=("torch",),
+        device="cuda",
+        prepare=lambda p: _prepare(p, g),
+        rtol=3e-2,
+        atol=3e-2,
+        low=-1.0,
+        high=1.0,
+    )
 
 
 # -- packed, paged, band, sink, extra outputs (the matrix of tests/ops/test_attention_features.py) ----------
@@ -177,8 +231,13 @@ def _check_gpu(g, rng):
 
 @pytest.mark.parametrize("layout,band,extra", FEATURES.MATRIX)
 def test_features_forward(layout, band, extra):
-    FEATURES.case(layout, band, **FEATURES.EXTRAS[extra], engine="torch",
-                  padding=True if layout == "paged" and extra == 1 else None)
+    FEATURES.case(
+        layout,
+        band,
+        **FEATURES.EXTRAS[extra],
+        engine="torch",
+        padding=True if layout == "paged" and extra == 1 else None,
+    )
 
 
 @pytest.mark.parametrize("layout,band,extra", [m for m in FEATURES.MATRIX if m[0] != "paged"])
@@ -189,14 +248,36 @@ def test_features_backward(layout, band, extra):
 @pytest.mark.parametrize("layout", ["dense", "packed"])
 @pytest.mark.parametrize("sq,skv", [(5, 7), (1, 9)])
 def test_features_all_at_once(layout, sq, skv):
-    FEATURES.case(layout, "band_br", sink=True, mod=True, hk=2, drop="philox", sq=sq, skv=skv, backward=True,
-                  extra_outputs=True, padding=True, engine="torch")
+    FEATURES.case(
+        layout,
+        "band_br",
+        sink=True,
+        mod=True,
+        hk=2,
+        drop="philox",
+        sq=sq,
+        skv=skv,
+        backward=True,
+        extra_outputs=True,
+        padding=True,
+        engine="torch",
+    )
 
 
 @pytest.mark.parametrize("empty", ["+inf", "-inf"])
 def test_features_empty_rows(empty):
-    FEATURES.case("dense", "left", sq=7, skv=5, sink=True, padding=True, empty=empty, extra_outputs=True,
-                  backward=True, engine="torch")
+    FEATURES.case(
+        "dense",
+        "left",
+        sq=7,
+        skv=5,
+        sink=True,
+        padding=True,
+        empty=empty,
+        extra_outputs=True,
+        backward=True,
+        engine="torch",
+    )
 
 
 @pytest.mark.parametrize("layout", ["dense", "paged", "packed"])
@@ -210,14 +291,32 @@ def test_features_decode(layout):
 def test_gpu_features(layout):
     """The feature matrix's all-in-one case on the GPU (float64 tensors: exact comparison)."""
     backward = layout != "paged"
-    FEATURES.case(layout, "band_br", sink=True, mod=True, hk=2, drop="philox", sq=5, skv=7, backward=backward,
-                  extra_outputs=True, padding=True, engine="torch", device="cuda")
+    FEATURES.case(
+        layout,
+        "band_br",
+        sink=True,
+        mod=True,
+        hk=2,
+        drop="philox",
+        sq=5,
+        skv=7,
+        backward=backward,
+        extra_outputs=True,
+        padding=True,
+        engine="torch",
+        device="cuda",
+    )
 
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("band", [{"diagonal_band_left_bound": 32, "diagonal_band_right_bound": 8,
-                                   "diagonal_alignment": "BOTTOM_RIGHT"}, {"diagonal_band_right_bound": 16}])
+@pytest.mark.parametrize(
+    "band",
+    [
+        {"diagonal_band_left_bound": 32, "diagonal_band_right_bound": 8, "diagonal_alignment": "BOTTOM_RIGHT"},
+        {"diagonal_band_right_bound": 16},
+    ],
+)
 def test_gpu_band_bf16(band, rng):
     _check_gpu(_graph(DT.BFLOAT16, sq=128, skv=192, d=64, dv=64, backward=True, padding=True, **band), rng)
 

@@ -31,14 +31,17 @@ def _unary(build, xs, dt=D.FLOAT, engines=("triton",)):
 
 
 @pytest.mark.parametrize("engines", [("triton",), ("torch",)])
-@pytest.mark.parametrize("name,build,xs", [
-    ("tanh", lambda g, x: g.tanh(x), [1e-7, -1e-7, 3e-4, 1e-20, 0.3]),
-    ("elu", lambda g, x: g.elu(x), [-1e-8, -3e-5, -1e-3, -0.5]),
-    ("softplus", lambda g, x: g.softplus(x), [-17.8, -30.0, -80.0, -5.0]),
-    ("gelu_tanh", lambda g, x: g.gelu_approx_tanh(x), [1e-7, -1e-6, 2e-3]),
-    ("tanh_backward", lambda g, x: g.tanh_backward(x, x), [9.0, 12.0, -15.0, 4.0]),
-    ("sigmoid_backward", lambda g, x: g.sigmoid_backward(x, x), [18.0, 30.0, -40.0, 60.0]),
-])
+@pytest.mark.parametrize(
+    "name,build,xs",
+    [
+        ("tanh", lambda g, x: g.tanh(x), [1e-7, -1e-7, 3e-4, 1e-20, 0.3]),
+        ("elu", lambda g, x: g.elu(x), [-1e-8, -3e-5, -1e-3, -0.5]),
+        ("softplus", lambda g, x: g.softplus(x), [-17.8, -30.0, -80.0, -5.0]),
+        ("gelu_tanh", lambda g, x: g.gelu_approx_tanh(x), [1e-7, -1e-6, 2e-3]),
+        ("tanh_backward", lambda g, x: g.tanh_backward(x, x), [9.0, 12.0, -15.0, 4.0]),
+        ("sigmoid_backward", lambda g, x: g.sigmoid_backward(x, x), [18.0, 30.0, -40.0, 60.0]),
+    ],
+)
 def test_relative_accuracy_where_textbook_forms_cancel(engines, name, build, xs):
     got, want = _unary(build, np.array(xs), engines=engines)
     rel = np.abs(got - want) / np.abs(want)
@@ -71,12 +74,20 @@ def test_gelu_tanh_keeps_relative_accuracy_in_its_left_tail(engines, dt, xs, gra
     assert (rel < (1e-12 if dt is D.DOUBLE else 1e-4)).all(), f"got {got}, want {want} (relative error {rel})"
 
 
-@pytest.mark.parametrize("name,build", [
-    ("gelu_tanh", lambda g, x: g.gelu_approx_tanh(x)), ("gelu", lambda g, x: g.gelu(x)),
-    ("tanh", lambda g, x: g.tanh(x)), ("sigmoid", lambda g, x: g.sigmoid(x)), ("erf", lambda g, x: g.erf(x)),
-    ("softplus", lambda g, x: g.softplus(x)), ("swish", lambda g, x: g.swish(x)), ("exp", lambda g, x: g.exp(x)),
-    ("gelu_tanh_backward", lambda g, x: g.gelu_approx_tanh_backward(x, x)),
-])
+@pytest.mark.parametrize(
+    "name,build",
+    [
+        ("gelu_tanh", lambda g, x: g.gelu_approx_tanh(x)),
+        ("gelu", lambda g, x: g.gelu(x)),
+        ("tanh", lambda g, x: g.tanh(x)),
+        ("sigmoid", lambda g, x: g.sigmoid(x)),
+        ("erf", lambda g, x: g.erf(x)),
+        ("softplus", lambda g, x: g.softplus(x)),
+        ("swish", lambda g, x: g.swish(x)),
+        ("exp", lambda g, x: g.exp(x)),
+        ("gelu_tanh_backward", lambda g, x: g.gelu_approx_tanh_backward(x, x)),
+    ],
+)
 def test_double_graphs_keep_double_precision(name, build, rng):
     got, want = _unary(build, rng.uniform(-3, 3, 32), dt=D.DOUBLE)
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-300, err_msg=name)
@@ -106,7 +117,9 @@ def test_stride_zero_inputs_run_correctly(family, rng):
     x = g.add(full, some) if family == "layernorm" else None
     if family == "pointwise":
         g.mul(g.exp(full), some).set_output(True)
-        g.logical_or(g.tensor(dim=[2, 3, 4, 5], stride=[0, 0, 0, 0], data_type=D.BOOLEAN, name="b"), some).set_output(True)
+        g.logical_or(g.tensor(dim=[2, 3, 4, 5], stride=[0, 0, 0, 0], data_type=D.BOOLEAN, name="b"), some).set_output(
+            True
+        )
     elif family == "reduction":
         g.reduction(full, "ADD").set_dim([2, 1, 4, 1]).set_output(True)
         g.reduction(some, "MAX").set_dim([1, 3, 1, 5]).set_output(True)
@@ -114,12 +127,14 @@ def test_stride_zero_inputs_run_correctly(family, rng):
         for t in (*g.genstats(full), *g.genstats(some)):
             t.set_output(True)
     elif family == "layernorm":
-        g.layernorm("INFERENCE", x, g.tensor(dim=[1, 3, 4, 5], stride=[0, 0, 0, 0], name="sc"),
-                    epsilon=1e-5)[0].set_output(True)
+        g.layernorm("INFERENCE", x, g.tensor(dim=[1, 3, 4, 5], stride=[0, 0, 0, 0], name="sc"), epsilon=1e-5)[
+            0
+        ].set_output(True)
     elif family == "batchnorm":
         c = [1, 3, 1, 1]
-        for t in g.batchnorm(g.mul(some, full), g.tensor(dim=c, name="sc"),
-                             g.tensor(dim=c, stride=[0, 0, 0, 0], name="bi"), epsilon=1e-5)[:3]:
+        for t in g.batchnorm(
+            g.mul(some, full), g.tensor(dim=c, name="sc"), g.tensor(dim=c, stride=[0, 0, 0, 0], name="bi"), epsilon=1e-5
+        )[:3]:
             t.set_output(True)
     elif family == "pool":
         g.resample(full, mode="MAX", window=[2, 2], stride=[1, 1])[0].set_output(True)

@@ -35,8 +35,25 @@ def strides(dims, layout):
     return packed_strides(dims, BSHD) if layout == "bshd" else packed_strides(dims)
 
 
-def graph(io=DT.FLOAT, *, sq=20, skv=27, hk=2, hv=2, d=16, dv=16, layout="bhsd", backward=False, stats=None,
-          bias=None, mod=None, padding=False, drop=None, scale="number", **opts):
+def graph(
+    io=DT.FLOAT,
+    *,
+    sq=20,
+    skv=27,
+    hk=2,
+    hv=2,
+    d=16,
+    dv=16,
+    layout="bhsd",
+    backward=False,
+    stats=None,
+    bias=None,
+    mod=None,
+    padding=False,
+    drop=None,
+    scale="number",
+    **opts,
+):
     """sdpa (and with `backward` an sdpa_backward reading its O and Stats) over `io` tensors."""
     g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
     dims = {"q": (B, HQ, sq, d), "k": (B, hk, skv, d), "v": (B, hv, skv, dv)}
@@ -45,8 +62,7 @@ def graph(io=DT.FLOAT, *, sq=20, skv=27, hk=2, hv=2, d=16, dv=16, layout="bhsd",
     if scale == "number":
         kw["attn_scale"] = 0.3
     elif scale is not None:
-        kw["attn_scale"] = g.tensor(dim=[1], data_type=DT.FLOAT, is_pass_by_value=scale == "by_value",
-                                    name="scale")
+        kw["attn_scale"] = g.tensor(dim=[1], data_type=DT.FLOAT, is_pass_by_value=scale == "by_value", name="scale")
     if bias is not None:
         kw["bias"] = g.tensor(dim=list(bias), data_type=DT.FLOAT, name="bias")
     if padding:
@@ -60,16 +76,21 @@ def graph(io=DT.FLOAT, *, sq=20, skv=27, hk=2, hv=2, d=16, dv=16, layout="bhsd",
         kw["score_mod"] = lambda sg, s: sg.mul(sg.tanh(sg.div(s, 0.25)), 0.25)
     elif mod == "alibi":
         slopes = g.tensor(dim=[1, HQ, 1, 1], data_type=DT.FLOAT, name="slopes")
-        kw["score_mod"] = lambda sg, s: sg.add(s, sg.mul(sg.sub(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2)),
-                                                          slopes))
+        kw["score_mod"] = lambda sg, s: sg.add(
+            s, sg.mul(sg.sub(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2)), slopes)
+        )
     elif mod == "relu":  # a kink, masks built from positions, a select
         kw["score_mod"] = lambda sg, s: sg.binary_select(
-            sg.relu(s), sg.mul(s, 0.5), sg.cmp_ge(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2)))
+            sg.relu(s), sg.mul(s, 0.5), sg.cmp_ge(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2))
+        )
     if drop == "mask":
         kw["dropout"] = (g.tensor(dim=[B, 1, sq, skv], name="dmask"), 1 / 0.75)
     elif drop == "philox":
-        kw["dropout"] = (0.25, g.tensor(dim=[1], data_type=DT.INT64, name="seed"),
-                         g.tensor(dim=[1], data_type=DT.INT64, name="offset"))
+        kw["dropout"] = (
+            0.25,
+            g.tensor(dim=[1], data_type=DT.INT64, name="seed"),
+            g.tensor(dim=[1], data_type=DT.INT64, name="offset"),
+        )
     elif drop == "philox_numbers":
         kw["dropout"] = (0.4, 2**40 + 17, 2**32 - 500)
     want_stats = backward if stats is None else stats
@@ -110,8 +131,7 @@ def prepare(pack, g, lens=((17, 0), (27, 9))):
 
 
 def check(g, rng, steps=None, **kw):
-    return assert_engine_matches(g, rng, engines=("triton",), expect_steps=steps, prepare=lambda p: prepare(p, g),
-                                 **kw)
+    return assert_engine_matches(g, rng, engines=("triton",), expect_steps=steps, prepare=lambda p: prepare(p, g), **kw)
 
 
 BWD_TOL = {"rtol": 2e-3, "atol": 2e-4}
@@ -119,32 +139,56 @@ BWD_TOL = {"rtol": 2e-3, "atol": 2e-4}
 
 # -- forward and backward over the options ----------------------------------------------------------------
 
-MASKS = [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}, {"sliding_window_length": 5},
-         {"use_causal_mask_bottom_right": True, "sliding_window_length": 4}, {"use_alibi_mask": True}]
+MASKS = [
+    {},
+    {"use_causal_mask": True},
+    {"use_causal_mask_bottom_right": True},
+    {"sliding_window_length": 5},
+    {"use_causal_mask_bottom_right": True, "sliding_window_length": 4},
+    {"use_alibi_mask": True},
+]
 
 
 @pytest.mark.parametrize("opts", MASKS)
-@pytest.mark.parametrize("hk, hv, layout, sq, skv", [(4, 4, "bhsd", 20, 27), (2, 2, "bshd", 27, 20),
-                                                     (1, 2, "bshd", 20, 27)])
+@pytest.mark.parametrize(
+    "hk, hv, layout, sq, skv", [(4, 4, "bhsd", 20, 27), (2, 2, "bshd", 27, 20), (1, 2, "bshd", 20, 27)]
+)
 def test_forward_masks(opts, hk, hv, layout, sq, skv, rng):
     check(graph(hk=hk, hv=hv, layout=layout, sq=sq, skv=skv, stats=True, **opts), rng, steps=1)
 
 
-@pytest.mark.parametrize("opts", [{}, {"use_causal_mask": True}, {"use_causal_mask_bottom_right": True},
-                                  {"use_causal_mask": True, "sliding_window_length": 6}, {"use_alibi_mask": True}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"use_causal_mask": True},
+        {"use_causal_mask_bottom_right": True},
+        {"use_causal_mask": True, "sliding_window_length": 6},
+        {"use_alibi_mask": True},
+    ],
+)
 @pytest.mark.parametrize("hk, layout", [(2, "bhsd"), (1, "bshd")])
 def test_backward_masks(opts, hk, layout, rng):
     check(graph(hk=hk, hv=hk, layout=layout, backward=True, **opts), rng, steps=2, **BWD_TOL)
 
 
-@pytest.mark.parametrize("features", [
-    {"bias": (1, HQ, 20, 27)}, {"bias": (B, 1, 1, 27), "use_causal_mask": True}, {"mod": "softcap"},
-    {"mod": "alibi", "use_causal_mask": True}, {"mod": "relu", "use_causal_mask_bottom_right": True},
-    {"padding": True}, {"padding": True, "use_causal_mask_bottom_right": True}, {"drop": "mask"},
-    {"drop": "philox"}, {"drop": "philox_numbers", "use_causal_mask": True},
-    {"bias": (B, HQ, 20, 27), "mod": "softcap", "drop": "mask", "use_causal_mask": True},
-    {"mod": "softcap30", "use_causal_mask": True},
-])
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"bias": (1, HQ, 20, 27)},
+        {"bias": (B, 1, 1, 27), "use_causal_mask": True},
+        {"mod": "softcap"},
+        {"mod": "alibi", "use_causal_mask": True},
+        {"mod": "relu", "use_causal_mask_bottom_right": True},
+        {"padding": True},
+        {"padding": True, "use_causal_mask_bottom_right": True},
+        {"drop": "mask"},
+        {"drop": "philox"},
+        {"drop": "philox_numbers", "use_causal_mask": True},
+        {"bias": (B, HQ, 20, 27), "mod": "softcap", "drop": "mask", "use_causal_mask": True},
+        {"mod": "softcap30", "use_causal_mask": True},
+    ],
+)
 def test_features_forward_and_backward(features, rng):
     check(graph(backward=True, **features), rng, steps=2, **BWD_TOL)
 
@@ -243,8 +287,10 @@ def test_candidates_fit_shared_memory():
     piece = _piece(g, "sdpa")
     spec = fwd_template.TEMPLATE.matched(piece, H100).spec()
     for k in fwd_template.TEMPLATE.candidates(piece, H100):
-        assert fwd_smem(spec, FwdKnobs(**{n: k[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})) \
+        assert (
+            fwd_smem(spec, FwdKnobs(**{n: k[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}))
             <= SMEM_LIMIT
+        )
 
 
 def test_score_modifier_tile_loop_forms(rng):
@@ -258,9 +304,11 @@ def test_score_modifier_tile_loop_forms(rng):
     q, k, v = (g.tensor(dim=list(dims), stride=packed_strides(dims), name=n) for n in "qkv")
 
     def mod(sg, s):
-        same = sg.cmp_eq(sg.floor(sg.div(sg.gen_index(s, axis=2), 41.0)),
-                         sg.floor(sg.div(sg.gen_index(s, axis=3), 41.0)))
+        same = sg.cmp_eq(
+            sg.floor(sg.div(sg.gen_index(s, axis=2), 41.0)), sg.floor(sg.div(sg.gen_index(s, axis=3), 41.0))
+        )
         return sg.add(sg.mul(sg.tanh(sg.div(s, 0.25)), 0.25), sg.mul(same, 5.0))
+
     o, stats = g.sdpa(q, k, v, attn_scale=0.3, generate_stats=True, score_mod=mod)
     o.set_output(True)
     stats.set_output(True)
@@ -280,12 +328,14 @@ def _softcap_alibi(backward: bool) -> og.Graph:
     def mod(sg, s):
         capped = sg.mul(sg.tanh(sg.div(s, 30.0)), 30.0)
         return sg.add(capped, sg.mul(sg.sub(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2)), slopes))
+
     if backward:
         stats = g.tensor(dim=[4, 16, 4096, 1], data_type=DT.FLOAT, name="stats")
-        outs = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], stats, attn_scale=128 ** -0.5,
-                               use_causal_mask=True, score_mod=mod)
+        outs = g.sdpa_backward(
+            t["q"], t["k"], t["v"], t["o"], t["do"], stats, attn_scale=128**-0.5, use_causal_mask=True, score_mod=mod
+        )
     else:
-        outs = g.sdpa(t["q"], t["k"], t["v"], attn_scale=128 ** -0.5, use_causal_mask=True, score_mod=mod)
+        outs = g.sdpa(t["q"], t["k"], t["v"], attn_scale=128**-0.5, use_causal_mask=True, score_mod=mod)
     for o in outs:
         o.set_output(True)
     return g
@@ -299,10 +349,11 @@ def _plain_causal(backward: bool) -> og.Graph:
     t = {n: g.tensor(dim=list(dims), stride=packed_strides(dims), name=n) for n in names}
     if backward:
         stats = g.tensor(dim=[4, 16, 4096, 1], data_type=DT.FLOAT, name="stats")
-        outs = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], stats, attn_scale=128 ** -0.5,
-                               use_causal_mask=True)
+        outs = g.sdpa_backward(
+            t["q"], t["k"], t["v"], t["o"], t["do"], stats, attn_scale=128**-0.5, use_causal_mask=True
+        )
     else:
-        outs = g.sdpa(t["q"], t["k"], t["v"], attn_scale=128 ** -0.5, use_causal_mask=True)
+        outs = g.sdpa(t["q"], t["k"], t["v"], attn_scale=128**-0.5, use_causal_mask=True)
     for o in outs:
         if o is not None:
             o.set_output(True)
@@ -327,6 +378,7 @@ def test_the_forward_applies_a_constant_positive_scale_inside_exp2_only():
 
     def folds_scale(spec):
         return exp2_factor(spec) == "sm2"
+
     from opgraph.engines.triton.attention.lowering import analyze, build_spec
 
     def spec(**kw):
@@ -359,10 +411,15 @@ def test_attention_kernels_compile_for_hopper():
 
     lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
     kernels = {(w[1], w[2]): w for w in lines}
-    assert set(kernels) == {("softcap_alibi_fwd", "kernel_attn_fwd"),
-                            *((f"{case}_bwd", f"kernel_attn_bwd_{k}") for case in ("softcap_alibi", "plain_causal")
-                              for k in ("pre", "dkdv", "dq")),
-                            ("plain_causal_fwd", "kernel_attn_fwd")}, lines
+    assert set(kernels) == {
+        ("softcap_alibi_fwd", "kernel_attn_fwd"),
+        *(
+            (f"{case}_bwd", f"kernel_attn_bwd_{k}")
+            for case in ("softcap_alibi", "plain_causal")
+            for k in ("pre", "dkdv", "dq")
+        ),
+        ("plain_causal_fwd", "kernel_attn_fwd"),
+    }, lines
     for key, w in kernels.items():
         limit = 160 if key == ("softcap_alibi_bwd", "kernel_attn_bwd_dkdv") else 0
         assert int(w[w.index("spills") + 1]) <= limit, w
@@ -370,6 +427,7 @@ def test_attention_kernels_compile_for_hopper():
     def f32math(case, kernel):
         w = kernels[(case, kernel)]
         return int(w[w.index("f32math") + 1])
+
     # the plain forward's softmax: the row max on the raw product, the scale inside exp2's argument (one
     # fma per score): 302 fp32 fma/mul/add/sub in the PTX (Triton 3.9, sm_90), 426 before, where the scale's
     # multiply and the causal select kept LLVM from fusing; 64 scores a thread per key block
@@ -396,11 +454,11 @@ def test_gpu_against_torch_sdpa(io, d, causal):
     g = og.Graph("gpu", io_data_type=io, intermediate_data_type=DT.FLOAT)
     dims = (b, h, s, d)
     q, k, v = (g.tensor(dim=list(dims), stride=strides(dims, "bshd"), name=n) for n in "qkv")
-    o, st = g.sdpa(q, k, v, attn_scale=d ** -0.5, use_causal_mask=causal)
+    o, st = g.sdpa(q, k, v, attn_scale=d**-0.5, use_causal_mask=causal)
     o.set_output(True).set_name("o")
     st.set_output(True)
     do = g.tensor(dim=list(dims), name="do")
-    dq, dk, dv = g.sdpa_backward(q, k, v, o, do, st, attn_scale=d ** -0.5, use_causal_mask=causal)
+    dq, dk, dv = g.sdpa_backward(q, k, v, o, do, st, attn_scale=d**-0.5, use_causal_mask=causal)
     for x, n in ((dq, "dq"), (dk, "dk"), (dv, "dv")):
         x.set_output(True).set_name(n)
     plan = g.build(engines=["triton"])
@@ -411,8 +469,10 @@ def test_gpu_against_torch_sdpa(io, d, causal):
     x["do"] = torch.randn(dims, device="cuda", generator=gen).to(dt)
     final = g.final
     # outputs in the layouts the graph declares (O and the gradients follow q's BSHD axis order)
-    out = {n: torch.empty_strided(final.tensor(n).dim, final.tensor(n).stride, device="cuda", dtype=dt).fill_(
-        float("nan")) for n in ("o", "dq", "dk", "dv")}
+    out = {
+        n: torch.empty_strided(final.tensor(n).dim, final.tensor(n).stride, device="cuda", dtype=dt).fill_(float("nan"))
+        for n in ("o", "dq", "dk", "dv")
+    }
     out["stats"] = torch.full((b, h, s, 1), float("nan"), device="cuda")
     pack = {final.tensor(n).uid: x[n] for n in ("q", "k", "v", "do")}
     pack.update({final.tensor(n).uid: out[n] for n in ("o", "dq", "dk", "dv")})
@@ -420,14 +480,18 @@ def test_gpu_against_torch_sdpa(io, d, causal):
     plan.execute(pack)
     torch.cuda.synchronize()
     qf, kf, vf = (x[n].float().requires_grad_() for n in "qkv")
-    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=d ** -0.5)
+    ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=d**-0.5)
     ref.backward(x["do"].float())
 
     def rel(a, r):
         return ((a.float() - r).norm() / r.norm()).item()
 
-    errs = {"o": rel(out["o"], ref), "dq": rel(out["dq"], qf.grad), "dk": rel(out["dk"], kf.grad),
-            "dv": rel(out["dv"], vf.grad)}
+    errs = {
+        "o": rel(out["o"], ref),
+        "dq": rel(out["dq"], qf.grad),
+        "dk": rel(out["dk"], kf.grad),
+        "dv": rel(out["dv"], vf.grad),
+    }
     assert all(e < 2e-2 for e in errs.values()), errs
 
 
@@ -474,8 +538,9 @@ def test_qkv_views_in_the_gradient_graph(rng):
     bwd = next(s for s in plan.steps if s.config.knob("template") == "attention_bwd")
     assert sum(n.kind in ("reshape", "transpose", "slice") for n in bwd.piece.nodes) >= 9, plan.describe()
     layout = {"slice", "reshape", "transpose", "concatenate"}
-    assert not [s for s in plan.steps if s.config.engine == "torch" and {n.kind for n in s.piece.nodes} <= layout], \
+    assert not [s for s in plan.steps if s.config.engine == "torch" and {n.kind for n in s.piece.nodes} <= layout], (
         plan.describe()
+    )
     assert not check_plan(plan, rng, **BWD_TOL), plan.describe()
 
 
@@ -495,14 +560,16 @@ def test_gradients_written_into_their_concatenation(rng):
     straight into its slot of the concatenation, one kernel for all of it."""
     s, d = 20, 16
     g = og.Graph("dqkv", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
-    q, k, v, o, do = (g.tensor(dim=[B, HQ, s, d], stride=strides((B, HQ, s, d), "bshd"), name=n)
-                      for n in ("q", "k", "v", "o", "dO"))
+    q, k, v, o, do = (
+        g.tensor(dim=[B, HQ, s, d], stride=strides((B, HQ, s, d), "bshd"), name=n) for n in ("q", "k", "v", "o", "dO")
+    )
     stats = g.tensor(dim=[B, HQ, s, 1], name="stats")
     grads = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.25, use_causal_mask=True, name="bwd")
     flat = [g.reshape(g.transpose(x, [0, 2, 1, 3]), [B, s, HQ * d]) for x in grads]
     g.concatenate(flat, axis=2).set_output(True).set_name("dqkv")
-    plan = assert_engine_matches(g, rng, engines=("triton",), expect_steps=1,
-                                 prepare=lambda p: _stats_of(p, g), **BWD_TOL)
+    plan = assert_engine_matches(
+        g, rng, engines=("triton",), expect_steps=1, prepare=lambda p: _stats_of(p, g), **BWD_TOL
+    )
     assert plan.steps[0].config.knob("template") == "attention_bwd"
 
 
@@ -512,8 +579,9 @@ def test_gradients_not_written_through_a_view_that_rounds(rng):
     rounding); the values match the reference."""
     s, d = 20, 16
     g = og.Graph("dqkv16", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
-    q, k, v, o, do = (g.tensor(dim=[B, HQ, s, d], stride=strides((B, HQ, s, d), "bshd"), name=n)
-                      for n in ("q", "k", "v", "o", "dO"))
+    q, k, v, o, do = (
+        g.tensor(dim=[B, HQ, s, d], stride=strides((B, HQ, s, d), "bshd"), name=n) for n in ("q", "k", "v", "o", "dO")
+    )
     stats = g.tensor(dim=[B, HQ, s, 1], name="stats")
     grads = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.25, use_causal_mask=True, name="bwd")
     flat = [g.reshape(g.transpose(x, [0, 2, 1, 3]).set_data_type(DT.BFLOAT16), [B, s, HQ * d]) for x in grads]
@@ -565,16 +633,22 @@ def test_gpu_fused_qkv_views_forward_and_backward(tma):
     b, s, h, d = 2, 512, 6, 64
     g = og.Graph("gpuqkv", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
     qkv = g.tensor(dim=[b, s, 3 * h * d], name="qkv")
-    heads = [g.transpose(g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * h * d, (i + 1) * h * d)]),
-                                   [b, s, h, d]), [0, 2, 1, 3]) for i in range(3)]
-    o, st = g.sdpa(*heads, attn_scale=d ** -0.5, use_causal_mask=True, name="fwd")
+    heads = [
+        g.transpose(
+            g.reshape(g.slice(qkv, [slice(None), slice(None), slice(i * h * d, (i + 1) * h * d)]), [b, s, h, d]),
+            [0, 2, 1, 3],
+        )
+        for i in range(3)
+    ]
+    o, st = g.sdpa(*heads, attn_scale=d**-0.5, use_causal_mask=True, name="fwd")
     o.set_output(True).set_name("o")
     st.set_output(True)
     dy = g.tensor(dim=[b, s, h * d], name="dy")
     do = g.transpose(g.reshape(dy, [b, s, h, d]), [0, 2, 1, 3])
-    grads = g.sdpa_backward(*heads, o, do, st, attn_scale=d ** -0.5, use_causal_mask=True, name="bwd")
-    g.concatenate([g.reshape(g.transpose(x, [0, 2, 1, 3]), [b, s, h * d]) for x in grads], axis=2) \
-        .set_output(True).set_name("dqkv")
+    grads = g.sdpa_backward(*heads, o, do, st, attn_scale=d**-0.5, use_causal_mask=True, name="bwd")
+    g.concatenate([g.reshape(g.transpose(x, [0, 2, 1, 3]), [b, s, h * d]) for x in grads], axis=2).set_output(
+        True
+    ).set_name("dqkv")
     plan = g.build(engines=["triton"])
     assert [s.config.knob("template") for s in plan.steps] == ["attention", "attention_bwd"], plan.describe()
     from opgraph.engines import EngineConfig
@@ -587,12 +661,20 @@ def test_gpu_fused_qkv_views_forward_and_backward(tma):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(b, s, 3 * h * d, device="cuda", generator=gen).to(torch.bfloat16)
     dyv = torch.randn(b, s, h * d, device="cuda", generator=gen).to(torch.bfloat16)
-    out_o = torch.empty_strided(final.tensor("o").dim, final.tensor("o").stride, device="cuda",
-                                dtype=torch.bfloat16).fill_(float("nan"))
+    out_o = torch.empty_strided(
+        final.tensor("o").dim, final.tensor("o").stride, device="cuda", dtype=torch.bfloat16
+    ).fill_(float("nan"))
     stats = torch.full((b, h, s, 1), float("nan"), device="cuda")
     dqkv = torch.full((b, s, 3 * h * d), float("nan"), device="cuda")  # (float32: the gradients' type)
-    plan.execute({final.tensor("qkv").uid: x, final.tensor("o").uid: out_o, st.uid: stats,
-                  final.tensor("dy").uid: dyv, final.tensor("dqkv").uid: dqkv})
+    plan.execute(
+        {
+            final.tensor("qkv").uid: x,
+            final.tensor("o").uid: out_o,
+            st.uid: stats,
+            final.tensor("dy").uid: dyv,
+            final.tensor("dqkv").uid: dqkv,
+        }
+    )
     torch.cuda.synchronize()
     errs = fused_qkv_errors(x, dyv, out_o, dqkv, h)
     assert all(e < 2e-2 for e in errs.values()), errs

@@ -36,15 +36,46 @@ from opgraph.engines.triton.attention.run import launch
 
 pytestmark = [pytest.mark.interpreter, requires_interpreter]
 
-TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
-      torch.int32: "tl.int32", torch.int64: "tl.int64", torch.uint8: "tl.uint8"}
+TL = {
+    torch.float32: "tl.float32",
+    torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
+    torch.uint8: "tl.uint8",
+}
 FWD = FwdKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 BWD = BwdKnobs(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, W1=4, S1=1, W2=4, S2=1, PRE_BLOCK=16)
 
 
 # the tensors' uids: kernel parameters are named as in the engine (p{uid} a buffer, s{uid} a scalar)
-UID = {n: i for i, n in enumerate(("Q", "K", "V", "O", "LSE", "SQ", "SKV", "SCALE", "BIAS", "SEED", "OFFSET", "DMASK",
-                                   "HS", "KS", "OS", "DO", "DQ", "DK", "DV", "DB"))}
+UID = {
+    n: i
+    for i, n in enumerate(
+        (
+            "Q",
+            "K",
+            "V",
+            "O",
+            "LSE",
+            "SQ",
+            "SKV",
+            "SCALE",
+            "BIAS",
+            "SEED",
+            "OFFSET",
+            "DMASK",
+            "HS",
+            "KS",
+            "OS",
+            "DO",
+            "DQ",
+            "DK",
+            "DV",
+            "DB",
+        )
+    )
+}
 
 
 def P(name: str) -> str:
@@ -90,8 +121,22 @@ def philox_keep(seed: int, offset: int, p: float, shape) -> torch.Tensor:
     return torch.from_numpy(philox_uniform(seed, counters) >= np.float32(p))
 
 
-def reference(q, k, v, scale, *, causal=Causal.NONE, window=None, seq_q=None, seq_kv=None, alibi=False, bias=None,
-              keep=None, drop_scale=1.0, mod=None):
+def reference(
+    q,
+    k,
+    v,
+    scale,
+    *,
+    causal=Causal.NONE,
+    window=None,
+    seq_q=None,
+    seq_kv=None,
+    alibi=False,
+    bias=None,
+    keep=None,
+    drop_scale=1.0,
+    mod=None,
+):
     """O and LSE of attention in float64 (the kernels' definition): scores scale * q k^T + bias +
     ALiBi, the score modifier, masked to -inf, softmax (a row with no key: P = 0, LSE +inf), dropout
     multiplier times its scale, P v; rows past seq_q give 0 and LSE +inf."""
@@ -106,8 +151,9 @@ def reference(q, k, v, scale, *, causal=Causal.NONE, window=None, seq_q=None, se
         s = s + bias
     if alibi:
         n = 2 ** int(math.log2(hq))
-        slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)] + [2.0 ** (-4.0 * (2 * m + 1) / n)
-                                                                    for m in range(hq - n)]
+        slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)] + [
+            2.0 ** (-4.0 * (2 * m + 1) / n) for m in range(hq - n)
+        ]
         slope = torch.tensor(slopes, dtype=torch.float64)[None, :, None, None]
         s = s + slope * (j - i)
     if mod is not None:
@@ -164,7 +210,9 @@ class RelPos:
         return (P("HS"),)
 
     def forward(self, score, at):
-        return [f"hs = tl.load({P('HS')} + {at.h})"], f"{score} * hs + 0.25 * ({at.j} - {at.i}).to(tl.float32) + 0.5 * {at.b}"
+        return [
+            f"hs = tl.load({P('HS')} + {at.h})"
+        ], f"{score} * hs + 0.25 * ({at.j} - {at.i}).to(tl.float32) + 0.5 * {at.b}"
 
     def backward(self, score, grad, at):
         return [f"hs = tl.load({P('HS')} + {at.h})"], f"{grad} * hs"
@@ -173,8 +221,11 @@ class RelPos:
         b, _h, sq, skv = s.shape
         i = torch.arange(sq)[:, None]
         j = torch.arange(skv)[None, :]
-        return (s * self.hs.double()[None, :, None, None] + 0.25 * (j - i)
-                + 0.5 * torch.arange(b, dtype=torch.float64)[:, None, None, None])
+        return (
+            s * self.hs.double()[None, :, None, None]
+            + 0.25 * (j - i)
+            + 0.5 * torch.arange(b, dtype=torch.float64)[:, None, None, None]
+        )
 
 
 class ScaleByVector:
@@ -193,8 +244,10 @@ class ScaleByVector:
         if value is None:
             name, st = self.source
             mask = f", mask={at.mask}, other=0.0" if at.mask else ""
-            lines.append(f"kp_src = tl.load({name} + {at.b} * {st[0]} + {at.h} * {st[1]} + {at.i} * {st[2]} + "
-                         f"{at.j}{mask}).to(tl.float32)")
+            lines.append(
+                f"kp_src = tl.load({name} + {at.b} * {st[0]} + {at.h} * {st[1]} + {at.i} * {st[2]} + "
+                f"{at.j}{mask}).to(tl.float32)"
+            )
             value = "kp_src"
         return lines, f"{value} * tl.load({self.name} + {at.j}{m}) + {self.c!r}"
 
@@ -310,9 +363,26 @@ def run_case(c: Case, seed: int = 0):
         args["OS"] = torch.rand(dv_, generator=gen)
         ep = ScaleByVector(P("OS"), args["OS"], -1.0)
         kw["epilogue"] = ep
-    spec = AttnSpec(c.B, c.Hq, c.Hk, c.Hk, c.Sq, c.Skv, c.D, dv_, operand("Q", q), operand("K", k), operand("V", v),
-                    operand("O", o), operand("LSE", lse), causal=c.causal, window=c.window, alibi=c.alibi,
-                    interpret=True, **kw)
+    spec = AttnSpec(
+        c.B,
+        c.Hq,
+        c.Hk,
+        c.Hk,
+        c.Sq,
+        c.Skv,
+        c.D,
+        dv_,
+        operand("Q", q),
+        operand("K", k),
+        operand("V", v),
+        operand("O", o),
+        operand("LSE", lse),
+        causal=c.causal,
+        window=c.window,
+        alibi=c.alibi,
+        interpret=True,
+        **kw,
+    )
     run(forward(spec, c.fwd), args)
 
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
@@ -328,15 +398,38 @@ def run_case(c: Case, seed: int = 0):
     if c.bwd is None or ep is not None or kp is not None:
         return
     do = torch.randn(o.shape, generator=gen).to(dt)
-    grads = {"DQ": torch.full_like(q, float("nan")), "DK": torch.full_like(k, float("nan")),
-             "DV": torch.full_like(v, float("nan"))}
+    grads = {
+        "DQ": torch.full_like(q, float("nan")),
+        "DK": torch.full_like(k, float("nan")),
+        "DV": torch.full_like(v, float("nan")),
+    }
     if bias is not None and c.dbias:
         grads["DB"] = torch.full_like(bias, float("nan"))
         kw["dbias"] = operand("DB", grads["DB"])
-    bspec = AttnSpec(c.B, c.Hq, c.Hk, c.Hk, c.Sq, c.Skv, c.D, dv_, operand("Q", q), operand("K", k), operand("V", v),
-                     operand("O", o), operand("LSE", lse), causal=c.causal, window=c.window, alibi=c.alibi,
-                     do=operand("DO", do), dq=operand("DQ", grads["DQ"]), dk=operand("DK", grads["DK"]),
-                     dv=operand("DV", grads["DV"]), interpret=True, **kw)
+    bspec = AttnSpec(
+        c.B,
+        c.Hq,
+        c.Hk,
+        c.Hk,
+        c.Sq,
+        c.Skv,
+        c.D,
+        dv_,
+        operand("Q", q),
+        operand("K", k),
+        operand("V", v),
+        operand("O", o),
+        operand("LSE", lse),
+        causal=c.causal,
+        window=c.window,
+        alibi=c.alibi,
+        do=operand("DO", do),
+        dq=operand("DQ", grads["DQ"]),
+        dk=operand("DK", grads["DK"]),
+        dv=operand("DV", grads["DV"]),
+        interpret=True,
+        **kw,
+    )
     run(backward(bspec, c.bwd), {**args, "DO": do, **grads})
     ro.backward(do.double())
     btol = {"float32": 5e-5, "float16": 1e-2, "bfloat16": 6e-2}[c.dtype]
@@ -361,9 +454,15 @@ def test_masks_and_lengths(causal, sq, skv):
     run_case(Case(Sq=sq, Skv=skv, causal=causal))
 
 
-@pytest.mark.parametrize("causal, window, sq, skv", [
-    (Causal.TOP_LEFT, 7, 40, 37), (Causal.BOTTOM_RIGHT, 9, 30, 45), (Causal.NONE, 5, 40, 37),
-    (Causal.BOTTOM_RIGHT, 1, 24, 40)])
+@pytest.mark.parametrize(
+    "causal, window, sq, skv",
+    [
+        (Causal.TOP_LEFT, 7, 40, 37),
+        (Causal.BOTTOM_RIGHT, 9, 30, 45),
+        (Causal.NONE, 5, 40, 37),
+        (Causal.BOTTOM_RIGHT, 1, 24, 40),
+    ],
+)
 def test_sliding_window(causal, window, sq, skv):
     run_case(Case(Sq=sq, Skv=skv, causal=causal, window=window))
 
@@ -394,17 +493,50 @@ def test_bias_minus_inf_rows_are_zero():
     bias[:, 1, 9, :20] = -math.inf
     o = torch.full_like(q, float("nan"))
     lse = torch.full((1, 2, 40, 1), float("nan"))
-    spec = AttnSpec(1, 2, 2, 2, 40, 37, 16, 16, operand("Q", q), operand("K", k), operand("V", v), operand("O", o),
-                    operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias))
+    spec = AttnSpec(
+        1,
+        2,
+        2,
+        2,
+        40,
+        37,
+        16,
+        16,
+        operand("Q", q),
+        operand("K", k),
+        operand("V", v),
+        operand("O", o),
+        operand("LSE", lse),
+        scale=0.5,
+        bias=operand("BIAS", bias),
+    )
     run(forward(spec, c.fwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias})
     ro, _rl = reference(q.double(), k.double(), v.double(), 0.5, bias=bias.double())
     assert (o[:, :, 5] == 0).all() and (lse[:, :, 5] == math.inf).all()
     _close(o.double(), ro, 2e-5, "O")
     do = torch.randn_like(o)
     g = {n: torch.full_like(t, float("nan")) for n, t in (("DQ", q), ("DK", k), ("DV", v))}
-    bspec = AttnSpec(1, 2, 2, 2, 40, 37, 16, 16, operand("Q", q), operand("K", k), operand("V", v), operand("O", o),
-                     operand("LSE", lse), scale=0.5, bias=operand("BIAS", bias), do=operand("DO", do),
-                     dq=operand("DQ", g["DQ"]), dk=operand("DK", g["DK"]), dv=operand("DV", g["DV"]))
+    bspec = AttnSpec(
+        1,
+        2,
+        2,
+        2,
+        40,
+        37,
+        16,
+        16,
+        operand("Q", q),
+        operand("K", k),
+        operand("V", v),
+        operand("O", o),
+        operand("LSE", lse),
+        scale=0.5,
+        bias=operand("BIAS", bias),
+        do=operand("DO", do),
+        dq=operand("DQ", g["DQ"]),
+        dk=operand("DK", g["DK"]),
+        dv=operand("DV", g["DV"]),
+    )
     run(backward(bspec, c.bwd), {"Q": q, "K": k, "V": v, "O": o, "LSE": lse, "BIAS": bias, "DO": do, **g})
     assert all(t.isfinite().all() for t in g.values())
     assert (g["DQ"][:, :, 5] == 0).all()
@@ -431,8 +563,9 @@ def test_dropout(kind):
     run_case(Case(B=2, Hq=2, Hk=1, dropout=kind, causal=Causal.TOP_LEFT if kind == "mask" else Causal.NONE))
 
 
-@pytest.mark.parametrize("mod, causal", [("softcap", Causal.TOP_LEFT), ("relpos", Causal.NONE),
-                                         ("softcap", Causal.BOTTOM_RIGHT)])
+@pytest.mark.parametrize(
+    "mod, causal", [("softcap", Causal.TOP_LEFT), ("relpos", Causal.NONE), ("softcap", Causal.BOTTOM_RIGHT)]
+)
 def test_score_mod(mod, causal):
     run_case(Case(B=2, Hq=2, Hk=1, mod=mod, causal=causal, seq_kv=(30, 37) if mod == "relpos" else None))
 
@@ -456,13 +589,16 @@ def test_prologue_and_epilogue_hooks():
     run_case(Case(k_prologue=True, epilogue=True, causal=Causal.TOP_LEFT, D=16, Dv=24), seed=5)
 
 
-@pytest.mark.parametrize("fwd, bwd", [
-    (FwdKnobs(32, 16, 4, 1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 32)),
-    (FwdKnobs(16, 32, 4, 1), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)),
-    (FwdKnobs(16, 16, 4, 1, ORDER=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)),
-    (FwdKnobs(16, 32, 4, 1, ONELOOP=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, ONELOOP=1)),
-    (FwdKnobs(32, 16, 4, 1, ONELOOP=1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 16, FUSED=1, ONELOOP=1)),
-])
+@pytest.mark.parametrize(
+    "fwd, bwd",
+    [
+        (FwdKnobs(32, 16, 4, 1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 32)),
+        (FwdKnobs(16, 32, 4, 1), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)),
+        (FwdKnobs(16, 16, 4, 1, ORDER=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)),
+        (FwdKnobs(16, 32, 4, 1, ONELOOP=1), BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, ONELOOP=1)),
+        (FwdKnobs(32, 16, 4, 1, ONELOOP=1), BwdKnobs(32, 16, 16, 32, 4, 1, 4, 1, 16, FUSED=1, ONELOOP=1)),
+    ],
+)
 def test_block_shapes(fwd, bwd):
     """Block shapes with BLOCK_M > BLOCK_N and the reverse, so the diagonal and window edges fall
     inside and across tiles."""
@@ -472,13 +608,36 @@ def test_block_shapes(fwd, bwd):
 @pytest.mark.parametrize("causal, hk", [(Causal.TOP_LEFT, 1), (Causal.NONE, 2)])
 def test_fused_backward(causal, hk):
     """FUSED=1: the dK/dV and dQ programs in one launch (GQA groups, causal heavy-first order)."""
-    run_case(Case(B=2, Hq=4, Hk=hk, Sq=45, Skv=50, causal=causal, bias=(2, 4, 45, 50),
-                  bwd=BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1)))
+    run_case(
+        Case(
+            B=2,
+            Hq=4,
+            Hk=hk,
+            Sq=45,
+            Skv=50,
+            causal=causal,
+            bias=(2, 4, 45, 50),
+            bwd=BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, FUSED=1),
+        )
+    )
 
 
 @pytest.mark.parametrize("layout, d", [("bhsd", 16), ("bshd", 24)])
 def test_tensor_descriptors(layout, d):
     """TMA=1: q/k/v (forward), q/dO (dK/dV) and k/v (dQ) read through tensor descriptors, whose
     zero-filled edges replace the masks (ragged lengths, a head dim that is no power of two)."""
-    run_case(Case(B=2, Hq=4, Hk=2, Sq=45, Skv=50, D=d, Dv=d, layout=layout, causal=Causal.BOTTOM_RIGHT,
-                  fwd=FwdKnobs(16, 16, 4, 1, TMA=1), bwd=BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, TMA=1)))
+    run_case(
+        Case(
+            B=2,
+            Hq=4,
+            Hk=2,
+            Sq=45,
+            Skv=50,
+            D=d,
+            Dv=d,
+            layout=layout,
+            causal=Causal.BOTTOM_RIGHT,
+            fwd=FwdKnobs(16, 16, 4, 1, TMA=1),
+            bwd=BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16, TMA=1),
+        )
+    )

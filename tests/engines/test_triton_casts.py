@@ -20,12 +20,59 @@ from ..helpers import requires_interpreter
 pytestmark = [pytest.mark.interpreter, requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 D = og.DataType
 
-SPECIAL = np.array([
-    0.0, -0.0, 0.5, 1.5, 2.5, -2.5, -3.5, 0.49999997, 1e10, -1e10, np.inf, -np.inf, np.nan, 2.0**31, -(2.0**31) - 1,
-    2.0**63, -(2.0**63), 1e20, 127.5, 128.5, -128.5, 255.5, 3.3e38, 65504.0, 65520.0, 448.0, 449.0, 464.0, 480.0,
-    500.0, -1000.0, 57344.0, 61439.0, 61440.0, 1e5, 1 + 2.0**-8, 1 + 3 * 2.0**-9, 1 + 2.0**-4, 1 + 3 * 2.0**-5,
-    2.0**-7, 2.0**-9, 3 * 2.0**-10, 2.0**-16, 3 * 2.0**-17, 2.0**-140, 1e-45, 6e-8, 1e-300, 2.0**53 + 2,
-])
+SPECIAL = np.array(
+    [
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        -2.5,
+        -3.5,
+        0.49999997,
+        1e10,
+        -1e10,
+        np.inf,
+        -np.inf,
+        np.nan,
+        2.0**31,
+        -(2.0**31) - 1,
+        2.0**63,
+        -(2.0**63),
+        1e20,
+        127.5,
+        128.5,
+        -128.5,
+        255.5,
+        3.3e38,
+        65504.0,
+        65520.0,
+        448.0,
+        449.0,
+        464.0,
+        480.0,
+        500.0,
+        -1000.0,
+        57344.0,
+        61439.0,
+        61440.0,
+        1e5,
+        1 + 2.0**-8,
+        1 + 3 * 2.0**-9,
+        1 + 2.0**-4,
+        1 + 3 * 2.0**-5,
+        2.0**-7,
+        2.0**-9,
+        3 * 2.0**-10,
+        2.0**-16,
+        3 * 2.0**-17,
+        2.0**-140,
+        1e-45,
+        6e-8,
+        1e-300,
+        2.0**53 + 2,
+    ]
+)
 TYPES = [D.INT8, D.UINT8, D.INT32, D.INT64, D.BOOLEAN, D.HALF, D.BFLOAT16, D.FP8_E4M3, D.FP8_E5M2, D.FLOAT]
 
 
@@ -46,8 +93,11 @@ def test_cast_of_edge_values(src, dst):
     out = np.zeros(n, dtype=dst.numpy)
     plan.execute({x: values, y: out})
     want = round_to(values.astype(np.float64), dst)
-    bad = [(float(v), float(np.asarray(o).astype(np.float64)), float(np.asarray(w).astype(np.float64)))
-           for v, o, w in zip(values, out, want) if not _same(o, w)]
+    bad = [
+        (float(v), float(np.asarray(o).astype(np.float64)), float(np.asarray(w).astype(np.float64)))
+        for v, o, w in zip(values, out, want)
+        if not _same(o, w)
+    ]
     assert not bad, f"{src.name} -> {dst.name}: (value, got, want) {bad[:6]}"
 
 
@@ -100,6 +150,7 @@ def test_narrow_float_intermediates_in_a_float64_kernel(dt, rng):
 
 # -- the Triton versions of the helpers (the GPU's), run by the interpreter ----------------------------
 
+
 def _helper_module(body: str):
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates.base import module_source
@@ -122,8 +173,9 @@ def test_triton_encoders_round_like_the_reference(dt, src):
     got = q.view(torch.int16 if dt is D.BFLOAT16 else torch.uint8).numpy()
     want = round_to(values.astype(np.float32).astype(np.float64), dt).view(got.dtype)
     nan = np.isnan(values)
-    assert np.array_equal(got[~nan], want[~nan]), [(float(v), int(a), int(b)) for v, a, b in
-                                                     zip(values[~nan], got[~nan], want[~nan]) if a != b][:6]
+    assert np.array_equal(got[~nan], want[~nan]), [
+        (float(v), int(a), int(b)) for v, a, b in zip(values[~nan], got[~nan], want[~nan]) if a != b
+    ][:6]
     decoded = q.view(torch.int16 if dt is D.BFLOAT16 else torch.uint8).numpy().view(dt.numpy).astype(np.float64)
     assert np.isnan(decoded[nan]).all()
 
@@ -133,8 +185,11 @@ def test_triton_decoders_are_exact(dt):
     import torch
 
     name = {D.BFLOAT16: "_og_from_bf16", D.FP8_E4M3: "_og_from_e4m3", D.FP8_E5M2: "_og_from_e5m2"}[dt]
-    bits = np.arange(256, dtype=np.uint8) if dt is not D.BFLOAT16 else \
-        np.concatenate([np.arange(0, 65536, 257), [0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x8001]]).astype(np.uint16)
+    bits = (
+        np.arange(256, dtype=np.uint8)
+        if dt is not D.BFLOAT16
+        else np.concatenate([np.arange(0, 65536, 257), [0x7F80, 0xFF80, 0x7FC0, 0x0001, 0x8001]]).astype(np.uint16)
+    )
     n = 1 << int(np.ceil(np.log2(bits.size)))
     bits = np.resize(bits, n)
     mod = _helper_module(f"def kernel(p, q):\n    i = tl.arange(0, {n})\n    tl.store(q + i, {name}(tl.load(p + i)))\n")
@@ -154,14 +209,17 @@ def test_triton_integer_rounding(dt, src):
 
     compute = "tl.float64" if src is np.float64 else "tl.float32"
     n = 64
-    mod = _helper_module(f"def kernel(p, q):\n    i = tl.arange(0, {n})\n"
-                         f"    tl.store(q + i, {to_storage('tl.load(p + i)', dt, compute)})\n")
+    mod = _helper_module(
+        f"def kernel(p, q):\n    i = tl.arange(0, {n})\n"
+        f"    tl.store(q + i, {to_storage('tl.load(p + i)', dt, compute)})\n"
+    )
     values = np.resize(SPECIAL, n).astype(src)
     q = torch.zeros(n, dtype=dt.to_torch())
     mod.kernel[(1,)](torch.from_numpy(values), q)
     want = round_to(values.astype(np.float64), dt)
-    assert q.numpy().tolist() == want.tolist(), [(float(v), int(a), int(b)) for v, a, b in
-                                                 zip(values, q.numpy(), want) if a != b][:6]
+    assert q.numpy().tolist() == want.tolist(), [
+        (float(v), int(a), int(b)) for v, a, b in zip(values, q.numpy(), want) if a != b
+    ][:6]
 
 
 _ = ml_dtypes

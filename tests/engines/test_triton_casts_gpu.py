@@ -35,13 +35,15 @@ def test_gpu_bf16_cast_instructions_match_their_definition():
 
     values = _patterns()
     n = values.size
-    body = ("def kernel(p, q, r, s, n, BLOCK: tl.constexpr):\n"
-            "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
-            "    m = i < n\n"
-            "    x = tl.load(p + i, mask=m)\n"
-            "    tl.store(q + i, _og_to_bf16(x), mask=m)\n"
-            "    tl.store(r + i, _og_to_bf16_bits(x), mask=m)\n"
-            "    tl.store(s + i, _og_round_bf16(x), mask=m)\n")
+    body = (
+        "def kernel(p, q, r, s, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    m = i < n\n"
+        "    x = tl.load(p + i, mask=m)\n"
+        "    tl.store(q + i, _og_to_bf16(x), mask=m)\n"
+        "    tl.store(r + i, _og_to_bf16_bits(x), mask=m)\n"
+        "    tl.store(s + i, _og_round_bf16(x), mask=m)\n"
+    )
     mod = load_module(module_source(body), interpret=False)
     x = torch.from_numpy(values).cuda()
     q = torch.empty(n, dtype=torch.bfloat16, device="cuda")

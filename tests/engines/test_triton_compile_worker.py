@@ -16,9 +16,7 @@ def test_only_helpers_a_kernel_calls_become_triton_functions(tmp_path):
     from opgraph.engines.triton.compile_worker import exec_generated
     from opgraph.engines.triton.templates.base import module_source
 
-    body = ("def kernel(p0, p1):\n"
-            "    x = tl.load(p0)\n"
-            "    tl.store(p1, _og_to_bf16(_og_tanh(x)))\n")
+    body = "def kernel(p0, p1):\n    x = tl.load(p0)\n    tl.store(p1, _og_to_bf16(_og_tanh(x)))\n"
     path = tmp_path / "og_probe_helpers.py"
     path.write_text(module_source(body))
     module = exec_generated(str(path), "og_probe_helpers", jit=True)

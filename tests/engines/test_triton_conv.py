@@ -60,8 +60,9 @@ GEOMETRIES = {
     "2d_groups4": dict(x=(2, 32, 4, 4), w=(32, 8, 3, 3), padding=[1, 1]),
     "2d_ragged_channels": dict(x=(2, 20, 5, 5), w=(24, 20, 3, 3), padding=[1, 1]),
     "3d": dict(x=(1, 8, 4, 5, 4), w=(16, 8, 3, 3, 3), padding=[1, 1, 1]),
-    "3d_stride_asym": dict(x=(1, 8, 5, 6, 5), w=(16, 8, 2, 3, 3), pre_padding=[1, 0, 1], post_padding=[0, 1, 2],
-                           stride=[2, 1, 2]),
+    "3d_stride_asym": dict(
+        x=(1, 8, 5, 6, 5), w=(16, 8, 2, 3, 3), pre_padding=[1, 0, 1], post_padding=[0, 1, 2], stride=[2, 1, 2]
+    ),
 }
 
 
@@ -86,8 +87,9 @@ def test_convolution_mode_flips_the_filter(rng):
 DEPTHWISE = {
     "3x3": dict(x=(2, 16, 6, 6), w=(16, 1, 3, 3), padding=[1, 1]),
     "3x3_stride2": dict(x=(2, 16, 7, 7), w=(16, 1, 3, 3), padding=[1, 1], stride=[2, 2]),
-    "5x5_dilation_asym": dict(x=(1, 24, 8, 7), w=(24, 1, 3, 3), pre_padding=[2, 1], post_padding=[1, 2],
-                              dilation=[2, 1]),
+    "5x5_dilation_asym": dict(
+        x=(1, 24, 8, 7), w=(24, 1, 3, 3), pre_padding=[2, 1], post_padding=[1, 2], dilation=[2, 1]
+    ),
     "multiplier2": dict(x=(2, 8, 5, 5), w=(16, 1, 3, 3), padding=[1, 1]),
     "1d": dict(x=(2, 16, 9), w=(16, 1, 5), padding=[2]),
     "3d": dict(x=(1, 16, 4, 4, 4), w=(16, 1, 3, 3, 3), padding=[1, 1, 1]),
@@ -140,24 +142,29 @@ def _plan_exact(g, knobs):
     """A one-step plan running the graph's single piece with exactly `knobs` on the heuristic's template."""
     plan = g.build(device="cpu", engines=["triton"])
     (step,) = plan.steps
-    config = og.engines.EngineConfig("triton", tuple(sorted({"template": step.config.knob("template"),
-                                                             **knobs}.items())))
+    config = og.engines.EngineConfig(
+        "triton", tuple(sorted({"template": step.config.knob("template"), **knobs}.items()))
+    )
     return step_plan(plan, step, config)
 
 
 ROW_STRIPS = {
     "3x3": dict(x=(2, 16, 7, 9), w=(16, 1, 3, 3), padding=[1, 1]),
     "3x3_convolution_mode": dict(x=(1, 8, 6, 7), w=(8, 1, 3, 3), padding=[1, 1], convolution_mode="convolution"),
-    "w_stride_dilation_asym": dict(x=(2, 8, 6, 11), w=(8, 1, 3, 3), pre_padding=[1, 2], post_padding=[1, 0],
-                                   stride=[1, 2], dilation=[1, 2]),
+    "w_stride_dilation_asym": dict(
+        x=(2, 8, 6, 11), w=(8, 1, 3, 3), pre_padding=[1, 2], post_padding=[1, 0], stride=[1, 2], dilation=[1, 2]
+    ),
     "2x1_no_top_padding": dict(x=(1, 8, 6, 5), w=(8, 1, 2, 1), pre_padding=[0, 0], post_padding=[1, 0]),
     "1x3": dict(x=(1, 8, 5, 6), w=(8, 1, 1, 3), padding=[0, 1]),
     "multiplier2": dict(x=(2, 4, 5, 5), w=(8, 1, 3, 3), padding=[1, 1]),
     "valid": dict(x=(1, 8, 7, 7), w=(8, 1, 3, 3)),
 }
 ROW_KNOBS = [  # all rows static (ROWS < R), a pipelined loop of 2-3 rows, ragged row blocks, W strips
-    dict(ROWS=1, BLOCK_W=8, BLOCK_N=16), dict(ROWS=2, BLOCK_W=4, BLOCK_N=4), dict(ROWS=4, BLOCK_W=16, BLOCK_N=8),
-    dict(ROWS=5, BLOCK_W=4, BLOCK_N=16), dict(ROWS=16, BLOCK_W=2, BLOCK_N=32),
+    dict(ROWS=1, BLOCK_W=8, BLOCK_N=16),
+    dict(ROWS=2, BLOCK_W=4, BLOCK_N=4),
+    dict(ROWS=4, BLOCK_W=16, BLOCK_N=8),
+    dict(ROWS=5, BLOCK_W=4, BLOCK_N=16),
+    dict(ROWS=16, BLOCK_W=2, BLOCK_N=32),
 ]
 
 
@@ -303,12 +310,12 @@ def test_int8_depthwise(rng):
 # -- prologues -----------------------------------------------------------------------------------------------
 
 
-def sbr_conv_genstats(n=2, c=8, k=16, hw=5, r=3, *, dt=DT.HALF, intermediate=DT.HALF, padding=1, stride=1,
-                      store_y=True, prologue=True):
+def sbr_conv_genstats(
+    n=2, c=8, k=16, hw=5, r=3, *, dt=DT.HALF, intermediate=DT.HALF, padding=1, stride=1, store_y=True, prologue=True
+):
     """The ResNet training pattern (cuDNN's conv_genstats sample): relu(x*s + b) -> conv -> genstats
     (prologue=False: conv -> genstats alone, the same shapes)."""
-    g = og.Graph("sbr_conv_genstats", io_data_type=dt, intermediate_data_type=intermediate,
-                 compute_data_type=DT.FLOAT)
+    g = og.Graph("sbr_conv_genstats", io_data_type=dt, intermediate_data_type=intermediate, compute_data_type=DT.FLOAT)
     xd, wd, cd = [n, c, hw, hw], [k, c, r, r], [1, c, 1, 1]
     x = g.tensor(dim=xd, stride=nhwc(xd), name="X")
     w = g.tensor(dim=wd, stride=nhwc(wd), name="W")
@@ -557,10 +564,24 @@ def _fuzz_case(seed: int):
     dt = rng.choice([DT.HALF, DT.BFLOAT16, DT.FLOAT])
     layout = rng.choice(["nhwc", "nchw"])
     n = int(rng.integers(1, 3))
-    return dict(nsp=nsp, c=c, k=k, cg=cg, taps=taps, dil=dil, stride=stride, pre=pre, post=post, x_sp=x_sp,
-                dt=dt, layout=layout, n=n, epi=rng.choice(["none", "bias_relu", "residual_clip", "scale_mask",
-                                                            "genstats"]), prologue=rng.random() < 0.3,
-                mode=rng.choice(["cross_correlation", "convolution"]))
+    return dict(
+        nsp=nsp,
+        c=c,
+        k=k,
+        cg=cg,
+        taps=taps,
+        dil=dil,
+        stride=stride,
+        pre=pre,
+        post=post,
+        x_sp=x_sp,
+        dt=dt,
+        layout=layout,
+        n=n,
+        epi=rng.choice(["none", "bias_relu", "residual_clip", "scale_mask", "genstats"]),
+        prologue=rng.random() < 0.3,
+        mode=rng.choice(["cross_correlation", "convolution"]),
+    )
 
 
 def fuzz_graph(seed: int) -> og.Graph:
@@ -571,8 +592,15 @@ def fuzz_graph(seed: int) -> og.Graph:
     x = g.tensor(dim=xd, stride=layout_stride(xd, f["layout"]), name="x")
     w = g.tensor(dim=wd, stride=layout_stride(wd, f["layout"]), name="w")
     xin = g.relu(g.add(x, 1.0)) if f["prologue"] else x
-    y = g.conv_fprop(xin, w, pre_padding=f["pre"], post_padding=f["post"], stride=f["stride"],
-                     dilation=f["dil"], convolution_mode=f["mode"])
+    y = g.conv_fprop(
+        xin,
+        w,
+        pre_padding=f["pre"],
+        post_padding=f["post"],
+        stride=f["stride"],
+        dilation=f["dil"],
+        convolution_mode=f["mode"],
+    )
     kd = [1, f["k"]] + [1] * f["nsp"]
     epi = f["epi"]
     if epi == "none":
@@ -648,7 +676,7 @@ def test_fp16_prologue_result_rounds_once():
     .to(fp16).to(fp32) round trip in the main loop)."""
     g = sbr_conv_genstats(intermediate=DT.HALF)
     source = g.build(device="cpu", engines=["triton"]).source(0)
-    loop = [line.strip() for line in source[source.index("for it in"):source.index("acc = tl.dot")].splitlines()]
+    loop = [line.strip() for line in source[source.index("for it in") : source.index("acc = tl.dot")].splitlines()]
     at = next(i for i, line in enumerate(loop) if line.startswith("a = tl.where("))
     assert "relu" not in loop[at - 1] and ".to(tl.float16).to(tl.float32)" not in loop[at - 1]
     assert "tl.where(" in loop[at - 1] and loop[at + 1] == "a = a.to(tl.float16)"
@@ -703,8 +731,10 @@ def test_gpu_heuristics_for_the_benchmark_convs_on_an_h100():
         g = sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt)
         sbr = TEMPLATE.candidates(make_piece(g.final, 0, g.final.nodes), h100)
         plain = sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=dt, intermediate=dt, prologue=False)
-        assert sbr[0] == {**TEMPLATE.candidates(make_piece(plain.final, 0, plain.final.nodes), h100)[0],
-                          "PROLOGUE_PASS": 1}
+        assert sbr[0] == {
+            **TEMPLATE.candidates(make_piece(plain.final, 0, plain.final.nodes), h100)[0],
+            "PROLOGUE_PASS": 1,
+        }
         fused = next(c for c in sbr if not c.get("PROLOGUE_PASS"))
         assert (fused["BLOCK_M"], fused["BLOCK_N"], fused["num_stages"], fused["num_warps"]) == (64, 64, 3, 4)
 
@@ -721,6 +751,7 @@ def _bench_conv(c, k, hw, r):
         from opgraph.tools.samples import conv_bias_relu
 
         return conv_bias_relu(n=32, c=c, k=k, hw=hw, r=r, padding=r // 2)
+
     return build
 
 
@@ -733,11 +764,16 @@ HOPPER_CASES = {  # (graph, template, candidates compiled, max registers)
     "depthwise_rows": (_bench_depthwise, "depthwise", 3, 128),
     "sbr_conv_genstats": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56), "conv_fprop", _pass_and_fused, 255),
     # bf16: the prologue's roundings and the stores through the cvt.rn.bf16.f32 asm helpers
-    "sbr_conv_genstats_bf16": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=DT.BFLOAT16,
-                                                         intermediate=DT.BFLOAT16), "conv_fprop", _pass_and_fused, 255),
+    "sbr_conv_genstats_bf16": (
+        lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56, dt=DT.BFLOAT16, intermediate=DT.BFLOAT16),
+        "conv_fprop",
+        _pass_and_fused,
+        255,
+    ),
     "conv_512_7x7_split_k": (_bench_conv(512, 512, 7, 3), "conv_fprop", 3, 255),
     "conv_64_56x56": (_bench_conv(64, 64, 56, 3), "conv_fprop", 1, 255),
 }
+
 
 def test_kernels_compile_for_hopper_without_spills():
     """The benchmark pieces' first candidates compiled for sm_90 (Triton's NVIDIA backend and ptxas,
@@ -759,7 +795,10 @@ def test_kernels_compile_for_hopper_without_spills():
 # -- GPU, realistic sizes ------------------------------------------------------------------------------------
 
 RESNET = [  # (C, K, HW, R): the benchmark's conv+bias+relu shapes at N=32
-    (64, 64, 56, 3), (256, 64, 56, 1), (256, 256, 14, 3), (512, 512, 7, 3),
+    (64, 64, 56, 3),
+    (256, 64, 56, 1),
+    (256, 256, 14, 3),
+    (512, 512, 7, 3),
 ]
 
 
@@ -799,7 +838,9 @@ def grouped_bias_relu(n, dt):
 @requires_cuda
 @pytest.mark.parametrize("n", [8, 32])
 def test_gpu_grouped_conv_bias_relu(n, rng):
-    plan = assert_engine_matches(grouped_bias_relu(n, DT.HALF), rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2)
+    plan = assert_engine_matches(
+        grouped_bias_relu(n, DT.HALF), rng, device="cuda", expect_steps=1, rtol=1e-2, atol=1e-2
+    )
     assert templates(plan) == ["conv_fprop"]
 
 
@@ -825,10 +866,13 @@ def test_bf16_narrow_grouped_conv_is_declined_on_the_gpu_only():
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.xfail(strict=False, raises=AssertionError,
-                   reason="open bug: the generated bf16 grouped conv's output was wrong at N=32 on an H200 (the "
-                   "engine declines it on the GPU meanwhile); XPASS on an H200 too suggests it is fixed: then "
-                   "lift the decline in ConvFpropTemplate.check (not strict: seen on one H200 only)")
+@pytest.mark.xfail(
+    strict=False,
+    raises=AssertionError,
+    reason="open bug: the generated bf16 grouped conv's output was wrong at N=32 on an H200 (the "
+    "engine declines it on the GPU meanwhile); XPASS on an H200 too suggests it is fixed: then "
+    "lift the decline in ConvFpropTemplate.check (not strict: seen on one H200 only)",
+)
 def test_gpu_grouped_conv_bf16_kernel_bug(rng, monkeypatch):
     """The declined kernel compiled anyway (the template's heuristic config for the GPU) and checked against
     the reference engine: on an H200 on 2026-11-26 its bf16 output at N=32 was wrong (relative error 0.09 in
@@ -880,7 +924,9 @@ def test_gpu_sbr_conv_genstats(rng):
     got = {u: torch_to_numpy(dev[u]).astype(np.float64) for u in (y, s1, s2)}
     assert og.testing.compare(f.tensors[y], got[y], want[y], rtol=1e-2, atol=1.3e-1) is None
     own_sum, own_sq = got[y].sum((0, 2, 3)), (got[y] ** 2).sum((0, 2, 3))
-    np.testing.assert_allclose(got[s1].ravel(), own_sum, rtol=1e-5, atol=1e-3 * np.abs(got[y]).sum((0, 2, 3)).max() ** 0.5)
+    np.testing.assert_allclose(
+        got[s1].ravel(), own_sum, rtol=1e-5, atol=1e-3 * np.abs(got[y]).sum((0, 2, 3)).max() ** 0.5
+    )
     np.testing.assert_allclose(got[s2].ravel(), own_sq, rtol=1e-5)
     scale = np.abs(want[y].astype(np.float64)).sum((0, 2, 3))
     assert np.all(np.abs(got[s1].ravel() - want[s1].astype(np.float64).ravel()) <= 1e-3 * scale)
@@ -898,15 +944,22 @@ def test_gpu_int8_conv(rng):
 @requires_cuda
 @pytest.mark.parametrize("seed", range(8))
 def test_gpu_fuzz(seed, rng):
-    assert_engine_matches(fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2,
-                          rtol=0, atol=0)
+    assert_engine_matches(
+        fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0
+    )
 
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("knobs", [{}, {"SPLIT_K": 4, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 16},
-                                   {"SPLIT_K": 7, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "num_stages": 2}],
-                         ids=["heuristic", "split4", "split7"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"SPLIT_K": 4, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 16},
+        {"SPLIT_K": 7, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "num_stages": 2},
+    ],
+    ids=["heuristic", "split4", "split7"],
+)
 def test_gpu_resnet_stem_ragged_channels_split_k(knobs, rng):
     """The ResNet stem at batch 1 (3 channels in a BLOCK_K of 16, split-K): Triton 3.6 on Hopper
     computed wrong sums (relative error ~1) when the image load's mask combined pixels and channels;
@@ -916,8 +969,9 @@ def test_gpu_resnet_stem_ragged_channels_split_k(knobs, rng):
     plan = g.build(device="cuda", engines=["triton"])
     if knobs:
         (step,) = plan.steps
-        plan = step_plan(plan, step, og.engines.EngineConfig(
-            "triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items()))))
+        plan = step_plan(
+            plan, step, og.engines.EngineConfig("triton", tuple(sorted({**dict(step.config.knobs), **knobs}.items())))
+        )
     bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)
     assert not bad, "\n".join(map(str, bad))
 
@@ -932,7 +986,8 @@ def test_gpu_dgrad_ragged_filters_split_k(split, rng):
     dy = g.tensor(dim=[1, 3, 56, 56], stride=layout_stride((1, 3, 56, 56), "nhwc"), name="dy")
     w = g.tensor(dim=[3, 64, 3, 3], stride=layout_stride((3, 64, 3, 3), "nhwc"), name="w")
     g.conv_dgrad(dy, w, padding=[1, 1], name="dgrad").set_output(True).set_dim([1, 64, 56, 56]).set_stride(
-        list(layout_stride((1, 64, 56, 56), "nhwc")))
+        list(layout_stride((1, 64, 56, 56), "nhwc"))
+    )
     plan = g.build(device="cuda", engines=["triton"])
     (step,) = plan.steps
     knobs = {**dict(step.config.knobs), "SPLIT_K": split, "BLOCK_K": 16}
@@ -950,8 +1005,15 @@ def test_gpu_ragged_channels_1x1_big_tiles_deterministic(rng):
     y.set_output(True)
     plan = g.build(device="cuda", engines=["triton"])
     (step,) = plan.steps
-    knobs = {**dict(step.config.knobs), "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1,
-             "num_stages": 3, "num_warps": 8}
+    knobs = {
+        **dict(step.config.knobs),
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "SPLIT_K": 1,
+        "num_stages": 3,
+        "num_warps": 8,
+    }
     plan = step_plan(plan, step, og.engines.EngineConfig("triton", tuple(sorted(knobs.items()))))
     for _ in range(2):
         bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)

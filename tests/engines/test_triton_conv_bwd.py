@@ -95,16 +95,18 @@ GEOMETRIES = {
     "2d_asymmetric": dict(x=(2, 8, 6, 7), w=(16, 8, 3, 2), pre_padding=[0, 2], post_padding=[2, 1]),
     "2d_stride2": dict(x=(2, 8, 9, 8), w=(16, 8, 3, 3), padding=[1, 1], stride=[2, 2]),
     "2d_stride2_dilation2": dict(x=(2, 8, 9, 10), w=(16, 8, 3, 3), padding=[2, 1], stride=[2, 2], dilation=[2, 2]),
-    "2d_stride3_big_pad": dict(x=(1, 8, 10, 11), w=(16, 8, 2, 4), pre_padding=[3, 0], post_padding=[1, 3],
-                               stride=[3, 3]),
+    "2d_stride3_big_pad": dict(
+        x=(1, 8, 10, 11), w=(16, 8, 2, 4), pre_padding=[3, 0], post_padding=[1, 3], stride=[3, 3]
+    ),
     "2d_dilation": dict(x=(2, 8, 9, 9), w=(16, 8, 3, 3), padding=[2, 2], dilation=[2, 2]),
     "2d_rect_filter_stride": dict(x=(1, 8, 10, 9), w=(16, 8, 1, 5), padding=[0, 2], stride=[3, 1]),
     "2d_groups": dict(x=(2, 16, 5, 5), w=(32, 8, 3, 3), padding=[1, 1]),
     "2d_groups4_stride2": dict(x=(2, 32, 6, 5), w=(32, 8, 3, 3), padding=[1, 1], stride=[2, 2]),
     "2d_ragged_channels": dict(x=(2, 20, 5, 5), w=(24, 20, 3, 3), padding=[1, 1]),
     "3d": dict(x=(1, 8, 4, 5, 4), w=(16, 8, 3, 3, 3), padding=[1, 1, 1]),
-    "3d_stride_asym": dict(x=(1, 8, 5, 6, 5), w=(16, 8, 2, 3, 3), pre_padding=[1, 0, 1], post_padding=[0, 1, 2],
-                           stride=[2, 1, 2]),
+    "3d_stride_asym": dict(
+        x=(1, 8, 5, 6, 5), w=(16, 8, 2, 3, 3), pre_padding=[1, 0, 1], post_padding=[0, 1, 2], stride=[2, 1, 2]
+    ),
     "depthwise_3x3": dict(x=(2, 16, 6, 6), w=(16, 1, 3, 3), padding=[1, 1]),
     "depthwise_stride2": dict(x=(2, 16, 7, 7), w=(16, 1, 3, 3), padding=[1, 1], stride=[2, 2]),
     "depthwise_multiplier2": dict(x=(2, 8, 5, 5), w=(16, 1, 3, 3), padding=[1, 1]),
@@ -137,16 +139,30 @@ def test_wgrad_geometry(case, layout, rng):
 @pytest.mark.parametrize("stride", [1, 2])
 def test_convolution_mode_flips_the_filter(op, stride, rng):
     build = dgrad_graph if op == "dgrad" else wgrad_graph
-    g, _, _, out = build((2, 8, 7, 6), (16, 8, 3, 2), pre_padding=[1, 0], post_padding=[0, 1],
-                         stride=[stride, stride], convolution_mode="convolution")
+    g, _, _, out = build(
+        (2, 8, 7, 6),
+        (16, 8, 3, 2),
+        pre_padding=[1, 0],
+        post_padding=[0, 1],
+        stride=[stride, stride],
+        convolution_mode="convolution",
+    )
     out.set_output(True)
     assert_engine_matches(g, rng, expect_steps=1)
 
 
 # -- dgrad: stride phases, stencil, split-K --------------------------------------------------------------
 
-STRIDED = ["1d_stride_dilation", "2d_1x1_stride2", "2d_stride2", "2d_stride2_dilation2", "2d_stride3_big_pad",
-           "2d_rect_filter_stride", "2d_groups4_stride2", "3d_stride_asym"]
+STRIDED = [
+    "1d_stride_dilation",
+    "2d_1x1_stride2",
+    "2d_stride2",
+    "2d_stride2_dilation2",
+    "2d_stride3_big_pad",
+    "2d_rect_filter_stride",
+    "2d_groups4_stride2",
+    "3d_stride_asym",
+]
 
 
 @pytest.mark.parametrize("case", STRIDED)
@@ -186,8 +202,11 @@ def test_dgrad_split_k_with_epilogue_and_reductions(split, stride, rng):
     _check(plan, rng)
 
 
-@pytest.mark.parametrize("knobs", [{"PERSISTENT": 3}, {"PERSISTENT": 2, "SPLIT_K": 2, "BLOCK_K": 16},
-                                   {"EPILOGUE_SUBTILE": 2, "BLOCK_N": 32}], ids=str)
+@pytest.mark.parametrize(
+    "knobs",
+    [{"PERSISTENT": 3}, {"PERSISTENT": 2, "SPLIT_K": 2, "BLOCK_K": 16}, {"EPILOGUE_SUBTILE": 2, "BLOCK_N": 32}],
+    ids=str,
+)
 @pytest.mark.parametrize("stride", [1, 2])
 def test_dgrad_gemm_knobs_of_the_shared_machinery(knobs, stride, rng):
     """dgrad runs gemm.py's generate: persistent programs and epilogue subtiles work with phases too."""
@@ -208,10 +227,18 @@ def test_dgrad_stencil_has_no_dot_and_fuses_drelu(rng):
 # -- wgrad: split-K, taps per program, stencil --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("knobs", [
-    {"TAPS": 3}, {"TAPS": 3, "SPLIT_K": 3}, {"TAPS": 9, "SPLIT_K": 12}, {"SPLIT_K": 10},
-    {"TAPS": 9, "SPLIT_K": 5, "COMBINE_M": 16, "COMBINE_N": 16}, {"SPLIT_K": 7, "EPILOGUE_SUBTILE": 2, "BLOCK_N": 32},
-], ids=str)
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"TAPS": 3},
+        {"TAPS": 3, "SPLIT_K": 3},
+        {"TAPS": 9, "SPLIT_K": 12},
+        {"SPLIT_K": 10},
+        {"TAPS": 9, "SPLIT_K": 5, "COMBINE_M": 16, "COMBINE_N": 16},
+        {"SPLIT_K": 7, "EPILOGUE_SUBTILE": 2, "BLOCK_N": 32},
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("grouped", [False, True], ids=["dense", "groups"])
 def test_wgrad_split_and_taps_per_program(knobs, grouped, rng):
     xd, wd = ((2, 16, 5, 6), (32, 8, 3, 3)) if grouped else ((2, 8, 6, 5), (16, 8, 3, 3))
@@ -229,8 +256,9 @@ def test_wgrad_taps_must_divide_the_filter():
     dw.set_output(True)
     piece = make_piece(g.final, 0, g.final.nodes)
     with pytest.raises(AttributeValueError, match="TAPS=2 must divide"):
-        _template("conv_wgrad").generate(piece, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "TAPS": 2},
-                                         og.core.device.CPU)
+        _template("conv_wgrad").generate(
+            piece, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "TAPS": 2}, og.core.device.CPU
+        )
 
 
 def test_wgrad_heuristic_splits_the_pixels(rng):
@@ -251,6 +279,7 @@ def test_gpu_heuristic_of_sbr_wgrad_keeps_the_prologue_tiles_lean():
 
     def cands(g):
         return template.candidates(make_piece(g.final, 0, g.final.nodes), h100)
+
     sbr = cands(sbr_wgrad(n=32, c=64, k=64, hw=56, intermediate=DT.HALF)[0])
     fused = next(c for c in sbr if not c.get("PROLOGUE_PASS"))
     assert (fused["BLOCK_M"], fused["BLOCK_N"], fused["TAPS"]) == (32, 64, 3)
@@ -264,8 +293,7 @@ def test_gpu_heuristic_of_sbr_wgrad_keeps_the_prologue_tiles_lean():
 @pytest.mark.parametrize("knobs", [{"SPLIT_K": 1}, {"SPLIT_K": 3}, {"SPLIT_K": 3, "BLOCK_K": 8}], ids=str)
 def test_wgrad_depthwise_stencil(knobs, rng):
     """(8 pixels a step: no tl.dot needs 16; the GPU heuristic offers it for wide channel blocks)"""
-    g, _, _, dw = wgrad_graph((2, 16, 6, 7), (16, 1, 3, 3), pre_padding=[1, 0], post_padding=[1, 2],
-                              stride=[1, 2])
+    g, _, _, dw = wgrad_graph((2, 16, 6, 7), (16, 1, 3, 3), pre_padding=[1, 0], post_padding=[1, 2], stride=[1, 2])
     w = g.tensor(dim=[16, 1, 3, 3], stride=nhwc([16, 1, 3, 3]), name="w")
     g.sub(w, g.mul(dw, 0.5)).set_output(True)
     plan = plan_with(g, knobs)
@@ -519,8 +547,15 @@ def _fuzz_geometry(rng):
     size = {1: 12, 2: 6, 3: 4}[nsp]
     x_sp = [int(max(size + rng.integers(-1, 2), (t - 1) * d + 1)) for t, d in zip(taps, dil)]
     n = int(rng.integers(1, 3))
-    return dict(x=(n, c, *x_sp), w=(k, cg, *taps), pre_padding=pre, post_padding=post, stride=stride,
-                dilation=dil, convolution_mode=str(rng.choice(["cross_correlation", "convolution"])))
+    return dict(
+        x=(n, c, *x_sp),
+        w=(k, cg, *taps),
+        pre_padding=pre,
+        post_padding=post,
+        stride=stride,
+        dilation=dil,
+        convolution_mode=str(rng.choice(["cross_correlation", "convolution"])),
+    )
 
 
 def fuzz_dgrad(seed: int) -> og.Graph:
@@ -542,8 +577,9 @@ def fuzz_dgrad(seed: int) -> og.Graph:
         yf = g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="yf")
         dz = g.relu_backward(dx, yf).set_output(True)
         g.reduction(dz, mode="ADD").set_dim(cd).set_output(True)
-        g.reduction(g.mul(dz, g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="xhat")),
-                    mode="ADD").set_dim(cd).set_output(True)
+        g.reduction(
+            g.mul(dz, g.tensor(dim=list(xd), stride=layout_stride(xd, layout), name="xhat")), mode="ADD"
+        ).set_dim(cd).set_output(True)
     else:
         scale_mask_or_genstats(g, dx, epi)
     return g
@@ -609,6 +645,7 @@ def test_fuzz_wgrad_forced_split_and_taps(seed, rng):
 
 # -- compiled for Hopper (no GPU needed): registers and spills of the default configs ----------------------
 
+
 def gpu_dgrad_drelu():
     return dgrad_drelu(n=32, c=64, k=64, hw=56)
 
@@ -650,24 +687,43 @@ HOPPER_CASES = {  # the benchmark shapes: (graph, template, how many of its firs
     "dgrad_drelu": (gpu_dgrad_drelu, "conv_dgrad", 2),
     "dgrad_drelu_stride2": (lambda: dgrad_drelu(n=32, c=64, k=64, hw=56, stride=2), "conv_dgrad", 1),
     "wgrad": (lambda: gpu_wgrad()[0], "conv_wgrad", 3),
-    "sbr_wgrad_half": (lambda: sbr_wgrad(n=32, c=64, k=64, hw=56, intermediate=DT.HALF, sgd=True)[0],
-                       "conv_wgrad", 1),
+    "sbr_wgrad_half": (lambda: sbr_wgrad(n=32, c=64, k=64, hw=56, intermediate=DT.HALF, sgd=True)[0], "conv_wgrad", 1),
     "sbr_wgrad_float": (lambda: sbr_wgrad(n=32, c=64, k=64, hw=56)[0], "conv_wgrad", 1),
-    "wgrad_depthwise": (lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
-                        "conv_wgrad", 1),
+    "wgrad_depthwise": (
+        lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
+        "conv_wgrad",
+        1,
+    ),
     "wgrad_depthwise_8_pixel_steps": (
-        lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])), "conv_wgrad",
-        lambda candidates: [c for c in candidates if c["BLOCK_K"] == 8]),
-    "dgrad_depthwise": (lambda: _stored(dgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
-                        "conv_dgrad", 1),
-    "dgrad_bf16_groups_stride3": (lambda: _stored(dgrad_graph((8, 64, 30, 29), (128, 32, 3, 3), dt=DT.BFLOAT16,
-                                                              padding=[2, 1], stride=[3, 2], dilation=[2, 1])),
-                                  "conv_dgrad", 1),
+        lambda: _stored(wgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
+        "conv_wgrad",
+        lambda candidates: [c for c in candidates if c["BLOCK_K"] == 8],
+    ),
+    "dgrad_depthwise": (
+        lambda: _stored(dgrad_graph((32, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1])),
+        "conv_dgrad",
+        1,
+    ),
+    "dgrad_bf16_groups_stride3": (
+        lambda: _stored(
+            dgrad_graph(
+                (8, 64, 30, 29), (128, 32, 3, 3), dt=DT.BFLOAT16, padding=[2, 1], stride=[3, 2], dilation=[2, 1]
+            )
+        ),
+        "conv_dgrad",
+        1,
+    ),
     "dgrad_bn_backward": (lambda: bn_backward_inputs(n=32, c=64, k=64, hw=56), "conv_dgrad", 1),
-    "wgrad_int8": (lambda: _stored(wgrad_graph((8, 64, 28, 28), (64, 64, 3, 3), dt=DT.INT8, padding=[1, 1]),
-                                   DT.INT32), "conv_wgrad", 1),
-    "wgrad_depthwise_3d": (lambda: _stored(wgrad_graph((4, 64, 8, 8, 8), (64, 1, 3, 3, 4), padding=[1, 1, 1])),
-                           "conv_wgrad", 1),
+    "wgrad_int8": (
+        lambda: _stored(wgrad_graph((8, 64, 28, 28), (64, 64, 3, 3), dt=DT.INT8, padding=[1, 1]), DT.INT32),
+        "conv_wgrad",
+        1,
+    ),
+    "wgrad_depthwise_3d": (
+        lambda: _stored(wgrad_graph((4, 64, 8, 8, 8), (64, 1, 3, 3, 4), padding=[1, 1, 1])),
+        "conv_wgrad",
+        1,
+    ),
 }
 
 

@@ -26,24 +26,74 @@ from ..helpers import requires_cuda
 pytestmark = [pytest.mark.gpu, requires_cuda]
 
 GRAPH = {
-    "format": "opgraph.graph", "version": 1, "name": "fuzz_conv", "io_data_type": "HALF",
-    "intermediate_data_type": "FLOAT", "compute_data_type": "FLOAT",
+    "format": "opgraph.graph",
+    "version": 1,
+    "name": "fuzz_conv",
+    "io_data_type": "HALF",
+    "intermediate_data_type": "FLOAT",
+    "compute_data_type": "FLOAT",
     "tensors": [
-        {"uid": 1, "name": "in1", "dim": [1, 4, 1, 3], "stride": [0, 1, 1, 4], "data_type": "HALF",
-         "is_virtual": False, "is_pass_by_value": False},
-        {"uid": 2, "name": "in2", "dim": [4, 8, 1, 3], "stride": [24, 3, 3, 1], "data_type": "HALF",
-         "is_virtual": False, "is_pass_by_value": False},
-        {"uid": 3, "name": "dgrad3::DX", "dim": [1, 8, 1, 5], "stride": [1, 1, 1, 8], "data_type": "FLOAT",
-         "is_virtual": True, "is_pass_by_value": False},
-        {"uid": 4, "name": "out5", "dim": [1, 8, 1, 5], "stride": [8, 1, 1, 8], "data_type": "HALF",
-         "is_virtual": False, "is_pass_by_value": False}],
+        {
+            "uid": 1,
+            "name": "in1",
+            "dim": [1, 4, 1, 3],
+            "stride": [0, 1, 1, 4],
+            "data_type": "HALF",
+            "is_virtual": False,
+            "is_pass_by_value": False,
+        },
+        {
+            "uid": 2,
+            "name": "in2",
+            "dim": [4, 8, 1, 3],
+            "stride": [24, 3, 3, 1],
+            "data_type": "HALF",
+            "is_virtual": False,
+            "is_pass_by_value": False,
+        },
+        {
+            "uid": 3,
+            "name": "dgrad3::DX",
+            "dim": [1, 8, 1, 5],
+            "stride": [1, 1, 1, 8],
+            "data_type": "FLOAT",
+            "is_virtual": True,
+            "is_pass_by_value": False,
+        },
+        {
+            "uid": 4,
+            "name": "out5",
+            "dim": [1, 8, 1, 5],
+            "stride": [8, 1, 1, 8],
+            "data_type": "HALF",
+            "is_virtual": False,
+            "is_pass_by_value": False,
+        },
+    ],
     "ops": [
-        {"op": "conv_dgrad", "name": "dgrad3", "compute_data_type": "FLOAT",
-         "attrs": {"pre_padding": [0, 1], "post_padding": [0, 1], "stride": [1, 1], "dilation": [1, 2],
-                   "convolution_mode": "CROSS_CORRELATION"},
-         "inputs": {"loss": 1, "filter": 2}, "outputs": {"DX": 3}},
-        {"op": "pointwise", "name": "pw4", "compute_data_type": "FLOAT", "attrs": {"mode": "MUL", "axis": None},
-         "inputs": {"input0": 3, "input1": {"const": -1.0}}, "outputs": {"output": 4}}],
+        {
+            "op": "conv_dgrad",
+            "name": "dgrad3",
+            "compute_data_type": "FLOAT",
+            "attrs": {
+                "pre_padding": [0, 1],
+                "post_padding": [0, 1],
+                "stride": [1, 1],
+                "dilation": [1, 2],
+                "convolution_mode": "CROSS_CORRELATION",
+            },
+            "inputs": {"loss": 1, "filter": 2},
+            "outputs": {"DX": 3},
+        },
+        {
+            "op": "pointwise",
+            "name": "pw4",
+            "compute_data_type": "FLOAT",
+            "attrs": {"mode": "MUL", "axis": None},
+            "inputs": {"input0": 3, "input1": {"const": -1.0}},
+            "outputs": {"output": 4},
+        },
+    ],
 }
 
 
@@ -60,8 +110,7 @@ def _inputs(seed: int) -> dict[int, np.ndarray]:
 def _device_pack(pack: dict[int, np.ndarray]) -> dict[int, object]:
     import torch
 
-    dy_mem = torch.from_numpy(np.ascontiguousarray(np.lib.stride_tricks.as_strided(
-        pack[1], (12,), (2,)))).cuda()
+    dy_mem = torch.from_numpy(np.ascontiguousarray(np.lib.stride_tricks.as_strided(pack[1], (12,), (2,)))).cuda()
     return {1: dy_mem.as_strided((1, 4, 1, 3), (0, 1, 1, 4)), 2: torch.from_numpy(pack[2]).cuda()}
 
 

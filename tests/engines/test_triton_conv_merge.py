@@ -27,8 +27,11 @@ H100 = Device("cuda", 0, "NVIDIA H100 80GB HBM3", (9, 0), 132)
 
 CASES = {  # x dims, w dims, conv attributes
     "stem_stride2": ((2, 3, 11, 12), (16, 3, 7, 7), dict(padding=[3, 3], stride=[2, 2])),
-    "dilated_flipped_asymmetric": ((1, 2, 9, 10), (8, 2, 3, 5), dict(pre_padding=[1, 0], post_padding=[0, 3],
-                                                                     dilation=[1, 2], convolution_mode="convolution")),
+    "dilated_flipped_asymmetric": (
+        (1, 2, 9, 10),
+        (8, 2, 3, 5),
+        dict(pre_padding=[1, 0], post_padding=[0, 3], dilation=[1, 2], convolution_mode="convolution"),
+    ),
     "1d": ((2, 3, 13), (8, 3, 5), dict(padding=[2])),
     "3d": ((1, 2, 4, 5, 6), (8, 2, 3, 2, 3), dict(padding=[1, 1, 1], stride=[1, 2, 1])),
     "groups": ((2, 6, 7, 7), (16, 3, 3, 3), dict(padding=[1, 1])),
@@ -68,13 +71,21 @@ def _check(plan, rng, **tolerance):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_geometry(case, layout, rng):
     bk = 64 if _lanes(case) > 32 else 16
-    _check(plan_with(_graph(case, layout), {"template": "conv_fprop", MERGE: 1, "BLOCK_K": bk, "SPLIT_K": 1, "BLOCK_M": 32, "BLOCK_N": 16}), rng)
+    _check(
+        plan_with(
+            _graph(case, layout),
+            {"template": "conv_fprop", MERGE: 1, "BLOCK_K": bk, "SPLIT_K": 1, "BLOCK_M": 32, "BLOCK_N": 16},
+        ),
+        rng,
+    )
 
 
 def test_no_masks_where_every_lane_and_row_is_in_bounds(rng):
-    plan = plan_with(_graph("no_selects"), {"template": "conv_fprop", MERGE: 1, "BLOCK_K": 16, "SPLIT_K": 1,
-                                            "BLOCK_M": 16, "BLOCK_N": 16})
-    loop = plan.source(0)[plan.source(0).index("for it in"):]
+    plan = plan_with(
+        _graph("no_selects"),
+        {"template": "conv_fprop", MERGE: 1, "BLOCK_K": 16, "SPLIT_K": 1, "BLOCK_M": 16, "BLOCK_N": 16},
+    )
+    loop = plan.source(0)[plan.source(0).index("for it in") :]
     assert "smask" not in loop and "amask" not in loop and "tl.where" not in loop.split("acc = ")[0]
     _check(plan, rng)
 
@@ -134,7 +145,7 @@ def test_candidates_for_few_channels_only():
     on the CPU before the broadest config."""
     stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
     merged = [c for c in stem if c.get(MERGE)]
-    assert merged == stem[:len(merged)] and all(c["BLOCK_K"] == 32 for c in merged)
+    assert merged == stem[: len(merged)] and all(c["BLOCK_K"] == 32 for c in merged)
     piece = _stem_match().piece
     cost = [TEMPLATE.estimate(piece, c, H100) for c in merged]
     assert cost == sorted(cost) and cost[0] < 0.5 * TEMPLATE.estimate(piece, stem[len(merged)], H100)
@@ -174,6 +185,7 @@ def _stem(dt):
         g, _, _, y = conv_graph((32, 3, 224, 224), (64, 3, 7, 7), dt=dt, padding=[3, 3], stride=[2, 2])
         g.relu(g.bias(y, g.tensor(dim=[1, 64, 1, 1], name="b"))).set_output(True)
         return g
+
     return build
 
 
@@ -199,8 +211,9 @@ def test_stem_kernels_compile_for_hopper_without_spills():
     assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
     loads = {}  # (case, merged): one-element global loads in the kernel, and trip count an output tile
     for line in lines:
-        regs, spills, smem, ld1 = map(int, re.search(r"regs (\d+) spills (\d+) smem (\d+) .*ld\.1 (\d+)",
-                                                     line).groups())
+        regs, spills, smem, ld1 = map(
+            int, re.search(r"regs (\d+) spills (\d+) smem (\d+) .*ld\.1 (\d+)", line).groups()
+        )
         assert spills == 0 and smem <= 227 * 1024 and regs <= 255, line
         loads.setdefault((line.split()[1], MERGE in line), ld1 * (7 if MERGE in line else 49))
     assert sum(MERGE in line for line in lines) >= 2, out

@@ -31,13 +31,23 @@ def scaled_softsign_tl(x, alpha):
 
 @pytest.fixture(autouse=True)
 def custom_ops(custom_ops_restored):  # (registered anew for each test: the registry refuses another definition)
-    og.register_custom_op("swiglu", num_inputs=2, reference=lambda x, g: x * g / (1 + np.exp(-g)),
-                          triton=swiglu_tl, pointwise=True)
-    og.register_custom_op("scaled_softsign", num_inputs=1,
-                          reference=lambda x, alpha: alpha * x / (1 + np.abs(x)),
-                          triton=scaled_softsign_tl, pointwise=True)
-    og.register_custom_op("softsign_no_triton", num_inputs=1, reference=lambda x: x / (1 + np.abs(x)),
-                          torch=lambda x: x / (1 + x.abs()), pointwise=True)
+    og.register_custom_op(
+        "swiglu", num_inputs=2, reference=lambda x, g: x * g / (1 + np.exp(-g)), triton=swiglu_tl, pointwise=True
+    )
+    og.register_custom_op(
+        "scaled_softsign",
+        num_inputs=1,
+        reference=lambda x, alpha: alpha * x / (1 + np.abs(x)),
+        triton=scaled_softsign_tl,
+        pointwise=True,
+    )
+    og.register_custom_op(
+        "softsign_no_triton",
+        num_inputs=1,
+        reference=lambda x: x / (1 + np.abs(x)),
+        torch=lambda x: x / (1 + x.abs()),
+        pointwise=True,
+    )
 
 
 def _templates(plan):

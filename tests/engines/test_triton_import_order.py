@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import os, sys
     import numpy as np
     import triton                      # first, and without TRITON_INTERPRET: the trap
@@ -73,7 +73,7 @@ CHILD = textwrap.dedent('''
               "b": rng.standard_normal((1, 32, 16)).astype(np.float32)})
     assert "TRITON_INTERPRET" not in os.environ, "opgraph changed the process environment"
     print("all ok")
-''')
+""")
 
 
 def _child_env() -> dict[str, str]:
@@ -86,17 +86,21 @@ def _child_env() -> dict[str, str]:
 def test_cpu_kernels_run_after_triton_was_imported_without_the_interpreter(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_child_env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=_child_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "all ok" in done.stdout
 
 
 def test_engines_command_tells_the_truth_after_triton_was_imported(tmp_path):
-    code = ("import triton, sys\nfrom opgraph.tools.cli import main\n"
-            "sys.argv = ['opgraph', 'engines', '--device', 'cpu']\nmain()")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_child_env(), capture_output=True,
-                          text=True, timeout=300)
+    code = (
+        "import triton, sys\nfrom opgraph.tools.cli import main\n"
+        "sys.argv = ['opgraph', 'engines', '--device', 'cpu']\nmain()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_child_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if "triton" in line)
     assert "yes" in row, done.stdout
@@ -119,7 +123,7 @@ def test_a_jit_function_called_outside_a_kernel_still_raises_as_triton_says():
         f(1)
 
 
-GPU_CHILD = textwrap.dedent('''
+GPU_CHILD = textwrap.dedent("""
     import numpy as np
     import torch
     import triton                              # imported first, without TRITON_INTERPRET
@@ -138,7 +142,7 @@ GPU_CHILD = textwrap.dedent('''
         assert not bad, (device, bad)
         print("ok", device, [s.config.knob("template") for s in plan.steps])
     print("all ok")
-''')
+""")
 
 
 @pytest.mark.gpu
@@ -149,8 +153,9 @@ def test_cpu_and_gpu_kernels_in_one_process(tmp_path):
     script.write_text(GPU_CHILD)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("ok ") == 3 and "all ok" in done.stdout
 

@@ -34,16 +34,21 @@ def _matmul_piece(dt=DT.HALF):
     return make_piece(g.final, 0, g.final.nodes)
 
 
-@pytest.mark.parametrize("knobs", [
-    TileKnobs(BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, SPLIT_K=2, num_warps=8, num_stages=3,
-              fp32_precision="ieee"),
-    TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, TMA=1, PERSISTENT=132, FLATTEN=1, EPILOGUE_SUBTILE=2),
-    RowStripKnobs(ROWS=7, BLOCK_W=32, BLOCK_N=8, num_warps=4, num_stages=4, MAXNREG=128),
-    FlatKnobs(BLOCK=1024, num_warps=4),
-    PointwiseKnobs(ROWS=2, COLS=1024, num_warps=4),
-    ReductionKnobs(BLOCK_M=4, BLOCK_K=1024, SPLIT=3, num_warps=8, STAGES=3),
-    StatsKnobs(BR=64, BC=64, CHUNK=4, W=4, ABR=32, ABC=128, AW=8, BS=8, CW=4, ST=3, PF=0, ORDER=1),
-], ids=lambda k: type(k).__name__)
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        TileKnobs(
+            BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, SPLIT_K=2, num_warps=8, num_stages=3, fp32_precision="ieee"
+        ),
+        TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, TMA=1, PERSISTENT=132, FLATTEN=1, EPILOGUE_SUBTILE=2),
+        RowStripKnobs(ROWS=7, BLOCK_W=32, BLOCK_N=8, num_warps=4, num_stages=4, MAXNREG=128),
+        FlatKnobs(BLOCK=1024, num_warps=4),
+        PointwiseKnobs(ROWS=2, COLS=1024, num_warps=4),
+        ReductionKnobs(BLOCK_M=4, BLOCK_K=1024, SPLIT=3, num_warps=8, STAGES=3),
+        StatsKnobs(BR=64, BC=64, CHUNK=4, W=4, ABR=32, ABC=128, AW=8, BS=8, CW=4, ST=3, PF=0, ORDER=1),
+    ],
+    ids=lambda k: type(k).__name__,
+)
 def test_a_knob_set_reads_back_from_its_pairs(knobs):
     pairs = knobs.pairs()
     assert [n for n, _ in pairs] == sorted(n for n, _ in pairs)
@@ -52,24 +57,28 @@ def test_a_knob_set_reads_back_from_its_pairs(knobs):
 
 
 def test_stored_values_become_the_knobs_types():
-    assert TileKnobs.parse({"BLOCK_M": "64", "BLOCK_N": 32.0, "fp32_precision": "tf32"}) == \
-        TileKnobs(BLOCK_M=64, BLOCK_N=32, fp32_precision="tf32")
+    assert TileKnobs.parse({"BLOCK_M": "64", "BLOCK_N": 32.0, "fp32_precision": "tf32"}) == TileKnobs(
+        BLOCK_M=64, BLOCK_N=32, fp32_precision="tf32"
+    )
 
 
-@pytest.mark.parametrize("stored, match", [
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "ROWS": 2}, "ROWS: not a knob of"),
-    ({"BLOCK_N": 64}, "needs the knob\\(s\\) BLOCK_M"),
-    ({"BLOCK_M": 48, "BLOCK_N": 64}, "BLOCK_M=48 must be a power of two >= 16"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 4}, "BLOCK_K=4 must be a power of two >= 8"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 0}, "SPLIT_K=0 must be >= 1"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "FLATTEN": 1}, "FLATTEN=1 must be 0, or 1 with PERSISTENT"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "PERSISTENT": 8, "SPLIT_K": 2, "FLATTEN": 1}, "FLATTEN=1 must be 0"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "EPILOGUE_SUBTILE": 4}, "EPILOGUE_SUBTILE=4 must be 1 or 2"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "fp32_precision": "tf64"}, "is not 'tf32' or 'ieee'"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 3}, "num_warps=3 must be a power of two"),
-    ({"BLOCK_M": 64, "BLOCK_N": "many"}, "is not a number"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "MERGE_TAPS": 2}, "MERGE_TAPS=2 must be one of 0, 1"),
-])
+@pytest.mark.parametrize(
+    "stored, match",
+    [
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "ROWS": 2}, "ROWS: not a knob of"),
+        ({"BLOCK_N": 64}, "needs the knob\\(s\\) BLOCK_M"),
+        ({"BLOCK_M": 48, "BLOCK_N": 64}, "BLOCK_M=48 must be a power of two >= 16"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 4}, "BLOCK_K=4 must be a power of two >= 8"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 0}, "SPLIT_K=0 must be >= 1"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "FLATTEN": 1}, "FLATTEN=1 must be 0, or 1 with PERSISTENT"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "PERSISTENT": 8, "SPLIT_K": 2, "FLATTEN": 1}, "FLATTEN=1 must be 0"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "EPILOGUE_SUBTILE": 4}, "EPILOGUE_SUBTILE=4 must be 1 or 2"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "fp32_precision": "tf64"}, "is not 'tf32' or 'ieee'"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 3}, "num_warps=3 must be a power of two"),
+        ({"BLOCK_M": 64, "BLOCK_N": "many"}, "is not a number"),
+        ({"BLOCK_M": 64, "BLOCK_N": 64, "MERGE_TAPS": 2}, "MERGE_TAPS=2 must be one of 0, 1"),
+    ],
+)
 def test_bad_knobs_are_typed_errors(stored, match):
     with pytest.raises(AttributeValueError, match=match):
         TileKnobs.parse(stored, "matmul")

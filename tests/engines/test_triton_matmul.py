@@ -63,12 +63,15 @@ def test_layouts(a_layout, b_layout, rng):
     assert templates(plan) == ["matmul"]
 
 
-@pytest.mark.parametrize("a_dims,b_dims", [
-    ((3, 17, 24), (3, 24, 9)),           # batched
-    ((2, 1, 8, 16), (1, 3, 16, 24)),     # broadcast batch axes in both operands
-    ((4, 16, 16), (1, 16, 16)),          # one weight for every batch entry
-    ((1, 33, 5), (1, 5, 18)),            # ragged M, N, K smaller than a block
-])
+@pytest.mark.parametrize(
+    "a_dims,b_dims",
+    [
+        ((3, 17, 24), (3, 24, 9)),  # batched
+        ((2, 1, 8, 16), (1, 3, 16, 24)),  # broadcast batch axes in both operands
+        ((4, 16, 16), (1, 16, 16)),  # one weight for every batch entry
+        ((1, 33, 5), (1, 5, 18)),  # ragged M, N, K smaller than a block
+    ],
+)
 def test_batched_and_broadcast(a_dims, b_dims, rng):
     g, _, _, c = mm_graph(a_dims, b_dims, a_layout="col")
     c.set_output(True)
@@ -378,8 +381,7 @@ def fuzz_graph(seed: int) -> og.Graph:
         c.set_data_type(out_dt)
         g.relu(g.add(c, bias)).set_output(True).set_data_type(DT.FLOAT)
     elif epi == "residual":
-        res = g.tensor(dim=cd, stride=layout_strides(cd, r.choice(["row", "col"])), name="res",
-                       data_type=DT.FLOAT)
+        res = g.tensor(dim=cd, stride=layout_strides(cd, r.choice(["row", "col"])), name="res", data_type=DT.FLOAT)
         c.set_output(True).set_data_type(out_dt)
         g.add(c, res).set_output(True).set_data_type(DT.FLOAT)
     else:
@@ -475,8 +477,9 @@ def test_gpu_split_k_small_mn_long_k(rng):
 @requires_cuda
 @pytest.mark.parametrize("seed", range(8))
 def test_gpu_fuzz(seed, rng):
-    assert_engine_matches(fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2,
-                          rtol=0, atol=0)
+    assert_engine_matches(
+        fuzz_graph(seed), rng, device="cuda", expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0
+    )
 
 
 def test_integer_prologue_and_epilogue_in_an_fp64_gemm_piece(rng):

@@ -58,8 +58,14 @@ def _matmul_template():
 def test_host_descriptors_bias_relu(dt, persistent, flatten, subtile, rng):
     """Ragged M, N, K (the descriptors' zero-filled edges), B column-major (an nn.Linear weight)."""
     g = _bias_relu((40, 40), (40, 72), dt, 72, b_layout="col")
-    knobs = {"PERSISTENT": persistent, "FLATTEN": flatten, "EPILOGUE_SUBTILE": subtile,
-             "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16}
+    knobs = {
+        "PERSISTENT": persistent,
+        "FLATTEN": flatten,
+        "EPILOGUE_SUBTILE": subtile,
+        "BLOCK_M": 16,
+        "BLOCK_N": 32,
+        "BLOCK_K": 16,
+    }
     plan = _plan(g, knobs)
     source = plan.source(0)
     assert "make_tensor_descriptor" not in source and "desc_A.load" in source and "desc_B.load" in source
@@ -79,8 +85,7 @@ def test_layouts_batch_and_reduction(a_layout, b_layout, rng):
     bias = g.tensor(dim=[1, 1, 24], name="bias")
     y = g.relu(g.add(c, bias)).set_output(True)
     g.reduction(y, mode="ADD").set_output(True).set_dim([3, 40, 1])
-    plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 16,
-                     "BLOCK_K": 16})
+    plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
     assert plan.source(0).count("desc_") >= 2
     _check(plan, rng)
 
@@ -93,8 +98,7 @@ def test_outputs_stored_by_tma_where_they_allow(rng):
     bias = g.tensor(dim=[1, 72], name="bias")
     y = g.relu(g.add(c, bias)).set_output(True)
     y.set_stride([1, 40])
-    plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 32,
-                     "BLOCK_K": 16})
+    plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16})
     source = plan.source(0)
     assert source.count(f"desc_c{c.uid}.store(") == 2 and source.count("tl.store(") == 2
     _check(plan, rng)
@@ -206,8 +210,11 @@ def test_signature_type_of_a_descriptor_parameter():
     assert [a.strides for a in descs] == [(8192, 1), (2048, 1), (2048, 1)]
     kernel = TritonKernel.__new__(TritonKernel)
     kernel.piece = piece
-    assert [kernel._arg_type(a) for a in descs] == ["tensordesc<bf16[128, 128]>", "tensordesc<bf16[128, 64]>",
-                                                    "tensordesc<bf16[256, 64]>"]
+    assert [kernel._arg_type(a) for a in descs] == [
+        "tensordesc<bf16[128, 128]>",
+        "tensordesc<bf16[128, 64]>",
+        "tensordesc<bf16[256, 64]>",
+    ]
 
 
 # -- descriptor encoding and the native launcher's slots, without a GPU -----------------------------------------
@@ -255,6 +262,7 @@ def test_native_slots_of_a_descriptor(monkeypatch):
                 calls.append((address, args))
                 ctypes.memset(address, 7, 128)
                 return 0
+
             return fn
 
         def check(self, rc, what):
@@ -344,8 +352,18 @@ def test_gpu_by_reference_and_graph_replay(rng):
     b = g.tensor(dim=[256, 512], name="B")
     y = g.matmul(a, b).set_output(True)
     built = g.build(device="cuda", engines=["triton"])
-    knobs = {**dict(built.steps[0].config.knobs), **HOST, "PERSISTENT": 132, "FLATTEN": 1, "BLOCK_M": 128,
-             "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3}
+    knobs = {
+        **dict(built.steps[0].config.knobs),
+        **HOST,
+        "PERSISTENT": 132,
+        "FLATTEN": 1,
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "SPLIT_K": 1,
+        "num_warps": 8,
+        "num_stages": 3,
+    }
     plan = step_plan(built, built.steps[0], EngineConfig("triton", tuple(sorted(knobs.items()))))
     assert "tl.make_tensor_descriptor(tl.multiple_of(tl.load(og_table" in plan.source(0)
     xs = [torch.randn(512, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
@@ -355,8 +373,9 @@ def test_gpu_by_reference_and_graph_replay(rng):
         for x in xs:  # double buffering: the table moves A every execute
             out.fill_(float("nan"))
             plan.execute({a: x, b: bv, y: out})
-            np.testing.assert_allclose(out.float().cpu().numpy(), (x.float() @ bv.float()).cpu().numpy(),
-                                       rtol=2e-2, atol=2e-1)
+            np.testing.assert_allclose(
+                out.float().cpu().numpy(), (x.float() @ bv.float()).cpu().numpy(), rtol=2e-2, atol=2e-1
+            )
 
 
 def test_an_unaligned_buffer_is_a_typed_error():
@@ -370,8 +389,12 @@ def test_an_unaligned_buffer_is_a_typed_error():
     arg = Arg(ArgKind.DESC, 0, 1, shape=(7, 8), strides=(8, 1), block=(16, 16))
     with pytest.raises(ExecutionError, match="16-byte"):
         tma_desc.descriptor_object(arg, buffer)
-    assert tma_desc.descriptor_object(Arg(ArgKind.DESC, 0, 8, shape=(7, 8), strides=(8, 1), block=(16, 16)),
-                                      buffer).base.data_ptr() == buffer.data_ptr() + 16
+    assert (
+        tma_desc.descriptor_object(
+            Arg(ArgKind.DESC, 0, 8, shape=(7, 8), strides=(8, 1), block=(16, 16)), buffer
+        ).base.data_ptr()
+        == buffer.data_ptr() + 16
+    )
 
 
 @pytest.mark.gpu
@@ -386,10 +409,10 @@ def test_gpu_encoding_equals_tritons(rank):
     from opgraph.engines.triton import native, tma_desc
     from opgraph.engines.triton.templates.base import Arg, ArgKind
 
-    shape = (3, 256, 1024)[3 - rank:]
+    shape = (3, 256, 1024)[3 - rank :]
     x = torch.empty(*shape, dtype=torch.bfloat16, device="cuda")
     strides = tuple(x.stride())
-    block = (1, 128, 64)[3 - rank:]
+    block = (1, 128, 64)[3 - rank :]
     arg = Arg(ArgKind.DESC, 0, 0, shape=shape, strides=strides, block=block)
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": list(block)}
     slot = tma_desc.TensorMapSlot()

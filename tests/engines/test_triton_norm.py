@@ -44,6 +44,7 @@ def scalar(g, kind, name):
 
 def setter(values):
     """A `prepare` hook: overwrite the named inputs (tensor handle -> value) in the pack."""
+
     def prepare(pack):
         for t, v in values.items():
             if isinstance(t, og.Tensor):
@@ -51,6 +52,7 @@ def setter(values):
                     pack[t.uid][...] = np.asarray(v)
                 else:
                     pack[t.uid] = float(v)
+
     return prepare
 
 
@@ -73,8 +75,9 @@ def run_knobs(g, rng, template, knobs, **kw):
 # -- batchnorm training forward ---------------------------------------------------------------------
 
 
-def bn_graph(dims, layout, dt, *, eps="number", momentum="number", running=True, stats_out=True,
-             relu=True, y_out=False):
+def bn_graph(
+    dims, layout, dt, *, eps="number", momentum="number", running=True, stats_out=True, relu=True, y_out=False
+):
     g = og.Graph("bn", io_data_type=dt)
     c = per_channel(dims)
     x = g.tensor(dim=list(dims), stride=layout_stride(dims, layout), name="x")
@@ -110,8 +113,17 @@ def test_batchnorm_relu_running_stats(layout, dt, kind, rng):
     assert len(plan.steps[0].kernel.generated.launches) == 3
 
 
-@pytest.mark.parametrize("dims,layout", [([7, 5], "nchw"), ([3, 4, 5], "nhwc"), ([2, 3, 2, 3, 4], "nhwc"),
-                                         ([2, 3, 2, 3, 4], "nchw"), ([2, 1, 3, 5], "nchw"), ([1, 3, 1, 1], "nchw")])
+@pytest.mark.parametrize(
+    "dims,layout",
+    [
+        ([7, 5], "nchw"),
+        ([3, 4, 5], "nhwc"),
+        ([2, 3, 2, 3, 4], "nhwc"),
+        ([2, 3, 2, 3, 4], "nchw"),
+        ([2, 1, 3, 5], "nchw"),
+        ([1, 3, 1, 1], "nchw"),
+    ],
+)
 @requires_interpreter
 def test_batchnorm_ranks_and_edge_shapes(dims, layout, rng):
     g, prep = bn_graph(dims, layout, FLOAT, running=int(np.prod(dims)) // dims[1] > 1, y_out=True)
@@ -175,6 +187,7 @@ def test_batchnorm_large_mean_small_variance(rng):
     def prepare(pack):
         prep(pack)
         pack[x.uid][...] = 1000.0 + np.random.default_rng(5).uniform(-1, 1, x.dim)
+
     # unshifted sums of squares in fp32 would get the variance wrong by ~10%, and (x - mean) with mean
     # rounded to fp32 near 1000 would be off by ~3e-5
     assert_engine_matches(g, rng, expect_steps=1, prepare=prepare)
@@ -218,8 +231,9 @@ def test_statistic_read_by_a_pointwise_op_is_a_separate_piece(rng):
 # -- batchnorm backward -----------------------------------------------------------------------------
 
 
-def bn_bwd_graph(dims, layout, dt, *, saved=True, drelu=True, eps="number", kind="batchnorm",
-                 grads_out=("dscale", "dbias")):
+def bn_bwd_graph(
+    dims, layout, dt, *, saved=True, drelu=True, eps="number", kind="batchnorm", grads_out=("dscale", "dbias")
+):
     g = og.Graph("bnb", io_data_type=dt)
     st = layout_stride(dims, layout)
     c = per_channel(dims)
@@ -382,8 +396,11 @@ def test_layernorm_single_row_or_column(dims, rng):
     g = og.Graph("ln", io_data_type=HALF)
     x = g.tensor(dim=dims, name="x")
     sdims = [1] + dims[1:]
-    scale, bias = (None, None) if dims[-1] == 1 else (
-        g.tensor(dim=sdims, data_type=FLOAT, name="s"), g.tensor(dim=sdims, data_type=FLOAT, name="b"))
+    scale, bias = (
+        (None, None)
+        if dims[-1] == 1
+        else (g.tensor(dim=sdims, data_type=FLOAT, name="s"), g.tensor(dim=sdims, data_type=FLOAT, name="b"))
+    )
     outputs(*g.layernorm(TRAIN, x, scale, bias, epsilon=EPS))
     assert_engine_matches(g, rng, expect_steps=1)
 
@@ -504,8 +521,9 @@ def every_candidate(g, rng, template, devices=(H100, CPU), **kw):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("case", ["fused_forward", "backward_saved", "backward_recompute", "instancenorm",
-                                  "instancenorm_backward"])
+@pytest.mark.parametrize(
+    "case", ["fused_forward", "backward_saved", "backward_recompute", "instancenorm", "instancenorm_backward"]
+)
 @requires_interpreter
 def test_norm_stats_stats_loop_variants(case, layout, rng):
     """The stats loop's variants (plain, pipelined (ST), register double buffering (PF)) with several
@@ -517,8 +535,9 @@ def test_norm_stats_stats_loop_variants(case, layout, rng):
         x = g.tensor(dim=dims, stride=layout_stride(dims, layout), name="x")
         r = g.tensor(dim=dims, stride=None if layout == "nhwc" else nhwc(dims), name="r")
         c = per_channel(dims)
-        y, mean, inv, _, _ = g.batchnorm(g.add(x, r), g.tensor(dim=c, data_type=FLOAT),
-                                         g.tensor(dim=c, data_type=FLOAT), epsilon=1e-5)
+        y, mean, inv, _, _ = g.batchnorm(
+            g.add(x, r), g.tensor(dim=c, data_type=FLOAT), g.tensor(dim=c, data_type=FLOAT), epsilon=1e-5
+        )
         outputs(mean, inv)
         g.relu(y).set_output(True)
         prep = None
@@ -629,8 +648,10 @@ def test_gpu_instancenorm_and_rmsnorm(rng):
 
 def _with(**want):
     """A HOPPER_CASES selector: the heuristic's choice and the first other candidate with `want`."""
+
     def pick(cands):
         return [cands[0], next(c for c in cands[1:] if all(c.get(k) == v for k, v in want.items()))]
+
     return pick
 
 
@@ -652,6 +673,7 @@ def _instancenorm(backward=False):
         c = per_channel(dims)
         outputs(*g.instancenorm(TRAIN, x, g.tensor(dim=c, data_type=FLOAT), g.tensor(dim=c, data_type=FLOAT), 1e-5))
         return g
+
     return build
 
 
@@ -673,6 +695,7 @@ def _rownorm(backward=False, rms=False, dims=(8192, 4096)):
         else:
             outputs(*g.layernorm(TRAIN, x, scale, g.tensor(dim=[1, h], data_type=BF16, name="b"), epsilon=1e-5))
         return g
+
     return build
 
 
@@ -700,7 +723,7 @@ def test_kernels_compile_for_hopper():
     for line in lines:
         words = line.split()
         kernel, spills, cp_async = words[2], int(words[6]), int(words[10])
-        knobs = ast.literal_eval(line[line.index("{"):])
+        knobs = ast.literal_eval(line[line.index("{") :])
         assert spills == 0, line
         if kernel == "kernel_stats" and words[1] in FORWARD_STATS and words[1] not in seen:
             # the heuristic's forward stats programs (3 tile accumulators since the mean keeps its own

@@ -49,13 +49,21 @@ def test_cast_of_edge_values_compiled(src, dst):
     assert same.all(), [(float(v), g_, w) for v, g_, w, s in zip(values, got, want, same) if not s][:6]
 
 
-@pytest.mark.parametrize("name,build", [
-    ("gelu_tanh", lambda g, x: g.gelu_approx_tanh(x)), ("gelu", lambda g, x: g.gelu(x)),
-    ("tanh", lambda g, x: g.tanh(x)), ("sigmoid", lambda g, x: g.sigmoid(x)), ("erf", lambda g, x: g.erf(x)),
-    ("softplus", lambda g, x: g.softplus(x)), ("exp", lambda g, x: g.exp(x)), ("log", lambda g, x: g.log(g.abs(x))),
-    ("gelu_tanh_backward", lambda g, x: g.gelu_approx_tanh_backward(x, x)),
-    ("scaled", lambda g, x: g.mul(x, g.tensor(dim=[1], name="s", is_pass_by_value=True))),
-])
+@pytest.mark.parametrize(
+    "name,build",
+    [
+        ("gelu_tanh", lambda g, x: g.gelu_approx_tanh(x)),
+        ("gelu", lambda g, x: g.gelu(x)),
+        ("tanh", lambda g, x: g.tanh(x)),
+        ("sigmoid", lambda g, x: g.sigmoid(x)),
+        ("erf", lambda g, x: g.erf(x)),
+        ("softplus", lambda g, x: g.softplus(x)),
+        ("exp", lambda g, x: g.exp(x)),
+        ("log", lambda g, x: g.log(g.abs(x))),
+        ("gelu_tanh_backward", lambda g, x: g.gelu_approx_tanh_backward(x, x)),
+        ("scaled", lambda g, x: g.mul(x, g.tensor(dim=[1], name="s", is_pass_by_value=True))),
+    ],
+)
 def test_double_graphs_keep_double_precision_compiled(name, build, rng):
     g = og.Graph(io_data_type=D.DOUBLE, intermediate_data_type=D.DOUBLE, compute_data_type=D.DOUBLE)
     x = g.tensor(dim=[64], name="x")
@@ -71,12 +79,15 @@ def test_double_graphs_keep_double_precision_compiled(name, build, rng):
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-300, err_msg=name)
 
 
-@pytest.mark.parametrize("name,build,xs", [
-    ("tanh", lambda g, x: g.tanh(x), [1e-7, -1e-7, 3e-4, 0.3]),
-    ("elu", lambda g, x: g.elu(x), [-1e-8, -3e-5, -1e-3, -0.5]),
-    ("softplus", lambda g, x: g.softplus(x), [-17.8, -30.0, -80.0, -5.0]),
-    ("tanh_backward", lambda g, x: g.tanh_backward(x, x), [9.0, 12.0, -15.0, 4.0]),
-])
+@pytest.mark.parametrize(
+    "name,build,xs",
+    [
+        ("tanh", lambda g, x: g.tanh(x), [1e-7, -1e-7, 3e-4, 0.3]),
+        ("elu", lambda g, x: g.elu(x), [-1e-8, -3e-5, -1e-3, -0.5]),
+        ("softplus", lambda g, x: g.softplus(x), [-17.8, -30.0, -80.0, -5.0]),
+        ("tanh_backward", lambda g, x: g.tanh_backward(x, x), [9.0, 12.0, -15.0, 4.0]),
+    ],
+)
 def test_relative_accuracy_compiled(name, build, xs):
     g = og.Graph(io_data_type=D.FLOAT)
     x = g.tensor(dim=[len(xs)], name="x")
@@ -114,8 +125,9 @@ def test_ieee_fp32_matmul_builds_and_is_fp32_accurate(rng):
         assert not bad, "\n".join(map(str, bad)) + "\n" + plan.describe()
 
 
-@pytest.mark.parametrize("io,inter,compute", [(D.HALF, D.HALF, D.FLOAT), (D.DOUBLE, D.HALF, D.DOUBLE),
-                                              (D.DOUBLE, D.FLOAT, D.DOUBLE)])
+@pytest.mark.parametrize(
+    "io,inter,compute", [(D.HALF, D.HALF, D.FLOAT), (D.DOUBLE, D.HALF, D.DOUBLE), (D.DOUBLE, D.FLOAT, D.DOUBLE)]
+)
 def test_a_narrow_intermediate_is_rounded_before_the_sum_that_reads_it(io, inter, compute, rng):
     """y = a - b * c with b * c a virtual intermediate of a narrower type: compiled, the product must be
     rounded to that type before the subtraction (fp16 in an fp32 kernel was not: fuzz seed

@@ -160,7 +160,7 @@ def test_integer_compares_and_indices_beside_fp32_math(out_type, rng):
     piece = make_piece(final, 0, final.nodes)
     h100 = Device("cuda", 0, "H100", (9, 0), 132)
     body = TEMPLATE.generate(piece, TEMPLATE.candidates(piece, h100)[0], h100).source
-    body = body[body.index("def kernel("):]
+    body = body[body.index("def kernel(") :]
     assert "tl.exp(" in body and ".to(tl.int64) ==" in body, body
     exp_line = next(line for line in body.splitlines() if "tl.exp(" in line)
     assert "float64" not in exp_line, body
@@ -183,8 +183,10 @@ def _transposed(dims, perm, out_dt=DT.BFLOAT16, io=DT.FLOAT):
     return g
 
 
-@pytest.mark.parametrize("dims,perm", [((300, 260), (1, 0)), ((3, 70, 130), (0, 2, 1)),
-                                       ((2, 3, 40, 50), (0, 3, 1, 2)), ((5, 130, 33), (2, 0, 1))])
+@pytest.mark.parametrize(
+    "dims,perm",
+    [((300, 260), (1, 0)), ((3, 70, 130), (0, 2, 1)), ((2, 3, 40, 50), (0, 3, 1, 2)), ((5, 130, 33), (2, 0, 1))],
+)
 def test_transposed_input_walks_tiles(dims, perm, rng):
     """A cast of a transposed weight (GPT-2's tied lm_head: [50304, 768] fp32 read as its transpose)
     reads with a stride in the flat walk; the template tiles the two contiguous axes instead."""
@@ -206,8 +208,12 @@ def _narrow_product(io, inter, compute):
     return g
 
 
-NARROW = {"narrow_f16_in_f32": (DT.HALF, DT.HALF, DT.FLOAT), "narrow_f16_in_f64": (DT.DOUBLE, DT.HALF, DT.DOUBLE),
-          "narrow_f32_in_f64": (DT.DOUBLE, DT.FLOAT, DT.DOUBLE)}
+NARROW = {
+    "narrow_f16_in_f32": (DT.HALF, DT.HALF, DT.FLOAT),
+    "narrow_f16_in_f64": (DT.DOUBLE, DT.HALF, DT.DOUBLE),
+    "narrow_f32_in_f64": (DT.DOUBLE, DT.FLOAT, DT.DOUBLE),
+}
+
 
 def _ce_backward(rows, vocab):
     """CrossEntropy.gradient's chain (opgraph/training/losses.py) over bf16 logits [*rows, vocab]:
@@ -247,8 +253,11 @@ HOPPER_CASES = {
     "transposed_add": (lambda: _transposed_add(50304, 768), "pointwise", lambda cands: cands[:3]),
     **{name: (lambda types=types: _narrow_product(*types), "pointwise", None) for name, types in NARROW.items()},
     # GPT-2's cross-entropy backward (bench/gpt.py): the row walk (the heuristic's) and the flat walk
-    "ce_backward_gpt2": (lambda: _ce_backward((8, 1024), 50304), "pointwise",
-                         lambda cands: [cands[0], next(c for c in cands if "BLOCK" in c)]),
+    "ce_backward_gpt2": (
+        lambda: _ce_backward((8, 1024), 50304),
+        "pointwise",
+        lambda cands: [cands[0], next(c for c in cands if "BLOCK" in c)],
+    ),
 }
 
 
@@ -301,7 +310,7 @@ def _int_inputs(pack):
 
 def _body(plan, step=0):
     source = plan.source(step)
-    return source[source.index("def kernel("):]
+    return source[source.index("def kernel(") :]
 
 
 def test_integer_compared_with_constants_no_fp64_in_a_float_piece(rng):
@@ -370,8 +379,9 @@ def _mixed_int_graph(case):
     return g
 
 
-@pytest.mark.parametrize("case", ["min_max_select", "bool_int8_uint8", "pass_by_value", "gen_index_int_and_float",
-                                  "double_beside_float"])
+@pytest.mark.parametrize(
+    "case", ["min_max_select", "bool_int8_uint8", "pass_by_value", "gen_index_int_and_float", "double_beside_float"]
+)
 def test_fp64_piece_integer_and_narrow_types(case, rng):
     """MIN/MAX of integers, an integer select condition, BOOLEAN/INT8/UINT8 beside INT32, integer
     pass-by-value scalars, a gen_index stored as INT32 and read by float math, DOUBLE beside fp32."""
@@ -427,8 +437,17 @@ def _tiled_graph(case):
     return g
 
 
-@pytest.mark.parametrize("case", ["broadcasts_and_indices", "gapped_outputs_two_layouts", "first_output_transposed",
-                                  "one_element_axes", "slice_of_a_transposed_weight", "fp64_piece"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "broadcasts_and_indices",
+        "gapped_outputs_two_layouts",
+        "first_output_transposed",
+        "one_element_axes",
+        "slice_of_a_transposed_weight",
+        "fp64_piece",
+    ],
+)
 def test_tiled_walk_cases(case, rng):
     plan = assert_engine_matches(_tiled_graph(case), rng, expect_steps=1, prepare=_int_inputs)
     assert plan.steps[0].config.knob("TILE_I") is not None, plan.describe()
@@ -459,9 +478,12 @@ def test_tile_knobs_in_a_plan_file_for_a_flat_piece_are_a_typed_error(rng):
 
     g = _transposed((40, 300), (0, 1))
     plan = g.build(device="cpu", engines=["triton"])
-    assert all("TILE_I" not in c for c in __import__("opgraph.engines.triton.templates.pointwise",
-                                                     fromlist=["TEMPLATE"]).TEMPLATE.candidates(
-        plan.steps[0].piece, plan.device))
+    assert all(
+        "TILE_I" not in c
+        for c in __import__("opgraph.engines.triton.templates.pointwise", fromlist=["TEMPLATE"]).TEMPLATE.candidates(
+            plan.steps[0].piece, plan.device
+        )
+    )
     doc = json.loads(plan.to_bytes(embed_kernels=False).split(b"\n", 1)[1])
     doc["steps"][0]["config"]["knobs"] = [["template", "pointwise"], ["TILE_I", 64], ["TILE_J", 64], ["num_warps", 4]]
     with pytest.raises(SerializationError) as info:
@@ -516,17 +538,25 @@ def _row_graph(case):
     return g
 
 
-ROW_CASES = ["per_row_and_column_no_masks", "outer_axes_layouts_and_broadcasts", "gapped_rows_two_outputs",
-             "slice_read_in_place", "update_in_place", "fp64_piece"]
+ROW_CASES = [
+    "per_row_and_column_no_masks",
+    "outer_axes_layouts_and_broadcasts",
+    "gapped_rows_two_outputs",
+    "slice_read_in_place",
+    "update_in_place",
+    "fp64_piece",
+]
 
 
 def _positive(*names):
     """prepare: the named inputs made >= 0.5 (a divisor), integers small (some equal to a class)."""
+
     def prepare(pack, graph):
         _int_inputs(pack)
         for u, t in graph.tensors.items():
             if t.name in names:
                 pack[u][...] = 0.5 + np.abs(pack[u])
+
     return prepare
 
 
@@ -566,7 +596,7 @@ def test_gpt2_cross_entropy_backward_ranks_the_row_walk_first():
     assert cands[0] == {"ROWS": 1, "COLS": 2048, "num_warps": 4}, cands
     assert {"BLOCK": 2048, "num_warps": 4} in cands, cands  # the old pick, for the autotuner to compare
     source = TEMPLATE.generate(piece, cands[0], h100).source
-    body = source[source.index("def kernel("):]
+    body = source[source.index("def kernel(") :]
     assert "lin" not in body and "mask_i" not in body and "c0 = pid_o % 8" in body, body
     loads = [line for line in body.splitlines() if "tl.load(" in line]
     assert sum("c0 * 1024 + c1)" in line for line in loads) == 4, body  # m, s, t, w: unmasked, per row
@@ -592,8 +622,9 @@ def test_flat_walk_first_where_rows_gain_nothing(case):
     g = og.Graph(case, io_data_type=DT.FLOAT)
     cols = {"same_layout": 1000, "pow2_columns": 1024, "short_rows": 100, "wasteful_tail": 300}[case]
     x = g.tensor(dim=[64, cols], name="x")
-    other = g.tensor(dim=[64, cols] if case == "same_layout" else [1, cols] if case == "pow2_columns" else [64, 1],
-                     name="o")
+    other = g.tensor(
+        dim=[64, cols] if case == "same_layout" else [1, cols] if case == "pow2_columns" else [64, 1], name="o"
+    )
     g.add(x, other).set_output(True)
     piece, h100 = _piece(g)
     cands = TEMPLATE.candidates(piece, h100)

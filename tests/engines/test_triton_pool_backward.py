@@ -72,8 +72,13 @@ def test_types(mode, dt, rng):
 def test_every_tie_goes_to_the_first_maximum(rng):
     """All inputs equal: each window's gradient lands on its first tap inside the input, only."""
     bg = _grad_graph("max", "2d")
-    plan = _check(bg, rng, prepare=lambda pack: [v.fill(1.0) for v in pack.values() if isinstance(v, np.ndarray)
-                                                 and v.ndim == 4 and v.shape[2:] == (7, 6)])
+    plan = _check(
+        bg,
+        rng,
+        prepare=lambda pack: [
+            v.fill(1.0) for v in pack.values() if isinstance(v, np.ndarray) and v.ndim == 4 and v.shape[2:] == (7, 6)
+        ],
+    )
     assert plan.steps[0].kernel is not None
 
 
@@ -96,13 +101,21 @@ def test_layouts_of_dy_and_x_differ(dy_layout, rng):
 STEM_POOL = {"window": "3,3", "stride": "2,2", "pre_padding": "1,1", "post_padding": "1,1"}
 
 
-@pytest.mark.parametrize("dy_dims, params, error, match", [
-    ([1, 3, 4, 3], STEM_POOL, og.ShapeError, "gives \\[2, 3, 4, 3\\]"),  # dy broadcast over the batch
-    ([2, 3, 4, 3], {**STEM_POOL, "window": "3,3,3"}, og.AttributeValueError, "window \\[3, 3, 3\\] needs 2"),
-    ([2, 3, 4, 3], {**STEM_POOL, "stride": "0"}, og.AttributeValueError, "stride \\[0, 0\\] needs 2 values of at least 1"),
-    ([2, 3, 4, 3], {**STEM_POOL, "post_padding": "1,-1"}, og.AttributeValueError, "post_padding"),
-    ([2, 3, 4, 3], {**STEM_POOL, "window": "3,x"}, og.AttributeValueError, "comma-separated ints"),
-])
+@pytest.mark.parametrize(
+    "dy_dims, params, error, match",
+    [
+        ([1, 3, 4, 3], STEM_POOL, og.ShapeError, "gives \\[2, 3, 4, 3\\]"),  # dy broadcast over the batch
+        ([2, 3, 4, 3], {**STEM_POOL, "window": "3,3,3"}, og.AttributeValueError, "window \\[3, 3, 3\\] needs 2"),
+        (
+            [2, 3, 4, 3],
+            {**STEM_POOL, "stride": "0"},
+            og.AttributeValueError,
+            "stride \\[0, 0\\] needs 2 values of at least 1",
+        ),
+        ([2, 3, 4, 3], {**STEM_POOL, "post_padding": "1,-1"}, og.AttributeValueError, "post_padding"),
+        ([2, 3, 4, 3], {**STEM_POOL, "window": "3,x"}, og.AttributeValueError, "comma-separated ints"),
+    ],
+)
 def test_a_graph_of_bad_geometry_is_refused(dy_dims, params, error, match):
     """The ops' infer checks the geometry and dy's dims (a typed error naming them), so no engine, this
     template included, is handed a dy it would index wrongly."""
@@ -127,8 +140,9 @@ def test_a_custom_op_of_the_same_name_is_the_users(custom_ops_restored, rng):
     op, which the template does not run), not ours."""
     from opgraph.core.piece import make_piece
 
-    og.register_custom_op(MAX_BACKWARD, num_inputs=2, reference=lambda dy, x, **p: 2 * x,
-                          infer=lambda dy, x, **p: [x.dim])
+    og.register_custom_op(
+        MAX_BACKWARD, num_inputs=2, reference=lambda dy, x, **p: 2 * x, infer=lambda dy, x, **p: [x.dim]
+    )
     g = og.Graph("mine", io_data_type=DT.FLOAT)
     x = g.tensor(dim=[2, 3, 7, 6], name="x")
     dy = g.tensor(dim=[2, 3, 4, 3], name="dy")

@@ -34,8 +34,9 @@ def _pool_graph(mode, geo, *, dt=DT.FLOAT, layout="nchw", index=False, index_typ
     dims, w, s, pre, post = GEOMETRIES[geo] if isinstance(geo, str) else geo
     g = og.Graph("pool", io_data_type=dt)
     x = g.tensor(dim=dims, stride=_layout(dims, layout), name="x")
-    y, idx = g.resample(x, mode=mode, window=w, stride=s, pre_padding=pre, post_padding=post,
-                        generate_index=index, name="pool")
+    y, idx = g.resample(
+        x, mode=mode, window=w, stride=s, pre_padding=pre, post_padding=post, generate_index=index, name="pool"
+    )
     y.set_output(True).set_name("y")
     if idx is not None:
         idx.set_output(True).set_name("index")
@@ -69,8 +70,7 @@ def test_modes_geometries_layouts(mode, geo, layout, rng):
 @pytest.mark.parametrize("dt", [DT.FLOAT, DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
 @pytest.mark.parametrize("mode", [P.MAX, P.AVG_INCLUDE_PADDING, P.AVG_EXCLUDE_PADDING], ids=lambda m: m.name)
 def test_types(mode, dt, rng):
-    assert_engine_matches(_pool_graph(mode, "2d", dt=dt, layout="nhwc", index=mode is P.MAX), rng,
-                          expect_steps=1)
+    assert_engine_matches(_pool_graph(mode, "2d", dt=dt, layout="nhwc", index=mode is P.MAX), rng, expect_steps=1)
 
 
 @pytest.mark.parametrize("geo", ["1d", "2d", "3d"])
@@ -170,12 +170,14 @@ def _stem(mode, dt=DT.HALF):
         g = og.Graph("stem", io_data_type=dt)
         x = g.tensor(dim=dims, stride=nhwc(dims), name="x")
         b = g.tensor(dim=[1, 64, 1, 1], name="b")
-        y, idx = g.resample(g.relu(g.add(x, b)), mode=mode, window=[3, 3], stride=[2, 2], padding=[1, 1],
-                            generate_index=mode is P.MAX)
+        y, idx = g.resample(
+            g.relu(g.add(x, b)), mode=mode, window=[3, 3], stride=[2, 2], padding=[1, 1], generate_index=mode is P.MAX
+        )
         g.relu(g.mul(y, 2.0)).set_output(True)
         if idx is not None:
             idx.set_output(True)
         return g
+
     return build
 
 
@@ -185,13 +187,17 @@ def _big_3d():
 
 
 HOPPER_CASES = {
-    **{f"stem_{m.name}": (_stem(m), "pooling", None)
-       for m in (P.MAX, P.AVG_INCLUDE_PADDING, P.AVG_EXCLUDE_PADDING)},
+    **{f"stem_{m.name}": (_stem(m), "pooling", None) for m in (P.MAX, P.AVG_INCLUDE_PADDING, P.AVG_EXCLUDE_PADDING)},
     "stem_bf16": (_stem(P.MAX, DT.BFLOAT16), "pooling", None),
     "nchw_1d": (lambda: _pool_graph(P.AVG_EXCLUDE_PADDING, "1d"), "pooling", None),
     "big_3d": (_big_3d, "pooling", None),
-    "int64_offsets": (lambda: _pool_graph(P.MAX, ([64, 256, 384, 384], [2, 2], [2, 2], [0, 0], [0, 0]),
-                                          dt=DT.HALF, layout="nhwc", index=True), "pooling", None),
+    "int64_offsets": (
+        lambda: _pool_graph(
+            P.MAX, ([64, 256, 384, 384], [2, 2], [2, 2], [0, 0], [0, 0]), dt=DT.HALF, layout="nhwc", index=True
+        ),
+        "pooling",
+        None,
+    ),
 }
 
 

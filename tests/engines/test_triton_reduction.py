@@ -270,6 +270,7 @@ def _targets_in_range(classes):
         for v in pack.values():
             if isinstance(v, np.ndarray) and v.dtype == np.int64:
                 v[...] = np.arange(v.size).reshape(v.shape) * 7 % classes
+
     return prepare
 
 
@@ -280,7 +281,7 @@ def test_integer_ops_keep_the_float_math_fp32(rng):
     g = _cross_entropy_rows()
     assert_engine_matches(g, rng, expect_steps=1, prepare=_targets_in_range(37))
     source = TEMPLATE.generate(_piece(g), TEMPLATE.candidates(_piece(g), H100)[0], H100).source
-    body = source[source.index("def kernel("):]
+    body = source[source.index("def kernel(") :]
     assert "tl.float64" not in body, body
     assert "tl.exp(" in body and ".to(tl.int64) ==" in body, body
 
@@ -374,8 +375,11 @@ HOPPER_CASES = {
     **{f"full_{m.name}": (_full(m), "reduction", None) for m in (R.MUL, R.MIN, R.AVG)},
     "int64_offsets": (lambda: _graph(R.MAX, (40000, 65536), (1, 65536), dt=DT.HALF), "reduction", None),
     "cross_entropy_rows": (lambda: _cross_entropy_rows(rows=8192, classes=50304), "reduction", None),
-    "middle_split": (lambda: _graph(R.AVG, (16, 64, 1024), (16, 1, 1024)), "reduction",
-                     [{"BLOCK_M": 64, "BLOCK_K": 32, "SPLIT": 4, "num_warps": 4}]),
+    "middle_split": (
+        lambda: _graph(R.AVG, (16, 64, 1024), (16, 1, 1024)),
+        "reduction",
+        [{"BLOCK_M": 64, "BLOCK_K": 32, "SPLIT": 4, "num_warps": 4}],
+    ),
 }
 
 

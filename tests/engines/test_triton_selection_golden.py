@@ -58,12 +58,28 @@ def _stride(dims, layout: str):
 def _out_dims(xd, wd, padding, stride, dilation=None):
     nsp = len(xd) - 2
     dilation = dilation or [1] * nsp
-    return [xd[0], wd[0], *((x + 2 * p - d * (r - 1) - 1) // s + 1
-                            for x, r, p, s, d in zip(xd[2:], wd[2:], padding, stride, dilation))]
+    return [
+        xd[0],
+        wd[0],
+        *((x + 2 * p - d * (r - 1) - 1) // s + 1 for x, r, p, s, d in zip(xd[2:], wd[2:], padding, stride, dilation)),
+    ]
 
 
-def conv(xd, wd, *, dt=DT.HALF, layout="nhwc", padding=None, stride=None, dilation=None, epilogue=None,
-         prologue=False, genstats=False, residual=False, out_dt=None):
+def conv(
+    xd,
+    wd,
+    *,
+    dt=DT.HALF,
+    layout="nhwc",
+    padding=None,
+    stride=None,
+    dilation=None,
+    epilogue=None,
+    prologue=False,
+    genstats=False,
+    residual=False,
+    out_dt=None,
+):
     nsp = len(xd) - 2
     padding, stride = padding or [0] * nsp, stride or [1] * nsp
     g = _graph("conv", dt, DT.HALF if prologue else FLOAT)
@@ -71,8 +87,12 @@ def conv(xd, wd, *, dt=DT.HALF, layout="nhwc", padding=None, stride=None, dilati
     w = g.tensor(dim=list(wd), stride=_stride(wd, layout), name="w")
     if prologue:  # SBR: the scale + bias + relu of a batchnorm before the conv
         cd = [1, xd[1]] + [1] * nsp
-        x = g.relu(g.bias(g.scale(x, g.tensor(dim=cd, stride=_stride(cd, layout), name="s")),
-                          g.tensor(dim=cd, stride=_stride(cd, layout), name="b")))
+        x = g.relu(
+            g.bias(
+                g.scale(x, g.tensor(dim=cd, stride=_stride(cd, layout), name="s")),
+                g.tensor(dim=cd, stride=_stride(cd, layout), name="b"),
+            )
+        )
     y = g.conv_fprop(x, w, padding=padding, stride=stride, dilation=dilation, name="conv")
     kd = [1, wd[0]] + [1] * nsp
     if epilogue == "bias_relu":
@@ -89,8 +109,9 @@ def conv(xd, wd, *, dt=DT.HALF, layout="nhwc", padding=None, stride=None, dilati
     return g
 
 
-def dgrad(xd, wd, *, dt=DT.HALF, layout="nhwc", padding=None, stride=None, drelu=False, bn_inputs=False,
-          loss_prologue=False):
+def dgrad(
+    xd, wd, *, dt=DT.HALF, layout="nhwc", padding=None, stride=None, drelu=False, bn_inputs=False, loss_prologue=False
+):
     nsp = len(xd) - 2
     padding, stride = padding or [0] * nsp, stride or [1] * nsp
     g = _graph("dgrad", dt)
@@ -124,8 +145,12 @@ def wgrad(xd, wd, *, dt=DT.HALF, layout="nhwc", padding=None, stride=None, prolo
     dy = g.tensor(dim=yd, stride=_stride(yd, layout), name="dy")
     if prologue:
         cd = [1, xd[1]] + [1] * nsp
-        x = g.relu(g.bias(g.scale(x, g.tensor(dim=cd, stride=_stride(cd, layout), name="s")),
-                          g.tensor(dim=cd, stride=_stride(cd, layout), name="b")))
+        x = g.relu(
+            g.bias(
+                g.scale(x, g.tensor(dim=cd, stride=_stride(cd, layout), name="s")),
+                g.tensor(dim=cd, stride=_stride(cd, layout), name="b"),
+            )
+        )
     dw = g.conv_wgrad(x, dy, padding=padding, stride=stride, name="wgrad").set_dim(list(wd))
     if layout == "nhwc":
         dw.set_stride(nhwc(list(wd)))
@@ -231,8 +256,9 @@ def batchnorm_backward(dims, *, dt=DT.HALF, layout="nhwc", saved=True, drelu=Fal
     scale = g.tensor(dim=cd, data_type=FLOAT, name="s")
     build = g.instancenorm_backward if instance else g.batchnorm_backward
     if saved:
-        outs = build(dy, x, scale, g.tensor(dim=sd, data_type=FLOAT, name="mean"),
-                     g.tensor(dim=sd, data_type=FLOAT, name="inv"))
+        outs = build(
+            dy, x, scale, g.tensor(dim=sd, data_type=FLOAT, name="mean"), g.tensor(dim=sd, data_type=FLOAT, name="inv")
+        )
     else:
         outs = build(dy, x, scale, epsilon=1e-5)
     for t in outs:
@@ -267,12 +293,18 @@ def genstats(dims, *, dt=DT.HALF, layout="nhwc"):
     return g
 
 
-def pool(dims, *, mode="max", window=(3, 3), stride=(2, 2), padding=(1, 1), dt=DT.HALF, layout="nhwc",
-         backward=False):
+def pool(dims, *, mode="max", window=(3, 3), stride=(2, 2), padding=(1, 1), dt=DT.HALF, layout="nhwc", backward=False):
     g = og.Graph("pool", io_data_type=dt, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     x = g.tensor(dim=list(dims), stride=_stride(dims, layout), name="x")
-    y = g.resample(x, mode=mode, window=list(window), stride=list(stride), pre_padding=list(padding),
-                   post_padding=list(padding), name="pool")[0]
+    y = g.resample(
+        x,
+        mode=mode,
+        window=list(window),
+        stride=list(stride),
+        pre_padding=list(padding),
+        post_padding=list(padding),
+        name="pool",
+    )[0]
     y.set_output(True)
     return grad(g, y, x).graph if backward else g
 
@@ -280,8 +312,10 @@ def pool(dims, *, mode="max", window=(3, 3), stride=(2, 2), padding=(1, 1), dt=D
 def pointwise(kind: str, dims=(32, 64, 56, 56), *, dt=DT.HALF):
     g = og.Graph("pw", io_data_type=dt, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     if kind == "add_relu":
-        x, r = g.tensor(dim=list(dims), stride=_stride(dims, "nhwc"), name="x"), \
-            g.tensor(dim=list(dims), stride=_stride(dims, "nhwc"), name="r")
+        x, r = (
+            g.tensor(dim=list(dims), stride=_stride(dims, "nhwc"), name="x"),
+            g.tensor(dim=list(dims), stride=_stride(dims, "nhwc"), name="r"),
+        )
         g.relu(g.add(x, r)).set_output(True)
     elif kind == "gelu_cast":
         x = g.tensor(dim=list(dims), data_type=FLOAT, name="x")
@@ -291,8 +325,10 @@ def pointwise(kind: str, dims=(32, 64, 56, 56), *, dt=DT.HALF):
         g.identity(g.transpose(x, [1, 0])).set_output(True).set_data_type(dt)
     elif kind == "row_walk":  # cross-entropy backward over [tokens, vocab]: per-row values, a division
         logits = g.tensor(dim=list(dims), name="logits")
-        m, s = g.tensor(dim=[dims[0], 1], data_type=FLOAT, name="m"), g.tensor(dim=[dims[0], 1], data_type=FLOAT,
-                                                                              name="s")
+        m, s = (
+            g.tensor(dim=[dims[0], 1], data_type=FLOAT, name="m"),
+            g.tensor(dim=[dims[0], 1], data_type=FLOAT, name="s"),
+        )
         g.div(g.exp(g.sub(logits, m)), s).set_output(True)
     elif kind == "small":
         x = g.tensor(dim=list(dims), name="x")
@@ -315,7 +351,7 @@ def attention(b, h, s, d, *, dt=DT.HALF, causal=False, backward=False, hk=None, 
     q = g.tensor(dim=[b, h, s, d], name="q")
     k = g.tensor(dim=[b, hk, skv, d], name="k")
     v = g.tensor(dim=[b, hk, skv, d], name="v")
-    kw: dict[str, Any] = dict(attn_scale=d ** -0.5, use_causal_mask=causal)
+    kw: dict[str, Any] = dict(attn_scale=d**-0.5, use_causal_mask=causal)
     if mod == "softcap":
         kw["score_mod"] = lambda sg, sc: sg.mul(sg.tanh(sg.div(sc, 30.0)), 30.0)
     o, st = g.sdpa(q, k, v, generate_stats=backward, name="fwd", **kw)
@@ -335,8 +371,10 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "stem_fp16": (lambda: conv((N, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2]), None),
     "stem_bf16": (lambda: conv((N, 3, 224, 224), (64, 3, 7, 7), dt=DT.BFLOAT16, padding=[3, 3], stride=[2, 2]), None),
     "stem_fp32": (lambda: conv((N, 3, 224, 224), (64, 3, 7, 7), dt=FLOAT, padding=[3, 3], stride=[2, 2]), None),
-    "stem_int8": (lambda: conv((N, 3, 224, 224), (64, 3, 7, 7), dt=DT.INT8, padding=[3, 3], stride=[2, 2],
-                               out_dt=DT.INT32), None),
+    "stem_int8": (
+        lambda: conv((N, 3, 224, 224), (64, 3, 7, 7), dt=DT.INT8, padding=[3, 3], stride=[2, 2], out_dt=DT.INT32),
+        None,
+    ),
     "c64_56_3x3": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1]), None),
     "c64_56_3x3_bf16": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), dt=DT.BFLOAT16, padding=[1, 1]), None),
     "c128_56_3x3_s2": (lambda: conv((N, 128, 56, 56), (128, 128, 3, 3), padding=[1, 1], stride=[2, 2]), None),
@@ -345,12 +383,15 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "c256_56_1x1_k64": (lambda: conv((N, 256, 56, 56), (64, 256, 1, 1)), None),
     "c256_56_1x1_s2_k512": (lambda: conv((N, 256, 56, 56), (512, 256, 1, 1), stride=[2, 2]), None),
     "c64_56_1x1_k256_residual": (lambda: conv((N, 64, 56, 56), (256, 64, 1, 1), residual=True), None),
-    "c64_56_3x3_bias_relu": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], epilogue="bias_relu"),
-                             None),
-    "sbr_conv_genstats": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], prologue=True,
-                                       genstats=True), None),
-    "sbr_conv_genstats_bf16": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), dt=DT.BFLOAT16, padding=[1, 1],
-                                            prologue=True, genstats=True), None),
+    "c64_56_3x3_bias_relu": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], epilogue="bias_relu"), None),
+    "sbr_conv_genstats": (
+        lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], prologue=True, genstats=True),
+        None,
+    ),
+    "sbr_conv_genstats_bf16": (
+        lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), dt=DT.BFLOAT16, padding=[1, 1], prologue=True, genstats=True),
+        None,
+    ),
     "sbr_conv_1x1": (lambda: conv((N, 64, 56, 56), (256, 64, 1, 1), prologue=True), None),
     "conv_genstats": (lambda: conv((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], genstats=True), None),
     "grouped_8ch_fp16": (lambda: conv((N, 256, 28, 28), (256, 8, 3, 3), padding=[1, 1]), None),
@@ -366,12 +407,13 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "tiny_conv": (lambda: conv((2, 8, 6, 6), (16, 8, 3, 3), padding=[1, 1], epilogue="bias_relu"), None),
     "tiny_stem": (lambda: conv((2, 3, 11, 12), (16, 3, 7, 7), padding=[3, 3], stride=[2, 2]), None),
     "depthwise_3x3": (lambda: conv((N, 256, 28, 28), (256, 1, 3, 3), padding=[1, 1]), None),
-    "depthwise_3x3_bias_relu": (lambda: conv((N, 144, 56, 56), (144, 1, 3, 3), padding=[1, 1],
-                                             epilogue="bias_relu"), None),
+    "depthwise_3x3_bias_relu": (
+        lambda: conv((N, 144, 56, 56), (144, 1, 3, 3), padding=[1, 1], epilogue="bias_relu"),
+        None,
+    ),
     "depthwise_3x3_s2": (lambda: conv((N, 96, 112, 112), (96, 1, 3, 3), padding=[1, 1], stride=[2, 2]), None),
     "depthwise_5x5": (lambda: conv((N, 240, 14, 14), (240, 1, 5, 5), padding=[2, 2]), None),
-    "depthwise_int8": (lambda: conv((N, 64, 28, 28), (64, 1, 3, 3), dt=DT.INT8, padding=[1, 1], out_dt=DT.INT32),
-                       None),
+    "depthwise_int8": (lambda: conv((N, 64, 28, 28), (64, 1, 3, 3), dt=DT.INT8, padding=[1, 1], out_dt=DT.INT32), None),
     "depthwise_genstats": (lambda: conv((N, 64, 28, 28), (64, 1, 3, 3), padding=[1, 1], genstats=True), None),
     "depthwise_mult2": (lambda: conv((8, 32, 20, 20), (64, 1, 3, 3), padding=[1, 1]), None),
     "depthwise_tiny": (lambda: conv((2, 8, 6, 6), (8, 1, 3, 3), padding=[1, 1]), None),
@@ -381,8 +423,7 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "dgrad_1x1_s2": (lambda: dgrad((N, 256, 56, 56), (512, 256, 1, 1), stride=[2, 2]), None),
     "dgrad_drelu": (lambda: dgrad((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], drelu=True), None),
     "dgrad_bn_inputs": (lambda: dgrad((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], bn_inputs=True), None),
-    "dgrad_loss_prologue": (lambda: dgrad((N, 64, 28, 28), (64, 64, 3, 3), padding=[1, 1], loss_prologue=True),
-                            None),
+    "dgrad_loss_prologue": (lambda: dgrad((N, 64, 28, 28), (64, 64, 3, 3), padding=[1, 1], loss_prologue=True), None),
     "dgrad_fp32": (lambda: dgrad((N, 64, 28, 28), (64, 64, 3, 3), dt=FLOAT, padding=[1, 1]), None),
     "dgrad_depthwise": (lambda: dgrad((N, 144, 56, 56), (144, 1, 3, 3), padding=[1, 1]), None),
     "dgrad_grouped": (lambda: dgrad((N, 256, 28, 28), (256, 8, 3, 3), padding=[1, 1]), None),
@@ -393,13 +434,13 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "wgrad_c512_7_3x3": (lambda: wgrad((N, 512, 7, 7), (512, 512, 3, 3), padding=[1, 1]), None),
     "wgrad_1x1": (lambda: wgrad((N, 256, 56, 56), (64, 256, 1, 1)), None),
     "wgrad_stem": (lambda: wgrad((N, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2]), None),
-    "wgrad_stem_bf16": (lambda: wgrad((N, 3, 224, 224), (64, 3, 7, 7), dt=DT.BFLOAT16, padding=[3, 3],
-                                      stride=[2, 2]), None),
-    "wgrad_stem_sgd": (lambda: wgrad((N, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2], sgd=True),
-                       None),
+    "wgrad_stem_bf16": (
+        lambda: wgrad((N, 3, 224, 224), (64, 3, 7, 7), dt=DT.BFLOAT16, padding=[3, 3], stride=[2, 2]),
+        None,
+    ),
+    "wgrad_stem_sgd": (lambda: wgrad((N, 3, 224, 224), (64, 3, 7, 7), padding=[3, 3], stride=[2, 2], sgd=True), None),
     "sbr_wgrad": (lambda: wgrad((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], prologue=True), None),
-    "sbr_wgrad_sgd": (lambda: wgrad((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], prologue=True, sgd=True),
-                      None),
+    "sbr_wgrad_sgd": (lambda: wgrad((N, 64, 56, 56), (64, 64, 3, 3), padding=[1, 1], prologue=True, sgd=True), None),
     "wgrad_sgd": (lambda: wgrad((N, 128, 28, 28), (128, 128, 3, 3), padding=[1, 1], sgd=True), None),
     "wgrad_depthwise": (lambda: wgrad((N, 144, 56, 56), (144, 1, 3, 3), padding=[1, 1]), None),
     "wgrad_depthwise_5x5x5": (lambda: wgrad((2, 8, 8, 8, 8), (8, 1, 5, 5, 5), padding=[2, 2, 2]), None),
@@ -432,8 +473,7 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "batchnorm_nchw": (lambda: batchnorm((N, 64, 56, 56), layout="nchw", relu=False), None),
     "batchnorm_residual": (lambda: batchnorm((N, 256, 14, 14), residual=True), None),
     "batchnorm_backward": (lambda: batchnorm_backward((N, 64, 56, 56)), None),
-    "batchnorm_backward_drelu_unsaved": (lambda: batchnorm_backward((N, 64, 56, 56), saved=False, drelu=True),
-                                         None),
+    "batchnorm_backward_drelu_unsaved": (lambda: batchnorm_backward((N, 64, 56, 56), saved=False, drelu=True), None),
     "batchnorm_inference": (lambda: batchnorm_inference((N, 64, 56, 56)), None),
     "instancenorm": (lambda: batchnorm((8, 64, 32, 32), layout="nchw", instance=True), None),
     "instancenorm_backward": (lambda: batchnorm_backward((8, 64, 32, 32), layout="nchw", instance=True), None),
@@ -449,8 +489,10 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "reduction_tiny": (lambda: reduction((5, 7), (5, 1)), None),
     # pooling
     "maxpool_stem": (lambda: pool((N, 64, 112, 112)), None),
-    "avgpool": (lambda: pool((N, 256, 14, 14), mode="avg_include_padding", window=(2, 2), stride=(2, 2),
-                             padding=(0, 0)), None),
+    "avgpool": (
+        lambda: pool((N, 256, 14, 14), mode="avg_include_padding", window=(2, 2), stride=(2, 2), padding=(0, 0)),
+        None,
+    ),
     "maxpool_nchw": (lambda: pool((N, 64, 112, 112), layout="nchw"), None),
     "maxpool_stem_backward": (lambda: pool((N, 64, 112, 112), backward=True), None),
     "avgpool_backward": (lambda: pool((N, 64, 56, 56), mode="avg_exclude_padding", backward=True), None),
@@ -503,10 +545,21 @@ def _generated(engine: Any, piece: Piece, config: Any, device: Device) -> dict[s
         gen = engine.generated(piece, config, device)
     except Exception as err:  # a config the engine offers but cannot generate: pinned too
         return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
-    launches = [[l.kernel, list(l.grid), [[str(getattr(a.kind, "value", a.kind)), a.uid, a.offset, a.dtype]
-                                          for a in l.args], [[k, v] for k, v in l.meta]] for l in gen.launches]
-    return {"source": _digest(gen.source), "launches": _digest(json.dumps(launches)),
-            "scratch": gen.scratch_bytes, "notes": sorted(gen.notes)}
+    launches = [
+        [
+            l.kernel,
+            list(l.grid),
+            [[str(getattr(a.kind, "value", a.kind)), a.uid, a.offset, a.dtype] for a in l.args],
+            [[k, v] for k, v in l.meta],
+        ]
+        for l in gen.launches
+    ]
+    return {
+        "source": _digest(gen.source),
+        "launches": _digest(json.dumps(launches)),
+        "scratch": gen.scratch_bytes,
+        "notes": sorted(gen.notes),
+    }
 
 
 def record(piece: Piece, device: Device, *, sources: bool = True) -> dict[str, Any]:
@@ -520,9 +573,17 @@ def record(piece: Piece, device: Device, *, sources: bool = True) -> dict[str, A
         if mode is not HeurMode.B:  # the other modes pick from B's list: their knobs only
             out[mode.name] = [_knobs(c.knobs) for c in configs]
             continue
-        out["B"] = [{"knobs": _knobs(c.knobs), "notes": sorted(n.name for n in c.numerical_notes),
-                     "behavior": sorted(n.name for n in c.behavior_notes), "estimate": c.estimate_us, "why": c.why,
-                     **(_generated(engine, piece, c, device) if sources else {})} for c in configs]
+        out["B"] = [
+            {
+                "knobs": _knobs(c.knobs),
+                "notes": sorted(n.name for n in c.numerical_notes),
+                "behavior": sorted(n.name for n in c.behavior_notes),
+                "estimate": c.estimate_us,
+                "why": c.why,
+                **(_generated(engine, piece, c, device) if sources else {}),
+            }
+            for c in configs
+        ]
     return out
 
 

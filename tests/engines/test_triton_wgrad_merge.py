@@ -49,8 +49,16 @@ def _knobs(case, taps=None, **more):
     _, wd, _ = CASES[case]
     taps = taps or (wd[-1] if wd[-1] > 1 else math.prod(wd[2:]))
     lanes = taps * wd[1]
-    return {"template": "conv_wgrad", MERGE: 1, "TAPS": taps, "BLOCK_M": max(16, 1 << (lanes - 1).bit_length()),
-            "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1, **more}
+    return {
+        "template": "conv_wgrad",
+        MERGE: 1,
+        "TAPS": taps,
+        "BLOCK_M": max(16, 1 << (lanes - 1).bit_length()),
+        "BLOCK_N": 16,
+        "BLOCK_K": 16,
+        "SPLIT_K": 1,
+        **more,
+    }
 
 
 def _check(plan, rng, **tolerance):
@@ -162,15 +170,15 @@ def test_candidates_on_the_gpu_for_few_channels_only():
     wgrad's configs); on the CPU before the broadest config."""
     stem = _candidates((32, 3, 224, 224), (64, 3, 7, 7), H100, padding=[3, 3], stride=[2, 2])
     merged = [c for c in stem if c.get(MERGE)]
-    assert not stem[0].get(MERGE) and merged == stem[1:1 + len(merged)]
+    assert not stem[0].get(MERGE) and merged == stem[1 : 1 + len(merged)]
     assert {(c["TAPS"], c["BLOCK_M"]) for c in merged} == {(7, 32), (49, 256)}
     assert all(c["TAPS"] * 3 <= c["BLOCK_M"] <= MAX_LANES and c["SPLIT_K"] >= 8 for c in merged)
-    narrow = [c for c in _candidates((32, 3, 224, 224), (32, 3, 3, 3), H100, padding=[1, 1], stride=[2, 2])
-              if c.get(MERGE)]  # MobileNetV2's stem: 32 filters
+    narrow = [
+        c for c in _candidates((32, 3, 224, 224), (32, 3, 3, 3), H100, padding=[1, 1], stride=[2, 2]) if c.get(MERGE)
+    ]  # MobileNetV2's stem: 32 filters
     assert {(c["TAPS"], c["BLOCK_M"], c["BLOCK_N"]) for c in narrow} == {(3, 16, 32), (9, 32, 32)}
     assert not any(c.get(MERGE) for c in _candidates((8, 8, 14, 14), (32, 8, 3, 3), H100, padding=[1, 1]))
-    assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 3), H100, dt=DT.INT8,
-                                                     padding=[1, 1]))
+    assert not any(c.get(MERGE) for c in _candidates((8, 3, 14, 14), (32, 3, 3, 3), H100, dt=DT.INT8, padding=[1, 1]))
     g, _ = sbr_wgrad(c=3, r=3)  # merged only behind the prologue's own pass (the plain wgrad's configs)
     piece = make_piece(g.final, 0, g.final.nodes)
     assert not TEMPLATE.match(piece, H100).ok  # (3 channels with neighbours fused: left to a library on the GPU)
@@ -189,6 +197,7 @@ def _stem(dt, n=32):
         g, _, _, dw = wgrad_graph((n, 3, 224, 224), (64, 3, 7, 7), dt=dt, padding=[3, 3], stride=[2, 2])
         dw.set_output(True)
         return g
+
     return build
 
 

@@ -33,8 +33,10 @@ def main(which: list[str], device: str = "cuda", small: bool = False) -> None:
 
     dev = resolve_device(device)
     engine = get_engine("triton")
-    graphs = {"ce": lambda: _ce_backward((2, 3) if small else (8, 1024), 1000 if small else 50304),
-              "tadd": lambda: _transposed_add(*((300, 260) if small else (50304, 768)))}
+    graphs = {
+        "ce": lambda: _ce_backward((2, 3) if small else (8, 1024), 1000 if small else 50304),
+        "tadd": lambda: _transposed_add(*((300, 260) if small else (50304, 768))),
+    }
     name_of_device = "cpu"
     if dev.is_cuda:
         import torch
@@ -43,8 +45,11 @@ def main(which: list[str], device: str = "cuda", small: bool = False) -> None:
     for name in which or list(graphs):
         final = graphs[name]().final
         piece = make_piece(final, 0, final.nodes)
-        moved = sum(math.prod(piece.tensor(u).dim) * piece.tensor(u).data_type.itemsize
-                    for u in (*piece.inputs, *piece.outputs) if not piece.tensor(u).is_pass_by_value)
+        moved = sum(
+            math.prod(piece.tensor(u).dim) * piece.tensor(u).data_type.itemsize
+            for u in (*piece.inputs, *piece.outputs)
+            if not piece.tensor(u).is_pass_by_value
+        )
         print(f"== {name} on {name_of_device}: {moved / 1e9:.3f} GB moved", flush=True)
         bufs = _buffers(piece, dev)
         first = None
@@ -57,8 +62,10 @@ def main(which: list[str], device: str = "cuda", small: bool = False) -> None:
             if first is None:
                 first = out.copy()
             diff = float(np.abs(out - first).max())  # nan where an element was not written
-            print(f"   {str(config).split(' (')[0]}: {us:8.1f} us  {moved / us / 1e6:6.2f} TB/s  max |diff| vs first {diff:.3g}",
-                  flush=True)
+            print(
+                f"   {str(config).split(' (')[0]}: {us:8.1f} us  {moved / us / 1e6:6.2f} TB/s  max |diff| vs first {diff:.3g}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

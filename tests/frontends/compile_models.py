@@ -23,8 +23,17 @@ def mlp() -> nn.Module:
 
 
 def cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2),
-                         nn.BatchNorm2d(6), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3, stride=2),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 3),
+    )
 
 
 def gpt() -> nn.Module:
@@ -38,9 +47,19 @@ def tiny_transformer() -> nn.Module | None:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
         return None
-    config = GPT2Config(vocab_size=19, n_positions=8, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", bos_token_id=None,
-                        eos_token_id=None)
+    config = GPT2Config(
+        vocab_size=19,
+        n_positions=8,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+        bos_token_id=None,
+        eos_token_id=None,
+    )
 
     class Logits(nn.Module):
         def __init__(self) -> None:
@@ -94,8 +113,13 @@ def make_case(name: str) -> tuple[nn.Module, Callable[[int], Any]] | None:
     return model.to(DT).train(), batches
 
 
-def compare_training(model: nn.Module, batches: Callable[[int], Any], wrap: Callable[[nn.Module, tuple], Any],
-                     steps: int = 20, rtol: float = 1e-9) -> Any:
+def compare_training(
+    model: nn.Module,
+    batches: Callable[[int], Any],
+    wrap: Callable[[nn.Module, tuple], Any],
+    steps: int = 20,
+    rtol: float = 1e-9,
+) -> Any:
     """Train `model` (wrapped by `wrap(model, example_inputs)`) and an eager copy side by side with
     torch.optim.AdamW for `steps` steps: the first step's outputs and every gradient, each step's loss,
     and the final parameters and buffers (batchnorm running stats) must agree."""

@@ -52,8 +52,11 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, d: int, hidden: int) -> None:
         super().__init__()
-        self.gate, self.up, self.down = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False), \
-            nn.Linear(hidden, d, bias=False)
+        self.gate, self.up, self.down = (
+            nn.Linear(d, hidden, bias=False),
+            nn.Linear(d, hidden, bias=False),
+            nn.Linear(hidden, d, bias=False),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
@@ -85,14 +88,25 @@ class GPT(nn.Module):
     """vocab, d, heads, seq, layers; attention 'explicit' | 'sdpa'; positions 'learned' | 'rotary';
     norm 'layer' | 'rms'; mlp 'gelu' | 'swiglu'; the head tied to the token embedding."""
 
-    def __init__(self, vocab: int = 17, d: int = 16, heads: int = 2, seq: int = 8, layers: int = 2, *,
-                 attention: str = "explicit", positions: str = "learned", norm: str = "layer",
-                 mlp: str = "gelu") -> None:
+    def __init__(
+        self,
+        vocab: int = 17,
+        d: int = 16,
+        heads: int = 2,
+        seq: int = 8,
+        layers: int = 2,
+        *,
+        attention: str = "explicit",
+        positions: str = "learned",
+        norm: str = "layer",
+        mlp: str = "gelu",
+    ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(seq, d) if positions == "learned" else None
-        self.blocks = nn.ModuleList(Block(d, heads, seq, attention, positions == "rotary", norm, mlp)
-                                    for _ in range(layers))
+        self.blocks = nn.ModuleList(
+            Block(d, heads, seq, attention, positions == "rotary", norm, mlp) for _ in range(layers)
+        )
         self.ln_f = nn.RMSNorm(d) if norm == "rms" else nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.wte.weight

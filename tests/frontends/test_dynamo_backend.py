@@ -163,9 +163,11 @@ def test_options():
         BackendOptions.parse({}, "fastest")
 
 
-@pytest.mark.parametrize("options", [{"engines": ["torch"]}, {"cudagraphs": True},
-                                     {"deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]}],
-                         ids=["torch-engine", "cudagraphs", "a-build-option"])
+@pytest.mark.parametrize(
+    "options",
+    [{"engines": ["torch"]}, {"cudagraphs": True}, {"deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]}],
+    ids=["torch-engine", "cudagraphs", "a-build-option"],
+)
 def test_options_reach_the_plans(options):
     torch.manual_seed(0)
     model = mlp().double()
@@ -220,9 +222,20 @@ def test_reports_can_be_cleared():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", [None, pytest.param("reduce-overhead", marks=pytest.mark.xfail(
-    reason="issue 43: PyTorch's CUDA graph trees find 2 allocations of the plan in their pool that are no output "
-           "(the plan's per-thread buffers made during recording): to fix", strict=False))])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        None,
+        pytest.param(
+            "reduce-overhead",
+            marks=pytest.mark.xfail(
+                reason="issue 43: PyTorch's CUDA graph trees find 2 allocations of the plan in their pool that are no output "
+                "(the plan's per-thread buffers made during recording): to fix",
+                strict=False,
+            ),
+        ),
+    ],
+)
 def test_gpu_training_step_and_cuda_graphs(mode):
     """On a GPU: the GPT's training step through the backend, plain and with CUDA-graph replay."""
     case = make_case("gpt")
@@ -235,9 +248,11 @@ def test_gpu_training_step_and_cuda_graphs(mode):
 
     eager = copy.deepcopy(model)
     # torch.compile takes mode or options, not both: the options' cudagraphs is what the mode sets
-    compiled = torch.compile(model, backend=og.torch_backend,
-                             options={"cudagraphs": mode == "reduce-overhead",
-                                      "deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]})  # no TF32, as eager
+    compiled = torch.compile(
+        model,
+        backend=og.torch_backend,
+        options={"cudagraphs": mode == "reduce-overhead", "deselect_numeric_notes": ["DOWN_CONVERT_INPUTS"]},
+    )  # no TF32, as eager
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     opt_eager = torch.optim.AdamW(eager.parameters(), lr=1e-3)
     for step in range(5):

@@ -109,8 +109,14 @@ def test_activation_backward_translations_and_a_declined_backward():
     made = _check(Activations().double(), torch.randn(5, 6, dtype=torch.float64))
     backward = next(r for r in made if r.kind == "backward")
     targets = {op for p in backward.partitions for op, _ in p.ops}
-    for op in ("sigmoid_backward", "tanh_backward", "silu_backward", "gelu_backward", "_log_softmax_backward_data",
-               "_softmax_backward_data"):
+    for op in (
+        "sigmoid_backward",
+        "tanh_backward",
+        "silu_backward",
+        "gelu_backward",
+        "_log_softmax_backward_data",
+        "_softmax_backward_data",
+    ):
         assert f"aten.{op}.default" in targets, sorted(targets)
     declined = [f for f in backward.fallbacks if "convolution_backward" in f.target]
     assert declined and "transposed convolution" in declined[0].reason, backward
@@ -163,8 +169,9 @@ def test_import_fx_outputs_keep_pytorchs_strides():
     imported = import_fx(gm)
     final = imported.graph.final
     strides = [final.tensors[t.known_uid()].stride for t in imported.outputs]
-    assert strides == [tuple(n.meta["val"].stride()) for n in next(
-        n for n in gm.graph.nodes if n.op == "output").args[0]]
+    assert strides == [
+        tuple(n.meta["val"].stride()) for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    ]
     x = torch.randn(3, 4)
     a, b = imported.run(x)
     torch.testing.assert_close(a, x.t() + 1.0)

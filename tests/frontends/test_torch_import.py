@@ -173,7 +173,7 @@ class OpZoo(nn.Module):
         d = self.fc(self.ln(c))  # linear over a 4-D input
         e, f = d.chunk(2, dim=-1)[0], d.select(3, -1)
         g = (e.transpose(2, 3) @ e).sum((1, 2, 3)) + f.amax(-1).mean(-1, keepdim=True).squeeze(-1)
-        h = F.softmax(y, -1) * F.log_softmax(y, -1) + (y ** 2).sqrt() - y.abs().rsqrt().exp() / (1 + y.sigmoid())
+        h = F.softmax(y, -1) * F.log_softmax(y, -1) + (y**2).sqrt() - y.abs().rsqrt().exp() / (1 + y.sigmoid())
         k = torch.stack([h.max(-1).values, h.min(-1)[0], h.sum(-1)], 1).to(torch.float32).double()
         return g, k.expand(2, 3), x.mean(), h.maximum(torch.zeros_like(h))
 
@@ -203,14 +203,26 @@ class Losses(nn.Module):
 
     def forward(self, x, t, target):
         z = self.fc(x)
-        return (F.cross_entropy(z, t, **self.kw), F.nll_loss(F.log_softmax(z, 1), t, reduction="sum"),
-                F.mse_loss(z, target))
+        return (
+            F.cross_entropy(z, t, **self.kw),
+            F.nll_loss(F.log_softmax(z, 1), t, reduction="sum"),
+            F.mse_loss(z, target),
+        )
 
 
-@pytest.mark.parametrize("kw", [
-    {}, {"reduction": "none"}, {"reduction": "sum"}, {"ignore_index": 2}, {"label_smoothing": 0.1},
-    {"weight": "w"}, {"weight": "w", "ignore_index": 1},
-], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()) or "default")
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"reduction": "none"},
+        {"reduction": "sum"},
+        {"ignore_index": 2},
+        {"label_smoothing": 0.1},
+        {"weight": "w"},
+        {"weight": "w", "ignore_index": 1},
+    ],
+    ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()) or "default",
+)
 def test_cross_entropy_nll_and_mse(kw, rng):
     _seed(rng)
     if kw.get("weight") == "w":
@@ -258,8 +270,13 @@ def test_untranslatable_ops_become_custom_ops(engines, rng):
     index = torch.randint(0, 6, (3, 6))
     imported = from_torch(model, (x, index))
     custom = {e.target for e in imported.report.custom_ops}
-    assert custom == {"aten.sort.default", "aten.cumprod.default", "opgraph_test.scaled_cube.default",
-                      "aten.special_i0.default", "aten.scatter.value"}, imported.report
+    assert custom == {
+        "aten.sort.default",
+        "aten.cumprod.default",
+        "opgraph_test.scaled_cube.default",
+        "aten.special_i0.default",
+        "aten.scatter.value",
+    }, imported.report
     assert "custom ops:" in imported.report.summary()
     assert _rel_err(imported.run(x, index, engines=engines), model(x, index).detach()) <= 1e-12
     kinds = [n.kind for n in imported.graph.final.nodes]
@@ -291,8 +308,9 @@ def test_parameters_are_named_inputs_bound_from_the_module(rng):
     imported = from_torch(model, (torch.randn(1, 3, 32, 32),))
     final = imported.graph.final
     names = {final.tensors[t.uid].name: s for t, s in imported.bound_inputs}
-    assert {"conv1.weight", "layer1.0.bn1.folded_scale", "layer1.0.bn1.folded_shift", "fc.weight", "fc.bias"} \
-        <= set(names)
+    assert {"conv1.weight", "layer1.0.bn1.folded_scale", "layer1.0.bn1.folded_shift", "fc.weight", "fc.bias"} <= set(
+        names
+    )
     assert names["layer1.0.bn1.folded_scale"].kind == "derived"
     assert "layer1.0.bn1.num_batches_tracked" not in names
     fc_weight = final.tensor("fc.weight")
@@ -399,7 +417,7 @@ def test_parameter_computations_come_before_the_activations(rng):
         assert set(n.input_uids()) <= params | produced_from_params, n.label()
         produced_from_params |= set(n.output_uids())
     conv = nodes[first_conv]
-    assert [n.kind for n in nodes[first_conv:first_conv + 4]] == ["conv_fprop", "pointwise", "pointwise", "pointwise"]
+    assert [n.kind for n in nodes[first_conv : first_conv + 4]] == ["conv_fprop", "pointwise", "pointwise", "pointwise"]
     assert nodes[first_conv + 1].input_uids()[0] == conv.outputs[0]
 
 

@@ -58,10 +58,19 @@ def _qkv(hk=4, sq=5, skv=7, rank=4, dtype=D64):
     return torch.randn(shape, dtype=dtype), torch.randn(kshape, dtype=dtype), torch.randn(kshape, dtype=dtype)
 
 
-@pytest.mark.parametrize("kw,mask", [
-    ({}, None), ({"is_causal": True}, None), ({"scale": 0.2}, None), ({"enable_gqa": True}, None),
-    ({}, "float"), ({}, "bool"), ({"enable_gqa": True, "scale": 0.5}, "bool4"), ({}, "rank3"),
-])
+@pytest.mark.parametrize(
+    "kw,mask",
+    [
+        ({}, None),
+        ({"is_causal": True}, None),
+        ({"scale": 0.2}, None),
+        ({"enable_gqa": True}, None),
+        ({}, "float"),
+        ({}, "bool"),
+        ({"enable_gqa": True, "scale": 0.5}, "bool4"),
+        ({}, "rank3"),
+    ],
+)
 @pytest.mark.parametrize("engines", [None, ["torch"]], ids=["reference", "torch"])
 def test_sdpa(kw, mask, engines):
     torch.manual_seed(0)

@@ -18,8 +18,11 @@ nn = torch.nn
 F = torch.nn.functional
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(positions="rotary", norm="rms", mlp="swiglu")],
-                         ids=["learned-layernorm-gelu", "rotary-rmsnorm-swiglu"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(positions="rotary", norm="rms", mlp="swiglu")],
+    ids=["learned-layernorm-gelu", "rotary-rmsnorm-swiglu"],
+)
 def test_gpt_forward_is_translated(kw):
     torch.manual_seed(0)
     model = GPT(**kw).double().eval()

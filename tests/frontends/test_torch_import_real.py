@@ -107,7 +107,7 @@ def _window_mask(h, w, window, shift):
     count = 0
     for hs in ((0, -window), (-window, -shift), (-shift, None)):
         for ws in ((0, -window), (-window, -shift), (-shift, None)):
-            mask[hs[0]:hs[1], ws[0]:ws[1]] = count
+            mask[hs[0] : hs[1], ws[0] : ws[1]] = count
             count += 1
     return mask
 
@@ -257,8 +257,13 @@ def test_constant_attention_masks_become_the_ops_own(pattern):
         def forward(self, q, k, v):
             s = q.shape[-2]
             i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
-            allowed = {"causal-bool": j <= i, "causal-float": j <= i, "window-bool": (j <= i) & (j > i - 3),
-                       "all-true": j >= 0, "banded": (j - i).abs() <= 1}[pattern]
+            allowed = {
+                "causal-bool": j <= i,
+                "causal-float": j <= i,
+                "window-bool": (j <= i) & (j > i - 3),
+                "all-true": j >= 0,
+                "banded": (j - i).abs() <= 1,
+            }[pattern]
             mask = allowed[None, None].expand(q.shape[0], 1, s, s)
             if pattern == "causal-float":
                 mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, torch.finfo(q.dtype).min)

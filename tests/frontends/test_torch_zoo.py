@@ -43,9 +43,16 @@ class Row:
 
     def cells(self) -> list[str]:
         err = "" if self.rel_error is None else f"{self.rel_error:.1e}"
-        return [self.name, self.library, self.family, "yes" if self.imports else "no", err,
-                "" if self.custom_ops is None else str(self.custom_ops),
-                "" if self.torch_steps is None else f"{self.torch_steps} / {self.steps}", self.error]
+        return [
+            self.name,
+            self.library,
+            self.family,
+            "yes" if self.imports else "no",
+            err,
+            "" if self.custom_ops is None else str(self.custom_ops),
+            "" if self.torch_steps is None else f"{self.torch_steps} / {self.steps}",
+            self.error,
+        ]
 
 
 def rel_error(got, want) -> float:
@@ -157,8 +164,10 @@ def test_zoo_model_matches_pytorch_on_cuda(name, fp32_torch):
     got = imported.run(*inputs)
     plan = imported.plan("cuda")
     torch_steps = sum(s.config.engine == "torch" for s in plan.steps)
-    print(f"{name}: {rel_error(got, want):.1e} relative, {len(imported.report.custom_ops)} custom ops, "
-          f"{torch_steps} / {len(plan.steps)} torch-engine steps")
+    print(
+        f"{name}: {rel_error(got, want):.1e} relative, {len(imported.report.custom_ops)} custom ops, "
+        f"{torch_steps} / {len(plan.steps)} torch-engine steps"
+    )
     assert rel_error(got, want) <= RTOL
 
 

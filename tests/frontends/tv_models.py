@@ -37,12 +37,23 @@ def _make_divisible(v: float, divisor: int, min_value: int | None = None) -> int
 class ConvNormActivation(nn.Sequential):
     """torchvision.ops.Conv2dNormActivation: conv (no bias before a norm), norm, activation."""
 
-    def __init__(self, cin: int, cout: int, kernel_size: int = 3, stride: int = 1, groups: int = 1,
-                 norm_layer: Callable[..., nn.Module] | None = nn.BatchNorm2d,
-                 activation_layer: Callable[..., nn.Module] | None = nn.ReLU, dilation: int = 1) -> None:
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        groups: int = 1,
+        norm_layer: Callable[..., nn.Module] | None = nn.BatchNorm2d,
+        activation_layer: Callable[..., nn.Module] | None = nn.ReLU,
+        dilation: int = 1,
+    ) -> None:
         padding = (kernel_size - 1) // 2 * dilation
-        layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel_size, stride, padding, dilation=dilation,
-                                             groups=groups, bias=norm_layer is None)]
+        layers: list[nn.Module] = [
+            nn.Conv2d(
+                cin, cout, kernel_size, stride, padding, dilation=dilation, groups=groups, bias=norm_layer is None
+            )
+        ]
         if norm_layer is not None:
             layers.append(norm_layer(cout))
         if activation_layer is not None:
@@ -51,8 +62,13 @@ class ConvNormActivation(nn.Sequential):
 
 
 class SqueezeExcitation(nn.Module):
-    def __init__(self, cin: int, squeeze: int, activation: Callable[..., nn.Module] = nn.ReLU,
-                 scale_activation: Callable[..., nn.Module] = nn.Sigmoid) -> None:
+    def __init__(
+        self,
+        cin: int,
+        squeeze: int,
+        activation: Callable[..., nn.Module] = nn.ReLU,
+        scale_activation: Callable[..., nn.Module] = nn.Sigmoid,
+    ) -> None:
         super().__init__()
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc1 = nn.Conv2d(cin, squeeze, 1)
@@ -155,8 +171,10 @@ class ResNet(nn.Module):
     def _make_layer(self, block: Any, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
-                                       nn.BatchNorm2d(planes * block.expansion))
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
+                nn.BatchNorm2d(planes * block.expansion),
+            )
         layers = [block(self.inplanes, planes, stride, downsample)]
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
@@ -187,8 +205,11 @@ class InvertedResidualV2(nn.Module):
         layers: list[nn.Module] = []
         if expand_ratio != 1:
             layers.append(ConvNormActivation(inp, hidden, 1, activation_layer=nn.ReLU6))
-        layers += [ConvNormActivation(hidden, hidden, stride=stride, groups=hidden, activation_layer=nn.ReLU6),
-                   nn.Conv2d(hidden, oup, 1, 1, 0, bias=False), nn.BatchNorm2d(oup)]
+        layers += [
+            ConvNormActivation(hidden, hidden, stride=stride, groups=hidden, activation_layer=nn.ReLU6),
+            nn.Conv2d(hidden, oup, 1, 1, 0, bias=False),
+            nn.BatchNorm2d(oup),
+        ]
         self.conv = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,8 +217,15 @@ class InvertedResidualV2(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    SETTING = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2], [6, 96, 3, 1], [6, 160, 3, 2],
-               [6, 320, 1, 1]]
+    SETTING = [
+        [1, 16, 1, 1],
+        [6, 24, 2, 2],
+        [6, 32, 3, 2],
+        [6, 64, 4, 2],
+        [6, 96, 3, 1],
+        [6, 160, 3, 2],
+        [6, 320, 1, 1],
+    ]
 
     def __init__(self, num_classes: int = 1000, dropout: float = 0.2) -> None:
         super().__init__()
@@ -224,8 +252,17 @@ def mobilenet_v2(num_classes: int = 1000) -> MobileNetV2:
 
 
 class InvertedResidualV3(nn.Module):
-    def __init__(self, cin: int, kernel: int, expanded: int, cout: int, use_se: bool, hs: bool, stride: int,
-                 norm_layer: Callable[..., nn.Module]) -> None:
+    def __init__(
+        self,
+        cin: int,
+        kernel: int,
+        expanded: int,
+        cout: int,
+        use_se: bool,
+        hs: bool,
+        stride: int,
+        norm_layer: Callable[..., nn.Module],
+    ) -> None:
         super().__init__()
         self.use_res_connect = stride == 1 and cin == cout
         act = nn.Hardswish if hs else nn.ReLU
@@ -234,8 +271,9 @@ class InvertedResidualV3(nn.Module):
             layers.append(ConvNormActivation(cin, expanded, 1, norm_layer=norm_layer, activation_layer=act))
         layers.append(ConvNormActivation(expanded, expanded, kernel, stride, expanded, norm_layer, act))
         if use_se:
-            layers.append(SqueezeExcitation(expanded, _make_divisible(expanded // 4, 8),
-                                            scale_activation=nn.Hardsigmoid))
+            layers.append(
+                SqueezeExcitation(expanded, _make_divisible(expanded // 4, 8), scale_activation=nn.Hardsigmoid)
+            )
         layers.append(ConvNormActivation(expanded, cout, 1, norm_layer=norm_layer, activation_layer=None))
         self.block = nn.Sequential(*layers)
 
@@ -248,10 +286,19 @@ class InvertedResidualV3(nn.Module):
 
 class MobileNetV3Small(nn.Module):
     # input, kernel, expanded, output, SE, hardswish, stride
-    SETTING = [(16, 3, 16, 16, True, False, 2), (16, 3, 72, 24, False, False, 2), (24, 3, 88, 24, False, False, 1),
-               (24, 5, 96, 40, True, True, 2), (40, 5, 240, 40, True, True, 1), (40, 5, 240, 40, True, True, 1),
-               (40, 5, 120, 48, True, True, 1), (48, 5, 144, 48, True, True, 1), (48, 5, 288, 96, True, True, 2),
-               (96, 5, 576, 96, True, True, 1), (96, 5, 576, 96, True, True, 1)]
+    SETTING = [
+        (16, 3, 16, 16, True, False, 2),
+        (16, 3, 72, 24, False, False, 2),
+        (24, 3, 88, 24, False, False, 1),
+        (24, 5, 96, 40, True, True, 2),
+        (40, 5, 240, 40, True, True, 1),
+        (40, 5, 240, 40, True, True, 1),
+        (40, 5, 120, 48, True, True, 1),
+        (48, 5, 144, 48, True, True, 1),
+        (48, 5, 288, 96, True, True, 2),
+        (96, 5, 576, 96, True, True, 1),
+        (96, 5, 576, 96, True, True, 1),
+    ]
 
     def __init__(self, num_classes: int = 1000, dropout: float = 0.2) -> None:
         super().__init__()
@@ -261,8 +308,12 @@ class MobileNetV3Small(nn.Module):
         layers.append(ConvNormActivation(96, 576, 1, norm_layer=norm, activation_layer=nn.Hardswish))
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(inplace=True),
-                                        nn.Dropout(p=dropout, inplace=True), nn.Linear(1024, num_classes))
+        self.classifier = nn.Sequential(
+            nn.Linear(576, 1024),
+            nn.Hardswish(inplace=True),
+            nn.Dropout(p=dropout, inplace=True),
+            nn.Linear(1024, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -299,8 +350,15 @@ class MBConv(nn.Module):
 
 class EfficientNetB0(nn.Module):
     # expand ratio, kernel, stride, input, output, layers
-    SETTING = [(1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
-               (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1)]
+    SETTING = [
+        (1, 3, 1, 32, 16, 1),
+        (6, 3, 2, 16, 24, 2),
+        (6, 5, 2, 24, 40, 2),
+        (6, 3, 2, 40, 80, 3),
+        (6, 5, 1, 80, 112, 3),
+        (6, 5, 2, 112, 192, 4),
+        (6, 3, 1, 192, 320, 1),
+    ]
 
     def __init__(self, num_classes: int = 1000, dropout: float = 0.2, stochastic_depth_prob: float = 0.2) -> None:
         super().__init__()
@@ -328,6 +386,9 @@ def efficientnet_b0(num_classes: int = 1000) -> EfficientNetB0:
 
 
 REPLICAS: dict[str, Callable[..., nn.Module]] = {
-    "resnet18": resnet18, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2,
-    "mobilenet_v3_small": mobilenet_v3_small, "efficientnet_b0": efficientnet_b0,
+    "resnet18": resnet18,
+    "resnet50": resnet50,
+    "mobilenet_v2": mobilenet_v2,
+    "mobilenet_v3_small": mobilenet_v3_small,
+    "efficientnet_b0": efficientnet_b0,
 }

@@ -33,8 +33,9 @@ class Entry:
 class Logits(nn.Module):
     """A transformers model's `.logits` (language models: flattened to [B*S, V])."""
 
-    def __init__(self, model: nn.Module, flatten: bool = False, field: str = "logits",
-                 names: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, model: nn.Module, flatten: bool = False, field: str = "logits", names: tuple[str, ...] = ()
+    ) -> None:
         super().__init__()
         self.model = model
         self.flatten = flatten
@@ -72,8 +73,17 @@ def _torchvision() -> Any:
 
 
 VOCAB, B, S = 61, 2, 8
-_DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, use_cache=False, attention_dropout=0.0)
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    use_cache=False,
+    attention_dropout=0.0,
+)
 
 
 def _tokens() -> torch.Tensor:
@@ -84,17 +94,18 @@ def _lm(config_name: str, model_name: str, **kw: Any) -> Entry:
     tf = _transformers()
     config = getattr(tf, config_name)(**{**_DECODER, **kw})
     model = getattr(tf, model_name)(config)
-    return Entry(Logits(model, flatten=True), (_tokens(),), torch.randint(0, VOCAB, (B * S,)), "transformers",
-                 "decoder LM")
+    return Entry(
+        Logits(model, flatten=True), (_tokens(),), torch.randint(0, VOCAB, (B * S,)), "transformers", "decoder LM"
+    )
 
 
-def _classifier(config_name: str, model_name: str, family: str, size: int = 32, channels: int = 3,
-                **kw: Any) -> Entry:
+def _classifier(config_name: str, model_name: str, family: str, size: int = 32, channels: int = 3, **kw: Any) -> Entry:
     tf = _transformers()
     config = getattr(tf, config_name)(num_labels=5, **kw)
     model = getattr(tf, model_name)(config)
-    return Entry(Logits(model), (torch.randn(B, channels, size, size),), torch.randint(0, 5, (B,)), "transformers",
-                 family)
+    return Entry(
+        Logits(model), (torch.randn(B, channels, size, size),), torch.randint(0, 5, (B,)), "transformers", family
+    )
 
 
 def llama() -> Entry:
@@ -127,23 +138,60 @@ def gpt_neox() -> Entry:
 
 def gpt2() -> Entry:
     tf = _transformers()
-    config = tf.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
-                           embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
-    return Entry(Logits(tf.GPT2LMHeadModel(config), flatten=True), (_tokens(),), torch.randint(0, VOCAB, (B * S,)),
-                 "transformers", "decoder LM")
+    config = tf.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+    )
+    return Entry(
+        Logits(tf.GPT2LMHeadModel(config), flatten=True),
+        (_tokens(),),
+        torch.randint(0, VOCAB, (B * S,)),
+        "transformers",
+        "decoder LM",
+    )
 
 
 def opt() -> Entry:
     tf = _transformers()
-    config = tf.OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
-                          max_position_embeddings=32, word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0,
-                          use_cache=False)
-    return Entry(Logits(tf.OPTForCausalLM(config), flatten=True), (_tokens(),), torch.randint(0, VOCAB, (B * S,)),
-                 "transformers", "decoder LM")
+    config = tf.OPTConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        word_embed_proj_dim=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+        use_cache=False,
+    )
+    return Entry(
+        Logits(tf.OPTForCausalLM(config), flatten=True),
+        (_tokens(),),
+        torch.randint(0, VOCAB, (B * S,)),
+        "transformers",
+        "decoder LM",
+    )
 
 
-_ENCODER = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=5)
+_ENCODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    num_labels=5,
+)
 
 
 def bert() -> Entry:
@@ -157,66 +205,154 @@ def bert() -> Entry:
 def roberta() -> Entry:
     tf = _transformers()
     model = tf.RobertaModel(tf.RobertaConfig(**_ENCODER, pad_token_id=1), add_pooling_layer=False)
-    return Entry(Logits(model, field="last_hidden_state"), (torch.randint(2, VOCAB, (B, S)),), None, "transformers",
-                 "encoder")
+    return Entry(
+        Logits(model, field="last_hidden_state"), (torch.randint(2, VOCAB, (B, S)),), None, "transformers", "encoder"
+    )
 
 
 def distilbert() -> Entry:
     tf = _transformers()
-    config = tf.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                                 max_position_embeddings=32, dropout=0.0, attention_dropout=0.0)
-    return Entry(Logits(tf.DistilBertModel(config), field="last_hidden_state"), (_tokens(),), None, "transformers",
-                 "encoder")
+    config = tf.DistilBertConfig(
+        vocab_size=VOCAB,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+        max_position_embeddings=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
+    return Entry(
+        Logits(tf.DistilBertModel(config), field="last_hidden_state"), (_tokens(),), None, "transformers", "encoder"
+    )
 
 
 def t5() -> Entry:
     tf = _transformers()
-    config = tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
-                         num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                         dropout_rate=0.0, use_cache=False, decoder_start_token_id=0)
+    config = tf.T5Config(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        dropout_rate=0.0,
+        use_cache=False,
+        decoder_start_token_id=0,
+    )
     model = tf.T5ForConditionalGeneration(config)
-    return Entry(Logits(model, flatten=True, names=("input_ids", "decoder_input_ids")), (_tokens(), _tokens()),
-                 torch.randint(0, VOCAB, (B * S,)), "transformers",
-                 "encoder-decoder")
+    return Entry(
+        Logits(model, flatten=True, names=("input_ids", "decoder_input_ids")),
+        (_tokens(), _tokens()),
+        torch.randint(0, VOCAB, (B * S,)),
+        "transformers",
+        "encoder-decoder",
+    )
 
 
 def vit() -> Entry:
-    return _classifier("ViTConfig", "ViTForImageClassification", "ViT", image_size=32, patch_size=8, hidden_size=32,
-                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0)
+    return _classifier(
+        "ViTConfig",
+        "ViTForImageClassification",
+        "ViT",
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 def deit() -> Entry:
-    return _classifier("DeiTConfig", "DeiTForImageClassification", "ViT", image_size=32, patch_size=8, hidden_size=32,
-                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0)
+    return _classifier(
+        "DeiTConfig",
+        "DeiTForImageClassification",
+        "ViT",
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 def swin() -> Entry:
-    return _classifier("SwinConfig", "SwinForImageClassification", "Swin", image_size=32, patch_size=4, embed_dim=16,
-                       depths=[2, 1], num_heads=[2, 2], window_size=4, hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
+    return _classifier(
+        "SwinConfig",
+        "SwinForImageClassification",
+        "Swin",
+        image_size=32,
+        patch_size=4,
+        embed_dim=16,
+        depths=[2, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+    )
 
 
 def convnext() -> Entry:
-    return _classifier("ConvNextConfig", "ConvNextForImageClassification", "CNN", num_stages=2,
-                       hidden_sizes=[16, 32], depths=[1, 1], drop_path_rate=0.0)
+    return _classifier(
+        "ConvNextConfig",
+        "ConvNextForImageClassification",
+        "CNN",
+        num_stages=2,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        drop_path_rate=0.0,
+    )
 
 
 def resnet_hf() -> Entry:
-    return _classifier("ResNetConfig", "ResNetForImageClassification", "CNN", embedding_size=16,
-                       hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", downsample_in_first_stage=False)
+    return _classifier(
+        "ResNetConfig",
+        "ResNetForImageClassification",
+        "CNN",
+        embedding_size=16,
+        hidden_sizes=[16, 32],
+        depths=[1, 1],
+        layer_type="basic",
+        downsample_in_first_stage=False,
+    )
 
 
 def mobilevit() -> Entry:
-    return _classifier("MobileViTConfig", "MobileViTForImageClassification", "CNN+ViT", size=64, image_size=64,
-                       hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2,
-                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+    return _classifier(
+        "MobileViTConfig",
+        "MobileViTForImageClassification",
+        "CNN+ViT",
+        size=64,
+        image_size=64,
+        hidden_sizes=[16, 24, 32],
+        neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+        num_attention_heads=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout_prob=0.0,
+    )
 
 
 def mobilenet_v2_hf() -> Entry:
-    return _classifier("MobileNetV2Config", "MobileNetV2ForImageClassification", "CNN", size=32, image_size=32,
-                       depth_multiplier=0.35, classifier_dropout_prob=0.0)
+    return _classifier(
+        "MobileNetV2Config",
+        "MobileNetV2ForImageClassification",
+        "CNN",
+        size=32,
+        image_size=32,
+        depth_multiplier=0.35,
+        classifier_dropout_prob=0.0,
+    )
 
 
 def _tv(name: str, size: int = 32) -> Entry:
@@ -229,15 +365,23 @@ def _tv(name: str, size: int = 32) -> Entry:
 
 def tv_swin_t() -> Entry:
     tvm = _torchvision()
-    model = tvm.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=[4, 4],
-                                stochastic_depth_prob=0.0, num_classes=5)
+    model = tvm.SwinTransformer(
+        patch_size=[4, 4],
+        embed_dim=16,
+        depths=[2, 2],
+        num_heads=[2, 2],
+        window_size=[4, 4],
+        stochastic_depth_prob=0.0,
+        num_classes=5,
+    )
     return Entry(model, (torch.randn(B, 3, 32, 32),), torch.randint(0, 5, (B,)), "torchvision", "Swin")
 
 
 def tv_vit() -> Entry:
     tvm = _torchvision()
-    model = tvm.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64,
-                                  num_classes=5)
+    model = tvm.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=5
+    )
     return Entry(model, (torch.randn(B, 3, 32, 32),), torch.randint(0, 5, (B,)), "torchvision", "ViT")
 
 
@@ -248,20 +392,46 @@ def _timm_model(name: str, family: str, size: int = 32, **kw: Any) -> Entry:
 
 
 MODELS: dict[str, Callable[[], Entry]] = {
-    "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "mistral": mistral, "gemma": gemma, "phi3": phi3,
-    "gpt_neox": gpt_neox, "gpt2": gpt2, "opt": opt,
-    "bert": bert, "roberta": roberta, "distilbert": distilbert, "t5": t5,
-    "vit": vit, "deit": deit, "swin": swin, "convnext": convnext, "resnet_hf": resnet_hf, "mobilevit": mobilevit,
+    "llama": llama,
+    "qwen2": qwen2,
+    "qwen3": qwen3,
+    "mistral": mistral,
+    "gemma": gemma,
+    "phi3": phi3,
+    "gpt_neox": gpt_neox,
+    "gpt2": gpt2,
+    "opt": opt,
+    "bert": bert,
+    "roberta": roberta,
+    "distilbert": distilbert,
+    "t5": t5,
+    "vit": vit,
+    "deit": deit,
+    "swin": swin,
+    "convnext": convnext,
+    "resnet_hf": resnet_hf,
+    "mobilevit": mobilevit,
     "mobilenet_v2_hf": mobilenet_v2_hf,
-    "tv_resnet18": lambda: _tv("resnet18"), "tv_mobilenet_v3_small": lambda: _tv("mobilenet_v3_small"),
-    "tv_swin_t": tv_swin_t, "tv_vit": tv_vit,
+    "tv_resnet18": lambda: _tv("resnet18"),
+    "tv_mobilenet_v3_small": lambda: _tv("mobilenet_v3_small"),
+    "tv_swin_t": tv_swin_t,
+    "tv_vit": tv_vit,
     "timm_vit_tiny": lambda: _timm_model("vit_tiny_patch16_224", "ViT", img_size=32, patch_size=8, depth=2),
     "timm_convnext_atto": lambda: _timm_model("convnext_atto", "CNN", depths=(1, 1, 1, 1)),
     "timm_resnet18": lambda: _timm_model("resnet18", "CNN"),
     "timm_mobilevit_xxs": lambda: _timm_model("mobilevit_xxs", "CNN+ViT", size=64),
-    "timm_swin": lambda: _timm_model("swin_tiny_patch4_window7_224", "Swin", img_size=32, patch_size=2,
-                                     window_size=4, depths=(1, 1), num_heads=(2, 2), embed_dim=16),
+    "timm_swin": lambda: _timm_model(
+        "swin_tiny_patch4_window7_224",
+        "Swin",
+        img_size=32,
+        patch_size=2,
+        window_size=4,
+        depths=(1, 1),
+        num_heads=(2, 2),
+        embed_dim=16,
+    ),
 }
+
 
 def build(name: str) -> Entry:
     """MODELS[name]() with every floating parameter moved off its initial value (zero biases, unit

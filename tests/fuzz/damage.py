@@ -41,8 +41,11 @@ def _pick(rng: np.random.Generator, seq):
 def damaged_plans(data: bytes, rng: np.random.Generator, count: int = 3) -> Iterator[tuple[str, bytes]]:
     """`count` damaged copies of plan file `data`, each with what was done to it."""
     doc = json.loads(plan_body(data))
-    knob_paths = [p for p in _paths(doc) if len(p) >= 5 and p[0] == "steps" and p[2] == "config"
-                  and p[3] == "knobs" and len(p) == 6 and p[5] == 1]
+    knob_paths = [
+        p
+        for p in _paths(doc)
+        if len(p) >= 5 and p[0] == "steps" and p[2] == "config" and p[3] == "knobs" and len(p) == 6 and p[5] == 1
+    ]
     paths = [p for p in _paths(doc) if p]
     for _ in range(count):
         d = json.loads(json.dumps(doc))
@@ -51,8 +54,9 @@ def damaged_plans(data: bytes, rng: np.random.Generator, count: int = 3) -> Iter
             path = _pick(rng, knob_paths)
             knob = d["steps"][path[1]]["config"]["knobs"][path[4]][0]
             if knob == "template":
-                value = _pick(rng, ("pointwise", "reduction", "matmul", "conv_fprop", "rownorm", "pooling", "nope",
-                                    "gemm", 3))
+                value = _pick(
+                    rng, ("pointwise", "reduction", "matmul", "conv_fprop", "rownorm", "pooling", "nope", "gemm", 3)
+                )
             else:
                 value = _pick(rng, ODD_VALUES)
             _set(d, path, value)

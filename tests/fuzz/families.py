@@ -41,8 +41,10 @@ def reduction(g: Gen, prev: V | None) -> V:
     out_dim = tuple(1 if g.chance(0.6) else d for d in x.dim)
     y = g.g.reduction(x.t, mode, compute_data_type=g.cdt()).set_dim(list(out_dim))
     ints = x.dt.is_integer
-    exact = x.exact and (mode in (og.ReductionMode.MIN, og.ReductionMode.MAX, og.ReductionMode.AMAX)
-                         or (ints and mode in (og.ReductionMode.ADD, og.ReductionMode.NORM1)))
+    exact = x.exact and (
+        mode in (og.ReductionMode.MIN, og.ReductionMode.MAX, og.ReductionMode.AMAX)
+        or (ints and mode in (og.ReductionMode.ADD, og.ReductionMode.NORM1))
+    )
     dt = g.pick((DT.FLOAT, DT.DOUBLE, *((x.dt,) if exact and ints else ())))
     v = g.result(y, out_dim, dt, exact)
     g.typed(v, DT.DOUBLE if g.double else dt)
@@ -80,8 +82,16 @@ def norm(g: Gen, prev: V | None) -> V:
         if running:
             g.profiles[rv.t] = "positive"
         mom = g.scalar(g.scalar_type(), 0.05, 0.5, positive=True) if running else None
-        outs = b.batchnorm(x.t, scale.t, bias.t, None if rm is None else rm.t, None if rv is None else rv.t,
-                           epsilon=_eps(g), momentum=mom, compute_data_type=g.cdt())
+        outs = b.batchnorm(
+            x.t,
+            scale.t,
+            bias.t,
+            None if rm is None else rm.t,
+            None if rv is None else rv.t,
+            epsilon=_eps(g),
+            momentum=mom,
+            compute_data_type=g.cdt(),
+        )
     elif kind == "batchnorm_inference":
         mean, inv, scale, bias = (_per_channel(g, x) for _ in range(4))
         outs = [b.batchnorm_inference(x.t, mean.t, inv.t, scale.t, bias.t, compute_data_type=g.cdt())]
@@ -99,7 +109,8 @@ def norm(g: Gen, prev: V | None) -> V:
     y = g.result(outs[0], x.dim, x.dt if g.chance(0.5) else g.g.intermediate_data_type, False)
     c = (1, x.dim[1]) + (1,) * (len(x.dim) - 2)
     stats = {"batchnorm": c, "batchnorm_inference": c, "instancenorm": x.dim[:2] + (1,) * (len(x.dim) - 2)}.get(
-        kind) or tuple(d if s == 1 else 1 for d, s in zip(x.dim, norm_dim))
+        kind
+    ) or tuple(d if s == 1 else 1 for d, s in zip(x.dim, norm_dim))
     for t in outs[1:]:
         if t is not None:
             g.result(t, stats, DT.FLOAT, False)
@@ -121,8 +132,15 @@ def norm_bwd(g: Gen, prev: V | None) -> V:
         mean = g.input(stats, DT.FLOAT) if saved else None
         inv = g.input(stats, DT.FLOAT, profile="positive") if saved else None
         fn = b.batchnorm_backward if kind == "batchnorm_backward" else b.instancenorm_backward
-        outs = fn(dy.t, x.t, scale.t, None if mean is None else mean.t, None if inv is None else inv.t,
-                  epsilon=None if saved else _eps(g), compute_data_type=g.cdt())
+        outs = fn(
+            dy.t,
+            x.t,
+            scale.t,
+            None if mean is None else mean.t,
+            None if inv is None else inv.t,
+            epsilon=None if saved else _eps(g),
+            compute_data_type=g.cdt(),
+        )
     else:
         norm_dim = (1,) + x.dim[1:]
         stats = (x.dim[0],) + (1,) * (len(x.dim) - 1)
@@ -149,8 +167,16 @@ def pool(g: Gen, prev: V | None) -> V:
     stride = tuple(int(g.rng.integers(1, 3)) for _ in window)
     pad = tuple(int(g.rng.integers(0, w)) for w in window)
     index = mode is og.ResampleMode.MAX and x.exact and g.chance(0.4)
-    y, idx = g.g.resample(x.t, mode=mode, window=list(window), stride=list(stride), pre_padding=list(pad),
-                          post_padding=list(pad), generate_index=index, compute_data_type=g.cdt())
+    y, idx = g.g.resample(
+        x.t,
+        mode=mode,
+        window=list(window),
+        stride=list(stride),
+        pre_padding=list(pad),
+        post_padding=list(pad),
+        generate_index=index,
+        compute_data_type=g.cdt(),
+    )
     out = tuple((d + 2 * p - w) // s + 1 for d, p, w, s in zip(x.dim[2:], pad, window, stride))
     dim = x.dim[:2] + out
     if idx is not None:
@@ -203,8 +229,12 @@ def matmul(g: Gen, prev: V | None) -> V:
     bt = g.input(bdim, dt if ints or g.chance(0.7) else g.fdt(), allow_zero=g.chance(0.3), profile=profile)
     pa = g.chain([a], a.dim, 1, dt, floating=True) if not ints and g.chance(0.25) else a
     g.use(pa, bt)
-    c = g.result(g.g.matmul(pa.t, bt.t, compute_data_type=g.cdt()), batch + (m, n),
-                 DT.INT32 if ints else g.g.intermediate_data_type, ints)
+    c = g.result(
+        g.g.matmul(pa.t, bt.t, compute_data_type=g.cdt()),
+        batch + (m, n),
+        DT.INT32 if ints else g.g.intermediate_data_type,
+        ints,
+    )
     if ints:
         g.typed(c, g.pick(WIDE_INTS)).fixed = True
     return g.epilogue(c)
@@ -265,25 +295,46 @@ def inplace(g: Gen, prev: V | None) -> V | None:
 def _extreme(family: Family) -> Family:
     """The family with extreme inputs in its draw too (see Gen.extreme): NaN, infinities, signed
     zeros and values near the type's range in its convolutions, products, sums and normalizations."""
+
     def run(g: Gen, prev: V | None) -> V | None:
         g.extreme = True
         try:
             return family(g, prev)
         finally:
             g.extreme = False
+
     run.__name__ = family.__name__
     return run
 
 
-conv, norm, norm_bwd, genstats, matmul, pool = (
-    _extreme(f) for f in (conv, norm, norm_bwd, genstats, matmul, pool))
+conv, norm, norm_bwd, genstats, matmul, pool = (_extreme(f) for f in (conv, norm, norm_bwd, genstats, matmul, pool))
 
 FAMILIES: dict[str, Family] = {
-    "pointwise": pointwise, "cast": cast, "reduction": reduction, "genstats": genstats, "norm": norm,
-    "norm_bwd": norm_bwd, "pool": pool, "layout": layout, "matmul": matmul, "conv": conv, "inplace": inplace,
+    "pointwise": pointwise,
+    "cast": cast,
+    "reduction": reduction,
+    "genstats": genstats,
+    "norm": norm,
+    "norm_bwd": norm_bwd,
+    "pool": pool,
+    "layout": layout,
+    "matmul": matmul,
+    "conv": conv,
+    "inplace": inplace,
 }
-WEIGHTS = {"pointwise": 6, "cast": 3, "reduction": 3, "genstats": 1, "norm": 2, "norm_bwd": 2, "pool": 2,
-           "layout": 2, "matmul": 2, "conv": 2, "inplace": 1}
+WEIGHTS = {
+    "pointwise": 6,
+    "cast": 3,
+    "reduction": 3,
+    "genstats": 1,
+    "norm": 2,
+    "norm_bwd": 2,
+    "pool": 2,
+    "layout": 2,
+    "matmul": 2,
+    "conv": 2,
+    "inplace": 1,
+}
 
 
 def make_case(seed: int, families: Sequence[str] | None = None) -> Case:
@@ -293,8 +344,11 @@ def make_case(seed: int, families: Sequence[str] | None = None) -> Case:
     weights = np.array([WEIGHTS[n] for n in names], dtype=float)
     last: Exception | None = None
     for _ in range(50):
-        chosen = list(families) if families else [
-            names[i] for i in rng.choice(len(names), size=int(rng.integers(1, 4)), p=weights / weights.sum())]
+        chosen = (
+            list(families)
+            if families
+            else [names[i] for i in rng.choice(len(names), size=int(rng.integers(1, 4)), p=weights / weights.sum())]
+        )
         g = Gen(int(rng.integers(2**62)))
         prev = None
         try:

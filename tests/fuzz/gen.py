@@ -33,13 +33,50 @@ ALL_TYPES = (DT.FLOAT, DT.HALF, DT.BFLOAT16, DT.DOUBLE, DT.INT32, DT.INT64, DT.I
 
 # pointwise modes by how they treat last-bit differences of their operands
 EXACT_BINARY = (M.ADD, M.SUB, M.MUL, M.MAX, M.MIN)
-SMOOTH_BINARY = (M.DIV, M.ADD_SQUARE, M.POW, M.TANH_BWD, M.SIGMOID_BWD, M.GELU_BWD, M.GELU_APPROX_TANH_BWD,
-                 M.SOFTPLUS_BWD, M.SWISH_BWD, M.ELU_BWD)
-JUMPY_BINARY = (M.CMP_EQ, M.CMP_NEQ, M.CMP_GT, M.CMP_GE, M.CMP_LT, M.CMP_LE, M.LOGICAL_AND, M.LOGICAL_OR,
-                M.MOD, M.RELU_BWD)
+SMOOTH_BINARY = (
+    M.DIV,
+    M.ADD_SQUARE,
+    M.POW,
+    M.TANH_BWD,
+    M.SIGMOID_BWD,
+    M.GELU_BWD,
+    M.GELU_APPROX_TANH_BWD,
+    M.SOFTPLUS_BWD,
+    M.SWISH_BWD,
+    M.ELU_BWD,
+)
+JUMPY_BINARY = (
+    M.CMP_EQ,
+    M.CMP_NEQ,
+    M.CMP_GT,
+    M.CMP_GE,
+    M.CMP_LT,
+    M.CMP_LE,
+    M.LOGICAL_AND,
+    M.LOGICAL_OR,
+    M.MOD,
+    M.RELU_BWD,
+)
 EXACT_UNARY = (M.NEG, M.ABS, M.IDENTITY, M.FLOOR, M.CEIL)
-SMOOTH_UNARY = (M.SQRT, M.RSQRT, M.EXP, M.LOG, M.SIN, M.COS, M.TAN, M.ERF, M.TANH_FWD, M.SIGMOID_FWD, M.ELU_FWD,
-                M.GELU_FWD, M.GELU_APPROX_TANH_FWD, M.SOFTPLUS_FWD, M.SWISH_FWD, M.RECIPROCAL, M.RELU_FWD)
+SMOOTH_UNARY = (
+    M.SQRT,
+    M.RSQRT,
+    M.EXP,
+    M.LOG,
+    M.SIN,
+    M.COS,
+    M.TAN,
+    M.ERF,
+    M.TANH_FWD,
+    M.SIGMOID_FWD,
+    M.ELU_FWD,
+    M.GELU_FWD,
+    M.GELU_APPROX_TANH_FWD,
+    M.SOFTPLUS_FWD,
+    M.SWISH_FWD,
+    M.RECIPROCAL,
+    M.RELU_FWD,
+)
 
 
 @dataclass
@@ -54,13 +91,25 @@ class Case:
     families: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "families": self.families, "by_reference": self.by_reference,
-                "profiles": self.profiles, "scalars": self.scalars, "graph": self.graph}
+        return {
+            "seed": self.seed,
+            "families": self.families,
+            "by_reference": self.by_reference,
+            "profiles": self.profiles,
+            "scalars": self.scalars,
+            "graph": self.graph,
+        }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Case:
-        return Case(int(d["seed"]), d["graph"], dict(d.get("profiles", {})), dict(d.get("scalars", {})),
-                    bool(d.get("by_reference", False)), list(d.get("families", [])))
+        return Case(
+            int(d["seed"]),
+            d["graph"],
+            dict(d.get("profiles", {})),
+            dict(d.get("scalars", {})),
+            bool(d.get("by_reference", False)),
+            list(d.get("families", [])),
+        )
 
 
 @dataclass(eq=False)
@@ -87,8 +136,12 @@ class Gen:
         self.double = self.chance(0.15)
         io = DT.DOUBLE if self.double else self.pick((DT.FLOAT, DT.FLOAT, DT.HALF, DT.BFLOAT16))
         inter = DT.DOUBLE if self.double else self.pick((DT.FLOAT, DT.FLOAT, DT.FLOAT, DT.HALF, DT.BFLOAT16))
-        self.g = og.Graph(f"fuzz{seed}", io_data_type=io, intermediate_data_type=inter,
-                          compute_data_type=DT.DOUBLE if self.double else DT.FLOAT)
+        self.g = og.Graph(
+            f"fuzz{seed}",
+            io_data_type=io,
+            intermediate_data_type=inter,
+            compute_data_type=DT.DOUBLE if self.double else DT.FLOAT,
+        )
         self.profiles: dict[Any, str] = {}  # tensor handle -> value profile
         self.scalars: dict[Any, float] = {}  # pass-by-value tensor handle -> value
         self.n = 0
@@ -139,15 +192,25 @@ class Gen:
         return tuple(stride)
 
     # -- tensors --------------------------------------------------------------------------------------
-    def input(self, dim: tuple[int, ...], dt: og.DataType, *, profile: str | None = None,
-              allow_zero: bool = True) -> V:
+    def input(self, dim: tuple[int, ...], dt: og.DataType, *, profile: str | None = None, allow_zero: bool = True) -> V:
         name = self.name("in")
-        t = self.g.tensor(dim=list(dim), stride=list(self.strides(dim, allow_zero=allow_zero)), data_type=dt,
-                          name=name, is_by_reference=self.chance(0.1))
+        t = self.g.tensor(
+            dim=list(dim),
+            stride=list(self.strides(dim, allow_zero=allow_zero)),
+            data_type=dt,
+            name=name,
+            is_by_reference=self.chance(0.1),
+        )
         if profile is None:
-            profile = self.pick(("normal", "normal", "wide")) if dt.is_integer else \
-                self.pick(("normal",) * 16 + ("tiny", "tiny", "large", "large", "nonfinite") +
-                          (("extreme",) if self.extreme else ()))
+            profile = (
+                self.pick(("normal", "normal", "wide"))
+                if dt.is_integer
+                else self.pick(
+                    ("normal",) * 16
+                    + ("tiny", "tiny", "large", "large", "nonfinite")
+                    + (("extreme",) if self.extreme else ())
+                )
+            )
         self.profiles[t] = profile
         return V(t, tuple(dim), dt, True, False, True)
 
@@ -211,12 +274,19 @@ class Gen:
                 v.t.set_stride(list(self.strides(v.dim, allow_zero=False)))
 
     # -- pointwise --------------------------------------------------------------------------------------
-    def operand(self, pool: list[V], space: tuple[int, ...], dt: og.DataType, *, exact: bool = False,
-                full: bool = False) -> V:
+    def operand(
+        self, pool: list[V], space: tuple[int, ...], dt: og.DataType, *, exact: bool = False, full: bool = False
+    ) -> V:
         """An existing value of the pool that broadcasts to `space` (has dims `space` if `full`), or a
         new input."""
-        fits = [v for v in pool if len(v.dim) == len(space) and all(a in (1, b) for a, b in zip(v.dim, space))
-                and (v.exact or not exact) and (not full or v.dim == space)]
+        fits = [
+            v
+            for v in pool
+            if len(v.dim) == len(space)
+            and all(a in (1, b) for a, b in zip(v.dim, space))
+            and (v.exact or not exact)
+            and (not full or v.dim == space)
+        ]
         if fits and self.chance(0.6):
             return self.pick(fits)
         dim = space if full or self.chance(0.7) else tuple(1 if self.chance(0.5) else d for d in space)
@@ -240,8 +310,14 @@ class Gen:
             if self.chance(0.3):
                 out["upper_clip"] = s(t, 0.5, 2.0)
             return out
-        key = {M.ELU_FWD: "alpha", M.ELU_BWD: "alpha", M.SOFTPLUS_FWD: "beta", M.SOFTPLUS_BWD: "beta",
-               M.SWISH_FWD: "swish_beta", M.SWISH_BWD: "swish_beta"}.get(mode)
+        key = {
+            M.ELU_FWD: "alpha",
+            M.ELU_BWD: "alpha",
+            M.SOFTPLUS_FWD: "beta",
+            M.SOFTPLUS_BWD: "beta",
+            M.SWISH_FWD: "swish_beta",
+            M.SWISH_BWD: "swish_beta",
+        }.get(mode)
         return {key: s(t, 0.5, 2.0)} if key and self.chance(0.5) else {}
 
     def pointwise_op(self, pool: list[V], space: tuple[int, ...], dt: og.DataType) -> V:
@@ -262,15 +338,17 @@ class Gen:
             mode = self.pick(SMOOTH_UNARY)
             a = self.operand(pool, space, dt, full=True)
             self.use(a)
-            return self.result(g.pointwise(a.t, mode=mode, compute_data_type=self.cdt(), **self.params(mode)),
-                               space, a.dt, False)
+            return self.result(
+                g.pointwise(a.t, mode=mode, compute_data_type=self.cdt(), **self.params(mode)), space, a.dt, False
+            )
         if r < 0.65:
             mode = self.pick(SMOOTH_BINARY)
             a = self.operand(pool, space, dt, full=True)
             b = self.operand(pool, space, dt, exact=mode is M.POW)  # the exponent decides the sign
             self.use(a, b)
-            return self.result(g.pointwise(a.t, b.t, mode=mode, compute_data_type=self.cdt(), **self.params(mode)),
-                               space, a.dt, False)
+            return self.result(
+                g.pointwise(a.t, b.t, mode=mode, compute_data_type=self.cdt(), **self.params(mode)), space, a.dt, False
+            )
         if r < 0.85:
             mode = self.pick(JUMPY_BINARY + (M.LOGICAL_NOT, M.BINARY_SELECT, M.GEN_INDEX))
             a = self.operand(pool, space, dt, exact=True, full=True)
@@ -285,8 +363,13 @@ class Gen:
                 return self.result(g.binary_select(x.t, y.t, a.t), space, x.dt, x.exact and y.exact)
             b = self.operand(pool, space, dt, exact=True)
             self.use(b)
-            out = g.pointwise(b.t if mode is M.RELU_BWD else a.t, a.t if mode is M.RELU_BWD else b.t, mode=mode,
-                              compute_data_type=self.cdt(), **self.params(mode))
+            out = g.pointwise(
+                b.t if mode is M.RELU_BWD else a.t,
+                a.t if mode is M.RELU_BWD else b.t,
+                mode=mode,
+                compute_data_type=self.cdt(),
+                **self.params(mode),
+            )
             bool_out = MODES[mode].bool_out
             return self.result(out, space, DT.BOOLEAN if bool_out else a.dt, mode is not M.MOD)
         mode = self.pick(EXACT_UNARY)
@@ -294,8 +377,15 @@ class Gen:
         self.use(a)
         return self.result(g.pointwise(a.t, mode=mode, compute_data_type=self.cdt()), space, a.dt, a.exact)
 
-    def chain(self, pool: list[V], space: tuple[int, ...], steps: int, dt: og.DataType | None = None, *,
-              floating: bool = False) -> V:
+    def chain(
+        self,
+        pool: list[V],
+        space: tuple[int, ...],
+        steps: int,
+        dt: og.DataType | None = None,
+        *,
+        floating: bool = False,
+    ) -> V:
         """`steps` random pointwise ops over `pool` (grown with new inputs; the first op reads pool[0]
         when it is given); returns the last value (of a floating type if `floating`)."""
         dt = dt or self.fdt()

@@ -34,12 +34,48 @@ M = PointwiseMode
 GUARD_BYTES = 64  # guard on each side of every buffer (keeps the view 16-byte aligned)
 SENTINEL = 0xA5
 
-_EXACT_MODES = {M.ADD, M.SUB, M.MUL, M.MAX, M.MIN, M.NEG, M.ABS, M.IDENTITY, M.FLOOR, M.CEIL, M.CMP_EQ, M.CMP_NEQ,
-                M.CMP_GT, M.CMP_GE, M.CMP_LT, M.CMP_LE, M.LOGICAL_AND, M.LOGICAL_OR, M.LOGICAL_NOT,
-                M.BINARY_SELECT, M.GEN_INDEX, M.RELU_BWD, M.MOD}
-_ACCUMULATING = {"reduction", "genstats", "matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "batchnorm",
-                 "batchnorm_backward", "layernorm", "layernorm_backward", "rmsnorm", "rmsnorm_backward",
-                 "instancenorm", "instancenorm_backward", "resample"}
+_EXACT_MODES = {
+    M.ADD,
+    M.SUB,
+    M.MUL,
+    M.MAX,
+    M.MIN,
+    M.NEG,
+    M.ABS,
+    M.IDENTITY,
+    M.FLOOR,
+    M.CEIL,
+    M.CMP_EQ,
+    M.CMP_NEQ,
+    M.CMP_GT,
+    M.CMP_GE,
+    M.CMP_LT,
+    M.CMP_LE,
+    M.LOGICAL_AND,
+    M.LOGICAL_OR,
+    M.LOGICAL_NOT,
+    M.BINARY_SELECT,
+    M.GEN_INDEX,
+    M.RELU_BWD,
+    M.MOD,
+}
+_ACCUMULATING = {
+    "reduction",
+    "genstats",
+    "matmul",
+    "conv_fprop",
+    "conv_dgrad",
+    "conv_wgrad",
+    "batchnorm",
+    "batchnorm_backward",
+    "layernorm",
+    "layernorm_backward",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "instancenorm",
+    "instancenorm_backward",
+    "resample",
+}
 _WIDE = {DT.DOUBLE, DT.INT32, DT.INT64}
 F32_DELTA = 2.0**-20  # ~8 units in the last place of fp32
 F64_DELTA = 2.0**-49
@@ -50,6 +86,7 @@ PRODUCT_DELTA = {F32_DELTA: 2.0**-23, F64_DELTA: 2.0**-52}
 
 # -- values ---------------------------------------------------------------------------------------------
 
+
 def _special(dt: og.DataType, n: int, rng: np.random.Generator) -> np.ndarray:
     """Edge values for casts: infinities, NaN, halfway cases of every narrower type, values past
     every type's range, integers at their limits."""
@@ -58,14 +95,76 @@ def _special(dt: og.DataType, n: int, rng: np.random.Generator) -> np.ndarray:
     if dt.is_integer:
         info = np.iinfo(dt.numpy)
         top = min(int(info.max), 2**53)  # the reference reads integers as float64: exact up to 2**53
-        pool = [0, 1, -1, 127, 128, -129, 255, 256, 2**15, 2**24 + 1, 2**31 - 1, -(2**31), 2**31, 2**40 + 3,
-                top, -top, int(info.max), int(info.min)]
+        pool = [
+            0,
+            1,
+            -1,
+            127,
+            128,
+            -129,
+            255,
+            256,
+            2**15,
+            2**24 + 1,
+            2**31 - 1,
+            -(2**31),
+            2**31,
+            2**40 + 3,
+            top,
+            -top,
+            int(info.max),
+            int(info.min),
+        ]
         pool = [v for v in pool if info.min <= v <= info.max]
         return np.array([pool[i] for i in rng.integers(len(pool), size=n)], dtype=np.float64)
-    pool = [0.0, -0.0, 0.5, 1.5, 2.5, -2.5, -3.5, 1e-3, np.inf, -np.inf, np.nan, 1e10, -1e10, 3e9, -3e9,
-            2.0**31, 2.0**63, -(2.0**63), 1e20, 3.3e38, -3.3e38, 65504.0, 65520.0, 70000.0, 448.0, 449.0, 464.0,
-            480.0, 500.0, -1000.0, 57344.0, 61440.0, 1e5, 1 + 2.0**-8, 1 + 3 * 2.0**-9, 1 + 2.0**-11,
-            1 + 2.0**-4, 1 + 3 * 2.0**-5, 1 + 2.0**-3, 2.0**-140, 6e-8, 1e-300, 127.5, 128.5, -128.5, 255.5]
+    pool = [
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        -2.5,
+        -3.5,
+        1e-3,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1e10,
+        -1e10,
+        3e9,
+        -3e9,
+        2.0**31,
+        2.0**63,
+        -(2.0**63),
+        1e20,
+        3.3e38,
+        -3.3e38,
+        65504.0,
+        65520.0,
+        70000.0,
+        448.0,
+        449.0,
+        464.0,
+        480.0,
+        500.0,
+        -1000.0,
+        57344.0,
+        61440.0,
+        1e5,
+        1 + 2.0**-8,
+        1 + 3 * 2.0**-9,
+        1 + 2.0**-11,
+        1 + 2.0**-4,
+        1 + 3 * 2.0**-5,
+        1 + 2.0**-3,
+        2.0**-140,
+        6e-8,
+        1e-300,
+        127.5,
+        128.5,
+        -128.5,
+        255.5,
+    ]
     vals = np.array([pool[i] for i in rng.integers(len(pool), size=n)], dtype=np.float64)
     vals = np.where(rng.random(n) < 0.25, rng.uniform(-300, 300, size=n), vals)
     return vals
@@ -121,6 +220,7 @@ def input_values(desc: TensorDesc, profile: str, rng: np.random.Generator) -> np
 
 # -- buffers ----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Buffer:
     """One bound tensor: a base allocation (guard, storage, guard) filled with a sentinel, the strided
@@ -162,15 +262,18 @@ def make_buffer(desc: TensorDesc, values: np.ndarray | None, device: str) -> Buf
     guard = GUARD_BYTES // npdt.itemsize
     raw = np.full((extent + 2 * guard) * npdt.itemsize + 64, SENTINEL, dtype=np.uint8)
     start = -raw.ctypes.data % 64
-    base = raw[start:start + (extent + 2 * guard) * npdt.itemsize].view(npdt)
+    base = raw[start : start + (extent + 2 * guard) * npdt.itemsize].view(npdt)
     offsets = _offsets(desc) + guard
     owned = np.zeros(base.size, dtype=bool)
     owned[offsets.reshape(-1)] = True
     if values is None:
         dt = desc.data_type
         fill = True if dt is DT.BOOLEAN else np.iinfo(npdt).max if dt.is_integer else np.nan
-        logical = np.full(desc.dim, fill).astype(npdt) if dt.is_integer or dt is DT.BOOLEAN else \
-            np.full(desc.dim, np.nan).astype(npdt)
+        logical = (
+            np.full(desc.dim, fill).astype(npdt)
+            if dt.is_integer or dt is DT.BOOLEAN
+            else np.full(desc.dim, np.nan).astype(npdt)
+        )
     else:
         logical = round_to(np.asarray(values), desc.data_type)
     base[offsets] = logical
@@ -191,6 +294,7 @@ def make_buffer(desc: TensorDesc, values: np.ndarray | None, device: str) -> Buf
 
 
 # -- the reference and its sensitivity ------------------------------------------------------------------
+
 
 def exact_node(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     """Whether every engine computes this node's results bit for bit as the reference does (given
@@ -237,8 +341,9 @@ def _periodic_noise(node: Node, ins: list[Any], unnudged: np.ndarray, d: float, 
 _F32_TINY = float(np.finfo(np.float32).tiny)
 
 
-def _flushed(node: Node, ins: list[Any], results: list[Any], tensors: Mapping[int, TensorDesc],
-             hot: list[Any]) -> list[Any]:
+def _flushed(
+    node: Node, ins: list[Any], results: list[Any], tensors: Mapping[int, TensorDesc], hot: list[Any]
+) -> list[Any]:
     """Where an fp32 inexact function's result may differ by a flush to zero (docs/concepts.md): where
     its subnormal operands, read as signed zeros (Triton's libdevice flushes them: sqrt(1e-45) is 0
     there), give another result; and where the result is below a few times the smallest normal, scaled
@@ -284,11 +389,13 @@ def _big_integer_sum(node: Node, env: Mapping[int, np.ndarray], tensors: Mapping
     the sum decides the answer (2**63 - 2**63 + 1 is 1 or 0, fuzz seed 20261126110946)."""
     if node.kind not in _ACCUMULATING or not exact_node(node, tensors):
         return False
-    if any(tensors[u].data_type.is_floating for u in node.input_uids()) or \
-            getattr(getattr(node.op, "mode", None), "name", "") in ("MIN", "MAX", "AMAX"):
+    if any(tensors[u].data_type.is_floating for u in node.input_uids()) or getattr(
+        getattr(node.op, "mode", None), "name", ""
+    ) in ("MIN", "MAX", "AMAX"):
         return False  # (a float max / min is exact in any order)
-    ins = [None if v is None or isinstance(v, Const) else np.abs(np.asarray(env[v], dtype=np.float64))
-           for v in node.inputs]
+    ins = [
+        None if v is None or isinstance(v, Const) else np.abs(np.asarray(env[v], dtype=np.float64)) for v in node.inputs
+    ]
     limit = 2.0**53 if node.compute_data_type is DT.DOUBLE else 2.0**24
     with np.errstate(all="ignore"):
         size = node.op.reference(ins, [None if u is None else tensors[u] for u in node.outputs])
@@ -299,9 +406,14 @@ def _double_rounded(node: Node, desc: TensorDesc, tensors: Mapping[int, TensorDe
     """An exact pointwise result stored narrower than its fp32 compute type: an engine rounds it to
     fp32, then to the output type, and the two roundings differ from one at a tie of the narrow type
     (f16(f32(a - b)) against f16(a - b), fuzz seed 20261126106267)."""
-    return (isinstance(node.op, Pointwise) and exact_node(node, tensors) and desc.data_type.is_floating
-            and desc.data_type not in (DT.FLOAT, DT.DOUBLE) and node_delta(node, tensors) == F32_DELTA
-            and node.compute_data_type is not DT.DOUBLE)
+    return (
+        isinstance(node.op, Pointwise)
+        and exact_node(node, tensors)
+        and desc.data_type.is_floating
+        and desc.data_type not in (DT.FLOAT, DT.DOUBLE)
+        and node_delta(node, tensors) == F32_DELTA
+        and node.compute_data_type is not DT.DOUBLE
+    )
 
 
 def contractible(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
@@ -314,13 +426,23 @@ def contractible(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
 
 def node_delta(node: Node, tensors: Mapping[int, TensorDesc]) -> float:
     wide = node.compute_data_type is DT.DOUBLE or any(
-        tensors[u].data_type in _WIDE for u in (*node.input_uids(), *node.output_uids()))
+        tensors[u].data_type in _WIDE for u in (*node.input_uids(), *node.output_uids())
+    )
     return F64_DELTA if wide else F32_DELTA
 
 
 _LINEAR = {"matmul", "conv_fprop", "conv_dgrad", "conv_wgrad", "genstats", "resample", "reduction"}
-_NORMS = {"batchnorm", "batchnorm_inference", "batchnorm_backward", "layernorm", "layernorm_backward", "rmsnorm",
-          "rmsnorm_backward", "instancenorm", "instancenorm_backward"}
+_NORMS = {
+    "batchnorm",
+    "batchnorm_inference",
+    "batchnorm_backward",
+    "layernorm",
+    "layernorm_backward",
+    "rmsnorm",
+    "rmsnorm_backward",
+    "instancenorm",
+    "instancenorm_backward",
+}
 
 
 def padding_terms(node: Node, ins: list[Any], descs: list[Any]) -> np.ndarray | None:
@@ -358,8 +480,9 @@ def padding_terms(node: Node, ins: list[Any], descs: list[Any]) -> np.ndarray | 
     return hot if hot.any() else None
 
 
-def _group_terms(kind: str, op: Any, a: np.ndarray, b: np.ndarray, out_dim: Sequence[int], geo: Any,
-                 mode: Any) -> np.ndarray:
+def _group_terms(
+    kind: str, op: Any, a: np.ndarray, b: np.ndarray, out_dim: Sequence[int], geo: Any, mode: Any
+) -> np.ndarray:
     """Grouped convolutions computed as dense ones whose filter is 0 between groups (cuDNN's data
     gradient does, through PyTorch, on an H100: fuzz seed 20261125503297): a product of such a 0 with a
     NaN or infinite input of another group (fprop: X; dgrad: DY) is a `0 * v` term as a padding one.
@@ -466,14 +589,14 @@ def order_sensitive(node: Node, ins: list[Any], descs: list[Any]) -> list[np.nda
         forced = node.op.reference(fix(lambda a: np.where(np.isfinite(a), np.clip(a, -1.0, 1.0), a)), descs)
         if kind in _LINEAR:
             if kind == "reduction" and node.op.mode.name == "MUL":
-                size = node.op.reference(fix(lambda a: np.maximum(np.abs(np.nan_to_num(a, posinf=0, neginf=0)),
-                                                                  1.0)), descs)
+                size = node.op.reference(
+                    fix(lambda a: np.maximum(np.abs(np.nan_to_num(a, posinf=0, neginf=0)), 1.0)), descs
+                )
             else:
                 size = node.op.reference(fix(lambda a: np.abs(np.nan_to_num(a, posinf=0, neginf=0))), descs)
             hot = [None if m is None else np.asarray(m, dtype=np.float64) >= limit / 128 for m in size]
         else:  # an infinity anywhere: the formula's order decides (inf - inf or inf); NaN inputs stay NaN
-            forced = node.op.reference(fix(lambda a: np.where(np.isnan(a), a, np.clip(np.nan_to_num(a), -1, 1))),
-                                       descs)
+            forced = node.op.reference(fix(lambda a: np.where(np.isnan(a), a, np.clip(np.nan_to_num(a), -1, 1))), descs)
             hot = _norm_groups(node, ins, descs, limit)
     pad = padding_terms(node, ins, descs)
     if pad is not None and hot[0] is None:
@@ -490,9 +613,15 @@ def order_sensitive(node: Node, ins: list[Any], descs: list[Any]) -> list[np.nda
     return out
 
 
-def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Generator | None,
-             delta: Callable[[Node], float] | None = None, low: bool = False,
-             wild: float | None = None, base: Mapping[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
+def evaluate(
+    graph: FinalGraph,
+    inputs: Mapping[int, Any],
+    rng: np.random.Generator | None,
+    delta: Callable[[Node], float] | None = None,
+    low: bool = False,
+    wild: float | None = None,
+    base: Mapping[int, np.ndarray] | None = None,
+) -> dict[int, np.ndarray]:
     """The reference semantics over `inputs` (float64 arrays / numbers by UID); with `rng`, inexact
     results (and accumulating ops' floating inputs) nudged by +-delta(node) relative; with `low`, each
     op that an engine computes in fp32 evaluated by its reference formula in float32 (what the
@@ -538,8 +667,14 @@ def evaluate(graph: FinalGraph, inputs: Mapping[int, Any], rng: np.random.Genera
         descs = [None if u is None else tensors[u] for u in node.outputs]
         with np.errstate(all="ignore"):
             results = node.op.reference(ins, descs)
-        stored = [None if v is None else np.asarray(env[v], dtype=np.float64) if not isinstance(v, Const)
-                  else np.asarray(float(v.value)) for v in node.inputs]  # the inputs before any nudge
+        stored = [
+            None
+            if v is None
+            else np.asarray(env[v], dtype=np.float64)
+            if not isinstance(v, Const)
+            else np.asarray(float(v.value))
+            for v in node.inputs
+        ]  # the inputs before any nudge
         if rng is not None and node.kind in _CENTERED_BACKWARD and results[0] is not None:
             results = [_zero_noise_dx(node, stored, np.asarray(results[0], dtype=np.float64), rng), *results[1:]]
         sensitive = (rng is not None or low) and not exact_node(node, tensors)
@@ -576,12 +711,15 @@ class Mismatch:
     allowed: float
 
     def __str__(self) -> str:
-        return (f"{self.label}: at {list(self.index)} got {self.got!r}, want {self.want!r} "
-                f"(|err| {abs(self.got - self.want):.3g} > allowed {self.allowed:.3g})")
+        return (
+            f"{self.label}: at {list(self.index)} got {self.got!r}, want {self.want!r} "
+            f"(|err| {abs(self.got - self.want):.3g} > allowed {self.allowed:.3g})"
+        )
 
 
-def compare(desc: TensorDesc, got: np.ndarray, want: np.ndarray, spread: np.ndarray,
-            loosest: og.DataType | None = None) -> Mismatch | None:
+def compare(
+    desc: TensorDesc, got: np.ndarray, want: np.ndarray, spread: np.ndarray, loosest: og.DataType | None = None
+) -> Mismatch | None:
     """None when got matches want within the output type's tolerance plus 4x the spread (NaN where
     want is NaN, the same infinity where want is infinite)."""
     g = np.asarray(got).astype(np.float64)

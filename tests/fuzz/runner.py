@@ -79,10 +79,17 @@ NUDGES = 16
 # allows there (NaN, either infinity, a finite number) must show up as a difference downstream
 WILD = (np.nan, 0.0, np.inf, -np.inf, 1.0, -1.0, np.nan)
 CI_SETTINGS = {"repeat": 0.5, "plan_files": 0.25, "damage": 0.25}
-CPU_SETS = (EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)),
-            EngineSet("reference", ("reference",)))
-GPU_SETS = (EngineSet("default", None), EngineSet("triton+torch", ("triton", "torch")), EngineSet("torch", ("torch",)),
-            EngineSet("ieee", None, (("deselect_numeric_notes", ("DOWN_CONVERT_INPUTS",)),)))
+CPU_SETS = (
+    EngineSet("triton+torch", ("triton", "torch")),
+    EngineSet("torch", ("torch",)),
+    EngineSet("reference", ("reference",)),
+)
+GPU_SETS = (
+    EngineSet("default", None),
+    EngineSet("triton+torch", ("triton", "torch")),
+    EngineSet("torch", ("torch",)),
+    EngineSet("ieee", None, (("deselect_numeric_notes", ("DOWN_CONVERT_INPUTS",)),)),
+)
 
 
 def graph_of(case: Case) -> og.Graph:
@@ -117,14 +124,19 @@ def _delta_for(plan: Any) -> Any:
     for step in plan.steps:
         notes = step.config.numerical_notes
         for n in step.piece.nodes:
-            if NumericalNote.DOWN_CONVERT_INPUTS in notes and n.kind in ("matmul", "conv_fprop", "conv_dgrad",
-                                                                          "conv_wgrad"):
+            if NumericalNote.DOWN_CONVERT_INPUTS in notes and n.kind in (
+                "matmul",
+                "conv_fprop",
+                "conv_dgrad",
+                "conv_wgrad",
+            ):
                 coarse[id(n)] = 2.0**-10
             elif NumericalNote.ROUNDED_INTERMEDIATE in notes or NumericalNote.REDUCED_PRECISION_REDUCTION in notes:
                 coarse[id(n)] = 2.0**-10
 
     def delta(node: Node) -> float:
         return coarse.get(id(node)) or oracle.node_delta(node, plan.graph.tensors)
+
     return delta
 
 
@@ -181,8 +193,15 @@ class Expect:
         # Computed only for an output outside its type's own tolerance.
         base = {**{u: np.asarray(v, dtype=np.float64) for u, v in self.held.items()}, **self.want}
         for i in range(NUDGES + 1):
-            nudged = oracle.evaluate(self.graph, self.held, rng if i < NUDGES else None, delta, low=i == NUDGES,
-                                     wild=WILD[i % len(WILD)], base=base)
+            nudged = oracle.evaluate(
+                self.graph,
+                self.held,
+                rng if i < NUDGES else None,
+                delta,
+                low=i == NUDGES,
+                wild=WILD[i % len(WILD)],
+                base=base,
+            )
             for u in self.graph.outputs:
                 w, n = self.want[u].astype(np.float64), nudged[u].astype(np.float64)
                 with np.errstate(invalid="ignore"):
@@ -230,8 +249,15 @@ class Lazy:
 
 
 class Runner:
-    def __init__(self, device: str = "cpu", sets: Sequence[EngineSet] | None = None, *, repeat: float = 1.0,
-                 plan_files: float = 0.3, damage: float = 0.2) -> None:
+    def __init__(
+        self,
+        device: str = "cpu",
+        sets: Sequence[EngineSet] | None = None,
+        *,
+        repeat: float = 1.0,
+        plan_files: float = 0.3,
+        damage: float = 0.2,
+    ) -> None:
         self.device = device
         self.sets = tuple(sets) if sets is not None else (CPU_SETS if device == "cpu" else GPU_SETS)
         self.repeat = repeat  # share of plans executed a second time on the same pack
@@ -274,14 +300,15 @@ class Runner:
             stats.untyped[type(err).__name__] += 1
             return fail("untyped-build", _what(err))
         for message in compile_failures.messages:  # a generated kernel that does not compile is a bug,
-            fail("compile", message)               # even where the build fell back to another config
+            fail("compile", message)  # even where the build fell back to another config
         spread = Lazy(lambda: expect.spread(plan, rng))
         first = self._execute(plan, expect, spread, stats, fail)
         if first is None:
             return
         stats.runs += 1
-        stats.steps.update(s.config.engine + (f":{s.config.knob('template')}" if s.config.knob("template") else "")
-                           for s in plan.steps)
+        stats.steps.update(
+            s.config.engine + (f":{s.config.knob('template')}" if s.config.knob("template") else "") for s in plan.steps
+        )
         nondet = any(NumericalNote.NONDETERMINISTIC in s.config.numerical_notes for s in plan.steps)
         outputs = expect.graph.outputs
         # the same plan on the same pack again (on CUDA, the fast binder's path): the same bits
@@ -321,8 +348,9 @@ class Runner:
         if any(t.nbytes > 1 << 24 for t in loaded.graph.tensors.values()):
             return  # a valid plan over huge (damaged) dims or strides: nothing to run it on
         expect = Expect.of(loaded.graph, Case(case.seed, {}), rng)
-        self._execute(loaded, expect, Lazy(lambda: expect.spread(loaded, rng)), stats, fail,
-                      note=f"damaged plan ({what}): ")
+        self._execute(
+            loaded, expect, Lazy(lambda: expect.spread(loaded, rng)), stats, fail, note=f"damaged plan ({what}): "
+        )
 
     def _execute(self, plan: Any, expect: Expect, spread, stats: Stats, fail, again: Any = None, note: str = ""):
         """Fresh buffers (inputs with guards, poisoned outputs), execute, check everything; the
@@ -341,9 +369,14 @@ class Runner:
                     oracle.refill(bufs[uid], src)
                 else:
                     bufs[uid] = oracle.make_buffer(desc, src, self.device)
-        pack = again.pack if again is not None else {
-            uid: (values[uid] if final.tensors[uid].is_pass_by_value else bufs[uid].view)
-            for uid in (*final.inputs, *final.outputs)}
+        pack = (
+            again.pack
+            if again is not None
+            else {
+                uid: (values[uid] if final.tensors[uid].is_pass_by_value else bufs[uid].view)
+                for uid in (*final.inputs, *final.outputs)
+            }
+        )
         before = {uid: b.base_bytes() for uid, b in bufs.items()}
         try:
             plan.execute(pack)
@@ -388,8 +421,15 @@ def _what(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}{where}"
 
 
-def run_many(seeds: Any, runner: Runner, deadline: float | None = None, make: Any = None, *,
-             clock: Any = time.monotonic, wall_deadline: float | None = None) -> Stats:
+def run_many(
+    seeds: Any,
+    runner: Runner,
+    deadline: float | None = None,
+    make: Any = None,
+    *,
+    clock: Any = time.monotonic,
+    wall_deadline: float | None = None,
+) -> Stats:
     """Run the cases of `seeds` until `deadline` (by `clock`) or `wall_deadline` (time.monotonic());
     stats over those that ran."""
     from .families import make_case
@@ -397,7 +437,9 @@ def run_many(seeds: Any, runner: Runner, deadline: float | None = None, make: An
     make = make or make_case
     total = Stats()
     for seed in seeds:
-        if (deadline is not None and clock() > deadline) or (wall_deadline is not None and time.monotonic() > wall_deadline):
+        if (deadline is not None and clock() > deadline) or (
+            wall_deadline is not None and time.monotonic() > wall_deadline
+        ):
             break
         try:
             case = make(seed)

@@ -64,10 +64,9 @@ def shrink(case: Case, still_fails: Callable[[Case], bool], budget: int = 60) ->
 def snippet(case: Case, path: str | None = None) -> str:
     """A runnable reproduction of `case` (from the repository root)."""
     if path is not None:
-        return (f"PYTHONPATH=. python -c \"from tests.fuzz.replay import replay; replay('{path}')\"")
+        return f"PYTHONPATH=. python -c \"from tests.fuzz.replay import replay; replay('{path}')\""
     doc = json.dumps(case.to_dict())
-    return ("PYTHONPATH=. python - <<'EOF'\nfrom tests.fuzz.replay import replay_case\n"
-            f"replay_case({doc!r})\nEOF")
+    return f"PYTHONPATH=. python - <<'EOF'\nfrom tests.fuzz.replay import replay_case\nreplay_case({doc!r})\nEOF"
 
 
 def save_regression(case: Case, note: str, directory: Path = REGRESSIONS) -> Path:

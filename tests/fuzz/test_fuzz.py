@@ -51,9 +51,11 @@ def shard_seeds(shard: int):
 
 def _report(stats, elapsed: float, shard: int) -> str:
     steps = ", ".join(f"{k} {v}" for k, v in stats.steps.most_common())
-    return (f"fuzz shard {shard}: {stats.graphs} graphs, {stats.runs} plan runs compared, {stats.damaged} damaged "
-            f"plan files, {len(stats.failures)} failure(s) in {elapsed:.1f} s of CPU (day seed {day_seed()}); "
-            f"steps: {steps}")
+    return (
+        f"fuzz shard {shard}: {stats.graphs} graphs, {stats.runs} plan runs compared, {stats.damaged} damaged "
+        f"plan files, {len(stats.failures)} failure(s) in {elapsed:.1f} s of CPU (day seed {day_seed()}); "
+        f"steps: {steps}"
+    )
 
 
 def _repro(failure, runner_device: str = "cpu") -> str:
@@ -75,8 +77,13 @@ def test_random_graphs_match_the_reference(shard):
     runner = Runner("cpu", **CI_SETTINGS)
     seeds = itertools.islice(shard_seeds(shard), -(-MAX_GRAPHS // SHARDS))
     # the budget is CPU time; the wall clock only guards against a hang
-    stats = run_many(seeds, runner, deadline=cpu0 + BUDGET_S / SHARDS, clock=time.process_time,
-                     wall_deadline=start + 6 * BUDGET_S / SHARDS)
+    stats = run_many(
+        seeds,
+        runner,
+        deadline=cpu0 + BUDGET_S / SHARDS,
+        clock=time.process_time,
+        wall_deadline=start + 6 * BUDGET_S / SHARDS,
+    )
     elapsed = time.process_time() - cpu0
     print(_report(stats, elapsed, shard))
     if stats.failures:
@@ -88,8 +95,10 @@ def test_random_graphs_match_the_reference(shard):
             repro = f"(shrinking failed: {err!r}); replay: python -m tests.fuzz.replay {first.seed} --shrink"
         pytest.fail(f"{_report(stats, elapsed, shard)}\n{detail}\n{repro}")
     share = -(-MIN_GRAPHS // SHARDS)
-    assert stats.graphs >= share, (f"only {stats.graphs} graphs ran within {BUDGET_S / SHARDS:.0f} s of CPU "
-                                   f"(this shard's share of {MIN_GRAPHS}): the fuzzer got slower")
+    assert stats.graphs >= share, (
+        f"only {stats.graphs} graphs ran within {BUDGET_S / SHARDS:.0f} s of CPU "
+        f"(this shard's share of {MIN_GRAPHS}): the fuzzer got slower"
+    )
 
 
 def _regression_cases():
@@ -126,8 +135,12 @@ OPEN_ON_GPU: dict[str, str] = {}  # case id -> why it still fails on a GPU (a st
 
 
 def _gpu_cases():
-    return [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(reason=OPEN_ON_GPU[p.id], strict=True)])
-            if p.id in OPEN_ON_GPU else p for p in _regression_cases()]
+    return [
+        pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(reason=OPEN_ON_GPU[p.id], strict=True)])
+        if p.id in OPEN_ON_GPU
+        else p
+        for p in _regression_cases()
+    ]
 
 
 @pytest.mark.gpu

@@ -28,8 +28,12 @@ def _node(build):
 
 
 def _matmul(m: int, k: int, n: int):
-    return _node(lambda g: g.matmul(g.tensor(dim=[m, k], stride=[k, 1], data_type=DT.FLOAT),
-                                    g.tensor(dim=[k, n], stride=[n, 1], data_type=DT.FLOAT)))
+    return _node(
+        lambda g: g.matmul(
+            g.tensor(dim=[m, k], stride=[k, 1], data_type=DT.FLOAT),
+            g.tensor(dim=[k, n], stride=[n, 1], data_type=DT.FLOAT),
+        )
+    )
 
 
 def _sensitive(node, final, *ins):
@@ -54,15 +58,20 @@ def test_reference_sums_follow_ieee():
     node, final = _matmul(1, 2, 1)
     (c,) = node.op.reference([np.array([[np.inf, 1.0]]), np.array([[0.0], [1.0]])], [final.tensors[node.outputs[0]]])
     assert np.isnan(c).all()  # inf * 0
-    (c,) = node.op.reference([np.array([[np.inf, 1.0]]), np.array([[1.0], [-np.inf]])],
-                             [final.tensors[node.outputs[0]]])
+    (c,) = node.op.reference(
+        [np.array([[np.inf, 1.0]]), np.array([[1.0], [-np.inf]])], [final.tensors[node.outputs[0]]]
+    )
     assert np.isnan(c).all()  # +inf and -inf among the terms
 
 
 def test_a_sum_that_can_overflow_fp32_in_some_order_is_order_sensitive():
     node, final = _matmul(2, 3, 1)
-    a = np.array([[3e38, 3e38, -3e38],   # exact sum 3e38, but 3e38 + 3e38 overflows fp32 first
-                  [1.0, 2.0, 3.0]])
+    a = np.array(
+        [
+            [3e38, 3e38, -3e38],  # exact sum 3e38, but 3e38 + 3e38 overflows fp32 first
+            [1.0, 2.0, 3.0],
+        ]
+    )
     b = np.ones((3, 1))
     (hot,) = _sensitive(node, final, a, b)
     assert hot is not None and hot[0, 0] and not hot[1, 0]
@@ -70,9 +79,13 @@ def test_a_sum_that_can_overflow_fp32_in_some_order_is_order_sensitive():
 
 def test_nan_in_every_order_is_not_order_sensitive():
     node, final = _matmul(3, 3, 1)
-    a = np.array([[3e38, 3e38, np.nan],       # NaN whatever the order: must be NaN
-                  [np.inf, -np.inf, 1.0],     # +inf and -inf: NaN in every order
-                  [np.inf, 0.0, 1.0]])        # inf * 0: NaN in every order
+    a = np.array(
+        [
+            [3e38, 3e38, np.nan],  # NaN whatever the order: must be NaN
+            [np.inf, -np.inf, 1.0],  # +inf and -inf: NaN in every order
+            [np.inf, 0.0, 1.0],
+        ]
+    )  # inf * 0: NaN in every order
     b = np.array([[1.0], [1.0], [1.0]])
     b2 = np.array([[1.0], [1.0], [0.0]])
     (hot,) = _sensitive(node, final, a, b)

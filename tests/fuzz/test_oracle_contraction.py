@@ -75,8 +75,12 @@ def test_a_normalization_result_contracts_into_a_sum():
     g.sub(g.add(dx, y), dx, name="out").set_output(True)
     final = g.final
     rng = np.random.default_rng(2)
-    vals = {"dy": rng.normal(size=dy.dim), "x": rng.normal(size=x.dim), "scale": np.full(scale.dim, 3e19),
-            "y": rng.normal(size=y.dim)}
+    vals = {
+        "dy": rng.normal(size=dy.dim),
+        "x": rng.normal(size=x.dim),
+        "scale": np.full(scale.dim, 3e19),
+        "y": rng.normal(size=y.dim),
+    }
     want, spread = _spread(final, {final.tensor(n).uid: v for n, v in vals.items()})
     out = final.tensor("out::output").uid
     assert not want[out].any()  # y is lost in dx's rounding op by op

@@ -357,8 +357,16 @@ def test_print_shows_the_graph():
     g.relu(g.bias(x, b, name="bias0"), negative_slope=0.1, name="act").set_output(True).set_name("y").set_uid(3)
     text = str(g)
     # no op says these are images, so the layout is printed as strides, not named
-    for needle in ("graph 'demo'", "'x'", "f16[8,16,4,4] strides[256,1,64,16]", "bias0", "RELU_FWD", "0.1", "%3",
-                   "'y'"):
+    for needle in (
+        "graph 'demo'",
+        "'x'",
+        "f16[8,16,4,4] strides[256,1,64,16]",
+        "bias0",
+        "RELU_FWD",
+        "0.1",
+        "%3",
+        "'y'",
+    ):
         assert needle in text, (needle, text)
     assert "4 tensors" in repr(g) and "2 ops" in repr(g)
 

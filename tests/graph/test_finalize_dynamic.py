@@ -130,13 +130,16 @@ def test_graph_json_round_trip_keeps_dims_and_static_files_stay_version_1():
     assert '"version": 1' in static.to_json() and '"dims"' not in static.to_json()
 
 
-@pytest.mark.parametrize("damage, rule", [
-    (lambda d: d.pop("dims"), "json.version"),
-    (lambda d: d.__setitem__("dims", [{"name": "batch", "min": 1}]), "symbolic.json"),
-    (lambda d: d["dims"].append(dict(d["dims"][0])), "json.dims"),
-    (lambda d: d["tensors"][0].__setitem__("dim", ["batch", "zeq", 64]), "symbolic.unknown"),
-    (lambda d: d["tensors"][0].__setitem__("dim", ["__import__('os')", 1, 64]), "symbolic.parse"),
-])
+@pytest.mark.parametrize(
+    "damage, rule",
+    [
+        (lambda d: d.pop("dims"), "json.version"),
+        (lambda d: d.__setitem__("dims", [{"name": "batch", "min": 1}]), "symbolic.json"),
+        (lambda d: d["dims"].append(dict(d["dims"][0])), "json.dims"),
+        (lambda d: d["tensors"][0].__setitem__("dim", ["batch", "zeq", 64]), "symbolic.unknown"),
+        (lambda d: d["tensors"][0].__setitem__("dim", ["__import__('os')", 1, 64]), "symbolic.parse"),
+    ],
+)
 def test_damaged_dims_in_a_graph_file_are_serialization_errors(damage, rule):
     import json
 

@@ -93,8 +93,17 @@ def test_round_trip_keeps_what_matters():
     assert ops["gt"]["inputs"]["input1"] == {"const": 0}
     assert ops["idx"]["attrs"] == {"mode": "GEN_INDEX", "axis": 2}
     assert ops["sw"]["compute_data_type"] == "DOUBLE" and ops["sw"]["inputs"]["swish_beta"] == {"const": 1.5}
-    assert [t["name"] for t in doc["tensors"] if not t["is_virtual"]] == ["x", "b", "s", "clip", "y", "z", "c",
-                                                                           "i", "w"]
+    assert [t["name"] for t in doc["tensors"] if not t["is_virtual"]] == [
+        "x",
+        "b",
+        "s",
+        "clip",
+        "y",
+        "z",
+        "c",
+        "i",
+        "w",
+    ]
 
 
 def test_ops_in_any_order_in_the_file():
@@ -119,8 +128,7 @@ def test_key_stable_across_processes():
     here = build_rich(og).key()
     code = "import opgraph as og\n" + textwrap.dedent(BUILD_RICH) + "\nprint(build_rich(og).key())\n"
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == here
 
@@ -199,8 +207,7 @@ def _mutations():
         "not text": (12, og.SerializationError, "json.syntax"),
         "huge nesting": ("[" * 100000 + "]" * 100000, og.SerializationError, "json.syntax"),
         "huge nesting obj": ('{"a":' * 100000 + "1" + "}" * 100000, og.SerializationError, "json.syntax"),
-        "huge int": (text.replace('"version": 1', '"version": 1' + "0" * 5000), og.SerializationError,
-                     "json.syntax"),
+        "huge int": (text.replace('"version": 1', '"version": 1' + "0" * 5000), og.SerializationError, "json.syntax"),
         "list": ("[]", og.SerializationError, "json.format"),
         "null": ("null", og.SerializationError, "json.format"),
         "wrong format": (mut(lambda d: d.__setitem__("format", "onnx")), og.SerializationError, "json.format"),
@@ -210,91 +217,161 @@ def _mutations():
         "version true": (mut(lambda d: d.__setitem__("version", True)), og.SerializationError, "json.version"),
         "version float": (mut(lambda d: d.__setitem__("version", 1.0)), og.SerializationError, "json.version"),
         "no version": (mut(lambda d: d.pop("version")), og.SerializationError, "json.version"),
-        "unknown op kind": (mut(lambda d: d["ops"][0].__setitem__("op", "fft")), og.SerializationError,
-                            "json.op_kind"),
-        "op kind not str": (mut(lambda d: d["ops"][0].__setitem__("op", 3)), og.SerializationError,
-                            "json.field_type"),
-        "bad enum": (mut(lambda d: d["ops"][0]["attrs"].__setitem__("mode", "FROB")), og.SerializationError,
-                     "json.attr_enum"),
-        "enum not str": (mut(lambda d: d["ops"][0]["attrs"].__setitem__("mode", 0)), og.SerializationError,
-                         "json.attr_enum"),
-        "deep attr": (mut(lambda d: d["ops"][0]["attrs"].__setitem__("mode", json.loads("[" * 400 + "]" * 400))),
-                      og.SerializationError, "json.attr_enum"),
-        "attr type": (mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", "two")), og.SerializationError,
-                      "json.attr_type"),
-        "attr float for int": (mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", 2.0)),
-                               og.SerializationError, "json.attr_type"),
-        "attr bool for int": (mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", True)),
-                              og.SerializationError, "json.attr_type"),
-        "unknown attr": (mut(lambda d: d["ops"][0]["attrs"].__setitem__("alpha", 1)), og.SerializationError,
-                         "json.attrs"),
+        "unknown op kind": (mut(lambda d: d["ops"][0].__setitem__("op", "fft")), og.SerializationError, "json.op_kind"),
+        "op kind not str": (mut(lambda d: d["ops"][0].__setitem__("op", 3)), og.SerializationError, "json.field_type"),
+        "bad enum": (
+            mut(lambda d: d["ops"][0]["attrs"].__setitem__("mode", "FROB")),
+            og.SerializationError,
+            "json.attr_enum",
+        ),
+        "enum not str": (
+            mut(lambda d: d["ops"][0]["attrs"].__setitem__("mode", 0)),
+            og.SerializationError,
+            "json.attr_enum",
+        ),
+        "deep attr": (
+            mut(lambda d: d["ops"][0]["attrs"].__setitem__("mode", json.loads("[" * 400 + "]" * 400))),
+            og.SerializationError,
+            "json.attr_enum",
+        ),
+        "attr type": (
+            mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", "two")),
+            og.SerializationError,
+            "json.attr_type",
+        ),
+        "attr float for int": (
+            mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", 2.0)),
+            og.SerializationError,
+            "json.attr_type",
+        ),
+        "attr bool for int": (
+            mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", True)),
+            og.SerializationError,
+            "json.attr_type",
+        ),
+        "unknown attr": (
+            mut(lambda d: d["ops"][0]["attrs"].__setitem__("alpha", 1)),
+            og.SerializationError,
+            "json.attrs",
+        ),
         "missing attr": (mut(lambda d: d["ops"][0]["attrs"].pop("mode")), og.SerializationError, "json.attrs"),
-        "attrs not object": (mut(lambda d: d["ops"][0].__setitem__("attrs", [])), og.SerializationError,
-                             "json.field_type"),
-        "unknown input role": (mut(lambda d: d["ops"][0]["inputs"].__setitem__("input7", x_uid)),
-                               og.SerializationError, "json.role"),
-        "input role as output": (mut(lambda d: d["ops"][0]["outputs"].__setitem__("input0", x_uid)),
-                                 og.SerializationError, "json.role"),
-        "unknown operand uid": (mut(lambda d: d["ops"][0]["inputs"].__setitem__("input0", 999)),
-                                og.SerializationError, "json.operand"),
-        "operand as str": (mut(lambda d: d["ops"][0]["inputs"].__setitem__("input0", str(x_uid))),
-                           og.SerializationError, "json.operand"),
-        "operand as bool": (mut(lambda d: d["ops"][0]["inputs"].__setitem__("input0", True)),
-                            og.SerializationError, "json.operand"),
-        "const not number": (mut(lambda d: d["ops"][relu]["inputs"].__setitem__("negative_slope", {"const": "x"})),
-                             og.SerializationError, "json.operand"),
-        "const extra key": (mut(lambda d: d["ops"][relu]["inputs"].__setitem__("negative_slope",
-                                                                                {"const": 1, "x": 2})),
-                            og.SerializationError, "json.operand"),
-        "unknown output uid": (mut(lambda d: d["ops"][0]["outputs"].__setitem__("output", 999)),
-                               og.SerializationError, "json.operand"),
-        "output as bool": (mut(lambda d: d["ops"][0]["outputs"].__setitem__("output", True)),
-                           og.SerializationError, "json.operand"),
-        "duplicate uid": (mut(lambda d: d["tensors"].append(dict(d["tensors"][0]))), og.SerializationError,
-                          "json.duplicate_uid"),
+        "attrs not object": (
+            mut(lambda d: d["ops"][0].__setitem__("attrs", [])),
+            og.SerializationError,
+            "json.field_type",
+        ),
+        "unknown input role": (
+            mut(lambda d: d["ops"][0]["inputs"].__setitem__("input7", x_uid)),
+            og.SerializationError,
+            "json.role",
+        ),
+        "input role as output": (
+            mut(lambda d: d["ops"][0]["outputs"].__setitem__("input0", x_uid)),
+            og.SerializationError,
+            "json.role",
+        ),
+        "unknown operand uid": (
+            mut(lambda d: d["ops"][0]["inputs"].__setitem__("input0", 999)),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "operand as str": (
+            mut(lambda d: d["ops"][0]["inputs"].__setitem__("input0", str(x_uid))),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "operand as bool": (
+            mut(lambda d: d["ops"][0]["inputs"].__setitem__("input0", True)),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "const not number": (
+            mut(lambda d: d["ops"][relu]["inputs"].__setitem__("negative_slope", {"const": "x"})),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "const extra key": (
+            mut(lambda d: d["ops"][relu]["inputs"].__setitem__("negative_slope", {"const": 1, "x": 2})),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "unknown output uid": (
+            mut(lambda d: d["ops"][0]["outputs"].__setitem__("output", 999)),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "output as bool": (
+            mut(lambda d: d["ops"][0]["outputs"].__setitem__("output", True)),
+            og.SerializationError,
+            "json.operand",
+        ),
+        "duplicate uid": (
+            mut(lambda d: d["tensors"].append(dict(d["tensors"][0]))),
+            og.SerializationError,
+            "json.duplicate_uid",
+        ),
         "tensor not object": (mut(lambda d: d["tensors"].append([1, 2])), og.SerializationError, "json.tensor"),
         "op not object": (mut(lambda d: d["ops"].append("relu")), og.SerializationError, "json.op"),
-        "tensors not list": (mut(lambda d: d.__setitem__("tensors", {})), og.SerializationError,
-                             "json.field_type"),
+        "tensors not list": (mut(lambda d: d.__setitem__("tensors", {})), og.SerializationError, "json.field_type"),
         "missing tensors": (mut(lambda d: d.pop("tensors")), og.SerializationError, "json.missing_field"),
         "missing uid": (mut(lambda d: d["tensors"][0].pop("uid")), og.SerializationError, "json.missing_field"),
-        "uid float": (mut(lambda d: d["tensors"][0].__setitem__("uid", 1.5)), og.SerializationError,
-                      "json.field_type"),
-        "dims str": (mut(lambda d: d["tensors"][0].__setitem__("dim", "2x3")), og.SerializationError,
-                     "json.field_type"),
-        "name not str": (mut(lambda d: d["tensors"][0].__setitem__("name", 5)), og.SerializationError,
-                         "json.field_type"),
-        "virtual not bool": (mut(lambda d: d["tensors"][0].__setitem__("is_virtual", 1)), og.SerializationError,
-                             "json.field_type"),
-        "graph name not str": (mut(lambda d: d.__setitem__("name", None)), og.SerializationError,
-                               "json.field_type"),
+        "uid float": (mut(lambda d: d["tensors"][0].__setitem__("uid", 1.5)), og.SerializationError, "json.field_type"),
+        "dims str": (
+            mut(lambda d: d["tensors"][0].__setitem__("dim", "2x3")),
+            og.SerializationError,
+            "json.field_type",
+        ),
+        "name not str": (
+            mut(lambda d: d["tensors"][0].__setitem__("name", 5)),
+            og.SerializationError,
+            "json.field_type",
+        ),
+        "virtual not bool": (
+            mut(lambda d: d["tensors"][0].__setitem__("is_virtual", 1)),
+            og.SerializationError,
+            "json.field_type",
+        ),
+        "graph name not str": (mut(lambda d: d.__setitem__("name", None)), og.SerializationError, "json.field_type"),
         # well-formed files describing a bad graph: the error of the rule they break
-        "negative dim": (mut(lambda d: d["tensors"][0].__setitem__("dim", [-2, 3, 4, 5])), og.ShapeError,
-                         "tensor.dim"),
-        "nested dim": (mut(lambda d: d["tensors"][0].__setitem__("dim", [[2], 3, 4, 5])), og.ShapeError,
-                       "tensor.dim"),
-        "huge dim": (mut(lambda d: d["tensors"][0].__setitem__("dim", [2**70, 3, 4, 5])), og.ShapeError,
-                     "tensor.dim"),
-        "stride rank": (mut(lambda d: d["tensors"][0].__setitem__("stride", [1])), og.ShapeError,
-                        "tensor.stride_rank"),
+        "negative dim": (mut(lambda d: d["tensors"][0].__setitem__("dim", [-2, 3, 4, 5])), og.ShapeError, "tensor.dim"),
+        "nested dim": (mut(lambda d: d["tensors"][0].__setitem__("dim", [[2], 3, 4, 5])), og.ShapeError, "tensor.dim"),
+        "huge dim": (mut(lambda d: d["tensors"][0].__setitem__("dim", [2**70, 3, 4, 5])), og.ShapeError, "tensor.dim"),
+        "stride rank": (mut(lambda d: d["tensors"][0].__setitem__("stride", [1])), og.ShapeError, "tensor.stride_rank"),
         "negative uid": (mut(lambda d: d["tensors"][0].__setitem__("uid", -4)), og.GraphError, "tensor.uid"),
-        "bad dtype": (mut(lambda d: d["tensors"][0].__setitem__("data_type", "FLOAT128")), og.DataTypeError,
-                      "dtype.unknown"),
+        "bad dtype": (
+            mut(lambda d: d["tensors"][0].__setitem__("data_type", "FLOAT128")),
+            og.DataTypeError,
+            "dtype.unknown",
+        ),
         "bad io dtype": (mut(lambda d: d.__setitem__("io_data_type", "X")), og.DataTypeError, "dtype.unknown"),
-        "bad compute dtype": (mut(lambda d: d["ops"][0].__setitem__("compute_data_type", "X")),
-                              og.DataTypeError, "dtype.unknown"),
-        "missing operand": (mut(lambda d: d["ops"][0]["inputs"].pop("input0")), og.ShapeError,
-                            "op.missing_input"),
-        "missing output": (mut(lambda d: d["ops"][0]["outputs"].clear()), og.DataflowError,
-                           "dataflow.no_output"),
-        "gen_index axis": (mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", 9)), og.AttributeValueError,
-                           "pointwise.gen_index_axis"),
+        "bad compute dtype": (
+            mut(lambda d: d["ops"][0].__setitem__("compute_data_type", "X")),
+            og.DataTypeError,
+            "dtype.unknown",
+        ),
+        "missing operand": (mut(lambda d: d["ops"][0]["inputs"].pop("input0")), og.ShapeError, "op.missing_input"),
+        "missing output": (mut(lambda d: d["ops"][0]["outputs"].clear()), og.DataflowError, "dataflow.no_output"),
+        "gen_index axis": (
+            mut(lambda d: d["ops"][idx]["attrs"].__setitem__("axis", 9)),
+            og.AttributeValueError,
+            "pointwise.gen_index_axis",
+        ),
         "no ops": (mut(lambda d: d.__setitem__("ops", [])), og.GraphError, "graph.empty"),
-        "two producers": (mut(lambda d: d["ops"][1]["outputs"].__setitem__("output",
-                                                                           d["ops"][2]["outputs"]["output"])),
-                          og.DataflowError, "dataflow.two_producers"),
-        "broadcast": (mut(lambda d: d["tensors"][1].__setitem__("dim", [1, 2, 1, 1]) or
-                          d["tensors"][1].__setitem__("stride", [2, 1, 1, 1])), og.ShapeError, "broadcast.dims"),
+        "two producers": (
+            mut(lambda d: d["ops"][1]["outputs"].__setitem__("output", d["ops"][2]["outputs"]["output"])),
+            og.DataflowError,
+            "dataflow.two_producers",
+        ),
+        "broadcast": (
+            mut(
+                lambda d: (
+                    d["tensors"][1].__setitem__("dim", [1, 2, 1, 1])
+                    or d["tensors"][1].__setitem__("stride", [2, 1, 1, 1])
+                )
+            ),
+            og.ShapeError,
+            "broadcast.dims",
+        ),
     }
 
 
@@ -319,8 +396,7 @@ def test_graph_errors_from_a_file_say_so():
     assert "in the graph file" in str(ei.value) and "'b'" in str(ei.value)
 
 
-JUNK = [None, True, -1, 0, 2**65, 1.5, float("nan"), "", "x", "FLOAT", [], [1], [[1]], {}, {"const": 1},
-        {"a": [1]}]
+JUNK = [None, True, -1, 0, 2**65, 1.5, float("nan"), "", "x", "FLOAT", [], [1], [[1]], {}, {"const": 1}, {"a": [1]}]
 
 
 def test_fuzzed_files_only_raise_graph_errors():

@@ -72,7 +72,7 @@ def test_a_misaligned_buffer_is_refused_before_the_table_changes(graph):
     before = table.tensor.tolist()
     raw = np.empty(4 * 8 * 4 + 16, np.uint8)
     start = next(i for i in range(16) if (raw.ctypes.data + i) % 16 == 4)
-    bufs[7] = raw[start:start + 128].view(np.float32).reshape(4, 8)
+    bufs[7] = raw[start : start + 128].view(np.float32).reshape(4, 8)
     with pytest.raises(og.VariantPackError) as err:
         table.update(bufs)
     check_rule(err.value, "pack.alignment", "x")
@@ -94,4 +94,3 @@ def test_write_skips_unchanged_addresses_unless_forced_or_exposed(graph):
     table.exposed = True
     table.write(addresses)
     assert table.tensor.tolist() == addresses
-

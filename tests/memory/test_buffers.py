@@ -31,12 +31,16 @@ def test_numpy_arrays_of_every_type(dt):
     assert info.ptr == arr.ctypes.data and info.obj is arr
 
 
-@pytest.mark.parametrize("view,strides", [
-    (lambda a: a.T, (1, 4)),
-    (lambda a: a[::-1, ::2], (-4, 2)),
-    (lambda a: a[1:, 1:], (4, 1)),
-    (lambda a: np.broadcast_to(a[:1], (3, 4)), (0, 1)),
-], ids=["transposed", "reversed and stepped", "offset", "broadcast"])
+@pytest.mark.parametrize(
+    "view,strides",
+    [
+        (lambda a: a.T, (1, 4)),
+        (lambda a: a[::-1, ::2], (-4, 2)),
+        (lambda a: a[1:, 1:], (4, 1)),
+        (lambda a: np.broadcast_to(a[:1], (3, 4)), (0, 1)),
+    ],
+    ids=["transposed", "reversed and stepped", "offset", "broadcast"],
+)
 def test_numpy_views_keep_their_element_strides_and_first_element(view, strides):
     arr = np.arange(12, dtype=np.float32).reshape(3, 4)
     v = view(arr)
@@ -56,8 +60,9 @@ def test_byte_strides_that_split_elements_are_refused():
     assert buffer_info(one).shape == (1, 2)
 
 
-@pytest.mark.parametrize("dt", [DT.FLOAT, DT.HALF, DT.BFLOAT16, DT.FP8_E4M3, DT.FP8_E5M2, DT.INT8, DT.BOOLEAN],
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "dt", [DT.FLOAT, DT.HALF, DT.BFLOAT16, DT.FP8_E4M3, DT.FP8_E5M2, DT.INT8, DT.BOOLEAN], ids=lambda d: d.name
+)
 def test_torch_cpu_tensors_become_numpy_views_of_the_same_memory(dt, rng):
     torch = torch_or_skip()
     base = torch.from_numpy(rng.integers(1, 5, size=(4, 6)).astype(np.float32)).to(dt.to_torch())
@@ -122,8 +127,9 @@ def test_cuda_array_interface_objects_without_torch(monkeypatch):
     assert "'<c8'" in str(err)
 
 
-@pytest.mark.parametrize("obj", [[1.0, 2.0], 3, 2.5, "x", None, {"a": 1}, object(), b"\x00\x01"],
-                         ids=lambda o: type(o).__name__)
+@pytest.mark.parametrize(
+    "obj", [[1.0, 2.0], 3, 2.5, "x", None, {"a": 1}, object(), b"\x00\x01"], ids=lambda o: type(o).__name__
+)
 def test_what_is_not_a_buffer_is_refused_by_type(obj):
     err = check_rule(refused(obj), "pack.type")
     assert f"a {type(obj).__name__} is not a buffer opgraph can use" in str(err)

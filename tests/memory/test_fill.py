@@ -39,9 +39,11 @@ def test_empty_like_desc_has_the_descriptors_layout(dt):
     assert storage(arr).nbytes == d.nbytes  # storage of its own, as big as the layout
 
 
-@pytest.mark.parametrize("dim,stride,extent", [((3, 4), (0, 1), 4), ((2, 3), (1, 2), 6), ((0, 4), (4, 1), 1),
-                                               ((1,), (1,), 1), ((2, 2), (8, 1), 10)],
-                         ids=["broadcast", "column-major", "empty", "scalar", "padded rows"])
+@pytest.mark.parametrize(
+    "dim,stride,extent",
+    [((3, 4), (0, 1), 4), ((2, 3), (1, 2), 6), ((0, 4), (4, 1), 1), ((1,), (1,), 1), ((2, 2), (8, 1), 10)],
+    ids=["broadcast", "column-major", "empty", "scalar", "padded rows"],
+)
 def test_empty_like_desc_of_unusual_layouts(dim, stride, extent):
     arr = empty_like_desc(og.TensorDesc(1, "t", dim, stride, DT.HALF))
     assert arr.shape == dim and element_strides(arr) == stride

@@ -34,8 +34,10 @@ def uids(f: og.FinalGraph) -> tuple[int, int, int, int]:
     return f.tensor("x").uid, f.nodes[0].outputs[0], f.nodes[1].outputs[0], f.tensor("y").uid
 
 
-@pytest.mark.parametrize("n,alignment", [(0, ALIGN), (1, ALIGN), (ALIGN - 1, ALIGN), (ALIGN, ALIGN),
-                                         (ALIGN + 1, ALIGN), (17, 16), (32, 16), (5, 1)])
+@pytest.mark.parametrize(
+    "n,alignment",
+    [(0, ALIGN), (1, ALIGN), (ALIGN - 1, ALIGN), (ALIGN, ALIGN), (ALIGN + 1, ALIGN), (17, 16), (32, 16), (5, 1)],
+)
 def test_align_up(n, alignment):
     got = align_up(n, alignment)
     assert got % alignment == 0 and n <= got < n + alignment
@@ -81,19 +83,20 @@ def _views_land_in_their_slots(graph, base, as_numpy):
         values = random_values(desc, rng)
         arr[...] = values
         # the slot's bytes, read with the descriptor's strides, hold the values
-        slot = raw[offset:offset + nbytes].view(desc.data_type.numpy)
-        np.testing.assert_array_equal(np.lib.stride_tricks.as_strided(
-            slot, desc.dim, [s * arr.itemsize for s in desc.stride]), values)
+        slot = raw[offset : offset + nbytes].view(desc.data_type.numpy)
+        np.testing.assert_array_equal(
+            np.lib.stride_tricks.as_strided(slot, desc.dim, [s * arr.itemsize for s in desc.stride]), values
+        )
     scratch = scratch_view(base, layout, 0)
     lo, n = layout.scratch[0]
     assert as_numpy(scratch).shape == (n,)
     as_numpy(scratch)[...] = 7
-    assert (raw[lo:lo + n] == 7).all()
+    assert (raw[lo : lo + n] == 7).all()
     # nothing outside the slots was written
     used = np.zeros(layout.size, bool)
     for lo, n in [*layout.tensors.values(), *layout.scratch.values()]:
-        used[lo:lo + n] = True
-    assert (raw[:layout.size][~used] == 0xAB).all()
+        used[lo : lo + n] = True
+    assert (raw[: layout.size][~used] == 0xAB).all()
 
 
 def test_views_on_a_numpy_workspace(graph):
@@ -162,11 +165,12 @@ def test_a_small_workspace_says_how_big_it_must_be(graph):
 def test_a_workspace_overlapping_a_bound_buffer_names_the_tensor(graph, where):
     x, _, _, y = uids(graph)
     block = np.empty(3 * SIZE, np.uint8)
-    ws = block[SIZE:2 * SIZE]
+    ws = block[SIZE : 2 * SIZE]
     start = {"inside": SIZE + 100, "straddles the start": SIZE - 8, "straddles the end": 2 * SIZE - 8}[where]
-    buf = block[start:start + 64].view(np.float32)
-    err = check_rule(_bad(ws, bound={x: np.empty(4, np.float32), y: buf, 7: 1.5}, graph=graph),
-                     "pack.workspace_overlap", "y")
+    buf = block[start : start + 64].view(np.float32)
+    err = check_rule(
+        _bad(ws, bound={x: np.empty(4, np.float32), y: buf, 7: 1.5}, graph=graph), "pack.workspace_overlap", "y"
+    )
     assert f"(uid {y})" in str(err)
 
 
@@ -174,6 +178,6 @@ def test_only_the_bytes_the_plan_uses_must_be_free(graph):
     x, _, _, y = uids(graph)
     block = np.empty(3 * SIZE, np.uint8)
     ws = block[SIZE:]  # 2*SIZE bytes; the plan uses the first SIZE
-    before = block[SIZE - 64:SIZE].view(np.float32)  # ends where the workspace starts
-    after = block[2 * SIZE:2 * SIZE + 64].view(np.float32)  # in the workspace's unused tail
+    before = block[SIZE - 64 : SIZE].view(np.float32)  # ends where the workspace starts
+    after = block[2 * SIZE : 2 * SIZE + 64].view(np.float32)  # in the workspace's unused tail
     assert check(ws, SIZE, CPU, graph, {x: before, y: after, 3: 2.0, 4: True}) is ws

@@ -98,7 +98,7 @@ def fused_qkv_errors(x, dy, o, dqkv, heads: int) -> dict[str, float]:
     d = width // (3 * heads)
     xf = x.float().requires_grad_()
     q, k, v = (t.reshape(b, s, heads, d).transpose(1, 2) for t in xf.split(heads * d, dim=2))
-    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d ** -0.5)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d**-0.5)
     ref.backward(dy.float().reshape(b, s, heads, d).transpose(1, 2))
 
     def rel(a, r):

@@ -24,10 +24,14 @@ F = torch.nn.functional
 
 B, HQ, DQK, DV = 2, 4, 8, 6
 MASKS = {
-    "none": {}, "causal": {"use_causal_mask": True}, "bottom_right": {"use_causal_mask_bottom_right": True},
-    "window": {"sliding_window_length": 3}, "causal_window": {"use_causal_mask": True, "sliding_window_length": 2},
+    "none": {},
+    "causal": {"use_causal_mask": True},
+    "bottom_right": {"use_causal_mask_bottom_right": True},
+    "window": {"sliding_window_length": 3},
+    "causal_window": {"use_causal_mask": True, "sliding_window_length": 2},
     "br_window": {"use_causal_mask_bottom_right": True, "sliding_window_length": 3},
-    "padding": {"use_padding_mask": True}, "padding_br": {"use_padding_mask": True, "use_causal_mask_bottom_right": True},
+    "padding": {"use_padding_mask": True},
+    "padding_br": {"use_padding_mask": True, "use_causal_mask_bottom_right": True},
     "padding_causal_window": {"use_padding_mask": True, "use_causal_mask": True, "sliding_window_length": 2},
 }
 LENS = (np.array([3, 5]), np.array([6, 2]))  # seq_len_q, seq_len_kv per batch (clipped to the dims)
@@ -37,8 +41,15 @@ def _keep(opts, sq, skv):
     lens = None
     if opts.get("use_padding_mask"):
         lens = (np.minimum(LENS[0], sq), np.minimum(LENS[1], skv))
-    return keep_mask(B, sq, skv, lens=lens, causal=opts.get("use_causal_mask", False),
-                     br=opts.get("use_causal_mask_bottom_right", False), window=opts.get("sliding_window_length")), lens
+    return keep_mask(
+        B,
+        sq,
+        skv,
+        lens=lens,
+        causal=opts.get("use_causal_mask", False),
+        br=opts.get("use_causal_mask_bottom_right", False),
+        window=opts.get("sliding_window_length"),
+    ), lens
 
 
 # score modifiers: (builder, torch) pairs
@@ -68,11 +79,25 @@ MODS = {
 }
 
 
-def _graph(sq, skv, hk, hv, layout, *, mask="none", bias=False, alibi=False, mod=None, drop_mask=False,
-           backward=False, scale=0.35):
+def _graph(
+    sq,
+    skv,
+    hk,
+    hv,
+    layout,
+    *,
+    mask="none",
+    bias=False,
+    alibi=False,
+    mod=None,
+    drop_mask=False,
+    backward=False,
+    scale=0.35,
+):
     """An sdpa (or sdpa_backward) graph in float64 and its input arrays (logical dims)."""
-    rng = np.random.default_rng(zlib.crc32(repr((sq, skv, hk, hv, layout, mask, bias, alibi, mod, drop_mask,
-                                                 backward)).encode()))
+    rng = np.random.default_rng(
+        zlib.crc32(repr((sq, skv, hk, hv, layout, mask, bias, alibi, mod, drop_mask, backward)).encode())
+    )
     g = og.Graph("att", io_data_type=D.DOUBLE, intermediate_data_type=D.DOUBLE)
     dims = {"q": (B, HQ, sq, DQK), "k": (B, hk, skv, DQK), "v": (B, hv, skv, DV)}
     t = {n: g.tensor(dim=d, stride=strides(d, layout), name=n) for n, d in dims.items()}
@@ -105,8 +130,14 @@ def _graph(sq, skv, hk, hv, layout, *, mask="none", bias=False, alibi=False, mod
         feeds[m] = drop
         kw["dropout"] = (m, 1 / 0.7)
         drop = drop / 0.7
-    ref = {"keep": keep, "bias": vals.get("bias"), "alibi": alibi, "drop": drop, "scale": scale,
-               "mod": None if mod is None else (lambda s: MODS[mod][1](s, torch.tensor(slopes)))}
+    ref = {
+        "keep": keep,
+        "bias": vals.get("bias"),
+        "alibi": alibi,
+        "drop": drop,
+        "scale": scale,
+        "mod": None if mod is None else (lambda s: MODS[mod][1](s, torch.tensor(slopes))),
+    }
     return g, t, kw, feeds, vals, ref
 
 
@@ -123,8 +154,17 @@ class _Sub:
 def _torch_forward(vals, ref, requires_grad=False):
     ts = {n: torch.tensor(vals[n], requires_grad=requires_grad) for n in ("q", "k", "v")}
     bias = None if ref["bias"] is None else torch.tensor(ref["bias"], requires_grad=requires_grad)
-    o, lse = attention(ts["q"], ts["k"], ts["v"], scale=ref["scale"], bias=bias, alibi=ref["alibi"],
-                       keep=ref["keep"], mod=ref["mod"], drop=ref["drop"])
+    o, lse = attention(
+        ts["q"],
+        ts["k"],
+        ts["v"],
+        scale=ref["scale"],
+        bias=bias,
+        alibi=ref["alibi"],
+        keep=ref["keep"],
+        mod=ref["mod"],
+        drop=ref["drop"],
+    )
     return ts, bias, o, lse
 
 
@@ -153,10 +193,19 @@ def test_forward_masks_gqa_layouts(mask, hk, hv, sq, skv, layout):
     _forward(sq, skv, hk, hv, layout, mask=mask)
 
 
-@pytest.mark.parametrize("features", [
-    {"bias": True}, {"alibi": True}, {"mod": "softcap"}, {"mod": "leaky"}, {"mod": "rel"},
-    {"drop_mask": True}, {"bias": True, "mod": "softcap", "drop_mask": True}, {"alibi": True, "mod": "rel"},
-])
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"bias": True},
+        {"alibi": True},
+        {"mod": "softcap"},
+        {"mod": "leaky"},
+        {"mod": "rel"},
+        {"drop_mask": True},
+        {"bias": True, "mod": "softcap", "drop_mask": True},
+        {"alibi": True, "mod": "rel"},
+    ],
+)
 @pytest.mark.parametrize("mask", ["none", "causal", "br_window", "padding_br"])
 @pytest.mark.parametrize("sq,skv,hk,hv,layout", [(5, 7, 2, 2, "bshd"), (7, 5, 1, 2, "bhsd")])
 def test_forward_features(features, mask, sq, skv, hk, hv, layout):
@@ -230,10 +279,18 @@ def test_backward_masks_gqa(mask, hk, hv, sq, skv, layout):
     _backward(sq, skv, hk, hv, layout, mask=mask)
 
 
-@pytest.mark.parametrize("features", [
-    {"bias": True}, {"alibi": True}, {"mod": "softcap"}, {"mod": "leaky"}, {"mod": "rel"},
-    {"drop_mask": True}, {"bias": True, "mod": "softcap", "drop_mask": True},
-])
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"bias": True},
+        {"alibi": True},
+        {"mod": "softcap"},
+        {"mod": "leaky"},
+        {"mod": "rel"},
+        {"drop_mask": True},
+        {"bias": True, "mod": "softcap", "drop_mask": True},
+    ],
+)
 @pytest.mark.parametrize("mask", ["none", "causal", "padding_br"])
 def test_backward_features(features, mask):
     _backward(5, 7, 2, 2, "bshd", mask=mask, **features)
@@ -281,8 +338,9 @@ def test_philox_dropout_forward_and_backward():
     rng = np.random.default_rng(3)
     sq, skv, p = 5, 7, 0.3
     g = og.Graph("att", io_data_type=D.DOUBLE, intermediate_data_type=D.DOUBLE)
-    q, k, v = (g.tensor(dim=d, name=n) for n, d in (("q", (B, HQ, sq, DQK)), ("k", (B, 2, skv, DQK)),
-                                                    ("v", (B, 2, skv, DV))))
+    q, k, v = (
+        g.tensor(dim=d, name=n) for n, d in (("q", (B, HQ, sq, DQK)), ("k", (B, 2, skv, DQK)), ("v", (B, 2, skv, DV)))
+    )
     seed = g.tensor(dim=[1], data_type=D.INT64, name="seed")
     off = g.tensor(dim=[1], data_type=D.INT64, name="offset")
     o, st = g.sdpa(q, k, v, attn_scale=0.5, use_causal_mask=True, dropout=(p, seed, off))
@@ -311,12 +369,25 @@ def test_philox_dropout_forward_and_backward():
     to, tdo = gb.tensor(dim=o.dim, name="o"), gb.tensor(dim=o.dim, name="dO")
     tst = gb.tensor(dim=st.dim, name="stats")
     s2, o2 = gb.tensor(dim=[1], data_type=D.INT64, name="seed"), gb.tensor(dim=[1], data_type=D.INT64, name="off")
-    grads = gb.sdpa_backward(h["q"], h["k"], h["v"], to, tdo, tst, attn_scale=0.5, use_causal_mask=True,
-                             dropout=(p, s2, o2))
+    grads = gb.sdpa_backward(
+        h["q"], h["k"], h["v"], to, tdo, tst, attn_scale=0.5, use_causal_mask=True, dropout=(p, s2, o2)
+    )
     for x in grads:
         x.set_output(True)
-    got = run(gb, {h["q"]: vals[q], h["k"]: vals[k], h["v"]: vals[v], to: got_o, tdo: do, tst: got_st,
-                   s2: np.array([1234]), o2: np.array([77])}, grads)
+    got = run(
+        gb,
+        {
+            h["q"]: vals[q],
+            h["k"]: vals[k],
+            h["v"]: vals[v],
+            to: got_o,
+            tdo: do,
+            tst: got_st,
+            s2: np.array([1234]),
+            o2: np.array([77]),
+        },
+        grads,
+    )
     for a, w in zip(got, (tq.grad, tk.grad, tv.grad)):
         np.testing.assert_allclose(a, w.numpy(), rtol=1e-9, atol=1e-11)
 
@@ -326,6 +397,7 @@ def test_philox_dropout_forward_and_backward():
 
 def test_score_mod_causal_equals_builtin_causal():
     """A causal mask written as a score modifier (gen_index, select -inf) equals use_causal_mask."""
+
     def causal(g, s):
         return g.binary_select(s, -math.inf, g.cmp_le(g.gen_index(s, axis=3), g.gen_index(s, axis=2)))
 
@@ -340,16 +412,19 @@ def test_score_mod_causal_equals_builtin_causal():
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-12)
 
 
-@pytest.mark.parametrize("build,torch_fn", [
-    (lambda g, s: g.mul(g.tanh(g.div(s, 3.0)), 3.0), lambda s: torch.tanh(s / 3.0) * 3.0),
-    (lambda g, s: g.mul(s, s), lambda s: s * s),
-    (lambda g, s: g.add(g.exp(g.mul(s, 0.5)), g.sin(s)), lambda s: torch.exp(0.5 * s) + torch.sin(s)),
-    (lambda g, s: g.pointwise(s, 2.0, mode="pow"), lambda s: s ** 2.0),
-    (lambda g, s: g.max(s, g.mul(s, s)), lambda s: torch.maximum(s, s * s)),
-    (lambda g, s: g.relu(s, negative_slope=0.1), lambda s: F.leaky_relu(s, 0.1)),
-    (lambda g, s: g.sigmoid(g.gelu(s)), lambda s: torch.sigmoid(F.gelu(s))),
-    (lambda g, s: g.add(s, 1.0), lambda s: s + 1.0),
-])
+@pytest.mark.parametrize(
+    "build,torch_fn",
+    [
+        (lambda g, s: g.mul(g.tanh(g.div(s, 3.0)), 3.0), lambda s: torch.tanh(s / 3.0) * 3.0),
+        (lambda g, s: g.mul(s, s), lambda s: s * s),
+        (lambda g, s: g.add(g.exp(g.mul(s, 0.5)), g.sin(s)), lambda s: torch.exp(0.5 * s) + torch.sin(s)),
+        (lambda g, s: g.pointwise(s, 2.0, mode="pow"), lambda s: s**2.0),
+        (lambda g, s: g.max(s, g.mul(s, s)), lambda s: torch.maximum(s, s * s)),
+        (lambda g, s: g.relu(s, negative_slope=0.1), lambda s: F.leaky_relu(s, 0.1)),
+        (lambda g, s: g.sigmoid(g.gelu(s)), lambda s: torch.sigmoid(F.gelu(s))),
+        (lambda g, s: g.add(s, 1.0), lambda s: s + 1.0),
+    ],
+)
 def test_score_mod_derivative(build, torch_fn):
     from opgraph.autodiff.score_mod import derivative
     from opgraph.ops.score_mod import ScoreModBuilder, evaluate
@@ -412,8 +487,9 @@ def test_json_round_trip_backward_with_score_mod():
     st = g.tensor(dim=[1, 2, 4, 1], name="stats")
     bias = g.tensor(dim=[1, 2, 4, 4], name="bias")
     db = g.tensor(dim=[1, 2, 4, 4], name="dBias")
-    grads = g.sdpa_backward(q, k, v, o, do, st, bias=bias, dBias=db, score_mod=_softcap,
-                            use_deterministic_algorithm=True)
+    grads = g.sdpa_backward(
+        q, k, v, o, do, st, bias=bias, dBias=db, score_mod=_softcap, use_deterministic_algorithm=True
+    )
     for x in grads:
         x.set_output(True)
     g2 = og.Graph.from_json(g.to_json())
@@ -448,14 +524,17 @@ def _fwd(g, **kw):
     return q, k, v
 
 
-@pytest.mark.parametrize("dims,rule,name", [
-    ({"q": (2, 4, 5)}, "sdpa.rank", "q"),
-    ({"k": (3, 2, 6, 8), "v": (3, 2, 6, 8)}, "sdpa.batch", "k"),
-    ({"k": (2, 2, 6, 16)}, "sdpa.head_dim", "k"),
-    ({"v": (2, 2, 7, 8)}, "sdpa.kv_length", "v"),
-    ({"k": (2, 3, 6, 8)}, "sdpa.gqa", "k"),
-    ({"v": (2, 3, 6, 8)}, "sdpa.gqa", "v"),
-])
+@pytest.mark.parametrize(
+    "dims,rule,name",
+    [
+        ({"q": (2, 4, 5)}, "sdpa.rank", "q"),
+        ({"k": (3, 2, 6, 8), "v": (3, 2, 6, 8)}, "sdpa.batch", "k"),
+        ({"k": (2, 2, 6, 16)}, "sdpa.head_dim", "k"),
+        ({"v": (2, 2, 7, 8)}, "sdpa.kv_length", "v"),
+        ({"k": (2, 3, 6, 8)}, "sdpa.gqa", "k"),
+        ({"v": (2, 3, 6, 8)}, "sdpa.gqa", "v"),
+    ],
+)
 def test_shape_rules(dims, rule, name):
     _err(lambda g: _fwd(g, dims=dims), og.ShapeError, rule, name)
 
@@ -467,35 +546,78 @@ def test_dtype_rules():
         g.sdpa(q, k, v, generate_stats=False)[0].set_output(True)
 
     _err(mixed, og.DataTypeError, "sdpa.dtype", "k")
-    _err(lambda g: g.sdpa(*_qkv(g, dt=D.INT8), generate_stats=False)[0].set_output(True), og.DataTypeError,
-         "sdpa.dtype", "q")
+    _err(
+        lambda g: g.sdpa(*_qkv(g, dt=D.INT8), generate_stats=False)[0].set_output(True),
+        og.DataTypeError,
+        "sdpa.dtype",
+        "q",
+    )
 
 
 def test_mask_rules():
-    _err(lambda g: _fwd(g, use_causal_mask=True, use_causal_mask_bottom_right=True), og.AttributeValueError,
-         "sdpa.causal")
+    _err(
+        lambda g: _fwd(g, use_causal_mask=True, use_causal_mask_bottom_right=True),
+        og.AttributeValueError,
+        "sdpa.causal",
+    )
     _err(lambda g: _fwd(g, sliding_window_length=0), og.AttributeValueError, "sdpa.sliding_window")
     _err(lambda g: _fwd(g, use_padding_mask=True), og.ShapeError, "sdpa.padding_mask")
-    _err(lambda g: _fwd(g, seq_len_q=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name="lq"),
-                        seq_len_kv=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name="lkv")),
-         og.AttributeValueError, "sdpa.padding_mask", "lq")
-    _err(lambda g: _fwd(g, use_padding_mask=True, seq_len_q=g.tensor(dim=[2, 1, 1, 1], name="lq"),
-                        seq_len_kv=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name="lkv")),
-         og.DataTypeError, "sdpa.seq_len", "lq")
-    _err(lambda g: _fwd(g, use_padding_mask=True, seq_len_q=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32),
-                        seq_len_kv=g.tensor(dim=[1, 2, 1, 1], data_type=D.INT32, name="lkv")),
-         og.ShapeError, "sdpa.seq_len", "lkv")
+    _err(
+        lambda g: _fwd(
+            g,
+            seq_len_q=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name="lq"),
+            seq_len_kv=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name="lkv"),
+        ),
+        og.AttributeValueError,
+        "sdpa.padding_mask",
+        "lq",
+    )
+    _err(
+        lambda g: _fwd(
+            g,
+            use_padding_mask=True,
+            seq_len_q=g.tensor(dim=[2, 1, 1, 1], name="lq"),
+            seq_len_kv=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name="lkv"),
+        ),
+        og.DataTypeError,
+        "sdpa.seq_len",
+        "lq",
+    )
+    _err(
+        lambda g: _fwd(
+            g,
+            use_padding_mask=True,
+            seq_len_q=g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32),
+            seq_len_kv=g.tensor(dim=[1, 2, 1, 1], data_type=D.INT32, name="lkv"),
+        ),
+        og.ShapeError,
+        "sdpa.seq_len",
+        "lkv",
+    )
     _err(lambda g: _fwd(g, bias=g.tensor(dim=[2, 4, 5, 3], name="b")), og.ShapeError, "sdpa.bias_dims", "b")
     _err(lambda g: _fwd(g, bias=g.tensor(dim=[4, 5, 6], name="b")), og.ShapeError, "sdpa.bias_dims", "b")
 
 
 def test_dropout_rules():
-    _err(lambda g: _fwd(g, dropout=(1.0, g.tensor(dim=[1], data_type=D.INT64), g.tensor(dim=[1], data_type=D.INT64))),
-         og.AttributeValueError, "sdpa.dropout")
-    _err(lambda g: _fwd(g, dropout=(0.1, g.tensor(dim=[1], name="seed"), g.tensor(dim=[1], data_type=D.INT64))),
-         og.DataTypeError, "sdpa.dropout", "seed")
-    _err(lambda g: _fwd(g, dropout=(0.1, g.tensor(dim=[2], data_type=D.INT64, name="seed"),
-                                    g.tensor(dim=[1], data_type=D.INT64))), og.ShapeError, "op.scalar_input", "seed")
+    _err(
+        lambda g: _fwd(g, dropout=(1.0, g.tensor(dim=[1], data_type=D.INT64), g.tensor(dim=[1], data_type=D.INT64))),
+        og.AttributeValueError,
+        "sdpa.dropout",
+    )
+    _err(
+        lambda g: _fwd(g, dropout=(0.1, g.tensor(dim=[1], name="seed"), g.tensor(dim=[1], data_type=D.INT64))),
+        og.DataTypeError,
+        "sdpa.dropout",
+        "seed",
+    )
+    _err(
+        lambda g: _fwd(
+            g, dropout=(0.1, g.tensor(dim=[2], data_type=D.INT64, name="seed"), g.tensor(dim=[1], data_type=D.INT64))
+        ),
+        og.ShapeError,
+        "op.scalar_input",
+        "seed",
+    )
     _err(lambda g: _fwd(g, dropout=0.1), og.AttributeValueError, "sdpa.dropout")
     _err(lambda g: _fwd(g, dropout=(g.tensor(dim=[2, 4, 5, 7], name="m"), 2.0)), og.ShapeError, "sdpa.dropout", "m")
 
@@ -505,13 +627,21 @@ def test_score_mod_rules():
         _fwd(g, score_mod=lambda sg, s: sg.matmul(s, s))
 
     _err(conv_in_mod, og.AttributeValueError, "sdpa.score_mod_op")
-    _err(lambda g: _fwd(g, score_mod=lambda sg, s: sg.add(s, g.tensor(dim=[2, 4, 5, 3], name="x"))),
-         og.ShapeError, "sdpa.score_mod_input", "x")
-    _err(lambda g: _fwd(g, score_mod=lambda sg, s: sg.add(s, sg.tensor(dim=[1]))), og.GraphError,
-         "sdpa.score_mod_tensor")
+    _err(
+        lambda g: _fwd(g, score_mod=lambda sg, s: sg.add(s, g.tensor(dim=[2, 4, 5, 3], name="x"))),
+        og.ShapeError,
+        "sdpa.score_mod_input",
+        "x",
+    )
+    _err(
+        lambda g: _fwd(g, score_mod=lambda sg, s: sg.add(s, sg.tensor(dim=[1]))), og.GraphError, "sdpa.score_mod_tensor"
+    )
     _err(lambda g: _fwd(g, score_mod=lambda sg, s: "x"), og.AttributeValueError, "sdpa.score_mod_result")
-    _err(lambda g: _fwd(g, score_mod=lambda sg, s: sg.gen_index(s, axis=5)), og.AttributeValueError,
-         "sdpa.score_mod_axis")
+    _err(
+        lambda g: _fwd(g, score_mod=lambda sg, s: sg.gen_index(s, axis=5)),
+        og.AttributeValueError,
+        "sdpa.score_mod_axis",
+    )
     _err(lambda g: _fwd(g, score_mod=3), og.AttributeValueError, "sdpa.score_mod")
 
 
@@ -536,6 +666,6 @@ def test_backward_rules():
 
 
 def test_alibi_slopes():
-    np.testing.assert_allclose(R.alibi_slopes(4), [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8])
-    np.testing.assert_allclose(R.alibi_slopes(6), [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3])
+    np.testing.assert_allclose(R.alibi_slopes(4), [2**-2, 2**-4, 2**-6, 2**-8])
+    np.testing.assert_allclose(R.alibi_slopes(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
     np.testing.assert_allclose(R.alibi_slopes(6), alibi_slopes(6).numpy())

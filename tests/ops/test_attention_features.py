@@ -97,18 +97,21 @@ def page_loops(dense, rng):
         for p in range(per):
             page = order[bi * per + p]
             table[bi, 0, p, 0] = page
-            rows = dense[bi, :, p * BLOCK:(p + 1) * BLOCK]
-            container[page, :, :rows.shape[1]] = rows
+            rows = dense[bi, :, p * BLOCK : (p + 1) * BLOCK]
+            container[page, :, : rows.shape[1]] = rows
     return container, table
 
 
 # -- one case -----------------------------------------------------------------------------------------
 
 BANDS = {
-    "none": {}, "causal": {"use_causal_mask": True}, "causal_br": {"use_causal_mask_bottom_right": True},
-    "left": {"diagonal_band_left_bound": 2}, "left_br": {"diagonal_band_left_bound": 3, "diagonal_alignment": "BOTTOM_RIGHT"},
-    "right": {"diagonal_band_right_bound": 1}, "band_br": {"diagonal_band_left_bound": 2, "diagonal_band_right_bound": 1,
-                                                           "diagonal_alignment": "BOTTOM_RIGHT"},
+    "none": {},
+    "causal": {"use_causal_mask": True},
+    "causal_br": {"use_causal_mask_bottom_right": True},
+    "left": {"diagonal_band_left_bound": 2},
+    "left_br": {"diagonal_band_left_bound": 3, "diagonal_alignment": "BOTTOM_RIGHT"},
+    "right": {"diagonal_band_right_bound": 1},
+    "band_br": {"diagonal_band_left_bound": 2, "diagonal_band_right_bound": 1, "diagonal_alignment": "BOTTOM_RIGHT"},
 }
 
 
@@ -119,19 +122,37 @@ def _band(opts):
     return br, f["sliding_window_length"], right
 
 
-def case(layout, band, *, sink=False, mod=False, hk=2, drop=None, sq=5, skv=7, backward=False, padding=None,
-         empty="+inf", extra_outputs=False, engine="reference", device="cpu"):
+def case(
+    layout,
+    band,
+    *,
+    sink=False,
+    mod=False,
+    hk=2,
+    drop=None,
+    sq=5,
+    skv=7,
+    backward=False,
+    padding=None,
+    empty="+inf",
+    extra_outputs=False,
+    engine="reference",
+    device="cpu",
+):
     """Build and run one sdpa (and sdpa_backward) graph on `engine` (CPU); compare with `attend`."""
     rng = np.random.default_rng(zlib.crc32(repr((layout, band, sink, mod, hk, drop, sq, skv, backward)).encode()))
     padding = layout == "packed" if padding is None else padding
     lq, lkv = np.minimum(LQ, sq), np.minimum(LKV, skv)
     g = og.Graph("att", io_data_type=D.DOUBLE, intermediate_data_type=D.DOUBLE)
-    dense = {"q": rng.uniform(-1.5, 1.5, (B, HQ, sq, DQK)), "k": rng.uniform(-1.5, 1.5, (B, hk, skv, DQK)),
-             "v": rng.uniform(-1.5, 1.5, (B, hk, skv, DV))}
+    dense = {
+        "q": rng.uniform(-1.5, 1.5, (B, HQ, sq, DQK)),
+        "k": rng.uniform(-1.5, 1.5, (B, hk, skv, DQK)),
+        "v": rng.uniform(-1.5, 1.5, (B, hk, skv, DV)),
+    }
     if padding:  # padded rows hold garbage: no engine may read it into a kept score
         for name, lens in (("q", lq), ("k", lkv), ("v", lkv)):
             for b in range(B):
-                dense[name][b, :, lens[b]:] = 1e3
+                dense[name][b, :, lens[b] :] = 1e3
     feeds, kw = {}, dict(BANDS[band])
     kw["attn_scale"] = 0.4
     offq = np.array([1, 1 + int(lq[0]) + 2, 0])  # gaps between and before the sequences
@@ -161,8 +182,15 @@ def case(layout, band, *, sink=False, mod=False, hk=2, drop=None, sq=5, skv=7, b
         oq = g.tensor(dim=[B + 1, 1, 1, 1], data_type=D.INT64, name="offq")
         okv = g.tensor(dim=[B + 1, 1, 1, 1], data_type=D.INT32, name="offkv")
         feeds[oq], feeds[okv] = offq.reshape(-1, 1, 1, 1), offkv.reshape(-1, 1, 1, 1)
-        kw.update(q_ragged_offset=oq, k_ragged_offset=okv, v_ragged_offset=okv, o_ragged_offset=oq,
-                  stats_ragged_offset=oq, max_seq_len_q=sq, max_seq_len_kv=skv)
+        kw.update(
+            q_ragged_offset=oq,
+            k_ragged_offset=okv,
+            v_ragged_offset=okv,
+            o_ragged_offset=oq,
+            stats_ragged_offset=oq,
+            max_seq_len_q=sq,
+            max_seq_len_kv=skv,
+        )
     sink_t = None
     if sink:
         sink_v = rng.uniform(-1, 1, (1, HQ, 1, 1))
@@ -185,7 +213,10 @@ def case(layout, band, *, sink=False, mod=False, hk=2, drop=None, sq=5, skv=7, b
     stats_rows = (1, HQ, tq, 1) if layout == "packed" else (B, HQ, sq, 1)
     extras = {}
     if extra_outputs:
-        extras = {"score_max": g.tensor(dim=stats_rows, name="smax"), "score_sum_exp": g.tensor(dim=stats_rows, name="ssum")}
+        extras = {
+            "score_max": g.tensor(dim=stats_rows, name="smax"),
+            "score_sum_exp": g.tensor(dim=stats_rows, name="ssum"),
+        }
         if drop == "philox":
             extras["rng_dump"] = g.tensor(dim=[B, HQ, sq, skv], name="rng")
     o, st = g.sdpa(t["q"], t["k"], t["v"], **kw, **extras, empty_row_stats=empty, name="att")
@@ -219,8 +250,18 @@ def case(layout, band, *, sink=False, mod=False, hk=2, drop=None, sq=5, skv=7, b
     rows = None
     if padding:
         rows = np.arange(sq).reshape(1, 1, sq, 1) < lq.reshape(B, 1, 1, 1)
-    wo, wst, wm, wz = attend(ts["q"], ts["k"], ts["v"], scale=0.4, keep=keep, sink=sink_tt, mod=mod_fn, drop=drop_v,
-                             empty=math.inf if empty == "+inf" else -math.inf, rows=rows)
+    wo, wst, wm, wz = attend(
+        ts["q"],
+        ts["k"],
+        ts["v"],
+        scale=0.4,
+        keep=keep,
+        sink=sink_tt,
+        mod=mod_fn,
+        drop=drop_v,
+        empty=math.inf if empty == "+inf" else -math.inf,
+        rows=rows,
+    )
     want = [wo.detach().numpy(), wst.detach().numpy(), wm.detach().numpy(), wz.detach().numpy()]
     if layout == "packed":
         want = [pack_loops(w, offq, lq, tq) for w in want]
@@ -236,23 +277,32 @@ def case(layout, band, *, sink=False, mod=False, hk=2, drop=None, sq=5, skv=7, b
         if padding:  # rows past a sequence: the dense formulation's gradient of ignored garbage
             for w, lens in zip(wg[:3], (lq, lkv, lkv)):
                 for b in range(B):
-                    w[b, :, lens[b]:] = 0
+                    w[b, :, lens[b] :] = 0
         if layout == "packed":
-            wg[:3] = [pack_loops(w, o_, l_, n_) for w, (o_, l_, n_) in
-                      zip(wg[:3], ((offq, lq, tq), (offkv, lkv, tkv), (offkv, lkv, tkv)))]
-        checks += list(zip(("dQ", "dK", "dV", "dSink"), got[len(outs):], wg))
+            wg[:3] = [
+                pack_loops(w, o_, l_, n_)
+                for w, (o_, l_, n_) in zip(wg[:3], ((offq, lq, tq), (offkv, lkv, tkv), (offkv, lkv, tkv)))
+            ]
+        checks += list(zip(("dQ", "dK", "dV", "dSink"), got[len(outs) :], wg))
     for name, a, w in checks:
         assert a.shape == w.shape, name
         np.testing.assert_array_equal(np.isposinf(a), np.isposinf(w), err_msg=name)
         np.testing.assert_array_equal(np.isneginf(a), np.isneginf(w), err_msg=name)
-        np.testing.assert_allclose(np.nan_to_num(a, posinf=0, neginf=0), np.nan_to_num(w, posinf=0, neginf=0),
-                                   rtol=1e-9, atol=1e-11, err_msg=name)
+        np.testing.assert_allclose(
+            np.nan_to_num(a, posinf=0, neginf=0),
+            np.nan_to_num(w, posinf=0, neginf=0),
+            rtol=1e-9,
+            atol=1e-11,
+            err_msg=name,
+        )
     return g
 
 
 def _run(g, feeds, outs, engine="reference", device="cpu"):
     final = g.final
-    pack = {h: (fill(final.tensors[h.uid], np.asarray(v)) if isinstance(v, np.ndarray) else v) for h, v in feeds.items()}
+    pack = {
+        h: (fill(final.tensors[h.uid], np.asarray(v)) if isinstance(v, np.ndarray) else v) for h, v in feeds.items()
+    }
     bufs = [empty_like_desc(final.tensors[h.uid]) for h in outs]
     for buf in bufs:
         buf[...] = np.nan
@@ -269,10 +319,16 @@ def _run(g, feeds, outs, engine="reference", device="cpu"):
 
 # -- the matrix ------------------------------------------------------------------------------------------
 
-EXTRAS = [dict(sink=True, mod=False, hk=2, drop=None), dict(sink=False, mod=True, hk=1, drop="philox"),
-          dict(sink=True, mod=True, hk=4, drop="mask")]
-MATRIX = [(layout, band, i) for layout, band in itertools.product(["dense", "packed", "paged"], BANDS)
-          for i in range(len(EXTRAS))]
+EXTRAS = [
+    dict(sink=True, mod=False, hk=2, drop=None),
+    dict(sink=False, mod=True, hk=1, drop="philox"),
+    dict(sink=True, mod=True, hk=4, drop="mask"),
+]
+MATRIX = [
+    (layout, band, i)
+    for layout, band in itertools.product(["dense", "packed", "paged"], BANDS)
+    for i in range(len(EXTRAS))
+]
 
 
 @pytest.mark.parametrize("layout,band,extra", MATRIX)
@@ -290,8 +346,19 @@ def test_backward_matrix(layout, band, extra):
 def test_everything_at_once(layout, sq, skv):
     """Packed + window + sink + score modifier + GQA + Philox dropout, forward and backward, with the
     extra outputs, Sq < Skv (decode included) and Sq > Skv."""
-    case(layout, "band_br", sink=True, mod=True, hk=2, drop="philox", sq=sq, skv=skv, backward=True,
-         extra_outputs=True, padding=True)
+    case(
+        layout,
+        "band_br",
+        sink=True,
+        mod=True,
+        hk=2,
+        drop="philox",
+        sq=sq,
+        skv=skv,
+        backward=True,
+        extra_outputs=True,
+        padding=True,
+    )
 
 
 @pytest.mark.parametrize("layout", ["dense", "paged", "packed"])
@@ -313,16 +380,23 @@ def test_empty_rows_and_extra_outputs(empty, sink):
 # -- the band's two spellings, and the rules ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("opts,fields", [
-    ({"diagonal_band_right_bound": 0}, {"use_causal_mask": True, "diagonal_band_right_bound": None}),
-    ({"diagonal_band_right_bound": 0, "diagonal_alignment": "BOTTOM_RIGHT"},
-     {"use_causal_mask_bottom_right": True, "diagonal_alignment": og.DiagonalAlignment.TOP_LEFT}),
-    ({"diagonal_band_left_bound": 4}, {"sliding_window_length": 4}),
-    ({"diagonal_alignment": "BOTTOM_RIGHT"}, {"diagonal_alignment": og.DiagonalAlignment.TOP_LEFT}),
-    ({"diagonal_band_left_bound": 4, "diagonal_alignment": 1},
-     {"sliding_window_length": 4, "diagonal_alignment": og.DiagonalAlignment.BOTTOM_RIGHT}),
-    ({"diagonal_band_right_bound": 3}, {"diagonal_band_right_bound": 3, "use_causal_mask": False}),
-])
+@pytest.mark.parametrize(
+    "opts,fields",
+    [
+        ({"diagonal_band_right_bound": 0}, {"use_causal_mask": True, "diagonal_band_right_bound": None}),
+        (
+            {"diagonal_band_right_bound": 0, "diagonal_alignment": "BOTTOM_RIGHT"},
+            {"use_causal_mask_bottom_right": True, "diagonal_alignment": og.DiagonalAlignment.TOP_LEFT},
+        ),
+        ({"diagonal_band_left_bound": 4}, {"sliding_window_length": 4}),
+        ({"diagonal_alignment": "BOTTOM_RIGHT"}, {"diagonal_alignment": og.DiagonalAlignment.TOP_LEFT}),
+        (
+            {"diagonal_band_left_bound": 4, "diagonal_alignment": 1},
+            {"sliding_window_length": 4, "diagonal_alignment": og.DiagonalAlignment.BOTTOM_RIGHT},
+        ),
+        ({"diagonal_band_right_bound": 3}, {"diagonal_band_right_bound": 3, "use_causal_mask": False}),
+    ],
+)
 def test_band_normalizes_to_the_fields_older_files_know(opts, fields):
     got = band_fields("t", **opts)
     for key, value in fields.items():
@@ -341,14 +415,17 @@ def _dense_graph():
     return g, q, k, v
 
 
-@pytest.mark.parametrize("kw,rule", [
-    ({"use_causal_mask": True, "diagonal_band_right_bound": 2}, "sdpa.band"),
-    ({"sliding_window_length": 2, "diagonal_band_left_bound": 2}, "sdpa.band"),
-    ({"diagonal_band_right_bound": -1}, "sdpa.band"),
-    ({"diagonal_band_left_bound": 0}, "sdpa.sliding_window"),
-    ({"diagonal_alignment": "middle"}, "sdpa.band"),
-    ({"generate_stats": True, "is_inference": True}, "sdpa.generate_stats"),
-])
+@pytest.mark.parametrize(
+    "kw,rule",
+    [
+        ({"use_causal_mask": True, "diagonal_band_right_bound": 2}, "sdpa.band"),
+        ({"sliding_window_length": 2, "diagonal_band_left_bound": 2}, "sdpa.band"),
+        ({"diagonal_band_right_bound": -1}, "sdpa.band"),
+        ({"diagonal_band_left_bound": 0}, "sdpa.sliding_window"),
+        ({"diagonal_alignment": "middle"}, "sdpa.band"),
+        ({"generate_stats": True, "is_inference": True}, "sdpa.generate_stats"),
+    ],
+)
 def test_builder_rules(kw, rule):
     g, q, k, v = _dense_graph()
     _raises(lambda: g.sdpa(q, k, v, **kw), rule)
@@ -367,17 +444,22 @@ def _packed_graph(**kw):
     k, v = (g.tensor(dim=[2, 4, 7, 8], name=n) for n in "kv")
     lq, lkv = (g.tensor(dim=[2, 1, 1, 1], data_type=D.INT32, name=n) for n in ("lq", "lkv"))
     off = g.tensor(dim=[3, 1, 1, 1], data_type=D.INT64, name="off")
-    args = dict(generate_stats=False, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lkv, q_ragged_offset=off, max_seq_len_q=5)
+    args = dict(
+        generate_stats=False, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lkv, q_ragged_offset=off, max_seq_len_q=5
+    )
     args.update(kw)
     o, _ = g.sdpa(q, k, v, **args)
     o.set_output(True)
     return g
 
 
-@pytest.mark.parametrize("kw,rule", [
-    ({"max_seq_len_q": None}, "sdpa.max_seq_len"),
-    ({"use_padding_mask": False}, "sdpa.padding_mask"),
-])
+@pytest.mark.parametrize(
+    "kw,rule",
+    [
+        ({"max_seq_len_q": None}, "sdpa.max_seq_len"),
+        ({"use_padding_mask": False}, "sdpa.padding_mask"),
+    ],
+)
 def test_packed_rules(kw, rule):
     _raises(lambda: _packed_graph(**kw).validate(), rule)
 

@@ -66,8 +66,13 @@ def test_the_world_without_torch_distributed_is_one_process():
 def test_an_unregistered_group_is_refused_when_run():
     g = bucket_graph(group="group99")
     plan = g.build(device="cpu", engines=["reference"])
-    pack = {"a": np.ones((2, 4, 3), np.float32).transpose(0, 2, 1), "b": np.ones(5, np.float32), "flat": np.zeros(29, np.float32),
-            "ra": np.zeros((2, 3, 4), np.float32), "rb": np.zeros(5, np.float32)}
+    pack = {
+        "a": np.ones((2, 4, 3), np.float32).transpose(0, 2, 1),
+        "b": np.ones(5, np.float32),
+        "flat": np.zeros(29, np.float32),
+        "ra": np.zeros((2, 3, 4), np.float32),
+        "rb": np.zeros(5, np.float32),
+    }
     with pytest.raises(og.ExecutionError, match="group99") as info:
         plan.execute(pack)
     assert info.value.rule == "collective.group"

@@ -45,19 +45,26 @@ class Case:
 
     @property
     def y(self) -> tuple[int, ...]:
-        return tuple((x + p0 + p1 - ((r - 1) * d + 1)) // s + 1
-                     for x, r, p0, p1, s, d in zip(self.x, self.r, self.pre, self.post, self.stride, self.dilation))
+        return tuple(
+            (x + p0 + p1 - ((r - 1) * d + 1)) // s + 1
+            for x, r, p0, p1, s, d in zip(self.x, self.r, self.pre, self.post, self.stride, self.dilation)
+        )
 
     def dims(self) -> dict[str, tuple[int, ...]]:
-        return {"X": (self.n, self.c, *self.x), "W": (self.k, self.c // self.groups, *self.r),
-                "DY": (self.n, self.k, *self.y)}
+        return {
+            "X": (self.n, self.c, *self.x),
+            "W": (self.k, self.c // self.groups, *self.r),
+            "DY": (self.n, self.k, *self.y),
+        }
 
     def kwargs(self) -> dict:
         """Builder arguments: symmetric `padding` where it can be, else pre/post_padding."""
-        pad = {"padding": list(self.pre)} if self.pre == self.post else {
-            "pre_padding": list(self.pre), "post_padding": list(self.post)}
-        return {**pad, "stride": list(self.stride), "dilation": list(self.dilation),
-                "convolution_mode": self.mode}
+        pad = (
+            {"padding": list(self.pre)}
+            if self.pre == self.post
+            else {"pre_padding": list(self.pre), "post_padding": list(self.post)}
+        )
+        return {**pad, "stride": list(self.stride), "dilation": list(self.dilation), "convolution_mode": self.mode}
 
     def needs_dims(self, op: str) -> bool:
         """Whether the gradient output's dims are left open (groups, or a stride with several inverses)."""
@@ -123,8 +130,15 @@ def layout_strides(dim: tuple[int, ...], layout: str) -> tuple[int, ...]:
     return packed_strides(dim, channels_last_order(len(dim)) if layout == "nhwc" else None)
 
 
-def check_op(op: str, case: Case, rng: np.random.Generator, *, layout: str = "nchw",
-             io: DataType = DataType.FLOAT, out_type: DataType | None = None) -> None:
+def check_op(
+    op: str,
+    case: Case,
+    rng: np.random.Generator,
+    *,
+    layout: str = "nchw",
+    io: DataType = DataType.FLOAT,
+    out_type: DataType | None = None,
+) -> None:
     """Build a one-op graph, run it with random inputs and a poisoned output, compare with PyTorch."""
     compute = DataType.INT32 if io.is_integer else DataType.FLOAT
     g = og.Graph(io_data_type=io, intermediate_data_type=DataType.FLOAT, compute_data_type=compute)
@@ -154,10 +168,18 @@ def test_against_torch(op, case, layout, rng):
 DTYPE_CASE = Case("2d_groups_stride", 2, 4, 6, (7, 8), (3, 2), (1, 0), (1, 1), (2, 1), groups=2)
 
 
-@pytest.mark.parametrize(("io", "out_type"), [
-    (DataType.FLOAT, None), (DataType.HALF, None), (DataType.BFLOAT16, None),
-    (DataType.FP8_E4M3, DataType.FLOAT), (DataType.INT8, DataType.INT32), (DataType.UINT8, DataType.INT32),
-], ids=["f32", "f16", "bf16", "fp8_to_f32", "i8_to_i32", "u8_to_i32"])
+@pytest.mark.parametrize(
+    ("io", "out_type"),
+    [
+        (DataType.FLOAT, None),
+        (DataType.HALF, None),
+        (DataType.BFLOAT16, None),
+        (DataType.FP8_E4M3, DataType.FLOAT),
+        (DataType.INT8, DataType.INT32),
+        (DataType.UINT8, DataType.INT32),
+    ],
+    ids=["f32", "f16", "bf16", "fp8_to_f32", "i8_to_i32", "u8_to_i32"],
+)
 @pytest.mark.parametrize("op", OPS)
 def test_dtypes(op, io, out_type, rng):
     # Low-precision inputs are random values of that type; PyTorch computes on the same values in
@@ -238,8 +260,9 @@ def test_wgrad_infers_dims_with_one_group_unless_set():
 
 def test_json_round_trip():
     g, t = _graph(X=[1, 4, 8, 8], W=[4, 2, 3, 2])
-    g.conv_fprop(t["X"], t["W"], pre_padding=[0, 1], post_padding=[2, 0], stride=[2, 1],
-                 convolution_mode=CONV).set_output(True)
+    g.conv_fprop(
+        t["X"], t["W"], pre_padding=[0, 1], post_padding=[2, 0], stride=[2, 1], convolution_mode=CONV
+    ).set_output(True)
     again = og.Graph.from_json(g.to_json())
     assert again.final.nodes[0].op == g.final.nodes[0].op
 
@@ -268,8 +291,10 @@ def expect_error(g: og.Graph, cls: type[og.GraphError], rule: str, tensor: str) 
     return err
 
 
-@pytest.mark.parametrize(("x", "w", "bad"), [([8, 16], [4, 8], "X"), ([1, 8, 4, 4, 4, 4], [4, 8, 1, 1, 1, 1], "X"),
-                                             ([1, 8, 4, 4], [4, 8, 3], "W")])
+@pytest.mark.parametrize(
+    ("x", "w", "bad"),
+    [([8, 16], [4, 8], "X"), ([1, 8, 4, 4, 4, 4], [4, 8, 1, 1, 1, 1], "X"), ([1, 8, 4, 4], [4, 8, 3], "W")],
+)
 def test_rank(x, w, bad):
     g, t = _graph(X=x, W=w)
     g.conv_fprop(t["X"], t["W"], padding=[0] * max(len(x) - 2, 1)).set_output(True)
@@ -282,10 +307,15 @@ def test_attr_length():
     assert "padding [1]" in str(expect_error(g, og.AttributeValueError, "conv.attr_length", "X"))
 
 
-@pytest.mark.parametrize(("kwargs", "rule"), [
-    ({"padding": [-1, 0]}, "conv.padding"), ({"pre_padding": [0, 0], "post_padding": [0, -2]}, "conv.padding"),
-    ({"stride": [1, 0]}, "conv.stride"), ({"dilation": 0}, "conv.dilation"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        ({"padding": [-1, 0]}, "conv.padding"),
+        ({"pre_padding": [0, 0], "post_padding": [0, -2]}, "conv.padding"),
+        ({"stride": [1, 0]}, "conv.stride"),
+        ({"dilation": 0}, "conv.dilation"),
+    ],
+)
 def test_attr_values(kwargs, rule):
     g, t = _graph(X=[1, 8, 4, 4], W=[4, 8, 3, 3])
     g.conv_fprop(t["X"], t["W"], **kwargs).set_output(True)
@@ -363,13 +393,16 @@ def test_ambiguous_dims():
     expect_error(g, og.ShapeError, "conv.ambiguous_dims", "wg::DW")
 
 
-@pytest.mark.parametrize(("x_type", "w_type", "out_type", "bad", "rule"), [
-    (DataType.BOOLEAN, DataType.BOOLEAN, DataType.FLOAT, "X", "conv.data_type"),
-    (DataType.INT32, DataType.INT32, DataType.INT32, "X", "conv.data_type"),
-    (DataType.HALF, DataType.HALF, DataType.INT32, "conv::Y", "conv.data_type"),
-    (DataType.INT8, DataType.INT8, DataType.BOOLEAN, "conv::Y", "conv.data_type"),
-    (DataType.HALF, DataType.INT8, DataType.FLOAT, "W", "conv.mixed_types"),
-])
+@pytest.mark.parametrize(
+    ("x_type", "w_type", "out_type", "bad", "rule"),
+    [
+        (DataType.BOOLEAN, DataType.BOOLEAN, DataType.FLOAT, "X", "conv.data_type"),
+        (DataType.INT32, DataType.INT32, DataType.INT32, "X", "conv.data_type"),
+        (DataType.HALF, DataType.HALF, DataType.INT32, "conv::Y", "conv.data_type"),
+        (DataType.INT8, DataType.INT8, DataType.BOOLEAN, "conv::Y", "conv.data_type"),
+        (DataType.HALF, DataType.INT8, DataType.FLOAT, "W", "conv.mixed_types"),
+    ],
+)
 def test_data_types(x_type, w_type, out_type, bad, rule):
     g = og.Graph()
     x = g.tensor(dim=[1, 4, 5, 5], data_type=x_type, name="X")
@@ -388,6 +421,7 @@ def test_int8_to_float_output_is_allowed():
 
 # Builder-time argument errors: no tensor is at fault, so they name the op and the argument.
 
+
 def test_padding_args_both_given():
     g, t = _graph(X=[1, 4, 5, 5], W=[2, 4, 3, 3])
     with pytest.raises(og.AttributeValueError) as info:
@@ -395,8 +429,9 @@ def test_padding_args_both_given():
     assert info.value.rule == "conv.padding_args" and "conv_fprop 'c'" in str(info.value)
 
 
-@pytest.mark.parametrize("kwargs", [{"padding": 1.5}, {"stride": [1, "2"]}, {"dilation": True},
-                                    {"convolution_mode": "flip"}])
+@pytest.mark.parametrize(
+    "kwargs", [{"padding": 1.5}, {"stride": [1, "2"]}, {"dilation": True}, {"convolution_mode": "flip"}]
+)
 def test_attr_type(kwargs):
     g, t = _graph(X=[1, 4, 5, 5], W=[2, 4, 3, 3])
     with pytest.raises(og.AttributeValueError) as info:

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.usefixtures("custom_ops_restored")
 
 
 def _swiglu():
-    og.register_custom_op("swiglu", num_inputs=2, pointwise=True,
-                          reference=lambda x, g, beta=1.0: x * g / (1 + np.exp(-beta * g)))
+    og.register_custom_op(
+        "swiglu", num_inputs=2, pointwise=True, reference=lambda x, g, beta=1.0: x * g / (1 + np.exp(-beta * g))
+    )
 
 
 def test_pointwise_custom_op_in_a_graph(rng):
@@ -31,7 +32,9 @@ def test_pointwise_custom_op_in_a_graph(rng):
 
 def test_custom_op_with_infer_and_two_outputs(rng):
     og.register_custom_op(
-        "row_stats", num_inputs=1, num_outputs=2,
+        "row_stats",
+        num_inputs=1,
+        num_outputs=2,
         infer=lambda x: [(x.dim[0], 1), ((x.dim[0], 1), og.DataType.DOUBLE)],
         reference=lambda x: (x.sum(axis=1, keepdims=True), x.max(axis=1, keepdims=True)),
     )
@@ -82,8 +85,13 @@ def test_custom_op_on_the_torch_engine_uses_its_torch_implementation(rng):
         calls.append(1)
         return x * g * torch.sigmoid(beta * g)
 
-    og.register_custom_op("swiglu_t", num_inputs=2, pointwise=True, torch=torch_impl,
-                          reference=lambda x, g, beta=1.0: x * g / (1 + np.exp(-beta * g)))
+    og.register_custom_op(
+        "swiglu_t",
+        num_inputs=2,
+        pointwise=True,
+        torch=torch_impl,
+        reference=lambda x, g, beta=1.0: x * g / (1 + np.exp(-beta * g)),
+    )
     g = og.Graph("c", io_data_type=og.DataType.FLOAT)
     x, gate = g.tensor(dim=[3, 8], name="x"), g.tensor(dim=[3, 8], name="gate")
     g.custom("swiglu_t", x, gate, params={"beta": 2.0}).set_output(True)

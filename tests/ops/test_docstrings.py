@@ -21,5 +21,9 @@ def test_builder_docstring(name):
     args = doc.split("Args:", 1)[1].split("Returns:", 1)[0]
     for p in list(inspect.signature(fn).parameters.values())[1:]:
         label = {p.VAR_POSITIONAL: f"*{p.name}", p.VAR_KEYWORD: f"**{p.name}"}.get(p.kind, p.name)
-        assert f"\n    {label}:" in "\n" + args.replace("\n        ", "\n    "), f"{name}: argument {label} undocumented"
-    assert f"g.{name}(" in doc or name in ("pointwise",) and "g.pointwise(" in doc, f"{name}: the example does not call it"
+        assert f"\n    {label}:" in "\n" + args.replace("\n        ", "\n    "), (
+            f"{name}: argument {label} undocumented"
+        )
+    assert f"g.{name}(" in doc or name in ("pointwise",) and "g.pointwise(" in doc, (
+        f"{name}: the example does not call it"
+    )

@@ -125,16 +125,35 @@ def image_norms(g, n, t):
     dx, dscale, dbias = g.batchnorm_backward(dy, x, scale, mean, inv_var)
     iy, imean, iinv = g.instancenorm("training", x, scale, bias, epsilon=1e-5)
     idx, idscale, idbias = g.instancenorm_backward(dy, x, scale, imean, iinv)
-    for name, out in (("y", y), ("next_rm", next_rm), ("next_rv", next_rv), ("dx", dx), ("dscale", dscale),
-                      ("dbias", dbias), ("iy", iy), ("idx", idx), ("idscale", idscale), ("idbias", idbias)):
+    for name, out in (
+        ("y", y),
+        ("next_rm", next_rm),
+        ("next_rv", next_rv),
+        ("dx", dx),
+        ("dscale", dscale),
+        ("dbias", dbias),
+        ("iy", iy),
+        ("idx", idx),
+        ("idscale", idscale),
+        ("idbias", idbias),
+    ):
         out.set_output(True).set_name(name)
 
 
 FAMILIES: dict[str, Callable] = {
-    "batch and instance norms": image_norms, "slice": slices, "cumsum": scan,
-    "norm training and backward": norm_training, "image statistics": image_stats,
-    "pointwise and matmul": mlp, "batched matmul": batched_matmul, "reduction": row_sums, "norms": norms,
-    "layout": layout, "embedding": lookup, "attention": attention, "conv and pooling": convolution,
+    "batch and instance norms": image_norms,
+    "slice": slices,
+    "cumsum": scan,
+    "norm training and backward": norm_training,
+    "image statistics": image_stats,
+    "pointwise and matmul": mlp,
+    "batched matmul": batched_matmul,
+    "reduction": row_sums,
+    "norms": norms,
+    "layout": layout,
+    "embedding": lookup,
+    "attention": attention,
+    "conv and pooling": convolution,
 }
 
 
@@ -198,10 +217,13 @@ def test_a_slice_whose_length_depends_on_the_size_is_refused(window):
     check_rule(info.value, "slice.dynamic", "x", "window")
 
 
-@pytest.mark.parametrize("image, weight, names", [
-    ([N, 3, T, 5], [4, 3, 3, 3], ("x", "conv")),
-    ([1, T, 5, 5], [4, T, 3, 3], ("x", "conv")),
-])
+@pytest.mark.parametrize(
+    "image, weight, names",
+    [
+        ([N, 3, T, 5], [4, 3, 3, 3], ("x", "conv")),
+        ([1, T, 5, 5], [4, T, 3, 3], ("x", "conv")),
+    ],
+)
 def test_convolution_takes_a_dynamic_batch_only(image, weight, names):
     g = og.Graph(io_data_type=F32)
     x = g.tensor(dim=image, name="x")

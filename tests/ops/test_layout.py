@@ -50,8 +50,13 @@ def _graph(dims, layout, dtype):
 
 # -- reshape --------------------------------------------------------------------------------------------
 
-RESHAPES = [((2, 3, 4), (6, 4)), ((2, 3, 4, 5), (2, 60)), ((24,), (2, 3, 4)), ((2, 3, 4, 5), (5, -1, 3)),
-            ((1, 6, 1), (3, 2))]
+RESHAPES = [
+    ((2, 3, 4), (6, 4)),
+    ((2, 3, 4, 5), (2, 60)),
+    ((24,), (2, 3, 4)),
+    ((2, 3, 4, 5), (5, -1, 3)),
+    ((1, 6, 1), (3, 2)),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -80,8 +85,8 @@ def test_reshape_dims_from_set_dim(rng):
 def test_layout_ops_keep_the_input_type():
     g = og.Graph(io_data_type=DataType.HALF, intermediate_data_type=DataType.FLOAT)
     x = g.tensor(dim=[2, 3, 4], data_type=DataType.BFLOAT16, name="x")
-    r = g.reshape(x, [6, 4])                               # virtual: still bf16, not the intermediate type
-    t = g.transpose(r, [1, 0]).set_output(True)            # output: bf16, not the io type
+    r = g.reshape(x, [6, 4])  # virtual: still bf16, not the intermediate type
+    t = g.transpose(r, [1, 0]).set_output(True)  # output: bf16, not the io type
     s = g.slice(x, [slice(0, 1)]).set_output(True)
     c = g.concatenate([x, x], axis=0).set_output(True)
     final = g.final
@@ -93,8 +98,13 @@ def test_layout_ops_keep_the_input_type():
 
 # -- transpose -----------------------------------------------------------------------------------------
 
-TRANSPOSES = [((2, 3, 4, 5), (0, 2, 3, 1)), ((2, 3, 4, 5), (0, 3, 1, 2)), ((3, 4), (1, 0)),
-              ((2, 3, 4), (2, 0, 1)), ((2, 1, 3, 1, 4), (4, 3, 2, 1, 0))]
+TRANSPOSES = [
+    ((2, 3, 4, 5), (0, 2, 3, 1)),
+    ((2, 3, 4, 5), (0, 3, 1, 2)),
+    ((3, 4), (1, 0)),
+    ((2, 3, 4), (2, 0, 1)),
+    ((2, 1, 3, 1, 4), (4, 3, 2, 1, 0)),
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -376,12 +386,15 @@ def test_slice_backward_scatters_dy_into_zeros_like_torch_autograd(engine, layou
     assert stride_order(g.final.tensors[dx.uid].stride) == stride_order(g.final.tensors[dy.uid].stride)
 
 
-@pytest.mark.parametrize("dy_dims,in_dim,slices,rule", [
-    ((2, 3), (4, 6), ((1, 3, 1),), "slice_backward.rank"),
-    ((2, 3), (4, 6), ((1, 3, 1), (0, 6, 0)), "slice_backward.bounds"),
-    ((2, 3), (4, 6), ((1, 3, 1), (-6, 6, 2)), "slice_backward.bounds"),  # not normalised
-    ((2, 2), (4, 6), ((1, 3, 1), (0, 6, 2)), "slice_backward.dims"),
-])
+@pytest.mark.parametrize(
+    "dy_dims,in_dim,slices,rule",
+    [
+        ((2, 3), (4, 6), ((1, 3, 1),), "slice_backward.rank"),
+        ((2, 3), (4, 6), ((1, 3, 1), (0, 6, 0)), "slice_backward.bounds"),
+        ((2, 3), (4, 6), ((1, 3, 1), (-6, 6, 2)), "slice_backward.bounds"),  # not normalised
+        ((2, 2), (4, 6), ((1, 3, 1), (0, 6, 2)), "slice_backward.dims"),
+    ],
+)
 def test_slice_backward_rules(dy_dims, in_dim, slices, rule):
     g, _, _ = _slice_backward(dy_dims, in_dim, slices)
     raises_rule(g, og.ShapeError if rule.endswith("dims") else og.AttributeValueError, rule, "dy")

@@ -64,7 +64,7 @@ def test_g_custom_under_an_old_name_builds_the_typed_op(custom_ops_restored, rng
     dy = g.tensor(dim=[2, 3], name="dy")
     dx = g.custom("slice_backward", dy, params={"bounds": "1:3:1,0:6:2", "in_dim": "4,6"}).set_output(True)
     assert g.final.nodes[0].kind == "slice_backward" and tuple(dx.dim or g.final.tensors[dx.uid].dim) == (4, 6)
-    pack, = [og.testing.random_pack(g.final, rng)]
+    (pack,) = [og.testing.random_pack(g.final, rng)]
     g.build(device="cpu").execute(pack)
     want = np.zeros((4, 6))
     want[1:3, 0:6:2] = pack[dy.uid]
@@ -76,31 +76,65 @@ def test_g_custom_under_an_old_name_builds_the_typed_op(custom_ops_restored, rng
     assert mine.final.nodes[0].kind == "custom"
 
 
-@pytest.mark.parametrize("op_name,params,match", [
-    ("slice_backward", [["bounds", "1:3"], ["in_dim", "4"]], "start:stop:step"),
-    ("resample_max_backward", [["window", "3,x"], ["stride", "2"], ["pre_padding", "0"], ["post_padding", "0"]],
-     "comma-separated ints"),
-    ("resample_avg_backward", [["window", "2"], ["stride", "2"], ["pre_padding", "0"], ["post_padding", "0"],
-                               ["in_dim", "1,1,4,4"], ["mode", "max"]], "not an average pooling mode"),
-    ("slice_backward", "not pairs", "pairs"),
-])
+@pytest.mark.parametrize(
+    "op_name,params,match",
+    [
+        ("slice_backward", [["bounds", "1:3"], ["in_dim", "4"]], "start:stop:step"),
+        (
+            "resample_max_backward",
+            [["window", "3,x"], ["stride", "2"], ["pre_padding", "0"], ["post_padding", "0"]],
+            "comma-separated ints",
+        ),
+        (
+            "resample_avg_backward",
+            [
+                ["window", "2"],
+                ["stride", "2"],
+                ["pre_padding", "0"],
+                ["post_padding", "0"],
+                ["in_dim", "1,1,4,4"],
+                ["mode", "max"],
+            ],
+            "not an average pooling mode",
+        ),
+        ("slice_backward", "not pairs", "pairs"),
+    ],
+)
 def test_bad_parameters_of_an_old_custom_op_are_a_serialization_error(op_name, params, match):
-    entry = {"op": "custom", "name": "n", "attrs": {"op_name": op_name, "num_inputs": 1, "num_outputs": 1,
-                                                    "params": params},
-             "inputs": {"input0": 1}, "outputs": {"output0": 2}}
+    entry = {
+        "op": "custom",
+        "name": "n",
+        "attrs": {"op_name": op_name, "num_inputs": 1, "num_outputs": 1, "params": params},
+        "inputs": {"input0": 1},
+        "outputs": {"output0": 2},
+    }
     with pytest.raises(og.SerializationError, match=match) as err:
         upgrade_entry(entry, "ops[3]")
     assert err.value.rule == "json.legacy_op" and "ops[3]" in str(err.value)
 
 
 def test_roles_are_renamed_by_position():
-    entry = {"op": "custom", "name": "dpool", "compute_data_type": "FLOAT",
-             "attrs": {"op_name": "resample_max_backward", "num_inputs": 2, "num_outputs": 1,
-                       "params": [["post_padding", "1"], ["pre_padding", "1"], ["stride", "2,2"], ["window", "3,3"]]},
-             "inputs": {"input0": 5, "input1": 1}, "outputs": {"output0": 7}}
+    entry = {
+        "op": "custom",
+        "name": "dpool",
+        "compute_data_type": "FLOAT",
+        "attrs": {
+            "op_name": "resample_max_backward",
+            "num_inputs": 2,
+            "num_outputs": 1,
+            "params": [["post_padding", "1"], ["pre_padding", "1"], ["stride", "2,2"], ["window", "3,3"]],
+        },
+        "inputs": {"input0": 5, "input1": 1},
+        "outputs": {"output0": 7},
+    }
     up = upgrade_entry(entry)
-    assert up == {"op": "resample_max_backward", "name": "dpool", "compute_data_type": "FLOAT",
-                  "attrs": {"window": [3, 3], "stride": [2, 2], "pre_padding": [1], "post_padding": [1]},
-                  "inputs": {"grad": 5, "input": 1}, "outputs": {"dx": 7}}
+    assert up == {
+        "op": "resample_max_backward",
+        "name": "dpool",
+        "compute_data_type": "FLOAT",
+        "attrs": {"window": [3, 3], "stride": [2, 2], "pre_padding": [1], "post_padding": [1]},
+        "inputs": {"grad": 5, "input": 1},
+        "outputs": {"dx": 7},
+    }
     plain = {"op": "custom", "attrs": {"op_name": "swiglu"}, "inputs": {}, "outputs": {}}
     assert upgrade_entry(plain) is plain

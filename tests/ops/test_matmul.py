@@ -86,8 +86,9 @@ def test_matmul_operand_strides(shapes, a_layout, b_layout, rng):
 
 
 @pytest.mark.parametrize("layouts", [("row", "row"), ("col", "gapped"), ("gapped", "col")])
-@pytest.mark.parametrize("shapes", [((6, 300), (300, 5)), ((2, 1, 3, 512), (1, 2, 512, 4))],
-                         ids=lambda s: f"{s[0]}@{s[1]}")
+@pytest.mark.parametrize(
+    "shapes", [((6, 300), (300, 5)), ((2, 1, 3, 512), (1, 2, 512, 4))], ids=lambda s: f"{s[0]}@{s[1]}"
+)
 def test_matmul_int8_to_int32_exact(shapes, layouts, rng):
     g = og.Graph(io_data_type=DataType.INT8)
     a = g.tensor(dim=shapes[0], stride=strides(shapes[0], layouts[0]), name="A")
@@ -99,8 +100,9 @@ def test_matmul_int8_to_int32_exact(shapes, layouts, rng):
     pack[a.uid][...] = rng.integers(-128, 128, size=shapes[0])
     pack[b.uid][...] = rng.integers(-128, 128, size=shapes[1])
     g.build(device="cpu").execute(pack)
-    want = torch.matmul(torch.from_numpy(np.asarray(pack[a.uid], np.int64)),
-                        torch.from_numpy(np.asarray(pack[b.uid], np.int64))).numpy()
+    want = torch.matmul(
+        torch.from_numpy(np.asarray(pack[a.uid], np.int64)), torch.from_numpy(np.asarray(pack[b.uid], np.int64))
+    ).numpy()
     assert np.abs(want).max() > 2**15
     assert pack[c.uid].dtype == np.int32
     np.testing.assert_array_equal(pack[c.uid], want)
@@ -156,8 +158,9 @@ def test_rule_matmul_batch():
     assert "2 vs 3" in err.detail
 
 
-@pytest.mark.parametrize("types, culprit", [((DataType.BOOLEAN, DataType.FLOAT), "A"),
-                                             ((DataType.HALF, DataType.BOOLEAN), "B")])
+@pytest.mark.parametrize(
+    "types, culprit", [((DataType.BOOLEAN, DataType.FLOAT), "A"), ((DataType.HALF, DataType.BOOLEAN), "B")]
+)
 def test_rule_matmul_bool(types, culprit):
     raises_rule(_bad((4, 5), (5, 3), *types), og.DataTypeError, "matmul.bool", culprit)
 

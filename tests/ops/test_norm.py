@@ -24,12 +24,22 @@ MOMENTUM = 0.125
 # (input dtype, how epsilon/momentum are given): every dtype, every scalar kind
 DTYPE_SCALARS = [(FLOAT, "number"), (FLOAT, "by_value"), (HALF, "tensor"), (BF16, "by_value")]
 # (dims, layout); logical dims stay [N, C, spatial...], the layout is in the strides
-NC_SHAPES = [([6, 5], "nchw"), ([3, 4, 5], "nhwc"), ([2, 3, 4, 5], "nchw"), ([2, 3, 4, 5], "nhwc"),
-             ([2, 3, 2, 3, 4], "nhwc")]
+NC_SHAPES = [
+    ([6, 5], "nchw"),
+    ([3, 4, 5], "nhwc"),
+    ([2, 3, 4, 5], "nchw"),
+    ([2, 3, 4, 5], "nhwc"),
+    ([2, 3, 2, 3, 4], "nhwc"),
+]
 SPATIAL_SHAPES = [s for s in NC_SHAPES if len(s[0]) >= 3] + [([2, 3, 5], "nchw")]
 # (input dims, scale dims, layout) for layernorm / rmsnorm
-LN_SHAPES = [([6, 16], [1, 16], "nchw"), ([2, 3, 8], [1, 1, 8], "nchw"), ([2, 3, 4, 5], [1, 3, 4, 5], "nchw"),
-             ([2, 3, 4, 5], [1, 3, 4, 5], "nhwc"), ([2, 3, 2, 3, 4], [1, 1, 2, 3, 4], "nhwc")]
+LN_SHAPES = [
+    ([6, 16], [1, 16], "nchw"),
+    ([2, 3, 8], [1, 1, 8], "nchw"),
+    ([2, 3, 4, 5], [1, 3, 4, 5], "nchw"),
+    ([2, 3, 4, 5], [1, 3, 4, 5], "nhwc"),
+    ([2, 3, 2, 3, 4], [1, 1, 2, 3, 4], "nhwc"),
+]
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -119,8 +129,16 @@ def test_batchnorm_training_matches_torch(dim, layout, dtype, kind, rng):
     p.run()
 
     run_mean, run_var = T(p[rm]).flatten(), T(p[rv]).flatten()  # updated in place by torch
-    want = F.batch_norm(T(p[x]), run_mean, run_var, T(p[scale]).flatten(), T(p[bias]).flatten(),
-                        training=True, momentum=MOMENTUM, eps=EPS)
+    want = F.batch_norm(
+        T(p[x]),
+        run_mean,
+        run_var,
+        T(p[scale]).flatten(),
+        T(p[bias]).flatten(),
+        training=True,
+        momentum=MOMENTUM,
+        eps=EPS,
+    )
     axes = tuple(i for i in range(len(dim)) if i != 1)
     var, mu = torch.var_mean(T(p[x]), dim=axes, unbiased=False, keepdim=True)
     p.check(y, want)
@@ -137,8 +155,9 @@ def test_batchnorm_stat_semantics_by_formula(rng):
     g = graph(DOUBLE)
     dim = [3, 2, 2, 2]
     c = per_channel(dim)
-    x, scale, bias, rm, rv = (g.tensor(dim=d, name=n) for d, n in
-                              ((dim, "x"), (c, "s"), (c, "b"), (c, "rm"), (c, "rv")))
+    x, scale, bias, rm, rv = (
+        g.tensor(dim=d, name=n) for d, n in ((dim, "x"), (c, "s"), (c, "b"), (c, "rm"), (c, "rv"))
+    )
     y, mean, inv, next_rm, next_rv = g.batchnorm(x, scale, bias, rm, rv, epsilon=0.0, momentum=0.5)
     outputs(y, mean, inv, next_rm, next_rv)
     p = Pack(g, rng)
@@ -187,14 +206,23 @@ def test_batchnorm_inference_matches_torch(dim, layout, dtype, rng):
     p.set(inv, rng.uniform(0.5, 2.0, c))
     p.run()
     var = 1.0 / p[inv] ** 2  # eval-mode torch takes the variance: inv = 1/sqrt(var + 0)
-    want = F.batch_norm(T(p[x]), T(p[mean]).flatten(), T(var).flatten(), T(p[scale]).flatten(),
-                        T(p[bias]).flatten(), training=False, eps=0.0)
+    want = F.batch_norm(
+        T(p[x]),
+        T(p[mean]).flatten(),
+        T(var).flatten(),
+        T(p[scale]).flatten(),
+        T(p[bias]).flatten(),
+        training=False,
+        eps=0.0,
+    )
     p.check(y, want)
     assert y.stride == x.stride
 
 
-@pytest.mark.parametrize("dtype,stats", [(FLOAT, "saved"), (HALF, "saved"), (BF16, "saved"), (FLOAT, "number"),
-                                         (HALF, "tensor"), (FLOAT, "by_value")])
+@pytest.mark.parametrize(
+    "dtype,stats",
+    [(FLOAT, "saved"), (HALF, "saved"), (BF16, "saved"), (FLOAT, "number"), (HALF, "tensor"), (FLOAT, "by_value")],
+)
 @pytest.mark.parametrize("dim,layout", NC_SHAPES)
 def test_batchnorm_backward_matches_autograd(dim, layout, dtype, stats, rng):
     g = graph(dtype)
@@ -218,8 +246,13 @@ def test_batchnorm_backward_matches_autograd(dim, layout, dtype, stats, rng):
         p.set(inv, iv)
     p.set_scalars(eps)
     p.run()
-    gx, gs, gb = autograd(lambda x_, w, b: F.batch_norm(x_, None, None, w, b, training=True, eps=EPS),
-                          p[dy], p[x], p[scale].flatten(), np.zeros(dim[1]))
+    gx, gs, gb = autograd(
+        lambda x_, w, b: F.batch_norm(x_, None, None, w, b, training=True, eps=EPS),
+        p[dy],
+        p[x],
+        p[scale].flatten(),
+        np.zeros(dim[1]),
+    )
     p.check(dx, gx)
     p.check(dscale, gs)
     p.check(dbias, gb)
@@ -291,8 +324,9 @@ def test_layernorm_backward_matches_autograd(dim, sdim, layout, dtype, rng):
     p.set(inv, iv)
     p.run()
     ns = _trailing(sdim)
-    gx, gs, gb = autograd(lambda x_, w, b: F.layer_norm(x_, ns, w, b, eps=EPS),
-                          p[dy], p[x], p[scale].reshape(ns), np.zeros(ns))
+    gx, gs, gb = autograd(
+        lambda x_, w, b: F.layer_norm(x_, ns, w, b, eps=EPS), p[dy], p[x], p[scale].reshape(ns), np.zeros(ns)
+    )
     p.check(dx, gx)
     p.check(dscale, gs)
     p.check(dbias, gb)
@@ -350,8 +384,9 @@ def test_rmsnorm_backward_matches_autograd(dim, sdim, layout, dtype, has_dbias, 
     p.set(inv, 1.0 / np.sqrt((p[x] ** 2).mean(axis=axes, keepdims=True) + EPS))
     p.run()
     ns = _trailing(sdim)
-    gx, gs, gb = autograd(lambda x_, w, b: F.rms_norm(x_, ns, w, eps=EPS) + b,
-                          p[dy], p[x], p[scale].reshape(ns), np.zeros(ns))
+    gx, gs, gb = autograd(
+        lambda x_, w, b: F.rms_norm(x_, ns, w, eps=EPS) + b, p[dy], p[x], p[scale].reshape(ns), np.zeros(ns)
+    )
     p.check(dx, gx)
     p.check(dscale, gs)
     if has_dbias:
@@ -416,8 +451,13 @@ def test_instancenorm_backward_matches_autograd(dim, layout, dtype, stats, rng):
         p.set(inv, iv)
     p.set_scalars(eps)
     p.run()
-    gx, gs, gb = autograd(lambda x_, w, b: F.instance_norm(x_, weight=w, bias=b, eps=EPS),
-                          p[dy], p[x], p[scale].flatten(), np.zeros(dim[1]))
+    gx, gs, gb = autograd(
+        lambda x_, w, b: F.instance_norm(x_, weight=w, bias=b, eps=EPS),
+        p[dy],
+        p[x],
+        p[scale].flatten(),
+        np.zeros(dim[1]),
+    )
     p.check(dx, gx)
     p.check(dscale, gs)
     p.check(dbias, gb)
@@ -459,7 +499,11 @@ def test_fused_relu_backward_batchnorm_backward(rng):
     assert d_y.is_virtual
     gx, gs, gb = autograd(
         lambda x_, w, b: F.relu(F.batch_norm(x_, None, None, w, b, training=True, eps=EPS)),
-        p[dy], p[x], p[scale].flatten(), np.full(3, 0.25))
+        p[dy],
+        p[x],
+        p[scale].flatten(),
+        np.full(3, 0.25),
+    )
     p.check(dx, gx)
     p.check(dscale, gs)
     p.check(dbias, gb)
@@ -507,8 +551,7 @@ def _raises(cls, rule, build, *names):
         assert name in str(info.value), str(info.value)
 
 
-def _bn(dim=(2, 3, 4, 4), sdim=None, bdim=None, x_type=None, running=(True, True, True), eps=EPS,
-        momentum=MOMENTUM):
+def _bn(dim=(2, 3, 4, 4), sdim=None, bdim=None, x_type=None, running=(True, True, True), eps=EPS, momentum=MOMENTUM):
     g = graph(FLOAT)
     c = per_channel(dim) if len(dim) > 1 else [1]
     x = g.tensor(dim=dim, data_type=x_type, name="x")
@@ -564,11 +607,15 @@ def test_rule_dtype():
     _raises(og.DataTypeError, "norm.dtype", lambda: _bn(x_type=DataType.INT8), "'x'", "INT8")
 
 
-@pytest.mark.parametrize("build", [
-    lambda: _bn(sdim=(3,)),  # not [1, C, 1, 1]
-    lambda: _ln(sdim=(1, 3, 4, 5)),  # 5 is neither 1 nor the input's 4
-    lambda: _ln(sdim=(1, 1, 1, 1)),  # normalizes nothing
-], ids=["batchnorm_rank", "layernorm_dim", "layernorm_all_ones"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: _bn(sdim=(3,)),  # not [1, C, 1, 1]
+        lambda: _ln(sdim=(1, 3, 4, 5)),  # 5 is neither 1 nor the input's 4
+        lambda: _ln(sdim=(1, 1, 1, 1)),  # normalizes nothing
+    ],
+    ids=["batchnorm_rank", "layernorm_dim", "layernorm_all_ones"],
+)
 def test_rule_scale_dims(build):
     _raises(og.ShapeError, "norm.scale_dims", build, "'gamma'", "input 'scale'")
 
@@ -581,10 +628,14 @@ def test_rule_channels():
     _raises(og.ShapeError, "norm.channels", lambda: _bn(sdim=(1, 4, 1, 1)), "'gamma'", "4 channels")
 
 
-@pytest.mark.parametrize("build", [
-    lambda: _backward("layernorm", stats_dim=[2, 3, 1, 1]),
-    lambda: _backward("instancenorm", stats_dim=[1, 3, 1]),
-], ids=["layernorm", "instancenorm"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: _backward("layernorm", stats_dim=[2, 3, 1, 1]),
+        lambda: _backward("instancenorm", stats_dim=[1, 3, 1]),
+    ],
+    ids=["layernorm", "instancenorm"],
+)
 def test_rule_stats_dims(build):
     _raises(og.ShapeError, "norm.stats_dims", build, "'saved_mean'", "input 'mean'")
 
@@ -606,11 +657,15 @@ def test_rule_running_stats(running):
     _raises(og.AttributeValueError, "norm.running_stats", lambda: _bn(running=running), "in_running_mean")
 
 
-@pytest.mark.parametrize("build", [
-    lambda: _backward(mean=False, inv=False),
-    lambda: _backward(inv=False),
-    lambda: _backward("instancenorm", eps=EPS),
-], ids=["neither", "mean_only", "both_and_epsilon"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: _backward(mean=False, inv=False),
+        lambda: _backward(inv=False),
+        lambda: _backward("instancenorm", eps=EPS),
+    ],
+    ids=["neither", "mean_only", "both_and_epsilon"],
+)
 def test_rule_saved_stats(build):
     _raises(og.AttributeValueError, "norm.saved_stats", build, "bwd", "mean and inv_variance")
 
@@ -641,6 +696,7 @@ def test_rule_reduction_size():
 
 def test_scalar_inputs_take_one_value():
     """epsilon is a SCALAR_INPUT: the core rejects a many-element tensor there."""
+
     def build():
         g = graph(FLOAT)
         x, s = g.tensor(dim=[2, 3, 4, 4], name="x"), g.tensor(dim=[1, 3, 1, 1], name="s")

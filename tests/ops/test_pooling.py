@@ -101,8 +101,16 @@ def _run_case(case, mode, dtype, layout, rng):
     dims, window, stride, pre, post = case
     g = og.Graph(io_data_type=dtype)
     x = g.tensor(dim=dims, stride=strides(dims, layout), name="x")
-    y, index = g.resample(x, mode=mode, window=window, stride=stride, pre_padding=pre, post_padding=post,
-                          generate_index=mode is ResampleMode.MAX, name="pool")
+    y, index = g.resample(
+        x,
+        mode=mode,
+        window=window,
+        stride=stride,
+        pre_padding=pre,
+        post_padding=post,
+        generate_index=mode is ResampleMode.MAX,
+        name="pool",
+    )
     y.set_output(True).set_name("y")
     if index is not None:
         index.set_output(True).set_name("index")
@@ -121,11 +129,11 @@ def _run_case(case, mode, dtype, layout, rng):
         assert idesc.data_type is DataType.INT8 and idesc.dim == desc.dim
         got = pack[index.uid].astype(np.int64)
         # the index points at the maximum (whatever ties), and is PyTorch's index (first max)
-        xs = np.pad(pack[x.uid].astype(np.float64), [(0, 0), (0, 0)] + list(zip(pre, post)),
-                    constant_values=-np.inf)
+        xs = np.pad(pack[x.uid].astype(np.float64), [(0, 0), (0, 0)] + list(zip(pre, post)), constant_values=-np.inf)
         ks = np.unravel_index(got, window)
-        gather = [np.arange(n).reshape([-1 if i == a else 1 for i in range(len(dims))]) for a, n in
-                  enumerate(desc.dim[:2])]
+        gather = [
+            np.arange(n).reshape([-1 if i == a else 1 for i in range(len(dims))]) for a, n in enumerate(desc.dim[:2])
+        ]
         for a in range(len(window)):
             shape = [1] * len(dims)
             shape[2 + a] = desc.dim[2 + a]
@@ -198,8 +206,9 @@ def test_resample_index_of_nan_and_ties(rng):
 def test_resample_json_round_trip():
     g = og.Graph(io_data_type=DataType.HALF)
     x = g.tensor(dim=[2, 3, 8, 8], name="x")
-    y, index = g.resample(x, ResampleMode.MAX, window=[3, 3], stride=[2, 2], pre_padding=[1, 1],
-                          post_padding=[0, 1], generate_index=True)
+    y, index = g.resample(
+        x, ResampleMode.MAX, window=[3, 3], stride=[2, 2], pre_padding=[1, 1], post_padding=[0, 1], generate_index=True
+    )
     y.set_output(True)
     index.set_output(True)
     g2 = og.Graph.from_json(g.to_json())

@@ -84,18 +84,22 @@ def test_one_value_means_every_axis_and_is_made_explicit():
     g = og.Graph("b", io_data_type=DT.FLOAT)
     x = g.tensor(dim=[1, 2, 7, 6], name="x")
     dy = g.tensor(dim=[1, 2, 4, 3], name="dy")
-    g._add_op(ResampleMaxBackward(window=(3,), stride=(2,), pre_padding=(1,), post_padding=(1,)), [dy, x])[0] \
-        .set_output(True)
+    g._add_op(ResampleMaxBackward(window=(3,), stride=(2,), pre_padding=(1,), post_padding=(1,)), [dy, x])[
+        0
+    ].set_output(True)
     op = g.final.nodes[0].op
     assert (op.window, op.stride, op.pre_padding, op.post_padding) == ((3, 3), (2, 2), (1, 1), (1, 1))
 
 
-@pytest.mark.parametrize("dy_dims,change,error,rule", [
-    ([1, 3, 4, 3], {}, og.ShapeError, "pooling_backward.geometry"),  # dy broadcast over the batch
-    ([2, 3, 4, 3], {"window": (3, 3, 3)}, og.AttributeValueError, "pooling_backward.geometry"),
-    ([2, 3, 4, 3], {"stride": (0,)}, og.AttributeValueError, "pooling_backward.geometry"),
-    ([2, 3, 4, 3], {"post_padding": (1, -1)}, og.AttributeValueError, "pooling_backward.geometry"),
-])
+@pytest.mark.parametrize(
+    "dy_dims,change,error,rule",
+    [
+        ([1, 3, 4, 3], {}, og.ShapeError, "pooling_backward.geometry"),  # dy broadcast over the batch
+        ([2, 3, 4, 3], {"window": (3, 3, 3)}, og.AttributeValueError, "pooling_backward.geometry"),
+        ([2, 3, 4, 3], {"stride": (0,)}, og.AttributeValueError, "pooling_backward.geometry"),
+        ([2, 3, 4, 3], {"post_padding": (1, -1)}, og.AttributeValueError, "pooling_backward.geometry"),
+    ],
+)
 def test_bad_geometry_is_refused_naming_dy(dy_dims, change, error, rule):
     geometry = {"window": (3, 3), "stride": (2, 2), "pre_padding": (1, 1), "post_padding": (1, 1), **change}
     g = og.Graph("bad", io_data_type=DT.FLOAT)
@@ -110,8 +114,14 @@ def test_bad_geometry_is_refused_naming_dy(dy_dims, change, error, rule):
 def test_average_backward_needs_an_average_mode():
     g = og.Graph("bad", io_data_type=DT.FLOAT)
     dy = g.tensor(dim=[2, 3, 4, 3], name="dy")
-    op = ResampleAvgBackward(mode=ResampleMode.MAX, in_dim=(2, 3, 7, 6), window=(3, 3), stride=(2, 2),
-                             pre_padding=(1, 1), post_padding=(1, 1))
+    op = ResampleAvgBackward(
+        mode=ResampleMode.MAX,
+        in_dim=(2, 3, 7, 6),
+        window=(3, 3),
+        stride=(2, 2),
+        pre_padding=(1, 1),
+        post_padding=(1, 1),
+    )
     g._add_op(op, [dy], name="dpool")[0].set_output(True)
     with pytest.raises(og.AttributeValueError) as err:
         g.validate()

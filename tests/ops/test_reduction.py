@@ -101,15 +101,18 @@ def test_reduction_nhwc_input(mode, rng):
     _check(g, pack, x, y, mode)
 
 
-@pytest.mark.parametrize("mode", [ReductionMode.MUL, ReductionMode.MUL_NO_ZEROS, ReductionMode.MIN,
-                                  ReductionMode.AMAX, ReductionMode.NORM1], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "mode",
+    [ReductionMode.MUL, ReductionMode.MUL_NO_ZEROS, ReductionMode.MIN, ReductionMode.AMAX, ReductionMode.NORM1],
+    ids=lambda m: m.name,
+)
 def test_reduction_with_zeros_and_negatives(mode, rng):
     g, x, y = _graph((3, 8), (3, 1), mode, DataType.FLOAT)
     final = g.final
     pack = random_pack(final, rng, low=-1.5, high=1.5)
     xs = pack[x.uid]
-    xs[0, ::2] = 0.0   # zeros in a row
-    xs[1, :] = 0.0     # a row of zeros only: MUL_NO_ZEROS gives the empty product 1
+    xs[0, ::2] = 0.0  # zeros in a row
+    xs[1, :] = 0.0  # a row of zeros only: MUL_NO_ZEROS gives the empty product 1
     g.build(device="cpu").execute(pack)
     _check(g, pack, x, y, mode)
     if mode is ReductionMode.MUL_NO_ZEROS:

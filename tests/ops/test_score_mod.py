@@ -31,13 +31,25 @@ def test_the_unedited_file_loads_and_runs(rng):
     assert not og.testing.check_plan(g.build(device="cpu", engines=["reference"]), rng)
 
 
-@pytest.mark.parametrize("where,index", [("operand", -1), ("operand", 1), ("operand", 7), ("input", -1),
-                                         ("input", 1), ("result", -1), ("result", 2), ("result", 10**30)])
+@pytest.mark.parametrize(
+    "where,index",
+    [
+        ("operand", -1),
+        ("operand", 1),
+        ("operand", 7),
+        ("input", -1),
+        ("input", 1),
+        ("result", -1),
+        ("result", 2),
+        ("result", 10**30),
+    ],
+)
 def test_references_out_of_range_are_refused_at_load(where, index):
     doc = copy.deepcopy(_graph_doc())
     mod = doc["ops"][0]["attrs"]["score_mod"]
-    ref = {"operand": mod["nodes"][1]["operands"][0], "input": mod["nodes"][1]["operands"][1],
-           "result": mod["result"]}[where]
+    ref = {"operand": mod["nodes"][1]["operands"][0], "input": mod["nodes"][1]["operands"][1], "result": mod["result"]}[
+        where
+    ]
     ref["index"] = index
     with pytest.raises(og.AttributeValueError) as ei:
         og.Graph.from_json(json.dumps(doc))

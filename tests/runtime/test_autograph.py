@@ -7,8 +7,19 @@ import pytest
 from opgraph.runtime import autograph
 
 
-@pytest.mark.parametrize("value,on", [(None, True), ("", True), ("1", True), ("yes", True), ("0", False),
-                                      (" off ", False), ("False", False), ("no", False)])
+@pytest.mark.parametrize(
+    "value,on",
+    [
+        (None, True),
+        ("", True),
+        ("1", True),
+        ("yes", True),
+        ("0", False),
+        (" off ", False),
+        ("False", False),
+        ("no", False),
+    ],
+)
 def test_opgraph_autograph_switch(monkeypatch, value, on):
     if value is None:
         monkeypatch.delenv("OPGRAPH_AUTOGRAPH", raising=False)
@@ -36,8 +47,9 @@ class _Bound:
 
         from opgraph.runtime.state import ThreadCount
 
-        self.state = SimpleNamespace(device=SimpleNamespace(is_cuda=True), steps=[], graph=SimpleNamespace(name="p"),
-                                     threads=ThreadCount())
+        self.state = SimpleNamespace(
+            device=SimpleNamespace(is_cuda=True), steps=[], graph=SimpleNamespace(name="p"), threads=ThreadCount()
+        )
 
 
 def test_a_binding_that_keeps_changing_stops_being_captured(monkeypatch):

@@ -34,9 +34,12 @@ class Case:
     def pack(self, rng) -> dict:
         f = self.final
         return {
-            self.x: random_values(f.tensors[1], rng), self.b: random_values(f.tensors[2], rng),
-            self.s: 1.75, self.k: random_values(f.tensors[4], rng),
-            self.y: poison(np.empty(SHAPE, np.float32)), self.w: poison(np.empty(SHAPE, np.float32)),
+            self.x: random_values(f.tensors[1], rng),
+            self.b: random_values(f.tensors[2], rng),
+            self.s: 1.75,
+            self.k: random_values(f.tensors[4], rng),
+            self.y: poison(np.empty(SHAPE, np.float32)),
+            self.w: poison(np.empty(SHAPE, np.float32)),
         }
 
     def want(self, x, b, s, k):
@@ -73,17 +76,25 @@ def test_keys(case, rng, keying):
 
     def key(h):
         uid = h.uid
-        return {"handle": h, "uid": uid, "name": h.name, "desc": f.tensors[uid], "numpy-int": np.int64(uid),
-                "mixed": (h if uid % 2 else h.name)}[keying]
+        return {
+            "handle": h,
+            "uid": uid,
+            "name": h.name,
+            "desc": f.tensors[uid],
+            "numpy-int": np.int64(uid),
+            "mixed": (h if uid % 2 else h.name),
+        }[keying]
 
     pack = {key(h): v for h, v in p.items()}
     case.plan.execute(pack)
     case.check(p[case.y], p[case.w], p[case.x], p[case.b], p[case.s], p[case.k])
 
 
-@pytest.mark.parametrize("value", [2.0, 2, np.float32(2.0), np.float64(2.0), np.array(2.0), np.array([2.0]),
-                                   np.array([[2.0]], np.float16), "torch"],
-                         ids=["float", "int", "np.float32", "np.float64", "0d", "1-element", "1x1-f16", "torch"])
+@pytest.mark.parametrize(
+    "value",
+    [2.0, 2, np.float32(2.0), np.float64(2.0), np.array(2.0), np.array([2.0]), np.array([[2.0]], np.float16), "torch"],
+    ids=["float", "int", "np.float32", "np.float64", "0d", "1-element", "1x1-f16", "torch"],
+)
 def test_pass_by_value_forms(case, rng, value):
     if isinstance(value, str):
         torch = pytest.importorskip("torch")
@@ -175,6 +186,7 @@ def _device(c, p):
 def _set(key_fn, value_fn):
     def mutate(c, p):
         p[key_fn(c)] = value_fn(c, p)
+
     return mutate
 
 
@@ -188,17 +200,34 @@ REJECTED = {
     "shape": (_set(lambda c: c.x, lambda c, p: np.zeros((2, 3, 4, 4), np.float32)), "pack.shape", "'x' (uid 1)"),
     "rank": (_set(lambda c: c.b, lambda c, p: np.zeros((3,), np.float32)), "pack.shape", "'b' (uid 2)"),
     "strides": (_set(lambda c: c.x, lambda c, p: np.asfortranarray(p[c.x])), "pack.strides", "'x' (uid 1)"),
-    "output strides": (_set(lambda c: c.w, lambda c, p: poison(np.empty(SHAPE[::-1], np.float32)).T),
-                       "pack.strides", "'w' (uid 7)"),
+    "output strides": (
+        _set(lambda c: c.w, lambda c, p: poison(np.empty(SHAPE[::-1], np.float32)).T),
+        "pack.strides",
+        "'w' (uid 7)",
+    ),
     "dtype": (_set(lambda c: c.x, lambda c, p: p[c.x].astype(np.float64)), "pack.dtype", "'x' (uid 1)"),
-    "output dtype": (_set(lambda c: c.y, lambda c, p: poison(np.empty(SHAPE, np.float16))), "pack.dtype",
-                     "'y' (uid 6)"),
+    "output dtype": (
+        _set(lambda c: c.y, lambda c, p: poison(np.empty(SHAPE, np.float16))),
+        "pack.dtype",
+        "'y' (uid 6)",
+    ),
     "device": (_device, "pack.device", "'x' (uid 1)"),
     "not a buffer": (_set(lambda c: c.x, lambda c, p: p[c.x].tolist()), "pack.type", "'x' (uid 1)"),
-    "unknown buffer type": (_set(lambda c: c.b, lambda c, p: np.zeros((1, 3, 1, 1), np.complex64)), "pack.dtype",
-                            "'b' (uid 2)"),
-    "misaligned strides": (_set(lambda c: c.b, lambda c, p: np.lib.stride_tricks.as_strided(
-        np.zeros(16, np.float32), shape=(1, 3, 1, 1), strides=(4, 6, 4, 4))), "pack.strides", "'b' (uid 2)"),
+    "unknown buffer type": (
+        _set(lambda c: c.b, lambda c, p: np.zeros((1, 3, 1, 1), np.complex64)),
+        "pack.dtype",
+        "'b' (uid 2)",
+    ),
+    "misaligned strides": (
+        _set(
+            lambda c: c.b,
+            lambda c, p: np.lib.stride_tricks.as_strided(
+                np.zeros(16, np.float32), shape=(1, 3, 1, 1), strides=(4, 6, 4, 4)
+            ),
+        ),
+        "pack.strides",
+        "'b' (uid 2)",
+    ),
     "read-only output": (_readonly, "pack.readonly", "'y' (uid 6)"),
     # y = (x + b) * s over x's own buffer is an in-place update through the pack: tests/test_inplace_pack.py
     "output overlaps input": (_overlap_in_out, "pack.overlap", "'y' (uid 6)"),
@@ -297,8 +326,11 @@ def _image_plan(batch: int = 8):
 
 def test_a_batch_the_plan_was_not_built_for_names_the_real_fix():
     plan, x, w, y = _image_plan(8)
-    pack = {x: np.zeros((4, 16, 12, 12), np.float32), w: np.zeros((16, 16, 1, 1), np.float32),
-            y: np.zeros((8, 16, 12, 12), np.float32)}
+    pack = {
+        x: np.zeros((4, 16, 12, 12), np.float32),
+        w: np.zeros((16, 16, 1, 1), np.float32),
+        y: np.zeros((8, 16, 12, 12), np.float32),
+    }
     with pytest.raises(og.VariantPackError) as ei:
         plan.execute(pack)
     assert ei.value.rule == "pack.shape"
@@ -338,12 +370,22 @@ def test_pass_by_value_holds_a_value_of_its_type(rng):
     plan = g.build(device="cpu")
     xv = random_values(g.final.tensors[x.uid], rng)
     outs = [poison(np.empty(16)) for _ in range(3)]
-    plan.execute({x: xv, s_val: 0.1, s_mem: np.array([0.1], np.float16), big: 10**400,
-                  y1: outs[0], y2: outs[1], y3: outs[2]})
+    plan.execute(
+        {x: xv, s_val: 0.1, s_mem: np.array([0.1], np.float16), big: 10**400, y1: outs[0], y2: outs[1], y3: outs[2]}
+    )
     np.testing.assert_array_equal(outs[0], xv * float(np.float16(0.1)))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[2], np.sign(xv) * np.inf)
     with pytest.raises(og.VariantPackError) as ei:
-        plan.execute({x: xv, s_val: np.complex64(1), s_mem: np.array([0.1], np.float16), big: 1.0,
-                      y1: outs[0], y2: outs[1], y3: outs[2]})
+        plan.execute(
+            {
+                x: xv,
+                s_val: np.complex64(1),
+                s_mem: np.array([0.1], np.float16),
+                big: 1.0,
+                y1: outs[0],
+                y2: outs[1],
+                y3: outs[2],
+            }
+        )
     assert ei.value.rule == "pack.pass_by_value" and "'s_val'" in str(ei.value)

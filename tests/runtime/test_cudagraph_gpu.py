@@ -29,8 +29,12 @@ def _buffers():
     import torch
 
     x = torch.randn(*DIMS, device="cuda").to(memory_format=torch.channels_last)
-    return x, torch.randn(1, 32, 1, 1, device="cuda"), torch.full((1,), 0.5, device="cuda"), \
-        torch.full_like(x, float("nan"))
+    return (
+        x,
+        torch.randn(1, 32, 1, 1, device="cuda"),
+        torch.full((1,), 0.5, device="cuda"),
+        torch.full_like(x, float("nan")),
+    )
 
 
 def _want(x, b, lr):
@@ -66,7 +70,7 @@ def test_table_flipped_between_replays():
     graph.replay()
     torch.testing.assert_close(yv, _want(xb, bv, lv))
     slot = plan.table_slot(x)
-    plan.address_table[slot:slot + 1].copy_(torch.tensor([xa.data_ptr()], device="cuda"))  # a device-side flip
+    plan.address_table[slot : slot + 1].copy_(torch.tensor([xa.data_ptr()], device="cuda"))  # a device-side flip
     graph.replay()
     torch.testing.assert_close(yv, _want(xa, bv, lv))
 
@@ -199,8 +203,11 @@ def test_by_reference_tensor_read_by_a_torch_step_is_recaptured_not_redirected()
     def buf(t):
         return torch.randn(*t.dim, device="cuda", dtype=torch.float16).as_strided(t.dim, t.stride)
 
-    pack = {x.uid: buf(x), w.uid: buf(w), y.uid: torch.empty_strided(y.dim, y.stride, device="cuda",
-                                                                       dtype=torch.float16)}
+    pack = {
+        x.uid: buf(x),
+        w.uid: buf(w),
+        y.uid: torch.empty_strided(y.dim, y.stride, device="cuda", dtype=torch.float16),
+    }
     graph = plan.populate_cuda_graph(pack)
     x2 = buf(x)
     with pytest.raises(og.GraphError) as info:

@@ -35,8 +35,16 @@ def run_at(plan: og.ExecutionPlan, env: dict, rng: np.random.Generator, keyed=la
     assert not bad, f"{env}: " + "\n".join(map(str, bad))
 
 
-@pytest.mark.parametrize("engine", ["reference", pytest.param("torch", marks=pytest.mark.skipif(
-    not __import__("importlib").util.find_spec("torch"), reason="needs PyTorch"))])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "reference",
+        pytest.param(
+            "torch",
+            marks=pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="needs PyTorch"),
+        ),
+    ],
+)
 def test_one_build_runs_every_shape(engine):
     g = mlp_graph()
     plan = g.build(device="cpu", engines=[engine])
@@ -81,16 +89,22 @@ def test_shape_plans_are_an_lru():
 
 
 def pack_of(g: og.Graph, x_shape, y_shape=None) -> dict:
-    return {"x": np.ones(x_shape, np.float32), "bias": np.ones((1, 1, 8), np.float32),
-            "y": np.zeros(y_shape or x_shape, np.float32)}
+    return {
+        "x": np.ones(x_shape, np.float32),
+        "bias": np.ones((1, 1, 8), np.float32),
+        "y": np.zeros(y_shape or x_shape, np.float32),
+    }
 
 
-@pytest.mark.parametrize("x_shape, y_shape, rule, names", [
-    ((17, 3, 8), None, "pack.dim_range", ("x", "batch")),
-    ((2, 38, 8), None, "pack.dim_range", ("x", "seq")),
-    ((2, 3, 8), (2, 4, 8), "pack.dim_mismatch", ("y", "x", "seq")),
-    ((2, 3), None, "pack.rank", ("x",)),
-])
+@pytest.mark.parametrize(
+    "x_shape, y_shape, rule, names",
+    [
+        ((17, 3, 8), None, "pack.dim_range", ("x", "batch")),
+        ((2, 38, 8), None, "pack.dim_range", ("x", "seq")),
+        ((2, 3, 8), (2, 4, 8), "pack.dim_mismatch", ("y", "x", "seq")),
+        ((2, 3), None, "pack.rank", ("x",)),
+    ],
+)
 def test_pack_errors_name_the_tensor_and_the_dim(x_shape, y_shape, rule, names):
     g = mlp_graph()
     plan = g.build(device="cpu", engines=["reference"])

@@ -28,6 +28,7 @@ def test_one_build_matches_the_reference_on_cuda(family):
         want = reference_outputs(static, pack)
         dev = pack_to_device(pack, plan.device.torch_name)
         plan.execute(dev)
-        bad = [m for u in static.outputs
-               if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None]
+        bad = [
+            m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None
+        ]
         assert not bad, f"{env}: " + "\n".join(map(str, bad)) + "\n" + plan.at(env).describe()

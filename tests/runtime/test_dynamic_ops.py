@@ -16,8 +16,15 @@ pytest.importorskip("torch")
 SHAPES = [{"n": 1, "t": 1}, {"n": 3, "t": 13}, {"n": 9, "t": 5}]
 
 
-@pytest.mark.parametrize("engine", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
-    not interpreter_available(), reason="needs Triton's interpreter"))])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "torch",
+        pytest.param(
+            "triton", marks=pytest.mark.skipif(not interpreter_available(), reason="needs Triton's interpreter")
+        ),
+    ],
+)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_one_build_matches_the_reference_at_every_shape(family, engine):
     g = build(FAMILIES[family], N, T)

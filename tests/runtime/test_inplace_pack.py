@@ -58,8 +58,10 @@ def _pointwise_chain(dt=D.FLOAT):
 def _batchnorm(dt=D.FLOAT):
     g = og.Graph("bn", io_data_type=dt)
     x = g.tensor(dim=[4, 6, 3, 3], stride=[54, 1, 18, 6], name="x")
-    scale, bias = g.tensor(dim=[1, 6, 1, 1], name="scale", data_type=D.FLOAT), g.tensor(
-        dim=[1, 6, 1, 1], name="bias", data_type=D.FLOAT)
+    scale, bias = (
+        g.tensor(dim=[1, 6, 1, 1], name="scale", data_type=D.FLOAT),
+        g.tensor(dim=[1, 6, 1, 1], name="bias", data_type=D.FLOAT),
+    )
     rm, rv = (g.tensor(dim=[1, 6, 1, 1], name=n, data_type=D.FLOAT) for n in ("rm", "rv"))
     y, mean, inv, nrm, nrv = g.batchnorm(x, scale, bias, rm, rv, epsilon=1e-5, momentum=0.1)
     for t, n in ((y, "y"), (mean, "mean"), (inv, "inv"), (nrm, "next_rm"), (nrv, "next_rv")):
@@ -145,8 +147,12 @@ def _reduced_in_the_same_kernel():
     return g, {"y": "x"}, "depends on other elements of tensor 'x'"
 
 
-REFUSED = {"centered": _centered, "transposed": _transposed, "unrelated": _unrelated,
-           "reduced in the same kernel": _reduced_in_the_same_kernel}
+REFUSED = {
+    "centered": _centered,
+    "transposed": _transposed,
+    "unrelated": _unrelated,
+    "reduced in the same kernel": _reduced_in_the_same_kernel,
+}
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
@@ -160,7 +166,9 @@ def test_refused_in_place_writes_nothing(rng, name):
     snap = [(v, v.copy()) for v in pack.values() if isinstance(v, np.ndarray)]
     with pytest.raises(og.VariantPackError) as ei:
         plan.execute(pack)
-    assert ei.value.rule == "pack.overlap" and "that very buffer" in str(ei.value) and why in str(ei.value), str(ei.value)
+    assert ei.value.rule == "pack.overlap" and "that very buffer" in str(ei.value) and why in str(ei.value), str(
+        ei.value
+    )
     for now, before in snap:
         np.testing.assert_array_equal(now, before)  # inputs unchanged, outputs still poisoned
 
@@ -226,14 +234,17 @@ def _info(ptr, shape, strides):
     return BufferInfo(tuple(shape), tuple(strides), D.FLOAT, "cuda:0", ptr * 4, None)
 
 
-@pytest.mark.parametrize("shape, strides, diff, overlap", [
-    ((3, 4), (16, 1), 4, False),   # q[..., :4] vs q[..., 4:8]
-    ((3, 4), (16, 1), 2, True),
-    ((2, 3), (10, 1), 8, True),    # 8 = 10 - 2: element [1, 0] of one is element [0, 2] of the other
-    ((2, 3), (1, 10), 5, False),
-    ((4,), (2,), 1, False),        # even and odd elements
-    ((4,), (2,), 2, True),
-])
+@pytest.mark.parametrize(
+    "shape, strides, diff, overlap",
+    [
+        ((3, 4), (16, 1), 4, False),  # q[..., :4] vs q[..., 4:8]
+        ((3, 4), (16, 1), 2, True),
+        ((2, 3), (10, 1), 8, True),  # 8 = 10 - 2: element [1, 0] of one is element [0, 2] of the other
+        ((2, 3), (1, 10), 5, False),
+        ((4,), (2,), 1, False),  # even and odd elements
+        ((4,), (2,), 2, True),
+    ],
+)
 def test_views_overlap_is_exact_for_nested_layouts(shape, strides, diff, overlap):
     assert _views_overlap(_info(100, shape, strides), _info(100 + diff, shape, strides)) is overlap
 
@@ -247,8 +258,9 @@ def test_generated_pointwise_kernel_in_place(rng):
 
 @pytest.mark.interpreter
 def test_generated_batchnorm_running_stats_in_place(rng):
-    plan = _run_in_place(_batchnorm(), {"next_rm": "rm", "next_rv": "rv"}, rng, engines=["triton"],
-                         prepare=_positive_var)
+    plan = _run_in_place(
+        _batchnorm(), {"next_rm": "rm", "next_rv": "rv"}, rng, engines=["triton"], prepare=_positive_var
+    )
     assert {s.config.knob("template") for s in plan.steps} == {"norm_stats"}
 
 
@@ -257,7 +269,9 @@ def test_generated_batchnorm_running_stats_in_place(rng):
 @pytest.mark.parametrize("build", [_pointwise_chain, _batchnorm], ids=["pointwise", "batchnorm"])
 def test_gpu_in_place(rng, build):
     over = {"y": "x"} if build is _pointwise_chain else {"next_rm": "rm", "next_rv": "rv"}
-    plan = _run_in_place(build(), over, rng, device="cuda", prepare=None if build is _pointwise_chain else _positive_var)
+    plan = _run_in_place(
+        build(), over, rng, device="cuda", prepare=None if build is _pointwise_chain else _positive_var
+    )
     assert plan.inplace.allowed
 
 

@@ -73,8 +73,7 @@ def expected(g, h, pack):
 
 def check(g, h, pack):
     for uid, want in expected(g, h, pack).items():
-        assert compare(g.final.tensors[uid], pack[uid], want) is None, compare(g.final.tensors[uid], pack[uid],
-                                                                               want)
+        assert compare(g.final.tensors[uid], pack[uid], want) is None, compare(g.final.tensors[uid], pack[uid], want)
 
 
 # -- build and execute -----------------------------------------------------------------------------
@@ -106,8 +105,22 @@ def test_describe_lists_steps_ops_and_engine():
     g, h = chain_graph()
     plan = g.build(device="cpu")
     text = plan.describe()
-    for needle in ("plan for graph 'chain'", "cpu", "1 step(s)", "step 0", "reference", "'e'", "'m'", "'r'",
-                   "'a'", "EXP", "RELU_FWD", f"%{h['y'].uid}", "reads", "writes"):
+    for needle in (
+        "plan for graph 'chain'",
+        "cpu",
+        "1 step(s)",
+        "step 0",
+        "reference",
+        "'e'",
+        "'m'",
+        "'r'",
+        "'a'",
+        "EXP",
+        "RELU_FWD",
+        f"%{h['y'].uid}",
+        "reads",
+        "writes",
+    ):
         assert needle in text, (needle, text)
     assert str(plan) == text
     assert "reference" in repr(plan) and "1 step(s)" in repr(plan)
@@ -183,8 +196,11 @@ def test_profile_steps_times_every_step_and_leaves_the_outputs_right(rng):
         assert not compare(plan.graph.tensors[uid], pack[uid], arr), uid
 
 
-@pytest.mark.parametrize("modes", [[H.INSTANT], [H.A], [H.B], [H.FALLBACK], H.A, "fallback", ["INSTANT", H.B],
-                                   None, [H.A, H.FALLBACK]], ids=repr)
+@pytest.mark.parametrize(
+    "modes",
+    [[H.INSTANT], [H.A], [H.B], [H.FALLBACK], H.A, "fallback", ["INSTANT", H.B], None, [H.A, H.FALLBACK]],
+    ids=repr,
+)
 def test_engine_configs_per_heuristic_mode(modes):
     g, _ = chain_graph()
     pieces = g.engine_configs(heur_mode=modes, device="cpu")
@@ -350,8 +366,10 @@ def _bad_workspaces(plan, pack):
     }
 
 
-@pytest.mark.parametrize("which", ["too small", "wrong dtype", "2-D", "strided", "a list", "read-only",
-                                   "overlaps an input", "overlaps an output"])
+@pytest.mark.parametrize(
+    "which",
+    ["too small", "wrong dtype", "2-D", "strided", "a list", "read-only", "overlaps an input", "overlaps an output"],
+)
 def test_bad_workspace_writes_nothing(rng, which):
     g, h = chain_graph()
     plan = g.build(device="cpu", engines=["test_one_op"])
@@ -361,7 +379,7 @@ def test_bad_workspace_writes_nothing(rng, which):
         uid = h["x" if which.endswith("input") else "y"].uid
         arr = pack[uid]
         ws = np.empty(plan.workspace_size + arr.nbytes, np.uint8)
-        pack[uid] = ws[plan.workspace_size - 4:][: arr.nbytes].view(arr.dtype).reshape(arr.shape)
+        pack[uid] = ws[plan.workspace_size - 4 :][: arr.nbytes].view(arr.dtype).reshape(arr.shape)
         pack[uid][...] = arr
         rule = "pack.workspace_overlap"
     else:

@@ -121,8 +121,9 @@ def test_threads_share_a_plan_each_on_its_own_stream_and_buffers(engines, by_ref
         with torch.cuda.stream(stream):
             for i in range(30):
                 if i % 10 == 0:  # new buffers every ten executes; the same pack in between
-                    xv = torch.randn(4, 32, 8, 8, device="cuda", dtype=torch.float16,
-                                     generator=gen).to(memory_format=torch.channels_last)
+                    xv = torch.randn(4, 32, 8, 8, device="cuda", dtype=torch.float16, generator=gen).to(
+                        memory_format=torch.channels_last
+                    )
                     bv = torch.randn(1, 32, 1, 1, device="cuda", dtype=torch.float16, generator=gen)
                     yv = torch.empty_like(xv)
                     pack = {x: xv, b: bv, y: yv}

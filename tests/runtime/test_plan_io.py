@@ -125,8 +125,11 @@ def _stop_gradient():
     return g
 
 
-@pytest.mark.parametrize("make", [_pool_backward, _slice_backward, _stop_gradient],
-                         ids=["pooling-backward", "slice-backward", "stop-gradient"])
+@pytest.mark.parametrize(
+    "make",
+    [_pool_backward, _slice_backward, _stop_gradient],
+    ids=["pooling-backward", "slice-backward", "stop-gradient"],
+)
 def test_plans_with_built_in_custom_ops_load_in_a_fresh_process(make, tmp_path, rng):
     """The ops opgraph emits itself (pooling's and slice's backward, stop_gradient in every
     cross-entropy training step; custom ops once, typed ops now) register with the op families: a
@@ -174,8 +177,9 @@ def test_plan_files_written_by_main_still_load_and_run(name, rng):
     assert plan_schema_errors(json.loads(data.split(b"\n", 1)[1])) == []
     loaded = og.ExecutionPlan.from_bytes(data, on_mismatch="recompile")
     fresh = og.Graph.from_json(json.dumps(json.loads(data.split(b"\n", 1)[1])["graph"]))
-    built = fresh.build(device="cpu", engines=sorted({s.config.engine for s in loaded.steps}),
-                        heur_mode=["A", "FALLBACK"])
+    built = fresh.build(
+        device="cpu", engines=sorted({s.config.engine for s in loaded.steps}), heur_mode=["A", "FALLBACK"]
+    )
     _same_results(built, loaded, rng)
 
 
@@ -185,6 +189,7 @@ def _doc_and_file(plan):
     def rewrap(d):
         body = json.dumps(d).encode()
         return MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
     return doc, rewrap
 
 
@@ -199,16 +204,23 @@ def test_a_document_breaking_the_schema_is_refused_naming_every_json_path():
         og.ExecutionPlan.from_bytes(rewrap(doc))
     text = str(ei.value)
     assert ei.value.rule == "plan.schema" and "4 place(s)" in text
-    for path in ("plan: unknown key 'extra'", "plan.device.kind:", "plan.steps[0].config.knobs[0]:",
-                 "plan.steps[0].nodes[1]:"):
+    for path in (
+        "plan: unknown key 'extra'",
+        "plan.device.kind:",
+        "plan.steps[0].config.knobs[0]:",
+        "plan.steps[0].nodes[1]:",
+    ):
         assert path in text, text
 
 
-@pytest.mark.parametrize("damage,path", [
-    (lambda d: d["steps"][0].update(nodes=[99]), "plan.steps[0].nodes"),
-    (lambda d: d.update(cuts=[{"before": 0, "node": 99, "reasons": []}]), "plan.cuts[0]"),
-    (lambda d: d["steps"][0]["config"].update(engine="nope"), "plan.steps[0]"),
-])
+@pytest.mark.parametrize(
+    "damage,path",
+    [
+        (lambda d: d["steps"][0].update(nodes=[99]), "plan.steps[0].nodes"),
+        (lambda d: d.update(cuts=[{"before": 0, "node": 99, "reasons": []}]), "plan.cuts[0]"),
+        (lambda d: d["steps"][0]["config"].update(engine="nope"), "plan.steps[0]"),
+    ],
+)
 def test_meaning_checked_after_the_schema_names_the_json_path(damage, path):
     plan = conv_bias_relu(n=1, c=2, k=2, hw=4).build(device="cpu")
     doc, rewrap = _doc_and_file(plan)

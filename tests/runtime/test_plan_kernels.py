@@ -173,7 +173,7 @@ def test_a_tampered_triton_kernel_never_replaces_this_machines(tmp_path, monkeyp
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     g = og.Graph("tamper", io_data_type=og.DataType.HALF)
     g.sigmoid(g.mul(g.tensor(dim=[4, 32], name="x"), 3.0)).set_output(True)
-    (spec, fn), = _specs([g])
+    ((spec, fn),) = _specs([g])
     compiler._BINARIES.clear()
     pool = WorkerPool(1)
     try:

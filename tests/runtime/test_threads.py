@@ -153,8 +153,12 @@ def test_each_thread_binds_its_own_state_and_the_owner_thread_keeps_its_fast_pat
     t.join()
     assert seen[0] is not mine and seen[0].binder is not mine.binder and plan.local_state() is mine
     rng = np.random.default_rng(0)
-    pack = {x: random_values(g.final.tensor("x"), rng), b: random_values(g.final.tensor("b"), rng), s: 2.0,
-            y: np.empty(g.final.tensor("y").dim, np.float32)}
+    pack = {
+        x: random_values(g.final.tensor("x"), rng),
+        b: random_values(g.final.tensor("b"), rng),
+        s: 2.0,
+        y: np.empty(g.final.tensor("y").dim, np.float32),
+    }
     plan.execute(pack)
     owned = mine.owned
     plan.execute(pack)

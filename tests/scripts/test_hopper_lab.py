@@ -17,14 +17,17 @@ LAB = Path(__file__).resolve().parents[2] / "scripts" / "hopper_lab"
 def _run(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     full.update(env or {})
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=full,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=full, check=False
+    )
 
 
 @pytest.mark.interpreter
 @pytest.mark.slow
 def test_gemm_variants_match_torch_under_the_interpreter():
-    done = _run(str(LAB / "gemm_sweep.py"), "--selftest", "--variants", "plain,tma_dev,persist,persist_ws,persist_flat_sub")
+    done = _run(
+        str(LAB / "gemm_sweep.py"), "--selftest", "--variants", "plain,tma_dev,persist,persist_ws,persist_flat_sub"
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "0 failed" in done.stdout and " passed" in done.stdout
 
@@ -41,8 +44,23 @@ def test_attention_variants_match_sdpa_under_the_interpreter():
 def test_sweep_records_crashes_hangs_and_the_budget(tmp_path):
     # stand-in children: a compile crash (tma_dev 256-row tiles), compile errors (persist_flat_sub) and a
     # measurement that hangs (persist_ptr 128x256): each is recorded, the sweep ends at its budget
-    done = _run(str(LAB / "gemm_sweep.py"), "--fake", "--budget", "12", "--grace", "2", "--jobs", "2",
-                "--measure-timeout", "2", "--shapes", "square8k.nk,llama.o", "--out", str(tmp_path), timeout=120)
+    done = _run(
+        str(LAB / "gemm_sweep.py"),
+        "--fake",
+        "--budget",
+        "12",
+        "--grace",
+        "2",
+        "--jobs",
+        "2",
+        "--measure-timeout",
+        "2",
+        "--shapes",
+        "square8k.nk,llama.o",
+        "--out",
+        str(tmp_path),
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     res = json.loads((tmp_path / "gemm_sweep.json").read_text())
     first = res["shapes"]["square8k.nk"]["variants"]

@@ -26,16 +26,22 @@ def _module():
 NV = _module()
 
 
-@pytest.mark.parametrize("line,want", [
-    ("import cudnn", "import opgraph.cudnn as cudnn"),
-    ("    import cudnn  # frontend", "    import opgraph.cudnn as cudnn  # frontend"),
-    ("import cudnn as cd", "import opgraph.cudnn as cd"),
-    ("from cudnn import pygraph", "from opgraph.cudnn import pygraph"),
-    ("        from cudnn.experimental.ops.sdpa import x", "        from opgraph.cudnn.experimental.ops.sdpa import x"),
-    ("from cudnn import (", "from opgraph.cudnn import ("),
-    ("import cudnnx", "import cudnnx"),
-    ("x = cudnn.pygraph()", "x = cudnn.pygraph()"),
-])
+@pytest.mark.parametrize(
+    "line,want",
+    [
+        ("import cudnn", "import opgraph.cudnn as cudnn"),
+        ("    import cudnn  # frontend", "    import opgraph.cudnn as cudnn  # frontend"),
+        ("import cudnn as cd", "import opgraph.cudnn as cd"),
+        ("from cudnn import pygraph", "from opgraph.cudnn import pygraph"),
+        (
+            "        from cudnn.experimental.ops.sdpa import x",
+            "        from opgraph.cudnn.experimental.ops.sdpa import x",
+        ),
+        ("from cudnn import (", "from opgraph.cudnn import ("),
+        ("import cudnnx", "import cudnnx"),
+        ("x = cudnn.pygraph()", "x = cudnn.pygraph()"),
+    ],
+)
 def test_rewrite_catches_every_form(line, want):
     assert NV.rewrite_imports(line + "\n") == want + "\n"
     assert NV.leftover_imports(NV.rewrite_imports(line + "\n")) == []
@@ -46,10 +52,13 @@ def test_leftovers_are_reported():
 
 
 def test_notebook_to_script(tmp_path):
-    nb = {"cells": [{"cell_type": "markdown", "source": ["# title"]},
-                    {"cell_type": "code", "source": ["!pip install x\n", "%matplotlib inline\n", "import cudnn\n",
-                                                     "y = 1"]},
-                    {"cell_type": "code", "source": "if y:\n    !nvidia-smi\n    z = 2"}]}
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "source": ["# title"]},
+            {"cell_type": "code", "source": ["!pip install x\n", "%matplotlib inline\n", "import cudnn\n", "y = 1"]},
+            {"cell_type": "code", "source": "if y:\n    !nvidia-smi\n    z = 2"},
+        ]
+    }
     path = tmp_path / "n.ipynb"
     path.write_text(json.dumps(nb))
     text = NV.rewrite_imports(NV.notebook_to_script(path))
@@ -75,13 +84,31 @@ def test_a_run_over_a_stand_in_folder(tmp_path):
         "import cudnn\nimport random\nimport pytest\n\n"
         "@pytest.mark.parametrize('i', range(40))\n"
         "def test_sdpa(i):\n    assert cudnn.backend_version() >= 92000\n    assert random.random() < 2\n"
-        "    if i % 5 == 0:\n        pytest.skip('a combination rule')\n")
+        "    if i % 5 == 0:\n        pytest.skip('a combination rule')\n"
+    )
     (tests / "test_kernel_cache.py").write_text(
         "from cudnn import create_kernel_cache\n\ndef test_a():\n    create_kernel_cache().serialize()\n\n"
-        "def test_b():\n    assert False, 'expected'\n")
+        "def test_b():\n    assert False, 'expected'\n"
+    )
     out = tmp_path / "out"
-    cmd = [sys.executable, str(SCRIPT), "--src", str(tmp_path / "src"), "--work", str(tmp_path / "work"), "--out",
-           str(out), "--parts", "mhas,kernel_cache", "--mhas-sample", "20", "--jobs", "1", "--budget", "240"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--src",
+        str(tmp_path / "src"),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+        "--parts",
+        "mhas,kernel_cache",
+        "--mhas-sample",
+        "20",
+        "--jobs",
+        "1",
+        "--budget",
+        "240",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads((out / "nvfe_results.json").read_text())["tests"]

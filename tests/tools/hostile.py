@@ -92,12 +92,21 @@ def corpus(folder: Path) -> dict[str, Path]:
         "control-chars-name": _edit(g, lambda d: d.update(name="a\x1b[31mred\x07\n")),
         "surrogate-graph-name": _edit(g, lambda d: d.update(name="\udfff\ud800")),
         "surrogate-unknown-key": _edit(g, lambda d: d.update({"\ud800": 1})),
-        "huge-dims": _edit(g, lambda d: [t.update(dim=[2**20, 2**20], stride=[2**20, 1]) if t["name"] != "b"
-                                         else t.update(dim=[1, 2**20], stride=[2**20, 1]) for t in d["tensors"]]),
-        "score-mod-negative-index": _edit(attention_doc(), lambda d: d["ops"][0]["attrs"]["score_mod"]["result"]
-                                          .update(index=-1)),
-        "score-mod-index-past-the-end": _edit(attention_doc(), lambda d: d["ops"][0]["attrs"]["score_mod"]["result"]
-                                              .update(index=3)),
+        "huge-dims": _edit(
+            g,
+            lambda d: [
+                t.update(dim=[2**20, 2**20], stride=[2**20, 1])
+                if t["name"] != "b"
+                else t.update(dim=[1, 2**20], stride=[2**20, 1])
+                for t in d["tensors"]
+            ],
+        ),
+        "score-mod-negative-index": _edit(
+            attention_doc(), lambda d: d["ops"][0]["attrs"]["score_mod"]["result"].update(index=-1)
+        ),
+        "score-mod-index-past-the-end": _edit(
+            attention_doc(), lambda d: d["ops"][0]["attrs"]["score_mod"]["result"].update(index=3)
+        ),
     }
     plans: dict[str, dict | Any] = {
         "plan-a-list": [1, 2],

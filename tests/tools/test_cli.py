@@ -60,8 +60,9 @@ def test_run_with_the_triton_engine_in_the_interpreter(tmp_path):
         import pytest
 
         pytest.skip("needs Triton's interpreter")
-    result = CliRunner().invoke(main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--engine", "triton",
-                                       "--repeat", "1"])
+    result = CliRunner().invoke(
+        main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--engine", "triton", "--repeat", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "triton" in result.output and "matches the reference" in result.output
 
@@ -127,17 +128,20 @@ def _no_traceback(result):
 
 
 def test_run_checks_relative_to_the_outputs_scale_with_initialised_weights(tmp_path):
-    result = CliRunner().invoke(main, ["run", str(_mlp_file(tmp_path)), "--device", "cpu", "--engine", "torch",
-                                       "--repeat", "1"])
+    result = CliRunner().invoke(
+        main, ["run", str(_mlp_file(tmp_path)), "--device", "cpu", "--engine", "torch", "--repeat", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "matches the reference" in result.output and "largest |output|" in result.output
 
 
 def test_run_still_catches_a_wrong_engine(tmp_path, custom_ops_restored):
     mod = tmp_path / "wrong_ops.py"
-    mod.write_text("import numpy as np\nimport opgraph as og\n"
-                   "og.register_custom_op('twice', num_inputs=1, reference=lambda x: 2 * x,\n"
-                   "                      torch=lambda x: 2.001 * x, pointwise=True)\n")
+    mod.write_text(
+        "import numpy as np\nimport opgraph as og\n"
+        "og.register_custom_op('twice', num_inputs=1, reference=lambda x: 2 * x,\n"
+        "                      torch=lambda x: 2.001 * x, pointwise=True)\n"
+    )
     g = og.Graph("custom", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[4, 8], name="x")
     og.register_custom_op("twice", num_inputs=1, reference=lambda x: 2 * x, pointwise=True)
@@ -147,8 +151,9 @@ def test_run_still_catches_a_wrong_engine(tmp_path, custom_ops_restored):
     og.ops.custom.CUSTOM_OPS.pop("twice")
     missing = CliRunner().invoke(main, ["check", str(path)])
     assert missing.exit_code == 1 and "twice" in missing.output
-    result = CliRunner().invoke(main, ["run", str(path), "--device", "cpu", "--engine", "torch", "--repeat", "1",
-                                       "--import", str(mod)])
+    result = CliRunner().invoke(
+        main, ["run", str(path), "--device", "cpu", "--engine", "torch", "--repeat", "1", "--import", str(mod)]
+    )
     assert result.exit_code == 1, result.output
     assert "DOES NOT match the reference" in result.output and "mismatch" in result.output
 
@@ -167,8 +172,9 @@ def test_explain_shows_the_knobs_and_the_main_not_fused_reason_first(tmp_path):
 
     if not interpreter_available():
         pytest.skip("needs Triton's interpreter")
-    result = CliRunner().invoke(main, ["explain", str(_mlp_file(tmp_path, 32, 64)), "--device", "cpu",
-                                       "--engine", "triton"])
+    result = CliRunner().invoke(
+        main, ["explain", str(_mlp_file(tmp_path, 32, 64)), "--device", "cpu", "--engine", "triton"]
+    )
     assert result.exit_code == 0, result.output
     assert "triton[template=rownorm" in result.output and "triton[template=matmul" in result.output
     cuts = [line for line in result.output.splitlines() if "not fused" in line]
@@ -203,8 +209,11 @@ def test_user_mistakes_are_one_line_errors_without_tracebacks(tmp_path):
         assert result.exit_code == 2 and "Invalid value" in result.output, (args, result.output)
         _no_traceback(result)
     if not cuda_usable():
-        for args in (["run", path, "--device", "cuda"], ["engines", "--device", "cuda"],
-                     ["explain", path, "--device", "cuda:0"]):
+        for args in (
+            ["run", path, "--device", "cuda"],
+            ["engines", "--device", "cuda"],
+            ["explain", path, "--device", "cuda:0"],
+        ):
             result = CliRunner().invoke(main, args)
             assert result.exit_code == 1, (args, result.output)
             assert "no CUDA GPU is usable here [rule device.unavailable]" in result.output
@@ -230,10 +239,13 @@ def test_check_lists_every_schema_problem_at_once_with_suggestions(tmp_path):
 
 
 def test_a_hand_written_file_needs_only_what_the_python_api_needs(tmp_path):
-    doc = {"format": "opgraph.graph", "version": 1, "io_data_type": "FLOAT",
-           "tensors": [{"uid": 1, "name": "x", "dim": [2, 3]}, {"uid": 2, "name": "y"}],
-           "ops": [{"op": "pointwise", "attrs": {"mode": "RELU_FWD"}, "inputs": {"input0": 1},
-                    "outputs": {"output": 2}}]}
+    doc = {
+        "format": "opgraph.graph",
+        "version": 1,
+        "io_data_type": "FLOAT",
+        "tensors": [{"uid": 1, "name": "x", "dim": [2, 3]}, {"uid": 2, "name": "y"}],
+        "ops": [{"op": "pointwise", "attrs": {"mode": "RELU_FWD"}, "inputs": {"input0": 1}, "outputs": {"output": 2}}],
+    }
     path = tmp_path / "mini.json"
     path.write_text(json.dumps(doc))
     result = CliRunner().invoke(main, ["check", str(path)])
@@ -277,8 +289,7 @@ def test_python_dash_m_opgraph_and_the_version():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "opgraph", "--version"], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "opgraph", "--version"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"opgraph, version {og.__version__}"
 
@@ -300,6 +311,7 @@ def test_on_the_cpu_demo_and_run_check_generated_kernels_against_the_reference(t
     run = CliRunner().invoke(main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--repeat", "1"])
     assert run.exit_code == 0, run.output
     assert "step 0: triton[" in run.output and "matches the reference" in run.output
-    ref = CliRunner().invoke(main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--repeat", "1",
-                                    "--engine", "reference"])
+    ref = CliRunner().invoke(
+        main, ["run", str(_graph_file(tmp_path)), "--device", "cpu", "--repeat", "1", "--engine", "reference"]
+    )
     assert ref.exit_code == 0 and "step 0: reference" in ref.output

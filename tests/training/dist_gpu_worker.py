@@ -34,18 +34,30 @@ def main(argv: list[str]) -> None:
         models = {k: copy.deepcopy(base) for k in ("dp", "zero", "ddp")}
         gen = torch.Generator().manual_seed(1)
         per = GLOBAL_BATCH // world * 2
-        data = [(torch.randn(per * world, 3, 6, 6, generator=gen), torch.randint(0, 5, (per * world,), generator=gen))
-                for _ in range(3)]
-        shards = [(x[rank * per:(rank + 1) * per].cuda(), y[rank * per:(rank + 1) * per].cuda()) for x, y in data]
-        steps = {k: train_step(og.from_torch(models[k], (shards[0][0],)), "cross_entropy", SGD(0.1, momentum=0.9),
-                               grad_clip_norm=0.5, process_group=dist.group.WORLD, bucket_cap_mb=400 / 2**20,
-                               zero=(k == "zero")) for k in ("dp", "zero")}
+        data = [
+            (torch.randn(per * world, 3, 6, 6, generator=gen), torch.randint(0, 5, (per * world,), generator=gen))
+            for _ in range(3)
+        ]
+        shards = [(x[rank * per : (rank + 1) * per].cuda(), y[rank * per : (rank + 1) * per].cuda()) for x, y in data]
+        steps = {
+            k: train_step(
+                og.from_torch(models[k], (shards[0][0],)),
+                "cross_entropy",
+                SGD(0.1, momentum=0.9),
+                grad_clip_norm=0.5,
+                process_group=dist.group.WORLD,
+                bucket_cap_mb=400 / 2**20,
+                zero=(k == "zero"),
+            )
+            for k in ("dp", "zero")
+        }
         assert sum(n.kind == "all_reduce" for n in steps["dp"].graph.final.nodes) >= 2
         if rank == 0:
             print(steps["dp"].build("cuda").describe())
         captured = {k: s.capture(*shards[0]) for k, s in steps.items()}
-        ddp = torch.nn.parallel.DistributedDataParallel(models["ddp"], device_ids=[rank], broadcast_buffers=False,
-                                                        bucket_cap_mb=400 / 2**20)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            models["ddp"], device_ids=[rank], broadcast_buffers=False, bucket_cap_mb=400 / 2**20
+        )
         topt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)  # (not AdamW: the conv biases before
         # batchnorm get rounding noise as gradients, which Adam's normalisation would turn into lr-sized steps)
         for i, (x, y) in enumerate(shards):

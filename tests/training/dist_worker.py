@@ -27,16 +27,36 @@ def cnn(dtype):
     from torch import nn
 
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
-                         nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(4, 5)).to(dtype).train()
+    return (
+        nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 5),
+        )
+        .to(dtype)
+        .train()
+    )
 
 
 # name -> (model, optimizer, grad_clip_norm, bucket_cap_mb, dtype name, engines, zero)
 SCENARIOS = {
     "mlp_sgd": ("mlp", "sgd", None, 25.0, "float64", None, False),
     "mlp_sgd_clip": ("mlp", "sgd", 0.5, 25.0, "float64", None, False),
-    "mlp_adamw_buckets": ("mlp", "adamw", None, 100 / 2**20, "float64", None, False),  # ~100 bytes: a tensor or two each
+    "mlp_adamw_buckets": (
+        "mlp",
+        "adamw",
+        None,
+        100 / 2**20,
+        "float64",
+        None,
+        False,
+    ),  # ~100 bytes: a tensor or two each
     "mlp_adamw_clip_buckets": ("mlp", "adamw", 0.5, 300 / 2**20, "float64", None, False),
     "mlp_adamw_f32_torch": ("mlp", "adamw", 0.5, 200 / 2**20, "float32", ["torch"], False),
     "mlp_sgd_zero": ("mlp", "sgd", None, 300 / 2**20, "float64", None, True),
@@ -61,8 +81,9 @@ def torch_optimizer(opt, params):
 
     h = opt.hyper
     if isinstance(opt, AdamW):
-        return torch.optim.AdamW(params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                                 weight_decay=h["weight_decay"])
+        return torch.optim.AdamW(
+            params, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"], weight_decay=h["weight_decay"]
+        )
     return torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"])
 
 
@@ -71,8 +92,10 @@ def batches(kind, dtype):
 
     g = torch.Generator().manual_seed(1)
     shape = (GLOBAL_BATCH, 6) if kind == "mlp" else (GLOBAL_BATCH, 3, 6, 6)
-    return [(torch.randn(*shape, generator=g, dtype=dtype), torch.randint(0, 5, (GLOBAL_BATCH,), generator=g))
-            for _ in range(STEPS)]
+    return [
+        (torch.randn(*shape, generator=g, dtype=dtype), torch.randint(0, 5, (GLOBAL_BATCH,), generator=g))
+        for _ in range(STEPS)
+    ]
 
 
 def torch_steps(model, opt, data, clip):
@@ -107,14 +130,25 @@ def run(name, rank, world):
     start = copy.deepcopy(model)
     data = batches(kind, dtype)
     per = GLOBAL_BATCH // world
-    shards = [(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]) for x, y in data]
+    shards = [(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]) for x, y in data]
     opt = optimizer(opt_name)
-    step = train_step(og.from_torch(model, (shards[0][0],)), "cross_entropy", opt, grad_clip_norm=clip,
-                      process_group=dist.group.WORLD, bucket_cap_mb=cap, zero=zero)
+    step = train_step(
+        og.from_torch(model, (shards[0][0],)),
+        "cross_entropy",
+        opt,
+        grad_clip_norm=clip,
+        process_group=dist.group.WORLD,
+        bucket_cap_mb=cap,
+        zero=zero,
+    )
     if engines is not None:
         step.build("cpu", engines=engines)
-    out = {"buckets": sum(1 for n in step.graph.final.nodes if n.kind == "all_reduce"), "losses": [], "params": [],
-           "norms": []}
+    out = {
+        "buckets": sum(1 for n in step.graph.final.nodes if n.kind == "all_reduce"),
+        "losses": [],
+        "params": [],
+        "norms": [],
+    }
     for x, y in shards:
         out["losses"].append(float(step.run(x, y)))
         out["params"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
@@ -122,12 +156,15 @@ def run(name, rank, world):
     out["state"] = {s.key: sorted(step.param_state(s.key)) for s in step.params}
     out["updates"] = sum(1 for n in step.graph.final.nodes if ".update." in n.name)
     if kind == "cnn":  # DDP semantics: per-rank batch statistics; torch DDP (no buffer broadcast) as the reference
-        twin = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(start), broadcast_buffers=False,
-                                                         bucket_cap_mb=cap)
+        twin = torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(start), broadcast_buffers=False, bucket_cap_mb=cap
+        )
         out["ddp_losses"], out["ddp_params"], out["ddp_norms"] = torch_steps(twin, optimizer(opt_name), shards, clip)
         out["ddp_params"] = [{k.removeprefix("module."): v for k, v in p.items()} for p in out["ddp_params"]]
     if rank == 0:  # one process, the global batch
-        out["global_losses"], out["global_params"], out["global_norms"] = torch_steps(copy.deepcopy(start), optimizer(opt_name), data, clip)
+        out["global_losses"], out["global_params"], out["global_norms"] = torch_steps(
+            copy.deepcopy(start), optimizer(opt_name), data, clip
+        )
     return out
 
 

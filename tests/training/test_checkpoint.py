@@ -25,8 +25,18 @@ INIT_SCALE = 2.0**15  # (fp16: a step skipped before the split and after it; the
 
 def cnn(seed: int = 0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(4, 3)).double().train()
+    return (
+        nn.Sequential(
+            nn.Conv2d(2, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 3),
+        )
+        .double()
+        .train()
+    )
 
 
 def mlp(seed: int = 0, dtype=torch.float64):
@@ -36,11 +46,21 @@ def mlp(seed: int = 0, dtype=torch.float64):
 
 # name -> (model factory, input shape, train_step options)
 CASES = {
-    "sgd_nesterov_batchnorm": (cnn, (4, 2, 5, 5), lambda: dict(optimizer=SGD(0.05, momentum=0.9, nesterov=True,
-                                                                              weight_decay=0.01))),
-    "adamw_fp16_clip": (lambda seed=0: mlp(seed, torch.float32), (8, 6),
-                        lambda: dict(optimizer=AdamW(1e-2), mixed_precision="fp16", grad_clip_norm=1.0,
-                                     loss_scale={"init_scale": INIT_SCALE, "growth_interval": 3})),
+    "sgd_nesterov_batchnorm": (
+        cnn,
+        (4, 2, 5, 5),
+        lambda: dict(optimizer=SGD(0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    ),
+    "adamw_fp16_clip": (
+        lambda seed=0: mlp(seed, torch.float32),
+        (8, 6),
+        lambda: dict(
+            optimizer=AdamW(1e-2),
+            mixed_precision="fp16",
+            grad_clip_norm=1.0,
+            loss_scale={"init_scale": INIT_SCALE, "growth_interval": 3},
+        ),
+    ),
 }
 
 
@@ -99,8 +119,14 @@ def test_resumed_run_continues_bit_for_bit_in_a_new_process(case, tmp_path):
         assert saved["step"] < SPLIT
     torch.save(saved, tmp_path / "ckpt.pt")
     code = "import sys; from tests.training.test_checkpoint import main; main(*sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, case, str(tmp_path / "ckpt.pt"), str(tmp_path / "out.pt")],
-                          capture_output=True, text=True, env=example_env(), cwd=str(ROOT), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, case, str(tmp_path / "ckpt.pt"), str(tmp_path / "out.pt")],
+        capture_output=True,
+        text=True,
+        env=example_env(),
+        cwd=str(ROOT),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = torch.load(tmp_path / "out.pt", weights_only=True)
     assert_same_state(resumed["loaded"], saved)  # what was loaded is what was saved, counters included
@@ -115,8 +141,13 @@ def test_state_dict_layout_is_torch_optims():
     model, step = make_step("adamw_fp16_clip")
     sd = step.state_dict()
     assert sd["optimizer"]["state"] == {} and sd["step"] == 0  # torch's lazily made state
-    assert sd["loss_scale"] == {"scale": INIT_SCALE, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
-                                "_growth_tracker": 0}
+    assert sd["loss_scale"] == {
+        "scale": INIT_SCALE,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 3,
+        "_growth_tracker": 0,
+    }
     run("adamw_fp16_clip", step, 0, 3)
     sd = step.state_dict()
     want = torch.optim.AdamW(model.parameters(), lr=1e-2).state_dict()["param_groups"]
@@ -136,10 +167,14 @@ def test_state_dict_layout_is_torch_optims():
 # -- between a training step and torch.optim -------------------------------------------------------------------
 
 OPTIMIZERS = {
-    "adamw": (lambda: AdamW(3e-3, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1),
-              lambda params: torch.optim.AdamW(params, lr=1.0)),
-    "sgd": (lambda: SGD(0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
-            lambda params: torch.optim.SGD(params, lr=1.0, momentum=0.5, nesterov=True, weight_decay=0.5)),
+    "adamw": (
+        lambda: AdamW(3e-3, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1),
+        lambda params: torch.optim.AdamW(params, lr=1.0),
+    ),
+    "sgd": (
+        lambda: SGD(0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda params: torch.optim.SGD(params, lr=1.0, momentum=0.5, nesterov=True, weight_decay=0.5),
+    ),
 }
 
 
@@ -190,12 +225,22 @@ def test_torch_optim_checkpoint_loads_into_a_step(name):
     eager = mlp()
     hyper = make_opt().hyper
     if name == "adamw":
-        topt = torch.optim.AdamW(eager.parameters(), lr=hyper["lr"], betas=(hyper["beta1"], hyper["beta2"]),
-                                 eps=hyper["eps"], weight_decay=hyper["weight_decay"])
+        topt = torch.optim.AdamW(
+            eager.parameters(),
+            lr=hyper["lr"],
+            betas=(hyper["beta1"], hyper["beta2"]),
+            eps=hyper["eps"],
+            weight_decay=hyper["weight_decay"],
+        )
         other = AdamW(1.0)
     else:
-        topt = torch.optim.SGD(eager.parameters(), lr=hyper["lr"], momentum=hyper["momentum"], nesterov=True,
-                               weight_decay=hyper["weight_decay"])
+        topt = torch.optim.SGD(
+            eager.parameters(),
+            lr=hyper["lr"],
+            momentum=hyper["momentum"],
+            nesterov=True,
+            weight_decay=hyper["weight_decay"],
+        )
         other = SGD(1.0, momentum=0.1, nesterov=True, weight_decay=0.3)
     x = torch.randn(8, 6, dtype=torch.float64)
     y = torch.arange(8) % 3
@@ -225,8 +270,9 @@ def test_grad_scaler_state_loads_into_an_fp16_step():
     scaler._growth_tracker.fill_(2)
     eager = copy.deepcopy(model)
     topt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    step.load_state_dict({"model": eager.state_dict(), "optimizer": topt.state_dict(),
-                          "loss_scale": scaler.state_dict()})
+    step.load_state_dict(
+        {"model": eager.state_dict(), "optimizer": topt.state_dict(), "loss_scale": scaler.state_dict()}
+    )
     assert step.loss_scale == 1024.0 and step.state_dict()["loss_scale"]["_growth_tracker"] == 2
     step.run(*batch("adamw_fp16_clip", 0))
     assert step.loss_scale == 2048.0  # the third clean step in a row grows it
@@ -277,32 +323,60 @@ BAD = {
     "unknown_key": (_with(lambda sd: sd.update(epoch=3)), "epoch", ["unknown"]),
     "missing_optimizer": (_with(lambda sd: sd.pop("optimizer")), "optimizer", ["missing"]),
     "missing_model_key": (_with(lambda sd: sd["model"].pop("3.bias")), "model.3.bias", ["missing"]),
-    "unexpected_model_key": (_with(lambda sd: sd["model"].update({"_orig_mod.0.weight": torch.zeros(1)})),
-                             "model._orig_mod.0.weight", ["unexpected"]),
-    "model_shape": (_with(lambda sd: sd["model"].update({"0.weight": torch.zeros(12, 7)})), "model.0.weight",
-                    ["[12, 7]"]),
-    "state_shape": (_with(lambda sd: sd["optimizer"]["state"][1].update(exp_avg=torch.zeros(3))),
-                    "optimizer.state[1].exp_avg", ["'0.bias'"]),
-    "param_count": (_with(lambda sd: sd["optimizer"]["param_groups"][0].update(params=[0, 1])),
-                    "optimizer.param_groups.params", ["2 parameters"]),
-    "two_groups": (_with(lambda sd: sd["optimizer"]["param_groups"].append({})), "optimizer.param_groups",
-                   ["one parameter group"]),
+    "unexpected_model_key": (
+        _with(lambda sd: sd["model"].update({"_orig_mod.0.weight": torch.zeros(1)})),
+        "model._orig_mod.0.weight",
+        ["unexpected"],
+    ),
+    "model_shape": (
+        _with(lambda sd: sd["model"].update({"0.weight": torch.zeros(12, 7)})),
+        "model.0.weight",
+        ["[12, 7]"],
+    ),
+    "state_shape": (
+        _with(lambda sd: sd["optimizer"]["state"][1].update(exp_avg=torch.zeros(3))),
+        "optimizer.state[1].exp_avg",
+        ["'0.bias'"],
+    ),
+    "param_count": (
+        _with(lambda sd: sd["optimizer"]["param_groups"][0].update(params=[0, 1])),
+        "optimizer.param_groups.params",
+        ["2 parameters"],
+    ),
+    "two_groups": (
+        _with(lambda sd: sd["optimizer"]["param_groups"].append({})),
+        "optimizer.param_groups",
+        ["one parameter group"],
+    ),
     "sgd_into_adamw": (_sgd_state, "optimizer.param_groups", ["SGD's", "AdamW"]),
     "adam_coupled_decay": (lambda step: _adam_state(step, weight_decay=0.1), "optimizer.param_groups", ["Adam's"]),
-    "amsgrad": (lambda step: _adam_state(step, amsgrad=True, weight_decay=0.0), "optimizer.param_groups.amsgrad",
-                ["amsgrad"]),
-    "another_optimizers_state": (_with(lambda sd: sd["optimizer"]["state"][0].update(momentum_buffer=torch.zeros(1))),
-                                 "optimizer.state[0]", ["another optimizer"]),
-    "partial_state": (_with(lambda sd: sd["optimizer"]["state"][0].pop("exp_avg_sq")), "optimizer.state[0]",
-                      ["lacks"]),
-    "string_state_keys": (_with(lambda sd: sd["optimizer"].update(state={str(k): v for k, v in
-                                                                        sd["optimizer"]["state"].items()})),
-                          "optimizer.state", ["'0'"]),
-    "steps_differ": (_with(lambda sd: sd["optimizer"]["state"][0].update(step=torch.tensor(99.0))),
-                     "optimizer.state", ["differ"]),
+    "amsgrad": (
+        lambda step: _adam_state(step, amsgrad=True, weight_decay=0.0),
+        "optimizer.param_groups.amsgrad",
+        ["amsgrad"],
+    ),
+    "another_optimizers_state": (
+        _with(lambda sd: sd["optimizer"]["state"][0].update(momentum_buffer=torch.zeros(1))),
+        "optimizer.state[0]",
+        ["another optimizer"],
+    ),
+    "partial_state": (_with(lambda sd: sd["optimizer"]["state"][0].pop("exp_avg_sq")), "optimizer.state[0]", ["lacks"]),
+    "string_state_keys": (
+        _with(lambda sd: sd["optimizer"].update(state={str(k): v for k, v in sd["optimizer"]["state"].items()})),
+        "optimizer.state",
+        ["'0'"],
+    ),
+    "steps_differ": (
+        _with(lambda sd: sd["optimizer"]["state"][0].update(step=torch.tensor(99.0))),
+        "optimizer.state",
+        ["differ"],
+    ),
     "step_disagrees": (_with(lambda sd: sd.update(step=5)), "step", ["5"]),
-    "scaler_settings": (_with(lambda sd: sd["loss_scale"].update(growth_interval=2000)), "loss_scale.growth_interval",
-                        ["2000"]),
+    "scaler_settings": (
+        _with(lambda sd: sd["loss_scale"].update(growth_interval=2000)),
+        "loss_scale.growth_interval",
+        ["2000"],
+    ),
     "missing_loss_scale": (_with(lambda sd: sd.pop("loss_scale")), "loss_scale", ["missing"]),
 }
 

@@ -25,8 +25,15 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-MLP = ["mlp_sgd", "mlp_sgd_clip", "mlp_adamw_buckets", "mlp_adamw_clip_buckets", "mlp_adamw_f32_torch",
-       "mlp_sgd_zero", "mlp_adamw_clip_zero"]
+MLP = [
+    "mlp_sgd",
+    "mlp_sgd_clip",
+    "mlp_adamw_buckets",
+    "mlp_adamw_clip_buckets",
+    "mlp_adamw_f32_torch",
+    "mlp_sgd_zero",
+    "mlp_adamw_clip_zero",
+]
 CNN = ["cnn_sgd_bn", "cnn_adamw_bn_clip"]
 TOL = {"float64": 1e-10, "float32": 2e-5}
 
@@ -34,11 +41,32 @@ TOL = {"float64": 1e-10, "float32": 2e-5}
 def launch(tmp_path: Path, names: list[str], world: int = 2, timeout: float = 240) -> list[dict]:
     """Run the worker on `world` ranks; each rank's results."""
     init = tmp_path / "store"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.training.dist_worker", str(r), str(world), str(init),
-                               str(tmp_path / f"rank{r}.pt"), *names], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "NCCL_NVLS_ENABLE": "0",
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.training.dist_worker",
+                str(r),
+                str(world),
+                str(init),
+                str(tmp_path / f"rank{r}.pt"),
+                *names,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     logs = []
     try:
         for p in procs:
@@ -171,11 +199,24 @@ def test_bucket_cap_and_an_uninitialized_group_are_refused():
 
 
 def launch_gpus(tmp_path: Path, world: int) -> None:
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.training.dist_gpu_worker", str(r), str(world),
-                               str(tmp_path / "store")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    env = {
+        **os.environ,
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.training.dist_gpu_worker", str(r), str(world), str(tmp_path / "store")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     try:
         logs = [p.communicate(timeout=540)[0] for p in procs]
     except subprocess.TimeoutExpired:

@@ -48,9 +48,11 @@ def too_big(node: Node, tensors: Mapping[int, TensorDesc]) -> str | None:
         desc = tensors[uid]
         size = math.prod(desc.dim) * 8
         if size > budget:
-            return (f"{desc.label()} has {math.prod(desc.dim):,} logical elements ({list(desc.dim)}): the reference "
-                    f"engine computes on float64 arrays of logical dims, {size / 2**30:,.0f} GiB, more than the "
-                    f"{budget / 2**30:,.0f} GiB this machine allows it")
+            return (
+                f"{desc.label()} has {math.prod(desc.dim):,} logical elements ({list(desc.dim)}): the reference "
+                f"engine computes on float64 arrays of logical dims, {size / 2**30:,.0f} GiB, more than the "
+                f"{budget / 2**30:,.0f} GiB this machine allows it"
+            )
     return None
 
 
@@ -60,9 +62,13 @@ def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.nda
     allocated (ExecutionError, rule reference.memory)."""
     why = too_big(node, tensors)
     if why is not None:
-        raise ExecutionError(why, op=node.label(), rule="reference.memory",
-                             hint="run it on another engine (a GPU's), or with smaller dims; OPGRAPH_REFERENCE_MAX_GB "
-                             "raises the limit where the machine has the memory")
+        raise ExecutionError(
+            why,
+            op=node.label(),
+            rule="reference.memory",
+            hint="run it on another engine (a GPU's), or with smaller dims; OPGRAPH_REFERENCE_MAX_GB "
+            "raises the limit where the machine has the memory",
+        )
     ins: list[np.ndarray | None] = []
     for v in node.inputs:
         if v is None:

@@ -101,8 +101,11 @@ def memory_views(piece: Piece) -> dict[int, View] | Support:
         if src in views:
             v = view_of(node, views[src].desc, views[src].base, views[src].offset, out)
         elif src in produced:
-            return Support.no(f"{node.label()} takes a computed value; a slice/transpose is read in place "
-                              "from a tensor in memory only", node)
+            return Support.no(
+                f"{node.label()} takes a computed value; a slice/transpose is read in place "
+                "from a tensor in memory only",
+                node,
+            )
         else:
             v = view_of(node, piece.tensor(src), src, 0, out)
         if isinstance(v, str):
@@ -129,7 +132,7 @@ def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | 
     """The piece's slices/transposes/reshapes, which must be chains from tensors in memory ending at
     operands of `node` that the kernel reads from memory (sdpa: q, k, v; sdpa_backward: q, k, v, o,
     dO): those operands' Views by UID."""
-    before = piece.nodes[:piece.nodes.index(node)]
+    before = piece.nodes[: piece.nodes.index(node)]
     chain = [n for n in before if n.kind in VIEW_KINDS]
     if not chain:
         return {}
@@ -142,15 +145,24 @@ def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | 
     for n in chain:
         out = n.output_uids()[0]
         if out in piece.outputs:
-            return Support.no(f"{n.label()}: its result is needed outside the kernel; the {template} template "
-                              "reads views in place and stores none", n)
+            return Support.no(
+                f"{n.label()}: its result is needed outside the kernel; the {template} template "
+                "reads views in place and stores none",
+                n,
+            )
         for r in readers.get(out, []):
             if r is node and out not in operands:
-                return Support.no(f"{n.label()} feeds {node.label()} where the {template} template reads no views "
-                                  f"(only {', '.join(roles)})", n)
+                return Support.no(
+                    f"{n.label()} feeds {node.label()} where the {template} template reads no views "
+                    f"(only {', '.join(roles)})",
+                    n,
+                )
             if r is not node and r.kind not in VIEW_KINDS:
-                return Support.no(f"{n.label()} feeds {r.label()}; the {template} template reads views only as "
-                                  f"{node.label()}'s operands, not in prologues", n)
+                return Support.no(
+                    f"{n.label()} feeds {r.label()}; the {template} template reads views only as "
+                    f"{node.label()}'s operands, not in prologues",
+                    n,
+                )
     return {u: v for u, v in views.items() if u in operands}
 
 
@@ -158,7 +170,7 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
     """Where sdpa_backward's dQ/dK/dV go when the piece holds ops after it: each gradient through a
     chain of transposes and reshapes to a tensor in memory, or on into its slot of a concatenation of
     all of them; the memory each gradient is written to, as a View, by gradient UID."""
-    after = piece.nodes[piece.nodes.index(node) + 1:]
+    after = piece.nodes[piece.nodes.index(node) + 1 :]
     if not after:
         return {}
     readers = _readers(piece)
@@ -166,8 +178,11 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
     bad = next((n for n in after if n.kind not in ("transpose", "reshape", "concatenate")), None)
     if bad is not None or len(concat) > 1:
         bad = bad or concat[1]
-        return Support.no(f"the {template} template writes dQ, dK and dV through transposes and reshapes (and one "
-                          f"concatenation of them); {bad.label()} makes its own piece", bad)
+        return Support.no(
+            f"the {template} template writes dQ, dK and dV through transposes and reshapes (and one "
+            f"concatenation of them); {bad.label()} makes its own piece",
+            bad,
+        )
     chains: dict[int, list[Node]] = {}
     ends: dict[int, int] = {}  # chain end uid -> gradient uid
     for role in ("dQ", "dK", "dV"):
@@ -180,12 +195,18 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
             if not nxt:
                 break
             if len(nxt) > 1 or u in piece.outputs:
-                return Support.no(f"{piece.tensor(u).label()} is read twice or also stored; the {template} template "
-                                  "writes each gradient once", nxt[0])
+                return Support.no(
+                    f"{piece.tensor(u).label()} is read twice or also stored; the {template} template "
+                    "writes each gradient once",
+                    nxt[0],
+                )
             kept = piece.tensor(nxt[0].output_uids()[0]).data_type is piece.tensor(g).data_type
             if not kept:  # (the kernel writes the gradient's own type: a rounding on the way would be skipped)
-                return Support.no(f"{nxt[0].label()} changes the data type of {piece.tensor(g).label()}; the {template} "
-                                  "template writes each gradient in its own type", nxt[0])
+                return Support.no(
+                    f"{nxt[0].label()} changes the data type of {piece.tensor(g).label()}; the {template} "
+                    "template writes each gradient in its own type",
+                    nxt[0],
+                )
             if nxt[0].kind == "concatenate":
                 break
             chain.append(nxt[0])
@@ -195,18 +216,26 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
     on = {id(n) for ch in chains.values() for n in ch} | {id(n) for n in concat}
     stray = next((n for n in after if id(n) not in on), None)
     if stray is not None:
-        return Support.no(f"{stray.label()} does not move {node.label()}'s gradients; the {template} template writes "
-                          "only those", stray)
+        return Support.no(
+            f"{stray.label()} does not move {node.label()}'s gradients; the {template} template writes only those",
+            stray,
+        )
     out: dict[int, View] = {}
     if concat:
         c = concat[0]
         if set(c.input_uids()) != set(ends) or len(c.input_uids()) != len(ends):
-            return Support.no(f"{c.label()} joins other tensors than {node.label()}'s gradients; the {template} "
-                              "template writes only those", c)
+            return Support.no(
+                f"{c.label()} joins other tensors than {node.label()}'s gradients; the {template} "
+                "template writes only those",
+                c,
+            )
         y = piece.tensor(c.output_uids()[0])
         if y.uid not in piece.outputs:
-            return Support.no(f"{c.label()}: its result is read in the piece; the {template} template writes the "
-                              "gradients' concatenation to memory only", c)
+            return Support.no(
+                f"{c.label()}: its result is read in the piece; the {template} template writes the "
+                "gradients' concatenation to memory only",
+                c,
+            )
         axis = c.op.axis % len(y.dim)  # type: ignore[attr-defined]
         at = 0
         for u in c.input_uids():
@@ -219,8 +248,11 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
             src = piece.tensor(n.input_uids()[0])
             strides = _inverse_strides(n, view.desc, src)
             if strides is None:
-                return Support.no(f"{n.label()} regroups axes whose strides are not one run; the {template} template "
-                                  "cannot write its input in place", n)
+                return Support.no(
+                    f"{n.label()} regroups axes whose strides are not one run; the {template} template "
+                    "cannot write its input in place",
+                    n,
+                )
             view = View(view.base, view.offset, TensorDesc(src.uid, "", src.dim, strides, src.data_type))
         if view.base != g:
             out[g] = view

@@ -70,8 +70,11 @@ def _torch_device(device: Device) -> Any:
 
 def host_ops(piece: Piece) -> list[str]:
     """Labels of the piece's ops that have no torch mapping (they run on the host)."""
-    return [n.label() for n in piece.nodes
-            if n.kind not in IMPLS or (isinstance(n.op, Custom) and n.op.definition.torch is None)]
+    return [
+        n.label()
+        for n in piece.nodes
+        if n.kind not in IMPLS or (isinstance(n.op, Custom) and n.op.definition.torch is None)
+    ]
 
 
 def _tensor_core_ops(piece: Piece) -> bool:
@@ -95,8 +98,10 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     tensor_cores = device.is_cuda and _tensor_core_ops(piece)
     if tensor_cores:
         numerical.add(NumericalNote.TENSOR_CORE)
-    if device.is_cuda and any(n.kind in _GEMM and piece.graph.tensors[n.output_uids()[0]].data_type in
-                              (DataType.FLOAT, DataType.DOUBLE) for n in piece.nodes):
+    if device.is_cuda and any(
+        n.kind in _GEMM and piece.graph.tensors[n.output_uids()[0]].data_type in (DataType.FLOAT, DataType.DOUBLE)
+        for n in piece.nodes
+    ):
         # cuDNN/cuBLAS fp32 results carry TF32-level error even with PyTorch's TF32 flags pinned off
         # (bench/results/constants.md#torch-fp32-gemms), so say so rather than promise fp32
         numerical.add(NumericalNote.DOWN_CONVERT_INPUTS)
@@ -111,8 +116,14 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     why = f"op by op through PyTorch on {device.kind} ({len(piece.nodes)} op(s))"
     if fallback:
         why += "; on the host through the reference engine (no torch mapping): " + ", ".join(fallback)
-    return EngineConfig("torch", (), frozenset(numerical), frozenset(behavior),
-                        estimate_us=estimate_us(piece, device, tensor_cores), why=why)
+    return EngineConfig(
+        "torch",
+        (),
+        frozenset(numerical),
+        frozenset(behavior),
+        estimate_us=estimate_us(piece, device, tensor_cores),
+        why=why,
+    )
 
 
 class TorchKernel(Kernel):
@@ -161,7 +172,8 @@ class TorchKernel(Kernel):
             return impl(call)
         except (RuntimeError, TypeError, ValueError, NotImplementedError) as err:
             raise ExecutionError(
-                f"PyTorch failed on {self.device}: {type(err).__name__}: {err}", op=node.label(),
+                f"PyTorch failed on {self.device}: {type(err).__name__}: {err}",
+                op=node.label(),
                 rule="torch.op_failed",
                 hint="build without the 'torch' engine for this graph (e.g. engines=['reference'] on the CPU), "
                 "and report the graph (opgraph JSON) so the torch mapping can be fixed",

@@ -111,8 +111,10 @@ def evaluate(mod: ScoreMod, score: Any, inputs: list[Any], grad: Any = None) -> 
             shape[axis] = ops[0].shape[axis]
             values.append(torch.arange(shape[axis], dtype=score.dtype, device=score.device).reshape(shape))
             continue
-        params = {p: (torch.tensor(d, dtype=score.dtype, device=score.device) if v is None else v)
-                  for (p, d), v in zip(info.params, ops[info.arity:])}
+        params = {
+            p: (torch.tensor(d, dtype=score.dtype, device=score.device) if v is None else v)
+            for (p, d), v in zip(info.params, ops[info.arity :])
+        }
         out = formula(node.mode)(*ops[: info.arity], **params)
         values.append(out.to(score.dtype) if out.dtype == torch.bool else out)
     return torch.broadcast_to(value(mod.result), score.shape)
@@ -269,8 +271,11 @@ _INT_ROLES = ("seq_len_q", "seq_len_kv", "dropout_seed", "dropout_offset", "bloc
 
 
 def _inputs(call: Call, cd: Any) -> dict[str, Any]:
-    return {r: (call.tensor(r, cd) if call.has(r) else None) for r in call.node.op.input_roles()
-            if r not in _INT_ROLES and not r.endswith("_ragged_offset") and not r.startswith("paged_attention")}
+    return {
+        r: (call.tensor(r, cd) if call.has(r) else None)
+        for r in call.node.op.input_roles()
+        if r not in _INT_ROLES and not r.endswith("_ragged_offset") and not r.startswith("paged_attention")
+    }
 
 
 def _scores(call: Call, a: dict[str, Any], cd: Any, b: int, sq: int, skv: int) -> tuple[Any, Any, Any]:
@@ -304,8 +309,9 @@ def _dropout_keep(call: Call, shape: tuple[int, ...]) -> Any:
     seed = call.tensor("dropout_seed", torch.int64).reshape(())
     offset = call.tensor("dropout_offset", torch.int64).reshape(())
     n = torch.arange(math.prod(shape), dtype=torch.int64, device=seed.device).reshape(shape)
-    return philox_uniform(seed, offset + n) >= torch.tensor(op.dropout_probability, dtype=torch.float32,
-                                                            device=seed.device)
+    return philox_uniform(seed, offset + n) >= torch.tensor(
+        op.dropout_probability, dtype=torch.float32, device=seed.device
+    )
 
 
 def _dropout(call: Call, shape: tuple[int, ...], a: dict[str, Any], cd: Any) -> Any:
@@ -357,11 +363,16 @@ def fast_path(call: Call) -> bool:
     op = call.node.op_as(_Attention)
     q, k = call.tensor_desc("q"), call.tensor_desc("k")
     backward = call.node.kind == "sdpa_backward"
-    return (not extensions(call.node) and op.score_mod is None and not op.use_padding_mask
-            and op.sliding_window_length is None
-            and op.dropout_probability is None and not call.has("dropout_mask")
-            and (backward or not call.wants("stats"))
-            and not (op.use_causal_mask_bottom_right and q.dim[2] > k.dim[2]))
+    return (
+        not extensions(call.node)
+        and op.score_mod is None
+        and not op.use_padding_mask
+        and op.sliding_window_length is None
+        and op.dropout_probability is None
+        and not call.has("dropout_mask")
+        and (backward or not call.wants("stats"))
+        and not (op.use_causal_mask_bottom_right and q.dim[2] > k.dim[2])
+    )
 
 
 def _fast_args(call: Call, dt: Any, t: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -426,17 +437,21 @@ def sdpa(call: Call) -> list[Any]:
     a = _inputs(call, cd)
     a.update({r: _dense(call, r, b, sq, skv, cd) for r in ("q", "k", "v")})
     _, s, _ = _scores(call, a, cd, b, sq, skv)
-    p, stats, m, total = _softmax(s, a.get("sink_token"), EMPTY_ROW_STATS[op.empty_row_stats],
-                                  _rows(call, b, sq, s.device))
+    p, stats, m, total = _softmax(
+        s, a.get("sink_token"), EMPTY_ROW_STATS[op.empty_row_stats], _rows(call, b, sq, s.device)
+    )
     keep = _dropout_keep(call, tuple(s.shape))
     drop = _dropout(call, tuple(s.shape), a, cd)
     if drop is not None:
         p = p * drop
     o = torch.matmul(p, _expand(a["v"], s.shape[1]))
-    return [_packed(call, "o", o), _packed(call, "stats", stats if call.wants("stats") else None),
-            _packed(call, "stats", m if call.wants("score_max") else None, "score_max"),
-            _packed(call, "stats", total if call.wants("score_sum_exp") else None, "score_sum_exp"),
-            keep.to(cd) if keep is not None and call.wants("rng_dump") else None]
+    return [
+        _packed(call, "o", o),
+        _packed(call, "stats", stats if call.wants("stats") else None),
+        _packed(call, "stats", m if call.wants("score_max") else None, "score_max"),
+        _packed(call, "stats", total if call.wants("score_sum_exp") else None, "score_sum_exp"),
+        keep.to(cd) if keep is not None and call.wants("rng_dump") else None,
+    ]
 
 
 @implements("sdpa_backward")

@@ -46,7 +46,7 @@ def causal_conv1d_backward(call: Call) -> list[Any]:
     length = x.shape[2]
     dx = F.conv1d(F.pad(dz, (0, k - 1)), w.flip(1).unsqueeze(1), groups=d)
     padded = F.pad(x, (k - 1, 0))
-    dw = torch.stack([(dz * padded[:, :, j:j + length]).sum(dim=(0, 2)) for j in range(k)], dim=1)
+    dw = torch.stack([(dz * padded[:, :, j : j + length]).sum(dim=(0, 2)) for j in range(k)], dim=1)
     out = call.out("dbias")
     db = None if out is None else dz.sum(dim=(0, 2)).reshape(out.dim)
     return [dx, dw, db]

@@ -54,7 +54,7 @@ def all_reduce_wait(call: Call) -> list[Any]:
     out, at = [], 0
     for s in op.shapes:
         n = math.prod(s)
-        out.append(flat[at:at + n].reshape(s))
+        out.append(flat[at : at + n].reshape(s))
         at += n
     return out
 
@@ -90,8 +90,9 @@ class CollectiveKernel(Kernel):
             compute = torch.cuda.current_stream(self.device)
             if node.kind == "all_reduce":
                 op = node.op_as(AllReduce)
-                torch.cat([as_torch(buffers[u], tensors[u], self.device).reshape(-1) for u in node.input_uids()],
-                          out=bucket)
+                torch.cat(
+                    [as_torch(buffers[u], tensors[u], self.device).reshape(-1) for u in node.input_uids()], out=bucket
+                )
                 comm = comm_stream(self.device)
                 comm.wait_stream(compute)
                 with torch.cuda.stream(comm):
@@ -111,7 +112,7 @@ class CollectiveKernel(Kernel):
                 n = math.prod(shape)
                 if uid is not None:
                     dst = as_torch(buffers[uid], tensors[uid], self.device)
-                    dst.copy_(bucket[at:at + n].reshape(shape))
+                    dst.copy_(bucket[at : at + n].reshape(shape))
                 at += n
 
 

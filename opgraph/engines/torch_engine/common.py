@@ -36,10 +36,12 @@ _E4M3_MAX = 448.0
 
 def implements(*kinds: str) -> Callable[[OpMapping], OpMapping]:
     """Decorator: register a mapping for op kinds."""
+
     def register(fn: OpMapping) -> OpMapping:
         for kind in kinds:
             IMPLS.register(kind, fn)
         return fn
+
     return register
 
 
@@ -49,8 +51,7 @@ def node_descs(node: Node, tensors: Mapping[int, TensorDesc]) -> list[TensorDesc
 
 def wide_compute(node: Node, tensors: Mapping[int, TensorDesc]) -> bool:
     """Whether `node` computes in float64 (see the module docstring)."""
-    return node.compute_data_type is DataType.DOUBLE or any(
-        d.data_type in _WIDE for d in node_descs(node, tensors))
+    return node.compute_data_type is DataType.DOUBLE or any(d.data_type in _WIDE for d in node_descs(node, tensors))
 
 
 def to_numpy_f64(t: Any) -> np.ndarray:
@@ -199,8 +200,11 @@ def finish(result: Any, desc: TensorDesc, node: Node) -> Any:
 
     if not isinstance(result, torch.Tensor):
         raise ExecutionError(
-            f"the torch mapping returned a {type(result).__name__}, not a tensor", op=node.label(), tensor=desc,
-            rule="torch.mapping_result", hint="a bug in opgraph's torch engine: please report it with the graph",
+            f"the torch mapping returned a {type(result).__name__}, not a tensor",
+            op=node.label(),
+            tensor=desc,
+            rule="torch.mapping_result",
+            hint="a bug in opgraph's torch engine: please report it with the graph",
         )
     if tuple(result.shape) != desc.dim:
         result = torch.broadcast_to(result, desc.dim)

@@ -43,8 +43,11 @@ def _functional(nsp: int):
 def _grad_fns(nsp: int):
     import torch.nn.grad as G
 
-    return {1: (G.conv1d_input, G.conv1d_weight), 2: (G.conv2d_input, G.conv2d_weight),
-            3: (G.conv3d_input, G.conv3d_weight)}[nsp]
+    return {
+        1: (G.conv1d_input, G.conv1d_weight),
+        2: (G.conv2d_input, G.conv2d_weight),
+        3: (G.conv3d_input, G.conv3d_weight),
+    }[nsp]
 
 
 def _pad_spec(geo) -> list[int]:

@@ -1,14 +1,14 @@
 """How a convolution or matmul runs in torch, from its operand and output types.
 
-    integer operands                      float64 (exact while partial sums stay below 2**53; torch
-                                          has no general integer conv/GEMM on CUDA); on the CPU,
-                                          matmul uses int64
-    fp16/bf16 operands, output of that    that type: tensor cores with fp32 accumulation (CUDA only,
-    same type (`tensor_cores`)            see `Call.tensor_cores`)
-    operands of at most 10 mantissa bits  float32 with TF32 allowed: TF32 holds fp16/bf16/fp8 values
-    (fp16/bf16/fp8), any other output     exactly and tensor cores accumulate in fp32, so this is
-    (`tensor_cores`)                      the exact fp32 result at tensor-core speed
-    anything else                         the compute type with TF32 off (exact fp32 / fp64)
+integer operands                      float64 (exact while partial sums stay below 2**53; torch
+                                      has no general integer conv/GEMM on CUDA); on the CPU,
+                                      matmul uses int64
+fp16/bf16 operands, output of that    that type: tensor cores with fp32 accumulation (CUDA only,
+same type (`tensor_cores`)            see `Call.tensor_cores`)
+operands of at most 10 mantissa bits  float32 with TF32 allowed: TF32 holds fp16/bf16/fp8 values
+(fp16/bf16/fp8), any other output     exactly and tensor cores accumulate in fp32, so this is
+(`tensor_cores`)                      the exact fp32 result at tensor-core speed
+anything else                         the compute type with TF32 off (exact fp32 / fp64)
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from .common import Call, to_numpy_f64
 
 def run_on_host(call: Call) -> list[Any]:
     """Run `call.node` with the reference engine; outputs as torch tensors on the call's device."""
+
     def read(uid: int) -> np.ndarray:
         value = to_numpy_f64(call.values[uid])
         return value.reshape(call.tensors[uid].dim) if value.shape != call.tensors[uid].dim else value

@@ -113,8 +113,11 @@ def resample_max_backward(call: Call) -> list[Any]:
         # PyTorch's own pooling kernels, padding implicit: no padded copy of x and no autograd graph (the
         # autograd route took 1.5 ms of host and device time for ResNet's stem pool at batch 64)
         aten = torch.ops.aten
-        fwd, bwd = ((aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward) if nsp == 2 else
-                    (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward))
+        fwd, bwd = (
+            (aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward)
+            if nsp == 2
+            else (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward)
+        )
         ones = [1] * nsp
         _, indices = fwd(x, list(w), list(s), list(pre), ones, False)
         return [bwd(dy, x, list(w), list(s), list(pre), ones, False, indices)]

@@ -67,9 +67,11 @@ def _pin_matmul(torch: Any, undo: Undo) -> None:
         legacy = torch.get_float32_matmul_precision()
     except RuntimeError:
         return  # the caller mixed PyTorch's legacy and new TF32 APIs inconsistently: leave them be
-    per_backend = [m for m in (torch.backends.cuda.matmul, getattr(getattr(torch.backends, "mkldnn", None),
-                                                                   "matmul", None))
-                   if m is not None and hasattr(m, "fp32_precision")]
+    per_backend = [
+        m
+        for m in (torch.backends.cuda.matmul, getattr(getattr(torch.backends, "mkldnn", None), "matmul", None))
+        if m is not None and hasattr(m, "fp32_precision")
+    ]
     saved = [(m, m.fp32_precision) for m in per_backend]
     torch.set_float32_matmul_precision("highest")
 

@@ -100,8 +100,9 @@ class TritonKernel(Kernel):
     build compiles ahead of the first launch (in parallel, `compile_specs`); `bind` launches the
     binaries natively (bound.py). `run` is the self-contained path (tuning, tests): Triton's JIT."""
 
-    def __init__(self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool,
-                 device: Device | None = None) -> None:
+    def __init__(
+        self, piece: Piece, config: EngineConfig, generated: Generated, interpret: bool, device: Device | None = None
+    ) -> None:
         super().__init__(piece, config)
         self.generated = generated
         self.interpret = interpret
@@ -109,8 +110,16 @@ class TritonKernel(Kernel):
         self.device_index = device.index if device is not None else 0
         self.module = load_module(generated.source, interpret=interpret)
         self.scratch_bytes = generated.scratch_bytes
-        self.launchers = [Launcher(getattr(self.module, l.kernel), l.grid, dict(l.meta), direct=not interpret,
-                                   device_index=self.device_index) for l in generated.launches]
+        self.launchers = [
+            Launcher(
+                getattr(self.module, l.kernel),
+                l.grid,
+                dict(l.meta),
+                direct=not interpret,
+                device_index=self.device_index,
+            )
+            for l in generated.launches
+        ]
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
         self._specs: list[compiler.KernelSpec | None] | None = None
 
@@ -137,9 +146,19 @@ class TritonKernel(Kernel):
             path, name = str(module_file(self.generated.source)), module_name(self.generated.source, False)
             target = compiler.target_of(self.device.capability)
             canonical = compiler.canonical_digest(self.generated.source)
-            self._specs = [compiler.make_spec(getattr(self.module, l.kernel), path, name, l.kernel,
-                                              [self._arg_type(a) for a in l.args], dict(l.meta), target, canonical)
-                           for l in self.generated.launches]
+            self._specs = [
+                compiler.make_spec(
+                    getattr(self.module, l.kernel),
+                    path,
+                    name,
+                    l.kernel,
+                    [self._arg_type(a) for a in l.args],
+                    dict(l.meta),
+                    target,
+                    canonical,
+                )
+                for l in self.generated.launches
+            ]
         return self._specs[i]
 
     def compile_specs(self) -> list[tuple[compiler.KernelSpec, Any]]:
@@ -157,7 +176,9 @@ class TritonKernel(Kernel):
         spec = self.spec(i)
         if spec is None:
             return None
-        return compiler.registered(spec) or compiler.compile_here(spec, getattr(self.module, self.generated.launches[i].kernel))
+        return compiler.registered(spec) or compiler.compile_here(
+            spec, getattr(self.module, self.generated.launches[i].kernel)
+        )
 
     def artifacts(self) -> list[Any]:
         out = []
@@ -184,7 +205,7 @@ class TritonKernel(Kernel):
         if arg.kind == "scratch":
             import torch
 
-            return _as_torch(scratch)[arg.offset:].view(getattr(torch, arg.dtype))
+            return _as_torch(scratch)[arg.offset :].view(getattr(torch, arg.dtype))
         if arg.kind == "table":
             return buffers[TABLE_KEY]
         if arg.kind == "desc":
@@ -266,8 +287,10 @@ class TritonEngine(Engine):
         if not _triton_installed():
             return Support.no("Triton and PyTorch are not installed (pip install 'opgraph[triton,torch]')")
         if device.is_cuda and interpreting():
-            return Support.no("Triton was imported with TRITON_INTERPRET=1, so it cannot compile for the GPU in "
-                              "this process (unset the variable, or run on device='cpu')")
+            return Support.no(
+                "Triton was imported with TRITON_INTERPRET=1, so it cannot compile for the GPU in "
+                "this process (unset the variable, or run on device='cpu')"
+            )
         return Support.yes()
 
     def match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
@@ -281,12 +304,22 @@ class TritonEngine(Engine):
         return found
 
     def _match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
-        if device.is_cuda and device.capability is not None and device.capability < (8, 0) and any(
-                piece.tensor(u).data_type is DataType.BFLOAT16 for n in piece.nodes
-                for u in (*n.input_uids(), *n.output_uids()) if isinstance(u, int)):
-            return None, (f"bfloat16 in generated kernels needs a GPU of compute capability 8.0 or newer (the "
-                          f"cvt.rn.bf16.f32 instruction); this one is {device.capability[0]}.{device.capability[1]}: "
-                          "another engine (PyTorch) runs it")
+        if (
+            device.is_cuda
+            and device.capability is not None
+            and device.capability < (8, 0)
+            and any(
+                piece.tensor(u).data_type is DataType.BFLOAT16
+                for n in piece.nodes
+                for u in (*n.input_uids(), *n.output_uids())
+                if isinstance(u, int)
+            )
+        ):
+            return None, (
+                f"bfloat16 in generated kernels needs a GPU of compute capability 8.0 or newer (the "
+                f"cvt.rn.bf16.f32 instruction); this one is {device.capability[0]}.{device.capability[1]}: "
+                "another engine (PyTorch) runs it"
+            )
         refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)
@@ -325,7 +358,8 @@ class TritonEngine(Engine):
         name = match.template.name
         return [
             EngineConfig(
-                "triton", (("template", name), *k.pairs()),
+                "triton",
+                (("template", name), *k.pairs()),
                 numerical_notes=notes[k],
                 behavior_notes=frozenset(behavior),
                 estimate_us=estimate(match, k),
@@ -335,8 +369,9 @@ class TritonEngine(Engine):
         ]
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
-        return TritonKernel(piece, config, self.generated(piece, config, device), interpret=not device.is_cuda,
-                            device=device)
+        return TritonKernel(
+            piece, config, self.generated(piece, config, device), interpret=not device.is_cuda, device=device
+        )
 
     def generated(self, piece: Piece, config: EngineConfig, device: Device) -> Generated:
         """The kernels of `config` as compile() loads them: source, launches and scratch, nothing run."""
@@ -346,20 +381,25 @@ class TritonEngine(Engine):
         if template is None:
             raise AttributeValueError(
                 f"triton config {config} names no template of this Triton engine ({name!r})",
-                op=piece.nodes[0].label(), rule="triton.template",
+                op=piece.nodes[0].label(),
+                rule="triton.template",
                 hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
-                     "or from a plan this version built")
+                "or from a plan this version built",
+            )
         match, _ = self.match(piece, device)
         if match is None or match.template is not template:  # (a config read from a plan file: matched here)
             match = template.matched(piece, device)
-        generated = fp8_fill(match.generate(match.knobs(knobs)), {u: t.data_type for u, t in piece.graph.tensors.items()})
+        generated = fp8_fill(
+            match.generate(match.knobs(knobs)), {u: t.data_type for u, t in piece.graph.tensors.items()}
+        )
         return typed_scalars(make_indirect(generated, table_slots(piece.graph)))
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its
     # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;
     # the multi-launch row/reduction templates may read an input again after an earlier launch wrote
-    INPLACE_TEMPLATES = frozenset({"pointwise", "conv_fprop", "conv_dgrad", "conv_wgrad", "depthwise", "matmul",
-                                   "norm_stats"})
+    INPLACE_TEMPLATES = frozenset(
+        {"pointwise", "conv_fprop", "conv_dgrad", "conv_wgrad", "depthwise", "matmul", "norm_stats"}
+    )
 
     def inplace_safe(self, config: EngineConfig) -> bool:
         return config.knob("template") in self.INPLACE_TEMPLATES

@@ -72,7 +72,9 @@ class TritonLauncher(Launcher):
         if arg.kind == "scratch":
             return self.scratch_ptr + arg.offset
         if arg.kind == "desc":
-            return tma_desc.address(arg, self.binding.pointers[arg.uid], self.kernel.piece.tensor(arg.uid).data_type.itemsize)
+            return tma_desc.address(
+                arg, self.binding.pointers[arg.uid], self.kernel.piece.tensor(arg.uid).data_type.itemsize
+            )
         return self.binding.pointers[TABLE_KEY]
 
     def _object(self, li: int, ai: int) -> Any:
@@ -85,7 +87,7 @@ class TritonLauncher(Launcher):
         if arg.kind == "scratch":
             import torch
 
-            return self.scratch[arg.offset:].view(getattr(torch, arg.dtype))
+            return self.scratch[arg.offset :].view(getattr(torch, arg.dtype))
         if arg.kind == "desc":
             return tma_desc.descriptor_object(arg, self.binding.buffers[arg.uid])
         return self.binding.buffers[TABLE_KEY]
@@ -106,14 +108,28 @@ class TritonLauncher(Launcher):
 
                 gx, gy, gz = self.kernel.launchers[li].grid
                 align = int(binary.meta("global_scratch_align") or 1)
-                self._global = torch.empty(gx * gy * gz * scratch_bytes + align, dtype=torch.uint8,
-                                           device=f"cuda:{self.device_index}")
+                self._global = torch.empty(
+                    gx * gy * gz * scratch_bytes + align, dtype=torch.uint8, device=f"cuda:{self.device_index}"
+                )
                 global_scratch = -(-self._global.data_ptr() // align) * align
-            function = native.load(binary.identity, binary.name, binary.cubin, int(binary.meta("shared", 0)),
-                                   self.device_index, int(binary.meta("num_warps", 4)))
+            function = native.load(
+                binary.identity,
+                binary.name,
+                binary.cubin,
+                int(binary.meta("shared", 0)),
+                self.device_index,
+                int(binary.meta("num_warps", 4)),
+            )
             types = [ty for _, ty in spec.runtime]  # type: ignore[union-attr]
-            out = native.NativeLaunch(function, self.kernel.launchers[li].grid, int(binary.meta("num_warps", 4)),
-                                      int(binary.meta("shared", 0)), types, self.binding.stream.c, global_scratch)
+            out = native.NativeLaunch(
+                function,
+                self.kernel.launchers[li].grid,
+                int(binary.meta("num_warps", 4)),
+                int(binary.meta("shared", 0)),
+                types,
+                self.binding.stream.c,
+                global_scratch,
+            )
             for ai, v in enumerate(values):
                 if ai in descs:
                     out.set_descriptor(ai, launch.args[ai], v, meta[descs.index(ai)])
@@ -135,8 +151,9 @@ class TritonLauncher(Launcher):
                     if (desc or launch.types[ai].startswith("*")) and value % 16:
                         stale.add(li)  # no longer aligned: Triton's JIT takes it
                     elif desc:  # encoded again for the new address (tma_desc.py)
-                        launch.set_descriptor(ai, self.kernel.generated.launches[li].args[ai], value,
-                                              self._meta[li][ai])
+                        launch.set_descriptor(
+                            ai, self.kernel.generated.launches[li].args[ai], value, self._meta[li][ai]
+                        )
                     else:
                         launch.set(ai, value)
                 else:
@@ -173,7 +190,7 @@ class InterpretedLauncher(Launcher):
                 elif a.kind == "scratch":
                     import torch
 
-                    args.append(_as_torch(self.scratch)[a.offset:].view(getattr(torch, a.dtype)))
+                    args.append(_as_torch(self.scratch)[a.offset :].view(getattr(torch, a.dtype)))
                 elif a.kind == "desc":
                     args.append(tma_desc.descriptor_object(a, _as_torch(self.binding.buffers[a.uid])))
                 else:

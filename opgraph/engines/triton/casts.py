@@ -22,19 +22,28 @@ import re
 from ...core.dtypes import DataType
 
 TL_DTYPE = {
-    DataType.FLOAT: "tl.float32", DataType.DOUBLE: "tl.float64", DataType.HALF: "tl.float16",
-    DataType.BFLOAT16: "tl.bfloat16", DataType.INT8: "tl.int8", DataType.UINT8: "tl.uint8",
-    DataType.INT32: "tl.int32", DataType.INT64: "tl.int64", DataType.BOOLEAN: "tl.int1",
-    DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5",
+    DataType.FLOAT: "tl.float32",
+    DataType.DOUBLE: "tl.float64",
+    DataType.HALF: "tl.float16",
+    DataType.BFLOAT16: "tl.bfloat16",
+    DataType.INT8: "tl.int8",
+    DataType.UINT8: "tl.uint8",
+    DataType.INT32: "tl.int32",
+    DataType.INT64: "tl.int64",
+    DataType.BOOLEAN: "tl.int1",
+    DataType.FP8_E4M3: "tl.float8e4nv",
+    DataType.FP8_E5M2: "tl.float8e5",
 }
 INT_RANGE = {
-    DataType.INT8: (-128, 127), DataType.UINT8: (0, 255), DataType.INT32: (-(2**31), 2**31 - 1),
+    DataType.INT8: (-128, 127),
+    DataType.UINT8: (0, 255),
+    DataType.INT32: (-(2**31), 2**31 - 1),
     DataType.INT64: (-(2**63), 2**63 - 1),
 }
 _ENCODE = {DataType.BFLOAT16: "_og_to_bf16", DataType.FP8_E4M3: "_og_to_e4m3", DataType.FP8_E5M2: "_og_to_e5m2"}
 _DECODE = {DataType.BFLOAT16: "_og_from_bf16", DataType.FP8_E4M3: "_og_from_e4m3", DataType.FP8_E5M2: "_og_from_e5m2"}
 
-CAST_HELPERS = '''
+CAST_HELPERS = """
 def _og_round_f16(x):
     # x (float32) rounded to fp16 and back by cvt instructions. With x.to(tl.float16).to(tl.float32)
     # LLVM narrows the fp32 ops between such pairs to fp16 and contracts a - fp16(b * c) into one
@@ -167,7 +176,7 @@ def _og_from_e4m3(x):
 
 def _og_from_e5m2(x):
     return (x.to(tl.uint8, bitcast=True).to(tl.uint16) << 8).to(tl.float16, bitcast=True).to(tl.float32)
-'''
+"""
 
 
 def _float(v: int) -> str:
@@ -196,7 +205,7 @@ def operand(value: str) -> str:
         return text
     head = _NAME.match(text)
     start = head.end() if head else 0
-    if text[start:start + 1] == "(" and _closes_at_end(text, start):
+    if text[start : start + 1] == "(" and _closes_at_end(text, start):
         return text
     return f"({text})"
 
@@ -235,8 +244,12 @@ def cast_to(value: str, target: str) -> str:
 
 
 # a value rounded to a narrower float type and back, by instructions the compiler cannot fold
-_ROUNDERS = {(DataType.HALF, "tl.float32"): "_og_round_f16", (DataType.HALF, "tl.float64"): "_og_round_f16_d",
-             (DataType.FLOAT, "tl.float64"): "_og_round_f32_d", (DataType.BFLOAT16, "tl.float32"): "_og_round_bf16"}
+_ROUNDERS = {
+    (DataType.HALF, "tl.float32"): "_og_round_f16",
+    (DataType.HALF, "tl.float64"): "_og_round_f16_d",
+    (DataType.FLOAT, "tl.float64"): "_og_round_f32_d",
+    (DataType.BFLOAT16, "tl.float32"): "_og_round_bf16",
+}
 
 
 def round_in_compute(value: str, dt: DataType, compute: str) -> str | None:

@@ -66,8 +66,9 @@ def _reachable(path: str) -> set[str]:
     with open(path) as f:
         text = f.read()
     starts = [(m.group(1), m.start()) for m in _DEF.finditer(text)]
-    bodies = {name: text[at:(starts[i + 1][1] if i + 1 < len(starts) else len(text))]
-              for i, (name, at) in enumerate(starts)}
+    bodies = {
+        name: text[at : (starts[i + 1][1] if i + 1 < len(starts) else len(text))] for i, (name, at) in enumerate(starts)
+    }
     todo = [name for name in bodies if name.startswith("kernel")]
     seen = set(todo)
     while todo:
@@ -106,8 +107,9 @@ def compile_spec(fn: Any, job: dict[str, Any]) -> tuple[Any, bool]:
     knobs.compilation.listener = listener
     try:
         backend, arch, warp = job["target"]
-        kernel = triton.compile(ast_source(fn, job), target=GPUTarget(backend, int(arch), int(warp)),
-                                options=dict(job["options"]))
+        kernel = triton.compile(
+            ast_source(fn, job), target=GPUTarget(backend, int(arch), int(warp)), options=dict(job["options"])
+        )
     finally:
         knobs.compilation.listener = previous
     return kernel, bool(hits and hits[-1])
@@ -129,8 +131,12 @@ def _serve() -> None:
             _, hit = compile_spec(getattr(module, job["kernel"]), job)
             answer = {"id": job["id"], "ok": True, "cache_hit": hit}
         except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
-            answer = {"id": job["id"], "ok": False,
-                      "error": f"{type(err).__name__}: {err}"[:2000], "trace": traceback.format_exc()[-4000:]}
+            answer = {
+                "id": job["id"],
+                "ok": False,
+                "error": f"{type(err).__name__}: {err}"[:2000],
+                "trace": traceback.format_exc()[-4000:],
+            }
         answer["seconds"] = time.perf_counter() - t0
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()

@@ -95,8 +95,10 @@ def _alpha_renamed(source: str) -> str:
         names: dict[str, str] = {}
         for a in fn.args.args:
             names.setdefault(a.arg, f"_a{len(names)}")
-        uses = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in local),
-                      key=lambda n: (n.lineno, n.col_offset))
+        uses = sorted(
+            (n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in local),
+            key=lambda n: (n.lineno, n.col_offset),
+        )
         for n in uses:
             names.setdefault(n.id, f"_a{len(names)}")
         for a in fn.args.args:
@@ -141,18 +143,31 @@ class KernelSpec:
     canonical: str = ""  # canonical_digest of the module
 
     def job(self) -> dict[str, Any]:
-        return {"path": self.path, "module": self.module, "kernel": self.kernel,
-                "signature": [list(p) for p in self.signature], "constexprs": [list(c) for c in self.constexprs],
-                "aligned": list(self.aligned), "options": [list(o) for o in self.options], "target": list(self.target)}
+        return {
+            "path": self.path,
+            "module": self.module,
+            "kernel": self.kernel,
+            "signature": [list(p) for p in self.signature],
+            "constexprs": [list(c) for c in self.constexprs],
+            "aligned": list(self.aligned),
+            "options": [list(o) for o in self.options],
+            "target": list(self.target),
+        }
 
     @cached_property
     def key(self) -> str:
         """Everything that defines the compiled code: the module up to names, the kernel, its parameters'
         types, constexprs, alignment, options, target and the Triton version (not names or paths)."""
-        doc = {"module": self.canonical or self.module, "kernel": self.kernel,
-               "types": [ty for _, ty in self.signature], "constexprs": [list(c) for c in self.constexprs],
-               "aligned": list(self.aligned), "options": [list(o) for o in self.options],
-               "target": list(self.target), "triton": triton_version()}
+        doc = {
+            "module": self.canonical or self.module,
+            "kernel": self.kernel,
+            "types": [ty for _, ty in self.signature],
+            "constexprs": [list(c) for c in self.constexprs],
+            "aligned": list(self.aligned),
+            "options": [list(o) for o in self.options],
+            "target": list(self.target),
+            "triton": triton_version(),
+        }
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
     @property
@@ -170,8 +185,16 @@ def param_names(fn: Any) -> list[str]:
     return list(names)
 
 
-def make_spec(fn: Any, path: str, module: str, kernel: str, arg_types: Sequence[str],
-              meta: Mapping[str, Any], target: tuple[str, int, int], canonical: str = "") -> KernelSpec | None:
+def make_spec(
+    fn: Any,
+    path: str,
+    module: str,
+    kernel: str,
+    arg_types: Sequence[str],
+    meta: Mapping[str, Any],
+    target: tuple[str, int, int],
+    canonical: str = "",
+) -> KernelSpec | None:
     """The spec of launching `fn` with runtime arguments of `arg_types` and `meta` (constexprs and
     options); None when a constexpr has no value here (Triton's JIT then decides)."""
     names = param_names(fn)
@@ -238,12 +261,18 @@ def _disk_get(spec: KernelSpec) -> KernelBinary | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as err:
-        fault(base.with_suffix(".json"), f"cannot be used ({describe(err)}); compiled again",
-              "remove it, or run `opgraph cache clear`")
+        fault(
+            base.with_suffix(".json"),
+            f"cannot be used ({describe(err)}); compiled again",
+            "remove it, or run `opgraph cache clear`",
+        )
         return None
     if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
-        fault(base.with_suffix(".json"), "is not a kernel's metadata; compiled again",
-              "remove it, or run `opgraph cache clear`")
+        fault(
+            base.with_suffix(".json"),
+            "is not a kernel's metadata; compiled again",
+            "remove it, or run `opgraph cache clear`",
+        )
         return None
     binary = KernelBinary(spec.key, cubin, metadata, hashlib.sha256(cubin).hexdigest())
     return binary if binary.meta("triton_version") == triton_version() else None
@@ -280,14 +309,21 @@ def _embedded(spec: KernelSpec, art: artifacts.Artifact) -> KernelBinary | None:
         return None
     binary = KernelBinary(art.key, art.data, dict(meta), art.sha256)
     target = binary.meta("target") or {}
-    if binary.meta("triton_version") != triton_version() or not isinstance(target, dict) or \
-            [target.get("backend"), target.get("arch"), target.get("warp_size")] != list(spec.target):
+    if (
+        binary.meta("triton_version") != triton_version()
+        or not isinstance(target, dict)
+        or [target.get("backend"), target.get("arch"), target.get("warp_size")] != list(spec.target)
+    ):
         return None
     local = _disk_get(spec)
     if local is not None:
         if local.sha256 != binary.sha256:
-            log.warning("plan file kernel %s (%s) differs from the one compiled on this machine for the same "
-                        "source and options: using this machine's", spec.kernel, spec.key)
+            log.warning(
+                "plan file kernel %s (%s) differs from the one compiled on this machine for the same "
+                "source and options: using this machine's",
+                spec.kernel,
+                spec.key,
+            )
         _BINARIES[spec.key] = local
         STATS["loaded"] += 1
         return local
@@ -343,8 +379,13 @@ def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
     return found
 
 
-def compile_all(specs: Mapping[str, tuple[KernelSpec, Any]], *, parallel: bool = True,
-                progress: Callable[[int, int], None] | None = None, pool: Any = None) -> CompileReport:
+def compile_all(
+    specs: Mapping[str, tuple[KernelSpec, Any]],
+    *,
+    parallel: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    pool: Any = None,
+) -> CompileReport:
     """Make every spec's binary available ({key: (spec, Triton function)}): registered ones as they
     are, cached ones read from disk, the rest compiled in worker processes (in this process when only
     one is missing or `parallel` is off). Failures are reported, not raised."""

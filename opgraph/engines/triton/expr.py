@@ -30,8 +30,16 @@ from .casts import CAST_HELPERS, INT_RANGE, TL_DTYPE, from_storage, round_in_com
 _WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
 _INTS = frozenset({DataType.INT32, DataType.INT64})
 _INT_TYPES = frozenset({"tl.int32", "tl.int64"})
-_COMPARISONS = frozenset({PointwiseMode.CMP_EQ, PointwiseMode.CMP_NEQ, PointwiseMode.CMP_GT, PointwiseMode.CMP_GE,
-                          PointwiseMode.CMP_LT, PointwiseMode.CMP_LE})
+_COMPARISONS = frozenset(
+    {
+        PointwiseMode.CMP_EQ,
+        PointwiseMode.CMP_NEQ,
+        PointwiseMode.CMP_GT,
+        PointwiseMode.CMP_GE,
+        PointwiseMode.CMP_LT,
+        PointwiseMode.CMP_LE,
+    }
+)
 
 
 def compute_type(node_types: list[DataType]) -> str:
@@ -81,7 +89,9 @@ def literal(value: float | int | bool) -> str:
 
 # (HELPERS is part of every generated module, comments included: a change to its text changes every kernel's
 # source, and plan files check the source they were saved with; its one dated line stays until then)
-HELPERS = CAST_HELPERS + '''
+HELPERS = (
+    CAST_HELPERS
+    + """
 
 def _og_expm1(x):
     # exp(x) - 1 without the cancellation near 0 (Kahan: the rounding error of u = exp(x) is undone
@@ -233,7 +243,8 @@ def _og_sigmoid_grad(x):
 def _og_gelu_tanh_grad(x):
     inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
     return _og_half_1p_tanh(inner) + 0.5 * x * _og_sech2(inner) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
-'''
+"""
+)
 
 
 _LITERAL = re.compile(r"float\('-?(inf|nan)'\)|-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # what literal() writes
@@ -279,32 +290,49 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     x = a[0] if a else ""
     y = a[1] if len(a) > 1 else ""
     simple = {
-        M.ADD: f"{x} + {y}", M.SUB: f"{x} - {y}", M.MUL: _scaled_expr(x, y, "*"), M.DIV: _scaled_expr(x, y, "/"),
+        M.ADD: f"{x} + {y}",
+        M.SUB: f"{x} - {y}",
+        M.MUL: _scaled_expr(x, y, "*"),
+        M.DIV: _scaled_expr(x, y, "/"),
         M.MAX: f"tl.maximum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         M.MIN: f"tl.minimum({x}, {y}, propagate_nan=tl.PropagateNan.ALL)",
         # (y + 0 * x: y in x's type and shape for the library call; NaN only where fmod is NaN anyway)
-        M.POW: _pow_expr(x, y), M.MOD: _mod_expr(x, y), M.ADD_SQUARE: f"{x} + {y} * {y}",
-        M.CMP_EQ: f"({x} == {y})", M.CMP_NEQ: f"({x} != {y})", M.CMP_GT: f"({x} > {y})",
-        M.CMP_GE: f"({x} >= {y})", M.CMP_LT: f"({x} < {y})", M.CMP_LE: f"({x} <= {y})",
+        M.POW: _pow_expr(x, y),
+        M.MOD: _mod_expr(x, y),
+        M.ADD_SQUARE: f"{x} + {y} * {y}",
+        M.CMP_EQ: f"({x} == {y})",
+        M.CMP_NEQ: f"({x} != {y})",
+        M.CMP_GT: f"({x} > {y})",
+        M.CMP_GE: f"({x} >= {y})",
+        M.CMP_LT: f"({x} < {y})",
+        M.CMP_LE: f"({x} <= {y})",
         # as products of 0/1 values: `&`/`|` of a scalar and a block boolean fail in Triton's interpreter
         M.LOGICAL_AND: f"(({x} != 0).to(tl.float32) * ({y} != 0).to(tl.float32))",
         M.LOGICAL_OR: f"tl.maximum(({x} != 0).to(tl.float32), ({y} != 0).to(tl.float32))",
         M.LOGICAL_NOT: f"({x} == 0)",
         M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
-        M.IDENTITY: x, M.SQRT: f"tl.sqrt({x})", M.RSQRT: f"(1.0 / tl.sqrt({x}))", M.EXP: f"tl.exp({x})",
-        M.LOG: f"tl.log({x})", M.CEIL: f"tl.ceil({x})" if _LITERAL.fullmatch(x) else f"_og_ceil({x})",
+        M.IDENTITY: x,
+        M.SQRT: f"tl.sqrt({x})",
+        M.RSQRT: f"(1.0 / tl.sqrt({x}))",
+        M.EXP: f"tl.exp({x})",
+        M.LOG: f"tl.log({x})",
+        M.CEIL: f"tl.ceil({x})" if _LITERAL.fullmatch(x) else f"_og_ceil({x})",
         M.NEG: f"({x} * -1.0)" if _LITERAL.fullmatch(x) else f"_og_neg({x})",
         M.ABS: f"tl.abs({x})" if _LITERAL.fullmatch(x) else f"_og_abs({x})",
         M.FLOOR: f"tl.floor({x})" if _LITERAL.fullmatch(x) else f"_og_floor({x})",
-        M.RECIPROCAL: f"(1.0 / {x})", M.SIN: f"tl.sin({x})",
-        M.COS: f"tl.cos({x})", M.TAN: f"(tl.sin({x}) / tl.cos({x}))", M.ERF: f"tl.erf({x})",
-        M.TANH_FWD: f"_og_tanh({x})", M.SIGMOID_FWD: f"tl.sigmoid({x})",
+        M.RECIPROCAL: f"(1.0 / {x})",
+        M.SIN: f"tl.sin({x})",
+        M.COS: f"tl.cos({x})",
+        M.TAN: f"(tl.sin({x}) / tl.cos({x}))",
+        M.ERF: f"tl.erf({x})",
+        M.TANH_FWD: f"_og_tanh({x})",
+        M.SIGMOID_FWD: f"tl.sigmoid({x})",
         M.GELU_FWD: f"({x} * 0.5 * (1.0 + tl.erf({x} * 0.7071067811865476)))",
         M.GELU_APPROX_TANH_FWD: f"_og_gelu_tanh({x})",
         M.TANH_BWD: f"({x} * _og_sech2({y}))",
         M.SIGMOID_BWD: f"({x} * _og_sigmoid_grad({y}))",
         M.GELU_BWD: f"({x} * (0.5 * (1.0 + tl.erf({y} * 0.7071067811865476)) + {y} * "
-                    f"tl.exp(-0.5 * {y} * {y}) * 0.3989422804014327))",
+        f"tl.exp(-0.5 * {y} * {y}) * 0.3989422804014327))",
         M.GELU_APPROX_TANH_BWD: f"({x} * _og_gelu_tanh_grad({y}))",
     }
     if mode in simple:
@@ -360,15 +388,19 @@ def fused_custom(node: Node) -> tuple[str, str] | str:
         return f"{node.label()} is not a custom op"
     d = op.definition
     if d.triton is None or not d.pointwise:
-        return (f"custom op '{d.name}' has no Triton function: register it with pointwise=True and "
-                "triton=<an @triton.jit elementwise function> to fuse it")
+        return (
+            f"custom op '{d.name}' has no Triton function: register it with pointwise=True and "
+            "triton=<an @triton.jit elementwise function> to fuse it"
+        )
     if d.num_outputs != 1:
         return f"custom op '{d.name}' has {d.num_outputs} outputs; fused custom ops have one"
     fn = getattr(d.triton, "fn", d.triton)
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or not name.isidentifier():
-        return (f"custom op '{d.name}': its Triton function {name or fn!r} is not importable by name; define "
-                "the @triton.jit function at the top level of a module")
+        return (
+            f"custom op '{d.name}': its Triton function {name or fn!r} is not importable by name; define "
+            "the @triton.jit function at the top level of a module"
+        )
     if any(not isinstance(v, (int, float, bool)) for _, v in op.params):
         return f"custom op '{d.name}': a fused call takes numeric parameters only"
     return module, name
@@ -408,8 +440,12 @@ class Emitter:
     """
 
     def __init__(
-        self, tensors: Mapping[int, TensorDesc], compute: str, indexer: Indexer,
-        ptr: Callable[[int], str], scalar: Callable[[int], str],
+        self,
+        tensors: Mapping[int, TensorDesc],
+        compute: str,
+        indexer: Indexer,
+        ptr: Callable[[int], str],
+        scalar: Callable[[int], str],
     ) -> None:
         self.tensors = tensors
         self.compute = compute
@@ -438,7 +474,9 @@ class Emitter:
                 self.lines.append(f"{name} = {self.indexer.load(desc, self.ptr(v))}")
                 home = TL_DTYPE[desc.data_type]
             else:
-                self.lines.append(f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, home)}")
+                self.lines.append(
+                    f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, home)}"
+                )
             self._named(v, name, home)
         return self.values[v]
 
@@ -475,8 +513,11 @@ class Emitter:
         assert out is not None
         if op.mode is PointwiseMode.GEN_INDEX:
             desc = self.tensors[out]
-            if self.compute == "tl.float64" and desc.data_type in _INTS and (
-                    desc.dim[op.axis or 0] <= INT_RANGE[desc.data_type][1]):
+            if (
+                self.compute == "tl.float64"
+                and desc.data_type in _INTS
+                and (desc.dim[op.axis or 0] <= INT_RANGE[desc.data_type][1])
+            ):
                 typ = TL_DTYPE[desc.data_type]  # a coordinate is exact in its integer type
             coord = self.indexer.coord(op.axis or 0, desc)
             # a constant coordinate (an axis of size 1) is a Python int, not a tensor
@@ -515,8 +556,12 @@ class Emitter:
         args = [self.typed(v, typ) for v in node.inputs]
         for k, v in op.params:
             if isinstance(v, str):  # fused_custom admits numeric parameters only
-                raise InternalError(f"fused custom op parameter {k!r} is a string", op=node.label(),
-                                    rule="internal.invariant", hint="this is an opgraph bug: please report it")
+                raise InternalError(
+                    f"fused custom op parameter {k!r} is a string",
+                    op=node.label(),
+                    rule="internal.invariant",
+                    hint="this is an opgraph bug: please report it",
+                )
             args.append(f"{k}={literal(v)}")
         out = node.outputs[0]
         assert out is not None

@@ -67,8 +67,10 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
             pointer = f"tl.load({TABLE_PARAM} + {slot}).to(tl.pointer_type({TL_DTYPE[dtype]}))"
             if arg.kind == "desc":
                 base = f"tl.multiple_of({pointer}, 16)" + (f" + {arg.offset}" if arg.offset else "")
-                loads.append(f"{body_indent}{name} = tl.make_tensor_descriptor({base}, shape={list(arg.shape)}, "
-                             f"strides={list(arg.strides)}, block_shape={list(arg.block)})")
+                loads.append(
+                    f"{body_indent}{name} = tl.make_tensor_descriptor({base}, shape={list(arg.shape)}, "
+                    f"strides={list(arg.strides)}, block_shape={list(arg.block)})"
+                )
                 device_descriptors = True
                 continue
             loads.append(f"{body_indent}{name} = {pointer}")
@@ -78,6 +80,6 @@ def make_indirect(generated: Generated, slots: Mapping[int, tuple[int, DataType]
         done[launch.kernel] = args
         launches.append(replace(launch, args=args))
     for first, last, replacement in sorted(edits, reverse=True):
-        lines[first - 1:last] = replacement
+        lines[first - 1 : last] = replacement
     notes = generated.notes | {"needs_allocator"} if device_descriptors else generated.notes
     return replace(generated, source="\n".join(lines) + "\n", launches=tuple(launches), notes=notes)

@@ -38,6 +38,7 @@ def _encoder(dt: DataType, tl_name: str) -> Callable[[Any], Any]:
         f32 = _values(x).astype(np.float32).astype(np.float64)  # through float32, as the reference
         bits = round_to(f32, dt).view(np.uint16 if dt is DataType.BFLOAT16 else np.uint8)
         return _tensor(bits, x, getattr(tl, tl_name))
+
     return encode
 
 
@@ -49,6 +50,7 @@ def _decoder(dt: DataType) -> Callable[[Any], Any]:
         carrier = np.uint16 if dt is DataType.BFLOAT16 else np.uint8
         values = raw.astype(carrier, copy=False).view(dt.numpy).astype(np.float32)
         return _tensor(values, x, tl.float32)
+
     return decode
 
 
@@ -66,8 +68,9 @@ def _fmod(a: Any, b: Any) -> Any:
 
     like = a if isinstance(a, tl.core.tensor) else b
     with np.errstate(all="ignore"):
-        out = np.fmod(_values(a) if isinstance(a, tl.core.tensor) else a,
-                      _values(b) if isinstance(b, tl.core.tensor) else b)
+        out = np.fmod(
+            _values(a) if isinstance(a, tl.core.tensor) else a, _values(b) if isinstance(b, tl.core.tensor) else b
+        )
     dtype = like.dtype
     out = np.asarray(out).astype(_values(like).dtype)
     ty = tl.core.block_type(dtype, list(out.shape)) if out.ndim and like.type.is_block() else dtype
@@ -109,19 +112,23 @@ def _abs(x: Any) -> Any:
 
 def _rounding(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], Any]:
     """np.ceil / np.floor of a float (integers are their own ceiling), keeping its type."""
+
     def rounded(x: Any) -> Any:
         if not hasattr(x, "handle"):
             return float(fn(x))
         v = _values(x)
         return _tensor(fn(v), x, x.dtype) if v.dtype.kind == "f" else x
+
     return rounded
 
 
 def _rounder(np_type: Any) -> Callable[[Any], Any]:
     """x rounded to `np_type` and back, keeping x's type (NumPy rounds to nearest even)."""
+
     def rounded(x: Any) -> Any:
         v = _values(x)
         return _tensor(v.astype(np_type).astype(v.dtype), x, x.dtype)
+
     return rounded
 
 

@@ -60,20 +60,26 @@ class Knobs:
         where = f"the {template} template" if template else cls.__name__
         unknown = sorted(set(knobs) - set(names))
         if unknown:
-            raise AttributeValueError(f"{', '.join(unknown)}: not a knob of {where} (its knobs: {', '.join(names)})",
-                                      rule="triton.knob", hint="take configs from engine_configs() or from a plan "
-                                      "this version built, or drop the knob")
+            raise AttributeValueError(
+                f"{', '.join(unknown)}: not a knob of {where} (its knobs: {', '.join(names)})",
+                rule="triton.knob",
+                hint="take configs from engine_configs() or from a plan this version built, or drop the knob",
+            )
         values: dict[str, Any] = {}
         for name, value in knobs.items():
             try:
                 values[name] = value if value is None else str(value) if name in cls.TEXT else int(value)
             except (TypeError, ValueError):
-                raise AttributeValueError(f"{name}={value!r} is not a number ({where})", rule="triton.knob",
-                                          hint=f"give {name} as an integer") from None
+                raise AttributeValueError(
+                    f"{name}={value!r} is not a number ({where})", rule="triton.knob", hint=f"give {name} as an integer"
+                ) from None
         missing = [f.name for f in fields(cls) if f.name not in values and f.default is dataclasses.MISSING]
         if missing:
-            raise AttributeValueError(f"{where} needs the knob(s) {', '.join(missing)}", rule="triton.knob",
-                                      hint="take configs from engine_configs() or from a plan this version built")
+            raise AttributeValueError(
+                f"{where} needs the knob(s) {', '.join(missing)}",
+                rule="triton.knob",
+                hint="take configs from engine_configs() or from a plan this version built",
+            )
         return cls(**values)
 
 
@@ -84,8 +90,9 @@ def _power_of_two(name: str, value: int | None, least: int, rule: str, hint: str
 
 def _one_of(name: str, value: Any, allowed: tuple[Any, ...], rule: str, hint: str) -> None:
     if value is not None and value not in allowed:
-        raise AttributeValueError(f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}", rule=rule,
-                                  hint=hint)
+        raise AttributeValueError(
+            f"{name}={value!r} must be one of {', '.join(map(repr, allowed))}", rule=rule, hint=hint
+        )
 
 
 def _at_least(name: str, value: int | None, least: int, rule: str, hint: str) -> None:
@@ -129,8 +136,14 @@ class TileKnobs(Knobs):
     def __post_init__(self) -> None:
         rule = self.RULE
         for key in ("BLOCK_M", "BLOCK_N", "EPI_M", "EPI_N", "COMBINE_M", "COMBINE_N"):
-            _power_of_two(key, getattr(self, key), 16, rule, f"pick {key} from 16, 32, 64, 128, 256",
-                          " (tl.dot and tl.arange need it)")
+            _power_of_two(
+                key,
+                getattr(self, key),
+                16,
+                rule,
+                f"pick {key} from 16, 32, 64, 128, 256",
+                " (tl.dot and tl.arange need it)",
+            )
         _power_of_two("BLOCK_K", self.BLOCK_K, 8, rule, "pick BLOCK_K from 16, 32, 64, 128 (8: stencils only)")
         _at_least("GROUP_M", self.GROUP_M, 1, rule, "use 1 (no swizzle) or 8")
         _at_least("SPLIT_K", self.SPLIT_K, 1, rule, "use 1 (no split) or a small factor such as 2-8")
@@ -138,25 +151,38 @@ class TileKnobs(Knobs):
         _warps(self.num_warps, rule)
         _at_least("num_stages", self.num_stages, 1, rule, "use 1-4 stages")
         if self.PERSISTENT is not None and self.PERSISTENT < 0:
-            raise AttributeValueError(f"PERSISTENT={self.PERSISTENT} must be 0 (one tile per program) or the number "
-                                      "of programs", rule=rule,
-                                      hint="use 0, or about the number of SMs (times the programs per SM)")
+            raise AttributeValueError(
+                f"PERSISTENT={self.PERSISTENT} must be 0 (one tile per program) or the number of programs",
+                rule=rule,
+                hint="use 0, or about the number of SMs (times the programs per SM)",
+            )
         if self.FLATTEN not in (None, 0, 1) or (self.FLATTEN and (not self.persistent or self.split_k > 1)):
             # (a split of K has empty K ranges, which Triton's loop flattening has miscompiled: triton#11656)
-            raise AttributeValueError(f"FLATTEN={self.FLATTEN} must be 0, or 1 with PERSISTENT and SPLIT_K=1",
-                                      rule=rule, hint="FLATTEN flattens a persistent kernel's tile loop")
+            raise AttributeValueError(
+                f"FLATTEN={self.FLATTEN} must be 0, or 1 with PERSISTENT and SPLIT_K=1",
+                rule=rule,
+                hint="FLATTEN flattens a persistent kernel's tile loop",
+            )
         if self.EPILOGUE_SUBTILE not in (None, 1, 2):
-            raise AttributeValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE} must be 1 or 2", rule=rule,
-                                      hint="use 2 to run the epilogue on column halves")
+            raise AttributeValueError(
+                f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE} must be 1 or 2",
+                rule=rule,
+                hint="use 2 to run the epilogue on column halves",
+            )
         if self.fp32_precision not in (None, "tf32", "ieee"):
             raise AttributeValueError(
-                f"fp32_precision={self.fp32_precision!r} is not 'tf32' or 'ieee'", rule="triton.gemm.fp32_precision",
-                hint="use 'tf32' (tensor cores, 10-bit mantissa inputs) or 'ieee' (full fp32)")
+                f"fp32_precision={self.fp32_precision!r} is not 'tf32' or 'ieee'",
+                rule="triton.gemm.fp32_precision",
+                hint="use 'tf32' (tensor cores, 10-bit mantissa inputs) or 'ieee' (full fp32)",
+            )
         for key in ("TMA", "TMA_HOST", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS"):
             _one_of(key, getattr(self, key), (0, 1), rule, f"use {key}=0 or 1")
         if self.TMA_HOST and not self.TMA:
-            raise AttributeValueError(f"TMA_HOST={self.TMA_HOST} needs TMA=1 (it says where TMA's descriptors are "
-                                      "made)", rule=rule, hint="add TMA=1, or drop TMA_HOST")
+            raise AttributeValueError(
+                f"TMA_HOST={self.TMA_HOST} needs TMA=1 (it says where TMA's descriptors are made)",
+                rule=rule,
+                hint="add TMA=1, or drop TMA_HOST",
+            )
 
     # the values in effect (the defaults of knobs a config leaves out)
     @property
@@ -274,13 +300,26 @@ class PointwiseKnobs(Knobs):
         for key in ("BLOCK", "TILE_I", "TILE_J", "ROWS", "COLS"):
             _power_of_two(key, getattr(self, key), 1, "triton.pointwise.knob", f"pick {key} a power of two")
         _warps(self.num_warps, "triton.pointwise.knob")
-        walks = [w for w, given in (("BLOCK", self.BLOCK), ("TILE_I/TILE_J", self.TILE_I or self.TILE_J),
-                                    ("ROWS/COLS", self.ROWS or self.COLS)) if given]
-        if len(walks) != 1 or (self.TILE_I is None) != (self.TILE_J is None) or (self.ROWS is None) != (
-                self.COLS is None):
-            raise AttributeValueError(f"a pointwise config walks one way: BLOCK, or TILE_I and TILE_J, or ROWS and "
-                                      f"COLS (this one gives {', '.join(walks) or 'none'})",
-                                      rule="triton.pointwise.knob", hint="take configs from engine_configs()")
+        walks = [
+            w
+            for w, given in (
+                ("BLOCK", self.BLOCK),
+                ("TILE_I/TILE_J", self.TILE_I or self.TILE_J),
+                ("ROWS/COLS", self.ROWS or self.COLS),
+            )
+            if given
+        ]
+        if (
+            len(walks) != 1
+            or (self.TILE_I is None) != (self.TILE_J is None)
+            or (self.ROWS is None) != (self.COLS is None)
+        ):
+            raise AttributeValueError(
+                f"a pointwise config walks one way: BLOCK, or TILE_I and TILE_J, or ROWS and "
+                f"COLS (this one gives {', '.join(walks) or 'none'})",
+                rule="triton.pointwise.knob",
+                hint="take configs from engine_configs()",
+            )
 
     @property
     def warps(self) -> int:

@@ -30,8 +30,9 @@ def _stream_getter(device_index: int) -> Any:
 
 
 class Launcher:
-    def __init__(self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any], direct: bool,
-                 device_index: int = 0) -> None:
+    def __init__(
+        self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any], direct: bool, device_index: int = 0
+    ) -> None:
         self.fn = fn
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.meta = meta
@@ -63,6 +64,6 @@ class Launcher:
         else:
             handle = stream if isinstance(stream, int) else stream.cuda_stream
         if self.tail is None:
-            self.tail = [self.meta[n] for n in self.names[len(args):]]
+            self.tail = [self.meta[n] for n in self.names[len(args) :]]
         gx, gy, gz = self.grid
         ck.run(gx, gy, gz, handle, ck.function, ck.packed_metadata, None, None, None, *args, *self.tail)

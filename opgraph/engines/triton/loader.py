@@ -50,8 +50,11 @@ def module_file(source: str) -> Path:
     try:
         same = path.read_bytes() == data
         if not same:
-            fault(path, "held other bytes than its name's hash; written again",
-                  "nothing: it is repaired (if this recurs, look for what else writes into the cache)")
+            fault(
+                path,
+                "held other bytes than its name's hash; written again",
+                "nothing: it is repaired (if this recurs, look for what else writes into the cache)",
+            )
     except FileNotFoundError:
         same = False
     except OSError as err:  # a folder, or no right to read it

@@ -45,9 +45,19 @@ class _Driver:
         self.lib = lib
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
-        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuFuncGetAttribute", "cuFuncSetAttribute",
-                     "cuFuncSetCacheConfig", "cuDeviceGetAttribute", "cuCtxGetCurrent", "cuCtxSetCurrent",
-                     "cuDevicePrimaryCtxRetain", "cuDeviceGet", "cuGetErrorString"):
+        for name in (
+            "cuModuleLoadData",
+            "cuModuleGetFunction",
+            "cuFuncGetAttribute",
+            "cuFuncSetAttribute",
+            "cuFuncSetCacheConfig",
+            "cuDeviceGetAttribute",
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuDevicePrimaryCtxRetain",
+            "cuDeviceGet",
+            "cuGetErrorString",
+        ):
             getattr(lib, name).restype = ctypes.c_int
 
     _encode: Any = None
@@ -58,14 +68,20 @@ class _Driver:
             try:
                 self._encode = tma_desc.encoder(self.lib)
             except AttributeError:
-                raise ExecutionError("this CUDA driver has no cuTensorMapEncodeTiled (TMA descriptors need CUDA 12+)",
-                                     rule="triton.driver", hint="use a config without TMA_HOST") from None
+                raise ExecutionError(
+                    "this CUDA driver has no cuTensorMapEncodeTiled (TMA descriptors need CUDA 12+)",
+                    rule="triton.driver",
+                    hint="use a config without TMA_HOST",
+                ) from None
         return self._encode
 
     def check(self, rc: int, what: str) -> None:
         if rc:
-            raise ExecutionError(f"the CUDA driver failed to {what}: {self.error(rc)}", rule="triton.driver",
-                                 hint="check the device and the kernel (OPGRAPH_LAUNCH=jit uses Triton's launcher)")
+            raise ExecutionError(
+                f"the CUDA driver failed to {what}: {self.error(rc)}",
+                rule="triton.driver",
+                hint="check the device and the kernel (OPGRAPH_LAUNCH=jit uses Triton's launcher)",
+            )
 
     def error(self, rc: int) -> str:
         text = ctypes.c_char_p()
@@ -130,33 +146,62 @@ def load(key: str, name: str, cubin: bytes, shared: int, device_index: int, num_
         d.check(d.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)), f"load kernel {name}")
         d.check(d.lib.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), f"find kernel {name}")
         threads = ctypes.c_int()
-        d.check(d.lib.cuFuncGetAttribute(ctypes.byref(threads), CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
-                "query the kernel")
+        d.check(
+            d.lib.cuFuncGetAttribute(ctypes.byref(threads), CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+            "query the kernel",
+        )
         if num_warps * 32 > threads.value:
-            raise ExecutionError(f"kernel {name} needs {num_warps * 32} threads per block, the device allows "
-                                 f"{threads.value} for it", rule="triton.resources", hint="pick a config with fewer warps")
+            raise ExecutionError(
+                f"kernel {name} needs {num_warps * 32} threads per block, the device allows {threads.value} for it",
+                rule="triton.resources",
+                hint="pick a config with fewer warps",
+            )
         if shared > 49152:
             dev = ctypes.c_int()
             d.check(d.lib.cuDeviceGet(ctypes.byref(dev), device_index), "get the device")
             optin, static = ctypes.c_int(), ctypes.c_int()
-            d.check(d.lib.cuDeviceGetAttribute(ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                                               dev), "query shared memory")
+            d.check(
+                d.lib.cuDeviceGetAttribute(
+                    ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev
+                ),
+                "query shared memory",
+            )
             if shared > optin.value:
-                raise ExecutionError(f"kernel {name} needs {shared} bytes of shared memory, the device has "
-                                     f"{optin.value}", rule="triton.resources", hint="pick a config with smaller tiles")
+                raise ExecutionError(
+                    f"kernel {name} needs {shared} bytes of shared memory, the device has {optin.value}",
+                    rule="triton.resources",
+                    hint="pick a config with smaller tiles",
+                )
             d.check(d.lib.cuFuncSetCacheConfig(function, CU_FUNC_CACHE_PREFER_SHARED), "prefer shared memory")
-            d.check(d.lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
-                    "query the kernel")
-            d.check(d.lib.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                             optin.value - static.value), "opt in to shared memory")
+            d.check(
+                d.lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+                "query the kernel",
+            )
+            d.check(
+                d.lib.cuFuncSetAttribute(
+                    function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin.value - static.value
+                ),
+                "opt in to shared memory",
+            )
         _LOADED[(key, device_index)] = (module.value or 0, function.value or 0)
         return function.value or 0
 
 
 _SCALARS: dict[str, Any] = {
-    "i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-    "u1": ctypes.c_uint8, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
-    "fp16": ctypes.c_uint16, "bf16": ctypes.c_uint16, "fp32": ctypes.c_float, "f32": ctypes.c_float,
+    "i1": ctypes.c_int8,
+    "i8": ctypes.c_int8,
+    "i16": ctypes.c_int16,
+    "i32": ctypes.c_int32,
+    "i64": ctypes.c_int64,
+    "u1": ctypes.c_uint8,
+    "u8": ctypes.c_uint8,
+    "u16": ctypes.c_uint16,
+    "u32": ctypes.c_uint32,
+    "u64": ctypes.c_uint64,
+    "fp16": ctypes.c_uint16,
+    "bf16": ctypes.c_uint16,
+    "fp32": ctypes.c_float,
+    "f32": ctypes.c_float,
     "fp64": ctypes.c_double,
 }
 
@@ -174,8 +219,16 @@ class NativeLaunch:
     as an int, a scalar as a number), `set_descriptor(i, ...)` encodes descriptor argument i; `call` is the
     (function, args) pair an execute makes."""
 
-    def __init__(self, function: int, grid: tuple[int, int, int], num_warps: int, shared: int,
-                 types: list[str], stream_c: ctypes.c_void_p, global_scratch: int = 0) -> None:
+    def __init__(
+        self,
+        function: int,
+        grid: tuple[int, int, int],
+        num_warps: int,
+        shared: int,
+        types: list[str],
+        stream_c: ctypes.c_void_p,
+        global_scratch: int = 0,
+    ) -> None:
         self.types = types
         self.slots: list[Any] = []
         self.index: list[int] = []  # the first slot of each runtime argument
@@ -200,9 +253,19 @@ class NativeLaunch:
             addresses.append(ctypes.addressof(slot))
         self.params = (ctypes.c_void_p * len(addresses))(*addresses)
         gx, gy, gz = grid
-        self.args = (ctypes.c_void_p(function), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz),
-                     ctypes.c_uint(32 * num_warps), ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
-                     stream_c, self.params, None)
+        self.args = (
+            ctypes.c_void_p(function),
+            ctypes.c_uint(gx),
+            ctypes.c_uint(gy),
+            ctypes.c_uint(gz),
+            ctypes.c_uint(32 * num_warps),
+            ctypes.c_uint(1),
+            ctypes.c_uint(1),
+            ctypes.c_uint(shared),
+            stream_c,
+            self.params,
+            None,
+        )
         self.empty = gx * gy * gz == 0
         self.call = (driver().launch, self.args) if not self.empty else (_nothing, ())
 

@@ -36,8 +36,14 @@ def default_size() -> int:
 
 class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", str(WORKER)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            bufsize=0,
+        )
         self.buffer = b""
         self.job: dict[str, Any] | None = None
 
@@ -99,8 +105,14 @@ class WorkerPool:
                         job, w.job = w.job, None
                         busy -= 1
                         if job is not None:
-                            done(job, {"id": job["id"], "ok": False, "error": "the compile worker exited "
-                                       f"(status {w.proc.wait()})"})
+                            done(
+                                job,
+                                {
+                                    "id": job["id"],
+                                    "ok": False,
+                                    "error": f"the compile worker exited (status {w.proc.wait()})",
+                                },
+                            )
                         self.workers.remove(w)
                         if pending:
                             fresh = _Worker(env)

@@ -34,11 +34,13 @@ def typed_scalars(generated: Generated) -> Generated:
         if fn.lineno in edits:
             continue
         params = fn.args.args
-        rendered = [f"{p.arg}: tl.float64" if i < len(launch.args) and launch.args[i].kind == "scalar"
-                    else ast.unparse(p) for i, p in enumerate(params)]
+        rendered = [
+            f"{p.arg}: tl.float64" if i < len(launch.args) and launch.args[i].kind == "scalar" else ast.unparse(p)
+            for i, p in enumerate(params)
+        ]
         edits[fn.lineno] = (fn.body[0].lineno - 1, f"def {fn.name}({', '.join(rendered)}):")
     for first, (last, header) in sorted(edits.items(), reverse=True):
-        lines[first - 1:last] = [header]
+        lines[first - 1 : last] = [header]
     return replace(generated, source="\n".join(lines) + "\n")
 
 

@@ -61,8 +61,10 @@ def launchable(meta: Any, count: int) -> bool:
     if not isinstance(meta, list) or len(meta) != count:
         return False
     need = ("swizzle", "elem_size", "elem_type", "block_size")
-    return all(isinstance(m, Mapping) and all(k in m for k in need) and not m.get("fp4_padded")
-               and not m.get("is_im2col") for m in meta)
+    return all(
+        isinstance(m, Mapping) and all(k in m for k in need) and not m.get("fp4_padded") and not m.get("is_im2col")
+        for m in meta
+    )
 
 
 def address(arg: Arg, base: int, itemsize: int) -> int:
@@ -77,24 +79,49 @@ def encode_args(arg: Arg, global_address: int, meta: Mapping[str, Any]) -> tuple
     block = [int(b) for b in meta["block_size"]]
     rank = len(arg.shape)
     if len(block) != rank or len(arg.strides) != rank:
-        raise ExecutionError(f"a tensor descriptor of rank {rank} got a block of {len(block)} axes",
-                             rule="triton.tma_desc", hint="run with OPGRAPH_LAUNCH=jit and report it")
+        raise ExecutionError(
+            f"a tensor descriptor of rank {rank} got a block of {len(block)} axes",
+            rule="triton.tma_desc",
+            hint="run with OPGRAPH_LAUNCH=jit and report it",
+        )
     dims = (ctypes.c_uint64 * rank)(*reversed(arg.shape))
     strides = (ctypes.c_uint64 * max(rank - 1, 1))(*[s * elem for s in reversed(arg.strides[:-1])])
     box = (ctypes.c_uint32 * rank)(*reversed(block))
     ones = (ctypes.c_uint32 * rank)(*([1] * rank))
     kind = _HOST_TYPE.get(int(meta["elem_type"]), int(meta["elem_type"]))
-    return (kind, rank, global_address, dims, strides, box, ones, _INTERLEAVE_NONE, int(meta["swizzle"]),
-            _L2_PROMOTION_128B, _OOB_FILL_NONE)
+    return (
+        kind,
+        rank,
+        global_address,
+        dims,
+        strides,
+        box,
+        ones,
+        _INTERLEAVE_NONE,
+        int(meta["swizzle"]),
+        _L2_PROMOTION_128B,
+        _OOB_FILL_NONE,
+    )
 
 
 def encoder(lib: Any) -> Callable[..., int]:
     """libcuda's cuTensorMapEncodeTiled with its argument types."""
     fn = lib.cuTensorMapEncodeTiled
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_int]
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return fn
 
 
@@ -105,10 +132,18 @@ class TensorMapSlot:
         self.buffer = (ctypes.c_uint8 * (MAP_BYTES + MAP_ALIGN))()
         self.address = -(-ctypes.addressof(self.buffer) // MAP_ALIGN) * MAP_ALIGN
 
-    def encode(self, fn: Callable[..., int], check: Callable[[int, str], None], arg: Arg, global_address: int,
-               meta: Mapping[str, Any]) -> None:
-        check(fn(self.address, *encode_args(arg, global_address, meta)),
-              f"encode a TMA descriptor of shape {list(arg.shape)} at {global_address:#x}")
+    def encode(
+        self,
+        fn: Callable[..., int],
+        check: Callable[[int, str], None],
+        arg: Arg,
+        global_address: int,
+        meta: Mapping[str, Any],
+    ) -> None:
+        check(
+            fn(self.address, *encode_args(arg, global_address, meta)),
+            f"encode a TMA descriptor of shape {list(arg.shape)} at {global_address:#x}",
+        )
 
     def raw(self) -> bytes:
         return ctypes.string_at(self.address, MAP_BYTES)
@@ -122,7 +157,9 @@ def descriptor_object(arg: Arg, buffer: Any) -> Any:
 
     base = torch.as_strided(buffer, (1,), (1,), buffer.storage_offset() + arg.offset)
     if base.data_ptr() % 16:
-        raise ExecutionError(f"a TMA descriptor's buffer starts at {base.data_ptr():#x}, not on a 16-byte boundary",
-                             rule="triton.tma_desc", hint="bind 16-byte aligned buffers (fresh allocations are), or "
-                             "build with a config without TMA / TMA_HOST")
+        raise ExecutionError(
+            f"a TMA descriptor's buffer starts at {base.data_ptr():#x}, not on a 16-byte boundary",
+            rule="triton.tma_desc",
+            hint="bind 16-byte aligned buffers (fresh allocations are), or build with a config without TMA / TMA_HOST",
+        )
     return TensorDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block))

@@ -35,8 +35,12 @@ def _attr_schema(hint: Any) -> dict[str, Any]:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return {"type": "array", "items": _attr_schema(args[0])}
-        return {"type": "array", "prefixItems": [_attr_schema(a) for a in args], "minItems": len(args),
-                "maxItems": len(args)}
+        return {
+            "type": "array",
+            "prefixItems": [_attr_schema(a) for a in args],
+            "minItems": len(args),
+            "maxItems": len(args),
+        }
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return {"enum": list(hint.__members__)}
     simple = {int: "integer", float: "number", bool: "boolean", str: "string"}
@@ -45,10 +49,15 @@ def _attr_schema(hint: Any) -> dict[str, Any]:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a structured attribute (a score modifier)
         hints = typing.get_type_hints(hint)
         fields = dataclasses.fields(hint)
-        required = [f.name for f in fields if f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING]
-        return {"type": "object", "properties": {f.name: _attr_schema(hints[f.name]) for f in fields},
-                "required": required, "additionalProperties": False}
+        required = [
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        return {
+            "type": "object",
+            "properties": {f.name: _attr_schema(hints[f.name]) for f in fields},
+            "required": required,
+            "additionalProperties": False,
+        }
     raise TypeError(f"no schema for attribute type {hint}")
 
 
@@ -68,8 +77,7 @@ def _op_rule(kind: str, cls: Any) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     own = [f for f in dataclasses.fields(cls) if f.init]  # (init=False fields are fixed by the kind)
     attrs = {f.name: _attr_schema(hints[f.name]) for f in own}
-    needed = [f.name for f in own
-              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    needed = [f.name for f in own if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     attr_doc: dict[str, Any] = {"type": "object", "properties": attrs, "additionalProperties": False}
     if needed:
         attr_doc["required"] = needed
@@ -104,13 +112,22 @@ def _pointwise_modes() -> list[dict[str, Any]]:
     rules = []
     for mode, info in MODES.items():
         roles = [*OPERAND_ROLES[: info.arity], *(p for p, _ in info.params)]
-        rules.append({
-            "if": {"properties": {"op": {"const": "pointwise"},
-                                  "attrs": {"properties": {"mode": {"const": mode.name}}, "required": ["mode"]}},
-                   "required": ["op", "attrs"]},
-            "then": {"properties": {"inputs": {"propertyNames": {"enum": roles},
-                                               "required": list(OPERAND_ROLES[: info.arity])}}},
-        })
+        rules.append(
+            {
+                "if": {
+                    "properties": {
+                        "op": {"const": "pointwise"},
+                        "attrs": {"properties": {"mode": {"const": mode.name}}, "required": ["mode"]},
+                    },
+                    "required": ["op", "attrs"],
+                },
+                "then": {
+                    "properties": {
+                        "inputs": {"propertyNames": {"enum": roles}, "required": list(OPERAND_ROLES[: info.arity])}
+                    }
+                },
+            }
+        )
     return rules
 
 
@@ -130,26 +147,43 @@ def graph_schema() -> dict[str, Any]:
     tensor_props = {
         "uid": {"$ref": "#/$defs/uid"},
         "name": {"type": "string"},
-        "dim": {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 1}, {"$ref": "#/$defs/size"}]},
-                "description": "logical dims (N, C, spatial... for images; batch..., M, K for matmul); "
-                               "may be left out on a virtual tensor, whose dims are inferred"},
-        "stride": {"type": "array", "items": {"anyOf": [{"type": "integer", "minimum": 0}, {"$ref": "#/$defs/size"}]},
-                   "description": "elements between neighbours along each dim; default packed row-major"},
-        "data_type": {**dtype, "description": "default: the graph's io_data_type (intermediate_data_type "
-                                              "for virtual tensors)"},
-        "is_virtual": {"type": "boolean", "default": False,
-                       "description": "an intermediate no buffer holds (inside a kernel or the plan's workspace)"},
-        "is_pass_by_value": {"type": "boolean", "default": False,
-                             "description": "a host scalar given at execute as a Python number"},
-        "is_by_reference": {"type": "boolean", "default": False,
-                            "description": "read through the plan's address table (CUDA-graph re-pointing)"},
+        "dim": {
+            "type": "array",
+            "items": {"anyOf": [{"type": "integer", "minimum": 1}, {"$ref": "#/$defs/size"}]},
+            "description": "logical dims (N, C, spatial... for images; batch..., M, K for matmul); "
+            "may be left out on a virtual tensor, whose dims are inferred",
+        },
+        "stride": {
+            "type": "array",
+            "items": {"anyOf": [{"type": "integer", "minimum": 0}, {"$ref": "#/$defs/size"}]},
+            "description": "elements between neighbours along each dim; default packed row-major",
+        },
+        "data_type": {
+            **dtype,
+            "description": "default: the graph's io_data_type (intermediate_data_type for virtual tensors)",
+        },
+        "is_virtual": {
+            "type": "boolean",
+            "default": False,
+            "description": "an intermediate no buffer holds (inside a kernel or the plan's workspace)",
+        },
+        "is_pass_by_value": {
+            "type": "boolean",
+            "default": False,
+            "description": "a host scalar given at execute as a Python number",
+        },
+        "is_by_reference": {
+            "type": "boolean",
+            "default": False,
+            "description": "read through the plan's address table (CUDA-graph re-pointing)",
+        },
     }
     op_props = {
         "op": {"enum": sorted(OPS), "description": "the op kind (a custom op is 'custom', with attrs.op_name)"},
         "name": {"type": "string"},
         "compute_data_type": {**dtype, "description": "default: the graph's compute_data_type"},
         "attrs": {"type": "object", "description": "the op's attributes, as the builder's keyword arguments"},
-        "inputs": {"type": "object", "description": "role -> tensor UID, or {\"const\": number} for a literal"},
+        "inputs": {"type": "object", "description": 'role -> tensor UID, or {"const": number} for a literal'},
         "outputs": {"type": "object", "description": "role -> tensor UID; left-out roles are not computed"},
     }
     assert list(tensor_props) == list(TENSOR_KEYS) and list(op_props) == list(OP_KEYS)
@@ -160,8 +194,11 @@ def graph_schema() -> dict[str, Any]:
         "io_data_type": {**dtype, "default": "HALF"},
         "intermediate_data_type": {**dtype, "default": "FLOAT"},
         "compute_data_type": {**dtype, "default": "FLOAT"},
-        "dims": {"type": "array", "items": {"$ref": "#/$defs/dim"},
-                 "description": "the dynamic dims the sizes name (version 2)"},
+        "dims": {
+            "type": "array",
+            "items": {"$ref": "#/$defs/dim"},
+            "description": "the dynamic dims the sizes name (version 2)",
+        },
         "tensors": {"type": "array", "items": {"$ref": "#/$defs/tensor"}},
         "ops": {"type": "array", "items": {"$ref": "#/$defs/op"}},
     }
@@ -171,31 +208,54 @@ def graph_schema() -> dict[str, Any]:
         "$id": SCHEMA_ID,
         "title": "opgraph graph file",
         "description": "An operation graph: tensors by UID and ops reading and writing them. Written by "
-                       "Graph.to_json, read by Graph.from_json and `opgraph check/run/explain`. Generated "
-                       "from opgraph's op registry by `python -m opgraph.graph.schema --write`.",
+        "Graph.to_json, read by Graph.from_json and `opgraph check/run/explain`. Generated "
+        "from opgraph's op registry by `python -m opgraph.graph.schema --write`.",
         "type": "object",
         "properties": graph_props,
         "required": ["format", "version", "tensors", "ops"],
         "additionalProperties": False,
         "$defs": {
             "uid": {"type": "integer", "description": "a tensor's unique id (int64)"},
-            "dim": {"type": "object", "properties": {"name": {"type": "string"}, "min": {"type": "integer", "minimum": 1},
-                                                     "max": {"type": "integer", "minimum": 1}},
-                    "required": ["name", "min", "max"], "additionalProperties": False,
-                    "description": "a dynamic dim: any int of min..max"},
-            "size": {"type": "string", "description": "a dynamic size: an expression of dims' names, ints and "
-                                                      "+ - * // % (e.g. '64*seq')"},
+            "dim": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "min": {"type": "integer", "minimum": 1},
+                    "max": {"type": "integer", "minimum": 1},
+                },
+                "required": ["name", "min", "max"],
+                "additionalProperties": False,
+                "description": "a dynamic dim: any int of min..max",
+            },
+            "size": {
+                "type": "string",
+                "description": "a dynamic size: an expression of dims' names, ints and + - * // % (e.g. '64*seq')",
+            },
             "data_type": {"enum": _data_type_names()},
-            "operand": {"anyOf": [
-                {"$ref": "#/$defs/uid"},
-                {"type": "object", "properties": {"const": {"type": ["number", "boolean"]}}, "required": ["const"],
-                 "additionalProperties": False},
-            ]},
-            "tensor": {"type": "object", "properties": tensor_props, "required": ["uid"],
-                       "additionalProperties": False},
-            "op": {"type": "object", "properties": op_props, "required": ["op", "inputs", "outputs"],
-                   "additionalProperties": False,
-                   "allOf": [*(_op_rule(k, OPS[k]) for k in sorted(OPS)), *_pointwise_modes()]},
+            "operand": {
+                "anyOf": [
+                    {"$ref": "#/$defs/uid"},
+                    {
+                        "type": "object",
+                        "properties": {"const": {"type": ["number", "boolean"]}},
+                        "required": ["const"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+            "tensor": {
+                "type": "object",
+                "properties": tensor_props,
+                "required": ["uid"],
+                "additionalProperties": False,
+            },
+            "op": {
+                "type": "object",
+                "properties": op_props,
+                "required": ["op", "inputs", "outputs"],
+                "additionalProperties": False,
+                "allOf": [*(_op_rule(k, OPS[k]) for k in sorted(OPS)), *_pointwise_modes()],
+            },
         },
     }
 
@@ -235,7 +295,8 @@ def _message(err: Any) -> str:
 
     if err.validator == "enum" and isinstance(err.instance, str):
         return f"{err.instance!r} is not one of the {len(err.validator_value)} known names" + (
-            did_you_mean(err.instance, err.validator_value) or f": {', '.join(map(str, err.validator_value[:12]))}...")
+            did_you_mean(err.instance, err.validator_value) or f": {', '.join(map(str, err.validator_value[:12]))}..."
+        )
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         known = list(err.schema.get("properties", {}))
         extra = [k for k in err.instance if k not in known]

@@ -10,6 +10,8 @@ if __name__ == "__main__":
         SCHEMA_PATH.write_text(text)
         print(f"wrote {SCHEMA_PATH}")
     elif "--check" in sys.argv:
-        sys.exit(0 if SCHEMA_PATH.read_text() == text else f"{SCHEMA_PATH} is stale: python -m opgraph.graph.schema --write")
+        sys.exit(
+            0 if SCHEMA_PATH.read_text() == text else f"{SCHEMA_PATH} is stale: python -m opgraph.graph.schema --write"
+        )
     else:
         sys.stdout.write(text)

@@ -16,15 +16,27 @@ def legacy_graph() -> og.Graph:
 
     g = og.Graph("legacy", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[1, 2, 6, 6], name="x")
-    ymax = g.resample(x, mode="MAX", window=[3, 3], stride=[2, 2], pre_padding=[1, 1], post_padding=[1, 1],
-                      name="maxpool")[0]
-    yavg = g.resample(x, mode="AVG_EXCLUDE_PADDING", window=[2, 2], stride=[2, 2], pre_padding=[1, 0],
-                      post_padding=[1, 1], name="avgpool")[0]
+    ymax = g.resample(
+        x, mode="MAX", window=[3, 3], stride=[2, 2], pre_padding=[1, 1], post_padding=[1, 1], name="maxpool"
+    )[0]
+    yavg = g.resample(
+        x,
+        mode="AVG_EXCLUDE_PADDING",
+        window=[2, 2],
+        stride=[2, 2],
+        pre_padding=[1, 0],
+        post_padding=[1, 1],
+        name="avgpool",
+    )[0]
     part = g.slice(x, [slice(None), slice(None), slice(1, 5), slice(0, 6, 2)], name="part")
     s = g.mul(g.exp(stop_gradient(g, ymax)), ymax, name="sg_mul")
-    loss = g.add(g.reduction(s, "add", name="r1").set_dim([1, 1, 1, 1]),
-                 g.add(g.reduction(yavg, "add", name="r2").set_dim([1, 1, 1, 1]),
-                       g.reduction(g.mul(part, part), "add", name="r3").set_dim([1, 1, 1, 1])))
+    loss = g.add(
+        g.reduction(s, "add", name="r1").set_dim([1, 1, 1, 1]),
+        g.add(
+            g.reduction(yavg, "add", name="r2").set_dim([1, 1, 1, 1]),
+            g.reduction(g.mul(part, part), "add", name="r3").set_dim([1, 1, 1, 1]),
+        ),
+    )
     loss.set_output(True).set_name("loss")
     bg = og.grad(g, [loss], [x], combined=True).graph
     bg.validate()

@@ -7,5 +7,16 @@ from .backward import backward
 from .forward import forward
 from .spec import AttnSpec, BwdKnobs, Causal, Coords, FwdKnobs, MaskDropout, Operand, PhiloxDropout, Scalar
 
-__all__ = ["AttnSpec", "BwdKnobs", "Causal", "Coords", "FwdKnobs", "MaskDropout", "Operand", "PhiloxDropout",
-           "Scalar", "backward", "forward"]
+__all__ = [
+    "AttnSpec",
+    "BwdKnobs",
+    "Causal",
+    "Coords",
+    "FwdKnobs",
+    "MaskDropout",
+    "Operand",
+    "PhiloxDropout",
+    "Scalar",
+    "backward",
+    "forward",
+]

@@ -100,8 +100,11 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
     else:
         dq = _dq(spec, kn, scratch)
         functions = [pre.source(), dkdv.source(), dq.source()]
-        launches = [pre_launch, dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
-                    dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2)]
+        launches = [
+            pre_launch,
+            dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
+            dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2),
+        ]
     if "DBP" in scratch:
         red = _dbias_reduce(spec, scratch)
         functions.append(red.source())
@@ -120,14 +123,23 @@ def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> Kernel
     k.param(spec.o.name)
     k.param(spec.do.name)
     k.param("DELTA")
-    k.add("pid_bh = tl.program_id(1)", f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}",
-          f"offs_m = tl.program_id(0) * {pb} + tl.arange(0, {pb})", f"offs_dv = tl.arange(0, {dvp})")
-    mask = and_mask(f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % pb else None,
-                    f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None)
+    k.add(
+        "pid_bh = tl.program_id(1)",
+        f"off_b = pid_bh // {spec.Hq}",
+        f"off_h = pid_bh % {spec.Hq}",
+        f"offs_m = tl.program_id(0) * {pb} + tl.arange(0, {pb})",
+        f"offs_dv = tl.arange(0, {dvp})",
+    )
+    mask = and_mask(
+        f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % pb else None,
+        f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None,
+    )
     for var, op in (("o", spec.o), ("do", spec.do)):
         rows = _row("offs_m[:, None]", wide(extent(op, (1, 1, spec.Sq, spec.Dv))))
-        k.add(f"{var} = tl.load({op.name} + {base_expr(op, 'off_b', 'off_h')} + {rows} * {op.strides[2]}"
-              f" + offs_dv[None, :]{_mask(mask)}).to(tl.float32)")
+        k.add(
+            f"{var} = tl.load({op.name} + {base_expr(op, 'off_b', 'off_h')} + {rows} * {op.strides[2]}"
+            f" + offs_dv[None, :]{_mask(mask)}).to(tl.float32)"
+        )
     smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % pb else ""
     k.add(f"tl.store(DELTA + pid_bh.to(tl.int64) * {spec.Sq} + offs_m, tl.sum(o * do, 1){smask})")
     return k
@@ -152,8 +164,10 @@ def _lse2(spec: AttnSpec, offs: str, mask: str | None) -> list[str]:
     st = spec.stats
     assert st is not None
     m = f", mask={mask}, other=0.0" if mask else ""
-    return [f"lse = tl.load({st.name} + lse_base + {offs} * {st.strides[2]}{m}).to(tl.float32)",
-            f"lse2 = tl.where(lse == float(\"-inf\"), float(\"inf\"), lse * {LOG2E!r})"]
+    return [
+        f"lse = tl.load({st.name} + lse_base + {offs} * {st.strides[2]}{m}).to(tl.float32)",
+        f'lse2 = tl.where(lse == float("-inf"), float("inf"), lse * {LOG2E!r})',
+    ]
 
 
 def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
@@ -168,19 +182,31 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     k.param("DELTA")
     k.param(spec.dk.name)
     k.param(spec.dv.name)
-    k.add("pid_n = tl.program_id(0)", "pid_bh = tl.program_id(1)",
-          f"off_b = pid_bh // {spec.Hk}", f"off_hk = pid_bh % {spec.Hk}", "off_hv = off_hk",
-          f"n0 = pid_n * {bn}", f"offs_n = n0 + tl.arange(0, {bn})", f"offs_m0 = tl.arange(0, {bm})",
-          f"offs_d = tl.arange(0, {dp})", f"offs_dv = tl.arange(0, {dvp})")
+    k.add(
+        "pid_n = tl.program_id(0)",
+        "pid_bh = tl.program_id(1)",
+        f"off_b = pid_bh // {spec.Hk}",
+        f"off_hk = pid_bh % {spec.Hk}",
+        "off_hv = off_hk",
+        f"n0 = pid_n * {bn}",
+        f"offs_n = n0 + tl.arange(0, {bn})",
+        f"offs_m0 = tl.arange(0, {bm})",
+        f"offs_d = tl.arange(0, {dp})",
+        f"offs_dv = tl.arange(0, {dvp})",
+    )
     _common_setup(spec, k)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if spec.Skv % bn else None
     wk, wv = (wide(extent(op, (1, 1, spec.Skv, d))) for op, d in ((spec.k, spec.D), (spec.v, spec.Dv)))
-    k.add(f"kt = tl.load({spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {_row('offs_n[:, None]', wk)} * "
-          f"{spec.k.strides[2]} + offs_d[None, :]{_mask(and_mask(key_ok, dmask))})")
-    k.add(f"vt = tl.load({spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n[:, None]', wv)} * "
-          f"{spec.v.strides[2]} + offs_dv[None, :]{_mask(and_mask(key_ok, dvmask))})")
+    k.add(
+        f"kt = tl.load({spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {_row('offs_n[:, None]', wk)} * "
+        f"{spec.k.strides[2]} + offs_d[None, :]{_mask(and_mask(key_ok, dmask))})"
+    )
+    k.add(
+        f"vt = tl.load({spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n[:, None]', wv)} * "
+        f"{spec.v.strides[2]} + offs_dv[None, :]{_mask(and_mask(key_ok, dvmask))})"
+    )
     if spec.q.dtype != dt:
         k.add(f"kt = kt.to({dt})", f"vt = vt.to({dt})")
     k.add(f"dk = tl.zeros([{bn}, {dp}], tl.float32)", f"dv = tl.zeros([{bn}, {dvp}], tl.float32)")
@@ -190,8 +216,10 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     if spec.window is not None:
         lines.append(f"hi = tl.minimum(hi, tl.maximum(n0 + {bn - 1 + spec.window} - diag, 0))")
     if causal:
-        lines += [f"lo = (tl.maximum(n0 - diag, 0) // {bm}) * {bm}",
-                  f"r1 = ((tl.maximum(n0 + {bn - 1} - diag, 0) + {bm - 1}) // {bm}) * {bm}"]
+        lines += [
+            f"lo = (tl.maximum(n0 - diag, 0) // {bm}) * {bm}",
+            f"r1 = ((tl.maximum(n0 + {bn - 1} - diag, 0) + {bm - 1}) // {bm}) * {bm}",
+        ]
     else:
         lines += ["lo = 0", "r1 = 0"]
     lines.append("hi = tl.where(n0 < kv_len, hi, lo)")
@@ -202,29 +230,50 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
     k.add(*lines)
     lead = causal
-    trail = (spec.window is not None or spec.seq_len_q is not None or spec.seq_len_kv is not None
-             or spec.Sq % bm != 0 or spec.Skv % bn != 0)
+    trail = (
+        spec.window is not None
+        or spec.seq_len_q is not None
+        or spec.seq_len_kv is not None
+        or spec.Sq % bm != 0
+        or spec.Skv % bn != 0
+    )
     wq, wdo = (wide(extent(op, (1, 1, spec.Sq, d))) for op, d in ((spec.q, spec.D), (spec.do, spec.Dv)))
-    tma = bool(kn.TMA) and tma_ok(spec.q, (spec.B, spec.Hq, spec.Sq, spec.D)) and \
-        tma_ok(spec.do, (spec.B, spec.Hq, spec.Sq, spec.Dv))
+    tma = (
+        bool(kn.TMA)
+        and tma_ok(spec.q, (spec.B, spec.Hq, spec.Sq, spec.D))
+        and tma_ok(spec.do, (spec.B, spec.Hq, spec.Sq, spec.Dv))
+    )
     if tma:
-        k.add(tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
-              tma_desc(spec.do, "desc_do", (spec.B, spec.Hq, spec.Sq, spec.Dv), bm, dvp))
+        k.add(
+            tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
+            tma_desc(spec.do, "desc_do", (spec.B, spec.Hq, spec.Sq, spec.Dv), bm, dvp),
+        )
     k.add(f"for g in range({spec.gk}):")
     k.add(f"off_h = off_hk * {spec.gk} + g", depth=1)
     _per_head(spec, k, 1)
-    k.add(f"q_ptrs = {spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + "
-          f"{_row('offs_m0[:, None]', wq)} * {spec.q.strides[2]} + offs_d[None, :]",
-          f"do_ptrs = {spec.do.name} + {base_expr(spec.do, 'off_b', 'off_h')} + "
-          f"{_row('offs_m0[:, None]', wdo)} * {spec.do.strides[2]} + offs_dv[None, :]",
-          f"lse_base = {base_expr(spec.stats, 'off_b', 'off_h')}",
-          f"delta_ptr = DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq}", depth=1)
+    k.add(
+        f"q_ptrs = {spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + "
+        f"{_row('offs_m0[:, None]', wq)} * {spec.q.strides[2]} + offs_d[None, :]",
+        f"do_ptrs = {spec.do.name} + {base_expr(spec.do, 'off_b', 'off_h')} + "
+        f"{_row('offs_m0[:, None]', wdo)} * {spec.do.strides[2]} + offs_dv[None, :]",
+        f"lse_base = {base_expr(spec.stats, 'off_b', 'off_h')}",
+        f"delta_ptr = DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq}",
+        depth=1,
+    )
     db = _dbias_target(spec, k)
     if db is not None:
         k.add(f"db_base = {db[1]}", depth=1)
-    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_m", bm,
-                       lambda masked: _dkdv_body(spec, k, kn, masked, wq, wdo, dmask, dvmask, key_ok, db, tma)),
-          depth=1)
+    k.add(
+        *block_loops(
+            lead,
+            trail,
+            bool(kn.ONELOOP),
+            "start_m",
+            bm,
+            lambda masked: _dkdv_body(spec, k, kn, masked, wq, wdo, dmask, dvmask, key_ok, db, tma),
+        ),
+        depth=1,
+    )
     if db is not None:  # blocks no key of this block sees: dBias is 0 there
         k.add(f"vis = tl.where(hi > lo, lo + ((hi - lo + {bm - 1}) // {bm}) * {bm}, lo)", depth=1)
         for rng in ("0, lo", f"vis, {spec.Sq}"):
@@ -232,11 +281,16 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
             k.add("offs_m = start_m + offs_m0", depth=2)
             k.add(*_dbias_store(spec, db, f"tl.zeros([{bn}, {bm}], tl.float32)"), depth=2)
     k.add("dk = dk * sm")
-    for op, val, rows_w, d, mask in ((spec.dk, "dk", spec.Skv, spec.D, dmask), (spec.dv, "dv", spec.Skv, spec.Dv, dvmask)):
+    for op, val, rows_w, d, mask in (
+        (spec.dk, "dk", spec.Skv, spec.D, dmask),
+        (spec.dv, "dv", spec.Skv, spec.Dv, dvmask),
+    ):
         w = wide(extent(op, (1, 1, rows_w, d)))
         m = and_mask(key_ok, mask)
-        k.add(f"tl.store({op.name} + {base_expr(op, 'off_b', 'off_hk')} + {_row('offs_n[:, None]', w)} * {op.strides[2]}"
-              f" + {'offs_d' if val == 'dk' else 'offs_dv'}[None, :], {val}.to({op.dtype}){', mask=' + m if m else ''})")
+        k.add(
+            f"tl.store({op.name} + {base_expr(op, 'off_b', 'off_hk')} + {_row('offs_n[:, None]', w)} * {op.strides[2]}"
+            f" + {'offs_d' if val == 'dk' else 'offs_dv'}[None, :], {val}.to({op.dtype}){', mask=' + m if m else ''})"
+        )
     return k
 
 
@@ -257,14 +311,26 @@ def _dbias_store(spec: AttnSpec, db: tuple[Operand, str], value: str) -> list[st
     wi = wide(extent(op, (spec.B, spec.Hq, spec.Sq, spec.Skv)))
     i = _row("offs_m[None, :]", wi)
     mask = and_mask(f"(offs_m[None, :] < {spec.Sq})", f"(offs_n[:, None] < {spec.Skv})" if spec.Skv else None)
-    store = (f"tl.store({op.name} + db_base + {i} * {op.strides[2]} + offs_n[:, None] * {op.strides[3]}, "
-             f"({value}).to({op.dtype}), mask={mask})")
+    store = (
+        f"tl.store({op.name} + db_base + {i} * {op.strides[2]} + offs_n[:, None] * {op.strides[3]}, "
+        f"({value}).to({op.dtype}), mask={mask})"
+    )
     return [store]
 
 
-def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wq: bool, wdo: bool,
-               dmask: str | None, dvmask: str | None, key_ok: str | None,
-               db: tuple[Operand, str] | None, tma: bool) -> list[str]:
+def _dkdv_body(
+    spec: AttnSpec,
+    k: KernelText,
+    kn: BwdKnobs,
+    masked: bool | str,
+    wq: bool,
+    wdo: bool,
+    dmask: str | None,
+    dvmask: str | None,
+    key_ok: str | None,
+    db: tuple[Operand, str] | None,
+    tma: bool,
+) -> list[str]:
     dt = dot_dtype(spec)
     do = expect(spec.do, "the backward attention spec's dO operand")
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
@@ -273,9 +339,12 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
     start = "start_m.to(tl.int64)" if wq else "start_m"
     dstart = "start_m.to(tl.int64)" if wdo else "start_m"
     vec_mask = f"offs_m < {spec.Sq}" if ragged_rows else None
-    lines = ["offs_m = start_m + offs_m0",
-             f"qt = {tma_load('desc_q', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dp)}" if tma else
-             f"qt = tl.load(q_ptrs + {start} * {spec.q.strides[2]}{_mask(and_mask(row_ok, dmask))})"]
+    lines = [
+        "offs_m = start_m + offs_m0",
+        f"qt = {tma_load('desc_q', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dp)}"
+        if tma
+        else f"qt = tl.load(q_ptrs + {start} * {spec.q.strides[2]}{_mask(and_mask(row_ok, dmask))})",
+    ]
     if spec.q.dtype != dt:
         lines.append(f"qt = qt.to({dt})")
     lines += _lse2(spec, "offs_m", vec_mask)
@@ -284,8 +353,11 @@ def _dkdv_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, 
     f = exp2_factor(spec)  # (s2 without it: applied in exp2's argument, one fma a score)
     lines += score_lines(spec, k, o, masked, f is not None)
     lines.append(f"pt = tl.math.exp2(s2{times(f)} - lse2[None, :])")
-    lines.append(f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}" if tma else
-                 f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})")
+    lines.append(
+        f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}"
+        if tma
+        else f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})"
+    )
     if do.dtype != dt:
         lines.append(f"dot_ = dot_.to({dt})")
     lines.append(f"di = tl.load(delta_ptr + offs_m{_mask(vec_mask)})")
@@ -336,70 +408,127 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
     k.param("DELTA")
     k.param(spec.dq.name)
     if fused:
-        k.add(f"y = tl.program_id(0) - {fused}", "pid_bh = tl.program_id(1)", f"pid_m = y % {num_m}",
-              f"off_b = pid_bh // {spec.Hk}", f"off_h = (pid_bh % {spec.Hk}) * {spec.gk} + y // {num_m}")
+        k.add(
+            f"y = tl.program_id(0) - {fused}",
+            "pid_bh = tl.program_id(1)",
+            f"pid_m = y % {num_m}",
+            f"off_b = pid_bh // {spec.Hk}",
+            f"off_h = (pid_bh % {spec.Hk}) * {spec.gk} + y // {num_m}",
+        )
     else:
-        k.add("pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)",
-              f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}")
+        k.add(
+            "pid_m = tl.program_id(0)",
+            "pid_bh = tl.program_id(1)",
+            f"off_b = pid_bh // {spec.Hq}",
+            f"off_h = pid_bh % {spec.Hq}",
+        )
     k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")
-    k.add(f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
-          f"m0 = start_m * {bm}", f"offs_m = m0 + tl.arange(0, {bm})", f"offs_n0 = tl.arange(0, {bn})",
-          f"offs_d = tl.arange(0, {dp})", f"offs_dv = tl.arange(0, {dvp})")
+    k.add(
+        f"off_hk = off_h // {spec.gk}",
+        f"off_hv = off_h // {spec.gv}",
+        f"m0 = start_m * {bm}",
+        f"offs_m = m0 + tl.arange(0, {bm})",
+        f"offs_n0 = tl.arange(0, {bn})",
+        f"offs_d = tl.arange(0, {dp})",
+        f"offs_dv = tl.arange(0, {dvp})",
+    )
     _common_setup(spec, k)
     _per_head(spec, k, 0)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
     vec_ok = f"offs_m < {spec.Sq}" if spec.Sq % bm else None
-    wq, wdo, wk, wv = (wide(extent(op, (1, 1, s, d))) for op, s, d in (
-        (spec.q, spec.Sq, spec.D), (spec.do, spec.Sq, spec.Dv), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv)))
-    k.add(f"qt = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {_row('offs_m[:, None]', wq)} * "
-          f"{spec.q.strides[2]} + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
-    k.add(f"dot_ = tl.load({spec.do.name} + {base_expr(spec.do, 'off_b', 'off_h')} + {_row('offs_m[:, None]', wdo)} * "
-          f"{spec.do.strides[2]} + offs_dv[None, :]{_mask(and_mask(row_ok, dvmask))})")
+    wq, wdo, wk, wv = (
+        wide(extent(op, (1, 1, s, d)))
+        for op, s, d in (
+            (spec.q, spec.Sq, spec.D),
+            (spec.do, spec.Sq, spec.Dv),
+            (spec.k, spec.Skv, spec.D),
+            (spec.v, spec.Skv, spec.Dv),
+        )
+    )
+    k.add(
+        f"qt = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {_row('offs_m[:, None]', wq)} * "
+        f"{spec.q.strides[2]} + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})"
+    )
+    k.add(
+        f"dot_ = tl.load({spec.do.name} + {base_expr(spec.do, 'off_b', 'off_h')} + {_row('offs_m[:, None]', wdo)} * "
+        f"{spec.do.strides[2]} + offs_dv[None, :]{_mask(and_mask(row_ok, dvmask))})"
+    )
     if spec.q.dtype != dt:
         k.add(f"qt = qt.to({dt})", f"dot_ = dot_.to({dt})")
     k.add(f"lse_base = {base_expr(spec.stats, 'off_b', 'off_h')}")
     k.add(*_lse2(spec, "offs_m", vec_ok))
     k.add(f"di = tl.load(DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq} + offs_m{_mask(vec_ok)})")
-    k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {_row('offs_n0[:, None]', wk)} * "
-          f"{spec.k.strides[2]} + offs_d[None, :]",
-          f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n0[:, None]', wv)} * "
-          f"{spec.v.strides[2]} + offs_dv[None, :]")
-    tma = bool(kn.TMA) and tma_ok(spec.k, (spec.B, spec.Hk, spec.Skv, spec.D)) and \
-        tma_ok(spec.v, (spec.B, spec.Hv, spec.Skv, spec.Dv))
+    k.add(
+        f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {_row('offs_n0[:, None]', wk)} * "
+        f"{spec.k.strides[2]} + offs_d[None, :]",
+        f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n0[:, None]', wv)} * "
+        f"{spec.v.strides[2]} + offs_dv[None, :]",
+    )
+    tma = (
+        bool(kn.TMA)
+        and tma_ok(spec.k, (spec.B, spec.Hk, spec.Skv, spec.D))
+        and tma_ok(spec.v, (spec.B, spec.Hv, spec.Skv, spec.Dv))
+    )
     if tma:
-        k.add(tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
-              tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp))
+        k.add(
+            tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
+            tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp),
+        )
     k.add(f"dq = tl.zeros([{bm}, {dp}], tl.float32)")
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
-    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_n", bn,
-                       lambda masked: _dq_body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma)))
+    k.add(
+        *block_loops(
+            lead,
+            trail,
+            bool(kn.ONELOOP),
+            "start_n",
+            bn,
+            lambda masked: _dq_body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma),
+        )
+    )
     k.add("dq = dq * sm")
     if spec.seq_len_q is not None:
         k.add("dq = tl.where((offs_m < q_len)[:, None], dq, 0.0)")
     op = spec.dq
     m = and_mask(row_ok, dmask)
-    k.add(f"tl.store({op.name} + {base_expr(op, 'off_b', 'off_h')} + "
-          f"{_row('offs_m[:, None]', wide(extent(op, (1, 1, spec.Sq, spec.D))))} * {op.strides[2]} + offs_d[None, :], "
-          f"dq.to({op.dtype}){', mask=' + m if m else ''})")
+    k.add(
+        f"tl.store({op.name} + {base_expr(op, 'off_b', 'off_h')} + "
+        f"{_row('offs_m[:, None]', wide(extent(op, (1, 1, spec.Sq, spec.D))))} * {op.strides[2]} + offs_d[None, :], "
+        f"dq.to({op.dtype}){', mask=' + m if m else ''})"
+    )
     return k
 
 
-def _dq_body(spec: AttnSpec, k: KernelText, kn: BwdKnobs, masked: bool | str, wk: bool, wv: bool,
-             row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
+def _dq_body(
+    spec: AttnSpec,
+    k: KernelText,
+    kn: BwdKnobs,
+    masked: bool | str,
+    wk: bool,
+    wv: bool,
+    row_ok: str | None,
+    dmask: str | None,
+    dvmask: str | None,
+    tma: bool,
+) -> list[str]:
     dt = dot_dtype(spec)
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     bn = kn.BLOCK_N2
     ragged = masked and spec.Skv % bn != 0
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
     if tma:
-        loads = [f"kt = {tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp)}",
-                 f"vt = {tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp)}"]
+        loads = [
+            f"kt = {tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp)}",
+            f"vt = {tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp)}",
+        ]
     else:
-        loads = [f"kt = tl.load(k_ptrs + {_row('start_n', wk)} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})",
-                 f"vt = tl.load(v_ptrs + {_row('start_n', wv)} * {spec.v.strides[2]}{_mask(and_mask(key_ok, dvmask))})"]
+        loads = [
+            f"kt = tl.load(k_ptrs + {_row('start_n', wk)} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})",
+            f"vt = tl.load(v_ptrs + {_row('start_n', wv)} * {spec.v.strides[2]}{_mask(and_mask(key_ok, dvmask))})",
+        ]
     lines = ["offs_n = start_n + offs_n0", *loads]
     if spec.q.dtype != dt:
         lines += [f"kt = kt.to({dt})", f"vt = vt.to({dt})"]

@@ -77,8 +77,11 @@ def dot_dtype(spec: AttnSpec) -> str:
 
 
 def dot(spec: AttnSpec, a: str, b: str, acc: str | None = None) -> str:
-    extra = f", input_precision=\"{'ieee' if spec.interpret else spec.fp32_precision}\"" \
-        if dot_dtype(spec) == "tl.float32" else ""
+    extra = (
+        f', input_precision="{"ieee" if spec.interpret else spec.fp32_precision}"'
+        if dot_dtype(spec) == "tl.float32"
+        else ""
+    )
     return f"tl.dot({a}, {b}{', ' + acc if acc else ''}{extra})"
 
 
@@ -103,8 +106,10 @@ def seqlen_lines(spec: AttnSpec, k: KernelText) -> list[str]:
         else:
             k.param(op.name)
             off = f"{op.offset} + " if op.offset else ""
-            lines += [f"{name}_raw = tl.load({op.name} + {off}off_b * {op.strides[0]}).to(tl.int32)",
-                      f"{name} = tl.minimum(tl.maximum({name}_raw, 0), {full})"]
+            lines += [
+                f"{name}_raw = tl.load({op.name} + {off}off_b * {op.strides[0]}).to(tl.int32)",
+                f"{name} = tl.minimum(tl.maximum({name}_raw, 0), {full})",
+            ]
     lines.append("diag = kv_len_raw - q_len_raw" if spec.causal is Causal.BOTTOM_RIGHT else "diag = 0")
     return lines
 
@@ -134,13 +139,23 @@ class Orient:
 
 
 def rows_orient(i_ok: str | None, j_ok: str | None) -> Orient:
-    return Orient("offs_m[:, None]", "offs_n[None, :]", "[:, None]",
-                  f"(offs_m[:, None] < {i_ok})" if i_ok else None, f"(offs_n[None, :] < {j_ok})" if j_ok else None)
+    return Orient(
+        "offs_m[:, None]",
+        "offs_n[None, :]",
+        "[:, None]",
+        f"(offs_m[:, None] < {i_ok})" if i_ok else None,
+        f"(offs_n[None, :] < {j_ok})" if j_ok else None,
+    )
 
 
 def cols_orient(i_ok: str | None, j_ok: str | None) -> Orient:
-    return Orient("offs_m[None, :]", "offs_n[:, None]", "[None, :]",
-                  f"(offs_m[None, :] < {i_ok})" if i_ok else None, f"(offs_n[:, None] < {j_ok})" if j_ok else None)
+    return Orient(
+        "offs_m[None, :]",
+        "offs_n[:, None]",
+        "[None, :]",
+        f"(offs_m[None, :] < {i_ok})" if i_ok else None,
+        f"(offs_n[:, None] < {j_ok})" if j_ok else None,
+    )
 
 
 def mask_expr(spec: AttnSpec, o: Orient) -> str | None:
@@ -239,7 +254,7 @@ def score_lines(spec: AttnSpec, k: KernelText, o: Orient, masked: bool | str, ra
     if masked:
         m = mask_expr(spec, o)
         if m is not None:
-            apply = f"s2 = tl.where({m}, s2, float(\"-inf\"))"
+            apply = f's2 = tl.where({m}, s2, float("-inf"))'
             lines += [f"if {masked}:", "    " + apply] if isinstance(masked, str) else [apply]
     return lines
 
@@ -259,8 +274,10 @@ def dropout_lines(spec: AttnSpec, k: KernelText, o: Orient) -> list[str]:
     if isinstance(d, PhiloxDropout):
         # element (b, h, i, j) draws tl.rand(seed, offset + ((b*Hq + h)*Sq + i)*Skv + j) (int64)
         p32 = float(np.float32(d.p))
-        return [f"dlin = drop_base + ({o.i}).to(tl.int64) * {spec.Skv} + ({o.j}).to(tl.int64)",
-                f"dkeep = _og_attn_uniform(drop_seed, dlin) >= {p32!r}"]
+        return [
+            f"dlin = drop_base + ({o.i}).to(tl.int64) * {spec.Skv} + ({o.j}).to(tl.int64)",
+            f"dkeep = _og_attn_uniform(drop_seed, dlin) >= {p32!r}",
+        ]
     if isinstance(d, MaskDropout):
         m = d.mask
         k.param(m.name)
@@ -333,8 +350,9 @@ def _og_attn_uniform(seed, counter):
 '''
 
 
-def operand_tile(op: Operand, base: str, rows: str, cols: str, row_stride: int, mask: str | None,
-                 other: str = "0.0") -> str:
+def operand_tile(
+    op: Operand, base: str, rows: str, cols: str, row_stride: int, mask: str | None, other: str = "0.0"
+) -> str:
     """A 2-D load of `op` at base + rows * row_stride + cols (a unit-stride last axis)."""
     m = f", mask={mask}, other={other}" if mask else ""
     return f"tl.load({op.name} + {base} + {rows} * {row_stride} + {cols}{m})"
@@ -363,8 +381,10 @@ def tma_desc(op: Operand, var: str, dims: tuple[int, int, int, int], rows: int, 
         strides.insert(0, s)
         inner = s * dims[a]
     base = f"{op.name} + {op.offset}" if op.offset else op.name
-    return (f"{var} = tl.make_tensor_descriptor({base}, shape={list(dims)}, strides={[*strides, 1]}, "
-            f"block_shape=[1, 1, {rows}, {cols}])")
+    return (
+        f"{var} = tl.make_tensor_descriptor({base}, shape={list(dims)}, strides={[*strides, 1]}, "
+        f"block_shape=[1, 1, {rows}, {cols}])"
+    )
 
 
 def tma_load(var: str, b: str, h: str, row: str, rows: int, cols: int) -> str:

@@ -101,10 +101,17 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     axes = ("1", "0") if kn.ORDER else ("0", "1")
     k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
     k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
-    k.add(f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}",
-          f"off_hk = off_h // {spec.gk}", f"off_hv = off_h // {spec.gv}",
-          f"m0 = start_m * {bm}", f"offs_m = m0 + tl.arange(0, {bm})", f"offs_n0 = tl.arange(0, {bn})",
-          f"offs_d = tl.arange(0, {dp})", f"offs_dv = tl.arange(0, {dvp})")
+    k.add(
+        f"off_b = pid_bh // {spec.Hq}",
+        f"off_h = pid_bh % {spec.Hq}",
+        f"off_hk = off_h // {spec.gk}",
+        f"off_hv = off_h // {spec.gv}",
+        f"m0 = start_m * {bm}",
+        f"offs_m = m0 + tl.arange(0, {bm})",
+        f"offs_n0 = tl.arange(0, {bn})",
+        f"offs_d = tl.arange(0, {dp})",
+        f"offs_dv = tl.arange(0, {dvp})",
+    )
     k.add(*seqlen_lines(spec, k))
     k.add(*scale_lines(spec, k))
     k.add(*alibi_lines(spec))
@@ -115,40 +122,71 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
-    wq, wk, wv = (wide(extent(op, (1, 1, s, d))) for op, s, d in (
-        (spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv)))
+    wq, wk, wv = (
+        wide(extent(op, (1, 1, s, d)))
+        for op, s, d in ((spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv))
+    )
 
-    tma = bool(kn.TMA) and not spec.prologue and all(tma_ok(op, (spec.B, h, s, d)) for op, h, s, d in (
-        (spec.q, spec.Hq, spec.Sq, spec.D), (spec.k, spec.Hk, spec.Skv, spec.D), (spec.v, spec.Hv, spec.Skv, spec.Dv)))
+    tma = (
+        bool(kn.TMA)
+        and not spec.prologue
+        and all(
+            tma_ok(op, (spec.B, h, s, d))
+            for op, h, s, d in (
+                (spec.q, spec.Hq, spec.Sq, spec.D),
+                (spec.k, spec.Hk, spec.Skv, spec.D),
+                (spec.v, spec.Hv, spec.Skv, spec.Dv),
+            )
+        )
+    )
     # q: loaded (or computed by its prologue) once
     q_at = Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]", and_mask(row_ok, dmask))
     if spec.hook("q") is not None:
         k.add(*_prologue(spec, k, "q", "q", q_at, dt))
     elif tma:
-        k.add(tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
-              tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
-              tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp),
-              f"q = {tma_load('desc_q', 'off_b', 'off_h', 'm0', bm, dp)}")
+        k.add(
+            tma_desc(spec.q, "desc_q", (spec.B, spec.Hq, spec.Sq, spec.D), bm, dp),
+            tma_desc(spec.k, "desc_k", (spec.B, spec.Hk, spec.Skv, spec.D), bn, dp),
+            tma_desc(spec.v, "desc_v", (spec.B, spec.Hv, spec.Skv, spec.Dv), bn, dvp),
+            f"q = {tma_load('desc_q', 'off_b', 'off_h', 'm0', bm, dp)}",
+        )
     else:
         rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
-        k.add(f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
-              f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})")
+        k.add(
+            f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
+            f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})"
+        )
     if spec.hook("q") is None and spec.q.dtype != dt:
         k.add(f"q = q.to({dt})")
     krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
     vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
     if not tma and spec.hook("k") is None:
-        k.add(f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
-              " + offs_d[None, :]")
+        k.add(
+            f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
+            " + offs_d[None, :]"
+        )
     if not tma and spec.hook("v") is None:
-        k.add(f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
-              " + offs_dv[None, :]")
-    k.add(f"m_i = tl.full([{bm}], float(\"-inf\"), tl.float32)", f"l_i = tl.zeros([{bm}], tl.float32)",
-          f"acc = tl.zeros([{bm}, {dvp}], tl.float32)")
+        k.add(
+            f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+            " + offs_dv[None, :]"
+        )
+    k.add(
+        f'm_i = tl.full([{bm}], float("-inf"), tl.float32)',
+        f"l_i = tl.zeros([{bm}], tl.float32)",
+        f"acc = tl.zeros([{bm}, {dvp}], tl.float32)",
+    )
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
-    k.add(*block_loops(lead, trail, bool(kn.ONELOOP), "start_n", bn,
-                       lambda masked: _body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma)))
+    k.add(
+        *block_loops(
+            lead,
+            trail,
+            bool(kn.ONELOOP),
+            "start_n",
+            bn,
+            lambda masked: _body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma),
+        )
+    )
 
     # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
     k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
@@ -161,21 +199,22 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if spec.epilogue is not None:
         for p in spec.epilogue.params():
             k.param(p)
-        lines, value = spec.epilogue.emit("out", Coords("off_b", "off_h", "offs_m[:, None]", "offs_dv[None, :]",
-                                                        omask))
+        lines, value = spec.epilogue.emit("out", Coords("off_b", "off_h", "offs_m[:, None]", "offs_dv[None, :]", omask))
         k.add(*lines)
     else:
         value = "out"
     if spec.o is not None and value is not None:
         o = spec.o
         orows = "offs_m[:, None].to(tl.int64)" if wide(extent(o, (1, 1, spec.Sq, spec.Dv))) else "offs_m[:, None]"
-        k.add(f"tl.store({o.name} + {base_expr(o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
-              f"({value}).to({o.dtype}){_mask(omask, store=True)})")
+        k.add(
+            f"tl.store({o.name} + {base_expr(o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
+            f"({value}).to({o.dtype}){_mask(omask, store=True)})"
+        )
     if spec.stats is not None:
         st = spec.stats
-        k.add(f"lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float(\"inf\"))")
+        k.add(f'lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float("inf"))')
         if spec.seq_len_q is not None:
-            k.add("lse = tl.where(offs_m < q_len, lse, float(\"inf\"))")
+            k.add('lse = tl.where(offs_m < q_len, lse, float("inf"))')
         smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
         k.add(f"tl.store({st.name} + {base_expr(st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})")
 
@@ -221,16 +260,25 @@ def _prologue(spec: AttnSpec, k: KernelText, role: str, var: str, at: Coords, dt
     return [*lines, f"{var} = ({value}).to({dt})"]
 
 
-def _load_or_prologue(spec: AttnSpec, k: KernelText, role: str, var: str, load: str, at: Coords,
-                      dt: str) -> list[str]:
+def _load_or_prologue(spec: AttnSpec, k: KernelText, role: str, var: str, load: str, at: Coords, dt: str) -> list[str]:
     if spec.hook(role) is not None:
         return _prologue(spec, k, role, var, at, dt)
     op = getattr(spec, role)
     return [f"{var} = {load}", *([f"{var} = {var}.to({dt})"] if op.dtype != dt else [])]
 
 
-def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: bool, wv: bool,
-          row_ok: str | None, dmask: str | None, dvmask: str | None, tma: bool) -> list[str]:
+def _body(
+    spec: AttnSpec,
+    k: KernelText,
+    kn: FwdKnobs,
+    masked: bool | str,
+    wk: bool,
+    wv: bool,
+    row_ok: str | None,
+    dmask: str | None,
+    dvmask: str | None,
+    tma: bool,
+) -> list[str]:
     """One key block of the forward loop (masked or whole)."""
     bn = kn.BLOCK_N
     dt = dot_dtype(spec)
@@ -238,18 +286,28 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: b
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
     start = "start_n.to(tl.int64)" if wk else "start_n"
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
-    kload = (tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp) if tma else
-             f"tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})")
+    kload = (
+        tma_load("desc_k", "off_b", "off_hk", "start_n", bn, dp)
+        if tma
+        else f"tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})"
+    )
     lines = ["offs_n = start_n + offs_n0"]
-    lines += _load_or_prologue(spec, k, "k", "kt", kload, Coords("off_b", "off_hk", "offs_n[:, None]",
-                                                                  "offs_d[None, :]", and_mask(key_ok, dmask)), dt)
+    lines += _load_or_prologue(
+        spec,
+        k,
+        "k",
+        "kt",
+        kload,
+        Coords("off_b", "off_hk", "offs_n[:, None]", "offs_d[None, :]", and_mask(key_ok, dmask)),
+        dt,
+    )
     lines.append(f"qk = {dot(spec, 'q', 'tl.trans(kt)')}")
     o = rows_orient(str(spec.Sq) if row_ok else None, str(spec.Skv) if ragged else None)
     f = exp2_factor(spec)
     lines += score_lines(spec, k, o, masked, f is not None)
     lines += [
         f"m_ij = tl.maximum(m_i, tl.max(s2, 1){times(f)})",
-        "m_s = tl.where(m_ij == float(\"-inf\"), 0.0, m_ij)",
+        'm_s = tl.where(m_ij == float("-inf"), 0.0, m_ij)',
         f"p = tl.math.exp2(s2{times(f)} - m_s[:, None])",
         "alpha = tl.math.exp2(m_i - m_s)",
         "l_i = l_i * alpha + tl.sum(p, 1)",
@@ -261,9 +319,19 @@ def _body(spec: AttnSpec, k: KernelText, kn: FwdKnobs, masked: bool | str, wk: b
         lines.append(f"p = {apply_keep(spec, 'p')}")
     vstart = "start_n.to(tl.int64)" if wv else "start_n"
     vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
-    vload = (tma_load('desc_v', 'off_b', 'off_hv', 'start_n', bn, dvp) if tma else
-             f"tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})")
-    lines += _load_or_prologue(spec, k, "v", "vt", vload, Coords("off_b", "off_hv", "offs_n[:, None]",
-                                                                  "offs_dv[None, :]", and_mask(vkey_ok, dvmask)), dt)
+    vload = (
+        tma_load("desc_v", "off_b", "off_hv", "start_n", bn, dvp)
+        if tma
+        else f"tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})"
+    )
+    lines += _load_or_prologue(
+        spec,
+        k,
+        "v",
+        "vt",
+        vload,
+        Coords("off_b", "off_hv", "offs_n[:, None]", "offs_dv[None, :]", and_mask(vkey_ok, dvmask)),
+        dt,
+    )
     lines.append(f"acc = {dot(spec, f'p.to({dt})', 'vt', 'acc')}")
     return lines

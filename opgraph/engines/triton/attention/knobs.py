@@ -15,8 +15,17 @@ from dataclasses import replace
 from .spec import AttnSpec, BwdKnobs, FwdKnobs
 
 SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
-_ISZ = {"tl.float32": 4, "tl.float16": 2, "tl.bfloat16": 2, "tl.float64": 8, "tl.int8": 1, "tl.uint8": 1,
-        "tl.int1": 1, "tl.int32": 4, "tl.int64": 8}
+_ISZ = {
+    "tl.float32": 4,
+    "tl.float16": 2,
+    "tl.bfloat16": 2,
+    "tl.float64": 8,
+    "tl.int8": 1,
+    "tl.uint8": 1,
+    "tl.int1": 1,
+    "tl.int32": 4,
+    "tl.int64": 8,
+}
 
 
 def _pow2_dim(d: int) -> int:
@@ -35,13 +44,24 @@ def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
         return [FwdKnobs(16, 16, 4, 1), FwdKnobs(32, 16, 4, 1)]
     width = max(_pow2_dim(d), _pow2_dim(dv or d))
     if width <= 64:
-        c = [FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 128, 8, 3), FwdKnobs(128, 64, 4, 4), FwdKnobs(64, 64, 4, 3),
-             FwdKnobs(128, 32, 4, 3)]
+        c = [
+            FwdKnobs(128, 64, 4, 3),
+            FwdKnobs(128, 128, 8, 3),
+            FwdKnobs(128, 64, 4, 4),
+            FwdKnobs(64, 64, 4, 3),
+            FwdKnobs(128, 32, 4, 3),
+        ]
     elif width <= 128:
         # 128x128/w8s3 the fastest on an H100 but at 1k causal (64x64/w4s3 then), 128x64/w8s3 within 3-8%,
         # 2 stages and TMA reads slower (bench/results/triton-preferences.md#attention-forward)
-        c = [FwdKnobs(128, 128, 8, 3), FwdKnobs(64, 64, 4, 3), FwdKnobs(128, 64, 8, 3), FwdKnobs(128, 64, 8, 4),
-             FwdKnobs(128, 64, 4, 3), FwdKnobs(128, 32, 4, 3)]
+        c = [
+            FwdKnobs(128, 128, 8, 3),
+            FwdKnobs(64, 64, 4, 3),
+            FwdKnobs(128, 64, 8, 3),
+            FwdKnobs(128, 64, 8, 4),
+            FwdKnobs(128, 64, 4, 3),
+            FwdKnobs(128, 32, 4, 3),
+        ]
     else:
         c = [FwdKnobs(128, 64, 8, 2), FwdKnobs(64, 64, 4, 2), FwdKnobs(128, 32, 8, 2), FwdKnobs(64, 32, 4, 3)]
     return [replace(k, ONELOOP=1) for k in c] + [c[0]]
@@ -54,27 +74,43 @@ def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
         return [BwdKnobs(16, 32, 32, 16, 4, 1, 4, 1, 16), BwdKnobs(16, 16, 16, 16, 4, 1, 4, 1, 16)]
     width = max(_pow2_dim(d), _pow2_dim(dv or d))
     if width <= 64:
-        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
-             BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4), BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3)]
+        c = [
+            BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3),
+            BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
+            BwdKnobs(32, 128, 128, 32, 4, 4, 4, 4),
+            BwdKnobs(64, 64, 64, 64, 4, 3, 4, 3),
+        ]
     elif width <= 128:
         # the split launches (128 keys a dK/dV program stepping 64 query rows, 128 queries a dQ program
         # stepping 64 keys, 8 warps, 3 stages) timed the fastest as plans run them in every measured row
         # (bench/results/triton-preferences.md#attention-backward); the fused 64x64 launch took 1.03-1.41x
-        c = [BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3), BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4),
-             BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1), BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
-             BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2)]
+        c = [
+            BwdKnobs(64, 128, 128, 64, 8, 3, 8, 3),
+            BwdKnobs(64, 128, 128, 64, 8, 4, 8, 4),
+            BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2, FUSED=1),
+            BwdKnobs(64, 64, 128, 64, 4, 2, 8, 4),
+            BwdKnobs(64, 64, 64, 64, 4, 2, 4, 2),
+        ]
         if scored:
             # D=128 with tanh soft-capping and ALiBi (compiled for sm_90): the first config's dK/dV launch
             # spills ~130 bytes and still measured the fastest; the fused alternatives here do not spill
             # (4-warp fused or 64-key dK/dV launches spilled 92-230 bytes:
             # bench/results/triton-preferences.md#attention-backward)
-            c = [c[0], c[1], BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1),
-                 BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1), BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1)]
+            c = [
+                c[0],
+                c[1],
+                BwdKnobs(32, 128, 128, 32, 8, 2, 8, 2, FUSED=1),
+                BwdKnobs(64, 64, 64, 64, 8, 2, 8, 2, FUSED=1),
+                BwdKnobs(32, 64, 64, 32, 4, 2, 4, 2, FUSED=1),
+            ]
     else:
         # D=256 (compiled for sm_90, not timed): the dK/dV accumulators need 8 warps at 64 keys a
         # program (4 warps spilled 2 KiB)
-        c = [BwdKnobs(32, 64, 64, 32, 8, 2, 4, 2), BwdKnobs(16, 64, 64, 32, 8, 2, 4, 2),
-             BwdKnobs(32, 64, 64, 64, 8, 2, 8, 2)]
+        c = [
+            BwdKnobs(32, 64, 64, 32, 8, 2, 4, 2),
+            BwdKnobs(16, 64, 64, 32, 8, 2, 4, 2),
+            BwdKnobs(32, 64, 64, 64, 8, 2, 8, 2),
+        ]
     return [replace(k, ONELOOP=1) for k in c]
 
 
@@ -103,9 +139,11 @@ def bwd_smem(spec: AttnSpec, k: BwdKnobs) -> tuple[int, int]:
     isz = _ISZ.get(spec.q.dtype, 4)
     dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
     dkdv = k.BLOCK_N1 * (dp + dvp) * isz + max(1, k.S1) * (
-        k.BLOCK_M1 * (dp + dvp) * isz + 8 * k.BLOCK_M1 + _tile(spec, k.BLOCK_N1, k.BLOCK_M1))
+        k.BLOCK_M1 * (dp + dvp) * isz + 8 * k.BLOCK_M1 + _tile(spec, k.BLOCK_N1, k.BLOCK_M1)
+    )
     dq = k.BLOCK_M2 * (dp + dvp) * isz + max(1, k.S2) * (
-        k.BLOCK_N2 * (dp + dvp) * isz + _tile(spec, k.BLOCK_M2, k.BLOCK_N2))
+        k.BLOCK_N2 * (dp + dvp) * isz + _tile(spec, k.BLOCK_M2, k.BLOCK_N2)
+    )
     return dkdv, dq
 
 

@@ -94,16 +94,20 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         if isinstance(targets, Support):
             return targets
         views.update(targets)
-        viewing |= {id(n) for n in piece.nodes[at + 1:]}  # (each one checked by gradient_targets)
+        viewing |= {id(n) for n in piece.nodes[at + 1 :]}  # (each one checked by gradient_targets)
     others = [n for n in others if id(n) not in viewing]
     bad = next((n for n in others if not elementwise(n)), None)
     if bad is not None:
-        return Support.no(f"the {template} template fuses pointwise ops around {node.label()}; {bad.label()} is not "
-                          "pointwise", bad)
+        return Support.no(
+            f"the {template} template fuses pointwise ops around {node.label()}; {bad.label()} is not pointwise", bad
+        )
     if kind == "sdpa_backward":
         if others:
-            return Support.no(f"the {template} template runs {node.label()} alone (no prologue or epilogue); "
-                              f"{others[0].label()} makes its own piece", others[0])
+            return Support.no(
+                f"the {template} template runs {node.label()} alone (no prologue or epilogue); "
+                f"{others[0].label()} makes its own piece",
+                others[0],
+            )
         return Fusion(node, (), (), tuple(views.items()))
     made = _producers(piece)
     taken: dict[int, str] = {}
@@ -117,8 +121,11 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         dims = piece.tensor(uid).dim
         for n in chain:
             if taken.get(id(n), role) != role:
-                return Support.no(f"{n.label()} feeds both {taken[id(n)]} and {role} of {node.label()}; the {template} "
-                                  "template computes each operand's prologue on its own tile", n)
+                return Support.no(
+                    f"{n.label()} feeds both {taken[id(n)]} and {role} of {node.label()}; the {template} "
+                    "template computes each operand's prologue on its own tile",
+                    n,
+                )
             taken[id(n)] = role
             why = _tile_node(piece, n, dims, f"the {role} prologue")
             if why is not None:
@@ -127,8 +134,11 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
     for role in node.op.input_roles():
         v = node.input(role)
         if role not in ROLES and isinstance(v, int) and v in made:
-            return Support.no(f"input '{role}' of {node.label()} is computed in the piece; the {template} template "
-                              "fuses prologues on q, k and v only", made[v])
+            return Support.no(
+                f"input '{role}' of {node.label()} is computed in the piece; the {template} template "
+                "fuses prologues on q, k and v only",
+                made[v],
+            )
     stats = node.output("stats")
     o_uid = node.output("o")
     assert o_uid is not None
@@ -138,14 +148,19 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         if n is node or id(n) in taken or id(n) in viewing:
             continue
         if stats is not None and stats in n.input_uids():
-            return Support.no(f"{n.label()} reads the Stats of {node.label()}; the {template} template fuses no "
-                              "epilogue on Stats", n)
+            return Support.no(
+                f"{n.label()} reads the Stats of {node.label()}; the {template} template fuses no epilogue on Stats", n
+            )
         if piece.nodes.index(n) < piece.nodes.index(node):
-            return Support.no(f"{n.label()} feeds none of q, k, v of {node.label()}: not a prologue the {template} "
-                              "template fuses", n)
+            return Support.no(
+                f"{n.label()} feeds none of q, k, v of {node.label()}: not a prologue the {template} template fuses", n
+            )
         if any(id(made[u]) in taken for u in n.input_uids() if u in made):
-            return Support.no(f"{n.label()} reads a prologue value of {node.label()}; the {template} template "
-                              "computes prologues only on their operand's tiles", n)
+            return Support.no(
+                f"{n.label()} reads a prologue value of {node.label()}; the {template} template "
+                "computes prologues only on their operand's tiles",
+                n,
+            )
         why = _tile_node(piece, n, o_dims, "the O epilogue")
         if why is not None:
             return why
@@ -158,16 +173,23 @@ def _tile_node(piece: Piece, n: Node, dims: tuple[int, ...], where: str) -> Supp
     for u in (*n.input_uids(), *n.output_uids()):
         t = piece.tensor(u)
         if not _broadcasts(t, dims):
-            return Support.no(f"{n.label()} in {where}: {t.label()} dims {list(t.dim)} do not broadcast to "
-                              f"{list(dims)}", n)
+            return Support.no(
+                f"{n.label()} in {where}: {t.label()} dims {list(t.dim)} do not broadcast to {list(dims)}", n
+            )
     for u in n.output_uids():
         t = piece.tensor(u)
         if u in piece.outputs and t.dim != dims:
-            return Support.no(f"{n.label()} in {where} writes {t.label()} of dims {list(t.dim)}, smaller than the "
-                              f"tile space {list(dims)}; it makes its own piece", n)
+            return Support.no(
+                f"{n.label()} in {where} writes {t.label()} of dims {list(t.dim)}, smaller than the "
+                f"tile space {list(dims)}; it makes its own piece",
+                n,
+            )
         if u in piece.outputs and where != "the O epilogue":
-            return Support.no(f"{n.label()} in {where}: {t.label()} is needed outside the piece, but a prologue is "
-                              "computed per tile, not stored", n)
+            return Support.no(
+                f"{n.label()} in {where}: {t.label()} is needed outside the piece, but a prologue is "
+                "computed per tile, not stored",
+                n,
+            )
     return None
 
 
@@ -212,11 +234,17 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     k = piece.tensor(node.input("k"))  # type: ignore[arg-type]
     v = piece.tensor(node.input("v"))  # type: ignore[arg-type]
     if q.data_type not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
-        return Support.no(f"{label}: the {template} template multiplies HALF, BFLOAT16 or FLOAT q/k/v, not "
-                          f"{q.data_type.name}; the torch or reference engine runs it", node)
+        return Support.no(
+            f"{label}: the {template} template multiplies HALF, BFLOAT16 or FLOAT q/k/v, not "
+            f"{q.data_type.name}; the torch or reference engine runs it",
+            node,
+        )
     if max(q.dim[3], v.dim[3]) > MAX_HEAD_DIM:
-        return Support.no(f"{label}: head dims {q.dim[3]}/{v.dim[3]} exceed the {MAX_HEAD_DIM} a program holds in "
-                          "registers; the torch or cudnn engine runs it", node)
+        return Support.no(
+            f"{label}: head dims {q.dim[3]}/{v.dim[3]} exceed the {MAX_HEAD_DIM} a program holds in "
+            "registers; the torch or cudnn engine runs it",
+            node,
+        )
     if min(q.dim) == 0 or k.dim[2] == 0:
         return Support.no(f"{label}: empty tensors (dims {list(q.dim)}, {list(k.dim)})", node)
     prologued = {r for r, _ in f.prologue}
@@ -227,37 +255,58 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
         uid = node.input(role) if role in node.op.input_roles() else node.output(role)
         view = views.get(uid) if isinstance(uid, int) else None
         if view is not None and view.desc.stride[3] != 1:
-            return Support.no(f"{label}: '{role}' is a view with strides {list(view.desc.stride)}; the {template} "
-                              "template reads attention tensors with a unit last stride", node)
+            return Support.no(
+                f"{label}: '{role}' is a view with strides {list(view.desc.stride)}; the {template} "
+                "template reads attention tensors with a unit last stride",
+                node,
+            )
         if isinstance(uid, int) and piece.tensor(uid).stride[3] != 1 and uid in (*piece.inputs, *piece.outputs):
             t = piece.tensor(uid)
-            return Support.no(f"{label}: {t.label()} has strides {list(t.stride)}; the {template} template reads and "
-                              "writes attention tensors with a unit last stride (BSHD or BHSD)", node)
+            return Support.no(
+                f"{label}: {t.label()} has strides {list(t.stride)}; the {template} template reads and "
+                "writes attention tensors with a unit last stride (BSHD or BHSD)",
+                node,
+            )
     if node.kind == "sdpa_backward":
         for role in ("dQ", "dK", "dV"):
             g = node.output(role)
             t = views[g].desc if g in views else piece.tensor(g)  # type: ignore[arg-type]
             if t.stride[3] != 1:
-                return Support.no(f"{label}: {t.label()} has strides {list(t.stride)}; the gradients are written with "
-                                  "a unit last stride", node)
+                return Support.no(
+                    f"{label}: {t.label()} has strides {list(t.stride)}; the gradients are written with "
+                    "a unit last stride",
+                    node,
+                )
         if k.dim[1] != v.dim[1]:
-            return Support.no(f"{label}: {k.dim[1]} key heads but {v.dim[1]} value heads; the generated backward sums "
-                              "dK and dV over one GQA grouping", node)
+            return Support.no(
+                f"{label}: {k.dim[1]} key heads but {v.dim[1]} value heads; the generated backward sums "
+                "dK and dV over one GQA grouping",
+                node,
+            )
         db = node.output("dBias")
-        if db is not None and 4 * q.dim[0] * q.dim[1] * q.dim[2] * k.dim[2] > 2**31 \
-                and piece.tensor(db).dim != (q.dim[0], q.dim[1], q.dim[2], k.dim[2]):
-            return Support.no(f"{label}: a broadcast dBias is summed from fp32 partials of every score, more than "
-                              "2 GiB here; the torch engine runs it", node)
+        if (
+            db is not None
+            and 4 * q.dim[0] * q.dim[1] * q.dim[2] * k.dim[2] > 2**31
+            and piece.tensor(db).dim != (q.dim[0], q.dim[1], q.dim[2], k.dim[2])
+        ):
+            return Support.no(
+                f"{label}: a broadcast dBias is summed from fp32 partials of every score, more than "
+                "2 GiB here; the torch engine runs it",
+                node,
+            )
     for role in ("dropout_seed", "dropout_offset"):
         s = node.input(role)
         if isinstance(s, int) and piece.tensor(s).is_pass_by_value:
-            return Support.no(f"{label}: '{role}' is a pass-by-value scalar, which kernels receive as fp32; give "
-                              "a 1-element INT64 device tensor or a number", node)
+            return Support.no(
+                f"{label}: '{role}' is a pass-by-value scalar, which kernels receive as fp32; give "
+                "a 1-element INT64 device tensor or a number",
+                node,
+            )
     op = node.op_as(_Attention)
     mod = op.score_mod
     if mod is not None:
         for sm in (mod, getattr(op, "score_mod_grad", None)):
-            for n in (sm.nodes if sm is not None else ()):
+            for n in sm.nodes if sm is not None else ():
                 if n.mode is not PointwiseMode.GEN_INDEX:
                     try:
                         _mode_expr(n.mode, ["a", "b", "c"], {p: "0.0" for p, _ in MODES[n.mode].params})
@@ -347,17 +396,27 @@ class NodesHook:
         if epilogue:
             self._params += tuple(f"p{u}" for n in nodes for u in n.output_uids() if u in piece.outputs)
         # a value that depends on no tile-shaped tensor is broadcast to the tile explicitly
-        self.scalar_only = not epilogue and not any(
-            piece.tensor(u).dim[2] > 1 or piece.tensor(u).dim[3] > 1 for u in ext) and not any(
-            isinstance(n.op, Pointwise) and n.op.mode is PointwiseMode.GEN_INDEX and n.op.axis in (2, 3)
-            for n in nodes)
+        self.scalar_only = (
+            not epilogue
+            and not any(piece.tensor(u).dim[2] > 1 or piece.tensor(u).dim[3] > 1 for u in ext)
+            and not any(
+                isinstance(n.op, Pointwise) and n.op.mode is PointwiseMode.GEN_INDEX and n.op.axis in (2, 3)
+                for n in nodes
+            )
+        )
 
     def params(self) -> tuple[str, ...]:
         return self._params
 
     def emit(self, value: str | None, at: Coords) -> tuple[list[str], str | None]:
-        em = PrefixEmitter(self.piece.graph.tensors, "tl.float32", TileIndexer(at),
-                           ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}", prefix=self.prefix)
+        em = PrefixEmitter(
+            self.piece.graph.tensors,
+            "tl.float32",
+            TileIndexer(at),
+            ptr=lambda u: f"p{u}",
+            scalar=lambda u: f"s{u}",
+            prefix=self.prefix,
+        )
         if self.epilogue:
             assert value is not None
             em.assign(self.target, value)  # O as the unfused graph sees it (rounded to its type)
@@ -433,8 +492,10 @@ class ScoreModCode:
             elif (fast := _hot_loop_form(n.mode, n.operands, ins)) is not None:
                 expr = fast
             else:
-                params = {p: (ins[info.arity + j] if info.arity + j < len(ins) and ins[info.arity + j]
-                              else literal(default)) for j, (p, default) in enumerate(info.params)}
+                params = {
+                    p: (ins[info.arity + j] if info.arity + j < len(ins) and ins[info.arity + j] else literal(default))
+                    for j, (p, default) in enumerate(info.params)
+                }
                 expr = _mode_expr(n.mode, ins[: info.arity], params)
             lines.append(f"{name} = ({expr}).to(tl.float32)")
             names.append(name)
@@ -481,8 +542,11 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     B, Hq, Sq, D = q.dim
     Hk, Skv = k.dim[1], k.dim[2]
     Hv, Dv = v.dim[1], v.dim[3]
-    causal = Causal.BOTTOM_RIGHT if op.use_causal_mask_bottom_right else (
-        Causal.TOP_LEFT if op.use_causal_mask else Causal.NONE)
+    causal = (
+        Causal.BOTTOM_RIGHT
+        if op.use_causal_mask_bottom_right
+        else (Causal.TOP_LEFT if op.use_causal_mask else Causal.NONE)
+    )
     kw: dict = {}
     scale = scalar_value(piece, uid.get("attn_scale"))
     kw["scale"] = 1.0 if scale is None else scale
@@ -495,13 +559,19 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     if op.dropout_probability is not None:
         # the op's checks make the seed and offset (with a probability) and the scale (with a mask) present
         kw["dropout"] = PhiloxDropout(
-            op.dropout_probability, scalar_value(piece, expect(uid["dropout_seed"], "the dropout seed"), "int"),
-            scalar_value(piece, expect(uid["dropout_offset"], "the dropout offset"), "int"))
+            op.dropout_probability,
+            scalar_value(piece, expect(uid["dropout_seed"], "the dropout seed"), "int"),
+            scalar_value(piece, expect(uid["dropout_offset"], "the dropout offset"), "int"),
+        )
     elif isinstance(uid.get("dropout_mask"), int):
         mask_scale = scalar_value(piece, uid["dropout_scale"])
         if mask_scale is None:  # (expect() cannot narrow a union: mypy joins its members to object)
-            raise InternalError("the dropout mask's scale is missing", op=node.label(), rule="internal.invariant",
-                                hint="this is an opgraph bug: please report it")
+            raise InternalError(
+                "the dropout mask's scale is missing",
+                op=node.label(),
+                rule="internal.invariant",
+                hint="this is an opgraph bug: please report it",
+            )
         kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]), mask_scale)
     if op.score_mod is not None:
         kw["score_mod"] = ScoreModCode(piece, node)
@@ -518,15 +588,36 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         if f.epilogue:
             kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True)
     else:
-        grads = {r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"), f.views)
-                 for r in ("dQ", "dK", "dV")}
-        kw.update(o=operand(piece, uid["o"], f.views), stats=operand(piece, uid["stats"]),
-                  do=operand(piece, uid["dO"], f.views), **grads)
+        grads = {
+            r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"), f.views)
+            for r in ("dQ", "dK", "dV")
+        }
+        kw.update(
+            o=operand(piece, uid["o"], f.views),
+            stats=operand(piece, uid["stats"]),
+            do=operand(piece, uid["dO"], f.views),
+            **grads,
+        )
         db = node.output("dBias")
         if db is not None:
             kw["dbias"] = operand(piece, db)
-    return AttnSpec(B, Hq, Hk, Hv, Sq, Skv, D, Dv, **ops, causal=causal, window=op.sliding_window_length,
-                    alibi=op.use_alibi_mask, interpret=interpret, fp32_precision=fp32_precision, **kw)
+    return AttnSpec(
+        B,
+        Hq,
+        Hk,
+        Hv,
+        Sq,
+        Skv,
+        D,
+        Dv,
+        **ops,
+        causal=causal,
+        window=op.sliding_window_length,
+        alibi=op.use_alibi_mask,
+        interpret=interpret,
+        fp32_precision=fp32_precision,
+        **kw,
+    )
 
 
 def flops(spec: AttnSpec) -> float:
@@ -535,5 +626,14 @@ def flops(spec: AttnSpec) -> float:
     return f * (0.5 if spec.causal is not Causal.NONE else 1.0)
 
 
-__all__ = ["Fusion", "NodesHook", "ScoreModCode", "TileIndexer", "analyze", "build_spec", "flops", "operand",
-           "support_of"]
+__all__ = [
+    "Fusion",
+    "NodesHook",
+    "ScoreModCode",
+    "TileIndexer",
+    "analyze",
+    "build_spec",
+    "flops",
+    "operand",
+    "support_of",
+]

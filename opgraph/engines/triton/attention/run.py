@@ -30,7 +30,7 @@ def launch(gen: Generated, buffers: Mapping[int, Any], *, interpret: bool, modul
 
     def value(arg: Any) -> Any:
         if arg.kind == ArgKind.SCRATCH:
-            return scratch[arg.offset:].view(getattr(torch, arg.dtype))
+            return scratch[arg.offset :].view(getattr(torch, arg.dtype))
         v = buffers[arg.uid]
         return float(v) if arg.kind == ArgKind.SCALAR else v
 

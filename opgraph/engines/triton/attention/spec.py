@@ -158,8 +158,14 @@ class AttnSpec:
     @property
     def masked_rows_possible(self) -> bool:
         """Whether some row may see no key at all, or a score may be -inf (guards needed)."""
-        return (self.causal is Causal.BOTTOM_RIGHT or self.seq_len_kv is not None or self.window is not None
-                or self.bias is not None or self.score_mod is not None or self.Sq > self.Skv)
+        return (
+            self.causal is Causal.BOTTOM_RIGHT
+            or self.seq_len_kv is not None
+            or self.window is not None
+            or self.bias is not None
+            or self.score_mod is not None
+            or self.Sq > self.Skv
+        )
 
     def hook(self, role: str) -> TileHook | None:
         return next((h for r, h in self.prologue if r == role), None)

@@ -68,8 +68,9 @@ def _broadcasts_to(dim: tuple[int, ...], space: tuple[int, ...]) -> bool:
     return len(dim) == len(space) and all(a == b or a == 1 for a, b in zip(dim, space))
 
 
-def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], OutputSpace],
-            main_label: str) -> tuple[GemmPiece | None, Support]:
+def analyze(
+    piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], OutputSpace], main_label: str
+) -> tuple[GemmPiece | None, Support]:
     """Split `piece` into prologue / main op / epilogue / reductions, or say why it is not one
     GEMM-class kernel."""
     mains = [n for n in piece.nodes if n.kind in main_kinds]
@@ -79,7 +80,7 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
         return None, Support.no(f"one {main_label} per kernel; this piece has {len(mains)}", mains[1])
     main = mains[0]
     at = piece.nodes.index(main)
-    before, after = piece.nodes[:at], piece.nodes[at + 1:]
+    before, after = piece.nodes[:at], piece.nodes[at + 1 :]
     producer = {u: n for n in piece.nodes for u in n.output_uids()}
     outputs = set(piece.outputs)
     graph = piece.graph
@@ -109,17 +110,25 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
                 if src_node is not None and src_node.kind not in VIEW_KINDS:
                     return None, Support.no(
                         f"{node.label()} takes a computed value; only tensors in memory are read through "
-                        "a slice/transpose in a GEMM prologue", node)
+                        "a slice/transpose in a GEMM prologue",
+                        node,
+                    )
                 chain.append(node)
                 stack.append(src)
                 continue
             if not elementwise(node):
-                return None, Support.no(f"{node.label()} cannot run in the prologue of a {main.kind} "
-                                        "(only pointwise ops and slice/transpose views can)", node)
+                return None, Support.no(
+                    f"{node.label()} cannot run in the prologue of a {main.kind} "
+                    "(only pointwise ops and slice/transpose views can)",
+                    node,
+                )
             dim = piece.tensor(expect(node.outputs[0], f"the output of {node.label()}")).dim
             if not _broadcasts_to(dim, operand_dims):
-                return None, Support.no(f"{node.label()} computes dims {list(dim)}, which do not broadcast "
-                                        f"to the {main.kind} operand's {list(operand_dims)}", node)
+                return None, Support.no(
+                    f"{node.label()} computes dims {list(dim)}, which do not broadcast "
+                    f"to the {main.kind} operand's {list(operand_dims)}",
+                    node,
+                )
             chain.append(node)
             stack.extend(node.input_uids())
         order = sorted(chain, key=lambda n: piece.nodes.index(n))
@@ -137,18 +146,22 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
                 if isinstance(view, str):
                     return None, Support.no(view, n)
                 if piece.tensor(out_uid).data_type is not src_desc.data_type:
-                    return None, Support.no(f"{n.label()} changes the data type; a view in a GEMM "
-                                            "prologue only moves data", n)
+                    return None, Support.no(
+                        f"{n.label()} changes the data type; a view in a GEMM prologue only moves data", n
+                    )
                 views[out_uid] = view
     for node in before:
         if id(node) not in used:
-            return None, Support.no(f"{node.label()} comes before the {main.kind} but does not compute "
-                                    "its operands", node)
+            return None, Support.no(
+                f"{node.label()} comes before the {main.kind} but does not compute its operands", node
+            )
         for u in node.output_uids():
             if u in outputs:
                 return None, Support.no(
                     f"{node.label()} is in the {main.kind}'s prologue but its result is needed outside "
-                    "the kernel; prologue values are recomputed per tile and never stored", node)
+                    "the kernel; prologue values are recomputed per tile and never stored",
+                    node,
+                )
             for c in graph.consumers(u):
                 if id(c) in members and c is not main and c not in before:
                     return None, Support.no(f"{c.label()} reads a prologue value of the {main.kind}", c)
@@ -165,38 +178,50 @@ def analyze(piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], 
             p = producer.get(u)
             # a value written in place by this op or a later one is read as it is in memory
             if p is not None and u not in epilogue_uids and position[id(p)] < position[id(node)]:
-                return None, Support.no(f"{node.label()} reads a value that is not on the {main.kind}'s "
-                                        "epilogue path", node)
+                return None, Support.no(
+                    f"{node.label()} reads a value that is not on the {main.kind}'s epilogue path", node
+                )
         if elementwise(node):
             out = node.outputs[0]
             assert out is not None
             dim = piece.tensor(out).dim
             if not _broadcasts_to(dim, space.dims):
-                return None, Support.no(f"{node.label()} computes dims {list(dim)}, which do not broadcast to "
-                                        f"the {main.kind} output's {list(space.dims)}", node)
+                return None, Support.no(
+                    f"{node.label()} computes dims {list(dim)}, which do not broadcast to "
+                    f"the {main.kind} output's {list(space.dims)}",
+                    node,
+                )
             if out in outputs:
                 if dim != space.dims:
-                    return None, Support.no(f"{node.label()} stores dims {list(dim)}; the epilogue stores "
-                                            f"only results of the output's dims {list(space.dims)}", node)
+                    return None, Support.no(
+                        f"{node.label()} stores dims {list(dim)}; the epilogue stores "
+                        f"only results of the output's dims {list(space.dims)}",
+                        node,
+                    )
                 stores.append(out)
             epilogue.append(node)
             epilogue_uids.add(out)
             continue
         if node.kind in REDUCE_KINDS:
             if node.input_uids()[0] not in epilogue_uids:
-                return None, Support.no(f"{node.label()} does not reduce a value of the {main.kind}'s "
-                                        "epilogue", node)
+                return None, Support.no(f"{node.label()} does not reduce a value of the {main.kind}'s epilogue", node)
             red = _reduction(node, piece, space)
             if isinstance(red, str):
                 return None, Support.no(red, node)
             for u in node.output_uids():
                 if any(id(c) in members for c in graph.consumers(u)):
-                    return None, Support.no(f"an op of the piece reads the result of {node.label()}, which "
-                                            "is complete only after the kernel", node)
+                    return None, Support.no(
+                        f"an op of the piece reads the result of {node.label()}, which "
+                        "is complete only after the kernel",
+                        node,
+                    )
             reductions.append(red)
             continue
-        return None, Support.no(f"{node.label()} cannot follow a {main.kind} in one kernel (the epilogue "
-                                "runs pointwise ops, then genstats or a reduction)", node)
+        return None, Support.no(
+            f"{node.label()} cannot follow a {main.kind} in one kernel (the epilogue "
+            "runs pointwise ops, then genstats or a reduction)",
+            node,
+        )
     gp = GemmPiece(piece, main, space, prologue, views, tuple(epilogue), tuple(reductions), tuple(stores))
     return gp, Support.yes()
 
@@ -227,5 +252,7 @@ def _reduction(node: Node, piece: Piece, space: OutputSpace) -> Reduce | str:
         return Reduce(node, src, "rows", bool(batch_red), count)
     if cols and cols <= axes and not axes & rows and axes <= cols | batch:
         return Reduce(node, src, "cols", bool(batch_red), count)
-    return (f"{node.label()} reduces axes {sorted(axes)}; a GEMM epilogue reduces all of the tile's row "
-            f"axes {sorted(rows)} or its column axis {sorted(cols)} (plus, optionally, the batch axes)")
+    return (
+        f"{node.label()} reduces axes {sorted(axes)}; a GEMM epilogue reduces all of the tile's row "
+        f"axes {sorted(rows)} or its column axis {sorted(cols)} (plus, optionally, the batch axes)"
+    )

@@ -29,7 +29,7 @@ class DotKind:
         if self.is_int:
             return f"tl.dot({a}, {b}, {acc}, out_dtype=tl.int32)"
         if self.precision is not None:
-            return f"tl.dot({a}, {b}, {acc}, input_precision=\"{self.precision}\")"
+            return f'tl.dot({a}, {b}, {acc}, input_precision="{self.precision}")'
         return f"tl.dot({a}, {b}, {acc})"
 
 
@@ -60,7 +60,8 @@ def dot_kind(a: DataType, b: DataType, *, interpret: bool, fp32_precision: str =
         return DotKind("tl.float32", "tl.float32", "ieee" if interpret else "tf32")
     if fp32_precision not in ("tf32", "ieee"):
         raise AttributeValueError(
-            f"fp32_precision={fp32_precision!r} is not 'tf32' or 'ieee'", rule="triton.gemm.fp32_precision",
+            f"fp32_precision={fp32_precision!r} is not 'tf32' or 'ieee'",
+            rule="triton.gemm.fp32_precision",
             hint="use 'tf32' (tensor cores, 10-bit mantissa inputs) or 'ieee' (full fp32)",
         )
     if fp32_precision == "ieee" or interpret:

@@ -44,6 +44,7 @@ class Context:
                 return sig.buf(uid)
             base = sig.buf(view.base)
             return f"({base} + {view.offset})" if view.offset else base
+
         return ptr
 
 
@@ -68,8 +69,9 @@ def needs_int64(gp: GemmPiece, extra: int = 0) -> bool:
     return max(extents) > INT32_LIMIT
 
 
-def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, name: str,
-                 preset: Mapping[int, str] | None = None) -> list[str]:
+def operand_tile(
+    ctx: Context, sig: Signature, role: str, indexer: TileIndexer, name: str, preset: Mapping[int, str] | None = None
+) -> list[str]:
     """Lines that leave operand `role` of the main op as tile `name`, in the dot's operand type:
     loaded directly, or computed by its prologue and then zeroed where out of bounds (padding).
 
@@ -85,8 +87,11 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     nodes = gp.prologue.get(uid, ())
     if not nodes:
         load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
-        lines = [f"{name} = {load}" if TL_DTYPE[desc.data_type] == target else
-                 f"{name} = {from_storage(load, desc.data_type, target)}"]
+        lines = [
+            f"{name} = {load}"
+            if TL_DTYPE[desc.data_type] == target
+            else f"{name} = {from_storage(load, desc.data_type, target)}"
+        ]
         selected = indexer.selected()
         if selected is not None:
             lines.append(f"{name} = tl.where({selected}, {name}, 0)")
@@ -99,8 +104,13 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     value = em.values[uid]
     lines = list(em.lines)
     rounded = round_in_compute(value, desc.data_type, ctx.compute)
-    if (desc.data_type in (DataType.HALF, DataType.BFLOAT16) and TL_DTYPE[desc.data_type] == target
-            and rounded is not None and lines and lines[-1] == f"{value} = {rounded}"):
+    if (
+        desc.data_type in (DataType.HALF, DataType.BFLOAT16)
+        and TL_DTYPE[desc.data_type] == target
+        and rounded is not None
+        and lines
+        and lines[-1] == f"{value} = {rounded}"
+    ):
         lines.pop()  # rounded once, by the cast to the operand type below
     mask = indexer.mask()
     rows, cols = indexer.shape
@@ -111,8 +121,14 @@ def operand_tile(ctx: Context, sig: Signature, role: str, indexer: TileIndexer, 
     return lines + [f"{name} = {cast_to(name, target)}"]
 
 
-def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
-             preset: Mapping[int, str] | None = None, accumulate: str | None = None) -> list[str]:
+def epilogue(
+    ctx: Context,
+    sig: Signature,
+    acc: str,
+    subtile: int = 1,
+    preset: Mapping[int, str] | None = None,
+    accumulate: str | None = None,
+) -> list[str]:
     """The accumulator -> the main output's value (rounded to its declared type) -> the epilogue's
     pointwise ops -> stores -> reduction partials (or results, when one program covers them).
 
@@ -122,8 +138,9 @@ def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
     `accumulate` (whole tiles only): the reductions fold their partials into running vectors named
     {accumulate}{uid} instead of storing them (`ReductionPlan.init_lines` / `store_lines`)."""
     if subtile <= 1 or not can_subtile(ctx) or accumulate:
-        return _epilogue_tile(ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate,
-                              "pid_n * BLOCK_N")
+        return _epilogue_tile(
+            ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate, "pid_n * BLOCK_N"
+        )
     t, sp = ctx.tiling, ctx.tiling.space
     half = t.block_n // 2
     lines = [f"{acc}_h0, {acc}_h1 = tl.split(tl.permute(tl.reshape({acc}, (BLOCK_M, 2, {half})), (0, 2, 1)))"]
@@ -138,8 +155,9 @@ def epilogue(ctx: Context, sig: Signature, acc: str, subtile: int = 1,
     return lines
 
 
-def preload_lines(ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: TileIndexer,
-                  skip: Sequence[int] = ()) -> tuple[list[str], dict[int, str]]:
+def preload_lines(
+    ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: TileIndexer, skip: Sequence[int] = ()
+) -> tuple[list[str], dict[int, str]]:
     """Loads, before a loop, of the tensors that `nodes` read and that are constant along the tile's
     rows (per-channel bias, scale, shift): lines and {uid: value name} for `preset`. A tensor
     qualifies when every axis it does not broadcast is a column axis of `indexer`."""
@@ -153,10 +171,14 @@ def preload_lines(ctx: Context, sig: Signature, nodes: Sequence[Node], indexer: 
             desc = ctx.tensors[u]
             if desc.is_pass_by_value or desc.numel == 1:
                 continue
-            if any(d > 1 and s != 0 and indexer.axes[a][0] != "c" for a, (d, s) in enumerate(zip(desc.dim, desc.stride))):
+            if any(
+                d > 1 and s != 0 and indexer.axes[a][0] != "c" for a, (d, s) in enumerate(zip(desc.dim, desc.stride))
+            ):
                 continue
             names[u] = f"pre{u}"
-            lines.append(f"pre{u} = {from_storage(indexer.load(desc, ctx.ptr_of(sig)(u)), desc.data_type, ctx.compute)}")
+            lines.append(
+                f"pre{u} = {from_storage(indexer.load(desc, ctx.ptr_of(sig)(u)), desc.data_type, ctx.compute)}"
+            )
     return lines, names
 
 
@@ -178,9 +200,15 @@ class DescriptorStore:
         return f"{self.name}.store([pid_m * BLOCK_M, {self.col0}], tl.broadcast_to({value}, ({rows}, {cols})))"
 
 
-def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
-                   preset: Mapping[int, str] | None = None, accumulate: str | None = None,
-                   col0: str = "pid_n * BLOCK_N") -> list[str]:
+def _epilogue_tile(
+    ctx: Context,
+    sig: Signature,
+    acc: str,
+    indexer: TileIndexer,
+    preset: Mapping[int, str] | None = None,
+    accumulate: str | None = None,
+    col0: str = "pid_n * BLOCK_N",
+) -> list[str]:
     gp = ctx.gp
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:
@@ -207,7 +235,6 @@ def _epilogue_tile(ctx: Context, sig: Signature, acc: str, indexer: TileIndexer,
     return lines
 
 
-
 # per partial array: (in-tile transform of v, identity, combine)
 _PARTIAL = {
     "sum": ("{v}", "0.0", "sum"),
@@ -218,8 +245,12 @@ _PARTIAL = {
     "amax": ("tl.abs({v})", "0.0", "max"),
 }
 _MODE_PARTIAL = {
-    ReductionMode.ADD: "sum", ReductionMode.AVG: "sum", ReductionMode.NORM1: "abssum",
-    ReductionMode.NORM2: "sumsq", ReductionMode.MAX: "max", ReductionMode.MIN: "min",
+    ReductionMode.ADD: "sum",
+    ReductionMode.AVG: "sum",
+    ReductionMode.NORM1: "abssum",
+    ReductionMode.NORM2: "sumsq",
+    ReductionMode.MAX: "max",
+    ReductionMode.MIN: "min",
     ReductionMode.AMAX: "amax",
 }
 
@@ -312,8 +343,10 @@ class ReductionPlan:
                 term = f"tl.where({full}, {term}, {identity})"
             lines.append(f"red_{uid} = tl.{combine}({term}, axis={axis})")
             if combine != "sum":  # max/min drop NaN; the reference's propagate it
-                lines.append(f"red_{uid} = tl.where(tl.max(({term} != {term}).to(tl.int32), axis={axis}) > 0, "
-                             f"float('nan'), red_{uid})")
+                lines.append(
+                    f"red_{uid} = tl.where(tl.max(({term} != {term}).to(tl.int32), axis={axis}) > 0, "
+                    f"float('nan'), red_{uid})"
+                )
         return lines
 
     def accumulate_lines(self, into: str) -> list[str]:
@@ -323,13 +356,18 @@ class ReductionPlan:
         for uid, kind, _fin, _offset in self.arrays:
             combine = _PARTIAL[kind][2]
             a, b = f"{into}{uid}", f"red_{uid}"
-            out.append(f"{a} = {a} + {b}" if combine == "sum" else
-                       f"{a} = tl.{combine}imum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)")
+            out.append(
+                f"{a} = {a} + {b}"
+                if combine == "sum"
+                else f"{a} = tl.{combine}imum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+            )
         return out
 
     def init_lines(self, into: str, extent: str) -> list[str]:
-        return [f"{into}{uid} = tl.full(({extent},), {_PARTIAL[kind][1]}, tl.float32)"
-                for uid, kind, _fin, _offset in self.arrays]
+        return [
+            f"{into}{uid} = tl.full(({extent},), {_PARTIAL[kind][1]}, tl.float32)"
+            for uid, kind, _fin, _offset in self.arrays
+        ]
 
     def store_lines(self, ctx: Context, sig: Signature, names: Mapping[int, str], indexer: TileIndexer) -> list[str]:
         """Stores of the partial vectors `names` ({uid: name}): this program's slot in scratch, or
@@ -346,8 +384,9 @@ class ReductionPlan:
                 lines.append(f"tl.store({address}, {value_out}{f', mask={mask}' if mask else ''})")
             else:
                 ws = sig.scratch(f"ws{uid}", offset, _partial_type(ctx, uid))
-                lines.append(f"tl.store({ws} + ({slot}) * {self.length} + {kept}, {part}"
-                             f"{f', mask={mask}' if mask else ''})")
+                lines.append(
+                    f"tl.store({ws} + ({slot}) * {self.length} + {kept}, {part}{f', mask={mask}' if mask else ''})"
+                )
         return lines
 
     def _result_address(self, ctx: Context, desc: TensorDesc, ptr: str, vector: str) -> str:
@@ -378,7 +417,8 @@ class ReductionPlan:
         nl = -(-self.length // block_l)
         body = [
             f"arr = tl.program_id(0) // {nl}" if narr > 1 else "arr = 0",
-            f"l = (tl.program_id(0) % {nl}) * BLOCK_L + tl.arange(0, BLOCK_L)" if narr > 1
+            f"l = (tl.program_id(0) % {nl}) * BLOCK_L + tl.arange(0, BLOCK_L)"
+            if narr > 1
             else "l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)",
             f"lmask = l < {self.length}",
         ]
@@ -400,8 +440,11 @@ class ReductionPlan:
             acc = _partial_type(ctx, uid)
             ws = sig.scratch(f"ws{uid}", offset, acc)
             desc = ctx.tensors[uid]
-            op = {"sum": "{a} + {b}", "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
-                  "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"}[combine]
+            op = {
+                "sum": "{a} + {b}",
+                "max": "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+                "min": "tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)",
+            }[combine]
             smask = "" if self.slots % block_s == 0 else f"(s < {self.slots})[:, None] & "
             terms = []
             for axis, (d, st) in enumerate(zip(desc.dim, desc.stride)):
@@ -417,8 +460,13 @@ class ReductionPlan:
                 f"mask={smask}lmask[None, :], other={identity})",
                 f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
                 f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
-                *([] if combine == "sum" else
-                  [f"r_{uid} = tl.where(tl.max((acc_{uid} != acc_{uid}).to(tl.int32), axis=0) > 0, float('nan'), r_{uid})"]),
+                *(
+                    []
+                    if combine == "sum"
+                    else [
+                        f"r_{uid} = tl.where(tl.max((acc_{uid} != acc_{uid}).to(tl.int32), axis=0) > 0, float('nan'), r_{uid})"
+                    ]
+                ),
                 f"tl.store({sig.buf(uid)} + {' + '.join(terms)}, {value}, mask=lmask)",
             ]
             if narr > 1:
@@ -429,8 +477,7 @@ class ReductionPlan:
         name = f"kernel_combine{index}"
         source = sig.source(name, ["BLOCK_S", "BLOCK_L"], body)
         grid = (nl * narr,)
-        launch = Launch(name, grid, tuple(sig.args),
-                        (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps)))
+        launch = Launch(name, grid, tuple(sig.args), (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps)))
         return source, launch
 
     def combine_blocks(self, ctx: Context) -> tuple[int, int, int]:

@@ -26,11 +26,18 @@ class TileIndexer:
     128 x 128 tiles), as reads past the tensor would; wrapped by `%`, both match (tests/engines).
     `tmask`: a [rows, cols] mask applied the same way (by a select, never in the loads)."""
 
-    def __init__(self, axes: Sequence[tuple[str, str]], rmask: str | None, cmask: str | None,
-                 ptr: Callable[[int], str], shape: tuple[str, str],
-                 flat_rows: tuple[str, tuple[tuple[int, int], ...]] | None = None,
-                 zero: tuple[str, str] = ("rm", "rn"), select: str | None = None,
-                 tmask: str | None = None) -> None:
+    def __init__(
+        self,
+        axes: Sequence[tuple[str, str]],
+        rmask: str | None,
+        cmask: str | None,
+        ptr: Callable[[int], str],
+        shape: tuple[str, str],
+        flat_rows: tuple[str, tuple[tuple[int, int], ...]] | None = None,
+        zero: tuple[str, str] = ("rm", "rn"),
+        select: str | None = None,
+        tmask: str | None = None,
+    ) -> None:
         self.axes = tuple(axes)
         self.zero = zero  # a row and a column vector of the tile (for full-shape pointer blocks)
         self.rmask = rmask
@@ -103,8 +110,11 @@ class TileIndexer:
 
     def selected(self) -> str | None:
         """The masks that loads leave out (`select`, `tmask`) over the tile; None: none."""
-        masks = [] if self.select is None else \
-            [f"{self.select}[:, None]" if self.select == self.rmask else f"{self.select}[None, :]"]
+        masks = (
+            []
+            if self.select is None
+            else [f"{self.select}[:, None]" if self.select == self.rmask else f"{self.select}[None, :]"]
+        )
         masks += [self.tmask] if self.tmask is not None else []
         return " & ".join(masks) or None
 

@@ -26,8 +26,7 @@ def split_store(ctx: Context, sig: Signature, offset: int) -> list[str]:
     mask = t.output_indexer(ctx.ptr_of(sig)).mask()
     nprog = sp.nbatch * sp.groups
     row = f"(ks * {nprog} + pb) * {sp.m} + rm" if nprog > 1 else f"ks * {sp.m} + rm"
-    return [f"tl.store({ws} + ({row})[:, None] * {sp.n} + rn[None, :], acc"
-            f"{f', mask={mask}' if mask else ''})"]
+    return [f"tl.store({ws} + ({row})[:, None] * {sp.n} + rn[None, :], acc{f', mask={mask}' if mask else ''})"]
 
 
 def split_sum(ctx: Context, sig: Signature, offset: int) -> list[str]:

@@ -101,8 +101,11 @@ class TileLoop:
     def check_knobs(self, k: TileKnobs) -> None:
         """Typed errors for knobs this loop cannot run on the match's piece."""
         if self.tensor_core and k.BLOCK_K is not None and k.BLOCK_K < 16:
-            raise AttributeValueError(f"BLOCK_K={k.BLOCK_K} must be a power of two >= 16 (tl.dot needs it)",
-                                      rule="triton.gemm.knob", hint="pick BLOCK_K from 16, 32, 64, 128, 256")
+            raise AttributeValueError(
+                f"BLOCK_K={k.BLOCK_K} must be a power of two >= 16 (tl.dot needs it)",
+                rule="triton.gemm.knob",
+                hint="pick BLOCK_K from 16, 32, 64, 128, 256",
+            )
 
     def iterations(self, k: TileKnobs) -> int:
         """Main-loop trip count (split-K divides it)."""
@@ -126,7 +129,9 @@ class TileLoop:
         """The main kernel's end under split-K: each accumulator's partial tile into scratch at `offset`."""
         lines: list[str] = []
         for j, acc in enumerate(loop.accs):
-            lines += ctx.tiling.tap_lines(j) + ([f"acc = {acc}"] if acc != "acc" else []) + split_store(ctx, sig, offset)
+            lines += (
+                ctx.tiling.tap_lines(j) + ([f"acc = {acc}"] if acc != "acc" else []) + split_store(ctx, sig, offset)
+            )
         return lines
 
     def body(self, ctx: Context, sig: Signature, k: TileKnobs, partials: int | None) -> list[str]:
@@ -207,8 +212,11 @@ class BlockedCombine(Combine):
         return k.subtile
 
     def constexprs(self, tiling: Tiling, etiling: Tiling, interpret: bool) -> dict[str, int]:
-        return {"BLOCK_M": etiling.block_m, "BLOCK_N": etiling.block_n,
-                "BLOCK_S": slice_block(tiling.split, etiling, interpret)}
+        return {
+            "BLOCK_M": etiling.block_m,
+            "BLOCK_N": etiling.block_n,
+            "BLOCK_S": slice_block(tiling.split, etiling, interpret),
+        }
 
     def warps(self, etiling: Tiling, k: TileKnobs) -> int:
         return 4
@@ -238,8 +246,9 @@ class TileTemplate(Template):
         if gp is None:
             return verdict
         if DataType.DOUBLE in (gp.main.compute_data_type, gp.tensor(gp.out).data_type):
-            return Support.no(f"{gp.main.label()} computes or returns DOUBLE: the templates accumulate in fp32, "
-                              "not float64", gp.main)
+            return Support.no(
+                f"{gp.main.label()} computes or returns DOUBLE: the templates accumulate in fp32, not float64", gp.main
+            )
         m = self.match_class(self, gp, device)
         verdict = m.check()
         return m if verdict.ok else verdict
@@ -276,9 +285,12 @@ class TileMatch(Match[TileKnobs], TileLoop):
     def strategy(self, k: TileKnobs) -> Strategy:
         """What runs a config: the match itself (its plain kernel) by default."""
         if k.prologue_pass:
-            raise AttributeValueError(f"PROLOGUE_PASS is a knob of the conv_fprop and conv_wgrad templates, not of "
-                                      f"{self.template.name}", op=self.gp.main.label(),
-                                      rule="triton.conv.prologue_pass", hint="drop PROLOGUE_PASS from this config")
+            raise AttributeValueError(
+                f"PROLOGUE_PASS is a knob of the conv_fprop and conv_wgrad templates, not of {self.template.name}",
+                op=self.gp.main.label(),
+                rule="triton.conv.prologue_pass",
+                hint="drop PROLOGUE_PASS from this config",
+            )
         return self
 
     def loop(self, k: TileKnobs) -> TileLoop:
@@ -360,7 +372,9 @@ class TileMatch(Match[TileKnobs], TileLoop):
         body = loop.body(ctx, sig, k, acc_off)
         constexprs = loop.constexprs(k)
         functions.append(sig.source("kernel", list(constexprs), body))
-        launches = [Launch("kernel", (loop.programs(tiling, k),), tuple(sig.args), (*constexprs.items(), *loop.meta(k)))]
+        launches = [
+            Launch("kernel", (loop.programs(tiling, k),), tuple(sig.args), (*constexprs.items(), *loop.meta(k)))
+        ]
         plans, plan_ctx = ctx.reductions, ctx
         if acc_off is not None:
             plan_ctx = self.epilogue_launch(ctx, k, acc_off, functions, launches)
@@ -371,8 +385,9 @@ class TileMatch(Match[TileKnobs], TileLoop):
         notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
         return Generated(source, tuple(launches), ctx.scratch.size, notes)
 
-    def epilogue_launch(self, ctx: Context, k: TileKnobs, offset: int, functions: list[str],
-                        launches: list[Launch]) -> Context:
+    def epilogue_launch(
+        self, ctx: Context, k: TileKnobs, offset: int, functions: list[str], launches: list[Launch]
+    ) -> Context:
         """The launch after a main kernel that wrote partials: it sums them on its own, finer tiles (enough
         programs to stream the partials), runs the epilogue and owns the reductions' partials; its context."""
         combine, tiling = self.combine, ctx.tiling
@@ -380,10 +395,19 @@ class TileMatch(Match[TileKnobs], TileLoop):
         ectx = dataclasses.replace(ctx, tiling=etiling)
         ectx.reductions = [ReductionPlan.make(r, ectx) for r in self.gp.reductions]
         esig = Signature()
-        ebody = etiling.header(with_split=False) + combine.sum_lines(ectx, esig, offset) + \
-            epilogue(ectx, esig, "acc", combine.subtile(tiling, etiling, k))
+        ebody = (
+            etiling.header(with_split=False)
+            + combine.sum_lines(ectx, esig, offset)
+            + epilogue(ectx, esig, "acc", combine.subtile(tiling, etiling, k))
+        )
         constexprs = combine.constexprs(tiling, etiling, ctx.interpret)
         functions.append(esig.source("kernel_epilogue", list(constexprs), ebody))
-        launches.append(Launch("kernel_epilogue", (etiling.per_split,), tuple(esig.args),
-                               (*constexprs.items(), ("num_warps", combine.warps(etiling, k)))))
+        launches.append(
+            Launch(
+                "kernel_epilogue",
+                (etiling.per_split,),
+                tuple(esig.args),
+                (*constexprs.items(), ("num_warps", combine.warps(etiling, k))),
+            )
+        )
         return ectx

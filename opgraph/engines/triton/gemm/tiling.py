@@ -51,10 +51,19 @@ class Tiling:
         """pid -> ks, pb (g, bb), pid_m, pid_n, rm, rn, masks, col, and the output coordinates y{axis}.
         `pid` is the program's work item (a persistent kernel's loop variable)."""
         sp = self.space
-        return [*self.program_lines(with_split, pid), *self.batch_lines(), *self.swizzle_lines(),
-                *self.row_lines(), "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", *self.row_mask_lines(),
-                *self.col_mask_lines(), f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn",
-                *self.row_coordinate_lines(), *self.batch_coordinate_lines(), f"y{sp.col} = col"]
+        return [
+            *self.program_lines(with_split, pid),
+            *self.batch_lines(),
+            *self.swizzle_lines(),
+            *self.row_lines(),
+            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+            *self.row_mask_lines(),
+            *self.col_mask_lines(),
+            f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn",
+            *self.row_coordinate_lines(),
+            *self.batch_coordinate_lines(),
+            f"y{sp.col} = col",
+        ]
 
     def program_lines(self, with_split: bool, pid: str) -> list[str]:
         """pid (int64 where offsets need it), the split-K slice ks, and pb / t: the program's batch/group
@@ -71,15 +80,21 @@ class Tiling:
     def batch_lines(self) -> list[str]:
         """pb -> the group g and the batch index bb."""
         sp = self.space
-        return [f"g = pb % {sp.groups}" if sp.groups > 1 else "g = 0",
-                f"bb = pb // {sp.groups}" if sp.nbatch > 1 else "bb = 0"]
+        return [
+            f"g = pb % {sp.groups}" if sp.groups > 1 else "g = 0",
+            f"bb = pb // {sp.groups}" if sp.nbatch > 1 else "bb = 0",
+        ]
 
     def swizzle_lines(self) -> list[str]:
         """t -> the tile's row and column pid_m, pid_n, group-M swizzled."""
         width = min(self.group_m, self.npm)
         if width > 1 and self.npn > 1:
-            return [f"first_m = (t // {width * self.npn}) * {width}", f"gsz = tl.minimum({self.npm} - first_m, {width})",
-                    "pid_m = first_m + (t % gsz)", f"pid_n = (t % {width * self.npn}) // gsz"]
+            return [
+                f"first_m = (t // {width * self.npn}) * {width}",
+                f"gsz = tl.minimum({self.npm} - first_m, {width})",
+                "pid_m = first_m + (t % gsz)",
+                f"pid_n = (t % {width * self.npn}) // gsz",
+            ]
         return [f"pid_m = t // {self.npn}", f"pid_n = t % {self.npn}"]
 
     def row_lines(self) -> list[str]:
@@ -114,16 +129,18 @@ class Tiling:
         return TileIndexer(axes, self.rmask, self.cmask, ptr, ("BLOCK_M", cols), flat)
 
 
-def input_taps(geo: Any, taps: Sequence[int], out_dims: Sequence[int], in_dims: Sequence[int], flip: bool,
-               checks: list[str]) -> list[str]:
+def input_taps(
+    geo: Any, taps: Sequence[int], out_dims: Sequence[int], in_dims: Sequence[int], flip: bool, checks: list[str]
+) -> list[str]:
     """A forward conv's taps t{i} (from `decompose`) at output positions o{i}: lines giving the input
     coordinate xi{i} and the filter tap wt{i} (flipped in CONVOLUTION mode), appending to `checks` the
     bounds tests that padding needs (none where no tap can leave the image)."""
     lines = []
     for i, r in enumerate(taps):
         d = geo.dilation[i]
-        lines.append(f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else
-                     f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}")
+        lines.append(
+            f"xi{i} = o{i} + t{i} * {d}" if r > 1 and d != 1 else f"xi{i} = o{i} + t{i}" if r > 1 else f"xi{i} = o{i}"
+        )
         if geo.pre[i] > 0:
             checks.append(f"(xi{i} >= 0)")
         top = (out_dims[2 + i] - 1) * geo.stride[i] - geo.pre[i] + (r - 1) * d

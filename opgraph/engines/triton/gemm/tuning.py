@@ -12,8 +12,17 @@ from .analysis import GemmPiece
 
 # Fraction of a Hopper SM's tensor-core rate a Triton tile of BM x BN reaches (pointer-load GEMMs
 # reach ~530-550 TFLOP/s at 128x256 on an H200; smaller tiles move more operand bytes per flop).
-_TILE_EFF = {(128, 256): 1.0, (256, 128): 0.95, (128, 128): 0.85, (256, 64): 0.8, (128, 64): 0.7,
-             (64, 128): 0.65, (64, 64): 0.5, (128, 32): 0.4, (64, 32): 0.3}
+_TILE_EFF = {
+    (128, 256): 1.0,
+    (256, 128): 0.95,
+    (128, 128): 0.85,
+    (256, 64): 0.8,
+    (128, 64): 0.7,
+    (64, 128): 0.65,
+    (64, 64): 0.5,
+    (128, 32): 0.4,
+    (64, 32): 0.3,
+}
 _PEAK = {1: 1.5e15, 2: 0.75e15, 4: 0.37e15}  # realistic dense rates by operand bytes (int8, 16-bit, tf32)
 BANDWIDTH = 3.0e12  # bytes/s an H100 streams (an H200 does ~4.2e12)
 
@@ -23,8 +32,18 @@ def _iters(k: int, k_step: int, bk: int) -> int:
     return -(-chunk // bk) * max(1, k // chunk)
 
 
-def estimate_us(m: int, n: int, k: int, knobs: TileKnobs, *, nprog: int, device: Device,
-                elem_bytes: int = 2, k_step: int = 0, moved_bytes: int = 0) -> float:
+def estimate_us(
+    m: int,
+    n: int,
+    k: int,
+    knobs: TileKnobs,
+    *,
+    nprog: int,
+    device: Device,
+    elem_bytes: int = 2,
+    k_step: int = 0,
+    moved_bytes: int = 0,
+) -> float:
     """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
     tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
     outputs), plus split-K's partials and its extra launch."""
@@ -60,9 +79,18 @@ def estimate_us(m: int, n: int, k: int, knobs: TileKnobs, *, nprog: int, device:
     return t * 1e6 + 3.0
 
 
-def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_bytes: int = 2,
-                    k_step: int = 0, moved_bytes: int = 0,
-                    extra: Mapping[str, Any] | None = None) -> list[TileKnobs]:
+def gemm_candidates(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    nprog: int,
+    device: Device,
+    elem_bytes: int = 2,
+    k_step: int = 0,
+    moved_bytes: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> list[TileKnobs]:
     """Tile configs for an M x N x K product repeated `nprog` times, the heuristic's choice first.
 
     On the GPU (Hopper) a grid of tile shapes (128x256 down to 64x32, only as wide as N needs),
@@ -81,8 +109,9 @@ def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_
         tiles = -(-m // bm) * -(-n // bn) * nprog
         iters = _iters(k, k_step, bk)
         split = min(4, iters // 4) if tiles < device.sm_count and iters >= 16 else 1
-        first = TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split, num_warps=4, num_stages=1,
-                          **extra)
+        first = TileKnobs(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=2, SPLIT_K=split, num_warps=4, num_stages=1, **extra
+        )
         last = TileKnobs(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, SPLIT_K=1, num_warps=4, num_stages=1, **extra)
         return unique([first, last])
     bk = {1: 128, 2: 64}.get(elem_bytes, 32)
@@ -101,18 +130,42 @@ def gemm_candidates(m: int, n: int, k: int, *, nprog: int, device: Device, elem_
         for split in (1, 2, 4, 8):
             if split > 1 and iters // split < 4:
                 break
-            out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SPLIT_K=split, num_warps=warps,
-                                 num_stages=stages, **extra))
-    out.sort(key=lambda c: estimate_us(m, n, k, c, nprog=nprog, device=device, elem_bytes=elem_bytes,
-                                       k_step=k_step, moved_bytes=moved_bytes))
+            out.append(
+                TileKnobs(
+                    BLOCK_M=bm,
+                    BLOCK_N=bn,
+                    BLOCK_K=bk,
+                    GROUP_M=8,
+                    SPLIT_K=split,
+                    num_warps=warps,
+                    num_stages=stages,
+                    **extra,
+                )
+            )
+    out.sort(
+        key=lambda c: estimate_us(
+            m, n, k, c, nprog=nprog, device=device, elem_bytes=elem_bytes, k_step=k_step, moved_bytes=moved_bytes
+        )
+    )
     out = out[:6]
-    out.append(TileKnobs(BLOCK_M=64, BLOCK_N=min(64, widest), BLOCK_K=bk if elem_bytes == 1 else min(bk, 32),
-                         GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=2, **extra))
+    out.append(
+        TileKnobs(
+            BLOCK_M=64,
+            BLOCK_N=min(64, widest),
+            BLOCK_K=bk if elem_bytes == 1 else min(bk, 32),
+            GROUP_M=8,
+            SPLIT_K=1,
+            num_warps=4,
+            num_stages=2,
+            **extra,
+        )
+    )
     return unique(out)
 
 
-def finish_candidates(configs: list[TileKnobs], gp: GemmPiece, device: Device,
-                      extra: Mapping[str, Any]) -> list[TileKnobs]:
+def finish_candidates(
+    configs: list[TileKnobs], gp: GemmPiece, device: Device, extra: Mapping[str, Any]
+) -> list[TileKnobs]:
     """A GEMM template's ranked configs, finished: epilogue subtiles for large tiles (`with_subtile`)
     and, for fp32 operands (`extra` from `fp32_knobs`), the first config in full fp32 as the second."""
     configs = with_subtile(configs, gp, device)

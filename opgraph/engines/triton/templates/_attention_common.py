@@ -45,8 +45,9 @@ class AttentionMatch(Match[Any]):
     def spec(self, precision: str | None = None) -> Any:
         precision = precision or "ieee"
         if precision not in self._specs:
-            self._specs[precision] = build_spec(self.piece, self.analysis, interpret=self.interpret,
-                                                fp32_precision=precision)
+            self._specs[precision] = build_spec(
+                self.piece, self.analysis, interpret=self.interpret, fp32_precision=precision
+            )
         return self._specs[precision]
 
     def candidates(self) -> list[Any]:

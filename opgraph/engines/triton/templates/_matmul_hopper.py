@@ -55,6 +55,7 @@ class MatmulMatch(Protocol):
 
     def setup(self, ctx: Context, sig: Signature, k: TileKnobs) -> list[str]: ...
 
+
 HOPPER = (9, 0)  # TMA (cp.async.bulk.tensor) needs compute capability 9.0
 SMEM_BUDGET = 200 * 1024  # shared memory the operand stages and the TMA stores' staging tiles may take
 _STORED = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)  # output types stored through descriptors
@@ -67,8 +68,14 @@ def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
     for role, d in m.descriptors.items():
         shape, strides, blocks = m.geometry(role, d)
         itemsize = d.desc.data_type.itemsize
-        sig.desc(f"desc_{role}", d.base, d.offset, shape, tma_strides(shape, strides, itemsize),
-                 [int(sizes[b]) for b in blocks])  # type: ignore[arg-type]
+        sig.desc(
+            f"desc_{role}",
+            d.base,
+            d.offset,
+            shape,
+            tma_strides(shape, strides, itemsize),
+            [int(sizes[b]) for b in blocks],  # type: ignore[arg-type]
+        )
 
 
 def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs) -> None:
@@ -85,14 +92,22 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
     for uid in gp.stores:
         t = ctx.tensors[uid]
         size = t.data_type.itemsize
-        if (t.data_type not in _STORED or uid in gp.views or list(t.dim) != list(sp.dims) or t.stride[1] != 1
-                or (t.stride[0] * size) % 16 or t.stride[0] < t.dim[1] or (uid == gp.out and int_acc)):
+        if (
+            t.data_type not in _STORED
+            or uid in gp.views
+            or list(t.dim) != list(sp.dims)
+            or t.stride[1] != 1
+            or (t.stride[0] * size) % 16
+            or t.stride[0] < t.dim[1]
+            or (uid == gp.out and int_acc)
+        ):
             continue
         smem += k.BLOCK_M * cols * size
         if smem > SMEM_BUDGET:
             return
-        ctx.tma_stores[uid] = sig.desc(f"desc_c{uid}", uid, 0, list(t.dim),
-                                       tma_strides(list(t.dim), list(t.stride), size), [k.BLOCK_M, cols])
+        ctx.tma_stores[uid] = sig.desc(
+            f"desc_c{uid}", uid, 0, list(t.dim), tma_strides(list(t.dim), list(t.stride), size), [k.BLOCK_M, cols]
+        )
 
 
 def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
@@ -117,8 +132,13 @@ def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
 def hopper_config(c: TileKnobs, device: Device) -> TileKnobs:
     """The Hopper-path version of a plain config: host descriptors, persistent, flattened, and the epilogue
     on column halves for the large tiles."""
-    return c.replace(TMA=1, TMA_HOST=1, PERSISTENT=device.sm_count, FLATTEN=1,
-                     EPILOGUE_SUBTILE=2 if c.BLOCK_M * c.BLOCK_N >= 32768 else None)
+    return c.replace(
+        TMA=1,
+        TMA_HOST=1,
+        PERSISTENT=device.sm_count,
+        FLATTEN=1,
+        EPILOGUE_SUBTILE=2 if c.BLOCK_M * c.BLOCK_N >= 32768 else None,
+    )
 
 
 class HopperLoop(TileLoop):
@@ -141,10 +161,17 @@ class HopperLoop(TileLoop):
         tiling = ctx.tiling
         work, programs = tiling.split * tiling.per_split, self.programs(tiling, k)
         loop = self.lines(ctx, sig, k, "0", str(self.iterations(k)))
-        tile = [*tiling.header(with_split=True, pid="work"), *loop.lines, f"work_c += {programs}",
-                *tiling.header(with_split=True, pid="work_c")]
+        tile = [
+            *tiling.header(with_split=True, pid="work"),
+            *loop.lines,
+            f"work_c += {programs}",
+            *tiling.header(with_split=True, pid="work_c"),
+        ]
         for j, acc in enumerate(loop.accs):
             tile += tiling.tap_lines(j) + epilogue(ctx, sig, acc, k.subtile)
-        head = [*self.m.setup(ctx, sig, k), f"work_c = tl.program_id(0) - {programs}",
-                f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten=True):"]
+        head = [
+            *self.m.setup(ctx, sig, k),
+            f"work_c = tl.program_id(0) - {programs}",
+            f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten=True):",
+        ]
         return head + ["    " + line for line in tile]

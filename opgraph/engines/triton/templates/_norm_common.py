@@ -53,8 +53,9 @@ class Fusion:
 
     def full_inputs(self) -> set[int]:
         """The normalization's full-size inputs (x, and dy for a backward)."""
-        return {u for r in FULL_ROLES if r in self.norm.op.input_roles()
-                for u in [self.norm.input(r)] if isinstance(u, int)}
+        return {
+            u for r in FULL_ROLES if r in self.norm.op.input_roles() for u in [self.norm.input(r)] if isinstance(u, int)
+        }
 
 
 def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
@@ -64,16 +65,22 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
     norms = [n for n in piece.nodes if n.kind in kinds]
     others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
     if others:
-        return Support.no(f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
-                          f"{others[0].label()} is neither", others[0])
+        return Support.no(
+            f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
+            f"{others[0].label()} is neither",
+            others[0],
+        )
     if not norms:
         return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     if len(norms) > 1:
-        return Support.no(f"the {template} template runs one normalization per kernel; this piece has "
-                          f"{', '.join(n.label() for n in norms)}", norms[1])
+        return Support.no(
+            f"the {template} template runs one normalization per kernel; this piece has "
+            f"{', '.join(n.label() for n in norms)}",
+            norms[1],
+        )
     norm = norms[0]
     at = piece.nodes.index(norm)
-    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1:]
+    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1 :]
     x_uid = norm.input("input")
     assert isinstance(x_uid, int)
     x = piece.tensor(x_uid)
@@ -82,27 +89,35 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
     roles = norm.op.input_roles()
     for role, v in zip(roles, norm.inputs):
         if isinstance(v, int) and role not in FULL_ROLES and v in produced:
-            return Support.no(f"{role} of {norm.label()} is computed inside the piece; the kernel reads "
-                              "per-channel parameters, statistics and scalars from memory", norm)
+            return Support.no(
+                f"{role} of {norm.label()} is computed inside the piece; the kernel reads "
+                "per-channel parameters, statistics and scalars from memory",
+                norm,
+            )
         if isinstance(v, int) and role in FULL_ROLES and piece.tensor(v).dim != space:
-            return Support.no(f"{role} of {norm.label()} has dims {list(piece.tensor(v).dim)}, not the "
-                              f"input's {list(space)}", norm)
+            return Support.no(
+                f"{role} of {norm.label()} has dims {list(piece.tensor(v).dim)}, not the input's {list(space)}", norm
+            )
     full_out = norm.outputs[0]
     side_outputs = {u for u in norm.output_uids() if u != full_out}
     for node in (*prologue, *epilogue):
         for u in node.input_uids():
             if u in side_outputs:
-                return Support.no(f"{node.label()} reads a statistic of {norm.label()}; fused pointwise ops "
-                                  "may read its full-size output and tensors from memory only", node)
+                return Support.no(
+                    f"{node.label()} reads a statistic of {norm.label()}; fused pointwise ops "
+                    "may read its full-size output and tensors from memory only",
+                    node,
+                )
             d = piece.tensor(u).dim
-            if piece.tensor(u).numel != 1 and (len(d) != len(space) or
-                                               any(a not in (1, b) for a, b in zip(d, space))):
-                return Support.no(f"{node.label()} reads dims {list(d)}, which do not broadcast to "
-                                  f"{list(space)}", node)
+            if piece.tensor(u).numel != 1 and (len(d) != len(space) or any(a not in (1, b) for a, b in zip(d, space))):
+                return Support.no(f"{node.label()} reads dims {list(d)}, which do not broadcast to {list(space)}", node)
         for u in node.output_uids():
             if piece.tensor(u).dim != space:
-                return Support.no(f"{node.label()} writes dims {list(piece.tensor(u).dim)}; a pointwise op fused "
-                                  f"with {norm.label()} must cover its input's dims {list(space)}", node)
+                return Support.no(
+                    f"{node.label()} writes dims {list(piece.tensor(u).dim)}; a pointwise op fused "
+                    f"with {norm.label()} must cover its input's dims {list(space)}",
+                    node,
+                )
     return Fusion(norm, tuple(prologue), tuple(epilogue), x)
 
 
@@ -133,8 +148,13 @@ class RowIndexer:
     (None: no mask); `zeros[k]` is an int zero tensor along tile axis k, added to a store whose offset
     does not vary along k (stores cover the whole tile)."""
 
-    def __init__(self, dims: Sequence[int], comps: Sequence[Comp], masks: Mapping[frozenset[int], str | None],
-                 zeros: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        dims: Sequence[int],
+        comps: Sequence[Comp],
+        masks: Mapping[frozenset[int], str | None],
+        zeros: Mapping[int, str] | None = None,
+    ) -> None:
         self.dims = tuple(dims)
         self.comps = tuple(comps)
         self.masks = masks
@@ -188,7 +208,7 @@ class RowIndexer:
         for comp in self.comps:
             if axis in comp.axes:
                 inner = 1
-                for a in comp.axes[comp.axes.index(axis) + 1:]:
+                for a in comp.axes[comp.axes.index(axis) + 1 :]:
                     inner *= self.dims[a]
                 e = comp.var if inner == 1 else f"({comp.var} // {inner})"
                 return e if axis == comp.axes[0] else f"({e} % {self.dims[axis]})"
@@ -205,16 +225,24 @@ class PrefetchIndexer(RowIndexer):
     the top of the body (so the next tile is in flight while the body waits for this one) and
     `rotate()` at its end. Other loads (per-channel parameters, scalars) are left as they are."""
 
-    def __init__(self, dims: Sequence[int], comps: Sequence[Comp], masks: Mapping[frozenset[int], str | None],
-                 zeros: Mapping[int, str] | None, walked: set[str], nxt: RowIndexer) -> None:
+    def __init__(
+        self,
+        dims: Sequence[int],
+        comps: Sequence[Comp],
+        masks: Mapping[frozenset[int], str | None],
+        zeros: Mapping[int, str] | None,
+        walked: set[str],
+        nxt: RowIndexer,
+    ) -> None:
         super().__init__(dims, comps, masks, zeros)
         self.walked = walked
         self.nxt = nxt
         self.loads: dict[str, str] = {}  # register name -> load over the next tile's indices
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1 or not any(c.var in self.walked and self.comp_offset(c, desc) is not None
-                                      for c in self.comps):
+        if desc.numel == 1 or not any(
+            c.var in self.walked and self.comp_offset(c, desc) is not None for c in self.comps
+        ):
             return super().load(desc, ptr)
         name = f"pf_{ptr}"
         self.loads.setdefault(name, self.nxt.load(desc, ptr))
@@ -230,17 +258,19 @@ class PrefetchIndexer(RowIndexer):
         return [f"{n} = {n}_n" for n in self.loads]
 
 
-def prefetched(indexers: Sequence[RowIndexer], first: list[str], following: list[str],
-               loop: list[str]) -> tuple[list[str], list[str]]:
+def prefetched(
+    indexers: Sequence[RowIndexer], first: list[str], following: list[str], loop: list[str]
+) -> tuple[list[str], list[str]]:
     """(lines before a tile loop, its body) with the loads of the PrefetchIndexers among `indexers`
     issued one iteration ahead: `first` / `following` are the index lines of the first tile (before
     the loop) and of the next one (in the body); `loop` is the body as it is without prefetching."""
     loads = [i for i in indexers if isinstance(i, PrefetchIndexer) and i.loads]
     if not loads:
         return [], loop
-    return (first + [line for i in loads for line in i.first()],
-            following + [line for i in loads for line in i.issue()] + loop
-            + [line for i in loads for line in i.rotate()])
+    return (
+        first + [line for i in loads for line in i.first()],
+        following + [line for i in loads for line in i.issue()] + loop + [line for i in loads for line in i.rotate()],
+    )
 
 
 def loop_header(var: str, lo: str, hi: str, step: str | None, stages: int) -> str:

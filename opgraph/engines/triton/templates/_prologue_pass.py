@@ -71,7 +71,7 @@ class ProloguePass:
         before the last fused one (the broadest, FALLBACK's pick, stays last; the tuner and the tests reach
         them)."""
         cuda = self.rest.device.is_cuda
-        passes = [c.replace(PROLOGUE_PASS=1) for c in self.rest.candidates()[:_PASS_CONFIGS if cuda else 1]]
+        passes = [c.replace(PROLOGUE_PASS=1) for c in self.rest.candidates()[: _PASS_CONFIGS if cuda else 1]]
         return PROLOGUE_PASS_FIRST.apply(configs, passes, 0 if cuda and taps > 1 else -1)
 
     def cost(self, k: TileKnobs) -> float | None:
@@ -99,10 +99,12 @@ class ProloguePass:
             return Launch(kernel, launch.grid, args, launch.meta)
 
         source = first.source.replace("def kernel(", f"def {_KERNEL}(", 1)
-        return Generated(source + "\n" + main.source,
-                         tuple(redirect(l, _KERNEL) for l in first.launches)
-                         + tuple(redirect(l, l.kernel) for l in main.launches),
-                         offset + align_up(desc.nbytes), first.notes | main.notes)
+        return Generated(
+            source + "\n" + main.source,
+            tuple(redirect(l, _KERNEL) for l in first.launches) + tuple(redirect(l, l.kernel) for l in main.launches),
+            offset + align_up(desc.nbytes),
+            first.notes | main.notes,
+        )
 
 
 class OffersProloguePass(TileMatch):
@@ -123,8 +125,12 @@ class OffersProloguePass(TileMatch):
             return self
         found = self.prologue_pass
         if found is None:
-            raise AttributeValueError(f"{KNOB}=1 needs a pointwise prologue on the image of {self.gp.main.label()} "
-                                      "that can run apart (on fp16, bf16 or fp32 values, reading no view of the "
-                                      "piece)", op=self.gp.main.label(), rule="triton.conv.prologue_pass",
-                                      hint=f"drop {KNOB} (this piece's image has no prologue to run apart)")
+            raise AttributeValueError(
+                f"{KNOB}=1 needs a pointwise prologue on the image of {self.gp.main.label()} "
+                "that can run apart (on fp16, bf16 or fp32 values, reading no view of the "
+                "piece)",
+                op=self.gp.main.label(),
+                rule="triton.conv.prologue_pass",
+                hint=f"drop {KNOB} (this piece's image has no prologue to run apart)",
+            )
         return found

@@ -93,8 +93,10 @@ def stats_bytes(g: StatsGeometry, piece: Piece) -> int:
     fusion = g.fusion
     full = fusion.full_inputs()
     uids = {u for n in fusion.prologue_for(full) for u in n.input_uids()} | full
-    return sum(piece.tensor(u).data_type.itemsize for u in uids
-               if u in piece.inputs and piece.tensor(u).dim == g.dims) or 2
+    return (
+        sum(piece.tensor(u).data_type.itemsize for u in uids if u in piece.inputs and piece.tensor(u).dim == g.dims)
+        or 2
+    )
 
 
 def pow2_floor(n: int) -> int:
@@ -106,15 +108,24 @@ def _stages(tile_bytes: int) -> int:
     return 1 + max(1, min(3, round(24576 / max(1, tile_bytes))))
 
 
-def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = None, q_cap: int = 1024,
-           per_sm: int | None = None, order: int = 1, stages: int | None = None, prefetch: int = 0,
-           tile: int = 4096) -> StatsKnobs:
+def _knobs(
+    g: StatsGeometry,
+    device: Device,
+    elt: int = 2,
+    *,
+    bc: int | None = None,
+    q_cap: int = 1024,
+    per_sm: int | None = None,
+    order: int = 1,
+    stages: int | None = None,
+    prefetch: int = 0,
+    tile: int = 4096,
+) -> StatsKnobs:
     gpu = device.is_cuda
     cp = pow2_ceil(g.C)
     # tile accumulators of the stats loop: a backward without saved stats keeps 4, a forward 3 (the
     # shifted sums and the unshifted one, for the mean output), a backward with saved stats 2
-    accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else \
-        3 if g.kind in FORWARD else 2
+    accumulators = 4 if g.kind in BACKWARD and g.fusion.norm.input("mean") is None else 3 if g.kind in FORWARD else 2
     # 16 warps an SM: 4 programs of 4 warps (2 accumulators, ~96-118 registers a thread), 3 of 4 (3
     # accumulators: 141-154 registers, sm_90), 2 of 8 (4 accumulators): what fits at once (one wave)
     per_sm = per_sm or {2: 4, 3: 3, 4: 2}[accumulators]
@@ -139,11 +150,20 @@ def _knobs(g: StatsGeometry, device: Device, elt: int = 2, *, bc: int | None = N
     chunks = max(1, min(tiles, -(-want // (cblocks * g.B))))
     if stages is None:
         stages = _stages(br * bc * elt) if gpu and -(-tiles // chunks) > 1 else 0
-    return StatsKnobs(BR=br, BC=bc, CHUNK=-(-tiles // chunks),
-                      W=max(4, pow2_floor(br * bc // 1024 * accumulators // 2)) if gpu else 4,
-                      ST=0 if prefetch else stages, PF=prefetch, ABR=abr, ABC=abc,
-                      AW=8 if gpu and abr * abc >= 4096 else 4, BS=min(pow2_ceil(g.S), 8 if gpu else 4), CW=4,
-                      ORDER=order)
+    return StatsKnobs(
+        BR=br,
+        BC=bc,
+        CHUNK=-(-tiles // chunks),
+        W=max(4, pow2_floor(br * bc // 1024 * accumulators // 2)) if gpu else 4,
+        ST=0 if prefetch else stages,
+        PF=prefetch,
+        ABR=abr,
+        ABC=abc,
+        AW=8 if gpu and abr * abc >= 4096 else 4,
+        BS=min(pow2_ceil(g.S), 8 if gpu else 4),
+        CW=4,
+        ORDER=order,
+    )
 
 
 def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[StatsKnobs]:
@@ -162,11 +182,19 @@ def candidate_knobs(g: StatsGeometry, device: Device, elt: int = 2) -> list[Stat
     variants: list[dict[str, Any]] = [{}, {"order": 0}, {"order": 2}]
     if device.is_cuda:
         st = _knobs(g, device, elt).ST or 0
-        variants += [{"stages": 0}, {"prefetch": 1}, *([{"stages": st - 1}, {"stages": st + 1}] if st > 1 else []),
-                     {"tile": 8192}, {"bc": 32}, {"bc": 128}, {"bc": 256}, {"q_cap": 256}, {"per_sm": 8},
-                     {"per_sm": 8, "prefetch": 1}, {"per_sm": 2}]
+        variants += [
+            {"stages": 0},
+            {"prefetch": 1},
+            *([{"stages": st - 1}, {"stages": st + 1}] if st > 1 else []),
+            {"tile": 8192},
+            {"bc": 32},
+            {"bc": 128},
+            {"bc": 256},
+            {"q_cap": 256},
+            {"per_sm": 8},
+            {"per_sm": 8, "prefetch": 1},
+            {"per_sm": 2},
+        ]
     else:
         variants += [{"prefetch": 1}, {"stages": 2}]
     return unique([_knobs(g, device, elt, **v) for v in variants])
-
-

@@ -78,8 +78,14 @@ class MergedTaps(TileLoop):
         ntaps = math.prod(gp.space.dims[2:])
         depthwise = not gp.space.batch  # (its rows are the taps: conv_wgrad's stencil loop)
         prologue = gp.prologue.get(gp.main.input("image"))  # type: ignore[arg-type]
-        return (not depthwise and gp.space.m < MERGE_BELOW and ntaps > 1 and not prologue
-                and not x.data_type.is_integer and not dy.data_type.is_integer)
+        return (
+            not depthwise
+            and gp.space.m < MERGE_BELOW
+            and ntaps > 1
+            and not prologue
+            and not x.data_type.is_integer
+            and not dy.data_type.is_integer
+        )
 
     def tap_counts(self) -> list[int]:
         """TAPS of the merged candidates: a filter row (the last axis' taps) and every tap, where the lanes fit."""
@@ -97,16 +103,39 @@ class MergedTaps(TileLoop):
             bm = pow2_at_least(taps * sp.m, 16)
             if not m.device.is_cuda:  # the interpreter: small tiles, a split whenever the loop is long
                 iters = -(-m.pixels // 16)
-                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=min(32, pow2_at_least(sp.n, 16)), BLOCK_K=16, GROUP_M=1,
-                                     MERGE_TAPS=1, TAPS=taps, SPLIT_K=min(4, max(1, iters // 2)), num_warps=4, **extra))
+                out.append(
+                    TileKnobs(
+                        BLOCK_M=bm,
+                        BLOCK_N=min(32, pow2_at_least(sp.n, 16)),
+                        BLOCK_K=16,
+                        GROUP_M=1,
+                        MERGE_TAPS=1,
+                        TAPS=taps,
+                        SPLIT_K=min(4, max(1, iters // 2)),
+                        num_warps=4,
+                        **extra,
+                    )
+                )
                 continue
             bk = {1: 128, 2: 64}.get(elem, 32) if bm <= 64 else {1: 32}.get(elem, 16)  # 256 lanes: 32 spilled
             for bn in (32, 64, 128):
                 if bn > max(32, pow2_at_least(sp.n, 32)) or bn == 32 and sp.n > 32:
                     continue
                 warps = 8 if bm * bn >= 8192 else 4
-                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=1, MERGE_TAPS=1, TAPS=taps,
-                                     SPLIT_K=m.split_for(bm, bn, taps, bk), num_warps=warps, num_stages=3, **extra))
+                out.append(
+                    TileKnobs(
+                        BLOCK_M=bm,
+                        BLOCK_N=bn,
+                        BLOCK_K=bk,
+                        GROUP_M=1,
+                        MERGE_TAPS=1,
+                        TAPS=taps,
+                        SPLIT_K=m.split_for(bm, bn, taps, bk),
+                        num_warps=warps,
+                        num_stages=3,
+                        **extra,
+                    )
+                )
         return out
 
     def check_knobs(self, k: TileKnobs) -> None:
@@ -116,13 +145,19 @@ class MergedTaps(TileLoop):
         span = self.m.per_program(k) * gp.space.m
         why = None
         if not self.applies:
-            why = (f"{MERGE}=1 needs a wgrad that is not depthwise, of float operands, fewer than {MERGE_BELOW} "
-                   "channels per group, more than one filter tap and no prologue on the image")
+            why = (
+                f"{MERGE}=1 needs a wgrad that is not depthwise, of float operands, fewer than {MERGE_BELOW} "
+                "channels per group, more than one filter tap and no prologue on the image"
+            )
         elif k.BLOCK_M < span:
             why = f"{MERGE}=1 with TAPS={k.taps} needs BLOCK_M >= TAPS x channels per group = {span}"
         if why:
-            raise AttributeValueError(why, op=gp.main.label(), rule="triton.conv_wgrad.merge_taps",
-                                      hint=f"drop {MERGE} from this config, or raise BLOCK_M")
+            raise AttributeValueError(
+                why,
+                op=gp.main.label(),
+                rule="triton.conv_wgrad.merge_taps",
+                hint=f"drop {MERGE} from this config, or raise BLOCK_M",
+            )
 
     def iterations(self, k: TileKnobs) -> int:
         return self.m.iterations(k)
@@ -140,8 +175,12 @@ class MergedTaps(TileLoop):
         cg, span = sp.m, taps * sp.m
         flip = op.convolution_mode is ConvolutionMode.CONVOLUTION
         ptr = ctx.ptr_of(sig)
-        lines = [f"lw = rm % {span}" if k.BLOCK_M > span else "lw = rm",
-                 f"ml = lw // {cg}", f"lc = lw % {cg}", _tap_of_lane(taps, sp.nbatch)]
+        lines = [
+            f"lw = rm % {span}" if k.BLOCK_M > span else "lw = rm",
+            f"ml = lw // {cg}",
+            f"lc = lw % {cg}",
+            _tap_of_lane(taps, sp.nbatch),
+        ]
         lines += decompose("mb", [(a, sp.dims[a]) for a in sp.batch], "mt")
         lines.append(f"xc = g * {cg} + lc" if sp.groups > 1 else "xc = lc")
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
@@ -173,8 +212,15 @@ class MergedTaps(TileLoop):
             body.append(f"pm = {' & '.join(cmask)}")
         if tmask:
             body.append(f"tm = {' & '.join(tmask)}")
-        a_idx = TileIndexer(x_axes, None, "pm" if cmask else None, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "j"),
-                            tmask="tm" if tmask else None)
+        a_idx = TileIndexer(
+            x_axes,
+            None,
+            "pm" if cmask else None,
+            ptr,
+            ("BLOCK_M", "BLOCK_K"),
+            zero=("rm", "j"),
+            tmask="tm" if tmask else None,
+        )
         body += operand_tile(ctx, sig, "image", a_idx, "a")
         body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
         lines.append(f"for it in range({lo}, {hi}):")

@@ -149,9 +149,12 @@ class Template(ABC):
         """The match of a piece this template runs; a typed error naming the reason where it does not."""
         found = self.match(piece, device)
         if not isinstance(found, Match):
-            raise AttributeValueError(f"the {self.name} template cannot run this piece: {found.reason}",
-                                      op=found.node.label() if found.node else None, rule="triton.template.match",
-                                      hint="ask the engine which template matches")
+            raise AttributeValueError(
+                f"the {self.name} template cannot run this piece: {found.reason}",
+                op=found.node.label() if found.node else None,
+                rule="triton.template.match",
+                hint="ask the engine which template matches",
+            )
         return found
 
     def candidates(self, piece: Piece, device: Device) -> list[dict[str, Any]]:
@@ -195,12 +198,14 @@ class Params:
     def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
         return self.add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
 
-    def desc(self, name: str, uid: int, offset: int, shape: Sequence[int], strides: Sequence[int],
-             block: Sequence[int]) -> str:
+    def desc(
+        self, name: str, uid: int, offset: int, shape: Sequence[int], strides: Sequence[int], block: Sequence[int]
+    ) -> str:
         """A host-side tensor descriptor of buffer `uid` from element `offset` (a kernel argument that the
         launcher encodes at bind: tma_desc.py)."""
-        return self.add(name, Arg(ArgKind.DESC, uid, offset, shape=tuple(shape), strides=tuple(strides),
-                                  block=tuple(block)))
+        return self.add(
+            name, Arg(ArgKind.DESC, uid, offset, shape=tuple(shape), strides=tuple(strides), block=tuple(block))
+        )
 
     def named(self, name: str, scratch: Mapping[str, Arg] | None = None) -> str:
         """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar, or one of `scratch`."""
@@ -262,8 +267,16 @@ def unique(configs: Iterable[T]) -> list[T]:
 def module_source(*functions: str) -> str:
     """A generated module: imports (and those of the custom ops' Triton functions it calls), the
     helpers, the kernels."""
-    return "\n".join(["import triton", "import triton.language as tl", "from triton.language.extra import libdevice",
-                      *custom_imports("\n".join(functions)), HELPERS, *functions])
+    return "\n".join(
+        [
+            "import triton",
+            "import triton.language as tl",
+            "from triton.language.extra import libdevice",
+            *custom_imports("\n".join(functions)),
+            HELPERS,
+            *functions,
+        ]
+    )
 
 
 def pow2_at_least(n: int, lo: int = 1) -> int:

@@ -299,8 +299,17 @@ class ConvDgradMatch(TileMatch):
         if self.strided:
             extra["PHASES"] = 1
         taps = max(1, round(self.stride_phases.mean_taps())) if self.strided else ntaps
-        configs = gemm_candidates(gp.space.m, gp.space.n, kg * taps, nprog=groups, device=device,
-                                  elem_bytes=self.elem, k_step=kg, moved_bytes=gp.moved_bytes(), extra=extra)
+        configs = gemm_candidates(
+            gp.space.m,
+            gp.space.n,
+            kg * taps,
+            nprog=groups,
+            device=device,
+            elem_bytes=self.elem,
+            k_step=kg,
+            moved_bytes=gp.moved_bytes(),
+            extra=extra,
+        )
         if device.is_cuda and gp.prologue.get(gp.main.input("loss")):  # type: ignore[arg-type]
             configs = DGRAD_LOSS_PROLOGUE.apply(configs, lambda c: c.BLOCK_M <= 128)
         configs = with_subtile(configs, gp, device)
@@ -318,8 +327,17 @@ class ConvDgradMatch(TileMatch):
         kg, _, ntaps, groups = self.shape
         phases = self.phases(k)
         taps = phases.mean_taps() if phases is not None else float(ntaps)  # masked holes still cost
-        return estimate_us(self.gp.space.m, self.gp.space.n, max(1, round(kg * taps)), k, nprog=groups,
-                           device=self.device, elem_bytes=self.elem, k_step=kg, moved_bytes=self.gp.moved_bytes())
+        return estimate_us(
+            self.gp.space.m,
+            self.gp.space.n,
+            max(1, round(kg * taps)),
+            k,
+            nprog=groups,
+            device=self.device,
+            elem_bytes=self.elem,
+            k_step=kg,
+            moved_bytes=self.gp.moved_bytes(),
+        )
 
     # -- main loops --
     def operands(self, ctx: Context, sig: Signature, kmask: str | None, amask: str | None, flat: bool) -> list[str]:
@@ -330,11 +348,11 @@ class ConvDgradMatch(TileMatch):
         ptr = ctx.ptr_of(sig)
         dy_axes = [("r", "y0"), ("c", "dk"), *(("r", f"o{a}") for a in range(nsp))]
         rows = ("rm", tuple((a, gp.space.dims[a]) for a in gp.space.rows)) if flat else None
-        a_idx = TileIndexer(dy_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), rows, zero=("rm", "kc"),
-                            select=kmask)
+        a_idx = TileIndexer(dy_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), rows, zero=("rm", "kc"), select=kmask)
         w_axes = [("r", "dk"), ("c", "rn"), *(("s", f"wt{a}") for a in range(nsp))]
-        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"),
-                            select=kmask)
+        b_idx = TileIndexer(
+            w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"), select=kmask
+        )
         lines = operand_tile(ctx, sig, "loss", a_idx, "a")
         lines += operand_tile(ctx, sig, "filter", b_idx, "b")
         lines.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
@@ -375,15 +393,25 @@ class ConvDgradMatch(TileMatch):
         if checks:
             body.append(f"amask = {' & '.join(checks)}")
             amask = "amask"
-        flat = all(r == 1 for r in taps) and all(s == 1 for s in geo.stride) and not any(geo.pre) \
+        flat = (
+            all(r == 1 for r in taps)
+            and all(s == 1 for s in geo.stride)
+            and not any(geo.pre)
             and tuple(dy.dim[2:]) == tuple(xd[2:])
+        )
         body += self.operands(ctx, sig, kmask, amask, flat)
         lines.append(f"for it in range({lo}, {hi}):")
         return MainLoop(lines + ["    " + line for line in body])
 
 
-def _positions(geo: ConvGeometry, taps: tuple[int, ...], xd: tuple[int, ...], yd: tuple[int, ...],
-               checks: list[str], mode: ConvolutionMode) -> list[str]:
+def _positions(
+    geo: ConvGeometry,
+    taps: tuple[int, ...],
+    xd: tuple[int, ...],
+    yd: tuple[int, ...],
+    checks: list[str],
+    mode: ConvolutionMode,
+) -> list[str]:
     """o{a} (DY positions of pixels b{a} = i + pre at taps t{a}), their validity checks, and the
     filter taps wt{a} to read (flipped in CONVOLUTION mode)."""
     lines = []

@@ -107,7 +107,9 @@ class ConvFpropMatch(OffersProloguePass):
                 f"bf16 grouped conv with {cg} channels per group: the generated kernel's output was wrong on an "
                 "H200 (3x3, 32 groups of 8 channels, 28x28, N=32: non-finite values; fp16, and N=8, right), an open "
                 "bug, so another engine (cuDNN, PyTorch) runs it; the generated kernel also took 3.8x cuDNN's time "
-                "on such narrow groups", self.gp.main)
+                "on such narrow groups",
+                self.gp.main,
+            )
         return super().check()
 
     def loop(self, k: TileKnobs) -> TileLoop:
@@ -154,16 +156,27 @@ class ConvFpropMatch(OffersProloguePass):
         cg, taps, groups = self.shape
         x, w = gp.operand("image"), gp.operand("weight")
         extra = fp32_knobs(x.data_type, w.data_type)
-        configs = gemm_candidates(gp.space.m, gp.space.n, cg * taps, nprog=groups, device=device,
-                                  elem_bytes=elem, k_step=cg, moved_bytes=gp.moved_bytes(), extra=extra)
+        configs = gemm_candidates(
+            gp.space.m,
+            gp.space.n,
+            cg * taps,
+            nprog=groups,
+            device=device,
+            elem_bytes=elem,
+            k_step=cg,
+            moved_bytes=gp.moved_bytes(),
+            extra=extra,
+        )
         if device.is_cuda and elem == 2:
             configs = self._ranked(configs)
         if device.is_cuda and gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
             # the prologue runs on the image tile in registers: at most LEAN_PROLOGUE of its elements a
             # thread a step, 3 stages at most (else the first unsplit config of <= 128 rows)
             configs = SBR_CONV_LEAN.apply(
-                configs, lambda c: c.SPLIT_K == 1 and (c.num_stages or 0) <= 3 and prologue_share(c) <= LEAN_PROLOGUE,
-                lambda c: c.BLOCK_M <= 128 and c.SPLIT_K == 1)
+                configs,
+                lambda c: c.SPLIT_K == 1 and (c.num_stages or 0) <= 3 and prologue_share(c) <= LEAN_PROLOGUE,
+                lambda c: c.BLOCK_M <= 128 and c.SPLIT_K == 1,
+            )
         configs = self._merged(configs)
         return self.offer_prologue_pass(finish_candidates(configs, gp, device, extra), taps)
 
@@ -186,9 +199,18 @@ class ConvFpropMatch(OffersProloguePass):
                 for stages in (3, 4):
                     if stages * (bm + bn) * 64 * 2 > 200_000:
                         continue
-                    pool.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(64, pow2_at_least(cg, 16)), GROUP_M=8,
-                                          SPLIT_K=split, num_warps=8 if bm * bn >= 16384 else 4, num_stages=stages,
-                                          fp32_precision=base[0].fp32_precision))
+                    pool.append(
+                        TileKnobs(
+                            BLOCK_M=bm,
+                            BLOCK_N=bn,
+                            BLOCK_K=min(64, pow2_at_least(cg, 16)),
+                            GROUP_M=8,
+                            SPLIT_K=split,
+                            num_warps=8 if bm * bn >= 16384 else 4,
+                            num_stages=stages,
+                            fp32_precision=base[0].fp32_precision,
+                        )
+                    )
         ranked = sorted(unique(pool), key=lambda c: conv_cost(self, c))
         out = ranked[:6]
         out += [c for c in base[:3] if c not in out]  # the generic ranking's first picks, as alternatives
@@ -200,14 +222,24 @@ class ConvFpropMatch(OffersProloguePass):
         if self.elem == 2:
             return conv_cost(self, k)
         cg, taps, groups = self.shape
-        return estimate_us(self.gp.space.m, self.gp.space.n, cg * taps, k, nprog=groups, device=self.device,
-                           elem_bytes=self.elem, k_step=self.step_k(k), moved_bytes=self.gp.moved_bytes())
+        return estimate_us(
+            self.gp.space.m,
+            self.gp.space.n,
+            cg * taps,
+            k,
+            nprog=groups,
+            device=self.device,
+            elem_bytes=self.elem,
+            k_step=self.step_k(k),
+            moved_bytes=self.gp.moved_bytes(),
+        )
 
     def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
         return _conv_loop(ctx, sig, k, lo, hi, self._tap_tiles)
 
-    def _tap_tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
-                   ) -> tuple[list[str], TileIndexer, TileIndexer]:
+    def _tap_tiles(
+        self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
+    ) -> tuple[list[str], TileIndexer, TileIndexer]:
         """One filter tap and BLOCK_K channels a step: the step's lines and the two operands' indexers."""
         gp = ctx.gp
         x, w = gp.operand("image"), gp.operand("weight")
@@ -223,14 +255,18 @@ class ConvFpropMatch(OffersProloguePass):
         body.append(f"xc = g * {cg} + {kc}" if groups > 1 else f"xc = {kc}")
         x_axes = [("r", "y0"), ("c", "xc"), *(("r", f"xi{i}") for i in range(nsp))]
         flat = None
-        if all(r == 1 for r in taps) and all(s == 1 for s in geo.stride) and not any(geo.pre) \
-                and tuple(x.dim[2:]) == tuple(ydims[2:]):
+        if (
+            all(r == 1 for r in taps)
+            and all(s == 1 for s in geo.stride)
+            and not any(geo.pre)
+            and tuple(x.dim[2:]) == tuple(ydims[2:])
+        ):
             flat = ("rm", tuple((a, ydims[a]) for a in gp.space.rows))  # a 1x1 conv reads pixel rows as they are
-        a_idx = TileIndexer(x_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), flat, zero=("rm", "kc"),
-                            select=kmask)
+        a_idx = TileIndexer(x_axes, amask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), flat, zero=("rm", "kc"), select=kmask)
         w_axes = [("c", "col"), ("r", kc), *(("s", f"wt{i}") for i in range(nsp))]
-        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"),
-                            select=kmask)
+        b_idx = TileIndexer(
+            w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("kc", "rn"), select=kmask
+        )
         return body, a_idx, b_idx
 
 
@@ -246,9 +282,12 @@ class MergedTaps(TileLoop):
         super().check_knobs(k)
         w = self.m.gp.operand("weight")
         if w.dim[-1] == 1:
-            raise AttributeValueError(f"{MERGE}=1 needs a filter whose last spatial axis has more than one tap "
-                                      f"(filter {list(w.dim)})", op=self.m.gp.main.label(),
-                                      rule="triton.conv.merge_taps", hint=f"drop {MERGE} from this config")
+            raise AttributeValueError(
+                f"{MERGE}=1 needs a filter whose last spatial axis has more than one tap (filter {list(w.dim)})",
+                op=self.m.gp.main.label(),
+                rule="triton.conv.merge_taps",
+                hint=f"drop {MERGE} from this config",
+            )
 
     def iterations(self, k: TileKnobs) -> int:
         return ConvFpropMatch.iterations(self.m, k)
@@ -256,8 +295,9 @@ class MergedTaps(TileLoop):
     def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
         return _conv_loop(ctx, sig, k, lo, hi, self._tiles)
 
-    def _tiles(self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
-               ) -> tuple[list[str], TileIndexer, TileIndexer]:
+    def _tiles(
+        self, ctx: Context, geo: Any, flip: bool, ptr: Any, bk: int
+    ) -> tuple[list[str], TileIndexer, TileIndexer]:
         gp = ctx.gp
         x, w = gp.operand("image"), gp.operand("weight")
         cg, _, groups = self.m.shape
@@ -289,8 +329,9 @@ class MergedTaps(TileLoop):
         a_idx = TileIndexer(x_axes, amask, None, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "lane"), tmask=smask)
         body.append(f"wsl = {taps[last] - 1} - ls" if flip else "wsl = ls")
         w_axes = [("c", "col"), ("r", "lc"), *(("s", f"wt{i}") for i in range(last)), ("r", "wsl")]
-        b_idx = TileIndexer(w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("lane", "rn"),
-                            select=kmask)
+        b_idx = TileIndexer(
+            w_axes, kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("lane", "rn"), select=kmask
+        )
         return body, a_idx, b_idx
 
 
@@ -322,8 +363,11 @@ def _step(ctx: Context, geo: Any, flip: bool, taps: Any, blocks: int, lane: str)
     """A main-loop step's lines: its filter tap over `taps` (t{i}) and its K lanes `lane` (`blocks` blocks of
     BLOCK_K a tap), the taps' input coordinates (xi{i}) and filter taps (wt{i}), and the rows' bounds as
     `amask` (returned; None where every row is in bounds)."""
-    body = [f"tap = it // {blocks}", f"{lane} = (it % {blocks}) * BLOCK_K + tl.arange(0, BLOCK_K)"] if blocks > 1 \
+    body = (
+        [f"tap = it // {blocks}", f"{lane} = (it % {blocks}) * BLOCK_K + tl.arange(0, BLOCK_K)"]
+        if blocks > 1
         else ["tap = it", f"{lane} = tl.arange(0, BLOCK_K)"]
+    )
     body += decompose("tap", [(i, r) for i, r in enumerate(taps) if r > 1], "t") if math.prod(taps) > 1 else []
     checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
     body += input_taps(geo, taps, ctx.gp.space.dims, ctx.gp.operand("image").dim, flip, checks)
@@ -369,22 +413,36 @@ def conv_cost(match: ConvFpropMatch, knobs: TileKnobs, fit: ImplicitGemmFit = HO
     rows = (1.0 if taps == 1 and tuple(x.dim[2:]) == tuple(gp.space.dims[2:]) else fit.image_row_weight) * bm + bn
     mflop = 2 * bm * bn * bk / 1e6
     lag = fit.step_latency_us * fit.latency_stages / max(1, stages - 1)  # prefetch distance stages - 1
-    t_it = max(lag + fit.step_us_per_mflop * mflop, together * mflop / fit.sm_mflop_per_us,
-               together * rows * bk * 2 / fit.sm_l2_bytes_per_us)
+    t_it = max(
+        lag + fit.step_us_per_mflop * mflop,
+        together * mflop / fit.sm_mflop_per_us,
+        together * rows * bk * 2 / fit.sm_l2_bytes_per_us,
+    )
     if cg % fit.vector_channels:
         t_it = max(t_it, together * (bm + bn) * bk / fit.sm_scalar_elems_per_us)
     piece = gp.piece
     size = m * n * groups
-    extra = sum(piece.tensor(u).nbytes for u in {u for nd in gp.epilogue for u in nd.input_uids()}
-                if u in piece.inputs and piece.tensor(u).numel * 2 > size) / size  # bytes per output element
+    extra = (
+        sum(
+            piece.tensor(u).nbytes
+            for u in {u for nd in gp.epilogue for u in nd.input_uids()}
+            if u in piece.inputs and piece.tensor(u).numel * 2 > size
+        )
+        / size
+    )  # bytes per output element
     stored = sum(piece.tensor(u).nbytes for u in gp.stores) / size
-    t_prog = (per * t_it + min(stages - 1, per) * t_it / 2 + bm * bn * (stored + extra) / fit.epilogue_bytes_per_us
-              + fit.program_us)
+    t_prog = (
+        per * t_it
+        + min(stages - 1, per) * t_it / 2
+        + bm * bn * (stored + extra) / fit.epilogue_bytes_per_us
+        + fit.program_us
+    )
     traffic = groups * ((m * k * 2) * -(-n // bn) + (n * k * 2) * -(-m // bm))
     moved = gp.moved_bytes() - x.nbytes + min(x.nbytes, m * k * groups * 2)
     limits = (rounds * t_prog, traffic / fit.l2_bytes_per_us, moved / (fit.dram_share * rates(device)[0] / 1e6))
-    t = (sum(v ** fit.overlap_norm for v in limits) ** (1 / fit.overlap_norm)
-         + busiest * bm * bn * extra / (together * fit.sm_epilogue_dram_bytes_per_us))
+    t = sum(v**fit.overlap_norm for v in limits) ** (1 / fit.overlap_norm) + busiest * bm * bn * extra / (
+        together * fit.sm_epilogue_dram_bytes_per_us
+    )
     if split > 1:
         t += split * m * n * groups * 4 * 2 / fit.split_bytes_per_us + fit.split_launch_us
     return t + fit.base_us

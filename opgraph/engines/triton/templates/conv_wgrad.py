@@ -181,9 +181,12 @@ class ConvWgradMatch(OffersProloguePass):
                 return Support.no("DOUBLE convolutions are not supported by the Triton templates", gp.main)
             return Support.yes()
         if device.is_cuda and gp.space.m < MIN_GPU_CHANNELS and len(gp.piece.nodes) > 1:
-            return Support.no(f"{gp.space.m} input channel(s) per group: the GEMM tiles (16+ rows of channels) are "
-                              "mostly padding (the ResNet stem's wgrad, 3 channels, took 5.4 ms on an H100), so this "
-                              "wgrad runs alone, where a library convolution can take it", gp.main)
+            return Support.no(
+                f"{gp.space.m} input channel(s) per group: the GEMM tiles (16+ rows of channels) are "
+                "mostly padding (the ResNet stem's wgrad, 3 channels, took 5.4 ms on an H100), so this "
+                "wgrad runs alone, where a library convolution can take it",
+                gp.main,
+            )
         kind = dot_kind(x.data_type, dy.data_type, interpret=self.interpret)
         if isinstance(kind, str):
             return Support.no(kind, gp.main)
@@ -196,11 +199,19 @@ class ConvWgradMatch(OffersProloguePass):
 
     def validate(self, k: TileKnobs) -> None:
         if k.persistent:
-            raise AttributeValueError("PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
-                                      op=self.gp.main.label(), rule="triton.conv_wgrad.knob", hint="drop PERSISTENT")
+            raise AttributeValueError(
+                "PERSISTENT is not a conv_wgrad knob: its grid is sized by SPLIT_K and TAPS",
+                op=self.gp.main.label(),
+                rule="triton.conv_wgrad.knob",
+                hint="drop PERSISTENT",
+            )
         if k.BLOCK_K is None:
-            raise AttributeValueError("conv_wgrad configs need BLOCK_K (pixels a step)", op=self.gp.main.label(),
-                                      rule="triton.conv_wgrad.knob", hint="take configs from engine_configs()")
+            raise AttributeValueError(
+                "conv_wgrad configs need BLOCK_K (pixels a step)",
+                op=self.gp.main.label(),
+                rule="triton.conv_wgrad.knob",
+                hint="take configs from engine_configs()",
+            )
 
     def dot(self, k: TileKnobs) -> DotKind:
         x, dy = self.gp.operand("image"), self.gp.operand("loss")
@@ -222,17 +233,21 @@ class ConvWgradMatch(OffersProloguePass):
         taps = 1 if self.is_stencil else k.taps
         if taps < 1 or self.ntaps % taps:
             divisors = [d for d in range(1, self.ntaps + 1) if self.ntaps % d == 0]
-            raise AttributeValueError(f"TAPS={taps} must divide the filter's {self.ntaps} taps",
-                                      op=self.gp.main.label(), rule="triton.conv_wgrad.knob",
-                                      hint=f"use one of {divisors}")
+            raise AttributeValueError(
+                f"TAPS={taps} must divide the filter's {self.ntaps} taps",
+                op=self.gp.main.label(),
+                rule="triton.conv_wgrad.knob",
+                hint=f"use one of {divisors}",
+            )
         return taps
 
     def tiling(self, k: TileKnobs) -> Tiling:
         split = k.split_k
         sp = self.gp.space
         scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 or k.merged else 0
-        return TapTiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch),
-                         per_program=self.per_program(k))
+        return TapTiling(
+            sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch), per_program=self.per_program(k)
+        )
 
     # -- knobs --
     def candidates(self) -> list[TileKnobs]:
@@ -246,14 +261,21 @@ class ConvWgradMatch(OffersProloguePass):
         pixels = self.pixels
         merged = self.merged_loop
         if not device.is_cuda:
-            configs = gemm_candidates(sp.m, sp.n, pixels, nprog=sp.nbatch * sp.groups, device=device,
-                                      elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra)
+            configs = gemm_candidates(
+                sp.m,
+                sp.n,
+                pixels,
+                nprog=sp.nbatch * sp.groups,
+                device=device,
+                elem_bytes=elem,
+                moved_bytes=gp.moved_bytes(),
+                extra=extra,
+            )
             first = configs[0]
             assert first.BLOCK_K is not None
             iters = -(-pixels // first.BLOCK_K)
             # a split whenever the loop is long, so that the tests run the combine launch
-            configs = [first.replace(SPLIT_K=max(first.split_k, min(4, iters // 2)) if iters >= 4 else 1),
-                       *configs[1:]]
+            configs = [first.replace(SPLIT_K=max(first.split_k, min(4, iters // 2)) if iters >= 4 else 1), *configs[1:]]
             if merged.applies:  # before the broadest config (a saved plan may hold one)
                 configs = MERGED_WGRAD.apply(configs, merged.candidates(extra), -1)
         else:
@@ -263,8 +285,9 @@ class ConvWgradMatch(OffersProloguePass):
             if gp.prologue.get(gp.main.input("image")):  # type: ignore[arg-type]
                 # the prologue runs on every tap's image tile in registers beside the taps' accumulators
                 most = max(c.taps for c in configs)
-                configs = SBR_WGRAD_LEAN.apply(configs, lambda c: c.taps == most
-                                               and prologue_share(c, most) <= LEAN_PROLOGUE)
+                configs = SBR_WGRAD_LEAN.apply(
+                    configs, lambda c: c.taps == most and prologue_share(c, most) <= LEAN_PROLOGUE
+                )
         configs = with_subtile(configs, gp, device)
         if "fp32_precision" in extra:
             configs.insert(1, configs[0].replace(fp32_precision="ieee"))
@@ -288,9 +311,19 @@ class ConvWgradMatch(OffersProloguePass):
                     continue  # big tiles already reuse operands; T accumulators would spill
                 warps = 8 if bm * bn >= 16384 or taps > 1 and bm * bn >= 8192 else 4
                 stages = 3 if taps > 1 or bm * bn >= 16384 else 4
-                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                                     SPLIT_K=self.split_for(bm, bn, taps, bk), TAPS=taps, num_warps=warps,
-                                     num_stages=stages, **extra))
+                out.append(
+                    TileKnobs(
+                        BLOCK_M=bm,
+                        BLOCK_N=bn,
+                        BLOCK_K=bk,
+                        GROUP_M=8,
+                        SPLIT_K=self.split_for(bm, bn, taps, bk),
+                        TAPS=taps,
+                        num_warps=warps,
+                        num_stages=stages,
+                        **extra,
+                    )
+                )
         out.sort(key=self._cost)
         out = out[:6]
         top = out[0]
@@ -298,8 +331,19 @@ class ConvWgradMatch(OffersProloguePass):
             out.insert(1, top.replace(SPLIT_K=2 * top.split_k))
         # the fallback: one tap per program, plain 64 x 64 tiles, the reduction still split
         small = min(bk, 32) if self.elem != 1 else bk
-        out.append(TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=small, GROUP_M=8, SPLIT_K=self.split_for(64, 64, 1, small),
-                             TAPS=1, num_warps=4, num_stages=2, **extra))
+        out.append(
+            TileKnobs(
+                BLOCK_M=64,
+                BLOCK_N=64,
+                BLOCK_K=small,
+                GROUP_M=8,
+                SPLIT_K=self.split_for(64, 64, 1, small),
+                TAPS=1,
+                num_warps=4,
+                num_stages=2,
+                **extra,
+            )
+        )
         return unique(out)
 
     def split_for(self, bm: int, bn: int, taps: int, bk: int) -> int:
@@ -316,8 +360,16 @@ class ConvWgradMatch(OffersProloguePass):
     def _cost(self, k: TileKnobs) -> float:
         sp = self.gp.space
         taps = k.taps
-        t = estimate_us(sp.m, sp.n, self.pixels, k, nprog=sp.nbatch * sp.groups, device=self.device,
-                        elem_bytes=self.elem, moved_bytes=self.gp.moved_bytes())
+        t = estimate_us(
+            sp.m,
+            sp.n,
+            self.pixels,
+            k,
+            nprog=sp.nbatch * sp.groups,
+            device=self.device,
+            elem_bytes=self.elem,
+            moved_bytes=self.gp.moved_bytes(),
+        )
         # operand traffic through L2: the image once per tap, DY once per tap group (~8 TB/s on Hopper)
         x, dy = self.gp.operand("image"), self.gp.operand("loss")
         tiles_m, tiles_n = -(-sp.m // k.BLOCK_M), -(-sp.n // k.BLOCK_N)
@@ -345,12 +397,14 @@ class ConvWgradMatch(OffersProloguePass):
         body += decompose("j", axes, "jp")
         pixel_rows = ("j", tuple(axes))
         dy_axes = [("r", "jp0"), ("c", "col"), *(("r", f"jp{2 + a}") for a in range(len(dy.dim) - 2))]
-        b_idx = TileIndexer(dy_axes, jmask, ctx.tiling.cmask, ctx.ptr_of(sig), ("BLOCK_K", "BLOCK_N"), pixel_rows,
-                            zero=("j", "rn"))
+        b_idx = TileIndexer(
+            dy_axes, jmask, ctx.tiling.cmask, ctx.ptr_of(sig), ("BLOCK_K", "BLOCK_N"), pixel_rows, zero=("j", "rn")
+        )
         return body + operand_tile(ctx, sig, "loss", b_idx, "b"), jmask
 
-    def image_positions(self, ctx: Context, taps: list[str], jmask: str | None,
-                        name: str) -> tuple[list[str], str | None]:
+    def image_positions(
+        self, ctx: Context, taps: list[str], jmask: str | None, name: str
+    ) -> tuple[list[str], str | None]:
         """Image positions {name}_{a} of the step's pixels at the taps named `taps` (per spatial axis), and
         their mask `{name}_m` (None: all inside)."""
         gp = ctx.gp
@@ -428,8 +482,10 @@ class Stencil(TileLoop):
         if not m.device.is_cuda:
             bn = min(32, pow2_at_least(sp.n, 16))
             iters = -(-pixels // 16)
-            return [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=16, SPLIT_K=min(4, max(1, iters // 2)), num_warps=4),
-                    TileKnobs(BLOCK_M=bm, BLOCK_N=16, BLOCK_K=16, SPLIT_K=1, num_warps=4)]
+            return [
+                TileKnobs(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=16, SPLIT_K=min(4, max(1, iters // 2)), num_warps=4),
+                TileKnobs(BLOCK_M=bm, BLOCK_N=16, BLOCK_K=16, SPLIT_K=1, num_warps=4),
+            ]
         sms = max(m.device.sm_count, 1)
         out = []
         for bn, bk, warps in ((64, 16, 4), (128, 8, 4), (32, 32, 4), (64, 32, 8)):

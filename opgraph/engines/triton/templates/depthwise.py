@@ -107,8 +107,9 @@ class DepthwiseMatch(TileMatch):
     def check(self) -> Support:
         x, w = self.gp.operand("image"), self.gp.operand("weight")
         if w.dim[1] != 1:
-            return Support.no(f"not a depthwise conv: the filter has {w.dim[1]} channels per group (needs 1)",
-                              self.gp.main)
+            return Support.no(
+                f"not a depthwise conv: the filter has {w.dim[1]} channels per group (needs 1)", self.gp.main
+            )
         if x.data_type.is_integer or w.data_type.is_integer:
             if x.data_type is not DataType.INT8 or w.data_type is not DataType.INT8:
                 return Support.no("integer depthwise convs need INT8 image and filter", self.gp.main)
@@ -139,8 +140,10 @@ class DepthwiseMatch(TileMatch):
         if not device.is_cuda:
             bm = min(32, pow2_at_least(gp.space.m, 16))
             bn = min(32, pow2_at_least(k, 16))
-            return rows[:1] + [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4),
-                               TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4)]
+            return rows[:1] + [
+                TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4),
+                TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4),
+            ]
         # pixel tiles: >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide;
         # 16-32 elements per thread keep the registers (all 9 taps' loads in flight) under ~100, so
         # that >= 16 warps fit on an SM
@@ -248,8 +251,11 @@ class RowStrips:
         r = gp.operand("weight").dim[2]
         if not device.is_cuda:
             bw = min(8, pow2_at_least(wo, 2))
-            return [RowStripKnobs(ROWS=min(4, ho), BLOCK_W=bw, BLOCK_N=min(16, pow2_at_least(k, 4)), num_warps=1,
-                                  num_stages=2)]
+            return [
+                RowStripKnobs(
+                    ROWS=min(4, ho), BLOCK_W=bw, BLOCK_N=min(16, pow2_at_least(k, 4)), num_warps=1, num_stages=2
+                )
+            ]
         if gp.operand("image").data_type.itemsize == 1:
             return []  # 16 int8 channels per thread: 144 weight registers
         bw = min(64, pow2_at_least(wo, 4))
@@ -276,10 +282,13 @@ class RowStrips:
 
     def check_knobs(self, k: RowStripKnobs) -> None:
         if not self.applies:
-            raise AttributeValueError(f"the {self.m.template.name} template cannot run this piece with ROWS="
-                                      f"{k.ROWS}: the row-strip kernel (ROWS > 0) needs a 2-D conv with unit stride "
-                                      "and dilation along H, at most 9 taps and no reduction over channels",
-                                      rule="triton.depthwise.knob", hint="use ROWS=0 (pixel tiles)")
+            raise AttributeValueError(
+                f"the {self.m.template.name} template cannot run this piece with ROWS="
+                f"{k.ROWS}: the row-strip kernel (ROWS > 0) needs a 2-D conv with unit stride "
+                "and dilation along H, at most 9 taps and no reduction over channels",
+                rule="triton.depthwise.knob",
+                hint="use ROWS=0 (pixel tiles)",
+            )
 
     def blocks(self, k: RowStripKnobs) -> tuple[int, int]:
         """(row blocks, strips) along H and W of an image."""
@@ -304,8 +313,7 @@ class RowStrips:
         nhb, nwb = self.blocks(k)
         return self.kernel_body(ctx, sig, k.ROWS, nhb, nwb, k.stages)
 
-    def kernel_body(self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int,
-                     stages: int) -> list[str]:
+    def kernel_body(self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int, stages: int) -> list[str]:
         gp = ctx.gp
         op = gp.main.op
         assert isinstance(op, ConvFprop) and ctx.dot is not None
@@ -321,21 +329,42 @@ class RowStrips:
         lines = ["pid = tl.program_id(0)"]
         if t.big:
             lines.append("pid = pid.to(tl.int64)")
-        lines += [f"pid_n = pid % {t.npn}", f"pid_m = pid // {t.npn}", f"wb = pid_m % {nwb}", f"q = pid_m // {nwb}",
-                  f"hb = q % {nhb}", f"n = q // {nhb}", "pb = 0", "g = 0",
-                  "ow = wb * BLOCK_M + tl.arange(0, BLOCK_M)",
-                  "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"]
+        lines += [
+            f"pid_n = pid % {t.npn}",
+            f"pid_m = pid // {t.npn}",
+            f"wb = pid_m % {nwb}",
+            f"q = pid_m // {nwb}",
+            f"hb = q % {nhb}",
+            f"n = q // {nhb}",
+            "pb = 0",
+            "g = 0",
+            "ow = wb * BLOCK_M + tl.arange(0, BLOCK_M)",
+            "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        ]
         if t.cmask:
             lines.append(f"cmask = rn < {sp.n}")
-        lines += ["col = rn", "y1 = col", f"cin = col // {mult}" if mult > 1 else "cin = col",
-                  f"owmask = ow < {wo}", f"h0 = hb * {rows}", "y0 = n + ow * 0", "y3 = ow"]
+        lines += [
+            "col = rn",
+            "y1 = col",
+            f"cin = col // {mult}" if mult > 1 else "cin = col",
+            f"owmask = ow < {wo}",
+            f"h0 = hb * {rows}",
+            "y0 = n + ow * 0",
+            "y3 = ow",
+        ]
         ptr = ctx.ptr_of(sig)
         # the filter, once: R x S vectors of BLOCK_N weights (prologue included)
         for kh in range(r):
             for kw in range(s):
                 th, tw = (r - 1 - kh, s - 1 - kw) if flip else (kh, kw)
-                idx = TileIndexer([("c", "col"), ("r", "ow"), ("s", str(th)), ("s", str(tw))], None, t.cmask,
-                                  ptr, ("1", "BLOCK_N"), zero=("ow", "rn"))
+                idx = TileIndexer(
+                    [("c", "col"), ("r", "ow"), ("s", str(th)), ("s", str(tw))],
+                    None,
+                    t.cmask,
+                    ptr,
+                    ("1", "BLOCK_N"),
+                    zero=("ow", "rn"),
+                )
                 lines += operand_tile(ctx, sig, "weight", idx, f"w{kh}_{kw}")
         # the image columns each filter column reads, and their bounds (loop-invariant)
         span = (nwb * t.block_m - 1) * geo.stride[1] - geo.pre[1] + (s - 1) * geo.dilation[1]
@@ -364,8 +393,7 @@ class RowStrips:
             lines += plan.init_lines("racc", "BLOCK_N")
 
         def load_row(j: str) -> list[str]:
-            out = [f"ih = h0 + {j} - {geo.pre[0]}" if geo.pre[0] else f"ih = h0 + {j}",
-                   f"rv = (ih >= 0) & (ih < {hi})"]
+            out = [f"ih = h0 + {j} - {geo.pre[0]}" if geo.pre[0] else f"ih = h0 + {j}", f"rv = (ih >= 0) & (ih < {hi})"]
             for kw in range(s):
                 out.append(f"xr{kw} = (xm{kw} & rv) != 0")  # (!= 0: vector & scalar masks confuse the interpreter)
                 out += operand_tile(ctx, sig, "image", x_index(kw), f"x{kw}", preset)
@@ -375,8 +403,12 @@ class RowStrips:
             return " + ".join(f"x{kw} * w{kh}_{kw}" for kw in range(s))
 
         def finish(acc: str, o: str) -> list[str]:
-            out = [f"oh = h0 + {o}", f"rmask = (owmask & (oh < {ho})) != 0", "y2 = oh + ow * 0",
-                   f"rm = (n * {ho} + oh) * {wo} + ow"]
+            out = [
+                f"oh = h0 + {o}",
+                f"rmask = (owmask & (oh < {ho})) != 0",
+                "y2 = oh + ow * 0",
+                f"rm = (n * {ho} + oh) * {wo} + ow",
+            ]
             return out + epilogue(ctx, sig, acc, 1, epi_preset, "racc" if ctx.reductions else None)
 
         # input row j feeds output rows j - kh (kh = 0..R-1); output o completes at row o + R - 1.

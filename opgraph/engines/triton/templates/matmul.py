@@ -116,16 +116,25 @@ class MatmulMatch(TileMatch):
 
     def _cost(self, c: TileKnobs) -> float:
         m, n, k, elem = self.problem
-        return estimate_us(m, n, k, c, nprog=self.gp.space.nbatch, device=self.device, elem_bytes=elem,
-                           moved_bytes=self.gp.moved_bytes())
+        return estimate_us(
+            m,
+            n,
+            k,
+            c,
+            nprog=self.gp.space.nbatch,
+            device=self.device,
+            elem_bytes=elem,
+            moved_bytes=self.gp.moved_bytes(),
+        )
 
     def candidates(self) -> list[TileKnobs]:
         gp, device = self.gp, self.device
         m, n, k, elem = self.problem
         a, b = gp.operand("A"), gp.operand("B")
         extra = fp32_knobs(a.data_type, b.data_type)
-        configs = gemm_candidates(m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem,
-                                  moved_bytes=gp.moved_bytes(), extra=extra)
+        configs = gemm_candidates(
+            m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra
+        )
         if device.is_cuda and len(self.descriptors) == 2:
             # TMA (+ persistent) versions of the plain configs, and on Hopper the host-descriptor path
             # (_matmul_hopper.py), ranked together by the cost model
@@ -180,8 +189,10 @@ class MatmulMatch(TileMatch):
             base = sig.buf(d.base)
             if d.offset:
                 base = f"{base} + {d.offset}"
-            lines.append(f"desc_{role} = tl.make_tensor_descriptor({base}, shape={shape}, strides={strides}, "
-                         f"block_shape=[{', '.join(blocks)}])")
+            lines.append(
+                f"desc_{role} = tl.make_tensor_descriptor({base}, shape={shape}, strides={strides}, "
+                f"block_shape=[{', '.join(blocks)}])"
+            )
         return lines
 
     def _tma_tile(self, ctx: Context, role: str, d: Descriptor, name: str) -> list[str]:
@@ -211,10 +222,12 @@ class MatmulMatch(TileMatch):
         batch = [("s", f"y{a}") for a in range(rank - 2)]
         kmask = "kmask" if kdim % bk else None
         ptr = ctx.ptr_of(sig)
-        a_idx = TileIndexer([*batch, ("r", "rm"), ("c", "rk")], ctx.tiling.rmask, kmask, ptr,
-                            ("BLOCK_M", "BLOCK_K"), zero=("rm", "rk"))
-        b_idx = TileIndexer([*batch, ("r", "rk"), ("c", "rn")], kmask, ctx.tiling.cmask, ptr,
-                            ("BLOCK_K", "BLOCK_N"), zero=("rk", "rn"))
+        a_idx = TileIndexer(
+            [*batch, ("r", "rm"), ("c", "rk")], ctx.tiling.rmask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "rk")
+        )
+        b_idx = TileIndexer(
+            [*batch, ("r", "rk"), ("c", "rn")], kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("rk", "rn")
+        )
         body = ["rk = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
         if kmask:
             body.append(f"kmask = rk < {kdim}")

@@ -110,8 +110,9 @@ class _Gen(NormGen):
     def _chunks(self) -> int:
         return -(-self._tiles() // self.k.CHUNK)
 
-    def comps(self, *, p: str | None, q: str | None, c_axis: int | None, p_axis: int | None,
-              q_axis: int | None) -> list[Comp]:
+    def comps(
+        self, *, p: str | None, q: str | None, c_axis: int | None, p_axis: int | None, q_axis: int | None
+    ) -> list[Comp]:
         """The B (scalar bb), C (cc), P and Q components, with the tile axes they vary along."""
         g = self.g
         out = [Comp(g.b_axes, "bb", None), Comp(g.c_axes, "cc", c_axis)]
@@ -138,18 +139,18 @@ class _Gen(NormGen):
         components, masks and zeros; the caller sets the row index (rp, or pp and qq)."""
         g = self.g
         cl = g.channels_last
-        lines = [f"cc = {self.pid(1)} * {bc} + tl.arange(0, {bc})" + ("[None, :]" if cl else "[:, None]"),
-                 f"cmask = cc < {g.C}"]
+        lines = [
+            f"cc = {self.pid(1)} * {bc} + tl.arange(0, {bc})" + ("[None, :]" if cl else "[:, None]"),
+            f"cmask = cc < {g.C}",
+        ]
         if g.b_axes:
             lines.append(f"bb = {self.pid(2)}")
         if cl:
             comps = self.comps(p="rp", q=None, c_axis=1, p_axis=0, q_axis=None)
-            masks = {frozenset(): None, frozenset({0}): "pmask", frozenset({1}): "cmask",
-                     frozenset({0, 1}): "mask"}
+            masks = {frozenset(): None, frozenset({0}): "pmask", frozenset({1}): "cmask", frozenset({0, 1}): "mask"}
         else:
             comps = self.comps(p="pp", q="qq", c_axis=0, p_axis=None, q_axis=1)
-            masks = {frozenset(): None, frozenset({0}): "cmask", frozenset({1}): "qmask",
-                     frozenset({0, 1}): "mask"}
+            masks = {frozenset(): None, frozenset({0}): "cmask", frozenset({1}): "qmask", frozenset({0, 1}): "mask"}
         return lines, comps, masks, {0: "z0", 1: "z1"}
 
     # launch 1: statistics -----------------------------------------------------------------------------
@@ -168,15 +169,13 @@ class _Gen(NormGen):
         # the shift K: x at the first element of the slot (every chunk shifts by the same K, so the
         # partial means are small numbers relative to K; the saved mean for a backward)
         if cl:
-            body += [f"p_lo = pid_r * {chunk * br}", f"p_hi = tl.minimum(p_lo + {chunk * br}, {g.P})",
-                     "rp0 = 0"]
+            body += [f"p_lo = pid_r * {chunk * br}", f"p_hi = tl.minimum(p_lo + {chunk * br}, {g.P})", "rp0 = 0"]
             shift_comps = self.comps(p="rp0", q=None, c_axis=1, p_axis=None, q_axis=None)
             shift_masks = {frozenset(): None, frozenset({1}): "cmask"}
         else:
             nqb = -(-g.Q // br)
             tiles = g.P * nqb
-            body += [f"t_lo = pid_r * {chunk}", f"t_hi = tl.minimum(t_lo + {chunk}, {tiles})",
-                     "pp0 = 0", "qq0 = 0"]
+            body += [f"t_lo = pid_r * {chunk}", f"t_hi = tl.minimum(t_lo + {chunk}, {tiles})", "pp0 = 0", "qq0 = 0"]
             shift_comps = self.comps(p="pp0", q="qq0", c_axis=0, p_axis=None, q_axis=None)
             shift_masks = {frozenset(): None, frozenset({0}): "cmask"}
         em = self.region(shift_comps, shift_masks, None, params)
@@ -186,8 +185,11 @@ class _Gen(NormGen):
             shift, _ = self.full_values(em, fusion.prologue_for({self.x_uid}), grad=False)
         body += [renamed(line, "sv") for line in [*em.lines, f"K = {shift}"]]
         need_moments = not self.saved
-        accs = (["a0"] if self.forward else []) + (["a1", "a2"] if need_moments else []) \
+        accs = (
+            (["a0"] if self.forward else [])
+            + (["a1", "a2"] if need_moments else [])
             + (["ad", "ae"] if self.backward else [])
+        )
         body += [f"{a} = tl.zeros({shape}, {acc})" for a in accs]
         stages, prefetch = (k.ST or 0), bool(k.PF)
         if cl:
@@ -196,8 +198,12 @@ class _Gen(NormGen):
             # the next tile's indices, from its first row; its masks are false past the chunk's end
             walked = {"rp"}
             nxt_comps = self.comps(p="rn", q=None, c_axis=1, p_axis=0, q_axis=None)
-            nxt_masks = {frozenset(): None, frozenset({0}): "pnmask", frozenset({1}): "cmask",
-                         frozenset({0, 1}): "nmask"}
+            nxt_masks = {
+                frozenset(): None,
+                frozenset({0}): "pnmask",
+                frozenset({1}): "cmask",
+                frozenset({0, 1}): "nmask",
+            }
 
             def nxt_index(start: str) -> list[str]:
                 return [f"rn = {start} + tl.arange(0, BR)[:, None]", "pnmask = rn < p_hi", "nmask = pnmask & cmask"]
@@ -213,16 +219,25 @@ class _Gen(NormGen):
             header = loop_header("t", "t_lo", "t_hi", None, 0 if prefetch else stages)
             walked = {"pp", "qq"}
             nxt_comps = self.comps(p="pn", q="qn", c_axis=0, p_axis=None, q_axis=1)
-            nxt_masks = {frozenset(): "nok", frozenset({0}): "ncmask", frozenset({1}): "qnmask",
-                         frozenset({0, 1}): "nmask"}
+            nxt_masks = {
+                frozenset(): "nok",
+                frozenset({0}): "ncmask",
+                frozenset({1}): "qnmask",
+                frozenset({0, 1}): "nmask",
+            }
 
             def nxt_index(start: str) -> list[str]:
                 # (bounds folded into the comparisons: `bool_tile & bool_scalar` gives int32 in the
                 # interpreter, which its loads reject)
-                return [f"tn = {start}", "nok = tn < t_hi", f"pn = tn // {nqb}",
-                        f"qn = (tn % {nqb}) * BR + tl.arange(0, BR)[None, :]",
-                        f"qnmask = qn < tl.where(nok, {g.Q}, 0)", f"ncmask = cc < tl.where(nok, {g.C}, 0)",
-                        "nmask = ncmask & qnmask"]
+                return [
+                    f"tn = {start}",
+                    "nok = tn < t_hi",
+                    f"pn = tn // {nqb}",
+                    f"qn = (tn % {nqb}) * BR + tl.arange(0, BR)[None, :]",
+                    f"qnmask = qn < tl.where(nok, {g.Q}, 0)",
+                    f"ncmask = cc < tl.where(nok, {g.C}, 0)",
+                    "nmask = ncmask & qnmask",
+                ]
 
             first, following = nxt_index("t_lo"), nxt_index("t + 1")
         if prefetch:
@@ -264,8 +279,12 @@ class _Gen(NormGen):
             body.append(f"tl.store({self.scratch(params, 'c_k0')} + {slot}, K, mask=cmask & (cc * 0 + pid_r == 0))")
         src = params.signature("kernel_stats", ["BR", "BC"]) + "\n" + indent(body)
         cblocks = -(-g.C // bc)
-        launch = Launch("kernel_stats", (self.chunks, cblocks, g.B), tuple(params.args),
-                        (("BR", br), ("BC", bc), ("num_warps", k.W)))
+        launch = Launch(
+            "kernel_stats",
+            (self.chunks, cblocks, g.B),
+            tuple(params.args),
+            (("BR", br), ("BC", bc), ("num_warps", k.W)),
+        )
         return src, launch
 
     # launch 2: combine ----------------------------------------------------------------------------
@@ -280,8 +299,12 @@ class _Gen(NormGen):
         bs = k.BS
         bk = max(2, min(pow2_ceil(self.chunks), max(16, 8192 // bs)))
         # per-slot tensors (stats, scale, running stats, dscale) are [1, BS] vectors
-        em = self.region([Comp(g.b_axes, "bb", 1), Comp(g.c_axes, "cc", 1)],
-                         {frozenset(): None, frozenset({1}): "smask"}, {1: "zs"}, params)
+        em = self.region(
+            [Comp(g.b_axes, "bb", 1), Comp(g.c_axes, "cc", 1)],
+            {frozenset(): None, frozenset({1}): "smask"},
+            {1: "zs"},
+            params,
+        )
 
         def take() -> list[str]:
             lines = list(em.lines)
@@ -294,16 +317,22 @@ class _Gen(NormGen):
             return f"tl.load({q[name]} + ko, mask=km, other=0.0)"
 
         def over_chunks(lines: list[str]) -> list[str]:
-            return nest(f"for k0 in range(0, {self.chunks}, BK):",
-                        ["kk = k0 + kk0", f"km = (kk < {self.chunks}) & smask", f"ko = kk * {g.S} + slot", *lines])
+            return nest(
+                f"for k0 in range(0, {self.chunks}, BK):",
+                ["kk = k0 + kk0", f"km = (kk < {self.chunks}) & smask", f"ko = kk * {g.S} + slot", *lines],
+            )
 
         def zeros(*names: str) -> list[str]:
             return [f"{n} = tl.zeros([1, BS], {acc})" for n in names]
 
         red = "axis=0, keep_dims=True"
-        body = [f"slot = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"smask = slot < {g.S}", "zs = slot * 0",
-                *([f"bb = slot // {g.C}", f"cc = slot % {g.C}"] if g.b_axes else ["cc = slot"]),
-                "kk0 = tl.arange(0, BK)[:, None]"]
+        body = [
+            f"slot = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]",
+            f"smask = slot < {g.S}",
+            "zs = slot * 0",
+            *([f"bb = slot // {g.C}", f"cc = slot % {g.C}"] if g.b_axes else ["cc = slot"]),
+            "kk0 = tl.arange(0, BK)[:, None]",
+        ]
         # the per-slot inputs first: their loads are in flight with the partials'
         for role in ("mean", "inv_variance") if self.saved else ():
             em.operand(node.input(role))
@@ -345,8 +374,10 @@ class _Gen(NormGen):
             # with the mean): the mean output takes the smaller, as |mean| < |mean - K| or not
             body += ["rel = t_m / tl.where(smask, t_n, 1.0)", "mean = kshift + rel"]
             if self.forward:
-                body += ["raw = t_s / tl.where(smask, t_n, 1.0)",
-                         "mean = tl.where(tl.abs(raw) < tl.abs(rel), raw, mean)"]
+                body += [
+                    "raw = t_s / tl.where(smask, t_n, 1.0)",
+                    "mean = tl.where(tl.abs(raw) < tl.abs(rel), raw, mean)",
+                ]
             body += zeros("t_2")
             second = ["dm = mu_i - rel", f"t_2 += tl.sum(m2_i + n_i * dm * dm, {red})"]
             if self.backward:
@@ -371,15 +402,22 @@ class _Gen(NormGen):
                 mom = scalar_expr(node.input("momentum"), tensors, params, acc)
                 rm, rv = em.operand(node.input("in_running_mean")), em.operand(node.input("in_running_var"))
                 unbiased = f"t_2 / {float(max(g.M - 1, 1))!r}"
-                body += take() + [f"r_mean = (1.0 - {mom}) * {rm} + {mom} * mean",
-                                  f"r_var = (1.0 - {mom}) * {rv} + {mom} * {unbiased}"]
+                body += take() + [
+                    f"r_mean = (1.0 - {mom}) * {rm} + {mom} * mean",
+                    f"r_var = (1.0 - {mom}) * {rv} + {mom} * {unbiased}",
+                ]
                 self.store_result(em, "next_running_mean", "r_mean")
                 self.store_result(em, "next_running_var", "r_var")
             body += take()
         else:
             m = float(g.M)
-            coef = {"k0": "k0", "mu": "rel", "a": f"{gamma} * inv", "k1": f"t_d / {m!r}",
-                    "k2": f"inv * inv * t_e / {m!r}"}
+            coef = {
+                "k0": "k0",
+                "mu": "rel",
+                "a": f"{gamma} * inv",
+                "k1": f"t_d / {m!r}",
+                "k2": f"inv * inv * t_e / {m!r}",
+            }
             if g.B == 1:
                 self.store_result(em, "dscale", "inv * t_e")
                 self.store_result(em, "dbias", "t_d")
@@ -391,8 +429,9 @@ class _Gen(NormGen):
             if name != "k0" or self.saved:
                 body.append(f"tl.store({self.scratch(params, 'c_' + name)} + slot, {coef[name]}, mask=smask)")
         src = params.signature("kernel_combine", ["BS", "BK"]) + "\n" + indent(body)
-        launch = Launch("kernel_combine", (-(-g.S // bs),), tuple(params.args),
-                        (("BS", bs), ("BK", bk), ("num_warps", k.CW)))
+        launch = Launch(
+            "kernel_combine", (-(-g.S // bs),), tuple(params.args), (("BS", bs), ("BK", bk), ("num_warps", k.CW))
+        )
         return src, launch
 
     def dparams_kernel(self) -> tuple[str, Launch]:
@@ -402,20 +441,31 @@ class _Gen(NormGen):
         bs = k.BS
         bb = max(2, min(pow2_ceil(g.B), max(8, 4096 // bs)))
         em = self.region([Comp(g.c_axes, "cc", 1)], {frozenset(): None, frozenset({1}): "cmask"}, {1: "zc"}, params)
-        body = [f"cc = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]", f"cmask = cc < {g.C}", "zc = cc * 0",
-                "bb0 = tl.arange(0, BB)[:, None]", f"t_ds = tl.zeros([1, BS], {self.compute})",
-                f"t_db = tl.zeros([1, BS], {self.compute})"]
+        body = [
+            f"cc = {self.pid(0)} * BS + tl.arange(0, BS)[None, :]",
+            f"cmask = cc < {g.C}",
+            "zc = cc * 0",
+            "bb0 = tl.arange(0, BB)[:, None]",
+            f"t_ds = tl.zeros([1, BS], {self.compute})",
+            f"t_db = tl.zeros([1, BS], {self.compute})",
+        ]
         pe, pd = self.scratch(params, "c_pe"), self.scratch(params, "c_pd")
-        body += nest(f"for b0 in range(0, {g.B}, BB):", [
-            "bm = (b0 + bb0 < " + str(g.B) + ") & cmask", f"bo = (b0 + bb0) * {g.C} + cc",
-            f"t_ds += tl.sum(tl.load({pe} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)",
-            f"t_db += tl.sum(tl.load({pd} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)"])
+        body += nest(
+            f"for b0 in range(0, {g.B}, BB):",
+            [
+                "bm = (b0 + bb0 < " + str(g.B) + ") & cmask",
+                f"bo = (b0 + bb0) * {g.C} + cc",
+                f"t_ds += tl.sum(tl.load({pe} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)",
+                f"t_db += tl.sum(tl.load({pd} + bo, mask=bm, other=0.0), axis=0, keep_dims=True)",
+            ],
+        )
         for role, value in (("dscale", "t_ds"), ("dbias", "t_db")):
             self.store_result(em, role, value)
         body += em.lines
         src = params.signature("kernel_dparams", ["BS", "BB"]) + "\n" + indent(body)
-        launch = Launch("kernel_dparams", (-(-g.C // bs),), tuple(params.args),
-                        (("BS", bs), ("BB", bb), ("num_warps", k.CW)))
+        launch = Launch(
+            "kernel_dparams", (-(-g.C // bs),), tuple(params.args), (("BS", bs), ("BB", bb), ("num_warps", k.CW))
+        )
         return src, launch
 
     # launch 3: apply --------------------------------------------------------------------------------
@@ -441,8 +491,13 @@ class _Gen(NormGen):
                 else:  # the last tile rows of every stats chunk first: what the stats pass read last
                     body += [f"r = (r % {nch}) * {tpc} + {tpc - 1} - r // {nch}"]
             body += ["rp = r * ABR + tl.arange(0, ABR)[:, None]", f"pmask = rp < {g.P}"]
-            body += ["cc = cb * ABC + tl.arange(0, ABC)[None, :]", f"cmask = cc < {g.C}", "mask = pmask & cmask",
-                     "z0 = rp * 0", "z1 = cc * 0"]
+            body += [
+                "cc = cb * ABC + tl.arange(0, ABC)[None, :]",
+                f"cmask = cc < {g.C}",
+                "mask = pmask & cmask",
+                "z0 = rp * 0",
+                "z1 = cc * 0",
+            ]
         else:
             nqb = -(-g.Q // abr)
             row_tiles = g.P * nqb
@@ -455,10 +510,18 @@ class _Gen(NormGen):
                     body.append(f"r = (r % {nch}) * {ch} + {ch - 1} - r // {nch}")
                     qvalid = f" & (qq * 0 + r < {row_tiles})"
                     row_tiles = nch * ch
-            body += [f"pp = r // {nqb}", f"qq = (r % {nqb}) * ABR + tl.arange(0, ABR)[None, :]",
-                     f"qmask = (qq < {g.Q}){qvalid}"]
-            body += ["cc = cb * ABC + tl.arange(0, ABC)[:, None]", f"cmask = cc < {g.C}", "mask = cmask & qmask",
-                     "z0 = cc * 0", "z1 = qq * 0"]
+            body += [
+                f"pp = r // {nqb}",
+                f"qq = (r % {nqb}) * ABR + tl.arange(0, ABR)[None, :]",
+                f"qmask = (qq < {g.Q}){qvalid}",
+            ]
+            body += [
+                "cc = cb * ABC + tl.arange(0, ABC)[:, None]",
+                f"cmask = cc < {g.C}",
+                "mask = cmask & qmask",
+                "z0 = cc * 0",
+                "z1 = qq * 0",
+            ]
         if g.b_axes:  # the stats pass walked samples last-major: the last ones are the freshest in L2
             body.append(f"bb = {g.B - 1} - {self.pid(1)}" if order else f"bb = {self.pid(1)}")
         grid = (ncb * row_tiles, g.B)
@@ -471,8 +534,10 @@ class _Gen(NormGen):
             sc, sh = em.operand(node.input("scale")), em.operand(node.input("bias"))
             value = f"({xv} - {mu}) * {inv} * {sc} + {sh}"
         else:
-            c = {name: f"tl.load({self.scratch(params, 'c_' + name)} + {slot}, mask=cmask, other=0.0)"
-                 for name in self.coefs}
+            c = {
+                name: f"tl.load({self.scratch(params, 'c_' + name)} + {slot}, mask=cmask, other=0.0)"
+                for name in self.coefs
+            }
             em.lines += [f"k_{name} = {c[name]}" for name in self.coefs]
             centered = f"(({xv} - k_k0) - k_mu)" if "mu" in self.coefs else f"({xv} - k_k0)"
             if self.forward:
@@ -482,15 +547,14 @@ class _Gen(NormGen):
         self.emit_output(em, value)
         body += em.lines
         src = params.signature("kernel_apply", ["ABR", "ABC"]) + "\n" + indent(body)
-        launch = Launch("kernel_apply", grid, tuple(params.args),
-                        (("ABR", abr), ("ABC", abc), ("num_warps", k.AW)))
+        launch = Launch("kernel_apply", grid, tuple(params.args), (("ABR", abr), ("ABC", abc), ("num_warps", k.AW)))
         return src, launch
 
     def apply_order(self) -> int:
         """The apply pass's tile order (knob ORDER): 0 in memory order; 1 the last tile rows of every
         stats chunk first, 2 the input's last rows first (both read first what the stats pass read
         last, which L2 may still hold). 1 and 2 need apply tiles that split the stats chunks."""
-        order = (self.k.ORDER or 0)
+        order = self.k.ORDER or 0
         if self.inference or not order:
             return 0
         if self.g.channels_last:

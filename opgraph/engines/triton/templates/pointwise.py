@@ -73,9 +73,7 @@ class FlatIndexer:
         self.needed: set[int] = set()
 
     def offset(self, desc: TensorDesc) -> str:
-        if desc.dim == self.dims and all(
-            d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)
-        ):
+        if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
             return "lin"
         return _coordinate_offset(desc, self.needed)
 
@@ -120,8 +118,9 @@ class TileIndexer:
     Each load is masked along the tile axes its offset depends on, and only where the tiles do not
     divide that axis."""
 
-    def __init__(self, dims: tuple[int, ...], i: int, j: int, order: tuple[int, ...], big: bool,
-                 ti: int, tj: int) -> None:
+    def __init__(
+        self, dims: tuple[int, ...], i: int, j: int, order: tuple[int, ...], big: bool, ti: int, tj: int
+    ) -> None:
         self.dims, self.i, self.j, self.big, self.ti, self.tj = dims, i, j, big, ti, tj
         self.outer = tuple(a for a in order if a not in (i, j) and dims[a] > 1)
         self.ragged = {i: dims[i] % ti != 0, j: dims[j] % tj != 0}
@@ -154,17 +153,24 @@ class TileIndexer:
         return f"c{axis}"
 
     def grid(self) -> int:
-        return -(-self.dims[self.i] // self.ti) * -(-self.dims[self.j] // self.tj) * math.prod(
-            self.dims[a] for a in self.outer)
+        return (
+            -(-self.dims[self.i] // self.ti)
+            * -(-self.dims[self.j] // self.tj)
+            * math.prod(self.dims[a] for a in self.outer)
+        )
 
     def coordinate_lines(self) -> list[str]:
         i, j, dims, ti, tj = self.i, self.j, self.dims, self.ti, self.tj
         nj = -(-dims[j] // tj)
         ni = -(-dims[i] // ti)
-        lines = [f"pid = {program_id(0, self.big)}", f"pid_j = pid % {nj}", f"pid_i = (pid // {nj}) % {ni}",
-                 f"pid_o = pid // {nj * ni}",
-                 f"c{i} = pid_i * {ti} + tl.arange(0, {ti})[:, None]",
-                 f"c{j} = pid_j * {tj} + tl.arange(0, {tj})[None, :]"]
+        lines = [
+            f"pid = {program_id(0, self.big)}",
+            f"pid_j = pid % {nj}",
+            f"pid_i = (pid // {nj}) % {ni}",
+            f"pid_o = pid // {nj * ni}",
+            f"c{i} = pid_i * {ti} + tl.arange(0, {ti})[:, None]",
+            f"c{j} = pid_j * {tj} + tl.arange(0, {tj})[None, :]",
+        ]
         lines += [f"mask_{n} = c{a} < {dims[a]}" for n, a in (("i", i), ("j", j)) if self.ragged[a]]
         inner = 1
         for axis in reversed(self.outer):
@@ -245,8 +251,9 @@ def row_tiles(rows: int, cols: int) -> list[tuple[int, int, int]]:
     widths = [tj for tj in (2048, 1024, 512, 256, 128) if tj <= pow2_at_least(cols)]
     fit = [tj for tj in widths if tail_waste(cols, tj) <= ROW_FIRST_TAIL]
     tj = fit[0] if fit else min(widths, key=lambda t: tail_waste(cols, t))
-    tiles = [(max(1, min(pow2_at_least(rows), size // tj)), tj, warps) for size, warps in ((2048, 4), (4096, 8),
-                                                                                           (1024, 4))]
+    tiles = [
+        (max(1, min(pow2_at_least(rows), size // tj)), tj, warps) for size, warps in ((2048, 4), (4096, 8), (1024, 4))
+    ]
     return list(dict.fromkeys(tiles))
 
 
@@ -268,8 +275,9 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
         v = views[u]
         return f"(p{v.base} + {v.offset})" if v.offset else f"p{v.base}"
 
-    emitter = Emitter(_with_views(piece, views), compute_type(piece_types(piece)), indexer, ptr=ptr,
-                      scalar=lambda u: f"s{u}")
+    emitter = Emitter(
+        _with_views(piece, views), compute_type(piece_types(piece)), indexer, ptr=ptr, scalar=lambda u: f"s{u}"
+    )
     for node in piece.nodes:
         if node.kind not in VIEW_KINDS:
             emitter.emit(node)
@@ -293,14 +301,19 @@ class PointwiseTemplate(Template):
             for node in piece.nodes:
                 if node.kind not in VIEW_KINDS and not elementwise(node):
                     why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
-                    return Support.no(f"the pointwise template runs pointwise ops (and reads slices/transposes "
-                                      f"of tensors in memory) only, {why}", node)
+                    return Support.no(
+                        f"the pointwise template runs pointwise ops (and reads slices/transposes "
+                        f"of tensors in memory) only, {why}",
+                        node,
+                    )
         copied = [u for u in piece.outputs if u in views]
         if copied:
             # (a copy step here would be the partitioner's to take: it then cuts GEMM operands'
             # reshapes into copies of their own where the GEMM reads them in place)
-            return Support.no(f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
-                              "out; this template reads views in place but does not copy them")
+            return Support.no(
+                f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
+                "out; this template reads views in place but does not copy them"
+            )
         dims = {piece.tensor(u).dim for u in piece.outputs}
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
@@ -311,8 +324,10 @@ class PointwiseTemplate(Template):
         firsts = piece.fold("pointwise.dims", lambda acc, n: _first_dims(acc, n, tensors), {})
         for d, (node, u) in firsts.items():
             if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
-                return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
-                                  f"piece's space {list(space)}", node)
+                return Support.no(
+                    f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the piece's space {list(space)}",
+                    node,
+                )
         return PointwiseMatch(self, piece, device, views)
 
 
@@ -338,8 +353,12 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         numel = math.prod(dims)
         if self.transposed is not None:
             # (128 x 32: runs of 512 bytes of the transposed tensor, its tile transposed by ldmatrix)
-            return [PointwiseKnobs(TILE_I=64, TILE_J=64, num_warps=4), PointwiseKnobs(TILE_I=32, TILE_J=128, num_warps=4),
-                    PointwiseKnobs(TILE_I=128, TILE_J=32, num_warps=4), PointwiseKnobs(BLOCK=2048, num_warps=8)]
+            return [
+                PointwiseKnobs(TILE_I=64, TILE_J=64, num_warps=4),
+                PointwiseKnobs(TILE_I=32, TILE_J=128, num_warps=4),
+                PointwiseKnobs(TILE_I=128, TILE_J=32, num_warps=4),
+                PointwiseKnobs(BLOCK=2048, num_warps=8),
+            ]
         if numel >= 1 << 22:
             ranked = [(2048, 8), (4096, 8), (1024, 4), (2048, 4)]
         else:
@@ -367,14 +386,19 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         big = offsets_need_int64(piece.tensor(u) for u in externals) or numel + 2**16 > INT32_LIMIT
         order = stride_order(first.stride)
         params, args = external_params(piece, externals)
-        walks = ((knobs.TILE_I, knobs.TILE_J, self.transposed, "TILE_I/TILE_J", "a transposed tensor (transposed_axes)"),
-                 (knobs.ROWS, knobs.COLS, self.rows, "ROWS/COLS", "per-element coordinates on rows (row_axes)"))
+        walks = (
+            (knobs.TILE_I, knobs.TILE_J, self.transposed, "TILE_I/TILE_J", "a transposed tensor (transposed_axes)"),
+            (knobs.ROWS, knobs.COLS, self.rows, "ROWS/COLS", "per-element coordinates on rows (row_axes)"),
+        )
         for ti, tj, axes, names, what in walks:
             if ti is None or tj is None:
                 continue
             if axes is None:
-                raise AttributeValueError(f"{names} configs are for pieces with {what}", rule="triton.pointwise.knob",
-                                          hint="take configs from engine_configs()")
+                raise AttributeValueError(
+                    f"{names} configs are for pieces with {what}",
+                    rule="triton.pointwise.knob",
+                    hint="take configs from engine_configs()",
+                )
             indexer = TileIndexer(dims, *axes, order, big, ti, tj)
             body = [*indexer.coordinate_lines(), *_emit(piece, indexer, self.views).lines]
             source = module_source(f"def kernel({', '.join(params)}):\n{indent(body)}\n")
@@ -388,9 +412,7 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             *flat.coordinate_lines(),
             *lines,
         ]
-        source = module_source(
-            f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
-        )
+        source = module_source(f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n")
         block = knobs.BLOCK
         assert block is not None
         launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))

@@ -91,9 +91,11 @@ def analyze(piece: Piece) -> PoolGrad | Support:
     x = piece.tensor(node.input_uids()[1]) if isinstance(op, ResampleMaxBackward) else None
     for t in (dy, dx) if x is None else (dy, x, dx):
         if t.data_type not in FLOATS or t.is_pass_by_value:
-            return Support.no(f"{t.label()} is {'a pass-by-value scalar' if t.is_pass_by_value else t.data_type.value}"
-                              f"; the pooling backward kernels take buffers of {', '.join(f.value for f in FLOATS)}",
-                              node)
+            return Support.no(
+                f"{t.label()} is {'a pass-by-value scalar' if t.is_pass_by_value else t.data_type.value}"
+                f"; the pooling backward kernels take buffers of {', '.join(f.value for f in FLOATS)}",
+                node,
+            )
     mode = op.mode if isinstance(op, ResampleAvgBackward) else ResampleMode.MAX
     if x is None and mode not in (ResampleMode.AVG_INCLUDE_PADDING, ResampleMode.AVG_EXCLUDE_PADDING):
         return Support.no(f"average pooling backward of mode {mode.name}", node)
@@ -168,14 +170,22 @@ def _argmax(p: PoolGrad, block: int, big: bool, compute: str, params: list[str])
     x_ptr = f"p{p.x.uid} + " + (" + ".join(terms) or "0")
     taps = math.prod(p.window)
     loop = f"for t in tl.static_range({taps}):" if taps <= UNROLL_TAPS else f"for t in range({taps}):"
-    body = [f"v = {from_storage(f'tl.load({x_ptr}, mask=ok, other=0)', p.x.data_type, compute)}",
-            "v = tl.where(ok, v, float('-inf'))",
-            "upd = (v > best) | ((v != v) & (best == best))",
-            "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
-    lines = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)",
-             loop, *indent([*coords, *body]).split("\n"),
-             f"tl.store(taps + {yflat.offset(p.dy) or '0'}, bidx.to(tl.{tap_type(taps)}), mask=mask)"]
+    body = [
+        f"v = {from_storage(f'tl.load({x_ptr}, mask=ok, other=0)', p.x.data_type, compute)}",
+        "v = tl.where(ok, v, float('-inf'))",
+        "upd = (v > best) | ((v != v) & (best == best))",
+        "best = tl.where(upd, v, best)",
+        "bidx = tl.where(upd, t, bidx)",
+    ]
+    lines = [
+        f"best = tl.full([{block}], float('-inf'), {compute})",
+        f"bidx = tl.zeros([{block}], tl.int32)",
+        loop,
+        *indent([*coords, *body]).split("\n"),
+        f"tl.store(taps + {yflat.offset(p.dy) or '0'}, bidx.to(tl.{tap_type(taps)}), mask=mask)",
+    ]
     return _kernel("kernel_argmax", params, p.dy.numel, block, big, yflat, lines)
+
 
 def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str]) -> str:
     """dx over its memory order: the sum over the windows holding each element."""
@@ -183,7 +193,7 @@ def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str])
     nsp = len(p.window)
     per_axis = [-(-w // s) for w, s in zip(p.window, p.stride)]
     combos = math.prod(per_axis)
-    inner = [math.prod(per_axis[d + 1:]) for d in range(nsp)]
+    inner = [math.prod(per_axis[d + 1 :]) for d in range(nsp)]
     # the window's offset in dy, where the argmax kernel also put its tap
     dy_terms = [f"{xflat.coord(a)} * {p.dy.stride[a]}" for a in (0, 1) if p.dx.dim[a] > 1 and p.dy.dim[a] > 1]
     body, valid = [], ["mask"]
@@ -202,11 +212,10 @@ def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str])
     dy_off = " + ".join(dy_terms) or "0"
     dy_val = from_storage(f"tl.load(p{p.dy.uid} + {dy_off}, mask=hit, other=0)", p.dy.data_type, compute)
     if p.is_max:
-        tap = " + ".join(f"k{d} * {math.prod(p.window[d + 1:])}" if d < nsp - 1 else f"k{d}" for d in range(nsp))
+        tap = " + ".join(f"k{d} * {math.prod(p.window[d + 1 :])}" if d < nsp - 1 else f"k{d}" for d in range(nsp))
         # both loads under the window mask alone (constant over a channel run: vectorised), the
         # tap test a select after them
-        body += [f"won = tl.load(taps + {dy_off}, mask=hit, other=-1) == {tap}",
-                 f"acc += tl.where(won, {dy_val}, 0.0)"]
+        body += [f"won = tl.load(taps + {dy_off}, mask=hit, other=-1) == {tap}", f"acc += tl.where(won, {dy_val}, 0.0)"]
     else:
         if p.exclude_padding:
             counts = []
@@ -219,8 +228,12 @@ def _gather(p: PoolGrad, block: int, big: bool, compute: str, params: list[str])
         body.append(f"acc += tl.where(hit, {dy_val} / count, 0.0)")
     loop = f"for j in tl.static_range({combos}):" if combos <= UNROLL_WINDOWS else f"for j in range({combos}):"
     dx_off = xflat.offset(p.dx) or "0"
-    lines = [f"acc = tl.zeros([{block}], {compute})", loop, *indent(body).split("\n"),
-             f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)"]
+    lines = [
+        f"acc = tl.zeros([{block}], {compute})",
+        loop,
+        *indent(body).split("\n"),
+        f"tl.store(p{p.dx.uid} + {dx_off}, {to_storage('acc', p.dx.data_type, compute)}, mask=mask)",
+    ]
     return _kernel("kernel_gather", params, p.dx.numel, block, big, xflat, lines)
 
 

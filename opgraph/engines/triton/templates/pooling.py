@@ -67,8 +67,12 @@ def analyze(piece: Piece) -> PoolPiece | Support:
         return Support.no("the piece has no resample node")
     pools = [n for n in piece.nodes if isinstance(n.op, Resample)]
     if len(pools) != 1:
-        return Support.no("the piece has no resample node" if not pools else
-                          "the piece has several resample nodes; one kernel pools once", pools[-1] if pools else None)
+        return Support.no(
+            "the piece has no resample node"
+            if not pools
+            else "the piece has several resample nodes; one kernel pools once",
+            pools[-1] if pools else None,
+        )
     for n in piece.nodes:
         if not (elementwise(n) or isinstance(n.op, Resample)):
             return Support.no(f"the pooling template runs pointwise ops and one resample, not {n.kind}", n)
@@ -83,27 +87,35 @@ def analyze(piece: Piece) -> PoolPiece | Support:
     y = piece.tensor(y_uid)
     index = piece.tensor(node.outputs[1]) if len(node.outputs) > 1 and node.outputs[1] is not None else None
     at = piece.nodes.index(node)
-    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1:]
+    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1 :]
     pro_uids = {u for n in prologue for u in n.output_uids()} | {src}
     for n in prologue:
         for u in n.output_uids():
             t = piece.tensor(u)
             if u in piece.outputs:
-                return Support.no(f"{t.label()} of the pooling prologue is needed outside the piece; the kernel "
-                                  "computes it window by window and cannot store it", n)
+                return Support.no(
+                    f"{t.label()} of the pooling prologue is needed outside the piece; the kernel "
+                    "computes it window by window and cannot store it",
+                    n,
+                )
             if not (t.numel == 1 or _fits(t.dim, x.dim)):
-                return Support.no(f"{t.label()} dims {list(t.dim)} do not broadcast to the pooling input's "
-                                  f"{list(x.dim)}", n)
+                return Support.no(
+                    f"{t.label()} dims {list(t.dim)} do not broadcast to the pooling input's {list(x.dim)}", n
+                )
     for n in epilogue:
         for u in n.input_uids():
             if u in pro_uids and u != y_uid:
-                return Support.no(f"{n.label()} after the resample reads {piece.tensor(u).label()} of the "
-                                  "pooling input's space; the kernel walks the output's", n)
+                return Support.no(
+                    f"{n.label()} after the resample reads {piece.tensor(u).label()} of the "
+                    "pooling input's space; the kernel walks the output's",
+                    n,
+                )
         for u in n.output_uids():
             t = piece.tensor(u)
             if not ((t.numel == 1 and u not in piece.outputs) or _fits(t.dim, y.dim)):
-                return Support.no(f"{t.label()} dims {list(t.dim)} do not broadcast to the pooling output's "
-                                  f"{list(y.dim)}", n)
+                return Support.no(
+                    f"{t.label()} dims {list(t.dim)} do not broadcast to the pooling output's {list(y.dim)}", n
+                )
     return PoolPiece(node, op, x, y, index, op.geometry(None, x.dim), tuple(prologue), tuple(epilogue))
 
 
@@ -214,8 +226,11 @@ class PoolingMatch(Match[FlatKnobs]):
         pro = Emitter(g.tensors, compute, tap_idx, ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
         for u in piece.inputs:
             t = g.tensors[u]
-            if not t.is_pass_by_value and tap_idx.invariant(t) and any(
-                    u in n.input_uids() for n in p.prologue + (p.node,)):
+            if (
+                not t.is_pass_by_value
+                and tap_idx.invariant(t)
+                and any(u in n.input_uids() for n in p.prologue + (p.node,))
+            ):
                 pro.operand(u)
         hoisted, pro.lines = pro.lines, []
         for n in p.prologue:
@@ -227,9 +242,12 @@ class PoolingMatch(Match[FlatKnobs]):
         is_max = p.op.mode is ResampleMode.MAX
         if is_max:
             init = [f"best = tl.full([{block}], float('-inf'), {compute})", f"bidx = tl.zeros([{block}], tl.int32)"]
-            tap_lines += [f"v = tl.where(ok, {xv}, float('-inf'))",
-                          "upd = (v > best) | ((v != v) & (best == best))",
-                          "best = tl.where(upd, v, best)", "bidx = tl.where(upd, t, bidx)"]
+            tap_lines += [
+                f"v = tl.where(ok, {xv}, float('-inf'))",
+                "upd = (v > best) | ((v != v) & (best == best))",
+                "best = tl.where(upd, v, best)",
+                "bidx = tl.where(upd, t, bidx)",
+            ]
             result = "best"
         else:
             init = [f"total = tl.zeros([{block}], {compute})"]
@@ -272,23 +290,32 @@ class PoolingMatch(Match[FlatKnobs]):
         return Generated(source, (launch,))
 
 
-
-
 def block_candidates(numel: int, first: int) -> list[FlatKnobs]:
     """BLOCK / num_warps configs of a kernel over `numel` flat elements, `first` elements a program first,
     then half, double and 256 (at most the elements' power of two, a warp per 128 lanes at most)."""
     top = pow2_at_least(numel, 16)
-    return unique([FlatKnobs(BLOCK=min(b, top), num_warps=max(1, min(w, min(b, top) // 128)))
-                   for b, w in ((first, 4), (first // 2, 4), (first * 2, 8), (256, 2))])
+    return unique(
+        [
+            FlatKnobs(BLOCK=min(b, top), num_warps=max(1, min(w, min(b, top) // 128)))
+            for b, w in ((first, 4), (first // 2, 4), (first * 2, 8), (256, 2))
+        ]
+    )
 
 
-def tap_coords(window: Sequence[int], stride: Sequence[int], pre: Sequence[int], x_dims: Sequence[int],
-               y_dims: Sequence[int], coord: Callable[[int], str], mask: str = "mask") -> list[str]:
+def tap_coords(
+    window: Sequence[int],
+    stride: Sequence[int],
+    pre: Sequence[int],
+    x_dims: Sequence[int],
+    y_dims: Sequence[int],
+    coord: Callable[[int], str],
+    mask: str = "mask",
+) -> list[str]:
     """Per window tap `t` (row-major over the window): the offset `k{d}` per spatial axis, the input
     coordinate `i{d}` of output coordinate coord(2 + d), and `ok`: `mask` and the tap inside the input."""
     nsp = len(window)
     lines, checks = [], [mask]
-    inners = [math.prod(window[d + 1:]) for d in range(nsp)]
+    inners = [math.prod(window[d + 1 :]) for d in range(nsp)]
     for d in range(nsp):
         w, s, p = window[d], stride[d], pre[d]
         k = "t" if inners[d] == 1 else f"(t // {inners[d]})"

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+
 @dataclass(frozen=True)
 class Preference:
     """A named preference: `why` in one line, `evidence` the bench/results/ file (and section) behind it."""
@@ -63,20 +64,34 @@ class Place(Preference):
 
 
 SBR_CONV_LEAN = Promote(
-    "SBR_CONV_LEAN", "with a scale + bias + relu prologue on the image, tiles whose threads transform few image "
-    "elements a step beat the cost model's pick", "bench/results/triton-preferences.md#sbr-conv-lean-tiles")
+    "SBR_CONV_LEAN",
+    "with a scale + bias + relu prologue on the image, tiles whose threads transform few image "
+    "elements a step beat the cost model's pick",
+    "bench/results/triton-preferences.md#sbr-conv-lean-tiles",
+)
 MERGED_STEM = Place(
-    "MERGED_STEM", "a stem's few channels waste the K lanes of one tap a step; a filter row's taps and channels "
-    "together fill them (2.4x on the 7x7 stem)", "bench/results/triton-preferences.md#merged-stem")
+    "MERGED_STEM",
+    "a stem's few channels waste the K lanes of one tap a step; a filter row's taps and channels "
+    "together fill them (2.4x on the 7x7 stem)",
+    "bench/results/triton-preferences.md#merged-stem",
+)
 PROLOGUE_PASS_FIRST = Place(
-    "PROLOGUE_PASS_FIRST", "a prologue fused on the image runs once per filter tap; run apart it runs once",
-    "bench/results/triton-preferences.md#prologue-pass")
+    "PROLOGUE_PASS_FIRST",
+    "a prologue fused on the image runs once per filter tap; run apart it runs once",
+    "bench/results/triton-preferences.md#prologue-pass",
+)
 SBR_WGRAD_LEAN = Promote(
-    "SBR_WGRAD_LEAN", "with SBR on the image, the most taps a program under a prologue budget a thread beat "
-    "the cost model's pick", "bench/results/triton-preferences.md#sbr-wgrad-lean-taps")
+    "SBR_WGRAD_LEAN",
+    "with SBR on the image, the most taps a program under a prologue budget a thread beat the cost model's pick",
+    "bench/results/triton-preferences.md#sbr-wgrad-lean-taps",
+)
 MERGED_WGRAD = Place(
-    "MERGED_WGRAD", "the stem's wgrad merged over taps and channels (untimed: after the heuristic's first, for the "
-    "tuner)", "bench/results/triton-preferences.md#merged-wgrad")
+    "MERGED_WGRAD",
+    "the stem's wgrad merged over taps and channels (untimed: after the heuristic's first, for the tuner)",
+    "bench/results/triton-preferences.md#merged-wgrad",
+)
 DGRAD_LOSS_PROLOGUE = Promote(
-    "DGRAD_LOSS_PROLOGUE", "a prologue on DY (relu_backward) runs on every A tile: at most 128 rows a tile",
-    "bench/results/triton-preferences.md#dgrad-loss-prologue")
+    "DGRAD_LOSS_PROLOGUE",
+    "a prologue on DY (relu_backward) runs on every A tile: at most 128 rows a tile",
+    "bench/results/triton-preferences.md#dgrad-loss-prologue",
+)

@@ -60,8 +60,15 @@ MAX_TILE = 16384  # elements of one tile: more spills registers on the GPU
 
 R = ReductionMode
 _KIND = {
-    R.ADD: "sum", R.AVG: "sum", R.NORM1: "sum", R.NORM2: "sum",
-    R.MUL: "prod", R.MUL_NO_ZEROS: "prod", R.MAX: "max", R.AMAX: "max", R.MIN: "min",
+    R.ADD: "sum",
+    R.AVG: "sum",
+    R.NORM1: "sum",
+    R.NORM2: "sum",
+    R.MUL: "prod",
+    R.MUL_NO_ZEROS: "prod",
+    R.MAX: "max",
+    R.AMAX: "max",
+    R.MIN: "min",
 }
 _IDENTITY = {"sum": "0.0", "prod": "1.0", "max": "float('-inf')", "min": "float('inf')"}
 
@@ -259,7 +266,9 @@ def analyze(piece: Piece) -> Analysis | Support:
         elif x.dim != space or ax != axes:
             return Support.no(
                 f"{n.label()} reduces axes {list(ax)} of dims {list(x.dim)} but an earlier reduction of the "
-                f"piece reduces axes {list(axes or ())} of dims {list(space)}; one kernel reduces one way", n)
+                f"piece reduces axes {list(axes or ())} of dims {list(space)}; one kernel reduces one way",
+                n,
+            )
         reducers += rs
         reduced_out |= set(n.output_uids())
     assert space is not None and axes is not None
@@ -272,8 +281,11 @@ def analyze(piece: Piece) -> Analysis | Support:
                 if piece.tensor(u).numel == 1 and u not in piece.outputs:
                     continue
                 if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
-                    return Support.no(f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
-                                      f"reduction's space {list(space)}", n)
+                    return Support.no(
+                        f"{piece.tensor(u).label()} dims {list(d)} do not broadcast to the "
+                        f"reduction's space {list(space)}",
+                        n,
+                    )
     main = _main_tensor(piece, space)
     order = stride_order(main.stride) if main is not None else tuple(range(len(space)))
     live = [a for a in order if space[a] > 1]
@@ -325,8 +337,10 @@ def _reduce_lines(kind: str, acc: str, out: str, axis: int, shape: tuple[int, in
     if kind in ("max", "min"):
         # tl.max/tl.min skip NaN on the GPU (and in the interpreter): put it back
         fn = "tl.max" if kind == "max" else "tl.min"
-        return [f"{out} = {fn}({acc}, axis={axis})",
-                f"{out} = tl.where(tl.max(({acc} != {acc}).to(tl.int32), axis={axis}) > 0, float('nan'), {out})"]
+        return [
+            f"{out} = {fn}({acc}, axis={axis})",
+            f"{out} = tl.where(tl.max(({acc} != {acc}).to(tl.int32), axis={axis}) > 0, float('nan'), {out})",
+        ]
     # products: a pairwise tree (tl.reduce with a custom combine is element by element in the
     # interpreter)
     rows, length = (shape[1], shape[0]) if axis == 0 else shape
@@ -334,8 +348,11 @@ def _reduce_lines(kind: str, acc: str, out: str, axis: int, shape: tuple[int, in
     lines = [f"{t} = tl.trans({acc})" if axis == 0 else f"{t} = {acc}"]
     while length > 1:
         length //= 2
-        lines += [f"{t} = tl.reshape({t}, [{rows}, {length}, 2])",
-                  f"{t}_a, {t}_b = tl.split({t})", f"{t} = {t}_a * {t}_b"]
+        lines += [
+            f"{t} = tl.reshape({t}, [{rows}, {length}, 2])",
+            f"{t}_a, {t}_b = tl.split({t})",
+            f"{t} = {t}_a * {t}_b",
+        ]
     lines.append(f"{out} = tl.reshape({t}, [{rows}])")
     return lines
 
@@ -397,12 +414,20 @@ class ReductionMatch(Match[ReductionKnobs]):
                 continue
             split = _split(M, K, m, k, device)
             warps = _warps(m * k)
-            variants = [(split, warps)] if i else [(split, warps), (split, max(1, warps // 2)),
-                                                   (max(1, split // 2), warps), (split * 2 if split > 1 else 1, warps)]
+            variants = (
+                [(split, warps)]
+                if i
+                else [
+                    (split, warps),
+                    (split, max(1, warps // 2)),
+                    (max(1, split // 2), warps),
+                    (split * 2 if split > 1 else 1, warps),
+                ]
+            )
             for j, (s, w) in enumerate(variants):
                 s = min(s, -(-K // k))
                 st = _stages(a, piece, M, K, m, k, s, device)
-                for st_ in ([st, 0] if i == j == 0 and st else [st]):  # the plain loop: an alternative
+                for st_ in [st, 0] if i == j == 0 and st else [st]:  # the plain loop: an alternative
                     out.append(ReductionKnobs(BLOCK_M=m, BLOCK_K=k, SPLIT=s, num_warps=w, STAGES=st_))
         return unique(out)
 
@@ -419,8 +444,8 @@ class ReductionMatch(Match[ReductionKnobs]):
         g = piece.graph
         externals = [*piece.inputs, *piece.outputs]
         big = M * K > INT32_LIMIT or any(
-            1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
-            for u in externals)
+            1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT for u in externals
+        )
         types = piece_types(piece)
         compute = compute_type(types)
         mflat = FlatAxes("m", a.kept, a.space, "mq")
@@ -448,11 +473,15 @@ class ReductionMatch(Match[ReductionKnobs]):
             loop += em.lines
             em.lines = []
             ident = _IDENTITY[r.kind]
-            loop += [f"r{i} = tl.where(mask, {_prep(r, v)}, {ident})",
-                     f"acc{i} = {_combine(r.kind, f'acc{i}', f'r{i}')}"]
+            loop += [
+                f"r{i} = tl.where(mask, {_prep(r, v)}, {ident})",
+                f"acc{i} = {_combine(r.kind, f'acc{i}', f'r{i}')}",
+            ]
 
-        inits = [f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, {_acc_type(r, rtypes[i])})"
-                 for i, r in enumerate(a.reducers)]
+        inits = [
+            f"acc{i} = tl.full([{tile[0]}, {tile[1]}], {_IDENTITY[r.kind]}, {_acc_type(r, rtypes[i])})"
+            for i, r in enumerate(a.reducers)
+        ]
         post: list[str] = []
         for i, r in enumerate(a.reducers):
             post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", kaxis, tile)
@@ -473,8 +502,7 @@ class ReductionMatch(Match[ReductionKnobs]):
                 post.append(f"tl.store(part{i} + pid_s * {M} + m, red{i}, mask=m_mask)")
                 nbytes = split * M * (8 if dt == "float64" else 4)
                 scratch_bytes += align_up(nbytes)
-            combine_src, combine_launch = _combine_kernel(a, piece, rtypes, split, scratch_params, scratch_args,
-                                                          device)
+            combine_src, combine_launch = _combine_kernel(a, piece, rtypes, split, scratch_params, scratch_args, device)
             launches.append(combine_launch)
 
         k_vec = f"k0 + tl.arange(0, {bk})"
@@ -482,34 +510,45 @@ class ReductionMatch(Match[ReductionKnobs]):
         stages = knobs.stages
         # tl.range(num_stages=S) software-pipelines the loop's loads (cp.async into shared memory: S - 1
         # tiles in flight per program); the interpreter ignores it
-        loop_head = (f"for k0 in tl.range({bounds}, num_stages={stages}):" if stages > 1
-                     else f"for k0 in range({bounds}):")
+        loop_head = (
+            f"for k0 in tl.range({bounds}, num_stages={stages}):" if stages > 1 else f"for k0 in range({bounds}):"
+        )
         mask = "m_mask[:, None] & k_mask[None, :]" if a.k_fast else "k_mask[:, None] & m_mask[None, :]"
         pre = [f"pid_m = {program_id(0, big)}"]
         if split > 1:
             pre.append(f"pid_s = {program_id(1, big)}")
         pre += [f"m = pid_m * {bm} + tl.arange(0, {bm})", f"m_mask = m < {M}"]
-        in_loop = [f"k = ({k_vec}).to(tl.int64)" if big else f"k = {k_vec}", f"k_mask = k < {K}",
-                   f"mask = {mask}", *kflat.lines, *loop]
+        in_loop = [
+            f"k = ({k_vec}).to(tl.int64)" if big else f"k = {k_vec}",
+            f"k_mask = k < {K}",
+            f"mask = {mask}",
+            *kflat.lines,
+            *loop,
+        ]
         body = [*pre, *mflat.lines, *hoisted, *inits, loop_head, *indent(in_loop).split("\n"), *post]
         signature = ", ".join([*params, *scratch_params])
         source = module_source(f"def kernel({signature}):\n{indent(body)}\n", combine_src)
-        main = Launch("kernel", (-(-M // bm), split), tuple([*args, *scratch_args]),
-                      (("num_warps", knobs.warps),))
-        return Generated(source, (main, *launches), scratch_bytes,
-                         frozenset({f"split={split}"} if split > 1 else set()))
+        main = Launch("kernel", (-(-M // bm), split), tuple([*args, *scratch_args]), (("num_warps", knobs.warps),))
+        return Generated(
+            source, (main, *launches), scratch_bytes, frozenset({f"split={split}"} if split > 1 else set())
+        )
 
 
 def _reducer_type(r: Reducer, piece: Piece, compute: str) -> str:
     """The type reducer `r` accumulates in (products: fp64, _acc_type) and finishes in: its node's
     (expr.node_type), so that a cross-entropy's FLOAT sums stay fp32 beside its INT64 targets."""
-    node = next((n for n in piece.nodes if not elementwise(n) and r.source in n.input_uids()
-                 and (r.out is None or r.out in n.output_uids())), None)
+    node = next(
+        (
+            n
+            for n in piece.nodes
+            if not elementwise(n) and r.source in n.input_uids() and (r.out is None or r.out in n.output_uids())
+        ),
+        None,
+    )
     return compute if node is None else node_type(node, piece.graph.tensors, compute)
 
 
-def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str],
-                   values: dict[int, str]) -> list[str]:
+def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str], values: dict[int, str]) -> list[str]:
     lines = []
     for i, r in enumerate(a.reducers):
         if r.out is None or r.out not in piece.outputs:
@@ -517,13 +556,19 @@ def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str],
         desc = piece.tensor(r.out)
         off = mflat.offset(desc) or "tl.zeros_like(m)"
         val = to_storage(f"fin{i}", desc.data_type, types[i])
-        lines += [f"fin{i} = {_finish(r, values[i], a.K, types[i])}",
-                  f"tl.store(p{r.out} + {off}, {val}, mask=m_mask)"]
+        lines += [f"fin{i} = {_finish(r, values[i], a.K, types[i])}", f"tl.store(p{r.out} + {off}, {val}, mask=m_mask)"]
     return lines
 
 
-def _combine_kernel(a: Analysis, piece: Piece, types: list[str], split: int, part_params: list[str],
-                    part_args: list[Arg], device: Device) -> tuple[str, Launch]:
+def _combine_kernel(
+    a: Analysis,
+    piece: Piece,
+    types: list[str],
+    split: int,
+    part_params: list[str],
+    part_args: list[Arg],
+    device: Device,
+) -> tuple[str, Launch]:
     """Second launch: fold the [split, M] partials of every reducer, finish and store. Programs own
     BC kept positions (32 to 256: at least 2 programs per SM where M allows, each partial row segment
     >= 128 B) and load BS partial rows of them a step, BS covering every chunk where the tile
@@ -540,22 +585,22 @@ def _combine_kernel(a: Analysis, piece: Piece, types: list[str], split: int, par
     outs = [r.out for r in a.reducers if r.out is not None and r.out in piece.outputs]
     params, args = external_params(piece, outs)
     mflat = FlatAxes("m", a.kept, a.space, "mq")
-    body = [f"m = tl.program_id(0) * {bc} + tl.arange(0, {bc})", f"m_mask = m < {M}",
-            f"s = tl.arange(0, {bs})"]
+    body = [f"m = tl.program_id(0) * {bc} + tl.arange(0, {bc})", f"m_mask = m < {M}", f"s = tl.arange(0, {bs})"]
     loop = ["rows = s0 + s", "pmask = (rows < " + str(split) + ")[:, None] & m_mask[None, :]"]
     post: list[str] = []
     for i, r in enumerate(a.reducers):
         ident = _IDENTITY[r.kind]
         body.append(f"acc{i} = tl.full([{bs}, {bc}], {ident}, {_acc_type(r, types[i])})")
-        loop += [f"q{i} = tl.load(part{i} + rows[:, None] * {M} + m[None, :], mask=pmask, other=0)",
-                 f"q{i} = tl.where(pmask, q{i}, {ident})",
-                 f"acc{i} = {_combine(r.kind, f'acc{i}', f'q{i}')}"]
+        loop += [
+            f"q{i} = tl.load(part{i} + rows[:, None] * {M} + m[None, :], mask=pmask, other=0)",
+            f"q{i} = tl.where(pmask, q{i}, {ident})",
+            f"acc{i} = {_combine(r.kind, f'acc{i}', f'q{i}')}",
+        ]
         post += _reduce_lines(r.kind, f"acc{i}", f"red{i}", 0, (bs, bc))
     post += _store_reduced(a, piece, mflat, types, {i: f"red{i}" for i in range(len(a.reducers))})
     body += [*mflat.lines, f"for s0 in range(0, {split}, {bs}):", *indent(loop).split("\n"), *post]
     src = f"def kernel_combine({', '.join([*params, *part_params])}):\n{indent(body)}\n"
-    launch = Launch("kernel_combine", (-(-M // bc),), tuple([*args, *part_args]),
-                    (("num_warps", _warps(bs * bc)),))
+    launch = Launch("kernel_combine", (-(-M // bc),), tuple([*args, *part_args]), (("num_warps", _warps(bs * bc)),))
     return src, launch
 
 
@@ -578,8 +623,14 @@ def _stages(a: Analysis, piece: Piece, M: int, K: int, bm: int, bk: int, split: 
     per_chunk = -(-K // max(1, split))
     if -(-per_chunk // bk) < 2:  # tiles a program walks
         return 0
-    elt = sum(piece.tensor(u).data_type.itemsize for u in piece.inputs
-              if piece.tensor(u).dim == a.space and not piece.tensor(u).is_pass_by_value) or a.elt
+    elt = (
+        sum(
+            piece.tensor(u).data_type.itemsize
+            for u in piece.inputs
+            if piece.tensor(u).dim == a.space and not piece.tensor(u).is_pass_by_value
+        )
+        or a.elt
+    )
     return 1 + max(1, min(5, round(24576 / (bm * bk * elt))))
 
 

@@ -80,8 +80,10 @@ class RowGeometry:
 def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
     node, x = fusion.norm, fusion.x
     dims = x.dim
-    ref = next((v for r in ("scale", "bias") if r in node.op.input_roles()
-                for v in [node.input(r)] if isinstance(v, int)), None)
+    ref = next(
+        (v for r in ("scale", "bias") if r in node.op.input_roles() for v in [node.input(r)] if isinstance(v, int)),
+        None,
+    )
     if ref is None:
         normalized = [a for a in range(1, len(dims))]
     else:
@@ -93,22 +95,47 @@ def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
         return Support.no(
             f"{node.label()} normalizes axes {sorted(cols)} of input dims {list(dims)} with strides "
             f"{list(x.stride)}: they are not one contiguous run of memory (the rownorm template holds a "
-            "row in registers); the torch or reference engine runs this layout", node)
+            "row in registers); the torch or reference engine runs this layout",
+            node,
+        )
     g = RowGeometry(fusion, dims, rows, cols)
     if g.H > MAX_HIDDEN:
-        return Support.no(f"{node.label()} normalizes {g.H} elements per row, more than the {MAX_HIDDEN} a "
-                          "program holds in registers; the torch or reference engine runs it", node)
+        return Support.no(
+            f"{node.label()} normalizes {g.H} elements per row, more than the {MAX_HIDDEN} a "
+            "program holds in registers; the torch or reference engine runs it",
+            node,
+        )
     return g
 
 
-def _knobs(g: RowGeometry, device: Device, backward: bool = False, *, tile: int | None = None,
-           warps: int | None = None, per_sm: int | None = None, stages: int | None = None, prefetch: int = 0,
-           persist: int | None = None) -> RownormKnobs:
+def _knobs(
+    g: RowGeometry,
+    device: Device,
+    backward: bool = False,
+    *,
+    tile: int | None = None,
+    warps: int | None = None,
+    per_sm: int | None = None,
+    stages: int | None = None,
+    prefetch: int = 0,
+    persist: int | None = None,
+) -> RownormKnobs:
     block = pow2_ceil(g.H)
     if not device.is_cuda:  # interpreter: 2 rows a tile, a few programs, so the loops and masks all run
-        return RownormKnobs(BLOCK=block, ROWS=min(2, pow2_ceil(g.R)), W=4, PROGRAMS=min(3, g.R), RB=2 if g.R > 2 else 1,
-                            BW=4, ST=stages or 0, PF=prefetch, FP=min(2, g.R) if persist else 0, BH=min(block, 8), BG=2,
-                            SW=4)
+        return RownormKnobs(
+            BLOCK=block,
+            ROWS=min(2, pow2_ceil(g.R)),
+            W=4,
+            PROGRAMS=min(3, g.R),
+            RB=2 if g.R > 2 else 1,
+            BW=4,
+            ST=stages or 0,
+            PF=prefetch,
+            FP=min(2, g.R) if persist else 0,
+            BH=min(block, 8),
+            BG=2,
+            SW=4,
+        )
     # programs per SM: 2 where a program holds <= 16 elements of a row (tile) a thread in <= 16 warps
     # (~64 registers at 16 warps, ~110 at 8: two fit an SM at once), else 1 (two would not be resident
     # together: a second wave of equally long programs)
@@ -128,9 +155,20 @@ def _knobs(g: RowGeometry, device: Device, backward: bool = False, *, tile: int 
     partial_rows = -(-g.R // rpp)
     bh = min(block, 32)
     bg = max(2, min(pow2_ceil(partial_rows), 8192 // bh))
-    return RownormKnobs(BLOCK=block, ROWS=rows, W=warps or min(16, max(4, rows * block // 512)), PROGRAMS=programs,
-                        RB=1, BW=warps or min(16, max(4, block // 512)), ST=0 if prefetch else stages, PF=prefetch,
-                        FP=persist * device.sm_count, BH=bh, BG=bg, SW=max(1, min(8, bh * bg // 1024)))
+    return RownormKnobs(
+        BLOCK=block,
+        ROWS=rows,
+        W=warps or min(16, max(4, rows * block // 512)),
+        PROGRAMS=programs,
+        RB=1,
+        BW=warps or min(16, max(4, block // 512)),
+        ST=0 if prefetch else stages,
+        PF=prefetch,
+        FP=persist * device.sm_count,
+        BH=bh,
+        BG=bg,
+        SW=max(1, min(8, bh * bg // 1024)),
+    )
 
 
 def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[RownormKnobs]:
@@ -147,16 +185,34 @@ def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[Rown
     step. The alternatives: forward the persistent form and its shapes, one tile of 4096 or 16384
     elements; backward 1 or 4 programs per SM, 16 warps, other pipeline depths, the plain loop,
     register double buffering (PF)."""
-    variants: list[dict[str, Any]] = [{}] if backward or not device.is_cuda else [
-        {"persist": 0, "tile": 8192, "warps": 8}, {}]
+    variants: list[dict[str, Any]] = (
+        [{}] if backward or not device.is_cuda else [{"persist": 0, "tile": 8192, "warps": 8}, {}]
+    )
     if device.is_cuda:
-        variants += ([{"per_sm": 1}, {"per_sm": 4}, {"warps": 16}, {"stages": 2}, {"stages": 4},
-                      {"per_sm": 1, "stages": 4}, {"stages": 0}, {"prefetch": 1},
-                      {"prefetch": 1, "warps": 16}] if backward
-                     else [{"persist": 0}, {"persist": 0, "tile": 4096, "warps": 8},
-                           {"persist": 0, "tile": 8192, "warps": 8}, {"persist": 0, "tile": 16384, "warps": 8},
-                           {"stages": 3}, {"tile": 8192, "warps": 8, "stages": 3},
-                           {"persist": 4, "tile": 4096, "warps": 8}, {"stages": 0}])
+        variants += (
+            [
+                {"per_sm": 1},
+                {"per_sm": 4},
+                {"warps": 16},
+                {"stages": 2},
+                {"stages": 4},
+                {"per_sm": 1, "stages": 4},
+                {"stages": 0},
+                {"prefetch": 1},
+                {"prefetch": 1, "warps": 16},
+            ]
+            if backward
+            else [
+                {"persist": 0},
+                {"persist": 0, "tile": 4096, "warps": 8},
+                {"persist": 0, "tile": 8192, "warps": 8},
+                {"persist": 0, "tile": 16384, "warps": 8},
+                {"stages": 3},
+                {"tile": 8192, "warps": 8, "stages": 3},
+                {"persist": 4, "tile": 4096, "warps": 8},
+                {"stages": 0},
+            ]
+        )
     else:
         variants += [{"prefetch": 1}] if backward else [{"persist": 1}, {"persist": 1, "stages": 2}]
     return unique([_knobs(g, device, backward, **v) for v in variants])
@@ -183,16 +239,34 @@ class _Gen(NormGen):
         per_row: RowIndexer
         if prefetch:
             nrow = Comp(g.row_axes, "rn", 0)
-            tile = PrefetchIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, {"rr"}, RowIndexer(
-                g.dims, [nrow, col], {frozenset(): None, frozenset({0}): "rnmask", frozenset({1}): "jmask",
-                                      frozenset({0, 1}): "nmask"}))
-            per_row = PrefetchIndexer(g.dims, [row], row_masks, {0: "z0"}, {"rr"}, RowIndexer(
-                g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}))
+            tile = PrefetchIndexer(
+                g.dims,
+                [row, col],
+                tile_masks,
+                {0: "z0", 1: "z1"},
+                {"rr"},
+                RowIndexer(
+                    g.dims,
+                    [nrow, col],
+                    {frozenset(): None, frozenset({0}): "rnmask", frozenset({1}): "jmask", frozenset({0, 1}): "nmask"},
+                ),
+            )
+            per_row = PrefetchIndexer(
+                g.dims,
+                [row],
+                row_masks,
+                {0: "z0"},
+                {"rr"},
+                RowIndexer(g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}),
+            )
         else:
             tile = RowIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"})
             per_row = RowIndexer(g.dims, [row], row_masks, {0: "z0"})
-        return (make_emitter(self.piece, self.compute, tile, params),
-                make_emitter(self.piece, self.compute, per_row, params), [tile, per_row])
+        return (
+            make_emitter(self.piece, self.compute, tile, params),
+            make_emitter(self.piece, self.compute, per_row, params),
+            [tile, per_row],
+        )
 
     def param(self, em, role: str) -> str | None:
         v = self.node.input(role) if role in self.node.op.input_roles() else None
@@ -211,8 +285,12 @@ class _Gen(NormGen):
         em, em_row, _ = self.indexers(params)
         em_par = em
         if persistent:
-            em_par = make_emitter(self.piece, self.compute, RowIndexer(
-                g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}), params)
+            em_par = make_emitter(
+                self.piece,
+                self.compute,
+                RowIndexer(g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}),
+                params,
+            )
         # scale and bias first: their loads are in flight with x's (after the row reductions, whose
         # barriers the compiler does not move loads across, they would add an L2 round trip)
         sc, bi = self.param(em_par, "scale"), self.param(em_par, "bias")
@@ -223,13 +301,17 @@ class _Gen(NormGen):
         h = float(g.H)
         lines = [f"xm = tl.where(mask, {xv}, 0.0)"]
         if self.rms:
-            lines += [f"inv = 1.0 / tl.sqrt(tl.sum(xm * xm, axis=1, keep_dims=True) / {h!r} + {eps})",
-                      "xhat = xm * inv"]
+            lines += [
+                f"inv = 1.0 / tl.sqrt(tl.sum(xm * xm, axis=1, keep_dims=True) / {h!r} + {eps})",
+                "xhat = xm * inv",
+            ]
         else:
-            lines += [f"mean = tl.sum(xm, axis=1, keep_dims=True) / {h!r}",
-                      "xc = tl.where(mask, xm - mean, 0.0)",
-                      f"inv = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1, keep_dims=True) / {h!r} + {eps})",
-                      "xhat = xc * inv"]
+            lines += [
+                f"mean = tl.sum(xm, axis=1, keep_dims=True) / {h!r}",
+                "xc = tl.where(mask, xm - mean, 0.0)",
+                f"inv = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1, keep_dims=True) / {h!r} + {eps})",
+                "xhat = xc * inv",
+            ]
         em.lines += lines
         value = "xhat"
         if sc is not None:
@@ -244,8 +326,14 @@ class _Gen(NormGen):
             programs = max(1, min(k.FP, tiles))
             rpp = -(-tiles // programs) * rows
             programs = -(-g.R // rpp)
-            loop = ["rr = r0 + tl.arange(0, ROWS)[:, None]", "rmask = rr < r_hi", "mask = rmask & jmask",
-                    "z0 = rr * 0", *em.lines, *em_row.lines]
+            loop = [
+                "rr = r0 + tl.arange(0, ROWS)[:, None]",
+                "rmask = rr < r_hi",
+                "mask = rmask & jmask",
+                "z0 = rr * 0",
+                *em.lines,
+                *em_row.lines,
+            ]
             body = [
                 f"r_lo = {self.pid()} * {rpp}",
                 f"r_hi = tl.minimum(r_lo + {rpp}, {g.R})",
@@ -269,8 +357,9 @@ class _Gen(NormGen):
                 *em_row.lines,
             ]
         src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
-        launch = Launch("kernel_rownorm", (programs,), tuple(params.args),
-                        (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W)))
+        launch = Launch(
+            "kernel_rownorm", (programs,), tuple(params.args), (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W))
+        )
         return Generated(module_source(src), (launch,))
 
     # backward -------------------------------------------------------------------------------------
@@ -290,27 +379,31 @@ class _Gen(NormGen):
             em.emit(n)
         xv, dy = em.operand(self.x_uid), em.operand(self.grad_uid)
         # scale is the same for every row: loaded once, before the row loop
-        em_col = make_emitter(self.piece, self.compute, RowIndexer(
-            g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}), params)
+        em_col = make_emitter(
+            self.piece,
+            self.compute,
+            RowIndexer(g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}),
+            params,
+        )
         gamma = self.param(em_col, "scale")
         inv = em_row.operand(self.node.input("inv_variance"))
-        loop = ["rr = r0 + tl.arange(0, RB)[:, None]", "rmask = rr < r_hi", "mask = rmask & jmask",
-                "z0 = rr * 0"]
+        loop = ["rr = r0 + tl.arange(0, RB)[:, None]", "rmask = rr < r_hi", "mask = rmask & jmask", "z0 = rr * 0"]
         loop += em_row.lines
         em_row.lines.clear()
-        math_lines = [f"xm = tl.where(mask, {xv}, 0.0)", f"dym = tl.where(mask, {dy}, 0.0)",
-                      f"gm = dym * {gamma}"]
+        math_lines = [f"xm = tl.where(mask, {xv}, 0.0)", f"dym = tl.where(mask, {dy}, 0.0)", f"gm = dym * {gamma}"]
         if self.rms:
-            math_lines += [f"r = {inv}", f"c = tl.sum(gm * xm, axis=1, keep_dims=True) / {h!r}",
-                           "xhat = xm * r"]
+            math_lines += [f"r = {inv}", f"c = tl.sum(gm * xm, axis=1, keep_dims=True) / {h!r}", "xhat = xm * r"]
             dx = "r * (gm - xm * r * r * c)"
         else:
             mean = em_row.operand(self.node.input("mean"))
             loop += em_row.lines
             # both row sums in one reduction: one cross-warp exchange (and its barriers) per row, not two
-            math_lines += [f"xhat = tl.where(mask, (xm - {mean}) * {inv}, 0.0)",
-                           "c1, c2 = tl.split(tl.sum(tl.join(xhat * gm, gm), axis=1, keep_dims=True))",
-                           f"c1 = c1 / {h!r}", f"c2 = c2 / {h!r}"]
+            math_lines += [
+                f"xhat = tl.where(mask, (xm - {mean}) * {inv}, 0.0)",
+                "c1, c2 = tl.split(tl.sum(tl.join(xhat * gm, gm), axis=1, keep_dims=True))",
+                f"c1 = c1 / {h!r}",
+                f"c2 = c2 / {h!r}",
+            ]
             dx = f"(gm - (xhat * c1 + c2)) * {inv}"
         em.lines += math_lines
         if "dscale" in partial_roles:
@@ -342,11 +435,18 @@ class _Gen(NormGen):
             off += align_up(programs * g.H * self.acc_bytes)
         for role in partial_roles:
             q = params.scratch(f"q_{role}", offsets[role], self.scratch_dtype)
-            body.append(f"tl.store({q} + pid * {g.H} + jj, tl.sum(a_{SHORT[role]}, axis=0, keep_dims=True), "
-                        "mask=jmask)")
+            body.append(
+                f"tl.store({q} + pid * {g.H} + jj, tl.sum(a_{SHORT[role]}, axis=0, keep_dims=True), mask=jmask)"
+            )
         sources = [params.signature("kernel_rownorm_bwd", ["RB", "BLOCK"]) + "\n" + indent(body)]
-        launches = [Launch("kernel_rownorm_bwd", (programs,), tuple(params.args),
-                           (("RB", rb), ("BLOCK", block), ("num_warps", k.BW)))]
+        launches = [
+            Launch(
+                "kernel_rownorm_bwd",
+                (programs,),
+                tuple(params.args),
+                (("RB", rb), ("BLOCK", block), ("num_warps", k.BW)),
+            )
+        ]
         if partial_roles:
             src, launch = self.sum_partials(partial_roles, offsets, programs)
             sources.append(src)
@@ -359,24 +459,33 @@ class _Gen(NormGen):
         bh = k.BH
         bg = k.BG or max(2, min(pow2_ceil(programs), max(8, 4096 // bh)))
         col = Comp(g.col_axes, "jj", 1)
-        em = make_emitter(self.piece, self.compute,
-                          RowIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
-                          params)
-        body = [f"jj = {self.pid()} * BH + tl.arange(0, BH)[None, :]", f"jmask = jj < {g.H}", "z1 = jj * 0",
-                "gg0 = tl.arange(0, BG)[:, None]"]
+        em = make_emitter(
+            self.piece,
+            self.compute,
+            RowIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
+            params,
+        )
+        body = [
+            f"jj = {self.pid()} * BH + tl.arange(0, BH)[None, :]",
+            f"jmask = jj < {g.H}",
+            "z1 = jj * 0",
+            "gg0 = tl.arange(0, BG)[:, None]",
+        ]
         body += [f"t_{SHORT[r]} = tl.zeros([1, BH], {self.compute})" for r in roles]
         loop = ["gg = g0 + gg0", f"m = (gg < {programs}) & jmask"]
         for role in roles:
             q = params.scratch(f"q_{role}", offsets[role], self.scratch_dtype)
-            loop.append(f"t_{SHORT[role]} += tl.sum(tl.load({q} + gg * {g.H} + jj, mask=m, other=0.0), "
-                        "axis=0, keep_dims=True)")
+            loop.append(
+                f"t_{SHORT[role]} += tl.sum(tl.load({q} + gg * {g.H} + jj, mask=m, other=0.0), axis=0, keep_dims=True)"
+            )
         body += nest(f"for g0 in range(0, {programs}, BG):", loop)
         for role in roles:
             self.store_result(em, role, f"t_{SHORT[role]}")
         body += em.lines
         src = params.signature("kernel_rownorm_sum", ["BH", "BG"]) + "\n" + indent(body)
-        launch = Launch("kernel_rownorm_sum", (-(-g.H // bh),), tuple(params.args),
-                        (("BH", bh), ("BG", bg), ("num_warps", k.SW)))
+        launch = Launch(
+            "kernel_rownorm_sum", (-(-g.H // bh),), tuple(params.args), (("BH", bh), ("BG", bg), ("num_warps", k.SW))
+        )
         return src, launch
 
 
