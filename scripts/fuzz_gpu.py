@@ -9,6 +9,7 @@ compared, mismatches, failures by kind, untyped errors by exception class, decli
 plan steps by engine/template, and the first failures; each failing case (shrunk where time allows)
 goes to DIR/fuzz_failures/seed<N>.json, replayable with
 `python -m tests.fuzz.replay DIR/fuzz_failures/seed<N>.json --device cuda`. Exit status 1 on any failure.
+The summary is rewritten every 20 s while the run goes (`"complete": false`): a run cut short keeps its figures.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _worker(index: int, workers: int, base: int, deadline: float, queue: mp.Queu
                     )
             seed += workers
             if time.monotonic() - last_report > 20:
-                queue.put(("progress", index, stats.graphs))
+                queue.put(("progress", index, {**_payload(stats), "harness_errors": harness}))
                 last_report = time.monotonic()
         queue.put(("done", index, {**_payload(stats), "harness_errors": harness}))
     except BaseException as err:  # noqa: BLE001 - report a dead worker instead of hanging the parent
@@ -146,21 +147,43 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for p in procs:
         p.start()
-    results, dead, progress = [], [], {}
-    while len(results) + len(dead) < len(procs):
+    latest: dict[int, dict] = {}  # each worker's newest figures (a progress report, then its final one)
+    finished, dead = set(), []
+    last_write = time.monotonic()
+    while len(finished) + len(dead) < len(procs):
         try:
             kind, index, payload = queue.get(timeout=60 * args.minutes + 300 - (time.monotonic() - start))
         except Exception:  # noqa: BLE001 - a worker hung past the budget
             break
-        if kind == "progress":
-            progress[index] = payload
-            print(f"[{time.monotonic() - start:6.0f} s] {sum(progress.values())} graphs", flush=True)
-        elif kind == "done":
-            results.append(payload)
-        else:
+        if kind == "dead":
             dead.append(f"worker {index}: {payload}")
+            continue
+        latest[index] = payload
+        if kind == "done":
+            finished.add(index)
+        else:
+            print(f"[{time.monotonic() - start:6.0f} s] {sum(r['graphs'] for r in latest.values())} graphs", flush=True)
+        if time.monotonic() - last_write > 20:  # a run cut short (a device call's limit) keeps its figures
+            _write_summary(out, list(latest.values()), dead, [], args, base, time.monotonic() - start, complete=False)
+            last_write = time.monotonic()
     for p in procs:
         p.join(timeout=30)
+    results = list(latest.values())
+    failures = [f for r in results for f in r["failures"]]
+    written = _shrink_failures(failures, out, args.shrink_seconds, args.device) if failures else []
+    summary = _write_summary(out, results, dead, written, args, base, time.monotonic() - start, complete=True)
+    keys = ("graphs", "runs", "seconds", "mismatches", "failures", "failures_by_kind", "untyped_errors_by_class")
+    print(json.dumps({k: summary[k] for k in (*keys, "dead_workers")}, indent=1))
+    return 1 if failures or dead or sum(summary["untyped_errors_by_class"].values()) else 0
+
+
+def _write_summary(
+    out: Path, results: list[dict], dead: list[str], written: list[str], args, base: int, elapsed: float, complete: bool
+) -> dict:
+    """DIR/fuzz_summary.json from the workers' figures; `complete` false while the run is still going."""
+    import torch
+    import triton
+
     total = {"graphs": 0, "runs": 0, "damaged": 0}
     untyped, declined, steps, families, kinds = Counter(), Counter(), Counter(), Counter(), Counter()
     failures: list[dict] = []
@@ -175,13 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         families.update(r["families"])
         failures += r["failures"]
         kinds.update(f["kind"] for f in r["failures"])
-    elapsed = time.monotonic() - start
-    written = _shrink_failures(failures, out, args.shrink_seconds, args.device) if failures else []
-    import torch
-    import triton
-
     summary = {
         **total,
+        "complete": complete,
         "seconds": round(elapsed, 1),
         "workers": args.workers,
         "first_seed": base,
@@ -201,25 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "failure_cases": written,
     }
     (out / "fuzz_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(
-        json.dumps(
-            {
-                k: summary[k]
-                for k in (
-                    "graphs",
-                    "runs",
-                    "seconds",
-                    "mismatches",
-                    "failures",
-                    "failures_by_kind",
-                    "untyped_errors_by_class",
-                    "dead_workers",
-                )
-            },
-            indent=1,
-        )
-    )
-    return 1 if failures or dead or sum(untyped.values()) else 0
+    return summary
 
 
 if __name__ == "__main__":
