@@ -54,6 +54,20 @@ def test_exact_ops_stored_narrow_may_round_through_fp32():
     assert all(float(r[out][0]) == float(np.float16(np.float32(a_val - b_val))) for r in runs)  # two: 1.395
 
 
+def test_exact_ops_stored_as_integers_may_round_through_fp32():
+    """int8(x + y) computed in fp32: -128 + 8.9e-7 is -128.0 in fp32 (int8 -128) and -127.9999991 in
+    float64 (int8 -127, truncated), seed 20261129811134; the sensitivity runs round the same way."""
+    g = og.Graph("tie", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a, b = g.tensor(dim=[1], name="a"), g.tensor(dim=[1], name="b")
+    g.add(a, b, name="s").set_output(True).set_data_type(DT.INT8)
+    final = g.final
+    au, bu = _uids(final, "a", "b")
+    want, runs = _runs(final, {au: np.array([-128.0]), bu: np.array([8.869503744790563e-07])})
+    out = final.outputs[0]
+    assert float(want[out][0]) == -127.0
+    assert all(float(r[out][0]) == -128.0 for r in runs)
+
+
 def test_subnormal_transcendental_results_may_flush_to_zero():
     """x * sech(x)**2 at x = -49 is -2e-41, a subnormal fp32 value a fast exp flushes to -0.0; its square
     root is NaN or -0.0 (seed 20261126207165). A normal result is not affected."""
