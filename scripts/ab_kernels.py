@@ -25,7 +25,9 @@ divided by K. Both versions share the compile caches (OPGRAPH_CACHE_DIR and TRIT
 both; `--cache DIR` sets both under DIR), so a kernel both versions generate compiles once.
 
 Noise of a row: the larger relative spread, (max - min) / median, of the two versions' samples, at least
-`--noise-floor`. Verdict: SLOWER when new/old > 1 + noise, faster when < 1 - noise, else same. Written:
+`--noise-floor` and at least the A/A spread: the largest |new/old - 1| among the rows that run the same code
+in both versions (same configs and kernels, or library kernels only), the variance between setups that a
+row's own repeats cannot see. Verdict: SLOWER when new/old > 1 + noise, faster when < 1 - noise, else same. Written:
 $OUT/ab_kernels.json and .md (per row old µs, new µs, new/old, noise, verdict, whether configs and kernels
 are the same, engines, checks; a header with the device, versions and totals). Exit status 1 when a row
 is a regression to look at: SLOWER with different configs or kernels, or new fails its check (or is not
@@ -156,6 +158,18 @@ def make_row(
     return row
 
 
+def aa_spread(rows: Sequence[dict[str, Any]]) -> float:
+    """The A/A spread: the largest |new/old - 1| of the rows that run the very same code in both versions
+    (same configs, and the same compiled kernels or none generated: cuDNN's, cuBLAS's). What the timing
+    procedure's own between-setup variance is, which a row's repeats cannot see (0 without such rows)."""
+    same = [
+        abs(r["ratio"] - 1.0)
+        for r in rows
+        if r.get("ratio") is not None and r["configs"] == "same" and r["kernels"] in ("same", "-")
+    ]
+    return max(same, default=0.0)
+
+
 def totals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per variant (then all): rows timed in both versions, their sums, the geometric mean of new/old,
     the verdict counts, rows whose configs / kernels differ and regressions."""
@@ -256,7 +270,9 @@ def render(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     lines.append(
         f"Timing: {how}; versions interleaved old,new,new,old per row (the next pass new,old,old,new), "
         f"{meta.get('passes')} passes. Noise = the larger "
-        f"(max-min)/median of the two versions' samples, at least {meta.get('noise_floor', 0):.1%}. "
+        f"(max-min)/median of the two versions' samples, at least {meta.get('noise_floor', 0):.1%} and at least "
+        f"the A/A spread, {meta.get('aa_spread', 0):.1%} (the largest |new/old - 1| of the rows running the same "
+        "code in both versions: cuDNN's kernels, unchanged generated ones). "
         "Check: bench's rule without peers: each output's type's fallback tolerance "
         f"({meta.get('fallback', '')}); the cell is ✓/✗ and the worst error / tolerance."
     )
@@ -1102,6 +1118,18 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
                     )
                 )
                 rows[-1]["k"] = run.k_used.get((wid, variant))
+        # a row whose code differs is judged against the A/A spread too: noise its own repeats cannot see
+        aa = aa_spread(rows)
+        if aa > args.noise_floor:
+            rows = [
+                {
+                    **make_row(
+                        r["id"], r["title"], r["variant"], r["old"], r["new"], r["old_samples"], r["new_samples"], aa
+                    ),
+                    "k": r.get("k"),
+                }
+                for r in rows
+            ]
         meta = {
             "schema": 1,
             "command": " ".join(["python", "scripts/ab_kernels.py", *argv]),
@@ -1113,6 +1141,7 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
             "passes": args.passes,
             "rounds": args.rounds,
             "noise_floor": args.noise_floor,
+            "aa_spread": aa,
             "cache": run.cache,
             "setup_s": setup_s,
             "timing_s": timing_s,

@@ -109,6 +109,20 @@ def test_regression_needs_slower_and_a_difference():
     assert faster["verdict"] == "faster" and not faster["regression"]
 
 
+def test_the_aa_spread_is_measured_on_rows_running_the_same_code():
+    library = {"status": "ok", "steps": [{"engine": "cudnn", "knobs": []}]}
+    aa = ab.make_row("w1", "t", "opgraph", library, library, [100.0, 100.0], [102.5, 102.5])  # same code: 2.5%
+    same = ab.make_row("w2", "t", "opgraph", side(), side(), [100.0, 100.0], [99.0, 99.0])
+    changed = ab.make_row("w3", "t", "generated", side(), side(kernel="spec:other"), [100.0, 100.0], [102.0, 102.0])
+    assert changed["regression"]  # 2% > the 1% floor
+    assert ab.aa_spread([aa, same, changed]) == pytest.approx(0.025)  # the changed row does not count
+    assert ab.aa_spread([changed]) == 0.0
+    again = ab.make_row(
+        "w3", "t", "generated", side(), side(kernel="spec:other"), [100.0, 100.0], [102.0, 102.0], 0.025
+    )
+    assert not again["regression"] and again["verdict"] == "same"  # within what the same code moved
+
+
 def test_regression_on_a_check_or_a_failure_new_brings():
     same = ([100.0, 100.0], [100.0, 100.0])
     assert ab.make_row("w", "t", "opgraph", side(), side(passed=False, ratio=3.0), *same)["regression"]

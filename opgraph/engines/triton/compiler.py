@@ -34,8 +34,10 @@ from typing import Any
 
 from ...core.cache import describe, fault, unwritable, write_atomic
 from ...core.dtypes import DataType
+from ...core.errors import ExecutionError
 from .. import artifacts
 from ..base import CompileReport
+from . import native
 from .compile_worker import compile_spec
 from .loader import cache_dir, source_hash
 
@@ -449,5 +451,21 @@ def compile_all(
             done += 1
             if progress:
                 progress(done, len(specs))
+    _refuse_oversized(specs, report)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _refuse_oversized(specs: Mapping[str, tuple[KernelSpec, Any]], report: CompileReport) -> None:
+    """A binary that asks for more shared memory than the device has is a failed compile, so the build
+    moves on to the step's next config instead of the plan failing at its first bind."""
+    for spec, _ in specs.values():
+        binary = _BINARIES.get(spec.key)
+        if binary is None or spec.key in report.failed:
+            continue
+        try:
+            why = native.too_big(int(binary.meta("shared", 0) or 0))
+        except (OSError, ExecutionError):  # no CUDA driver here (a build for a plan file): the bind checks
+            continue
+        if why:
+            report.failed[spec.key] = f"kernel {spec.kernel} {why}"

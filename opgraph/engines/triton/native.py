@@ -46,6 +46,7 @@ class _Driver:
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
         for name in (
+            "cuInit",
             "cuModuleLoadData",
             "cuModuleGetFunction",
             "cuFuncGetAttribute",
@@ -96,6 +97,33 @@ def driver() -> _Driver:
             if _DRIVER is None:
                 _DRIVER = _Driver()
     return _DRIVER
+
+
+_SHARED_LIMIT: dict[int, int] = {}
+
+
+def shared_limit(device_index: int = 0) -> int:
+    """The most dynamic shared memory a block of the device may opt in to (bytes; cached)."""
+    found = _SHARED_LIMIT.get(device_index)
+    if found is None:
+        d = driver()
+        dev, optin = ctypes.c_int(), ctypes.c_int()
+        d.check(d.lib.cuInit(0), "initialise")
+        d.check(d.lib.cuDeviceGet(ctypes.byref(dev), device_index), "get the device")
+        d.check(
+            d.lib.cuDeviceGetAttribute(ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+            "query shared memory",
+        )
+        found = _SHARED_LIMIT[device_index] = optin.value
+    return found
+
+
+def too_big(shared: int, device_index: int = 0) -> str | None:
+    """Why a kernel using `shared` bytes of dynamic shared memory cannot run on the device (None: it can)."""
+    if shared <= 49152:  # every device since Volta gives a block this much without opting in
+        return None
+    limit = shared_limit(device_index)
+    return f"needs {shared} bytes of shared memory, the device has {limit}" if shared > limit else None
 
 
 _THREAD = threading.local()
@@ -157,21 +185,12 @@ def load(key: str, name: str, cubin: bytes, shared: int, device_index: int, num_
                 hint="pick a config with fewer warps",
             )
         if shared > 49152:
-            dev = ctypes.c_int()
-            d.check(d.lib.cuDeviceGet(ctypes.byref(dev), device_index), "get the device")
-            optin, static = ctypes.c_int(), ctypes.c_int()
-            d.check(
-                d.lib.cuDeviceGetAttribute(
-                    ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev
-                ),
-                "query shared memory",
-            )
-            if shared > optin.value:
+            why = too_big(shared, device_index)
+            if why:
                 raise ExecutionError(
-                    f"kernel {name} needs {shared} bytes of shared memory, the device has {optin.value}",
-                    rule="triton.resources",
-                    hint="pick a config with smaller tiles",
+                    f"kernel {name} {why}", rule="triton.resources", hint="pick a config with smaller tiles"
                 )
+            static = ctypes.c_int()
             d.check(d.lib.cuFuncSetCacheConfig(function, CU_FUNC_CACHE_PREFER_SHARED), "prefer shared memory")
             d.check(
                 d.lib.cuFuncGetAttribute(ctypes.byref(static), CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
@@ -179,7 +198,7 @@ def load(key: str, name: str, cubin: bytes, shared: int, device_index: int, num_
             )
             d.check(
                 d.lib.cuFuncSetAttribute(
-                    function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin.value - static.value
+                    function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_limit(device_index) - static.value
                 ),
                 "opt in to shared memory",
             )

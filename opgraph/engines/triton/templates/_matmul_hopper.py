@@ -57,7 +57,9 @@ class MatmulMatch(Protocol):
 
 
 HOPPER = (9, 0)  # TMA (cp.async.bulk.tensor) needs compute capability 9.0
-SMEM_BUDGET = 200 * 1024  # shared memory the operand stages and the TMA stores' staging tiles may take
+# shared memory the operand stages, the TMA stores' staging tiles and the epilogue's scratch may take (the
+# compiler refuses a binary over the device's limit: compiler._refuse_oversized; this keeps the first pick valid)
+SMEM_BUDGET = 200 * 1024
 _STORED = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)  # output types stored through descriptors
 
 
@@ -88,6 +90,8 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
     assert k.BLOCK_K is not None
     cols = k.BLOCK_N // 2 if k.subtile == 2 and can_subtile(ctx) else k.BLOCK_N
     smem = k.stages * (k.BLOCK_M + k.BLOCK_N) * k.BLOCK_K * m.problem[3]
+    if gp.reductions:  # Triton's layout conversion for the tile's sums: an fp32 (sub)tile of scratch
+        smem += k.BLOCK_M * cols * 4
     int_acc = ctx.dot is not None and ctx.dot.is_int
     for uid in gp.stores:
         t = ctx.tensors[uid]
