@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from ..graph.finalize import _self_overlapping
 from ..memory.buffers import buffer_info, tensor_from_pointer
 from ..runtime.bindings import hashable, resolve_key
 from ..runtime.plan import ExecutionPlan
-from . import enums, overrides, ragged
+from . import bitmask, enums, overrides, ragged
 from .attention import AttentionGraph
 from .candidates import Candidate, Planner
 from .errors import cudnnGraphNotSupportedError, translated
@@ -545,7 +545,10 @@ class pygraph(AttentionGraph, Graph):
         plan = self._loaded if self._loaded is not None else (self._selected() if self._built else None)
         return overrides.changes(self, plan.graph if plan is not None else self.final, uids, shapes, strides)
 
-    def _pack(self, plan: ExecutionPlan, var_pack: Any) -> dict[Any, Any]:
+    def _pack(
+        self, plan: ExecutionPlan, var_pack: Any, finish: list[Callable[[], None]] | None = None
+    ) -> dict[Any, Any]:
+        """The plan's variant pack from cuDNN's; a bit-packed boolean output's packing goes to `finish`."""
         if not isinstance(var_pack, dict):
             raise VariantPackError(
                 f"a variant pack is a dict, got {type(var_pack).__name__}",
@@ -573,6 +576,8 @@ class pygraph(AttentionGraph, Graph):
                 if hashable(key) and len(descs) < 4096:
                     descs[key] = desc
             check = plan.device if self._check_strides else None
+            if bitmask.is_packed(desc, value):
+                value = bitmask.bind(desc, value, desc.uid in plan.graph.outputs, finish)
             if self._ragged_layouts and self._loaded is None:
                 pack[desc.uid] = value if desc.uid in self._ragged_layouts else as_declared(desc, value, check)
             else:
@@ -606,14 +611,21 @@ class pygraph(AttentionGraph, Graph):
         changed: dict[int, tuple[int, ...]] | None = None,
     ) -> None:
         stream = self._stream(handle) if plan.device.is_cuda else None
-        pack = self._pack(plan, var_pack)
+        finish: list[Callable[[], None]] = []
+        pack = self._pack(plan, var_pack, finish)
         layouts = self._ragged_layouts
         if changed:
             plan, layouts = overrides.respecialize(self, plan, changed)
         done = ragged.prepare(layouts, plan.graph.tensors, pack) if layouts and self._loaded is None else None
+        if finish and stream is not None:  # bit-packed booleans (un)packed on PyTorch's stream, not the plan's
+            _synchronize(plan.device)
         plan.execute(pack, self._workspace(plan, workspace), stream=stream)
         if done is not None:
             done()
+        if finish and stream is not None:
+            _synchronize(plan.device)
+        for pack_bits in finish:
+            pack_bits()
 
     @translated
     def execute(  # type: ignore[override]  # cuDNN frontend's signature
@@ -721,5 +733,12 @@ class pygraph(AttentionGraph, Graph):
 for _name, _builder in BUILDERS.items():  # op builders raise cuDNN-catchable errors too
     if _name not in vars(AttentionGraph):  # (cuDNN's signatures of sdpa and sdpa_backward)
         setattr(pygraph, _name, translated(_builder))
+
+
+def _synchronize(device: Device) -> None:
+    import torch
+
+    torch.cuda.synchronize(device.torch_name)
+
 
 __all__ = ["pygraph", "tensor_attributes"]

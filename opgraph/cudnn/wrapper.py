@@ -198,7 +198,9 @@ class Graph:
                                 rule="pack.missing",
                                 hint="add it to the dict",
                             )
-                        value = given[key] = _allocate(t, plan.device)
+                        # under every name of the output: cuDNN's ("conv2d::Y") and the positional one ("conv2d::0")
+                        value = _allocate(t, plan.device)
+                        given.update({k: value for k, v in self._outputs.items() if v is t})
                     pack[t] = value
             g.execute(pack, workspace, **kwargs)
             return given

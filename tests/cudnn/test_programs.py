@@ -238,7 +238,9 @@ def test_graph_wrapper():
     with cudnn.Graph(io_data_type=cudnn.data_type.FLOAT, handle=cudnn.create_handle("cpu")) as g:
         y = g.conv_fprop(image=x, weight=w, padding=[1, 1], name="conv")
         y.set_output(True)
-    out = g({"conv::image": x, "conv::weight": w})["conv::0"]
+    given = {"conv::image": x, "conv::weight": w}
+    out = g(given)["conv::0"]
+    assert given["conv::Y"] is out  # the output allocated under cuDNN's name too (notebook 01's reading)
     torch.testing.assert_close(
         out.double(), torch.nn.functional.conv2d(x.double(), w.double(), padding=1), rtol=1e-4, atol=1e-4
     )
