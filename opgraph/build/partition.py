@@ -9,7 +9,7 @@ extending the piece over it: `describe()` prints them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from ..core.config import Support
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph, Node
 from ..core.piece import Piece, grow, make_piece
+from ..ops.layout import VIEW_KINDS
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -77,6 +78,53 @@ def overwrites_own_input(node: Node) -> str | None:
     return None
 
 
+# A concatenation joins values computed at other dims (the rotary embedding's cat(-x2, x1) of slices):
+# until it joins, the piece holds values it cannot write out (a dangling view, an operand of other dims),
+# and the greedy walk would cut before them. At such a cut the walk looks ahead over this many ops of
+# these kinds, to a concatenation (or over them all where the piece holds one: the views of the ops
+# after it), and takes the shortest run that the piece's engine runs.
+LOOKAHEAD = 12
+_JOINABLE = frozenset({*VIEW_KINDS, "pointwise", "concatenate"})
+
+
+def _lookahead(nodes: Sequence[Node], at: int, joined: bool) -> list[Node]:
+    """The ops after `at` that a lookahead from a cut at nodes[at] may take (see LOOKAHEAD): none unless
+    a concatenation is among them or `joined` (the piece holds one)."""
+    run = []
+    for n in nodes[at + 1 : at + LOOKAHEAD]:
+        if n.kind not in _JOINABLE:
+            break
+        run.append(n)
+    last = max((i for i, n in enumerate(run) if n.kind == "concatenate"), default=len(run) - 1 if joined else -1)
+    return run[: last + 1]
+
+
+def _ahead(
+    nodes: Sequence[Node],
+    at: int,
+    group: Sequence[Node],
+    grown: Piece,
+    owner: int,
+    engines: Sequence[Engine],
+    fits: Callable[[Piece, int], int | None],
+    graph: FinalGraph,
+) -> list[tuple[Node, Piece]]:
+    """The shortest run of ops after a cut at nodes[at] (LOOKAHEAD) that engine `owner` runs joined to
+    `grown` (the group and nodes[at]), each op with the piece grown over it; [] where there is none.
+    `fits(piece, k)`: the most preferred of the first k engines that runs the piece."""
+    if owner > 0 and not engines[owner].fuses_neighbours or nodes[at].kind not in _JOINABLE:
+        return []
+    taken: list[tuple[Node, Piece]] = []
+    for n in _lookahead(nodes, at, "concatenate" in grown.kind_set):
+        if _inplace_race([*group, nodes[at], *(m for m, _ in taken)], n, graph) is not None:
+            return []
+        grown = grow(grown, n)
+        taken.append((n, grown))
+        if fits(grown, owner + 1) == owner:
+            return taken
+    return []
+
+
 def engine_supports(engine: Engine, piece: Piece, device: Device) -> Support:
     """The engine's verdict on one kernel running the piece, with the partitioner's own rule first: a
     node overwriting an input it reads at other elements needs an engine that writes after computing."""
@@ -112,13 +160,25 @@ def partition(
                 return r, verdicts
         return None, verdicts
 
-    for node in graph.nodes:
+    nodes = graph.nodes
+    skip = 0
+    for at, node in enumerate(nodes):
+        if skip:
+            skip -= 1
+            continue
         if groups:
             owner = owners[-1]
             race = _inplace_race(groups[-1], node, graph)
             if race is None:
                 grown = grow(pieces[-1], node)
                 fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
+                if fit is None and owner is not None:
+                    taken = _ahead(nodes, at, groups[-1], grown, owner, engines, lambda p, k: best(p, k)[0], graph)
+                    if taken:
+                        groups[-1] += [node, *(n for n, _ in taken)]
+                        pieces[-1] = taken[-1][1]
+                        skip = len(taken)
+                        continue
                 if fit is not None and fit == owner and owner > 0 and not engines[owner].fuses_neighbours:
                     preferred, _ = best(make_piece(graph, len(groups), [node]), owner)
                     if preferred is not None:

@@ -446,8 +446,10 @@ class Emitter:
         indexer: Indexer,
         ptr: Callable[[int], str],
         scalar: Callable[[int], str],
+        suffix: str = "",
     ) -> None:
         self.tensors = tensors
+        self.suffix = suffix  # of value names: v{uid}{suffix} (a concatenation's operands, _concat.py)
         self.compute = compute
         self.indexer = indexer
         self.ptr = ptr
@@ -466,7 +468,7 @@ class Emitter:
             return literal(v.value)
         if v not in self.values:
             desc = self.tensors[v]
-            name = f"v{v}"
+            name = f"v{v}{self.suffix}"
             home = compute_type([desc.data_type]) if self.compute == "tl.float64" else self.compute
             if desc.is_pass_by_value:  # a float64 argument (see annotate_scalars), in the compute type
                 self.lines.append(f"{name} = {scalar_value(self.scalar(v), home)}")
@@ -540,7 +542,7 @@ class Emitter:
         """Make `value` (of type `typ`, default the compute type) the value v{uid} of tensor uid,
         rounded to the tensor's declared type."""
         typ = typ or self.compute
-        name = f"v{uid}"
+        name = f"v{uid}{self.suffix}"
         self.lines.append(f"{name} = {value}")
         dt = self.tensors[uid].data_type
         rounded = round_in_compute(name, dt, typ)
@@ -575,7 +577,12 @@ class Emitter:
         if typ in _INT_TYPES:  # (a gen_index coordinate)
             name, typ = (name, typ) if typ == TL_DTYPE[desc.data_type] else (f"{name}.to(tl.float64)", "tl.float64")
         value = name if typ == TL_DTYPE[desc.data_type] else to_storage(name, desc.data_type, typ)
-        if uid in self.exact_bf16 and name == f"v{uid}" and typ == "tl.float32" and desc.data_type is DataType.BFLOAT16:
+        if (
+            uid in self.exact_bf16
+            and name == f"v{uid}{self.suffix}"
+            and typ == "tl.float32"
+            and desc.data_type is DataType.BFLOAT16
+        ):
             value = f"_og_bf16_exact({name})"
         if indexer is not None:
             self.lines.append(indexer.store(desc, "", value))

@@ -14,7 +14,9 @@ walks ROWS x COLS tiles of the first output's two innermost axes (the row walk, 
 are an arange, each row's values are loaded once per row and the outer axes' once per program. A
 cross-entropy backward over [8192, 50304] logits (exp(x - m) / s - onehot) * w took ~48 instructions
 an element in the flat walk on sm_90 (4 loads of per-row values and a division per element), ~27 in
-the row walk: the flat walk was bound by instruction issue, not by memory.
+the row walk: the flat walk was bound by instruction issue, not by memory. A concatenation is a select
+over the coordinate along its axis, each operand computed in a frame of its own (_concat.py; the flat
+walk only).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
+from ._concat import CONCAT, check_frames, emit_frame
 from .base import (
     INT32_LIMIT,
     Generated,
@@ -85,6 +88,9 @@ class FlatIndexer:
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
         return f"tl.store({ptr} + {self.offset(desc)}, {value}, mask=mask)"
+
+    def mask(self) -> str:
+        return "mask"
 
     def coord(self, axis: int, desc: TensorDesc) -> str:
         if desc.dim[axis] == 1:
@@ -185,7 +191,7 @@ def transposed_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | No
     output along axis j != i: the flat walk would read (or write) it with a stride; None otherwise."""
     first = piece.tensor(piece.outputs[0])
     space = first.dim
-    if math.prod(space) < 1 << 12:
+    if math.prod(space) < 1 << 12 or CONCAT in piece.kind_set:  # (a concatenation: the flat walk)
         return None
 
     def innermost(desc: TensorDesc) -> int | None:
@@ -222,7 +228,7 @@ def row_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     gen_index; None otherwise."""
     first = piece.tensor(piece.outputs[0])
     space = first.dim
-    if math.prod(space) < 1 << 12:
+    if math.prod(space) < 1 << 12 or CONCAT in piece.kind_set:
         return None
     order = tuple(a for a in stride_order(first.stride) if space[a] > 1)
     if len(order) < 2 or first.stride[order[-1]] != 1 or space[order[-1]] < ROW_MIN:
@@ -278,7 +284,9 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
     emitter = Emitter(
         _with_views(piece, views), compute_type(piece_types(piece)), indexer, ptr=ptr, scalar=lambda u: f"s{u}"
     )
-    for node in piece.nodes:
+    if CONCAT in piece.kind_set:  # (on demand, per frame: _concat.py)
+        emit_frame(piece, emitter, piece.outputs)
+    for node in piece.nodes if CONCAT not in piece.kind_set else ():
         if node.kind not in VIEW_KINDS:
             emitter.emit(node)
     for u in piece.outputs:
@@ -288,7 +296,7 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
 
 class PointwiseTemplate(Template):
     name = "pointwise"
-    main_kinds = ("pointwise", "custom", "slice", "transpose")
+    main_kinds = ("pointwise", "custom", "slice", "transpose", CONCAT)
     knob_class = PointwiseKnobs
 
     def match(self, piece: Piece, device: Device) -> Support | PointwiseMatch:
@@ -297,9 +305,9 @@ class PointwiseTemplate(Template):
         views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
         if isinstance(views, Support):
             return views
-        if not kinds <= {"pointwise", *VIEW_KINDS}:
+        if not kinds <= {"pointwise", CONCAT, *VIEW_KINDS}:
             for node in piece.nodes:
-                if node.kind not in VIEW_KINDS and not elementwise(node):
+                if node.kind not in (CONCAT, *VIEW_KINDS) and not elementwise(node):
                     why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
                     return Support.no(
                         f"the pointwise template runs pointwise ops (and reads slices/transposes "
@@ -318,6 +326,9 @@ class PointwiseTemplate(Template):
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
+        if CONCAT in kinds:  # (each value at the dims of its frame: a concatenation's operands at theirs)
+            unfit = check_frames(piece, _with_views(piece, views), space)
+            return unfit if unfit is not None else PointwiseMatch(self, piece, device, views)
         # the first op writing each distinct dims (views are read where a pointwise op reads them,
         # broadcast by that op's rule)
         tensors = piece.graph.tensors

@@ -1,0 +1,161 @@
+"""Concatenations in generated pointwise kernels: y = concatenate(x_0, ..., x_n-1, axis) computed per
+element of the iteration space as a select over the coordinate c along the axis,
+
+    y = where(c < e_0, x_0 at c, where(c < e_1, x_1 at c - e_0, ...)),   e_k = d_0 + ... + d_k,
+
+each operand evaluated in a frame of its own: its loads (and gen_index coordinates) at the coordinate
+shifted by the operand's offset, masked where the operand does not apply (so no load leaves its
+tensor). An operand is any pointwise DAG over tensors in memory and their views: the rotary embedding's
+rotate_half, cat(-x[..., d/2:], x[..., :d/2]), fuses with the multiply-adds around it. Nodes are emitted
+on demand, per frame: from the piece's outputs back to the tensors in memory, a concatenation's
+operands in their frames (a node read in two frames is computed in each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ....core.config import Support
+from ....core.ir import Node
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc
+from ....ops.layout import VIEW_KINDS
+from ..expr import Emitter
+
+CONCAT = "concatenate"
+
+
+def producers(piece: Piece) -> dict[int, Node]:
+    """The node of the piece writing each tensor, by UID."""
+    return {u: n for n in piece.nodes for u in n.output_uids()}
+
+
+def demanded(piece: Piece, roots: Iterable[int], made: Mapping[int, Node]) -> list[Node]:
+    """The piece's non-view nodes that the values `roots` need in their frame, in the piece's order:
+    back from the roots to the tensors in memory, not through a concatenation (its operands are
+    computed in frames of their own)."""
+    need: set[int] = set()
+    stack = list(roots)
+    while stack:
+        node = made.get(stack.pop())
+        if node is None or id(node) in need:
+            continue
+        need.add(id(node))
+        if node.kind != CONCAT:
+            stack.extend(node.input_uids())
+    return [n for n in piece.nodes if id(n) in need and n.kind not in VIEW_KINDS]
+
+
+def _axis(node: Node, rank: int) -> int:
+    return node.op.axis % rank  # type: ignore[attr-defined]
+
+
+def _broadcasts(dims: tuple[Any, ...], frame: tuple[Any, ...]) -> bool:
+    return len(dims) == len(frame) and all(a == b or a == 1 for a, b in zip(dims, frame))
+
+
+def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[int, ...]) -> Support | None:
+    """Why the piece's values do not fit the frames they are computed in (each node's results broadcast
+    to its frame's dims; a concatenation's operands to the frame with the axis at their own size), or
+    None where they do."""
+    made = producers(piece)
+
+    def walk(roots: Iterable[int], frame: tuple[Any, ...]) -> Support | None:
+        for node in demanded(piece, roots, made):
+            for u in node.output_uids():
+                if not _broadcasts(tensors[u].dim, frame):
+                    return Support.no(
+                        f"{tensors[u].label()} dims {list(tensors[u].dim)} do not broadcast to the dims "
+                        f"{list(frame)} it is computed at",
+                        node,
+                    )
+            if node.kind != CONCAT or len(node.input_uids()) == 1:
+                continue
+            out = tensors[node.output_uids()[0]]
+            axis = _axis(node, len(out.dim))
+            sizes = [tensors[u].dim[axis] for u in node.input_uids()]
+            if not all(isinstance(d, int) for d in (*sizes, *frame)):
+                return Support.no(f"{node.label()} joins operands of dynamic size; the offsets must be known", node)
+            for u, d in zip(node.input_uids(), sizes):
+                why = walk([u], (*frame[:axis], d, *frame[axis + 1 :]))
+                if why is not None:
+                    return why
+        return None
+
+    return walk(piece.outputs, space)
+
+
+class ShiftedIndexer:
+    """An indexer's frame moved by `shift` along `axis` (a concatenation's operand), loads masked by
+    `guard` (where the operand applies) besides the base's own mask."""
+
+    def __init__(self, base: Any, axis: int, shift: int, guard: str) -> None:
+        self.base, self.axis, self.shift, self.guard = base, axis, shift, guard
+
+    def offset(self, desc: TensorDesc) -> str:
+        offset = self.base.offset(desc)
+        moved = self.shift * desc.stride[self.axis] if desc.dim[self.axis] > 1 else 0
+        return f"{offset} - {moved}" if moved else offset
+
+    def mask(self) -> str:
+        base = self.base.mask()
+        return f"{base} & {self.guard}" if self.guard else base
+
+    def load(self, desc: TensorDesc, ptr: str) -> str:
+        offset = "0" if desc.numel == 1 else self.offset(desc)
+        if offset == "0":  # one element, or broadcast along every axis: in range everywhere
+            return f"tl.load({ptr})"
+        return f"tl.load({ptr} + {offset}, mask={self.mask()}, other=0)"
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        raise NotImplementedError("a concatenation's operand is computed, never stored")
+
+    def coord(self, axis: int, desc: TensorDesc) -> str:
+        coord = self.base.coord(axis, desc)
+        return f"({coord} - {self.shift})" if axis == self.axis and desc.dim[axis] > 1 and self.shift else coord
+
+
+def emit_frame(piece: Piece, emitter: Emitter, roots: Iterable[int], made: Mapping[int, Node] | None = None) -> None:
+    """Emit the nodes that `roots` need in `emitter`'s frame (a concatenation through emit_concat)."""
+    made = producers(piece) if made is None else made
+    for node in demanded(piece, roots, made):
+        if node.kind == CONCAT:
+            _emit_concat(piece, emitter, node, made)
+        else:
+            emitter.emit(node)
+
+
+def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, Node]) -> None:
+    out = node.output_uids()[0]
+    ins = node.input_uids()
+    if len(ins) == 1:  # (a copy: the value itself, in this frame)
+        emit_frame(piece, emitter, ins, made)
+        emitter.assign(out, emitter.operand(ins[0]))
+        return
+    desc = emitter.tensors[out]
+    axis = _axis(node, len(desc.dim))
+    c = emitter.indexer.coord(axis, desc)
+    values, ends, at = [], [], 0
+    for k, u in enumerate(ins):
+        d = emitter.tensors[u].dim[axis]
+        guard = " & ".join(
+            [*([f"({c} >= {at})"] if at > 0 else []), *([f"({c} < {at + d})"] if k < len(ins) - 1 else [])]
+        )
+        sub = Emitter(
+            emitter.tensors,
+            emitter.compute,
+            ShiftedIndexer(emitter.indexer, axis, at, guard),
+            ptr=emitter.ptr,
+            scalar=emitter.scalar,
+            suffix=f"{emitter.suffix}_{out}_{k}",
+        )
+        emit_frame(piece, sub, [u], made)
+        values.append(sub.operand(u))
+        emitter.lines.extend(sub.lines)
+        at += d
+        ends.append(at)
+    expr = values[-1]
+    for value, end in zip(reversed(values[:-1]), reversed(ends[:-1])):
+        expr = f"tl.where({c} < {end}, {value}, {expr})"
+    emitter.assign(out, expr)

@@ -1,0 +1,159 @@
+"""Concatenations in the generated pointwise kernels (templates/_concat.py) against the reference engine,
+under Triton's interpreter: operands of 2 and 3, along inner and outer axes, slices, transposes and
+broadcasts as operands, nested joins, and the rotary embedding as transformers writes it."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+
+from ..helpers import assert_engine_matches
+
+pytestmark = pytest.mark.interpreter
+DT = og.DataType
+DTYPES = [DT.FLOAT, DT.HALF, DT.BFLOAT16]
+ALL = slice(None)
+
+
+def _rotary(g, x, cos, sin, heads: int, dim: int, dt):
+    """q * cos + rotate_half(q) * sin over q = x.view(B, S, heads, dim).transpose(1, 2), as transformers'
+    apply_rotary_pos_emb: rotate_half(q) = cat(-q[..., dim/2:], q[..., :dim/2])."""
+    b, s, _ = x.dim
+    q = g.transpose(g.reshape(x, [b, s, heads, dim]), [0, 2, 1, 3])
+    x1 = g.slice(q, [ALL, ALL, ALL, slice(0, dim // 2)])
+    x2 = g.slice(q, [ALL, ALL, ALL, slice(dim // 2, None)])
+    rotated = g.concatenate([g.neg(x2).set_data_type(dt), x1], axis=-1)
+    return g.add(g.mul(q, cos), g.mul(rotated, sin))
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+def test_the_rotary_embedding_is_one_kernel(dt, rng):
+    b, s, heads, dim = 3, 5, 3, 6
+    g = og.Graph("rope", io_data_type=dt)
+    x = g.tensor(dim=[b, s, heads * dim], name="x")
+    cos = g.tensor(dim=[b, 1, s, dim], name="cos")
+    sin = g.tensor(dim=[b, 1, s, dim], name="sin")
+    _rotary(g, x, cos, sin, heads, dim, dt).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    source = plan.source(0)
+    assert "tl.where(c3 < 3," in source
+    # each operand's loads are masked where it does not apply
+    assert "mask=mask & (c3 < 3)" in source and "mask=mask & (c3 >= 3)" in source
+
+
+def test_the_rotary_embedding_of_queries_and_keys_is_one_kernel_each(rng):
+    """q and k of other head counts (grouped-query attention): the walk looks ahead to each join."""
+    b, s, dim = 2, 7, 4
+    g = og.Graph("rope_qk", io_data_type=DT.FLOAT)
+    xq = g.tensor(dim=[b, s, 4 * dim], name="xq")
+    xk = g.tensor(dim=[b, s, 2 * dim], name="xk")
+    cos = g.tensor(dim=[1, 1, s, dim], name="cos")
+    sin = g.tensor(dim=[1, 1, s, dim], name="sin")
+    _rotary(g, xq, cos, sin, 4, dim, DT.FLOAT).set_output(True)
+    _rotary(g, xk, cos, sin, 2, dim, DT.FLOAT).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=2)
+    assert all("concatenate" in step.piece.kinds for step in plan.steps)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_three_operands_slices_transposes_and_broadcasts(axis, dt, rng):
+    """cat(slice of x, transpose of w, a * c broadcast) along each axis of [5, 7, 3] pieces, then * 2 + 1."""
+    g = og.Graph("cat3", io_data_type=dt)
+    sizes = [2, 3, 4]
+    dims = [[5, 7, 3] for _ in sizes]
+    for d, n in zip(dims, sizes):
+        d[axis] = n
+    x = g.tensor(dim=[d + 1 if i == axis % 3 else d for i, d in enumerate(dims[0])], name="x")
+    sliced = g.slice(x, [slice(1, None) if i == axis % 3 else ALL for i in range(3)])
+    w = g.tensor(dim=[dims[1][2], dims[1][0], dims[1][1]], name="w")
+    transposed = g.transpose(w, [1, 2, 0])
+    a = g.tensor(dim=[dims[2][0], 1, dims[2][2]], name="a")
+    c = g.tensor(dim=[1, dims[2][1], 1], name="c")
+    joined = g.concatenate([sliced, transposed, g.mul(a, c).set_data_type(dt)], axis=axis)
+    g.add(g.mul(joined, 2.0), 1.0).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+def test_two_operands_along_the_outer_axis_written_out_and_read_on(dt, rng):
+    g = og.Graph("cat2", io_data_type=dt)
+    a = g.tensor(dim=[3, 2, 9], name="a")
+    b = g.tensor(dim=[4, 2, 9], name="b")
+    bias = g.tensor(dim=[1, 2, 1], name="bias")
+    joined = g.concatenate([g.relu(a).set_data_type(dt), b], axis=0).set_output(True)
+    g.add(joined, bias).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_a_value_read_in_two_operands_and_gen_index_coordinates(rng):
+    """t = exp(x) in both operands (computed in each frame); gen_index along the axis counts from the
+    operand's own start."""
+    g = og.Graph("frames", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[3, 5], name="x")
+    t = g.exp(x)
+    idx = g.gen_index(g.add(x, 0.0), axis=1).set_data_type(DT.FLOAT)
+    g.concatenate([g.add(t, idx), g.mul(t, 2.0), idx], axis=1).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_nested_concatenations_along_two_axes(rng):
+    g = og.Graph("nested", io_data_type=DT.HALF)
+    a = g.tensor(dim=[2, 3], name="a")
+    b = g.tensor(dim=[1, 3], name="b")
+    c = g.tensor(dim=[3, 5], name="c")
+    inner = g.concatenate([g.neg(a).set_data_type(DT.HALF), b], axis=0)  # [3, 3]
+    outer = g.concatenate([inner, g.sqrt(g.abs(c)).set_data_type(DT.HALF), inner], axis=1)  # [3, 11]
+    g.mul(outer, g.tensor(dim=[3, 1], name="s")).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_a_concatenation_broadcast_into_the_space(rng):
+    """cat(a, b) of dims [1, 6] added to x [5, 6]: the join's value broadcast along rows."""
+    g = og.Graph("bcast", io_data_type=DT.FLOAT)
+    a = g.tensor(dim=[1, 2], name="a")
+    b = g.tensor(dim=[1, 4], name="b")
+    x = g.tensor(dim=[5, 6], name="x")
+    g.add(x, g.concatenate([a, b], axis=1)).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+def test_operands_of_other_dims_written_out_are_not_this_kernels():
+    """An operand's value needed outside the piece has other dims than the join: two kernels."""
+    g = og.Graph("split", io_data_type=DT.FLOAT)
+    a = g.tensor(dim=[3, 2], name="a")
+    b = g.tensor(dim=[3, 4], name="b")
+    r = g.relu(a).set_output(True)
+    g.concatenate([r, b], axis=1).set_output(True)
+    plan = g.build(device="cpu", engines=["triton"])
+    assert [s.piece.kinds for s in plan.steps] == [("pointwise",), ("concatenate",)]
+
+
+def test_rotary_embedding_from_transformers(rng):
+    """transformers' own rotate_half / apply_rotary_pos_emb, imported from PyTorch: one kernel for q and
+    one for k, matching the reference."""
+    modeling = pytest.importorskip("transformers.models.llama.modeling_llama")
+    import torch
+
+    class Rope(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = torch.nn.Linear(12, 12, bias=False)
+            self.k = torch.nn.Linear(12, 6, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, s, _ = x.shape
+            q = self.q(x).view(b, s, -1, 6).transpose(1, 2)
+            k = self.k(x).view(b, s, -1, 6).transpose(1, 2)
+            q, k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
+            return q.sum(1, keepdim=True) + k
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 5, 12), torch.randn(2, 5, 6), torch.randn(2, 5, 6))
+    imported = og.from_torch(Rope().eval(), inputs)
+    plan = assert_engine_matches(imported.graph, rng)
+    joins = [s for s in plan.steps if "concatenate" in s.piece.kinds]
+    assert len(joins) == 2 and all(s.config.engine == "triton" for s in plan.steps)
+    for step in joins:  # the slices, the negation, the join and the multiply-adds in one kernel
+        assert {"slice", "concatenate", "pointwise"} <= set(step.piece.kinds)
