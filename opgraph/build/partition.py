@@ -78,18 +78,20 @@ def overwrites_own_input(node: Node) -> str | None:
     return None
 
 
-# A concatenation joins values computed at other dims (the rotary embedding's cat(-x2, x1) of slices):
-# until it joins, the piece holds values it cannot write out (a dangling view, an operand of other dims),
-# and the greedy walk would cut before them. At such a cut the walk looks ahead over this many ops of
-# these kinds, to a concatenation (or over them all where the piece holds one: the views of the ops
-# after it), and takes the shortest run that the piece's engine runs.
+# A concatenation joins values computed at other dims (the rotary embedding's cat(-x2, x1) of slices), and
+# a lookup's result may broadcast into the space only where it is added (GPT-2's position embedding):
+# until that op joins, the piece holds values it cannot write out (a dangling view, a value of other
+# dims), and the greedy walk would cut before them. At such a cut the walk looks ahead over this many ops
+# of these kinds, to a concatenation (or over them all where the piece holds a concatenation or a
+# lookup), and takes the shortest run that the piece's engine runs.
 LOOKAHEAD = 12
-_JOINABLE = frozenset({*VIEW_KINDS, "pointwise", "concatenate"})
+_JOINABLE = frozenset({*VIEW_KINDS, "pointwise", "concatenate", "embedding"})
+_JOINING = frozenset({"concatenate", "embedding"})
 
 
 def _lookahead(nodes: Sequence[Node], at: int, joined: bool) -> list[Node]:
     """The ops after `at` that a lookahead from a cut at nodes[at] may take (see LOOKAHEAD): none unless
-    a concatenation is among them or `joined` (the piece holds one)."""
+    a concatenation is among them or `joined` (the piece holds a concatenation or a lookup)."""
     run = []
     for n in nodes[at + 1 : at + LOOKAHEAD]:
         if n.kind not in _JOINABLE:
@@ -115,7 +117,7 @@ def _ahead(
     if owner > 0 and not engines[owner].fuses_neighbours or nodes[at].kind not in _JOINABLE:
         return []
     taken: list[tuple[Node, Piece]] = []
-    for n in _lookahead(nodes, at, "concatenate" in grown.kind_set):
+    for n in _lookahead(nodes, at, bool(grown.kind_set & _JOINING)):
         if _inplace_race([*group, nodes[at], *(m for m, _ in taken)], n, graph) is not None:
             return []
         grown = grow(grown, n)

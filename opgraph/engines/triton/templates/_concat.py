@@ -22,6 +22,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.layout import VIEW_KINDS
 from ..expr import Emitter
+from ._gather import EMBEDDING, emit_embedding
 
 CONCAT = "concatenate"
 
@@ -123,7 +124,15 @@ def emit_frame(piece: Piece, emitter: Emitter, roots: Iterable[int], made: Mappi
         if node.kind == CONCAT:
             _emit_concat(piece, emitter, node, made)
         else:
-            emitter.emit(node)
+            emit_node(emitter, node)
+
+
+def emit_node(emitter: Emitter, node: Node) -> None:
+    """One node other than a concatenation: a lookup (_gather.py) or a pointwise op."""
+    if node.kind == EMBEDDING:
+        emit_embedding(emitter, node)
+    else:
+        emitter.emit(node)
 
 
 def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, Node]) -> None:

@@ -33,7 +33,8 @@ from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
-from ._concat import CONCAT, check_frames, emit_frame
+from ._concat import CONCAT, check_frames, emit_frame, emit_node
+from ._gather import EMBEDDING, check_gathers
 from .base import (
     INT32_LIMIT,
     Generated,
@@ -186,12 +187,15 @@ class TileIndexer:
         return lines
 
 
+FLAT_ONLY = frozenset({CONCAT, EMBEDDING})  # ops emitted for the flat walk only (their masks are its)
+
+
 def transposed_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     """(i, j) where a large tensor of the piece's space is contiguous along axis i and the first
     output along axis j != i: the flat walk would read (or write) it with a stride; None otherwise."""
     first = piece.tensor(piece.outputs[0])
     space = first.dim
-    if math.prod(space) < 1 << 12 or CONCAT in piece.kind_set:  # (a concatenation: the flat walk)
+    if math.prod(space) < 1 << 12 or piece.kind_set & FLAT_ONLY:
         return None
 
     def innermost(desc: TensorDesc) -> int | None:
@@ -228,7 +232,7 @@ def row_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
     gen_index; None otherwise."""
     first = piece.tensor(piece.outputs[0])
     space = first.dim
-    if math.prod(space) < 1 << 12 or CONCAT in piece.kind_set:
+    if math.prod(space) < 1 << 12 or piece.kind_set & FLAT_ONLY:
         return None
     order = tuple(a for a in stride_order(first.stride) if space[a] > 1)
     if len(order) < 2 or first.stride[order[-1]] != 1 or space[order[-1]] < ROW_MIN:
@@ -288,7 +292,7 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
         emit_frame(piece, emitter, piece.outputs)
     for node in piece.nodes if CONCAT not in piece.kind_set else ():
         if node.kind not in VIEW_KINDS:
-            emitter.emit(node)
+            emit_node(emitter, node)
     for u in piece.outputs:
         emitter.store(u)
     return emitter
@@ -296,7 +300,7 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
 
 class PointwiseTemplate(Template):
     name = "pointwise"
-    main_kinds = ("pointwise", "custom", "slice", "transpose", CONCAT)
+    main_kinds = ("pointwise", "custom", "slice", "transpose", CONCAT, EMBEDDING)
     knob_class = PointwiseKnobs
 
     def match(self, piece: Piece, device: Device) -> Support | PointwiseMatch:
@@ -305,9 +309,9 @@ class PointwiseTemplate(Template):
         views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
         if isinstance(views, Support):
             return views
-        if not kinds <= {"pointwise", CONCAT, *VIEW_KINDS}:
+        if not kinds <= {"pointwise", CONCAT, EMBEDDING, *VIEW_KINDS}:
             for node in piece.nodes:
-                if node.kind not in (CONCAT, *VIEW_KINDS) and not elementwise(node):
+                if node.kind not in (CONCAT, EMBEDDING, *VIEW_KINDS) and not elementwise(node):
                     why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
                     return Support.no(
                         f"the pointwise template runs pointwise ops (and reads slices/transposes "
@@ -326,6 +330,11 @@ class PointwiseTemplate(Template):
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
+        if EMBEDDING in kinds:
+            produced = {u for n in piece.nodes if n.kind not in VIEW_KINDS for u in n.output_uids()}
+            unfit = check_gathers(piece, produced, _with_views(piece, views))
+            if unfit is not None:
+                return unfit
         if CONCAT in kinds:  # (each value at the dims of its frame: a concatenation's operands at theirs)
             unfit = check_frames(piece, _with_views(piece, views), space)
             return unfit if unfit is not None else PointwiseMatch(self, piece, device, views)
