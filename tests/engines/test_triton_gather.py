@@ -76,3 +76,17 @@ def test_computed_indices_are_not_gathered_in_the_kernel(rng):
     g.embedding(w, shifted).set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=2, prepare=_indices(idx, DT.INT32, rng))
     assert "computed in the piece" in plan.describe()
+
+
+@pytest.mark.parametrize("row", [2, -1, V])
+def test_one_index_for_the_whole_block(row, rng):
+    """A single index (a scalar load): in range, negative, past the table."""
+    g = og.Graph("emb_one", io_data_type=DT.FLOAT)
+    w = g.tensor(dim=[V, D], name="w")
+    idx = g.tensor(dim=[1], name="idx", data_type=DT.INT64)
+    g.mul(g.embedding(w, idx), 3.0).set_output(True)
+
+    def prepare(pack):
+        pack[idx.uid][...] = row
+
+    assert_engine_matches(g, rng, expect_steps=1, prepare=prepare)

@@ -11,7 +11,7 @@ from ....core.config import Support
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ..expr import Emitter, compute_type, from_storage
+from ..expr import TL_DTYPE, Emitter, compute_type, from_storage
 
 EMBEDDING = "embedding"
 INT32_ROWS = 2**31 - 1  # the largest element offset a row computed in int32 reaches
@@ -47,7 +47,11 @@ def emit_embedding(emitter: Emitter, node: Node) -> None:
     spread = TensorDesc(idx.uid, "", (*idx.dim, 1), (*idx.stride, 0), idx.data_type)
     wide = w.dim[0] * w.stride[0] + w.dim[1] * w.stride[1] > INT32_ROWS
     row, valid = f"row{out}{emitter.suffix}", f"valid{out}{emitter.suffix}"
-    emitter.lines.append(f"{row} = {emitter.indexer.load(spread, emitter.ptr(idx_uid))}")
+    index = emitter.indexer.load(spread, emitter.ptr(idx_uid))
+    if "mask=" not in index:  # one index for the block: a block of it (Triton's interpreter has no `&` of
+        # a block boolean and a scalar one); the flat walk's `lin` is there (FLAT_ONLY)
+        index = f"{index} + tl.zeros_like(lin).to({TL_DTYPE[idx.data_type]})"
+    emitter.lines.append(f"{row} = {index}")
     # (in range as loaded, before the row is narrowed: an INT64 index 2**32 + 1 is out of range)
     emitter.lines.append(f"{valid} = ({row} >= 0) & ({row} < {w.dim[0]})")
     emitter.lines.append(f"{row} = {row}.to({'tl.int64' if wide else 'tl.int32'})")
