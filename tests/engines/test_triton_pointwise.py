@@ -109,9 +109,28 @@ def test_a_view_of_a_computed_value_or_a_view_written_out_is_not_this_templates(
     g = og.Graph("copy", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[4, 8], name="x")
     g.transpose(x, [1, 0]).set_output(True)
+    g.relu(x).set_output(True)
     fg = g.final
     verdict = TEMPLATE.match(make_piece(fg, 0, list(fg.nodes)), CPU)
     assert not verdict and "does not copy them" in verdict.reason
+
+
+@pytest.mark.parametrize("dt", [DT.FLOAT, DT.HALF, DT.BFLOAT16, DT.INT64], ids=lambda d: d.name)
+@pytest.mark.parametrize("case", ["flatten", "transpose", "slice_of_transpose"])
+def test_views_alone_written_out_are_copies(case, dt, rng):
+    """A graph output that is a view of an input (a language model's logits flattened to [B*S, V]) is a
+    copy kernel: read through the view, written packed."""
+    g = og.Graph("copy", io_data_type=dt)
+    x = g.tensor(dim=[3, 5, 7], name="x")
+    if case == "flatten":
+        y = g.reshape(x, [15, 7])
+    elif case == "transpose":
+        y = g.transpose(x, [2, 0, 1])
+    else:
+        y = g.slice(g.transpose(x, [0, 2, 1]), [slice(None), slice(1, 6, 2), slice(None)])
+    y.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.engine == "triton"
 
 
 def test_a_view_read_by_two_pieces_runs_and_matches(rng):

@@ -275,6 +275,15 @@ def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
     return {**acc, **{d: v for d, v in new.items() if d not in acc}} if new else acc
 
 
+def copies_out(piece: Piece, views: dict[int, Any]) -> bool:
+    """Whether the piece is views alone, each output a graph output (a tensor the plan must write, whatever
+    reads it later): a copy, such as the flatten of a language model's logits. (A view that other ops of a
+    piece would read in place is not copied: a GEMM reads its operand's view, and waits for it.)"""
+    return all(n.kind in VIEW_KINDS for n in piece.nodes) and all(
+        u in views and not piece.tensor(u).is_virtual for u in piece.outputs
+    )
+
+
 def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any]) -> Emitter:
     """The piece's loads, math and stores over `indexer` (which notes the coordinates they need); `views`:
     the piece's slices/transposes as views of memory (memory_views)."""
@@ -294,7 +303,10 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
         if node.kind not in VIEW_KINDS:
             emit_node(emitter, node)
     for u in piece.outputs:
-        emitter.store(u)
+        if u in views:  # (copies_out: moved in the storage type, read through the view, written packed)
+            emitter.lines.append(indexer.store(piece.tensor(u), f"p{u}", indexer.load(views[u].desc, ptr(u))))
+        else:
+            emitter.store(u)
     return emitter
 
 
@@ -319,12 +331,13 @@ class PointwiseTemplate(Template):
                         node,
                     )
         copied = [u for u in piece.outputs if u in views]
-        if copied:
+        if copied and not copies_out(piece, views):
             # (a copy step here would be the partitioner's to take: it then cuts GEMM operands'
             # reshapes into copies of their own where the GEMM reads them in place)
             return Support.no(
                 f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
-                "out; this template reads views in place but does not copy them"
+                "out; this template reads views in place but does not copy them (except views alone, "
+                "of graph outputs)"
             )
         dims = {piece.tensor(u).dim for u in piece.outputs}
         if len(dims) != 1:
