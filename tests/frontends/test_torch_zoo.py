@@ -171,6 +171,30 @@ def test_zoo_model_matches_pytorch_on_cuda(name, fp32_torch):
     assert rel_error(got, want) <= RTOL
 
 
+# torch-engine steps of the decoder LMs for the GPU engines: none (the rotary embedding, the embedding
+# lookup and the logits' flatten are generated kernels)
+GPU_TORCH_STEPS = {"llama": 0, "qwen2": 0, "mistral": 0}
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("name", list(GPU_TORCH_STEPS))
+def test_decoder_runs_without_torch_engine_steps_on_cuda(name, fp32_torch):
+    """Built for CUDA with the GPU engines (triton, torch), the decoder matches PyTorch and puts no step
+    on the torch engine (issue 40)."""
+    entry = _entry(name)
+    model = entry.module.eval().cuda()
+    inputs = tuple(x.cuda() for x in entry.inputs)
+    imported = og.from_torch(model, inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+    got = imported.run(*inputs, engines=["triton", "torch"])
+    plan = imported.plan("cuda", engines=["triton", "torch"])
+    assert rel_error(got, want) <= RTOL
+    on_torch = [s.piece.kinds for s in plan.steps if s.config.engine == "torch"]
+    assert len(on_torch) == GPU_TORCH_STEPS[name], on_torch
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name", TRAINED)
