@@ -8,7 +8,7 @@ import pytest
 
 import opgraph as og
 
-from ..helpers import assert_engine_matches
+from ..helpers import assert_engine_matches, requires_cuda
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -157,3 +157,17 @@ def test_rotary_embedding_from_transformers(rng):
     assert len(joins) == 2 and all(s.config.engine == "triton" for s in plan.steps)
     for step in joins:  # the slices, the negation, the join and the multiply-adds in one kernel
         assert {"slice", "concatenate", "pointwise"} <= set(step.piece.kinds)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+def test_gpu_rotary_embedding_at_llama_sizes(dt, rng):
+    """Llama-7B's queries at 2 x 1024 tokens: 32 heads of 128, one kernel."""
+    b, s, heads, dim = 2, 1024, 32, 128
+    g = og.Graph("rope", io_data_type=dt)
+    x = g.tensor(dim=[b, s, heads * dim], name="x")
+    cos = g.tensor(dim=[b, 1, s, dim], name="cos")
+    sin = g.tensor(dim=[b, 1, s, dim], name="sin")
+    _rotary(g, x, cos, sin, heads, dim, dt).set_output(True)
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1)

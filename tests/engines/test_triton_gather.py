@@ -9,7 +9,7 @@ import pytest
 
 import opgraph as og
 
-from ..helpers import assert_engine_matches
+from ..helpers import assert_engine_matches, requires_cuda
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -90,3 +90,22 @@ def test_one_index_for_the_whole_block(row, rng):
         pack[idx.uid][...] = row
 
     assert_engine_matches(g, rng, expect_steps=1, prepare=prepare)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_token_and_position_embeddings_at_gpt2_sizes(rng):
+    """GPT-2's wte [50304, 768] and wpe [1024, 768] at 8 x 1024 tokens, bf16, some indices out of range."""
+    g = og.Graph("emb", io_data_type=DT.BFLOAT16)
+    wte = g.tensor(dim=[50304, 768], name="wte")
+    wpe = g.tensor(dim=[1024, 768], name="wpe")
+    idx = g.tensor(dim=[8, 1024], name="idx", data_type=DT.INT64)
+    pos = g.tensor(dim=[1, 1024], name="pos", data_type=DT.INT64)
+    g.add(g.embedding(wte, idx), g.embedding(wpe, pos)).set_output(True)
+
+    def prepare(pack):
+        values = np.random.default_rng(3).integers(-2, 50310, size=(8, 1024))
+        pack[idx.uid][...] = values
+        pack[pos.uid][...] = np.arange(1024)[None, :]
+
+    assert_engine_matches(g, rng, device="cuda", expect_steps=1, prepare=prepare)
