@@ -119,7 +119,8 @@ def test_a_view_of_a_computed_value_or_a_view_written_out_is_not_this_templates(
 @pytest.mark.parametrize("case", ["flatten", "transpose", "slice_of_transpose", "transpose_tiles"])
 def test_views_alone_written_out_are_copies(case, dt, rng):
     """A graph output that is a view of an input (a language model's logits flattened to [B*S, V]) is a
-    copy kernel: read through the view, written in the output's layout (a transpose keeps its input's memory order: a copy of the same bytes)."""
+    copy kernel: read through the view, written in the output's layout (a transpose keeps its input's
+    memory order: a copy of the same bytes)."""
     g = og.Graph("copy", io_data_type=dt)
     x = g.tensor(dim=[3, 37, 45] if case == "transpose_tiles" else [3, 5, 7], name="x")
     if case == "transpose_tiles":
