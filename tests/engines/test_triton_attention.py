@@ -547,9 +547,9 @@ def test_qkv_views_in_the_gradient_graph(rng):
 def test_views_that_must_be_stored_make_their_own_step(rng):
     """A view that is also a graph output (q here) is not read in place: the kernel stores no views."""
     g = qkv_block(project=False, q_out=True)
-    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))  # (torch copies what is stored)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))  # (a copy step writes what is stored)
     q = plan.graph.tensor("q::output").uid
-    assert any(q in s.piece.outputs and s.config.engine == "torch" for s in plan.steps), plan.describe()
+    assert any(q in s.piece.outputs and s.config.knob("template") != "attention" for s in plan.steps), plan.describe()
     attn = next(s for s in plan.steps if s.config.knob("template") == "attention")
     assert "q" not in {n.name for n in attn.piece.nodes}, plan.describe()
 
