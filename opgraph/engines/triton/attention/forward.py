@@ -38,6 +38,7 @@ from .common import (
     tma_ok,
     wide,
 )
+from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
 from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
@@ -113,6 +114,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"offs_dv = tl.arange(0, {dvp})",
     )
     k.add(*seqlen_lines(spec, k))
+    k.add(*ragged_lines(spec, k))
     k.add(*scale_lines(spec, k))
     k.add(*alibi_lines(spec))
     dropout_scale_params(spec, k)
@@ -130,6 +132,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     tma = (
         bool(kn.TMA)
         and not spec.prologue
+        and not spec.ragged
         and all(
             tma_ok(op, (spec.B, h, s, d))
             for op, h, s, d in (
@@ -152,9 +155,10 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         )
     else:
         rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
+        q_ok = rows_ok(spec, "q", "offs_m[:, None]") or row_ok
         k.add(
-            f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
-            f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})"
+            f"q = tl.load({spec.q.name} + {row_base(spec, 'q', spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
+            f" + offs_d[None, :]{_mask(and_mask(q_ok, dmask))})"
         )
     if spec.hook("q") is None and spec.q.dtype != dt:
         k.add(f"q = q.to({dt})")
@@ -162,12 +166,12 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
     if not tma and spec.hook("k") is None:
         k.add(
-            f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
+            f"k_ptrs = {spec.k.name} + {row_base(spec, 'k', spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
             " + offs_d[None, :]"
         )
     if not tma and spec.hook("v") is None:
         k.add(
-            f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+            f"v_ptrs = {spec.v.name} + {row_base(spec, 'v', spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
             " + offs_dv[None, :]"
         )
     k.add(
@@ -195,7 +199,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     k.add("out = acc * inv_l[:, None]")
     if spec.seq_len_q is not None:
         k.add("out = tl.where((offs_m < q_len)[:, None], out, 0.0)")
-    omask = and_mask(row_ok, dvmask)
+    omask = and_mask(rows_ok(spec, "o", "offs_m[:, None]") or row_ok, dvmask)
     if spec.epilogue is not None:
         for p in spec.epilogue.params():
             k.param(p)
@@ -207,7 +211,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         o = spec.o
         orows = "offs_m[:, None].to(tl.int64)" if wide(extent(o, (1, 1, spec.Sq, spec.Dv))) else "offs_m[:, None]"
         k.add(
-            f"tl.store({o.name} + {base_expr(o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
+            f"tl.store({o.name} + {row_base(spec, 'o', o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
             f"({value}).to({o.dtype}){_mask(omask, store=True)})"
         )
     if spec.stats is not None:
@@ -215,8 +219,11 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         k.add(f'lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float("inf"))')
         if spec.seq_len_q is not None:
             k.add('lse = tl.where(offs_m < q_len, lse, float("inf"))')
-        smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
-        k.add(f"tl.store({st.name} + {base_expr(st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})")
+        st_ok = rows_ok(spec, "stats", "offs_m") or (f"offs_m < {spec.Sq}" if spec.Sq % bm else None)
+        smask = f", mask={st_ok}" if st_ok else ""
+        k.add(
+            f"tl.store({st.name} + {row_base(spec, 'stats', st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})"
+        )
 
     for hook in (h for _, h in spec.prologue):
         for p in hook.params():
@@ -225,7 +232,12 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
-    return generated(functions, [k.launch(grid, kn.num_warps, kn.num_stages)])
+    launches = [k.launch(grid, kn.num_warps, kn.num_stages)]
+    zero = zero_kernel(spec, f"{name}_zero")
+    if zero is not None:  # packed outputs: rows no sequence covers are 0
+        functions.insert(0, zero[0].source())
+        launches.insert(0, zero[0].launch(zero[1], 4, 1))
+    return generated(functions, launches)
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:
@@ -283,7 +295,7 @@ def _body(
     bn = kn.BLOCK_N
     dt = dot_dtype(spec)
     ragged = masked and spec.Skv % bn != 0
-    key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    key_ok = rows_ok(spec, "k", "offs_n[:, None]") or (f"(offs_n[:, None] < {spec.Skv})" if ragged else None)
     start = "start_n.to(tl.int64)" if wk else "start_n"
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     kload = (
@@ -318,7 +330,7 @@ def _body(
         lines += dropout_lines(spec, k, o)
         lines.append(f"p = {apply_keep(spec, 'p')}")
     vstart = "start_n.to(tl.int64)" if wv else "start_n"
-    vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    vkey_ok = rows_ok(spec, "v", "offs_n[:, None]") or (f"(offs_n[:, None] < {spec.Skv})" if ragged else None)
     vload = (
         tma_load("desc_v", "off_b", "off_hv", "start_n", bn, dvp)
         if tma

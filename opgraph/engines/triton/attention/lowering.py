@@ -20,7 +20,8 @@ from ....core.errors import InternalError, expect
 from ....core.ir import Const, Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.attention import _Attention, extensions
+from ....ops.attention import _Attention
+from ....ops.attention_layout import Feature, extensions, ragged_role
 from ....ops.pointwise import MODES, Pointwise, PointwiseMode
 from ....ops.score_mod import Ref, ScoreMod, Src
 from ...shared.views import ROLES, gradient_targets, operand_views
@@ -33,10 +34,16 @@ from .spec import (
     MaskDropout,
     Operand,
     PhiloxDropout,
+    Ragged,
     Scalar,
 )
 
 MAX_HEAD_DIM = 256
+# what the generated kernels run of the features beyond dense tensors and the causal / window masks
+RUNS = {
+    "sdpa": frozenset({Feature.PACKED}),
+    "sdpa_backward": frozenset[Feature](),
+}
 
 
 @dataclass(frozen=True)
@@ -228,8 +235,15 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     """The memory-layout, type and size rules of the generated kernels."""
     node = f.node
     label = node.label()
-    if extra := extensions(node):  # (issue 41, phase A: the torch engine runs these)
+    if extra := extensions(node, RUNS[node.kind]):  # (issue 41: the torch engine runs these)
         return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
+    packed = [r for r in ("q", "k", "v", "o") if node.input(ragged_role(r)) is not None]
+    if hooked := [r for r, _ in f.prologue if r in packed] + (["o"] if f.epilogue and "o" in packed else []):
+        return Support.no(
+            f"{label}: the {template} template fuses no prologue or epilogue on a packed (ragged) "
+            f"tensor ({', '.join(hooked)}); they make their own pieces",
+            node,
+        )
     q = piece.tensor(node.input("q"))  # type: ignore[arg-type]
     k = piece.tensor(node.input("k"))  # type: ignore[arg-type]
     v = piece.tensor(node.input("v"))  # type: ignore[arg-type]
@@ -542,6 +556,19 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     B, Hq, Sq, D = q.dim
     Hk, Skv = k.dim[1], k.dim[2]
     Hv, Dv = v.dim[1], v.dim[3]
+    ragged = []
+    outputs = {"o": node.output("o"), "stats": node.output("stats")} if node.kind == "sdpa" else {}
+    for role in ("q", "k", "v", "o", "stats"):
+        off = uid.get(ragged_role(role))
+        if isinstance(off, int):
+            t = uid[role] if role in uid else outputs.get(role)
+            if t is None:
+                continue
+            ragged.append((role, Ragged(operand(piece, off), op.offset_divisor(role), piece.tensor(t).dim[2])))
+    if "q" in dict(ragged):  # packed: the problem's dims are the lengths' batch and the maxima
+        B, Sq = piece.tensor(uid["seq_len_q"]).dim[0], expect(op.max_seq_len_q, "max_seq_len_q of packed q")
+    if "k" in dict(ragged):
+        Skv = expect(op.max_seq_len_kv, "max_seq_len_kv of packed k")
     causal = (
         Causal.BOTTOM_RIGHT
         if op.use_causal_mask_bottom_right
@@ -613,6 +640,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         **ops,
         causal=causal,
         window=op.sliding_window_length,
+        ragged=tuple(ragged),
         alibi=op.use_alibi_mask,
         interpret=interpret,
         fp32_precision=fp32_precision,

@@ -48,6 +48,18 @@ class Causal(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Ragged:
+    """How a packed (ragged, THD) tensor [1, H, T, w] holds its sequences: sequence b's row i is row
+    floor(offsets[b] / per_row) + i of axis 2 (`offsets`: an integer [B(+1), 1, 1, 1] tensor;
+    `per_row`: what one row counts in its units), `tokens` = T rows in all. Rows outside [0, T) read
+    as zeros and are never written."""
+
+    offsets: Operand
+    per_row: int
+    tokens: int
+
+
+@dataclass(frozen=True)
 class PhiloxDropout:
     """Dropout drawn in the kernel: keep an element when its uniform draw (tl.rand) is >= p; kept
     elements are scaled by 1/(1-p). `seed` and `offset`: 1-element integer device tensors (Scalar
@@ -143,6 +155,7 @@ class AttnSpec:
     dv: Operand | None = None
     dbias: Operand | None = None  # shaped like bias, which may broadcast
     bias_dims: tuple[int, int, int, int] | None = None  # bias's logical dims (1 where broadcast)
+    ragged: tuple[tuple[str, Ragged], ...] = ()  # packed tensors ("q", "k", "v", "o", "stats") (forward)
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
     fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
@@ -155,6 +168,9 @@ class AttnSpec:
     def gv(self) -> int:
         return self.Hq // self.Hv
 
+    def packed(self, role: str) -> Ragged | None:
+        return next((r for n, r in self.ragged if n == role), None)
+
     @property
     def masked_rows_possible(self) -> bool:
         """Whether some row may see no key at all, or a score may be -inf (guards needed)."""
@@ -162,6 +178,7 @@ class AttnSpec:
             self.causal is Causal.BOTTOM_RIGHT
             or self.seq_len_kv is not None
             or self.window is not None
+            or bool(self.ragged)
             or self.bias is not None
             or self.score_mod is not None
             or self.Sq > self.Skv
