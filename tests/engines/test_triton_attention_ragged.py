@@ -255,6 +255,101 @@ def test_packed_prologue_makes_its_own_piece(rng):
     assert not bad, "\n".join(map(str, bad))
 
 
+# -- (b) the diagonal band --------------------------------------------------------------------------------
+
+BANDS = [
+    {"diagonal_band_right_bound": 3},
+    {"diagonal_band_right_bound": 0, "diagonal_alignment": "BOTTOM_RIGHT"},
+    {"diagonal_band_right_bound": 5, "diagonal_band_left_bound": 7},
+    {"diagonal_band_right_bound": 2, "diagonal_band_left_bound": 4, "diagonal_alignment": "BOTTOM_RIGHT"},
+    {"diagonal_band_left_bound": 6, "diagonal_alignment": "BOTTOM_RIGHT"},
+]
+BAND_IDS = ["right", "right0_br", "band", "band_br", "left_br"]
+
+
+@pytest.mark.parametrize("opts", BANDS, ids=BAND_IDS)
+@pytest.mark.parametrize("mix", ["mixed", "q_longer"])
+def test_band_packed(opts, mix, rng):
+    check(*MIXES[mix], rng, **opts)
+
+
+def _dense(sq, skv, io=DT.FLOAT, **opts):
+    g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    q = g.tensor(dim=[2, HQ, sq, 16], name="q")
+    k = g.tensor(dim=[2, 2, skv, 16], name="k")
+    v = g.tensor(dim=[2, 2, skv, 16], name="v")
+    o, st = g.sdpa(q, k, v, attn_scale=0.3, name="fwd", **opts)
+    o.set_output(True)
+    st.set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("opts", BANDS, ids=BAND_IDS)
+@pytest.mark.parametrize("sq, skv", [(37, 45), (45, 21)])
+def test_band_dense(opts, sq, skv, rng):
+    assert_engine_matches(_dense(sq, skv, **opts), rng, engines=("triton",), expect_steps=1)
+
+
+@pytest.mark.parametrize("io", [DT.HALF, DT.BFLOAT16])
+def test_band_half_types(io, rng):
+    g = _dense(40, 52, io, diagonal_band_right_bound=4, diagonal_band_left_bound=9)
+    assert_engine_matches(g, rng, engines=("triton",), expect_steps=1, rtol=3e-2, atol=3e-2)
+
+
+def test_band_visits_only_the_blocks_it_sees():
+    """A window costs proportional work: the key loop's bounds come from the band, not the sequence."""
+    from opgraph.engines.triton.attention import FwdKnobs, forward
+
+    g = _dense(256, 256, diagonal_band_right_bound=8, diagonal_band_left_bound=16)
+    final = g.final
+    spec = fwd_template.TEMPLATE.matched(make_piece(final, 0, list(final.nodes)), H100).spec()
+    src = forward(spec, FwdKnobs(64, 32, 4, 2)).source
+    assert "hi = tl.minimum(hi, tl.maximum(m0 + 64 + diag + 8, 0))" in src, src
+    assert "lo = (tl.maximum(m0 + diag - 15, 0) // 32) * 32" in src, src
+
+
+# -- the GPU's knobs under the interpreter ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"BLOCK_M": 32, "BLOCK_N": 16, "ONELOOP": 1},
+        {"BLOCK_M": 16, "BLOCK_N": 32, "ORDER": 1},
+        {"BLOCK_M": 32, "BLOCK_N": 32, "ONELOOP": 1, "ORDER": 1},
+    ],
+    ids=["oneloop", "order", "both"],
+)
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"use_causal_mask_bottom_right": True},
+        {"diagonal_band_left_bound": 5, "diagonal_band_right_bound": 3, "diagonal_alignment": "BOTTOM_RIGHT"},
+    ],
+    ids=["causal_br", "band_br"],
+)
+def test_packed_with_the_gpu_knobs(knobs, opts, rng):
+    """One loop with run-time masks and the other grid order (the GPU's candidates), run directly."""
+    import torch
+
+    from opgraph.engines.triton.attention import FwdKnobs, forward
+    from opgraph.engines.triton.attention.run import launch
+    from opgraph.testing import compare, random_pack, reference_outputs
+
+    lq, lkv = MIXES["mixed"]
+    g = graph(lq, lkv, DT.HALF, **opts)
+    final = g.final
+    spec = fwd_template.TEMPLATE.matched(make_piece(final, 0, list(final.nodes)), Device("cpu")).spec()
+    pack = random_pack(final, rng)
+    prepare(pack, g, lq, lkv)
+    want = reference_outputs(final, pack)
+    buffers = {u: torch.from_numpy(x) for u, x in pack.items()}
+    launch(forward(spec, FwdKnobs(num_warps=4, num_stages=1, **knobs)), buffers, interpret=True)
+    for u in final.outputs:
+        bad = compare(final.tensors[u], buffers[u].numpy(), want[u], rtol=3e-2, atol=3e-2)
+        assert bad is None, bad
+
+
 # -- declines ---------------------------------------------------------------------------------------------
 
 
@@ -292,6 +387,22 @@ def test_backward_declines_what_it_does_not_run():
     assert not why and "packed (ragged) q" in why.reason and "attention_bwd" in why.reason, why.reason
 
 
+def test_backward_declines_the_band():
+    """The forward runs the band's right bound; the backward names it."""
+    g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    q, k, v = (g.tensor(dim=[2, HQ, 20, 16], name=n) for n in "qkv")
+    opts = {"diagonal_band_right_bound": 3, "diagonal_band_left_bound": 5}
+    o, st = g.sdpa(q, k, v, **opts)
+    do = g.tensor(dim=[2, HQ, 20, 16], name="dO")
+    for x in (o, st, *g.sdpa_backward(q, k, v, o, do, st, **opts)):
+        x.set_output(True)
+    final = g.final
+    fwd, bwd = (next(n for n in final.nodes if n.kind == kind) for kind in ("sdpa", "sdpa_backward"))
+    assert fwd_template.TEMPLATE.match(make_piece(final, 0, [fwd]), H100)
+    why = bwd_template.TEMPLATE.match(make_piece(final, 0, [bwd]), H100)
+    assert not why and "right bound 3" in why.reason and "attention_bwd" in why.reason, why.reason
+
+
 def test_forward_declines_paged_and_sinks():
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
     q = g.tensor(dim=[2, HQ, 8, 16], name="q")
@@ -315,17 +426,22 @@ def test_forward_declines_paged_and_sinks():
 @pytest.mark.parametrize("io", [DT.HALF, DT.BFLOAT16])
 @pytest.mark.parametrize(
     "opts",
-    [{"use_causal_mask": True}, {"use_causal_mask_bottom_right": True}, {}, {"diagonal_band_left_bound": 256}],
-    ids=["causal", "causal_br", "none", "window"],
+    [
+        {"use_causal_mask": True},
+        {"use_causal_mask_bottom_right": True},
+        {},
+        {"diagonal_band_left_bound": 256, "use_causal_mask": True},
+        {"diagonal_band_left_bound": 200, "diagonal_band_right_bound": 64, "diagonal_alignment": "BOTTOM_RIGHT"},
+    ],
+    ids=["causal", "causal_br", "none", "window", "band_br"],
 )
 def test_gpu_packed_against_the_reference(io, opts):
-    """16 sequences of 1 to 1500 tokens (D 128, GQA 16/4), packed THD, built for the GPU: every
-    output against the reference engine (float64 NumPy: minutes of CPU at this size)."""
+    """12 packed (THD) sequences of 1 to 1100 tokens, D 128, GQA 4/2, with the GPU's own knobs (128-row
+    tiles): every output against the reference engine (float64 NumPy on the host)."""
     rng = np.random.default_rng(41)
-    lq = tuple(int(x) for x in rng.integers(1, 1500, 16))
-    lq = (1, *lq[1:])
-    lkv = lq if "use_causal_mask" in opts else tuple(int(x) for x in rng.integers(1, 1500, 16))
-    g = graph(lq, lkv, io, hk=4, d=128, dv=128, **opts)
+    lq = (1, 0, *(int(x) for x in rng.integers(2, 1100, 10)))
+    lkv = lq if opts.get("use_causal_mask") else (7, 300, *(int(x) for x in rng.integers(1, 1100, 10)))
+    g = graph(lq, lkv, io, hk=2, d=128, dv=128, **opts)
     plan = g.build(device="cuda", engines=["triton"])
     assert len(plan.steps) == 1, plan.describe()
     bad = check_plan(plan, rng, prepare=lambda p: prepare(p, g, lq, lkv), rtol=2e-2, atol=2e-2)

@@ -39,7 +39,7 @@ from .common import (
     wide,
 )
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
-from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs
+from .spec import LN2, AttnSpec, Coords, FwdKnobs
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -48,17 +48,18 @@ def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
     """Whether the forward needs its leading masked loop (sliding window) and its trailing one
     (causal, padding or a ragged last key block)."""
     lead = spec.window is not None
-    trail = spec.causal is not Causal.NONE or spec.seq_len_kv is not None or spec.Skv % bn != 0
+    trail = spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0
     return lead, trail
 
 
 def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     """Key ranges of a block of query rows [m0, m0 + bm): masked [lo, r1), whole [r1, r2), masked
     [r2, hi), each a multiple of bn apart from hi. Rows beyond q_len see nothing."""
-    causal = spec.causal is not Causal.NONE
+    right = spec.right_bound
+    r = f" + {right}" if right else ""
     lines = ["hi = kv_len"]
-    if causal:
-        lines.append(f"hi = tl.minimum(hi, tl.maximum({m0} + {bm} + diag, 0))")
+    if right is not None:
+        lines.append(f"hi = tl.minimum(hi, tl.maximum({m0} + {bm} + diag{r}, 0))")
     if spec.window is not None:
         w = spec.window
         lines.append(f"lo = (tl.maximum({m0} + diag - {w - 1}, 0) // {bn}) * {bn}")
@@ -68,8 +69,8 @@ def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     if spec.seq_len_q is not None:
         lines.append(f"hi = tl.where({m0} < q_len, hi, lo)")
     lines.append(f"r2 = (kv_len // {bn}) * {bn}")
-    if causal:
-        lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag + 1, 0) // {bn}) * {bn})")
+    if right is not None:
+        lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag{r} + 1, 0) // {bn}) * {bn})")
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
     return lines
 
@@ -88,7 +89,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     num_m = -(-spec.Sq // bm)
-    causal = spec.causal is not Causal.NONE
+    causal = spec.right_bound is not None
     dt = dot_dtype(spec)
     for role in ("q", "k", "v"):
         if spec.hook(role) is None:  # an operand made by its prologue is no parameter

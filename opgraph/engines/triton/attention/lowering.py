@@ -41,7 +41,7 @@ from .spec import (
 MAX_HEAD_DIM = 256
 # what the generated kernels run of the features beyond dense tensors and the causal / window masks
 RUNS = {
-    "sdpa": frozenset({Feature.PACKED}),
+    "sdpa": frozenset({Feature.PACKED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
     "sdpa_backward": frozenset[Feature](),
 }
 
@@ -640,6 +640,8 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         **ops,
         causal=causal,
         window=op.sliding_window_length,
+        right=None if causal is not Causal.NONE else op.diagonal_band_right_bound,
+        bottom_right=causal is Causal.NONE and op.bottom_right,
         ragged=tuple(ragged),
         alibi=op.use_alibi_mask,
         interpret=interpret,
@@ -649,9 +651,14 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
 
 
 def flops(spec: AttnSpec) -> float:
-    """Multiply-add work of the forward (both products), halved by a causal mask."""
-    f = 2.0 * spec.B * spec.Hq * spec.Sq * spec.Skv * (spec.D + spec.Dv)
-    return f * (0.5 if spec.causal is not Causal.NONE else 1.0)
+    """Multiply-add work of the forward (both products) over the keys a row sees: half of them under
+    a right bound alone (causal), the band's width under a left bound."""
+    keys = float(spec.Skv)
+    if spec.window is not None:
+        keys = min(keys, spec.window + (spec.right_bound if spec.right_bound is not None else keys))
+    elif spec.right_bound is not None:
+        keys *= 0.5
+    return 2.0 * spec.B * spec.Hq * spec.Sq * keys * (spec.D + spec.Dv)
 
 
 __all__ = [

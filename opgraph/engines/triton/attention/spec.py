@@ -155,6 +155,10 @@ class AttnSpec:
     dv: Operand | None = None
     dbias: Operand | None = None  # shaped like bias, which may broadcast
     bias_dims: tuple[int, int, int, int] | None = None  # bias's logical dims (1 where broadcast)
+    # the diagonal band beyond the causal flags (forward): key j is seen when j <= i + diag + right;
+    # diag = kv_len - q_len (per sequence) with bottom_right, else 0 (causal sets both itself)
+    right: int | None = None
+    bottom_right: bool = False
     ragged: tuple[tuple[str, Ragged], ...] = ()  # packed tensors ("q", "k", "v", "o", "stats") (forward)
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
@@ -168,6 +172,16 @@ class AttnSpec:
     def gv(self) -> int:
         return self.Hq // self.Hv
 
+    @property
+    def right_bound(self) -> int | None:
+        """The band's right bound R (key j seen when j <= i + diag + R): 0 under a causal flag."""
+        return 0 if self.causal is not Causal.NONE else self.right
+
+    @property
+    def diag_from_lengths(self) -> bool:
+        """Whether the band's diagonal is bottom-right aligned (diag = kv_len - q_len)."""
+        return self.causal is Causal.BOTTOM_RIGHT or self.bottom_right
+
     def packed(self, role: str) -> Ragged | None:
         return next((r for n, r in self.ragged if n == role), None)
 
@@ -178,6 +192,8 @@ class AttnSpec:
             self.causal is Causal.BOTTOM_RIGHT
             or self.seq_len_kv is not None
             or self.window is not None
+            or self.right is not None
+            or self.bottom_right
             or bool(self.ragged)
             or self.bias is not None
             or self.score_mod is not None
