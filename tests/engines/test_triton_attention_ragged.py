@@ -403,19 +403,17 @@ def test_backward_declines_the_band():
     assert not why and "right bound 3" in why.reason and "attention_bwd" in why.reason, why.reason
 
 
-def test_forward_declines_paged_and_sinks():
+def test_forward_declines_sinks_and_extra_outputs():
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
-    q = g.tensor(dim=[2, HQ, 8, 16], name="q")
-    k, v = (g.tensor(dim=[6, 2, 4, 16], name=n) for n in "kv")
-    table = g.tensor(dim=[2, 1, 3, 1], data_type=DT.INT32, name="table")
+    q, k, v = (g.tensor(dim=[2, HQ, 8, 16], name=n) for n in "qkv")
     sink = g.tensor(dim=[1, HQ, 1, 1], name="sink")
-    o, _ = g.sdpa(
-        q, k, v, generate_stats=False, paged_attention_k_table=table, paged_attention_v_table=table, sink_token=sink
-    )
+    smax = g.tensor(dim=[2, HQ, 8, 1], name="smax")
+    o, _ = g.sdpa(q, k, v, generate_stats=False, sink_token=sink, score_max=smax)
     o.set_output(True)
+    smax.set_output(True)
     final = g.final
     why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "paged" in why.reason and "sink" in why.reason, why.reason
+    assert not why and "sink" in why.reason and "score_max" in why.reason, why.reason
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .common import (
     tma_ok,
     wide,
 )
+from .paged import page_base, paged_load
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
 from .spec import LN2, AttnSpec, Coords, FwdKnobs
 
@@ -134,6 +135,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         bool(kn.TMA)
         and not spec.prologue
         and not spec.ragged
+        and not spec.paged
         and all(
             tma_ok(op, (spec.B, h, s, d))
             for op, h, s, d in (
@@ -165,12 +167,15 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         k.add(f"q = q.to({dt})")
     krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
     vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
-    if not tma and spec.hook("k") is None:
+    for role, h in (("k", "off_hk"), ("v", "off_hv")):
+        if spec.page(role) is not None:
+            k.add(*page_base(spec, k, role, h))
+    if not tma and spec.hook("k") is None and spec.page("k") is None:
         k.add(
             f"k_ptrs = {spec.k.name} + {row_base(spec, 'k', spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
             " + offs_d[None, :]"
         )
-    if not tma and spec.hook("v") is None:
+    if not tma and spec.hook("v") is None and spec.page("v") is None:
         k.add(
             f"v_ptrs = {spec.v.name} + {row_base(spec, 'v', spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
             " + offs_dv[None, :]"
@@ -305,6 +310,14 @@ def _body(
         else f"tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})"
     )
     lines = ["offs_n = start_n + offs_n0"]
+    # a paged cache's keys past the sequence or Skv read zeros (their pages may be anyone's)
+    page_ok = and_mask(
+        f"(offs_n[:, None] < {spec.Skv})" if ragged else None,
+        "(offs_n[:, None] < kv_len)" if spec.seq_len_kv is not None else None,
+    )
+    if spec.page("k") is not None:
+        setup, kload = paged_load(spec, "k", bn, "offs_d", page_ok, dmask)
+        lines += setup
     lines += _load_or_prologue(
         spec,
         k,
@@ -337,6 +350,9 @@ def _body(
         if tma
         else f"tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})"
     )
+    if spec.page("v") is not None:
+        setup, vload = paged_load(spec, "v", bn, "offs_dv", page_ok, dvmask)
+        lines += setup
     lines += _load_or_prologue(
         spec,
         k,

@@ -33,6 +33,7 @@ from .spec import (
     Coords,
     MaskDropout,
     Operand,
+    Paged,
     PhiloxDropout,
     Ragged,
     Scalar,
@@ -41,7 +42,7 @@ from .spec import (
 MAX_HEAD_DIM = 256
 # what the generated kernels run of the features beyond dense tensors and the causal / window masks
 RUNS = {
-    "sdpa": frozenset({Feature.PACKED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
+    "sdpa": frozenset({Feature.PACKED, Feature.PAGED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
     "sdpa_backward": frozenset[Feature](),
 }
 
@@ -238,9 +239,12 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     if extra := extensions(node, RUNS[node.kind]):  # (issue 41: the torch engine runs these)
         return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
     packed = [r for r in ("q", "k", "v", "o") if node.input(ragged_role(r)) is not None]
+    packed += [r for r in ("k", "v") if node.kind == "sdpa" and node.input(f"paged_attention_{r}_table") is not None]
+    if node.kind == "sdpa" and any(node.input(f"paged_attention_{r}_table_ragged_offset") is not None for r in "kv"):
+        return Support.no(f"{label}: a packed (ragged) page table: not in the {template} template yet", node)
     if hooked := [r for r, _ in f.prologue if r in packed] + (["o"] if f.epilogue and "o" in packed else []):
         return Support.no(
-            f"{label}: the {template} template fuses no prologue or epilogue on a packed (ragged) "
+            f"{label}: the {template} template fuses no prologue or epilogue on a packed (ragged) or paged "
             f"tensor ({', '.join(hooked)}); they make their own pieces",
             node,
         )
@@ -569,6 +573,14 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         B, Sq = piece.tensor(uid["seq_len_q"]).dim[0], expect(op.max_seq_len_q, "max_seq_len_q of packed q")
     if "k" in dict(ragged):
         Skv = expect(op.max_seq_len_kv, "max_seq_len_kv of packed k")
+    paged = []
+    for role in ("k", "v") if node.kind == "sdpa" else ():
+        table = uid.get(f"paged_attention_{role}_table")
+        if isinstance(table, int):
+            c, t = piece.tensor(uid[role]), piece.tensor(table)
+            paged.append((role, Paged(operand(piece, table), c.dim[0], c.dim[2], t.dim[2])))
+            if role == "k":
+                Skv = op.max_seq_len_kv if op.max_seq_len_kv is not None else t.dim[2] * c.dim[2]
     causal = (
         Causal.BOTTOM_RIGHT
         if op.use_causal_mask_bottom_right
@@ -643,6 +655,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         right=None if causal is not Causal.NONE else op.diagonal_band_right_bound,
         bottom_right=causal is Causal.NONE and op.bottom_right,
         ragged=tuple(ragged),
+        paged=tuple(paged),
         alibi=op.use_alibi_mask,
         interpret=interpret,
         fp32_precision=fp32_precision,

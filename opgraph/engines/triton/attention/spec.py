@@ -60,6 +60,18 @@ class Ragged:
 
 
 @dataclass(frozen=True)
+class Paged:
+    """A paged k or v: its operand is the container [pages, H, block, w]; key j of sequence b is row
+    j % block of page table[b, j // block] (`table`: an integer [B, 1, slots, 1] tensor). A page index
+    outside [0, pages) or a slot past the table reads zeros."""
+
+    table: Operand
+    pages: int
+    block: int
+    slots: int
+
+
+@dataclass(frozen=True)
 class PhiloxDropout:
     """Dropout drawn in the kernel: keep an element when its uniform draw (tl.rand) is >= p; kept
     elements are scaled by 1/(1-p). `seed` and `offset`: 1-element integer device tensors (Scalar
@@ -160,6 +172,7 @@ class AttnSpec:
     right: int | None = None
     bottom_right: bool = False
     ragged: tuple[tuple[str, Ragged], ...] = ()  # packed tensors ("q", "k", "v", "o", "stats") (forward)
+    paged: tuple[tuple[str, Paged], ...] = ()  # paged caches ("k", "v") (forward)
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
     fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
@@ -185,6 +198,9 @@ class AttnSpec:
     def packed(self, role: str) -> Ragged | None:
         return next((r for n, r in self.ragged if n == role), None)
 
+    def page(self, role: str) -> Paged | None:
+        return next((r for n, r in self.paged if n == role), None)
+
     @property
     def masked_rows_possible(self) -> bool:
         """Whether some row may see no key at all, or a score may be -inf (guards needed)."""
@@ -195,6 +211,7 @@ class AttnSpec:
             or self.right is not None
             or self.bottom_right
             or bool(self.ragged)
+            or bool(self.paged)
             or self.bias is not None
             or self.score_mod is not None
             or self.Sq > self.Skv
