@@ -7,7 +7,10 @@ arithmetic), blocks crossing the causal diagonal or the keys' end (masked); bloc
 never loaded. Per key block: S = q k^T (tensor cores, fp32 accumulate), scale, bias, ALiBi, the score
 modifier and the masks in fp32, then the online softmax in log2 units (exp2 with log2(e) folded into
 the scale) and acc += P v. Rows that see no key end with l = 0: their output is 0 and their
-log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group.
+log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group. The band: key j is seen
+by query i when i + diag - W < j <= i + diag + R (W the sliding window / left bound, R the right bound,
+0 for causal; diag = kv_len - q_len bottom-right aligned, else 0). Packed (ragged) tensors: ragged.py;
+paged caches: paged.py.
 """
 
 from __future__ import annotations
