@@ -33,7 +33,8 @@ from typing import Any
 from ..core.errors import expect
 from ..core.registry import Registry
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
+from .torch_importer import Args, Importer, Untranslatable, Value, dynamic_refusal, og_dims, symbolic
+from .torch_symbolic import to_shape
 
 Translator = Callable[[Importer, Any, Args], Any]
 TRANSLATORS: Registry[str, Translator] = Registry("aten translator")
@@ -54,14 +55,14 @@ def _meta(node: Any) -> Any:
 
 
 def _shape(node: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in _meta(node).shape)
+    return to_shape(_meta(node).shape)
 
 
 def _ints(value: Any, n: int) -> list[int]:
     """An int[n] schema argument (an int means n copies)."""
     if isinstance(value, int):
         return [value] * n
-    values = [int(v) for v in value]
+    values = list(to_shape(value))
     return values * n if len(values) == 1 and n > 1 else values
 
 
@@ -353,7 +354,7 @@ def _reshape(imp: Importer, node: Any, a: Args) -> Any:
     viewed = imp.view(x, imp.torch.ops.aten.view.default, list(shape))
     if viewed is not None:
         return viewed
-    return imp.g.reshape(imp.tensor(x), list(og_dims(shape)), name=imp.op_name())
+    return imp.reshape(imp.tensor(x), list(og_dims(shape)), name=imp.op_name())
 
 
 @op("expand", "expand_copy")
@@ -364,6 +365,8 @@ def _expand(imp: Importer, node: Any, a: Args) -> Any:
 
 
 def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
+    if symbolic(shape):
+        return _expand_dynamic(imp, x, shape)
     if x.is_bound:
         padded = expect(
             imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape)),
@@ -378,17 +381,32 @@ def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
     return imp.g.mul(imp.at_rank(x, len(shape)), imp.tensor(o), name=imp.op_name())
 
 
+def _expand_dynamic(imp: Importer, x: Value, shape: tuple[Any, ...]) -> Any:
+    """An expand to dynamic sizes: x times ones that have the target's size on the axes x broadcasts
+    (static ones: a dynamic axis of x is never broadcast), 1 elsewhere."""
+    lead = (1,) * (len(shape) - x.rank) + tuple(x.shape)
+    grown = tuple(t if d == 1 and t != 1 else 1 for d, t in zip(lead, shape))
+    if symbolic(grown) or any(d != 1 and d != t for d, t in zip(lead, shape)):
+        raise dynamic_refusal(imp.node, f"expands [{', '.join(map(str, x.shape))}] to a dynamic size", shape)
+    if all(g == 1 for g in grown):
+        return imp.reshaped(x, shape) if len(shape) != x.rank else x
+    ones = imp.constant_value(imp.torch.ones(grown, dtype=x.dtype), "ones")
+    return imp.g.mul(imp.at_rank(x, len(shape)), imp.tensor(ones), name=imp.op_name())
+
+
 @op("broadcast_tensors")
 def _broadcast_tensors(imp: Importer, node: Any, a: Args) -> list[Any]:
     out = []
     for v, m in zip(a["tensors"], _meta(node)):
-        shape = tuple(int(d) for d in m.shape)
+        shape = to_shape(m.shape)
         out.append(v if v.shape == shape else _expand_to(imp, v, shape))
     return out
 
 
 def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step: int) -> Any:
     size = x.shape[axis]
+    if symbolic(size) or symbolic([start, stop, step]):
+        return _slice_dynamic(imp, x, axis, start, stop, step)
     start, stop, step = slice(start, stop, step).indices(size)
     if (start, stop, step) == (0, size, 1):
         return x
@@ -401,12 +419,31 @@ def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step
     return imp.g.slice(imp.tensor(x), slices, name=imp.op_name())
 
 
+def _slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, step: Any) -> Any:
+    """A slice where the axis or the bounds are dynamic: the whole axis is x itself; int bounds from
+    the start go to the slice op (which proves them within the axis over its range)."""
+    size = x.shape[axis]
+    whole = stop == size or (isinstance(stop, int) and stop >= 2**62)
+    if start == 0 and step == 1 and whole:
+        return x
+    if whole and isinstance(stop, int):
+        stop = size
+    if any(isinstance(v, int) and v < 0 for v in (start, stop)) or not isinstance(step, int) or step < 1:
+        raise dynamic_refusal(imp.node, "slices a dynamic axis from its end or with a negative step", x.shape)
+    slices = [slice(None)] * axis + [slice(start, stop, step)]
+    return imp.g.slice(imp.tensor(x), slices, name=imp.op_name())
+
+
 @op("slice")
 def _slice(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
     axis = _axis(a["dim"], x.rank)
     start = 0 if a.get("start") is None else a["start"]
-    end = x.shape[axis] if a.get("end") is None else min(a["end"], x.shape[axis])
+    end = a.get("end")
+    if end is None or symbolic([end, x.shape[axis]]):
+        end = x.shape[axis] if end is None or (isinstance(end, int) and end >= 2**62) else end
+    else:
+        end = min(end, x.shape[axis])
     return _slice_value(imp, x, axis, start, end, a.get("step") or 1)
 
 
@@ -430,7 +467,7 @@ def _select(imp: Importer, node: Any, a: Args) -> Any:
     if isinstance(part, Value):
         viewed = imp.view(part, imp.torch.ops.aten.view.default, list(shape))
         return viewed if viewed is not None else imp.reshaped(part, shape)
-    return imp.g.reshape(part, list(og_dims(shape)), name=imp.op_name("squeeze"))
+    return imp.reshape(part, list(og_dims(shape)), name=imp.op_name("squeeze"))
 
 
 def _split_at(imp: Importer, node: Any, x: Value, axis: int, sizes: list[int]) -> list[Any]:
@@ -447,7 +484,7 @@ def _split_at(imp: Importer, node: Any, x: Value, axis: int, sizes: list[int]) -
 def _split(imp: Importer, node: Any, a: Args) -> list[Any]:
     x = a["self"]
     axis = _axis(a["dim"], x.rank)
-    sizes = [int(m.shape[axis]) for m in _meta(node)]
+    sizes = [to_shape(m.shape)[axis] for m in _meta(node)]
     return _split_at(imp, node, x, axis, sizes)
 
 
@@ -455,7 +492,7 @@ def _split(imp: Importer, node: Any, a: Args) -> list[Any]:
 def _chunk(imp: Importer, node: Any, a: Args) -> list[Any]:
     x = a["self"]
     axis = _axis(a.get("dim", 0), x.rank)
-    sizes = [int(m.shape[axis]) for m in _meta(node)]
+    sizes = [to_shape(m.shape)[axis] for m in _meta(node)]
     return _split_at(imp, node, x, axis, sizes)
 
 
@@ -470,7 +507,7 @@ def _unbind(imp: Importer, node: Any, a: Args) -> list[Any]:
         if p is None
         else imp.reshaped(p, shape)
         if isinstance(p, Value)
-        else imp.g.reshape(p, list(og_dims(shape)), name=imp.op_name("squeeze"))
+        else imp.reshape(p, list(og_dims(shape)), name=imp.op_name("squeeze"))
         for p in parts
     ]
 
@@ -514,7 +551,11 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
             rule="import.factory",
             hint="compute it outside the module and pass it as an input",
         )
-    shape = tuple(int(d) for d in meta.shape)
+    shape = to_shape(meta.shape)
+    if symbolic(shape):
+        if base == "arange":
+            return _arange_dynamic(imp, node, a, shape), "translated", "an index along a dynamic dim"
+        raise dynamic_refusal(node, "makes a tensor of a dynamic size", shape)
     if torch.Tag.nondeterministic_seeded in target.tags:
         dist = {"rand": "uniform", "randn": "normal"}.get(base)
         if dist is None:
@@ -535,6 +576,35 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
         args["pin_memory"] = False
     value = call_schema(target, args)
     return imp.constant_value(value, base), "constant", "folded at import"
+
+
+def _arange_dynamic(imp: Importer, node: Any, a: Args, shape: tuple[Any, ...]) -> Value:
+    """arange(start, end, step) of a dynamic length n: the positions along an axis of size n of a
+    tensor already in the graph (gen_index of its first row), times step plus start."""
+    n = shape[0]
+    start, step = a.get("start", 0) or 0, a.get("step", 1) or 1
+    if not isinstance(start, (int, float)) or not isinstance(step, (int, float)) or len(shape) != 1:
+        raise dynamic_refusal(node, "is an arange with a dynamic start or step", shape)
+    holder = next(
+        (v for v in imp.env.values() if isinstance(v, Value) and v.tensor is not None and n in v.shape),
+        None,
+    )
+    if holder is None:
+        raise dynamic_refusal(node, "is an arange whose length is no input's dim", shape)
+    axis = list(holder.shape).index(n)
+    t = holder.tensor
+    if holder.rank > 1:
+        row = [slice(None) if i == axis else slice(0, 1) for i in range(holder.rank)]
+        t = imp.g.slice(t, row, name=imp.op_name("row"))
+    index = imp.g.gen_index(t, axis=axis, name=imp.op_name("index"))
+    index.set_data_type(_meta(node).dtype)
+    if holder.rank > 1:
+        index = imp.reshape(index, [n], name=imp.op_name("flat"))
+    if step != 1:
+        index = imp.g.mul(index, step, name=imp.op_name("step"))
+    if start != 0:
+        index = imp.g.add(index, start, name=imp.op_name("start"))
+    return imp.result(index, _meta(node))
 
 
 def call_schema(target: Any, args: dict[str, Any]) -> Any:
