@@ -366,7 +366,9 @@ def _expand(imp: Importer, node: Any, a: Args) -> Any:
 
 def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
     if symbolic(shape):
-        return _expand_dynamic(imp, x, shape)
+        from .torch_ops_dynamic import expand_dynamic
+
+        return expand_dynamic(imp, x, shape)
     if x.is_bound:
         padded = expect(
             imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape)),
@@ -381,19 +383,6 @@ def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
     return imp.g.mul(imp.at_rank(x, len(shape)), imp.tensor(o), name=imp.op_name())
 
 
-def _expand_dynamic(imp: Importer, x: Value, shape: tuple[Any, ...]) -> Any:
-    """An expand to dynamic sizes: x times ones that have the target's size on the axes x broadcasts
-    (static ones: a dynamic axis of x is never broadcast), 1 elsewhere."""
-    lead = (1,) * (len(shape) - x.rank) + tuple(x.shape)
-    grown = tuple(t if d == 1 and t != 1 else 1 for d, t in zip(lead, shape))
-    if symbolic(grown) or any(d != 1 and d != t for d, t in zip(lead, shape)):
-        raise dynamic_refusal(imp.node, f"expands [{', '.join(map(str, x.shape))}] to a dynamic size", shape)
-    if all(g == 1 for g in grown):
-        return imp.reshaped(x, shape) if len(shape) != x.rank else x
-    ones = imp.constant_value(imp.torch.ones(grown, dtype=x.dtype), "ones")
-    return imp.g.mul(imp.at_rank(x, len(shape)), imp.tensor(ones), name=imp.op_name())
-
-
 @op("broadcast_tensors")
 def _broadcast_tensors(imp: Importer, node: Any, a: Args) -> list[Any]:
     out = []
@@ -406,7 +395,9 @@ def _broadcast_tensors(imp: Importer, node: Any, a: Args) -> list[Any]:
 def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step: int) -> Any:
     size = x.shape[axis]
     if symbolic(size) or symbolic([start, stop, step]):
-        return _slice_dynamic(imp, x, axis, start, stop, step)
+        from .torch_ops_dynamic import slice_dynamic
+
+        return slice_dynamic(imp, x, axis, start, stop, step)
     start, stop, step = slice(start, stop, step).indices(size)
     if (start, stop, step) == (0, size, 1):
         return x
@@ -415,21 +406,6 @@ def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step
     viewed = imp.view(x, imp.torch.ops.aten.slice.Tensor, axis, start, stop, step)
     if viewed is not None:
         return viewed
-    slices = [slice(None)] * axis + [slice(start, stop, step)]
-    return imp.g.slice(imp.tensor(x), slices, name=imp.op_name())
-
-
-def _slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, step: Any) -> Any:
-    """A slice where the axis or the bounds are dynamic: the whole axis is x itself; int bounds from
-    the start go to the slice op (which proves them within the axis over its range)."""
-    size = x.shape[axis]
-    whole = stop == size or (isinstance(stop, int) and stop >= 2**62)
-    if start == 0 and step == 1 and whole:
-        return x
-    if whole and isinstance(stop, int):
-        stop = size
-    if any(isinstance(v, int) and v < 0 for v in (start, stop)) or not isinstance(step, int) or step < 1:
-        raise dynamic_refusal(imp.node, "slices a dynamic axis from its end or with a negative step", x.shape)
     slices = [slice(None)] * axis + [slice(start, stop, step)]
     return imp.g.slice(imp.tensor(x), slices, name=imp.op_name())
 
@@ -554,7 +530,9 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
     shape = to_shape(meta.shape)
     if symbolic(shape):
         if base == "arange":
-            return _arange_dynamic(imp, node, a, shape), "translated", "an index along a dynamic dim"
+            from .torch_ops_dynamic import arange_dynamic
+
+            return arange_dynamic(imp, node, a, shape), "translated", "an index along a dynamic dim"
         raise dynamic_refusal(node, "makes a tensor of a dynamic size", shape)
     if torch.Tag.nondeterministic_seeded in target.tags:
         dist = {"rand": "uniform", "randn": "normal"}.get(base)
@@ -576,35 +554,6 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
         args["pin_memory"] = False
     value = call_schema(target, args)
     return imp.constant_value(value, base), "constant", "folded at import"
-
-
-def _arange_dynamic(imp: Importer, node: Any, a: Args, shape: tuple[Any, ...]) -> Value:
-    """arange(start, end, step) of a dynamic length n: the positions along an axis of size n of a
-    tensor already in the graph (gen_index of its first row), times step plus start."""
-    n = shape[0]
-    start, step = a.get("start", 0) or 0, a.get("step", 1) or 1
-    if not isinstance(start, (int, float)) or not isinstance(step, (int, float)) or len(shape) != 1:
-        raise dynamic_refusal(node, "is an arange with a dynamic start or step", shape)
-    holder = next(
-        (v for v in imp.env.values() if isinstance(v, Value) and v.tensor is not None and n in v.shape),
-        None,
-    )
-    if holder is None:
-        raise dynamic_refusal(node, "is an arange whose length is no input's dim", shape)
-    axis = list(holder.shape).index(n)
-    t = holder.tensor
-    if holder.rank > 1:
-        row = [slice(None) if i == axis else slice(0, 1) for i in range(holder.rank)]
-        t = imp.g.slice(t, row, name=imp.op_name("row"))
-    index = imp.g.gen_index(t, axis=axis, name=imp.op_name("index"))
-    index.set_data_type(_meta(node).dtype)
-    if holder.rank > 1:
-        index = imp.reshape(index, [n], name=imp.op_name("flat"))
-    if step != 1:
-        index = imp.g.mul(index, step, name=imp.op_name("step"))
-    if start != 0:
-        index = imp.g.add(index, start, name=imp.op_name("start"))
-    return imp.result(index, _meta(node))
 
 
 def call_schema(target: Any, args: dict[str, Any]) -> Any:
