@@ -10,16 +10,50 @@ from .torch_importer import Args, Importer, Value, dynamic_refusal, symbolic
 
 
 def expand_dynamic(imp: Importer, x: Value, shape: tuple[Any, ...]) -> Any:
-    """An expand to dynamic sizes: x times ones that have the target's size on the axes x broadcasts
-    (static ones: a dynamic axis of x is never broadcast), 1 elsewhere."""
+    """An expand to dynamic sizes. An axis of x that is 1 grows to a static size by a product with
+    ones of that size (a constant), to a dynamic size by a sum with zeros of that size (made in the
+    graph from a tensor that has the size: `zeros_of`); a dynamic axis of x is never broadcast."""
     lead = (1,) * (len(shape) - x.rank) + tuple(x.shape)
-    grown = tuple(t if d == 1 and t != 1 else 1 for d, t in zip(lead, shape))
-    if symbolic(grown) or any(d != 1 and d != t for d, t in zip(lead, shape)):
-        raise dynamic_refusal(imp.node, f"expands [{', '.join(map(str, x.shape))}] to a dynamic size", shape)
-    if all(g == 1 for g in grown):
-        return imp.reshaped(x, shape) if len(shape) != x.rank else x
-    ones = imp.constant_value(imp.torch.ones(grown, dtype=x.dtype), "ones")
-    return imp.g.mul(imp.at_rank(x, len(shape)), imp.tensor(ones), name=imp.op_name())
+    if any(d != 1 and d != t for d, t in zip(lead, shape)):
+        raise dynamic_refusal(imp.node, f"expands [{', '.join(map(str, x.shape))}] to another size", shape)
+    grown = tuple(t if d == 1 and t != 1 and not symbolic(t) else 1 for d, t in zip(lead, shape))
+    out: Any = imp.at_rank(x, len(shape)) if x.rank != len(shape) or not all(g == 1 for g in grown) else x
+    if not all(g == 1 for g in grown):
+        ones = imp.constant_value(imp.torch.ones(grown, dtype=x.dtype), "ones")
+        out = imp.g.mul(out, imp.tensor(ones), name=imp.op_name())
+    dynamic = [i for i, (d, t) in enumerate(zip(lead, shape)) if d == 1 and symbolic(t)]
+    if not dynamic:
+        return out
+    if isinstance(out, Value):
+        out = imp.tensor(out)
+    for i in dynamic:
+        zeros = zeros_of(imp, shape[i], i, len(shape))
+        if x.dtype == imp.torch.bool:
+            out = imp.g.logical_or(out, imp.g.cmp_lt(zeros, 0, name=imp.op_name("false")), name=imp.op_name())
+        else:
+            out = imp.g.add(out, zeros, name=imp.op_name())
+        out.set_data_type(x.dtype)
+    return out
+
+
+def zeros_of(imp: Importer, size: Any, axis: int, rank: int) -> Any:
+    """Zeros (int64) of dims [1, .., size, .., 1] (`size` at `axis`), computed from a tensor in the
+    graph that has a dim `size` (its first row's index, minus itself)."""
+    holder = next(
+        (v for v in imp.env.values() if isinstance(v, Value) and v.tensor is not None and size in v.shape),
+        None,
+    )
+    if holder is None:
+        raise dynamic_refusal(imp.node, f"needs a tensor of dynamic size {size}, which no input has", [size])
+    k = list(holder.shape).index(size)
+    t = holder.tensor
+    if holder.rank > 1:
+        t = imp.g.slice(
+            t, [slice(None) if i == k else slice(0, 1) for i in range(holder.rank)], name=imp.op_name("row")
+        )
+    index = imp.g.gen_index(t, axis=k, name=imp.op_name("index")).set_data_type(imp.torch.int64)
+    zero = imp.g.sub(index, index, name=imp.op_name("zero")).set_data_type(imp.torch.int64)
+    return imp.reshape(zero, [size if i == axis else 1 for i in range(rank)], name=imp.op_name("zeros"))
 
 
 def slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, step: Any) -> Any:

@@ -287,9 +287,10 @@ def _tiny_llama():
 
 
 @pytest.mark.xfail(
-    reason="transformers' causal-mask construction (create_causal_mask: an expand of the positions to "
-    "the dynamic batch, vmap'd mask functions) is not yet expressible over dynamic dims; the importer "
-    "refuses it with UnsupportedGraphError [rule import.dynamic_op] naming the node",
+    reason="transformers' create_causal_mask under torch.export builds the mask by indexing with positions "
+    "computed from aranges of the dynamic length (aten.index.Tensor: a packed-sequence / padding lookup); the "
+    "importer translates such indexing only for constant positions, so it refuses the node with "
+    "UnsupportedGraphError [rule import.dynamic_op] (an opgraph limitation, not torch.export's)",
     raises=og.UnsupportedGraphError,
     strict=False,
 )
