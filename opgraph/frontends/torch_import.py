@@ -128,7 +128,8 @@ def from_torch(
             else ""
         )
         raise UnsupportedGraphError(
-            f"torch.export could not trace the module: {type(err).__name__}: {_first_line(err)}",
+            f"torch.export could not trace the module: {type(err).__name__}: {_first_line(err)}"
+            + "".join(f" {line.strip()}" for line in str(err).splitlines() if line.strip().startswith("- "))[:600],
             rule="import.trace",
             hint="make the forward traceable by torch.export (no data-dependent Python "
             "control flow), or pass strict=True/False to try the other tracer." + dynamic,

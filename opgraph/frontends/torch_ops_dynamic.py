@@ -65,6 +65,8 @@ def slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, ste
         return x
     if whole and isinstance(stop, int):
         stop = size
+    elif isinstance(stop, int) and stop < 0:  # counted from the end: x[:, :-1]
+        stop = size + stop
     if any(isinstance(v, int) and v < 0 for v in (start, stop)) or not isinstance(step, int) or step < 1:
         raise dynamic_refusal(imp.node, "slices a dynamic axis from its end or with a negative step", x.shape)
     slices = [slice(None)] * axis + [slice(start, stop, step)]

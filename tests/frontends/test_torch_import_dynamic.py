@@ -187,6 +187,39 @@ def test_derived_dim_is_an_expression_of_its_root():
         torch.testing.assert_close(run_poisoned(imported, x, y), Pair()(x, y))
 
 
+class Broadcasts(nn.Module):
+    """Expands of size-1 axes to dynamic sizes (positions to the batch, a first token to the length, a
+    boolean mask), slices with dynamic stops (x[:, 1:] - x[:, :-1]) and torch.diff."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(40, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, t = ids.shape
+        pos = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
+        x = self.emb(ids) + self.emb(pos)
+        first = x[:, :1, :].expand(b, t, 8)
+        keep = (ids[:, :1] > 20).unsqueeze(-1).expand(b, t, 8)
+        y = torch.where(keep, x, first)
+        steps = y[:, 1:] - y[:, :-1]
+        return torch.cat([steps, torch.diff(y, dim=1)], dim=-1)
+
+
+def test_expands_and_slices_at_dynamic_sizes():
+    torch.manual_seed(0)
+    model = Broadcasts().double().eval()
+    imported = from_torch(
+        model, (torch.randint(0, 40, (3, 5)),), dynamic_shapes=({0: dims()[0], 1: Dim("seq", min=3, max=SEQ)},)
+    )
+    assert "custom" not in imported.report.counts()
+    for shape in [(1, 3), (5, 13), (BATCH, SEQ)]:
+        ids = torch.randint(0, 40, shape)
+        with torch.no_grad():
+            want = model(ids)
+        torch.testing.assert_close(run_poisoned(imported, ids), want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_range_starting_at_zero_starts_at_one_with_a_note():
     x = torch.randn(3, 8, dtype=torch.float64)
     imported = from_torch(MLP().double(), (x,), dynamic_shapes=({0: Dim("rows", max=10)},))
