@@ -168,7 +168,8 @@ def test_module_level_imports_have_no_cycle():
     assert not cycles, "module-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("limit", [600])
+# the limit counts formatted lines: ruff format spends ~13% more lines than the hand-wrapped code 600 was set for
+@pytest.mark.parametrize("limit", [700])
 def test_no_source_file_is_huge(limit):
     big = [
         f"{p.relative_to(ROOT.parent)}: {n} lines"

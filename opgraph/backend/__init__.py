@@ -22,7 +22,8 @@ Extensions: ALPHA/BETA as a 1-element tensor descriptor or a device pointer, rea
 from __future__ import annotations
 
 from ..cudnn.handles import Handle, create_handle, destroy_handle, get_stream, set_stream
-from . import lowering as _lowering  # noqa: F401 (importing them registers the finalizers)
+from . import descriptor_checks as _descriptor_checks  # noqa: F401 (importing them registers the finalizers)
+from . import lowering as _lowering  # noqa: F401
 from . import plans as _plans  # noqa: F401
 from .descriptors import (
     BackendError,

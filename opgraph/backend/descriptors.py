@@ -4,8 +4,9 @@
 Every refusal is a `BackendError` (an opgraph GraphError) that names the descriptor, the attribute,
 the rule broken and what to set, and carries the cudnnStatus_t cuDNN would return (`err.status`).
 Successful calls return CUDNN_STATUS_SUCCESS, so `assert set_attribute(...) == CUDNN_STATUS_SUCCESS`
-ports as written. What finalize does per descriptor type is registered in FINALIZERS (operation
-graphs in lowering.py; heuristics, engines, configs and plans in plans.py).
+ports as written. What finalize does per descriptor type is registered in FINALIZERS (tensors and op
+attribute descriptors in descriptor_checks.py, operation graphs in lowering.py; heuristics, engines,
+configs and plans in plans.py).
 """
 
 from __future__ import annotations

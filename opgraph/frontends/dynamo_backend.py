@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import AttributeValueError
-from .dynamo_partition import GraphReport, compile_graph
+from .dynamo_partition import GraphReport, compile_graph, reserve
 
 log = logging.getLogger("opgraph.dynamo")
 
@@ -164,6 +164,7 @@ def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[
         return fused(*values)
 
     run._boxed_call = True  # type: ignore[attr-defined]
+    run.reserve = lambda: reserve(fused)  # type: ignore[attr-defined]  # (dynamo_cudagraphs, before recording)
     return run
 
 

@@ -58,6 +58,7 @@ def with_cudagraphs(
             traces, mutated = get_stack_traces(aot_model), find_input_mutations(aot_model.graph)
             index = get_device_index(aot_model) if not skip else None
             compiled = compiler(aot_model, aot_inputs)
+            _reserve(compiled)
             if skip:
                 BoxedBool.disable(do_cudagraphs)
                 log_cudagraph_skip_and_bump_counter(f"skipping cudagraphs due to {skip}")
@@ -86,6 +87,7 @@ def with_cudagraphs(
         traces, mutated = get_stack_traces(aot_model), find_input_mutations(aot_model.graph)
         index = get_device_index(aot_model) if not skip else None
         compiled = backward(aot_model, aot_inputs)
+        _reserve(compiled)
         if not do_cudagraphs:
             return compiled
         if skip:
@@ -115,3 +117,12 @@ def with_cudagraphs(
         return out
 
     return wrap_forward(forward, False), compile_backward, wrap_forward(inference, True)
+
+
+def _reserve(compiled: Any) -> None:
+    """The compiled graph's plans allocate their per-thread workspaces now, outside the CUDA graph tree's
+    pool: allocated in its warmup, they would be live blocks of the pool that are no output, which the
+    tree refuses when it records."""
+    reserve = getattr(compiled, "reserve", None)
+    if reserve is not None:
+        reserve()

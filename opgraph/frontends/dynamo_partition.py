@@ -154,6 +154,10 @@ class PlanModule:
         output = next(n for n in fallback.graph.nodes if n.op == "output")
         self._single = not isinstance(output.args[0], (tuple, list))  # (the submodule returns one value bare)
 
+    def reserve(self) -> None:
+        """The plan's per-thread state allocated now (ExecutionPlan.reserve)."""
+        self.plan.reserve()
+
     def __call__(self, *args: Any) -> Any:
         if self.failed:
             return self.fallback(*args)
@@ -298,6 +302,14 @@ def compile_graph(
         report.partitions.append(_partition_report(name, sub, plan))
     fused.recompile()
     return fused, report
+
+
+def reserve(fused: Any) -> None:
+    """Every plan of a compiled graph: its per-thread state allocated now, in the calling thread."""
+    for module in fused.modules():
+        fn = getattr(module, "fn", None)
+        if isinstance(fn, PlanModule):
+            fn.reserve()
 
 
 def _account(report: GraphReport, calls: list[Any], proposed: list[list[Any]], refused: Mapping[str, str]) -> None:

@@ -97,6 +97,12 @@ class ExecutionPlan:
             local = self._threads.state = ThreadState(self.state)
             return local
 
+    def reserve(self) -> None:
+        """Make the calling thread's binding and allocate its own workspace now, as its first execute
+        would: for callers whose first execute runs where allocations are watched (the warmup of
+        PyTorch's CUDA graph trees, whose memory pool must end up holding outputs only)."""
+        self.local_state().reserve()
+
     # -- running -----------------------------------------------------------------------------------
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
         """Run the plan. `workspace`: None (the plan allocates and keeps one per thread) or a buffer of

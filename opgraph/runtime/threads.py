@@ -29,6 +29,7 @@ class ThreadState:
         self.table = AddressTable(state.graph, state.device)
         self.table_stale = False  # set_address wrote the table: the next execute rewrites it
         self.owned: BoundPlan | None = None  # bound to the workspace the plan allocated for this thread
+        self.reserved: tuple[Any, Mapping[int, Any]] | None = None  # that workspace, allocated before binding
         self.user: BoundPlan | None = None  # bound to the last workspace the caller passed
         # CUDAGraph -> cudagraph.Capture, dropped with the graph
         self.captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -42,12 +43,20 @@ class ThreadState:
         bound.sync(self.binder, force_table=stale)
         return bound
 
+    def reserve(self) -> None:
+        """Allocate this thread's own workspace now, as the first execute without one would."""
+        state = self.state
+        if self.reserved is None and self.owned is None:
+            base = wsp.allocate(state.workspace_size, state.device) if state.workspace_size else None
+            self.reserved = (base, wsp.tensor_views(base, state.layout, state.graph) if base is not None else {})
+
     def bound(self, user: Any) -> BoundPlan:
         state = self.state
         if user is None:
             if self.owned is None:
-                base = wsp.allocate(state.workspace_size, state.device) if state.workspace_size else None
-                views = wsp.tensor_views(base, state.layout, state.graph) if base is not None else {}
+                self.reserve()
+                assert self.reserved is not None
+                (base, views), self.reserved = self.reserved, None
                 self.owned = self._bind(base, views, None)
             return self.owned
         last = self.user

@@ -177,3 +177,24 @@ def test_a_thread_state_goes_with_its_thread():
     t.join()
     gc.collect()
     assert refs[0]() is None
+
+
+def test_reserve_allocates_the_threads_workspace_before_its_first_execute(monkeypatch):
+    """plan.reserve() allocates what the first execute would (PyTorch's CUDA graph trees must not see
+    that allocation in their warmup pool); the execute then binds that very workspace, once."""
+    from opgraph.memory import workspace as wsp
+
+    g, x, b, s, y = _graph()
+    plan = g.build(device="cpu", engines=[_OnePerStep.name])
+    made = []
+    real = wsp.allocate
+    monkeypatch.setattr(wsp, "allocate", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    plan.reserve()
+    plan.reserve()  # idempotent
+    assert len(made) == 1
+    final, rng = g.final, np.random.default_rng(0)
+    xv, bv = random_values(final.tensor("x"), rng), random_values(final.tensor("b"), rng)
+    out = poison(np.empty(final.tensor("y").dim, np.float32))
+    plan.execute({x: xv, b: bv, s: 0.5, y: out})
+    assert len(made) == 1 and plan.local_state().owned.base is made[0]
+    np.testing.assert_allclose(out, _want(xv, bv, 0.5), rtol=1e-5, atol=1e-6)
