@@ -333,6 +333,8 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
         imp.report.entries.append(
             ReportEntry(final.name, str(final.target), "host", (), f"{key} += {amount} on the host by write_back")
         )
+    if is_dynamic():
+        _drop_unread(imp)
     try:
         imp.g.validate()
     except GraphError as err:
@@ -356,6 +358,23 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
         report=imp.report,
         allow_tf32=imp.allow_tf32,
     )
+
+
+def _drop_unread(imp: Importer) -> None:
+    """Drop ops whose results nothing reads (an arange whose positions an index op read off its node,
+    not its tensor), repeatedly."""
+    while True:
+        read = {id(t) for r in imp.g._records for t in r.inputs if t is not None}
+        dead = [
+            r for r in imp.g._records if all(o is None or (not o.is_output and id(o) not in read) for o in r.outputs)
+        ]
+        if not dead:
+            return
+        gone = {id(r) for r in dead}
+        outs = {id(o) for r in dead for o in r.outputs if o is not None}
+        imp.g._records[:] = [r for r in imp.g._records if id(r) not in gone]
+        imp.g._tensors[:] = [t for t in imp.g._tensors if id(t) not in outs]
+        imp.g._invalidate()
 
 
 def _bind_folded(imp: Importer, nodes: list[Any], folded: dict[Any, Any]) -> None:

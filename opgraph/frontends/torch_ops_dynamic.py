@@ -100,3 +100,52 @@ def arange_dynamic(imp: Importer, node: Any, a: Args, shape: tuple[Any, ...]) ->
     if start != 0:
         index = imp.g.add(index, start, name=imp.op_name("start"))
     return imp.result(index, node.meta["val"])
+
+
+def index_dynamic(imp: Importer, node: Any, x: Value, indices: list[Any]) -> Any:
+    """x[i0, i1, ...] at dynamic sizes where every index is the identity position of its axis (an arange
+    of the axis' length, unsqueezed: transformers' mask functions read `x[batch_idx, q_idx]` so): the
+    result is x with its axes placed where the indices put them (a transpose and a reshape)."""
+    from .torch_symbolic import to_shape
+
+    fx_indices = node.args[1]
+    out_shape = to_shape(node.meta["val"].shape)
+    if len(fx_indices) > x.rank or any(i is None for i in fx_indices):
+        raise dynamic_refusal(node, "indexes a dynamic tensor other than by positions along each axis", out_shape)
+    placed = []  # the result axis of each indexed axis of x
+    for axis, index in enumerate(fx_indices):
+        length = _identity_positions(index)
+        shape = to_shape(index.meta["val"].shape) if hasattr(index, "meta") else ()
+        where = [k for k, d in enumerate(shape) if d != 1]
+        if length is None or len(where) > 1 or to_shape([length])[0] != x.shape[axis]:
+            raise dynamic_refusal(node, "indexes a dynamic tensor at computed positions", out_shape)
+        offset = len(out_shape) - len(shape)  # indices broadcast from the right
+        placed.append(offset + (where[0] if where else len(shape) - 1))
+    rest = list(range(len(fx_indices), x.rank))  # axes not indexed keep their order after the indexed ones
+    if len(set(placed)) != len(placed) or rest:
+        raise dynamic_refusal(node, "indexes a dynamic tensor with positions that share an axis", out_shape)
+    order = sorted(range(len(placed)), key=lambda k: placed[k])
+    t = imp.tensor(x)
+    if order != list(range(len(placed))):
+        t = imp.g.transpose(t, order, name=imp.op_name("order"))
+    return imp.reshape(t, list(out_shape), name=imp.op_name("place"))
+
+
+def _identity_positions(index: Any) -> Any:
+    """The length n when an FX index node is arange(n) (+ 0), unsqueezed or viewed; else None."""
+    seen = 0
+    while hasattr(index, "target") and seen < 16:
+        seen += 1
+        name = str(index.target)
+        if "unsqueeze" in name or "view" in name or "expand" in name or "reshape" in name:
+            index = index.args[0]
+        elif "add" in name and len(index.args) > 1 and index.args[1] == 0:
+            index = index.args[0]
+        elif name.startswith("aten.arange.default"):
+            return index.meta["val"].shape[0]
+        elif name.startswith("aten.arange.start"):
+            start, step = index.args[0], index.args[2] if len(index.args) > 2 else 1
+            return index.meta["val"].shape[0] if start == 0 and step == 1 else None
+        else:
+            return None
+    return None

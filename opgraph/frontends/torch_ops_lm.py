@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
+from .torch_importer import Args, Importer, Untranslatable, Value, og_dims, symbolic
 from .torch_ops import TRANSLATORS, _axis, _expand_to, _meta, _operands, _shape, _slice_value, op
 from .torch_ops_nn import pad_absorbed
 
@@ -143,6 +143,10 @@ def _index(imp: Importer, node: Any, a: Args) -> Any:
     slices, a permutation, a reshape and a broadcast of x, no gather."""
     torch = imp.torch
     x, indices = a["self"], list(a["indices"])
+    if symbolic(list(x.shape)) or symbolic(list(_shape(node))):
+        from .torch_ops_dynamic import index_dynamic
+
+        return index_dynamic(imp, node, x, indices)
     if not all(
         i is None
         or isinstance(i, Value)
