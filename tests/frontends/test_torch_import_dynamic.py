@@ -298,6 +298,19 @@ def test_an_op_needing_a_static_size_is_refused_naming_the_node():
     assert "rows" in str(err.value) and "static" in err.value.hint
 
 
+def test_training_and_gradients_of_a_dynamic_import_are_refused(mlp_import):
+    from opgraph.training import SGD, train_step
+
+    _, imported = mlp_import
+    with pytest.raises(og.UnsupportedGraphError) as err:
+        train_step(imported, loss="mse", optimizer=SGD(0.1))
+    check_rule(err.value, "training.dynamic", "batch", "seq")
+    with pytest.raises(og.UnsupportedGraphError) as err:
+        og.grad(imported.graph, imported.outputs, [t for t, _ in imported.bound_inputs])
+    check_rule(err.value, "autodiff.dynamic", "batch")
+    assert "at(" in err.value.hint
+
+
 def test_an_example_of_size_one_on_a_dynamic_axis_says_why():
     x = torch.randn(1, 8, dtype=torch.float64)
     try:
