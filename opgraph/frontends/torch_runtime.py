@@ -99,7 +99,8 @@ class ReportEntry:
     status: 'translated' (opgraph ops), 'custom' (a custom op running the aten op), 'alias' (no op:
     a view, copy or identity), 'constant' (folded at import), 'random' (a per-run random input),
     'host' (done on the host by write_back), 'derived' (an untranslated op on buffers and constants
-    alone, computed at bind time and cached until an input changes)."""
+    alone, computed at bind time and cached until an input changes), 'size' (a size of an import with
+    dynamic shapes, `aten.sym_size` or arithmetic on sizes: its expression of the dims)."""
 
     node: str
     target: str
