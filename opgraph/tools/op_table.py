@@ -143,7 +143,16 @@ def _templates() -> dict[str, list[str]]:
 
 
 def _translators() -> dict[str, set[str]]:
-    from ..frontends import torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn, torch_ops_norm  # noqa: F401
+    # every module that registers translations, AOTAutograd's backward ops included (imported here, not by
+    # whatever ran before: the table must not depend on it)
+    from ..frontends import (  # noqa: F401
+        aot_ops,
+        torch_ops,
+        torch_ops_attention,
+        torch_ops_lm,
+        torch_ops_nn,
+        torch_ops_norm,
+    )
 
     return _inverse(torch_ops.TRANSLATORS.items())
 
