@@ -393,7 +393,7 @@ def run_tests(work: Path, out: Path, files: list[str], args: argparse.Namespace,
 def run_samples(work: Path, out: Path, args: argparse.Namespace, deadline: float) -> dict:
     results = {}
     nb_dir = work / "samples" / "python"
-    for num in NOTEBOOKS:
+    for num in args.notebooks.split(",") if args.notebooks else NOTEBOOKS:
         matches = sorted(nb_dir.glob(f"{num}_*.py"))
         if not matches:
             results[num] = {"result": "missing"}
@@ -497,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run the tests with their CUDA tensors on the CPU (a plumbing check, not an acceptance run)",
     )
     p.add_argument("-k", default="", help="pytest -k expression (a subset)")
+    p.add_argument("--notebooks", default="", help="numbers of the notebooks to run, e.g. 01,26 (default: all)")
     args = p.parse_args(argv)
     deadline = time.time() + args.budget
     src, work, out = Path(args.src), Path(args.work), Path(args.out)

@@ -240,6 +240,14 @@ def grad(
             rule="autodiff.graph",
             hint="pass the forward opgraph.Graph",
         )
+    if fg.symbols:
+        dims = ", ".join(d.describe() for d in fg.symbols.values())
+        raise UnsupportedGraphError(
+            f"gradients of graph '{fg.name}' with dynamic dims ({dims}) are not supported yet",
+            rule="autodiff.dynamic",
+            hint="differentiate the static graph of one shape: grad(graph.final.at({'batch': 4, ...}), ...), "
+            "or import / build with static shapes",
+        )
     return _Pass(
         fg,
         _as_list(outputs),

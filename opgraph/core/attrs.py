@@ -13,9 +13,13 @@ from typing import Any
 from .errors import GraphError, SerializationError
 from .op import OPS, Op
 from .suggest import did_you_mean
+from .symbolic import Dim, Expr, free_symbols, parse
 
 
 def _encode(value: Any) -> Any:
+    if isinstance(value, (Expr, Dim)):  # a dynamic size (a slice's stop): its text and its dims
+        dims = sorted(free_symbols(value), key=lambda d: d.name)
+        return {"expr": str(value), "dims": [d.to_json() for d in dims]}
     if isinstance(value, enum.Enum):
         return value.name
     if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a structured attribute
@@ -77,15 +81,30 @@ def _decode(value: Any, hint: Any, where: str) -> Any:
             return hint(**{k: _decode(v, hints[k], f"{where}.{k}") for k, v in value.items()})
         except TypeError as err:
             raise SerializationError(f"{where}: {err}", rule="json.attr_type") from None
+    return _decode_scalar(value, hint, where)
+
+
+def _decode_scalar(value: Any, hint: Any, where: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SerializationError(f"{where}: expected a number, got {value!r}", rule="json.attr_type")
         return float(value)
+    if hint is int and isinstance(value, dict) and set(value) == {"expr", "dims"}:
+        return _decode_size(value, where)
     if hint in (int, bool, str):
         if type(value) is not hint:
             raise SerializationError(f"{where}: expected {hint.__name__}, got {value!r}", rule="json.attr_type")
         return value
     raise SerializationError(f"{where}: cannot decode attributes of type {hint}", rule="json.attr_type")
+
+
+def _decode_size(value: dict[str, Any], where: str) -> Any:
+    """A dynamic size attribute: its expression text over the dims it names."""
+    dims = value["dims"]
+    if not isinstance(dims, list) or not isinstance(value["expr"], str):
+        raise SerializationError(f"{where}: a dynamic size needs 'expr' text and a 'dims' list", rule="json.attr_type")
+    symbols = {d.name: d for d in (Dim.from_json(doc) for doc in dims)}
+    return parse(value["expr"], symbols)
 
 
 def decode_op(kind: str, attrs: Any, where: str) -> Op:

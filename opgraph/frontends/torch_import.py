@@ -30,7 +30,19 @@ from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
 from ..core.tensor import Tensor
 from .torch_fold import constant_nodes, evaluate
 from .torch_hops import inline_wrappers
-from .torch_importer import Args, Importer, Untranslatable, Value, is_tensor, node_location, node_meta, og_dims
+from .torch_importer import (
+    Args,
+    Importer,
+    Untranslatable,
+    Value,
+    dynamic_refusal,
+    is_tensor,
+    node_location,
+    node_meta,
+    node_sizes,
+    og_dims,
+    symbolic,
+)
 from .torch_mutations import (
     Versions,
     analyze_mutations,
@@ -47,6 +59,7 @@ from .torch_runtime import (
     ReportEntry,
     Source,
 )
+from .torch_symbolic import SymbolTable, active, is_dynamic, symbol_table, to_shape, to_symint
 
 # -- tracing and the main loop -----------------------------------------------------------------------
 
@@ -59,6 +72,7 @@ def from_torch(
     strict: bool = False,
     eval_batchnorm: str = "folded",
     allow_tf32: bool | None = None,
+    dynamic_shapes: Any = None,
 ) -> ImportedGraph:
     """Trace `module` with `example_inputs` (a tensor or a tuple of arguments) and translate it into an
     opgraph graph. Returns an `ImportedGraph` (graph, inputs, outputs, params, report, variant_pack,
@@ -78,7 +92,15 @@ def from_torch(
     allow_tf32: whether plans may compute fp32 products with TF32 inputs (NumericalNote
         DOWN_CONVERT_INPUTS); None (default) does what PyTorch does at import: TF32 only where
         torch.get_float32_matmul_precision() is not 'highest' and torch.backends.cudnn.allow_tf32 is
-        set. `ImportedGraph.plan`/`run` take allow_tf32= to override it per plan."""
+        set. `ImportedGraph.plan`/`run` take allow_tf32= to override it per plan.
+    dynamic_shapes: torch.export's argument, passed to it as it is: per argument a dict {axis: Dim} (or
+        a tuple per axis, None for static), `torch.export.Dim("batch", min=1, max=64)` entries. The
+        imported graph's inputs then have `opgraph.Dim`s named after them, with the ranges
+        torch.export inferred (a max is required: Dim.AUTO / Dim.DYNAMIC and Dim without max= are
+        refused), every size computed from them an expression; its plan is a `DynamicPlan` (one
+        build, any shape in the ranges), `run` and `variant_pack` take inputs of any such shape.
+        A node whose translation needs a static size where the program has a dynamic one is an
+        `UnsupportedGraphError` (rule import.dynamic_op) naming the node and its sizes."""
     import torch
 
     if eval_batchnorm not in ("folded", "scale_shift", "op"):
@@ -96,13 +118,21 @@ def from_torch(
         )
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
-        program = torch.export.export(module, args, strict=strict)
+        program = torch.export.export(module, args, strict=strict, dynamic_shapes=dynamic_shapes)
     except Exception as err:  # noqa: BLE001 - torch.export raises many types; report one
+        dynamic = (
+            " With dynamic_shapes: give examples of size >= 2 on dynamic axes (torch.export "
+            "specialises sizes 0 and 1), and ranges the module's code allows (torch.export's message "
+            "suggests fixes)."
+            if dynamic_shapes is not None
+            else ""
+        )
         raise UnsupportedGraphError(
-            f"torch.export could not trace the module: {type(err).__name__}: {str(err).splitlines()[0]}",
+            f"torch.export could not trace the module: {type(err).__name__}: {_first_line(err)}"
+            + "".join(f" {line.strip()}" for line in str(err).splitlines() if line.strip().startswith("- "))[:600],
             rule="import.trace",
             hint="make the forward traceable by torch.export (no data-dependent Python "
-            "control flow), or pass strict=True/False to try the other tracer",
+            "control flow), or pass strict=True/False to try the other tracer." + dynamic,
         ) from err
     tensors = [*program.state_dict.values(), *(a for a in args if isinstance(a, torch.Tensor))]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
@@ -119,7 +149,29 @@ def from_torch(
     )
     params = frozenset(n for n, (kind, _) in placeholder_kinds(program).items() if kind == "parameter")
     inline_wrappers(program.graph_module, imp.report.notes, node_location, params)
-    return _translate(imp, args)
+    table = _symbols(program, module, args, dynamic_shapes)
+    for text in table.notes:
+        imp.note(text)
+    if table.dims:
+        imp.note("dynamic dims: " + ", ".join(d.describe() for d in table.dims.values()))
+    with active(table):
+        return _translate(imp, args)
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def _symbols(program: Any, module: Any, args: tuple, dynamic_shapes: Any) -> SymbolTable:
+    """The Dims of the program's shape symbols, named after the user's `dynamic_shapes` entries."""
+    kinds = placeholder_kinds(program)
+    inputs = [
+        (n.name, node_meta(n))
+        for n in program.graph_module.graph.nodes
+        if n.op == "placeholder" and kinds.get(n.name, ("input", n.name))[0] == "input"
+    ]
+    return symbol_table(program, module, args, dynamic_shapes, inputs)
 
 
 def _pytorch_allows_tf32(torch: Any) -> bool:
@@ -165,8 +217,10 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
         if kind == "input":
             value = next(user_leaf)
             if is_tensor(value):
-                shape = tuple(int(d) for d in value.shape)
-                stride = tuple(int(s) for s in value.stride()) or (1,)
+                meta = node_meta(n) if is_dynamic() else None
+                traced: Any = meta if is_tensor(meta) else value  # symbolic sizes where dynamic
+                shape = to_shape(traced.shape)
+                stride = to_shape(traced.stride()) or (1,)
                 t = imp.g.tensor(dim=og_dims(shape), stride=stride, data_type=value.dtype, name=imp._unique(n.name))
                 imp.env[n] = Value(shape, value.dtype, tensor=t)
                 user_slots.append(t)
@@ -279,6 +333,8 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
         imp.report.entries.append(
             ReportEntry(final.name, str(final.target), "host", (), f"{key} += {amount} on the host by write_back")
         )
+    if is_dynamic():
+        _drop_unread(imp)
     try:
         imp.g.validate()
     except GraphError as err:
@@ -302,6 +358,23 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
         report=imp.report,
         allow_tf32=imp.allow_tf32,
     )
+
+
+def _drop_unread(imp: Importer) -> None:
+    """Drop ops whose results nothing reads (an arange whose positions an index op read off its node,
+    not its tensor), repeatedly."""
+    while True:
+        read = {id(t) for r in imp.g._records for t in r.inputs if t is not None}
+        dead = [
+            r for r in imp.g._records if all(o is None or (not o.is_output and id(o) not in read) for o in r.outputs)
+        ]
+        if not dead:
+            return
+        gone = {id(r) for r in dead}
+        outs = {id(o) for r in dead for o in r.outputs if o is not None}
+        imp.g._records[:] = [r for r in imp.g._records if id(r) not in gone]
+        imp.g._tensors[:] = [t for t in imp.g._tensors if id(t) not in outs]
+        imp.g._invalidate()
 
 
 def _bind_folded(imp: Importer, nodes: list[Any], folded: dict[Any, Any]) -> None:
@@ -388,7 +461,7 @@ def _values(imp: Importer, v: Any, lenient: bool) -> Any:
                 hint="report this as an importer bug",
             )
         meta = node_meta(v)  # not translated yet: a value with its shape only
-        return Value(tuple(int(d) for d in meta.shape), meta.dtype) if is_tensor(meta) else None
+        return Value(to_shape(meta.shape), meta.dtype) if is_tensor(meta) else None
     if isinstance(v, (list, tuple)):
         return type(v)(_values(imp, x, lenient) for x in v)
     return v
@@ -413,6 +486,14 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
     import torch
 
     target = node.target
+    meta = node_meta(node)
+    if _is_size(meta):  # a size (aten.sym_size, arithmetic on sizes): its expression of the dims
+        imp.env[node] = to_symint(meta)
+        imp.report.entries.append(ReportEntry(node.name, str(target), "size", (), f"= {imp.env[node]}"))
+        return
+    if meta is None and _is_assertion(target):  # torch.export's runtime checks of sizes: the ranges say it
+        imp.report.entries.append(ReportEntry(node.name, str(target), "alias", (), "a size assertion (dropped)"))
+        return
     if target is operator.getitem:
         src, index = resolved[0]
         value = imp.env[src]
@@ -437,6 +518,10 @@ def _translate_node(imp: Importer, node: Any, resolved: tuple[Any, Any], torch_o
         mark = imp.checkpoint()
         try:
             out = translator(imp, node, args)
+        except TypeError as err:
+            if not is_dynamic() or not (symbolic(node_sizes(node)) or _symbolic_args(args)):
+                raise
+            raise dynamic_refusal(node, f"needs a static size ({_first_line(err)})", node_sizes(node)) from None
         except Untranslatable as why:
             imp.rollback(mark)
             out, status, note = _fallback(imp, node, args, str(why), custom_node)
@@ -465,7 +550,31 @@ def _fallback(imp: Importer, node: Any, args: Args, why: str, custom_node: Calla
     out = derived_node(imp, node, args) if _bound_only(args) else None
     if out is not None:
         return out, "derived", f"{why}: computed at bind time from buffers and constants"
+    if is_dynamic() and (symbolic(node_sizes(node)) or _symbolic_args(args)):
+        raise dynamic_refusal(node, f"has no translation ({why}); custom ops take static sizes", node_sizes(node))
     return custom_node(imp, node, args, why), "custom", why
+
+
+def _symbolic_args(args: Args) -> bool:
+    def walk(v: Any) -> bool:
+        if isinstance(v, Value):
+            return symbolic(v.shape)
+        if isinstance(v, (list, tuple)):
+            return any(walk(x) for x in v)
+        return symbolic(v)
+
+    return any(walk(v) for v in args.values())
+
+
+def _is_size(meta: Any) -> bool:
+    import torch
+
+    return isinstance(meta, torch.SymInt)
+
+
+def _is_assertion(target: Any) -> bool:
+    name = getattr(target, "__name__", "") or str(target)
+    return any(k in name for k in ("_assert_scalar", "sym_constrain_range", "_assert_async", "_assert_tensor_metadata"))
 
 
 def _bound_only(args: Args) -> bool:

@@ -11,6 +11,26 @@ from ..core.errors import UnsupportedGraphError, expect
 from ..core.tensor import Tensor
 from ..graph.builder import Graph
 from .torch_runtime import DerivedSpec, ImportReport, Mutation, RandomSpec, Source
+from .torch_symbolic import to_shape, to_symint
+
+
+def dynamic_refusal(node: Any, what: str, sizes: Any = None) -> UnsupportedGraphError:
+    """The typed error of a node the importer cannot express at dynamic sizes."""
+    shown = "" if sizes is None else f" (sizes {_sizes_text(sizes)})"
+    return UnsupportedGraphError(
+        f"node '{node.name}' ({node.target}) {what}{shown}, which the importer cannot express over the "
+        f"dynamic dims{node_location(node)}",
+        op=node.name,
+        rule="import.dynamic_op",
+        hint="export the dim it depends on as static (leave it out of dynamic_shapes, or import a "
+        "plan per size), or compute that value outside the module and pass it as an input",
+    )
+
+
+def _sizes_text(sizes: Any) -> str:
+    if isinstance(sizes, (list, tuple)):
+        return "[" + ", ".join(_sizes_text(s) for s in sizes) + "]"
+    return str(sizes)
 
 
 class Untranslatable(Exception):
@@ -45,12 +65,32 @@ class Value:
 
 
 def og_dims(shape: Any) -> tuple[int, ...]:
-    """opgraph dims of a torch shape: a 0-d tensor is held as [1]."""
-    return tuple(int(d) for d in shape) or (1,)
+    """opgraph dims of a torch shape: a 0-d tensor is held as [1]. A symbolic size (an import with
+    dynamic shapes) is an opgraph `Expr` of the import's dims (torch_symbolic)."""
+    return tuple(to_symint(d) for d in shape) or (1,)  # type: ignore[misc]
+
+
+def symbolic(values: Any) -> bool:
+    """Whether a size or any size of a sequence is symbolic (an `Expr`)."""
+    from ..core.symbolic import Expr
+
+    if isinstance(values, (list, tuple)):
+        return any(symbolic(v) for v in values)
+    return isinstance(values, Expr)
 
 
 def node_meta(node: Any) -> Any:
     return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def node_sizes(node: Any) -> Any:
+    """The sizes of a node's traced tensor (opgraph SymInts), None where it is no tensor."""
+    meta = node_meta(node)
+    if hasattr(meta, "shape"):
+        return to_shape(meta.shape)
+    if isinstance(meta, (list, tuple)):
+        return [to_shape(m.shape) if hasattr(m, "shape") else None for m in meta]
+    return None
 
 
 def node_location(node: Any) -> str:
@@ -199,7 +239,7 @@ class Importer:
     def view(self, v: Value, op: Any, *args: Any) -> Value | None:
         """For a bound value, the same input seen through aten view op `op(*args)` (applied at bind
         time, zero-copy); None for other values (the caller emits a graph op)."""
-        if v.source is None:  # (not bound)
+        if v.source is None or symbolic(args):  # (not bound; a bound view's sizes are static)
             return None
         try:
             example = op(v.example, *args)
@@ -212,13 +252,21 @@ class Importer:
     def reshaped(self, v: Value, shape: tuple[int, ...]) -> Tensor:
         """The value's tensor with torch shape `shape` (same elements): a bind-time view for bound
         values, a reshape op otherwise, nothing when the opgraph dims already match."""
-        shape = tuple(int(d) for d in shape)
+        shape = to_shape(shape)
         if og_dims(shape) == v.dims:
             return self.tensor(v)
         viewed = self.view(v, self.torch.ops.aten.view.default, list(shape))
         if viewed is not None:
             return self.tensor(viewed)
-        return self.g.reshape(self.tensor(v), list(og_dims(shape)), name=self.op_name("reshape"))
+        return self.reshape(self.tensor(v), og_dims(shape), name=self.op_name("reshape"))
+
+    def reshape(self, t: Tensor, dims: Any, name: str) -> Tensor:
+        """A reshape op to `dims` (dynamic dims given as the output's dims: the op proves the element
+        counts equal)."""
+        dims = list(dims)
+        if symbolic(dims):
+            return self.g.reshape(t, name=name).set_dim(dims)
+        return self.g.reshape(t, dims, name=name)
 
     def at_rank(self, v: Any, rank: int) -> Any:
         """A pointwise operand for an output of `rank`: numbers stay numbers, 1-element tensors
@@ -246,7 +294,7 @@ class Importer:
     def result(self, tensor: Tensor, meta: Any) -> Value:
         """Wrap a new graph tensor as the value of a traced tensor (its dtype set to PyTorch's)."""
         tensor.set_data_type(meta.dtype)
-        return Value(tuple(int(d) for d in meta.shape), meta.dtype, tensor=tensor)
+        return Value(to_shape(meta.shape), meta.dtype, tensor=tensor)
 
 
 class Args(dict):

@@ -33,7 +33,8 @@ from typing import Any
 from ..core.errors import expect
 from ..core.registry import Registry
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
+from .torch_importer import Args, Importer, Untranslatable, Value, dynamic_refusal, og_dims, symbolic
+from .torch_symbolic import to_shape
 
 Translator = Callable[[Importer, Any, Args], Any]
 TRANSLATORS: Registry[str, Translator] = Registry("aten translator")
@@ -54,14 +55,14 @@ def _meta(node: Any) -> Any:
 
 
 def _shape(node: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in _meta(node).shape)
+    return to_shape(_meta(node).shape)
 
 
 def _ints(value: Any, n: int) -> list[int]:
     """An int[n] schema argument (an int means n copies)."""
     if isinstance(value, int):
         return [value] * n
-    values = [int(v) for v in value]
+    values = list(to_shape(value))
     return values * n if len(values) == 1 and n > 1 else values
 
 
@@ -353,7 +354,7 @@ def _reshape(imp: Importer, node: Any, a: Args) -> Any:
     viewed = imp.view(x, imp.torch.ops.aten.view.default, list(shape))
     if viewed is not None:
         return viewed
-    return imp.g.reshape(imp.tensor(x), list(og_dims(shape)), name=imp.op_name())
+    return imp.reshape(imp.tensor(x), list(og_dims(shape)), name=imp.op_name())
 
 
 @op("expand", "expand_copy")
@@ -364,6 +365,10 @@ def _expand(imp: Importer, node: Any, a: Args) -> Any:
 
 
 def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
+    if symbolic(shape):
+        from .torch_ops_dynamic import expand_dynamic
+
+        return expand_dynamic(imp, x, shape)
     if x.is_bound:
         padded = expect(
             imp.view(x, imp.torch.ops.aten.view.default, [1] * (len(shape) - x.rank) + list(x.shape)),
@@ -382,13 +387,17 @@ def _expand_to(imp: Importer, x: Value, shape: tuple[int, ...]) -> Any:
 def _broadcast_tensors(imp: Importer, node: Any, a: Args) -> list[Any]:
     out = []
     for v, m in zip(a["tensors"], _meta(node)):
-        shape = tuple(int(d) for d in m.shape)
+        shape = to_shape(m.shape)
         out.append(v if v.shape == shape else _expand_to(imp, v, shape))
     return out
 
 
 def _slice_value(imp: Importer, x: Value, axis: int, start: int, stop: int, step: int) -> Any:
     size = x.shape[axis]
+    if symbolic(size) or symbolic([start, stop, step]):
+        from .torch_ops_dynamic import slice_dynamic
+
+        return slice_dynamic(imp, x, axis, start, stop, step)
     start, stop, step = slice(start, stop, step).indices(size)
     if (start, stop, step) == (0, size, 1):
         return x
@@ -406,7 +415,11 @@ def _slice(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
     axis = _axis(a["dim"], x.rank)
     start = 0 if a.get("start") is None else a["start"]
-    end = x.shape[axis] if a.get("end") is None else min(a["end"], x.shape[axis])
+    end = a.get("end")
+    if end is None or symbolic([end, x.shape[axis]]):
+        end = x.shape[axis] if end is None or (isinstance(end, int) and end >= 2**62) else end
+    else:
+        end = min(end, x.shape[axis])
     return _slice_value(imp, x, axis, start, end, a.get("step") or 1)
 
 
@@ -430,7 +443,7 @@ def _select(imp: Importer, node: Any, a: Args) -> Any:
     if isinstance(part, Value):
         viewed = imp.view(part, imp.torch.ops.aten.view.default, list(shape))
         return viewed if viewed is not None else imp.reshaped(part, shape)
-    return imp.g.reshape(part, list(og_dims(shape)), name=imp.op_name("squeeze"))
+    return imp.reshape(part, list(og_dims(shape)), name=imp.op_name("squeeze"))
 
 
 def _split_at(imp: Importer, node: Any, x: Value, axis: int, sizes: list[int]) -> list[Any]:
@@ -447,7 +460,7 @@ def _split_at(imp: Importer, node: Any, x: Value, axis: int, sizes: list[int]) -
 def _split(imp: Importer, node: Any, a: Args) -> list[Any]:
     x = a["self"]
     axis = _axis(a["dim"], x.rank)
-    sizes = [int(m.shape[axis]) for m in _meta(node)]
+    sizes = [to_shape(m.shape)[axis] for m in _meta(node)]
     return _split_at(imp, node, x, axis, sizes)
 
 
@@ -455,7 +468,7 @@ def _split(imp: Importer, node: Any, a: Args) -> list[Any]:
 def _chunk(imp: Importer, node: Any, a: Args) -> list[Any]:
     x = a["self"]
     axis = _axis(a.get("dim", 0), x.rank)
-    sizes = [int(m.shape[axis]) for m in _meta(node)]
+    sizes = [to_shape(m.shape)[axis] for m in _meta(node)]
     return _split_at(imp, node, x, axis, sizes)
 
 
@@ -470,7 +483,7 @@ def _unbind(imp: Importer, node: Any, a: Args) -> list[Any]:
         if p is None
         else imp.reshaped(p, shape)
         if isinstance(p, Value)
-        else imp.g.reshape(p, list(og_dims(shape)), name=imp.op_name("squeeze"))
+        else imp.reshape(p, list(og_dims(shape)), name=imp.op_name("squeeze"))
         for p in parts
     ]
 
@@ -514,7 +527,13 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
             rule="import.factory",
             hint="compute it outside the module and pass it as an input",
         )
-    shape = tuple(int(d) for d in meta.shape)
+    shape = to_shape(meta.shape)
+    if symbolic(shape):
+        if base == "arange":
+            from .torch_ops_dynamic import arange_dynamic
+
+            return arange_dynamic(imp, node, a, shape), "translated", "an index along a dynamic dim"
+        raise dynamic_refusal(node, "makes a tensor of a dynamic size", shape)
     if torch.Tag.nondeterministic_seeded in target.tags:
         dist = {"rand": "uniform", "randn": "normal"}.get(base)
         if dist is None:

@@ -126,5 +126,5 @@ def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
     )
     if q.rank == 3:
         out_shape = (*q.shape[:2], v.shape[-1])
-        return imp.g.reshape(o, list(out_shape), name=imp.op_name("reshape"))
+        return imp.reshape(o, list(out_shape), name=imp.op_name("reshape"))
     return o

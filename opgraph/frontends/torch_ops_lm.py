@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.tensor import Tensor
-from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
+from .torch_importer import Args, Importer, Untranslatable, Value, og_dims, symbolic
 from .torch_ops import TRANSLATORS, _axis, _expand_to, _meta, _operands, _shape, _slice_value, op
 from .torch_ops_nn import pad_absorbed
 
@@ -38,7 +38,7 @@ def _embedding(imp: Importer, node: Any, a: Args) -> Tensor:
     pad = int(a.get("padding_idx", -1))
     pad = pad + w.shape[0] if pad < -1 else pad  # aten keeps -1 for none; other negatives count back
     t = imp.g.embedding(imp.tensor(w), imp.reshaped(idx, idx.shape or (1,)), padding_idx=pad, name=imp.op_name())
-    return t if idx.rank else imp.g.reshape(t, [w.shape[1]], name=imp.op_name("squeeze"))
+    return t if idx.rank else imp.reshape(t, [w.shape[1]], name=imp.op_name("squeeze"))
 
 
 @op("bitwise_not")
@@ -143,6 +143,10 @@ def _index(imp: Importer, node: Any, a: Args) -> Any:
     slices, a permutation, a reshape and a broadcast of x, no gather."""
     torch = imp.torch
     x, indices = a["self"], list(a["indices"])
+    if symbolic(list(x.shape)) or symbolic(list(_shape(node))):
+        from .torch_ops_dynamic import index_dynamic
+
+        return index_dynamic(imp, node, x, indices)
     if not all(
         i is None
         or isinstance(i, Value)
@@ -177,7 +181,7 @@ def _float_table(imp: Importer, x: Value, rows: int) -> Tensor:
 
 
 def _from_table(imp: Importer, node: Any, rows: Tensor, x: Value) -> Tensor:
-    out = imp.g.reshape(rows, list(og_dims(_shape(node))), name=imp.op_name("reshape"))
+    out = imp.reshape(rows, list(og_dims(_shape(node))), name=imp.op_name("reshape"))
     if x.dtype.is_floating_point:
         return out
     return imp.g.identity(out.set_data_type(imp.g.intermediate_data_type), name=imp.op_name("cast"))

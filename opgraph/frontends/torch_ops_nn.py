@@ -9,8 +9,9 @@ from typing import Any
 from ..core.errors import expect
 from ..core.tensor import Tensor
 from ..ops.reduction import ReductionMode
-from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
+from .torch_importer import Args, Importer, Untranslatable, Value, dynamic_refusal, og_dims, symbolic
 from .torch_ops import TRANSLATORS, Translator, _axis, _ints, _meta, _operands, _scaled, _shape, op
+from .torch_symbolic import to_shape
 
 # -- reductions ---------------------------------------------------------------------------------------
 
@@ -24,7 +25,7 @@ def reduce(
     kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if rank else (1,)
     t = imp.reduction(imp.tensor(x), mode, og_dims(kept), imp.op_name(mode.name.lower()))
     if og_dims(out_shape) != og_dims(kept):
-        t = imp.g.reshape(t, list(og_dims(out_shape)), name=imp.op_name("squeeze"))
+        t = imp.reshape(t, list(og_dims(out_shape)), name=imp.op_name("squeeze"))
     return t
 
 
@@ -134,13 +135,13 @@ def _nll(
         loss = g.add(g.mul(loss, 1.0 - smoothing, name=imp.op_name("lscale")), smooth, name=imp.op_name("smoothed"))
     how = _REDUCTIONS.get(reduction)
     if how == "none":
-        return g.reshape(loss, list(og_dims(_shape(node))), name=imp.op_name("rows"))
+        return imp.reshape(loss, list(og_dims(_shape(node))), name=imp.op_name("rows"))
     ones = [1] * len(rows)
     total = imp.reduction(loss, ReductionMode.ADD, ones, imp.op_name("total"))
     if how == "mean":
         count = imp.reduction(valid, ReductionMode.ADD, ones, imp.op_name("count"))
         total = g.div(total, count, name=imp.op_name("mean"))
-    return g.reshape(total, [1], name=imp.op_name("scalar"))
+    return imp.reshape(total, [1], name=imp.op_name("scalar"))
 
 
 @op("cross_entropy_loss")
@@ -207,7 +208,7 @@ def _mse_loss(imp: Importer, node: Any, a: Args) -> Tensor:
         return sq
     mode = ReductionMode.AVG if how == "mean" else ReductionMode.ADD
     r = imp.reduction(sq, mode, [1] * max(rank, 1), imp.op_name(how))
-    return r if rank <= 1 else imp.g.reshape(r, [1], name=imp.op_name("scalar"))
+    return r if rank <= 1 else imp.reshape(r, [1], name=imp.op_name("scalar"))
 
 
 # -- matmul, linear, convolution ------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def _lead_ones(imp: Importer, v: Value | Tensor, shape: tuple[int, ...], rank: i
     if isinstance(v, Tensor):
         if len(shape) == rank:
             return v
-        return imp.g.reshape(v, [1] * (rank - len(shape)) + list(shape), name=imp.op_name("batch"))
+        return imp.reshape(v, [1] * (rank - len(shape)) + list(shape), name=imp.op_name("batch"))
     return imp.at_rank(v, rank) if v.rank < rank else imp.tensor(v)
 
 
@@ -477,7 +478,9 @@ def _rand_like(imp: Importer, node: Any, a: Args) -> Value:
 def _like(imp: Importer, node: Any, a: Args) -> Value:
     base = node.target._schema.name.split("::")[-1].rstrip("_")
     meta = _meta(node)
-    shape, dtype = tuple(int(d) for d in meta.shape), meta.dtype
+    shape, dtype = to_shape(meta.shape), meta.dtype
+    if symbolic(shape):
+        raise dynamic_refusal(node, "makes a filled tensor", shape)
     torch = imp.torch
     if base in ("empty_like", "new_empty"):
         return Value(shape, dtype, uninit=True)

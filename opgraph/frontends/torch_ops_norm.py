@@ -192,7 +192,7 @@ def _batch_norm(imp: Importer, node: Any, a: Args) -> Any:
         if i >= len(_meta(node)):
             break
         t = outs.get(role)
-        results.append(None if t is None or i not in used else g.reshape(t, c, name=imp.op_name(role)))
+        results.append(None if t is None or i not in used else imp.reshape(t, c, name=imp.op_name(role)))
     return results
 
 

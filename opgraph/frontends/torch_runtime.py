@@ -28,6 +28,7 @@ from ..core.errors import VariantPackError
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
 from ..graph.builder import Graph
+from .torch_runpack import RUN_PACKS, _draw, _layout, _RunPack
 
 
 def _freeze(value: Any) -> Any:
@@ -98,7 +99,8 @@ class ReportEntry:
     status: 'translated' (opgraph ops), 'custom' (a custom op running the aten op), 'alias' (no op:
     a view, copy or identity), 'constant' (folded at import), 'random' (a per-run random input),
     'host' (done on the host by write_back), 'derived' (an untranslated op on buffers and constants
-    alone, computed at bind time and cached until an input changes)."""
+    alone, computed at bind time and cached until an input changes), 'size' (a size of an import with
+    dynamic shapes, `aten.sym_size` or arithmetic on sizes: its expression of the dims)."""
 
     node: str
     target: str
@@ -203,7 +205,7 @@ class ImportedGraph:
         self.allow_tf32 = allow_tf32
         self._plans: dict[Any, Any] = {}
         self._device_constants: dict[tuple[str, str], Any] = {}
-        self._runs: dict[tuple[int, str], _RunPack] = {}  # run()'s reused packs, per plan and device
+        self._runs: dict[tuple[int, str, tuple[int, ...]], _RunPack] = {}  # run()'s packs, per plan, device, shape
 
     # -- what the graph reads and writes --------------------------------------------------------------
     @property
@@ -244,10 +246,11 @@ class ImportedGraph:
         device = next((x.device for x in leaves if isinstance(x, torch.Tensor)), None)
         if device is None:
             device = next((t.device for t in self.module.parameters()), torch.device("cpu"))
+        env = self.shape_of(leaves)
         pack: UidPack = {}
         for handle, value in zip(self._input_slots, leaves):
             if handle is not None:
-                pack[handle.known_uid()] = self._user_input(handle, value)
+                pack[handle.known_uid()] = self._user_input(handle, value, env)
         cache: dict[tuple[str, str], Any] = {}
         for handle, source in self._bound:
             pack[handle.known_uid()] = self._resolve(source, cache, params or {}, device, generator)
@@ -257,9 +260,49 @@ class ImportedGraph:
             if uid in given:
                 pack[uid] = given[uid]
                 continue
-            desc = final.tensors[uid]
-            pack[uid] = torch.empty_strided(desc.dim, desc.stride, dtype=desc.data_type.to_torch(), device=device)
+            dim, stride = _layout(final.tensors[uid], env)
+            pack[uid] = torch.empty_strided(dim, stride, dtype=final.tensors[uid].data_type.to_torch(), device=device)
         return pack
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the graph has dynamic dims (an import with dynamic_shapes)."""
+        return bool(self.graph.final.symbols)
+
+    @property
+    def symbols(self) -> Mapping[str, Any]:
+        """The graph's dynamic dims by name (`opgraph.Dim`s with their ranges); empty when static."""
+        return self.graph.final.symbols
+
+    def shape_of(self, leaves: Sequence[Any]) -> dict[str, int]:
+        """The dynamic dims' values the user inputs (flattened leaves) give, each checked against its
+        range (VariantPackError naming the input, the axis, the dim and its range); {} when static."""
+        final = self.graph.final
+        if not final.symbols:
+            return {}
+        from ..core.symbolic import Expr
+        from ..core.symbolic_solve import Observed, solve
+
+        observed = []
+        for handle, value in zip(self._input_slots, leaves):
+            if handle is None or not hasattr(value, "shape"):
+                continue
+            desc = final.tensors[handle.known_uid()]
+            shape = tuple(value.shape) or (1,)
+            if len(shape) != len(desc.dim):
+                raise VariantPackError(
+                    f"the input has {len(shape)} dims {list(value.shape)}, the graph's input {len(desc.dim)} "
+                    f"{[str(d) for d in desc.dim]}",
+                    tensor=desc,
+                    rule="import.input_shape",
+                    hint="pass a tensor of the example's rank, its dynamic dims within their ranges",
+                )
+            observed += [
+                Observed(d, int(n), f"dim {axis} of input {desc.label()}")
+                for axis, (d, n) in enumerate(zip(desc.dim, shape))
+                if isinstance(d, Expr)
+            ]
+        return solve(observed)
 
     def _flat_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         from torch.utils import _pytree as pytree
@@ -273,10 +316,11 @@ class ImportedGraph:
             )
         return leaves
 
-    def _user_input(self, handle: Tensor, value: Any) -> Any:
+    def _user_input(self, handle: Tensor, value: Any, env: Mapping[str, int] | None = None) -> Any:
         import torch
 
         desc = self.graph.final.tensors[handle.known_uid()]
+        dims, strides = _layout(desc, env or {})
         if not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value)
         want = desc.data_type.to_torch()
@@ -288,17 +332,17 @@ class ImportedGraph:
                 hint=f"pass a {want} tensor, or import again with one",
             )
         shape = tuple(value.shape) or (1,)
-        if shape != desc.dim:
+        if shape != dims:
             raise VariantPackError(
-                f"the input has shape {list(value.shape)} but the graph was imported with {list(desc.dim)}",
+                f"the input has shape {list(value.shape)} but the graph was imported with {[str(d) for d in desc.dim]}",
                 tensor=desc,
                 rule="import.input_shape",
-                hint="opgraph graphs have static shapes: import again with an example of this shape",
+                hint="import again with an example of this shape, or with dynamic_shapes= for the dims that vary",
             )
-        value = value.reshape(desc.dim)
-        if any(d > 1 and s != w for d, s, w in zip(desc.dim, value.stride(), desc.stride)):
+        value = value.reshape(dims)
+        if any(d > 1 and s != w for d, s, w in zip(dims, value.stride(), strides)):
             # another layout than the example's: copy into the declared one
-            out = torch.empty_strided(desc.dim, desc.stride, dtype=value.dtype, device=value.device)
+            out = torch.empty_strided(dims, strides, dtype=value.dtype, device=value.device)
             out.copy_(value)
             value = out
         return value
@@ -440,10 +484,13 @@ class ImportedGraph:
         if device is None:
             device = "cuda" if at.type == "cuda" else "cpu"
         plan = self.plan(device, engines, **build_options)
-        slot = (id(plan), str(at))
+        env = self.shape_of(leaves)
+        slot = (id(plan), str(at), tuple(env.values()))
         state = self._runs.get(slot)
         if state is None or not state.current(self):
-            state = self._runs[slot] = _RunPack(self, leaves, at)
+            state = self._runs[slot] = _RunPack(self, leaves, at, env)
+            while len(self._runs) > RUN_PACKS:  # (one per shape for a dynamic graph: the oldest go)
+                self._runs.pop(next(iter(self._runs)))
         pack = state.refresh(self, leaves)
         plan.execute(pack)
         self.write_back(pack)
@@ -459,7 +506,11 @@ class ImportedGraph:
         from torch.utils import _pytree as pytree
 
         leaves = [
-            leaf.value if leaf.tensor is None else pack[leaf.tensor.known_uid()].reshape(leaf.shape)
+            leaf.value
+            if leaf.tensor is None
+            else pack[leaf.tensor.known_uid()]
+            if not all(isinstance(d, int) for d in leaf.shape)  # dynamic: the buffer has its shape
+            else pack[leaf.tensor.known_uid()].reshape(leaf.shape)
             for leaf in self._output_leaves
         ]
         return pytree.tree_unflatten(leaves, self._output_spec)
@@ -482,108 +533,3 @@ class ImportedGraph:
             f"<ImportedGraph '{self.graph.name}': {len(self.inputs)} input(s), {len(self._bound)} bound, "
             f"{len(self.outputs)} output(s), {len(self.report.custom_ops)} custom op(s)>"
         )
-
-
-def _draw(spec: RandomSpec, base: Any, generator: Any = None) -> Any:
-    """Fill `base` in place with a draw of `spec`; returns it."""
-    if spec.dist == "bernoulli":
-        base.bernoulli_(spec.p, generator=generator)
-    elif spec.dist == "uniform":
-        base.uniform_(generator=generator)
-    elif spec.dist == "seed":  # an integer seed the reference engine reads exactly (< 2**53)
-        base.random_(0, 2**53, generator=generator)
-    else:
-        base.normal_(generator=generator)
-    return base
-
-
-def _derived_leaves(imported: ImportedGraph, source: Source) -> list[Source]:
-    """The sources a derived input is computed from, through derived inputs computed from others
-    (an argsort of a buffer, then a cast of it): the module tensors whose updates make it stale."""
-    if source.kind != "derived":
-        return []
-    out: list[Source] = []
-    for s in imported.derived[source.key].inputs:
-        out += _derived_leaves(imported, s) if s.kind == "derived" else [s]
-    return out
-
-
-class _RunPack:
-    """The variant pack `ImportedGraph.run` reuses for one plan and device: input buffers in the
-    declared layouts (the caller's inputs are copied in), the module's tensors bound as views (in-place
-    updates, an optimizer's, are seen through them), constants, random inputs (redrawn in place per
-    call) and output buffers. `current` says whether the module's tensors are still the ones bound
-    (same objects at the same addresses); `refresh` prepares a call."""
-
-    def __init__(self, imported: ImportedGraph, leaves: list[Any], device: Any) -> None:
-        import torch
-
-        final = imported.graph.final
-        self.pack: UidPack = {}
-        self.inputs: list[tuple[int, Any, Any, Tensor]] = []  # (leaf index, buffer seen in torch shape, dtype, handle)
-        for i, (handle, value) in enumerate(zip(imported._input_slots, leaves)):
-            if handle is None:
-                continue
-            d = final.tensors[handle.known_uid()]
-            buf = torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
-            self.pack[d.uid] = buf
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(torch.as_tensor(value).shape)
-            self.inputs.append((i, buf.view(shape) if shape != d.dim else buf, d.data_type.to_torch(), handle))
-        # module tensors bound: (the dict holding it, its name, the tensor, its address)
-        self.watch: list[tuple[dict, str, Any, int]] = []
-        tensors: dict[tuple[str, str], Any] = {}
-        for _, source in imported._bound:
-            for src in (source, *_derived_leaves(imported, source)):
-                key = (src.kind, src.key)
-                if src.kind in ("parameter", "buffer") and key not in tensors:
-                    path, _, name = src.key.rpartition(".")
-                    owner = imported.module.get_submodule(path)
-                    table = owner._parameters if src.kind == "parameter" else owner._buffers
-                    tensors[key] = table[name]
-                    if table[name] is not None:
-                        self.watch.append((table, name, table[name], table[name].data_ptr()))
-        # derived inputs: recomputed when a tensor they are computed from is updated in place
-        self.derived: list[tuple[int, Source, list[tuple[Any, int]]]] = []
-        for handle, source in imported._bound:
-            if source.kind == "derived":
-                bases = [
-                    tensors[(s.kind, s.key)]
-                    for s in _derived_leaves(imported, source)
-                    if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None
-                ]
-                self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
-        self.randoms: list[tuple[RandomSpec, Any]] = []  # drawn by `refresh`, in variant_pack's order
-        drawn: dict[str, Any] = {}
-        cache: dict[tuple[str, str], Any] = {}
-        for handle, source in imported._bound:
-            if source.kind != "random":
-                self.pack[handle.known_uid()] = imported._resolve(source, cache, {}, device, None)
-                continue
-            if source.key not in drawn:
-                spec = imported.randoms[source.key]
-                drawn[source.key] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
-                self.randoms.append((spec, drawn[source.key]))
-            self.pack[handle.known_uid()] = source.apply(drawn[source.key])
-        for uid in final.outputs:
-            d = final.tensors[uid]
-            self.pack[uid] = torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
-
-    def current(self, imported: ImportedGraph) -> bool:
-        return all(t.data_ptr() == ptr and table.get(name) is t for table, name, t, ptr in self.watch)
-
-    def refresh(self, imported: ImportedGraph, leaves: list[Any]) -> UidPack:
-        import torch
-
-        for i, buf, dtype, handle in self.inputs:
-            x = leaves[i]
-            if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.shape != buf.shape:
-                x = imported._user_input(handle, x).reshape(buf.shape)  # converts, or says what is wrong
-            if x is not buf:
-                buf.copy_(x)
-        for k, (uid, source, bases) in enumerate(self.derived):
-            if any(b._version != v for b, v in bases):
-                self.pack[uid] = imported._resolve(source, {}, {}, None, None)
-                self.derived[k] = (uid, source, [(b, b._version) for b, _ in bases])
-        for spec, base in self.randoms:
-            _draw(spec, base)
-        return self.pack

@@ -39,11 +39,12 @@ import numpy as np
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, DataTypeError, ShapeError, expect
-from ..core.ir import Node
 from ..core.op import NodeContext, Op, TensorSpec, register_op
 from ..core.tensor import TensorDesc, packed_strides
 from . import attention_checks as checks
+from . import attention_layout as layout
 from . import attention_ref as ref
+from .attention_layout import BWD_RAGGED, FWD_RAGGED, KV_SIDE, Feature, Geometry, extensions, features, ragged_role
 from .base import strides_like
 from .score_mod import ScoreMod, evaluate
 
@@ -75,8 +76,6 @@ _PAGED = (
     "paged_attention_v_table_ragged_offset",
 )
 _EXTRA = ("sink_token", "block_mask")
-FWD_RAGGED = ("q", "k", "v", "o", "stats")
-BWD_RAGGED = ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
 _FWD_IN = ("q", "k", "v", *_MASK_IN, *(f"{r}_ragged_offset" for r in FWD_RAGGED), *_PAGED, *_EXTRA)
 _BWD_IN = (
     "q",
@@ -92,65 +91,7 @@ _BWD_IN = (
 )
 _SCALARS = frozenset({"attn_scale", "dropout_seed", "dropout_offset", "dropout_scale", "dropout_scale_inv"})
 _ATTN_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE)
-_KV_SIDE = frozenset({"k", "v", "dK", "dV"})  # tensors whose rows are keys (the rest are queries)
 _LEN_TYPES = (DataType.INT32, DataType.INT64)
-
-
-def ragged_role(tensor_role: str) -> str:
-    """The input role of the ragged offset of the tensor under `tensor_role` ("q" -> "q_ragged_offset")."""
-    return f"{tensor_role}_ragged_offset"
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """The logical problem of one attention node: B sequences, Hq/Hk/Hv heads, Sq queries and Skv keys
-    per sequence (the padded dims), head dims D and Dv; which tensors are packed and which paged."""
-
-    b: int
-    hq: int
-    hk: int
-    hv: int
-    sq: int
-    skv: int
-    d: int
-    dv: int
-    packed: frozenset[str]
-    paged: frozenset[str]
-
-    @property
-    def scores(self) -> tuple[int, int, int, int]:
-        return (self.b, self.hq, self.sq, self.skv)
-
-    def rows(self, role: str) -> int:
-        return self.skv if role in _KV_SIDE else self.sq
-
-
-def extensions(node: Node) -> list[str]:
-    """What an attention node uses beyond the masks, layouts and outputs the generated kernels and the
-    cudnn engine were written for (each a phrase for a decline reason); [] when none. The torch and
-    reference engines run all of it."""
-    op = node.op_as(_Attention)
-    roles = dict(zip(op.input_roles(), node.inputs))
-    out = []
-    packed = [r.removesuffix("_ragged_offset") for r, v in roles.items() if r.endswith("_ragged_offset") and v]
-    if packed:
-        out.append(f"packed (ragged) {', '.join(packed)}")
-    if roles.get("paged_attention_k_table") is not None or roles.get("paged_attention_v_table") is not None:
-        out.append("a paged KV cache")
-    if op.diagonal_band_right_bound is not None:
-        out.append(f"a diagonal band with right bound {op.diagonal_band_right_bound}")
-    if op.diagonal_alignment is DiagonalAlignment.BOTTOM_RIGHT and not op.use_causal_mask_bottom_right:
-        out.append("a bottom-right aligned band without the causal flag")
-    for role in ("sink_token", "block_mask"):
-        if roles.get(role) is not None:
-            out.append(f"a {role.replace('_', ' ')}")
-    present = {r for r, u in zip(op.output_roles(), node.outputs) if u is not None}
-    for role in ("score_max", "score_sum_exp", "rng_dump", "dSink_token"):
-        if role in present:
-            out.append(f"the {role} output")
-    if isinstance(op, Sdpa) and op.empty_row_stats != "+inf" and "stats" in present:
-        out.append(f"Stats of {op.empty_row_stats} on rows with no key kept")
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,9 +199,9 @@ class _Attention(Op):
                 hint="give a paged cache its page table only (a page table may be packed itself)",
             )
         if "q" in packed:
-            b = self._packed_batch(ctx)
-            sq = self._max_len(ctx, "max_seq_len_q", self.max_seq_len_q, "q")
-            self._check_packed_dims(ctx, "q", q)
+            b = layout.packed_batch(ctx)
+            sq = layout.max_len(ctx, "max_seq_len_q", self.max_seq_len_q, "q")
+            layout.check_packed_dims(ctx, "q", q)
         else:
             b, sq = q.dim[0], q.dim[2]
             if self.max_seq_len_q is not None and self.max_seq_len_q != sq:
@@ -273,10 +214,10 @@ class _Attention(Op):
         lengths = {}
         for role, t in (("k", k), ("v", v)):
             if role in paged:
-                lengths[role] = self._paged_length(ctx, role, t, b)
+                lengths[role] = layout.paged_length(self.max_seq_len_kv, ctx, role, t, b)
             elif role in packed:
-                self._check_packed_dims(ctx, role, t)
-                lengths[role] = self._max_len(ctx, "max_seq_len_kv", self.max_seq_len_kv, role)
+                layout.check_packed_dims(ctx, role, t)
+                lengths[role] = layout.max_len(ctx, "max_seq_len_kv", self.max_seq_len_kv, role)
             else:
                 if t.dim[0] != b:
                     ctx.error(
@@ -314,68 +255,6 @@ class _Attention(Op):
                     "(query head h reads key head h // (Hq / Hk))",
                 )
         return Geometry(b, q.dim[1], k.dim[1], v.dim[1], sq, lengths["k"], q.dim[3], v.dim[3], packed, paged)
-
-    def _packed_batch(self, ctx: NodeContext) -> int:
-        if not ctx.has("seq_len_q"):
-            ctx.error(
-                ShapeError,
-                "packed q needs seq_len_q (the length of each sequence)",
-                tensor="q",
-                rule="sdpa.ragged",
-                hint="pass use_padding_mask=True with seq_len_q and seq_len_kv [B, 1, 1, 1]",
-            )
-        return ctx.tensor("seq_len_q").dim[0]
-
-    @staticmethod
-    def _max_len(ctx: NodeContext, attr: str, value: int | None, role: str) -> int:
-        if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            ctx.error(
-                AttributeValueError,
-                f"packed '{role}' needs {attr} (a positive int), got {value!r}",
-                tensor=role,
-                rule="sdpa.max_seq_len",
-                hint=f"pass {attr}=<the longest sequence>: the padded dims of the scores",
-            )
-        return value
-
-    @staticmethod
-    def _check_packed_dims(ctx: NodeContext, role: str, t: TensorDesc) -> None:
-        if t.dim[0] != 1:
-            ctx.error(
-                ShapeError,
-                f"packed '{role}' has dims {list(t.dim)}; a packed tensor is [1, H, T, D]",
-                tensor=role,
-                rule="sdpa.ragged",
-                hint="give packed tensors batch 1: the tokens of every sequence lie along axis 2",
-            )
-
-    def _paged_length(self, ctx: NodeContext, role: str, t: TensorDesc, b: int) -> int:
-        table_role = f"paged_attention_{role}_table"
-        table = ctx.tensor(table_role)
-        if not table.data_type.is_integer or len(table.dim) != 4 or table.dim[1] != 1 or table.dim[3] != 1:
-            ctx.error(
-                ShapeError,
-                f"{table_role} is {table.data_type.name} {list(table.dim)}",
-                tensor=table_role,
-                rule="sdpa.paged",
-                hint="give an integer page table [B, 1, pages per sequence, 1]",
-            )
-        packed_table = ctx.has(f"{table_role}_ragged_offset")
-        if not packed_table and table.dim[0] != b:
-            ctx.error(
-                ShapeError,
-                f"{table_role} has batch {table.dim[0]}, the problem {b}",
-                tensor=table_role,
-                rule="sdpa.paged",
-                hint="one row of pages per sequence",
-            )
-        if packed_table:
-            self._check_packed_dims(ctx, table_role, table)
-        if self.max_seq_len_kv is not None:
-            return self._max_len(ctx, "max_seq_len_kv", self.max_seq_len_kv, role)
-        if packed_table:
-            return self._max_len(ctx, "max_seq_len_kv", None, role)
-        return table.dim[2] * t.dim[2]
 
     def score_dims(self, ctx: NodeContext) -> tuple[int, int, int, int]:
         return self.geometry(ctx).scores
@@ -494,8 +373,8 @@ class _Attention(Op):
     def dense_input(self, a: dict[str, Any], role: str, b: int, sq: int, skv: int) -> np.ndarray:
         """Input `role` in dense logical dims [B, H, S, w] (unpacked or unpaged)."""
         x = a[role]
-        rows = skv if role in _KV_SIDE else sq
-        lens = a["seq_len_kv"] if role in _KV_SIDE else a["seq_len_q"]
+        rows = skv if role in KV_SIDE else sq
+        lens = a["seq_len_kv"] if role in KV_SIDE else a["seq_len_q"]
         table = a.get(f"paged_attention_{role}_table")
         if table is not None:
             toff = a.get(f"paged_attention_{role}_table_ragged_offset")
@@ -518,7 +397,7 @@ class _Attention(Op):
         off = a.get(ragged_role(role))
         if off is None:
             return value
-        lens = a["seq_len_kv"] if role in _KV_SIDE else a["seq_len_q"]
+        lens = a["seq_len_kv"] if role in KV_SIDE else a["seq_len_q"]
         return ref.pack(value, self._rows(off, role), lens, out.dim[2])
 
     def _rows(self, offsets: np.ndarray, role: str) -> np.ndarray:
@@ -725,3 +604,18 @@ class SdpaBackward(_Attention):
             dbias,
             dsink if outs[4] is not None else None,
         ]
+
+
+__all__ = [
+    "BWD_RAGGED",
+    "EMPTY_ROW_STATS",
+    "FWD_RAGGED",
+    "DiagonalAlignment",
+    "Feature",
+    "Geometry",
+    "Sdpa",
+    "SdpaBackward",
+    "extensions",
+    "features",
+    "ragged_role",
+]

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..core.errors import AttributeValueError, DataTypeError, InternalError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, check_counts, graph_method, register_op
-from ..core.symbolic import Expr, provably_le, provably_lt
+from ..core.symbolic import Dim, Expr, provably_le, provably_lt
 from ..core.symbolic import bounds as size_bounds
 from ..core.tensor import INT64_MAX, Tensor, TensorDesc, format_dims, packed_strides, stride_order
 from .base import strides_like
@@ -177,6 +177,8 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
             "the axis: use slice(i, i + 1))",
         )
     for what, v in (("start", s.start), ("stop", s.stop), ("step", s.step)):
+        if what == "stop" and isinstance(v, (Expr, Dim)):  # a dynamic stop (`seq`, `seq - 1`): proved at inference
+            continue
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
             raise AttributeValueError(
                 f"slices[{axis}].{what} is {v!r}, not an int or None",
@@ -186,8 +188,16 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
             )
     step = 1 if s.step is None else int(s.step)
     start = 0 if s.start is None else int(s.start)
-    stop = INT64_MAX if s.stop is None else int(s.stop)
-    return (start, stop, step)
+    stop = (
+        INT64_MAX
+        if s.stop is None
+        else Expr.of(s.stop)
+        if isinstance(s.stop, Dim)
+        else s.stop
+        if isinstance(s.stop, Expr)
+        else int(s.stop)
+    )
+    return (start, stop, step)  # type: ignore[return-value]  # a dynamic stop is an Expr (see TensorDesc.dim)
 
 
 def _dynamic_bounds(
@@ -197,10 +207,12 @@ def _dynamic_bounds(
     (`(start, size, 1)`, start below the smallest size), or ints within its smallest size. Negative
     indices, steps to the end and a stop past the smallest size are refused."""
     start, stop, step = given
+    if isinstance(stop, Expr) and step == 1 and 0 <= start and provably_le(stop, size) and provably_lt(start, stop):
+        return (start, stop, 1)  # a dynamic stop within the axis over the whole range (x[:seq - 1])
     if step == 1 and provably_le(size, stop) and 0 <= start and provably_lt(start, size):
         return (start, size, 1)  # type: ignore[return-value]  # to the end (a dynamic size: see TensorDesc.dim)
     lowest = size_bounds(size)[0]
-    if start < 0 or stop < 0 or not provably_le(stop, size) or start >= stop:
+    if isinstance(stop, Expr) or start < 0 or stop < 0 or not provably_le(stop, size) or start >= stop:
         if ctx is None:
             raise InternalError(f"slice bounds {given} of a dynamic axis passed validation")
         ctx.error(
@@ -253,6 +265,16 @@ class Slice(Op):
             if isinstance(size, Expr):
                 out.append(_dynamic_bounds(ctx, axis, (start, stop, step), size))
                 continue
+            if isinstance(stop, Expr):
+                if ctx is None:
+                    raise InternalError(f"a dynamic stop {stop} on the static axis {axis} passed validation")
+                ctx.error(
+                    ShapeError,
+                    f"slices[{axis}] stops at the dynamic size {stop} on the static axis {axis} (size {size})",
+                    tensor="input",
+                    rule="slice.dynamic",
+                    hint="give a static axis int bounds",
+                )
             start, stop, step = builtins.slice(start, stop, step).indices(size)
             if ctx is not None and len(range(start, stop, step)) == 0:
                 ctx.error(

@@ -306,14 +306,22 @@ class DynamicPlan(ExecutionPlan):
 
     # -- explaining --------------------------------------------------------------------------------
     def describe(self) -> str:
+        """What the plan is for and what it holds now: that it is dynamic, its dims and their ranges,
+        the per-shape plans cached (how many, of how many the LRU keeps, and their shapes, least
+        recently used first), the counts of `stats`, then the plan at the range's maximum."""
         dims = ", ".join(f"{d.name} {d.min}..{d.max}" for d in self.symbols.values())
         with self._lock:
             shapes = [_shape_text(dict(zip(self.symbols, v))) for v in self._plans]
+        built, dropped = self.stats["shape_plans"], self.stats["evictions"]
         lines = [
-            f"dynamic plan for graph '{printable(self.graph.name)}': dims {dims}; a plan per shape "
-            f"(keeps {self.shape_plans}); built {self.stats['shape_plans']}, dropped {self.stats['evictions']}",
-            "  shapes kept: " + ("; ".join(shapes) or "-"),
-            "  at the range's maximum:",
+            f"dynamic plan for graph '{printable(self.graph.name)}': dims {dims}; a plan per shape (keeps {self.shape_plans})",
+            f"  dynamic dims: {', '.join(d.describe() for d in self.symbols.values())}",
+            f"  per-shape plans: {len(shapes)} cached of at most {self.shape_plans} (least recently used "
+            f"dropped first); built {built}, dropped {dropped} "
+            f"(stats: shape_plans={built}, evictions={dropped})",
+            "  shapes kept (least recently used first): " + ("; ".join(shapes) or "-"),
+            f"  at the range's maximum ({_shape_text(self.max_shape)}, built in "
+            f"{1e3 * self.build_stats['max_shape_build_s']:.1f} ms):",
         ]
         lines += ["    " + line for line in self.max_plan.describe().splitlines()]
         return "\n".join(lines)

@@ -94,9 +94,10 @@ def _kinds_named(fn: Any, depth: int = 3, seen: set[int] | None = None) -> set[s
 
 
 def _names_graph(value: ast.expr) -> bool:
-    """Whether `value` is what builders are called on: `g`, `self` (a builder calling another), `x.g`."""
+    """Whether `value` is what builders are called on: `g`, `self` (a builder calling another), `x.g`,
+    `imp` (the importer's helpers of the same names: `imp.reshape`, `imp.reduction`)."""
     if isinstance(value, ast.Name):
-        return value.id in ("g", "self", "graph")
+        return value.id in ("g", "self", "graph", "imp")  # imp: the importer's reshape, reduction
     return isinstance(value, ast.Attribute) and value.attr in ("g", "graph")
 
 
@@ -142,7 +143,16 @@ def _templates() -> dict[str, list[str]]:
 
 
 def _translators() -> dict[str, set[str]]:
-    from ..frontends import torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn, torch_ops_norm  # noqa: F401
+    # every module that registers translations, AOTAutograd's backward ops included (imported here, not by
+    # whatever ran before: the table must not depend on it)
+    from ..frontends import (  # noqa: F401
+        aot_ops,
+        torch_ops,
+        torch_ops_attention,
+        torch_ops_lm,
+        torch_ops_nn,
+        torch_ops_norm,
+    )
 
     return _inverse(torch_ops.TRANSLATORS.items())
 

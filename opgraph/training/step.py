@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, GraphError, VariantPackError, expect
+from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError, VariantPackError, expect
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
 from . import checkpoint
@@ -80,6 +80,15 @@ class TrainStep:
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         zero: bool = False,
     ) -> None:
+        symbols = getattr(imported, "symbols", None)
+        if symbols:
+            raise UnsupportedGraphError(
+                "training steps of a module imported with dynamic shapes ("
+                + ", ".join(d.describe() for d in symbols.values())
+                + ") are not supported yet",
+                rule="training.dynamic",
+                hint="import the module for training without dynamic_shapes (one step per input shape)",
+            )
         self.imported = imported
         self.process_group = process_group
         self._owners: dict[str, int] | None = None  # ZeRO-1: parameter key -> the rank that updates it

@@ -184,3 +184,18 @@ def test_a_union_keeps_each_values_own_type():
     params = [["n", 1], ["x", 1.0], ["on", True], ["name", "relu"]]
     op = decode_op("custom", {"op_name": "f", "num_inputs": 1, "num_outputs": 1, "params": params}, "w")
     assert_same(op.params, (("n", 1), ("x", 1.0), ("on", True), ("name", "relu")))
+
+
+def test_a_dynamic_size_attribute_round_trips_as_its_text_and_dims():
+    t = og.Dim("t", 1, 13)
+    g = og.Graph("s", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[2, t + 3, 6], name="x")
+    g.slice(x, [slice(None), slice(1, t + 2)]).set_output(True).set_name("inner")
+    (node,) = g.final.nodes
+    attrs = encode_attrs(node.op)
+    assert attrs["slices"][1][1] == {"expr": "t + 2", "dims": [{"name": "t", "min": 1, "max": 13}]}
+    assert decode_op("slice", json.loads(json.dumps(attrs)), "ops[0]") == node.op
+    loaded = og.Graph.from_json(g.to_json())
+    assert str(loaded.final.tensors[loaded.final.outputs[0]].dim[1]) == "t + 1"
+    with pytest.raises(og.SerializationError):
+        decode_op("slice", {"slices": [[1, {"expr": "t + (", "dims": [t.to_json()]}, 1]]}, "ops[0]")

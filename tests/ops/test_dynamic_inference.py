@@ -115,6 +115,7 @@ def slices(g, n, t):
     x = g.tensor(dim=[n, t + 3, 6], name="x")  # at least 4 long on axis 1
     g.slice(x, [slice(None), slice(1, 4), slice(0, 6, 2)]).set_output(True).set_name("window")
     g.slice(x, [slice(None), slice(2, None)]).set_output(True).set_name("tail")
+    g.slice(x, [slice(None), slice(1, t + 2)]).set_output(True).set_name("inner")  # a dynamic stop: x[:, 1:-1]
 
 
 def image_norms(g, n, t):
@@ -207,7 +208,7 @@ def test_a_reshape_that_divides_a_dynamic_count_unevenly_is_refused():
     check_rule(info.value, "reshape.numel", "x", "r")
 
 
-@pytest.mark.parametrize("window", [slice(0, 4), slice(-3, None), slice(0, None, 2)])
+@pytest.mark.parametrize("window", [slice(0, 4), slice(-3, None), slice(0, None, 2), slice(1, T)])
 def test_a_slice_whose_length_depends_on_the_size_is_refused(window):
     g = og.Graph(io_data_type=F32)
     x = g.tensor(dim=[N, T], name="x")

@@ -88,6 +88,27 @@ def test_shape_plans_are_an_lru():
     assert "batch=1 seq=1; batch=3 seq=3" in plan.describe()
 
 
+def test_describe_says_dynamic_dims_cache_and_shapes():
+    g = mlp_graph()
+    plan = g.build(device="cpu", engines=["reference"])
+    plan.shape_plans = 3
+    rng = np.random.default_rng(4)
+    for b, s in [(2, 5), (3, 7), (2, 5), (1, 1)]:
+        run_at(plan, {"batch": b, "seq": s}, rng)
+    lines = plan.describe().splitlines()
+    assert lines[0] == "dynamic plan for graph 'dyn': dims batch 1..16, seq 1..37; a plan per shape (keeps 3)"
+    assert lines[1] == "  dynamic dims: 'batch' (range 1..16), 'seq' (range 1..37)"
+    assert lines[2] == (
+        "  per-shape plans: 3 cached of at most 3 (least recently used dropped first); built 4, dropped 1 "
+        "(stats: shape_plans=4, evictions=1)"
+    )
+    assert lines[3] == "  shapes kept (least recently used first): batch=3 seq=7; batch=2 seq=5; batch=1 seq=1"
+    assert lines[4].startswith("  at the range's maximum (batch=16 seq=37, built in ")
+    assert lines[5].startswith("    plan for graph 'dyn' on cpu: ")
+    assert plan.stats == {"shape_plans": 4, "evictions": 1}
+    assert "DynamicPlan 'dyn' (batch 1..16, seq 1..37)" in repr(plan)
+
+
 def pack_of(g: og.Graph, x_shape, y_shape=None) -> dict:
     return {
         "x": np.ones(x_shape, np.float32),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..templates.base import Arg, Launch, Params
-from .spec import LOG2E, AttnSpec, Causal, Coords, MaskDropout, Operand, PhiloxDropout, Scalar
+from .spec import LOG2E, AttnSpec, Coords, MaskDropout, Operand, PhiloxDropout, Scalar
 
 INT32_MAX = 2**31 - 1
 
@@ -110,7 +110,7 @@ def seqlen_lines(spec: AttnSpec, k: KernelText) -> list[str]:
                 f"{name}_raw = tl.load({op.name} + {off}off_b * {op.strides[0]}).to(tl.int32)",
                 f"{name} = tl.minimum(tl.maximum({name}_raw, 0), {full})",
             ]
-    lines.append("diag = kv_len_raw - q_len_raw" if spec.causal is Causal.BOTTOM_RIGHT else "diag = 0")
+    lines.append("diag = kv_len_raw - q_len_raw" if spec.diag_from_lengths else "diag = 0")
     return lines
 
 
@@ -159,15 +159,17 @@ def cols_orient(i_ok: str | None, j_ok: str | None) -> Orient:
 
 
 def mask_expr(spec: AttnSpec, o: Orient) -> str | None:
-    """The tile predicate of the built-in masks (padding, causal, sliding window) and of the tile's
-    memory bounds (keys or queries past the tensors' ends, where the loop reaches them)."""
+    """The tile predicate of the built-in masks (padding, the band's right bound: causal, and its left
+    bound: the sliding window) and of the tile's memory bounds (keys or queries past the tensors'
+    ends, where the loop reaches them)."""
     terms = [t for t in (o.i_ok, o.j_ok) if t]
     if spec.seq_len_kv is not None:
         terms.append(f"({o.j} < kv_len)")
     if spec.seq_len_q is not None:
         terms.append(f"({o.i} < q_len)")
-    if spec.causal is not Causal.NONE:
-        terms.append(f"({o.j} <= {o.i} + diag)")
+    r = spec.right_bound
+    if r is not None:
+        terms.append(f"({o.j} <= {o.i} + diag{f' + {r}' if r else ''})")
     if spec.window is not None:
         terms.append(f"({o.i} + diag - {o.j} < {spec.window})")
     return " & ".join(terms) or None

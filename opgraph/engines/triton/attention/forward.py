@@ -7,7 +7,10 @@ arithmetic), blocks crossing the causal diagonal or the keys' end (masked); bloc
 never loaded. Per key block: S = q k^T (tensor cores, fp32 accumulate), scale, bias, ALiBi, the score
 modifier and the masks in fp32, then the online softmax in log2 units (exp2 with log2(e) folded into
 the scale) and acc += P v. Rows that see no key end with l = 0: their output is 0 and their
-log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group.
+log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group. The band: key j is seen
+by query i when i + diag - W < j <= i + diag + R (W the sliding window / left bound, R the right bound,
+0 for causal; diag = kv_len - q_len bottom-right aligned, else 0). Packed (ragged) tensors: ragged.py;
+paged caches: paged.py.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from .common import (
     tma_ok,
     wide,
 )
-from .spec import LN2, AttnSpec, Causal, Coords, FwdKnobs
+from .paged import page_base, paged_load
+from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
+from .spec import LN2, AttnSpec, Coords, FwdKnobs
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -47,17 +52,18 @@ def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
     """Whether the forward needs its leading masked loop (sliding window) and its trailing one
     (causal, padding or a ragged last key block)."""
     lead = spec.window is not None
-    trail = spec.causal is not Causal.NONE or spec.seq_len_kv is not None or spec.Skv % bn != 0
+    trail = spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0
     return lead, trail
 
 
 def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     """Key ranges of a block of query rows [m0, m0 + bm): masked [lo, r1), whole [r1, r2), masked
     [r2, hi), each a multiple of bn apart from hi. Rows beyond q_len see nothing."""
-    causal = spec.causal is not Causal.NONE
+    right = spec.right_bound
+    r = f" + {right}" if right else ""
     lines = ["hi = kv_len"]
-    if causal:
-        lines.append(f"hi = tl.minimum(hi, tl.maximum({m0} + {bm} + diag, 0))")
+    if right is not None:
+        lines.append(f"hi = tl.minimum(hi, tl.maximum({m0} + {bm} + diag{r}, 0))")
     if spec.window is not None:
         w = spec.window
         lines.append(f"lo = (tl.maximum({m0} + diag - {w - 1}, 0) // {bn}) * {bn}")
@@ -67,8 +73,8 @@ def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     if spec.seq_len_q is not None:
         lines.append(f"hi = tl.where({m0} < q_len, hi, lo)")
     lines.append(f"r2 = (kv_len // {bn}) * {bn}")
-    if causal:
-        lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag + 1, 0) // {bn}) * {bn})")
+    if right is not None:
+        lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag{r} + 1, 0) // {bn}) * {bn})")
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
     return lines
 
@@ -87,7 +93,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     num_m = -(-spec.Sq // bm)
-    causal = spec.causal is not Causal.NONE
+    causal = spec.right_bound is not None
     dt = dot_dtype(spec)
     for role in ("q", "k", "v"):
         if spec.hook(role) is None:  # an operand made by its prologue is no parameter
@@ -113,6 +119,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"offs_dv = tl.arange(0, {dvp})",
     )
     k.add(*seqlen_lines(spec, k))
+    k.add(*ragged_lines(spec, k))
     k.add(*scale_lines(spec, k))
     k.add(*alibi_lines(spec))
     dropout_scale_params(spec, k)
@@ -130,6 +137,8 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     tma = (
         bool(kn.TMA)
         and not spec.prologue
+        and not spec.ragged
+        and not spec.paged
         and all(
             tma_ok(op, (spec.B, h, s, d))
             for op, h, s, d in (
@@ -152,22 +161,26 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         )
     else:
         rows = "offs_m[:, None].to(tl.int64)" if wq else "offs_m[:, None]"
+        q_ok = rows_ok(spec, "q", "offs_m[:, None]") or row_ok
         k.add(
-            f"q = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
-            f" + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})"
+            f"q = tl.load({spec.q.name} + {row_base(spec, 'q', spec.q, 'off_b', 'off_h')} + {rows} * {spec.q.strides[2]}"
+            f" + offs_d[None, :]{_mask(and_mask(q_ok, dmask))})"
         )
     if spec.hook("q") is None and spec.q.dtype != dt:
         k.add(f"q = q.to({dt})")
     krows = "offs_n0[:, None].to(tl.int64)" if wk else "offs_n0[:, None]"
     vrows = "offs_n0[:, None].to(tl.int64)" if wv else "offs_n0[:, None]"
-    if not tma and spec.hook("k") is None:
+    for role, h in (("k", "off_hk"), ("v", "off_hv")):
+        if spec.page(role) is not None:
+            k.add(*page_base(spec, k, role, h))
+    if not tma and spec.hook("k") is None and spec.page("k") is None:
         k.add(
-            f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
+            f"k_ptrs = {spec.k.name} + {row_base(spec, 'k', spec.k, 'off_b', 'off_hk')} + {krows} * {spec.k.strides[2]}"
             " + offs_d[None, :]"
         )
-    if not tma and spec.hook("v") is None:
+    if not tma and spec.hook("v") is None and spec.page("v") is None:
         k.add(
-            f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
+            f"v_ptrs = {spec.v.name} + {row_base(spec, 'v', spec.v, 'off_b', 'off_hv')} + {vrows} * {spec.v.strides[2]}"
             " + offs_dv[None, :]"
         )
     k.add(
@@ -195,7 +208,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     k.add("out = acc * inv_l[:, None]")
     if spec.seq_len_q is not None:
         k.add("out = tl.where((offs_m < q_len)[:, None], out, 0.0)")
-    omask = and_mask(row_ok, dvmask)
+    omask = and_mask(rows_ok(spec, "o", "offs_m[:, None]") or row_ok, dvmask)
     if spec.epilogue is not None:
         for p in spec.epilogue.params():
             k.param(p)
@@ -207,7 +220,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         o = spec.o
         orows = "offs_m[:, None].to(tl.int64)" if wide(extent(o, (1, 1, spec.Sq, spec.Dv))) else "offs_m[:, None]"
         k.add(
-            f"tl.store({o.name} + {base_expr(o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
+            f"tl.store({o.name} + {row_base(spec, 'o', o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
             f"({value}).to({o.dtype}){_mask(omask, store=True)})"
         )
     if spec.stats is not None:
@@ -215,8 +228,11 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         k.add(f'lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float("inf"))')
         if spec.seq_len_q is not None:
             k.add('lse = tl.where(offs_m < q_len, lse, float("inf"))')
-        smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
-        k.add(f"tl.store({st.name} + {base_expr(st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})")
+        st_ok = rows_ok(spec, "stats", "offs_m") or (f"offs_m < {spec.Sq}" if spec.Sq % bm else None)
+        smask = f", mask={st_ok}" if st_ok else ""
+        k.add(
+            f"tl.store({st.name} + {row_base(spec, 'stats', st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})"
+        )
 
     for hook in (h for _, h in spec.prologue):
         for p in hook.params():
@@ -225,7 +241,12 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
-    return generated(functions, [k.launch(grid, kn.num_warps, kn.num_stages)])
+    launches = [k.launch(grid, kn.num_warps, kn.num_stages)]
+    zero = zero_kernel(spec, f"{name}_zero")
+    if zero is not None:  # packed outputs: rows no sequence covers are 0
+        functions.insert(0, zero[0].source())
+        launches.insert(0, zero[0].launch(zero[1], 4, 1))
+    return generated(functions, launches)
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:
@@ -283,7 +304,7 @@ def _body(
     bn = kn.BLOCK_N
     dt = dot_dtype(spec)
     ragged = masked and spec.Skv % bn != 0
-    key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    key_ok = rows_ok(spec, "k", "offs_n[:, None]") or (f"(offs_n[:, None] < {spec.Skv})" if ragged else None)
     start = "start_n.to(tl.int64)" if wk else "start_n"
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     kload = (
@@ -292,6 +313,14 @@ def _body(
         else f"tl.load(k_ptrs + {start} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})"
     )
     lines = ["offs_n = start_n + offs_n0"]
+    # a paged cache's keys past the sequence or Skv read zeros (their pages may be anyone's)
+    page_ok = and_mask(
+        f"(offs_n[:, None] < {spec.Skv})" if ragged else None,
+        "(offs_n[:, None] < kv_len)" if spec.seq_len_kv is not None else None,
+    )
+    if spec.page("k") is not None:
+        setup, kload = paged_load(spec, "k", bn, "offs_d", page_ok, dmask)
+        lines += setup
     lines += _load_or_prologue(
         spec,
         k,
@@ -318,12 +347,15 @@ def _body(
         lines += dropout_lines(spec, k, o)
         lines.append(f"p = {apply_keep(spec, 'p')}")
     vstart = "start_n.to(tl.int64)" if wv else "start_n"
-    vkey_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    vkey_ok = rows_ok(spec, "v", "offs_n[:, None]") or (f"(offs_n[:, None] < {spec.Skv})" if ragged else None)
     vload = (
         tma_load("desc_v", "off_b", "off_hv", "start_n", bn, dvp)
         if tma
         else f"tl.load(v_ptrs + {vstart} * {spec.v.strides[2]}{_mask(and_mask(vkey_ok, dvmask))})"
     )
+    if spec.page("v") is not None:
+        setup, vload = paged_load(spec, "v", bn, "offs_dv", page_ok, dvmask)
+        lines += setup
     lines += _load_or_prologue(
         spec,
         k,

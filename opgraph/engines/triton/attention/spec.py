@@ -48,6 +48,30 @@ class Causal(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Ragged:
+    """How a packed (ragged, THD) tensor [1, H, T, w] holds its sequences: sequence b's row i is row
+    floor(offsets[b] / per_row) + i of axis 2 (`offsets`: an integer [B(+1), 1, 1, 1] tensor;
+    `per_row`: what one row counts in its units), `tokens` = T rows in all. Rows outside [0, T) read
+    as zeros and are never written."""
+
+    offsets: Operand
+    per_row: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Paged:
+    """A paged k or v: its operand is the container [pages, H, block, w]; key j of sequence b is row
+    j % block of page table[b, j // block] (`table`: an integer [B, 1, slots, 1] tensor). A page index
+    outside [0, pages) or a slot past the table reads zeros."""
+
+    table: Operand
+    pages: int
+    block: int
+    slots: int
+
+
+@dataclass(frozen=True)
 class PhiloxDropout:
     """Dropout drawn in the kernel: keep an element when its uniform draw (tl.rand) is >= p; kept
     elements are scaled by 1/(1-p). `seed` and `offset`: 1-element integer device tensors (Scalar
@@ -143,6 +167,12 @@ class AttnSpec:
     dv: Operand | None = None
     dbias: Operand | None = None  # shaped like bias, which may broadcast
     bias_dims: tuple[int, int, int, int] | None = None  # bias's logical dims (1 where broadcast)
+    # the diagonal band beyond the causal flags (forward): key j is seen when j <= i + diag + right;
+    # diag = kv_len - q_len (per sequence) with bottom_right, else 0 (causal sets both itself)
+    right: int | None = None
+    bottom_right: bool = False
+    ragged: tuple[tuple[str, Ragged], ...] = ()  # packed tensors ("q", "k", "v", "o", "stats") (forward)
+    paged: tuple[tuple[str, Paged], ...] = ()  # paged caches ("k", "v") (forward)
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
     fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
@@ -156,12 +186,32 @@ class AttnSpec:
         return self.Hq // self.Hv
 
     @property
+    def right_bound(self) -> int | None:
+        """The band's right bound R (key j seen when j <= i + diag + R): 0 under a causal flag."""
+        return 0 if self.causal is not Causal.NONE else self.right
+
+    @property
+    def diag_from_lengths(self) -> bool:
+        """Whether the band's diagonal is bottom-right aligned (diag = kv_len - q_len)."""
+        return self.causal is Causal.BOTTOM_RIGHT or self.bottom_right
+
+    def packed(self, role: str) -> Ragged | None:
+        return next((r for n, r in self.ragged if n == role), None)
+
+    def page(self, role: str) -> Paged | None:
+        return next((r for n, r in self.paged if n == role), None)
+
+    @property
     def masked_rows_possible(self) -> bool:
         """Whether some row may see no key at all, or a score may be -inf (guards needed)."""
         return (
             self.causal is Causal.BOTTOM_RIGHT
             or self.seq_len_kv is not None
             or self.window is not None
+            or self.right is not None
+            or self.bottom_right
+            or bool(self.ragged)
+            or bool(self.paged)
             or self.bias is not None
             or self.score_mod is not None
             or self.Sq > self.Skv

@@ -9,7 +9,10 @@ operand's, its tensors broadcast to that operand's dims; none of its values need
 piece); pointwise nodes on O (tensors broadcast to O's dims; outputs of O's dims). Not Stats
 consumers, not prologue values read by the epilogue. Layout: q/k/v read from memory and O written
 with a unit last stride (BSHD, BHSD or any other strides); head dims up to 256; HALF, BFLOAT16 or
-FLOAT (fp32 dots as IEEE fp32 by default, tf32 as a knob).
+FLOAT (fp32 dots as IEEE fp32 by default, tf32 as a knob). Packed (ragged, THD) q, k, v, O and Stats,
+paged k and v (page tables), the diagonal band's right bound and bottom-right alignment (no
+prologue or epilogue on a packed or paged tensor); not sinks, block masks, the score_max /
+score_sum_exp / rng_dump outputs, -inf Stats, packed page tables.
 
 Knobs: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (tensor-descriptor reads), ORDER (grid
 order), ONELOOP (one loop with run-time masks); candidates per head dim in attention/knobs.py, with

@@ -1,0 +1,88 @@
+"""Packed (ragged, THD) tensors in the generated forward: sequence b of a packed tensor [1, H, T, w]
+starts at row floor(offsets[b] / per_row) of axis 2 (spec.Ragged). A program of (query block, b, h)
+loads its sequence's start per packed tensor once (`{role}_tok0`) and the local rows that lie in
+[0, T) and in the sequence (`{role}_lo` <= i < `{role}_hi`): loads outside read zeros (as the reference
+engine's unpacking), stores outside are dropped, so a sequence never reads or writes its neighbours'
+rows past its length. Rows of a packed O or Stats that no sequence covers are zeroed by a launch
+before the attention kernel (the reference engine's packing writes them 0)."""
+
+from __future__ import annotations
+
+from .common import KernelText, base_expr, pow2
+from .spec import AttnSpec, Operand
+
+ZERO_ROWS = 64  # rows of a packed output one program of the zeroing launch clears
+
+_LENGTH = {"q": "q_len", "o": "q_len", "stats": "q_len", "k": "kv_len", "v": "kv_len"}
+
+
+def ragged_lines(spec: AttnSpec, k: KernelText) -> list[str]:
+    """`{role}_tok0`, `{role}_lo`, `{role}_hi` of each packed tensor for batch entry off_b (after
+    seqlen_lines: the sequence lengths q_len, kv_len)."""
+    lines = []
+    for role, r in spec.ragged:
+        off = r.offsets
+        k.param(off.name)
+        at = f"{off.offset} + " if off.offset else ""
+        raw = f"tl.load({off.name} + {at}off_b * {off.strides[0]}).to(tl.int64)"
+        if r.per_row == 1:
+            lines.append(f"{role}_tok0 = {raw}")
+        else:  # floor division of an integer of either sign (// of a negative one differs between backends)
+            n = r.per_row
+            lines += [
+                f"{role}_tok0 = {raw}",
+                f"{role}_tok0 = tl.where({role}_tok0 >= 0, {role}_tok0 // {n}, -(({n - 1} - {role}_tok0) // {n}))",
+            ]
+        lines += [
+            f"{role}_lo = tl.maximum(-{role}_tok0, 0)",
+            f"{role}_hi = tl.minimum({_LENGTH[role]}.to(tl.int64), {r.tokens} - {role}_tok0)",
+        ]
+    return lines
+
+
+def row_base(spec: AttnSpec, role: str, op: Operand, b: str, h: str) -> str:
+    """The element offset of (b, h) in `op` (the tensor under `role`), in int64: of the sequence's
+    first row where the tensor is packed."""
+    base = base_expr(op, b, h)
+    if spec.packed(role) is None:
+        return base
+    return f"{base} + {role}_tok0 * {op.strides[2]}"
+
+
+def rows_ok(spec: AttnSpec, role: str, rows: str) -> str | None:
+    """The predicate of local rows `rows` that lie in a packed tensor and its sequence (None: dense)."""
+    if spec.packed(role) is None:
+        return None
+    return f"(({rows} >= {role}_lo) & ({rows} < {role}_hi))"
+
+
+def zero_kernel(spec: AttnSpec, name: str) -> tuple[KernelText, tuple[int, int]] | None:
+    """The launch clearing packed O and Stats before the attention kernel writes its sequences' rows
+    (None where neither is packed and written)."""
+    outs = [(r, op) for r in ("o", "stats") if spec.packed(r) is not None and (op := getattr(spec, r)) is not None]
+    if not outs:
+        return None
+    k = KernelText(name)
+    dvp = pow2(spec.Dv)
+    k.add(
+        f"rows = tl.program_id(0) * {ZERO_ROWS} + tl.arange(0, {ZERO_ROWS})",
+        "off_h = tl.program_id(1)",
+        f"offs_dv = tl.arange(0, {dvp})",
+    )
+    tokens = 0
+    for role, op in outs:
+        k.param(op.name)
+        t = spec.packed(role).tokens  # type: ignore[union-attr]
+        tokens = max(tokens, t)
+        base = f"{op.name} + {base_expr(op, 'off_h', 'off_h')}"
+        if role == "o":
+            cols = f" & (offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else ""
+            k.add(
+                f"tl.store({base} + rows[:, None].to(tl.int64) * {op.strides[2]} + offs_dv[None, :], "
+                f"tl.zeros([{ZERO_ROWS}, {dvp}], {op.dtype}), mask=(rows[:, None] < {t}){cols})"
+            )
+        else:
+            k.add(
+                f"tl.store({base} + rows.to(tl.int64) * {op.strides[2]}, tl.zeros([{ZERO_ROWS}], {op.dtype}), mask=rows < {t})"
+            )
+    return k, (-(-tokens // ZERO_ROWS), spec.Hq)
