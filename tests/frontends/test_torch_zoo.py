@@ -176,6 +176,21 @@ def test_zoo_model_matches_pytorch_on_cuda(name, fp32_torch):
 GPU_TORCH_STEPS = {"llama": 0, "qwen2": 0, "mistral": 0}
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("name", list(GPU_TORCH_STEPS))
+def test_decoder_runs_without_torch_engine_steps_on_the_interpreter(name):
+    """The same plan's kernels under Triton's interpreter, against PyTorch."""
+    entry = _entry(name)
+    model = entry.module.eval()
+    imported = og.from_torch(model, entry.inputs)
+    with torch.no_grad():
+        want = model(*entry.inputs)
+    got = imported.run(*entry.inputs, engines=["triton", "torch"])
+    plan = imported.plan("cpu", engines=["triton", "torch"])
+    assert rel_error(got, want) <= RTOL
+    assert sum(s.config.engine == "torch" for s in plan.steps) == GPU_TORCH_STEPS[name], plan.describe()
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("name", list(GPU_TORCH_STEPS))
