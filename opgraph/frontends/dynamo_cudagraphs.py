@@ -125,4 +125,7 @@ def _reserve(compiled: Any) -> None:
     tree refuses when it records."""
     reserve = getattr(compiled, "reserve", None)
     if reserve is not None:
-        reserve()
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # (AOTAutograd compiles under a fake mode: real buffers, not fakes)
+            reserve()
