@@ -1097,6 +1097,7 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
         t_time = run.elapsed()
         cut = run.time_all(timed_rows, budget - END_MARGIN_S)
         timing_s = run.elapsed() - t_time
+        specs = []  # (make_row's arguments but the floor, k) per row
         for wid in order:
             for variant in args.variants:
                 sides = {
@@ -1105,31 +1106,19 @@ def parent_main(args: argparse.Namespace, argv: list[str]) -> int:
                     else {"status": "absent", "error": "no such workload in this version"}
                     for v in ("old", "new")
                 }
-                rows.append(
-                    make_row(
-                        wid,
-                        info[wid][1],
-                        variant,
-                        sides["old"],
-                        sides["new"],
-                        run.samples.get(("old", wid, variant), []),
-                        run.samples.get(("new", wid, variant), []),
-                        args.noise_floor,
-                    )
+                samples = [run.samples.get((v, wid, variant), []) for v in ("old", "new")]
+                specs.append(
+                    ((wid, info[wid][1], variant, sides["old"], sides["new"], *samples), run.k_used.get((wid, variant)))
                 )
-                rows[-1]["k"] = run.k_used.get((wid, variant))
+
+        def judged(floor: float) -> list[dict[str, Any]]:
+            return [{**make_row(*spec, floor), "k": k} for spec, k in specs]
+
+        rows = judged(args.noise_floor)
         # a row whose code differs is judged against the A/A spread too: noise its own repeats cannot see
         aa = aa_spread(rows)
         if aa > args.noise_floor:
-            rows = [
-                {
-                    **make_row(
-                        r["id"], r["title"], r["variant"], r["old"], r["new"], r["old_samples"], r["new_samples"], aa
-                    ),
-                    "k": r.get("k"),
-                }
-                for r in rows
-            ]
+            rows = judged(aa)
         meta = {
             "schema": 1,
             "command": " ".join(["python", "scripts/ab_kernels.py", *argv]),

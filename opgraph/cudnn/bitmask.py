@@ -5,6 +5,7 @@ value scratch tensor; an input is unpacked into it before the run, an output pac
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -47,15 +48,22 @@ def scratch(desc: TensorDesc, like: Any) -> Any:
 
 
 def _weights(like: Any) -> Any:
+    """The bits' values 1, 2, ..., 128 on `like`'s device (made once per device)."""
+    return _weights_on(like.device)
+
+
+@functools.lru_cache(maxsize=16)
+def _weights_on(device: Any) -> Any:
     import torch
 
-    return torch.tensor([1 << b for b in range(8)], dtype=torch.int32, device=like.device)
+    return torch.tensor([1 << b for b in range(8)], dtype=torch.int32, device=device)
 
 
 def unpack(desc: TensorDesc, packed: Any) -> Any:
     """The boolean tensor `packed` holds, in `desc`'s layout."""
     out = scratch(desc, packed)
-    bits = _flat(packed, "input", desc).to(dtype=_weights(packed).dtype).view(-1, 1) & _weights(packed)
+    w = _weights(packed)
+    bits = _flat(packed, "input", desc).to(w.dtype).view(-1, 1) & w
     _flat(out, "scratch", desc).copy_((bits != 0).reshape(-1))
     return out
 

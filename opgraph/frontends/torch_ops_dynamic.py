@@ -39,21 +39,28 @@ def expand_dynamic(imp: Importer, x: Value, shape: tuple[Any, ...]) -> Any:
 def zeros_of(imp: Importer, size: Any, axis: int, rank: int) -> Any:
     """Zeros (int64) of dims [1, .., size, .., 1] (`size` at `axis`), computed from a tensor in the
     graph that has a dim `size` (its first row's index, minus itself)."""
+    index, _ = _positions(imp, imp.node, size, "needs a tensor of dynamic size {size}, which no input has")
+    index.set_data_type(imp.torch.int64)
+    zero = imp.g.sub(index, index, name=imp.op_name("zero")).set_data_type(imp.torch.int64)
+    return imp.reshape(zero, [size if i == axis else 1 for i in range(rank)], name=imp.op_name("zeros"))
+
+
+def _positions(imp: Importer, node: Any, size: Any, refusal: str) -> tuple[Any, int]:
+    """0, 1, .., size - 1 along the axis of a tensor in the graph that has a dim `size` (gen_index of
+    its first row, the holder's rank and that axis kept), and that rank; `refusal` when no tensor has it."""
     holder = next(
         (v for v in imp.env.values() if isinstance(v, Value) and v.tensor is not None and size in v.shape),
         None,
     )
     if holder is None:
-        raise dynamic_refusal(imp.node, f"needs a tensor of dynamic size {size}, which no input has", [size])
+        raise dynamic_refusal(node, refusal.format(size=size), [size])
     k = list(holder.shape).index(size)
     t = holder.tensor
     if holder.rank > 1:
         t = imp.g.slice(
             t, [slice(None) if i == k else slice(0, 1) for i in range(holder.rank)], name=imp.op_name("row")
         )
-    index = imp.g.gen_index(t, axis=k, name=imp.op_name("index")).set_data_type(imp.torch.int64)
-    zero = imp.g.sub(index, index, name=imp.op_name("zero")).set_data_type(imp.torch.int64)
-    return imp.reshape(zero, [size if i == axis else 1 for i in range(rank)], name=imp.op_name("zeros"))
+    return imp.g.gen_index(t, axis=k, name=imp.op_name("index")), holder.rank
 
 
 def slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, step: Any) -> Any:
@@ -80,20 +87,9 @@ def arange_dynamic(imp: Importer, node: Any, a: Args, shape: tuple[Any, ...]) ->
     start, step = a.get("start", 0) or 0, a.get("step", 1) or 1
     if not isinstance(start, (int, float)) or not isinstance(step, (int, float)) or len(shape) != 1:
         raise dynamic_refusal(node, "is an arange with a dynamic start or step", shape)
-    holder = next(
-        (v for v in imp.env.values() if isinstance(v, Value) and v.tensor is not None and n in v.shape),
-        None,
-    )
-    if holder is None:
-        raise dynamic_refusal(node, "is an arange whose length is no input's dim", shape)
-    axis = list(holder.shape).index(n)
-    t = holder.tensor
-    if holder.rank > 1:
-        row = [slice(None) if i == axis else slice(0, 1) for i in range(holder.rank)]
-        t = imp.g.slice(t, row, name=imp.op_name("row"))
-    index = imp.g.gen_index(t, axis=axis, name=imp.op_name("index"))
+    index, rank = _positions(imp, node, n, "is an arange whose length is no input's dim")
     index.set_data_type(node.meta["val"].dtype)
-    if holder.rank > 1:
+    if rank > 1:
         index = imp.reshape(index, [n], name=imp.op_name("flat"))
     if step != 1:
         index = imp.g.mul(index, step, name=imp.op_name("step"))

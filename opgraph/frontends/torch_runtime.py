@@ -206,6 +206,7 @@ class ImportedGraph:
         self._plans: dict[Any, Any] = {}
         self._device_constants: dict[tuple[str, str], Any] = {}
         self._runs: dict[tuple[int, str, tuple[int, ...]], _RunPack] = {}  # run()'s packs, per plan, device, shape
+        self._shape_envs: dict[tuple[Any, ...], dict[str, int]] = {}  # shape_of's answers, per input shapes
 
     # -- what the graph reads and writes --------------------------------------------------------------
     @property
@@ -280,6 +281,10 @@ class ImportedGraph:
         final = self.graph.final
         if not final.symbols:
             return {}
+        key = tuple(tuple(v.shape) if hasattr(v, "shape") else None for v in leaves)
+        found = self._shape_envs.get(key)
+        if found is not None:
+            return dict(found)
         from ..core.symbolic import Expr
         from ..core.symbolic_solve import Observed, solve
 
@@ -302,7 +307,11 @@ class ImportedGraph:
                 for axis, (d, n) in enumerate(zip(desc.dim, shape))
                 if isinstance(d, Expr)
             ]
-        return solve(observed)
+        env = solve(observed)
+        if len(self._shape_envs) >= 64:
+            self._shape_envs.pop(next(iter(self._shape_envs)))
+        self._shape_envs[key] = env
+        return dict(env)
 
     def _flat_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         from torch.utils import _pytree as pytree

@@ -35,10 +35,6 @@ class SymbolTable:
     dims: dict[Any, Dim] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def symbols(self) -> dict[str, Dim]:
-        return {d.name: d for d in self.dims.values()}
-
 
 _ACTIVE: contextvars.ContextVar[SymbolTable | None] = contextvars.ContextVar("opgraph_torch_symbols", default=None)
 

@@ -98,9 +98,10 @@ class ExecutionPlan:
             return local
 
     def reserve(self) -> None:
-        """Make the calling thread's binding and allocate its own workspace now, as its first execute
-        would: for callers whose first execute runs where allocations are watched (the warmup of
-        PyTorch's CUDA graph trees, whose memory pool must end up holding outputs only)."""
+        """Make the calling thread's state (its address table) and allocate its own workspace now, as its
+        first execute would (the binding itself waits for a pack): for callers whose first execute runs
+        where allocations are watched (the warmup of PyTorch's CUDA graph trees, whose memory pool must
+        end up holding outputs only)."""
         self.local_state().reserve()
 
     # -- running -----------------------------------------------------------------------------------

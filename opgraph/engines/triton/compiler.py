@@ -466,6 +466,6 @@ def _refuse_oversized(specs: Mapping[str, tuple[KernelSpec, Any]], report: Compi
         try:
             why = native.too_big(int(binary.meta("shared", 0) or 0))
         except (OSError, ExecutionError):  # no CUDA driver here (a build for a plan file): the bind checks
-            continue
+            return
         if why:
             report.failed[spec.key] = f"kernel {spec.kernel} {why}"

@@ -343,13 +343,14 @@ class PointwiseTemplate(Template):
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
+        seen = _with_views(piece, views) if EMBEDDING in kinds or CONCAT in kinds else {}
         if EMBEDDING in kinds:
             produced = {u for n in piece.nodes if n.kind not in VIEW_KINDS for u in n.output_uids()}
-            unfit = check_gathers(piece, produced, _with_views(piece, views))
+            unfit = check_gathers(piece, produced, seen)
             if unfit is not None:
                 return unfit
         if CONCAT in kinds:  # (each value at the dims of its frame: a concatenation's operands at theirs)
-            unfit = check_frames(piece, _with_views(piece, views), space)
+            unfit = check_frames(piece, seen, space)
             return unfit if unfit is not None else PointwiseMatch(self, piece, device, views)
         # the first op writing each distinct dims (views are read where a pointwise op reads them,
         # broadcast by that op's rule)
