@@ -53,6 +53,7 @@ from typing import Any
 
 from ..core.errors import DataTypeError, GraphError, UnsupportedGraphError, expect
 from ..core.ir import Const, FinalGraph, Node, Operand
+from ..core.symbolic import bounds
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..ops.pointwise import Pointwise, PointwiseMode
@@ -239,14 +240,6 @@ def grad(
             f"grad takes a Graph or FinalGraph, got {type(graph).__name__}",
             rule="autodiff.graph",
             hint="pass the forward opgraph.Graph",
-        )
-    if fg.symbols:
-        dims = ", ".join(d.describe() for d in fg.symbols.values())
-        raise UnsupportedGraphError(
-            f"gradients of graph '{fg.name}' with dynamic dims ({dims}) are not supported yet",
-            rule="autodiff.dynamic",
-            hint="differentiate the static graph of one shape: grad(graph.final.at({'batch': 4, ...}), ...), "
-            "or import / build with static shapes",
         )
     return _Pass(
         fg,
@@ -638,8 +631,8 @@ class _Pass:
             if uid in chosen:
                 continue
             chain, leaves = self._chain(uid, kept, chosen)
-            extra = sum(fg.tensors[u].nbytes for u in leaves if u not in kept and not free(u))
-            if chain is not None and extra < fg.tensors[uid].nbytes:
+            extra = sum(_bytes(fg.tensors[u]) for u in leaves if u not in kept and not free(u))
+            if chain is not None and extra < _bytes(fg.tensors[uid]):
                 chosen |= chain
                 kept |= leaves
             else:
@@ -672,6 +665,12 @@ class _Pass:
                 return None, leaves
             stack.extend(v for v in recipe[0] if isinstance(v, int))
         return chain, leaves
+
+
+def _bytes(d: TensorDesc) -> int:
+    """A tensor's bytes; at the range's maximum for dynamic dims (what saving it costs at worst)."""
+    n = d.nbytes
+    return n if isinstance(n, int) else bounds(n)[1]
 
 
 def _name(d: TensorDesc) -> str:

@@ -38,17 +38,18 @@ from typing import Any, TypeVar, overload
 import numpy as np
 
 from ..core.dtypes import DataType
-from ..core.errors import UnsupportedGraphError
+from ..core.errors import UnsupportedGraphError, expect
 from ..core.ir import FinalGraph, Node
 from ..core.op import Op
 from ..core.registry import Registry
+from ..core.symbolic import SizeValue, SymInt, exact_quotient, size_value
 from ..core.tensor import Tensor, TensorDesc
 from ..ops.custom import Custom
 from ..ops.layout import Concatenate, Reshape, Slice, Transpose
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.reduction import Reduction, ReductionMode
 
-Literal = float | int | bool  # a number given where a tensor may go
+Literal = float | int | bool | SizeValue  # a number given where a tensor may go (or a ratio of dynamic sizes)
 Value = Tensor | Literal  # a backward-graph tensor or a literal
 OpT = TypeVar("OpT", bound=Op)
 RuleFn = Callable[["RuleContext"], "dict[str, Tensor]"]
@@ -219,24 +220,41 @@ def broadcast(dims: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
     if not full:
         return max(dims, key=len, default=(1,))
     rank = len(full[0])
-    out = [1] * rank
+    out: list = [1] * rank
     for d in full:
         assert len(d) == rank, f"broadcast of {dims}"
-        out = [max(a, b) for a, b in zip(out, d)]
+        out = [b if a == 1 else a for a, b in zip(out, d)]  # (a dynamic dim never broadcasts: equal or 1)
     return tuple(out)
 
 
-def _positions(g: Value, dims: tuple[int, ...], over: tuple[int, ...]) -> int:
+def _positions(g: Value, dims: tuple[int, ...], over: tuple[int, ...]) -> SymInt:
     """How many positions of `over` one element of gradient `g` (broadcastable to `over`) stands for
     in the gradient of an operand of dims `dims` (broadcastable to `over`), beyond those its
     reduction to `dims` sums: the product of `over` along the axes where g and dims are both 1."""
     gd = dim_of(g) if isinstance(g, Tensor) else (1,)
     if _numel(dims) == 1:
-        return _numel(over) // _numel(gd)
+        return expect(exact_quotient(_numel(over), _numel(gd)), "the positions a gradient stands for")
     if _numel(gd) == 1:
         gd = (1,) * len(over)
     assert len(gd) == len(dims) == len(over), f"gradient dims {gd} and operand dims {dims} do not fit {over}"
     return _numel(tuple(o for a, d, o in zip(gd, dims, over) if a == 1 and d == 1))
+
+
+def _fold_sizes(mode: PointwiseMode, literals: Sequence[Literal]) -> Literal:
+    """A product or quotient of numbers and ratios of dynamic sizes, folded (a ratio times a number)."""
+    a, *rest = literals
+    if mode is PointwiseMode.MUL and len(rest) == 1:
+        b = rest[0]
+        if isinstance(a, SizeValue) and isinstance(b, SizeValue):
+            return SizeValue(a.scale * b.scale, a.num * b.num, a.den * b.den)
+        return a * b  # type: ignore[operator]  # (a SizeValue times a number)
+    if mode is PointwiseMode.DIV and len(rest) == 1 and isinstance(a, SizeValue) and not isinstance(rest[0], SizeValue):
+        return a / float(rest[0])
+    raise UnsupportedGraphError(
+        f"a pointwise {mode.value} of ratios of dynamic sizes {[str(v) for v in literals]} has no folded value",
+        rule="autodiff.dynamic_literal",
+        hint="this is an opgraph bug: please report it with the graph",
+    )
 
 
 class GradBuilder:
@@ -327,6 +345,8 @@ class GradBuilder:
         values = [params.get(p) for p, _ in info.params]
         literals = [o for o in operands if not isinstance(o, Tensor)]
         if len(literals) == len(operands) and not any(isinstance(v, Tensor) for v in values):
+            if any(isinstance(o, SizeValue) for o in literals):
+                return _fold_sizes(mode, literals)
             with np.errstate(all="ignore"):
                 kw = {p: (d if v is None else v) for (p, d), v in zip(info.params, values)}
                 return float(np.asarray(info.fn(*(np.float64(o) for o in literals), **kw), dtype=np.float64))
@@ -481,7 +501,7 @@ class GradBuilder:
         if over is not None:
             count = _positions(g, dims, tuple(over))
             if count != 1:
-                return self.mul(self.unbroadcast(g, dims), float(count))
+                return self.mul(self.unbroadcast(g, dims), size_value(count))
         if not isinstance(g, Tensor):
             return g
         gd = dim_of(g)

@@ -99,7 +99,7 @@ def matmul(ctx: RuleContext):
             rank > 2
             and math.prod(b_desc.dim[:-2]) == 1
             and tuple(a_desc.dim[:-2]) == tuple(batch)
-            and math.prod(batch) > 1
+            and math.prod(batch) != 1
         ):
             # B shared by the batch (a linear layer's weight): one GEMM over all rows, not one per
             # batch entry and a sum (the reshapes are views of tensors in memory)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from .dtypes import DataType
 from .errors import InternalError, ShapeError, printable
 from .op import Const, Op
-from .symbolic import Dim, Expr, evaluate
+from .symbolic import Dim, Expr, SizeValue, evaluate
 from .tensor import TensorDesc
 
 __all__ = ["Const", "FinalGraph", "Node", "Operand"]
@@ -165,7 +165,9 @@ class FinalGraph:
             return hit
         values = dict(zip(self.symbols, key))
         tensors = {u: _at_shape(t, values) for u, t in self.tensors.items()}
-        nodes = tuple(dataclasses.replace(n, op=_op_at(n.op, values)) for n in self.nodes)
+        nodes = tuple(
+            dataclasses.replace(n, op=_op_at(n.op, values), inputs=_inputs_at(n.inputs, values)) for n in self.nodes
+        )
         static = FinalGraph(
             self.name,
             tensors,
@@ -259,6 +261,15 @@ def _value_at(value: Any, env: Mapping[str, int]) -> Any:
     if isinstance(value, tuple):
         return tuple(_value_at(v, env) for v in value)
     return value
+
+
+def _inputs_at(inputs: tuple[Operand, ...], env: Mapping[str, int]) -> tuple[Operand, ...]:
+    """The operands with literals that are ratios of sizes (`SizeValue`) as their floats at `env`."""
+    if not any(isinstance(v, Const) and isinstance(v.value, SizeValue) for v in inputs):
+        return inputs
+    return tuple(
+        Const(v.value.at(env)) if isinstance(v, Const) and isinstance(v.value, SizeValue) else v for v in inputs
+    )
 
 
 def _op_at(op: Op, env: Mapping[str, int]) -> Op:

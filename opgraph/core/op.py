@@ -29,14 +29,16 @@ import numpy as np
 from .dtypes import DataType
 from .errors import GraphError, ShapeError
 from .registry import Registry
+from .symbolic import SizeValue
 from .tensor import TensorDesc
 
 
 @dataclass(frozen=True)
 class Const:
-    """A literal operand baked into the graph (a Python number given where a tensor may go)."""
+    """A literal operand baked into the graph (a Python number given where a tensor may go; in a graph
+    with dynamic dims, also a ratio of sizes: a `SizeValue`, a float in the graph at each shape)."""
 
-    value: float | int | bool
+    value: float | int | bool | SizeValue
 
     def __str__(self) -> str:
         return repr(self.value)

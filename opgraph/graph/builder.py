@@ -18,6 +18,7 @@ from ..core.dtypes import DataType, as_data_type
 from ..core.errors import GraphError, ShapeError
 from ..core.ir import Const, FinalGraph
 from ..core.op import BUILDERS, Op
+from ..core.symbolic import SizeValue
 from ..core.tensor import Tensor
 
 log = logging.getLogger("opgraph.finalize")
@@ -130,6 +131,8 @@ class Graph:
                     hint="declare the tensor in this graph (g.tensor / g.tensor_like); UIDs may repeat across graphs",
                 )
             return value
+        if isinstance(value, SizeValue) and role in op.literal_inputs():  # a ratio of dynamic sizes
+            return Const(value)
         if isinstance(value, (numbers.Real, np.bool_)) and role in op.literal_inputs():
             v = value.item() if isinstance(value, np.generic) else value
             return Const(v if isinstance(v, (bool, int)) else float(v))

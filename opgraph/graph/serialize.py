@@ -23,7 +23,7 @@ from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
 from ..core.limits import check_file_size, check_strings, preview
 from ..core.suggest import did_you_mean
-from ..core.symbolic import Dim
+from ..core.symbolic import Dim, SizeValue
 from ..core.symbolic import from_json as size_from_json
 from ..core.symbolic import to_json as size_to_json
 from ..core.tensor import Tensor
@@ -38,7 +38,9 @@ MAX_DIMS = 64  # dynamic dims of one graph
 
 def graph_to_dict(g: FinalGraph) -> dict[str, Any]:
     def operand(v: Any) -> Any:
-        return {"const": v.value} if isinstance(v, Const) else v
+        if isinstance(v, Const):
+            return {"const": v.value.to_json() if isinstance(v.value, SizeValue) else v.value}
+        return v
 
     dynamic = {"dims": [d.to_json() for d in g.symbols.values()]} if g.symbols else {}
     return {
@@ -268,6 +270,8 @@ def _load(doc: dict, graph_cls: Any) -> Any:
                 return None
             if isinstance(v, dict) and set(v) == {"const"} and isinstance(v["const"], (int, float, bool)):
                 return v["const"]
+            if isinstance(v, dict) and set(v) == {"const"} and isinstance(v["const"], dict) and symbols:
+                return SizeValue.from_json(v["const"], symbols)
             if isinstance(v, int) and not isinstance(v, bool) and v in handles:
                 return handles[v]
             raise SerializationError(

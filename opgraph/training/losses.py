@@ -35,6 +35,7 @@ from typing import Any
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, GraphError, expect
+from ..core.symbolic import exact_quotient, size_value
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..ops.pointwise import StopGradient
@@ -156,7 +157,8 @@ class CrossEntropy(Loss):
         onehot.set_data_type(g.intermediate_data_type)
         eps = self.label_smoothing
         if eps:
-            onehot = g.add(g.mul(onehot, 1.0 - eps, name="ce.bwd_hot"), eps / out_desc.dim[axis], name="ce.bwd_smooth")
+            smooth = size_value(1, out_desc.dim[axis], eps)  # eps / C (C a dynamic size too)
+            onehot = g.add(g.mul(onehot, 1.0 - eps, name="ce.bwd_hot"), smooth, name="ce.bwd_smooth")
         return g.mul(g.sub(p, onehot, name="ce.bwd_diff"), row, name="ce.dlogits")
 
 
@@ -222,15 +224,16 @@ class OneHotCrossEntropy(Loss):
         self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any, out_desc: TensorDesc
     ) -> Tensor:
         wide = saved["s"].known_data_type()  # the forward's intermediate type (FLOAT, DOUBLE)
-        count = math.prod(out_desc.dim) // out_desc.dim[1]  # the samples the loss averages over
+        # the samples the loss averages over (a size of the graph at each shape where dims are dynamic)
+        count = expect(exact_quotient(math.prod(out_desc.dim), out_desc.dim[1]), "the samples of the logits")
         shifted = g.sub(out, saved["m"], name="ce.bwd_shift").set_data_type(wide)
         e = g.exp(shifted, name="ce.bwd_exp").set_data_type(wide)
         p = g.div(e, saved["s"], name="ce.softmax").set_data_type(wide)
         diff = g.sub(p, target, name="ce.bwd_diff").set_data_type(wide)
         # the product is the logits' gradient: train_step gives it their type (one rounding)
         if isinstance(seed, (int, float)):
-            return g.mul(diff, float(seed) / count, name="ce.dlogits")
-        weight = g.mul(seed, 1.0 / count, name="ce.bwd_weight").set_data_type(wide)
+            return g.mul(diff, size_value(1, count, float(seed)), name="ce.dlogits")
+        weight = g.mul(seed, size_value(1, count), name="ce.bwd_weight").set_data_type(wide)
         return g.mul(diff, weight, name="ce.dlogits")
 
 
@@ -250,7 +253,7 @@ class MSE(Loss):
         self, g: Graph, out: Tensor, target: Tensor, saved: Mapping[str, Tensor], seed: Any, out_desc: TensorDesc
     ) -> Tensor:
         d = g.sub(out, target, name="mse.bwd_diff")
-        k = 2.0 / math.prod(out_desc.dim)
+        k = size_value(1, math.prod(out_desc.dim), 2.0)  # 2 / numel (a size of the graph at each shape)
         scale = seed * k if isinstance(seed, (int, float)) else g.mul(seed, k, name="mse.bwd_scale")
         return g.mul(d, scale, name="mse.dout")
 

@@ -42,11 +42,14 @@ tensors and the optimizer state to it, builds the plan and runs it.
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError, VariantPackError, expect
+from ..core.errors import AttributeValueError, GraphError, VariantPackError, expect
+from ..core.symbolic import evaluate
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
 from . import checkpoint
@@ -55,6 +58,8 @@ from .losses import Loss
 from .module_graph import MIXED, ModuleStepGraph, module_step_graph
 from .optimizers import Optimizer
 from .step_graph import SCALER_DEFAULTS, GradientHook, ParamSlot, handles_by_uid
+
+SHAPE_PACKS = 8  # shapes whose buffers a training step of dynamic dims keeps (least recently used out)
 
 __all__ = ["MIXED", "SCALER_DEFAULTS", "CapturedStep", "ParamSlot", "TrainStep", "train_step"]
 
@@ -80,15 +85,6 @@ class TrainStep:
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         zero: bool = False,
     ) -> None:
-        symbols = getattr(imported, "symbols", None)
-        if symbols:
-            raise UnsupportedGraphError(
-                "training steps of a module imported with dynamic shapes ("
-                + ", ".join(d.describe() for d in symbols.values())
-                + ") are not supported yet",
-                rule="training.dynamic",
-                hint="import the module for training without dynamic_shapes (one step per input shape)",
-            )
         self.imported = imported
         self.process_group = process_group
         self._owners: dict[str, int] | None = None  # ZeRO-1: parameter key -> the rank that updates it
@@ -140,6 +136,8 @@ class TrainStep:
         self._pack: UidPack | None = None
         self._state: dict[str, dict[str, Any]] = {}  # parameter key -> state name -> tensor (the parameter's layout)
         self._fingerprint: tuple = ()
+        self._shaped: OrderedDict[tuple[int, ...], UidPack] = OrderedDict()  # shape -> its buffers (dynamic dims)
+        self._env: Mapping[str, int] = {}  # the dynamic dims' values of the last pack
 
     # -- the graph (ModuleStepGraph's) ----------------------------------------------------------------------
     @property
@@ -215,40 +213,78 @@ class TrainStep:
     def pack(self, *inputs: Any, target: Any = None) -> UidPack:
         """The step's variant pack with `inputs` and `target` copied into its input buffers: the
         module's parameters and buffers (views), the optimizer state, scalars and outputs. The same
-        dict (and buffers) every call; parameters are re-bound when the module's tensors moved."""
+        dict (and buffers) every call; parameters are re-bound when the module's tensors moved. With
+        dynamic dims (an import with dynamic_shapes), the inputs' shape picks the buffers of the
+        tensors whose dims vary (inputs, target, activations the step outputs), one set per shape
+        (the last SHAPE_PACKS kept); the rest are shared by every shape."""
         if target is None and len(inputs) == len(self.imported.inputs) + 1:
             inputs, target = inputs[:-1], inputs[-1]
         torch = _torch()
         device = self._device_of(inputs)
+        leaves = self.imported._flat_inputs(inputs)
+        env = self.imported.shape_of(leaves)  # (the dynamic dims' values, checked against their ranges)
         if self._pack is None or self._device != device:
             self._make_pack(device)
         elif self._fingerprint != self._params_fingerprint():
             self._bind_module(self._pack, device)
         pack = expect(self._pack, "the step's variant pack")  # (made or bound just above)
+        if env:
+            pack.update(self._shape_buffers(env, device))
+        self._env = env
         handles = [h for h in self.imported._input_slots if h is not None]
-        leaves = self.imported._flat_inputs(inputs)
         values = [v for h, v in zip(self.imported._input_slots, leaves) if h is not None]
         for h, v in zip(handles, values):
-            pack[h.uid].copy_(self.imported._user_input(h, v).to(device))
+            pack[h.uid].copy_(self.imported._user_input(h, v, env).to(device))
         if target is None:
             raise VariantPackError(
                 "a training step needs the target", rule="training.target", hint="call step.run(*inputs, target)"
             )
         d = self.graph.final.tensors[self.target_uid]
+        tdims, _ = _layout(d, env)
         t = target if isinstance(target, torch.Tensor) else torch.as_tensor(target)
-        if t.numel() != d.numel:
+        if t.numel() != math.prod(tdims):
             raise VariantPackError(
                 f"the target has shape {list(t.shape)} ({t.numel()} elements); the loss takes "
-                f"{d.numel} ({list(d.dim)})",
+                f"{math.prod(tdims)} ({list(tdims)}"
+                + (f", dims {[str(x) for x in d.dim]} at {_shape_text(env)})" if env else ")"),
                 tensor=d,
                 rule="training.target_shape",
                 hint="pass the targets of this batch (class indices for cross_entropy)",
             )
-        pack[self.target_uid].copy_(t.reshape(d.dim).to(device=device, dtype=d.data_type.to_torch()))
+        pack[self.target_uid].copy_(t.reshape(tdims).to(device=device, dtype=d.data_type.to_torch()))
         for handle, source in self.imported.bound_inputs:  # dropout masks: a new draw per step
             if source.kind == "random" and handle.uid in pack:
                 pack[handle.uid].copy_(self.imported._resolve(source, {}, {}, device, None))
         return pack
+
+    def _shape_buffers(self, env: Mapping[str, int], device: Any) -> UidPack:
+        """The buffers of the tensors whose dims vary at the shape `env` (made at its first use; the
+        last SHAPE_PACKS shapes kept)."""
+        key = tuple(env.values())
+        found = self._shaped.get(key)
+        if found is not None:
+            self._shaped.move_to_end(key)
+            return found
+        torch = _torch()
+        final = self.graph.final
+        bufs: UidPack = {}
+        for uid in self._dynamic_uids():
+            d = final.tensors[uid]
+            if uid in self.step_graph.ones:  # one element, zero strides, at this shape's dims
+                dims = tuple(evaluate(x, env) for x in self.step_graph.ones[uid])
+                bufs[uid] = torch.ones(1, dtype=d.data_type.to_torch(), device=device).expand(*dims)
+            else:
+                dims, strides = _layout(d, env)
+                bufs[uid] = torch.empty_strided(dims, strides, dtype=d.data_type.to_torch(), device=device)
+        self._shaped[key] = bufs
+        while len(self._shaped) > SHAPE_PACKS:
+            self._shaped.popitem(last=False)
+        return bufs
+
+    def _dynamic_uids(self) -> list[int]:
+        """The step's bound tensors (inputs and outputs) whose dims or strides are dynamic."""
+        final = self.graph.final
+        return [u for u in dict.fromkeys((*final.inputs, *final.outputs)) if final.tensors[u].is_dynamic]
 
     def _params_fingerprint(self) -> tuple:
         module = self.imported.module
@@ -259,14 +295,19 @@ class TrainStep:
         sg = self.step_graph
         final = self.graph.final
 
+        dynamic = set(self._dynamic_uids())  # (bound per shape: `_shape_buffers`)
+        self._shaped.clear()
+
         def empty(uid: int) -> Any:
             d = final.tensors[uid]
             return torch.empty_strided(d.dim, d.stride, dtype=d.data_type.to_torch(), device=device)
 
         pack: UidPack = {}
         for h in self.imported.inputs:
-            pack[h.uid] = empty(h.uid)
-        pack[self.target_uid] = empty(self.target_uid)
+            if h.uid not in dynamic:
+                pack[h.uid] = empty(h.uid)
+        if self.target_uid not in dynamic:
+            pack[self.target_uid] = empty(self.target_uid)
         self._bind_module(pack, device)
         scalars = sg.state_pack(device, params=())  # the device scalars (bound to the optimizer) and the seed
         pack.update(scalars)
@@ -274,11 +315,12 @@ class TrainStep:
             for uid in sg.scalars.values():
                 pack[uid].copy_(self._pack[uid])
         for uid, dims in sg.ones.items():  # the broadcast of an expanded parameter: one element, zero strides
-            pack[uid] = torch.ones(1, dtype=final.tensors[uid].data_type.to_torch(), device=device).expand(*dims)
+            if uid not in dynamic:
+                pack[uid] = torch.ones(1, dtype=final.tensors[uid].data_type.to_torch(), device=device).expand(*dims)
         for uid in final.outputs:
-            if uid not in pack:
+            if uid not in pack and uid not in dynamic:
                 pack[uid] = empty(uid)
-        missing = [final.tensors[u].label() for u in final.inputs if u not in pack]
+        missing = [final.tensors[u].label() for u in final.inputs if u not in pack and u not in dynamic]
         if missing:
             raise GraphError(
                 f"the step graph reads inputs train_step does not bind: {', '.join(missing)}",
@@ -486,3 +528,14 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+def _layout(desc: Any, env: Mapping[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A tensor's dims and strides at a shape of the dynamic dims (as declared where static)."""
+    if not env:
+        return tuple(desc.dim), tuple(desc.stride)
+    return tuple(evaluate(d, env) for d in desc.dim), tuple(evaluate(s, env) for s in desc.stride)
+
+
+def _shape_text(env: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in env.items())
