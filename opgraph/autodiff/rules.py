@@ -45,7 +45,7 @@ from ..core.registry import Registry
 from ..core.symbolic import SizeValue, SymInt, exact_quotient, size_value
 from ..core.tensor import Tensor, TensorDesc
 from ..ops.custom import Custom
-from ..ops.layout import Concatenate, Reshape, Slice, Transpose
+from ..ops.layout import Concatenate, Reshape, Slice, Transpose, slice_length
 from ..ops.pointwise import MODES, Pointwise, PointwiseMode
 from ..ops.reduction import Reduction, ReductionMode
 
@@ -474,7 +474,7 @@ class GradBuilder:
         return out
 
     def slice(self, t: Tensor, bounds: Sequence[tuple[int, int, int]]) -> Tensor:
-        dims = tuple(len(range(*b)) for b in bounds)
+        dims = tuple(slice_length(b) for b in bounds)
         if dims == dim_of(t) and all(b[0] == 0 and b[2] == 1 for b in bounds):
             return t
         (out,) = self.op(Slice(slices=tuple((a, b, c) for a, b, c in bounds)), [t], ["output"], [dims], tag="slice")

@@ -15,6 +15,7 @@ the input stays in those dims wherever it is the same along the reduced axes, se
 from __future__ import annotations
 
 from ..core.dtypes import DataType
+from ..core.symbolic import size_value
 from ..core.tensor import Tensor
 from ..ops.pointwise import PointwiseMode as M
 from ..ops.reduction import Reduction
@@ -55,7 +56,7 @@ def reduction(ctx: RuleContext):
     if mode is R.ADD:
         return {"input": dy}
     if mode is R.AVG:
-        return {"input": b.mul(dy, yd.numel / xd.numel)}
+        return {"input": b.mul(dy, size_value(yd.numel, xd.numel))}
     x = ctx.tensor("input")
     if mode in (R.MAX, R.MIN, R.AMAX):
         v = b.pw(M.ABS, x) if mode is R.AMAX else x

@@ -663,6 +663,10 @@ def size_value(num: SymInt | Dim, den: SymInt | Dim = 1, scale: float = 1.0) -> 
         q = exact_quotient(n, d)
         if q is not None:
             n, d = q, 1
+    if isinstance(n, Expr) and isinstance(d, Expr):
+        q = exact_quotient(d, n)  # (a mean's 1/count: numel(y) / numel(x))
+        if q is not None:
+            n, d = 1, q
     if isinstance(n, int) and isinstance(d, int):
         return scale * n / d
     return SizeValue(float(scale), n, d)

@@ -518,6 +518,7 @@ class SdpaBackward(_Attention):
     (SCORE) and the incoming gradient (GRAD), derived from `score_mod` when the op is built."""
 
     kind = "sdpa_backward"
+    DYNAMIC = True
     BASE_INPUTS = _BWD_IN
     REQUIRED = frozenset({"q", "k", "v", "o", "dO", "stats"})
     OUTPUTS = ("dQ", "dK", "dV", "dBias", "dSink_token")

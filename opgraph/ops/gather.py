@@ -106,6 +106,7 @@ class EmbeddingBackward(Op):
     """dweight[v, :] = sum of grad[i..., :] where indices[i...] == v (v != padding_idx)."""
 
     kind = "embedding_backward"
+    DYNAMIC = True
     INPUTS = ("grad", "indices")
     OUTPUTS = ("dweight",)
     num_weights: int

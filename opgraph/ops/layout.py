@@ -226,6 +226,30 @@ def _dynamic_bounds(
     return (start, stop, step)
 
 
+def slice_length(bounds: tuple[Any, Any, Any]) -> Any:
+    """The elements a normalised (start, stop, step) selects: `stop - start` where a bound is dynamic
+    (steps are 1 there), else len(range(...))."""
+    start, stop, step = bounds
+    if isinstance(start, Expr) or isinstance(stop, Expr):
+        return stop - start
+    return len(range(start, stop, step))
+
+
+def _backward_bounds_ok(bounds: tuple[Any, Any, Any], size: Any) -> bool:
+    """Whether (start, stop, step) is a normalised, non-empty slice of an axis of `size` (for every
+    value of a dynamic size: step 1, int start >= 0, start < stop <= size over the whole range)."""
+    start, stop, step = bounds
+    if isinstance(start, Expr) or isinstance(stop, Expr) or isinstance(size, Expr):
+        return (
+            step == 1
+            and not isinstance(start, Expr)
+            and start >= 0
+            and provably_lt(start, stop)
+            and provably_le(stop, size)
+        )
+    return step >= 1 and builtins.slice(start, stop, step).indices(size) == bounds and bool(range(*bounds))
+
+
 @register_op
 @dataclass(frozen=True, kw_only=True)
 class Slice(Op):
@@ -290,7 +314,7 @@ class Slice(Op):
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         x = ctx.tensor("input")
-        dim = tuple(b[1] - b[0] if isinstance(b[1], Expr) else len(range(*b)) for b in self.bounds(ctx, x.dim))
+        dim = tuple(slice_length(b) for b in self.bounds(ctx, x.dim))
         return [TensorSpec(dim, strides_like(dim, x), x.data_type)]
 
     def reference(self, ins, outs):
@@ -306,6 +330,7 @@ class SliceBackward(Op):
     slice; see the module docstring)."""
 
     kind = "slice_backward"
+    DYNAMIC = True  # (in_dim and slices may hold dynamic sizes: steps 1 there, bounds proved over the range)
     INPUTS = ("grad",)
     OUTPUTS = ("dx",)
     in_dim: tuple[int, ...]
@@ -313,7 +338,7 @@ class SliceBackward(Op):
 
     def infer(self, ctx: NodeContext) -> list[TensorSpec]:
         dy = ctx.tensor("grad")
-        if not self.in_dim or min(self.in_dim) < 1 or len(self.slices) != len(self.in_dim):
+        if not self.in_dim or any(size_bounds(d)[0] < 1 for d in self.in_dim) or len(self.slices) != len(self.in_dim):
             ctx.error(
                 AttributeValueError,
                 f"in_dim {list(self.in_dim)} with {len(self.slices)} slices: dx needs dims of "
@@ -324,7 +349,7 @@ class SliceBackward(Op):
             )
         for axis, (bounds, size) in enumerate(zip(self.slices, self.in_dim)):
             start, stop, step = bounds
-            if step < 1 or builtins.slice(start, stop, step).indices(size) != bounds or not range(*bounds):
+            if not _backward_bounds_ok(bounds, size):
                 ctx.error(
                     AttributeValueError,
                     f"slices[{axis}] = {start}:{stop}:{step} is not a normalised, non-empty "
@@ -333,8 +358,8 @@ class SliceBackward(Op):
                     rule="slice_backward.bounds",
                     hint="give Slice.bounds' (start, stop, step): 0 <= start < size, stop <= size, step >= 1",
                 )
-        want = tuple(len(range(*b)) for b in self.slices)
-        if dy.dim != want:
+        want = tuple(slice_length(b) for b in self.slices)
+        if tuple(dy.dim) != want:
             ctx.error(
                 ShapeError,
                 f"dy has dims {list(dy.dim)}; the slice {list(self.slices)} of {list(self.in_dim)} has {list(want)}",
