@@ -413,7 +413,19 @@ class _Pass:
             )
         self.b.prefix = f"d{node.name}"
         first_new = len(self.g._tensors)
-        result = rule.fn(_Ctx(self, node, needed))
+        try:
+            result = rule.fn(_Ctx(self, node, needed))
+        except TypeError as err:  # a rule deciding by a dynamic size it cannot know over the range
+            if not self.fg.symbols or "dynamic size" not in str(err) and "Expr" not in str(err):
+                raise
+            raise unsupported(
+                node,
+                f"the backward rule of {node.kind} decides by a size that varies with the dynamic dims "
+                f"{', '.join(d.describe() for d in self.fg.symbols.values())} ({err})",
+                "differentiate the static graph of one shape: grad(graph.final.at({'batch': 4, ...}), ...), "
+                "or fix the dims this op reads",
+                rule="autodiff.dynamic",
+            ) from None
         over = self.fg.tensors[arriving[0][1]].dim if rule.broadcasts else None
         for role in needed:
             g = result.get(role)

@@ -316,6 +316,11 @@ class ConvDgrad(_Conv):
     inferred as the filter's (groups = 1) unless set. DX follows DY's layout."""
 
     kind = "conv_dgrad"
+    DYNAMIC = True
+
+    def dynamic_refusal(self, ctx: NodeContext) -> str | None:
+        return batch_only_refusal(ctx, self.INPUTS, "conv_dgrad")  # (a dynamic batch of the loss only)
+
     INPUTS = ("loss", "filter")
     OUTPUTS = ("DX",)
 
@@ -361,6 +366,12 @@ class ConvWgrad(_Conv):
     stride <= dilation). DW follows X's layout."""
 
     kind = "conv_wgrad"
+    DYNAMIC = True
+
+    def dynamic_refusal(self, ctx: NodeContext) -> str | None:
+        # a dynamic batch of the image and of the loss (dim 0 of each: summed over by the wgrad)
+        return batch_only_refusal(ctx, ("image",), "conv_wgrad") or batch_only_refusal(ctx, ("loss",), "conv_wgrad")
+
     INPUTS = ("image", "loss")
     OUTPUTS = ("DW",)
 

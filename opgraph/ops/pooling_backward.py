@@ -31,7 +31,7 @@ import numpy as np
 
 from ..core.errors import AttributeValueError, GraphError, ShapeError
 from ..core.op import NodeContext, Op, TensorSpec, register_op
-from .base import strides_like
+from .base import batch_only_refusal, strides_like
 from .custom import LEGACY_CUSTOM, Param
 from .pooling import PoolGeometry, ResampleMode
 
@@ -44,10 +44,18 @@ class PoolBackward(Op):
     """What both pooling backward ops share: the forward's geometry, and its checks."""
 
     OUTPUTS = ("dx",)
+    DYNAMIC = True  # a dynamic batch (dim 0 of every operand) only
     window: tuple[int, ...]
     stride: tuple[int, ...]
     pre_padding: tuple[int, ...] = (0,)
     post_padding: tuple[int, ...] = (0,)
+
+    def dynamic_refusal(self, ctx: NodeContext) -> str | None:
+        for role in self.input_roles():
+            why = batch_only_refusal(ctx, (role,), self.kind)
+            if why is not None:
+                return why
+        return None
 
     def geometry(
         self, dy_dims: tuple[int, ...], in_dims: tuple[int, ...], ctx: NodeContext | None = None
