@@ -57,7 +57,7 @@ from ..core.symbolic import bounds
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..ops.pointwise import Pointwise, PointwiseMode
-from .rules import GradBuilder, RuleContext, Value, dim_of, rule_for, unsupported
+from .rules import GradBuilder, RuleContext, Value, call_rule, dim_of, rule_for, unsupported
 
 CHEAP_KINDS = frozenset({"pointwise", "reshape", "transpose", "slice", "concatenate"})
 MAX_RECOMPUTE_OPS = 32  # a longer cheap chain is saved rather than recomputed
@@ -413,19 +413,7 @@ class _Pass:
             )
         self.b.prefix = f"d{node.name}"
         first_new = len(self.g._tensors)
-        try:
-            result = rule.fn(_Ctx(self, node, needed))
-        except TypeError as err:  # a rule deciding by a dynamic size it cannot know over the range
-            if not self.fg.symbols or "dynamic size" not in str(err) and "Expr" not in str(err):
-                raise
-            raise unsupported(
-                node,
-                f"the backward rule of {node.kind} decides by a size that varies with the dynamic dims "
-                f"{', '.join(d.describe() for d in self.fg.symbols.values())} ({err})",
-                "differentiate the static graph of one shape: grad(graph.final.at({'batch': 4, ...}), ...), "
-                "or fix the dims this op reads",
-                rule="autodiff.dynamic",
-            ) from None
+        result = call_rule(rule, _Ctx(self, node, needed))
         over = self.fg.tensors[arriving[0][1]].dim if rule.broadcasts else None
         for role in needed:
             g = result.get(role)

@@ -38,11 +38,12 @@ from typing import Any, TypeVar, overload
 import numpy as np
 
 from ..core.dtypes import DataType
-from ..core.errors import UnsupportedGraphError, expect
+from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph, Node
 from ..core.op import Op
 from ..core.registry import Registry
-from ..core.symbolic import SizeValue, SymInt, exact_quotient, size_value
+from ..core.symbolic import SymInt
+from ..core.symbolic_value import SizeValue, exact_quotient, size_value
 from ..core.tensor import Tensor, TensorDesc
 from ..ops.custom import Custom
 from ..ops.layout import Concatenate, Reshape, Slice, Transpose, slice_length
@@ -189,6 +190,25 @@ def rule_for(node: Node) -> Rule | None:
     return None
 
 
+def call_rule(rule: Rule, ctx: RuleContext) -> dict[str, Tensor]:
+    """`rule.fn(ctx)`; a rule deciding by a size that varies with the graph's dynamic dims (Python's
+    TypeError from a symbolic size: no truth value, no order) is a typed error naming the op."""
+    try:
+        return rule.fn(ctx)
+    except TypeError as err:
+        symbols = ctx.graph.symbols
+        if not symbols or ("dynamic size" not in str(err) and "Expr" not in str(err)):
+            raise
+        raise unsupported(
+            ctx.node,
+            f"the backward rule of {ctx.node.kind} decides by a size that varies with the dynamic dims "
+            f"{', '.join(d.describe() for d in symbols.values())} ({err})",
+            "differentiate the static graph of one shape: grad(graph.final.at({'batch': 4, ...}), ...), "
+            "or fix the dims this op reads",
+            rule="autodiff.dynamic",
+        ) from None
+
+
 def unsupported(node: Node, what: str, hint: str, rule: str = "autodiff.no_rule") -> UnsupportedGraphError:
     return UnsupportedGraphError(what, op=node.label(), rule=rule, hint=hint)
 
@@ -233,7 +253,9 @@ def _positions(g: Value, dims: tuple[int, ...], over: tuple[int, ...]) -> SymInt
     reduction to `dims` sums: the product of `over` along the axes where g and dims are both 1."""
     gd = dim_of(g) if isinstance(g, Tensor) else (1,)
     if _numel(dims) == 1:
-        return expect(exact_quotient(_numel(over), _numel(gd)), "the positions a gradient stands for")
+        count = exact_quotient(_numel(over), _numel(gd))
+        assert count is not None, f"gradient dims {gd} do not divide {over}"
+        return count
     if _numel(gd) == 1:
         gd = (1,) * len(over)
     assert len(gd) == len(dims) == len(over), f"gradient dims {gd} and operand dims {dims} do not fit {over}"
@@ -247,7 +269,7 @@ def _fold_sizes(mode: PointwiseMode, literals: Sequence[Literal]) -> Literal:
         b = rest[0]
         if isinstance(a, SizeValue) and isinstance(b, SizeValue):
             return SizeValue(a.scale * b.scale, a.num * b.num, a.den * b.den)
-        return a * b  # type: ignore[operator]  # (a SizeValue times a number)
+        return a * b  # (a SizeValue times a number)
     if mode is PointwiseMode.DIV and len(rest) == 1 and isinstance(a, SizeValue) and not isinstance(rest[0], SizeValue):
         return a / float(rest[0])
     raise UnsupportedGraphError(
@@ -349,7 +371,8 @@ class GradBuilder:
                 return _fold_sizes(mode, literals)
             with np.errstate(all="ignore"):
                 kw = {p: (d if v is None else v) for (p, d), v in zip(info.params, values)}
-                return float(np.asarray(info.fn(*(np.float64(o) for o in literals), **kw), dtype=np.float64))
+                numbers = [float(o) for o in literals if not isinstance(o, SizeValue)]  # (all of them: see above)
+                return float(np.asarray(info.fn(*(np.float64(o) for o in numbers), **kw), dtype=np.float64))
         dims = broadcast(d for o in operands if (d := self.dims(o)) is not None)
         (out,) = self.op(
             Pointwise(mode=mode),

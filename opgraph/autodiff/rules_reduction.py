@@ -15,7 +15,7 @@ the input stays in those dims wherever it is the same along the reduced axes, se
 from __future__ import annotations
 
 from ..core.dtypes import DataType
-from ..core.symbolic import size_value
+from ..core.symbolic_value import size_value
 from ..core.tensor import Tensor
 from ..ops.pointwise import PointwiseMode as M
 from ..ops.reduction import Reduction

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from .dtypes import DataType
 from .errors import InternalError, ShapeError, printable
 from .op import Const, Op
-from .symbolic import Dim, Expr, SizeValue, evaluate
+from .symbolic import Dim, Expr, evaluate
+from .symbolic_value import SizeValue
 from .tensor import TensorDesc
 
 __all__ = ["Const", "FinalGraph", "Node", "Operand"]

@@ -29,16 +29,17 @@ import numpy as np
 from .dtypes import DataType
 from .errors import GraphError, ShapeError
 from .registry import Registry
-from .symbolic import SizeValue
 from .tensor import TensorDesc
 
 
 @dataclass(frozen=True)
 class Const:
-    """A literal operand baked into the graph (a Python number given where a tensor may go; in a graph
-    with dynamic dims, also a ratio of sizes: a `SizeValue`, a float in the graph at each shape)."""
+    """A literal operand baked into the graph (a Python number given where a tensor may go). In a graph
+    with dynamic dims it may also be a ratio of sizes, a `SizeValue` (a mean's 1/count), which the
+    static graph at each shape (`FinalGraph.at`) holds as its float: engines, which see static graphs
+    only, never meet one (hence the annotation)."""
 
-    value: float | int | bool | SizeValue
+    value: float | int | bool
 
     def __str__(self) -> str:
         return repr(self.value)

@@ -18,7 +18,7 @@ from ..core.dtypes import DataType, as_data_type
 from ..core.errors import GraphError, ShapeError
 from ..core.ir import Const, FinalGraph
 from ..core.op import BUILDERS, Op
-from ..core.symbolic import SizeValue
+from ..core.symbolic_value import SizeValue
 from ..core.tensor import Tensor
 
 log = logging.getLogger("opgraph.finalize")
@@ -132,7 +132,7 @@ class Graph:
                 )
             return value
         if isinstance(value, SizeValue) and role in op.literal_inputs():  # a ratio of dynamic sizes
-            return Const(value)
+            return Const(value)  # type: ignore[arg-type]  # (a dynamic graph's literal: see Const)
         if isinstance(value, (numbers.Real, np.bool_)) and role in op.literal_inputs():
             v = value.item() if isinstance(value, np.generic) else value
             return Const(v if isinstance(v, (bool, int)) else float(v))

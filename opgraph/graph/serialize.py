@@ -23,9 +23,10 @@ from ..core.errors import GraphError, SerializationError
 from ..core.ir import Const, FinalGraph
 from ..core.limits import check_file_size, check_strings, preview
 from ..core.suggest import did_you_mean
-from ..core.symbolic import Dim, SizeValue
+from ..core.symbolic import Dim
 from ..core.symbolic import from_json as size_from_json
 from ..core.symbolic import to_json as size_to_json
+from ..core.symbolic_value import SizeValue
 from ..core.tensor import Tensor
 from ..ops.custom import upgrade_entry
 

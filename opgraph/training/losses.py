@@ -35,7 +35,7 @@ from typing import Any
 
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, GraphError, expect
-from ..core.symbolic import exact_quotient, size_value
+from ..core.symbolic_value import exact_quotient, size_value
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..ops.pointwise import StopGradient
@@ -225,7 +225,11 @@ class OneHotCrossEntropy(Loss):
     ) -> Tensor:
         wide = saved["s"].known_data_type()  # the forward's intermediate type (FLOAT, DOUBLE)
         # the samples the loss averages over (a size of the graph at each shape where dims are dynamic)
-        count = expect(exact_quotient(math.prod(out_desc.dim), out_desc.dim[1]), "the samples of the logits")
+        count = exact_quotient(math.prod(out_desc.dim), out_desc.dim[1])
+        if count is None:  # (the classes axis is a factor of the logits' element count: never taken)
+            raise GraphError(
+                "the logits' samples are not numel / classes", rule="training.internal", hint="report this"
+            )
         shifted = g.sub(out, saved["m"], name="ce.bwd_shift").set_data_type(wide)
         e = g.exp(shifted, name="ce.bwd_exp").set_data_type(wide)
         p = g.div(e, saved["s"], name="ce.softmax").set_data_type(wide)
