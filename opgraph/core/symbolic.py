@@ -551,7 +551,36 @@ def bounds(value: SymInt | Dim, ranges: Ranges | None = None) -> tuple[int, int]
             lo += iv[0]
             hi += iv[1]
     relaxed = _relaxed_bounds(v, ranges)
-    return (lo, hi) if relaxed is None else (max(lo, relaxed[0]), min(hi, relaxed[1]))
+    if relaxed is not None:
+        lo, hi = max(lo, relaxed[0]), min(hi, relaxed[1])
+    floor = _dominated_floor(v, ranges)
+    return (lo if floor is None else max(lo, floor)), hi
+
+
+def _dominated_floor(v: Expr, ranges: Ranges | None) -> int | None:
+    """A lower bound from term domination, where interval arithmetic loses the link between a power
+    and its base (`t*t - t`): every atom is at least 1, so a monomial is at least any monomial that
+    divides it; each negative term is paid by positive terms it divides, and what is left is at least
+    the sum of its coefficients. None where an atom can be below 1 or a negative term is not paid."""
+    given = ranges or {}
+    for mono, _ in v.terms:
+        for a in mono:
+            low = given.get(a.name, (a.min, a.max))[0] if isinstance(a, Dim) else bounds(a.num, ranges)[0] // a.den
+            if low < 1:
+                return None
+    left = {mono: coef for mono, coef in v.terms if coef > 0}
+    for mono, coef in sorted(((m, -c) for m, c in v.terms if c < 0), key=lambda mc: -len(mc[0])):
+        for other in sorted(left, key=len):
+            if coef == 0:
+                break
+            rest = list(other)
+            if left[other] and all(a in rest and not rest.remove(a) for a in mono):  # (mono divides other)
+                paid = min(coef, left[other])
+                left[other] -= paid
+                coef -= paid
+        if coef:
+            return None
+    return sum(left.values())
 
 
 def _relaxed_bounds(v: Expr, ranges: Ranges | None) -> tuple[int, int] | None:

@@ -177,7 +177,7 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
             "the axis: use slice(i, i + 1))",
         )
     for what, v in (("start", s.start), ("stop", s.stop), ("step", s.step)):
-        if what == "stop" and isinstance(v, (Expr, Dim)):  # a dynamic stop (`seq`, `seq - 1`): proved at inference
+        if what != "step" and isinstance(v, (Expr, Dim)):  # a dynamic bound (`seq - 1`): proved at inference
             continue
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
             raise AttributeValueError(
@@ -187,7 +187,15 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
                 hint="slice bounds and steps are ints (or None)",
             )
     step = 1 if s.step is None else int(s.step)
-    start = 0 if s.start is None else int(s.start)
+    start = (
+        0
+        if s.start is None
+        else Expr.of(s.start)
+        if isinstance(s.start, Dim)
+        else s.start
+        if isinstance(s.start, Expr)
+        else int(s.start)
+    )
     stop = (
         INT64_MAX
         if s.stop is None
@@ -207,12 +215,27 @@ def _dynamic_bounds(
     (`(start, size, 1)`, start below the smallest size), or ints within its smallest size. Negative
     indices, steps to the end and a stop past the smallest size are refused."""
     start, stop, step = given
-    if isinstance(stop, Expr) and step == 1 and 0 <= start and provably_le(stop, size) and provably_lt(start, stop):
-        return (start, stop, 1)  # a dynamic stop within the axis over the whole range (x[:seq - 1])
+    if (
+        (isinstance(stop, Expr) or isinstance(start, Expr))
+        and step == 1
+        and provably_le(0, start)
+        and provably_le(stop, size)
+        and provably_lt(start, stop)
+    ):
+        # dynamic bounds within the axis over the whole range (x[:seq - 1]; x[:, seq:2*seq], a part
+        # of a concatenation along a dynamic axis)
+        return (start, stop, 1)
     if step == 1 and provably_le(size, stop) and 0 <= start and provably_lt(start, size):
         return (start, size, 1)  # type: ignore[return-value]  # to the end (a dynamic size: see TensorDesc.dim)
     lowest = size_bounds(size)[0]
-    if isinstance(stop, Expr) or start < 0 or stop < 0 or not provably_le(stop, size) or start >= stop:
+    if (
+        isinstance(stop, Expr)
+        or isinstance(start, Expr)
+        or start < 0
+        or stop < 0
+        or not provably_le(stop, size)
+        or start >= stop
+    ):
         if ctx is None:
             raise InternalError(f"slice bounds {given} of a dynamic axis passed validation")
         ctx.error(
@@ -240,13 +263,7 @@ def _backward_bounds_ok(bounds: tuple[Any, Any, Any], size: Any) -> bool:
     value of a dynamic size: step 1, int start >= 0, start < stop <= size over the whole range)."""
     start, stop, step = bounds
     if isinstance(start, Expr) or isinstance(stop, Expr) or isinstance(size, Expr):
-        return (
-            step == 1
-            and not isinstance(start, Expr)
-            and start >= 0
-            and provably_lt(start, stop)
-            and provably_le(stop, size)
-        )
+        return step == 1 and provably_le(0, start) and provably_lt(start, stop) and provably_le(stop, size)
     return step >= 1 and builtins.slice(start, stop, step).indices(size) == bounds and bool(range(*bounds))
 
 

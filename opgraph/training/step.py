@@ -404,7 +404,7 @@ class TrainStep:
         with torch.cuda.graph(graph):
             self.plan.execute(pack)
             self._after_execute(pack)
-        return CapturedStep(self, graph)
+        return CapturedStep(self, graph, dict(self._env), {u: pack[u] for u in self._dynamic_uids()})
 
     def _after_execute(self, pack: Mapping[int, Buffer]) -> None:
         """Batchnorm running stats back into the module; with ZeRO-1, each parameter from its owner."""
@@ -486,11 +486,33 @@ class CapturedStep:
     """A training step captured in a CUDA graph: `replay(*inputs, target)` copies the batch into the
     step's buffers and replays; returns the loss buffer (0-d, overwritten by the next replay)."""
 
-    def __init__(self, step: TrainStep, graph: Any) -> None:
+    def __init__(
+        self, step: TrainStep, graph: Any, shape: Mapping[str, int] | None = None, buffers: UidPack | None = None
+    ) -> None:
         self.step = step
         self.graph = graph
+        self.shape = dict(shape or {})  # the dynamic dims' values it was captured at ({} when static)
+        self.buffers = dict(buffers or {})  # the captured buffers of dynamic dims (kept alive: the graph reads them)
 
     def replay(self, *inputs: Any, target: Any = None) -> Any:
+        """Copy `inputs` and `target` (if given) into the captured buffers and replay. With dynamic
+        dims, the inputs must have the captured shape (a graph records one shape's buffers): another
+        shape is a VariantPackError (capture one step per shape)."""
+        if self.shape:
+            step = self.step
+            if inputs or target is not None:
+                given = inputs[:-1] if target is None and len(inputs) == len(step.imported.inputs) + 1 else inputs
+                shape = step.imported.shape_of(step.imported._flat_inputs(given))
+                if shape != self.shape:
+                    raise VariantPackError(
+                        f"the step was captured at {_shape_text(self.shape)}; these inputs are {_shape_text(shape)}",
+                        rule="training.capture_shape",
+                        hint="capture a step per shape (step.capture(*inputs, target) at each), or run it: step.run(...)",
+                    )
+            step._shaped[tuple(self.shape.values())] = self.buffers  # (the captured buffers, if evicted since)
+            step._shaped.move_to_end(tuple(self.shape.values()))
+            if not (inputs or target is not None):
+                expect(step._pack, "the captured step's variant pack").update(self.buffers)
         pack = (
             self.step.pack(*inputs, target=target)
             if inputs or target is not None

@@ -324,3 +324,17 @@ def test_known_divisor_divides_every_value():
             value = plain(_env(rng))
             assert (d == 0 and value == 0) or (d != 0 and value % d == 0), expr
     assert known_divisor(64 * B * S + 128 * S) == 64 and known_divisor(S + 1) == 1 and known_divisor(-12) == 12
+
+
+def test_a_power_is_at_least_its_base_so_packed_strides_keep_their_order():
+    """Term domination (every symbol is at least 1): t*t - t >= 0, which interval arithmetic alone
+    cannot see; packed strides of [n, t, t] are ordered over the whole range."""
+    t, n = Dim("t", 1, 13), Dim("n", 1, 9)
+    assert bounds(t * t - t)[0] == 0 and provably_le(t, t * t)
+    assert bounds(n * t * t - t * n + 2)[0] == 2
+    assert bounds(t * t - 10 * t)[0] <= -25  # (not dominated: the true minimum is -25)
+    import opgraph as og
+
+    g = og.Graph(io_data_type=og.DataType.FLOAT)
+    g.relu(g.tensor(dim=[n, t, t], name="scores")).set_output(True)
+    g.validate()
