@@ -505,7 +505,9 @@ class CapturedStep:
                 shape = step.imported.shape_of(step.imported._flat_inputs(given))
                 if shape != self.shape:
                     raise VariantPackError(
-                        f"the step was captured at {_shape_text(self.shape)}; these inputs are {_shape_text(shape)}",
+                        "the inputs give the dynamic dims "
+                        + ", ".join(f"'{k}' = {shape[k]}" for k, v in self.shape.items() if shape.get(k) != v)
+                        + f"; the step was captured at {_shape_text(self.shape)}",
                         rule="training.capture_shape",
                         hint="capture a step per shape (step.capture(*inputs, target) at each), or run it: step.run(...)",
                     )

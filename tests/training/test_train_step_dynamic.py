@@ -21,7 +21,7 @@ import opgraph as og  # noqa: E402
 from opgraph.frontends import from_torch  # noqa: E402
 from opgraph.training import SGD, AdamW, train_step  # noqa: E402
 from tests.frontends.test_torch_import_dynamic import MLP, Decoder, _tiny_lm  # noqa: E402
-from tests.helpers import check_rule, requires_interpreter  # noqa: E402
+from tests.helpers import check_rule, requires_cuda, requires_interpreter  # noqa: E402
 
 BATCH, SEQ = 6, 24
 SHAPES = [(1, 1), (2, 7), (5, 13), (BATCH, SEQ), (1, SEQ), (BATCH, 1)]  # ones, primes, the range's ends
@@ -247,3 +247,73 @@ def test_generated_kernels_train_at_two_shapes_as_the_reference_engine():
         torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
         for p, q in zip(*(models[e].parameters() for e in steps)):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+# -- CUDA graphs: one captured step per shape ---------------------------------------------------------
+
+
+class _Replays:
+    """A stand-in for torch.cuda.CUDAGraph (counts replays)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def replay(self) -> None:
+        self.count += 1
+
+
+def test_a_captured_step_replays_only_at_its_shape():
+    from opgraph.training.step import CapturedStep
+
+    torch.manual_seed(0)
+    step = train_step(
+        from_torch(MLP().double().train(), (torch.randn(3, 5, 8, dtype=torch.float64),), dynamic_shapes=(dims(),)),
+        loss="mse",
+        optimizer=SGD(0.1),
+    )
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    pack = step.pack(x, torch.randn_like(x))
+    graph = _Replays()
+    captured = CapturedStep(step, graph, {"batch": 2, "seq": 3}, {u: pack[u] for u in step._dynamic_uids()})
+    captured.replay(x, torch.randn_like(x))
+    assert graph.count == 1
+    other = torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(og.VariantPackError) as err:
+        captured.replay(other, torch.randn_like(other))
+    check_rule(err.value, "training.capture_shape", "seq")
+    assert "batch=2 seq=3" in str(err.value)
+    assert graph.count == 1
+    for b in range(1, BATCH + 1):  # other shapes run (and push the captured one out of the step's LRU)
+        for t in (1, 2):
+            step.pack(torch.randn(b, t, 8, dtype=torch.float64), torch.randn(b, t, 8, dtype=torch.float64))
+    captured.replay(x, torch.randn_like(x))  # the captured buffers again, bound and filled
+    assert all(step._pack[u] is captured.buffers[u] for u in captured.buffers)
+    assert torch.equal(step._pack[step.imported.inputs[0].uid], x)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_captured_steps_at_two_shapes_match_eager_steps():
+    torch.manual_seed(0)
+    model = MLP().cuda()
+    ref = copy.deepcopy(model)
+    imported = from_torch(
+        model.train(), (torch.randn(3, 5, 8, device="cuda"),), dynamic_shapes=(dims(),), allow_tf32=False
+    )
+    step = train_step(imported, loss="mse", optimizer=SGD(0.1))
+    ref_step = train_step(
+        from_torch(ref.train(), (torch.randn(3, 5, 8, device="cuda"),), dynamic_shapes=(dims(),), allow_tf32=False),
+        loss="mse",
+        optimizer=SGD(0.1),
+    )
+    shapes = [(2, 7), (6, 24)]
+    batches = {s: (torch.randn(*s, 8, device="cuda"), torch.randn(*s, 8, device="cuda")) for s in shapes}
+    captured = {s: step.capture(*batches[s]) for s in shapes}
+    for _ in range(2):
+        for s in shapes:
+            x, target = torch.randn(*s, 8, device="cuda"), torch.randn(*s, 8, device="cuda")
+            got = captured[s].replay(x, target).clone()
+            want = ref_step.run(x, target)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
