@@ -7,6 +7,8 @@ attention (sdpa_backward's B and S), convolutions and pooling with a dynamic bat
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,10 @@ def test_a_mean_over_dynamic_axes_is_a_size_value_in_the_graph_and_a_float_at_ea
     assert 1 / 60 in consts and not any(isinstance(c, SizeValue) for c in consts)
     text = backward.to_json()
     assert og.Graph.from_json(text).to_json() == text  # graph files keep them
+    pytest.importorskip("jsonschema")
+    from opgraph.graph.schema import schema_errors
+
+    assert schema_errors(json.loads(text)) == []
 
 
 def test_size_values_and_exact_quotients():

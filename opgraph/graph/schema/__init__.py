@@ -183,7 +183,10 @@ def graph_schema() -> dict[str, Any]:
         "name": {"type": "string"},
         "compute_data_type": {**dtype, "description": "default: the graph's compute_data_type"},
         "attrs": {"type": "object", "description": "the op's attributes, as the builder's keyword arguments"},
-        "inputs": {"type": "object", "description": 'role -> tensor UID, or {"const": number} for a literal'},
+        "inputs": {
+            "type": "object",
+            "description": 'role -> tensor UID, or {"const": number} for a literal (or {"const": {"scale", "num", "den"}}: a ratio of dynamic sizes)',
+        },
         "outputs": {"type": "object", "description": "role -> tensor UID; left-out roles are not computed"},
     }
     assert list(tensor_props) == list(TENSOR_KEYS) and list(op_props) == list(OP_KEYS)
@@ -237,11 +240,24 @@ def graph_schema() -> dict[str, Any]:
                     {"$ref": "#/$defs/uid"},
                     {
                         "type": "object",
-                        "properties": {"const": {"type": ["number", "boolean"]}},
+                        "properties": {
+                            "const": {"anyOf": [{"type": ["number", "boolean"]}, {"$ref": "#/$defs/size_value"}]}
+                        },
                         "required": ["const"],
                         "additionalProperties": False,
                     },
                 ]
+            },
+            "size_value": {
+                "type": "object",
+                "properties": {
+                    "scale": {"type": "number"},
+                    "num": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/size"}]},
+                    "den": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/size"}]},
+                },
+                "required": ["scale", "num", "den"],
+                "additionalProperties": False,
+                "description": "a literal that is a ratio of dynamic sizes, scale * num / den (a mean's 1/count)",
             },
             "tensor": {
                 "type": "object",
