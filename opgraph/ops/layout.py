@@ -306,15 +306,22 @@ class Slice(Op):
             if isinstance(size, Expr):
                 out.append(_dynamic_bounds(ctx, axis, (start, stop, step), size))
                 continue
-            if isinstance(stop, Expr):
+            if isinstance(stop, Expr) or isinstance(start, Expr):
+                # dynamic bounds on a static axis (a learned position table read as pos[:seq]): step 1,
+                # within the axis over the whole range
+                if step == 1 and provably_le(0, start) and provably_lt(start, stop) and provably_le(stop, size):
+                    out.append((start, stop, 1))
+                    continue
                 if ctx is None:
-                    raise InternalError(f"a dynamic stop {stop} on the static axis {axis} passed validation")
+                    raise InternalError(f"dynamic bounds {start}:{stop} on the static axis {axis} passed validation")
                 ctx.error(
                     ShapeError,
-                    f"slices[{axis}] stops at the dynamic size {stop} on the static axis {axis} (size {size})",
+                    f"slices[{axis}] = {start}:{stop}:{step} on the static axis {axis} (size {size}) is not within "
+                    "the axis for every value of the dynamic dims",
                     tensor="input",
                     rule="slice.dynamic",
-                    hint="give a static axis int bounds",
+                    hint="give bounds 0 <= start < stop <= the axis' size over the whole range, step 1 (narrow "
+                    "the Dim's range), or int bounds",
                 )
             start, stop, step = builtins.slice(start, stop, step).indices(size)
             if ctx is not None and len(range(start, stop, step)) == 0:

@@ -126,7 +126,12 @@ class TrainStep:
             else:
                 what = self.graph.to_json(indent=None)
             check_ranks_agree(
-                what, {h.name or str(h.uid): tuple(h.known_dim()) for h in imported.inputs}, process_group
+                what,
+                {
+                    h.name or str(h.uid): tuple(d if isinstance(d, int) else str(d) for d in h.known_dim())
+                    for h in imported.inputs
+                },
+                process_group,
             )
         self.mixed_precision = mixed_precision
         self.grad_clip_norm = grad_clip_norm

@@ -173,6 +173,43 @@ def test_cnn_with_a_dynamic_batch_trains_as_pytorch():
         run.check(torch.randn(n, 3, 16, 16, dtype=torch.float64), torch.randint(0, 7, (n,)), rtol=1e-9, atol=1e-11)
 
 
+class Tokens(nn.Module):
+    """A learned position table read as pos[:, :seq] (a slice of a parameter to a dynamic stop) and a
+    class token expanded over the batch, concatenated along the dynamic length."""
+
+    def __init__(self, rows: int = 20) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(1, rows, 8))
+        self.cls = nn.Parameter(torch.randn(1, 1, 8))
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return self.fc(torch.cat([self.cls.expand(b, -1, -1), x + self.pos[:, :t]], dim=1))
+
+
+def test_a_position_table_sliced_to_the_length_trains_whole():
+    torch.manual_seed(0)
+    run = Run(
+        Tokens().double(),
+        (torch.randn(3, 5, 8, dtype=torch.float64),),
+        ({0: Dim("batch", min=1, max=6), 1: Dim("seq", min=1, max=19)},),
+        "mse",
+        SGD(0.1, momentum=0.9),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    )
+    for b, t in [(1, 1), (4, 7), (6, 19), (2, 3)]:
+        x = torch.randn(b, t, 8, dtype=torch.float64)
+        run.check(x, torch.randn(b, t + 1, 8, dtype=torch.float64), rtol=1e-9, atol=1e-11)
+    seq = og.Dim("seq", 1, 19)
+    g = og.Graph(io_data_type=og.DataType.FLOAT)
+    table = g.tensor(dim=[10, 8], name="table")  # shorter than the longest sequence
+    g.slice(table, [slice(0, seq)], name="rows").set_output(True)
+    with pytest.raises(og.ShapeError) as err:
+        g.validate()
+    check_rule(err.value, "slice.dynamic", "table", "rows")
+
+
 # -- mixed precision: the dynamic step at a shape is the static step of that shape ----------------------
 
 
