@@ -573,8 +573,7 @@ def _dominated_floor(v: Expr, ranges: Ranges | None) -> int | None:
         for other in sorted(left, key=len):
             if coef == 0:
                 break
-            rest = list(other)
-            if left[other] and all(a in rest and not rest.remove(a) for a in mono):  # (mono divides other)
+            if left[other] and _divides(mono, other):
                 paid = min(coef, left[other])
                 left[other] -= paid
                 coef -= paid
@@ -611,6 +610,16 @@ def _relaxed_bounds(v: Expr, ranges: Ranges | None) -> tuple[int, int] | None:
         total = total + (product if any(isinstance(a, FloorDiv) for a in mono) else scale * product)
     lo, hi = bounds(total, ranges)
     return -(-lo // scale), hi // scale
+
+
+def _divides(mono: Monomial, other: Monomial) -> bool:
+    """Whether monomial `mono` divides `other` (each atom at most as often)."""
+    rest = list(other)
+    for a in mono:
+        if a not in rest:
+            return False
+        rest.remove(a)
+    return True
 
 
 def provably_le(a: SymInt | Dim, b: SymInt | Dim, ranges: Ranges | None = None) -> bool:

@@ -169,7 +169,7 @@ def data_parallel_hook(
     )
 
 
-def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int, ...]], process_group: Any) -> None:
+def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int | str, ...]], process_group: Any) -> None:
     """Every rank of `process_group` built the same step (`what`: its step graph's JSON, or with ZeRO-1,
     whose step graphs differ by rank, the imported forward's and the step's options) with the same input
     dims; else a DistributedError naming the ranks that differ from rank 0 (raised on every rank)."""
