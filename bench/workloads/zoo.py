@@ -9,8 +9,9 @@ float64 module of the same bf16 weights. Training: one AdamW step, bf16 mixed pr
 weights), cross-entropy, checked as the GPT-2 step is (`training_gpt2.adamw_step_case`). Peers: eager,
 torch.compile (default mode, max-autotune, max-autotune with its CUDA graphs). The inference rows and
 the Llama step also run opgraph through `torch.compile(backend="opgraph")` (issue 43), plainly and
-with CUDA-graph replay. Floors: the model's FLOPs (nanoGPT's count: 2N + 4 L d T per token forward, three times that for a step; N the weights
-a token multiplies, embeddings excluded) at the measured bf16 GEMM rate; ConvNeXt a per-layer roofline.
+with CUDA-graph replay. Floors: the model's FLOPs (nanoGPT's count: 2N + 4 L d T per token forward,
+three times that for a step; N the weights a token multiplies, embeddings excluded) at the measured
+bf16 GEMM rate; ConvNeXt a per-layer roofline.
 """
 
 from __future__ import annotations
