@@ -25,7 +25,7 @@ from typing import Any
 
 from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 from .torch_ops import op
-from .torch_ops_attention import attention_options
+from .torch_ops_attention import attention_operands, attention_options
 
 FORWARD = {  # op -> its mask argument
     "_scaled_dot_product_flash_attention": None,
@@ -37,11 +37,7 @@ BACKWARD = {f"{name}_backward": mask for name, mask in FORWARD.items()}
 
 
 def _checked(a: Args) -> tuple[Value, Value, Value]:
-    q, k, v = a["query"], a["key"], a["value"]
-    if not all(isinstance(x, Value) and x.rank == 4 for x in (q, k, v)):
-        raise Untranslatable("attention over tensors of rank other than 4")
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0] or q.shape[1] % k.shape[1] or q.shape[1] % v.shape[1]:
-        raise Untranslatable("batch broadcasting between q, k and v")
+    q, k, v = attention_operands(a, ranks=(4,))
     if float(a.get("dropout_p") or 0.0) > 0.0:
         raise Untranslatable("attention dropout (its mask is PyTorch's RNG stream)")
     return q, k, v

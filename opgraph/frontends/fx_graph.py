@@ -160,8 +160,7 @@ def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
             restride.append((leaf.tensor, stride))
     for tensor, stride in restride:
         tensor.set_stride(stride)
-    changed = bool(restride)
-    if changed:
+    if restride:
         imported.graph.validate()
 
 

@@ -108,15 +108,22 @@ def attention_options(
     return kw
 
 
-@op("scaled_dot_product_attention")
-def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
-    torch = imp.torch
+def attention_operands(a: Args, ranks: tuple[int, ...] = (3, 4)) -> tuple[Value, Value, Value]:
+    """q, k and v of an attention node: one rank among `ranks` (3: one head), one batch, k/v heads
+    dividing q's (GQA)."""
     q, k, v = a["query"], a["key"], a["value"]
-    if not all(isinstance(x, Value) and x.rank in (3, 4) and x.rank == q.rank for x in (q, k, v)):
-        raise Untranslatable("attention over tensors of rank other than 3 or 4")
+    if not all(isinstance(x, Value) and x.rank in ranks and x.rank == q.rank for x in (q, k, v)):
+        raise Untranslatable(f"attention over tensors of rank other than {' or '.join(map(str, ranks))}")
     heads = (q.shape[1], k.shape[1], v.shape[1]) if q.rank == 4 else (1, 1, 1)
     if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0] or heads[0] % heads[1] or heads[0] % heads[2]:
         raise Untranslatable("batch broadcasting between q, k and v")
+    return q, k, v
+
+
+@op("scaled_dot_product_attention")
+def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
+    torch = imp.torch
+    q, k, v = attention_operands(a)
     kw = attention_options(imp, node, q, k, a.get("attn_mask"), bool(a.get("is_causal")), a.get("scale"))
     p = float(a.get("dropout_p") or 0.0)
     if p >= 1.0:
