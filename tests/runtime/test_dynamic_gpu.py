@@ -32,3 +32,70 @@ def test_one_build_matches_the_reference_on_cuda(family):
             m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None
         ]
         assert not bad, f"{env}: " + "\n".join(map(str, bad)) + "\n" + plan.at(env).describe()
+
+
+PW_SHAPES = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 5), (5, 7), (7, 13), (13, 31), (16, 17), (11, 2), (16, 37), (1, 37)]
+
+
+def _pointwise_graph(make):
+    from tests.runtime.test_dynamic_kernels import graph_of
+
+    return graph_of(make)
+
+
+def _run_cuda(plan, env, rng):
+    from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
+
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    want = reference_outputs(static, pack)
+    dev = pack_to_device(pack, plan.device.torch_name)
+    plan.execute(dev)
+    bad = [m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("name", ["bias_relu", "per_batch_scale", "channels_last", "scaled_half"])
+def test_pointwise_compiles_once_per_bucket_on_cuda(name):
+    """A compiled kernel taking its sizes at run time, run at many sizes: right at each, and no
+    compilation after a bucket's first shape (the compiler's counter, and the plan's)."""
+    from opgraph.engines.triton import compiler
+    from tests.runtime.test_dynamic_kernels import GRAPHS
+
+    plan = _pointwise_graph(GRAPHS[name]).build(device="cuda", engines=["triton"])
+    rng = np.random.default_rng(12)
+    used: set[int] = set()
+    for b, s in PW_SHAPES * 2:
+        bucket = plan.buckets.of((b, s)).index
+        before = compiler.compilations()
+        _run_cuda(plan, {"batch": b, "seq": s}, rng)
+        if bucket in used:
+            assert compiler.compilations() == before, (b, s)
+        used.add(bucket)
+        assert "_OG_SIZES" in plan.at({"batch": b, "seq": s}).source(0)
+    assert plan.stats["shape_kernels"] == 0
+
+
+def test_pointwise_jit_launch_does_not_specialise_on_sizes(monkeypatch):
+    """OPGRAPH_LAUNCH=jit (Triton's own launcher): size arguments are do_not_specialize, so sizes 1,
+    16 and 17 of one bucket share one JIT compilation."""
+    import triton
+
+    from tests.runtime.test_dynamic_kernels import GRAPHS
+
+    monkeypatch.setenv("OPGRAPH_LAUNCH", "jit")
+    plan = _pointwise_graph(GRAPHS["bias_relu"]).build(device="cuda", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(13)
+    _run_cuda(plan, {"batch": 3, "seq": 5}, rng)
+    compiles = []
+    previous = triton.knobs.compilation.listener
+
+    def listener(**kwargs):
+        compiles.append(kwargs)
+        if previous is not None:
+            previous(**kwargs)
+
+    monkeypatch.setattr(triton.knobs.compilation, "listener", listener)
+    for b, s in [(1, 1), (16, 1), (2, 16), (16, 17), (1, 32), (7, 37)]:
+        _run_cuda(plan, {"batch": b, "seq": s}, rng)
+    assert compiles == []

@@ -22,17 +22,21 @@ walk only).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
 from ....core.errors import AttributeValueError
+from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
+from ....core.symbolic import Expr
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
+from ..sizes import Sizes, is_dynamic_desc
 from ._concat import CONCAT, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
 from .base import (
@@ -51,15 +55,21 @@ from .base import (
 )
 
 
-def _coordinate_offset(desc: TensorDesc, needed: set[int]) -> str:
+def _coordinate_offset(desc: TensorDesc, needed: set[int], text: Callable[[Any], str] = str) -> str:
     """Element offset of `desc` from the coordinates c<axis> of its non-broadcast axes (noted in
-    `needed`, for the lines that compute them)."""
+    `needed`, for the lines that compute them); `text` spells a stride (sizes.Sizes.text for a
+    dynamic one)."""
     terms = []
     for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-        if d > 1 and s != 0:
+        if _above_one(d) and s != 0:
             needed.add(axis)
-            terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
+            terms.append(f"c{axis}" if s == 1 else f"c{axis} * {text(s)}")
     return " + ".join(terms) or "0"
+
+
+def _above_one(d: Any) -> bool:
+    """Whether an axis is walked: a dynamic dim always is (a symbol never broadcasts)."""
+    return True if isinstance(d, Expr) else bool(d > 1)
 
 
 def _with_views(piece: Piece, views: dict[int, Any]) -> dict[int, TensorDesc]:
@@ -70,16 +80,17 @@ def _with_views(piece: Piece, views: dict[int, Any]) -> dict[int, TensorDesc]:
 class FlatIndexer:
     """Loads and stores at flat index `lin` of an iteration space, in a given axis order."""
 
-    def __init__(self, dims: tuple[int, ...], order: tuple[int, ...]) -> None:
+    def __init__(self, dims: tuple[int, ...], order: tuple[int, ...], text: Callable[[Any], str] = str) -> None:
         self.dims = dims
         self.order = order
         self.packed = packed_strides(dims, order)
         self.needed: set[int] = set()
+        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def offset(self, desc: TensorDesc) -> str:
         if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
             return "lin"
-        return _coordinate_offset(desc, self.needed)
+        return _coordinate_offset(desc, self.needed, self.text)
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
         offset = "0" if desc.numel == 1 else self.offset(desc)
@@ -104,9 +115,9 @@ class FlatIndexer:
         for axis in sorted(self.needed):
             inner = self.packed[axis]
             outermost = axis == self.order[0]
-            expr = "lin" if inner == 1 else f"(lin // {inner})"
+            expr = "lin" if inner == 1 else f"(lin // {self.text(inner)})"
             if not outermost:
-                expr = f"{expr} % {self.dims[axis]}"
+                expr = f"{expr} % {self.text(self.dims[axis])}"
             lines.append(f"c{axis} = {expr}")
         return lines
 
@@ -284,9 +295,15 @@ def copies_out(piece: Piece, views: dict[int, Any]) -> bool:
     )
 
 
-def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any]) -> Emitter:
+def _emit(
+    piece: Piece,
+    indexer: FlatIndexer | TileIndexer,
+    views: dict[int, Any],
+    tensors: Mapping[int, TensorDesc] | None = None,
+) -> Emitter:
     """The piece's loads, math and stores over `indexer` (which notes the coordinates they need); `views`:
-    the piece's slices/transposes as views of memory (memory_views)."""
+    the piece's slices/transposes as views of memory (memory_views); `tensors`: the descs to read
+    (default the piece's; a dynamic plan's symbolic ones for run-time sizes)."""
 
     def ptr(u: int) -> str:  # a view reads its source's buffer, from its offset
         if u not in views:
@@ -295,7 +312,11 @@ def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any
         return f"(p{v.base} + {v.offset})" if v.offset else f"p{v.base}"
 
     emitter = Emitter(
-        _with_views(piece, views), compute_type(piece_types(piece)), indexer, ptr=ptr, scalar=lambda u: f"s{u}"
+        tensors if tensors is not None else _with_views(piece, views),
+        compute_type(piece_types(piece)),
+        indexer,
+        ptr=ptr,
+        scalar=lambda u: f"s{u}",
     )
     if CONCAT in piece.kind_set:  # (on demand, per frame: _concat.py)
         emit_frame(piece, emitter, piece.outputs)
@@ -374,17 +395,45 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         self.views = views
 
     @cached_property
+    def symbolic(self) -> ShapeOrigin | None:
+        """The piece's origin where its kernel takes sizes at run time (sizes.py): a piece of a dynamic
+        plan's bucket of pointwise ops alone (no views, concatenations or gathers: those bake sizes
+        in), whose symbolic outputs share one space that every operand broadcasts to; else None (its
+        kernel is generated at the shape)."""
+        origin = self.piece.graph.origin
+        piece = self.piece
+        if origin is None or self.views or not piece.kind_set <= {"pointwise", "custom"}:
+            return None
+        tensors = origin.graph.tensors
+        uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
+        if not any(is_dynamic_desc(tensors[u]) for u in uids):
+            return None
+        spaces = {tensors[u].dim for u in piece.outputs}
+        if len(spaces) != 1:
+            return None
+        (space,) = spaces
+        for u in uids:
+            d = tensors[u].dim
+            if not tensors[u].is_pass_by_value and (
+                len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space))
+            ):
+                return None
+        return origin
+
+    @cached_property
     def transposed(self) -> tuple[int, int] | None:
-        return transposed_axes(self.piece, self.views)
+        return None if self.symbolic is not None else transposed_axes(self.piece, self.views)
 
     @cached_property
     def rows(self) -> tuple[int, int] | None:
-        return row_axes(self.piece, self.views)
+        return None if self.symbolic is not None else row_axes(self.piece, self.views)
 
     def candidates(self) -> list[PointwiseKnobs]:
         piece = self.piece
         dims = piece.tensor(piece.outputs[0]).dim
         numel = math.prod(dims)
+        if self.symbolic is not None:  # the bucket's hint: one choice for every shape of it
+            numel = Sizes(self.symbolic).hint(math.prod(self.symbolic.graph.tensors[piece.outputs[0]].dim))
         if self.transposed is not None:
             # (128 x 32: runs of 512 bytes of the transposed tensor, its tile transposed by ldmatrix)
             return [
@@ -410,6 +459,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return [*tiles, *flat] if waste <= ROW_FIRST_TAIL else [*flat, *tiles] if waste <= 0.25 else flat
 
     def generate(self, knobs: PointwiseKnobs) -> Generated:
+        if self.symbolic is not None and knobs.BLOCK is not None:
+            return self._generate_sized(knobs, self.symbolic)
         piece = self.piece
         first = piece.tensor(piece.outputs[0])
         dims = first.dim
@@ -450,6 +501,34 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         block = knobs.BLOCK
         assert block is not None
         launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))
+        return Generated(source, (launch,))
+
+    def _generate_sized(self, knobs: PointwiseKnobs, origin: ShapeOrigin) -> Generated:
+        """The flat walk over the symbolic space, its sizes run-time arguments (sizes.py): the same
+        source for every shape of the bucket; the grid and the size values are the shape's."""
+        piece = self.piece
+        sizes = Sizes(origin)
+        tensors = origin.graph.tensors
+        first = tensors[piece.outputs[0]]
+        externals = [*piece.inputs, *piece.outputs]
+        big = sizes.needs_int64((tensors[u] for u in externals), lanes=2**16)
+        flat = FlatIndexer(first.dim, stride_order(first.stride), sizes.text)
+        mask = f"mask = lin < {sizes.text(math.prod(first.dim))}"
+        lines = _emit(piece, flat, {}, tensors).lines
+        body = [f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)", mask, *flat.coordinate_lines(), *lines]
+        params, args = external_params(piece, externals)
+        params += sizes.params
+        kernel = f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
+        source = module_source(sizes.declaration(), kernel)
+        block = knobs.BLOCK
+        assert block is not None
+        numel = math.prod(piece.tensor(piece.outputs[0]).dim)
+        launch = Launch(
+            "kernel",
+            (-(-numel // block),),
+            (*args, *sizes.args()),
+            (("BLOCK", block), ("num_warps", knobs.warps)),
+        )
         return Generated(source, (launch,))
 
 

@@ -1,0 +1,178 @@
+"""Dynamic plans whose generated kernels take their sizes at run time (design steps 5-7): pointwise
+graphs built once with dynamic dims, run under Triton's interpreter at many shapes (ones, primes,
+the range's ends, random) against the reference engine at each shape (random inputs, poisoned
+outputs); one kernel per bucket and step, whatever the shape; nothing built on the hot path; the
+buckets and every new kernel reported."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.engines.triton import loader
+from opgraph.runtime.dynamic import DynamicPlan
+from opgraph.testing import compare, random_pack, reference_outputs
+from tests.helpers import requires_interpreter
+
+pytestmark = requires_interpreter
+
+B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
+SHAPES = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 5), (5, 7), (7, 13), (13, 31), (16, 17), (11, 2), (16, 37), (1, 37)]
+
+
+def bias_relu(g):
+    x = g.tensor(dim=[B, S, 8], name="x")
+    bias = g.tensor(dim=[1, 1, 8], name="bias")
+    g.relu(g.add(x, bias)).set_output(True).set_name("y")
+
+
+def per_batch_scale(g):  # a value broadcast along the dynamic seq axis: coordinates divide by sizes
+    x = g.tensor(dim=[B, S, 6], name="x")
+    s = g.tensor(dim=[B, 1, 1], name="s")
+    r = g.tensor(dim=[B, S, 6], name="r")
+    y = g.mul(x, s).set_output(True).set_name("y")
+    g.add(y, r).set_output(True).set_name("z")
+
+
+def channels_last(g):  # dynamic strides: [8*seq, 1, 8]
+    x = g.tensor(dim=[B, 8, S], stride=[8 * S, 1, 8], name="x")
+    g.exp(x).set_output(True).set_name("y")
+
+
+def scaled_half(g):  # a pass-by-value scalar, fp16 in and out, fp32 math
+    x = g.tensor(dim=[B, S, 4], data_type=og.DataType.HALF, name="x")
+    alpha = g.tensor(dim=[1], stride=[1], data_type=og.DataType.FLOAT, name="alpha", is_pass_by_value=True)
+    g.tanh(g.mul(x, alpha)).set_output(True).set_name("y").set_data_type(og.DataType.HALF)
+
+
+GRAPHS = {f.__name__: f for f in (bias_relu, per_batch_scale, channels_last, scaled_half)}
+
+
+def graph_of(make) -> og.Graph:
+    g = og.Graph(make.__name__, io_data_type=og.DataType.FLOAT, compute_data_type=og.DataType.FLOAT)
+    make(g)
+    return g
+
+
+def run_at(plan: DynamicPlan, env: dict, rng: np.random.Generator) -> None:
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    want = reference_outputs(static, pack)
+    plan.execute(pack)
+    bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+def env_of(b: int, s: int) -> dict[str, int]:
+    return {"batch": b, "seq": s}
+
+
+def shapes(seed: int = 0) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    return SHAPES + [(int(rng.integers(1, 17)), int(rng.integers(1, 38))) for _ in range(6)]
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_one_kernel_per_bucket_serves_every_shape(name, monkeypatch):
+    loads = []
+    real = loader._load
+    monkeypatch.setattr(loader, "_load", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    g = graph_of(GRAPHS[name])
+    plan = g.build(device="cpu", engines=["triton"])
+    assert isinstance(plan, DynamicPlan)
+    rng = np.random.default_rng(3)
+    kernels: dict[int, set] = {}
+    for b, s in shapes():
+        run_at(plan, env_of(b, s), rng)
+        at = plan.at(env_of(b, s))
+        assert len(at.steps) == 1 and at.steps[0].config.engine == "triton"
+        source = at.source(0)
+        assert "_OG_SIZES" in source  # sizes are run-time arguments
+        kernels.setdefault(plan.buckets.of((b, s)).index, set()).add((source, at.steps[0].config.knobs))
+    assert all(len(k) == 1 for k in kernels.values()), kernels  # one kernel a bucket, whatever the shape
+    assert plan.stats["shape_kernels"] == 0
+    assert plan.stats["kernels"] == len({k for ks in kernels.values() for k in ks})
+    assert len(set(loads)) == len(loads) <= len(kernels)  # a generated module loaded once per source
+    for b, s in shapes(seed=1):  # more shapes of the buckets already used: nothing new
+        run_at(plan, env_of(b, s), rng)
+    assert plan.stats["shape_kernels"] == 0 and len(set(loads)) == len(loads)
+
+
+def test_a_bucket_compiles_at_its_first_shape_only():
+    plan = graph_of(bias_relu).build(device="cpu", engines=["triton"], buckets="one")
+    assert len(plan.buckets) == 1
+    rng = np.random.default_rng(4)
+    for b, s in SHAPES:
+        run_at(plan, env_of(b, s), rng)
+    assert plan.stats["kernels"] == 1 and plan.stats["runtime_compiles"] == 0  # the build's kernel serves all
+    assert plan.stats["shape_plans"] == len(SHAPES)
+
+
+def test_an_unconverted_piece_is_a_kernel_per_shape_and_counted():
+    g = og.Graph("cat", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B, S, 4], name="x")
+    g.neg(g.concatenate([x, x], axis=1)).set_output(True).set_name("y")  # concatenation bakes sizes in
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(5)
+    for b, s in [(2, 3), (3, 5), (2, 3)]:
+        run_at(plan, env_of(b, s), rng)
+    assert plan.stats["shape_kernels"] == 2  # (the range's maximum was built at build)
+    assert "2 of them per shape" in plan.describe()
+
+
+def test_an_execute_at_a_seen_shape_builds_nothing(monkeypatch):
+    g = graph_of(per_batch_scale)
+    plan = g.build(device="cpu", engines=["triton"])
+    rng = np.random.default_rng(6)
+    seen = [(1, 1), (3, 5), (16, 37)]
+    for b, s in seen:
+        run_at(plan, env_of(b, s), rng)
+    packs = {}
+    for b, s in seen:
+        static = g.final.at(env_of(b, s))
+        packs[(b, s)] = (static, random_pack(static, rng))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("build work on the hot path")
+
+    import opgraph.runtime.dynamic as dynamic
+    import opgraph.runtime.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "build_plan", refuse)
+    monkeypatch.setattr(dynamic, "solve", refuse)
+    monkeypatch.setattr(og.FinalGraph, "in_bucket", refuse)
+    monkeypatch.setattr(og.FinalGraph, "at", refuse)
+    for _ in range(2):
+        for _static, pack in packs.values():
+            plan.execute(pack)
+    monkeypatch.undo()
+    for static, pack in packs.values():
+        want = reference_outputs(static, pack)
+        assert all(compare(static.tensors[u], pack[u], want[u]) is None for u in static.outputs)
+
+
+def test_describe_and_the_log_name_buckets_and_new_kernels(caplog):
+    plan = graph_of(bias_relu).build(device="cpu", engines=["triton"], buckets={"seq": [8]}, max_buckets=8)
+    rng = np.random.default_rng(7)
+    with caplog.at_level(logging.INFO, logger="opgraph.dynamic"):
+        run_at(plan, env_of(3, 5), rng)
+        run_at(plan, env_of(4, 6), rng)
+    text = caplog.text
+    assert "plan 'bias_relu' bucket 2 (batch 2..16, seq 1..8 (hint batch=6 seq=3)) first used at batch=3 seq=5" in text
+    assert "plan 'bias_relu' step 0 (triton pointwise): new kernel for batch=3 seq=5 (bucket 2)" in text
+    assert "batch=4 seq=6" in text and text.count("new kernel") == 1  # the second shape compiled nothing
+    lines = plan.describe().splitlines()
+    assert lines[2].startswith("  buckets: 4 (build(buckets=(('seq', (8,)),), max_buckets=8)); kernels 2, 1 met")
+    assert (
+        lines[3] == "    bucket 0: batch 1, seq 1..8 (hint batch=1 seq=3): not used yet (compiles at its first shape)"
+    )
+    assert lines[5] == (
+        "    bucket 2: batch 2..16, seq 1..8 (hint batch=6 seq=3): first used at batch=3 seq=5; "
+        "2 shape(s) planned, 1 kernel(s)"
+    )
+    assert lines[6].startswith(
+        "    bucket 3: batch 2..16, seq 9..37 (hint batch=6 seq=16): first used at batch=16 seq=37 (at build)"
+    )
