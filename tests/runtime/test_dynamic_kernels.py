@@ -48,7 +48,27 @@ def scaled_half(g):  # a pass-by-value scalar, fp16 in and out, fp32 math
     g.tanh(g.mul(x, alpha)).set_output(True).set_name("y").set_data_type(og.DataType.HALF)
 
 
-GRAPHS = {f.__name__: f for f in (bias_relu, per_batch_scale, channels_last, scaled_half)}
+def residual_layernorm(g):  # rownorm: a prologue, the statistics, an epilogue; rows batch*seq
+    x = g.tensor(dim=[B, S, 24], name="x")
+    r = g.tensor(dim=[B, S, 24], name="r")
+    scale = g.tensor(dim=[1, 1, 24], name="scale")
+    bias = g.tensor(dim=[1, 1, 24], name="bias")
+    y, mean, inv = g.layernorm("training", g.add(x, r), scale, bias, epsilon=1e-5)
+    g.relu(y).set_output(True).set_name("y")
+    mean.set_output(True).set_name("mean")
+    inv.set_output(True).set_name("inv")
+
+
+def rmsnorm_rows(g):  # rownorm over a transposed-batch layout: rows addressed through dynamic strides
+    x = g.tensor(dim=[B, S, 16], stride=[16, 16 * B, 1], name="x")
+    scale = g.tensor(dim=[1, 1, 16], name="scale")
+    y, _ = g.rmsnorm("inference", x, scale, epsilon=1e-6)
+    y.set_output(True).set_name("y")
+
+
+GRAPHS = {
+    f.__name__: f for f in (bias_relu, per_batch_scale, channels_last, scaled_half, residual_layernorm, rmsnorm_rows)
+}
 
 
 def graph_of(make) -> og.Graph:

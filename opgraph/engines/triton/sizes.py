@@ -4,7 +4,7 @@ A piece of a static graph spells every size as its literal, as templates always 
 sources stay byte for byte what they were). A piece that a dynamic plan planned for one shape of a
 bucket (its graph's `origin`: opgraph.core.ir.ShapeOrigin) may be generated from the symbolic graph
 instead: an int is still its literal, an expression of the dynamic dims becomes an int parameter
-`z<i>` of the kernel (one per distinct canonical expression, i32 or i64 by the bucket's bound) whose
+`sz<i>` of the kernel (one per distinct canonical expression, i32 or i64 by the bucket's bound) whose
 value at the plan's shape the launch passes (ArgKind.SIZE). Decisions read the bucket, not the shape:
 `hint` for heuristics, `max` for int64 indexing. The source then holds no dynamic size, so every
 shape of a bucket gets the same source and the same compiled binary (one spec key).
@@ -12,10 +12,12 @@ shape of a bucket gets the same source and the same compiled binary (one spec ke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
 from ...core.ir import ShapeOrigin
+from ...core.piece import Piece
 from ...core.symbolic import Expr, SymInt, bounds, evaluate
 from ...core.tensor import TensorDesc
 from .templates.base import INT32_LIMIT, Arg, ArgKind
@@ -39,7 +41,7 @@ class Sizes:
             return str(value)
         name = self._names.get(value)
         if name is None:
-            name = self._names[value] = f"z{len(self._names)}"
+            name = self._names[value] = f"sz{len(self._names)}"
         return name
 
     def hint(self, value: SymInt) -> int:
@@ -77,3 +79,14 @@ class Sizes:
 
 def is_dynamic_desc(desc: TensorDesc) -> bool:
     return any(isinstance(v, Expr) for v in (*desc.dim, *desc.stride))
+
+
+def symbolic_piece(piece: Piece) -> Piece | None:
+    """The piece over its graph's symbolic origin (same nodes and UIDs, the dynamic dims as
+    expressions), where the piece's graph has one; None otherwise. A template's analysis run on it
+    decides over the bucket: code that compares a dynamic size with an int raises TypeError, which a
+    template takes as "generate this piece at its shape"."""
+    origin = piece.graph.origin
+    if origin is None:
+        return None
+    return dataclasses.replace(piece, graph=origin.graph, growth=None)

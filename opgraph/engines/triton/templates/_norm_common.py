@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +23,12 @@ from ....core.config import Support
 from ....core.device import Device
 from ....core.ir import Const, Node, Operand
 from ....core.piece import Piece
-from ....core.tensor import TensorDesc
+from ....core.symbolic import Expr, evaluate
+from ....core.tensor import TensorDesc, order_value
 from ..casts import operand
 from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
-from .base import Match, Params, Template, program_id
+from ..sizes import Sizes
+from .base import Match, Params, Template, module_source, program_id
 
 INT32_LIMIT = 2**31 - 1
 FULL_ROLES = ("input", "grad")  # roles of a normalization op that live in the full space
@@ -134,7 +136,12 @@ class Comp:
 
 
 def memory_order(axes: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
-    return tuple(sorted(axes, key=lambda a: (-stride[a], a)))
+    return tuple(sorted(axes, key=lambda a: (-order_value(stride[a]), a)))
+
+
+def above_one(d: Any) -> bool:
+    """Whether an axis is walked: a dynamic dim always is (a symbol never broadcasts)."""
+    return True if isinstance(d, Expr) else bool(d > 1)
 
 
 def is_run(axes: Sequence[int], dims: Sequence[int], stride: Sequence[int]) -> bool:
@@ -154,30 +161,33 @@ class RowIndexer:
         comps: Sequence[Comp],
         masks: Mapping[frozenset[int], str | None],
         zeros: Mapping[int, str] | None = None,
+        text: Callable[[Any], str] = str,
     ) -> None:
         self.dims = tuple(dims)
         self.comps = tuple(comps)
         self.masks = masks
         self.zeros = zeros or {}
         self.tile_axes = frozenset(c.tile_axis for c in comps if c.tile_axis is not None)
+        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def comp_offset(self, comp: Comp, desc: TensorDesc) -> str | None:
-        axes = [a for a in comp.axes if desc.dim[a] > 1 and desc.stride[a] != 0]
+        axes = [a for a in comp.axes if above_one(desc.dim[a]) and desc.stride[a] != 0]
         if not axes:
             return None
+        text = self.text
         if len(axes) == len(comp.axes) and is_run(comp.axes, self.dims, desc.stride):
             s = desc.stride[comp.axes[-1]]
-            return comp.var if s == 1 else f"{comp.var} * {s}"
+            return comp.var if s == 1 else f"{comp.var} * {text(s)}"
         inner, acc = {}, 1
         for a in reversed(comp.axes):
             inner[a] = acc
             acc *= self.dims[a]
         terms = []
         for a in axes:
-            e = comp.var if inner[a] == 1 else f"({comp.var} // {inner[a]})"
+            e = comp.var if inner[a] == 1 else f"({comp.var} // {text(inner[a])})"
             if a != comp.axes[0]:
-                e = f"({e} % {self.dims[a]})"
-            terms.append(e if desc.stride[a] == 1 else f"{e} * {desc.stride[a]}")
+                e = f"({e} % {text(self.dims[a])})"
+            terms.append(e if desc.stride[a] == 1 else f"{e} * {text(desc.stride[a])}")
         return " + ".join(terms)
 
     def offset(self, desc: TensorDesc) -> tuple[str, frozenset[int]]:
@@ -210,8 +220,8 @@ class RowIndexer:
                 inner = 1
                 for a in comp.axes[comp.axes.index(axis) + 1 :]:
                     inner *= self.dims[a]
-                e = comp.var if inner == 1 else f"({comp.var} // {inner})"
-                return e if axis == comp.axes[0] else f"({e} % {self.dims[axis]})"
+                e = comp.var if inner == 1 else f"({comp.var} // {self.text(inner)})"
+                return e if axis == comp.axes[0] else f"({e} % {self.text(self.dims[axis])})"
         return "0"  # a size-1 axis
 
 
@@ -233,8 +243,9 @@ class PrefetchIndexer(RowIndexer):
         zeros: Mapping[int, str] | None,
         walked: set[str],
         nxt: RowIndexer,
+        text: Callable[[Any], str] = str,
     ) -> None:
-        super().__init__(dims, comps, masks, zeros)
+        super().__init__(dims, comps, masks, zeros, text)
         self.walked = walked
         self.nxt = nxt
         self.loads: dict[str, str] = {}  # register name -> load over the next tile's indices
@@ -291,14 +302,38 @@ class NormGen:
     (with the piece as a Fusion, `g.fusion`, and the space's dims, `g.dims`), the knobs `k`, the
     compute and accumulator types, and int64 program ids where offsets need them."""
 
-    def __init__(self, piece: Piece, g: Any, knobs: Any) -> None:
+    def __init__(self, piece: Piece, g: Any, knobs: Any, sizes: Sizes | None = None) -> None:
+        """`sizes`: where the kernel takes its sizes at run time (sizes.py), `piece` is the symbolic one
+        (`symbolic_piece`) and `g` its geometry."""
         self.piece, self.g, self.k = piece, g, knobs
+        self.sizes = sizes
+        self.text: Callable[[Any], str] = sizes.text if sizes is not None else str
         self.node = g.fusion.norm
         self.compute = compute_of(piece)
         self.acc_bytes = 8 if self.compute == "tl.float64" else 4
         self.scratch_dtype = "float64" if self.compute == "tl.float64" else "float32"
-        self.big = is_big(piece)
+        self.big = (
+            is_big(piece)
+            if sizes is None
+            else sizes.needs_int64(piece.tensor(u) for u in (*piece.inputs, *piece.outputs))
+        )
         self.x_uid = self.node.input("input")
+
+    def at_shape(self, value: Any) -> int:
+        """A size at the shape being planned (a host-side count: grids, program counts)."""
+        return value if self.sizes is None else evaluate(value, self.sizes.env)
+
+    def add_sizes(self, params: Params) -> None:
+        """The size parameters the body used, added last to `params` (before its signature is made)."""
+        if self.sizes is not None:
+            for name, arg in zip(self.sizes.params, self.sizes.args()):
+                params.add(name, arg)
+
+    def module(self, *functions: str) -> str:
+        """The generated module of `functions` (listing its size parameters where it has some)."""
+        if self.sizes is None:
+            return module_source(*functions)
+        return module_source(self.sizes.declaration(), *functions)
 
     def pid(self, axis: int = 0) -> str:
         return program_id(axis, self.big)

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
+from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
+from ....core.symbolic import Expr
 from ....memory.workspace import align_up
 from ..knobs import RownormKnobs
+from ..sizes import Sizes, symbolic_piece
 from ._norm_common import (
     Comp,
     Fusion,
@@ -40,6 +44,7 @@ from ._norm_common import (
     Params,
     PrefetchIndexer,
     RowIndexer,
+    above_one,
     analyze,
     is_run,
     loop_header,
@@ -89,8 +94,8 @@ def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
     else:
         rd = piece.tensor(ref).dim
         normalized = [a for a in range(len(dims)) if rd[a] == dims[a]]
-    cols = memory_order([a for a in normalized if dims[a] > 1], x.stride)
-    rows = memory_order([a for a in range(len(dims)) if a not in normalized and dims[a] > 1], x.stride)
+    cols = memory_order([a for a in normalized if above_one(dims[a])], x.stride)
+    rows = memory_order([a for a in range(len(dims)) if a not in normalized and above_one(dims[a])], x.stride)
     if cols and (not is_run(cols, dims, x.stride) or x.stride[cols[-1]] != 1):
         return Support.no(
             f"{node.label()} normalizes axes {sorted(cols)} of input dims {list(dims)} with strides "
@@ -221,8 +226,8 @@ def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[Rown
 class _Gen(NormGen):
     g: RowGeometry
 
-    def __init__(self, piece: Piece, g: RowGeometry, knobs: RownormKnobs) -> None:
-        super().__init__(piece, g, knobs)
+    def __init__(self, piece: Piece, g: RowGeometry, knobs: RownormKnobs, sizes: Sizes | None = None) -> None:
+        super().__init__(piece, g, knobs, sizes)
         self.rms = g.kind.startswith("rmsnorm")
         self.backward = g.kind.endswith("_backward")
         self.grad_uid = self.node.input("grad") if self.backward else None
@@ -249,7 +254,9 @@ class _Gen(NormGen):
                     g.dims,
                     [nrow, col],
                     {frozenset(): None, frozenset({0}): "rnmask", frozenset({1}): "jmask", frozenset({0, 1}): "nmask"},
+                    text=self.text,
                 ),
+                self.text,
             )
             per_row = PrefetchIndexer(
                 g.dims,
@@ -257,11 +264,12 @@ class _Gen(NormGen):
                 row_masks,
                 {0: "z0"},
                 {"rr"},
-                RowIndexer(g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}),
+                RowIndexer(g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}, text=self.text),
+                self.text,
             )
         else:
-            tile = RowIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"})
-            per_row = RowIndexer(g.dims, [row], row_masks, {0: "z0"})
+            tile = RowIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, self.text)
+            per_row = RowIndexer(g.dims, [row], row_masks, {0: "z0"}, self.text)
         return (
             make_emitter(self.piece, self.compute, tile, params),
             make_emitter(self.piece, self.compute, per_row, params),
@@ -288,7 +296,9 @@ class _Gen(NormGen):
             em_par = make_emitter(
                 self.piece,
                 self.compute,
-                RowIndexer(g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}),
+                RowIndexer(
+                    g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}, text=self.text
+                ),
                 params,
             )
         # scale and bias first: their loads are in flight with x's (after the row reductions, whose
@@ -321,7 +331,7 @@ class _Gen(NormGen):
         self.emit_output(em, value)
         for role, name in (("mean", "mean"), ("inv_variance", "inv")):
             self.store_result(em_row, role, name)
-        tiles = -(-g.R // rows)
+        tiles = -(-self.at_shape(g.R) // rows)
         if persistent:
             programs = max(1, min(k.FP, tiles))
             rpp = -(-tiles // programs) * rows
@@ -347,7 +357,7 @@ class _Gen(NormGen):
             programs = tiles
             body = [
                 f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
-                f"rmask = rr < {g.R}",
+                f"rmask = rr < {self.text(g.R)}",
                 "jj = tl.arange(0, BLOCK)[None, :]",
                 f"jmask = jj < {g.H}",
                 "mask = rmask & jmask",
@@ -356,11 +366,12 @@ class _Gen(NormGen):
                 *em.lines,
                 *em_row.lines,
             ]
+        self.add_sizes(params)
         src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
         launch = Launch(
             "kernel_rownorm", (programs,), tuple(params.args), (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W))
         )
-        return Generated(module_source(src), (launch,))
+        return Generated(self.module(src), (launch,))
 
     # backward -------------------------------------------------------------------------------------
     def backward_pass(self) -> Generated:
@@ -505,10 +516,37 @@ class RownormTemplate(NormTemplate):
 class RownormMatch(NormMatch):
     g: RowGeometry
 
+    @cached_property
+    def symbolic(self) -> tuple[Piece, RowGeometry, ShapeOrigin] | None:
+        """The symbolic piece and geometry where the kernel takes its sizes at run time (sizes.py): a
+        forward of a dynamic plan's bucket whose rows are dynamic and whose normalized length is not;
+        else None (generated at the shape)."""
+        piece = symbolic_piece(self.piece)
+        if piece is None or self.g.kind.endswith("_backward"):
+            return None
+        origin = self.piece.graph.origin
+        assert origin is not None
+        try:
+            fusion = analyze(piece, KINDS, self.template.name)
+            g = geometry(fusion, piece) if not isinstance(fusion, Support) else fusion
+        except TypeError:  # a decision by a dynamic size: generated at the shape
+            return None
+        if isinstance(g, Support) or not isinstance(g.H, int) or not isinstance(g.R, Expr):
+            return None
+        return piece, g, origin
+
     def candidates(self) -> list[RownormKnobs]:
+        if self.symbolic is not None:  # at the bucket's hint, one tile per program (no persistent walk)
+            _, g, origin = self.symbolic
+            sizes = Sizes(origin)
+            hint = RowGeometry(g.fusion, tuple(sizes.hint(d) for d in g.dims), g.row_axes, g.col_axes)
+            return [k for k in candidate_knobs(hint, self.device, False) if not k.FP]
         return candidate_knobs(self.g, self.device, self.g.kind.endswith("_backward"))
 
     def generate(self, knobs: RownormKnobs) -> Generated:
+        if self.symbolic is not None and not knobs.FP:
+            piece, g, origin = self.symbolic
+            return _Gen(piece, g, knobs, Sizes(origin)).forward()
         gen = _Gen(self.piece, self.g, knobs)
         return gen.backward_pass() if gen.backward else gen.forward()
 
