@@ -66,8 +66,32 @@ def rmsnorm_rows(g):  # rownorm over a transposed-batch layout: rows addressed t
     y.set_output(True).set_name("y")
 
 
+def row_and_column_sums(g):  # reductions: over a static row (kept rows dynamic), over the dynamic axes
+    x = g.tensor(dim=[B, S, 40], name="x")
+    y = g.reduction(g.exp(x), mode=og.ReductionMode.ADD).set_output(True).set_name("y")
+    y.set_dim([B, S, 1])
+    z = g.reduction(x, mode=og.ReductionMode.AVG).set_output(True).set_name("z")
+    z.set_dim([1, 1, 40])
+
+
+def max_over_seq(g):  # a reduction of the middle (dynamic) axis, kept axes dynamic and static
+    x = g.tensor(dim=[B, S, 12], name="x")
+    m = g.reduction(g.mul(x, x), mode=og.ReductionMode.MAX).set_output(True).set_name("m")
+    m.set_dim([B, 1, 12])
+
+
 GRAPHS = {
-    f.__name__: f for f in (bias_relu, per_batch_scale, channels_last, scaled_half, residual_layernorm, rmsnorm_rows)
+    f.__name__: f
+    for f in (
+        bias_relu,
+        per_batch_scale,
+        channels_last,
+        scaled_half,
+        residual_layernorm,
+        rmsnorm_rows,
+        row_and_column_sums,
+        max_over_seq,
+    )
 }
 
 
@@ -104,15 +128,16 @@ def test_one_kernel_per_bucket_serves_every_shape(name, monkeypatch):
     plan = g.build(device="cpu", engines=["triton"])
     assert isinstance(plan, DynamicPlan)
     rng = np.random.default_rng(3)
-    kernels: dict[int, set] = {}
+    kernels: dict[tuple[int, int], set] = {}
     for b, s in shapes():
         run_at(plan, env_of(b, s), rng)
         at = plan.at(env_of(b, s))
-        assert len(at.steps) == 1 and at.steps[0].config.engine == "triton"
-        source = at.source(0)
-        assert "_OG_SIZES" in source  # sizes are run-time arguments
-        kernels.setdefault(plan.buckets.of((b, s)).index, set()).add((source, at.steps[0].config.knobs))
-    assert all(len(k) == 1 for k in kernels.values()), kernels  # one kernel a bucket, whatever the shape
+        for i, step in enumerate(at.steps):
+            assert step.config.engine == "triton"
+            source = at.source(i)
+            assert "_OG_SIZES" in source  # sizes are run-time arguments
+            kernels.setdefault((plan.buckets.of((b, s)).index, i), set()).add((source, step.config.knobs))
+    assert all(len(k) == 1 for k in kernels.values()), kernels  # one kernel a bucket and step, whatever the shape
     assert plan.stats["shape_kernels"] == 0
     assert plan.stats["kernels"] == len({k for ks in kernels.values() for k in ks})
     assert len(set(loads)) == len(loads) <= len(kernels)  # a generated module loaded once per source

@@ -77,6 +77,12 @@ class Sizes:
         return f"{SIZES_NAME} = {tuple(self.params)!r}"
 
 
+def above_one(d: SymInt) -> bool:
+    """Whether an axis is walked (not of size 1): a dynamic dim always is (a symbol never broadcasts,
+    whatever its value at run time)."""
+    return True if isinstance(d, Expr) else d > 1
+
+
 def is_dynamic_desc(desc: TensorDesc) -> bool:
     return any(isinstance(v, Expr) for v in (*desc.dim, *desc.stride))
 

@@ -23,11 +23,11 @@ from ....core.config import Support
 from ....core.device import Device
 from ....core.ir import Const, Node, Operand
 from ....core.piece import Piece
-from ....core.symbolic import Expr, evaluate
+from ....core.symbolic import evaluate
 from ....core.tensor import TensorDesc, order_value
 from ..casts import operand
 from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
-from ..sizes import Sizes
+from ..sizes import Sizes, above_one
 from .base import Match, Params, Template, module_source, program_id
 
 INT32_LIMIT = 2**31 - 1
@@ -137,11 +137,6 @@ class Comp:
 
 def memory_order(axes: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(axes, key=lambda a: (-order_value(stride[a]), a)))
-
-
-def above_one(d: Any) -> bool:
-    """Whether an axis is walked: a dynamic dim always is (a symbol never broadcasts)."""
-    return True if isinstance(d, Expr) else bool(d > 1)
 
 
 def is_run(axes: Sequence[int], dims: Sequence[int], stride: Sequence[int]) -> bool:

@@ -31,12 +31,11 @@ from ....core.device import Device
 from ....core.errors import AttributeValueError
 from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
-from ....core.symbolic import Expr
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
-from ..sizes import Sizes, is_dynamic_desc
+from ..sizes import Sizes, above_one, is_dynamic_desc
 from ._concat import CONCAT, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
 from .base import (
@@ -61,15 +60,10 @@ def _coordinate_offset(desc: TensorDesc, needed: set[int], text: Callable[[Any],
     dynamic one)."""
     terms = []
     for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-        if _above_one(d) and s != 0:
+        if above_one(d) and s != 0:
             needed.add(axis)
             terms.append(f"c{axis}" if s == 1 else f"c{axis} * {text(s)}")
     return " + ".join(terms) or "0"
-
-
-def _above_one(d: Any) -> bool:
-    """Whether an axis is walked: a dynamic dim always is (a symbol never broadcasts)."""
-    return True if isinstance(d, Expr) else bool(d > 1)
 
 
 def _with_views(piece: Piece, views: dict[int, Any]) -> dict[int, TensorDesc]:
