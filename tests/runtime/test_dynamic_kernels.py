@@ -80,6 +80,34 @@ def max_over_seq(g):  # a reduction of the middle (dynamic) axis, kept axes dyna
     m.set_dim([B, 1, 12])
 
 
+def transposed_add(g):  # a transpose read in place
+    x = g.tensor(dim=[B, S, 6], name="x")
+    r = g.tensor(dim=[B, 6, S], name="r")
+    g.add(g.transpose(x, permutation=[0, 2, 1]), r).set_output(True).set_name("y")
+
+
+def halves(g):  # slices of a static axis of a dynamic tensor, read in place
+    x = g.tensor(dim=[B, S, 8], name="x")
+    a = g.slice(x, slices=[slice(None), slice(None), slice(0, 4)])
+    b = g.slice(x, slices=[slice(None), slice(None), slice(4, 8)])
+    g.sub(g.mul(a, b), a).set_output(True).set_name("y")
+
+
+def transposed_copy(g):  # views alone, copied out
+    x = g.tensor(dim=[B, S, 6], name="x")
+    g.transpose(x, permutation=[1, 0, 2]).set_output(True).set_name("y")
+
+
+def rotary(g):  # x * cos + rotate_half(x) * sin: slices and a concatenation of the static head axis
+    x = g.tensor(dim=[B, S, 8], name="x")
+    cos = g.tensor(dim=[1, S, 8], name="cos")
+    sin = g.tensor(dim=[1, S, 8], name="sin")
+    x1 = g.slice(x, slices=[slice(None), slice(None), slice(0, 4)])
+    x2 = g.slice(x, slices=[slice(None), slice(None), slice(4, 8)])
+    rot = g.concatenate([g.neg(x2), x1], axis=2)
+    g.add(g.mul(x, cos), g.mul(rot, sin)).set_output(True).set_name("y")
+
+
 GRAPHS = {
     f.__name__: f
     for f in (
@@ -91,6 +119,10 @@ GRAPHS = {
         rmsnorm_rows,
         row_and_column_sums,
         max_over_seq,
+        transposed_add,
+        halves,
+        transposed_copy,
+        rotary,
     )
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...core.config import Support
 from ...core.ir import Node
@@ -34,7 +35,7 @@ def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> Vi
     if isinstance(op, Slice):
         bounds = op.bounds(None, src.dim)
         offset += sum(start * s for (start, _, _), s in zip(bounds, src.stride))
-        dims = tuple(len(range(*b)) for b in bounds)
+        dims = tuple(_length(*b) for b in bounds)
         strides = tuple(s * step for (_, _, step), s in zip(bounds, src.stride))
     elif isinstance(op, Transpose):
         perm = tuple(op.permutation)
@@ -50,6 +51,14 @@ def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> Vi
     else:
         return f"{node.label()} is not a view"
     return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
+
+
+def _length(start: Any, stop: Any, step: int) -> Any:
+    """The length of a slice's range; over a dynamic axis an expression (bounds are proved to keep >= 1
+    element)."""
+    if isinstance(start, int) and isinstance(stop, int):
+        return len(range(start, stop, step))
+    return (stop - start + step - 1) // step
 
 
 def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:

@@ -88,11 +88,14 @@ def is_dynamic_desc(desc: TensorDesc) -> bool:
 
 
 def symbolic_piece(piece: Piece) -> Piece | None:
-    """The piece over its graph's symbolic origin (same nodes and UIDs, the dynamic dims as
-    expressions), where the piece's graph has one; None otherwise. A template's analysis run on it
-    decides over the bucket: code that compares a dynamic size with an int raises TypeError, which a
-    template takes as "generate this piece at its shape"."""
+    """The piece over its graph's symbolic origin (the same UIDs; the origin's nodes, whose size
+    attributes, such as a reshape's dims, are expressions; the dynamic dims as expressions), where the
+    piece's graph has one; None otherwise. A template's analysis run on it decides over the bucket:
+    code that compares a dynamic size with an int raises TypeError, which a template takes as
+    "generate this piece at its shape"."""
     origin = piece.graph.origin
     if origin is None:
         return None
-    return dataclasses.replace(piece, graph=origin.graph, growth=None)
+    at = {id(n): i for i, n in enumerate(piece.graph.nodes)}  # (FinalGraph.at keeps the nodes' order)
+    nodes = tuple(origin.graph.nodes[at[id(n)]] for n in piece.nodes)
+    return dataclasses.replace(piece, nodes=nodes, graph=origin.graph, growth=None)

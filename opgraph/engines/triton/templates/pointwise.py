@@ -35,7 +35,7 @@ from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
-from ..sizes import Sizes, above_one, is_dynamic_desc
+from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
 from ._concat import CONCAT, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
 from .base import (
@@ -294,16 +294,17 @@ def _emit(
     indexer: FlatIndexer | TileIndexer,
     views: dict[int, Any],
     tensors: Mapping[int, TensorDesc] | None = None,
+    text: Callable[[Any], str] = str,
 ) -> Emitter:
     """The piece's loads, math and stores over `indexer` (which notes the coordinates they need); `views`:
     the piece's slices/transposes as views of memory (memory_views); `tensors`: the descs to read
-    (default the piece's; a dynamic plan's symbolic ones for run-time sizes)."""
+    (default the piece's with its views'); `text` spells a view's offset (sizes.Sizes.text)."""
 
     def ptr(u: int) -> str:  # a view reads its source's buffer, from its offset
         if u not in views:
             return f"p{u}"
         v = views[u]
-        return f"(p{v.base} + {v.offset})" if v.offset else f"p{v.base}"
+        return f"(p{v.base} + {text(v.offset)})" if v.offset != 0 else f"p{v.base}"
 
     emitter = Emitter(
         tensors if tensors is not None else _with_views(piece, views),
@@ -389,30 +390,45 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         self.views = views
 
     @cached_property
-    def symbolic(self) -> ShapeOrigin | None:
-        """The piece's origin where its kernel takes sizes at run time (sizes.py): a piece of a dynamic
-        plan's bucket of pointwise ops alone (no views, concatenations or gathers: those bake sizes
-        in), whose symbolic outputs share one space that every operand broadcasts to; else None (its
-        kernel is generated at the shape)."""
-        origin = self.piece.graph.origin
-        piece = self.piece
-        if origin is None or self.views or not piece.kind_set <= {"pointwise", "custom"}:
+    def symbolic(self) -> tuple[Piece, dict[int, Any], ShapeOrigin] | None:
+        """The symbolic piece (sizes.symbolic_piece), its views of memory and its origin where the
+        kernel takes sizes at run time (sizes.py): a piece of a dynamic plan's bucket of pointwise ops
+        and slices/transposes/reshapes read in place (no concatenations or gathers: those bake sizes
+        in), whose symbolic outputs share one space that every op's output broadcasts to; else None
+        (its kernel is generated at the shape)."""
+        piece = symbolic_piece(self.piece)
+        if piece is None or not piece.kind_set <= {"pointwise", "custom", CONCAT, *VIEW_KINDS}:
             return None
-        tensors = origin.graph.tensors
+        origin = self.piece.graph.origin
+        assert origin is not None
+        tensors = piece.graph.tensors
         uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
         if not any(is_dynamic_desc(tensors[u]) for u in uids):
+            return None
+        try:
+            views = memory_views(piece) if self.views else {}
+        except TypeError:  # a view decided by a dynamic size: generated at the shape
+            return None
+        if isinstance(views, Support) or set(views) != set(self.views):
             return None
         spaces = {tensors[u].dim for u in piece.outputs}
         if len(spaces) != 1:
             return None
         (space,) = spaces
-        for u in uids:
-            d = tensors[u].dim
-            if not tensors[u].is_pass_by_value and (
-                len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space))
-            ):
+        if CONCAT in piece.kind_set:  # (each value at the dims of its frame; the joined axis static)
+            try:
+                unfit = check_frames(piece, _with_views(piece, views), space)
+            except TypeError:
                 return None
-        return origin
+            return (piece, views, origin) if unfit is None else None
+        for n in piece.nodes:
+            if n.kind in VIEW_KINDS:
+                continue
+            for u in n.output_uids():
+                d = tensors[u].dim
+                if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
+                    return None
+        return piece, views, origin
 
     @cached_property
     def transposed(self) -> tuple[int, int] | None:
@@ -427,7 +443,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         dims = piece.tensor(piece.outputs[0]).dim
         numel = math.prod(dims)
         if self.symbolic is not None:  # the bucket's hint: one choice for every shape of it
-            numel = Sizes(self.symbolic).hint(math.prod(self.symbolic.graph.tensors[piece.outputs[0]].dim))
+            sym, _, origin = self.symbolic
+            numel = Sizes(origin).hint(math.prod(sym.tensor(piece.outputs[0]).dim))
         if self.transposed is not None:
             # (128 x 32: runs of 512 bytes of the transposed tensor, its tile transposed by ldmatrix)
             return [
@@ -454,7 +471,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
 
     def generate(self, knobs: PointwiseKnobs) -> Generated:
         if self.symbolic is not None and knobs.BLOCK is not None:
-            return self._generate_sized(knobs, self.symbolic)
+            piece, views, origin = self.symbolic
+            return self._generate_sized(knobs, piece, views, Sizes(origin))
         piece = self.piece
         first = piece.tensor(piece.outputs[0])
         dims = first.dim
@@ -497,18 +515,17 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))
         return Generated(source, (launch,))
 
-    def _generate_sized(self, knobs: PointwiseKnobs, origin: ShapeOrigin) -> Generated:
-        """The flat walk over the symbolic space, its sizes run-time arguments (sizes.py): the same
-        source for every shape of the bucket; the grid and the size values are the shape's."""
-        piece = self.piece
-        sizes = Sizes(origin)
-        tensors = origin.graph.tensors
+    def _generate_sized(self, knobs: PointwiseKnobs, piece: Piece, views: dict[int, Any], sizes: Sizes) -> Generated:
+        """The flat walk over the symbolic space of `piece` (symbolic_piece), its sizes run-time
+        arguments (sizes.py): the same source for every shape of the bucket; the grid and the size
+        values are the shape's."""
+        tensors = piece.graph.tensors
         first = tensors[piece.outputs[0]]
         externals = [*piece.inputs, *piece.outputs]
         big = sizes.needs_int64((tensors[u] for u in externals), lanes=2**16)
         flat = FlatIndexer(first.dim, stride_order(first.stride), sizes.text)
         mask = f"mask = lin < {sizes.text(math.prod(first.dim))}"
-        lines = _emit(piece, flat, {}, tensors).lines
+        lines = _emit(piece, flat, views, None, sizes.text).lines
         body = [f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)", mask, *flat.coordinate_lines(), *lines]
         params, args = external_params(piece, externals)
         params += sizes.params
@@ -516,7 +533,7 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         source = module_source(sizes.declaration(), kernel)
         block = knobs.BLOCK
         assert block is not None
-        numel = math.prod(piece.tensor(piece.outputs[0]).dim)
+        numel = math.prod(self.piece.tensor(piece.outputs[0]).dim)
         launch = Launch(
             "kernel",
             (-(-numel // block),),
