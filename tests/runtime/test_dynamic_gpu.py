@@ -10,6 +10,7 @@ import pytest
 from opgraph.testing import compare, random_pack, reference_outputs
 from tests.helpers import requires_cuda
 from tests.ops.test_dynamic_inference import FAMILIES, N, T, build
+from tests.runtime.test_dynamic_kernels import GRAPHS, graph_of
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 SHAPES = [{"n": 1, "t": 1}, {"n": 3, "t": 13}, {"n": 9, "t": 5}, {"n": 2, "t": 7}]
@@ -37,12 +38,6 @@ def test_one_build_matches_the_reference_on_cuda(family):
 PW_SHAPES = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 5), (5, 7), (7, 13), (13, 31), (16, 17), (11, 2), (16, 37), (1, 37)]
 
 
-def _pointwise_graph(make):
-    from tests.runtime.test_dynamic_kernels import graph_of
-
-    return graph_of(make)
-
-
 def _run_cuda(plan, env, rng):
     from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
 
@@ -55,14 +50,14 @@ def _run_cuda(plan, env, rng):
     assert not bad, f"{env}: " + "\n".join(map(str, bad))
 
 
-@pytest.mark.parametrize("name", ["bias_relu", "per_batch_scale", "channels_last", "scaled_half"])
-def test_pointwise_compiles_once_per_bucket_on_cuda(name):
-    """A compiled kernel taking its sizes at run time, run at many sizes: right at each, and no
-    compilation after a bucket's first shape (the compiler's counter, and the plan's)."""
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_kernels_compile_once_per_bucket_on_cuda(name):
+    """Compiled kernels taking their sizes at run time (pointwise, views, rotary, lookups, row norms,
+    reductions), run at many sizes: right at each, and no compilation after a bucket's first shape
+    (the compiler's counter, and the plan's)."""
     from opgraph.engines.triton import compiler
-    from tests.runtime.test_dynamic_kernels import GRAPHS
 
-    plan = _pointwise_graph(GRAPHS[name]).build(device="cuda", engines=["triton"])
+    plan = graph_of(GRAPHS[name]).build(device="cuda", engines=["triton"])
     rng = np.random.default_rng(12)
     used: set[int] = set()
     for b, s in PW_SHAPES * 2:
@@ -72,7 +67,8 @@ def test_pointwise_compiles_once_per_bucket_on_cuda(name):
         if bucket in used:
             assert compiler.compilations() == before, (b, s)
         used.add(bucket)
-        assert "_OG_SIZES" in plan.at({"batch": b, "seq": s}).source(0)
+        at = plan.at({"batch": b, "seq": s})
+        assert all("_OG_SIZES" in at.source(i) for i in range(len(at.steps)))
     assert plan.stats["shape_kernels"] == 0
 
 
@@ -81,10 +77,8 @@ def test_pointwise_jit_launch_does_not_specialise_on_sizes(monkeypatch):
     16 and 17 of one bucket share one JIT compilation."""
     import triton
 
-    from tests.runtime.test_dynamic_kernels import GRAPHS
-
     monkeypatch.setenv("OPGRAPH_LAUNCH", "jit")
-    plan = _pointwise_graph(GRAPHS["bias_relu"]).build(device="cuda", engines=["triton"], buckets="one")
+    plan = graph_of(GRAPHS["bias_relu"]).build(device="cuda", engines=["triton"], buckets="one")
     rng = np.random.default_rng(13)
     _run_cuda(plan, {"batch": 3, "seq": 5}, rng)
     compiles = []

@@ -108,6 +108,14 @@ def rotary(g):  # x * cos + rotate_half(x) * sin: slices and a concatenation of 
     g.add(g.mul(x, cos), g.mul(rot, sin)).set_output(True).set_name("y")
 
 
+def token_and_position_embeddings(g):  # lookups (indices of the dynamic shape, a static table), fused
+    ids = g.tensor(dim=[B, S], data_type=og.DataType.INT64, name="ids")
+    pos = g.tensor(dim=[1, S], data_type=og.DataType.INT64, name="pos")
+    wte = g.tensor(dim=[50, 8], name="wte")
+    wpe = g.tensor(dim=[40, 8], name="wpe")
+    g.add(g.embedding(wte, ids), g.embedding(wpe, pos)).set_output(True).set_name("h")
+
+
 GRAPHS = {
     f.__name__: f
     for f in (
@@ -123,6 +131,7 @@ GRAPHS = {
         halves,
         transposed_copy,
         rotary,
+        token_and_position_embeddings,
     )
 }
 

@@ -392,12 +392,12 @@ class PointwiseMatch(Match[PointwiseKnobs]):
     @cached_property
     def symbolic(self) -> tuple[Piece, dict[int, Any], ShapeOrigin] | None:
         """The symbolic piece (sizes.symbolic_piece), its views of memory and its origin where the
-        kernel takes sizes at run time (sizes.py): a piece of a dynamic plan's bucket of pointwise ops
-        and slices/transposes/reshapes read in place (no concatenations or gathers: those bake sizes
-        in), whose symbolic outputs share one space that every op's output broadcasts to; else None
-        (its kernel is generated at the shape)."""
+        kernel takes sizes at run time (sizes.py): a piece of a dynamic plan's bucket of pointwise ops,
+        slices/transposes/reshapes read in place, concatenations along a static axis and lookups in
+        tables of static size, whose symbolic outputs share one space that every op's output
+        broadcasts to; else None (its kernel is generated at the shape)."""
         piece = symbolic_piece(self.piece)
-        if piece is None or not piece.kind_set <= {"pointwise", "custom", CONCAT, *VIEW_KINDS}:
+        if piece is None or not piece.kind_set <= {"pointwise", "custom", CONCAT, EMBEDDING, *VIEW_KINDS}:
             return None
         origin = self.piece.graph.origin
         assert origin is not None
@@ -405,6 +405,9 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
         if not any(is_dynamic_desc(tensors[u]) for u in uids):
             return None
+        tables = [n.input("weight") for n in piece.nodes if n.kind == EMBEDDING]
+        if any(is_dynamic_desc(tensors[u]) for u in tables if isinstance(u, int)):
+            return None  # (a lookup table of dynamic size: generated at the shape)
         try:
             views = memory_views(piece) if self.views else {}
         except TypeError:  # a view decided by a dynamic size: generated at the shape
