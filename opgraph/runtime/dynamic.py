@@ -254,7 +254,8 @@ class DynamicPlan(ExecutionPlan):
         self.stats["shape_plans"] += 1
         self._planned[bucket.index] = self._planned.get(bucket.index, 0) + 1
         compiled = _compiled(plan)
-        self.stats["compiled"] += compiled
+        if self._built:
+            self.stats["compiled"] += compiled
         log.info(
             "plan '%s': built the plan for %s (bucket %d) in %.1f ms (%d step(s), %d kernel(s) compiled)",
             name,
@@ -428,8 +429,9 @@ class DynamicPlan(ExecutionPlan):
 
 
 def _compiled(plan: ExecutionPlan) -> int:
-    """Binaries a plan's build compiled (its compile reports' counts)."""
-    return sum(int(getattr(plan.build_stats.get(k), "compiled", 0) or 0) for k in ("precompile", "compile"))
+    """Binaries a plan's build compiled (its compile statistics' counts: tuning candidates and steps)."""
+    found = (plan.build_stats.get(k) for k in ("precompile", "compile"))
+    return sum(int(s.get("compiled", 0) or 0) for s in found if isinstance(s, Mapping))
 
 
 def _shape_text(shape: Mapping[str, int]) -> str:

@@ -178,3 +178,13 @@ def test_graph_execute_runs_the_dynamic_plan():
     pack = pack_of(g, (2, 3, 8))
     g.execute(pack)
     np.testing.assert_array_equal(pack["y"], np.full((2, 3, 8), 2.0, np.float32))
+
+
+def test_binaries_compiled_are_read_off_the_build_statistics():
+    from types import SimpleNamespace
+
+    from opgraph.runtime.dynamic import _compiled
+
+    stats = {"compile": {"mode": "parallel", "compiled": 2, "ready": 1}, "precompile": {"compiled": 3}}
+    assert _compiled(SimpleNamespace(build_stats=stats)) == 5
+    assert _compiled(SimpleNamespace(build_stats={"compile": {"mode": "lazy"}})) == 0

@@ -59,6 +59,7 @@ def test_kernels_compile_once_per_bucket_on_cuda(name):
 
     plan = graph_of(GRAPHS[name]).build(device="cuda", engines=["triton"])
     rng = np.random.default_rng(12)
+    start = compiler.compilations()
     used: set[int] = set()
     for b, s in PW_SHAPES * 2:
         bucket = plan.buckets.of((b, s)).index
@@ -70,6 +71,7 @@ def test_kernels_compile_once_per_bucket_on_cuda(name):
         at = plan.at({"batch": b, "seq": s})
         assert all("_OG_SIZES" in at.source(i) for i in range(len(at.steps)))
     assert plan.stats["shape_kernels"] == 0
+    assert plan.stats["compiled"] == compiler.compilations() - start  # each bucket's first shape's
 
 
 def test_pointwise_jit_launch_does_not_specialise_on_sizes(monkeypatch):
