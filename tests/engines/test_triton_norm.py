@@ -852,6 +852,26 @@ def _rownorm(backward=False, rms=False, dims=(8192, 4096)):
     return build
 
 
+def _channels_last_layernorm(backward=False):
+    """ConvNeXt-T's: layernorm over the 96 channels of NCHW [32, 96, 56, 56] through permutes (strided rows)."""
+
+    def build():
+        dims = [32, 96, 56, 56]
+        g = og.Graph("ln", io_data_type=BF16)
+        x = g.transpose(g.tensor(dim=dims, name="x"), [0, 2, 3, 1])
+        s = g.tensor(dim=[1, 1, 1, 96], data_type=FLOAT, name="s")
+        if backward:
+            dy = g.transpose(g.tensor(dim=dims, name="dy"), [0, 2, 3, 1])
+            mean, inv = (g.tensor(dim=[32, 56, 56, 1], data_type=FLOAT, name=n) for n in ("m", "iv"))
+            outputs(*g.layernorm_backward(dy, x, s, mean, inv))
+        else:
+            y, _, _ = g.layernorm(INFER, x, s, g.tensor(dim=[1, 1, 1, 96], data_type=FLOAT), epsilon=1e-6)
+            g.transpose(y, [0, 3, 1, 2]).set_output(True)
+        return g
+
+    return build
+
+
 HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_cases)
     "bn_nhwc": (_bn(), "norm_stats", _with(PF=1)),
     "bn_nchw": (_bn("nchw"), "norm_stats", _with(PF=1)),
@@ -864,6 +884,8 @@ HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_ca
     "layernorm_bwd": (_rownorm(True), "rownorm", _with(PF=1)),
     "rmsnorm": (_rownorm(rms=True, dims=(4096, 8192)), "rownorm", None),
     "rmsnorm_bwd": (_rownorm(True, rms=True, dims=(4096, 8192)), "rownorm", None),
+    "layernorm_nchw_channels": (_channels_last_layernorm(), "rownorm", 2),
+    "layernorm_bwd_nchw_channels": (_channels_last_layernorm(True), "rownorm", None),
 }
 LOOPS = {"kernel_stats", "kernel_rownorm_bwd", "kernel_rownorm"}  # the kernels whose loop ST pipelines
 FORWARD_STATS = {"bn_nhwc", "bn_nchw", "instancenorm"}

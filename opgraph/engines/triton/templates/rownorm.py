@@ -153,9 +153,10 @@ def _knobs(
         per_sm = per_sm or 2
     tile = tile or (8192 if persist else 16384)
     rows = max(1, min(pow2_ceil(g.R), tile // block))
-    # a strided row (g.strided): the backward's row loop takes tiles of rows too, each column's
+    # a strided row (g.strided): the backward's row loop takes tiles of rows too (2048 elements, 8 a
+    # thread: x, dy and the two partial sums in registers, pipelined without spilling), each column's
     # elements of consecutive rows read together
-    row_block = max(1, min(pow2_ceil(g.R), 4096 // block)) if backward and g.strided else 1
+    row_block = max(1, min(pow2_ceil(g.R), 2048 // block)) if backward and g.strided else 1
     programs = per_sm * device.sm_count
     # launch 2 sums the launch-1 programs' partial rows: 32 columns (128 B of fp32) a program, every
     # partial row of them loaded at once (<= 8192 elements a tile, 8 warps)
@@ -169,7 +170,7 @@ def _knobs(
         W=warps or min(16, max(4, rows * block // 512)),
         PROGRAMS=programs,
         RB=row_block,
-        BW=warps or min(16, max(4, block // 512)),
+        BW=warps or min(16, max(4, row_block * block // 256 if row_block > 1 else block // 512)),
         ST=0 if prefetch else stages,
         PF=prefetch,
         FP=persist * device.sm_count,
