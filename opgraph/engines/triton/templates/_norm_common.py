@@ -87,7 +87,7 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str, views: bool = Fal
         return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     if len(norms) > 1:
         return Support.no(
-            f"the {template} template runs one normalization per kernel; this piece has "
+            f"the {template} template runs one {'/'.join(kinds)} op per kernel; this piece has "
             f"{', '.join(n.label() for n in norms)}",
             norms[1],
         )
