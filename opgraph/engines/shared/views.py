@@ -128,10 +128,11 @@ def _readers(piece: Piece) -> dict[int, list[Node]]:
     return readers
 
 
-def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | Support:
+def operand_views(piece: Piece, node: Node, template: str, also: tuple[str, ...] = ()) -> dict[int, View] | Support:
     """The piece's slices/transposes/reshapes, which must be chains from tensors in memory ending at
     operands of `node` that the kernel reads from memory (sdpa: q, k, v; sdpa_backward: q, k, v, o,
-    dO): those operands' Views by UID."""
+    dO; and the roles in `also` where the kernel reads those through views too): those operands'
+    Views by UID."""
     before = piece.nodes[: piece.nodes.index(node)]
     chain = [n for n in before if n.kind in VIEW_KINDS]
     if not chain:
@@ -139,8 +140,8 @@ def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | 
     views = memory_views(make_piece(piece.graph, piece.index, before))
     if isinstance(views, Support):
         return views
-    roles = ROLES if node.kind == "sdpa" else (*ROLES, "o", "dO")
-    operands = {node.input(r) for r in roles}
+    roles = (*(ROLES if node.kind == "sdpa" else (*ROLES, "o", "dO")), *also)
+    operands = {node.input(r) for r in roles if r in node.op.input_roles()}
     readers = _readers(piece)
     for n in chain:
         out = n.output_uids()[0]
