@@ -78,9 +78,8 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str, views: bool = Fal
     ]
     if others:
         return Support.no(
-            f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops"
-            + (" and views" if views else "")
-            + f"; {others[0].label()} is neither",
+            f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
+            f"{others[0].label()} is neither",
             others[0],
         )
     if not norms:

@@ -134,6 +134,8 @@ class ScanTemplate(NormTemplate):
     knob_class = ScanKnobs
 
     def _geometry(self, piece: Piece) -> ScanGeometry | Support:
+        if "cumsum" not in piece.kind_set:  # (known without a pass: the partitioner asks per op)
+            return Support.no("the scan template needs a cumsum op in the piece")
         fusion = analyze(piece, KINDS, self.name, views=True)
         return fusion if isinstance(fusion, Support) else geometry(fusion)
 
