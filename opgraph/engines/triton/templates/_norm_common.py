@@ -16,15 +16,17 @@ from __future__ import annotations
 import re
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
 from ....core.ir import Const, Node, Operand
-from ....core.piece import Piece
+from ....core.piece import Piece, make_piece
 from ....core.symbolic import evaluate
 from ....core.tensor import TensorDesc, order_value
+from ....ops.layout import VIEW_KINDS
+from ...shared.views import View, memory_views, written_views
 from ..casts import operand
 from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
 from ..sizes import Sizes, above_one
@@ -41,7 +43,12 @@ class Fusion:
     norm: Node
     prologue: tuple[Node, ...]
     epilogue: tuple[Node, ...]
-    x: TensorDesc  # the normalization's input: its dims are the space
+    x: TensorDesc  # the normalization's input: its dims are the space (its strides: the memory read)
+    # slices/transposes/reshapes of tensors in memory that the kernel reads in place (by the view's UID),
+    # and tensors written through transposes/reshapes of values it computes (by the written tensor's UID:
+    # the value's UID and its view of that tensor's memory)
+    views: Mapping[int, View] = field(default_factory=dict)
+    written: Mapping[int, tuple[int, View]] = field(default_factory=dict)
 
     def prologue_for(self, uids: set[int]) -> tuple[Node, ...]:
         """The prologue nodes that tensors `uids` depend on, in order."""
@@ -60,12 +67,17 @@ class Fusion:
         }
 
 
-def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
-    """The piece as a Fusion, or Support.no with the reason it is not one."""
+def analyze(piece: Piece, kinds: Sequence[str], template: str, views: bool = False) -> Fusion | Support:
+    """The piece as a Fusion, or Support.no with the reason it is not one. With `views`, the piece may
+    read tensors in memory through slices/transposes/reshapes and write its full-size values through
+    transposes/reshapes (the template addresses both through their strides)."""
     if piece.kind_set <= {"pointwise"}:  # (without a pass over a long pointwise piece)
         return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     norms = [n for n in piece.nodes if n.kind in kinds]
-    others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
+    viewed = views and bool(piece.kind_set & set(VIEW_KINDS))
+    others = [
+        n for n in piece.nodes if n.kind not in kinds and not elementwise(n) and not (viewed and n.kind in VIEW_KINDS)
+    ]
     if others:
         return Support.no(
             f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
@@ -76,18 +88,25 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
         return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     if len(norms) > 1:
         return Support.no(
-            f"the {template} template runs one normalization per kernel; this piece has "
+            f"the {template} template runs one {'/'.join(kinds)} op per kernel; this piece has "
             f"{', '.join(n.label() for n in norms)}",
             norms[1],
         )
+    read: Mapping[int, View] = {}
+    written: Mapping[int, tuple[int, View]] = {}
+    if viewed:
+        found = _views(piece, template)
+        if isinstance(found, Support):
+            return found
+        read, written = found
     norm = norms[0]
-    at = piece.nodes.index(norm)
-    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1 :]
+    computing = [n for n in piece.nodes if n.kind not in VIEW_KINDS]
+    prologue, epilogue = computing[: computing.index(norm)], computing[computing.index(norm) + 1 :]
     x_uid = norm.input("input")
     assert isinstance(x_uid, int)
-    x = piece.tensor(x_uid)
+    x = read[x_uid].desc if x_uid in read else piece.tensor(x_uid)
     space = x.dim
-    produced = {u for n in piece.nodes if n is not norm for u in n.output_uids()}
+    produced = {u for n in computing if n is not norm for u in n.output_uids()}
     roles = norm.op.input_roles()
     for role, v in zip(roles, norm.inputs):
         if isinstance(v, int) and role not in FULL_ROLES and v in produced:
@@ -120,7 +139,38 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
                     f"with {norm.label()} must cover its input's dims {list(space)}",
                     node,
                 )
-    return Fusion(norm, tuple(prologue), tuple(epilogue), x)
+    for start, _ in written.values():
+        if piece.tensor(start).dim != space or not any(start in n.output_uids() for n in computing):
+            return Support.no(
+                f"{piece.tensor(start).label()} is written through a view; the {template} template writes "
+                f"views of values it computes over {norm.label()}'s input dims {list(space)} only",
+                norm,
+            )
+    return Fusion(norm, tuple(prologue), tuple(epilogue), x, read, written)
+
+
+def _views(piece: Piece, template: str) -> tuple[dict[int, View], dict[int, tuple[int, View]]] | Support:
+    """The piece's views read in place from memory (memory_views: chains from tensors in memory), and the
+    tensors it writes through views of values it computes (written_views)."""
+    computed = {u for n in piece.nodes if n.kind not in VIEW_KINDS for u in n.output_uids()}
+    chained: set[int] = set()
+    later: list[Node] = []
+    for n in piece.nodes:
+        if n.kind in VIEW_KINDS and (n.input_uids()[0] in computed or n.input_uids()[0] in chained):
+            chained.add(n.output_uids()[0])
+            later.append(n)
+    skip = {id(n) for n in later}
+    read = memory_views(make_piece(piece.graph, piece.index, [n for n in piece.nodes if id(n) not in skip]))
+    if isinstance(read, Support):
+        return read
+    for u in read:
+        if u in piece.outputs:
+            return Support.no(
+                f"{piece.tensor(u).label()} is a view the piece would write out; the {template} template "
+                "reads views of tensors in memory in place but does not copy them",
+            )
+    written = written_views(piece, later, template) if later else {}
+    return (read, written) if not isinstance(written, Support) else written
 
 
 # -- addressing ------------------------------------------------------------------------------------
@@ -333,6 +383,10 @@ class NormGen:
     def pid(self, axis: int = 0) -> str:
         return program_id(axis, self.big)
 
+    def emitter(self, indexer: RowIndexer, params: Params) -> Emitter:
+        """An emitter of this piece's values over `indexer`, reading and writing through its views."""
+        return make_emitter(self.piece, self.compute, indexer, params, self.g.fusion)
+
     def stored(self, role: str) -> int | None:
         """The normalization's output of `role` where the piece writes it to memory, else None."""
         u = self.node.output(role) if role in self.node.op.output_roles() else None
@@ -354,8 +408,14 @@ class NormGen:
         for n in self.g.fusion.epilogue:
             em.emit(n)
         for u in self.piece.outputs:
-            if self.piece.tensor(u).dim == self.g.dims and u in em.values:
+            if self.piece.tensor(u).dim == self.g.dims and u in em.values and u not in self.g.fusion.written:
                 em.store(u)
+        for end, (start, _) in self.g.fusion.written.items():  # (through the view's strides: make_emitter)
+            em.operand(start)
+            em.values[end] = em.values[start]
+            if start in em.native:
+                em.native[end] = em.native[start]
+            em.store(end)
 
 
 class NormTemplate(Template):
@@ -391,8 +451,26 @@ def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, c
     return from_storage(f"tl.load({params.buf(v)})", tensors[v].data_type, compute)
 
 
-def make_emitter(piece: Piece, compute: str, indexer: RowIndexer, params: Params) -> Emitter:
-    return Emitter(piece.graph.tensors, compute, indexer, ptr=params.buf, scalar=params.scalar)
+def make_emitter(
+    piece: Piece, compute: str, indexer: RowIndexer, params: Params, fusion: Fusion | None = None
+) -> Emitter:
+    """An emitter over `indexer`; with `fusion`, it reads the fusion's views of memory in place (a view's
+    loads go through its strides, from its source's buffer) and writes the tensors its written views
+    end at through theirs."""
+    if fusion is None or not (fusion.views or fusion.written):
+        return Emitter(piece.graph.tensors, compute, indexer, ptr=params.buf, scalar=params.scalar)
+    views = fusion.views
+    tensors = {**piece.graph.tensors, **{u: v.desc for u, v in views.items()}}
+    for end, (_, v) in fusion.written.items():
+        tensors[end] = replace(v.desc, uid=end, data_type=piece.tensor(end).data_type)
+
+    def ptr(u: int) -> str:
+        if u not in views:
+            return params.buf(u)
+        v = views[u]
+        return f"({params.buf(v.base)} + {v.offset})" if v.offset else params.buf(v.base)
+
+    return Emitter(tensors, compute, indexer, ptr=ptr, scalar=params.scalar)
 
 
 def is_big(piece: Piece) -> bool:

@@ -38,6 +38,7 @@ from ..knobs import PointwiseKnobs
 from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
 from ._concat import CONCAT, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
+from ._view_copy import source_offset, view_chains
 from .base import (
     INT32_LIMIT,
     Generated,
@@ -336,7 +337,17 @@ class PointwiseTemplate(Template):
         kinds = piece.kind_set
         views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
         if isinstance(views, Support):
-            return views
+            # views alone that no strides describe (a reshape merging axes that are not one run): no kernel
+            # reads them in place, so they are copied, through the coordinates they map each element to
+            # (_view_copy.py)
+            if not kinds <= set(VIEW_KINDS):
+                return views
+            chains = view_chains(piece)
+            if isinstance(chains, Support):
+                return Support.no(f"{views.reason}; {chains.reason}", chains.node or views.node)
+            if len({piece.tensor(u).dim for u in piece.outputs}) != 1:
+                return Support.no("its outputs have different dims; one kernel walks one space")
+            return PointwiseMatch(self, piece, device, {}, chains)
         if not kinds <= {"pointwise", CONCAT, EMBEDDING, *VIEW_KINDS}:
             for node in piece.nodes:
                 if node.kind not in (CONCAT, EMBEDDING, *VIEW_KINDS) and not elementwise(node):
@@ -385,9 +396,17 @@ class PointwiseMatch(Match[PointwiseKnobs]):
     """A pointwise piece: its views of memory, and the walk it takes (flat, transposed tiles or rows), found
     once."""
 
-    def __init__(self, template: PointwiseTemplate, piece: Piece, device: Device, views: dict[int, Any]) -> None:
+    def __init__(
+        self,
+        template: PointwiseTemplate,
+        piece: Piece,
+        device: Device,
+        views: dict[int, Any],
+        chains: dict[int, tuple[Any, ...]] | None = None,
+    ) -> None:
         super().__init__(template, piece, device)
         self.views = views
+        self.chains = chains  # views alone, copied through coordinates (_view_copy.py): the flat walk only
 
     @cached_property
     def symbolic(self) -> tuple[Piece, dict[int, Any], ShapeOrigin] | None:
@@ -396,6 +415,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         slices/transposes/reshapes read in place, concatenations along a static axis and lookups in
         tables of static size, whose symbolic outputs share one space that every op's output
         broadcasts to; else None (its kernel is generated at the shape)."""
+        if self.chains:  # (view copies: generated at the shape)
+            return None
         piece = symbolic_piece(self.piece)
         if piece is None or not piece.kind_set <= {"pointwise", "custom", CONCAT, EMBEDDING, *VIEW_KINDS}:
             return None
@@ -435,11 +456,11 @@ class PointwiseMatch(Match[PointwiseKnobs]):
 
     @cached_property
     def transposed(self) -> tuple[int, int] | None:
-        return None if self.symbolic is not None else transposed_axes(self.piece, self.views)
+        return None if self.chains or self.symbolic is not None else transposed_axes(self.piece, self.views)
 
     @cached_property
     def rows(self) -> tuple[int, int] | None:
-        return None if self.symbolic is not None else row_axes(self.piece, self.views)
+        return None if self.chains or self.symbolic is not None else row_axes(self.piece, self.views)
 
     def candidates(self) -> list[PointwiseKnobs]:
         piece = self.piece
@@ -505,7 +526,7 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", knobs.warps),))
             return Generated(source, (launch,))
         flat = FlatIndexer(dims, order)
-        lines = _emit(piece, flat, self.views).lines
+        lines = _emit(piece, flat, self.views).lines if self.chains is None else self._copies(flat)
         body = [
             f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",
@@ -544,6 +565,20 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             (("BLOCK", block), ("num_warps", knobs.warps)),
         )
         return Generated(source, (launch,))
+
+    def _copies(self, flat: FlatIndexer) -> list[str]:
+        """The stores of each output, read from its source at the coordinates its views map it to."""
+        assert self.chains is not None
+        piece, dims = self.piece, flat.dims
+        flat.needed.update(a for a, d in enumerate(dims) if d > 1)
+        coords = [f"c{a}" if d > 1 else "0" for a, d in enumerate(dims)]
+        lines = []
+        for u, chain in self.chains.items():
+            steps, offset = source_offset(chain, coords, piece.graph.tensors, f"rank{u}")
+            lines += steps
+            source = f"p{chain[0].input_uids()[0]}"
+            lines.append(flat.store(piece.tensor(u), f"p{u}", f"tl.load({source} + {offset}, mask=mask)"))
+        return lines
 
 
 TEMPLATE = PointwiseTemplate()
