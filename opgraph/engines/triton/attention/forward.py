@@ -242,7 +242,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         functions.insert(0, UNIFORM_HELPER)
     grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
     launches = [k.launch(grid, kn.num_warps, kn.num_stages)]
-    zero = zero_kernel(spec, f"{name}_zero")
+    zero = zero_kernel(spec, f"{name}_zero", ("o", "stats"))
     if zero is not None:  # packed outputs: rows no sequence covers are 0
         functions.insert(0, zero[0].source())
         launches.insert(0, zero[0].launch(zero[1], 4, 1))

@@ -20,7 +20,7 @@ from ....core.ir import Const, Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.attention import _Attention
-from ....ops.attention_layout import Feature, extensions, ragged_role
+from ....ops.attention_layout import BWD_RAGGED, FWD_RAGGED, Feature, extensions, ragged_role
 from ....ops.pointwise import MODES, PointwiseMode
 from ...shared.views import ROLES, gradient_targets, operand_views
 from ..expr import TL_DTYPE, _mode_expr, elementwise
@@ -41,8 +41,10 @@ MAX_HEAD_DIM = 256
 # what the generated kernels run of the features beyond dense tensors and the causal / window masks
 RUNS = {
     "sdpa": frozenset({Feature.PACKED, Feature.PAGED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
-    "sdpa_backward": frozenset[Feature](),
+    "sdpa_backward": frozenset({Feature.PACKED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
 }
+# the spec's name of each tensor role that may be packed (the op's role -> AttnSpec field)
+_SPEC_ROLE = {"dO": "do", "dQ": "dq", "dK": "dk", "dV": "dv"}
 
 
 @dataclass(frozen=True)
@@ -345,14 +347,15 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     Hk, Skv = k.dim[1], k.dim[2]
     Hv, Dv = v.dim[1], v.dim[3]
     ragged = []
-    outputs = {"o": node.output("o"), "stats": node.output("stats")} if node.kind == "sdpa" else {}
-    for role in ("q", "k", "v", "o", "stats"):
+    outputs = {r: node.output(r) for r in op.output_roles()}
+    for role in FWD_RAGGED if node.kind == "sdpa" else BWD_RAGGED:
         off = uid.get(ragged_role(role))
         if isinstance(off, int):
             t = uid[role] if role in uid else outputs.get(role)
             if t is None:
                 continue
-            ragged.append((role, Ragged(operand(piece, off), op.offset_divisor(role), piece.tensor(t).dim[2])))
+            r = Ragged(operand(piece, off), op.offset_divisor(role), piece.tensor(t).dim[2])
+            ragged.append((_SPEC_ROLE.get(role, role), r))
     if "q" in dict(ragged):  # packed: the problem's dims are the lengths' batch and the maxima
         B, Sq = piece.tensor(uid["seq_len_q"]).dim[0], expect(op.max_seq_len_q, "max_seq_len_q of packed q")
     if "k" in dict(ragged):

@@ -167,11 +167,12 @@ class AttnSpec:
     dv: Operand | None = None
     dbias: Operand | None = None  # shaped like bias, which may broadcast
     bias_dims: tuple[int, int, int, int] | None = None  # bias's logical dims (1 where broadcast)
-    # the diagonal band beyond the causal flags (forward): key j is seen when j <= i + diag + right;
+    # the diagonal band beyond the causal flags: key j is seen when j <= i + diag + right;
     # diag = kv_len - q_len (per sequence) with bottom_right, else 0 (causal sets both itself)
     right: int | None = None
     bottom_right: bool = False
-    ragged: tuple[tuple[str, Ragged], ...] = ()  # packed tensors ("q", "k", "v", "o", "stats") (forward)
+    # packed tensors: "q", "k", "v", "o", "stats" (forward); and "do", "dq", "dk", "dv" (backward)
+    ragged: tuple[tuple[str, Ragged], ...] = ()
     paged: tuple[tuple[str, Paged], ...] = ()  # paged caches ("k", "v") (forward)
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
