@@ -384,17 +384,19 @@ def test_backward_takes_packed_tensors_and_the_band():
     assert bwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
 
 
-def test_forward_declines_sinks_and_extra_outputs():
+def test_forward_declines_block_masks():
+    """Sinks and the softmax's statistics run (test_triton_attention_sinks.py); a block mask does not yet."""
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
     q, k, v = (g.tensor(dim=[2, HQ, 8, 16], name=n) for n in "qkv")
     sink = g.tensor(dim=[1, HQ, 1, 1], name="sink")
     smax = g.tensor(dim=[2, HQ, 8, 1], name="smax")
-    o, _ = g.sdpa(q, k, v, generate_stats=False, sink_token=sink, score_max=smax)
+    bm = g.tensor(dim=[2, HQ, 1, 1], data_type=DT.UINT8, name="bm")
+    o, _ = g.sdpa(q, k, v, generate_stats=False, sink_token=sink, score_max=smax, block_mask=bm)
     o.set_output(True)
     smax.set_output(True)
     final = g.final
     why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "sink" in why.reason and "score_max" in why.reason, why.reason
+    assert not why and "block mask" in why.reason and "sink" not in why.reason, why.reason
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

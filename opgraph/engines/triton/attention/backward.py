@@ -14,7 +14,8 @@ a 4th launch over the broadcast axes.
 
 Rows that saw no key have P = 0: their saved log-sum-exp is +inf (a -inf is read as +inf too).
 The band (right bound R, left bound W, either alignment) bounds each kernel's loop as in the forward.
-Packed (ragged) tensors as in the forward (ragged.py): each kernel reads its sequence's first rows,
+A sink token leaves dQ, dK, dV as they are (Stats hold it; it has no value row); its gradient dSink
+is summed per query head by a launch after the preprocess. Packed (ragged) tensors as in the forward (ragged.py): each kernel reads its sequence's first rows,
 masks its loads and stores to the sequence's rows, and a launch before them zeroes packed dQ, dK, dV.
 """
 
@@ -109,6 +110,10 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
             dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
             dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2),
         ]
+    if spec.dsink is not None:
+        ds = _dsink(spec, kn, scratch)
+        functions.append(ds.source())
+        launches.insert(1, ds.launch((spec.Hq,), 4, 1))  # (after the preprocess: it reads delta)
     if "DBP" in scratch:
         red = _dbias_reduce(spec, scratch)
         functions.append(red.source())
@@ -152,6 +157,45 @@ def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> Kernel
         )
     smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % pb else ""
     k.add(f"tl.store(DELTA + pid_bh.to(tl.int64) * {spec.Sq} + offs_m, tl.sum(o * do, 1){smask})")
+    return k
+
+
+def _dsink(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
+    """dSink[h] = -sum over b and the rows i within their sequence of exp(sink[h] - Stats) * delta (rows
+    with finite Stats): one program a query head, after the preprocess (delta), no atomics."""
+    assert spec.sink is not None and spec.dsink is not None and spec.stats is not None
+    k = KernelText("kernel_attn_bwd_dsink", scratch)
+    pb, st = kn.PRE_BLOCK, spec.stats
+    for name in (st.name, "DELTA", spec.sink.name, spec.dsink.name):
+        k.param(name)
+    k.add(
+        "off_h = tl.program_id(0)",
+        f"offs = tl.arange(0, {pb})",
+        f"sink = tl.load({spec.sink.name} + {base_expr(spec.sink, 'off_h', 'off_h')}).to(tl.float32)",
+        f"acc = tl.zeros([{pb}], tl.float32)",
+        f"for b_i in range({spec.B}):",
+    )
+    ok = and_mask("(offs_m < q_len)", rows_ok(spec, "stats", "offs_m"))
+    k.add(
+        "off_b = off_h * 0 + b_i",  # (a tensor under the interpreter too, where b_i is a Python int)
+        *seqlen_lines(spec, k),
+        *ragged_lines(spec, k, ("stats",)),
+        f"lse_base = {row_base(spec, 'stats', st, 'off_b', 'off_h')}",
+        f"for start in range(0, q_len, {pb}):",
+        depth=1,
+    )
+    k.add(
+        "offs_m = start + offs",
+        f"ok = {ok}",
+        f'lse = tl.load({st.name} + lse_base + offs_m * {st.strides[2]}, mask=ok, other=float("inf")).to(tl.float32)',
+        f"di = tl.load(DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq} + offs_m, mask=ok, other=0.0)",
+        'ok = ok & (lse > float("-inf")) & (lse < float("inf"))',
+        "ps = tl.exp(sink - tl.where(ok, lse, 0.0))",
+        'acc += tl.where(ok & (ps < float("inf")), ps * di, 0.0)',
+        depth=2,
+    )
+    d = spec.dsink
+    k.add(f"tl.store({d.name} + {base_expr(d, 'off_h', 'off_h')}, (0.0 - tl.sum(acc, 0)).to({d.dtype}))")
     return k
 
 

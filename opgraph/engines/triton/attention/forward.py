@@ -43,7 +43,7 @@ from .common import (
 )
 from .paged import page_base, paged_load
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
-from .spec import LN2, AttnSpec, Coords, FwdKnobs
+from .spec import LN2, LOG2E, AttnSpec, Coords, FwdKnobs
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -100,8 +100,9 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
             k.param(getattr(spec, role).name)
     if spec.o is not None:
         k.param(spec.o.name)
-    if spec.stats is not None:
-        k.param(spec.stats.name)
+    for op in (spec.stats, spec.score_max, spec.score_sum_exp):
+        if op is not None:
+            k.param(op.name)
     # ORDER=1: the query blocks outermost (every head's heaviest block first, the best balance for few
     # waves); 0: each head's blocks together (its k/v shared in L2)
     axes = ("1", "0") if kn.ORDER else ("0", "1")
@@ -188,6 +189,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"l_i = tl.zeros([{bm}], tl.float32)",
         f"acc = tl.zeros([{bm}, {dvp}], tl.float32)",
     )
+    k.add(*_sink_lines(spec, k, bm))
     k.add(*fwd_ranges(spec, bm, bn))
     lead, trail = needs_loops(spec, bn)
     k.add(
@@ -223,16 +225,22 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
             f"tl.store({o.name} + {row_base(spec, 'o', o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
             f"({value}).to({o.dtype}){_mask(omask, store=True)})"
         )
-    if spec.stats is not None:
-        st = spec.stats
-        k.add(f'lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float("inf"))')
+    empty = f'float("{spec.empty_stats.lstrip("+")}")'  # (the Stats of a row with no key kept and no sink)
+    stat_rows = (
+        ("stats", spec.stats, "lse", f"(m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}", empty),
+        ("score_max", spec.score_max, "smax", f"m_i * {LN2!r}", 'float("-inf")'),
+        ("score_sum_exp", spec.score_sum_exp, "ssum", "l_i", "0.0"),
+    )
+    for role, st_op, var, expr, none in stat_rows:
+        if st_op is None:
+            continue
+        k.add(f"{var} = tl.where(seen, {expr}, {none})")
         if spec.seq_len_q is not None:
-            k.add('lse = tl.where(offs_m < q_len, lse, float("inf"))')
-        st_ok = rows_ok(spec, "stats", "offs_m") or (f"offs_m < {spec.Sq}" if spec.Sq % bm else None)
+            k.add(f"{var} = tl.where(offs_m < q_len, {var}, {none})")
+        st_ok = rows_ok(spec, role, "offs_m") or (f"offs_m < {spec.Sq}" if spec.Sq % bm else None)
         smask = f", mask={st_ok}" if st_ok else ""
-        k.add(
-            f"tl.store({st.name} + {row_base(spec, 'stats', st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})"
-        )
+        base = row_base(spec, role, st_op, "off_b", "off_h")
+        k.add(f"tl.store({st_op.name} + {base} + offs_m * {st_op.strides[2]}, {var}{smask})")
 
     for hook in (h for _, h in spec.prologue):
         for p in hook.params():
@@ -242,11 +250,26 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         functions.insert(0, UNIFORM_HELPER)
     grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
     launches = [k.launch(grid, kn.num_warps, kn.num_stages)]
-    zero = zero_kernel(spec, f"{name}_zero", ("o", "stats"))
+    zero = zero_kernel(spec, f"{name}_zero", ("o", "stats", "score_max", "score_sum_exp"))
     if zero is not None:  # packed outputs: rows no sequence covers are 0
         functions.insert(0, zero[0].source())
         launches.insert(0, zero[0].launch(zero[1], 4, 1))
     return generated(functions, launches)
+
+
+def _sink_lines(spec: AttnSpec, k: KernelText, bm: int) -> list[str]:
+    """The sink joins the online softmax before any key: m = its logit (log2 units), l = exp2(0) = 1, on
+    the rows within their sequence (a padded row takes no sink; a sink of -inf adds nothing)."""
+    if spec.sink is None:
+        return []
+    k.param(spec.sink.name)
+    lines = [
+        f"sink2 = tl.load({spec.sink.name} + {base_expr(spec.sink, 'off_b', 'off_h')}).to(tl.float32) * {LOG2E!r}",
+        f"m_i = tl.zeros([{bm}], tl.float32) + sink2",
+    ]
+    if spec.seq_len_q is not None:
+        lines.append('m_i = tl.where(offs_m < q_len, m_i, float("-inf"))')
+    return [*lines, 'l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)']
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:

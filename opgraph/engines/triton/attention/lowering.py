@@ -39,9 +39,22 @@ from .spec import (
 
 MAX_HEAD_DIM = 256
 # what the generated kernels run of the features beyond dense tensors and the causal / window masks
+# (EXTRA_OUTPUT: score_max, score_sum_exp and dSink_token; not rng_dump, declined by name in support_of)
 RUNS = {
-    "sdpa": frozenset({Feature.PACKED, Feature.PAGED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
-    "sdpa_backward": frozenset({Feature.PACKED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
+    "sdpa": frozenset(
+        {
+            Feature.PACKED,
+            Feature.PAGED,
+            Feature.BAND_RIGHT,
+            Feature.BAND_BOTTOM_RIGHT,
+            Feature.SINK,
+            Feature.EXTRA_OUTPUT,
+            Feature.EMPTY_ROW_STATS,
+        }
+    ),
+    "sdpa_backward": frozenset(
+        {Feature.PACKED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT, Feature.SINK, Feature.EXTRA_OUTPUT}
+    ),
 }
 # the spec's name of each tensor role that may be packed (the op's role -> AttnSpec field)
 _SPEC_ROLE = {"dO": "do", "dQ": "dq", "dK": "dk", "dV": "dv"}
@@ -148,6 +161,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
                 made[v],
             )
     stats = node.output("stats")
+    row_stats = {u for u in (stats, node.output("score_max"), node.output("score_sum_exp")) if u is not None}
     o_uid = node.output("o")
     assert o_uid is not None
     o_dims = piece.tensor(o_uid).dim
@@ -155,7 +169,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
     for n in piece.nodes:
         if n is node or id(n) in taken or id(n) in viewing:
             continue
-        if stats is not None and stats in n.input_uids():
+        if row_stats & set(n.input_uids()):
             return Support.no(
                 f"{n.label()} reads the Stats of {node.label()}; the {template} template fuses no epilogue on Stats", n
             )
@@ -236,7 +250,10 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     """The memory-layout, type and size rules of the generated kernels."""
     node = f.node
     label = node.label()
-    if extra := extensions(node, RUNS[node.kind]):  # (issue 41: the torch engine runs these)
+    extra = extensions(node, RUNS[node.kind])  # (issue 41: the torch engine runs these)
+    if node.kind == "sdpa" and node.output("rng_dump") is not None:
+        extra.append("the rng_dump output")
+    if extra:
         return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
     packed = [r for r in ("q", "k", "v", "o") if node.input(ragged_role(r)) is not None]
     packed += [r for r in ("k", "v") if node.kind == "sdpa" and node.input(f"paged_attention_{r}_table") is not None]
@@ -348,13 +365,16 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     Hv, Dv = v.dim[1], v.dim[3]
     ragged = []
     outputs = {r: node.output(r) for r in op.output_roles()}
-    for role in FWD_RAGGED if node.kind == "sdpa" else BWD_RAGGED:
-        off = uid.get(ragged_role(role))
+    roles = [(r, r) for r in (FWD_RAGGED if node.kind == "sdpa" else BWD_RAGGED)]
+    if node.kind == "sdpa":  # (score_max and score_sum_exp lie as Stats, at its offsets)
+        roles += [("score_max", "stats"), ("score_sum_exp", "stats")]
+    for role, at in roles:
+        off = uid.get(ragged_role(at))
         if isinstance(off, int):
             t = uid[role] if role in uid else outputs.get(role)
             if t is None:
                 continue
-            r = Ragged(operand(piece, off), op.offset_divisor(role), piece.tensor(t).dim[2])
+            r = Ragged(operand(piece, off), op.offset_divisor(at), piece.tensor(t).dim[2])
             ragged.append((_SPEC_ROLE.get(role, role), r))
     if "q" in dict(ragged):  # packed: the problem's dims are the lengths' batch and the maxima
         B, Sq = piece.tensor(uid["seq_len_q"]).dim[0], expect(op.max_seq_len_q, "max_seq_len_q of packed q")
@@ -401,12 +421,18 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]), mask_scale)
     if op.score_mod is not None:
         kw["score_mod"] = ScoreModCode(piece, node)
+    if isinstance(uid.get("sink_token"), int):
+        kw["sink"] = operand(piece, uid["sink_token"])
     ops: dict[str, Any] = {r: operand(piece, u, f.views) for r, u in (("q", q_uid), ("k", k_uid), ("v", v_uid))}
     if node.kind == "sdpa":
         o_uid, st_uid = node.output("o"), node.output("stats")
         assert o_uid is not None
         kw["o"] = operand(piece, o_uid) if o_uid in piece.outputs else None
         kw["stats"] = operand(piece, st_uid) if st_uid is not None and st_uid in piece.outputs else None
+        for role in ("score_max", "score_sum_exp"):
+            u = node.output(role)
+            kw[role] = operand(piece, u) if u is not None and u in piece.outputs else None
+        kw["empty_stats"] = op.empty_row_stats  # type: ignore[attr-defined]
         hooks = []
         for role, nodes in f.prologue:
             hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False)))
@@ -427,6 +453,9 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         db = node.output("dBias")
         if db is not None:
             kw["dbias"] = operand(piece, db)
+        ds = node.output("dSink_token")
+        if ds is not None:
+            kw["dsink"] = operand(piece, ds)
     return AttnSpec(
         B,
         Hq,

@@ -19,6 +19,8 @@ _LENGTH = {
     "q": "q_len",
     "o": "q_len",
     "stats": "q_len",
+    "score_max": "q_len",
+    "score_sum_exp": "q_len",
     "do": "q_len",
     "dq": "q_len",
     "k": "kv_len",

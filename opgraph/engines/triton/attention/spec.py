@@ -174,6 +174,15 @@ class AttnSpec:
     # packed tensors: "q", "k", "v", "o", "stats" (forward); and "do", "dq", "dk", "dv" (backward)
     ragged: tuple[tuple[str, Ragged], ...] = ()
     paged: tuple[tuple[str, Paged], ...] = ()  # paged caches ("k", "v") (forward)
+    # sinks and the softmax's statistics: one logit a query head ([1, Hq, 1, 1]) joining the softmax of
+    # every row within its sequence; the forward's score_max / score_sum_exp ([B, Hq, Sq, 1] like
+    # stats: the row max m and sum Z in natural units), the Stats of an empty row ("+inf" or "-inf"); the
+    # backward's dSink ([1, Hq, 1, 1] fp32)
+    sink: Operand | None = None
+    score_max: Operand | None = None
+    score_sum_exp: Operand | None = None
+    empty_stats: str = "+inf"
+    dsink: Operand | None = None
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
     fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
