@@ -222,6 +222,47 @@ def test_no_sink_leaves_the_forward_source_as_it_was():
     assert "lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * " in src
 
 
+# -- Hopper (sm_90) compilation without a GPU -------------------------------------------------------------
+
+
+def _hopper_graph(backward: bool):
+    """One node (the forward, or the backward with dSink alone): bf16, B 2, H 4/2, S 2048, D 128, causal."""
+    g = og.Graph("att", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    q, k, v = (g.tensor(dim=[2, 4 if n == "q" else 2, 2048, 128], name=n) for n in "qkv")
+    sink = g.tensor(dim=[1, 4, 1, 1], data_type=DT.FLOAT, name="sink")
+    kw = {"attn_scale": 128**-0.5, "use_causal_mask": True, "sink_token": sink}
+    if backward:
+        o, do = (g.tensor(dim=[2, 4, 2048, 128], name=n) for n in ("o", "dO"))
+        st = g.tensor(dim=[2, 4, 2048, 1], data_type=DT.FLOAT, name="stats")
+        dsink = g.tensor(dim=[1, 4, 1, 1], data_type=DT.FLOAT, name="dSink")
+        outs = [*g.sdpa_backward(q, k, v, o, do, st, dSink_token=dsink, **kw), dsink]
+    else:
+        smax, ssum = (g.tensor(dim=[2, 4, 2048, 1], data_type=DT.FLOAT, name=n) for n in ("smax", "ssum"))
+        outs = [*g.sdpa(q, k, v, score_max=smax, score_sum_exp=ssum, empty_row_stats="-inf", **kw), smax, ssum]
+    for x in outs:
+        x.set_output(True)
+    return g
+
+
+HOPPER_CASES = {
+    "sink_fwd": (lambda: _hopper_graph(False), "attention", None),
+    "sink_bwd": (lambda: _hopper_graph(True), "attention_bwd", None),
+}
+
+
+def test_sink_kernels_compile_for_hopper():
+    """The sink's forward (with score_max, score_sum_exp) and backward (with the dSink launch) compile for
+    sm_90 with the heuristic's knobs; only the backward's dK/dV launch spills (12 bytes here, GQA: its loop
+    over the group's heads; the sink adds nothing to it)."""
+    from .hopper_compile import compile_for_hopper
+
+    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    names = {(w[1], w[2]) for w in lines}
+    assert {("sink_fwd", "kernel_attn_fwd"), ("sink_bwd", "kernel_attn_bwd_dsink")} <= names, lines
+    for w in lines:
+        assert int(w[w.index("spills") + 1]) <= (32 if w[2] == "kernel_attn_bwd_dkdv" else 0), w
+
+
 # -- GPU --------------------------------------------------------------------------------------------------
 
 
