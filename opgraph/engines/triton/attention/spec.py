@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from ..knobs import Knobs
 
@@ -243,6 +243,11 @@ class FwdKnobs(Knobs):
     ORDER: int = 0  # 1: grid (batch x head, query block): all heads' heaviest blocks first
     ONELOOP: int = 0  # one loop over every visited key block, the masks applied under a run-time test
     fp32_precision: str | None = None  # fp32 operands: "tf32" products instead of IEEE fp32 (the spec's, "ieee")
+    # split-KV (flash-decoding): SPLIT programs per query block, each over 1/SPLIT of the keys, writing
+    # fp32 partials (m, l, unnormalised O) that a second launch combines; None: one program per block
+    SPLIT: int | None = None
+
+    CHOICES: ClassVar[frozenset[str]] = frozenset({"SPLIT"})  # (chosen by opgraph/build/split_kv.py)
 
 
 @dataclass(frozen=True)
