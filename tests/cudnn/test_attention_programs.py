@@ -430,8 +430,11 @@ def _container(x, block):
     )
 
 
+@pytest.mark.parametrize(
+    "engines", [None, pytest.param(("triton",), marks=pytest.mark.interpreter)], ids=["default", "triton"]
+)
 @pytest.mark.parametrize("packed_table", [False, True])
-def test_paged_decode(packed_table):
+def test_paged_decode(packed_table, engines):
     torch.manual_seed(2)
     b, h, hk, s_kv, d, block = 3, 4, 2, 40, 16, 8
     q = torch.randn(b, h, 1, d, dtype=torch.float16)
@@ -441,7 +444,7 @@ def test_paged_decode(packed_table):
     ck, tk = _container(k, block)
     cv, tv = _container(v, block)
     o = torch.empty(b, h, 1, d, dtype=torch.float16)
-    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT, engines=engines)
     Q, CK, CV, LQ, LKV = (g.tensor_like(x) for x in (q, ck, cv, lq, lkv))
     feeds = {Q: q, CK: ck, CV: cv, LQ: lq, LKV: lkv}
     tables = []
@@ -476,6 +479,8 @@ def test_paged_decode(packed_table):
     )
     O.set_output(True).set_dim(o.shape).set_stride(o.stride())
     g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    if engines:  # (the generated forward: packed page tables too)
+        assert {st.config.engine for st in g._selected().steps} == set(engines)
     g.execute({**feeds, O: o}, None)
     for i in range(b):
         n = int(lkv[i])

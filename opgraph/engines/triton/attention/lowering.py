@@ -257,8 +257,6 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
         return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
     packed = [r for r in ("q", "k", "v", "o") if node.input(ragged_role(r)) is not None]
     packed += [r for r in ("k", "v") if node.kind == "sdpa" and node.input(f"paged_attention_{r}_table") is not None]
-    if node.kind == "sdpa" and any(node.input(f"paged_attention_{r}_table_ragged_offset") is not None for r in "kv"):
-        return Support.no(f"{label}: a packed (ragged) page table: not in the {template} template yet", node)
     if hooked := [r for r, _ in f.prologue if r in packed] + (["o"] if f.epilogue and "o" in packed else []):
         return Support.no(
             f"{label}: the {template} template fuses no prologue or epilogue on a packed (ragged) or paged "
@@ -385,9 +383,14 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         table = uid.get(f"paged_attention_{role}_table")
         if isinstance(table, int):
             c, t = piece.tensor(uid[role]), piece.tensor(table)
-            paged.append((role, Paged(operand(piece, table), c.dim[0], c.dim[2], t.dim[2])))
             if role == "k":
                 Skv = op.max_seq_len_kv if op.max_seq_len_kv is not None else t.dim[2] * c.dim[2]
+            toff, rows = uid.get(f"paged_attention_{role}_table_ragged_offset"), None
+            slots = t.dim[2]
+            if isinstance(toff, int):  # packed: the pages of max_seq_len_kv from each sequence's offset
+                rows = Ragged(operand(piece, toff), op.offset_divisor(f"paged_attention_{role}_table"), t.dim[2])
+                slots = -(-expect(op.max_seq_len_kv, "max_seq_len_kv of a packed page table") // c.dim[2])
+            paged.append((role, Paged(operand(piece, table), c.dim[0], c.dim[2], slots, rows)))
     causal = (
         Causal.BOTTOM_RIGHT
         if op.use_causal_mask_bottom_right

@@ -63,12 +63,15 @@ class Ragged:
 class Paged:
     """A paged k or v: its operand is the container [pages, H, block, w]; key j of sequence b is row
     j % block of page table[b, j // block] (`table`: an integer [B, 1, slots, 1] tensor). A page index
-    outside [0, pages) or a slot past the table reads zeros."""
+    outside [0, pages) or a slot past the table reads zeros. With `rows` the table is packed: slot s of
+    sequence b is row floor(offsets[b] / per_row) + s of it, a row outside [0, T) page 0 (the reference's
+    unpacking), `slots` the pages of max_seq_len_kv."""
 
     table: Operand
     pages: int
     block: int
     slots: int
+    rows: Ragged | None = None  # a packed table [1, 1, T, 1]: sequence b's slots from its offset on
 
 
 @dataclass(frozen=True)
