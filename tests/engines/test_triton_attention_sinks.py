@@ -102,8 +102,9 @@ def prepare(g, lens=((17, 0), (27, 9))):
     return prep
 
 
-def check(g, rng, io=DT.FLOAT, steps=2, lens=((17, 0), (27, 9))):
-    return assert_engine_matches(g, rng, engines=("triton",), expect_steps=steps, prepare=prepare(g, lens), **TOL[io])
+def check(g, rng, io=DT.FLOAT, steps=2, lens=((17, 0), (27, 9)), prep_override=None):
+    prep = prep_override or prepare(g, lens)
+    return assert_engine_matches(g, rng, engines=("triton",), expect_steps=steps, prepare=prep, **TOL[io])
 
 
 @pytest.mark.parametrize(
@@ -197,16 +198,39 @@ def test_packed_sink_and_statistics(rng):
     assert_engine_matches(g, rng, engines=("triton",), expect_steps=2, prepare=prep, **TOL[DT.FLOAT])
 
 
-def test_rng_dump_is_declined_by_name():
+@pytest.mark.parametrize(
+    "opts",
+    [{"use_causal_mask": True}, {"padding": True, "use_causal_mask_bottom_right": True, "sink": True}],
+    ids=["causal", "padding_sink"],
+)
+@pytest.mark.parametrize("seed", [2**41 + 12345, 3])
+def test_rng_dump(opts, seed, rng):
+    """rng_dump: the Philox keep mask of every element of the padded scores (masked ones too), bit for
+    bit the reference's, beside the forward and backward that draw the same mask."""
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
-    q, k, v = (g.tensor(dim=[2, HQ, 8, 16], name=n) for n in "qkv")
-    dump = g.tensor(dim=[2, HQ, 8, 8], data_type=DT.FLOAT, name="dump")
-    o, _ = g.sdpa(q, k, v, generate_stats=False, dropout=(0.1, 1, 2), rng_dump=dump)
-    o.set_output(True)
-    dump.set_output(True)
-    final = g.final
-    why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "rng_dump" in why.reason, why.reason
+    q = g.tensor(dim=[B, HQ, 20, 16], name="q")
+    k, v = (g.tensor(dim=[B, 2, 27, 16], name=n) for n in "kv")
+    kw = dict(opts, attn_scale=0.3)
+    kw.pop("sink", None)
+    if opts.get("sink"):
+        kw["sink_token"] = g.tensor(dim=[1, HQ, 1, 1], data_type=DT.FLOAT, name="sink")
+    if kw.pop("padding", False):
+        kw["use_padding_mask"] = True
+        kw["seq_len_q"] = g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
+        kw["seq_len_kv"] = g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
+    kw["dropout"] = (0.3, g.tensor(dim=[1], data_type=DT.INT64, name="seed"), 2**32 - 9)
+    dump = g.tensor(dim=[B, HQ, 20, 27], data_type=DT.FLOAT, name="dump")
+    o, st = g.sdpa(q, k, v, rng_dump=dump, name="fwd", **kw)
+    do = g.tensor(dim=[B, HQ, 20, 16], name="dO")
+    for x in (o, st, dump, *g.sdpa_backward(q, k, v, o, do, st, name="bwd", **kw)):
+        x.set_output(True)
+    base = prepare(g)
+
+    def prep(pack):
+        base(pack)
+        pack[next(u for u in g.final.inputs if g.final.tensors[u].name == "seed")][...] = seed
+
+    check(g, rng, prep_override=prep)
 
 
 def test_no_sink_leaves_the_forward_source_as_it_was():

@@ -41,6 +41,7 @@ from .common import (
     tma_ok,
     wide,
 )
+from .dump import rng_dump_kernel
 from .epilogue import finish, sink_lines
 from .paged import page_base, paged_load
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
@@ -229,6 +230,10 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         comb, comb_grid = combine(spec, f"{name}_combine", scratch, split)
         functions.append(comb.source())
         launches.append(comb.launch(comb_grid, 4, 1))
+    dump = rng_dump_kernel(spec, f"{name}_rng_dump")
+    if dump is not None:
+        functions.append(dump[0].source())
+        launches.append(dump[0].launch(dump[1], 4, 1))
     zero = zero_kernel(spec, f"{name}_zero", ("o", "stats", "score_max", "score_sum_exp"))
     if zero is not None:  # packed outputs: rows no sequence covers are 0
         functions.insert(0, zero[0].source())

@@ -39,7 +39,7 @@ from .spec import (
 
 MAX_HEAD_DIM = 256
 # what the generated kernels run of the features beyond dense tensors and the causal / window masks
-# (EXTRA_OUTPUT: score_max, score_sum_exp and dSink_token; not rng_dump, declined by name in support_of)
+# (EXTRA_OUTPUT: score_max, score_sum_exp, rng_dump and dSink_token)
 RUNS = {
     "sdpa": frozenset(
         {
@@ -251,8 +251,6 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     node = f.node
     label = node.label()
     extra = extensions(node, RUNS[node.kind])  # (issue 41: the torch engine runs these)
-    if node.kind == "sdpa" and node.output("rng_dump") is not None:
-        extra.append("the rng_dump output")
     if extra:
         return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
     packed = [r for r in ("q", "k", "v", "o") if node.input(ragged_role(r)) is not None]
@@ -432,7 +430,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         assert o_uid is not None
         kw["o"] = operand(piece, o_uid) if o_uid in piece.outputs else None
         kw["stats"] = operand(piece, st_uid) if st_uid is not None and st_uid in piece.outputs else None
-        for role in ("score_max", "score_sum_exp"):
+        for role in ("score_max", "score_sum_exp", "rng_dump"):
             u = node.output(role)
             kw[role] = operand(piece, u) if u is not None and u in piece.outputs else None
         kw["empty_stats"] = op.empty_row_stats  # type: ignore[attr-defined]

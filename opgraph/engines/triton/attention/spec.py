@@ -185,6 +185,7 @@ class AttnSpec:
     score_max: Operand | None = None
     score_sum_exp: Operand | None = None
     empty_stats: str = "+inf"
+    rng_dump: Operand | None = None  # the Philox dropout's keep mask [B, Hq, Sq, Skv] (1.0 / 0.0)
     dsink: Operand | None = None
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
