@@ -137,6 +137,21 @@ def build(graph: Any, ctx: Ctx, engines: list[str] | None, tuned: bool, **kw: An
         ), f"triton alone cannot build it ({type(e).__name__}: {str(e)[:120]}); with the torch engine"
 
 
+def imported_graph(module: Any, args: Sequence[Any]) -> Callable[[], tuple[Any, Mapping[Any, Any], Sequence[Any]]]:
+    """A `graph_impls` maker for a PyTorch module: `opgraph.from_torch(module, args)`'s graph, its
+    inputs bound to `args` and its outputs."""
+
+    def make() -> tuple[Any, Mapping[Any, Any], Sequence[Any]]:
+        import opgraph as og
+
+        imported = og.from_torch(module, tuple(args))
+        pack = imported.variant_pack(*args)
+        final = imported.graph.final
+        return imported.graph, {k: v for k, v in pack.items() if k not in final.outputs}, imported.outputs
+
+    return make
+
+
 def graph_impls(
     ctx: Ctx,
     make: Callable[[], tuple[Any, Mapping[Any, Any], Sequence[Any]]],

@@ -4,6 +4,7 @@ record is rewritten after every workload, so a run cut short keeps what it finis
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import time
@@ -39,6 +40,7 @@ def features(args: argparse.Namespace) -> frozenset[str]:
         out.add("torchvision")
     except Exception:  # noqa: BLE001 - absent, or built for another torch
         pass
+    out.update(lib for lib in ("transformers", "timm") if importlib.util.find_spec(lib) is not None)
     return frozenset(out)
 
 

@@ -52,11 +52,15 @@ def compiled(
     read: Callable[[Any], Sequence[Any]] | None = None,
     reset: Callable[[], None] | None = None,
     prepare: Callable[[Callable], Callable] | None = None,
+    default: bool = False,
 ) -> list[Impl]:
     """The torch.compile peers of fn(*args): mode max-autotune-no-cudagraphs (execute and captured
-    rows) and, when `cudagraphs`, max-autotune (its own CUDA graphs). `prepare(compiled_fn)` may wrap
-    the compiled callable into the thing called (a training step)."""
+    rows), when `default` the default mode too (what most users run) and, when `cudagraphs`,
+    max-autotune (its own CUDA graphs). `prepare(compiled_fn)` may wrap the compiled callable into the
+    thing called (a training step)."""
     modes = [("torch.compile", "max-autotune-no-cudagraphs", False)]
+    if default:
+        modes.append(("torch.compile (default mode)", "default", False))
     if cudagraphs:
         modes.append(("torch.compile (CUDA graphs)", "max-autotune", True))
     out = []

@@ -18,6 +18,7 @@ MODULES = (
     "attention",
     "attention_block",
     "training_gpt2",
+    "zoo",
 )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..case import Case, Ctx, Output
 from ..core.floors import Floor, LayerRecord, roofline_layers
 from ..core.registry import workload
-from ..ours import graph_impls
+from ..ours import graph_impls, imported_graph
 from ..peers.torch_peers import compiled, eager
 
 RESIDUAL_BLOCKS = ("BasicBlock", "Bottleneck")
@@ -109,21 +109,7 @@ def network_case(ctx: Ctx, arch: str, batch: int) -> Case:
     x = x32.half()
     with torch.no_grad():  # float64, from the same fp16 weights and input the implementations get
         want = copy.deepcopy(model16).double()(x.double())
-    state: dict[str, Any] = {}
-
-    def make() -> Any:
-        import opgraph as og
-
-        if "made" not in state:
-            imported = og.from_torch(model16, (x,))
-            pack = imported.variant_pack(x)
-            outs = imported.outputs
-            final = imported.graph.final
-            inputs = {k: v for k, v in pack.items() if k not in final.outputs}
-            state["made"] = (imported.graph, inputs, outs)
-        return state["made"]
-
-    impls = graph_impls(ctx, make, tune=ctx.tune and ctx.tune_networks)
+    impls = graph_impls(ctx, imported_graph(model16, (x,)), tune=ctx.tune and ctx.tune_networks)
     if ctx.scale == "tiny":  # generated kernels of a whole network under Triton's interpreter: too slow for a dry run
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls += [eager(model16, (x,))]

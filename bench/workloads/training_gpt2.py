@@ -45,7 +45,7 @@ def _setup(ctx: Ctx) -> dict[str, Any]:
     model = GPT(c).to(ctx.device).train()
     x = torch.randint(0, vocab, (batch, seq), device=ctx.device)
     y = torch.randint(0, vocab, (batch, seq), device=ctx.device)
-    return {"model": model, "x": x, "y": y, "c": c, "tokens": batch * seq}
+    return {"model": model, "x": x, "y": y, "c": c, "tokens": batch * seq, "label": "GPT-2 training step"}
 
 
 def _loss(logits: Any, y: Any) -> Any:
@@ -130,7 +130,7 @@ def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: li
         st.moments = lambda: {n: ts.param_state(n) for n in pnames}
         st.counters = lambda: [pack[ts.scalars["optimizer.step"]]]
         st.loss = lambda: loss
-        diagnose(f"GPT-2 training step [{name}]", plan, pack)
+        diagnose(f"{v['label']} [{name}]", plan, pack)
         return Runner(
             call=call,
             read=st.read,
@@ -204,15 +204,10 @@ def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None
     )
 
 
-@workload(
-    "training.gpt2.b8",
-    group="training-gpt2",
-    kind="training",
-    minutes=3.0,
-    title="GPT-2 small training step, batch 8 × seq 1024, bf16 mixed precision, AdamW",
-)
-def gpt2_training(ctx: Ctx) -> Case:
-    v = _setup(ctx)
+def adamw_step_case(ctx: Ctx, v: dict[str, Any], flops: float, notes: str) -> Case:
+    """The Case of one AdamW training step of `v["model"]` (logits from `v["x"]`, cross-entropy against
+    `v["y"]`): opgraph's builds, eager and torch.compile, each checked against the float64 step on the
+    loss, every gradient and every updated parameter; floor and TFLOP/s from `flops` per step."""
     model = v["model"]
     pnames = [n for n, _ in model.named_parameters()]
     refs = _reference(model, v["x"], v["y"], pnames)
@@ -233,11 +228,9 @@ def gpt2_training(ctx: Ctx) -> Case:
         )
         if mode != "max-autotune" or ctx.compile_cudagraphs
     ]
-    flops = model.flops_per_token() * v["tokens"]
     notes = (
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters (tied embedding); one checked step "
-        f"at lr {LR}; {len(outputs)} outputs (loss, {len(pnames)} gradients, {len(pnames)} updated parameters); "
-        "floor and TFLOP/s: 6N + 12 L d T flops per token"
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; {notes}; one checked step at lr "
+        f"{LR}; {len(outputs)} outputs (loss, {len(pnames)} gradients, {len(pnames)} updated parameters)"
     )
     return Case(
         outputs,
@@ -247,3 +240,16 @@ def gpt2_training(ctx: Ctx) -> Case:
         notes=notes,
         sane_limit=float("inf"),
     )
+
+
+@workload(
+    "training.gpt2.b8",
+    group="training-gpt2",
+    kind="training",
+    minutes=3.0,
+    title="GPT-2 small training step, batch 8 × seq 1024, bf16 mixed precision, AdamW",
+)
+def gpt2_training(ctx: Ctx) -> Case:
+    v = _setup(ctx)
+    flops = v["model"].flops_per_token() * v["tokens"]
+    return adamw_step_case(ctx, v, flops, "tied embedding; floor and TFLOP/s: 6N + 12 L d T flops per token")

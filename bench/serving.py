@@ -1,0 +1,268 @@
+"""Serving benchmark of issue 42: one model, requests of varying batch and length, from cold caches.
+
+    python -m bench.serving --out $OUT                 # H200: the Llama of issue 40, bf16, 200 requests
+    python -m bench.serving --dry-run --out DIR        # CPU: a tiny Llama, fp32, 6 requests (wiring only)
+
+The model: transformers' `LlamaForCausalLM` (8 layers, d 1024, GQA 16/4, SwiGLU 2816, vocab 32000,
+random weights), eval, bf16, returning the logits. The requests: batch 1-16 and sequence length
+17-2048 drawn from a fixed seed. Implementations, each in a fresh process with empty compile caches
+(opgraph's, Triton's and Inductor's):
+
+  opgraph                 from_torch(..., dynamic_shapes=) once, then `ImportedGraph.run` per request
+  torch eager             the module under no_grad
+  torch.compile dynamic   torch.compile(module, dynamic=True), its compiles inside the loop
+
+Reported per implementation: the loop's wall time (the import, every build and compilation
+included), each request's time and, for opgraph, which requests built something (the plan's `stats`
+before and after). Checked after the loop: the first requests' outputs against the float64 module.
+Then, on a sample of requests, each one's time alone (CUDA events, median of 10 after a warm-up)
+against a static opgraph plan built for that very shape. Targets (issue 42): the loop <= 0.5x
+torch.compile dynamic's wall time; each request within 10% of the static plan's time; no build after
+the first request of each bucket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+IMPLS = ("opgraph", "torch eager", "torch.compile dynamic")
+CHECKED = 3  # requests whose outputs are checked against float64
+SAMPLED = 6  # requests timed alone (and, for opgraph, against a static plan of their shape)
+
+
+def _config(dry: bool) -> dict[str, Any]:
+    if dry:
+        return {"d": 32, "layers": 2, "heads": 4, "kv": 2, "ffn": 64, "vocab": 128, "batch": 3, "seq": (17, 40)}
+    return {"d": 1024, "layers": 8, "heads": 16, "kv": 4, "ffn": 2816, "vocab": 32000, "batch": 16, "seq": (17, 2048)}
+
+
+def requests(n: int, cfg: dict[str, Any], seed: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randint(1, cfg["batch"]), rng.randint(*cfg["seq"])) for _ in range(n)]
+
+
+def _model(cfg: dict[str, Any], device: str, dtype: Any) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaConfig(
+        vocab_size=cfg["vocab"],
+        hidden_size=cfg["d"],
+        num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv"],
+        intermediate_size=cfg["ffn"],
+        max_position_embeddings=cfg["seq"][1],
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+
+    class Logits(torch.nn.Module):  # one tensor argument, as torch.export's dynamic_shapes names it
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = LlamaForCausalLM(llama)
+
+        def forward(self, ids: Any) -> Any:
+            return self.model(input_ids=ids, use_cache=False).logits
+
+    return Logits().to(device).to(dtype).eval()
+
+
+def _ids(i: int, shape: tuple[int, int], vocab: int, device: str) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + i)
+    return torch.randint(0, vocab, shape, generator=g).to(device)
+
+
+def _caller(name: str, module: Any, cfg: dict[str, Any], device: str) -> tuple[Any, Any]:
+    """(call(ids) -> logits, the opgraph plan getter or None)."""
+    import torch
+
+    if name == "torch eager":
+        return module, None
+    if name == "torch.compile dynamic":
+        return torch.compile(module, dynamic=True), None
+    from torch.export import Dim
+
+    import opgraph as og
+
+    example = _ids(-1, (2, cfg["seq"][0] + 1), cfg["vocab"], device)
+    dims = {0: Dim("batch", min=1, max=cfg["batch"]), 1: Dim("seq", min=cfg["seq"][0], max=cfg["seq"][1])}
+    imported = og.from_torch(module, (example,), dynamic_shapes=(dims,))
+    return (lambda ids: imported.run(ids, reuse_outputs=True)), (lambda: imported.plan(device))
+
+
+def _stats(plan: Any) -> dict[str, Any]:
+    return dict(getattr(plan, "stats", {}) or {})
+
+
+def _alone_ms(call: Any, ids: Any, device: str, reps: int = 10) -> float:
+    import torch
+
+    call(ids)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call(ids)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            call(ids)
+            times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One implementation's serving loop, checks and timings (run in a fresh process)."""
+    import copy
+
+    import torch
+
+    dry = args.dry_run
+    device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
+    cfg = _config(dry)
+    reqs = requests(args.requests, cfg, args.seed)
+    module = _model(cfg, device, torch.float32 if device == "cpu" else torch.bfloat16)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out: dict[str, Any] = {"impl": name, "device": device, "requests": reqs, "request_ms": [], "built": []}
+    with torch.no_grad():
+        start = time.perf_counter()
+        call, plan_of = _caller(name, module, cfg, device)
+        for i, shape in enumerate(reqs):
+            if time.perf_counter() - start > args.loop_limit:
+                break  # the rows say how many requests were served in the time
+            before = _stats(plan_of()) if plan_of and i else {}
+            t = time.perf_counter()
+            call(_ids(i, shape, cfg["vocab"], device))
+            sync()
+            out["request_ms"].append(1e3 * (time.perf_counter() - t))
+            after = _stats(plan_of()) if plan_of else {}
+            if after != before:
+                out["built"].append({"request": i, "shape": shape, "stats": after})
+        out["wall_s"] = time.perf_counter() - start
+        out["served"] = len(out["request_ms"])
+        reqs = reqs[: out["served"]]
+        reference = copy.deepcopy(module).double()
+        out["errors"] = []
+        for i, shape in enumerate(reqs[:CHECKED]):
+            ids = _ids(i, shape, cfg["vocab"], device)
+            got, want = call(ids).double(), reference(ids)
+            out["errors"].append(float((got - want).norm() / want.norm()))
+        del reference
+        sample = sorted(set(range(len(reqs))), key=lambda i: (i * 7919) % len(reqs))[:SAMPLED]
+        out["alone"] = []
+        for i in sample:
+            ids = _ids(i, reqs[i], cfg["vocab"], device)
+            row = {"request": i, "shape": reqs[i], "ms": _alone_ms(call, ids, device)}
+            if plan_of is not None:
+                import opgraph as og
+
+                static = og.from_torch(module, (ids,))
+                row["static_ms"] = _alone_ms(lambda x, s=static: s.run(x, reuse_outputs=True), ids, device)
+            out["alone"].append(row)
+    if plan_of is not None:
+        out["describe"] = plan_of().describe()
+    return out
+
+
+def _run_child(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    caches = {v: str(work / name.replace(" ", "_") / v) for v in ("OPGRAPH_CACHE_DIR", "TRITON_CACHE_DIR")}
+    caches["TORCHINDUCTOR_CACHE_DIR"] = str(work / name.replace(" ", "_") / "inductor")
+    result = work / f"{name.replace(' ', '_')}.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        **caches,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, "-m", "bench.serving", "--child", name, "--json", str(result)]
+    cmd += ["--requests", str(args.requests), "--seed", str(args.seed), "--loop-limit", str(0.6 * args.timeout)]
+    cmd += ["--dry-run"] if args.dry_run else []
+    try:
+        done = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as e:
+        return {"impl": name, "error": f"timed out after {args.timeout:.0f} s: {str(e.stdout or '')[-1500:]}"}
+    if done.returncode != 0:
+        return {"impl": name, "error": (done.stdout + done.stderr)[-2000:]}
+    return json.loads(result.read_text())
+
+
+def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    ok = [r for r in results if "error" not in r]
+    compiled = next((r for r in ok if r["impl"] == "torch.compile dynamic"), None)
+    lines = [
+        f"# Serving loop: {args.requests} requests (seed {args.seed}), cold caches",
+        "",
+        "| implementation | requests served | loop wall s | vs torch.compile dynamic | median request ms "
+        "| requests that built | worst error vs float64 | request alone / static plan |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ok:
+        full = compiled is not None and r["served"] == compiled["served"] == args.requests
+        ratio = f"{r['wall_s'] / compiled['wall_s']:.2f}x" if full else "—"
+        static = [a["ms"] / a["static_ms"] for a in r["alone"] if "static_ms" in a]
+        vs_static = f"{min(static):.2f}-{max(static):.2f}x" if static else "—"
+        built = len(r["built"]) if r["impl"] == "opgraph" else "—"
+        median = statistics.median(r["request_ms"]) if r["request_ms"] else float("nan")
+        lines.append(
+            f"| {r['impl']} | {r['served']} of {args.requests} | {r['wall_s']:.1f} | {ratio} | {median:.2f} | "
+            f"{built} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} |"
+        )
+    for r in results:
+        if "error" in r:
+            lines.append(f"\n{r['impl']} failed:\n```\n{r['error']}\n```")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=None, help="requests in the loop (200; 6 with --dry-run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--impls", help="comma-separated, of: " + ", ".join(IMPLS) + " (all; no torch.compile with --dry-run)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="CPU, a tiny model: the wiring only")
+    p.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per implementation")
+    p.add_argument("--loop-limit", type=float, default=float("inf"), help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.requests is None:
+        args.requests = 6 if args.dry_run else 200
+    if args.impls is None:
+        args.impls = ",".join(IMPLS[:2] if args.dry_run else IMPLS)
+    if args.child:
+        Path(args.json).write_text(json.dumps(child(args.child, args)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="opgraph-serving-") as work:
+        results = [_run_child(name, args, Path(work)) for name in args.impls.split(",")]
+    table = render(results, args)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = next((r["device"] for r in results if "device" in r), "cpu")
+    stem = f"{time.strftime('%Y-%m-%d')}-{device}-serving{'-dry-run' if args.dry_run else ''}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    (out / f"{stem}.md").write_text(table)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Models from the ecosystem (issue 40), random weights, nothing downloaded: transformers'
+`LlamaForCausalLM` (8 layers, d 1024, 16 query / 4 key-value heads, SwiGLU 2816, vocab 32000, SDPA
+attention) inference at batch 8 x 1024 and training step at batch 4 x 1024, a BERT-base-sized
+`BertModel` inference at batch 32 x 512, timm's `vit_base_patch16_224` training step at batch 64 and
+`convnext_tiny` inference at batch 64 (224², channels-last).
+
+Inference: bf16 weights and activations, imported with `opgraph.from_torch`, checked against the
+float64 module of the same bf16 weights. Training: one AdamW step, bf16 mixed precision (fp32 master
+weights), cross-entropy, checked as the GPT-2 step is (`training_gpt2.adamw_step_case`). Peers: eager,
+torch.compile (default mode, max-autotune, max-autotune with its CUDA graphs). Floors: the model's
+FLOPs (nanoGPT's count: 2N + 4 L d T per token forward, three times that for a step; N the weights
+a token multiplies, embeddings excluded) at the measured bf16 GEMM rate; ConvNeXt a per-layer roofline.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..case import Case, Ctx, Output
+from ..core.floors import Floor, roofline_layers
+from ..core.registry import workload
+from ..ours import graph_impls, imported_graph
+from ..peers.torch_peers import compiled, eager
+from .networks import layer_records
+from .training_gpt2 import adamw_step_case
+
+
+def _wrap(model: Any, field: str, flatten: bool = False) -> Any:
+    from tests.frontends.zoo_models import Logits
+
+    return Logits(model, flatten=flatten, field=field)
+
+
+def _llama(ctx: Ctx) -> tuple[Any, dict[str, int]]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d, layers, heads, kv, ffn, vocab = ctx.pick((1024, 8, 16, 4, 2816, 32000), None, (32, 2, 4, 2, 64, 128))
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=ffn,
+        max_position_embeddings=2048,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg), {"d": d, "layers": layers, "vocab": vocab}
+
+
+def _bert(ctx: Ctx) -> tuple[Any, dict[str, int]]:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    d, layers, heads, ffn, vocab = ctx.pick((768, 12, 12, 3072, 30522), None, (32, 2, 4, 64, 128))
+    cfg = BertConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return BertModel(cfg, add_pooling_layer=False), {"d": d, "layers": layers, "vocab": vocab}
+
+
+def _token_flops(model: Any, dims: dict[str, int], seq: int, embeddings: tuple[str, ...]) -> float:
+    """Forward FLOPs per token: 2N + 4 L d T (N without the embedding tables named)."""
+    n = sum(p.numel() for name, p in model.named_parameters() if not name.endswith(embeddings))
+    return 2 * n + 4 * dims["layers"] * dims["d"] * seq
+
+
+def _inference_case(ctx: Ctx, module: Any, args: tuple[Any, ...], floor: Floor, notes: str) -> Case:
+    """bf16 inference of `module(*args)` (one output): opgraph's builds, eager and torch.compile."""
+    import torch
+
+    with torch.no_grad():  # float64, from the same bf16 weights and inputs the implementations get
+        want = copy.deepcopy(module).double()(*(a.double() if a.is_floating_point() else a for a in args))
+    impls = graph_impls(ctx, imported_graph(module, args), tune=ctx.tune and ctx.tune_networks)
+    if ctx.scale == "tiny":  # generated kernels of a whole model under Triton's interpreter: too slow
+        impls = [i for i in impls if not i.name.startswith("generated")]
+    impls += [eager(module, args)]
+    impls += compiled(module, args, inference=True, freezing=True, cudagraphs=ctx.compile_cudagraphs, default=True)
+    notes += "; tuned opgraph plans " + ("included" if ctx.tune_networks else "not built (--tune-networks)")
+    return Case([Output("out", "bfloat16")], lambda: [want], impls, floor, notes=notes)
+
+
+@workload(
+    "zoo.llama.infer.b8",
+    group="zoo-llama-infer",
+    kind="network",
+    quick=False,
+    needs={"transformers"},
+    minutes=3.0,
+    title="Llama (8 layers, d 1024, GQA 16/4) inference, batch 8 × 1024, bf16",
+)
+def llama_inference(ctx: Ctx) -> Case:
+    import torch
+
+    model, dims = _llama(ctx)
+    batch, seq = ctx.pick((8, 1024), None, (2, 16))
+    module = _wrap(model.to(ctx.device).to(torch.bfloat16).eval(), "logits")
+    x = torch.randint(0, dims["vocab"], (batch, seq), device=ctx.device)
+    flops = _token_flops(model, dims, seq, ("embed_tokens.weight",)) * batch * seq
+    floor = Floor(flops=flops, dtype="bfloat16", tflops=True)
+    return _inference_case(ctx, module, (x,), floor, "LlamaForCausalLM, bf16 weights; output: the logits")
+
+
+@workload(
+    "zoo.bert.infer.b32",
+    group="zoo-bert-infer",
+    kind="network",
+    quick=False,
+    needs={"transformers"},
+    minutes=3.0,
+    title="BERT-base inference, batch 32 × 512, bf16",
+)
+def bert_inference(ctx: Ctx) -> Case:
+    import torch
+
+    model, dims = _bert(ctx)
+    batch, seq = ctx.pick((32, 512), None, (2, 16))
+    module = _wrap(model.to(ctx.device).to(torch.bfloat16).eval(), "last_hidden_state")
+    x = torch.randint(0, dims["vocab"], (batch, seq), device=ctx.device)
+    flops = _token_flops(model, dims, seq, ("_embeddings.weight",)) * batch * seq
+    floor = Floor(flops=flops, dtype="bfloat16", tflops=True)
+    return _inference_case(ctx, module, (x,), floor, "BertModel (no pooler), bf16; output: the last hidden state")
+
+
+@workload(
+    "zoo.convnext.infer.b64",
+    group="zoo-convnext-infer",
+    kind="network",
+    quick=False,
+    needs={"timm"},
+    minutes=3.0,
+    title="timm ConvNeXt-T inference, batch 64, 224², bf16 channels-last",
+)
+def convnext_inference(ctx: Ctx) -> Case:
+    import timm
+    import torch
+
+    res, batch = ctx.pick((224, 64), None, (32, 2))
+    torch.manual_seed(0)
+    model = timm.create_model("convnext_tiny", pretrained=False).to(ctx.device).eval()
+    model = model.to(memory_format=torch.channels_last)
+    x32 = torch.randn(batch, 3, res, res, device=ctx.device).to(memory_format=torch.channels_last)
+    floor = Floor(layers=roofline_layers(layer_records(model, x32)))
+    module = model.to(torch.bfloat16)
+    notes = f"timm {timm.__version__} convnext_tiny, bf16 channels-last; output: the logits"
+    return _inference_case(ctx, module, (x32.to(torch.bfloat16),), floor, notes)
+
+
+@workload(
+    "zoo.llama.train.b4",
+    group="zoo-llama-train",
+    kind="training",
+    quick=False,
+    needs={"transformers"},
+    minutes=4.0,
+    title="Llama (8 layers, d 1024, GQA 16/4) training step, batch 4 × 1024, bf16 mixed precision, AdamW",
+)
+def llama_training(ctx: Ctx) -> Case:
+    import torch
+
+    model, dims = _llama(ctx)
+    batch, seq = ctx.pick((4, 1024), None, (2, 16))
+    model = _wrap(model.to(ctx.device).train(), "logits", flatten=True)
+    x = torch.randint(0, dims["vocab"], (batch, seq), device=ctx.device)
+    y = torch.randint(0, dims["vocab"], (batch * seq,), device=ctx.device)
+    flops = 3 * _token_flops(model, dims, seq, ("embed_tokens.weight",)) * batch * seq
+    v = {"model": model, "x": x, "y": y, "label": "Llama training step"}
+    return adamw_step_case(ctx, v, flops, "LlamaForCausalLM; floor and TFLOP/s: 6N + 12 L d T flops per token")
+
+
+@workload(
+    "zoo.vit.train.b64",
+    group="zoo-vit-train",
+    kind="training",
+    quick=False,
+    needs={"timm"},
+    minutes=4.0,
+    title="timm ViT-B/16 training step, batch 64, 224², bf16 mixed precision, AdamW",
+)
+def vit_training(ctx: Ctx) -> Case:
+    import timm
+    import torch
+
+    batch = ctx.pick(64, None, 2)
+    kw = ctx.pick({}, None, {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2})
+    torch.manual_seed(0)
+    model = timm.create_model("vit_base_patch16_224", pretrained=False, **kw).to(ctx.device).train()
+    res = kw.get("img_size", 224)
+    tokens = (res // kw.get("patch_size", 16)) ** 2 + 1
+    x = torch.randn(batch, 3, res, res, device=ctx.device)
+    y = torch.randint(0, 1000, (batch,), device=ctx.device)
+    dims = {"layers": len(model.blocks), "d": model.embed_dim}
+    flops = 3 * _token_flops(model, dims, tokens, ()) * batch * tokens
+    v = {"model": model, "x": x, "y": y, "label": "ViT-B/16 training step"}
+    notes = f"timm {timm.__version__} vit_base_patch16_224; floor and TFLOP/s: 6N + 12 L d T flops per token"
+    return adamw_step_case(ctx, v, flops, notes)

@@ -1,0 +1,33 @@
+"""The serving benchmark of issue 42 (bench/serving.py) dry-runs on the CPU: each implementation in its
+own process with empty caches, its outputs checked against float64, opgraph's builds reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import ROOT
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.slow
+def test_dry_run_serves_every_request_and_checks_it(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench.serving", "--dry-run", "--requests", "4", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (result,) = tmp_path.glob("*-cpu-serving-dry-run.json")
+    by_impl = {r["impl"]: r for r in json.loads(result.read_text())}
+    assert set(by_impl) == {"opgraph", "torch eager"}
+    for r in by_impl.values():
+        assert len(r["request_ms"]) == 4 and r["wall_s"] > 0
+        assert max(r["errors"]) < 1e-5, r["errors"]  # fp32 on the CPU
+    ours = by_impl["opgraph"]
+    assert ours["built"] and ours["built"][0]["request"] == 0  # the first request builds
+    assert all("static_ms" in a for a in ours["alone"])
+    assert "|" in (tmp_path / result.name.replace(".json", ".md")).read_text()
