@@ -384,8 +384,14 @@ def test_backward_takes_packed_tensors_and_the_band():
     assert bwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
 
 
-def test_forward_declines_block_masks():
-    """Sinks and the softmax's statistics run (test_triton_attention_sinks.py); a block mask does not yet."""
+def test_forward_takes_every_feature():
+    """Sinks, the softmax's statistics and block masks run too (test_triton_attention_sinks.py,
+    test_triton_attention_block_mask.py): the generated forward declines none of the features."""
+    from opgraph.engines.triton.attention.lowering import RUNS
+    from opgraph.ops.attention_layout import Feature
+
+    assert RUNS["sdpa"] == frozenset(Feature)
+    assert RUNS["sdpa_backward"] == frozenset(Feature) - {Feature.PAGED, Feature.EMPTY_ROW_STATS}
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
     q, k, v = (g.tensor(dim=[2, HQ, 8, 16], name=n) for n in "qkv")
     sink = g.tensor(dim=[1, HQ, 1, 1], name="sink")
@@ -395,8 +401,7 @@ def test_forward_declines_block_masks():
     o.set_output(True)
     smax.set_output(True)
     final = g.final
-    why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "block mask" in why.reason and "sink" not in why.reason, why.reason
+    assert fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

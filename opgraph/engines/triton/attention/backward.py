@@ -213,6 +213,9 @@ def _per_head(spec: AttnSpec, k: KernelText, depth: int) -> None:
     if spec.bias is not None:
         k.param(spec.bias.name)
         k.add(f"bias_base = {base_expr(spec.bias, 'off_b', 'off_h')}", depth=depth)
+    if spec.block_mask is not None:
+        k.param(spec.block_mask.name)
+        k.add(f"bmask_base = {base_expr(spec.block_mask, 'off_b', 'off_h')}", depth=depth)
 
 
 def _lse2(spec: AttnSpec, offs: str, mask: str | None) -> list[str]:
@@ -285,6 +288,8 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         lines.append(f"r2 = tl.minimum(r2, (tl.maximum(n0 + {spec.window} - diag, 0) // {bm}) * {bm})")
     lines.append(f"r2 = tl.where(n0 + {bn} <= kv_len, r2, r1)")  # a ragged key block is masked throughout
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
+    if spec.block_mask is not None:  # no block is whole: the block mask's bits are read in every one
+        lines.append("r2 = r1")
     k.add(*lines)
     lead = right is not None
     trail = (
@@ -293,6 +298,7 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         or spec.seq_len_kv is not None
         or spec.Sq % bm != 0
         or spec.Skv % bn != 0
+        or spec.block_mask is not None
     )
     wq, wdo = (wide(extent(op, (1, 1, spec.Sq, d))) for op, d in ((spec.q, spec.D), (spec.do, spec.Dv)))
     tma = (

@@ -55,7 +55,9 @@ def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
     """Whether the forward needs its leading masked loop (sliding window) and its trailing one
     (causal, padding or a ragged last key block)."""
     lead = spec.window is not None
-    trail = spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0
+    trail = (
+        spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0 or spec.block_mask is not None
+    )
     return lead, trail
 
 
@@ -79,6 +81,8 @@ def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     if right is not None:
         lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag{r} + 1, 0) // {bn}) * {bn})")
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
+    if spec.block_mask is not None:  # no block is whole: the block mask's bits are read in every one
+        lines.append("r2 = r1")
     return lines
 
 
@@ -135,6 +139,9 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     k.add(*dropout_setup(spec))
     if spec.bias is not None:
         k.add(f"bias_base = {base_expr(spec.bias, 'off_b', 'off_h')}")
+    if spec.block_mask is not None:
+        k.param(spec.block_mask.name)
+        k.add(f"bmask_base = {base_expr(spec.block_mask, 'off_b', 'off_h')}")
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None

@@ -50,10 +50,18 @@ RUNS = {
             Feature.SINK,
             Feature.EXTRA_OUTPUT,
             Feature.EMPTY_ROW_STATS,
+            Feature.BLOCK_MASK,
         }
     ),
     "sdpa_backward": frozenset(
-        {Feature.PACKED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT, Feature.SINK, Feature.EXTRA_OUTPUT}
+        {
+            Feature.PACKED,
+            Feature.BAND_RIGHT,
+            Feature.BAND_BOTTOM_RIGHT,
+            Feature.SINK,
+            Feature.EXTRA_OUTPUT,
+            Feature.BLOCK_MASK,
+        }
     ),
 }
 # the spec's name of each tensor role that may be packed (the op's role -> AttnSpec field)
@@ -424,6 +432,8 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["score_mod"] = ScoreModCode(piece, node)
     if isinstance(uid.get("sink_token"), int):
         kw["sink"] = operand(piece, uid["sink_token"])
+    if isinstance(uid.get("block_mask"), int):
+        kw["block_mask"] = operand(piece, uid["block_mask"])
     ops: dict[str, Any] = {r: operand(piece, u, f.views) for r, u in (("q", q_uid), ("k", k_uid), ("v", v_uid))}
     if node.kind == "sdpa":
         o_uid, st_uid = node.output("o"), node.output("stats")

@@ -186,6 +186,9 @@ class AttnSpec:
     score_sum_exp: Operand | None = None
     empty_stats: str = "+inf"
     rng_dump: Operand | None = None  # the Philox dropout's keep mask [B, Hq, Sq, Skv] (1.0 / 0.0)
+    # a block mask [B, Hq, ceil(Sq/128), ceil(ceil(Skv/128)/8)] bytes: score (i, j) kept where bit
+    # (j // 128) % 8 of byte [b, h, i // 128, j // 1024] is set (every loop then masks)
+    block_mask: Operand | None = None
     dsink: Operand | None = None
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
@@ -228,6 +231,7 @@ class AttnSpec:
             or bool(self.paged)
             or self.bias is not None
             or self.score_mod is not None
+            or self.block_mask is not None
             or self.Sq > self.Skv
         )
 

@@ -12,7 +12,7 @@ with a unit last stride (BSHD, BHSD or any other strides); head dims up to 256; 
 FLOAT (fp32 dots as IEEE fp32 by default, tf32 as a knob). Packed (ragged, THD) q, k, v, O and Stats,
 paged k and v (page tables, packed ones too), the diagonal band's right bound and bottom-right alignment (no
 prologue or epilogue on a packed or paged tensor), sinks, the score_max / score_sum_exp outputs and
--inf Stats, the rng_dump output; not block masks.
+-inf Stats, the rng_dump output, block masks.
 
 Knobs: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (tensor-descriptor reads), ORDER (grid
 order), ONELOOP (one loop with run-time masks), SPLIT (split-KV: the keys of each query block over
