@@ -16,6 +16,7 @@ from ..case import Impl, Runner
 
 EAGER_ENGINE = "ATen (cuDNN/cuBLAS + native kernels)"
 INDUCTOR_ENGINE = "Inductor (generated Triton + ATen/cuBLAS/cuDNN externs)"
+OPGRAPH_BACKEND_ENGINE = "opgraph plans (torch.compile backend; PyTorch runs what they do not)"
 
 
 def eager(
@@ -76,6 +77,25 @@ def compiled(
     return out
 
 
+def opgraph_backend(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    *,
+    inference: bool = True,
+    cudagraphs: bool = True,
+) -> list[Impl]:
+    """opgraph reached through `torch.compile(fn, backend="opgraph")` (issue 43): its plain calls and, when
+    `cudagraphs`, mode="reduce-overhead" (PyTorch's CUDA graph trees replaying the plans)."""
+    modes = [("opgraph (torch.compile backend)", None, False)]
+    if cudagraphs:
+        modes.append(("opgraph (torch.compile backend, CUDA graphs)", "reduce-overhead", True))
+    out = []
+    for name, mode, native in modes:
+        setup = _compile_setup(fn, args, mode, native, inference, False, True, None, None, None, backend="opgraph")
+        out.append(Impl(name, setup, role="ours", needs=frozenset({"compile", "cuda"} if native else {"compile"})))
+    return out
+
+
 def _cudagraph_skips() -> int:
     try:
         from torch._dynamo.utils import counters
@@ -96,6 +116,7 @@ def _compile_setup(
     read: Any,
     reset: Any,
     prepare: Any,
+    backend: str = "inductor",
 ) -> Callable[[], Runner]:
     def setup() -> Runner:
         import torch
@@ -109,7 +130,7 @@ def _compile_setup(
             for a in args:
                 if isinstance(a, torch.Tensor):
                     torch._dynamo.mark_static_address(a)
-        f = torch.compile(fn, mode=mode, fullgraph=fullgraph, dynamic=False)
+        f = torch.compile(fn, backend=backend, mode=mode, fullgraph=fullgraph, dynamic=False)
         step = prepare(f) if prepare is not None else (lambda: f(*args))
         grad_ctx = torch.no_grad if inference else contextlib.nullcontext
         patch = torch._inductor.config.patch(freezing=freezing) if freezing else contextlib.nullcontext()
@@ -123,12 +144,16 @@ def _compile_setup(
             for _ in range(3):  # compile, then (max-autotune) record Inductor's CUDA graphs
                 call()
         torch.cuda.synchronize()
-        notes = f"mode={mode}" + (", freezing" if freezing else "")
+        notes = (
+            (f"backend={backend}, " if backend != "inductor" else "")
+            + f"mode={mode}"
+            + (", freezing" if freezing else "")
+        )
         if native and _cudagraph_skips() > skips_before:  # the row would claim CUDA graphs it does not use
             notes += "; Inductor skipped CUDA graphs for part of it (see the log)"
         return Runner(
             call=call,
-            engine=INDUCTOR_ENGINE,
+            engine=INDUCTOR_ENGINE if backend == "inductor" else OPGRAPH_BACKEND_ENGINE,
             notes=notes,
             graph_native=native,
             read=read,

@@ -27,7 +27,7 @@ from ..core.floors import Floor
 from ..core.registry import workload
 from ..ours import VARIANTS, diagnose, engines_of, step_profile
 from ..ours import build as og_build
-from ..peers.torch_peers import INDUCTOR_ENGINE
+from ..peers.torch_peers import INDUCTOR_ENGINE, OPGRAPH_BACKEND_ENGINE
 
 LR, BETAS, EPS, WD = 1e-2, (0.9, 0.95), 1.0, 0.1  # eps 1: a continuous first update (module docstring)
 
@@ -144,10 +144,13 @@ def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: li
     return Impl(name, setup, role="ours", tuned=tuned)
 
 
-def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None) -> Runner:
+def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None, backend: str | None = None) -> Runner:
+    """The step through PyTorch: eager (mode and backend None), or the model under torch.compile with
+    `mode` and `backend` (inductor unless named: "opgraph" is opgraph's torch.compile backend)."""
     import torch
 
-    if mode is not None:
+    compiling = mode is not None or backend is not None
+    if compiling:
         torch._dynamo.reset()  # nothing compiled for another mode serves this one
     cuda = v["x"].is_cuda
     m = copy.deepcopy(v["model"])
@@ -160,12 +163,12 @@ def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None
         weight_decay=WD,
         **({"fused": True, "capturable": True} if cuda else {}),
     )
-    net = m if mode is None else torch.compile(m, mode=mode, dynamic=False)
+    net = torch.compile(m, backend=backend or "inductor", mode=mode, dynamic=False) if compiling else m
     device = "cuda" if cuda else "cpu"
     out: dict[str, Any] = {}
 
     def call() -> Any:
-        if mode == "max-autotune":
+        if mode in ("max-autotune", "reduce-overhead"):
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device, dtype=torch.bfloat16):
             logits = net(v["x"])
@@ -187,24 +190,23 @@ def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None
     st.moments = moments
     st.counters = lambda: [s["step"] for s in moments().values() if torch.is_tensor(s.get("step"))]
     st.loss = lambda: out.get("loss")
-    engine = (
-        "ATen + autograd (autocast bf16) + fused AdamW"
-        if mode is None
-        else INDUCTOR_ENGINE + " + fused AdamW (not compiled)"
-    )
+    engine = "ATen + autograd (autocast bf16)" if not compiling else INDUCTOR_ENGINE
+    if backend == "opgraph":
+        engine = OPGRAPH_BACKEND_ENGINE
+    engine += " + fused AdamW" + (" (not compiled)" if compiling else "")
     return Runner(
         call=call,
         read=st.read,
         reset=st.reset,
         engine=engine,
-        graph_native=mode == "max-autotune",
-        capturable=mode != "max-autotune",
-        notes=f"mode={mode}" if mode else "",
+        graph_native=mode in ("max-autotune", "reduce-overhead"),
+        capturable=mode not in ("max-autotune", "reduce-overhead"),
+        notes=", ".join(x for x in (f"backend={backend}" if backend else "", f"mode={mode}" if mode else "") if x),
         keep=(m, opt, net, st),
     )
 
 
-def adamw_step_case(ctx: Ctx, v: dict[str, Any], flops: float, notes: str) -> Case:
+def adamw_step_case(ctx: Ctx, v: dict[str, Any], flops: float, notes: str, backend_rows: bool = False) -> Case:
     """The Case of one AdamW training step of `v["model"]` (logits from `v["x"]`, cross-entropy against
     `v["y"]`): opgraph's builds, eager and torch.compile, each checked against the float64 step on the
     loss, every gradient and every updated parameter; floor and TFLOP/s from `flops` per step."""
@@ -228,6 +230,15 @@ def adamw_step_case(ctx: Ctx, v: dict[str, Any], flops: float, notes: str) -> Ca
         )
         if mode != "max-autotune" or ctx.compile_cudagraphs
     ]
+    if backend_rows:  # opgraph reached through torch.compile (issue 43)
+        impls += [
+            Impl(n, (lambda mode=mode: _torch_step(ctx, v, pnames, mode, "opgraph")), role="ours", needs=frozenset(nd))
+            for n, mode, nd in (
+                ("opgraph (torch.compile backend)", None, {"compile"}),
+                ("opgraph (torch.compile backend, CUDA graphs)", "reduce-overhead", {"compile", "cuda"}),
+            )
+            if mode is None or ctx.compile_cudagraphs
+        ]
     notes = (
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; {notes}; one checked step at lr "
         f"{LR}; {len(outputs)} outputs (loss, {len(pnames)} gradients, {len(pnames)} updated parameters)"

@@ -7,9 +7,11 @@ attention) inference at batch 8 x 1024 and training step at batch 4 x 1024, a BE
 Inference: bf16 weights and activations, imported with `opgraph.from_torch`, checked against the
 float64 module of the same bf16 weights. Training: one AdamW step, bf16 mixed precision (fp32 master
 weights), cross-entropy, checked as the GPT-2 step is (`training_gpt2.adamw_step_case`). Peers: eager,
-torch.compile (default mode, max-autotune, max-autotune with its CUDA graphs). Floors: the model's
-FLOPs (nanoGPT's count: 2N + 4 L d T per token forward, three times that for a step; N the weights
-a token multiplies, embeddings excluded) at the measured bf16 GEMM rate; ConvNeXt a per-layer roofline.
+torch.compile (default mode, max-autotune, max-autotune with its CUDA graphs). The inference rows and
+the Llama step also run opgraph through `torch.compile(backend="opgraph")` (issue 43), plainly and
+with CUDA-graph replay. Floors: the model's FLOPs (nanoGPT's count: 2N + 4 L d T per token forward,
+three times that for a step; N the weights a token multiplies, embeddings excluded) at the measured
+bf16 GEMM rate; ConvNeXt a per-layer roofline.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..case import Case, Ctx, Output
 from ..core.floors import Floor, roofline_layers
 from ..core.registry import workload
 from ..ours import graph_impls, imported_graph
-from ..peers.torch_peers import compiled, eager
+from ..peers.torch_peers import compiled, eager, opgraph_backend
 from .networks import layer_records
 from .training_gpt2 import adamw_step_case
 
@@ -85,6 +87,7 @@ def _inference_case(ctx: Ctx, module: Any, args: tuple[Any, ...], floor: Floor, 
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls += [eager(module, args)]
     impls += compiled(module, args, inference=True, freezing=True, cudagraphs=ctx.compile_cudagraphs, default=True)
+    impls += opgraph_backend(module, args, cudagraphs=ctx.compile_cudagraphs)
     notes += "; tuned opgraph plans " + ("included" if ctx.tune_networks else "not built (--tune-networks)")
     return Case([Output("out", "bfloat16")], lambda: [want], impls, floor, notes=notes)
 
@@ -174,7 +177,8 @@ def llama_training(ctx: Ctx) -> Case:
     y = torch.randint(0, dims["vocab"], (batch * seq,), device=ctx.device)
     flops = 3 * _token_flops(model, dims, seq, ("embed_tokens.weight",)) * batch * seq
     v = {"model": model, "x": x, "y": y, "label": "Llama training step"}
-    return adamw_step_case(ctx, v, flops, "LlamaForCausalLM; floor and TFLOP/s: 6N + 12 L d T flops per token")
+    notes = "LlamaForCausalLM; floor and TFLOP/s: 6N + 12 L d T flops per token"
+    return adamw_step_case(ctx, v, flops, notes, backend_rows=True)
 
 
 @workload(

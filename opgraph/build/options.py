@@ -18,6 +18,7 @@ from ..core.config import BehaviorNote, HeurMode, NumericalNote, as_modes
 from ..core.device import Device
 from ..core.errors import BuildOptionError
 from ..core.suggest import did_you_mean
+from .buckets import MAX_BUCKETS, check_spec
 from .compile import MODES as COMPILE_MODES
 from .filters import OPTIONS as FILTER_OPTIONS
 from .filters import ConfigFilter
@@ -35,6 +36,9 @@ class BuildOptions:
     by_reference     every bound tensor read through the plan's address table
     compile          "parallel", "serial" or "lazy" (when and where kernels compile)
     select_* / deselect_*  cuDNN's config filters (opgraph.build.filters.ConfigFilter)
+    buckets          a dynamic graph's buckets (opgraph.build.buckets): None (the default policy),
+                     "one", or {dim name: [upper ends]}; kept as (name, ends) pairs
+    max_buckets      the most buckets the default policy makes (default 8)
     """
 
     heur_mode: HeurMode | str | Sequence[HeurMode | str] | None = None  # kept as a tuple of HeurMode
@@ -50,6 +54,8 @@ class BuildOptions:
     deselect_behavior_notes: frozenset[BehaviorNote] = frozenset()
     deselect_engines: frozenset[str] = frozenset()
     deselect_workspace_greater_than: int | None = None
+    buckets: str | Mapping[str, Sequence[int]] | tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    max_buckets: int = MAX_BUCKETS
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -86,6 +92,13 @@ class BuildOptions:
                 f"build option compile={self.compile!r} is not a compile mode",
                 rule="build.compile",
                 hint=f"use one of {', '.join(COMPILE_MODES)}",
+            )
+        put("buckets", check_spec(self.buckets))
+        if type(self.max_buckets) is not int or self.max_buckets < 1:
+            raise BuildOptionError(
+                f"build option max_buckets={self.max_buckets!r} is not a positive int",
+                rule="build.option",
+                hint="pass max_buckets=8 (the default), or another count >= 1",
             )
         filters = ConfigFilter.from_options({name: getattr(self, name) for name in FILTER_OPTIONS})
         for name in FILTER_OPTIONS:

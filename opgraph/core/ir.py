@@ -12,13 +12,14 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
 
+from .bucket import Bucket
 from .dtypes import DataType
 from .errors import InternalError, ShapeError, printable
 from .op import Const, Op
 from .symbolic import Dim, Expr, evaluate
 from .tensor import TensorDesc
 
-__all__ = ["Const", "FinalGraph", "Node", "Operand"]
+__all__ = ["Const", "FinalGraph", "Node", "Operand", "ShapeOrigin"]
 
 Operand = int | Const | None  # a tensor UID, a literal, or an absent optional input
 OpT = TypeVar("OpT", bound=Op)
@@ -111,6 +112,8 @@ class FinalGraph:
     handles: Mapping[int, tuple[Any, int]] = field(default_factory=dict, repr=False, compare=False)
     # shape tuple -> the static graph at that shape (`at`), most recent last
     _at: dict[tuple[int, ...], FinalGraph] = field(init=False, repr=False, compare=False)
+    # a static graph a dynamic plan planned for one shape of a bucket (`in_bucket`): where it comes from
+    origin: ShapeOrigin | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         producer = {u: i for i, n in enumerate(self.nodes) for u in n.output_uids()}
@@ -180,6 +183,15 @@ class FinalGraph:
             self._at.pop(next(iter(self._at)), None)
         return static
 
+    def in_bucket(self, env: Mapping[str, int], bucket: Bucket) -> FinalGraph:
+        """The static graph at `env` (`at`), marked as planned for `bucket` of a dynamic plan: its
+        `origin` names this graph, the shape and the bucket, so that an engine whose kernels take sizes
+        at run time generates from the symbolic dims and decides by the bucket (one kernel for every
+        shape of it). A new graph each call (equal to `at(env)`)."""
+        static = self.at(env)
+        shape = tuple(zip(self.symbols, self.shape_key(env)))
+        return dataclasses.replace(static, origin=ShapeOrigin(self, shape, bucket))
+
     def shape_key(self, env: Mapping[str, int]) -> tuple[int, ...]:
         """The values of `symbols` in `env`, in their order, each checked against its range."""
         key = []
@@ -240,6 +252,20 @@ class FinalGraph:
         lines.append("  outputs:")
         lines += [f"    {self.tensors[u]}" for u in self.outputs]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, eq=False)
+class ShapeOrigin:
+    """Where a static graph of a dynamic plan comes from (`FinalGraph.in_bucket`): the symbolic
+    graph (same UIDs), the shape's values by dim name, and the bucket it was planned for."""
+
+    graph: FinalGraph
+    shape: tuple[tuple[str, int], ...]
+    bucket: Bucket
+
+    @property
+    def env(self) -> dict[str, int]:
+        return dict(self.shape)
 
 
 AT_CACHE = 64  # static graphs kept per dynamic graph (FinalGraph.at)

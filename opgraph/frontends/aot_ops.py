@@ -14,6 +14,7 @@ torch.export's training IR keeps `layer_norm`, and has no backward ops.
     _softmax_backward_data(dy, y, dim)            = dy * y - y * sum_dim(dy * y)
     _log_softmax_backward_data(dy, y, dim)        = dy - exp(y) * sum_dim(dy)
     embedding_dense_backward(dy, idx, n, pad)     -> embedding_backward
+    slice_backward(dy, sizes, dim, start, end, step) -> slice_backward (dy written into zeros)
 
 The other backward ops are decomposed by AOTAutograd (`DECOMPOSED`: PyTorch's own decompositions into
 pointwise ops and sums), or left to PyTorch by the backend's partitioner.
@@ -21,15 +22,18 @@ pointwise ops and sums), or left to PyTorch by the backend's partitioner.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from ..core.tensor import Tensor
 from ..ops.layernorm import LayernormBackward
+from ..ops.layout import SliceBackward
 from ..ops.norm import BatchnormBackward
 from ..ops.reduction import ReductionMode
 from .torch_importer import Args, Importer, Untranslatable, Value
 from .torch_ops import _ints, _shape, op
 from .torch_ops_nn import reduce
+from .torch_symbolic import to_shape
 
 # backward ops (and composites AOTAutograd leaves whole) decomposed into ops the table covers
 DECOMPOSED = (
@@ -303,3 +307,18 @@ def _embedding_dense_backward(imp: Importer, node: Any, a: Args) -> Tensor:
         name=imp.op_name(),
     )
     return t.set_dim([n, d]) if _shape(node) == (n, d) else t
+
+
+# -- layout -----------------------------------------------------------------------------------------
+
+
+@op("slice_backward")
+def _slice_backward(imp: Importer, node: Any, a: Args) -> Tensor:
+    sizes = list(to_shape(a["input_sizes"]))
+    dim = int(a["dim"]) % len(sizes)
+    bounds = [(0, d, 1) for d in sizes]
+    bounds[dim] = builtins.slice(int(a["start"]), int(a["end"]), int(a["step"])).indices(sizes[dim])
+    if not range(*bounds[dim]):
+        raise Untranslatable("the backward of an empty slice")
+    op = SliceBackward(in_dim=tuple(sizes), slices=tuple(bounds))
+    return _outputs(imp, op, [imp.tensor(a["grad_output"])], [True])[0]

@@ -10,7 +10,8 @@ How a model runs:
 2. AOTAutograd turns each into aten forward and backward graphs (an inference graph when no input
    needs a gradient), functionalized: batchnorm's running-stat updates and other input mutations are
    returned by the graph and applied by AOTAutograd. A few backward ops are decomposed first
-   (`aot_ops.DECOMPOSED`); the rest have translations (`aot_ops`) or stay in PyTorch.
+   (`aot_ops.DECOMPOSED`); the rest have translations (`aot_ops`, `aot_attention`: the attention
+   kernel PyTorch picked and its backward) or stay in PyTorch.
 3. Each graph is translated by the importer `from_torch` uses and cut into partitions: what opgraph
    translates runs as opgraph plans, every other node stays in PyTorch (opgraph.frontends.
    dynamo_partition). Plans are built at compile time, once per graph and guard set (Dynamo caches

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +219,8 @@ def _supported(refused: Mapping[str, str], node: Any) -> bool:
         return False
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
+    if isinstance(val, (list, tuple)) and node.users and all(u.target is operator.getitem for u in node.users):
+        vals = [val[u.args[1]] for u in node.users]  # the results read (an attention kernel's RNG state may not be)
     # symbolic shapes (a dynamic graph), empty tensors and non-tensor results stay in PyTorch
     return all(
         v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) and d > 0 for d in v.shape)) for v in vals

@@ -113,7 +113,7 @@ def _import(gm: Any, program: FxProgram, args: list[Any], placeholders: list[Any
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from . import aot_ops  # noqa: F401  (the AOTAutograd-only ops join the table)
+    from . import aot_attention, aot_ops  # noqa: F401  (the AOTAutograd-only ops join the table)
     from .torch_import import _translate
     from .torch_importer import Importer
 
@@ -148,8 +148,8 @@ def _import(gm: Any, program: FxProgram, args: list[Any], placeholders: list[Any
 def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
     """Give each output the strides PyTorch gives that node (its traced value's), where they are
     dense: code after the graph may view the result as PyTorch laid it out."""
-    changed = False
     final = imported.graph.final
+    restride = []  # decided on the validated graph first: a set_stride invalidates it
     for leaf, node in zip(imported._output_leaves, _outputs(gm)):
         meta = node.meta.get("val") if hasattr(node, "meta") else None
         if leaf.tensor is None or meta is None or not hasattr(meta, "stride") or not _dense(meta):
@@ -157,9 +157,10 @@ def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
         desc = final.tensors[leaf.tensor.known_uid()]
         stride = tuple(int(s) for s in meta.stride()) or (1,)
         if desc.dim == (tuple(int(d) for d in meta.shape) or (1,)) and desc.stride != stride:
-            leaf.tensor.set_stride(stride)
-            changed = True
-    if changed:
+            restride.append((leaf.tensor, stride))
+    for tensor, stride in restride:
+        tensor.set_stride(stride)
+    if restride:
         imported.graph.validate()
 
 
@@ -201,7 +202,15 @@ def translatable(node: Any) -> bool:
     """Whether the translation table covers `node` (its arguments may still be declined at import)."""
     import torch
 
-    from . import aot_ops, torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn, torch_ops_norm  # noqa: F401
+    from . import (  # noqa: F401
+        aot_attention,
+        aot_ops,
+        torch_ops,
+        torch_ops_attention,
+        torch_ops_lm,
+        torch_ops_nn,
+        torch_ops_norm,
+    )
     from .torch_mutations import op_key
 
     if node.op != "call_function":

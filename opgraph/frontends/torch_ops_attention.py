@@ -68,20 +68,15 @@ def _rank4(imp: Importer, v: Value) -> Any:
     return imp.reshaped(v, (v.shape[0], 1, *v.shape[1:]))
 
 
-@op("scaled_dot_product_attention")
-def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
+def attention_options(
+    imp: Importer, node: Any, q: Value, k: Value, mask: Any, is_causal: bool, scale: Any
+) -> dict[str, Any]:
+    """The sdpa keyword arguments of PyTorch's scale, mask and causal flag (a constant causal or
+    sliding-window mask as the op's own, a bool mask as a score modifier, a float one as a bias)."""
     torch = imp.torch
-    q, k, v = a["query"], a["key"], a["value"]
-    if not all(isinstance(x, Value) and x.rank in (3, 4) and x.rank == q.rank for x in (q, k, v)):
-        raise Untranslatable("attention over tensors of rank other than 3 or 4")
-    heads = (q.shape[1], k.shape[1], v.shape[1]) if q.rank == 4 else (1, 1, 1)
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0] or heads[0] % heads[1] or heads[0] % heads[2]:
-        raise Untranslatable("batch broadcasting between q, k and v")
-    scale = a.get("scale")
     if isinstance(scale, Value):
         raise Untranslatable("a tensor scale")
     kw: dict[str, Any] = {"attn_scale": float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])}
-    mask = a.get("attn_mask")
     recognised = _mask_pattern(imp, mask, q.shape[-2], k.shape[-2]) if isinstance(mask, Value) else None
     if recognised is not None:
         kw.update(recognised)
@@ -108,8 +103,28 @@ def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
             kw["score_mod"] = lambda g, s: g.binary_select(s, -math.inf, m)
         else:
             kw["bias"] = m
-    if a.get("is_causal"):
+    if is_causal:
         kw["use_causal_mask"] = True
+    return kw
+
+
+def attention_operands(a: Args, ranks: tuple[int, ...] = (3, 4)) -> tuple[Value, Value, Value]:
+    """q, k and v of an attention node: one rank among `ranks` (3: one head), one batch, k/v heads
+    dividing q's (GQA)."""
+    q, k, v = a["query"], a["key"], a["value"]
+    if not all(isinstance(x, Value) and x.rank in ranks and x.rank == q.rank for x in (q, k, v)):
+        raise Untranslatable(f"attention over tensors of rank other than {' or '.join(map(str, ranks))}")
+    heads = (q.shape[1], k.shape[1], v.shape[1]) if q.rank == 4 else (1, 1, 1)
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0] or heads[0] % heads[1] or heads[0] % heads[2]:
+        raise Untranslatable("batch broadcasting between q, k and v")
+    return q, k, v
+
+
+@op("scaled_dot_product_attention")
+def _sdpa(imp: Importer, node: Any, a: Args) -> Any:
+    torch = imp.torch
+    q, k, v = attention_operands(a)
+    kw = attention_options(imp, node, q, k, a.get("attn_mask"), bool(a.get("is_causal")), a.get("scale"))
     p = float(a.get("dropout_p") or 0.0)
     if p >= 1.0:
         raise Untranslatable("dropout_p >= 1")

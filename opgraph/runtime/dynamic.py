@@ -1,5 +1,6 @@
 """Plans of graphs with dynamic dims (opgraph.Dim): one build for the whole range, executed at any
-shape inside it (design step 4 of docs/design/dynamic-shapes.md: per-shape plans).
+shape inside it (design steps 4-7 of docs/design/dynamic-shapes.md: per-shape plans, kernels per
+bucket).
 
 At build, the plan at the range's maximum is built (so a graph an engine cannot run is refused up
 front, and its kernels are compiled), and the graph is checked to be solvable: every dynamic dim
@@ -8,13 +9,20 @@ buffers have on the axes that give a dim (a few tuple reads); a new key is solve
 (opgraph.core.symbolic_solve: typed errors naming the tensor, the axis, the dim and its range), and
 the static graph at that shape (`FinalGraph.at`) is planned with the build's options and kept in an
 LRU of `shape_plans` plans. A key seen before costs a dict lookup; the plan then binds and runs the
-pack as a static plan does. Every engine runs this way (the reference and torch engines build for
-free; generated kernels compile per shape, on disk like every kernel); kernels that take sizes at
-run time are design steps 5-7.
+pack as a static plan does.
+
+The range is cut into buckets at build (opgraph.build.buckets: `build(buckets=, max_buckets=)`); a
+shape's static graph is planned for its bucket (`FinalGraph.in_bucket`), so a generated kernel that
+takes its sizes at run time (the pointwise template: engines/triton/sizes.py) has one source, and one
+compiled binary, for every shape of the bucket: a new shape of a bucket already used plans its steps
+again (host work, no compilation). Kernels that bake sizes in (the templates not converted yet) are
+generated per shape: `stats["shape_kernels"]` counts them, and `OPGRAPH_LOG=info` names each new
+kernel with the shape that caused it, as it does each bucket's first use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -23,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..build.buckets import Buckets, choose
 from ..build.options import BuildOptions
 from ..core.errors import GraphError, UnsupportedGraphError, VariantPackError, printable
 from ..core.ir import FinalGraph
@@ -98,12 +107,28 @@ class DynamicPlan(ExecutionPlan):
         self._keys: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape key -> the dims' values
         self._names: dict[Any, int] = {}  # a pack key (handle, UID, name) -> its UID
         self._lock = threading.RLock()
-        self.stats = {"shape_plans": 0, "evictions": 0}  # per-shape plans built and dropped
+        # per-shape plans built and dropped; distinct kernel sources; new ones met after the build (each
+        # compiled or loaded), those of a bucket already used (kernels generated per shape); binaries
+        # the per-shape builds compiled (CUDA)
+        self.stats = {
+            "shape_plans": 0,
+            "evictions": 0,
+            "kernels": 0,
+            "runtime_compiles": 0,
+            "shape_kernels": 0,
+            "compiled": 0,
+        }
         self._check_solvable()
+        self.buckets: Buckets = choose(graph, options.buckets, options.max_buckets)
+        self._sources: dict[int, set[str]] = {}  # bucket index -> its kernels' source digests
+        self._first: dict[int, str] = {}  # bucket index -> the shape that used it first
+        self._planned: dict[int, int] = {}  # bucket index -> shapes planned in it
+        self._built = False
         self.max_shape = {name: d.max for name, d in self.symbols.items()}
         start = time.perf_counter()
         self.max_plan = self.at(self.max_shape)  # built now: what no engine can run is refused here
         self.build_stats = {"max_shape_build_s": time.perf_counter() - start}
+        self._built = True
         self.device = self.max_plan.device
         self.cuts = self.max_plan.cuts
         self.steps = self.max_plan.steps  # (those of the range's maximum, as is the workspace size)
@@ -217,16 +242,30 @@ class DynamicPlan(ExecutionPlan):
         from .plan import build_plan
 
         shape = dict(zip(self.symbols, values))
+        bucket = self.buckets.of(values)
+        name = printable(self.graph.name)
+        if bucket.index not in self._first:
+            self._first[bucket.index] = _shape_text(shape)
+            log.info(
+                "plan '%s' bucket %d (%s) first used at %s", name, bucket.index, bucket.describe(), _shape_text(shape)
+            )
         start = time.perf_counter()
-        plan = build_plan(self.graph.at(shape), self.options)
+        plan = build_plan(self.graph.in_bucket(shape, bucket), self.options)
         self.stats["shape_plans"] += 1
+        self._planned[bucket.index] = self._planned.get(bucket.index, 0) + 1
+        compiled = _compiled(plan)
+        if self._built:
+            self.stats["compiled"] += compiled
         log.info(
-            "plan '%s': built the plan for %s in %.1f ms (%d step(s))",
-            printable(self.graph.name),
+            "plan '%s': built the plan for %s (bucket %d) in %.1f ms (%d step(s), %d kernel(s) compiled)",
+            name,
             _shape_text(shape),
+            bucket.index,
             1e3 * (time.perf_counter() - start),
             len(plan.steps),
+            compiled,
         )
+        self._note_kernels(plan, shape, bucket.index)
         self._plans[values] = plan
         while len(self._plans) > self.shape_plans:
             dropped, _ = self._plans.popitem(last=False)
@@ -238,6 +277,40 @@ class DynamicPlan(ExecutionPlan):
                 self.shape_plans,
             )
         return plan
+
+    def _note_kernels(self, plan: ExecutionPlan, shape: Mapping[str, int], bucket: int) -> None:
+        """Count the plan's kernel sources new to the plan (and to its bucket), logging each one met at
+        run time with the shape that caused it."""
+        seen = self._sources.setdefault(bucket, set())
+        every = set().union(*self._sources.values())
+        first_in_bucket = self._planned[bucket] == 1
+        for i, step in enumerate(plan.steps):
+            source = plan.source(i)
+            if source is None:
+                continue
+            # a binary: the source and the config's knobs (its constexprs and launch options)
+            digest = hashlib.sha256(f"{source}\n{step.config.knobs!r}".encode()).hexdigest()[:16]
+            if digest in seen:
+                continue
+            seen.add(digest)
+            if digest in every:
+                continue  # another bucket's kernel: compiled already
+            every.add(digest)
+            self.stats["kernels"] += 1
+            if not self._built:
+                continue
+            self.stats["runtime_compiles"] += 1
+            if not first_in_bucket:
+                self.stats["shape_kernels"] += 1
+            log.info(
+                "plan '%s' step %d (%s): new kernel for %s (bucket %d%s)",
+                printable(self.graph.name),
+                i,
+                step.config.engine + (f" {t}" if (t := step.config.knob("template")) else ""),
+                _shape_text(shape),
+                bucket,
+                "" if first_in_bucket else ", a kernel per shape: its sizes are compiled in",
+            )
 
     def for_pack(self, variant_pack: Mapping[Any, Any]) -> ExecutionPlan:
         """The static plan of the pack's shape."""
@@ -316,6 +389,7 @@ class DynamicPlan(ExecutionPlan):
         lines = [
             f"dynamic plan for graph '{printable(self.graph.name)}': dims {dims}; a plan per shape (keeps {self.shape_plans})",
             f"  dynamic dims: {', '.join(d.describe() for d in self.symbols.values())}",
+            *self._bucket_lines(),
             f"  per-shape plans: {len(shapes)} cached of at most {self.shape_plans} (least recently used "
             f"dropped first); built {built}, dropped {dropped} "
             f"(stats: shape_plans={built}, evictions={dropped})",
@@ -326,11 +400,38 @@ class DynamicPlan(ExecutionPlan):
         lines += ["    " + line for line in self.max_plan.describe().splitlines()]
         return "\n".join(lines)
 
+    def _bucket_lines(self) -> list[str]:
+        st = self.stats
+        lines = [
+            f"  buckets: {len(self.buckets)} (build(buckets={self.options.buckets!r}, max_buckets="
+            f"{self.options.max_buckets})); kernels {st['kernels']}, {st['runtime_compiles']} met after the "
+            f"build, {st['shape_kernels']} of them per shape, {st['compiled']} compiled at run time "
+            f"(stats: kernels, runtime_compiles, shape_kernels, compiled)"
+        ]
+        for b in self.buckets.buckets:
+            first = self._first.get(b.index)
+            if first is None:
+                used = "not used yet (compiles at its first shape)"
+            else:
+                used = (
+                    f"first used at {first}{' (at build)' if first == _shape_text(self.max_shape) else ''}; "
+                    f"{self._planned.get(b.index, 0)} shape(s) planned, {len(self._sources.get(b.index, ()))} "
+                    "kernel(s)"
+                )
+            lines.append(f"    bucket {b.index}: {b.describe()}: {used}")
+        return lines
+
     __str__ = describe
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{d.name} {d.min}..{d.max}" for d in self.symbols.values())
         return f"<DynamicPlan '{self.graph.name}' ({dims}) on {self.device}: {len(self._plans)} shape plan(s)>"
+
+
+def _compiled(plan: ExecutionPlan) -> int:
+    """Binaries a plan's build compiled (its compile statistics' counts: tuning candidates and steps)."""
+    found = (plan.build_stats.get(k) for k in ("precompile", "compile"))
+    return sum(int(s.get("compiled", 0) or 0) for s in found if isinstance(s, Mapping))
 
 
 def _shape_text(shape: Mapping[str, int]) -> str:

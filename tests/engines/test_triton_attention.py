@@ -678,3 +678,38 @@ def test_gpu_fused_qkv_views_forward_and_backward(tma):
     torch.cuda.synchronize()
     errs = fused_qkv_errors(x, dyv, out_o, dqkv, h)
     assert all(e < 2e-2 for e in errs.values()), errs
+
+
+def test_bias_read_through_views(rng):
+    """Swin's relative position bias: a [S * S, H] table gathered per window, reshaped to [S, S, H],
+    permuted to [H, S, S] and unsqueezed to [1, H, S, S]: read in place by the attention kernel (one
+    step, no copy of the bias), with q/k/v read through their views too."""
+    s, d = 16, 8
+    g = og.Graph("swin_bias", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    table = g.tensor(dim=[s * s, HQ], name="table")
+    bias = g.reshape(g.transpose(g.reshape(table, [s, s, HQ]), [2, 0, 1]), [1, HQ, s, s], name="bias")
+    x = g.tensor(dim=[B, s, HQ * d], name="x")
+    heads = [g.transpose(g.reshape(x, [B, s, HQ, d]), [0, 2, 1, 3], name=n) for n in "qkv"]
+    o, _ = g.sdpa(*heads, attn_scale=0.25, bias=bias, generate_stats=False, name="fwd")
+    o.set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"), expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "attention", plan.describe()
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_gpu_window_attention_with_a_bias_view(rng):
+    """Swin-T's window attention on the GPU: 512 windows of 49 tokens, 3 heads of 32, the relative
+    position bias [49 * 49, 3] read through its reshape/permute views; fp16."""
+    s, h, d, nw = 49, 3, 32, 512
+    g = og.Graph("swin", io_data_type=DT.HALF, intermediate_data_type=DT.HALF)
+    table = g.tensor(dim=[s * s, h], name="table")
+    bias = g.reshape(g.transpose(g.reshape(table, [s, s, h]), [2, 0, 1]), [1, h, s, s], name="bias")
+    x = g.tensor(dim=[nw, s, h * d], name="x")
+    heads = [g.transpose(g.reshape(x, [nw, s, h, d]), [0, 2, 1, 3], name=n) for n in "qkv"]
+    o, _ = g.sdpa(*heads, attn_scale=d**-0.5, bias=bias, generate_stats=False, name="fwd")
+    o.set_output(True)
+    plan = assert_engine_matches(
+        g, rng, device="cuda", engines=("triton", "torch"), expect_steps=1, rtol=2e-2, atol=2e-3
+    )
+    assert plan.steps[0].config.knob("template") == "attention", plan.describe()

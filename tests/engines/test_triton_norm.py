@@ -15,7 +15,6 @@ from opgraph.core.device import Device
 from opgraph.engines import get_engine
 from opgraph.core.config import EngineConfig
 from opgraph.engines.triton.templates import norm_stats, rownorm
-from opgraph.core.errors import UnsupportedGraphError
 from opgraph.runtime.plan import ExecutionPlan
 from opgraph.build.planner import Step
 from opgraph.tools.samples import nhwc
@@ -477,19 +476,126 @@ def test_rmsnorm_backward(case, dbias, rng):
     assert_engine_matches(g, rng, expect_steps=1)
 
 
+@pytest.mark.parametrize("dt", [FLOAT, BF16], ids=lambda d: d.name)
 @requires_interpreter
-def test_rownorm_declines_a_non_contiguous_row(rng):
-    """NCHW input normalized over C alone: the row is strided, rownorm says so, and with the reference
-    engine allowed the plan falls back to it."""
-    dims = [2, 6, 2, 3]
-    g = og.Graph("ln", io_data_type=FLOAT)
-    x = g.tensor(dim=dims, name="x")
+def test_layernorm_of_a_strided_row(dt, rng):
+    """NCHW input normalized over C alone (ConvNeXt's channels-last layernorm on an NCHW tensor; ViT's
+    over the hidden axis of a tensor laid out [1, 64, 2]): each column read with a stride, with every
+    candidate of the GPU and CPU heuristics."""
+    for dims, stride in (([2, 6, 2, 3], None), ([2, 5, 6], [1, 12, 2])):
+        g = og.Graph("ln", io_data_type=dt)
+        x = g.tensor(dim=dims, stride=stride, name="x")
+        sdims = [1, 6, 1, 1] if len(dims) == 4 else [1, 1, 6]
+        scale, bias = g.tensor(dim=sdims, data_type=FLOAT, name="s"), g.tensor(dim=sdims, data_type=FLOAT, name="b")
+        outputs(*g.layernorm(TRAIN, x, scale, bias, epsilon=EPS))
+        plan = assert_engine_matches(g, rng, expect_steps=1)
+        assert template_of(plan) == "rownorm"
+        assert rownorm.TEMPLATE.match(plan.steps[0].piece, CPU).g.strided
+        every_candidate(g, rng, "rownorm")
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@requires_interpreter
+def test_norm_backward_of_a_strided_row(kind, rng):
+    """The backward over the channels of an NCHW tensor: dx, dscale (and dbias) with row tiles."""
+    dims = [2, 6, 3, 3]
+    g = og.Graph("lnb", io_data_type=FLOAT)
+    x, dy = g.tensor(dim=dims, name="x"), g.tensor(dim=dims, name="dy")
     scale = g.tensor(dim=[1, 6, 1, 1], name="s")
-    outputs(*g.layernorm(TRAIN, x, scale, None, epsilon=EPS))
-    with pytest.raises(UnsupportedGraphError, match="not one contiguous run of memory"):
-        g.build(device="cpu", engines=["triton"])
-    plan = assert_engine_matches(g, rng, engines=("triton", "reference"))
-    assert plan.steps[0].config.engine == "reference"
+    inv = g.tensor(dim=[2, 1, 3, 3], name="iv")
+    if kind == "layernorm":
+        mean = g.tensor(dim=[2, 1, 3, 3], name="m")
+        outputs(*g.layernorm_backward(dy, x, scale, mean, inv, name="lnb"))
+    else:
+        outputs(*g.rmsnorm_backward(dy, x, scale, inv, has_dbias=True))
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert template_of(plan) == "rownorm"
+    every_candidate(g, rng, "rownorm")
+
+
+# -- views: read in place, written through ----------------------------------------------------------
+
+
+def _affine(g, n, dt=FLOAT):
+    return g.tensor(dim=[1, 1, n], data_type=dt, name="s"), g.tensor(dim=[1, 1, n], data_type=dt, name="b")
+
+
+@requires_interpreter
+def test_layernorm_reads_a_reshape_with_a_residual_view(rng):
+    """OPT's pattern: layernorm(reshape(h)) where h is in memory, and a residual add reading another
+    reshape: one rownorm step, no copy of the views."""
+    g = og.Graph("ln", io_data_type=FLOAT)
+    h, r = g.tensor(dim=[2, 3, 16], name="h"), g.tensor(dim=[2, 3, 16], name="r")
+    s = g.tensor(dim=[1, 16], name="s")
+    b = g.tensor(dim=[1, 16], name="b")
+    x = g.add(g.reshape(h, [6, 16], name="flat"), g.reshape(r, [6, 16], name="flat_r"), name="residual")
+    y, _, _ = g.layernorm(INFER, x, s, b, epsilon=EPS, name="ln")
+    y.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert template_of(plan) == "rownorm"
+    every_candidate(g, rng, "rownorm")
+
+
+@pytest.mark.parametrize("token", [0, 3])
+@requires_interpreter
+def test_layernorm_of_the_class_token_slice(token, rng):
+    """The class token of a sequence (or another): layernorm(x[:, t, :]), a slice read in place (a
+    strided view, from an offset)."""
+    g = og.Graph("ln", io_data_type=HALF)
+    x = g.tensor(dim=[3, 5, 24], name="x")
+    cls = g.slice(x, [slice(None), slice(token, token + 1), slice(None)], name="cls")
+    s, b = _affine(g, 24, FLOAT)
+    y, mean, inv = g.layernorm(TRAIN, cls, s, b, epsilon=EPS, name="ln")
+    outputs(y, mean, inv)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert template_of(plan) == "rownorm"
+
+
+@pytest.mark.parametrize("back", [False, True], ids=["nhwc_out", "permuted_back"])
+@requires_interpreter
+def test_channels_last_layernorm_of_an_nchw_tensor(back, rng):
+    """ConvNeXt's layernorm: permute NCHW -> NHWC, layernorm over C, (permuted back to NCHW): the input
+    read through the transpose, the output written through the inverse one."""
+    g = og.Graph("ln", io_data_type=FLOAT)
+    x = g.tensor(dim=[2, 6, 3, 5], name="x")
+    nhwc_x = g.transpose(x, [0, 2, 3, 1], name="to_nhwc")
+    s, b = g.tensor(dim=[1, 1, 1, 6], name="s"), g.tensor(dim=[1, 1, 1, 6], name="b")
+    y, _, _ = g.layernorm(INFER, nhwc_x, s, b, epsilon=EPS, name="ln")
+    if back:
+        out = g.transpose(g.gelu(y, name="gelu"), [0, 3, 1, 2], name="to_nchw")
+        out.set_output(True)
+    else:
+        y.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert template_of(plan) == "rownorm"
+    every_candidate(g, rng, "rownorm")
+
+
+@requires_interpreter
+def test_layernorm_output_reshaped_and_kept(rng):
+    """y written twice: as itself and through a reshape to a graph output ([6, 16] -> [2, 3, 16])."""
+    g = og.Graph("ln", io_data_type=BF16)
+    x = g.tensor(dim=[6, 16], name="x")
+    s, b = g.tensor(dim=[1, 16], data_type=FLOAT, name="s"), g.tensor(dim=[1, 16], data_type=FLOAT, name="b")
+    y, _, _ = g.layernorm(INFER, x, s, b, epsilon=EPS, name="ln")
+    y.set_output(True)
+    g.reshape(y, [2, 3, 16], name="unflat").set_output(True)
+    plan = assert_engine_matches(g, rng)
+    assert all(template_of(plan, i) in ("rownorm", "pointwise") for i in range(len(plan.steps)))
+
+
+@requires_interpreter
+def test_rownorm_refuses_a_view_of_a_value_it_computes(rng):
+    """A reshape of a value computed in the piece, before the norm, needs a copy: rownorm says why, and
+    the plan runs the add and the layernorm as two generated kernels."""
+    g = og.Graph("ln", io_data_type=FLOAT)
+    h, r = g.tensor(dim=[2, 3, 16], name="h"), g.tensor(dim=[2, 3, 16], name="r")
+    s, b = g.tensor(dim=[1, 16], name="s"), g.tensor(dim=[1, 16], name="b")
+    x = g.reshape(g.add(h, r, name="residual"), [6, 16], name="flat")
+    g.layernorm(INFER, x, s, b, epsilon=EPS, name="ln")[0].set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=2)
+    assert [template_of(plan, i) for i in range(2)] == ["pointwise", "rownorm"]
+    assert any("takes a computed value" in why for c in plan.cuts for _, why in c.reasons), plan.describe()
 
 
 # -- knob variants (the GPU heuristics' tiles, run by the interpreter) -------------------------------
@@ -642,6 +748,55 @@ def test_gpu_instancenorm_and_rmsnorm(rng):
     assert_engine_matches(g, rng, device="cuda", expect_steps=1)
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backward", [False, True])
+def test_gpu_channels_last_layernorm_of_nchw(backward, rng):
+    """ConvNeXt-T's first stage: layernorm over the 96 channels of an NCHW [32, 96, 56, 56] bf16 tensor,
+    read through the permute to NHWC and (forward) written back through the inverse permute; the
+    backward over the strided rows. Prints the kernel's time against PyTorch's permute + layer_norm."""
+    dims = [32, 96, 56, 56]
+    g = og.Graph("ln", io_data_type=BF16)
+    x = g.tensor(dim=dims, name="x")
+    s = g.tensor(dim=[1, 1, 1, 96], data_type=FLOAT, name="s")
+    if backward:
+        dy = g.tensor(dim=dims, name="dy")
+        xt, dyt = g.transpose(x, [0, 2, 3, 1]), g.transpose(dy, [0, 2, 3, 1])
+        mean, inv = (g.tensor(dim=[32, 56, 56, 1], data_type=FLOAT, name=n) for n in ("m", "iv"))
+        outputs(*g.layernorm_backward(dyt, xt, s, mean, inv))
+    else:
+        b = g.tensor(dim=[1, 1, 1, 96], data_type=FLOAT, name="b")
+        y, _, _ = g.layernorm(INFER, g.transpose(x, [0, 2, 3, 1]), s, b, epsilon=1e-6)
+        g.transpose(y, [0, 3, 1, 2]).set_output(True)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, atol=1e-4)
+    assert template_of(plan) == "rownorm"
+    import torch
+
+    pack = {
+        u: torch.empty_strided(t.dim, t.stride, device="cuda")
+        .normal_()
+        .to(torch.bfloat16 if t.data_type is BF16 else torch.float32)
+        for u, t in plan.graph.tensors.items()
+        if not t.is_virtual
+    }
+    for _ in range(3):
+        plan.execute(pack)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        plan.execute(pack)
+    end.record()
+    torch.cuda.synchronize()
+    xs = torch.randn(dims, device="cuda", dtype=torch.bfloat16)
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(20):
+        torch.nn.functional.layer_norm(xs.permute(0, 2, 3, 1), [96]).permute(0, 3, 1, 2).contiguous()
+    t1.record()
+    torch.cuda.synchronize()
+    print(f"opgraph {start.elapsed_time(end) / 20 * 1e3:.0f} us, torch {t0.elapsed_time(t1) / 20 * 1e3:.0f} us")
+
+
 # -- compiled for Hopper (no GPU needed): the benchmark shapes' kernels compile for sm_90 without
 # spilling, and the loops the knobs pipeline (ST > 1) are pipelined (cp.async) --------------------------
 
@@ -699,6 +854,26 @@ def _rownorm(backward=False, rms=False, dims=(8192, 4096)):
     return build
 
 
+def _channels_last_layernorm(backward=False):
+    """ConvNeXt-T's: layernorm over the 96 channels of NCHW [32, 96, 56, 56] through permutes (strided rows)."""
+
+    def build():
+        dims = [32, 96, 56, 56]
+        g = og.Graph("ln", io_data_type=BF16)
+        x = g.transpose(g.tensor(dim=dims, name="x"), [0, 2, 3, 1])
+        s = g.tensor(dim=[1, 1, 1, 96], data_type=FLOAT, name="s")
+        if backward:
+            dy = g.transpose(g.tensor(dim=dims, name="dy"), [0, 2, 3, 1])
+            mean, inv = (g.tensor(dim=[32, 56, 56, 1], data_type=FLOAT, name=n) for n in ("m", "iv"))
+            outputs(*g.layernorm_backward(dy, x, s, mean, inv))
+        else:
+            y, _, _ = g.layernorm(INFER, x, s, g.tensor(dim=[1, 1, 1, 96], data_type=FLOAT), epsilon=1e-6)
+            g.transpose(y, [0, 3, 1, 2]).set_output(True)
+        return g
+
+    return build
+
+
 HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_cases)
     "bn_nhwc": (_bn(), "norm_stats", _with(PF=1)),
     "bn_nchw": (_bn("nchw"), "norm_stats", _with(PF=1)),
@@ -711,6 +886,8 @@ HOPPER_CASES = {  # name: (graph, template, knobs: see hopper_compile.compile_ca
     "layernorm_bwd": (_rownorm(True), "rownorm", _with(PF=1)),
     "rmsnorm": (_rownorm(rms=True, dims=(4096, 8192)), "rownorm", None),
     "rmsnorm_bwd": (_rownorm(True, rms=True, dims=(4096, 8192)), "rownorm", None),
+    "layernorm_nchw_channels": (_channels_last_layernorm(), "rownorm", 2),
+    "layernorm_bwd_nchw_channels": (_channels_last_layernorm(True), "rownorm", None),
 }
 LOOPS = {"kernel_stats", "kernel_rownorm_bwd", "kernel_rownorm"}  # the kernels whose loop ST pipelines
 FORWARD_STATS = {"bn_nhwc", "bn_nchw", "instancenorm"}

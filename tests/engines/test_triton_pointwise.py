@@ -667,3 +667,80 @@ def test_row_knobs_in_a_plan_file_for_a_flat_piece_are_a_typed_error():
     with pytest.raises(SerializationError) as info:
         ExecutionPlan.from_bytes(MAGIC_1 + json.dumps(doc).encode())
     assert info.value.rule == "plan.knobs", str(info.value)
+
+
+# -- views that no strides describe: copies through coordinates (templates/_view_copy.py) ------------------
+
+
+def _windows(g, x, b, h, w, c, win):
+    """Swin's window partition of x [B, H, W, C]: [B * nW, win * win, C] (a reshape of a transpose that
+    merges axes which are not one run of memory)."""
+    v = g.reshape(x, [b, h // win, win, w // win, win, c], name="grid")
+    v = g.transpose(v, [0, 1, 3, 2, 4, 5], name="windows")
+    return g.reshape(v, [b * (h // win) * (w // win), win * win, c], name="flat")
+
+
+@pytest.mark.parametrize("dt", [og.DataType.FLOAT, og.DataType.BFLOAT16], ids=lambda d: d.name)
+def test_window_partition_is_a_copy_kernel(dt, rng):
+    """The windows, read by a layernorm (which cannot read them in place): a pointwise copy step, then the
+    layernorm; no torch step."""
+    g = og.Graph("win", io_data_type=dt)
+    x = g.tensor(dim=[2, 4, 6, 3], name="x")
+    win = _windows(g, x, 2, 4, 6, 3, 2)
+    s = g.tensor(dim=[1, 1, 3], data_type=og.DataType.FLOAT, name="s")
+    y, _, _ = g.layernorm(og.NormForwardPhase.INFERENCE, win, s, None, epsilon=1e-5)
+    y.set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
+    assert [st.config.engine for st in plan.steps] == ["triton", "triton"], plan.describe()
+    assert plan.steps[0].config.knob("template") == "pointwise"
+    assert {n.kind for n in plan.steps[0].piece.nodes} == {"reshape", "transpose"}
+
+
+def test_patch_unfolding_with_a_slice_written_out(rng):
+    """MobileViT's unfolding of a sliced NCHW tensor into patches, a graph output: the slice's offset and
+    the transposes and reshapes mapped back per element."""
+    g = og.Graph("patches", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[2, 5, 4, 6], name="x")
+    v = g.slice(x, [slice(None), slice(1, 4)])  # [2, 3, 4, 6]
+    v = g.reshape(v, [2 * 3 * 2, 2, 3, 2])  # (N C h) ph (w) pw
+    v = g.transpose(v, [0, 2, 1, 3])  # (N C h) w ph pw
+    v = g.reshape(v, [2, 3, 6, 4])  # N C (h w) (ph pw)
+    g.transpose(v, [0, 3, 2, 1]).set_output(True)  # N (ph pw) (h w) C
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "pointwise"
+
+
+def test_a_strided_view_alone_is_left_to_its_reader(rng):
+    """Views alone that strides describe are not copied by the pointwise template where their results are
+    not graph outputs (alone, or beside views that need a copy): the kernel reading them reads them in
+    place (here a matmul: one step)."""
+    from opgraph.core.device import CPU
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates.pointwise import TEMPLATE
+
+    g = og.Graph("t", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[2, 4, 6, 3], name="x")
+    win = _windows(g, x, 2, 4, 6, 3, 2)  # [12, 4, 3]
+    xt = g.transpose(g.tensor(dim=[12, 3, 4], name="t"), [0, 2, 1])  # [12, 4, 3], strided
+    g.add(win, xt).set_output(True)
+    fg = g.final
+    views = [n for n in fg.nodes if n.kind != "pointwise"]
+    verdict = TEMPLATE.match(make_piece(fg, 0, views), CPU)
+    assert not verdict and "strided view" in verdict.reason, verdict.reason
+    verdict = TEMPLATE.match(make_piece(fg, 0, [n for n in views if n.kind == "transpose"][-1:]), CPU)
+    assert not verdict and "does not copy them" in verdict.reason, verdict.reason
+    g = og.Graph("t", io_data_type=og.DataType.FLOAT)
+    xt = g.transpose(g.tensor(dim=[2, 6, 5], name="x"), [0, 2, 1])
+    g.matmul(xt, g.tensor(dim=[1, 6, 3], name="w")).set_output(True)
+    assert_engine_matches(g, rng, expect_steps=1)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_swin_window_partition_copy(rng):
+    """Swin-T's first stage on the GPU: the 7x7 windows of [32, 56, 56, 96] bf16 as a copy kernel."""
+    g = og.Graph("win", io_data_type=og.DataType.BFLOAT16)
+    x = g.tensor(dim=[32, 56, 56, 96], name="x")
+    _windows(g, x, 32, 56, 56, 96, 7).set_output(True)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "pointwise"

@@ -37,6 +37,10 @@ def _compile(model, **kwargs):
     return torch.compile(model, backend=og.torch_backend, **kwargs)
 
 
+# Llama computes its RMSNorm and rotary tables in float32 (casts in the traced program), the rest float64
+TRAINING_TOLERANCE = {"transformers_llama": {"rtol": 1e-5, "final_rtol": 1e-5}}
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_training_matches_eager(name):
     case = make_case(name)
@@ -44,7 +48,7 @@ def test_training_matches_eager(name):
         pytest.skip("transformers is not installed")
     model, batches = case
     first = len(reports())
-    compare_training(model, batches, lambda m, example: _compile(m))
+    compare_training(model, batches, lambda m, example: _compile(m), **TRAINING_TOLERANCE.get(name, {}))
     made = reports()[first:]
     assert {r.kind for r in made} == {"forward", "backward"}, [str(r) for r in made]
     assert all(r.partitions for r in made), "\n".join(str(r) for r in made)
@@ -91,6 +95,47 @@ def test_inference_graph_under_no_grad():
         out = _compile(model)(x)
     torch.testing.assert_close(out, model(x), rtol=1e-12, atol=1e-12)
     assert [r.kind for r in reports()[first:]] == ["inference"]
+
+
+def test_outputs_given_pytorch_strides_keep_the_graph_in_opgraph():
+    """Outputs whose strides follow PyTorch's (a concatenation of transposed values, as a KV cache's) once
+    failed the whole partition's import ('the UID is not known yet'): HF Llama ran 113 of its 173 nodes
+    in PyTorch."""
+
+    def f(x):
+        t = (x * 2).transpose(1, 2)
+        return torch.cat([t, t + 1], -2), x + 1, torch.cat([t - 1, t], -2)
+
+    x = torch.randn(2, 4, 3, 5, dtype=torch.float64)
+    dynamo_backend.clear_reports()
+    got = _compile(f, fullgraph=True)(x)
+    for g, w in zip(got, f(x)):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        torch.testing.assert_close(g, w, rtol=1e-15, atol=0)
+    (report,) = reports()
+    assert not report.fallbacks, report
+
+
+class SlicedParameter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(12, 8, dtype=torch.float64))
+
+    def forward(self, x):
+        return (self.table[2:11:3] * x).tanh() + self.table[:, 1:5].sum()
+
+
+def test_slice_backward_runs_in_opgraph():
+    torch.manual_seed(0)
+    model = SlicedParameter()
+    eager = copy.deepcopy(model)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    dynamo_backend.clear_reports()
+    _compile(model)(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    torch.testing.assert_close(model.table.grad, eager.table.grad, rtol=1e-12, atol=1e-12)
+    backward = [r for r in reports() if r.kind == "backward"]
+    assert backward and not any(f.target.endswith("slice_backward.default") for r in backward for f in r.fallbacks)
 
 
 class GraphBreak(nn.Module):
@@ -266,3 +311,36 @@ def test_gpu_training_step_and_cuda_graphs(mode):
         opt_eager.step()
         opt.zero_grad()
         opt_eager.zero_grad()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_llama_attention_backward_runs_in_opgraph():
+    """On a GPU, bf16: AOTAutograd's graphs hold PyTorch's CUDA attention kernel (flash, efficient or
+    cuDNN) and its backward; the backward's attention is opgraph's (the forward's RNG state is saved for
+    it, so the training forward's kernel stays PyTorch's), and inference runs wholly in opgraph."""
+    case = make_case("transformers_llama")
+    if case is None:
+        pytest.skip("transformers is not installed")
+    model, batches = case
+    model = model.to(torch.bfloat16).cuda()
+    eager = copy.deepcopy(model)
+    (ids,), target = batches(0)
+    ids, target = ids.cuda(), target.cuda()
+    dynamo_backend.clear_reports()
+    compiled = _compile(model)
+    loss = nn.functional.cross_entropy(compiled(ids).float().flatten(0, 1), target.flatten())
+    loss_eager = nn.functional.cross_entropy(eager(ids).float().flatten(0, 1), target.flatten())
+    torch.testing.assert_close(loss, loss_eager, rtol=2e-2, atol=2e-2)
+    loss.backward()
+    loss_eager.backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        err = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)
+        assert err < 5e-2, (name, float(err))
+    backward = [r for r in reports() if r.kind == "backward"]
+    assert backward and not any("attention" in f.target for r in backward for f in r.fallbacks), backward
+    torch._dynamo.reset()
+    dynamo_backend.clear_reports()
+    with torch.no_grad():
+        torch.testing.assert_close(_compile(eager.eval())(ids), eager(ids), rtol=2e-2, atol=2e-2)
+    assert not [f for r in reports() for f in r.fallbacks], reports()

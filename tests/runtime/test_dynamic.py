@@ -84,7 +84,7 @@ def test_shape_plans_are_an_lru():
     for b, s in [(1, 1), (2, 2), (1, 1), (3, 3)]:
         run_at(plan, {"batch": b, "seq": s}, rng)
     # the maximum (built at build) and (2, 2) go; (1, 1) was used again before (3, 3) came
-    assert plan.stats == {"shape_plans": 4, "evictions": 2}
+    assert (plan.stats["shape_plans"], plan.stats["evictions"]) == (4, 2)
     assert "batch=1 seq=1; batch=3 seq=3" in plan.describe()
 
 
@@ -98,14 +98,16 @@ def test_describe_says_dynamic_dims_cache_and_shapes():
     lines = plan.describe().splitlines()
     assert lines[0] == "dynamic plan for graph 'dyn': dims batch 1..16, seq 1..37; a plan per shape (keeps 3)"
     assert lines[1] == "  dynamic dims: 'batch' (range 1..16), 'seq' (range 1..37)"
-    assert lines[2] == (
+    assert lines[2].startswith("  buckets: 6 (build(buckets=None, max_buckets=8)); ")
+    k = 3 + len(plan.buckets)  # a line per bucket (tests/runtime/test_dynamic_kernels.py)
+    assert lines[k] == (
         "  per-shape plans: 3 cached of at most 3 (least recently used dropped first); built 4, dropped 1 "
         "(stats: shape_plans=4, evictions=1)"
     )
-    assert lines[3] == "  shapes kept (least recently used first): batch=3 seq=7; batch=2 seq=5; batch=1 seq=1"
-    assert lines[4].startswith("  at the range's maximum (batch=16 seq=37, built in ")
-    assert lines[5].startswith("    plan for graph 'dyn' on cpu: ")
-    assert plan.stats == {"shape_plans": 4, "evictions": 1}
+    assert lines[k + 1] == "  shapes kept (least recently used first): batch=3 seq=7; batch=2 seq=5; batch=1 seq=1"
+    assert lines[k + 2].startswith("  at the range's maximum (batch=16 seq=37, built in ")
+    assert lines[k + 3].startswith("    plan for graph 'dyn' on cpu: ")
+    assert (plan.stats["shape_plans"], plan.stats["evictions"]) == (4, 1)
     assert "DynamicPlan 'dyn' (batch 1..16, seq 1..37)" in repr(plan)
 
 
@@ -176,3 +178,13 @@ def test_graph_execute_runs_the_dynamic_plan():
     pack = pack_of(g, (2, 3, 8))
     g.execute(pack)
     np.testing.assert_array_equal(pack["y"], np.full((2, 3, 8), 2.0, np.float32))
+
+
+def test_binaries_compiled_are_read_off_the_build_statistics():
+    from types import SimpleNamespace
+
+    from opgraph.runtime.dynamic import _compiled
+
+    stats = {"compile": {"mode": "parallel", "compiled": 2, "ready": 1}, "precompile": {"compiled": 3}}
+    assert _compiled(SimpleNamespace(build_stats=stats)) == 5
+    assert _compiled(SimpleNamespace(build_stats={"compile": {"mode": "lazy"}})) == 0

@@ -10,6 +10,7 @@ import pytest
 from opgraph.testing import compare, random_pack, reference_outputs
 from tests.helpers import requires_cuda
 from tests.ops.test_dynamic_inference import FAMILIES, N, T, build
+from tests.runtime.test_dynamic_kernels import GRAPHS, graph_of
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 SHAPES = [{"n": 1, "t": 1}, {"n": 3, "t": 13}, {"n": 9, "t": 5}, {"n": 2, "t": 7}]
@@ -32,3 +33,65 @@ def test_one_build_matches_the_reference_on_cuda(family):
             m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None
         ]
         assert not bad, f"{env}: " + "\n".join(map(str, bad)) + "\n" + plan.at(env).describe()
+
+
+PW_SHAPES = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 5), (5, 7), (7, 13), (13, 31), (16, 17), (11, 2), (16, 37), (1, 37)]
+
+
+def _run_cuda(plan, env, rng):
+    from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
+
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    want = reference_outputs(static, pack)
+    dev = pack_to_device(pack, plan.device.torch_name)
+    plan.execute(dev)
+    bad = [m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_kernels_compile_once_per_bucket_on_cuda(name):
+    """Compiled kernels taking their sizes at run time (pointwise, views, rotary, lookups, row norms,
+    reductions), run at many sizes: right at each, and no compilation after a bucket's first shape
+    (the compiler's counter, and the plan's)."""
+    from opgraph.engines.triton import compiler
+
+    plan = graph_of(GRAPHS[name]).build(device="cuda", engines=["triton"])
+    rng = np.random.default_rng(12)
+    start = compiler.compilations()
+    used: set[int] = set()
+    for b, s in PW_SHAPES * 2:
+        bucket = plan.buckets.of((b, s)).index
+        before = compiler.compilations()
+        _run_cuda(plan, {"batch": b, "seq": s}, rng)
+        if bucket in used:
+            assert compiler.compilations() == before, (b, s)
+        used.add(bucket)
+        at = plan.at({"batch": b, "seq": s})
+        assert all("_OG_SIZES" in at.source(i) for i in range(len(at.steps)))
+    assert plan.stats["shape_kernels"] == 0
+    assert plan.stats["compiled"] == compiler.compilations() - start  # each bucket's first shape's
+
+
+def test_pointwise_jit_launch_does_not_specialise_on_sizes(monkeypatch):
+    """OPGRAPH_LAUNCH=jit (Triton's own launcher): size arguments are do_not_specialize, so sizes 1,
+    16 and 17 of one bucket share one JIT compilation."""
+    import triton
+
+    monkeypatch.setenv("OPGRAPH_LAUNCH", "jit")
+    plan = graph_of(GRAPHS["bias_relu"]).build(device="cuda", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(13)
+    _run_cuda(plan, {"batch": 3, "seq": 5}, rng)
+    compiles = []
+    previous = triton.knobs.compilation.listener
+
+    def listener(**kwargs):
+        compiles.append(kwargs)
+        if previous is not None:
+            previous(**kwargs)
+
+    monkeypatch.setattr(triton.knobs.compilation, "listener", listener)
+    for b, s in [(1, 1), (16, 1), (2, 16), (16, 17), (1, 32), (7, 37)]:
+        _run_cuda(plan, {"batch": b, "seq": s}, rng)
+    assert compiles == []

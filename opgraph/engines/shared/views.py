@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...core.config import Support
 from ...core.ir import Node
@@ -34,7 +35,7 @@ def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> Vi
     if isinstance(op, Slice):
         bounds = op.bounds(None, src.dim)
         offset += sum(start * s for (start, _, _), s in zip(bounds, src.stride))
-        dims = tuple(len(range(*b)) for b in bounds)
+        dims = tuple(_length(*b) for b in bounds)
         strides = tuple(s * step for (_, _, step), s in zip(bounds, src.stride))
     elif isinstance(op, Transpose):
         perm = tuple(op.permutation)
@@ -50,6 +51,14 @@ def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> Vi
     else:
         return f"{node.label()} is not a view"
     return View(base, offset, TensorDesc(uid, "", dims, strides, src.data_type))
+
+
+def _length(start: Any, stop: Any, step: int) -> Any:
+    """The length of a slice's range; over a dynamic axis an expression (bounds are proved to keep >= 1
+    element)."""
+    if isinstance(start, int) and isinstance(stop, int):
+        return len(range(start, stop, step))
+    return (stop - start + step - 1) // step
 
 
 def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
@@ -128,10 +137,11 @@ def _readers(piece: Piece) -> dict[int, list[Node]]:
     return readers
 
 
-def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | Support:
+def operand_views(piece: Piece, node: Node, template: str, also: tuple[str, ...] = ()) -> dict[int, View] | Support:
     """The piece's slices/transposes/reshapes, which must be chains from tensors in memory ending at
     operands of `node` that the kernel reads from memory (sdpa: q, k, v; sdpa_backward: q, k, v, o,
-    dO): those operands' Views by UID."""
+    dO; and the roles in `also` where the kernel reads those through views too): those operands'
+    Views by UID."""
     before = piece.nodes[: piece.nodes.index(node)]
     chain = [n for n in before if n.kind in VIEW_KINDS]
     if not chain:
@@ -139,8 +149,8 @@ def operand_views(piece: Piece, node: Node, template: str) -> dict[int, View] | 
     views = memory_views(make_piece(piece.graph, piece.index, before))
     if isinstance(views, Support):
         return views
-    roles = ROLES if node.kind == "sdpa" else (*ROLES, "o", "dO")
-    operands = {node.input(r) for r in roles}
+    roles = (*(ROLES if node.kind == "sdpa" else (*ROLES, "o", "dO")), *also)
+    operands = {node.input(r) for r in roles if r in node.op.input_roles()}
     readers = _readers(piece)
     for n in chain:
         out = n.output_uids()[0]
@@ -257,6 +267,59 @@ def gradient_targets(piece: Piece, node: Node, template: str) -> dict[int, View]
         if view.base != g:
             out[g] = view
     return {g: v for g, v in out.items() if g in chains}
+
+
+def written_views(piece: Piece, nodes: Sequence[Node], template: str) -> dict[int, tuple[int, View]] | Support:
+    """Where a kernel writes the values that transposes/reshapes (`nodes`: views of values the piece
+    computes) carry out of it: each chain of them, from a computed value to a tensor the piece writes
+    and nothing in it reads, becomes a store of that value through the strides it has inside the
+    chain's end (the inverse of each view). By the end's UID: (the value's UID, the View it is
+    stored through: base the end, desc the value's dims with strides into that buffer)."""
+    readers = _readers(piece)
+    mine = {n.output_uids()[0]: n for n in nodes}
+    out: dict[int, tuple[int, View]] = {}
+    for first in nodes:
+        start = first.input_uids()[0]
+        if start in mine:
+            continue
+        chain, n = [], first
+        while True:
+            if not isinstance(n.op, (Transpose, Reshape)):
+                return Support.no(
+                    f"{n.label()} slices a computed value; the {template} template writes only transposes "
+                    "and reshapes of what it computes",
+                    n,
+                )
+            if piece.tensor(n.output_uids()[0]).data_type is not piece.tensor(start).data_type:
+                return Support.no(f"{n.label()} changes the data type; a view keeps its source's", n)
+            chain.append(n)
+            u = n.output_uids()[0]
+            nxt = readers.get(u, [])
+            if not nxt:
+                break
+            if len(nxt) > 1 or u in piece.outputs or nxt[0].output_uids()[0] not in mine:
+                return Support.no(
+                    f"{piece.tensor(u).label()}, a view of a computed value, is read in the piece or written "
+                    f"out before its last view; the {template} template writes such views only at the end of "
+                    "a chain",
+                    nxt[0],
+                )
+            n = nxt[0]
+        if u not in piece.outputs:
+            return Support.no(f"{chain[-1].label()}: nothing reads its result", chain[-1])
+        desc = piece.tensor(u)
+        for n in reversed(chain):
+            src = piece.tensor(n.input_uids()[0])
+            strides = _inverse_strides(n, desc, src)
+            if strides is None:
+                return Support.no(
+                    f"{n.label()} regroups axes whose strides are not one run; the {template} template "
+                    "cannot write its input in place",
+                    n,
+                )
+            desc = TensorDesc(src.uid, "", src.dim, strides, src.data_type)
+        out[u] = (start, View(u, 0, desc))
+    return out
 
 
 def _inverse_strides(n: Node, out: TensorDesc, src: TensorDesc) -> tuple[int, ...] | None:

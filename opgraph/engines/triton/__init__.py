@@ -136,6 +136,8 @@ class TritonKernel(Kernel):
             return compiler.scratch_type(arg.dtype)
         if arg.kind == "desc":
             return tma_desc.signature_type(compiler.pointer_type(self.piece.tensor(arg.uid).data_type)[1:], arg.block)
+        if arg.kind == "size":
+            return "i64" if arg.dtype == "int64" else "i32"
         return "*i64"  # the address table
 
     def spec(self, i: int) -> compiler.KernelSpec | None:
@@ -208,6 +210,8 @@ class TritonKernel(Kernel):
             return _as_torch(scratch)[arg.offset :].view(getattr(torch, arg.dtype))
         if arg.kind == "table":
             return buffers[TABLE_KEY]
+        if arg.kind == "size":
+            return arg.value
         if arg.kind == "desc":
             return tma_desc.descriptor_object(arg, _as_torch(buffers[arg.uid]))
         raise ValueError(arg.kind)

@@ -71,6 +71,8 @@ class TritonLauncher(Launcher):
             return self.binding.buffers[arg.uid]
         if arg.kind == "scratch":
             return self.scratch_ptr + arg.offset
+        if arg.kind == "size":
+            return arg.value
         if arg.kind == "desc":
             return tma_desc.address(
                 arg, self.binding.pointers[arg.uid], self.kernel.piece.tensor(arg.uid).data_type.itemsize
@@ -88,6 +90,8 @@ class TritonLauncher(Launcher):
             import torch
 
             return self.scratch[arg.offset :].view(getattr(torch, arg.dtype))
+        if arg.kind == "size":
+            return arg.value
         if arg.kind == "desc":
             return tma_desc.descriptor_object(arg, self.binding.buffers[arg.uid])
         return self.binding.buffers[TABLE_KEY]
@@ -95,7 +99,7 @@ class TritonLauncher(Launcher):
     def _make(self, li: int) -> Any:
         launch = self.kernel.generated.launches[li]
         values = [self._value(li, ai) for ai in range(len(launch.args))]
-        aligned = all(v % 16 == 0 for v, a in zip(values, launch.args) if a.kind != "scalar")
+        aligned = all(v % 16 == 0 for v, a in zip(values, launch.args) if a.kind not in ("scalar", "size"))
         spec = self.kernel.spec(li) if aligned and launch_mode() == "native" else None
         binary = self.kernel.binary(li) if spec is not None else None
         descs = [ai for ai, a in enumerate(launch.args) if a.kind == "desc"]
@@ -193,6 +197,8 @@ class InterpretedLauncher(Launcher):
                     args.append(_as_torch(self.scratch)[a.offset :].view(getattr(torch, a.dtype)))
                 elif a.kind == "desc":
                     args.append(tma_desc.descriptor_object(a, _as_torch(self.binding.buffers[a.uid])))
+                elif a.kind == "size":
+                    args.append(a.value)
                 else:
                     args.append(self.binding.buffers[TABLE_KEY])
             out.append(args)

@@ -41,6 +41,7 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
     else:
         from triton.runtime.interpreter import InterpretedFunction
     used = _reachable(path) if jit else None
+    sizes = tuple(getattr(module, "_OG_SIZES", ()))  # run-time sizes: never specialised on (== 1, % 16)
     for attr in list(vars(module)):
         fn = getattr(module, attr)
         if not callable(fn) or not (attr.startswith("kernel") or attr.startswith("_og_")):
@@ -49,7 +50,8 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
             continue  # a helper no kernel calls: wrapping it costs Triton a parse of its source
         if jit:
             if not isinstance(fn, JITFunction):  # a custom op's function its module already jitted stays as is
-                setattr(module, attr, JITFunction(fn))
+                fixed = [p for p in sizes if p in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
+                setattr(module, attr, JITFunction(fn, do_not_specialize=fixed) if fixed else JITFunction(fn))
         elif attr.startswith("kernel"):
             setattr(module, attr, InterpretedFunction(fn))
     return module

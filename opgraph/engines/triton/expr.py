@@ -22,6 +22,7 @@ from ...core.dtypes import DataType
 from ...core.errors import InternalError
 from ...core.ir import Const, Node
 from ...core.piece import Piece
+from ...core.symbolic import bounds
 from ...core.tensor import TensorDesc
 from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
@@ -518,7 +519,7 @@ class Emitter:
             if (
                 self.compute == "tl.float64"
                 and desc.data_type in _INTS
-                and (desc.dim[op.axis or 0] <= INT_RANGE[desc.data_type][1])
+                and (bounds(desc.dim[op.axis or 0])[1] <= INT_RANGE[desc.data_type][1])
             ):
                 typ = TL_DTYPE[desc.data_type]  # a coordinate is exact in its integer type
             coord = self.indexer.coord(op.axis or 0, desc)

@@ -385,6 +385,25 @@ class RownormKnobs(Knobs):
 
 
 @dataclass(frozen=True)
+class ScanKnobs(Knobs):
+    """The scan template (cumsum, templates/scan.py): [ROWS, BLOCK] tiles, the scanned axis walked in
+    chunks of BLOCK with a running carry per row."""
+
+    ROWS: int  # rows (positions of the kept axes) a program
+    BLOCK: int  # elements of the scanned axis a step (a power of two)
+    num_warps: int | None = None  # (4)
+
+    def __post_init__(self) -> None:
+        for key in ("ROWS", "BLOCK"):
+            _power_of_two(key, getattr(self, key), 1, "triton.scan.knob", f"pick {key} a power of two")
+        _warps(self.num_warps, "triton.scan.knob")
+
+    @property
+    def warps(self) -> int:
+        return self.num_warps or 4
+
+
+@dataclass(frozen=True)
 class StatsKnobs(Knobs):
     """The norm_stats template (batchnorm / instancenorm, templates/norm_stats.py): the stats pass's tiles
     and chunks, the combine launch's slots, the apply pass's tiles and order."""

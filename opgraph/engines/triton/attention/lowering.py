@@ -113,7 +113,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         what = ", ".join(n.label() for n in attn) or "none"
         return Support.no(f"the {template} template runs one {kind} op per kernel (attention ops here: {what})")
     node = attn[0]
-    views = operand_views(piece, node, template)
+    views = operand_views(piece, node, template, also=("bias",))  # (a Swin window's relative position bias)
     if isinstance(views, Support):
         return views
     at = piece.nodes.index(node)
@@ -162,7 +162,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
         prologue.append((role, tuple(n for n in piece.nodes if id(n) in {id(c) for c in chain})))
     for role in node.op.input_roles():
         v = node.input(role)
-        if role not in ROLES and isinstance(v, int) and v in made:
+        if role not in ROLES and isinstance(v, int) and v in made and v not in views:
             return Support.no(
                 f"input '{role}' of {node.label()} is computed in the piece; the {template} template "
                 "fuses prologues on q, k and v only",
@@ -409,7 +409,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["seq_len_q"] = operand(piece, uid["seq_len_q"])
         kw["seq_len_kv"] = operand(piece, uid["seq_len_kv"])
     if isinstance(uid.get("bias"), int):
-        kw["bias"] = operand(piece, uid["bias"])
+        kw["bias"] = operand(piece, uid["bias"], f.views)
         kw["bias_dims"] = piece.tensor(uid["bias"]).dim
     if op.dropout_probability is not None:
         # the op's checks make the seed and offset (with a probability) and the scale (with a mask) present

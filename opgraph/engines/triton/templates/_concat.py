@@ -76,7 +76,7 @@ def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[i
             out = tensors[node.output_uids()[0]]
             axis = _axis(node, len(out.dim))
             sizes = [tensors[u].dim[axis] for u in node.input_uids()]
-            if not all(isinstance(d, int) for d in (*sizes, *frame)):
+            if not all(isinstance(d, int) for d in sizes):
                 return Support.no(f"{node.label()} joins operands of dynamic size; the offsets must be known", node)
             for u, d in zip(node.input_uids(), sizes):
                 why = walk([u], (*frame[:axis], d, *frame[axis + 1 :]))
@@ -97,7 +97,8 @@ class ShiftedIndexer:
     def offset(self, desc: TensorDesc) -> str:
         offset = self.base.offset(desc)
         moved = self.shift * desc.stride[self.axis] if desc.dim[self.axis] > 1 else 0
-        return f"{offset} - {moved}" if moved else offset
+        text = getattr(self.base, "text", str)  # (a dynamic stride: its run-time argument, sizes.py)
+        return f"{offset} - {text(moved)}" if moved != 0 else offset
 
     def mask(self) -> str:
         base = self.base.mask()

@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
 from ....core.ir import Const, Node, Operand
-from ....core.piece import Piece
-from ....core.tensor import TensorDesc
+from ....core.piece import Piece, make_piece
+from ....core.symbolic import evaluate
+from ....core.tensor import TensorDesc, order_value
+from ....ops.layout import VIEW_KINDS
+from ...shared.views import View, memory_views, written_views
 from ..casts import operand
 from ..expr import Emitter, compute_type, elementwise, from_storage, literal, piece_types, scalar_value
-from .base import Match, Params, Template, program_id
+from ..sizes import Sizes, above_one
+from .base import Match, Params, Template, module_source, program_id
 
 INT32_LIMIT = 2**31 - 1
 FULL_ROLES = ("input", "grad")  # roles of a normalization op that live in the full space
@@ -39,7 +43,12 @@ class Fusion:
     norm: Node
     prologue: tuple[Node, ...]
     epilogue: tuple[Node, ...]
-    x: TensorDesc  # the normalization's input: its dims are the space
+    x: TensorDesc  # the normalization's input: its dims are the space (its strides: the memory read)
+    # slices/transposes/reshapes of tensors in memory that the kernel reads in place (by the view's UID),
+    # and tensors written through transposes/reshapes of values it computes (by the written tensor's UID:
+    # the value's UID and its view of that tensor's memory)
+    views: Mapping[int, View] = field(default_factory=dict)
+    written: Mapping[int, tuple[int, View]] = field(default_factory=dict)
 
     def prologue_for(self, uids: set[int]) -> tuple[Node, ...]:
         """The prologue nodes that tensors `uids` depend on, in order."""
@@ -58,12 +67,17 @@ class Fusion:
         }
 
 
-def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Support:
-    """The piece as a Fusion, or Support.no with the reason it is not one."""
+def analyze(piece: Piece, kinds: Sequence[str], template: str, views: bool = False) -> Fusion | Support:
+    """The piece as a Fusion, or Support.no with the reason it is not one. With `views`, the piece may
+    read tensors in memory through slices/transposes/reshapes and write its full-size values through
+    transposes/reshapes (the template addresses both through their strides)."""
     if piece.kind_set <= {"pointwise"}:  # (without a pass over a long pointwise piece)
         return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     norms = [n for n in piece.nodes if n.kind in kinds]
-    others = [n for n in piece.nodes if n.kind not in kinds and not elementwise(n)]
+    viewed = views and bool(piece.kind_set & set(VIEW_KINDS))
+    others = [
+        n for n in piece.nodes if n.kind not in kinds and not elementwise(n) and not (viewed and n.kind in VIEW_KINDS)
+    ]
     if others:
         return Support.no(
             f"the {template} template fuses one {'/'.join(kinds)} op with pointwise ops; "
@@ -74,18 +88,25 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
         return Support.no(f"the {template} template needs a {'/'.join(kinds)} op in the piece")
     if len(norms) > 1:
         return Support.no(
-            f"the {template} template runs one normalization per kernel; this piece has "
+            f"the {template} template runs one {'/'.join(kinds)} op per kernel; this piece has "
             f"{', '.join(n.label() for n in norms)}",
             norms[1],
         )
+    read: Mapping[int, View] = {}
+    written: Mapping[int, tuple[int, View]] = {}
+    if viewed:
+        found = _views(piece, template)
+        if isinstance(found, Support):
+            return found
+        read, written = found
     norm = norms[0]
-    at = piece.nodes.index(norm)
-    prologue, epilogue = piece.nodes[:at], piece.nodes[at + 1 :]
+    computing = [n for n in piece.nodes if n.kind not in VIEW_KINDS]
+    prologue, epilogue = computing[: computing.index(norm)], computing[computing.index(norm) + 1 :]
     x_uid = norm.input("input")
     assert isinstance(x_uid, int)
-    x = piece.tensor(x_uid)
+    x = read[x_uid].desc if x_uid in read else piece.tensor(x_uid)
     space = x.dim
-    produced = {u for n in piece.nodes if n is not norm for u in n.output_uids()}
+    produced = {u for n in computing if n is not norm for u in n.output_uids()}
     roles = norm.op.input_roles()
     for role, v in zip(roles, norm.inputs):
         if isinstance(v, int) and role not in FULL_ROLES and v in produced:
@@ -118,7 +139,38 @@ def analyze(piece: Piece, kinds: Sequence[str], template: str) -> Fusion | Suppo
                     f"with {norm.label()} must cover its input's dims {list(space)}",
                     node,
                 )
-    return Fusion(norm, tuple(prologue), tuple(epilogue), x)
+    for start, _ in written.values():
+        if piece.tensor(start).dim != space or not any(start in n.output_uids() for n in computing):
+            return Support.no(
+                f"{piece.tensor(start).label()} is written through a view; the {template} template writes "
+                f"views of values it computes over {norm.label()}'s input dims {list(space)} only",
+                norm,
+            )
+    return Fusion(norm, tuple(prologue), tuple(epilogue), x, read, written)
+
+
+def _views(piece: Piece, template: str) -> tuple[dict[int, View], dict[int, tuple[int, View]]] | Support:
+    """The piece's views read in place from memory (memory_views: chains from tensors in memory), and the
+    tensors it writes through views of values it computes (written_views)."""
+    computed = {u for n in piece.nodes if n.kind not in VIEW_KINDS for u in n.output_uids()}
+    chained: set[int] = set()
+    later: list[Node] = []
+    for n in piece.nodes:
+        if n.kind in VIEW_KINDS and (n.input_uids()[0] in computed or n.input_uids()[0] in chained):
+            chained.add(n.output_uids()[0])
+            later.append(n)
+    skip = {id(n) for n in later}
+    read = memory_views(make_piece(piece.graph, piece.index, [n for n in piece.nodes if id(n) not in skip]))
+    if isinstance(read, Support):
+        return read
+    for u in read:
+        if u in piece.outputs:
+            return Support.no(
+                f"{piece.tensor(u).label()} is a view the piece would write out; the {template} template "
+                "reads views of tensors in memory in place but does not copy them",
+            )
+    written = written_views(piece, later, template) if later else {}
+    return (read, written) if not isinstance(written, Support) else written
 
 
 # -- addressing ------------------------------------------------------------------------------------
@@ -134,7 +186,7 @@ class Comp:
 
 
 def memory_order(axes: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
-    return tuple(sorted(axes, key=lambda a: (-stride[a], a)))
+    return tuple(sorted(axes, key=lambda a: (-order_value(stride[a]), a)))
 
 
 def is_run(axes: Sequence[int], dims: Sequence[int], stride: Sequence[int]) -> bool:
@@ -154,30 +206,33 @@ class RowIndexer:
         comps: Sequence[Comp],
         masks: Mapping[frozenset[int], str | None],
         zeros: Mapping[int, str] | None = None,
+        text: Callable[[Any], str] = str,
     ) -> None:
         self.dims = tuple(dims)
         self.comps = tuple(comps)
         self.masks = masks
         self.zeros = zeros or {}
         self.tile_axes = frozenset(c.tile_axis for c in comps if c.tile_axis is not None)
+        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def comp_offset(self, comp: Comp, desc: TensorDesc) -> str | None:
-        axes = [a for a in comp.axes if desc.dim[a] > 1 and desc.stride[a] != 0]
+        axes = [a for a in comp.axes if above_one(desc.dim[a]) and desc.stride[a] != 0]
         if not axes:
             return None
+        text = self.text
         if len(axes) == len(comp.axes) and is_run(comp.axes, self.dims, desc.stride):
             s = desc.stride[comp.axes[-1]]
-            return comp.var if s == 1 else f"{comp.var} * {s}"
+            return comp.var if s == 1 else f"{comp.var} * {text(s)}"
         inner, acc = {}, 1
         for a in reversed(comp.axes):
             inner[a] = acc
             acc *= self.dims[a]
         terms = []
         for a in axes:
-            e = comp.var if inner[a] == 1 else f"({comp.var} // {inner[a]})"
+            e = comp.var if inner[a] == 1 else f"({comp.var} // {text(inner[a])})"
             if a != comp.axes[0]:
-                e = f"({e} % {self.dims[a]})"
-            terms.append(e if desc.stride[a] == 1 else f"{e} * {desc.stride[a]}")
+                e = f"({e} % {text(self.dims[a])})"
+            terms.append(e if desc.stride[a] == 1 else f"{e} * {text(desc.stride[a])}")
         return " + ".join(terms)
 
     def offset(self, desc: TensorDesc) -> tuple[str, frozenset[int]]:
@@ -210,8 +265,8 @@ class RowIndexer:
                 inner = 1
                 for a in comp.axes[comp.axes.index(axis) + 1 :]:
                     inner *= self.dims[a]
-                e = comp.var if inner == 1 else f"({comp.var} // {inner})"
-                return e if axis == comp.axes[0] else f"({e} % {self.dims[axis]})"
+                e = comp.var if inner == 1 else f"({comp.var} // {self.text(inner)})"
+                return e if axis == comp.axes[0] else f"({e} % {self.text(self.dims[axis])})"
         return "0"  # a size-1 axis
 
 
@@ -233,8 +288,9 @@ class PrefetchIndexer(RowIndexer):
         zeros: Mapping[int, str] | None,
         walked: set[str],
         nxt: RowIndexer,
+        text: Callable[[Any], str] = str,
     ) -> None:
-        super().__init__(dims, comps, masks, zeros)
+        super().__init__(dims, comps, masks, zeros, text)
         self.walked = walked
         self.nxt = nxt
         self.loads: dict[str, str] = {}  # register name -> load over the next tile's indices
@@ -291,17 +347,45 @@ class NormGen:
     (with the piece as a Fusion, `g.fusion`, and the space's dims, `g.dims`), the knobs `k`, the
     compute and accumulator types, and int64 program ids where offsets need them."""
 
-    def __init__(self, piece: Piece, g: Any, knobs: Any) -> None:
+    def __init__(self, piece: Piece, g: Any, knobs: Any, sizes: Sizes | None = None) -> None:
+        """`sizes`: where the kernel takes its sizes at run time (sizes.py), `piece` is the symbolic one
+        (`symbolic_piece`) and `g` its geometry."""
         self.piece, self.g, self.k = piece, g, knobs
+        self.sizes = sizes
+        self.text: Callable[[Any], str] = sizes.text if sizes is not None else str
         self.node = g.fusion.norm
         self.compute = compute_of(piece)
         self.acc_bytes = 8 if self.compute == "tl.float64" else 4
         self.scratch_dtype = "float64" if self.compute == "tl.float64" else "float32"
-        self.big = is_big(piece)
+        self.big = (
+            is_big(piece)
+            if sizes is None
+            else sizes.needs_int64(piece.tensor(u) for u in (*piece.inputs, *piece.outputs))
+        )
         self.x_uid = self.node.input("input")
+
+    def at_shape(self, value: Any) -> int:
+        """A size at the shape being planned (a host-side count: grids, program counts)."""
+        return value if self.sizes is None else evaluate(value, self.sizes.env)
+
+    def add_sizes(self, params: Params) -> None:
+        """The size parameters the body used, added last to `params` (before its signature is made)."""
+        if self.sizes is not None:
+            for name, arg in zip(self.sizes.params, self.sizes.args()):
+                params.add(name, arg)
+
+    def module(self, *functions: str) -> str:
+        """The generated module of `functions` (listing its size parameters where it has some)."""
+        if self.sizes is None:
+            return module_source(*functions)
+        return module_source(self.sizes.declaration(), *functions)
 
     def pid(self, axis: int = 0) -> str:
         return program_id(axis, self.big)
+
+    def emitter(self, indexer: RowIndexer, params: Params) -> Emitter:
+        """An emitter of this piece's values over `indexer`, reading and writing through its views."""
+        return make_emitter(self.piece, self.compute, indexer, params, self.g.fusion)
 
     def stored(self, role: str) -> int | None:
         """The normalization's output of `role` where the piece writes it to memory, else None."""
@@ -324,8 +408,14 @@ class NormGen:
         for n in self.g.fusion.epilogue:
             em.emit(n)
         for u in self.piece.outputs:
-            if self.piece.tensor(u).dim == self.g.dims and u in em.values:
+            if self.piece.tensor(u).dim == self.g.dims and u in em.values and u not in self.g.fusion.written:
                 em.store(u)
+        for end, (start, _) in self.g.fusion.written.items():  # (through the view's strides: make_emitter)
+            em.operand(start)
+            em.values[end] = em.values[start]
+            if start in em.native:
+                em.native[end] = em.native[start]
+            em.store(end)
 
 
 class NormTemplate(Template):
@@ -361,8 +451,26 @@ def scalar_expr(v: Operand, tensors: Mapping[int, TensorDesc], params: Params, c
     return from_storage(f"tl.load({params.buf(v)})", tensors[v].data_type, compute)
 
 
-def make_emitter(piece: Piece, compute: str, indexer: RowIndexer, params: Params) -> Emitter:
-    return Emitter(piece.graph.tensors, compute, indexer, ptr=params.buf, scalar=params.scalar)
+def make_emitter(
+    piece: Piece, compute: str, indexer: RowIndexer, params: Params, fusion: Fusion | None = None
+) -> Emitter:
+    """An emitter over `indexer`; with `fusion`, it reads the fusion's views of memory in place (a view's
+    loads go through its strides, from its source's buffer) and writes the tensors its written views
+    end at through theirs."""
+    if fusion is None or not (fusion.views or fusion.written):
+        return Emitter(piece.graph.tensors, compute, indexer, ptr=params.buf, scalar=params.scalar)
+    views = fusion.views
+    tensors = {**piece.graph.tensors, **{u: v.desc for u, v in views.items()}}
+    for end, (_, v) in fusion.written.items():
+        tensors[end] = replace(v.desc, uid=end, data_type=piece.tensor(end).data_type)
+
+    def ptr(u: int) -> str:
+        if u not in views:
+            return params.buf(u)
+        v = views[u]
+        return f"({params.buf(v.base)} + {v.offset})" if v.offset else params.buf(v.base)
+
+    return Emitter(tensors, compute, indexer, ptr=ptr, scalar=params.scalar)
 
 
 def is_big(piece: Piece) -> bool:

@@ -51,6 +51,7 @@ class ArgKind(str, enum.Enum):
     SCRATCH = "scratch"  # a typed slice of the step's scratch memory (byte offset, dtype name)
     TABLE = "table"  # the plan's address table of by-reference tensors
     DESC = "desc"  # a host-side TMA tensor descriptor of a bound buffer (engines/triton/tma_desc.py)
+    SIZE = "size"  # a size of a dynamic plan's shape (`value`; dtype int32 or int64: engines/triton/sizes.py)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Arg:
     shape: tuple[int, ...] = ()  # DESC: the addressed tensor's dims, outermost first
     strides: tuple[int, ...] = ()  # DESC: its strides in elements (the last one 1)
     block: tuple[int, ...] = ()  # DESC: the block one load or store moves
+    value: int = 0  # SIZE: the size's value at the plan's shape
 
 
 @dataclass(frozen=True)

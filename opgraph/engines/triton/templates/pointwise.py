@@ -22,19 +22,23 @@ walk only).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
 from ....core.errors import AttributeValueError
+from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
+from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
 from ._concat import CONCAT, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
+from ._view_copy import source_offset, view_chains
 from .base import (
     INT32_LIMIT,
     Generated,
@@ -51,14 +55,15 @@ from .base import (
 )
 
 
-def _coordinate_offset(desc: TensorDesc, needed: set[int]) -> str:
+def _coordinate_offset(desc: TensorDesc, needed: set[int], text: Callable[[Any], str] = str) -> str:
     """Element offset of `desc` from the coordinates c<axis> of its non-broadcast axes (noted in
-    `needed`, for the lines that compute them)."""
+    `needed`, for the lines that compute them); `text` spells a stride (sizes.Sizes.text for a
+    dynamic one)."""
     terms = []
     for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-        if d > 1 and s != 0:
+        if above_one(d) and s != 0:
             needed.add(axis)
-            terms.append(f"c{axis}" if s == 1 else f"c{axis} * {s}")
+            terms.append(f"c{axis}" if s == 1 else f"c{axis} * {text(s)}")
     return " + ".join(terms) or "0"
 
 
@@ -70,16 +75,17 @@ def _with_views(piece: Piece, views: dict[int, Any]) -> dict[int, TensorDesc]:
 class FlatIndexer:
     """Loads and stores at flat index `lin` of an iteration space, in a given axis order."""
 
-    def __init__(self, dims: tuple[int, ...], order: tuple[int, ...]) -> None:
+    def __init__(self, dims: tuple[int, ...], order: tuple[int, ...], text: Callable[[Any], str] = str) -> None:
         self.dims = dims
         self.order = order
         self.packed = packed_strides(dims, order)
         self.needed: set[int] = set()
+        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def offset(self, desc: TensorDesc) -> str:
         if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
             return "lin"
-        return _coordinate_offset(desc, self.needed)
+        return _coordinate_offset(desc, self.needed, self.text)
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
         offset = "0" if desc.numel == 1 else self.offset(desc)
@@ -104,9 +110,9 @@ class FlatIndexer:
         for axis in sorted(self.needed):
             inner = self.packed[axis]
             outermost = axis == self.order[0]
-            expr = "lin" if inner == 1 else f"(lin // {inner})"
+            expr = "lin" if inner == 1 else f"(lin // {self.text(inner)})"
             if not outermost:
-                expr = f"{expr} % {self.dims[axis]}"
+                expr = f"{expr} % {self.text(self.dims[axis])}"
             lines.append(f"c{axis} = {expr}")
         return lines
 
@@ -284,18 +290,29 @@ def copies_out(piece: Piece, views: dict[int, Any]) -> bool:
     )
 
 
-def _emit(piece: Piece, indexer: FlatIndexer | TileIndexer, views: dict[int, Any]) -> Emitter:
+def _emit(
+    piece: Piece,
+    indexer: FlatIndexer | TileIndexer,
+    views: dict[int, Any],
+    tensors: Mapping[int, TensorDesc] | None = None,
+    text: Callable[[Any], str] = str,
+) -> Emitter:
     """The piece's loads, math and stores over `indexer` (which notes the coordinates they need); `views`:
-    the piece's slices/transposes as views of memory (memory_views)."""
+    the piece's slices/transposes as views of memory (memory_views); `tensors`: the descs to read
+    (default the piece's with its views'); `text` spells a view's offset (sizes.Sizes.text)."""
 
     def ptr(u: int) -> str:  # a view reads its source's buffer, from its offset
         if u not in views:
             return f"p{u}"
         v = views[u]
-        return f"(p{v.base} + {v.offset})" if v.offset else f"p{v.base}"
+        return f"(p{v.base} + {text(v.offset)})" if v.offset != 0 else f"p{v.base}"
 
     emitter = Emitter(
-        _with_views(piece, views), compute_type(piece_types(piece)), indexer, ptr=ptr, scalar=lambda u: f"s{u}"
+        tensors if tensors is not None else _with_views(piece, views),
+        compute_type(piece_types(piece)),
+        indexer,
+        ptr=ptr,
+        scalar=lambda u: f"s{u}",
     )
     if CONCAT in piece.kind_set:  # (on demand, per frame: _concat.py)
         emit_frame(piece, emitter, piece.outputs)
@@ -320,7 +337,17 @@ class PointwiseTemplate(Template):
         kinds = piece.kind_set
         views = memory_views(piece) if kinds & set(VIEW_KINDS) else {}
         if isinstance(views, Support):
-            return views
+            # views alone that no strides describe (a reshape merging axes that are not one run): no kernel
+            # reads them in place, so they are copied, through the coordinates they map each element to
+            # (_view_copy.py)
+            if not kinds <= set(VIEW_KINDS):
+                return views
+            chains = view_chains(piece)
+            if isinstance(chains, Support):
+                return Support.no(f"{views.reason}; {chains.reason}", chains.node or views.node)
+            if len({piece.tensor(u).dim for u in piece.outputs}) != 1:
+                return Support.no("its outputs have different dims; one kernel walks one space")
+            return PointwiseMatch(self, piece, device, {}, chains)
         if not kinds <= {"pointwise", CONCAT, EMBEDDING, *VIEW_KINDS}:
             for node in piece.nodes:
                 if node.kind not in (CONCAT, EMBEDDING, *VIEW_KINDS) and not elementwise(node):
@@ -369,22 +396,79 @@ class PointwiseMatch(Match[PointwiseKnobs]):
     """A pointwise piece: its views of memory, and the walk it takes (flat, transposed tiles or rows), found
     once."""
 
-    def __init__(self, template: PointwiseTemplate, piece: Piece, device: Device, views: dict[int, Any]) -> None:
+    def __init__(
+        self,
+        template: PointwiseTemplate,
+        piece: Piece,
+        device: Device,
+        views: dict[int, Any],
+        chains: dict[int, tuple[Any, ...]] | None = None,
+    ) -> None:
         super().__init__(template, piece, device)
         self.views = views
+        self.chains = chains  # views alone, copied through coordinates (_view_copy.py): the flat walk only
+
+    @cached_property
+    def symbolic(self) -> tuple[Piece, dict[int, Any], ShapeOrigin] | None:
+        """The symbolic piece (sizes.symbolic_piece), its views of memory and its origin where the
+        kernel takes sizes at run time (sizes.py): a piece of a dynamic plan's bucket of pointwise ops,
+        slices/transposes/reshapes read in place, concatenations along a static axis and lookups in
+        tables of static size, whose symbolic outputs share one space that every op's output
+        broadcasts to; else None (its kernel is generated at the shape)."""
+        if self.chains:  # (view copies: generated at the shape)
+            return None
+        piece = symbolic_piece(self.piece)
+        if piece is None or not piece.kind_set <= {"pointwise", "custom", CONCAT, EMBEDDING, *VIEW_KINDS}:
+            return None
+        origin = self.piece.graph.origin
+        assert origin is not None
+        tensors = piece.graph.tensors
+        uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
+        if not any(is_dynamic_desc(tensors[u]) for u in uids):
+            return None
+        tables = [n.input("weight") for n in piece.nodes if n.kind == EMBEDDING]
+        if any(is_dynamic_desc(tensors[u]) for u in tables if isinstance(u, int)):
+            return None  # (a lookup table of dynamic size: generated at the shape)
+        try:
+            views = memory_views(piece) if self.views else {}
+        except TypeError:  # a view decided by a dynamic size: generated at the shape
+            return None
+        if isinstance(views, Support) or set(views) != set(self.views):
+            return None
+        spaces = {tensors[u].dim for u in piece.outputs}
+        if len(spaces) != 1:
+            return None
+        (space,) = spaces
+        if CONCAT in piece.kind_set:  # (each value at the dims of its frame; the joined axis static)
+            try:
+                unfit = check_frames(piece, _with_views(piece, views), space)
+            except TypeError:
+                return None
+            return (piece, views, origin) if unfit is None else None
+        for n in piece.nodes:
+            if n.kind in VIEW_KINDS:
+                continue
+            for u in n.output_uids():
+                d = tensors[u].dim
+                if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
+                    return None
+        return piece, views, origin
 
     @cached_property
     def transposed(self) -> tuple[int, int] | None:
-        return transposed_axes(self.piece, self.views)
+        return None if self.chains or self.symbolic is not None else transposed_axes(self.piece, self.views)
 
     @cached_property
     def rows(self) -> tuple[int, int] | None:
-        return row_axes(self.piece, self.views)
+        return None if self.chains or self.symbolic is not None else row_axes(self.piece, self.views)
 
     def candidates(self) -> list[PointwiseKnobs]:
         piece = self.piece
         dims = piece.tensor(piece.outputs[0]).dim
         numel = math.prod(dims)
+        if self.symbolic is not None:  # the bucket's hint: one choice for every shape of it
+            sym, _, origin = self.symbolic
+            numel = Sizes(origin).hint(math.prod(sym.tensor(piece.outputs[0]).dim))
         if self.transposed is not None:
             # (128 x 32: runs of 512 bytes of the transposed tensor, its tile transposed by ldmatrix)
             return [
@@ -410,6 +494,9 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return [*tiles, *flat] if waste <= ROW_FIRST_TAIL else [*flat, *tiles] if waste <= 0.25 else flat
 
     def generate(self, knobs: PointwiseKnobs) -> Generated:
+        if self.symbolic is not None and knobs.BLOCK is not None:
+            piece, views, origin = self.symbolic
+            return self._generate_sized(knobs, piece, views, Sizes(origin))
         piece = self.piece
         first = piece.tensor(piece.outputs[0])
         dims = first.dim
@@ -439,7 +526,7 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", knobs.warps),))
             return Generated(source, (launch,))
         flat = FlatIndexer(dims, order)
-        lines = _emit(piece, flat, self.views).lines
+        lines = _emit(piece, flat, self.views).lines if self.chains is None else self._copies(flat)
         body = [
             f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",
@@ -451,6 +538,47 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         assert block is not None
         launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))
         return Generated(source, (launch,))
+
+    def _generate_sized(self, knobs: PointwiseKnobs, piece: Piece, views: dict[int, Any], sizes: Sizes) -> Generated:
+        """The flat walk over the symbolic space of `piece` (symbolic_piece), its sizes run-time
+        arguments (sizes.py): the same source for every shape of the bucket; the grid and the size
+        values are the shape's."""
+        tensors = piece.graph.tensors
+        first = tensors[piece.outputs[0]]
+        externals = [*piece.inputs, *piece.outputs]
+        big = sizes.needs_int64((tensors[u] for u in externals), lanes=2**16)
+        flat = FlatIndexer(first.dim, stride_order(first.stride), sizes.text)
+        mask = f"mask = lin < {sizes.text(math.prod(first.dim))}"
+        lines = _emit(piece, flat, views, None, sizes.text).lines
+        body = [f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)", mask, *flat.coordinate_lines(), *lines]
+        params, args = external_params(piece, externals)
+        params += sizes.params
+        kernel = f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
+        source = module_source(sizes.declaration(), kernel)
+        block = knobs.BLOCK
+        assert block is not None
+        numel = math.prod(self.piece.tensor(piece.outputs[0]).dim)
+        launch = Launch(
+            "kernel",
+            (-(-numel // block),),
+            (*args, *sizes.args()),
+            (("BLOCK", block), ("num_warps", knobs.warps)),
+        )
+        return Generated(source, (launch,))
+
+    def _copies(self, flat: FlatIndexer) -> list[str]:
+        """The stores of each output, read from its source at the coordinates its views map it to."""
+        assert self.chains is not None
+        piece, dims = self.piece, flat.dims
+        flat.needed.update(a for a, d in enumerate(dims) if d > 1)
+        coords = [f"c{a}" if d > 1 else "0" for a, d in enumerate(dims)]
+        lines = []
+        for u, chain in self.chains.items():
+            steps, offset = source_offset(chain, coords, piece.graph.tensors, f"rank{u}")
+            lines += steps
+            source = f"p{chain[0].input_uids()[0]}"
+            lines.append(flat.store(piece.tensor(u), f"p{u}", f"tl.load({source} + {offset}, mask=mask)"))
+        return lines
 
 
 TEMPLATE = PointwiseTemplate()

@@ -34,6 +34,7 @@ from ....ops.pooling_backward import PoolBackward, ResampleAvgBackward, Resample
 from ..casts import from_storage, to_storage
 from ..expr import compute_type, piece_types
 from ..knobs import FlatKnobs
+from ._flat_axes import FlatAxes
 from .base import (
     Arg,
     ArgKind,
@@ -49,7 +50,6 @@ from .base import (
     program_id,
 )
 from .pooling import UNROLL_TAPS, block_candidates, tap_coords
-from .reduction import FlatAxes
 
 FLOATS = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT, DataType.DOUBLE)
 UNROLL_WINDOWS = 64  # the gather loop over the windows holding an element is unrolled up to this many

@@ -27,6 +27,7 @@ from ....core.tensor import TensorDesc, stride_order
 from ....ops.pooling import PoolGeometry, Resample, ResampleMode
 from ..expr import TL_DTYPE, Emitter, compute_type, elementwise, piece_types, round_in_compute, to_storage
 from ..knobs import FlatKnobs
+from ._flat_axes import FlatAxes
 from .base import (
     INT32_LIMIT,
     Generated,
@@ -41,7 +42,6 @@ from .base import (
     program_id,
     unique,
 )
-from .reduction import FlatAxes
 
 UNROLL_TAPS = 27  # windows up to 3x3x3 are unrolled
 

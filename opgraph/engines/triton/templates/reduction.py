@@ -27,19 +27,25 @@ MIN/MAX/AMAX propagate NaN like np.min/np.max.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
-from ....core.ir import Node
+from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
+from ....core.symbolic import Expr, evaluate
 from ....core.tensor import TensorDesc, stride_order
 from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import Emitter, compute_type, elementwise, node_type, piece_types, to_storage
 from ..knobs import ReductionKnobs
+from ..sizes import Sizes, above_one, symbolic_piece
+from ._flat_axes import FlatAxes, ReductionIndexer
 from .base import (
     Arg,
     ArgKind,
@@ -71,125 +77,6 @@ _KIND = {
     R.MIN: "min",
 }
 _IDENTITY = {"sum": "0.0", "prod": "1.0", "max": "float('-inf')", "min": "float('inf')"}
-
-
-# -- indexing over flat positions ---------------------------------------------------------------
-
-
-class FlatAxes:
-    """Coordinates and offsets over one flat index `var` that walks `axes` (outer to inner) of a
-    space of dims `dims`. Sub-expressions are named once (`{prefix}N`) and collected in `lines`."""
-
-    def __init__(self, var: str, axes: Sequence[int], dims: Sequence[int], prefix: str) -> None:
-        self.var = var
-        self.axes = tuple(axes)
-        self.dims = tuple(dims)
-        self.prefix = prefix
-        self.inner: dict[int, int] = {}
-        step = 1
-        for a in reversed(self.axes):
-            self.inner[a] = step
-            step *= self.dims[a]
-        self.size = step
-        self.lines: list[str] = []
-        self._names: dict[str, str] = {}
-
-    def _name(self, expr: str) -> str:
-        if expr == self.var:
-            return expr
-        if expr not in self._names:
-            self._names[expr] = f"{self.prefix}{len(self._names)}"
-            self.lines.append(f"{self._names[expr]} = {expr}")
-        return self._names[expr]
-
-    def part(self, inner: int, size: int) -> str:
-        """Name of `(var // inner) % size` (no modulo for the outermost run: lanes past the end are
-        masked anyway)."""
-        expr = self.var if inner == 1 else f"({self.var} // {inner})"
-        if inner * size != self.size:
-            expr = f"{expr} % {size}"
-        return self._name(expr)
-
-    def coord(self, axis: int) -> str:
-        return self.part(self.inner[axis], self.dims[axis])
-
-    def offset(self, desc: TensorDesc) -> str | None:
-        """Offset expression of `desc` over this flat index; None when it does not depend on it."""
-        if desc.numel == 1:
-            return None
-        runs: list[list[int]] = []
-        prev: int | None = None
-        for a in self.axes:
-            if desc.dim[a] == 1 or desc.stride[a] == 0:
-                prev = None
-                continue
-            if prev is not None and desc.stride[prev] == desc.stride[a] * self.dims[a]:
-                runs[-1].append(a)
-            else:
-                runs.append([a])
-            prev = a
-        terms = []
-        for run in runs:
-            last = run[-1]
-            p = self.part(self.inner[last], math.prod(self.dims[a] for a in run))
-            s = desc.stride[last]
-            terms.append(p if s == 1 else f"{p} * {s}")
-        if not terms:
-            return None
-        return terms[0] if len(terms) == 1 and " " not in terms[0] else self._name(" + ".join(terms))
-
-
-class ReductionIndexer:
-    """The Emitter's view of a [BLOCK_M, BLOCK_K] tile (or [BLOCK_K, BLOCK_M] when `k_fast` is
-    False): loads of tensors that do not depend on k are [BLOCK_M] vectors (hoisted by the caller),
-    of tensors that do not depend on m [BLOCK_K] vectors, of the rest full tiles."""
-
-    def __init__(self, mflat: FlatAxes, kflat: FlatAxes, k_fast: bool, space: tuple[int, ...]) -> None:
-        self.mflat = mflat
-        self.kflat = kflat
-        self.k_fast = k_fast
-        self.space = space
-
-    def em(self, e: str) -> str:
-        return f"{e}[:, None]" if self.k_fast else f"{e}[None, :]"
-
-    def ek(self, e: str) -> str:
-        return f"{e}[None, :]" if self.k_fast else f"{e}[:, None]"
-
-    def k_invariant(self, desc: TensorDesc) -> bool:
-        return desc.numel == 1 or self.kflat.offset(desc) is None
-
-    def load(self, desc: TensorDesc, ptr: str) -> str:
-        om, ok = (None, None) if desc.numel == 1 else (self.mflat.offset(desc), self.kflat.offset(desc))
-        if om is None and ok is None:  # one element, or broadcast in memory (stride 0) along m and k
-            return f"tl.load({ptr})"
-        if ok is None:
-            return self.em(f"tl.load({ptr} + {om}, mask=m_mask, other=0)")
-        if om is None:
-            return self.ek(f"tl.load({ptr} + {ok}, mask=k_mask, other=0)")
-        return f"tl.load({ptr} + {self.em(om)} + {self.ek(ok)}, mask=mask, other=0)"
-
-    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
-        om = self.mflat.offset(desc) or "tl.zeros_like(m)"
-        ok = self.kflat.offset(desc) or "tl.zeros_like(k)"
-        mask = "mask"
-        # a broadcast-smaller output is written by the lanes at coordinate 0 of its size-1 axes only
-        for axis, (d, full) in enumerate(zip(desc.dim, self.space)):
-            if d == 1 and full > 1:
-                mask += f" & ({self._coord(axis)} == 0)"
-        return f"tl.store({ptr} + {self.em(om)} + {self.ek(ok)}, {value}, mask={mask})"
-
-    def coord(self, axis: int, desc: TensorDesc) -> str:
-        if desc.dim[axis] == 1:
-            return self.em("tl.zeros_like(m)")
-        return self._coord(axis)
-
-    def _coord(self, axis: int) -> str:
-        if self.space[axis] == 1:
-            return self.em("tl.zeros_like(m)")
-        if axis in self.mflat.inner:
-            return self.em(self.mflat.coord(axis))
-        return self.ek(self.kflat.coord(axis))
 
 
 # -- what a piece reduces ------------------------------------------------------------------------
@@ -239,7 +126,7 @@ def _reducers(piece: Piece, node: Node) -> tuple[TensorDesc, tuple[int, ...], li
         return x, reduced_axes(x.dim, piece.tensor(out).dim), [Reducer(out, src, node.op.mode)]
     assert isinstance(node.op, GenStats)
     s, sq = node.outputs
-    axes = tuple(a for a in range(len(x.dim)) if a != 1 and x.dim[a] > 1)
+    axes = tuple(a for a in range(len(x.dim)) if a != 1 and above_one(x.dim[a]))
     return x, axes, [Reducer(s, src, R.ADD), Reducer(sq, src, R.ADD, square=True)]
 
 
@@ -288,7 +175,7 @@ def analyze(piece: Piece) -> Analysis | Support:
                     )
     main = _main_tensor(piece, space)
     order = stride_order(main.stride) if main is not None else tuple(range(len(space)))
-    live = [a for a in order if space[a] > 1]
+    live = [a for a in order if above_one(space[a])]
     kept = tuple(a for a in live if a not in axes)
     reduced = tuple(a for a in live if a in axes)
     k_fast = bool(live) and live[-1] in axes
@@ -362,11 +249,12 @@ def _acc_type(r: Reducer, compute: str) -> str:
     return "tl.float64" if r.kind == "prod" else compute
 
 
-def _finish(r: Reducer, value: str, K: int, compute: str) -> str:
-    """The reduced value in the compute type after the mode's final transform."""
+def _finish(r: Reducer, value: str, K: Any, compute: str, text: Callable[[Any], str] = str) -> str:
+    """The reduced value in the compute type after the mode's final transform (a dynamic K divides as
+    its run-time argument)."""
     v = f"{value}.to({compute})" if r.kind == "prod" else value
     if r.mode is R.AVG:
-        return f"({v} / {float(K)!r})"
+        return f"({v} / {float(K)!r})" if isinstance(K, int) else f"({v} / {text(K)})"
     if r.mode is R.NORM2:
         return f"tl.sqrt({v})"
     return v
@@ -388,13 +276,39 @@ class ReductionMatch(Match[ReductionKnobs]):
         super().__init__(template, piece, device)
         self.a = analysis
 
+    @cached_property
+    def symbolic(self) -> tuple[Piece, Analysis, ShapeOrigin] | None:
+        """The symbolic piece and analysis where the kernel takes its sizes at run time (sizes.py): a
+        piece of a dynamic plan's bucket whose kept or reduced length is dynamic; else None (generated
+        at the shape)."""
+        piece = symbolic_piece(self.piece)
+        if piece is None:
+            return None
+        try:
+            a = analyze(piece)
+        except TypeError:  # a decision by a dynamic size: generated at the shape
+            return None
+        if isinstance(a, Support) or not (isinstance(a.M, Expr) or isinstance(a.K, Expr)):
+            return None
+        origin = self.piece.graph.origin
+        assert origin is not None
+        return piece, a, origin
+
     def launches(self, knobs: ReductionKnobs) -> int:
         return 2 if knobs.split > 1 else 1
 
     # -- knobs -----------------------------------------------------------------------------------
     def candidates(self) -> list[ReductionKnobs]:
-        a, piece, device = self.a, self.piece, self.device
-        M, K = a.M, a.K
+        if self.symbolic is not None:  # at the bucket's hint, one program per block of kept positions
+            piece, a, origin = self.symbolic
+            sizes = Sizes(origin)
+            found = self._candidates(piece, a, sizes.hint(a.M), sizes.hint(a.K))
+            return unique([dataclasses.replace(k, SPLIT=1) for k in found])
+        return self._candidates(self.piece, self.a, self.a.M, self.a.K)
+
+    def _candidates(self, piece: Piece, a: Analysis, M: int, K: int) -> list[ReductionKnobs]:
+        """Knob sets of `a` at kept and reduced lengths M and K."""
+        device = self.device
         pm, pk = pow2_at_least(M), pow2_at_least(K)
         if a.k_fast:  # rows: K contiguous, up to 4096 elements of a row per step
             bk = min(pk, 4096)
@@ -433,23 +347,39 @@ class ReductionMatch(Match[ReductionKnobs]):
 
     # -- source ----------------------------------------------------------------------------------
     def generate(self, knobs: ReductionKnobs) -> Generated:
-        a, piece, device = self.a, self.piece, self.device
+        if self.symbolic is not None and knobs.split == 1:
+            piece, a, origin = self.symbolic
+            return self._generate(knobs, piece, a, Sizes(origin))
+        return self._generate(knobs, self.piece, self.a, None)
+
+    def _generate(self, knobs: ReductionKnobs, piece: Piece, a: Analysis, sizes: Sizes | None) -> Generated:
+        """The kernels of `piece` analysed as `a`: with `sizes`, the symbolic piece whose sizes are
+        run-time arguments (SPLIT 1: no combine launch)."""
+        device = self.device
+        text: Callable[[Any], str] = sizes.text if sizes is not None else str
         bm, bk = knobs.BLOCK_M, knobs.BLOCK_K
         M, K = a.M, a.K
-        per_chunk = -(-K // knobs.split)
-        chunk = -(-per_chunk // bk) * bk  # whole tiles per chunk
-        split = -(-K // chunk)  # chunks that hold any of K
-        tile = (bm, bk) if a.k_fast else (bk, bm)
-        kaxis = 1 if a.k_fast else 0
         g = piece.graph
         externals = [*piece.inputs, *piece.outputs]
-        big = M * K > INT32_LIMIT or any(
-            1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT for u in externals
-        )
+        if sizes is None:
+            per_chunk = -(-K // knobs.split)
+            chunk = -(-per_chunk // bk) * bk  # whole tiles per chunk
+            split = -(-K // chunk)  # chunks that hold any of K
+            big = M * K > INT32_LIMIT or any(
+                1 + sum((d - 1) * s for d, s in zip(g.tensors[u].dim, g.tensors[u].stride)) > INT32_LIMIT
+                for u in externals
+            )
+            m_now = M
+        else:
+            chunk, split = 0, 1
+            big = sizes.needs_int64(g.tensors[u] for u in externals) or sizes.max(M * K) > INT32_LIMIT
+            m_now = evaluate(M, sizes.env)
+        tile = (bm, bk) if a.k_fast else (bk, bm)
+        kaxis = 1 if a.k_fast else 0
         types = piece_types(piece)
         compute = compute_type(types)
-        mflat = FlatAxes("m", a.kept, a.space, "mq")
-        kflat = FlatAxes("k", a.reduced, a.space, "kq")
+        mflat = FlatAxes("m", a.kept, a.space, "mq", text)
+        kflat = FlatAxes("k", a.reduced, a.space, "kq", text)
         idx = ReductionIndexer(mflat, kflat, a.k_fast, a.space)
         em = Emitter(g.tensors, compute, idx, ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
 
@@ -493,7 +423,7 @@ class ReductionMatch(Match[ReductionKnobs]):
         launches: list[Launch] = []
         combine_src = ""
         if split == 1:
-            post += _store_reduced(a, piece, mflat, rtypes, {i: f"red{i}" for i in range(len(a.reducers))})
+            post += _store_reduced(a, piece, mflat, rtypes, {i: f"red{i}" for i in range(len(a.reducers))}, text)
         else:
             for i, r in enumerate(a.reducers):
                 dt = _acc_type(r, rtypes[i]).removeprefix("tl.")
@@ -506,7 +436,7 @@ class ReductionMatch(Match[ReductionKnobs]):
             launches.append(combine_launch)
 
         k_vec = f"k0 + tl.arange(0, {bk})"
-        bounds = f"0, {K}, {bk}" if split == 1 else f"pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}"
+        bounds = f"0, {text(K)}, {bk}" if split == 1 else f"pid_s * {chunk}, pid_s * {chunk} + {chunk}, {bk}"
         stages = knobs.stages
         # tl.range(num_stages=S) software-pipelines the loop's loads (cp.async into shared memory: S - 1
         # tiles in flight per program); the interpreter ignores it
@@ -517,18 +447,21 @@ class ReductionMatch(Match[ReductionKnobs]):
         pre = [f"pid_m = {program_id(0, big)}"]
         if split > 1:
             pre.append(f"pid_s = {program_id(1, big)}")
-        pre += [f"m = pid_m * {bm} + tl.arange(0, {bm})", f"m_mask = m < {M}"]
+        pre += [f"m = pid_m * {bm} + tl.arange(0, {bm})", f"m_mask = m < {text(M)}"]
         in_loop = [
             f"k = ({k_vec}).to(tl.int64)" if big else f"k = {k_vec}",
-            f"k_mask = k < {K}",
+            f"k_mask = k < {text(K)}",
             f"mask = {mask}",
             *kflat.lines,
             *loop,
         ]
         body = [*pre, *mflat.lines, *hoisted, *inits, loop_head, *indent(in_loop).split("\n"), *post]
+        if sizes is not None:
+            params, args = [*params, *sizes.params], [*args, *sizes.args()]
         signature = ", ".join([*params, *scratch_params])
-        source = module_source(f"def kernel({signature}):\n{indent(body)}\n", combine_src)
-        main = Launch("kernel", (-(-M // bm), split), tuple([*args, *scratch_args]), (("num_warps", knobs.warps),))
+        functions = [f"def kernel({signature}):\n{indent(body)}\n", combine_src]
+        source = module_source(*functions) if sizes is None else module_source(sizes.declaration(), *functions)
+        main = Launch("kernel", (-(-m_now // bm), split), tuple([*args, *scratch_args]), (("num_warps", knobs.warps),))
         return Generated(
             source, (main, *launches), scratch_bytes, frozenset({f"split={split}"} if split > 1 else set())
         )
@@ -548,7 +481,14 @@ def _reducer_type(r: Reducer, piece: Piece, compute: str) -> str:
     return compute if node is None else node_type(node, piece.graph.tensors, compute)
 
 
-def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str], values: dict[int, str]) -> list[str]:
+def _store_reduced(
+    a: Analysis,
+    piece: Piece,
+    mflat: FlatAxes,
+    types: list[str],
+    values: dict[int, str],
+    text: Callable[[Any], str] = str,
+) -> list[str]:
     lines = []
     for i, r in enumerate(a.reducers):
         if r.out is None or r.out not in piece.outputs:
@@ -556,7 +496,10 @@ def _store_reduced(a: Analysis, piece: Piece, mflat: FlatAxes, types: list[str],
         desc = piece.tensor(r.out)
         off = mflat.offset(desc) or "tl.zeros_like(m)"
         val = to_storage(f"fin{i}", desc.data_type, types[i])
-        lines += [f"fin{i} = {_finish(r, values[i], a.K, types[i])}", f"tl.store(p{r.out} + {off}, {val}, mask=m_mask)"]
+        lines += [
+            f"fin{i} = {_finish(r, values[i], a.K, types[i], text)}",
+            f"tl.store(p{r.out} + {off}, {val}, mask=m_mask)",
+        ]
     return lines
 
 

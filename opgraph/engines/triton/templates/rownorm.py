@@ -1,7 +1,8 @@
-"""Layernorm and rmsnorm, forward and backward, as fused pieces, where the normalized axes are one
-contiguous run of memory that fits a program (hidden <= 16384 elements), with a pointwise prologue on
-the full-size inputs (a residual add before the norm) and a pointwise epilogue on the full-size
-output.
+"""Layernorm and rmsnorm, forward and backward, as fused pieces, where the normalized axes fit a
+program (hidden <= 16384 elements), with a pointwise prologue on the full-size inputs (a residual add
+before the norm) and a pointwise epilogue on the full-size output. Tensors in memory may be read
+through slices, transposes and reshapes (a layernorm of a reshaped residual stream, of a permuted
+NCHW activation), and full-size values written through transposes and reshapes (permuted back).
 
   forward:  one launch: x is read once, mean / inv_variance and y (and the epilogue's outputs)
             written once. Either a [ROWS, BLOCK] tile per program (BLOCK = next power of 2 of hidden;
@@ -15,22 +16,28 @@ output.
             stored once per program to scratch (deterministic, no atomics); launch 2 sums the
             partial rows, BH columns a program, all the rows of a column block loaded at once.
 
-Rows are the kept axes (any strides: a row's offset is computed per tensor from its coordinates);
-columns are the normalized axes, packed innermost in the input (other tensors, e.g. a scale declared
-in another layout, are addressed through their own strides).
+Rows are the kept axes, columns the normalized axes (any strides: an offset is computed per tensor
+from its coordinates, or from the flat row / column index where the tensor packs those axes in one
+run). Where the columns are one contiguous run of the input (the usual case), a row is read with
+vector loads; where they are not (channels of an NCHW tensor: RowGeometry.strided), each column is
+read with a stride, along the rows of the tile (the backward then takes tiles of rows too).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ....core.config import Support
 from ....core.device import Device
+from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
+from ....core.symbolic import Expr
 from ....memory.workspace import align_up
 from ..knobs import RownormKnobs
+from ..sizes import Sizes, symbolic_piece
 from ._norm_common import (
     Comp,
     Fusion,
@@ -40,10 +47,10 @@ from ._norm_common import (
     Params,
     PrefetchIndexer,
     RowIndexer,
+    above_one,
     analyze,
     is_run,
     loop_header,
-    make_emitter,
     memory_order,
     nest,
     pow2_ceil,
@@ -76,6 +83,16 @@ class RowGeometry:
     def kind(self) -> str:
         return self.fusion.norm.kind
 
+    @property
+    def strided(self) -> bool:
+        """Whether a row of the input is not one contiguous run of memory (a layernorm over the channels
+        of an NCHW tensor, or over the last axis of a transposed one): each column is then read with a
+        stride, and tiles of many rows keep the loads coalesced along the rows."""
+        x = self.fusion.x
+        return bool(self.col_axes) and not (
+            is_run(self.col_axes, self.dims, x.stride) and x.stride[self.col_axes[-1]] == 1
+        )
+
 
 def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
     node, x = fusion.norm, fusion.x
@@ -89,15 +106,8 @@ def geometry(fusion: Fusion, piece: Piece) -> RowGeometry | Support:
     else:
         rd = piece.tensor(ref).dim
         normalized = [a for a in range(len(dims)) if rd[a] == dims[a]]
-    cols = memory_order([a for a in normalized if dims[a] > 1], x.stride)
-    rows = memory_order([a for a in range(len(dims)) if a not in normalized and dims[a] > 1], x.stride)
-    if cols and (not is_run(cols, dims, x.stride) or x.stride[cols[-1]] != 1):
-        return Support.no(
-            f"{node.label()} normalizes axes {sorted(cols)} of input dims {list(dims)} with strides "
-            f"{list(x.stride)}: they are not one contiguous run of memory (the rownorm template holds a "
-            "row in registers); the torch or reference engine runs this layout",
-            node,
-        )
+    cols = memory_order([a for a in normalized if above_one(dims[a])], x.stride)
+    rows = memory_order([a for a in range(len(dims)) if a not in normalized and above_one(dims[a])], x.stride)
     g = RowGeometry(fusion, dims, rows, cols)
     if g.H > MAX_HIDDEN:
         return Support.no(
@@ -148,6 +158,10 @@ def _knobs(
         per_sm = per_sm or 2
     tile = tile or (8192 if persist else 16384)
     rows = max(1, min(pow2_ceil(g.R), tile // block))
+    # a strided row (g.strided): the backward's row loop takes tiles of rows too (2048 elements, 8 a
+    # thread: x, dy and the two partial sums in registers, pipelined without spilling), each column's
+    # elements of consecutive rows read together
+    row_block = max(1, min(pow2_ceil(g.R), 2048 // block)) if backward and g.strided else 1
     programs = per_sm * device.sm_count
     # launch 2 sums the launch-1 programs' partial rows: 32 columns (128 B of fp32) a program, every
     # partial row of them loaded at once (<= 8192 elements a tile, 8 warps)
@@ -160,8 +174,8 @@ def _knobs(
         ROWS=rows,
         W=warps or min(16, max(4, rows * block // 512)),
         PROGRAMS=programs,
-        RB=1,
-        BW=warps or min(16, max(4, block // 512)),
+        RB=row_block,
+        BW=warps or min(16, max(4, row_block * block // 256 if row_block > 1 else block // 512)),
         ST=0 if prefetch else stages,
         PF=prefetch,
         FP=persist * device.sm_count,
@@ -221,8 +235,8 @@ def candidate_knobs(g: RowGeometry, device: Device, backward: bool) -> list[Rown
 class _Gen(NormGen):
     g: RowGeometry
 
-    def __init__(self, piece: Piece, g: RowGeometry, knobs: RownormKnobs) -> None:
-        super().__init__(piece, g, knobs)
+    def __init__(self, piece: Piece, g: RowGeometry, knobs: RownormKnobs, sizes: Sizes | None = None) -> None:
+        super().__init__(piece, g, knobs, sizes)
         self.rms = g.kind.startswith("rmsnorm")
         self.backward = g.kind.endswith("_backward")
         self.grad_uid = self.node.input("grad") if self.backward else None
@@ -249,7 +263,9 @@ class _Gen(NormGen):
                     g.dims,
                     [nrow, col],
                     {frozenset(): None, frozenset({0}): "rnmask", frozenset({1}): "jmask", frozenset({0, 1}): "nmask"},
+                    text=self.text,
                 ),
+                self.text,
             )
             per_row = PrefetchIndexer(
                 g.dims,
@@ -257,14 +273,15 @@ class _Gen(NormGen):
                 row_masks,
                 {0: "z0"},
                 {"rr"},
-                RowIndexer(g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}),
+                RowIndexer(g.dims, [nrow], {frozenset(): None, frozenset({0}): "rnmask"}, text=self.text),
+                self.text,
             )
         else:
-            tile = RowIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"})
-            per_row = RowIndexer(g.dims, [row], row_masks, {0: "z0"})
+            tile = RowIndexer(g.dims, [row, col], tile_masks, {0: "z0", 1: "z1"}, self.text)
+            per_row = RowIndexer(g.dims, [row], row_masks, {0: "z0"}, self.text)
         return (
-            make_emitter(self.piece, self.compute, tile, params),
-            make_emitter(self.piece, self.compute, per_row, params),
+            self.emitter(tile, params),
+            self.emitter(per_row, params),
             [tile, per_row],
         )
 
@@ -285,10 +302,10 @@ class _Gen(NormGen):
         em, em_row, _ = self.indexers(params)
         em_par = em
         if persistent:
-            em_par = make_emitter(
-                self.piece,
-                self.compute,
-                RowIndexer(g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}),
+            em_par = self.emitter(
+                RowIndexer(
+                    g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}, text=self.text
+                ),
                 params,
             )
         # scale and bias first: their loads are in flight with x's (after the row reductions, whose
@@ -321,7 +338,7 @@ class _Gen(NormGen):
         self.emit_output(em, value)
         for role, name in (("mean", "mean"), ("inv_variance", "inv")):
             self.store_result(em_row, role, name)
-        tiles = -(-g.R // rows)
+        tiles = -(-self.at_shape(g.R) // rows)
         if persistent:
             programs = max(1, min(k.FP, tiles))
             rpp = -(-tiles // programs) * rows
@@ -347,7 +364,7 @@ class _Gen(NormGen):
             programs = tiles
             body = [
                 f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
-                f"rmask = rr < {g.R}",
+                f"rmask = rr < {self.text(g.R)}",
                 "jj = tl.arange(0, BLOCK)[None, :]",
                 f"jmask = jj < {g.H}",
                 "mask = rmask & jmask",
@@ -356,11 +373,12 @@ class _Gen(NormGen):
                 *em.lines,
                 *em_row.lines,
             ]
+        self.add_sizes(params)
         src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
         launch = Launch(
             "kernel_rownorm", (programs,), tuple(params.args), (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W))
         )
-        return Generated(module_source(src), (launch,))
+        return Generated(self.module(src), (launch,))
 
     # backward -------------------------------------------------------------------------------------
     def backward_pass(self) -> Generated:
@@ -379,9 +397,7 @@ class _Gen(NormGen):
             em.emit(n)
         xv, dy = em.operand(self.x_uid), em.operand(self.grad_uid)
         # scale is the same for every row: loaded once, before the row loop
-        em_col = make_emitter(
-            self.piece,
-            self.compute,
+        em_col = self.emitter(
             RowIndexer(g.dims, [Comp(g.col_axes, "jj", 1)], {frozenset(): None, frozenset({1}): "jmask"}),
             params,
         )
@@ -459,9 +475,7 @@ class _Gen(NormGen):
         bh = k.BH
         bg = k.BG or max(2, min(pow2_ceil(programs), max(8, 4096 // bh)))
         col = Comp(g.col_axes, "jj", 1)
-        em = make_emitter(
-            self.piece,
-            self.compute,
+        em = self.emitter(
             RowIndexer(g.dims, [col], {frozenset(): None, frozenset({1}): "jmask"}, {1: "z1"}),
             params,
         )
@@ -496,7 +510,7 @@ class RownormTemplate(NormTemplate):
     knob_class = RownormKnobs
 
     def _geometry(self, piece: Piece) -> RowGeometry | Support:
-        fusion = analyze(piece, KINDS, self.name)
+        fusion = analyze(piece, KINDS, self.name, views=True)
         if isinstance(fusion, Support):
             return fusion
         return geometry(fusion, piece)
@@ -505,10 +519,37 @@ class RownormTemplate(NormTemplate):
 class RownormMatch(NormMatch):
     g: RowGeometry
 
+    @cached_property
+    def symbolic(self) -> tuple[Piece, RowGeometry, ShapeOrigin] | None:
+        """The symbolic piece and geometry where the kernel takes its sizes at run time (sizes.py): a
+        forward of a dynamic plan's bucket whose rows are dynamic and whose normalized length is not;
+        else None (generated at the shape)."""
+        piece = symbolic_piece(self.piece)
+        if piece is None or self.g.kind.endswith("_backward"):
+            return None
+        origin = self.piece.graph.origin
+        assert origin is not None
+        try:
+            fusion = analyze(piece, KINDS, self.template.name)
+            g = geometry(fusion, piece) if not isinstance(fusion, Support) else fusion
+        except TypeError:  # a decision by a dynamic size: generated at the shape
+            return None
+        if isinstance(g, Support) or not isinstance(g.H, int) or not isinstance(g.R, Expr):
+            return None
+        return piece, g, origin
+
     def candidates(self) -> list[RownormKnobs]:
+        if self.symbolic is not None:  # at the bucket's hint, one tile per program (no persistent walk)
+            _, g, origin = self.symbolic
+            sizes = Sizes(origin)
+            hint = RowGeometry(g.fusion, tuple(sizes.hint(d) for d in g.dims), g.row_axes, g.col_axes)
+            return [k for k in candidate_knobs(hint, self.device, False) if not k.FP]
         return candidate_knobs(self.g, self.device, self.g.kind.endswith("_backward"))
 
     def generate(self, knobs: RownormKnobs) -> Generated:
+        if self.symbolic is not None and not knobs.FP:
+            piece, g, origin = self.symbolic
+            return _Gen(piece, g, knobs, Sizes(origin)).forward()
         gen = _Gen(self.piece, self.g, knobs)
         return gen.backward_pass() if gen.backward else gen.forward()
 

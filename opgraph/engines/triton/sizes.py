@@ -1,0 +1,101 @@
+"""How a generated kernel spells its sizes (docs/design/dynamic-shapes.md, "Kernel specialisation").
+
+A piece of a static graph spells every size as its literal, as templates always did (so static
+sources stay byte for byte what they were). A piece that a dynamic plan planned for one shape of a
+bucket (its graph's `origin`: opgraph.core.ir.ShapeOrigin) may be generated from the symbolic graph
+instead: an int is still its literal, an expression of the dynamic dims becomes an int parameter
+`sz<i>` of the kernel (one per distinct canonical expression, i32 or i64 by the bucket's bound) whose
+value at the plan's shape the launch passes (ArgKind.SIZE). Decisions read the bucket, not the shape:
+`hint` for heuristics, `max` for int64 indexing. The source then holds no dynamic size, so every
+shape of a bucket gets the same source and the same compiled binary (one spec key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+
+from ...core.ir import ShapeOrigin
+from ...core.piece import Piece
+from ...core.symbolic import Expr, SymInt, bounds, evaluate
+from ...core.tensor import TensorDesc
+from .templates.base import INT32_LIMIT, Arg, ArgKind
+
+SIZES_NAME = "_OG_SIZES"  # a generated module's tuple of size parameters (compile_worker: do_not_specialize)
+
+
+class Sizes:
+    """The size parameters of one generated kernel (see the module docstring), in first-use order."""
+
+    def __init__(self, origin: ShapeOrigin) -> None:
+        self.origin = origin
+        self.env = origin.env
+        self.ranges = origin.bucket.range_map
+        self.hints = origin.bucket.hint_map
+        self._names: dict[Expr, str] = {}
+
+    def text(self, value: SymInt) -> str:
+        """A size as kernel text: an int's literal, or the parameter holding an expression."""
+        if not isinstance(value, Expr):
+            return str(value)
+        name = self._names.get(value)
+        if name is None:
+            name = self._names[value] = f"sz{len(self._names)}"
+        return name
+
+    def hint(self, value: SymInt) -> int:
+        """A size at the bucket's hint (for heuristics: the same choice for every shape of the bucket)."""
+        return evaluate(value, self.hints)
+
+    def max(self, value: SymInt) -> int:
+        """The largest a size gets in the bucket."""
+        return bounds(value, self.ranges)[1]
+
+    def needs_int64(self, descs: Iterable[TensorDesc], lanes: int = 0) -> bool:
+        """Whether offsets into `descs` (an extent, or the element count plus `lanes`) can pass int32 in
+        the bucket (templates.base.offsets_need_int64, over the bucket's range)."""
+        for t in descs:
+            reach = 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride))
+            if self.max(reach) > INT32_LIMIT or self.max(math.prod(t.dim)) + lanes > INT32_LIMIT:
+                return True
+        return False
+
+    @property
+    def params(self) -> list[str]:
+        return list(self._names.values())
+
+    def args(self) -> list[Arg]:
+        """The launch arguments of the size parameters: each value at the plan's shape."""
+        return [
+            Arg(ArgKind.SIZE, value=evaluate(e, self.env), dtype="int64" if self.max(e) > INT32_LIMIT else "int32")
+            for e in self._names
+        ]
+
+    def declaration(self) -> str:
+        """The module line listing the size parameters (Triton's JIT must not specialise on them)."""
+        return f"{SIZES_NAME} = {tuple(self.params)!r}"
+
+
+def above_one(d: SymInt) -> bool:
+    """Whether an axis is walked (not of size 1): a dynamic dim always is (a symbol never broadcasts,
+    whatever its value at run time)."""
+    return True if isinstance(d, Expr) else d > 1
+
+
+def is_dynamic_desc(desc: TensorDesc) -> bool:
+    return any(isinstance(v, Expr) for v in (*desc.dim, *desc.stride))
+
+
+def symbolic_piece(piece: Piece) -> Piece | None:
+    """The piece over its graph's symbolic origin (the same UIDs; the origin's nodes, whose size
+    attributes, such as a reshape's dims, are expressions; the dynamic dims as expressions), where the
+    piece's graph has one; None otherwise. A template's analysis run on it decides over the bucket:
+    code that compares a dynamic size with an int raises TypeError, which a template takes as
+    "generate this piece at its shape"."""
+    origin = piece.graph.origin
+    if origin is None:
+        return None
+    at = {id(n): i for i, n in enumerate(piece.graph.nodes)}  # (FinalGraph.at keeps the nodes' order)
+    nodes = tuple(origin.graph.nodes[at[id(n)]] for n in piece.nodes)
+    return dataclasses.replace(piece, nodes=nodes, graph=origin.graph, growth=None)

@@ -1,0 +1,154 @@
+"""The running sum (cumsum) along one axis as a fused piece, one launch: a pointwise prologue computing
+its input (RoBERTa's position ids scan `input_ids != pad`), and a pointwise epilogue on its output
+(`* mask + pad`); tensors in memory may be read through views (as the rownorm template reads them).
+
+Each program takes ROWS rows (positions of the kept axes, any strides) and walks the scanned axis in
+chunks of BLOCK elements (from its end for a reverse scan): a chunk's sums are `tl.cumsum` along the
+tile's columns plus the row's carry (the sum of the chunks before it), which the chunk's total then
+advances. The sums run in the piece's compute type: fp64 where a value is an integer (exact, as the
+float64 reference), else fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ....core.config import Support
+from ....core.device import Device
+from ....core.piece import Piece
+from ....ops.scan import Cumsum
+from ..knobs import ScanKnobs
+from ._norm_common import (
+    Comp,
+    Fusion,
+    NormGen,
+    NormMatch,
+    NormTemplate,
+    Params,
+    RowIndexer,
+    analyze,
+    memory_order,
+    nest,
+    pow2_ceil,
+)
+from .base import Generated, Launch, indent, module_source, unique
+
+KINDS = ("cumsum",)
+
+
+@dataclass(frozen=True)
+class ScanGeometry:
+    fusion: Fusion
+    dims: tuple[int, ...]
+    row_axes: tuple[int, ...]  # kept axes of size > 1, memory order
+    axis: int  # the scanned axis
+
+    @property
+    def R(self) -> int:
+        return math.prod(self.dims[a] for a in self.row_axes)
+
+    @property
+    def L(self) -> int:
+        return self.dims[self.axis]
+
+    @property
+    def reverse(self) -> bool:
+        return self.fusion.norm.op_as(Cumsum).reverse
+
+
+def geometry(fusion: Fusion) -> ScanGeometry:
+    dims, axis = fusion.x.dim, fusion.norm.op_as(Cumsum).axis
+    rows = memory_order([a for a in range(len(dims)) if a != axis and dims[a] > 1], fusion.x.stride)
+    return ScanGeometry(fusion, dims, rows, axis)
+
+
+def candidate_knobs(g: ScanGeometry, device: Device) -> list[ScanKnobs]:
+    """GPU: the whole axis in one step up to 1024 elements (longer ones in chunks of 1024), rows up to
+    4096 elements a tile; then chunks of 256. Interpreter: small tiles, several programs and (the
+    alternative) several chunks, so the loop, the carry and the masks all run."""
+    full = pow2_ceil(g.L)
+    if not device.is_cuda:
+        return unique(
+            [
+                ScanKnobs(ROWS=min(2, pow2_ceil(g.R)), BLOCK=min(full, 16)),
+                ScanKnobs(ROWS=min(4, pow2_ceil(g.R)), BLOCK=min(full, 4)),
+            ]
+        )
+    out = []
+    for block in (min(full, 1024), min(full, 256)):
+        rows = max(1, min(pow2_ceil(g.R), 4096 // block))
+        out.append(ScanKnobs(ROWS=rows, BLOCK=block, num_warps=8 if rows * block >= 4096 else 4))
+    return unique(out)
+
+
+class _Gen(NormGen):
+    g: ScanGeometry
+
+    def generate(self) -> Generated:
+        g, acc, knobs = self.g, self.compute, self.k
+        params = Params()
+        masks = {frozenset(): None, frozenset({0}): "rmask", frozenset({1}): "jmask", frozenset({0, 1}): "mask"}
+        col = Comp((g.axis,) if g.L > 1 else (), "jj", 1)
+        em = self.emitter(RowIndexer(g.dims, [Comp(g.row_axes, "rr", 0), col], masks, {0: "z0", 1: "z1"}), params)
+        for n in g.fusion.prologue:
+            em.emit(n)
+        xv = em.operand(self.x_uid)
+        em.lines += [
+            f"xm = tl.where(mask, {xv}, 0.0)",
+            f"cs = tl.cumsum(xm, axis=1, reverse={g.reverse}) + carry",
+            "carry += tl.sum(xm, axis=1, keep_dims=True)",
+        ]
+        self.emit_output(em, "cs")
+        chunks = -(-g.L // knobs.BLOCK)
+        start = f"({chunks - 1} - c) * BLOCK" if g.reverse else "c * BLOCK"
+        cols = f"{start} + tl.arange(0, BLOCK)[None, :]"
+        loop = [
+            f"jj = ({cols}).to(tl.int64)" if self.big else f"jj = {cols}",
+            f"jmask = jj < {g.L}",
+            "mask = rmask & jmask",
+            "z1 = jj * 0",
+            *em.lines,
+        ]
+        body = [
+            f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
+            f"rmask = rr < {g.R}",
+            "z0 = rr * 0",
+            f"carry = tl.zeros([ROWS, 1], {acc})",
+            *nest(f"for c in range(0, {chunks}):", loop),
+        ]
+        src = params.signature("kernel_scan", ["ROWS", "BLOCK"]) + "\n" + indent(body)
+        launch = Launch(
+            "kernel_scan",
+            (-(-g.R // knobs.ROWS),),
+            tuple(params.args),
+            (("ROWS", knobs.ROWS), ("BLOCK", knobs.BLOCK), ("num_warps", knobs.warps)),
+        )
+        return Generated(module_source(src), (launch,))
+
+
+class ScanTemplate(NormTemplate):
+    name = "scan"
+    priority = 29
+    main_kinds = KINDS
+    knob_class = ScanKnobs
+
+    def _geometry(self, piece: Piece) -> ScanGeometry | Support:
+        if "cumsum" not in piece.kind_set:  # (known without a pass: the partitioner asks per op)
+            return Support.no("the scan template needs a cumsum op in the piece")
+        fusion = analyze(piece, KINDS, self.name, views=True)
+        return fusion if isinstance(fusion, Support) else geometry(fusion)
+
+
+class ScanMatch(NormMatch):
+    g: ScanGeometry
+
+    def candidates(self) -> list[ScanKnobs]:
+        return candidate_knobs(self.g, self.device)
+
+    def generate(self, knobs: ScanKnobs) -> Generated:
+        return _Gen(self.piece, self.g, knobs).generate()
+
+
+ScanTemplate.match_class = ScanMatch
+TEMPLATE = ScanTemplate()

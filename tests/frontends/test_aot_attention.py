@@ -1,0 +1,133 @@
+"""AOTAutograd's attention kernels and their backward ops (opgraph/frontends/aot_attention.py), each
+traced with fake tensors (so the CUDA kernels' graphs are made on the CPU too), imported and run by
+the reference engine against attention computed in float64 from its definition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+import opgraph as og  # noqa: E402
+from opgraph.frontends.fx_graph import import_fx  # noqa: E402
+
+aten = torch.ops.aten
+B, HQ, HKV, SQ, SKV, E = 2, 4, 2, 5, 7, 8
+
+
+def _inputs(seed=0, sq=SQ, hkv=HKV):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, HQ, sq, E, generator=g, dtype=torch.float64)
+    k = torch.randn(B, hkv, SKV, E, generator=g, dtype=torch.float64)
+    v = torch.randn(B, hkv, SKV, E, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def _attention(q, k, v, causal, bias=None):
+    """[out, lse [B, H, Sq]] of the scaled scores, GQA by repeating k/v heads; causal top-left."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        s = s + bias
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, lse
+
+
+def _run(fn, *args):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    imported = import_fx(gm)
+    assert not imported.report.custom_ops, imported.report.summary()
+    return imported.run(*args)
+
+
+FORWARDS = {
+    "flash": lambda q, k, v, c: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, c)[:2],
+    "flash_for_cpu": lambda q, k, v, c: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, c),
+    "cudnn": lambda q, k, v, c: aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, c)[:2],
+    "efficient": lambda q, k, v, c: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, c)[:2],
+}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", list(FORWARDS))
+def test_forward_output_and_log_sum_exp(kernel, causal):
+    sq = 32 if kernel == "efficient" else SQ  # (its log-sum-exp rows are padded to a multiple of 32)
+    q, k, v = _inputs(sq=sq)
+    out, lse = _run(lambda q, k, v: FORWARDS[kernel](q, k, v, causal), q, k, v)
+    want, want_lse = _attention(q, k, v, causal)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    assert lse.dtype == (torch.float64 if kernel == "flash_for_cpu" else torch.float32)  # as PyTorch's kernels
+    torch.testing.assert_close(lse.reshape(want_lse.shape).double(), want_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_inference_forward_with_a_float_mask_as_bias():
+    q, k, v = _inputs(1)
+    bias = torch.randn(1, 1, SQ, SKV, dtype=torch.float64)
+
+    def fn(q, k, v, bias):
+        return aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, 0.0, False)[0]
+
+    (out,) = _run(fn, q, k, v, bias)
+    torch.testing.assert_close(out, _attention(q, k, v, False, bias)[0], rtol=1e-12, atol=1e-12)
+
+
+def _grads(q, k, v, causal, do):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = _attention(q, k, v, causal)
+    return out.detach(), lse.detach(), torch.autograd.grad(out, (q, k, v), do)
+
+
+def _seed():
+    return torch.zeros((), dtype=torch.int64)
+
+
+BACKWARDS = {
+    "flash": lambda do, q, k, v, o, lse, c: aten._scaled_dot_product_flash_attention_backward(
+        do, q, k, v, o, lse, None, None, SQ, SKV, 0.0, c, _seed(), _seed()
+    ),
+    "flash_for_cpu": lambda do, q, k, v, o, lse, c: aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        do, q, k, v, o, lse, 0.0, c
+    ),
+    "cudnn": lambda do, q, k, v, o, lse, c: aten._scaled_dot_product_cudnn_attention_backward(
+        do, q, k, v, o, lse.unsqueeze(-1), _seed(), _seed(), None, None, None, SQ, SKV, 0.0, c
+    ),
+    "efficient": lambda do, q, k, v, o, lse, c: aten._scaled_dot_product_efficient_attention_backward(
+        do, q, k, v, None, o, torch.nn.functional.pad(lse, (0, 32 - SQ)), _seed(), _seed(), 0.0,
+        [True, True, True, False], c
+    )[:3],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", list(BACKWARDS))
+def test_backward_gradients(kernel, causal):
+    q, k, v = _inputs(2, hkv=HQ)  # (PyTorch repeats k/v heads before these kernels)
+    do = torch.randn(B, HQ, SQ, E, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    o, lse, want = _grads(q, k, v, causal, do)
+    got = _run(lambda do, q, k, v, o, lse: BACKWARDS[kernel](do, q, k, v, o, lse, causal), do, q, k, v, o, lse)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_dropout_and_rng_state_stay_in_pytorch():
+    """Dropout (PyTorch's RNG stream) is left opaque; a forward whose RNG state is read (saved for
+    PyTorch's backward) is refused, naming why: the backend's partitioner leaves both to PyTorch."""
+    q, k, v = _inputs()
+
+    def dropout(q, k, v):
+        return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.1, False)
+
+    assert import_fx(make_fx(dropout, tracing_mode="fake")(q, k, v)).report.custom_ops
+
+    def rng_state(q, k, v):
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False)[6]
+
+    with pytest.raises(og.UnsupportedGraphError, match="RNG state"):
+        import_fx(make_fx(rng_state, tracing_mode="fake")(q, k, v))

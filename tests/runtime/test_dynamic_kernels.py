@@ -1,0 +1,264 @@
+"""Dynamic plans whose generated kernels take their sizes at run time (design steps 5-7): pointwise
+graphs built once with dynamic dims, run under Triton's interpreter at many shapes (ones, primes,
+the range's ends, random) against the reference engine at each shape (random inputs, poisoned
+outputs); one kernel per bucket and step, whatever the shape; nothing built on the hot path; the
+buckets and every new kernel reported."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.engines.triton import loader
+from opgraph.runtime.dynamic import DynamicPlan
+from opgraph.testing import compare, random_pack, reference_outputs
+from tests.helpers import requires_interpreter
+
+pytestmark = requires_interpreter
+
+B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
+SHAPES = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 5), (5, 7), (7, 13), (13, 31), (16, 17), (11, 2), (16, 37), (1, 37)]
+
+
+def bias_relu(g):
+    x = g.tensor(dim=[B, S, 8], name="x")
+    bias = g.tensor(dim=[1, 1, 8], name="bias")
+    g.relu(g.add(x, bias)).set_output(True).set_name("y")
+
+
+def per_batch_scale(g):  # a value broadcast along the dynamic seq axis: coordinates divide by sizes
+    x = g.tensor(dim=[B, S, 6], name="x")
+    s = g.tensor(dim=[B, 1, 1], name="s")
+    r = g.tensor(dim=[B, S, 6], name="r")
+    y = g.mul(x, s).set_output(True).set_name("y")
+    g.add(y, r).set_output(True).set_name("z")
+
+
+def channels_last(g):  # dynamic strides: [8*seq, 1, 8]
+    x = g.tensor(dim=[B, 8, S], stride=[8 * S, 1, 8], name="x")
+    g.exp(x).set_output(True).set_name("y")
+
+
+def scaled_half(g):  # a pass-by-value scalar, fp16 in and out, fp32 math
+    x = g.tensor(dim=[B, S, 4], data_type=og.DataType.HALF, name="x")
+    alpha = g.tensor(dim=[1], stride=[1], data_type=og.DataType.FLOAT, name="alpha", is_pass_by_value=True)
+    g.tanh(g.mul(x, alpha)).set_output(True).set_name("y").set_data_type(og.DataType.HALF)
+
+
+def residual_layernorm(g):  # rownorm: a prologue, the statistics, an epilogue; rows batch*seq
+    x = g.tensor(dim=[B, S, 24], name="x")
+    r = g.tensor(dim=[B, S, 24], name="r")
+    scale = g.tensor(dim=[1, 1, 24], name="scale")
+    bias = g.tensor(dim=[1, 1, 24], name="bias")
+    y, mean, inv = g.layernorm("training", g.add(x, r), scale, bias, epsilon=1e-5)
+    g.relu(y).set_output(True).set_name("y")
+    mean.set_output(True).set_name("mean")
+    inv.set_output(True).set_name("inv")
+
+
+def rmsnorm_rows(g):  # rownorm over a transposed-batch layout: rows addressed through dynamic strides
+    x = g.tensor(dim=[B, S, 16], stride=[16, 16 * B, 1], name="x")
+    scale = g.tensor(dim=[1, 1, 16], name="scale")
+    y, _ = g.rmsnorm("inference", x, scale, epsilon=1e-6)
+    y.set_output(True).set_name("y")
+
+
+def row_and_column_sums(g):  # reductions: over a static row (kept rows dynamic), over the dynamic axes
+    x = g.tensor(dim=[B, S, 40], name="x")
+    y = g.reduction(g.exp(x), mode=og.ReductionMode.ADD).set_output(True).set_name("y")
+    y.set_dim([B, S, 1])
+    z = g.reduction(x, mode=og.ReductionMode.AVG).set_output(True).set_name("z")
+    z.set_dim([1, 1, 40])
+
+
+def max_over_seq(g):  # a reduction of the middle (dynamic) axis, kept axes dynamic and static
+    x = g.tensor(dim=[B, S, 12], name="x")
+    m = g.reduction(g.mul(x, x), mode=og.ReductionMode.MAX).set_output(True).set_name("m")
+    m.set_dim([B, 1, 12])
+
+
+def transposed_add(g):  # a transpose read in place
+    x = g.tensor(dim=[B, S, 6], name="x")
+    r = g.tensor(dim=[B, 6, S], name="r")
+    g.add(g.transpose(x, permutation=[0, 2, 1]), r).set_output(True).set_name("y")
+
+
+def halves(g):  # slices of a static axis of a dynamic tensor, read in place
+    x = g.tensor(dim=[B, S, 8], name="x")
+    a = g.slice(x, slices=[slice(None), slice(None), slice(0, 4)])
+    b = g.slice(x, slices=[slice(None), slice(None), slice(4, 8)])
+    g.sub(g.mul(a, b), a).set_output(True).set_name("y")
+
+
+def transposed_copy(g):  # views alone, copied out
+    x = g.tensor(dim=[B, S, 6], name="x")
+    g.transpose(x, permutation=[1, 0, 2]).set_output(True).set_name("y")
+
+
+def rotary(g):  # x * cos + rotate_half(x) * sin: slices and a concatenation of the static head axis
+    x = g.tensor(dim=[B, S, 8], name="x")
+    cos = g.tensor(dim=[1, S, 8], name="cos")
+    sin = g.tensor(dim=[1, S, 8], name="sin")
+    x1 = g.slice(x, slices=[slice(None), slice(None), slice(0, 4)])
+    x2 = g.slice(x, slices=[slice(None), slice(None), slice(4, 8)])
+    rot = g.concatenate([g.neg(x2), x1], axis=2)
+    g.add(g.mul(x, cos), g.mul(rot, sin)).set_output(True).set_name("y")
+
+
+def token_and_position_embeddings(g):  # lookups (indices of the dynamic shape, a static table), fused
+    ids = g.tensor(dim=[B, S], data_type=og.DataType.INT64, name="ids")
+    pos = g.tensor(dim=[1, S], data_type=og.DataType.INT64, name="pos")
+    wte = g.tensor(dim=[50, 8], name="wte")
+    wpe = g.tensor(dim=[40, 8], name="wpe")
+    g.add(g.embedding(wte, ids), g.embedding(wpe, pos)).set_output(True).set_name("h")
+
+
+GRAPHS = {
+    f.__name__: f
+    for f in (
+        bias_relu,
+        per_batch_scale,
+        channels_last,
+        scaled_half,
+        residual_layernorm,
+        rmsnorm_rows,
+        row_and_column_sums,
+        max_over_seq,
+        transposed_add,
+        halves,
+        transposed_copy,
+        rotary,
+        token_and_position_embeddings,
+    )
+}
+
+
+def graph_of(make) -> og.Graph:
+    g = og.Graph(make.__name__, io_data_type=og.DataType.FLOAT, compute_data_type=og.DataType.FLOAT)
+    make(g)
+    return g
+
+
+def run_at(plan: DynamicPlan, env: dict, rng: np.random.Generator) -> None:
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    want = reference_outputs(static, pack)
+    plan.execute(pack)
+    bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+def env_of(b: int, s: int) -> dict[str, int]:
+    return {"batch": b, "seq": s}
+
+
+def shapes(seed: int = 0) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    return SHAPES + [(int(rng.integers(1, 17)), int(rng.integers(1, 38))) for _ in range(6)]
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_one_kernel_per_bucket_serves_every_shape(name, monkeypatch):
+    loads = []
+    real = loader._load
+    monkeypatch.setattr(loader, "_load", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    g = graph_of(GRAPHS[name])
+    plan = g.build(device="cpu", engines=["triton"])
+    assert isinstance(plan, DynamicPlan)
+    rng = np.random.default_rng(3)
+    kernels: dict[tuple[int, int], set] = {}
+    for b, s in shapes():
+        run_at(plan, env_of(b, s), rng)
+        at = plan.at(env_of(b, s))
+        for i, step in enumerate(at.steps):
+            assert step.config.engine == "triton"
+            source = at.source(i)
+            assert "_OG_SIZES" in source  # sizes are run-time arguments
+            kernels.setdefault((plan.buckets.of((b, s)).index, i), set()).add((source, step.config.knobs))
+    assert all(len(k) == 1 for k in kernels.values()), kernels  # one kernel a bucket and step, whatever the shape
+    assert plan.stats["shape_kernels"] == 0
+    assert plan.stats["kernels"] == len({k for ks in kernels.values() for k in ks})
+    assert len(set(loads)) == len(loads) <= len(kernels)  # a generated module loaded once per source
+    for b, s in shapes(seed=1):  # more shapes of the buckets already used: nothing new
+        run_at(plan, env_of(b, s), rng)
+    assert plan.stats["shape_kernels"] == 0 and len(set(loads)) == len(loads)
+
+
+def test_a_bucket_compiles_at_its_first_shape_only():
+    plan = graph_of(bias_relu).build(device="cpu", engines=["triton"], buckets="one")
+    assert len(plan.buckets) == 1
+    rng = np.random.default_rng(4)
+    for b, s in SHAPES:
+        run_at(plan, env_of(b, s), rng)
+    assert plan.stats["kernels"] == 1 and plan.stats["runtime_compiles"] == 0  # the build's kernel serves all
+    assert plan.stats["shape_plans"] == len(SHAPES)
+
+
+def test_an_unconverted_piece_is_a_kernel_per_shape_and_counted():
+    g = og.Graph("cat", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B, S, 4], name="x")
+    g.neg(g.concatenate([x, x], axis=1)).set_output(True).set_name("y")  # concatenation bakes sizes in
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(5)
+    for b, s in [(2, 3), (3, 5), (2, 3)]:
+        run_at(plan, env_of(b, s), rng)
+    assert plan.stats["shape_kernels"] == 2  # (the range's maximum was built at build)
+    assert "2 of them per shape" in plan.describe()
+
+
+def test_an_execute_at_a_seen_shape_builds_nothing(monkeypatch):
+    g = graph_of(per_batch_scale)
+    plan = g.build(device="cpu", engines=["triton"])
+    rng = np.random.default_rng(6)
+    seen = [(1, 1), (3, 5), (16, 37)]
+    for b, s in seen:
+        run_at(plan, env_of(b, s), rng)
+    packs = {}
+    for b, s in seen:
+        static = g.final.at(env_of(b, s))
+        packs[(b, s)] = (static, random_pack(static, rng))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("build work on the hot path")
+
+    import opgraph.runtime.dynamic as dynamic
+    import opgraph.runtime.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "build_plan", refuse)
+    monkeypatch.setattr(dynamic, "solve", refuse)
+    monkeypatch.setattr(og.FinalGraph, "in_bucket", refuse)
+    monkeypatch.setattr(og.FinalGraph, "at", refuse)
+    for _ in range(2):
+        for _static, pack in packs.values():
+            plan.execute(pack)
+    monkeypatch.undo()
+    for static, pack in packs.values():
+        want = reference_outputs(static, pack)
+        assert all(compare(static.tensors[u], pack[u], want[u]) is None for u in static.outputs)
+
+
+def test_describe_and_the_log_name_buckets_and_new_kernels(caplog):
+    plan = graph_of(bias_relu).build(device="cpu", engines=["triton"], buckets={"seq": [8]}, max_buckets=8)
+    rng = np.random.default_rng(7)
+    with caplog.at_level(logging.INFO, logger="opgraph.dynamic"):
+        run_at(plan, env_of(3, 5), rng)
+        run_at(plan, env_of(4, 6), rng)
+    text = caplog.text
+    assert "plan 'bias_relu' bucket 2 (batch 2..16, seq 1..8 (hint batch=6 seq=3)) first used at batch=3 seq=5" in text
+    assert "plan 'bias_relu' step 0 (triton pointwise): new kernel for batch=3 seq=5 (bucket 2)" in text
+    assert "batch=4 seq=6" in text and text.count("new kernel") == 1  # the second shape compiled nothing
+    lines = plan.describe().splitlines()
+    assert lines[2].startswith("  buckets: 4 (build(buckets=(('seq', (8,)),), max_buckets=8)); kernels 2, 1 met")
+    assert (
+        lines[3] == "    bucket 0: batch 1, seq 1..8 (hint batch=1 seq=3): not used yet (compiles at its first shape)"
+    )
+    assert lines[5] == (
+        "    bucket 2: batch 2..16, seq 1..8 (hint batch=6 seq=3): first used at batch=3 seq=5; "
+        "2 shape(s) planned, 1 kernel(s)"
+    )
+    assert lines[6].startswith(
+        "    bucket 3: batch 2..16, seq 9..37 (hint batch=6 seq=16): first used at batch=16 seq=37 (at build)"
+    )
