@@ -7,7 +7,8 @@
 
 Engines are ranked in the build's order of preference, except where the ranking policy
 (opgraph.build.policy) puts an engine's configs first on a piece (cuDNN's on convolutions); FALLBACK keeps
-the order.
+the order. Within the generated attention forward's configs, the split-KV estimate (build/split_kv.py)
+puts the split a decode step needs first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig, HeurMode, Support
+from . import split_kv
 from .partition import engine_supports
 from .policy import POLICY, Policy
 
@@ -60,4 +62,6 @@ def rank_configs(
             for cfg in engine.configs(piece, device, mode):
                 if cfg not in configs:
                     configs.append(cfg)
+    if any(m is not HeurMode.FALLBACK for m in modes):
+        configs = split_kv.order(piece, configs, device)
     return PieceConfigs(piece, tuple(configs), tuple(declined))

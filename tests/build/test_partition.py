@@ -28,12 +28,13 @@ def test_an_op_no_engine_runs_alone_waits_for_the_op_that_folds_it_in(rng):
 
 def test_an_op_no_engine_runs_at_all_is_refused_with_reasons():
     g = og.Graph("lonely", io_data_type=DT.FLOAT)
-    a = g.tensor(dim=[4, 3], name="a")
-    # (a reshape merging transposed axes is no view of memory: the pointwise template's copies read views)
-    g.reshape(g.transpose(a, [1, 0]), [12]).set_output(True)
+    # (no generated template runs a causal conv1d; a reshape that is no view is a copy kernel now)
+    y = g.causal_conv1d(g.tensor(dim=[2, 4, 8], name="x"), g.tensor(dim=[4, 3], name="w"))
+    y.set_output(True)
     with pytest.raises(og.UnsupportedGraphError) as err:
         g.build(device="cpu", engines=["triton"])
-    assert err.value.rule == "engine.no_support" and "transpose" in str(err.value)
+    assert err.value.rule == "engine.no_support" and "causal_conv1d" in str(err.value)
+    assert "triton: not applicable" in str(err.value)
 
 
 # -- the greedy rule, with stand-in engines (build/fakes.py) -----------------------------------------

@@ -82,8 +82,23 @@ def build(graph):
 # -- THD buffers (test_mhas_v2's layout) ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[requires_cuda, pytest.mark.gpu])])
-def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
+GPU = [requires_cuda, pytest.mark.gpu]
+
+
+@pytest.mark.parametrize(
+    "device, engines, right",
+    [
+        ("cpu", None, 0),
+        pytest.param("cpu", ("triton",), 0, marks=pytest.mark.interpreter),  # the generated kernels
+        pytest.param("cpu", ("triton",), 2, marks=pytest.mark.interpreter),
+        pytest.param("cuda", None, 0, marks=GPU),
+        pytest.param("cuda", ("triton",), 2, marks=GPU),
+    ],
+    ids=["cpu", "cpu-triton", "cpu-triton-right2", "cuda", "cuda-triton-right2"],
+)
+def test_thd_forward_and_backward_with_sink_band_and_score_max(device, engines, right):
+    """With engines=("triton",) the forward and the backward run as the generated kernels (no engine
+    else is given: a graph they declined would not build)."""
     torch.manual_seed(0)
     b, hq, hk, sq, skv, d, dv = 3, 4, 2, 6, 8, 16, 8
     lq, lkv = torch.tensor([4, 0, 6], dtype=torch.int32), torch.tensor([5, 3, 8], dtype=torch.int32)
@@ -107,7 +122,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
         }.items()
     }
     lq, lkv = lq.to(device), lkv.to(device)
-    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT, engines=engines)
     Q = g.tensor(uid=0, dim=(b, hq, sq, d), stride=bshd((b, hq, sq, d)), data_type=HALF)
     K = g.tensor(uid=1, dim=(b, hk, skv, d), stride=bshd((b, hk, skv, d)), data_type=HALF)
     V = g.tensor(uid=2, dim=(b, hk, skv, dv), stride=bshd((b, hk, skv, dv)), data_type=HALF)
@@ -133,7 +148,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
         seq_len_q=LQ,
         seq_len_kv=LKV,
         diagonal_band_left_bound=3,
-        diagonal_band_right_bound=0,
+        diagonal_band_right_bound=right,
         diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
         score_max=SM,
         sink_token=SINK,
@@ -146,6 +161,8 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
     S.set_ragged_offset(OFF["s"])
     SM.set_ragged_offset(OFF["s"])
     build(g)
+    if engines:
+        assert {st.config.engine for st in g._selected().steps} == set(engines)
     pack = {
         0: q,
         1: k,
@@ -170,7 +187,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
         qs = q[pq[i] : pq[i + 1]].double().permute(1, 0, 2)
         ks = k[pkv[i] : pkv[i + 1]].double().permute(1, 0, 2)
         vs = v[pkv[i] : pkv[i + 1]].double().permute(1, 0, 2)
-        wo, wst, wm = sequence_attention(qs, ks, vs, scale=0.125, left=3, right=0, br=True, sink=sink.double())
+        wo, wst, wm = sequence_attention(qs, ks, vs, scale=0.125, left=3, right=right, br=True, sink=sink.double())
         torch.testing.assert_close(o[pq[i] : pq[i + 1]].double().permute(1, 0, 2), wo, atol=2e-3, rtol=2e-3)
         torch.testing.assert_close(st[pq[i] : pq[i + 1]].double().permute(1, 0, 2), wst, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(smax[pq[i] : pq[i + 1]].double().permute(1, 0, 2), wm, atol=1e-4, rtol=1e-4)
@@ -179,7 +196,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
     do, _ = guarded((tq, hq, dv), torch.float16, 0.1 * torch.randn(tq, hq, dv), device=device)
     grads = {n: guarded(t.shape, t.dtype, device=device)[0] for n, t in (("dq", q), ("dk", k), ("dv", v))}
     dsink = torch.full((1, hq, 1, 1), float("nan"), device=device)
-    gb = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    gb = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT, engines=engines)
     t = {
         n: gb.tensor(uid=u, dim=dm, stride=bshd(dm), data_type=dt)
         for n, u, dm, dt in (
@@ -214,7 +231,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
         max_total_seq_len_q=tq,
         max_total_seq_len_kv=tkv,
         diagonal_band_left_bound=3,
-        diagonal_band_right_bound=0,
+        diagonal_band_right_bound=right,
         diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
         use_deterministic_algorithm=True,
         sink_token=sk,
@@ -224,6 +241,8 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
         h.set_uid(u).set_output(True).set_dim(dm).set_stride(bshd(dm))
         h.set_ragged_offset(off[n])
     build(gb)
+    if engines:
+        assert {st.config.engine for st in gb._selected().steps} == set(engines)
     gb.execute(
         {
             0: q,
@@ -253,7 +272,7 @@ def test_thd_forward_and_backward_with_sink_band_and_score_max(device):
             x[p[i] : p[i + 1]].double().permute(1, 0, 2).requires_grad_() for x, p in ((q, pq), (k, pkv), (v, pkv))
         ]
         sink_leaf = sink.double().requires_grad_()
-        wo, _, _ = sequence_attention(*leaves, scale=0.125, left=3, right=0, br=True, sink=sink_leaf)
+        wo, _, _ = sequence_attention(*leaves, scale=0.125, left=3, right=right, br=True, sink=sink_leaf)
         gq, gk, gv, gs = torch.autograd.grad(wo, [*leaves, sink_leaf], do[pq[i] : pq[i + 1]].double().permute(1, 0, 2))
         want_dsink += gs.reshape(-1)
         for got, want, p in ((grads["dq"], gq, pq), (grads["dk"], gk, pkv), (grads["dv"], gv, pkv)):
@@ -411,8 +430,11 @@ def _container(x, block):
     )
 
 
+@pytest.mark.parametrize(
+    "engines", [None, pytest.param(("triton",), marks=pytest.mark.interpreter)], ids=["default", "triton"]
+)
 @pytest.mark.parametrize("packed_table", [False, True])
-def test_paged_decode(packed_table):
+def test_paged_decode(packed_table, engines):
     torch.manual_seed(2)
     b, h, hk, s_kv, d, block = 3, 4, 2, 40, 16, 8
     q = torch.randn(b, h, 1, d, dtype=torch.float16)
@@ -422,7 +444,7 @@ def test_paged_decode(packed_table):
     ck, tk = _container(k, block)
     cv, tv = _container(v, block)
     o = torch.empty(b, h, 1, d, dtype=torch.float16)
-    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+    g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT, engines=engines)
     Q, CK, CV, LQ, LKV = (g.tensor_like(x) for x in (q, ck, cv, lq, lkv))
     feeds = {Q: q, CK: ck, CV: cv, LQ: lq, LKV: lkv}
     tables = []
@@ -457,6 +479,8 @@ def test_paged_decode(packed_table):
     )
     O.set_output(True).set_dim(o.shape).set_stride(o.stride())
     g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    if engines:  # (the generated forward: packed page tables too)
+        assert {st.config.engine for st in g._selected().steps} == set(engines)
     g.execute({**feeds, O: o}, None)
     for i in range(b):
         n = int(lkv[i])

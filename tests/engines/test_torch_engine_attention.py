@@ -322,12 +322,13 @@ def test_gpu_band_bf16(band, rng):
 
 
 def test_triton_declines_the_extensions_by_name():
-    """A packed sdpa with a sink planned with the generated kernels first runs on the torch engine, and
-    the generated kernel's decline names what it lacks: the sink (the generated forward runs packed
-    tensors and the band's right bound)."""
+    """A packed float64 sdpa with a sink planned with the generated kernels first runs on the torch
+    engine, and the generated kernel's decline names what it lacks: float64, not the sink, the packed
+    tensors or the band's right bound, which it runs (what it still declines by feature is named:
+    test_triton_attention_sinks.py)."""
     g = FEATURES.case("packed", "right", sink=True, hk=2, engine="torch")
     plan = g.build(device="cpu", engines=["triton", "torch"])
     assert {s.config.engine for s in plan.steps} == {"torch"}
     (pc,) = g.engine_configs(device="cpu", engines=["triton", "torch"])
     why = dict(pc.declined)["triton"]
-    assert "sink token" in why and "packed" not in why and "right bound" not in why, why
+    assert "DOUBLE" in why and "sink" not in why and "packed" not in why and "right bound" not in why, why

@@ -196,7 +196,7 @@ def test_with_the_gpu_knobs(knobs, block, rng):
         assert bad is None, bad
 
 
-def test_declines_packed_tables_and_prologues():
+def test_declines_prologues_on_paged_caches():
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
     q = g.tensor(dim=[2, 4, 3, 16], name="q")
     k, v = (g.tensor(dim=[9, 2, 4, 16], name=n) for n in "kv")
@@ -208,29 +208,78 @@ def test_declines_packed_tables_and_prologues():
     final = g.final
     why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
     assert not why and "paged" in why.reason and "prologue" in why.reason, why.reason
-    g2 = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
-    q = g2.tensor(dim=[2, 4, 3, 16], name="q")
-    k, v = (g2.tensor(dim=[9, 2, 4, 16], name=n) for n in "kv")
-    table = g2.tensor(dim=[1, 1, 6, 1], data_type=DT.INT32, name="table")
-    toff = g2.tensor(dim=[3, 1, 1, 1], data_type=DT.INT32, name="toff")
-    o, _ = g2.sdpa(
+
+
+def _packed_table_graph(b, sq, skv, block, tokens, per_row, **opts):
+    import dataclasses
+
+    g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    pages = b * (-(-skv // block)) + 4
+    q = g.tensor(dim=[b, 4, sq, 16], stride=packed_strides((b, 4, sq, 16), BSHD), name="q")
+    k, v = (g.tensor(dim=[pages, 2, block, 16], name=n) for n in "kv")
+    table = g.tensor(dim=[1, 1, tokens, 1], data_type=DT.INT32, name="table")
+    toff = g.tensor(dim=[b + 1, 1, 1, 1], data_type=DT.INT64, name="toff")
+    o, st = g.sdpa(
         q,
         k,
         v,
-        generate_stats=False,
+        attn_scale=0.3,
         paged_attention_k_table=table,
         paged_attention_v_table=table,
         paged_attention_k_table_ragged_offset=toff,
         paged_attention_v_table_ragged_offset=toff,
-        paged_attention_max_seq_len_kv=12,
+        paged_attention_max_seq_len_kv=skv,
         use_padding_mask=True,
-        seq_len_q=g2.tensor(dim=[2, 1, 1, 1], data_type=DT.INT32, name="lq"),
-        seq_len_kv=g2.tensor(dim=[2, 1, 1, 1], data_type=DT.INT32, name="lkv"),
+        seq_len_q=g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="lq"),
+        seq_len_kv=g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="lkv"),
+        **opts,
     )
     o.set_output(True)
-    final = g2.final
-    why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "packed (ragged) page table" in why.reason, why.reason
+    st.set_output(True)
+    if per_row != 1:  # offsets counted in elements (cuDNN's: one element a table row here, times per_row)
+        rec = next(r for r in g._records if r.op.kind == "sdpa")
+        strides = tuple((f"paged_attention_{r}_table", per_row) for r in "kv")
+        rec.op = dataclasses.replace(rec.op, ragged_offset_strides=strides)
+        g._invalidate()
+    return g
+
+
+@pytest.mark.parametrize("block", [4, 16, 32])
+@pytest.mark.parametrize("per_row", [1, 3])
+def test_packed_page_tables(block, per_row, rng):
+    """One packed table [1, 1, T, 1] for every sequence (cuDNN's ragged page table): sequence b's slots
+    from its offset on, the gaps between sequences holding pages outside the container, the last
+    sequence's slots running past T (page 0 there, for keys past its length)."""
+    b, sq, skv = 3, 2, 45
+    need = -(-skv // block)
+    lkv = (45, 9, 30)
+    starts = [1, need + 3, 2 * need + 5]
+    tokens = starts[-1] + -(-lkv[-1] // block)  # the last sequence's unused slots fall past the table
+    g = _packed_table_graph(b, sq, skv, block, tokens, per_row, use_causal_mask_bottom_right=True)
+
+    def prep(pack):
+        final = g.final
+        by = {final.tensors[u].name: u for u in final.inputs}
+        k, v = pack[by["k"]], pack[by["v"]]
+        pages = k.shape[0]
+        table = pack[by["table"]]
+        table[...] = pages + 7  # rows no sequence needs: outside the container
+        perm = np.random.default_rng(4).permutation(np.arange(1, pages))
+        used = np.zeros(pages, dtype=bool)
+        used[0] = True  # (page 0: what a slot past the table reads)
+        at = 0
+        for s0, n in zip(starts, lkv):
+            m = -(-n // block)
+            table[0, 0, s0 : s0 + m, 0] = perm[at : at + m]
+            used[perm[at : at + m]] = True
+            at += m
+        k[~used] = np.nan
+        v[~used] = np.nan
+        pack[by["toff"]][...] = (np.array([*starts, tokens]) * per_row).reshape(-1, 1, 1, 1)
+        pack[by["lq"]][...] = np.array([2, 1, 2]).reshape(-1, 1, 1, 1)
+        pack[by["lkv"]][...] = np.array(lkv).reshape(-1, 1, 1, 1)
+
+    assert_engine_matches(g, rng, engines=("triton",), expect_steps=1, prepare=prep)
 
 
 @pytest.mark.gpu

@@ -353,13 +353,9 @@ def test_packed_with_the_gpu_knobs(knobs, opts, rng):
 # -- declines ---------------------------------------------------------------------------------------------
 
 
-def test_backward_declines_what_it_does_not_run():
-    """The forward runs packed tensors; the backward names them."""
-    lq, lkv = MIXES["mixed"]
-    g = graph(lq, lkv, use_causal_mask=True)
-    final = g.final
-    fwd = next(n for n in final.nodes if n.kind == "sdpa")
-    assert fwd_template.TEMPLATE.match(make_piece(final, 0, [fwd]), H100)
+def test_backward_takes_packed_tensors_and_the_band():
+    """The backward runs what the forward runs of packed tensors and the band (the kernels' tests:
+    test_triton_attention_ragged_backward.py)."""
     g2 = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
     q, k, v, o, do = (g2.tensor(dim=[1, HQ, 30, 16], name=n) for n in ("q", "k", "v", "o", "dO"))
     st = g2.tensor(dim=[1, HQ, 30, 1], name="stats")
@@ -378,42 +374,34 @@ def test_backward_declines_what_it_does_not_run():
         seq_len_kv=lens[1],
         max_seq_len_q=16,
         max_seq_len_kv=16,
+        diagonal_band_right_bound=3,
+        diagonal_alignment="BOTTOM_RIGHT",
         **packed,
     )
     for x in grads:
         x.set_output(True)
     final = g2.final
-    why = bwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "packed (ragged) q" in why.reason and "attention_bwd" in why.reason, why.reason
+    assert bwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
 
 
-def test_backward_declines_the_band():
-    """The forward runs the band's right bound; the backward names it."""
-    g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
-    q, k, v = (g.tensor(dim=[2, HQ, 20, 16], name=n) for n in "qkv")
-    opts = {"diagonal_band_right_bound": 3, "diagonal_band_left_bound": 5}
-    o, st = g.sdpa(q, k, v, **opts)
-    do = g.tensor(dim=[2, HQ, 20, 16], name="dO")
-    for x in (o, st, *g.sdpa_backward(q, k, v, o, do, st, **opts)):
-        x.set_output(True)
-    final = g.final
-    fwd, bwd = (next(n for n in final.nodes if n.kind == kind) for kind in ("sdpa", "sdpa_backward"))
-    assert fwd_template.TEMPLATE.match(make_piece(final, 0, [fwd]), H100)
-    why = bwd_template.TEMPLATE.match(make_piece(final, 0, [bwd]), H100)
-    assert not why and "right bound 3" in why.reason and "attention_bwd" in why.reason, why.reason
+def test_forward_takes_every_feature():
+    """Sinks, the softmax's statistics and block masks run too (test_triton_attention_sinks.py,
+    test_triton_attention_block_mask.py): the generated forward declines none of the features."""
+    from opgraph.engines.triton.attention.lowering import RUNS
+    from opgraph.ops.attention_layout import Feature
 
-
-def test_forward_declines_sinks_and_extra_outputs():
+    assert RUNS["sdpa"] == frozenset(Feature)
+    assert RUNS["sdpa_backward"] == frozenset(Feature) - {Feature.PAGED, Feature.EMPTY_ROW_STATS}
     g = og.Graph("att", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
     q, k, v = (g.tensor(dim=[2, HQ, 8, 16], name=n) for n in "qkv")
     sink = g.tensor(dim=[1, HQ, 1, 1], name="sink")
     smax = g.tensor(dim=[2, HQ, 8, 1], name="smax")
-    o, _ = g.sdpa(q, k, v, generate_stats=False, sink_token=sink, score_max=smax)
+    bm = g.tensor(dim=[2, HQ, 1, 1], data_type=DT.UINT8, name="bm")
+    o, _ = g.sdpa(q, k, v, generate_stats=False, sink_token=sink, score_max=smax, block_mask=bm)
     o.set_output(True)
     smax.set_output(True)
     final = g.final
-    why = fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
-    assert not why and "sink" in why.reason and "score_max" in why.reason, why.reason
+    assert fwd_template.TEMPLATE.match(make_piece(final, 0, list(final.nodes)), H100)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ nn = torch.nn
 from opgraph.frontends import dynamo_backend  # noqa: E402
 from opgraph.frontends.dynamo_backend import BackendOptions, explain, reports  # noqa: E402
 
-from .compile_models import AUTOCAST, CASES, compare_training, make_case, mlp  # noqa: E402
+from .compile_models import AUTOCAST, CASES, TOLERANCE, compare_training, make_case, mlp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,10 +37,6 @@ def _compile(model, **kwargs):
     return torch.compile(model, backend=og.torch_backend, **kwargs)
 
 
-# Llama computes its RMSNorm and rotary tables in float32 (casts in the traced program), the rest float64
-TRAINING_TOLERANCE = {"transformers_llama": {"rtol": 1e-5, "final_rtol": 1e-5}}
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_training_matches_eager(name):
     case = make_case(name)
@@ -48,7 +44,7 @@ def test_training_matches_eager(name):
         pytest.skip("transformers is not installed")
     model, batches = case
     first = len(reports())
-    compare_training(model, batches, lambda m, example: _compile(m), **TRAINING_TOLERANCE.get(name, {}))
+    compare_training(model, batches, lambda m, example: _compile(m), **TOLERANCE.get(name, {}))
     made = reports()[first:]
     assert {r.kind for r in made} == {"forward", "backward"}, [str(r) for r in made]
     assert all(r.partitions for r in made), "\n".join(str(r) for r in made)

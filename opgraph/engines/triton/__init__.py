@@ -348,12 +348,15 @@ class TritonEngine(Engine):
         if mode is not HeurMode.B:
             # the heuristic's pick (FALLBACK: the broadest, last), then the best config of every other
             # numerical class (full-fp32 "ieee" next to tf32), so that a build filtering notes out
-            # (deselect_numeric_notes=[DOWN_CONVERT_INPUTS]) still finds a config in these modes
-            ordered = candidates[::-1] if mode is HeurMode.FALLBACK else candidates
+            # (deselect_numeric_notes=[DOWN_CONVERT_INPUTS]) still finds a config in these modes; in
+            # mode A also the candidates whose knobs the build's policy chooses (Knobs.CHOICES)
+            policy = [k for k in candidates if k.chosen_by_policy()]
+            plain = [k for k in candidates if not k.chosen_by_policy()]
+            ordered = plain[::-1] if mode is HeurMode.FALLBACK else plain
             picked: dict[frozenset[NumericalNote], Knobs] = {}
             for k in ordered:
                 picked.setdefault(notes[k], k)
-            candidates = list(picked.values())
+            candidates = list(picked.values()) + (policy if mode is HeurMode.A else [])
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
             behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}

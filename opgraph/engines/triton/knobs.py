@@ -45,6 +45,12 @@ class Knobs:
     `parse` reads a stored form back (typed errors for unknown names, missing or bad values)."""
 
     TEXT: ClassVar[frozenset[str]] = frozenset({"fp32_precision"})  # knobs whose values are strings
+    # knobs the build's policy chooses, not the engine's heuristic: a candidate setting one is offered
+    # beside the heuristic's pick (mode A), never as the pick or FALLBACK's broadest config
+    CHOICES: ClassVar[frozenset[str]] = frozenset()
+
+    def chosen_by_policy(self) -> bool:
+        return any(getattr(self, n, None) is not None for n in self.CHOICES)
 
     def pairs(self) -> tuple[tuple[str, Any], ...]:
         """(name, value) of the knobs this set gives, sorted by name: what EngineConfig.knobs stores."""

@@ -13,6 +13,10 @@ broadcasts gets its gradient from fp32 partials (scratch, one per [B, Hq, Sq, Sk
 a 4th launch over the broadcast axes.
 
 Rows that saw no key have P = 0: their saved log-sum-exp is +inf (a -inf is read as +inf too).
+The band (right bound R, left bound W, either alignment) bounds each kernel's loop as in the forward.
+A sink token leaves dQ, dK, dV as they are (Stats hold it; it has no value row); its gradient dSink
+is summed per query head by a launch after the preprocess. Packed (ragged) tensors as in the forward (ragged.py): each kernel reads its sequence's first rows,
+masks its loads and stores to the sequence's rows, and a launch before them zeroes packed dQ, dK, dV.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ from .common import (
     wide,
 )
 from .forward import block_loops, fwd_ranges, generated, needs_loops
-from .spec import AttnSpec, BwdKnobs, Causal, Operand
+from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
+from .spec import AttnSpec, BwdKnobs, Operand
 
 __all__ = ["backward", "dbias_broadcast"]
 
@@ -105,11 +110,19 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
             dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
             dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2),
         ]
+    if spec.dsink is not None:
+        ds = _dsink(spec, kn, scratch)
+        functions.append(ds.source())
+        launches.insert(1, ds.launch((spec.Hq,), 4, 1))  # (after the preprocess: it reads delta)
     if "DBP" in scratch:
         red = _dbias_reduce(spec, scratch)
         functions.append(red.source())
         n_out = math.prod(spec.bias_dims or ())
         launches.append(red.launch((-(-n_out // 256),), 4, 1))
+    zero = zero_kernel(spec, "kernel_attn_bwd_zero", ("dq", "dk", "dv"))
+    if zero is not None:  # packed gradients: rows no sequence covers are 0
+        functions.insert(0, zero[0].source())
+        launches.insert(0, zero[0].launch(zero[1], 4, 1))
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     return generated(functions, launches, scratch_bytes)
@@ -130,14 +143,16 @@ def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> Kernel
         f"offs_m = tl.program_id(0) * {pb} + tl.arange(0, {pb})",
         f"offs_dv = tl.arange(0, {dvp})",
     )
-    mask = and_mask(
-        f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % pb else None,
-        f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None,
-    )
+    packed = tuple(r for r in ("o", "do") if spec.packed(r) is not None)
+    if packed:
+        k.add(*seqlen_lines(spec, k), *ragged_lines(spec, k, packed))
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % pb else None
+    dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     for var, op in (("o", spec.o), ("do", spec.do)):
         rows = _row("offs_m[:, None]", wide(extent(op, (1, 1, spec.Sq, spec.Dv))))
+        mask = and_mask(rows_ok(spec, var, "offs_m[:, None]") or row_ok, dvmask)
         k.add(
-            f"{var} = tl.load({op.name} + {base_expr(op, 'off_b', 'off_h')} + {rows} * {op.strides[2]}"
+            f"{var} = tl.load({op.name} + {row_base(spec, var, op, 'off_b', 'off_h')} + {rows} * {op.strides[2]}"
             f" + offs_dv[None, :]{_mask(mask)}).to(tl.float32)"
         )
     smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % pb else ""
@@ -145,8 +160,48 @@ def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> Kernel
     return k
 
 
-def _common_setup(spec: AttnSpec, k: KernelText) -> None:
+def _dsink(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
+    """dSink[h] = -sum over b and the rows i within their sequence of exp(sink[h] - Stats) * delta (rows
+    with finite Stats): one program a query head, after the preprocess (delta), no atomics."""
+    assert spec.sink is not None and spec.dsink is not None and spec.stats is not None
+    k = KernelText("kernel_attn_bwd_dsink", scratch)
+    pb, st = kn.PRE_BLOCK, spec.stats
+    for name in (st.name, "DELTA", spec.sink.name, spec.dsink.name):
+        k.param(name)
+    k.add(
+        "off_h = tl.program_id(0)",
+        f"offs = tl.arange(0, {pb})",
+        f"sink = tl.load({spec.sink.name} + {base_expr(spec.sink, 'off_h', 'off_h')}).to(tl.float32)",
+        f"acc = tl.zeros([{pb}], tl.float32)",
+        f"for b_i in range({spec.B}):",
+    )
+    ok = and_mask("(offs_m < q_len)", rows_ok(spec, "stats", "offs_m"))
+    k.add(
+        "off_b = off_h * 0 + b_i",  # (a tensor under the interpreter too, where b_i is a Python int)
+        *seqlen_lines(spec, k),
+        *ragged_lines(spec, k, ("stats",)),
+        f"lse_base = {row_base(spec, 'stats', st, 'off_b', 'off_h')}",
+        f"for start in range(0, q_len, {pb}):",
+        depth=1,
+    )
+    k.add(
+        "offs_m = start + offs",
+        f"ok = {ok}",
+        f'lse = tl.load({st.name} + lse_base + offs_m * {st.strides[2]}, mask=ok, other=float("inf")).to(tl.float32)',
+        f"di = tl.load(DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq} + offs_m, mask=ok, other=0.0)",
+        'ok = ok & (lse > float("-inf")) & (lse < float("inf"))',
+        "ps = tl.exp(sink - tl.where(ok, lse, 0.0))",
+        'acc += tl.where(ok & (ps < float("inf")), ps * di, 0.0)',
+        depth=2,
+    )
+    d = spec.dsink
+    k.add(f"tl.store({d.name} + {base_expr(d, 'off_h', 'off_h')}, (0.0 - tl.sum(acc, 0)).to({d.dtype}))")
+    return k
+
+
+def _common_setup(spec: AttnSpec, k: KernelText, roles: tuple[str, ...]) -> None:
     k.add(*seqlen_lines(spec, k))
+    k.add(*ragged_lines(spec, k, roles))
     k.add(*scale_lines(spec, k))
     dropout_scale_params(spec, k)
 
@@ -158,6 +213,9 @@ def _per_head(spec: AttnSpec, k: KernelText, depth: int) -> None:
     if spec.bias is not None:
         k.param(spec.bias.name)
         k.add(f"bias_base = {base_expr(spec.bias, 'off_b', 'off_h')}", depth=depth)
+    if spec.block_mask is not None:
+        k.param(spec.block_mask.name)
+        k.add(f"bmask_base = {base_expr(spec.block_mask, 'off_b', 'off_h')}", depth=depth)
 
 
 def _lse2(spec: AttnSpec, offs: str, mask: str | None) -> list[str]:
@@ -176,7 +234,7 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     bm, bn = kn.BLOCK_M1, kn.BLOCK_N1
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     dt = dot_dtype(spec)
-    causal = spec.causal is not Causal.NONE
+    right = spec.right_bound
     for op in (spec.q, spec.k, spec.v, spec.do, spec.stats):
         k.param(op.name)
     k.param("DELTA")
@@ -194,31 +252,33 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         f"offs_d = tl.arange(0, {dp})",
         f"offs_dv = tl.arange(0, {dvp})",
     )
-    _common_setup(spec, k)
+    _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dk", "dv"))
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if spec.Skv % bn else None
     wk, wv = (wide(extent(op, (1, 1, spec.Skv, d))) for op, d in ((spec.k, spec.D), (spec.v, spec.Dv)))
+    k_ok, v_ok = (rows_ok(spec, r, "offs_n[:, None]") or key_ok for r in ("k", "v"))
     k.add(
-        f"kt = tl.load({spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {_row('offs_n[:, None]', wk)} * "
-        f"{spec.k.strides[2]} + offs_d[None, :]{_mask(and_mask(key_ok, dmask))})"
+        f"kt = tl.load({spec.k.name} + {row_base(spec, 'k', spec.k, 'off_b', 'off_hk')} + "
+        f"{_row('offs_n[:, None]', wk)} * {spec.k.strides[2]} + offs_d[None, :]{_mask(and_mask(k_ok, dmask))})"
     )
     k.add(
-        f"vt = tl.load({spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n[:, None]', wv)} * "
-        f"{spec.v.strides[2]} + offs_dv[None, :]{_mask(and_mask(key_ok, dvmask))})"
+        f"vt = tl.load({spec.v.name} + {row_base(spec, 'v', spec.v, 'off_b', 'off_hv')} + "
+        f"{_row('offs_n[:, None]', wv)} * {spec.v.strides[2]} + offs_dv[None, :]{_mask(and_mask(v_ok, dvmask))})"
     )
     if spec.q.dtype != dt:
         k.add(f"kt = kt.to({dt})", f"vt = vt.to({dt})")
     k.add(f"dk = tl.zeros([{bn}, {dp}], tl.float32)", f"dv = tl.zeros([{bn}, {dvp}], tl.float32)")
-    # query-row ranges of this key block: masked [lo, r1) (causal diagonal), whole [r1, r2),
-    # masked [r2, hi) (window edge, padding, ragged ends)
+    # query-row ranges of this key block: masked [lo, r1) (the band's right bound: the causal diagonal),
+    # whole [r1, r2), masked [r2, hi) (window edge, padding, ragged ends)
     lines = ["hi = q_len"]
     if spec.window is not None:
         lines.append(f"hi = tl.minimum(hi, tl.maximum(n0 + {bn - 1 + spec.window} - diag, 0))")
-    if causal:
+    if right is not None:  # key j is seen by rows i >= j - diag - R
+        r = f" - {right}" if right else ""
         lines += [
-            f"lo = (tl.maximum(n0 - diag, 0) // {bm}) * {bm}",
-            f"r1 = ((tl.maximum(n0 + {bn - 1} - diag, 0) + {bm - 1}) // {bm}) * {bm}",
+            f"lo = (tl.maximum(n0 - diag{r}, 0) // {bm}) * {bm}",
+            f"r1 = ((tl.maximum(n0 + {bn - 1} - diag{r}, 0) + {bm - 1}) // {bm}) * {bm}",
         ]
     else:
         lines += ["lo = 0", "r1 = 0"]
@@ -228,18 +288,22 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         lines.append(f"r2 = tl.minimum(r2, (tl.maximum(n0 + {spec.window} - diag, 0) // {bm}) * {bm})")
     lines.append(f"r2 = tl.where(n0 + {bn} <= kv_len, r2, r1)")  # a ragged key block is masked throughout
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
+    if spec.block_mask is not None:  # no block is whole: the block mask's bits are read in every one
+        lines.append("r2 = r1")
     k.add(*lines)
-    lead = causal
+    lead = right is not None
     trail = (
         spec.window is not None
         or spec.seq_len_q is not None
         or spec.seq_len_kv is not None
         or spec.Sq % bm != 0
         or spec.Skv % bn != 0
+        or spec.block_mask is not None
     )
     wq, wdo = (wide(extent(op, (1, 1, spec.Sq, d))) for op, d in ((spec.q, spec.D), (spec.do, spec.Dv)))
     tma = (
         bool(kn.TMA)
+        and not spec.ragged
         and tma_ok(spec.q, (spec.B, spec.Hq, spec.Sq, spec.D))
         and tma_ok(spec.do, (spec.B, spec.Hq, spec.Sq, spec.Dv))
     )
@@ -252,11 +316,11 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     k.add(f"off_h = off_hk * {spec.gk} + g", depth=1)
     _per_head(spec, k, 1)
     k.add(
-        f"q_ptrs = {spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + "
+        f"q_ptrs = {spec.q.name} + {row_base(spec, 'q', spec.q, 'off_b', 'off_h')} + "
         f"{_row('offs_m0[:, None]', wq)} * {spec.q.strides[2]} + offs_d[None, :]",
-        f"do_ptrs = {spec.do.name} + {base_expr(spec.do, 'off_b', 'off_h')} + "
+        f"do_ptrs = {spec.do.name} + {row_base(spec, 'do', spec.do, 'off_b', 'off_h')} + "
         f"{_row('offs_m0[:, None]', wdo)} * {spec.do.strides[2]} + offs_dv[None, :]",
-        f"lse_base = {base_expr(spec.stats, 'off_b', 'off_h')}",
+        f"lse_base = {row_base(spec, 'stats', spec.stats, 'off_b', 'off_h')}",
         f"delta_ptr = DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq}",
         depth=1,
     )
@@ -286,9 +350,10 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         (spec.dv, "dv", spec.Skv, spec.Dv, dvmask),
     ):
         w = wide(extent(op, (1, 1, rows_w, d)))
-        m = and_mask(key_ok, mask)
+        m = and_mask(rows_ok(spec, val, "offs_n[:, None]") or key_ok, mask)
+        base = row_base(spec, val, op, "off_b", "off_hk")
         k.add(
-            f"tl.store({op.name} + {base_expr(op, 'off_b', 'off_hk')} + {_row('offs_n[:, None]', w)} * {op.strides[2]}"
+            f"tl.store({op.name} + {base} + {_row('offs_n[:, None]', w)} * {op.strides[2]}"
             f" + {'offs_d' if val == 'dk' else 'offs_dv'}[None, :], {val}.to({op.dtype}){', mask=' + m if m else ''})"
         )
     return k
@@ -339,15 +404,16 @@ def _dkdv_body(
     start = "start_m.to(tl.int64)" if wq else "start_m"
     dstart = "start_m.to(tl.int64)" if wdo else "start_m"
     vec_mask = f"offs_m < {spec.Sq}" if ragged_rows else None
+    q_ok, do_ok = (rows_ok(spec, r, "offs_m[:, None]") or row_ok for r in ("q", "do"))
     lines = [
         "offs_m = start_m + offs_m0",
         f"qt = {tma_load('desc_q', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dp)}"
         if tma
-        else f"qt = tl.load(q_ptrs + {start} * {spec.q.strides[2]}{_mask(and_mask(row_ok, dmask))})",
+        else f"qt = tl.load(q_ptrs + {start} * {spec.q.strides[2]}{_mask(and_mask(q_ok, dmask))})",
     ]
     if spec.q.dtype != dt:
         lines.append(f"qt = qt.to({dt})")
-    lines += _lse2(spec, "offs_m", vec_mask)
+    lines += _lse2(spec, "offs_m", rows_ok(spec, "stats", "offs_m") or vec_mask)
     lines.append(f"qk = {dot(spec, 'kt', 'tl.trans(qt)')}")
     o = cols_orient(str(spec.Sq) if ragged_rows else None, str(spec.Skv) if (masked and key_ok) else None)
     f = exp2_factor(spec)  # (s2 without it: applied in exp2's argument, one fma a score)
@@ -356,7 +422,7 @@ def _dkdv_body(
     lines.append(
         f"dot_ = {tma_load('desc_do', 'off_b', 'off_h', 'start_m', kn.BLOCK_M1, dvp)}"
         if tma
-        else f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(row_ok, dvmask))})"
+        else f"dot_ = tl.load(do_ptrs + {dstart} * {do.strides[2]}{_mask(and_mask(do_ok, dvmask))})"
     )
     if do.dtype != dt:
         lines.append(f"dot_ = dot_.to({dt})")
@@ -402,7 +468,7 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     dt = dot_dtype(spec)
     num_m = -(-spec.Sq // bm)
-    causal = spec.causal is not Causal.NONE
+    causal = spec.right_bound is not None
     for op in (spec.q, spec.k, spec.v, spec.do, spec.stats):
         k.param(op.name)
     k.param("DELTA")
@@ -432,7 +498,7 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
         f"offs_d = tl.arange(0, {dp})",
         f"offs_dv = tl.arange(0, {dvp})",
     )
-    _common_setup(spec, k)
+    _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dq"))
     _per_head(spec, k, 0)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
@@ -447,27 +513,29 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
             (spec.v, spec.Skv, spec.Dv),
         )
     )
+    q_ok, do_ok = (rows_ok(spec, r, "offs_m[:, None]") or row_ok for r in ("q", "do"))
     k.add(
-        f"qt = tl.load({spec.q.name} + {base_expr(spec.q, 'off_b', 'off_h')} + {_row('offs_m[:, None]', wq)} * "
-        f"{spec.q.strides[2]} + offs_d[None, :]{_mask(and_mask(row_ok, dmask))})"
+        f"qt = tl.load({spec.q.name} + {row_base(spec, 'q', spec.q, 'off_b', 'off_h')} + "
+        f"{_row('offs_m[:, None]', wq)} * {spec.q.strides[2]} + offs_d[None, :]{_mask(and_mask(q_ok, dmask))})"
     )
     k.add(
-        f"dot_ = tl.load({spec.do.name} + {base_expr(spec.do, 'off_b', 'off_h')} + {_row('offs_m[:, None]', wdo)} * "
-        f"{spec.do.strides[2]} + offs_dv[None, :]{_mask(and_mask(row_ok, dvmask))})"
+        f"dot_ = tl.load({spec.do.name} + {row_base(spec, 'do', spec.do, 'off_b', 'off_h')} + "
+        f"{_row('offs_m[:, None]', wdo)} * {spec.do.strides[2]} + offs_dv[None, :]{_mask(and_mask(do_ok, dvmask))})"
     )
     if spec.q.dtype != dt:
         k.add(f"qt = qt.to({dt})", f"dot_ = dot_.to({dt})")
-    k.add(f"lse_base = {base_expr(spec.stats, 'off_b', 'off_h')}")
-    k.add(*_lse2(spec, "offs_m", vec_ok))
+    k.add(f"lse_base = {row_base(spec, 'stats', spec.stats, 'off_b', 'off_h')}")
+    k.add(*_lse2(spec, "offs_m", rows_ok(spec, "stats", "offs_m") or vec_ok))
     k.add(f"di = tl.load(DELTA + (off_b.to(tl.int64) * {spec.Hq} + off_h) * {spec.Sq} + offs_m{_mask(vec_ok)})")
     k.add(
-        f"k_ptrs = {spec.k.name} + {base_expr(spec.k, 'off_b', 'off_hk')} + {_row('offs_n0[:, None]', wk)} * "
-        f"{spec.k.strides[2]} + offs_d[None, :]",
-        f"v_ptrs = {spec.v.name} + {base_expr(spec.v, 'off_b', 'off_hv')} + {_row('offs_n0[:, None]', wv)} * "
-        f"{spec.v.strides[2]} + offs_dv[None, :]",
+        f"k_ptrs = {spec.k.name} + {row_base(spec, 'k', spec.k, 'off_b', 'off_hk')} + "
+        f"{_row('offs_n0[:, None]', wk)} * {spec.k.strides[2]} + offs_d[None, :]",
+        f"v_ptrs = {spec.v.name} + {row_base(spec, 'v', spec.v, 'off_b', 'off_hv')} + "
+        f"{_row('offs_n0[:, None]', wv)} * {spec.v.strides[2]} + offs_dv[None, :]",
     )
     tma = (
         bool(kn.TMA)
+        and not spec.ragged
         and tma_ok(spec.k, (spec.B, spec.Hk, spec.Skv, spec.D))
         and tma_ok(spec.v, (spec.B, spec.Hv, spec.Skv, spec.Dv))
     )
@@ -493,9 +561,9 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
     if spec.seq_len_q is not None:
         k.add("dq = tl.where((offs_m < q_len)[:, None], dq, 0.0)")
     op = spec.dq
-    m = and_mask(row_ok, dmask)
+    m = and_mask(rows_ok(spec, "dq", "offs_m[:, None]") or row_ok, dmask)
     k.add(
-        f"tl.store({op.name} + {base_expr(op, 'off_b', 'off_h')} + "
+        f"tl.store({op.name} + {row_base(spec, 'dq', op, 'off_b', 'off_h')} + "
         f"{_row('offs_m[:, None]', wide(extent(op, (1, 1, spec.Sq, spec.D))))} * {op.strides[2]} + offs_d[None, :], "
         f"dq.to({op.dtype}){', mask=' + m if m else ''})"
     )
@@ -519,6 +587,7 @@ def _dq_body(
     bn = kn.BLOCK_N2
     ragged = masked and spec.Skv % bn != 0
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
+    k_ok, v_ok = (rows_ok(spec, r, "offs_n[:, None]") or key_ok for r in ("k", "v"))
     if tma:
         loads = [
             f"kt = {tma_load('desc_k', 'off_b', 'off_hk', 'start_n', bn, dp)}",
@@ -526,8 +595,8 @@ def _dq_body(
         ]
     else:
         loads = [
-            f"kt = tl.load(k_ptrs + {_row('start_n', wk)} * {spec.k.strides[2]}{_mask(and_mask(key_ok, dmask))})",
-            f"vt = tl.load(v_ptrs + {_row('start_n', wv)} * {spec.v.strides[2]}{_mask(and_mask(key_ok, dvmask))})",
+            f"kt = tl.load(k_ptrs + {_row('start_n', wk)} * {spec.k.strides[2]}{_mask(and_mask(k_ok, dmask))})",
+            f"vt = tl.load(v_ptrs + {_row('start_n', wv)} * {spec.v.strides[2]}{_mask(and_mask(v_ok, dvmask))})",
         ]
     lines = ["offs_n = start_n + offs_n0", *loads]
     if spec.q.dtype != dt:

@@ -172,6 +172,19 @@ def mask_expr(spec: AttnSpec, o: Orient) -> str | None:
         terms.append(f"({o.j} <= {o.i} + diag{f' + {r}' if r else ''})")
     if spec.window is not None:
         terms.append(f"({o.i} + diag - {o.j} < {spec.window})")
+    bm = spec.block_mask
+    if bm is not None:  # the bit of the 128 x 128 tile of (i, j)
+        at = " + ".join(
+            t
+            for t, s in (
+                (f"({o.i} // 128) * {bm.strides[2]}", bm.strides[2]),
+                (f"({o.j} // 1024) * {bm.strides[3]}", bm.strides[3]),
+            )
+            if s
+        )
+        mem = o.mem_mask
+        byte = f"tl.load({bm.name} + bmask_base{' + ' + at if at else ''}{f', mask={mem}, other=0' if mem else ''})"
+        terms.append(f"((({byte}.to(tl.int32) >> (({o.j} // 128) % 8)) & 1) != 0)")
     return " & ".join(terms) or None
 
 

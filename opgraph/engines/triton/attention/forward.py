@@ -41,9 +41,12 @@ from .common import (
     tma_ok,
     wide,
 )
+from .dump import rng_dump_kernel
+from .epilogue import finish, sink_lines
 from .paged import page_base, paged_load
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
-from .spec import LN2, AttnSpec, Coords, FwdKnobs
+from .spec import AttnSpec, Coords, FwdKnobs
+from .split import combine, partial_stores, partials, split_range
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -52,7 +55,9 @@ def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
     """Whether the forward needs its leading masked loop (sliding window) and its trailing one
     (causal, padding or a ragged last key block)."""
     lead = spec.window is not None
-    trail = spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0
+    trail = (
+        spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0 or spec.block_mask is not None
+    )
     return lead, trail
 
 
@@ -76,6 +81,8 @@ def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     if right is not None:
         lines.append(f"r2 = tl.minimum(r2, (tl.maximum({m0} + diag{r} + 1, 0) // {bn}) * {bn})")
     lines += ["r1 = tl.minimum(tl.maximum(r1, lo), hi)", "r2 = tl.minimum(tl.maximum(r2, r1), hi)"]
+    if spec.block_mask is not None:  # no block is whole: the block mask's bits are read in every one
+        lines.append("r2 = r1")
     return lines
 
 
@@ -88,8 +95,11 @@ def generated(functions: list[str], launches: list[Launch], scratch_bytes: int =
 
 
 def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Generated:
-    """The forward kernel of `spec` with knobs `kn` (see module doc)."""
-    k = KernelText(name)
+    """The forward kernel of `spec` with knobs `kn` (see module doc); with kn.SPLIT > 1, split-KV: the
+    kernel over 1/SPLIT of the keys a program writing fp32 partials, then a combining launch (split.py)."""
+    split = kn.SPLIT if kn.SPLIT is not None and kn.SPLIT > 1 else 0
+    scratch, scratch_bytes = partials(spec, split) if split else ({}, 0)
+    k = KernelText(name, scratch)
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     num_m = -(-spec.Sq // bm)
@@ -98,14 +108,17 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     for role in ("q", "k", "v"):
         if spec.hook(role) is None:  # an operand made by its prologue is no parameter
             k.param(getattr(spec, role).name)
-    if spec.o is not None:
-        k.param(spec.o.name)
-    if spec.stats is not None:
-        k.param(spec.stats.name)
+    for op in (spec.o, spec.stats, spec.score_max, spec.score_sum_exp) if not split else ():
+        if op is not None:
+            k.param(op.name)
+    for name_ in ("PM", "PL", "PO") if split else ():  # (split-KV: the partials in scratch)
+        k.param(name_)
     # ORDER=1: the query blocks outermost (every head's heaviest block first, the best balance for few
     # waves); 0: each head's blocks together (its k/v shared in L2)
     axes = ("1", "0") if kn.ORDER else ("0", "1")
     k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
+    if split:
+        k.add("pid_s = tl.program_id(2)")
     k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
     k.add(
         f"off_b = pid_bh // {spec.Hq}",
@@ -119,13 +132,16 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"offs_dv = tl.arange(0, {dvp})",
     )
     k.add(*seqlen_lines(spec, k))
-    k.add(*ragged_lines(spec, k))
+    k.add(*ragged_lines(spec, k, ("q", "k", "v") if split else None))
     k.add(*scale_lines(spec, k))
     k.add(*alibi_lines(spec))
     dropout_scale_params(spec, k)
     k.add(*dropout_setup(spec))
     if spec.bias is not None:
         k.add(f"bias_base = {base_expr(spec.bias, 'off_b', 'off_h')}")
+    if spec.block_mask is not None:
+        k.param(spec.block_mask.name)
+        k.add(f"bmask_base = {base_expr(spec.block_mask, 'off_b', 'off_h')}")
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
@@ -188,7 +204,11 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"l_i = tl.zeros([{bm}], tl.float32)",
         f"acc = tl.zeros([{bm}, {dvp}], tl.float32)",
     )
+    if not split:  # (split-KV: the combining launch adds the sink)
+        k.add(*sink_lines(spec, k, bm))
     k.add(*fwd_ranges(spec, bm, bn))
+    if split:
+        k.add(*split_range(spec, bn, split))
     lead, trail = needs_loops(spec, bn)
     k.add(
         *block_loops(
@@ -201,39 +221,10 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         )
     )
 
-    # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
-    k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
-    if spec.dropout is not None:
-        k.add("inv_l = inv_l * drop_scale")
-    k.add("out = acc * inv_l[:, None]")
-    if spec.seq_len_q is not None:
-        k.add("out = tl.where((offs_m < q_len)[:, None], out, 0.0)")
-    omask = and_mask(rows_ok(spec, "o", "offs_m[:, None]") or row_ok, dvmask)
-    if spec.epilogue is not None:
-        for p in spec.epilogue.params():
-            k.param(p)
-        lines, value = spec.epilogue.emit("out", Coords("off_b", "off_h", "offs_m[:, None]", "offs_dv[None, :]", omask))
-        k.add(*lines)
+    if split:
+        k.add(*partial_stores(spec, bm, split))
     else:
-        value = "out"
-    if spec.o is not None and value is not None:
-        o = spec.o
-        orows = "offs_m[:, None].to(tl.int64)" if wide(extent(o, (1, 1, spec.Sq, spec.Dv))) else "offs_m[:, None]"
-        k.add(
-            f"tl.store({o.name} + {row_base(spec, 'o', o, 'off_b', 'off_h')} + {orows} * {o.strides[2]} + offs_dv[None, :], "
-            f"({value}).to({o.dtype}){_mask(omask, store=True)})"
-        )
-    if spec.stats is not None:
-        st = spec.stats
-        k.add(f'lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * {LN2!r}, float("inf"))')
-        if spec.seq_len_q is not None:
-            k.add('lse = tl.where(offs_m < q_len, lse, float("inf"))')
-        st_ok = rows_ok(spec, "stats", "offs_m") or (f"offs_m < {spec.Sq}" if spec.Sq % bm else None)
-        smask = f", mask={st_ok}" if st_ok else ""
-        k.add(
-            f"tl.store({st.name} + {row_base(spec, 'stats', st, 'off_b', 'off_h')} + offs_m * {st.strides[2]}, lse{smask})"
-        )
-
+        finish(spec, k, bm, row_ok, dvmask, dropped=False)
     for hook in (h for _, h in spec.prologue):
         for p in hook.params():
             k.param(p)
@@ -241,12 +232,20 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
-    launches = [k.launch(grid, kn.num_warps, kn.num_stages)]
-    zero = zero_kernel(spec, f"{name}_zero")
+    launches = [k.launch((*grid, split) if split else grid, kn.num_warps, kn.num_stages)]
+    if split:
+        comb, comb_grid = combine(spec, f"{name}_combine", scratch, split)
+        functions.append(comb.source())
+        launches.append(comb.launch(comb_grid, 4, 1))
+    dump = rng_dump_kernel(spec, f"{name}_rng_dump")
+    if dump is not None:
+        functions.append(dump[0].source())
+        launches.append(dump[0].launch(dump[1], 4, 1))
+    zero = zero_kernel(spec, f"{name}_zero", ("o", "stats", "score_max", "score_sum_exp"))
     if zero is not None:  # packed outputs: rows no sequence covers are 0
         functions.insert(0, zero[0].source())
         launches.insert(0, zero[0].launch(zero[1], 4, 1))
-    return generated(functions, launches)
+    return generated(functions, launches, scratch_bytes)
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:

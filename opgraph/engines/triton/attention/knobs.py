@@ -67,6 +67,22 @@ def fwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = 
     return [replace(k, ONELOOP=1) for k in c] + [c[0]]
 
 
+# split-KV candidates: the key splits offered where a forward has at most DECODE_MAX_SQ queries (a decode
+# step: too few query blocks to fill the GPU); the build's policy (opgraph/build/split_kv.py) puts one first
+DECODE_MAX_SQ = 16
+SPLITS = (2, 4, 8, 16, 32)
+
+
+def split_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+    """Split-KV knobs of a decode-shaped forward (at most DECODE_MAX_SQ queries), 16-query tiles, each
+    split at least one key block; [] otherwise."""
+    if spec.Sq > DECODE_MAX_SQ:
+        return []
+    bn = 64 if cuda else 16
+    base = FwdKnobs(16, bn, 4, 3 if cuda else 1, ONELOOP=1 if cuda else 0)
+    return [replace(base, SPLIT=s) for s in SPLITS if -(-spec.Skv // s) >= bn]
+
+
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:
     """Backward knobs, the heuristic's choice first (ONELOOP as in the forward). `scored`: the tile loop
     computes a score modifier and its derivative, whose values stay live beside the accumulators."""

@@ -20,7 +20,7 @@ from ....core.ir import Const, Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.attention import _Attention
-from ....ops.attention_layout import Feature, extensions, ragged_role
+from ....ops.attention_layout import BWD_RAGGED, FWD_RAGGED, Feature, extensions, ragged_role
 from ....ops.pointwise import MODES, PointwiseMode
 from ...shared.views import ROLES, gradient_targets, operand_views
 from ..expr import TL_DTYPE, _mode_expr, elementwise
@@ -39,10 +39,33 @@ from .spec import (
 
 MAX_HEAD_DIM = 256
 # what the generated kernels run of the features beyond dense tensors and the causal / window masks
+# (EXTRA_OUTPUT: score_max, score_sum_exp, rng_dump and dSink_token)
 RUNS = {
-    "sdpa": frozenset({Feature.PACKED, Feature.PAGED, Feature.BAND_RIGHT, Feature.BAND_BOTTOM_RIGHT}),
-    "sdpa_backward": frozenset[Feature](),
+    "sdpa": frozenset(
+        {
+            Feature.PACKED,
+            Feature.PAGED,
+            Feature.BAND_RIGHT,
+            Feature.BAND_BOTTOM_RIGHT,
+            Feature.SINK,
+            Feature.EXTRA_OUTPUT,
+            Feature.EMPTY_ROW_STATS,
+            Feature.BLOCK_MASK,
+        }
+    ),
+    "sdpa_backward": frozenset(
+        {
+            Feature.PACKED,
+            Feature.BAND_RIGHT,
+            Feature.BAND_BOTTOM_RIGHT,
+            Feature.SINK,
+            Feature.EXTRA_OUTPUT,
+            Feature.BLOCK_MASK,
+        }
+    ),
 }
+# the spec's name of each tensor role that may be packed (the op's role -> AttnSpec field)
+_SPEC_ROLE = {"dO": "do", "dQ": "dq", "dK": "dk", "dV": "dv"}
 
 
 @dataclass(frozen=True)
@@ -146,6 +169,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
                 made[v],
             )
     stats = node.output("stats")
+    row_stats = {u for u in (stats, node.output("score_max"), node.output("score_sum_exp")) if u is not None}
     o_uid = node.output("o")
     assert o_uid is not None
     o_dims = piece.tensor(o_uid).dim
@@ -153,7 +177,7 @@ def analyze(piece: Piece, kind: str, template: str) -> Fusion | Support:
     for n in piece.nodes:
         if n is node or id(n) in taken or id(n) in viewing:
             continue
-        if stats is not None and stats in n.input_uids():
+        if row_stats & set(n.input_uids()):
             return Support.no(
                 f"{n.label()} reads the Stats of {node.label()}; the {template} template fuses no epilogue on Stats", n
             )
@@ -234,12 +258,11 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
     """The memory-layout, type and size rules of the generated kernels."""
     node = f.node
     label = node.label()
-    if extra := extensions(node, RUNS[node.kind]):  # (issue 41: the torch engine runs these)
+    extra = extensions(node, RUNS[node.kind])  # (issue 41: the torch engine runs these)
+    if extra:
         return Support.no(f"{label}: {'; '.join(extra)}: not in the {template} template yet", node)
     packed = [r for r in ("q", "k", "v", "o") if node.input(ragged_role(r)) is not None]
     packed += [r for r in ("k", "v") if node.kind == "sdpa" and node.input(f"paged_attention_{r}_table") is not None]
-    if node.kind == "sdpa" and any(node.input(f"paged_attention_{r}_table_ragged_offset") is not None for r in "kv"):
-        return Support.no(f"{label}: a packed (ragged) page table: not in the {template} template yet", node)
     if hooked := [r for r, _ in f.prologue if r in packed] + (["o"] if f.epilogue and "o" in packed else []):
         return Support.no(
             f"{label}: the {template} template fuses no prologue or epilogue on a packed (ragged) or paged "
@@ -345,14 +368,18 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
     Hk, Skv = k.dim[1], k.dim[2]
     Hv, Dv = v.dim[1], v.dim[3]
     ragged = []
-    outputs = {"o": node.output("o"), "stats": node.output("stats")} if node.kind == "sdpa" else {}
-    for role in ("q", "k", "v", "o", "stats"):
-        off = uid.get(ragged_role(role))
+    outputs = {r: node.output(r) for r in op.output_roles()}
+    roles = [(r, r) for r in (FWD_RAGGED if node.kind == "sdpa" else BWD_RAGGED)]
+    if node.kind == "sdpa":  # (score_max and score_sum_exp lie as Stats, at its offsets)
+        roles += [("score_max", "stats"), ("score_sum_exp", "stats")]
+    for role, at in roles:
+        off = uid.get(ragged_role(at))
         if isinstance(off, int):
             t = uid[role] if role in uid else outputs.get(role)
             if t is None:
                 continue
-            ragged.append((role, Ragged(operand(piece, off), op.offset_divisor(role), piece.tensor(t).dim[2])))
+            r = Ragged(operand(piece, off), op.offset_divisor(at), piece.tensor(t).dim[2])
+            ragged.append((_SPEC_ROLE.get(role, role), r))
     if "q" in dict(ragged):  # packed: the problem's dims are the lengths' batch and the maxima
         B, Sq = piece.tensor(uid["seq_len_q"]).dim[0], expect(op.max_seq_len_q, "max_seq_len_q of packed q")
     if "k" in dict(ragged):
@@ -362,9 +389,14 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         table = uid.get(f"paged_attention_{role}_table")
         if isinstance(table, int):
             c, t = piece.tensor(uid[role]), piece.tensor(table)
-            paged.append((role, Paged(operand(piece, table), c.dim[0], c.dim[2], t.dim[2])))
             if role == "k":
                 Skv = op.max_seq_len_kv if op.max_seq_len_kv is not None else t.dim[2] * c.dim[2]
+            toff, rows = uid.get(f"paged_attention_{role}_table_ragged_offset"), None
+            slots = t.dim[2]
+            if isinstance(toff, int):  # packed: the pages of max_seq_len_kv from each sequence's offset
+                rows = Ragged(operand(piece, toff), op.offset_divisor(f"paged_attention_{role}_table"), t.dim[2])
+                slots = -(-expect(op.max_seq_len_kv, "max_seq_len_kv of a packed page table") // c.dim[2])
+            paged.append((role, Paged(operand(piece, table), c.dim[0], c.dim[2], slots, rows)))
     causal = (
         Causal.BOTTOM_RIGHT
         if op.use_causal_mask_bottom_right
@@ -398,12 +430,20 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]), mask_scale)
     if op.score_mod is not None:
         kw["score_mod"] = ScoreModCode(piece, node)
+    if isinstance(uid.get("sink_token"), int):
+        kw["sink"] = operand(piece, uid["sink_token"])
+    if isinstance(uid.get("block_mask"), int):
+        kw["block_mask"] = operand(piece, uid["block_mask"])
     ops: dict[str, Any] = {r: operand(piece, u, f.views) for r, u in (("q", q_uid), ("k", k_uid), ("v", v_uid))}
     if node.kind == "sdpa":
         o_uid, st_uid = node.output("o"), node.output("stats")
         assert o_uid is not None
         kw["o"] = operand(piece, o_uid) if o_uid in piece.outputs else None
         kw["stats"] = operand(piece, st_uid) if st_uid is not None and st_uid in piece.outputs else None
+        for role in ("score_max", "score_sum_exp", "rng_dump"):
+            u = node.output(role)
+            kw[role] = operand(piece, u) if u is not None and u in piece.outputs else None
+        kw["empty_stats"] = op.empty_row_stats  # type: ignore[attr-defined]
         hooks = []
         for role, nodes in f.prologue:
             hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False)))
@@ -424,6 +464,9 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         db = node.output("dBias")
         if db is not None:
             kw["dbias"] = operand(piece, db)
+        ds = node.output("dSink_token")
+        if ds is not None:
+            kw["dsink"] = operand(piece, ds)
     return AttnSpec(
         B,
         Hq,

@@ -1,10 +1,12 @@
-"""Packed (ragged, THD) tensors in the generated forward: sequence b of a packed tensor [1, H, T, w]
-starts at row floor(offsets[b] / per_row) of axis 2 (spec.Ragged). A program of (query block, b, h)
-loads its sequence's start per packed tensor once (`{role}_tok0`) and the local rows that lie in
+"""Packed (ragged, THD) tensors in the generated forward and backward: sequence b of a packed tensor
+[1, H, T, w] starts at row floor(offsets[b] / per_row) of axis 2 (spec.Ragged). A program of (block,
+b, h) loads its sequence's start per packed tensor once (`{role}_tok0`) and the local rows that lie in
 [0, T) and in the sequence (`{role}_lo` <= i < `{role}_hi`): loads outside read zeros (as the reference
 engine's unpacking), stores outside are dropped, so a sequence never reads or writes its neighbours'
-rows past its length. Rows of a packed O or Stats that no sequence covers are zeroed by a launch
-before the attention kernel (the reference engine's packing writes them 0)."""
+rows past its length. Rows of a packed output (O, Stats, score_max, score_sum_exp; dQ, dK, dV) that no
+sequence covers are zeroed by a launch before the attention kernels (the reference engine's packing
+writes them 0). Sequences of a packed output are taken not to overlap: the reference sums the rows
+of overlapping sequences, the kernels write each row once per sequence (the last write wins)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,38 @@ from .spec import AttnSpec, Operand
 
 ZERO_ROWS = 64  # rows of a packed output one program of the zeroing launch clears
 
-_LENGTH = {"q": "q_len", "o": "q_len", "stats": "q_len", "k": "kv_len", "v": "kv_len"}
+_LENGTH = {
+    "q": "q_len",
+    "o": "q_len",
+    "stats": "q_len",
+    "score_max": "q_len",
+    "score_sum_exp": "q_len",
+    "do": "q_len",
+    "dq": "q_len",
+    "k": "kv_len",
+    "v": "kv_len",
+    "dk": "kv_len",
+    "dv": "kv_len",
+}
+# a packed output's heads and row width (spec fields) by role
+_SHAPE = {
+    "o": ("Hq", "Dv"),
+    "stats": ("Hq", None),
+    "score_max": ("Hq", None),
+    "score_sum_exp": ("Hq", None),
+    "dq": ("Hq", "D"),
+    "dk": ("Hk", "D"),
+    "dv": ("Hv", "Dv"),
+}
 
 
-def ragged_lines(spec: AttnSpec, k: KernelText) -> list[str]:
-    """`{role}_tok0`, `{role}_lo`, `{role}_hi` of each packed tensor for batch entry off_b (after
-    seqlen_lines: the sequence lengths q_len, kv_len)."""
+def ragged_lines(spec: AttnSpec, k: KernelText, roles: tuple[str, ...] | None = None) -> list[str]:
+    """`{role}_tok0`, `{role}_lo`, `{role}_hi` of each packed tensor (of `roles`; None: all) for batch
+    entry off_b (after seqlen_lines: the sequence lengths q_len, kv_len)."""
     lines = []
     for role, r in spec.ragged:
+        if roles is not None and role not in roles:
+            continue
         off = r.offsets
         k.param(off.name)
         at = f"{off.offset} + " if off.offset else ""
@@ -56,33 +82,42 @@ def rows_ok(spec: AttnSpec, role: str, rows: str) -> str | None:
     return f"(({rows} >= {role}_lo) & ({rows} < {role}_hi))"
 
 
-def zero_kernel(spec: AttnSpec, name: str) -> tuple[KernelText, tuple[int, int]] | None:
-    """The launch clearing packed O and Stats before the attention kernel writes its sequences' rows
-    (None where neither is packed and written)."""
-    outs = [(r, op) for r in ("o", "stats") if spec.packed(r) is not None and (op := getattr(spec, r)) is not None]
+def zero_kernel(spec: AttnSpec, name: str, roles: tuple[str, ...]) -> tuple[KernelText, tuple[int, int]] | None:
+    """The launch clearing the packed outputs under `roles` before the attention kernels write their
+    sequences' rows (None where none is packed and written)."""
+    outs = [(r, op) for r in roles if spec.packed(r) is not None and (op := getattr(spec, r, None)) is not None]
     if not outs:
         return None
     k = KernelText(name)
-    dvp = pow2(spec.Dv)
+    heads = max(getattr(spec, _SHAPE[r][0]) for r, _ in outs)
     k.add(
         f"rows = tl.program_id(0) * {ZERO_ROWS} + tl.arange(0, {ZERO_ROWS})",
         "off_h = tl.program_id(1)",
-        f"offs_dv = tl.arange(0, {dvp})",
+        f"offs_dv = tl.arange(0, {pow2(spec.Dv)})",
     )
+    if any(_SHAPE[r][1] == "D" for r, _ in outs):
+        k.add(f"offs_d = tl.arange(0, {pow2(spec.D)})")
     tokens = 0
     for role, op in outs:
         k.param(op.name)
         t = spec.packed(role).tokens  # type: ignore[union-attr]
         tokens = max(tokens, t)
+        h, width = _SHAPE[role]
+        # (dK, dV under GQA; the head broadcast to the rows: a scalar term in a mask fails under the interpreter)
+        hmask = f" & ((rows * 0 + off_h) < {getattr(spec, h)})" if getattr(spec, h) != heads else ""
         base = f"{op.name} + {base_expr(op, 'off_h', 'off_h')}"
-        if role == "o":
-            cols = f" & (offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else ""
+        if width is not None:
+            w = getattr(spec, width)
+            offs = "offs_dv" if width == "Dv" else "offs_d"
+            cols = f" & ({offs}[None, :] < {w})" if pow2(w) != w else ""
+            rmask = f"((rows < {t}){hmask})[:, None]" if hmask else f"(rows[:, None] < {t})"
             k.add(
-                f"tl.store({base} + rows[:, None].to(tl.int64) * {op.strides[2]} + offs_dv[None, :], "
-                f"tl.zeros([{ZERO_ROWS}, {dvp}], {op.dtype}), mask=(rows[:, None] < {t}){cols})"
+                f"tl.store({base} + rows[:, None].to(tl.int64) * {op.strides[2]} + {offs}[None, :], "
+                f"tl.zeros([{ZERO_ROWS}, {pow2(w)}], {op.dtype}), mask={rmask}{cols})"
             )
         else:
+            mask = f"(rows < {t}){hmask}" if hmask else f"rows < {t}"
             k.add(
-                f"tl.store({base} + rows.to(tl.int64) * {op.strides[2]}, tl.zeros([{ZERO_ROWS}], {op.dtype}), mask=rows < {t})"
+                f"tl.store({base} + rows.to(tl.int64) * {op.strides[2]}, tl.zeros([{ZERO_ROWS}], {op.dtype}), mask={mask})"
             )
-    return k, (-(-tokens // ZERO_ROWS), spec.Hq)
+    return k, (-(-tokens // ZERO_ROWS), heads)

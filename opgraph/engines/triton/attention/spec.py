@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from ..knobs import Knobs
 
@@ -63,12 +63,15 @@ class Ragged:
 class Paged:
     """A paged k or v: its operand is the container [pages, H, block, w]; key j of sequence b is row
     j % block of page table[b, j // block] (`table`: an integer [B, 1, slots, 1] tensor). A page index
-    outside [0, pages) or a slot past the table reads zeros."""
+    outside [0, pages) or a slot past the table reads zeros. With `rows` the table is packed: slot s of
+    sequence b is row floor(offsets[b] / per_row) + s of it, a row outside [0, T) page 0 (the reference's
+    unpacking), `slots` the pages of max_seq_len_kv."""
 
     table: Operand
     pages: int
     block: int
     slots: int
+    rows: Ragged | None = None  # a packed table [1, 1, T, 1]: sequence b's slots from its offset on
 
 
 @dataclass(frozen=True)
@@ -167,12 +170,26 @@ class AttnSpec:
     dv: Operand | None = None
     dbias: Operand | None = None  # shaped like bias, which may broadcast
     bias_dims: tuple[int, int, int, int] | None = None  # bias's logical dims (1 where broadcast)
-    # the diagonal band beyond the causal flags (forward): key j is seen when j <= i + diag + right;
+    # the diagonal band beyond the causal flags: key j is seen when j <= i + diag + right;
     # diag = kv_len - q_len (per sequence) with bottom_right, else 0 (causal sets both itself)
     right: int | None = None
     bottom_right: bool = False
-    ragged: tuple[tuple[str, Ragged], ...] = ()  # packed tensors ("q", "k", "v", "o", "stats") (forward)
+    # packed tensors: "q", "k", "v", "o", "stats" (forward); and "do", "dq", "dk", "dv" (backward)
+    ragged: tuple[tuple[str, Ragged], ...] = ()
     paged: tuple[tuple[str, Paged], ...] = ()  # paged caches ("k", "v") (forward)
+    # sinks and the softmax's statistics: one logit a query head ([1, Hq, 1, 1]) joining the softmax of
+    # every row within its sequence; the forward's score_max / score_sum_exp ([B, Hq, Sq, 1] like
+    # stats: the row max m and sum Z in natural units), the Stats of an empty row ("+inf" or "-inf"); the
+    # backward's dSink ([1, Hq, 1, 1] fp32)
+    sink: Operand | None = None
+    score_max: Operand | None = None
+    score_sum_exp: Operand | None = None
+    empty_stats: str = "+inf"
+    rng_dump: Operand | None = None  # the Philox dropout's keep mask [B, Hq, Sq, Skv] (1.0 / 0.0)
+    # a block mask [B, Hq, ceil(Sq/128), ceil(ceil(Skv/128)/8)] bytes: score (i, j) kept where bit
+    # (j // 128) % 8 of byte [b, h, i // 128, j // 1024] is set (every loop then masks)
+    block_mask: Operand | None = None
+    dsink: Operand | None = None
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
     fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
@@ -214,6 +231,7 @@ class AttnSpec:
             or bool(self.paged)
             or self.bias is not None
             or self.score_mod is not None
+            or self.block_mask is not None
             or self.Sq > self.Skv
         )
 
@@ -233,6 +251,11 @@ class FwdKnobs(Knobs):
     ORDER: int = 0  # 1: grid (batch x head, query block): all heads' heaviest blocks first
     ONELOOP: int = 0  # one loop over every visited key block, the masks applied under a run-time test
     fp32_precision: str | None = None  # fp32 operands: "tf32" products instead of IEEE fp32 (the spec's, "ieee")
+    # split-KV (flash-decoding): SPLIT programs per query block, each over 1/SPLIT of the keys, writing
+    # fp32 partials (m, l, unnormalised O) that a second launch combines; None: one program per block
+    SPLIT: int | None = None
+
+    CHOICES: ClassVar[frozenset[str]] = frozenset({"SPLIT"})  # (chosen by opgraph/build/split_kv.py)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class AttentionTemplateBase(Template):
     # memory (None: it does not fit), and the builder of the kernels' source
     candidates_for: ClassVar[Callable[..., Any]]
     fit: ClassVar[Callable[..., Any]]
+    more_candidates: ClassVar[Callable[..., Any] | None] = None  # (spec, cuda=) -> knobs after the others
     build: ClassVar[Callable[..., Any]]
 
     def match(self, piece: Piece, device: Device) -> Support | AttentionMatch:
@@ -54,7 +55,9 @@ class AttentionMatch(Match[Any]):
         spec, cuda = self.spec(), self.device.is_cuda
         t = self.template
         out = []
-        for k in t.candidates_for(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None):
+        knobs = list(t.candidates_for(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None))
+        extra = list(t.more_candidates(spec, cuda=cuda)) if t.more_candidates is not None else []
+        for k in knobs + extra:
             fitted = t.fit(spec, k) if cuda else k
             if fitted is not None:
                 out.append(fitted)

@@ -10,19 +10,21 @@ piece); pointwise nodes on O (tensors broadcast to O's dims; outputs of O's dims
 consumers, not prologue values read by the epilogue. Layout: q/k/v read from memory and O written
 with a unit last stride (BSHD, BHSD or any other strides); head dims up to 256; HALF, BFLOAT16 or
 FLOAT (fp32 dots as IEEE fp32 by default, tf32 as a knob). Packed (ragged, THD) q, k, v, O and Stats,
-paged k and v (page tables), the diagonal band's right bound and bottom-right alignment (no
-prologue or epilogue on a packed or paged tensor); not sinks, block masks, the score_max /
-score_sum_exp / rng_dump outputs, -inf Stats, packed page tables.
+paged k and v (page tables, packed ones too), the diagonal band's right bound and bottom-right alignment (no
+prologue or epilogue on a packed or paged tensor), sinks, the score_max / score_sum_exp outputs and
+-inf Stats, the rng_dump output, block masks.
 
 Knobs: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (tensor-descriptor reads), ORDER (grid
-order), ONELOOP (one loop with run-time masks); candidates per head dim in attention/knobs.py, with
-stages cut where the tiles would not fit shared memory.
+order), ONELOOP (one loop with run-time masks), SPLIT (split-KV: the keys of each query block over
+SPLIT programs and a combining launch; offered for decode-shaped problems, put first by the build's
+policy, opgraph/build/split_kv.py); candidates per head dim in attention/knobs.py, with stages cut where
+the tiles would not fit shared memory.
 """
 
 from __future__ import annotations
 
 from ..attention import FwdKnobs, forward
-from ..attention.knobs import fit_fwd, fwd_candidates
+from ..attention.knobs import fit_fwd, fwd_candidates, split_candidates
 from ._attention_common import AttentionTemplateBase
 
 
@@ -31,6 +33,7 @@ class AttentionTemplate(AttentionTemplateBase):
     kind = "sdpa"
     main_kinds = ("sdpa",)
     candidates_for = staticmethod(fwd_candidates)
+    more_candidates = staticmethod(split_candidates)
     fit = staticmethod(fit_fwd)
     knob_class = FwdKnobs
     build = staticmethod(forward)

@@ -5,7 +5,9 @@ deterministic (no atomics), whatever use_deterministic_algorithm says. A dBias t
 summed from fp32 partials in scratch by a last launch.
 
 What a piece may hold: the sdpa_backward node alone. Layout and types as the forward template's
-(unit last stride of q, k, v, o, dO and the gradients); as many key heads as value heads.
+(unit last stride of q, k, v, o, dO and the gradients); as many key heads as value heads. Packed
+(ragged) tensors, the diagonal band, sinks (dSink_token) and block masks as the forward
+(attention/lowering.py `RUNS`).
 
 Knobs: dK/dV tiles BLOCK_M1 (query rows a step) x BLOCK_N1 (keys a program) with W1 warps and S1
 stages; dQ tiles BLOCK_M2 x BLOCK_N2 with W2, S2; FUSED (one launch for both kinds of programs),

@@ -1,0 +1,84 @@
+"""Split-KV (flash-decoding) choice: whether the generated attention forward of a decode-shaped piece
+runs with its keys split over several programs a query block, and into how many (the template offers
+the splits, knob SPLIT; opgraph/engines/triton/attention/split.py).
+
+The estimate is the grid's fill, as FlashAttention's num_splits heuristic: without a split a decode step
+has ceil(Sq / BLOCK_M) * B * Hq programs, each streaming its head's whole cache; fewer than
+MIN_FILL of the GPU's multiprocessors leave HBM idle. A split s makes s times the programs; its
+efficiency is the fill of the last wave, w / ceil(w) with w = programs * s / SMs. The smallest split
+within EFFICIENCY of the best goes first (each extra split costs a partial a row and a share of the
+combining launch), among the splits whose chunks hold at least MIN_BLOCKS key blocks. Autotuning times
+the others against it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..core.config import EngineConfig
+from ..core.dtypes import DataType
+from ..core.op import NodeContext
+
+if TYPE_CHECKING:
+    from ..core.device import Device
+    from ..core.piece import Piece
+
+MIN_FILL = 0.8  # a grid of at least this many programs per multiprocessor is not split
+EFFICIENCY = 0.85  # a split within this fraction of the best last-wave fill is good enough
+MIN_BLOCKS = 4  # key blocks a split's chunk holds at least
+
+__all__ = ["order", "split_count"]
+
+
+def split_count(
+    b: int, hq: int, sq: int, skv: int, block_m: int, sm_count: int, block_n: int = 64, splits: Sequence[int] = ()
+) -> int:
+    """The split of a forward of B x Hq heads, Sq queries, Skv keys with BLOCK_M x BLOCK_N tiles on
+    `sm_count` multiprocessors (0: none), among `splits` (default 2 to 32, powers of two)."""
+    programs = math.ceil(sq / block_m) * b * hq
+    if programs >= MIN_FILL * sm_count:
+        return 0
+    fits = [s for s in (splits or (2, 4, 8, 16, 32)) if skv / s >= MIN_BLOCKS * block_n]
+    if not fits:
+        return 0
+    fill = {s: (w := programs * s / sm_count) / math.ceil(w) for s in fits}
+    best = max(fill.values())
+    return min(s for s in fits if fill[s] >= EFFICIENCY * best)
+
+
+def _shape(piece: Piece) -> tuple[int, int, int, int] | None:
+    """(B, Hq, Sq, Skv) of the piece's sdpa node (the op's own geometry: packed and paged tensors)."""
+    node = next((n for n in piece.nodes if n.kind == "sdpa"), None)
+    if node is None:
+        return None
+    op = node.op
+    inputs = [piece.tensor(v) if isinstance(v, int) else v for v in node.inputs]
+    outputs = [piece.tensor(u) if u is not None else None for u in node.outputs]
+    ctx = NodeContext(
+        node.label(), op.input_roles(), inputs, op.output_roles(), outputs, DataType.FLOAT, DataType.FLOAT
+    )
+    g = op.geometry(ctx)  # type: ignore[attr-defined]
+    return g.b, g.hq, g.sq, g.skv
+
+
+def order(piece: Piece, configs: Sequence[EngineConfig], device: Device) -> list[EngineConfig]:
+    """`configs` with the generated attention forward's config of the estimated split first among that
+    engine's configs (unchanged where the piece is not split or no config has that split)."""
+    split = [c for c in configs if c.knob("template") == "attention" and c.knob("SPLIT")]
+    if not split:
+        return list(configs)
+    shape = _shape(piece)
+    if shape is None:
+        return list(configs)
+    first = split[0]
+    offered = [c.knob("SPLIT") for c in split]
+    s = split_count(*shape, first.knob("BLOCK_M"), device.sm_count, first.knob("BLOCK_N"), offered)
+    chosen = next((c for c in split if c.knob("SPLIT") == s), None)
+    if chosen is None:
+        return list(configs)
+    out = [c for c in configs if c is not chosen]
+    at = next(i for i, c in enumerate(out) if c.engine == chosen.engine)
+    out.insert(at, replace(chosen, why=f"split-KV: {s} splits fill the GPU (build/split_kv.py)"))
+    return out
