@@ -156,12 +156,6 @@ class FinalGraph:
     def is_dynamic(self) -> bool:
         return bool(self.symbols)
 
-    @cached_property
-    def has_size_values(self) -> bool:
-        """Whether a literal operand is a ratio of dynamic sizes (a `SizeValue`: gradients' and losses'
-        1/count), a float only in the graph at a shape (`at`)."""
-        return any(isinstance(v, Const) and isinstance(v.value, SizeValue) for n in self.nodes for v in n.inputs)
-
     def at(self, env: Mapping[str, int]) -> FinalGraph:
         """The static graph this one is when each dynamic dim has its value in `env` (by name; each
         within its range): every dim and stride evaluated, nodes and handles kept (a variant pack keyed
@@ -198,10 +192,6 @@ class FinalGraph:
         at run time generates from the symbolic dims and decides by the bucket (one kernel for every
         shape of it). A new graph each call (equal to `at(env)`)."""
         static = self.at(env)
-        if self.has_size_values:
-            # generated kernels do not take size values as run-time scalars yet: each shape's kernels
-            # are generated at that shape (as where no symbolic generation applies)
-            return dataclasses.replace(static)
         shape = tuple(zip(self.symbols, self.shape_key(env)))
         return dataclasses.replace(static, origin=ShapeOrigin(self, shape, bucket))
 

@@ -16,9 +16,10 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
-from ...core.ir import ShapeOrigin
+from ...core.ir import Const, ShapeOrigin
 from ...core.piece import Piece
 from ...core.symbolic import Expr, SymInt, bounds, evaluate
+from ...core.symbolic_value import SizeValue
 from ...core.tensor import TensorDesc
 from .templates.base import INT32_LIMIT, Arg, ArgKind
 
@@ -98,4 +99,6 @@ def symbolic_piece(piece: Piece) -> Piece | None:
         return None
     at = {id(n): i for i, n in enumerate(piece.graph.nodes)}  # (FinalGraph.at keeps the nodes' order)
     nodes = tuple(origin.graph.nodes[at[id(n)]] for n in piece.nodes)
+    if any(isinstance(v, Const) and isinstance(v.value, SizeValue) for n in nodes for v in n.inputs):
+        return None  # a ratio of sizes (a mean's 1/count) is no run-time scalar yet: generated at the shape
     return dataclasses.replace(piece, nodes=nodes, graph=origin.graph, growth=None)
