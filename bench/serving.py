@@ -14,9 +14,11 @@ random weights), eval, bf16, returning the logits. The requests: batch 1-16 and 
 
 Reported per implementation: the loop's wall time (the import, every build and compilation
 included), each request's time and, for opgraph, which requests built something (the plan's `stats`
-before and after). Checked after the loop: the first requests' outputs against the float64 module.
-Then, on a sample of requests, each one's time alone (CUDA events, median of 10 after a warm-up)
-against a static opgraph plan built for that very shape. Targets (issue 42): the loop <= 0.5x
+before and after), and what ran it (opgraph: the steps by engine of the plan at the range's maximum).
+Checked after the loop (checking first would warm the caches the loop is timed from): the first
+requests' and the sampled requests' outputs, and the static plans', against the float64 module. The
+sampled requests are also timed alone (CUDA events, median of 10 after a warm-up), each against a
+static opgraph plan built for that very shape. Targets (issue 42): the loop <= 0.5x
 torch.compile dynamic's wall time; each request within 10% of the static plan's time; no build after
 the first request of each bucket.
 """
@@ -24,6 +26,7 @@ the first request of each bucket.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -35,7 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .peers.torch_peers import EAGER_ENGINE, INDUCTOR_ENGINE
+
 IMPLS = ("opgraph", "torch eager", "torch.compile dynamic")
+ENGINES = {"torch eager": EAGER_ENGINE, "torch.compile dynamic": INDUCTOR_ENGINE + ", dynamic=True"}
 CHECKED = 3  # requests whose outputs are checked against float64
 SAMPLED = 6  # requests timed alone (and, for opgraph, against a static plan of their shape)
 
@@ -55,6 +61,8 @@ def _model(cfg: dict[str, Any], device: str, dtype: Any) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from tests.frontends.zoo_models import TokenLogits
+
     llama = LlamaConfig(
         vocab_size=cfg["vocab"],
         hidden_size=cfg["d"],
@@ -67,16 +75,7 @@ def _model(cfg: dict[str, Any], device: str, dtype: Any) -> Any:
         attn_implementation="sdpa",
     )
     torch.manual_seed(0)
-
-    class Logits(torch.nn.Module):  # one tensor argument, as torch.export's dynamic_shapes names it
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = LlamaForCausalLM(llama)
-
-        def forward(self, ids: Any) -> Any:
-            return self.model(input_ids=ids, use_cache=False).logits
-
-    return Logits().to(device).to(dtype).eval()
+    return TokenLogits(LlamaForCausalLM(llama)).to(device).to(dtype).eval()
 
 
 def _ids(i: int, shape: tuple[int, int], vocab: int, device: str) -> Any:
@@ -159,25 +158,34 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         out["served"] = len(out["request_ms"])
         reqs = reqs[: out["served"]]
         reference = copy.deepcopy(module).double()
-        out["errors"] = []
-        for i, shape in enumerate(reqs[:CHECKED]):
-            ids = _ids(i, shape, cfg["vocab"], device)
-            got, want = call(ids).double(), reference(ids)
-            out["errors"].append(float((got - want).norm() / want.norm()))
-        del reference
-        sample = sorted(set(range(len(reqs))), key=lambda i: (i * 7919) % len(reqs))[:SAMPLED]
-        out["alone"] = []
-        for i in sample:
+
+        def error(got: Any, ids: Any) -> float:
+            want = reference(ids)
+            return float((got.double() - want).norm() / want.norm())
+
+        sample = sorted(range(len(reqs)), key=lambda i: (i * 7919) % len(reqs))[:SAMPLED]
+        out["errors"], out["alone"] = [], []
+        for i in sorted(set(range(min(CHECKED, len(reqs)))) | set(sample)):
             ids = _ids(i, reqs[i], cfg["vocab"], device)
+            out["errors"].append(error(call(ids), ids))
+            if i not in sample:
+                continue
             row = {"request": i, "shape": reqs[i], "ms": _alone_ms(call, ids, device)}
-            if plan_of is not None:
+            if plan_of is not None:  # the static plan of this very shape, checked as well
                 import opgraph as og
 
                 static = og.from_torch(module, (ids,))
-                row["static_ms"] = _alone_ms(lambda x, s=static: s.run(x, reuse_outputs=True), ids, device)
+                run = functools.partial(static.run, reuse_outputs=True)
+                out["errors"].append(error(run(ids), ids))
+                row["static_ms"] = _alone_ms(run, ids, device)
             out["alone"].append(row)
+    out["engine"] = ENGINES.get(name, "")
     if plan_of is not None:
-        out["describe"] = plan_of().describe()
+        from .ours import engines_of
+
+        plan = plan_of()
+        out["describe"] = plan.describe()
+        out["engine"] = engines_of(getattr(plan, "max_plan", plan))
     return out
 
 
@@ -209,9 +217,9 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"# Serving loop: {args.requests} requests (seed {args.seed}), cold caches",
         "",
-        "| implementation | requests served | loop wall s | vs torch.compile dynamic | median request ms "
-        "| requests that built | worst error vs float64 | request alone / static plan |",
-        "|---|---|---|---|---|---|---|---|",
+        "| implementation | engine | requests served | loop wall s | vs torch.compile dynamic "
+        "| median request ms | requests that built | worst error vs float64 | request alone / static plan |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in ok:
         full = compiled is not None and r["served"] == compiled["served"] == args.requests
@@ -221,7 +229,8 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         built = len(r["built"]) if r["impl"] == "opgraph" else "—"
         median = statistics.median(r["request_ms"]) if r["request_ms"] else float("nan")
         lines.append(
-            f"| {r['impl']} | {r['served']} of {args.requests} | {r['wall_s']:.1f} | {ratio} | {median:.2f} | "
+            f"| {r['impl']} | {r['engine']} | {r['served']} of {args.requests} | {r['wall_s']:.1f} | {ratio} | "
+            f"{median:.2f} | "
             f"{built} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} |"
         )
     for r in results:

@@ -27,7 +27,9 @@ def test_dry_run_serves_every_request_and_checks_it(tmp_path):
     for r in by_impl.values():
         assert len(r["request_ms"]) == 4 and r["wall_s"] > 0
         assert max(r["errors"]) < 1e-5, r["errors"]  # fp32 on the CPU
+        assert r["engine"], r  # every row names what ran it
     ours = by_impl["opgraph"]
     assert ours["built"] and ours["built"][0]["request"] == 0  # the first request builds
     assert all("static_ms" in a for a in ours["alone"])
+    assert ours["engine"] == "reference" and len(ours["errors"]) == 2 * len(ours["alone"])  # (the static plans too)
     assert "|" in (tmp_path / result.name.replace(".json", ".md")).read_text()
