@@ -92,6 +92,19 @@ def _inference_case(ctx: Ctx, module: Any, args: tuple[Any, ...], floor: Floor, 
     return Case([Output("out", "bfloat16")], lambda: [want], impls, floor, notes=notes)
 
 
+def _token_inference(
+    ctx: Ctx, model: Any, dims: dict[str, int], shape: tuple[int, int], field: str, embeddings: str, notes: str
+) -> Case:
+    """bf16 inference of a transformers model on random token ids of `shape`, its output `field`."""
+    import torch
+
+    batch, seq = shape
+    module = _wrap(model.to(ctx.device).to(torch.bfloat16).eval(), field)
+    x = torch.randint(0, dims["vocab"], (batch, seq), device=ctx.device)
+    flops = _token_flops(model, dims, seq, (embeddings,)) * batch * seq
+    return _inference_case(ctx, module, (x,), Floor(flops=flops, dtype="bfloat16", tflops=True), notes)
+
+
 @workload(
     "zoo.llama.infer.b8",
     group="zoo-llama-infer",
@@ -102,15 +115,10 @@ def _inference_case(ctx: Ctx, module: Any, args: tuple[Any, ...], floor: Floor, 
     title="Llama (8 layers, d 1024, GQA 16/4) inference, batch 8 × 1024, bf16",
 )
 def llama_inference(ctx: Ctx) -> Case:
-    import torch
-
     model, dims = _llama(ctx)
-    batch, seq = ctx.pick((8, 1024), None, (2, 16))
-    module = _wrap(model.to(ctx.device).to(torch.bfloat16).eval(), "logits")
-    x = torch.randint(0, dims["vocab"], (batch, seq), device=ctx.device)
-    flops = _token_flops(model, dims, seq, ("embed_tokens.weight",)) * batch * seq
-    floor = Floor(flops=flops, dtype="bfloat16", tflops=True)
-    return _inference_case(ctx, module, (x,), floor, "LlamaForCausalLM, bf16 weights; output: the logits")
+    shape = ctx.pick((8, 1024), None, (2, 16))
+    notes = "LlamaForCausalLM, bf16 weights; output: the logits"
+    return _token_inference(ctx, model, dims, shape, "logits", "embed_tokens.weight", notes)
 
 
 @workload(
@@ -123,15 +131,10 @@ def llama_inference(ctx: Ctx) -> Case:
     title="BERT-base inference, batch 32 × 512, bf16",
 )
 def bert_inference(ctx: Ctx) -> Case:
-    import torch
-
     model, dims = _bert(ctx)
-    batch, seq = ctx.pick((32, 512), None, (2, 16))
-    module = _wrap(model.to(ctx.device).to(torch.bfloat16).eval(), "last_hidden_state")
-    x = torch.randint(0, dims["vocab"], (batch, seq), device=ctx.device)
-    flops = _token_flops(model, dims, seq, ("_embeddings.weight",)) * batch * seq
-    floor = Floor(flops=flops, dtype="bfloat16", tflops=True)
-    return _inference_case(ctx, module, (x,), floor, "BertModel (no pooler), bf16; output: the last hidden state")
+    shape = ctx.pick((32, 512), None, (2, 16))
+    notes = "BertModel (no pooler), bf16; output: the last hidden state"
+    return _token_inference(ctx, model, dims, shape, "last_hidden_state", "_embeddings.weight", notes)
 
 
 @workload(

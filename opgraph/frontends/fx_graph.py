@@ -113,10 +113,11 @@ def _import(gm: Any, program: FxProgram, args: list[Any], placeholders: list[Any
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from . import aot_attention, aot_ops  # noqa: F401  (the AOTAutograd-only ops join the table)
     from .torch_import import _translate
     from .torch_importer import Importer
+    from .torch_ops import load_translators
 
+    load_translators(aot=True)  # (the AOTAutograd-only ops join the table)
     with _disable_current_modes():  # constants the translator folds are real tensors, not fake ones
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
@@ -202,16 +203,8 @@ def translatable(node: Any) -> bool:
     """Whether the translation table covers `node` (its arguments may still be declined at import)."""
     import torch
 
-    from . import (  # noqa: F401
-        aot_attention,
-        aot_ops,
-        torch_ops,
-        torch_ops_attention,
-        torch_ops_lm,
-        torch_ops_nn,
-        torch_ops_norm,
-    )
     from .torch_mutations import op_key
+    from .torch_ops import load_translators
 
     if node.op != "call_function":
         return False
@@ -221,6 +214,6 @@ def translatable(node: Any) -> bool:
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
     base, _ = op_key(node.target)
-    if base in torch_ops.TRANSLATORS:
+    if base in load_translators(aot=True):
         return True
     return not node.all_input_nodes  # a factory: folded into a constant or a random input

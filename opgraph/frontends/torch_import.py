@@ -194,8 +194,10 @@ def _pytorch_allows_tf32(torch: Any) -> bool:
 def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     from torch.utils import _pytree as pytree
 
-    from . import torch_ops, torch_ops_attention, torch_ops_lm, torch_ops_nn, torch_ops_norm  # noqa: F401  (the translators register on import)
+    from . import torch_ops
     from .torch_custom import custom_node
+
+    torch_ops.load_translators()
 
     program = imp.program
     graph = program.graph_module.graph

@@ -26,6 +26,7 @@ Composite translations (PyTorch formulas):
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,19 @@ from .torch_symbolic import to_shape
 Translator = Callable[[Importer, Any, Args], Any]
 TRANSLATORS: Registry[str, Translator] = Registry("aten translator")
 PREPARE: Registry[str, Translator] = Registry("aten prepare hook")
+
+
+# the modules whose translators register on import: torch.export's ops, and the ops only AOTAutograd's
+# graphs hold (the torch.compile backend's: backward ops, the attention kernel PyTorch picked)
+EXPORT_MODULES = ("torch_ops_attention", "torch_ops_lm", "torch_ops_nn", "torch_ops_norm")
+AOT_MODULES = ("aot_attention", "aot_ops")
+
+
+def load_translators(aot: bool = False) -> Registry[str, Translator]:
+    """The translation table with its modules imported: torch.export's, and AOTAutograd's with `aot`."""
+    for name in EXPORT_MODULES + (AOT_MODULES if aot else ()):
+        importlib.import_module(f"{__package__}.{name}")
+    return TRANSLATORS
 
 
 def op(*names: str) -> Callable[[Translator], Translator]:

@@ -187,25 +187,16 @@ def _slice_triple(s: Any, axis: int, name: str) -> tuple[int, int, int]:
                 hint="slice bounds and steps are ints (or None)",
             )
     step = 1 if s.step is None else int(s.step)
-    start = (
-        0
-        if s.start is None
-        else Expr.of(s.start)
-        if isinstance(s.start, Dim)
-        else s.start
-        if isinstance(s.start, Expr)
-        else int(s.start)
-    )
-    stop = (
-        INT64_MAX
-        if s.stop is None
-        else Expr.of(s.stop)
-        if isinstance(s.stop, Dim)
-        else s.stop
-        if isinstance(s.stop, Expr)
-        else int(s.stop)
-    )
-    return (start, stop, step)  # type: ignore[return-value]  # a dynamic stop is an Expr (see TensorDesc.dim)
+    return (_bound(s.start, 0), _bound(s.stop, INT64_MAX), step)  # a dynamic bound is an Expr (see TensorDesc.dim)
+
+
+def _bound(v: Any, default: int) -> Any:
+    """A slice bound as an int, or an Expr where it is dynamic; `default` for None."""
+    if v is None:
+        return default
+    if isinstance(v, Dim):
+        return Expr.of(v)
+    return v if isinstance(v, Expr) else int(v)
 
 
 def _dynamic_bounds(

@@ -145,16 +145,9 @@ def _templates() -> dict[str, list[str]]:
 def _translators() -> dict[str, set[str]]:
     # every module that registers translations, AOTAutograd's backward ops included (imported here, not by
     # whatever ran before: the table must not depend on it)
-    from ..frontends import (  # noqa: F401
-        aot_ops,
-        torch_ops,
-        torch_ops_attention,
-        torch_ops_lm,
-        torch_ops_nn,
-        torch_ops_norm,
-    )
+    from ..frontends.torch_ops import load_translators
 
-    return _inverse(torch_ops.TRANSLATORS.items())
+    return _inverse(load_translators(aot=True).items())
 
 
 def _lowerings() -> dict[str, set[str]]:

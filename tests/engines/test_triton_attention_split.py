@@ -236,11 +236,15 @@ def test_a_planned_split_runs_under_the_interpreter(rng):
 # -- Hopper (sm_90) compilation without a GPU -------------------------------------------------------------
 
 
-def _decode_graph(layout):
+def _decode_graph(layout, b=4, sink=True):
+    """A decode step: b sequences of one query, GQA 32/8, D 128, 8k-token caches (paged: 64-token pages),
+    bf16, padding and bottom-right causal masks (and a sink)."""
+    hq, hk, skv = 32, 8, 8192
     g = og.Graph("dec", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
-    b, hq, hk, skv = 4, 32, 8, 8192
     q = g.tensor(dim=[b, hq, 1, 128], name="q")
-    kw = {"use_padding_mask": True, "use_causal_mask_bottom_right": True, "sink_token": g.tensor(dim=[1, hq, 1, 1])}
+    kw = {"use_padding_mask": True, "use_causal_mask_bottom_right": True}
+    if sink:
+        kw["sink_token"] = g.tensor(dim=[1, hq, 1, 1])
     kw["seq_len_q"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
     kw["seq_len_kv"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
     if layout == "paged":
@@ -287,21 +291,8 @@ def test_gpu_decode_split_kv(layout):
     """Batch 2, GQA 32/8, D 128, 8k-token caches (paged: 64-token pages), bf16: the policy's split (64
     programs on 132 SMs: 2) on the GPU against the reference engine."""
     rng = np.random.default_rng(9)
-    b, hq, hk, skv = 2, 32, 8, 8192
-    g = og.Graph("dec", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
-    q = g.tensor(dim=[b, hq, 1, 128], name="q")
-    kw = {"use_padding_mask": True, "use_causal_mask_bottom_right": True}
-    kw["seq_len_q"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
-    kw["seq_len_kv"] = g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
-    if layout == "paged":
-        k, v = (g.tensor(dim=[b * skv // 64, hk, 64, 128], name=n) for n in "kv")
-        for r in "kv":
-            kw[f"paged_attention_{r}_table"] = g.tensor(dim=[b, 1, skv // 64, 1], data_type=DT.INT32, name=r + "t")
-    else:
-        k, v = (g.tensor(dim=[b, hk, skv, 128], name=n) for n in "kv")
-    o, st = g.sdpa(q, k, v, attn_scale=128**-0.5, **kw)
-    o.set_output(True)
-    st.set_output(True)
+    b, skv = 2, 8192
+    g = _decode_graph(layout, b=b, sink=False)
     plan = g.build(device="cuda", engines=["triton"])
     assert plan.steps[0].config.knob("SPLIT"), plan.describe()
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .gpt_models import GPT
+from .zoo_models import TokenLogits
 
 DT = torch.float64
 
@@ -60,16 +61,7 @@ def tiny_transformer() -> nn.Module | None:
         bos_token_id=None,
         eos_token_id=None,
     )
-
-    class Logits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = GPT2LMHeadModel(config)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    return Logits()
+    return TokenLogits(GPT2LMHeadModel(config))
 
 
 def tiny_llama() -> nn.Module | None:
@@ -90,16 +82,7 @@ def tiny_llama() -> nn.Module | None:
         max_position_embeddings=8,
         attn_implementation="sdpa",
     )
-
-    class Logits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = LlamaForCausalLM(config)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    return Logits()
+    return TokenLogits(LlamaForCausalLM(config))
 
 
 # name -> (model factory, batch factory(step) -> (inputs, target), loss(out, target))

@@ -16,6 +16,7 @@ from torch.export import Dim
 import opgraph as og
 from opgraph.frontends import from_torch
 from opgraph.runtime.dynamic import DynamicPlan
+from tests.frontends.zoo_models import TokenLogits
 from tests.helpers import check_rule, requires_cuda
 
 # -- modules ------------------------------------------------------------------------------------------
@@ -365,17 +366,7 @@ def _tiny_lm(arch: str) -> nn.Module:
         )
         cls = transformers.GPT2LMHeadModel
     torch.manual_seed(0)
-    model = cls(config).double().eval()
-
-    class Logits(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=ids, use_cache=False).logits
-
-    return Logits().eval()
+    return TokenLogits(cls(config)).double().eval()
 
 
 # Llama computes its RMSNorm and rotary tables in float32 (casts in the traced program, which the import

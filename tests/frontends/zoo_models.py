@@ -48,6 +48,18 @@ class Logits(nn.Module):
         return out.flatten(0, -2) if self.flatten else out
 
 
+class TokenLogits(nn.Module):
+    """A causal LM's logits from token ids as its one positional argument (torch.export's
+    dynamic_shapes and torch.compile's graphs name it), without a KV cache."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids, use_cache=False).logits
+
+
 def _transformers() -> Any:
     try:
         import transformers
