@@ -121,6 +121,7 @@ class DynamicPlan(ExecutionPlan):
         self._check_solvable()
         self.buckets: Buckets = choose(graph, options.buckets, options.max_buckets)
         self._sources: dict[int, set[str]] = {}  # bucket index -> its kernels' source digests
+        self._every: set[str] = set()  # every bucket's digests
         self._first: dict[int, str] = {}  # bucket index -> the shape that used it first
         self._planned: dict[int, int] = {}  # bucket index -> shapes planned in it
         self._built = False
@@ -282,7 +283,7 @@ class DynamicPlan(ExecutionPlan):
         """Count the plan's kernel sources new to the plan (and to its bucket), logging each one met at
         run time with the shape that caused it."""
         seen = self._sources.setdefault(bucket, set())
-        every = set().union(*self._sources.values())
+        every = self._every
         first_in_bucket = self._planned[bucket] == 1
         for i, step in enumerate(plan.steps):
             source = plan.source(i)
