@@ -3,6 +3,7 @@
 eager and under torch.compile, on 1..8 GPUs of one host, one process a GPU. Self-contained:
 
     python -m bench.data_parallel resnet50 --gpus 1,2,4,8          # ResNet-50, 224², batch 64 a GPU, fp16, SGD
+    python -m bench.data_parallel llama --gpus 1,2 --seq 1024      # transformers' Llama of bench.workloads.zoo, bf16, AdamW
     python -m bench.data_parallel gpt --gpus 1,8 --layers 12        # GPT-2 small, bf16, AdamW (bench.gpt's model)
     python -m bench.data_parallel --dry-run                        # CPU, gloo, 2 ranks, a tiny MLP: wiring only
 
@@ -71,6 +72,27 @@ def workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]
             return x, torch.randint(0, 1000, (args.batch,), generator=g)
 
         return {"model": model, "make": make, "items": args.batch, "unit": "images/s", "precision": "fp16", "sgd": True}
+    if name == "llama":  # the real-models issue's Llama step: 8 layers, d 1024, GQA 16/4, bf16, AdamW
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.frontends.zoo_models import Logits
+
+        from .workloads.zoo import LLAMA_SIZES, llama_model
+
+        vocab = LLAMA_SIZES[-1]
+        model = Logits(llama_model(*LLAMA_SIZES), flatten=True, field="logits").to(device).train()
+
+        def make_llama(g: Any) -> tuple[Any, Any]:
+            x = torch.randint(0, vocab, (args.batch, args.seq), generator=g)
+            return x, torch.randint(0, vocab, (args.batch * args.seq,), generator=g)
+
+        return {
+            "model": model,
+            "make": make_llama,
+            "items": args.batch * args.seq,
+            "unit": "tokens/s",
+            "precision": "bf16",
+            "sgd": False,
+        }
     from .gpt import GPT, GPTConfig
 
     c = GPTConfig(seq=args.seq, layers=args.layers)
@@ -205,10 +227,10 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("workload", nargs="?", default="resnet50", choices=["resnet50", "gpt", "tiny"])
+    p.add_argument("workload", nargs="?", default="resnet50", choices=["resnet50", "llama", "gpt", "tiny"])
     p.add_argument("--gpus", default="1,2", help="world sizes, comma-separated (one GPU a rank)")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--batch", type=int, default=None, help="per GPU (default 64 images, 8 sequences)")
+    p.add_argument("--batch", type=int, default=None, help="per GPU (default 64 images, 4 Llama / 8 GPT sequences)")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -220,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         args.workload, args.gpus, args.iters, args.warmup = "tiny", "1,2", 3, 1
         args.modes = "opgraph,opgraph-run,opgraph-zero1,ddp"  # (torch.compile on the CPU compiles C++ for minutes)
-    args.batch = args.batch or {"resnet50": 64, "gpt": 8, "tiny": 16}[args.workload]
+    args.batch = args.batch or {"resnet50": 64, "llama": 4, "gpt": 8, "tiny": 16}[args.workload]
     args.modes = [m for m in args.modes.split(",") if m]
     import torch.multiprocessing as mp
 

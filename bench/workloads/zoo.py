@@ -34,11 +34,11 @@ def _wrap(model: Any, field: str, flatten: bool = False) -> Any:
     return Logits(model, flatten=flatten, field=field)
 
 
-def _llama(ctx: Ctx) -> tuple[Any, dict[str, int]]:
+def llama_model(d: int, layers: int, heads: int, kv: int, ffn: int, vocab: int) -> Any:
+    """transformers' `LlamaForCausalLM` of these sizes, SDPA attention, seeded random weights."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    d, layers, heads, kv, ffn, vocab = ctx.pick((1024, 8, 16, 4, 2816, 32000), None, (32, 2, 4, 2, 64, 128))
     cfg = LlamaConfig(
         vocab_size=vocab,
         hidden_size=d,
@@ -50,7 +50,15 @@ def _llama(ctx: Ctx) -> tuple[Any, dict[str, int]]:
         attn_implementation="sdpa",
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(cfg), {"d": d, "layers": layers, "vocab": vocab}
+    return LlamaForCausalLM(cfg)
+
+
+LLAMA_SIZES = (1024, 8, 16, 4, 2816, 32000)  # d, layers, query heads, key-value heads, SwiGLU width, vocab
+
+
+def _llama(ctx: Ctx) -> tuple[Any, dict[str, int]]:
+    d, layers, heads, kv, ffn, vocab = ctx.pick(LLAMA_SIZES, None, (32, 2, 4, 2, 64, 128))
+    return llama_model(d, layers, heads, kv, ffn, vocab), {"d": d, "layers": layers, "vocab": vocab}
 
 
 def _bert(ctx: Ctx) -> tuple[Any, dict[str, int]]:
