@@ -247,38 +247,46 @@ def main(argv: list[str] | None = None) -> int:
     import torch.multiprocessing as mp
 
     results: dict[int, Any] = {}
+    failed = 0
+    print(f"{args.workload}, batch {args.batch} a GPU: ms per step (slowest rank, median), throughput, scaling")
     for world in (int(n) for n in args.gpus.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rank0.json")
             mp.spawn(rank_main, args=(world, args, os.path.join(tmp, "store"), out), nprocs=world, join=True)
             results[world] = json.loads(Path(out).read_text())
-    failed = 0
-    print(f"{args.workload}, batch {args.batch} a GPU: ms per step (slowest rank, median), throughput, scaling")
-    for world, res in results.items():
-        rows, base = res["rows"], results.get(min(results), res)["rows"]
-        ref = rows.get("ddp", {}).get("first_loss")
-        for mode, r in rows.items():
-            ok = ref is None or abs(r["first_loss"] - ref) <= 0.02 * abs(ref)
-            failed += not ok
-            rate = res["items"] * world / (r["ms"] / 1e3)
-            one = base.get(mode)  # the same per-GPU batch: efficiency = time at the fewest GPUs / time here
-            scale = (
-                ""
-                if one is None or world == min(results)
-                else f"  scaling {one['ms'] / r['ms']:.3f} of {min(results)} GPU(s)"
-            )
-            vs = (
-                ""
-                if "ddp-compile" not in rows or not mode.startswith("opgraph")
-                else f"  / ddp-compile {r['ms'] / rows['ddp-compile']['ms']:.2f}"
-            )
-            print(
-                f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}"
-                f"{'' if ok else '  FAILED CHECK: first loss ' + format(r['first_loss'], '.4g') + ' vs ddp ' + format(ref, '.4g')}"
-            )
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        failed += report(world, results, args)  # (each world size as it ends: a later one may be cut off)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     return 1 if failed else 0
+
+
+def report(world: int, results: dict[int, Any], args: argparse.Namespace) -> int:
+    """Print world size `world`'s rows; the number whose first loss failed the check against ddp's."""
+    failed = 0
+    res = results[world]
+    rows, base = res["rows"], results[min(results)]["rows"]
+    ref = rows.get("ddp", {}).get("first_loss")
+    for mode, r in rows.items():
+        ok = ref is None or abs(r["first_loss"] - ref) <= 0.02 * abs(ref)
+        failed += not ok
+        rate = res["items"] * world / (r["ms"] / 1e3)
+        one = base.get(mode)  # the same per-GPU batch: efficiency = time at the fewest GPUs / time here
+        scale = (
+            ""
+            if one is None or world == min(results)
+            else f"  scaling {one['ms'] / r['ms']:.3f} of {min(results)} GPU(s)"
+        )
+        vs = (
+            ""
+            if "ddp-compile" not in rows or not mode.startswith("opgraph")
+            else f"  / ddp-compile {r['ms'] / rows['ddp-compile']['ms']:.2f}"
+        )
+        print(
+            f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}"
+            f"{'' if ok else '  FAILED CHECK: first loss ' + format(r['first_loss'], '.4g') + ' vs ddp ' + format(ref, '.4g')}",
+            flush=True,
+        )
+    return failed
 
 
 if __name__ == "__main__":

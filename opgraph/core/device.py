@@ -43,7 +43,8 @@ def cuda_usable() -> bool:
 
 
 def resolve_device(device: str | Device | None) -> Device:
-    """None -> the GPU when one is usable, else the CPU; "cpu", "cuda", "cuda:N" as named."""
+    """None -> the current GPU when one is usable, else the CPU; "cpu", "cuda" (PyTorch's current
+    device), "cuda:N" as named."""
     if isinstance(device, Device):
         return device
     if device is None:
@@ -52,7 +53,6 @@ def resolve_device(device: str | Device | None) -> Device:
     if text == "cpu":
         return CPU
     if text.startswith("cuda"):
-        index = int(text.split(":", 1)[1]) if ":" in text else 0
         if not cuda_usable():
             raise GraphError(
                 f"device {device!r} was asked for but no CUDA GPU is usable here",
@@ -61,6 +61,8 @@ def resolve_device(device: str | Device | None) -> Device:
             )
         import torch
 
+        # "cuda" is PyTorch's current device (torch.cuda.set_device: a data-parallel rank's own GPU)
+        index = int(text.split(":", 1)[1]) if ":" in text else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         return Device("cuda", index, props.name, (props.major, props.minor), props.multi_processor_count)
     raise GraphError(f"unknown device {device!r}", rule="device.unknown", hint="use 'cpu', 'cuda' or 'cuda:N'")

@@ -376,8 +376,8 @@ class TrainStep:
     def run(self, *inputs: Any, target: Any = None) -> Any:
         """One training step on `inputs` (the module's arguments) and `target`; returns the loss (0-d)."""
         pack = self.pack(*inputs, target=target)
-        if self.plan is None or self.plan.device.is_cuda != (self._device.type == "cuda"):
-            self.build("cuda" if self._device.type == "cuda" else "cpu")
+        if self.plan is None or self.plan.device.torch_name != str(self._device):
+            self.build(str(self._device))
         self.plan.execute(pack)
         self._after_execute(pack)
         return pack[self.loss_uid].reshape(()).clone()
@@ -394,8 +394,8 @@ class TrainStep:
                 rule="cudagraph.device",
                 hint="move the module and inputs to the GPU",
             )
-        if self.plan is None or not self.plan.device.is_cuda:
-            self.build("cuda")
+        if self.plan is None or self.plan.device.torch_name != str(self._device):
+            self.build(str(self._device))
         saved = self._snapshot(pack)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
