@@ -155,7 +155,9 @@ def merged(reports: Iterable[CompileReport]) -> CompileReport:
 
 
 def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
-    """The step with its first alternative config whose kernels compile (compiled here)."""
+    """The step with its first alternative config whose kernels compile (compiled here, and checked as
+    the batch was: a kernel over the device's shared memory fails its compile, so an alternative with
+    the same tiles as the failed config is not taken either)."""
     why = "; ".join(errors.values())
     log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
     for alt in step.alternatives:
@@ -163,9 +165,10 @@ def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
             engine = get_engine(alt.engine)
             kernel = engine.compile(step.piece, alt, device)
             compiler = engine.compiler()
-            for spec, fn in kernel.compile_specs():
-                if compiler is not None:
-                    compiler.compile_here(spec, fn)
+            specs = {spec.key: (spec, fn) for spec, fn in kernel.compile_specs()}
+            failed = compiler.compile_all(specs, parallel=False).failed if compiler is not None and specs else {}
+            if failed:
+                raise ExecutionError("; ".join(failed.values()), rule="build.compile_failed")
         except Exception as err:  # noqa: BLE001 - the next alternative
             log.info("step %d: alternative %s failed too: %s", step.index, alt, err)
             continue

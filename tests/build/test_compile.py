@@ -26,21 +26,22 @@ class Spec:
 
 
 class FakeCompiler:
-    def __init__(self, failing: set[str] = frozenset()) -> None:
+    """Keys in `failing` do not compile; keys in `oversized` compile, and the batch's check refuses them (a
+    kernel over the device's shared memory, as the Triton compiler's `_refuse_oversized`)."""
+
+    def __init__(self, failing: set[str] = frozenset(), oversized: set[str] = frozenset()) -> None:
         self.batches: list[dict] = []
         self.here: list[str] = []
         self.failing = failing
+        self.oversized = oversized
 
     def compile_all(self, specs, *, parallel=True, progress=None):
         self.batches.append(dict(specs))
         if progress:
             progress(len(specs), len(specs))
-        return CompileReport(
-            kernels=len(specs),
-            compiled=len(specs),
-            workers=2 if parallel else 0,
-            failed={k: "boom" for k in specs if k in self.failing},
-        )
+        failed = {k: "boom" for k in specs if k in self.failing}
+        failed |= {k: f"kernel {k} needs 233472 bytes of shared memory" for k in specs if k in self.oversized}
+        return CompileReport(kernels=len(specs), compiled=len(specs), workers=2 if parallel else 0, failed=failed)
 
     def compile_here(self, spec, fn):
         self.here.append(spec.key)
@@ -126,10 +127,28 @@ def test_a_step_whose_kernel_fails_takes_its_first_alternative_that_compiles(pie
     assert stats["failed"] == {"bad": "boom"}
     assert out[1] is steps[1] and out[0].config == good and out[0].kernel.keys == ("ok",)
     assert out[0].alternatives == (steps[0].config, broken)
-    assert a.here == ["bad2", "ok"]  # each alternative compiled here, in order
+    assert [list(x) for x in a.batches[1:]] == [["bad2"], ["ok"]]  # each alternative compiled, in order
     with pytest.raises(ExecutionError) as info:
         compile_steps([step(0, piece, "aot_a", "bad", alternatives=(broken,))], H100, "parallel")
     assert info.value.rule == "build.compile_failed"
+
+
+def test_an_alternative_over_the_devices_shared_memory_is_not_taken(piece, monkeypatch):
+    """The attention forward with a block mask (bf16, D 128, GPU test): its first config was refused for
+    its shared memory, and the alternative with the same tiles (ONELOOP=0) was taken unchecked and failed
+    at the first bind. Alternatives pass the batch's checks too."""
+    a = FakeCompiler(oversized={"big", "big_too"})
+    monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
+    same_tiles, smaller = EngineConfig("aot_a", (("keys", ("big_too",)),)), EngineConfig("aot_a", (("keys", ("ok",)),))
+    out, stats = compile_steps([step(0, piece, "aot_a", "big", alternatives=(same_tiles, smaller))], H100, "parallel")
+    assert list(stats["failed"]) == ["big"]
+    assert out[0].config == smaller and out[0].alternatives == (
+        EngineConfig("aot_a", (("keys", ("big",)),)),
+        same_tiles,
+    )
+    with pytest.raises(ExecutionError) as info:
+        compile_steps([step(0, piece, "aot_a", "big", alternatives=(same_tiles,))], H100, "parallel")
+    assert info.value.rule == "build.compile_failed" and "233472 bytes" in str(info.value)
 
 
 def test_specs_from_an_engine_without_a_compiler_are_a_bug(piece, monkeypatch):
