@@ -196,3 +196,43 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     tma,
                     k,
                 )
+
+
+def attention_smem(module: str, output: str) -> list[tuple[str, str, int, int]]:
+    """(case, kernel, shared bytes Triton gave, the template's estimate) of every attention forward and
+    dK/dV / dQ (or fused) launch in compile_cases' `output` for `module`'s HOPPER_CASES: the estimate
+    (attention/knobs.py) is what keeps a config within the device's shared memory."""
+    import ast
+    import importlib
+
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.attention.knobs import bwd_smem, fwd_smem
+    from opgraph.engines.triton.attention.spec import BwdKnobs, FwdKnobs
+    from opgraph.engines.triton.templates import discover
+
+    device = Device("cuda", 0, "H100", (9, 0), 132)
+    templates = {t.name: t for t in discover()}
+    cases = importlib.import_module(module).HOPPER_CASES
+    specs: dict[str, object] = {}
+    out = []
+    for line in output.splitlines():
+        if not line.startswith("compiled"):
+            continue
+        w = line.split()
+        case, kernel, smem = w[1], w[2], int(w[w.index("smem") + 1])
+        build, template = cases[case][:2]
+        if case not in specs:
+            final = build().final
+            specs[case] = templates[template].matched(make_piece(final, 0, final.nodes), device).spec()
+        knobs = ast.literal_eval(line[line.index("{") :])
+        if template == "attention":
+            estimate = fwd_smem(specs[case], FwdKnobs(**knobs)) if kernel == "kernel_attn_fwd" else None
+        else:
+            dkdv, dq = bwd_smem(specs[case], BwdKnobs(**knobs))
+            estimate = {"kernel_attn_bwd_dkdv": dkdv, "kernel_attn_bwd_dq": dq, "kernel_attn_bwd": max(dkdv, dq)}.get(
+                kernel
+            )
+        if estimate is not None:
+            out.append((case, kernel, smem, estimate))
+    return out

@@ -6,6 +6,8 @@ padding, GQA, split-KV decode; a GPU test (marked gpu)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -99,21 +101,61 @@ def _hopper(backward):
     return g
 
 
+def _gpu_test_forward():
+    """The GPU test's forward (bf16, D 128, GQA 8/2, Sq 1000, Skv 1500, bottom-right causal)."""
+    return graph(
+        b=2, hq=8, hk=2, sq=1000, skv=1500, d=128, io=DT.BFLOAT16, use_causal_mask_bottom_right=True, backward=False
+    )
+
+
 HOPPER_CASES = {
     "block_mask_fwd": (lambda: _hopper(False), "attention", None),
     "block_mask_bwd": (lambda: _hopper(True), "attention_bwd", None),
+    # the build's two configs (128 x 128 tiles, ONELOOP 1 and 0)
+    "gpu_test_fwd": (_gpu_test_forward, "attention", lambda c: [k for k in c if k["BLOCK_M"] == k["BLOCK_N"] == 128]),
 }
 
 
 def test_block_mask_kernels_compile_for_hopper():
-    """The forward and backward with a block mask compile for sm_90 (no GPU) with the heuristic's knobs."""
-    from .hopper_compile import compile_for_hopper
+    """The forward and backward with a block mask compile for sm_90 (no GPU) with the heuristic's knobs,
+    within the shared memory the template estimated for them (the configs the build takes for the GPU
+    test's forward once needed 233,472 bytes of an H200's 232,448: the block mask's tile was not counted)."""
+    from .hopper_compile import attention_smem, compile_for_hopper
 
-    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    out = compile_for_hopper(__name__)
+    lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     names = {(w[1], w[2]) for w in lines}
     assert {("block_mask_fwd", "kernel_attn_fwd"), ("block_mask_bwd", "kernel_attn_bwd_dkdv")} <= names, lines
+    assert ("gpu_test_fwd", "kernel_attn_fwd") in names, lines
     for w in lines:
-        assert int(w[w.index("spills") + 1]) <= (160 if w[2] == "kernel_attn_bwd_dkdv" else 0), w
+        if w[1] != "gpu_test_fwd":
+            assert int(w[w.index("spills") + 1]) <= (160 if w[2] == "kernel_attn_bwd_dkdv" else 0), w
+    for case, kernel, smem, estimate in attention_smem(__name__, out):
+        assert smem <= estimate, (case, kernel, smem, estimate)
+
+
+def test_block_mask_counts_in_the_shared_memory_estimate():
+    """The block mask's score-shaped tile is part of the estimate, so the GPU test's forward (bf16, D 128)
+    cuts its 128 x 128 tiles to 2 stages instead of taking 3 that do not fit (no GPU: candidates for H100)."""
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.attention import FwdKnobs
+    from opgraph.engines.triton.attention.knobs import SMEM_LIMIT, fwd_smem
+    from opgraph.engines.triton.templates import attention as fwd_template
+
+    h100 = Device("cuda", 0, "H100", (9, 0), 132)
+    final = _gpu_test_forward().final
+    piece = make_piece(final, 0, final.nodes)
+    spec = fwd_template.TEMPLATE.matched(piece, h100).spec()
+    plain = dataclasses.replace(spec, block_mask=None)
+    k = FwdKnobs(128, 128, 8, 3)
+    assert fwd_smem(plain, k) <= SMEM_LIMIT < fwd_smem(spec, k)
+    cands = fwd_template.TEMPLATE.candidates(piece, h100)
+    assert (cands[0]["BLOCK_M"], cands[0]["BLOCK_N"], cands[0]["num_stages"]) == (128, 128, 2), cands[0]
+    for c in cands:
+        assert fwd_smem(spec, FwdKnobs(**{n: c[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})) <= (
+            SMEM_LIMIT
+        )
 
 
 @pytest.mark.gpu

@@ -141,24 +141,36 @@ def _tile(spec: AttnSpec, rows: int, cols: int) -> int:
     return n
 
 
+def _once(spec: AttnSpec, rows: int, cols: int) -> int:
+    """Bytes of shared memory outside the pipeline stages for a [rows, cols] score tile: a block mask's
+    bytes are gathered per score element (mask_expr) and Triton stages the tile through shared memory,
+    int32-wide (sm_90: Triton 3.9 asked 4 bytes a score for most forward tiles, 2 for 128 x 128, 1 in the
+    backward; Triton 3.6 less: 4 KiB at 128 x 128, which took the forward 1 KiB over an H200's 227 KiB)."""
+    return 4 * rows * cols if spec.block_mask is not None else 0
+
+
 def fwd_smem(spec: AttnSpec, k: FwdKnobs) -> int:
-    """Shared memory the forward needs (an estimate that matched Triton's within a few KiB on Hopper):
-    q once, then k, v (and bias / mask tiles) per pipeline stage."""
+    """Shared memory the forward needs (an estimate that matched Triton's within a few KiB on Hopper,
+    or above it): q once, then k, v (and bias / mask tiles) per pipeline stage, and a block mask's tile."""
     isz = _ISZ.get(spec.q.dtype, 4)
     dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
     stage = k.BLOCK_N * (dp + dvp) * isz + _tile(spec, k.BLOCK_M, k.BLOCK_N)
-    return k.BLOCK_M * dp * isz + max(1, k.num_stages) * stage
+    return k.BLOCK_M * dp * isz + max(1, k.num_stages) * stage + _once(spec, k.BLOCK_M, k.BLOCK_N)
 
 
 def bwd_smem(spec: AttnSpec, k: BwdKnobs) -> tuple[int, int]:
     """Shared memory of the dK/dV and the dQ kernel (estimates, as fwd_smem)."""
     isz = _ISZ.get(spec.q.dtype, 4)
     dp, dvp = _pow2_dim(spec.D), _pow2_dim(spec.Dv)
-    dkdv = k.BLOCK_N1 * (dp + dvp) * isz + max(1, k.S1) * (
-        k.BLOCK_M1 * (dp + dvp) * isz + 8 * k.BLOCK_M1 + _tile(spec, k.BLOCK_N1, k.BLOCK_M1)
+    dkdv = (
+        k.BLOCK_N1 * (dp + dvp) * isz
+        + max(1, k.S1) * (k.BLOCK_M1 * (dp + dvp) * isz + 8 * k.BLOCK_M1 + _tile(spec, k.BLOCK_N1, k.BLOCK_M1))
+        + _once(spec, k.BLOCK_N1, k.BLOCK_M1)
     )
-    dq = k.BLOCK_M2 * (dp + dvp) * isz + max(1, k.S2) * (
-        k.BLOCK_N2 * (dp + dvp) * isz + _tile(spec, k.BLOCK_M2, k.BLOCK_N2)
+    dq = (
+        k.BLOCK_M2 * (dp + dvp) * isz
+        + max(1, k.S2) * (k.BLOCK_N2 * (dp + dvp) * isz + _tile(spec, k.BLOCK_M2, k.BLOCK_N2))
+        + _once(spec, k.BLOCK_M2, k.BLOCK_N2)
     )
     return dkdv, dq
 
