@@ -407,9 +407,10 @@ def test_attention_kernels_compile_for_hopper():
     The backward's heuristic config is the split launches the autotuner chose in every row of the next
     run (H100, 2026-11-26): with the score modifier its dK/dV launch spills (132 bytes, Triton 3.9) and
     still took 0.53x the time of the non-spilling fused launch, so a bound, not zero, holds it."""
-    from .hopper_compile import compile_for_hopper
+    from .hopper_compile import attention_smem, compile_for_hopper
 
-    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    out = compile_for_hopper(__name__)
+    lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     kernels = {(w[1], w[2]): w for w in lines}
     assert set(kernels) == {
         ("softcap_alibi_fwd", "kernel_attn_fwd"),
@@ -436,6 +437,8 @@ def test_attention_kernels_compile_for_hopper():
     # launch: dK/dV 176, dQ 162 (the fused launch before: 338 for both, 432 without the fma)
     assert f32math("plain_causal_bwd", "kernel_attn_bwd_dkdv") <= 185
     assert f32math("plain_causal_bwd", "kernel_attn_bwd_dq") <= 175
+    for case, kernel, smem, estimate in attention_smem(__name__, out):  # (the fit trusts the estimate)
+        assert smem <= estimate, (case, kernel, smem, estimate)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

@@ -278,13 +278,16 @@ def test_sink_kernels_compile_for_hopper():
     """The sink's forward (with score_max, score_sum_exp) and backward (with the dSink launch) compile for
     sm_90 with the heuristic's knobs; only the backward's dK/dV launch spills (12 bytes here, GQA: its loop
     over the group's heads; the sink adds nothing to it)."""
-    from .hopper_compile import compile_for_hopper
+    from .hopper_compile import attention_smem, compile_for_hopper
 
-    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    out = compile_for_hopper(__name__)
+    lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     names = {(w[1], w[2]) for w in lines}
     assert {("sink_fwd", "kernel_attn_fwd"), ("sink_bwd", "kernel_attn_bwd_dsink")} <= names, lines
     for w in lines:
         assert int(w[w.index("spills") + 1]) <= (32 if w[2] == "kernel_attn_bwd_dkdv" else 0), w
+    for case, kernel, smem, estimate in attention_smem(__name__, out):  # (the fit trusts the estimate)
+        assert smem <= estimate, (case, kernel, smem, estimate)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------

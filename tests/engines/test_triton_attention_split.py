@@ -271,14 +271,17 @@ HOPPER_CASES = {
 
 def test_split_kv_compiles_for_hopper():
     """The split kernel and the combining launch compile for sm_90 (no GPU), without spills."""
-    from .hopper_compile import compile_for_hopper
+    from .hopper_compile import attention_smem, compile_for_hopper
 
-    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    out = compile_for_hopper(__name__)
+    lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     names = {(w[1], w[2]) for w in lines}
     for case in HOPPER_CASES:
         assert {(case, "kernel_attn_fwd"), (case, "kernel_attn_fwd_combine")} <= names, lines
     for w in lines:
         assert int(w[w.index("spills") + 1]) == 0, w
+    for case, kernel, smem, estimate in attention_smem(__name__, out):  # (the fit trusts the estimate)
+        assert smem <= estimate, (case, kernel, smem, estimate)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------
