@@ -131,6 +131,8 @@ class TritonKernel(Kernel):
         """This kernel (its `generated` taking every size at run time: `Generated.sized`) for `piece`,
         the same piece at another shape of its bucket (`env`): the same module, compile specs and
         binaries; only the launches' grids and size arguments are that shape's."""
+        if self._specs is None and not self.interpret and self.device is not None:
+            self.spec(0)  # (made once, here: every shape's copy shares the bucket kernel's specs)
         other = copy.copy(self)
         other.piece = piece
         other.generated = self.generated.at(env)
@@ -398,7 +400,7 @@ class TritonEngine(Engine):
             return kernel.at(piece, origin.env)
         config = kernel.config
         match, _ = self.match(piece, device)
-        if match is None or match.template.name != config.knob("template") or not self.available(device).ok:
+        if match is None or match.template.name != config.knob("template"):
             return None
         knobs = match.knobs({k: v for k, v in config.knobs if k != "template"})
         if not match.accepts(knobs) or match.notes(knobs) != config.numerical_notes:
