@@ -42,6 +42,8 @@ def _instrument() -> None:
     import opgraph.runtime.plan as rplan
     from opgraph.runtime import threads
 
+    # (the wrappers stay for the process: run this in a process of its own)
+
     _wrap(planner, "partition", "partition")
     _wrap(planner, "rank_configs", "rank configs")
     _wrap(planner, "_first_within_workspace", "generate kernels (per config)")
@@ -50,11 +52,11 @@ def _instrument() -> None:
     _wrap(og.FinalGraph, "at", "graph at the shape (FinalGraph.at)")
     _wrap(threads.ThreadState, "prepare", "bind (prepare)")
     try:
-        import opgraph.build.bucket_plan as bucket_plan
+        import opgraph.runtime.dynamic as dynamic
         from opgraph.engines.base import Engine
         from opgraph.engines.triton import TritonEngine
 
-        _wrap(bucket_plan, "schedule_at", "carry the bucket's plan (schedule_at)")
+        _wrap(dynamic, "schedule_at", "carry the bucket's plan (schedule_at)")
         _wrap(TritonEngine, "kernel_at", "kernels at the shape (kernel_at)")
         _wrap(Engine, "kernel_at", "kernels at the shape (kernel_at)")
     except ImportError:  # (before planning once per bucket)

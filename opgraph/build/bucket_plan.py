@@ -24,7 +24,7 @@ from ..core.bucket import Bucket
 from ..core.config import HeurMode
 from ..core.device import Device
 from ..core.errors import UnsupportedGraphError
-from ..core.ir import FinalGraph, Node
+from ..core.ir import FinalGraph
 from ..core.piece import Piece
 from ..engines import get_engine
 from ..engines.base import Engine
@@ -89,12 +89,8 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
                 whole = plan_steps(graph, opts)
                 return dataclasses.replace(whole, stats={**whole.stats, "replanned": True})
         steps, stats["compile"] = compile_steps(steps, dev, opts.compile)
-    cuts = tuple(dataclasses.replace(c, node=_node(shaped, i)) for c, i in zip(base.cuts, planned.cut_positions))
+    cuts = tuple(dataclasses.replace(c, node=shaped.nodes[i]) for c, i in zip(base.cuts, planned.cut_positions))
     return Schedule(shaped, dev, tuple(steps), cuts, stats)
-
-
-def _node(graph: FinalGraph, index: int) -> Node:
-    return graph.nodes[index]
 
 
 def _rechoose(

@@ -114,9 +114,9 @@ class DynamicPlan(ExecutionPlan):
         self._lock = threading.RLock()
         # buckets planned (partition and configs, once each: opgraph.build.bucket_plan); per-shape plans
         # made from them; their steps whose config was chosen again at a shape, and shapes planned anew
-        # (a piece no engine ran there); per-shape plans dropped; distinct kernel sources; new ones met after the build (each
-        # compiled or loaded), those of a bucket already used (kernels generated per shape); binaries
-        # the per-shape builds compiled (CUDA)
+        # (a piece no engine ran there); per-shape plans dropped; distinct kernel sources; new ones met
+        # after the build (each compiled or loaded), those of a bucket already used (kernels generated
+        # per shape); binaries the per-shape builds compiled (CUDA)
         self.stats = {
             "bucket_plans": 0,
             "shape_plans": 0,
