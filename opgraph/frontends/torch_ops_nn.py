@@ -4,6 +4,8 @@ docstring)."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from ..core.errors import expect
@@ -80,6 +82,15 @@ def _softmax_parts(imp: Importer, x: Value, dim: int) -> tuple[Tensor, Tensor, T
 def _softmax(imp: Importer, node: Any, a: Args) -> Tensor:
     _, e, z, _ = _softmax_parts(imp, a["self"], a["dim"])
     return imp.g.div(e, z, name=imp.op_name())
+
+
+@op("_safe_softmax")
+def _safe_softmax(imp: Importer, node: Any, a: Args) -> Tensor:
+    """softmax with 0 for rows wholly -inf (PyTorch's math attention: a fully masked query row)."""
+    _, e, z, m = _softmax_parts(imp, a["self"], a["dim"])
+    y = imp.g.div(e, z, name=imp.op_name())
+    empty = imp.g.cmp_eq(m, -math.inf, name=imp.op_name("empty"))
+    return imp.g.binary_select(0.0, y, empty, name=imp.op_name("safe"))
 
 
 @op("log_softmax", "_log_softmax")

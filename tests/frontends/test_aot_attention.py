@@ -131,3 +131,17 @@ def test_dropout_and_rng_state_stay_in_pytorch():
 
     with pytest.raises(og.UnsupportedGraphError, match="RNG state"):
         import_fx(make_fx(rng_state, tracing_mode="fake")(q, k, v))
+
+
+def test_safe_softmax_gives_zero_rows_where_every_score_is_masked():
+    """aten._safe_softmax (PyTorch's math attention on CUDA, in inference graphs): softmax, and 0 for
+    a row wholly -inf (where softmax gives NaN)."""
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64)
+    s[0, 1, 2] = -math.inf  # a fully masked row
+    s[1, 0, :, :3] = -math.inf  # partly masked rows
+    (got,) = _run(lambda s: aten._safe_softmax(s, -1), s)
+    want = torch.softmax(s, -1).nan_to_num(0.0)
+    assert float(want[0, 1, 2].abs().sum()) == 0.0
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, aten._safe_softmax(s, -1), rtol=1e-12, atol=1e-12)

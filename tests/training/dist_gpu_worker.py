@@ -16,6 +16,11 @@ for _var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DI
 def main(argv: list[str]) -> None:
     rank, world, init_file = int(argv[0]), int(argv[1]), argv[2]
     import copy
+    import faulthandler
+    import traceback
+
+    # a rank stuck in a collective prints where it is (every thread) and exits, before the test gives up
+    faulthandler.dump_traceback_later(float(os.environ.get("OPGRAPH_DIST_DUMP_S", "300")), exit=True)
 
     import torch
     import torch.distributed as dist
@@ -75,8 +80,11 @@ def main(argv: list[str]) -> None:
             for (name, p), q in zip(models[k].named_parameters(), models["ddp"].parameters()):
                 torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=f"rank {rank}, {k}, {name}")
         print("ok")
-    finally:
-        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - any failure: print it and leave without the collective teardown
+        # the other rank may wait in a collective for good: destroy_process_group would too
+        print(f"rank {rank} failed:\n{traceback.format_exc()}", flush=True)
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -198,12 +198,16 @@ def test_bucket_cap_and_an_uninitialized_group_are_refused():
             train_step(imported, "cross_entropy", SGD(0.1), process_group=object())
 
 
+GPU_RANKS_S = 360  # the ranks' own limit: each builds and compiles its steps (2 ranks: ~70 s on an H200)
+
+
 def launch_gpus(tmp_path: Path, world: int) -> None:
     env = {
         **os.environ,
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
+        "OPGRAPH_DIST_DUMP_S": str(GPU_RANKS_S),  # a hung rank dumps its stacks (dist_gpu_worker)
         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
     procs = [
@@ -218,16 +222,21 @@ def launch_gpus(tmp_path: Path, world: int) -> None:
         for r in range(world)
     ]
     try:
-        logs = [p.communicate(timeout=540)[0] for p in procs]
+        logs = [p.communicate(timeout=GPU_RANKS_S + 60)[0] for p in procs]
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        pytest.fail("the GPU ranks did not finish in time (a collective hung?)")
+        logs = [p.communicate()[0] for p in procs]
+        pytest.fail(
+            "the GPU ranks did not finish in time:\n"
+            + "\n".join(f"rank {r}:\n{log[-4000:]}" for r, log in enumerate(logs))
+        )
     for r, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0 and log.rstrip().endswith("ok"), f"rank {r}:\n{log[-6000:]}"
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(GPU_RANKS_S + 120)
 @requires_cuda
 def test_one_gpu_data_parallel_step_is_captured_with_nccl(tmp_path):
     """World size 1 over NCCL: the distributed path (collectives on the communication stream) runs and
@@ -238,6 +247,7 @@ def test_one_gpu_data_parallel_step_is_captured_with_nccl(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(GPU_RANKS_S + 120)
 @requires_cuda
 def test_two_gpus_train_like_ddp_over_nccl(tmp_path):
     """Two ranks, a GPU each, NCCL: captured data-parallel steps (and ZeRO-1) train like torch DDP."""
