@@ -368,6 +368,13 @@ HOPPER_CASES = {
     for layout in ("dense", "paged")
     for sq in (1, 3)
     for split in (None, 4)
+} | {
+    # speculative decode's 16 draft tokens: 64 rows a tile
+    "pack_dense_sq16_whole": (
+        lambda: _decode_graph("dense", sq=16),
+        "attention",
+        lambda c: [x for x in c if x.get("PACK_GQA") == 1 and x.get("SPLIT") is None],
+    )
 }
 
 
