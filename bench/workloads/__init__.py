@@ -17,6 +17,7 @@ MODULES = (
     "host",
     "attention",
     "attention_block",
+    "attention_decode",
     "training_gpt2",
     "zoo",
 )

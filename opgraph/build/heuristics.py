@@ -7,8 +7,8 @@
 
 Engines are ranked in the build's order of preference, except where the ranking policy
 (opgraph.build.policy) puts an engine's configs first on a piece (cuDNN's on convolutions); FALLBACK keeps
-the order. Within the generated attention forward's configs, the split-KV estimate (build/split_kv.py)
-puts the split a decode step needs first.
+the order. Within the generated attention forward's configs, the GQA packing rule (build/gqa_pack.py)
+and the split-KV estimate (build/split_kv.py) put the config a decode step needs first.
 """
 
 from __future__ import annotations

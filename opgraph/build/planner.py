@@ -58,7 +58,7 @@ def default_engines(device: Device) -> list[str]:
     return ["reference"] if not device.is_cuda else ["triton", "library", "cudnn", "torch"]
 
 
-def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
+def usable_engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
     if isinstance(names, str):
         names = [names]
     chosen = list(names) if names is not None else default_engines(device)
@@ -80,7 +80,7 @@ def _engines(names: Sequence[str] | None, device: Device) -> list[Engine]:
     return usable
 
 
-def _all_by_reference(graph: FinalGraph) -> FinalGraph:
+def all_by_reference(graph: FinalGraph) -> FinalGraph:
     """The graph with every bound (non-virtual, not pass-by-value) tensor by reference."""
     tensors = {
         u: (dataclasses.replace(t, is_by_reference=True) if not t.is_virtual and not t.is_pass_by_value else t)
@@ -103,7 +103,7 @@ def engine_configs(
     graph: FinalGraph, *, heur_mode: Any = None, device: Any = None, engines: Sequence[str] | None = None
 ) -> list[PieceConfigs]:
     dev = resolve_device(device)
-    usable = _engines(engines, dev)
+    usable = usable_engines(engines, dev)
     with sessions(usable):
         pieces, _ = partition(graph, usable, dev)
         return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
@@ -115,7 +115,7 @@ def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keyword
     of its fields as keywords over it: Graph.build's options."""
     opts = BuildOptions.of(options, **keywords)
     if opts.by_reference:
-        graph = _all_by_reference(graph)
+        graph = all_by_reference(graph)
     dev = resolve_device(opts.device)
     if opts.autotune and dev.is_cuda:
         import torch
@@ -127,7 +127,7 @@ def plan_steps(graph: FinalGraph, options: BuildOptions | None = None, **keyword
                 rule="autotune.capturing",
                 hint="build (and tune) before capturing; the cache makes later builds time nothing",
             )
-    usable = _engines(opts.engines, dev)
+    usable = usable_engines(opts.engines, dev)
     with sessions(usable):
         return _plan(graph, opts, dev, usable)
 
@@ -154,47 +154,66 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
         t1 = time.perf_counter()
         stats["precompile"] = precompile([(p, tuning[id(p)]) for p in pieces], dev, names, cache, filters, compile_mode)
         stats["precompile_s"] = time.perf_counter() - t1
-    steps: list[Step] = []
-    for piece in pieces:
-        ranked = rank_configs(piece, usable, dev, modes)
-        configs, dropped = filters.keep(ranked.configs)
-        if not configs:
-            reasons = (
-                "; ".join(
-                    [
-                        *(f"{n}: {why}" for n, why in ranked.declined),
-                        *(f"{c} filtered out: {why}" for c, why in dropped),
-                    ]
-                )
-                or "no config in these modes"
-            )
-            raise UnsupportedGraphError(
-                f"no engine config for {piece.label()} in heuristic modes {[m.name for m in modes]} ({reasons})",
-                op=piece.nodes[0].label(),
-                rule="engine.no_config",
-                hint="add HeurMode.FALLBACK to heur_mode, allow more engines, or relax the build's note, "
-                "engine and workspace filters"
-                if dropped
-                else "add HeurMode.FALLBACK to heur_mode, or allow more engines",
-            )
-        for name, why in ranked.declined:
-            log.info("  %s: %s declined: %s", piece.label(), name, why)
-        for config, why in dropped:
-            log.info("  %s: %s filtered out: %s", piece.label(), config, why)
-        if cache is not None and not any(n.kind in COLLECTIVE_KINDS for n in piece.nodes):
-            # autotune (a collective is not timed: its ranks' builds would have to time it together)
-            config, kernel, others, _ = tune(piece, tuning[id(piece)], dev, names, cache, filters)
-            steps.append(Step(len(steps), piece, config, kernel, others))
-            continue
-        t1 = time.perf_counter()
-        config, kernel = _first_within_workspace(piece, configs, dev, filters)
-        stats["kernels_s"][config.engine] = stats["kernels_s"].get(config.engine, 0.0) + time.perf_counter() - t1
-        steps.append(Step(len(steps), piece, config, kernel, tuple(c for c in configs if c is not config)))
+    steps = [
+        choose_step(piece, index, usable, dev, opts, stats, cache, tuning.get(id(piece)))
+        for index, piece in enumerate(pieces)
+    ]
     stats["plan_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     steps, stats["compile"] = compile_steps(steps, dev, compile_mode)
     stats["compile_s"] = time.perf_counter() - t1
     return Schedule(graph, dev, tuple(steps), tuple(cuts), stats)
+
+
+def choose_step(
+    piece: Piece,
+    index: int,
+    usable: Sequence[Engine],
+    dev: Device,
+    opts: BuildOptions,
+    stats: dict[str, Any],
+    cache: TuningCache | None = None,
+    candidates: list[EngineConfig] | None = None,
+) -> Step:
+    """The step running `piece`: its configs ranked in the build's modes and filtered, then timed
+    (`cache`: autotuning, over `candidates`) or the first that compiles within the workspace limit."""
+    filters, modes = opts.filters, opts.modes
+    ranked = rank_configs(piece, usable, dev, modes)
+    configs, dropped = filters.keep(ranked.configs)
+    if not configs:
+        reasons = (
+            "; ".join(
+                [
+                    *(f"{n}: {why}" for n, why in ranked.declined),
+                    *(f"{c} filtered out: {why}" for c, why in dropped),
+                ]
+            )
+            or "no config in these modes"
+        )
+        raise UnsupportedGraphError(
+            f"no engine config for {piece.label()} in heuristic modes {[m.name for m in modes]} ({reasons})",
+            op=piece.nodes[0].label(),
+            rule="engine.no_config",
+            hint="add HeurMode.FALLBACK to heur_mode, allow more engines, or relax the build's note, "
+            "engine and workspace filters"
+            if dropped
+            else "add HeurMode.FALLBACK to heur_mode, or allow more engines",
+        )
+    for name, why in ranked.declined:
+        log.info("  %s: %s declined: %s", piece.label(), name, why)
+    for config, why in dropped:
+        log.info("  %s: %s filtered out: %s", piece.label(), config, why)
+    if cache is not None and not any(n.kind in COLLECTIVE_KINDS for n in piece.nodes):
+        # autotune (a collective is not timed: its ranks' builds would have to time it together)
+        config, kernel, others, _ = tune(
+            piece, configs if candidates is None else candidates, dev, [e.name for e in usable], cache, filters
+        )
+        return Step(index, piece, config, kernel, others)
+    t1 = time.perf_counter()
+    config, kernel = _first_within_workspace(piece, configs, dev, filters)
+    stats.setdefault("kernels_s", {})
+    stats["kernels_s"][config.engine] = stats["kernels_s"].get(config.engine, 0.0) + time.perf_counter() - t1
+    return Step(index, piece, config, kernel, tuple(c for c in configs if c is not config))
 
 
 def _first_within_workspace(

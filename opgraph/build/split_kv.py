@@ -8,7 +8,8 @@ MIN_FILL of the GPU's multiprocessors leave HBM idle. A split s makes s times th
 efficiency is the fill of the last wave, w / ceil(w) with w = programs * s / SMs. The smallest split
 within EFFICIENCY of the best goes first (each extra split costs a partial a row and a share of the
 combining launch), among the splits whose chunks hold at least MIN_BLOCKS key blocks. Autotuning times
-the others against it."""
+the others against it. GQA-packed configs (gqa_pack.py) are estimated with their own grid: Hk heads of
+Sq * G rows."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from ..core.config import EngineConfig
 from ..core.dtypes import DataType
 from ..core.op import NodeContext
+from . import gqa_pack
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -48,8 +50,8 @@ def split_count(
     return min(s for s in fits if fill[s] >= EFFICIENCY * best)
 
 
-def _shape(piece: Piece) -> tuple[int, int, int, int] | None:
-    """(B, Hq, Sq, Skv) of the piece's sdpa node (the op's own geometry: packed and paged tensors)."""
+def _shape(piece: Piece) -> tuple[int, int, int, int, int] | None:
+    """(B, Hq, Hk, Sq, Skv) of the piece's sdpa node (the op's own geometry: packed and paged tensors)."""
     node = next((n for n in piece.nodes if n.kind == "sdpa"), None)
     if node is None:
         return None
@@ -60,25 +62,33 @@ def _shape(piece: Piece) -> tuple[int, int, int, int] | None:
         node.label(), op.input_roles(), inputs, op.output_roles(), outputs, DataType.FLOAT, DataType.FLOAT
     )
     g = op.geometry(ctx)  # type: ignore[attr-defined]
-    return g.b, g.hq, g.sq, g.skv
+    return g.b, g.hq, g.hk, g.sq, g.skv
 
 
 def order(piece: Piece, configs: Sequence[EngineConfig], device: Device) -> list[EngineConfig]:
-    """`configs` with the generated attention forward's config of the estimated split first among that
-    engine's configs (unchanged where the piece is not split or no config has that split)."""
-    split = [c for c in configs if c.knob("template") == "attention" and c.knob("SPLIT")]
-    if not split:
-        return list(configs)
-    shape = _shape(piece)
+    """`configs` with the generated attention forward's decode config first among that engine's configs:
+    GQA-packed where gqa_pack.packs says so, with the estimated split (unchanged where the piece is
+    neither packed nor split, or no config has that choice)."""
+    decode = [c for c in configs if c.knob("template") == "attention" and (c.knob("SPLIT") or c.knob("PACK_GQA"))]
+    shape = _shape(piece) if decode else None
     if shape is None:
         return list(configs)
-    first = split[0]
-    offered = [c.knob("SPLIT") for c in split]
-    s = split_count(*shape, first.knob("BLOCK_M"), device.sm_count, first.knob("BLOCK_N"), offered)
-    chosen = next((c for c in split if c.knob("SPLIT") == s), None)
-    if chosen is None:
+    b, hq, hk, sq, skv = shape
+    packed = [c for c in decode if c.knob("PACK_GQA")]
+    pack = bool(packed) and gqa_pack.packs(hq, hk, sq, packed[0].knob("BLOCK_M"))
+    pool = packed if pack else [c for c in decode if not c.knob("PACK_GQA")]
+    if not pool:
         return list(configs)
+    first = pool[0]
+    offered = [c.knob("SPLIT") for c in pool if c.knob("SPLIT")]
+    heads, rows = (hk, sq * (hq // hk)) if pack else (hq, sq)
+    s = split_count(b, heads, rows, skv, first.knob("BLOCK_M"), device.sm_count, first.knob("BLOCK_N"), offered)
+    chosen = next((c for c in pool if (c.knob("SPLIT") or 0) == s), None)
+    if chosen is None or not (s or pack):
+        return list(configs)
+    why = [f"GQA packing: {hq // hk} query heads a K/V read (build/gqa_pack.py)"] if pack else []
+    why += [f"split-KV: {s} splits fill the GPU (build/split_kv.py)"] if s else []
     out = [c for c in configs if c is not chosen]
     at = next(i for i, c in enumerate(out) if c.engine == chosen.engine)
-    out.insert(at, replace(chosen, why=f"split-KV: {s} splits fill the GPU (build/split_kv.py)"))
+    out.insert(at, replace(chosen, why="; ".join(why)))
     return out

@@ -7,7 +7,7 @@ by `Graph.validate()` and never changes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
@@ -16,7 +16,7 @@ from .bucket import Bucket
 from .dtypes import DataType
 from .errors import InternalError, ShapeError, printable
 from .op import Const, Op
-from .symbolic import Dim, Expr, evaluate
+from .symbolic import Dim, Expr, evaluate, lambdify
 from .symbolic_value import SizeValue
 from .tensor import TensorDesc
 
@@ -168,14 +168,23 @@ class FinalGraph:
         if hit is not None:
             return hit
         values = dict(zip(self.symbols, key))
-        tensors = {u: _at_shape(t, values) for u, t in self.tensors.items()}
-        nodes = tuple(
-            dataclasses.replace(n, op=_op_at(n.op, values), inputs=_inputs_at(n.inputs, values)) for n in self.nodes
-        )
+        dynamic, sizes, sized_nodes = self._shape_function
+        flat = sizes(*key)
+        tensors = dict(self.tensors)
+        i = 0
+        for u in dynamic:
+            t = tensors[u]
+            rank = len(t.dim)
+            tensors[u] = dataclasses.replace(t, dim=flat[i : i + rank], stride=flat[i + rank : i + 2 * rank])
+            i += 2 * rank
+        nodes = list(self.nodes)  # (the nodes without sizes in them are shared: frozen)
+        for k in sized_nodes:
+            n = nodes[k]
+            nodes[k] = dataclasses.replace(n, op=_op_at(n.op, values), inputs=_inputs_at(n.inputs, values))
         static = FinalGraph(
             self.name,
             tensors,
-            nodes,
+            tuple(nodes),
             self.io_data_type,
             self.intermediate_data_type,
             self.compute_data_type,
@@ -185,6 +194,21 @@ class FinalGraph:
         while len(self._at) > AT_CACHE:  # (threads racing here evict one more: harmless)
             self._at.pop(next(iter(self._at)), None)
         return static
+
+    @cached_property
+    def _shape_function(self) -> tuple[tuple[int, ...], Callable[..., tuple[int, ...]], tuple[int, ...]]:
+        """What `at` evaluates, found once: the dynamic tensors' UIDs, one function of the dims' values
+        (in `symbols` order) giving their dims and strides one after the other, and the indices of the
+        nodes whose attributes or literals hold sizes."""
+        dynamic = tuple(u for u, t in self.tensors.items() if t.is_dynamic)
+        flat = [v for u in dynamic for v in (*self.tensors[u].dim, *self.tensors[u].stride)]
+        sized = tuple(
+            i
+            for i, n in enumerate(self.nodes)
+            if any(_holds_size(getattr(n.op, f.name)) for f in fields(n.op) if f.init)
+            or any(isinstance(v, Const) and isinstance(v.value, SizeValue) for v in n.inputs)
+        )
+        return dynamic, lambdify(flat, list(self.symbols.values())), sized
 
     def in_bucket(self, env: Mapping[str, int], bucket: Bucket) -> FinalGraph:
         """The static graph at `env` (`at`), marked as planned for `bucket` of a dynamic plan: its
@@ -274,12 +298,11 @@ class ShapeOrigin:
 AT_CACHE = 64  # static graphs kept per dynamic graph (FinalGraph.at)
 
 
-def _at_shape(t: TensorDesc, env: Mapping[str, int]) -> TensorDesc:
-    if not t.is_dynamic:
-        return t
-    return dataclasses.replace(
-        t, dim=tuple(evaluate(d, env) for d in t.dim), stride=tuple(evaluate(s, env) for s in t.stride)
-    )
+def _holds_size(value: Any) -> bool:
+    """Whether an op attribute is (or holds) a dynamic size."""
+    if isinstance(value, (Expr, Dim)):
+        return True
+    return isinstance(value, tuple) and any(_holds_size(v) for v in value)
 
 
 def _value_at(value: Any, env: Mapping[str, int]) -> Any:

@@ -235,6 +235,25 @@ class Engine(ABC):
         where they give none. The build compiles through it, never through an engine's modules."""
         return None
 
+    def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
+        """`kernel` (this engine's, compiled for a piece of a dynamic plan's bucket at one shape) for
+        `piece`, the same piece at another shape of that bucket (the same nodes, inputs and outputs:
+        its graph's `origin` names the shape), with the same config; None where that config does not
+        run the piece at this shape (the build then chooses the piece's config again there). The
+        default compiles the config for the piece where the engine supports it and still offers the
+        config there (its knobs and notes, among the broadest mode's configs); an engine whose kernels
+        take their sizes at run time returns its kernel re-pointed, compiling nothing."""
+        if not self.supports(piece, device).ok:
+            return None
+        c = kernel.config
+        offered = self.configs(piece, device, HeurMode.B)
+        if not any(
+            (o.knobs, o.numerical_notes, o.behavior_notes) == (c.knobs, c.numerical_notes, c.behavior_notes)
+            for o in offered
+        ):
+            return None
+        return self.compile(piece, c, device)
+
     def session(self) -> AbstractContextManager[None]:
         """The span of one build (partition, ranking, compilation): what the engine learns about the
         build's pieces may be kept within it and must be dropped when it ends, so that no cache outlives

@@ -5,7 +5,6 @@ docstring)."""
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 from ..core.errors import expect

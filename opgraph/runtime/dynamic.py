@@ -11,13 +11,17 @@ the static graph at that shape (`FinalGraph.at`) is planned with the build's opt
 LRU of `shape_plans` plans. A key seen before costs a dict lookup; the plan then binds and runs the
 pack as a static plan does.
 
-The range is cut into buckets at build (opgraph.build.buckets: `build(buckets=, max_buckets=)`); a
-shape's static graph is planned for its bucket (`FinalGraph.in_bucket`), so a generated kernel that
-takes its sizes at run time (the pointwise template: engines/triton/sizes.py) has one source, and one
-compiled binary, for every shape of the bucket: a new shape of a bucket already used plans its steps
-again (host work, no compilation). Kernels that bake sizes in (the templates not converted yet) are
-generated per shape: `stats["shape_kernels"]` counts them, and `OPGRAPH_LOG=info` names each new
-kernel with the shape that caused it, as it does each bucket's first use.
+The range is cut into buckets at build (opgraph.build.buckets: `build(buckets=, max_buckets=)`). Each
+bucket is planned once, at its first use (opgraph.build.bucket_plan.plan_bucket: partition, configs
+and tuning at the bucket's hint shape, nothing compiled there), and each shape's static plan is that
+plan carried to the shape (`schedule_at` on `FinalGraph.in_bucket(shape, bucket)`): the same pieces
+and configs; a generated kernel that takes its sizes at run time (engines/triton/sizes.py) is
+re-pointed, its grids and size arguments evaluated at the shape (one source and one compiled binary
+for every shape of the bucket); kernels that bake sizes in (the templates not converted yet) are
+generated at the shape with the bucket's config, counted in `stats["shape_kernels"]` and logged at
+`OPGRAPH_LOG=info` with the shape that caused them, as is each bucket's first use. The workspace
+layout and the binding are the shape's. `stats` counts buckets planned, per-shape plans, steps whose
+config was chosen again at a shape (`rechosen`) and shapes planned anew (`replans`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..build.bucket_plan import BucketSchedule, plan_bucket, schedule_at
 from ..build.buckets import Buckets, choose
 from ..build.options import BuildOptions
 from ..core.errors import GraphError, UnsupportedGraphError, VariantPackError, printable
@@ -107,11 +112,16 @@ class DynamicPlan(ExecutionPlan):
         self._keys: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape key -> the dims' values
         self._names: dict[Any, int] = {}  # a pack key (handle, UID, name) -> its UID
         self._lock = threading.RLock()
-        # per-shape plans built and dropped; distinct kernel sources; new ones met after the build (each
-        # compiled or loaded), those of a bucket already used (kernels generated per shape); binaries
-        # the per-shape builds compiled (CUDA)
+        # buckets planned (partition and configs, once each: opgraph.build.bucket_plan); per-shape plans
+        # made from them; their steps whose config was chosen again at a shape, and shapes planned anew
+        # (a piece no engine ran there); per-shape plans dropped; distinct kernel sources; new ones met
+        # after the build (each compiled or loaded), those of a bucket already used (kernels generated
+        # per shape); binaries the per-shape builds compiled (CUDA)
         self.stats = {
+            "bucket_plans": 0,
             "shape_plans": 0,
+            "rechosen": 0,
+            "replans": 0,
             "evictions": 0,
             "kernels": 0,
             "runtime_compiles": 0,
@@ -124,6 +134,7 @@ class DynamicPlan(ExecutionPlan):
         self._every: set[str] = set()  # every bucket's digests
         self._first: dict[int, str] = {}  # bucket index -> the shape that used it first
         self._planned: dict[int, int] = {}  # bucket index -> shapes planned in it
+        self._bucket_plans: dict[int, BucketSchedule] = {}  # bucket index -> its plan (made at its first use)
         self._built = False
         self.max_shape = {name: d.max for name, d in self.symbols.items()}
         start = time.perf_counter()
@@ -240,18 +251,29 @@ class DynamicPlan(ExecutionPlan):
         return plan
 
     def _build(self, values: tuple[int, ...]) -> ExecutionPlan:
-        from .plan import build_plan
-
         shape = dict(zip(self.symbols, values))
         bucket = self.buckets.of(values)
         name = printable(self.graph.name)
-        if bucket.index not in self._first:
+        start = time.perf_counter()
+        planned = self._bucket_plans.get(bucket.index)
+        if planned is None:
             self._first[bucket.index] = _shape_text(shape)
             log.info(
                 "plan '%s' bucket %d (%s) first used at %s", name, bucket.index, bucket.describe(), _shape_text(shape)
             )
-        start = time.perf_counter()
-        plan = build_plan(self.graph.in_bucket(shape, bucket), self.options)
+            planned = self._bucket_plans[bucket.index] = plan_bucket(self.graph, bucket, self.options)
+            self.stats["bucket_plans"] += 1
+            log.info(
+                "plan '%s' bucket %d planned at its hint in %.1f ms (%d step(s))",
+                name,
+                bucket.index,
+                1e3 * (time.perf_counter() - start),
+                len(planned.schedule.steps),
+            )
+        schedule = schedule_at(planned, self.graph.in_bucket(shape, bucket), self.options)
+        self.stats["rechosen"] += schedule.stats.get("rechosen", 0)
+        self.stats["replans"] += int(bool(schedule.stats.get("replanned")))
+        plan = ExecutionPlan.from_schedule(schedule)
         self.stats["shape_plans"] += 1
         self._planned[bucket.index] = self._planned.get(bucket.index, 0) + 1
         compiled = _compiled(plan)
@@ -420,6 +442,11 @@ class DynamicPlan(ExecutionPlan):
                     "kernel(s)"
                 )
             lines.append(f"    bucket {b.index}: {b.describe()}: {used}")
+        lines.append(
+            f"  planned once per bucket (partition and configs at its hint): {st['bucket_plans']} bucket(s) "
+            f"planned; at later shapes {st['rechosen']} step(s) whose config was chosen again, {st['replans']} "
+            "shape(s) planned anew (stats: bucket_plans, rechosen, replans)"
+        )
         return lines
 
     __str__ = describe

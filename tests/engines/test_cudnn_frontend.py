@@ -17,7 +17,7 @@ from opgraph.engines.cost import estimate_us
 from opgraph.engines.base import PieceFact
 from opgraph.engines.cudnn_frontend import static_problem
 from opgraph.core.piece import make_piece
-from opgraph.build.planner import _all_by_reference, default_engines
+from opgraph.build.planner import all_by_reference, default_engines
 from opgraph.tools.samples import nhwc
 
 from ..helpers import assert_candidates_match, assert_engine_matches, assert_replay_equals_execute, cuda_available
@@ -244,7 +244,7 @@ def test_batchnorm_fp32_and_by_reference_pieces_are_left_to_generated_kernels():
     assert "fp16/bf16" in why and node.kind == "conv_fprop"
     g = conv_bias_relu()
     g.validate()
-    by_reference = _all_by_reference(g.final)  # what build(by_reference=True) plans
+    by_reference = all_by_reference(g.final)  # what build(by_reference=True) plans
     why, _ = static_problem(make_piece(by_reference, 0, list(by_reference.nodes)))
     assert "by reference" in why
 

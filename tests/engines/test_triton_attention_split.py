@@ -199,9 +199,10 @@ def _configs(b, hq, hk, sq, skv, layout="dense", device=H100):
 @pytest.mark.parametrize(
     "b, hq, hk, skv, layout, want",
     [
-        (1, 32, 8, 32768, "dense", 4),  # 32 programs on 132 SMs: 4 splits fill a wave
-        (2, 32, 8, 8192, "paged", 2),
-        (64, 32, 8, 8192, "dense", None),  # 2048 programs: no split
+        (1, 32, 32, 32768, "dense", 4),  # 32 programs on 132 SMs: 4 splits fill a wave
+        (2, 32, 32, 8192, "paged", 2),
+        (64, 32, 32, 8192, "dense", None),  # 2048 programs: no split
+        (1, 32, 8, 32768, "dense", 16),  # GQA: packed (test_triton_attention_gqa_pack.py), 8 programs
         (2, 8, 8, 256, "dense", None),  # too few keys to share
     ],
 )
@@ -210,7 +211,8 @@ def test_policy_puts_the_estimated_split_first(b, hq, hk, skv, layout, want):
     splits = [c.knob("SPLIT") for c in configs]
     assert set(s for s in splits if s) <= {2, 4, 8, 16, 32} and (any(splits) or skv <= 256), splits  # offered
     assert configs[0].knob("SPLIT") == want, [str(c) for c in configs[:3]]
-    assert split_kv.split_count(b, hq, 1, skv, 16, H100.sm_count) == (want or 0)
+    heads = hk if hq > hk else hq  # (GQA-packed: a program per key/value head)
+    assert split_kv.split_count(b, heads, hq // heads, skv, 16, H100.sm_count) == (want or 0)
 
 
 def test_no_split_for_prefill():
@@ -263,7 +265,7 @@ HOPPER_CASES = {
     f"decode_{layout}": (
         lambda layout=layout: _decode_graph(layout),
         "attention",
-        lambda c: [x for x in c if x.get("SPLIT") == 4],
+        lambda c: [x for x in c if x.get("SPLIT") == 4 and not x.get("PACK_GQA")],
     )
     for layout in ("dense", "paged")
 }

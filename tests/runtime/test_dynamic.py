@@ -101,6 +101,11 @@ def test_describe_says_dynamic_dims_cache_and_shapes():
     assert lines[2].startswith("  buckets: 6 (build(buckets=None, max_buckets=8)); ")
     k = 3 + len(plan.buckets)  # a line per bucket (tests/runtime/test_dynamic_kernels.py)
     assert lines[k] == (
+        "  planned once per bucket (partition and configs at its hint): 3 bucket(s) planned; at later shapes "
+        "0 step(s) whose config was chosen again, 0 shape(s) planned anew (stats: bucket_plans, rechosen, replans)"
+    )
+    k += 1
+    assert lines[k] == (
         "  per-shape plans: 3 cached of at most 3 (least recently used dropped first); built 4, dropped 1 "
         "(stats: shape_plans=4, evictions=1)"
     )

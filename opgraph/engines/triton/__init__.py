@@ -6,6 +6,7 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import threading
 from collections import OrderedDict
@@ -110,18 +111,33 @@ class TritonKernel(Kernel):
         self.device_index = device.index if device is not None else 0
         self.module = load_module(generated.source, interpret=interpret)
         self.scratch_bytes = generated.scratch_bytes
-        self.launchers = [
+        self.launchers = self._launchers(generated)
+        self._needs_allocator = "needs_allocator" in generated.notes and not interpret
+        self._specs: list[compiler.KernelSpec | None] | None = None
+
+    def _launchers(self, generated: Generated) -> list[Launcher]:
+        return [
             Launcher(
                 getattr(self.module, l.kernel),
                 l.grid,
                 dict(l.meta),
-                direct=not interpret,
+                direct=not self.interpret,
                 device_index=self.device_index,
             )
             for l in generated.launches
         ]
-        self._needs_allocator = "needs_allocator" in generated.notes and not interpret
-        self._specs: list[compiler.KernelSpec | None] | None = None
+
+    def at(self, piece: Piece, env: Mapping[str, int]) -> TritonKernel:
+        """This kernel (its `generated` taking every size at run time: `Generated.sized`) for `piece`,
+        the same piece at another shape of its bucket (`env`): the same module, compile specs and
+        binaries; only the launches' grids and size arguments are that shape's."""
+        if self._specs is None and not self.interpret and self.device is not None:
+            self.spec(0)  # (made once, here: every shape's copy shares the bucket kernel's specs)
+        other = copy.copy(self)
+        other.piece = piece
+        other.generated = self.generated.at(env)
+        other.launchers = self._launchers(other.generated)
+        return other
 
     def source(self) -> str:
         return self.generated.source
@@ -374,6 +390,22 @@ class TritonEngine(Engine):
             )
             for k in candidates
         ]
+
+    def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
+        """A kernel taking its sizes at run time serves the piece at every shape of its bucket (its
+        template decided over the bucket); any other is generated again at the piece's shape with the
+        same knobs, where the template still runs the piece and accepts them there (Match.accepts)."""
+        origin = piece.graph.origin
+        if isinstance(kernel, TritonKernel) and kernel.generated.sized and origin is not None:
+            return kernel.at(piece, origin.env)
+        config = kernel.config
+        match, _ = self.match(piece, device)
+        if match is None or match.template.name != config.knob("template"):
+            return None
+        knobs = match.knobs({k: v for k, v in config.knobs if k != "template"})
+        if not match.accepts(knobs) or match.notes(knobs) != config.numerical_notes:
+            return None
+        return self.compile(piece, config, device)
 
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         return TritonKernel(

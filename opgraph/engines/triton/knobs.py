@@ -19,7 +19,7 @@ prologue to run apart) is the template's match's to check.
     RownormKnobs    rownorm                                   BLOCK ROWS W PROGRAMS RB BW ST PF FP BH BG SW
     StatsKnobs      norm_stats                                BR BC CHUNK W ST PF ABR ABC AW BS CW ORDER
     FwdKnobs        attention (attention/spec.py)             BLOCK_M BLOCK_N num_warps num_stages TMA ORDER
-                                                              ONELOOP fp32_precision
+                                                              ONELOOP fp32_precision SPLIT PACK_GQA
     BwdKnobs        attention_bwd (attention/spec.py)         BLOCK_M1 BLOCK_N1 BLOCK_M2 BLOCK_N2 W1 S1 W2 S2
                                                               PRE_BLOCK TMA FUSED ONELOOP fp32_precision
 

@@ -69,9 +69,20 @@ class Sizes:
     def args(self) -> list[Arg]:
         """The launch arguments of the size parameters: each value at the plan's shape."""
         return [
-            Arg(ArgKind.SIZE, value=evaluate(e, self.env), dtype="int64" if self.max(e) > INT32_LIMIT else "int32")
+            Arg(
+                ArgKind.SIZE,
+                value=evaluate(e, self.env),
+                dtype="int64" if self.max(e) > INT32_LIMIT else "int32",
+                expr=e,
+            )
             for e in self._names
         ]
+
+    def grid(self, count: SymInt, block: int) -> tuple[int, SymInt]:
+        """A grid axis of `count` items (a size) in blocks of `block`: its value at the plan's shape and
+        its expression (Launch.grid and Launch.grid_expr)."""
+        programs = (count + block - 1) // block
+        return evaluate(programs, self.env), programs
 
     def declaration(self) -> str:
         """The module line listing the size parameters (Triton's JIT must not specialise on them)."""

@@ -12,9 +12,18 @@ from .spec import LN2, LOG2E, AttnSpec, Coords
 __all__ = ["finish", "sink_lines"]
 
 
-def finish(spec: AttnSpec, k: KernelText, bm: int, row_ok: str | None, dvmask: str | None, dropped: bool) -> None:
+def finish(
+    spec: AttnSpec,
+    k: KernelText,
+    row_ok: str | None,
+    dvmask: str | None,
+    dropped: bool,
+    head: str = "off_h",
+) -> None:
     """The epilogue from m_i, l_i, acc of rows offs_m: O normalised (and its epilogue hook), Stats,
-    score_max, score_sum_exp. `dropped`: acc already holds the dropout's 1/(1-p)."""
+    score_max, score_sum_exp. `row_ok`: the predicate of the tile's rows in [0, Sq) (None: all are);
+    `dropped`: acc already holds the dropout's 1/(1-p); `head`: the query head of a row's 1-D values
+    (off_h: the program's; a vector where a tile packs several heads, gqa_pack.py)."""
     # epilogue: normalise; rows that saw nothing (l = 0) give 0 and LSE +inf
     k.add("seen = l_i > 0.0", "inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)")
     if spec.dropout is not None and not dropped:
@@ -49,20 +58,21 @@ def finish(spec: AttnSpec, k: KernelText, bm: int, row_ok: str | None, dvmask: s
         k.add(f"{var} = tl.where(seen, {expr}, {none})")
         if spec.seq_len_q is not None:
             k.add(f"{var} = tl.where(offs_m < q_len, {var}, {none})")
-        st_ok = rows_ok(spec, role, "offs_m") or (f"offs_m < {spec.Sq}" if spec.Sq % bm else None)
+        st_ok = rows_ok(spec, role, "offs_m") or (f"offs_m < {spec.Sq}" if row_ok is not None else None)
         smask = f", mask={st_ok}" if st_ok else ""
-        base = row_base(spec, role, st_op, "off_b", "off_h")
+        base = row_base(spec, role, st_op, "off_b", head)
         k.add(f"tl.store({st_op.name} + {base} + offs_m * {st_op.strides[2]}, {var}{smask})")
 
 
-def sink_lines(spec: AttnSpec, k: KernelText, bm: int) -> list[str]:
+def sink_lines(spec: AttnSpec, k: KernelText, bm: int, head: str = "off_h") -> list[str]:
     """The sink joins the online softmax before any key: m = its logit (log2 units), l = exp2(0) = 1, on
-    the rows within their sequence (a padded row takes no sink; a sink of -inf adds nothing)."""
+    the rows within their sequence (a padded row takes no sink; a sink of -inf adds nothing). `head`:
+    the query head (finish's)."""
     if spec.sink is None:
         return []
     k.param(spec.sink.name)
     lines = [
-        f"sink2 = tl.load({spec.sink.name} + {base_expr(spec.sink, 'off_b', 'off_h')}).to(tl.float32) * {LOG2E!r}",
+        f"sink2 = tl.load({spec.sink.name} + {base_expr(spec.sink, 'off_b', head)}).to(tl.float32) * {LOG2E!r}",
         f"m_i = tl.zeros([{bm}], tl.float32) + sink2",
     ]
     if spec.seq_len_q is not None:

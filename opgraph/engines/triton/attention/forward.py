@@ -10,7 +10,7 @@ the scale) and acc += P v. Rows that see no key end with l = 0: their output is 
 log-sum-exp +inf (never NaN). GQA/MQA: key/value head = query head // group. The band: key j is seen
 by query i when i + diag - W < j <= i + diag + R (W the sliding window / left bound, R the right bound,
 0 for causal; diag = kv_len - q_len bottom-right aligned, else 0). Packed (ragged) tensors: ragged.py;
-paged caches: paged.py.
+paged caches: paged.py. GQA head packing (knob PACK_GQA, decode): gqa_pack.py.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from .common import (
 )
 from .dump import rng_dump_kernel
 from .epilogue import finish, sink_lines
+from .gqa_pack import check_packable, pack_lines, query_span
 from .paged import page_base, paged_load
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
 from .spec import AttnSpec, Coords, FwdKnobs
@@ -98,11 +99,16 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     """The forward kernel of `spec` with knobs `kn` (see module doc); with kn.SPLIT > 1, split-KV: the
     kernel over 1/SPLIT of the keys a program writing fp32 partials, then a combining launch (split.py)."""
     split = kn.SPLIT if kn.SPLIT is not None and kn.SPLIT > 1 else 0
+    pack = bool(kn.PACK_GQA)
+    if pack:
+        check_packable(spec)
     scratch, scratch_bytes = partials(spec, split) if split else ({}, 0)
     k = KernelText(name, scratch)
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
-    num_m = -(-spec.Sq // bm)
+    tile_rows = spec.Sq * spec.gk if pack else spec.Sq  # a program column's tile rows (packed: queries x group)
+    num_m = -(-tile_rows // bm)
+    heads = spec.Hk if pack else spec.Hq  # (packed: a program per key/value head)
     causal = spec.right_bound is not None
     dt = dot_dtype(spec)
     for role in ("q", "k", "v"):
@@ -120,13 +126,18 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if split:
         k.add("pid_s = tl.program_id(2)")
     k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
+    if pack:
+        k.add(*pack_lines(spec, bm))
+    else:
+        k.add(
+            f"off_b = pid_bh // {spec.Hq}",
+            f"off_h = pid_bh % {spec.Hq}",
+            f"off_hk = off_h // {spec.gk}",
+            f"off_hv = off_h // {spec.gv}",
+            f"m0 = start_m * {bm}",
+            f"offs_m = m0 + tl.arange(0, {bm})",
+        )
     k.add(
-        f"off_b = pid_bh // {spec.Hq}",
-        f"off_h = pid_bh % {spec.Hq}",
-        f"off_hk = off_h // {spec.gk}",
-        f"off_hv = off_h // {spec.gv}",
-        f"m0 = start_m * {bm}",
-        f"offs_m = m0 + tl.arange(0, {bm})",
         f"offs_n0 = tl.arange(0, {bn})",
         f"offs_d = tl.arange(0, {dp})",
         f"offs_dv = tl.arange(0, {dvp})",
@@ -144,7 +155,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         k.add(f"bmask_base = {base_expr(spec.block_mask, 'off_b', 'off_h')}")
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
-    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if tile_rows % bm else None
     wq, wk, wv = (
         wide(extent(op, (1, 1, s, d)))
         for op, s, d in ((spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv))
@@ -152,6 +163,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
 
     tma = (
         bool(kn.TMA)
+        and not pack
         and not spec.prologue
         and not spec.ragged
         and not spec.paged
@@ -204,9 +216,10 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"l_i = tl.zeros([{bm}], tl.float32)",
         f"acc = tl.zeros([{bm}, {dvp}], tl.float32)",
     )
+    head = "off_hr" if pack else "off_h"  # the query head of 1-D (per row) values
     if not split:  # (split-KV: the combining launch adds the sink)
-        k.add(*sink_lines(spec, k, bm))
-    k.add(*fwd_ranges(spec, bm, bn))
+        k.add(*sink_lines(spec, k, bm, head))
+    k.add(*fwd_ranges(spec, query_span(bm, spec.gk) if pack else bm, bn))
     if split:
         k.add(*split_range(spec, bn, split))
     lead, trail = needs_loops(spec, bn)
@@ -222,16 +235,16 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     )
 
     if split:
-        k.add(*partial_stores(spec, bm, split))
+        k.add(*partial_stores(spec, row_ok is not None, "off_hr" if pack else None))
     else:
-        finish(spec, k, bm, row_ok, dvmask, dropped=False)
+        finish(spec, k, row_ok, dvmask, dropped=False, head=head)
     for hook in (h for _, h in spec.prologue):
         for p in hook.params():
             k.param(p)
     functions = [k.source()]
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
-    grid = (spec.B * spec.Hq, num_m) if kn.ORDER else (num_m, spec.B * spec.Hq)
+    grid = (spec.B * heads, num_m) if kn.ORDER else (num_m, spec.B * heads)
     launches = [k.launch((*grid, split) if split else grid, kn.num_warps, kn.num_stages)]
     if split:
         comb, comb_grid = combine(spec, f"{name}_combine", scratch, split)

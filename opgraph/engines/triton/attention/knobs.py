@@ -83,6 +83,29 @@ def split_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
     return [replace(base, SPLIT=s) for s in SPLITS if -(-spec.Skv // s) >= bn]
 
 
+# GQA head packing (attention/gqa_pack.py): offered where a decode-shaped forward's queries times its group
+# fill at most PACK_MAX_ROWS tile rows (the forward's largest tile); the build's policy
+# (opgraph/build/gqa_pack.py) decides whether one goes first
+PACK_MAX_ROWS = 128
+
+
+def pack_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+    """GQA-packed knobs of a decode-shaped forward with query-head groups (Hq > Hk, one value head per
+    key head): a tile of the group's heads times the queries (a power of two >= 16 rows), whole and with
+    each split of split_candidates; [] otherwise."""
+    rows = spec.Sq * spec.gk
+    if spec.Sq > DECODE_MAX_SQ or spec.Hq <= spec.Hk or spec.Hk != spec.Hv or rows > PACK_MAX_ROWS:
+        return []
+    bm, bn = _pow2_dim(rows), 64 if cuda else 16
+    whole = FwdKnobs(bm, bn, 8 if cuda and bm > 64 else 4, 3 if cuda else 1, ONELOOP=1 if cuda else 0, PACK_GQA=1)
+    return [whole] + [replace(whole, SPLIT=s) for s in SPLITS if -(-spec.Skv // s) >= bn]
+
+
+def decode_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+    """The knobs the build's decode policies choose among: split_candidates' and pack_candidates'."""
+    return split_candidates(spec, cuda=cuda) + pack_candidates(spec, cuda=cuda)
+
+
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:
     """Backward knobs, the heuristic's choice first (ONELOOP as in the forward). `scored`: the tile loop
     computes a score modifier and its derivative, whose values stay live beside the accumulators."""

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from ....core.errors import AttributeValueError
 from ..knobs import Knobs
 
 LOG2E = 1.4426950408889634
@@ -254,8 +255,21 @@ class FwdKnobs(Knobs):
     # split-KV (flash-decoding): SPLIT programs per query block, each over 1/SPLIT of the keys, writing
     # fp32 partials (m, l, unnormalised O) that a second launch combines; None: one program per block
     SPLIT: int | None = None
+    # GQA head packing (decode): 1: one program per key/value head, its tile's rows the G = Hq / Hk query
+    # heads of the group times the queries (row r: query r // G of head Hk-head * G + r % G), so each K/V
+    # block is loaded once per key/value head instead of once per query head; None: a program per query head
+    PACK_GQA: int | None = None
 
-    CHOICES: ClassVar[frozenset[str]] = frozenset({"SPLIT"})  # (chosen by opgraph/build/split_kv.py)
+    # (chosen by the build's policy: opgraph/build/split_kv.py, opgraph/build/gqa_pack.py)
+    CHOICES: ClassVar[frozenset[str]] = frozenset({"SPLIT", "PACK_GQA"})
+
+    def __post_init__(self) -> None:
+        if self.PACK_GQA not in (None, 0, 1):
+            raise AttributeValueError(
+                f"PACK_GQA={self.PACK_GQA} must be 0 or 1",
+                rule="triton.attention.knob",
+                hint="use PACK_GQA=1 to pack a key/value head's query heads into one tile, or drop it",
+            )
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,21 @@ def _part_base(spec: AttnSpec, s: str, bh: str) -> str:
     return f"(({s}).to(tl.int64) * {spec.B * spec.Hq} + {bh}) * {spec.Sq}"
 
 
-def partial_stores(spec: AttnSpec, bm: int, split: int) -> list[str]:
-    """The split program's m_i, l_i and acc (rows offs_m < Sq) into the partials."""
+def partial_stores(spec: AttnSpec, partial_rows: bool, head: str | None = None) -> list[str]:
+    """The split program's m_i, l_i and acc (rows offs_m < Sq; `partial_rows`: some of the tile's rows are
+    past Sq) into the partials. `head`: the vector of a row's query head where a tile packs several
+    (gqa_pack.py; None: the program's head, pid_bh)."""
     dvp = pow2(spec.Dv)
-    ok = f", mask=offs_m < {spec.Sq}" if spec.Sq % bm else ""
-    ok2 = f", mask=(offs_m < {spec.Sq})[:, None]" if spec.Sq % bm else ""
+    ok = f", mask=offs_m < {spec.Sq}" if partial_rows else ""
+    ok2 = f", mask=(offs_m < {spec.Sq})[:, None]" if partial_rows else ""
     acc = "acc * drop_scale" if spec.dropout is not None else "acc"
+    if head is not None:
+        return [
+            f"p_row = {_part_base(spec, 'pid_s', f'off_b * {spec.Hq} + {head}')} + offs_m",
+            f"tl.store(PM + p_row, m_i{ok})",
+            f"tl.store(PL + p_row, l_i{ok})",
+            f"tl.store(PO + p_row[:, None] * {dvp} + offs_dv[None, :], {acc}{ok2})",
+        ]
     return [
         f"p_base = {_part_base(spec, 'pid_s', 'pid_bh')}",
         f"tl.store(PM + p_base + offs_m, m_i{ok})",
@@ -107,5 +116,5 @@ def combine(spec: AttnSpec, name: str, scratch: dict[str, Arg], split: int) -> t
     )
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % cm else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
-    finish(spec, k, cm, row_ok, dvmask, dropped=True)
+    finish(spec, k, row_ok, dvmask, dropped=True)
     return k, (-(-spec.Sq // cm), spec.B * spec.Hq)

@@ -16,15 +16,16 @@ prologue or epilogue on a packed or paged tensor), sinks, the score_max / score_
 
 Knobs: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (tensor-descriptor reads), ORDER (grid
 order), ONELOOP (one loop with run-time masks), SPLIT (split-KV: the keys of each query block over
-SPLIT programs and a combining launch; offered for decode-shaped problems, put first by the build's
-policy, opgraph/build/split_kv.py); candidates per head dim in attention/knobs.py, with stages cut where
-the tiles would not fit shared memory.
+SPLIT programs and a combining launch), PACK_GQA (GQA head packing: a program per key/value head, its
+tile's rows the group's query heads times the queries); both offered for decode-shaped problems and
+put first by the build's policy (opgraph/build/split_kv.py, gqa_pack.py); candidates per head dim in
+attention/knobs.py, with stages cut where the tiles would not fit shared memory.
 """
 
 from __future__ import annotations
 
 from ..attention import FwdKnobs, forward
-from ..attention.knobs import fit_fwd, fwd_candidates, split_candidates
+from ..attention.knobs import decode_candidates, fit_fwd, fwd_candidates
 from ._attention_common import AttentionTemplateBase
 
 
@@ -33,7 +34,7 @@ class AttentionTemplate(AttentionTemplateBase):
     kind = "sdpa"
     main_kinds = ("sdpa",)
     candidates_for = staticmethod(fwd_candidates)
-    more_candidates = staticmethod(split_candidates)
+    more_candidates = staticmethod(decode_candidates)
     fit = staticmethod(fit_fwd)
     knob_class = FwdKnobs
     build = staticmethod(forward)

@@ -23,6 +23,7 @@ analysis, tiling, epilogue and generation in gemm/ (`TileTemplate` / `TileMatch`
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import re
@@ -35,6 +36,7 @@ from ....core.config import NumericalNote, Support
 from ....core.device import Device
 from ....core.errors import AttributeValueError
 from ....core.piece import Piece
+from ....core.symbolic import SymInt, evaluate
 from ....core.tensor import TensorDesc
 from ..expr import HELPERS, custom_imports
 from ..knobs import Knobs
@@ -66,6 +68,7 @@ class Arg:
     strides: tuple[int, ...] = ()  # DESC: its strides in elements (the last one 1)
     block: tuple[int, ...] = ()  # DESC: the block one load or store moves
     value: int = 0  # SIZE: the size's value at the plan's shape
+    expr: SymInt | None = None  # SIZE: the size as an expression of the dynamic dims (sizes.py)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,16 @@ class Launch:
     grid: tuple[int, ...]
     args: tuple[Arg, ...]
     meta: tuple[tuple[str, Any], ...] = ()  # constexprs and num_warps / num_stages
+    # a kernel taking its sizes at run time (sizes.py): the grid as expressions of the dynamic dims
+    grid_expr: tuple[SymInt, ...] | None = None
+
+    def at(self, env: Mapping[str, int]) -> Launch:
+        """The launch at another shape of its bucket (`env`: the dims' values): grid and sizes evaluated."""
+        assert self.grid_expr is not None
+        args = tuple(
+            dataclasses.replace(a, value=evaluate(a.expr, env)) if a.expr is not None else a for a in self.args
+        )
+        return dataclasses.replace(self, grid=tuple(evaluate(g, env) for g in self.grid_expr), args=args)
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,24 @@ class Generated:
     launches: tuple[Launch, ...]
     scratch_bytes: int = 0
     notes: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def sized(self) -> bool:
+        """Whether the kernels take every size at run time (a dynamic plan's bucket kernel, sizes.py):
+        one source for every shape of the bucket, whose launches `at` gives per shape."""
+        return (
+            bool(self.launches)
+            and not self.scratch_bytes
+            and all(
+                l.grid_expr is not None and all(a.expr is not None for a in l.args if a.kind == ArgKind.SIZE)
+                for l in self.launches
+            )
+        )
+
+    def at(self, env: Mapping[str, int]) -> Generated:
+        """The kernels at another shape of their bucket (`env`: the dims' values; `sized` ones only):
+        the same source, the launches' grids and size arguments evaluated there."""
+        return dataclasses.replace(self, launches=tuple(l.at(env) for l in self.launches))
 
 
 class Match(ABC, Generic[K]):
@@ -112,6 +143,11 @@ class Match(ABC, Generic[K]):
     @abstractmethod
     def candidates(self) -> list[K]:
         """Knob sets, the heuristic's choice first, the broadest last."""
+
+    def accepts(self, knobs: K) -> bool:
+        """Whether a knob set runs this piece: one chosen for the piece at another shape of a dynamic
+        plan's bucket (TritonEngine.kernel_at). By default, whether it is among the candidates."""
+        return knobs in self.candidates()
 
     def knobs(self, stored: Mapping[str, Any]) -> K:
         """The knob set of a stored config (its ("template", name) pair left out)."""

@@ -153,6 +153,15 @@ class MatmulMatch(TileMatch):
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         return finish_candidates(configs, gp, device, extra)
 
+    def accepts(self, knobs: TileKnobs) -> bool:
+        """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
+        tile runs the product, masked), whose structural choices (K step, split, TMA, persistence)
+        this piece offers too."""
+        tile = {"BLOCK_M": knobs.BLOCK_M, "BLOCK_N": knobs.BLOCK_N, "GROUP_M": knobs.GROUP_M}
+        tile |= {"num_warps": knobs.num_warps, "num_stages": knobs.num_stages}
+        tile |= {"EPI_M": knobs.EPI_M, "EPI_N": knobs.EPI_N}
+        return any(c.replace(**tile) == knobs for c in self.candidates())
+
     def cost(self, k: TileKnobs) -> float | None:
         return self._cost(k) if self.device.is_cuda else None
 

@@ -493,6 +493,14 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         waste = tail_waste(cols, tiles[0].COLS)
         return [*tiles, *flat] if waste <= ROW_FIRST_TAIL else [*flat, *tiles] if waste <= 0.25 else flat
 
+    def accepts(self, knobs: PointwiseKnobs) -> bool:
+        """The flat walk runs every piece; the tiled walks, those with their axes."""
+        if knobs.TILE_I is not None:
+            return self.transposed is not None
+        if knobs.ROWS is not None:
+            return self.rows is not None
+        return knobs.BLOCK is not None
+
     def generate(self, knobs: PointwiseKnobs) -> Generated:
         if self.symbolic is not None and knobs.BLOCK is not None:
             piece, views, origin = self.symbolic
@@ -557,12 +565,13 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         source = module_source(sizes.declaration(), kernel)
         block = knobs.BLOCK
         assert block is not None
-        numel = math.prod(self.piece.tensor(piece.outputs[0]).dim)
+        programs, grid = sizes.grid(math.prod(first.dim), block)
         launch = Launch(
             "kernel",
-            (-(-numel // block),),
+            (programs,),
             (*args, *sizes.args()),
             (("BLOCK", block), ("num_warps", knobs.warps)),
+            grid_expr=(grid,),
         )
         return Generated(source, (launch,))
 

@@ -461,7 +461,13 @@ class ReductionMatch(Match[ReductionKnobs]):
         signature = ", ".join([*params, *scratch_params])
         functions = [f"def kernel({signature}):\n{indent(body)}\n", combine_src]
         source = module_source(*functions) if sizes is None else module_source(sizes.declaration(), *functions)
-        main = Launch("kernel", (-(-m_now // bm), split), tuple([*args, *scratch_args]), (("num_warps", knobs.warps),))
+        main = Launch(
+            "kernel",
+            (-(-m_now // bm), split),
+            tuple([*args, *scratch_args]),
+            (("num_warps", knobs.warps),),
+            grid_expr=None if sizes is None else (sizes.grid(M, bm)[1], split),
+        )
         return Generated(
             source, (main, *launches), scratch_bytes, frozenset({f"split={split}"} if split > 1 else set())
         )

@@ -376,7 +376,12 @@ class _Gen(NormGen):
         self.add_sizes(params)
         src = params.signature("kernel_rownorm", ["ROWS", "BLOCK"]) + "\n" + indent(body)
         launch = Launch(
-            "kernel_rownorm", (programs,), tuple(params.args), (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W))
+            "kernel_rownorm",
+            (programs,),
+            tuple(params.args),
+            (("ROWS", rows), ("BLOCK", block), ("num_warps", k.W)),
+            # (a bucket's kernel walks one tile a program: not persistent)
+            grid_expr=None if self.sizes is None or persistent else (self.sizes.grid(g.R, rows)[1],),
         )
         return Generated(self.module(src), (launch,))
 
