@@ -380,9 +380,10 @@ HOPPER_CASES = {
 
 def test_packed_forward_compiles_for_hopper():
     """The packed kernel (and split-KV's combining launch) compile for sm_90 (no GPU), without spills."""
-    from .hopper_compile import compile_for_hopper
+    from .hopper_compile import attention_smem, compile_for_hopper
 
-    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    out = compile_for_hopper(__name__)
+    lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     names = {(w[1], w[2]) for w in lines}
     for case in HOPPER_CASES:
         assert (case, "kernel_attn_fwd") in names, lines
@@ -390,6 +391,8 @@ def test_packed_forward_compiles_for_hopper():
             assert (case, "kernel_attn_fwd_combine") in names, lines
     for w in lines:
         assert int(w[w.index("spills") + 1]) == 0, w
+    for case, kernel, smem, estimate in attention_smem(__name__, out):  # (the fit trusts the estimate)
+        assert smem <= estimate, (case, kernel, smem, estimate)
 
 
 # -- GPU --------------------------------------------------------------------------------------------------
