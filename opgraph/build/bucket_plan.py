@@ -8,8 +8,8 @@ pieces over the shape's static graph and the same configs, each step's kernel fr
 (`Engine.kernel_at`): a kernel taking its sizes at run time is re-pointed (its grids and size
 arguments evaluated at the shape, no generation, no compilation), any other compiled again at the
 shape with the same config. Only a step whose config does not run the piece at that shape has its
-config chosen again there (`stats["rechosen"]`), and only a piece no engine runs at that shape
-re-plans the whole shape (`stats["replanned"]`). The workspace layout and the binding are the
+config chosen again there (the schedule's `stats["rechosen"]`), and only a piece no engine runs at
+that shape re-plans the whole shape (`stats["replanned"]`; the dynamic plan counts both). The workspace layout and the binding are the
 shape's (the runtime makes them from the schedule).
 """
 
