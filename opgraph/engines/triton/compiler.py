@@ -361,8 +361,9 @@ def _cached(spec: KernelSpec, fn: Any) -> KernelBinary | None:
         return None
 
 
-def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
-    """Compile (or find in the caches) in this process, and register the binary."""
+def compile_here(spec: KernelSpec, fn: Any, *, compiled_elsewhere: bool = False) -> KernelBinary:
+    """Compile (or find in the caches) in this process, and register the binary. `compiled_elsewhere`:
+    a worker has just compiled it (and was counted), so this reads its result: counted as loaded."""
     found = registered(spec)
     if found is not None:
         return found
@@ -373,7 +374,7 @@ def compile_here(spec: KernelSpec, fn: Any) -> KernelBinary:
         found = _cached(spec, fn)
         if found is None:
             kernel, hit = compile_spec(fn, spec.job())
-            STATS["compiled" if not hit else "loaded"] += 1
+            STATS["compiled" if not (hit or compiled_elsewhere) else "loaded"] += 1
             meta_path = next(p for c, p in kernel.metadata_group.items() if c.endswith(".json"))
             found = _binary(spec, Path(meta_path).read_text(), bytes(kernel.kernel))
         _disk_put(found)
@@ -426,7 +427,7 @@ def compile_all(
                 found = _cached(spec, fn)
                 if found is None:  # the worker's cache is not readable here: compile (a cache hit) here
                     try:
-                        found = compile_here(spec, fn)
+                        found = compile_here(spec, fn, compiled_elsewhere=True)
                     except Exception as err:  # noqa: BLE001 - as below: the caller decides
                         report.failed[spec.key] = f"{type(err).__name__}: {err}"
                 if found is not None:
