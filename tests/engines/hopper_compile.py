@@ -70,7 +70,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                  signbit S tma T KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
-    nodes make one piece, compiled with the template named; knobs None is the heuristic's choice, n the
+    nodes make one piece (or the piece itself: one of a dynamic plan's bucket), compiled with the template named; knobs None is the heuristic's choice, n the
     first n candidates, a function of the candidates returns some of them, else a list of knob dicts.
     Items after the knobs are the test's own."""
     import importlib
@@ -86,7 +86,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     except ImportError:
         sys.exit(NO_BACKEND)
     from opgraph.core.device import Device
-    from opgraph.core.piece import make_piece
+    from opgraph.core.piece import Piece, make_piece
     from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates import discover
@@ -96,8 +96,9 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     ptxas = get_ptxas(90)
     ptxas = getattr(ptxas, "path", ptxas)
     for name, (build, template, knobs, *_) in importlib.import_module(module).HOPPER_CASES.items():
-        final = build().final
-        piece = make_piece(final, 0, final.nodes)
+        built = build()
+        piece = built if isinstance(built, Piece) else make_piece(built.final, 0, built.final.nodes)
+        final = piece.graph
         t = templates[template]
         if knobs is None or isinstance(knobs, int):
             knobs = t.candidates(piece, device)[: knobs or 1]
@@ -118,6 +119,8 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     elif arg.kind == "desc":  # a host-side TMA descriptor (engines/triton/tma_desc.py)
                         element = SIG[final.tensors[arg.uid].data_type.name]
                         sig[arg_name] = f"tensordesc<{element}[{', '.join(map(str, arg.block))}]>"
+                    elif arg.kind == "size":  # a run-time size (engines/triton/sizes.py)
+                        sig[arg_name] = "i64" if arg.dtype == "int64" else "i32"
                     else:
                         sig[arg_name] = "*" + SCRATCH_SIG[arg.dtype]
                 for a in fn.arg_names:
@@ -206,7 +209,7 @@ def attention_smem(module: str, output: str) -> list[tuple[str, str, int, int]]:
     import importlib
 
     from opgraph.core.device import Device
-    from opgraph.core.piece import make_piece
+    from opgraph.core.piece import Piece, make_piece
     from opgraph.engines.triton.attention.knobs import bwd_smem, fwd_smem
     from opgraph.engines.triton.attention.spec import BwdKnobs, FwdKnobs
     from opgraph.engines.triton.templates import discover

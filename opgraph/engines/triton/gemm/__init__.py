@@ -127,6 +127,7 @@ from .tiling import (
     Tiling,
     decompose,
     input_taps,
+    static,
 )
 from .tma import (
     TMA_PRELUDE,
@@ -177,6 +178,7 @@ __all__ = [
     "fp32_knobs",
     "gemm_candidates",
     "input_taps",
+    "static",
     "make_context",
     "memory_views",
     "needs_int64",

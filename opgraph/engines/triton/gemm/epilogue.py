@@ -18,7 +18,7 @@ from .constants import INT32_LIMIT
 from .dots import DotKind
 from .indexing import TileIndexer
 from .scratch import Scratch, Signature
-from .tiling import Tiling, decompose
+from .tiling import Tiling, decompose, static
 
 
 @dataclass
@@ -147,8 +147,8 @@ def epilogue(
     for h in range(2):
         lines.append(f"rn = pid_n * BLOCK_N + {h * half} + tl.arange(0, {half})")
         if t.cmask:
-            lines.append(f"cmask = rn < {sp.n}")
-        lines.append(f"col = g * {sp.n} + rn" if sp.groups > 1 else "col = rn")
+            lines.append(f"cmask = rn < {t.text(sp.n)}")
+        lines.append(f"col = g * {t.text(sp.n)} + rn" if sp.groups > 1 else "col = rn")
         lines.append(f"y{sp.col} = col")
         indexer = t.output_indexer(ctx.ptr_of(sig), cols=str(half))
         lines += _epilogue_tile(ctx, sig, f"{acc}_h{h}", indexer, col0=f"pid_n * BLOCK_N + {h * half}")
@@ -280,10 +280,11 @@ class ReductionPlan:
         sp, t = ctx.tiling.space, ctx.tiling
         nb_red = sp.nbatch if red.batch_reduced else 1
         nb_keep = 1 if red.batch_reduced else sp.nbatch
+        # (ints: a reduction's partials are sized at the piece's shape, never by a dynamic size)
         if red.along == "rows":
-            slots, length = nb_red * t.npm, nb_keep * sp.dims[sp.col]
+            slots, length = static(nb_red * t.npm), nb_keep * sp.dims[sp.col]
         else:
-            slots, length = nb_red * sp.groups * t.npn, nb_keep * sp.m
+            slots, length = static(nb_red * sp.groups * t.npn), nb_keep * sp.m
         node = red.node
         outs: list[tuple[int, str, str]] = []
         if isinstance(node.op, GenStats):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ....core.symbolic import SymInt
 from ....core.tensor import TensorDesc
+from ..sizes import above_one
 
 
 class TileIndexer:
@@ -24,7 +26,9 @@ class TileIndexer:
     stem (3 channels in a BLOCK_K of 16, split-K) with the channel mask in the loads, and with a tail
     clamped by tl.minimum gave sums that changed from run to run (MobileNetV2's 96-channel 1x1 conv,
     128 x 128 tiles), as reads past the tensor would; wrapped by `%`, both match (tests/engines).
-    `tmask`: a [rows, cols] mask applied the same way (by a select, never in the loads)."""
+    `tmask`: a [rows, cols] mask applied the same way (by a select, never in the loads). `text` spells
+    a stride (sizes.Sizes.text where the kernel takes its sizes at run time: the descs' sizes are then
+    `SymInt`s)."""
 
     def __init__(
         self,
@@ -33,11 +37,13 @@ class TileIndexer:
         cmask: str | None,
         ptr: Callable[[int], str],
         shape: tuple[str, str],
-        flat_rows: tuple[str, tuple[tuple[int, int], ...]] | None = None,
+        flat_rows: tuple[str, tuple[tuple[int, SymInt], ...]] | None = None,
         zero: tuple[str, str] = ("rm", "rn"),
         select: str | None = None,
         tmask: str | None = None,
+        text: Callable[[SymInt], str] = str,
     ) -> None:
+        self.text = text
         self.axes = tuple(axes)
         self.zero = zero  # a row and a column vector of the tile (for full-shape pointer blocks)
         self.rmask = rmask
@@ -65,9 +71,9 @@ class TileIndexer:
                 return None
             else:
                 inner *= size
-        if not step:  # (0: every row axis broadcast in memory; the rows drop out, as for dims of 1)
+        if step is None or step == 0:  # (0: every row axis broadcast in memory; the rows drop out, as for dims of 1)
             return None
-        return expr if step == 1 else f"{expr} * {step}"
+        return expr if step == 1 else f"{expr} * {self.text(step)}"
 
     def parts(self, desc: TensorDesc, full: bool = False) -> tuple[list[str], list[str], list[str], list[str]]:
         """Offset terms of `desc` at the tile's coordinates: (row terms, column terms, scalars, [rows,
@@ -84,7 +90,7 @@ class TileIndexer:
             where, expr = self.axes[axis]
             if (flat is not None and where == "r") or s == 0 or d == 1:
                 continue
-            term = expr if s == 1 else f"{expr} * {s}"
+            term = expr if s == 1 else f"{expr} * {self.text(s)}"
             {"r": rows, "c": cols, "s": scal, "t": tile}[where].append(term)
         if full:  # a tile axis of extent "1" (a weight row of the depthwise kernel) stays broadcast
             if self.shape[0] != "1":
@@ -130,7 +136,7 @@ class TileIndexer:
 
     # -- expr.py's Indexer protocol --
     def load(self, desc: TensorDesc, ptr: str) -> str:
-        if desc.numel == 1 or not any(d > 1 and s != 0 for d, s in zip(desc.dim, desc.stride)):
+        if desc.numel == 1 or not any(above_one(d) and s != 0 for d, s in zip(desc.dim, desc.stride)):
             return f"tl.load({ptr})"  # one element, or one broadcast in memory (stride 0): before any loop too
         address, mask = self.address(desc, ptr)
         if mask is None:

@@ -6,7 +6,7 @@ from ....core.device import Device
 from ..knobs import TileKnobs
 from .epilogue import Context
 from .scratch import Signature
-from .tiling import Tiling
+from .tiling import Tiling, static
 
 
 def split_range(iters: int, split: int) -> tuple[list[str], str, str]:
@@ -58,7 +58,7 @@ def epilogue_tiling(tiling: Tiling, knobs: TileKnobs, device: Device) -> Tiling:
     else:
         bm, bn = min(bm, 64), min(bn, 128)
         want = 2 * max(device.sm_count, 1)
-        while bm * bn > 1024 and Tiling(tiling.space, bm, bn).per_split < want:
+        while bm * bn > 1024 and static(Tiling(tiling.space, bm, bn).per_split) < want:
             if bm >= bn and bm > 32 or bn <= 32:
                 bm //= 2
             else:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -36,15 +37,33 @@ from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
+from ....core.symbolic import Expr, SymInt, evaluate, known_divisor
 from ..knobs import TileKnobs
-from ..templates.base import Generated, Launch, Match, Template, module_source
+from ..sizes import Sizes
+from ..templates.base import INT32_LIMIT, Generated, Launch, Match, Template, module_source
 from .analysis import GemmPiece, analyze
 from .dots import DotKind, dot_kind
 from .epilogue import Context, ReductionPlan, add_combines, epilogue, make_context, needs_int64
 from .scratch import Scratch, Signature
 from .space import OutputSpace
 from .splitk import epilogue_tiling, slice_block, split_range, split_store, split_sum, split_sum_blocked
-from .tiling import Tiling
+from .tiling import Tiling, static
+
+
+def divisible_text(sizes: Sizes) -> Callable[[SymInt], str]:
+    """`sizes.text`, but a dynamic size that is a multiple of a constant (a stride: `768*seq`) spelled as
+    the parameter of its quotient times that constant, `(sz0 * 768)`, so that Triton knows its
+    divisibility (aligned, vectorised loads and stores through offsets it scales; a size parameter is
+    never specialised on). Where the size can pass int32 the product is left to the parameter."""
+
+    def text(value: SymInt) -> str:
+        if isinstance(value, Expr):
+            d = known_divisor(value)
+            if d > 1 and sizes.max(value) <= INT32_LIMIT:
+                return f"({sizes.text(value // d)} * {d})"
+        return sizes.text(value)
+
+    return text
 
 
 @dataclass(frozen=True)
@@ -81,7 +100,7 @@ class KernelParts(Protocol[KT]):
 
     def meta(self, k: KT) -> tuple[tuple[str, Any], ...]: ...
 
-    def programs(self, tiling: Tiling, k: KT) -> int: ...
+    def programs(self, tiling: Tiling, k: KT) -> SymInt: ...
 
     def body(self, ctx: Context, sig: Signature, k: KT, partials: int | None) -> list[str]: ...
 
@@ -156,12 +175,18 @@ class TileLoop:
         # FLATTEN=1: the tile loop and the K loop become one loop for Triton's pipeliner, which then loads
         # the next tile's first K slices during this tile's epilogue (short-K GEMMs)
         work, programs = tiling.split * tiling.per_split, self.programs(tiling, k)
-        body.append(f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten={bool(k.FLATTEN)}):")
+        body.append(
+            f"for work in tl.range(tl.program_id(0), {tiling.text(work)}, {programs}, flatten={bool(k.FLATTEN)}):"
+        )
         return body + ["    " + line for line in tile]
 
-    def programs(self, tiling: Tiling, k: TileKnobs) -> int:
+    def programs(self, tiling: Tiling, k: TileKnobs) -> SymInt:
+        """The main launch's programs (an expression where the tile count is dynamic; a persistent
+        kernel's are then PERSISTENT at every shape: programs past the tiles loop zero times)."""
         work = tiling.split * tiling.per_split
-        return min(work, k.persistent) if k.persistent else work
+        if k.persistent:
+            return k.persistent if isinstance(work, Expr) else min(work, k.persistent)
+        return work
 
 
 class Combine:
@@ -195,7 +220,7 @@ class BlockedCombine(Combine):
         else:
             want = 2 * m.device.sm_count
             while bm * bn > 256:
-                if Tiling(tiling.space, bm, bn).per_split >= want:
+                if static(Tiling(tiling.space, bm, bn).per_split) >= want:
                     break
                 if bm >= bn and bm > 16:
                     bm //= 2
@@ -260,6 +285,9 @@ class TileMatch(Match[TileKnobs], TileLoop):
 
     template: TileTemplate
     combine: ClassVar[Combine] = Combine()
+    # where the match is over a symbolic piece (sizes.symbolic_piece) and its kernel takes its dynamic
+    # sizes at run time: the size parameters (the template's `tiling` spells sizes by `sizes.text`)
+    sizes: Sizes | None = None
 
     def __init__(self, template: TileTemplate, gp: GemmPiece, device: Device) -> None:
         Match.__init__(self, template, gp.piece, device)
@@ -328,6 +356,10 @@ class TileMatch(Match[TileKnobs], TileLoop):
     def tiling(self, k: TileKnobs) -> Tiling:
         split = k.split_k if self.template.splits_k else 1
         sp = self.gp.space
+        if self.sizes is not None:  # offsets int64 where the bucket's largest shape needs them
+            p = self.gp.piece
+            big = self.sizes.needs_int64(p.tensor(u) for u in (*p.inputs, *p.outputs))
+            return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, big, text=divisible_text(self.sizes))
         scratch_extent = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
         return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch_extent))
 
@@ -371,9 +403,24 @@ class TileMatch(Match[TileKnobs], TileLoop):
         sig = Signature()
         body = loop.body(ctx, sig, k, acc_off)
         constexprs = loop.constexprs(k)
+        programs = loop.programs(tiling, k)
+        sizes, grid_expr = self.sizes, None
+        if sizes is not None:  # the size parameters after the others; the grid evaluated per shape
+            assert acc_off is None, "split-K and partials are generated at each shape"
+            for name, arg in zip(sizes.params, sizes.args()):
+                sig.add(name, arg)
+            functions.insert(0, sizes.declaration())
+            programs, grid_expr = evaluate(programs, sizes.env), (programs,)
+        assert isinstance(programs, int)
         functions.append(sig.source("kernel", list(constexprs), body))
         launches = [
-            Launch("kernel", (loop.programs(tiling, k),), tuple(sig.args), (*constexprs.items(), *loop.meta(k)))
+            Launch(
+                "kernel",
+                (programs,),
+                tuple(sig.args),
+                (*constexprs.items(), *loop.meta(k)),
+                grid_expr=grid_expr,
+            )
         ]
         plans, plan_ctx = ctx.reductions, ctx
         if acc_off is not None:
@@ -405,7 +452,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         launches.append(
             Launch(
                 "kernel_epilogue",
-                (etiling.per_split,),
+                (static(etiling.per_split),),
                 tuple(esig.args),
                 (*constexprs.items(), ("num_warps", combine.warps(etiling, k))),
             )

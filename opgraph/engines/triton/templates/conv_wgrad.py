@@ -36,6 +36,7 @@ from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
+from ....core.symbolic import SymInt
 from ....ops.conv import ConvGeometry, ConvolutionMode, ConvWgrad
 from ..gemm import (
     BlockedCombine,
@@ -56,6 +57,7 @@ from ..gemm import (
     operand_bytes,
     operand_tile,
     prologue_share,
+    static,
     uses_fp32,
     with_subtile,
 )
@@ -79,7 +81,7 @@ class TapTiling(Tiling):
     per_program: int = 1
 
     @property
-    def per_split(self) -> int:
+    def per_split(self) -> SymInt:
         return self.tiles * (self.space.nbatch // self.per_program) * self.space.groups
 
     def batch_lines(self) -> list[str]:
@@ -350,7 +352,7 @@ class ConvWgradMatch(OffersProloguePass):
         """SPLIT_K for ~2 programs per SM with >= 8 steps each, halved while the partials exceed half
         the bytes of the operands."""
         sp = self.gp.space
-        programs = TapTiling(sp, bm, bn, per_program=taps).per_split
+        programs = static(TapTiling(sp, bm, bn, per_program=taps).per_split)
         iters = -(-self.pixels // bk)
         split = max(1, min(iters // 8, -(-2 * max(self.device.sm_count, 1) // programs)))
         while split > 1 and split * sp.nbatch * sp.groups * sp.m * sp.n * 4 > self.gp.moved_bytes() // 2:

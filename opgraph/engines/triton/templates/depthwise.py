@@ -39,6 +39,7 @@ from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....core.ir import Node
 from ....core.piece import Piece
+from ....core.symbolic import SymInt
 from ....ops.conv import ConvFprop, ConvolutionMode
 from ..gemm import (
     Context,
@@ -306,7 +307,7 @@ class RowStrips:
     def meta(self, k: RowStripKnobs) -> tuple[tuple[str, Any], ...]:
         return (("num_warps", k.warps), ("num_stages", k.stages), *((("maxnreg", k.MAXNREG),) if k.MAXNREG else ()))
 
-    def programs(self, tiling: Tiling, k: RowStripKnobs) -> int:
+    def programs(self, tiling: Tiling, k: RowStripKnobs) -> SymInt:
         return tiling.per_split
 
     def body(self, ctx: Context, sig: Signature, k: RowStripKnobs, partials: int | None) -> list[str]:

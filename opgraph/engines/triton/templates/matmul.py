@@ -14,6 +14,14 @@ copies, zero-filled at the edges, no masks. PERSISTENT=P runs P programs that lo
 (the descriptors are built once per program). TMA_HOST=1 passes the descriptors as kernel arguments
 instead, encoded when the kernel is bound: the Hopper path (_matmul_hopper.py), which the candidates
 offer first on compute capability 9.0+ with FLATTEN=1 and the epilogue on column halves.
+
+A piece of a dynamic plan's bucket (sizes.py) whose dynamic sizes are M, N or batch dims (K static),
+with no reduction in its epilogue, gets a kernel that takes them at run time (`MatmulMatch.bucket`):
+M, the batch dims, the tile counts and the strides they set are size arguments, the grid is evaluated
+per shape (a persistent grid is PERSISTENT programs at every shape), so every shape of the bucket
+runs one source and one binary. Configs whose structure depends on the shape are generated at each
+shape with the bucket's knobs, as before: SPLIT_K > 1 (partials sized by M), TMA and TMA_HOST (the
+descriptors' shapes).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from functools import cached_property
 
 from ....core.ir import Node
 from ....core.piece import Piece
+from ....core.symbolic import Expr
 from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
 from ..gemm import (
@@ -45,7 +54,9 @@ from ..gemm import (
     tma_prelude,
 )
 from ..knobs import TileKnobs
+from ..sizes import Sizes, is_dynamic_desc, symbolic_piece
 from ._matmul_hopper import HopperLoop, hopper_config, host_descriptors, host_tma_ok
+from .base import Generated
 
 # per operand: (the tile's row index start, its column index start) in the main loop
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
@@ -113,6 +124,37 @@ class MatmulMatch(TileMatch):
     def iterations(self, k: TileKnobs) -> int:
         assert k.BLOCK_K is not None
         return -(-self.problem[2] // k.BLOCK_K)
+
+    @cached_property
+    def bucket(self) -> MatmulMatch | None:
+        """This match over the piece's symbolic origin (sizes.symbolic_piece), its kernels taking the
+        dynamic sizes at run time (the module docstring says which), where the piece is of a dynamic
+        plan's bucket and has a dynamic size, its K is static and its epilogue reduces nothing; else None."""
+        piece, origin = symbolic_piece(self.piece), self.piece.graph.origin
+        if piece is None or origin is None:
+            return None
+        if not any(is_dynamic_desc(piece.tensor(u)) for u in (*piece.inputs, *piece.outputs)):
+            return None
+        try:
+            gp, _ = self.template.analyze(piece)
+        except TypeError:  # a decision on a dynamic size (a view's): generated at the shape
+            return None
+        if gp is None or gp.reductions or isinstance(gp.operand("A").dim[-1], Expr):
+            return None
+        match = MatmulMatch(self.template, gp, self.device)
+        match.sizes = Sizes(origin)
+        return match
+
+    def kernels(self, k: TileKnobs) -> Generated:
+        """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
+        (`bucket`; not split-K, not TMA), else the kernels at the piece's shape."""
+        bucket = self.bucket
+        if bucket is not None and k.split_k == 1 and not k.tma and not k.tma_host:
+            try:
+                return bucket.kernels(k)
+            except TypeError:  # a decision on a dynamic size (an epilogue op's): generated at the shape
+                pass
+        return super().kernels(k)
 
     def _cost(self, c: TileKnobs) -> float:
         m, n, k, elem = self.problem
@@ -231,11 +273,24 @@ class MatmulMatch(TileMatch):
         batch = [("s", f"y{a}") for a in range(rank - 2)]
         kmask = "kmask" if kdim % bk else None
         ptr = ctx.ptr_of(sig)
+        text = ctx.tiling.text
         a_idx = TileIndexer(
-            [*batch, ("r", "rm"), ("c", "rk")], ctx.tiling.rmask, kmask, ptr, ("BLOCK_M", "BLOCK_K"), zero=("rm", "rk")
+            [*batch, ("r", "rm"), ("c", "rk")],
+            ctx.tiling.rmask,
+            kmask,
+            ptr,
+            ("BLOCK_M", "BLOCK_K"),
+            zero=("rm", "rk"),
+            text=text,
         )
         b_idx = TileIndexer(
-            [*batch, ("r", "rk"), ("c", "rn")], kmask, ctx.tiling.cmask, ptr, ("BLOCK_K", "BLOCK_N"), zero=("rk", "rn")
+            [*batch, ("r", "rk"), ("c", "rn")],
+            kmask,
+            ctx.tiling.cmask,
+            ptr,
+            ("BLOCK_K", "BLOCK_N"),
+            zero=("rk", "rn"),
+            text=text,
         )
         body = ["rk = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
         if kmask:

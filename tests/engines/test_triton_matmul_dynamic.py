@@ -1,0 +1,203 @@
+"""The matmul template in dynamic plans (templates/matmul.py, sizes.py): a piece of a bucket whose
+dynamic sizes are M or batch dims gets one kernel taking them at run time (size arguments, the grid
+per shape), re-pointed at every shape of the bucket, never generated again; configs whose structure
+depends on the shape (split-K) are generated at each shape. Each graph is built once and run at 1,
+primes and the range's ends against the reference engine, on random inputs, outputs poisoned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.engines.triton import TritonEngine
+from opgraph.engines.triton.templates.matmul import MatmulMatch
+from opgraph.runtime.dynamic import DynamicPlan
+from opgraph.testing import compare, random_pack, reference_outputs
+
+from ..helpers import requires_interpreter
+
+pytestmark = [pytest.mark.interpreter, requires_interpreter]
+DT = og.DataType
+T = og.Dim("tokens", 1, 67)
+B, S = og.Dim("batch", 1, 9), og.Dim("seq", 1, 37)
+TOKENS = [{"tokens": t} for t in (1, 2, 3, 17, 31, 64, 67)]
+BATCH_SEQ = [{"batch": b, "seq": s} for b, s in ((1, 1), (1, 37), (2, 17), (3, 19), (9, 37), (7, 29), (5, 1))]
+
+
+def _graph(dt: og.DataType, name: str) -> og.Graph:
+    return og.Graph(name, io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+
+
+def linear(dt: og.DataType) -> og.Graph:
+    """x [tokens, 48] @ w [48, 40]: M dynamic."""
+    g = _graph(dt, "linear")
+    x, w = g.tensor(dim=[T, 48], name="x"), g.tensor(dim=[48, 40], name="w")
+    g.matmul(x, w).set_output(True).set_name("y")
+    return g
+
+
+def linear_bias_gelu(dt: og.DataType) -> og.Graph:
+    """gelu(x [batch, seq, 32] @ w [1, 32, 24] + bias): a batch axis and M dynamic, an epilogue."""
+    g = _graph(dt, "linear_bias_gelu")
+    x, w = g.tensor(dim=[B, S, 32], name="x"), g.tensor(dim=[1, 32, 24], name="w")
+    bias = g.tensor(dim=[1, 1, 24], name="bias")
+    g.gelu(g.add(g.matmul(x, w), bias)).set_output(True).set_name("y")
+    return g
+
+
+def batched(dt: og.DataType) -> og.Graph:
+    """q [batch, seq, 16] @ k^T [batch, 16, seq]: a dynamic batch, M and N, the transposed operand read
+    in place (its strides set by seq), scaled in the epilogue."""
+    g = _graph(dt, "batched")
+    q, k = g.tensor(dim=[B, S, 16], name="q"), g.tensor(dim=[B, S, 16], name="k")
+    scores = g.matmul(q, g.transpose(k, [0, 2, 1]))
+    g.mul(scores, g.tensor(dim=[1, 1, 1], name="scale")).set_output(True).set_name("y")
+    return g
+
+
+def run_at(plan: DynamicPlan, env: dict[str, int], rng: np.random.Generator) -> None:
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    want = reference_outputs(static, pack)
+    plan.execute(pack)
+    bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+def matmul_steps(plan):
+    return [s for s in plan.steps if s.config.knob("template") == "matmul"]
+
+
+CASES = [
+    pytest.param(linear, TOKENS, id="linear"),
+    pytest.param(linear_bias_gelu, BATCH_SEQ, id="linear_bias_gelu"),
+    pytest.param(batched, BATCH_SEQ, id="batched"),
+]
+
+
+@pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16, DT.HALF], ids=lambda d: d.name)
+@pytest.mark.parametrize("make,shapes", CASES)
+def test_one_matmul_kernel_takes_every_shape_of_the_bucket(make, shapes, dt):
+    plan = make(dt).build(device="cpu", engines=["triton"], buckets="one")
+    assert isinstance(plan, DynamicPlan)
+    rng = np.random.default_rng(0)
+    modules = set()
+    for env in shapes:
+        run_at(plan, env, rng)
+        (step,) = matmul_steps(plan.at(env))
+        gen = step.kernel.generated
+        assert gen.sized, gen.source
+        assert "_OG_SIZES = ('sz0'" in gen.source
+        modules.add(id(step.kernel.module))
+    assert len(modules) == 1  # one source (and, on a GPU, one binary) for the bucket
+
+
+@pytest.mark.parametrize("make,shapes", CASES[1:])
+def test_a_new_shape_re_points_the_matmul_instead_of_generating_it(make, shapes, monkeypatch):
+    plan = make(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(1)
+    run_at(plan, shapes[0], rng)
+    generated = []
+    real = TritonEngine.generated
+    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real(self, p, c, d))
+    for env in shapes[1:]:
+        run_at(plan, env, rng)
+    assert not [c for c in generated if c.knob("template") == "matmul"]
+    grids = {matmul_steps(plan.at(env))[0].kernel.generated.launches[0].grid for env in shapes}
+    assert len(grids) > 1  # each shape's grid
+
+
+def _forced(monkeypatch, **knobs):
+    """The matmul's candidates all with `knobs` (the bucket's plan takes the first)."""
+    real = MatmulMatch.candidates
+    monkeypatch.setattr(MatmulMatch, "candidates", lambda self: [c.replace(**knobs) for c in real(self)])
+
+
+def test_a_persistent_grid_is_the_same_at_every_shape(monkeypatch):
+    _forced(monkeypatch, PERSISTENT=3)
+    plan = linear_bias_gelu(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(2)
+    for env in BATCH_SEQ:
+        run_at(plan, env, rng)
+        (step,) = matmul_steps(plan.at(env))
+        assert step.kernel.generated.sized and step.kernel.generated.launches[0].grid == (3,)
+        assert "for work in tl.range(tl.program_id(0), sz" in step.kernel.generated.source
+
+
+def test_split_k_is_generated_at_each_shape(monkeypatch):
+    _forced(monkeypatch, SPLIT_K=2, BLOCK_K=16)
+    plan = linear(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(3)
+    for env in TOKENS[:4]:
+        run_at(plan, env, rng)
+        (step,) = matmul_steps(plan.at(env))
+        assert step.config.knob("SPLIT_K") == 2 and not step.kernel.generated.sized
+
+
+def test_a_reduction_in_the_epilogue_is_generated_at_each_shape():
+    g = _graph(DT.FLOAT, "row_sum")
+    x, w = g.tensor(dim=[T, 48], name="x"), g.tensor(dim=[48, 24], name="w")
+    g.reduction(g.matmul(x, w), mode="ADD").set_output(True).set_dim([T, 1]).set_name("y")
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(4)
+    for env in TOKENS[:3]:
+        run_at(plan, env, rng)
+        steps = matmul_steps(plan.at(env))
+        assert steps and not any(s.kernel.generated.sized for s in steps)
+
+
+def test_static_plans_keep_literal_sizes():
+    g = _graph(DT.FLOAT, "static")
+    x, w = g.tensor(dim=[5, 48], name="x"), g.tensor(dim=[48, 40], name="w")
+    g.matmul(x, w).set_output(True)
+    plan = g.build(device="cpu", engines=["triton"])
+    gen = plan.steps[0].kernel.generated
+    assert not gen.sized and "_OG_SIZES" not in gen.source and "rmask = rm < 5" in gen.source
+
+
+# -- Hopper: the sized kernel compiles (ptxas, sm_90) ---------------------------------------------------------
+
+
+def _mlp_up_piece():
+    """GPT-2's MLP up-projection over a dynamic batch (1..16) and sequence (1..2048), bf16: the piece at
+    the shape 3 x 517 of the bucket that holds the whole range."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.piece import make_piece
+
+    batch, seq = og.Dim("batch", 1, 16), og.Dim("seq", 1, 2048)
+    g = og.Graph("mlp_up_dynamic", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    a, b = g.tensor(dim=[batch, seq, 768], name="a"), g.tensor(dim=[1, 768, 3072], name="b")
+    bias = g.tensor(dim=[1, 1, 3072], name="bias")
+    g.gelu_approx_tanh(g.add(g.matmul(a, b), bias)).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    static = final.in_bucket({"batch": 3, "seq": 517}, bucket)
+    return make_piece(static, 0, static.nodes)
+
+
+def _pointer_configs(cands):
+    """The best two configs without TMA or split-K (the ones that take their sizes at run time)."""
+    return [c for c in cands if not c.get("TMA") and not c.get("TMA_HOST") and c.get("SPLIT_K", 1) == 1][:2]
+
+
+HOPPER_CASES = {"mlp_up_dynamic": (_mlp_up_piece, "matmul", _pointer_configs)}
+
+
+def test_sized_kernels_compile_for_hopper():
+    from opgraph.core.device import Device
+    from opgraph.engines.triton.templates.matmul import TEMPLATE
+
+    from .hopper_compile import compile_for_hopper
+
+    h100 = Device("cuda", 0, "H100", (9, 0), 132)
+    piece = _mlp_up_piece()
+    for k in _pointer_configs(TEMPLATE.candidates(piece, h100)):
+        gen = TEMPLATE.generate(piece, k, h100)
+        assert gen.sized and [a.dtype for a in gen.launches[0].args if a.kind == "size"], k
+    lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    assert len(lines) == 2, lines
+    assert all(line.split()[6] == "0" for line in lines), lines  # no spills
+    for line in lines:  # 16-byte copies and stores, as the static kernel's (a stride's divisor is in the source)
+        w = line.split()
+        assert int(w[w.index("cp.async") + 1]) > 0 and int(w[w.index("st.v4") + 1]) > 0, line
