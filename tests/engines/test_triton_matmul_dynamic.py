@@ -135,16 +135,36 @@ def test_split_k_is_generated_at_each_shape(monkeypatch):
         assert step.config.knob("SPLIT_K") == 2 and not step.kernel.generated.sized
 
 
-def test_a_reduction_in_the_epilogue_is_generated_at_each_shape():
+@pytest.mark.parametrize("mode", ["ADD", "AVG", "MAX"])
+def test_a_row_reduction_one_program_holds_is_in_the_bucket_kernel(mode):
+    """The sum of squares of a projection (RMSNorm's statistics after it: N <= BLOCK_N, one program a row)."""
     g = _graph(DT.FLOAT, "row_sum")
-    x, w = g.tensor(dim=[T, 48], name="x"), g.tensor(dim=[48, 24], name="w")
-    g.reduction(g.matmul(x, w), mode="ADD").set_output(True).set_dim([T, 1]).set_name("y")
+    x, w = g.tensor(dim=[B, S, 32], name="x"), g.tensor(dim=[1, 32, 24], name="w")
+    y = g.matmul(x, w)
+    y.set_output(True).set_name("y")
+    g.reduction(g.mul(y, y), mode=mode).set_output(True).set_dim([B, S, 1]).set_name("ss")
     plan = g.build(device="cpu", engines=["triton"], buckets="one")
     rng = np.random.default_rng(4)
-    for env in TOKENS[:3]:
+    for env in BATCH_SEQ:
         run_at(plan, env, rng)
-        steps = matmul_steps(plan.at(env))
-        assert steps and not any(s.kernel.generated.sized for s in steps)
+        (step,) = matmul_steps(plan.at(env))
+        assert step.kernel.generated.sized and len(step.kernel.generated.launches) == 1
+
+
+def test_a_column_reduction_over_a_dynamic_m_is_generated_at_each_shape():
+    g = _graph(DT.FLOAT, "col_sum")
+    x, w = g.tensor(dim=[T, 48], name="x"), g.tensor(dim=[48, 24], name="w")
+    g.reduction(g.matmul(x, w), mode="ADD").set_output(True).set_dim([1, 24]).set_name("y")
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(5)
+    fused = 0
+    for env in TOKENS:
+        run_at(plan, env, rng)
+        for step in matmul_steps(plan.at(env)):  # (at 1 token the reduction reduces nothing: planned apart)
+            if "reduction" in step.piece.kind_set:
+                fused += 1
+                assert not step.kernel.generated.sized
+    assert fused >= len(TOKENS) - 1
 
 
 def test_static_plans_keep_literal_sizes():

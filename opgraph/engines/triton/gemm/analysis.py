@@ -14,6 +14,7 @@ from ....core.tensor import TensorDesc
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ...shared.views import View, view_of
 from ..expr import elementwise
+from ..sizes import above_one
 from .constants import REDUCE_KINDS, VIEW_KINDS
 from .space import OutputSpace
 
@@ -232,16 +233,16 @@ def _reduction(node: Node, piece: Piece, space: OutputSpace) -> Reduce | str:
     if x.dim != space.dims:
         return f"{node.label()} reduces dims {list(x.dim)}, not the output's {list(space.dims)}"
     if isinstance(node.op, GenStats):
-        axes = {a for a in range(len(x.dim)) if a != 1 and x.dim[a] > 1}
+        axes = {a for a in range(len(x.dim)) if a != 1 and above_one(x.dim[a])}
     else:
         assert isinstance(node.op, Reduction)
         if node.op.mode in (ReductionMode.MUL, ReductionMode.MUL_NO_ZEROS):
             return f"{node.label()}: product reductions are not fused into GEMM epilogues"
         out = piece.tensor(node.outputs[0])  # type: ignore[arg-type]
         axes = set(reduced_axes(x.dim, out.dim))
-    rows = {a for a in space.rows if space.dims[a] > 1}
-    cols = {space.col} if space.dims[space.col] > 1 else set()
-    batch = {a for a in space.batch if space.dims[a] > 1}
+    rows = {a for a in space.rows if above_one(space.dims[a])}
+    cols = {space.col} if above_one(space.dims[space.col]) else set()
+    batch = {a for a in space.batch if above_one(space.dims[a])}
     if not axes:
         return f"{node.label()} reduces no axis"
     batch_red = axes & batch

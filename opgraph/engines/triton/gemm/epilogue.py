@@ -12,6 +12,7 @@ from ....core.tensor import TensorDesc
 from ....ops.reduction import GenStats, Reduction, ReductionMode
 from ..casts import cast_to
 from ..expr import TL_DTYPE, Emitter, compute_type, from_storage, round_in_compute, to_storage
+from ..sizes import above_one
 from ..templates.base import Launch, pow2_at_least
 from .analysis import GemmPiece, Reduce
 from .constants import INT32_LIMIT
@@ -321,10 +322,10 @@ class ReductionPlan:
             base, extent, mask = "rm", sp.m, t.rmask
             slot = f"(g * {t.npn} + pid_n)" if sp.groups > 1 else "pid_n"
             slot_extent = sp.groups * t.npn
-        if sp.nbatch > 1 and not self.red.batch_reduced:
-            base = f"bb * {extent} + {base}"
-        if sp.nbatch > 1 and self.red.batch_reduced:
-            slot = f"bb * {slot_extent} + {slot}"
+        if above_one(sp.nbatch) and not self.red.batch_reduced:
+            base = f"bb * {t.text(extent)} + {base}"
+        if above_one(sp.nbatch) and self.red.batch_reduced:
+            slot = f"bb * {t.text(slot_extent)} + {slot}"
         return base, slot, mask
 
     def tile_lines(self, ctx: Context, sig: Signature, value: str, indexer: TileIndexer) -> list[str]:
@@ -393,15 +394,15 @@ class ReductionPlan:
     def _result_address(self, ctx: Context, desc: TensorDesc, ptr: str, vector: str) -> str:
         """Address of the results of this program's partial vector in output `desc`: a vector along
         the tile's columns (vector="col") or rows ("row"), in tile coordinates y{axis}."""
-        sp = ctx.tiling.space
+        sp, text = ctx.tiling.space, ctx.tiling.text
         terms = []
         for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
             if d == 1 or s == 0:
                 continue
-            terms.append(f"y{axis}" if s == 1 else f"y{axis} * {s}")
-        if vector == "col" and not any(sp.where(a) == "c" for a, d in enumerate(desc.dim) if d > 1):
+            terms.append(f"y{axis}" if s == 1 else f"y{axis} * {text(s)}")
+        if vector == "col" and not any(sp.where(a) == "c" for a, d in enumerate(desc.dim) if above_one(d)):
             terms.append("col * 0")
-        if vector == "row" and not any(sp.where(a) == "r" for a, d in enumerate(desc.dim) if d > 1):
+        if vector == "row" and not any(sp.where(a) == "r" for a, d in enumerate(desc.dim) if above_one(d)):
             terms.append("rm * 0")
         return f"{ptr} + {' + '.join(terms)}"
 

@@ -15,13 +15,16 @@ copies, zero-filled at the edges, no masks. PERSISTENT=P runs P programs that lo
 instead, encoded when the kernel is bound: the Hopper path (_matmul_hopper.py), which the candidates
 offer first on compute capability 9.0+ with FLATTEN=1 and the epilogue on column halves.
 
-A piece of a dynamic plan's bucket (sizes.py) whose dynamic sizes are M, N or batch dims (K static),
-with no reduction in its epilogue, gets a kernel that takes them at run time (`MatmulMatch.bucket`):
+A piece of a dynamic plan's bucket (sizes.py) whose dynamic sizes are M, N or batch dims (K static)
+gets a kernel that takes them at run time (`MatmulMatch.bucket`):
 M, the batch dims, the tile counts and the strides they set are size arguments, the grid is evaluated
 per shape (a persistent grid is PERSISTENT programs at every shape), so every shape of the bucket
 runs one source and one binary. Configs whose structure depends on the shape are generated at each
 shape with the bucket's knobs, as before: SPLIT_K > 1 (partials sized by M), TMA and TMA_HOST (the
-descriptors' shapes).
+descriptors' shapes), and reductions in the epilogue whose partials span programs (a row reduction
+with N > BLOCK_N, a column reduction over a dynamic M, a mean over a dynamic count); a row reduction
+that one program holds (N <= BLOCK_N: RMSNorm's sum of squares after a projection) is in the bucket's
+kernel.
 """
 
 from __future__ import annotations
@@ -129,7 +132,7 @@ class MatmulMatch(TileMatch):
     def bucket(self) -> MatmulMatch | None:
         """This match over the piece's symbolic origin (sizes.symbolic_piece), its kernels taking the
         dynamic sizes at run time (the module docstring says which), where the piece is of a dynamic
-        plan's bucket and has a dynamic size, its K is static and its epilogue reduces nothing; else None."""
+        plan's bucket and has a dynamic size and its K is static; else None."""
         piece, origin = symbolic_piece(self.piece), self.piece.graph.origin
         if piece is None or origin is None:
             return None
@@ -139,7 +142,7 @@ class MatmulMatch(TileMatch):
             gp, _ = self.template.analyze(piece)
         except TypeError:  # a decision on a dynamic size (a view's): generated at the shape
             return None
-        if gp is None or gp.reductions or isinstance(gp.operand("A").dim[-1], Expr):
+        if gp is None or isinstance(gp.operand("A").dim[-1], Expr):
             return None
         match = MatmulMatch(self.template, gp, self.device)
         match.sizes = Sizes(origin)
@@ -151,9 +154,12 @@ class MatmulMatch(TileMatch):
         bucket = self.bucket
         if bucket is not None and k.split_k == 1 and not k.tma and not k.tma_host:
             try:
-                return bucket.kernels(k)
-            except TypeError:  # a decision on a dynamic size (an epilogue op's): generated at the shape
+                generated = bucket.kernels(k)
+            except TypeError:  # a decision on a dynamic size (an epilogue op's, partials'): at the shape
                 pass
+            else:
+                if generated.sized:  # (not where a reduction's partials take scratch and a combine launch)
+                    return generated
         return super().kernels(k)
 
     def _cost(self, c: TileKnobs) -> float:
