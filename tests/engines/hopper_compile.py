@@ -70,9 +70,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                  signbit S tma T KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
-    nodes make one piece (or the piece itself: one of a dynamic plan's bucket), compiled with the template named; knobs None is the heuristic's choice, n the
-    first n candidates, a function of the candidates returns some of them, else a list of knob dicts.
-    Items after the knobs are the test's own."""
+    nodes make one piece (or the piece itself: one of a dynamic plan's bucket), compiled with the
+    template named; knobs None is the heuristic's choice, n the first n candidates, a function of the
+    candidates returns some of them, else a list of knob dicts. Items after the knobs are the test's
+    own."""
     import importlib
     import re
     import tempfile
@@ -209,7 +210,7 @@ def attention_smem(module: str, output: str) -> list[tuple[str, str, int, int]]:
     import importlib
 
     from opgraph.core.device import Device
-    from opgraph.core.piece import Piece, make_piece
+    from opgraph.core.piece import make_piece
     from opgraph.engines.triton.attention.knobs import bwd_smem, fwd_smem
     from opgraph.engines.triton.attention.spec import BwdKnobs, FwdKnobs
     from opgraph.engines.triton.templates import discover

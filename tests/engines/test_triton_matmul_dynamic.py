@@ -15,9 +15,9 @@ from opgraph.engines.triton.templates.matmul import MatmulMatch
 from opgraph.runtime.dynamic import DynamicPlan
 from opgraph.testing import compare, random_pack, reference_outputs
 
-from ..helpers import requires_interpreter
+from ..helpers import requires_cuda, requires_interpreter
 
-pytestmark = [pytest.mark.interpreter, requires_interpreter]
+pytestmark = pytest.mark.interpreter
 DT = og.DataType
 T = og.Dim("tokens", 1, 67)
 B, S = og.Dim("batch", 1, 9), og.Dim("seq", 1, 37)
@@ -60,7 +60,14 @@ def run_at(plan: DynamicPlan, env: dict[str, int], rng: np.random.Generator) -> 
     static = plan.graph.at(env)
     pack = random_pack(static, rng)
     want = reference_outputs(static, pack)
-    plan.execute(pack)
+    if plan.device.is_cuda:
+        from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
+
+        dev = pack_to_device(pack, plan.device.torch_name)
+        plan.execute(dev)
+        pack = {**pack, **{u: torch_to_numpy(dev[u]) for u in static.outputs}}
+    else:
+        plan.execute(pack)
     bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
     assert not bad, f"{env}: " + "\n".join(map(str, bad))
 
@@ -76,6 +83,7 @@ CASES = [
 ]
 
 
+@requires_interpreter
 @pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16, DT.HALF], ids=lambda d: d.name)
 @pytest.mark.parametrize("make,shapes", CASES)
 def test_one_matmul_kernel_takes_every_shape_of_the_bucket(make, shapes, dt):
@@ -93,6 +101,7 @@ def test_one_matmul_kernel_takes_every_shape_of_the_bucket(make, shapes, dt):
     assert len(modules) == 1  # one source (and, on a GPU, one binary) for the bucket
 
 
+@requires_interpreter
 @pytest.mark.parametrize("make,shapes", CASES[1:])
 def test_a_new_shape_re_points_the_matmul_instead_of_generating_it(make, shapes, monkeypatch):
     plan = make(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
@@ -114,6 +123,7 @@ def _forced(monkeypatch, **knobs):
     monkeypatch.setattr(MatmulMatch, "candidates", lambda self: [c.replace(**knobs) for c in real(self)])
 
 
+@requires_interpreter
 def test_a_persistent_grid_is_the_same_at_every_shape(monkeypatch):
     _forced(monkeypatch, PERSISTENT=3)
     plan = linear_bias_gelu(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
@@ -125,6 +135,7 @@ def test_a_persistent_grid_is_the_same_at_every_shape(monkeypatch):
         assert "for work in tl.range(tl.program_id(0), sz" in step.kernel.generated.source
 
 
+@requires_interpreter
 def test_split_k_is_generated_at_each_shape(monkeypatch):
     _forced(monkeypatch, SPLIT_K=2, BLOCK_K=16)
     plan = linear(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
@@ -135,6 +146,7 @@ def test_split_k_is_generated_at_each_shape(monkeypatch):
         assert step.config.knob("SPLIT_K") == 2 and not step.kernel.generated.sized
 
 
+@requires_interpreter
 @pytest.mark.parametrize("mode", ["ADD", "AVG", "MAX"])
 def test_a_row_reduction_one_program_holds_is_in_the_bucket_kernel(mode):
     """The sum of squares of a projection (RMSNorm's statistics after it: N <= BLOCK_N, one program a row)."""
@@ -151,6 +163,7 @@ def test_a_row_reduction_one_program_holds_is_in_the_bucket_kernel(mode):
         assert step.kernel.generated.sized and len(step.kernel.generated.launches) == 1
 
 
+@requires_interpreter
 def test_a_column_reduction_over_a_dynamic_m_is_generated_at_each_shape():
     g = _graph(DT.FLOAT, "col_sum")
     x, w = g.tensor(dim=[T, 48], name="x"), g.tensor(dim=[48, 24], name="w")
@@ -167,6 +180,7 @@ def test_a_column_reduction_over_a_dynamic_m_is_generated_at_each_shape():
     assert fused >= len(TOKENS) - 1
 
 
+@requires_interpreter
 def test_static_plans_keep_literal_sizes():
     g = _graph(DT.FLOAT, "static")
     x, w = g.tensor(dim=[5, 48], name="x"), g.tensor(dim=[48, 40], name="w")
@@ -221,3 +235,39 @@ def test_sized_kernels_compile_for_hopper():
     for line in lines:  # 16-byte copies and stores, as the static kernel's (a stride's divisor is in the source)
         w = line.split()
         assert int(w[w.index("cp.async") + 1]) > 0 and int(w[w.index("st.v4") + 1]) > 0, line
+
+
+# -- on the GPU: realistic sizes, the heuristic's configs and the pointer (sized) configs --------------------
+
+
+def gpu_mlp(dt: og.DataType) -> og.Graph:
+    batch, seq = og.Dim("batch", 1, 8), og.Dim("seq", 1, 512)
+    g = _graph(dt, "gpu_mlp")
+    x, w = g.tensor(dim=[batch, seq, 256], name="x"), g.tensor(dim=[1, 256, 512], name="w")
+    bias = g.tensor(dim=[1, 1, 512], name="bias")
+    g.gelu(g.add(g.matmul(x, w), bias)).set_output(True).set_name("y")
+    return g
+
+
+GPU_SHAPES = [{"batch": b, "seq": s} for b, s in ((1, 1), (3, 131), (8, 512), (2, 257), (5, 509))]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("pointer", [False, True], ids=["heuristic", "pointer"])
+@pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.HALF, DT.FLOAT], ids=lambda d: d.name)
+def test_gpu_matmul_bias_gelu_over_a_bucket(dt, pointer, monkeypatch):
+    """The heuristic's configs (on Hopper TMA ones, generated at each shape) and the pointer configs
+    (one sized kernel, compiled once) over one bucket, at 1, primes and the range's ends."""
+    if pointer:
+        _forced(monkeypatch, TMA=None, TMA_HOST=None, PERSISTENT=None, FLATTEN=None, SPLIT_K=None)
+    plan = gpu_mlp(dt).build(device="cuda", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(6)
+    modules = set()
+    for env in GPU_SHAPES:
+        run_at(plan, env, rng)
+        (step,) = matmul_steps(plan.at(env))
+        if step.kernel.generated.sized:
+            modules.add(id(step.kernel.module))
+    if pointer:
+        assert len(modules) == 1
