@@ -181,6 +181,27 @@ def test_a_column_reduction_over_a_dynamic_m_is_generated_at_each_shape():
 
 
 @requires_interpreter
+def test_a_bucket_kernel_source_does_not_depend_on_what_was_generated_before():
+    """Each config's size parameters are its own, named in the order it uses them (one spec key per
+    config, whichever configs the build generated first)."""
+    from opgraph.core.device import Device
+    from opgraph.engines.triton.templates.matmul import TEMPLATE
+
+    plan = linear_bias_gelu(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
+    (step,) = matmul_steps(plan.at({"batch": 3, "seq": 19}))
+    cpu = Device("cpu", 0, "cpu", (0, 0), 1)
+    a, b = ({**dict(step.config.knobs), "BLOCK_M": m} for m in (16, 32))
+    a.pop("template"), b.pop("template")
+    match = TEMPLATE.matched(step.piece, cpu)
+    first = match.generate(match.knobs(a))
+    other = match.generate(match.knobs(b))
+    again = match.generate(match.knobs(a))
+    assert first.sized and other.sized and first.source == again.source
+    sizes = [a for a in other.launches[0].args if a.kind == "size"]
+    assert f"_OG_SIZES = {tuple(f'sz{i}' for i in range(len(sizes)))!r}" in other.source
+
+
+@requires_interpreter
 def test_static_plans_keep_literal_sizes():
     g = _graph(DT.FLOAT, "static")
     x, w = g.tensor(dim=[5, 48], name="x"), g.tensor(dim=[48, 40], name="w")

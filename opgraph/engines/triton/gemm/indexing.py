@@ -71,7 +71,8 @@ class TileIndexer:
                 return None
             else:
                 inner *= size
-        if step is None or step == 0:  # (0: every row axis broadcast in memory; the rows drop out, as for dims of 1)
+        # (0: every row axis broadcast in memory; the rows drop out, as for dims of 1)
+        if step is None or step == 0:
             return None
         return expr if step == 1 else f"{expr} * {self.text(step)}"
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ....core.symbolic import Expr, SymInt
-from .indexing import TileIndexer, above_one
+from ..sizes import above_one
+from .indexing import TileIndexer
 from .space import OutputSpace
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ....core.ir import Node
+from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
 from ....core.symbolic import Expr
 from ....core.tensor import TensorDesc
@@ -129,10 +129,10 @@ class MatmulMatch(TileMatch):
         return -(-self.problem[2] // k.BLOCK_K)
 
     @cached_property
-    def bucket(self) -> MatmulMatch | None:
-        """This match over the piece's symbolic origin (sizes.symbolic_piece), its kernels taking the
-        dynamic sizes at run time (the module docstring says which), where the piece is of a dynamic
-        plan's bucket and has a dynamic size and its K is static; else None."""
+    def bucket(self) -> tuple[GemmPiece, ShapeOrigin] | None:
+        """The analysis of the piece's symbolic origin (sizes.symbolic_piece), whose kernels take the
+        dynamic sizes at run time (the module docstring says which), and the origin, where the piece is
+        of a dynamic plan's bucket and has a dynamic size and its K is static; else None."""
         piece, origin = symbolic_piece(self.piece), self.piece.graph.origin
         if piece is None or origin is None:
             return None
@@ -144,15 +144,15 @@ class MatmulMatch(TileMatch):
             return None
         if gp is None or isinstance(gp.operand("A").dim[-1], Expr):
             return None
-        match = MatmulMatch(self.template, gp, self.device)
-        match.sizes = Sizes(origin)
-        return match
+        return gp, origin
 
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
         (`bucket`; not split-K, not TMA), else the kernels at the piece's shape."""
-        bucket = self.bucket
-        if bucket is not None and k.split_k == 1 and not k.tma and not k.tma_host:
+        if self.bucket is not None and k.split_k == 1 and not k.tma and not k.tma_host:
+            gp, origin = self.bucket
+            bucket = MatmulMatch(self.template, gp, self.device)
+            bucket.sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
             try:
                 generated = bucket.kernels(k)
             except TypeError:  # a decision on a dynamic size (an epilogue op's, partials'): at the shape
