@@ -315,6 +315,22 @@ def test_describe_and_the_log_name_buckets_and_new_kernels(caplog):
     )
 
 
+def test_a_view_copy_from_a_dynamic_slice_start_is_one_kernel_per_bucket():
+    """The last 4 positions of the length (a slice starting at seq - 4), transposed and merged: a view
+    copy whose source offset is a run-time size."""
+    seq = og.Dim("seq", 5, 37)
+    g = og.Graph("tail", io_data_type=og.DataType.FLOAT, compute_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B, seq, 6], name="x")
+    tail = g.transpose(g.slice(x, slices=[slice(None), slice(seq - 4, seq)]), permutation=[0, 2, 1])
+    g.reshape(tail).set_dim([B, 24]).set_output(True).set_name("y")
+    plan = g.build(device="cpu", engines=["triton"])
+    rng = np.random.default_rng(8)
+    for b, s in [(1, 5), (2, 7), (16, 37), (3, 23), (1, 37), (13, 5)]:
+        run_at(plan, env_of(b, s), rng)
+        assert "_OG_SIZES" in plan.at(env_of(b, s)).source(0)
+    assert plan.stats["shape_kernels"] == 0
+
+
 def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
     """transformers' tiny Llama (fp32) imported with a dynamic batch and length: its view copies (heads
     split and merged, unsqueezes), reshapes of computed values and torch.diff's concatenation along the
