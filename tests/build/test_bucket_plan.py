@@ -25,8 +25,8 @@ SHAPES = [(1, 1), (1, 37), (2, 17), (3, 19), (5, 23), (16, 37), (13, 31), (7, 29
 
 
 def block(g: og.Graph) -> None:
-    """A residual layernorm (a run-time-size kernel), a matmul and a concatenation along the dynamic
-    axis (kernels generated at each shape), and a pointwise epilogue."""
+    """A residual layernorm (a run-time-size kernel), a matmul (a kernel generated at each shape), a
+    concatenation along the dynamic axis and a pointwise epilogue (run-time-size kernels)."""
     x = g.tensor(dim=[B, S, 8], name="x")
     r = g.tensor(dim=[B, S, 8], name="r")
     scale = g.tensor(dim=[1, 1, 8], name="scale")
@@ -122,7 +122,7 @@ def test_a_run_time_size_kernel_is_re_pointed_not_generated(monkeypatch):
     at, other, top = plan.at({"batch": 3, "seq": 5}), plan.at({"batch": 7, "seq": 29}), plan.max_plan
     sized = [i for i, s in enumerate(top.steps) if s.kernel.generated.sized]
     per_shape = [i for i in range(len(top.steps)) if i not in sized]
-    assert sized and per_shape  # the layernorm and epilogues take sizes at run time; the matmul and concatenation not
+    assert sized and per_shape  # the layernorm, concatenation and epilogues take sizes at run time; the matmul not
     assert len(generated) == 2 * len(per_shape)  # generated again: the per-shape steps only
     for i in sized:
         k, k2 = at.steps[i].kernel, other.steps[i].kernel

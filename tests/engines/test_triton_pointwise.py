@@ -710,6 +710,16 @@ def test_patch_unfolding_with_a_slice_written_out(rng):
     assert plan.steps[0].config.knob("template") == "pointwise"
 
 
+def test_a_copy_of_one_element(rng):
+    """A view copy whose every axis has size 1 (transformers' zeros expanded to a batch of 1, a reshape by
+    its output's dims): one element read, not a block through a scalar pointer."""
+    g = og.Graph("one", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[1, 1], name="x")
+    g.reshape(x).set_dim([1, 1, 1]).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "pointwise"
+
+
 def test_a_strided_view_alone_is_left_to_its_reader(rng):
     """Views alone that strides describe are not copied by the pointwise template where their results are
     not graph outputs (alone, or beside views that need a copy): the kernel reading them reads them in

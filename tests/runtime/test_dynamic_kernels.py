@@ -116,6 +116,50 @@ def token_and_position_embeddings(g):  # lookups (indices of the dynamic shape, 
     g.add(g.embedding(wte, ids), g.embedding(wpe, pos)).set_output(True).set_name("h")
 
 
+def heads_split(g):  # views alone no strides describe (a reshape by output dims, then a transpose): copied
+    x = g.tensor(dim=[B, S, 8], name="x")
+    heads = g.reshape(x).set_dim([B, S, 2, 4])
+    g.transpose(heads, permutation=[0, 2, 1, 3]).set_output(True).set_name("y")
+
+
+def unsqueezed(g):  # a reshape by output dims alone, adding axes of size 1: copied
+    x = g.tensor(dim=[B, S], name="x")
+    g.reshape(x).set_dim([B, 1, S, 1]).set_output(True).set_name("y")
+
+
+def window_merge(g):  # a transpose of a static slice, its axes merged with a dynamic one: copied
+    x = g.tensor(dim=[B, S, 6], name="x")
+    half = g.slice(x, slices=[slice(None), slice(None), slice(1, 5)])
+    t = g.transpose(half, permutation=[0, 2, 1])
+    g.reshape(t).set_dim([B, S * 4]).set_output(True).set_name("y")
+
+
+def heads_merge(g):  # transposed heads merged back (a transpose, then a reshape by output dims)
+    x = g.tensor(dim=[B, 2, S, 4], name="x")
+    t = g.transpose(x, permutation=[0, 2, 1, 3])
+    g.reshape(t).set_dim([B, S, 8]).set_output(True).set_name("y")
+
+
+def diff_along_seq(g):  # torch.diff's concatenation along the dynamic axis: a static operand, then a dynamic one
+    x = g.tensor(dim=[B, S], name="x")
+    first = g.slice(x, slices=[slice(None), slice(0, 1)])
+    g.concatenate([g.neg(first), x], axis=1).set_output(True).set_name("y")
+
+
+def joined_along_seq(g):  # offsets along the dynamic axis that are run-time sizes (seq, seq + 3)
+    x = g.tensor(dim=[B, S, 4], name="x")
+    r = g.tensor(dim=[B, 3, 4], name="r")
+    g.neg(g.concatenate([x, r, g.exp(x)], axis=1)).set_output(True).set_name("y")
+
+
+def nested_join(g):  # a join along the dynamic axis inside a join along a static one
+    x = g.tensor(dim=[B, S, 4], name="x")
+    r = g.tensor(dim=[B, 2, 4], name="r")
+    seq = g.concatenate([r, x], axis=1)
+    z = g.tensor(dim=[B, S + 2, 3], name="z")
+    g.relu(g.concatenate([seq, z], axis=2)).set_output(True).set_name("y")
+
+
 GRAPHS = {
     f.__name__: f
     for f in (
@@ -132,6 +176,13 @@ GRAPHS = {
         transposed_copy,
         rotary,
         token_and_position_embeddings,
+        heads_split,
+        unsqueezed,
+        window_merge,
+        heads_merge,
+        diff_along_seq,
+        joined_along_seq,
+        nested_join,
     )
 }
 
@@ -198,9 +249,9 @@ def test_a_bucket_compiles_at_its_first_shape_only():
 
 
 def test_an_unconverted_piece_is_a_kernel_per_shape_and_counted():
-    g = og.Graph("cat", io_data_type=og.DataType.FLOAT)
+    g = og.Graph("scan", io_data_type=og.DataType.FLOAT)
     x = g.tensor(dim=[B, S, 4], name="x")
-    g.neg(g.concatenate([x, x], axis=1)).set_output(True).set_name("y")  # concatenation bakes sizes in
+    g.cumsum(x, 1, name="cumsum").set_output(True).set_name("y")  # the scan template bakes sizes in
     plan = g.build(device="cpu", engines=["triton"], buckets="one")
     rng = np.random.default_rng(5)
     for b, s in [(2, 3), (3, 5), (2, 3)]:
@@ -262,3 +313,52 @@ def test_describe_and_the_log_name_buckets_and_new_kernels(caplog):
     assert lines[6].startswith(
         "    bucket 3: batch 2..16, seq 9..37 (hint batch=6 seq=16): first used at batch=16 seq=37 (at build)"
     )
+
+
+def test_a_view_copy_from_a_dynamic_slice_start_is_one_kernel_per_bucket():
+    """The last 4 positions of the length (a slice starting at seq - 4), transposed and merged: a view
+    copy whose source offset is a run-time size."""
+    seq = og.Dim("seq", 5, 37)
+    g = og.Graph("tail", io_data_type=og.DataType.FLOAT, compute_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B, seq, 6], name="x")
+    tail = g.transpose(g.slice(x, slices=[slice(None), slice(seq - 4, seq)]), permutation=[0, 2, 1])
+    g.reshape(tail).set_dim([B, 24]).set_output(True).set_name("y")
+    plan = g.build(device="cpu", engines=["triton"])
+    rng = np.random.default_rng(8)
+    for b, s in [(1, 5), (2, 7), (16, 37), (3, 23), (1, 37), (13, 5)]:
+        run_at(plan, env_of(b, s), rng)
+        assert "_OG_SIZES" in plan.at(env_of(b, s)).source(0)
+    assert plan.stats["shape_kernels"] == 0
+
+
+def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
+    """transformers' tiny Llama (fp32) imported with a dynamic batch and length: its view copies (heads
+    split and merged, unsqueezes), reshapes of computed values and torch.diff's concatenation along the
+    length are one kernel per bucket (none generated per shape), and the plan matches the model at 1,
+    primes and the range's ends (outputs poisoned)."""
+    import math
+
+    import torch
+    from torch.export import Dim
+
+    from tests.frontends.test_torch_import_dynamic import _tiny_lm
+
+    model = _tiny_lm("llama").float()
+    dims = {0: Dim("batch", min=1, max=4), 1: Dim("seq", min=17, max=64)}
+    imported = og.from_torch(model, (torch.randint(0, 64, (2, 18)),), dynamic_shapes=(dims,))
+    plan = imported.plan("cpu", engines=["triton", "torch"])
+    torch.manual_seed(1)
+    for b, s in [(1, 17), (3, 23), (4, 64), (2, 31)]:
+        ids = torch.randint(0, 64, (b, s))
+        pack = imported.variant_pack(ids)
+        for t in imported.outputs:
+            pack[t.known_uid()].fill_(math.nan)
+        plan.execute(pack)
+        with torch.no_grad():
+            want = model(ids)
+        torch.testing.assert_close(imported.unpack(pack), want, rtol=1e-4, atol=1e-5)
+        steps = plan.at({"batch": b, "seq": s}).steps
+        pointwise = [st for st in steps if st.config.knob("template") == "pointwise"]
+        assert len(pointwise) >= 39  # (the view copies, reshapes and concatenation among them)
+        per_shape = [st.piece.label() for st in pointwise if not st.kernel.generated.sized]
+        assert not per_shape, per_shape

@@ -8,7 +8,9 @@ shifted by the operand's offset, masked where the operand does not apply (so no 
 tensor). An operand is any pointwise DAG over tensors in memory and their views: the rotary embedding's
 rotate_half, cat(-x[..., d/2:], x[..., :d/2]), fuses with the multiply-adds around it. Nodes are emitted
 on demand, per frame: from the piece's outputs back to the tensors in memory, a concatenation's
-operands in their frames (a node read in two frames is computed in each).
+operands in their frames (a node read in two frames is computed in each). In a dynamic plan's kernel
+(sizes.py) an operand's size along the axis may be dynamic: the ends e_k and shifts are then run-time
+size arguments, spelled by the indexer's `text`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.layout import VIEW_KINDS
 from ..expr import Emitter
+from ..sizes import above_one
 from ._gather import EMBEDDING, emit_embedding
 
 CONCAT = "concatenate"
@@ -75,10 +78,8 @@ def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[i
                 continue
             out = tensors[node.output_uids()[0]]
             axis = _axis(node, len(out.dim))
-            sizes = [tensors[u].dim[axis] for u in node.input_uids()]
-            if not all(isinstance(d, int) for d in sizes):
-                return Support.no(f"{node.label()} joins operands of dynamic size; the offsets must be known", node)
-            for u, d in zip(node.input_uids(), sizes):
+            for u in node.input_uids():
+                d = tensors[u].dim[axis]
                 why = walk([u], (*frame[:axis], d, *frame[axis + 1 :]))
                 if why is not None:
                     return why
@@ -91,14 +92,14 @@ class ShiftedIndexer:
     """An indexer's frame moved by `shift` along `axis` (a concatenation's operand), loads masked by
     `guard` (where the operand applies) besides the base's own mask."""
 
-    def __init__(self, base: Any, axis: int, shift: int, guard: str) -> None:
+    def __init__(self, base: Any, axis: int, shift: Any, guard: str) -> None:
         self.base, self.axis, self.shift, self.guard = base, axis, shift, guard
+        self.text = getattr(base, "text", str)  # spells a size (a dynamic one: its run-time argument, sizes.py)
 
     def offset(self, desc: TensorDesc) -> str:
         offset = self.base.offset(desc)
-        moved = self.shift * desc.stride[self.axis] if desc.dim[self.axis] > 1 else 0
-        text = getattr(self.base, "text", str)  # (a dynamic stride: its run-time argument, sizes.py)
-        return f"{offset} - {text(moved)}" if moved != 0 else offset
+        moved = self.shift * desc.stride[self.axis] if above_one(desc.dim[self.axis]) else 0
+        return f"{offset} - {self.text(moved)}" if moved != 0 else offset
 
     def mask(self) -> str:
         base = self.base.mask()
@@ -115,7 +116,8 @@ class ShiftedIndexer:
 
     def coord(self, axis: int, desc: TensorDesc) -> str:
         coord = self.base.coord(axis, desc)
-        return f"({coord} - {self.shift})" if axis == self.axis and desc.dim[axis] > 1 and self.shift else coord
+        shifted = axis == self.axis and above_one(desc.dim[axis]) and self.shift != 0
+        return f"({coord} - {self.text(self.shift)})" if shifted else coord
 
 
 def emit_frame(piece: Piece, emitter: Emitter, roots: Iterable[int], made: Mapping[int, Node] | None = None) -> None:
@@ -146,11 +148,17 @@ def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, 
     desc = emitter.tensors[out]
     axis = _axis(node, len(desc.dim))
     c = emitter.indexer.coord(axis, desc)
-    values, ends, at = [], [], 0
+    text = getattr(emitter.indexer, "text", str)  # (a dynamic end: its run-time argument, sizes.py)
+    values: list[str] = []
+    ends: list[Any] = []
+    at: Any = 0
     for k, u in enumerate(ins):
         d = emitter.tensors[u].dim[axis]
         guard = " & ".join(
-            [*([f"({c} >= {at})"] if at > 0 else []), *([f"({c} < {at + d})"] if k < len(ins) - 1 else [])]
+            [
+                *([f"({c} >= {text(at)})"] if at != 0 else []),
+                *([f"({c} < {text(at + d)})"] if k < len(ins) - 1 else []),
+            ]
         )
         sub = Emitter(
             emitter.tensors,
@@ -167,5 +175,5 @@ def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, 
         ends.append(at)
     expr = values[-1]
     for value, end in zip(reversed(values[:-1]), reversed(ends[:-1])):
-        expr = f"tl.where({c} < {end}, {value}, {expr})"
+        expr = f"tl.where({c} < {text(end)}, {value}, {expr})"
     emitter.assign(out, expr)

@@ -38,7 +38,7 @@ from ..knobs import PointwiseKnobs
 from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
 from ._concat import CONCAT, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
-from ._view_copy import source_offset, view_chains
+from ._view_copy import chains_of, source_offset, view_chains
 from .base import (
     INT32_LIMIT,
     Generated,
@@ -412,11 +412,11 @@ class PointwiseMatch(Match[PointwiseKnobs]):
     def symbolic(self) -> tuple[Piece, dict[int, Any], ShapeOrigin] | None:
         """The symbolic piece (sizes.symbolic_piece), its views of memory and its origin where the
         kernel takes sizes at run time (sizes.py): a piece of a dynamic plan's bucket of pointwise ops,
-        slices/transposes/reshapes read in place, concatenations along a static axis and lookups in
-        tables of static size, whose symbolic outputs share one space that every op's output
-        broadcasts to; else None (its kernel is generated at the shape)."""
-        if self.chains:  # (view copies: generated at the shape)
-            return None
+        slices/transposes/reshapes read in place, concatenations (their offsets run-time sizes where
+        an operand's size along the axis is dynamic) and lookups in tables of static size, whose
+        symbolic outputs share one space that every op's output broadcasts to, or of views alone
+        copied out (`chains`: symbolic_chains gives them over the symbolic piece); else None (its
+        kernel is generated at the shape)."""
         piece = symbolic_piece(self.piece)
         if piece is None or not piece.kind_set <= {"pointwise", "custom", CONCAT, EMBEDDING, *VIEW_KINDS}:
             return None
@@ -426,6 +426,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
         if not any(is_dynamic_desc(tensors[u]) for u in uids):
             return None
+        if self.chains is not None:  # (views alone, copied through coordinates: one space over the bucket)
+            return (piece, {}, origin) if len({tensors[u].dim for u in piece.outputs}) == 1 else None
         tables = [n.input("weight") for n in piece.nodes if n.kind == EMBEDDING]
         if any(is_dynamic_desc(tensors[u]) for u in tables if isinstance(u, int)):
             return None  # (a lookup table of dynamic size: generated at the shape)
@@ -453,6 +455,14 @@ class PointwiseMatch(Match[PointwiseKnobs]):
                 if len(d) != len(space) or any(a != b and a != 1 for a, b in zip(d, space)):
                     return None
         return piece, views, origin
+
+    @cached_property
+    def symbolic_chains(self) -> dict[int, tuple[Any, ...]] | None:
+        """The view chains of a view copy over the symbolic piece (the same nodes as `chains`, their
+        sizes expressions), where it takes its sizes at run time."""
+        if self.chains is None or self.symbolic is None:
+            return None
+        return chains_of(self.symbolic[0])
 
     @cached_property
     def transposed(self) -> tuple[int, int] | None:
@@ -534,7 +544,7 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             launch = Launch("kernel", (indexer.grid(),), tuple(args), (("num_warps", knobs.warps),))
             return Generated(source, (launch,))
         flat = FlatIndexer(dims, order)
-        lines = _emit(piece, flat, self.views).lines if self.chains is None else self._copies(flat)
+        lines = _emit(piece, flat, self.views).lines if self.chains is None else _copies(flat, piece, self.chains)
         body = [
             f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
             f"mask = lin < {numel}",
@@ -557,7 +567,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         big = sizes.needs_int64((tensors[u] for u in externals), lanes=2**16)
         flat = FlatIndexer(first.dim, stride_order(first.stride), sizes.text)
         mask = f"mask = lin < {sizes.text(math.prod(first.dim))}"
-        lines = _emit(piece, flat, views, None, sizes.text).lines
+        chains = self.symbolic_chains
+        lines = _emit(piece, flat, views, None, sizes.text).lines if chains is None else _copies(flat, piece, chains)
         body = [f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)", mask, *flat.coordinate_lines(), *lines]
         params, args = external_params(piece, externals)
         params += sizes.params
@@ -575,19 +586,22 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         )
         return Generated(source, (launch,))
 
-    def _copies(self, flat: FlatIndexer) -> list[str]:
-        """The stores of each output, read from its source at the coordinates its views map it to."""
-        assert self.chains is not None
-        piece, dims = self.piece, flat.dims
-        flat.needed.update(a for a, d in enumerate(dims) if d > 1)
-        coords = [f"c{a}" if d > 1 else "0" for a, d in enumerate(dims)]
-        lines = []
-        for u, chain in self.chains.items():
-            steps, offset = source_offset(chain, coords, piece.graph.tensors, f"rank{u}")
-            lines += steps
-            source = f"p{chain[0].input_uids()[0]}"
-            lines.append(flat.store(piece.tensor(u), f"p{u}", f"tl.load({source} + {offset}, mask=mask)"))
-        return lines
+
+def _copies(flat: FlatIndexer, piece: Piece, chains: Mapping[int, tuple[Any, ...]]) -> list[str]:
+    """The stores of each output of a view copy, read from its source at the coordinates its views
+    map it to (_view_copy.py; sizes spelled by `flat.text`)."""
+    dims = flat.dims
+    flat.needed.update(a for a, d in enumerate(dims) if above_one(d))
+    coords = [f"c{a}" if above_one(d) else "0" for a, d in enumerate(dims)]
+    lines = []
+    for u, chain in chains.items():
+        steps, offset = source_offset(chain, coords, piece.graph.tensors, f"rank{u}", flat.text)
+        lines += steps
+        source = f"p{chain[0].input_uids()[0]}"
+        # (one element: a scalar load, broadcast by the store)
+        value = f"tl.load({source})" if offset == "0" else f"tl.load({source} + {offset}, mask=mask)"
+        lines.append(flat.store(piece.tensor(u), f"p{u}", value))
+    return lines
 
 
 TEMPLATE = PointwiseTemplate()
