@@ -25,8 +25,9 @@ SHAPES = [(1, 1), (1, 37), (2, 17), (3, 19), (5, 23), (16, 37), (13, 31), (7, 29
 
 
 def block(g: og.Graph) -> None:
-    """A residual layernorm (a run-time-size kernel), a matmul (a kernel generated at each shape), a
-    concatenation along the dynamic axis and a pointwise epilogue (run-time-size kernels)."""
+    """A residual layernorm, a matmul with a pointwise epilogue and a concatenation along the dynamic
+    axis (all run-time-size kernels; tests/engines/test_triton_matmul_dynamic.py has configs generated
+    at each shape)."""
     x = g.tensor(dim=[B, S, 8], name="x")
     r = g.tensor(dim=[B, S, 8], name="r")
     scale = g.tensor(dim=[1, 1, 8], name="scale")
@@ -122,8 +123,9 @@ def test_a_run_time_size_kernel_is_re_pointed_not_generated(monkeypatch):
     at, other, top = plan.at({"batch": 3, "seq": 5}), plan.at({"batch": 7, "seq": 29}), plan.max_plan
     sized = [i for i, s in enumerate(top.steps) if s.kernel.generated.sized]
     per_shape = [i for i in range(len(top.steps)) if i not in sized]
-    assert sized and per_shape  # the layernorm, concatenation and epilogues take sizes at run time; the matmul not
-    assert len(generated) == 2 * len(per_shape)  # generated again: the per-shape steps only
+    # the layernorm, the matmul with its epilogue and the concatenation all take sizes at run time
+    assert sized and not per_shape
+    assert len(generated) == 2 * len(per_shape)  # generated again: the per-shape steps only (none here)
     for i in sized:
         k, k2 = at.steps[i].kernel, other.steps[i].kernel
         assert k.module is k2.module is top.steps[i].kernel.module  # one module (and binary) for the bucket
