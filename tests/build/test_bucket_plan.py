@@ -25,9 +25,9 @@ SHAPES = [(1, 1), (1, 37), (2, 17), (3, 19), (5, 23), (16, 37), (13, 31), (7, 29
 
 
 def block(g: og.Graph) -> None:
-    """A residual layernorm, a matmul with a pointwise epilogue and a concatenation along the dynamic
-    axis (all run-time-size kernels; tests/engines/test_triton_matmul_dynamic.py has configs generated
-    at each shape)."""
+    """A residual layernorm, a matmul with a pointwise epilogue, a concatenation along the dynamic
+    axis and a reverse cumsum along it with a prologue and an epilogue (all run-time-size kernels;
+    tests/engines/test_triton_matmul_dynamic.py has configs generated at each shape)."""
     x = g.tensor(dim=[B, S, 8], name="x")
     r = g.tensor(dim=[B, S, 8], name="r")
     scale = g.tensor(dim=[1, 1, 8], name="scale")
@@ -38,6 +38,7 @@ def block(g: og.Graph) -> None:
     inv.set_output(True).set_name("inv")
     h = g.relu(g.matmul(y, w))
     g.exp(g.concatenate([h, h], axis=1)).set_output(True).set_name("y")
+    g.add(g.cumsum(g.mul(x, r), 1, reverse=True, name="cumsum"), r).set_output(True).set_name("c")
 
 
 def graph() -> og.Graph:
@@ -123,8 +124,9 @@ def test_a_run_time_size_kernel_is_re_pointed_not_generated(monkeypatch):
     at, other, top = plan.at({"batch": 3, "seq": 5}), plan.at({"batch": 7, "seq": 29}), plan.max_plan
     sized = [i for i, s in enumerate(top.steps) if s.kernel.generated.sized]
     per_shape = [i for i in range(len(top.steps)) if i not in sized]
-    # the layernorm, the matmul with its epilogue and the concatenation all take sizes at run time
+    # the layernorm, the matmul with its epilogue, the concatenation and the scan all take sizes at run time
     assert sized and not per_shape
+    assert any(s.config.knob("template") == "scan" for s in top.steps)
     assert len(generated) == 2 * len(per_shape)  # generated again: the per-shape steps only (none here)
     for i in sized:
         k, k2 = at.steps[i].kernel, other.steps[i].kernel

@@ -160,6 +160,34 @@ def nested_join(g):  # a join along the dynamic axis inside a join along a stati
     g.relu(g.concatenate([seq, z], axis=2)).set_output(True).set_name("y")
 
 
+def scan_along_seq(g):  # cumsum of the dynamic axis, a prologue and an epilogue: a dynamic chunk count
+    x = g.tensor(dim=[B, S, 4], name="x")
+    r = g.tensor(dim=[B, S, 4], name="r")
+    c = g.cumsum(g.mul(x, x), 1, name="cumsum")
+    g.add(c, r).set_output(True).set_name("y")
+
+
+def reverse_scan_along_seq(g):  # the reverse walk from a run-time chunk count; rows static and dynamic
+    x = g.tensor(dim=[B, 3, S], name="x")
+    scale = g.tensor(dim=[1, 3, 1], name="scale")
+    c = g.cumsum(g.neg(x), 2, reverse=True, name="cumsum")
+    g.mul(c, scale).set_output(True).set_name("y")
+
+
+def reverse_scan_of_rows(g):  # a static scanned axis, dynamic rows read through dynamic strides
+    x = g.tensor(dim=[B, S, 6], stride=[6, 6 * B, 1], name="x")
+    c = g.cumsum(g.exp(x), 2, reverse=True, name="cumsum")
+    g.sub(c, x).set_output(True).set_name("y")
+
+
+def position_ids(g):  # RoBERTa's: cumsum(ids != pad) * (ids != pad) + pad, int64
+    ids = g.tensor(dim=[B, S], data_type=og.DataType.INT64, name="ids")
+    ne = g.cmp_neq(ids, 1, name="ne").set_data_type(og.DataType.BOOLEAN)
+    mask = g.identity(ne, name="mask").set_data_type(og.DataType.INT32)
+    count = g.cumsum(mask, 1, name="cumsum").set_data_type(og.DataType.INT64)
+    g.add(g.mul(count, mask), 1).set_output(True).set_name("positions").set_data_type(og.DataType.INT64)
+
+
 GRAPHS = {
     f.__name__: f
     for f in (
@@ -183,6 +211,10 @@ GRAPHS = {
         diff_along_seq,
         joined_along_seq,
         nested_join,
+        scan_along_seq,
+        reverse_scan_along_seq,
+        reverse_scan_of_rows,
+        position_ids,
     )
 }
 
@@ -249,9 +281,10 @@ def test_a_bucket_compiles_at_its_first_shape_only():
 
 
 def test_an_unconverted_piece_is_a_kernel_per_shape_and_counted():
-    g = og.Graph("scan", io_data_type=og.DataType.FLOAT)
-    x = g.tensor(dim=[B, S, 4], name="x")
-    g.cumsum(x, 1, name="cumsum").set_output(True).set_name("y")  # the scan template bakes sizes in
+    g = og.Graph("attention", io_data_type=og.DataType.FLOAT)
+    q, k, v = (g.tensor(dim=[B, 2, S, 8], name=n) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, generate_stats=False, use_causal_mask=True)  # the attention template bakes sizes in
+    o.set_output(True).set_name("y")
     plan = g.build(device="cpu", engines=["triton"], buckets="one")
     rng = np.random.default_rng(5)
     for b, s in [(2, 3), (3, 5), (2, 3)]:
@@ -334,8 +367,8 @@ def test_a_view_copy_from_a_dynamic_slice_start_is_one_kernel_per_bucket():
 def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
     """transformers' tiny Llama (fp32) imported with a dynamic batch and length: its view copies (heads
     split and merged, unsqueezes), reshapes of computed values and torch.diff's concatenation along the
-    length are one kernel per bucket (none generated per shape), and the plan matches the model at 1,
-    primes and the range's ends (outputs poisoned)."""
+    length, and its position ids' scan, are one kernel per bucket (none generated per shape), and the
+    plan matches the model at 1, primes and the range's ends (outputs poisoned)."""
     import math
 
     import torch
@@ -362,3 +395,5 @@ def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
         assert len(pointwise) >= 39  # (the view copies, reshapes and concatenation among them)
         per_shape = [st.piece.label() for st in pointwise if not st.kernel.generated.sized]
         assert not per_shape, per_shape
+        scans = [st for st in steps if st.config.knob("template") == "scan"]
+        assert scans and all(st.kernel.generated.sized for st in scans)  # (the position ids)

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from ....core.config import Support
 from ....core.device import Device
+from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
+from ....core.symbolic import Expr
 from ....ops.scan import Cumsum
 from ..knobs import ScanKnobs
+from ..sizes import Sizes, above_one, symbolic_piece
 from ._norm_common import (
     Comp,
     Fusion,
@@ -32,7 +36,7 @@ from ._norm_common import (
     nest,
     pow2_ceil,
 )
-from .base import Generated, Launch, indent, module_source, unique
+from .base import Generated, Launch, indent, unique
 
 KINDS = ("cumsum",)
 
@@ -59,7 +63,7 @@ class ScanGeometry:
 
 def geometry(fusion: Fusion) -> ScanGeometry:
     dims, axis = fusion.x.dim, fusion.norm.op_as(Cumsum).axis
-    rows = memory_order([a for a in range(len(dims)) if a != axis and dims[a] > 1], fusion.x.stride)
+    rows = memory_order([a for a in range(len(dims)) if a != axis and above_one(dims[a])], fusion.x.stride)
     return ScanGeometry(fusion, dims, rows, axis)
 
 
@@ -86,11 +90,12 @@ class _Gen(NormGen):
     g: ScanGeometry
 
     def generate(self) -> Generated:
-        g, acc, knobs = self.g, self.compute, self.k
+        g, acc, knobs, text = self.g, self.compute, self.k, self.text
         params = Params()
         masks = {frozenset(): None, frozenset({0}): "rmask", frozenset({1}): "jmask", frozenset({0, 1}): "mask"}
-        col = Comp((g.axis,) if g.L > 1 else (), "jj", 1)
-        em = self.emitter(RowIndexer(g.dims, [Comp(g.row_axes, "rr", 0), col], masks, {0: "z0", 1: "z1"}), params)
+        col = Comp((g.axis,) if above_one(g.L) else (), "jj", 1)
+        indexer = RowIndexer(g.dims, [Comp(g.row_axes, "rr", 0), col], masks, {0: "z0", 1: "z1"}, text)
+        em = self.emitter(indexer, params)
         for n in g.fusion.prologue:
             em.emit(n)
         xv = em.operand(self.x_uid)
@@ -100,31 +105,40 @@ class _Gen(NormGen):
             "carry += tl.sum(xm, axis=1, keep_dims=True)",
         ]
         self.emit_output(em, "cs")
-        chunks = -(-g.L // knobs.BLOCK)
-        start = f"({chunks - 1} - c) * BLOCK" if g.reverse else "c * BLOCK"
+        n_chunks = (g.L + knobs.BLOCK - 1) // knobs.BLOCK
+        chunks = text(n_chunks)
+        last = str(n_chunks - 1) if isinstance(n_chunks, int) else f"{chunks} - 1"
+        start = f"({last} - c) * BLOCK" if g.reverse else "c * BLOCK"
         cols = f"{start} + tl.arange(0, BLOCK)[None, :]"
         loop = [
             f"jj = ({cols}).to(tl.int64)" if self.big else f"jj = {cols}",
-            f"jmask = jj < {g.L}",
+            f"jmask = jj < {text(g.L)}",
             "mask = rmask & jmask",
             "z1 = jj * 0",
             *em.lines,
         ]
         body = [
             f"rr = {self.pid()} * ROWS + tl.arange(0, ROWS)[:, None]",
-            f"rmask = rr < {g.R}",
+            f"rmask = rr < {text(g.R)}",
             "z0 = rr * 0",
             f"carry = tl.zeros([ROWS, 1], {acc})",
             *nest(f"for c in range(0, {chunks}):", loop),
         ]
+        self.add_sizes(params)
         src = params.signature("kernel_scan", ["ROWS", "BLOCK"]) + "\n" + indent(body)
+        if self.sizes is None:
+            grid, grid_expr = -(-g.R // knobs.ROWS), None
+        else:
+            grid, programs = self.sizes.grid(g.R, knobs.ROWS)
+            grid_expr = (programs,)
         launch = Launch(
             "kernel_scan",
-            (-(-g.R // knobs.ROWS),),
+            (grid,),
             tuple(params.args),
             (("ROWS", knobs.ROWS), ("BLOCK", knobs.BLOCK), ("num_warps", knobs.warps)),
+            grid_expr=grid_expr,
         )
-        return Generated(module_source(src), (launch,))
+        return Generated(self.module(src), (launch,))
 
 
 class ScanTemplate(NormTemplate):
@@ -143,10 +157,38 @@ class ScanTemplate(NormTemplate):
 class ScanMatch(NormMatch):
     g: ScanGeometry
 
+    @cached_property
+    def symbolic(self) -> tuple[Piece, ScanGeometry, ShapeOrigin] | None:
+        """The symbolic piece and geometry where the kernel takes its sizes at run time (sizes.py): a
+        piece of a dynamic plan's bucket whose rows or scanned length are dynamic; else None (generated
+        at the shape)."""
+        piece = symbolic_piece(self.piece)
+        if piece is None:
+            return None
+        origin = self.piece.graph.origin
+        assert origin is not None
+        try:
+            fusion = analyze(piece, KINDS, self.template.name, views=True)
+            g = fusion if isinstance(fusion, Support) else geometry(fusion)
+        except TypeError:  # a decision by a dynamic size: generated at the shape
+            return None
+        if isinstance(g, Support) or not (isinstance(g.R, Expr) or isinstance(g.L, Expr)):
+            return None
+        return piece, g, origin
+
     def candidates(self) -> list[ScanKnobs]:
+        if self.symbolic is not None:  # at the bucket's hint: the same knobs for every shape of it
+            _, g, origin = self.symbolic
+            sizes = Sizes(origin)
+            return candidate_knobs(
+                ScanGeometry(g.fusion, tuple(sizes.hint(d) for d in g.dims), g.row_axes, g.axis), self.device
+            )
         return candidate_knobs(self.g, self.device)
 
     def generate(self, knobs: ScanKnobs) -> Generated:
+        if self.symbolic is not None:
+            piece, g, origin = self.symbolic
+            return _Gen(piece, g, knobs, Sizes(origin)).generate()
         return _Gen(self.piece, self.g, knobs).generate()
 
 
