@@ -25,6 +25,7 @@ from opgraph.engines.triton.templates import attention as fwd_template
 from opgraph.testing import check_plan
 
 from ..helpers import requires_cuda
+from .test_triton_attention_split import prepare as split_prepare
 
 DT = og.DataType
 B, HK = 3, 2
@@ -95,38 +96,12 @@ def decode(
     return g
 
 
+def _sinks(hq):  # one head's sink -inf (adds nothing), the others different per head
+    return [-np.inf if h == 1 else 0.5 * h - 1.0 for h in range(hq)]
+
+
 def prepare(g, sq, skv, layout, page=16, lens_kv=None):
-    lens_kv = lens_kv or (skv, 1, skv - 37)
-
-    def prep(pack):
-        final = g.final
-        by = {final.tensors[u].name: u for u in final.inputs}
-        rng = np.random.default_rng(5)
-        if "seq_len_q" in by:
-            pack[by["seq_len_q"]][...] = np.array([sq, sq, max(sq - 1, 0)]).reshape(B, 1, 1, 1)
-            pack[by["seq_len_kv"]][...] = np.array(lens_kv).reshape(B, 1, 1, 1)
-        if layout == "paged":  # every sequence's pages, shuffled; page 0 and the last unused
-            slots = -(-skv // page)
-            table = rng.permutation(np.arange(1, B * slots + 1)).reshape(B, 1, slots, 1)
-            for r in "kv":
-                pack[by[f"{r}_table"]][...] = table
-        if layout == "packed":
-            off = np.concatenate([[1], 1 + np.cumsum(np.array(lens_kv) + 2)])
-            pack[by["off_kv"]][...] = off.reshape(-1, 1, 1, 1)
-            covered = np.zeros(pack[by["k"]].shape[2], dtype=bool)
-            for o_, n in zip(off, lens_kv):
-                covered[o_ : o_ + n] = True
-            for r in "kv":
-                pack[by[r]][:, :, ~covered] = np.nan
-        if "sink" in by:  # one head's sink -inf (adds nothing), the others different per head
-            hq = pack[by["sink"]].shape[1]
-            pack[by["sink"]][...] = np.array([(-np.inf if h == 1 else 0.5 * h - 1.0) for h in range(hq)]).reshape(
-                1, hq, 1, 1
-            )
-        if "seed" in by:
-            pack[by["seed"]][...] = 77
-
-    return prep
+    return split_prepare(g, sq, skv, layout, page, lens_kv, sinks=_sinks)
 
 
 def run_packed(g, prep, knobs, io=DT.FLOAT):

@@ -86,7 +86,9 @@ def decode(
     return g
 
 
-def prepare(g, sq, skv, layout, page=16, lens_kv=None):
+def prepare(g, sq, skv, layout, page=16, lens_kv=None, sinks=None):
+    """The pack's lengths, page tables, packed offsets (NaN between sequences), sinks and seed;
+    `sinks(hq)`: the sink of each of hq heads (default: 4 heads' fixed values)."""
     lens_kv = lens_kv or (skv, 1, skv - 37)
 
     def prep(pack):
@@ -110,7 +112,9 @@ def prepare(g, sq, skv, layout, page=16, lens_kv=None):
             for r in "kv":
                 pack[by[r]][:, :, ~covered] = np.nan
         if "sink" in by:
-            pack[by["sink"]][...] = np.array([0.5, -1.0, 2.0, -np.inf]).reshape(1, HQ, 1, 1)
+            hq = pack[by["sink"]].shape[1]
+            values = sinks(hq) if sinks is not None else [0.5, -1.0, 2.0, -np.inf]
+            pack[by["sink"]][...] = np.array(values).reshape(1, hq, 1, 1)
         if "seed" in by:
             pack[by["seed"]][...] = 77
 
