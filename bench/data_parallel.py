@@ -213,6 +213,8 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
         for mode in args.modes:
             fn, first = implementation(mode, w, x, y, cuda, args.bucket_cap_mb)
             ms = time_steps(fn, args.warmup, args.iters, cuda)
+            if hasattr(getattr(fn, "__self__", None), "release"):  # a captured step: its graph freed before
+                fn.__self__.release()  # the process group is destroyed (NCCL would wait for good)
             slowest = [0.0] * len(ms)
             for i, t in enumerate(ms):  # per step, the slowest rank's time
                 v = torch.tensor([t], dtype=torch.float64, device=device)

@@ -503,6 +503,12 @@ class CapturedStep:
         """Copy `inputs` and `target` (if given) into the captured buffers and replay. With dynamic
         dims, the inputs must have the captured shape (a graph records one shape's buffers): another
         shape is a VariantPackError (capture one step per shape)."""
+        if self.graph is None:
+            raise GraphError(
+                "this captured step was released",
+                rule="training.capture_released",
+                hint="capture the step again (step.capture(*inputs, target)) to replay it",
+            )
         if self.shape:
             step = self.step
             if inputs or target is not None:
@@ -527,6 +533,16 @@ class CapturedStep:
         )  # (capture made it)
         self.graph.replay()
         return pack[self.step.loss_uid].reshape(())
+
+    def release(self) -> None:
+        """Free the CUDA graph now. Call it on every captured data-parallel step before
+        `torch.distributed.destroy_process_group()`: NCCL cannot destroy a communicator that a live
+        captured graph still uses, and the teardown waits for good (PyTorch issue 115388)."""
+        if self.graph is not None:
+            if _torch().cuda.is_available():
+                _torch().cuda.synchronize()  # (a replay in flight finishes first)
+            self.graph.reset()
+            self.graph = None
 
 
 def train_step(

@@ -79,6 +79,8 @@ def main(argv: list[str]) -> None:
         for k in ("dp", "zero"):
             for (name, p), q in zip(models[k].named_parameters(), models["ddp"].parameters()):
                 torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=f"rank {rank}, {k}, {name}")
+        for c in captured.values():  # (NCCL cannot destroy a communicator a live CUDA graph uses)
+            c.release()
         print("ok")
     except BaseException:  # noqa: BLE001 - any failure: print it and leave without the collective teardown
         # the other rank may wait in a collective for good: destroy_process_group would too

@@ -298,6 +298,9 @@ class _Replays:
     def replay(self) -> None:
         self.count += 1
 
+    def reset(self) -> None:
+        self.count = -1
+
 
 def test_a_captured_step_replays_only_at_its_shape():
     from opgraph.training.step import CapturedStep
@@ -326,6 +329,12 @@ def test_a_captured_step_replays_only_at_its_shape():
     captured.replay(x, torch.randn_like(x))  # the captured buffers again, bound and filled
     assert all(step._pack[u] is captured.buffers[u] for u in captured.buffers)
     assert torch.equal(step._pack[step.imported.inputs[0].uid], x)
+    captured.release()  # the graph freed (before a process group's teardown): a replay is a typed error
+    assert graph.count == -1 and captured.graph is None
+    with pytest.raises(og.GraphError) as err:
+        captured.replay(x, torch.randn_like(x))
+    check_rule(err.value, "training.capture_released")
+    captured.release()  # (twice is harmless)
 
 
 @pytest.mark.gpu
