@@ -106,6 +106,14 @@ def _copy_gbps(device: str, n: int, budget: measure.Budget) -> float:
     return 2 * a.numel() * a.element_size() / us / 1e3
 
 
+def _read_gbps(device: str, n: int, budget: measure.Budget) -> float:
+    import torch
+
+    a = torch.empty(n, dtype=torch.float16, device=device).normal_()
+    us = _device_us(lambda: a.sum(dtype=torch.float32), device.startswith("cuda"), budget)
+    return a.numel() * a.element_size() / us / 1e3
+
+
 def _gemm_tflops(device: str, m: int, dtype: Any, budget: measure.Budget) -> float:
     import torch
 
@@ -115,8 +123,9 @@ def _gemm_tflops(device: str, m: int, dtype: Any, budget: measure.Budget) -> flo
 
 
 def ceilings(device: str, budget: measure.Budget) -> Ceilings:
-    """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy) and the cuBLAS GEMM
-    rate at 8192^3 for fp16 and bf16, each as device time from the suite's CUDA-graph helper."""
+    """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy), read bandwidth (a sum
+    over 512 MiB) and the cuBLAS GEMM rate at 8192^3 for fp16 and bf16, each as device time from the
+    suite's CUDA-graph helper."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -127,4 +136,5 @@ def ceilings(device: str, budget: measure.Budget) -> Ceilings:
             "float16": _gemm_tflops(device, m, torch.float16, budget),
             "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget),
         },
+        _read_gbps(device, n, budget),
     )

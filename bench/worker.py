@@ -140,7 +140,7 @@ def run_worker(args: argparse.Namespace, specs: Sequence[WorkloadSpec]) -> int:
     log(f"bench worker, repeat {args.repeat_index}: {meta}")
     ceil = shared_ceilings(args.raw, meta, lambda: env.ceilings(ctx.device, budget))
     log(
-        f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, GEMM "
+        f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, read {ceil.read_gbps or 0:.0f} GB/s, GEMM "
         + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in ceil.gemm_tflops.items())
     )
     record = RunRecord(meta, ceil, [], args.repeat_index)

@@ -180,6 +180,7 @@ def aggregate(runs: Sequence[RunRecord]) -> Aggregate:
         ceil = Ceilings(
             statistics.median(c.copy_gbps for c in cs),
             {k: statistics.median(c.gemm_tflops[k] for c in cs if k in c.gemm_tflops) for k in kinds},
+            statistics.median(reads) if (reads := [c.read_gbps for c in cs if c.read_gbps is not None]) else None,
         )
     order: list[str] = []
     by_id: dict[str, list] = {}

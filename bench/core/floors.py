@@ -41,18 +41,32 @@ def datasheet(device_name: str) -> dict[str, float] | None:
 class Ceilings:
     """Rates measured on the machine at the start of a run."""
 
-    copy_gbps: float
+    copy_gbps: float  # a device copy: bytes read + written per second
     gemm_tflops: Mapping[str, float]  # by dtype name: float16, bfloat16
+    read_gbps: float | None = None  # a streaming reduction: bytes read per second (None in older records)
+
+    @property
+    def hbm_gbps(self) -> float:
+        """The memory rate floors use: the faster of the two measured (a read-mostly workload, such as
+        decode attention, streams faster than a copy's mix of reads and writes: a floor must not be
+        above what a kernel can do)."""
+        return max(self.copy_gbps, self.read_gbps or 0.0)
 
     def rate(self, dtype: str) -> float | None:
         return self.gemm_tflops.get(dtype) or self.gemm_tflops.get("float16")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"copy_gbps": self.copy_gbps, "gemm_tflops": dict(self.gemm_tflops)}
+        d: dict[str, Any] = {"copy_gbps": self.copy_gbps, "gemm_tflops": dict(self.gemm_tflops)}
+        return d if self.read_gbps is None else {**d, "read_gbps": self.read_gbps}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Ceilings:
-        return cls(float(d["copy_gbps"]), {k: float(v) for k, v in d["gemm_tflops"].items()})
+        read = d.get("read_gbps")
+        return cls(
+            float(d["copy_gbps"]),
+            {k: float(v) for k, v in d["gemm_tflops"].items()},
+            None if read is None else float(read),
+        )
 
 
 @dataclass(frozen=True)
@@ -128,13 +142,13 @@ class FloorTimes:
 
 def evaluate(floor: Floor, ceilings: Ceilings) -> FloorTimes:
     rate = ceilings.rate(floor.dtype)
-    terms = {"bytes": bytes_us(floor.bytes, ceilings.copy_gbps), "math": math_us(floor.flops, rate)}
+    terms = {"bytes": bytes_us(floor.bytes, ceilings.hbm_gbps), "math": math_us(floor.flops, rate)}
     for label, nbytes in floor.alt_bytes:
-        terms[f"bytes ({label})"] = bytes_us(nbytes, ceilings.copy_gbps)
+        terms[f"bytes ({label})"] = bytes_us(nbytes, ceilings.hbm_gbps)
     if floor.layers:
-        terms["per-layer roofline"] = roofline_us(floor.layers, ceilings.copy_gbps, rate or 0.0)
+        terms["per-layer roofline"] = roofline_us(floor.layers, ceilings.hbm_gbps, rate or 0.0)
         terms["math"] = math_us(floor.total_flops, rate)
-        terms["bytes"] = bytes_us(sum(x.bytes for x in floor.layers), ceilings.copy_gbps)
+        terms["bytes"] = bytes_us(sum(x.bytes for x in floor.layers), ceilings.hbm_gbps)
         return FloorTimes(terms["per-layer roofline"], "per-layer roofline", terms)
     if not terms["bytes"] and not terms["math"]:
         return FloorTimes(0.0, "", terms)

@@ -358,9 +358,11 @@ def header(agg: Aggregate) -> list[str]:
         lines += [
             "",
             (
-                f"Ceilings measured in the run: copy {c.copy_gbps:.0f} GB/s (datasheet HBM bandwidth {hbm}); "
+                f"Ceilings measured in the run: copy {c.copy_gbps:.0f} GB/s"
+                + (f", read {c.read_gbps:.0f} GB/s" if c.read_gbps is not None else "")
+                + f" (datasheet HBM bandwidth {hbm}); "
                 f"cuBLAS GEMM 8192³ {rates} TFLOP/s (datasheet dense peak {peak or 'no entry'} TFLOP/s). Floors "
-                "use the measured rates."
+                "use the measured rates (bytes at the faster of copy and read)."
             ),
         ]
     if m.get("scale") and m.get("scale") != "full":

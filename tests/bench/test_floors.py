@@ -84,3 +84,14 @@ def test_floor_round_trips_through_json_dicts():
     )
     assert Floor.from_dict(f.to_dict()) == f
     assert Floor.from_dict(None) == Floor()
+
+
+def test_bytes_use_the_faster_of_copy_and_read_and_old_records_load():
+    """A read-mostly workload streams faster than a copy: the floor takes the faster rate (a floor
+    above a measured time is no floor); records from before the read ceiling load without it."""
+    both = Ceilings(copy_gbps=3000.0, gemm_tflops={"float16": 660.0}, read_gbps=4000.0)
+    assert evaluate(Floor(bytes=4e9), both).us == pytest.approx(1000.0)
+    assert evaluate(Floor(bytes=3e9), CEIL).us == pytest.approx(1000.0)  # no read rate: the copy's
+    assert Ceilings.from_dict(both.to_dict()) == both
+    old = Ceilings.from_dict({"copy_gbps": 3000.0, "gemm_tflops": {"float16": 660.0}})
+    assert old.read_gbps is None and old.hbm_gbps == 3000.0 and "read_gbps" not in old.to_dict()
