@@ -58,6 +58,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--suite",
         nargs="+",
+        action="extend",  # (--suite a --suite b selects both)
         default=[],
         help="groups, families of groups ('attention': every "
         "attention-* group), workload ids or globs; 'all' for everything",

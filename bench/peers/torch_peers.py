@@ -91,9 +91,27 @@ def opgraph_backend(
         modes.append(("opgraph (torch.compile backend, CUDA graphs)", "reduce-overhead", True))
     out = []
     for name, mode, native in modes:
-        setup = _compile_setup(fn, args, mode, native, inference, False, True, None, None, None, backend="opgraph")
+        setup = _registered(
+            _compile_setup(fn, args, mode, native, inference, False, True, None, None, None, backend="opgraph")
+        )
         out.append(Impl(name, setup, role="ours", needs=frozenset({"compile", "cuda"} if native else {"compile"})))
     return out
+
+
+def _registered(setup: Callable[[], Runner]) -> Callable[[], Runner]:
+    """`setup` with backend="opgraph" known to Dynamo: the name comes from the installed package's entry
+    point; a checkout on PYTHONPATH (the GPU machine's) has none, so it is registered here."""
+
+    def wrapped() -> Runner:
+        from torch._dynamo import list_backends, register_backend
+
+        if "opgraph" not in list_backends(exclude_tags=()):
+            import opgraph
+
+            register_backend(name="opgraph")(opgraph.torch_backend)
+        return setup()
+
+    return wrapped
 
 
 def _cudagraph_skips() -> int:

@@ -141,7 +141,12 @@ def llama_inference(ctx: Ctx) -> Case:
 def bert_inference(ctx: Ctx) -> Case:
     model, dims = _bert(ctx)
     shape = ctx.pick((32, 512), None, (2, 16))
-    notes = "BertModel (no pooler), bf16; output: the last hidden state"
+    notes = (
+        "BertModel (no pooler), bf16; output: the last hidden state. Under torch.compile and in a CUDA-graph "
+        "capture transformers passes its all-ones padding mask as a dense mask (its test that the mask is all "
+        "ones is data-dependent, skipped while tracing or capturing), and PyTorch's SDPA runs its math path "
+        "there: those peers are slower than eager calls"
+    )
     return _token_inference(ctx, model, dims, shape, "last_hidden_state", "_embeddings.weight", notes)
 
 

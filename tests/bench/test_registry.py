@@ -97,3 +97,13 @@ def test_the_suite_registers_what_issue_13_asks_for():
     ):
         assert want in ids, want
     assert all(s.kind in ("kernel", "network", "training", "host") for s in REGISTRY.specs())
+
+
+def test_repeated_suite_flags_select_every_named_group():
+    """`--suite a --suite b` selects both (argparse kept only the last: a run silently measured one group)."""
+    from bench import workloads  # noqa: F401 - registers the suite
+    from bench.run import parse, selection
+
+    args = parse(["--suite", "zoo-llama-infer", "--suite", "zoo-bert-infer", "zoo-vit-train"])
+    ids = {s.id for s in selection(args)}
+    assert {"zoo.llama.infer.b8", "zoo.bert.infer.b32", "zoo.vit.train.b64"} <= ids
