@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ....core.symbolic import evaluate
 from ..templates.base import Arg, Launch, Params
+from .sized import nonzero, symint, upper
 from .spec import LOG2E, AttnSpec, Coords, MaskDropout, Operand, PhiloxDropout, Scalar
 
 INT32_MAX = 2**31 - 1
@@ -22,12 +25,14 @@ INT32_MAX = 2**31 - 1
 
 class KernelText:
     """One generated kernel: its parameters (the engine's `Params`, in first-use order: p{uid} buffers,
-    s{uid} scalars, and the `scratch` buffers by name) and body lines."""
+    s{uid} scalars, and the `scratch` buffers by name) and body lines. With `sizes` (a bucket kernel:
+    sized.py), the size parameters its text used come last and its grid is an expression."""
 
-    def __init__(self, name: str, scratch: Mapping[str, Arg] | None = None) -> None:
+    def __init__(self, name: str, scratch: Mapping[str, Arg] | None = None, sizes: Any = None) -> None:
         self.name = name
         self.params = Params()
         self.scratch = scratch or {}
+        self.sizes = sizes
         self.lines: list[str] = []
 
     def param(self, name: str) -> str:
@@ -37,10 +42,20 @@ class KernelText:
         self.lines += ["    " * depth + line for line in lines]
 
     def source(self) -> str:
+        if self.sizes is not None:
+            for name, arg in zip(self.sizes.params, self.sizes.args()):
+                self.params.add(name, arg)
         return self.params.source(self.name, (), self.lines)
 
-    def launch(self, grid: tuple[int, ...], warps: int, stages: int) -> Launch:
-        return Launch(self.name, grid, tuple(self.params.args), (("num_warps", warps), ("num_stages", stages)))
+    def launch(self, grid: tuple[Any, ...], warps: int, stages: int) -> Launch:
+        """The kernel's launch (after `source`): a bucket kernel's grid evaluated at the plan's shape,
+        its expression kept for the others."""
+        meta = (("num_warps", warps), ("num_stages", stages))
+        if self.sizes is None:
+            return Launch(self.name, grid, tuple(self.params.args), meta)
+        exprs = tuple(symint(g) for g in grid)
+        at = tuple(evaluate(g, self.sizes.env) for g in exprs)
+        return Launch(self.name, at, tuple(self.params.args), meta, grid_expr=exprs)
 
 
 def pow2(n: int, lo: int = 16) -> int:
@@ -51,8 +66,8 @@ def pow2(n: int, lo: int = 16) -> int:
 
 
 def wide(*extents: int) -> bool:
-    """Whether offsets up to the sum of `extents` need int64."""
-    return sum(extents) > INT32_MAX
+    """Whether offsets up to the sum of `extents` need int64 (a bucket kernel's: at the bucket's largest)."""
+    return upper(sum(extents)) > INT32_MAX
 
 
 def extent(op: Operand, dims: tuple[int, ...]) -> int:
@@ -61,9 +76,9 @@ def extent(op: Operand, dims: tuple[int, ...]) -> int:
 
 def base_expr(op: Operand, b: str, h: str) -> str:
     """The element offset of (b, h) in `op`, in int64."""
-    terms = [str(op.offset)] if op.offset else []
+    terms = [str(op.offset)] if nonzero(op.offset) else []
     for coord, stride in ((b, op.strides[0]), (h, op.strides[1])):
-        if stride:
+        if nonzero(stride):
             terms.append(f"{coord}.to(tl.int64) * {stride}")
     return " + ".join(terms) or "0"
 
@@ -212,8 +227,8 @@ def bias_load(spec: AttnSpec, o: Orient) -> str:
     assert b is not None
     terms = ["bias_base"]
     for coord, stride in ((o.i, b.strides[2]), (o.j, b.strides[3])):
-        if stride:
-            terms.append(f"{coord} * {stride}" if stride != 1 else coord)
+        if nonzero(stride):
+            terms.append(coord if isinstance(stride, int) and stride == 1 else f"{coord} * {stride}")
     mask = o.mem_mask
     m = f", mask={mask}, other=0.0" if mask else ""
     return f"tl.load({b.name} + {' + '.join(terms)}{m}).to(tl.float32)"
@@ -298,7 +313,7 @@ def dropout_lines(spec: AttnSpec, k: KernelText, o: Orient) -> list[str]:
         k.param(m.name)
         terms = ["dmask_base"]
         for coord, stride in ((o.i, m.strides[2]), (o.j, m.strides[3])):
-            if stride:
+            if nonzero(stride):
                 terms.append(f"{coord} * {stride}")
         mask = o.mem_mask
         mm = f", mask={mask}, other=0" if mask else ""

@@ -15,6 +15,8 @@ paged caches: paged.py. GQA head packing (knob PACK_GQA, decode): gqa_pack.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..templates.base import Generated, Launch, module_source
 from .common import (
     UNIFORM_HELPER,
@@ -46,6 +48,7 @@ from .epilogue import finish, sink_lines
 from .gqa_pack import check_packable, pack_lines, query_span
 from .paged import page_base, paged_load
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
+from .sized import divides
 from .spec import AttnSpec, Coords, FwdKnobs
 from .split import combine, partial_stores, partials, split_range
 
@@ -57,7 +60,10 @@ def needs_loops(spec: AttnSpec, bn: int) -> tuple[bool, bool]:
     (causal, padding or a ragged last key block)."""
     lead = spec.window is not None
     trail = (
-        spec.right_bound is not None or spec.seq_len_kv is not None or spec.Skv % bn != 0 or spec.block_mask is not None
+        spec.right_bound is not None
+        or spec.seq_len_kv is not None
+        or not divides(bn, spec.Skv)
+        or spec.block_mask is not None
     )
     return lead, trail
 
@@ -87,10 +93,11 @@ def fwd_ranges(spec: AttnSpec, bm: int, bn: int, m0: str = "m0") -> list[str]:
     return lines
 
 
-def generated(functions: list[str], launches: list[Launch], scratch_bytes: int = 0) -> Generated:
-    """Generated kernels as the engine runs them: the module, its launches, the scratch bytes; "needs_allocator"
-    where tensor descriptors take global scratch at launch."""
-    source = module_source(*functions)
+def generated(functions: list[str], launches: list[Launch], scratch_bytes: int = 0, sizes: Any = None) -> Generated:
+    """Generated kernels as the engine runs them: the module (listing a bucket kernel's size parameters:
+    `sizes`), its launches, the scratch bytes; "needs_allocator" where tensor descriptors take global
+    scratch at launch."""
+    source = module_source(*functions) if sizes is None else module_source(sizes.declaration(), *functions)
     notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
     return Generated(source, tuple(launches), scratch_bytes, notes)
 
@@ -103,11 +110,11 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if pack:
         check_packable(spec)
     scratch, scratch_bytes = partials(spec, split) if split else ({}, 0)
-    k = KernelText(name, scratch)
+    k = KernelText(name, scratch, spec.sizes)
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     tile_rows = spec.Sq * spec.gk if pack else spec.Sq  # a program column's tile rows (packed: queries x group)
-    num_m = -(-tile_rows // bm)
+    num_m = (tile_rows + bm - 1) // bm
     heads = spec.Hk if pack else spec.Hq  # (packed: a program per key/value head)
     causal = spec.right_bound is not None
     dt = dot_dtype(spec)
@@ -155,7 +162,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         k.add(f"bmask_base = {base_expr(spec.block_mask, 'off_b', 'off_h')}")
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
-    row_ok = f"(offs_m[:, None] < {spec.Sq})" if tile_rows % bm else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if not divides(bm, tile_rows) else None
     wq, wk, wv = (
         wide(extent(op, (1, 1, s, d)))
         for op, s, d in ((spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv))
@@ -163,6 +170,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
 
     tma = (
         bool(kn.TMA)
+        and spec.sizes is None  # (a descriptor's shape is the tensor's)
         and not pack
         and not spec.prologue
         and not spec.ragged
@@ -258,7 +266,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if zero is not None:  # packed outputs: rows no sequence covers are 0
         functions.insert(0, zero[0].source())
         launches.insert(0, zero[0].launch(zero[1], 4, 1))
-    return generated(functions, launches, scratch_bytes)
+    return generated(functions, launches, scratch_bytes, spec.sizes)
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:
@@ -315,7 +323,7 @@ def _body(
     """One key block of the forward loop (masked or whole)."""
     bn = kn.BLOCK_N
     dt = dot_dtype(spec)
-    ragged = masked and spec.Skv % bn != 0
+    ragged = masked and not divides(bn, spec.Skv)
     key_ok = rows_ok(spec, "k", "offs_n[:, None]") or (f"(offs_n[:, None] < {spec.Skv})" if ragged else None)
     start = "start_n.to(tl.int64)" if wk else "start_n"
     dp, dvp = pow2(spec.D), pow2(spec.Dv)

@@ -6,6 +6,8 @@ tile loop's faster forms of a few modes (`_hot_loop_form`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from ....core.errors import expect
 from ....core.ir import Const, Node
@@ -15,23 +17,28 @@ from ....ops.attention import _Attention
 from ....ops.pointwise import MODES, Pointwise, PointwiseMode
 from ....ops.score_mod import Ref, ScoreMod, Src
 from ..expr import Emitter, _mode_expr, literal, round_in_compute
+from ..sizes import above_one
 from .spec import Coords
+
+Text = Callable[[Any], str]  # spells a size: str, or sizes.Sizes.text in a bucket kernel (sized.py)
 
 
 class TileIndexer:
-    """Loads and stores of tensors broadcast to a tile whose elements have coordinates `at`."""
+    """Loads and stores of tensors broadcast to a tile whose elements have coordinates `at`; `text`
+    spells a size (a dynamic one as its size parameter in a bucket kernel)."""
 
-    def __init__(self, at: Coords) -> None:
-        self.at = at
+    def __init__(self, at: Coords, text: Text = str) -> None:
+        self.at, self.text = at, text
 
     def offset(self, desc: TensorDesc) -> str:
         terms = []
         for a in range(4):
-            if desc.dim[a] > 1 and desc.stride[a]:
+            s = desc.stride[a]
+            if above_one(desc.dim[a]) and (not isinstance(s, int) or s != 0):
                 c = self.at.axis(a)
                 if a < 2:
                     c = f"{c}.to(tl.int64)"
-                terms.append(f"{c} * {desc.stride[a]}")
+                terms.append(f"{c} * {self.text(s)}")
         return " + ".join(terms) or "0"
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
@@ -88,8 +95,11 @@ class NodesHook:
     """A prologue (nodes computing operand `target`) or an epilogue (nodes on O, `target` the O
     uid) emitted by the expression emitter at the tile's coordinates."""
 
-    def __init__(self, piece: Piece, nodes: tuple[Node, ...], target: int, prefix: str, *, epilogue: bool) -> None:
+    def __init__(
+        self, piece: Piece, nodes: tuple[Node, ...], target: int, prefix: str, *, epilogue: bool, text: Text = str
+    ) -> None:
         self.piece, self.nodes, self.target, self.prefix, self.epilogue = piece, nodes, target, prefix, epilogue
+        self.text = text
         made = {u for n in nodes for u in n.output_uids()}
         ext = [u for n in nodes for u in n.input_uids() if u not in made and u != target]
         self._params = tuple(dict.fromkeys(_param(piece, u) for u in ext))
@@ -98,7 +108,7 @@ class NodesHook:
         # a value that depends on no tile-shaped tensor is broadcast to the tile explicitly
         self.scalar_only = (
             not epilogue
-            and not any(piece.tensor(u).dim[2] > 1 or piece.tensor(u).dim[3] > 1 for u in ext)
+            and not any(above_one(piece.tensor(u).dim[2]) or above_one(piece.tensor(u).dim[3]) for u in ext)
             and not any(
                 isinstance(n.op, Pointwise) and n.op.mode is PointwiseMode.GEN_INDEX and n.op.axis in (2, 3)
                 for n in nodes
@@ -112,7 +122,7 @@ class NodesHook:
         em = PrefixEmitter(
             self.piece.graph.tensors,
             "tl.float32",
-            TileIndexer(at),
+            TileIndexer(at, self.text),
             ptr=lambda u: f"p{u}",
             scalar=lambda u: f"s{u}",
             prefix=self.prefix,
@@ -138,8 +148,8 @@ class ScoreModCode:
     """A recorded score modifier (and its derivative) emitted as straight-line fp32 code, extra inputs
     read at the score tile's coordinates."""
 
-    def __init__(self, piece: Piece, node: Node) -> None:
-        self.piece = piece
+    def __init__(self, piece: Piece, node: Node, text: Text = str) -> None:
+        self.piece, self.text = piece, text
         op = node.op_as(_Attention)
         self.mod: ScoreMod = expect(op.score_mod, f"the score modifier of {node.label()}")
         self.grad: ScoreMod | None = getattr(op, "score_mod_grad", None)
@@ -160,7 +170,7 @@ class ScoreModCode:
         if desc.is_pass_by_value:
             lines.append(f"{name} = s{u}")
         else:
-            lines.append(f"{name} = {TileIndexer(at).load(desc, f'p{u}')}.to(tl.float32)")
+            lines.append(f"{name} = {TileIndexer(at, self.text).load(desc, f'p{u}')}.to(tl.float32)")
         cache[i] = name
         return name
 

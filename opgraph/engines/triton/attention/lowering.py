@@ -25,7 +25,7 @@ from ....ops.pointwise import MODES, PointwiseMode
 from ...shared.views import ROLES, gradient_targets, operand_views
 from ..expr import TL_DTYPE, _mode_expr, elementwise
 from ..gemm import VIEW_KINDS, View
-from .hooks import NodesHook, ScoreModCode, TileIndexer
+from .hooks import NodesHook, ScoreModCode, Text, TileIndexer
 from .spec import (
     AttnSpec,
     Causal,
@@ -357,8 +357,8 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
 # -- the spec ----------------------------------------------------------------------------------------
 
 
-def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str = "ieee") -> AttnSpec:
-    """The AttnSpec of an analysed, supported piece."""
+def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str = "ieee", text: Text = str) -> AttnSpec:
+    """The AttnSpec of an analysed, supported piece (`text`: how the hooks spell a size, hooks.TileIndexer)."""
     node = f.node
     op = node.op_as(_Attention)  # Sdpa or SdpaBackward
     uid: dict[str, Any] = {r: node.input(r) for r in op.input_roles()}
@@ -429,7 +429,7 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
             )
         kw["dropout"] = MaskDropout(operand(piece, uid["dropout_mask"]), mask_scale)
     if op.score_mod is not None:
-        kw["score_mod"] = ScoreModCode(piece, node)
+        kw["score_mod"] = ScoreModCode(piece, node, text)
     if isinstance(uid.get("sink_token"), int):
         kw["sink"] = operand(piece, uid["sink_token"])
     if isinstance(uid.get("block_mask"), int):
@@ -446,10 +446,10 @@ def build_spec(piece: Piece, f: Fusion, *, interpret: bool, fp32_precision: str 
         kw["empty_stats"] = op.empty_row_stats  # type: ignore[attr-defined]
         hooks = []
         for role, nodes in f.prologue:
-            hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False)))
+            hooks.append((role, NodesHook(piece, nodes, uid[role], f"v{role}", epilogue=False, text=text)))
         kw["prologue"] = tuple(hooks)
         if f.epilogue:
-            kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True)
+            kw["epilogue"] = NodesHook(piece, f.epilogue, o_uid, "ve", epilogue=True, text=text)
     else:
         grads = {
             r.lower(): operand(piece, expect(node.output(r), f"{r} of {node.label()}"), f.views)

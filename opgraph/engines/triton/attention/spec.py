@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ....core.errors import AttributeValueError
 from ..knobs import Knobs
@@ -194,6 +194,9 @@ class AttnSpec:
     # arithmetic
     interpret: bool = False  # Triton's interpreter: bf16 dots run in fp32 (its bf16 math is wrong)
     fp32_precision: str = "ieee"  # tl.dot input precision for fp32 operands: "ieee" or "tf32"
+    # a dynamic plan's bucket kernel (sized.py): the size parameters its dynamic sizes (sized.Size) print
+    # as; None where every size is an int
+    sizes: Any = field(default=None, compare=False)
 
     @property
     def gk(self) -> int:

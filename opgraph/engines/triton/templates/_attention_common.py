@@ -1,16 +1,21 @@
 """What the attention templates share: matching an sdpa / sdpa_backward piece, its spec, the knob
 candidates fitted to the device, notes and generation. `attention.py` and `attention_bwd.py` give the
-op kind, the knob names and the kernel builder (opgraph.engines.triton.attention)."""
+op kind, the knob names, the kernel builder (opgraph.engines.triton.attention) and which configs
+take a dynamic plan's sizes at run time (`sized_knobs`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any, ClassVar
 
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
+from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
-from ..attention.lowering import analyze, build_spec, support_of
+from ..attention.lowering import Fusion, analyze, build_spec, support_of
+from ..attention.sized import sized_spec
+from ..sizes import Sizes, is_dynamic_desc, symbolic_piece
 from .base import Generated, Match, Template, unique
 
 
@@ -24,6 +29,11 @@ class AttentionTemplateBase(Template):
     fit: ClassVar[Callable[..., Any]]
     more_candidates: ClassVar[Callable[..., Any] | None] = None  # (spec, cuda=) -> knobs after the others
     build: ClassVar[Callable[..., Any]]
+
+    def sized_knobs(self, knobs: Any) -> bool:
+        """Whether a config's kernels can take a dynamic plan's sizes at run time (the others are
+        generated at each shape of the bucket with the bucket's knobs): none by default."""
+        return False
 
     def match(self, piece: Piece, device: Device) -> Support | AttentionMatch:
         f = analyze(piece, self.kind, self.name)
@@ -70,5 +80,39 @@ class AttentionMatch(Match[Any]):
             return frozenset({NumericalNote.TENSOR_CORE, NumericalNote.DOWN_CONVERT_INPUTS})
         return frozenset({NumericalNote.TENSOR_CORE})
 
+    @cached_property
+    def symbolic(self) -> tuple[Piece, Fusion, ShapeOrigin] | None:
+        """The piece's symbolic origin and its analysis where the piece is of a dynamic plan's bucket and
+        has a dynamic size (its kernels may then take the sizes at run time: ../sizes.py); else None."""
+        piece, origin = symbolic_piece(self.piece), self.piece.graph.origin
+        if piece is None or origin is None:
+            return None
+        if not any(is_dynamic_desc(piece.tensor(u)) for u in (*piece.inputs, *piece.outputs)):
+            return None
+        try:
+            f = analyze(piece, self.template.kind, self.template.name)
+        except TypeError:  # a decision on a dynamic size (a view's): generated at the shape
+            return None
+        return None if isinstance(f, Support) else (piece, f, origin)
+
+    def sized(self, knobs: Any) -> Generated | None:
+        """The bucket's kernels of a config, taking the dynamic sizes at run time (one source for every
+        shape of the bucket), where the piece (`symbolic`), the config (the template's `sized_knobs`) and
+        the generator allow; None: generated at the piece's shape."""
+        if self.symbolic is None or not self.template.sized_knobs(knobs):
+            return None
+        piece, f, origin = self.symbolic
+        sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
+        try:
+            spec = build_spec(
+                piece, f, interpret=self.interpret, fp32_precision=knobs.fp32_precision or "ieee", text=sizes.text
+            )
+            if spec.ragged or spec.paged:  # (token counts and page tables: at the shape)
+                return None
+            generated = self.template.build(sized_spec(spec, sizes), knobs)
+        except TypeError:  # a decision on a dynamic size (sized.Size): generated at the shape
+            return None
+        return generated if generated.sized else None
+
     def generate(self, knobs: Any) -> Generated:
-        return self.template.build(self.spec(knobs.fp32_precision), knobs)
+        return self.sized(knobs) or self.template.build(self.spec(knobs.fp32_precision), knobs)

@@ -20,9 +20,22 @@ SPLIT programs and a combining launch), PACK_GQA (GQA head packing: a program pe
 tile's rows the group's query heads times the queries); both offered for decode-shaped problems and
 put first by the build's policy (opgraph/build/split_kv.py, gqa_pack.py); candidates per head dim in
 attention/knobs.py, with stages cut where the tiles would not fit shared memory.
+
+A piece of a dynamic plan's bucket (../sizes.py) whose batch, query or key length is dynamic gets one
+kernel that takes them at run time (`AttentionMatch.sized`, attention/sized.py): those sizes, the tile
+count and the strides they set are size arguments, the grid is evaluated per shape, the bounds masks
+(query rows past Sq, keys past Skv) are always emitted and compare with the run-time sizes, so every
+shape of the bucket runs one source and one binary; GQA packing (PACK_GQA) included, its tile rows
+masked by the run-time Sq. Generated at each shape with the bucket's knobs, as before: split-KV
+(SPLIT > 1: the split's partials in scratch sized by the shape), TMA (the descriptors' shapes), packed
+(ragged) and paged tensors (token counts, page tables), and anything the generator decides by a
+dynamic size (a view at a dynamic offset, an explicit dropout mask's strides). Heads and head dims
+stay literals (they are never dynamic in a bucket kernel).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..attention import FwdKnobs, forward
 from ..attention.knobs import decode_candidates, fit_fwd, fwd_candidates
@@ -38,6 +51,9 @@ class AttentionTemplate(AttentionTemplateBase):
     fit = staticmethod(fit_fwd)
     knob_class = FwdKnobs
     build = staticmethod(forward)
+
+    def sized_knobs(self, knobs: Any) -> bool:
+        return not knobs.TMA and not (knobs.SPLIT or 0) > 1
 
 
 TEMPLATE = AttentionTemplate()
