@@ -84,6 +84,20 @@ def padded_bias(dt: og.DataType, layout: str = "bhsd") -> og.Graph:
     return g
 
 
+def backward(dt: og.DataType, layout: str = "bshd", causal: bool = True, hk: int = 2) -> og.Graph:
+    """The forward and its backward (sdpa_backward reading O and Stats) over a dynamic batch and
+    sequence: causal GQA (4 query heads over `hk`), BSHD."""
+    g = _graph(dt, "backward")
+    q, k, v = _qkv(g, S, S, 4, hk, 16, layout)
+    o, st = g.sdpa(q, k, v, attn_scale=0.3, use_causal_mask=causal, generate_stats=True, name="fwd")
+    o.set_output(True).set_name("o")
+    st.set_output(True).set_name("stats")
+    do = g.tensor(dim=[B, 4, S, 16], stride=packed_strides([B, 4, S, 16], BSHD), name="dO")
+    for x, n in zip(g.sdpa_backward(q, k, v, o, do, st, attn_scale=0.3, use_causal_mask=causal, name="bwd"), "qkv"):
+        x.set_output(True).set_name(f"d{n}")
+    return g
+
+
 def _lengths(static, pack, rng):
     """Sequence lengths within [0, seq], one entry's whole length (the padding mask's inputs)."""
     for uid in static.inputs:
@@ -225,3 +239,36 @@ def test_gpu_attention_over_a_bucket(dt):
         if step.kernel.generated.sized:
             modules.add(id(step.kernel.module))
     assert len(modules) <= 1
+
+
+BWD_TOL = {"rtol": 2e-3, "atol": 2e-4}
+
+
+def backward_steps(plan):
+    return [s for s in plan.steps if s.config.knob("template") == "attention_bwd"]
+
+
+@requires_interpreter
+@pytest.mark.parametrize("fused", [0, 1], ids=["split", "fused"])
+@pytest.mark.parametrize("causal,hk", [(True, 2), (False, 4)], ids=["causal_gqa", "full"])
+def test_one_backward_kernel_module_takes_every_shape_of_the_bucket(causal, hk, fused, monkeypatch):
+    """The backward's launches (preprocess, dK/dV and dQ, or the fused one) take the sizes at run time;
+    delta's scratch is laid out for the bucket's largest shape."""
+    real = AttentionMatch.candidates
+    monkeypatch.setattr(
+        AttentionMatch,
+        "candidates",
+        lambda self: [c.replace(FUSED=fused) if hasattr(c, "FUSED") else c for c in real(self)],
+    )
+    plan = backward(DT.FLOAT, causal=causal, hk=hk).build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(7)
+    modules, scratch = set(), set()
+    for env in SELF:
+        run_at(plan, env, rng)
+        (step,) = backward_steps(plan.at(env))
+        gen = step.kernel.generated
+        assert gen.sized and gen.bucket_scratch, gen.source
+        assert step.config.knob("FUSED") == fused and len(gen.launches) == 3 - fused
+        modules.add(id(step.kernel.module))
+        scratch.add(gen.scratch_bytes)
+    assert len(modules) == 1 and scratch == {4 * 5 * 4 * 37 + (-(4 * 5 * 4 * 37) % 256)}

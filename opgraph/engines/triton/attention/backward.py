@@ -56,6 +56,7 @@ from .common import (
 )
 from .forward import block_loops, fwd_ranges, generated, needs_loops
 from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
+from .sized import divides, upper
 from .spec import AttnSpec, BwdKnobs, Operand
 
 __all__ = ["backward", "dbias_broadcast"]
@@ -78,14 +79,14 @@ def _row(name: str, w: bool) -> str:
 
 def scratch_of(spec: AttnSpec) -> tuple[dict[str, Arg], int]:
     """The backward's scratch buffers by parameter name (delta; the dBias partials where dBias broadcasts),
-    fp32 each from an aligned offset, and their bytes."""
+    fp32 each from an aligned offset, and their bytes (a bucket kernel's at the bucket's largest shape)."""
     sizes = {"DELTA": spec.B * spec.Hq * spec.Sq}
     if spec.dbias is not None and dbias_broadcast(spec):
         sizes["DBP"] = spec.B * spec.Hq * spec.Sq * spec.Skv
     out, offset = {}, 0
     for name, numel in sizes.items():
         out[name] = Arg(ArgKind.SCRATCH, offset=offset, dtype="float32")
-        offset += align_up(numel * 4)
+        offset += align_up(upper(numel) * 4)
     return out, offset
 
 
@@ -94,22 +95,22 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
         raise ValueError("the generated backward needs as many key heads as value heads")
     scratch, scratch_bytes = scratch_of(spec)
     pre = _preprocess(spec, kn, scratch)
-    pre_launch = pre.launch((-(-spec.Sq // kn.PRE_BLOCK), spec.B * spec.Hq), 4, 1)
     dkdv = _dkdv(spec, kn, scratch)
-    nkv, nq = -(-spec.Skv // kn.BLOCK_N1), -(-spec.Sq // kn.BLOCK_M2)
+    nkv, nq = (spec.Skv + kn.BLOCK_N1 - 1) // kn.BLOCK_N1, (spec.Sq + kn.BLOCK_M2 - 1) // kn.BLOCK_M2
+    # (each kernel's launch after every body: a bucket kernel's size parameters are all known then)
     if kn.FUSED:
         dq = _dq(spec, kn, scratch, fused=nkv)
         both = _fuse(dkdv, dq, nkv)
         functions = [pre.source(), both.source()]
-        launches = [pre_launch, both.launch((nkv + spec.gk * nq, spec.B * spec.Hk), kn.W1, kn.S1)]
+        launches = [both.launch((nkv + spec.gk * nq, spec.B * spec.Hk), kn.W1, kn.S1)]
     else:
         dq = _dq(spec, kn, scratch)
         functions = [pre.source(), dkdv.source(), dq.source()]
         launches = [
-            pre_launch,
             dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
             dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2),
         ]
+    launches.insert(0, pre.launch(((spec.Sq + kn.PRE_BLOCK - 1) // kn.PRE_BLOCK, spec.B * spec.Hq), 4, 1))
     if spec.dsink is not None:
         ds = _dsink(spec, kn, scratch)
         functions.append(ds.source())
@@ -125,13 +126,13 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
         launches.insert(0, zero[0].launch(zero[1], 4, 1))
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
-    return generated(functions, launches, scratch_bytes)
+    return generated(functions, launches, scratch_bytes, spec.sizes)
 
 
 def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     """delta[b, h, i] = sum_d O * dO in fp32."""
     assert spec.o is not None and spec.do is not None
-    k = KernelText("kernel_attn_bwd_pre", scratch)
+    k = KernelText("kernel_attn_bwd_pre", scratch, spec.sizes)
     pb, dvp = kn.PRE_BLOCK, pow2(spec.Dv)
     k.param(spec.o.name)
     k.param(spec.do.name)
@@ -146,7 +147,7 @@ def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> Kernel
     packed = tuple(r for r in ("o", "do") if spec.packed(r) is not None)
     if packed:
         k.add(*seqlen_lines(spec, k), *ragged_lines(spec, k, packed))
-    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % pb else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if not divides(pb, spec.Sq) else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     for var, op in (("o", spec.o), ("do", spec.do)):
         rows = _row("offs_m[:, None]", wide(extent(op, (1, 1, spec.Sq, spec.Dv))))
@@ -155,7 +156,7 @@ def _preprocess(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> Kernel
             f"{var} = tl.load({op.name} + {row_base(spec, var, op, 'off_b', 'off_h')} + {rows} * {op.strides[2]}"
             f" + offs_dv[None, :]{_mask(mask)}).to(tl.float32)"
         )
-    smask = f", mask=offs_m < {spec.Sq}" if spec.Sq % pb else ""
+    smask = f", mask=offs_m < {spec.Sq}" if not divides(pb, spec.Sq) else ""
     k.add(f"tl.store(DELTA + pid_bh.to(tl.int64) * {spec.Sq} + offs_m, tl.sum(o * do, 1){smask})")
     return k
 
@@ -164,7 +165,7 @@ def _dsink(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     """dSink[h] = -sum over b and the rows i within their sequence of exp(sink[h] - Stats) * delta (rows
     with finite Stats): one program a query head, after the preprocess (delta), no atomics."""
     assert spec.sink is not None and spec.dsink is not None and spec.stats is not None
-    k = KernelText("kernel_attn_bwd_dsink", scratch)
+    k = KernelText("kernel_attn_bwd_dsink", scratch, spec.sizes)
     pb, st = kn.PRE_BLOCK, spec.stats
     for name in (st.name, "DELTA", spec.sink.name, spec.dsink.name):
         k.param(name)
@@ -230,7 +231,7 @@ def _lse2(spec: AttnSpec, offs: str, mask: str | None) -> list[str]:
 
 def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     assert spec.dk is not None and spec.dv is not None and spec.do is not None and spec.stats is not None
-    k = KernelText("kernel_attn_bwd_dkdv", scratch)
+    k = KernelText("kernel_attn_bwd_dkdv", scratch, spec.sizes)
     bm, bn = kn.BLOCK_M1, kn.BLOCK_N1
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     dt = dot_dtype(spec)
@@ -255,7 +256,7 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dk", "dv"))
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
-    key_ok = f"(offs_n[:, None] < {spec.Skv})" if spec.Skv % bn else None
+    key_ok = f"(offs_n[:, None] < {spec.Skv})" if not divides(bn, spec.Skv) else None
     wk, wv = (wide(extent(op, (1, 1, spec.Skv, d))) for op, d in ((spec.k, spec.D), (spec.v, spec.Dv)))
     k_ok, v_ok = (rows_ok(spec, r, "offs_n[:, None]") or key_ok for r in ("k", "v"))
     k.add(
@@ -296,13 +297,14 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         spec.window is not None
         or spec.seq_len_q is not None
         or spec.seq_len_kv is not None
-        or spec.Sq % bm != 0
-        or spec.Skv % bn != 0
+        or not divides(bm, spec.Sq)
+        or not divides(bn, spec.Skv)
         or spec.block_mask is not None
     )
     wq, wdo = (wide(extent(op, (1, 1, spec.Sq, d))) for op, d in ((spec.q, spec.D), (spec.do, spec.Dv)))
     tma = (
         bool(kn.TMA)
+        and spec.sizes is None  # (a descriptor's shape is the tensor's)
         and not spec.ragged
         and tma_ok(spec.q, (spec.B, spec.Hq, spec.Sq, spec.D))
         and tma_ok(spec.do, (spec.B, spec.Hq, spec.Sq, spec.Dv))
@@ -399,7 +401,7 @@ def _dkdv_body(
     dt = dot_dtype(spec)
     do = expect(spec.do, "the backward attention spec's dO operand")
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
-    ragged_rows = masked and spec.Sq % kn.BLOCK_M1 != 0
+    ragged_rows = masked and not divides(kn.BLOCK_M1, spec.Sq)
     row_ok = f"(offs_m[:, None] < {spec.Sq})" if ragged_rows else None
     start = "start_m.to(tl.int64)" if wq else "start_m"
     dstart = "start_m.to(tl.int64)" if wdo else "start_m"
@@ -448,7 +450,7 @@ def _dkdv_body(
 def _fuse(dkdv: KernelText, dq: KernelText, nkv: int) -> KernelText:
     """One kernel whose first `nkv` programs (per batch and key head) run the dK/dV kernel's body and
     the others the dQ kernel's: both kinds share the GPU, so neither launch's tail idles it."""
-    k = KernelText("kernel_attn_bwd")
+    k = KernelText("kernel_attn_bwd", sizes=dkdv.sizes)
     for part in (dkdv, dq):
         for name, arg in zip(part.params.names, part.params.args):
             k.params.add(name, arg)
@@ -459,21 +461,21 @@ def _fuse(dkdv: KernelText, dq: KernelText, nkv: int) -> KernelText:
     return k
 
 
-def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -> KernelText:
+def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int | None = None) -> KernelText:
     """The dQ kernel; with `fused` (the count of dK/dV programs before it), the dQ part of the fused
     kernel, whose grid axis 1 is batch x key head and axis 0 past `fused` the GQA group's query blocks."""
     assert spec.dq is not None and spec.do is not None and spec.stats is not None
-    k = KernelText("kernel_attn_bwd_dq", scratch)
+    k = KernelText("kernel_attn_bwd_dq", scratch, spec.sizes)
     bm, bn = kn.BLOCK_M2, kn.BLOCK_N2
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     dt = dot_dtype(spec)
-    num_m = -(-spec.Sq // bm)
+    num_m = (spec.Sq + bm - 1) // bm
     causal = spec.right_bound is not None
     for op in (spec.q, spec.k, spec.v, spec.do, spec.stats):
         k.param(op.name)
     k.param("DELTA")
     k.param(spec.dq.name)
-    if fused:
+    if fused is not None:
         k.add(
             f"y = tl.program_id(0) - {fused}",
             "pid_bh = tl.program_id(1)",
@@ -502,8 +504,8 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
     _per_head(spec, k, 0)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
-    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % bm else None
-    vec_ok = f"offs_m < {spec.Sq}" if spec.Sq % bm else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if not divides(bm, spec.Sq) else None
+    vec_ok = f"offs_m < {spec.Sq}" if not divides(bm, spec.Sq) else None
     wq, wdo, wk, wv = (
         wide(extent(op, (1, 1, s, d)))
         for op, s, d in (
@@ -535,6 +537,7 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int = 0) -
     )
     tma = (
         bool(kn.TMA)
+        and spec.sizes is None
         and not spec.ragged
         and tma_ok(spec.k, (spec.B, spec.Hk, spec.Skv, spec.D))
         and tma_ok(spec.v, (spec.B, spec.Hv, spec.Skv, spec.Dv))
@@ -585,7 +588,7 @@ def _dq_body(
     dt = dot_dtype(spec)
     dp, dvp = pow2(spec.D), pow2(spec.Dv)
     bn = kn.BLOCK_N2
-    ragged = masked and spec.Skv % bn != 0
+    ragged = masked and not divides(bn, spec.Skv)
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if ragged else None
     k_ok, v_ok = (rows_ok(spec, r, "offs_n[:, None]") or key_ok for r in ("k", "v"))
     if tma:

@@ -99,7 +99,8 @@ def generated(functions: list[str], launches: list[Launch], scratch_bytes: int =
     scratch at launch."""
     source = module_source(*functions) if sizes is None else module_source(sizes.declaration(), *functions)
     notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
-    return Generated(source, tuple(launches), scratch_bytes, notes)
+    # (a bucket kernel's scratch is laid out for the bucket's largest shape: backward.scratch_of)
+    return Generated(source, tuple(launches), scratch_bytes, notes, bucket_scratch=sizes is not None)
 
 
 def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Generated:

@@ -12,9 +12,17 @@ What a piece may hold: the sdpa_backward node alone. Layout and types as the for
 Knobs: dK/dV tiles BLOCK_M1 (query rows a step) x BLOCK_N1 (keys a program) with W1 warps and S1
 stages; dQ tiles BLOCK_M2 x BLOCK_N2 with W2, S2; FUSED (one launch for both kinds of programs),
 ONELOOP, TMA.
+
+In a dynamic plan's bucket (../sizes.py, as the forward template) the launches take batch, Sq, Skv
+and the strides they set at run time (one source for the bucket), delta's scratch laid out for the
+bucket's largest shape (Generated.bucket_scratch) and indexed by the run-time sizes. Generated at
+each shape, as before: TMA configs, a dBias that broadcasts (its partials' reduction), packed (ragged)
+tensors, and anything the generator decides by a dynamic size.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..attention import BwdKnobs, backward
 from ..attention.knobs import bwd_candidates, fit_bwd
@@ -29,6 +37,9 @@ class AttentionBackwardTemplate(AttentionTemplateBase):
     fit = staticmethod(fit_bwd)
     knob_class = BwdKnobs
     build = staticmethod(backward)
+
+    def sized_knobs(self, knobs: Any) -> bool:
+        return not knobs.TMA
 
 
 TEMPLATE = AttentionBackwardTemplate()

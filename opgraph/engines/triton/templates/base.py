@@ -95,12 +95,15 @@ class Launch:
 @dataclass(frozen=True)
 class Generated:
     """A config's kernels: the module source, its launches in order, the scratch bytes they share and
-    notes for the engine ("needs_allocator": device-side tensor descriptors)."""
+    notes for the engine ("needs_allocator": device-side tensor descriptors). `bucket_scratch`: the
+    scratch is laid out for the bucket's largest shape (the same bytes and offsets at every shape of it,
+    the kernels indexing it by run-time sizes), so it does not keep the kernels from being `sized`."""
 
     source: str
     launches: tuple[Launch, ...]
     scratch_bytes: int = 0
     notes: frozenset[str] = field(default_factory=frozenset)
+    bucket_scratch: bool = False
 
     @property
     def sized(self) -> bool:
@@ -108,7 +111,7 @@ class Generated:
         one source for every shape of the bucket, whose launches `at` gives per shape."""
         return (
             bool(self.launches)
-            and not self.scratch_bytes
+            and (not self.scratch_bytes or self.bucket_scratch)
             and all(
                 l.grid_expr is not None and all(a.expr is not None for a in l.args if a.kind == ArgKind.SIZE)
                 for l in self.launches
