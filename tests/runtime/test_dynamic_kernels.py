@@ -281,10 +281,9 @@ def test_a_bucket_compiles_at_its_first_shape_only():
 
 
 def test_an_unconverted_piece_is_a_kernel_per_shape_and_counted():
-    g = og.Graph("attention", io_data_type=og.DataType.FLOAT)
-    q, k, v = (g.tensor(dim=[B, 2, S, 8], name=n) for n in "qkv")
-    o, _ = g.sdpa(q, k, v, generate_stats=False, use_causal_mask=True)  # the attention template bakes sizes in
-    o.set_output(True).set_name("y")
+    g = og.Graph("conv", io_data_type=og.DataType.FLOAT)
+    x, w = g.tensor(dim=[B, 4, 6, 6], name="x"), g.tensor(dim=[8, 4, 3, 3], name="w")
+    g.conv_fprop(image=x, weight=w, padding=[1, 1]).set_output(True).set_name("y")  # (the conv template bakes sizes in)
     plan = g.build(device="cpu", engines=["triton"], buckets="one")
     rng = np.random.default_rng(5)
     for b, s in [(2, 3), (3, 5), (2, 3)]:
@@ -367,7 +366,8 @@ def test_a_view_copy_from_a_dynamic_slice_start_is_one_kernel_per_bucket():
 def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
     """transformers' tiny Llama (fp32) imported with a dynamic batch and length: its view copies (heads
     split and merged, unsqueezes), reshapes of computed values and torch.diff's concatenation along the
-    length, and its position ids' scan, are one kernel per bucket (none generated per shape), and the
+    length, its position ids' scan and its attention (causal, its mask read by the score modifier) are
+    one kernel per bucket (none generated per shape), and the
     plan matches the model at 1, primes and the range's ends (outputs poisoned)."""
     import math
 
@@ -397,3 +397,5 @@ def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
         assert not per_shape, per_shape
         scans = [st for st in steps if st.config.knob("template") == "scan"]
         assert scans and all(st.kernel.generated.sized for st in scans)  # (the position ids)
+        attention = [st for st in steps if st.config.knob("template") == "attention"]
+        assert len(attention) == 2 and all(st.kernel.generated.sized for st in attention)
