@@ -3,7 +3,9 @@
 The spec of the piece's symbolic origin holds expressions of the dynamic dims where the static spec
 holds ints (batch, Sq, Skv and the strides they set). `sized_spec` wraps each one in a `Size`: it
 computes like its expression (`num_m - 1`, `B * H`), prints in the kernel's text as the size parameter
-holding its value (sizes.Sizes.text: `sz0`), and has no truth value and no order, so that a decision
+holding its value (sizes.Sizes.text: `sz0`; a multiple of a constant, such as a stride `64*seq`, as
+`(sz0 * 64)` so that Triton knows the offsets' alignment: gemm.template.divisible_text), and has no
+truth value and no order, so that a decision
 the generator makes by a size raises TypeError (the template then generates the piece at its shape)
 unless it says how over the bucket (`divides`, `upper`, `nonzero`). The kernel's launch grid is then
 an expression evaluated per shape (KernelText.launch)."""
@@ -14,6 +16,7 @@ import dataclasses
 from typing import Any, cast
 
 from ....core.symbolic import Expr, SymInt, known_divisor
+from ..gemm.template import divisible_text
 from ..sizes import Sizes
 from .spec import AttnSpec, Operand
 
@@ -30,7 +33,7 @@ class Size:
         return Size(value, self.sizes) if isinstance(value, Expr) else value
 
     def __str__(self) -> str:
-        return self.sizes.text(self.expr)
+        return divisible_text(self.sizes)(self.expr)
 
     def __format__(self, spec: str) -> str:
         return str(self)

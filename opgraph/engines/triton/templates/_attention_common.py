@@ -15,6 +15,7 @@ from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
 from ..attention.lowering import Fusion, analyze, build_spec, support_of
 from ..attention.sized import sized_spec
+from ..gemm.template import divisible_text
 from ..sizes import Sizes, is_dynamic_desc, symbolic_piece
 from .base import Generated, Match, Template, unique
 
@@ -105,7 +106,11 @@ class AttentionMatch(Match[Any]):
         sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
         try:
             spec = build_spec(
-                piece, f, interpret=self.interpret, fp32_precision=knobs.fp32_precision or "ieee", text=sizes.text
+                piece,
+                f,
+                interpret=self.interpret,
+                fp32_precision=knobs.fp32_precision or "ieee",
+                text=divisible_text(sizes),
             )
             if spec.ragged or spec.paged:  # (token counts and page tables: at the shape)
                 return None
