@@ -61,8 +61,10 @@ SCENARIOS = {
     "mlp_adamw_f32_torch": ("mlp", "adamw", 0.5, 200 / 2**20, "float32", ["torch"], False),
     "mlp_sgd_zero": ("mlp", "sgd", None, 300 / 2**20, "float64", None, True),
     "mlp_adamw_clip_zero": ("mlp", "adamw", 0.5, 300 / 2**20, "float64", None, True),
+    "mlp_sgd_small_buckets": ("mlp", "sgd", None, 300 / 2**20, "float64", None, False),  # mlp_sgd_zero's twin
     "cnn_sgd_bn": ("cnn", "sgd", None, 400 / 2**20, "float64", None, False),
     "cnn_adamw_bn_clip": ("cnn", "adamw", 0.5, 400 / 2**20, "float64", None, False),
+    "cnn_cl_sgd_bn_zero": ("cnn_cl", "sgd", None, 400 / 2**20, "float64", None, True),  # channels_last
 }
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -127,6 +129,8 @@ def run(name, rank, world):
     kind, opt_name, clip, cap, dtype_name, engines, zero = SCENARIOS[name]
     dtype = getattr(torch, dtype_name)
     model = (mlp if kind == "mlp" else cnn)(dtype)
+    if kind == "cnn_cl":
+        model = model.to(memory_format=torch.channels_last)
     start = copy.deepcopy(model)
     data = batches(kind, dtype)
     per = GLOBAL_BATCH // world
@@ -149,13 +153,42 @@ def run(name, rank, world):
         "params": [],
         "norms": [],
     }
-    for x, y in shards:
-        out["losses"].append(float(step.run(x, y)))
+    after = OpCounter()  # the torch ops TrainStep runs after the plan (the last step's)
+    plain = step._after_execute
+
+    def counted(pack):
+        after.ops.clear()
+        with after:
+            plain(pack)
+
+    step._after_execute = counted
+    for i, (x, y) in enumerate(shards):
+        if i == len(shards) - 1:  # the torch ops of a whole step
+            with OpCounter() as whole:
+                out["losses"].append(float(step.run(x, y)))
+            out["run_ops"] = dict(whole.ops)
+        else:
+            out["losses"].append(float(step.run(x, y)))
         out["params"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
         out["norms"].append(None if clip is None else float(step.grad_norm))
     out["state"] = {s.key: sorted(step.param_state(s.key)) for s in step.params}
     out["updates"] = sum(1 for n in step.graph.final.nodes if ".update." in n.name)
-    if kind == "cnn":  # DDP semantics: per-rank batch statistics; torch DDP (no buffer broadcast) as the reference
+    out["after_ops"] = dict(after.ops)
+    out["graph"] = step.graph.to_json(indent=None)
+    out["storages"] = len({p.untyped_storage().data_ptr() for p in model.parameters()})
+    out["strides"] = {k: tuple(p.stride()) for k, p in model.named_parameters()}
+    out["start_strides"] = {k: tuple(p.stride()) for k, p in start.named_parameters()}
+    if zero:  # a parameter given a new tensor: the step lays the parameters out again, and trains on
+        first = next(model.parameters())
+        first.data = first.data.clone()
+        step.run(*shards[0])
+        out["relaid"] = {
+            "storages": len({p.untyped_storage().data_ptr() for p in model.parameters()}),
+            "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        }
+    if kind.startswith(
+        "cnn"
+    ):  # DDP semantics: per-rank batch statistics; torch DDP (no buffer broadcast) as the reference
         twin = torch.nn.parallel.DistributedDataParallel(
             copy.deepcopy(start), broadcast_buffers=False, bucket_cap_mb=cap
         )
@@ -166,6 +199,29 @@ def run(name, rank, world):
             copy.deepcopy(start), optimizer(opt_name), data, clip
         )
     return out
+
+
+def OpCounter():
+    """A context counting the torch ops run inside it by name (`.ops`), copies' bytes too (`copy_bytes`)."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            self.ops[name] += 1
+            if name in ("cat", "copy_", "clone") and isinstance(out, torch.Tensor):
+                self.ops["copy_bytes"] += 2 * out.numel() * out.element_size()
+            return out
+
+    return Counter()
 
 
 def mismatch(rank, world):
