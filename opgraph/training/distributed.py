@@ -152,8 +152,13 @@ class OwnedParams:
             return
         import torch.distributed as dist
 
-        for src, t in (*self.flats, *self.loose):
-            dist.broadcast(t.detach(), src=src, group=self.group)
+        for src, t in self.flats:
+            dist.broadcast(t, src=src, group=self.group)
+        for src, p in self.loose:  # (collectives take contiguous tensors)
+            t = p.detach().contiguous()
+            dist.broadcast(t, src=src, group=self.group)
+            if t.data_ptr() != p.data_ptr():
+                p.detach().copy_(t)
 
 
 def owned_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int], process_group: Any) -> OwnedParams:

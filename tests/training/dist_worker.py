@@ -224,6 +224,46 @@ def OpCounter():
     return Counter()
 
 
+def layout(rank, world):
+    """owned_params on parameters of two types, contiguous, channels_last and strided (not dense), each
+    rank's values its rank + 1: after the broadcast each parameter holds its owner's values."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from opgraph.training.distributed import ALIGN_BYTES, owned_params
+
+    made = {
+        "a": torch.empty(5, 3),
+        "b": torch.empty(4, 3, 3, 3).to(memory_format=torch.channels_last),
+        "c": torch.empty(7, dtype=torch.float64),
+        "d": torch.empty(6, 8)[:, ::2],  # (strides (8, 2): not dense)
+        "e": torch.empty(3, 3),
+    }
+    params = {k: nn.Parameter(v.fill_(rank + 1)) for k, v in made.items()}
+    strides = {k: p.stride() for k, p in params.items()}
+    owners = {"a": 0, "b": 1, "c": 0, "d": 1, "e": 1}
+    owned = owned_params(list(params.items()), owners, dist.group.WORLD)
+    held = owned.holds(list(params.values()))
+    owned.broadcast()
+    params["a"].data = params["a"].data.clone()  # a new tensor: no longer the laid-out view
+    return {
+        "values": {k: float(p.detach().unique().item()) for k, p in params.items()},
+        "strides": {k: p.stride() == strides[k] for k, p in params.items()},
+        "flats": [(src, str(t.dtype), t.numel()) for src, t in owned.flats],
+        "loose": [src for src, _ in owned.loose],
+        "aligned": all(  # (offsets in the flat buffers: a CUDA allocation starts aligned, a host one need not)
+            (p.data_ptr() - t.data_ptr()) % ALIGN_BYTES == 0
+            for k, p in params.items()
+            if k in "bce"
+            for _, t in owned.flats
+            if t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+        ),
+        "held": held,
+        "held_after": owned.holds(list(params.values())),
+    }
+
+
 def mismatch(rank, world):
     """Rank 1 builds its step with a shard of another size: every rank gets a DistributedError."""
     import torch
@@ -253,7 +293,8 @@ def main(argv):
     try:
         for name in names:
             try:
-                results[name] = mismatch(rank, world) if name == "mismatch" else run(name, rank, world)
+                special = {"mismatch": mismatch, "layout": layout}
+                results[name] = special[name](rank, world) if name in special else run(name, rank, world)
             except Exception:  # noqa: BLE001 (reported to the test, which fails with it)
                 results[name] = {"traceback": traceback.format_exc()}
                 break  # the other rank may be waiting in a collective: stop here, the test reports it
