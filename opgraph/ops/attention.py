@@ -90,6 +90,7 @@ _BWD_IN = (
     *_EXTRA,
 )
 _SCALARS = frozenset({"attn_scale", "dropout_seed", "dropout_offset", "dropout_scale", "dropout_scale_inv"})
+_PHILOX = frozenset({"dropout_seed", "dropout_offset"})
 _ATTN_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE)
 _LEN_TYPES = (DataType.INT32, DataType.INT64)
 
@@ -133,6 +134,13 @@ class _Attention(Op):
         """The scalars, and a score modifier's inputs, may be pass-by-value tensors (a soft-cap or a -inf
         a modifier reads, as cuDNN's flexible graphs pass them)."""
         return _SCALARS | frozenset(self.score_mod.input_roles() if self.score_mod is not None else ())
+
+    def integer_inputs(self) -> frozenset[str]:
+        """The Philox seed and offset: int64 values, exact over their whole range."""
+        return _PHILOX
+
+    def check_scalar(self, role: str, value: float) -> tuple[str, str, str] | None:
+        return checks.philox_problem(role, int(value)) if role in _PHILOX else None
 
     @property
     def bottom_right(self) -> bool:

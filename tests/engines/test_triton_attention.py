@@ -9,6 +9,8 @@ the reasons the templates decline. GPU tests (marked gpu) at realistic sizes aga
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from opgraph.core.device import Device
 from opgraph.core.piece import make_piece
 from opgraph.engines.triton.templates import attention as fwd_template
 from opgraph.engines.triton.templates import attention_bwd as bwd_template
+from opgraph.ops import attention_ref as R
 from opgraph.core.tensor import packed_strides
 from opgraph.testing import check_plan
 
@@ -216,6 +219,42 @@ def test_empty_rows(rng):
     assert not bad, "\n".join(map(str, bad))
 
 
+# -- the Philox seed and offset as pass-by-value int64 arguments -----------------------------------------
+
+
+def test_pass_by_value_seed_and_offset_forward_dump_and_backward():
+    """Seed and offset declared pass-by-value (host values, cuDNN's is_pass_by_value) reach the forward,
+    rng_dump and backward kernels as int64 arguments: the outputs equal those with 1-element device
+    tensors bit for bit and the reference engine's; a seed above 2**53, one apart from another (equal in
+    float64), or differing only in its high bits, draws another mask."""
+    from opgraph.testing import compare
+
+    from ..ops.test_attention import BIG_OFFSET, BIG_SEED, philox_graph, philox_inputs, run_philox
+
+    device = philox_graph("device", io=DT.FLOAT).build(device="cpu", engines=["triton"])
+    by_value = philox_graph("by_value", io=DT.FLOAT).build(device="cpu", engines=["triton"])
+    reference = philox_graph("by_value", io=DT.FLOAT).build(device="cpu", engines=["reference"])
+    for step in by_value.steps:  # seed and offset: int64 parameters of each kernel that draws
+        heads = re.findall(r"^def kernel\w*\((.*)\):$", step.kernel.source(), re.M)
+        params = [p for h in heads for p in h.split(", ") if re.match(r"s\d+\b", p)]
+        assert params and all(p.endswith(": tl.int64") for p in params), heads
+    inputs = philox_inputs(philox_graph("device", io=DT.FLOAT))
+    got = run_philox(by_value, inputs, BIG_SEED, BIG_OFFSET)
+    same = run_philox(device, inputs, BIG_SEED, BIG_OFFSET)
+    want = run_philox(reference, inputs, BIG_SEED, BIG_OFFSET)
+    final = by_value.graph
+    for uid in final.outputs:
+        t = final.tensors[uid]
+        np.testing.assert_array_equal(got[t.name], same[t.name], err_msg=t.name)
+        bad = compare(t, got[t.name], want[t.name], **BWD_TOL)
+        assert bad is None, str(bad)
+    np.testing.assert_array_equal(got["rng_dump"], want["rng_dump"])
+    for seed in (BIG_SEED - 1, BIG_SEED ^ (1 << 62)):
+        other = run_philox(by_value, inputs, seed, BIG_OFFSET)
+        assert (other["rng_dump"] != got["rng_dump"]).any() and np.abs(other["dQ"] - got["dQ"]).max() > 1e-3
+        np.testing.assert_array_equal(other["rng_dump"], R.dropout_keep(0.3, seed, BIG_OFFSET, got["rng_dump"].shape))
+
+
 # -- fusion -----------------------------------------------------------------------------------------------
 
 
@@ -274,8 +313,7 @@ def test_declines_name_the_rule():
     qq, kk, vv = (g3.tensor(dim=[1, 2, 8, 16], name=n) for n in "qkv")
     seed = g3.tensor(dim=[1], data_type=DT.INT64, is_pass_by_value=True, name="seed")
     g3.sdpa(qq, kk, vv, generate_stats=False, dropout=(0.1, seed, 3))[0].set_output(True)
-    why = fwd_template.TEMPLATE.match(_piece(g3, "sdpa"), H100)
-    assert not why and "fp32" in why.reason, why.reason
+    assert fwd_template.TEMPLATE.match(_piece(g3, "sdpa"), H100)  # a pass-by-value seed: an int64 argument
 
 
 def test_candidates_fit_shared_memory():

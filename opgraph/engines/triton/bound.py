@@ -26,6 +26,7 @@ from ...memory.addresses import TABLE_KEY
 from ..base import Binding, Launcher
 from . import compiler, native, tma_desc
 from .interpret import interpreting_here
+from .templates.base import host_scalar
 
 
 def launch_mode() -> str:
@@ -85,7 +86,7 @@ class TritonLauncher(Launcher):
         if arg.kind == "buf":
             return self.binding.buffers[arg.uid]
         if arg.kind == "scalar":
-            return float(self.binding.buffers[arg.uid])
+            return host_scalar(arg, self.binding.buffers[arg.uid])
         if arg.kind == "scratch":
             import torch
 
@@ -190,7 +191,7 @@ class InterpretedLauncher(Launcher):
                 if a.kind == "buf":
                     args.append(_as_torch(self.binding.buffers[a.uid]))
                 elif a.kind == "scalar":
-                    args.append(float(self.binding.buffers[a.uid]))
+                    args.append(host_scalar(a, self.binding.buffers[a.uid]))
                 elif a.kind == "scratch":
                     import torch
 
