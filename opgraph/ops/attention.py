@@ -22,10 +22,12 @@ max_seq_len_q / max_seq_len_kv and B the lengths' batch. Paged caches: k (or v) 
 [pages, H, block, D] read through a page table [B, 1, P, 1] (or a packed one [1, 1, T, 1] with its ragged
 offset). The formulas are in attention_ref.py and docs/attention.md.
 
-dropout: ``(p, seed, offset)`` (Philox; seed and offset 1-element INT64 or INT32 tensors read at run
-time) or ``(mask, scale)`` (an explicit mask broadcast to [B, Hq, Sq, Skv], times scale); the backward
-also takes cuDNN's ``(mask, scale, scale_inv)``. score_mod: see score_mod.py. dBias, dSink_token,
-score_max, score_sum_exp and rng_dump are tensors the caller declares and the op writes, as in cuDNN.
+dropout: ``(p, seed, offset)`` (Philox; seed and offset non-negative integers: 1-element INT64 or INT32
+tensors read at run time, pass-by-value INT64 or INT32 tensors (host values, exact: `integer_inputs`)
+or Python ints) or ``(mask, scale)`` (an explicit mask broadcast to [B, Hq, Sq, Skv], times scale);
+the backward also takes cuDNN's ``(mask, scale, scale_inv)``. score_mod: see score_mod.py. dBias,
+dSink_token, score_max, score_sum_exp and rng_dump are tensors the caller declares and the op writes,
+as in cuDNN.
 """
 
 from __future__ import annotations

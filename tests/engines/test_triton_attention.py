@@ -754,3 +754,55 @@ def test_gpu_window_attention_with_a_bias_view(rng):
         g, rng, device="cuda", engines=("triton", "torch"), expect_steps=1, rtol=2e-2, atol=2e-3
     )
     assert plan.steps[0].config.knob("template") == "attention", plan.describe()
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_gpu_pass_by_value_seed_native_launch_and_cuda_graph():
+    """On a GPU (the precompiled kernels' native launch: an i64 argument slot) a pass-by-value seed above
+    2**53 draws the reference's mask and the device seed's outputs; a CUDA graph captured with it
+    replays that value (baked in), while one captured with device tensors follows the buffers."""
+    import torch
+
+    from ..ops.test_attention import BIG_OFFSET, BIG_SEED, philox_graph, philox_inputs
+
+    def pack_of(plan, inputs, seed, offset):
+        final, pack = plan.graph, {}
+        for uid in final.inputs:
+            t = final.tensors[uid]
+            if t.name in ("seed", "offset"):
+                value = seed if t.name == "seed" else offset
+                pack[uid] = value if t.is_pass_by_value else torch.full(t.dim, value, dtype=torch.int64, device="cuda")
+            else:
+                pack[uid] = torch.from_numpy(inputs[t.name]).cuda()
+        for uid in final.outputs:
+            t = final.tensors[uid]
+            pack[uid] = torch.full(t.dim, float("nan"), dtype=t.data_type.to_torch(), device="cuda")
+        return pack
+
+    def named(plan, pack):
+        return {plan.graph.tensors[u].name: pack[u].cpu().numpy() for u in plan.graph.outputs}
+
+    by_value = philox_graph("by_value", io=DT.FLOAT).build(device="cuda", engines=["triton"])
+    device = philox_graph("device", io=DT.FLOAT).build(device="cuda", engines=["triton"])
+    inputs = philox_inputs(philox_graph("device", io=DT.FLOAT))
+    pv, pd = pack_of(by_value, inputs, BIG_SEED, BIG_OFFSET), pack_of(device, inputs, BIG_SEED, BIG_OFFSET)
+    by_value.execute(pv)
+    device.execute(pd)
+    got, same = named(by_value, pv), named(device, pd)
+    keep = R.dropout_keep(0.3, BIG_SEED, BIG_OFFSET, got["rng_dump"].shape).astype(np.float32)
+    np.testing.assert_array_equal(got["rng_dump"], keep)
+    for name, want in same.items():
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    # CUDA graphs: the pass-by-value seed is baked in; the device seed is read at each replay
+    graph = by_value.populate_cuda_graph(pv)
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(named(by_value, pv)["rng_dump"], keep)
+    graph = device.populate_cuda_graph(pd)
+    seed_buf = next(pd[u] for u in device.graph.inputs if device.graph.tensors[u].name == "seed")
+    seed_buf.fill_(BIG_SEED - 1)
+    graph.replay()
+    torch.cuda.synchronize()
+    other = R.dropout_keep(0.3, BIG_SEED - 1, BIG_OFFSET, keep.shape).astype(np.float32)
+    np.testing.assert_array_equal(named(device, pd)["rng_dump"], other)
