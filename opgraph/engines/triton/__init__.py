@@ -198,6 +198,20 @@ class TritonKernel(Kernel):
             spec, getattr(self.module, self.generated.launches[i].kernel)
         )
 
+    def global_scratch_bytes(self) -> dict[int, int]:
+        """The per-program scratch a compiled launch asks for (device-side TMA descriptors), for its
+        whole grid, plus the alignment it wants: bound.py's native launches take it from here."""
+        if self.interpret or self.device is None:
+            return {}
+        out = {}
+        for i in range(len(self.generated.launches)):
+            binary = self.binary(i)
+            per_program = int(binary.meta("global_scratch_size") or 0) if binary is not None else 0
+            if per_program:
+                gx, gy, gz = self.launchers[i].grid
+                out[i] = gx * gy * gz * per_program + int(binary.meta("global_scratch_align") or 1)  # type: ignore[union-attr]
+        return out
+
     def artifacts(self) -> list[Any]:
         out = []
         for i in range(len(self.generated.launches)):
