@@ -5,7 +5,7 @@ eager and under torch.compile, on 1..8 GPUs of one host, one process a GPU. Self
     python -m bench.data_parallel resnet50 --gpus 1,2,4,8          # ResNet-50, 224², batch 64 a GPU, fp16, SGD
     python -m bench.data_parallel llama --gpus 1,2 --seq 1024      # transformers' Llama of bench.workloads.zoo, bf16, AdamW
     python -m bench.data_parallel gpt --gpus 1,8 --layers 12        # GPT-2 small, bf16, AdamW (bench.gpt's model)
-    python -m bench.data_parallel --dry-run                        # CPU, gloo, 2 ranks, a tiny MLP: wiring only
+    python -m bench.data_parallel --dry-run                        # CPU, gloo, 1 and 2 ranks, a tiny MLP: wiring, checks
 
 Implementations, all from the same weights on the same shards (each rank its own batch of --batch):
   opgraph          train_step(..., process_group=WORLD) captured (step.capture), replayed
@@ -14,7 +14,11 @@ Implementations, all from the same weights on the same shards (each rank its own
   opgraph-zero1    the same with zero=True (optimizer state sharded; a broadcast of parameters after)
   ddp              DistributedDataParallel + autocast (+ GradScaler for fp16) + torch.optim (fused on CUDA)
   ddp-compile      the same with torch.compile(ddp_model)
-Checked before timing: every implementation's first-step loss (rank 0's shard) within 2% of ddp's.
+Checked before timing: every implementation's first-step loss (rank 0's shard) within 2% of ddp's, and
+every opgraph implementation's parameters after that first step against ddp's after its first step,
+from the same weights and batches (`param_check`: per parameter, in fp32, the distance to ddp's
+parameter relative to the size of ddp's step; the worst parameter is reported by name; PARAM_TOL).
+A failed check marks its row, and the run exits non-zero.
 Timed: per world size and implementation, the median over --iters steps (after --warmup) of the slowest
 rank's step time (CUDA events). Reported: ms per step, items/s over all GPUs, the scaling efficiency
 (throughput at N GPUs / (N x throughput at 1 GPU), targets >= 0.95 at 8), and opgraph's step time over
@@ -42,6 +46,47 @@ for _var, _value in (
     os.environ[_var] = _value
 
 MODES = ("opgraph", "opgraph-run", "opgraph-zero1", "ddp", "ddp-compile")
+LOSS_TOL = 0.02  # the first-step loss, relative to ddp's
+# The parameters after the first step: ||p - p_ddp|| / ||p_ddp - p_0|| per parameter (in fp32), the error
+# relative to the size of ddp's step (a step left out, of the wrong sign or size is >= 0.5 of it). fp32
+# (--dry-run): sums in another order, ~1e-6. 16-bit mixed precision: the gradients of fp16 / bf16 kernels
+# that differ from cuDNN's and cuBLAS's by their rounding (2^-11 / 2^-8, grown over their sums): up to
+# 0.1 of the step. AdamW's first step is lr * g / |g| an element: a gradient element near 0 whose sign the
+# rounding flips moves by 2 lr (a relative error of 2 sqrt(the fraction flipped)), hence ADAMW_FACTOR.
+PARAM_TOL = {None: 1e-3, "fp16": 0.1, "bf16": 0.1}
+ADAMW_FACTOR = 3.0
+
+
+def param_tolerance(precision: str | None, sgd: bool) -> float:
+    """The parameter check's tolerance for a workload's precision and optimizer (see PARAM_TOL)."""
+    return PARAM_TOL[precision] * (1.0 if sgd else ADAMW_FACTOR)
+
+
+def param_check(got: dict[str, Any], ref: dict[str, Any], start: dict[str, Any], tol: float) -> dict[str, Any]:
+    """Parameters after one step (`got`, name -> tensor) against ddp's (`ref`) from the same `start`: per
+    parameter ||got - ref|| / ||ref - start|| in fp32 (0 when both equal; a step where ddp took none,
+    as GradScaler's skipped first step, is inf); {"ok", "worst" (its name), "rel", "tol"}."""
+    import torch
+
+    worst, worst_rel = "", 0.0
+    missing = sorted(set(ref) - set(got))
+    for name, want in ref.items():
+        if name not in got:
+            continue
+        g, w, w0 = got[name].float(), want.float(), start[name].float()
+        diff = float(torch.linalg.vector_norm(g - w))
+        step = float(torch.linalg.vector_norm(w - w0))
+        rel = 0.0 if diff == 0.0 else (diff / step if step > 0.0 else float("inf"))
+        if not rel <= worst_rel:  # (nan counts as the worst)
+            worst, worst_rel = name, rel
+    if missing:
+        return {"ok": False, "worst": missing[0], "rel": float("inf"), "tol": tol}
+    return {"ok": worst_rel <= tol, "worst": worst, "rel": worst_rel, "tol": tol}
+
+
+def parameters(model: Any) -> dict[str, Any]:
+    """The model's parameters by name: fp32 copies on the host."""
+    return {k: p.detach().float().cpu().clone() for k, p in model.named_parameters()}
 
 
 def workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]:
@@ -137,8 +182,8 @@ def time_steps(fn: Any, warmup: int, iters: int, cuda: bool) -> list[float]:
     return times
 
 
-def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap_mb: float) -> tuple[Any, float]:
-    """(one step, the first step's loss)."""
+def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap_mb: float) -> tuple[Any, float, Any]:
+    """(one step, the first step's loss, the model it trains: its parameters after the first step)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -160,10 +205,10 @@ def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap
         )
         if not cuda or mode == "opgraph-run":
             first = float(step.run(x, y))
-            return (lambda: step.run(x, y)), first
+            return (lambda: step.run(x, y)), first, model
         captured = step.capture(x, y)  # (its warm-up step is undone)
         first = float(captured.replay())
-        return captured.replay, first
+        return captured.replay, first, model
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[x.device.index] if cuda else None, bucket_cap_mb=cap_mb, gradient_as_bucket_view=True
     )
@@ -191,7 +236,7 @@ def implementation(mode: str, w: dict[str, Any], x: Any, y: Any, cuda: bool, cap
             topt.step()
         return loss
 
-    return run, float(run().detach())
+    return run, float(run().detach()), model
 
 
 def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: str) -> None:
@@ -210,8 +255,15 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
         x, y = w["make"](torch.Generator().manual_seed(rank))
         x, y = x.to(device), y.to(device)
         rows: dict[str, Any] = {}
+        after: dict[str, dict[str, Any]] = {}  # rank 0: each mode's parameters after its first step
         for mode in args.modes:
-            fn, first = implementation(mode, w, x, y, cuda, args.bucket_cap_mb)
+            fn, first, model = implementation(mode, w, x, y, cuda, args.bucket_cap_mb)
+            if mode == args.perturb:  # (tests: the check must fail) this mode's step of one parameter x 1.5
+                name, p = list(model.named_parameters())[-1]
+                with torch.no_grad():
+                    p.add_(p - w["model"].get_parameter(name), alpha=0.5)
+            if rank == 0:
+                after[mode] = parameters(model)
             ms = time_steps(fn, args.warmup, args.iters, cuda)
             if hasattr(getattr(fn, "__self__", None), "release"):  # a captured step: its graph freed before
                 fn.__self__.release()  # the process group is destroyed (NCCL would wait for good)
@@ -221,6 +273,12 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
                 dist.all_reduce(v, op=dist.ReduceOp.MAX)
                 slowest[i] = float(v)
             rows[mode] = {"ms": statistics.median(slowest), "first_loss": first}
+        if rank == 0 and "ddp" in after:
+            start = parameters(w["model"])
+            tol = param_tolerance(w["precision"], w["sgd"])
+            for mode in rows:
+                if mode.startswith("opgraph"):
+                    rows[mode]["params"] = param_check(after[mode], after["ddp"], start, tol)
         if rank == 0:
             Path(out).write_text(json.dumps({"rows": rows, "items": w["items"], "unit": w["unit"]}))
     finally:
@@ -230,7 +288,7 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workload", nargs="?", default="resnet50", choices=["resnet50", "llama", "gpt", "tiny"])
-    p.add_argument("--gpus", default="1,2", help="world sizes, comma-separated (one GPU a rank)")
+    p.add_argument("--gpus", default=None, help="world sizes, comma-separated (one GPU a rank; default 1,2)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--batch", type=int, default=None, help="per GPU (default 64 images, 4 Llama / 8 GPT sequences)")
     p.add_argument("--seq", type=int, default=1024)
@@ -238,11 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--dry-run", action="store_true", help="CPU, gloo, 2 ranks, the tiny model")
+    p.add_argument("--dry-run", action="store_true", help="CPU, gloo, the tiny model (world sizes 1,2 unless --gpus)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--perturb", default=None, metavar="MODE", help="for tests: scale MODE's first step of one parameter by 1.5"
+    )
     args = p.parse_args(argv)
+    args.gpus = args.gpus or "1,2"
     if args.dry_run:
-        args.workload, args.gpus, args.iters, args.warmup = "tiny", "1,2", 3, 1
+        args.workload, args.iters, args.warmup = "tiny", 3, 1
         args.modes = "opgraph,opgraph-run,opgraph-zero1,ddp"  # (torch.compile on the CPU compiles C++ for minutes)
     args.batch = args.batch or {"resnet50": 64, "llama": 4, "gpt": 8, "tiny": 16}[args.workload]
     args.modes = [m for m in args.modes.split(",") if m]
@@ -263,13 +325,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(world: int, results: dict[int, Any], args: argparse.Namespace) -> int:
-    """Print world size `world`'s rows; the number whose first loss failed the check against ddp's."""
+    """Print world size `world`'s rows; the number that failed a check against ddp (the first loss, the
+    parameters after the first step)."""
     failed = 0
     res = results[world]
     rows, base = res["rows"], results[min(results)]["rows"]
     ref = rows.get("ddp", {}).get("first_loss")
     for mode, r in rows.items():
-        ok = ref is None or abs(r["first_loss"] - ref) <= 0.02 * abs(ref)
+        loss_ok = ref is None or abs(r["first_loss"] - ref) <= LOSS_TOL * abs(ref)
+        pc = r.get("params")
+        ok = loss_ok and (pc is None or pc["ok"])
         failed += not ok
         rate = res["items"] * world / (r["ms"] / 1e3)
         one = base.get(mode)  # the same per-GPU batch: efficiency = time at the fewest GPUs / time here
@@ -283,10 +348,16 @@ def report(world: int, results: dict[int, Any], args: argparse.Namespace) -> int
             if "ddp-compile" not in rows or not mode.startswith("opgraph")
             else f"  / ddp-compile {r['ms'] / rows['ddp-compile']['ms']:.2f}"
         )
+        checks = "" if pc is None else f"  params {pc['rel']:.2g} of ddp's step ({pc['worst']})"
+        if not loss_ok:
+            checks += f"  FAILED CHECK: first loss {r['first_loss']:.4g} vs ddp {ref:.4g}"
+        if pc is not None and not pc["ok"]:
+            checks += (
+                f"  FAILED CHECK: parameter '{pc['worst']}' after the first step {pc['rel']:.3g} of ddp's step "
+                f"from ddp's (tolerance {pc['tol']:g})"
+            )
         print(
-            f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}"
-            f"{'' if ok else '  FAILED CHECK: first loss ' + format(r['first_loss'], '.4g') + ' vs ddp ' + format(ref, '.4g')}",
-            flush=True,
+            f"  {world} GPU(s) {mode:14s} {r['ms']:9.2f} ms  {rate:12.0f} {res['unit']}{scale}{vs}{checks}", flush=True
         )
     return failed
 

@@ -110,7 +110,10 @@ def _read_gbps(device: str, n: int, budget: measure.Budget) -> float:
     import torch
 
     a = torch.empty(n, dtype=torch.float16, device=device).normal_()
-    us = _device_us(lambda: a.sum(dtype=torch.float32), device.startswith("cuda"), budget)
+    cuda = device.startswith("cuda")
+    m = a.view(-1, 4096)  # also as a matrix-vector product (cuBLAS's GEMV streams a matrix): the faster
+    v = torch.ones(4096, dtype=a.dtype, device=device)
+    us = min(_device_us(lambda: a.sum(dtype=torch.float32), cuda, budget), _device_us(lambda: m @ v, cuda, budget))
     return a.numel() * a.element_size() / us / 1e3
 
 
@@ -123,9 +126,9 @@ def _gemm_tflops(device: str, m: int, dtype: Any, budget: measure.Budget) -> flo
 
 
 def ceilings(device: str, budget: measure.Budget) -> Ceilings:
-    """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy), read bandwidth (a sum
-    over 512 MiB) and the cuBLAS GEMM rate at 8192^3 for fp16 and bf16, each as device time from the
-    suite's CUDA-graph helper."""
+    """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy), read bandwidth (the
+    faster of a sum over 512 MiB and a matrix-vector product reading it) and the cuBLAS GEMM rate at
+    8192^3 for fp16 and bf16, each as device time from the suite's CUDA-graph helper."""
     import torch
 
     cuda = device.startswith("cuda")

@@ -33,13 +33,14 @@ def inplace_uids(graph: FinalGraph) -> set[int]:
 
 def random_pack(graph: FinalGraph, rng: np.random.Generator, **kw: Any) -> dict[int, Any]:
     """Random inputs and poisoned outputs for every non-virtual tensor of the graph, keyed by UID.
-    Pass-by-value scalars get Python floats in (0.1, 1); an in-place tensor gets random data."""
+    Pass-by-value scalars get Python floats in (0.1, 1) (integer ones ints in [1, 8)); an in-place
+    tensor gets random data."""
     pack: dict[int, Any] = {}
     inplace = inplace_uids(graph)
     for uid in (*graph.inputs, *inplace):
         t = graph.tensors[uid]
         if t.is_pass_by_value:
-            pack[uid] = float(rng.uniform(0.1, 1.0))
+            pack[uid] = int(rng.integers(1, 8)) if t.data_type.is_integer else float(rng.uniform(0.1, 1.0))
         else:
             pack[uid] = random_values(t, rng, **kw)
     for uid in graph.outputs:

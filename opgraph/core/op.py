@@ -181,10 +181,18 @@ class Op:
         """Roles that accept a Python number (a `Const`)."""
         return self.scalar_inputs()
 
+    def integer_inputs(self) -> frozenset[str]:
+        """Scalar roles whose value is an integer that must stay exact (a random seed, a counter
+        offset): the reference engine reads them as int64 (float64 is exact only below 2**53), the
+        generated kernels take a pass-by-value one as an int64 argument, and the variant pack gives one
+        a Python int or an integer host buffer that fits its tensor's type (rule pack.pass_by_value)."""
+        return frozenset()
+
     def check_scalar(self, role: str, value: float) -> tuple[str, str, str] | None:
         """What is wrong with `value` given at run time (a pass-by-value tensor) for scalar input `role`:
         (message, rule, hint), or None. A literal breaking the same rule is refused by `check`; the
-        variant pack applies this to pass-by-value values on every execute."""
+        variant pack applies this to pass-by-value values on every execute (an int, exact, for a role
+        of `integer_inputs`)."""
         return None
 
     def normalize(self, ctx: NodeContext) -> Op:

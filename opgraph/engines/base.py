@@ -92,12 +92,15 @@ class Binding:
     stream    the stream of the current execute
     preludes  calls made once per execute before any step, keyed so that launchers sharing one
               (a CUDA context check, a library handle's stream) register it once
+    reserved  (id(kernel), launch index) -> device memory the launch keeps for the binding's life,
+              allocated when the thread's state was reserved (Kernel.global_scratch_bytes)
     """
 
     buffers: dict[int, Any] = field(default_factory=dict)
     pointers: dict[int, int] = field(default_factory=dict)
     stream: StreamSlot = field(default_factory=StreamSlot)
     preludes: dict[Any, Call] = field(default_factory=dict)
+    reserved: dict[tuple[int, int], Any] = field(default_factory=dict)
 
 
 class Launcher:
@@ -146,6 +149,12 @@ class Kernel(ABC):
     def compile_specs(self) -> Sequence[Any]:
         """Compilation the build may do ahead of time, in parallel (engine-specific specs)."""
         return ()
+
+    def global_scratch_bytes(self) -> dict[int, int]:
+        """Device memory a launch keeps for the life of a binding, outside the plan's workspace
+        (launch index -> bytes). The runtime allocates it when a thread's state is reserved
+        (plan.reserve, or the first execute), so that no bind allocates inside a CUDA-graph capture."""
+        return {}
 
     def artifacts(self) -> list[Any]:
         """Compiled code a plan file may embed (opgraph.engines.artifacts.Artifact)."""

@@ -19,7 +19,7 @@ from ..core.piece import Piece
 from ..core.rounding import to_f64
 from . import register_engine
 from .base import Engine, Kernel
-from .shared.evaluate import load, run_node, too_big
+from .shared.evaluate import load, load_integers, run_node, too_big
 
 CONFIG = EngineConfig(
     "reference",
@@ -39,9 +39,12 @@ class ReferenceKernel(Kernel):
                 return to_f64(env[uid])
             return load(buffers[uid], piece.tensor(uid))
 
+        def read_integers(uid: int) -> np.ndarray:  # (env holds values rounded to their types: exact)
+            return np.asarray(env[uid]) if uid in env else load_integers(buffers[uid], piece.tensor(uid))
+
         results: dict[int, np.ndarray] = {}
         for node in piece.nodes:
-            for uid, value in zip(node.outputs, run_node(node, piece.graph.tensors, read)):
+            for uid, value in zip(node.outputs, run_node(node, piece.graph.tensors, read, read_integers)):
                 if uid is not None and value is not None:
                     env[uid] = value
                     if uid in piece.outputs:

@@ -156,8 +156,11 @@ class PlanModule:
         self._single = not isinstance(output.args[0], (tuple, list))  # (the submodule returns one value bare)
 
     def reserve(self) -> None:
-        """The plan's per-thread state allocated now (ExecutionPlan.reserve)."""
+        """The plan's per-thread state and the device copies of its constants (and what is derived
+        from them) allocated now: PyTorch's CUDA graph trees record the first calls in a private pool
+        and refuse a graph that leaves an allocation there which is not one of its outputs."""
         self.plan.reserve()
+        self.imported.preload([s for _, s in self._bound], self.device)
 
     def __call__(self, *args: Any) -> Any:
         if self.failed:

@@ -425,6 +425,23 @@ class ImportedGraph:
             self._derived_cache[name] = hit
         return hit[2]
 
+    def preload(self, sources: Sequence[Source], device: Any) -> None:
+        """The device copies of the constants among `sources`, and the values derived from them alone,
+        made now and kept (as the first bind would): not inside a later call (a CUDA-graph recording).
+        Random draws, and what is derived from them, are made per call and are left alone."""
+        cache: dict = {}
+        for source in sources:
+            if self._fixed(source):
+                self._resolve(source, cache, {}, device, None)
+
+    def _fixed(self, source: Source) -> bool:
+        """Whether `source` is a constant, or derived from constants only (its value never changes)."""
+        if source.kind == "constant":
+            return True
+        if source.kind == "derived":
+            return all(self._fixed(s) for s in self.derived[source.key].inputs)
+        return False
+
     def _constant(self, name: str, device: Any) -> Any:
         value = self.constants[name]
         if device is None or value.device == device:

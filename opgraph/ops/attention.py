@@ -22,10 +22,12 @@ max_seq_len_q / max_seq_len_kv and B the lengths' batch. Paged caches: k (or v) 
 [pages, H, block, D] read through a page table [B, 1, P, 1] (or a packed one [1, 1, T, 1] with its ragged
 offset). The formulas are in attention_ref.py and docs/attention.md.
 
-dropout: ``(p, seed, offset)`` (Philox; seed and offset 1-element INT64 or INT32 tensors read at run
-time) or ``(mask, scale)`` (an explicit mask broadcast to [B, Hq, Sq, Skv], times scale); the backward
-also takes cuDNN's ``(mask, scale, scale_inv)``. score_mod: see score_mod.py. dBias, dSink_token,
-score_max, score_sum_exp and rng_dump are tensors the caller declares and the op writes, as in cuDNN.
+dropout: ``(p, seed, offset)`` (Philox; seed and offset non-negative integers: 1-element INT64 or INT32
+tensors read at run time, pass-by-value INT64 or INT32 tensors (host values, exact: `integer_inputs`)
+or Python ints) or ``(mask, scale)`` (an explicit mask broadcast to [B, Hq, Sq, Skv], times scale);
+the backward also takes cuDNN's ``(mask, scale, scale_inv)``. score_mod: see score_mod.py. dBias,
+dSink_token, score_max, score_sum_exp and rng_dump are tensors the caller declares and the op writes,
+as in cuDNN.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ _BWD_IN = (
     *_EXTRA,
 )
 _SCALARS = frozenset({"attn_scale", "dropout_seed", "dropout_offset", "dropout_scale", "dropout_scale_inv"})
+_PHILOX = frozenset({"dropout_seed", "dropout_offset"})
 _ATTN_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE)
 _LEN_TYPES = (DataType.INT32, DataType.INT64)
 
@@ -133,6 +136,13 @@ class _Attention(Op):
         """The scalars, and a score modifier's inputs, may be pass-by-value tensors (a soft-cap or a -inf
         a modifier reads, as cuDNN's flexible graphs pass them)."""
         return _SCALARS | frozenset(self.score_mod.input_roles() if self.score_mod is not None else ())
+
+    def integer_inputs(self) -> frozenset[str]:
+        """The Philox seed and offset: int64 values, exact over their whole range."""
+        return _PHILOX
+
+    def check_scalar(self, role: str, value: float) -> tuple[str, str, str] | None:
+        return checks.philox_problem(role, int(value)) if role in _PHILOX else None
 
     @property
     def bottom_right(self) -> bool:

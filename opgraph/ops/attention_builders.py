@@ -285,8 +285,10 @@ def sdpa(
         use_causal_mask: keep j <= i (top-left aligned): the band with right bound 0.
         use_causal_mask_bottom_right: keep j <= i + (Skv - Sq) (bottom-right aligned, with actual lengths).
         sliding_window_length: W, keep j > i + delta - W as well (the band's left bound).
-        dropout: (p, seed, offset) with seed and offset 1-element INT64 tensors read at run time (Philox;
-            docs/attention.md defines the stream), or (mask, scale) with an explicit mask tensor.
+        dropout: (p, seed, offset) with seed and offset non-negative integers: 1-element INT64 (or INT32)
+            tensors read at run time, pass-by-value INT64 tensors (host values, cuDNN's
+            is_pass_by_value) or Python ints (Philox; docs/attention.md defines the stream), or
+            (mask, scale) with an explicit mask tensor.
         score_mod: a function `score_mod(g, score) -> tensor` building pointwise ops on the virtual score
             [B, H, Sq, Skv] (g.gen_index gives positions; other graph tensors broadcast in); fused into
             the kernel and allowed with every mask.
@@ -487,8 +489,10 @@ def sdpa_backward(
         use_causal_mask: keep j <= i (top-left aligned).
         use_causal_mask_bottom_right: keep j <= i + (Skv - Sq) (bottom-right aligned, with actual lengths).
         sliding_window_length: W, keep j > i + delta - W as well (delta 0 top-left, Skv - Sq bottom-right).
-        dropout: (p, seed, offset) with seed and offset 1-element INT64 tensors read at run time (Philox;
-            docs/attention.md defines the stream), or (mask, scale) with an explicit mask tensor.
+        dropout: (p, seed, offset) with seed and offset non-negative integers: 1-element INT64 (or INT32)
+            tensors read at run time, pass-by-value INT64 tensors (host values, cuDNN's
+            is_pass_by_value) or Python ints (Philox; docs/attention.md defines the stream), or
+            (mask, scale) with an explicit mask tensor.
         score_mod: a function `score_mod(g, score) -> tensor` building pointwise ops on the virtual score
             [B, H, Sq, Skv] (g.gen_index gives positions; other graph tensors broadcast in); fused into
             the kernel and allowed with every mask.

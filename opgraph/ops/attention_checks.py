@@ -131,6 +131,23 @@ def check_extras(op: Any, ctx: NodeContext, g: Any) -> None:
             )
 
 
+INT64_MAX = 2**63 - 1
+
+
+def philox_problem(role: str, value: int) -> tuple[str, str, str] | None:
+    """What is wrong with a host value (a literal or a pass-by-value tensor's) of the Philox seed or
+    offset: (message, rule, hint), or None. Both are non-negative int64 values."""
+    if 0 <= value <= INT64_MAX:
+        return None
+    where = "negative" if value < 0 else "beyond int64"
+    return (
+        f"{role}={value} is {where}",
+        "sdpa.dropout",
+        "give the Philox seed and offset as integers in [0, 2**63 - 1] (a uint64 seed such as "
+        "torch.initial_seed(): take it modulo 2**63)",
+    )
+
+
 def check_dropout(op: Any, ctx: NodeContext) -> None:
     p = op.dropout_probability
     philox = [r for r in ("dropout_seed", "dropout_offset") if ctx.has(r)]
@@ -182,6 +199,10 @@ def check_dropout(op: Any, ctx: NodeContext) -> None:
                 rule="sdpa.dropout",
                 hint="seeds and offsets are integers",
             )
+        if isinstance(t, Const) and isinstance(t.value, (int, float)):
+            problem = philox_problem(role, int(t.value))
+            if problem is not None:
+                ctx.error(AttributeValueError, problem[0], rule=problem[1], hint=problem[2])
     if ctx.has("dropout_mask"):
         op.check_broadcast(ctx, "dropout_mask", "sdpa.dropout", "dropout mask")
         if not ctx.has("dropout_scale"):

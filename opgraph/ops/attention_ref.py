@@ -213,6 +213,11 @@ def _scalar(v: np.ndarray | None, default: float) -> float:
     return default if v is None else float(np.asarray(v).reshape(-1)[0])
 
 
+def _integer(v: np.ndarray | None) -> int:
+    """A seed or offset, exact (the engines read them as int64: Op.integer_inputs)."""
+    return 0 if v is None else int(np.asarray(v).reshape(-1)[0])
+
+
 @dataclass
 class Scores:
     """What the forward and backward share: s1 (pre-modifier), s (modified and masked), keep, the
@@ -264,7 +269,7 @@ def scores(
 def dropout_factor(shape, p: float | None, seed, offset, mask, mask_scale) -> np.ndarray | None:
     """The multiplier of P: keep / (1 - p) (Philox), mask * scale (explicit mask) or None."""
     if p is not None:
-        keep = dropout_keep(p, int(_scalar(seed, 0)), int(_scalar(offset, 0)), shape)
+        keep = dropout_keep(p, _integer(seed), _integer(offset), shape)
         return keep / (1.0 - p)
     if mask is not None:
         return np.broadcast_to(mask * _scalar(mask_scale, 1.0), shape)

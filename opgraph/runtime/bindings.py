@@ -66,23 +66,55 @@ def resolve_key(graph: FinalGraph, key: Any) -> int:
     )
 
 
-def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
-    """The host value of a pass-by-value tensor, as a value of its declared type."""
+def _host_number(value: Any, desc: TensorDesc) -> Any:
+    """The number a pass-by-value tensor is given: a Python number, a NumPy scalar or a 1-element host
+    buffer (its element as a Python number)."""
     if isinstance(value, (numbers.Real, np.bool_)):
-        v = value.item() if isinstance(value, np.generic) else value
-    else:
-        try:
-            info = buffer_info(value)
-        except GraphError:
-            info = None
-        if info is None or info.device != "cpu" or int(np.prod(info.shape)) != 1:
+        return value.item() if isinstance(value, np.generic) else value
+    try:
+        info = buffer_info(value)
+    except GraphError:
+        info = None
+    if info is None or info.device != "cpu" or int(np.prod(info.shape)) != 1:
+        raise VariantPackError(
+            f"a pass-by-value tensor takes a host number, got {type(value).__name__}",
+            tensor=desc,
+            rule="pack.pass_by_value",
+            hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
+        )
+    return np.asarray(info.obj).reshape(()).item()
+
+
+def _exact_integer(value: Any, desc: TensorDesc, reader: str) -> int:
+    """The host value of a pass-by-value tensor that `reader` reads as an exact integer (a Philox seed):
+    an int within the tensor's type; a float (which holds integers exactly only below 2**53), a bool or
+    a value the type cannot hold is refused rather than rounded or clamped."""
+    v = _host_number(value, desc)
+    dt = desc.data_type
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise VariantPackError(
+            f"{reader} takes an integer, got {type(v).__name__} {v!r}",
+            tensor=desc,
+            rule="pack.pass_by_value",
+            hint=f"bind a Python int (or an integer NumPy scalar or 1-element CPU tensor) as this {dt.name} "
+            "pass-by-value tensor",
+        )
+    if dt.is_integer:
+        lo, hi = (int(x) for x in (np.iinfo(dt.numpy).min, np.iinfo(dt.numpy).max))
+        if not lo <= v <= hi:
             raise VariantPackError(
-                f"a pass-by-value tensor takes a host number, got {type(value).__name__}",
+                f"{v} does not fit this {dt.name} pass-by-value tensor ({reader}; range {lo}..{hi})",
                 tensor=desc,
                 rule="pack.pass_by_value",
-                hint="bind a Python number, a 0-d array or a 1-element CPU tensor",
+                hint=f"bind a value within {dt.name}'s range"
+                + ("" if dt.itemsize >= 8 else " (or declare the tensor INT64)"),
             )
-        v = np.asarray(info.obj).reshape(()).item()
+    return v
+
+
+def _scalar(value: Any, desc: TensorDesc) -> float | int | bool:
+    """The host value of a pass-by-value tensor, as a value of its declared type."""
+    v = _host_number(value, desc)
     # the tensor holds a value of its type, as a 1-element buffer of that type would
     dt = desc.data_type
     if dt.is_integer and isinstance(v, int):
@@ -119,9 +151,10 @@ def held_scalar(value: Any, desc: TensorDesc, uses: tuple[tuple[Node, str], ...]
     """The value a pass-by-value tensor holds for `value` (rounded to its type, as a 1-element buffer of
     that type would hold it), checked by the ops that read it as they check a literal. Both binders,
     on every execute."""
-    v = _scalar(value, desc)
+    exact = [f"'{role}' of {node.label()}" for node, role in uses if role in node.op.integer_inputs()]
+    v = _exact_integer(value, desc, exact[0]) if exact else _scalar(value, desc)
     for node, role in uses:
-        problem = node.op.check_scalar(role, float(v))
+        problem = node.op.check_scalar(role, v if role in node.op.integer_inputs() else float(v))
         if problem is not None:
             message, rule, hint = problem
             raise VariantPackError(

@@ -57,6 +57,7 @@ class BoundPlan:
         base: Any,
         views: Mapping[int, Any],
         workspace: Any = None,
+        reserved: Mapping[tuple[int, int], Any] | None = None,
     ) -> None:
         self.state = state
         self.table = table
@@ -67,6 +68,7 @@ class BoundPlan:
         self.binding = b = Binding()
         b.buffers.update(binder.values)
         b.pointers.update(binder.pointers)
+        b.reserved.update(reserved or {})
         for uid, view in views.items():
             b.buffers[uid] = view
             b.pointers[uid] = address_of(view)

@@ -31,6 +31,7 @@ class ThreadState:
         self.owned: BoundPlan | None = None  # bound to the workspace the plan allocated for this thread
         self.reserved: tuple[Any, Mapping[int, Any]] | None = None  # that workspace, allocated before binding
         self.user: BoundPlan | None = None  # bound to the last workspace the caller passed
+        self.reserved_launch_memory: dict[tuple[int, int], Any] | None = None  # Kernel.global_scratch_bytes
         # CUDAGraph -> cudagraph.Capture, dropped with the graph
         self.captures: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -44,11 +45,22 @@ class ThreadState:
         return bound
 
     def reserve(self) -> None:
-        """Allocate this thread's own workspace now, as the first execute without one would."""
+        """Allocate this thread's own workspace and its launches' own memory now, as the first execute
+        without a workspace would."""
         state = self.state
         if self.reserved is None and self.owned is None:
             base = wsp.allocate(state.workspace_size, state.device) if state.workspace_size else None
             self.reserved = (base, wsp.tensor_views(base, state.layout, state.graph) if base is not None else {})
+        self._reserve_launch_memory()
+
+    def _reserve_launch_memory(self) -> dict[tuple[int, int], Any]:
+        if self.reserved_launch_memory is None:
+            made: dict[tuple[int, int], Any] = {}
+            for step in self.state.steps:
+                for launch, nbytes in step.kernel.global_scratch_bytes().items():
+                    made[(id(step.kernel), launch)] = wsp.allocate(nbytes, self.state.device)
+            self.reserved_launch_memory = made
+        return self.reserved_launch_memory
 
     def bound(self, user: Any) -> BoundPlan:
         state = self.state
@@ -68,7 +80,8 @@ class ThreadState:
 
     def _bind(self, base: Any, views: Mapping[int, Any], user: Any) -> BoundPlan:
         with self.state.kernels.visible():  # a loaded plan's kernels, for this plan's launchers only
-            return BoundPlan(self.state, self.binder, self.table, base, views, workspace=user)
+            reserved = self._reserve_launch_memory()
+            return BoundPlan(self.state, self.binder, self.table, base, views, workspace=user, reserved=reserved)
 
 
 __all__ = ["ThreadState"]

@@ -23,7 +23,10 @@ from the same parameters (seed the model, or broadcast it), as DDP does at const
 ZeRO-1 (`zero=True`): each parameter is updated, and its optimizer state kept, by one rank only
 (`shard_owners`: whole parameters, the largest first to the least loaded rank); the others' updates are
 left out of this rank's graph (`GradientBuckets.updated_elsewhere`), and after the step every rank
-broadcasts its parameters (`broadcast_params`, which TrainStep runs after the plan, captured with it).
+broadcasts its parameters (`OwnedParams.broadcast`, which TrainStep runs after the plan, captured with
+it). Each owner's parameters (of a type) live in one flat buffer the module's parameters are views of
+(`owned_params`, as FSDP's flat parameters), so the broadcast is one call per owner with no joining and
+no copying back; with one rank there is nothing to broadcast.
 
 At construction the ranks compare a fingerprint of their step graphs (an all_gather of a hash and the
 inputs' dims): a rank whose graph or shapes differ is a `DistributedError` naming it, on every rank,
@@ -119,13 +122,98 @@ def shard_owners(sizes: Sequence[tuple[str, int]], world: int) -> dict[str, int]
     return owners
 
 
-def broadcast_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int], process_group: Any) -> None:
-    """Each parameter (key, torch tensor) from the rank that owns it to every rank: one broadcast per
-    owner of its parameters joined (after a ZeRO-1 step's updates; capturable in a CUDA graph)."""
+ALIGN_BYTES = 512  # each parameter's offset in its owner's buffer: as the CUDA caching allocator aligns
+
+
+@dataclass(frozen=True)
+class OwnedParams:
+    """ZeRO-1's parameters laid out for the broadcast after each step (`owned_params`): per owner and
+    type one flat buffer, broadcast whole from its owner, whose views the module's parameters are;
+    parameters of a layout that is not dense (`loose`) are broadcast one by one. Empty with one rank."""
+
+    flats: tuple[tuple[int, Any], ...] = ()  # (the owner's rank in the default group, its flat buffer)
+    loose: tuple[tuple[int, Any], ...] = ()  # (the owner's rank in the default group, a parameter)
+    held: tuple[tuple[Any, int], ...] = ()  # (a parameter, its address in its flat buffer)
+    group: Any = None  # the torch.distributed group (None: the default group)
+
+    def holds(self, params: Sequence[Any]) -> bool:
+        """Whether `params` (torch tensors) are still the views laid out here (a module moved to another
+        device, or given new tensors, is not: lay it out again)."""
+        if not self.flats and not self.loose:  # (one rank: nothing laid out)
+            return True
+        where = {id(p): at for p, at in self.held}
+        loose = {id(p) for _, p in self.loose}
+        return all(where.get(id(p)) == p.data_ptr() or id(p) in loose for p in params)
+
+    def broadcast(self) -> None:
+        """Every parameter from its owner to every rank: one broadcast per flat buffer (capturable in a
+        CUDA graph)."""
+        if not self.flats and not self.loose:
+            return
+        import torch.distributed as dist
+
+        for src, t in self.flats:
+            dist.broadcast(t, src=src, group=self.group)
+        for src, p in self.loose:  # (collectives take contiguous tensors)
+            t = p.detach().contiguous()
+            dist.broadcast(t, src=src, group=self.group)
+            if t.data_ptr() != p.data_ptr():
+                p.detach().copy_(t)
+
+
+def owned_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int], process_group: Any) -> OwnedParams:
+    """Lay out ZeRO-1's parameters (key, torch parameter) for the broadcast: each owner's parameters of
+    a type copied into one flat buffer (each at an ALIGN_BYTES offset, in its own strides) and the
+    module's parameters made views of it (`param.data`), so that broadcasting the buffer updates them
+    in place. With one rank nothing is broadcast: the parameters stay as they are."""
     import torch
     import torch.distributed as dist
 
     group = None if process_group is dist.group.WORLD else process_group
+    if dist.get_world_size(group) == 1:
+        return OwnedParams(group=group)
+    unique: dict[int, tuple[str, Any]] = {}
+    for key, p in params:
+        unique.setdefault(id(p), (key, p))
+    by_buffer: dict[tuple[int, Any], list[Any]] = {}
+    loose: list[tuple[int, Any]] = []
+    for key, p in unique.values():
+        if key not in owners:
+            continue
+        src = owners[key] if group is None else dist.get_global_rank(group, owners[key])
+        if _dense(p):
+            by_buffer.setdefault((src, p.dtype), []).append(p)
+        else:
+            loose.append((src, p))
+    flats: list[tuple[int, Any]] = []
+    held: list[tuple[Any, int]] = []
+    for (src, dtype), ps in sorted(by_buffer.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        align = max(1, ALIGN_BYTES // ps[0].element_size())
+        offsets, at = [], 0
+        for p in ps:
+            offsets.append(at)
+            at += -(-p.numel() // align) * align
+        flat = torch.zeros(at, dtype=dtype, device=ps[0].device)
+        with torch.no_grad():
+            for p, off in zip(ps, offsets):
+                view = flat.as_strided(p.shape, p.stride(), off)
+                view.copy_(p.detach())
+                p.data = view
+                held.append((p, view.data_ptr()))
+        flats.append((src, flat))
+    return OwnedParams(tuple(flats), tuple(loose), tuple(held), group)
+
+
+def broadcast_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int], process_group: Any) -> None:
+    """Each parameter (key, torch tensor) from the rank that owns it to every rank: one broadcast per
+    owner of its parameters joined, then copied back (nothing with one rank). TrainStep lays the
+    parameters out once instead (`owned_params`) and broadcasts them with no join and no copy."""
+    import torch
+    import torch.distributed as dist
+
+    group = None if process_group is dist.group.WORLD else process_group
+    if dist.get_world_size(group) == 1:
+        return
     for r in sorted(set(owners.values())):
         mine = [p for k, p in params if owners.get(k) == r]
         if not mine:
@@ -199,6 +287,17 @@ def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int | str, ...]], pr
         hint="build every rank's step from the same model and options, with shards of one size "
         "(drop the last uneven batch, as DistributedSampler(drop_last=True) does)",
     )
+
+
+def _dense(t: Any) -> bool:
+    """Whether torch tensor `t` covers numel() consecutive elements (its strides a permutation of a
+    packed layout's: contiguous, channels_last and the like)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _numel(dims: Sequence[int]) -> int:

@@ -53,7 +53,14 @@ from ..core.symbolic import evaluate
 from ..core.tensor import Tensor
 from ..core.types import Buffer, UidPack
 from . import checkpoint
-from .distributed import DEFAULT_BUCKET_CAP_MB, broadcast_params, check_ranks_agree, data_parallel_hook, shard_owners
+from .distributed import (
+    DEFAULT_BUCKET_CAP_MB,
+    OwnedParams,
+    check_ranks_agree,
+    data_parallel_hook,
+    owned_params,
+    shard_owners,
+)
 from .losses import Loss
 from .module_graph import MIXED, ModuleStepGraph, module_step_graph
 from .optimizers import Optimizer
@@ -88,6 +95,7 @@ class TrainStep:
         self.imported = imported
         self.process_group = process_group
         self._owners: dict[str, int] | None = None  # ZeRO-1: parameter key -> the rank that updates it
+        self._owned: OwnedParams | None = None  # ZeRO-1: the parameters laid out for the broadcast
         if zero and process_group is None:
             raise AttributeValueError(
                 "zero=True (ZeRO-1) shards the optimizer state over a process group",
@@ -339,6 +347,12 @@ class TrainStep:
         (made once per parameter, laid out like it: `_param_state`)."""
         imp = self.imported
         final = self.graph.final
+        if self._owners is not None:  # ZeRO-1: each owner's parameters views of one buffer, before binding
+            named = [(s.key, imp.module.get_parameter(s.key)) for s in self.params]
+            if all(p.device == device for _, p in named) and (
+                self._owned is None or not self._owned.holds([p for _, p in named])
+            ):
+                self._owned = owned_params(named, self._owners, self.process_group)
         cache: dict = {}
         for handle, source in imp.bound_inputs:
             if (
@@ -412,13 +426,11 @@ class TrainStep:
         return CapturedStep(self, graph, dict(self._env), {u: pack[u] for u in self._dynamic_uids()})
 
     def _after_execute(self, pack: Mapping[int, Buffer]) -> None:
-        """Batchnorm running stats back into the module; with ZeRO-1, each parameter from its owner."""
+        """Batchnorm running stats back into the module; with ZeRO-1, each parameter from its owner (one
+        broadcast per owner's buffer; nothing with one rank)."""
         self.imported.write_back(pack)
-        if self._owners is not None:
-            module = self.imported.module
-            broadcast_params(
-                [(s.key, module.get_parameter(s.key)) for s in self.params], self._owners, self.process_group
-            )
+        if self._owned is not None:
+            self._owned.broadcast()
 
     def _snapshot(self, pack: Mapping[int, Buffer]) -> list[tuple[Any, Any]]:
         # every output: parameters and optimizer state are updated in place (outputs read before

@@ -12,6 +12,7 @@ import math
 import pytest
 
 import opgraph as og
+from opgraph.ops import attention_ref as R
 
 from ..helpers import requires_cuda
 
@@ -413,6 +414,113 @@ def test_t3hd_forward_backward_with_dropout_and_rng_dump():
                 packed_d[p[i] : p[i + 1], j].double().permute(1, 0, 2), want[j], atol=3e-3, rtol=3e-3
             )
     assert torch.isnan(packed_d[int(p[-1]) :]).all()
+
+
+# -- the dropout seed and offset as the frontend declares host values -----------------------------------
+
+BIG_SEED, BIG_OFFSET = 2**60 + 1, 2**33 + 5  # above 2**53 / 2**32: exact in int64 only
+
+
+def _philox_sdpa(declare, engines, seed, offset):
+    """sdpa with Philox dropout and rng_dump, then sdpa_backward, through cudnn.pygraph; seed and offset
+    declared `declare`: "device" (1-element tensors read at run time), "is_pass_by_value"
+    (tensor(..., is_pass_by_value=True)), "set_is_pass_by_value" or "tensor_like" (of a CPU tensor, as
+    cuDNN makes a CPU scalar pass-by-value); bound to `seed` / `offset` (Python ints, or CPU tensors
+    [1, 1, 1, 1] for "device" and "tensor_like"). Returns O, Stats, rng_dump, dQ, dK, dV."""
+    torch.manual_seed(4)
+    b, h, s, d = 2, 2, 6, 8
+    dims = (b, h, s, d)
+    q, k, v, do = (torch.randn(dims, dtype=torch.float16) for _ in range(4))
+    kw = dict(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT, engines=engines, device="cpu")
+    cpu = {
+        "seed": torch.full((1, 1, 1, 1), seed, dtype=torch.int64),
+        "offset": torch.full((1, 1, 1, 1), offset, dtype=torch.int64),
+    }
+    host = {"seed": seed, "offset": offset}
+
+    def declare_in(g):
+        out = []
+        for n in ("seed", "offset"):
+            if declare == "tensor_like":
+                t = g.tensor_like(cpu[n])
+                assert t.is_pass_by_value
+            else:
+                t = g.tensor(
+                    name=n,
+                    dim=[1, 1, 1, 1],
+                    stride=[1, 1, 1, 1],
+                    data_type=INT64,
+                    is_pass_by_value=declare == "is_pass_by_value",
+                )
+                if declare == "set_is_pass_by_value":
+                    t.set_is_pass_by_value(True)
+            out.append(t)
+        return out, [cpu[n] if declare in ("device", "tensor_like") else host[n] for n in ("seed", "offset")]
+
+    g = cudnn.pygraph(**kw)
+    Q, K, V = (g.tensor_like(x) for x in (q, k, v))
+    (SEED, OFF), (sv, ov) = declare_in(g)
+    o, stats, dump = torch.empty(dims, dtype=torch.float16), torch.empty(b, h, s, 1), torch.empty(b, h, s, s)
+    RNG = g.tensor_like(dump)
+    O, ST = g.sdpa(
+        name="sdpa", q=Q, k=K, v=V, generate_stats=True, attn_scale=0.25, dropout=(0.3, SEED, OFF), rng_dump=RNG
+    )
+    O.set_output(True).set_dim(dims).set_stride(o.stride())
+    ST.set_output(True).set_data_type(FLOAT)
+    build(g)
+    if engines:
+        assert {st.config.engine for st in g._selected().steps} == set(engines)
+    g.execute({Q: q, K: k, V: v, SEED: sv, OFF: ov, RNG: dump, O: o, ST: stats}, None)
+
+    gb = cudnn.pygraph(**kw)
+    t = [gb.tensor_like(x) for x in (q, k, v, o, do, stats)]
+    (SEED, OFF), (sv, ov) = declare_in(gb)
+    grads = gb.sdpa_backward(
+        name="sdpa_backward",
+        q=t[0],
+        k=t[1],
+        v=t[2],
+        o=t[3],
+        dO=t[4],
+        stats=t[5],
+        attn_scale=0.25,
+        dropout=(0.3, SEED, OFF),
+    )
+    bufs = [torch.empty(dims, dtype=torch.float16) for _ in range(3)]
+    for hnd, buf in zip(grads, bufs):
+        hnd.set_output(True).set_dim(dims).set_stride(buf.stride())
+    build(gb)
+    gb.execute({**dict(zip(t, (q, k, v, o, do, stats))), SEED: sv, OFF: ov, **dict(zip(grads, bufs))}, None)
+    return [o, stats, dump, *bufs]
+
+
+@pytest.mark.parametrize(
+    "engines", [None, pytest.param(("triton",), marks=pytest.mark.interpreter)], ids=["default", "triton"]
+)
+def test_dropout_seed_and_offset_pass_by_value_as_the_frontend_declares_them(engines):
+    """The frontend's ways of giving the Philox seed and offset as host values (INT64 [1, 1, 1, 1]
+    declared is_pass_by_value, or set so after, bound to Python ints; tensor_like of CPU tensors) draw the
+    mask of device tensors of the same values, forward and backward; a seed one apart above 2**53 draws
+    another."""
+    want = _philox_sdpa("device", None, BIG_SEED, BIG_OFFSET)
+    keep = R.dropout_keep(0.3, BIG_SEED, BIG_OFFSET, want[2].shape)
+    torch.testing.assert_close(want[2], torch.from_numpy(keep.astype("float32")), rtol=0, atol=0)
+    for declare in ("is_pass_by_value", "set_is_pass_by_value", "tensor_like"):
+        got = _philox_sdpa(declare, engines, BIG_SEED, BIG_OFFSET)
+        for name, a, w in zip(("o", "stats", "rng_dump", "dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(a, w, rtol=2e-3, atol=2e-3, msg=f"{declare}: {name}")
+        torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
+    other = _philox_sdpa("is_pass_by_value", engines, BIG_SEED - 1, BIG_OFFSET)
+    assert (other[2] != want[2]).any()
+
+
+def test_a_float_or_negative_seed_for_a_pass_by_value_int64_is_refused():
+    with pytest.raises(og.VariantPackError) as info:
+        _philox_sdpa("is_pass_by_value", None, 5.0, 3)
+    assert info.value.rule == "pack.pass_by_value" and "'seed'" in str(info.value)
+    with pytest.raises(og.VariantPackError) as info:
+        _philox_sdpa("is_pass_by_value", None, 5, -3)
+    assert info.value.rule == "sdpa.dropout" and "'offset'" in str(info.value)
 
 
 # -- paged caches, decode --------------------------------------------------------------------------------

@@ -53,11 +53,13 @@ def attention_graph(
             g.tensor(dim=[b, hq, sq, skv], name="dmask"),
             g.tensor(dim=[1, 1, 1, 1], data_type=DT.FLOAT, is_pass_by_value=True, name="dscale"),
         )
-    elif drop == "philox":
+    elif drop in ("philox", "philox_by_value"):
         kw["dropout"] = (
             0.25,
-            g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="seed"),
-            g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, name="offset"),
+            *(
+                g.tensor(dim=[1, 1, 1, 1], data_type=DT.INT64, is_pass_by_value=drop == "philox_by_value", name=n)
+                for n in ("seed", "offset")
+            ),
         )
     want_stats = backward if stats is None else stats
     o, st = g.sdpa(t["q"], t["k"], t["v"], generate_stats=want_stats, **kw, name="fwd")
@@ -101,6 +103,7 @@ def test_plain_attention_is_offered():
         ({"io": DT.FLOAT}, "fp16/bf16"),
         ({"d": 20}, "multiples of 8"),
         ({"drop": "philox"}, "Philox"),
+        ({"drop": "philox_by_value"}, "Philox"),  # (a host seed too: cuDNN's stream is not the op's)
         ({"padding": True, "stats": True}, "+inf"),
         ({"sq": 96, "skv": 64, "use_causal_mask_bottom_right": True, "stats": True}, "+inf"),
         ({"score_mod": lambda g, s: g.tanh(s)}, "score modifiers"),

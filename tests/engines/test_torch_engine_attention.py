@@ -60,11 +60,13 @@ def _graph(
         kw["score_mod"] = lambda sg, s: sg.mul(sg.tanh(sg.div(s, cap)), cap)
     if drop == "mask":
         kw["dropout"] = (g.tensor(dim=[B, HQ, sq, skv], name="dmask"), 1 / 0.75)
-    elif drop == "philox":
+    elif drop in ("philox", "philox_by_value"):
         kw["dropout"] = (
             0.25,
-            g.tensor(dim=[1], data_type=DT.INT64, name="seed"),
-            g.tensor(dim=[1], data_type=DT.INT64, name="offset"),
+            *(
+                g.tensor(dim=[1], data_type=DT.INT64, is_pass_by_value=drop == "philox_by_value", name=n)
+                for n in ("seed", "offset")
+            ),
         )
     want_stats = backward if stats is None else stats
     o, st = g.sdpa(t["q"], t["k"], t["v"], generate_stats=want_stats, **kw, name="fwd")
@@ -95,8 +97,10 @@ def _prepare(pack, g):
             pack[uid][...] = (rng.uniform(size=t.dim) > 0.25).astype(pack[uid].dtype)
         elif t.name == "cap":
             pack[uid][...] = 1.5
-        elif t.name in ("seed", "offset"):
+        elif t.name in ("seed", "offset") and isinstance(pack[uid], np.ndarray):
             pack[uid][...] = 1234 if t.name == "seed" else 99
+        elif t.name in ("seed", "offset"):  # pass-by-value: above 2**53 and 2**32, exact in int64 only
+            pack[uid] = 2**60 + 1 if t.name == "seed" else 2**33 + 5
 
 
 def _check(g, rng, **kw):
@@ -167,6 +171,7 @@ def test_forward_half_types(io, rng):
         {"sliding_window_length": 2},
         {"drop": "mask"},
         {"drop": "philox", "use_causal_mask": True},
+        {"drop": "philox_by_value"},
         {"bias": True, "mod": True, "drop": "mask"},
     ],
 )

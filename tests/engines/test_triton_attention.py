@@ -9,6 +9,8 @@ the reasons the templates decline. GPU tests (marked gpu) at realistic sizes aga
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from opgraph.core.device import Device
 from opgraph.core.piece import make_piece
 from opgraph.engines.triton.templates import attention as fwd_template
 from opgraph.engines.triton.templates import attention_bwd as bwd_template
+from opgraph.ops import attention_ref as R
 from opgraph.core.tensor import packed_strides
 from opgraph.testing import check_plan
 
@@ -216,6 +219,42 @@ def test_empty_rows(rng):
     assert not bad, "\n".join(map(str, bad))
 
 
+# -- the Philox seed and offset as pass-by-value int64 arguments -----------------------------------------
+
+
+def test_pass_by_value_seed_and_offset_forward_dump_and_backward():
+    """Seed and offset declared pass-by-value (host values, cuDNN's is_pass_by_value) reach the forward,
+    rng_dump and backward kernels as int64 arguments: the outputs equal those with 1-element device
+    tensors bit for bit and the reference engine's; a seed above 2**53, one apart from another (equal in
+    float64), or differing only in its high bits, draws another mask."""
+    from opgraph.testing import compare
+
+    from ..ops.test_attention import BIG_OFFSET, BIG_SEED, philox_graph, philox_inputs, run_philox
+
+    device = philox_graph("device", io=DT.FLOAT).build(device="cpu", engines=["triton"])
+    by_value = philox_graph("by_value", io=DT.FLOAT).build(device="cpu", engines=["triton"])
+    reference = philox_graph("by_value", io=DT.FLOAT).build(device="cpu", engines=["reference"])
+    for step in by_value.steps:  # seed and offset: int64 parameters of each kernel that draws
+        heads = re.findall(r"^def kernel\w*\((.*)\):$", step.kernel.source(), re.M)
+        params = [p for h in heads for p in h.split(", ") if re.match(r"s\d+\b", p)]
+        assert params and all(p.endswith(": tl.int64") for p in params), heads
+    inputs = philox_inputs(philox_graph("device", io=DT.FLOAT))
+    got = run_philox(by_value, inputs, BIG_SEED, BIG_OFFSET)
+    same = run_philox(device, inputs, BIG_SEED, BIG_OFFSET)
+    want = run_philox(reference, inputs, BIG_SEED, BIG_OFFSET)
+    final = by_value.graph
+    for uid in final.outputs:
+        t = final.tensors[uid]
+        np.testing.assert_array_equal(got[t.name], same[t.name], err_msg=t.name)
+        bad = compare(t, got[t.name], want[t.name], **BWD_TOL)
+        assert bad is None, str(bad)
+    np.testing.assert_array_equal(got["rng_dump"], want["rng_dump"])
+    for seed in (BIG_SEED - 1, BIG_SEED ^ (1 << 62)):
+        other = run_philox(by_value, inputs, seed, BIG_OFFSET)
+        assert (other["rng_dump"] != got["rng_dump"]).any() and np.abs(other["dQ"] - got["dQ"]).max() > 1e-3
+        np.testing.assert_array_equal(other["rng_dump"], R.dropout_keep(0.3, seed, BIG_OFFSET, got["rng_dump"].shape))
+
+
 # -- fusion -----------------------------------------------------------------------------------------------
 
 
@@ -274,8 +313,7 @@ def test_declines_name_the_rule():
     qq, kk, vv = (g3.tensor(dim=[1, 2, 8, 16], name=n) for n in "qkv")
     seed = g3.tensor(dim=[1], data_type=DT.INT64, is_pass_by_value=True, name="seed")
     g3.sdpa(qq, kk, vv, generate_stats=False, dropout=(0.1, seed, 3))[0].set_output(True)
-    why = fwd_template.TEMPLATE.match(_piece(g3, "sdpa"), H100)
-    assert not why and "fp32" in why.reason, why.reason
+    assert fwd_template.TEMPLATE.match(_piece(g3, "sdpa"), H100)  # a pass-by-value seed: an int64 argument
 
 
 def test_candidates_fit_shared_memory():
@@ -716,3 +754,55 @@ def test_gpu_window_attention_with_a_bias_view(rng):
         g, rng, device="cuda", engines=("triton", "torch"), expect_steps=1, rtol=2e-2, atol=2e-3
     )
     assert plan.steps[0].config.knob("template") == "attention", plan.describe()
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_gpu_pass_by_value_seed_native_launch_and_cuda_graph():
+    """On a GPU (the precompiled kernels' native launch: an i64 argument slot) a pass-by-value seed above
+    2**53 draws the reference's mask and the device seed's outputs; a CUDA graph captured with it
+    replays that value (baked in), while one captured with device tensors follows the buffers."""
+    import torch
+
+    from ..ops.test_attention import BIG_OFFSET, BIG_SEED, philox_graph, philox_inputs
+
+    def pack_of(plan, inputs, seed, offset):
+        final, pack = plan.graph, {}
+        for uid in final.inputs:
+            t = final.tensors[uid]
+            if t.name in ("seed", "offset"):
+                value = seed if t.name == "seed" else offset
+                pack[uid] = value if t.is_pass_by_value else torch.full(t.dim, value, dtype=torch.int64, device="cuda")
+            else:
+                pack[uid] = torch.from_numpy(inputs[t.name]).cuda()
+        for uid in final.outputs:
+            t = final.tensors[uid]
+            pack[uid] = torch.full(t.dim, float("nan"), dtype=t.data_type.to_torch(), device="cuda")
+        return pack
+
+    def named(plan, pack):
+        return {plan.graph.tensors[u].name: pack[u].cpu().numpy() for u in plan.graph.outputs}
+
+    by_value = philox_graph("by_value", io=DT.FLOAT).build(device="cuda", engines=["triton"])
+    device = philox_graph("device", io=DT.FLOAT).build(device="cuda", engines=["triton"])
+    inputs = philox_inputs(philox_graph("device", io=DT.FLOAT))
+    pv, pd = pack_of(by_value, inputs, BIG_SEED, BIG_OFFSET), pack_of(device, inputs, BIG_SEED, BIG_OFFSET)
+    by_value.execute(pv)
+    device.execute(pd)
+    got, same = named(by_value, pv), named(device, pd)
+    keep = R.dropout_keep(0.3, BIG_SEED, BIG_OFFSET, got["rng_dump"].shape).astype(np.float32)
+    np.testing.assert_array_equal(got["rng_dump"], keep)
+    for name, want in same.items():
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+    # CUDA graphs: the pass-by-value seed is baked in; the device seed is read at each replay
+    graph = by_value.populate_cuda_graph(pv)
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(named(by_value, pv)["rng_dump"], keep)
+    graph = device.populate_cuda_graph(pd)
+    seed_buf = next(pd[u] for u in device.graph.inputs if device.graph.tensors[u].name == "seed")
+    seed_buf.fill_(BIG_SEED - 1)
+    graph.replay()
+    torch.cuda.synchronize()
+    other = R.dropout_keep(0.3, BIG_SEED - 1, BIG_OFFSET, keep.shape).astype(np.float32)
+    np.testing.assert_array_equal(named(device, pd)["rng_dump"], other)

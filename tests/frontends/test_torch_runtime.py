@@ -81,3 +81,36 @@ def test_train_mode_running_stats_and_bad_inputs():
     with pytest.raises(og.VariantPackError, match="import.input_dtype"):
         imported.run(_x(0).float())
     torch.testing.assert_close(imported.run(_x(9)), ref(_x(9)), rtol=1e-12, atol=1e-12)  # still usable
+
+
+class _WithConstants(nn.Module):
+    """A constant made in forward (folded at import), a value derived from it alone, and a random draw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = torch.arange(4, dtype=torch.float64)
+        return self.lin(x) * (c * 2 + 1) + torch.rand_like(x) * 0
+
+
+def test_preload_makes_the_device_copies_of_constants_now_and_leaves_random_draws():
+    """PlanModule.reserve preloads its bound inputs before PyTorch's CUDA graph trees record the first
+    calls: a constant's device copy made during a recording stays in their private pool, not an
+    output, and they refuse the graph (issue 43). On the CPU, a `meta` device stands in for CUDA."""
+    imported = og.from_torch(_WithConstants(), (torch.randn(3, 4, dtype=torch.float64),))
+    sources = [s for _, s in imported.bound_inputs]
+    kinds = {s.kind for s in sources}
+    assert kinds & {"constant", "derived"}, kinds  # (the model gives the importer something to fold)
+    meta = torch.device("meta")
+    imported.preload(sources, meta)
+    made = dict(imported._device_constants)
+    derived = dict(imported._derived_cache)
+    assert made or derived
+    imported.preload(sources, meta)  # once: a second preload makes nothing new
+    assert all(imported._device_constants[k] is v for k, v in made.items())
+    assert all(imported._derived_cache[k][2] is v[2] for k, v in derived.items())
+    for s in sources:
+        if not imported._fixed(s):
+            assert s.kind in ("random", "derived", "parameter", "buffer")

@@ -392,6 +392,156 @@ def test_philox_dropout_forward_and_backward():
         np.testing.assert_allclose(a, w.numpy(), rtol=1e-9, atol=1e-11)
 
 
+# -- the Philox seed and offset as device tensors, pass-by-value tensors and numbers ----------------------
+
+BIG_SEED = 2**60 + 1  # above 2**53: float64 (let alone fp32) rounds it to 2**60, which draws another mask
+BIG_OFFSET = 2**33 + 5  # above 2**32: an int32 would wrap it
+
+
+def philox_graph(how, seed_type=D.INT64, io=D.DOUBLE):
+    """sdpa with Philox dropout and rng_dump, then sdpa_backward with the same dropout, over `io` tensors.
+    Seed and offset: "device" 1-element tensors read at run time, "by_value" pass-by-value tensors
+    (cuDNN's is_pass_by_value, [1, 1, 1, 1]), or "number" (BIG_SEED and BIG_OFFSET baked in)."""
+    sq, skv = 5, 7
+    g = og.Graph("drop", io_data_type=io, intermediate_data_type=D.DOUBLE if io is D.DOUBLE else D.FLOAT)
+    q = g.tensor(dim=[B, HQ, sq, DQK], name="q")
+    k = g.tensor(dim=[B, 2, skv, DQK], name="k")
+    v = g.tensor(dim=[B, 2, skv, DV], name="v")
+    do = g.tensor(dim=[B, HQ, sq, DV], name="dO")
+    if how == "number":
+        seed, off = BIG_SEED, BIG_OFFSET
+    else:
+        seed, off = (
+            g.tensor(dim=[1, 1, 1, 1], data_type=seed_type, is_pass_by_value=how == "by_value", name=n)
+            for n in ("seed", "offset")
+        )
+    dump = g.tensor(dim=[B, HQ, sq, skv], data_type=D.FLOAT, name="rng_dump")
+    kw = {"attn_scale": 0.5, "use_causal_mask": True, "dropout": (0.3, seed, off)}
+    o, st = g.sdpa(q, k, v, rng_dump=dump, name="fwd", **kw)
+    o.set_output(True).set_name("o")
+    st.set_output(True).set_data_type(D.DOUBLE if io is D.DOUBLE else D.FLOAT).set_name("stats")
+    dump.set_output(True)
+    for x, n in zip(g.sdpa_backward(q, k, v, o, do, st, name="bwd", **kw), ("dQ", "dK", "dV")):
+        x.set_output(True).set_name(n)
+    return g
+
+
+def philox_inputs(g, seed=0):
+    """Random q, k, v, dO of philox_graph `g`, by name, in their types."""
+    rng = np.random.default_rng(seed)
+    final = g.final
+    descs = [final.tensors[u] for u in final.inputs if final.tensors[u].name in ("q", "k", "v", "dO")]
+    return {t.name: rng.uniform(-1, 1, t.dim).astype(t.data_type.numpy) for t in descs}
+
+
+def run_philox(plan, inputs, seed, offset):
+    """Outputs by name of `plan` (graph of philox_graph) on `inputs`, seed and offset given as its tensors
+    take them (a host value where pass-by-value, else a 1-element buffer of the tensor's type)."""
+    from opgraph.testing import empty_like_desc, poison
+
+    final = plan.graph
+    pack = {}
+    for uid in final.inputs:
+        t = final.tensors[uid]
+        if t.name in ("seed", "offset"):
+            value = seed if t.name == "seed" else offset
+            pack[uid] = value if t.is_pass_by_value else np.full(t.dim, value, t.data_type.numpy)
+        else:
+            pack[uid] = inputs[t.name]
+    outs = {u: poison(empty_like_desc(final.tensors[u])) for u in final.outputs}
+    plan.execute({**pack, **outs})
+    return {final.tensors[u].name: outs[u] for u in final.outputs}
+
+
+def test_philox_seed_device_by_value_or_number_draws_one_mask():
+    """The same seed and offset as 1-element device tensors, pass-by-value tensors or numbers give the same
+    outputs, forward and backward, bit for bit; the mask is the spec's for the exact int64 values."""
+    inputs = philox_inputs(philox_graph("device"))
+    got = {
+        how: run_philox(philox_graph(how).build(device="cpu", engines=["reference"]), inputs, BIG_SEED, BIG_OFFSET)
+        for how in ("device", "by_value", "number")
+    }
+    for how in ("by_value", "number"):
+        for name, want in got["device"].items():
+            np.testing.assert_array_equal(got[how][name], want, err_msg=f"{how}: {name}")
+    want_keep = R.dropout_keep(0.3, BIG_SEED, BIG_OFFSET, got["device"]["rng_dump"].shape)
+    np.testing.assert_array_equal(got["device"]["rng_dump"], want_keep.astype(np.float32))
+    assert 0.4 < want_keep.mean() < 0.95
+    for name in ("o", "dQ", "dK", "dV"):
+        assert np.isfinite(got["device"][name]).all() and np.abs(got["device"][name]).max() > 0
+
+
+@pytest.mark.parametrize("how", ["device", "by_value"])
+def test_philox_every_bit_of_the_seed_and_offset_counts(how):
+    """A seed one apart above 2**53 (equal in float64), one differing only in its high bits, an offset
+    differing only above bit 32: each draws another mask (and another O and dQ)."""
+    g = philox_graph(how)
+    plan = g.build(device="cpu", engines=["reference"])
+    inputs = philox_inputs(g)
+    base = run_philox(plan, inputs, BIG_SEED, BIG_OFFSET)
+    for seed, offset in (
+        (BIG_SEED - 1, BIG_OFFSET),
+        (BIG_SEED ^ (1 << 62), BIG_OFFSET),
+        (BIG_SEED, BIG_OFFSET + 2**40),
+    ):
+        other = run_philox(plan, inputs, seed, offset)
+        assert (other["rng_dump"] != base["rng_dump"]).any(), (seed, offset)
+        assert np.abs(other["o"] - base["o"]).max() > 1e-3 and np.abs(other["dQ"] - base["dQ"]).max() > 1e-3
+        np.testing.assert_array_equal(other["rng_dump"], R.dropout_keep(0.3, seed, offset, base["rng_dump"].shape))
+    np.testing.assert_array_equal(run_philox(plan, inputs, BIG_SEED, BIG_OFFSET)["o"], base["o"])
+
+
+def test_philox_int32_pass_by_value_seed_equals_int64_device_seed():
+    inputs = philox_inputs(philox_graph("device"))
+    a = run_philox(philox_graph("by_value", D.INT32).build(device="cpu"), inputs, 2**31 - 1, 7)
+    b = run_philox(philox_graph("device").build(device="cpu"), inputs, 2**31 - 1, 7)
+    for name, want in b.items():
+        np.testing.assert_array_equal(a[name], want)
+
+
+def test_philox_pass_by_value_host_forms():
+    """A pass-by-value seed takes a Python int, NumPy integer scalars and 0-d or 1-element integer arrays
+    and CPU tensors (cuDNN's variant packs), all the same value."""
+    g = philox_graph("by_value")
+    plan = g.build(device="cpu")
+    inputs = philox_inputs(g)
+    want = run_philox(plan, inputs, BIG_SEED, BIG_OFFSET)["o"]
+    forms = [np.int64(BIG_SEED), np.uint64(BIG_SEED), np.array(BIG_SEED), np.full((1, 1, 1, 1), BIG_SEED, np.int64)]
+    forms.append(torch.full((1, 1, 1, 1), BIG_SEED, dtype=torch.int64))
+    for form in forms:
+        np.testing.assert_array_equal(run_philox(plan, inputs, form, BIG_OFFSET)["o"], want, err_msg=repr(form))
+
+
+@pytest.mark.parametrize(
+    "seed, offset, seed_type, rule, name",
+    [
+        (-1, 5, D.INT64, "sdpa.dropout", "seed"),
+        (5, -3, D.INT64, "sdpa.dropout", "offset"),
+        (2**63, 5, D.INT64, "pack.pass_by_value", "seed"),
+        (np.uint64(2**63 + 1), 5, D.INT64, "pack.pass_by_value", "seed"),
+        (5.0, 5, D.INT64, "pack.pass_by_value", "seed"),
+        (float(BIG_SEED), 5, D.INT64, "pack.pass_by_value", "seed"),
+        (np.float64(5), 5, D.INT64, "pack.pass_by_value", "seed"),
+        (np.array([5.0]), 5, D.INT64, "pack.pass_by_value", "seed"),
+        ("torch float", 5, D.INT64, "pack.pass_by_value", "seed"),
+        (True, 5, D.INT64, "pack.pass_by_value", "seed"),
+        (5, 2.5, D.INT64, "pack.pass_by_value", "offset"),
+        (2**31, 5, D.INT32, "pack.pass_by_value", "seed"),
+        (np.array([1, 2]), 5, D.INT64, "pack.pass_by_value", "seed"),
+    ],
+)
+def test_philox_pass_by_value_values_that_do_not_fit(seed, offset, seed_type, rule, name):
+    """A negative seed or offset, a value beyond the tensor's type, a float (it holds integers exactly
+    only below 2**53) or a bool: a VariantPackError naming the tensor and the rule, before anything runs."""
+    if isinstance(seed, str):
+        seed = torch.tensor([5.0])
+    g = philox_graph("by_value", seed_type)
+    plan = g.build(device="cpu")
+    with pytest.raises(og.VariantPackError) as info:
+        run_philox(plan, philox_inputs(g), seed, offset)
+    check_rule(info.value, rule, name)
+
+
 # -- score modifiers: equivalences, derivative, JSON ------------------------------------------------------
 
 
@@ -619,6 +769,23 @@ def test_dropout_rules():
         "seed",
     )
     _err(lambda g: _fwd(g, dropout=0.1), og.AttributeValueError, "sdpa.dropout")
+    _err(lambda g: _fwd(g, dropout=(0.1, -1, 0)), og.AttributeValueError, "sdpa.dropout")  # a negative seed
+    _err(lambda g: _fwd(g, dropout=(0.1, 3, -2)), og.AttributeValueError, "sdpa.dropout")
+    _err(lambda g: _fwd(g, dropout=(0.1, 2**63, 0)), og.AttributeValueError, "sdpa.dropout")  # beyond int64
+    _err(lambda g: _fwd(g, dropout=(0.1, 2.5, 0)), og.AttributeValueError, "sdpa.dropout")
+    _err(
+        lambda g: _fwd(
+            g,
+            dropout=(
+                0.1,
+                g.tensor(dim=[1], data_type=D.FLOAT, is_pass_by_value=True, name="seed"),
+                g.tensor(dim=[1], data_type=D.INT64, is_pass_by_value=True),
+            ),
+        ),
+        og.DataTypeError,
+        "sdpa.dropout",
+        "seed",
+    )
     _err(lambda g: _fwd(g, dropout=(g.tensor(dim=[2, 4, 5, 7], name="m"), 2.0)), og.ShapeError, "sdpa.dropout", "m")
 
 

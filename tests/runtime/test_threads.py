@@ -19,6 +19,8 @@ from opgraph.engines.base import Engine
 from opgraph.engines.reference import ReferenceKernel
 from opgraph.testing import compare, poison, random_values
 
+from ..helpers import requires_cuda
+
 from ..helpers import requires_interpreter
 
 D = og.DataType
@@ -198,3 +200,75 @@ def test_reserve_allocates_the_threads_workspace_before_its_first_execute(monkey
     plan.execute({x: xv, b: bv, s: 0.5, y: out})
     assert len(made) == 1 and plan.local_state().owned.base is made[0]
     np.testing.assert_allclose(out, _want(xv, bv, 0.5), rtol=1e-5, atol=1e-6)
+
+
+def test_reserve_allocates_the_launches_own_memory_once_per_thread(monkeypatch):
+    """A kernel whose launches keep device memory for the binding's life (a Triton kernel's global
+    scratch: device-side TMA descriptors) gets it when the thread's state is reserved, outside any
+    CUDA-graph capture, and every binding of that thread (the plan's workspace, then the caller's) sees
+    that same memory; another thread gets its own."""
+    from opgraph.memory import workspace as wsp
+
+    monkeypatch.setattr(ReferenceKernel, "global_scratch_bytes", lambda self: {0: 64}, raising=False)
+    g, x, b, s, y = _graph()
+    plan = g.build(device="cpu", engines=[_OnePerStep.name])
+    made = []
+    real = wsp.allocate
+    monkeypatch.setattr(wsp, "allocate", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    plan.reserve()
+    steps = len(plan.steps)
+    assert len(made) == 1 + steps and all(m.nbytes == 64 for m in made[1:])  # the workspace, then each step's
+    final, rng = g.final, np.random.default_rng(0)
+    pack = {x: random_values(final.tensor("x"), rng), b: random_values(final.tensor("b"), rng), s: 0.5}
+    pack[y] = poison(np.empty(final.tensor("y").dim, np.float32))
+    plan.execute(pack)
+    plan.execute(pack, workspace=np.empty(plan.workspace_size, np.uint8))
+    assert len(made) == 1 + steps  # nothing allocated at the binds
+    local = plan.local_state()
+    for bound in (local.owned, local.user):
+        assert {id(v) for v in bound.binding.reserved.values()} == {id(m) for m in made[1:]}
+    np.testing.assert_allclose(pack[y], _want(pack[x], pack[b], 0.5), rtol=1e-5, atol=1e-6)
+    mine = {id(m) for m in made[1:]}
+    other = []
+    t = threading.Thread(target=lambda: other.append(plan.local_state()._reserve_launch_memory()))
+    t.start()
+    t.join()
+    assert len(other[0]) == steps and not {id(v) for v in other[0].values()} & mine
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("tma", [None, 1], ids=["heuristic", "device-descriptors"])
+def test_gpu_after_reserve_the_first_execute_allocates_nothing(tma, monkeypatch):
+    """On a GPU: after plan.reserve(), the first execute allocates no device memory (PyTorch's CUDA graph
+    trees record a compiled graph's first calls in a pool that must end up holding outputs only): the
+    workspace, and the global scratch of launches with device-side TMA descriptors, come from reserve."""
+    import torch
+
+    from opgraph.engines.triton.templates.matmul import MatmulMatch
+
+    if tma is not None:  # the matmul's candidates with device-side descriptors (Hopper), where offered
+        real = MatmulMatch.candidates
+        monkeypatch.setattr(
+            MatmulMatch, "candidates", lambda self: [c.replace(TMA=tma, TMA_HOST=None) for c in real(self)]
+        )
+    g = og.Graph("reserve_gpu", io_data_type=D.BFLOAT16, intermediate_data_type=D.FLOAT, compute_data_type=D.FLOAT)
+    a, w = g.tensor(dim=[1, 512, 256], name="a"), g.tensor(dim=[1, 256, 384], name="w")
+    bias = g.tensor(dim=[1, 1, 384], name="bias")
+    y = g.gelu(g.add(g.matmul(a, w), bias)).set_output(True).set_name("y")
+    plan = g.build(device="cuda", engines=["triton"])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    pack = {
+        a: torch.randn(1, 512, 256, device="cuda", generator=gen).bfloat16(),
+        w: torch.randn(1, 256, 384, device="cuda", generator=gen).bfloat16() / 16,
+        bias: torch.randn(1, 1, 384, device="cuda", generator=gen).bfloat16(),
+        y: torch.full((1, 512, 384), float("nan"), device="cuda", dtype=torch.bfloat16),
+    }
+    plan.reserve()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    plan.execute(pack)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before, plan.describe()
+    want = torch.nn.functional.gelu(pack[a].double() @ pack[w].double() + pack[bias].double())
+    torch.testing.assert_close(pack[y].double(), want, rtol=2e-2, atol=2e-2)

@@ -61,8 +61,10 @@ SCENARIOS = {
     "mlp_adamw_f32_torch": ("mlp", "adamw", 0.5, 200 / 2**20, "float32", ["torch"], False),
     "mlp_sgd_zero": ("mlp", "sgd", None, 300 / 2**20, "float64", None, True),
     "mlp_adamw_clip_zero": ("mlp", "adamw", 0.5, 300 / 2**20, "float64", None, True),
+    "mlp_sgd_small_buckets": ("mlp", "sgd", None, 300 / 2**20, "float64", None, False),  # mlp_sgd_zero's twin
     "cnn_sgd_bn": ("cnn", "sgd", None, 400 / 2**20, "float64", None, False),
     "cnn_adamw_bn_clip": ("cnn", "adamw", 0.5, 400 / 2**20, "float64", None, False),
+    "cnn_cl_sgd_bn_zero": ("cnn_cl", "sgd", None, 400 / 2**20, "float64", None, True),  # channels_last
 }
 STEPS = 3
 GLOBAL_BATCH = 8
@@ -127,6 +129,8 @@ def run(name, rank, world):
     kind, opt_name, clip, cap, dtype_name, engines, zero = SCENARIOS[name]
     dtype = getattr(torch, dtype_name)
     model = (mlp if kind == "mlp" else cnn)(dtype)
+    if kind == "cnn_cl":
+        model = model.to(memory_format=torch.channels_last)
     start = copy.deepcopy(model)
     data = batches(kind, dtype)
     per = GLOBAL_BATCH // world
@@ -149,13 +153,42 @@ def run(name, rank, world):
         "params": [],
         "norms": [],
     }
-    for x, y in shards:
-        out["losses"].append(float(step.run(x, y)))
+    after = OpCounter()  # the torch ops TrainStep runs after the plan (the last step's)
+    plain = step._after_execute
+
+    def counted(pack):
+        after.ops.clear()
+        with after:
+            plain(pack)
+
+    step._after_execute = counted
+    for i, (x, y) in enumerate(shards):
+        if i == len(shards) - 1:  # the torch ops of a whole step
+            with OpCounter() as whole:
+                out["losses"].append(float(step.run(x, y)))
+            out["run_ops"] = dict(whole.ops)
+        else:
+            out["losses"].append(float(step.run(x, y)))
         out["params"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
         out["norms"].append(None if clip is None else float(step.grad_norm))
     out["state"] = {s.key: sorted(step.param_state(s.key)) for s in step.params}
     out["updates"] = sum(1 for n in step.graph.final.nodes if ".update." in n.name)
-    if kind == "cnn":  # DDP semantics: per-rank batch statistics; torch DDP (no buffer broadcast) as the reference
+    out["after_ops"] = dict(after.ops)
+    out["graph"] = step.graph.to_json(indent=None)
+    out["storages"] = len({p.untyped_storage().data_ptr() for p in model.parameters()})
+    out["strides"] = {k: tuple(p.stride()) for k, p in model.named_parameters()}
+    out["start_strides"] = {k: tuple(p.stride()) for k, p in start.named_parameters()}
+    if zero:  # a parameter given a new tensor: the step lays the parameters out again, and trains on
+        first = next(model.parameters())
+        first.data = first.data.clone()
+        step.run(*shards[0])
+        out["relaid"] = {
+            "storages": len({p.untyped_storage().data_ptr() for p in model.parameters()}),
+            "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        }
+    if kind.startswith(
+        "cnn"
+    ):  # DDP semantics: per-rank batch statistics; torch DDP (no buffer broadcast) as the reference
         twin = torch.nn.parallel.DistributedDataParallel(
             copy.deepcopy(start), broadcast_buffers=False, bucket_cap_mb=cap
         )
@@ -166,6 +199,69 @@ def run(name, rank, world):
             copy.deepcopy(start), optimizer(opt_name), data, clip
         )
     return out
+
+
+def OpCounter():
+    """A context counting the torch ops run inside it by name (`.ops`), copies' bytes too (`copy_bytes`)."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            self.ops[name] += 1
+            if name in ("cat", "copy_", "clone") and isinstance(out, torch.Tensor):
+                self.ops["copy_bytes"] += 2 * out.numel() * out.element_size()
+            return out
+
+    return Counter()
+
+
+def layout(rank, world):
+    """owned_params on parameters of two types, contiguous, channels_last and strided (not dense), each
+    rank's values its rank + 1: after the broadcast each parameter holds its owner's values."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from opgraph.training.distributed import ALIGN_BYTES, owned_params
+
+    made = {
+        "a": torch.empty(5, 3),
+        "b": torch.empty(4, 3, 3, 3).to(memory_format=torch.channels_last),
+        "c": torch.empty(7, dtype=torch.float64),
+        "d": torch.empty(6, 8)[:, ::2],  # (strides (8, 2): not dense)
+        "e": torch.empty(3, 3),
+    }
+    params = {k: nn.Parameter(v.fill_(rank + 1)) for k, v in made.items()}
+    strides = {k: p.stride() for k, p in params.items()}
+    owners = {"a": 0, "b": 1, "c": 0, "d": 1, "e": 1}
+    owned = owned_params(list(params.items()), owners, dist.group.WORLD)
+    held = owned.holds(list(params.values()))
+    owned.broadcast()
+    params["a"].data = params["a"].data.clone()  # a new tensor: no longer the laid-out view
+    return {
+        "values": {k: float(p.detach().unique().item()) for k, p in params.items()},
+        "strides": {k: p.stride() == strides[k] for k, p in params.items()},
+        "flats": [(src, str(t.dtype), t.numel()) for src, t in owned.flats],
+        "loose": [src for src, _ in owned.loose],
+        "aligned": all(  # (offsets in the flat buffers: a CUDA allocation starts aligned, a host one need not)
+            (p.data_ptr() - t.data_ptr()) % ALIGN_BYTES == 0
+            for k, p in params.items()
+            if k in "bce"
+            for _, t in owned.flats
+            if t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+        ),
+        "held": held,
+        "held_after": owned.holds(list(params.values())),
+    }
 
 
 def mismatch(rank, world):
@@ -197,7 +293,8 @@ def main(argv):
     try:
         for name in names:
             try:
-                results[name] = mismatch(rank, world) if name == "mismatch" else run(name, rank, world)
+                special = {"mismatch": mismatch, "layout": layout}
+                results[name] = special[name](rank, world) if name in special else run(name, rank, world)
             except Exception:  # noqa: BLE001 (reported to the test, which fails with it)
                 results[name] = {"traceback": traceback.format_exc()}
                 break  # the other rank may be waiting in a collective: stop here, the test reports it

@@ -4,7 +4,8 @@ mean), the clipped global gradient norm, the averaged gradients (the first SGD s
 parameters after every one of 3 steps, for SGD with momentum and AdamW, with and without clipping,
 over one and several buckets, float64 on the reference engine and float32 on the torch engine; a
 batchnorm CNN against torch DDP (per-rank batch statistics, DDP's semantics); ranks whose graphs
-differ get a DistributedError naming the rank; ZeRO-1's sharded optimizer state. Marked gpu
+differ get a DistributedError naming the rank; ZeRO-1's sharded optimizer state, its parameter
+broadcast (one per owner's buffer, no copies) and, with one rank, the plain step. Marked gpu
 (tests/training/dist_gpu_worker.py): the one-GPU path (NCCL, world size 1) and two GPUs, captured in CUDA
 graphs, against torch DDP."""
 
@@ -34,7 +35,8 @@ MLP = [
     "mlp_sgd_zero",
     "mlp_adamw_clip_zero",
 ]
-CNN = ["cnn_sgd_bn", "cnn_adamw_bn_clip"]
+CNN = ["cnn_sgd_bn", "cnn_adamw_bn_clip", "cnn_cl_sgd_bn_zero"]
+ZERO = ["mlp_sgd_zero", "mlp_adamw_clip_zero", "cnn_cl_sgd_bn_zero"]
 TOL = {"float64": 1e-10, "float32": 2e-5}
 
 
@@ -87,12 +89,17 @@ def launch(tmp_path: Path, names: list[str], world: int = 2, timeout: float = 24
 
 @pytest.fixture(scope="module")
 def mlp_runs(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("mlp"), [*MLP, "mismatch"])
+    return launch(tmp_path_factory.mktemp("mlp"), [*MLP, "mismatch", "layout"])
 
 
 @pytest.fixture(scope="module")
 def cnn_runs(tmp_path_factory):
     return launch(tmp_path_factory.mktemp("cnn"), CNN)
+
+
+@pytest.fixture(scope="module")
+def one_rank_runs(tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("one"), ["mlp_sgd_small_buckets", "mlp_sgd_zero"], world=1)[0]
 
 
 def rel(a, b) -> float:
@@ -133,6 +140,54 @@ def test_zero1_shards_the_optimizer_state(mlp_runs, name):
 
 
 @pytest.mark.slow
+def test_zero1_with_one_rank_is_the_plain_step(one_rank_runs):
+    """One rank owns every parameter: the same step graph, the same torch ops a step (no join, broadcast
+    or copy of the parameters after the plan) and the same parameters as zero=False."""
+    plain, zero = one_rank_runs["mlp_sgd_small_buckets"], one_rank_runs["mlp_sgd_zero"]
+    assert zero["graph"] == plain["graph"]
+    assert zero["run_ops"] == plain["run_ops"], (zero["run_ops"], plain["run_ops"])
+    assert not {"cat", "broadcast_", "copy_"} & set(zero["after_ops"]), zero["after_ops"]
+    assert zero["losses"] == plain["losses"]
+    for got, want in zip(zero["params"], plain["params"]):
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZERO)
+def test_zero1_broadcasts_each_owners_buffer_without_copies(mlp_runs, cnn_runs, name):
+    """Each owner's parameters are views of one buffer: after the plan, one broadcast per owner and no
+    join or copy back; the parameters keep their layouts (channels_last too)."""
+    runs, plain = (cnn_runs, "cnn_sgd_bn") if name.startswith("cnn") else (mlp_runs, "mlp_sgd")
+    for r in (0, 1):
+        res = runs[r][name]
+        extra = {k: v - runs[r][plain]["after_ops"].get(k, 0) for k, v in res["after_ops"].items()}
+        # (the rest: batchnorm's running statistics written back, as without ZeRO)
+        assert {k: v for k, v in extra.items() if v} == {"broadcast_": 2}, res["after_ops"]
+        assert res["storages"] == 2
+        assert res["strides"] == res["start_strides"]
+    if name.startswith("cnn"):
+        assert any(s != tuple(sorted(s, reverse=True)) for s in res["strides"].values())  # (channels_last)
+    # a parameter given a new tensor (param.data = ...): laid out again, the next step equal on both ranks
+    again = [runs[r][name]["relaid"] for r in (0, 1)]
+    assert again[0]["storages"] == again[1]["storages"] == 2
+    keys = [k for k in runs[0][name]["strides"]]  # (the parameters; running statistics are each rank's)
+    assert all(torch.equal(again[0]["params"][k], again[1]["params"][k]) for k in keys)
+    assert any(not torch.equal(again[0]["params"][k], runs[0][name]["params"][-1][k]) for k in keys)  # (it trained)
+
+
+@pytest.mark.slow
+def test_owned_params_lays_out_each_owners_parameters_and_broadcasts_them(mlp_runs):
+    """Per owner and type one flat buffer (each parameter at an aligned offset, in its own strides); a
+    parameter that is not dense is broadcast alone; every parameter ends with its owner's values."""
+    for r in (0, 1):
+        res = mlp_runs[r]["layout"]
+        assert res["values"] == {"a": 1.0, "b": 2.0, "c": 1.0, "d": 2.0, "e": 2.0}, (r, res["values"])
+        assert all(res["strides"].values()) and res["aligned"]
+        assert res["flats"] == [(0, "torch.float32", 128), (0, "torch.float64", 64), (1, "torch.float32", 256)]
+        assert res["loose"] == [1] and res["held"] and not res["held_after"]
+
+
+@pytest.mark.slow
 def test_the_averaged_gradients_equal_the_global_batchs(mlp_runs):
     """SGD's first step from a zero momentum buffer is W - lr * g: the update gives the gradient."""
     from .dist_worker import mlp
@@ -157,10 +212,13 @@ def test_buckets_follow_the_cap(mlp_runs):
 @pytest.mark.parametrize("name", CNN)
 def test_batchnorm_cnn_trains_like_ddp(cnn_runs, name):
     """Batch statistics per rank (DDP's semantics): each rank's loss and the parameters as torch DDP's;
-    each rank keeps its own running statistics (DDP with broadcast_buffers=False)."""
+    each rank keeps its own running statistics (DDP with broadcast_buffers=False). ZeRO-1 too, with
+    channels_last parameters."""
+    from .dist_worker import SCENARIOS
+
     for r in (0, 1):
         res = cnn_runs[r][name]
-        assert res["buckets"] >= 2
+        assert res["buckets"] >= 2 or SCENARIOS[name][6]  # (ZeRO-1: a rank's buckets of every gradient)
         for i, (got, want) in enumerate(zip(res["losses"], res["ddp_losses"])):
             assert abs(got - want) <= 1e-10 * abs(want), (r, i, got, want)
         for i in range(len(res["params"])):

@@ -25,6 +25,17 @@ def load(value: Any, desc: TensorDesc) -> np.ndarray:
     return np.full(desc.dim, float(value), dtype=np.float64)
 
 
+def load_integers(value: Any, desc: TensorDesc) -> np.ndarray:
+    """An integer-typed bound buffer or pass-by-value number as int64 in logical dims, exact (a Philox
+    seed above 2**53 does not survive float64); any other type as `load` reads it."""
+    if not desc.data_type.is_integer:
+        return load(value, desc)
+    if isinstance(value, np.ndarray):
+        arr = value.astype(np.int64)
+        return arr.reshape(desc.dim) if arr.shape != desc.dim else arr
+    return np.full(desc.dim, int(value), dtype=np.int64)
+
+
 def memory_budget() -> int:
     """The most bytes one float64 tensor may take here: OPGRAPH_REFERENCE_MAX_GB, else this machine's
     physical memory."""
@@ -56,10 +67,11 @@ def too_big(node: Node, tensors: Mapping[int, TensorDesc]) -> str | None:
     return None
 
 
-def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.ndarray | None]:
-    """Evaluate one node; `read(uid)` gives an input as float64. Returns outputs rounded to type.
-    A node whose tensors would not fit in memory as float64 arrays is refused before anything is
-    allocated (ExecutionError, rule reference.memory)."""
+def run_node(node: Node, tensors: Mapping[int, TensorDesc], read, read_integers=None) -> list[np.ndarray | None]:
+    """Evaluate one node; `read(uid)` gives an input as float64, `read_integers(uid)` one the op reads
+    as exact integers (`Op.integer_inputs`: int64 for an integer type; `read` where not given).
+    Returns outputs rounded to type. A node whose tensors would not fit in memory as float64 arrays
+    is refused before anything is allocated (ExecutionError, rule reference.memory)."""
     why = too_big(node, tensors)
     if why is not None:
         raise ExecutionError(
@@ -69,12 +81,18 @@ def run_node(node: Node, tensors: Mapping[int, TensorDesc], read) -> list[np.nda
             hint="run it on another engine (a GPU's), or with smaller dims; OPGRAPH_REFERENCE_MAX_GB "
             "raises the limit where the machine has the memory",
         )
+    exact = node.op.integer_inputs()
     ins: list[np.ndarray | None] = []
-    for v in node.inputs:
+    for role, v in zip(node.op.input_roles(), node.inputs):
         if v is None:
             ins.append(None)
         elif isinstance(v, Const):
-            ins.append(np.asarray(float(v.value), dtype=np.float64))
+            whole = role in exact and isinstance(v.value, int)
+            ins.append(
+                np.asarray(int(v.value), dtype=np.int64) if whole else np.asarray(float(v.value), dtype=np.float64)
+            )
+        elif role in exact and read_integers is not None:
+            ins.append(read_integers(v))
         else:
             ins.append(read(v))
     outs = [None if u is None else tensors[u] for u in node.outputs]

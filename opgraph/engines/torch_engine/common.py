@@ -158,6 +158,8 @@ class Call:
         if not isinstance(value, torch.Tensor):
             if dtype.is_floating_point:  # rounded to the compute type: 1e308 in fp32 is inf (torch refuses it)
                 return torch.full((), float(value), dtype=torch.float64, device=self.device).to(dtype)
+            if isinstance(value, int):  # exact (a Philox seed above 2**53 does not survive a float)
+                return torch.full((), value, dtype=dtype, device=self.device)
             return torch.full((), float(value), dtype=dtype, device=self.device)
         return value.to(dtype)
 

@@ -17,11 +17,21 @@ from .common import Call, to_numpy_f64
 
 def run_on_host(call: Call) -> list[Any]:
     """Run `call.node` with the reference engine; outputs as torch tensors on the call's device."""
+    import torch
 
     def read(uid: int) -> np.ndarray:
         value = to_numpy_f64(call.values[uid])
         return value.reshape(call.tensors[uid].dim) if value.shape != call.tensors[uid].dim else value
 
-    results = run_node(call.node, call.tensors, read)
+    def read_integers(uid: int) -> np.ndarray:  # exact int64 (Op.integer_inputs: a Philox seed)
+        value, desc = call.values[uid], call.tensors[uid]
+        if not desc.data_type.is_integer:
+            return read(uid)
+        if isinstance(value, torch.Tensor):
+            out = value.detach().to("cpu", torch.int64).numpy()
+            return out.reshape(desc.dim) if out.shape != desc.dim else out
+        return np.full(desc.dim, int(value), dtype=np.int64)
+
+    results = run_node(call.node, call.tensors, read, read_integers)
     device = str(call.device)
     return [None if r is None else numpy_to_torch(np.ascontiguousarray(r), device) for r in results]

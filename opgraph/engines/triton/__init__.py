@@ -36,7 +36,7 @@ from .launch import Launcher
 from .loader import load_module, module_file, module_name
 from .rewrite import fp8_fill, typed_scalars
 from .templates import discover
-from .templates.base import Arg, Generated, Match, Template
+from .templates.base import Arg, Generated, Match, Template, host_scalar
 
 TEMPLATES: list[Template] = discover()
 TEMPLATE_BY_NAME: dict[str, Template] = {t.name: t for t in TEMPLATES}
@@ -146,8 +146,8 @@ class TritonKernel(Kernel):
     def _arg_type(self, arg: Arg) -> str:
         if arg.kind == "buf":
             return compiler.pointer_type(self.piece.tensor(arg.uid).data_type)
-        if arg.kind == "scalar":
-            return "fp64"  # a Python float, rounded to its declared type by the binding (rewrite.typed_scalars)
+        if arg.kind == "scalar":  # a Python float, rounded to its declared type by the binding, or an int64
+            return "i64" if arg.dtype == "int64" else "fp64"  # (rewrite.typed_scalars)
         if arg.kind == "scratch":
             return compiler.scratch_type(arg.dtype)
         if arg.kind == "desc":
@@ -198,6 +198,20 @@ class TritonKernel(Kernel):
             spec, getattr(self.module, self.generated.launches[i].kernel)
         )
 
+    def global_scratch_bytes(self) -> dict[int, int]:
+        """The per-program scratch a compiled launch asks for (device-side TMA descriptors), for its
+        whole grid, plus the alignment it wants: bound.py's native launches take it from here."""
+        if self.interpret or self.device is None:
+            return {}
+        out = {}
+        for i in range(len(self.generated.launches)):
+            binary = self.binary(i)
+            per_program = int(binary.meta("global_scratch_size") or 0) if binary is not None else 0
+            if per_program:
+                gx, gy, gz = self.launchers[i].grid
+                out[i] = gx * gy * gz * per_program + int(binary.meta("global_scratch_align") or 1)  # type: ignore[union-attr]
+        return out
+
     def artifacts(self) -> list[Any]:
         out = []
         for i in range(len(self.generated.launches)):
@@ -219,7 +233,7 @@ class TritonKernel(Kernel):
         if arg.kind == "buf":
             return _as_torch(buffers[arg.uid])
         if arg.kind == "scalar":
-            return float(buffers[arg.uid])
+            return host_scalar(arg, buffers[arg.uid])
         if arg.kind == "scratch":
             import torch
 

@@ -26,6 +26,7 @@ from ...memory.addresses import TABLE_KEY
 from ..base import Binding, Launcher
 from . import compiler, native, tma_desc
 from .interpret import interpreting_here
+from .templates.base import host_scalar
 
 
 def launch_mode() -> str:
@@ -56,6 +57,7 @@ class TritonLauncher(Launcher):
         binding.preludes[("cuda-context", self.device_index)] = (native.ensure_context, (self.device_index,))
         self.users: dict[int, list[tuple[int, int]]] = {}
         self._meta: dict[int, dict[int, Any]] = {}  # launch -> {descriptor argument: its tensordesc_meta entry}
+        self._globals: dict[int, Any] = {}  # launch -> its global scratch
         for li, launch in enumerate(kernel.generated.launches):
             for ai, arg in enumerate(launch.args):
                 if arg.kind in ("buf", "scalar", "desc"):
@@ -85,7 +87,7 @@ class TritonLauncher(Launcher):
         if arg.kind == "buf":
             return self.binding.buffers[arg.uid]
         if arg.kind == "scalar":
-            return float(self.binding.buffers[arg.uid])
+            return host_scalar(arg, self.binding.buffers[arg.uid])
         if arg.kind == "scratch":
             import torch
 
@@ -107,15 +109,18 @@ class TritonLauncher(Launcher):
         if binary is not None and native.unsupported(binary.metadata) is None and tma_desc.launchable(meta, len(descs)):
             scratch_bytes = int(binary.meta("global_scratch_size") or 0)
             global_scratch = 0
-            if scratch_bytes:  # per-program scratch the kernel asks for: one buffer for the binding's life
+            if scratch_bytes:  # per-program scratch the kernel asks for: one buffer for the binding's life,
+                # reserved with the thread's state (Kernel.global_scratch_bytes: not made inside a capture)
                 import torch
 
                 gx, gy, gz = self.kernel.launchers[li].grid
                 align = int(binary.meta("global_scratch_align") or 1)
-                self._global = torch.empty(
-                    gx * gy * gz * scratch_bytes + align, dtype=torch.uint8, device=f"cuda:{self.device_index}"
-                )
-                global_scratch = -(-self._global.data_ptr() // align) * align
+                need = gx * gy * gz * scratch_bytes + align
+                memory = self.binding.reserved.get((id(self.kernel), li))
+                if memory is None or memory.numel() < need:
+                    memory = torch.empty(need, dtype=torch.uint8, device=f"cuda:{self.device_index}")
+                self._globals[li] = memory  # (kept: the launch holds its address)
+                global_scratch = -(-memory.data_ptr() // align) * align
             function = native.load(
                 binary.identity,
                 binary.name,
@@ -190,7 +195,7 @@ class InterpretedLauncher(Launcher):
                 if a.kind == "buf":
                     args.append(_as_torch(self.binding.buffers[a.uid]))
                 elif a.kind == "scalar":
-                    args.append(float(self.binding.buffers[a.uid]))
+                    args.append(host_scalar(a, self.binding.buffers[a.uid]))
                 elif a.kind == "scratch":
                     import torch
 

@@ -3,6 +3,7 @@ generated (templates name buffer parameters p{uid} and pass launch arguments pos
 
 - `typed_scalars`: pass-by-value parameters declared `tl.float64`, so a DOUBLE graph's scalar keeps
   its precision (Triton types a Python float argument fp32); kernels convert it to their compute type;
+  an int64 one (Arg dtype "int64": a Philox seed) `tl.int64`, so no value passes through a float;
 - `fp8_fill`: masked loads of fp8 buffers fill masked-off lanes with an fp8 zero (`other=0` would
   be an int -> fp8 cast, which Triton refuses on the GPU and in its interpreter).
 """
@@ -16,6 +17,7 @@ from dataclasses import replace
 from ...core.dtypes import DataType
 from .templates.base import Generated
 
+_SCALAR_TYPE = {"int64": "tl.int64"}  # a SCALAR Arg's dtype -> its parameter's annotation (else tl.float64)
 _FP8 = {DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5"}
 
 
@@ -35,7 +37,9 @@ def typed_scalars(generated: Generated) -> Generated:
             continue
         params = fn.args.args
         rendered = [
-            f"{p.arg}: tl.float64" if i < len(launch.args) and launch.args[i].kind == "scalar" else ast.unparse(p)
+            f"{p.arg}: {_SCALAR_TYPE.get(launch.args[i].dtype, 'tl.float64')}"
+            if i < len(launch.args) and launch.args[i].kind == "scalar"
+            else ast.unparse(p)
             for i, p in enumerate(params)
         ]
         edits[fn.lineno] = (fn.body[0].lineno - 1, f"def {fn.name}({', '.join(rendered)}):")

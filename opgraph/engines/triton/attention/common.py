@@ -35,8 +35,9 @@ class KernelText:
         self.sizes = sizes
         self.lines: list[str] = []
 
-    def param(self, name: str) -> str:
-        return self.params.named(name, self.scratch)
+    def param(self, name: str, dtype: str = "float32") -> str:
+        """Parameter `name` (a pass-by-value s{uid} of `dtype`: Params.scalar)."""
+        return self.params.named(name, self.scratch, dtype)
 
     def add(self, *lines: str, depth: int = 0) -> None:
         self.lines += ["    " * depth + line for line in lines]
@@ -322,8 +323,9 @@ def dropout_lines(spec: AttnSpec, k: KernelText, o: Orient) -> list[str]:
 
 
 def _int_scalar(v: Scalar | int) -> str:
+    """An int64 scalar: a device tensor's element, a pass-by-value int64 argument or a number."""
     if isinstance(v, Scalar):
-        return f"tl.load({v.name}).to(tl.int64)"
+        return v.name if v.kind == "arg" else f"tl.load({v.name}).to(tl.int64)"
     return f"tl.full([], {int(v)}, tl.int64)"
 
 
@@ -352,7 +354,7 @@ def dropout_scale_params(spec: AttnSpec, k: KernelText) -> None:
     if isinstance(d, PhiloxDropout):
         for v in (d.seed, d.offset):
             if isinstance(v, Scalar):
-                k.param(v.name)
+                k.param(v.name, "int64" if v.kind == "arg" else "float32")
 
 
 def apply_keep(spec: AttnSpec, value: str) -> str:

@@ -242,15 +242,15 @@ def scalar_value(piece: Piece, v: int | Const, kind: Literal["int"]) -> int | Sc
 @overload
 def scalar_value(piece: Piece, v: int | Const | None, kind: Literal["float"] = "float") -> float | Scalar | None: ...
 def scalar_value(piece: Piece, v: int | Const | None, kind: str = "float") -> float | int | Scalar | None:
-    """A scalar input: a number (Const), Scalar("arg") for a pass-by-value tensor, Scalar("ptr") for a
-    1-element device tensor."""
+    """A scalar input: a number (Const), Scalar("arg") for a pass-by-value tensor (an int64 kernel
+    argument for `kind` "int", a float64 one else), Scalar("ptr") for a 1-element device tensor."""
     if v is None:
         return None
     if isinstance(v, Const):
         return float(v.value) if kind == "float" else int(v.value)
     t = piece.tensor(v)
     if t.is_pass_by_value:
-        return Scalar("arg", f"s{v}")
+        return Scalar("arg", f"s{v}", "tl.int64") if kind == "int" else Scalar("arg", f"s{v}")
     return Scalar("ptr", f"p{v}", TL_DTYPE[t.data_type])
 
 
@@ -331,14 +331,6 @@ def support_of(piece: Piece, f: Fusion, template: str) -> Support:
             return Support.no(
                 f"{label}: a broadcast dBias is summed from fp32 partials of every score, more than "
                 "2 GiB here; the torch engine runs it",
-                node,
-            )
-    for role in ("dropout_seed", "dropout_offset"):
-        s = node.input(role)
-        if isinstance(s, int) and piece.tensor(s).is_pass_by_value:
-            return Support.no(
-                f"{label}: '{role}' is a pass-by-value scalar, which kernels receive as fp32; give "
-                "a 1-element INT64 device tensor or a number",
                 node,
             )
     op = node.op_as(_Attention)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..templates.base import ArgKind, Generated
+from ..templates.base import ArgKind, Generated, host_scalar
 
 
 def load(gen: Generated, interpret: bool) -> Any:
@@ -32,7 +32,7 @@ def launch(gen: Generated, buffers: Mapping[int, Any], *, interpret: bool, modul
         if arg.kind == ArgKind.SCRATCH:
             return scratch[arg.offset :].view(getattr(torch, arg.dtype))
         v = buffers[arg.uid]
-        return float(v) if arg.kind == ArgKind.SCALAR else v
+        return host_scalar(arg, v) if arg.kind == ArgKind.SCALAR else v
 
     for l in gen.launches:
         meta = dict(l.meta)

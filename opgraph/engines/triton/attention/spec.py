@@ -34,8 +34,9 @@ class Operand:
 
 @dataclass(frozen=True)
 class Scalar:
-    """A run-time scalar: `kind` "arg" (a float kernel argument) or "ptr" (a 1-element device tensor
-    read by the kernel, of tl dtype `dtype`), in parameter `name`."""
+    """A run-time scalar: `kind` "arg" (a pass-by-value kernel argument: a float64 one, or with `dtype`
+    tl.int64 an int64 one, a Philox seed or offset) or "ptr" (a 1-element device tensor read by the
+    kernel, of tl dtype `dtype`), in parameter `name`."""
 
     kind: str
     name: str
@@ -79,7 +80,7 @@ class Paged:
 class PhiloxDropout:
     """Dropout drawn in the kernel: keep an element when its uniform draw (tl.rand) is >= p; kept
     elements are scaled by 1/(1-p). `seed` and `offset`: 1-element integer device tensors (Scalar
-    "ptr") or numbers baked in."""
+    "ptr"), pass-by-value int64 kernel arguments (Scalar "arg") or numbers baked in."""
 
     p: float
     seed: Scalar | int

@@ -49,7 +49,7 @@ class ArgKind(str, enum.Enum):
     """What fills a kernel argument at launch."""
 
     BUF = "buf"  # a bound buffer's address (uid)
-    SCALAR = "scalar"  # a pass-by-value scalar's value (uid)
+    SCALAR = "scalar"  # a pass-by-value scalar's value (uid; dtype "int64": an int64 argument, else float64)
     SCRATCH = "scratch"  # a typed slice of the step's scratch memory (byte offset, dtype name)
     TABLE = "table"  # the plan's address table of by-reference tensors
     DESC = "desc"  # a host-side TMA tensor descriptor of a bound buffer (engines/triton/tma_desc.py)
@@ -233,8 +233,10 @@ class Params:
     def buf(self, uid: int) -> str:
         return self.add(f"p{uid}", Arg(ArgKind.BUF, uid))
 
-    def scalar(self, uid: int) -> str:
-        return self.add(f"s{uid}", Arg(ArgKind.SCALAR, uid))
+    def scalar(self, uid: int, dtype: str = "float32") -> str:
+        """Pass-by-value scalar `uid`: a float64 kernel argument, or with dtype "int64" an int64 one (a
+        Philox seed: exact over its whole range)."""
+        return self.add(f"s{uid}", Arg(ArgKind.SCALAR, uid, dtype=dtype))
 
     def scratch(self, name: str, offset: int, dtype: str = "float32") -> str:
         return self.add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
@@ -248,20 +250,27 @@ class Params:
             name, Arg(ArgKind.DESC, uid, offset, shape=tuple(shape), strides=tuple(strides), block=tuple(block))
         )
 
-    def named(self, name: str, scratch: Mapping[str, Arg] | None = None) -> str:
-        """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar, or one of `scratch`."""
+    def named(self, name: str, scratch: Mapping[str, Arg] | None = None, dtype: str = "float32") -> str:
+        """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar (of `dtype`: see
+        `scalar`), or one of `scratch`."""
         if scratch is not None and name in scratch:
             return self.add(name, scratch[name])
         found = _PARAM.fullmatch(name)
         if found is None:
             raise ValueError(f"kernel parameter {name!r}: not p<uid>, s<uid> or a scratch buffer")
-        return self.buf(int(found[2])) if found[1] == "p" else self.scalar(int(found[2]))
+        return self.buf(int(found[2])) if found[1] == "p" else self.scalar(int(found[2]), dtype)
 
     def signature(self, name: str, constexprs: Sequence[str] = ()) -> str:
         return f"def {name}({', '.join([*self.names, *(f'{c}: tl.constexpr' for c in constexprs)])}):"
 
     def source(self, name: str, constexprs: Sequence[str], body: list[str]) -> str:
         return f"{self.signature(name, constexprs)}\n{indent(body)}\n"
+
+
+def host_scalar(arg: Arg, value: Any) -> int | float:
+    """The value of a SCALAR argument as its kernel parameter takes it: an int for an int64 one (never
+    through a float), else a float."""
+    return int(value) if arg.dtype == "int64" else float(value)
 
 
 def external_params(piece: Piece, uids: Sequence[int]) -> tuple[list[str], list[Arg]]:
