@@ -54,6 +54,7 @@ def graph(
     mod=None,
     padding=False,
     drop=None,
+    dmask=None,
     scale="number",
     **opts,
 ):
@@ -87,7 +88,7 @@ def graph(
             sg.relu(s), sg.mul(s, 0.5), sg.cmp_ge(sg.gen_index(s, axis=3), sg.gen_index(s, axis=2))
         )
     if drop == "mask":
-        kw["dropout"] = (g.tensor(dim=[B, 1, sq, skv], name="dmask"), 1 / 0.75)
+        kw["dropout"] = (g.tensor(dim=list(dmask or (B, 1, sq, skv)), name="dmask"), 1 / 0.75)
     elif drop == "philox":
         kw["dropout"] = (
             0.25,
@@ -194,6 +195,37 @@ def test_backward_masks(opts, hk, layout, rng):
 )
 def test_features_forward_and_backward(features, rng):
     check(graph(backward=True, **features), rng, steps=2, **BWD_TOL)
+
+
+# every [B|1, H|1, Sq|1, Skv|1] a bias may take: a tile, a row, a column or a scalar of each score tile
+BIAS_DIMS = [(b, h, i, j) for b in (B, 1) for h in (HQ, 1) for i in (20, 1) for j in (27, 1)]
+BIAS_MASKS = {"none": {}, "padding": {"padding": True}, "causal": {"use_causal_mask": True}}
+
+
+@pytest.mark.parametrize("mask", list(BIAS_MASKS))
+@pytest.mark.parametrize("bias", BIAS_DIMS, ids=lambda d: "x".join(map(str, d)))
+def test_broadcast_bias_forward_and_backward(bias, mask, rng):
+    """O, Stats, dQ, dK, dV and dBias (summed over the broadcast axes) of every bias broadcast, alone,
+    with the padding mask and the causal mask (tiles with ragged ends: memory predicates on both axes)."""
+    check(graph(backward=True, stats=True, bias=bias, **BIAS_MASKS[mask]), rng, steps=2, **BWD_TOL)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"bias": (1, 1, 1, 1), "sliding_window_length": 5, "use_causal_mask_bottom_right": True},
+        {"bias": (B, 1, 20, 1), "mod": "softcap", "padding": True, "use_causal_mask": True},
+        {"bias": (1, HQ, 1, 1), "use_alibi_mask": True, "drop": "philox"},
+        {"bias": (B, 1, 1, 1), "mod": "relu", "drop": "mask", "padding": True},
+        {"bias": (1, 1, 20, 1), "drop": "mask", "dmask": (1, 1, 1, 1), "use_causal_mask": True},
+        {"drop": "mask", "dmask": (B, HQ, 1, 1), "padding": True},
+        {"drop": "mask", "dmask": (1, HQ, 1, 27)},
+    ],
+)
+def test_broadcast_bias_with_other_features(features, rng):
+    """A bias broadcast over one or both tile axes with the band, ALiBi, score modifiers, dropout; a
+    dropout mask broadcast the same ways."""
+    check(graph(backward=True, stats=True, **features), rng, steps=2, **BWD_TOL)
 
 
 @pytest.mark.parametrize("scale", ["by_value", "device", None])
@@ -398,11 +430,38 @@ def _plain_causal(backward: bool) -> og.Graph:
     return g
 
 
+def _broadcast_bias(backward):
+    """fp16 attention (B 2, H 8, S 1000, D 64: ragged tiles) with per-sequence lengths, a causal mask and a
+    bias broadcast over both tile axes (its backward's dBias summed to one element)."""
+    g = og.Graph("bias_bcast", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    t = {n: g.tensor(dim=[2, 8, 1000, 64], name=n) for n in ("q", "k", "v", *(("o", "do") if backward else ()))}
+    kw = {
+        "attn_scale": 0.125,
+        "use_causal_mask": True,
+        "use_padding_mask": True,
+        **{n: g.tensor(dim=[2, 1, 1, 1], data_type=DT.INT32, name=n) for n in ("seq_len_q", "seq_len_kv")},
+        "bias": g.tensor(dim=[1, 1, 1, 1] if backward else [2, 1, 1, 1], data_type=DT.FLOAT, name="bias"),
+    }
+    if backward:
+        stats = g.tensor(dim=[2, 8, 1000, 1], data_type=DT.FLOAT, name="stats")
+        db = g.tensor(dim=[1, 1, 1, 1], data_type=DT.FLOAT, name="dBias")
+        outs = g.sdpa_backward(t["q"], t["k"], t["v"], t["o"], t["do"], stats, dBias=db, **kw)
+    else:
+        outs = g.sdpa(t["q"], t["k"], t["v"], **kw)
+    for o in outs:
+        if o is not None:
+            o.set_output(True)
+    return g
+
+
 HOPPER_CASES = {  # the heuristic's choice for the benchmark's soft-capped ALiBi attention, and a plain one
     "softcap_alibi_fwd": (lambda: _softcap_alibi(False), "attention", None),
     "softcap_alibi_bwd": (lambda: _softcap_alibi(True), "attention_bwd", None),
     "plain_causal_fwd": (lambda: _plain_causal(False), "attention", None),
     "plain_causal_bwd": (lambda: _plain_causal(True), "attention_bwd", None),
+    # (a bias read as a scalar: its load takes no block mask, which Triton rejects on a scalar pointer)
+    "bias_bcast_fwd": (lambda: _broadcast_bias(False), "attention", None),
+    "bias_bcast_bwd": (lambda: _broadcast_bias(True), "attention_bwd", None),
 }
 
 
@@ -451,13 +510,13 @@ def test_attention_kernels_compile_for_hopper():
     lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     kernels = {(w[1], w[2]): w for w in lines}
     assert set(kernels) == {
-        ("softcap_alibi_fwd", "kernel_attn_fwd"),
+        *((f"{case}_fwd", "kernel_attn_fwd") for case in ("softcap_alibi", "plain_causal", "bias_bcast")),
         *(
             (f"{case}_bwd", f"kernel_attn_bwd_{k}")
-            for case in ("softcap_alibi", "plain_causal")
+            for case in ("softcap_alibi", "plain_causal", "bias_bcast")
             for k in ("pre", "dkdv", "dq")
         ),
-        ("plain_causal_fwd", "kernel_attn_fwd"),
+        ("bias_bcast_bwd", "kernel_attn_dbias_reduce"),
     }, lines
     for key, w in kernels.items():
         limit = 160 if key == ("softcap_alibi_bwd", "kernel_attn_bwd_dkdv") else 0

@@ -68,6 +68,16 @@ def test_block_mask_forward_and_backward(opts, seed, rng):
     assert_engine_matches(g, rng, engines=("triton",), expect_steps=2, prepare=prepare(g, seed), **TOL)
 
 
+@pytest.mark.parametrize("opts", [{}, {"use_causal_mask": True}], ids=["alone", "causal"])
+@pytest.mark.parametrize("b, hq", [(1, 1), (2, 2)])
+def test_block_mask_of_one_tile(b, hq, opts, rng):
+    """Sequences shorter than a mask tile (one byte a batch entry and head, read as a scalar) with
+    ragged kernel tiles (memory predicates on both axes)."""
+    g = graph(b=b, hq=hq, hk=1, sq=20, skv=27, **opts)
+    for seed in (0, 1):
+        assert_engine_matches(g, rng, engines=("triton",), expect_steps=2, prepare=prepare(g, seed), **TOL)
+
+
 def test_block_mask_with_padding_and_batches(rng):
     g = graph(b=2, hq=4, hk=2, sq=136, skv=260, padding=True, use_causal_mask_bottom_right=True)
     prep = prepare(g, 3, lens=((136, 70), (260, 129)))

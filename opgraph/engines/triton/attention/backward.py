@@ -641,8 +641,11 @@ def _dbias_reduce(spec: AttnSpec, scratch: dict[str, Arg]) -> KernelText:
             k.add(f"c{a} = (idx // {inner}) % {dims[a]}")
             coords[a] = f"c{a}"
         inner *= dims[a]
-    kept = " + ".join(f"c{a} * {packed[a]}" for a in coords) or "0"
-    out = " + ".join([str(spec.dbias.offset)] + [f"c{a} * {spec.dbias.strides[a]}" for a in coords])
+    # (a scalar dBias: offsets still a [256] block, as the mask `ok` is; Triton rejects a block mask on a
+    # scalar pointer)
+    lanes = [] if coords else ["tl.zeros([256], tl.int64)"]
+    kept = " + ".join([f"c{a} * {packed[a]}" for a in coords] + lanes)
+    out = " + ".join([str(spec.dbias.offset)] + [f"c{a} * {spec.dbias.strides[a]}" for a in coords] + lanes)
     k.add(f"src = {kept}", "acc = tl.zeros([256], tl.float32)", f"for r in range({n_red}):")
     inner = 1
     terms = []

@@ -190,16 +190,8 @@ def mask_expr(spec: AttnSpec, o: Orient) -> str | None:
         terms.append(f"({o.i} + diag - {o.j} < {spec.window})")
     bm = spec.block_mask
     if bm is not None:  # the bit of the 128 x 128 tile of (i, j)
-        at = " + ".join(
-            t
-            for t, s in (
-                (f"({o.i} // 128) * {bm.strides[2]}", bm.strides[2]),
-                (f"({o.j} // 1024) * {bm.strides[3]}", bm.strides[3]),
-            )
-            if s
-        )
-        mem = o.mem_mask
-        byte = f"tl.load({bm.name} + bmask_base{' + ' + at if at else ''}{f', mask={mem}, other=0' if mem else ''})"
+        axes = ((f"({o.i} // 128)", bm.strides[2], o.i_ok), (f"({o.j} // 1024)", bm.strides[3], o.j_ok))
+        byte = tile_load(f"{bm.name} + bmask_base", axes, "0")
         terms.append(f"((({byte}.to(tl.int32) >> (({o.j} // 128) % 8)) & 1) != 0)")
     return " & ".join(terms) or None
 
@@ -223,16 +215,28 @@ def alibi_lines(spec: AttnSpec) -> list[str]:
     return [f"alibi_slope = tl.where(off_h < {n}, {first}, {rest})"]
 
 
-def bias_load(spec: AttnSpec, o: Orient) -> str:
-    b = spec.bias
-    assert b is not None
-    terms = ["bias_base"]
-    for coord, stride in ((o.i, b.strides[2]), (o.j, b.strides[3])):
+def tile_load(base: str, axes: tuple[tuple[str, Any, str | None], ...], other: str) -> str:
+    """A load at `base` plus, for each (coordinate, stride, memory predicate) of `axes` whose stride
+    steps, coordinate * stride, masked by those axes' predicates only: an operand that broadcasts over
+    an axis of the tile loads a row, a column or a scalar (the add that takes it broadcasts it), so
+    neither is its pointer a tile nor its mask one where the pointer is not (Triton rejects a block
+    mask on a scalar pointer)."""
+    terms, oks = [base], []
+    for coord, stride, ok in axes:
         if nonzero(stride):
             terms.append(coord if isinstance(stride, int) and stride == 1 else f"{coord} * {stride}")
-    mask = o.mem_mask
-    m = f", mask={mask}, other=0.0" if mask else ""
-    return f"tl.load({b.name} + {' + '.join(terms)}{m}).to(tl.float32)"
+            if ok:
+                oks.append(ok)
+    m = f", mask={' & '.join(oks)}, other={other}" if oks else ""
+    return f"tl.load({' + '.join(terms)}{m})"
+
+
+def bias_load(spec: AttnSpec, o: Orient) -> str:
+    """The bias at the tile's elements (fp32): a tile, a row, a column or a scalar, as it broadcasts."""
+    b = spec.bias
+    assert b is not None
+    axes = ((o.i, b.strides[2], o.i_ok), (o.j, b.strides[3], o.j_ok))
+    return f"{tile_load(f'{b.name} + bias_base', axes, '0.0')}.to(tl.float32)"
 
 
 def exp2_factor(spec: AttnSpec) -> str | None:
@@ -312,13 +316,8 @@ def dropout_lines(spec: AttnSpec, k: KernelText, o: Orient) -> list[str]:
     if isinstance(d, MaskDropout):
         m = d.mask
         k.param(m.name)
-        terms = ["dmask_base"]
-        for coord, stride in ((o.i, m.strides[2]), (o.j, m.strides[3])):
-            if nonzero(stride):
-                terms.append(f"{coord} * {stride}")
-        mask = o.mem_mask
-        mm = f", mask={mask}, other=0" if mask else ""
-        return [f"dkeep = tl.load({m.name} + {' + '.join(terms)}{mm}).to(tl.float32)"]
+        axes = ((o.i, m.strides[2], o.i_ok), (o.j, m.strides[3], o.j_ok))
+        return [f"dkeep = {tile_load(f'{m.name} + dmask_base', axes, '0')}.to(tl.float32)"]
     return []
 
 
