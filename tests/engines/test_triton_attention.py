@@ -798,6 +798,18 @@ def test_bias_read_through_views(rng):
 
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("bias", [(B, 1, 1, 1), (1, HQ, 1, 1), (1, 1, 1, 1), (B, 1, 300, 1), (1, HQ, 1, 270)])
+def test_gpu_broadcast_bias_with_padding_and_causal(bias, rng):
+    """On the GPU (compiled, not interpreted): a bias broadcast over one or both tile axes with per-sequence
+    lengths and a causal mask, forward and backward (dBias summed over the broadcast axes); fp16."""
+    g = graph(DT.HALF, sq=300, skv=270, d=64, dv=64, backward=True, bias=bias, padding=True, use_causal_mask=True)
+    plan = g.build(device="cuda", engines=["triton"])
+    bad = check_plan(plan, rng, prepare=lambda p: prepare(p, g, lens=((300, 111), (270, 77))), rtol=3e-2, atol=3e-2)
+    assert not bad, "\n".join(map(str, bad))
+
+
+@requires_cuda
+@pytest.mark.gpu
 def test_gpu_window_attention_with_a_bias_view(rng):
     """Swin-T's window attention on the GPU: 512 windows of 49 tokens, 3 heads of 32, the relative
     position bias [49 * 49, 3] read through its reshape/permute views; fp16."""
