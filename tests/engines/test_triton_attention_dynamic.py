@@ -1,8 +1,8 @@
 """The attention forward template in dynamic plans (templates/attention.py, attention/sized.py): a piece
 of a bucket whose batch, query or key length is dynamic gets one kernel taking them (and the strides
 they set) at run time, its grid evaluated per shape, re-pointed at every shape of the bucket, never
-generated again; configs whose structure depends on the shape (split-KV, GQA packing, TMA) are
-generated at each shape. Each graph is built once with a bucket and run at 1, primes and the range's
+generated again: GQA packing and split-KV too (its chunk length a run-time size, its partials laid out
+for the bucket's largest shape); TMA configs are generated at each shape. Each graph is built once with a bucket and run at 1, primes and the range's
 ends against the reference engine, on random non-zero inputs, outputs poisoned."""
 
 from __future__ import annotations
@@ -110,11 +110,12 @@ def backward(dt: og.DataType, layout: str = "bshd", causal: bool = True, hk: int
 
 
 def _lengths(static, pack, rng):
-    """Sequence lengths within [0, seq], one entry's whole length (the padding mask's inputs)."""
+    """Sequence lengths within [0, Sq] and [0, Skv], one entry's whole lengths (the padding mask's inputs)."""
+    by_name = {static.tensors[u].name: static.tensors[u] for u in static.inputs}
     for uid in static.inputs:
         t = static.tensors[uid]
         if t.name in ("seq_len_q", "seq_len_kv"):
-            seq = static.tensors[static.inputs[0]].dim[2]
+            seq = by_name["q" if t.name == "seq_len_q" else "k"].dim[2]
             pack[uid][...] = rng.integers(0, seq + 1, size=t.dim)
             pack[uid].flat[0] = seq
 
@@ -199,16 +200,192 @@ def test_a_gqa_packed_bucket_kernel_serves_longer_sequences():
         assert step.config.knob("PACK_GQA") == 1 and step.kernel.generated.sized
 
 
-@requires_interpreter
-def test_split_kv_is_generated_at_each_shape(monkeypatch):
+# -- split-KV (flash-decoding, attention/split.py): the chunk length, the partials and the merge over a bucket ----
+
+DB, DQ, DKV = og.Dim("batch", 1, 5), og.Dim("sq", 1, 4), og.Dim("skv", 1, 97)
+DECODE = [{"batch": b, "skv": k} for b, k in ((1, 1), (2, 97), (3, 13), (5, 2), (1, 31), (5, 97), (2, 47))]
+DECODE_SQ = [
+    {"batch": b, "sq": q, "skv": k} for b, q, k in ((1, 1, 1), (2, 4, 97), (3, 3, 13), (5, 2, 2), (1, 4, 31), (4, 4, 2))
+]
+
+
+def decode(dt: og.DataType, sq=1, hq=4, hk=2, causal=False, padding=False, skv: og.Dim = DKV) -> og.Graph:
+    """A decode step over a dynamic batch and KV length: q [batch, hq, sq, 16] (BSHD; sq 1 or a few
+    tokens) against a cache [batch, hk, skv, 16], bottom-right causal and / or a padding mask, Stats out."""
+    g = _graph(dt, "decode")
+    dims = {"q": [DB, hq, sq, 16], "k": [DB, hk, skv, 16], "v": [DB, hk, skv, 16]}
+    q, k, v = (g.tensor(dim=x, stride=packed_strides(x, BSHD) if n == "q" else None, name=n) for n, x in dims.items())
+    kw = {}
+    if padding:
+        kw = {n: g.tensor(dim=[DB, 1, 1, 1], data_type=DT.INT32, name=n) for n in ("seq_len_q", "seq_len_kv")}
+    o, st = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.25,
+        use_causal_mask_bottom_right=causal,
+        use_padding_mask=padding,
+        generate_stats=True,
+        name="attn",
+        **kw,
+    )
+    o.set_output(True).set_stride(packed_strides([DB, hq, sq, 16], BSHD)).set_name("o")
+    st.set_output(True).set_name("stats")
+    return g
+
+
+def force_split(monkeypatch, split: int, pack: bool) -> None:
+    """The forward's candidates all split-KV with `split` splits (pointer reads: no TMA), GQA-packed or not."""
     real = AttentionMatch.candidates
-    monkeypatch.setattr(AttentionMatch, "candidates", lambda self: [c.replace(SPLIT=2) for c in real(self)])
-    plan = cross(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
-    rng = np.random.default_rng(3)
-    for env in CROSS[:3]:
+    monkeypatch.setattr(
+        AttentionMatch,
+        "candidates",
+        lambda self: [c.replace(SPLIT=split, TMA=0) for c in real(self) if bool(getattr(c, "PACK_GQA", 0)) == pack],
+    )
+
+
+def split_bucket(plan: DynamicPlan, shapes, split: int, pack: bool, seed: int) -> set[int]:
+    """Runs the plan at every shape against the reference; each shape's forward is the bucket's split
+    kernel (its two launches, its scratch at the bucket's largest shape); returns the scratch sizes."""
+    rng = np.random.default_rng(seed)
+    modules, scratch = set(), set()
+    for env in shapes:
         run_at(plan, env, rng)
         (step,) = attention_steps(plan.at(env))
-        assert step.config.knob("SPLIT") == 2 and not step.kernel.generated.sized
+        gen = step.kernel.generated
+        assert step.config.knob("SPLIT") == split and bool(step.config.knob("PACK_GQA")) == pack
+        assert gen.sized and gen.bucket_scratch, gen.source
+        assert [l.kernel for l in gen.launches] == ["kernel_attn_fwd", "kernel_attn_fwd_combine"]
+        assert gen.launches[0].grid[2] == split
+        modules.add(id(step.kernel.module))
+        scratch.add(gen.scratch_bytes)
+    assert len(modules) == 1  # one source (on a GPU one binary) holding both launches, for the bucket
+    return scratch
+
+
+SPLIT_CASES = {
+    "sq1": ({}, DECODE, 4, False),
+    "sq1_padding": ({"padding": True}, DECODE, 2, False),
+    "sq1_packed_padding": ({"padding": True}, DECODE, 4, True),
+    "mqa_packed": ({"hq": 4, "hk": 1}, DECODE, 3, True),
+    "few_causal_br": ({"sq": DQ, "causal": True}, DECODE_SQ, 2, False),
+    "few_causal_br_padding_packed": ({"sq": DQ, "causal": True, "padding": True}, DECODE_SQ, 4, True),
+    "few_causal_br_padding_gqa": ({"sq": DQ, "hq": 4, "hk": 1, "causal": True, "padding": True}, DECODE_SQ, 8, False),
+}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_one_split_kv_kernel_takes_every_shape_of_the_bucket(case, monkeypatch):
+    """Decode graphs forced to split-KV: one source, its chunk length a run-time size, its partials laid
+    out for the bucket's largest batch x Sq (the same bytes at every shape), its merge launch's grid and
+    row masks the run-time Sq's; bottom-right alignment with Sq != Skv (and Sq > Skv: rows that see no
+    key) and padding lengths at every size."""
+    opts, shapes, split, pack = SPLIT_CASES[case]
+    force_split(monkeypatch, split, pack)
+    plan = decode(DT.FLOAT, **opts).build(device="cpu", engines=["triton"], buckets="one")
+    scratch = split_bucket(plan, shapes, split, pack, seed=len(case))
+    sq = opts.get("sq", 1)
+    rows = split * 5 * 4 * (4 if isinstance(sq, og.Dim) else sq)  # SPLIT x batch x Hq x Sq at their largest
+    assert scratch == {2 * (rows * 4 + (-(rows * 4) % 256)) + rows * 16 * 4 + (-(rows * 64) % 256)}
+
+
+@requires_interpreter
+def test_a_half_split_kv_bucket_kernel():
+    """fp16 inputs, split-KV GQA-packed decode with a padding mask over a bucket (forced as above)."""
+    mp = pytest.MonkeyPatch()
+    with mp.context() as m:
+        force_split(m, 2, True)
+        plan = decode(DT.HALF, padding=True).build(device="cpu", engines=["triton"], buckets="one")
+        split_bucket(plan, DECODE[:4], 2, True, seed=11)
+
+
+@requires_interpreter
+def test_split_kv_with_fewer_keys_than_split_key_blocks(monkeypatch):
+    """Skv below SPLIT * BLOCK_N (8 x 16 keys) at every shape: each chunk is one key block, the splits past
+    the last key run no block and their partials (m = -inf, l = 0, O = 0) merge as neutral elements,
+    rows whose padding length is 0 included."""
+    force_split(monkeypatch, 8, False)
+    plan = decode(DT.FLOAT, padding=True, skv=og.Dim("skv", 1, 100)).build(
+        device="cpu", engines=["triton"], buckets="one"
+    )
+    shapes = [{"batch": b, "skv": k} for b, k in ((1, 1), (3, 15), (2, 16), (4, 17), (5, 63), (1, 100))]
+    split_bucket(plan, shapes, 8, False, seed=12)
+    (step,) = attention_steps(plan.at({"batch": 2, "skv": 17}))
+    (chunk,) = [a for a in step.kernel.generated.launches[0].args if a.expr is not None and "//" in str(a.expr)]
+    assert chunk.value == 1  # ceil(17 / 8) keys rounded up to a key block: one block (spelled `(sz * 16)`)
+
+
+@requires_interpreter
+@pytest.mark.parametrize(
+    "make,shapes",
+    [
+        pytest.param(cross, CROSS, id="cross"),
+        pytest.param(padded_bias, SELF, id="padded_bias"),
+        pytest.param(dropout, SELF, id="dropout"),
+    ],
+)
+def test_split_kv_over_a_bucket_is_re_pointed(make, shapes, monkeypatch):
+    """Split-KV over dynamic Sq and Skv (cross-attention: Sq up to 23, more than a merge program's rows;
+    a bias read at strides set by seq; Philox dropout, its 1/(1-p) in the partials) re-points one kernel
+    at every shape, never generating it again."""
+    real = AttentionMatch.candidates
+    monkeypatch.setattr(AttentionMatch, "candidates", lambda self: [c.replace(SPLIT=2) for c in real(self)])
+    plan = make(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(3)
+    run_at(plan, shapes[0], rng)
+    generated = []
+    real_gen = TritonEngine.generated
+    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real_gen(self, p, c, d))
+    modules = set()
+    for env in shapes:
+        run_at(plan, env, rng)
+        (step,) = attention_steps(plan.at(env))
+        assert step.config.knob("SPLIT") == 2 and step.kernel.generated.sized
+        modules.add(id(step.kernel.module))
+    assert len(modules) == 1 and not [c for c in generated if c.knob("template") == "attention"]
+
+
+def test_the_build_still_splits_a_decode_bucket():
+    """The build's policy (build/split_kv.py) decides at a bucket's hint as a static build decides at that
+    shape: in the default buckets of a decode graph (batch 1-4, KV 1-8192, 32 query heads over 8), the
+    long-cache bucket holding batch 3 x KV 4096 (hint batch 3 x KV 1456: 24 GQA-packed programs, a fifth
+    of an H100's multiprocessors) puts the static build's split config first, and that config's kernels
+    take the bucket's sizes at run time; a bucket of short caches does not split."""
+    from opgraph.build import split_kv
+    from opgraph.build.buckets import choose
+    from opgraph.core.config import HeurMode
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines import get_engine
+    from opgraph.engines.triton.templates import attention
+
+    h100 = Device("cuda", 0, "H100", (9, 0), 132)
+
+    def graph(batch, kv):
+        g = og.Graph("decode", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+        q = g.tensor(dim=[batch, 32, 1, 128], stride=packed_strides([batch, 32, 1, 128], BSHD), name="q")
+        k, v = (g.tensor(dim=[batch, 8, kv, 128], name=n) for n in "kv")
+        o, _ = g.sdpa(q, k, v, attn_scale=128**-0.5, generate_stats=False)
+        o.set_output(True).set_stride(packed_strides([batch, 32, 1, 128], BSHD))
+        return g.final
+
+    def first(final):
+        piece = make_piece(final, 0, list(final.nodes))
+        configs = split_kv.order(piece, get_engine("triton").configs(piece, h100, HeurMode.A), h100)
+        return piece, next(c for c in configs if c.engine == "triton")
+
+    dynamic = graph(og.Dim("batch", 1, 4), og.Dim("kv", 1, 8192))
+    buckets = choose(dynamic).buckets
+    (long,) = [b for b in buckets if b.contains({"batch": 3, "kv": 4096})]
+    assert long.hint_map == {"batch": 3, "kv": 1456}, long
+    piece, chosen = first(dynamic.in_bucket(long.hint_map, long))
+    _, static_choice = first(graph(3, 1456))
+    assert chosen.knob("SPLIT") == 4 and chosen.knob("PACK_GQA") == 1 and chosen.knobs == static_choice.knobs
+    gen = attention.TEMPLATE.generate(piece, {k: v for k, v in chosen.knobs if k != "template"}, h100)
+    assert gen.sized and gen.bucket_scratch and len(gen.launches) == 2
+    (short,) = [b for b in buckets if b.contains({"batch": 3, "kv": 64})]
+    assert not first(dynamic.in_bucket(short.hint_map, short))[1].knob("SPLIT")
 
 
 @requires_interpreter
@@ -256,11 +433,37 @@ def _pointer_configs(cands):
     return [c for c in cands if not c.get("TMA") and not c.get("SPLIT")][:2]
 
 
+def _decode_piece(dynamic: bool):
+    """Llama-like decode (1 query, 32 query heads over 8, D 128, bf16) at batch 3 x KV 1456: the piece of
+    the bucket holding batch 1..16 x KV 1..8192 (`dynamic`), or of the static graph."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.piece import make_piece
+
+    batch, kv = (og.Dim("batch", 1, 16), og.Dim("kv", 1, 8192)) if dynamic else (3, 1456)
+    g = og.Graph("llama_decode", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    q = g.tensor(dim=[batch, 32, 1, 128], stride=packed_strides([batch, 32, 1, 128], BSHD), name="q")
+    k, v = (g.tensor(dim=[batch, 8, kv, 128], name=n) for n in "kv")
+    o, _ = g.sdpa(q, k, v, attn_scale=128**-0.5, use_causal_mask_bottom_right=True, generate_stats=False)
+    o.set_output(True).set_stride(packed_strides([batch, 32, 1, 128], BSHD))
+    final = g.final
+    if dynamic:
+        (bucket,) = choose(final, "one").buckets
+        final = final.in_bucket({"batch": 3, "kv": 1456}, bucket)
+    return make_piece(final, 0, list(final.nodes))
+
+
+def _split_configs(cands):
+    """The split-KV configs of 4 splits, GQA-packed and not."""
+    return [c for c in cands if c.get("SPLIT") == 4]
+
+
 HOPPER_CASES = {
     "fwd_dynamic": (lambda: _llama_piece(True), "attention", _pointer_configs),
     "fwd_static": (lambda: _llama_piece(False), "attention", _pointer_configs),
     "bwd_dynamic": (lambda: _llama_piece(True, True), "attention_bwd", _pointer_configs),
     "bwd_static": (lambda: _llama_piece(False, True), "attention_bwd", _pointer_configs),
+    "split_dynamic": (lambda: _decode_piece(True), "attention", _split_configs),
+    "split_static": (lambda: _decode_piece(False), "attention", _split_configs),
 }
 
 
@@ -268,32 +471,37 @@ def test_sized_kernels_compile_for_hopper_like_the_static_ones():
     """The bucket's kernels (sizes as arguments, the strides they set spelled `(sz * c)`) compile for
     sm_90 with the static kernels' vector copies (cp.async), 128-bit loads and stores, and no more
     spills than they have (the forward none; the backward's dK/dV launch spills at D 128 either way:
-    68-76 bytes sized, 72-100 static, Triton 3.9)."""
+    68-76 bytes sized, 72-100 static, Triton 3.9); the split-KV decode launches too (more registers
+    sized, 104-128 against 84 at 4 warps, below the 3 programs an SM their shared memory allows)."""
     from opgraph.core.device import Device
     from opgraph.engines.triton.templates import attention, attention_bwd
 
     from .hopper_compile import compile_for_hopper
 
     h100 = Device("cuda", 0, "H100", (9, 0), 132)
-    for template, backward_too in ((attention.TEMPLATE, False), (attention_bwd.TEMPLATE, True)):
-        piece = _llama_piece(True, backward_too)
-        for k in _pointer_configs(template.candidates(piece, h100)):
+    for template, piece, configs in (
+        (attention.TEMPLATE, _llama_piece(True), _pointer_configs),
+        (attention_bwd.TEMPLATE, _llama_piece(True, True), _pointer_configs),
+        (attention.TEMPLATE, _decode_piece(True), _split_configs),
+    ):
+        for k in configs(template.candidates(piece, h100)):
             assert template.generate(piece, k, h100).sized, k
     out = compile_for_hopper(__name__)
     lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
-    assert len(lines) == 2 * (2 + 2 * 3), out  # two configs each: a forward launch, 3 backward launches
+    # two configs each: a forward launch, 3 backward launches, a split forward's 2 launches
+    assert len(lines) == 2 * (2 + 2 * 3 + 2 * 2), out
 
     def count(w, what):
         return int(w[w.index(what) + 1])
 
-    for kind in ("fwd", "bwd"):
+    for kind in ("fwd", "bwd", "split"):
         dynamic = [w for w in lines if w[1] == f"{kind}_dynamic"]
         static = [w for w in lines if w[1] == f"{kind}_static"]
         assert [w[2] for w in dynamic] == [w[2] for w in static]
         for dyn, st in zip(dynamic, static):
             for what in ("cp.async", "ld.v4", "st.v4"):
                 assert count(dyn, what) >= count(st, what), (dyn, st)
-            assert count(dyn, "spills") <= max(count(st, "spills"), 0 if kind == "fwd" else 80), (dyn, st)
+            assert count(dyn, "spills") <= max(count(st, "spills"), 80 if kind == "bwd" else 0), (dyn, st)
 
 
 # -- on the GPU: realistic sizes ------------------------------------------------------------------------------
@@ -333,6 +541,41 @@ def test_gpu_attention_over_a_bucket(dt, pointer, monkeypatch):
         if step.kernel.generated.sized:
             modules.add(id(step.kernel.module))
     assert len(modules) == 1 if pointer else len(modules) <= 1
+
+
+GPU_KV = og.Dim("kv", 1, 4096)
+GPU_DECODE = [{"batch": b, "kv": k} for b, k in ((1, 1), (3, 131), (8, 4096), (2, 257), (5, 4093), (1, 17), (8, 63))]
+
+
+def gpu_decode(dt: og.DataType, sq: int) -> og.Graph:
+    """A Llama-like decode step (32 query heads over 8 key/value heads, D 128, q and O BSHD, the cache
+    BHSD) over a dynamic batch and KV length, bottom-right causal, Stats out."""
+    g = _graph(dt, "gpu_decode")
+    dims = {"q": [GPU_B, 32, sq, 128], "k": [GPU_B, 8, GPU_KV, 128], "v": [GPU_B, 8, GPU_KV, 128]}
+    q, k, v = (g.tensor(dim=x, stride=packed_strides(x, BSHD) if n == "q" else None, name=n) for n, x in dims.items())
+    o, st = g.sdpa(q, k, v, attn_scale=128**-0.5, use_causal_mask_bottom_right=True, generate_stats=True)
+    o.set_output(True).set_stride(packed_strides([GPU_B, 32, sq, 128], BSHD)).set_name("o")
+    st.set_output(True).set_name("stats")
+    return g
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("pack", [False, True], ids=["heads", "packed"])
+@pytest.mark.parametrize("sq", [1, 3])
+def test_gpu_split_kv_decode_over_a_bucket(sq, pack, monkeypatch):
+    """Split-KV decode (8 splits, forced) over one bucket of batch 1-8 x KV 1-4096: one compiled module
+    (both launches) at every shape, KV lengths below 8 x BLOCK_N included."""
+    force_split(monkeypatch, 8, pack)
+    plan = gpu_decode(DT.BFLOAT16, sq).build(device="cuda", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(9)
+    modules = set()
+    for env in GPU_DECODE:
+        run_at(plan, env, rng)
+        (step,) = attention_steps(plan.at(env))
+        assert step.config.knob("SPLIT") == 8 and step.kernel.generated.sized
+        modules.add(id(step.kernel.module))
+    assert len(modules) == 1
 
 
 BWD_TOL = {"rtol": 2e-3, "atol": 2e-4}

@@ -99,7 +99,7 @@ def generated(functions: list[str], launches: list[Launch], scratch_bytes: int =
     scratch at launch."""
     source = module_source(*functions) if sizes is None else module_source(sizes.declaration(), *functions)
     notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
-    # (a bucket kernel's scratch is laid out for the bucket's largest shape: backward.scratch_of)
+    # (a bucket kernel's scratch is laid out for the bucket's largest shape: backward.scratch_of, split.partials)
     return Generated(source, tuple(launches), scratch_bytes, notes, bucket_scratch=sizes is not None)
 
 

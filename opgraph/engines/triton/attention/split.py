@@ -5,7 +5,15 @@ maximum m (log2 units), the row sum l and the unnormalised O (times the dropout'
 launch merges a row's partials as the online softmax merges key blocks (M = max m_s, L = sum l_s 2^(m_s -
 M), O = sum O_s 2^(m_s - M)), starting from the sink where there is one, and finishes as the one-launch
 forward does (epilogue.py). Every mask, packed or paged layout and score modifier works unchanged: the
-split only narrows each program's key range."""
+split only narrows each program's key range.
+
+In a dynamic plan's bucket kernel (sized.py) the split count stays a knob (chosen per bucket) and the
+rest takes the run-time sizes: the chunk length is a size argument (ceil(Skv / SPLIT) rounded up to
+BLOCK_N, computed per shape), the partials are laid out for the bucket's largest B * Hq * Sq (the
+same scratch at every shape: Generated.bucket_scratch) and indexed by the run-time sizes, and the
+combining launch's grid and row masks follow the run-time Sq. A chunk past the keys (Skv below
+SPLIT * BLOCK_N) runs no key block: its partial row (m = -inf, l = 0, O = 0) merges as the neutral
+element."""
 
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ from ..templates.base import Arg, ArgKind
 from .common import KernelText, pow2, seqlen_lines
 from .epilogue import finish, sink_lines
 from .ragged import ragged_lines
+from .sized import divides, upper
 from .spec import AttnSpec
 
 __all__ = ["combine", "partial_stores", "partials", "split_range"]
@@ -23,20 +32,21 @@ COMBINE_ROWS = 16  # query rows a combining program merges
 
 def partials(spec: AttnSpec, split: int) -> tuple[dict[str, Arg], int]:
     """The scratch of the partials (fp32 each): PM, PL [SPLIT, B * Hq, Sq], PO [SPLIT, B * Hq, Sq, Dv
-    padded to a power of two], and their bytes."""
+    padded to a power of two], and their bytes (a bucket kernel's at the bucket's largest shape)."""
     rows = split * spec.B * spec.Hq * spec.Sq
     sizes = {"PM": rows, "PL": rows, "PO": rows * pow2(spec.Dv)}
     out, offset = {}, 0
     for name, numel in sizes.items():
         out[name] = Arg(ArgKind.SCRATCH, offset=offset, dtype="float32")
-        offset += align_up(numel * 4)
+        offset += align_up(upper(numel) * 4)
     return out, offset
 
 
 def split_range(spec: AttnSpec, bn: int, split: int) -> list[str]:
-    """The key range [lo, hi) (and r1, r2 inside it, fwd_ranges') cut to this program's chunk."""
-    per = -(-spec.Skv // split)
-    chunk = -(-per // bn) * bn
+    """The key range [lo, hi) (and r1, r2 inside it, fwd_ranges') cut to this program's chunk (a
+    bucket kernel's chunk length a size argument)."""
+    per = (spec.Skv + split - 1) // split
+    chunk = (per + bn - 1) // bn * bn
     return [
         f"s_lo = pid_s * {chunk}",
         "lo = tl.maximum(lo, s_lo)",
@@ -76,7 +86,7 @@ def partial_stores(spec: AttnSpec, partial_rows: bool, head: str | None = None) 
 
 def combine(spec: AttnSpec, name: str, scratch: dict[str, Arg], split: int) -> tuple[KernelText, tuple[int, int]]:
     """The launch merging the partials of COMBINE_ROWS query rows of one (batch, head) a program."""
-    k = KernelText(name, scratch)
+    k = KernelText(name, scratch, spec.sizes)
     cm, dvp = COMBINE_ROWS, pow2(spec.Dv)
     for p in ("PM", "PL", "PO"):
         k.param(p)
@@ -114,7 +124,7 @@ def combine(spec: AttnSpec, name: str, scratch: dict[str, Arg], split: int) -> t
         "    acc = acc * alpha[:, None] + o_s * beta[:, None]",
         "    m_i = m_new",
     )
-    row_ok = f"(offs_m[:, None] < {spec.Sq})" if spec.Sq % cm else None
+    row_ok = f"(offs_m[:, None] < {spec.Sq})" if not divides(cm, spec.Sq) else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     finish(spec, k, row_ok, dvmask, dropped=True)
-    return k, (-(-spec.Sq // cm), spec.B * spec.Hq)
+    return k, ((spec.Sq + cm - 1) // cm, spec.B * spec.Hq)

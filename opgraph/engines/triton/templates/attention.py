@@ -26,11 +26,12 @@ kernel that takes them at run time (`AttentionMatch.sized`, attention/sized.py):
 count and the strides they set are size arguments, the grid is evaluated per shape, the bounds masks
 (query rows past Sq, keys past Skv) are always emitted and compare with the run-time sizes, so every
 shape of the bucket runs one source and one binary; GQA packing (PACK_GQA) included, its tile rows
-masked by the run-time Sq. Generated at each shape with the bucket's knobs, as before: split-KV
-(SPLIT > 1: the split's partials in scratch sized by the shape), TMA (the descriptors' shapes), packed
-(ragged) and paged tensors (token counts, page tables), and anything the generator decides by a
-dynamic size (a view at a dynamic offset, an explicit dropout mask's strides). Heads and head dims
-stay literals (they are never dynamic in a bucket kernel).
+masked by the run-time Sq, and split-KV (SPLIT > 1, the count a knob of the bucket: the chunk length a
+size argument, the partials' scratch laid out for the bucket's largest shape, the merging launch sized
+too; attention/split.py). Generated at each shape with the bucket's knobs, as before: TMA (the
+descriptors' shapes), packed (ragged) and paged tensors (token counts, page tables), and anything the
+generator decides by a dynamic size (a view at a dynamic offset, an explicit dropout mask's strides).
+Heads and head dims stay literals (they are never dynamic in a bucket kernel).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class AttentionTemplate(AttentionTemplateBase):
     build = staticmethod(forward)
 
     def sized_knobs(self, knobs: Any) -> bool:
-        return not knobs.TMA and not (knobs.SPLIT or 0) > 1
+        return not knobs.TMA
 
 
 TEMPLATE = AttentionTemplate()
