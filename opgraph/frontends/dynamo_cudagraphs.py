@@ -58,11 +58,11 @@ def with_cudagraphs(
             traces, mutated = get_stack_traces(aot_model), find_input_mutations(aot_model.graph)
             index = get_device_index(aot_model) if not skip else None
             compiled = compiler(aot_model, aot_inputs)
-            _reserve(compiled)
             if skip:
                 BoxedBool.disable(do_cudagraphs)
                 log_cudagraph_skip_and_bump_counter(f"skipping cudagraphs due to {skip}")
                 return compiled
+            _reserve(compiled)  # (only where the trees record: the plans then release each call's buffers)
             device_index.set(index)
             out = cudagraphify_impl(
                 compiled,
@@ -87,7 +87,6 @@ def with_cudagraphs(
         traces, mutated = get_stack_traces(aot_model), find_input_mutations(aot_model.graph)
         index = get_device_index(aot_model) if not skip else None
         compiled = backward(aot_model, aot_inputs)
-        _reserve(compiled)
         if not do_cudagraphs:
             return compiled
         if skip:
@@ -102,6 +101,7 @@ def with_cudagraphs(
 
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
+        _reserve(compiled)
         out = cudagraphify_impl(
             compiled,
             aot_inputs,

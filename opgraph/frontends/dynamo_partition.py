@@ -152,15 +152,20 @@ class PlanModule:
             for leaf in imported._output_leaves
         ]
         self._bound = [(h.known_uid(), s) for h, s in imported.bound_inputs]
+        self._release = False  # (reserve: the plan forgets each call's buffers after it)
         output = next(n for n in fallback.graph.nodes if n.op == "output")
         self._single = not isinstance(output.args[0], (tuple, list))  # (the submodule returns one value bare)
 
     def reserve(self) -> None:
-        """The plan's per-thread state and the device copies of its constants (and what is derived
-        from them) allocated now: PyTorch's CUDA graph trees record the first calls in a private pool
-        and refuse a graph that leaves an allocation there which is not one of its outputs."""
+        """Before PyTorch's CUDA graph trees record the first calls in their private pool, which must
+        hold only outputs after each: the plan's per-thread state and the device copies of its constants
+        (and what is derived from them) allocated now, and from now on each call's buffers released
+        by the plan after it (each call binds afresh: host time only while recording)."""
         self.plan.reserve()
         self.imported.preload([s for _, s in self._bound], self.device)
+        # the plan's binding keeps a call's buffers until the next: inside a recording, a partition's
+        # output that the graph frees after use would stay in the pool, not an output
+        self._release = True
 
     def __call__(self, *args: Any) -> Any:
         if self.failed:
@@ -192,6 +197,8 @@ class PlanModule:
                 str(err).splitlines()[0] if str(err) else "",
             )
             return self.fallback(*args)
+        if self._release:
+            self.plan.release()
         outs = tuple(value if uid is None else pack[uid].view(value) for uid, value in self._leaves)
         return outs[0] if self._single else outs
 

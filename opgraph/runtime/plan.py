@@ -104,6 +104,13 @@ class ExecutionPlan:
         end up holding outputs only)."""
         self.local_state().reserve()
 
+    def release(self) -> None:
+        """Drop the calling thread's references to the buffers of its last execute (the binding's),
+        keeping its workspace and address table: the next execute binds afresh. For callers whose
+        buffers must not outlive the call, as a compiled graph's intermediates under PyTorch's CUDA
+        graph trees (every allocation left in their pool after a recorded call must be an output)."""
+        self.local_state().release()
+
     # -- running -----------------------------------------------------------------------------------
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
         """Run the plan. `workspace`: None (the plan allocates and keeps one per thread) or a buffer of

@@ -53,6 +53,16 @@ class ThreadState:
             self.reserved = (base, wsp.tensor_views(base, state.layout, state.graph) if base is not None else {})
         self._reserve_launch_memory()
 
+    def release(self) -> None:
+        """Forget the bound buffers: a fresh binder, the bound plans dropped, their workspace kept."""
+        state = self.state
+        self.binder = PackBinder(state.graph, state.device, state.inplace)
+        if self.owned is not None:
+            base = self.owned.base
+            views = wsp.tensor_views(base, state.layout, state.graph) if base is not None else {}
+            self.reserved, self.owned = (base, views), None
+        self.user = None
+
     def _reserve_launch_memory(self) -> dict[tuple[int, int], Any]:
         if self.reserved_launch_memory is None:
             made: dict[tuple[int, int], Any] = {}

@@ -271,10 +271,9 @@ def test_reports_can_be_cleared():
             "reduce-overhead",
             marks=pytest.mark.xfail(
                 reason="issue 43: PyTorch's CUDA graph trees found 1 allocation in their pool that is no output (2 before "
-                "the plans reserved their workspaces ahead of the warmup; 2026-11-29, H200); since then made at reserve, not in "
-                "the first call: constants' device copies and launches' global scratch (device-side TMA descriptors); the "
-                "other suspect: a plan's binding keeps the last call's buffers, among them a partition output the FX graph "
-                "frees (e.g. the input of a dropout left to PyTorch), alive in the pool: to confirm on a GPU",
+                "the plans reserved their workspaces ahead of the warmup; 2026-11-29, H200). Since then made at reserve: "
+                "constants' device copies and launches' global scratch; and reserved plans release each call's buffers "
+                "(a partition output the graph frees was kept alive by the plan's binding): unconfirmed on a GPU",
                 strict=False,
             ),
         ),

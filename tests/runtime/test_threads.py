@@ -272,3 +272,36 @@ def test_gpu_after_reserve_the_first_execute_allocates_nothing(tma, monkeypatch)
     assert torch.cuda.memory_allocated() == before, plan.describe()
     want = torch.nn.functional.gelu(pack[a].double() @ pack[w].double() + pack[bias].double())
     torch.testing.assert_close(pack[y].double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_release_drops_the_last_executes_buffers_and_keeps_the_workspace():
+    """plan.release() forgets the calling thread's binding (its references to the pack's buffers), so
+    buffers the caller drops are freed; the next execute binds afresh into the same workspace."""
+    import gc
+    import weakref
+
+    torch = pytest.importorskip("torch")
+    g, x, b, s, y = _graph()
+    plan = g.build(device="cpu", engines=[_OnePerStep.name])
+    final, rng = g.final, np.random.default_rng(0)
+
+    def pack():
+        xv = torch.from_numpy(random_values(final.tensor("x"), rng))
+        bv = torch.from_numpy(random_values(final.tensor("b"), rng))
+        return {x: xv, b: bv, s: 0.5, y: torch.full(final.tensor("y").dim, float("nan"))}
+
+    first = pack()
+    plan.execute(first)
+    workspace = plan.local_state().owned.base
+    out = weakref.ref(first[y])
+    del first
+    gc.collect()
+    assert out() is not None  # the binding holds the last pack's buffers
+    plan.release()
+    gc.collect()
+    assert out() is None and plan.local_state().owned is None
+    second = pack()
+    plan.execute(second)
+    assert plan.local_state().owned.base is workspace
+    want = _want(second[x].numpy(), second[b].numpy(), 0.5)
+    np.testing.assert_allclose(second[y].numpy(), want, rtol=1e-5, atol=1e-6)
