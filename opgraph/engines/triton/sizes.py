@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
+from ...core.config import Support
 from ...core.ir import Const, ShapeOrigin
 from ...core.piece import Piece
 from ...core.symbolic import Expr, SymInt, bounds, evaluate
@@ -97,6 +99,28 @@ def above_one(d: SymInt) -> bool:
 
 def is_dynamic_desc(desc: TensorDesc) -> bool:
     return any(isinstance(v, Expr) for v in (*desc.dim, *desc.stride))
+
+
+A = TypeVar("A")
+
+
+def bucket_analysis(
+    piece: Piece, analyze: Callable[[Piece], A | Support], dynamic_io: bool = False
+) -> tuple[Piece, A, ShapeOrigin] | None:
+    """(the symbolic piece, `analyze` of it, the graph's origin) where the piece is of a dynamic plan's
+    bucket (symbolic_piece) and `analyze` takes it: None where it answers a Support, or decides by a
+    dynamic size's value (TypeError), or, with `dynamic_io`, where no input or output of the piece
+    has a dynamic size; None means the kernel is generated at the piece's shape."""
+    symbolic, origin = symbolic_piece(piece), piece.graph.origin
+    if symbolic is None or origin is None:
+        return None
+    if dynamic_io and not any(is_dynamic_desc(symbolic.tensor(u)) for u in (*symbolic.inputs, *symbolic.outputs)):
+        return None
+    try:
+        analysis = analyze(symbolic)
+    except TypeError:  # a decision by a dynamic size: generated at the shape
+        return None
+    return None if isinstance(analysis, Support) else (symbolic, analysis, origin)
 
 
 def symbolic_piece(piece: Piece) -> Piece | None:

@@ -16,7 +16,7 @@ from ....core.piece import Piece
 from ..attention.lowering import Fusion, analyze, build_spec, support_of
 from ..attention.sized import sized_spec
 from ..gemm.template import divisible_text
-from ..sizes import Sizes, is_dynamic_desc, symbolic_piece
+from ..sizes import Sizes, bucket_analysis
 from .base import Generated, Match, Template, unique
 
 
@@ -85,16 +85,9 @@ class AttentionMatch(Match[Any]):
     def symbolic(self) -> tuple[Piece, Fusion, ShapeOrigin] | None:
         """The piece's symbolic origin and its analysis where the piece is of a dynamic plan's bucket and
         has a dynamic size (its kernels may then take the sizes at run time: ../sizes.py); else None."""
-        piece, origin = symbolic_piece(self.piece), self.piece.graph.origin
-        if piece is None or origin is None:
-            return None
-        if not any(is_dynamic_desc(piece.tensor(u)) for u in (*piece.inputs, *piece.outputs)):
-            return None
-        try:
-            f = analyze(piece, self.template.kind, self.template.name)
-        except TypeError:  # a decision on a dynamic size (a view's): generated at the shape
-            return None
-        return None if isinstance(f, Support) else (piece, f, origin)
+        return bucket_analysis(
+            self.piece, lambda p: analyze(p, self.template.kind, self.template.name), dynamic_io=True
+        )
 
     def sized(self, knobs: Any) -> Generated | None:
         """The bucket's kernels of a config, taking the dynamic sizes at run time (one source for every

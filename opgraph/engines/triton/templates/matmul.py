@@ -57,7 +57,7 @@ from ..gemm import (
     tma_prelude,
 )
 from ..knobs import TileKnobs
-from ..sizes import Sizes, is_dynamic_desc, symbolic_piece
+from ..sizes import Sizes, bucket_analysis
 from ._matmul_hopper import HopperLoop, hopper_config, host_descriptors, host_tma_ok
 from .base import Generated
 
@@ -133,18 +133,10 @@ class MatmulMatch(TileMatch):
         """The analysis of the piece's symbolic origin (sizes.symbolic_piece), whose kernels take the
         dynamic sizes at run time (the module docstring says which), and the origin, where the piece is
         of a dynamic plan's bucket and has a dynamic size and its K is static; else None."""
-        piece, origin = symbolic_piece(self.piece), self.piece.graph.origin
-        if piece is None or origin is None:
+        found = bucket_analysis(self.piece, lambda p: self.template.analyze(p)[0], dynamic_io=True)
+        if found is None or found[1] is None or isinstance(found[1].operand("A").dim[-1], Expr):
             return None
-        if not any(is_dynamic_desc(piece.tensor(u)) for u in (*piece.inputs, *piece.outputs)):
-            return None
-        try:
-            gp, _ = self.template.analyze(piece)
-        except TypeError:  # a decision on a dynamic size (a view's): generated at the shape
-            return None
-        if gp is None or isinstance(gp.operand("A").dim[-1], Expr):
-            return None
-        return gp, origin
+        return found[1], found[2]
 
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow

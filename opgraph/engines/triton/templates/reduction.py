@@ -44,7 +44,7 @@ from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import Emitter, compute_type, elementwise, node_type, piece_types, to_storage
 from ..knobs import ReductionKnobs
-from ..sizes import Sizes, above_one, symbolic_piece
+from ..sizes import Sizes, above_one, bucket_analysis
 from ._flat_axes import FlatAxes, ReductionIndexer
 from .base import (
     Arg,
@@ -281,18 +281,8 @@ class ReductionMatch(Match[ReductionKnobs]):
         """The symbolic piece and analysis where the kernel takes its sizes at run time (sizes.py): a
         piece of a dynamic plan's bucket whose kept or reduced length is dynamic; else None (generated
         at the shape)."""
-        piece = symbolic_piece(self.piece)
-        if piece is None:
-            return None
-        try:
-            a = analyze(piece)
-        except TypeError:  # a decision by a dynamic size: generated at the shape
-            return None
-        if isinstance(a, Support) or not (isinstance(a.M, Expr) or isinstance(a.K, Expr)):
-            return None
-        origin = self.piece.graph.origin
-        assert origin is not None
-        return piece, a, origin
+        found = bucket_analysis(self.piece, analyze)
+        return found if found is not None and (isinstance(found[1].M, Expr) or isinstance(found[1].K, Expr)) else None
 
     def launches(self, knobs: ReductionKnobs) -> int:
         return 2 if knobs.split > 1 else 1

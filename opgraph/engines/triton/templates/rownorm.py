@@ -37,7 +37,7 @@ from ....core.piece import Piece
 from ....core.symbolic import Expr
 from ....memory.workspace import align_up
 from ..knobs import RownormKnobs
-from ..sizes import Sizes, symbolic_piece
+from ..sizes import Sizes, bucket_analysis
 from ._norm_common import (
     Comp,
     Fusion,
@@ -529,19 +529,15 @@ class RownormMatch(NormMatch):
         """The symbolic piece and geometry where the kernel takes its sizes at run time (sizes.py): a
         forward of a dynamic plan's bucket whose rows are dynamic and whose normalized length is not;
         else None (generated at the shape)."""
-        piece = symbolic_piece(self.piece)
-        if piece is None or self.g.kind.endswith("_backward"):
+        if self.g.kind.endswith("_backward"):
             return None
-        origin = self.piece.graph.origin
-        assert origin is not None
-        try:
+
+        def row_geometry(piece: Piece) -> RowGeometry | Support:
             fusion = analyze(piece, KINDS, self.template.name)
-            g = geometry(fusion, piece) if not isinstance(fusion, Support) else fusion
-        except TypeError:  # a decision by a dynamic size: generated at the shape
-            return None
-        if isinstance(g, Support) or not isinstance(g.H, int) or not isinstance(g.R, Expr):
-            return None
-        return piece, g, origin
+            return geometry(fusion, piece) if not isinstance(fusion, Support) else fusion
+
+        found = bucket_analysis(self.piece, row_geometry)
+        return found if found is not None and isinstance(found[1].H, int) and isinstance(found[1].R, Expr) else None
 
     def candidates(self) -> list[RownormKnobs]:
         if self.symbolic is not None:  # at the bucket's hint, one tile per program (no persistent walk)

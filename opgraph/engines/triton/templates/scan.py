@@ -22,7 +22,7 @@ from ....core.piece import Piece
 from ....core.symbolic import Expr
 from ....ops.scan import Cumsum
 from ..knobs import ScanKnobs
-from ..sizes import Sizes, above_one, symbolic_piece
+from ..sizes import Sizes, above_one, bucket_analysis
 from ._norm_common import (
     Comp,
     Fusion,
@@ -162,19 +162,13 @@ class ScanMatch(NormMatch):
         """The symbolic piece and geometry where the kernel takes its sizes at run time (sizes.py): a
         piece of a dynamic plan's bucket whose rows or scanned length are dynamic; else None (generated
         at the shape)."""
-        piece = symbolic_piece(self.piece)
-        if piece is None:
-            return None
-        origin = self.piece.graph.origin
-        assert origin is not None
-        try:
+
+        def scan_geometry(piece: Piece) -> ScanGeometry | Support:
             fusion = analyze(piece, KINDS, self.template.name, views=True)
-            g = fusion if isinstance(fusion, Support) else geometry(fusion)
-        except TypeError:  # a decision by a dynamic size: generated at the shape
-            return None
-        if isinstance(g, Support) or not (isinstance(g.R, Expr) or isinstance(g.L, Expr)):
-            return None
-        return piece, g, origin
+            return fusion if isinstance(fusion, Support) else geometry(fusion)
+
+        found = bucket_analysis(self.piece, scan_geometry)
+        return found if found is not None and (isinstance(found[1].R, Expr) or isinstance(found[1].L, Expr)) else None
 
     def candidates(self) -> list[ScanKnobs]:
         if self.symbolic is not None:  # at the bucket's hint: the same knobs for every shape of it
