@@ -272,3 +272,37 @@ def run_example(name: str, *args: str, timeout: float = 600, **extra: str) -> st
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "MISMATCH" not in proc.stdout, proc.stdout[-3000:]
     return proc.stdout
+
+
+def run_at_shape(
+    plan,
+    env: dict,
+    rng: np.random.Generator,
+    *,
+    prepare=None,
+    keyed=None,
+    relative_to_scale: bool = False,
+) -> None:
+    """Execute the dynamic plan `plan` on a random pack of the shape `env` and compare every output with
+    the reference engine run on the static graph of that shape (outputs poisoned by random_pack). A
+    CUDA plan gets the pack copied to its device and its outputs back. `prepare(static, pack, rng)`
+    adjusts the pack first (sequence lengths); `keyed(static, uid)` keys it (a name, a handle)."""
+    static = plan.graph.at(env)
+    pack = random_pack(static, rng)
+    if prepare is not None:
+        prepare(static, pack, rng)
+    want = reference_outputs(static, pack)
+    if plan.device.is_cuda:
+        from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
+
+        dev = pack_to_device(pack, plan.device.torch_name)
+        plan.execute(dev)
+        pack = {**pack, **{u: torch_to_numpy(dev[u]) for u in static.outputs}}
+    else:
+        plan.execute(pack if keyed is None else {keyed(static, u): v for u, v in pack.items()})
+    bad = [
+        m
+        for u in static.outputs
+        if (m := compare(static.tensors[u], pack[u], want[u], relative_to_scale=relative_to_scale)) is not None
+    ]
+    assert not bad, f"{env}: " + "\n".join(map(str, bad))

@@ -15,9 +15,8 @@ from opgraph.core.tensor import packed_strides
 from opgraph.engines.triton import TritonEngine
 from opgraph.engines.triton.templates._attention_common import AttentionMatch
 from opgraph.runtime.dynamic import DynamicPlan
-from opgraph.testing import compare, random_pack, reference_outputs
 
-from ..helpers import requires_cuda, requires_interpreter
+from ..helpers import requires_cuda, requires_interpreter, run_at_shape
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -121,24 +120,8 @@ def _lengths(static, pack, rng):
 
 
 def run_at(plan: DynamicPlan, env: dict[str, int], rng: np.random.Generator) -> None:
-    static = plan.graph.at(env)
-    pack = random_pack(static, rng)
-    _lengths(static, pack, rng)
-    want = reference_outputs(static, pack)
-    if plan.device.is_cuda:
-        from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
-
-        dev = pack_to_device(pack, plan.device.torch_name)
-        plan.execute(dev)
-        pack = {**pack, **{u: torch_to_numpy(dev[u]) for u in static.outputs}}
-    else:
-        plan.execute(pack)
-    bad = [  # (on the GPU relative to the output's scale: bf16 / fp16 products over long rows)
-        m
-        for u in static.outputs
-        if (m := compare(static.tensors[u], pack[u], want[u], relative_to_scale=plan.device.is_cuda)) is not None
-    ]
-    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+    # (on the GPU relative to the output's scale: bf16 / fp16 products over long rows)
+    run_at_shape(plan, env, rng, prepare=_lengths, relative_to_scale=plan.device.is_cuda)
 
 
 def attention_steps(plan):

@@ -13,9 +13,8 @@ import opgraph as og
 from opgraph.engines.triton import TritonEngine
 from opgraph.engines.triton.templates.matmul import MatmulMatch
 from opgraph.runtime.dynamic import DynamicPlan
-from opgraph.testing import compare, random_pack, reference_outputs
 
-from ..helpers import requires_cuda, requires_interpreter
+from ..helpers import requires_cuda, requires_interpreter, run_at_shape
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -57,23 +56,8 @@ def batched(dt: og.DataType) -> og.Graph:
 
 
 def run_at(plan: DynamicPlan, env: dict[str, int], rng: np.random.Generator) -> None:
-    static = plan.graph.at(env)
-    pack = random_pack(static, rng)
-    want = reference_outputs(static, pack)
-    if plan.device.is_cuda:
-        from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
-
-        dev = pack_to_device(pack, plan.device.torch_name)
-        plan.execute(dev)
-        pack = {**pack, **{u: torch_to_numpy(dev[u]) for u in static.outputs}}
-    else:
-        plan.execute(pack)
-    bad = [  # (relative to the output's scale: an element near zero is a sum of large products)
-        m
-        for u in static.outputs
-        if (m := compare(static.tensors[u], pack[u], want[u], relative_to_scale=True)) is not None
-    ]
-    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+    # (relative to the output's scale: an element near zero is a sum of large products)
+    run_at_shape(plan, env, rng, relative_to_scale=True)
 
 
 def matmul_steps(plan):

@@ -9,8 +9,9 @@ import pytest
 
 import opgraph as og
 from opgraph.runtime.dynamic import DynamicPlan
-from opgraph.testing import compare, random_pack, reference_outputs
 from tests.helpers import check_rule, requires_interpreter
+
+from ..helpers import run_at_shape
 
 B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
 SHAPES = [(1, 1), (2, 3), (3, 5), (7, 13), (16, 17), (5, 31), (16, 37)]  # ones, primes, the range's ends
@@ -24,15 +25,10 @@ def mlp_graph() -> og.Graph:
     return g
 
 
-def run_at(plan: og.ExecutionPlan, env: dict, rng: np.random.Generator, keyed=lambda g, u: u) -> None:
+def run_at(plan: og.ExecutionPlan, env: dict, rng: np.random.Generator, keyed=None) -> None:
     """Execute `plan` on a pack of the shape `env` and compare every output with the reference engine
     run on the static graph of that shape."""
-    static = plan.graph.at(env)
-    pack = random_pack(static, rng)
-    want = reference_outputs(static, pack)
-    plan.execute({keyed(static, u): v for u, v in pack.items()})
-    bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
-    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+    run_at_shape(plan, env, rng, keyed=keyed)
 
 
 @pytest.mark.parametrize(

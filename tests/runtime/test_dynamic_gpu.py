@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from opgraph.testing import compare, random_pack, reference_outputs
-from tests.helpers import requires_cuda
+from tests.helpers import requires_cuda, run_at_shape
 from tests.ops.test_dynamic_inference import FAMILIES, N, T, build
 from tests.runtime.test_dynamic_kernels import GRAPHS, graph_of
 
@@ -39,15 +39,7 @@ PW_SHAPES = [(1, 1), (1, 2), (2, 1), (2, 3), (3, 5), (5, 7), (7, 13), (13, 31), 
 
 
 def _run_cuda(plan, env, rng):
-    from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
-
-    static = plan.graph.at(env)
-    pack = random_pack(static, rng)
-    want = reference_outputs(static, pack)
-    dev = pack_to_device(pack, plan.device.torch_name)
-    plan.execute(dev)
-    bad = [m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(dev[u]), want[u])) is not None]
-    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+    run_at_shape(plan, env, rng)
 
 
 @pytest.mark.parametrize("name", list(GRAPHS))

@@ -17,6 +17,8 @@ from opgraph.runtime.dynamic import DynamicPlan
 from opgraph.testing import compare, random_pack, reference_outputs
 from tests.helpers import requires_interpreter
 
+from ..helpers import run_at_shape
+
 pytestmark = requires_interpreter
 
 B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
@@ -226,12 +228,7 @@ def graph_of(make) -> og.Graph:
 
 
 def run_at(plan: DynamicPlan, env: dict, rng: np.random.Generator) -> None:
-    static = plan.graph.at(env)
-    pack = random_pack(static, rng)
-    want = reference_outputs(static, pack)
-    plan.execute(pack)
-    bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
-    assert not bad, f"{env}: " + "\n".join(map(str, bad))
+    run_at_shape(plan, env, rng)
 
 
 def env_of(b: int, s: int) -> dict[str, int]:
