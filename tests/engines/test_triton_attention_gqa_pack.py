@@ -25,6 +25,7 @@ from opgraph.engines.triton.templates import attention as fwd_template
 from opgraph.testing import check_plan
 
 from ..helpers import requires_cuda
+from .test_triton_attention_split import decode as split_decode
 from .test_triton_attention_split import prepare as split_prepare
 
 DT = og.DataType
@@ -36,64 +37,9 @@ TOL = {DT.FLOAT: (2e-4, 2e-5), DT.HALF: (3e-2, 3e-2), DT.BFLOAT16: (5e-2, 5e-2)}
 pytestmark = pytest.mark.interpreter
 
 
-def decode(
-    group,
-    io=DT.FLOAT,
-    *,
-    sq=1,
-    skv=90,
-    d=16,
-    hk=HK,
-    layout="dense",
-    page=16,
-    sink=False,
-    stats_out=False,
-    drop=False,
-    mod=False,
-    bias=False,
-    padding=True,
-    **opts,
-):
-    """A decode step: q [B, hk * group, sq, d] (BSHD) against a cache of skv keys per sequence (dense,
-    paged [pages, hk, page, d] with a shuffled table, or packed [1, hk, T, d]), lengths per sequence."""
-    hq = hk * group
-    g = og.Graph("dec", io_data_type=io, intermediate_data_type=DT.FLOAT)
-    q = g.tensor(dim=[B, hq, sq, d], stride=packed_strides((B, hq, sq, d), BSHD), name="q")
-    kw = dict(opts, attn_scale=d**-0.5)
-    if layout == "paged":
-        slots = -(-skv // page)
-        k, v = (g.tensor(dim=[B * slots + 2, hk, page, d], name=n) for n in "kv")
-        for r in "kv":
-            kw[f"paged_attention_{r}_table"] = g.tensor(dim=[B, 1, slots, 1], data_type=DT.INT32, name=f"{r}_table")
-        kw["paged_attention_max_seq_len_kv"] = skv
-    elif layout == "packed":
-        t = B * (skv + 3) + 1
-        k, v = (g.tensor(dim=[1, hk, t, d], stride=packed_strides((1, hk, t, d), BSHD), name=n) for n in "kv")
-        off = g.tensor(dim=[B + 1, 1, 1, 1], data_type=DT.INT64, name="off_kv")
-        kw |= {"k_ragged_offset": off, "v_ragged_offset": off, "max_seq_len_kv": skv}
-    else:
-        k, v = (g.tensor(dim=[B, hk, skv, d], name=n) for n in "kv")
-    if padding or layout == "packed":
-        kw["use_padding_mask"] = True
-        kw["seq_len_q"] = g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name="seq_len_q")
-        kw["seq_len_kv"] = g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name="seq_len_kv")
-    if sink:
-        kw["sink_token"] = g.tensor(dim=[1, hq, 1, 1], data_type=DT.FLOAT, name="sink")
-    if drop:
-        kw["dropout"] = (0.2, g.tensor(dim=[1], data_type=DT.INT64, name="seed"), 3)
-    if mod:
-        kw["score_mod"] = lambda sg, s: sg.mul(sg.tanh(sg.div(s, 2.0)), 2.0)
-    if bias:  # a per-head bias over the keys, and ALiBi: values that differ between a tile's rows' heads
-        kw["bias"] = g.tensor(dim=[1, hq, 1, skv], data_type=DT.FLOAT, name="bias")
-        kw["use_alibi_mask"] = True
-    extra = {}
-    if stats_out:
-        extra = {n: g.tensor(dim=[B, hq, sq, 1], data_type=DT.FLOAT, name=n) for n in ("score_max", "score_sum_exp")}
-    o, st = g.sdpa(q, k, v, generate_stats=True, name="fwd", **kw, **extra)
-    o.set_output(True).set_stride(packed_strides((B, hq, sq, d), BSHD))
-    for x in (st, *extra.values()):
-        x.set_output(True)
-    return g
+def decode(group, io=DT.FLOAT, **kw):
+    """A decode step with `group` query heads per key/value head (test_triton_attention_split.decode)."""
+    return split_decode(io, group=group, **kw)
 
 
 def _sinks(hq):  # one head's sink -inf (adds nothing), the others different per head
