@@ -306,3 +306,18 @@ def run_at_shape(
         if (m := compare(static.tensors[u], pack[u], want[u], relative_to_scale=relative_to_scale)) is not None
     ]
     assert not bad, f"{env}: " + "\n".join(map(str, bad))
+
+
+def check_one_sized_kernel(plan, shapes, rng: np.random.Generator, template: str, run=None) -> None:
+    """Run the dynamic plan at each shape of `shapes` (`run(plan, env, rng)`, default run_at_shape) and
+    check that its one `template` step is the same sized kernel at all of them: one source taking the
+    sizes at run time (and, on a GPU, one binary) for the bucket."""
+    modules = set()
+    for env in shapes:
+        (run or run_at_shape)(plan, env, rng)
+        (step,) = [s for s in plan.at(env).steps if s.config.knob("template") == template]
+        gen = step.kernel.generated
+        assert gen.sized, gen.source
+        assert "_OG_SIZES = ('sz0'" in gen.source
+        modules.add(id(step.kernel.module))
+    assert len(modules) == 1

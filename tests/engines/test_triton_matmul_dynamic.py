@@ -14,7 +14,7 @@ from opgraph.engines.triton import TritonEngine
 from opgraph.engines.triton.templates.matmul import MatmulMatch
 from opgraph.runtime.dynamic import DynamicPlan
 
-from ..helpers import requires_cuda, requires_interpreter, run_at_shape
+from ..helpers import requires_cuda, requires_interpreter, check_one_sized_kernel, run_at_shape
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -77,16 +77,7 @@ CASES = [
 def test_one_matmul_kernel_takes_every_shape_of_the_bucket(make, shapes, dt):
     plan = make(dt).build(device="cpu", engines=["triton"], buckets="one")
     assert isinstance(plan, DynamicPlan)
-    rng = np.random.default_rng(0)
-    modules = set()
-    for env in shapes:
-        run_at(plan, env, rng)
-        (step,) = matmul_steps(plan.at(env))
-        gen = step.kernel.generated
-        assert gen.sized, gen.source
-        assert "_OG_SIZES = ('sz0'" in gen.source
-        modules.add(id(step.kernel.module))
-    assert len(modules) == 1  # one source (and, on a GPU, one binary) for the bucket
+    check_one_sized_kernel(plan, shapes, np.random.default_rng(0), "matmul", run=run_at)
 
 
 @requires_interpreter
