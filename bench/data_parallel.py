@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -273,6 +274,7 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
                 dist.all_reduce(v, op=dist.ReduceOp.MAX)
                 slowest[i] = float(v)
             rows[mode] = {"ms": statistics.median(slowest), "first_loss": first}
+            del fn, model  # (ddp's reducer holds the group: none may outlive destroy_process_group below)
         if rank == 0 and "ddp" in after:
             start = parameters(w["model"])
             tol = param_tolerance(w["precision"], w["sgd"])
@@ -281,6 +283,10 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
                     rows[mode]["params"] = param_check(after[mode], after["ddp"], start, tol)
         if rank == 0:
             Path(out).write_text(json.dumps({"rows": rows, "items": w["items"], "unit": w["unit"]}))
+        # Every rank done with the group before any destroys it; with gloo, a rank that tears down while
+        # its peer is still inside a collective aborts in gloo's threads at exit ("terminate called").
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
