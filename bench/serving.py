@@ -63,6 +63,8 @@ def _model(cfg: dict[str, Any], device: str, dtype: Any) -> Any:
 
     from tests.frontends.zoo_models import TokenLogits
 
+    from .workloads.zoo import unpadded_sdpa
+
     llama = LlamaConfig(
         vocab_size=cfg["vocab"],
         hidden_size=cfg["d"],
@@ -72,7 +74,7 @@ def _model(cfg: dict[str, Any], device: str, dtype: Any) -> Any:
         intermediate_size=cfg["ffn"],
         max_position_embeddings=cfg["seq"][1],
         use_cache=False,
-        attn_implementation="sdpa",
+        attn_implementation=unpadded_sdpa(),
     )
     torch.manual_seed(0)
     return TokenLogits(LlamaForCausalLM(llama)).to(device).to(dtype).eval()

@@ -34,6 +34,29 @@ def _wrap(model: Any, field: str, flatten: bool = False) -> Any:
     return Logits(model, flatten=flatten, field=field)
 
 
+UNPADDED_SDPA = "sdpa_unpadded"
+
+
+def unpadded_sdpa() -> str:
+    """transformers' SDPA attention under a name whose mask function gives no mask to an input without a
+    padding mask, also while tracing or capturing: a causal model's attention is then SDPA's `is_causal`.
+    transformers' own mask function builds a dense mask there (its test that no token is masked reads
+    data, so it is skipped under torch.compile and in a CUDA-graph capture), and PyTorch's SDPA leaves its
+    flash and cuDNN kernels for a dense mask (BERT's peers took its fp32 math path: 2.3-5x slower, not at
+    their best). The workloads' inputs have no padding: every implementation computes the same attention."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def mask(*args: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
+        return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+    if UNPADDED_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(UNPADDED_SDPA, ALL_ATTENTION_FUNCTIONS["sdpa"])
+        AttentionMaskInterface.register(UNPADDED_SDPA, mask)
+    return UNPADDED_SDPA
+
+
 def llama_model(d: int, layers: int, heads: int, kv: int, ffn: int, vocab: int) -> Any:
     """transformers' `LlamaForCausalLM` of these sizes, SDPA attention, seeded random weights."""
     import torch
@@ -47,7 +70,7 @@ def llama_model(d: int, layers: int, heads: int, kv: int, ffn: int, vocab: int) 
         num_key_value_heads=kv,
         intermediate_size=ffn,
         max_position_embeddings=2048,
-        attn_implementation="sdpa",
+        attn_implementation=unpadded_sdpa(),
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg)
@@ -72,7 +95,7 @@ def _bert(ctx: Ctx) -> tuple[Any, dict[str, int]]:
         num_hidden_layers=layers,
         num_attention_heads=heads,
         intermediate_size=ffn,
-        attn_implementation="sdpa",
+        attn_implementation=unpadded_sdpa(),
     )
     torch.manual_seed(0)
     return BertModel(cfg, add_pooling_layer=False), {"d": d, "layers": layers, "vocab": vocab}
@@ -142,10 +165,9 @@ def bert_inference(ctx: Ctx) -> Case:
     model, dims = _bert(ctx)
     shape = ctx.pick((32, 512), None, (2, 16))
     notes = (
-        "BertModel (no pooler), bf16; output: the last hidden state. Under torch.compile and in a CUDA-graph "
-        "capture transformers passes its all-ones padding mask as a dense mask (its test that the mask is all "
-        "ones is data-dependent, skipped while tracing or capturing), and PyTorch's SDPA runs its math path "
-        "there: those peers are slower than eager calls"
+        "BertModel (no pooler), bf16; output: the last hidden state. No padding: every implementation runs "
+        "transformers' SDPA attention with no mask (zoo.unpadded_sdpa: transformers' own mask function gives "
+        "a dense all-true mask under torch.compile and CUDA-graph capture, and SDPA's fp32 math path for it)"
     )
     return _token_inference(ctx, model, dims, shape, "last_hidden_state", "_embeddings.weight", notes)
 

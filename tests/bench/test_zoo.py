@@ -48,3 +48,41 @@ def test_llama_training_step_checks_every_gradient_and_parameter(tmp_path):
 def test_timm_workloads_run(tmp_path, group):
     (w,) = [v for v in dry_run(tmp_path, "--suite", group, "--repeats", "1")["runs"][0]["workloads"]]
     assert _impls(w)["torch eager"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_unpadded_sdpa_gives_no_mask_while_tracing_and_the_same_output(family):
+    """The zoo's attention (zoo.unpadded_sdpa): under torch.export, as under torch.compile, transformers'
+    own SDPA mask function builds a dense mask for an input without padding; ours gives none (the Llama's
+    attention is SDPA's is_causal), and the outputs agree with transformers' SDPA."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bench.workloads.zoo import unpadded_sdpa
+
+    def model(attn):
+        sizes = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4}
+        sizes |= {"intermediate_size": 64, "attn_implementation": attn}
+        torch.manual_seed(0)
+        if family == "bert":
+            return transformers.BertModel(transformers.BertConfig(**sizes), add_pooling_layer=False).eval()
+        cfg = transformers.LlamaConfig(num_key_value_heads=2, use_cache=False, **sizes)
+        return transformers.LlamaForCausalLM(cfg).eval()
+
+    x = torch.randint(0, 64, (2, 8))
+    ours, theirs = model(unpadded_sdpa()), model("sdpa")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
+
+    def sdpa_calls(m):
+        g = torch.export.export(m, (x,), strict=False).graph
+        calls = [n for n in g.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+        assert calls
+
+        def arg(n, i, name):
+            return n.args[i] if len(n.args) > i else n.kwargs.get(name)
+
+        return [(arg(n, 3, "attn_mask"), arg(n, 5, "is_causal")) for n in calls]
+
+    assert all(mask is None and bool(causal) == (family == "llama") for mask, causal in sdpa_calls(ours))
+    assert all(mask is not None for mask, _ in sdpa_calls(theirs))
+    assert unpadded_sdpa() == "sdpa_unpadded"  # registered once
