@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -11,13 +12,51 @@ import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.build.planner import Step
+from opgraph.core.config import HeurMode, Support
 from opgraph.engines import EngineConfig, get_engine
-from opgraph.core.config import HeurMode
+from opgraph.engines.base import Engine
+from opgraph.engines.reference import ReferenceKernel
 from opgraph.ops.pointwise import MODES, PointwiseMode
 from opgraph.runtime.plan import ExecutionPlan
-from opgraph.build.planner import Step
-from opgraph.tools.samples import nhwc
 from opgraph.testing import compare, random_pack, reference_outputs  # noqa: F401
+from opgraph.tools.samples import nhwc
+
+
+class OneOpEngine(Engine):
+    """A test engine that runs one op per kernel (through the reference kernel), so that any multi-op
+    graph gets partitioned and its intermediates cross steps in the workspace. Register it with
+    `engines_registered`."""
+
+    name = "test_one_op"
+
+    def available(self, device):
+        return Support.no("CPU only") if device.is_cuda else Support.yes()
+
+    def supports(self, piece, device):
+        if len(piece.nodes) > 1:
+            return Support.no("one op per kernel", piece.nodes[1])
+        return Support.yes()
+
+    def configs(self, piece, device, mode):
+        return [EngineConfig(self.name, knobs=(("mode", mode.value),), why="test")]
+
+    def compile(self, piece, config, device):
+        return ReferenceKernel(piece, config)
+
+
+@contextlib.contextmanager
+def engines_registered(*engines):
+    """The test engines exist inside the block, and only there."""
+    from opgraph.engines import ENGINES, register_engine
+
+    for engine in engines:
+        register_engine(engine)
+    try:
+        yield
+    finally:
+        for engine in engines:
+            ENGINES.pop(engine.name, None)
 
 
 def run_reference(g: og.Graph, rng: np.random.Generator, **kw):

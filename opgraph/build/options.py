@@ -23,6 +23,8 @@ from .compile import MODES as COMPILE_MODES
 from .filters import OPTIONS as FILTER_OPTIONS
 from .filters import ConfigFilter
 
+SHAPE_PLANS = 16  # default build(shape_plans=): a dynamic plan's per-shape plans kept (an LRU)
+
 
 @dataclass(frozen=True)
 class BuildOptions:
@@ -39,6 +41,8 @@ class BuildOptions:
     buckets          a dynamic graph's buckets (opgraph.build.buckets): None (the default policy),
                      "one", or {dim name: [upper ends]}; kept as (name, ends) pairs
     max_buckets      the most buckets the default policy makes (default 8)
+    shape_plans      a dynamic plan's per-shape plans kept, each with its internal CUDA graph (an LRU;
+                     default 16)
     """
 
     heur_mode: HeurMode | str | Sequence[HeurMode | str] | None = None  # kept as a tuple of HeurMode
@@ -56,6 +60,7 @@ class BuildOptions:
     deselect_workspace_greater_than: int | None = None
     buckets: str | Mapping[str, Sequence[int]] | tuple[tuple[str, tuple[int, ...]], ...] | None = None
     max_buckets: int = MAX_BUCKETS
+    shape_plans: int = SHAPE_PLANS
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -94,12 +99,14 @@ class BuildOptions:
                 hint=f"use one of {', '.join(COMPILE_MODES)}",
             )
         put("buckets", check_spec(self.buckets))
-        if type(self.max_buckets) is not int or self.max_buckets < 1:
-            raise BuildOptionError(
-                f"build option max_buckets={self.max_buckets!r} is not a positive int",
-                rule="build.option",
-                hint="pass max_buckets=8 (the default), or another count >= 1",
-            )
+        for name, default in (("max_buckets", MAX_BUCKETS), ("shape_plans", SHAPE_PLANS)):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise BuildOptionError(
+                    f"build option {name}={value!r} is not a positive int",
+                    rule="build.option",
+                    hint=f"pass {name}={default} (the default), or another count >= 1",
+                )
         filters = ConfigFilter.from_options({name: getattr(self, name) for name in FILTER_OPTIONS})
         for name in FILTER_OPTIONS:
             put(name, getattr(filters, name))

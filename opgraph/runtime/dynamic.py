@@ -9,7 +9,10 @@ buffers have on the axes that give a dim (a few tuple reads); a new key is solve
 (opgraph.core.symbolic_solve: typed errors naming the tensor, the axis, the dim and its range), and
 the static graph at that shape (`FinalGraph.at`) is planned with the build's options and kept in an
 LRU of `shape_plans` plans. A key seen before costs a dict lookup; the plan then binds and runs the
-pack as a static plan does.
+pack as a static plan does. Called without a workspace, every shape's plan runs in one workspace per
+thread, allocated at its first execute for the range's maximum (`workspace_size`) and grown only for a
+shape that needs more (`stats["workspace_grown"]`, logged; the smaller one kept for the CUDA graphs
+captured on it): never one per shape, never one per call.
 
 The range is cut into buckets at build (opgraph.build.buckets: `build(buckets=, max_buckets=)`). Each
 bucket is planned once, at its first use (opgraph.build.bucket_plan.plan_bucket: partition, configs
@@ -43,6 +46,7 @@ from ..core.ir import FinalGraph
 from ..core.symbolic import Dim, Expr, evaluate
 from ..core.symbolic_solve import Observed, solve
 from ..core.tensor import format_dims
+from ..memory import workspace as wsp
 from .bindings import resolve_key
 from .plan import ExecutionPlan
 
@@ -50,8 +54,6 @@ if TYPE_CHECKING:
     from .bound import BoundPlan
 
 log = logging.getLogger("opgraph.dynamic")
-
-SHAPE_PLANS = 16  # per-shape plans a dynamic plan keeps (least recently used first out)
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,11 @@ class DynamicPlan(ExecutionPlan):
         self,
         graph: FinalGraph,
         options: BuildOptions,  # noqa: D107 - (no ExecutionPlan state)
-        shape_plans: int = SHAPE_PLANS,
     ) -> None:
         self.graph = graph
         self.options = options
         self.symbols: Mapping[str, Dim] = graph.symbols
-        self.shape_plans = shape_plans
+        self.shape_plans = options.shape_plans  # (an attribute: may be changed on the plan)
         self._extract = extraction_list(graph)
         self._bound = tuple(dict.fromkeys(e.uid for e in self._extract))  # the tensors a shape key reads
         self._plans: OrderedDict[tuple[int, ...], ExecutionPlan] = OrderedDict()
@@ -127,7 +128,9 @@ class DynamicPlan(ExecutionPlan):
             "runtime_compiles": 0,
             "shape_kernels": 0,
             "compiled": 0,
+            "workspace_grown": 0,
         }
+        self._workspaces = threading.local()  # .buffer, .size, .retired: this thread's shared workspace
         self._check_solvable()
         self.buckets: Buckets = choose(graph, options.buckets, options.max_buckets)
         self._sources: dict[int, set[str]] = {}  # bucket index -> its kernels' source digests
@@ -342,11 +345,46 @@ class DynamicPlan(ExecutionPlan):
     # -- running -----------------------------------------------------------------------------------
     def execute(self, variant_pack: Mapping[Any, Any], workspace: Any = None, stream: Any = None) -> None:
         """Run the plan at the shape of the pack's buffers (any shape within the dims' ranges); a
-        workspace given must hold the `workspace_size_at` of that shape."""
-        self.for_pack(variant_pack).execute(variant_pack, workspace, stream)
+        workspace given must hold the `workspace_size_at` of that shape (None: the thread's own, shared
+        by every shape)."""
+        plan = self.for_pack(variant_pack)
+        plan.execute(variant_pack, self._workspace(plan) if workspace is None else workspace, stream)
 
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> BoundPlan:
-        return self.for_pack(variant_pack).bind(variant_pack, workspace)
+        plan = self.for_pack(variant_pack)
+        return plan.bind(variant_pack, self._workspace(plan) if workspace is None else workspace)
+
+    def _workspace(self, plan: ExecutionPlan) -> Any:
+        """This thread's workspace for the plans of every shape: made at the range's maximum size at the
+        first use, replaced by a larger one only for a plan that needs more (a bucket whose configs take
+        more scratch than the maximum's); the replaced one lives on with the plan, since CUDA graphs
+        captured on it read it."""
+        need = plan.workspace_size
+        if not need:
+            return None
+        local = self._workspaces
+        buffer = getattr(local, "buffer", None)
+        if buffer is not None and local.size >= need:
+            return buffer
+        size = max(need, self.workspace_size)
+        if buffer is not None:
+            local.retired.append(buffer)
+            self.stats["workspace_grown"] += 1
+            log.info(
+                "plan '%s': the workspace grew from %d to %d bytes for %s",
+                printable(self.graph.name),
+                local.size,
+                size,
+                _shape_text(dict(zip(self.symbols, self._shape_of_plan(plan)))),
+            )
+        else:
+            local.retired = []
+        local.buffer, local.size = wsp.allocate(size, self.device), size
+        return local.buffer
+
+    def _shape_of_plan(self, plan: ExecutionPlan) -> tuple[int, ...]:
+        with self._lock:
+            return next((v for v, p in self._plans.items() if p is plan), ())
 
     def profile(self, variant_pack: Mapping[Any, Any], repeat: int = 20) -> list[tuple[str, int, float]]:
         return self.for_pack(variant_pack).profile(variant_pack, repeat)
@@ -371,10 +409,12 @@ class DynamicPlan(ExecutionPlan):
         raise self._unsupported("a plan file")
 
     def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
-        return self.for_pack(variant_pack).populate_cuda_graph(variant_pack, workspace)
+        plan = self.for_pack(variant_pack)
+        return plan.populate_cuda_graph(variant_pack, self._workspace(plan) if workspace is None else workspace)
 
     def update_cuda_graph(self, graph: Any, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
-        return self.for_pack(variant_pack).update_cuda_graph(graph, variant_pack, workspace)
+        plan = self.for_pack(variant_pack)
+        return plan.update_cuda_graph(graph, variant_pack, self._workspace(plan) if workspace is None else workspace)
 
     def set_address(self, tensor: Any, buffer: Any) -> None:
         raise self._unsupported("set_address")
@@ -417,6 +457,8 @@ class DynamicPlan(ExecutionPlan):
             f"dropped first); built {built}, dropped {dropped} "
             f"(stats: shape_plans={built}, evictions={dropped})",
             "  shapes kept (least recently used first): " + ("; ".join(shapes) or "-"),
+            f"  workspace: one per thread for every shape, {self.workspace_size} bytes (the range's maximum), "
+            f"grown {self.stats['workspace_grown']} time(s) for a shape that needed more (stats: workspace_grown)",
             f"  at the range's maximum ({_shape_text(self.max_shape)}, built in "
             f"{1e3 * self.build_stats['max_shape_build_s']:.1f} ms):",
         ]

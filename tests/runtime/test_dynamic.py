@@ -9,9 +9,9 @@ import pytest
 
 import opgraph as og
 from opgraph.runtime.dynamic import DynamicPlan
-from tests.helpers import check_rule, requires_interpreter
+from tests.helpers import check_rule, random_pack, requires_interpreter
 
-from ..helpers import run_at_shape
+from ..helpers import OneOpEngine, engines_registered, run_at_shape
 
 B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
 SHAPES = [(1, 1), (2, 3), (3, 5), (7, 13), (16, 17), (5, 31), (16, 37)]  # ones, primes, the range's ends
@@ -74,14 +74,22 @@ def test_packs_keyed_by_handle_and_name():
 
 def test_shape_plans_are_an_lru():
     g = mlp_graph()
-    plan = g.build(device="cpu", engines=["reference"])
-    plan.shape_plans = 2
+    plan = g.build(device="cpu", engines=["reference"], shape_plans=2)
+    assert plan.shape_plans == 2
     rng = np.random.default_rng(3)
     for b, s in [(1, 1), (2, 2), (1, 1), (3, 3)]:
         run_at(plan, {"batch": b, "seq": s}, rng)
     # the maximum (built at build) and (2, 2) go; (1, 1) was used again before (3, 3) came
     assert (plan.stats["shape_plans"], plan.stats["evictions"]) == (4, 2)
     assert "batch=1 seq=1; batch=3 seq=3" in plan.describe()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "16"])
+def test_shape_plans_is_a_positive_count(bad):
+    with pytest.raises(og.BuildOptionError) as info:
+        mlp_graph().build(device="cpu", engines=["reference"], shape_plans=bad)
+    check_rule(info.value, "build.option")
+    assert f"shape_plans={bad!r} is not a positive int" in str(info.value)
 
 
 def test_describe_says_dynamic_dims_cache_and_shapes():
@@ -106,10 +114,104 @@ def test_describe_says_dynamic_dims_cache_and_shapes():
         "(stats: shape_plans=4, evictions=1)"
     )
     assert lines[k + 1] == "  shapes kept (least recently used first): batch=3 seq=7; batch=2 seq=5; batch=1 seq=1"
-    assert lines[k + 2].startswith("  at the range's maximum (batch=16 seq=37, built in ")
-    assert lines[k + 3].startswith("    plan for graph 'dyn' on cpu: ")
+    assert lines[k + 2] == (
+        "  workspace: one per thread for every shape, 0 bytes (the range's maximum), grown 0 time(s) for a shape "
+        "that needed more (stats: workspace_grown)"
+    )
+    assert lines[k + 3].startswith("  at the range's maximum (batch=16 seq=37, built in ")
+    assert lines[k + 4].startswith("    plan for graph 'dyn' on cpu: ")
     assert (plan.stats["shape_plans"], plan.stats["evictions"]) == (4, 1)
     assert "DynamicPlan 'dyn' (batch 1..16, seq 1..37)" in repr(plan)
+
+
+@pytest.fixture
+def one_op():
+    with engines_registered(OneOpEngine()):
+        yield [OneOpEngine.name]
+
+
+def chain_graph() -> og.Graph:
+    """relu(x + bias) * two, its intermediates virtual: a step per op on OneOpEngine, the intermediates
+    in the workspace."""
+    g = og.Graph("chain", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[B, S, 8], name="x")
+    bias = g.tensor(dim=[1, 1, 8], name="bias")
+    g.mul(g.relu(g.add(x, bias)), g.tensor(dim=[1, 1, 1], name="two")).set_output(True).set_name("y")
+    return g
+
+
+def _counting_allocations(monkeypatch) -> list[int]:
+    from opgraph.memory import workspace as wsp
+
+    sizes: list[int] = []
+    real = wsp.allocate
+
+    def allocate(size, device):
+        sizes.append(size)
+        return real(size, device)
+
+    monkeypatch.setattr(wsp, "allocate", allocate)
+    return sizes
+
+
+def test_every_shape_runs_in_one_workspace_at_the_ranges_maximum(monkeypatch, one_op):
+    plan = chain_graph().build(device="cpu", engines=one_op)
+    assert len(plan.steps) > 1 and plan.workspace_size > 0
+    sizes = _counting_allocations(monkeypatch)
+    rng = np.random.default_rng(5)
+    for b, s in SHAPES:
+        run_at(plan, {"batch": b, "seq": s}, rng)
+    assert sizes == [plan.workspace_size]  # one, at the first execute, sized for the range's maximum
+    assert all(plan.at({"batch": b, "seq": s}).workspace_size <= plan.workspace_size for b, s in SHAPES)
+    base = plan._workspaces.buffer
+    pack = random_pack(plan.graph.at({"batch": 2, "seq": 3}), rng)
+    assert plan.bind(pack).base is base  # a bound plan of any shape sits in it
+    mine = np.empty(plan.workspace_size_at({"batch": 2, "seq": 3}), np.uint8)
+    assert plan.bind(pack, mine).base is not base  # a workspace the caller passes is used instead
+    assert plan.stats["workspace_grown"] == 0
+
+
+def test_each_thread_has_its_own_shared_workspace(monkeypatch, one_op):
+    import threading
+
+    plan = chain_graph().build(device="cpu", engines=one_op)
+    sizes = _counting_allocations(monkeypatch)
+    errors: list[BaseException] = []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            for b, s in SHAPES[:4]:
+                run_at(plan, {"batch": b, "seq": s}, rng)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and sizes == [plan.workspace_size] * 3
+
+
+def test_the_workspace_grows_once_for_a_shape_that_needs_more(monkeypatch, caplog, one_op):
+    import logging
+
+    plan = chain_graph().build(device="cpu", engines=one_op)
+    small, large = {"batch": 1, "seq": 2}, {"batch": 4, "seq": 30}
+    plan.workspace_size = plan.workspace_size_at(small)  # as if the maximum's plan took less than a bucket's
+    sizes = _counting_allocations(monkeypatch)
+    rng = np.random.default_rng(6)
+    run_at(plan, small, rng)
+    first = plan._workspaces.buffer
+    with caplog.at_level(logging.INFO, logger="opgraph.dynamic"):
+        run_at(plan, large, rng)
+        run_at(plan, small, rng)
+        run_at(plan, large, rng)
+    need = plan.workspace_size_at(large)
+    assert sizes == [plan.workspace_size, need] and plan.stats["workspace_grown"] == 1
+    assert plan._workspaces.retired == [first]  # kept: CUDA graphs captured on it read it
+    assert f"the workspace grew from {plan.workspace_size} to {need} bytes for batch=4 seq=30" in caplog.text
 
 
 def pack_of(g: og.Graph, x_shape, y_shape=None) -> dict:

@@ -7,48 +7,22 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.engines import get_engine, register_engine
-from opgraph.engines.base import Engine
 from opgraph.core.config import EngineConfig, Support
-from opgraph.engines.reference import ReferenceKernel
+from opgraph.engines import get_engine, register_engine
 from opgraph.memory.workspace import ALIGN
 from opgraph.testing import compare, poison, random_pack, random_values, reference_outputs
+
+from ..helpers import OneOpEngine, engines_registered
 
 D = og.DataType
 H = og.HeurMode
 
 
-class OneOpEngine(Engine):
-    """A test engine that runs one op per kernel (through the reference kernel), so that any
-    multi-op graph gets partitioned and its intermediates go through the workspace."""
-
-    name = "test_one_op"
-
-    def available(self, device):
-        return Support.no("CPU only") if device.is_cuda else Support.yes()
-
-    def supports(self, piece, device):
-        if len(piece.nodes) > 1:
-            return Support.no("one op per kernel", piece.nodes[1])
-        return Support.yes()
-
-    def configs(self, piece, device, mode):
-        return [EngineConfig(self.name, knobs=(("mode", mode.value),), why="test")]
-
-    def compile(self, piece, config, device):
-        return ReferenceKernel(piece, config)
-
-
 @pytest.fixture(autouse=True, scope="module")
 def test_engines():
     """The test engines exist while this module runs, and only then."""
-    from opgraph.engines import ENGINES
-
-    for engine in (OneOpEngine(), NoExpEngine()):
-        register_engine(engine)
-    yield
-    for engine in (OneOpEngine, NoExpEngine):
-        ENGINES.pop(engine.name, None)
+    with engines_registered(OneOpEngine(), NoExpEngine()):
+        yield
 
 
 def chain_graph() -> tuple[og.Graph, dict]:

@@ -13,42 +13,24 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.core.config import EngineConfig, Support
-from opgraph.engines import ENGINES, register_engine
-from opgraph.engines.base import Engine
 from opgraph.engines.reference import ReferenceKernel
 from opgraph.testing import compare, poison, random_values
 
-from ..helpers import requires_cuda
-
-from ..helpers import requires_interpreter
+from ..helpers import OneOpEngine, engines_registered, requires_cuda, requires_interpreter
 
 D = og.DataType
 
 
-class _OnePerStep(Engine):
+class _OnePerStep(OneOpEngine):
     """One op per kernel (the reference kernel), so intermediates cross steps in the workspace."""
 
     name = "test_threads_one_op"
 
-    def available(self, device):
-        return Support.no("CPU only") if device.is_cuda else Support.yes()
-
-    def supports(self, piece, device):
-        return Support.no("one op per kernel", piece.nodes[1]) if len(piece.nodes) > 1 else Support.yes()
-
-    def configs(self, piece, device, mode):
-        return [EngineConfig(self.name, why="test")]
-
-    def compile(self, piece, config, device):
-        return ReferenceKernel(piece, config)
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _engine():
-    register_engine(_OnePerStep())
-    yield
-    ENGINES.pop(_OnePerStep.name, None)
+    with engines_registered(_OnePerStep()):
+        yield
 
 
 @pytest.fixture(autouse=True)
