@@ -211,6 +211,29 @@ def test_broadcast_bias_forward_and_backward(bias, mask, rng):
 
 
 @pytest.mark.parametrize(
+    "bias, split, out_block, red_block",
+    [
+        ((1, 1, 1, 1), 1024, 1, 2048),  # 16M partials to one element: 1024 programs, then a second pass
+        ((1, 8, 1, 1), 512, 4, 512),  # a per-head bias: 2 x 512 programs
+        ((2, 8, 1000, 1), 1, 4, 512),  # the keys' axis summed: loads along it, one pass
+        ((1, 8, 1000, 1000), 1, 256, 8),  # the batch summed: 31,250 programs, one pass
+    ],
+)
+def test_dbias_reduction_spreads_over_many_programs(bias, split, out_block, red_block):
+    """The dBias reduction's plan (attention.backward.DbiasReduce) for B 2, H 8, S 1000: a heavily
+    broadcast dBias was one program (or one a head) looping over every partial."""
+    from types import SimpleNamespace
+
+    from opgraph.engines.triton.attention.backward import DbiasReduce
+
+    plan = DbiasReduce.of(SimpleNamespace(B=2, Hq=8, Sq=1000, Skv=1000, bias_dims=bias))
+    assert (plan.split, plan.out_block, plan.red_block) == (split, out_block, red_block)
+    programs = -(-plan.n_out // plan.out_block) * plan.split
+    assert programs >= min(DbiasReduce.TARGET_PROGRAMS // 4, -(-plan.n_red // plan.red_block))
+    assert plan.scratch_elements() == (split * plan.n_out if split > 1 else 0)
+
+
+@pytest.mark.parametrize(
     "features",
     [
         {"bias": (1, 1, 1, 1), "sliding_window_length": 5, "use_causal_mask_bottom_right": True},
@@ -516,6 +539,7 @@ def test_attention_kernels_compile_for_hopper():
             for case in ("softcap_alibi", "plain_causal", "bias_bcast")
             for k in ("pre", "dkdv", "dq")
         ),
+        ("bias_bcast_bwd", "kernel_attn_dbias_partial"),
         ("bias_bcast_bwd", "kernel_attn_dbias_reduce"),
     }, lines
     for key, w in kernels.items():
