@@ -11,23 +11,30 @@ shape with the same config. Only a step whose config does not run the piece at t
 config chosen again there (the schedule's `stats["rechosen"]`), and only a piece no engine runs at
 that shape re-plans the whole shape (`stats["replanned"]`; the dynamic plan counts both). The workspace layout and the binding are the
 shape's (the runtime makes them from the schedule).
+
+One choice is made again at every shape, by its policy: a decode attention's split-KV (split_kv.at_shape:
+the split the estimate gives at the shape, among the configs the bucket offered; `stats["resplit"]`
+lists those steps).
+The kernel of another split is generated once per bucket from the bucket's piece (`BucketSchedule.variants`)
+and re-pointed at each shape as the bucket's own is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.bucket import Bucket
-from ..core.config import HeurMode
+from ..core.config import EngineConfig, HeurMode
 from ..core.device import Device
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph
 from ..core.piece import Piece
 from ..engines import get_engine
-from ..engines.base import Engine
+from ..engines.base import Engine, Kernel
+from . import split_kv
 from .autotune import TuningCache
 from .compile import compile_steps
 from .heuristics import rank_configs
@@ -46,6 +53,18 @@ class BucketSchedule:
     schedule: Schedule
     positions: tuple[tuple[int, ...], ...]  # per step, its nodes' indices in graph.nodes
     cut_positions: tuple[int, ...]  # per cut, its node's index
+    # (step index, config) -> the bucket's kernel of another config a shape chose (split_kv.at_shape),
+    # generated once; filled under the dynamic plan's lock
+    variants: dict[tuple[int, Any], Kernel] = field(default_factory=dict, compare=False, repr=False)
+
+    def variant(self, step: Step, config: EngineConfig) -> Kernel:
+        """The bucket's kernel of `config` for `step` (generated from the bucket's piece once, uncompiled:
+        each shape's schedule re-points and compiles it as it does the bucket's own)."""
+        key = (step.index, config.knobs)
+        kernel = self.variants.get(key)
+        if kernel is None:
+            kernel = self.variants[key] = get_engine(config.engine).compile(step.piece, config, self.schedule.device)
+        return kernel
 
 
 def plan_bucket(graph: FinalGraph, bucket: Bucket, options: BuildOptions) -> BucketSchedule:
@@ -69,16 +88,24 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
     base = planned.schedule
     dev = base.device
     usable = usable_engines(opts.engines, dev)
-    stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0}
+    stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0, "resplit": []}  # (resplit: the step indices)
     steps = []
     with sessions(usable):
         for step, where in zip(base.steps, planned.positions):
             piece = Piece(
                 step.index, tuple(shaped.nodes[i] for i in where), step.piece.inputs, step.piece.outputs, shaped
             )
-            kernel = get_engine(step.config.engine).kernel_at(step.kernel, piece, dev)
-            if kernel is not None and opts.filters.rejects_kernel(kernel) is None:
-                steps.append(Step(step.index, piece, step.config, kernel, step.alternatives))
+            config, kernel = step.config, step.kernel
+            resplit = split_kv.at_shape(piece, config, step.alternatives, dev)
+            if resplit is not None and opts.filters.keep([resplit])[0]:
+                log.debug("  %s: split-KV at this shape: %s (the bucket's: %s)", piece.label(), resplit, config)
+                stats["resplit"].append(step.index)
+                config, kernel = resplit, planned.variant(step, resplit)
+            shaped_kernel = get_engine(config.engine).kernel_at(kernel, piece, dev)
+            if shaped_kernel is not None and opts.filters.rejects_kernel(shaped_kernel) is None:
+                others = step.alternatives if config is step.config else (step.config, *step.alternatives)
+                alternatives = tuple(c for c in others if c is not config)
+                steps.append(Step(step.index, piece, config, shaped_kernel, alternatives))
                 continue
             stats["rechosen"] += 1
             log.info("  %s: %s does not run it at this shape: its config is chosen again", piece.label(), step.config)

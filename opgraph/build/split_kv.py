@@ -9,7 +9,12 @@ efficiency is the fill of the last wave, w / ceil(w) with w = programs * s / SMs
 within EFFICIENCY of the best goes first (each extra split costs a partial a row and a share of the
 combining launch), among the splits whose chunks hold at least MIN_BLOCKS key blocks. Autotuning times
 the others against it. GQA-packed configs (gqa_pack.py) are estimated with their own grid: Hk heads of
-Sq * G rows."""
+Sq * G rows.
+
+A dynamic plan's bucket is planned at its hint shape, and its split with it; `at_shape` decides again at
+each shape the bucket runs (the estimate is a few integer operations), among the configs the bucket
+offered: a bucket of KV lengths 257 to 8192 splits a 300-key step and an 8192-key step each as a static
+build at that length would (its kernels, each taking its sizes at run time, compiled once per bucket)."""
 
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ MIN_FILL = 0.8  # a grid of at least this many programs per multiprocessor is no
 EFFICIENCY = 0.85  # a split within this fraction of the best last-wave fill is good enough
 MIN_BLOCKS = 4  # key blocks a split's chunk holds at least
 
-__all__ = ["order", "split_count"]
+__all__ = ["at_shape", "order", "split_count"]
 
 
 def split_count(
@@ -92,3 +97,40 @@ def order(piece: Piece, configs: Sequence[EngineConfig], device: Device) -> list
     at = next(i for i, c in enumerate(out) if c.engine == chosen.engine)
     out.insert(at, replace(chosen, why="; ".join(why)))
     return out
+
+
+def _without_split(config: EngineConfig) -> tuple[tuple[str, object], ...]:
+    return tuple((k, v) for k, v in config.knobs if k != "SPLIT")
+
+
+def at_shape(
+    piece: Piece, config: EngineConfig, alternatives: Sequence[EngineConfig], device: Device
+) -> EngineConfig | None:
+    """For a dynamic plan's step at one shape of its bucket (`piece` at that shape): the config, among
+    `config` (the bucket's, chosen at its hint) and its `alternatives`, with the split the estimate gives
+    at this shape, where that is another split than `config`'s (None: keep `config`). A GQA-packed config
+    changes only its SPLIT; an unpacked one goes to the split candidates' tile, or, where the estimate
+    says not to split, to the first unsplit attention config of the ranking."""
+    if config.knob("template") != "attention":
+        return None
+    shape = _shape(piece)
+    if shape is None:
+        return None
+    b, hq, hk, sq, skv = shape
+    pack = bool(config.knob("PACK_GQA"))
+    ranked = [c for c in (config, *alternatives) if c.engine == config.engine and c.knob("template") == "attention"]
+    if pack:
+        family = [c for c in ranked if c.knob("PACK_GQA") and _without_split(c) == _without_split(config)]
+    else:
+        family = [c for c in ranked if c.knob("SPLIT") and not c.knob("PACK_GQA")]
+    offered = sorted({c.knob("SPLIT") for c in family if c.knob("SPLIT")})
+    if not offered:
+        return None
+    probe = config if pack or config.knob("SPLIT") else family[0]  # (the tile a split would run)
+    heads, rows = (hk, sq * (hq // hk)) if pack else (hq, sq)
+    s = split_count(b, heads, rows, skv, probe.knob("BLOCK_M"), device.sm_count, probe.knob("BLOCK_N"), offered)
+    if s == (config.knob("SPLIT") or 0):
+        return None
+    if s or pack:
+        return next((c for c in family if (c.knob("SPLIT") or 0) == s), None)
+    return next((c for c in ranked if not c.knob("SPLIT") and not c.knob("PACK_GQA")), None)

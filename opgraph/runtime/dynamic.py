@@ -122,6 +122,7 @@ class DynamicPlan(ExecutionPlan):
             "bucket_plans": 0,
             "shape_plans": 0,
             "rechosen": 0,
+            "resplits": 0,
             "replans": 0,
             "evictions": 0,
             "kernels": 0,
@@ -134,6 +135,7 @@ class DynamicPlan(ExecutionPlan):
         self._check_solvable()
         self.buckets: Buckets = choose(graph, options.buckets, options.max_buckets)
         self._sources: dict[int, set[str]] = {}  # bucket index -> its kernels' source digests
+        self._configs: dict[int, set[tuple[int, Any]]] = {}  # bucket index -> (step, config knobs) compiled
         self._every: set[str] = set()  # every bucket's digests
         self._first: dict[int, str] = {}  # bucket index -> the shape that used it first
         self._planned: dict[int, int] = {}  # bucket index -> shapes planned in it
@@ -275,6 +277,8 @@ class DynamicPlan(ExecutionPlan):
             )
         schedule = schedule_at(planned, self.graph.in_bucket(shape, bucket), self.options)
         self.stats["rechosen"] += schedule.stats.get("rechosen", 0)
+        resplit = set(schedule.stats.get("resplit", ()))
+        self.stats["resplits"] += len(resplit)
         self.stats["replans"] += int(bool(schedule.stats.get("replanned")))
         plan = ExecutionPlan.from_schedule(schedule)
         self.stats["shape_plans"] += 1
@@ -291,7 +295,7 @@ class DynamicPlan(ExecutionPlan):
             len(plan.steps),
             compiled,
         )
-        self._note_kernels(plan, shape, bucket.index)
+        self._note_kernels(plan, shape, bucket.index, resplit)
         self._plans[values] = plan
         while len(self._plans) > self.shape_plans:
             dropped, _ = self._plans.popitem(last=False)
@@ -304,16 +308,20 @@ class DynamicPlan(ExecutionPlan):
             )
         return plan
 
-    def _note_kernels(self, plan: ExecutionPlan, shape: Mapping[str, int], bucket: int) -> None:
+    def _note_kernels(self, plan: ExecutionPlan, shape: Mapping[str, int], bucket: int, resplit: set[int]) -> None:
         """Count the plan's kernel sources new to the plan (and to its bucket), logging each one met at
-        run time with the shape that caused it."""
+        run time with the shape that caused it. A new source of a step and config the bucket compiled
+        before is a kernel per shape (its sizes compiled in); `resplit`: the steps running another split
+        than the bucket's (split_kv.at_shape: a kernel of the bucket too, compiled once for it)."""
         seen = self._sources.setdefault(bucket, set())
+        configs = self._configs.setdefault(bucket, set())
         every = self._every
-        first_in_bucket = self._planned[bucket] == 1
         for i, step in enumerate(plan.steps):
             source = plan.source(i)
             if source is None:
                 continue
+            known = (i, step.config.knobs) in configs
+            configs.add((i, step.config.knobs))
             # a binary: the source and the config's knobs (its constexprs and launch options)
             digest = hashlib.sha256(f"{source}\n{step.config.knobs!r}".encode()).hexdigest()[:16]
             if digest in seen:
@@ -326,8 +334,13 @@ class DynamicPlan(ExecutionPlan):
             if not self._built:
                 continue
             self.stats["runtime_compiles"] += 1
-            if not first_in_bucket:
+            if known:
                 self.stats["shape_kernels"] += 1
+                why = ", a kernel per shape: its sizes are compiled in"
+            elif i in resplit:
+                why = f", its split-KV at this shape: SPLIT={step.config.knob('SPLIT') or 0}"
+            else:
+                why = ""
             log.info(
                 "plan '%s' step %d (%s): new kernel for %s (bucket %d%s)",
                 printable(self.graph.name),
@@ -335,7 +348,7 @@ class DynamicPlan(ExecutionPlan):
                 step.config.engine + (f" {t}" if (t := step.config.knob("template")) else ""),
                 _shape_text(shape),
                 bucket,
-                "" if first_in_bucket else ", a kernel per shape: its sizes are compiled in",
+                why,
             )
 
     def for_pack(self, variant_pack: Mapping[Any, Any]) -> ExecutionPlan:
@@ -484,11 +497,13 @@ class DynamicPlan(ExecutionPlan):
                     "kernel(s)"
                 )
             lines.append(f"    bucket {b.index}: {b.describe()}: {used}")
-        lines.append(
+        lines += [
             f"  planned once per bucket (partition and configs at its hint): {st['bucket_plans']} bucket(s) "
             f"planned; at later shapes {st['rechosen']} step(s) whose config was chosen again, {st['replans']} "
-            "shape(s) planned anew (stats: bucket_plans, rechosen, replans)"
-        )
+            "shape(s) planned anew (stats: bucket_plans, rechosen, replans)",
+            f"  split-KV decided at each shape: {st['resplits']} step(s) of a shape's plan with another split than "
+            "its bucket's (stats: resplits)",
+        ]
         return lines
 
     __str__ = describe

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.core.device import Device
 from opgraph.core.tensor import packed_strides
 from opgraph.engines.triton import TritonEngine
 from opgraph.engines.triton.templates._attention_common import AttentionMatch
@@ -320,46 +321,109 @@ def test_split_kv_over_a_bucket_is_re_pointed(make, shapes, monkeypatch):
     assert len(modules) == 1 and not [c for c in generated if c.knob("template") == "attention"]
 
 
+H100 = Device("cuda", 0, "H100", (9, 0), 132)
+
+
+def h100_decode(batch, kv):
+    """A bf16 decode step of 32 query heads over 8 (D 128, BSHD) against a cache of `kv` keys."""
+    g = og.Graph("decode", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    q = g.tensor(dim=[batch, 32, 1, 128], stride=packed_strides([batch, 32, 1, 128], BSHD), name="q")
+    k, v = (g.tensor(dim=[batch, 8, kv, 128], name=n) for n in "kv")
+    o, _ = g.sdpa(q, k, v, attn_scale=128**-0.5, generate_stats=False)
+    o.set_output(True).set_stride(packed_strides([batch, 32, 1, 128], BSHD))
+    return g.final
+
+
+def ranked_on_h100(final):
+    """The piece of a one-piece graph and the generated configs as the build ranks them on an H100."""
+    from opgraph.build import split_kv
+    from opgraph.core.config import HeurMode
+    from opgraph.core.piece import make_piece
+    from opgraph.engines import get_engine
+
+    piece = make_piece(final, 0, list(final.nodes))
+    configs = split_kv.order(piece, get_engine("triton").configs(piece, H100, HeurMode.A), H100)
+    return piece, [c for c in configs if c.engine == "triton"]
+
+
 def test_the_build_still_splits_a_decode_bucket():
     """The build's policy (build/split_kv.py) decides at a bucket's hint as a static build decides at that
     shape: in the default buckets of a decode graph (batch 1-4, KV 1-8192, 32 query heads over 8), the
     long-cache bucket holding batch 3 x KV 4096 (hint batch 3 x KV 1456: 24 GQA-packed programs, a fifth
     of an H100's multiprocessors) puts the static build's split config first, and that config's kernels
     take the bucket's sizes at run time; a bucket of short caches does not split."""
-    from opgraph.build import split_kv
     from opgraph.build.buckets import choose
-    from opgraph.core.config import HeurMode
-    from opgraph.core.device import Device
-    from opgraph.core.piece import make_piece
-    from opgraph.engines import get_engine
     from opgraph.engines.triton.templates import attention
 
-    h100 = Device("cuda", 0, "H100", (9, 0), 132)
-
-    def graph(batch, kv):
-        g = og.Graph("decode", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
-        q = g.tensor(dim=[batch, 32, 1, 128], stride=packed_strides([batch, 32, 1, 128], BSHD), name="q")
-        k, v = (g.tensor(dim=[batch, 8, kv, 128], name=n) for n in "kv")
-        o, _ = g.sdpa(q, k, v, attn_scale=128**-0.5, generate_stats=False)
-        o.set_output(True).set_stride(packed_strides([batch, 32, 1, 128], BSHD))
-        return g.final
-
-    def first(final):
-        piece = make_piece(final, 0, list(final.nodes))
-        configs = split_kv.order(piece, get_engine("triton").configs(piece, h100, HeurMode.A), h100)
-        return piece, next(c for c in configs if c.engine == "triton")
-
-    dynamic = graph(og.Dim("batch", 1, 4), og.Dim("kv", 1, 8192))
+    dynamic = h100_decode(og.Dim("batch", 1, 4), og.Dim("kv", 1, 8192))
     buckets = choose(dynamic).buckets
     (long,) = [b for b in buckets if b.contains({"batch": 3, "kv": 4096})]
     assert long.hint_map == {"batch": 3, "kv": 1456}, long
-    piece, chosen = first(dynamic.in_bucket(long.hint_map, long))
-    _, static_choice = first(graph(3, 1456))
+    piece, (chosen, *_) = ranked_on_h100(dynamic.in_bucket(long.hint_map, long))
+    _, (static_choice, *_) = ranked_on_h100(h100_decode(3, 1456))
     assert chosen.knob("SPLIT") == 4 and chosen.knob("PACK_GQA") == 1 and chosen.knobs == static_choice.knobs
-    gen = attention.TEMPLATE.generate(piece, {k: v for k, v in chosen.knobs if k != "template"}, h100)
+    gen = attention.TEMPLATE.generate(piece, {k: v for k, v in chosen.knobs if k != "template"}, H100)
     assert gen.sized and gen.bucket_scratch and len(gen.launches) == 2
     (short,) = [b for b in buckets if b.contains({"batch": 3, "kv": 64})]
-    assert not first(dynamic.in_bucket(short.hint_map, short))[1].knob("SPLIT")
+    assert not ranked_on_h100(dynamic.in_bucket(short.hint_map, short))[1][0].knob("SPLIT")
+
+
+@pytest.mark.parametrize(
+    "kv, split",
+    [(1456, None), (8192, 16), (4096, 16), (2048, None), (300, 0), (257, 0)],  # None: the bucket's own (SPLIT 4)
+)
+def test_the_split_is_decided_again_at_each_shape_of_a_bucket(kv, split):
+    """split_kv.at_shape: in the long-cache bucket above (KV 257-8192, planned at KV 1456 with 4 splits), a
+    shape takes the split a static build at its KV length would, among the splits the bucket offers
+    (those of its largest KV length: up to 32): 16 at 4096 and 8192 keys, 4 at 2048, none at 300 (chunks of fewer
+    than MIN_BLOCKS key blocks); the same tile, GQA-packed."""
+    from opgraph.build import split_kv
+    from opgraph.build.buckets import choose
+
+    dynamic = h100_decode(og.Dim("batch", 1, 4), og.Dim("kv", 1, 8192))
+    (long,) = [b for b in choose(dynamic).buckets if b.contains({"batch": 3, "kv": 4096})]
+    _, (config, *alternatives) = ranked_on_h100(dynamic.in_bucket(long.hint_map, long))
+    assert config.knob("SPLIT") == 4 and {c.knob("SPLIT") for c in alternatives} >= {2, 8, 16, 32}
+    piece, _ = ranked_on_h100(dynamic.in_bucket({"batch": 3, "kv": kv}, long))
+    got = split_kv.at_shape(piece, config, alternatives, H100)
+    if split is None:
+        assert got is None
+        return
+    _, (static_choice, *_) = ranked_on_h100(h100_decode(3, kv))
+    assert (got.knob("SPLIT") or 0) == split == (static_choice.knob("SPLIT") or 0)
+    assert got.knob("PACK_GQA") == 1 and got.knob("BLOCK_N") == config.knob("BLOCK_N")
+
+
+@requires_interpreter
+def test_a_dynamic_decode_plan_splits_each_shape_as_the_policy_says(monkeypatch):
+    """Over one bucket of KV 1-300 (its hint 16 keys: no split fits there), with the policy's estimate
+    replaced by one of the KV length alone: every shape runs the split it gives, against the reference;
+    each split's kernel is generated once for the bucket and re-pointed at the other shapes."""
+    from opgraph.build import split_kv
+
+    def by_length(b, hq, sq, skv, block_m, sm_count, block_n=64, splits=()):
+        want = 2 if skv < 100 else 4 if skv < 200 else 8
+        return max((s for s in splits if s <= want), default=0)
+
+    monkeypatch.setattr(split_kv, "split_count", by_length)
+    plan = decode(DT.FLOAT, skv=og.Dim("skv", 1, 300)).build(device="cpu", engines=["triton"], buckets="one")
+    generated = []
+    real_gen = TritonEngine.generated
+    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real_gen(self, p, c, d))
+    rng = np.random.default_rng(21)
+    modules = {}
+    for batch, skv in ((2, 50), (3, 150), (1, 290), (2, 20), (5, 199), (4, 120), (1, 99)):
+        env = {"batch": batch, "skv": skv}
+        run_at(plan, env, rng)
+        (step,) = attention_steps(plan.at(env))
+        assert step.config.knob("SPLIT") == by_length(0, 0, 0, skv, 0, 0, splits=(2, 4, 8)), env
+        assert step.kernel.generated.sized and step.config.knob("PACK_GQA") == 1
+        modules.setdefault(step.config.knob("SPLIT"), set()).add(id(step.kernel.module))
+    assert {s: len(m) for s, m in modules.items()} == {2: 1, 4: 1, 8: 1}  # one source a split, every shape
+    splits = [c.knob("SPLIT") for c in generated if c.knob("template") == "attention"]
+    assert sorted(splits) == [4]  # 2 (the hint's) and 8 (the range's maximum, at build) came before
+    assert plan.stats["resplits"] == 5 and plan.stats["shape_kernels"] == 0  # 150, 290, 199, 120, and 300
+    assert "split-KV decided at each shape: 5 step(s)" in plan.describe()
 
 
 @requires_interpreter

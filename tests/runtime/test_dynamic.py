@@ -110,6 +110,11 @@ def test_describe_says_dynamic_dims_cache_and_shapes():
     )
     k += 1
     assert lines[k] == (
+        "  split-KV decided at each shape: 0 step(s) of a shape's plan with another split than its bucket's "
+        "(stats: resplits)"
+    )
+    k += 1
+    assert lines[k] == (
         "  per-shape plans: 3 cached of at most 3 (least recently used dropped first); built 4, dropped 1 "
         "(stats: shape_plans=4, evictions=1)"
     )

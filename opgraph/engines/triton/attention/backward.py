@@ -667,7 +667,8 @@ class DbiasReduce:
 def _dbias_reduce(spec: AttnSpec, scratch: dict[str, Arg]) -> list[tuple[KernelText, tuple[int, ...]]]:
     """dBias = the fp32 partials summed over the axes where the bias broadcasts (DbiasReduce): the
     kernels with their grids, in launch order."""
-    assert spec.dbias is not None and spec.bias_dims is not None
+    db = spec.dbias
+    assert db is not None and spec.bias_dims is not None
     plan = DbiasReduce.of(spec)
     full = (spec.B, spec.Hq, spec.Sq, spec.Skv)
     packed = (spec.Hq * spec.Sq * spec.Skv, spec.Sq * spec.Skv, spec.Skv, 1)
@@ -687,13 +688,13 @@ def _dbias_reduce(spec: AttnSpec, scratch: dict[str, Arg]) -> list[tuple[KernelT
         # (a scalar dBias: offsets still a block, as the mask is; Triton rejects a block mask on a scalar
         # pointer)
         zero = [] if c else [f"tl.zeros([{lanes}], tl.int64)"]
-        out = " + ".join([str(spec.dbias.offset)] + [f"c{a} * {spec.dbias.strides[a]}" for a in c] + zero)
-        k.add(f"tl.store({spec.dbias.name} + {out}, {value}.to({spec.dbias.dtype}), mask={mask})")
+        out = " + ".join([str(db.offset)] + [f"c{a} * {db.strides[a]}" for a in c] + zero)
+        k.add(f"tl.store({db.name} + {out}, {value}.to({db.dtype}), mask={mask})")
 
     first = KernelText("kernel_attn_dbias_partial", scratch)
     first.param("DBP")
     if split == 1:
-        first.param(spec.dbias.name)
+        first.param(db.name)
     else:
         first.param("DBS")
     first.add(
@@ -729,7 +730,7 @@ def _dbias_reduce(spec: AttnSpec, scratch: dict[str, Arg]) -> list[tuple[KernelT
 
     second = KernelText("kernel_attn_dbias_reduce", scratch)
     second.param("DBS")
-    second.param(spec.dbias.name)
+    second.param(db.name)
     second.add("idx = tl.program_id(0).to(tl.int64) * 256 + tl.arange(0, 256)", f"ok = idx < {plan.n_out}")
     c2 = coords(second, "idx")
     second.add("acc = tl.zeros([256], tl.float32)", f"for s in range({split}):")

@@ -73,14 +73,15 @@ DECODE_MAX_SQ = 16
 SPLITS = (2, 4, 8, 16, 32)
 
 
-def split_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+def split_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
     """Split-KV knobs of a decode-shaped forward (at most DECODE_MAX_SQ queries), 16-query tiles, each
-    split at least one key block; [] otherwise."""
+    split at least one key block of `skv` keys (default the spec's; a dynamic plan's bucket offers the
+    splits of its largest KV length, which the build's policy chooses among per shape); [] otherwise."""
     if spec.Sq > DECODE_MAX_SQ:
         return []
     bn = 64 if cuda else 16
     base = FwdKnobs(16, bn, 4, 3 if cuda else 1, ONELOOP=1 if cuda else 0)
-    return [replace(base, SPLIT=s) for s in SPLITS if -(-spec.Skv // s) >= bn]
+    return [replace(base, SPLIT=s) for s in SPLITS if -(-(skv or spec.Skv) // s) >= bn]
 
 
 # GQA head packing (attention/gqa_pack.py): offered where a decode-shaped forward's queries times its group
@@ -89,7 +90,7 @@ def split_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
 PACK_MAX_ROWS = 128
 
 
-def pack_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+def pack_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
     """GQA-packed knobs of a decode-shaped forward with query-head groups (Hq > Hk, one value head per
     key head): a tile of the group's heads times the queries (a power of two >= 16 rows), whole and with
     each split of split_candidates; [] otherwise."""
@@ -98,12 +99,12 @@ def pack_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
         return []
     bm, bn = _pow2_dim(rows), 64 if cuda else 16
     whole = FwdKnobs(bm, bn, 8 if cuda and bm > 64 else 4, 3 if cuda else 1, ONELOOP=1 if cuda else 0, PACK_GQA=1)
-    return [whole] + [replace(whole, SPLIT=s) for s in SPLITS if -(-spec.Skv // s) >= bn]
+    return [whole] + [replace(whole, SPLIT=s) for s in SPLITS if -(-(skv or spec.Skv) // s) >= bn]
 
 
-def decode_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+def decode_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
     """The knobs the build's decode policies choose among: split_candidates' and pack_candidates'."""
-    return split_candidates(spec, cuda=cuda) + pack_candidates(spec, cuda=cuda)
+    return split_candidates(spec, cuda=cuda, skv=skv) + pack_candidates(spec, cuda=cuda, skv=skv)
 
 
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:

@@ -7,7 +7,8 @@ M), O = sum O_s 2^(m_s - M)), starting from the sink where there is one, and fin
 forward does (epilogue.py). Every mask, packed or paged layout and score modifier works unchanged: the
 split only narrows each program's key range.
 
-In a dynamic plan's bucket kernel (sized.py) the split count stays a knob (chosen per bucket) and the
+In a dynamic plan's bucket kernel (sized.py) the split count stays a knob (the bucket offers the splits
+of its largest KV length, the build's policy picks one at each shape: build/split_kv.at_shape) and the
 rest takes the run-time sizes: the chunk length is a size argument (ceil(Skv / SPLIT) rounded up to
 BLOCK_N, computed per shape), the partials are laid out for the bucket's largest B * Hq * Sq (the
 same scratch at every shape: Generated.bucket_scratch) and indexed by the run-time sizes, and the

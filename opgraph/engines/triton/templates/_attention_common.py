@@ -14,7 +14,7 @@ from ....core.device import Device
 from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
 from ..attention.lowering import Fusion, analyze, build_spec, support_of
-from ..attention.sized import sized_spec
+from ..attention.sized import sized_spec, upper
 from ..gemm.template import divisible_text
 from ..sizes import Sizes, bucket_analysis
 from .base import Generated, Match, Template, unique
@@ -28,7 +28,7 @@ class AttentionTemplateBase(Template):
     # memory (None: it does not fit), and the builder of the kernels' source
     candidates_for: ClassVar[Callable[..., Any]]
     fit: ClassVar[Callable[..., Any]]
-    more_candidates: ClassVar[Callable[..., Any] | None] = None  # (spec, cuda=) -> knobs after the others
+    more_candidates: ClassVar[Callable[..., Any] | None] = None  # (spec, cuda=, skv=) -> knobs after the others
     build: ClassVar[Callable[..., Any]]
 
     def sized_knobs(self, knobs: Any) -> bool:
@@ -67,7 +67,7 @@ class AttentionMatch(Match[Any]):
         t = self.template
         out = []
         knobs = list(t.candidates_for(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None))
-        extra = list(t.more_candidates(spec, cuda=cuda)) if t.more_candidates is not None else []
+        extra = list(t.more_candidates(spec, cuda=cuda, skv=self.largest_skv())) if t.more_candidates else []
         for k in knobs + extra:
             fitted = t.fit(spec, k) if cuda else k
             if fitted is not None:
@@ -88,6 +88,20 @@ class AttentionMatch(Match[Any]):
         return bucket_analysis(
             self.piece, lambda p: analyze(p, self.template.kind, self.template.name), dynamic_io=True
         )
+
+    def largest_skv(self) -> int:
+        """The piece's KV length at the largest shape of its bucket (its own outside a dynamic plan, or
+        where the KV length is static or cannot be read symbolically)."""
+        own = self.spec().Skv
+        if self.symbolic is None:
+            return own
+        piece, f, origin = self.symbolic
+        sizes = Sizes(origin)
+        try:
+            spec = sized_spec(build_spec(piece, f, interpret=self.interpret, text=divisible_text(sizes)), sizes)
+            return max(own, upper(spec.Skv))
+        except TypeError:  # (a decision on a dynamic size while building the spec)
+            return own
 
     def sized(self, knobs: Any) -> Generated | None:
         """The bucket's kernels of a config, taking the dynamic sizes at run time (one source for every
