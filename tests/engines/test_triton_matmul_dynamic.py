@@ -215,7 +215,15 @@ def _pointer_configs(cands):
     return [c for c in cands if not c.get("TMA") and not c.get("TMA_HOST") and c.get("SPLIT_K", 1) == 1][:2]
 
 
-HOPPER_CASES = {"mlp_up_dynamic": (_mlp_up_piece, "matmul", _pointer_configs)}
+def _host_configs(cands):
+    """The heuristic's first config on Hopper: host descriptors, persistent, flattened (a bucket kernel too)."""
+    return [c for c in cands if c.get("TMA_HOST")][:1]
+
+
+HOPPER_CASES = {
+    "mlp_up_dynamic": (_mlp_up_piece, "matmul", _pointer_configs),
+    "mlp_up_dynamic_host": (_mlp_up_piece, "matmul", _host_configs),
+}
 
 
 def test_sized_kernels_compile_for_hopper():
@@ -226,15 +234,18 @@ def test_sized_kernels_compile_for_hopper():
 
     h100 = Device("cuda", 0, "H100", (9, 0), 132)
     piece = _mlp_up_piece()
-    for k in _pointer_configs(TEMPLATE.candidates(piece, h100)):
+    cands = TEMPLATE.candidates(piece, h100)
+    assert cands[0].get("TMA_HOST")  # (the heuristic's first on Hopper)
+    for k in _pointer_configs(cands) + _host_configs(cands):
         gen = TEMPLATE.generate(piece, k, h100)
         assert gen.sized and [a.dtype for a in gen.launches[0].args if a.kind == "size"], k
-    lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
-    assert len(lines) == 2, lines
-    assert all(line.split()[6] == "0" for line in lines), lines  # no spills
-    for line in lines:  # 16-byte copies and stores, as the static kernel's (a stride's divisor is in the source)
-        w = line.split()
-        assert int(w[w.index("cp.async") + 1]) > 0 and int(w[w.index("st.v4") + 1]) > 0, line
+    lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    assert len(lines) == 3 and all(w[6] == "0" for w in lines), lines  # no spills
+    for w in lines:
+        if w[1] == "mlp_up_dynamic":  # 16-byte copies and stores, as the static kernel's (a stride's divisor
+            assert int(w[w.index("cp.async") + 1]) > 0 and int(w[w.index("st.v4") + 1]) > 0, w  # in the source)
+        else:  # the operands through TMA copies, as the static kernel's
+            assert int(w[w.index("tma") + 1]) > 0, w
 
 
 # -- on the GPU: realistic sizes, the heuristic's configs and the pointer (sized) configs --------------------
@@ -257,18 +268,53 @@ GPU_SHAPES = [{"batch": b, "seq": s} for b, s in ((1, 1), (3, 131), (8, 512), (2
 @pytest.mark.parametrize("pointer", [False, True], ids=["heuristic", "pointer"])
 @pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.HALF, DT.FLOAT], ids=lambda d: d.name)
 def test_gpu_matmul_bias_gelu_over_a_bucket(dt, pointer, monkeypatch):
-    """The heuristic's configs (on Hopper TMA ones, generated at each shape) and the pointer configs
-    (one sized kernel, compiled once) over one bucket, at 1, primes and the range's ends."""
+    """The heuristic's configs (on Hopper host-descriptor ones: one sized kernel; device-side TMA and
+    split-K ones generated at each shape) and the pointer configs (one sized kernel, compiled once) over
+    one bucket, at 1, primes and the range's ends."""
     if pointer:
         _forced(monkeypatch, TMA=None, TMA_HOST=None, PERSISTENT=None, FLATTEN=None, SPLIT_K=None)
     no_tf32 = ["DOWN_CONVERT_INPUTS"] if dt == DT.FLOAT else []  # fp32 as the reference: no TF32
     plan = gpu_mlp(dt).build(device="cuda", engines=["triton"], buckets="one", deselect_numeric_notes=no_tf32)
     rng = np.random.default_rng(6)
-    modules = set()
+    modules, per_shape = set(), False
     for env in GPU_SHAPES:
         run_at(plan, env, rng)
         (step,) = matmul_steps(plan.at(env))
+        c = step.config
+        per_shape |= bool(c.knob("TMA") and not c.knob("TMA_HOST")) or (c.knob("SPLIT_K") or 1) > 1
         if step.kernel.generated.sized:
             modules.add(id(step.kernel.module))
-    if pointer:
-        assert len(modules) == 1
+    if pointer or not per_shape:
+        assert len(modules) == 1, step.config
+
+
+# the Hopper path (templates/_matmul_hopper.py: host descriptors, persistent, flattened, the epilogue on
+# column halves), forced on the CPU with small tiles: the interpreter takes TensorDescriptor arguments
+HOPPER = {"TMA": 1, "TMA_HOST": 1, "PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2}
+HOPPER |= {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 1}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16], ids=lambda d: d.name)
+@pytest.mark.parametrize("make,shapes", CASES)
+def test_host_descriptors_take_every_shape_of_the_bucket(make, shapes, dt, monkeypatch):
+    """A host-descriptor config (the Hopper path, which the heuristic ranks first on an H100 / H200) in a
+    bucket kernel: the descriptors' shapes and strides are expressions of the dynamic dims, encoded at
+    each shape's bind, one source for every shape; a 2-D output is written through a descriptor of its
+    own (linear). Each shape against the reference engine."""
+    real = MatmulMatch.candidates
+    monkeypatch.setattr(MatmulMatch, "candidates", lambda self: [real(self)[0].replace(**HOPPER)])
+    plan = make(dt).build(device="cpu", engines=["triton"], buckets="one")
+    check_one_sized_kernel(plan, shapes, np.random.default_rng(7), "matmul", run=run_at)
+    for env in shapes:
+        shaped = plan.at(env)
+        (step,) = matmul_steps(shaped)
+        assert step.config.knob("TMA_HOST") == 1 and "desc_A.load" in step.kernel.generated.source
+        (launch,) = step.kernel.generated.launches
+        descs = {a.uid: a for a in launch.args if a.kind == "desc"}
+        assert len(descs) >= 2
+        for uid, arg in descs.items():  # each encoded over the buffer's dims at this shape
+            dims = shaped.graph.tensors[uid].dim
+            assert sorted(arg.shape) == sorted(d for d in dims if d > 1 or d in arg.shape), (uid, arg, dims)
+    if make is linear:
+        assert "desc_c" in step.kernel.generated.source  # (the output's TMA stores)

@@ -131,6 +131,7 @@ from .tiling import (
 )
 from .tma import (
     TMA_PRELUDE,
+    may_exceed_one,
     tma_ok,
     tma_prelude,
     tma_strides,
@@ -192,6 +193,7 @@ __all__ = [
     "slice_block",
     "stencil_dot",
     "stencil_support",
+    "may_exceed_one",
     "tma_ok",
     "tma_prelude",
     "tma_strides",

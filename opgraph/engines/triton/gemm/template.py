@@ -405,19 +405,21 @@ class TileMatch(Match[TileKnobs], TileLoop):
         constexprs = loop.constexprs(k)
         programs = loop.programs(tiling, k)
         sizes, grid_expr = self.sizes, None
+        args = tuple(sig.args)
         if sizes is not None:  # the size parameters after the others; the grid evaluated per shape
             assert acc_off is None, "split-K and partials are generated at each shape"
             for name, arg in zip(sizes.params, sizes.args()):
                 sig.add(name, arg)
             functions.insert(0, sizes.declaration())
             programs, grid_expr = evaluate(programs, sizes.env), (programs,)
+            args = tuple(a.at_shape(sizes.env) for a in sig.args)  # (host descriptors' shapes: values)
         assert isinstance(programs, int)
         functions.append(sig.source("kernel", list(constexprs), body))
         launches = [
             Launch(
                 "kernel",
                 (programs,),
-                tuple(sig.args),
+                args,
                 (*constexprs.items(), *loop.meta(k)),
                 grid_expr=grid_expr,
             )

@@ -3,6 +3,9 @@ the strides of host-side ones (kernel arguments, encoded at bind: engines/triton
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from ....core.symbolic import SymInt, as_symint, bounds, known_divisor
 from ....core.tensor import TensorDesc
 
 # Device-side tensor descriptors need a global scratch allocation at launch, which Triton asks of
@@ -30,23 +33,41 @@ def tma_prelude(interpret: bool) -> list[str]:
     return [] if interpret else [TMA_PRELUDE]
 
 
+def may_exceed_one(d: SymInt) -> bool:
+    """Whether a dim can be more than 1: a dynamic one (a bucket kernel's) where its range allows."""
+    return d > 1 if isinstance(d, int) else bounds(d)[1] > 1
+
+
+def aligned16(value: SymInt, itemsize: int) -> bool:
+    """Whether `value` elements of `itemsize` bytes are a multiple of 16 bytes at every shape."""
+    return known_divisor(as_symint(value) * itemsize) % 16 == 0
+
+
 def tma_ok(desc: TensorDesc, offset: int, inner: int) -> bool:
     """Whether a 2-D or 3-D descriptor can address `desc` (read from element `offset` of its buffer)
-    with axis `inner` contiguous: unit inner stride, 16-byte aligned base and other strides."""
+    with axis `inner` contiguous: unit inner stride, 16-byte aligned base and other strides (a bucket
+    kernel's: at every shape of it)."""
     size = desc.data_type.itemsize
-    if desc.stride[inner] != 1 or (offset * size) % 16:
+    if desc.stride[inner] != 1 or not aligned16(offset, size):
         return False
-    return all((s * size) % 16 == 0 for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and d > 1)
+    return all(
+        aligned16(s, size) for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and may_exceed_one(d)
+    )
 
 
-def tma_strides(shape: list[int], strides: list[int], itemsize: int) -> list[int]:
+def tma_strides(shape: Sequence[SymInt], strides: Sequence[SymInt], itemsize: int) -> list[SymInt]:
     """`strides` (elements, the last 1) with those of size-1 axes replaced by a 16-byte aligned value
-    (a host-side descriptor checks every stride's alignment, even where no step along it is taken)."""
+    (a host-side descriptor checks every stride's alignment, even where no step along it is taken). A
+    bucket kernel's dynamic axes keep their strides (tma_ok found them aligned at every shape); a static
+    size-1 axis outside a dynamic one raises TypeError (the kernel is then generated at each shape)."""
     out = list(strides)
-    reach = 1
+    reach: SymInt = 1
     for a in reversed(range(len(shape))):
-        if a < len(shape) - 1 and shape[a] == 1:
+        if a < len(shape) - 1 and isinstance(shape[a], int) and shape[a] == 1:
+            if not isinstance(reach, int):
+                raise TypeError("a size-1 axis outside a dynamic one: its stride is aligned per shape")
             step = max(16 // itemsize, 1)
             out[a] = -(-reach // step) * step
-        reach = max(reach, out[a] * shape[a])
+        extent = out[a] * shape[a]
+        reach = max(reach, extent) if isinstance(reach, int) and isinstance(extent, int) else extent
     return out

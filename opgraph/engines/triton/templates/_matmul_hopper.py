@@ -26,7 +26,7 @@ results in bench/results/; scripts/hopper_lab/ and scripts/hopper_gemm_check.py 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ....core.device import Device
 from ....core.dtypes import DataType
@@ -124,9 +124,9 @@ def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
         return False
     for role, d in m.descriptors.items():
         shape, strides, _ = m.geometry(role, d)
-        strides = tma_strides(shape, strides, d.desc.data_type.itemsize)
+        aligned = [cast(int, s) for s in tma_strides(shape, strides, d.desc.data_type.itemsize)]  # (static piece)
         # nested strides, as cuTensorMapEncodeTiled describes a tensor (a broadcast batch axis is not)
-        if any(strides[i] < strides[i + 1] * shape[i + 1] for i in range(len(shape) - 1)):
+        if any(aligned[i] < aligned[i + 1] * shape[i + 1] for i in range(len(shape) - 1)):
             return False
         if m.piece.graph.tensors[d.base].is_by_reference:
             return False
@@ -176,6 +176,6 @@ class HopperLoop(TileLoop):
         head = [
             *self.m.setup(ctx, sig, k),
             f"work_c = tl.program_id(0) - {programs}",
-            f"for work in tl.range(tl.program_id(0), {work}, {programs}, flatten=True):",
+            f"for work in tl.range(tl.program_id(0), {tiling.text(work)}, {programs}, flatten=True):",
         ]
         return head + ["    " + line for line in tile]

@@ -69,6 +69,26 @@ class Arg:
     block: tuple[int, ...] = ()  # DESC: the block one load or store moves
     value: int = 0  # SIZE: the size's value at the plan's shape
     expr: SymInt | None = None  # SIZE: the size as an expression of the dynamic dims (sizes.py)
+    # DESC of a bucket kernel: (shape, strides) as expressions of the dynamic dims; `shape` and
+    # `strides` hold their values at the plan's shape (`at_shape`)
+    desc_expr: tuple[tuple[SymInt, ...], tuple[SymInt, ...]] | None = None
+
+    def at_shape(self, env: Mapping[str, int]) -> Arg:
+        """This argument at a shape of its bucket (`env`): a size's value, a descriptor's shape and
+        strides, from their expressions; anything else as it is."""
+        if self.expr is not None:
+            return dataclasses.replace(self, value=evaluate(self.expr, env))
+        if self.kind == ArgKind.DESC and (
+            self.desc_expr is not None or not all(isinstance(v, int) for v in (*self.shape, *self.strides))
+        ):
+            shape, strides = self.desc_expr or (self.shape, self.strides)
+            return dataclasses.replace(
+                self,
+                shape=tuple(evaluate(v, env) for v in shape),
+                strides=tuple(evaluate(v, env) for v in strides),
+                desc_expr=(shape, strides),
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -86,9 +106,7 @@ class Launch:
     def at(self, env: Mapping[str, int]) -> Launch:
         """The launch at another shape of its bucket (`env`: the dims' values): grid and sizes evaluated."""
         assert self.grid_expr is not None
-        args = tuple(
-            dataclasses.replace(a, value=evaluate(a.expr, env)) if a.expr is not None else a for a in self.args
-        )
+        args = tuple(a.at_shape(env) for a in self.args)
         return dataclasses.replace(self, grid=tuple(evaluate(g, env) for g in self.grid_expr), args=args)
 
 
@@ -242,13 +260,19 @@ class Params:
         return self.add(name, Arg(ArgKind.SCRATCH, offset=offset, dtype=dtype))
 
     def desc(
-        self, name: str, uid: int, offset: int, shape: Sequence[int], strides: Sequence[int], block: Sequence[int]
+        self,
+        name: str,
+        uid: int,
+        offset: int,
+        shape: Sequence[SymInt],
+        strides: Sequence[SymInt],
+        block: Sequence[int],
     ) -> str:
         """A host-side tensor descriptor of buffer `uid` from element `offset` (a kernel argument that the
-        launcher encodes at bind: tma_desc.py)."""
-        return self.add(
-            name, Arg(ArgKind.DESC, uid, offset, shape=tuple(shape), strides=tuple(strides), block=tuple(block))
-        )
+        launcher encodes at bind: tma_desc.py); a bucket kernel's shape and strides may be expressions
+        of the dynamic dims (the generator makes them values with `Arg.at_shape`)."""
+        arg = Arg(ArgKind.DESC, uid, offset, shape=tuple(shape), strides=tuple(strides), block=tuple(block))  # type: ignore[arg-type]
+        return self.add(name, arg)
 
     def named(self, name: str, scratch: Mapping[str, Arg] | None = None, dtype: str = "float32") -> str:
         """A parameter by its name: p{uid} a buffer, s{uid} a pass-by-value scalar (of `dtype`: see

@@ -19,9 +19,13 @@ A piece of a dynamic plan's bucket (sizes.py) whose dynamic sizes are M, N or ba
 gets a kernel that takes them at run time (`MatmulMatch.bucket`):
 M, the batch dims, the tile counts and the strides they set are size arguments, the grid is evaluated
 per shape (a persistent grid is PERSISTENT programs at every shape), so every shape of the bucket
-runs one source and one binary. Configs whose structure depends on the shape are generated at each
-shape with the bucket's knobs, as before: SPLIT_K > 1 (partials sized by M), TMA and TMA_HOST (the
-descriptors' shapes), and reductions in the epilogue whose partials span programs (a row reduction
+runs one source and one binary. TMA_HOST configs (the Hopper path, first on Hopper) are bucket kernels
+too: a host descriptor's shape and strides are expressions of the dynamic dims (`Arg.desc_expr`),
+evaluated per shape and encoded at bind, and an operand is read through one where `tma_ok` holds at
+every shape of the bucket (a dynamic axis counted as more than 1, its stride 16-byte aligned by its
+known divisor). Configs whose structure depends on the shape are generated at each
+shape with the bucket's knobs, as before: SPLIT_K > 1 (partials sized by M), TMA=1 without TMA_HOST
+(device-side descriptors), and reductions in the epilogue whose partials span programs (a row reduction
 with N > BLOCK_N, a column reduction over a dynamic M, a mean over a dynamic count); a row reduction
 that one program holds (N <= BLOCK_N: RMSNorm's sum of squares after a projection) is in the bucket's
 kernel.
@@ -51,6 +55,7 @@ from ..gemm import (
     finish_candidates,
     fp32_knobs,
     gemm_candidates,
+    may_exceed_one,
     operand_bytes,
     operand_tile,
     tma_ok,
@@ -87,7 +92,7 @@ def descriptor(gp: GemmPiece, role: str) -> Descriptor | None:
     view = gp.views.get(uid)
     base, offset = (view.base, view.offset) if view is not None else (uid, 0)
     rank = len(desc.dim)
-    batch = [a for a in range(rank - 2) if desc.dim[a] > 1]
+    batch = [a for a in range(rank - 2) if may_exceed_one(desc.dim[a])]
     if len(batch) > 1:
         return None
     for inner, transposed in ((rank - 1, False), (rank - 2, True)):
@@ -140,8 +145,8 @@ class MatmulMatch(TileMatch):
 
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
-        (`bucket`; not split-K, not TMA), else the kernels at the piece's shape."""
-        if self.bucket is not None and k.split_k == 1 and not k.tma and not k.tma_host:
+        (`bucket`; not split-K, not device-side TMA), else the kernels at the piece's shape."""
+        if self.bucket is not None and k.split_k == 1 and (not k.tma or k.tma_host):
             gp, origin = self.bucket
             bucket = MatmulMatch(self.template, gp, self.device)
             bucket.sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
