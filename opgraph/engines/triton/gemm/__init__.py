@@ -131,7 +131,6 @@ from .tiling import (
 )
 from .tma import (
     TMA_PRELUDE,
-    may_exceed_one,
     tma_ok,
     tma_prelude,
     tma_strides,
@@ -193,7 +192,6 @@ __all__ = [
     "slice_block",
     "stencil_dot",
     "stencil_support",
-    "may_exceed_one",
     "tma_ok",
     "tma_prelude",
     "tma_strides",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ....core.symbolic import SymInt, as_symint, bounds, known_divisor
+from ....core.symbolic import SymInt, as_symint, known_divisor
 from ....core.tensor import TensorDesc
+from ..sizes import above_one
 
 # Device-side tensor descriptors need a global scratch allocation at launch, which Triton asks of
 # the allocator set with triton.set_allocator (a ContextVar: per thread). The engine should set one
@@ -33,11 +34,6 @@ def tma_prelude(interpret: bool) -> list[str]:
     return [] if interpret else [TMA_PRELUDE]
 
 
-def may_exceed_one(d: SymInt) -> bool:
-    """Whether a dim can be more than 1: a dynamic one (a bucket kernel's) where its range allows."""
-    return d > 1 if isinstance(d, int) else bounds(d)[1] > 1
-
-
 def aligned16(value: SymInt, itemsize: int) -> bool:
     """Whether `value` elements of `itemsize` bytes are a multiple of 16 bytes at every shape."""
     return known_divisor(as_symint(value) * itemsize) % 16 == 0
@@ -50,9 +46,7 @@ def tma_ok(desc: TensorDesc, offset: int, inner: int) -> bool:
     size = desc.data_type.itemsize
     if desc.stride[inner] != 1 or not aligned16(offset, size):
         return False
-    return all(
-        aligned16(s, size) for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and may_exceed_one(d)
-    )
+    return all(aligned16(s, size) for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and above_one(d))
 
 
 def tma_strides(shape: Sequence[SymInt], strides: Sequence[SymInt], itemsize: int) -> list[SymInt]:

@@ -55,14 +55,13 @@ from ..gemm import (
     finish_candidates,
     fp32_knobs,
     gemm_candidates,
-    may_exceed_one,
     operand_bytes,
     operand_tile,
     tma_ok,
     tma_prelude,
 )
 from ..knobs import TileKnobs
-from ..sizes import Sizes, bucket_analysis
+from ..sizes import Sizes, above_one, bucket_analysis
 from ._matmul_hopper import HopperLoop, hopper_config, host_descriptors, host_tma_ok
 from .base import Generated
 
@@ -92,7 +91,7 @@ def descriptor(gp: GemmPiece, role: str) -> Descriptor | None:
     view = gp.views.get(uid)
     base, offset = (view.base, view.offset) if view is not None else (uid, 0)
     rank = len(desc.dim)
-    batch = [a for a in range(rank - 2) if may_exceed_one(desc.dim[a])]
+    batch = [a for a in range(rank - 2) if above_one(desc.dim[a])]
     if len(batch) > 1:
         return None
     for inner, transposed in ((rank - 1, False), (rank - 2, True)):
