@@ -220,11 +220,11 @@ def test_broadcast_bias_forward_and_backward(bias, mask, rng):
     ],
 )
 def test_dbias_reduction_spreads_over_many_programs(bias, split, out_block, red_block):
-    """The dBias reduction's plan (attention.backward.DbiasReduce) for B 2, H 8, S 1000: a heavily
+    """The dBias reduction's plan (attention.dbias.DbiasReduce) for B 2, H 8, S 1000: a heavily
     broadcast dBias was one program (or one a head) looping over every partial."""
     from types import SimpleNamespace
 
-    from opgraph.engines.triton.attention.backward import DbiasReduce
+    from opgraph.engines.triton.attention.dbias import DbiasReduce
 
     plan = DbiasReduce.of(SimpleNamespace(B=2, Hq=8, Sq=1000, Skv=1000, bias_dims=bias))
     assert (plan.split, plan.out_block, plan.red_block) == (split, out_block, red_block)
