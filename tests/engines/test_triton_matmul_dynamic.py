@@ -11,6 +11,7 @@ import pytest
 
 import opgraph as og
 from opgraph.engines.triton import TritonEngine
+from opgraph.memory.workspace import align_up
 from opgraph.engines.triton.templates.matmul import MatmulMatch
 from opgraph.runtime.dynamic import DynamicPlan
 
@@ -143,6 +144,31 @@ def test_a_row_reduction_one_program_holds_is_in_the_bucket_kernel(mode):
 
 
 @requires_interpreter
+@pytest.mark.parametrize("mode", ["ADD", "AVG", "MAX"])
+@pytest.mark.parametrize("hopper", [False, True], ids=["pointer", "host_descriptors"])
+def test_a_row_reduction_across_programs_is_in_the_bucket_kernel(mode, hopper, monkeypatch):
+    """A Llama block's output projection with the residual and the next RMSNorm's mean of squares (N 40
+    over tiles of 16 columns: partials per column tile, a combine launch): the partials are laid out for
+    the bucket's largest M and both launches take the run-time sizes; one module for every shape; with
+    host descriptors too (the Hopper path)."""
+    _forced(monkeypatch, **(HOPPER if hopper else {"BLOCK_N": 16, "BLOCK_M": 16}))
+    g = _graph(DT.FLOAT, "row_sum_tiles")
+    x, w = g.tensor(dim=[B, S, 32], name="x"), g.tensor(dim=[1, 32, 40], name="w")
+    h = g.add(g.matmul(x, w), g.tensor(dim=[B, S, 40], name="residual"))
+    h.set_output(True).set_name("h")
+    g.reduction(g.mul(h, h), mode=mode).set_output(True).set_dim([B, S, 1]).set_name("ms")
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    check_one_sized_kernel(plan, BATCH_SEQ, np.random.default_rng(8), "matmul", run=run_at)
+    scratch = set()
+    for env in BATCH_SEQ:
+        gen = matmul_steps(plan.at(env))[0].kernel.generated
+        assert [l.kernel for l in gen.launches] == ["kernel", "kernel_combine0"] and gen.bucket_scratch
+        scratch.add(gen.scratch_bytes)
+    tiles = -(-40 // (HOPPER["BLOCK_N"] if hopper else 16))
+    assert scratch == {align_up(tiles * 9 * 37 * 4)}  # column tiles x the bucket's largest batch x seq
+
+
+@requires_interpreter
 def test_a_column_reduction_over_a_dynamic_m_is_generated_at_each_shape():
     g = _graph(DT.FLOAT, "col_sum")
     x, w = g.tensor(dim=[T, 48], name="x"), g.tensor(dim=[48, 24], name="w")
@@ -210,6 +236,24 @@ def _mlp_up_piece():
     return make_piece(static, 0, static.nodes)
 
 
+def _oproj_rms_piece():
+    """A Llama block's output projection (d 1024) with the residual and the next RMSNorm's mean of
+    squares, over a dynamic batch and sequence, bf16: the row reduction spans the column tiles."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.piece import make_piece
+
+    batch, seq = og.Dim("batch", 1, 16), og.Dim("seq", 1, 2048)
+    g = og.Graph("oproj_rms_dynamic", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    a, b = g.tensor(dim=[batch, seq, 1024], name="a"), g.tensor(dim=[1, 1024, 1024], name="b")
+    h = g.add(g.matmul(a, b), g.tensor(dim=[batch, seq, 1024], name="residual"))
+    h.set_output(True)
+    g.reduction(g.mul(h, h), mode="AVG").set_output(True).set_dim([batch, seq, 1]).set_data_type(DT.FLOAT)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    static = final.in_bucket({"batch": 3, "seq": 517}, bucket)
+    return make_piece(static, 0, static.nodes)
+
+
 def _pointer_configs(cands):
     """The best two configs without TMA or split-K (the ones that take their sizes at run time)."""
     return [c for c in cands if not c.get("TMA") and not c.get("TMA_HOST") and c.get("SPLIT_K", 1) == 1][:2]
@@ -223,6 +267,7 @@ def _host_configs(cands):
 HOPPER_CASES = {
     "mlp_up_dynamic": (_mlp_up_piece, "matmul", _pointer_configs),
     "mlp_up_dynamic_host": (_mlp_up_piece, "matmul", _host_configs),
+    "oproj_rms_dynamic_host": (_oproj_rms_piece, "matmul", _host_configs),
 }
 
 
@@ -239,9 +284,15 @@ def test_sized_kernels_compile_for_hopper():
     for k in _pointer_configs(cands) + _host_configs(cands):
         gen = TEMPLATE.generate(piece, k, h100)
         assert gen.sized and [a.dtype for a in gen.launches[0].args if a.kind == "size"], k
+    rms = _oproj_rms_piece()
+    (host,) = _host_configs(TEMPLATE.candidates(rms, h100))
+    gen = TEMPLATE.generate(rms, host, h100)  # (the mean of squares: partials and a combine launch)
+    assert gen.sized and gen.bucket_scratch and [l.kernel for l in gen.launches] == ["kernel", "kernel_combine0"]
     lines = [line.split() for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
-    assert len(lines) == 3 and all(w[6] == "0" for w in lines), lines  # no spills
+    assert len(lines) == 5 and all(w[6] == "0" for w in lines), lines  # no spills
     for w in lines:
+        if w[2] == "kernel_combine0":
+            continue
         if w[1] == "mlp_up_dynamic":  # 16-byte copies and stores, as the static kernel's (a stride's divisor
             assert int(w[w.index("cp.async") + 1]) > 0 and int(w[w.index("st.v4") + 1]) > 0, w  # in the source)
         else:  # the operands through TMA copies, as the static kernel's

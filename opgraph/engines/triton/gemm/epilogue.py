@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from ....core.dtypes import DataType
 from ....core.ir import Node
+from ....core.symbolic import Expr, SymInt, evaluate
 from ....core.tensor import TensorDesc
 from ....ops.reduction import GenStats, Reduction, ReductionMode
 from ..casts import cast_to
 from ..expr import TL_DTYPE, Emitter, compute_type, from_storage, round_in_compute, to_storage
-from ..sizes import above_one
+from ..sizes import Sizes, above_one
 from ..templates.base import Launch, pow2_at_least
 from .analysis import GemmPiece, Reduce
 from .constants import INT32_LIMIT
@@ -37,6 +38,14 @@ class Context:
     reductions: list[ReductionPlan] = field(default_factory=list)
     sm_count: int = 132  # the device's SMs (sizes the combine launches)
     tma_stores: dict[int, str] = field(default_factory=dict)  # stored uid -> its tensor descriptor (TMA stores)
+    sizes: Sizes | None = None  # a bucket kernel's size parameters (sizes.py); None at a shape
+
+    def largest(self, value: SymInt) -> int:
+        """A size at its largest: its value, or a bucket kernel's dynamic one over the bucket (scratch laid
+        out for the bucket's largest shape, a block chosen for every shape of it)."""
+        if isinstance(value, Expr) and self.sizes is not None:
+            return self.sizes.max(value)
+        return static(value)
 
     def ptr_of(self, sig: Signature) -> Callable[[int], str]:
         def ptr(uid: int) -> str:
@@ -49,14 +58,16 @@ class Context:
         return ptr
 
 
-def make_context(gp: GemmPiece, tiling: Tiling, dot: DotKind | None, interpret: bool) -> Context:
+def make_context(
+    gp: GemmPiece, tiling: Tiling, dot: DotKind | None, interpret: bool, sizes: Sizes | None = None
+) -> Context:
     piece = gp.piece
     types = [piece.tensor(u).data_type for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())]
     types += [n.compute_data_type for n in piece.nodes if n is not gp.main]
     tensors = dict(piece.graph.tensors)
     for uid, view in gp.views.items():
         tensors[uid] = view.desc
-    ctx = Context(gp, tiling, compute_type(types), dot, interpret, tensors=tensors)
+    ctx = Context(gp, tiling, compute_type(types), dot, interpret, tensors=tensors, sizes=sizes)
     ctx.reductions = [ReductionPlan.make(r, ctx) for r in gp.reductions]
     return ctx
 
@@ -281,7 +292,8 @@ class ReductionPlan:
         sp, t = ctx.tiling.space, ctx.tiling
         nb_red = sp.nbatch if red.batch_reduced else 1
         nb_keep = 1 if red.batch_reduced else sp.nbatch
-        # (ints: a reduction's partials are sized at the piece's shape, never by a dynamic size)
+        # (slots an int; the kept length a bucket kernel's dynamic M: its partials laid out for the bucket's
+        # largest shape, indexed by the run-time length)
         if red.along == "rows":
             slots, length = static(nb_red * t.npm), nb_keep * sp.dims[sp.col]
         else:
@@ -300,7 +312,7 @@ class ReductionPlan:
         arrays = []
         for uid, kind, fin in outs:
             size = 8 if _wide(ctx, uid) else 4
-            offset = ctx.scratch.alloc(slots * length * size) if slots > 1 else -1
+            offset = ctx.scratch.alloc(slots * ctx.largest(length) * size) if slots > 1 else -1
             arrays.append((uid, kind, fin, offset))
         return ReductionPlan(red, slots, length, arrays)
 
@@ -387,7 +399,8 @@ class ReductionPlan:
             else:
                 ws = sig.scratch(f"ws{uid}", offset, _partial_type(ctx, uid))
                 lines.append(
-                    f"tl.store({ws} + ({slot}) * {self.length} + {kept}, {part}{f', mask={mask}' if mask else ''})"
+                    f"tl.store({ws} + ({slot}) * {ctx.tiling.text(self.length)} + {kept}, "
+                    f"{part}{f', mask={mask}' if mask else ''})"
                 )
         return lines
 
@@ -412,17 +425,17 @@ class ReductionPlan:
         positions of one output array (a sum and a sum of squares run side by side) and all of their
         slots, BLOCK_S slots per (pipelined) load. On the GPU the blocks are sized for about two
         programs per SM and <= 8K elements per load; rows of >= 8 floats keep the loads sector-wide."""
-        sp = ctx.tiling.space
+        sp, text = ctx.tiling.space, ctx.tiling.text
         sig = Signature()
         block_s, block_l, warps = self.combine_blocks(ctx)
         narr = len(self.arrays)
         nl = -(-self.length // block_l)
         body = [
-            f"arr = tl.program_id(0) // {nl}" if narr > 1 else "arr = 0",
-            f"l = (tl.program_id(0) % {nl}) * BLOCK_L + tl.arange(0, BLOCK_L)"
+            f"arr = tl.program_id(0) // {text(nl)}" if narr > 1 else "arr = 0",
+            f"l = (tl.program_id(0) % {text(nl)}) * BLOCK_L + tl.arange(0, BLOCK_L)"
             if narr > 1
             else "l = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)",
-            f"lmask = l < {self.length}",
+            f"lmask = l < {text(self.length)}",
         ]
         # decode the kept index into output coordinates
         if self.red.along == "rows":
@@ -431,12 +444,12 @@ class ReductionPlan:
         else:
             extent = sp.m
             inner = [(a, sp.dims[a]) for a in sp.rows]
-        if sp.nbatch > 1 and not self.red.batch_reduced:
-            body += [f"kb = l // {extent}", f"ki = l % {extent}"]
-            body += decompose("kb", [(a, sp.dims[a]) for a in sp.batch], "y")
+        if above_one(sp.nbatch) and not self.red.batch_reduced:
+            body += [f"kb = l // {text(extent)}", f"ki = l % {text(extent)}"]
+            body += decompose("kb", [(a, sp.dims[a]) for a in sp.batch], "y", text)
         else:
             body.append("ki = l")
-        body += decompose("ki", inner, "y")
+        body += decompose("ki", inner, "y", text)
         for i, (uid, kind, fin, offset) in enumerate(self.arrays):
             _, identity, combine = _PARTIAL[kind]
             acc = _partial_type(ctx, uid)
@@ -450,15 +463,15 @@ class ReductionPlan:
             smask = "" if self.slots % block_s == 0 else f"(s < {self.slots})[:, None] & "
             terms = []
             for axis, (d, st) in enumerate(zip(desc.dim, desc.stride)):
-                if d > 1 and st != 0:
-                    terms.append(f"y{axis}" if st == 1 else f"y{axis} * {st}")
+                if above_one(d) and st != 0:
+                    terms.append(f"y{axis}" if st == 1 else f"y{axis} * {text(st)}")
             terms.append("l * 0")
             value = to_storage(self.finalize(f"r_{uid}", fin), desc.data_type, f"tl.{acc}")
             block = [
                 f"acc_{uid} = tl.full((BLOCK_S, BLOCK_L), {identity}, tl.{acc})",
                 f"for s0 in tl.range(0, {self.slots}, BLOCK_S, num_stages=2):",
                 "    s = s0 + tl.arange(0, BLOCK_S)",
-                f"    part = tl.load({ws} + s[:, None] * {self.length} + l[None, :], "
+                f"    part = tl.load({ws} + s[:, None] * {text(self.length)} + l[None, :], "
                 f"mask={smask}lmask[None, :], other={identity})",
                 f"    acc_{uid} = {op.format(a=f'acc_{uid}', b='part')}",
                 f"r_{uid} = tl.{combine}(acc_{uid}, axis=0)",
@@ -477,20 +490,26 @@ class ReductionPlan:
             else:
                 body += block
         name = f"kernel_combine{index}"
+        programs: SymInt = nl * narr
+        sizes, grid_expr = ctx.sizes, None
+        if sizes is not None:  # a bucket kernel's: the size parameters after the others, the grid per shape
+            for param, arg in zip(sizes.params, sizes.args()):
+                sig.add(param, arg)
+            programs, grid_expr = evaluate(programs, sizes.env), (programs,)
         source = sig.source(name, ["BLOCK_S", "BLOCK_L"], body)
-        grid = (nl * narr,)
-        launch = Launch(name, grid, tuple(sig.args), (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps)))
-        return source, launch
+        meta = (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps))
+        return source, Launch(name, (static(programs),), tuple(sig.args), meta, grid_expr=grid_expr)
 
     def combine_blocks(self, ctx: Context) -> tuple[int, int, int]:
         """(BLOCK_S, BLOCK_L, num_warps) of the combine launch. Under the interpreter: small blocks
         that still loop over slots and positions in the tests."""
+        length = ctx.largest(self.length)  # (a bucket kernel's: the same blocks at every shape)
         if ctx.interpret:
-            return min(pow2_at_least(self.slots, 2), 16), min(pow2_at_least(self.length, 16), 32), 4
+            return min(pow2_at_least(self.slots, 2), 16), min(pow2_at_least(length, 16), 32), 4
         sms = max(ctx.sm_count, 1)
         narr = len(self.arrays)
-        block_l = pow2_at_least(self.length, 8)
-        while block_l > 8 and -(-self.length // block_l) * narr < 2 * sms:
+        block_l = pow2_at_least(length, 8)
+        while block_l > 8 and -(-length // block_l) * narr < 2 * sms:
             block_l //= 2
         block_s = min(pow2_at_least(self.slots, 2), max(2, 8192 // block_l))
         block_l = min(block_l, max(8, 8192 // block_s))

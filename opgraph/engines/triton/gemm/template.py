@@ -392,7 +392,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         loop.check_knobs(k)
         gp = self.gp
         tiling = loop.tiling(k)
-        ctx = make_context(gp, tiling, self.dot(k), self.interpret)
+        ctx = make_context(gp, tiling, self.dot(k), self.interpret, self.sizes)
         ctx.sm_count = self.device.sm_count
         partials = tiling.split > 1 or loop.writes_partials
         acc_off = None
@@ -410,7 +410,6 @@ class TileMatch(Match[TileKnobs], TileLoop):
             assert acc_off is None, "split-K and partials are generated at each shape"
             for name, arg in zip(sizes.params, sizes.args()):
                 sig.add(name, arg)
-            functions.insert(0, sizes.declaration())
             programs, grid_expr = evaluate(programs, sizes.env), (programs,)
             args = tuple(a.at_shape(sizes.env) for a in sig.args)  # (host descriptors' shapes: values)
         assert isinstance(programs, int)
@@ -429,10 +428,13 @@ class TileMatch(Match[TileKnobs], TileLoop):
             plan_ctx = self.epilogue_launch(ctx, k, acc_off, functions, launches)
             plans = plan_ctx.reductions
         add_combines(plans, plan_ctx, functions, launches)
+        if sizes is not None:  # (after every kernel: the combine launches' sizes too)
+            functions.insert(0, sizes.declaration())
         source = module_source(*functions)
         # "needs_allocator": device-side tensor descriptors take global scratch at launch
         notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
-        return Generated(source, tuple(launches), ctx.scratch.size, notes)
+        # (a bucket kernel's scratch, the reductions' partials, is laid out for the bucket's largest shape)
+        return Generated(source, tuple(launches), ctx.scratch.size, notes, bucket_scratch=sizes is not None)
 
     def epilogue_launch(
         self, ctx: Context, k: TileKnobs, offset: int, functions: list[str], launches: list[Launch]

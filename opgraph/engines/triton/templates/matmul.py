@@ -25,10 +25,11 @@ evaluated per shape and encoded at bind, and an operand is read through one wher
 every shape of the bucket (a dynamic axis counted as more than 1, its stride 16-byte aligned by its
 known divisor). Configs whose structure depends on the shape are generated at each
 shape with the bucket's knobs, as before: SPLIT_K > 1 (partials sized by M), TMA=1 without TMA_HOST
-(device-side descriptors), and reductions in the epilogue whose partials span programs (a row reduction
-with N > BLOCK_N, a column reduction over a dynamic M, a mean over a dynamic count); a row reduction
-that one program holds (N <= BLOCK_N: RMSNorm's sum of squares after a projection) is in the bucket's
-kernel.
+(device-side descriptors), and reductions in the epilogue whose slots span a dynamic size (a column
+reduction over a dynamic M, a mean over a dynamic count). A row reduction is in the bucket's kernel:
+one program a row (N <= BLOCK_N), or partials per column tile (RMSNorm's mean of squares after a
+Llama block's output projection, N > BLOCK_N) laid out for the bucket's largest M (`Context.largest`,
+`Generated.bucket_scratch`) and a combine launch taking the run-time sizes.
 """
 
 from __future__ import annotations
