@@ -60,7 +60,13 @@ def _dt(dtype: Any) -> Any:
     import torch
 
     c = module().data_type
-    return {torch.float16: c.HALF, torch.bfloat16: c.BFLOAT16, torch.float32: c.FLOAT}[dtype]
+    return {
+        torch.float16: c.HALF,
+        torch.bfloat16: c.BFLOAT16,
+        torch.float32: c.FLOAT,
+        torch.int32: c.INT32,  # (sequence lengths, ragged offsets)
+        torch.int64: c.INT64,
+    }[dtype]
 
 
 Build = Callable[[Any, Mapping[str, Any]], Sequence[tuple[Any, Any]]]
@@ -193,14 +199,26 @@ def _engine(name: str, fast: bool, extra: str = "") -> str:
 
 
 def impls(
-    ctx: Ctx, inputs: Mapping[str, Any], build: Build, io_dtype: Any, *, tune: bool | None = None, public: bool = False
+    ctx: Ctx,
+    inputs: Mapping[str, Any],
+    build: Build,
+    io_dtype: Any,
+    *,
+    tune: bool | None = None,
+    public: bool = False,
+    views: Callable[[list[Any]], list[Any]] | None = None,
 ) -> list[Impl]:
     """The heuristic and tuned cuDNN frontend peers of a graph `build(g, {name: fe tensor})` that
     returns [(fe output tensor, torch dtype)] in the Case's output order (tuned unless ctx.tune is off).
-    `public`: also the heuristic plan launched through the frontend's public execute_plan_at_index."""
+    `public`: also the heuristic plan launched through the frontend's public execute_plan_at_index.
+    `views`: the Case's outputs from the graph's output buffers (a ragged buffer's packed tokens), the
+    comparison reading them after each check's call."""
     need = frozenset({"cuda", "cudnn_frontend"})
     tune = ctx.tune if tune is None else tune
     workload = ctx.workload
+
+    def read(cg: _Graph) -> Callable[[Any], list[Any]] | None:
+        return None if views is None else (lambda _ret: views(cg.outputs))
 
     def heuristic(public: bool = False) -> Runner:
         cg = _Graph(inputs, build, io_dtype, ["A", "FALLBACK"])
@@ -215,6 +233,7 @@ def impls(
             return Runner(
                 call=call,
                 outputs=cg.outputs,
+                read=read(cg),
                 engine=_engine(name, call.fast),
                 keep=cg,
                 notes=f"plan {i} of {len(cg.names)} (heur_mode A)",
@@ -235,6 +254,7 @@ def impls(
                 return Runner(
                     call=call,
                     outputs=cg.outputs,
+                    read=read(cg),
                     engine=_engine(cached, call.fast),
                     keep=cg,
                     notes=f"the fastest of all plans in an earlier tuning (cached in {cache_file()})",
@@ -268,7 +288,9 @@ def impls(
         )
         if not capped:
             _remember(key, name)
-        return Runner(call=call, outputs=cg.outputs, engine=_engine(name, call.fast), keep=cg, notes=note)
+        return Runner(
+            call=call, outputs=cg.outputs, read=read(cg), engine=_engine(name, call.fast), keep=cg, notes=note
+        )
 
     out = [Impl("cuDNN FE heuristic", heuristic, role="peer", tuned=False, needs=need)]
     if public:

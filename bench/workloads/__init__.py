@@ -18,6 +18,7 @@ MODULES = (
     "attention",
     "attention_block",
     "attention_decode",
+    "attention_llm",
     "training_gpt2",
     "zoo",
 )

@@ -199,24 +199,40 @@ def torch_sdpa_all(args: Sequence[Any], causal: bool, scale: float, do: Any = No
 
 
 def flex(
-    ctx: Ctx, args: Sequence[Any], causal: bool, scale: float, score_mod: Any = None, do: Any = None
+    ctx: Ctx,
+    args: Sequence[Any],
+    causal: bool,
+    scale: float,
+    score_mod: Any = None,
+    do: Any = None,
+    *,
+    mask_mod: Any = None,
+    stats: bool = False,
 ) -> list[Impl]:
     """FlexAttention compiled, forward or (do given) backward alone. Its own CUDA-graph mode
     (mode="max-autotune") is not a row: the suite's helper captures this one, and at these sizes
-    (0.1-50 ms a call) host time is noise while a second autotuned compile costs minutes."""
+    (0.1-50 ms a call) host time is noise while a second autotuned compile costs minutes. `mask_mod`: a
+    block mask of its own instead of the causal one; `stats`: the forward returns the log-sum-exp too
+    ([B, H, S, 1], as opgraph's statistics)."""
     s = args[0].shape[2]
     holder: dict[str, Any] = {}
+    if causal and mask_mod is None:
+        mask_mod = lambda b, h, qi, ki: qi >= ki  # noqa: E731
 
     def f(q: Any, k: Any, v: Any) -> Any:
         from torch.nn.attention.flex_attention import flex_attention
 
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=holder.get("mask"), scale=scale)
+        mask = holder.get("mask")
+        if stats:
+            o, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale, return_lse=True)
+            return o, lse.unsqueeze(-1)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
 
     def prepare_mask() -> None:
-        if causal and "mask" not in holder:
+        if mask_mod is not None and "mask" not in holder:
             from torch.nn.attention.flex_attention import create_block_mask
 
-            holder["mask"] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, s, s, device=args[0].device)
+            holder["mask"] = create_block_mask(mask_mod, None, None, s, s, device=args[0].device)
 
     if do is None:
 
@@ -241,7 +257,7 @@ def flex(
         def named(setup: Callable[[], Runner] = setup) -> Runner:
             r = setup()
             r.engine = FLEX_ENGINE
-            r.notes = r.notes + "; block mask (causal) made at setup" if causal else r.notes
+            r.notes = r.notes + "; block mask made at setup" if mask_mod is not None else r.notes
             return r
 
         i.setup = named
