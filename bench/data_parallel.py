@@ -285,6 +285,8 @@ def rank_main(rank: int, world: int, args: argparse.Namespace, store: str, out: 
             Path(out).write_text(json.dumps({"rows": rows, "items": w["items"], "unit": w["unit"]}))
         # Every rank done with the group before any destroys it; with gloo, a rank that tears down while
         # its peer is still inside a collective aborts in gloo's threads at exit ("terminate called").
+        # (torch.compile's caches may hold the compiled DDP module, and with it the group)
+        torch._dynamo.reset()
         gc.collect()
         dist.barrier()
     finally:

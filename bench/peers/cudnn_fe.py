@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from ..case import Ctx, Impl, Runner
+from ..check import nan_fill
 
 # building cuDNN's plans (runtime-fusion plans compile with NVRTC, ~1 s each): the cap per graph; a capped
 # tuning says so in its notes and is not cached
@@ -220,6 +221,10 @@ def impls(
     def read(cg: _Graph) -> Callable[[Any], list[Any]] | None:
         return None if views is None else (lambda _ret: views(cg.outputs))
 
+    def reset(cg: _Graph) -> Callable[[], None] | None:
+        # (with `read`, a check poisons only what the call returned, here nothing: the buffers are)
+        return None if views is None else (lambda: nan_fill(cg.outputs))
+
     def heuristic(public: bool = False) -> Runner:
         cg = _Graph(inputs, build, io_dtype, ["A", "FALLBACK"])
         last: Exception | None = None
@@ -234,6 +239,7 @@ def impls(
                 call=call,
                 outputs=cg.outputs,
                 read=read(cg),
+                reset=reset(cg),
                 engine=_engine(name, call.fast),
                 keep=cg,
                 notes=f"plan {i} of {len(cg.names)} (heur_mode A)",
@@ -255,6 +261,7 @@ def impls(
                     call=call,
                     outputs=cg.outputs,
                     read=read(cg),
+                    reset=reset(cg),
                     engine=_engine(cached, call.fast),
                     keep=cg,
                     notes=f"the fastest of all plans in an earlier tuning (cached in {cache_file()})",
@@ -289,7 +296,13 @@ def impls(
         if not capped:
             _remember(key, name)
         return Runner(
-            call=call, outputs=cg.outputs, read=read(cg), engine=_engine(name, call.fast), keep=cg, notes=note
+            call=call,
+            outputs=cg.outputs,
+            read=read(cg),
+            reset=reset(cg),
+            engine=_engine(name, call.fast),
+            keep=cg,
+            notes=note,
         )
 
     out = [Impl("cuDNN FE heuristic", heuristic, role="peer", tuned=False, needs=need)]

@@ -224,8 +224,15 @@ def flex(
 
         mask = holder.get("mask")
         if stats:
-            o, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale, return_lse=True)
-            return o, lse.unsqueeze(-1)
+            try:  # (PyTorch 2.9+: return_lse deprecated)
+                from torch.nn.attention.flex_attention import AuxRequest
+            except ImportError:
+                o, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale, return_lse=True)
+                return o, lse.unsqueeze(-1)
+            o, aux = flex_attention(
+                q, k, v, score_mod=score_mod, block_mask=mask, scale=scale, return_aux=AuxRequest(lse=True)
+            )
+            return o, aux.lse.unsqueeze(-1)
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
 
     def prepare_mask() -> None:

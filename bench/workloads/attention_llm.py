@@ -37,7 +37,7 @@ from ..core.floors import Floor
 from ..core.registry import workload
 from ..ours import graph_impls
 from ..peers import cudnn_fe
-from .attention import BF16, flex
+from .attention import BF16, attention64, flex
 
 DT = og.DataType
 BSHD = (0, 2, 1, 3)
@@ -95,30 +95,15 @@ def _floor(pairs: int, heads: int, d: int, elems: int, backward: bool, stats_row
 def attention64_masked(
     q: Any, k: Any, v: Any, scale: float, keep: Callable[[Any, Any], Any], do: Any = None
 ) -> dict[str, Any]:
-    """float64 attention of [H, S, D] q, k, v over the (query, key) pairs `keep(i, j)` holds, a head at a
-    time: {"o", "lse"} ([H, S, D], [H, S, 1]) and, given dO, {"dq", "dk", "dv"}."""
-    import torch
+    """float64 attention of [H, S, D] q, k, v over the (query, key) pairs `keep(i, j)` holds (attention.py's
+    attention64, the pairs dropped by its score modifier): {"o", "lse"} ([H, S, D], [H, S, 1]) and, given
+    dO, {"dq", "dk", "dv"}."""
 
-    h_, s_, _ = q.shape
-    out: dict[str, Any] = {"o": torch.empty(q.shape[:2] + v.shape[2:], dtype=torch.float64, device=q.device)}
-    out["lse"] = torch.empty(h_, s_, 1, dtype=torch.float64, device=q.device)
-    if do is not None:
-        for n, t in (("dq", q), ("dk", k), ("dv", v)):
-            out[n] = torch.empty(t.shape, dtype=torch.float64, device=q.device)
-    i = torch.arange(s_, device=q.device)[:, None]
-    j = torch.arange(k.shape[1], device=q.device)[None, :]
-    dropped = ~keep(i, j)
-    for h in range(h_):
-        with torch.enable_grad():
-            qh, kh, vh = (t[h].detach().double().requires_grad_(do is not None) for t in (q, k, v))
-            s = ((qh @ kh.T) * scale).masked_fill(dropped, -math.inf)
-            lse = torch.logsumexp(s, -1, keepdim=True)
-            o = torch.exp(s - lse) @ vh
-            if do is not None:
-                for n, g in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (qh, kh, vh), do[h].double())):
-                    out[n][h] = g
-        out["o"][h], out["lse"][h] = o.detach(), lse.detach()
-    return out
+    def drop(scores: Any, h: int, i: Any, j: Any) -> Any:
+        return scores.masked_fill(~keep(i, j), -math.inf)
+
+    out = attention64(q[None], k[None], v[None], scale, False, drop, None if do is None else do[None])
+    return {n: x[0] for n, x in out.items()}
 
 
 def causal(i: Any, j: Any) -> Any:

@@ -38,18 +38,26 @@ UNPADDED_SDPA = "sdpa_unpadded"
 
 
 def unpadded_sdpa() -> str:
-    """transformers' SDPA attention under a name whose mask function gives no mask to an input without a
-    padding mask, also while tracing or capturing: a causal model's attention is then SDPA's `is_causal`.
-    transformers' own mask function builds a dense mask there (its test that no token is masked reads
-    data, so it is skipped under torch.compile and in a CUDA-graph capture), and PyTorch's SDPA leaves its
-    flash and cuDNN kernels for a dense mask (BERT's peers took its fp32 math path: 2.3-5x slower, not at
-    their best). The workloads' inputs have no padding: every implementation computes the same attention."""
+    """transformers' SDPA attention under a name for inputs that are neither padded nor packed, whose mask
+    function gives no mask where the mask would only say "causal" or "everything" (no padding mask, as
+    many queries as keys from position 0, no sliding window in the config), also while tracing or
+    capturing: a causal model's attention is then SDPA's `is_causal`; a cache, an offset or a window gets
+    transformers' own mask. transformers' own mask function builds a dense mask under torch.compile (it
+    cannot test the padding mask or the position ids for packing while tracing; in 5.17 a CUDA-graph
+    capture counts as tracing too), and PyTorch's SDPA leaves its flash and cuDNN kernels for a dense mask
+    (BERT's peers took its fp32 math path: 2.3-5x slower, not at their best). The workloads' inputs are
+    one sequence a row: every implementation computes the same attention."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     def mask(*args: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
-        return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+        q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
+        at_start = all(isinstance(o, int) and o == 0 for o in (kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)))
+        window = kwargs.get("local_size") or getattr(kwargs.get("config"), "sliding_window", None)
+        if attention_mask is None and at_start and q is not None and q == kv and not window:
+            return None
+        return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
     if UNPADDED_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionInterface.register(UNPADDED_SDPA, ALL_ATTENTION_FUNCTIONS["sdpa"])
@@ -167,7 +175,8 @@ def bert_inference(ctx: Ctx) -> Case:
     notes = (
         "BertModel (no pooler), bf16; output: the last hidden state. No padding: every implementation runs "
         "transformers' SDPA attention with no mask (zoo.unpadded_sdpa: transformers' own mask function gives "
-        "a dense all-true mask under torch.compile and CUDA-graph capture, and SDPA's fp32 math path for it)"
+        "a dense all-true mask under torch.compile, in 5.17 under CUDA-graph capture too, and SDPA's fp32 math "
+        "path for it)"
     )
     return _token_inference(ctx, model, dims, shape, "last_hidden_state", "_embeddings.weight", notes)
 

@@ -96,19 +96,20 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
                 step.index, tuple(shaped.nodes[i] for i in where), step.piece.inputs, step.piece.outputs, shaped
             )
             config, kernel = step.config, step.kernel
-            resplit = split_kv.at_shape(piece, config, step.alternatives, dev)
-            if resplit is not None and opts.filters.keep([resplit])[0]:
+            resplit = split_kv.at_shape(piece, config, step.alternatives, dev, step.piece)
+            if resplit is not None and opts.filters.rejects(resplit) is None:
                 log.debug("  %s: split-KV at this shape: %s (the bucket's: %s)", piece.label(), resplit, config)
-                stats["resplit"].append(step.index)
                 config, kernel = resplit, planned.variant(step, resplit)
             shaped_kernel = get_engine(config.engine).kernel_at(kernel, piece, dev)
             if shaped_kernel is not None and opts.filters.rejects_kernel(shaped_kernel) is None:
+                if config is not step.config:
+                    stats["resplit"].append(step.index)
                 others = step.alternatives if config is step.config else (step.config, *step.alternatives)
                 alternatives = tuple(c for c in others if c is not config)
                 steps.append(Step(step.index, piece, config, shaped_kernel, alternatives))
                 continue
             stats["rechosen"] += 1
-            log.info("  %s: %s does not run it at this shape: its config is chosen again", piece.label(), step.config)
+            log.info("  %s: %s does not run it at this shape: its config is chosen again", piece.label(), config)
             try:
                 steps.append(_rechoose(piece, step.index, usable, dev, opts, stats))
             except UnsupportedGraphError as err:

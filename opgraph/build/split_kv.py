@@ -13,8 +13,10 @@ Sq * G rows.
 
 A dynamic plan's bucket is planned at its hint shape, and its split with it; `at_shape` decides again at
 each shape the bucket runs (the estimate is a few integer operations), among the configs the bucket
-offered: a bucket of KV lengths 257 to 8192 splits a 300-key step and an 8192-key step each as a static
-build at that length would (its kernels, each taking its sizes at run time, compiled once per bucket)."""
+offered, where the estimate there differs from the estimate at the hint (elsewhere the bucket's choice,
+estimated or timed, stands): a bucket of KV lengths 257 to 8192 splits a 300-key step and an 8192-key
+step each as the estimate says at that length (its kernels, each taking its sizes at run time, compiled
+once per bucket)."""
 
 from __future__ import annotations
 
@@ -104,19 +106,19 @@ def _without_split(config: EngineConfig) -> tuple[tuple[str, object], ...]:
 
 
 def at_shape(
-    piece: Piece, config: EngineConfig, alternatives: Sequence[EngineConfig], device: Device
+    piece: Piece, config: EngineConfig, alternatives: Sequence[EngineConfig], device: Device, hint: Piece
 ) -> EngineConfig | None:
-    """For a dynamic plan's step at one shape of its bucket (`piece` at that shape): the config, among
-    `config` (the bucket's, chosen at its hint) and its `alternatives`, with the split the estimate gives
-    at this shape, where that is another split than `config`'s (None: keep `config`). A GQA-packed config
-    changes only its SPLIT; an unpacked one goes to the split candidates' tile, or, where the estimate
-    says not to split, to the first unsplit attention config of the ranking."""
+    """For a dynamic plan's step at one shape of its bucket (`piece` at that shape; `hint` the piece at the
+    bucket's hint, where `config` was chosen, by the estimate or by timing): the config, among `config`
+    and its `alternatives`, with the split the estimate gives at this shape, where that differs from the
+    split it gives at the hint (None: keep `config`, the bucket's choice). A GQA-packed config changes
+    only its SPLIT; an unpacked one goes to the split candidates' tile, or, where the estimate says not
+    to split, to the first unsplit attention config of the ranking."""
     if config.knob("template") != "attention":
         return None
-    shape = _shape(piece)
-    if shape is None:
+    shape, at_hint = _shape(piece), _shape(hint)
+    if shape is None or at_hint is None:
         return None
-    b, hq, hk, sq, skv = shape
     pack = bool(config.knob("PACK_GQA"))
     ranked = [c for c in (config, *alternatives) if c.engine == config.engine and c.knob("template") == "attention"]
     if pack:
@@ -127,9 +129,14 @@ def at_shape(
     if not offered:
         return None
     probe = config if pack or config.knob("SPLIT") else family[0]  # (the tile a split would run)
-    heads, rows = (hk, sq * (hq // hk)) if pack else (hq, sq)
-    s = split_count(b, heads, rows, skv, probe.knob("BLOCK_M"), device.sm_count, probe.knob("BLOCK_N"), offered)
-    if s == (config.knob("SPLIT") or 0):
+
+    def estimate(b: int, hq: int, hk: int, sq: int, skv: int) -> int:
+        heads, rows = (hk, sq * (hq // hk)) if pack else (hq, sq)
+        bm, bn = probe.knob("BLOCK_M"), probe.knob("BLOCK_N")
+        return split_count(b, heads, rows, skv, bm, device.sm_count, bn, offered)
+
+    s = estimate(*shape)
+    if s == estimate(*at_hint) or s == (config.knob("SPLIT") or 0):
         return None
     if s or pack:
         return next((c for c in family if (c.knob("SPLIT") or 0) == s), None)

@@ -12,7 +12,8 @@ LRU of `shape_plans` plans. A key seen before costs a dict lookup; the plan then
 pack as a static plan does. Called without a workspace, every shape's plan runs in one workspace per
 thread, allocated at its first execute for the range's maximum (`workspace_size`) and grown only for a
 shape that needs more (`stats["workspace_grown"]`, logged; the smaller one kept for the CUDA graphs
-captured on it): never one per shape, never one per call.
+captured on it, for the plan's life): never one per shape, never one per call (`profile` and
+`profile_steps`, diagnostics, run each shape's plan in its own).
 
 The range is cut into buckets at build (opgraph.build.buckets: `build(buckets=, max_buckets=)`). Each
 bucket is planned once, at its first use (opgraph.build.bucket_plan.plan_bucket: partition, configs
@@ -24,7 +25,12 @@ for every shape of the bucket); kernels that bake sizes in (the templates not co
 generated at the shape with the bucket's config, counted in `stats["shape_kernels"]` and logged at
 `OPGRAPH_LOG=info` with the shape that caused them, as is each bucket's first use. The workspace
 layout and the binding are the shape's. `stats` counts buckets planned, per-shape plans, steps whose
-config was chosen again at a shape (`rechosen`) and shapes planned anew (`replans`).
+config was chosen again at a shape (`rechosen`), steps whose split-KV a shape decided anew
+(`resplits`), shapes planned anew (`replans`) and workspace growths (`workspace_grown`).
+
+The shared workspace makes a thread's executes of different shapes share scratch, as a static plan's
+executes share its workspace: a thread that runs shapes on several streams at once (or replays CUDA
+graphs of two shapes concurrently) orders them itself, or passes each its own workspace.
 """
 
 from __future__ import annotations
@@ -135,7 +141,7 @@ class DynamicPlan(ExecutionPlan):
         self._check_solvable()
         self.buckets: Buckets = choose(graph, options.buckets, options.max_buckets)
         self._sources: dict[int, set[str]] = {}  # bucket index -> its kernels' source digests
-        self._configs: dict[int, set[tuple[int, Any]]] = {}  # bucket index -> (step, config knobs) compiled
+        self._configs: dict[int, set[tuple[int, str, Any]]] = {}  # bucket -> (step, engine, knobs) compiled
         self._every: set[str] = set()  # every bucket's digests
         self._first: dict[int, str] = {}  # bucket index -> the shape that used it first
         self._planned: dict[int, int] = {}  # bucket index -> shapes planned in it
@@ -320,8 +326,9 @@ class DynamicPlan(ExecutionPlan):
             source = plan.source(i)
             if source is None:
                 continue
-            known = (i, step.config.knobs) in configs
-            configs.add((i, step.config.knobs))
+            key = (i, step.config.engine, step.config.knobs)
+            known = key in configs
+            configs.add(key)
             # a binary: the source and the config's knobs (its constexprs and launch options)
             digest = hashlib.sha256(f"{source}\n{step.config.knobs!r}".encode()).hexdigest()[:16]
             if digest in seen:
@@ -382,7 +389,8 @@ class DynamicPlan(ExecutionPlan):
         size = max(need, self.workspace_size)
         if buffer is not None:
             local.retired.append(buffer)
-            self.stats["workspace_grown"] += 1
+            with self._lock:
+                self.stats["workspace_grown"] += 1
             log.info(
                 "plan '%s': the workspace grew from %d to %d bytes for %s",
                 printable(self.graph.name),

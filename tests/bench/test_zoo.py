@@ -85,4 +85,13 @@ def test_unpadded_sdpa_gives_no_mask_while_tracing_and_the_same_output(family):
 
     assert all(mask is None and bool(causal) == (family == "llama") for mask, causal in sdpa_calls(ours))
     assert all(mask is not None for mask, _ in sdpa_calls(theirs))
-    assert unpadded_sdpa() == "sdpa_unpadded"  # registered once
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    registered = ALL_MASK_ATTENTION_FUNCTIONS[unpadded_sdpa()]
+    assert ALL_MASK_ATTENTION_FUNCTIONS[unpadded_sdpa()] is registered  # registered once
+    # a padding mask, a cache (an offset, more keys than queries) or a window gets transformers' own mask
+    kw = {"batch_size": 1, "q_length": 4, "kv_length": 4, "device": "cpu", "allow_is_causal_skip": False}
+    assert registered(**kw) is None and registered(**{**kw, "kv_length": 6, "kv_offset": 2}) is not None
+    padding = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
+    assert registered(**kw, attention_mask=padding) is not None
+    assert registered(**kw, local_size=2) is not None

@@ -382,13 +382,18 @@ def test_the_split_is_decided_again_at_each_shape_of_a_bucket(kv, split):
 
     dynamic = h100_decode(og.Dim("batch", 1, 4), og.Dim("kv", 1, 8192))
     (long,) = [b for b in choose(dynamic).buckets if b.contains({"batch": 3, "kv": 4096})]
-    _, (config, *alternatives) = ranked_on_h100(dynamic.in_bucket(long.hint_map, long))
+    hint, (config, *alternatives) = ranked_on_h100(dynamic.in_bucket(long.hint_map, long))
     assert config.knob("SPLIT") == 4 and {c.knob("SPLIT") for c in alternatives} >= {2, 8, 16, 32}
     piece, _ = ranked_on_h100(dynamic.in_bucket({"batch": 3, "kv": kv}, long))
-    got = split_kv.at_shape(piece, config, alternatives, H100)
+    got = split_kv.at_shape(piece, config, alternatives, H100, hint)
     if split is None:
         assert got is None
         return
+    # a bucket whose config was timed (another split than the estimate's at the hint) keeps it wherever
+    # the estimate at the shape is the hint's, and changes where it is not
+    timed = next(c for c in alternatives if c.knob("SPLIT") == 2 and c.knob("PACK_GQA"))
+    rest = [c for c in (config, *alternatives) if c is not timed]
+    assert split_kv.at_shape(hint, timed, rest, H100, hint) is None
     _, (static_choice, *_) = ranked_on_h100(h100_decode(3, kv))
     assert (got.knob("SPLIT") or 0) == split == (static_choice.knob("SPLIT") or 0)
     assert got.knob("PACK_GQA") == 1 and got.knob("BLOCK_N") == config.knob("BLOCK_N")

@@ -364,8 +364,32 @@ def test_host_descriptors_take_every_shape_of_the_bucket(make, shapes, dt, monke
         (launch,) = step.kernel.generated.launches
         descs = {a.uid: a for a in launch.args if a.kind == "desc"}
         assert len(descs) >= 2
-        for uid, arg in descs.items():  # each encoded over the buffer's dims at this shape
-            dims = shaped.graph.tensors[uid].dim
-            assert sorted(arg.shape) == sorted(d for d in dims if d > 1 or d in arg.shape), (uid, arg, dims)
+        for uid, arg in descs.items():  # each encoded over the buffer's dims and strides at this shape
+            t = shaped.graph.tensors[uid]
+            walked = {(d, st) for d, st in zip(t.dim, t.stride) if d > 1}
+            assert walked <= set(zip(arg.shape, arg.strides)) and isinstance(arg.offset, int), (uid, arg, t)
     if make is linear:
         assert "desc_c" in step.kernel.generated.source  # (the output's TMA stores)
+
+
+@requires_interpreter
+def test_host_descriptors_of_a_view_at_a_dynamic_offset_and_of_a_by_reference_output(monkeypatch):
+    """A descriptor over a view whose offset a dynamic dim sets (the second batch entry of x [2, seq, 32]:
+    32 x seq elements in) takes that offset per shape; a by-reference output (read through the address
+    table: its descriptor would be made in the kernel, its shape spelled out) is stored through pointers."""
+    real = MatmulMatch.candidates
+    monkeypatch.setattr(MatmulMatch, "candidates", lambda self: [real(self)[0].replace(**HOPPER)])
+    seq = og.Dim("seq", 2, 37)
+    g = _graph(DT.FLOAT, "second_entry")
+    x, w = g.tensor(dim=[2, seq, 32], name="x"), g.tensor(dim=[1, 32, 40], name="w")
+    y = g.matmul(g.slice(x, [slice(1, 2)]), w).set_output(True).set_name("y")
+    y.set_is_by_reference(True)
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    shapes = [{"seq": n} for n in (2, 5, 37, 19)]
+    check_one_sized_kernel(plan, shapes, np.random.default_rng(9), "matmul", run=run_at)
+    for env in shapes:
+        (step,) = matmul_steps(plan.at(env))
+        (launch,) = step.kernel.generated.launches
+        offsets = {a.offset for a in launch.args if a.kind == "desc" and a.uid == x.known_uid()}
+        assert offsets == {32 * env["seq"]}
+        assert "make_tensor_descriptor" not in step.kernel.generated.source  # (y: pointer stores)

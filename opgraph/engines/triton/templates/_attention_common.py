@@ -67,7 +67,7 @@ class AttentionMatch(Match[Any]):
         t = self.template
         out = []
         knobs = list(t.candidates_for(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None))
-        extra = list(t.more_candidates(spec, cuda=cuda, skv=self.largest_skv())) if t.more_candidates else []
+        extra = list(t.more_candidates(spec, cuda=cuda, skv=self.largest_skv)) if t.more_candidates else []
         for k in knobs + extra:
             fitted = t.fit(spec, k) if cuda else k
             if fitted is not None:
@@ -89,6 +89,7 @@ class AttentionMatch(Match[Any]):
             self.piece, lambda p: analyze(p, self.template.kind, self.template.name), dynamic_io=True
         )
 
+    @cached_property
     def largest_skv(self) -> int:
         """The piece's KV length at the largest shape of its bucket (its own outside a dynamic plan, or
         where the KV length is static or cannot be read symbolically)."""

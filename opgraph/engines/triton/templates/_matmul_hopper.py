@@ -97,7 +97,10 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
         t = ctx.tensors[uid]
         size = t.data_type.itemsize
         if (
-            t.data_type not in _STORED
+            # (a by-reference output's descriptor is made in the kernel from the table's address, its
+            # shape spelled out: a bucket kernel's would be the hint's at every shape)
+            (t.is_by_reference and ctx.sizes is not None)
+            or t.data_type not in _STORED
             or uid in gp.views
             or list(t.dim) != list(sp.dims)
             or t.stride[1] != 1

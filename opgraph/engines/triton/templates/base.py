@@ -49,6 +49,7 @@ def evolve(obj: D, **changes: Any) -> D:
     walk and __init__: a dynamic plan re-points every launch at each new shape (~5 per kernel, ~2,500 for
     a 92-step plan), where replace's ~4.5 µs each was a fifth of a new shape's host time. Only for
     dataclasses without __post_init__ or slots (their fields are the instance's __dict__)."""
+    assert changes.keys() <= obj.__dict__.keys(), f"not fields of {type(obj).__name__}: {changes.keys()}"
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__)
     new.__dict__.update(changes)
@@ -82,24 +83,25 @@ class Arg:
     block: tuple[int, ...] = ()  # DESC: the block one load or store moves
     value: int = 0  # SIZE: the size's value at the plan's shape
     expr: SymInt | None = None  # SIZE: the size as an expression of the dynamic dims (sizes.py)
-    # DESC of a bucket kernel: (shape, strides) as expressions of the dynamic dims; `shape` and
-    # `strides` hold their values at the plan's shape (`at_shape`)
-    desc_expr: tuple[tuple[SymInt, ...], tuple[SymInt, ...]] | None = None
+    # DESC of a bucket kernel: (shape, strides, offset) as expressions of the dynamic dims; `shape`,
+    # `strides` and `offset` hold their values at the plan's shape (`at_shape`)
+    desc_expr: tuple[tuple[SymInt, ...], tuple[SymInt, ...], SymInt] | None = None
 
     def at_shape(self, env: Mapping[str, int]) -> Arg:
-        """This argument at a shape of its bucket (`env`): a size's value, a descriptor's shape and
-        strides, from their expressions; anything else as it is."""
+        """This argument at a shape of its bucket (`env`): a size's value, a descriptor's shape, strides
+        and offset (a view's), from their expressions; anything else as it is."""
         if self.expr is not None:
             return evolve(self, value=evaluate(self.expr, env))
         if self.kind == ArgKind.DESC and (
-            self.desc_expr is not None or not all(isinstance(v, int) for v in (*self.shape, *self.strides))
+            self.desc_expr is not None or not all(isinstance(v, int) for v in (*self.shape, *self.strides, self.offset))
         ):
-            shape, strides = self.desc_expr or (self.shape, self.strides)
+            shape, strides, offset = self.desc_expr or (self.shape, self.strides, self.offset)
             return evolve(
                 self,
                 shape=tuple(evaluate(v, env) for v in shape),
                 strides=tuple(evaluate(v, env) for v in strides),
-                desc_expr=(shape, strides),
+                offset=evaluate(offset, env),
+                desc_expr=(shape, strides, offset),
             )
         return self
 

@@ -155,7 +155,7 @@ class MatmulMatch(TileMatch):
             except TypeError:  # a decision on a dynamic size (an epilogue op's, partials'): at the shape
                 pass
             else:
-                if generated.sized:  # (not where a reduction's partials take scratch and a combine launch)
+                if generated.sized:
                     return generated
         return super().kernels(k)
 
