@@ -652,3 +652,21 @@ def test_one_backward_kernel_module_takes_every_shape_of_the_bucket(causal, hk, 
         modules.add(id(step.kernel.module))
         scratch.add(gen.scratch_bytes)
     assert len(modules) == 1 and scratch == {4 * 5 * 4 * 37 + (-(4 * 5 * 4 * 37) % 256)}
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_decode_over_a_wide_bucket_splits_each_shape_as_the_estimate_says():
+    """The build's own policy over one bucket of KV 1-4096 (batch 1-8): long caches at small batches split,
+    short ones do not (split_kv.at_shape), each split's kernel compiled once for the bucket; every shape
+    right."""
+    plan = gpu_decode(DT.BFLOAT16, 1).build(device="cuda", engines=["triton"], buckets="one")
+    rng = np.random.default_rng(15)
+    modules: dict[int, set[int]] = {}
+    for env in [{"batch": 1, "kv": 4096}, {"batch": 1, "kv": 64}, {"batch": 2, "kv": 4093}, *GPU_DECODE]:
+        run_at(plan, env, rng)
+        (step,) = attention_steps(plan.at(env))
+        assert step.kernel.generated.sized, step.config
+        modules.setdefault(step.config.knob("SPLIT") or 0, set()).add(id(step.kernel.module))
+    assert len(modules) > 1 and all(len(m) == 1 for m in modules.values()), (modules, plan.describe())
+    assert plan.stats["resplits"] > 0 and plan.stats["shape_kernels"] == 0

@@ -393,3 +393,24 @@ def test_host_descriptors_of_a_view_at_a_dynamic_offset_and_of_a_by_reference_ou
         offsets = {a.offset for a in launch.args if a.kind == "desc" and a.uid == x.known_uid()}
         assert offsets == {32 * env["seq"]}
         assert "make_tensor_descriptor" not in step.kernel.generated.source  # (y: pointer stores)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.FLOAT], ids=lambda d: d.name)
+def test_gpu_projection_residual_and_mean_of_squares_over_a_bucket(dt):
+    """A Llama block's output projection (d 1024) with the residual and the next RMSNorm's mean of squares,
+    the heuristic's configs (on Hopper host descriptors): the row reduction spans column tiles (partials
+    and a combine launch, laid out for the bucket's largest M); one module for every shape, each right."""
+    batch, seq = og.Dim("batch", 1, 8), og.Dim("seq", 1, 512)
+    g = _graph(dt, "gpu_oproj_rms")
+    x, w = g.tensor(dim=[batch, seq, 1024], name="x"), g.tensor(dim=[1, 1024, 1024], name="w")
+    h = g.add(g.matmul(x, w), g.tensor(dim=[batch, seq, 1024], name="residual"))
+    h.set_output(True).set_name("h")
+    ms = g.reduction(g.mul(h, h), mode="AVG").set_output(True).set_dim([batch, seq, 1]).set_name("ms")
+    ms.set_data_type(DT.FLOAT)
+    no_tf32 = ["DOWN_CONVERT_INPUTS"] if dt == DT.FLOAT else []
+    plan = g.build(device="cuda", engines=["triton"], buckets="one", deselect_numeric_notes=no_tf32)
+    check_one_sized_kernel(plan, GPU_SHAPES, np.random.default_rng(14), "matmul", run=run_at)
+    gen = matmul_steps(plan.at(GPU_SHAPES[0]))[0].kernel.generated
+    assert len(gen.launches) == 2 and gen.bucket_scratch, gen.source

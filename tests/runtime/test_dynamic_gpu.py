@@ -88,3 +88,46 @@ def test_pointwise_jit_launch_does_not_specialise_on_sizes(monkeypatch):
     for b, s in [(1, 1), (16, 1), (2, 16), (16, 17), (1, 32), (7, 37)]:
         _run_cuda(plan, {"batch": b, "seq": s}, rng)
     assert compiles == []
+
+
+def test_one_workspace_for_every_shape_and_graphs_of_two_shapes(monkeypatch):
+    """A dynamic plan whose intermediates live in the workspace (a row norm, then a projection) executed at
+    several shapes on CUDA allocates one workspace (the range's maximum); CUDA graphs populated at two
+    shapes in it both replay right after new data is written into their inputs."""
+    import opgraph as og
+    from opgraph.core.torch_interop import pack_to_device, torch_to_numpy
+    from opgraph.memory import workspace as wsp
+
+    b, s = og.Dim("batch", 1, 8), og.Dim("seq", 1, 256)
+    g = og.Graph("ws_shared", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[b, s, 64], name="x")
+    gamma, beta = g.tensor(dim=[1, 1, 64], name="gamma"), g.tensor(dim=[1, 1, 64], name="beta")
+    normed = g.layernorm("INFERENCE", x, gamma, beta, epsilon=1e-5)[0]
+    w = g.tensor(dim=[1, 64, 48], name="w")
+    g.relu(g.matmul(normed, w)).set_output(True).set_name("y")
+    plan = g.build(device="cuda", deselect_numeric_notes=["DOWN_CONVERT_INPUTS"])
+    assert plan.workspace_size > 0, plan.describe()
+    sizes: list[int] = []
+    real = wsp.allocate
+    monkeypatch.setattr(wsp, "allocate", lambda n, d: sizes.append(n) or real(n, d))
+    rng = np.random.default_rng(16)
+    for env in [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 131}, {"batch": 8, "seq": 256}, {"batch": 2, "seq": 7}]:
+        run_at_shape(plan, env, rng)
+    assert sizes.count(plan.workspace_size) == 1 and plan.stats["workspace_grown"] == 0, sizes
+    graphs = []
+    for env in [{"batch": 2, "seq": 9}, {"batch": 5, "seq": 200}]:
+        static = g.final.at(env)
+        pack = pack_to_device(random_pack(static, rng), "cuda")
+        graphs.append((static, pack, plan.populate_cuda_graph(pack)))
+    for static, pack, graph in graphs:
+        host = {u: torch_to_numpy(t) for u, t in pack.items()}
+        fresh = random_pack(static, rng)
+        for u in static.inputs:
+            pack[u].copy_(pack_to_device({u: fresh[u]}, "cuda")[u])
+            host[u] = fresh[u]
+        graph.replay()
+        want = reference_outputs(static, host)
+        bad = [
+            m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(pack[u]), want[u])) is not None
+        ]
+        assert not bad, bad
