@@ -306,21 +306,47 @@ def _host(cands):
     return [c for c in cands if c.get("TMA_HOST")][:1]
 
 
-HOPPER_CASES = {"mlp_up_host": (_hopper_piece_graph, "matmul", _host), "square_fp16": (_square_fp16, "matmul", _host)}
+def _occupancy(cands):
+    """The two-programs-a-multiprocessor candidate of a math-heavy epilogue (_matmul_hopper.occupancy_config)."""
+    return [c for c in cands if c.get("PERSISTENT", 0) > 132]
+
+
+HOPPER_CASES = {
+    "mlp_up_host": (_hopper_piece_graph, "matmul", _host),
+    "square_fp16": (_square_fp16, "matmul", _host),
+    "mlp_up_occupancy": (_hopper_piece_graph, "matmul", _occupancy),
+}
 
 
 def test_kernels_compile_for_hopper():
     """The Hopper path's kernel compiles for sm_90 with no spills (the descriptors' parameters typed as the
-    engine types them)."""
+    engine types them); the occupancy candidate in at most 128 registers a thread and 113 KB of shared
+    memory a program: two programs of 256 threads fit a multiprocessor."""
     from .hopper_compile import compile_for_hopper
 
     lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
-    assert len(lines) == 2 and all("'TMA_HOST': 1" in line for line in lines), lines
+    assert len(lines) == 3 and all("'TMA_HOST': 1" in line for line in lines), lines
     for line in lines:
         fields = line.split()
         assert fields[6] == "0", lines  # no spills
         # the operands' TMA loads and the output's TMA stores (cp.async.bulk.tensor), no pointer stores
         assert int(fields[fields.index("tma") + 1]) >= 3 and fields[fields.index("st.v4") + 1] == "0", lines
+        if fields[1] == "mlp_up_occupancy":
+            assert int(fields[4]) <= 128 and int(fields[fields.index("smem") + 1]) <= 113 * 1024, line
+
+
+def test_a_math_heavy_epilogue_offers_two_programs_a_multiprocessor_for_tuning():
+    """On an H200 the erf GELU's projection offers the occupancy config (last but the fallback: for tuning;
+    the heuristic's first stays the 128x256 host-descriptor config); a bias alone does not."""
+    t = _matmul_template()
+    cands = t.candidates(_piece(_hopper_piece_graph()), H200)
+    (occ,) = _occupancy(cands)
+    assert cands.index(occ) == len(cands) - 2 and cands[0]["BLOCK_N"] == 256
+    assert (occ["BLOCK_M"], occ["BLOCK_N"], occ["num_warps"], occ["num_stages"]) == (128, 128, 8, 2)
+    assert occ["PERSISTENT"] == 2 * H200.sm_count and occ["TMA_HOST"] == 1
+    g, _, _, c = mm_graph((1024, 768), (768, 3072), dt=DT.BFLOAT16, b_layout="col")
+    g.add(c, g.tensor(dim=[1, 3072], name="bias")).set_output(True)
+    assert not _occupancy(t.candidates(_piece(g), H200))
 
 
 @pytest.mark.gpu

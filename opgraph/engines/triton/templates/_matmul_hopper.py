@@ -31,6 +31,7 @@ from typing import Any, Protocol, cast
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.piece import Piece
+from ....ops.pointwise import PointwiseMode
 from ..gemm import Context, GemmPiece, MainLoop, Signature, TileLoop, can_subtile, epilogue, tma_strides
 from ..knobs import TileKnobs
 
@@ -134,6 +135,39 @@ def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
         if m.piece.graph.tensors[d.base].is_by_reference:
             return False
     return True
+
+
+# pointwise modes whose math takes tens of instructions an element (libdevice polynomials, special-function
+# units): in a persistent kernel of one program a multiprocessor the epilogue is not overlapped with the
+# next tile's main loop (BERT's up-projection with the erf GELU ran at ~375 TFLOP/s on an H200, the
+# same GEMMs without it at ~545; the GELU ~13 fp32 instructions an element in the PTX)
+MATH_HEAVY = frozenset(
+    PointwiseMode[m]
+    for m in ("ERF", "GELU_FWD", "GELU_APPROX_TANH_FWD", "TANH_FWD", "SIGMOID_FWD", "SWISH_FWD", "SOFTPLUS_FWD")
+    + ("ELU_FWD", "EXP", "LOG")
+)
+
+
+def math_heavy_epilogue(gp: Any) -> bool:
+    """Whether the piece's epilogue runs MATH_HEAVY pointwise ops."""
+    return any(n.kind == "pointwise" and n.op.mode in MATH_HEAVY for n in gp.epilogue)
+
+
+def occupancy_config(c: TileKnobs, device: Device) -> TileKnobs:
+    """The Hopper path with two programs a multiprocessor, so that one's epilogue runs beside the other's
+    main loop: 128x128x64 tiles of 8 warps, 2 stages, the epilogue on column halves, PERSISTENT twice the
+    multiprocessors (ptxas, sm_90, BERT's up-projection with the erf GELU: 121 registers and 82 KB of
+    shared memory a program, no spills; 3 stages would take 115 KB). A tuning candidate for math-heavy
+    epilogues (scripts/hopper_gemm_check.py --occupancy measures it)."""
+    return hopper_config(c, device).replace(
+        BLOCK_M=128,
+        BLOCK_N=128,
+        BLOCK_K=64,
+        num_warps=8,
+        num_stages=2,
+        PERSISTENT=2 * device.sm_count,
+        EPILOGUE_SUBTILE=2,
+    )
 
 
 def hopper_config(c: TileKnobs, device: Device) -> TileKnobs:

@@ -63,7 +63,14 @@ from ..gemm import (
 )
 from ..knobs import TileKnobs
 from ..sizes import Sizes, above_one, bucket_analysis
-from ._matmul_hopper import HopperLoop, hopper_config, host_descriptors, host_tma_ok
+from ._matmul_hopper import (
+    HopperLoop,
+    hopper_config,
+    host_descriptors,
+    host_tma_ok,
+    math_heavy_epilogue,
+    occupancy_config,
+)
 from .base import Generated
 
 # per operand: (the tile's row index start, its column index start) in the main loop
@@ -193,6 +200,8 @@ class MatmulMatch(TileMatch):
                         host.append(hopper_config(c, device))
             # (in a tie the host-descriptor configs come last)
             configs = sorted(tma + configs[:-1] + host, key=self._cost)[:8] + configs[-1:]
+            if host and elem == 2 and math_heavy_epilogue(gp):  # (for tuning: the estimate has no epilogue)
+                configs.insert(len(configs) - 1, occupancy_config(host[0], device))
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
