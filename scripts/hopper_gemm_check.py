@@ -120,8 +120,8 @@ def main() -> int:
     ap.add_argument(
         "--occupancy",
         action="store_true",
-        help="also 128x128 tiles of 8 warps, 2 stages, the epilogue on column halves, persistent over 2 programs "
-        "an SM (two a multiprocessor: one's epilogue beside the other's main loop)",
+        help="also the Hopper path with two programs a multiprocessor (_matmul_hopper.occupancy_config: one's "
+        "epilogue beside the other's main loop)",
     )
     args = ap.parse_args()
     t0 = time.time()
@@ -132,6 +132,8 @@ def main() -> int:
     import triton
 
     from opgraph.engines.triton import TEMPLATE_BY_NAME, compiler
+    from opgraph.engines.triton.knobs import TileKnobs
+    from opgraph.engines.triton.templates._matmul_hopper import occupancy_config
 
     dev = torch.cuda.get_device_properties(0)
     header = {
@@ -157,11 +159,9 @@ def main() -> int:
         plans = {"new": plan, "before": config_plan(plan, before)}
         if args.ablate:
             plans["same-dev"] = config_plan(plan, {kk: v for kk, v in chosen.items() if kk != "TMA_HOST"})
-        if args.occupancy:  # (ptxas for sm_90, BERT's up-projection with the erf GELU: 121 registers,
-            # 82 KB of shared memory, no spills: two programs fit a multiprocessor; 3 stages take 115 KB)
-            two = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}
-            two |= {"PERSISTENT": 2 * plan.device.sm_count, "EPILOGUE_SUBTILE": 2}
-            plans["occ2"] = config_plan(plan, {**chosen, **two})
+        if args.occupancy:  # the template's tuning candidate for math-heavy epilogues, on every row
+            occ = occupancy_config(TileKnobs(**chosen), plan.device)
+            plans["occ2"] = config_plan(plan, {kk: v for kk, v in occ.items() if v is not None})
         built[name] = {"graph": g, "tensors": t, "plans": plans}
     specs = {
         spec.key: (spec, fn)
