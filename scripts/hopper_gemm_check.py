@@ -160,8 +160,8 @@ def main() -> int:
         if args.ablate:
             plans["same-dev"] = config_plan(plan, {kk: v for kk, v in chosen.items() if kk != "TMA_HOST"})
         if args.occupancy:  # the template's tuning candidate for math-heavy epilogues, on every row
-            occ = occupancy_config(TileKnobs(**chosen), plan.device)
-            plans["occ2"] = config_plan(plan, {kk: v for kk, v in occ.items() if v is not None})
+            occ = occupancy_config(TileKnobs.parse(chosen, "matmul"), plan.device)
+            plans["occ2"] = config_plan(plan, dict(occ.pairs()))
         built[name] = {"graph": g, "tensors": t, "plans": plans}
     specs = {
         spec.key: (spec, fn)
