@@ -225,6 +225,17 @@ def impls(
         # (with `read`, a check poisons only what the call returned, here nothing: the buffers are)
         return None if views is None else (lambda: nan_fill(cg.outputs))
 
+    def runner(cg: _Graph, call: Any, name: str, notes: str) -> Runner:
+        return Runner(
+            call=call,
+            outputs=cg.outputs,
+            read=read(cg),
+            reset=reset(cg),
+            engine=_engine(name, call.fast),
+            keep=cg,
+            notes=notes,
+        )
+
     def heuristic(public: bool = False) -> Runner:
         cg = _Graph(inputs, build, io_dtype, ["A", "FALLBACK"])
         last: Exception | None = None
@@ -234,16 +245,7 @@ def impls(
             except Exception as e:  # noqa: BLE001 - cuDNN's next plan
                 last = e
                 continue
-            call = cg.launcher(i, public)
-            return Runner(
-                call=call,
-                outputs=cg.outputs,
-                read=read(cg),
-                reset=reset(cg),
-                engine=_engine(name, call.fast),
-                keep=cg,
-                notes=f"plan {i} of {len(cg.names)} (heur_mode A)",
-            )
+            return runner(cg, cg.launcher(i, public), name, f"plan {i} of {len(cg.names)} (heur_mode A)")
         raise RuntimeError(f"none of cuDNN's {len(cg.names)} plans builds: {last}")
 
     def tuned() -> Runner:
@@ -256,16 +258,8 @@ def impls(
             i = cg.names.index(cached)
             try:
                 cg.graph.build_plan_at_index(i)
-                call = cg.launcher(i)
-                return Runner(
-                    call=call,
-                    outputs=cg.outputs,
-                    read=read(cg),
-                    reset=reset(cg),
-                    engine=_engine(cached, call.fast),
-                    keep=cg,
-                    notes=f"the fastest of all plans in an earlier tuning (cached in {cache_file()})",
-                )
+                note = f"the fastest of all plans in an earlier tuning (cached in {cache_file()})"
+                return runner(cg, cg.launcher(i), cached, note)
             except Exception:  # noqa: BLE001 - the cached plan no longer builds: tune again
                 pass
         t0, seen, timed = time.perf_counter(), set(), []
@@ -295,15 +289,7 @@ def impls(
         )
         if not capped:
             _remember(key, name)
-        return Runner(
-            call=call,
-            outputs=cg.outputs,
-            read=read(cg),
-            reset=reset(cg),
-            engine=_engine(name, call.fast),
-            keep=cg,
-            notes=note,
-        )
+        return runner(cg, call, name, note)
 
     out = [Impl("cuDNN FE heuristic", heuristic, role="peer", tuned=False, needs=need)]
     if public:

@@ -396,17 +396,28 @@ def window_case(ctx: Ctx, backward: bool) -> Case:
     )
 
 
+WORKLOADS = (  # name, make, id tag, minutes (forward, backward), title
+    (
+        "packed",
+        packed_case,
+        "t32k",
+        (1.0, 1.5),
+        "packed (THD) causal SDPA {}: 32 sequences of 128-4096 tokens, 32k in all, H16 D128 bf16",
+    ),
+    (
+        "window",
+        window_case,
+        "w4k_s32k",
+        (1.2, 2.0),
+        "sliding-window causal SDPA {}: 4k of 32k tokens, B1 H16 D128 bf16",
+    ),
+)
 for _backward in (False, True):
     _kind = "bwd" if _backward else "fwd"
-    workload(
-        f"attention.packed_{_kind}.t32k",
-        group="llm-attention",
-        minutes=1.5 if _backward else 1.0,
-        title=f"packed (THD) causal SDPA {_kind}: 32 sequences of 128-4096 tokens, 32k in all, H16 D128 bf16",
-    )(functools.partial(packed_case, backward=_backward))
-    workload(
-        f"attention.window_{_kind}.w4k_s32k",
-        group="llm-attention",
-        minutes=2.0 if _backward else 1.2,
-        title=f"sliding-window causal SDPA {_kind}: 4k of 32k tokens, B1 H16 D128 bf16",
-    )(functools.partial(window_case, backward=_backward))
+    for _name, _make, _tag, _minutes, _title in WORKLOADS:
+        workload(
+            f"attention.{_name}_{_kind}.{_tag}",
+            group="llm-attention",
+            minutes=_minutes[_backward],
+            title=_title.format(_kind),
+        )(functools.partial(_make, backward=_backward))
