@@ -143,6 +143,7 @@ class DynamicPlan(ExecutionPlan):
         self._sources: dict[int, set[str]] = {}  # bucket index -> its kernels' source digests
         self._configs: dict[int, set[tuple[int, str, Any]]] = {}  # bucket -> (step, engine, knobs) compiled
         self._every: set[str] = set()  # every bucket's digests
+        self._digests: dict[tuple[int, Any], tuple[str, str]] = {}  # (id(source), knobs) -> (source, digest)
         self._first: dict[int, str] = {}  # bucket index -> the shape that used it first
         self._planned: dict[int, int] = {}  # bucket index -> shapes planned in it
         self._bucket_plans: dict[int, BucketSchedule] = {}  # bucket index -> its plan (made at its first use)
@@ -329,8 +330,7 @@ class DynamicPlan(ExecutionPlan):
             key = (i, step.config.engine, step.config.knobs)
             known = key in configs
             configs.add(key)
-            # a binary: the source and the config's knobs (its constexprs and launch options)
-            digest = hashlib.sha256(f"{source}\n{step.config.knobs!r}".encode()).hexdigest()[:16]
+            digest = self._digest(source, step.config.knobs)
             if digest in seen:
                 continue
             seen.add(digest)
@@ -357,6 +357,18 @@ class DynamicPlan(ExecutionPlan):
                 bucket,
                 why,
             )
+
+    def _digest(self, source: str, knobs: Any) -> str:
+        """A binary's identity: its source and its config's knobs (constexprs and launch options). A bucket
+        kernel re-pointed at a shape shares its source object with the bucket's: hashed once (memoized by
+        the object, which the memo keeps alive)."""
+        key = (id(source), knobs)
+        hit = self._digests.get(key)
+        if hit is None:
+            if len(self._digests) >= 1024:  # (kernels generated per shape: new sources at every shape)
+                self._digests.clear()
+            hit = self._digests[key] = (source, hashlib.sha256(f"{source}\n{knobs!r}".encode()).hexdigest()[:16])
+        return hit[1]
 
     def for_pack(self, variant_pack: Mapping[Any, Any]) -> ExecutionPlan:
         """The static plan of the pack's shape."""
