@@ -347,6 +347,41 @@ def run_at_shape(
     assert not bad, f"{env}: " + "\n".join(map(str, bad))
 
 
+def record_allocations(monkeypatch) -> list:
+    """From now on, every buffer opgraph allocates for a workspace or a launch's own memory
+    (memory.workspace.allocate), in order."""
+    from opgraph.memory import workspace as wsp
+
+    made: list = []
+    real = wsp.allocate
+    monkeypatch.setattr(wsp, "allocate", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    return made
+
+
+def record_generations(monkeypatch) -> list:
+    """From now on, each (piece, config) the Triton engine generates kernels for (TritonEngine.generated),
+    in order: a test's check that a kernel was re-pointed, not generated again."""
+    from opgraph.engines.triton import TritonEngine
+
+    seen: list = []
+    real = TritonEngine.generated
+    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: seen.append((p, c)) or real(self, p, c, d))
+    return seen
+
+
+def check_re_pointed(plan, shapes, rng: np.random.Generator, template: str, monkeypatch, run=None) -> None:
+    """Run the dynamic plan at `shapes` (`run(plan, env, rng)`, default run_at_shape): after the first, no
+    kernel of `template` is generated again, and the shapes' launches differ (each its own grid)."""
+    run = run or run_at_shape
+    run(plan, shapes[0], rng)
+    generated = record_generations(monkeypatch)
+    for env in shapes[1:]:
+        run(plan, env, rng)
+    assert not [c for _, c in generated if c.knob("template") == template]
+    steps = [[s for s in plan.at(env).steps if s.config.knob("template") == template][0] for env in shapes]
+    assert len({s.kernel.generated.launches[0].grid for s in steps}) > 1  # each shape's grid
+
+
 def check_one_sized_kernel(plan, shapes, rng: np.random.Generator, template: str, run=None) -> None:
     """Run the dynamic plan at each shape of `shapes` (`run(plan, env, rng)`, default run_at_shape) and
     check that its one `template` step is the same sized kernel at all of them: one source taking the

@@ -53,6 +53,17 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     return out
 
 
+def is_dense(t: Any) -> bool:
+    """Whether torch tensor `t`'s elements fill its storage span once each (its strides a permutation
+    of a packed layout's: contiguous, channels_last and the like)."""
+    expected = 1
+    for stride, size in sorted((int(s), int(d)) for d, s in zip(t.shape, t.stride()) if int(d) != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def pack_to_device(pack: Mapping[int, Any], device: str) -> dict[int, Any]:
     """Arrays -> device tensors with the same strides; numbers (pass-by-value) unchanged."""
     return {k: numpy_to_torch(v, device) if isinstance(v, np.ndarray) else v for k, v in pack.items()}

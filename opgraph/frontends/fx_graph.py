@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import UnsupportedGraphError
+from ..core.torch_interop import is_dense
 from .torch_runtime import ImportedGraph
 
 
@@ -153,7 +154,7 @@ def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
     restride = []  # decided on the validated graph first: a set_stride invalidates it
     for leaf, node in zip(imported._output_leaves, _outputs(gm)):
         meta = node.meta.get("val") if hasattr(node, "meta") else None
-        if leaf.tensor is None or meta is None or not hasattr(meta, "stride") or not _dense(meta):
+        if leaf.tensor is None or meta is None or not hasattr(meta, "stride") or not is_dense(meta):
             continue
         desc = final.tensors[leaf.tensor.known_uid()]
         stride = tuple(int(s) for s in meta.stride()) or (1,)
@@ -163,16 +164,6 @@ def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
         tensor.set_stride(stride)
     if restride:
         imported.graph.validate()
-
-
-def _dense(t: Any) -> bool:
-    """Whether `t`'s elements fill its storage span once each (any axis order)."""
-    expected = 1
-    for stride, size in sorted((int(s), int(d)) for d, s in zip(t.shape, t.stride()) if int(d) != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _empty(example: Any) -> bool:

@@ -379,12 +379,18 @@ class DynamicPlan(ExecutionPlan):
         """Run the plan at the shape of the pack's buffers (any shape within the dims' ranges); a
         workspace given must hold the `workspace_size_at` of that shape (None: the thread's own, shared
         by every shape)."""
-        plan = self.for_pack(variant_pack)
-        plan.execute(variant_pack, self._workspace(plan) if workspace is None else workspace, stream)
+        plan, ws = self._plan_and_workspace(variant_pack, workspace)
+        plan.execute(variant_pack, ws, stream)
 
     def bind(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> BoundPlan:
+        plan, ws = self._plan_and_workspace(variant_pack, workspace)
+        return plan.bind(variant_pack, ws)
+
+    def _plan_and_workspace(self, variant_pack: Mapping[Any, Any], workspace: Any) -> tuple[ExecutionPlan, Any]:
+        """The static plan of the pack's shape, and the workspace it runs in: the caller's, else the
+        thread's shared one."""
         plan = self.for_pack(variant_pack)
-        return plan.bind(variant_pack, self._workspace(plan) if workspace is None else workspace)
+        return plan, self._workspace(plan) if workspace is None else workspace
 
     def _workspace(self, plan: ExecutionPlan) -> Any:
         """This thread's workspace for the plans of every shape: made at the range's maximum size at the
@@ -442,12 +448,12 @@ class DynamicPlan(ExecutionPlan):
         raise self._unsupported("a plan file")
 
     def populate_cuda_graph(self, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
-        plan = self.for_pack(variant_pack)
-        return plan.populate_cuda_graph(variant_pack, self._workspace(plan) if workspace is None else workspace)
+        plan, ws = self._plan_and_workspace(variant_pack, workspace)
+        return plan.populate_cuda_graph(variant_pack, ws)
 
     def update_cuda_graph(self, graph: Any, variant_pack: Mapping[Any, Any], workspace: Any = None) -> Any:
-        plan = self.for_pack(variant_pack)
-        return plan.update_cuda_graph(graph, variant_pack, self._workspace(plan) if workspace is None else workspace)
+        plan, ws = self._plan_and_workspace(variant_pack, workspace)
+        return plan.update_cuda_graph(graph, variant_pack, ws)
 
     def set_address(self, tensor: Any, buffer: Any) -> None:
         raise self._unsupported("set_address")

@@ -42,6 +42,7 @@ from typing import Any
 
 from ..core.errors import AttributeValueError, DistributedError
 from ..core.tensor import Tensor
+from ..core.torch_interop import is_dense
 from ..graph.builder import Graph
 from ..ops.collective import register_group
 from .step_graph import ParamSlot, handles_by_uid
@@ -181,7 +182,7 @@ def owned_params(params: Sequence[tuple[str, Any]], owners: Mapping[str, int], p
         if key not in owners:
             continue
         src = owners[key] if group is None else dist.get_global_rank(group, owners[key])
-        if _dense(p):
+        if is_dense(p):
             by_buffer.setdefault((src, p.dtype), []).append(p)
         else:
             loose.append((src, p))
@@ -287,17 +288,6 @@ def check_ranks_agree(what: str, inputs: Mapping[str, tuple[int | str, ...]], pr
         hint="build every rank's step from the same model and options, with shards of one size "
         "(drop the last uneven batch, as DistributedSampler(drop_last=True) does)",
     )
-
-
-def _dense(t: Any) -> bool:
-    """Whether torch tensor `t` covers numel() consecutive elements (its strides a permutation of a
-    packed layout's: contiguous, channels_last and the like)."""
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _numel(dims: Sequence[int]) -> int:

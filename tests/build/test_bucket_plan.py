@@ -14,10 +14,9 @@ import opgraph.build.bucket_plan as bucket_plan
 import opgraph.build.planner as planner
 from opgraph.core.errors import UnsupportedGraphError
 from opgraph.engines import get_engine
-from opgraph.engines.triton import TritonEngine
 from opgraph.runtime.dynamic import DynamicPlan
 from opgraph.testing import compare, random_pack, reference_outputs
-from tests.helpers import requires_interpreter
+from tests.helpers import record_generations, requires_interpreter
 
 B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
 # ones, primes and the range's ends, all in the bucket batch 2..16 x seq 17..37 but the first two
@@ -115,9 +114,7 @@ def test_a_new_shape_of_a_used_bucket_is_not_partitioned_or_chosen_again(engines
 @requires_interpreter
 def test_a_run_time_size_kernel_is_re_pointed_not_generated(monkeypatch):
     plan = graph().build(device="cpu", engines=["triton"], buckets="one")
-    generated = []
-    real = TritonEngine.generated
-    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(p) or real(self, p, c, d))
+    generated = record_generations(monkeypatch)
     rng = np.random.default_rng(1)
     run_at(plan, 3, 5, rng)
     run_at(plan, 7, 29, rng)

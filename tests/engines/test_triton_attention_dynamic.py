@@ -13,11 +13,17 @@ import pytest
 import opgraph as og
 from opgraph.core.device import Device
 from opgraph.core.tensor import packed_strides
-from opgraph.engines.triton import TritonEngine
 from opgraph.engines.triton.templates._attention_common import AttentionMatch
 from opgraph.runtime.dynamic import DynamicPlan
 
-from ..helpers import requires_cuda, requires_interpreter, check_one_sized_kernel, run_at_shape
+from ..helpers import (
+    check_one_sized_kernel,
+    check_re_pointed,
+    record_generations,
+    requires_cuda,
+    requires_interpreter,
+    run_at_shape,
+)
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -151,16 +157,7 @@ def test_one_attention_kernel_takes_every_shape_of_the_bucket(make, shapes, dt):
 @requires_interpreter
 def test_a_new_shape_re_points_the_attention_instead_of_generating_it(monkeypatch):
     plan = self_causal(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
-    rng = np.random.default_rng(1)
-    run_at(plan, SELF[0], rng)
-    generated = []
-    real = TritonEngine.generated
-    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real(self, p, c, d))
-    for env in SELF[1:]:
-        run_at(plan, env, rng)
-    assert not [c for c in generated if c.knob("template") == "attention"]
-    grids = {attention_steps(plan.at(env))[0].kernel.generated.launches[0].grid for env in SELF}
-    assert len(grids) > 1  # each shape's grid
+    check_re_pointed(plan, SELF, np.random.default_rng(1), "attention", monkeypatch, run=run_at)
 
 
 @requires_interpreter
@@ -309,16 +306,14 @@ def test_split_kv_over_a_bucket_is_re_pointed(make, shapes, monkeypatch):
     plan = make(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
     rng = np.random.default_rng(3)
     run_at(plan, shapes[0], rng)
-    generated = []
-    real_gen = TritonEngine.generated
-    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real_gen(self, p, c, d))
+    generated = record_generations(monkeypatch)
     modules = set()
     for env in shapes:
         run_at(plan, env, rng)
         (step,) = attention_steps(plan.at(env))
         assert step.config.knob("SPLIT") == 2 and step.kernel.generated.sized
         modules.add(id(step.kernel.module))
-    assert len(modules) == 1 and not [c for c in generated if c.knob("template") == "attention"]
+    assert len(modules) == 1 and not [c for _, c in generated if c.knob("template") == "attention"]
 
 
 H100 = Device("cuda", 0, "H100", (9, 0), 132)
@@ -412,9 +407,7 @@ def test_a_dynamic_decode_plan_splits_each_shape_as_the_policy_says(monkeypatch)
 
     monkeypatch.setattr(split_kv, "split_count", by_length)
     plan = decode(DT.FLOAT, skv=og.Dim("skv", 1, 300)).build(device="cpu", engines=["triton"], buckets="one")
-    generated = []
-    real_gen = TritonEngine.generated
-    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real_gen(self, p, c, d))
+    generated = record_generations(monkeypatch)
     rng = np.random.default_rng(21)
     modules = {}
     for batch, skv in ((2, 50), (3, 150), (1, 290), (2, 20), (5, 199), (4, 120), (1, 99)):
@@ -425,7 +418,7 @@ def test_a_dynamic_decode_plan_splits_each_shape_as_the_policy_says(monkeypatch)
         assert step.kernel.generated.sized and step.config.knob("PACK_GQA") == 1
         modules.setdefault(step.config.knob("SPLIT"), set()).add(id(step.kernel.module))
     assert {s: len(m) for s, m in modules.items()} == {2: 1, 4: 1, 8: 1}  # one source a split, every shape
-    splits = [c.knob("SPLIT") for c in generated if c.knob("template") == "attention"]
+    splits = [c.knob("SPLIT") for _, c in generated if c.knob("template") == "attention"]
     assert sorted(splits) == [4]  # 2 (the hint's) and 8 (the range's maximum, at build) came before
     assert plan.stats["resplits"] == 5 and plan.stats["shape_kernels"] == 0  # 150, 290, 199, 120, and 300
     assert "split-KV decided at each shape: 5 step(s)" in plan.describe()

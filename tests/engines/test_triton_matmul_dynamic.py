@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.engines.triton import TritonEngine
 from opgraph.memory.workspace import align_up
 from opgraph.engines.triton.templates.matmul import MatmulMatch
 from opgraph.runtime.dynamic import DynamicPlan
 
-from ..helpers import requires_cuda, requires_interpreter, check_one_sized_kernel, run_at_shape
+from ..helpers import check_one_sized_kernel, check_re_pointed, requires_cuda, requires_interpreter, run_at_shape
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -85,16 +84,7 @@ def test_one_matmul_kernel_takes_every_shape_of_the_bucket(make, shapes, dt):
 @pytest.mark.parametrize("make,shapes", CASES[1:])
 def test_a_new_shape_re_points_the_matmul_instead_of_generating_it(make, shapes, monkeypatch):
     plan = make(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
-    rng = np.random.default_rng(1)
-    run_at(plan, shapes[0], rng)
-    generated = []
-    real = TritonEngine.generated
-    monkeypatch.setattr(TritonEngine, "generated", lambda self, p, c, d: generated.append(c) or real(self, p, c, d))
-    for env in shapes[1:]:
-        run_at(plan, env, rng)
-    assert not [c for c in generated if c.knob("template") == "matmul"]
-    grids = {matmul_steps(plan.at(env))[0].kernel.generated.launches[0].grid for env in shapes}
-    assert len(grids) > 1  # each shape's grid
+    check_re_pointed(plan, shapes, np.random.default_rng(1), "matmul", monkeypatch, run=run_at)
 
 
 def _forced(monkeypatch, **knobs):

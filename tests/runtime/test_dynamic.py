@@ -11,7 +11,7 @@ import opgraph as og
 from opgraph.runtime.dynamic import DynamicPlan
 from tests.helpers import check_rule, random_pack, requires_interpreter
 
-from ..helpers import OneOpEngine, engines_registered, run_at_shape
+from ..helpers import OneOpEngine, engines_registered, record_allocations, run_at_shape
 
 B, S = og.Dim("batch", 1, 16), og.Dim("seq", 1, 37)
 SHAPES = [(1, 1), (2, 3), (3, 5), (7, 13), (16, 17), (5, 31), (16, 37)]  # ones, primes, the range's ends
@@ -145,28 +145,18 @@ def chain_graph() -> og.Graph:
     return g
 
 
-def _counting_allocations(monkeypatch) -> list[int]:
-    from opgraph.memory import workspace as wsp
-
-    sizes: list[int] = []
-    real = wsp.allocate
-
-    def allocate(size, device):
-        sizes.append(size)
-        return real(size, device)
-
-    monkeypatch.setattr(wsp, "allocate", allocate)
-    return sizes
+def _nbytes(made: list) -> list[int]:
+    return [m.nbytes for m in made]
 
 
 def test_every_shape_runs_in_one_workspace_at_the_ranges_maximum(monkeypatch, one_op):
     plan = chain_graph().build(device="cpu", engines=one_op)
     assert len(plan.steps) > 1 and plan.workspace_size > 0
-    sizes = _counting_allocations(monkeypatch)
+    made = record_allocations(monkeypatch)
     rng = np.random.default_rng(5)
     for b, s in SHAPES:
         run_at(plan, {"batch": b, "seq": s}, rng)
-    assert sizes == [plan.workspace_size]  # one, at the first execute, sized for the range's maximum
+    assert _nbytes(made) == [plan.workspace_size]  # one, at the first execute, sized for the range's maximum
     assert all(plan.at({"batch": b, "seq": s}).workspace_size <= plan.workspace_size for b, s in SHAPES)
     base = plan._workspaces.buffer
     pack = random_pack(plan.graph.at({"batch": 2, "seq": 3}), rng)
@@ -180,7 +170,7 @@ def test_each_thread_has_its_own_shared_workspace(monkeypatch, one_op):
     import threading
 
     plan = chain_graph().build(device="cpu", engines=one_op)
-    sizes = _counting_allocations(monkeypatch)
+    made = record_allocations(monkeypatch)
     errors: list[BaseException] = []
 
     def work(seed):
@@ -196,7 +186,7 @@ def test_each_thread_has_its_own_shared_workspace(monkeypatch, one_op):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and sizes == [plan.workspace_size] * 3
+    assert not errors and _nbytes(made) == [plan.workspace_size] * 3
 
 
 def test_the_workspace_grows_once_for_a_shape_that_needs_more(monkeypatch, caplog, one_op):
@@ -205,7 +195,7 @@ def test_the_workspace_grows_once_for_a_shape_that_needs_more(monkeypatch, caplo
     plan = chain_graph().build(device="cpu", engines=one_op)
     small, large = {"batch": 1, "seq": 2}, {"batch": 4, "seq": 30}
     plan.workspace_size = plan.workspace_size_at(small)  # as if the maximum's plan took less than a bucket's
-    sizes = _counting_allocations(monkeypatch)
+    made = record_allocations(monkeypatch)
     rng = np.random.default_rng(6)
     run_at(plan, small, rng)
     first = plan._workspaces.buffer
@@ -214,7 +204,7 @@ def test_the_workspace_grows_once_for_a_shape_that_needs_more(monkeypatch, caplo
         run_at(plan, small, rng)
         run_at(plan, large, rng)
     need = plan.workspace_size_at(large)
-    assert sizes == [plan.workspace_size, need] and plan.stats["workspace_grown"] == 1
+    assert _nbytes(made) == [plan.workspace_size, need] and plan.stats["workspace_grown"] == 1
     assert plan._workspaces.retired == [first]  # kept: CUDA graphs captured on it read it
     assert f"the workspace grew from {plan.workspace_size} to {need} bytes for batch=4 seq=30" in caplog.text
 

@@ -16,7 +16,7 @@ import opgraph as og
 from opgraph.engines.reference import ReferenceKernel
 from opgraph.testing import compare, poison, random_values
 
-from ..helpers import OneOpEngine, engines_registered, requires_cuda, requires_interpreter
+from ..helpers import OneOpEngine, engines_registered, record_allocations, requires_cuda, requires_interpreter
 
 D = og.DataType
 
@@ -166,13 +166,10 @@ def test_a_thread_state_goes_with_its_thread():
 def test_reserve_allocates_the_threads_workspace_before_its_first_execute(monkeypatch):
     """plan.reserve() allocates what the first execute would (PyTorch's CUDA graph trees must not see
     that allocation in their warmup pool); the execute then binds that very workspace, once."""
-    from opgraph.memory import workspace as wsp
 
     g, x, b, s, y = _graph()
     plan = g.build(device="cpu", engines=[_OnePerStep.name])
-    made = []
-    real = wsp.allocate
-    monkeypatch.setattr(wsp, "allocate", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    made = record_allocations(monkeypatch)
     plan.reserve()
     plan.reserve()  # idempotent
     assert len(made) == 1
@@ -189,14 +186,11 @@ def test_reserve_allocates_the_launches_own_memory_once_per_thread(monkeypatch):
     scratch: device-side TMA descriptors) gets it when the thread's state is reserved, outside any
     CUDA-graph capture, and every binding of that thread (the plan's workspace, then the caller's) sees
     that same memory; another thread gets its own."""
-    from opgraph.memory import workspace as wsp
 
     monkeypatch.setattr(ReferenceKernel, "global_scratch_bytes", lambda self: {0: 64}, raising=False)
     g, x, b, s, y = _graph()
     plan = g.build(device="cpu", engines=[_OnePerStep.name])
-    made = []
-    real = wsp.allocate
-    monkeypatch.setattr(wsp, "allocate", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    made = record_allocations(monkeypatch)
     plan.reserve()
     steps = len(plan.steps)
     assert len(made) == 1 + steps and all(m.nbytes == 64 for m in made[1:])  # the workspace, then each step's

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...core.torch_interop import numpy_to_torch
-from ..shared.evaluate import run_node
+from ..shared.evaluate import load_integers, run_node
 from .common import Call, to_numpy_f64
 
 
@@ -28,9 +28,8 @@ def run_on_host(call: Call) -> list[Any]:
         if not desc.data_type.is_integer:
             return read(uid)
         if isinstance(value, torch.Tensor):
-            out = value.detach().to("cpu", torch.int64).numpy()
-            return out.reshape(desc.dim) if out.shape != desc.dim else out
-        return np.full(desc.dim, int(value), dtype=np.int64)
+            value = value.detach().to("cpu", torch.int64).numpy()
+        return load_integers(value, desc)
 
     results = run_node(call.node, call.tensors, read, read_integers)
     device = str(call.device)

@@ -206,11 +206,20 @@ class TritonKernel(Kernel):
         out = {}
         for i in range(len(self.generated.launches)):
             binary = self.binary(i)
-            per_program = int(binary.meta("global_scratch_size") or 0) if binary is not None else 0
-            if per_program:
-                gx, gy, gz = self.launchers[i].grid
-                out[i] = gx * gy * gz * per_program + int(binary.meta("global_scratch_align") or 1)  # type: ignore[union-attr]
+            need, _ = self.global_scratch(i, binary) if binary is not None else (0, 1)
+            if need:
+                out[i] = need
         return out
+
+    def global_scratch(self, i: int, binary: Any) -> tuple[int, int]:
+        """(bytes, alignment) of the global scratch launch i's compiled `binary` takes for its whole grid
+        (0 bytes: none)."""
+        per_program = int(binary.meta("global_scratch_size") or 0)
+        align = int(binary.meta("global_scratch_align") or 1)
+        if not per_program:
+            return 0, align
+        gx, gy, gz = self.launchers[i].grid
+        return gx * gy * gz * per_program + align, align
 
     def artifacts(self) -> list[Any]:
         out = []

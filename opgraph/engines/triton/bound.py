@@ -107,15 +107,12 @@ class TritonLauncher(Launcher):
         descs = [ai for ai, a in enumerate(launch.args) if a.kind == "desc"]
         meta = (binary.meta("tensordesc_meta") if binary is not None else None) or []
         if binary is not None and native.unsupported(binary.metadata) is None and tma_desc.launchable(meta, len(descs)):
-            scratch_bytes = int(binary.meta("global_scratch_size") or 0)
+            need, align = self.kernel.global_scratch(li, binary)
             global_scratch = 0
-            if scratch_bytes:  # per-program scratch the kernel asks for: one buffer for the binding's life,
+            if need:  # per-program scratch the kernel asks for: one buffer for the binding's life,
                 # reserved with the thread's state (Kernel.global_scratch_bytes: not made inside a capture)
                 import torch
 
-                gx, gy, gz = self.kernel.launchers[li].grid
-                align = int(binary.meta("global_scratch_align") or 1)
-                need = gx * gy * gz * scratch_bytes + align
                 memory = self.binding.reserved.get((id(self.kernel), li))
                 if memory is None or memory.numel() < need:
                     memory = torch.empty(need, dtype=torch.uint8, device=f"cuda:{self.device_index}")

@@ -20,10 +20,10 @@ from typing import TypeVar
 from ...core.config import Support
 from ...core.ir import Const, ShapeOrigin
 from ...core.piece import Piece
-from ...core.symbolic import Expr, SymInt, bounds, evaluate
+from ...core.symbolic import Expr, SymInt, bounds, evaluate, known_divisor
 from ...core.symbolic_value import SizeValue
 from ...core.tensor import TensorDesc
-from .templates.base import INT32_LIMIT, Arg, ArgKind
+from .templates.base import INT32_LIMIT, Arg, ArgKind, Params
 
 SIZES_NAME = "_OG_SIZES"  # a generated module's tuple of size parameters (compile_worker: do_not_specialize)
 
@@ -86,9 +86,20 @@ class Sizes:
         programs = (count + block - 1) // block
         return evaluate(programs, self.env), programs
 
+    def add_params(self, params: Params) -> None:
+        """Append the size parameters (and their launch arguments) to a kernel's `params` (templates/base
+        Params), after every other: its text has used all the sizes it spells."""
+        for name, arg in zip(self.params, self.args()):
+            params.add(name, arg)
+
     def declaration(self) -> str:
         """The module line listing the size parameters (Triton's JIT must not specialise on them)."""
         return f"{SIZES_NAME} = {tuple(self.params)!r}"
+
+
+def divides(n: int, value: SymInt) -> bool:
+    """Whether `n` divides a size at every shape (a dynamic one by its known divisor)."""
+    return value % n == 0 if isinstance(value, int) else known_divisor(value) % n == 0
 
 
 def above_one(d: SymInt) -> bool:

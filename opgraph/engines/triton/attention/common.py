@@ -44,8 +44,7 @@ class KernelText:
 
     def source(self) -> str:
         if self.sizes is not None:
-            for name, arg in zip(self.sizes.params, self.sizes.args()):
-                self.params.add(name, arg)
+            self.sizes.add_params(self.params)
         return self.params.source(self.name, (), self.lines)
 
     def launch(self, grid: tuple[Any, ...], warps: int, stages: int) -> Launch:

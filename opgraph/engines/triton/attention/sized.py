@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, cast
 
-from ....core.symbolic import Expr, SymInt, known_divisor
+from ....core.symbolic import Expr, SymInt
 from ..gemm.template import divisible_text
 from ..sizes import Sizes
+from ..sizes import divides as divides_size
 from .spec import AttnSpec, Operand
 
 
@@ -85,8 +86,7 @@ def symint(value: Any) -> SymInt:
 
 def divides(n: int, value: Any) -> bool:
     """Whether `n` divides a size at every shape (tiles needing no bounds mask)."""
-    v = symint(value)
-    return v % n == 0 if isinstance(v, int) else known_divisor(v) % n == 0
+    return divides_size(n, symint(value))
 
 
 def upper(value: Any) -> int:

@@ -493,8 +493,7 @@ class ReductionPlan:
         programs: SymInt = nl * narr
         sizes, grid_expr = ctx.sizes, None
         if sizes is not None:  # a bucket kernel's: the size parameters after the others, the grid per shape
-            for param, arg in zip(sizes.params, sizes.args()):
-                sig.add(param, arg)
+            sizes.add_params(sig)
             programs, grid_expr = evaluate(programs, sizes.env), (programs,)
         source = sig.source(name, ["BLOCK_S", "BLOCK_L"], body)
         meta = (("BLOCK_S", block_s), ("BLOCK_L", block_l), ("num_warps", warps))

@@ -408,8 +408,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         args = tuple(sig.args)
         if sizes is not None:  # the size parameters after the others; the grid evaluated per shape
             assert acc_off is None, "split-K and partials are generated at each shape"
-            for name, arg in zip(sizes.params, sizes.args()):
-                sig.add(name, arg)
+            sizes.add_params(sig)
             programs, grid_expr = evaluate(programs, sizes.env), (programs,)
             args = tuple(a.at_shape(sizes.env) for a in sig.args)  # (host descriptors' shapes: values)
         assert isinstance(programs, int)

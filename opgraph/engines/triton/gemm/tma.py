@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ....core.symbolic import SymInt, as_symint, known_divisor
+from ....core.symbolic import SymInt, as_symint
 from ....core.tensor import TensorDesc
-from ..sizes import above_one
+from ..sizes import above_one, divides
 
 # Device-side tensor descriptors need a global scratch allocation at launch, which Triton asks of
 # the allocator set with triton.set_allocator (a ContextVar: per thread). The engine should set one
@@ -34,19 +34,18 @@ def tma_prelude(interpret: bool) -> list[str]:
     return [] if interpret else [TMA_PRELUDE]
 
 
-def aligned16(value: SymInt, itemsize: int) -> bool:
-    """Whether `value` elements of `itemsize` bytes are a multiple of 16 bytes at every shape."""
-    return known_divisor(as_symint(value) * itemsize) % 16 == 0
-
-
 def tma_ok(desc: TensorDesc, offset: int, inner: int) -> bool:
     """Whether a 2-D or 3-D descriptor can address `desc` (read from element `offset` of its buffer)
     with axis `inner` contiguous: unit inner stride, 16-byte aligned base and other strides (a bucket
     kernel's: at every shape of it)."""
     size = desc.data_type.itemsize
-    if desc.stride[inner] != 1 or not aligned16(offset, size):
+    if desc.stride[inner] != 1 or not divides(16, as_symint(offset) * size):
         return False
-    return all(aligned16(s, size) for a, (d, s) in enumerate(zip(desc.dim, desc.stride)) if a != inner and above_one(d))
+    return all(
+        divides(16, as_symint(s) * size)
+        for a, (d, s) in enumerate(zip(desc.dim, desc.stride))
+        if a != inner and above_one(d)
+    )
 
 
 def tma_strides(shape: Sequence[SymInt], strides: Sequence[SymInt], itemsize: int) -> list[SymInt]:

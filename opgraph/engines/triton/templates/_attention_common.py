@@ -94,15 +94,22 @@ class AttentionMatch(Match[Any]):
         """The piece's KV length at the largest shape of its bucket (its own outside a dynamic plan, or
         where the KV length is static or cannot be read symbolically)."""
         own = self.spec().Skv
-        if self.symbolic is None:
-            return own
-        piece, f, origin = self.symbolic
-        sizes = Sizes(origin)
         try:
-            spec = sized_spec(build_spec(piece, f, interpret=self.interpret, text=divisible_text(sizes)), sizes)
-            return max(own, upper(spec.Skv))
+            spec = self._sized_spec("ieee")
         except TypeError:  # (a decision on a dynamic size while building the spec)
             return own
+        return own if spec is None else max(own, upper(spec.Skv))
+
+    def _sized_spec(self, fp32_precision: str) -> Any:
+        """The spec of the piece's symbolic origin, its dynamic sizes `sized.Size`s of a fresh `Sizes` (a
+        kernel's own: the parameters are named in the order it uses them); None outside a bucket. Raises
+        TypeError where building it decides by a dynamic size."""
+        if self.symbolic is None:
+            return None
+        piece, f, origin = self.symbolic
+        sizes = Sizes(origin)
+        spec = build_spec(piece, f, interpret=self.interpret, fp32_precision=fp32_precision, text=divisible_text(sizes))
+        return sized_spec(spec, sizes)
 
     def sized(self, knobs: Any) -> Generated | None:
         """The bucket's kernels of a config, taking the dynamic sizes at run time (one source for every
@@ -110,19 +117,11 @@ class AttentionMatch(Match[Any]):
         the generator allow; None: generated at the piece's shape."""
         if self.symbolic is None or not self.template.sized_knobs(knobs):
             return None
-        piece, f, origin = self.symbolic
-        sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
         try:
-            spec = build_spec(
-                piece,
-                f,
-                interpret=self.interpret,
-                fp32_precision=knobs.fp32_precision or "ieee",
-                text=divisible_text(sizes),
-            )
+            spec = self._sized_spec(knobs.fp32_precision or "ieee")
             if spec.ragged or spec.paged:  # (token counts and page tables: at the shape)
                 return None
-            generated = self.template.build(sized_spec(spec, sizes), knobs)
+            generated = self.template.build(spec, knobs)
         except TypeError:  # a decision on a dynamic size (sized.Size): generated at the shape
             return None
         return generated if generated.sized else None

@@ -371,8 +371,7 @@ class NormGen:
     def add_sizes(self, params: Params) -> None:
         """The size parameters the body used, added last to `params` (before its signature is made)."""
         if self.sizes is not None:
-            for name, arg in zip(self.sizes.params, self.sizes.args()):
-                params.add(name, arg)
+            self.sizes.add_params(params)
 
     def module(self, *functions: str) -> str:
         """The generated module of `functions` (listing its size parameters where it has some)."""
