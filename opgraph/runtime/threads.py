@@ -66,9 +66,11 @@ class ThreadState:
     def _reserve_launch_memory(self) -> dict[tuple[int, int], Any]:
         if self.reserved_launch_memory is None:
             made: dict[tuple[int, int], Any] = {}
-            for step in self.state.steps:
-                for launch, nbytes in step.kernel.global_scratch_bytes().items():
-                    made[(id(step.kernel), launch)] = wsp.allocate(nbytes, self.state.device)
+            # (a compiled launch's needs are read from its binary: a loaded plan's, from the plan file)
+            with self.state.kernels.visible():
+                for step in self.state.steps:
+                    for launch, nbytes in step.kernel.global_scratch_bytes().items():
+                        made[(id(step.kernel), launch)] = wsp.allocate(nbytes, self.state.device)
             self.reserved_launch_memory = made
         return self.reserved_launch_memory
 
@@ -89,8 +91,8 @@ class ThreadState:
         return self.user
 
     def _bind(self, base: Any, views: Mapping[int, Any], user: Any) -> BoundPlan:
+        reserved = self._reserve_launch_memory()
         with self.state.kernels.visible():  # a loaded plan's kernels, for this plan's launchers only
-            reserved = self._reserve_launch_memory()
             return BoundPlan(self.state, self.binder, self.table, base, views, workspace=user, reserved=reserved)
 
 

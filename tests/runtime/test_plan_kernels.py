@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 
+import numpy as np
 import pytest
 
 import opgraph as og
@@ -219,3 +220,38 @@ def test_binaries_of_one_spec_load_as_separate_modules():
     b = KernelBinary("k" * 32, b"\x7fELF two", {"name": "kernel"})
     assert a.sha256 == hashlib.sha256(a.cubin).hexdigest()
     assert a.key == b.key and a.identity != b.identity and a.identity.startswith(a.key)
+
+
+class _LateKernel(_Kernel):
+    """A kernel that reads its compiled form again when the plan reserves its launches' memory, as the
+    Triton engine reads its binary's global scratch then (a loaded plan's binary: from the file)."""
+
+    seen: list[bytes | None] = []
+
+    def global_scratch_bytes(self):
+        art = artifacts.get(KIND, self.key)
+        _LateKernel.seen.append(art.data if art is not None else None)
+        return {}
+
+
+class _LateEngine(_CompilingEngine):
+    name = "test_compiling_late"
+
+    def compile(self, piece, config, device):
+        return _LateKernel(piece, config)
+
+
+def test_a_loaded_plan_reserves_with_its_own_kernels(rng):
+    """Reserving a thread's launch memory (before the first bind) sees the file's kernels: it read
+    them outside the plan's scope, so a loaded plan compiled its Triton kernels again at its first
+    execute (4 kernels on an H200, 2026-11-29)."""
+    register_engine(_LateEngine())
+    try:
+        plan = _graph().build(device="cpu", engines=[_LateEngine.name])
+        loaded = og.ExecutionPlan.from_bytes(plan.to_bytes())
+        _LateKernel.seen.clear()
+        x = rng.standard_normal((4, 8)).astype("float32")
+        loaded.execute({loaded.graph.inputs[0]: x, loaded.graph.outputs[0]: np.full_like(x, np.nan)})
+        assert _LateKernel.seen and all(s == plan.steps[0].kernel.compiled for s in _LateKernel.seen)
+    finally:
+        ENGINES.pop(_LateEngine.name, None)

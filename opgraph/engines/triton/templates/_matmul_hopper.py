@@ -174,6 +174,7 @@ def hopper_config(c: TileKnobs, device: Device) -> TileKnobs:
     """The Hopper-path version of a plain config: host descriptors, persistent, flattened, and the epilogue
     on column halves for the large tiles."""
     return c.replace(
+        SPLIT_K=1,
         TMA=1,
         TMA_HOST=1,
         PERSISTENT=device.sm_count,

@@ -153,7 +153,7 @@ class MatmulMatch(TileMatch):
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
         (`bucket`; not split-K, not device-side TMA), else the kernels at the piece's shape."""
-        if self.bucket is not None and k.split_k == 1 and (not k.tma or k.tma_host):
+        if self.bucket is not None and self.sized_knobs(k):
             gp, origin = self.bucket
             bucket = MatmulMatch(self.template, gp, self.device)
             bucket.sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
@@ -187,6 +187,9 @@ class MatmulMatch(TileMatch):
         configs = gemm_candidates(
             m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra
         )
+        if self.bucket is not None:
+            unsplit = [c.replace(SPLIT_K=1) for c in configs[:-1] if c.SPLIT_K != 1]
+            configs = list(dict.fromkeys([*configs[:-1], *unsplit])) + configs[-1:]
         if device.is_cuda and len(self.descriptors) == 2:
             # TMA (+ persistent) versions of the plain configs, and on Hopper the host-descriptor path
             # (_matmul_hopper.py), ranked together by the cost model
@@ -199,13 +202,30 @@ class MatmulMatch(TileMatch):
                     if host_ok:
                         host.append(hopper_config(c, device))
             # (in a tie the host-descriptor configs come last)
-            configs = sorted(tma + configs[:-1] + host, key=self._cost)[:8] + configs[-1:]
+            configs = sorted(tma + configs[:-1] + host, key=self._rank)[:8] + configs[-1:]
             if host and elem == 2 and math_heavy_epilogue(gp):  # (for tuning: the estimate has no epilogue)
                 configs.insert(len(configs) - 1, occupancy_config(host[0], device))
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
+        elif self.bucket is not None:
+            configs = sorted(configs[:-1], key=self._per_shape) + configs[-1:]
         return finish_candidates(configs, gp, device, extra)
+
+    def _per_shape(self, c: TileKnobs) -> bool:
+        # A bucket's piece ranks the configs of one kernel for the whole bucket first (unsplit versions of
+        # the split ones offered too). The others (split-K, device-side TMA) are generated and compiled
+        # again at every new shape, and the estimate ranking them is the hint's: an fp32 GEMM of M 48 (the
+        # hint of M 1..4096) chose split-K 4, then run at M 4096 too.
+        return self.bucket is not None and not self.sized_knobs(c)
+
+    def _rank(self, c: TileKnobs) -> tuple[bool, float]:
+        return self._per_shape(c), self._cost(c)
+
+    @staticmethod
+    def sized_knobs(k: TileKnobs) -> bool:
+        """Whether a config's kernel can take the bucket's sizes at run time (`kernels`)."""
+        return k.split_k == 1 and (not k.tma or k.tma_host)
 
     def accepts(self, knobs: TileKnobs) -> bool:
         """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
