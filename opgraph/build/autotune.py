@@ -40,12 +40,18 @@ def cache_path() -> Path:
     return tuning_path()
 
 
+# how the inputs configs are timed on are made: 2, the ops' tuning_inputs (lengths, offsets, page tables);
+# 1, random data for all (answers cached then are not reused)
+TIMING_INPUTS = 2
+
+
 def environment(device: Device) -> dict[str, Any]:
     """Everything outside the piece that can change which config is fastest."""
     from ..core.version import __version__
 
     env: dict[str, Any] = {
         "opgraph": __version__,
+        "inputs": TIMING_INPUTS,
         "device": device.name,
         "capability": device.capability,
         "sm_count": device.sm_count,
@@ -173,6 +179,7 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
     from ..memory.fill import empty_like_desc, random_values
 
     rng = np.random.default_rng(0)
+    given = tuning_inputs(piece)
     bufs: dict[int, Any] = {}
     for uid in (*piece.inputs, *piece.outputs):
         t = piece.tensor(uid)
@@ -180,6 +187,8 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
             bufs[uid] = 0.5
             continue
         arr = random_values(t, rng) if uid in piece.inputs else empty_like_desc(t)
+        if uid in given:
+            arr[...] = given[uid]
         if device.is_cuda:
             from ..core.torch_interop import numpy_to_torch
 
@@ -191,6 +200,20 @@ def _buffers(piece: Piece, device: Device) -> dict[int, Any]:
 TUNE_PASSES = 5  # on a GPU: passes over the candidates (round-robin), each timing every one still in the race once
 PRUNE_AT = 1.5  # after the first pass, candidates this many times the fastest's time are timed no more
 BURST_US = 2000.0  # later passes: calls a measurement so that a burst lasts about this long (1 to 10)
+
+
+def tuning_inputs(piece: Piece) -> dict[int, Any]:
+    """The piece's inputs that random data cannot stand for (lengths, offsets, page tables), by UID: what
+    its ops' `tuning_inputs` give."""
+    out: dict[int, Any] = {}
+    for node in piece.nodes:
+        roles = node.op.input_roles()
+        tensors = {r: piece.tensor(u) for r, u in zip(roles, node.inputs) if isinstance(u, int)}
+        for role, values in node.op.tuning_inputs(tensors).items():
+            uid = node.input(role)
+            if isinstance(uid, int) and uid in piece.inputs:
+                out[uid] = values
+    return out
 
 
 def bound_run(kernel: Kernel, piece: Piece, bufs: dict[int, Any], scratch: Any, device: Device) -> Callable[[], None]:

@@ -20,7 +20,7 @@ Adding an op means writing one class and one builder in an op-family module:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
 
@@ -194,6 +194,12 @@ class Op:
         variant pack applies this to pass-by-value values on every execute (an int, exact, for a role
         of `integer_inputs`)."""
         return None
+
+    def tuning_inputs(self, tensors: Mapping[str, TensorDesc]) -> dict[str, np.ndarray]:
+        """Values, by role, for inputs that random data cannot stand for when configs are timed
+        (opgraph.build.autotune): lengths, offsets, indices, in the logical dims of `tensors[role]`
+        (the op's input descriptors, by role, of a static piece). None by default."""
+        return {}
 
     def normalize(self, ctx: NodeContext) -> Op:
         """The op with attributes made explicit now that input dims are known (e.g. one padding

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -143,6 +144,9 @@ class _Attention(Op):
 
     def check_scalar(self, role: str, value: float) -> tuple[str, str, str] | None:
         return checks.philox_problem(role, int(value)) if role in _PHILOX else None
+
+    def tuning_inputs(self, tensors: Mapping[str, TensorDesc]) -> dict[str, np.ndarray]:
+        return layout.tuning_inputs(tensors, self.max_seq_len_q, self.max_seq_len_kv, self.offset_divisor)
 
     @property
     def bottom_right(self) -> bool:

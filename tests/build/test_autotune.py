@@ -262,3 +262,47 @@ def test_a_by_reference_graph_tunes_its_kernels_through_the_address_table(rng):
     plan = _graph().build(device="cpu", engines=["triton"], autotune=True, by_reference=True)
     assert plan.steps[0].config.measured_us is not None
     assert not og.testing.check_plan(plan, rng)
+
+
+# -- the inputs configs are timed on ----------------------------------------------------------------------
+
+
+def _named(g: og.Graph, values: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+    return {g.final.tensors[u].name: v for u, v in values.items()}
+
+
+def _whole(g: og.Graph):
+    from opgraph.core.piece import make_piece
+
+    final = g.final
+    return make_piece(final, 0, final.nodes)
+
+
+def test_a_packed_attention_is_timed_on_sequences_that_fill_its_rows():
+    """Lengths and ragged offsets (in elements, as cuDNN's) of every sequence of one length, as the packed
+    tensors' rows allow; before, random integers in [-8, 8) were the lengths and offsets."""
+    from ..engines.test_triton_attention_ragged import HQ, graph
+
+    lq, lkv = (5, 9, 30), (7, 12, 40)  # T: 52 query rows, 67 key rows (offsets with gaps)
+    g = graph(lq, lkv, per_row=True)
+    got = _named(g, autotune.tuning_inputs(_whole(g)))
+    assert got["seq_len_q"].ravel().tolist() == [17] * 3 and got["seq_len_kv"].ravel().tolist() == [22] * 3
+    assert got["off_q"].ravel().tolist() == [i * 17 * HQ * 16 for i in range(4)]  # (a row: HQ heads x 16)
+    assert got["off_kv"].ravel().tolist() == [i * 22 * 2 * 16 for i in range(4)]
+    pack = og.testing.random_pack(g.final, np.random.default_rng(0))
+    for uid, value in autotune.tuning_inputs(_whole(g)).items():
+        pack[uid][...] = value
+    g.build(device="cpu").execute(pack)  # (valid: the reference engine runs them)
+
+
+def test_a_paged_attention_is_timed_on_pages_in_order_and_whole_lengths():
+    from ..engines.test_triton_attention_paged import graph
+
+    g = graph(3, 4, 20, 8, lens=((1, 2, 3), (5, 6, 7)))  # 4 slots a sequence, 15 pages
+    got = _named(g, autotune.tuning_inputs(_whole(g)))
+    assert got["table_k"].ravel().tolist() == list(range(12))
+    assert got["seq_len_q"].ravel().tolist() == [4] * 3 and got["seq_len_kv"].ravel().tolist() == [20] * 3
+
+
+def test_ops_without_such_inputs_are_timed_on_random_data():
+    assert autotune.tuning_inputs(_whole(_graph())) == {}
