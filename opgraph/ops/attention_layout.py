@@ -173,9 +173,8 @@ def tuning_inputs(
 ) -> dict[str, np.ndarray]:
     """An attention's lengths, ragged offsets and page tables for timing configs (Op.tuning_inputs): every
     sequence of one length, as long as the packed tensors allow (their rows over the batch, at most the
-    max_seq_len attribute) or the dense Sq and Skv; pages in order. Random integers are no lengths: a
-    packed forward's tuner timed a config at 168 µs that ran the real 32k tokens in 884 µs, where the
-    heuristic's ran them in 762 µs (H200, 2026-11-30)."""
+    max_seq_len attribute) or the dense Sq and Skv; pages in order. Random integers are no lengths: timed on
+    them, the tuner chose a config slower than the heuristic's (bench/results/constants.md#tuning-inputs)."""
     q, k = tensors["q"], tensors["k"]
     lens = tensors.get("seq_len_q") or tensors.get("seq_len_kv")
     packed_q = ragged_role("q") in tensors

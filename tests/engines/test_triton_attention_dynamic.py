@@ -493,6 +493,26 @@ def _split_configs(cands):
     return [c for c in cands if c.get("SPLIT") == 4]
 
 
+def _bucket_piece(g: og.Graph, env: dict, kind: str, dynamic: bool = True):
+    """The `kind` node's piece of the bucket holding the whole range of `g` at the shape `env` (`dynamic`),
+    or of the static graph of that shape."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.piece import make_piece
+
+    final = g.final
+    if dynamic:
+        (bucket,) = choose(final, "one").buckets
+        final = final.in_bucket(env, bucket)
+    else:
+        final = final.at(env)
+    return make_piece(final, 0, [n for n in final.nodes if n.kind == kind])
+
+
+def _packed_piece(backward: bool, dynamic: bool):
+    kind = "sdpa_backward" if backward else "sdpa"
+    return _bucket_piece(packed_causal(backward, DT.BFLOAT16, 128), {"batch": 3, "tokens": 100}, kind, dynamic)
+
+
 HOPPER_CASES = {
     "fwd_dynamic": (lambda: _llama_piece(True), "attention", _pointer_configs),
     "fwd_static": (lambda: _llama_piece(False), "attention", _pointer_configs),
@@ -500,6 +520,11 @@ HOPPER_CASES = {
     "bwd_static": (lambda: _llama_piece(False, True), "attention_bwd", _pointer_configs),
     "split_dynamic": (lambda: _decode_piece(True), "attention", _split_configs),
     "split_static": (lambda: _decode_piece(False), "attention", _split_configs),
+    "packed_fwd": (lambda: _packed_piece(False, True), "attention", _pointer_configs),
+    "packed_fwd_at_shape": (lambda: _packed_piece(False, False), "attention", _pointer_configs),
+    "packed_bwd": (lambda: _packed_piece(True, True), "attention_bwd", _pointer_configs),
+    "packed_bwd_at_shape": (lambda: _packed_piece(True, False), "attention_bwd", _pointer_configs),
+    "paged": (lambda: _bucket_piece(paged_decode(), {"batch": 3}, "sdpa"), "attention", _pointer_configs),
 }
 
 
@@ -515,20 +540,32 @@ def test_sized_kernels_compile_for_hopper_like_the_static_ones():
     from .hopper_compile import compile_for_hopper
 
     h100 = Device("cuda", 0, "H100", (9, 0), 132)
-    for template, piece, configs in (
-        (attention.TEMPLATE, _llama_piece(True), _pointer_configs),
-        (attention_bwd.TEMPLATE, _llama_piece(True, True), _pointer_configs),
-        (attention.TEMPLATE, _decode_piece(True), _split_configs),
-    ):
-        for k in configs(template.candidates(piece, h100)):
-            assert template.generate(piece, k, h100).sized, k
+    templates = {t.name: t for t in (attention.TEMPLATE, attention_bwd.TEMPLATE)}
+    for case in ("fwd_dynamic", "bwd_dynamic", "split_dynamic", "packed_fwd", "packed_bwd", "paged"):
+        make, name, configs = HOPPER_CASES[case]
+        piece = make()
+        for k in configs(templates[name].candidates(piece, h100)):
+            assert templates[name].generate(piece, k, h100).sized, (case, k)
     out = compile_for_hopper(__name__)
-    lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
+    every = [line.split() for line in out.splitlines() if line.startswith("compiled")]
+    lines = [w for w in every if w[1].rsplit("_", 1)[-1] in ("dynamic", "static")]
     # two configs each: a forward launch, 3 backward launches, a split forward's 2 launches
     assert len(lines) == 2 * (2 + 2 * 3 + 2 * 2), out
 
     def count(w, what):
         return int(w[w.index(what) + 1])
+
+    # the packed (THD) bucket kernels (the packed outputs' zeroing launch first) as the kernels generated at
+    # the shape (the dK/dV launch spills 96-136 bytes either way); the paged decode's without spills
+    for kind in ("packed_fwd", "packed_bwd"):
+        dynamic, static = ([w for w in every if w[1] == name] for name in (kind, f"{kind}_at_shape"))
+        assert [w[2] for w in dynamic] == [w[2] for w in static] and dynamic, out
+        for dyn, st in zip(dynamic, static):
+            for what in ("cp.async", "ld.v4", "st.v4"):
+                assert count(dyn, what) >= count(st, what), (dyn, st)
+            assert count(dyn, "spills") <= count(st, "spills") + 8, (dyn, st)
+    paged = [w for w in every if w[1] == "paged"]
+    assert len(paged) == 2 and all(count(w, "spills") == 0 for w in paged), out
 
     for kind in ("fwd", "bwd", "split"):
         dynamic = [w for w in lines if w[1] == f"{kind}_dynamic"]
@@ -663,3 +700,103 @@ def test_gpu_decode_over_a_wide_bucket_splits_each_shape_as_the_estimate_says():
         modules.setdefault(step.config.knob("SPLIT") or 0, set()).add(id(step.kernel.module))
     assert len(modules) > 1 and all(len(m) == 1 for m in modules.values()), (modules, plan.describe())
     assert plan.stats["resplits"] > 0 and plan.stats["shape_kernels"] == 0
+
+
+# -- packed (THD) and paged tensors in a bucket kernel -------------------------------------------------------
+
+TOKENS = og.Dim("tokens", 1, 120)
+PACKED_SHAPES = [{"batch": b, "tokens": t} for b, t in ((1, 17), (3, 100), (5, 120), (2, 33))]
+
+
+def packed_causal(backward: bool, dt: og.DataType = DT.FLOAT, d: int = 16) -> og.Graph:
+    """Packed (THD) causal self-attention, forward (and backward), over a dynamic batch of sequences and
+    token count: every tensor [1, H, T, d] BSHD, one offsets tensor [B + 1] in rows, max length 40."""
+    g = _graph(dt, "packed")
+    t = {}
+    for n, h in (("q", 4), ("k", 2), ("v", 2)):
+        t[n] = g.tensor(dim=[1, h, TOKENS, d], stride=packed_strides([1, h, TOKENS, d], BSHD), name=n)
+    lens = [g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name=n) for n in ("seq_len_q", "seq_len_kv")]
+    off = g.tensor(dim=[B + 1, 1, 1, 1], data_type=DT.INT32, name="off")
+    roles = ("q", "k", "v", "o", "stats", *(("dQ", "dK", "dV", "dO") if backward else ()))
+    kw = dict(use_padding_mask=True, seq_len_q=lens[0], seq_len_kv=lens[1], max_seq_len_q=40, max_seq_len_kv=40)
+    kw |= {f"{r}_ragged_offset": off for r in roles}
+    fwd_kw = {k: v for k, v in kw.items() if not k.startswith(("dQ", "dK", "dV", "dO"))}
+    o, st = g.sdpa(t["q"], t["k"], t["v"], attn_scale=0.3, use_causal_mask=True, name="fwd", **fwd_kw)
+    o.set_output(True).set_dim([1, 4, TOKENS, d]).set_stride(packed_strides([1, 4, TOKENS, d], BSHD))
+    st.set_output(True)
+    if backward:
+        do = g.tensor(dim=[1, 4, TOKENS, d], stride=packed_strides([1, 4, TOKENS, d], BSHD), name="dO")
+        for x in g.sdpa_backward(t["q"], t["k"], t["v"], o, do, st, attn_scale=0.3, use_causal_mask=True, **kw):
+            x.set_output(True)
+    return g
+
+
+def _packed_lengths(static, pack, rng):
+    """Sequences of 0 to 40 tokens that fit the shape's T, packed from row 0."""
+    named = {static.tensors[u].name: u for u in static.inputs}
+    b, total = static.tensors[named["seq_len_q"]].dim[0], static.tensors[named["q"]].dim[2]
+    lens = rng.integers(0, 41, size=b)
+    while lens.sum() > total:
+        lens //= 2
+    for name in ("seq_len_q", "seq_len_kv"):
+        pack[named[name]][...] = lens.reshape(b, 1, 1, 1)
+    pack[named["off"]][...] = np.concatenate([[0], np.cumsum(lens)]).reshape(b + 1, 1, 1, 1)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_one_packed_kernel_takes_every_batch_and_token_count(backward):
+    """The packed tensors' token count and the batch of lengths taken at run time (the packed outputs'
+    zeroing launch too): one forward and one backward kernel for the bucket, each right at every shape."""
+    plan = packed_causal(backward).build(device="cpu", engines=["triton"], buckets="one")
+    run = lambda p, env, rng: run_at_shape(p, env, rng, prepare=_packed_lengths)  # noqa: E731
+    for template in ("attention", "attention_bwd") if backward else ("attention",):
+        check_one_sized_kernel(plan, PACKED_SHAPES, np.random.default_rng(5), template, run=run)
+
+
+def paged_decode() -> og.Graph:
+    """Decode (one query a sequence) over a paged cache of 30 pages of 8 rows, 4 slots a sequence, over a
+    dynamic batch, GQA 4/2, with the lengths' padding mask."""
+    g = _graph(DT.FLOAT, "paged")
+    q = g.tensor(dim=[B, 4, 1, 16], stride=packed_strides([B, 4, 1, 16], BSHD), name="q")
+    k, v = (g.tensor(dim=[30, 2, 8, 16], stride=packed_strides([30, 2, 8, 16], BSHD), name=n) for n in "kv")
+    table = g.tensor(dim=[B, 1, 4, 1], data_type=DT.INT32, name="table")
+    lens = [g.tensor(dim=[B, 1, 1, 1], data_type=DT.INT32, name=n) for n in ("seq_len_q", "seq_len_kv")]
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.3,
+        paged_attention_k_table=table,
+        paged_attention_v_table=table,
+        paged_attention_max_seq_len_kv=32,
+        use_padding_mask=True,
+        seq_len_q=lens[0],
+        seq_len_kv=lens[1],
+        generate_stats=False,
+        name="attn",
+    )
+    o.set_output(True).set_stride(packed_strides([B, 4, 1, 16], BSHD))
+    return g
+
+
+def _paged_inputs(static, pack, rng):
+    named = {static.tensors[u].name: u for u in static.inputs}
+    b = static.tensors[named["q"]].dim[0]
+    pack[named["table"]][...] = rng.permutation(30)[: b * 4].reshape(b, 1, 4, 1)
+    pack[named["seq_len_q"]][...] = 1
+    pack[named["seq_len_kv"]][...] = rng.integers(1, 33, size=(b, 1, 1, 1))
+
+
+@requires_interpreter
+def test_one_paged_decode_kernel_takes_every_batch():
+    """The batch sets only the grid (the container and the table's rows are indexed per program): one
+    module, its launch's grid evaluated per shape."""
+    plan = paged_decode().build(device="cpu", engines=["triton"], buckets="one")
+    rng, modules = np.random.default_rng(6), set()
+    for b in (1, 3, 5, 2):
+        run_at_shape(plan, {"batch": b}, rng, prepare=_paged_inputs)
+        (step,) = plan.at({"batch": b}).steps
+        assert step.kernel.generated.sized and step.kernel.generated.launches[0].grid == (1, 2 * b)
+        modules.add(id(step.kernel.module))
+    assert len(modules) == 1

@@ -11,6 +11,7 @@ of overlapping sequences, the kernels write each row once per sequence (the last
 from __future__ import annotations
 
 from .common import KernelText, base_expr, pow2
+from .sized import symint
 from .spec import AttnSpec, Operand
 
 ZERO_ROWS = 64  # rows of a packed output one program of the zeroing launch clears
@@ -88,7 +89,7 @@ def zero_kernel(spec: AttnSpec, name: str, roles: tuple[str, ...]) -> tuple[Kern
     outs = [(r, op) for r in roles if spec.packed(r) is not None and (op := getattr(spec, r, None)) is not None]
     if not outs:
         return None
-    k = KernelText(name)
+    k = KernelText(name, sizes=spec.sizes)
     heads = max(getattr(spec, _SHAPE[r][0]) for r, _ in outs)
     k.add(
         f"rows = tl.program_id(0) * {ZERO_ROWS} + tl.arange(0, {ZERO_ROWS})",
@@ -97,11 +98,13 @@ def zero_kernel(spec: AttnSpec, name: str, roles: tuple[str, ...]) -> tuple[Kern
     )
     if any(_SHAPE[r][1] == "D" for r, _ in outs):
         k.add(f"offs_d = tl.arange(0, {pow2(spec.D)})")
-    tokens = 0
+    counts = [spec.packed(r).tokens for r, _ in outs]  # type: ignore[union-attr]
+    # (a bucket kernel's: one symbolic count, the outputs packed alike; else the largest)
+    same = all(symint(c) == symint(counts[0]) for c in counts)
+    tokens = counts[0] if same else max(counts)
     for role, op in outs:
         k.param(op.name)
         t = spec.packed(role).tokens  # type: ignore[union-attr]
-        tokens = max(tokens, t)
         h, width = _SHAPE[role]
         # (dK, dV under GQA; the head broadcast to the rows: a scalar term in a mask fails under the interpreter)
         hmask = f" & ((rows * 0 + off_h) < {getattr(spec, h)})" if getattr(spec, h) != heads else ""

@@ -19,7 +19,7 @@ from ....core.symbolic import Expr, SymInt
 from ..gemm.template import divisible_text
 from ..sizes import Sizes
 from ..sizes import divides as divides_size
-from .spec import AttnSpec, Operand
+from .spec import AttnSpec, Operand, Paged, Ragged
 
 
 class Size:
@@ -109,8 +109,18 @@ def _operand(op: Operand, sizes: Sizes) -> Operand:
     )
 
 
+def _ragged(r: Ragged, sizes: Sizes) -> Ragged:
+    return dataclasses.replace(r, offsets=_operand(r.offsets, sizes), tokens=_wrap(r.tokens, sizes))
+
+
+def _paged(p: Paged, sizes: Sizes) -> Paged:
+    rows = _ragged(p.rows, sizes) if p.rows is not None else None
+    return dataclasses.replace(p, table=_operand(p.table, sizes), pages=_wrap(p.pages, sizes), rows=rows)
+
+
 def sized_spec(spec: AttnSpec, sizes: Sizes) -> AttnSpec:
-    """The spec of a symbolic piece with its dynamic sizes as `Size`s (of parameters of `sizes`)."""
+    """The spec of a symbolic piece with its dynamic sizes as `Size`s (of parameters of `sizes`): the
+    packed tensors' token counts and the page tables' operands too."""
     changes: dict[str, Any] = {"sizes": sizes}
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
@@ -120,6 +130,8 @@ def sized_spec(spec: AttnSpec, sizes: Sizes) -> AttnSpec:
             changes[f.name] = Size(value, sizes)
         elif f.name == "bias_dims" and value is not None:
             changes[f.name] = tuple(_wrap(d, sizes) for d in value)
+    changes["ragged"] = tuple((role, _ragged(r, sizes)) for role, r in spec.ragged)
+    changes["paged"] = tuple((role, _paged(p, sizes)) for role, p in spec.paged)
     return dataclasses.replace(spec, **changes)
 
 

@@ -119,8 +119,6 @@ class AttentionMatch(Match[Any]):
             return None
         try:
             spec = self._sized_spec(knobs.fp32_precision or "ieee")
-            if spec.ragged or spec.paged:  # (token counts and page tables: at the shape)
-                return None
             generated = self.template.build(spec, knobs)
         except TypeError:  # a decision on a dynamic size (sized.Size): generated at the shape
             return None

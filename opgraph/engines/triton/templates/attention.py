@@ -28,8 +28,9 @@ count and the strides they set are size arguments, the grid is evaluated per sha
 shape of the bucket runs one source and one binary; GQA packing (PACK_GQA) included, its tile rows
 masked by the run-time Sq, and split-KV (SPLIT > 1, the count a knob of the bucket: the chunk length a
 size argument, the partials' scratch laid out for the bucket's largest shape, the merging launch sized
-too; attention/split.py). Generated at each shape with the bucket's knobs, as before: TMA (the
-descriptors' shapes), packed (ragged) and paged tensors (token counts, page tables), and anything the
+too; attention/split.py); packed (ragged, THD) tensors, their token count a size argument (the packed
+outputs' zeroing launch too), and paged caches, the batch setting the grid and the tables' rows. Generated
+at each shape with the bucket's knobs, as before: TMA (the descriptors' shapes), and anything the
 generator decides by a dynamic size (a view at a dynamic offset, an explicit dropout mask's strides).
 Heads and head dims stay literals (they are never dynamic in a bucket kernel).
 """

@@ -15,9 +15,9 @@ ONELOOP, TMA.
 
 In a dynamic plan's bucket (../sizes.py, as the forward template) the launches take batch, Sq, Skv
 and the strides they set at run time (one source for the bucket), delta's scratch laid out for the
-bucket's largest shape (Generated.bucket_scratch) and indexed by the run-time sizes. Generated at
-each shape, as before: TMA configs, a dBias that broadcasts (its partials' reduction), packed (ragged)
-tensors, and anything the generator decides by a dynamic size.
+bucket's largest shape (Generated.bucket_scratch) and indexed by the run-time sizes; packed (ragged)
+tensors too, their token count a size argument. Generated at each shape, as before: TMA configs, a dBias
+that broadcasts (its partials' reduction), and anything the generator decides by a dynamic size.
 """
 
 from __future__ import annotations
