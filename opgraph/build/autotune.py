@@ -211,7 +211,7 @@ def tuning_inputs(piece: Piece) -> dict[int, Any]:
         tensors = {r: piece.tensor(u) for r, u in zip(roles, node.inputs) if isinstance(u, int)}
         for role, values in node.op.tuning_inputs(tensors).items():
             uid = node.input(role)
-            if isinstance(uid, int) and uid in piece.inputs:
+            if isinstance(uid, int) and uid in piece.inputs and uid not in out:  # (the first role's, shared)
                 out[uid] = values
     return out
 

@@ -176,7 +176,7 @@ def tuning_inputs(
     max_seq_len attribute) or the dense Sq and Skv; pages in order. Random integers are no lengths: timed on
     them, the tuner chose a config slower than the heuristic's (bench/results/constants.md#tuning-inputs)."""
     q, k = tensors["q"], tensors["k"]
-    lens = tensors.get("seq_len_q") or tensors.get("seq_len_kv")
+    lens = tensors.get("seq_len_q", tensors.get("seq_len_kv"))
     packed_q = ragged_role("q") in tensors
     b = int(lens.dim[0]) if lens is not None and packed_q else int(q.dim[0])
 
@@ -192,7 +192,8 @@ def tuning_inputs(
     else:
         lkv = length(k, ragged_role("k") in tensors, max_kv)
     values: dict[str, Any] = {"seq_len_q": lq, "seq_len_kv": lkv}
-    for role in set(FWD_RAGGED) | set(BWD_RAGGED):
+    # (one offsets tensor may serve several roles: the first role's units hold, the operands' before stats')
+    for role in sorted(set(FWD_RAGGED) | set(BWD_RAGGED), key=lambda r: (r == "stats", BWD_RAGGED.index(r))):
         rows = lkv if role in KV_SIDE else lq
         values[ragged_role(role)] = np.arange(b + 1) * rows * divisor(role)
     for r in ("k", "v"):
