@@ -10,6 +10,7 @@ naming the option.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,9 +116,10 @@ class BuildOptions:
     def modes(self) -> tuple[HeurMode, ...]:
         return as_modes(self.heur_mode)
 
-    @property
+    @functools.cached_property
     def filters(self) -> ConfigFilter:
-        """The config filters of these options (applied to heuristics and autotuning alike)."""
+        """The config filters of these options (applied to heuristics and autotuning alike; made once: a
+        dynamic plan asks at every step of every new shape)."""
         return ConfigFilter(*(getattr(self, name) for name in FILTER_OPTIONS))
 
     def replace(self, **keywords: Any) -> BuildOptions:

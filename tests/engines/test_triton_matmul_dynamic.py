@@ -261,6 +261,35 @@ HOPPER_CASES = {
 }
 
 
+@pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16], ids=lambda d: d.name)
+def test_a_buckets_matmul_ranks_one_kernel_for_the_bucket_first(dt):
+    """A Llama block's output projection over batch 1..8 x seq 1..512 (hint 3 x 16: M 48) on an H100: the
+    configs of one kernel for the bucket come first, unsplit versions of the split ones among them. At the
+    hint's M the estimate ranks split-K first in fp32; that kernel was generated and compiled again at
+    every shape (M 1 to 4096), split at every one (an H200's GPU tier caught it)."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates.matmul import TEMPLATE
+
+    h100 = Device("cuda", 0, "H100", (9, 0), 132)
+    batch, seq = og.Dim("batch", 1, 8), og.Dim("seq", 1, 512)
+    g = _graph(dt, "oproj")
+    x, w = g.tensor(dim=[batch, seq, 1024], name="x"), g.tensor(dim=[1, 1024, 1024], name="w")
+    g.add(g.matmul(x, w), g.tensor(dim=[batch, seq, 1024], name="residual")).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    static = final.in_bucket(bucket.hint_map, bucket)
+    piece = make_piece(static, 0, static.nodes)
+    cands = TEMPLATE.candidates(piece, h100)
+    one_kernel = [c.get("SPLIT_K", 1) == 1 and (not c.get("TMA") or c.get("TMA_HOST")) for c in cands]
+    assert one_kernel[0] and one_kernel.index(False) > 1 and all(one_kernel[: one_kernel.index(False)])
+    assert TEMPLATE.generate(piece, cands[0], h100).sized
+    # (a static piece of the same shape keeps the estimate's order: split-K first in fp32)
+    at_shape = make_piece(final.at(bucket.hint_map), 0, final.at(bucket.hint_map).nodes)
+    assert TEMPLATE.candidates(at_shape, h100)[0].get("SPLIT_K", 1) == (4 if dt == DT.FLOAT else 1)
+
+
 def test_sized_kernels_compile_for_hopper():
     from opgraph.core.device import Device
     from opgraph.engines.triton.templates.matmul import TEMPLATE

@@ -349,6 +349,18 @@ def test_a_math_heavy_epilogue_offers_two_programs_a_multiprocessor_for_tuning()
     assert not _occupancy(t.candidates(_piece(g), H200))
 
 
+def test_the_hopper_path_of_a_split_k_config_is_unsplit():
+    """hopper_config (and occupancy_config, which scripts/hopper_gemm_check.py --occupancy applies to the
+    heuristic's choice of every row) of a split-K config: FLATTEN wants SPLIT_K 1 (the script's row of
+    a split-K choice raised AttributeValueError on the GPU)."""
+    from opgraph.engines.triton.knobs import TileKnobs
+    from opgraph.engines.triton.templates._matmul_hopper import hopper_config, occupancy_config
+
+    split = TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, SPLIT_K=4, num_warps=4, num_stages=3)
+    for k in (hopper_config(split, H200), occupancy_config(split, H200)):
+        assert (k.SPLIT_K, k.FLATTEN, k.TMA_HOST) == (1, 1, 1) and k.PERSISTENT
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
