@@ -85,7 +85,10 @@ def config_failure(err: BaseException) -> bool:
 
 
 def cache_key(piece: Piece, device: Device, engines: Sequence[str], filters: str = "") -> str:
-    doc = {"piece": piece.signature(), "env": environment(device), "engines": sorted(engines)}
+    doc: dict[str, Any] = {"piece": piece.signature(), "env": environment(device), "engines": sorted(engines)}
+    origin = piece.graph.origin
+    if origin is not None:  # a dynamic plan's bucket: candidates decided over its ranges, not the hint's alone
+        doc["bucket"] = origin.bucket.ranges
     if filters:  # a build with config filters tunes (and remembers) apart from an unfiltered one
         doc["filters"] = filters
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:24]

@@ -198,7 +198,7 @@ class Op:
     def tuning_inputs(self, tensors: Mapping[str, TensorDesc]) -> dict[str, np.ndarray]:
         """Values, by role, for inputs that random data cannot stand for when configs are timed
         (opgraph.build.autotune): lengths, offsets, indices, in the logical dims of `tensors[role]`
-        (the op's input descriptors, by role, of a static piece). None by default (all random)."""
+        (the op's input descriptors, by role, of a static piece). Empty by default: all random."""
         return {}
 
     def normalize(self, ctx: NodeContext) -> Op:

@@ -186,7 +186,9 @@ def tuning_inputs(
 
     lq = length(q, packed_q, max_q)
     table = tensors.get("paged_attention_k_table")
-    pages = int(table.dim[2]) if table is not None else 0
+    packed_table = "paged_attention_k_table_ragged_offset" in tensors
+    # a sequence's slots: the table's, or (a packed table [1, 1, T, 1]) its rows over the batch
+    pages = (max(1, int(table.dim[2]) // b) if packed_table else int(table.dim[2])) if table is not None else 0
     if table is not None:
         lkv = min(max_kv or pages * int(k.dim[2]), pages * int(k.dim[2]))
     else:
@@ -200,7 +202,9 @@ def tuning_inputs(
         container = tensors.get(r)
         blocks = int(container.dim[0]) if container is not None else 1
         values[f"paged_attention_{r}_table"] = np.arange(b * pages) % max(blocks, 1)
-        values[f"paged_attention_{r}_table_ragged_offset"] = np.arange(b + 1) * pages
+        values[f"paged_attention_{r}_table_ragged_offset"] = (
+            np.arange(b + 1) * pages * divisor(f"paged_attention_{r}_table")
+        )
     out = {}
     for role, value in values.items():
         t = tensors.get(role)

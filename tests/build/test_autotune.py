@@ -70,6 +70,22 @@ def test_key_depends_on_the_piece_not_on_names():
     assert key(a, dev, ["triton"]) != key(a, og.Device("cpu", name="other"), ["triton"])
 
 
+def test_a_buckets_piece_is_tuned_apart_from_the_static_piece_of_its_hint():
+    """A bucket's candidates are decided over its ranges (a matmul ranks one kernel for the bucket first):
+    its answer and the static piece's of the same shape do not share a key."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.piece import make_piece
+
+    seq = og.Dim("seq", 1, 512)
+    g = og.Graph("tune", io_data_type=og.DataType.FLOAT)
+    g.relu(g.tensor(dim=[seq, 64], name="x")).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    pieces = [make_piece(f, 0, f.nodes) for f in (final.in_bucket(bucket.hint_map, bucket), final.at(bucket.hint_map))]
+    dev = og.Device("cpu")
+    assert autotune.cache_key(pieces[0], dev, ["triton"]) != autotune.cache_key(pieces[1], dev, ["triton"])
+
+
 def test_corrupt_cache_file_is_ignored(cache_dir, rng):
     (cache_dir / "tuning.json").write_text("{ not json")
     plan = _graph().build(device="cpu", engines=["triton"], autotune=True)

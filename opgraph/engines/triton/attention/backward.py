@@ -54,7 +54,7 @@ from .common import (
 )
 from .dbias import DbiasReduce, dbias_reduce
 from .forward import block_loops, fwd_ranges, generated, needs_loops
-from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
+from .ragged import exit_past_length, ragged_lines, row_base, rows_ok, zero_kernel
 from .sized import divides, upper
 from .spec import AttnSpec, BwdKnobs, Operand
 
@@ -200,8 +200,9 @@ def _dsink(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     return k
 
 
-def _common_setup(spec: AttnSpec, k: KernelText, roles: tuple[str, ...]) -> None:
+def _common_setup(spec: AttnSpec, k: KernelText, roles: tuple[str, ...], exit: list[str] | None = None) -> None:
     k.add(*seqlen_lines(spec, k))
+    k.add(*(exit or []))  # (ragged.exit_past_length: a program past its sequence's rows)
     k.add(*ragged_lines(spec, k, roles))
     k.add(*scale_lines(spec, k))
     dropout_scale_params(spec, k)
@@ -253,7 +254,9 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         f"offs_d = tl.arange(0, {dp})",
         f"offs_dv = tl.arange(0, {dvp})",
     )
-    _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dk", "dv"))
+    # (not in the fused kernel: its dK/dV part is a branch)
+    exit = exit_past_length(spec, "n0", "kv", ("dk", "dv", "dbias")) if not kn.FUSED else None
+    _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dk", "dv"), exit)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
     key_ok = f"(offs_n[:, None] < {spec.Skv})" if not divides(bn, spec.Skv) else None
@@ -500,7 +503,8 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int | None
         f"offs_d = tl.arange(0, {dp})",
         f"offs_dv = tl.arange(0, {dvp})",
     )
-    _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dq"))
+    exit = exit_past_length(spec, "m0", "q", ("dq",)) if fused is None else None
+    _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dq"), exit)
     _per_head(spec, k, 0)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None

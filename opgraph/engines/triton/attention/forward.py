@@ -47,7 +47,7 @@ from .dump import rng_dump_kernel
 from .epilogue import finish, sink_lines
 from .gqa_pack import check_packable, pack_lines, query_span
 from .paged import page_base, paged_load
-from .ragged import ragged_lines, row_base, rows_ok, zero_kernel
+from .ragged import exit_past_length, ragged_lines, row_base, rows_ok, zero_kernel
 from .sized import divides
 from .spec import AttnSpec, Coords, FwdKnobs
 from .split import combine, partial_stores, partials, split_range
@@ -151,6 +151,8 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"offs_dv = tl.arange(0, {dvp})",
     )
     k.add(*seqlen_lines(spec, k))
+    if not split and not pack:
+        k.add(*exit_past_length(spec, "m0", "q", ("o", "stats", "score_max", "score_sum_exp", "rng_dump")))
     k.add(*ragged_lines(spec, k, ("q", "k", "v") if split else None))
     k.add(*scale_lines(spec, k))
     k.add(*alibi_lines(spec))

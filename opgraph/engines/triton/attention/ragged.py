@@ -10,6 +10,8 @@ of overlapping sequences, the kernels write each row once per sequence (the last
 
 from __future__ import annotations
 
+from typing import Any
+
 from .common import KernelText, base_expr, pow2
 from .sized import symint
 from .spec import AttnSpec, Operand
@@ -67,6 +69,19 @@ def ragged_lines(spec: AttnSpec, k: KernelText, roles: tuple[str, ...] | None = 
     return lines
 
 
+def exit_past_length(spec: AttnSpec, first: str, side: str, outputs: tuple[str, ...]) -> list[str]:
+    """`if {first} >= q_len: return` (`side` "q"; "kv": kv_len): a program whose rows (from `first`) all
+    lie past its sequence's length has nothing to write where every output it writes (`outputs`, spec
+    fields) is packed, its stores bounded by the sequence's rows; else nothing. Most programs of a packed
+    launch are such: its grid spans max_seq_len's blocks (32 query blocks of a 4096 maximum for
+    sequences of 150 to 1,900 tokens), each otherwise running its setup, loads and stores masked off."""
+    lengths = spec.seq_len_q if side == "q" else spec.seq_len_kv
+    written = [r for r in outputs if getattr(spec, r, None) is not None]
+    if lengths is None or not written or any(spec.packed(r) is None for r in written):
+        return []
+    return [f"if {first} >= {side}_len:", "    return"]
+
+
 def row_base(spec: AttnSpec, role: str, op: Operand, b: str, h: str) -> str:
     """The element offset of (b, h) in `op` (the tensor under `role`), in int64: of the sequence's
     first row where the tensor is packed."""
@@ -98,10 +113,16 @@ def zero_kernel(spec: AttnSpec, name: str, roles: tuple[str, ...]) -> tuple[Kern
     )
     if any(_SHAPE[r][1] == "D" for r, _ in outs):
         k.add(f"offs_d = tl.arange(0, {pow2(spec.D)})")
-    counts = [spec.packed(r).tokens for r, _ in outs]  # type: ignore[union-attr]
-    # (a bucket kernel's: one symbolic count, the outputs packed alike; else the largest)
-    same = all(symint(c) == symint(counts[0]) for c in counts)
-    tokens = counts[0] if same else max(counts)
+    distinct: list[Any] = []
+    for c in (spec.packed(r).tokens for r, _ in outs):  # type: ignore[union-attr]
+        if not any(symint(c) == symint(d) for d in distinct):
+            distinct.append(c)
+    # programs for the most rows of an output; a bucket kernel's counts of different dynamic sizes (packed
+    # queries and keys of their own token counts): their sum, which bounds the largest (the rest masked)
+    if all(isinstance(d, int) for d in distinct):
+        tokens = max(distinct)
+    else:
+        tokens = sum(distinct[1:], distinct[0])
     for role, op in outs:
         k.param(op.name)
         t = spec.packed(role).tokens  # type: ignore[union-attr]

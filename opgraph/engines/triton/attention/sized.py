@@ -19,7 +19,7 @@ from ....core.symbolic import Expr, SymInt
 from ..gemm.template import divisible_text
 from ..sizes import Sizes
 from ..sizes import divides as divides_size
-from .spec import AttnSpec, Operand, Paged, Ragged
+from .spec import AttnSpec, Operand
 
 
 class Size:
@@ -109,30 +109,27 @@ def _operand(op: Operand, sizes: Sizes) -> Operand:
     )
 
 
-def _ragged(r: Ragged, sizes: Sizes) -> Ragged:
-    return dataclasses.replace(r, offsets=_operand(r.offsets, sizes), tokens=_wrap(r.tokens, sizes))
-
-
-def _paged(p: Paged, sizes: Sizes) -> Paged:
-    rows = _ragged(p.rows, sizes) if p.rows is not None else None
-    return dataclasses.replace(p, table=_operand(p.table, sizes), pages=_wrap(p.pages, sizes), rows=rows)
+def _sized(value: Any, sizes: Sizes) -> Any:
+    """`value` (a spec field) with every dynamic size in it a `Size`, nested ones included: an operand's
+    strides and offset, a packed tensor's token count, a page table's slots, a dropout mask's operand.
+    (A size left an expression would print as its dim's name in the kernel's text.)"""
+    if isinstance(value, Expr):
+        return Size(value, sizes)
+    if isinstance(value, Operand):
+        return _operand(value, sizes)
+    if isinstance(value, tuple):
+        return tuple(_sized(v, sizes) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _sized(getattr(value, f.name), sizes) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value
 
 
 def sized_spec(spec: AttnSpec, sizes: Sizes) -> AttnSpec:
-    """The spec of a symbolic piece with its dynamic sizes as `Size`s (of parameters of `sizes`): the
-    packed tensors' token counts and the page tables' operands too."""
-    changes: dict[str, Any] = {"sizes": sizes}
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        if isinstance(value, Operand):
-            changes[f.name] = _operand(value, sizes)
-        elif isinstance(value, Expr):
-            changes[f.name] = Size(value, sizes)
-        elif f.name == "bias_dims" and value is not None:
-            changes[f.name] = tuple(_wrap(d, sizes) for d in value)
-    changes["ragged"] = tuple((role, _ragged(r, sizes)) for role, r in spec.ragged)
-    changes["paged"] = tuple((role, _paged(p, sizes)) for role, p in spec.paged)
-    return dataclasses.replace(spec, **changes)
+    """The spec of a symbolic piece with its dynamic sizes as `Size`s (of parameters of `sizes`), in
+    every field and the dataclasses in them (`_sized`)."""
+    changes = {f.name: _sized(getattr(spec, f.name), sizes) for f in dataclasses.fields(spec) if f.name != "sizes"}
+    return dataclasses.replace(spec, sizes=sizes, **changes)
 
 
 __all__ = ["Size", "divides", "nonzero", "sized_spec", "symint", "upper"]
