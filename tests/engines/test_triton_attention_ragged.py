@@ -432,3 +432,17 @@ def test_gpu_packed_against_the_reference(io, opts):
     assert len(plan.steps) == 1, plan.describe()
     bad = check_plan(plan, rng, prepare=lambda p: prepare(p, g, lq, lkv), rtol=2e-2, atol=2e-2)
     assert not bad, "\n".join(map(str, bad))
+
+
+def _sources(g) -> str:
+    plan = g.build(device="cpu", engines=["triton"])
+    return "\n".join(s.kernel.generated.source for s in plan.steps)
+
+
+def test_programs_past_their_sequence_return_where_every_output_is_packed():
+    """The packed launch's grid spans max_seq_len's blocks: a program past its sequence's length returns
+    at once where all it writes is packed (its stores bounded by the sequence's rows); a dense O has its
+    rows past the length written (zeros), so its programs run to the end."""
+    lq, lkv = (5, 9, 30), (7, 12, 40)
+    assert "if m0 >= q_len:" in _sources(graph(lq, lkv))
+    assert "if m0 >= q_len:" not in _sources(graph(lq, lkv, pack=("q", "k", "v", "stats")))
