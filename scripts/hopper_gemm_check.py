@@ -59,6 +59,11 @@ SHAPES = [
     ("bert.up", 16384, 3072, 768, "bias", "bf16"),
     ("bert.qkv", 16384, 768, 768, "bias", "bf16"),
     ("bert.down", 16384, 768, 3072, "bias", "bf16"),
+    # the Llama zoo model's fused steps (bench/results/2026-11-29-h200-zoo-llama-infer.md): the up-projection
+    # times SiLU(gate) (an [M, N] operand in the epilogue, 107 µs a step in the model) and the output
+    # projection plus the residual
+    ("llama.up_mul", 8192, 2816, 1024, "mul", "bf16"),
+    ("llama.o_residual", 8192, 1024, 1024, "residual", "bf16"),
     ("small.512", 512, 512, 512, "", "bf16"),  # small products: the heuristic picks the path here too
     ("decode.m16", 16, 4096, 4096, "", "bf16"),
 ]
@@ -76,7 +81,11 @@ def graph_of(name: str, m: int, n: int, k: int, epi: str, dt: str) -> tuple[Any,
     b = g.tensor(dim=[k, n], stride=[1, k], name="w_t")  # an nn.Linear weight [N, K], transposed in place
     y = g.matmul(a, b, name="mm")
     t = {"a": a, "b": b}
-    if epi:
+    if epi in ("mul", "residual"):  # an [M, N] operand: SwiGLU's other half, or the residual stream
+        other = g.tensor(dim=[m, n], name="other")
+        t["other"] = other
+        y = g.mul(y, other) if epi == "mul" else g.add(y, other)
+    elif epi:
         bias = g.tensor(dim=[1, n], name="bias")
         t["bias"] = bias
         y = g.add(y, bias)
@@ -219,18 +228,15 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
     a = torch.randn(m, k, device="cuda", dtype=tdt)
     w = (torch.randn(n, k, device="cuda", dtype=torch.float32) / math.sqrt(k)).to(tdt)
     wt = w.t()
-    bias = torch.randn(n, device="cuda", dtype=tdt) if epi else None
-    ref = a.float() @ w.float().t()
-    if bias is not None:
-        ref += bias.float()
-    if epi == "bias_gelu":
-        ref = torch.nn.functional.gelu(ref, approximate="tanh")
-    if epi == "bias_gelu_erf":
-        ref = torch.nn.functional.gelu(ref)
+    bias = torch.randn(n, device="cuda", dtype=tdt) if epi.startswith("bias") else None
+    other = torch.randn(m, n, device="cuda", dtype=tdt) if epi in ("mul", "residual") else None
+    ref = reference(epi, a, w, bias, other)
     y = torch.empty(m, n, device="cuda", dtype=tdt)
     pack = {t["a"]: a, t["b"]: wt, t["y"]: y}
     if bias is not None:
         pack[t["bias"]] = bias.view(1, n)
+    if other is not None:
+        pack[t["other"]] = other
     row: dict[str, Any] = {"name": name, "m": m, "n": n, "k": k, "epilogue": epi, "dtype": dt}
     flop = 2.0 * m * n * k
     scale = ref.abs().max().item()
@@ -271,23 +277,7 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
             entry.update(ok=False, error=f"{type(err).__name__}: {err}"[:500])
         row[v] = entry
 
-    if epi == "bias_gelu":
-
-        def lib() -> Any:
-            return torch._addmm_activation(bias, a, wt, use_gelu=True)
-    elif epi == "bias_gelu_erf":  # (cuBLAS's GELU epilogue is tanh's: eager's addmm then its erf GELU kernel)
-
-        def lib() -> Any:
-            return torch.nn.functional.gelu(torch.addmm(bias, a, wt, out=y))
-    elif epi == "bias":
-
-        def lib() -> Any:
-            return torch.addmm(bias, a, wt, out=y)
-    else:
-
-        def lib() -> Any:
-            return torch.matmul(a, wt, out=y)
-
+    lib = cublas_peer(epi, a, wt, bias, other, y)
     cub: dict[str, Any] = {}
     try:
         y.fill_(float("nan"))
@@ -298,6 +288,42 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         cub.update(error=f"{type(err).__name__}: {err}"[:500])
     row["cublas"] = cub
     return row
+
+
+def reference(epi: str, a: Any, w: Any, bias: Any, other: Any) -> Any:
+    """The row's output in fp32 (torch)."""
+    import torch
+
+    ref = a.float() @ w.float().t()
+    if bias is not None:
+        ref += bias.float()
+    if epi == "mul":
+        ref *= other.float()
+    if epi == "residual":
+        ref += other.float()
+    if epi == "bias_gelu":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    if epi == "bias_gelu_erf":
+        ref = torch.nn.functional.gelu(ref)
+    return ref
+
+
+def cublas_peer(epi: str, a: Any, wt: Any, bias: Any, other: Any, y: Any) -> Any:
+    """The row's peer: cuBLAS with its own epilogue where it has one (bias, tanh GELU, a residual as C),
+    else eager's GEMM and then the epilogue's kernel."""
+    import torch
+
+    if epi == "bias_gelu":
+        return lambda: torch._addmm_activation(bias, a, wt, use_gelu=True)
+    if epi == "bias_gelu_erf":  # (cuBLAS's GELU epilogue is tanh's: eager's addmm then its erf GELU kernel)
+        return lambda: torch.nn.functional.gelu(torch.addmm(bias, a, wt, out=y))
+    if epi == "bias":
+        return lambda: torch.addmm(bias, a, wt, out=y)
+    if epi == "residual":  # (cuBLAS adds C itself: beta 1)
+        return lambda: torch.addmm(other, a, wt, out=y)
+    if epi == "mul":  # (eager: the GEMM, then the product's own kernel)
+        return lambda: torch.mul(torch.matmul(a, wt), other, out=y)
+    return lambda: torch.matmul(a, wt, out=y)
 
 
 def markdown(header: dict[str, Any], results: list[dict[str, Any]], variants: list[str]) -> str:
