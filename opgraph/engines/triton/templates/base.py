@@ -27,15 +27,16 @@ import enum
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
 from ....core.errors import AttributeValueError
 from ....core.piece import Piece
-from ....core.symbolic import SymInt, evaluate
+from ....core.symbolic import SymInt, evaluate, free_symbols, lambdify
 from ....core.tensor import TensorDesc
 from ..expr import HELPERS, custom_imports
 from ..knobs import Knobs
@@ -90,20 +91,34 @@ class Arg:
     def at_shape(self, env: Mapping[str, int]) -> Arg:
         """This argument at a shape of its bucket (`env`): a size's value, a descriptor's shape, strides
         and offset (a view's), from their expressions; anything else as it is."""
+        exprs = self.shape_exprs()
+        return self.with_values([evaluate(v, env) for v in exprs]) if exprs else self
+
+    def shape_exprs(self) -> tuple[SymInt, ...]:
+        """What this argument takes from the shape, in `with_values`' order: a size's expression; a
+        descriptor's shape, strides and offset where any is one; else nothing."""
         if self.expr is not None:
-            return evolve(self, value=evaluate(self.expr, env))
+            return (self.expr,)
         if self.kind == ArgKind.DESC and (
             self.desc_expr is not None or not all(isinstance(v, int) for v in (*self.shape, *self.strides, self.offset))
         ):
             shape, strides, offset = self.desc_expr or (self.shape, self.strides, self.offset)
-            return evolve(
-                self,
-                shape=tuple(evaluate(v, env) for v in shape),
-                strides=tuple(evaluate(v, env) for v in strides),
-                offset=evaluate(offset, env),
-                desc_expr=(shape, strides, offset),
-            )
-        return self
+            return (*shape, *strides, offset)
+        return ()
+
+    def with_values(self, values: Sequence[int]) -> Arg:
+        """This argument with the values of its `shape_exprs` at a shape."""
+        if self.expr is not None:
+            return evolve(self, value=values[0])
+        shape, strides, offset = self.desc_expr or (self.shape, self.strides, self.offset)
+        n = len(shape)
+        return evolve(
+            self,
+            shape=tuple(values[:n]),
+            strides=tuple(values[n : 2 * n]),
+            offset=values[2 * n],
+            desc_expr=(shape, strides, offset),
+        )
 
 
 @dataclass(frozen=True)
@@ -121,8 +136,22 @@ class Launch:
     def at(self, env: Mapping[str, int]) -> Launch:
         """The launch at another shape of its bucket (`env`: the dims' values): grid and sizes evaluated."""
         assert self.grid_expr is not None
-        args = tuple(a.at_shape(env) for a in self.args)
-        return evolve(self, grid=tuple(evaluate(g, env) for g in self.grid_expr), args=args)
+        return self.with_values([evaluate(v, env) for v in self.shape_exprs()])
+
+    def shape_exprs(self) -> tuple[SymInt, ...]:
+        """What the launch takes from the shape, in `with_values`' order: its grid, then its arguments'."""
+        assert self.grid_expr is not None
+        return (*self.grid_expr, *(v for a in self.args for v in a.shape_exprs()))
+
+    def with_values(self, values: Sequence[int], counts: Sequence[int] | None = None) -> Launch:
+        """The launch with the values of its `shape_exprs` at a shape (`counts`: each argument's count
+        of them, where known)."""
+        assert self.grid_expr is not None
+        at, args = len(self.grid_expr), []
+        for a, n in zip(self.args, counts or [len(a.shape_exprs()) for a in self.args]):
+            args.append(a.with_values(values[at : at + n]) if n else a)
+            at += n
+        return evolve(self, grid=tuple(values[: len(self.grid_expr)]), args=tuple(args))
 
 
 @dataclass(frozen=True)
@@ -153,8 +182,30 @@ class Generated:
 
     def at(self, env: Mapping[str, int]) -> Generated:
         """The kernels at another shape of their bucket (`env`: the dims' values; `sized` ones only):
-        the same source, the launches' grids and size arguments evaluated there."""
-        return evolve(self, launches=tuple(l.at(env) for l in self.launches))
+        the same source, the launches' grids and size arguments evaluated there, all by one call of
+        `shape_function` (a dynamic plan does this for every step at every new shape)."""
+        names, values_of, counts = self.shape_function
+        values = values_of(*(env[n] for n in names))
+        launches, at = [], 0
+        for launch, (n, per_arg) in zip(self.launches, counts):
+            launches.append(launch.with_values(values[at : at + n], per_arg))
+            at += n
+        return evolve(self, launches=tuple(launches))
+
+    @cached_property
+    def shape_function(
+        self,
+    ) -> tuple[tuple[str, ...], Callable[..., tuple[int, ...]], tuple[tuple[int, tuple[int, ...]], ...]]:
+        """What `at` evaluates, made once for a bucket kernel (its copies at every shape share it): the
+        dims' names, one function of their values giving every launch's `shape_exprs` one after the
+        other, and how many each launch takes (and each of its arguments)."""
+        per_launch = [l.shape_exprs() for l in self.launches]
+        flat = [v for exprs in per_launch for v in exprs]
+        dims = sorted({d for v in flat for d in free_symbols(v)}, key=lambda d: d.name)
+        counts = tuple(
+            (len(exprs), tuple(len(a.shape_exprs()) for a in l.args)) for l, exprs in zip(self.launches, per_launch)
+        )
+        return tuple(d.name for d in dims), lambdify(flat, dims), counts
 
 
 class Match(ABC, Generic[K]):
