@@ -533,3 +533,21 @@ def test_packed_backward_compiles_for_hopper():
         assert int(w[w.index("spills") + 1]) <= bound, w
     for case, kernel, smem, estimate in attention_smem(__name__, out):  # (the fit trusts the estimate)
         assert smem <= estimate, (case, kernel, smem, estimate)
+
+
+def test_backward_programs_past_their_sequence_return_where_every_gradient_is_packed():
+    """dQ programs past their sequence's queries and dK/dV programs past its keys return at once where the
+    gradients they write are packed; dense gradients have their rows past the lengths written (zeros)."""
+    lq, lkv = (5, 9, 30), (7, 12, 40)
+
+    def launches(**kw):
+        plan = graph(lq, lkv, **kw).build(device="cpu", engines=["triton"])
+        (bwd,) = [s for s in plan.steps if s.config.knob("template") == "attention_bwd"]
+        return bwd.kernel.generated.source
+
+    packed = launches()
+    assert "if m0 >= q_len:" in packed and "if n0 >= kv_len:" in packed
+    dense_keys = launches(pack=("q", "o", "stats", "dO", "dQ"))  # (dK, dV dense like k, v)
+    assert "if m0 >= q_len:" in dense_keys and "if n0 >= kv_len:" not in dense_keys
+    dense_queries = launches(pack=("k", "v", "dK", "dV"))
+    assert "if m0 >= q_len:" not in dense_queries and "if n0 >= kv_len:" in dense_queries
