@@ -133,22 +133,17 @@ class Launch:
     # a kernel taking its sizes at run time (sizes.py): the grid as expressions of the dynamic dims
     grid_expr: tuple[SymInt, ...] | None = None
 
-    def at(self, env: Mapping[str, int]) -> Launch:
-        """The launch at another shape of its bucket (`env`: the dims' values): grid and sizes evaluated."""
-        assert self.grid_expr is not None
-        return self.with_values([evaluate(v, env) for v in self.shape_exprs()])
-
     def shape_exprs(self) -> tuple[SymInt, ...]:
         """What the launch takes from the shape, in `with_values`' order: its grid, then its arguments'."""
         assert self.grid_expr is not None
         return (*self.grid_expr, *(v for a in self.args for v in a.shape_exprs()))
 
-    def with_values(self, values: Sequence[int], counts: Sequence[int] | None = None) -> Launch:
-        """The launch with the values of its `shape_exprs` at a shape (`counts`: each argument's count
-        of them, where known)."""
+    def with_values(self, values: Sequence[int], counts: Sequence[int]) -> Launch:
+        """The launch at another shape of its bucket (Generated.at): the values of its `shape_exprs` there,
+        `counts` how many of them each argument takes."""
         assert self.grid_expr is not None
         at, args = len(self.grid_expr), []
-        for a, n in zip(self.args, counts or [len(a.shape_exprs()) for a in self.args]):
+        for a, n in zip(self.args, counts):
             args.append(a.with_values(values[at : at + n]) if n else a)
             at += n
         return evolve(self, grid=tuple(values[: len(self.grid_expr)]), args=tuple(args))

@@ -115,6 +115,11 @@ class MatmulTemplate(TileTemplate):
     main_label = "matmul"
     dot_roles = ("A", "B")
 
+    def sized_knobs(self, knobs: TileKnobs) -> bool:
+        """Whether a config's kernel can take a dynamic plan's sizes at run time (MatmulMatch.kernels):
+        not split-K, not device-side TMA (the attention templates answer the same question)."""
+        return knobs.split_k == 1 and (not knobs.tma or knobs.tma_host)
+
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])
         rank = len(c.dim)
@@ -153,7 +158,7 @@ class MatmulMatch(TileMatch):
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
         (`bucket`; not split-K, not device-side TMA), else the kernels at the piece's shape."""
-        if self.bucket is not None and self.sized_knobs(k):
+        if self.bucket is not None and self.template.sized_knobs(k):
             gp, origin = self.bucket
             bucket = MatmulMatch(self.template, gp, self.device)
             bucket.sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
@@ -217,15 +222,10 @@ class MatmulMatch(TileMatch):
         # the split ones offered too). The others (split-K, device-side TMA) are generated and compiled
         # again at every new shape, and the estimate ranking them is the hint's: an fp32 GEMM of M 48 (the
         # hint of M 1..4096) chose split-K 4, then run at M 4096 too.
-        return self.bucket is not None and not self.sized_knobs(c)
+        return self.bucket is not None and not self.template.sized_knobs(c)
 
     def _rank(self, c: TileKnobs) -> tuple[bool, float]:
         return self._per_shape(c), self._cost(c)
-
-    @staticmethod
-    def sized_knobs(k: TileKnobs) -> bool:
-        """Whether a config's kernel can take the bucket's sizes at run time (`kernels`)."""
-        return k.split_k == 1 and (not k.tma or k.tma_host)
 
     def accepts(self, knobs: TileKnobs) -> bool:
         """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
