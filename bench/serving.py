@@ -13,8 +13,10 @@ random weights), eval, bf16, returning the logits. The requests: batch 1-16 and 
   torch.compile dynamic   torch.compile(module, dynamic=True), its compiles inside the loop
 
 Reported per implementation: the loop's wall time (the import, every build and compilation
-included), each request's time and, for opgraph, which requests built something (the plan's `stats`
-before and after), and what ran it (opgraph: the steps by engine of the plan at the range's maximum).
+included), each request's time and, for opgraph, which requests built something (a bucket planned, a
+kernel generated or compiled, a step's kernel built again at the shape: the plan's `stats` before and
+after, BUILDS) and the time of the requests at a new shape that built nothing (the bucket's kernels
+re-pointed), and what ran it (opgraph: the steps by engine of the plan at the range's maximum).
 Checked after the loop (checking first would warm the caches the loop is timed from): the first
 requests' and the sampled requests' outputs, and the static plans', against the float64 module. The
 sampled requests are also timed alone (CUDA events, median of 10 after a warm-up), each against a
@@ -43,6 +45,8 @@ from .peers.torch_peers import EAGER_ENGINE, INDUCTOR_ENGINE
 IMPLS = ("opgraph", "torch eager", "torch.compile dynamic")
 ENGINES = {"torch eager": EAGER_ENGINE, "torch.compile dynamic": INDUCTOR_ENGINE + ", dynamic=True"}
 CHECKED = 3  # requests whose outputs are checked against float64
+# the dynamic plan's counters that move when a request builds (a new shape alone moves shape_plans)
+BUILDS = ("bucket_plans", "rechosen", "replans", "runtime_compiles", "shape_kernels", "shape_builds", "compiled")
 SAMPLED = 6  # requests timed alone (and, for opgraph, against a static plan of their shape)
 
 
@@ -141,7 +145,14 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     reqs = requests(args.requests, cfg, args.seed)
     module = _model(cfg, device, torch.float32 if device == "cpu" else torch.bfloat16)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    out: dict[str, Any] = {"impl": name, "device": device, "requests": reqs, "request_ms": [], "built": []}
+    out: dict[str, Any] = {
+        "impl": name,
+        "device": device,
+        "requests": reqs,
+        "request_ms": [],
+        "built": [],
+        "new_shapes": [],
+    }
     with torch.no_grad():
         start = time.perf_counter()
         call, plan_of = _caller(name, module, cfg, device)
@@ -154,8 +165,10 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             sync()
             out["request_ms"].append(1e3 * (time.perf_counter() - t))
             after = _stats(plan_of()) if plan_of else {}
-            if after != before:
+            if any(after.get(k) != before.get(k) for k in BUILDS):
                 out["built"].append({"request": i, "shape": shape, "stats": after})
+            elif after.get("shape_plans") != before.get("shape_plans"):
+                out["new_shapes"].append(i)  # a new shape, the bucket's kernels re-pointed
         out["wall_s"] = time.perf_counter() - start
         out["served"] = len(out["request_ms"])
         reqs = reqs[: out["served"]]
@@ -220,8 +233,9 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"# Serving loop: {args.requests} requests (seed {args.seed}), cold caches",
         "",
         "| implementation | engine | requests served | loop wall s | vs torch.compile dynamic "
-        "| median request ms | requests that built | worst error vs float64 | request alone / static plan |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| median request ms | requests that built | new shapes re-pointed (median ms) "
+        "| worst error vs float64 | request alone / static plan |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in ok:
         full = compiled is not None and r["served"] == compiled["served"] == args.requests
@@ -229,11 +243,12 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         static = [a["ms"] / a["static_ms"] for a in r["alone"] if "static_ms" in a]
         vs_static = f"{min(static):.2f}-{max(static):.2f}x" if static else "—"
         built = len(r["built"]) if r["impl"] == "opgraph" else "—"
+        fresh = [r["request_ms"][i] for i in r.get("new_shapes", ())]
+        repointed = f"{len(fresh)} ({statistics.median(fresh):.2f})" if fresh else ("0" if built != "—" else "—")
         median = statistics.median(r["request_ms"]) if r["request_ms"] else float("nan")
         lines.append(
             f"| {r['impl']} | {r['engine']} | {r['served']} of {args.requests} | {r['wall_s']:.1f} | {ratio} | "
-            f"{median:.2f} | "
-            f"{built} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} |"
+            f"{median:.2f} | {built} | {repointed} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} |"
         )
     for r in results:
         if "error" in r:

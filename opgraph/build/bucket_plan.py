@@ -7,10 +7,11 @@ A shape of the bucket then gets the bucket's schedule carried to it (`schedule_a
 pieces over the shape's static graph and the same configs, each step's kernel from its engine
 (`Engine.kernel_at`): a kernel taking its sizes at run time is re-pointed (its grids and size
 arguments evaluated at the shape, no generation, no compilation), any other compiled again at the
-shape with the same config. Only a step whose config does not run the piece at that shape has its
-config chosen again there (the schedule's `stats["rechosen"]`), and only a piece no engine runs at
-that shape re-plans the whole shape (`stats["replanned"]`; the dynamic plan counts both). The workspace layout and the binding are the
-shape's (the runtime makes them from the schedule).
+shape with the same config (the schedule's `stats["rebuilt"]` counts those). Only a step whose config
+does not run the piece at that shape has its config chosen again there (the schedule's
+`stats["rechosen"]`), and only a piece no engine runs at that shape re-plans the whole shape
+(`stats["replanned"]`; the dynamic plan counts all three). The workspace layout and the binding are
+the shape's (the runtime makes them from the schedule).
 
 One choice is made again at every shape, by its policy: a decode attention's split-KV (split_kv.at_shape:
 the split the estimate gives at the shape, among the configs the bucket offered; `stats["resplit"]`
@@ -88,7 +89,8 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
     base = planned.schedule
     dev = base.device
     usable = usable_engines(opts.engines, dev)
-    stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0, "resplit": []}  # (resplit: the step indices)
+    # (resplit: the step indices; rebuilt: steps whose engine built their kernel again at the shape)
+    stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0, "resplit": [], "rebuilt": 0}
     steps = []
     with sessions(usable):
         for step, where in zip(base.steps, planned.positions):
@@ -104,6 +106,7 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
             if shaped_kernel is not None and opts.filters.rejects_kernel(shaped_kernel) is None:
                 if config is not step.config:
                     stats["resplit"].append(step.index)
+                stats["rebuilt"] += not shaped_kernel.repointed
                 others = step.alternatives if config is step.config else (step.config, *step.alternatives)
                 alternatives = tuple(c for c in others if c is not config)
                 steps.append(Step(step.index, piece, config, shaped_kernel, alternatives))

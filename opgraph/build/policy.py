@@ -48,6 +48,7 @@ class PieceFacts:
     anchor: str
     ops: int
     conv: ConvShape | None = None
+    bucketed: bool = False  # planned for a dynamic plan's bucket of more than one shape
 
     @classmethod
     def of(cls, piece: Piece) -> PieceFacts:
@@ -59,7 +60,9 @@ class PieceFacts:
             or nodes[0]
         )
         conv = conv_shape(piece, anchor) if anchor.kind in CONV_KINDS else None
-        return cls(anchor.kind, len(nodes), conv)
+        origin = piece.graph.origin
+        bucketed = origin is not None and any(lo != hi for _, lo, hi in origin.bucket.ranges)
+        return cls(anchor.kind, len(nodes), conv, bucketed)
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,12 @@ class Match:
     image_types: frozenset[DataType] | None = None  # the data type of the conv's image
     filter_row_above: int | None = None  # taps on the filter's last spatial axis, more than
     fact: PieceFact | None = None
+    bucketed: bool | None = None  # the piece is planned for a bucket of several shapes
 
     def holds(self, piece: PieceFacts, reported: EngineFacts) -> bool:
         if self.kinds is not None and piece.anchor not in self.kinds:
+            return False
+        if self.bucketed is not None and piece.bucketed != self.bucketed:
             return False
         if self.max_ops is not None and piece.ops > self.max_ops:
             return False
@@ -119,6 +125,14 @@ class Rule:
 
 _FPROP = frozenset({"conv_fprop"})
 RULES: tuple[Rule, ...] = (
+    Rule(
+        "cudnn",
+        Match(kinds=ATTENTION_KINDS, bucketed=True),
+        False,
+        "attention in a bucket of several shapes: a cuDNN plan is built again at each new shape, the "
+        "generated kernel serves them all",
+        evidence=f"{EVIDENCE}#bucket-attention",
+    ),
     Rule(
         "cudnn",
         Match(kinds=ATTENTION_KINDS),

@@ -4,6 +4,7 @@ notes, an engine's verdict on a piece (`Support`) and one way to run a piece (`E
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -104,8 +105,12 @@ class EngineConfig:
     why: str = field(default="", compare=False)  # the heuristic's reason for this config's rank
     measured_us: float | None = field(default=None, compare=False)  # set by autotuning
 
+    @functools.cached_property
+    def _knob_map(self) -> dict[str, Any]:  # (not a field: equality, hashing and files see `knobs`)
+        return dict(self.knobs)
+
     def knob(self, name: str, default: Any = None) -> Any:
-        return dict(self.knobs).get(name, default)
+        return self._knob_map.get(name, default)
 
     def __str__(self) -> str:
         knobs = " ".join(f"{k}={v}" for k, v in self.knobs)

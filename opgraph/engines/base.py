@@ -134,6 +134,9 @@ class Kernel(ABC):
 
     scratch_bytes: int = 0  # private workspace the kernel needs, provided by the plan as `scratch`
     needs_torch_stream: bool = True  # launches through PyTorch's current stream
+    # made by Engine.kernel_at from a bucket's kernel without building anything (no generation, no
+    # compilation, no library planning): a dynamic plan counts the steps of a new shape that built
+    repointed: bool = False
 
     def __init__(self, piece: Piece, config: EngineConfig) -> None:
         self.piece = piece
@@ -223,6 +226,10 @@ class Engine(ABC):
     # whether a piece's outputs are written only once all of it was computed (copied out): an op may
     # then write its result over an input it reads at other elements (a one-op matmul over its own A)
     writes_after_compute: ClassVar[bool] = False
+    # whether the engine's kernels take every size from the piece's tensors when they run and its config
+    # does not depend on them: a kernel is then made again at another shape of its bucket with nothing
+    # generated, compiled or planned (kernel_at: `repointed`)
+    sizes_at_run_time: ClassVar[bool] = False
 
     @abstractmethod
     def available(self, device: Device) -> Support:
@@ -250,11 +257,16 @@ class Engine(ABC):
         its graph's `origin` names the shape), with the same config; None where that config does not
         run the piece at this shape (the build then chooses the piece's config again there). The
         default compiles the config for the piece where the engine supports it and still offers the
-        config there (its knobs and notes, among the broadest mode's configs); an engine whose kernels
-        take their sizes at run time returns its kernel re-pointed, compiling nothing."""
+        config there (its knobs and notes, among the broadest mode's configs), or, for an engine of
+        `sizes_at_run_time`, makes the kernel again with nothing generated; an engine whose kernels take
+        their sizes at run time returns its kernel re-pointed. Either marks it `repointed`."""
         if not self.supports(piece, device).ok:
             return None
         c = kernel.config
+        if self.sizes_at_run_time:
+            shaped = self.compile(piece, c, device)
+            shaped.repointed = True
+            return shaped
         offered = self.configs(piece, device, HeurMode.B)
         if not any(
             (o.knobs, o.numerical_notes, o.behavior_notes) == (c.knobs, c.numerical_notes, c.behavior_notes)

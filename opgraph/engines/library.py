@@ -235,6 +235,26 @@ class LibraryEngine(Engine):
         """Its parts' compile specs are their engines': the generated prologue's and epilogue's (triton)."""
         return get_engine(ENGINE_OF["epilogue"]).compiler()
 
+    def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
+        """The kernel at another shape of its bucket: each part from its own engine's `kernel_at` (a
+        generated prologue or epilogue taking its sizes at run time re-pointed, the library call made
+        again for the part), `repointed` where every part is; the engine's default where a part's
+        engine has no kernel for it there."""
+        if isinstance(kernel, LibraryKernel):
+            parts = split(piece, kernel.config.knob("precision", "exact"))
+            if not isinstance(parts, str) and [r for r, _ in parts] == [r for r, _, _ in kernel.parts]:
+                shaped = []
+                for (role, sub), (_, _, part) in zip(parts, kernel.parts):
+                    at = get_engine(part.config.engine).kernel_at(part, sub, device)
+                    if at is None:
+                        break
+                    shaped.append((role, sub, at))
+                else:
+                    out = LibraryKernel(piece, kernel.config, shaped)
+                    out.repointed = all(k.repointed for _, _, k in shaped)
+                    return out
+        return super().kernel_at(kernel, piece, device)
+
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         compiled = []
         for role, sub in self._checked_parts(piece, config):

@@ -57,6 +57,7 @@ class ReferenceKernel(Kernel):
 class ReferenceEngine(Engine):
     name = "reference"
     writes_after_compute = True
+    sizes_at_run_time = True  # NumPy's, from the arrays; one config for every piece
 
     def available(self, device: Device) -> Support:
         if device.is_cuda:

@@ -26,7 +26,9 @@ generated at the shape with the bucket's config, counted in `stats["shape_kernel
 `OPGRAPH_LOG=info` with the shape that caused them, as is each bucket's first use. The workspace
 layout and the binding are the shape's. `stats` counts buckets planned, per-shape plans, steps whose
 config was chosen again at a shape (`rechosen`), steps whose split-KV a shape decided anew
-(`resplits`), shapes planned anew (`replans`) and workspace growths (`workspace_grown`).
+(`resplits`), shapes planned anew (`replans`), steps of a shape whose engine built their kernel
+again rather than re-pointing the bucket's (`shape_builds`: a cuDNN plan, a kernel with its sizes
+compiled in) and workspace growths (`workspace_grown`).
 
 The shared workspace makes a thread's executes of different shapes share scratch, as a static plan's
 executes share its workspace: a thread that runs shapes on several streams at once (or replays CUDA
@@ -123,7 +125,8 @@ class DynamicPlan(ExecutionPlan):
         # made from them; their steps whose config was chosen again at a shape, and shapes planned anew
         # (a piece no engine ran there); per-shape plans dropped; distinct kernel sources; new ones met
         # after the build (each compiled or loaded), those of a bucket already used (kernels generated
-        # per shape); binaries the per-shape builds compiled (CUDA)
+        # per shape); steps of a shape whose kernel its engine built again rather than re-pointed (a
+        # cuDNN plan, a kernel with its sizes compiled in); binaries the per-shape builds compiled (CUDA)
         self.stats = {
             "bucket_plans": 0,
             "shape_plans": 0,
@@ -134,6 +137,7 @@ class DynamicPlan(ExecutionPlan):
             "kernels": 0,
             "runtime_compiles": 0,
             "shape_kernels": 0,
+            "shape_builds": 0,
             "compiled": 0,
             "workspace_grown": 0,
         }
@@ -284,6 +288,7 @@ class DynamicPlan(ExecutionPlan):
             )
         schedule = schedule_at(planned, self.graph.in_bucket(shape, bucket), self.options)
         self.stats["rechosen"] += schedule.stats.get("rechosen", 0)
+        self.stats["shape_builds"] += schedule.stats.get("rebuilt", 0)
         resplit = set(schedule.stats.get("resplit", ()))
         self.stats["resplits"] += len(resplit)
         self.stats["replans"] += int(bool(schedule.stats.get("replanned")))
@@ -493,8 +498,8 @@ class DynamicPlan(ExecutionPlan):
             f"  dynamic dims: {', '.join(d.describe() for d in self.symbols.values())}",
             *self._bucket_lines(),
             f"  per-shape plans: {len(shapes)} cached of at most {self.shape_plans} (least recently used "
-            f"dropped first); built {built}, dropped {dropped} "
-            f"(stats: shape_plans={built}, evictions={dropped})",
+            f"dropped first); built {built}, dropped {dropped}, {self.stats['shape_builds']} of their steps "
+            f"built again rather than re-pointed (stats: shape_plans={built}, evictions={dropped}, shape_builds)",
             "  shapes kept (least recently used first): " + ("; ".join(shapes) or "-"),
             f"  workspace: one per thread for every shape, {self.workspace_size} bytes (the range's maximum), "
             f"grown {self.stats['workspace_grown']} time(s) for a shape that needed more (stats: workspace_grown)",

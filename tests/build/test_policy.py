@@ -129,6 +129,28 @@ def test_attention_leads_where_worth_a_launch():
     assert estimate_us(whole(small), H100) < CUDNN_BAR and not leads(small, H100)
 
 
+def test_attention_in_a_bucket_of_several_shapes_is_the_generated_kernels():
+    """A cuDNN plan is built again at every new shape of a bucket; the generated attention is one
+    kernel for the bucket: it goes first there, cuDNN still leads where the bucket is one shape."""
+    import opgraph as og
+    from opgraph.core.bucket import Bucket
+
+    seq = og.Dim("seq", 1, 4096)
+    g = og.Graph("att", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    q, k, v = (g.tensor(dim=[4, 16, seq, 128], name=n) for n in "qkv")
+    g.sdpa(q, k, v, attn_scale=0.088, use_causal_mask=True, generate_stats=False)[0].set_output(True)
+    cudnn = get_engine("cudnn")
+
+    def at(lo, hi):
+        static = g.final.in_bucket({"seq": 2048}, Bucket(0, (("seq", lo, hi),), (("seq", 2048),)))
+        return make_piece(static, 0, list(static.nodes))
+
+    assert estimate_us(at(2048, 2048), H100) >= CUDNN_BAR
+    assert POLICY.leads(at(2048, 2048), cudnn, H100)
+    assert PieceFacts.of(at(1025, 4096)).bucketed and not POLICY.leads(at(1025, 4096), cudnn, H100)
+    assert not PieceFacts.of(whole(g)).bucketed
+
+
 def test_nothing_leads_on_the_cpu_where_nothing_is_estimated():
     assert not leads(conv_bias_relu(n=32, c=64, k=64, hw=56), CPU)
 

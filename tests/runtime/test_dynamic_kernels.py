@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.engines import get_engine
 from opgraph.engines.triton import loader
 from opgraph.runtime.dynamic import DynamicPlan
 from opgraph.testing import compare, random_pack, reference_outputs
@@ -259,7 +260,7 @@ def test_one_kernel_per_bucket_serves_every_shape(name, monkeypatch):
             assert "_OG_SIZES" in source  # sizes are run-time arguments
             kernels.setdefault((plan.buckets.of((b, s)).index, i), set()).add((source, step.config.knobs))
     assert all(len(k) == 1 for k in kernels.values()), kernels  # one kernel a bucket and step, whatever the shape
-    assert plan.stats["shape_kernels"] == 0
+    assert plan.stats["shape_kernels"] == 0 and plan.stats["shape_builds"] == 0  # every step re-pointed
     assert plan.stats["kernels"] == len({k for ks in kernels.values() for k in ks})
     assert len(set(loads)) == len(loads) <= len(kernels)  # a generated module loaded once per source
     for b, s in shapes(seed=1):  # more shapes of the buckets already used: nothing new
@@ -286,7 +287,32 @@ def test_an_unconverted_piece_is_a_kernel_per_shape_and_counted():
     for b, s in [(2, 3), (3, 5), (2, 3)]:
         run_at(plan, env_of(b, s), rng)
     assert plan.stats["shape_kernels"] == 2  # (the range's maximum was built at build)
+    assert plan.stats["shape_builds"] == plan.stats["shape_plans"] == 3  # (the maximum too): one step each
     assert "2 of them per shape" in plan.describe()
+
+
+@pytest.mark.parametrize("engine", ["reference", "torch", "library"])
+def test_library_torch_and_reference_kernels_are_re_pointed_at_a_new_shape(engine, monkeypatch):
+    """PyTorch reads the sizes at run time and the library engine's generated epilogue takes them at run
+    time: a new shape of a bucket builds nothing, whichever engine ran the bucket, and runs right."""
+    g = og.Graph("mm", io_data_type=og.DataType.FLOAT, compute_data_type=og.DataType.FLOAT)
+    x, w = g.tensor(dim=[B, S, 8], name="x"), g.tensor(dim=[1, 8, 4], name="w")
+    b = g.tensor(dim=[1, 1, 4], name="b")
+    g.relu(g.add(g.matmul(x, w), b)).set_output(True).set_name("y")
+    plan = g.build(device="cpu", engines=[engine], buckets="one")
+    rng = np.random.default_rng(9)
+    run_at(plan, env_of(2, 3), rng)
+    generated = []
+    triton = get_engine("triton")
+    real = triton.compile
+    monkeypatch.setattr(triton, "compile", lambda *a, **k: generated.append(a) or real(*a, **k))
+    for b_, s_ in [(3, 5), (16, 37), (1, 1), (7, 13)]:
+        run_at(plan, env_of(b_, s_), rng)
+    steps = plan.at(env_of(7, 13)).steps
+    assert {st.config.engine for st in steps} == {engine}
+    assert plan.stats["shape_builds"] == 0 and plan.stats["rechosen"] == 0
+    assert all(st.kernel.repointed for st in steps)
+    assert not generated  # (the library engine's epilogue: not generated again)
 
 
 def test_an_execute_at_a_seen_shape_builds_nothing(monkeypatch):

@@ -196,6 +196,7 @@ def _torch_installed() -> bool:
 class TorchEngine(Engine):
     name = "torch"
     writes_after_compute = True
+    sizes_at_run_time = True  # PyTorch reads them from the tensors; the config depends on the ops alone
 
     def available(self, device: Device) -> Support:
         if not _torch_installed():

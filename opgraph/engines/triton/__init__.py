@@ -137,6 +137,7 @@ class TritonKernel(Kernel):
         other.piece = piece
         other.generated = self.generated.at(env)
         other.launchers = self._launchers(other.generated)
+        other.repointed = True
         return other
 
     def source(self) -> str:
