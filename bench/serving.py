@@ -109,6 +109,26 @@ def _caller(name: str, module: Any, cfg: dict[str, Any], device: str) -> tuple[A
     return (lambda ids: imported.run(ids, reuse_outputs=True)), (lambda: imported.plan(device))
 
 
+def _environment(device: str) -> str:
+    """The machine and software, as the results' header names them."""
+    import platform
+
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "CPU"
+    commit = os.environ.get("OPGRAPH_COMMIT", "unknown")
+    return (
+        f"{gpu}; Python {platform.python_version()}, PyTorch {torch.__version__}, Triton {triton_version}, "
+        f"cuDNN {torch.backends.cudnn.version()}; opgraph {commit}"
+    )
+
+
 def _stats(plan: Any) -> dict[str, Any]:
     return dict(getattr(plan, "stats", {}) or {})
 
@@ -148,6 +168,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "impl": name,
         "device": device,
+        "env": _environment(device),
         "requests": reqs,
         "request_ms": [],
         "built": [],
@@ -229,8 +250,11 @@ def _run_child(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any
 def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     ok = [r for r in results if "error" not in r]
     compiled = next((r for r in ok if r["impl"] == "torch.compile dynamic"), None)
+    env = next((r["env"] for r in ok if "env" in r), "")
     lines = [
         f"# Serving loop: {args.requests} requests (seed {args.seed}), cold caches",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {env}. `python -m bench.serving`: see its docstring.",
         "",
         "| implementation | engine | requests served | loop wall s | vs torch.compile dynamic "
         "| median request ms | requests that built | new shapes re-pointed (median ms) "
