@@ -46,3 +46,39 @@ def test_a_kernel_compiled_by_a_worker_counts_once_when_this_process_reads_it_ba
     assert compiler.STATS["compiled"] - before["compiled"] == 3
     assert compiler.STATS["loaded"] - before["loaded"] == 3
     assert set(compiler._BINARIES) == {"a", "b", "c"}
+
+
+HELPERS = """import triton
+import triton.language as tl
+
+
+def _og_helper(x):
+    # a comment the canonical text drops
+    y = x + 1
+    return y
+"""
+
+
+def _module(names: tuple[str, str, str], second: str) -> str:
+    a, b, c = names
+    return (
+        f"{HELPERS}\n\ndef kernel({a}, {b}):\n    {c} = tl.load({a})\n    tl.store({b}, _og_helper({c}))\n"
+        f"\n\ndef kernel_2({a}, {b}):\n    {second} = tl.load({a}) * 2\n    tl.store({b}, {second})\n"
+    )
+
+
+def test_the_canonical_text_renames_every_kernels_names_and_keeps_the_helpers():
+    """Modules differing only in their kernels' parameter and local names share a digest, whichever
+    kernel the names are in; the helpers before the first kernel are the module's own (parsed once a
+    process): the text is the whole module's unparsed, kernels renamed."""
+    import ast
+
+    one = _module(("p1", "p2", "t3"), "t4")
+    other = _module(("p7", "p9", "t10"), "t11")
+    assert compiler._alpha_renamed(one) == compiler._alpha_renamed(other)
+    assert compiler._alpha_renamed(one) != compiler._alpha_renamed(_module(("p1", "p2", "t3"), "p2"))
+    text = compiler._alpha_renamed(one)
+    assert "_og_helper(x)" in text and "y = x + 1" in text and "comment" not in text
+    assert "p1" not in text and "t4" not in text  # (both kernels renamed)
+    assert text == compiler._alpha_renamed(one)  # the helpers' text from the process's memo
+    assert ast.unparse(ast.parse(HELPERS)) in text

@@ -83,9 +83,30 @@ def scratch_type(dtype: str) -> str:
 _CANON: dict[str, str] = {}
 
 
+_PRELUDES: dict[str, str] = {}  # a module's text before its first kernel -> that text unparsed
+
+
 def _alpha_renamed(source: str) -> str:
     """The module with each kernel's parameters and local variables renamed by order of appearance:
-    kernels that differ only in those names (UIDs, in generated code) become the same text."""
+    kernels that differ only in those names (UIDs, in generated code) become the same text. The
+    helpers before the first kernel (the same few hundred lines in most modules) are parsed once a
+    process; joined with two newlines, as unparsing the whole module joins them."""
+    import ast
+
+    cut = source.find("\ndef kernel")
+    if cut > 0:
+        prelude = source[: cut + 1]
+        head = _PRELUDES.get(prelude)
+        if head is None:
+            if len(_PRELUDES) >= 64:
+                _PRELUDES.clear()
+            head = _PRELUDES[prelude] = ast.unparse(ast.parse(prelude))
+        tail = _kernels_renamed(source[cut + 1 :])
+        return f"{head}\n\n{tail}" if head else tail
+    return _kernels_renamed(source)
+
+
+def _kernels_renamed(source: str) -> str:
     import ast
 
     tree = ast.parse(source)
