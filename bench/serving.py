@@ -122,11 +122,21 @@ def _environment(device: str) -> str:
     except ImportError:
         triton_version = "none"
     gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "CPU"
-    commit = os.environ.get("OPGRAPH_COMMIT", "unknown")
+    commit = os.environ.get("OPGRAPH_COMMIT") or _git_commit()
+    cudnn = torch.backends.cudnn.version()
+    cudnn_text = f"{cudnn // 10000}.{cudnn // 100 % 100}" if cudnn else "none"
     return (
         f"{gpu}; Python {platform.python_version()}, PyTorch {torch.__version__}, Triton {triton_version}, "
-        f"cuDNN {torch.backends.cudnn.version()}; opgraph {commit}"
+        f"cuDNN {cudnn_text}; opgraph {commit}"
     )
+
+
+def _git_commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
 
 
 def _stats(plan: Any) -> dict[str, Any]:
@@ -168,7 +178,6 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "impl": name,
         "device": device,
-        "env": _environment(device),
         "requests": reqs,
         "request_ms": [],
         "built": [],
@@ -191,6 +200,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             elif after.get("shape_plans") != before.get("shape_plans"):
                 out["new_shapes"].append(i)  # a new shape, the bucket's kernels re-pointed
         out["wall_s"] = time.perf_counter() - start
+        out["env"] = _environment(device)  # (after the loop: its imports are not the loop's)
         out["served"] = len(out["request_ms"])
         reqs = reqs[: out["served"]]
         reference = copy.deepcopy(module).double()

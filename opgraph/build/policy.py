@@ -22,11 +22,13 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..core.dtypes import DataType
+from ..core.symbolic import free_symbols
 from ..engines.base import EngineFacts, PieceFact
 from ..engines.shared.conv_shapes import CONV_KINDS, FEW_CHANNELS, NARROW_GROUP, ConvShape, conv_shape
 
 if TYPE_CHECKING:
     from ..core.device import Device
+    from ..core.ir import Node
     from ..core.piece import Piece
     from ..engines.base import Engine
 
@@ -43,12 +45,13 @@ LEAD_ABOVE_US: Mapping[str, float] = MappingProxyType({"cudnn": 10.0})
 class PieceFacts:
     """What the rules read of a piece's shape: its anchor (the op its kernel is built around: the
     first attention node, else the first convolution, else the first matmul, else the first node),
-    the anchor's convolution shape where it is one, and the number of ops."""
+    the anchor's convolution shape where it is one, the number of ops, and whether the piece is
+    planned for a dynamic plan's bucket whose shapes change the anchor's operands (`bucketed`)."""
 
     anchor: str
     ops: int
     conv: ConvShape | None = None
-    bucketed: bool = False  # planned for a dynamic plan's bucket of more than one shape
+    bucketed: bool = False
 
     @classmethod
     def of(cls, piece: Piece) -> PieceFacts:
@@ -60,9 +63,23 @@ class PieceFacts:
             or nodes[0]
         )
         conv = conv_shape(piece, anchor) if anchor.kind in CONV_KINDS else None
-        origin = piece.graph.origin
-        bucketed = origin is not None and any(lo != hi for _, lo, hi in origin.bucket.ranges)
-        return cls(anchor.kind, len(nodes), conv, bucketed)
+        return cls(anchor.kind, len(nodes), conv, _bucketed(piece, anchor))
+
+
+def _bucketed(piece: Piece, anchor: Node) -> bool:
+    """Whether a dim that varies over the piece's bucket sizes one of the anchor's operands."""
+    origin = piece.graph.origin
+    if origin is None:
+        return False
+    varying = {name for name, lo, hi in origin.bucket.ranges if lo != hi}
+    symbolic = origin.graph.tensors
+    return any(
+        d.name in varying
+        for u in (*anchor.input_uids(), *anchor.output_uids())
+        if u in symbolic
+        for size in symbolic[u].dim
+        for d in free_symbols(size)
+    )
 
 
 @dataclass(frozen=True)
@@ -130,7 +147,7 @@ RULES: tuple[Rule, ...] = (
         Match(kinds=ATTENTION_KINDS, bucketed=True),
         False,
         "attention in a bucket of several shapes: a cuDNN plan is built again at each new shape, the "
-        "generated kernel serves them all",
+        "generated kernel (taking its sizes at run time) serves them all",
         evidence=f"{EVIDENCE}#bucket-attention",
     ),
     Rule(

@@ -257,9 +257,10 @@ class Engine(ABC):
         its graph's `origin` names the shape), with the same config; None where that config does not
         run the piece at this shape (the build then chooses the piece's config again there). The
         default compiles the config for the piece where the engine supports it and still offers the
-        config there (its knobs and notes, among the broadest mode's configs), or, for an engine of
-        `sizes_at_run_time`, makes the kernel again with nothing generated; an engine whose kernels take
-        their sizes at run time returns its kernel re-pointed. Either marks it `repointed`."""
+        config there (its knobs and notes, among the broadest mode's configs); for an engine of
+        `sizes_at_run_time` it makes the kernel again with nothing generated and marks it `repointed`.
+        Engines override it to re-point what takes its sizes at run time (the Triton engine's bucket
+        kernels, the library engine's parts), marking the kernel `repointed` too."""
         if not self.supports(piece, device).ok:
             return None
         c = kernel.config

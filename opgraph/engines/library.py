@@ -240,8 +240,9 @@ class LibraryEngine(Engine):
         generated prologue or epilogue taking its sizes at run time re-pointed, the library call made
         again for the part), `repointed` where every part is; the engine's default where a part's
         engine has no kernel for it there."""
-        if isinstance(kernel, LibraryKernel):
-            parts = split(piece, kernel.config.knob("precision", "exact"))
+        precision = kernel.config.knob("precision", "exact")
+        if isinstance(kernel, LibraryKernel) and (precision != "native" or native_graph(piece) is not None):
+            parts = split(piece, precision)
             if not isinstance(parts, str) and [r for r, _ in parts] == [r for r, _, _ in kernel.parts]:
                 shaped = []
                 for (role, sub), (_, _, part) in zip(parts, kernel.parts):

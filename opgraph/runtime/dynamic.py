@@ -499,7 +499,8 @@ class DynamicPlan(ExecutionPlan):
             *self._bucket_lines(),
             f"  per-shape plans: {len(shapes)} cached of at most {self.shape_plans} (least recently used "
             f"dropped first); built {built}, dropped {dropped}, {self.stats['shape_builds']} of their steps "
-            f"built again rather than re-pointed (stats: shape_plans={built}, evictions={dropped}, shape_builds)",
+            f"built again rather than re-pointed (stats: shape_plans={built}, evictions={dropped}, "
+            f"shape_builds={self.stats['shape_builds']})",
             "  shapes kept (least recently used first): " + ("; ".join(shapes) or "-"),
             f"  workspace: one per thread for every shape, {self.workspace_size} bytes (the range's maximum), "
             f"grown {self.stats['workspace_grown']} time(s) for a shape that needed more (stats: workspace_grown)",

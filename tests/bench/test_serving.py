@@ -30,6 +30,10 @@ def test_dry_run_serves_every_request_and_checks_it(tmp_path):
         assert r["engine"], r  # every row names what ran it
     ours = by_impl["opgraph"]
     assert ours["built"] and ours["built"][0]["request"] == 0  # the first request builds
+    built = {b["request"] for b in ours["built"]}
+    assert len(built) == ours["built"][-1]["stats"]["bucket_plans"]  # a bucket's first request only builds
+    assert ours["new_shapes"] and not built & set(ours["new_shapes"])  # the others re-pointed its kernels
+    assert "opgraph" in ours["env"] and "PyTorch" in ours["env"]
     assert all("static_ms" in a for a in ours["alone"])
     assert ours["engine"] == "reference" and len(ours["errors"]) == 2 * len(ours["alone"])  # (the static plans too)
     assert "|" in (tmp_path / result.name.replace(".json", ".md")).read_text()

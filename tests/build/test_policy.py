@@ -135,20 +135,23 @@ def test_attention_in_a_bucket_of_several_shapes_is_the_generated_kernels():
     import opgraph as og
     from opgraph.core.bucket import Bucket
 
-    seq = og.Dim("seq", 1, 4096)
+    seq, other = og.Dim("seq", 1, 4096), og.Dim("other", 1, 64)
     g = og.Graph("att", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
     q, k, v = (g.tensor(dim=[4, 16, seq, 128], name=n) for n in "qkv")
     g.sdpa(q, k, v, attn_scale=0.088, use_causal_mask=True, generate_stats=False)[0].set_output(True)
+    g.relu(g.tensor(dim=[other, 8], name="x")).set_output(True)  # a dim the attention does not read
     cudnn = get_engine("cudnn")
 
-    def at(lo, hi):
-        static = g.final.in_bucket({"seq": 2048}, Bucket(0, (("seq", lo, hi),), (("seq", 2048),)))
-        return make_piece(static, 0, list(static.nodes))
+    def at(seq_range, other_range=(64, 64)):
+        ranges = (("seq", *seq_range), ("other", *other_range))
+        static = g.final.in_bucket({"seq": 2048, "other": 64}, Bucket(0, ranges, (("seq", 2048), ("other", 64))))
+        return make_piece(static, 0, [n for n in static.nodes if n.kind == "sdpa"])
 
-    assert estimate_us(at(2048, 2048), H100) >= CUDNN_BAR
-    assert POLICY.leads(at(2048, 2048), cudnn, H100)
-    assert PieceFacts.of(at(1025, 4096)).bucketed and not POLICY.leads(at(1025, 4096), cudnn, H100)
-    assert not PieceFacts.of(whole(g)).bucketed
+    assert estimate_us(at((2048, 2048)), H100) >= CUDNN_BAR
+    assert POLICY.leads(at((2048, 2048)), cudnn, H100)
+    assert PieceFacts.of(at((1025, 4096))).bucketed and not POLICY.leads(at((1025, 4096)), cudnn, H100)
+    assert not PieceFacts.of(at((2048, 2048), (1, 64))).bucketed  # only a dim it does not read varies
+    assert POLICY.leads(at((2048, 2048), (1, 64)), cudnn, H100)
 
 
 def test_nothing_leads_on_the_cpu_where_nothing_is_estimated():

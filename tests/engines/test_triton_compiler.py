@@ -80,5 +80,9 @@ def test_the_canonical_text_renames_every_kernels_names_and_keeps_the_helpers():
     text = compiler._alpha_renamed(one)
     assert "_og_helper(x)" in text and "y = x + 1" in text and "comment" not in text
     assert "p1" not in text and "t4" not in text  # (both kernels renamed)
-    assert text == compiler._alpha_renamed(one)  # the helpers' text from the process's memo
-    assert ast.unparse(ast.parse(HELPERS)) in text
+    assert text == compiler._kernels_renamed(one)  # the whole module's text, parsed at once
+    assert compiler._PRELUDES[one[: one.index("\ndef kernel") + 1]] == ast.unparse(ast.parse(HELPERS))
+    decorated = one.replace("\ndef kernel(", "\n@triton.jit\ndef kernel(", 1)
+    assert compiler._alpha_renamed(decorated) == compiler._kernels_renamed(decorated)  # (no cut there)
+    bare = one[one.index("def kernel(") :]
+    assert compiler._alpha_renamed(bare) == compiler._kernels_renamed(bare)

@@ -116,7 +116,7 @@ def test_describe_says_dynamic_dims_cache_and_shapes():
     k += 1
     assert lines[k] == (
         "  per-shape plans: 3 cached of at most 3 (least recently used dropped first); built 4, dropped 1, "
-        "0 of their steps built again rather than re-pointed (stats: shape_plans=4, evictions=1, shape_builds)"
+        "0 of their steps built again rather than re-pointed (stats: shape_plans=4, evictions=1, shape_builds=0)"
     )
     assert lines[k + 1] == "  shapes kept (least recently used first): batch=3 seq=7; batch=2 seq=5; batch=1 seq=1"
     assert lines[k + 2] == (

@@ -94,16 +94,20 @@ def _alpha_renamed(source: str) -> str:
     import ast
 
     cut = source.find("\ndef kernel")
-    if cut > 0:
-        prelude = source[: cut + 1]
-        head = _PRELUDES.get(prelude)
-        if head is None:
-            if len(_PRELUDES) >= 64:
-                _PRELUDES.clear()
-            head = _PRELUDES[prelude] = ast.unparse(ast.parse(prelude))
-        tail = _kernels_renamed(source[cut + 1 :])
-        return f"{head}\n\n{tail}" if head else tail
-    return _kernels_renamed(source)
+    if cut <= 0 or source.startswith("def kernel"):
+        return _kernels_renamed(source)
+    prelude = source[: cut + 1]
+    head = _PRELUDES.get(prelude)
+    if head is None:
+        try:
+            head = ast.unparse(ast.parse(prelude))
+        except SyntaxError:  # (not cut between top-level statements: a decorated kernel, a string)
+            return _kernels_renamed(source)
+        if len(_PRELUDES) >= 64:
+            _PRELUDES.clear()
+        _PRELUDES[prelude] = head
+    tail = _kernels_renamed(source[cut + 1 :])
+    return f"{head}\n\n{tail}" if head else tail
 
 
 def _kernels_renamed(source: str) -> str:
