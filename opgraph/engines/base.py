@@ -122,10 +122,9 @@ class RunLauncher(Launcher):
 
     def __init__(self, kernel: Kernel, binding: Binding, scratch: Any) -> None:
         self.kernel, self.buffers, self.scratch = kernel, binding.buffers, scratch
-        super().__init__([(self._run, ())])
-
-    def _run(self) -> None:
-        self.kernel.run(self.buffers, None, self.scratch)
+        # (the kernel's method, not one of this launcher's: no reference cycle to leave to the
+        # garbage collector when a plan is dropped)
+        super().__init__([(kernel.run, (binding.buffers, None, scratch))])
 
 
 class Kernel(ABC):

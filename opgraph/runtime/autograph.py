@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any
 
 from ..core.config import BehaviorNote
@@ -43,7 +44,9 @@ class AutoGraph:
 
     def __init__(self, bound: Any) -> None:
         state = bound.state
-        self.bound = bound
+        # (a proxy: the bound plan owns this object, and a cycle between them would leave every
+        # per-shape plan a dynamic plan drops to the garbage collector's full passes)
+        self.bound = weakref.proxy(bound)
         self.enabled = state.device.is_cuda and all(
             BehaviorNote.CUDA_GRAPH_CAPTURABLE in s.config.behavior_notes for s in state.steps
         )

@@ -56,7 +56,8 @@ def test_a_binding_that_keeps_changing_stops_being_captured(monkeypatch):
     """After MAX_CAPTURES graphs invalidated one after the other, the binding launches flat for good."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    ag = autograph.AutoGraph(_Bound())
+    bound = _Bound()  # (kept: the graph holds its bound plan by a weak proxy, as the plan owns it)
+    ag = autograph.AutoGraph(bound)
     replayed = []
 
     class _Graph:
@@ -97,7 +98,8 @@ def test_one_capture_at_a_time(monkeypatch):
     tries again later."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    ag = autograph.AutoGraph(_Bound())
+    bound = _Bound()  # (kept: the graph holds its bound plan by a weak proxy, as the plan owns it)
+    ag = autograph.AutoGraph(bound)
     captured = []
     monkeypatch.setattr(ag, "_capture", lambda _torch: captured.append(1) or False)
     with autograph._CAPTURING:

@@ -315,6 +315,29 @@ def test_library_torch_and_reference_kernels_are_re_pointed_at_a_new_shape(engin
     assert not generated  # (the library engine's epilogue: not generated again)
 
 
+@pytest.mark.parametrize("engine", ["triton", "torch", "reference"])
+def test_a_dropped_shape_plan_is_freed_without_the_garbage_collector(engine):
+    """A serving loop drops a per-shape plan at almost every request: with no reference cycle in it
+    (launchers holding their own methods, a bound plan and its graph), it is freed when dropped, not
+    left to the collector's full passes over the process's heap."""
+    import gc
+    import weakref
+
+    plan = graph_of(bias_relu).build(device="cpu", engines=[engine], shape_plans=1)
+    rng = np.random.default_rng(10)
+    run_at(plan, env_of(2, 3), rng)
+    at = plan.at(env_of(2, 3))
+    dropped = [weakref.ref(at), *(weakref.ref(step.kernel) for step in at.steps)]  # (the launchers hold these)
+    del at
+    gc.collect()
+    gc.disable()
+    try:
+        run_at(plan, env_of(3, 5), rng)  # (the LRU keeps one shape: batch 2 x seq 3 is dropped)
+        assert [ref() for ref in dropped] == [None] * len(dropped)
+    finally:
+        gc.enable()
+
+
 def test_an_execute_at_a_seen_shape_builds_nothing(monkeypatch):
     g = graph_of(per_batch_scale)
     plan = g.build(device="cpu", engines=["triton"])

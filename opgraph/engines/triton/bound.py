@@ -17,7 +17,7 @@ bind, and each call runs the interpreter.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,10 +39,7 @@ class _JitLaunch:
 
     def __init__(self, launcher: Any, args: list[Any]) -> None:
         self.launcher, self.args = launcher, args
-        self.call = (self._run, ())
-
-    def _run(self) -> None:
-        self.launcher(self.args, None)
+        self.call = (launcher, (args, None))  # (not a method of this object: no reference cycle)
 
 
 class TritonLauncher(Launcher):
@@ -179,8 +176,8 @@ class InterpretedLauncher(Launcher):
     def __init__(self, kernel: Any, binding: Binding, scratch: Any) -> None:
         super().__init__()
         self.kernel, self.binding, self.scratch = kernel, binding, scratch
-        self._args = self._build()
-        self.calls = [(self._run, ())]
+        self._args = [self._build()]  # (a cell rebind refills: the call holds it, not this launcher)
+        self.calls = [(_run_interpreted, (self._args, kernel.launchers))]
 
     def _build(self) -> list[list[Any]]:
         from . import _as_torch
@@ -207,15 +204,16 @@ class InterpretedLauncher(Launcher):
         return out
 
     def rebind(self, uids: Iterable[int]) -> bool:
-        self._args = self._build()
+        self._args[0] = self._build()
         return False
 
-    def _run(self) -> None:
-        # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
-        # about them are noise; JITFunctions the kernels call run interpreted too (interpret.py)
-        with np.errstate(all="ignore"), interpreting_here():
-            for args, launcher in zip(self._args, self.kernel.launchers):
-                launcher(args, None)
+
+def _run_interpreted(cell: list[list[list[Any]]], launchers: Sequence[Any]) -> None:
+    # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
+    # about them are noise; JITFunctions the kernels call run interpreted too (interpret.py)
+    with np.errstate(all="ignore"), interpreting_here():
+        for args, launcher in zip(cell[0], launchers):
+            launcher(args, None)
 
 
 __all__ = ["InterpretedLauncher", "TritonLauncher", "compiler"]
