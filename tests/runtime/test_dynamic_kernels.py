@@ -315,6 +315,20 @@ def test_library_torch_and_reference_kernels_are_re_pointed_at_a_new_shape(engin
     assert not generated  # (the library engine's epilogue: not generated again)
 
 
+def test_a_re_pointed_kernel_makes_its_jit_launchers_only_when_asked():
+    """A bound plan on CUDA launches binaries natively and reads only the grids: the copy of a bucket
+    kernel at each new shape makes no Triton JIT launchers unless something (the interpreter) asks."""
+    plan = graph_of(bias_relu).build(device="cpu", engines=["triton"], buckets="one")
+    run_at(plan, env_of(2, 3), np.random.default_rng(11))
+    kernel = plan.at(env_of(7, 13)).steps[0].kernel
+    assert kernel.repointed and "launchers" not in vars(kernel)
+    grids = [kernel.grid(i) for i in range(len(kernel.generated.launches))]
+    assert all(len(g) == 3 for g in grids) and grids[0][: len(kernel.generated.launches[0].grid)] == tuple(
+        kernel.generated.launches[0].grid
+    )
+    assert [launcher.grid for launcher in kernel.launchers] == grids  # (made now, this shape's)
+
+
 @pytest.mark.parametrize("engine", ["triton", "torch", "reference"])
 def test_a_dropped_shape_plan_is_freed_without_the_garbage_collector(engine):
     """A serving loop drops a per-shape plan at almost every request: with no reference cycle in it

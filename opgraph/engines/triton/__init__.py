@@ -7,6 +7,7 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import threading
 from collections import OrderedDict
@@ -111,9 +112,20 @@ class TritonKernel(Kernel):
         self.device_index = device.index if device is not None else 0
         self.module = load_module(generated.source, interpret=interpret)
         self.scratch_bytes = generated.scratch_bytes
-        self.launchers = self._launchers(generated)
         self._needs_allocator = "needs_allocator" in generated.notes and not interpret
         self._specs: list[compiler.KernelSpec | None] | None = None
+
+    @functools.cached_property
+    def launchers(self) -> list[Launcher]:
+        """Triton's JIT launchers of the launches (the interpreter's and `run`'s; a bound plan on CUDA
+        launches the compiled binaries natively and never asks: a dynamic plan's copy of the kernel at
+        each new shape makes none)."""
+        return self._launchers(self.generated)
+
+    def grid(self, i: int) -> tuple[int, int, int]:
+        """Launch i's grid, three-dimensional."""
+        grid = tuple(self.generated.launches[i].grid)
+        return (*grid, *(1,) * (3 - len(grid)))  # type: ignore[return-value]
 
     def _launchers(self, generated: Generated) -> list[Launcher]:
         return [
@@ -136,7 +148,7 @@ class TritonKernel(Kernel):
         other = copy.copy(self)
         other.piece = piece
         other.generated = self.generated.at(env)
-        other.launchers = self._launchers(other.generated)
+        other.__dict__.pop("launchers", None)  # (this shape's, made if asked)
         other.repointed = True
         return other
 
@@ -219,7 +231,7 @@ class TritonKernel(Kernel):
         align = int(binary.meta("global_scratch_align") or 1)
         if not per_program:
             return 0, align
-        gx, gy, gz = self.launchers[i].grid
+        gx, gy, gz = self.grid(i)
         return gx * gy * gz * per_program + align, align
 
     def artifacts(self) -> list[Any]:

@@ -126,7 +126,7 @@ class TritonLauncher(Launcher):
             types = [ty for _, ty in spec.runtime]  # type: ignore[union-attr]
             out = native.NativeLaunch(
                 function,
-                self.kernel.launchers[li].grid,
+                self.kernel.grid(li),
                 int(binary.meta("num_warps", 4)),
                 int(binary.meta("shared", 0)),
                 types,
