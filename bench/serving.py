@@ -110,33 +110,16 @@ def _caller(name: str, module: Any, cfg: dict[str, Any], device: str) -> tuple[A
 
 
 def _environment(device: str) -> str:
-    """The machine and software, as the results' header names them."""
-    import platform
+    """The machine and software, as the results' header names them (from bench.env.meta, as the suite's)."""
+    from .env import meta
 
-    import torch
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "CPU"
-    commit = os.environ.get("OPGRAPH_COMMIT") or _git_commit()
-    cudnn = torch.backends.cudnn.version()
+    m = meta(device)
+    cudnn = m["cudnn"]
     cudnn_text = f"{cudnn // 10000}.{cudnn // 100 % 100}" if cudnn else "none"
     return (
-        f"{gpu}; Python {platform.python_version()}, PyTorch {torch.__version__}, Triton {triton_version}, "
-        f"cuDNN {cudnn_text}; opgraph {commit}"
+        f"{m['device']}; Python {m['python']}, PyTorch {m['torch']}, Triton {m['triton']}, cuDNN {cudnn_text}, "
+        f"cuDNN frontend {m['cudnn_frontend']}; opgraph {m['opgraph_commit']}"
     )
-
-
-def _git_commit() -> str:
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return done.stdout.strip() or "unknown"
 
 
 def _stats(plan: Any) -> dict[str, Any]:

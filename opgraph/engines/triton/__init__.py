@@ -33,7 +33,7 @@ from .bound import InterpretedLauncher, TritonLauncher
 from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
 from .knobs import Knobs
-from .launch import Launcher
+from .launch import Launcher, grid3
 from .loader import load_module, module_file, module_name
 from .rewrite import fp8_fill, typed_scalars
 from .templates import discover
@@ -124,8 +124,7 @@ class TritonKernel(Kernel):
 
     def grid(self, i: int) -> tuple[int, int, int]:
         """Launch i's grid, three-dimensional."""
-        grid = tuple(self.generated.launches[i].grid)
-        return (*grid, *(1,) * (3 - len(grid)))  # type: ignore[return-value]
+        return grid3(self.generated.launches[i].grid)
 
     def _launchers(self, generated: Generated) -> list[Launcher]:
         return [

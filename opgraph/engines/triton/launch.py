@@ -29,12 +29,17 @@ def _stream_getter(device_index: int) -> Any:
     return lambda: torch.cuda.current_stream(device_index).cuda_stream
 
 
+def grid3(grid: tuple[int, ...]) -> tuple[int, int, int]:
+    """A launch grid of one to three dims as CUDA takes it: three, the missing ones 1."""
+    return (*grid, *(1,) * (3 - len(grid)))  # type: ignore[return-value]
+
+
 class Launcher:
     def __init__(
         self, fn: Any, grid: tuple[int, ...], meta: dict[str, Any], direct: bool, device_index: int = 0
     ) -> None:
         self.fn = fn
-        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.grid = grid3(grid)
         self.meta = meta
         self.direct = direct
         self.device_index = device_index
