@@ -4,7 +4,8 @@
 (Kernel.compile_specs: the Triton engine's generated kernels, the library engine's parts), keeps one
 per distinct kernel (the repeated blocks of a network generate identical kernels) and hands them to
 the compiler of the step's engine (Engine.compiler(): the Triton engine's takes what this process or
-Triton's disk cache already has and compiles the rest in worker processes, one per core). A rich progress bar appears when that takes more than PROGRESS_AFTER
+Triton's disk cache already has and compiles the rest in worker processes, one per core, so a
+compiler that aborts fails its kernel, not the process). A rich progress bar appears when that takes more than PROGRESS_AFTER
 seconds (OPGRAPH_PROGRESS=0 hides it). A step whose kernel fails to compile gives way to its next
 alternative config, as a config that fails to build does in the planner. compile="serial" compiles
 in this process, one kernel after the other; compile="lazy" leaves each kernel to its first execute.
@@ -100,7 +101,9 @@ def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list
     )
     out = list(steps)
     for i in sorted({i for key in report.failed for i in owners[key]}):
-        out[i] = _replace(out[i], device, {k: report.failed[k] for k in report.failed if i in owners[k]})
+        out[i] = _replace(
+            out[i], device, {k: report.failed[k] for k in report.failed if i in owners[k]}, parallel=mode == "parallel"
+        )
     return out, stats
 
 
@@ -154,10 +157,11 @@ def merged(reports: Iterable[CompileReport]) -> CompileReport:
     return out
 
 
-def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
-    """The step with its first alternative config whose kernels compile (compiled here, and checked as
-    the batch was: a kernel over the device's shared memory fails its compile, so an alternative with
-    the same tiles as the failed config is not taken either)."""
+def _replace(step: Any, device: Device, errors: dict[str, str], *, parallel: bool) -> Any:
+    """The step with its first alternative config whose kernels compile (where the build's mode
+    compiles: in workers unless compile="serial"; checked as the batch was: a kernel over the device's
+    shared memory fails its compile, so an alternative with the same tiles as the failed config is not
+    taken either)."""
     why = "; ".join(errors.values())
     log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
     for alt in step.alternatives:
@@ -166,7 +170,7 @@ def _replace(step: Any, device: Device, errors: dict[str, str]) -> Any:
             kernel = engine.compile(step.piece, alt, device)
             compiler = engine.compiler()
             specs = {spec.key: (spec, fn) for spec, fn in kernel.compile_specs()}
-            failed = compiler.compile_all(specs, parallel=False).failed if compiler is not None and specs else {}
+            failed = compiler.compile_all(specs, parallel=parallel).failed if compiler is not None and specs else {}
             if failed:
                 raise ExecutionError("; ".join(failed.values()), rule="build.compile_failed")
         except Exception as err:  # noqa: BLE001 - the next alternative

@@ -9,6 +9,8 @@ What the shim adapts (docs/attention.md, "cuDNN's names"):
     modifier reads (cuDNN's flexible graphs): the op does not take them as its padding lengths;
   - a ragged tensor's offsets count elements; the op reads them as rows (ragged.py), and its buffer
     may be smaller than its padded dims;
+  - a dense band that leaves query rows with no key (S_q > S_kv, no padding mask, a bottom-right
+    diagonal or a left bound) is refused as cuDNN refuses it (GRAPH_NOT_SUPPORTED);
   - an unread Stats output (`o, _ = sdpa(..., is_inference=False)`) is dropped;
   - `implementation`: AUTO lets opgraph choose; COMPOSITE prefers the cudnn engine (cuDNN's own
     composite SDPA), UNIFIED the generated kernels; either falls back to the torch engine for what it
@@ -68,6 +70,34 @@ def _refuse(what: str) -> Any:
 
     method.__name__ = what
     return method
+
+
+def _refuse_rows_without_keys(rec: Any) -> None:
+    """cuDNN's refusals of dense bands that leave whole query rows with no key (S_q > S_kv without the
+    padding mask, under a bottom-right diagonal or a left bound): cuDNN raises GRAPH_NOT_SUPPORTED there,
+    so programs written for it slice Q or take another path, and no result is defined for the rows.
+    opgraph's own `og.Graph.sdpa` runs these graphs (such rows: O 0)."""
+    op = rec.op
+    if op.use_padding_mask or op.ragged_offset_strides or op.max_seq_len_kv is not None:
+        return
+    ins = dict(zip(op.input_roles(), rec.inputs))
+    q, k = ins.get("q"), ins.get("k")
+    dims_q, dims_k = getattr(q, "_dim", None), getattr(k, "_dim", None)
+    if not dims_q or not dims_k or len(dims_q) != 4 or len(dims_k) != 4 or dims_q[2] <= dims_k[2]:
+        return
+    if op.bottom_right and op.right_bound is not None:
+        what = "a bottom-right causal mask (diagonal_band_right_bound with BOTTOM_RIGHT alignment)"
+    elif op.sliding_window_length is not None:
+        what = "a sliding window (diagonal_band_left_bound)"
+    else:
+        return
+    raise cudnnGraphNotSupportedError(
+        f"{what} with q's S_q={dims_q[2]} > k's S_kv={dims_k[2]} and no padding mask leaves query rows with no key",
+        op=rec.name,
+        rule="cudnn.band_sq_gt_skv",
+        hint="as cuDNN asks: slice Q to its last S_kv rows (S_q <= S_kv), or give seq_len_q / seq_len_kv with "
+        "use_padding_mask=True; opgraph's own og.Graph.sdpa runs the graph as it is (such rows: O 0)",
+    )
 
 
 class AttentionGraph:
@@ -294,6 +324,7 @@ class AttentionGraph:
             if not isinstance(rec.op, (Sdpa, SdpaBackward)) or id(rec) in self._attention_done:
                 continue
             self._attention_done.add(id(rec))
+            _refuse_rows_without_keys(rec)
             if isinstance(rec.op, Sdpa):
                 st = rec.outputs[1]
                 if st is not None and st.is_virtual and id(st) not in read:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..build.compile import compile_steps
 from ..build.filters import OPTIONS as FILTER_OPTIONS
 from ..build.filters import ConfigFilter
 from ..build.heuristics import rank_configs
@@ -169,8 +170,10 @@ class Planner:
 
     # -- building ----------------------------------------------------------------------------------
     def build(self, candidate: Candidate) -> ExecutionPlan:
-        """Compile every piece with its config: an ExecutionPlan (ExecutionError when a kernel does
-        not compile, UnsupportedGraphError when one needs more workspace than the filters allow)."""
+        """Compile every piece with its config, its kernels too (in worker processes, as cuDNN's
+        build_plan compiles): an ExecutionPlan (ExecutionError when a kernel does not compile, so
+        build_plans goes on to the next candidate; UnsupportedGraphError when one needs more workspace
+        than the filters allow)."""
         steps: list[Step] = []
         for piece, config in zip(self.pieces, candidate.configs):
             kernel = get_engine(config.engine).compile(piece, config, self.device)
@@ -183,6 +186,7 @@ class Planner:
                     hint="raise deselect_workspace_greater_than, or pick another plan",
                 )
             steps.append(Step(len(steps), piece, config, kernel))
+        steps, _ = compile_steps(steps, self.device, "parallel")  # (a kernel that fails: ExecutionError)
         return ExecutionPlan(self.graph, self.device, tuple(steps), tuple(self.cuts))
 
 

@@ -187,7 +187,8 @@ class Compiler(Protocol):
     """An engine's ahead-of-time compiler (`Engine.compiler()`). Specs are what its kernels'
     `compile_specs()` give, (spec, payload) pairs, a spec's `key` naming the compiled kernel (identical
     kernels, one key). `compile_all` makes every spec's result available ({key: (spec, payload)}),
-    reporting failures rather than raising them; `compile_here` compiles one in this process (raising)."""
+    reporting failures rather than raising them; `compile_here` makes one available (raising), compiling
+    it in a worker process when `isolated`, else in this one."""
 
     def compile_all(
         self,
@@ -197,7 +198,7 @@ class Compiler(Protocol):
         progress: Callable[[int, int], None] | None = None,
     ) -> CompileReport: ...
 
-    def compile_here(self, spec: Any, fn: Any) -> Any: ...
+    def compile_here(self, spec: Any, fn: Any, *, isolated: bool = False) -> Any: ...
 
 
 class PieceFact(enum.Enum):

@@ -660,6 +660,45 @@ def test_fp8_attention_is_refused_as_unsupported():
         g.sdpa_fp8(q, k, v)
 
 
+BANDS_WITHOUT_KEYS = {
+    "bottom_right_causal": {"diagonal_band_right_bound": 0, "diagonal_alignment": "BOTTOM_RIGHT"},
+    "top_left_window": {"diagonal_band_left_bound": 2, "diagonal_band_right_bound": 0},
+    "bottom_right_window": {"diagonal_band_left_bound": 2, "diagonal_alignment": "BOTTOM_RIGHT"},
+}
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("band", list(BANDS_WITHOUT_KEYS))
+def test_bands_leaving_rows_without_keys_are_refused_as_cudnn_refuses_them(band, backward):
+    """S_q > S_kv, no padding mask: cuDNN's GRAPH_NOT_SUPPORTED (NVIDIA's tests skip on it); S_q <= S_kv,
+    or with the padding mask, build."""
+    opts = dict(BANDS_WITHOUT_KEYS[band])
+    opts["diagonal_alignment"] = getattr(cudnn.diagonal_alignment, opts.get("diagonal_alignment", "TOP_LEFT"))
+
+    def graph(sq, skv, padding=False):
+        g = cudnn.pygraph(io_data_type=HALF, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
+        q = g.tensor(dim=(1, 2, sq, 8), stride=(16 * sq, 8 * sq, 8, 1), data_type=HALF)
+        k, v = (g.tensor(dim=(1, 2, skv, 8), stride=(16 * skv, 8 * skv, 8, 1), data_type=HALF) for _ in range(2))
+        more = dict(opts)
+        if padding:
+            lens = [g.tensor(dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=INT32) for _ in range(2)]
+            more |= {"use_padding_mask": True, "seq_len_q": lens[0], "seq_len_kv": lens[1]}
+        o, st = g.sdpa(q=q, k=k, v=v, generate_stats=True, attn_scale=0.5, **more)
+        o.set_output(True)
+        st.set_output(True).set_data_type(FLOAT)
+        if backward:
+            do = g.tensor(dim=(1, 2, sq, 8), stride=(16 * sq, 8 * sq, 8, 1), data_type=HALF)
+            for x in g.sdpa_backward(q=q, k=k, v=v, o=o, dO=do, stats=st, attn_scale=0.5, **more):
+                x.set_output(True)
+        return g
+
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="leaves query rows with no key") as err:
+        graph(12, 5).validate()
+    assert "cudnn.band_sq_gt_skv" in str(err.value) and "slice Q" in str(err.value)
+    graph(5, 12).validate()
+    graph(12, 5, padding=True).validate()
+
+
 def test_implementation_values_and_engines():
     assert [m.name for m in cudnn.attention_implementation] == ["AUTO", "COMPOSITE", "UNIFIED"]
     g, q, k, v = _qkv_graph()

@@ -86,3 +86,28 @@ def test_the_canonical_text_renames_every_kernels_names_and_keeps_the_helpers():
     assert compiler._alpha_renamed(decorated) == compiler._kernels_renamed(decorated)  # (no cut there)
     bare = one[one.index("def kernel(") :]
     assert compiler._alpha_renamed(bare) == compiler._kernels_renamed(bare)
+
+
+def test_a_compiler_that_aborts_fails_its_kernel_not_this_process(tmp_path, monkeypatch):
+    """Triton 3.6's LLVM aborted the process on one generated attention backward (an SLPVectorizer
+    assertion, H200, NVIDIA's test_mhas_v2 ragged case 203): a kernel compiled for a bind, or one
+    missing kernel of a build, compiles in a worker process, whose death is a typed error here. The
+    module below aborts the interpreter that imports it, as that compiler did; the pool then serves on."""
+    from opgraph.core.errors import ExecutionError
+    from opgraph.engines.triton.pool import WorkerPool
+
+    pool = WorkerPool(1)
+    monkeypatch.setattr("opgraph.engines.triton.pool.shared_pool", lambda: pool)
+    path = tmp_path / "og_aborts.py"
+    path.write_text("import os\nos.abort()\n")
+    spec = compiler.KernelSpec(
+        str(path), "og_aborts", "kernel", (("x", "*fp32"),), (), (0,), (("num_warps", 4),), ("cuda", 90, 32)
+    )
+    try:
+        with pytest.raises(ExecutionError, match=r"kernel kernel \(og_aborts\) failed to compile: .*exited") as err:
+            compiler.compile_here(spec, None, isolated=True)
+        assert err.value.rule == "triton.compile_failed"
+        report = compiler.compile_all({spec.key: (spec, None)}, parallel=True, pool=pool)
+        assert "exited" in report.failed[spec.key] and spec.key not in compiler._BINARIES
+    finally:
+        pool.close()

@@ -202,12 +202,13 @@ class TritonKernel(Kernel):
         return out
 
     def binary(self, i: int) -> compiler.KernelBinary | None:
-        """Launch i's binary: from the registry, else compiled now (a lazy build's first bind)."""
+        """Launch i's binary: from the registry, else compiled now in a worker process (a lazy build's
+        first bind: ExecutionError, not a crash, when the compiler fails)."""
         spec = self.spec(i)
         if spec is None:
             return None
         return compiler.registered(spec) or compiler.compile_here(
-            spec, getattr(self.module, self.generated.launches[i].kernel)
+            spec, getattr(self.module, self.generated.launches[i].kernel), isolated=True
         )
 
     def global_scratch_bytes(self) -> dict[int, int]:

@@ -386,9 +386,13 @@ def _cached(spec: KernelSpec, fn: Any) -> KernelBinary | None:
         return None
 
 
-def compile_here(spec: KernelSpec, fn: Any, *, compiled_elsewhere: bool = False) -> KernelBinary:
-    """Compile (or find in the caches) in this process, and register the binary. `compiled_elsewhere`:
-    a worker has just compiled it (and was counted), so this reads its result: counted as loaded."""
+def compile_here(
+    spec: KernelSpec, fn: Any, *, compiled_elsewhere: bool = False, isolated: bool = False
+) -> KernelBinary:
+    """Find the spec's binary in the caches, else compile it, and register it. `isolated`: the compile
+    runs in a worker process, so a compiler that aborts (an LLVM assertion) fails the kernel, not this
+    process (ExecutionError); else in this process. `compiled_elsewhere`: a worker has just compiled
+    it (and was counted), so this reads its result: counted as loaded."""
     found = registered(spec)
     if found is not None:
         return found
@@ -397,6 +401,10 @@ def compile_here(spec: KernelSpec, fn: Any, *, compiled_elsewhere: bool = False)
         STATS["loaded"] += 1
     else:
         found = _cached(spec, fn)
+        if found is None and isolated:
+            _compile_in_worker(spec)
+            found = _cached(spec, fn)
+            compiled_elsewhere = True
         if found is None:
             kernel, hit = compile_spec(fn, spec.job())
             STATS["compiled" if not (hit or compiled_elsewhere) else "loaded"] += 1
@@ -407,6 +415,25 @@ def compile_here(spec: KernelSpec, fn: Any, *, compiled_elsewhere: bool = False)
     return found
 
 
+def _compile_in_worker(spec: KernelSpec, pool: Any = None) -> None:
+    """Compile one spec in a compile worker (its result left in Triton's cache); ExecutionError when
+    the compiler fails or the worker dies."""
+    from .pool import shared_pool
+
+    answers: list[dict[str, Any]] = []
+    (pool or shared_pool()).run([{**spec.job(), "id": "0"}], lambda job, answer: answers.append(answer))
+    answer = answers[0] if answers else {"ok": False, "error": "no answer from the compile worker"}
+    if not answer.get("ok"):
+        log.info("compiling %s failed in a worker: %s", spec.kernel, answer.get("trace") or answer.get("error"))
+        raise ExecutionError(
+            f"kernel {spec.kernel} ({spec.module}) failed to compile: {answer.get('error')}",
+            rule="triton.compile_failed",
+            hint="build the graph with another engine or config (the compiler's own message is logged with "
+            "OPGRAPH_LOG=info), and report the graph",
+        )
+    STATS["compiled"] += not answer.get("cache_hit")
+
+
 def compile_all(
     specs: Mapping[str, tuple[KernelSpec, Any]],
     *,
@@ -415,8 +442,9 @@ def compile_all(
     pool: Any = None,
 ) -> CompileReport:
     """Make every spec's binary available ({key: (spec, Triton function)}): registered ones as they
-    are, cached ones read from disk, the rest compiled in worker processes (in this process when only
-    one is missing or `parallel` is off). Failures are reported, not raised."""
+    are, cached ones read from disk, the rest compiled in worker processes, so a compiler that aborts
+    takes a worker down, not this process (in this process when `parallel` is off, as compile="serial"
+    asks, unless Triton's interpreter is on here). Failures are reported, not raised."""
     t0 = time.perf_counter()
     report = CompileReport(kernels=len(specs))
     missing: list[tuple[KernelSpec, Any]] = []
@@ -435,7 +463,7 @@ def compile_all(
     # Triton's interpreter, once on in a process, patches triton.language for good: kernels then compile
     # in workers only
     interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if missing and parallel and (len(missing) > 1 or interpreting):
+    if missing and (parallel or interpreting):
         if pool is None:
             from .pool import shared_pool
 
