@@ -263,22 +263,10 @@ def test_reports_can_be_cleared():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(
-    "mode",
-    [
-        None,
-        pytest.param(
-            "reduce-overhead",
-            marks=pytest.mark.xfail(
-                reason="issue 43: PyTorch's CUDA graph trees found 1 allocation in their pool that is no output (2 before "
-                "the plans reserved their workspaces ahead of the warmup; 2026-11-29, H200). Since then made at reserve: "
-                "constants' device copies and launches' global scratch; and reserved plans release each call's buffers "
-                "(a partition output the graph frees was kept alive by the plan's binding): unconfirmed on a GPU",
-                strict=False,
-            ),
-        ),
-    ],
-)
+# reduce-overhead: CUDA graph trees once found allocations of their pool that were no output (a partition
+# output kept alive by the plan's binding, workspaces reserved during the warmup); passed on an H200 since
+# (2026-11-30, opgraph 24d15da)
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_gpu_training_step_and_cuda_graphs(mode):
     """On a GPU: the GPT's training step through the backend, plain and with CUDA-graph replay."""
     case = make_case("gpt")
