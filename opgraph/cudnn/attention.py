@@ -9,8 +9,8 @@ What the shim adapts (docs/attention.md, "cuDNN's names"):
     modifier reads (cuDNN's flexible graphs): the op does not take them as its padding lengths;
   - a ragged tensor's offsets count elements; the op reads them as rows (ragged.py), and its buffer
     may be smaller than its padded dims;
-  - a dense band that leaves query rows with no key (S_q > S_kv, no padding mask, a bottom-right
-    diagonal or a left bound) is refused as cuDNN refuses it (GRAPH_NOT_SUPPORTED);
+  - a dense band with S_q > S_kv and no padding mask under a bottom-right diagonal or a left bound is
+    refused as cuDNN's frontend refuses it (GRAPH_NOT_SUPPORTED);
   - an unread Stats output (`o, _ = sdpa(..., is_inference=False)`) is dropped;
   - `implementation`: AUTO lets opgraph choose; COMPOSITE prefers the cudnn engine (cuDNN's own
     composite SDPA), UNIFIED the generated kernels; either falls back to the torch engine for what it
@@ -73,30 +73,38 @@ def _refuse(what: str) -> Any:
 
 
 def _refuse_rows_without_keys(rec: Any) -> None:
-    """cuDNN's refusals of dense bands that leave whole query rows with no key (S_q > S_kv without the
-    padding mask, under a bottom-right diagonal or a left bound): cuDNN raises GRAPH_NOT_SUPPORTED there,
-    so programs written for it slice Q or take another path, and no result is defined for the rows.
-    opgraph's own `og.Graph.sdpa` runs these graphs (such rows: O 0)."""
+    """cuDNN's refusals of dense bands with S_q > S_kv (no padding mask) under a bottom-right diagonal
+    or a left bound: cuDNN raises GRAPH_NOT_SUPPORTED ("Bottom right causal mask does not support
+    max_s_q > max_s_kv", "Sliding window attention is only supported with max_s_q <= max_s_kv"), so
+    programs written for it slice Q or take another path; such bands leave query rows with no key,
+    for which NVIDIA's tests define no result. opgraph's own `og.Graph.sdpa` runs these graphs (rows
+    with no key: O 0). Paged caches are left out: cuDNN requires the padding mask with them."""
     op = rec.op
-    if op.use_padding_mask or op.ragged_offset_strides or op.max_seq_len_kv is not None:
+    if op.use_padding_mask:
         return
     ins = dict(zip(op.input_roles(), rec.inputs))
+    if ins.get("paged_attention_k_table") is not None or ins.get("paged_attention_v_table") is not None:
+        return
     q, k = ins.get("q"), ins.get("k")
     dims_q, dims_k = getattr(q, "_dim", None), getattr(k, "_dim", None)
     if not dims_q or not dims_k or len(dims_q) != 4 or len(dims_k) != 4 or dims_q[2] <= dims_k[2]:
         return
     if op.bottom_right and op.right_bound is not None:
-        what = "a bottom-right causal mask (diagonal_band_right_bound with BOTTOM_RIGHT alignment)"
+        what, fix = (
+            "a bottom-right causal band (use_causal_mask_bottom_right, or a right bound with BOTTOM_RIGHT "
+            "alignment), whose first S_q - S_kv query rows see no key",
+            "slice Q to its last S_kv rows (as cuDNN asks), ",
+        )
     elif op.sliding_window_length is not None:
-        what = "a sliding window (diagonal_band_left_bound)"
+        what, fix = ("a sliding window (a left bound)", "")
     else:
         return
     raise cudnnGraphNotSupportedError(
-        f"{what} with q's S_q={dims_q[2]} > k's S_kv={dims_k[2]} and no padding mask leaves query rows with no key",
+        f"cuDNN does not support {what} with q's S_q={dims_q[2]} > k's S_kv={dims_k[2]} and no padding mask",
         op=rec.name,
         rule="cudnn.band_sq_gt_skv",
-        hint="as cuDNN asks: slice Q to its last S_kv rows (S_q <= S_kv), or give seq_len_q / seq_len_kv with "
-        "use_padding_mask=True; opgraph's own og.Graph.sdpa runs the graph as it is (such rows: O 0)",
+        hint=f"{fix}give seq_len_q / seq_len_kv with use_padding_mask=True, or build the graph with opgraph's "
+        "own og.Graph.sdpa, which runs it as it is (rows with no key: O 0)",
     )
 
 
@@ -321,10 +329,12 @@ class AttentionGraph:
         g: Any = self
         read = {id(v) for r in g._records for v in r.inputs if isinstance(v, Tensor)}
         for rec in g._records:
-            if not isinstance(rec.op, (Sdpa, SdpaBackward)) or id(rec) in self._attention_done:
+            if not isinstance(rec.op, (Sdpa, SdpaBackward)):
+                continue
+            _refuse_rows_without_keys(rec)  # (at every validate: a caught refusal is no way past it)
+            if id(rec) in self._attention_done:
                 continue
             self._attention_done.add(id(rec))
-            _refuse_rows_without_keys(rec)
             if isinstance(rec.op, Sdpa):
                 st = rec.outputs[1]
                 if st is not None and st.is_virtual and id(st) not in read:

@@ -98,8 +98,9 @@ def test_a_compiler_that_aborts_fails_its_kernel_not_this_process(tmp_path, monk
 
     pool = WorkerPool(1)
     monkeypatch.setattr("opgraph.engines.triton.pool.shared_pool", lambda: pool)
+    monkeypatch.setattr(compiler, "_FAILED", {})
     path = tmp_path / "og_aborts.py"
-    path.write_text("import os\nos.abort()\n")
+    path.write_text('import os, sys\nsys.stderr.write("Assertion `x\' failed.\\n")\nsys.stderr.flush()\nos.abort()\n')
     spec = compiler.KernelSpec(
         str(path), "og_aborts", "kernel", (("x", "*fp32"),), (), (0,), (("num_warps", 4),), ("cuda", 90, 32)
     )
@@ -107,7 +108,40 @@ def test_a_compiler_that_aborts_fails_its_kernel_not_this_process(tmp_path, monk
         with pytest.raises(ExecutionError, match=r"kernel kernel \(og_aborts\) failed to compile: .*exited") as err:
             compiler.compile_here(spec, None, isolated=True)
         assert err.value.rule == "triton.compile_failed"
-        report = compiler.compile_all({spec.key: (spec, None)}, parallel=True, pool=pool)
-        assert "exited" in report.failed[spec.key] and spec.key not in compiler._BINARIES
+        assert "SIGABRT" in str(err.value) and "Assertion `x' failed." in str(err.value)  # (its stderr's last lines)
+        before = list(pool.workers)
+        report = compiler.compile_all({spec.key: (spec, None)}, parallel=True, pool=pool)  # (remembered)
+        assert "SIGABRT" in report.failed[spec.key] and spec.key not in compiler._BINARIES
+        assert pool.workers == before  # (not compiled again: no worker died)
     finally:
         pool.close()
+
+
+def test_a_run_left_early_kills_its_busy_workers(tmp_path):
+    """A `done` that raises (or an interrupt) leaves workers busy: they are killed, so a later run never
+    takes their answer for its own job."""
+    from opgraph.engines.triton.pool import WorkerPool
+
+    pool = WorkerPool(2)
+    path = tmp_path / "og_slow.py"
+    path.write_text("import time\ntime.sleep(30)\n")
+    jobs = [{"path": str(path), "module": f"og_slow{i}", "kernel": "kernel", "id": str(i)} for i in range(2)]
+
+    def done(job, answer):
+        raise KeyboardInterrupt
+
+    sick = tmp_path / "og_fails.py"
+    sick.write_text("raise RuntimeError('no')\n")
+    try:
+        pool.run([{"path": str(sick), "module": "og_fails", "kernel": "kernel", "id": "s"}] + jobs[:1], done)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("done's exception was swallowed")
+    assert all(w.job is None for w in pool.workers) and len(pool.workers) <= 1
+    answers = []
+    pool.run(
+        [{"path": str(sick), "module": "og_fails2", "kernel": "kernel", "id": "t"}], lambda j, a: answers.append((j, a))
+    )
+    assert [(j["id"], a["id"]) for j, a in answers] == [("t", "t")]
+    pool.close()

@@ -21,7 +21,7 @@ import numpy as np
 from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ...core.device import Device
 from ...core.dtypes import DataType
-from ...core.errors import AttributeValueError
+from ...core.errors import AttributeValueError, ExecutionError
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
@@ -207,9 +207,12 @@ class TritonKernel(Kernel):
         spec = self.spec(i)
         if spec is None:
             return None
-        return compiler.registered(spec) or compiler.compile_here(
-            spec, getattr(self.module, self.generated.launches[i].kernel), isolated=True
-        )
+        try:
+            return compiler.registered(spec) or compiler.compile_here(
+                spec, getattr(self.module, self.generated.launches[i].kernel), isolated=True
+            )
+        except ExecutionError as err:
+            raise ExecutionError(err.detail, op=self.piece.nodes[0].label(), rule=err.rule, hint=err.hint) from err
 
     def global_scratch_bytes(self) -> dict[int, int]:
         """The per-program scratch a compiled launch asks for (device-side TMA descriptors), for its

@@ -401,8 +401,7 @@ def compile_here(
         STATS["loaded"] += 1
     else:
         found = _cached(spec, fn)
-        if found is None and isolated:
-            _compile_in_worker(spec)
+        if found is None and isolated and _compile_in_worker(spec):
             found = _cached(spec, fn)
             compiled_elsewhere = True
         if found is None:
@@ -415,23 +414,35 @@ def compile_here(
     return found
 
 
-def _compile_in_worker(spec: KernelSpec, pool: Any = None) -> None:
-    """Compile one spec in a compile worker (its result left in Triton's cache); ExecutionError when
-    the compiler fails or the worker dies."""
+# spec key -> why it failed to compile in a worker: this process does not compile it again
+_FAILED: dict[str, str] = {}
+
+
+def _compile_in_worker(spec: KernelSpec) -> bool:
+    """Compile one spec in a compile worker (its result left in Triton's cache): True. ExecutionError
+    when the compiler fails or the worker dies (remembered); False where no worker process can be
+    started here (the caller compiles in this process)."""
     from .pool import shared_pool
 
-    answers: list[dict[str, Any]] = []
-    (pool or shared_pool()).run([{**spec.job(), "id": "0"}], lambda job, answer: answers.append(answer))
-    answer = answers[0] if answers else {"ok": False, "error": "no answer from the compile worker"}
-    if not answer.get("ok"):
+    if spec.key not in _FAILED:
+        answers: list[dict[str, Any]] = []
+        try:
+            shared_pool().run([{**spec.job(), "id": "0"}], lambda job, answer: answers.append(answer))
+        except OSError as err:  # (no subprocess here: an embedded or sandboxed interpreter)
+            log.warning("no compile worker (%s): compiling %s in this process", err, spec.kernel)
+            return False
+        answer = answers[0] if answers else {"ok": False, "error": "no answer from the compile worker"}
+        if answer.get("ok"):
+            STATS["compiled"] += not answer.get("cache_hit")
+            return True
         log.info("compiling %s failed in a worker: %s", spec.kernel, answer.get("trace") or answer.get("error"))
-        raise ExecutionError(
-            f"kernel {spec.kernel} ({spec.module}) failed to compile: {answer.get('error')}",
-            rule="triton.compile_failed",
-            hint="build the graph with another engine or config (the compiler's own message is logged with "
-            "OPGRAPH_LOG=info), and report the graph",
-        )
-    STATS["compiled"] += not answer.get("cache_hit")
+        _FAILED[spec.key] = str(answer.get("error"))
+    raise ExecutionError(
+        f"kernel {spec.kernel} ({spec.module}) failed to compile: {_FAILED[spec.key]}",
+        rule="triton.compile_failed",
+        hint="build the graph with another engine or config, and report the graph (OPGRAPH_LOG=info logs "
+        "the compiler's traceback)",
+    )
 
 
 def compile_all(
@@ -449,7 +460,9 @@ def compile_all(
     report = CompileReport(kernels=len(specs))
     missing: list[tuple[KernelSpec, Any]] = []
     for spec, fn in specs.values():
-        if registered(spec) is not None:
+        if spec.key in _FAILED:
+            report.failed[spec.key] = _FAILED[spec.key]
+        elif registered(spec) is not None:
             report.ready += 1
         elif (found := _disk_get(spec)) is not None:
             _BINARIES[spec.key] = found
@@ -487,7 +500,7 @@ def compile_all(
                     _BINARIES[spec.key] = found
                     _disk_put(found)
             else:
-                report.failed[spec.key] = str(answer.get("error"))
+                report.failed[spec.key] = _FAILED[spec.key] = str(answer.get("error"))
                 log.info("compiling %s failed in a worker: %s", spec.kernel, answer.get("trace") or answer.get("error"))
             done += 1
             if progress:

@@ -12,8 +12,10 @@ import atexit
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,16 +38,34 @@ def default_size() -> int:
 
 class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
+        self.stderr = tempfile.TemporaryFile()  # (what a compiler that aborts says last, read if it dies)
         self.proc = subprocess.Popen(
             [sys.executable, "-u", str(WORKER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.stderr,
             env=env,
             bufsize=0,
         )
         self.buffer = b""
         self.job: dict[str, Any] | None = None
+
+    def death(self) -> str:
+        """Why the worker ended: its exit status (the signal's name) and the last lines it wrote to stderr."""
+        status = self.proc.wait()
+        why = f"status {status}"
+        if status < 0:
+            try:
+                why += f", {signal.Signals(-status).name}"
+            except ValueError:
+                pass
+        try:
+            self.stderr.seek(0, os.SEEK_END)
+            self.stderr.seek(max(0, self.stderr.tell() - 1500))
+            tail = self.stderr.read().decode(errors="replace").strip().splitlines()[-6:]
+        except OSError:
+            tail = []
+        return why + (": " + " | ".join(tail) if tail else "")
 
     def send(self, job: dict[str, Any]) -> None:
         self.job = job
@@ -63,6 +83,12 @@ class _Worker:
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
+        self.stderr.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.stderr.close()
 
 
 class WorkerPool:
@@ -79,61 +105,73 @@ class WorkerPool:
 
     def run(self, jobs: Sequence[dict[str, Any]], done: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
         """Run every job (each a dict with a unique "id"), calling `done(job, answer)` as each finishes.
-        A worker that dies takes its job with it: the answer says so, and a fresh worker replaces it."""
+        A worker that dies takes its job with it: the answer says so (its status and last stderr lines),
+        and a fresh worker replaces it. Left early (an interrupt, a raising `done`), the workers still
+        busy are killed, so no later run reads a stale answer. One run at a time (not reentrant)."""
         with self.lock:
-            pending = list(jobs)
-            env = self._env()
-            want = min(self.size, len(pending))
-            self.workers = [w for w in self.workers if w.alive()]
-            while len(self.workers) < want:
-                self.workers.append(_Worker(env))
-            sel = selectors.DefaultSelector()
-            for w in self.workers:
-                assert w.proc.stdout is not None
-                sel.register(w.proc.stdout, selectors.EVENT_READ, w)
-            busy = 0
-            for w in self.workers:
-                if pending:
-                    w.send(pending.pop(0))
-                    busy += 1
-            while busy:
-                for key, _ in sel.select():
-                    w = key.data
-                    chunk = os.read(key.fileobj.fileno(), 1 << 16)  # type: ignore[union-attr]
-                    if not chunk:  # the worker died
-                        sel.unregister(key.fileobj)
-                        job, w.job = w.job, None
-                        busy -= 1
-                        if job is not None:
-                            done(
-                                job,
-                                {
-                                    "id": job["id"],
-                                    "ok": False,
-                                    "error": f"the compile worker exited (status {w.proc.wait()})",
-                                },
-                            )
-                        self.workers.remove(w)
-                        if pending:
-                            fresh = _Worker(env)
-                            self.workers.append(fresh)
-                            assert fresh.proc.stdout is not None
-                            sel.register(fresh.proc.stdout, selectors.EVENT_READ, fresh)
-                            fresh.send(pending.pop(0))
-                            busy += 1
-                        continue
-                    w.buffer += chunk
-                    while b"\n" in w.buffer:
-                        line, w.buffer = w.buffer.split(b"\n", 1)
-                        answer = json.loads(line)
-                        job, w.job = w.job, None
-                        busy -= 1
-                        if job is not None:
-                            done(job, answer)
-                        if pending:
-                            w.send(pending.pop(0))
-                            busy += 1
-            sel.close()
+            try:
+                self._run(jobs, done)
+            except BaseException:
+                for w in [w for w in self.workers if w.job is not None]:
+                    w.kill()
+                    self.workers.remove(w)
+                raise
+
+    def _run(self, jobs: Sequence[dict[str, Any]], done: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+        pending = list(jobs)
+        env = self._env()
+        want = min(self.size, len(pending))
+        self.workers = [w for w in self.workers if w.alive()]
+        while len(self.workers) < want:
+            self.workers.append(_Worker(env))
+        sel = selectors.DefaultSelector()
+        for w in self.workers:
+            assert w.proc.stdout is not None
+            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        busy = 0
+        for w in self.workers:
+            if pending:
+                w.send(pending.pop(0))
+                busy += 1
+        while busy:
+            for key, _ in sel.select():
+                w = key.data
+                chunk = os.read(key.fileobj.fileno(), 1 << 16)  # type: ignore[union-attr]
+                if not chunk:  # the worker died
+                    sel.unregister(key.fileobj)
+                    job, w.job = w.job, None
+                    busy -= 1
+                    if job is not None:
+                        done(
+                            job,
+                            {
+                                "id": job["id"],
+                                "ok": False,
+                                "error": f"the compile worker exited ({w.death()})",
+                            },
+                        )
+                    self.workers.remove(w)
+                    w.stderr.close()
+                    if pending:
+                        fresh = _Worker(env)
+                        self.workers.append(fresh)
+                        assert fresh.proc.stdout is not None
+                        sel.register(fresh.proc.stdout, selectors.EVENT_READ, fresh)
+                        fresh.send(pending.pop(0))
+                        busy += 1
+                    continue
+                w.buffer += chunk
+                while b"\n" in w.buffer:
+                    line, w.buffer = w.buffer.split(b"\n", 1)
+                    answer = json.loads(line)
+                    job, w.job = w.job, None
+                    busy -= 1
+                    if job is not None:
+                        done(job, answer)
+                    if pending:
+                        w.send(pending.pop(0))
+                        busy += 1
+        sel.close()
 
     def close(self) -> None:
         for w in self.workers:
@@ -142,11 +180,13 @@ class WorkerPool:
 
 
 _POOL: WorkerPool | None = None
+_POOL_LOCK = threading.Lock()
 
 
 def shared_pool() -> WorkerPool:
     global _POOL
-    if _POOL is None:
-        _POOL = WorkerPool(default_size())
-        atexit.register(_POOL.close)
-    return _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = WorkerPool(default_size())
+            atexit.register(_POOL.close)
+        return _POOL
