@@ -317,8 +317,9 @@ def test_band_visits_only_the_blocks_it_sees():
         {"BLOCK_M": 32, "BLOCK_N": 16, "ONELOOP": 1},
         {"BLOCK_M": 16, "BLOCK_N": 32, "ORDER": 1},
         {"BLOCK_M": 32, "BLOCK_N": 32, "ONELOOP": 1, "ORDER": 1},
+        {"BLOCK_M": 16, "BLOCK_N": 16, "ONELOOP": 1, "TILES": 1},
     ],
-    ids=["oneloop", "order", "both"],
+    ids=["oneloop", "order", "both", "tiles"],
 )
 @pytest.mark.parametrize(
     "opts",
@@ -348,6 +349,101 @@ def test_packed_with_the_gpu_knobs(knobs, opts, rng):
     for u in final.outputs:
         bad = compare(final.tensors[u], buffers[u].numpy(), want[u], rtol=3e-2, atol=3e-2)
         assert bad is None, bad
+
+
+def _launch_tiles(lq, lkv, rng, knobs, io=DT.HALF, **opts):
+    import torch
+
+    from opgraph.engines.triton.attention import FwdKnobs, forward
+    from opgraph.engines.triton.attention.run import launch
+    from opgraph.testing import compare, random_pack, reference_outputs
+
+    g = graph(lq, lkv, io, **opts)
+    final = g.final
+    spec = fwd_template.TEMPLATE.matched(make_piece(final, 0, list(final.nodes)), Device("cpu")).spec()
+    pack = random_pack(final, rng)
+    prepare(pack, g, lq, lkv)
+    want = reference_outputs(final, pack)
+    buffers = {u: torch.from_numpy(x) for u, x in pack.items()}
+    gen = forward(spec, FwdKnobs(num_warps=4, num_stages=1, ONELOOP=1, TILES=1, **knobs))
+    launch(gen, buffers, interpret=True)
+    for u in final.outputs:
+        bad = compare(final.tensors[u], buffers[u].numpy(), want[u], rtol=3e-2, atol=3e-2)
+        assert bad is None, bad
+    return gen
+
+
+@pytest.mark.parametrize(
+    "lens",
+    [
+        ((1, 17, 0, 23), (9, 17, 4, 31)),  # a one-token and an empty sequence, blocks of 16: 0-2 a sequence
+        ((40, 3, 33, 16, 1), (40, 3, 33, 16, 1)),  # levels of 1 to 5 sequences
+        ((0, 0), (5, 5)),  # no query at all: no tile
+    ],
+    ids=["mixed", "levels", "empty"],
+)
+@pytest.mark.parametrize("opts", [{}, {"use_causal_mask": True}], ids=["none", "causal"])
+def test_the_tile_list_walks_every_sequences_blocks_once(lens, opts, rng, monkeypatch):
+    """TILES=1 (tiles.py): a program a tile of the list (the highest blocks first) instead of a grid over
+    the longest sequence's blocks: every row of every sequence computed once (outputs poisoned, gaps NaN),
+    with fewer programs, as many as there are tiles."""
+    import importlib
+
+    fwd_module = importlib.import_module("opgraph.engines.triton.attention.forward")
+    lq, lkv = lens
+    gen = _launch_tiles(lq, lkv, rng, {"BLOCK_M": 16, "BLOCK_N": 16}, **opts)
+    launch = next(l for l in gen.launches if l.kernel == "kernel_attn_fwd")
+    num_m = -(-max(max(lq), 1) // 16)
+    assert launch.grid[1] == HQ and launch.grid[0] <= len(lq) * num_m
+    assert "start_m = tl.sum(tl.where(in_level, levels, 0), 0)" in gen.source and "if m0 >= q_len:" not in gen.source
+    tiles = sum(-(-n // 16) for n in lq)
+    monkeypatch.setattr(fwd_module, "tile_programs", lambda spec, bm, n: tiles)  # (as many programs as tiles)
+    _launch_tiles(lq, lkv, rng, {"BLOCK_M": 16, "BLOCK_N": 16}, **opts)
+    if tiles > 1:  # (one program fewer: the last tile's rows are not written, as the test must see)
+        monkeypatch.setattr(fwd_module, "tile_programs", lambda spec, bm, n: tiles - 1)
+        with pytest.raises(AssertionError):
+            _launch_tiles(lq, lkv, rng, {"BLOCK_M": 16, "BLOCK_N": 16}, **opts)
+
+
+def test_the_engine_offers_the_tile_list_after_its_other_configs(rng):
+    """The packed forward's candidates end with the tile list on the heuristic's first two knob sets (an
+    autotuned build times them); a plan's alternatives hold one, run through the engine as a plan's
+    step, its outputs checked; a dense O gets none."""
+    from ..helpers import assert_candidates_match
+
+    lq, lkv = MIXES["mixed"]
+    g = graph(lq, lkv, DT.HALF, use_causal_mask=True)
+    cands = fwd_template.TEMPLATE.matched(make_piece(g.final, 0, list(g.final.nodes)), Device("cpu")).candidates()
+    assert [k.TILES for k in cands][-2:] == [1, 1] and not any(k.TILES for k in cands[:-2]), cands
+    plan = g.build(device="cpu", engines=["triton"])
+    configs = [plan.steps[0].config, *plan.steps[0].alternatives]
+    listed = [c for c in configs if c.knob("TILES")]
+    assert listed and not plan.steps[0].config.knob("TILES"), configs
+    prep = lambda p: prepare(p, g, lq, lkv)  # noqa: E731
+    for c in listed:
+        bad = og.testing.check_plan(_step_plan(plan, c), rng, prepare=prep, rtol=3e-2, atol=3e-2)
+        assert not bad, f"{c}: {bad}"
+    dense_o = graph(lq, lkv, pack=("q", "k", "v", "stats")).build(device="cpu", engines=["triton"])
+    assert not any(c.knob("TILES") for c in dense_o.steps[0].alternatives)
+
+
+def _step_plan(plan, config):
+    from ..helpers import step_plan
+
+    return step_plan(plan, plan.steps[0], config)
+
+
+def test_the_tile_list_is_refused_where_it_does_not_apply(rng):
+    from opgraph.core.errors import AttributeValueError
+    from opgraph.engines.triton.attention import FwdKnobs, forward
+
+    lq, lkv = MIXES["mixed"]
+    g = graph(lq, lkv, pack=("q", "k", "v", "stats"))  # O dense: its rows past a length are written
+    spec = fwd_template.TEMPLATE.matched(make_piece(g.final, 0, list(g.final.nodes)), Device("cpu")).spec()
+    with pytest.raises(AttributeValueError, match="TILES=1 does not apply here: an output"):
+        forward(spec, FwdKnobs(16, 16, 4, 1, TILES=1))
+    with pytest.raises(AttributeValueError, match="TILES=2 must be 0 or 1"):
+        FwdKnobs(16, 16, 4, 1, TILES=2)
 
 
 # -- declines ---------------------------------------------------------------------------------------------
@@ -446,3 +542,52 @@ def test_programs_past_their_sequence_return_where_every_output_is_packed():
     lq, lkv = (5, 9, 30), (7, 12, 40)
     assert "if m0 >= q_len:" in _sources(graph(lq, lkv))
     assert "if m0 >= q_len:" not in _sources(graph(lq, lkv, pack=("q", "k", "v", "stats")))
+
+
+# -- compiled for Hopper -------------------------------------------------------------------------------------
+
+
+def _packed_forward(io=DT.BFLOAT16, d=128, **opts):
+    """sdpa over packed q, k, v, O, Stats: 32 sequences of at most 4,096 tokens, 32k in all, 16 heads."""
+    b, s, t = 32, 4096, 32768
+    g = og.Graph("att", io_data_type=io, intermediate_data_type=DT.FLOAT)
+    x = {n: g.tensor(dim=(1, 16, t, d), stride=packed_strides((1, 16, t, d), BSHD), name=n) for n in "qkv"}
+    off = g.tensor(dim=[b + 1, 1, 1, 1], data_type=DT.INT32, name="off")
+    lens = [g.tensor(dim=[b, 1, 1, 1], data_type=DT.INT32, name=n) for n in ("lq", "lkv")]
+    offs = {f"{r}_ragged_offset": off for r in ("q", "k", "v", "o", "stats")}
+    o, st = g.sdpa(
+        x["q"], x["k"], x["v"], attn_scale=d**-0.5, generate_stats=True, use_padding_mask=True, seq_len_q=lens[0],
+        seq_len_kv=lens[1], max_seq_len_q=s, max_seq_len_kv=s, name="fwd", **offs, **opts,
+    )  # fmt: skip
+    o.set_output(True).set_stride(packed_strides((1, 16, t, d), BSHD))
+    st.set_output(True)
+    return g
+
+
+HOPPER_CASES = {  # the heuristic's choice, and the same with the tile list
+    "packed_causal_fwd": (
+        lambda: _packed_forward(use_causal_mask=True),
+        "attention",
+        lambda cands: [cands[0], {**cands[0], "TILES": 1}],
+    ),
+}
+
+
+def test_packed_forward_with_the_tile_list_compiles_for_hopper():
+    """The tile list (TILES=1) compiles for sm_90 (Triton's NVIDIA backend and ptxas, no GPU) beside the
+    heuristic's knobs, in about as many registers (244 and 245 with Triton 3.9), without spills (a loop
+    over several tiles a program spilled 12 bytes)."""
+    from .hopper_compile import compile_for_hopper
+
+    out = compile_for_hopper(__name__)
+    lines = [
+        line.split()
+        for line in out.splitlines()
+        if line.startswith("compiled") and line.split()[2] == "kernel_attn_fwd"
+    ]
+    assert len(lines) == 2, out
+    (plain, listed) = lines
+    assert "'TILES':" in " ".join(listed) or "TILES" in " ".join(listed), listed
+    for w in lines:
+        assert int(w[w.index("spills") + 1]) == 0, w
+    assert int(listed[listed.index("regs") + 1]) <= int(plain[plain.index("regs") + 1]) + 8, (plain, listed)

@@ -51,6 +51,8 @@ from .ragged import exit_past_length, ragged_lines, row_base, rows_ok, zero_kern
 from .sized import divides
 from .spec import AttnSpec, Coords, FwdKnobs
 from .split import combine, partial_stores, partials, split_range
+from .tiles import check_tiles, tile_lines
+from .tiles import programs as tile_programs
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -110,6 +112,9 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     pack = bool(kn.PACK_GQA)
     if pack:
         check_packable(spec)
+    listed = bool(kn.TILES)
+    if listed:
+        check_tiles(spec, bool(split), pack)
     scratch, scratch_bytes = partials(spec, split) if split else ({}, 0)
     k = KernelText(name, scratch, spec.sizes)
     bm, bn = kn.BLOCK_M, kn.BLOCK_N
@@ -130,16 +135,19 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     # ORDER=1: the query blocks outermost (every head's heaviest block first, the best balance for few
     # waves); 0: each head's blocks together (its k/v shared in L2)
     axes = ("1", "0") if kn.ORDER else ("0", "1")
-    k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
+    if listed:  # (tiles.py: the program's tile of the list)
+        k.add(*tile_lines(spec, k, bm, num_m))
+    else:
+        k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
     if split:
         k.add("pid_s = tl.program_id(2)")
-    k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
+    if not listed:
+        k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
     if pack:
         k.add(*pack_lines(spec, bm))
     else:
         k.add(
-            f"off_b = pid_bh // {spec.Hq}",
-            f"off_h = pid_bh % {spec.Hq}",
+            *(() if listed else (f"off_b = pid_bh // {spec.Hq}", f"off_h = pid_bh % {spec.Hq}")),
             f"off_hk = off_h // {spec.gk}",
             f"off_hv = off_h // {spec.gv}",
             f"m0 = start_m * {bm}",
@@ -151,7 +159,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         f"offs_dv = tl.arange(0, {dvp})",
     )
     k.add(*seqlen_lines(spec, k))
-    if not split and not pack:
+    if not split and not pack and not listed:
         k.add(*exit_past_length(spec, "m0", "q", ("o", "stats", "score_max", "score_sum_exp", "rng_dump")))
     k.add(*ragged_lines(spec, k, ("q", "k", "v") if split else None))
     k.add(*scale_lines(spec, k))
@@ -255,7 +263,10 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     functions = [k.source()]
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
-    grid = (spec.B * heads, num_m) if kn.ORDER else (num_m, spec.B * heads)
+    if listed:
+        grid = (tile_programs(spec, bm, num_m), spec.Hq)
+    else:
+        grid = (spec.B * heads, num_m) if kn.ORDER else (num_m, spec.B * heads)
     launches = [k.launch((*grid, split) if split else grid, kn.num_warps, kn.num_stages)]
     if split:
         comb, comb_grid = combine(spec, f"{name}_combine", scratch, split)

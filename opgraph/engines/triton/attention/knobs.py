@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .spec import AttnSpec, BwdKnobs, FwdKnobs
+from .tiles import tiles_ok
 
 SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
 _ISZ = {
@@ -105,6 +106,20 @@ def pack_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> li
 def decode_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
     """The knobs the build's decode policies choose among: split_candidates' and pack_candidates'."""
     return split_candidates(spec, cuda=cuda, skv=skv) + pack_candidates(spec, cuda=cuda, skv=skv)
+
+
+def tile_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
+    """The tile list (tiles.py) on the heuristic's first two forward knobs, where it applies (packed
+    queries, every output packed); after the others until measured: an autotuned build times them."""
+    if tiles_ok(spec) is not None:
+        return []
+    base = fwd_candidates(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None)[:2]
+    return [replace(k, TILES=1) for k in base]
+
+
+def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
+    """The forward's knobs after the heuristic's own: decode_candidates', then tile_candidates'."""
+    return decode_candidates(spec, cuda=cuda, skv=skv) + tile_candidates(spec, cuda=cuda)
 
 
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:

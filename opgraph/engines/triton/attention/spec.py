@@ -263,6 +263,9 @@ class FwdKnobs(Knobs):
     # heads of the group times the queries (row r: query r // G of head Hk-head * G + r % G), so each K/V
     # block is loaded once per key/value head instead of once per query head; None: a program per query head
     PACK_GQA: int | None = None
+    # the tile list (packed queries): 1: the programs walk the sequences' own query blocks, the highest
+    # block of every sequence first, instead of a grid over the longest sequence's blocks (tiles.py)
+    TILES: int | None = None
 
     # (chosen by the build's policy: opgraph/build/split_kv.py, opgraph/build/gqa_pack.py)
     CHOICES: ClassVar[frozenset[str]] = frozenset({"SPLIT", "PACK_GQA"})
@@ -273,6 +276,12 @@ class FwdKnobs(Knobs):
                 f"PACK_GQA={self.PACK_GQA} must be 0 or 1",
                 rule="triton.attention.knob",
                 hint="use PACK_GQA=1 to pack a key/value head's query heads into one tile, or drop it",
+            )
+        if self.TILES not in (None, 0, 1):
+            raise AttributeValueError(
+                f"TILES={self.TILES} must be 0 or 1",
+                rule="triton.attention.knob",
+                hint="use TILES=1 to walk packed queries as a list of their sequences' blocks, or drop it",
             )
 
 

@@ -18,7 +18,8 @@ Knobs: BLOCK_M x BLOCK_N tiles, num_warps, num_stages, TMA (tensor-descriptor re
 order), ONELOOP (one loop with run-time masks), SPLIT (split-KV: the keys of each query block over
 SPLIT programs and a combining launch), PACK_GQA (GQA head packing: a program per key/value head, its
 tile's rows the group's query heads times the queries); both offered for decode-shaped problems and
-put first by the build's policy (opgraph/build/split_kv.py, gqa_pack.py); candidates per head dim in
+put first by the build's policy (opgraph/build/split_kv.py, gqa_pack.py); TILES (packed queries walked
+as a list of their sequences' own blocks, attention/tiles.py: offered after the others); candidates per head dim in
 attention/knobs.py, with stages cut where the tiles would not fit shared memory.
 
 A piece of a dynamic plan's bucket (../sizes.py) whose batch, query or key length is dynamic gets one
@@ -40,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..attention import FwdKnobs, forward
-from ..attention.knobs import decode_candidates, fit_fwd, fwd_candidates
+from ..attention.knobs import fit_fwd, fwd_candidates, more_fwd_candidates
 from ._attention_common import AttentionTemplateBase
 
 
@@ -49,7 +50,7 @@ class AttentionTemplate(AttentionTemplateBase):
     kind = "sdpa"
     main_kinds = ("sdpa",)
     candidates_for = staticmethod(fwd_candidates)
-    more_candidates = staticmethod(decode_candidates)
+    more_candidates = staticmethod(more_fwd_candidates)
     fit = staticmethod(fit_fwd)
     knob_class = FwdKnobs
     build = staticmethod(forward)
