@@ -285,6 +285,54 @@ def test_band_backward_half_types(io, rng):
 )
 def test_packed_band_backward_with_the_gpu_knobs(knobs, rng):
     """One loop with run-time masks, and the fused launch (the GPU's candidates), run directly."""
+    _run_direct(
+        knobs,
+        rng,
+        {"diagonal_band_left_bound": 5, "diagonal_band_right_bound": 3, "diagonal_alignment": "BOTTOM_RIGHT"},
+    )
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"use_causal_mask": True},
+        {"diagonal_band_left_bound": 5, "diagonal_band_right_bound": 3, "diagonal_alignment": "BOTTOM_RIGHT"},
+    ],
+    ids=["none", "causal", "band_br"],
+)
+@pytest.mark.parametrize("mix", ["mixed", "q_longer"])
+def test_the_tile_list_backward_walks_every_sequences_blocks_once(opts, mix, rng, monkeypatch):
+    """TILES=1 (tiles.py): dK/dV programs over the sequences' own key blocks (the lowest first under a
+    causal band), dQ programs over their query blocks; every gradient row computed once; without a
+    mask, one program fewer than the dK/dV launch's tiles misses rows, and the comparison says so."""
+    import importlib
+
+    gen = _run_direct({"BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 16, "BLOCK_N2": 16, "TILES": 1}, rng, opts, mix)
+    assert "if n0 >= kv_len:" not in gen.source and "if m0 >= q_len:" not in gen.source
+    assert "pid_n = tl.sum(tl.where(in_level, levels, 0), 0)" in gen.source
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates import attention_bwd as bwd_template
+
+    final = graph(*MIXES[mix], **opts).final
+    node = next(n for n in final.nodes if n.kind == "sdpa_backward")
+    cands = bwd_template.TEMPLATE.matched(make_piece(final, 0, [node]), Device("cpu")).candidates()
+    assert [k.TILES for k in cands][-2:] == [1, 1] and not any(k.TILES for k in cands[:-2]), cands  # (offered last)
+    if opts:  # (under a band the last key tile may be one no query sees, its gradients 0 either way)
+        return
+    bwd = importlib.import_module("opgraph.engines.triton.attention.backward")
+    lq, lkv = MIXES[mix]
+    tiles = {16: sum(-(-n // 16) for n in lkv)}
+    real = bwd.tile_programs
+    monkeypatch.setattr(
+        bwd, "tile_programs", lambda spec, b, n, out: tiles[b] - 1 if out == "dk" else real(spec, b, n, out)
+    )
+    with pytest.raises(AssertionError):
+        _run_direct({"BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 16, "BLOCK_N2": 16, "TILES": 1}, rng, opts, mix)
+
+
+def _run_direct(knobs, rng, opts, mix="mixed"):
     import torch
 
     from opgraph.core.device import Device
@@ -294,8 +342,7 @@ def test_packed_band_backward_with_the_gpu_knobs(knobs, rng):
     from opgraph.engines.triton.templates import attention_bwd as bwd_template
     from opgraph.testing import compare, random_pack, reference_outputs
 
-    lq, lkv = MIXES["mixed"]
-    opts = {"diagonal_band_left_bound": 5, "diagonal_band_right_bound": 3, "diagonal_alignment": "BOTTOM_RIGHT"}
+    lq, lkv = MIXES[mix]
     g = graph(lq, lkv, **opts)
     final = g.final
     node = next(n for n in final.nodes if n.kind == "sdpa_backward")
@@ -306,10 +353,12 @@ def test_packed_band_backward_with_the_gpu_knobs(knobs, rng):
     for role in ("o", "stats"):  # the backward reads the reference's forward
         pack[node.input(role)][...] = want[node.input(role)]
     buffers = {u: torch.from_numpy(x) for u, x in pack.items()}
-    launch(backward(spec, BwdKnobs(W1=4, S1=1, W2=4, S2=1, **knobs)), buffers, interpret=True)
+    gen = backward(spec, BwdKnobs(W1=4, S1=1, W2=4, S2=1, **knobs))
+    launch(gen, buffers, interpret=True)
     for u in node.output_uids():
         bad = compare(final.tensors[u], buffers[u].numpy(), want[u], **BWD_TOL)
         assert bad is None, bad
+    return gen
 
 
 # -- GPU --------------------------------------------------------------------------------------------------
@@ -504,8 +553,13 @@ def _packed_backward_alone(io=DT.BFLOAT16, d=128, **opts):
     return g
 
 
-HOPPER_CASES = {  # the heuristic's choice, and the fused launch
+HOPPER_CASES = {  # the heuristic's choice, the fused launch, the tile list
     "packed_causal_br_bwd": (lambda: _packed_backward_alone(use_causal_mask_bottom_right=True), "attention_bwd", 1),
+    "packed_causal_br_bwd_tiles": (
+        lambda: _packed_backward_alone(use_causal_mask_bottom_right=True),
+        "attention_bwd",
+        lambda cands: [{**cands[0], "TILES": 1}],
+    ),
     "packed_band_bwd": (
         lambda: _packed_backward_alone(
             diagonal_band_left_bound=256, diagonal_band_right_bound=64, diagonal_alignment="BOTTOM_RIGHT"

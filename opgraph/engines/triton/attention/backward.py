@@ -57,6 +57,8 @@ from .forward import block_loops, fwd_ranges, generated, needs_loops
 from .ragged import exit_past_length, ragged_lines, row_base, rows_ok, zero_kernel
 from .sized import divides, upper
 from .spec import AttnSpec, BwdKnobs, Operand
+from .tiles import check_tiles, tile_lines, tiles_ok
+from .tiles import programs as tile_programs
 
 __all__ = ["backward", "dbias_broadcast"]
 
@@ -94,6 +96,9 @@ def scratch_of(spec: AttnSpec) -> tuple[dict[str, Arg], int]:
 def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
     if spec.Hk != spec.Hv:
         raise ValueError("the generated backward needs as many key heads as value heads")
+    if kn.TILES:
+        why = tiles_ok(spec, ("dq", "dk", "dv", "dbias"), ("q", "kv"))
+        check_tiles(spec, why or ("the fused launch" if kn.FUSED else None))
     scratch, scratch_bytes = scratch_of(spec)
     pre = _preprocess(spec, kn, scratch)
     dkdv = _dkdv(spec, kn, scratch)
@@ -107,10 +112,14 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
     else:
         dq = _dq(spec, kn, scratch)
         functions = [pre.source(), dkdv.source(), dq.source()]
-        launches = [
-            dkdv.launch((nkv, spec.B * spec.Hk), kn.W1, kn.S1),
-            dq.launch((nq, spec.B * spec.Hq), kn.W2, kn.S2),
-        ]
+        if kn.TILES:  # (tiles.py: a program per tile of the sequences' own blocks)
+            grids = (
+                (tile_programs(spec, kn.BLOCK_N1, nkv, "dk"), spec.Hk),
+                (tile_programs(spec, kn.BLOCK_M2, nq, "dq"), spec.Hq),
+            )
+        else:
+            grids = ((nkv, spec.B * spec.Hk), (nq, spec.B * spec.Hq))
+        launches = [dkdv.launch(grids[0], kn.W1, kn.S1), dq.launch(grids[1], kn.W2, kn.S2)]
     launches.insert(0, pre.launch(((spec.Sq + kn.PRE_BLOCK - 1) // kn.PRE_BLOCK, spec.B * spec.Hq), 4, 1))
     if spec.dsink is not None:
         ds = _dsink(spec, kn, scratch)
@@ -242,11 +251,19 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     k.param("DELTA")
     k.param(spec.dk.name)
     k.param(spec.dv.name)
+    if kn.TILES:  # (key blocks: the lowest first under a causal band, where they see the most queries)
+        nkv = (spec.Skv + bn - 1) // bn
+        k.add(
+            *tile_lines(spec, k, bn, nkv, side="kv", out="dk", start="pid_n", head="off_hk", descending=right is None)
+        )
+    else:
+        k.add(
+            "pid_n = tl.program_id(0)",
+            "pid_bh = tl.program_id(1)",
+            f"off_b = pid_bh // {spec.Hk}",
+            f"off_hk = pid_bh % {spec.Hk}",
+        )
     k.add(
-        "pid_n = tl.program_id(0)",
-        "pid_bh = tl.program_id(1)",
-        f"off_b = pid_bh // {spec.Hk}",
-        f"off_hk = pid_bh % {spec.Hk}",
         "off_hv = off_hk",
         f"n0 = pid_n * {bn}",
         f"offs_n = n0 + tl.arange(0, {bn})",
@@ -255,7 +272,7 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
         f"offs_dv = tl.arange(0, {dvp})",
     )
     # (not in the fused kernel: its dK/dV part is a branch)
-    exit = exit_past_length(spec, "n0", "kv", ("dk", "dv", "dbias")) if not kn.FUSED else None
+    exit = exit_past_length(spec, "n0", "kv", ("dk", "dv", "dbias")) if not (kn.FUSED or kn.TILES) else None
     _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dk", "dv"), exit)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None
     dvmask = f"(offs_dv[None, :] < {spec.Dv})" if dvp != spec.Dv else None
@@ -486,6 +503,8 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int | None
             f"off_b = pid_bh // {spec.Hk}",
             f"off_h = (pid_bh % {spec.Hk}) * {spec.gk} + y // {num_m}",
         )
+    elif kn.TILES:
+        k.add(*tile_lines(spec, k, bm, num_m, side="q", out="dq"))
     else:
         k.add(
             "pid_m = tl.program_id(0)",
@@ -493,7 +512,8 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int | None
             f"off_b = pid_bh // {spec.Hq}",
             f"off_h = pid_bh % {spec.Hq}",
         )
-    k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")
+    if not kn.TILES or fused is not None:
+        k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")
     k.add(
         f"off_hk = off_h // {spec.gk}",
         f"off_hv = off_h // {spec.gv}",
@@ -503,7 +523,7 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int | None
         f"offs_d = tl.arange(0, {dp})",
         f"offs_dv = tl.arange(0, {dvp})",
     )
-    exit = exit_past_length(spec, "m0", "q", ("dq",)) if fused is None else None
+    exit = exit_past_length(spec, "m0", "q", ("dq",)) if fused is None and not kn.TILES else None
     _common_setup(spec, k, ("q", "k", "v", "do", "stats", "dq"), exit)
     _per_head(spec, k, 0)
     dmask = f"(offs_d[None, :] < {spec.D})" if dp != spec.D else None

@@ -117,6 +117,15 @@ def tile_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
     return [replace(k, TILES=1) for k in base]
 
 
+def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[BwdKnobs]:
+    """The tile list (tiles.py) on the heuristic's first two unfused backward knob sets, where it applies
+    (packed q, k, v and gradients, no dBias); after the others until measured."""
+    if tiles_ok(spec, ("dq", "dk", "dv", "dbias"), ("q", "kv")) is not None:
+        return []
+    base = [k for k in bwd_candidates(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None) if not k.FUSED]
+    return [replace(k, TILES=1) for k in base[:2]]
+
+
 def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
     """The forward's knobs after the heuristic's own: decode_candidates', then tile_candidates'."""
     return decode_candidates(spec, cuda=cuda, skv=skv) + tile_candidates(spec, cuda=cuda)

@@ -277,12 +277,16 @@ class FwdKnobs(Knobs):
                 rule="triton.attention.knob",
                 hint="use PACK_GQA=1 to pack a key/value head's query heads into one tile, or drop it",
             )
-        if self.TILES not in (None, 0, 1):
-            raise AttributeValueError(
-                f"TILES={self.TILES} must be 0 or 1",
-                rule="triton.attention.knob",
-                hint="use TILES=1 to walk packed queries as a list of their sequences' blocks, or drop it",
-            )
+        _tiles_knob(self.TILES)
+
+
+def _tiles_knob(value: int | None) -> None:
+    if value not in (None, 0, 1):
+        raise AttributeValueError(
+            f"TILES={value} must be 0 or 1",
+            rule="triton.attention.knob",
+            hint="use TILES=1 to walk packed sequences as a list of their own blocks, or drop it",
+        )
 
 
 @dataclass(frozen=True)
@@ -301,4 +305,10 @@ class BwdKnobs(Knobs):
     TMA: int = 0  # read the streamed tiles (q, dO in dK/dV; k, v in dQ) through tensor descriptors
     FUSED: int = 0  # one launch for dK/dV and dQ (W1, S1 for both), as FlexAttention
     ONELOOP: int = 0  # one loop over every visited block per kernel, the masks applied under a run-time test
+    # the tile list (packed q, k, v and gradients): 1: the dK/dV and dQ programs walk the sequences' own
+    # key and query blocks instead of grids over the longest sequence's (tiles.py)
+    TILES: int | None = None
     fp32_precision: str | None = None  # as FwdKnobs'
+
+    def __post_init__(self) -> None:
+        _tiles_knob(self.TILES)

@@ -11,7 +11,8 @@ What a piece may hold: the sdpa_backward node alone. Layout and types as the for
 
 Knobs: dK/dV tiles BLOCK_M1 (query rows a step) x BLOCK_N1 (keys a program) with W1 warps and S1
 stages; dQ tiles BLOCK_M2 x BLOCK_N2 with W2, S2; FUSED (one launch for both kinds of programs),
-ONELOOP, TMA.
+ONELOOP, TMA; TILES (packed sequences walked as lists of their own key and query blocks,
+attention/tiles.py: offered after the others).
 
 In a dynamic plan's bucket (../sizes.py, as the forward template) the launches take batch, Sq, Skv
 and the strides they set at run time (one source for the bucket), delta's scratch laid out for the
@@ -25,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..attention import BwdKnobs, backward
-from ..attention.knobs import bwd_candidates, fit_bwd
+from ..attention.knobs import bwd_candidates, fit_bwd, tile_bwd_candidates
 from ._attention_common import AttentionTemplateBase
 
 
@@ -34,6 +35,7 @@ class AttentionBackwardTemplate(AttentionTemplateBase):
     kind = "sdpa_backward"
     main_kinds = ("sdpa_backward",)
     candidates_for = staticmethod(bwd_candidates)
+    more_candidates = staticmethod(tile_bwd_candidates)
     fit = staticmethod(fit_bwd)
     knob_class = BwdKnobs
     build = staticmethod(backward)
