@@ -114,8 +114,8 @@ def backward(spec: AttnSpec, kn: BwdKnobs) -> Generated:
         functions = [pre.source(), dkdv.source(), dq.source()]
         if kn.TILES:  # (tiles.py: a program per tile of the sequences' own blocks)
             grids = (
-                (tile_programs(spec, kn.BLOCK_N1, nkv, "dk"), spec.Hk),
-                (tile_programs(spec, kn.BLOCK_M2, nq, "dq"), spec.Hq),
+                (tile_programs(spec, kn.BLOCK_N1, nkv, ("dk", "dv")), spec.Hk),
+                (tile_programs(spec, kn.BLOCK_M2, nq, ("dq",)), spec.Hq),
             )
         else:
             grids = ((nkv, spec.B * spec.Hk), (nq, spec.B * spec.Hq))
@@ -254,7 +254,9 @@ def _dkdv(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg]) -> KernelText:
     if kn.TILES:  # (key blocks: the lowest first under a causal band, where they see the most queries)
         nkv = (spec.Skv + bn - 1) // bn
         k.add(
-            *tile_lines(spec, k, bn, nkv, side="kv", out="dk", start="pid_n", head="off_hk", descending=right is None)
+            *tile_lines(
+                spec, k, bn, nkv, side="kv", outs=("dk", "dv"), start="pid_n", head="off_hk", descending=right is None
+            )
         )
     else:
         k.add(
@@ -504,7 +506,7 @@ def _dq(spec: AttnSpec, kn: BwdKnobs, scratch: dict[str, Arg], fused: int | None
             f"off_h = (pid_bh % {spec.Hk}) * {spec.gk} + y // {num_m}",
         )
     elif kn.TILES:
-        k.add(*tile_lines(spec, k, bm, num_m, side="q", out="dq"))
+        k.add(*tile_lines(spec, k, bm, num_m, side="q", outs=("dq",)))
     else:
         k.add(
             "pid_m = tl.program_id(0)",

@@ -54,6 +54,8 @@ from .split import combine, partial_stores, partials, split_range
 from .tiles import check_tiles, tile_lines, tiles_ok
 from .tiles import programs as tile_programs
 
+FWD_OUTS = ("o", "stats", "score_max", "score_sum_exp")  # (the packed outputs whose rows make the tile list)
+
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
 
@@ -136,7 +138,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     # waves); 0: each head's blocks together (its k/v shared in L2)
     axes = ("1", "0") if kn.ORDER else ("0", "1")
     if listed:  # (tiles.py: the program's tile of the list)
-        k.add(*tile_lines(spec, k, bm, num_m, out=_first_out(spec)))
+        k.add(*tile_lines(spec, k, bm, num_m, side="q", outs=FWD_OUTS))
     else:
         k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
     if split:
@@ -264,7 +266,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     if listed:
-        grid = (tile_programs(spec, bm, num_m, _first_out(spec)), spec.Hq)
+        grid = (tile_programs(spec, bm, num_m, FWD_OUTS), spec.Hq)
     else:
         grid = (spec.B * heads, num_m) if kn.ORDER else (num_m, spec.B * heads)
     launches = [k.launch((*grid, split) if split else grid, kn.num_warps, kn.num_stages)]
@@ -281,11 +283,6 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         functions.insert(0, zero[0].source())
         launches.insert(0, zero[0].launch(zero[1], 4, 1))
     return generated(functions, launches, scratch_bytes, spec.sizes)
-
-
-def _first_out(spec: AttnSpec) -> str:
-    """The packed output whose rows bound the tile list: O, else the first other one written."""
-    return next(r for r in ("o", "stats", "score_max", "score_sum_exp") if getattr(spec, r, None) is not None)
 
 
 def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .spec import AttnSpec, BwdKnobs, FwdKnobs
-from .tiles import tiles_ok
+from .tiles import table_fits, tiles_ok
 
 SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
 _ISZ = {
@@ -114,7 +114,7 @@ def tile_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
     if tiles_ok(spec) is not None:
         return []
     base = fwd_candidates(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None)[:2]
-    return [replace(k, TILES=1) for k in base]
+    return [replace(k, TILES=1) for k in base if table_fits(spec, k.BLOCK_M, -(-spec.Sq // k.BLOCK_M))]
 
 
 def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[BwdKnobs]:
@@ -123,7 +123,12 @@ def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -
     if tiles_ok(spec, ("dq", "dk", "dv", "dbias"), ("q", "kv")) is not None:
         return []
     base = [k for k in bwd_candidates(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None) if not k.FUSED]
-    return [replace(k, TILES=1) for k in base[:2]]
+    return [
+        replace(k, TILES=1)
+        for k in base[:2]
+        if table_fits(spec, k.BLOCK_N1, -(-spec.Skv // k.BLOCK_N1))
+        and table_fits(spec, k.BLOCK_M2, -(-spec.Sq // k.BLOCK_M2))
+    ]
 
 
 def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:

@@ -9,12 +9,13 @@ every sequence's block L. The forward and dQ take the levels from the highest do
 the query blocks with the most keys first; without one, the longest sequences' first); dK/dV from level 0
 up under a causal band (the key blocks the most queries see), else from the highest down.
 
-A sequence's rows are those of the packed output it writes (O; dK for the key side, dQ for the query
-side), clipped to that output's T rows; the grid has ceil(T / BLOCK) + B programs a head, which is every
-tile where the sequences do not overlap in the output (as ragged.py takes them: overlapping ones have no
-defined result either way) and start at or after its first row. One tile a program: a loop over several
-(for any layout) cost the forward's 128x128 tiles (8 warps, D 128) 11 registers and 12 bytes of spills
-on sm_90.
+A tile is a block that holds rows of its sequence in some packed output the kernel writes (O, Stats,
+score_max, score_sum_exp; dK, dV; dQ: each with its own offsets and T rows, rows outside [0, T) never
+written); the grid has the sum over those outputs of ceil(T / BLOCK) + B + 1 programs a head, which is
+every tile where a sequence's rows do not overlap another's in an output (as ragged.py takes them: the
+rows of overlapping ones have no defined result, and with the list their tiles may also take the
+programs of others). One tile a program: a loop over several (for any layout) cost the forward's
+128x128 tiles (8 warps, D 128) 11 registers and 12 bytes of spills on sm_90.
 
 Offered where the early exit applies (every output the kernel writes packed, ragged.py), for a kernel of
 one shape (not a dynamic bucket's), not with split-KV, GQA packing or the fused backward."""
@@ -51,10 +52,26 @@ def check_tiles(spec: AttnSpec, why: str | None) -> None:
         )
 
 
-def programs(spec: AttnSpec, block: int, blocks: int, out: str = "o") -> int:
-    """Programs a head: the tiles of sequences that do not overlap in the packed output `out`, at most."""
-    rows = spec.packed(out).tokens  # type: ignore[union-attr]
-    return max(1, min(spec.B * blocks, -(-int(rows) // block) + spec.B))
+def _outputs(spec: AttnSpec, outs: tuple[str, ...]) -> list[str]:
+    """The packed outputs under `outs` the kernel writes, one per distinct layout (offsets, units, T)."""
+    keep, seen = [], []
+    for r in outs:
+        packed = spec.packed(r) if getattr(spec, r, None) is not None else None
+        if packed is not None and (key := (packed.offsets, packed.per_row, packed.tokens)) not in seen:
+            seen.append(key)
+            keep.append(r)
+    return keep
+
+
+def programs(spec: AttnSpec, block: int, blocks: int, outs: tuple[str, ...]) -> int:
+    """Programs a head: every tile of sequences that do not overlap in each packed output of `outs`, at
+    most (a sequence that starts before an output's first row adds one block, its first partial)."""
+    n = 0
+    for r in _outputs(spec, outs):
+        packed = spec.packed(r)
+        assert packed is not None
+        n += -(-int(packed.tokens) // block) + int(spec.B) + 1
+    return max(1, min(int(spec.B) * blocks, n))
 
 
 def tile_lines(
@@ -63,54 +80,72 @@ def tile_lines(
     block: int,
     blocks: int,
     *,
-    side: str = "q",
-    out: str = "o",
+    side: str,
+    outs: tuple[str, ...],
     start: str = "start_m",
     head: str = "off_h",
     descending: bool = True,
 ) -> list[str]:
     """The program's tile: `head` (grid axis 1), then `start` (the tile's level, a block index along
-    `side`) and `off_b` (its sequence) from the sequences' blocks `nblk` (their lengths clipped to the
-    packed output `out`'s rows), the levels' tile counts `cnt` and `before` (the tiles of the levels
-    taken before each: from the highest level down where `descending`, else from level 0 up); past the
-    last tile, return."""
+    `side`) and `off_b` (its sequence). Level L holds sequence b where block L holds rows of b that some
+    packed output of `outs` has (`need`: its rows [lo, hi) of the sequence's local rows, clipped to the
+    output's T rows); `cnt` the levels' tile counts, `before` the tiles of the levels taken before each
+    (from the highest level down where `descending`, else from level 0 up); past the last tile, return."""
     lens = getattr(spec, f"seq_len_{side}")
-    packed = spec.packed(out)
-    assert lens is not None and packed is not None
-    offs = packed.offsets
+    assert lens is not None
     k.param(lens.name)
-    k.param(offs.name)
     full = spec.Sq if side == "q" else spec.Skv
     bp, lp = pow2(spec.B), pow2(blocks)
     at_len = f"{lens.offset} + " if lens.offset else ""
-    at_off = f"{offs.offset} + " if offs.offset else ""
-    n = packed.per_row
-    tok0 = f"tl.load({offs.name} + {at_off}seqs * {offs.strides[0]}, mask=seqs < {spec.B}, other=0).to(tl.int64)"
     lines = [
         "tile = tl.program_id(0)",
         f"{head} = tl.program_id(1)",
         f"seqs = tl.arange(0, {bp})",
         f"lens = tl.load({lens.name} + {at_len}seqs * {lens.strides[0]}, mask=seqs < {spec.B}, other=0).to(tl.int64)",
-        f"first = {tok0}",
+        f"lens = tl.minimum(tl.maximum(lens, 0), {full})",
+        f"levels = tl.arange(0, {lp})",
+        f"need = tl.zeros([{lp}, {bp}], tl.int1)",
     ]
-    if n != 1:  # (floor division of either sign, as ragged_lines)
-        lines.append(f"first = tl.where(first >= 0, first // {n}, -(({n - 1} - first) // {n}))")
+    for i, role in enumerate(_outputs(spec, outs)):
+        packed = spec.packed(role)
+        assert packed is not None
+        offs, n = packed.offsets, packed.per_row
+        k.param(offs.name)
+        at_off = f"{offs.offset} + " if offs.offset else ""
+        lines.append(
+            f"first{i} = tl.load({offs.name} + {at_off}seqs * {offs.strides[0]}, mask=seqs < {spec.B}, other=0).to(tl.int64)"
+        )
+        if n != 1:  # (floor division of either sign, as ragged_lines)
+            lines.append(f"first{i} = tl.where(first{i} >= 0, first{i} // {n}, -(({n - 1} - first{i}) // {n}))")
+        lines += [
+            f"lo{i} = tl.maximum(-first{i}, 0)",
+            f"hi{i} = tl.minimum(lens, {packed.tokens} - first{i})",
+            f"b0_{i} = (lo{i} // {block}).to(tl.int32)",
+            f"b1_{i} = tl.where(hi{i} > lo{i}, (hi{i} + {block - 1}) // {block}, 0).to(tl.int32)",
+            f"need = need | ((levels[:, None] >= b0_{i}[None, :]) & (levels[:, None] < b1_{i}[None, :]))",
+        ]
     before = "tl.sum(cnt, 0) - tl.cumsum(cnt, 0)" if descending else "tl.cumsum(cnt, 0) - cnt"
     return [
         *lines,
-        f"rows = tl.minimum(tl.minimum(tl.maximum(lens, 0), {full}), tl.maximum({packed.tokens} - first, 0))",
-        f"nblk = ((rows + {block - 1}) // {block}).to(tl.int32)",
-        f"levels = tl.arange(0, {lp})",
-        "cnt = tl.sum((nblk[None, :] > levels[:, None]).to(tl.int32), 1)",
+        "cnt = tl.sum(need.to(tl.int32), 1)",
         f"before = {before}",
         "if tile >= tl.sum(cnt, 0):",
         "    return",
         "in_level = (before <= tile) & (tile < before + cnt)",
         f"{start} = tl.sum(tl.where(in_level, levels, 0), 0)",
         "rank = tile - tl.sum(tl.where(in_level, before, 0), 0)",
-        f"has = nblk > {start}",
+        f"has = tl.sum(tl.where(levels[:, None] == {start}, need.to(tl.int32), 0), 0) > 0",
         "off_b = tl.sum(tl.where(has & (tl.cumsum(has.to(tl.int32), 0) - 1 == rank), seqs, 0), 0)",
     ]
 
 
-__all__ = ["check_tiles", "programs", "tile_lines", "tiles_ok"]
+# the largest [levels, sequences] table a program builds: B 512 at 8k tokens compiled (sm_90) in 251
+# registers without spills beside the attention body, B 2,048 at 32k spilled 308 bytes
+MAX_TABLE = 32 * 1024
+
+
+def table_fits(spec: AttnSpec, block: int, blocks: int) -> bool:
+    return pow2(spec.B) * pow2(blocks) <= MAX_TABLE
+
+
+__all__ = ["MAX_TABLE", "check_tiles", "programs", "table_fits", "tile_lines", "tiles_ok"]

@@ -69,6 +69,8 @@ class AttentionMatch(Match[Any]):
         knobs = list(t.candidates_for(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None))
         extra = list(t.more_candidates(spec, cuda=cuda, skv=self.largest_skv)) if t.more_candidates else []
         for k in knobs + extra:
+            if getattr(k, "TILES", None) and self.symbolic is not None:
+                continue  # (a bucket's kernel takes its batch and lengths at run time: no tile list)
             fitted = t.fit(spec, k) if cuda else k
             if fitted is not None:
                 out.append(fitted)

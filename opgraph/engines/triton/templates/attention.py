@@ -56,7 +56,7 @@ class AttentionTemplate(AttentionTemplateBase):
     build = staticmethod(forward)
 
     def sized_knobs(self, knobs: Any) -> bool:
-        return not knobs.TMA
+        return not knobs.TMA and not knobs.TILES
 
 
 TEMPLATE = AttentionTemplate()

@@ -41,7 +41,7 @@ class AttentionBackwardTemplate(AttentionTemplateBase):
     build = staticmethod(backward)
 
     def sized_knobs(self, knobs: Any) -> bool:
-        return not knobs.TMA
+        return not knobs.TMA and not knobs.TILES
 
 
 TEMPLATE = AttentionBackwardTemplate()
