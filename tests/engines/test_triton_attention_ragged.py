@@ -331,27 +331,16 @@ def test_band_visits_only_the_blocks_it_sees():
 )
 def test_packed_with_the_gpu_knobs(knobs, opts, rng):
     """One loop with run-time masks and the other grid order (the GPU's candidates), run directly."""
-    import torch
-
-    from opgraph.engines.triton.attention import FwdKnobs, forward
-    from opgraph.engines.triton.attention.run import launch
-    from opgraph.testing import compare, random_pack, reference_outputs
-
-    lq, lkv = MIXES["mixed"]
-    g = graph(lq, lkv, DT.HALF, **opts)
-    final = g.final
-    spec = fwd_template.TEMPLATE.matched(make_piece(final, 0, list(final.nodes)), Device("cpu")).spec()
-    pack = random_pack(final, rng)
-    prepare(pack, g, lq, lkv)
-    want = reference_outputs(final, pack)
-    buffers = {u: torch.from_numpy(x) for u, x in pack.items()}
-    launch(forward(spec, FwdKnobs(num_warps=4, num_stages=1, **knobs)), buffers, interpret=True)
-    for u in final.outputs:
-        bad = compare(final.tensors[u], buffers[u].numpy(), want[u], rtol=3e-2, atol=3e-2)
-        assert bad is None, bad
+    _launch(*MIXES["mixed"], rng, knobs, **opts)
 
 
 def _launch_tiles(lq, lkv, rng, knobs, io=DT.HALF, **opts):
+    return _launch(lq, lkv, rng, {"ONELOOP": 1, "TILES": 1, **knobs}, io, **opts)
+
+
+def _launch(lq, lkv, rng, knobs, io=DT.HALF, **opts):
+    """The forward of graph(lq, lkv, io, **opts) with `knobs`, launched directly under the interpreter;
+    every output compared with the reference engine's."""
     import torch
 
     from opgraph.engines.triton.attention import FwdKnobs, forward
@@ -365,7 +354,7 @@ def _launch_tiles(lq, lkv, rng, knobs, io=DT.HALF, **opts):
     prepare(pack, g, lq, lkv)
     want = reference_outputs(final, pack)
     buffers = {u: torch.from_numpy(x) for u, x in pack.items()}
-    gen = forward(spec, FwdKnobs(num_warps=4, num_stages=1, ONELOOP=1, TILES=1, **knobs))
+    gen = forward(spec, FwdKnobs(num_warps=4, num_stages=1, **knobs))
     launch(gen, buffers, interpret=True)
     for u in final.outputs:
         bad = compare(final.tensors[u], buffers[u].numpy(), want[u], rtol=3e-2, atol=3e-2)
