@@ -396,14 +396,13 @@ def compile_here(
     found = registered(spec)
     if found is not None:
         return found
+    if isolated:
+        return _compile_isolated(spec, fn)
     found = _disk_get(spec)
     if found is not None:
         STATS["loaded"] += 1
     else:
         found = _cached(spec, fn)
-        if found is None and isolated and _compile_in_worker(spec):
-            found = _cached(spec, fn)
-            compiled_elsewhere = True
         if found is None:
             kernel, hit = compile_spec(fn, spec.job())
             STATS["compiled" if not (hit or compiled_elsewhere) else "loaded"] += 1
@@ -418,31 +417,23 @@ def compile_here(
 _FAILED: dict[str, str] = {}
 
 
-def _compile_in_worker(spec: KernelSpec) -> bool:
-    """Compile one spec in a compile worker (its result left in Triton's cache): True. ExecutionError
-    when the compiler fails or the worker dies (remembered); False where no worker process can be
-    started here (the caller compiles in this process)."""
-    from .pool import shared_pool
-
-    if spec.key not in _FAILED:
-        answers: list[dict[str, Any]] = []
-        try:
-            shared_pool().run([{**spec.job(), "id": "0"}], lambda job, answer: answers.append(answer))
-        except OSError as err:  # (no subprocess here: an embedded or sandboxed interpreter)
-            log.warning("no compile worker (%s): compiling %s in this process", err, spec.kernel)
-            return False
-        answer = answers[0] if answers else {"ok": False, "error": "no answer from the compile worker"}
-        if answer.get("ok"):
-            STATS["compiled"] += not answer.get("cache_hit")
-            return True
-        log.info("compiling %s failed in a worker: %s", spec.kernel, answer.get("trace") or answer.get("error"))
-        _FAILED[spec.key] = str(answer.get("error"))
-    raise ExecutionError(
-        f"kernel {spec.kernel} ({spec.module}) failed to compile: {_FAILED[spec.key]}",
-        rule="triton.compile_failed",
-        hint="build the graph with another engine or config, and report the graph (OPGRAPH_LOG=info logs "
-        "the compiler's traceback)",
-    )
+def _compile_isolated(spec: KernelSpec, fn: Any) -> KernelBinary:
+    """compile_here(isolated=True): compile_all of the one spec (in a worker, the caches first);
+    ExecutionError when it has no binary; in this process where no worker process can be started."""
+    try:
+        report = compile_all({spec.key: (spec, fn)}, parallel=True)
+    except OSError as err:  # (no subprocess here: an embedded or sandboxed interpreter)
+        log.warning("no compile worker (%s): compiling %s in this process", err, spec.kernel)
+        return compile_here(spec, fn)
+    found = registered(spec)
+    if found is None:
+        raise ExecutionError(
+            f"kernel {spec.kernel} ({spec.module}) failed to compile: {report.failed.get(spec.key)}",
+            rule="triton.compile_failed",
+            hint="build the graph with another engine or config, and report the graph (OPGRAPH_LOG=info logs "
+            "the compiler's traceback)",
+        )
+    return found
 
 
 def compile_all(

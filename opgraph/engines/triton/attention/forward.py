@@ -51,10 +51,8 @@ from .ragged import exit_past_length, ragged_lines, row_base, rows_ok, zero_kern
 from .sized import divides
 from .spec import AttnSpec, Coords, FwdKnobs
 from .split import combine, partial_stores, partials, split_range
-from .tiles import check_tiles, tile_lines, tiles_ok
+from .tiles import FORWARD_OUTPUTS, check_tiles, tile_lines, tiles_ok
 from .tiles import programs as tile_programs
-
-FWD_OUTS = ("o", "stats", "score_max", "score_sum_exp")  # (the packed outputs whose rows make the tile list)
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -137,14 +135,13 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     # ORDER=1: the query blocks outermost (every head's heaviest block first, the best balance for few
     # waves); 0: each head's blocks together (its k/v shared in L2)
     axes = ("1", "0") if kn.ORDER else ("0", "1")
-    if listed:  # (tiles.py: the program's tile of the list)
-        k.add(*tile_lines(spec, k, bm, num_m, side="q", outs=FWD_OUTS))
+    if listed:  # (tiles.py: the program's tile of the list: start_m, off_b, off_h)
+        k.add(*tile_lines(spec, k, bm, num_m, side="q", outs=FORWARD_OUTPUTS))
     else:
         k.add(f"pid_m = tl.program_id({axes[0]})", f"pid_bh = tl.program_id({axes[1]})")
+        k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
     if split:
         k.add("pid_s = tl.program_id(2)")
-    if not listed:
-        k.add(f"start_m = {num_m - 1} - pid_m" if causal else "start_m = pid_m")  # heaviest blocks first
     if pack:
         k.add(*pack_lines(spec, bm))
     else:
@@ -162,7 +159,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     )
     k.add(*seqlen_lines(spec, k))
     if not split and not pack and not listed:
-        k.add(*exit_past_length(spec, "m0", "q", ("o", "stats", "score_max", "score_sum_exp", "rng_dump")))
+        k.add(*exit_past_length(spec, "m0", "q", (*FORWARD_OUTPUTS, "rng_dump")))
     k.add(*ragged_lines(spec, k, ("q", "k", "v") if split else None))
     k.add(*scale_lines(spec, k))
     k.add(*alibi_lines(spec))
@@ -266,7 +263,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if spec.dropout is not None:
         functions.insert(0, UNIFORM_HELPER)
     if listed:
-        grid = (tile_programs(spec, bm, num_m, FWD_OUTS), spec.Hq)
+        grid = (tile_programs(spec, bm, num_m, FORWARD_OUTPUTS), spec.Hq)
     else:
         grid = (spec.B * heads, num_m) if kn.ORDER else (num_m, spec.B * heads)
     launches = [k.launch((*grid, split) if split else grid, kn.num_warps, kn.num_stages)]

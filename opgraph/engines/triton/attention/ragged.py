@@ -53,19 +53,21 @@ def ragged_lines(spec: AttnSpec, k: KernelText, roles: tuple[str, ...] | None = 
         off = r.offsets
         k.param(off.name)
         at = f"{off.offset} + " if off.offset else ""
-        raw = f"tl.load({off.name} + {at}off_b * {off.strides[0]}).to(tl.int64)"
-        if r.per_row == 1:
-            lines.append(f"{role}_tok0 = {raw}")
-        else:  # floor division of an integer of either sign (// of a negative one differs between backends)
-            n = r.per_row
-            lines += [
-                f"{role}_tok0 = {raw}",
-                f"{role}_tok0 = tl.where({role}_tok0 >= 0, {role}_tok0 // {n}, -(({n - 1} - {role}_tok0) // {n}))",
-            ]
+        lines += first_row_lines(f"{role}_tok0", f"tl.load({off.name} + {at}off_b * {off.strides[0]})", r.per_row)
         lines += [
             f"{role}_lo = tl.maximum(-{role}_tok0, 0)",
             f"{role}_hi = tl.minimum({_LENGTH[role]}.to(tl.int64), {r.tokens} - {role}_tok0)",
         ]
+    return lines
+
+
+def first_row_lines(var: str, load: str, per_row: int) -> list[str]:
+    """`var` = the row a ragged offset `load` (in units of 1/per_row row) starts at, int64: floor division
+    of an integer of either sign (// of a negative one differs between backends)."""
+    lines = [f"{var} = {load}.to(tl.int64)"]
+    if per_row != 1:
+        n = per_row
+        lines.append(f"{var} = tl.where({var} >= 0, {var} // {n}, -(({n - 1} - {var}) // {n}))")
     return lines
 
 

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 from ....core.errors import AttributeValueError
 from .common import KernelText, pow2
+from .ragged import first_row_lines
 from .spec import AttnSpec
 
-_OUTPUTS = ("o", "stats", "score_max", "score_sum_exp")
+FORWARD_OUTPUTS = ("o", "stats", "score_max", "score_sum_exp")  # (the forward's packed outputs)
 
 
-def tiles_ok(spec: AttnSpec, outputs: tuple[str, ...] = _OUTPUTS, lengths: tuple[str, ...] = ("q",)) -> str | None:
+def tiles_ok(
+    spec: AttnSpec, outputs: tuple[str, ...] = FORWARD_OUTPUTS, lengths: tuple[str, ...] = ("q",)
+) -> str | None:
     """Why the tile list does not apply to a kernel of `spec` writing `outputs` with blocks along the
     sides `lengths` ("q", "kv") (None: it does)."""
     written = [r for r in outputs if getattr(spec, r, None) is not None]
@@ -112,11 +115,8 @@ def tile_lines(
         offs, n = packed.offsets, packed.per_row
         k.param(offs.name)
         at_off = f"{offs.offset} + " if offs.offset else ""
-        lines.append(
-            f"first{i} = tl.load({offs.name} + {at_off}seqs * {offs.strides[0]}, mask=seqs < {spec.B}, other=0).to(tl.int64)"
-        )
-        if n != 1:  # (floor division of either sign, as ragged_lines)
-            lines.append(f"first{i} = tl.where(first{i} >= 0, first{i} // {n}, -(({n - 1} - first{i}) // {n}))")
+        load = f"tl.load({offs.name} + {at_off}seqs * {offs.strides[0]}, mask=seqs < {spec.B}, other=0)"
+        lines += first_row_lines(f"first{i}", load, n)
         lines += [
             f"lo{i} = tl.maximum(-first{i}, 0)",
             f"hi{i} = tl.minimum(lens, {packed.tokens} - first{i})",
@@ -148,4 +148,4 @@ def table_fits(spec: AttnSpec, block: int, blocks: int) -> bool:
     return pow2(spec.B) * pow2(blocks) <= MAX_TABLE
 
 
-__all__ = ["MAX_TABLE", "check_tiles", "programs", "table_fits", "tile_lines", "tiles_ok"]
+__all__ = ["FORWARD_OUTPUTS", "MAX_TABLE", "check_tiles", "programs", "table_fits", "tile_lines", "tiles_ok"]
