@@ -61,6 +61,7 @@ def _reference(model: Any, x: Any, y: Any, pnames: list[str]) -> list[Any]:
     m = copy.deepcopy(model).double()
     params = dict(m.named_parameters())
     opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    x = x.double() if x.is_floating_point() else x  # (an image batch: the float64 model's input type)
     with torch.enable_grad():
         loss = _loss(m(x), y)
         loss.backward()

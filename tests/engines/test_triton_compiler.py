@@ -117,6 +117,31 @@ def test_a_compiler_that_aborts_fails_its_kernel_not_this_process(tmp_path, monk
         pool.close()
 
 
+def test_workers_started_under_another_environment_are_replaced(tmp_path, monkeypatch):
+    """A worker writes its binary into the Triton cache of the environment it was started with: after
+    TRITON_CACHE_DIR changes, the next run starts fresh workers (else this process, looking in its own
+    cache, would compile every kernel a second time); an unchanged environment keeps them."""
+    from opgraph.engines.triton.pool import WorkerPool
+
+    pool = WorkerPool(1)
+    sick = tmp_path / "og_env.py"
+    sick.write_text("raise RuntimeError('no')\n")
+
+    def one(i):
+        pool.run([{"path": str(sick), "module": f"og_env{i}", "kernel": "kernel", "id": str(i)}], lambda j, a: None)
+        return [w.proc.pid for w in pool.workers]
+
+    try:
+        first = one(0)
+        assert one(1) == first
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other"))
+        second = one(2)
+        assert len(second) == 1 and second != first
+        assert pool.workers[0].env["TRITON_CACHE_DIR"] == str(tmp_path / "other")
+    finally:
+        pool.close()
+
+
 def test_a_run_left_early_kills_its_busy_workers(tmp_path):
     """A `done` that raises (or an interrupt) leaves workers busy: they are killed, so a later run never
     takes their answer for its own job."""

@@ -47,6 +47,7 @@ class _Worker:
             env=env,
             bufsize=0,
         )
+        self.env = env
         self.buffer = b""
         self.job: dict[str, Any] | None = None
 
@@ -121,7 +122,11 @@ class WorkerPool:
         pending = list(jobs)
         env = self._env()
         want = min(self.size, len(pending))
-        self.workers = [w for w in self.workers if w.alive()]
+        # a worker started under another environment (TRITON_CACHE_DIR changed since) would write its
+        # binary where this process does not look: replaced
+        for w in [w for w in self.workers if w.env != env and w.alive()]:
+            w.close()
+        self.workers = [w for w in self.workers if w.alive() and w.env == env]
         while len(self.workers) < want:
             self.workers.append(_Worker(env))
         sel = selectors.DefaultSelector()

@@ -228,9 +228,19 @@ def bwd_smem(spec: AttnSpec, k: BwdKnobs) -> tuple[int, int]:
     return dkdv, dq
 
 
+# at most this many keys (static): steps of SHORT_KV_BLOCK_N keys. Triton 3.6's code for a loop of one
+# 64-key step (the trip count constant, the loop gone) was wrong on an H200 with 4 warps, D 56-64 and
+# Dv 32 (NVIDIA's test_mhas, S_kv 32 and 64; every 128x64 and 64x64 config, while 128x32 and 128x128 /
+# 8 warps were right, and any config over two or more steps: bench/results/2026-11-30-h200-nvfe-mhas-v2.md)
+SHORT_KV = 64
+SHORT_KV_BLOCK_N = 32
+
+
 def fit_fwd(spec: AttnSpec, k: FwdKnobs) -> FwdKnobs | None:
-    """`k` with fewer pipeline stages where its tiles would not fit shared memory; None if even one
-    stage does not fit."""
+    """`k` on the GPU: 32-key steps where there are at most SHORT_KV keys, and fewer pipeline stages where
+    its tiles would not fit shared memory; None if even one stage does not fit."""
+    if isinstance(spec.Skv, int) and spec.Skv <= SHORT_KV and k.BLOCK_N > SHORT_KV_BLOCK_N:
+        k = replace(k, BLOCK_N=SHORT_KV_BLOCK_N)
     while fwd_smem(spec, k) > SMEM_LIMIT:
         if k.num_stages <= 1:
             return None

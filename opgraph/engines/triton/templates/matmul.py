@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from ....core.config import Support
 from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
 from ....core.symbolic import Expr
@@ -63,6 +64,7 @@ from ..gemm import (
 )
 from ..knobs import TileKnobs
 from ..sizes import Sizes, above_one, bucket_analysis
+from ._matmul_fold import fold_rows
 from ._matmul_hopper import (
     HopperLoop,
     hopper_config,
@@ -119,6 +121,11 @@ class MatmulTemplate(TileTemplate):
         """Whether a config's kernel can take a dynamic plan's sizes at run time (MatmulMatch.kernels):
         not split-K, not device-side TMA (the attention templates answer the same question)."""
         return knobs.split_k == 1 and (not knobs.tma or knobs.tma_host)
+
+    def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
+        """The piece's analysis, over its tensors with B's broadcast batch axes folded into the rows where
+        that changes the tiling (_matmul_fold.py)."""
+        return super().analyze(fold_rows(piece) or piece)
 
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])

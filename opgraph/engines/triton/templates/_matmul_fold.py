@@ -1,0 +1,109 @@
+"""Folding a matmul's batch axes into its rows: C[b..., M, N] = A[b..., M, K] @ B[1..., K, N], B the
+same matrix for every batch entry (a Linear layer over [N, H, W, C] activations, channels-last CNNs
+and ViT tokens), is one 2-D GEMM of M' = prod(b...) * M rows where A's and C's batch and row axes nest
+in memory. Unfolded, each batch entry is a grid slice of its own: a ConvNeXt block's MLP over
+[64, 14, 14, 384] ran 896 slices of 14 rows in 64-row tiles (a fifth of each tile's rows real) and
+no operand had the single batch axis a TMA descriptor takes.
+
+`fold_rows` gives the piece over tensors with those axes merged (same UIDs, same memory, lower rank)
+where every tensor of the piece allows it, else None; the matmul template matches that piece. Only
+plain pieces fold (the matmul and elementwise ops; no views, reductions or index-generating ops, whose
+attributes name axes) of static graphs, and only where it changes the tiling: more than one batch axis
+of A above one, or rows that do not fill the tiles (M not a multiple of 64)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+
+from ....core.piece import Piece
+from ....core.tensor import TensorDesc
+
+__all__ = ["fold_rows"]
+
+_FULL_TILE = 64  # rows M is a multiple of: the unfolded tiling already fills its tiles
+
+
+class _Overlay(Mapping[int, TensorDesc]):
+    """The graph's tensors with some replaced (no copy of the whole graph's table per match)."""
+
+    def __init__(self, base: Mapping[int, TensorDesc], new: dict[int, TensorDesc]) -> None:
+        self.base, self.new = base, new
+
+    def __getitem__(self, uid: int) -> TensorDesc:
+        found = self.new.get(uid)
+        return found if found is not None else self.base[uid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+def _merged(t: TensorDesc, lo: int, hi: int, rows: int) -> TensorDesc | None:
+    """`t` with axes lo..hi-1 merged into one of `rows` (or 1, broadcast) elements; None where they do
+    not nest in memory or broadcast over only some of them."""
+    dims, strides = t.dim[lo:hi], t.stride[lo:hi]
+    size = math.prod(dims)
+    if size == 1:
+        dim, stride = 1, strides[-1]
+    elif size == rows:
+        kept = [(d, s) for d, s in zip(dims, strides) if d != 1]
+        if any(kept[i][1] != kept[i + 1][1] * kept[i + 1][0] for i in range(len(kept) - 1)):
+            return None
+        dim, stride = size, kept[-1][1]
+    else:
+        return None
+    return dataclasses.replace(t, dim=(*t.dim[:lo], dim, *t.dim[hi:]), stride=(*t.stride[:lo], stride, *t.stride[hi:]))
+
+
+def fold_rows(piece: Piece) -> Piece | None:
+    """The piece with the matmul's broadcast batch axes folded into its rows (module docstring), or None."""
+    graph = piece.graph
+    if graph.origin is not None:  # (a dynamic plan's piece: its bucket analysis reads the unfolded origin)
+        return None
+    mains = [n for n in piece.nodes if n.kind == "matmul"]
+    if len(mains) != 1:
+        return None
+    main = mains[0]
+    if any(n is not main and (n.kind != "pointwise" or getattr(n.op, "axis", None) is not None) for n in piece.nodes):
+        return None
+    a_uid, b_uid, c_uid = main.input("A"), main.input("B"), main.output_uids()[0]
+    if not isinstance(a_uid, int) or not isinstance(b_uid, int):
+        return None
+    a, b, c = graph.tensors[a_uid], graph.tensors[b_uid], graph.tensors[c_uid]
+    rank = len(c.dim)
+    if len(a.dim) != rank or len(b.dim) != rank:
+        return None
+    uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
+    if any(not isinstance(x, int) for u in uids for x in (*graph.tensors[u].dim, *graph.tensors[u].stride)):
+        return None
+    lo = rank - 2
+    while lo > 0 and b.dim[lo - 1] == 1:
+        lo -= 1
+    if lo == rank - 2:
+        return None
+    batched = sum(1 for d in a.dim[:lo] + a.dim[lo : rank - 2] if d > 1)
+    if batched <= 1 and a.dim[rank - 2] % _FULL_TILE == 0:
+        return None
+    rows = math.prod(c.dim[lo : rank - 1])
+    new: dict[int, TensorDesc] = {}
+    for u in uids:
+        t = graph.tensors[u]
+        if u == b_uid:
+            new[u] = dataclasses.replace(
+                t, dim=t.dim[:lo] + t.dim[rank - 2 :], stride=t.stride[:lo] + t.stride[rank - 2 :]
+            )
+            continue
+        if len(t.dim) != rank:
+            if t.numel == 1:  # (a one-element operand broadcasts at any rank)
+                continue
+            return None
+        merged = _merged(t, lo, rank - 1, rows)
+        if merged is None or (u in (a_uid, c_uid) and merged.dim[lo] != rows):
+            return None
+        new[u] = merged
+    folded = dataclasses.replace(graph, tensors=_Overlay(graph.tensors, new))
+    return dataclasses.replace(piece, graph=folded, growth=None)

@@ -1,0 +1,125 @@
+"""A matmul's broadcast batch axes folded into its rows (engines/triton/templates/_matmul_fold.py): which
+pieces fold and to what tensors (CPU), that folded pieces compute what the reference engine does with
+every candidate config under Triton's interpreter (small shapes), and, marked gpu, at ConvNeXt's MLP
+shape on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+from opgraph.core.device import Device
+from opgraph.core.piece import make_piece
+from opgraph.core.tensor import packed_strides
+from opgraph.engines.triton.templates._matmul_fold import fold_rows
+
+from ..helpers import assert_candidates_match, assert_engine_matches, candidate_configs, requires_cuda
+
+DT = og.DataType
+H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+
+
+def linear(x_dims, n, *, x_strides=None, scale_dims=None, dt=DT.BFLOAT16, gelu=True):
+    """x @ W^T + bias (then GELU, then * scale where `scale_dims` is given) over an activation of any
+    rank, W [n, K] read transposed in place as the importer reads a Linear's weight."""
+    g = og.Graph("fold", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    rank, k = len(x_dims), x_dims[-1]
+    x = g.tensor(dim=list(x_dims), stride=list(x_strides or packed_strides(x_dims)), name="x")
+    w = g.tensor(dim=[1] * (rank - 2) + [k, n], stride=[k * n] * (rank - 2) + [1, k], name="wt")
+    b = g.tensor(dim=[1] * (rank - 1) + [n], name="b")
+    y = g.add(g.matmul(x, w, name="mm"), b, name="bias")
+    if gelu:
+        y = g.gelu(y, name="gelu")
+    if scale_dims is not None:
+        y = g.mul(y, g.tensor(dim=list(scale_dims), name="scale"), name="scale")
+    y.set_output(True)
+    return g
+
+
+def folded(g):
+    final = g.final
+    piece = make_piece(final, 0, list(final.nodes))
+    return piece, fold_rows(piece)
+
+
+def test_channels_last_linear_folds_to_one_gemm():
+    piece, f = folded(linear((4, 3, 5, 16), 24))
+    assert f is not None
+    mm = next(n for n in f.nodes if n.kind == "matmul")
+    a, b, c = (f.tensor(u) for u in (mm.input("A"), mm.input("B"), mm.output_uids()[0]))
+    assert (a.dim, a.stride) == ((60, 16), (16, 1))
+    assert (b.dim, b.stride) == ((16, 24), (1, 16))
+    assert c.dim == (60, 24)
+    bias = next(n for n in f.nodes if n.name == "bias")
+    assert f.tensor(bias.input_uids()[1]).dim == (1, 24)
+    # the plan's graph is untouched
+    assert piece.tensor(mm.input("A")).dim == (4, 3, 5, 16)
+
+
+def test_tokens_not_filling_tiles_fold_and_full_tiles_do_not():
+    assert folded(linear((8, 197, 32), 48))[1] is not None  # ViT's 197 tokens
+    assert folded(linear((8, 256, 32), 48))[1] is None  # one batch axis, whole 64-row tiles: as before
+    assert folded(linear((197, 32), 48))[1] is None  # nothing to fold
+
+
+@pytest.mark.parametrize(
+    "why,kw",
+    [
+        ("a per-sample scale broadcasts over some folded axes only", {"scale_dims": (4, 1, 1, 24)}),
+        # H and W swapped in memory: the rows do not nest
+        ("rows that do not nest", {"x_strides": (240, 16, 48, 1)}),
+    ],
+)
+def test_pieces_that_cannot_fold(why, kw):
+    assert folded(linear((4, 3, 5, 16), 24, **kw))[1] is None, why
+
+
+def test_a_weight_per_batch_entry_does_not_fold():
+    g = og.Graph("bmm", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    a = g.tensor(dim=[4, 3, 5, 16], name="a")
+    b = g.tensor(dim=[4, 1, 16, 8], name="b")
+    g.matmul(a, b, name="mm").set_output(True)
+    final = g.final
+    piece = make_piece(final, 0, list(final.nodes))
+    f = fold_rows(piece)
+    assert f is not None  # the H axis folds, N (B's own batch axis) stays a batch axis
+    mm = next(n for n in f.nodes if n.kind == "matmul")
+    assert f.tensor(mm.input("A")).dim == (4, 15, 16) and f.tensor(mm.input("B")).dim == (4, 16, 8)
+
+
+def test_the_template_matches_the_folded_piece():
+    from opgraph.engines.triton.templates.matmul import MatmulTemplate
+
+    piece, _ = folded(linear((64, 14, 14, 384), 1536))
+    m = MatmulTemplate().match(piece, H200)
+    assert m.gp.space.m == 64 * 14 * 14 and m.gp.space.nbatch == 1
+    assert m.candidates()[0].tma_host  # the Hopper path, which the unfolded piece's 3 batch axes had not
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "x_dims,kw",
+    [
+        ((2, 3, 5, 16), {}),
+        ((2, 3, 5, 16), {"scale_dims": (1, 1, 1, 24)}),
+        ((2, 3, 5, 16), {"scale_dims": (2, 3, 5, 24)}),  # a residual-like operand, folded with the rows
+        ((2, 3, 5, 16), {"scale_dims": (2, 1, 1, 24)}),  # not folded
+        ((2, 3, 5, 16), {"x_strides": (240, 16, 48, 1)}),  # not folded
+        ((3, 7, 16), {"dt": DT.HALF}),
+    ],
+)
+def test_folded_and_unfolded_pieces_compute_the_reference(x_dims, kw, rng):
+    g = linear(x_dims, 24, **kw)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=3e-2, atol=3e-2)
+    plan, step, configs = candidate_configs(g)
+    assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_convnext_mlp_folded(rng):
+    """ConvNeXt-T's stage-3 MLP up-projection (bias + GELU) over channels-last [64, 14, 14, 384] on CUDA,
+    folded into one GEMM of 12,544 rows (the Hopper path)."""
+    g = linear((64, 14, 14, 384), 1536)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=5e-2, atol=5e-2)
+    assert plan.steps[0].config.knob("TMA_HOST"), plan.describe()
