@@ -229,9 +229,8 @@ def bwd_smem(spec: AttnSpec, k: BwdKnobs) -> tuple[int, int]:
 
 
 # at most this many keys (static): steps of SHORT_KV_BLOCK_N keys. Triton 3.6's code for a loop of one
-# 64-key step (the trip count constant, the loop gone) was wrong on an H200 with 4 warps, D 56-64 and
-# Dv 32 (NVIDIA's test_mhas, S_kv 32 and 64; every 128x64 and 64x64 config, while 128x32 and 128x128 /
-# 8 warps were right, and any config over two or more steps: bench/results/2026-11-30-h200-nvfe-mhas-v2.md)
+# 64-key step (the trip count constant, the loop gone) computed wrong outputs with 4 warps, D 56-64 and
+# Dv 32 (bench/results/constants.md#short-kv)
 SHORT_KV = 64
 SHORT_KV_BLOCK_N = 32
 

@@ -85,7 +85,7 @@ def fold_rows(piece: Piece) -> Piece | None:
         lo -= 1
     if lo == rank - 2:
         return None
-    batched = sum(1 for d in a.dim[:lo] + a.dim[lo : rank - 2] if d > 1)
+    batched = sum(1 for d in a.dim[: rank - 2] if d > 1)
     if batched <= 1 and a.dim[rank - 2] % _FULL_TILE == 0:
         return None
     rows = math.prod(c.dim[lo : rank - 1])
