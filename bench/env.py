@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import socket
@@ -36,15 +37,35 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def source_digest() -> str:
+    """A digest of the opgraph package's Python sources (paths and contents): names the code that ran
+    where the commit cannot (a copy whose git metadata is not the working tree's). The same digest of a
+    checkout: `python -m bench.env`."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "opgraph")
+    h = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def opgraph_commit() -> str:
+    """The commit (OPGRAPH_COMMIT, else git's HEAD, "+dirty" where the tree differs from it) and the
+    sources' digest."""
+    digest = f"source {source_digest()}"
     if os.environ.get("OPGRAPH_COMMIT"):
-        return os.environ["OPGRAPH_COMMIT"]
+        return f"{os.environ['OPGRAPH_COMMIT']} ({digest})"
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sha = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"])
     if not sha:
-        return "unknown (no git here: set OPGRAPH_COMMIT)"
+        return f"unknown ({digest}; no git here: set OPGRAPH_COMMIT)"
     dirty = _run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"])
-    return sha + ("+dirty" if dirty else "")
+    return sha + ("+dirty" if dirty else "") + f" ({digest})"
 
 
 def meta(device: str, *, dry_run: bool = False) -> dict[str, Any]:
@@ -141,3 +162,7 @@ def ceilings(device: str, budget: measure.Budget) -> Ceilings:
         },
         _read_gbps(device, n, budget),
     )
+
+
+if __name__ == "__main__":
+    print(opgraph_commit())

@@ -11,9 +11,9 @@ what=${1:-all}
 shift || true
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OPGRAPH_CACHE_DIR=${OPGRAPH_CACHE_DIR:-/tmp/opgraph-cache}
-# the bench header names the commit; the copy on the GPU machine has no git: pass OPGRAPH_COMMIT=<sha>
-commit=$(git rev-parse --short HEAD 2>/dev/null || true)
-export OPGRAPH_COMMIT=${OPGRAPH_COMMIT:-${commit:-unknown}}
+# the bench header names the commit (OPGRAPH_COMMIT=<sha> where given, else the copy's git HEAD, "+dirty"
+# where its files differ: the GPU machine's git metadata may be older than the tree it runs) and always
+# the digest of opgraph's sources (bench/env.py; `python -m bench.env` prints a checkout's)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 # wheels carried in .whl/ (the image has no network): the cuDNN frontend peer, the package's own

@@ -51,6 +51,24 @@ def test_longer_kv_keeps_its_tiles():
     assert any(k.BLOCK_N > SHORT_KV_BLOCK_N for k in candidates(short_kv(SHORT_KV + 1)))
 
 
+def test_a_bucket_past_the_short_kv_keeps_its_tiles():
+    """A dynamic decode plan's bucket of 17-256 keys (its hint 64): the run-time-sized kernel serves every
+    shape of the bucket, so its tiles are chosen for the largest (256 keys), not the hint."""
+    from opgraph.build.buckets import choose
+
+    from .test_triton_attention_dynamic import h100_decode, ranked_on_h100
+
+    dynamic = h100_decode(og.Dim("batch", 1, 4), og.Dim("kv", 1, 8192))
+    seen = set()
+    for b in choose(dynamic).buckets:
+        _, configs = ranked_on_h100(dynamic.in_bucket(b.hint_map, b))
+        widest = max(dict(c.knobs)["BLOCK_N"] for c in configs)
+        top = {name: hi for name, _, hi in b.ranges}["kv"]
+        assert (widest <= SHORT_KV_BLOCK_N) == (top <= SHORT_KV), (b.ranges, widest)
+        seen.add(top <= SHORT_KV)
+    assert seen == {True, False}
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("skv", [32, 64])

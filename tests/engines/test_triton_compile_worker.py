@@ -9,8 +9,9 @@ pytest.importorskip("triton")
 
 def test_only_helpers_a_kernel_calls_become_triton_functions(tmp_path):
     """exec_generated JIT-wraps a module's kernels and the `_og_` helpers they reach (directly or
-    through other helpers), not the ~20 unused ones every generated module carries: each wrap costs
-    Triton a parse of the helper's source (half of a 400-kernel plan's build time on the CPU)."""
+    through other helpers), not others a module may carry: each wrap costs Triton a parse of the
+    helper's source (half of a 400-kernel plan's build time on the CPU). module_source leaves the
+    helpers no kernel reaches out of the module (their Python compile was a quarter of its load)."""
     from triton.runtime.jit import JITFunction
 
     from opgraph.engines.triton.compile_worker import exec_generated
@@ -23,4 +24,21 @@ def test_only_helpers_a_kernel_calls_become_triton_functions(tmp_path):
     wrapped = {name for name, fn in vars(module).items() if isinstance(fn, JITFunction)}
     # _og_tanh calls _og_expm1, _og_abs and _og_neg; the casts and the rest are not reached
     assert wrapped == {"kernel", "_og_to_bf16", "_og_tanh", "_og_expm1", "_og_abs", "_og_neg"}, wrapped
-    assert callable(module._og_pow) and not isinstance(module._og_pow, JITFunction)
+    assert not hasattr(module, "_og_pow")
+
+
+def test_a_module_holds_the_helpers_its_kernels_reach_in_their_order():
+    from opgraph.engines.triton.expr import HELPERS, helpers_for
+    from opgraph.engines.triton.templates.base import module_source
+
+    text = helpers_for("y = _og_tanh(x)")
+    names = [line[4:].split("(")[0] for line in text.splitlines() if line.startswith("def ")]
+    assert names == sorted(names, key=lambda n: HELPERS.index(f"def {n}(")) and set(names) == {
+        "_og_tanh",
+        "_og_expm1",
+        "_og_abs",
+        "_og_neg",
+    }
+    assert helpers_for("y = tl.exp(x)") == "" and "def _og_" not in module_source("def kernel(p0):\n    pass\n")
+    # a helper named without a call (passed on as a value) is kept too
+    assert "def _og_floor(" in helpers_for("f = _og_floor")

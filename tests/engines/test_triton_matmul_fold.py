@@ -74,7 +74,7 @@ def test_pieces_that_cannot_fold(why, kw):
     assert folded(linear((4, 3, 5, 16), 24, **kw))[1] is None, why
 
 
-def test_a_weight_per_batch_entry_does_not_fold():
+def test_a_weight_per_batch_entry_keeps_its_batch_axis():
     g = og.Graph("bmm", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
     a = g.tensor(dim=[4, 3, 5, 16], name="a")
     b = g.tensor(dim=[4, 1, 16, 8], name="b")
@@ -85,6 +85,42 @@ def test_a_weight_per_batch_entry_does_not_fold():
     assert f is not None  # the H axis folds, N (B's own batch axis) stays a batch axis
     mm = next(n for n in f.nodes if n.kind == "matmul")
     assert f.tensor(mm.input("A")).dim == (4, 15, 16) and f.tensor(mm.input("B")).dim == (4, 16, 8)
+
+
+def square(prologue: bool):
+    """x @ w + w (w read again by the epilogue), or (x + w) @ w (and by A's prologue): w square, so that
+    both read it with the same dims."""
+    g = og.Graph("again", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=[2, 3, 16, 16], name="x")
+    w = g.tensor(dim=[1, 1, 16, 16], name="w")
+    y = g.matmul(g.add(x, w, name="pre"), w, name="mm") if prologue else g.add(g.matmul(x, w, name="mm"), w)
+    y.set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("prologue", [False, True], ids=["epilogue", "prologue"])
+def test_b_read_again_does_not_fold(prologue):
+    assert folded(square(prologue))[1] is None
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("prologue", [False, True], ids=["epilogue", "prologue"])
+def test_b_read_again_computes_the_reference(prologue, rng):
+    assert_engine_matches(square(prologue), rng, expect_steps=1, rtol=3e-2, atol=3e-2)
+
+
+def test_a_dynamic_plans_piece_does_not_fold():
+    """A bucket's piece (its kernel decided over the symbolic origin, which stays unfolded) and the
+    symbolic piece itself do not fold; the same graph at one static shape does."""
+    from opgraph.build.buckets import choose
+
+    final = linear((og.Dim("n", 1, 8), 3, 5, 16), 24).final
+    static = final.at({"n": 4})
+    assert fold_rows(make_piece(static, 0, list(static.nodes))) is not None
+    bucket = choose(final).buckets[-1]
+    inside = final.in_bucket(bucket.hint_map, bucket)
+    assert fold_rows(make_piece(inside, 0, list(inside.nodes))) is None
+    assert fold_rows(make_piece(final, 0, list(final.nodes))) is None
 
 
 def test_the_template_matches_the_folded_piece():

@@ -412,6 +412,34 @@ def elementwise(node: Node) -> bool:
     return isinstance(node.op, Pointwise) or (isinstance(node.op, Custom) and not isinstance(fused_custom(node), str))
 
 
+def _helper_blocks() -> dict[str, str]:
+    """HELPERS' functions by name, each its text (comments included), in HELPERS' order."""
+    blocks = {}
+    for block in re.split(r"\n(?=def )", HELPERS):
+        found = re.match(r"def (_og_\w+)\(", block)
+        if found:
+            blocks[found.group(1)] = block.strip("\n")
+    return blocks
+
+
+_HELPER_BLOCKS = _helper_blocks()
+_HELPER_CALL = re.compile(r"\b(_og_\w+)\b")
+
+
+def helpers_for(source: str) -> str:
+    """The HELPERS functions `source` calls, and those they call, in HELPERS' order: what a generated
+    module holds of them (the rest, most of the few hundred lines, would only be compiled by Python at
+    every load: a quarter of a kernel's load time)."""
+    needed: set[str] = set()
+    todo = [n for n in _HELPER_CALL.findall(source) if n in _HELPER_BLOCKS]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo += [n for n in _HELPER_CALL.findall(_HELPER_BLOCKS[name]) if n in _HELPER_BLOCKS]
+    return "\n\n\n".join(text for name, text in _HELPER_BLOCKS.items() if name in needed)
+
+
 def custom_imports(source: str) -> list[str]:
     """Import lines for the custom ops' Triton functions that `source` calls."""
     from ...ops.custom import CUSTOM_OPS

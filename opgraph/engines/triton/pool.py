@@ -36,6 +36,15 @@ def default_size() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _compile_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """What of a worker's environment its compiles depend on: Triton's and CUDA's variables, the paths
+    it finds programs, libraries and modules on (not the rest: pytest, for one, sets a variable per test)."""
+    keep = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", PATH_ENV)
+    return tuple(
+        sorted((k, v) for k, v in env.items() if k in keep or k.startswith(("TRITON_", "CUDA_", "PTXAS", "OPGRAPH_")))
+    )
+
+
 class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
         self.stderr = tempfile.TemporaryFile()  # (what a compiler that aborts says last, read if it dies)
@@ -122,11 +131,12 @@ class WorkerPool:
         pending = list(jobs)
         env = self._env()
         want = min(self.size, len(pending))
-        # a worker started under another environment (TRITON_CACHE_DIR changed since) would write its
-        # binary where this process does not look: replaced
-        for w in [w for w in self.workers if w.env != env and w.alive()]:
+        # a worker started under another compile environment (TRITON_CACHE_DIR changed since) would write
+        # its binary where this process does not look: replaced
+        wanted = _compile_env(env)
+        for w in [w for w in self.workers if _compile_env(w.env) != wanted and w.alive()]:
             w.close()
-        self.workers = [w for w in self.workers if w.alive() and w.env == env]
+        self.workers = [w for w in self.workers if w.alive() and _compile_env(w.env) == wanted]
         while len(self.workers) < want:
             self.workers.append(_Worker(env))
         sel = selectors.DefaultSelector()

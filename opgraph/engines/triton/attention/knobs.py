@@ -235,10 +235,12 @@ SHORT_KV = 64
 SHORT_KV_BLOCK_N = 32
 
 
-def fit_fwd(spec: AttnSpec, k: FwdKnobs) -> FwdKnobs | None:
-    """`k` on the GPU: 32-key steps where there are at most SHORT_KV keys, and fewer pipeline stages where
-    its tiles would not fit shared memory; None if even one stage does not fit."""
-    if isinstance(spec.Skv, int) and spec.Skv <= SHORT_KV and k.BLOCK_N > SHORT_KV_BLOCK_N:
+def fit_fwd(spec: AttnSpec, k: FwdKnobs, skv: int | None = None) -> FwdKnobs | None:
+    """`k` on the GPU: 32-key steps where there are at most SHORT_KV keys (`skv`: at the largest shape of a
+    dynamic plan's bucket, whose kernel serves every shape of it; else the spec's), and fewer pipeline
+    stages where its tiles would not fit shared memory; None if even one stage does not fit."""
+    keys = spec.Skv if skv is None else skv
+    if isinstance(keys, int) and keys <= SHORT_KV and k.BLOCK_N > SHORT_KV_BLOCK_N:
         k = replace(k, BLOCK_N=SHORT_KV_BLOCK_N)
     while fwd_smem(spec, k) > SMEM_LIMIT:
         if k.num_stages <= 1:
@@ -247,7 +249,9 @@ def fit_fwd(spec: AttnSpec, k: FwdKnobs) -> FwdKnobs | None:
     return k
 
 
-def fit_bwd(spec: AttnSpec, k: BwdKnobs) -> BwdKnobs | None:
+def fit_bwd(spec: AttnSpec, k: BwdKnobs, skv: int | None = None) -> BwdKnobs | None:
+    """`k` with fewer pipeline stages where its tiles would not fit shared memory; None if even one stage
+    does not fit (`skv` unused: fit_fwd's signature)."""
     while True:
         a, b = bwd_smem(spec, k)
         if k.FUSED:

@@ -24,8 +24,9 @@ class AttentionTemplateBase(Template):
     kind: ClassVar[str]  # the op kind the template runs (one per piece)
     priority = 60
 
-    # the kernel builder's parts: knob candidates for (D, cuda, Dv), fitting one to the device's shared
-    # memory (None: it does not fit), and the builder of the kernels' source
+    # the kernel builder's parts: knob candidates for (D, cuda, Dv), fitting one to the device (spec, knobs,
+    # skv=the KV length at the bucket's largest shape; None: it does not fit), and the builder of the
+    # kernels' source
     candidates_for: ClassVar[Callable[..., Any]]
     fit: ClassVar[Callable[..., Any]]
     more_candidates: ClassVar[Callable[..., Any] | None] = None  # (spec, cuda=, skv=) -> knobs after the others
@@ -71,7 +72,7 @@ class AttentionMatch(Match[Any]):
         for k in knobs + extra:
             if getattr(k, "TILES", None) and self.symbolic is not None:
                 continue  # (a bucket's kernel takes its batch and lengths at run time: no tile list)
-            fitted = t.fit(spec, k) if cuda else k
+            fitted = t.fit(spec, k, skv=self.largest_skv) if cuda else k
             if fitted is not None:
                 out.append(fitted)
         if spec.q.dtype == "tl.float32" and cuda:

@@ -13,6 +13,7 @@ of A above one, or rows that do not fill the tiles (M not a multiple of 64)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping
@@ -73,6 +74,8 @@ def fold_rows(piece: Piece) -> Piece | None:
     a_uid, b_uid, c_uid = main.input("A"), main.input("B"), main.output_uids()[0]
     if not isinstance(a_uid, int) or not isinstance(b_uid, int):
         return None
+    if a_uid == b_uid or any(b_uid in n.input_uids() for n in piece.nodes if n is not main):
+        return None  # (B's batch axes are dropped, not merged: another reader would index them as rows)
     a, b, c = graph.tensors[a_uid], graph.tensors[b_uid], graph.tensors[c_uid]
     rank = len(c.dim)
     if len(a.dim) != rank or len(b.dim) != rank:
@@ -105,5 +108,9 @@ def fold_rows(piece: Piece) -> Piece | None:
         if merged is None or (u in (a_uid, c_uid) and merged.dim[lo] != rows):
             return None
         new[u] = merged
-    folded = dataclasses.replace(graph, tensors=_Overlay(graph.tensors, new))
+    # a shallow copy: the nodes, and all that is derived from them, are the graph's own (a replace would
+    # derive them again, for every match of a growing piece: quadratic in the graph)
+    folded = copy.copy(graph)
+    object.__setattr__(folded, "tensors", _Overlay(graph.tensors, new))
+    object.__setattr__(folded, "_at", {})
     return dataclasses.replace(piece, graph=folded, growth=None)

@@ -38,7 +38,7 @@ from ....core.errors import AttributeValueError
 from ....core.piece import Piece
 from ....core.symbolic import SymInt, evaluate, free_symbols, lambdify
 from ....core.tensor import TensorDesc
-from ..expr import HELPERS, custom_imports
+from ..expr import custom_imports, helpers_for
 from ..knobs import Knobs
 
 K = TypeVar("K", bound=Knobs)
@@ -401,14 +401,16 @@ def unique(configs: Iterable[T]) -> list[T]:
 
 def module_source(*functions: str) -> str:
     """A generated module: imports (and those of the custom ops' Triton functions it calls), the
-    helpers, the kernels."""
+    helpers they call, the kernels."""
+    body = "\n".join(functions)
+    helpers = helpers_for(body)
     return "\n".join(
         [
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            *custom_imports("\n".join(functions)),
-            HELPERS,
+            *custom_imports(body),
+            *([f"\n{helpers}\n"] if helpers else []),
             *functions,
         ]
     )
