@@ -396,15 +396,17 @@ def test_the_tile_list_walks_every_sequences_blocks_once(lens, opts, rng, monkey
 
 def test_the_engine_offers_the_tile_list_after_its_other_configs(rng):
     """The packed forward's candidates end with the tile list on the heuristic's first two knob sets (an
-    autotuned build times them); a plan's alternatives hold one, run through the engine as a plan's
-    step, its outputs checked; a dense O gets none."""
+    autotuned build times them); a plan built with mode B's candidates holds one among its alternatives
+    (never FALLBACK's pick), run through the engine as a plan's step, its outputs checked; a dense O gets
+    none."""
     from ..helpers import assert_candidates_match
 
     lq, lkv = MIXES["mixed"]
     g = graph(lq, lkv, DT.HALF, use_causal_mask=True)
     cands = fwd_template.TEMPLATE.matched(make_piece(g.final, 0, list(g.final.nodes)), Device("cpu")).candidates()
     assert [k.TILES for k in cands][-2:] == [1, 1] and not any(k.TILES for k in cands[:-2]), cands
-    plan = g.build(device="cpu", engines=["triton"])
+    modes = [og.HeurMode.A, og.HeurMode.B]  # (B: every candidate among the alternatives, for tuning)
+    plan = g.build(device="cpu", engines=["triton"], heur_mode=modes)
     configs = [plan.steps[0].config, *plan.steps[0].alternatives]
     listed = [c for c in configs if c.knob("TILES")]
     assert listed and not plan.steps[0].config.knob("TILES"), configs
@@ -412,7 +414,7 @@ def test_the_engine_offers_the_tile_list_after_its_other_configs(rng):
     for c in listed:
         bad = og.testing.check_plan(_step_plan(plan, c), rng, prepare=prep, rtol=3e-2, atol=3e-2)
         assert not bad, f"{c}: {bad}"
-    dense_o = graph(lq, lkv, pack=("q", "k", "v", "stats")).build(device="cpu", engines=["triton"])
+    dense_o = graph(lq, lkv, pack=("q", "k", "v", "stats")).build(device="cpu", engines=["triton"], heur_mode=modes)
     assert not any(c.knob("TILES") for c in dense_o.steps[0].alternatives)
 
 

@@ -407,7 +407,8 @@ class TritonEngine(Engine):
             # mode A also the candidates whose knobs the build's policy chooses (Knobs.CHOICES)
             policy = [k for k in candidates if k.chosen_by_policy()]
             plain = [k for k in candidates if not k.chosen_by_policy()]
-            ordered = plain[::-1] if mode is HeurMode.FALLBACK else plain
+            # (FALLBACK: the broadest first, never a variant offered for tuning until measured)
+            ordered = sorted(plain[::-1], key=lambda k: k.unmeasured()) if mode is HeurMode.FALLBACK else plain
             picked: dict[frozenset[NumericalNote], Knobs] = {}
             for k in ordered:
                 picked.setdefault(notes[k], k)

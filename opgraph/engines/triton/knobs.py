@@ -52,6 +52,12 @@ class Knobs:
     def chosen_by_policy(self) -> bool:
         return any(getattr(self, n, None) is not None for n in self.CHOICES)
 
+    # knobs of kernel variants offered for tuning until measured (a set one makes the config no fallback)
+    UNMEASURED: ClassVar[frozenset[str]] = frozenset()
+
+    def unmeasured(self) -> bool:
+        return any(getattr(self, n, None) for n in self.UNMEASURED)
+
     def pairs(self) -> tuple[tuple[str, Any], ...]:
         """(name, value) of the knobs this set gives, sorted by name: what EngineConfig.knobs stores."""
         return tuple(sorted((f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None))

@@ -53,6 +53,7 @@ from .spec import AttnSpec, Coords, FwdKnobs
 from .split import combine, partial_stores, partials, split_range
 from .tiles import FORWARD_OUTPUTS, check_tiles, tile_lines, tiles_ok
 from .tiles import programs as tile_programs
+from .warpspec import ws_refusal
 
 __all__ = ["block_loops", "forward", "fwd_ranges", "needs_loops"]
 
@@ -241,6 +242,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if split:
         k.add(*split_range(spec, bn, split))
     lead, trail = needs_loops(spec, bn)
+    ws = bool(kn.WS) and tma and not split and ws_refusal(spec) is None
     k.add(
         *block_loops(
             lead,
@@ -249,6 +251,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
             "start_n",
             bn,
             lambda masked: _body(spec, k, kn, masked, wk, wv, row_ok, dmask, dvmask, tma),
+            ws=ws,
         )
     )
 
@@ -282,10 +285,15 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     return generated(functions, launches, scratch_bytes, spec.sizes)
 
 
-def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body) -> list[str]:
+def block_loops(lead: bool, trail: bool, one: bool, var: str, step: int, body, ws: bool = False) -> list[str]:
     """The loops over blocks [lo, hi): masked [lo, r1) (if `lead`), whole [r1, r2), masked [r2, hi)
-    (if `trail`); or with `one`, a single loop whose body masks under a run-time test. `body(masked)`
-    gives a loop body's lines (masked: True, False or the test)."""
+    (if `trail`); or with `one`, a single loop whose body masks under a run-time test; or with `ws`, a
+    single warp-specialised loop masking at every step (warpspec.py). `body(masked)` gives a loop body's
+    lines (masked: True, False or the test)."""
+    if ws:
+        lo, hi = "lo" if lead else "r1", "hi" if trail else "r2"
+        lines = body(lead or trail)
+        return [f"for {var} in tl.range({lo}, {hi}, {step}, warp_specialize=True):", *("    " + x for x in lines)]
     if one and (lead or trail):
         test = " | ".join(([f"({var} < r1)"] if lead else []) + ([f"({var} >= r2)"] if trail else []))
         lo = "lo" if lead else "r1"

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from .spec import AttnSpec, BwdKnobs, FwdKnobs
 from .tiles import table_fits, tiles_ok
+from .warpspec import ws_refusal
 
 SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
 _ISZ = {
@@ -117,9 +118,10 @@ def tile_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
     return [replace(k, TILES=1) for k in base if table_fits(spec, k.BLOCK_M, -(-spec.Sq // k.BLOCK_M))]
 
 
-def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[BwdKnobs]:
+def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None, hopper: bool = False) -> list[BwdKnobs]:
     """The tile list (tiles.py) on the heuristic's first two unfused backward knob sets, where it applies
-    (packed q, k, v and gradients, no dBias); after the others until measured."""
+    (packed q, k, v and gradients, no dBias); after the others until measured (`hopper` unused: the
+    forward's signature)."""
     if tiles_ok(spec, ("dq", "dk", "dv", "dbias"), ("q", "kv")) is not None:
         return []
     base = [k for k in bwd_candidates(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None) if not k.FUSED]
@@ -131,9 +133,28 @@ def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -
     ]
 
 
-def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
-    """The forward's knobs after the heuristic's own: decode_candidates', then tile_candidates'."""
-    return decode_candidates(spec, cuda=cuda, skv=skv) + tile_candidates(spec, cuda=cuda)
+def ws_candidates(spec: AttnSpec, *, hopper: bool) -> list[FwdKnobs]:
+    """The warp-specialised forward (warpspec.py) on Hopper where its loop can be (fp16 / bf16, D and Dv
+    <= 128): 4 warps
+    (Triton adds the producer group: 12 in all), 128x128 tiles in 2 stages and 128x64 in 3 (Triton 3.6
+    for sm_90, D 128 bf16 causal: 168 registers, no spills, 180 KB of shared memory); after the others
+    until measured: an autotuned build times them."""
+    halves = {"tl.float16", "tl.bfloat16"}
+    if not hopper or ws_refusal(spec) is not None or max(spec.D, spec.Dv) > 128:
+        return []
+    if not {spec.q.dtype, spec.k.dtype, spec.v.dtype} <= halves:  # (16-bit operands: the products' tiles measured)
+        return []
+    return [FwdKnobs(128, 128, 4, 2, TMA=1, ONELOOP=1, WS=1), FwdKnobs(128, 64, 4, 3, TMA=1, ONELOOP=1, WS=1)]
+
+
+def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None, hopper: bool = False) -> list[FwdKnobs]:
+    """The forward's knobs after the heuristic's own: decode_candidates', tile_candidates', then
+    ws_candidates'."""
+    return (
+        decode_candidates(spec, cuda=cuda, skv=skv)
+        + tile_candidates(spec, cuda=cuda)
+        + ws_candidates(spec, hopper=cuda and hopper)
+    )
 
 
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:

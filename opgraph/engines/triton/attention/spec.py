@@ -266,9 +266,15 @@ class FwdKnobs(Knobs):
     # the tile list (packed queries): 1: the programs walk the sequences' own query blocks, the highest
     # block of every sequence first, instead of a grid over the longest sequence's blocks (tiles.py)
     TILES: int | None = None
+    # 1: the key loop warp-specialised (Triton's tl.range(warp_specialize=True); on Hopper a producer warp
+    # group issues the TMA loads while consumer groups compute): with TMA=1 and ONELOOP=1, where the loop
+    # loads nothing but K and V (warpspec.py); its masks are applied at every step (a branch in the loop
+    # keeps Triton from partitioning it)
+    WS: int | None = None
 
     # (chosen by the build's policy: opgraph/build/split_kv.py, opgraph/build/gqa_pack.py)
     CHOICES: ClassVar[frozenset[str]] = frozenset({"SPLIT", "PACK_GQA"})
+    UNMEASURED: ClassVar[frozenset[str]] = frozenset({"TILES", "WS"})
 
     def __post_init__(self) -> None:
         if self.PACK_GQA not in (None, 0, 1):
@@ -278,6 +284,12 @@ class FwdKnobs(Knobs):
                 hint="use PACK_GQA=1 to pack a key/value head's query heads into one tile, or drop it",
             )
         _tiles_knob(self.TILES)
+        if self.WS not in (None, 0, 1) or (self.WS and not (self.TMA and self.ONELOOP)):
+            raise AttributeValueError(
+                f"WS={self.WS} (with TMA={self.TMA}, ONELOOP={self.ONELOOP}): WS is 0 or 1, and 1 needs TMA=1 and ONELOOP=1",
+                rule="triton.attention.knob",
+                hint="use WS=1 with TMA=1 and ONELOOP=1 (take configs from engine_configs()), or drop it",
+            )
 
 
 def _tiles_knob(value: int | None) -> None:
@@ -308,6 +320,8 @@ class BwdKnobs(Knobs):
     # the tile list (packed q, k, v and gradients): 1: the dK/dV and dQ programs walk the sequences' own
     # key and query blocks instead of grids over the longest sequence's (tiles.py)
     TILES: int | None = None
+
+    UNMEASURED: ClassVar[frozenset[str]] = frozenset({"TILES"})
     fp32_precision: str | None = None  # as FwdKnobs'
 
     def __post_init__(self) -> None:

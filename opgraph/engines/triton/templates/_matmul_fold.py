@@ -8,8 +8,9 @@ no operand had the single batch axis a TMA descriptor takes.
 `fold_rows` gives the piece over tensors with those axes merged (same UIDs, same memory, lower rank)
 where every tensor of the piece allows it, else None; the matmul template matches that piece. Only
 plain pieces fold (the matmul and elementwise ops; no views, reductions or index-generating ops, whose
-attributes name axes) of static graphs, and only where it changes the tiling: more than one batch axis
-of A above one, or rows that do not fill the tiles (M not a multiple of 64)."""
+attributes name axes; B read by the matmul alone, its batch axes dropped rather than merged) of static
+graphs, and only where it changes the tiling: more than one batch axis of A above one, or rows that do
+not fill the tiles (M not a multiple of 64)."""
 
 from __future__ import annotations
 
