@@ -12,6 +12,7 @@ from opgraph.core.errors import AttributeValueError
 from opgraph.core.piece import make_piece
 from opgraph.engines import EngineConfig
 from opgraph.engines.triton import generate
+from opgraph.engines.triton.attention.knobs import ws_candidates
 from opgraph.engines.triton.attention.spec import FwdKnobs
 from opgraph.engines.triton.templates import attention as fwd_template
 
@@ -29,16 +30,20 @@ def piece_of(g):
     return make_piece(final, 0, [n for n in final.nodes if n.kind == "sdpa"])
 
 
-def ws_candidates(g, device=H200):
-    return [k for k in fwd_template.TEMPLATE.match(piece_of(g), device).candidates() if k.WS]
+def offered(g, device=H200):
+    """ws_candidates of the graph's sdpa piece on `device` (a Hopper one: H200)."""
+    spec = fwd_template.TEMPLATE.match(piece_of(g), device).spec()
+    return ws_candidates(spec, hopper=device.capability >= (9, 0))
 
 
-def test_offered_on_hopper_after_the_others():
+def test_the_configs_and_not_yet_the_candidates():
+    """Two configs where the loop can be warp-specialised; none among the template's candidates until a
+    GPU has run them (an autotuned build would take one by its time alone)."""
     g = graph(DT.BFLOAT16, sq=1024, skv=1024, d=128, dv=128, use_causal_mask=True)
-    found = fwd_template.TEMPLATE.match(piece_of(g), H200).candidates()
-    ws = [k for k in found if k.WS]
+    ws = offered(g)
     assert [(k.BLOCK_M, k.BLOCK_N, k.num_warps) for k in ws] == [(128, 128, 4), (128, 64, 4)]
-    assert not found[0].WS and all(k.TMA and k.ONELOOP for k in ws)
+    assert all(k.TMA and k.ONELOOP and k.WS for k in ws)
+    assert not any(k.WS for k in fwd_template.TEMPLATE.match(piece_of(g), H200).candidates())
 
 
 @pytest.mark.parametrize(
@@ -52,7 +57,11 @@ def test_offered_on_hopper_after_the_others():
 )
 def test_not_offered(why, kw, device):
     g = graph(DT.BFLOAT16, **{"sq": 1024, "skv": 1024, "d": 128, "dv": 128, **kw})
-    assert ws_candidates(g, device) == [], why
+    assert offered(g, device) == [], why
+
+
+def test_fp32_not_offered():
+    assert offered(graph(DT.FLOAT, sq=1024, skv=1024, d=128, dv=128)) == []
 
 
 def test_the_loop_is_one_warp_specialised_loop_without_a_branch():

@@ -118,10 +118,9 @@ def tile_candidates(spec: AttnSpec, *, cuda: bool) -> list[FwdKnobs]:
     return [replace(k, TILES=1) for k in base if table_fits(spec, k.BLOCK_M, -(-spec.Sq // k.BLOCK_M))]
 
 
-def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None, hopper: bool = False) -> list[BwdKnobs]:
+def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[BwdKnobs]:
     """The tile list (tiles.py) on the heuristic's first two unfused backward knob sets, where it applies
-    (packed q, k, v and gradients, no dBias); after the others until measured (`hopper` unused: the
-    forward's signature)."""
+    (packed q, k, v and gradients, no dBias); after the others until measured."""
     if tiles_ok(spec, ("dq", "dk", "dv", "dbias"), ("q", "kv")) is not None:
         return []
     base = [k for k in bwd_candidates(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None) if not k.FUSED]
@@ -135,10 +134,9 @@ def tile_bwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None, h
 
 def ws_candidates(spec: AttnSpec, *, hopper: bool) -> list[FwdKnobs]:
     """The warp-specialised forward (warpspec.py) on Hopper where its loop can be (fp16 / bf16, D and Dv
-    <= 128): 4 warps
-    (Triton adds the producer group: 12 in all), 128x128 tiles in 2 stages and 128x64 in 3 (Triton 3.6
-    for sm_90, D 128 bf16 causal: 168 registers, no spills, 180 KB of shared memory); after the others
-    until measured: an autotuned build times them."""
+    <= 128): 4 warps (Triton adds the producer group: 12 in all), 128x128 tiles in 2 stages and 128x64 in
+    3 (Triton 3.6 for sm_90, D 128 bf16 causal: 168 registers, no spills, 180 KB of shared memory). Not
+    among the candidates until a GPU has run them (scripts/attention_ws_check.py)."""
     halves = {"tl.float16", "tl.bfloat16"}
     if not hopper or ws_refusal(spec) is not None or max(spec.D, spec.Dv) > 128:
         return []
@@ -147,14 +145,11 @@ def ws_candidates(spec: AttnSpec, *, hopper: bool) -> list[FwdKnobs]:
     return [FwdKnobs(128, 128, 4, 2, TMA=1, ONELOOP=1, WS=1), FwdKnobs(128, 64, 4, 3, TMA=1, ONELOOP=1, WS=1)]
 
 
-def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None, hopper: bool = False) -> list[FwdKnobs]:
-    """The forward's knobs after the heuristic's own: decode_candidates', tile_candidates', then
-    ws_candidates'."""
-    return (
-        decode_candidates(spec, cuda=cuda, skv=skv)
-        + tile_candidates(spec, cuda=cuda)
-        + ws_candidates(spec, hopper=cuda and hopper)
-    )
+def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
+    """The forward's knobs after the heuristic's own: decode_candidates', then tile_candidates' (not yet
+    ws_candidates': no GPU has run the warp-specialised kernels, and an autotuned build would take one
+    by its time alone)."""
+    return decode_candidates(spec, cuda=cuda, skv=skv) + tile_candidates(spec, cuda=cuda)
 
 
 def bwd_candidates(d: int, *, cuda: bool, dv: int | None = None, scored: bool = False) -> list[BwdKnobs]:

@@ -29,9 +29,7 @@ class AttentionTemplateBase(Template):
     # kernels' source
     candidates_for: ClassVar[Callable[..., Any]]
     fit: ClassVar[Callable[..., Any]]
-    more_candidates: ClassVar[Callable[..., Any] | None] = (
-        None  # (spec, cuda=, skv=, hopper=) -> knobs after the others
-    )
+    more_candidates: ClassVar[Callable[..., Any] | None] = None  # (spec, cuda=, skv=) -> knobs after the others
     build: ClassVar[Callable[..., Any]]
 
     def sized_knobs(self, knobs: Any) -> bool:
@@ -70,10 +68,7 @@ class AttentionMatch(Match[Any]):
         t = self.template
         out = []
         knobs = list(t.candidates_for(spec.D, cuda=cuda, dv=spec.Dv, scored=spec.score_mod is not None))
-        hopper = cuda and self.device.capability is not None and self.device.capability >= (9, 0)
-        extra = (
-            list(t.more_candidates(spec, cuda=cuda, skv=self.largest_skv, hopper=hopper)) if t.more_candidates else []
-        )
+        extra = list(t.more_candidates(spec, cuda=cuda, skv=self.largest_skv)) if t.more_candidates else []
         for k in knobs + extra:
             if getattr(k, "TILES", None) and self.symbolic is not None:
                 continue  # (a bucket's kernel takes its batch and lengths at run time: no tile list)

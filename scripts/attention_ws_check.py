@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Check and time the warp-specialised attention forward (knob WS=1, opgraph/engines/triton/attention/
+warpspec.py) on a Hopper GPU, before it joins the candidates (attention/knobs.py `ws_candidates`).
+
+For each case (bf16, B 4, H 16, D 128; S 1k / 4k / 16k, causal or not) it builds the forward with the
+generated engine, then runs the heuristic's config and each `ws_candidates` config: every output (O and
+the statistics) against PyTorch's float64 math on the GPU (outputs poisoned first), then the device time
+of one call (CUDA events, median of 20 after a warm-up), beside PyTorch's cuDNN SDPA. One line per config
+and a JSON file:
+
+    python3 scripts/attention_ws_check.py --out $OUT [--cases s4k_causal,s16k]
+    TRITON_INTERPRET=1 python3 scripts/attention_ws_check.py --dry-run   # CPU: the wiring, tiny shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CASES = {f"s{s // 1024}k{'_causal' if c else ''}": (s, c) for s in (1024, 4096, 16384) for c in (False, True)}
+
+
+def _time(fn, reps: int = 20, dev: str = "cuda") -> float:
+    import time
+
+    import torch
+
+    fn()
+    if dev != "cuda":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def run_case(name: str, s: int, causal: bool, dry: bool = False) -> list[dict]:
+    import torch
+
+    import opgraph as og
+    from opgraph.build.planner import Step
+    from opgraph.core.piece import make_piece
+    from opgraph.engines import EngineConfig, get_engine
+    from opgraph.engines.triton.attention.knobs import ws_candidates
+    from opgraph.engines.triton.templates import attention as fwd_template
+    from opgraph.runtime.plan import ExecutionPlan
+
+    b, h, d = (1, 2, 16) if dry else (4, 16, 128)
+    s = 48 if dry else s
+    dev = "cpu" if dry else "cuda"
+    g = og.Graph(f"ws_{name}", io_data_type=og.DataType.BFLOAT16, intermediate_data_type=og.DataType.FLOAT)
+    q, k, v = (g.tensor(dim=[b, h, s, d], name=n) for n in "qkv")
+    o, st = g.sdpa(q, k, v, attn_scale=d**-0.5, generate_stats=True, use_causal_mask=causal, name="fwd")
+    o.set_output(True)
+    st.set_output(True)
+    plan = g.build(device=dev, engines=["triton"])
+    device = plan.device
+    (step,) = plan.steps
+    spec = fwd_template.TEMPLATE.match(make_piece(plan.graph, 0, list(step.piece.nodes)), device).spec()
+    configs = [("heuristic", step.config)]
+    found = ws_candidates(spec, hopper=True)
+    if dry:  # (the interpreter's tiles)
+        found = [k.replace(BLOCK_M=16, BLOCK_N=16, num_stages=1) for k in found[:1]]
+    for knobs in found:
+        pairs = dict(knobs.pairs()) | {"template": "attention"}
+        configs.append(
+            (
+                f"WS {knobs.BLOCK_M}x{knobs.BLOCK_N} s{knobs.num_stages}",
+                EngineConfig("triton", tuple(sorted(pairs.items()))),
+            )
+        )
+
+    gen = torch.Generator(device=dev).manual_seed(0)
+    qv, kv, vv = (torch.randn(b, h, s, d, device=dev, generator=gen).to(torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        q64, k64, v64 = (x.double() for x in (qv, kv, vv))
+        scores = (q64 @ k64.transpose(-1, -2)) * d**-0.5
+        if causal:
+            scores = scores.masked_fill(torch.ones(s, s, device=dev, dtype=torch.bool).triu(1), float("-inf"))
+        want_stats = torch.logsumexp(scores, dim=-1, keepdim=True)
+        want = torch.softmax(scores, dim=-1) @ v64
+        del scores
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    rows = []
+    for label, config in configs:
+        row: dict = {"case": name, "config": label, "knobs": dict(config.knobs)}
+        try:
+            kernel = get_engine("triton").compile(step.piece, config, device)
+            p = ExecutionPlan(plan.graph, device, (Step(0, step.piece, config, kernel),), plan.cuts)
+            out = torch.full((b, h, s, d), float("nan"), device=dev, dtype=torch.bfloat16)
+            stats = torch.full((b, h, s, 1), float("nan"), device=dev, dtype=torch.float32)
+            pack = {q: qv, k: kv, v: vv, o: out, st: stats}
+            p.execute(pack)
+            if not dry:
+                torch.cuda.synchronize()
+            row["o_max_err"] = float((out.double() - want).abs().max())
+            row["stats_max_err"] = float((stats.double() - want_stats).abs().max())
+            row["ok"] = row["o_max_err"] < 2e-2 and row["stats_max_err"] < 1e-2
+            row["us"] = _time(lambda: p.execute(pack), dev=dev)
+            row["tflops"] = flops / row["us"] / 1e6
+        except Exception as err:  # noqa: BLE001 - a config that fails is a row saying so
+            row["error"] = f"{type(err).__name__}: {err}"[:400]
+        rows.append(row)
+    if dry:
+        return rows
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+        us = _time(lambda: sdpa(qv, kv, vv, is_causal=causal))
+    rows.append({"case": name, "config": "torch SDPA (cuDNN)", "us": us, "tflops": flops / us / 1e6, "ok": True})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="/tmp/ws-check")
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, one WS config: the wiring")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.cases.split(","):
+        for row in run_case(name, *CASES[name], dry=args.dry_run):
+            rows.append(row)
+            us = f"{row['us']:9.1f} µs {row['tflops']:6.1f} TFLOP/s" if "us" in row else ""
+            state = row.get("error") or (
+                "ok" if row.get("ok") else f"WRONG o {row.get('o_max_err')} stats {row.get('stats_max_err')}"
+            )
+            print(f"{name:12s} {row['config']:22s} {us} {state}", flush=True)
+    (out / "attention_ws_check.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
