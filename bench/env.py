@@ -8,6 +8,7 @@ import os
 import platform
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from . import measure
@@ -38,19 +39,13 @@ def cpu_model() -> str:
 
 
 def source_digest() -> str:
-    """A digest of the opgraph package's Python sources (paths and contents): names the code that ran
-    where the commit cannot (a copy whose git metadata is not the working tree's). The same digest of a
-    checkout: `python -m bench.env`."""
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "opgraph")
+    """A digest of the opgraph package's sources (Python and JSON; paths and contents): names the code
+    that ran where the commit cannot (a copy whose git metadata is not the working tree's). The same
+    digest of a checkout: `python -m bench.env`."""
+    root = Path(__file__).resolve().parents[1] / "opgraph"
     h = hashlib.sha256()
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                h.update(os.path.relpath(path, root).encode() + b"\0")
-                with open(path, "rb") as f:
-                    h.update(f.read() + b"\0")
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json") and "__pycache__" not in p.parts):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 

@@ -53,6 +53,7 @@ def test_the_configs_and_not_yet_the_candidates():
         ("a bias tile in the loop", {"bias": (1, 1, 1024, 1024)}, H200),
         ("head dim past 128", {"d": 256, "dv": 256}, H200),
         ("dropout in the loop", {"drop": "philox"}, H200),
+        ("rows of 72 bytes: no tensor descriptor", {"d": 36, "dv": 36}, H200),
     ],
 )
 def test_not_offered(why, kw, device):
@@ -81,11 +82,14 @@ def test_the_loop_is_one_warp_specialised_loop_without_a_branch():
     assert any("tl.where" in line for line in body) and any("desc_k.load" in line for line in body)
 
 
-def test_ws_needs_tma_and_one_loop():
+def test_ws_needs_tma_and_one_loop_and_no_other_variant():
     with pytest.raises(AttributeValueError, match="WS"):
         FwdKnobs(128, 128, 4, 2, WS=1)
     with pytest.raises(AttributeValueError, match="WS"):
         FwdKnobs(128, 128, 4, 2, TMA=1, WS=1)
+    for other in ({"SPLIT": 2}, {"PACK_GQA": 1}, {"TILES": 1}):
+        with pytest.raises(AttributeValueError, match="WS"):
+            FwdKnobs(128, 128, 4, 2, TMA=1, ONELOOP=1, WS=1, **other)
 
 
 @pytest.mark.interpreter

@@ -58,13 +58,13 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
 
 
 _DEF = re.compile(r"^def (\w+)\(", re.M)
-_CALL = re.compile(r"\b(_og_\w+)\(")
+_CALL = re.compile(r"\b(_og_\w+)\b")  # (any mention, as expr.helpers_for keeps them: a helper passed on too)
 
 
 def _reachable(path: str) -> set[str]:
     """The module's `kernel*` functions and the `_og_` helpers they call, directly or through other
-    helpers (generated modules carry every helper; a kernel uses a few: 23 JITFunctions a module made
-    a 400-kernel plan spend ~6 s in Triton's source parsing before anything compiled)."""
+    helpers (a module may carry others, a custom op's or another kernel's: 23 JITFunctions a module
+    made a 400-kernel plan spend ~6 s in Triton's source parsing before anything compiled)."""
     with open(path) as f:
         text = f.read()
     starts = [(m.group(1), m.start()) for m in _DEF.finditer(text)]
@@ -74,7 +74,7 @@ def _reachable(path: str) -> set[str]:
     todo = [name for name in bodies if name.startswith("kernel")]
     seen = set(todo)
     while todo:
-        for callee in _CALL.findall(bodies[todo.pop()]):
+        for callee in _CALL.findall(re.sub(r"#[^\n]*", "", bodies[todo.pop()])):
             if callee in bodies and callee not in seen:
                 seen.add(callee)
                 todo.append(callee)

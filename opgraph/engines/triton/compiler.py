@@ -89,7 +89,7 @@ _PRELUDES: dict[str, str] = {}  # a module's text before its first kernel -> tha
 def _alpha_renamed(source: str) -> str:
     """The module with each kernel's parameters and local variables renamed by order of appearance:
     kernels that differ only in those names (UIDs, in generated code) become the same text. The
-    helpers before the first kernel (the same few hundred lines in most modules) are parsed once a
+    helpers before the first kernel (the same few subsets of HELPERS in most modules) are parsed once a
     process; joined with two newlines, as unparsing the whole module joins them."""
     import ast
 

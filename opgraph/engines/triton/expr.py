@@ -88,8 +88,9 @@ def literal(value: float | int | bool) -> str:
     return repr(v)
 
 
-# (HELPERS is part of every generated module, comments included: a change to its text changes every kernel's
-# source, and plan files check the source they were saved with; its one dated line stays until then)
+# (a generated module carries the HELPERS functions its kernels reach, comments included (helpers_for): a
+# change to one's text changes the source of every kernel calling it, and plan files check the source
+# they were saved with; its one dated line stays until then)
 HELPERS = (
     CAST_HELPERS
     + """
@@ -423,7 +424,14 @@ def _helper_blocks() -> dict[str, str]:
 
 
 _HELPER_BLOCKS = _helper_blocks()
+# (HELPERS holds nothing but these functions: anything else at its top level would be lost from modules)
+assert "\n\n\n".join(_HELPER_BLOCKS.values()).split() == HELPERS.split(), "HELPERS: only top-level defs"
 _HELPER_CALL = re.compile(r"\b(_og_\w+)\b")
+
+
+def _named(text: str) -> list[str]:
+    """The HELPERS functions `text`'s code names (its comments left out: they name others in passing)."""
+    return [n for n in _HELPER_CALL.findall(re.sub(r"#[^\n]*", "", text)) if n in _HELPER_BLOCKS]
 
 
 def helpers_for(source: str) -> str:
@@ -431,12 +439,12 @@ def helpers_for(source: str) -> str:
     module holds of them (the rest, most of the few hundred lines, would only be compiled by Python at
     every load: a quarter of a kernel's load time)."""
     needed: set[str] = set()
-    todo = [n for n in _HELPER_CALL.findall(source) if n in _HELPER_BLOCKS]
+    todo = _named(source)
     while todo:
         name = todo.pop()
         if name not in needed:
             needed.add(name)
-            todo += [n for n in _HELPER_CALL.findall(_HELPER_BLOCKS[name]) if n in _HELPER_BLOCKS]
+            todo += _named(_HELPER_BLOCKS[name])
     return "\n\n\n".join(text for name, text in _HELPER_BLOCKS.items() if name in needed)
 
 

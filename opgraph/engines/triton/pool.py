@@ -37,12 +37,12 @@ def default_size() -> int:
 
 
 def _compile_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """What of a worker's environment its compiles depend on: Triton's and CUDA's variables, the paths
-    it finds programs, libraries and modules on (not the rest: pytest, for one, sets a variable per test)."""
-    keep = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", PATH_ENV)
-    return tuple(
-        sorted((k, v) for k, v in env.items() if k in keep or k.startswith(("TRITON_", "CUDA_", "PTXAS", "OPGRAPH_")))
-    )
+    """What of a worker's environment its compiles depend on: Triton's, CUDA's and LLVM's variables, the
+    paths it finds programs, libraries, modules and Triton's default cache (HOME) on (not the rest:
+    pytest, for one, sets a variable per test)."""
+    keep = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "CC", PATH_ENV)
+    prefixes = ("TRITON_", "CUDA_", "PTXAS", "OPGRAPH_", "LLVM_", "NVPTX_", "DISABLE_", "USE_IR_LOC")
+    return tuple(sorted((k, v) for k, v in env.items() if k in keep or k.startswith(prefixes)))
 
 
 class _Worker:

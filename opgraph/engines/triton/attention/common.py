@@ -400,6 +400,25 @@ def tma_ok(op: Operand, dims: tuple[int, int, int, int]) -> bool:
     return all((s * size) % 16 == 0 for d, s in zip(dims[:3], op.strides[:3]) if d > 1)
 
 
+def descriptors_ok(spec: AttnSpec) -> bool:
+    """Whether the forward can read q, k and v through tensor descriptors (TMA=1): static sizes (a
+    descriptor's shape is the tensor's), no prologue, packed or paged operand, and each `tma_ok`."""
+    return (
+        spec.sizes is None
+        and not spec.prologue
+        and not spec.ragged
+        and not spec.paged
+        and all(
+            tma_ok(op, (spec.B, h, s, d))
+            for op, h, s, d in (
+                (spec.q, spec.Hq, spec.Sq, spec.D),
+                (spec.k, spec.Hk, spec.Skv, spec.D),
+                (spec.v, spec.Hv, spec.Skv, spec.Dv),
+            )
+        )
+    )
+
+
 def tma_desc(op: Operand, var: str, dims: tuple[int, int, int, int], rows: int, cols: int) -> str:
     """A line making descriptor `var` over `op` ([B, H, S, D] dims) with [1, 1, rows, cols] blocks
     (cols may exceed D: TMA fills columns and rows past the ends with zeros)."""

@@ -25,6 +25,7 @@ from .common import (
     and_mask,
     apply_keep,
     base_expr,
+    descriptors_ok,
     dot,
     dot_dtype,
     dropout_lines,
@@ -40,7 +41,6 @@ from .common import (
     times,
     tma_desc,
     tma_load,
-    tma_ok,
     wide,
 )
 from .dump import rng_dump_kernel
@@ -179,22 +179,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
         for op, s, d in ((spec.q, spec.Sq, spec.D), (spec.k, spec.Skv, spec.D), (spec.v, spec.Skv, spec.Dv))
     )
 
-    tma = (
-        bool(kn.TMA)
-        and spec.sizes is None  # (a descriptor's shape is the tensor's)
-        and not pack
-        and not spec.prologue
-        and not spec.ragged
-        and not spec.paged
-        and all(
-            tma_ok(op, (spec.B, h, s, d))
-            for op, h, s, d in (
-                (spec.q, spec.Hq, spec.Sq, spec.D),
-                (spec.k, spec.Hk, spec.Skv, spec.D),
-                (spec.v, spec.Hv, spec.Skv, spec.Dv),
-            )
-        )
-    )
+    tma = bool(kn.TMA) and not pack and descriptors_ok(spec)
     # q: loaded (or computed by its prologue) once
     q_at = Coords("off_b", "off_h", "offs_m[:, None]", "offs_d[None, :]", and_mask(row_ok, dmask))
     if spec.hook("q") is not None:

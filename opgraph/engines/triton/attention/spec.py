@@ -284,9 +284,12 @@ class FwdKnobs(Knobs):
                 hint="use PACK_GQA=1 to pack a key/value head's query heads into one tile, or drop it",
             )
         _tiles_knob(self.TILES)
-        if self.WS not in (None, 0, 1) or (self.WS and not (self.TMA and self.ONELOOP)):
+        others = self.SPLIT or self.PACK_GQA or self.TILES
+        if self.WS not in (None, 0, 1) or (self.WS and (not (self.TMA and self.ONELOOP) or others)):
             raise AttributeValueError(
-                f"WS={self.WS} (with TMA={self.TMA}, ONELOOP={self.ONELOOP}): WS is 0 or 1, and 1 needs TMA=1 and ONELOOP=1",
+                f"WS={self.WS} (with TMA={self.TMA}, ONELOOP={self.ONELOOP}, SPLIT={self.SPLIT}, PACK_GQA="
+                f"{self.PACK_GQA}, TILES={self.TILES}): WS is 0 or 1, and 1 needs TMA=1 and ONELOOP=1 and none "
+                "of SPLIT, PACK_GQA, TILES",
                 rule="triton.attention.knob",
                 hint="use WS=1 with TMA=1 and ONELOOP=1 (take configs from engine_configs()), or drop it",
             )

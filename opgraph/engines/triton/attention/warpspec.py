@@ -10,6 +10,7 @@ ordinary loop."""
 
 from __future__ import annotations
 
+from .common import descriptors_ok
 from .spec import AttnSpec
 
 __all__ = ["ws_refusal"]
@@ -27,4 +28,7 @@ def ws_refusal(spec: AttnSpec) -> str | None:
         (bool(spec.prologue), "a prologue computes K or V in the loop"),
         (spec.sizes is not None, "a bucket kernel's descriptors would take run-time shapes"),
     )
-    return next((why for bad, why in reasons if bad), None)
+    found = next((why for bad, why in reasons if bad), None)
+    if found is None and not descriptors_ok(spec):
+        return "q, k or v cannot be read through tensor descriptors (alignment, strides)"
+    return found
