@@ -49,27 +49,32 @@ def size_classes(lo: int, hi: int) -> list[Span]:
     return classes
 
 
-def _needs_int64(graph: FinalGraph, ranges: Ranges) -> bool:
-    """Whether some tensor's offsets (its extent, or its element count plus a program's lanes) can pass
-    int32 for a shape in `ranges`."""
-    for t in graph.tensors.values():
-        reach = 1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride))
-        numel = math.prod(t.dim)
-        if bounds(reach, ranges)[1] > INT32_LIMIT or bounds(numel, ranges)[1] + LANES > INT32_LIMIT:
-            return True
-    return False
+def _needs_int64(extents: set[tuple[Any, Any]], ranges: Ranges) -> bool:
+    """Whether some tensor's offsets (its extent, or its element count plus a program's lanes: `_extents`)
+    can pass int32 for a shape in `ranges`."""
+    return any(
+        bounds(reach, ranges)[1] > INT32_LIMIT or bounds(numel, ranges)[1] + LANES > INT32_LIMIT
+        for reach, numel in extents
+    )
+
+
+def _extents(graph: FinalGraph) -> set[tuple[Any, Any]]:
+    """(extent, element count) of the graph's tensors, each distinct pair once (most tensors of a model
+    share a few shapes: their bounds are found once, not once a tensor and a call)."""
+    return {(1 + sum((d - 1) * s for d, s in zip(t.dim, t.stride)), math.prod(t.dim)) for t in graph.tensors.values()}
 
 
 def int64_cut(graph: FinalGraph, dim: Dim) -> int | None:
     """The largest value of `dim` up to which the graph's offsets fit int32 with the other dims at their
     maxima, where that is inside its range (below its max); None where no cut helps."""
     whole = {n: (d.min, d.max) for n, d in graph.symbols.items()}
-    if not _needs_int64(graph, whole) or _needs_int64(graph, {**whole, dim.name: (dim.min, dim.min)}):
+    extents = _extents(graph)
+    if not _needs_int64(extents, whole) or _needs_int64(extents, {**whole, dim.name: (dim.min, dim.min)}):
         return None
     lo, hi = dim.min, dim.max - 1  # the answer is in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _needs_int64(graph, {**whole, dim.name: (dim.min, mid)}):
+        if _needs_int64(extents, {**whole, dim.name: (dim.min, mid)}):
             hi = mid - 1
         else:
             lo = mid
