@@ -109,18 +109,37 @@ def test_b_read_again_computes_the_reference(prologue, rng):
     assert_engine_matches(square(prologue), rng, expect_steps=1, rtol=3e-2, atol=3e-2)
 
 
-def test_a_dynamic_plans_piece_does_not_fold():
-    """A bucket's piece (its kernel decided over the symbolic origin, which stays unfolded) and the
-    symbolic piece itself do not fold; the same graph at one static shape does."""
+def test_a_dynamic_plans_piece_folds_as_its_symbolic_origin():
+    """A bucket's piece folds where its symbolic origin does (the bucket's kernel is decided over it: one
+    GEMM of n x 15 rows, a run-time size), the two alike; at a static shape the piece's own rule."""
     from opgraph.build.buckets import choose
+    from opgraph.engines.triton.sizes import symbolic_piece
 
     final = linear((og.Dim("n", 1, 8), 3, 5, 16), 24).final
-    static = final.at({"n": 4})
-    assert fold_rows(make_piece(static, 0, list(static.nodes))) is not None
     bucket = choose(final).buckets[-1]
     inside = final.in_bucket(bucket.hint_map, bucket)
-    assert fold_rows(make_piece(inside, 0, list(inside.nodes))) is None
-    assert fold_rows(make_piece(final, 0, list(final.nodes))) is None
+    piece = make_piece(inside, 0, list(inside.nodes))
+    folded, symbolic = fold_rows(piece), fold_rows(symbolic_piece(piece))
+    assert folded is not None and symbolic is not None
+    mm = next(n for n in piece.nodes if n.kind == "matmul")
+    a, sym_a = folded.tensor(mm.input("A")), symbolic.tensor(mm.input("A"))
+    assert len(a.dim) == len(sym_a.dim) == 2 and a.dim[0] == bucket.hint_map["n"] * 15
+    assert str(sym_a.dim[0]) in ("15*n", "n*15")
+    # a bucket whose rows are whole tiles folds too (its M is the bucket's, not the hint's)
+    seq = og.Dim("seq", 64, 128)
+    dyn = linear((2, seq, 16), 24).final
+    b = choose(dyn).buckets[-1]
+    at = dyn.in_bucket(b.hint_map, b)
+    assert fold_rows(make_piece(at, 0, list(at.nodes))) is not None
+
+
+def test_static_and_dynamic_buckets_compute_the_reference(rng):
+    """Under the interpreter, a folded bucket kernel at several shapes of its bucket."""
+    final_graph = linear((og.Dim("n", 1, 6), 3, 5, 16), 24, dt=DT.HALF)
+    plan = final_graph.build(device="cpu", engines=["triton"], buckets="one")
+    for n in (1, 4, 6):
+        bad = og.testing.check_plan(plan.at({"n": n}), rng, rtol=3e-2, atol=3e-2)
+        assert not bad, (n, bad)
 
 
 def test_the_template_matches_the_folded_piece():

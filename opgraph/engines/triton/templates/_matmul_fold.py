@@ -8,9 +8,11 @@ no operand had the single batch axis a TMA descriptor takes.
 `fold_rows` gives the piece over tensors with those axes merged (same UIDs, same memory, lower rank)
 where every tensor of the piece allows it, else None; the matmul template matches that piece. Only
 plain pieces fold (the matmul and elementwise ops; no views, reductions or index-generating ops, whose
-attributes name axes; B read by the matmul alone, its batch axes dropped rather than merged) of static
-graphs, and only where it changes the tiling: more than one batch axis of A above one, or rows that do
-not fill the tiles (M not a multiple of 64)."""
+attributes name axes; B read by the matmul alone, its batch axes dropped rather than merged), and only
+where it changes the tiling: more than one batch axis of A above one, or rows that do not fill the
+tiles (M not a multiple of 64, or dynamic). In a dynamic plan's bucket the decision is the symbolic
+piece's (the bucket's kernel takes M' = batch x rows as a run-time size) and the piece at a shape
+follows it."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from collections.abc import Iterator, Mapping
 
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
+from ..sizes import above_one, symbolic_piece
 
 __all__ = ["fold_rows"]
 
@@ -62,10 +65,22 @@ def _merged(t: TensorDesc, lo: int, hi: int, rows: int) -> TensorDesc | None:
 
 
 def fold_rows(piece: Piece) -> Piece | None:
-    """The piece with the matmul's broadcast batch axes folded into its rows (module docstring), or None."""
+    """The piece with the matmul's broadcast batch axes folded into its rows (module docstring), or None.
+    A piece of a dynamic plan's bucket folds as its symbolic origin does (the bucket's kernel is decided
+    over that: sizes.bucket_analysis), so that the two agree."""
+    if piece.graph.origin is None:
+        lo = _fold_axis(piece)
+    else:
+        symbolic = symbolic_piece(piece)
+        lo = _fold_axis(symbolic) if symbolic is not None else None
+    return None if lo is None else _folded(piece, lo)
+
+
+def _fold_axis(piece: Piece) -> int | None:
+    """The first axis of the run folded into the rows (B broadcast over it and those up to the rows), where
+    the piece is plain and folding changes its tiling; None otherwise. Sizes may be expressions (a
+    bucket's symbolic piece): a dynamic axis counts as more than 1, a dynamic M as not filling tiles."""
     graph = piece.graph
-    if graph.origin is not None:  # (a dynamic plan's piece: its bucket analysis reads the unfolded origin)
-        return None
     mains = [n for n in piece.nodes if n.kind == "matmul"]
     if len(mains) != 1:
         return None
@@ -81,20 +96,28 @@ def fold_rows(piece: Piece) -> Piece | None:
     rank = len(c.dim)
     if len(a.dim) != rank or len(b.dim) != rank:
         return None
-    uids = {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}
-    if any(not isinstance(x, int) for u in uids for x in (*graph.tensors[u].dim, *graph.tensors[u].stride)):
-        return None
     lo = rank - 2
     while lo > 0 and b.dim[lo - 1] == 1:
         lo -= 1
     if lo == rank - 2:
         return None
-    batched = sum(1 for d in a.dim[: rank - 2] if d > 1)
-    if batched <= 1 and a.dim[rank - 2] % _FULL_TILE == 0:
+    batched = sum(1 for d in a.dim[: rank - 2] if above_one(d))
+    m = a.dim[rank - 2]
+    if batched <= 1 and isinstance(m, int) and m % _FULL_TILE == 0:
         return None
-    rows = math.prod(c.dim[lo : rank - 1])
+    return lo
+
+
+def _folded(piece: Piece, lo: int) -> Piece | None:
+    """The piece with axes lo..M of its tensors merged (B's lo..K-1 dropped), where every tensor allows it."""
+    graph = piece.graph
+    main = next(n for n in piece.nodes if n.kind == "matmul")
+    b_uid, c_uid = main.input("B"), main.output_uids()[0]
+    rows_of = (main.input("A"), c_uid)
+    rank = len(graph.tensors[c_uid].dim)
+    rows = math.prod(graph.tensors[c_uid].dim[lo : rank - 1])
     new: dict[int, TensorDesc] = {}
-    for u in uids:
+    for u in {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}:
         t = graph.tensors[u]
         if u == b_uid:
             new[u] = dataclasses.replace(
@@ -106,12 +129,14 @@ def fold_rows(piece: Piece) -> Piece | None:
                 continue
             return None
         merged = _merged(t, lo, rank - 1, rows)
-        if merged is None or (u in (a_uid, c_uid) and merged.dim[lo] != rows):
+        if merged is None or (u in rows_of and merged.dim[lo] != rows):
             return None
         new[u] = merged
     # a shallow copy: the nodes, and all that is derived from them, are the graph's own (a replace would
-    # derive them again, for every match of a growing piece: quadratic in the graph)
+    # derive them again, for every match of a growing piece: quadratic in the graph); what is derived
+    # from the tensors' sizes is not
     folded = copy.copy(graph)
     object.__setattr__(folded, "tensors", _Overlay(graph.tensors, new))
     object.__setattr__(folded, "_at", {})
+    folded.__dict__.pop("_shape_function", None)
     return dataclasses.replace(piece, graph=folded, growth=None)
