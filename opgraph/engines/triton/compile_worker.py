@@ -21,6 +21,7 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -58,7 +59,29 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
 
 
 _DEF = re.compile(r"^def (\w+)\(", re.M)
-_CALL = re.compile(r"\b(_og_\w+)\b")  # (any mention, as expr.helpers_for keeps them: a helper passed on too)
+_NAME = re.compile(r"\b(_og_\w+)\b")  # (any mention: a helper passed on as a value too)
+_COMMENT = re.compile(r"#[^\n]*")
+
+
+def function_bodies(text: str) -> dict[str, str]:
+    """A module's top-level functions by name, each its text up to the next one's `def`."""
+    starts = [(m.group(1), m.start()) for m in _DEF.finditer(text)]
+    return {
+        name: text[at : (starts[i + 1][1] if i + 1 < len(starts) else len(text))] for i, (name, at) in enumerate(starts)
+    }
+
+
+def reached(bodies: Mapping[str, str], text: str) -> set[str]:
+    """The `_og_` functions of `bodies` that `text`'s code names (comments left out: they name others in
+    passing), and those their code names, transitively."""
+    seen: set[str] = set()
+    todo = [text]
+    while todo:
+        for name in _NAME.findall(_COMMENT.sub("", todo.pop())):
+            if name in bodies and name not in seen:
+                seen.add(name)
+                todo.append(bodies[name])
+    return seen
 
 
 def _reachable(path: str) -> set[str]:
@@ -66,19 +89,9 @@ def _reachable(path: str) -> set[str]:
     helpers (a module may carry others, a custom op's or another kernel's: 23 JITFunctions a module
     made a 400-kernel plan spend ~6 s in Triton's source parsing before anything compiled)."""
     with open(path) as f:
-        text = f.read()
-    starts = [(m.group(1), m.start()) for m in _DEF.finditer(text)]
-    bodies = {
-        name: text[at : (starts[i + 1][1] if i + 1 < len(starts) else len(text))] for i, (name, at) in enumerate(starts)
-    }
-    todo = [name for name in bodies if name.startswith("kernel")]
-    seen = set(todo)
-    while todo:
-        for callee in _CALL.findall(re.sub(r"#[^\n]*", "", bodies[todo.pop()])):
-            if callee in bodies and callee not in seen:
-                seen.add(callee)
-                todo.append(callee)
-    return seen
+        bodies = function_bodies(f.read())
+    kernels = [name for name in bodies if name.startswith("kernel")]
+    return set(kernels) | reached(bodies, "\n".join(bodies[k] for k in kernels))
 
 
 def ast_source(fn: Any, job: dict[str, Any]) -> Any:

@@ -27,6 +27,7 @@ from ...core.tensor import TensorDesc
 from ...ops.custom import Custom
 from ...ops.pointwise import MODES, Pointwise, PointwiseMode
 from .casts import CAST_HELPERS, INT_RANGE, TL_DTYPE, from_storage, round_in_compute, to_storage  # noqa: F401
+from .compile_worker import function_bodies, reached
 
 _WIDE = frozenset({DataType.DOUBLE, DataType.INT32, DataType.INT64})
 _INTS = frozenset({DataType.INT32, DataType.INT64})
@@ -413,38 +414,17 @@ def elementwise(node: Node) -> bool:
     return isinstance(node.op, Pointwise) or (isinstance(node.op, Custom) and not isinstance(fused_custom(node), str))
 
 
-def _helper_blocks() -> dict[str, str]:
-    """HELPERS' functions by name, each its text (comments included), in HELPERS' order."""
-    blocks = {}
-    for block in re.split(r"\n(?=def )", HELPERS):
-        found = re.match(r"def (_og_\w+)\(", block)
-        if found:
-            blocks[found.group(1)] = block.strip("\n")
-    return blocks
-
-
-_HELPER_BLOCKS = _helper_blocks()
+# HELPERS' functions by name, each its text (comments included), in HELPERS' order
+_HELPER_BLOCKS = {name: text.strip("\n") for name, text in function_bodies(HELPERS).items()}
 # (HELPERS holds nothing but these functions: anything else at its top level would be lost from modules)
 assert "\n\n\n".join(_HELPER_BLOCKS.values()).split() == HELPERS.split(), "HELPERS: only top-level defs"
-_HELPER_CALL = re.compile(r"\b(_og_\w+)\b")
-
-
-def _named(text: str) -> list[str]:
-    """The HELPERS functions `text`'s code names (its comments left out: they name others in passing)."""
-    return [n for n in _HELPER_CALL.findall(re.sub(r"#[^\n]*", "", text)) if n in _HELPER_BLOCKS]
 
 
 def helpers_for(source: str) -> str:
     """The HELPERS functions `source` calls, and those they call, in HELPERS' order: what a generated
     module holds of them (the rest, most of the few hundred lines, would only be compiled by Python at
     every load: a quarter of a kernel's load time)."""
-    needed: set[str] = set()
-    todo = _named(source)
-    while todo:
-        name = todo.pop()
-        if name not in needed:
-            needed.add(name)
-            todo += _named(_HELPER_BLOCKS[name])
+    needed = reached(_HELPER_BLOCKS, source)
     return "\n\n\n".join(text for name, text in _HELPER_BLOCKS.items() if name in needed)
 
 

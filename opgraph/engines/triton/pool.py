@@ -133,10 +133,13 @@ class WorkerPool:
         want = min(self.size, len(pending))
         # a worker started under another compile environment (TRITON_CACHE_DIR changed since) would write
         # its binary where this process does not look: replaced
-        wanted = _compile_env(env)
-        for w in [w for w in self.workers if _compile_env(w.env) != wanted and w.alive()]:
-            w.close()
-        self.workers = [w for w in self.workers if w.alive() and _compile_env(w.env) == wanted]
+        wanted, kept = _compile_env(env), []
+        for w in self.workers:
+            if w.alive() and _compile_env(w.env) == wanted:
+                kept.append(w)
+            else:
+                w.close()  # (a dead one too: its stderr file)
+        self.workers = kept
         while len(self.workers) < want:
             self.workers.append(_Worker(env))
         sel = selectors.DefaultSelector()

@@ -227,7 +227,7 @@ def forward(spec: AttnSpec, kn: FwdKnobs, name: str = "kernel_attn_fwd") -> Gene
     if split:
         k.add(*split_range(spec, bn, split))
     lead, trail = needs_loops(spec, bn)
-    ws = bool(kn.WS) and tma and not split and ws_refusal(spec) is None
+    ws = bool(kn.WS) and tma and ws_refusal(spec) is None  # (FwdKnobs refuses WS beside SPLIT)
     k.add(
         *block_loops(
             lead,

@@ -137,10 +137,8 @@ def ws_candidates(spec: AttnSpec, *, hopper: bool) -> list[FwdKnobs]:
     <= 128): 4 warps (Triton adds the producer group: 12 in all), 128x128 tiles in 2 stages and 128x64 in
     3 (Triton 3.6 for sm_90, D 128 bf16 causal: 168 registers, no spills, 180 KB of shared memory). Not
     among the candidates until a GPU has run them (scripts/attention_ws_check.py)."""
-    halves = {"tl.float16", "tl.bfloat16"}
-    if not hopper or ws_refusal(spec) is not None or max(spec.D, spec.Dv) > 128:
-        return []
-    if not {spec.q.dtype, spec.k.dtype, spec.v.dtype} <= halves:  # (16-bit operands: the products' tiles measured)
+    halves = {spec.q.dtype, spec.k.dtype, spec.v.dtype} <= {"tl.float16", "tl.bfloat16"}
+    if not hopper or not halves or max(spec.D, spec.Dv) > 128 or ws_refusal(spec) is not None:
         return []
     return [FwdKnobs(128, 128, 4, 2, TMA=1, ONELOOP=1, WS=1), FwdKnobs(128, 64, 4, 3, TMA=1, ONELOOP=1, WS=1)]
 

@@ -23,12 +23,10 @@ def ws_refusal(spec: AttnSpec) -> str | None:
         (spec.dropout is not None, "dropout draws or loads its mask in the loop"),
         (spec.block_mask is not None, "the block mask is read in the loop"),
         (spec.score_mod is not None, "a score modifier may read tensors in the loop"),
-        (bool(spec.paged), "paged K/V are read through the page table"),
-        (bool(spec.ragged), "packed sequences are read without tensor descriptors"),
-        (bool(spec.prologue), "a prologue computes K or V in the loop"),
-        (spec.sizes is not None, "a bucket kernel's descriptors would take run-time shapes"),
+        (
+            not descriptors_ok(spec),
+            "q, k or v cannot be read through tensor descriptors (packed or paged, a prologue, a bucket "
+            "kernel's run-time shapes, or their alignment)",
+        ),
     )
-    found = next((why for bad, why in reasons if bad), None)
-    if found is None and not descriptors_ok(spec):
-        return "q, k or v cannot be read through tensor descriptors (alignment, strides)"
-    return found
+    return next((why for bad, why in reasons if bad), None)
