@@ -6,9 +6,11 @@ For each case (bf16, B 4, H 16, D 128; S 1k / 4k / 16k, causal or not) it builds
 generated engine, then runs the heuristic's config and each `ws_candidates` config: every output (O and
 the statistics) against PyTorch's float64 math on the GPU (outputs poisoned first), then the device time
 of one call (CUDA events, median of 20 after a warm-up), beside PyTorch's cuDNN SDPA. One line per config
-and a JSON file:
+and a JSON file. Each config runs in a process of its own under a deadline (`--deadline`, seconds): a
+kernel that faults cannot poison the next one's CUDA context, and one that never finishes (a deadlock
+between warp groups) is a row saying so, not a hung check:
 
-    python3 scripts/attention_ws_check.py --out $OUT [--cases s4k_causal,s16k]
+    python3 scripts/attention_ws_check.py --out $OUT [--cases s4k_causal,s16k] [--deadline 120]
     TRITON_INTERPRET=1 python3 scripts/attention_ws_check.py --dry-run   # CPU: the wiring, tiny shapes
 """
 
@@ -50,7 +52,8 @@ def _time(fn, reps: int = 20, dev: str = "cuda") -> float:
     return statistics.median(times)
 
 
-def run_case(name: str, s: int, causal: bool, dry: bool = False) -> list[dict]:
+def run_case(name: str, s: int, causal: bool, dry: bool = False, only: int | None = None) -> list[dict]:
+    """The case's rows: each config's (`only`: the one at that index, -1 the cuDNN peer; none past the last)."""
     import torch
 
     import opgraph as og
@@ -86,6 +89,10 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False) -> list[dict]:
             )
         )
 
+    if only is not None:
+        configs = configs[only : only + 1] if 0 <= only < len(configs) else []
+        if not configs and only != -1:
+            return []
     gen = torch.Generator(device=dev).manual_seed(0)
     qv, kv, vv = (torch.randn(b, h, s, d, device=dev, generator=gen).to(torch.bfloat16) for _ in range(3))
 
@@ -99,7 +106,7 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False) -> list[dict]:
                 scores = scores.masked_fill(torch.ones(s, s, device=dev, dtype=torch.bool).triu(1), float("-inf"))
             return torch.softmax(scores, dim=-1) @ v64, torch.logsumexp(scores, dim=-1, keepdim=True)
 
-    wants = {(bi, hi): reference(bi, hi) for bi in range(b) for hi in range(h)}  # (~ms a head)
+    wants = {(bi, hi): reference(bi, hi) for bi in range(b) for hi in range(h)} if configs else {}  # (~ms a head)
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
     rows = []
     for label, config in configs:
@@ -126,7 +133,7 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False) -> list[dict]:
         except Exception as err:  # noqa: BLE001 - a config that fails is a row saying so
             row["error"] = f"{type(err).__name__}: {err}"[:400]
         rows.append(row)
-    if dry:
+    if dry or only not in (None, -1):
         return rows
     sdpa = torch.nn.functional.scaled_dot_product_attention
     try:
@@ -138,12 +145,47 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False) -> list[dict]:
     return rows
 
 
+MAX_CONFIGS = 8  # (the heuristic's and ws_candidates')
+
+
+def _isolated(name: str, index: int, deadline: float, dry: bool) -> list[dict]:
+    """The rows of one config of a case (index -1: the cuDNN peer's), from a child process given
+    `deadline` seconds ([] past the case's last config); a child that dies or hangs is a row saying so."""
+    import subprocess
+
+    cmd = [sys.executable, "-u", __file__, "--child", f"{name}:{index}", *(["--dry-run"] if dry else [])]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline, check=False)
+    except subprocess.TimeoutExpired:
+        return [{"case": name, "config": f"#{index}", "error": f"no answer in {deadline:.0f} s (killed): a hang?"}]
+    lines = [x for x in done.stdout.splitlines() if x.startswith("ROWS ")]
+    if done.returncode != 0 or not lines:
+        tail = " | ".join(done.stderr.strip().splitlines()[-4:])
+        return [{"case": name, "config": f"#{index}", "error": f"exit status {done.returncode}: {tail}"[:400]}]
+    return json.loads(lines[-1][5:])
+
+
+def _print(row: dict) -> None:
+    us = f"{row['us']:9.1f} µs {row['tflops']:6.1f} TFLOP/s" if "us" in row else ""
+    state = row.get("error") or (
+        "ok" if row.get("ok") else f"WRONG o {row.get('o_max_err')} stats {row.get('stats_max_err')}"
+    )
+    warps = f" ({row['num_warps']} warps, {row['shared']} B shared)" if row.get("num_warps") else ""
+    print(f"{row['case']:12s} {row['config']:22s} {us} {state}{warps}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="/tmp/ws-check")
     p.add_argument("--cases", default="s1k_causal,s4k,s4k_causal,s16k_causal", help=f"of {', '.join(CASES)}")
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds a config's process may take")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, one WS config: the wiring")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # case:index, run here (the parent's isolation)
     args = p.parse_args()
+    if args.child:
+        name, index = args.child.rsplit(":", 1)
+        print("ROWS " + json.dumps(run_case(name, *CASES[name], dry=args.dry_run, only=int(index))), flush=True)
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.dry_run:
@@ -154,15 +196,17 @@ def main() -> None:
             sys.exit(f"attention_ws_check: a Hopper GPU (compute capability 9.0+) is needed, this one is {cap}")
     rows: list[dict] = []
     for name in args.cases.split(","):
-        for row in run_case(name, *CASES[name], dry=args.dry_run):
+        found = []
+        for index in range(MAX_CONFIGS):  # (a child answers [] past the case's last config)
+            got = _isolated(name, index, args.deadline, args.dry_run)
+            if not got:
+                break
+            found += got
+        found += _isolated(name, -1, args.deadline, args.dry_run)
+        for row in found:
             rows.append(row)
             (out / "attention_ws_check.json").write_text(json.dumps(rows, indent=1))  # (kept if a later case stops)
-            us = f"{row['us']:9.1f} µs {row['tflops']:6.1f} TFLOP/s" if "us" in row else ""
-            state = row.get("error") or (
-                "ok" if row.get("ok") else f"WRONG o {row.get('o_max_err')} stats {row.get('stats_max_err')}"
-            )
-            warps = f" ({row['num_warps']} warps, {row['shared']} B shared)" if row.get("num_warps") else ""
-            print(f"{name:12s} {row['config']:22s} {us} {state}{warps}", flush=True)
+            _print(row)
     (out / "attention_ws_check.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -13,7 +13,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__)" 2>&1 | tail -1 | tee -a "$OUT/env.txt"
-timeout "${1:-370}" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 150 -n 8 tests > "$OUT/gpu_tests.log" 2>&1
+timeout "${1:-370}" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 150 --timeout-method=thread -n 8 tests > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$?"
 grep -cE " PASSED" "$OUT/gpu_tests.log" | sed 's/^/passed: /'
 grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.log" | head -40
