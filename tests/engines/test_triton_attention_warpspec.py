@@ -113,6 +113,9 @@ def test_computes_the_reference(kw, rng):
 
 @pytest.mark.gpu
 @requires_cuda
+@pytest.mark.timeout(
+    120, method="thread"
+)  # (the GPU tier stalled on these on an H200: a deadlock between warp groups?)
 @pytest.mark.parametrize("block_n,stages", [(128, 2), (64, 3)])
 def test_gpu_causal_d128(block_n, stages, rng):
     g = graph(DT.BFLOAT16, sq=1024, skv=1024, d=128, dv=128, stats=True, use_causal_mask=True)

@@ -42,6 +42,7 @@ def _matmul_piece(dt=DT.HALF):
         ),
         TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, TMA=1, PERSISTENT=132, FLATTEN=1, EPILOGUE_SUBTILE=2),
         RowStripKnobs(ROWS=7, BLOCK_W=32, BLOCK_N=8, num_warps=4, num_stages=4, MAXNREG=128),
+        RowStripKnobs(ROWS=28, BLOCK_W=32, BLOCK_N=16, num_warps=4, num_stages=3, WLOAD=1),
         FlatKnobs(BLOCK=1024, num_warps=4),
         PointwiseKnobs(ROWS=2, COLS=1024, num_warps=4),
         ReductionKnobs(BLOCK_M=4, BLOCK_K=1024, SPLIT=3, num_warps=8, STAGES=3),
@@ -82,6 +83,13 @@ def test_stored_values_become_the_knobs_types():
 def test_bad_knobs_are_typed_errors(stored, match):
     with pytest.raises(AttributeValueError, match=match):
         TileKnobs.parse(stored, "matmul")
+
+
+def test_wload_is_a_flag_and_unmeasured():
+    with pytest.raises(AttributeValueError, match="WLOAD=2 must be one of 0, 1"):
+        RowStripKnobs(ROWS=4, BLOCK_W=8, BLOCK_N=8, WLOAD=2)
+    assert RowStripKnobs(ROWS=4, BLOCK_W=8, BLOCK_N=8, WLOAD=1).unmeasured()
+    assert not RowStripKnobs(ROWS=4, BLOCK_W=8, BLOCK_N=8).unmeasured()
 
 
 def test_a_pointwise_config_walks_one_way():

@@ -261,10 +261,16 @@ class RowStripKnobs(Knobs):
     num_warps: int | None = None  # (4)
     num_stages: int | None = None  # input rows in flight in the pipelined row loop (3)
     MAXNREG: int | None = None  # a register cap for ptxas (none)
+    # 1: the R x S weight vectors are loaded (L1 hits) at every input row instead of kept in registers
+    # from the start: filters of more than templates/depthwise.py's ROW_TAPS taps (7x7)
+    WLOAD: int | None = None
+
+    UNMEASURED: ClassVar[frozenset[str]] = frozenset({"WLOAD"})
 
     def __post_init__(self) -> None:
         rule = "triton.depthwise.knob"
         _at_least("ROWS", self.ROWS, 1, rule, "use ROWS >= 1, or pixel tiles (no ROWS)")
+        _one_of("WLOAD", self.WLOAD, (0, 1), rule, "use WLOAD=1 to load the weights at every row, or drop it")
         for key in ("BLOCK_W", "BLOCK_N"):
             _power_of_two(key, getattr(self, key), 1, rule, f"pick {key} from 8, 16, 32, 64")
         _warps(self.num_warps, rule)

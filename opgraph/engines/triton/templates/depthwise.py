@@ -5,17 +5,18 @@ Output channel k reads input channel k // (K / C) only, so there is no reduction
 no tl.dot: each tap is a multiply-add of a shifted image tile by the tap's [BLOCK_N] weights,
 accumulated in fp32 (int32 for int8). Two kernels:
 
-* **row strips** (knob ROWS > 0; 2-D convs with unit stride and dilation along H, up to 9 taps,
-  and no reduction over channels): a program owns BLOCK_W output pixels along W x BLOCK_N channels
-  of ROWS consecutive output rows of one image. It walks the input rows once, top to bottom: each
-  input row is loaded S times (one per filter column, shifted along W; the shifted copies are cache
-  hits) and feeds the R output rows it touches, whose accumulators roll down; an output row is
-  complete after its last filter row and goes through the epilogue at once. The weights and
-  per-channel epilogue operands are loaded once per program (not per tap and tile), each input
-  element is converted to fp32 S times (not R x S) and the row loop is software-pipelined
-  (num_stages: rows ahead in flight). Reductions along rows (genstats) accumulate per program.
-  Knobs: ROWS, BLOCK_W (pixels per strip, a power of two), BLOCK_N, num_warps, num_stages and
-  MAXNREG (a register cap for ptxas: 128 keeps two 8-warp programs per SM, see `_row_candidates`).
+* **row strips** (knob ROWS > 0; 2-D convs with unit stride and dilation along H, and no reduction
+  over channels): a program owns BLOCK_W output pixels along W x BLOCK_N channels of ROWS
+  consecutive output rows of one image. It walks the input rows once, top to bottom: each input row
+  is loaded S times (one per filter column, shifted along W; the shifted copies are cache hits) and
+  feeds the R output rows it touches, whose accumulators roll down; an output row is complete after
+  its last filter row and goes through the epilogue at once. The weights (up to ROW_TAPS taps; with
+  WLOAD=1, any filter, they are loaded again at every row, from L1) and per-channel epilogue
+  operands are loaded once per program (not per tap and tile), each input element is converted to
+  fp32 S times (not R x S) and the row loop is software-pipelined (num_stages: rows ahead in
+  flight). Reductions along rows (genstats) accumulate per program. Knobs: ROWS, BLOCK_W (pixels
+  per strip, a power of two), BLOCK_N, num_warps, num_stages, MAXNREG (a register cap for ptxas:
+  128 keeps two 8-warp programs per SM, see `RowStrips.candidates`) and WLOAD.
 * **pixel tiles** (ROWS = 0, any geometry): a program owns a tile of BLOCK_M output pixels
   (flattened) x BLOCK_N channels and, for every filter tap (unrolled), loads the shifted image tile
   (zero outside the image, after the prologue), multiplies it by the tap's weights and accumulates.
@@ -63,7 +64,7 @@ from ..knobs import RowStripKnobs, TileKnobs
 from .base import Generated, pow2_at_least
 
 UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
-ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers: up to 3x3
+ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers up to 3x3 (more: WLOAD=1)
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,13 @@ class DepthwiseMatch(TileMatch):
         gp, device = self.gp, self.device
         k = gp.space.dims[1]
         rows: list[Any] = self.rows.candidates() if self.rows.applies else []
+        # (strips loading their weights at every row are offered after the pixel tiles until measured)
+        kept, loaded = [r for r in rows if not r.WLOAD], [r for r in rows if r.WLOAD]
         if not device.is_cuda:
             bm = min(32, pow2_at_least(gp.space.m, 16))
             bn = min(32, pow2_at_least(k, 16))
-            return rows[:1] + [
-                TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4),
-                TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4),
-            ]
+            tiles = [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4), TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4)]
+            return kept[:1] + tiles + loaded[:1]
         # pixel tiles: >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide;
         # 16-32 elements per thread keep the registers (all 9 taps' loads in flight) under ~100, so
         # that >= 16 warps fit on an SM
@@ -155,7 +156,7 @@ class DepthwiseMatch(TileMatch):
             if (bm, width) not in seen:
                 seen.add((bm, width))
                 out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps))
-        return rows + out
+        return kept + out + loaded
 
     def cost(self, k: Any) -> float | None:
         """Bound by the bytes moved (the image once, the output, the filter): ~80% of an H100's copy
@@ -231,37 +232,55 @@ class RowStrips:
         gp = self.m.gp
         op = gp.main.op
         assert isinstance(op, ConvFprop)
-        x, w = gp.operand("image"), gp.operand("weight")
+        x = gp.operand("image")
         if len(x.dim) != 4:
             return False
         geo = op.geometry(2)
-        if geo.stride[0] != 1 or geo.dilation[0] != 1 or math.prod(w.dim[2:]) > ROW_TAPS:
+        if geo.stride[0] != 1 or geo.dilation[0] != 1:
             return False
         return all(r.along == "rows" for r in gp.reductions)
+
+    @cached_property
+    def keeps_weights(self) -> bool:
+        """Whether the filter's R x S weight vectors fit registers for the whole program (else WLOAD=1)."""
+        return math.prod(self.m.gp.operand("weight").dim[2:]) <= ROW_TAPS
 
     def candidates(self) -> list[RowStripKnobs]:
         """Row-strip configs. A strip covers the output width (up to 64 pixels), BLOCK_N channels
         make rows of >= 64 bytes, and BLOCK_W x BLOCK_N / threads = 8 elements per thread: the R x S
         weight vectors (72 fp32 registers for 3x3) plus R accumulators keep a program near 128
-        registers, i.e. 16 warps per SM. ROWS trades the halo rows (R - 1 per program) and the
-        per-program loads of weights against filling the GPU: the smallest number of waves of
-        (4 programs of 4 warps per SM), then the most rows."""
+        registers, i.e. 16 warps per SM. Filters of more taps load their weights at every row
+        (WLOAD=1), holding R accumulators and S shifted input tiles instead: 4 elements per thread
+        (7x7: 56 registers of them) in strips of up to 32 pixels. ROWS trades the halo rows (R - 1
+        per program) and the per-program loads of weights against filling the GPU: the smallest number
+        of waves of (16 warps per SM), then the most rows."""
         gp, device = self.m.gp, self.m.device
         sp = gp.space
         n, k, ho, wo = sp.dims
         r = gp.operand("weight").dim[2]
+        wload = None if self.keeps_weights else 1
         if not device.is_cuda:
             bw = min(8, pow2_at_least(wo, 2))
             return [
                 RowStripKnobs(
-                    ROWS=min(4, ho), BLOCK_W=bw, BLOCK_N=min(16, pow2_at_least(k, 4)), num_warps=1, num_stages=2
+                    ROWS=min(4, ho),
+                    BLOCK_W=bw,
+                    BLOCK_N=min(16, pow2_at_least(k, 4)),
+                    num_warps=1,
+                    num_stages=2,
+                    WLOAD=wload,
                 )
             ]
         if gp.operand("image").data_type.itemsize == 1:
             return []  # 16 int8 channels per thread: 144 weight registers
-        bw = min(64, pow2_at_least(wo, 4))
-        bn = min(pow2_at_least(k, 8), max(8, 2048 // bw), 64)
-        warps = max(4, min(8, bw * bn // 256))  # (narrow strips: 4 warps, fewer channels per thread)
+        if wload:
+            bw = min(32, pow2_at_least(wo, 4))
+            bn = min(pow2_at_least(k, 8), max(8, 1024 // bw), 32)
+            warps = max(1, min(8, bw * bn // 128))
+        else:
+            bw = min(64, pow2_at_least(wo, 4))
+            bn = min(pow2_at_least(k, 8), max(8, 2048 // bw), 64)
+            warps = max(4, min(8, bw * bn // 256))  # (narrow strips: 4 warps, fewer channels per thread)
         slots = 16 // warps * max(device.sm_count, 1)  # programs resident at ~128 registers
         strips = -(-wo // bw) * -(-k // bn) * n
 
@@ -273,7 +292,17 @@ class RowStrips:
         best = options[0]
         out = []
         for rows in [best, *[o for o in options[1:4] if o != best]]:
-            out.append(RowStripKnobs(ROWS=rows, BLOCK_W=bw, BLOCK_N=bn, num_warps=warps, num_stages=4, MAXNREG=128))
+            out.append(
+                RowStripKnobs(
+                    ROWS=rows,
+                    BLOCK_W=bw,
+                    BLOCK_N=bn,
+                    num_warps=warps,
+                    num_stages=4,
+                    MAXNREG=None if wload else 128,
+                    WLOAD=wload,
+                )
+            )
         # 3 stages (less shared memory), plain cached loads (num_stages=1: the shifted copies of a row
         # hit L1, nothing prefetched), half the channels per program
         out[1:1] = [out[0].replace(num_stages=3), out[0].replace(num_stages=1)]
@@ -286,9 +315,17 @@ class RowStrips:
             raise AttributeValueError(
                 f"the {self.m.template.name} template cannot run this piece with ROWS="
                 f"{k.ROWS}: the row-strip kernel (ROWS > 0) needs a 2-D conv with unit stride "
-                "and dilation along H, at most 9 taps and no reduction over channels",
+                "and dilation along H and no reduction over channels",
                 rule="triton.depthwise.knob",
                 hint="use ROWS=0 (pixel tiles)",
+            )
+        if not self.keeps_weights and not k.WLOAD:
+            taps = math.prod(self.m.gp.operand("weight").dim[2:])
+            raise AttributeValueError(
+                f"the {self.m.template.name} template's row strips keep at most {ROW_TAPS} weight vectors "
+                f"in registers; this filter has {taps} taps",
+                rule="triton.depthwise.knob",
+                hint="add WLOAD=1 (the weights loaded at every row), or use ROWS=0 (pixel tiles)",
             )
 
     def blocks(self, k: RowStripKnobs) -> tuple[int, int]:
@@ -312,9 +349,11 @@ class RowStrips:
 
     def body(self, ctx: Context, sig: Signature, k: RowStripKnobs, partials: int | None) -> list[str]:
         nhb, nwb = self.blocks(k)
-        return self.kernel_body(ctx, sig, k.ROWS, nhb, nwb, k.stages)
+        return self.kernel_body(ctx, sig, k.ROWS, nhb, nwb, k.stages, bool(k.WLOAD))
 
-    def kernel_body(self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int, stages: int) -> list[str]:
+    def kernel_body(
+        self, ctx: Context, sig: Signature, rows: int, nhb: int, nwb: int, stages: int, reload: bool = False
+    ) -> list[str]:
         gp = ctx.gp
         op = gp.main.op
         assert isinstance(op, ConvFprop) and ctx.dot is not None
@@ -354,8 +393,10 @@ class RowStrips:
             "y3 = ow",
         ]
         ptr = ctx.ptr_of(sig)
-        # the filter, once: R x S vectors of BLOCK_N weights (prologue included)
-        for kh in range(r):
+
+        def weights(kh: int, prefix: str) -> list[str]:
+            """Filter row kh's S vectors of BLOCK_N weights (prologue included), named prefix{kh}_{kw}."""
+            out = []
             for kw in range(s):
                 th, tw = (r - 1 - kh, s - 1 - kw) if flip else (kh, kw)
                 idx = TileIndexer(
@@ -366,7 +407,12 @@ class RowStrips:
                     ("1", "BLOCK_N"),
                     zero=("ow", "rn"),
                 )
-                lines += operand_tile(ctx, sig, "weight", idx, f"w{kh}_{kw}")
+                out += operand_tile(ctx, sig, "weight", idx, f"{prefix}{kh}_{kw}")
+            return out
+
+        if not reload:  # the filter, once (else each row loads the filter rows it uses: L1 hits)
+            for kh in range(r):
+                lines += weights(kh, "w")
         # the image columns each filter column reads, and their bounds (loop-invariant)
         span = (nwb * t.block_m - 1) * geo.stride[1] - geo.pre[1] + (s - 1) * geo.dilation[1]
         for kw in range(s):
@@ -400,8 +446,12 @@ class RowStrips:
                 out += operand_tile(ctx, sig, "image", x_index(kw), f"x{kw}", preset)
             return out
 
-        def taps(kh: int) -> str:
-            return " + ".join(f"x{kw} * w{kh}_{kw}" for kw in range(s))
+        def taps(kh: int, prefix: str = "w") -> str:
+            return " + ".join(f"x{kw} * {prefix}{kh}_{kw}" for kw in range(s))
+
+        def use(kh: int, prefix: str = "w") -> list[str]:
+            """The lines making filter row kh's weights at hand (none where the program keeps them)."""
+            return weights(kh, prefix) if reload else []
 
         def finish(acc: str, o: str) -> list[str]:
             out = [
@@ -423,6 +473,7 @@ class RowStrips:
             for kh in range(r):
                 o = j - kh
                 if 0 <= o < rows:
+                    out += use(kh)
                     if o in names:
                         out.append(f"{names[o]} = {names[o]} + {taps(kh)}")
                     else:
@@ -444,9 +495,14 @@ class RowStrips:
             lines.append(f"{name} = {names.pop(i)}")
         lines.append(f"for j in tl.range({loop_lo}, {loop_hi}, num_stages={stages}):")
         body = load_row("j")
-        body.append(f"An = {taps(0)}")
+        # (the loop's weights have names of their own: a name also bound before the loop would be
+        # carried from one iteration to the next, held in registers throughout)
+        lw = "lw" if reload else "w"
+        body += use(0, lw)
+        body.append(f"An = {taps(0, lw)}")
         for i, name in enumerate(opened):
-            body.append(f"{name} = {name} + {taps(r - 1 - i)}")
+            body += use(r - 1 - i, lw)
+            body.append(f"{name} = {name} + {taps(r - 1 - i, lw)}")
         oldest = opened[0] if opened else "An"
         body += finish(oldest, f"j - {r - 1}" if r > 1 else "j")
         for name, nxt in zip(opened, [*opened[1:], "An"]):
