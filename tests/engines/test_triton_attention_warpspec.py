@@ -113,12 +113,13 @@ def test_computes_the_reference(kw, rng):
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.timeout(
-    120, method="thread"
-)  # (the GPU tier stalled on these on an H200: a deadlock between warp groups?)
-@pytest.mark.parametrize("block_n,stages", [(128, 2), (64, 3)])
-def test_gpu_causal_d128(block_n, stages, rng):
-    g = graph(DT.BFLOAT16, sq=1024, skv=1024, d=128, dv=128, stats=True, use_causal_mask=True)
+# (the GPU tier stalled on these on an H200, 2026-11-30: a deadlock between warp groups? Triton's own tests
+# run its warp-specialised attention loop on Blackwell only; its tutorial enables it on Hopper for the
+# non-causal forward with device-side descriptors, triton#7658: hence both masks here)
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("block_n,stages,causal", [(128, 2, False), (128, 2, True), (64, 3, True)])
+def test_gpu_d128(block_n, stages, causal, rng):
+    g = graph(DT.BFLOAT16, sq=1024, skv=1024, d=128, dv=128, stats=True, use_causal_mask=causal)
     plan = g.build(device="cuda", engines=["triton"])
     config = plan.steps[0].config
     knobs = {**dict(config.knobs), "BLOCK_M": 128, "BLOCK_N": block_n, "num_warps": 4, "num_stages": stages, **WS}
