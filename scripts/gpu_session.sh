@@ -3,6 +3,7 @@
 # Usage (from the repo root, on the GPU machine): scripts/gpu_session.sh [tests|bench|all] [bench args...]
 #        scripts/gpu_session.sh ab --old .old --new . [ab_kernels args...]   (scripts/ab_kernels.py: A/B of two versions)
 #        scripts/gpu_session.sh serving [bench.serving args...]   (bench/serving.py: the dynamic-shape serving loop)
+#        scripts/gpu_session.sh ws [attention_ws_check args...]   (the warp-specialised attention check, a process a config)
 # Results go to $OUT (default /tmp/opgraph-gpu); TESTS picks test paths (default: tests).
 set -uo pipefail
 OUT=${OUT:-/tmp/opgraph-gpu}
@@ -46,6 +47,10 @@ fi
 if [ "$what" = ab ]; then
   # opgraph's own plans at two versions (scripts/ab_kernels.py keeps within --budget; the timeout is a backstop)
   timeout ${AB_TIMEOUT:-300} python3 scripts/ab_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ab.log" | tail -150
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "$what" = ws ]; then
+  timeout ${WS_TIMEOUT:-560} python3 scripts/attention_ws_check.py --out "$OUT" "$@" 2>&1 | tee "$OUT/ws.log" | tail -40
   exit "${PIPESTATUS[0]}"
 fi
 if [ "$what" = serving ]; then
