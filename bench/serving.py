@@ -16,7 +16,8 @@ Reported per implementation: the loop's wall time (the import, every build and c
 included), each request's time and, for opgraph, which requests built something (a bucket planned, a
 kernel generated or compiled, a step's kernel built again at the shape: the plan's `stats` before and
 after, BUILDS) and the time of the requests at a new shape that built nothing (the bucket's kernels
-re-pointed), and what ran it (opgraph: the steps by engine of the plan at the range's maximum).
+re-pointed), what ran it (opgraph: the steps by engine of the plan at the range's maximum) and the
+garbage collector's passes during the loop (gc.callbacks: the full ones apart, with their seconds).
 Checked after the loop (checking first would warm the caches the loop is timed from): the first
 requests' and the sampled requests' outputs, and the static plans', against the float64 module. The
 sampled requests are also timed alone (CUDA events, median of 10 after a warm-up), each against a
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import random
@@ -146,6 +148,39 @@ def _alone_ms(call: Any, ids: Any, device: str, reps: int = 10) -> float:
     return statistics.median(times)
 
 
+class _GcPauses:
+    """The garbage collector's passes while the loop runs (gc.callbacks): how many of each generation and
+    the seconds they took, the full (generation 2) ones apart: a plan's per-shape objects promote to the
+    old generation, whose full passes walk every tracked object of the process."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.passes.append((info["generation"], time.perf_counter() - self._started))
+
+    def __enter__(self) -> _GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, Any]:
+        full = [s for g, s in self.passes if g == 2]
+        return {
+            "passes": len(self.passes),
+            "seconds": sum(s for _, s in self.passes),
+            "full_passes": len(full),
+            "full_seconds": sum(full),
+            "longest_full_ms": 1e3 * max(full, default=0.0),
+        }
+
+
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One implementation's serving loop, checks and timings (run in a fresh process)."""
     import copy
@@ -166,7 +201,8 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "built": [],
         "new_shapes": [],
     }
-    with torch.no_grad():
+    pauses = _GcPauses()
+    with torch.no_grad(), pauses:
         start = time.perf_counter()
         call, plan_of = _caller(name, module, cfg, device)
         for i, shape in enumerate(reqs):
@@ -183,6 +219,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             elif after.get("shape_plans") != before.get("shape_plans"):
                 out["new_shapes"].append(i)  # a new shape, the bucket's kernels re-pointed
         out["wall_s"] = time.perf_counter() - start
+        out["gc"] = pauses.summary()
         out["env"] = _environment(device)  # (after the loop: its imports are not the loop's)
         out["served"] = len(out["request_ms"])
         reqs = reqs[: out["served"]]
@@ -251,8 +288,8 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "",
         "| implementation | engine | requests served | loop wall s | vs torch.compile dynamic "
         "| median request ms | requests that built | new shapes re-pointed (median ms) "
-        "| worst error vs float64 | request alone / static plan |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| worst error vs float64 | request alone / static plan | GC: full passes (s), all passes (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in ok:
         full = compiled is not None and r["served"] == compiled["served"] == args.requests
@@ -263,9 +300,14 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         fresh = [r["request_ms"][i] for i in r.get("new_shapes", ())]
         repointed = f"{len(fresh)} ({statistics.median(fresh):.2f})" if fresh else ("0" if built != "—" else "—")
         median = statistics.median(r["request_ms"]) if r["request_ms"] else float("nan")
+        pauses = r.get("gc")
+        collected = (
+            f"{pauses['full_passes']} ({pauses['full_seconds']:.2f}), {pauses['passes']} ({pauses['seconds']:.2f})"
+        )
         lines.append(
             f"| {r['impl']} | {r['engine']} | {r['served']} of {args.requests} | {r['wall_s']:.1f} | {ratio} | "
-            f"{median:.2f} | {built} | {repointed} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} |"
+            f"{median:.2f} | {built} | {repointed} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} "
+            f"| {collected if pauses else '—'} |"
         )
     for r in results:
         if "error" in r:

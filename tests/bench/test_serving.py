@@ -28,6 +28,8 @@ def test_dry_run_serves_every_request_and_checks_it(tmp_path):
         assert len(r["request_ms"]) == 4 and r["wall_s"] > 0
         assert max(r["errors"]) < 1e-5, r["errors"]  # fp32 on the CPU
         assert r["engine"], r  # every row names what ran it
+        gc = r["gc"]  # the collector's passes during the loop (the full ones within all of them)
+        assert gc["passes"] >= gc["full_passes"] >= 0 and gc["seconds"] >= gc["full_seconds"] >= 0
     ours = by_impl["opgraph"]
     assert ours["built"] and ours["built"][0]["request"] == 0  # the first request builds
     built = {b["request"] for b in ours["built"]}
@@ -36,4 +38,4 @@ def test_dry_run_serves_every_request_and_checks_it(tmp_path):
     assert "opgraph" in ours["env"] and "PyTorch" in ours["env"]
     assert all("static_ms" in a for a in ours["alone"])
     assert ours["engine"] == "reference" and len(ours["errors"]) == 2 * len(ours["alone"])  # (the static plans too)
-    assert "|" in (tmp_path / result.name.replace(".json", ".md")).read_text()
+    assert "GC: full passes" in (tmp_path / result.name.replace(".json", ".md")).read_text()
