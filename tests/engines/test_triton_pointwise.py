@@ -720,6 +720,29 @@ def test_a_copy_of_one_element(rng):
     assert plan.steps[0].config.knob("template") == "pointwise"
 
 
+@pytest.mark.parametrize(
+    "source, between, out",
+    [
+        (og.DataType.INT32, None, og.DataType.BFLOAT16),  # (fuzz seed 20261201000253: NaN, the bits stored)
+        (og.DataType.BFLOAT16, None, og.DataType.FLOAT),
+        (og.DataType.FLOAT, og.DataType.HALF, og.DataType.FLOAT),  # (the virtual fp16 rounds)
+    ],
+    ids=lambda d: getattr(d, "name", str(d)),
+)
+def test_a_copy_converts_to_each_declared_type(source, between, out, rng):
+    """A view copy whose views are declared other types converts as the reference rounds, link by link
+    (a BFLOAT16 is moved as its bits: stored unconverted, an integer became a NaN)."""
+    g = og.Graph("copy_cast", io_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[3, 4, 4], stride=[1, 12, 3], data_type=source, name="x")
+    v = g.reshape(x, [8, 6])
+    if between is not None:
+        v.set_data_type(between)
+        v = g.transpose(v, [1, 0])
+    v.set_output(True).set_data_type(out)
+    plan = assert_engine_matches(g, rng, engines=("triton",), expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "pointwise"
+
+
 def test_a_strided_view_alone_is_left_to_its_reader(rng):
     """Views alone that strides describe are not copied by the pointwise template where their results are
     not graph outputs (alone, or beside views that need a copy): the kernel reading them reads them in

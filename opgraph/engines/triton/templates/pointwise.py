@@ -32,7 +32,8 @@ from ....core.errors import AttributeValueError
 from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides, stride_order
-from ..expr import Emitter, compute_type, elementwise, fused_custom, piece_types
+from ..casts import from_storage, to_storage
+from ..expr import Emitter, compute_type, elementwise, fused_custom, node_compute_type, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
 from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
@@ -597,9 +598,18 @@ def _copies(flat: FlatIndexer, piece: Piece, chains: Mapping[int, tuple[Any, ...
     for u, chain in chains.items():
         steps, offset = source_offset(chain, coords, piece.graph.tensors, f"rank{u}", flat.text)
         lines += steps
-        source = f"p{chain[0].input_uids()[0]}"
+        source = chain[0].input_uids()[0]
         # (one element: a scalar load, broadcast by the store)
-        value = f"tl.load({source})" if offset == "0" else f"tl.load({source} + {offset}, mask=mask)"
+        value = f"tl.load(p{source})" if offset == "0" else f"tl.load(p{source} + {offset}, mask=mask)"
+        # a view whose output is declared another type converts, as the reference rounds it (the moved
+        # values are storage: a BFLOAT16's bits are an integer, which a store would convert as a number)
+        held = piece.tensor(source).data_type
+        for node in chain:
+            declared = piece.tensor(node.output_uids()[0]).data_type
+            if declared != held:
+                compute = node_compute_type(node, piece.graph.tensors)
+                value = to_storage(from_storage(value, held, compute), declared, compute)
+                held = declared
         lines.append(flat.store(piece.tensor(u), f"p{u}", value))
     return lines
 
