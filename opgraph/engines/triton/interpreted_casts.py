@@ -73,7 +73,10 @@ def _fmod(a: Any, b: Any) -> Any:
         )
     dtype = like.dtype
     out = np.asarray(out).astype(_values(like).dtype)
-    ty = tl.core.block_type(dtype, list(out.shape)) if out.ndim and like.type.is_block() else dtype
+    # a block where either operand is one (a scalar dividend, a block divisor: the block's shape, as
+    # libdevice's elementwise call broadcasts them; fuzz seed 20261202000337)
+    block = any(isinstance(v, tl.core.tensor) and v.type.is_block() for v in (a, b))
+    ty = tl.core.block_type(dtype, list(out.shape)) if out.ndim and block else dtype
     from triton.runtime.interpreter import TensorHandle
 
     return tl.core.tensor(TensorHandle(out, dtype), ty)
