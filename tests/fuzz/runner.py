@@ -130,12 +130,13 @@ def _delta_for(plan: Any) -> Any:
                 "conv_dgrad",
                 "conv_wgrad",
             ):
-                coarse[id(n)] = 2.0**-10
+                coarse[n.name] = 2.0**-10
             elif NumericalNote.ROUNDED_INTERMEDIATE in notes or NumericalNote.REDUCED_PRECISION_REDUCTION in notes:
-                coarse[id(n)] = 2.0**-10
+                coarse[n.name] = 2.0**-10
 
+    # (by name: a dynamic plan's steps at a shape hold that shape's copies of the graph's nodes)
     def delta(node: Node) -> float:
-        return coarse.get(id(node)) or oracle.node_delta(node, plan.graph.tensors)
+        return coarse.get(node.name) or oracle.node_delta(node, plan.graph.tensors)
 
     return delta
 

@@ -3,11 +3,11 @@
 validates, its static graph at the original size must be the original graph exactly, and at other
 sizes the graph file with the size written in (validated as a static graph) exactly: symbolic
 inference may refuse (a typed error), never differ. Then one dynamic plan (reference engine) runs at
-those sizes against the reference on each static graph."""
+those sizes against the reference on each static graph, and dynamic plans of the generated kernels
+(triton and torch, the interpreter) run under the fuzzer's own checks (tests/fuzz/dynamic.py)."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import numpy as np
@@ -15,36 +15,11 @@ import pytest
 
 import opgraph as og
 from opgraph.testing import compare, random_pack, reference_outputs
+from tests.fuzz.dynamic import run_dynamic, symbolize, written_at
 from tests.fuzz.families import make_case
+from tests.fuzz.runner import CI_SETTINGS, EngineSet, Runner, Stats
 
 SEEDS = range(40)
-
-
-def symbolize(doc: dict) -> tuple[dict, int] | None:
-    """The graph document with a dynamic leading dim, and that dim's size (None: no size >= 2)."""
-    produced = {u for o in doc["ops"] for u in o["outputs"].values()}
-    first = next((t for t in doc["tensors"] if t["uid"] not in produced and len(t.get("dim", [])) >= 2), None)
-    if first is None or first["dim"][0] < 2:
-        return None
-    size = first["dim"][0]
-    out = copy.deepcopy(doc)
-    out["version"] = 2
-    out["dims"] = [{"name": "n", "min": 1, "max": size}]
-    for t in out["tensors"]:
-        if len(t.get("dim", [])) >= 2 and t["dim"][0] == size:
-            t["dim"][0] = "n"
-    return out, size
-
-
-def written_at(doc: dict, n: int) -> dict:
-    out = copy.deepcopy(doc)
-    out["version"] = 1
-    del out["dims"]
-    for t in out["tensors"]:
-        for key in ("dim", "stride"):
-            if key in t:
-                t[key] = [n if v == "n" else v for v in t[key]]
-    return out
 
 
 def test_symbolic_inference_never_differs_from_static_inference():
@@ -93,3 +68,16 @@ def test_a_dynamic_plan_runs_fuzz_graphs_at_several_sizes(seed):
         plan.execute(pack)
         bad = [m for u in static.outputs if (m := compare(static.tensors[u], pack[u], want[u])) is not None]
         assert not bad, f"n={n}: " + "\n".join(map(str, bad))
+
+
+def test_dynamic_plans_of_generated_kernels_pass_the_fuzzers_checks():
+    """Dynamic plans of the triton and torch engines (bucket kernels taking their sizes at run time) at
+    n = 1, the middle and the largest batch, checked as the fuzzer checks a static plan: the oracle's
+    tolerance, guards, untouched inputs, a repeated execute (tests/fuzz/dynamic.py)."""
+    runner = Runner("cpu", (EngineSet("triton+torch", ("triton", "torch")),), **CI_SETTINGS)
+    total = Stats()
+    for seed in range(60):
+        total.merge(run_dynamic(make_case(seed), runner))
+    assert not total.failures, "\n".join(map(str, total.failures))
+    assert total.graphs >= 30 and total.runs >= 2 * total.graphs, total  # (the test exercises something)
+    assert total.steps["triton"] > total.steps["torch"], total.steps
