@@ -20,7 +20,7 @@ from opgraph.core.errors import GraphError
 
 from . import oracle
 from .gen import Case
-from .runner import Expect, Failure, Lazy, Runner, Stats, _CompileFailures, _what
+from .runner import Expect, Failure, Lazy, Runner, Stats, _what
 
 
 def symbolize(doc: dict) -> tuple[dict, int] | None:
@@ -74,18 +74,9 @@ def run_dynamic(case: Case, runner: Runner) -> Stats:
         def fail(kind: str, detail: str, es_name: str = es.name) -> None:
             stats.failures.append(Failure(case.seed, f"dynamic {es_name}", kind, detail))
 
-        try:
-            with _CompileFailures() as compile_failures:
-                plan = runner._build(g, es, case)
-        except GraphError as err:
-            stats.declined[err.rule or type(err).__name__] += 1
+        plan = runner.built(g, es, case, stats, fail)
+        if plan is None:
             continue
-        except Exception as err:  # noqa: BLE001 - an untyped build failure is a finding
-            stats.untyped[type(err).__name__] += 1
-            fail("untyped-build", _what(err))
-            continue
-        for message in compile_failures.messages:
-            fail("compile", message)
         for n in sorted({1, (size + 1) // 2, size}):
             if not _run_at(runner, plan, g, n, case, rng, stats, fail):
                 break

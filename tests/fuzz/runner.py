@@ -287,21 +287,30 @@ class Runner:
             opts["by_reference"] = True
         return g.build(device=self.device, engines=None if es.engines is None else list(es.engines), **opts)
 
-    def _run_set(self, case: Case, g: og.Graph, es: EngineSet, expect: Expect, rng, stats: Stats) -> None:
-        def fail(kind: str, detail: str) -> None:
-            stats.failures.append(Failure(case.seed, es.name, kind, detail))
-
+    def built(self, g: og.Graph, es: EngineSet, case: Case, stats: Stats, fail: Any) -> Any:
+        """The plan of `g` with the engine set, or None: a typed refusal counted, an untyped one failed.
+        A generated kernel that does not compile is a failure even where the build fell back."""
         try:
             with _CompileFailures() as compile_failures:
                 plan = self._build(g, es, case)
         except GraphError as err:
             stats.declined[err.rule or type(err).__name__] += 1
-            return
+            return None
         except Exception as err:  # noqa: BLE001
             stats.untyped[type(err).__name__] += 1
-            return fail("untyped-build", _what(err))
-        for message in compile_failures.messages:  # a generated kernel that does not compile is a bug,
-            fail("compile", message)  # even where the build fell back to another config
+            fail("untyped-build", _what(err))
+            return None
+        for message in compile_failures.messages:
+            fail("compile", message)
+        return plan
+
+    def _run_set(self, case: Case, g: og.Graph, es: EngineSet, expect: Expect, rng, stats: Stats) -> None:
+        def fail(kind: str, detail: str) -> None:
+            stats.failures.append(Failure(case.seed, es.name, kind, detail))
+
+        plan = self.built(g, es, case, stats, fail)
+        if plan is None:
+            return
         spread = Lazy(lambda: expect.spread(plan, rng))
         first = self._execute(plan, expect, spread, stats, fail)
         if first is None:
