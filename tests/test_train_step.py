@@ -305,6 +305,42 @@ def test_bf16_mixed_precision_like_autocast():
     assert all(final.tensors[p.uid].data_type is og.DataType.FLOAT for p in step.params)
 
 
+class _ClassToken(torch.nn.Module):
+    """ViT's front: an fp32 class token concatenated before the patch embeddings (a 16-bit GEMM's
+    result under autocast), then a pooled head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 8))
+        self.proj = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.proj(x)], dim=1)
+        return self.head(t.mean(1))
+
+
+def test_bf16_mixed_precision_concatenates_as_autocast_promotes():
+    """cat of an fp32 and a bf16 operand runs in fp32 (autocast's promotion), as torch.autocast computes
+    it: the timm ViT training row failed to build on the GPU with concatenate's type rule."""
+    torch.manual_seed(0)
+    model = _ClassToken().train()
+    ref = copy.deepcopy(model)
+    x = torch.randn(3, 5, 4)
+    y = torch.tensor([0, 4, 2])
+    step = train_step(og.from_torch(model, (x,)), "cross_entropy", SGD(0.5), mixed_precision="bf16")
+    topt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for _ in range(2):
+        got = step.run(x, y)
+        want, _ = torch_step(ref, topt, x, y, autocast=torch.bfloat16)
+        assert abs(float(got) - float(want)) <= 2e-2 * float(want)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert rel(p, q) <= 2e-2
+    final = step.graph.final
+    (cat,) = [n for n in final.nodes if n.kind == "concatenate"]
+    assert {final.tensors[u].data_type for u in cat.input_uids()} == {og.DataType.FLOAT}
+
+
 def test_fp16_dynamic_loss_scale_like_grad_scaler():
     """An initial scale that overflows: steps are skipped (nothing changes, the step counter neither)
     and the scale halves, as GradScaler does; clean steps grow it every growth_interval."""

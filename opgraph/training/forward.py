@@ -167,23 +167,29 @@ def prepare_forward(
         return t
 
     bound = set(bound) | set(members)
-    casts: dict[int, Tensor] = {}
+
+    casts: dict[tuple[int, DataType], Tensor] = {}
 
     def cast(uid: int, to: DataType) -> Tensor:
-        if uid not in casts:
+        if (uid, to) not in casts:
             c = g.identity(handle(uid), name=f"{final.tensors[uid].name or uid}.to_{to.short}")
-            casts[uid] = c.set_data_type(to).set_uid(new_uid())
-        return casts[uid]
+            casts[uid, to] = c.set_data_type(to).set_uid(new_uid())
+        return casts[uid, to]
 
     for node in final.nodes:
         op, roles = _training_form(node)
         ins: list[Any] = []
         gemm = low is not None and node.kind in GEMM_KINDS
+        # a concatenation of 16-bit and wider operands: all in the widest, its imported type (autocast's
+        # promotion of cat: ViT's fp32 class token beside its 16-bit patch embeddings)
+        widest = _promoted(node, final, types) if low is not None else None
         for v in node.inputs:
             if v is None or isinstance(v, Const):
                 ins.append(None if v is None else v.value)
             elif low is not None and gemm and final.tensors[v].data_type.is_floating and types[v] is not low:
                 ins.append(cast(v, low))
+            elif widest is not None and types[v].is_floating and types[v] is not widest:
+                ins.append(cast(v, widest))
             else:
                 ins.append(handle(v))
         outs = g._add_op(op, ins, name=node.name, compute_data_type=node.compute_data_type, outputs=roles)
@@ -225,6 +231,15 @@ def _training_form(node: Node) -> tuple[Any, list[str]]:
     if isinstance(op, Sdpa):
         return op, [r for r in op.output_roles() if r in present or r == "stats"]
     return op, present
+
+
+def _promoted(node: Node, final: FinalGraph, types: dict[int, DataType]) -> DataType | None:
+    """The type a concatenation's floating operands of mixed types are cast to (its imported output
+    type), or None (one type, or another op)."""
+    if node.kind != "concatenate":
+        return None
+    kinds = {types[u] for u in node.input_uids() if types[u].is_floating}
+    return final.tensors[node.output_uids()[0]].data_type if len(kinds) > 1 else None
 
 
 def _out_type(
