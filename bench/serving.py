@@ -300,14 +300,16 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         fresh = [r["request_ms"][i] for i in r.get("new_shapes", ())]
         repointed = f"{len(fresh)} ({statistics.median(fresh):.2f})" if fresh else ("0" if built != "—" else "—")
         median = statistics.median(r["request_ms"]) if r["request_ms"] else float("nan")
-        pauses = r.get("gc")
+        pauses = r.get("gc")  # (absent from results of older versions)
         collected = (
             f"{pauses['full_passes']} ({pauses['full_seconds']:.2f}), {pauses['passes']} ({pauses['seconds']:.2f})"
+            if pauses
+            else "—"
         )
         lines.append(
             f"| {r['impl']} | {r['engine']} | {r['served']} of {args.requests} | {r['wall_s']:.1f} | {ratio} | "
             f"{median:.2f} | {built} | {repointed} | {max(r['errors'], default=float('nan')):.2e} | {vs_static} "
-            f"| {collected if pauses else '—'} |"
+            f"| {collected} |"
         )
     for r in results:
         if "error" in r:

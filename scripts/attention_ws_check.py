@@ -52,8 +52,11 @@ def _time(fn, reps: int = 20, dev: str = "cuda") -> float:
     return statistics.median(times)
 
 
-def run_case(name: str, s: int, causal: bool, dry: bool = False, only: int | None = None) -> list[dict]:
-    """The case's rows: each config's (`only`: the one at that index, -1 the cuDNN peer; none past the last)."""
+def run_case(
+    name: str, s: int, causal: bool, dry: bool = False, only: int | None = None
+) -> tuple[list[dict], list[str]]:
+    """The case's rows, each config's (`only`: the one at that index, -1 the cuDNN peer's), and the
+    labels of all its configs."""
     import torch
 
     import opgraph as og
@@ -89,10 +92,11 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False, only: int | Non
             )
         )
 
+    labels = [label for label, _ in configs]
     if only is not None:
         configs = configs[only : only + 1] if 0 <= only < len(configs) else []
         if not configs and only != -1:
-            return []
+            return [], labels
     gen = torch.Generator(device=dev).manual_seed(0)
     qv, kv, vv = (torch.randn(b, h, s, d, device=dev, generator=gen).to(torch.bfloat16) for _ in range(3))
 
@@ -134,7 +138,7 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False, only: int | Non
             row["error"] = f"{type(err).__name__}: {err}"[:400]
         rows.append(row)
     if dry or only not in (None, -1):
-        return rows
+        return rows, labels
     sdpa = torch.nn.functional.scaled_dot_product_attention
     try:
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
@@ -142,27 +146,25 @@ def run_case(name: str, s: int, causal: bool, dry: bool = False, only: int | Non
         rows.append({"case": name, "config": "torch SDPA (cuDNN)", "us": us, "tflops": flops / us / 1e6, "ok": True})
     except Exception as err:  # noqa: BLE001 - the peer's row says why it is missing
         rows.append({"case": name, "config": "torch SDPA (cuDNN)", "error": f"{type(err).__name__}: {err}"[:300]})
-    return rows
+    return rows, labels
 
 
-MAX_CONFIGS = 8  # (the heuristic's and ws_candidates')
-
-
-def _isolated(name: str, index: int, deadline: float, dry: bool) -> list[dict]:
-    """The rows of one config of a case (index -1: the cuDNN peer's), from a child process given
-    `deadline` seconds ([] past the case's last config); a child that dies or hangs is a row saying so."""
+def _isolated(name: str, index: int, label: str, deadline: float, dry: bool) -> tuple[list[dict], list[str]]:
+    """The rows of one config of a case (index -1: the cuDNN peer's) and the case's config labels, from a
+    child process given `deadline` seconds; a child that dies or hangs is a row saying so."""
     import subprocess
 
     cmd = [sys.executable, "-u", __file__, "--child", f"{name}:{index}", *(["--dry-run"] if dry else [])]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline, check=False)
     except subprocess.TimeoutExpired:
-        return [{"case": name, "config": f"#{index}", "error": f"no answer in {deadline:.0f} s (killed): a hang?"}]
+        return [{"case": name, "config": label, "error": f"no answer in {deadline:.0f} s (killed): a hang?"}], []
     lines = [x for x in done.stdout.splitlines() if x.startswith("ROWS ")]
     if done.returncode != 0 or not lines:
         tail = " | ".join(done.stderr.strip().splitlines()[-4:])
-        return [{"case": name, "config": f"#{index}", "error": f"exit status {done.returncode}: {tail}"[:400]}]
-    return json.loads(lines[-1][5:])
+        return [{"case": name, "config": label, "error": f"exit status {done.returncode}: {tail}"[:400]}], []
+    rows, labels = json.loads(lines[-1][5:])
+    return rows, labels
 
 
 def _print(row: dict) -> None:
@@ -177,7 +179,7 @@ def _print(row: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="/tmp/ws-check")
-    p.add_argument("--cases", default="s1k_causal,s4k,s4k_causal,s16k_causal", help=f"of {', '.join(CASES)}")
+    p.add_argument("--cases", default="s4k,s4k_causal,s1k_causal,s16k_causal", help=f"of {', '.join(CASES)}")
     p.add_argument("--deadline", type=float, default=120.0, help="seconds a config's process may take")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, one WS config: the wiring")
     p.add_argument("--child", help=argparse.SUPPRESS)  # case:index, run here (the parent's isolation)
@@ -195,19 +197,22 @@ def main() -> None:
         if cap < (9, 0):
             sys.exit(f"attention_ws_check: a Hopper GPU (compute capability 9.0+) is needed, this one is {cap}")
     rows: list[dict] = []
-    for name in args.cases.split(","):
-        found = []
-        for index in range(MAX_CONFIGS):  # (a child answers [] past the case's last config)
-            got = _isolated(name, index, args.deadline, args.dry_run)
-            if not got:
-                break
-            found += got
-        found += _isolated(name, -1, args.deadline, args.dry_run)
+
+    def keep(found: list[dict]) -> None:  # (written and printed as each child answers)
         for row in found:
             rows.append(row)
-            (out / "attention_ws_check.json").write_text(json.dumps(rows, indent=1))  # (kept if a later case stops)
+            (out / "attention_ws_check.json").write_text(json.dumps(rows, indent=1))
             _print(row)
-    (out / "attention_ws_check.json").write_text(json.dumps(rows, indent=1))
+
+    for name in args.cases.split(","):
+        # the first child (the heuristic's config) names the case's configs; a hang there: the heuristic
+        # and the WS configs of ws_candidates' order, as many as it offers for D 128 on Hopper
+        found, labels = _isolated(name, 0, "heuristic", args.deadline, args.dry_run)
+        keep(found)
+        labels = labels or ["heuristic", "WS #1", "WS #2"]
+        for index in range(1, len(labels)):
+            keep(_isolated(name, index, labels[index], args.deadline, args.dry_run)[0])
+        keep(_isolated(name, -1, "torch SDPA (cuDNN)", args.deadline, args.dry_run)[0])
 
 
 if __name__ == "__main__":

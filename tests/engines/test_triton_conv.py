@@ -256,6 +256,8 @@ def test_depthwise_row_strips_loading_a_filter_with_its_prologue(rng):
     s = g.tensor(dim=[16, 1, 1, 1], data_type=DT.FLOAT, name="s")
     g.conv_fprop(x, g.mul(w, s).set_data_type(DT.HALF), padding=[3, 3]).set_output(True)
     plan = _plan_exact(g, dict(ROWS=10, BLOCK_W=8, BLOCK_N=16, num_warps=1, num_stages=2, WLOAD=1))
+    loop = plan.source(0).split("for j in tl.range")[1]
+    assert "_lw = " in loop  # (the prologue's temporaries renamed in the loop: not carried between rows)
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
 
@@ -281,6 +283,12 @@ def test_depthwise_7x7_row_strips_need_wload():
     y2.set_output(True)
     with pytest.raises(og.AttributeValueError, match="WLOAD=1"):
         _plan_exact(g2, dict(ROWS=4, BLOCK_W=8, BLOCK_N=8, num_warps=1, num_stages=2))
+    # larger than 7x7: pixel tiles only (a 13x13 strip spilled and took minutes to compile for sm_90)
+    g3, _, _, y3 = conv_graph((2, 8, 9, 9), (8, 1, 9, 9), padding=[4, 4])
+    y3.set_output(True)
+    assert all(c.get("ROWS", 0) == 0 for c in TEMPLATE.candidates(make_piece(g3.final, 0, g3.final.nodes), h200))
+    with pytest.raises(og.AttributeValueError, match="7x7"):
+        _plan_exact(g3, dict(ROWS=4, BLOCK_W=8, BLOCK_N=8, num_warps=1, num_stages=2, WLOAD=1))
 
 
 def test_depthwise_heuristic_takes_row_strips_where_they_apply():

@@ -30,6 +30,7 @@ activations, stores, genstats) follows.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -65,6 +66,12 @@ from .base import Generated, pow2_at_least
 
 UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
 ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers up to 3x3 (more: WLOAD=1)
+# WLOAD=1 holds R accumulators and S shifted input tiles, and unrolls R x S taps a row: up to 7x7
+# (ConvNeXt's; a 13x13 strip took 255 registers, 4 KB of spills and minutes of compiling for sm_90)
+WLOAD_SIDE = 7
+
+
+_ASSIGNED = re.compile(r"^(\w+) = ")
 
 
 @dataclass(frozen=True)
@@ -238,6 +245,8 @@ class RowStrips:
         geo = op.geometry(2)
         if geo.stride[0] != 1 or geo.dilation[0] != 1:
             return False
+        if not self.keeps_weights and max(gp.operand("weight").dim[2:]) > WLOAD_SIDE:
+            return False
         return all(r.along == "rows" for r in gp.reductions)
 
     @cached_property
@@ -315,7 +324,8 @@ class RowStrips:
             raise AttributeValueError(
                 f"the {self.m.template.name} template cannot run this piece with ROWS="
                 f"{k.ROWS}: the row-strip kernel (ROWS > 0) needs a 2-D conv with unit stride "
-                "and dilation along H and no reduction over channels",
+                f"and dilation along H, a filter of at most {ROW_TAPS} taps or {WLOAD_SIDE}x{WLOAD_SIDE}, and no "
+                "reduction over channels",
                 rule="triton.depthwise.knob",
                 hint="use ROWS=0 (pixel tiles)",
             )
@@ -450,8 +460,19 @@ class RowStrips:
             return " + ".join(f"x{kw} * {prefix}{kh}_{kw}" for kw in range(s))
 
         def use(kh: int, prefix: str = "w") -> list[str]:
-            """The lines making filter row kh's weights at hand (none where the program keeps them)."""
-            return weights(kh, prefix) if reload else []
+            """The lines making filter row kh's weights at hand (none where the program keeps them). In the
+            loop (prefix lw) a filter prologue's temporaries are renamed too: a name also bound before
+            the loop would be carried from one iteration to the next."""
+            if not reload:
+                return []
+            lines = weights(kh, prefix)
+            if prefix != "lw":
+                return lines
+            bound = {m.group(1) for x in lines if (m := _ASSIGNED.match(x)) and not m.group(1).startswith("lw")}
+            if not bound:
+                return lines
+            rename = re.compile(r"\b(" + "|".join(sorted(bound)) + r")\b")
+            return [rename.sub(r"\1_lw", x) for x in lines]
 
         def finish(acc: str, o: str) -> list[str]:
             out = [
