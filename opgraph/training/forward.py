@@ -26,7 +26,8 @@ with three changes a training step needs:
      buffers or constants) are all `low` computes to `low` (a bias added to a 16-bit matmul result
      stays 16-bit, as linear's does under autocast), except the modes autocast runs in fp32 (exp, log,
      pow, rsqrt, reciprocal, tan, softplus);
-   - layout ops keep their input's type, and so does batchnorm's y (autocast leaves batch_norm to
+   - layout ops keep their input's type (a concatenation of operands of mixed types runs in the widest,
+     its operands cast up, as autocast promotes cat), and so does batchnorm's y (autocast leaves batch_norm to
      cuDNN in the input's type; its statistics stay fp32); everything else (reductions, layer and RMS
      norms, softmax's parts, losses, embeddings, custom ops) keeps the imported (fp32) type.
    Parameters stay fp32 (the master weights); their gradients are fp32 through the cast's backward.
@@ -167,7 +168,6 @@ def prepare_forward(
         return t
 
     bound = set(bound) | set(members)
-
     casts: dict[tuple[int, DataType], Tensor] = {}
 
     def cast(uid: int, to: DataType) -> Tensor:
