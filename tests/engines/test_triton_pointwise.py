@@ -720,6 +720,18 @@ def test_a_copy_of_one_element(rng):
     assert plan.steps[0].config.knob("template") == "pointwise"
 
 
+def test_a_copy_of_one_element_sliced_from_a_table_tensor(rng):
+    """A view copy whose output is one element at a nonzero offset (a stepped slice of a reshape of a
+    tensor read through the address table): a scalar load, no block mask on a scalar pointer (fuzz seed
+    20261211002334)."""
+    g = og.Graph("one_sliced", io_data_type=og.DataType.HALF)
+    x = g.tensor(dim=[2, 2, 3], stride=[2, 1, 0], name="x").set_is_by_reference(True)
+    v = g.reshape(x, [6, 2])
+    g.slice(v, [slice(3, 5, 2), slice(0, 2, 2)]).set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("triton",), expect_steps=1)
+    assert plan.steps[0].config.knob("template") == "pointwise"
+
+
 @pytest.mark.parametrize(
     "source, between, out",
     [

@@ -599,8 +599,14 @@ def _copies(flat: FlatIndexer, piece: Piece, chains: Mapping[int, tuple[Any, ...
         steps, offset = source_offset(chain, coords, piece.graph.tensors, f"rank{u}", flat.text)
         lines += steps
         source = chain[0].input_uids()[0]
-        # (one element: a scalar load, broadcast by the store)
-        value = f"tl.load(p{source})" if offset == "0" else f"tl.load(p{source} + {offset}, mask=mask)"
+        # one element (offset 0, or every output axis of size 1: a scalar offset, whatever the slices and
+        # strides; fuzz seed 20261211002334): a scalar load, broadcast by the store
+        if offset == "0":
+            value = f"tl.load(p{source})"
+        elif not any(above_one(d) for d in dims):
+            value = f"tl.load(p{source} + {offset})"
+        else:
+            value = f"tl.load(p{source} + {offset}, mask=mask)"
         # a view whose output is declared another type converts, as the reference rounds it (the moved
         # values are storage: a BFLOAT16's bits are an integer, which a store would convert as a number)
         held = piece.tensor(source).data_type
