@@ -41,8 +41,23 @@ def order_value(value: SymInt) -> int:
 
 
 def stride_order(stride: Sequence[int]) -> tuple[int, ...]:
-    """Axes from outermost to innermost by stride (ties keep the logical order)."""
-    return tuple(sorted(range(len(stride)), key=lambda a: (-order_value(stride[a]), a)))
+    """Axes from outermost to innermost by stride (ties keep the logical order). A broadcast axis
+    (stride 0) has no place in memory: it keeps its logical place among the others, as PyTorch's
+    TensorIterator orders them, where sorting it innermost would make an expanded operand's layout
+    (ViT's class token, [1, 1, D] expanded over the batch) batch-innermost for everything after it."""
+    values = [order_value(s) for s in stride]
+    perm = list(range(len(stride)))
+    for i in range(1, len(perm)):  # insertion sort; pairs with a broadcast axis compare as unordered
+        at = i
+        for j in range(i - 1, -1, -1):
+            outer, inner = values[perm[j]], values[perm[at]]
+            if outer == 0 or inner == 0:
+                continue
+            if outer >= inner:
+                break
+            perm[j], perm[at] = perm[at], perm[j]
+            at = j
+    return tuple(perm)
 
 
 def format_dims(values: Sequence[Any]) -> str:

@@ -248,3 +248,20 @@ def test_expect_names_the_broken_invariant():
         expect(None, "the thing")
     assert "the thing is missing" in str(ei.value) and ei.value.rule == "internal.invariant"
     assert isinstance(ei.value, og.GraphError)
+
+
+@pytest.mark.parametrize(
+    "stride,order",
+    [
+        ((12, 4, 1), (0, 1, 2)),
+        ((150528, 1, 196), (0, 2, 1)),  # a transposed view
+        ((768, 768, 1), (0, 1, 2)),  # ties keep the logical order
+        ((0, 768, 1), (0, 1, 2)),  # an expanded batch axis stays outermost, where it was
+        ((1, 0, 5), (2, 1, 0)),  # a broadcast axis keeps its place among the others
+        ((0, 0, 1), (0, 1, 2)),
+    ],
+)
+def test_stride_order_leaves_broadcast_axes_in_their_logical_place(stride, order):
+    from opgraph.core.tensor import stride_order
+
+    assert stride_order(stride) == order

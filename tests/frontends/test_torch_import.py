@@ -553,3 +553,31 @@ def test_eval_mode_attention_is_not_called_random(rng):
     trained = from_torch(_Attention().train(), (x,))
     # train-mode dropout inside attention is flagged: it draws from the op's own stream
     assert any("is random" in n or "dropout" in n for n in trained.report.notes), trained.report.notes
+
+
+def test_an_expanded_class_token_does_not_make_the_layout_batch_innermost(rng):
+    """ViT's `cat([cls.expand(B, -1, -1), x], 1)`: the first operand's broadcast batch axis (stride 0)
+    said nothing about memory order, yet laid the concatenation, the residual stream and every GEMM
+    operand after it out batch-innermost (strides [1, T*B, B]): every GEMM load a gather, 8x slower on
+    an H200. They are row-major, as in PyTorch."""
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cls = torch.nn.Parameter(torch.randn(1, 1, 8))
+            self.pos = torch.nn.Parameter(torch.randn(1, 5, 8))
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+            return self.fc(torch.nn.functional.layer_norm(x, (8,)))
+
+    model = Embed()
+    x = torch.from_numpy(rng.standard_normal((3, 4, 8)).astype(np.float32))
+    imported = from_torch(model, (x,))
+    final = imported.graph.final
+    for node in final.nodes:
+        if node.kind in ("concatenate", "layernorm", "matmul"):
+            t = final.tensors[node.output_uids()[0]]
+            assert t.stride == og.core.tensor.packed_strides(t.dim), (node.name, t.stride)
+    np.testing.assert_allclose(imported.run(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
