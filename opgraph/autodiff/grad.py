@@ -57,7 +57,8 @@ from ..core.symbolic import bounds
 from ..core.tensor import Tensor, TensorDesc
 from ..graph.builder import Graph
 from ..ops.pointwise import Pointwise, PointwiseMode
-from .rules import GradBuilder, RuleContext, Value, call_rule, dim_of, rule_for, unsupported
+from .rules import GradBuilder, RuleContext, Value, call_rule, rule_for, unsupported
+from .splits import joined
 
 CHEAP_KINDS = frozenset({"pointwise", "reshape", "transpose", "slice", "concatenate"})
 MAX_RECOMPUTE_OPS = 32  # a longer cheap chain is saved rather than recomputed
@@ -447,7 +448,7 @@ class _Pass:
         """The summed gradient of forward tensor `uid` (possibly in broadcast dims)."""
         parts = self.contrib[uid]
         if len(parts) > 1:
-            parts[:] = self._joined_slices(parts)
+            parts[:] = joined(self.g, self.b, parts)
             if len(parts) == 1 and self.forward_types and isinstance(parts[0], Tensor):
                 # the concatenate of the slices' gradients writes the forward type, as the sum below
                 # does (else the type-less concat counts as the intermediate type, and its reader casts
@@ -461,36 +462,6 @@ class _Pass:
                     acc.set_data_type(self.fg.tensors[uid].data_type)
             parts[:] = [acc]
         return parts[0]
-
-    def _joined_slices(self, parts: list[Tensor]) -> list[Tensor]:
-        """Contributions that are slice_backward outputs of slices tiling their input along one axis
-        (step 1, no gap, no overlap) replaced by one concatenate of the slices' gradients; their
-        slice_backward ops (zeros plus a copy each) are dropped."""
-        grads = self.b.slice_grads
-        tiles = [p for p in parts if isinstance(p, Tensor) and id(p) in grads]
-        if len(tiles) < 2:
-            return parts
-        dims = dim_of(tiles[0])
-        bounds = [grads[id(p)][1] for p in tiles]
-        axes = {a for b in bounds for a, bound in enumerate(b) if tuple(bound) != (0, dims[a], 1)}
-        if len(axes) != 1:
-            return parts
-        axis = axes.pop()
-        order = sorted(zip(bounds, tiles), key=lambda z: z[0][axis][0])
-        end = 0
-        for b, _ in order:
-            if b[axis][2] != 1 or b[axis][0] != end:
-                return parts
-            end = b[axis][1]
-        dys = [grads[id(p)][0] for _, p in order]
-        if end != dims[axis] or len({d._data_type for d in dys}) > 1:
-            return parts
-        ids = {id(p) for p in tiles}
-        self.g._records = [r for r in self.g._records if not any(id(o) in ids for o in r.outputs if o is not None)]
-        self.g._tensors = [t for t in self.g._tensors if id(t) not in ids]
-        self.b._by_dims = {k: v for k, v in self.b._by_dims.items() if id(v) not in ids}
-        self.g._invalidate()
-        return [self.b.concatenate(dys, axis), *(p for p in parts if id(p) not in ids)]
 
     def total_full(self, uid: int) -> Tensor:
         t = self.b.expand(self.total(uid), self.fg.tensors[uid].dim, carrier=lambda: self.fwd(uid))
