@@ -113,12 +113,16 @@ def test_computes_the_reference(kw, rng):
 
 @pytest.mark.gpu
 @requires_cuda
-# (the GPU tier stalled on these on an H200, 2026-11-30: a deadlock between warp groups? Triton's own tests
-# run its warp-specialised attention loop on Blackwell only; its tutorial enables it on Hopper for the
-# non-causal forward with device-side descriptors, triton#7658: hence both masks here)
+# (on an H200 with Triton 3.6 every WS config hangs, causal or not: the GPU tier stalled on these until they
+# had deadlines, and the check script's configs, each alone, gave no answer in 75 s (2026-11-30). Triton's
+# own tests run its warp-specialised attention loop on Blackwell only)
 @pytest.mark.timeout(120, method="thread")
 @pytest.mark.parametrize("block_n,stages,causal", [(128, 2, False), (128, 2, True), (64, 3, True)])
 def test_gpu_d128(block_n, stages, causal, rng):
+    import torch
+
+    if torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("the warp-specialised loop hangs on Hopper under Triton 3.6 (scripts/attention_ws_check.py)")
     g = graph(DT.BFLOAT16, sq=1024, skv=1024, d=128, dv=128, stats=True, use_causal_mask=causal)
     plan = g.build(device="cuda", engines=["triton"])
     config = plan.steps[0].config

@@ -136,7 +136,8 @@ def ws_candidates(spec: AttnSpec, *, hopper: bool) -> list[FwdKnobs]:
     """The warp-specialised forward (warpspec.py) on Hopper where its loop can be (fp16 / bf16, D and Dv
     <= 128): 4 warps (Triton adds the producer group: 12 in all), 128x128 tiles in 2 stages and 128x64 in
     3 (Triton 3.6 for sm_90, D 128 bf16 causal: 168 registers, no spills, 180 KB of shared memory). Not
-    among the candidates until a GPU has run them (scripts/attention_ws_check.py)."""
+    among the candidates: on an H200 with Triton 3.6 every one of them hangs, causal or not
+    (scripts/attention_ws_check.py, bench/results/constants.md)."""
     halves = {spec.q.dtype, spec.k.dtype, spec.v.dtype} <= {"tl.float16", "tl.bfloat16"}
     if not hopper or not halves or max(spec.D, spec.Dv) > 128 or ws_refusal(spec) is not None:
         return []
@@ -145,8 +146,7 @@ def ws_candidates(spec: AttnSpec, *, hopper: bool) -> list[FwdKnobs]:
 
 def more_fwd_candidates(spec: AttnSpec, *, cuda: bool, skv: int | None = None) -> list[FwdKnobs]:
     """The forward's knobs after the heuristic's own: decode_candidates', then tile_candidates' (not yet
-    ws_candidates': no GPU has run the warp-specialised kernels, and an autotuned build would take one
-    by its time alone)."""
+    ws_candidates': the warp-specialised kernels hang on Hopper under Triton 3.6)."""
     return decode_candidates(spec, cuda=cuda, skv=skv) + tile_candidates(spec, cuda=cuda)
 
 
