@@ -61,9 +61,8 @@ def run_stage(n: int, c: int, h: int, extra: list[dict], deadline: float) -> lis
     import torch.nn.functional as F
 
     from opgraph.core.config import HeurMode
-    from opgraph.engines import EngineConfig
+    from opgraph.engines import EngineConfig, get_engine
     from opgraph.runtime.plan import ExecutionPlan, Step
-    from opgraph.engines import get_engine
 
     g, x, w, b, y = _graph(n, c, h)
     plan = g.build(device="cuda", engines=["triton"], heur_mode=[HeurMode.B])
@@ -98,7 +97,7 @@ def run_stage(n: int, c: int, h: int, extra: list[dict], deadline: float) -> lis
             bound.run()
             torch.cuda.synchronize()
             row.update(us=_time(bound.run), err=err(out))
-        except Exception as e:  # a config that does not compile or run is a row saying so
+        except Exception as e:  # noqa: BLE001 (a config that does not compile or run is a row saying so)
             row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
         rows.append(row)
         print(row, flush=True)
