@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,22 +24,12 @@ sys.path.insert(0, str(ROOT))
 STAGES = [(64, 96, 56), (64, 192, 28), (64, 384, 14), (64, 768, 7)]  # batch, channels, side
 
 
-def _time(fn, reps: int = 20) -> float:
-    """µs a call: `reps` calls between a pair of CUDA events, median of 5."""
-    import torch
+def _time(fn) -> float:
+    """Device µs a call, host hidden (bench.measure.burst_us: 20 calls behind a spin kernel, median of 5)."""
+    from bench.measure import burst_us
 
     fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+    return burst_us(fn, calls=20, rounds=5)
 
 
 def _graph(n: int, c: int, h: int):
