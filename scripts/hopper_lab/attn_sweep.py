@@ -9,7 +9,9 @@ The kernel is the FlashAttention-2 algorithm as Triton's tutorial 06 writes it f
 one program per (BLOCK_M query rows, batch x head), K/V tiles through host TensorDescriptors (TMA),
 online softmax in exp2, the causal case as an unmasked off-diagonal loop plus a masked diagonal loop.
 Variants: fa_tma (TMA store of O), fa_ws (the KV loop under tl.range(warp_specialize=True), the
-compiler's producer/consumer split; pointer store of O, as 3.6's Hopper WS needs). Every output is
+compiler's producer/consumer split; pointer store of O, as 3.6's Hopper WS needs; it hangs on an H200),
+gluon_ws (attn_gluon.py: the FA3 split written out in Gluon, a loader warp and two consumer warpgroups;
+`--variants gluon_ws` runs it alone). Every output is
 checked against cuDNN's (or, failing that, the flash backend's) before it is timed; each config runs
 in a child process with a timeout, so a hang or a crash costs that config only. Results:
 OUT/attn_sweep.json and OUT/attn_sweep.md.
@@ -129,10 +131,20 @@ VARIANTS = {
         "fa_tma with the KV loop under tl.range(warp_specialize=True), pointer store of O, causal as one "
         "masked loop (two loops failed to compile with 3.6)",
     ),
+    "gluon_ws": (
+        {},
+        "Gluon FA3 split (attn_gluon.py): a 1-warp TMA loader and two consumer warpgroups of BM rows each, "
+        "async wgmma, P as the register operand; the causal case masks every block",
+    ),
 }
+GLUON = ("gluon_ws",)  # variants of attn_gluon.py (compiled, never interpreted)
 
 
 def configs(variant: str) -> list[dict]:
+    if variant in GLUON:  # (BM rows a consumer: 2 x BM a program; num_stages names the ring's slots)
+        import attn_gluon
+
+        return [{**c, "num_warps": 4, "num_stages": c["STAGES"]} for c in attn_gluon.CONFIGS]
     if variant == "fa_ws":  # 3.6's Hopper autoWS partitions at num_warps 4 (two consumer warpgroups + producer)
         return [{"BM": 128, "BN": 128, "num_warps": 4, "num_stages": 2}] + [
             {"BM": 128, "BN": 64, "num_warps": 4, "num_stages": s} for s in (2, 3)
@@ -166,6 +178,18 @@ def launch_parts(variant: str, cfg: dict, q, k, v, o, causal: bool):
 
     B, H, S, D = q.shape
     rows = B * H * S
+    if variant in GLUON:
+        import attn_gluon
+        import torch
+
+        gl_dtype = attn_gluon.gl.bfloat16 if q.dtype == torch.bfloat16 else attn_gluon.gl.float16
+        views = [t.reshape(rows, D) for t in (q, k, v, o)]
+        descs = attn_gluon.descriptors(*views, cfg["BM"], cfg["BN"], D, gl_dtype)
+        lse = torch.empty(rows, device=q.device, dtype=torch.float32)
+        grid = (S // (attn_gluon.CONSUMERS * cfg["BM"]), B * H)
+        kw = {"CAUSAL": causal, "BLOCK_N": cfg["BN"], "STAGES": cfg["STAGES"]}
+        args = (*descs, lse, S, attn_gluon.LOG2E / D**0.5)
+        return attn_gluon.gl_attn_fwd, grid, args, kw, {"num_warps": cfg["num_warps"]}
     views = [t.reshape(rows, D) if hasattr(t, "reshape") else t for t in (q, k, v, o)]
     qd = TensorDescriptor(views[0], [rows, D], [D, 1], [cfg["BM"], D])
     kd = TensorDescriptor(views[1], [rows, D], [D, 1], [cfg["BN"], D])
@@ -339,7 +363,7 @@ def sweep(args) -> None:
     for sh in SHAPES:
         tasks.append({"kind": "library", "shape": sh, "label": "cudnn"})
         tasks.append({"kind": "library", "shape": sh, "label": "flash"})
-        for v in VARIANTS:
+        for v in args.variants.split(",") if args.variants else VARIANTS:
             for c in configs(v):
                 tasks.append({"kind": "kernel", "shape": sh, "variant": v, "cfg": c, "label": v})
     results: dict = {"env": {"triton": triton.__version__, "budget_s": args.budget}, "shapes": {}, "notes": []}
@@ -490,7 +514,7 @@ def selftest() -> int:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
     fails = total = 0
     for causal in (False, True):
-        for v in VARIANTS:
+        for v in (x for x in VARIANTS if x not in GLUON):  # (Gluon has no interpreter)
             for cfg in (
                 {"BM": 32, "BN": 16, "num_warps": 4, "num_stages": 2},
                 {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 2},
@@ -560,6 +584,7 @@ def main() -> int:
     ap.add_argument("--selftest", action="store_true")
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)  # the scheduler's own test
     ap.add_argument("--compile-check", action="store_true")
+    ap.add_argument("--variants", default="", help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     args = ap.parse_args()
     if args.selftest:
         return selftest()
