@@ -288,7 +288,6 @@ def compile_check() -> list[dict]:
     import os
 
     import torch
-
     from compile_check import _fake_driver, analyze
 
     os.environ.pop("TRITON_INTERPRET", None)
