@@ -171,3 +171,44 @@ def test_gpu_rotary_embedding_at_llama_sizes(dt, rng):
     sin = g.tensor(dim=[b, 1, s, dim], name="sin")
     _rotary(g, x, cos, sin, heads, dim, dt).set_output(True)
     assert_engine_matches(g, rng, device="cuda", expect_steps=1)
+
+
+# -- slice_backward: dy into zeros, framed like a concatenation's operand ------------------------------
+
+
+def _slice_backward_graph(dt, dims, window, scale_dy: bool):
+    """dx = slice_backward(dy) (the gradient of `x[window]` that og.grad makes), with a multiply by 2
+    before it (computed in the slice's frame) or after it (in the full space)."""
+    from opgraph.ops.layout import SliceBackward
+
+    g = og.Graph("slice_bwd", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    bounds = tuple((s.start or 0, d if s.stop is None else s.stop, s.step or 1) for s, d in zip(window, dims))
+    dy = g.tensor(dim=[len(range(*b)) for b in bounds], name="dy")
+    src = g.mul(dy, 2.0) if scale_dy else dy
+    (dx,) = g._add_op(SliceBackward(in_dim=tuple(dims), slices=bounds), [src], name="dx", outputs=["dx"])
+    out = dx if scale_dy else g.mul(dx, 2.0)
+    out.set_output(True).set_name("out").set_data_type(dt)
+    return g
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("scale_dy", [True, False], ids=["in_frame", "after"])
+@pytest.mark.parametrize(
+    "dims,window",
+    [
+        ((3, 5, 8), (ALL, slice(0, 1), ALL)),  # a class token's pooling, x[:, 0]
+        ((4, 3, 8), (slice(1, 3), ALL, slice(2, 6))),  # a window along two axes
+        ((6, 7), (slice(5, 6), slice(0, 7))),  # the last row
+    ],
+    ids=["cls_token", "two_axes", "last_row"],
+)
+def test_slice_backward_runs_in_a_generated_kernel(dims, window, scale_dy, dt, rng):
+    g = _slice_backward_graph(dt, dims, window, scale_dy)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert "slice_backward" in plan.steps[0].piece.kinds and "tl.where(" in plan.source(0)
+
+
+def test_slice_backward_with_a_step_is_refused_with_the_reason():
+    g = _slice_backward_graph(DT.FLOAT, (8, 4), (slice(0, 8, 2), ALL), False)
+    with pytest.raises(og.UnsupportedGraphError, match="steps other than 1"):
+        g.build(device="cpu", engines=["triton"])

@@ -131,6 +131,20 @@ def test_class_token_models_keep_the_batch_axis_outermost(name):
             assert t.stride[0] != 1, (t.name, t.dim, t.stride)
 
 
+@pytest.mark.parametrize("name", ["vit", "bert"])
+def test_class_token_pooling_gradient_runs_in_a_generated_kernel(name):
+    """x[:, 0]'s gradient (ViT's classifier, BERT's pooler read the first token) is a slice_backward:
+    the generated pointwise kernels run it (zeros outside the slice), not the torch engine."""
+    entry = _entry(name)
+    imported = og.from_torch(entry.module.train(), entry.inputs)
+    graph = og.training.train_step(imported, mixed_precision="bf16").graph
+    plan = graph.build(device="cpu", engines=["triton", "torch"])
+    kinds = {s.config.engine: set() for s in plan.steps}
+    for s in plan.steps:
+        kinds[s.config.engine] |= set(s.piece.kinds)
+    assert "slice_backward" in kinds["triton"] and "slice_backward" not in kinds.get("torch", set())
+
+
 @pytest.mark.parametrize("name", TRAINED)
 def test_zoo_model_trains_one_adamw_step(name):
     _train_one_adamw_step(name, "cpu")

@@ -11,6 +11,10 @@ on demand, per frame: from the piece's outputs back to the tensors in memory, a 
 operands in their frames (a node read in two frames is computed in each). In a dynamic plan's kernel
 (sizes.py) an operand's size along the axis may be dynamic: the ends e_k and shifts are then run-time
 size arguments, spelled by the indexer's `text`.
+
+A slice_backward (the gradient of a slice: dy written into zeros, ViT's class-token pooling x[:, 0]) is
+framed the same way: dy computed in a frame shifted to the slice's start along each sliced axis, masked
+to the slice (steps of 1), and zero outside it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from ..sizes import above_one
 from ._gather import EMBEDDING, emit_embedding
 
 CONCAT = "concatenate"
+SLICE_BACKWARD = "slice_backward"
+FRAMED = frozenset({CONCAT, SLICE_BACKWARD})  # ops whose operands are computed in frames of their own
 
 
 def producers(piece: Piece) -> dict[int, Node]:
@@ -37,8 +43,8 @@ def producers(piece: Piece) -> dict[int, Node]:
 
 def demanded(piece: Piece, roots: Iterable[int], made: Mapping[int, Node]) -> list[Node]:
     """The piece's non-view nodes that the values `roots` need in their frame, in the piece's order:
-    back from the roots to the tensors in memory, not through a concatenation (its operands are
-    computed in frames of their own)."""
+    back from the roots to the tensors in memory, not through a concatenation or a slice_backward (their
+    operands are computed in frames of their own)."""
     need: set[int] = set()
     stack = list(roots)
     while stack:
@@ -46,7 +52,7 @@ def demanded(piece: Piece, roots: Iterable[int], made: Mapping[int, Node]) -> li
         if node is None or id(node) in need:
             continue
         need.add(id(node))
-        if node.kind != CONCAT:
+        if node.kind not in FRAMED:
             stack.extend(node.input_uids())
     return [n for n in piece.nodes if id(n) in need and n.kind not in VIEW_KINDS]
 
@@ -61,8 +67,8 @@ def _broadcasts(dims: tuple[Any, ...], frame: tuple[Any, ...]) -> bool:
 
 def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[int, ...]) -> Support | None:
     """Why the piece's values do not fit the frames they are computed in (each node's results broadcast
-    to its frame's dims; a concatenation's operands to the frame with the axis at their own size), or
-    None where they do."""
+    to its frame's dims; a concatenation's operands to the frame with the axis at their own size, a
+    slice_backward's to the slice's), or None where they do."""
     made = producers(piece)
 
     def walk(roots: Iterable[int], frame: tuple[Any, ...]) -> Support | None:
@@ -74,6 +80,14 @@ def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[i
                         f"{list(frame)} it is computed at",
                         node,
                     )
+            if node.kind == SLICE_BACKWARD:
+                bounds = node.op.slices  # type: ignore[attr-defined]
+                if any(step != 1 for _, _, step in bounds):
+                    return Support.no("a slice_backward of a slice with steps other than 1", node)
+                why = walk(node.input_uids(), tuple(stop - start for start, stop, _ in bounds))
+                if why is not None:
+                    return why
+                continue
             if node.kind != CONCAT or len(node.input_uids()) == 1:
                 continue
             out = tensors[node.output_uids()[0]]
@@ -121,11 +135,14 @@ class ShiftedIndexer:
 
 
 def emit_frame(piece: Piece, emitter: Emitter, roots: Iterable[int], made: Mapping[int, Node] | None = None) -> None:
-    """Emit the nodes that `roots` need in `emitter`'s frame (a concatenation through emit_concat)."""
+    """Emit the nodes that `roots` need in `emitter`'s frame (concatenations and slice_backwards with
+    their operands in frames of their own)."""
     made = producers(piece) if made is None else made
     for node in demanded(piece, roots, made):
         if node.kind == CONCAT:
             _emit_concat(piece, emitter, node, made)
+        elif node.kind == SLICE_BACKWARD:
+            _emit_slice_backward(piece, emitter, node, made)
         else:
             emit_node(emitter, node)
 
@@ -136,6 +153,40 @@ def emit_node(emitter: Emitter, node: Node) -> None:
         emit_embedding(emitter, node)
     else:
         emitter.emit(node)
+
+
+def _subframe(emitter: Emitter, indexer: Any, suffix: str) -> Emitter:
+    return Emitter(
+        emitter.tensors,
+        emitter.compute,
+        indexer,
+        ptr=emitter.ptr,
+        scalar=emitter.scalar,
+        suffix=f"{emitter.suffix}_{suffix}",
+    )
+
+
+def _emit_slice_backward(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, Node]) -> None:
+    """dx = dy where the coordinate lies in the slice (dy read at the coordinate less the slice's start),
+    else 0."""
+    out = node.output_uids()[0]
+    desc = emitter.tensors[out]
+    text = getattr(emitter.indexer, "text", str)
+    indexer, guards = emitter.indexer, []
+    for axis, (start, stop, _) in enumerate(node.op.slices):  # type: ignore[attr-defined]
+        if start == 0 and stop == desc.dim[axis]:
+            continue
+        c = emitter.indexer.coord(axis, desc)
+        checks = [*([f"({c} >= {text(start)})"] if start != 0 else []), *([f"({c} < {text(stop)})"])]
+        guard = " & ".join(checks)
+        guards.append(guard)
+        indexer = ShiftedIndexer(indexer, axis, start, guard)
+    (dy,) = node.input_uids()
+    sub = _subframe(emitter, indexer, str(out))
+    emit_frame(piece, sub, [dy], made)
+    value = sub.operand(dy)  # (a tensor in memory: its load is emitted here)
+    emitter.lines.extend(sub.lines)
+    emitter.assign(out, f"tl.where({' & '.join(guards)}, {value}, 0)" if guards else value)
 
 
 def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, Node]) -> None:
@@ -160,14 +211,7 @@ def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, 
                 *([f"({c} < {text(at + d)})"] if k < len(ins) - 1 else []),
             ]
         )
-        sub = Emitter(
-            emitter.tensors,
-            emitter.compute,
-            ShiftedIndexer(emitter.indexer, axis, at, guard),
-            ptr=emitter.ptr,
-            scalar=emitter.scalar,
-            suffix=f"{emitter.suffix}_{out}_{k}",
-        )
+        sub = _subframe(emitter, ShiftedIndexer(emitter.indexer, axis, at, guard), f"{out}_{k}")
         emit_frame(piece, sub, [u], made)
         values.append(sub.operand(u))
         emitter.lines.extend(sub.lines)

@@ -16,7 +16,7 @@ cross-entropy backward over [8192, 50304] logits (exp(x - m) / s - onehot) * w t
 an element in the flat walk on sm_90 (4 loads of per-row values and a division per element), ~27 in
 the row walk: the flat walk was bound by instruction issue, not by memory. A concatenation is a select
 over the coordinate along its axis, each operand computed in a frame of its own (_concat.py; the flat
-walk only).
+walk only); a slice_backward likewise, its gradient in the slice's frame and zero outside it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ..expr import Emitter, compute_type, elementwise, fused_custom, node_comput
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
 from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
-from ._concat import CONCAT, check_frames, emit_frame, emit_node
+from ._concat import CONCAT, FRAMED, SLICE_BACKWARD, check_frames, emit_frame, emit_node
 from ._gather import EMBEDDING, check_gathers
 from ._view_copy import chains_of, source_offset, view_chains
 from .base import (
@@ -194,7 +194,7 @@ class TileIndexer:
         return lines
 
 
-FLAT_ONLY = frozenset({CONCAT, EMBEDDING})  # ops emitted for the flat walk only (their masks are its)
+FLAT_ONLY = FRAMED | {EMBEDDING}  # ops emitted for the flat walk only (their masks are its)
 
 
 def transposed_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
@@ -315,9 +315,10 @@ def _emit(
         ptr=ptr,
         scalar=lambda u: f"s{u}",
     )
-    if CONCAT in piece.kind_set:  # (on demand, per frame: _concat.py)
+    framed = bool(piece.kind_set & FRAMED)
+    if framed:  # (on demand, per frame: _concat.py)
         emit_frame(piece, emitter, piece.outputs)
-    for node in piece.nodes if CONCAT not in piece.kind_set else ():
+    for node in piece.nodes if not framed else ():
         if node.kind not in VIEW_KINDS:
             emit_node(emitter, node)
     for u in piece.outputs:
@@ -330,7 +331,7 @@ def _emit(
 
 class PointwiseTemplate(Template):
     name = "pointwise"
-    main_kinds = ("pointwise", "custom", "slice", "transpose", CONCAT, EMBEDDING)
+    main_kinds = ("pointwise", "custom", "slice", "transpose", "reshape", CONCAT, EMBEDDING, SLICE_BACKWARD)
     knob_class = PointwiseKnobs
 
     def match(self, piece: Piece, device: Device) -> Support | PointwiseMatch:
@@ -349,9 +350,9 @@ class PointwiseTemplate(Template):
             if len({piece.tensor(u).dim for u in piece.outputs}) != 1:
                 return Support.no("its outputs have different dims; one kernel walks one space")
             return PointwiseMatch(self, piece, device, {}, chains)
-        if not kinds <= {"pointwise", CONCAT, EMBEDDING, *VIEW_KINDS}:
+        if not kinds <= {"pointwise", *FRAMED, EMBEDDING, *VIEW_KINDS}:
             for node in piece.nodes:
-                if node.kind not in (CONCAT, EMBEDDING, *VIEW_KINDS) and not elementwise(node):
+                if node.kind not in (*FRAMED, EMBEDDING, *VIEW_KINDS) and not elementwise(node):
                     why = fused_custom(node) if node.kind == "custom" else f"not {node.kind}"
                     return Support.no(
                         f"the pointwise template runs pointwise ops (and reads slices/transposes "
@@ -371,13 +372,13 @@ class PointwiseTemplate(Template):
         if len(dims) != 1:
             return Support.no(f"its outputs have different dims {sorted(dims)}; one kernel walks one space")
         (space,) = dims
-        seen = _with_views(piece, views) if EMBEDDING in kinds or CONCAT in kinds else {}
+        seen = _with_views(piece, views) if EMBEDDING in kinds or kinds & FRAMED else {}
         if EMBEDDING in kinds:
             produced = {u for n in piece.nodes if n.kind not in VIEW_KINDS for u in n.output_uids()}
             unfit = check_gathers(piece, produced, seen)
             if unfit is not None:
                 return unfit
-        if CONCAT in kinds:  # (each value at the dims of its frame: a concatenation's operands at theirs)
+        if kinds & FRAMED:  # (each value at the dims of its frame: a concatenation's operands at theirs)
             unfit = check_frames(piece, seen, space)
             return unfit if unfit is not None else PointwiseMatch(self, piece, device, views)
         # the first op writing each distinct dims (views are read where a pointwise op reads them,
