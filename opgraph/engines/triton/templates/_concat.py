@@ -177,7 +177,8 @@ def _emit_slice_backward(piece: Piece, emitter: Emitter, node: Node, made: Mappi
         if start == 0 and stop == desc.dim[axis]:
             continue
         c = emitter.indexer.coord(axis, desc)
-        checks = [*([f"({c} >= {text(start)})"] if start != 0 else []), *([f"({c} < {text(stop)})"])]
+        checks = [f"({c} >= {text(start)})"] if start != 0 else []
+        checks += [f"({c} < {text(stop)})"] if stop != desc.dim[axis] else []
         guard = " & ".join(checks)
         guards.append(guard)
         indexer = ShiftedIndexer(indexer, axis, start, guard)
