@@ -54,12 +54,7 @@ def _loader(
     desc_q,
     desc_k,
     desc_v,
-    q_smem,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    ready,
-    empty,
+    ring,
     row_q,
     row_kv,
     n_blocks,
@@ -67,6 +62,7 @@ def _loader(
     STAGES: gl.constexpr,
 ):
     BM: gl.constexpr = desc_q.block_type.shape[0]
+    q_smem, k_bufs, v_bufs, q_bar, ready, empty = ring
     mbarrier.expect(q_bar, 2 * desc_q.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_q, [row_q, 0], q_bar, q_smem.index(0))
     tma.async_copy_global_to_shared(desc_q, [row_q + BM, 0], q_bar, q_smem.index(1))
@@ -85,12 +81,7 @@ def _loader(
 def _consumer(
     desc_o,
     lse_ptr,
-    q_smem,
-    k_bufs,
-    v_bufs,
-    q_bar,
-    ready,
-    empty,
+    ring,
     row_q,
     q_pos,
     n_blocks,
@@ -112,6 +103,7 @@ def _consumer(
     rows_qk: gl.constexpr = gl.SliceLayout(1, qk_layout)
     cols_qk: gl.constexpr = gl.SliceLayout(0, qk_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_smem, k_bufs, v_bufs, q_bar, ready, empty = ring
 
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=rows_qk)
     l_i = gl.full([BM], 0.0, gl.float32, layout=rows_qk)
@@ -182,71 +174,18 @@ def gl_attn_fwd(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # (both consumers)
+    ring = (q_smem, k_bufs, v_bufs, q_bar, ready, empty)  # the shared memory and barriers all partitions use
     gl.warp_specialize(
         [
             (
                 _consumer,
-                (
-                    desc_o,
-                    lse_ptr,
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    q_bar,
-                    ready,
-                    empty,
-                    row_q,
-                    q_pos,
-                    n_blocks,
-                    qk_scale,
-                    0,
-                    CAUSAL,
-                    BLOCK_N,
-                    STAGES,
-                    num_warps,
-                ),
+                (desc_o, lse_ptr, ring, row_q, q_pos, n_blocks, qk_scale, 0, CAUSAL, BLOCK_N, STAGES, num_warps),
             ),
             (
                 _consumer,
-                (
-                    desc_o,
-                    lse_ptr,
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    q_bar,
-                    ready,
-                    empty,
-                    row_q,
-                    q_pos,
-                    n_blocks,
-                    qk_scale,
-                    1,
-                    CAUSAL,
-                    BLOCK_N,
-                    STAGES,
-                    num_warps,
-                ),
+                (desc_o, lse_ptr, ring, row_q, q_pos, n_blocks, qk_scale, 1, CAUSAL, BLOCK_N, STAGES, num_warps),
             ),
-            (
-                _loader,
-                (
-                    desc_q,
-                    desc_k,
-                    desc_v,
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    q_bar,
-                    ready,
-                    empty,
-                    row_q,
-                    row_kv,
-                    n_blocks,
-                    BLOCK_N,
-                    STAGES,
-                ),
-            ),
+            (_loader, (desc_q, desc_k, desc_v, ring, row_q, row_kv, n_blocks, BLOCK_N, STAGES)),
         ],
         [num_warps, 1],
         [232, 24],
