@@ -61,12 +61,12 @@ def _joined_slices(g: Any, b: GradBuilder, parts: list[Any]) -> list[Any]:
     return [b.concatenate(dys, axis), *(p for p in parts if id(p) not in ids)]
 
 
-def _chain(g: Any, b: GradBuilder, part: Any) -> tuple[tuple[Any, ...], Tensor, list[Tensor]] | None:
+def _chain(b: GradBuilder, producer: dict[int, Any], part: Any) -> tuple[tuple[Any, ...], Tensor, list[Tensor]] | None:
     """(the transposes and reshapes from `part` down, the slice_backward output under them, the
-    tensors they write) where `part` is made so and each of those tensors is read by the chain alone."""
+    tensors they write) where `part` is made so and each of those tensors is read by the chain alone.
+    `producer`: the graph's op records by id() of their outputs."""
     if not isinstance(part, Tensor):
         return None
-    producer = {id(o): r for r in g._records for o in r.outputs if o is not None}
     ops: list[Any] = []
     written: list[Tensor] = []
     t = part
@@ -89,7 +89,8 @@ def _joined_chains(g: Any, b: GradBuilder, parts: list[Any]) -> list[Any]:
     an axis, replaced by the chain over one concatenate of the slices' gradients."""
     if len(parts) < 2:
         return parts
-    chains = {id(p): c for p in parts if (c := _chain(g, b, p)) is not None}
+    producer = {id(o): r for r in g._records for o in r.outputs if o is not None}
+    chains = {id(p): c for p in parts if (c := _chain(b, producer, p)) is not None}
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for p in parts:
         if id(p) in chains:

@@ -5,7 +5,8 @@ Loading one must raise SerializationError, or give a plan that runs correctly.""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -15,12 +15,10 @@ from typing import Any
 import numpy as np
 
 import opgraph as og
-from opgraph.core.config import NumericalNote
 from opgraph.core.errors import GraphError
 
-from . import oracle
 from .gen import Case
-from .runner import Expect, Failure, Lazy, Runner, Stats, _what
+from .runner import Expect, Failure, Lazy, Runner, Stats, _what, changed, nondeterministic
 
 
 def symbolize(doc: dict) -> tuple[dict, int] | None:
@@ -102,10 +100,9 @@ def _run_at(runner: Runner, plan: Any, g: og.Graph, n: int, case: Case, rng: Any
     second = runner._execute(plan, expect, spread, stats, fail, again=first, note=f"{note}again: ")
     if second is None:
         return False
-    nondet = any(NumericalNote.NONDETERMINISTIC in s.config.numerical_notes for s in shaped.steps)
-    bad = [u for u in static.outputs if not nondet and not oracle.same_bits(first.got[u], second.got[u])]
-    if bad:
-        fail("repeat", f"{note}a second execute changed {static.tensors[bad[0]].label()}")
+    bad = None if nondeterministic(shaped.steps) else changed(first, second, static.outputs)
+    if bad is not None:
+        fail("repeat", f"{note}a second execute changed {static.tensors[bad].label()}")
         return False
     return True
 

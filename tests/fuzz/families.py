@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -16,17 +16,18 @@ spec requires (a NaN term, inf * 0, +inf and -inf together) stays required.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 import opgraph as og
 from opgraph.core.ir import Const, FinalGraph, Node
-from opgraph.ops.pointwise import Pointwise, PointwiseMode
 from opgraph.core.rounding import round_to
 from opgraph.core.tensor import TensorDesc, storage_extent
+from opgraph.ops.pointwise import Pointwise, PointwiseMode
 from opgraph.testing import TOLERANCE
 
 DT = og.DataType

@@ -12,8 +12,9 @@ import logging
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -249,6 +250,16 @@ class Lazy:
         return self.value
 
 
+def nondeterministic(steps: Any) -> bool:
+    """Whether a step of the plan may compute different bits from run to run."""
+    return any(NumericalNote.NONDETERMINISTIC in s.config.numerical_notes for s in steps)
+
+
+def changed(first: Any, second: Any, outputs: Any) -> int | None:
+    """The first output whose bits differ between two runs' results (None: every one the same)."""
+    return next((u for u in outputs if not oracle.same_bits(first.got[u], second.got[u])), None)
+
+
 class Runner:
     def __init__(
         self,
@@ -319,14 +330,14 @@ class Runner:
         stats.steps.update(
             s.config.engine + (f":{s.config.knob('template')}" if s.config.knob("template") else "") for s in plan.steps
         )
-        nondet = any(NumericalNote.NONDETERMINISTIC in s.config.numerical_notes for s in plan.steps)
+        nondet = nondeterministic(plan.steps)
         outputs = expect.graph.outputs
         # the same plan on the same pack again (on CUDA, the fast binder's path): the same bits
         second = self._execute(plan, expect, spread, stats, fail, again=first) if rng.random() < self.repeat else None
         if second is not None and not nondet:
-            bad = [u for u in outputs if not oracle.same_bits(first.got[u], second.got[u])]
-            if bad:
-                fail("repeat", f"a second execute changed {expect.graph.tensors[bad[0]].label()}")
+            bad = changed(first, second, outputs)
+            if bad is not None:
+                fail("repeat", f"a second execute changed {expect.graph.tensors[bad].label()}")
         if rng.random() >= self.plan_files:
             return
         try:
@@ -338,9 +349,9 @@ class Runner:
             return fail("plan-file", f"save/load of an intact plan: {_what(err)}")
         third = self._execute(loaded, expect, spread, stats, fail, note="loaded plan: ")
         if third is not None and not nondet:
-            bad = [u for u in outputs if not oracle.same_bits(first.got[u], third.got[u])]
-            if bad:
-                fail("plan-file", f"the loaded plan computes {expect.graph.tensors[bad[0]].label()} differently")
+            bad = changed(first, third, outputs)
+            if bad is not None:
+                fail("plan-file", f"the loaded plan computes {expect.graph.tensors[bad].label()} differently")
         if rng.random() < self.damage:
             for what, blob in damaged_plans(data, rng, count=3):
                 stats.damaged += 1

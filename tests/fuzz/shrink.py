@@ -4,8 +4,9 @@ writing the reproduction: the case as JSON, and a snippet that replays it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .gen import Case
 
