@@ -135,6 +135,32 @@ def test_depthwise_epilogue_operand_broadcast_in_memory_along_the_rows(knobs, rn
     assert templates(plan) == ["depthwise"]
 
 
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", ["3x3_stride2", "5x5_dilation_asym", "multiplier2", "1d", "3d"])
+def test_depthwise_filter_copied_tap_major(case, layout, rng):
+    """WCOPY=1: a launch before the kernel writes the filter as fp32 [taps, K], which the pixel tiles read
+    a tap's channels from in one vector load."""
+    spec = dict(DEPTHWISE[case])
+    g, _, _, y = conv_graph(spec.pop("x"), spec.pop("w"), layout=layout, **spec)
+    g.relu(y).set_output(True)
+    plan = _plan_exact(g, dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, WCOPY=1))
+    (step,) = plan.steps
+    assert [launch.kernel for launch in step.kernel.generated.launches] == ["kernel_filter", "kernel"]
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_depthwise_filter_copy_in_convolution_mode_with_bias_half(rng):
+    g, _, _, y = conv_graph(
+        (2, 16, 9, 9), (16, 1, 7, 7), dt=DT.HALF, padding=[3, 3], convolution_mode="convolution", layout="nhwc"
+    )
+    b = g.tensor(dim=[1, 16, 1, 1], name="b")
+    g.bias(y, b).set_output(True)
+    plan = _plan_exact(g, dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, WCOPY=1))
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+
+
 # -- depthwise row strips (knob ROWS > 0) ---------------------------------------------------------------
 
 

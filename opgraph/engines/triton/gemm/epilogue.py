@@ -39,6 +39,8 @@ class Context:
     sm_count: int = 132  # the device's SMs (sizes the combine launches)
     tma_stores: dict[int, str] = field(default_factory=dict)  # stored uid -> its tensor descriptor (TMA stores)
     sizes: Sizes | None = None  # a bucket kernel's size parameters (sizes.py); None at a shape
+    # kernels that run before the main one (their source and launch): a depthwise filter's copy
+    before: list[tuple[str, Launch]] = field(default_factory=list)
 
     def largest(self, value: SymInt) -> int:
         """A size at its largest: its value, or a bucket kernel's dynamic one over the bucket (scratch laid

@@ -15,7 +15,9 @@ class TileIndexer:
     `axes[a]` says what logical axis `a` is in the tile: ("r", expr) a row coordinate (a
     [rows] vector), ("c", expr) a column coordinate, ("s", expr) a per-program scalar, ("t", expr)
     a coordinate that depends on both (a [rows, cols] block: the input column of a conv whose K lanes
-    run over filter columns too, conv_fprop's MERGE_TAPS). `rmask` /
+    run over filter columns too, conv_fprop's MERGE_TAPS); ("r", expr, shift) a row coordinate plus a
+    per-program scalar shift, addressed as two terms (an unrolled stencil's tap: the rows' offsets stay
+    the same from tap to tap and the shift, a constant, folds into the load's address). `rmask` /
     `cmask` bound the rows / columns (None: all in bounds). `flat_rows` = (expr, ((axis, size), ...)):
     the row axes flattened, outermost first; a tensor packed over them is addressed by the flat index
     (cheaper, and contiguity stays visible to the compiler).
@@ -32,7 +34,7 @@ class TileIndexer:
 
     def __init__(
         self,
-        axes: Sequence[tuple[str, str]],
+        axes: Sequence[tuple[str, str] | tuple[str, str, str]],
         rmask: str | None,
         cmask: str | None,
         ptr: Callable[[int], str],
@@ -56,7 +58,7 @@ class TileIndexer:
         self.flat_rows = flat_rows
 
     def _flat(self, desc: TensorDesc) -> str | None:
-        if self.flat_rows is None or len(desc.dim) != len(self.axes):
+        if self.flat_rows is None or len(desc.dim) != len(self.axes) or any(len(a) > 2 for a in self.axes):
             return None
         expr, axes = self.flat_rows
         step = inner = None
@@ -88,11 +90,12 @@ class TileIndexer:
         if flat is not None:
             rows.append(flat)
         for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-            where, expr = self.axes[axis]
+            where, expr, *shift = self.axes[axis]
             if (flat is not None and where == "r") or s == 0 or d == 1:
                 continue
             term = expr if s == 1 else f"{expr} * {self.text(s)}"
             {"r": rows, "c": cols, "s": scal, "t": tile}[where].append(term)
+            scal += [shift[0] if s == 1 else f"{shift[0]} * {self.text(s)}"] if shift else []
         if full:  # a tile axis of extent "1" (a weight row of the depthwise kernel) stays broadcast
             if self.shape[0] != "1":
                 rows = rows or [f"{self.zero[0]} * 0"]
@@ -160,7 +163,8 @@ class TileIndexer:
         return f"tl.store({address}, {value}, mask={mask})"
 
     def coord(self, axis: int, desc: TensorDesc) -> str:
-        where, expr = self.axes[axis]
+        where, expr, *shift = self.axes[axis]
+        expr = f"{expr} + {shift[0]}" if shift else expr
         if desc.dim[axis] == 1:
             return "tl.zeros((1, 1), tl.int32)"
         if where == "r":

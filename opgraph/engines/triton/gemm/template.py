@@ -412,15 +412,17 @@ class TileMatch(Match[TileKnobs], TileLoop):
             programs, grid_expr = evaluate(programs, sizes.env), (programs,)
             args = tuple(a.at_shape(sizes.env) for a in sig.args)  # (host descriptors' shapes: values)
         assert isinstance(programs, int)
+        functions += [source for source, _ in ctx.before]
         functions.append(sig.source("kernel", list(constexprs), body))
         launches = [
+            *(launch for _, launch in ctx.before),
             Launch(
                 "kernel",
                 (programs,),
                 args,
                 (*constexprs.items(), *loop.meta(k)),
                 grid_expr=grid_expr,
-            )
+            ),
         ]
         plans, plan_ctx = ctx.reductions, ctx
         if acc_off is not None:

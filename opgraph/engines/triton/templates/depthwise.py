@@ -43,6 +43,7 @@ from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.symbolic import SymInt
 from ....ops.conv import ConvFprop, ConvolutionMode
+from ..casts import from_storage
 from ..gemm import (
     Context,
     DotKind,
@@ -62,9 +63,9 @@ from ..gemm import (
     preload_lines,
 )
 from ..knobs import RowStripKnobs, TileKnobs
-from .base import Generated, pow2_at_least
+from .base import Generated, Launch, pow2_at_least
 
-UNROLL_TAPS = 32  # filters with more taps loop instead of unrolling
+UNROLL_TAPS = 64  # filters with more taps loop instead of unrolling (7x7 unrolls)
 ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers up to 3x3 (more: WLOAD=1)
 # WLOAD=1 holds R accumulators and S shifted input tiles, and unrolls R x S taps a row: up to 7x7
 # (ConvNeXt's; a 13x13 strip took 255 registers, 4 KB of spills and minutes of compiling for sm_90)
@@ -148,21 +149,24 @@ class DepthwiseMatch(TileMatch):
         rows: list[Any] = self.rows.candidates() if self.rows.applies else []
         # (strips loading their weights at every row are offered after the pixel tiles until measured)
         kept, loaded = [r for r in rows if not r.WLOAD], [r for r in rows if r.WLOAD]
+        wcopy = 1 if self.copies_filter else None
         if not device.is_cuda:
             bm = min(32, pow2_at_least(gp.space.m, 16))
             bn = min(32, pow2_at_least(k, 16))
-            tiles = [TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4), TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4)]
+            tiles = [
+                TileKnobs(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, WCOPY=wcopy),
+                TileKnobs(BLOCK_M=16, BLOCK_N=16, num_warps=4),
+            ]
             return kept[:1] + tiles + loaded[:1]
-        # pixel tiles: >= 8 elements per thread and >= 128 B contiguous per row keep the loads wide;
-        # 16-32 elements per thread keep the registers (all 9 taps' loads in flight) under ~100, so
-        # that >= 16 warps fit on an SM
-        bn = min(64, max(16, pow2_at_least(k, 16)))
-        ranked = [(32, bn, 4), (64, bn, 8), (16, bn, 4), (64, bn, 4)]
-        out, seen = [], set()
-        for bm, width, warps in ranked:
-            if (bm, width) not in seen:
-                seen.add((bm, width))
-                out.append(TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps))
+        # pixel tiles: a thread holds 8 channels (one 16-byte load of 16-bit data) of 2-4 pixels; each
+        # tap costs it a load and a conversion per pixel, a multiply-add per element and (WCOPY=1) two
+        # vector loads of weights, where the filter's own layout would take 8 scalar loads: about 2.8
+        # instructions per element and tap at 4 pixels (32 elements, ~112 registers), unrolled
+        bn = min(32, max(16, pow2_at_least(k, 16)))
+        wide = [(128, 64, 8)] if k % 64 == 0 else []
+        ranked = [(32 * 4, bn, 4), (32 * 8, bn, 8), *wide, (64, bn, 4)]
+        out = [TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps, WCOPY=wcopy) for bm, width, warps in ranked]
+        out.append(TileKnobs(BLOCK_M=32, BLOCK_N=min(64, max(16, pow2_at_least(k, 16))), num_warps=4))
         return kept + out + loaded
 
     def cost(self, k: Any) -> float | None:
@@ -210,18 +214,74 @@ class DepthwiseMatch(TileMatch):
             body.append(f"amask = {' & '.join(checks)}")
             amask = "amask"
         ptr = ctx.ptr_of(sig)
-        x_axes = [("r", "y0"), ("c", "cin"), *(("r", f"xi{i}") for i in range(nsp))]
+        # each input coordinate as the output's (o{i}, the same for every tap) plus the tap's shift: the
+        # rows' offsets are computed once and a tap adds a scalar (unrolled: a constant the load folds in)
+        shifts = [f"t{i} * {geo.dilation[i]}" if geo.dilation[i] != 1 else f"t{i}" for i in range(nsp)]
+        x_axes = [
+            ("r", "y0"),
+            ("c", "cin"),
+            *(("r", f"o{i}", shifts[i]) if taps[i] > 1 else ("r", f"xi{i}") for i in range(nsp)),
+        ]
         a_idx = TileIndexer(x_axes, amask, ctx.tiling.cmask, ptr, ("BLOCK_M", "BLOCK_N"), zero=("rm", "rn"))
-        w_axes = [("c", "col"), ("r", "rm"), *(("s", f"wt{i}") for i in range(nsp))]
-        b_idx = TileIndexer(w_axes, None, ctx.tiling.cmask, ptr, ("1", "BLOCK_N"), zero=("rm", "rn"))
         body += operand_tile(ctx, sig, "image", a_idx, "a")
-        body += operand_tile(ctx, sig, "weight", b_idx, "b")
+        if k.WCOPY and self.copies_filter:
+            body.append(self.copied_filter(ctx, sig, taps))
+        else:
+            w_axes = [("c", "col"), ("r", "rm"), *(("s", f"wt{i}") for i in range(nsp))]
+            b_idx = TileIndexer(w_axes, None, ctx.tiling.cmask, ptr, ("1", "BLOCK_N"), zero=("rm", "rn"))
+            body += operand_tile(ctx, sig, "weight", b_idx, "b")
         body.append("acc += a * b")
         if ntaps <= UNROLL_TAPS:
             lines.append(f"for tap in tl.static_range({ntaps}):")
         else:
             lines.append(f"for tap in range({ntaps}):")
         return MainLoop(lines + ["    " + line for line in body])
+
+    # -- the filter copied tap-major (WCOPY=1) ----------------------------------------------------------
+
+    @cached_property
+    def copies_filter(self) -> bool:
+        """Whether WCOPY=1 applies: a float filter without a prologue (the copy is a plain conversion)."""
+        uid = self.gp.main.input("weight")
+        w = self.gp.operand("weight")
+        return isinstance(uid, int) and not self.gp.prologue.get(uid) and not w.data_type.is_integer
+
+    def copied_filter(self, ctx: Context, sig: Signature, taps: tuple[int, ...]) -> str:
+        """The line loading tap (wt0, wt1, ...)'s BLOCK_N weights as `b` from the filter's copy: [taps, K]
+        fp32 in scratch, channels contiguous (one vector load, no conversion, where the filter's own layout
+        puts a tap's channels `taps` elements apart), made by a launch before the kernel (`_copy_launch`)."""
+        k = ctx.gp.space.dims[1]
+        offset = ctx.scratch.alloc(math.prod(taps) * k * 4)
+        ws = sig.scratch("wcopy", offset, "float32")
+        flat = " + ".join(f"wt{i} * {math.prod(taps[i + 1 :])}" for i, r in enumerate(taps) if r > 1) or "0"
+        mask = f", mask={ctx.tiling.cmask}[None, :], other=0" if ctx.tiling.cmask else ""
+        ctx.before.append(self._copy_launch(ctx, offset, taps))
+        return f"b = tl.load({ws} + ({flat}) * {k} + col[None, :]{mask})"
+
+    def _copy_launch(self, ctx: Context, offset: int, taps: tuple[int, ...]) -> tuple[str, Launch]:
+        """The kernel writing the filter [K, 1, *taps] (any strides) as fp32 [taps, K] into scratch at `offset`."""
+        w = self.gp.operand("weight")
+        uid = self.gp.main.input("weight")
+        assert isinstance(uid, int)
+        k = w.dim[0]
+        total = math.prod(taps) * k
+        sig = Signature()
+        src = ctx.ptr_of(sig)(uid)
+        ws = sig.scratch("wcopy", offset, "float32")
+        moving = [(i, r) for i, r in enumerate(taps) if r > 1]
+        lines = [
+            "i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+            f"imask = i < {total}",
+            f"c = i % {k}",
+            f"tap = i // {k}",
+            *decompose("tap", moving, "wt"),
+        ]
+        terms = [f"c * {w.stride[0]}", *(f"wt{i} * {w.stride[2 + i]}" for i, _ in moving)]
+        load = f"tl.load({src} + {' + '.join(terms)}, mask=imask, other=0)"
+        lines.append(f"tl.store({ws} + i, {from_storage(load, w.data_type, 'tl.float32')}, mask=imask)")
+        block = min(1024, pow2_at_least(total, 16))
+        launch = Launch("kernel_filter", (-(-total // block),), tuple(sig.args), (("BLOCK", block), ("num_warps", 4)))
+        return sig.source("kernel_filter", ["BLOCK"], lines), launch
 
 
 class RowStrips:
