@@ -64,6 +64,17 @@ SHAPES = [
     # projection plus the residual
     ("llama.up_mul", 8192, 2816, 1024, "mul", "bf16"),
     ("llama.o_residual", 8192, 1024, 1024, "residual", "bf16"),
+    # timm ConvNeXt-T's MLPs at batch 64 (bench/results/2026-11-30-h200-zoo-convnext-infer-1c7190b.md): the
+    # up-projections with the erf GELU (stage 1: 278 µs a step in the model, K 96) and the down-projections
+    ("convnext.s1.up_gelu_erf", 200704, 384, 96, "bias_gelu_erf", "bf16"),
+    ("convnext.s1.down", 200704, 96, 384, "bias", "bf16"),
+    ("convnext.s2.up_gelu_erf", 50176, 768, 192, "bias_gelu_erf", "bf16"),
+    ("convnext.s3.up_gelu_erf", 12544, 1536, 384, "bias_gelu_erf", "bf16"),
+    ("convnext.s4.up_gelu_erf", 3136, 3072, 768, "bias_gelu_erf", "bf16"),
+    # timm ViT-B/16's forward projections at batch 64 (197 tokens)
+    ("vit.qkv", 12608, 2304, 768, "bias", "bf16"),
+    ("vit.up_gelu_erf", 12608, 3072, 768, "bias_gelu_erf", "bf16"),
+    ("vit.down", 12608, 768, 3072, "bias", "bf16"),
     ("small.512", 512, 512, 512, "", "bf16"),  # small products: the heuristic picks the path here too
     ("decode.m16", 16, 4096, 4096, "", "bf16"),
 ]
@@ -132,6 +143,7 @@ def main() -> int:
         help="also the Hopper path with two programs a multiprocessor (_matmul_hopper.occupancy_config: one's "
         "epilogue beside the other's main loop)",
     )
+    ap.add_argument("--candidates", type=int, default=0, help="also the template's first N candidates (c0, c1, ...)")
     args = ap.parse_args()
     t0 = time.time()
     out = Path(args.out)
@@ -154,6 +166,7 @@ def main() -> int:
     }
     rows = [s for s in SHAPES if not args.only or s[0] in args.only.split(",")]
     variants = ["new", "before"] + (["same-dev"] if args.ablate else []) + (["occ2"] if args.occupancy else [])
+    variants += [f"c{i}" for i in range(args.candidates)]
 
     # -- build every plan (nothing compiled yet), then compile all kernels in parallel ----------------------
     built: dict[str, dict[str, Any]] = {}
@@ -171,6 +184,8 @@ def main() -> int:
         if args.occupancy:  # the template's tuning candidate for math-heavy epilogues, on every row
             occ = occupancy_config(TileKnobs.parse(chosen, "matmul"), plan.device)
             plans["occ2"] = config_plan(plan, dict(occ.pairs()))
+        for i, c in enumerate(cands[: args.candidates]):
+            plans[f"c{i}"] = config_plan(plan, {kk: v for kk, v in c.items() if kk != "template"})
         built[name] = {"graph": g, "tensors": t, "plans": plans}
     specs = {
         spec.key: (spec, fn)
@@ -264,7 +279,10 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         return per
 
     for v in variants:
-        plan = b["plans"][v]
+        plan = b["plans"].get(v)
+        if plan is None:  # (fewer candidates than asked)
+            row[v] = {"knobs": "", "ok": True}
+            continue
         entry: dict[str, Any] = {"knobs": knobs_text(plan)}
         try:
             y.fill_(float("nan"))

@@ -161,10 +161,12 @@ class DepthwiseMatch(TileMatch):
         # pixel tiles: a thread holds 8 channels (one 16-byte load of 16-bit data) of 2-4 pixels; each
         # tap costs it a load and a conversion per pixel, a multiply-add per element and (WCOPY=1) two
         # vector loads of weights, where the filter's own layout would take 8 scalar loads: about 2.8
-        # instructions per element and tap at 4 pixels (32 elements, ~112 registers), unrolled
+        # instructions per element and tap at 4 pixels (32 elements, ~112 registers), unrolled. (ConvNeXt-T
+        # on an H200: 133-139 µs at 96 channels x 56², cuDNN 195; 75.7 µs at 192 x 28² with 64-channel
+        # tiles, 84.8 with 32, cuDNN 107)
         bn = min(32, max(16, pow2_at_least(k, 16)))
         wide = [(128, 64, 8)] if k % 64 == 0 else []
-        ranked = [(32 * 4, bn, 4), (32 * 8, bn, 8), *wide, (64, bn, 4)]
+        ranked = [*wide, (32 * 4, bn, 4), (32 * 8, bn, 8), (64, bn, 4)]
         out = [TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps, WCOPY=wcopy) for bm, width, warps in ranked]
         out.append(TileKnobs(BLOCK_M=32, BLOCK_N=min(64, max(16, pow2_at_least(k, 16))), num_warps=4))
         return kept + out + loaded

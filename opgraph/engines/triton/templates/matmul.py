@@ -213,7 +213,6 @@ class MatmulMatch(TileMatch):
                     tma.append(c.replace(TMA=1))
                     if host_ok:
                         host.append(hopper_config(c, device))
-            # (in a tie the host-descriptor configs come last)
             configs = sorted(tma + configs[:-1] + host, key=self._rank)[:8] + configs[-1:]
             if host and elem == 2 and math_heavy_epilogue(gp):  # (for tuning: the estimate has no epilogue)
                 configs.insert(len(configs) - 1, occupancy_config(host[0], device))
@@ -231,8 +230,16 @@ class MatmulMatch(TileMatch):
         # hint of M 1..4096) chose split-K 4, then run at M 4096 too.
         return self.bucket is not None and not self.template.sized_knobs(c)
 
-    def _rank(self, c: TileKnobs) -> tuple[bool, float]:
-        return self._per_shape(c), self._cost(c)
+    def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
+        """Per-shape kernels last in a bucket, then the estimate; where the bytes bound every config (a tie),
+        the config of the most math headroom (host descriptors, persistent, large tiles): on an H200 it
+        streamed ConvNeXt-T's MLP GEMMs (K 96-384, GELU) 19-28% faster than the tie's first plain config
+        (bench/results/2026-11-30-h200-depthwise-convnext.md)."""
+        m, n, k, elem = self.problem
+        math_only = estimate_us(
+            m, n, k, c, nprog=self.gp.space.nbatch, device=self.device, elem_bytes=elem, moved_bytes=1
+        )
+        return self._per_shape(c), self._cost(c), math_only
 
     def accepts(self, knobs: TileKnobs) -> bool:
         """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
