@@ -18,13 +18,18 @@ accumulated in fp32 (int32 for int8). Two kernels:
   per strip, a power of two), BLOCK_N, num_warps, num_stages, MAXNREG (a register cap for ptxas:
   128 keeps two 8-warp programs per SM, see `RowStrips.candidates`) and WLOAD.
 * **pixel tiles** (ROWS = 0, any geometry): a program owns a tile of BLOCK_M output pixels
-  (flattened) x BLOCK_N channels and, for every filter tap (unrolled), loads the shifted image tile
-  (zero outside the image, after the prologue), multiplies it by the tap's weights and accumulates.
+  (flattened) x BLOCK_N channels and, for every filter tap (unrolled up to UNROLL_TAPS), loads the
+  shifted image tile (zero outside the image, after the prologue), multiplies it by the tap's
+  weights and accumulates. The tile's input addresses are computed once, each tap adding its shift
+  (a constant the load folds in). With WCOPY=1 a launch before the kernel writes the filter as fp32
+  [taps, K], so that a tap's BLOCK_N weights are one vector load, not one scalar load and conversion
+  per channel (a [K, 1, R, S] filter puts a tap's channels R x S elements apart).
 
 With NHWC the channel axis is contiguous, so each row of a tile is one vector load; the taps
-re-read neighbouring pixels, which the L1/L2 caches serve, so DRAM sees the image about once: the
-kernel is bound by reading the image and writing the output. The shared epilogue (bias,
-activations, stores, genstats) follows.
+re-read neighbouring pixels, which the L1/L2 caches serve, so DRAM sees the image about once. A
+7x7 filter makes the kernel bound by issuing instructions, not by the bytes: a multiply-add and a
+conversion per element and tap, the loads and masks shared by a thread's 8 channels. The shared
+epilogue (bias, activations, stores, genstats) follows.
 """
 
 from __future__ import annotations
@@ -147,7 +152,7 @@ class DepthwiseMatch(TileMatch):
         gp, device = self.gp, self.device
         k = gp.space.dims[1]
         rows: list[Any] = self.rows.candidates() if self.rows.applies else []
-        # (strips loading their weights at every row are offered after the pixel tiles until measured)
+        # (strips loading their weights at every row lose to the pixel tiles: offered after them)
         kept, loaded = [r for r in rows if not r.WLOAD], [r for r in rows if r.WLOAD]
         wcopy = 1 if self.copies_filter else None
         if not device.is_cuda:
@@ -161,9 +166,8 @@ class DepthwiseMatch(TileMatch):
         # pixel tiles: a thread holds 8 channels (one 16-byte load of 16-bit data) of 2-4 pixels; each
         # tap costs it a load and a conversion per pixel, a multiply-add per element and (WCOPY=1) two
         # vector loads of weights, where the filter's own layout would take 8 scalar loads: about 2.8
-        # instructions per element and tap at 4 pixels (32 elements, ~112 registers), unrolled. (ConvNeXt-T
-        # on an H200: 133-139 µs at 96 channels x 56², cuDNN 195; 75.7 µs at 192 x 28² with 64-channel
-        # tiles, 84.8 with 32, cuDNN 107)
+        # instructions per element and tap at 4 pixels (32 elements, ~112 registers), unrolled; 64-channel
+        # tiles first where the channels allow (bench/results/constants.md#depthwise-pixel-tiles)
         bn = min(32, max(16, pow2_at_least(k, 16)))
         wide = [(128, 64, 8)] if k % 64 == 0 else []
         ranked = [*wide, (32 * 4, bn, 4), (32 * 8, bn, 8), (64, bn, 4)]

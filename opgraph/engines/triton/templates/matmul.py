@@ -232,9 +232,8 @@ class MatmulMatch(TileMatch):
 
     def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
         """Per-shape kernels last in a bucket, then the estimate; where the bytes bound every config (a tie),
-        the config of the most math headroom (host descriptors, persistent, large tiles): on an H200 it
-        streamed ConvNeXt-T's MLP GEMMs (K 96-384, GELU) 19-28% faster than the tie's first plain config
-        (bench/results/2026-11-30-h200-depthwise-convnext.md)."""
+        the config of the most math headroom (host descriptors, persistent, large tiles), which streams
+        the bytes fastest (bench/results/constants.md#memory-bound-gemm-ties)."""
         m, n, k, elem = self.problem
         math_only = estimate_us(
             m, n, k, c, nprog=self.gp.space.nbatch, device=self.device, elem_bytes=elem, moved_bytes=1
