@@ -150,13 +150,18 @@ def test_depthwise_filter_copied_tap_major(case, layout, rng):
     assert not bad, "\n".join(map(str, bad))
 
 
-def test_depthwise_filter_copy_in_convolution_mode_with_bias_half(rng):
+@pytest.mark.parametrize("unroll", [None, 1])
+def test_depthwise_7x7_filter_copy_in_convolution_mode_with_bias_half(unroll, rng):
+    """A 7x7 filter's taps as a loop over its rows, each row's 7 taps unrolled, or (UNROLL=1) all 49
+    unrolled."""
     g, _, _, y = conv_graph(
         (2, 16, 9, 9), (16, 1, 7, 7), dt=DT.HALF, padding=[3, 3], convolution_mode="convolution", layout="nhwc"
     )
     b = g.tensor(dim=[1, 16, 1, 1], name="b")
     g.bias(y, b).set_output(True)
-    plan = _plan_exact(g, dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, WCOPY=1))
+    plan = _plan_exact(g, dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, WCOPY=1, **({"UNROLL": 1} if unroll else {})))
+    source = plan.source(0)
+    assert ("tl.static_range(49)" in source) == bool(unroll) and ("for outer in range(7)" in source) != bool(unroll)
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
 
@@ -868,6 +873,9 @@ HOPPER_CASES = {  # (graph, template, candidates compiled, max registers)
     "depthwise_rows": (_bench_depthwise, "depthwise", 3, 128),
     # ConvNeXt-T's stage-1 7x7 depthwise conv: the row strips loading their weights at every row
     "depthwise_7x7_wload": (_convnext_depthwise, "depthwise", lambda c: [k for k in c if k.get("WLOAD")][:1], 200),
+    # the same conv's heuristic pick: pixel tiles of 4 pixels x 8 channels a thread, the filter copied
+    # tap-major by a launch before (WCOPY=1), the 49 taps unrolled (Triton 3.6: 112 registers)
+    "depthwise_7x7_wcopy": (_convnext_depthwise, "depthwise", 1, 128),
     "sbr_conv_genstats": (lambda: sbr_conv_genstats(n=32, c=64, k=64, hw=56), "conv_fprop", _pass_and_fused, 255),
     # bf16: the prologue's roundings and the stores through the cvt.rn.bf16.f32 asm helpers
     "sbr_conv_genstats_bf16": (
@@ -885,7 +893,7 @@ def test_kernels_compile_for_hopper_without_spills():
     """The benchmark pieces' first candidates compiled for sm_90 (Triton's NVIDIA backend and ptxas,
     no GPU needed): no spills, shared memory within an SM's 227 KB, and the depthwise row strips
     at <= 128 registers (16 warps per SM; 7x7's, loading their weights at every row, <= 200: Triton 3.6
-    gave 142-191 over the candidates)."""
+    gave 142-191 over the candidates; 7x7's pixel tiles <= 128)."""
     import re
 
     out = compile_for_hopper(__name__, gpu=H200.name, timeout=900)
@@ -893,6 +901,7 @@ def test_kernels_compile_for_hopper_without_spills():
     assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
     # the SBR cases: the pass's kernel (a pointwise launch) beside the fused kernel's
     assert any(" kernel_prologue_pass " in line for line in lines if line.split()[1] == "sbr_conv_genstats")
+    assert any(" kernel_filter " in line for line in lines if line.split()[1] == "depthwise_7x7_wcopy")
     for line in lines:
         name, regs, spills, smem = re.match(r"compiled (\S+) \S+ regs (\d+) spills (\d+) smem (\d+)", line).groups()
         assert int(spills) == 0 and int(smem) <= 227 * 1024, line

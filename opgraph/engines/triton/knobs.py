@@ -12,7 +12,7 @@ prologue to run apart) is the template's match's to check.
                     conv_wgrad, depthwise (pixel tiles)       num_stages PERSISTENT FLATTEN TMA TMA_HOST
                                                               EPILOGUE_SUBTILE EPI_M EPI_N fp32_precision PHASES
                                                               TAPS COMBINE_M COMBINE_N MERGE_TAPS PROLOGUE_PASS
-                                                              WCOPY
+                                                              WCOPY UNROLL
     RowStripKnobs   depthwise (row strips)                    ROWS BLOCK_W BLOCK_N num_warps num_stages MAXNREG
     FlatKnobs       pooling, pool_backward                    BLOCK num_warps
     PointwiseKnobs  pointwise                                 BLOCK TILE_I TILE_J ROWS COLS num_warps
@@ -144,6 +144,7 @@ class TileKnobs(Knobs):
     MERGE_TAPS: int | None = None  # conv_fprop / conv_wgrad: 1 runs K lanes over taps and channels together (0)
     PROLOGUE_PASS: int | None = None  # conv_fprop / conv_wgrad: 1 runs the image prologue as its own pass (0)
     WCOPY: int | None = None  # depthwise pixel tiles: 1 reads the filter from a tap-major fp32 copy made first (0)
+    UNROLL: int | None = None  # depthwise pixel tiles: 1 unrolls every tap; else > 32 loop but the last axis (0)
 
     RULE: ClassVar[str] = "triton.gemm.knob"
 
@@ -189,7 +190,7 @@ class TileKnobs(Knobs):
                 rule="triton.gemm.fp32_precision",
                 hint="use 'tf32' (tensor cores, 10-bit mantissa inputs) or 'ieee' (full fp32)",
             )
-        for key in ("TMA", "TMA_HOST", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS", "WCOPY"):
+        for key in ("TMA", "TMA_HOST", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS", "WCOPY", "UNROLL"):
             _one_of(key, getattr(self, key), (0, 1), rule, f"use {key}=0 or 1")
         if self.TMA_HOST and not self.TMA:
             raise AttributeValueError(

@@ -70,7 +70,7 @@ from ..gemm import (
 from ..knobs import RowStripKnobs, TileKnobs
 from .base import Generated, Launch, pow2_at_least
 
-UNROLL_TAPS = 64  # filters with more taps loop instead of unrolling (7x7 unrolls)
+UNROLL_TAPS = 32  # filters with more taps loop over all axes but the last, which unrolls
 ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers up to 3x3 (more: WLOAD=1)
 # WLOAD=1 holds R accumulators and S shifted input tiles, and unrolls R x S taps a row: up to 7x7
 # (ConvNeXt's; a 13x13 strip took 255 registers, 4 KB of spills and minutes of compiling for sm_90)
@@ -78,6 +78,16 @@ WLOAD_SIDE = 7
 
 
 _ASSIGNED = re.compile(r"^(\w+) = ")
+
+
+def unrolls_whole() -> bool:
+    """Whether a 7x7 filter's pixel tiles unroll all 49 taps first: Triton before 3.9 (3.6's sm_90 code for
+    them: 112 registers, no spills, the fastest measured); 3.9's spills even at 255 registers, so its
+    candidates loop over the filter rows first."""
+    from ..compiler import triton_version
+
+    major, minor = (int(p) for p in triton_version().split(".")[:2])
+    return (major, minor) < (3, 9)
 
 
 @dataclass(frozen=True)
@@ -171,8 +181,16 @@ class DepthwiseMatch(TileMatch):
         bn = min(32, max(16, pow2_at_least(k, 16)))
         wide = [(128, 64, 8)] if k % 64 == 0 else []
         ranked = [*wide, (32 * 4, bn, 4), (32 * 8, bn, 8), (64, bn, 4)]
-        out = [TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps, WCOPY=wcopy) for bm, width, warps in ranked]
+        # a 7x7 filter's 49 taps unrolled whole where Triton's code for them fits the registers (UNROLL=1;
+        # bench/results/constants.md#depthwise-pixel-tiles), else nested; the other way last, for tuning
+        unroll = 1 if self.nests_taps and unrolls_whole() else None
+        out = [
+            TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps, WCOPY=wcopy, UNROLL=unroll)
+            for bm, width, warps in ranked
+        ]
         out.append(TileKnobs(BLOCK_M=32, BLOCK_N=min(64, max(16, pow2_at_least(k, 16))), num_warps=4))
+        if self.nests_taps:
+            out.append(out[0].replace(UNROLL=None if unroll else 1))
         return kept + out + loaded
 
     def cost(self, k: Any) -> float | None:
@@ -212,7 +230,11 @@ class DepthwiseMatch(TileMatch):
         lines.append(f"cin = col // {mult}" if mult > 1 else "cin = col")
         lines.append(f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})")
         moving = [(i, r) for i, r in enumerate(taps) if r > 1]
-        body = decompose("tap", moving, "t") if ntaps > 1 else []
+        nested = self.nests_taps and not k.UNROLL
+        if nested:
+            body = [*decompose("outer", moving[:-1], "t"), f"t{moving[-1][0]} = inner"]
+        else:
+            body = decompose("tap", moving, "t") if ntaps > 1 else []
         checks = [ctx.tiling.rmask] if ctx.tiling.rmask else []
         body += input_taps(geo, taps, ydims, x.dim, op.convolution_mode is ConvolutionMode.CONVOLUTION, checks)
         amask = None
@@ -237,11 +259,22 @@ class DepthwiseMatch(TileMatch):
             b_idx = TileIndexer(w_axes, None, ctx.tiling.cmask, ptr, ("1", "BLOCK_N"), zero=("rm", "rn"))
             body += operand_tile(ctx, sig, "weight", b_idx, "b")
         body.append("acc += a * b")
-        if ntaps <= UNROLL_TAPS:
-            lines.append(f"for tap in tl.static_range({ntaps}):")
-        else:
-            lines.append(f"for tap in range({ntaps}):")
+        if nested:
+            inner = moving[-1][1]
+            lines += [f"for outer in range({ntaps // inner}):", f"    for inner in tl.static_range({inner}):"]
+            return MainLoop(lines + ["        " + line for line in body])
+        unrolled = ntaps <= UNROLL_TAPS or k.UNROLL
+        lines.append(f"for tap in tl.static_range({ntaps}):" if unrolled else f"for tap in range({ntaps}):")
         return MainLoop(lines + ["    " + line for line in body])
+
+    @cached_property
+    def nests_taps(self) -> bool:
+        """Whether the pixel tiles' taps run as a loop over all filter axes but the last, whose taps unroll
+        (each one's shift a constant), unless UNROLL=1 unrolls them all: filters of more than UNROLL_TAPS
+        taps over two axes or more (7x7)."""
+        taps = self.gp.operand("weight").dim[2:]
+        moving = [r for r in taps if r > 1]
+        return math.prod(taps) > UNROLL_TAPS and len(moving) > 1 and moving[-1] <= UNROLL_TAPS
 
     # -- the filter copied tap-major (WCOPY=1) ----------------------------------------------------------
 
