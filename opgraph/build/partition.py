@@ -127,6 +127,10 @@ def _ahead(
     return []
 
 
+def _views_only(nodes: Sequence[Node]) -> bool:
+    return all(n.kind in VIEW_KINDS for n in nodes)
+
+
 def engine_supports(engine: Engine, piece: Piece, device: Device) -> Support:
     """The engine's verdict on one kernel running the piece, with the partitioner's own rule first: a
     node overwriting an input it reads at other elements needs an engine that writes after computing."""
@@ -145,7 +149,13 @@ def partition(
     Triton matmul that folds it in); a piece of a less preferred engine (op-by-op torch) does not
     absorb an op that a more preferred engine runs, unless that engine fuses what it absorbs (the
     library engine's generated epilogue); an op that no engine runs alone (a transpose
-    only a GEMM template folds in) opens a pending piece that later ops may complete."""
+    only a GEMM template folds in) opens a pending piece that later ops may complete.
+
+    A run of views (reshapes, transposes, slices) stays open for the op that reads them: views that an
+    engine would copy alone (the pointwise template's copies) join the next views pending, so that a GEMM
+    or attention op after them reads them all in place; where the next op is not their reader (no engine
+    runs the views and it as one piece as well as it runs that op alone), the views close as pieces of
+    their own (`_close_views`), each run on the most preferred engine that copies it."""
     groups: list[list[Node]] = []
     pieces: list[Piece] = []  # the piece of each group (grown one op at a time)
     owners: list[int | None] = []  # None: no engine runs the group yet
@@ -162,6 +172,7 @@ def partition(
                 return r, verdicts
         return None, verdicts
 
+    walk = _Walk(graph, len(engines), groups, pieces, owners, cuts, best)
     nodes = graph.nodes
     skip = 0
     for at, node in enumerate(nodes):
@@ -173,6 +184,8 @@ def partition(
             race = _inplace_race(groups[-1], node, graph)
             if race is None:
                 grown = grow(pieces[-1], node)
+                if _views_only(groups[-1]) and _after_views(walk, node, grown):
+                    continue
                 fit, verdicts = best(grown, len(engines) if owner is None else owner + 1)
                 if fit is None and owner is not None:
                     taken = _ahead(nodes, at, groups[-1], grown, owner, engines, lambda p, k: best(p, k)[0], graph)
@@ -198,7 +211,8 @@ def partition(
                     continue
                 cuts.append(Cut(len(groups) - 1, node, tuple((name, v.reason) for name, v in verdicts)))
             else:
-                if owner is None:
+                _close_pending_views(walk)
+                if owners[-1] is None:
                     _unsupported(groups[-1][0], graph, engines, device)
                 cuts.append(Cut(len(groups) - 1, node, (("partition", race),)))
         alone = make_piece(graph, len(groups), [node])
@@ -206,6 +220,8 @@ def partition(
         groups.append([node])
         pieces.append(alone)
         owners.append(first)
+    if owners:
+        _close_pending_views(walk)
     if owners and owners[-1] is None:
         _unsupported(groups[-1][0], graph, engines, device)
     if not allow_partition and len(groups) > 1:
@@ -223,3 +239,89 @@ def partition(
             hint="build with allow_partition=True to run it as several kernels, or change the op",
         )
     return pieces, cuts
+
+
+@dataclass
+class _Walk:
+    """The partitioner's state, for the helpers on runs of views: the groups of ops so far, each one's
+    piece and engine (None: pending), the cuts, and `best(piece, limit)` (the most preferred of the first
+    `limit` engines running a piece, with the verdicts)."""
+
+    graph: FinalGraph
+    engines: int
+    groups: list[list[Node]]
+    pieces: list[Piece]
+    owners: list[int | None]
+    cuts: list[Cut]
+    best: Callable[[Piece, int], tuple[int | None, list[tuple[str, Support]]]]
+
+    def fits(self, piece: Piece) -> int | None:
+        return self.best(piece, self.engines)[0]
+
+
+def _close_pending_views(w: _Walk) -> None:
+    """A pending run of views (the last group) that its reader did not join: pieces of its own."""
+    if w.owners[-1] is None and _views_only(w.groups[-1]):
+        runs = _close_views(w.groups.pop(), len(w.groups), w.graph, w.fits)
+        w.pieces.pop()
+        w.owners.pop()
+        for run, piece, fit in runs:
+            w.groups.append(run)
+            w.pieces.append(piece)
+            w.owners.append(fit)
+
+
+def _after_views(w: _Walk, node: Node, grown: Piece) -> bool:
+    """`node` after a run of views (the last group; `grown`: it with `node`). A view stays pending with
+    them; another op joins the longest run of them ending here that an engine runs with it at least as
+    preferred as the op alone, and the views before close as pieces of their own. False: no engine runs
+    the op, with views or alone (the caller's pending rule applies)."""
+    if node.kind in VIEW_KINDS:
+        w.groups[-1].append(node)
+        w.pieces[-1] = grown
+        w.owners[-1] = None
+        return True
+    pending = w.groups[-1]
+    alone = make_piece(w.graph, len(w.groups), [node])
+    alone_fit = w.fits(alone)
+    for k in range(len(pending) + 1):
+        run = [*pending[k:], node]
+        fit = w.fits(grown if k == 0 else make_piece(w.graph, len(w.groups), run))
+        if fit is not None and (alone_fit is None or fit <= alone_fit):
+            break
+    else:
+        return False
+    if k:
+        w.groups[-1] = pending[:k]
+        w.pieces[-1] = make_piece(w.graph, len(w.groups) - 1, pending[:k])
+        _close_pending_views(w)
+        why = f"{node.label()} reads the views from here on in place; the views before are read by other ops"
+        w.cuts.append(Cut(len(w.groups) - 1, run[0], (("partition", why),)))
+        w.groups.append([])
+        w.owners.append(None)
+        w.pieces.append(alone)
+    w.groups[-1] = run
+    w.pieces[-1] = make_piece(w.graph, len(w.groups) - 1, run)
+    w.owners[-1] = fit
+    return True
+
+
+def _close_views(
+    run: list[Node], index: int, graph: FinalGraph, fits: Callable[[Piece], int | None]
+) -> list[tuple[list[Node], Piece, int | None]]:
+    """A pending run of views as pieces from position `index`: greedy in order, a view joining the piece
+    before it where an engine at least as preferred runs both (`fits`: the most preferred engine running
+    a piece, or None), so that views a preferred engine copies are not left to a less preferred one that
+    runs them all."""
+    out: list[tuple[list[Node], Piece, int | None]] = []
+    for node in run:
+        if out:
+            nodes, piece, owner = out[-1]
+            grown = grow(piece, node)
+            fit = fits(grown)
+            if fit is not None and (owner is None or fit <= owner):
+                out[-1] = ([*nodes, node], grown, fit)
+                continue
+        alone = make_piece(graph, index + len(out), [node])
+        out.append(([node], alone, fits(alone)))
+    return out

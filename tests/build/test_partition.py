@@ -226,3 +226,61 @@ def test_aligned_updates_in_place_stay_with_generated_kernels(rng):
     buf = wv.copy()
     plan.execute({1: buf, 2: dv})
     np.testing.assert_allclose(buf, wv - dv, rtol=1e-6)
+
+
+# -- views pending for their reader (real engines) -----------------------------------------------------
+
+
+def _kinds(plan) -> list[tuple[str, tuple[str, ...]]]:
+    return [(s.config.engine, s.piece.kinds) for s in plan.steps]
+
+
+def test_views_wait_for_their_reader_and_the_others_are_copied_by_a_generated_kernel():
+    """A transpose that its reader does not follow (an epilogue moved between them, in-place updates),
+    then a transpose and the GEMM reading it: the GEMM reads its transpose in place and the first is
+    copied by the pointwise template (the torch engine took both, and the GEMM read a copy)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    g = og.Graph("views", io_data_type=DT.FLOAT)
+    a, b = g.tensor(dim=[1, 16, 8], name="a"), g.tensor(dim=[1, 16, 8], name="b")
+    c, d = g.tensor(dim=[1, 16, 12], name="c"), g.tensor(dim=[1, 8, 12], name="d")
+    ta = g.transpose(a, [0, 2, 1], name="ta")
+    s = g.add(g.matmul(g.transpose(b, [0, 2, 1], name="tb"), c, name="m1"), g.exp(d, name="e"), name="s")
+    g.add(s, g.matmul(ta, c, name="m2"), name="o").set_output(True)
+    g.validate()
+    final = g.final
+    order = {n.name: n for n in final.nodes}
+    assert [n.name for n in final.nodes] == ["tb", "m1", "e", "s", "ta", "m2", "o"]  # (placement.py)
+    moved = og.FinalGraph(
+        final.name,
+        final.tensors,
+        tuple(order[k] for k in ["ta", "tb", "m1", "e", "s", "m2", "o"]),
+        final.io_data_type,
+        final.intermediate_data_type,
+        final.compute_data_type,
+    )
+    engines = [get_engine("triton"), get_engine("torch")]
+    pieces, cuts = partition(moved, engines, CPU)
+    assert names(pieces) == [["ta"], ["tb", "m1", "e", "s"], ["m2", "o"]]
+    owners = [next(e.name for e in engines if e.supports(p, CPU).ok) for p in pieces]
+    assert owners == ["triton"] * 3
+    assert cuts[0].node.name == "tb"
+
+
+@pytest.mark.interpreter
+def test_views_of_different_dims_before_another_op_close_as_copies_of_their_own(rng):
+    """Views that no reader follows (an unrelated op comes next) and that one kernel cannot copy together
+    (other dims) become a generated copy each, not one torch-engine step."""
+    pytest.importorskip("torch")
+    g = og.Graph("views2", io_data_type=DT.FLOAT)
+    a = g.tensor(dim=[2, 6, 4], name="a")
+    b = g.tensor(dim=[3, 5], name="b")
+    c = g.tensor(dim=[2, 3], name="c")
+    ra = g.reshape(g.transpose(a, [0, 2, 1], name="ta"), [2, 24], name="ra")  # no strides describe it
+    tb = g.transpose(b, [1, 0], name="tb")
+    e = g.exp(c, name="e")
+    g.add(g.matmul(ra, g.tensor(dim=[24, 3], name="w")), e).set_output(True)
+    g.matmul(tb, g.tensor(dim=[3, 2], name="v")).set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
+    kinds = _kinds(plan)
+    assert all(engine == "triton" for engine, _ in kinds), kinds

@@ -283,12 +283,11 @@ def _first_dims(acc: dict, node: Any, tensors: Any) -> dict:
 
 
 def copies_out(piece: Piece, views: dict[int, Any]) -> bool:
-    """Whether the piece is views alone, each output a graph output (a tensor the plan must write, whatever
-    reads it later): a copy, such as the flatten of a language model's logits. (A view that other ops of a
-    piece would read in place is not copied: a GEMM reads its operand's view, and waits for it.)"""
-    return all(n.kind in VIEW_KINDS for n in piece.nodes) and all(
-        u in views and not piece.tensor(u).is_virtual for u in piece.outputs
-    )
+    """Whether the piece is views alone, written out: a copy, such as the flatten of a language model's
+    logits, or views whose readers are not next to them (the partitioner keeps views pending for a reader
+    that reads them in place, a GEMM's operand, and closes the others as copies). A view that other ops of
+    the piece compute from is not copied."""
+    return all(n.kind in VIEW_KINDS for n in piece.nodes) and all(u in views for u in piece.outputs)
 
 
 def _emit(
@@ -361,12 +360,9 @@ class PointwiseTemplate(Template):
                     )
         copied = [u for u in piece.outputs if u in views]
         if copied and not copies_out(piece, views):
-            # (a copy step here would be the partitioner's to take: it then cuts GEMM operands'
-            # reshapes into copies of their own where the GEMM reads them in place)
             return Support.no(
                 f"{piece.tensor(copied[0]).label()} is a slice/transpose the piece would write "
-                "out; this template reads views in place but does not copy them (except views alone, "
-                "of graph outputs)"
+                "out beside computed values; this template reads views in place and copies views alone"
             )
         dims = {piece.tensor(u).dim for u in piece.outputs}
         if len(dims) != 1:
