@@ -260,9 +260,13 @@ class _Walk:
 
 
 def _close_pending_views(w: _Walk) -> None:
-    """A pending run of views (the last group) that its reader did not join: pieces of its own."""
+    """A pending run of views (the last group) that its reader did not join: pieces of its own, where an
+    engine runs each (else it stays pending: the caller names the op no engine runs)."""
     if w.owners[-1] is None and _views_only(w.groups[-1]):
-        runs = _close_views(w.groups.pop(), len(w.groups), w.graph, w.fits)
+        runs = _close_views(w.groups[-1], len(w.groups) - 1, w.graph, w.fits)
+        if any(fit is None for _, _, fit in runs):
+            return
+        w.groups.pop()
         w.pieces.pop()
         w.owners.pop()
         for run, piece, fit in runs:
@@ -287,7 +291,8 @@ def _after_views(w: _Walk, node: Node, grown: Piece) -> bool:
     for k in range(len(pending) + 1):
         run = [*pending[k:], node]
         fit = w.fits(grown if k == 0 else make_piece(w.graph, len(w.groups), run))
-        if fit is not None and (alone_fit is None or fit <= alone_fit):
+        closes = k == 0 or all(f is not None for _, _, f in _close_views(pending[:k], 0, w.graph, w.fits))
+        if fit is not None and (alone_fit is None or fit <= alone_fit) and closes:
             break
     else:
         return False

@@ -166,6 +166,24 @@ def test_depthwise_7x7_filter_copy_in_convolution_mode_with_bias_half(unroll, rn
     assert not bad, "\n".join(map(str, bad))
 
 
+def test_depthwise_pixel_tile_knobs_are_refused_where_they_do_not_apply():
+    """WCOPY on an int8 filter (no fp32 copy of it), WCOPY and UNROLL on another template: typed errors."""
+    by_name = {t.name: t for t in TEMPLATES}
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 1, 3, 3), dt=DT.INT8, padding=[1, 1])
+    y.set_output(True).set_data_type(DT.INT32)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    with pytest.raises(og.AttributeValueError, match="WCOPY=1 copies a float filter") as err:
+        by_name["depthwise"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, WCOPY=1), CPU)
+    assert err.value.rule == "triton.depthwise.knob"
+    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), padding=[1, 1])
+    y.set_output(True)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    for knob in ("WCOPY", "UNROLL"):
+        with pytest.raises(og.AttributeValueError, match=f"{knob} is a knob of the depthwise template") as err:
+            by_name["conv_fprop"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, **{knob: 1}), CPU)
+        assert err.value.rule == "triton.gemm.knob"
+
+
 # -- depthwise row strips (knob ROWS > 0) ---------------------------------------------------------------
 
 

@@ -288,6 +288,8 @@ class TileMatch(Match[TileKnobs], TileLoop):
     # where the match is over a symbolic piece (sizes.symbolic_piece) and its kernel takes its dynamic
     # sizes at run time: the size parameters (the template's `tiling` spells sizes by `sizes.text`)
     sizes: Sizes | None = None
+    # knobs of TileKnobs that only some templates take (the depthwise pixel tiles' WCOPY and UNROLL)
+    own_knobs: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, template: TileTemplate, gp: GemmPiece, device: Device) -> None:
         Match.__init__(self, template, gp.piece, device)
@@ -380,6 +382,14 @@ class TileMatch(Match[TileKnobs], TileLoop):
         return None
 
     def generate(self, knobs: TileKnobs) -> Generated:
+        for knob in ("WCOPY", "UNROLL"):
+            if getattr(knobs, knob, None) and knob not in self.own_knobs:
+                raise AttributeValueError(
+                    f"{knob} is a knob of the depthwise template's pixel tiles, not of {self.template.name}",
+                    op=self.gp.main.label(),
+                    rule="triton.gemm.knob",
+                    hint=f"drop {knob} from this config",
+                )
         return self.strategy(knobs).kernels(knobs)
 
     def kernels(self, k: TileKnobs) -> Generated:

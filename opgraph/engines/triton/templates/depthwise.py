@@ -124,6 +124,7 @@ class DepthwiseMatch(TileMatch):
     (RowStripKnobs) run `RowStrips`."""
 
     template: DepthwiseTemplate
+    own_knobs = frozenset({"WCOPY", "UNROLL"})
 
     @cached_property
     def rows(self) -> RowStrips:
@@ -200,6 +201,16 @@ class DepthwiseMatch(TileMatch):
             return None
         return self.gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
 
+    def validate(self, k: TileKnobs) -> None:
+        if k.WCOPY and not self.copies_filter:
+            raise AttributeValueError(
+                "WCOPY=1 copies a float filter without a prologue; this piece's filter is an integer one or "
+                "computed by a prologue",
+                op=self.gp.main.label(),
+                rule="triton.depthwise.knob",
+                hint="drop WCOPY (the pixel tiles then read the filter as it is)",
+            )
+
     def strategy(self, k: Any) -> Strategy:
         return self if isinstance(k, RowStripKnobs) else super().strategy(k)  # (cost: the bytes, either kind)
 
@@ -252,7 +263,7 @@ class DepthwiseMatch(TileMatch):
         ]
         a_idx = TileIndexer(x_axes, amask, ctx.tiling.cmask, ptr, ("BLOCK_M", "BLOCK_N"), zero=("rm", "rn"))
         body += operand_tile(ctx, sig, "image", a_idx, "a")
-        if k.WCOPY and self.copies_filter:
+        if k.WCOPY:  # (validate: a float filter without a prologue)
             body.append(self.copied_filter(ctx, sig, taps))
         else:
             w_axes = [("c", "col"), ("r", "rm"), *(("s", f"wt{i}") for i in range(nsp))]
