@@ -269,7 +269,10 @@ def _close_pending_views(w: _Walk) -> None:
         w.groups.pop()
         w.pieces.pop()
         w.owners.pop()
-        for run, piece, fit in runs:
+        for i, (run, piece, fit) in enumerate(runs):
+            if i:  # (each engine's reason for not copying the next view with the run before)
+                _, verdicts = w.best(grow(w.pieces[-1], run[0]), w.engines)
+                w.cuts.append(Cut(len(w.groups) - 1, run[0], tuple((name, v.reason) for name, v in verdicts)))
             w.groups.append(run)
             w.pieces.append(piece)
             w.owners.append(fit)
@@ -300,7 +303,11 @@ def _after_views(w: _Walk, node: Node, grown: Piece) -> bool:
         w.groups[-1] = pending[:k]
         w.pieces[-1] = make_piece(w.graph, len(w.groups) - 1, pending[:k])
         _close_pending_views(w)
-        why = f"{node.label()} reads the views from here on in place; the views before are read by other ops"
+        why = (
+            f"{node.label()} reads the views from here on in place; the views before are read by other ops"
+            if k < len(pending)
+            else f"{node.label()} reads none of the views before it in place (they are read by other ops)"
+        )
         w.cuts.append(Cut(len(w.groups) - 1, run[0], (("partition", why),)))
         w.groups.append([])
         w.owners.append(None)

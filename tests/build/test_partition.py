@@ -284,3 +284,20 @@ def test_views_of_different_dims_before_another_op_close_as_copies_of_their_own(
     plan = assert_engine_matches(g, rng, engines=("triton", "torch"))
     kinds = _kinds(plan)
     assert all(engine == "triton" for engine, _ in kinds), kinds
+
+
+def test_views_closed_apart_leave_cuts_and_a_strict_build_names_them():
+    """Two views of different dims that no kernel copies together: a cut between their copies (with each
+    engine's reason), and allow_partition=False a typed error, not an IndexError."""
+    pytest.importorskip("triton")
+    g = og.Graph("v", io_data_type=DT.FLOAT)
+    g.transpose(g.tensor(dim=[2, 6, 4], name="a"), [0, 2, 1], name="ta").set_output(True)
+    g.transpose(g.tensor(dim=[3, 5], name="b"), [1, 0], name="tb").set_output(True)
+    g.validate()
+    pieces, cuts = partition(g.final, [get_engine("triton")], CPU)
+    assert names(pieces) == [["ta"], ["tb"]]
+    (cut,) = cuts
+    assert cut.before == 0 and cut.node.name == "tb" and cut.reasons[0][0] == "triton"
+    with pytest.raises(og.UnsupportedGraphError) as err:
+        g.build(device="cpu", engines=["triton"], allow_partition=False)
+    assert err.value.rule == "partition.strict"

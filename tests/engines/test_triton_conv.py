@@ -175,6 +175,14 @@ def test_depthwise_pixel_tile_knobs_are_refused_where_they_do_not_apply():
     with pytest.raises(og.AttributeValueError, match="WCOPY=1 copies a float filter") as err:
         by_name["depthwise"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, WCOPY=1), CPU)
     assert err.value.rule == "triton.depthwise.knob"
+    # UNROLL=1 unrolls up to 7x7's 49 taps: a 9x9 filter is neither offered it nor given it
+    g, _, _, y = conv_graph((1, 8, 9, 9), (8, 1, 9, 9), padding=[4, 4])
+    y.set_output(True)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    assert not any(c.get("UNROLL") for c in by_name["depthwise"].candidates(piece, H200))
+    with pytest.raises(og.AttributeValueError, match="at most 49 filter taps") as err:
+        by_name["depthwise"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, UNROLL=1), CPU)
+    assert err.value.rule == "triton.depthwise.knob"
     g, _, _, y = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), padding=[1, 1])
     y.set_output(True)
     piece = make_piece(g.final, 0, g.final.nodes)

@@ -71,6 +71,7 @@ from ..knobs import RowStripKnobs, TileKnobs
 from .base import Generated, Launch, pow2_at_least
 
 UNROLL_TAPS = 32  # filters with more taps loop over all axes but the last, which unrolls
+UNROLL_MAX = 49  # the most taps UNROLL=1 unrolls (7x7: Triton 3.6's sm_90 code for them, 112 registers)
 ROW_TAPS = 9  # the row-strip kernel keeps R x S weight vectors in registers up to 3x3 (more: WLOAD=1)
 # WLOAD=1 holds R accumulators and S shifted input tiles, and unrolls R x S taps a row: up to 7x7
 # (ConvNeXt's; a 13x13 strip took 255 registers, 4 KB of spills and minutes of compiling for sm_90)
@@ -184,13 +185,14 @@ class DepthwiseMatch(TileMatch):
         ranked = [*wide, (32 * 4, bn, 4), (32 * 8, bn, 8), (64, bn, 4)]
         # a 7x7 filter's 49 taps unrolled whole where Triton's code for them fits the registers (UNROLL=1;
         # bench/results/constants.md#depthwise-pixel-tiles), else nested; the other way last, for tuning
-        unroll = 1 if self.nests_taps and unrolls_whole() else None
+        whole = self.nests_taps and math.prod(self.gp.operand("weight").dim[2:]) <= UNROLL_MAX
+        unroll = 1 if whole and unrolls_whole() else None
         out = [
             TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps, WCOPY=wcopy, UNROLL=unroll)
             for bm, width, warps in ranked
         ]
         out.append(TileKnobs(BLOCK_M=32, BLOCK_N=min(64, max(16, pow2_at_least(k, 16))), num_warps=4))
-        if self.nests_taps:
+        if whole:
             out.append(out[0].replace(UNROLL=None if unroll else 1))
         return kept + out + loaded
 
@@ -202,6 +204,14 @@ class DepthwiseMatch(TileMatch):
         return self.gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
 
     def validate(self, k: TileKnobs) -> None:
+        taps = math.prod(self.gp.operand("weight").dim[2:])
+        if k.UNROLL and taps > UNROLL_MAX:
+            raise AttributeValueError(
+                f"UNROLL=1 unrolls at most {UNROLL_MAX} filter taps; this filter has {taps}",
+                op=self.gp.main.label(),
+                rule="triton.depthwise.knob",
+                hint="drop UNROLL (the taps then loop over all filter axes but the last, which unrolls)",
+            )
         if k.WCOPY and not self.copies_filter:
             raise AttributeValueError(
                 "WCOPY=1 copies a float filter without a prologue; this piece's filter is an integer one or "
