@@ -166,30 +166,35 @@ def test_depthwise_7x7_filter_copy_in_convolution_mode_with_bias_half(unroll, rn
     assert not bad, "\n".join(map(str, bad))
 
 
-def test_depthwise_pixel_tile_knobs_are_refused_where_they_do_not_apply():
-    """WCOPY on an int8 filter (no fp32 copy of it), WCOPY and UNROLL on another template: typed errors."""
-    by_name = {t.name: t for t in TEMPLATES}
-    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 1, 3, 3), dt=DT.INT8, padding=[1, 1])
-    y.set_output(True).set_data_type(DT.INT32)
+@pytest.mark.parametrize(
+    "template,w,dt,knobs,message,rule",
+    [
+        ("depthwise", (16, 1, 3, 3), DT.INT8, dict(WCOPY=1), "WCOPY=1 copies a float filter", "triton.depthwise.knob"),
+        ("depthwise", (16, 1, 9, 9), DT.FLOAT, dict(UNROLL=1), "at most 49 filter taps", "triton.depthwise.knob"),
+        ("conv_fprop", (16, 16, 3, 3), DT.FLOAT, dict(WCOPY=1), "WCOPY is a knob of the depthwise", "triton.gemm.knob"),
+        (
+            "conv_fprop",
+            (16, 16, 3, 3),
+            DT.FLOAT,
+            dict(UNROLL=1),
+            "UNROLL is a knob of the depthwise",
+            "triton.gemm.knob",
+        ),
+    ],
+    ids=["wcopy_int8", "unroll_9x9", "wcopy_conv", "unroll_conv"],
+)
+def test_depthwise_pixel_tile_knobs_are_refused_where_they_do_not_apply(template, w, dt, knobs, message, rule):
+    """WCOPY on an int8 filter (no fp32 copy of it), UNROLL=1 beyond 7x7's 49 taps (a 9x9 filter is not
+    offered it either), WCOPY and UNROLL on another template: typed errors."""
+    g, _, _, y = conv_graph((1, 16, 9, 9), w, dt=dt, padding=[w[-1] // 2] * 2)
+    y.set_output(True).set_data_type(DT.INT32 if dt is DT.INT8 else dt)
     piece = make_piece(g.final, 0, g.final.nodes)
-    with pytest.raises(og.AttributeValueError, match="WCOPY=1 copies a float filter") as err:
-        by_name["depthwise"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, WCOPY=1), CPU)
-    assert err.value.rule == "triton.depthwise.knob"
-    # UNROLL=1 unrolls up to 7x7's 49 taps: a 9x9 filter is neither offered it nor given it
-    g, _, _, y = conv_graph((1, 8, 9, 9), (8, 1, 9, 9), padding=[4, 4])
-    y.set_output(True)
-    piece = make_piece(g.final, 0, g.final.nodes)
-    assert not any(c.get("UNROLL") for c in by_name["depthwise"].candidates(piece, H200))
-    with pytest.raises(og.AttributeValueError, match="at most 49 filter taps") as err:
-        by_name["depthwise"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, UNROLL=1), CPU)
-    assert err.value.rule == "triton.depthwise.knob"
-    g, _, _, y = conv_graph((2, 16, 5, 5), (16, 16, 3, 3), padding=[1, 1])
-    y.set_output(True)
-    piece = make_piece(g.final, 0, g.final.nodes)
-    for knob in ("WCOPY", "UNROLL"):
-        with pytest.raises(og.AttributeValueError, match=f"{knob} is a knob of the depthwise template") as err:
-            by_name["conv_fprop"].generate(piece, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, **{knob: 1}), CPU)
-        assert err.value.rule == "triton.gemm.knob"
+    chosen = next(t for t in TEMPLATES if t.name == template)
+    if "UNROLL" in knobs and template == "depthwise":
+        assert not any(c.get("UNROLL") for c in chosen.candidates(piece, H200))
+    with pytest.raises(og.AttributeValueError, match=message) as err:
+        chosen.generate(piece, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, **knobs), CPU)
+    assert err.value.rule == rule
 
 
 # -- depthwise row strips (knob ROWS > 0) ---------------------------------------------------------------
