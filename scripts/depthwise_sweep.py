@@ -2,7 +2,7 @@
 """Time the depthwise template's configs on ConvNeXt-T's depthwise convs (7x7, +bias, bf16 NHWC, batch 64)
 beside cuDNN's (PyTorch `F.conv2d`, channels-last), every output checked against float64 first:
 
-    python3 scripts/depthwise_sweep.py --out $OUT [--stages 0,1] [--budget 150] [--knobs '[{"BLOCK_M": 128}]'] [--unroll-taps 64]
+    python3 scripts/depthwise_sweep.py --out $OUT [--stages 0,1] [--budget 150] [--knobs '[{"BLOCK_M": 128, "UNROLL": 1}]']
 
 The configs are the template's candidates (heuristic mode B: all of them), then each `--knobs` dict laid
 over the heuristic's pick. One row per (stage, config) in OUT/depthwise_sweep.json, printed as it comes;
@@ -50,7 +50,6 @@ def run_stage(n: int, c: int, h: int, extra: list[dict], deadline: float) -> lis
     import torch.nn.functional as F
 
     from opgraph.core.config import HeurMode
-    from opgraph.engines.triton.templates import depthwise
     from opgraph.engines import EngineConfig, get_engine
     from opgraph.runtime.plan import ExecutionPlan, Step
 
@@ -79,7 +78,6 @@ def run_stage(n: int, c: int, h: int, extra: list[dict], deadline: float) -> lis
         if time.time() > deadline:
             break
         row: dict = dict(shape=shape, impl="triton", knobs=dict(config.knobs), first=config is step.config)
-        row.update(unroll_taps=depthwise.UNROLL_TAPS)
         try:
             kernel = get_engine(config.engine).compile(step.piece, config, plan.device)
             one = ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
@@ -101,14 +99,7 @@ def main() -> None:
     p.add_argument("--stages", default="0,1,2,3", help="of ConvNeXt-T's four stages (0: 96 x 56²)")
     p.add_argument("--budget", type=float, default=150.0, help="seconds; nothing new starts after")
     p.add_argument("--knobs", default="[]", help="JSON list of knob dicts laid over the heuristic's pick")
-    p.add_argument(
-        "--unroll-taps", type=int, help="filters of up to this many taps unroll (the template's UNROLL_TAPS)"
-    )
     args = p.parse_args()
-    if args.unroll_taps is not None:
-        from opgraph.engines.triton.templates import depthwise
-
-        depthwise.UNROLL_TAPS = args.unroll_taps
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
