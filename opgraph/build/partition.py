@@ -264,18 +264,22 @@ def _close_pending_views(w: _Walk) -> None:
     engine runs each (else it stays pending: the caller names the op no engine runs)."""
     if w.owners[-1] is None and _views_only(w.groups[-1]):
         runs = _close_views(w.groups[-1], len(w.groups) - 1, w.graph, w.fits)
-        if any(fit is None for _, _, fit in runs):
-            return
-        w.groups.pop()
-        w.pieces.pop()
-        w.owners.pop()
-        for i, (run, piece, fit) in enumerate(runs):
-            if i:  # (each engine's reason for not copying the next view with the run before)
-                _, verdicts = w.best(grow(w.pieces[-1], run[0]), w.engines)
-                w.cuts.append(Cut(len(w.groups) - 1, run[0], tuple((name, v.reason) for name, v in verdicts)))
-            w.groups.append(run)
-            w.pieces.append(piece)
-            w.owners.append(fit)
+        if all(fit is not None for _, _, fit in runs):
+            _install(w, runs)
+
+
+def _install(w: _Walk, runs: list[tuple[list[Node], Piece, int | None]]) -> None:
+    """The last group replaced by `runs` (from `_close_views` at its position), a cut between each two."""
+    w.groups.pop()
+    w.pieces.pop()
+    w.owners.pop()
+    for i, (run, piece, fit) in enumerate(runs):
+        if i:  # (each engine's reason for not copying the next view with the run before)
+            _, verdicts = w.best(grow(w.pieces[-1], run[0]), w.engines)
+            w.cuts.append(Cut(len(w.groups) - 1, run[0], tuple((name, v.reason) for name, v in verdicts)))
+        w.groups.append(run)
+        w.pieces.append(piece)
+        w.owners.append(fit)
 
 
 def _after_views(w: _Walk, node: Node, grown: Piece) -> bool:
@@ -294,15 +298,15 @@ def _after_views(w: _Walk, node: Node, grown: Piece) -> bool:
     for k in range(len(pending) + 1):
         run = [*pending[k:], node]
         fit = w.fits(grown if k == 0 else make_piece(w.graph, len(w.groups), run))
-        closes = k == 0 or all(f is not None for _, _, f in _close_views(pending[:k], 0, w.graph, w.fits))
-        if fit is not None and (alone_fit is None or fit <= alone_fit) and closes:
+        if fit is None or (alone_fit is not None and fit > alone_fit):
+            continue
+        closed = _close_views(pending[:k], len(w.groups) - 1, w.graph, w.fits)  # (the views before the run)
+        if all(f is not None for _, _, f in closed):
             break
     else:
         return False
     if k:
-        w.groups[-1] = pending[:k]
-        w.pieces[-1] = make_piece(w.graph, len(w.groups) - 1, pending[:k])
-        _close_pending_views(w)
+        _install(w, closed)
         why = (
             f"{node.label()} reads the views from here on in place; the views before are read by other ops"
             if k < len(pending)

@@ -56,9 +56,10 @@ class TileIndexer:
         self.ptr = ptr
         self.shape = shape
         self.flat_rows = flat_rows
+        self.shifted = any(len(a) > 2 for a in self.axes)  # (no flat rows over a shifted axis)
 
     def _flat(self, desc: TensorDesc) -> str | None:
-        if self.flat_rows is None or len(desc.dim) != len(self.axes) or any(len(a) > 2 for a in self.axes):
+        if self.flat_rows is None or len(desc.dim) != len(self.axes) or self.shifted:
             return None
         expr, axes = self.flat_rows
         step = inner = None

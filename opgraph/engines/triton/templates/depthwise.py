@@ -185,7 +185,7 @@ class DepthwiseMatch(TileMatch):
         ranked = [*wide, (32 * 4, bn, 4), (32 * 8, bn, 8), (64, bn, 4)]
         # a 7x7 filter's 49 taps unrolled whole where Triton's code for them fits the registers (UNROLL=1;
         # bench/results/constants.md#depthwise-pixel-tiles), else nested; the other way last, for tuning
-        whole = self.nests_taps and math.prod(self.gp.operand("weight").dim[2:]) <= UNROLL_MAX
+        whole = self.nests_taps and self.taps <= UNROLL_MAX
         unroll = 1 if whole and unrolls_whole() else None
         out = [
             TileKnobs(BLOCK_M=bm, BLOCK_N=width, num_warps=warps, WCOPY=wcopy, UNROLL=unroll)
@@ -204,10 +204,9 @@ class DepthwiseMatch(TileMatch):
         return self.gp.moved_bytes() / (0.8 * 3.0e12) * 1e6 + 3.0
 
     def validate(self, k: TileKnobs) -> None:
-        taps = math.prod(self.gp.operand("weight").dim[2:])
-        if k.UNROLL and taps > UNROLL_MAX:
+        if k.UNROLL and self.taps > UNROLL_MAX:
             raise AttributeValueError(
-                f"UNROLL=1 unrolls at most {UNROLL_MAX} filter taps; this filter has {taps}",
+                f"UNROLL=1 unrolls at most {UNROLL_MAX} filter taps; this filter has {self.taps}",
                 op=self.gp.main.label(),
                 rule="triton.depthwise.knob",
                 hint="drop UNROLL (the taps then loop over all filter axes but the last, which unrolls)",
@@ -289,13 +288,17 @@ class DepthwiseMatch(TileMatch):
         return MainLoop(lines + ["    " + line for line in body])
 
     @cached_property
+    def taps(self) -> int:
+        """The filter's taps (the product of its spatial dims)."""
+        return math.prod(self.gp.operand("weight").dim[2:])
+
+    @cached_property
     def nests_taps(self) -> bool:
         """Whether the pixel tiles' taps run as a loop over all filter axes but the last, whose taps unroll
         (each one's shift a constant), unless UNROLL=1 unrolls them all: filters of more than UNROLL_TAPS
         taps over two axes or more (7x7)."""
-        taps = self.gp.operand("weight").dim[2:]
-        moving = [r for r in taps if r > 1]
-        return math.prod(taps) > UNROLL_TAPS and len(moving) > 1 and moving[-1] <= UNROLL_TAPS
+        moving = [r for r in self.gp.operand("weight").dim[2:] if r > 1]
+        return self.taps > UNROLL_TAPS and len(moving) > 1 and moving[-1] <= UNROLL_TAPS
 
     # -- the filter copied tap-major (WCOPY=1) ----------------------------------------------------------
 
