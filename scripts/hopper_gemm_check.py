@@ -75,6 +75,11 @@ SHAPES = [
     ("vit.qkv", 12608, 2304, 768, "bias", "bf16"),
     ("vit.up_gelu_erf", 12608, 3072, 768, "bias_gelu_erf", "bf16"),
     ("vit.down", 12608, 768, 3072, "bias", "bf16"),
+    # its training step's fc1 data gradient (bench/results/2026-11-30-h200-zoo-vit-train-036310b-no-compile.md:
+    # 342 µs a step, 12 a step): dY @ W2 times the erf GELU's derivative at the saved pre-activation (an
+    # [M, N] operand), with and without the bias gradient (the column sums) in the same kernel
+    ("vit.fc1_dgrad_gelu_bwd_sum", 12608, 3072, 768, "gelu_bwd_sum", "bf16"),
+    ("vit.fc1_dgrad_gelu_bwd", 12608, 3072, 768, "gelu_bwd", "bf16"),
     ("small.512", 512, 512, 512, "", "bf16"),  # small products: the heuristic picks the path here too
     ("decode.m16", 16, 4096, 4096, "", "bf16"),
 ]
@@ -92,10 +97,13 @@ def graph_of(name: str, m: int, n: int, k: int, epi: str, dt: str) -> tuple[Any,
     b = g.tensor(dim=[k, n], stride=[1, k], name="w_t")  # an nn.Linear weight [N, K], transposed in place
     y = g.matmul(a, b, name="mm")
     t = {"a": a, "b": b}
-    if epi in ("mul", "residual"):  # an [M, N] operand: SwiGLU's other half, or the residual stream
+    if epi in ("mul", "residual") or epi.startswith("gelu_bwd"):
+        # an [M, N] operand: SwiGLU's other half, the residual stream, or GELU's saved input
         other = g.tensor(dim=[m, n], name="other")
         t["other"] = other
-        y = g.mul(y, other) if epi == "mul" else g.add(y, other)
+        y = g.mul(y, other) if epi == "mul" else g.add(y, other) if epi == "residual" else g.gelu_backward(y, other)
+        if epi == "gelu_bwd_sum":  # the bias gradient: y's column sums, a second output (float32)
+            t["sum"] = g.reduction(y, "ADD").set_dim([1, n]).set_output(True)
     elif epi:
         bias = g.tensor(dim=[1, n], name="bias")
         t["bias"] = bias
@@ -244,7 +252,7 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
     w = (torch.randn(n, k, device="cuda", dtype=torch.float32) / math.sqrt(k)).to(tdt)
     wt = w.t()
     bias = torch.randn(n, device="cuda", dtype=tdt) if epi.startswith("bias") else None
-    other = torch.randn(m, n, device="cuda", dtype=tdt) if epi in ("mul", "residual") else None
+    other = torch.randn(m, n, device="cuda", dtype=tdt) if epi in ("mul", "residual") or "gelu_bwd" in epi else None
     ref = reference(epi, a, w, bias, other)
     y = torch.empty(m, n, device="cuda", dtype=tdt)
     pack = {t["a"]: a, t["b"]: wt, t["y"]: y}
@@ -252,16 +260,22 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         pack[t["bias"]] = bias.view(1, n)
     if other is not None:
         pack[t["other"]] = other
+    col_sum = torch.empty(1, n, device="cuda", dtype=torch.float32) if "sum" in t else None
+    if col_sum is not None:
+        pack[t["sum"]] = col_sum
     row: dict[str, Any] = {"name": name, "m": m, "n": n, "k": k, "epilogue": epi, "dtype": dt}
     flop = 2.0 * m * n * k
     scale = ref.abs().max().item()
     lim_l2, lim_max = TOL[dt]
 
-    def check(got: Any) -> dict[str, Any]:
+    def check(got: Any, sums: Any = None) -> dict[str, Any]:
         d = got.float() - ref
         rel_l2 = (d.norm() / ref.norm()).item()
         rel_max = (d.abs().max() / scale).item()
         ok = bool(torch.isfinite(got).all().item()) and rel_l2 <= lim_l2 and rel_max <= lim_max
+        if sums is not None:  # the column sums of the rounded output, to the sum's own rounding
+            want = got.float().sum(0)
+            ok = ok and bool(((sums.view(-1) - want).norm() / want.norm()).item() <= 1e-4)
         return {"ok": ok, "rel_l2": rel_l2, "rel_max": rel_max}
 
     def timed(fn: Any) -> float:
@@ -286,9 +300,11 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         entry: dict[str, Any] = {"knobs": knobs_text(plan)}
         try:
             y.fill_(float("nan"))
+            if col_sum is not None:
+                col_sum.fill_(float("nan"))
             plan.execute(pack)
             torch.cuda.synchronize()
-            entry.update(check(y))
+            entry.update(check(y, col_sum))
             us = timed(lambda plan=plan: plan.execute(pack))
             entry.update(us=us, tflops=flop / us / 1e6)
         except Exception as err:  # noqa: BLE001 - recorded, the next variant runs
@@ -323,6 +339,8 @@ def reference(epi: str, a: Any, w: Any, bias: Any, other: Any) -> Any:
         ref = torch.nn.functional.gelu(ref, approximate="tanh")
     if epi == "bias_gelu_erf":
         ref = torch.nn.functional.gelu(ref)
+    if epi.startswith("gelu_bwd"):
+        ref = torch.ops.aten.gelu_backward(ref, other.float())
     return ref
 
 
@@ -339,6 +357,14 @@ def cublas_peer(epi: str, a: Any, wt: Any, bias: Any, other: Any, y: Any) -> Any
         return lambda: torch.addmm(bias, a, wt, out=y)
     if epi == "residual":  # (cuBLAS adds C itself: beta 1)
         return lambda: torch.addmm(other, a, wt, out=y)
+    if epi.startswith("gelu_bwd"):  # (eager: the GEMM, GELU's backward kernel, the column sums for _sum)
+        def gelu_bwd() -> Any:
+            torch.ops.aten.gelu_backward.grad_input(torch.matmul(a, wt), other, grad_input=y)
+            if epi == "gelu_bwd_sum":
+                y.sum(0, dtype=torch.float32)
+            return y
+
+        return gelu_bwd
     if epi == "mul":  # (eager: the GEMM, then the product's own kernel)
         return lambda: torch.mul(torch.matmul(a, wt), other, out=y)
     return lambda: torch.matmul(a, wt, out=y)
