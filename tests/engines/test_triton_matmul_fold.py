@@ -170,6 +170,63 @@ def test_folded_and_unfolded_pieces_compute_the_reference(x_dims, kw, rng):
     assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)
 
 
+def data_gradient(x_dims=(2, 7, 16), n=24, *, perm=None, sum_dims=None, w_again=False, dt=DT.BFLOAT16):
+    """A training step's fc1 data gradient: dY @ W (W [1, n, K] in memory, transposed in place), the erf
+    GELU's backward at the saved input, and the bias gradient (the sum over batch and tokens)."""
+    g = og.Graph("dgrad", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    rank, k = len(x_dims), x_dims[-1]
+    perm = perm or (*range(rank - 2), rank - 1, rank - 2)
+    dy = g.tensor(dim=list(x_dims), name="dy")
+    b_dims = [1] * (rank - 2) + [k, n]
+    w = g.tensor(dim=[b_dims[p] for p in perm], name="w")  # (perm is its own inverse)
+    pre = g.tensor(dim=[*x_dims[:-1], n], name="pre")
+    dh = g.matmul(dy, g.transpose(w, list(perm), name="wt"), name="mm")
+    if w_again:  # W's memory read again by the epilogue, through its own transpose
+        dh = g.add(dh, g.reduction(g.transpose(w, list(perm)), "ADD").set_dim([1] * (rank - 1) + [n]))
+    dpre = g.gelu_backward(dh, pre, name="dgelu")
+    dpre.set_output(True).set_data_type(dt)
+    g.reduction(dpre, "ADD", name="db").set_dim(list(sum_dims or [1] * (rank - 1) + [n])).set_output(True)
+    return g
+
+
+def test_a_data_gradient_folds_through_the_weights_transpose_and_the_bias_sum():
+    """The transpose that makes B loses the dropped axes (its permutation on the rest), and the bias
+    gradient becomes a sum over the folded rows."""
+    _, f = folded(data_gradient())
+    assert f is not None
+    mm = next(n for n in f.nodes if n.kind == "matmul")
+    assert f.tensor(mm.input("A")).dim == (14, 16) and f.tensor(mm.input("B")).dim == (16, 24)
+    wt = next(n for n in f.nodes if n.name == "wt")
+    assert wt.op.permutation == (1, 0) and f.tensor(wt.input_uids()[0]).dim == (24, 16)
+    db = next(n for n in f.nodes if n.name == "db")
+    assert f.tensor(db.output_uids()[0]).dim == (1, 24)
+
+
+@pytest.mark.parametrize(
+    "why,kw",
+    [
+        ("a sum that keeps the batch axis", {"sum_dims": (2, 1, 24)}),
+        ("a transpose that moves a dropped axis", {"x_dims": (2, 3, 7, 16), "perm": (1, 0, 3, 2)}),
+        ("W read again outside B's views", {"w_again": True}),
+    ],
+)
+def test_data_gradients_that_cannot_fold(why, kw):
+    assert folded(data_gradient(**kw))[1] is None, why
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"x_dims": (2, 3, 5, 16)}, {"sum_dims": (2, 1, 24)}, {"dt": DT.HALF}],
+    ids=["tokens", "two_batch_axes", "not_folded", "half"],
+)
+def test_data_gradients_compute_the_reference(kw, rng):
+    g = data_gradient(**kw)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=3e-2, atol=3e-2)
+    plan, step, configs = candidate_configs(g)
+    assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_convnext_mlp_folded(rng):
@@ -178,3 +235,13 @@ def test_gpu_convnext_mlp_folded(rng):
     g = linear((64, 14, 14, 384), 1536)
     plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=5e-2, atol=5e-2)
     assert plan.steps[0].config.knob("TMA_HOST"), plan.describe()
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_vit_fc1_data_gradient_folded(rng):
+    """ViT-B/16's fc1 data gradient with the GELU backward and the bias gradient, over 8 x 197 tokens on
+    CUDA: folded into one GEMM of 1,576 rows through the weight's transpose (the Hopper path)."""
+    g = data_gradient((8, 197, 768), 3072)
+    plan = assert_engine_matches(g, rng, device="cuda", expect_steps=1, rtol=5e-2, atol=5e-2)
+    assert fold_rows(plan.steps[0].piece) is not None and plan.steps[0].config.knob("TMA_HOST"), plan.describe()

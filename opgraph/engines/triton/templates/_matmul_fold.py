@@ -6,11 +6,14 @@ in memory. Unfolded, each batch entry is a grid slice of its own: a ConvNeXt blo
 no operand had the single batch axis a TMA descriptor takes.
 
 `fold_rows` gives the piece over tensors with those axes merged (same UIDs, same memory, lower rank)
-where every tensor of the piece allows it, else None; the matmul template matches that piece. Only
-plain pieces fold (the matmul and elementwise ops; no views, reductions or index-generating ops, whose
-attributes name axes; B read by the matmul alone, its batch axes dropped rather than merged), and only
-where it changes the tiling: more than one batch axis of A above one, or rows that do not fill the
-tiles (M not a multiple of 64, or dynamic). In a dynamic plan's bucket the decision is the symbolic
+where every tensor of the piece allows it, else None; the matmul template matches that piece. The
+matmul, elementwise ops and reductions fold (a reduction names its axes by its output's dims of 1, which
+merge like any tensor's: a bias gradient summed over batch and tokens becomes a sum over the rows); B is
+read by the matmul alone and its batch axes are dropped rather than merged, through the transposes and
+slices it is read by in place (a Linear's weight in a training step's data gradient), whose attributes
+lose those axes. Other views and index-generating ops (whose attributes name axes) do not fold. A piece
+folds only where that changes the tiling: more than one batch axis of A above one, or rows that do not
+fill the tiles (M not a multiple of 64, or dynamic). In a dynamic plan's bucket the decision is the symbolic
 piece's (the bucket's kernel takes M' = batch x rows as a run-time size) and the piece at a shape
 follows it."""
 
@@ -21,8 +24,10 @@ import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 
+from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
+from ....ops.layout import Slice, Transpose
 from ..sizes import above_one, symbolic_piece
 
 __all__ = ["fold_rows"]
@@ -85,13 +90,24 @@ def _fold_axis(piece: Piece) -> int | None:
     if len(mains) != 1:
         return None
     main = mains[0]
-    if any(n is not main and (n.kind != "pointwise" or getattr(n.op, "axis", None) is not None) for n in piece.nodes):
-        return None
     a_uid, b_uid, c_uid = main.input("A"), main.input("B"), main.output_uids()[0]
     if not isinstance(a_uid, int) or not isinstance(b_uid, int):
         return None
-    if a_uid == b_uid or any(b_uid in n.input_uids() for n in piece.nodes if n is not main):
+    b_views = _b_views(piece, b_uid)
+    if b_views is None:
+        return None
+    for n in piece.nodes:
+        if n is main or id(n) in b_views:
+            continue
+        if n.kind not in _FOLDING_KINDS or getattr(n.op, "axis", None) is not None:
+            return None
+    b_side = _b_side(piece, b_uid, b_views)
+    if a_uid in b_side or any(
+        u in b_side for n in piece.nodes if n is not main and id(n) not in b_views for u in n.input_uids()
+    ):
         return None  # (B's batch axes are dropped, not merged: another reader would index them as rows)
+    if any(u in b_side for n in piece.nodes if id(n) in b_views for u in n.output_uids() if u in piece.outputs):
+        return None
     a, b, c = graph.tensors[a_uid], graph.tensors[b_uid], graph.tensors[c_uid]
     rank = len(c.dim)
     if len(a.dim) != rank or len(b.dim) != rank:
@@ -108,21 +124,77 @@ def _fold_axis(piece: Piece) -> int | None:
     return lo
 
 
+_FOLDING_KINDS = ("pointwise", "reduction", "genstats")
+
+
+def _b_views(piece: Piece, b_uid: int) -> set[int] | None:
+    """The ids of the piece's nodes that make B: transposes and slices read in place from memory (none
+    where B is an input), or None where something else makes it."""
+    producer = {u: n for n in piece.nodes for u in n.output_uids()}
+    ids: set[int] = set()
+    u = b_uid
+    while (node := producer.get(u)) is not None:
+        if not isinstance(node.op, (Transpose, Slice)):
+            return None
+        ids.add(id(node))
+        u = node.input_uids()[0]
+    return ids
+
+
+def _b_side(piece: Piece, b_uid: int, views: set[int]) -> set[int]:
+    """B and the tensors its views are taken of."""
+    return {b_uid} | {u for n in piece.nodes if id(n) in views for u in n.input_uids()}
+
+
+def _dropped(t: TensorDesc, drop: range) -> TensorDesc:
+    keep = [i for i in range(len(t.dim)) if i not in drop]
+    return dataclasses.replace(t, dim=tuple(t.dim[i] for i in keep), stride=tuple(t.stride[i] for i in keep))
+
+
+def _view_without(node: Node, drop: range, rank: int) -> Node | None:
+    """A transpose or slice of B's chain with axes `drop` (all of size 1, kept in place) left out of its
+    attributes, or None where the view moves them."""
+    op = node.op
+    keep = [i for i in range(rank) if i not in drop]
+    if isinstance(op, Transpose):
+        perm = tuple(op.permutation)
+        if len(perm) != rank or any(perm[i] != i for i in drop):
+            return None
+        op = dataclasses.replace(op, permutation=tuple(keep.index(perm[i]) for i in keep))
+    else:
+        assert isinstance(op, Slice)
+        if len(op.slices) != rank:
+            return None
+        op = dataclasses.replace(op, slices=tuple(op.slices[i] for i in keep))
+    return dataclasses.replace(node, op=op)
+
+
 def _folded(piece: Piece, lo: int) -> Piece | None:
-    """The piece with axes lo..M of its tensors merged (B's lo..K-1 dropped), where every tensor allows it."""
+    """The piece with axes lo..M of its tensors merged (B's lo..K-1 dropped, and so the tensors and views
+    that make it), where every tensor allows it."""
     graph = piece.graph
     main = next(n for n in piece.nodes if n.kind == "matmul")
     b_uid, c_uid = main.input("B"), main.output_uids()[0]
+    assert isinstance(b_uid, int)  # (_fold_axis)
     rows_of = (main.input("A"), c_uid)
     rank = len(graph.tensors[c_uid].dim)
     rows = math.prod(graph.tensors[c_uid].dim[lo : rank - 1])
+    drop = range(lo, rank - 2)
+    views = _b_views(piece, b_uid) or set()
+    b_side = _b_side(piece, b_uid, views)
+    nodes = []
+    for n in piece.nodes:
+        kept = _view_without(n, drop, rank) if id(n) in views else n
+        if kept is None:
+            return None
+        nodes.append(kept)
     new: dict[int, TensorDesc] = {}
     for u in {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}:
         t = graph.tensors[u]
-        if u == b_uid:
-            new[u] = dataclasses.replace(
-                t, dim=t.dim[:lo] + t.dim[rank - 2 :], stride=t.stride[:lo] + t.stride[rank - 2 :]
-            )
+        if u in b_side:
+            if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
+                return None
+            new[u] = _dropped(t, drop)
             continue
         if len(t.dim) != rank:
             if t.numel == 1:  # (a one-element operand broadcasts at any rank)
@@ -139,4 +211,4 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     object.__setattr__(folded, "tensors", _Overlay(graph.tensors, new))
     object.__setattr__(folded, "_at", {})
     folded.__dict__.pop("_shape_function", None)
-    return dataclasses.replace(piece, graph=folded, growth=None)
+    return dataclasses.replace(piece, nodes=tuple(nodes), graph=folded, growth=None)
