@@ -358,6 +358,7 @@ def cublas_peer(epi: str, a: Any, wt: Any, bias: Any, other: Any, y: Any) -> Any
     if epi == "residual":  # (cuBLAS adds C itself: beta 1)
         return lambda: torch.addmm(other, a, wt, out=y)
     if epi.startswith("gelu_bwd"):  # (eager: the GEMM, GELU's backward kernel, the column sums for _sum)
+
         def gelu_bwd() -> Any:
             torch.ops.aten.gelu_backward.grad_input(torch.matmul(a, wt), other, grad_input=y)
             if epi == "gelu_bwd_sum":

@@ -182,12 +182,13 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     drop = range(lo, rank - 2)
     views = _b_views(piece, b_uid) or set()
     b_side = _b_side(piece, b_uid, views)
-    nodes = []
+    replaced: dict[int, Node] = {}
     for n in piece.nodes:
-        kept = _view_without(n, drop, rank) if id(n) in views else n
-        if kept is None:
-            return None
-        nodes.append(kept)
+        if id(n) in views:
+            kept = _view_without(n, drop, rank)
+            if kept is None:
+                return None
+            replaced[id(n)] = kept
     new: dict[int, TensorDesc] = {}
     for u in {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}:
         t = graph.tensors[u]
@@ -211,4 +212,7 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     object.__setattr__(folded, "tensors", _Overlay(graph.tensors, new))
     object.__setattr__(folded, "_at", {})
     folded.__dict__.pop("_shape_function", None)
-    return dataclasses.replace(piece, nodes=tuple(nodes), graph=folded, growth=None)
+    if replaced:  # B's views, in the graph's node order too (a bucket's symbolic piece maps nodes by it)
+        object.__setattr__(folded, "nodes", tuple(replaced.get(id(n), n) for n in graph.nodes))
+    nodes = tuple(replaced.get(id(n), n) for n in piece.nodes)
+    return dataclasses.replace(piece, nodes=nodes, graph=folded, growth=None)
