@@ -40,6 +40,7 @@ CASES = {  # x dims, w dims, conv attributes
     "narrow_image": ((1, 3, 5, 2), (8, 3, 3, 3), dict(padding=[1, 2])),  # padding wider than the image
     "no_selects": ((2, 2, 10, 8), (8, 2, 3, 8), dict(padding=[0, 0])),  # 16 lanes, M = 16: nothing to mask
     "padding_beyond_width": ((1, 2, 5, 2), (8, 2, 3, 7), dict(padding=[1, 3])),  # columns from -3: wrapped by 4
+    "patches": ((2, 3, 8, 12), (8, 3, 4, 4), dict(padding=[0, 0], stride=[4, 4])),  # a ViT's patch embedding
 }
 
 
@@ -78,6 +79,15 @@ def test_geometry(case, layout, rng):
         ),
         rng,
     )
+
+
+def test_lanes_follow_the_image_layout():
+    """NCHW lanes run (c, s) with s fastest (a lane row reads a filter row's columns, contiguous), NHWC
+    lanes (s, c) with c fastest."""
+    knobs = {"template": "conv_fprop", MERGE: 1, "BLOCK_K": 16, "SPLIT_K": 1, "BLOCK_M": 16, "BLOCK_N": 16}
+    nchw, nhwc = (plan_with(_graph("patches", layout), knobs).source(0) for layout in ("nchw", "nhwc"))
+    assert "ls = lw % 4" in nchw and "lc = lw // 4" in nchw
+    assert "ls = lw // 3" in nhwc and "lc = lw % 3" in nhwc
 
 
 def test_no_masks_where_every_lane_and_row_is_in_bounds(rng):

@@ -13,11 +13,12 @@ A prologue on the image (scale + bias + relu of a preceding batchnorm) runs on t
 and the padded positions are zeroed after it.
 
 MERGE_TAPS=1 (few channels per group: a stem's 3): the K lanes run over the filter's last spatial
-axis and the channels together, (s, c) with c fastest, so that a step covers a whole filter row:
-the 7x7 stem's 49 taps x 3 channels padded to 16 lanes (784 lanes an output row, 147 used) become 7
-rows x 21 channels padded to 32 (224). The image column then depends on the row and the lane (a
-[BLOCK_M, BLOCK_K] index, `TileIndexer`'s "t" axis); with NHWC (and KRSC) the 21 elements a lane row
-reads are contiguous.
+axis and the channels together, so that a step covers a whole filter row: the 7x7 stem's 49 taps x 3
+channels padded to 16 lanes (784 lanes an output row, 147 used) become 7 rows x 21 channels padded
+to 32 (224). The image column then depends on the row and the lane (a [BLOCK_M, BLOCK_K] index,
+`TileIndexer`'s "t" axis). The lane order follows the image's layout: (s, c) with c fastest for NHWC
+(the 21 elements a lane row reads are contiguous), (c, s) with s fastest for NCHW (S contiguous
+columns per channel; a ViT's 16x16 patches at stride 16 read whole image rows).
 """
 
 from __future__ import annotations
@@ -292,6 +293,14 @@ class MergedTaps(TileLoop):
     def iterations(self, k: TileKnobs) -> int:
         return ConvFpropMatch.iterations(self.m, k)
 
+    @cached_property
+    def columns_fastest(self) -> bool:
+        """Whether the lanes run (c, s) with s fastest: an image whose columns are contiguous and channels
+        not (NCHW), where a lane row then reads S consecutive elements, and with the stride equal to S
+        (a ViT's patch embedding) consecutive pixels' rows adjoin; else (s, c), c fastest (NHWC)."""
+        x = self.m.gp.operand("image")
+        return x.stride[-1] == 1 and x.stride[1] != 1
+
     def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
         return _conv_loop(ctx, sig, k, lo, hi, self._tiles)
 
@@ -309,7 +318,10 @@ class MergedTaps(TileLoop):
         if span % bk:
             body += [f"kmask = lane < {span}", f"lw = lane % {span}"]
             kmask, lw = "kmask", "lw"
-        body += [f"ls = {lw} // {cg}", f"lc = {lw} % {cg}"]
+        if self.columns_fastest:
+            body += [f"ls = {lw} % {taps[last]}", f"lc = {lw} // {taps[last]}"]
+        else:
+            body += [f"ls = {lw} // {cg}", f"lc = {lw} % {cg}"]
         d, width = geo.dilation[last], x.dim[-1]
         body.append(f"xs = o{last}[:, None] + " + (f"(ls * {d})[None, :]" if d != 1 else "ls[None, :]"))
         inside = ["(xs >= 0)"] if geo.pre[last] > 0 else []
