@@ -186,6 +186,33 @@ def test_h200_ranks_the_hopper_path_first():
     assert ests[0] == min(ests)
 
 
+def test_stages_fit_shared_memory_where_a_prologue_widens_the_staged_tiles():
+    """B read as float32 and cast to bf16 in the prologue is staged as float32: every config's tiles fit
+    an H200's shared memory (TMA keeps num_stages buffers, pointer loads one fewer), some by fewer stages
+    than the same product of bf16 operands takes; for the CPU's interpreter they are left as they are."""
+    from opgraph.engines.triton.gemm.tuning import SMEM_LIMIT
+
+    def graph(cast):
+        g = og.Graph("cast", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+        a = g.tensor(dim=[4096, 1024], name="A")
+        w = g.tensor(dim=[1024, 4096], data_type=DT.FLOAT if cast else DT.BFLOAT16, name="W")
+        b = g.identity(w).set_data_type(DT.BFLOAT16) if cast else w
+        g.matmul(a, b).set_output(True)
+        return g
+
+    from opgraph.engines.triton.gemm.tuning import fit_shared_memory
+
+    t = _matmul_template()
+    for c in t.candidates(_piece(graph(True)), H200):
+        staged = (c["BLOCK_M"] * 2 + c["BLOCK_N"] * 4) * c["BLOCK_K"] * (c["num_stages"] - (0 if c.get("TMA") else 1))
+        assert staged <= SMEM_LIMIT or c["num_stages"] == 2, c
+    wide = TileKnobs(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=4, num_warps=8)
+    cast, plain = (t.match(_piece(graph(c)), H200).gp for c in (True, False))
+    assert [k.num_stages for k in fit_shared_memory([wide, wide.replace(TMA=1)], cast, H200)] == [3, 2]
+    assert fit_shared_memory([wide, wide.replace(TMA=1)], plain, H200) == [wide, wide.replace(TMA=1)]
+    assert fit_shared_memory([wide], cast, Device("cpu")) == [wide]
+
+
 def test_no_hopper_path_before_sm90_nor_for_by_reference_operands():
     t = _matmul_template()
     assert not any(c.get("TMA_HOST") for c in t.candidates(_piece(_gpt2_mlp_up()), A100))

@@ -39,6 +39,8 @@ from ...core.errors import AttributeValueError
 
 K = TypeVar("K", bound="Knobs")
 
+SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB of shared memory a block, less a margin for Triton's own buffers
+
 
 @dataclass(frozen=True)
 class Knobs:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..knobs import SMEM_LIMIT
 from .spec import AttnSpec, BwdKnobs, FwdKnobs
 from .tiles import table_fits, tiles_ok
 from .warpspec import ws_refusal
 
-SMEM_LIMIT = 225 * 1024  # H100/H200: 227 KiB a block, less a margin for Triton's own buffers
 _ISZ = {
     "tl.float32": 4,
     "tl.float16": 2,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ....core.device import Device
-from ..knobs import TileKnobs
+from ..knobs import SMEM_LIMIT, TileKnobs
 from ..templates.base import pow2_at_least, unique
 from .analysis import GemmPiece
 
@@ -168,10 +168,47 @@ def finish_candidates(
 ) -> list[TileKnobs]:
     """A GEMM template's ranked configs, finished: epilogue subtiles for large tiles (`with_subtile`)
     and, for fp32 operands (`extra` from `fp32_knobs`), the first config in full fp32 as the second."""
-    configs = with_subtile(configs, gp, device)
+    configs = fit_shared_memory(with_subtile(configs, gp, device), gp, device)
     if "fp32_precision" in extra:
         configs.insert(1, configs[0].replace(fp32_precision="ieee"))
     return configs
+
+
+def staged_itemsizes(gp: GemmPiece) -> tuple[int, int]:
+    """Bytes an element of the A and B tiles takes in shared memory: the type an operand is read in from
+    memory, the widest of its prologue's inputs where it has one (a float32 weight cast to bf16 in the
+    prologue is staged as float32; broadcast operands are vectors, not tiles)."""
+    sizes = []
+    for uid in gp.main.input_uids()[:2]:
+        operand = gp.tensor(uid)
+        chain = gp.prologue.get(uid, ())
+        made = {u for n in chain for u in n.output_uids()}
+        read = [gp.tensor(u) for n in chain for u in n.input_uids() if u not in made]
+        tiles = [t for t in read if not t.is_pass_by_value and t.numel == operand.numel]
+        sizes.append(max([t.data_type.itemsize for t in tiles] or [operand.data_type.itemsize]))
+    return sizes[0], sizes[-1]
+
+
+def fit_shared_memory(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> list[TileKnobs]:
+    """Configs with their pipeline stages cut (to 2 at least) until the staged operand tiles fit a
+    block's shared memory (Triton keeps num_stages buffers of TMA loads, one fewer of pointer loads).
+    The candidates' stages assume 16-bit tiles; a float32 weight cast in the prologue doubles B's:
+    ViT-B/16's patch-embedding conv (128 x 256 tiles, 4 stages) asked 240 KiB on an H200, failed to
+    launch, and the build fell back to a library conv 2x slower."""
+    if not device.is_cuda:
+        return configs
+    a_item, b_item = staged_itemsizes(gp)
+    fitted = []
+    for c in configs:
+        if c.BLOCK_K is None or c.num_stages is None:
+            fitted.append(c)
+            continue
+        stage = (c.BLOCK_M * a_item + c.BLOCK_N * b_item) * c.BLOCK_K
+        stages, spare = c.num_stages, 0 if c.TMA else 1
+        while stages > 2 and (stages - spare) * stage > SMEM_LIMIT:
+            stages -= 1
+        fitted.append(c if stages == c.num_stages else c.replace(num_stages=stages))
+    return unique(fitted)
 
 
 def with_subtile(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> list[TileKnobs]:

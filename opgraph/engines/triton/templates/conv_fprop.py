@@ -60,6 +60,8 @@ from .base import pow2_at_least, unique
 from .preferences import MERGED_STEM, SBR_CONV_LEAN
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms a step, at most (SBR_CONV_LEAN)
+# a filter prologue: accumulator and filter-tile floats a thread holds, at most, for the first configs
+FILTER_PROLOGUE_FLOATS = 128
 MERGE_BELOW = FEW_CHANNELS  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
@@ -149,7 +151,17 @@ class ConvFpropMatch(OffersProloguePass):
             knobs = knobs.replace(SPLIT_K=max(1, min(c.split_k, self.merged_loop.iterations(knobs) // 3)))
             merged.append(knobs)
         if self.device.is_cuda and self.elem == 2:
-            return MERGED_STEM.apply(configs, sorted(merged, key=lambda c: self.estimate(c) or math.inf), 0)
+            # a prologue on the filter (a float32 weight cast to bf16) holds the B tile in registers beside
+            # the accumulator; ViT-B/16's patch embedding spilled at 128 x 256 (Triton 3.6 and 3.9) and
+            # 256 x 128 (3.9), not at 128 x 128: tiles over FILTER_PROLOGUE_FLOATS go last
+            heavy = bool(self.gp.prologue.get(self.gp.main.input("weight")))  # type: ignore[arg-type]
+
+            def rank(c: TileKnobs) -> tuple[bool, float]:
+                assert c.BLOCK_K is not None
+                floats = (c.BLOCK_M + c.BLOCK_K) * c.BLOCK_N / (32 * c.warps)
+                return heavy and floats > FILTER_PROLOGUE_FLOATS, self.estimate(c) or math.inf
+
+            return MERGED_STEM.apply(configs, sorted(merged, key=rank), 0)
         return MERGED_STEM.apply(configs, merged, 3 if self.device.is_cuda else -1)
 
     def candidates(self) -> list[TileKnobs]:
