@@ -7,7 +7,13 @@ attention's q/k/v) can read the view's source instead, if the view is next to th
 order and theirs alone. So, after the topological order is fixed:
 
 - a view read by several ops (and not a graph output) is duplicated, one copy per reader (a view of a
-  view too: chains are duplicated whole), each with a virtual result of its own;
+  view too: chains are duplicated whole), each with a virtual result of its own; except that a reshape
+  whose result is no view of its input's memory (axes merged that are not one run) stays one for all
+  its readers but pointwise ops: a GEMM, attention or a reduction reads it materialised, so they share
+  one copy instead of making one each (ViT-B/16's attention gradient, transposed to tokens for the qkv
+  projection's data gradient, weight gradient and bias sum, was copied three times a layer, 82 µs each
+  on an H200), and a view of it is a plain view of that copy; a pointwise reader gets its own (it
+  gathers through the view in its loads);
 - each view then moves to just before the first op that depends on it: its reader, or an op that
   updates in place the tensor it reads (the view must read the old value).
 
@@ -20,7 +26,7 @@ from dataclasses import replace
 
 from ..core.ir import Node
 from ..core.tensor import TensorDesc
-from ..ops.layout import VIEW_KINDS
+from ..ops.layout import VIEW_KINDS, reshape_strides
 
 
 def place_views(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
@@ -108,7 +114,7 @@ def _duplicate_shared(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[N
         if not (n.kind in VIEW_KINDS and len(out) == 1 and descs[out[0]].is_virtual):
             continue
         uid = out[0]
-        for k, reader in enumerate(readers.get(uid, [])[1:], start=1):
+        for k, reader in enumerate(_duplicated_for(n, readers.get(uid, []), descs), start=1):
             new = next_uid
             next_uid += 1
             descs[new] = replace(descs[uid], uid=new, name=f"{descs[uid].name}~{k}")
@@ -122,6 +128,19 @@ def _duplicate_shared(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[N
         out_nodes.append(slot[0])
         out_nodes.extend(c[0] for c in copies_after.get(i, ()))
     return out_nodes
+
+
+def _duplicated_for(view: Node, readers: list[list[Node]], descs: dict[int, TensorDesc]) -> list[list[Node]]:
+    """The readers of `view` that get a copy of their own (the first keeps the view): all but the first,
+    except for a reshape that needs a copy, which only its pointwise readers get (module docstring)."""
+    if view.kind != "reshape" or len(readers) < 2:
+        return readers[1:]
+    src, out = descs[view.input_uids()[0]], descs[view.output_uids()[0]]
+    sizes = (*src.dim, *src.stride, *out.dim)
+    if not all(isinstance(v, int) for v in sizes) or reshape_strides(src.dim, src.stride, out.dim) is not None:
+        return readers[1:]
+    gathering = [r for r in readers if r[0].kind == "pointwise"]
+    return readers[1:] if len(gathering) == len(readers) else gathering
 
 
 def _sink(nodes: list[Node]) -> list[Node]:

@@ -81,6 +81,39 @@ def test_on_the_gpu_a_filter_of_many_taps_tries_the_pass_first():
     assert conv.estimate(piece, first(3), H100) > 0 and conv.estimate(piece, fused, H100) > 0
 
 
+def cast_filter_conv(n=2, c=3, hw=8, k=16, patch=4, dt=DT.BFLOAT16, image_prologue=False):
+    """A mixed-precision step's patch embedding: the float32 filter cast to the image's type in the
+    conv's prologue (NCHW, patches at their own stride), then the bias; optionally a prologue on the
+    image too."""
+    g = og.Graph("cast", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[n, c, hw, hw], name="x")
+    w = g.tensor(dim=[k, c, patch, patch], data_type=DT.FLOAT, name="w")
+    image = g.relu(g.add(x, 0.5)).set_data_type(dt) if image_prologue else x
+    y = g.conv_fprop(image, g.identity(w).set_data_type(dt), padding=[0, 0], stride=[patch, patch])
+    g.add(y.set_data_type(dt), g.tensor(dim=[1, k, 1, 1], data_type=DT.FLOAT, name="b")).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+def test_a_filter_cast_with_the_pass(dt, rng):
+    """The filter's cast runs once into scratch, the plain conv (MERGE_TAPS too) reads it there."""
+    g = cast_filter_conv(dt=dt)
+    _checked(g, rng)
+    _checked(g, rng, MERGE_TAPS=1, BLOCK_K=16, SPLIT_K=1, BLOCK_M=32, BLOCK_N=16)
+
+
+def test_on_the_gpu_a_filter_prologue_tries_the_pass_first_and_the_image_goes_before_it():
+    conv = TEMPLATE_BY_NAME["conv_fprop"]
+    g = cast_filter_conv(n=64, hw=224, k=768, patch=16)
+    piece = make_piece(g.final, 0, g.final.nodes)
+    assert conv.candidates(piece, H100)[0].get(KNOB) == 1  # the cast would run once per row tile
+    m = conv.match(piece, H100)
+    assert m.prologue_pass is not None and m.prologue_pass.role == "weight"
+    g2 = cast_filter_conv(image_prologue=True)
+    m2 = conv.match(make_piece(g2.final, 0, g2.final.nodes), H100)
+    assert m2.prologue_pass is not None and m2.prologue_pass.role == "image"
+
+
 def test_the_pass_needs_a_prologue_on_the_image():
     g = og.Graph("plain", io_data_type=DT.HALF)
     xd = [2, 8, 5, 5]

@@ -5,6 +5,7 @@ first op that depends on it, and a GEMM's would-be epilogue moves up next to it;
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import opgraph as og
 from opgraph.testing import random_pack
@@ -51,6 +52,45 @@ def test_a_shared_view_is_duplicated_per_reader_and_values_hold(rng):
     view = x[:, :, 4:8].reshape(2, 3, 2, 2)
     np.testing.assert_allclose(pack[final.tensor("a::output").uid], np.exp(view), rtol=1e-6)
     np.testing.assert_allclose(pack[final.tensor("b::output").uid], 3 * view, rtol=1e-6)
+
+
+def _shared_reshape() -> og.Graph:
+    g = og.Graph("share", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[3, 2, 2, 5, 4], name="x")
+    w = g.tensor(dim=[1, 24, 6], name="w")
+    t = g.reshape(g.transpose(x, [1, 3, 0, 2, 4], name="t"), [2, 5, 24], name="r")
+    g.matmul(t, w, name="mm").set_output(True)
+    g.reduction(t, "ADD", name="sum").set_dim([1, 1, 24]).set_output(True)
+    rows = g.transpose(g.reshape(t, [1, 10, 24], name="rows"), [0, 2, 1], name="rt")
+    g.matmul(rows, g.tensor(dim=[1, 10, 3], name="v"), name="mm2").set_output(True)
+    g.exp(t, name="e").set_output(True)
+    return g
+
+
+def test_a_reshape_that_needs_a_copy_is_shared_by_its_readers_but_pointwise_ones(rng):
+    """Heads-major gradients [3, B, H, S, D] transposed to tokens and merged to [B, S, 3 H D]: no view of
+    that memory, so the matmul, the reduction and the view reading it share one (a copy made once);
+    the pointwise reader gets its own (it gathers). The values hold."""
+    g = _shared_reshape()
+    names = _order(g)
+    assert names.count("r") == 1 and "r~1" in names and "r~2" not in names, names
+    readers = {n.name: n.input_uids() for n in g.final.nodes}
+    r = next(n for n in g.final.nodes if n.name == "r").output_uids()[0]
+    assert all(r in readers[k] for k in ("mm", "sum", "rows")) and r not in readers["e"], names
+    final = g.final
+    pack = random_pack(final, rng)
+    x0 = pack[final.tensor("x").uid].copy()
+    g.build(device="cpu", engines=["reference"]).execute(pack)
+    tokens = x0.transpose(1, 3, 0, 2, 4).reshape(2, 5, 24)
+    np.testing.assert_allclose(pack[final.tensor("sum::output").uid], tokens.sum(axis=(0, 1), keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(pack[final.tensor("e::output").uid], np.exp(tokens), rtol=1e-6)
+
+
+@pytest.mark.interpreter
+def test_a_shared_copy_computes_the_reference_in_generated_kernels(rng):
+    plan = _shared_reshape().build(device="cpu", engines=["triton"])
+    bad = og.testing.check_plan(plan, rng, rtol=1e-4, atol=1e-4)
+    assert not bad, "\n".join(map(str, bad)) + "\n" + plan.describe()
 
 
 def test_a_view_of_a_tensor_updated_in_place_stays_before_the_update(rng):

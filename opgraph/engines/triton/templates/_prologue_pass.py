@@ -1,13 +1,16 @@
-"""A conv template's image prologue run as its own pass first (knob PROLOGUE_PASS=1).
+"""A conv template's operand prologue run as its own pass first (knob PROLOGUE_PASS=1).
 
 conv_fprop and conv_wgrad load the image tile once per filter tap, so a prologue fused on the image
 (SBR's scale + bias + relu of a training-mode batchnorm) runs R*S times on every element, in the
-registers of the tensor-core loop. The pass variant runs the prologue once, as the pointwise template's
-kernel writing the conv's input into the step's scratch memory, then the template's plain kernel over
-it: two launches of one step, the piece and its fusion unchanged (another engine may still take the
-fused piece whole). On the GPU a conv with more than one tap tries the pass variants first (the
-preference PROLOGUE_PASS_FIRST, preferences.py: a fused 3x3 SBR wgrad took about twice the plain one);
-the tuner times both kinds.
+registers of the tensor-core loop; conv_fprop loads the filter tile once per output tile, so a prologue
+on the filter (a float32 weight cast to bf16 in a mixed-precision step) runs once per row tile of the
+output. The pass variant runs the prologue once, as the pointwise template's kernel writing the conv's
+operand into the step's scratch memory, then the template's plain kernel over it: two launches of one
+step, the piece and its fusion unchanged (another engine may still take the fused piece whole). On the
+GPU a conv with more than one tap, or a filter prologue, tries the pass variants first (the preference
+PROLOGUE_PASS_FIRST, preferences.py: a fused 3x3 SBR wgrad took about twice the plain one; ViT-B/16's
+patch embedding with its weight cast fused took 932 µs on an H200, its plain kernel 211-238 µs); the
+tuner times both kinds. The image's prologue is the one run apart where both operands have one.
 """
 
 from __future__ import annotations
@@ -33,26 +36,31 @@ _PASS_CONFIGS = 3  # the plain conv's best configs offered with the pass
 _IMAGE_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)
 
 
-class ProloguePass:
-    """The strategy of PROLOGUE_PASS=1 configs: `first`, the pointwise template's match of the image's
-    prologue, writes the conv's input `uid` into scratch; `rest`, the conv template's match of the piece
-    without the prologue, reads it there."""
+_ROLES = ("image", "weight")  # the operands whose prologue may run apart, in order of preference
 
-    def __init__(self, first: Match, rest: TileMatch, uid: int) -> None:
-        self.first, self.rest, self.uid = first, rest, uid
+
+class ProloguePass:
+    """The strategy of PROLOGUE_PASS=1 configs: `first`, the pointwise template's match of the operand's
+    prologue, writes the conv's operand `uid` (its `role`) into scratch; `rest`, the conv template's
+    match of the piece without the prologue, reads it there."""
+
+    def __init__(self, first: Match, rest: TileMatch, uid: int, role: str = "image") -> None:
+        self.first, self.rest, self.uid, self.role = first, rest, uid, role
 
     @staticmethod
     def of(m: TileMatch) -> ProloguePass | None:
-        """The pass of a conv match, or None where the image has no prologue the pointwise template and the
-        conv template can run apart: none at all, one that reads a view computed in the piece (a slice of
-        X), an image type other than fp16 / bf16 / fp32 (fp8's padding loads are rewritten for buffers,
-        not scratch)."""
+        """The pass of a conv match, or None where no operand (the image, else conv_fprop's filter) has a
+        prologue the pointwise template and the conv template can run apart: none at all, one that reads
+        a view computed in the piece (a slice of X), an operand type other than fp16 / bf16 / fp32 (fp8's
+        padding loads are rewritten for buffers, not scratch)."""
         gp, piece = m.gp, m.piece
-        uid = gp.main.input("image")
-        if not isinstance(uid, int):
+        roles = [r for r in _ROLES if r in gp.main.op.input_roles()]
+        found = [(r, u) for r in roles if isinstance(u := gp.main.input(r), int) and gp.prologue.get(u)]
+        if not found:
             return None
-        nodes = gp.prologue.get(uid)
-        if not nodes or piece.tensor(uid).data_type not in _IMAGE_TYPES:
+        role, uid = found[0]
+        nodes = gp.prologue[uid]
+        if piece.tensor(uid).data_type not in _IMAGE_TYPES:
             return None
         members = {id(n) for n in nodes}
         pre = make_piece(piece.graph, piece.index, list(nodes))
@@ -63,16 +71,17 @@ class ProloguePass:
         rest_gp, _ = m.template.analyze(rest)
         if not isinstance(first, Match) or rest_gp is None:
             return None
-        return ProloguePass(first, m.template.match_class(m.template, rest_gp, m.device), uid)
+        return ProloguePass(first, m.template.match_class(m.template, rest_gp, m.device), uid, role)
 
     def offer(self, configs: list[TileKnobs], taps: int) -> list[TileKnobs]:
         """`configs` (the fused kernel's, the heuristic's first) with the pass variants: the plain conv's best
-        configs with PROLOGUE_PASS=1, first on the GPU when the filter has more than one tap, otherwise
-        before the last fused one (the broadest, FALLBACK's pick, stays last; the tuner and the tests reach
-        them)."""
+        configs with PROLOGUE_PASS=1, first on the GPU when the filter has more than one tap or the prologue
+        is the filter's, otherwise before the last fused one (the broadest, FALLBACK's pick, stays last; the
+        tuner and the tests reach them)."""
         cuda = self.rest.device.is_cuda
         passes = [c.replace(PROLOGUE_PASS=1) for c in self.rest.candidates()[: _PASS_CONFIGS if cuda else 1]]
-        return PROLOGUE_PASS_FIRST.apply(configs, passes, 0 if cuda and taps > 1 else -1)
+        first = cuda and (taps > 1 or self.role == "weight")
+        return PROLOGUE_PASS_FIRST.apply(configs, passes, 0 if first else -1)
 
     def cost(self, k: TileKnobs) -> float | None:
         """The plain kernel's estimate plus the pass: the prologue's inputs read and the conv input written
@@ -126,11 +135,11 @@ class OffersProloguePass(TileMatch):
         found = self.prologue_pass
         if found is None:
             raise AttributeValueError(
-                f"{KNOB}=1 needs a pointwise prologue on the image of {self.gp.main.label()} "
+                f"{KNOB}=1 needs a pointwise prologue on the image (or filter) of {self.gp.main.label()} "
                 "that can run apart (on fp16, bf16 or fp32 values, reading no view of the "
                 "piece)",
                 op=self.gp.main.label(),
                 rule="triton.conv.prologue_pass",
-                hint=f"drop {KNOB} (this piece's image has no prologue to run apart)",
+                hint=f"drop {KNOB} (this piece's operands have no prologue to run apart)",
             )
         return found
