@@ -466,3 +466,40 @@ class Tensor:
         dt = "?" if self._data_type is None else self._data_type.short
         kind = "virtual" if self._is_virtual else "io"
         return f"<Tensor {self.label()} {dt}[{dims}] {kind}>"
+
+
+def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
+    """Strides that show memory of dims `old` / `strides` as dims `new` (same elements, logical
+    row-major order), or None where the axes merged or split are not one run in memory (numpy's
+    no-copy reshape rule)."""
+    src = [(d, s) for d, s in zip(old, strides) if d != 1]
+    axes = [i for i, d in enumerate(new) if d != 1]
+    out = [0] * len(new)
+    i = j = 0
+    while i < len(src) and j < len(axes):
+        i_end, j_end, a, b = i, j, src[i][0], new[axes[j]]
+        while a != b:
+            if a < b and i_end + 1 < len(src):
+                i_end += 1
+                a *= src[i_end][0]
+            elif b < a and j_end + 1 < len(axes):
+                j_end += 1
+                b *= new[axes[j_end]]
+            else:
+                return None
+        if any(src[k][1] != src[k + 1][1] * src[k + 1][0] for k in range(i, i_end)):
+            return None
+        step = src[i_end][1]
+        for k in range(j_end, j - 1, -1):
+            out[axes[k]] = step
+            step *= new[axes[k]]
+        i, j = i_end + 1, j_end + 1
+    if i != len(src) or j != len(axes):
+        return None
+    step = 1
+    for k in range(len(new) - 1, -1, -1):  # unit axes: the stride a packed layout would give them
+        if new[k] == 1:
+            out[k] = step
+        else:
+            step = out[k] * new[k]
+    return tuple(out)

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.ir import Node
-from ..core.tensor import TensorDesc
-from ..ops.layout import VIEW_KINDS, reshape_strides
+from ..core.tensor import TensorDesc, reshape_strides
+from ..ops.layout import VIEW_KINDS
 
 
 def place_views(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:

@@ -15,8 +15,8 @@ from typing import Any
 from ...core.config import Support
 from ...core.ir import Node
 from ...core.piece import Piece, make_piece
-from ...core.tensor import TensorDesc
-from ...ops.layout import VIEW_KINDS, Reshape, Slice, Transpose, reshape_strides
+from ...core.tensor import TensorDesc, reshape_strides
+from ...ops.layout import VIEW_KINDS, Reshape, Slice, Transpose
 
 
 @dataclass(frozen=True)
