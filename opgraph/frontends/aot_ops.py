@@ -2,7 +2,8 @@
 and backward graphs), added to the translation table of `torch_ops`. `from_torch` never meets them:
 torch.export's training IR keeps `layer_norm`, and has no backward ops.
 
-    native_layer_norm(x, shape, w, b, eps)        -> layernorm (training form): y, mean, rstd
+    native_layer_norm(x, shape, w, b, eps)        -> layernorm (training form): y, mean, rstd (the
+                                                     inference form where mean and rstd go unread)
     native_layer_norm_backward(dy, x, ..., mask)  -> layernorm_backward: dx, dw, db
     native_batch_norm_backward(dy, x, w, ..., mask) -> batchnorm_backward (train: the saved statistics;
                                                      eval: pointwise ops and sums on the running ones)
@@ -92,7 +93,14 @@ def _native_layer_norm(imp: Importer, node: Any, a: Args) -> list[Any]:
     w, b = a.get("weight"), a.get("bias")
     scale = imp.reshaped(w, full) if w is not None else _ones(imp, full)
     bias = imp.reshaped(b, full) if b is not None else None
-    y, mean, rstd = imp.g.layernorm("training", imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name())
+    # an inference graph reads y alone: the inference form (a training form's unread statistics are an
+    # invalid graph, and the whole layer norm fell back to PyTorch, 18 times in ConvNeXt-T)
+    phase = "training" if any(_used(imp, node, None, 3)[1:]) else "inference"
+    y, mean, rstd = (
+        *imp.g.layernorm(phase, imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name()),
+        None,
+        None,
+    )[:3]
     return [y, mean, rstd]
 
 

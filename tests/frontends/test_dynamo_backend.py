@@ -93,6 +93,21 @@ def test_inference_graph_under_no_grad():
     assert [r.kind for r in reports()[first:]] == ["inference"]
 
 
+def test_an_inference_layer_norm_runs_in_opgraph():
+    """Under no_grad AOTAutograd gives native_layer_norm, whose mean and rstd nothing reads: the inference
+    form, not a training form with unread statistics (an invalid graph: every layer norm of ConvNeXt-T
+    fell back to PyTorch and split the graph around it)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 4), nn.LayerNorm(4)).double().eval()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    dynamo_backend.clear_reports()
+    with torch.no_grad():
+        out = _compile(model)(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-12, atol=1e-12)
+    (report,) = reports()
+    assert report.kind == "inference" and not report.fallbacks and len(report.partitions) == 1, report.summary()
+
+
 def test_outputs_given_pytorch_strides_keep_the_graph_in_opgraph():
     """Outputs whose strides follow PyTorch's (a concatenation of transposed values, as a KV cache's) once
     failed the whole partition's import ('the UID is not known yet'): HF Llama ran 113 of its 173 nodes
