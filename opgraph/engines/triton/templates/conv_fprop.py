@@ -60,8 +60,9 @@ from .base import pow2_at_least, unique
 from .preferences import MERGED_STEM, SBR_CONV_LEAN
 
 LEAN_PROLOGUE = 32  # SBR -> conv: image elements a thread transforms a step, at most (SBR_CONV_LEAN)
-# a filter prologue: accumulator and filter-tile floats a thread holds, at most, for the first configs
-FILTER_PROLOGUE_FLOATS = 128
+# a filter prologue or NCHW lanes: accumulator and filter-tile floats a thread holds, at most, for the first
+# MERGE_TAPS configs
+MERGED_FLOATS = 128
 MERGE_BELOW = FEW_CHANNELS  # channels per group under which MERGE_TAPS configs are candidates
 MERGE = "MERGE_TAPS"
 
@@ -152,14 +153,15 @@ class ConvFpropMatch(OffersProloguePass):
             merged.append(knobs)
         if self.device.is_cuda and self.elem == 2:
             # a prologue on the filter (a float32 weight cast to bf16) holds the B tile in registers beside
-            # the accumulator; ViT-B/16's patch embedding spilled at 128 x 256 (Triton 3.6 and 3.9) and
-            # 256 x 128 (3.9), not at 128 x 128: tiles over FILTER_PROLOGUE_FLOATS go last
-            heavy = bool(self.gp.prologue.get(self.gp.main.input("weight")))  # type: ignore[arg-type]
+            # the accumulator, and NCHW's (c, s) lanes index more per element: ViT-B/16's patch embedding
+            # spilled at 128 x 256 (Triton 3.6 and 3.9) and 256 x 128 (3.9), not at 128 x 128, whose plain
+            # kernel took 231 µs on an H200 against 234 at 128 x 256: tiles over MERGED_FLOATS go last
+            tight = self.merged_loop.columns_fastest or bool(self.gp.prologue.get(self.gp.main.input("weight")))  # type: ignore[arg-type]
 
             def rank(c: TileKnobs) -> tuple[bool, float]:
                 assert c.BLOCK_K is not None
                 floats = (c.BLOCK_M + c.BLOCK_K) * c.BLOCK_N / (32 * c.warps)
-                return heavy and floats > FILTER_PROLOGUE_FLOATS, self.estimate(c) or math.inf
+                return tight and floats > MERGED_FLOATS, self.estimate(c) or math.inf
 
             return MERGED_STEM.apply(configs, sorted(merged, key=rank), 0)
         return MERGED_STEM.apply(configs, merged, 3 if self.device.is_cuda else -1)
