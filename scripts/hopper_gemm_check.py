@@ -117,14 +117,14 @@ def graph_of(name: str, m: int, n: int, k: int, epi: str, dt: str) -> tuple[Any,
     return g, t
 
 
-def config_plan(plan: Any, knobs: dict[str, Any]) -> Any:
-    """`plan` (one step) compiled with the matmul template's `knobs` instead."""
+def config_plan(plan: Any, knobs: dict[str, Any], template: str = "matmul") -> Any:
+    """`plan` (one step) compiled with `template`'s `knobs` instead."""
     from opgraph.build.planner import Step
     from opgraph.engines import EngineConfig, get_engine
     from opgraph.runtime.plan import ExecutionPlan
 
     (step,) = plan.steps
-    config = EngineConfig("triton", (("template", "matmul"), *sorted(knobs.items())))
+    config = EngineConfig("triton", (("template", template), *sorted(knobs.items())))
     kernel = get_engine("triton").compile(step.piece, config, plan.device)
     return ExecutionPlan(plan.graph, plan.device, (Step(0, step.piece, config, kernel),), plan.cuts)
 
