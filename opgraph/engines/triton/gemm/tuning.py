@@ -193,8 +193,8 @@ def fit_shared_memory(configs: list[TileKnobs], gp: GemmPiece, device: Device) -
     """Configs with their pipeline stages cut (to 2 at least) until the staged operand tiles fit a
     block's shared memory (Triton keeps num_stages buffers of TMA loads, one fewer of pointer loads).
     The candidates' stages assume 16-bit tiles; a float32 weight cast in the prologue doubles B's:
-    ViT-B/16's patch-embedding conv (128 x 256 tiles, 4 stages) asked 240 KiB on an H200, failed to
-    launch, and the build fell back to a library conv 2x slower."""
+    ViT-B/16's patch-embedding conv (128 x 256 tiles, 4 stages) asked 240 KiB, failed to launch, and the
+    build fell back to a slower library conv (bench/results/constants.md#patch-convolutions)."""
     if not device.is_cuda:
         return configs
     a_item, b_item = staged_itemsizes(gp)

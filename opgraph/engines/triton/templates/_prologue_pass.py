@@ -9,7 +9,7 @@ operand into the step's scratch memory, then the template's plain kernel over it
 step, the piece and its fusion unchanged (another engine may still take the fused piece whole). On the
 GPU a conv with more than one tap, or a filter prologue, tries the pass variants first (the preference
 PROLOGUE_PASS_FIRST, preferences.py: a fused 3x3 SBR wgrad took about twice the plain one; ViT-B/16's
-patch embedding with its weight cast fused took 932 µs on an H200, its plain kernel 211-238 µs); the
+patch embedding with its weight cast fused about four times: bench/results/constants.md#patch-convolutions); the
 tuner times both kinds. The image's prologue is the one run apart where both operands have one.
 """
 

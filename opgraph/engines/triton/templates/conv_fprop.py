@@ -154,8 +154,8 @@ class ConvFpropMatch(OffersProloguePass):
         if self.device.is_cuda and self.elem == 2:
             # a prologue on the filter (a float32 weight cast to bf16) holds the B tile in registers beside
             # the accumulator, and NCHW's (c, s) lanes index more per element: ViT-B/16's patch embedding
-            # spilled at 128 x 256 (Triton 3.6 and 3.9) and 256 x 128 (3.9), not at 128 x 128, whose plain
-            # kernel took 231 µs on an H200 against 234 at 128 x 256: tiles over MERGED_FLOATS go last
+            # spilled at 128 x 256 (Triton 3.6 and 3.9) and 256 x 128 (3.9), not at 128 x 128, as fast on the
+            # GPU (bench/results/constants.md#patch-convolutions): tiles over MERGED_FLOATS go last
             tight = self.merged_loop.columns_fastest or bool(self.gp.prologue.get(self.gp.main.input("weight")))  # type: ignore[arg-type]
 
             def rank(c: TileKnobs) -> tuple[bool, float]:
