@@ -26,6 +26,24 @@ def test_an_op_no_engine_runs_alone_waits_for_the_op_that_folds_it_in(rng):
     assert plan.steps[0].piece.kinds == ("transpose", "matmul")
 
 
+def test_a_view_that_only_its_reader_completes_joins_the_piece_with_it():
+    """An engine that takes a view only together with the op reading it (a bias reshaped for a GEMM's
+    epilogue): the lookahead from the cut at the view takes its reader, and both join the piece."""
+    g = og.Graph("epilogue_view", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[2, 3], name="x")
+    b = g.tensor(dim=[3], name="b")
+    y = g.add(g.exp(x, name="e"), g.reshape(b, [1, 3], name="v"), name="a")
+    g.relu(y, name="r").set_output(True)
+    f = g.final
+
+    def rule(piece):
+        last = piece.nodes[-1]
+        return "a view is read in the same piece only" if last.kind == "reshape" else None
+
+    pieces, cuts = partition(f, [FakeEngine("epilogue", rule)], CPU)
+    assert names(pieces) == [["e", "v", "a", "r"]] and not cuts
+
+
 def test_an_op_no_engine_runs_at_all_is_refused_with_reasons():
     g = og.Graph("lonely", io_data_type=DT.FLOAT)
     # (no generated template runs a causal conv1d; a reshape that is no view is a copy kernel now)

@@ -108,6 +108,25 @@ def test_an_inference_layer_norm_runs_in_opgraph():
     assert report.kind == "inference" and not report.fallbacks and len(report.partitions) == 1, report.summary()
 
 
+@pytest.mark.interpreter
+def test_a_linear_over_nhwc_fuses_its_epilogue_as_from_torch_does():
+    """AOTAutograd's Linear over [N, H, W, C] is view -> addmm -> view: the bias (a reshaped vector) and the
+    GELU after the view join the GEMM's kernel, as many generated steps as from_torch's plan (ConvNeXt-T's
+    backend plan had 176 steps against 102)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 24), nn.GELU(), nn.Linear(24, 16)).eval()
+    x = torch.randn(2, 4, 4, 16)
+    dynamo_backend.clear_reports()
+    with torch.no_grad():
+        out = _compile(model, options={"engines": ["triton"]})(x)
+        want = model(x)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    (report,) = reports()
+    steps = sum(n for p in report.partitions for _, n in p.engines)
+    direct = og.from_torch(model, (x,)).graph.build(device="cpu", engines=["triton"])
+    assert not report.fallbacks and steps == len(direct.steps) == 2, report.summary()
+
+
 def test_outputs_given_pytorch_strides_keep_the_graph_in_opgraph():
     """Outputs whose strides follow PyTorch's (a concatenation of transposed values, as a KV cache's) once
     failed the whole partition's import ('the UID is not known yet'): HF Llama ran 113 of its 173 nodes

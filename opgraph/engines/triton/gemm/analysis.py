@@ -175,10 +175,17 @@ def analyze(
     stores = [main.output_uids()[0]] if main.output_uids()[0] in outputs else []
     position = {id(n): i for i, n in enumerate(piece.nodes)}
     for node in after:
+        if node.kind in VIEW_KINDS and node.input_uids()[0] not in epilogue_uids:
+            # a view of memory an epilogue op reads (a bias reshaped to the output's rank): read in place
+            found = _memory_view(node, piece, views, producer, outputs)
+            if isinstance(found, str):
+                return None, Support.no(found, node)
+            views[node.output_uids()[0]] = found
+            continue
         for u in node.input_uids():
             p = producer.get(u)
             # a value written in place by this op or a later one is read as it is in memory
-            if p is not None and u not in epilogue_uids and position[id(p)] < position[id(node)]:
+            if p is not None and u not in epilogue_uids and u not in views and position[id(p)] < position[id(node)]:
                 return None, Support.no(
                     f"{node.label()} reads a value that is not on the {main.kind}'s epilogue path", node
                 )
@@ -225,6 +232,28 @@ def analyze(
         )
     gp = GemmPiece(piece, main, space, prologue, views, tuple(epilogue), tuple(reductions), tuple(stores))
     return gp, Support.yes()
+
+
+def _memory_view(
+    node: Node, piece: Piece, views: Mapping[int, View], producer: Mapping[int, Node], outputs: set[int]
+) -> View | str:
+    """The view `node` makes of a tensor in memory (or of such a view), for the epilogue to read in place,
+    or why it cannot be one."""
+    src, out = node.input_uids()[0], node.output_uids()[0]
+    if out in outputs:
+        return f"{node.label()} is needed outside the kernel; a view in a GEMM epilogue is only read"
+    if src in views:
+        base, off, src_desc = views[src].base, views[src].offset, views[src].desc
+    elif src in producer:
+        return (
+            f"{node.label()} takes a computed value; only tensors in memory are read through a view in a GEMM epilogue"
+        )
+    else:
+        base, off, src_desc = src, 0, piece.tensor(src)
+    view = view_of(node, src_desc, base, off, out)
+    if not isinstance(view, str) and piece.tensor(out).data_type is not src_desc.data_type:
+        return f"{node.label()} changes the data type; a view in a GEMM epilogue only moves data"
+    return view
 
 
 def _reduction(node: Node, piece: Piece, space: OutputSpace) -> Reduce | str:

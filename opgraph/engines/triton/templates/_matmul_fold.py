@@ -30,7 +30,7 @@ from ....core.tensor import TensorDesc
 from ....ops.layout import Slice, Transpose
 from ..sizes import above_one, symbolic_piece
 
-__all__ = ["fold_rows"]
+__all__ = ["fold_rows", "merged_rows", "overlaid"]
 
 _FULL_TILE = 64  # rows M is a multiple of: the unfolded tiling already fills its tiles
 
@@ -52,7 +52,7 @@ class _Overlay(Mapping[int, TensorDesc]):
         return len(self.base)
 
 
-def _merged(t: TensorDesc, lo: int, hi: int, rows: int) -> TensorDesc | None:
+def merged_rows(t: TensorDesc, lo: int, hi: int, rows: int) -> TensorDesc | None:
     """`t` with axes lo..hi-1 merged into one of `rows` (or 1, broadcast) elements; None where they do
     not nest in memory or broadcast over only some of them."""
     dims, strides = t.dim[lo:hi], t.stride[lo:hi]
@@ -201,18 +201,25 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
             if t.numel == 1:  # (a one-element operand broadcasts at any rank)
                 continue
             return None
-        merged = _merged(t, lo, rank - 1, rows)
+        merged = merged_rows(t, lo, rank - 1, rows)
         if merged is None or (u in rows_of and merged.dim[lo] != rows):
             return None
         new[u] = merged
+    return overlaid(piece, new, replaced)
+
+
+def overlaid(piece: Piece, tensors: dict[int, TensorDesc], replaced: Mapping[int, Node]) -> Piece:
+    """The piece over its graph with `tensors` replacing some descriptors and `replaced` (id of a node ->
+    its replacement) some nodes: same UIDs, same memory."""
+    graph = piece.graph
     # a shallow copy: the nodes, and all that is derived from them, are the graph's own (a replace would
     # derive them again, for every match of a growing piece: quadratic in the graph); what is derived
     # from the tensors' sizes is not
-    folded = copy.copy(graph)
-    object.__setattr__(folded, "tensors", _Overlay(graph.tensors, new))
-    object.__setattr__(folded, "_at", {})
-    folded.__dict__.pop("_shape_function", None)
-    if replaced:  # B's views, in the graph's node order too (a bucket's symbolic piece maps nodes by it)
-        object.__setattr__(folded, "nodes", tuple(replaced.get(id(n), n) for n in graph.nodes))
+    copied = copy.copy(graph)
+    object.__setattr__(copied, "tensors", _Overlay(graph.tensors, tensors))
+    object.__setattr__(copied, "_at", {})
+    copied.__dict__.pop("_shape_function", None)
+    if replaced:  # in the graph's node order too (a bucket's symbolic piece maps nodes by it)
+        object.__setattr__(copied, "nodes", tuple(replaced.get(id(n), n) for n in graph.nodes))
     nodes = tuple(replaced.get(id(n), n) for n in piece.nodes)
-    return dataclasses.replace(piece, nodes=nodes, graph=folded, growth=None)
+    return dataclasses.replace(piece, nodes=nodes, graph=copied, growth=None)

@@ -73,6 +73,7 @@ from ._matmul_hopper import (
     math_heavy_epilogue,
     occupancy_config,
 )
+from ._matmul_regroup import regroup_rows
 from .base import Generated
 
 # per operand: (the tile's row index start, its column index start) in the main loop
@@ -124,8 +125,9 @@ class MatmulTemplate(TileTemplate):
 
     def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
         """The piece's analysis, over its tensors with B's broadcast batch axes folded into the rows where
-        that changes the tiling (_matmul_fold.py)."""
-        return super().analyze(fold_rows(piece) or piece)
+        that changes the tiling (_matmul_fold.py), or its epilogue's reshapes of the rows made identities
+        (_matmul_regroup.py)."""
+        return super().analyze(fold_rows(piece) or regroup_rows(piece) or piece)
 
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])
