@@ -90,20 +90,23 @@ _JOINING = frozenset({"concatenate", "embedding"})
 
 
 def _lookahead(nodes: Sequence[Node], at: int, joined: bool) -> list[Node]:
-    """The ops after `at` that a lookahead from a cut at nodes[at] may take (see LOOKAHEAD): up to the first
-    reader of nodes[at] where it is a view; else none unless a concatenation is among them or `joined`
-    (the piece holds a concatenation or a lookup)."""
+    """The ops after `at` that a lookahead from a cut at nodes[at] may take (see LOOKAHEAD): up to the last
+    concatenation among them, or all where `joined` (the piece holds a concatenation or a lookup), or at
+    least to the first op reading nodes[at] (through views) where it is a view; else none."""
     run = []
     for n in nodes[at + 1 : at + LOOKAHEAD]:
         if n.kind not in _JOINABLE:
             break
         run.append(n)
+    last = max((i for i, n in enumerate(run) if n.kind == "concatenate"), default=len(run) - 1 if joined else -1)
     if nodes[at].kind in VIEW_KINDS:  # a view joins with the op reading it (a bias reshaped for an epilogue)
         made = set(nodes[at].output_uids())
-        reader = next((i for i, n in enumerate(run) if made & set(n.input_uids())), None)
-        if reader is not None:
-            return run[: reader + 1]
-    last = max((i for i, n in enumerate(run) if n.kind == "concatenate"), default=len(run) - 1 if joined else -1)
+        for i, n in enumerate(run):
+            if made & set(n.input_uids()):
+                if n.kind not in VIEW_KINDS:
+                    last = max(last, i)
+                    break
+                made.update(n.output_uids())  # (through the views it feeds)
     return run[: last + 1]
 
 
