@@ -90,6 +90,33 @@ def test_lanes_follow_the_image_layout():
     assert "ls = lw // 3" in nhwc and "lc = lw % 3" in nhwc
 
 
+def test_nchw_and_filter_prologue_merged_tiles_within_the_register_budget_come_first():
+    """On the GPU, NCHW's (c, s) lanes and a filter prologue put the MERGE_TAPS tiles holding over
+    MERGED_FLOATS accumulator and filter floats a thread last (128 x 256 and 256 x 128 spilled); NHWC keeps
+    the estimate's order."""
+    from opgraph.engines.triton.templates.conv_fprop import MERGED_FLOATS
+
+    def first_merged(layout):
+        g = og.Graph("p", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        xd, wd = [64, 3, 224, 224], [768, 3, 16, 16]
+        x = g.tensor(dim=xd, stride=layout_stride(xd, layout), name="x")
+        w = g.tensor(dim=wd, stride=layout_stride(wd, layout), name="w")
+        g.conv_fprop(x, w, padding=[0, 0], stride=[16, 16]).set_output(True)
+        piece = make_piece(g.final, 0, g.final.nodes)
+        return next(c for c in TEMPLATE.candidates(piece, H100) if c.get(MERGE))
+
+    c = first_merged("nchw")
+    assert (c["BLOCK_M"] + c["BLOCK_K"]) * c["BLOCK_N"] / (32 * c["num_warps"]) <= MERGED_FLOATS, c
+    c = first_merged("nhwc")
+    assert (c["BLOCK_M"] + c["BLOCK_K"]) * c["BLOCK_N"] / (32 * c["num_warps"]) > MERGED_FLOATS, c
+    assert _patch_embedding_first()["PROLOGUE_PASS"] == 1
+
+
+def _patch_embedding_first():
+    final = _patch_embedding().final
+    return TEMPLATE.candidates(make_piece(final, 0, final.nodes), H100)[0]
+
+
 def test_no_masks_where_every_lane_and_row_is_in_bounds(rng):
     plan = plan_with(
         _graph("no_selects"),

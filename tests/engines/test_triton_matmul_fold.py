@@ -74,6 +74,19 @@ def test_pieces_that_cannot_fold(why, kw):
     assert folded(linear((4, 3, 5, 16), 24, **kw))[1] is None, why
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("m", [1, 3])
+def test_genstats_after_a_matmul_does_not_fold(m, rng):
+    """genstats sums per channel (axis 1): over merged rows axis 1 would be the matmul's columns."""
+    g = og.Graph("gs", io_data_type=DT.FLOAT, intermediate_data_type=DT.FLOAT)
+    y = g.matmul(g.tensor(dim=[2, m, 16], name="x"), g.tensor(dim=[1, 16, 24], name="w"), name="mm")
+    y.set_output(True)
+    for t in g.genstats(y, name="gs"):
+        t.set_output(True)
+    assert folded(g)[1] is None
+    assert_engine_matches(g, rng, rtol=1e-4, atol=1e-4)
+
+
 def test_a_weight_per_batch_entry_keeps_its_batch_axis():
     g = og.Graph("bmm", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
     a = g.tensor(dim=[4, 3, 5, 16], name="a")

@@ -124,7 +124,7 @@ def _fold_axis(piece: Piece) -> int | None:
     return lo
 
 
-_FOLDING_KINDS = ("pointwise", "reduction", "genstats")
+_FOLDING_KINDS = ("pointwise", "reduction")  # (genstats sums per channel, axis 1: no rows to merge)
 
 
 def _b_views(piece: Piece, b_uid: int) -> set[int] | None:

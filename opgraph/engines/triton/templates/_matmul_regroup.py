@@ -4,7 +4,8 @@
 `regroup_rows` gives the piece with every epilogue tensor of the wider rank merged into [M, N] rows (same
 UIDs, same memory: `_matmul_fold.merged_rows`) and the reshapes as pointwise identities, so that the
 template fuses them as from_torch's batched matmul is fused. Pieces whose tensors do not nest so (a
-per-sample scale, a transposed layout) stay as they are."""
+per-sample scale, a transposed layout), or with an op whose attributes name axes of the wider tensors
+(genstats, an index along an axis, a view of a wider tensor), stay as they are."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
+from ....ops.layout import VIEW_KINDS
 from ....ops.pointwise import Pointwise, PointwiseMode
 from ._matmul_fold import merged_rows, overlaid
 
@@ -40,6 +42,8 @@ def regroup_rows(piece: Piece) -> Piece | None:
             if out.dim[-1] != cols or math.prod(out.dim[:-1]) != rows:
                 return None
             regroups.append(node)
+        elif not _keeps_meaning(node, piece):
+            return None
         elif node.kind != "pointwise" or not set(ins) & path:
             continue
         path.update(node.output_uids())
@@ -57,3 +61,16 @@ def regroup_rows(piece: Piece) -> Piece | None:
     identity = Pointwise(mode=PointwiseMode.IDENTITY)
     replaced = {id(n): Node(identity, n.name, n.inputs, n.outputs, n.compute_data_type) for n in regroups}
     return overlaid(piece, new, replaced)
+
+
+def _keeps_meaning(node: Node, piece: Piece) -> bool:
+    """Whether `node` means the same over merged rows: pointwise ops naming no axis and reductions (which
+    name theirs by their output's dims of 1); a view only where none of its tensors is merged (its
+    attributes name axes); nothing else (genstats sums per channel, axis 1)."""
+    if node.kind == "pointwise":
+        return getattr(node.op, "axis", None) is None
+    if node.kind == "reduction":
+        return True
+    if node.kind in VIEW_KINDS:
+        return all(len(piece.tensor(u).dim) <= 2 for u in (*node.input_uids(), *node.output_uids()))
+    return False

@@ -55,13 +55,17 @@ class ProloguePass:
         padding loads are rewritten for buffers, not scratch)."""
         gp, piece = m.gp, m.piece
         roles = [r for r in _ROLES if r in gp.main.op.input_roles()]
-        found = [(r, u) for r in roles if isinstance(u := gp.main.input(r), int) and gp.prologue.get(u)]
+        found = [
+            (r, u)
+            for r in roles
+            if isinstance(u := gp.main.input(r), int)
+            and gp.prologue.get(u)
+            and piece.tensor(u).data_type in _IMAGE_TYPES
+        ]
         if not found:
             return None
         role, uid = found[0]
         nodes = gp.prologue[uid]
-        if piece.tensor(uid).data_type not in _IMAGE_TYPES:
-            return None
         members = {id(n) for n in nodes}
         pre = make_piece(piece.graph, piece.index, list(nodes))
         rest = make_piece(piece.graph, piece.index, [n for n in piece.nodes if id(n) not in members])
