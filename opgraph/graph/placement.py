@@ -12,8 +12,8 @@ order and theirs alone. So, after the topological order is fixed:
   its readers but pointwise ops: a GEMM, attention or a reduction reads it materialised, so they share
   one copy instead of making one each (ViT-B/16's attention gradient, transposed to tokens for the qkv
   projection's data gradient, weight gradient and bias sum, was copied three times a layer:
-  bench/results/constants.md#shared-view-copies), and a view of it is a plain view of that copy; a pointwise reader gets its own (it
-  gathers through the view in its loads);
+  bench/results/constants.md#shared-view-copies), and a view of it is a plain view of that copy; a
+  pointwise reader gets its own (it gathers through the view in its loads);
 - each view then moves to just before the first op that depends on it: its reader, or an op that
   updates in place the tensor it reads (the view must read the old value).
 
