@@ -96,12 +96,7 @@ def _native_layer_norm(imp: Importer, node: Any, a: Args) -> list[Any]:
     # an inference graph reads y alone: the inference form (a training form's unread statistics are an
     # invalid graph, and the whole layer norm fell back to PyTorch, 18 times in ConvNeXt-T)
     phase = "training" if any(_used(imp, node, None, 3)[1:]) else "inference"
-    y, mean, rstd = (
-        *imp.g.layernorm(phase, imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name()),
-        None,
-        None,
-    )[:3]
-    return [y, mean, rstd]
+    return imp.g.layernorm(phase, imp.tensor(x), scale, bias, epsilon=float(a["eps"]), name=imp.op_name())
 
 
 @op("native_layer_norm_backward")

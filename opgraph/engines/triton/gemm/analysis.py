@@ -137,20 +137,10 @@ def analyze(
         for n in order:
             used.add(id(n))
             if n.kind in VIEW_KINDS:
-                src = n.input_uids()[0]
-                if src in views:
-                    base, off, src_desc = views[src].base, views[src].offset, views[src].desc
-                else:
-                    base, off, src_desc = src, 0, piece.tensor(src)
-                out_uid = n.output_uids()[0]
-                view = view_of(n, src_desc, base, off, out_uid)
+                view = _in_place(n, piece, views, "prologue")
                 if isinstance(view, str):
                     return None, Support.no(view, n)
-                if piece.tensor(out_uid).data_type is not src_desc.data_type:
-                    return None, Support.no(
-                        f"{n.label()} changes the data type; a view in a GEMM prologue only moves data", n
-                    )
-                views[out_uid] = view
+                views[n.output_uids()[0]] = view
     for node in before:
         if id(node) not in used:
             return None, Support.no(
@@ -242,17 +232,23 @@ def _memory_view(
     src, out = node.input_uids()[0], node.output_uids()[0]
     if out in outputs:
         return f"{node.label()} is needed outside the kernel; a view in a GEMM epilogue is only read"
-    if src in views:
-        base, off, src_desc = views[src].base, views[src].offset, views[src].desc
-    elif src in producer:
+    if src not in views and src in producer:
         return (
             f"{node.label()} takes a computed value; only tensors in memory are read through a view in a GEMM epilogue"
         )
+    return _in_place(node, piece, views, "epilogue")
+
+
+def _in_place(node: Node, piece: Piece, views: Mapping[int, View], where: str) -> View | str:
+    """The view `node` makes of its input, a tensor in memory or a view already found, or why it is none."""
+    src, out = node.input_uids()[0], node.output_uids()[0]
+    if src in views:
+        base, off, src_desc = views[src].base, views[src].offset, views[src].desc
     else:
         base, off, src_desc = src, 0, piece.tensor(src)
     view = view_of(node, src_desc, base, off, out)
     if not isinstance(view, str) and piece.tensor(out).data_type is not src_desc.data_type:
-        return f"{node.label()} changes the data type; a view in a GEMM epilogue only moves data"
+        return f"{node.label()} changes the data type; a view in a GEMM {where} only moves data"
     return view
 
 
