@@ -25,6 +25,7 @@ from .filters import ConfigFilter
 from .heuristics import PieceConfigs, rank_configs
 from .options import BuildOptions
 from .partition import Cut, partition
+from .prologue_split import split_prologues
 
 log = logging.getLogger("opgraph.build")
 
@@ -105,7 +106,8 @@ def engine_configs(
     dev = resolve_device(device)
     usable = usable_engines(engines, dev)
     with sessions(usable):
-        pieces, _ = partition(graph, usable, dev)
+        pieces, cuts = partition(graph, usable, dev)
+        pieces, _ = split_prologues(pieces, cuts, usable, dev, as_modes(heur_mode))
         return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
 
 
@@ -139,6 +141,8 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
     t0 = time.perf_counter()
     stats: dict[str, Any] = {"kernels_s": {}}
     pieces, cuts = partition(graph, usable, dev, allow_partition=opts.allow_partition)
+    if opts.allow_partition:
+        pieces, cuts = split_prologues(pieces, cuts, usable, dev, modes)
     stats["partition_s"] = time.perf_counter() - t0
     log.info(
         "partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable], len(pieces)

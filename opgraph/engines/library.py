@@ -33,6 +33,7 @@ from ..core.ir import FinalGraph, Node
 from ..core.piece import Piece, make_piece
 from ..memory import workspace as wsp
 from ..memory.buffers import address_of
+from ..ops.layout import VIEW_KINDS
 from . import get_engine, register_engine
 from .base import Binding, Compiler, Engine, Kernel, Launcher
 
@@ -81,12 +82,45 @@ def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | s
         return i
     graph = native_graph(piece) if precision == "native" else piece.graph
     assert graph is not None, "native precision asked of a piece where it does not apply"
+    prologue, views = _operand_views(piece, i)
+    if not prologue and i + 1 == len(piece.nodes):
+        return "its ops around the convolution or matmul are views, which the torch engine runs with it"
     groups: list[tuple[str, Sequence[Node]]] = [
-        ("prologue", piece.nodes[:i]),
-        ("main", piece.nodes[i : i + 1]),
+        ("prologue", prologue),
+        ("main", [*views, piece.nodes[i]]),
         ("epilogue", piece.nodes[i + 1 :]),
     ]
     return [(role, make_piece(graph, piece.index, list(nodes))) for role, nodes in groups if nodes]
+
+
+def _operand_views(piece: Piece, i: int) -> tuple[list[Node], list[Node]]:
+    """The ops before the main one (at `i`) split in two: the prologue the generated kernel runs, and the
+    views that only shape the main op's operands out of the piece's inputs (a weight given a unit batch
+    axis, an attention output transposed and merged into rows), which the torch engine runs with the
+    main op (PyTorch's reshape copies only where it must). Operands shaped two ways (a batch reshape of
+    B beside A's views) make no one pointwise kernel, but each is one torch call."""
+    before = piece.nodes[:i]
+    made_by = {u: id(n) for n in before for u in n.output_uids()}
+    read_by: dict[int, set[int]] = {}
+    for n in piece.nodes:
+        for u in n.input_uids():
+            read_by.setdefault(u, set()).add(id(n))
+    main = id(piece.nodes[i])
+    moved = {id(n) for n in before if n.kind in VIEW_KINDS}
+    changed = True
+    while changed:  # (until every moved view reads inputs or moved views, and feeds only those or the main op)
+        changed = False
+        for n in before:
+            if id(n) not in moved:
+                continue
+            sources_ok = all(u in piece.inputs or made_by.get(u) in moved for u in n.input_uids())
+            readers_ok = all(
+                u not in piece.outputs and read_by.get(u, set()) <= moved | {main} for u in n.output_uids()
+            )
+            if not (sources_ok and readers_ok):
+                moved.discard(id(n))
+                changed = True
+    return [n for n in before if id(n) not in moved], [n for n in before if id(n) in moved]
 
 
 def _prefixed(role: str, config: EngineConfig) -> tuple[tuple[str, Any], ...]:

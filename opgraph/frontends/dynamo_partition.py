@@ -28,6 +28,7 @@ from typing import Any
 
 from ..core.errors import GraphError
 from .fx_graph import import_fx, translatable
+from .fx_linear import fold_linear_views
 from .torch_runtime import ImportedGraph
 
 log = logging.getLogger("opgraph.dynamo")
@@ -264,6 +265,7 @@ def compile_graph(
     from torch.fx.passes.operator_support import create_op_support
     from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions, topo_sort
 
+    fold_linear_views(gm)  # (linear layers as one batched matmul each, as from_torch imports them)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     shapes = tuple(
         tuple(int(d) for d in n.meta["val"].shape) if hasattr(n.meta.get("val"), "shape") else ()

@@ -140,6 +140,7 @@ from .tuning import (
     finish_candidates,
     gemm_candidates,
     prologue_share,
+    row_reduced,
     with_subtile,
 )
 
@@ -197,5 +198,6 @@ __all__ = [
     "tma_strides",
     "uses_fp32",
     "prologue_share",
+    "row_reduced",
     "with_subtile",
 ]

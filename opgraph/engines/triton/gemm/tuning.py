@@ -205,10 +205,24 @@ def fit_shared_memory(configs: list[TileKnobs], gp: GemmPiece, device: Device) -
             continue
         stage = (c.BLOCK_M * a_item + c.BLOCK_N * b_item) * c.BLOCK_K
         stages, spare = c.num_stages, 0 if c.TMA else 1
-        while stages > 2 and (stages - spare) * stage > SMEM_LIMIT:
+        extra = reduction_tile_bytes(c, gp)
+        while stages > 2 and (stages - spare) * stage + extra > SMEM_LIMIT:
             stages -= 1
         fitted.append(c if stages == c.num_stages else c.replace(num_stages=stages))
     return unique(fitted)
+
+
+def row_reduced(gp: GemmPiece) -> bool:
+    """Whether the epilogue ends in a reduction along each row of the tile (RMSNorm's mean of squares
+    after a residual add)."""
+    return any(r.along == "cols" for r in gp.reductions)
+
+
+def reduction_tile_bytes(config: TileKnobs, gp: GemmPiece) -> int:
+    """Shared memory a row reduction in the epilogue adds to the staged tiles: Triton exchanges the
+    whole float32 accumulator tile through it (ptxas on sm_90: 128 x 256 tiles, 3 stages, 278,552 bytes,
+    the plain product's 147,456 staged plus 131,072; bench/results/triton-preferences.md#row-reduction-tiles)."""
+    return config.BLOCK_M * config.BLOCK_N * 4 if row_reduced(gp) else 0
 
 
 def with_subtile(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> list[TileKnobs]:

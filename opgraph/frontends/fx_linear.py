@@ -1,0 +1,125 @@
+"""Linear layers as AOTAutograd traces them, given back their batch axes.
+
+`nn.Linear` on an input of rank 3 or more reaches an AOTAutograd graph as three nodes: a view that
+collapses the leading axes into rows, `mm` (or `addmm` with the bias), and a view that splits the rows
+again (`x.view(B*S, K) @ w.t()` then `.view(B, S, N)`). Translated as they stand, the matmul's output
+is a 2-D tensor between two reshapes: the epilogue that follows (a residual add, the next norm's
+statistics) is reached through a reshape, which the library engine's generated epilogue cannot take,
+and the graph no longer says what `from_torch` says of the same model (one matmul over [B, S, K]).
+`fold_linear_views(gm)` rewrites each such triple into `aten.matmul(x, w)`, or `aten.linear` where
+`addmm` adds a bias (added before the product is rounded, as addmm adds it), which PyTorch runs the
+same and the translator imports as `from_torch` imports the linear layer. The
+collapsing view stays where something else reads it (a forward graph saving it for the backward).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_RESHAPES = frozenset({"view", "_unsafe_view", "reshape"})
+
+
+def _name(node: Any) -> str:
+    schema = getattr(node.target, "_schema", None)
+    return schema.name.split("::")[-1] if node.op == "call_function" and schema is not None else ""
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    shape = getattr(val, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in shape)
+    except (TypeError, ValueError):  # a symbolic size: left as it is
+        return None
+
+
+def _collapsed(view: Any) -> Any:
+    """The tensor `view` collapses into rows ([*lead, K] -> [prod(lead), K], at least two lead axes), or None."""
+    if _name(view) not in _RESHAPES:
+        return None
+    source = view.args[0]
+    before, after = _shape(source), _shape(view)
+    if before is None or after is None or len(before) < 3 or len(after) != 2:
+        return None
+    if after != (math.prod(before[:-1]), before[-1]):
+        return None
+    return source
+
+
+def _expanded_users(mm: Any, lead: tuple[int, ...]) -> list[Any] | None:
+    """The views splitting `mm`'s rows back into `lead` (its only readers), or None."""
+    shape = _shape(mm)
+    if shape is None or len(shape) != 2 or not mm.users:
+        return None
+    want = (*lead, shape[1])
+    users = list(mm.users)
+    if all(_name(u) in _RESHAPES and u.args[0] is mm and _shape(u) == want for u in users):
+        return users
+    return None
+
+
+def _operands(node: Any) -> tuple[Any, Any, Any] | None:
+    """(bias or None, mat1, mat2) of an mm, or of an addmm with beta = alpha = 1; else None."""
+    name = _name(node)
+    if name == "mm" and len(node.args) == 2:
+        return None, node.args[0], node.args[1]
+    if name == "addmm" and len(node.args) == 3 and node.kwargs.get("beta", 1) == 1 and node.kwargs.get("alpha", 1) == 1:
+        return node.args[0], node.args[1], node.args[2]
+    return None
+
+
+def _fake(fn: Any, *nodes: Any) -> Any:
+    """fn over the nodes' traced values, under their fake mode (the new node's meta['val'])."""
+    from torch._guards import detect_fake_mode
+
+    vals = [n.meta["val"] for n in nodes]
+    mode = detect_fake_mode(vals)
+    if mode is None:
+        return fn(*vals)
+    with mode:
+        return fn(*vals)
+
+
+def fold_linear_views(gm: Any) -> int:
+    """Rewrite `gm` (in place) so that each linear layer over rows of a batch is one batched matmul
+    (module docstring); returns how many were rewritten."""
+    import torch
+
+    aten = torch.ops.aten
+    done = 0
+    for node in list(gm.graph.nodes):
+        found = _operands(node)
+        if found is None:
+            continue
+        bias, a, b = found
+        x = _collapsed(a)
+        b_shape = _shape(b)
+        if x is None or b_shape is None or len(b_shape) != 2:
+            continue
+        lead = _shape(x)[:-1]  # type: ignore[index]
+        users = _expanded_users(node, lead)
+        if users is None:
+            continue
+        with gm.graph.inserting_before(node):
+            if bias is None:
+                out = gm.graph.call_function(aten.matmul.default, (x, b))
+                out.meta["val"] = _fake(aten.matmul.default, x, b)
+            else:  # (linear: the bias added to the product before it is rounded, as addmm does)
+                w = gm.graph.call_function(aten.t.default, (b,))
+                w.meta["val"] = _fake(aten.t.default, b)
+                out = gm.graph.call_function(aten.linear.default, (x, w, bias))
+                out.meta["val"] = _fake(aten.linear.default, x, w, bias)
+        for u in users:
+            u.replace_all_uses_with(out)
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(node)
+        if not a.users:
+            gm.graph.erase_node(a)
+        done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
