@@ -267,6 +267,7 @@ def compile_graph(
 
     fold_linear_views(gm)  # (linear layers as one batched matmul each, as from_torch imports them)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    position = {n.name: i for i, n in enumerate(calls)}
     shapes = tuple(
         tuple(int(d) for d in n.meta["val"].shape) if hasattr(n.meta.get("val"), "shape") else ()
         for n in gm.graph.nodes
@@ -292,6 +293,7 @@ def compile_graph(
                 continue
             # (the node order fuse_by_partitions will use: the same placeholders, in the same order)
             sub, _, _ = fuse_as_graphmodule(gm, topo_sort(nodes), f"opgraph_{i}")
+            _in_program_order(sub, position)
             outcome = _import_partition(sub, engines, build_options)
             if isinstance(outcome, dict):
                 refused.update(outcome or dict.fromkeys(names, "the partition did not import"))
@@ -307,6 +309,7 @@ def compile_graph(
     for i, (imported, plan, device, placeholders) in enumerate(subs):
         name = f"opgraph_{i}"
         sub = getattr(fused, name)
+        _in_program_order(sub, position)
         if _body(sub) != placeholders:  # (placeholders are made in the order of first use)
             outcome = _import_partition(sub, engines, build_options)
             if isinstance(outcome, dict):  # (the same nodes imported before: not expected)
@@ -344,6 +347,24 @@ def _account(report: GraphReport, calls: list[Any], proposed: list[list[Any]], r
 def _empty(node: Any) -> bool:
     val = node.meta.get("val")
     return hasattr(val, "shape") and any(isinstance(d, int) and d == 0 for d in val.shape)
+
+
+def _in_program_order(sub: Any, position: Mapping[str, int]) -> None:
+    """A partition's ops put back in the order of the graph they were cut from (`position`: name -> place).
+    torch.fx's partitioner lays a partition out breadth first, which interleaves independent chains (a
+    Llama layer's rotary embedding of the queries and of the keys, op by op); opgraph's partitioner cuts
+    runs of its graph's order into kernels, so an interleaved order cuts each chain at every op."""
+    calls = [n for n in sub.graph.nodes if n.op == "call_function"]
+    if any(n.name not in position for n in calls):
+        return
+    ordered = sorted(calls, key=lambda n: position[n.name])
+    if ordered == calls:
+        return
+    output = next(n for n in sub.graph.nodes if n.op == "output")
+    for n in ordered:
+        output.prepend(n)
+    sub.graph.lint()
+    sub.recompile()
 
 
 def _body(sub: Any) -> list[str]:

@@ -63,6 +63,56 @@ def test_matmul_bias_gelu(rng):
     assert roles(plan) == ["main", "epilogue"]
 
 
+def traced_projection(dt=DT.BFLOAT16):
+    """An attention output's projection as the torch.compile backend imports it: [B, H, S, D] transposed
+    and merged into rows, the weight [N, K] transposed and given a unit batch axis, then the residual add
+    and the next norm's mean of squares (the Llama output projection's piece)."""
+    g = og.Graph("proj", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    att = g.tensor(dim=[2, 4, 8, 16], name="att")  # B, H, S, D
+    w = g.tensor(dim=[64, 64], name="w")
+    res = g.tensor(dim=[2, 8, 64], name="res")
+    rows = g.reshape(g.transpose(att, [0, 2, 1, 3], name="heads"), [2, 8, 64], name="merge")
+    wt = g.reshape(g.transpose(w, [1, 0], name="wt"), [1, 64, 64], name="batch")
+    h = g.add(g.matmul(rows, wt, name="o"), res, name="residual")
+    h.set_output(True)
+    g.reduction(g.mul(h, h, name="sq"), "AVG", name="ms").set_dim([2, 8, 1]).set_output(True)
+    return g
+
+
+def test_operand_views_run_with_the_main_op(rng):
+    """Views shaping the matmul's operands out of the piece's inputs (two ways: A's rows, B's batch axis)
+    make no one pointwise prologue; they run with the product on the torch engine."""
+    from opgraph.engines.library import split
+
+    g = traced_projection()
+    piece = make_piece(g.final, 0, list(g.final.nodes))
+    parts = split(piece)
+    assert [(role, [n.name for n in p.nodes]) for role, p in parts] == [
+        ("main", ["heads", "merge", "wt", "batch", "o"]),
+        ("epilogue", ["residual", "sq", "ms"]),
+    ]
+    assert get_engine("library").supports(piece, CPU)
+    plan = assert_engine_matches(g, rng, engines=("library",), expect_steps=1, rtol=3e-2, atol=3e-2)
+    assert roles(plan) == ["main", "epilogue"]
+
+
+def test_a_view_a_prologue_op_reads_stays_in_the_prologue():
+    from opgraph.engines.library import split
+
+    g = og.Graph("p", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=[2, 8, 16], name="x")
+    w = g.tensor(dim=[1, 16, 24], name="w")
+    xt = g.transpose(g.tensor(dim=[2, 16, 8], name="xt_src"), [0, 2, 1], name="xt")
+    a = g.add(x, xt, name="sum")
+    g.relu(g.matmul(a, w, name="mm"), name="act").set_output(True)
+    piece = make_piece(g.final, 0, list(g.final.nodes))
+    assert [(role, [n.name for n in p.nodes]) for role, p in split(piece)] == [
+        ("prologue", ["xt", "sum"]),
+        ("main", ["mm"]),
+        ("epilogue", ["act"]),
+    ]
+
+
 def test_dgrad_drelu_reads_another_input(rng):
     g, _, _, dx = dgrad_graph((2, 8, 6, 6), (16, 8, 3, 3), padding=[1, 1], stride=[2, 2])
     yf = g.tensor(dim=[2, 8, 6, 6], stride=nhwc([2, 8, 6, 6]), name="yf")

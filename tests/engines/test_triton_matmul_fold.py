@@ -183,6 +183,40 @@ def test_folded_and_unfolded_pieces_compute_the_reference(x_dims, kw, rng):
     assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)
 
 
+def traced_linear(x_dims, n, dt=DT.BFLOAT16):
+    """x @ W^T + bias as the torch.compile backend imports it: W [n, K] and the bias [n] graph inputs,
+    W transposed, then both given the activation's rank by reshapes adding leading unit axes."""
+    g = og.Graph("traced", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    rank, k = len(x_dims), x_dims[-1]
+    x = g.tensor(dim=list(x_dims), name="x")
+    w = g.tensor(dim=[n, k], name="w")
+    b = g.tensor(dim=[n], name="b")
+    wt = g.reshape(g.transpose(w, [1, 0], name="wt"), [1] * (rank - 2) + [k, n], name="batch")
+    y = g.add(g.matmul(x, wt, name="mm"), g.reshape(b, [1] * (rank - 1) + [n], name="bias_rank"), name="bias")
+    g.gelu(y, name="gelu").set_output(True)
+    return g
+
+
+def test_a_traced_linear_folds_through_the_weights_and_the_bias_reshapes():
+    piece, f = folded(traced_linear((4, 3, 5, 16), 24))
+    assert f is not None
+    mm = next(n for n in f.nodes if n.kind == "matmul")
+    a, b, c = (f.tensor(u) for u in (mm.input("A"), mm.input("B"), mm.output_uids()[0]))
+    assert a.dim == (60, 16) and b.dim == (16, 24) and c.dim == (60, 24)
+    reshapes = {n.name: n.op.dim for n in f.nodes if n.kind == "reshape"}
+    assert reshapes == {"batch": (16, 24), "bias_rank": (1, 24)}
+    assert piece.tensor(mm.input("B")).dim == (1, 1, 16, 24)  # (the plan's graph is untouched)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("x_dims", [(2, 3, 5, 16), (3, 7, 16)])
+def test_traced_linears_compute_the_reference(x_dims, rng):
+    g = traced_linear(x_dims, 24)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=3e-2, atol=3e-2)
+    plan, step, configs = candidate_configs(g)
+    assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)
+
+
 def data_gradient(x_dims=(2, 7, 16), n=24, *, perm=None, sum_dims=None, w_again=False, dt=DT.BFLOAT16):
     """A training step's fc1 data gradient: dY @ W (W [1, n, K] in memory, transposed in place), the erf
     GELU's backward at the saved input, and the bias gradient (the sum over batch and tokens)."""

@@ -488,3 +488,27 @@ def test_gpu_encoding_equals_tritons(rank):
     theirs = fill(x.data_ptr(), 3, 2, 9, list(block), list(shape), list(strides), 0)
     at = id(theirs) + type(theirs).__basicsize__ - tma_desc.MAP_BYTES
     assert slot.raw() == ctypes.string_at(at, tma_desc.MAP_BYTES)
+
+
+def test_a_row_reduction_epilogue_takes_tiles_that_fit():
+    """A product whose epilogue ends in a row reduction (the residual add and the next RMSNorm's mean of
+    squares after a Llama down projection) exchanges the whole float32 tile through shared memory: the
+    first config is 128 x 128 (ROW_REDUCTION_TILES), and every config's staged tiles plus that tile fit
+    (ptxas on sm_90: 128 x 256 at 3 stages asked 278,552 bytes and spilled; 128 x 128 at 4: 196,640)."""
+    from opgraph.engines.triton.gemm.tuning import SMEM_LIMIT, reduction_tile_bytes
+
+    g = og.Graph("down", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    h = g.matmul(g.tensor(dim=[1, 8192, 2816], name="A"), g.tensor(dim=[1, 2816, 1024], name="W"))
+    h = g.add(h, g.tensor(dim=[1, 8192, 1024], name="res")).set_output(True).set_data_type(DT.BFLOAT16)
+    g.reduction(g.mul(h, h), "AVG").set_dim([1, 8192, 1]).set_output(True)
+    t = _matmul_template()
+    m = t.match(_piece(g), H200)
+    cands = t.candidates(_piece(g), H200)
+    assert (cands[0]["BLOCK_M"], cands[0]["BLOCK_N"]) == (128, 128) and cands[0].get("TMA_HOST") == 1
+    for c in cands[:-1]:
+        k = TileKnobs(**c)
+        staged = (c["BLOCK_M"] + c["BLOCK_N"]) * 2 * c["BLOCK_K"] * (c["num_stages"] - (0 if c.get("TMA") else 1))
+        assert reduction_tile_bytes(k, m.gp) == c["BLOCK_M"] * c["BLOCK_N"] * 4
+        assert staged + reduction_tile_bytes(k, m.gp) <= SMEM_LIMIT or c["num_stages"] == 2, c
+    plain = _piece(_hopper_piece_graph())
+    assert reduction_tile_bytes(TileKnobs(BLOCK_M=128, BLOCK_N=256), t.match(plain, H200).gp) == 0

@@ -259,3 +259,32 @@ def test_a_reserved_partition_keeps_no_buffer_of_its_call():
             gc.collect()
             last, ref = calls[-1]
             assert (ref() is None) == reserved and last._release == reserved
+
+
+def test_a_partition_keeps_the_order_of_the_graph_it_was_cut_from():
+    """torch.fx's partitioner may lay a partition out breadth first, interleaving independent chains (a
+    Llama layer's rotary embedding of queries and keys, op by op), which opgraph's partitioner would cut
+    at every op: the partition gets the source graph's order back."""
+    from torch.fx import symbolic_trace
+
+    from opgraph.frontends.dynamo_partition import _in_program_order
+
+    def f(q, k):
+        return torch.exp(torch.sin(q) * 2), torch.exp(torch.cos(k) * 3)
+
+    gm = symbolic_trace(f)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    position = {n.name: i for i, n in enumerate(calls)}
+    program = [n.name for n in calls]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    for n in (calls[0], calls[3], calls[1], calls[4], calls[2], calls[5]):  # breadth first
+        output.prepend(n)
+    gm.recompile()
+    interleaved = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    assert interleaved != program
+    q, k = torch.randn(3), torch.randn(3)
+    want = f(q, k)
+    _in_program_order(gm, position)
+    assert [n.name for n in gm.graph.nodes if n.op == "call_function"] == program
+    for got, w in zip(gm(q, k), want):
+        torch.testing.assert_close(got, w)

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.layout import Slice, Transpose
+from ....ops.layout import Reshape, Slice, Transpose
 from ..sizes import above_one, symbolic_piece
 
 __all__ = ["fold_rows", "merged_rows", "overlaid"]
@@ -99,6 +99,8 @@ def _fold_axis(piece: Piece) -> int | None:
     for n in piece.nodes:
         if n is main or id(n) in b_views:
             continue
+        if _leading_ones(n, piece) is not None:
+            continue  # (a bias given the output's rank: _folded checks it broadcasts over the rows)
         if n.kind not in _FOLDING_KINDS or getattr(n.op, "axis", None) is not None:
             return None
     b_side = _b_side(piece, b_uid, b_views)
@@ -128,22 +130,40 @@ _FOLDING_KINDS = ("pointwise", "reduction")  # (genstats sums per channel, axis 
 
 
 def _b_views(piece: Piece, b_uid: int) -> set[int] | None:
-    """The ids of the piece's nodes that make B: transposes and slices read in place from memory (none
-    where B is an input), or None where something else makes it."""
+    """The ids of the piece's nodes that make B: transposes and slices read in place from memory, and a
+    reshape giving a matrix leading unit axes (a weight broadcast over a batch, as PyTorch's matmul does
+    for [B, S, K] @ [K, N]); none where B is an input, None where something else makes it."""
     producer = {u: n for n in piece.nodes for u in n.output_uids()}
     ids: set[int] = set()
     u = b_uid
     while (node := producer.get(u)) is not None:
-        if not isinstance(node.op, (Transpose, Slice)):
+        if not isinstance(node.op, (Transpose, Slice)) and _leading_ones(node, piece) is None:
             return None
         ids.add(id(node))
         u = node.input_uids()[0]
     return ids
 
 
+def _leading_ones(node: Node, piece: Piece) -> int | None:
+    """How many leading unit axes a reshape adds to its input's dims (it adds only those), or None."""
+    if not isinstance(node.op, Reshape):
+        return None
+    x, y = (piece.tensor(u).dim for u in (node.input_uids()[0], node.output_uids()[0]))
+    added = len(y) - len(x)
+    if added < 1 or tuple(y[added:]) != tuple(x) or any(d != 1 for d in y[:added]):
+        return None
+    return added
+
+
 def _b_side(piece: Piece, b_uid: int, views: set[int]) -> set[int]:
-    """B and the tensors its views are taken of."""
-    return {b_uid} | {u for n in piece.nodes if id(n) in views for u in n.input_uids()}
+    """B and the tensors its views are taken of, up to a reshape adding unit axes (what it reshapes has
+    none to drop)."""
+    side = {b_uid}
+    rank = len(piece.tensor(b_uid).dim)
+    for n in piece.nodes:
+        if id(n) in views and _leading_ones(n, piece) is None and len(piece.tensor(n.output_uids()[0]).dim) == rank:
+            side.update(n.input_uids())
+    return side
 
 
 def _dropped(t: TensorDesc, drop: range) -> TensorDesc:
@@ -151,11 +171,17 @@ def _dropped(t: TensorDesc, drop: range) -> TensorDesc:
     return dataclasses.replace(t, dim=tuple(t.dim[i] for i in keep), stride=tuple(t.stride[i] for i in keep))
 
 
-def _view_without(node: Node, drop: range, rank: int) -> Node | None:
+def _view_without(node: Node, drop: range, rank: int, piece: Piece) -> Node | None:
     """A transpose or slice of B's chain with axes `drop` (all of size 1, kept in place) left out of its
-    attributes, or None where the view moves them."""
+    attributes, or a reshape adding unit axes with fewer of them; None where the view moves them."""
     op = node.op
     keep = [i for i in range(rank) if i not in drop]
+    added = _leading_ones(node, piece)
+    if added is not None:
+        if drop.stop > added:  # (a dropped axis the reshape does not add)
+            return None
+        dim = piece.tensor(node.output_uids()[0]).dim
+        return dataclasses.replace(node, op=Reshape(dim=tuple(dim[i] for i in keep)))
     if isinstance(op, Transpose):
         perm = tuple(op.permutation)
         if len(perm) != rank or any(perm[i] != i for i in drop):
@@ -184,13 +210,23 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     b_side = _b_side(piece, b_uid, views)
     replaced: dict[int, Node] = {}
     for n in piece.nodes:
-        if id(n) in views:
-            kept = _view_without(n, drop, rank)
+        if id(n) in views and len(graph.tensors[n.output_uids()[0]].dim) == rank:  # (not before a reshape)
+            kept = _view_without(n, drop, rank, piece)
             if kept is None:
                 return None
             replaced[id(n)] = kept
     new: dict[int, TensorDesc] = {}
-    for u in {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())}:
+    # what a reshape adding unit axes reads (and the views of memory before it) has no batch axes to drop
+    unbatched = {u for n in piece.nodes if id(n) in views for u in n.input_uids()} - b_side
+    for n in piece.nodes:  # a bias given the output's rank: its unit axes merge like the rows'
+        if id(n) not in views and _leading_ones(n, piece) is not None:
+            y = graph.tensors[n.output_uids()[0]]
+            merged = merged_rows(y, lo, rank - 1, rows)
+            if len(y.dim) != rank or merged is None or merged.dim[lo] != 1:
+                return None
+            replaced[id(n)] = dataclasses.replace(n, op=Reshape(dim=tuple(merged.dim)))
+            unbatched.update(n.input_uids())
+    for u in {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())} - unbatched:
         t = graph.tensors[u]
         if u in b_side:
             if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
