@@ -449,10 +449,14 @@ class PackBinder:
         self.scalars = {u: (graph.tensors[u], uses.get(u, ())) for u in self.pass_by_value}
         self.expect: dict[int, tuple] = {}
         self.tensor_type: Any = None
+        # the types the fast paths take as they are: torch tensors and parameters (a module's weights, as
+        # torch.compile passes them to the backend's plans), not other subclasses of Tensor
+        self.tensor_types: frozenset[type] = frozenset()
         if device.is_cuda:
             import torch
 
             self.tensor_type = torch.Tensor
+            self.tensor_types = frozenset({torch.Tensor, torch.nn.Parameter})
             for uid in (*graph.inputs, *graph.outputs):
                 t = graph.tensors[uid]
                 if not t.is_pass_by_value:
@@ -498,7 +502,7 @@ class PackBinder:
         for uid, value in zip(self._uids(pack), pack.values()):
             if uid in self.pass_by_value:
                 items.append((value, None if type(value) in (int, float, bool) else -1))
-            elif self.tensor_type is not None and type(value) is self.tensor_type:
+            elif type(value) in self.tensor_types:
                 items.append((value, pointers[uid]))
             else:
                 items.append((value, -1))  # not a torch tensor: the next call binds it again
@@ -536,7 +540,7 @@ class PackBinder:
     def fits(self, uid: int, value: Any) -> bool:
         """Whether one torch tensor fits tensor `uid` (dims, strides, type, device)."""
         expect = self.expect.get(uid)
-        if expect is None or type(value) is not self.tensor_type:
+        if expect is None or type(value) not in self.tensor_types:
             return False
         shape, stride, loose, dtype, _ = expect
         if (
@@ -571,7 +575,7 @@ class PackBinder:
                     return None
                 continue  # rounded and checked by bind (_round)
             expect = self.expect.get(uid)
-            if expect is None or type(value) is not self.tensor_type:
+            if expect is None or type(value) not in self.tensor_types:
                 return None
             shape, stride, loose, dtype, nbytes = expect
             if value.shape != shape or value.dtype is not dtype or not value.is_cuda or value.device.index != index:

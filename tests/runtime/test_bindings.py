@@ -389,3 +389,22 @@ def test_pass_by_value_holds_a_value_of_its_type(rng):
             }
         )
     assert ei.value.rule == "pack.pass_by_value" and "'s_val'" in str(ei.value)
+
+
+@pytest.mark.gpu
+def test_gpu_parameters_take_the_fast_path(rng):
+    """A module's weights as nn.Parameter (as torch.compile passes them to the backend's plans) bind through
+    the fast path, not the full check of every entry at every call."""
+    import torch
+
+    g = og.Graph("p", io_data_type=og.DataType.FLOAT)
+    x, w = g.tensor(dim=[4, 8], name="x"), g.tensor(dim=[4, 8], name="w")
+    g.mul(x, w, name="y").set_output(True)
+    plan = g.build(device="cuda")
+    weight = torch.nn.Parameter(torch.randn(4, 8, device="cuda"))
+    xs, ys = torch.randn(4, 8, device="cuda"), torch.full((4, 8), float("nan"), device="cuda")
+    y_uid = plan.graph.outputs[0]
+    pack = {"x": xs, "w": weight, y_uid: ys}
+    plan.execute(pack)
+    torch.testing.assert_close(ys, xs * weight.detach())
+    assert plan.local_state().binder._fast(pack) is not None
