@@ -20,6 +20,7 @@ from ..build.filters import ConfigFilter
 from ..build.heuristics import rank_configs
 from ..build.partition import Cut, partition
 from ..build.planner import Step, default_engines, sessions
+from ..build.prologue_split import split_prologues
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, as_modes
 from ..core.device import Device
 from ..core.errors import UnsupportedGraphError
@@ -85,7 +86,9 @@ class Planner:
         self.pieces: list[Piece]
         self.cuts: list[Cut]
         with sessions(self.engines):
-            self.pieces, self.cuts = partition(graph, self.engines, device)
+            pieces, cuts = partition(graph, self.engines, device)
+            # (the pieces Graph.build plans with its default heuristic mode)
+            self.pieces, self.cuts = split_prologues(pieces, cuts, self.engines, device, as_modes(None))
 
     # -- candidates ------------------------------------------------------------------------------
     def heuristic_candidates(self, modes: Any) -> list[Candidate]:

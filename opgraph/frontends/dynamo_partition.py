@@ -309,8 +309,8 @@ def compile_graph(
     for i, (imported, plan, device, placeholders) in enumerate(subs):
         name = f"opgraph_{i}"
         sub = getattr(fused, name)
-        _in_program_order(sub, position)
-        if _body(sub) != placeholders:  # (placeholders are made in the order of first use)
+        if _placeholders(sub) != placeholders:  # (made in the order of first use: the plan's input slots)
+            _in_program_order(sub, position)
             outcome = _import_partition(sub, engines, build_options)
             if isinstance(outcome, dict):  # (the same nodes imported before: not expected)
                 continue
@@ -367,6 +367,11 @@ def _in_program_order(sub: Any, position: Mapping[str, int]) -> None:
     sub.recompile()
 
 
+def _placeholders(sub: Any) -> list[str]:
+    """The submodule's inputs in order (named after the nodes of the graph it was cut from)."""
+    return [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+
+
 def _body(sub: Any) -> list[str]:
     return [n.name for n in sub.graph.nodes if n.op == "call_function"]
 
@@ -415,7 +420,7 @@ def _import_partition(
         plan = imported.plan(device.type, engines, **build_options)
     except GraphError as err:
         return _culprit(err, sub, "no plan")
-    return imported, plan, device, _body(sub)
+    return imported, plan, device, _placeholders(sub)
 
 
 def _culprit(err: GraphError, sub: Any, what: str) -> dict[str, str]:

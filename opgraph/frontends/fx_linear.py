@@ -30,10 +30,9 @@ def _shape(node: Any) -> tuple[int, ...] | None:
     shape = getattr(val, "shape", None)
     if shape is None:
         return None
-    try:
-        return tuple(int(d) for d in shape)
-    except (TypeError, ValueError):  # a symbolic size: left as it is
+    if not all(isinstance(d, int) for d in shape):  # a symbolic size (no int(): that would guard on it)
         return None
+    return tuple(shape)
 
 
 def _collapsed(view: Any) -> Any:
@@ -62,12 +61,25 @@ def _expanded_users(mm: Any, lead: tuple[int, ...]) -> list[Any] | None:
 
 
 def _operands(node: Any) -> tuple[Any, Any, Any] | None:
-    """(bias or None, mat1, mat2) of an mm, or of an addmm with beta = alpha = 1; else None."""
-    name = _name(node)
-    if name == "mm" and len(node.args) == 2:
+    """(bias or None, mat1, mat2) of an mm, or of an addmm with beta = alpha = 1 and a bias of one row
+    (linear broadcasts its bias over the leading axes, addmm over the rows: the same only for a row);
+    else None."""
+    import torch
+
+    aten = torch.ops.aten
+    if node.op != "call_function":
+        return None
+    if node.target is aten.mm.default and len(node.args) == 2 and not node.kwargs:
         return None, node.args[0], node.args[1]
-    if name == "addmm" and len(node.args) == 3 and node.kwargs.get("beta", 1) == 1 and node.kwargs.get("alpha", 1) == 1:
-        return node.args[0], node.args[1], node.args[2]
+    if node.target is aten.addmm.default and len(node.args) == 3:
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, b = node.args[0], node.args[2]
+        b_shape = _shape(b) if hasattr(b, "meta") else None
+        bias_shape = _shape(bias) if hasattr(bias, "meta") else None
+        if b_shape is None or bias_shape not in ((b_shape[-1],), (1, b_shape[-1])):
+            return None
+        return bias, node.args[1], b
     return None
 
 

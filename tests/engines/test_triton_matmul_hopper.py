@@ -512,3 +512,13 @@ def test_a_row_reduction_epilogue_takes_tiles_that_fit():
         assert staged + reduction_tile_bytes(k, m.gp) <= SMEM_LIMIT or c["num_stages"] == 2, c
     plain = _piece(_hopper_piece_graph())
     assert reduction_tile_bytes(TileKnobs(BLOCK_M=128, BLOCK_N=256), t.match(plain, H200).gp) == 0
+
+
+def test_a_config_too_large_at_two_stages_is_left_out_but_the_last():
+    from opgraph.engines.triton.gemm.tuning import fit_shared_memory
+
+    gp = _matmul_template().match(_piece(_hopper_piece_graph()), H200).gp
+    huge = TileKnobs(BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, num_stages=3, num_warps=8, TMA=1)
+    small = TileKnobs(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=3, num_warps=8)
+    assert fit_shared_memory([huge, small], gp, H200) == [small]
+    assert fit_shared_memory([small, huge], gp, H200) == [small, huge.replace(num_stages=2)]

@@ -79,3 +79,18 @@ def test_the_rewritten_linear_imports_as_from_torch_imports_it():
     ]
     (got,) = imported.run(x, w, b)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-12, atol=1e-12)
+
+
+def test_an_addmm_bias_of_more_than_one_row_is_left_alone():
+    """addmm broadcasts its bias over the rows; linear would broadcast it over the leading axes: only a
+    bias of one row means the same in both."""
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    w = torch.randn(5, 7, dtype=torch.float64)
+    b = torch.randn(6, 7, dtype=torch.float64)
+
+    def f(x, w, b):
+        return torch.addmm(b, x.view(6, 5), w).view(2, 3, 7)
+
+    gm = traced(f, x, w, b)
+    assert fold_linear_views(gm) == 0
+    torch.testing.assert_close(gm(x, w, b), f(x, w, b))

@@ -190,8 +190,9 @@ def staged_itemsizes(gp: GemmPiece) -> tuple[int, int]:
 
 
 def fit_shared_memory(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> list[TileKnobs]:
-    """Configs with their pipeline stages cut (to 2 at least) until the staged operand tiles fit a
-    block's shared memory (Triton keeps num_stages buffers of TMA loads, one fewer of pointer loads).
+    """Configs with their pipeline stages cut (to 2 at least) until the staged operand tiles (and a row
+    reduction's tile: `reduction_tile_bytes`) fit a block's shared memory (Triton keeps num_stages buffers
+    of TMA loads, one fewer of pointer loads); those that do not fit at 2 are left out, but the last.
     The candidates' stages assume 16-bit tiles; a float32 weight cast in the prologue doubles B's:
     ViT-B/16's patch-embedding conv (128 x 256 tiles, 4 stages) asked 240 KiB, failed to launch, and the
     build fell back to a slower library conv (bench/results/constants.md#patch-convolutions)."""
@@ -208,6 +209,8 @@ def fit_shared_memory(configs: list[TileKnobs], gp: GemmPiece, device: Device) -
         extra = reduction_tile_bytes(c, gp)
         while stages > 2 and (stages - spare) * stage + extra > SMEM_LIMIT:
             stages -= 1
+        if (stages - spare) * stage + extra > SMEM_LIMIT and c is not configs[-1]:
+            continue  # (too large even at 2 stages: it would not launch; the broadest config stays)
         fitted.append(c if stages == c.num_stages else c.replace(num_stages=stages))
     return unique(fitted)
 
