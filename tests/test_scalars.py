@@ -54,6 +54,7 @@ def test_fast_binder_rounds_pass_by_value_scalars_as_the_full_binder_does():
     final = g.final
     fast = PackBinder(final, CUDA)
     fast.tensor_type = FakeCudaTensor
+    fast.tensor_types = frozenset({FakeCudaTensor})
     pack = {x: FakeCudaTensor([4], torch.float32, 4096), y: FakeCudaTensor([4], torch.float32, 8192), s: 0.1}
     fast._learn(pack)  # the keys, as a first (full) bind of this pack would have learnt them
     assert fast._fast(pack) is not None, "the fast path declined a plain pack"
@@ -77,6 +78,7 @@ def test_fast_binder_checks_run_time_scalars():
     final = g.final
     fast = PackBinder(final, CUDA)
     fast.tensor_type = FakeCudaTensor
+    fast.tensor_types = frozenset({FakeCudaTensor})
     pack = {
         u: FakeCudaTensor(final.tensors[u].dim, torch.float32, 4096 * (i + 1))
         for i, u in enumerate((*final.inputs, *final.outputs))
