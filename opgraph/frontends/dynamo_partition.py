@@ -143,7 +143,7 @@ class PlanModule:
         for i, handle in enumerate(imported._input_slots):
             if handle is not None:
                 d = final.tensors[handle.known_uid()]
-                self._inputs.append((i, d.uid, d.dim, d.stride))
+                self._inputs.append((i, d.uid, tuple(d.dim), tuple(d.stride)))
         self._outputs = [
             (u, final.tensors[u].dim, final.tensors[u].stride, final.tensors[u].data_type.to_torch())
             for u in final.outputs
@@ -176,6 +176,9 @@ class PlanModule:
         device = self.device
         for i, uid, dim, stride in self._inputs:
             x = args[i]
+            if x.shape == dim and x.stride() == stride:  # (as traced: most inputs, at every call)
+                pack[uid] = x
+                continue
             if tuple(x.shape) != dim:
                 x = x.reshape(dim)
             if any(d > 1 and s != w for d, s, w in zip(dim, x.stride(), stride)):
