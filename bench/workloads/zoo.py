@@ -125,8 +125,8 @@ def _inference_case(ctx: Ctx, module: Any, args: tuple[Any, ...], floor: Floor, 
     if ctx.scale == "tiny":  # generated kernels of a whole model under Triton's interpreter: too slow
         impls = [i for i in impls if not i.name.startswith("generated")]
     impls += [eager(module, args)]
+    impls += opgraph_backend(module, args, cudagraphs=ctx.compile_cudagraphs)  # (before max-autotune's minutes)
     impls += compiled(module, args, inference=True, freezing=True, cudagraphs=ctx.compile_cudagraphs, default=True)
-    impls += opgraph_backend(module, args, cudagraphs=ctx.compile_cudagraphs)
     notes += "; tuned opgraph plans " + ("included" if ctx.tune_networks else "not built (--tune-networks)")
     return Case([Output("out", "bfloat16")], lambda: [want], impls, floor, notes=notes)
 
