@@ -6,9 +6,10 @@ again (`x.view(B*S, K) @ w.t()` then `.view(B, S, N)`). Translated as they stand
 is a 2-D tensor between two reshapes: the epilogue that follows (a residual add, the next norm's
 statistics) is reached through a reshape, which the library engine's generated epilogue cannot take,
 and the graph no longer says what `from_torch` says of the same model (one matmul over [B, S, K]).
-`fold_linear_views(gm)` rewrites each such triple into `aten.matmul(x, w)`, or `aten.linear` where
-`addmm` adds a bias (added before the product is rounded, as addmm adds it), which PyTorch runs the
-same and the translator imports as `from_torch` imports the linear layer. The
+`fold_linear_views(gm)` rewrites each such triple into `aten.linear(x, W, bias)` where the product's
+right operand is a transposed weight (the bias, if any, added before the product is rounded, as addmm
+adds it), else `aten.matmul(x, B)`: PyTorch runs them the same and the translator imports them as
+`from_torch` imports the linear layer. The
 collapsing view stays where something else reads it (a forward graph saving it for the backward).
 """
 
@@ -83,6 +84,24 @@ def _operands(node: Any) -> tuple[Any, Any, Any] | None:
     return None
 
 
+def _untransposed(b: Any) -> Any:
+    """The [N, K] weight that `b` ([K, N]) transposes (`t`, or a permute / transpose of its two axes), or None.
+    linear reads the weight itself: no transposed view is left between partitions, where PyTorch would make
+    it at every call (BERT-base: 144 of them)."""
+    import torch
+
+    aten = torch.ops.aten
+    if getattr(b, "op", None) != "call_function" or len(b.args) < 1:
+        return None
+    if b.target is aten.t.default:
+        return b.args[0]
+    if b.target is aten.permute.default and list(b.args[1]) == [1, 0]:
+        return b.args[0]
+    if b.target is aten.transpose.int and sorted(int(d) % 2 for d in b.args[1:3]) == [0, 1]:
+        return b.args[0]
+    return None
+
+
 def _fake(fn: Any, *nodes: Any) -> Any:
     """fn over the nodes' traced values, under their fake mode (the new node's meta['val'])."""
     from torch._guards import detect_fake_mode
@@ -115,21 +134,25 @@ def fold_linear_views(gm: Any) -> int:
         users = _expanded_users(node, lead)
         if users is None:
             continue
+        weight = _untransposed(b)
         with gm.graph.inserting_before(node):
-            if bias is None:
+            if weight is None and bias is None:
                 out = gm.graph.call_function(aten.matmul.default, (x, b))
                 out.meta["val"] = _fake(aten.matmul.default, x, b)
             else:  # (linear: the bias added to the product before it is rounded, as addmm does)
-                w = gm.graph.call_function(aten.t.default, (b,))
-                w.meta["val"] = _fake(aten.t.default, b)
-                out = gm.graph.call_function(aten.linear.default, (x, w, bias))
-                out.meta["val"] = _fake(aten.linear.default, x, w, bias)
+                if weight is None:
+                    weight = gm.graph.call_function(aten.t.default, (b,))
+                    weight.meta["val"] = _fake(aten.t.default, b)
+                args = (x, weight) if bias is None else (x, weight, bias)
+                out = gm.graph.call_function(aten.linear.default, args)
+                out.meta["val"] = _fake(aten.linear.default, *args)
         for u in users:
             u.replace_all_uses_with(out)
             gm.graph.erase_node(u)
         gm.graph.erase_node(node)
-        if not a.users:
-            gm.graph.erase_node(a)
+        for view in (a, b):
+            if not view.users and view.op == "call_function":
+                gm.graph.erase_node(view)
         done += 1
     if done:
         gm.graph.lint()

@@ -38,8 +38,21 @@ def test_a_linear_over_a_batch_becomes_one_matmul(bias, lead):
     assert fold_linear_views(gm) == 1
     names = targets(gm)
     assert not any(t.startswith("aten.mm") or t.startswith("aten.addmm") for t in names), names
-    assert ("aten.linear.default" in names) == bias and ("aten.matmul.default" in names) != bias
+    assert "aten.linear.default" in names and "aten.t.default" not in names, names  # (the weight read as it is)
     torch.testing.assert_close(gm(x, w, b), f(x, w, b), rtol=1e-12, atol=1e-12)
+
+
+def test_a_product_with_an_untransposed_right_operand_becomes_a_matmul():
+    x = torch.randn(2, 3, 5, dtype=torch.float64)
+    w = torch.randn(5, 7, dtype=torch.float64)
+
+    def f(x, w):
+        return (x.reshape(6, 5) @ w).view(2, 3, 7)
+
+    gm = traced(f, x, w)
+    assert fold_linear_views(gm) == 1
+    assert "aten.matmul.default" in targets(gm) and "aten.linear.default" not in targets(gm)
+    torch.testing.assert_close(gm(x, w), f(x, w), rtol=1e-12, atol=1e-12)
 
 
 def test_a_product_read_as_rows_is_left_alone():
