@@ -53,7 +53,6 @@ def test_fast_binder_rounds_pass_by_value_scalars_as_the_full_binder_does():
     g, x, s, y = _scaled()
     final = g.final
     fast = PackBinder(final, CUDA)
-    fast.tensor_type = FakeCudaTensor
     fast.tensor_types = frozenset({FakeCudaTensor})
     pack = {x: FakeCudaTensor([4], torch.float32, 4096), y: FakeCudaTensor([4], torch.float32, 8192), s: 0.1}
     fast._learn(pack)  # the keys, as a first (full) bind of this pack would have learnt them
@@ -77,7 +76,6 @@ def test_fast_binder_checks_run_time_scalars():
     y.set_output(True).set_name("y")
     final = g.final
     fast = PackBinder(final, CUDA)
-    fast.tensor_type = FakeCudaTensor
     fast.tensor_types = frozenset({FakeCudaTensor})
     pack = {
         u: FakeCudaTensor(final.tensors[u].dim, torch.float32, 4096 * (i + 1))

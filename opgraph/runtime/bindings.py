@@ -448,14 +448,12 @@ class PackBinder:
         # the full binder's conversion (rounding to the declared type, run-time checks), per scalar
         self.scalars = {u: (graph.tensors[u], uses.get(u, ())) for u in self.pass_by_value}
         self.expect: dict[int, tuple] = {}
-        self.tensor_type: Any = None
         # the types the fast paths take as they are: torch tensors and parameters (a module's weights, as
         # torch.compile passes them to the backend's plans), not other subclasses of Tensor
         self.tensor_types: frozenset[type] = frozenset()
         if device.is_cuda:
             import torch
 
-            self.tensor_type = torch.Tensor
             self.tensor_types = frozenset({torch.Tensor, torch.nn.Parameter})
             for uid in (*graph.inputs, *graph.outputs):
                 t = graph.tensors[uid]
@@ -479,7 +477,7 @@ class PackBinder:
                 i += 1
             else:
                 return False
-        found = self._fast(pack) if self.tensor_type is not None else None
+        found = self._fast(pack) if self.tensor_types else None
         if found is None:
             values = bind(self.graph, self.device, pack, self.inplace)
             pointers = {u: address_of(v) for u, v in values.items() if u not in self.pass_by_value}

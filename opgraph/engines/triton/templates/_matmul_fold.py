@@ -93,9 +93,10 @@ def _fold_axis(piece: Piece) -> int | None:
     a_uid, b_uid, c_uid = main.input("A"), main.input("B"), main.output_uids()[0]
     if not isinstance(a_uid, int) or not isinstance(b_uid, int):
         return None
-    b_views = _b_views(piece, b_uid)
-    if b_views is None:
+    chain = _b_chain(piece, b_uid)
+    if chain is None:
         return None
+    b_views, b_side = chain.views, chain.side
     for n in piece.nodes:
         if n is main or id(n) in b_views:
             continue
@@ -103,7 +104,6 @@ def _fold_axis(piece: Piece) -> int | None:
             continue  # (a bias given the output's rank: _folded checks it broadcasts over the rows)
         if n.kind not in _FOLDING_KINDS or getattr(n.op, "axis", None) is not None:
             return None
-    b_side = _b_side(piece, b_uid, b_views)
     if a_uid in b_side or any(
         u in b_side for n in piece.nodes if n is not main and id(n) not in b_views for u in n.input_uids()
     ):
@@ -129,19 +129,42 @@ def _fold_axis(piece: Piece) -> int | None:
 _FOLDING_KINDS = ("pointwise", "reduction")  # (genstats sums per channel, axis 1: no rows to merge)
 
 
-def _b_views(piece: Piece, b_uid: int) -> set[int] | None:
-    """The ids of the piece's nodes that make B: transposes and slices read in place from memory, and a
-    reshape giving a matrix leading unit axes (a weight broadcast over a batch, as PyTorch's matmul does
-    for [B, S, K] @ [K, N]); none where B is an input, None where something else makes it."""
+@dataclasses.dataclass(frozen=True)
+class _BChain:
+    """The piece's views that make B, read from B up: `views` all of them (ids); `at_rank` those at the
+    product's rank, whose attributes lose the folded axes (up to and with a reshape adding unit axes);
+    `side` B and the tensors those views other than the reshape read (their folded axes are dropped);
+    `unbatched` the tensors from the reshape up, which have no batch axes to drop."""
+
+    views: frozenset[int]
+    at_rank: frozenset[int]
+    side: frozenset[int]
+    unbatched: frozenset[int]
+
+
+def _b_chain(piece: Piece, b_uid: int) -> _BChain | None:
+    """B's chain of transposes and slices read in place from memory, and a reshape giving a matrix leading
+    unit axes (a weight broadcast over a batch, as PyTorch's matmul does for [B, S, K] @ [K, N]); empty
+    where B is an input, None where something else makes it."""
     producer = {u: n for n in piece.nodes for u in n.output_uids()}
-    ids: set[int] = set()
+    views: set[int] = set()
+    at_rank: set[int] = set()
+    side: set[int] = {b_uid}
+    unbatched: set[int] = set()
+    below = False  # (past the reshape)
     u = b_uid
     while (node := producer.get(u)) is not None:
-        if not isinstance(node.op, (Transpose, Slice)) and _leading_ones(node, piece) is None:
+        reshape = _leading_ones(node, piece) is not None
+        if not reshape and not isinstance(node.op, (Transpose, Slice)):
             return None
-        ids.add(id(node))
-        u = node.input_uids()[0]
-    return ids
+        views.add(id(node))
+        sources = node.input_uids()
+        if not below:
+            at_rank.add(id(node))
+        (unbatched if below or reshape else side).update(sources)
+        below = below or reshape
+        u = sources[0]
+    return _BChain(frozenset(views), frozenset(at_rank), frozenset(side), frozenset(unbatched))
 
 
 def _leading_ones(node: Node, piece: Piece) -> int | None:
@@ -153,17 +176,6 @@ def _leading_ones(node: Node, piece: Piece) -> int | None:
     if added < 1 or tuple(y[added:]) != tuple(x) or any(d != 1 for d in y[:added]):
         return None
     return added
-
-
-def _b_side(piece: Piece, b_uid: int, views: set[int]) -> set[int]:
-    """B and the tensors its views are taken of, up to a reshape adding unit axes (what it reshapes has
-    none to drop)."""
-    side = {b_uid}
-    rank = len(piece.tensor(b_uid).dim)
-    for n in piece.nodes:
-        if id(n) in views and _leading_ones(n, piece) is None and len(piece.tensor(n.output_uids()[0]).dim) == rank:
-            side.update(n.input_uids())
-    return side
 
 
 def _dropped(t: TensorDesc, drop: range) -> TensorDesc:
@@ -206,18 +218,18 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     rank = len(graph.tensors[c_uid].dim)
     rows = math.prod(graph.tensors[c_uid].dim[lo : rank - 1])
     drop = range(lo, rank - 2)
-    views = _b_views(piece, b_uid) or set()
-    b_side = _b_side(piece, b_uid, views)
+    chain = _b_chain(piece, b_uid)
+    assert chain is not None  # (_fold_axis)
+    views, b_side = chain.views, chain.side
     replaced: dict[int, Node] = {}
     for n in piece.nodes:
-        if id(n) in views and len(graph.tensors[n.output_uids()[0]].dim) == rank:  # (not before a reshape)
+        if id(n) in chain.at_rank:
             kept = _view_without(n, drop, rank, piece)
             if kept is None:
                 return None
             replaced[id(n)] = kept
     new: dict[int, TensorDesc] = {}
-    # what a reshape adding unit axes reads (and the views of memory before it) has no batch axes to drop
-    unbatched = {u for n in piece.nodes if id(n) in views for u in n.input_uids()} - b_side
+    unbatched = set(chain.unbatched)
     for n in piece.nodes:  # a bias given the output's rank: its unit axes merge like the rows'
         if id(n) not in views and _leading_ones(n, piece) is not None:
             y = graph.tensors[n.output_uids()[0]]
