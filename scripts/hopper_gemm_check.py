@@ -64,6 +64,10 @@ SHAPES = [
     # projection plus the residual
     ("llama.up_mul", 8192, 2816, 1024, "mul", "bf16"),
     ("llama.o_residual", 8192, 1024, 1024, "residual", "bf16"),
+    # the same projections as the model's plan fuses them: the residual add and the next RMSNorm's mean of
+    # squares (a row reduction: partials per column tile and a combine launch), the down projection too
+    ("llama.o_residual_stats", 8192, 1024, 1024, "residual_stats", "bf16"),
+    ("llama.down_residual_stats", 8192, 1024, 2816, "residual_stats", "bf16"),
     # timm ConvNeXt-T's MLPs at batch 64 (bench/results/2026-11-30-h200-zoo-convnext-infer-1c7190b.md): the
     # up-projections with the erf GELU (stage 1: 278 µs a step in the model, K 96) and the down-projections
     ("convnext.s1.up_gelu_erf", 200704, 384, 96, "bias_gelu_erf", "bf16"),
@@ -97,13 +101,19 @@ def graph_of(name: str, m: int, n: int, k: int, epi: str, dt: str) -> tuple[Any,
     b = g.tensor(dim=[k, n], stride=[1, k], name="w_t")  # an nn.Linear weight [N, K], transposed in place
     y = g.matmul(a, b, name="mm")
     t = {"a": a, "b": b}
-    if epi in ("mul", "residual") or epi.startswith("gelu_bwd"):
+    if epi in ("mul", "residual", "residual_stats") or epi.startswith("gelu_bwd"):
         # an [M, N] operand: SwiGLU's other half, the residual stream, or GELU's saved input
         other = g.tensor(dim=[m, n], name="other")
         t["other"] = other
-        y = g.mul(y, other) if epi == "mul" else g.add(y, other) if epi == "residual" else g.gelu_backward(y, other)
+        if epi == "mul":
+            y = g.mul(y, other)
+        else:
+            y = g.add(y, other) if epi.startswith("residual") else g.gelu_backward(y, other)
         if epi == "gelu_bwd_sum":  # the bias gradient: y's column sums, a second output (float32)
             t["sum"] = g.reduction(y, "ADD").set_dim([1, n]).set_output(True)
+        if epi == "residual_stats":  # RMSNorm's mean of squares of the rounded sum, a second output (float32)
+            y.set_data_type(io)
+            t["sum"] = g.reduction(g.mul(y, y), "AVG").set_dim([m, 1]).set_output(True)
     elif epi:
         bias = g.tensor(dim=[1, n], name="bias")
         t["bias"] = bias
@@ -252,7 +262,11 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
     w = (torch.randn(n, k, device="cuda", dtype=torch.float32) / math.sqrt(k)).to(tdt)
     wt = w.t()
     bias = torch.randn(n, device="cuda", dtype=tdt) if epi.startswith("bias") else None
-    other = torch.randn(m, n, device="cuda", dtype=tdt) if epi in ("mul", "residual") or "gelu_bwd" in epi else None
+    other = (
+        torch.randn(m, n, device="cuda", dtype=tdt)
+        if epi in ("mul", "residual", "residual_stats") or "gelu_bwd" in epi
+        else None
+    )
     ref = reference(epi, a, w, bias, other)
     y = torch.empty(m, n, device="cuda", dtype=tdt)
     pack = {t["a"]: a, t["b"]: wt, t["y"]: y}
@@ -260,7 +274,8 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         pack[t["bias"]] = bias.view(1, n)
     if other is not None:
         pack[t["other"]] = other
-    col_sum = torch.empty(1, n, device="cuda", dtype=torch.float32) if "sum" in t else None
+    rows = epi == "residual_stats"  # (the second output: one mean a row, not a sum a column)
+    col_sum = torch.empty(*((m, 1) if rows else (1, n)), device="cuda", dtype=torch.float32) if "sum" in t else None
     if col_sum is not None:
         pack[t["sum"]] = col_sum
     row: dict[str, Any] = {"name": name, "m": m, "n": n, "k": k, "epilogue": epi, "dtype": dt}
@@ -273,8 +288,8 @@ def measure_row(spec: tuple[Any, ...], b: dict[str, Any], variants: list[str], r
         rel_l2 = (d.norm() / ref.norm()).item()
         rel_max = (d.abs().max() / scale).item()
         ok = bool(torch.isfinite(got).all().item()) and rel_l2 <= lim_l2 and rel_max <= lim_max
-        if sums is not None:  # the column sums of the rounded output, to the sum's own rounding
-            want = got.float().sum(0)
+        if sums is not None:  # the column sums (row means of squares) of the rounded output, to their rounding
+            want = got.float().square().mean(1) if rows else got.float().sum(0)
             ok = ok and bool(((sums.view(-1) - want).norm() / want.norm()).item() <= 1e-4)
         return {"ok": ok, "rel_l2": rel_l2, "rel_max": rel_max}
 
@@ -333,7 +348,7 @@ def reference(epi: str, a: Any, w: Any, bias: Any, other: Any) -> Any:
         ref += bias.float()
     if epi == "mul":
         ref *= other.float()
-    if epi == "residual":
+    if epi.startswith("residual"):
         ref += other.float()
     if epi == "bias_gelu":
         ref = torch.nn.functional.gelu(ref, approximate="tanh")
@@ -357,6 +372,13 @@ def cublas_peer(epi: str, a: Any, wt: Any, bias: Any, other: Any, y: Any) -> Any
         return lambda: torch.addmm(bias, a, wt, out=y)
     if epi == "residual":  # (cuBLAS adds C itself: beta 1)
         return lambda: torch.addmm(other, a, wt, out=y)
+    if epi == "residual_stats":  # (and eager's mean of squares kernel)
+
+        def residual_stats() -> Any:
+            torch.addmm(other, a, wt, out=y).float().square().mean(1)
+            return y
+
+        return residual_stats
     if epi.startswith("gelu_bwd"):  # (eager: the GEMM, GELU's backward kernel, the column sums for _sum)
 
         def gelu_bwd() -> Any:

@@ -136,6 +136,14 @@ def _ahead(
     return []
 
 
+def _second_product(group: Sequence[Node], node: Node) -> str | None:
+    """Why matmul `node` does not join a group holding a matmul of the same A: products of one operand are
+    weighed together after the walk (build/sibling_merge.py), not joined greedily."""
+    if node.kind == "matmul" and any(n.kind == "matmul" and n.input("A") == node.input("A") for n in group):
+        return "a product of the same A is merged after the partition where the estimates say so [build.sibling_merge]"
+    return None
+
+
 def _views_only(nodes: Sequence[Node]) -> bool:
     return all(n.kind in VIEW_KINDS for n in nodes)
 
@@ -190,7 +198,7 @@ def partition(
             continue
         if groups:
             owner = owners[-1]
-            race = _inplace_race(groups[-1], node, graph)
+            race = _inplace_race(groups[-1], node, graph) or _second_product(groups[-1], node)
             if race is None:
                 grown = grow(pieces[-1], node)
                 if _views_only(groups[-1]) and _after_views(walk, node, grown):

@@ -25,7 +25,7 @@ from .filters import ConfigFilter
 from .heuristics import PieceConfigs, rank_configs
 from .options import BuildOptions
 from .partition import Cut, partition
-from .prologue_split import split_prologues
+from .sibling_merge import refine
 
 log = logging.getLogger("opgraph.build")
 
@@ -107,7 +107,7 @@ def engine_configs(
     usable = usable_engines(engines, dev)
     with sessions(usable):
         pieces, cuts = partition(graph, usable, dev)
-        pieces, _ = split_prologues(pieces, cuts, usable, dev, as_modes(heur_mode))
+        pieces, _ = refine(pieces, cuts, usable, dev, as_modes(heur_mode))
         return [rank_configs(p, usable, dev, as_modes(heur_mode)) for p in pieces]
 
 
@@ -142,7 +142,7 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
     stats: dict[str, Any] = {"kernels_s": {}}
     pieces, cuts = partition(graph, usable, dev, allow_partition=opts.allow_partition)
     if opts.allow_partition:
-        pieces, cuts = split_prologues(pieces, cuts, usable, dev, modes)
+        pieces, cuts = refine(pieces, cuts, usable, dev, modes)
     stats["partition_s"] = time.perf_counter() - t0
     log.info(
         "partition '%s' for %s with engines %s: %d piece(s)", graph.name, dev, [e.name for e in usable], len(pieces)

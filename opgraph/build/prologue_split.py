@@ -32,7 +32,8 @@ SPLIT_BELOW = 0.9  # apart / fused estimate under which the prologue runs apart
 LAUNCH_US = 3.0  # the second launch, added to the apart estimate
 
 
-def _estimate(piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]) -> float | None:
+def first_estimate(piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]) -> float | None:
+    """The estimate of the piece's first config (as the build would run it), None where none runs it."""
     ranked = rank_configs(piece, engines, device, modes).configs
     return ranked[0].estimate_us if ranked else None
 
@@ -59,9 +60,9 @@ def split_prologues(
         split = None
         if parts is not None:
             graph = piece.graph
-            whole = _estimate(piece, engines, device, modes)
-            pre = _estimate(make_piece(graph, piece.index, parts[0]), engines, device, modes)
-            rest = _estimate(make_piece(graph, piece.index, parts[1]), engines, device, modes)
+            whole = first_estimate(piece, engines, device, modes)
+            pre = first_estimate(make_piece(graph, piece.index, parts[0]), engines, device, modes)
+            rest = first_estimate(make_piece(graph, piece.index, parts[1]), engines, device, modes)
             if None not in (whole, pre, rest) and pre + rest + LAUNCH_US < SPLIT_BELOW * whole:  # type: ignore[operator]
                 split = parts
                 why = (

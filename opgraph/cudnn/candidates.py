@@ -20,7 +20,7 @@ from ..build.filters import ConfigFilter
 from ..build.heuristics import rank_configs
 from ..build.partition import Cut, partition
 from ..build.planner import Step, default_engines, sessions
-from ..build.prologue_split import split_prologues
+from ..build.sibling_merge import refine
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, as_modes
 from ..core.device import Device
 from ..core.errors import UnsupportedGraphError
@@ -88,7 +88,7 @@ class Planner:
         with sessions(self.engines):
             pieces, cuts = partition(graph, self.engines, device)
             # (the pieces Graph.build plans with its default heuristic mode)
-            self.pieces, self.cuts = split_prologues(pieces, cuts, self.engines, device, as_modes(None))
+            self.pieces, self.cuts = refine(pieces, cuts, self.engines, device, as_modes(None))
 
     # -- candidates ------------------------------------------------------------------------------
     def heuristic_candidates(self, modes: Any) -> list[Candidate]:

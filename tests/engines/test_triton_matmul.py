@@ -285,9 +285,10 @@ def test_tma_dtypes_and_slice_view(dt, rng):
     assert not bad, "\n".join(map(str, bad))
 
 
-@pytest.mark.parametrize("reduce", ["genstats", "rowsum"])
+@pytest.mark.parametrize("reduce", ["genstats", "rowsum", "rowmax", "mean_of_squares"])
 def test_epilogue_subtile(reduce, rng):
-    """EPILOGUE_SUBTILE=2: the epilogue on the tile's column halves (a row sum falls back to whole tiles)."""
+    """EPILOGUE_SUBTILE=2: the epilogue on the tile's column halves; a row reduction adds (or takes the max
+    of) the halves' partials before its one store per tile (3 column tiles: partials and a combine launch)."""
     g, _, _, c = mm_graph((40, 32), (32, 72))
     bias = g.tensor(dim=[1, 72], name="bias")
     y = g.gelu(g.add(c, bias)).set_output(True)
@@ -295,10 +296,14 @@ def test_epilogue_subtile(reduce, rng):
         s, sq = g.genstats(y)
         s.set_output(True)
         sq.set_output(True)
+    elif reduce == "mean_of_squares":  # RMSNorm's, after a residual add (a Llama block's projections)
+        g.reduction(g.mul(y, y), mode="AVG").set_output(True).set_dim([40, 1])
     else:
-        g.reduction(y, mode="ADD").set_output(True).set_dim([40, 1])
+        g.reduction(y, mode="ADD" if reduce == "rowsum" else "MAX").set_output(True).set_dim([40, 1])
     plan = _plan_with(g, {"EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 32})
-    assert ("tl.split" in plan.source(0)) == (reduce == "genstats")
+    source = plan.source(0)
+    assert "tl.split" in source
+    assert ("rhalf" in source) == (reduce != "genstats")
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
 

@@ -80,13 +80,26 @@ def test_host_descriptors_bias_relu(dt, persistent, flatten, subtile, rng):
 @pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("col", "col"), ("row", "gap"), ("col", "row")])
 def test_layouts_batch_and_reduction(a_layout, b_layout, rng):
     """Batch axes (3-D descriptors, a broadcast B), every operand layout TMA reads, an epilogue with a
-    row sum (whole tiles, not halves)."""
+    row sum (whole tiles: 16 columns have no halves)."""
     g, _, _, c = mm_graph((3, 40, 40), (1, 40, 24), a_layout=a_layout, b_layout=b_layout)
     bias = g.tensor(dim=[1, 1, 24], name="bias")
     y = g.relu(g.add(c, bias)).set_output(True)
     g.reduction(y, mode="ADD").set_output(True).set_dim([3, 40, 1])
     plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
     assert plan.source(0).count("desc_") >= 2
+    _check(plan, rng)
+
+
+def test_residual_and_mean_of_squares_on_column_halves(rng):
+    """A Llama block's output projection: the product plus the residual stream (stored through TMA, half
+    by half) and RMSNorm's mean of squares of it, whose halves' partials add up before one store a tile."""
+    g, _, _, c = mm_graph((40, 32), (32, 72), b_layout="col")
+    residual = g.tensor(dim=[40, 72], name="residual")
+    h = g.add(c, residual).set_output(True)
+    g.reduction(g.mul(h, h), mode="AVG").set_output(True).set_dim([40, 1])
+    plan = _plan(g, {"PERSISTENT": 3, "FLATTEN": 1, "EPILOGUE_SUBTILE": 2, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16})
+    source = plan.source(0)
+    assert source.count(f"desc_c{h.uid}.store(") == 2 and "rhalf" in source
     _check(plan, rng)
 
 
@@ -492,9 +505,10 @@ def test_gpu_encoding_equals_tritons(rank):
 
 def test_a_row_reduction_epilogue_takes_tiles_that_fit():
     """A product whose epilogue ends in a row reduction (the residual add and the next RMSNorm's mean of
-    squares after a Llama down projection) exchanges the whole float32 tile through shared memory: the
-    first config is 128 x 128 (ROW_REDUCTION_TILES), and every config's staged tiles plus that tile fit
-    (ptxas on sm_90: 128 x 256 at 3 stages asked 278,552 bytes and spilled; 128 x 128 at 4: 196,640)."""
+    squares after a Llama down projection) exchanges its float32 (sub)tile through shared memory: the
+    first config is 128 x 128 (ROW_REDUCTION_TILES), and every config's staged tiles plus that tile (a
+    column half of it under EPILOGUE_SUBTILE=2) fit (ptxas on sm_90: 128 x 256 at 3 stages, whole tiles,
+    asked 278,552 bytes; on halves 213,016; 128 x 128 at 4: 196,640)."""
     from opgraph.engines.triton.gemm.tuning import SMEM_LIMIT, reduction_tile_bytes
 
     g = og.Graph("down", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
@@ -508,7 +522,7 @@ def test_a_row_reduction_epilogue_takes_tiles_that_fit():
     for c in cands[:-1]:
         k = TileKnobs(**c)
         staged = (c["BLOCK_M"] + c["BLOCK_N"]) * 2 * c["BLOCK_K"] * (c["num_stages"] - (0 if c.get("TMA") else 1))
-        assert reduction_tile_bytes(k, m.gp) == c["BLOCK_M"] * c["BLOCK_N"] * 4
+        assert reduction_tile_bytes(k, m.gp) == c["BLOCK_M"] * c["BLOCK_N"] * 4 // (c.get("EPILOGUE_SUBTILE") or 1)
         assert staged + reduction_tile_bytes(k, m.gp) <= SMEM_LIMIT or c["num_stages"] == 2, c
     plain = _piece(_hopper_piece_graph())
     assert reduction_tile_bytes(TileKnobs(BLOCK_M=128, BLOCK_N=256), t.match(plain, H200).gp) == 0

@@ -95,6 +95,7 @@ from .epilogue import (
     needs_int64,
     operand_tile,
     preload_lines,
+    sibling_acc,
 )
 from .indexing import (
     TileIndexer,
@@ -199,5 +200,6 @@ __all__ = [
     "uses_fp32",
     "prologue_share",
     "row_reduced",
+    "sibling_acc",
     "with_subtile",
 ]

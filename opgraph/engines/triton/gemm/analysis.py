@@ -42,11 +42,19 @@ class GemmPiece:
     epilogue: tuple[Node, ...]
     reductions: tuple[Reduce, ...]
     stores: tuple[int, ...]  # uids the epilogue writes to memory (the main output included if needed)
+    # products of the same A by other B operands of B's shape (SwiGLU's gate and up projections), each
+    # tile of them computed beside main's from the same A tiles: their outputs are epilogue values
+    siblings: tuple[Node, ...] = ()
 
     @property
     def out(self) -> int:
         uid = self.main.output_uids()[0]
         return uid
+
+    @property
+    def mains(self) -> tuple[Node, ...]:
+        """The main op and its siblings."""
+        return (self.main, *self.siblings)
 
     def tensor(self, uid: int) -> TensorDesc:
         view = self.views.get(uid)
@@ -69,19 +77,43 @@ def _broadcasts_to(dim: tuple[int, ...], space: tuple[int, ...]) -> bool:
     return len(dim) == len(space) and all(a == b or a == 1 for a, b in zip(dim, space))
 
 
+def _sibling_verdict(main: Node, other: Node, piece: Piece) -> str | None:
+    """Why `other` cannot be computed beside `main` in one kernel (None: it can): the same A tensor, a B
+    of the same shape and type, the same output shape and the same attributes."""
+    if other.input("A") != main.input("A"):
+        return f"{other.label()} multiplies another A than {main.label()}; one kernel computes products of one A"
+    b, b2 = piece.tensor(main.input("B")), piece.tensor(other.input("B"))  # type: ignore[arg-type]
+    if b.dim != b2.dim or b.data_type is not b2.data_type:
+        return f"{other.label()}'s B is {list(b2.dim)} {b2.data_type.name}, {main.label()}'s {list(b.dim)} {b.data_type.name}"
+    out, out2 = piece.tensor(main.output_uids()[0]), piece.tensor(other.output_uids()[0])
+    if out.dim != out2.dim or main.op != other.op or main.compute_data_type is not other.compute_data_type:
+        return f"{other.label()} and {main.label()} differ in their outputs or attributes"
+    return None
+
+
 def analyze(
-    piece: Piece, main_kinds: Sequence[str], space_of: Callable[[Node], OutputSpace], main_label: str
+    piece: Piece,
+    main_kinds: Sequence[str],
+    space_of: Callable[[Node], OutputSpace],
+    main_label: str,
+    siblings: bool = False,
 ) -> tuple[GemmPiece | None, Support]:
     """Split `piece` into prologue / main op / epilogue / reductions, or say why it is not one
-    GEMM-class kernel."""
+    GEMM-class kernel. With `siblings`, later main ops that multiply the main op's A by a B of its shape
+    are computed beside it (GemmPiece.siblings); their B operands are read from memory, through views."""
     mains = [n for n in piece.nodes if n.kind in main_kinds]
     if not mains:
         return None, Support.no(f"the piece has no {main_label}")
-    if len(mains) > 1:
+    if len(mains) > 1 and not siblings:
         return None, Support.no(f"one {main_label} per kernel; this piece has {len(mains)}", mains[1])
     main = mains[0]
+    for other in mains[1:]:
+        why = _sibling_verdict(main, other, piece)
+        if why is not None:
+            return None, Support.no(why, other)
     at = piece.nodes.index(main)
-    before, after = piece.nodes[:at], piece.nodes[at + 1 :]
+    sibling_ids = {id(n) for n in mains[1:]}
+    before = piece.nodes[:at]
     producer = {u: n for n in piece.nodes for u in n.output_uids()}
     outputs = set(piece.outputs)
     graph = piece.graph
@@ -91,6 +123,28 @@ def analyze(
     views: dict[int, View] = {}
     prologue: dict[int, tuple[Node, ...]] = {}
     used: set[int] = set()
+    late: set[int] = set()  # the view nodes reading a sibling's B, wherever they are in the piece
+    for other in mains[1:]:
+        b_uid = other.input("B")
+        assert isinstance(b_uid, int)
+        step = producer.get(b_uid)
+        b_views = []
+        while step is not None:
+            if step.kind not in VIEW_KINDS:
+                return None, Support.no(
+                    f"{step.label()} computes the B of {other.label()}; a product beside another reads its B "
+                    "from memory (through views)",
+                    step,
+                )
+            b_views.append(step)
+            step = producer.get(step.input_uids()[0])
+        for n in sorted(b_views, key=lambda n: piece.nodes.index(n)):
+            view = _in_place(n, piece, views, "prologue")
+            if isinstance(view, str):
+                return None, Support.no(view, n)
+            views[n.output_uids()[0]] = view
+            late.add(id(n))
+    after = [n for n in piece.nodes[at + 1 :] if id(n) not in late]
     for role in main.op.input_roles():
         operand = main.input(role)
         if not isinstance(operand, int):
@@ -142,6 +196,8 @@ def analyze(
                     return None, Support.no(view, n)
                 views[n.output_uids()[0]] = view
     for node in before:
+        if id(node) in late:
+            continue
         if id(node) not in used:
             return None, Support.no(
                 f"{node.label()} comes before the {main.kind} but does not compute its operands", node
@@ -154,7 +210,7 @@ def analyze(
                     node,
                 )
             for c in graph.consumers(u):
-                if id(c) in members and c is not main and c not in before:
+                if id(c) in members and c is not main and id(c) not in sibling_ids and c not in before:
                     return None, Support.no(f"{c.label()} reads a prologue value of the {main.kind}", c)
 
     # -- epilogue and reductions --
@@ -165,6 +221,12 @@ def analyze(
     stores = [main.output_uids()[0]] if main.output_uids()[0] in outputs else []
     position = {id(n): i for i, n in enumerate(piece.nodes)}
     for node in after:
+        if id(node) in sibling_ids:
+            product = node.output_uids()[0]
+            epilogue_uids.add(product)
+            if product in outputs:
+                stores.append(product)
+            continue
         if node.kind in VIEW_KINDS and node.input_uids()[0] not in epilogue_uids:
             # a view of memory an epilogue op reads (a bias reshaped to the output's rank): read in place
             found = _memory_view(node, piece, views, producer, outputs)
@@ -220,7 +282,9 @@ def analyze(
             "runs pointwise ops, then genstats or a reduction)",
             node,
         )
-    gp = GemmPiece(piece, main, space, prologue, views, tuple(epilogue), tuple(reductions), tuple(stores))
+    gp = GemmPiece(
+        piece, main, space, prologue, views, tuple(epilogue), tuple(reductions), tuple(stores), tuple(mains[1:])
+    )
     return gp, Support.yes()
 
 

@@ -84,17 +84,24 @@ def needs_int64(gp: GemmPiece, extra: int = 0) -> bool:
 
 
 def operand_tile(
-    ctx: Context, sig: Signature, role: str, indexer: TileIndexer, name: str, preset: Mapping[int, str] | None = None
+    ctx: Context,
+    sig: Signature,
+    role: str,
+    indexer: TileIndexer,
+    name: str,
+    preset: Mapping[int, str] | None = None,
+    node: Node | None = None,
 ) -> list[str]:
-    """Lines that leave operand `role` of the main op as tile `name`, in the dot's operand type:
-    loaded directly, or computed by its prologue and then zeroed where out of bounds (padding).
+    """Lines that leave operand `role` of the main op (or of `node`, a sibling of it) as tile `name`, in
+    the dot's operand type: loaded directly, or computed by its prologue and then zeroed where out of
+    bounds (padding).
 
     `preset` maps tensor uids to names of values already computed before the tile (per-channel
     vectors a loop reads once, outside it). When the prologue's result is declared in the dot's
     16-bit operand type (an fp16 scale+bias+relu feeding an fp16 conv), its rounding is the one cast
     to that type and the padding is zeroed on the 16-bit values: no fp32 round trip."""
     gp = ctx.gp
-    uid = gp.main.input(role)
+    uid = (node or gp.main).input(role)
     assert isinstance(uid, int)
     desc = gp.tensor(uid)
     target = ctx.dot.operand if ctx.dot is not None else ctx.compute
@@ -147,17 +154,33 @@ def epilogue(
     pointwise ops -> stores -> reduction partials (or results, when one program covers them).
 
     subtile=2 runs it on the two column halves of the tile one after the other (EPILOGUE_SUBTILE):
-    a heavy epilogue (erf-based GELU) then holds half as many temporaries next to the accumulator.
+    a heavy epilogue (erf-based GELU) then holds half as many temporaries next to the accumulator, and a
+    row reduction (RMSNorm's mean of squares) exchanges a half tile through shared memory, not the whole
+    (its two halves' partials are added in registers before the one store).
     `preset` (whole tiles only) maps tensor uids to values loaded before (`preload_lines`);
     `accumulate` (whole tiles only): the reductions fold their partials into running vectors named
     {accumulate}{uid} instead of storing them (`ReductionPlan.init_lines` / `store_lines`)."""
+    siblings = [sibling_acc(acc, i) for i in range(len(ctx.gp.siblings))]
     if subtile <= 1 or not can_subtile(ctx) or accumulate:
         return _epilogue_tile(
-            ctx, sig, acc, ctx.tiling.output_indexer(ctx.ptr_of(sig)), preset, accumulate, "pid_n * BLOCK_N"
+            ctx,
+            sig,
+            acc,
+            ctx.tiling.output_indexer(ctx.ptr_of(sig)),
+            preset,
+            accumulate,
+            "pid_n * BLOCK_N",
+            siblings=siblings,
         )
     t, sp = ctx.tiling, ctx.tiling.space
     half = t.block_n // 2
-    lines = [f"{acc}_h0, {acc}_h1 = tl.split(tl.permute(tl.reshape({acc}, (BLOCK_M, 2, {half})), (0, 2, 1)))"]
+    lines = [
+        f"{a}_h0, {a}_h1 = tl.split(tl.permute(tl.reshape({a}, (BLOCK_M, 2, {half})), (0, 2, 1)))"
+        for a in (acc, *siblings)
+    ]
+    across = [p for p in ctx.reductions if p.red.along == "cols"]  # (partials of the halves add up)
+    for p in across:
+        lines += p.init_lines(_HALVES, "BLOCK_M")
     for h in range(2):
         lines.append(f"rn = pid_n * BLOCK_N + {h * half} + tl.arange(0, {half})")
         if t.cmask:
@@ -165,7 +188,17 @@ def epilogue(
         lines.append(f"col = g * {t.text(sp.n)} + rn" if sp.groups > 1 else "col = rn")
         lines.append(f"y{sp.col} = col")
         indexer = t.output_indexer(ctx.ptr_of(sig), cols=str(half))
-        lines += _epilogue_tile(ctx, sig, f"{acc}_h{h}", indexer, col0=f"pid_n * BLOCK_N + {h * half}")
+        lines += _epilogue_tile(
+            ctx,
+            sig,
+            f"{acc}_h{h}",
+            indexer,
+            col0=f"pid_n * BLOCK_N + {h * half}",
+            halves=True,
+            siblings=[f"{a}_h{h}" for a in siblings],
+        )
+    for p in across:
+        lines += p.store_lines(ctx, sig, {uid: f"{_HALVES}{uid}" for uid, *_ in p.arrays}, indexer)
     return lines
 
 
@@ -196,10 +229,17 @@ def preload_lines(
     return lines, names
 
 
+_HALVES = "rhalf"  # the running partials of a row reduction over the tile's column halves
+
+
+def sibling_acc(acc: str, i: int) -> str:
+    """The accumulator of the main op's i-th sibling (GemmPiece.siblings) beside accumulator `acc`."""
+    return f"{acc}_s{i}"
+
+
 def can_subtile(ctx: Context) -> bool:
-    """Halves work when each is a power of two >= 16 and no reduction runs along the tile's columns
-    (its two halves would need adding)."""
-    return ctx.tiling.block_n >= 32 and not any(p.red.along == "cols" for p in ctx.reductions)
+    """Halves work when each is a power of two >= 16."""
+    return ctx.tiling.block_n >= 32
 
 
 class DescriptorStore:
@@ -222,28 +262,35 @@ def _epilogue_tile(
     preset: Mapping[int, str] | None = None,
     accumulate: str | None = None,
     col0: str = "pid_n * BLOCK_N",
+    halves: bool = False,
+    siblings: Sequence[str] = (),
 ) -> list[str]:
+    """One (sub)tile's epilogue; with `halves` (a column half of the tile) its row reductions' partials are
+    folded into the running vectors `_HALVES` (`epilogue` stores them after both halves). `siblings`: the
+    accumulators of the main op's siblings (GemmPiece.siblings), in order."""
     gp = ctx.gp
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:
         em.values.update(preset)
-    out = gp.out
-    out_desc = gp.tensor(out)
-    em.assign(out, f"{acc}.to({ctx.compute})")
+    accs = dict(zip((n.output_uids()[0] for n in gp.mains), (acc, *siblings), strict=True))
+    for uid, name in accs.items():
+        em.assign(uid, f"{name}.to({ctx.compute})")
     for node in gp.epilogue:
         em.emit(node)
     int_acc = ctx.dot is not None and ctx.dot.is_int
     for uid in gp.stores:
-        if uid == out and int_acc and out_desc.data_type is DataType.INT32:
-            em.lines.append(indexer.store(out_desc, ctx.ptr_of(sig)(uid), acc))  # exact, not via fp32
+        out_desc = gp.tensor(uid)
+        if uid in accs and int_acc and out_desc.data_type is DataType.INT32:
+            em.lines.append(indexer.store(out_desc, ctx.ptr_of(sig)(uid), accs[uid]))  # exact, not via fp32
         elif uid in ctx.tma_stores:
             em.store(uid, DescriptorStore(ctx.tma_stores[uid], col0, indexer.shape))
         else:
             em.store(uid)
     lines = em.lines
     for plan in ctx.reductions:
-        if accumulate:
-            lines += plan.partial_lines(em.values[plan.red.source], indexer) + plan.accumulate_lines(accumulate)
+        into = _HALVES if halves and plan.red.along == "cols" else accumulate
+        if into:
+            lines += plan.partial_lines(em.values[plan.red.source], indexer) + plan.accumulate_lines(into)
         else:
             lines += plan.tile_lines(ctx, sig, em.values[plan.red.source], indexer)
     return lines

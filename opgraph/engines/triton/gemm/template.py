@@ -255,6 +255,7 @@ class TileTemplate(Template):
     main_label = ""
     splits_k = True  # whether SPLIT_K > 1 is meaningful (the main loop reduces)
     dot_roles: tuple[str, ...] = ()  # the main op's inputs that tl.dot multiplies (A, B), if it does
+    sibling_mains = False  # whether a piece may hold products of the same A beside the main op (analyze)
     knob_class = TileKnobs
     match_class: ClassVar[type[TileMatch]]
 
@@ -262,7 +263,7 @@ class TileTemplate(Template):
         raise NotImplementedError
 
     def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
-        return analyze(piece, self.main_kinds, lambda n: self.space(n, piece), self.main_label)
+        return analyze(piece, self.main_kinds, lambda n: self.space(n, piece), self.main_label, self.sibling_mains)
 
     def match(self, piece: Piece, device: Device) -> Support | TileMatch:
         if not piece.kind_set & set(self.main_kinds):

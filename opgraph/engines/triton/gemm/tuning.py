@@ -68,7 +68,9 @@ def estimate_us(
     waves: float = -(-programs // (sms * ctas)) * ctas
     if knobs.persistent:
         eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
-        waves = programs / sms
+        # the busiest program's tiles (64 tiles on 132 programs take one tile's time, not half of it), its
+        # multiprocessor shared by persistent / sms programs
+        waves = -(-programs // knobs.persistent) * knobs.persistent / sms
     t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
     moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
     t = max(t_math, moved / BANDWIDTH)
@@ -204,7 +206,7 @@ def fit_shared_memory(configs: list[TileKnobs], gp: GemmPiece, device: Device) -
         if c.BLOCK_K is None or c.num_stages is None:
             fitted.append(c)
             continue
-        stage = (c.BLOCK_M * a_item + c.BLOCK_N * b_item) * c.BLOCK_K
+        stage = (c.BLOCK_M * a_item + c.BLOCK_N * len(gp.mains) * b_item) * c.BLOCK_K
         stages, spare = c.num_stages, 0 if c.TMA else 1
         extra = reduction_tile_bytes(c, gp)
         while stages > 2 and (stages - spare) * stage + extra > SMEM_LIMIT:
@@ -222,10 +224,11 @@ def row_reduced(gp: GemmPiece) -> bool:
 
 
 def reduction_tile_bytes(config: TileKnobs, gp: GemmPiece) -> int:
-    """Shared memory a row reduction in the epilogue adds to the staged tiles: Triton exchanges the
-    whole float32 accumulator tile through it (ptxas on sm_90: 128 x 256 tiles, 3 stages, 278,552 bytes,
-    the plain product's 147,456 staged plus 131,072; bench/results/triton-preferences.md#row-reduction-tiles)."""
-    return config.BLOCK_M * config.BLOCK_N * 4 if row_reduced(gp) else 0
+    """Shared memory a row reduction in the epilogue adds to the staged tiles: Triton exchanges the float32
+    (sub)tile it reduces through it, the whole tile or a column half of it under EPILOGUE_SUBTILE=2 (ptxas on
+    sm_90: 128 x 256 tiles, 3 stages, whole: 278,552 bytes, the plain product's 147,456 staged plus 131,072;
+    bench/results/triton-preferences.md#row-reduction-tiles)."""
+    return config.BLOCK_M * config.BLOCK_N // config.subtile * 4 if row_reduced(gp) else 0
 
 
 def with_subtile(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> list[TileKnobs]:
@@ -234,7 +237,8 @@ def with_subtile(configs: list[TileKnobs], gp: GemmPiece, device: Device) -> lis
     the whole tile spills (seen in ptxas: 255 registers + spills; halves: none)."""
     if not device.is_cuda or not gp.epilogue:
         return configs
-    return [c.replace(EPILOGUE_SUBTILE=2) if c.BLOCK_M * c.BLOCK_N >= 32768 else c for c in configs]
+    width = len(gp.mains)  # (products side by side: their accumulators together)
+    return [c.replace(EPILOGUE_SUBTILE=2) if c.BLOCK_M * c.BLOCK_N * width >= 32768 else c for c in configs]
 
 
 def prologue_share(config: TileKnobs, taps: int = 1) -> float:

@@ -90,7 +90,7 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
         return
     assert k.BLOCK_K is not None
     cols = k.BLOCK_N // 2 if k.subtile == 2 and can_subtile(ctx) else k.BLOCK_N
-    smem = k.stages * (k.BLOCK_M + k.BLOCK_N) * k.BLOCK_K * m.problem[3]
+    smem = k.stages * (k.BLOCK_M + k.BLOCK_N * len(gp.mains)) * k.BLOCK_K * m.problem[3]
     if gp.reductions:  # Triton's layout conversion for the tile's sums: an fp32 (sub)tile of scratch
         smem += k.BLOCK_M * cols * 4
     int_acc = ctx.dot is not None and ctx.dot.is_int
@@ -124,7 +124,7 @@ def host_tma_ok(m: MatmulMatch, device: Device) -> bool:
     device-side descriptors)."""
     if not device.is_cuda or device.capability is None or device.capability < HOPPER:
         return False
-    if len(m.descriptors) != 2:
+    if len(m.descriptors) != 1 + len(m.gp.mains):  # (A, and each product's B)
         return False
     for role, d in m.descriptors.items():
         shape, strides, _ = m.geometry(role, d)

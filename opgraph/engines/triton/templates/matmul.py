@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ....core.config import Support
+from ....core.errors import AttributeValueError
 from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
 from ....core.symbolic import Expr
@@ -60,6 +61,7 @@ from ..gemm import (
     operand_bytes,
     operand_tile,
     row_reduced,
+    sibling_acc,
     tma_ok,
     tma_prelude,
 )
@@ -96,8 +98,21 @@ class Descriptor:
     transposed: bool
 
 
-def descriptor(gp: GemmPiece, role: str) -> Descriptor | None:
-    uid = gp.main.input(role)
+def _kind(role: str) -> str:
+    """The operand a role names: "A", "B", or a sibling's B ("B_s0": GemmPiece.siblings) read as B is."""
+    return role.split("_")[0]
+
+
+def operand_roles(gp: GemmPiece) -> dict[str, Node]:
+    """Every operand the main loop loads, by role, with the product reading it: A and B of the main op,
+    then B_s0, B_s1, ... of its siblings."""
+    roles = {"A": gp.main, "B": gp.main}
+    roles.update({f"B_s{i}": node for i, node in enumerate(gp.siblings)})
+    return roles
+
+
+def descriptor(gp: GemmPiece, role: str, node: Node | None = None) -> Descriptor | None:
+    uid = (node or gp.main).input(_kind(role))
     assert isinstance(uid, int)
     if gp.prologue.get(uid):
         return None
@@ -120,6 +135,7 @@ class MatmulTemplate(TileTemplate):
     main_kinds = ("matmul",)
     main_label = "matmul"
     dot_roles = ("A", "B")
+    sibling_mains = True
 
     def sized_knobs(self, knobs: TileKnobs) -> bool:
         """Whether a config's kernel can take a dynamic plan's sizes at run time (MatmulMatch.kernels):
@@ -143,15 +159,25 @@ class MatmulMatch(TileMatch):
 
     @cached_property
     def problem(self) -> tuple[int, int, int, int]:
-        """(M, N, K, bytes an operand element) of the product."""
+        """(M, N, K, bytes an operand element) of the product (of each product, with siblings)."""
         a, b = self.gp.operand("A"), self.gp.operand("B")
         return self.gp.space.m, self.gp.space.n, a.dim[-1], operand_bytes(a.data_type, b.data_type)
 
     @cached_property
     def descriptors(self) -> dict[str, Descriptor]:
         """The operands a tensor descriptor can read (TMA=1 configs read them so)."""
-        found = {role: descriptor(self.gp, role) for role in ("A", "B")}
+        found = {role: descriptor(self.gp, role, node) for role, node in operand_roles(self.gp).items()}
         return {role: d for role, d in found.items() if d is not None}
+
+    def validate(self, k: TileKnobs) -> None:
+        if self.gp.siblings and k.split_k > 1:
+            raise AttributeValueError(
+                f"SPLIT_K={k.split_k}: {self.gp.main.label()} and the products beside it "
+                f"({', '.join(n.label() for n in self.gp.siblings)}) are computed unsplit",
+                op=self.gp.main.label(),
+                rule="triton.gemm.knob",
+                hint="drop SPLIT_K from this config",
+            )
 
     def iterations(self, k: TileKnobs) -> int:
         assert k.BLOCK_K is not None
@@ -162,6 +188,8 @@ class MatmulMatch(TileMatch):
         """The analysis of the piece's symbolic origin (sizes.symbolic_piece), whose kernels take the
         dynamic sizes at run time (the module docstring says which), and the origin, where the piece is
         of a dynamic plan's bucket and has a dynamic size and its K is static; else None."""
+        if self.gp.siblings:  # (products beside another are generated at each shape)
+            return None
         found = bucket_analysis(self.piece, lambda p: self.template.analyze(p)[0], dynamic_io=True)
         if found is None or found[1] is None or isinstance(found[1].operand("A").dim[-1], Expr):
             return None
@@ -183,17 +211,20 @@ class MatmulMatch(TileMatch):
                     return generated
         return super().kernels(k)
 
-    def _cost(self, c: TileKnobs) -> float:
+    def _cost(self, c: TileKnobs, moved_bytes: int | None = None) -> float:
+        """The cost model's µs: products beside the main op (siblings) as one product of their columns
+        side by side, each program's tile BLOCK_N wide in each."""
         m, n, k, elem = self.problem
+        width = len(self.gp.mains)
         return estimate_us(
             m,
-            n,
+            n * width,
             k,
-            c,
+            c.replace(BLOCK_N=c.BLOCK_N * width) if width > 1 else c,
             nprog=self.gp.space.nbatch,
             device=self.device,
             elem_bytes=elem,
-            moved_bytes=self.gp.moved_bytes(),
+            moved_bytes=self.gp.moved_bytes() if moved_bytes is None else moved_bytes,
         )
 
     def candidates(self) -> list[TileKnobs]:
@@ -201,13 +232,23 @@ class MatmulMatch(TileMatch):
         m, n, k, elem = self.problem
         a, b = gp.operand("A"), gp.operand("B")
         extra = fp32_knobs(a.data_type, b.data_type)
+        width = len(gp.mains)
         configs = gemm_candidates(
-            m, n, k, nprog=gp.space.nbatch, device=device, elem_bytes=elem, moved_bytes=gp.moved_bytes(), extra=extra
+            m,
+            n * width,
+            k,
+            nprog=gp.space.nbatch,
+            device=device,
+            elem_bytes=elem,
+            moved_bytes=gp.moved_bytes(),
+            extra=extra,
         )
+        if width > 1:  # (the tiles of the products side by side: each BLOCK_N / width wide, unsplit)
+            configs = [c.replace(BLOCK_N=c.BLOCK_N // width, SPLIT_K=1) for c in configs if c.BLOCK_N // width >= 16]
         if self.bucket is not None:
             unsplit = [c.replace(SPLIT_K=1) for c in configs[:-1] if c.SPLIT_K != 1]
             configs = list(dict.fromkeys([*configs[:-1], *unsplit])) + configs[-1:]
-        if device.is_cuda and len(self.descriptors) == 2:
+        if device.is_cuda and len(self.descriptors) == len(operand_roles(gp)):
             # TMA (+ persistent) versions of the plain configs, and on Hopper the host-descriptor path
             # (_matmul_hopper.py), ranked together by the cost model
             host_ok = host_tma_ok(self, device)
@@ -219,7 +260,9 @@ class MatmulMatch(TileMatch):
                     if host_ok:
                         host.append(hopper_config(c, device))
             configs = sorted(tma + configs[:-1] + host, key=self._rank)[:8] + configs[-1:]
-            if host and elem == 2 and math_heavy_epilogue(gp):  # (for tuning: the estimate has no epilogue)
+            if (
+                host and elem == 2 and math_heavy_epilogue(gp) and width == 1
+            ):  # (for tuning: the estimate has no epilogue)
                 configs.insert(len(configs) - 1, occupancy_config(host[0], device))
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
@@ -243,11 +286,7 @@ class MatmulMatch(TileMatch):
         """Per-shape kernels last in a bucket, then the estimate; where the bytes bound every config (a tie),
         the config of the most math headroom (host descriptors, persistent, large tiles), which streams
         the bytes fastest (bench/results/constants.md#memory-bound-gemm-ties)."""
-        m, n, k, elem = self.problem
-        math_only = estimate_us(
-            m, n, k, c, nprog=self.gp.space.nbatch, device=self.device, elem_bytes=elem, moved_bytes=1
-        )
-        return self._per_shape(c), self._cost(c), math_only
+        return self._per_shape(c), self._cost(c), self._cost(c, moved_bytes=1)
 
     def accepts(self, knobs: TileKnobs) -> bool:
         """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
@@ -275,7 +314,7 @@ class MatmulMatch(TileMatch):
         (constexpr names, "1" for the batch axis)."""
         rank = len(d.desc.dim)
         axes = [rank - 1, rank - 2] if d.transposed else [rank - 2, rank - 1]
-        blocks = list(reversed(_BLOCKS[role])) if d.transposed else list(_BLOCKS[role])
+        blocks = list(reversed(_BLOCKS[_kind(role)])) if d.transposed else list(_BLOCKS[_kind(role)])
         shape = [d.desc.dim[a] for a in axes]
         strides = [d.desc.stride[a] for a in axes]
         if d.batch is not None:
@@ -301,8 +340,8 @@ class MatmulMatch(TileMatch):
         return lines
 
     def _tma_tile(self, ctx: Context, role: str, d: Descriptor, name: str) -> list[str]:
-        rows, cols = _STARTS[role]
-        brows, bcols = _BLOCKS[role]
+        rows, cols = _STARTS[_kind(role)]
+        brows, bcols = _BLOCKS[_kind(role)]
         coords = [cols, rows] if d.transposed else [rows, cols]
         tile = (bcols, brows) if d.transposed else (brows, bcols)
         if d.batch is not None:
@@ -349,13 +388,17 @@ class MatmulMatch(TileMatch):
         body = ["rk = it * BLOCK_K + tl.arange(0, BLOCK_K)"]
         if kmask:
             body.append(f"kmask = rk < {kdim}")
-        for role, idx, name in (("A", a_idx, "a"), ("B", b_idx, "b")):
+        accs = ["acc", *(sibling_acc("acc", i) for i in range(len(gp.siblings)))]
+        for i, (role, node) in enumerate(operand_roles(gp).items()):
+            name = "a" if role == "A" else f"b{role[1:]}"
             if role in descs:
                 body += self._tma_tile(ctx, role, descs[role], name)
             else:
-                body += operand_tile(ctx, sig, role, idx, name)
-        body.append(f"acc = {ctx.dot.call('a', 'b', 'acc')}")
-        lines = [f"acc = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})", f"for it in range({lo}, {hi}):"]
+                body += operand_tile(ctx, sig, _kind(role), a_idx if role == "A" else b_idx, name, node=node)
+            if i:
+                body.append(f"{accs[i - 1]} = {ctx.dot.call('a', name, accs[i - 1])}")
+        lines = [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), {ctx.dot.acc})" for acc in accs]
+        lines.append(f"for it in range({lo}, {hi}):")
         return MainLoop(lines + ["    " + line for line in body])
 
 

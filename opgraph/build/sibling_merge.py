@@ -1,0 +1,81 @@
+"""Products of one operand computed in one kernel where the estimates say it pays.
+
+The partitioner gives each matmul a piece of its own: a Llama block's SwiGLU is [gate projection + SiLU]
+then [up projection x that], and its key and value projections are two pieces reading the same
+normalized activations. Two neighbouring pieces whose matmuls multiply the same A by B operands of one
+shape are weighed as one piece (the matmul template computes the products side by side from each A tile:
+GemmPiece.siblings), against the two apart, with the engines' estimates (the first config each ranking
+gives, as the build would run it): merged, A is read once, no intermediate between them goes through
+memory (SiLU(gate) is read by the up projection's epilogue in registers), and one launch is saved. They
+are merged where the merged piece's estimate is below the sum of the two.
+
+`refine` is what the planners run after the partition: prologues apart (prologue_split.py), then this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..core.config import HeurMode
+from ..core.piece import Piece, make_piece
+from .partition import Cut
+from .prologue_split import first_estimate, split_prologues
+
+if TYPE_CHECKING:
+    from ..core.device import Device
+    from ..engines.base import Engine
+
+
+def _product(piece: Piece) -> int | None:
+    """The A operand of the piece's one matmul (None: not one matmul)."""
+    mains = [n for n in piece.nodes if n.kind == "matmul"]
+    if len(mains) != 1:
+        return None
+    a = mains[0].input("A")
+    return a if isinstance(a, int) else None
+
+
+def merge_siblings(
+    pieces: list[Piece], cuts: list[Cut], engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]
+) -> tuple[list[Piece], list[Cut]]:
+    """`pieces` with neighbours whose matmuls share A merged where that is estimated faster (re-indexed),
+    and the cuts between merged pieces dropped."""
+    if not device.is_cuda or HeurMode.FALLBACK in modes and len(modes) == 1:
+        return pieces, cuts
+    groups: list[list[Piece]] = []
+    i = 0
+    while i < len(pieces):
+        piece = pieces[i]
+        if i + 1 < len(pieces):
+            nxt = pieces[i + 1]
+            a = _product(piece)
+            if a is not None and a == _product(nxt):
+                merged = make_piece(piece.graph, piece.index, [*piece.nodes, *nxt.nodes])
+                whole = first_estimate(merged, engines, device, modes)
+                apart = [first_estimate(p, engines, device, modes) for p in (piece, nxt)]
+                if whole is not None and None not in apart and whole < sum(apart):  # type: ignore[arg-type]
+                    groups.append([piece, nxt])
+                    i += 2
+                    continue
+        groups.append([piece])
+        i += 1
+    if len(groups) == len(pieces):
+        return pieces, cuts
+    new_index: list[int] = []  # each old piece's new index
+    out: list[Piece] = []
+    for j, group in enumerate(groups):
+        new_index += [j] * len(group)
+        out.append(group[0] if len(group) == 1 else make_piece(pieces[0].graph, j, [n for p in group for n in p.nodes]))
+    out = [p if p.index == j else make_piece(p.graph, j, list(p.nodes)) for j, p in enumerate(out)]
+    kept = [Cut(new_index[c.before], c.node, c.reasons) for c in cuts if new_index[c.before] != new_index[c.before + 1]]
+    return out, kept
+
+
+def refine(
+    pieces: list[Piece], cuts: list[Cut], engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]
+) -> tuple[list[Piece], list[Cut]]:
+    """The partition's pieces re-cut where the engines' estimates say so: matmul prologues apart
+    (prologue_split.py), then products of one operand together (merge_siblings)."""
+    pieces, cuts = split_prologues(pieces, cuts, engines, device, modes)
+    return merge_siblings(pieces, cuts, engines, device, modes)

@@ -1,0 +1,68 @@
+"""Neighbouring pieces whose matmuls multiply one A merged into one piece where the estimates say so
+(opgraph/build/sibling_merge.py): a Llama block's SwiGLU and its key and value projections on an H200;
+the CPU and fallback builds left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+from opgraph import DataType as DT
+from opgraph.build.partition import partition
+from opgraph.build.planner import usable_engines
+from opgraph.build.sibling_merge import merge_siblings, refine
+from opgraph.core.config import HeurMode, Support
+from opgraph.core.device import CPU
+from opgraph.engines import get_engine
+
+from .fakes import H200
+
+
+@pytest.fixture
+def triton_on_h200(monkeypatch):
+    monkeypatch.setattr(type(get_engine("triton")), "available", lambda self, device: Support.yes())
+    return usable_engines(["triton"], H200)
+
+
+def _weight(g, k, n, name):
+    return g.tensor(dim=[1, k, n], stride=[k * n, 1, k], name=name)  # an nn.Linear weight [N, K], transposed
+
+
+def llama_mlp():
+    """x -> SiLU(x @ Wg) * (x @ Wu) -> @ Wd, batch 8 x 1024 tokens, d 1024, hidden 2816, bf16."""
+    g = og.Graph("mlp", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[8, 1024, 1024], name="x")
+    act = g.swish(g.matmul(x, _weight(g, 1024, 2816, "w_gate"), name="gate"), name="silu")
+    y = g.mul(act, g.matmul(x, _weight(g, 1024, 2816, "w_up"), name="up"), name="y")
+    g.matmul(y, _weight(g, 2816, 1024, "w_down"), name="down").set_output(True)
+    return g
+
+
+def projections():
+    """q, k and v of one activation (16 query and 4 key-value heads of 64): k and v are one shape."""
+    g = og.Graph("qkv", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[8, 1024, 1024], name="x")
+    for name, n in (("q", 1024), ("k", 256), ("v", 256)):
+        g.matmul(x, _weight(g, 1024, n, f"w_{name}"), name=name).set_output(True)
+    return g
+
+
+def test_swiglu_is_one_piece(triton_on_h200):
+    pieces, cuts = partition(llama_mlp().final, triton_on_h200, H200)
+    assert [[n.name for n in p.nodes] for p in pieces] == [["gate", "silu"], ["up", "y"], ["down"]]
+    merged, kept = merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in merged] == [["gate", "silu", "up", "y"], ["down"]]
+    assert [p.index for p in merged] == [0, 1]
+    assert [(c.before, c.node.name) for c in kept] == [(0, "down")]
+
+
+def test_key_and_value_projections_merge_and_the_query_stays(triton_on_h200):
+    pieces, cuts = partition(projections().final, triton_on_h200, H200)
+    merged, _ = refine(pieces, cuts, triton_on_h200, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in merged] == [["q"], ["k", "v"]]
+
+
+def test_the_cpu_and_fallback_builds_are_left_alone(triton_on_h200):
+    pieces, cuts = partition(llama_mlp().final, triton_on_h200, H200)
+    assert merge_siblings(pieces, cuts, triton_on_h200, CPU, [HeurMode.A]) == (pieces, cuts)
+    assert merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.FALLBACK]) == (pieces, cuts)
