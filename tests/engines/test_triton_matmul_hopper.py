@@ -506,9 +506,9 @@ def test_gpu_encoding_equals_tritons(rank):
 def test_a_row_reduction_epilogue_takes_tiles_that_fit():
     """A product whose epilogue ends in a row reduction (the residual add and the next RMSNorm's mean of
     squares after a Llama down projection) exchanges its float32 (sub)tile through shared memory: the
-    first config is 128 x 128 (ROW_REDUCTION_TILES), and every config's staged tiles plus that tile (a
-    column half of it under EPILOGUE_SUBTILE=2) fit (ptxas on sm_90: 128 x 256 at 3 stages, whole tiles,
-    asked 278,552 bytes; on halves 213,016; 128 x 128 at 4: 196,640)."""
+    first config is 128 x 256 on column halves, and every config's staged tiles plus that tile (a column
+    half of it under EPILOGUE_SUBTILE=2) fit (ptxas on sm_90: 128 x 256 at 3 stages, whole tiles, asked
+    278,552 bytes; on halves 213,016; bench/results/triton-preferences.md#row-reduction-tiles)."""
     from opgraph.engines.triton.gemm.tuning import SMEM_LIMIT, reduction_tile_bytes
 
     g = og.Graph("down", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
@@ -518,7 +518,13 @@ def test_a_row_reduction_epilogue_takes_tiles_that_fit():
     t = _matmul_template()
     m = t.match(_piece(g), H200)
     cands = t.candidates(_piece(g), H200)
-    assert (cands[0]["BLOCK_M"], cands[0]["BLOCK_N"]) == (128, 128) and cands[0].get("TMA_HOST") == 1
+    first = cands[0]
+    assert (first["BLOCK_M"], first["BLOCK_N"], first.get("EPILOGUE_SUBTILE"), first.get("TMA_HOST")) == (
+        128,
+        256,
+        2,
+        1,
+    )
     for c in cands[:-1]:
         k = TileKnobs(**c)
         staged = (c["BLOCK_M"] + c["BLOCK_N"]) * 2 * c["BLOCK_K"] * (c["num_stages"] - (0 if c.get("TMA") else 1))

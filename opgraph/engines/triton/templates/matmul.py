@@ -60,7 +60,6 @@ from ..gemm import (
     gemm_candidates,
     operand_bytes,
     operand_tile,
-    row_reduced,
     sibling_acc,
     tma_ok,
     tma_prelude,
@@ -78,12 +77,10 @@ from ._matmul_hopper import (
 )
 from ._matmul_regroup import regroup_rows
 from .base import Generated
-from .preferences import ROW_REDUCTION_TILES
 
 # per operand: (the tile's row index start, its column index start) in the main loop
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
 _BLOCKS = {"A": ("BLOCK_M", "BLOCK_K"), "B": ("BLOCK_K", "BLOCK_N")}
-ROW_REDUCTION_TILE = 128 * 128  # the most tile elements ROW_REDUCTION_TILES prefers
 
 
 @dataclass(frozen=True)
@@ -269,10 +266,6 @@ class MatmulMatch(TileMatch):
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         elif self.bucket is not None:
             configs = sorted(configs[:-1], key=self._per_shape) + configs[-1:]
-        if device.is_cuda and row_reduced(gp):
-            configs = ROW_REDUCTION_TILES.apply(
-                configs, lambda c: c.SPLIT_K == 1 and c.BLOCK_M * c.BLOCK_N <= ROW_REDUCTION_TILE
-            )
         return finish_candidates(configs, gp, device, extra)
 
     def _per_shape(self, c: TileKnobs) -> bool:

@@ -23,7 +23,6 @@ template that applies it. Two kinds:
                                                              LEAN_PROLOGUE, first
     MERGED_WGRAD             conv_wgrad (C/groups < 8)       MERGE_TAPS configs after the first (not timed yet)
     DGRAD_LOSS_PROLOGUE      conv_dgrad (GPU, DY prologue)   the first config of <= 128 rows first
-    ROW_REDUCTION_TILES      matmul (GPU, row reduction)     the first unsplit config of <= 128 x 128, first
 """
 
 from __future__ import annotations
@@ -95,10 +94,4 @@ DGRAD_LOSS_PROLOGUE = Promote(
     "DGRAD_LOSS_PROLOGUE",
     "a prologue on DY (relu_backward) runs on every A tile: at most 128 rows a tile",
     "bench/results/triton-preferences.md#dgrad-loss-prologue",
-)
-ROW_REDUCTION_TILES = Promote(
-    "ROW_REDUCTION_TILES",
-    "a row reduction in the epilogue holds the whole float32 tile: 128 x 256 tiles spill and outgrow "
-    "shared memory, 128 x 128 ones do neither",
-    "bench/results/triton-preferences.md#row-reduction-tiles",
 )
