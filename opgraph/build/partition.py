@@ -137,8 +137,8 @@ def _ahead(
 
 
 def _second_product(group: Sequence[Node], node: Node) -> str | None:
-    """Why matmul `node` does not join a group holding a matmul of the same A: products of one operand are
-    weighed together after the walk (build/sibling_merge.py), not joined greedily."""
+    """Why matmul `node` does not join a group holding a matmul of the same A, on a GPU: products of one
+    operand are weighed together after the walk there (build/sibling_merge.py), not joined greedily."""
     if node.kind == "matmul" and any(n.kind == "matmul" and n.input("A") == node.input("A") for n in group):
         return "a product of the same A is merged after the partition where the estimates say so [build.sibling_merge]"
     return None
@@ -198,7 +198,9 @@ def partition(
             continue
         if groups:
             owner = owners[-1]
-            race = _inplace_race(groups[-1], node, graph) or _second_product(groups[-1], node)
+            race = _inplace_race(groups[-1], node, graph) or (
+                _second_product(groups[-1], node) if device.is_cuda else None
+            )
             if race is None:
                 grown = grow(pieces[-1], node)
                 if _views_only(groups[-1]) and _after_views(walk, node, grown):
