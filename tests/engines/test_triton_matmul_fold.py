@@ -56,10 +56,29 @@ def test_channels_last_linear_folds_to_one_gemm():
     assert piece.tensor(mm.input("A")).dim == (4, 3, 5, 16)
 
 
-def test_tokens_not_filling_tiles_fold_and_full_tiles_do_not():
-    assert folded(linear((8, 197, 32), 48))[1] is not None  # ViT's 197 tokens
-    assert folded(linear((8, 256, 32), 48))[1] is None  # one batch axis, whole 64-row tiles: as before
-    assert folded(linear((197, 32), 48))[1] is None  # nothing to fold
+def test_every_batch_that_can_fold_folds():
+    """Tokens that do not fill tiles (ViT's 197), and whole tiles too (a 2-D product has 2-D descriptors and
+    TMA stores on Hopper); a 2-D product has nothing to fold."""
+    assert folded(linear((8, 197, 32), 48))[1] is not None
+    assert folded(linear((8, 256, 32), 48))[1] is not None
+    assert folded(linear((197, 32), 48))[1] is None
+
+
+@pytest.mark.interpreter
+def test_products_side_by_side_fold_together(rng):
+    """SwiGLU over [batch, tokens, d] activations with [1, K, N] weights: both products' B lose the batch
+    axis, the rows merge."""
+    g = og.Graph("swiglu3d", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=[2, 24, 32], name="x")
+    wg, wu = (g.tensor(dim=[1, 32, 40], stride=[1280, 1, 32], name=n) for n in ("wg", "wu"))
+    g.mul(g.swish(g.matmul(x, wg)), g.matmul(x, wu)).set_output(True)
+    plan = g.build(device="cpu", engines=["triton", "reference"], allow_partition=False)
+    from opgraph.engines.triton import TEMPLATES
+
+    gp = next(t for t in TEMPLATES if t.name == "matmul").analyze(plan.steps[0].piece)[0]
+    assert gp is not None and len(gp.siblings) == 1 and gp.space.dims == (48, 40)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
 
 
 @pytest.mark.parametrize(

@@ -160,3 +160,22 @@ def test_gpu_swiglu_and_key_value_plans_match(rng):
         g.matmul(x, g.tensor(dim=[1024, 256], stride=[1, 1024], name=f"w_{name}")).set_output(True)
     plan = g.build(device="cuda", engines=["triton"])
     _check(plan, rng)
+
+
+def test_three_projections_of_one_shape(rng):
+    """q, k and v of one width (OPT's, BERT's): three products side by side, each tile's columns a power
+    of two (32 columns of the three products: 16 each, not 10)."""
+    g = og.Graph("qkv", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[40, 32], name="x")
+    for name in ("q", "k", "v"):
+        g.matmul(x, g.tensor(dim=[32, 24], name=f"w_{name}")).set_output(True)
+    plan = g.build(device="cpu", engines=["triton", "reference"], allow_partition=False)
+    assert len(plan.steps) == 1 and plan.steps[0].config.knob("BLOCK_N") == 16
+    _check(plan, rng)
+
+
+def test_gpu_candidates_do_not_flatten_the_loop():
+    """The Hopper path's configs for products side by side run the tile loop and the K loop apart (SwiGLU
+    at Llama's size: 176 µs flattened, 146 not; bench/results/2026-11-30-h200-swiglu-check.md)."""
+    cands = _matmul_template().candidates(_big_swiglu(), H200)
+    assert cands[0].get("TMA_HOST") == 1 and not any(c.get("FLATTEN") for c in cands)

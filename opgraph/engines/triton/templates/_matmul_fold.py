@@ -12,10 +12,11 @@ merge like any tensor's: a bias gradient summed over batch and tokens becomes a 
 read by the matmul alone and its batch axes are dropped rather than merged, through the transposes and
 slices it is read by in place (a Linear's weight in a training step's data gradient), whose attributes
 lose those axes. Other views and index-generating ops (whose attributes name axes) do not fold. A piece
-folds only where that changes the tiling: more than one batch axis of A above one, or rows that do not
-fill the tiles (M not a multiple of 64, or dynamic). In a dynamic plan's bucket the decision is the symbolic
-piece's (the bucket's kernel takes M' = batch x rows as a run-time size) and the piece at a shape
-follows it."""
+folds wherever it can, a product beside the matmul (GemmPiece.siblings) with it: a 2-D product has 2-D
+descriptors and TMA stores on Hopper, which a batch axis takes from it (the Llama zoo model's projections
+over [8, 1024, d] activations, bench/results/constants.md#folded-rows). In a dynamic plan's bucket the
+decision is the symbolic piece's (the bucket's kernel takes M' = batch x rows as a run-time size) and the
+piece at a shape follows it."""
 
 from __future__ import annotations
 
@@ -28,11 +29,9 @@ from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.layout import Reshape, Slice, Transpose
-from ..sizes import above_one, symbolic_piece
+from ..sizes import symbolic_piece
 
 __all__ = ["fold_rows", "merged_rows", "overlaid"]
-
-_FULL_TILE = 64  # rows M is a multiple of: the unfolded tiling already fills its tiles
 
 
 class _Overlay(Mapping[int, TensorDesc]):
@@ -87,25 +86,25 @@ def _fold_axis(piece: Piece) -> int | None:
     bucket's symbolic piece): a dynamic axis counts as more than 1, a dynamic M as not filling tiles."""
     graph = piece.graph
     mains = [n for n in piece.nodes if n.kind == "matmul"]
-    if len(mains) != 1:
+    if not mains or any(n.input("A") != mains[0].input("A") for n in mains):
         return None
     main = mains[0]
     a_uid, b_uid, c_uid = main.input("A"), main.input("B"), main.output_uids()[0]
     if not isinstance(a_uid, int) or not isinstance(b_uid, int):
         return None
-    chain = _b_chain(piece, b_uid)
+    chain = _chains(piece, mains)
     if chain is None:
         return None
     b_views, b_side = chain.views, chain.side
     for n in piece.nodes:
-        if n is main or id(n) in b_views:
+        if n.kind == "matmul" or id(n) in b_views:
             continue
         if _leading_ones(n, piece) is not None:
             continue  # (a bias given the output's rank: _folded checks it broadcasts over the rows)
         if n.kind not in _FOLDING_KINDS or getattr(n.op, "axis", None) is not None:
             return None
     if a_uid in b_side or any(
-        u in b_side for n in piece.nodes if n is not main and id(n) not in b_views for u in n.input_uids()
+        u in b_side for n in piece.nodes if n not in mains and id(n) not in b_views for u in n.input_uids()
     ):
         return None  # (B's batch axes are dropped, not merged: another reader would index them as rows)
     if any(u in b_side for n in piece.nodes if id(n) in b_views for u in n.output_uids() if u in piece.outputs):
@@ -117,13 +116,7 @@ def _fold_axis(piece: Piece) -> int | None:
     lo = rank - 2
     while lo > 0 and b.dim[lo - 1] == 1:
         lo -= 1
-    if lo == rank - 2:
-        return None
-    batched = sum(1 for d in a.dim[: rank - 2] if above_one(d))
-    m = a.dim[rank - 2]
-    if batched <= 1 and isinstance(m, int) and m % _FULL_TILE == 0:
-        return None
-    return lo
+    return None if lo == rank - 2 else lo
 
 
 _FOLDING_KINDS = ("pointwise", "reduction")  # (genstats sums per channel, axis 1: no rows to merge)
@@ -140,6 +133,20 @@ class _BChain:
     at_rank: frozenset[int]
     side: frozenset[int]
     unbatched: frozenset[int]
+
+
+def _chains(piece: Piece, mains: list[Node]) -> _BChain | None:
+    """The B chains of every product of the piece (one, or one with its siblings) as one."""
+    found = []
+    for main in mains:
+        b_uid = main.input("B")
+        chain = _b_chain(piece, b_uid) if isinstance(b_uid, int) else None
+        if chain is None:
+            return None
+        found.append(chain)
+    return _BChain(
+        *(frozenset().union(*(getattr(c, f) for c in found)) for f in ("views", "at_rank", "side", "unbatched"))
+    )
 
 
 def _b_chain(piece: Piece, b_uid: int) -> _BChain | None:
@@ -211,14 +218,13 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     """The piece with axes lo..M of its tensors merged (B's lo..K-1 dropped, and so the tensors and views
     that make it), where every tensor allows it."""
     graph = piece.graph
-    main = next(n for n in piece.nodes if n.kind == "matmul")
-    b_uid, c_uid = main.input("B"), main.output_uids()[0]
-    assert isinstance(b_uid, int)  # (_fold_axis)
-    rows_of = (main.input("A"), c_uid)
+    mains = [n for n in piece.nodes if n.kind == "matmul"]
+    c_uid = mains[0].output_uids()[0]
+    rows_of = (mains[0].input("A"), *(n.output_uids()[0] for n in mains))
     rank = len(graph.tensors[c_uid].dim)
     rows = math.prod(graph.tensors[c_uid].dim[lo : rank - 1])
     drop = range(lo, rank - 2)
-    chain = _b_chain(piece, b_uid)
+    chain = _chains(piece, mains)
     assert chain is not None  # (_fold_axis)
     views, b_side = chain.views, chain.side
     replaced: dict[int, Node] = {}
