@@ -92,14 +92,17 @@ _JOINING = frozenset({"concatenate", "embedding"})
 def _lookahead(nodes: Sequence[Node], at: int, joined: bool) -> list[Node]:
     """The ops after `at` that a lookahead from a cut at nodes[at] may take (see LOOKAHEAD): up to the last
     concatenation among them, or all where `joined` (the piece holds a concatenation or a lookup), or at
-    least to the first op reading nodes[at] (through views) where it is a view; else none."""
+    least to the first op reading nodes[at] (through views) where it is a view or a pointwise op; else none."""
     run = []
     for n in nodes[at + 1 : at + LOOKAHEAD]:
         if n.kind not in _JOINABLE:
             break
         run.append(n)
     last = max((i for i, n in enumerate(run) if n.kind == "concatenate"), default=len(run) - 1 if joined else -1)
-    if nodes[at].kind in VIEW_KINDS:  # a view joins with the op reading it (a bias reshaped for an epilogue)
+    # a view joins with the op reading it (a bias reshaped for an epilogue), and so does a pointwise op (a
+    # cast of a value in memory read by the next ops, whose other operands are the piece's: the importer's
+    # recasts before an RMSNorm's scaling)
+    if nodes[at].kind in VIEW_KINDS or nodes[at].kind == "pointwise":
         made = set(nodes[at].output_uids())
         for i, n in enumerate(run):
             if made & set(n.input_uids()):

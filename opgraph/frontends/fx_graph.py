@@ -124,7 +124,8 @@ def _import(gm: Any, program: FxProgram, args: list[Any], placeholders: list[Any
         wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
         for _attempt in range(2):
             holder = torch.nn.Module()  # no parameters: everything the graph reads is an argument
-            imp = Importer(holder, program, name or "fx_graph", wide, {"eval_batchnorm": "op"})
+            # (recasts: AOTAutograd differentiates these graphs, not opgraph)
+            imp = Importer(holder, program, name or "fx_graph", wide, {"eval_batchnorm": "op", "recast_widening": True})
             try:
                 imported = _translate(imp, tuple(args))
             except Exception as err:  # noqa: BLE001 - a translator's failure, named by its node

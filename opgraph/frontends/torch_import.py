@@ -136,7 +136,8 @@ def from_torch(
         ) from err
     tensors = [*program.state_dict.values(), *(a for a in args if isinstance(a, torch.Tensor))]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-    imp = Importer(module, program, name or type(module).__name__, wide, {"eval_batchnorm": eval_batchnorm})
+    options = {"eval_batchnorm": eval_batchnorm, "recast_widening": not _trains(module)}
+    imp = Importer(module, program, name or type(module).__name__, wide, options)
     imp.allow_tf32 = _pytorch_allows_tf32(torch) if allow_tf32 is None else bool(allow_tf32)
     imp.note(
         "fp32 products: "
@@ -156,6 +157,15 @@ def from_torch(
         imp.note("dynamic dims: " + ", ".join(d.describe() for d in table.dims.values()))
     with active(table):
         return _translate(imp, args)
+
+
+def _trains(module: Any) -> bool:
+    """Whether a module that holds parameters or buffers is in train mode (a wrapper's own mode aside)."""
+    return any(
+        m.training
+        and (next(m.parameters(recurse=False), None) is not None or next(m.buffers(recurse=False), None) is not None)
+        for m in module.modules()
+    )
 
 
 def _first_line(err: Exception) -> str:

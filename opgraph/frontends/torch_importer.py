@@ -158,6 +158,14 @@ class Importer:
         self.prepared: dict[Any, Any] = {}  # node -> what its PREPARE hook computed
         self.used: dict[Any, set[int]] = {}  # multi-output node -> the getitem indices read
         self.node: Any = None  # the node being translated
+        # exact widening casts (a bf16 activation to fp32), id(cast output) -> (the narrow value, the cast's
+        # node): each node reading one after its first reader gets a cast of its own (`tensor`), so that no
+        # piece stores the wide copy for another to read (RMSNorm's fp32 residual stream after a Llama
+        # projection: 32 MB written and read a norm where the bf16 one is 16 MB). Off where the import's
+        # gradients are opgraph's (a train-mode module): each cast's gradient would be rounded apart.
+        self.widened: dict[int, tuple[Value, Any]] = {}
+        self._readers: dict[int, tuple[Any, int]] = {}  # id(cast output) -> (its first reader, record count)
+        self._recasts: dict[tuple[int, int], tuple[Tensor, int]] = {}  # (id(cast output), id(reader)) -> cast
         self.allow_tf32 = True  # whether plans may compute fp32 products with TF32 (from_torch sets it)
 
     # -- values -------------------------------------------------------------------------------------
@@ -165,7 +173,7 @@ class Importer:
         """The graph tensor of a value, declaring a bound input on first use (looked up, not cached on
         the value, so that a rolled-back translation leaves no stale handle behind)."""
         if v.tensor is not None:
-            return v.tensor
+            return self._recast(v) if id(v.tensor) in self.widened else v.tensor
         if v.uninit:
             zeros = self.torch.zeros(v.shape, dtype=v.dtype)
             self.note(f"{self.node.name}: reads an uninitialised tensor (aten.empty); bound as zeros")
@@ -186,6 +194,21 @@ class Importer:
             self.bound.append((t, source))
         return self._declared[source]
 
+    def _recast(self, v: Value) -> Tensor:
+        """The widening cast `v` for the node being translated: the cast itself for its first reader (and
+        the cast's own node), a new cast of the narrow value for each later reader."""
+        assert v.tensor is not None
+        key = id(v.tensor)
+        narrow, made_by = self.widened[key]
+        first = self._readers.setdefault(key, (self.node, len(self.g._records)))[0]
+        if self.node is made_by or self.node is first:
+            return v.tensor
+        found = self._recasts.get((key, id(self.node)))
+        if found is None:
+            cast = self.g.identity(self.tensor(narrow), name=self.op_name("recast")).set_data_type(v.dtype)
+            found = self._recasts[(key, id(self.node))] = (cast, len(self.g._records))
+        return found[0]
+
     def checkpoint(self) -> tuple[int, int, int, int]:
         return len(self.g._records), len(self.g._tensors), len(self.bound), len(self.mutations)
 
@@ -198,6 +221,8 @@ class Importer:
             self._declared.pop(source, None)
         del self.bound[bound:]
         del self.mutations[mutations:]
+        self._readers = {k: v for k, v in self._readers.items() if v[1] < records}
+        self._recasts = {k: v for k, v in self._recasts.items() if v[1] < records}
         self.g._invalidate()
 
     def _name(self, source: Source) -> str:

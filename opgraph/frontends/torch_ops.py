@@ -96,13 +96,21 @@ def _same(imp: Importer, node: Any, a: Args) -> Any:
     return a["self"]
 
 
+_WIDER = {"bfloat16": ("float32", "float64"), "float16": ("float32", "float64"), "float32": ("float64",)}
+
+
 @op("_to_copy", "to", "type_as")
 def _cast(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
     dtype = _meta(node).dtype
     if dtype == x.dtype:
         return x
-    return imp.g.identity(imp.tensor(x), name=imp.op_name("cast"))
+    cast = imp.g.identity(imp.tensor(x), name=imp.op_name("cast"))
+    if imp.options.get("recast_widening") and str(dtype).removeprefix("torch.") in _WIDER.get(
+        str(x.dtype).removeprefix("torch."), ()
+    ):
+        imp.widened[id(cast)] = (x, node)  # (exact: each later reader casts again, Importer._recast)
+    return cast
 
 
 # -- pointwise ---------------------------------------------------------------------------------------

@@ -44,6 +44,22 @@ def test_a_view_that_only_its_reader_completes_joins_the_piece_with_it():
     assert names(pieces) == [["e", "v", "a", "r"]] and not cuts
 
 
+def test_a_pointwise_op_that_only_its_reader_completes_joins_the_piece_with_it():
+    """An RMSNorm's scaling as the importer emits it: the rsqrt of the mean, then a cast of the stream
+    read again (Importer._recast), then their product. The pointwise template refuses the piece with the
+    cast but not the product (two outputs of two shapes); the lookahead from the cut takes the product."""
+    from opgraph.build.planner import usable_engines
+
+    g = og.Graph("rms_scale", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=[4, 64], name="x")
+    ms = g.tensor(dim=[4, 1], name="ms", data_type=DT.FLOAT)
+    r = g.rsqrt(g.add(ms, g.tensor(dim=[1], name="eps", data_type=DT.FLOAT, is_pass_by_value=True), name="a"), name="r")
+    wide = g.identity(x, name="recast").set_data_type(DT.FLOAT)
+    g.mul(wide, r, name="m").set_output(True)
+    pieces, cuts = partition(g.final, usable_engines(["triton"], CPU), CPU)
+    assert names(pieces) == [["a", "r", "recast", "m"]] and not cuts
+
+
 def test_an_op_no_engine_runs_at_all_is_refused_with_reasons():
     g = og.Graph("lonely", io_data_type=DT.FLOAT)
     # (no generated template runs a causal conv1d; a reshape that is no view is a copy kernel now)

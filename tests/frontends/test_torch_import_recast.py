@@ -1,0 +1,78 @@
+"""Exact widening casts read by several ops (torch_importer.Importer._recast): an RMSNorm's fp32 copy of a
+bf16 residual stream, read by the mean of squares and by the scaling. In an inference import each reader
+after the first casts the bf16 value again, so that no piece stores the fp32 copy for another to read; a
+train-mode import keeps one cast (its gradient is summed in fp32, as PyTorch sums it)."""
+
+from __future__ import annotations
+
+import pytest
+
+import opgraph as og
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from opgraph.frontends import from_torch  # noqa: E402
+
+
+class Block(nn.Module):
+    """A projection, the residual add and the next RMSNorm, written as Hugging Face's Llama writes it."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=False)
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x) + residual
+        wide = h.to(torch.float32)
+        variance = wide.pow(2).mean(-1, keepdim=True)
+        normed = wide * torch.rsqrt(variance + 1e-6)
+        return self.weight * normed.to(h.dtype)
+
+
+def _casts(imported) -> list[str]:
+    return [n.name for n in imported.graph.final.nodes if n.kind == "pointwise" and "cast" in n.name]
+
+
+def test_an_inference_import_casts_again_for_each_reader():
+    torch.manual_seed(0)
+    model = Block().to(torch.bfloat16).eval()
+    x, res = torch.randn(2, 8, 32, dtype=torch.bfloat16), torch.randn(2, 8, 32, dtype=torch.bfloat16)
+    imported = from_torch(model, (x, res))
+    names = _casts(imported)
+    assert sum("recast" in n for n in names) == 1, names
+    want = model(x, res).float()
+    got = imported.run(x, res).float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_a_train_mode_import_keeps_one_cast():
+    model = Block().to(torch.bfloat16).train()
+    x, res = torch.randn(2, 8, 32, dtype=torch.bfloat16), torch.randn(2, 8, 32, dtype=torch.bfloat16)
+    assert not any("recast" in n for n in _casts(from_torch(model, (x, res))))
+
+
+def test_the_plan_stores_no_wide_copy_between_pieces():
+    """On a (simulated) H200 the projection's piece stores the bf16 sum and the mean of squares, and the
+    norm's piece reads the bf16 sum: no fp32 tensor of the stream's size crosses between pieces."""
+    from opgraph.build.partition import partition
+    from opgraph.build.planner import usable_engines
+    from opgraph.core.config import Support
+    from opgraph.core.device import Device
+    from opgraph.engines import get_engine
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    model = Block(256).to(torch.bfloat16).eval()
+    x, res = torch.randn(4, 64, 256, dtype=torch.bfloat16), torch.randn(4, 64, 256, dtype=torch.bfloat16)
+    graph = from_torch(model, (x, res)).graph.final
+    engine = type(get_engine("triton"))
+    saved = engine.available
+    engine.available = lambda self, device: Support.yes()
+    try:
+        pieces, _ = partition(graph, usable_engines(["triton"], h200), h200)
+    finally:
+        engine.available = saved
+    crossing = {u for p in pieces for u in p.outputs} & {u for p in pieces for u in p.inputs}
+    wide = [graph.tensors[u] for u in crossing if graph.tensors[u].data_type is og.DataType.FLOAT]
+    assert all(t.numel < 4 * 64 * 256 for t in wide), [t.name for t in wide]
