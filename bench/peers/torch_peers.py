@@ -98,17 +98,22 @@ def opgraph_backend(
     return out
 
 
+def register_opgraph_backend() -> None:
+    """Make backend="opgraph" known to Dynamo: the name comes from the installed package's entry point; a
+    checkout on PYTHONPATH (the GPU machine's) has none, so it is registered here."""
+    from torch._dynamo import list_backends, register_backend
+
+    if "opgraph" not in list_backends(exclude_tags=()):
+        import opgraph
+
+        register_backend(name="opgraph")(opgraph.torch_backend)
+
+
 def _registered(setup: Callable[[], Runner]) -> Callable[[], Runner]:
-    """`setup` with backend="opgraph" known to Dynamo: the name comes from the installed package's entry
-    point; a checkout on PYTHONPATH (the GPU machine's) has none, so it is registered here."""
+    """`setup` with backend="opgraph" known to Dynamo (register_opgraph_backend)."""
 
     def wrapped() -> Runner:
-        from torch._dynamo import list_backends, register_backend
-
-        if "opgraph" not in list_backends(exclude_tags=()):
-            import opgraph
-
-            register_backend(name="opgraph")(opgraph.torch_backend)
+        register_opgraph_backend()
         return setup()
 
     return wrapped

@@ -27,7 +27,7 @@ from ..core.floors import Floor
 from ..core.registry import workload
 from ..ours import VARIANTS, diagnose, engines_of, step_profile
 from ..ours import build as og_build
-from ..peers.torch_peers import INDUCTOR_ENGINE, OPGRAPH_BACKEND_ENGINE
+from ..peers.torch_peers import INDUCTOR_ENGINE, OPGRAPH_BACKEND_ENGINE, register_opgraph_backend
 
 LR, BETAS, EPS, WD = 1e-2, (0.9, 0.95), 1.0, 0.1  # eps 1: a continuous first update (module docstring)
 
@@ -153,6 +153,8 @@ def _torch_step(ctx: Ctx, v: dict[str, Any], pnames: list[str], mode: str | None
     compiling = mode is not None or backend is not None
     if compiling:
         torch._dynamo.reset()  # nothing compiled for another mode serves this one
+    if backend == "opgraph":  # (the GPU machine's checkout has no installed entry point naming it)
+        register_opgraph_backend()
     cuda = v["x"].is_cuda
     m = copy.deepcopy(v["model"])
     st = _AdamState(m, pnames)

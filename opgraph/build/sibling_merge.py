@@ -43,6 +43,10 @@ def merge_siblings(
     and the cuts between merged pieces dropped."""
     if not device.is_cuda or HeurMode.FALLBACK in modes and len(modes) == 1:
         return pieces, cuts
+    if pieces and pieces[0].graph.origin is not None:
+        # (a dynamic plan's bucket: the merged kernel takes no run-time sizes, and would be generated and
+        # compiled again at each of the bucket's shapes)
+        return pieces, cuts
     groups: list[list[Piece]] = []
     i = 0
     while i < len(pieces):

@@ -66,3 +66,18 @@ def test_the_cpu_and_fallback_builds_are_left_alone(triton_on_h200):
     pieces, cuts = partition(llama_mlp().final, triton_on_h200, H200)
     assert merge_siblings(pieces, cuts, triton_on_h200, CPU, [HeurMode.A]) == (pieces, cuts)
     assert merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.FALLBACK]) == (pieces, cuts)
+
+
+def test_a_dynamic_plans_bucket_keeps_them_apart(triton_on_h200):
+    """A bucket's kernels take their sizes at run time; a merged one would be compiled at each shape, so
+    the pieces of a graph planned for a bucket (its `origin` set) stay apart."""
+    import dataclasses
+
+    from opgraph.core.ir import ShapeOrigin
+    from opgraph.core.piece import make_piece
+
+    graph = llama_mlp().final
+    pieces, cuts = partition(graph, triton_on_h200, H200)
+    planned = dataclasses.replace(graph, origin=ShapeOrigin(graph, (), None))
+    in_bucket = [make_piece(planned, p.index, list(p.nodes)) for p in pieces]
+    assert merge_siblings(in_bucket, cuts, triton_on_h200, H200, [HeurMode.A]) == (in_bucket, cuts)

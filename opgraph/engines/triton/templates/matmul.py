@@ -262,16 +262,15 @@ class MatmulMatch(TileMatch):
                     if host_ok:
                         host.append(hopper_config(c, device))
             configs = sorted(tma + configs[:-1] + host, key=self._rank)[:8] + configs[-1:]
-            if (
-                host and elem == 2 and math_heavy_epilogue(gp) and width == 1
-            ):  # (for tuning: the estimate has no epilogue)
-                configs.insert(len(configs) - 1, occupancy_config(host[0], device))
+            if host and elem == 2 and width == 1 and math_heavy_epilogue(gp):
+                configs.insert(len(configs) - 1, occupancy_config(host[0], device))  # (for tuning to weigh)
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         elif self.bucket is not None:
             configs = sorted(configs[:-1], key=self._per_shape) + configs[-1:]
-        if width > 1:  # (Triton's flattened loop pipelines two products' dots badly: SwiGLU 176 against 146 µs)
+        if width > 1:  # Triton's flattened loop pipelines two products' dots badly (a fifth slower at Llama's
+            # SwiGLU: bench/results/2026-11-30-h200-swiglu-check.md)
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
         return finish_candidates(configs, gp, device, extra)
 
