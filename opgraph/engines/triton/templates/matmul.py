@@ -270,7 +270,7 @@ class MatmulMatch(TileMatch):
         elif self.bucket is not None:
             configs = sorted(configs[:-1], key=self._per_shape) + configs[-1:]
         if width > 1:  # Triton's flattened loop pipelines two products' dots badly (a fifth slower at Llama's
-            # SwiGLU: bench/results/2026-11-30-h200-swiglu-check.md)
+            # SwiGLU: bench/results/triton-preferences.md#sibling-products)
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
         return finish_candidates(configs, gp, device, extra)
 
