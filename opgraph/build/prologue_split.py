@@ -32,6 +32,12 @@ SPLIT_BELOW = 0.9  # apart / fused estimate under which the prologue runs apart
 LAUNCH_US = 3.0  # the second launch, added to the apart estimate
 
 
+def weighs_pieces(device: Device, modes: Sequence[HeurMode]) -> bool:
+    """Whether the build re-cuts the partition's pieces by the engines' estimates (on a GPU, where they
+    have a cost model; not for a fallback-only build)."""
+    return device.is_cuda and not (HeurMode.FALLBACK in modes and len(modes) == 1)
+
+
 def first_estimate(piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]) -> float | None:
     """The estimate of the piece's first config (as the build would run it), None where none runs it."""
     ranked = rank_configs(piece, engines, device, modes).configs
@@ -51,7 +57,7 @@ def split_prologues(
 ) -> tuple[list[Piece], list[Cut]]:
     """`pieces` with the prologues worth running apart made pieces of their own (re-indexed), and the
     cuts with one more for each, naming both estimates."""
-    if not device.is_cuda or HeurMode.FALLBACK in modes and len(modes) == 1:
+    if not weighs_pieces(device, modes):
         return pieces, cuts
     groups: list[list[list[Node]]] = []
     added: list[Cut] = []

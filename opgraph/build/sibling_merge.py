@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..core.config import HeurMode
 from ..core.piece import Piece, make_piece
 from .partition import Cut
-from .prologue_split import first_estimate, split_prologues
+from .prologue_split import first_estimate, split_prologues, weighs_pieces
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -41,7 +41,7 @@ def merge_siblings(
 ) -> tuple[list[Piece], list[Cut]]:
     """`pieces` with neighbours whose matmuls share A merged where that is estimated faster (re-indexed),
     and the cuts between merged pieces dropped."""
-    if not device.is_cuda or HeurMode.FALLBACK in modes and len(modes) == 1:
+    if not weighs_pieces(device, modes):
         return pieces, cuts
     if pieces and pieces[0].graph.origin is not None:
         # (a dynamic plan's bucket: the merged kernel takes no run-time sizes, and would be generated and
@@ -66,12 +66,13 @@ def merge_siblings(
         i += 1
     if len(groups) == len(pieces):
         return pieces, cuts
-    new_index: list[int] = []  # each old piece's new index
-    out: list[Piece] = []
-    for j, group in enumerate(groups):
-        new_index += [j] * len(group)
-        out.append(group[0] if len(group) == 1 else make_piece(pieces[0].graph, j, [n for p in group for n in p.nodes]))
-    out = [p if p.index == j else make_piece(p.graph, j, list(p.nodes)) for j, p in enumerate(out)]
+    new_index = [j for j, group in enumerate(groups) for _ in group]  # each old piece's new index
+    out = [
+        group[0]
+        if group[0].index == j and len(group) == 1
+        else make_piece(pieces[0].graph, j, [n for p in group for n in p.nodes])
+        for j, group in enumerate(groups)
+    ]
     kept = [Cut(new_index[c.before], c.node, c.reasons) for c in cuts if new_index[c.before] != new_index[c.before + 1]]
     return out, kept
 

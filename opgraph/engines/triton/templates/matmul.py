@@ -128,7 +128,7 @@ def descriptor(gp: GemmPiece, role: str, node: Node | None = None) -> Descriptor
 
 def _share(block_n: int, width: int) -> int:
     """Each of `width` products' columns in a tile of `block_n` (a power of two, 16 at least)."""
-    return max(16, 1 << ((block_n // width).bit_length() - 1)) if block_n // width else 16
+    return max(16, 1 << (max(block_n // width, 1).bit_length() - 1))
 
 
 class MatmulTemplate(TileTemplate):
