@@ -442,6 +442,7 @@ class PackBinder:
         self._items: list[tuple[Any, int | None]] = []
         self._rounded: dict[int, tuple[Any, Any]] = {}  # uid -> (raw value, rounded value)
         self.outputs = tuple(graph.outputs)
+        self.output_set = frozenset(graph.outputs)
         self.pass_by_value = {u for u in graph.inputs if graph.tensors[u].is_pass_by_value}
         self.required = len(graph.inputs) + len(graph.outputs)
         uses = scalar_uses(graph)
@@ -584,13 +585,29 @@ class PackBinder:
             ptr = value.data_ptr()
             pointers[uid] = ptr
             spans.append((ptr, ptr + nbytes, uid))
-        for uid in self.outputs:
-            lo = pointers[uid]
-            hi = lo + self.expect[uid][4]
-            for a, b, other in spans:
-                if other != uid and a < hi and lo < b and not (a == lo and (other, uid) in self._allowed):
-                    return None  # let `bind` decide (and explain) the overlap
+        if self._overlap(spans):
+            return None  # let `bind` decide (and explain) the overlap
         return out, pointers
+
+    def _overlap(self, spans: list[tuple[int, int, int]]) -> bool:
+        """Whether an output's bytes meet another buffer's other than as an in-place pair allows
+        (same start): one sweep over the spans sorted by address, not every output against every
+        buffer (a backward plan binds hundreds)."""
+        outputs, allowed = self.output_set, self._allowed
+        spans.sort()
+        active: list[tuple[int, int, int]] = []  # (end, start, uid) of spans still open
+        for lo, hi, uid in spans:
+            active = [s for s in active if s[0] > lo]
+            for b, a, other in active:
+                if not (a < hi and lo < b):
+                    continue
+                same = a == lo
+                if uid in outputs and not (same and (other, uid) in allowed):
+                    return True
+                if other in outputs and not (same and (uid, other) in allowed):
+                    return True
+            active.append((hi, lo, uid))
+        return False
 
 
 _UNBOUND = object()  # a fresh binder's last pack: no pack is it

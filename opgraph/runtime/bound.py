@@ -111,9 +111,12 @@ class BoundPlan:
                 if u in binder.pointers:
                     b.pointers[u] = binder.pointers[u]
             recollect = False
-            touched = {i for u in changed for i in self.readers.get(u, ())}
-            for i in sorted(touched):
-                recollect |= bool(self.launchers[i].rebind([u for u in changed if i in self.readers.get(u, ())]))
+            moved: dict[int, list[int]] = {}  # step -> the changed tensors it reads or writes
+            for u in changed:
+                for i in self.readers.get(u, ()):
+                    moved.setdefault(i, []).append(u)
+            for i in sorted(moved):
+                recollect |= bool(self.launchers[i].rebind(moved[i]))
             if recollect:
                 self._collect()
             self.version = binder.version
