@@ -38,10 +38,27 @@ def weighs_pieces(device: Device, modes: Sequence[HeurMode]) -> bool:
     return device.is_cuda and not (HeurMode.FALLBACK in modes and len(modes) == 1)
 
 
-def first_estimate(piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]) -> float | None:
-    """The estimate of the piece's first config (as the build would run it), None where none runs it."""
-    ranked = rank_configs(piece, engines, device, modes).configs
-    return ranked[0].estimate_us if ranked else None
+def first_estimate(
+    piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode], engine: str | None = None
+) -> tuple[float, str] | None:
+    """(estimate, engine) of the piece's first config (as the build would run it), or of the first
+    config of `engine` where it offers one: the ways of cutting a piece are weighed in one engine's cost
+    model, whose scale the others' need not share (a lone matmul that cuBLAS leads on is still weighed
+    as the generated kernel it would be when the fused piece is). None where no config runs it."""
+    ranked = list(rank_configs(piece, engines, device, modes).configs)
+    if engine is not None:
+        ranked = [c for c in ranked if c.engine == engine] or ranked
+    if not ranked or ranked[0].estimate_us is None:
+        return None
+    return ranked[0].estimate_us, ranked[0].engine
+
+
+def estimate_in(
+    piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode], engine: str | None
+) -> float | None:
+    """first_estimate's estimate alone, of `engine`'s first config where it offers one."""
+    found = first_estimate(piece, engines, device, modes, engine)
+    return None if found is None else found[0]
 
 
 def _parts(piece: Piece) -> list[list[Node]] | None:
@@ -66,10 +83,17 @@ def split_prologues(
         split = None
         if parts is not None:
             graph = piece.graph
-            whole = first_estimate(piece, engines, device, modes)
-            pre = first_estimate(make_piece(graph, piece.index, parts[0]), engines, device, modes)
-            rest = first_estimate(make_piece(graph, piece.index, parts[1]), engines, device, modes)
-            if None not in (whole, pre, rest) and pre + rest + LAUNCH_US < SPLIT_BELOW * whole:  # type: ignore[operator]
+            found = first_estimate(piece, engines, device, modes)
+            whole, engine = found if found is not None else (None, None)
+            pre, rest = (
+                estimate_in(make_piece(graph, piece.index, part), engines, device, modes, engine) for part in parts
+            )
+            if (
+                whole is not None
+                and pre is not None
+                and rest is not None
+                and pre + rest + LAUNCH_US < SPLIT_BELOW * whole
+            ):
                 split = parts
                 why = (
                     f"the prologue runs apart: estimated {pre:.0f} + {rest:.0f} µs against {whole:.0f} fused "

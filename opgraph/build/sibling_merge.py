@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..core.config import HeurMode
 from ..core.piece import Piece, make_piece
 from .partition import Cut
-from .prologue_split import first_estimate, split_prologues, weighs_pieces
+from .prologue_split import estimate_in, first_estimate, split_prologues, weighs_pieces
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -56,9 +56,13 @@ def merge_siblings(
             a = _product(piece)
             if a is not None and a == _product(nxt):
                 merged = make_piece(piece.graph, piece.index, [*piece.nodes, *nxt.nodes])
-                whole = first_estimate(merged, engines, device, modes)
-                apart = [first_estimate(p, engines, device, modes) for p in (piece, nxt)]
-                if whole is not None and None not in apart and whole < sum(apart):  # type: ignore[arg-type]
+                found = first_estimate(merged, engines, device, modes)
+                apart = (
+                    [None]
+                    if found is None
+                    else [estimate_in(p, engines, device, modes, found[1]) for p in (piece, nxt)]
+                )
+                if found is not None and None not in apart and found[0] < sum(apart):  # type: ignore[arg-type]
                     groups.append([piece, nxt])
                     i += 2
                     continue

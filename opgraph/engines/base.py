@@ -207,6 +207,9 @@ class PieceFact(enum.Enum):
 
     # the conv's epilogue sends the engine to generic runtime-fusion kernels rather than its fused ones
     RUNTIME_FUSED_EPILOGUE = "runtime_fused_epilogue"
+    # the piece is one matmul whose operands and result are one 16-bit type: the vendor's GEMM runs it
+    # as it is, writing the result in place (no casts, no copies)
+    NATIVE_GEMM = "native_gemm"
 
 
 @dataclass(frozen=True)

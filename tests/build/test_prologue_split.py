@@ -75,3 +75,24 @@ def test_gpu_a_split_plan_computes_the_product(rng):
     plan.execute({t["x"]: x, t["rstd"]: rstd, t["gamma"]: gamma, t["w"]: w, t["y"]: out})
     a = ((x.double() * rstd.double()) * gamma.double()).bfloat16().double()
     torch.testing.assert_close(out.double(), a @ w.double(), rtol=2e-2, atol=2e-1)
+
+
+def test_the_ways_of_cutting_are_weighed_in_one_engines_model(monkeypatch):
+    """With cuBLAS (the torch engine) leading on the lone LM head, the split is still weighed in the fused
+    piece's engine: the generated kernel's estimates of the norm and of the plain product, not cuBLAS's
+    on another scale; the product then runs on the engine that leads on it."""
+    from opgraph.build.heuristics import rank_configs
+    from opgraph.build.prologue_split import estimate_in, first_estimate
+
+    for name in ("triton", "torch"):
+        monkeypatch.setattr(type(get_engine(name)), "available", lambda self, device: Support.yes())
+    engines = usable_engines(["triton", "torch"], H200)
+    graph = normed_product(8192, 1024, 32000)[0].final
+    pieces, cuts = partition(graph, engines, H200)
+    split, _ = split_prologues(pieces, cuts, engines, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in split] == [["scale", "gamma"], ["head"]]
+    head = split[1]
+    assert first_estimate(head, engines, H200, [HeurMode.A])[1] == "torch"
+    assert rank_configs(head, engines, H200, [HeurMode.A]).configs[0].engine == "torch"
+    generated = estimate_in(head, engines, H200, [HeurMode.A], "triton")
+    assert generated is not None and generated != first_estimate(head, engines, H200, [HeurMode.A])[0]

@@ -791,6 +791,40 @@ def test_gpu_matmul(io, rng):
 
 @pytest.mark.gpu
 @requires_cuda
+@pytest.mark.parametrize("out_layout", ["contiguous", "gapped"])
+@pytest.mark.parametrize("io", [HALF, BF16], ids=lambda d: d.name)
+def test_gpu_lone_16_bit_matmul_writes_its_output_in_place(io, out_layout, rng):
+    """A lone fp16/bf16 matmul runs as one cuBLAS call into the output buffer (TorchKernel's direct
+    path; an LM head's shape: 3-D activations times a transposed weight), a gapped output too."""
+    g = graph(io, "head")
+    a = g.tensor(dim=[2, 128, 256], name="A")
+    w = g.tensor(dim=[256, 384], stride=[1, 256], name="W")  # an nn.Linear weight, read transposed
+    c = g.matmul(a, w).set_output(True)
+    if out_layout == "gapped":
+        c.set_stride([128 * 400, 400, 1])
+    plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda")
+    assert plan.steps[0].kernel.direct
+
+
+def test_native_gemm_is_a_lone_16_bit_matmul_of_one_type():
+    from opgraph.engines.torch_engine import native_gemm
+
+    def piece(dt=BF16, out=None, epilogue=False):
+        g = graph(dt, "mm")
+        c = g.matmul(g.tensor(dim=[64, 32], name="A"), g.tensor(dim=[32, 16], name="B"))
+        if epilogue:
+            c = g.relu(c)
+        c.set_output(True).set_data_type(out or dt)
+        final = g.final
+        return make_piece(final, 0, final.nodes)
+
+    assert native_gemm(piece()) and native_gemm(piece(HALF))
+    assert not native_gemm(piece(FLOAT)) and not native_gemm(piece(out=FLOAT)) and not native_gemm(piece(out=HALF))
+    assert not native_gemm(piece(epilogue=True))
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_gpu_norms_pooling_layout(rng):
     g = og.Graph("mix", io_data_type=BF16, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     x = g.tensor(dim=[2048, 1024], name="x")

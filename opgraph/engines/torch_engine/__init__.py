@@ -36,7 +36,7 @@ from ...core.piece import Piece
 from ...core.types import Buffer, Stream
 from ...ops.custom import Custom
 from .. import register_engine
-from ..base import Engine, Kernel
+from ..base import Engine, EngineFacts, Kernel, PieceFact
 from . import (  # noqa: F401  (register mappings)
     adalayernorm,
     attention,
@@ -89,6 +89,27 @@ def _tensor_core_ops(piece: Piece) -> bool:
     return False
 
 
+def native_gemm(piece: Piece) -> bool:
+    """Whether the piece is one matmul whose operands and result are one 16-bit float type: cuBLAS runs
+    it as it is, with fp32 accumulation, writing the result into the output buffer (TorchKernel's direct
+    path; PieceFact.NATIVE_GEMM for the build's policy)."""
+    if len(piece.nodes) != 1 or piece.nodes[0].kind != "matmul":
+        return False
+    node = piece.nodes[0]
+    tensors = piece.graph.tensors
+    ins, outs = node.input_uids(), node.output_uids()
+    if len(ins) != 2 or len(outs) != 1 or outs[0] not in piece.outputs:
+        return False
+    a, b = (tensors[u].data_type for u in ins)
+    out = tensors[outs[0]].data_type
+    return (
+        a in gemm.NATIVE
+        and a is b is out
+        and node.compute_data_type is DataType.FLOAT
+        and not wide_compute(node, tensors)
+    )
+
+
 def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     fallback = host_ops(piece)
     numerical: set[NumericalNote] = set()
@@ -121,7 +142,7 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
         (),
         frozenset(numerical),
         frozenset(behavior),
-        estimate_us=estimate_us(piece, device, tensor_cores),
+        estimate_us=estimate_us(piece, device, tensor_cores, native=native_gemm(piece)),
         why=why,
     )
 
@@ -135,6 +156,8 @@ class TorchKernel(Kernel):
         self.tensor_cores = device.is_cuda
         # resolved at compile time, so that a mapping removed later does not change a built plan
         self.steps = [(n, IMPLS.get(n.kind, run_on_host)) for n in piece.nodes]
+        # a lone 16-bit matmul: cuBLAS writes the output buffer itself (no result tensor copied out)
+        self.direct = device.is_cuda and native_gemm(piece)
 
     def _stream(self, stream: Any) -> Any:
         if stream is None or not self.device.is_cuda:
@@ -155,6 +178,8 @@ class TorchKernel(Kernel):
     def run(self, buffers: Mapping[int, Buffer], stream: Stream = None, scratch: Buffer = None) -> None:
         tensors = self.piece.graph.tensors
         dev = _torch_device(self.device)
+        if self.direct and self._direct(buffers, stream, dev):
+            return
         with self._stream(stream), exact_math(self.device.is_cuda):
             values: dict[int, Any] = {}
             for node, impl in self.steps:
@@ -166,6 +191,31 @@ class TorchKernel(Kernel):
                     if out_uid is not None and result is not None:
                         values[out_uid] = finish(result, tensors[out_uid], node)
             self._write(buffers, values, dev)
+
+    def _direct(self, buffers: Mapping[int, Buffer], stream: Stream, dev: Any) -> bool:
+        """The lone 16-bit matmul into its output buffer (torch.matmul's `out=`), or False where the
+        output shares memory with an operand (an in-place pack: the general path computes, then copies)."""
+        import torch
+
+        node = self.piece.nodes[0]
+        a_uid, b_uid = node.input_uids()
+        c_uid = node.output_uids()[0]
+        a, b = self._load(a_uid, buffers, dev), self._load(b_uid, buffers, dev)
+        dst = as_torch(buffers[c_uid], self.piece.tensor(c_uid), dev)
+        mine = dst.untyped_storage().data_ptr()
+        if mine in (a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()):
+            return False
+        with self._stream(stream), exact_math(True):
+            try:
+                torch.matmul(a, b, out=dst)
+            except (RuntimeError, TypeError, ValueError) as err:
+                raise ExecutionError(
+                    f"PyTorch failed on {self.device}: {type(err).__name__}: {err}",
+                    op=node.label(),
+                    rule="torch.op_failed",
+                    hint="build without the 'torch' engine for this graph, and report the graph (opgraph JSON)",
+                ) from err
+        return True
 
     def _call(self, node: Any, impl: Any, call: Call) -> Any:
         try:
@@ -216,6 +266,14 @@ class TorchEngine(Engine):
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         return [make_config(piece, device, mode)]
 
+    def facts(self, piece: Piece, device: Device) -> EngineFacts:
+        """The cost model's estimate, and whether the piece is a lone 16-bit matmul that cuBLAS runs as it is."""
+        native = device.is_cuda and native_gemm(piece)
+        return EngineFacts(
+            estimate_us(piece, device, device.is_cuda and _tensor_core_ops(piece), native=native),
+            frozenset({PieceFact.NATIVE_GEMM}) if native else frozenset(),
+        )
+
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         kernel = TorchKernel(piece, config, device)
         if device.is_cuda and collective.lone_collective(piece):  # on a communication stream
@@ -231,4 +289,4 @@ class TorchEngine(Engine):
 
 
 register_engine(TorchEngine())
-__all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config"]
+__all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config", "native_gemm"]

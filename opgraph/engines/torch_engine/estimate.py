@@ -7,16 +7,20 @@ from __future__ import annotations
 
 from ...core.device import Device
 from ...core.piece import Piece
-from ..cost import LAUNCH_US, piece_flops, rates
+from ..cost import LAUNCH_US, piece_bytes, piece_flops, rates
 
 LAUNCHES_PER_OP = 3
 FP32_GEMM_SLOWDOWN = 10.0
 
 
-def estimate_us(piece: Piece, device: Device, tensor_cores: bool) -> float | None:
+def estimate_us(piece: Piece, device: Device, tensor_cores: bool, native: bool = False) -> float | None:
+    """Device µs of the piece op by op; `native`: a lone 16-bit matmul (torch_engine.native_gemm),
+    one cuBLAS kernel whose loads overlap its math, writing its output in place."""
     if not device.is_cuda:
         return None
     bw, peak = rates(device)
+    if native:
+        return max(piece_bytes(piece) / bw, piece_flops(piece) / peak) * 1e6 + LAUNCH_US
     moved = 0
     for node in piece.nodes:
         for uid in (*node.input_uids(), *node.output_uids()):
