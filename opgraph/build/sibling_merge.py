@@ -7,7 +7,9 @@ shape are weighed as one piece (the matmul template computes the products side b
 GemmPiece.siblings), against the two apart, with the engines' estimates (the first config each ranking
 gives, as the build would run it): merged, A is read once, no intermediate between them goes through
 memory (SiLU(gate) is read by the up projection's epilogue in registers), and one launch is saved. They
-are merged where the merged piece's estimate is below the sum of the two.
+are merged where one engine goes first on the merged piece and on both apart (its cost model weighs both
+ways; another engine's first config may run only one of the products, or both as one graph it gets
+wrong: cudnn_frontend._side_by_side) and the merged piece's estimate is below the sum of the two.
 
 `refine` is what the planners run after the partition: prologues apart (prologue_split.py), then this.
 """
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..core.config import HeurMode
 from ..core.piece import Piece, make_piece
 from .partition import Cut
-from .prologue_split import estimate_in, first_estimate, split_prologues, weighs_pieces
+from .prologue_split import first_estimate, split_prologues, weighs_pieces
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -57,12 +59,12 @@ def merge_siblings(
             if a is not None and a == _product(nxt):
                 merged = make_piece(piece.graph, piece.index, [*piece.nodes, *nxt.nodes])
                 found = first_estimate(merged, engines, device, modes)
-                apart = (
-                    [None]
-                    if found is None
-                    else [estimate_in(p, engines, device, modes, found[1]) for p in (piece, nxt)]
-                )
-                if found is not None and None not in apart and found[0] < sum(apart):  # type: ignore[arg-type]
+                apart = [first_estimate(p, engines, device, modes) for p in (piece, nxt)]
+                if (
+                    found is not None
+                    and all(a is not None and a[1] == found[1] for a in apart)
+                    and found[0] < sum(a[0] for a in apart if a is not None)
+                ):
                     groups.append([piece, nxt])
                     i += 2
                     continue

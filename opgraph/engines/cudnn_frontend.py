@@ -157,10 +157,46 @@ def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
             why = attention_problem(node, piece)
             if why:
                 return why, node
+    return _whole_problem(piece)
+
+
+def _whole_problem(piece: Piece) -> tuple[str, Node | None] | None:
+    """static_problem's checks of the piece as a whole: its scalars' types, its GEMMs' dependence."""
     for uid in piece.inputs:
         t = piece.tensor(uid)
         if t.is_pass_by_value and t.data_type is not DataType.FLOAT:
             return f"pass-by-value scalar '{t.name}' (UID {uid}) is {t.data_type.name}; cuDNN's are FLOAT", None
+    side = _side_by_side(piece)
+    if side is not None:
+        return (
+            "two products that do not feed each other (the same operand times two others) are not one cuDNN "
+            "graph here: the generated matmul template computes them side by side",
+            side,
+        )
+    return None
+
+
+def _side_by_side(piece: Piece) -> Node | None:
+    """A GEMM of the piece that neither reads another GEMM's result nor is read by one (through the
+    piece's other ops), where there are several: None where the GEMMs form a chain. A graph of two
+    independent products (a Llama block's query and key projections of one input) gave wrong results
+    from cuDNN's plan where a build merged them (bench/results/constants.md#independent-products)."""
+    gemms = [n for n in piece.nodes if n.kind in GEMM_KINDS]
+    if len(gemms) < 2:
+        return None
+    index = {id(g): i for i, g in enumerate(gemms)}
+    feeds: dict[int, set[int]] = {}  # gemm index -> the GEMMs its result reaches
+    for i, g in enumerate(gemms):
+        reached, found = set(g.output_uids()), set()
+        for node in piece.nodes:  # (topological order)
+            if reached & set(node.input_uids()):
+                reached |= set(node.output_uids())
+                if id(node) in index:
+                    found.add(index[id(node)])
+        feeds[i] = found
+    for i, g in enumerate(gemms):
+        if not feeds[i] and not any(i in feeds[j] for j in feeds):
+            return g
     return None
 
 

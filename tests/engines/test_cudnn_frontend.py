@@ -249,6 +249,23 @@ def test_batchnorm_fp32_and_by_reference_pieces_are_left_to_generated_kernels():
     assert "by reference" in why
 
 
+def test_independent_products_are_not_one_cudnn_graph_but_a_chain_is():
+    """Two matmuls of one A (a query and a key projection) that a build merged gave wrong results from
+    cuDNN's plan on an H200: such a piece is declined; a product of a product stays cuDNN's to judge."""
+    g = og.Graph("qk", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[1, 256, 128], name="x")
+    wq, wk = (g.tensor(dim=[1, 128, n], name=name) for name, n in (("wq", 128), ("wk", 64)))
+    g.matmul(x, wq, name="q").set_output(True)
+    g.matmul(x, wk, name="k").set_output(True)
+    why, node = static_problem(whole(g))
+    assert "side by side" in why and node.name in ("q", "k")
+    g = og.Graph("chain", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[1, 256, 128], name="x")
+    w1, w2 = g.tensor(dim=[1, 128, 64], name="w1"), g.tensor(dim=[1, 64, 32], name="w2")
+    g.matmul(g.relu(g.matmul(x, w1)).set_data_type(DT.BFLOAT16), w2).set_output(True)
+    assert static_problem(whole(g)) is None
+
+
 # -- double precision stays off cuDNN (the GPU fuzzer's seed20261125502833) ---------------------------------
 
 

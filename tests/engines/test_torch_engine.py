@@ -798,12 +798,34 @@ def test_gpu_lone_16_bit_matmul_writes_its_output_in_place(io, out_layout, rng):
     path; an LM head's shape: 3-D activations times a transposed weight), a gapped output too."""
     g = graph(io, "head")
     a = g.tensor(dim=[2, 128, 256], name="A")
-    w = g.tensor(dim=[256, 384], stride=[1, 256], name="W")  # an nn.Linear weight, read transposed
+    w = g.tensor(dim=[1, 256, 384], stride=[256 * 384, 1, 256], name="W")  # an nn.Linear weight, transposed
     c = g.matmul(a, w).set_output(True)
     if out_layout == "gapped":
         c.set_stride([128 * 400, 400, 1])
     plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda")
     assert plan.steps[0].kernel.direct
+
+
+@pytest.mark.parametrize("out_layout", ["contiguous", "gapped"])
+def test_the_direct_matmul_path_on_the_cpu(out_layout, rng):
+    """TorchKernel's direct path (torch.matmul out= into the output buffer), taken on the GPU for a lone
+    16-bit matmul, run here on the CPU in float32 (the CPU's bf16 GEMM rounds partial sums): the
+    operands as views (a transposed weight, broadcast batch), a gapped output."""
+    g = graph(FLOAT, "head")
+    a = g.tensor(dim=[2, 24, 40], name="A")
+    w = g.tensor(dim=[1, 40, 56], stride=[40 * 56, 1, 40], name="W")
+    c = g.matmul(a, w).set_output(True)
+    if out_layout == "gapped":
+        c.set_stride([24 * 64, 64, 1])
+    plan = g.build(device="cpu", engines=["torch"])
+    (step,) = plan.steps
+    step.kernel.direct = True
+    calls = []
+    direct = step.kernel._direct
+    step.kernel._direct = lambda *args: calls.append(1) or direct(*args)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(str(m) for m in bad)
+    assert calls
 
 
 def test_native_gemm_is_a_lone_16_bit_matmul_of_one_type():
