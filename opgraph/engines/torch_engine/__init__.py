@@ -205,6 +205,11 @@ class TorchKernel(Kernel):
         mine = dst.untyped_storage().data_ptr()
         if mine in (a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()):
             return False
+        if b.dim() > 2 and all(d == 1 for d in b.shape[:-2]):
+            # a weight broadcast over the batch: torch.matmul folds the batch into M for a 2-D B (one GEMM,
+            # as measured) where it would run a batched GEMM, slower for an LM head (bench/results/
+            # constants.md#lone-matmuls)
+            b = b.reshape(b.shape[-2:])
         with self._stream(stream), exact_math(True):
             try:
                 torch.matmul(a, b, out=dst)
