@@ -683,7 +683,7 @@ def test_config_notes_on_cuda():
 
 def test_exact_math_pins_and_restores_torch_flags():
     from opgraph.engines.torch_engine.gemm import math_mode
-    from opgraph.engines.torch_engine.precision import exact_math
+    from opgraph.engines.torch_engine.precision import exact_gemm16, exact_math
 
     mm, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
 
@@ -708,6 +708,10 @@ def test_exact_math_pins_and_restores_torch_flags():
             with math_mode(call, True):
                 assert mm.allow_tf32 and conv.fp32_precision == "tf32"
             assert state()[:3] == ("highest", "ieee", "none") and not mm.allow_tf32
+        assert state() == caller
+        with exact_gemm16():  # the direct matmul's pin: the reductions alone, TF32 as the caller left it
+            assert not mm.allow_fp16_reduced_precision_reduction and not mm.allow_bf16_reduced_precision_reduction
+            assert state()[:3] == caller[:3]
         assert state() == caller
     finally:
         torch.set_float32_matmul_precision(before[0])

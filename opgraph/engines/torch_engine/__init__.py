@@ -57,7 +57,7 @@ from . import (  # noqa: F401  (register mappings)
 from .common import IMPLS, Call, as_torch, finish, wide_compute
 from .estimate import estimate_us
 from .host import run_on_host
-from .precision import exact_math
+from .precision import exact_gemm16, exact_math
 
 _GEMM = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 
@@ -210,7 +210,7 @@ class TorchKernel(Kernel):
             # as measured) where it would run a batched GEMM, slower for an LM head (bench/results/
             # constants.md#lone-matmuls)
             b = b.reshape(b.shape[-2:])
-        with self._stream(stream), exact_math(True):
+        with self._stream(stream), exact_gemm16():
             try:
                 torch.matmul(a, b, out=dst)
             except (RuntimeError, TypeError, ValueError) as err:

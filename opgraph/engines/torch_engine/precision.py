@@ -106,6 +106,22 @@ def _pin_reductions(torch: Any, undo: Undo) -> None:
 
 
 @contextmanager
+def exact_gemm16() -> Iterator[None]:
+    """fp32 accumulation pinned for an fp16/bf16 GEMM on CUDA (no reduced-precision reductions, no fp16
+    accumulation), the caller's flags restored after: exact_math's part that such a GEMM reads, for the
+    torch engine's direct matmul (the TF32 flags do not touch it; pinning them too costs its host time)."""
+    import torch
+
+    undo: Undo = []
+    try:
+        _pin_reductions(torch, undo)
+        yield
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+@contextmanager
 def exact_math(on_cuda: bool) -> Iterator[None]:
     """Pin exact fp32 / fp32-accumulating GEMMs on CUDA for the duration (nothing on the CPU)."""
     if not on_cuda:
