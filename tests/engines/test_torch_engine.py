@@ -832,6 +832,26 @@ def test_the_direct_matmul_path_on_the_cpu(out_layout, rng):
     assert calls
 
 
+def test_the_direct_matmul_writes_into_a_workspace_view_but_not_over_its_operand():
+    """A plan's intermediates are views of one workspace: the direct path runs where the output's bytes
+    miss the operands' (a view of the same storage next to A), and leaves an output written over A to
+    the general path (compute, then copy)."""
+    g = graph(FLOAT, "mm")
+    a = g.tensor(dim=[32, 32], name="A")
+    w = g.tensor(dim=[32, 32], name="W")
+    c = g.matmul(a, w).set_output(True)
+    plan = g.build(device="cpu", engines=["torch"])
+    kernel = plan.steps[0].kernel
+    ws = torch.zeros(3 * 32 * 32)
+    x, wt = torch.randn(32, 32), torch.randn(32, 32)
+    ws[: 32 * 32] = x.reshape(-1)
+    a_view, out_view = ws[: 32 * 32].view(32, 32), ws[32 * 32 : 2 * 32 * 32].view(32, 32)
+    assert kernel._direct({a.uid: a_view, w.uid: wt, c.uid: out_view}, None, torch.device("cpu"))
+    assert torch.allclose(out_view, x @ wt, rtol=1e-5, atol=1e-5)
+    assert not kernel._direct({a.uid: a_view, w.uid: wt, c.uid: a_view}, None, torch.device("cpu"))
+    assert torch.equal(a_view, x)  # (nothing written)
+
+
 def test_native_gemm_is_a_lone_16_bit_matmul_of_one_type():
     from opgraph.engines.torch_engine import native_gemm
 

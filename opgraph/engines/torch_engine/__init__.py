@@ -194,7 +194,8 @@ class TorchKernel(Kernel):
 
     def _direct(self, buffers: Mapping[int, Buffer], stream: Stream, dev: Any) -> bool:
         """The lone 16-bit matmul into its output buffer (torch.matmul's `out=`), or False where the
-        output shares memory with an operand (an in-place pack: the general path computes, then copies)."""
+        output's bytes meet an operand's (an in-place pack: the general path computes, then copies).
+        Bytes, not storages: a plan's intermediates are views of one workspace."""
         import torch
 
         node = self.piece.nodes[0]
@@ -202,8 +203,7 @@ class TorchKernel(Kernel):
         c_uid = node.output_uids()[0]
         a, b = self._load(a_uid, buffers, dev), self._load(b_uid, buffers, dev)
         dst = as_torch(buffers[c_uid], self.piece.tensor(c_uid), dev)
-        mine = dst.untyped_storage().data_ptr()
-        if mine in (a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()):
+        if _meet(dst, a) or _meet(dst, b):
             return False
         if b.dim() > 2 and all(d == 1 for d in b.shape[:-2]):
             # a weight broadcast over the batch: torch.matmul folds the batch into M for a 2-D B (one GEMM,
@@ -241,6 +241,20 @@ class TorchKernel(Kernel):
             if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
                 src = src.clone()  # an in-place update whose result still aliases its input
             dst.copy_(src.reshape(dst.shape) if src.shape != dst.shape else src)
+
+
+def _meet(x: Any, y: Any) -> bool:
+    """Whether the byte spans of two tensors' elements (first to last, strides as given) overlap."""
+
+    def span(t: Any) -> tuple[int, int]:
+        lo = t.data_ptr()
+        last = sum((d - 1) * s for d, s in zip(t.shape, t.stride()) if d > 0)
+        return lo, lo + (last + 1) * t.element_size()
+
+    if x.numel() == 0 or y.numel() == 0:
+        return False
+    (a, b), (c, d) = span(x), span(y)
+    return a < d and c < b
 
 
 @functools.cache
