@@ -38,7 +38,7 @@ EVIDENCE = "bench/results/constants.md"
 # Estimated device µs a piece must reach before an engine may lead on it: below it the engine's host
 # launch cost outweighs its device win (a cuDNN plan's execute costs more host time than a generated
 # kernel's native launch).
-LEAD_ABOVE_US: Mapping[str, float] = MappingProxyType({"cudnn": 10.0, "torch": 20.0})
+LEAD_ABOVE_US: Mapping[str, float] = MappingProxyType({"cudnn": 10.0, "library": 20.0})
 
 
 @dataclass(frozen=True)
@@ -201,10 +201,10 @@ RULES: tuple[Rule, ...] = (
         evidence=f"{EVIDENCE}#cudnn-leads",
     ),
     Rule(
-        "torch",
+        "library",
         Match(kinds=frozenset({"matmul"}), max_ops=1, fact=PieceFact.NATIVE_GEMM, bucketed=False),
         True,
-        "a lone 16-bit matmul (nothing to fuse around it): cuBLAS's kernels run 5-15% faster than the "
+        "a lone 16-bit matmul (nothing to fuse around it): cuBLAS's kernels run 4-15% faster than the "
         "generated ones where worth its launch",
         evidence=f"{EVIDENCE}#lone-matmuls",
     ),

@@ -1,6 +1,8 @@
 """The library engine: a piece's GEMM-class op (convolution forward, data or filter gradient,
 matmul) through the library PyTorch calls for it (cuDNN, cuBLAS), and the piece's prologue and
-epilogue as generated Triton kernels before and after it.
+epilogue as generated Triton kernels before and after it. A lone 16-bit matmul (shared.native_gemm)
+is its piece too, the library call alone writing the output buffer: the build's policy lets it lead
+there (PieceFact.NATIVE_GEMM; other lone convolutions and matmuls stay the torch engine's).
 
 It answers "should cuDNN's conv run, followed by my own fused kernel, or one generated kernel with
 everything fused?" by offering the first as an alternative to the second on every GEMM-class piece
@@ -35,7 +37,8 @@ from ..memory import workspace as wsp
 from ..memory.buffers import address_of
 from ..ops.layout import VIEW_KINDS
 from . import get_engine, register_engine
-from .base import Binding, Compiler, Engine, Kernel, Launcher
+from .base import Binding, Compiler, Engine, EngineFacts, Kernel, Launcher, PieceFact
+from .shared.native_gemm import native_gemm
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
@@ -54,8 +57,11 @@ def _main(piece: Piece) -> int | str:
     mains = [i for i, n in enumerate(piece.nodes) if n.kind in GEMM_KINDS]
     if len(mains) != 1:
         return f"the library engine runs pieces with one convolution or matmul; this one has {len(mains)}"
-    if len(piece.nodes) == 1:
-        return "a lone convolution or matmul is the torch engine's (nothing to generate around it)"
+    if len(piece.nodes) == 1 and not native_gemm(piece):
+        return (
+            "a lone convolution or matmul other than a 16-bit GEMM of one type is the torch engine's (nothing "
+            "to generate around it)"
+        )
     return mains[0]
 
 
@@ -82,6 +88,8 @@ def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | s
         return i
     graph = native_graph(piece) if precision == "native" else piece.graph
     assert graph is not None, "native precision asked of a piece where it does not apply"
+    if len(piece.nodes) == 1:  # a lone 16-bit GEMM: the library call alone, into the output buffer
+        return [("main", make_piece(graph, piece.index, list(piece.nodes)))]
     prologue, views = _operand_views(piece, i)
     if not prologue and i + 1 == len(piece.nodes):
         return "its ops around the convolution or matmul are views, which the torch engine runs with it"
@@ -228,6 +236,14 @@ class LibraryEngine(Engine):
         if role_has_host(parts):
             return Support.no("the convolution or matmul has no torch mapping (it would run on the host)")
         return Support.yes()
+
+    def facts(self, piece: Piece, device: Device) -> EngineFacts:
+        """Whether the piece is a lone 16-bit matmul, which the library call runs as it is
+        (PieceFact.NATIVE_GEMM), with the estimate of its config."""
+        if not (device.is_cuda and native_gemm(piece)):
+            return EngineFacts()
+        config = self._config(piece, device, HeurMode.A, "exact")
+        return EngineFacts(None if config is None else config.estimate_us, frozenset({PieceFact.NATIVE_GEMM}))
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         precisions = ["exact"]

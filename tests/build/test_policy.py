@@ -163,26 +163,28 @@ def lone_matmul(m, n, k, dt=DT.BFLOAT16, out=None, epilogue=False):
 
 
 def test_cublas_leads_on_a_lone_16_bit_matmul_worth_its_launch():
-    """cuBLAS (the torch engine, writing the output in place) goes first on a piece that is one fp16 or
-    bf16 matmul with a result of its type, where its estimate reaches LEAD_ABOVE_US["torch"]; a matmul
-    with an epilogue, an fp32 result or fp32 operands, or a small one stays with the generated kernels."""
-    torch_engine = get_engine("torch")
-    bar = LEAD_ABOVE_US["torch"]
+    """cuBLAS (the library engine's call alone, writing the output in place) goes first on a piece that is
+    one fp16 or bf16 matmul with a result of its type, where its estimate reaches LEAD_ABOVE_US["library"];
+    a matmul with an epilogue, an fp32 result or fp32 operands, or a small one stays with the generated
+    kernels; the torch engine (op by op) never leads."""
+    library = get_engine("library")
+    bar = LEAD_ABOVE_US["library"]
 
-    def torch_leads(g, dev=H200):
-        return POLICY.leads(whole(g), torch_engine, dev)
+    def library_leads(g, dev=H200):
+        return POLICY.leads(whole(g), library, dev)
 
     head = lone_matmul(8192, 32000, 1024)
-    reported = torch_engine.facts(whole(head), H200)
+    reported = library.facts(whole(head), H200)
     assert PieceFact.NATIVE_GEMM in reported.facts and reported.estimate_us >= bar
-    assert torch_leads(head) and torch_leads(lone_matmul(8192, 1024, 1024, DT.HALF))
+    assert library_leads(head) and library_leads(lone_matmul(8192, 1024, 1024, DT.HALF))
+    assert not POLICY.leads(whole(head), get_engine("torch"), H200)
     small = lone_matmul(256, 256, 256)
-    assert torch_engine.facts(whole(small), H200).estimate_us < bar and not torch_leads(small)
-    assert not torch_leads(lone_matmul(8192, 32000, 1024, epilogue=True))
-    assert not torch_leads(lone_matmul(8192, 32000, 1024, out=DT.FLOAT))
-    assert not torch_leads(lone_matmul(8192, 32000, 1024, DT.FLOAT))
-    assert PieceFact.NATIVE_GEMM not in torch_engine.facts(whole(head), CPU).facts
-    assert not torch_leads(head, CPU)
+    assert library.facts(whole(small), H200).estimate_us < bar and not library_leads(small)
+    assert not library_leads(lone_matmul(8192, 32000, 1024, epilogue=True))
+    assert not library_leads(lone_matmul(8192, 32000, 1024, out=DT.FLOAT))
+    assert not library_leads(lone_matmul(8192, 32000, 1024, DT.FLOAT))
+    assert PieceFact.NATIVE_GEMM not in library.facts(whole(head), CPU).facts
+    assert not library_leads(head, CPU)
 
 
 def test_nothing_leads_on_the_cpu_where_nothing_is_estimated():

@@ -78,7 +78,7 @@ def test_gpu_a_split_plan_computes_the_product(rng):
 
 
 def test_the_ways_of_cutting_are_weighed_in_one_engines_model(monkeypatch):
-    """With cuBLAS (the torch engine) leading on the lone LM head, the split is still weighed in the fused
+    """With cuBLAS (the library engine) leading on the lone LM head, the split is still weighed in the fused
     piece's engine: the generated kernel's estimates of the norm and of the plain product, not cuBLAS's
     on another scale; the product then runs on the engine that leads on it."""
     from opgraph.build.heuristics import rank_configs
@@ -86,13 +86,13 @@ def test_the_ways_of_cutting_are_weighed_in_one_engines_model(monkeypatch):
 
     for name in ("triton", "torch"):
         monkeypatch.setattr(type(get_engine(name)), "available", lambda self, device: Support.yes())
-    engines = usable_engines(["triton", "torch"], H200)
+    engines = usable_engines(["triton", "library", "torch"], H200)
     graph = normed_product(8192, 1024, 32000)[0].final
     pieces, cuts = partition(graph, engines, H200)
     split, _ = split_prologues(pieces, cuts, engines, H200, [HeurMode.A])
     assert [[n.name for n in p.nodes] for p in split] == [["scale", "gamma"], ["head"]]
     head = split[1]
-    assert first_estimate(head, engines, H200, [HeurMode.A])[1] == "torch"
-    assert rank_configs(head, engines, H200, [HeurMode.A]).configs[0].engine == "torch"
+    assert first_estimate(head, engines, H200, [HeurMode.A])[1] == "library"
+    assert rank_configs(head, engines, H200, [HeurMode.A]).configs[0].engine == "library"
     generated = estimate_in(head, engines, H200, [HeurMode.A], "triton")
     assert generated is not None and generated != first_estimate(head, engines, H200, [HeurMode.A])[0]

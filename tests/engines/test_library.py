@@ -152,6 +152,24 @@ def test_declines_a_lone_op_and_two_main_ops():
         g.build(device="cpu", engines=["library"], allow_partition=False)
 
 
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+def test_a_lone_16_bit_matmul_is_the_library_call_alone(dt, rng):
+    """A lone fp16/bf16 matmul with a result of its type (an LM head: 3-D activations times a transposed
+    weight) is a library piece of one part, the library call; a lone fp32 one or one with an fp32 result
+    stays the torch engine's."""
+    g, _, _, c = mm_graph((2, 24, 40), (1, 40, 56), dt=dt, b_layout="col")
+    c.set_output(True)
+    plan = assert_engine_matches(g, rng, engines=("library",), expect_steps=1)
+    assert roles(plan) == ["main"]
+    lib = get_engine("library")
+    for dtype, out in ((DT.FLOAT, None), (dt, DT.FLOAT)):
+        g, _, _, c = mm_graph((2, 24, 40), (1, 40, 56), dt=dtype)
+        c.set_output(True).set_data_type(out or dtype)
+        (piece,), _ = partition(g.final, [get_engine("triton")], CPU)
+        verdict = lib.supports(piece, CPU)
+        assert not verdict and "lone convolution or matmul" in verdict.reason
+
+
 def test_declines_with_the_part_that_triton_cannot_run(monkeypatch):
     """A conv whose epilogue Triton cannot run as one kernel: the reason names the epilogue."""
     import opgraph.engines.triton as triton_engine
@@ -277,6 +295,21 @@ def test_gpu_conv_bias_relu_and_capture(rng):
     }
     pack[out.uid] = torch.empty_strided(out.dim, out.stride, device="cuda", dtype=torch.float16)
     assert_replay_equals_execute(plan, pack, out.uid)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_a_lone_bf16_matmul_is_cublas_into_the_output(rng):
+    """On the GPU the default build gives a large lone bf16 matmul to the library engine (policy: cuBLAS
+    leads), its one part the torch engine's direct path, checked against the reference."""
+    g, _, _, c = mm_graph((8, 1024, 1024), (1, 1024, 2048), dt=DT.BFLOAT16, b_layout="col")  # ~50 µs
+    c.set_output(True)
+    plan = g.build(device="cuda")
+    assert plan.steps[0].config.engine == "library" and roles(plan) == ["main"], plan.describe()
+    ((_, _, main),) = plan.steps[0].kernel.parts
+    assert main.direct
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
 
 
 @pytest.mark.gpu

@@ -853,7 +853,7 @@ def test_the_direct_matmul_writes_into_a_workspace_view_but_not_over_its_operand
 
 
 def test_native_gemm_is_a_lone_16_bit_matmul_of_one_type():
-    from opgraph.engines.torch_engine import native_gemm
+    from opgraph.engines.shared.native_gemm import native_gemm
 
     def piece(dt=BF16, out=None, epilogue=False):
         g = graph(dt, "mm")

@@ -36,7 +36,8 @@ from ...core.piece import Piece
 from ...core.types import Buffer, Stream
 from ...ops.custom import Custom
 from .. import register_engine
-from ..base import Engine, EngineFacts, Kernel, PieceFact
+from ..base import Engine, Kernel
+from ..shared.native_gemm import native_gemm
 from . import (  # noqa: F401  (register mappings)
     adalayernorm,
     attention,
@@ -87,27 +88,6 @@ def _tensor_core_ops(piece: Piece) -> bool:
             if gemm.uses_tensor_cores(a, b, out, wide_compute(n, tensors)):
                 return True
     return False
-
-
-def native_gemm(piece: Piece) -> bool:
-    """Whether the piece is one matmul whose operands and result are one 16-bit float type: cuBLAS runs
-    it as it is, with fp32 accumulation, writing the result into the output buffer (TorchKernel's direct
-    path; PieceFact.NATIVE_GEMM for the build's policy)."""
-    if len(piece.nodes) != 1 or piece.nodes[0].kind != "matmul":
-        return False
-    node = piece.nodes[0]
-    tensors = piece.graph.tensors
-    ins, outs = node.input_uids(), node.output_uids()
-    if len(ins) != 2 or len(outs) != 1 or outs[0] not in piece.outputs:
-        return False
-    a, b = (tensors[u].data_type for u in ins)
-    out = tensors[outs[0]].data_type
-    return (
-        a in gemm.NATIVE
-        and a is b is out
-        and node.compute_data_type is DataType.FLOAT
-        and not wide_compute(node, tensors)
-    )
 
 
 def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
@@ -285,14 +265,6 @@ class TorchEngine(Engine):
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         return [make_config(piece, device, mode)]
 
-    def facts(self, piece: Piece, device: Device) -> EngineFacts:
-        """The cost model's estimate, and whether the piece is a lone 16-bit matmul that cuBLAS runs as it is."""
-        native = device.is_cuda and native_gemm(piece)
-        return EngineFacts(
-            estimate_us(piece, device, device.is_cuda and _tensor_core_ops(piece), native=native),
-            frozenset({PieceFact.NATIVE_GEMM}) if native else frozenset(),
-        )
-
     def compile(self, piece: Piece, config: EngineConfig, device: Device) -> Kernel:
         kernel = TorchKernel(piece, config, device)
         if device.is_cuda and collective.lone_collective(piece):  # on a communication stream
@@ -308,4 +280,4 @@ class TorchEngine(Engine):
 
 
 register_engine(TorchEngine())
-__all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config", "native_gemm"]
+__all__ = ["IMPLS", "TorchEngine", "TorchKernel", "host_ops", "make_config"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...core.dtypes import DataType
 from ...core.tensor import TensorDesc
+from ..shared.native_gemm import NATIVE_16
 from .common import Call
 from .precision import set_cudnn_tf32
 
@@ -26,7 +27,6 @@ from .precision import set_cudnn_tf32
 # accumulating in fp32 (implicit-GEMM algorithms do; a transform-based algorithm would not be exact):
 # switch it off here if the GPU tests of fp16/bf16 operands with fp32 outputs show otherwise.
 TF32_FOR_EXACT_INPUTS = True
-NATIVE = (DataType.HALF, DataType.BFLOAT16)  # 16-bit types cuBLAS/cuDNN run as they are
 _TF32_EXACT = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FP8_E4M3, DataType.FP8_E5M2})
 
 
@@ -37,7 +37,7 @@ def plan(call: Call, a: TensorDesc, b: TensorDesc, out: TensorDesc, *, int_dtype
     if a.data_type.is_integer or not a.data_type.is_floating:
         return (int_dtype or torch.float64), False
     if call.tensor_cores and call.compute is torch.float32:
-        if a.data_type in NATIVE and a.data_type is b.data_type is out.data_type:
+        if a.data_type in NATIVE_16 and a.data_type is b.data_type is out.data_type:
             return a.data_type.to_torch(), False
         if TF32_FOR_EXACT_INPUTS and a.data_type in _TF32_EXACT and b.data_type in _TF32_EXACT:
             return torch.float32, True
@@ -48,7 +48,7 @@ def uses_tensor_cores(a: DataType, b: DataType, out: DataType, wide: bool) -> bo
     """Whether `plan` picks a tensor-core path (with `tensor_cores` on) for these types."""
     if wide or not a.is_floating:
         return False
-    return (a in NATIVE and a is b is out) or (TF32_FOR_EXACT_INPUTS and a in _TF32_EXACT and b in _TF32_EXACT)
+    return (a in NATIVE_16 and a is b is out) or (TF32_FOR_EXACT_INPUTS and a in _TF32_EXACT and b in _TF32_EXACT)
 
 
 @contextmanager
