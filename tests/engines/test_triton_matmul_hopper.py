@@ -279,6 +279,35 @@ def test_encode_args_match_tritons_launcher():
     assert not tma_desc.launchable([{**meta, "fp4_padded": True}], 1)
 
 
+def test_a_descriptor_slot_re_encodes_a_moved_buffer_with_its_arrays_made_once():
+    """A moved buffer re-encodes its descriptor at the new address (every bind of a backward plan's fresh
+    activations): the slot passes the driver the same argument arrays with the new address; another
+    argument or metadata makes them again."""
+    from opgraph.engines.triton import tma_desc
+    from opgraph.engines.triton.templates.base import Arg, ArgKind
+
+    arg = Arg(ArgKind.DESC, 3, 0, shape=(8192, 1024), strides=(1024, 1), block=(128, 64))
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [128, 64]}
+    calls = []
+
+    def fn(address, *args):
+        calls.append(args)
+        return 0
+
+    slot = tma_desc.TensorMapSlot()
+    assert not slot.holds(arg)
+    slot.encode(fn, lambda rc, what: None, arg, 4096, meta)
+    slot.encode(fn, lambda rc, what: None, arg, 8192, meta)
+    assert slot.holds(arg)
+    (k1, r1, a1, *rest1), (k2, r2, a2, *rest2) = calls
+    assert (a1, a2) == (4096, 8192) and (k1, r1) == (k2, r2) == (9, 2)
+    assert all(x is y for x, y in zip(rest1[:4], rest2[:4]))  # dims, strides, box, ones: made once
+    assert [list(x) for x in rest2[:4]] == [[1024, 8192], [2048], [64, 128], [1, 1]]
+    other = Arg(ArgKind.DESC, 4, 0, shape=(512, 1024), strides=(1024, 1), block=(128, 64))
+    slot.encode(fn, lambda rc, what: None, other, 4096, meta)
+    assert list(calls[-1][3]) == [1024, 512] and slot.holds(other) and not slot.holds(arg)
+
+
 def test_tma_strides_of_unit_axes_are_aligned():
     from opgraph.engines.triton.gemm import tma_strides
 

@@ -297,7 +297,11 @@ class NativeLaunch:
         kernel's `tensordesc_meta` entry for it."""
         d = driver()
         at = self.index[i]
-        self.slots[at].encode(d.encode(), d.check, arg, global_address, meta)
+        slot = self.slots[at]
+        same = slot.holds(arg)  # (a moved buffer: the dims and strides after the map are as they were)
+        slot.encode(d.encode(), d.check, arg, global_address, meta)
+        if same:
+            return
         rank = len(arg.shape)
         for j, (dim, stride) in enumerate(zip(arg.shape, arg.strides)):
             self.slots[at + 1 + j].value = int(dim)

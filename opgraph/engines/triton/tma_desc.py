@@ -131,6 +131,9 @@ class TensorMapSlot:
     def __init__(self) -> None:
         self.buffer = (ctypes.c_uint8 * (MAP_BYTES + MAP_ALIGN))()
         self.address = -(-ctypes.addressof(self.buffer) // MAP_ALIGN) * MAP_ALIGN
+        # (arg, meta, encode_args' tuple): a slot re-encodes one argument at each new address (a moved
+        # buffer), its dims, strides and box arrays made once
+        self._made: tuple[Arg, Mapping[str, Any], tuple[Any, ...]] | None = None
 
     def encode(
         self,
@@ -140,10 +143,17 @@ class TensorMapSlot:
         global_address: int,
         meta: Mapping[str, Any],
     ) -> None:
-        check(
-            fn(self.address, *encode_args(arg, global_address, meta)),
-            f"encode a TMA descriptor of shape {list(arg.shape)} at {global_address:#x}",
-        )
+        made = self._made
+        if made is None or made[0] is not arg or made[1] is not meta:
+            made = self._made = (arg, meta, encode_args(arg, global_address, meta))
+        kind, rank, _, *rest = made[2]
+        rc = fn(self.address, kind, rank, global_address, *rest)
+        if rc:  # (the message made only for a failure: this runs at every bind of a moved buffer)
+            check(rc, f"encode a TMA descriptor of shape {list(arg.shape)} at {global_address:#x}")
+
+    def holds(self, arg: Arg) -> bool:
+        """Whether the slot was last encoded for `arg` (only its address may have changed since)."""
+        return self._made is not None and self._made[0] is arg
 
     def raw(self) -> bytes:
         return ctypes.string_at(self.address, MAP_BYTES)
