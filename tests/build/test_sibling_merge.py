@@ -81,3 +81,23 @@ def test_a_dynamic_plans_bucket_keeps_them_apart(triton_on_h200):
     planned = dataclasses.replace(graph, origin=ShapeOrigin(graph, (), None))
     in_bucket = [make_piece(planned, p.index, list(p.nodes)) for p in pieces]
     assert merge_siblings(in_bucket, cuts, triton_on_h200, H200, [HeurMode.A]) == (in_bucket, cuts)
+
+
+def test_products_led_by_different_engines_stay_apart(monkeypatch):
+    """One engine's cost model weighs both ways or none: with the library engine leading on the lone query
+    projection (cuBLAS) and the generated kernel on the key, the two stay apart whatever the merged piece's
+    estimate; the key and value, both the generated kernel's, still merge."""
+    for name in ("triton", "torch"):
+        monkeypatch.setattr(type(get_engine(name)), "available", lambda self, device: Support.yes())
+    engines = usable_engines(["triton", "library", "torch"], H200)
+    g = og.Graph("qk", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[8, 1024, 1024], name="x")
+    g.matmul(x, _weight(g, 1024, 1024, "w_q"), name="q").set_output(True)
+    g.relu(g.matmul(x, _weight(g, 1024, 1024, "w_k"), name="k"), name="k_relu").set_output(True)
+    pieces, cuts = partition(g.final, engines, H200)
+    assert [[n.name for n in p.nodes] for p in pieces] == [["q"], ["k", "k_relu"]]
+    merged, _ = merge_siblings(pieces, cuts, engines, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in merged] == [["q"], ["k", "k_relu"]]
+    pieces, cuts = partition(projections().final, engines, H200)
+    merged, _ = refine(pieces, cuts, engines, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in merged] == [["q"], ["k", "v"]]
