@@ -33,6 +33,7 @@ from ...core.device import Device
 from ...core.dtypes import DataType
 from ...core.errors import ExecutionError
 from ...core.piece import Piece
+from ...core.tensor import storage_extent
 from ...core.types import Buffer, Stream
 from ...ops.custom import Custom
 from .. import register_engine
@@ -225,16 +226,10 @@ class TorchKernel(Kernel):
 
 def _meet(x: Any, y: Any) -> bool:
     """Whether the byte spans of two tensors' elements (first to last, strides as given) overlap."""
-
-    def span(t: Any) -> tuple[int, int]:
-        lo = t.data_ptr()
-        last = sum((d - 1) * s for d, s in zip(t.shape, t.stride()) if d > 0)
-        return lo, lo + (last + 1) * t.element_size()
-
-    if x.numel() == 0 or y.numel() == 0:
-        return False
-    (a, b), (c, d) = span(x), span(y)
-    return a < d and c < b
+    a, c = x.data_ptr(), y.data_ptr()
+    b = a + storage_extent(x.shape, x.stride()) * x.element_size()
+    d = c + storage_extent(y.shape, y.stride()) * y.element_size()
+    return a < b and c < d and a < d and c < b
 
 
 @functools.cache

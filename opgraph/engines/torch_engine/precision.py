@@ -17,7 +17,7 @@ legacy and new (>= 2.9) TF32 APIs keep passing:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 Undo = list[Callable[[], None]]
@@ -106,35 +106,27 @@ def _pin_reductions(torch: Any, undo: Undo) -> None:
 
 
 @contextmanager
-def exact_gemm16() -> Iterator[None]:
+def _pinned(*pins: Callable[[Any, Undo], None]) -> Iterator[None]:
+    """The flags `pins` set for the duration, the caller's restored after (in reverse order)."""
+    import torch
+
+    undo: Undo = []
+    try:
+        for pin in pins:
+            pin(torch, undo)
+        yield
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+def exact_gemm16() -> AbstractContextManager[None]:
     """fp32 accumulation pinned for an fp16/bf16 GEMM on CUDA (no reduced-precision reductions, no fp16
     accumulation), the caller's flags restored after: exact_math's part that such a GEMM reads, for the
     torch engine's direct matmul (the TF32 flags do not touch it; pinning them too costs its host time)."""
-    import torch
-
-    undo: Undo = []
-    try:
-        _pin_reductions(torch, undo)
-        yield
-    finally:
-        for fn in reversed(undo):
-            fn()
+    return _pinned(_pin_reductions)
 
 
-@contextmanager
-def exact_math(on_cuda: bool) -> Iterator[None]:
+def exact_math(on_cuda: bool) -> AbstractContextManager[None]:
     """Pin exact fp32 / fp32-accumulating GEMMs on CUDA for the duration (nothing on the CPU)."""
-    if not on_cuda:
-        yield
-        return
-    import torch
-
-    undo: Undo = []
-    try:
-        _pin_conv(torch, undo)
-        _pin_matmul(torch, undo)
-        _pin_reductions(torch, undo)
-        yield
-    finally:
-        for fn in reversed(undo):
-            fn()
+    return _pinned(_pin_conv, _pin_matmul, _pin_reductions) if on_cuda else nullcontext()
