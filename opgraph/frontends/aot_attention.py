@@ -12,9 +12,12 @@ its gradient to that kernel's backward:
 Each forward returns the output, the rows' log-sum-exp of the scaled scores (natural log: the Stats
 sdpa generates, [B, H, Sq], the efficient kernel's padded to a multiple of 32 rows) and the sequence
 and RNG state its backward reads. A forward translates where only the output and the log-sum-exp are
-read: an inference graph; a training graph also saves that state for the backward, so its forward
-stays in PyTorch while the backward, which reads the same log-sum-exp either way, translates. Dropout
-stays in PyTorch (its mask is PyTorch's RNG stream), as does a bias's gradient.
+read: an inference graph. A training graph also saves that state for the backward; without dropout the
+state is no value the backward uses (PyTorch's kernels read the seed and offset only to draw a dropout
+mask, and the sequence bounds only for nested tensors), so `free_attention_state(gm)` gives the saved
+results fresh placeholders of their own (an uninitialised tensor of the same shape, or the traced int)
+and the forward translates too, in one plan with the layer around it. With dropout the forward stays in
+PyTorch (its mask is PyTorch's RNG stream), as does a bias's gradient.
 """
 
 from __future__ import annotations
@@ -34,6 +37,77 @@ FORWARD = {  # op -> its mask argument
     "_scaled_dot_product_cudnn_attention": "attn_bias",
 }
 BACKWARD = {f"{name}_backward": mask for name, mask in FORWARD.items()}
+
+
+def _dropout(node: Any) -> Any:
+    """The dropout probability a forward attention node was traced with (None where it is not a number)."""
+    schema = node.target._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "dropout_p":
+            p = node.args[i] if i < len(node.args) else node.kwargs.get("dropout_p", arg.default_value)
+            return p if isinstance(p, (int, float)) else None
+    return 0.0
+
+
+FREED = "opgraph_freed_attention_state"  # node.meta key of the placeholders: they stay in PyTorch
+
+
+def _substitute(reader: Any, old: Any, value: Any) -> None:
+    """`reader` (an FX node) reading `value` where it read node `old`."""
+    from torch.fx.node import map_arg
+
+    def swap(a: Any) -> Any:
+        return value if a is old else a
+
+    reader.args = map_arg(reader.args, swap)
+    reader.kwargs = map_arg(reader.kwargs, swap)
+
+
+def free_attention_state(gm: Any) -> int:
+    """Rewrite `gm` (an AOTAutograd graph) so that no forward attention node without dropout has its
+    sequence or RNG state read: each such result's readers get a placeholder instead (an `aten.empty`
+    of the traced shape and dtype for a tensor, marked `FREED` so that it stays in PyTorch, or the
+    traced int for an int); unread results are dropped. Returns how many read results it freed.
+    Results whose traced value is symbolic are left alone."""
+    import operator
+
+    import torch
+
+    freed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or getattr(node.target, "_schema", None) is None:
+            continue
+        if node.target._schema.name.split("::")[-1] not in FORWARD or _dropout(node) != 0.0:
+            continue
+        for user in list(node.users):
+            if user.target is not operator.getitem or user.args[1] < 2:
+                continue
+            vals = node.meta.get("val")  # (the tuple's: a getitem of an int may hold no value of its own)
+            val = vals[user.args[1]] if isinstance(vals, (tuple, list)) else user.meta.get("val")
+            if not user.users:
+                gm.graph.erase_node(user)
+                continue
+            if isinstance(val, bool) or not isinstance(val, (int, torch.Tensor)):
+                continue
+            if isinstance(val, int):
+                for reader in list(user.users):
+                    _substitute(reader, user, val)
+            else:
+                if not all(isinstance(d, int) for d in val.shape):
+                    continue
+                with gm.graph.inserting_after(user):
+                    fresh = gm.graph.call_function(
+                        torch.ops.aten.empty.memory_format,
+                        (list(val.shape),),
+                        {"dtype": val.dtype, "device": val.device, "pin_memory": False},
+                    )
+                fresh.meta = {**user.meta, "val": val, FREED: True}
+                user.replace_all_uses_with(fresh)
+            gm.graph.erase_node(user)
+            freed += 1
+    gm.graph.lint()
+    gm.recompile()
+    return freed
 
 
 def _checked(a: Args) -> tuple[Value, Value, Value]:

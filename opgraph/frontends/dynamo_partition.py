@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import GraphError
+from .aot_attention import FREED, free_attention_state
 from .fx_graph import import_fx, translatable
 from .fx_linear import fold_linear_views
 from .torch_runtime import ImportedGraph
@@ -229,7 +230,7 @@ def _supported(refused: Mapping[str, str], node: Any) -> bool:
     """The partitioner's operator support: translatable, with static tensor values, not found wanting."""
     import torch
 
-    if node.name in refused or node.op != "call_function" or not translatable(node):
+    if node.name in refused or node.op != "call_function" or not translatable(node) or node.meta.get(FREED):
         return False
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
@@ -269,6 +270,7 @@ def compile_graph(
     from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions, topo_sort
 
     fold_linear_views(gm)  # (linear layers as one batched matmul each, as from_torch imports them)
+    free_attention_state(gm)  # (a training forward's attention in its plan: its unused RNG state not saved)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     position = {n.name: i for i, n in enumerate(calls)}
     shapes = tuple(

@@ -5,6 +5,7 @@ the reference engine against attention computed in float64 from its definition."
 from __future__ import annotations
 
 import math
+import operator
 
 import pytest
 
@@ -131,6 +132,54 @@ def test_dropout_and_rng_state_stay_in_pytorch():
 
     with pytest.raises(og.UnsupportedGraphError, match="RNG state"):
         import_fx(make_fx(rng_state, tracing_mode="fake")(q, k, v))
+
+
+def test_saved_state_without_dropout_is_freed_so_the_forward_translates():
+    """A training forward saves its attention's RNG state (and sequence bounds) for the backward;
+    without dropout nothing reads their values, so the backend's graph gets placeholders for them and
+    the attention runs in the forward's plan: its output and log-sum-exp as the definition's, the
+    placeholders of the traced shapes and types, no fallback. With dropout the state stays read."""
+    from opgraph.frontends.aot_attention import free_attention_state
+    from opgraph.frontends.dynamo_partition import compile_graph
+
+    q, k, v = _inputs(4, hkv=HQ)
+
+    def saved(p):
+        def forward(q, k, v):
+            r = aten._scaled_dot_product_flash_attention(q, k, v, p, True, scale=0.3)
+            return r[0], r[1], r[6], r[7], r[5] + 0 * r[0].sum()
+
+        return forward
+
+    gm = make_fx(saved(0.0), tracing_mode="fake")(q, k, v)
+
+    def state(gm):
+        return [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[1] >= 2 and n.users]
+
+    saved_state = [n.meta["val"] for n in state(gm) if n.args[1] in (6, 7)]
+    assert len(saved_state) == 2
+    bound_node = next(n for n in gm.graph.nodes if n.target is operator.getitem and n.args[1] == 5)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_node.args = ((*out_node.args[0], bound_node),)  # (an int result read, as a graph saving it would)
+    assert free_attention_state(gm) == 3  # the seed, the offset and the int bound max_k
+    assert out_node.args[0][-1] == SKV
+    assert not state(gm)
+    fused, report = compile_graph(
+        make_fx(saved(0.0), tracing_mode="fake")(q, k, v), "forward", 0, engines=None, build_options={}
+    )
+    assert not report.fallbacks or all("attention" not in f.target for f in report.fallbacks), report
+    out, lse, seed, offset, bound = fused(q, k, v)
+    s = (q @ k.transpose(-1, -2)) * 0.3
+    s = s.masked_fill(~torch.ones(SQ, SKV, dtype=torch.bool).tril(), -math.inf)
+    torch.testing.assert_close(out, torch.softmax(s, -1) @ v, rtol=1e-10, atol=1e-10)
+    assert lse.dtype == torch.float32  # (PyTorch's kernels keep it in float32)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-6, atol=1e-6)
+    for got, want in zip((seed, offset), saved_state):
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    torch.testing.assert_close(bound, torch.full_like(bound, SKV))
+
+    dropped = make_fx(saved(0.1), tracing_mode="fake")(q, k, v)
+    assert free_attention_state(dropped) == 0
 
 
 def test_safe_softmax_gives_zero_rows_where_every_score_is_masked():
