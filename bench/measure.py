@@ -191,6 +191,17 @@ def kernel_sum_us(fn: Callable[[], Any], calls: int = 5) -> float:
     return total / calls
 
 
+def replay_us(fn: Callable[[], Any], calls: int = 10, rounds: int = 9) -> float:
+    """Device µs per call: `calls` calls of fn captured in one CUDA graph, the graph replayed `rounds`
+    times behind a spin kernel (host hidden), the median replay over `calls` (the checks in scripts/)."""
+    torch = _torch()
+    fn()
+    torch.cuda.synchronize()
+    cap = capture(fn, calls, warmup=1)
+    cap.graph.replay()
+    return statistics.median(events_us(cap.graph.replay, rounds, 1000.0)) / calls
+
+
 def burst_us(fn: Callable[[], Any], calls: int = 5, rounds: int = 3) -> float:
     """Quick device µs per call, host hidden: `calls` calls queued behind a spin kernel, between two
     events (for ranking many candidates, e.g. tuning cuDNN's plans)."""

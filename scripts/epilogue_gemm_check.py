@@ -8,7 +8,6 @@ replays of 10 calls (median of 9). Prints each plan's steps and the configs it c
     PYTHONPATH=$PWD python scripts/epilogue_gemm_check.py        # from the repo root, ~2 min
 """
 
-import statistics
 import sys
 
 import torch
@@ -16,18 +15,10 @@ from torch import nn
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from bench.measure import capture, events_us  # noqa: E402
+from bench.measure import replay_us  # noqa: E402
 
 ROWS, D, FF = 8192, 1024, 2816
 EPS = 1e-6
-
-
-def timed(fn, n=10):
-    fn()
-    torch.cuda.synchronize()
-    cap = capture(fn, n, warmup=1)
-    cap.graph.replay()
-    return statistics.median(events_us(cap.graph.replay, 9, 1000.0)) / n
 
 
 class Tail(nn.Module):
@@ -96,11 +87,11 @@ def main() -> None:
                     torch.cuda.synchronize()
                     got = [pack[t.known_uid()] for t in imp.outputs]
                     err = check(got if len(got) > 1 else got[0], want)
-                    row += f" | {label} {timed(lambda plan=plan, pack=pack: plan.execute(pack)):7.1f} ({len(plan.steps)} steps, err {err:.1e})"
+                    row += f" | {label} {replay_us(lambda plan=plan, pack=pack: plan.execute(pack)):7.1f} ({len(plan.steps)} steps, err {err:.1e})"
                     print(f"   {name} {what} {label}:\n{steps(plan)}", flush=True)
                 tc = torch.compile(m, mode="max-autotune-no-cudagraphs")
                 err = check(tc(*args), want)
-                row += f" | torch.compile {timed(lambda tc=tc, args=args: tc(*args)):7.1f} (err {err:.1e})"
+                row += f" | torch.compile {replay_us(lambda tc=tc, args=args: tc(*args)):7.1f} (err {err:.1e})"
             print(row, flush=True)
 
 

@@ -6,7 +6,6 @@ step whose config the tuner changed (each step alone, heuristic -> tuned).
     PYTHONPATH=$PWD python scripts/llama_autotune_check.py        # from the repo root, ~3 min
 """
 
-import statistics
 import sys
 import time
 
@@ -14,22 +13,12 @@ import torch
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from bench.measure import capture, events_us  # noqa: E402
-from bench.workloads.zoo import _wrap, llama_model  # noqa: E402
-
-
-def timed(fn, n=5):
-    fn()
-    torch.cuda.synchronize()
-    cap = capture(fn, n, warmup=1)
-    cap.graph.replay()
-    return statistics.median(events_us(cap.graph.replay, 7, 1000.0)) / n
+from bench.measure import replay_us  # noqa: E402
+from bench.workloads.zoo import llama_zoo_inference  # noqa: E402
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    m = _wrap(llama_model(1024, 8, 16, 4, 2816, 32000).cuda().to(torch.bfloat16).eval(), "logits")
-    x = torch.randint(0, 32000, (8, 1024), device="cuda")
+    m, x = llama_zoo_inference()
     with torch.no_grad():
         ref = m(x).float()
         imp = og.from_torch(m, (x,))
@@ -44,7 +33,7 @@ def main() -> None:
             plan.execute(pack)
             torch.cuda.synchronize()
             err = ((pack[out].float() - ref).norm() / ref.norm()).item()
-            us = timed(lambda plan=plan, pack=pack: plan.execute(pack))
+            us = replay_us(lambda plan=plan, pack=pack: plan.execute(pack), 5, 7)
             print(
                 f"{label}: {us:8.1f} us a call, {len(plan.steps)} steps, build {build_s:.1f} s, err {err:.2e}",
                 flush=True,

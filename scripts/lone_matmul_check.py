@@ -8,23 +8,14 @@ evidence behind build/policy.py's lone-matmul rule (bench/results/constants.md#l
     PYTHONPATH=$PWD python scripts/lone_matmul_check.py          # from the repo root, ~30 s
 """
 
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from bench.measure import capture, events_us  # noqa: E402
+from bench.measure import replay_us  # noqa: E402
 from opgraph.engines.torch_engine.precision import exact_math  # noqa: E402
-
-
-def timed(fn, n=10):
-    fn()
-    torch.cuda.synchronize()
-    cap = capture(fn, n, warmup=1)
-    cap.graph.replay()
-    return statistics.median(events_us(cap.graph.replay, 9, 1000.0)) / n
 
 
 def plan_row(engine: str, a, w3, out) -> str:
@@ -43,7 +34,7 @@ def plan_row(engine: str, a, w3, out) -> str:
     torch.cuda.synchronize()
     ref = a.float() @ w3[0].float()
     err = ((out.float() - ref).norm() / ref.norm()).item()
-    return f" | plan-{engine} {timed(lambda: plan.execute(pack)):.1f} (err {err:.1e})"
+    return f" | plan-{engine} {replay_us(lambda: plan.execute(pack)):.1f} (err {err:.1e})"
 
 
 def main() -> None:
@@ -64,7 +55,7 @@ def main() -> None:
             with exact_math(True):
                 torch.matmul(a, w3, out=out)
 
-        row = f"{b}x{m}x{n}x{k}: mm {timed(mm):.1f} mm-pinned {timed(pinned):.1f} bmm-pinned {timed(batched):.1f}"
+        row = f"{b}x{m}x{n}x{k}: mm {replay_us(mm):.1f} mm-pinned {replay_us(pinned):.1f} bmm-pinned {replay_us(batched):.1f}"
         row += plan_row("triton", a, w3, out) + plan_row("torch", a, w3, out)
         print(row, f"[{2 * b * m * n * k / 1e9:.0f} GF]", flush=True)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,17 +30,6 @@ CASES = [  # name, N, C, H, K, patch, layout
     ("convnext.stem4", 64, 3, 224, 96, 4, "nhwc"),
     ("convnext.down2", 64, 96, 56, 192, 2, "nhwc"),
 ]
-
-
-def timed(fn: Any) -> float:
-    import torch
-
-    from bench.measure import capture, events_us
-
-    fn()
-    torch.cuda.synchronize()
-    cap = capture(fn, 10, warmup=1)
-    return statistics.median(events_us(cap.graph.replay, 9, 1000.0)) / 10
 
 
 def plans_of(g: Any, candidates: int) -> dict[str, Any]:
@@ -70,6 +58,7 @@ def main() -> int:
     import torch
 
     import opgraph as og
+    from bench.measure import replay_us
     from tests.engines.test_prologue_pass import cast_filter_conv
 
     torch.backends.cudnn.benchmark = True
@@ -98,7 +87,11 @@ def main() -> int:
 
         y = torch.nn.functional.conv2d(x, w, stride=p)
         say(
-            name, "torch (cuDNN)", timed(lambda x=x, w=w, p=p: torch.nn.functional.conv2d(x, w, stride=p)), flop, err(y)
+            name,
+            "torch (cuDNN)",
+            replay_us(lambda x=x, w=w, p=p: torch.nn.functional.conv2d(x, w, stride=p)),
+            flop,
+            err(y),
         )
         g = og.Graph("patches", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
         xt = g.tensor(dim=list(x.shape), stride=list(x.stride()), name="x")
@@ -118,7 +111,7 @@ def main() -> int:
             say(
                 name,
                 f"opgraph {label}",
-                timed(lambda plan=plan, pack=pack: plan.execute(pack)),
+                replay_us(lambda plan=plan, pack=pack: plan.execute(pack)),
                 flop,
                 e,
                 str(plan.steps[0].config)[7:140],
@@ -145,7 +138,7 @@ def main() -> int:
         say(
             "vit.patch16.cast",
             label,
-            timed(lambda plan=plan: plan.execute(pack)),
+            replay_us(lambda plan=plan: plan.execute(pack)),
             2 * 12544 * 768 * 768,
             e,
             str(plan.steps[0].config)[:140],

@@ -15,13 +15,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, ".")
 import opgraph as og  # noqa: E402
-from bench.workloads.zoo import _wrap, llama_model  # noqa: E402
+from bench.workloads.zoo import llama_zoo_inference  # noqa: E402
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    m = _wrap(llama_model(1024, 8, 16, 4, 2816, 32000).cuda().to(torch.bfloat16).eval(), "logits")
-    x = torch.randint(0, 32000, (8, 1024), device="cuda")
+    m, x = llama_zoo_inference()
     with torch.no_grad():
         imp = og.from_torch(m, (x,))
         plan = imp.graph.build()

@@ -9,11 +9,9 @@ first (outputs poisoned with NaN before each run).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -23,31 +21,18 @@ FLAT = [(1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8), (8192, 8), (8192,
 MEMORY_BOUND = ("pointwise", "reduction", "rownorm")
 
 
-def timed(fn: Any, n: int = 20) -> float:
-    import torch
-
-    from bench.measure import capture, events_us
-
-    fn()
-    torch.cuda.synchronize()
-    cap = capture(fn, n, warmup=1)
-    cap.graph.replay()
-    return statistics.median(events_us(cap.graph.replay, 15, 1000.0)) / n
-
-
 def main() -> None:
     import torch
 
     import opgraph as og
-    from bench.workloads.zoo import _wrap, llama_model
+    from bench.measure import replay_us
+    from bench.workloads.zoo import llama_zoo_inference
     from opgraph.core.config import HeurMode
     from opgraph.engines import EngineConfig
     from opgraph.engines.triton import TritonEngine
 
     t0 = time.time()
-    torch.manual_seed(0)
-    m = _wrap(llama_model(1024, 1, 16, 4, 2816, 32000).cuda().to(torch.bfloat16).eval(), "logits")
-    x = torch.randint(0, 32000, (8, 1024), device="cuda")
+    m, x = llama_zoo_inference(layers=1)
     with torch.no_grad():
         imp = og.from_torch(m, (x,))
     plan = imp.graph.build()
@@ -61,7 +46,7 @@ def main() -> None:
     # the floor: a device copy of 16 MiB (8192 x 1024 bf16), read once and written once
     a = torch.randn(8192, 1024, device="cuda").to(torch.bfloat16)
     b = torch.empty_like(a)
-    floor = timed(lambda: b.copy_(a))
+    floor = replay_us(lambda: b.copy_(a), 20, 15)
     print(f"floor: copy of 8192 x 1024 bf16 {floor:.1f} us ({2 * a.nbytes / floor / 1e3:.0f} GB/s)")
     for step in plan.steps:
         template = str(step.config.knob("template", ""))
@@ -101,7 +86,7 @@ def main() -> None:
                     ((bufs[u].double() - want[u].double()).norm() / want[u].double().norm().clamp_min(1e-30)).item()
                     for u in outs
                 )
-                us = timed(lambda kernel=kernel: kernel.run(bufs))
+                us = replay_us(lambda kernel=kernel: kernel.run(bufs), 20, 15)
                 mark = " (plan)" if config is step.config else ""
                 print(f"   {us:7.1f} us {moved / us / 1e3:6.0f} GB/s err {err:.1e} {knobs}{mark}", flush=True)
             except Exception as e:  # noqa: BLE001 - recorded, the next config runs

@@ -8,7 +8,6 @@ first. Also the same two products with a plain add as the epilogue (the main loo
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,20 +44,10 @@ def graph(epi: str) -> tuple[Any, dict[str, Any]]:
     return g, {"x": x, "wg": wg, "wu": wu, "y": y}
 
 
-def timed(fn: Any) -> float:
-    import torch
-
-    from bench.measure import capture, events_us
-
-    fn()
-    torch.cuda.synchronize()
-    cap = capture(fn, 20, warmup=1)
-    cap.graph.replay()
-    return statistics.median(events_us(cap.graph.replay, 15, 1000.0)) / 20
-
-
 def main() -> None:
     import torch
+
+    from bench.measure import replay_us
 
     from hopper_gemm_check import config_plan, knobs_text
 
@@ -85,7 +74,7 @@ def main() -> None:
                 p.execute(pack)
                 torch.cuda.synchronize()
                 err = ((y.float() - ref).norm() / ref.norm()).item()
-                us = timed(lambda p=p: p.execute(pack))
+                us = replay_us(lambda p=p: p.execute(pack), 20, 15)
                 print(
                     f"{epi:7s} {name:16s} {us:8.1f} us {flop / us / 1e6:6.0f} TFLOP/s err {err:.1e}  {knobs_text(p)}",
                     flush=True,
@@ -119,7 +108,7 @@ def main() -> None:
     apart()
     torch.cuda.synchronize()
     err = ((y.float() - refs["swiglu"]).norm() / refs["swiglu"].norm()).item()
-    us = timed(apart)
+    us = replay_us(apart, 20, 15)
     print(
         f"swiglu  {'apart (2 steps)':16s} {us:8.1f} us {flop / us / 1e6:6.0f} TFLOP/s err {err:.1e}  {knobs_text(p1)} | {knobs_text(p2)}"
     )
@@ -130,7 +119,7 @@ def main() -> None:
     y.fill_(float("nan"))
     cublas()
     err = ((y.float() - refs["swiglu"]).norm() / refs["swiglu"].norm()).item()
-    us = timed(cublas)
+    us = replay_us(cublas, 20, 15)
     print(f"swiglu  {'cuBLAS + eager':16s} {us:8.1f} us {flop / us / 1e6:6.0f} TFLOP/s err {err:.1e}")
     print(f"({time.time() - t0:.0f} s)")
 

@@ -87,6 +87,16 @@ def llama_model(d: int, layers: int, heads: int, kv: int, ffn: int, vocab: int) 
 LLAMA_SIZES = (1024, 8, 16, 4, 2816, 32000)  # d, layers, query heads, key-value heads, SwiGLU width, vocab
 
 
+def llama_zoo_inference(layers: int = LLAMA_SIZES[1], device: str = "cuda") -> tuple[Any, Any]:
+    """The Llama zoo workload's model (bf16, eval, its logits as the output) with `layers` layers on
+    `device`, and its token ids (batch 8 x 1024): what the scripts/ checks of that row run."""
+    import torch
+
+    d, _, heads, kv, ffn, vocab = LLAMA_SIZES
+    model = _wrap(llama_model(d, layers, heads, kv, ffn, vocab).to(device).to(torch.bfloat16).eval(), "logits")
+    return model, torch.randint(0, vocab, (8, 1024), device=device)
+
+
 def _llama(ctx: Ctx) -> tuple[Any, dict[str, int]]:
     d, layers, heads, kv, ffn, vocab = ctx.pick(LLAMA_SIZES, None, (32, 2, 4, 2, 64, 128))
     return llama_model(d, layers, heads, kv, ffn, vocab), {"d": d, "layers": layers, "vocab": vocab}
