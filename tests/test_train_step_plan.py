@@ -42,6 +42,45 @@ def _two_steps_each(base, x, y, loss, optimizer, **options):
     return models, losses, steps
 
 
+@requires_interpreter
+@pytest.mark.interpreter
+def test_cross_entropy_over_flattened_logits_reads_them_in_place():
+    """A language model's logits [batch, tokens, classes] flattened to rows before the loss (Hugging
+    Face's loss, the zoo's Llama): the loss's row reductions read the flatten in place, the max in one
+    step and the sum of exps with the target's logit in another, and its gradient is one pass over the
+    logits after the per-row weights. Before: the flatten copied the logits, and the exps and the picked
+    logit were each written out full-size for a reduction of their own, and the gradient's difference
+    too (the mean's count was ordered after it). Loss (poisoned first) and parameters equal the reference
+    engine's over two steps."""
+    torch.manual_seed(0)
+    base = (
+        torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.GELU(), torch.nn.Linear(12, 7), torch.nn.Flatten(0, 1))
+        .float()
+        .train()
+    )
+    x = torch.randn(2, 4, 6)
+    y = torch.randint(0, 7, (8,))
+    y[3] = -100
+    models, losses, steps = _two_steps_each(base, x, y, "cross_entropy", SGD(0.1, momentum=0.9))
+    plan = steps[("triton", "torch")].plan
+    full = [s for s in plan.steps if any(plan.graph.tensors[u].numel == 56 for u in s.piece.inputs)]
+    names = [{n.name for n in s.piece.nodes} for s in full]
+    loss_steps = [n for n in names if any(x.startswith("ce.") for x in n)]
+    assert [s.config.knob("template") for s in full if {n.name for n in s.piece.nodes} in loss_steps] == [
+        "reduction",
+        "reduction",
+        "pointwise",
+    ], names
+    assert "ce.max" in loss_steps[0] and {"ce.sum", "ce.picked"} <= loss_steps[1], loss_steps
+    assert {"ce.bwd_diff", "ce.dlogits"} <= loss_steps[2], loss_steps
+    assert not [n for n in names if n <= {"flatten", "flatten~1", "flatten~2", "flatten~3"}], names  # no copy
+    got, want = losses[("triton", "torch")], losses[("reference",)]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for p, q in zip(models[("triton", "torch")].parameters(), models[("reference",)].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def _attention_nodes(final):
     fwd = [n for n in final.nodes if n.kind == "sdpa"]
     bwd = [n for n in final.nodes if n.kind == "sdpa_backward"]

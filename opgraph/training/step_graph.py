@@ -242,7 +242,7 @@ class _Builder:
                 hint=f"known: {sorted(SCALER_DEFAULTS)}",
             )
         seeded = seed.uid if seed is not None else loss_uid
-        n_forward = len(self.forward._records)
+        n_forward = len(fg.nodes)  # (the combined graph copies the final forward: its duplicated views too)
         res = grad(
             self.forward,
             [seeded],

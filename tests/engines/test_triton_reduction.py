@@ -479,3 +479,44 @@ def test_genstats_of_integer_products_in_an_fp64_piece(split, monkeypatch, rng):
     sq.set_output(True)
     g.add(x, k).set_data_type(DT.INT32).set_output(True)  # a full-size integer output on the way
     assert_engine_matches(g, rng, expect_steps=1, prepare=_int_values)
+
+
+VIEWED = {  # name: the view of x [3, 4, 10] the reduction (and its prologue) reads, and the output dims
+    "flatten": (lambda g, x: g.reshape(x, [12, 10]), (12, 1)),
+    "transpose": (lambda g, x: g.transpose(x, [0, 2, 1]), (3, 10, 1)),
+    "slice": (lambda g, x: g.slice(x, [slice(None), slice(1, 3), slice(2, 9, 2)]), (3, 2, 1)),
+    "chain": (lambda g, x: g.reshape(g.transpose(x, [1, 0, 2]), [12, 10]), None),  # (a copy: not one run)
+}
+
+
+@requires_interpreter
+@pytest.mark.parametrize("case", VIEWED)
+def test_views_of_inputs_are_read_in_place(case, rng):
+    """Slices, transposes and reshapes of an input, read by the reduction and its pointwise prologue
+    (a language model's flattened logits before the loss's row sums): one kernel, no copy, the sums
+    the reference's. A view that needs a copy (axes merged that are not one run) stays a step of its
+    own."""
+    view, out = VIEWED[case]
+    g = og.Graph("viewed", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[3, 4, 10], name="x")
+    v = view(g, x)
+    shifted = g.sub(v, g.reduction(v, R.MAX, name="max").set_dim(list(out or (12, 1))), name="shift")
+    g.reduction(g.exp(shifted, name="exp"), R.ADD, name="sum").set_dim(list(out or (12, 1))).set_output(True)
+    plan = assert_engine_matches(g, rng)
+    templates = [s.config.knob("template") for s in plan.steps]
+    if out is None:
+        assert "pointwise" in templates, plan.describe()
+    else:
+        assert templates == ["reduction", "reduction"], plan.describe()
+
+
+def test_a_view_the_piece_would_store_is_refused():
+    """The reduction template reads views in place and stores none: a view that is itself an output
+    of the piece is a copy for another template."""
+    g = og.Graph("stored", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[3, 4, 10], name="x")
+    v = g.reshape(x, [12, 10], name="flat").set_output(True)
+    g.reduction(v, R.ADD, name="sum").set_dim([12, 1]).set_output(True)
+    final = g.final
+    verdict = analyze(make_piece(final, 0, final.nodes))
+    assert not verdict and "stores none" in verdict.reason, verdict

@@ -43,6 +43,7 @@ from ....core.tensor import TensorDesc, stride_order
 from ....memory.workspace import align_up
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
 from ..expr import Emitter, compute_type, elementwise, node_type, piece_types, to_storage
+from ..gemm import VIEW_KINDS, View, memory_views
 from ..knobs import ReductionKnobs
 from ..sizes import Sizes, above_one, bucket_analysis
 from ._flat_axes import FlatAxes, ReductionIndexer
@@ -104,6 +105,11 @@ class Analysis:
     k_fast: bool  # the contiguous axis is reduced: tile [BLOCK_M, BLOCK_K]
     reducers: tuple[Reducer, ...]
     elt: int  # bytes per element of the main tensor
+    views: tuple[tuple[int, View], ...] = ()  # (uid, view): slices/transposes/reshapes read in place
+
+    def tensors(self, piece: Piece) -> dict[int, TensorDesc]:
+        """The piece's tensors, its views as the views of memory they read."""
+        return {**piece.graph.tensors, **{u: v.desc for u, v in self.views}}
 
     @property
     def M(self) -> int:
@@ -137,8 +143,11 @@ def analyze(piece: Piece) -> Analysis | Support:
     if not reducing:
         return Support.no("the piece has no reduction or genstats node")
     for n in piece.nodes:
-        if not (elementwise(n) or isinstance(n.op, (Reduction, GenStats))):
+        if not (elementwise(n) or isinstance(n.op, (Reduction, GenStats)) or n.kind in VIEW_KINDS):
             return Support.no(f"the reduction template runs pointwise ops and reductions, not {n.kind}", n)
+    views = _views(piece)
+    if isinstance(views, Support):
+        return views
     reducers: list[Reducer] = []
     space: tuple[int, ...] | None = None
     axes: tuple[int, ...] | None = None
@@ -173,20 +182,38 @@ def analyze(piece: Piece) -> Analysis | Support:
                         f"reduction's space {list(space)}",
                         n,
                     )
-    main = _main_tensor(piece, space)
+    main = _main_tensor(piece, space, views)
     order = stride_order(main.stride) if main is not None else tuple(range(len(space)))
     live = [a for a in order if above_one(space[a])]
     kept = tuple(a for a in live if a not in axes)
     reduced = tuple(a for a in live if a in axes)
     k_fast = bool(live) and live[-1] in axes
     elt = main.data_type.itemsize if main is not None else 4
-    return Analysis(space, kept, reduced, k_fast, tuple(reducers), elt)
+    return Analysis(space, kept, reduced, k_fast, tuple(reducers), elt, tuple(views.items()))
 
 
-def _main_tensor(piece: Piece, space: tuple[int, ...]) -> TensorDesc | None:
-    """The tensor whose layout orders the walk: the first full-size input, else output."""
-    for u in (*piece.inputs, *piece.outputs):
-        t = piece.tensor(u)
+def _views(piece: Piece) -> dict[int, View] | Support:
+    """The piece's slices/transposes/reshapes as views of its inputs in memory (chains compose), read in
+    place by its pointwise ops and reductions (the flatten of a language model's logits before the loss's
+    reductions); a view of a computed value, or one the piece would store, needs a copy (another piece)."""
+    if not any(n.kind in VIEW_KINDS for n in piece.nodes):
+        return {}
+    views = memory_views(piece)
+    if isinstance(views, Support):
+        return views
+    stored = next((u for u in views if u in piece.outputs), None)
+    if stored is not None:
+        return Support.no(
+            f"{piece.tensor(stored).label()} is a view the piece would store; the reduction template reads "
+            "views in place and stores none"
+        )
+    return views
+
+
+def _main_tensor(piece: Piece, space: tuple[int, ...], views: dict[int, View]) -> TensorDesc | None:
+    """The tensor whose layout orders the walk: the first full-size input (or view of one), else output."""
+    for u in (*piece.inputs, *views, *piece.outputs):
+        t = views[u].desc if u in views else piece.tensor(u)
         if t.dim == space and not t.is_pass_by_value:
             return t
     return None
@@ -371,12 +398,21 @@ class ReductionMatch(Match[ReductionKnobs]):
         mflat = FlatAxes("m", a.kept, a.space, "mq", text)
         kflat = FlatAxes("k", a.reduced, a.space, "kq", text)
         idx = ReductionIndexer(mflat, kflat, a.k_fast, a.space)
-        em = Emitter(g.tensors, compute, idx, ptr=lambda u: f"p{u}", scalar=lambda u: f"s{u}")
+        views = dict(a.views)
+        tensors = a.tensors(piece)
 
-        # k-invariant loads (per-channel parameters, scalars) once per program
-        for u in piece.inputs:
-            t = g.tensors[u]
-            if not t.is_pass_by_value and idx.k_invariant(t):
+        def ptr(u: int) -> str:
+            v = views.get(u)
+            return f"p{u}" if v is None else f"(p{v.base} + {text(v.offset)})" if v.offset else f"p{v.base}"
+
+        em = Emitter(tensors, compute, idx, ptr=ptr, scalar=lambda u: f"s{u}")
+
+        # k-invariant loads (per-channel parameters, scalars) once per program; a tensor read only
+        # through views is loaded as they are
+        read = {u for n in piece.nodes if n.kind not in VIEW_KINDS for u in n.input_uids()}
+        for u in (*piece.inputs, *views):
+            t = tensors[u]
+            if u in read and not t.is_pass_by_value and idx.k_invariant(t):
                 em.operand(u)
         hoisted, em.lines = em.lines, []
         reduced_uids = {r.out for r in a.reducers}
@@ -562,11 +598,12 @@ def _stages(a: Analysis, piece: Piece, M: int, K: int, bm: int, bk: int, split: 
     per_chunk = -(-K // max(1, split))
     if -(-per_chunk // bk) < 2:  # tiles a program walks
         return 0
+    tensors = a.tensors(piece)
     elt = (
         sum(
-            piece.tensor(u).data_type.itemsize
-            for u in piece.inputs
-            if piece.tensor(u).dim == a.space and not piece.tensor(u).is_pass_by_value
+            tensors[u].data_type.itemsize
+            for u in (*piece.inputs, *dict(a.views))
+            if tensors[u].dim == a.space and not tensors[u].is_pass_by_value
         )
         or a.elt
     )
