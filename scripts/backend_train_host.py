@@ -3,7 +3,10 @@ spends its host time (issue 43): the step (autocast bf16 forward, cross-entropy,
 the zoo-llama-train benchmark's backend row runs it, timed plain and under cProfile, with each
 partition's plan: steps, inputs, outputs, and what its internal CUDA graph did (captures, replays).
 
-    PYTHONPATH=$PWD python scripts/backend_train_host.py > $OUT/backend_train_host.txt   # from the repo root, ~1 min
+    PYTHONPATH=$PWD python scripts/backend_train_host.py [--steps] > $OUT/backend_train_host.txt   # ~1 min
+
+With --steps, also where the device time goes: by kernel name over whole steps, and each partition's steps
+alone by engine and template.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -82,6 +86,8 @@ def main() -> None:
                 else f"; autograph enabled={ag.enabled} captures={ag.captures} replays={ag.replays} stable={ag.stable}"
             )
         )
+    if "--steps" in sys.argv:
+        steps_profile(made, step)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(5):
@@ -93,6 +99,56 @@ def main() -> None:
         pstats.Stats(pr, stream=s).sort_stats(key).print_stats(35)
         print(s.getvalue()[:9000])
     print(f"({time.time() - t0:.0f} s)")
+
+
+def steps_profile(made: list, step: Any) -> None:
+    """Where the step's device time goes: PyTorch's profiler over 3 steps by kernel name (the partitions'
+    generated kernels, cuDNN's and cuBLAS's, and what PyTorch runs: the loss, AdamW, fallbacks), then
+    each partition's steps alone (`plan.profile_steps`) by engine and template, the slowest named."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted(
+        ((e.device_time_total / 3, e.count // 3, e.key) for e in prof.key_averages() if e.device_time_total > 0),
+        reverse=True,
+    )
+    print(f"device per step (profiler): {sum(r[0] for r in rows):.0f} us")
+    for t, n, k in rows[:30]:
+        print(f"  {t:9.1f} x{n:4d}  {k[:110]}")
+    packs: dict[int, dict] = {}
+    for pm in made:
+        real = pm.plan.execute
+
+        def grab(pack, *a, _pm=pm, _real=real, **k):
+            packs.setdefault(id(_pm), dict(pack))
+            return _real(pack, *a, **k)
+
+        pm.plan.execute = grab
+    step()
+    torch.cuda.synchronize()
+    for pm in made:
+        pm.plan.__dict__.pop("execute", None)
+        pack = packs.get(id(pm))
+        if pack is None:
+            continue
+        found = pm.plan.profile_steps(pack, repeat=5)
+        tot: collections.Counter = collections.Counter()
+        cnt: collections.Counter = collections.Counter()
+        for r in found:
+            tot[f"{r.engine}:{r.template}"] += r.device_us
+            cnt[f"{r.engine}:{r.template}"] += 1
+        print(f"  {pm.name}: {len(found)} steps alone {sum(r.device_us for r in found):.0f} us")
+        for key, t in tot.most_common():
+            print(f"     {key:28s} x{cnt[key]:4d} {t:9.1f}")
+        for r in sorted(found, key=lambda r: -r.device_us)[:12]:
+            kinds = "+".join(n.name for n in pm.plan.steps[r.step].piece.nodes)
+            print(f"     {r.step:4d} {r.engine:8s} {r.template:12s} {r.device_us:8.1f}  {kinds[:120]}")
 
 
 if __name__ == "__main__":
