@@ -65,7 +65,9 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
         # before it is overwritten, so it is described like any graph input.
         if id(t) not in producer_of and (uid not in aliases or uid in inplace):
             descs.setdefault(uid, _input_desc(g, t, uid))
-    nodes = place_epilogues(place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs))
+    nodes = place_epilogues(
+        place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs), descs
+    )
     if len(nodes) > 1:
         _check_inplace(nodes, descs)
     mark_images(nodes, descs)

@@ -22,6 +22,7 @@ Neither changes a value: a view's result is a function of its input alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from ..core.ir import Node
@@ -42,14 +43,18 @@ _GEMMS = ("matmul", "conv_fprop", "conv_dgrad", "conv_wgrad")
 _EPILOGUE = ("pointwise", "reduction")
 
 
-def place_epilogues(nodes: list[Node]) -> list[Node]:
+def place_epilogues(nodes: list[Node], descs: Mapping[int, TensorDesc] | None = None) -> list[Node]:
     """`nodes` with each GEMM-class op's would-be epilogue moved up to just after it: the pointwise op
     that alone reads the GEMM's result, then the pointwise ops and reductions that read what was moved
     (the GELU backward and bias gradient after a data-gradient GEMM, which autodiff records after the
     weight gradient's GEMM and its optimizer update); a reduction ends such a chain. An op moves only
     when every tensor it reads is already final at its new place (no op in between writes it, in place
-    or otherwise); ops updating a tensor in place never move. The GEMM template then fuses them (or
-    not: the order stays valid either way)."""
+    or otherwise), or is a view of such tensors that only it reads (a norm's weight reshaped to
+    broadcast, which place_views put right before it): the view moves with it. Ops updating a tensor in
+    place never move. An epilogue op already in its place (next to what it reads) leads on as a moved one
+    does, except that a cast to a wider type is not moved after it alone (`descs` tell the types: the fp32
+    copy of a norm's bf16 input, which its normalising step recomputes, is not to be stored by the GEMM).
+    The GEMM template then fuses them (or not: the order stays valid either way)."""
     last_write: dict[int, int] = {}
     readers: dict[int, int] = {}
     for n in nodes:
@@ -58,24 +63,64 @@ def place_epilogues(nodes: list[Node]) -> list[Node]:
     out: list[Node] = []
     anchor: dict[int, int] = {}  # uid -> position after which its epilogue goes (it and its moved readers)
     moved_at: dict[int, int] = {}  # uid of a moved op's output -> the position of that op in `out`
+    settled: dict[int, int] = {}  # the same for epilogue ops found in their place already
+    tables = (last_write, anchor, moved_at, settled)
+
+    def widens(n: Node) -> bool:
+        if descs is None:
+            return False
+        size = max((descs[u].data_type.itemsize for u in n.input_uids()), default=0)
+        return any(descs[u].data_type.itemsize > size for u in n.output_uids())
 
     def place(n: Node, at: int) -> None:
         out.insert(at, n)
-        for table in (last_write, anchor, moved_at):
+        for table in tables:
             for u, i in table.items():
                 if i >= at:
                     table[u] = i + 1
 
+    def take(at: int) -> Node:
+        for table in tables:
+            for u, i in table.items():
+                if i > at:
+                    table[u] = i - 1
+        return out.pop(at)
+
+    def carried(ins: tuple[int, ...], at: int) -> list[int] | None:
+        """Positions in `out` of the views that must move with an op reading `ins` to `at` (all that
+        block it), or None where something else blocks it."""
+        views = []
+        for u in dict.fromkeys(ins):
+            i = last_write.get(u, -1)
+            if i < at:
+                continue
+            v = out[i]
+            if (
+                v.kind not in VIEW_KINDS
+                or readers.get(u) != 1
+                or any(last_write.get(w, -1) >= at for w in v.input_uids())
+            ):
+                return None
+            views.append(i)
+        return sorted(views)
+
     for n in nodes:
         ins, outs = n.input_uids(), n.output_uids()
-        target = None
+        target, views = None, None
         if n.kind in _EPILOGUE and not set(ins) & set(outs):
-            heads = [u for u in ins if u in moved_at or (u in anchor and readers.get(u) == 1)]
-            if heads:
-                at = max(moved_at.get(u, anchor.get(u, -1)) for u in heads) + 1
-                if all(last_write.get(u, -1) < at for u in ins):
+            heads = [u for u in ins if u in moved_at or u in settled or (u in anchor and readers.get(u) == 1)]
+            led = any(u not in settled for u in heads)
+            if heads and (led or not widens(n)):
+                at = max(moved_at.get(u, settled.get(u, anchor.get(u, -1))) for u in heads) + 1
+                views = carried(ins, at)
+                if views is not None:
                     target = at
         if target is not None and target < len(out):
+            for view in reversed([take(i) for i in reversed(views or [])]):  # (in their order)
+                place(view, target)
+                for u in view.output_uids():
+                    last_write[u] = target
+                target += 1
             place(n, target)
             for u in outs:
                 last_write[u] = target
@@ -86,6 +131,8 @@ def place_epilogues(nodes: list[Node]) -> list[Node]:
             last_write[u] = len(out)
             if n.kind in _GEMMS:
                 anchor[u] = len(out)
+            elif target is not None and n.kind == "pointwise":  # (in its place already)
+                settled[u] = len(out)
         out.append(n)
     return out
 

@@ -156,6 +156,57 @@ def test_a_gemm_epilogue_moves_up_to_its_gemm(rng):
         np.testing.assert_allclose(pack[u], want[u], rtol=1e-6)
 
 
+def test_an_epilogue_in_place_leads_on_and_a_view_moves_with_its_reader(rng):
+    """AOTAutograd's RMSNorm backward after the data-gradient GEMM: the residual add is next to the GEMM
+    already, then unrelated ops (the next weight gradient's transposes), then the norm's weight reshaped
+    to broadcast (a view, placed right before its reader) times the add, and the row sum: the product
+    moves up after the add with its view, and the sum after it; values unchanged."""
+    g = og.Graph("aot", io_data_type=DT.FLOAT)
+    dy = g.tensor(dim=[1, 8, 6], name="dy")
+    w = g.tensor(dim=[1, 6, 5], name="w")
+    res = g.tensor(dim=[1, 8, 5], name="res")
+    gamma = g.tensor(dim=[5], name="gamma")
+    other = g.tensor(dim=[6, 4], name="other")
+    da = g.matmul(dy, w, name="dA")
+    added = g.add(da, res, name="add")
+    added.set_output(True)
+    g.exp(g.transpose(other, [1, 0], name="t_other"), name="unrelated").set_output(True)
+    scaled = g.mul(added, g.reshape(gamma, [1, 1, 5], name="gamma3"), name="scaled")
+    g.reduction(scaled, mode=og.ReductionMode.ADD, name="rowsum").set_output(True).set_dim([1, 8, 1])
+    names = _order(g)
+    at = names.index("add")
+    assert names[at + 1 : at + 4] == ["gamma3", "scaled", "rowsum"], names
+    final = g.final
+    pack = random_pack(final, rng)
+    want = og.testing.reference_outputs(final, pack)
+    g.build(device="cpu", engines=["reference"]).execute(pack)
+    for u in final.outputs:
+        np.testing.assert_allclose(pack[u], want[u], rtol=1e-6)
+
+
+def test_a_widening_cast_does_not_move_after_an_epilogue_in_place():
+    """A bf16 residual add next to its GEMM, the norm's statistics from its fp32 cast, then (after the
+    statistics) a second fp32 cast of the residual for the normalising product: that cast stays with its
+    reader, so the GEMM's piece does not store an fp32 copy of the residual."""
+    g = og.Graph("norm", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    a = g.tensor(dim=[1, 8, 6], name="a")
+    w = g.tensor(dim=[1, 6, 16], name="w")
+    h = g.tensor(dim=[1, 8, 16], name="h")
+    r = g.add(g.matmul(a, w, name="mm"), h, name="res").set_data_type(DT.BFLOAT16)
+    r.set_output(True)
+    sq = g.mul(
+        g.identity(r, name="cast1").set_data_type(DT.FLOAT),
+        g.identity(r, name="cast1b").set_data_type(DT.FLOAT),
+        name="sq",
+    )
+    var = g.reduction(sq, mode=og.ReductionMode.AVG, name="var").set_dim([1, 8, 1])
+    inv = g.rsqrt(g.add(var, 1e-6, name="eps"), name="inv")
+    y = g.mul(g.identity(r, name="cast2").set_data_type(DT.FLOAT), inv, name="y")
+    y.set_output(True)
+    names = _order(g)
+    assert names.index("cast2") > names.index("var"), names
+
+
 def test_an_epilogue_does_not_move_above_a_write_of_what_it_reads():
     """y = dA * s' where s' (s halved in place, recorded between the GEMM and y) is the new value of s:
     y stays after the update."""
