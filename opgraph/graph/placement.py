@@ -55,86 +55,106 @@ def place_epilogues(nodes: list[Node], descs: Mapping[int, TensorDesc] | None = 
     does, except that a cast to a wider type is not moved after it alone (`descs` tell the types: the fp32
     copy of a norm's bf16 input, which its normalising step recomputes, is not to be stored by the GEMM).
     The GEMM template then fuses them (or not: the order stays valid either way)."""
-    last_write: dict[int, int] = {}
-    readers: dict[int, int] = {}
-    for n in nodes:
-        for u in set(n.input_uids()):
-            readers[u] = readers.get(u, 0) + 1
-    out: list[Node] = []
-    anchor: dict[int, int] = {}  # uid -> position after which its epilogue goes (it and its moved readers)
-    moved_at: dict[int, int] = {}  # uid of a moved op's output -> the position of that op in `out`
-    settled: dict[int, int] = {}  # the same for epilogue ops found in their place already
-    tables = (last_write, anchor, moved_at, settled)
+    return _EpiloguePlacer(nodes, descs).run()
 
-    def widens(n: Node) -> bool:
-        if descs is None:
+
+class _EpiloguePlacer:
+    """place_epilogues' walk: `out` the order so far, and by tensor UID the positions in it of the last
+    write, of GEMM results (`anchor`), of moved epilogue ops' results (`moved_at`) and of epilogue ops
+    found in their place (`settled`)."""
+
+    def __init__(self, nodes: list[Node], descs: Mapping[int, TensorDesc] | None) -> None:
+        self.nodes, self.descs = nodes, descs
+        self.readers: dict[int, int] = {}
+        for n in nodes:
+            for u in set(n.input_uids()):
+                self.readers[u] = self.readers.get(u, 0) + 1
+        self.out: list[Node] = []
+        self.last_write: dict[int, int] = {}
+        self.anchor: dict[int, int] = {}
+        self.moved_at: dict[int, int] = {}
+        self.settled: dict[int, int] = {}
+
+    def run(self) -> list[Node]:
+        for n in self.nodes:
+            found = self._target(n)
+            if found is not None and found[0] < len(self.out):
+                self._move(n, *found)
+                continue
+            for u in n.output_uids():
+                self.last_write[u] = len(self.out)
+                if n.kind in _GEMMS:
+                    self.anchor[u] = len(self.out)
+                elif found is not None and n.kind == "pointwise":  # (in its place already)
+                    self.settled[u] = len(self.out)
+            self.out.append(n)
+        return self.out
+
+    def _target(self, n: Node) -> tuple[int, list[int]] | None:
+        """Where epilogue op `n` goes, with the positions of the views that move with it; None: it stays."""
+        ins = n.input_uids()
+        if n.kind not in _EPILOGUE or set(ins) & set(n.output_uids()):
+            return None
+        heads = [u for u in ins if u in self.moved_at or u in self.settled or self._lone_gemm_result(u)]
+        if not heads or (all(u in self.settled for u in heads) and self._widens(n)):
+            return None
+        at = max(self.moved_at.get(u, self.settled.get(u, self.anchor.get(u, -1))) for u in heads) + 1
+        views = self._carried(ins, at)
+        return None if views is None else (at, views)
+
+    def _lone_gemm_result(self, u: int) -> bool:
+        return u in self.anchor and self.readers.get(u) == 1
+
+    def _widens(self, n: Node) -> bool:
+        if self.descs is None:
             return False
-        size = max((descs[u].data_type.itemsize for u in n.input_uids()), default=0)
-        return any(descs[u].data_type.itemsize > size for u in n.output_uids())
+        size = max((self.descs[u].data_type.itemsize for u in n.input_uids()), default=0)
+        return any(self.descs[u].data_type.itemsize > size for u in n.output_uids())
 
-    def place(n: Node, at: int) -> None:
-        out.insert(at, n)
-        for table in tables:
-            for u, i in table.items():
-                if i >= at:
-                    table[u] = i + 1
-
-    def take(at: int) -> Node:
-        for table in tables:
-            for u, i in table.items():
-                if i > at:
-                    table[u] = i - 1
-        return out.pop(at)
-
-    def carried(ins: tuple[int, ...], at: int) -> list[int] | None:
+    def _carried(self, ins: tuple[int, ...], at: int) -> list[int] | None:
         """Positions in `out` of the views that must move with an op reading `ins` to `at` (all that
         block it), or None where something else blocks it."""
         views = []
         for u in dict.fromkeys(ins):
-            i = last_write.get(u, -1)
+            i = self.last_write.get(u, -1)
             if i < at:
                 continue
-            v = out[i]
-            if (
-                v.kind not in VIEW_KINDS
-                or readers.get(u) != 1
-                or any(last_write.get(w, -1) >= at for w in v.input_uids())
-            ):
+            v = self.out[i]
+            if v.kind not in VIEW_KINDS or self.readers.get(u) != 1:
+                return None
+            if any(self.last_write.get(w, -1) >= at for w in v.input_uids()):
                 return None
             views.append(i)
         return sorted(views)
 
-    for n in nodes:
-        ins, outs = n.input_uids(), n.output_uids()
-        target, views = None, None
-        if n.kind in _EPILOGUE and not set(ins) & set(outs):
-            heads = [u for u in ins if u in moved_at or u in settled or (u in anchor and readers.get(u) == 1)]
-            led = any(u not in settled for u in heads)
-            if heads and (led or not widens(n)):
-                at = max(moved_at.get(u, settled.get(u, anchor.get(u, -1))) for u in heads) + 1
-                views = carried(ins, at)
-                if views is not None:
-                    target = at
-        if target is not None and target < len(out):
-            for view in reversed([take(i) for i in reversed(views or [])]):  # (in their order)
-                place(view, target)
-                for u in view.output_uids():
-                    last_write[u] = target
-                target += 1
-            place(n, target)
-            for u in outs:
-                last_write[u] = target
-                if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
-                    moved_at[u] = target
-            continue
-        for u in outs:
-            last_write[u] = len(out)
-            if n.kind in _GEMMS:
-                anchor[u] = len(out)
-            elif target is not None and n.kind == "pointwise":  # (in its place already)
-                settled[u] = len(out)
-        out.append(n)
-    return out
+    def _move(self, n: Node, target: int, views: list[int]) -> None:
+        for view in reversed([self._take(i) for i in reversed(views)]):  # (in their order)
+            self._place(view, target)
+            for u in view.output_uids():
+                self.last_write[u] = target
+            target += 1
+        self._place(n, target)
+        for u in n.output_uids():
+            self.last_write[u] = target
+            if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
+                self.moved_at[u] = target
+
+    def _tables(self) -> tuple[dict[int, int], ...]:
+        return (self.last_write, self.anchor, self.moved_at, self.settled)
+
+    def _place(self, n: Node, at: int) -> None:
+        self.out.insert(at, n)
+        for table in self._tables():
+            for u, i in table.items():
+                if i >= at:
+                    table[u] = i + 1
+
+    def _take(self, at: int) -> Node:
+        for table in self._tables():
+            for u, i in table.items():
+                if i > at:
+                    table[u] = i - 1
+        return self.out.pop(at)
 
 
 def _readers(nodes: list[Node]) -> dict[int, list[int]]:
