@@ -54,7 +54,9 @@ def place_epilogues(nodes: list[Node], descs: Mapping[int, TensorDesc] | None = 
     place never move. An epilogue op already in its place (next to what it reads) leads on as a moved one
     does, except that a cast to a wider type is not moved after it alone (`descs` tell the types: the fp32
     copy of a norm's bf16 input, which its normalising step recomputes, is not to be stored by the GEMM).
-    The GEMM template then fuses them (or not: the order stays valid either way)."""
+    An op joins after the last op its GEMM's epilogue has so far, so epilogue ops keep their order and
+    placing a placed order again leaves it (a plan file's graph is placed again when read). The GEMM
+    template then fuses them (or not: the order stays valid either way)."""
     return _EpiloguePlacer(nodes, descs).run()
 
 
@@ -74,6 +76,10 @@ class _EpiloguePlacer:
         self.anchor: dict[int, int] = {}
         self.moved_at: dict[int, int] = {}
         self.settled: dict[int, int] = {}
+        # each epilogue's GEMM (by its result's UID) and the position of its last op so far: an op joins
+        # after it, so that ops keep their order and placing an order again leaves it as it is
+        self.chain: dict[int, int] = {}
+        self.tail: dict[int, int] = {}
 
     def run(self) -> list[Node]:
         for n in self.nodes:
@@ -84,11 +90,26 @@ class _EpiloguePlacer:
             for u in n.output_uids():
                 self.last_write[u] = len(self.out)
                 if n.kind in _GEMMS:
-                    self.anchor[u] = len(self.out)
+                    self.anchor[u] = self.tail[u] = len(self.out)
+                    self.chain[u] = u
                 elif found is not None and n.kind == "pointwise":  # (in its place already)
                     self.settled[u] = len(self.out)
+            if found is not None:
+                self._joined(n, len(self.out))
             self.out.append(n)
         return self.out
+
+    def _chains(self, n: Node) -> set[int]:
+        return {self.chain[u] for u in n.input_uids() if u in self.chain}
+
+    def _joined(self, n: Node, at: int) -> None:
+        """Epilogue op `n` is at position `at` of the chains it reads from."""
+        chains = self._chains(n)
+        for c in chains:
+            self.tail[c] = at
+        if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
+            for u in n.output_uids():
+                self.chain[u] = min(chains)
 
     def _target(self, n: Node) -> tuple[int, list[int]] | None:
         """Where epilogue op `n` goes, with the positions of the views that move with it; None: it stays."""
@@ -99,6 +120,7 @@ class _EpiloguePlacer:
         if not heads or (all(u in self.settled for u in heads) and self._widens(n)):
             return None
         at = max(self.moved_at.get(u, self.settled.get(u, self.anchor.get(u, -1))) for u in heads) + 1
+        at = max([at, *(self.tail[c] + 1 for c in self._chains(n))])
         views = self._carried(ins, at)
         return None if views is None else (at, views)
 
@@ -138,9 +160,10 @@ class _EpiloguePlacer:
             self.last_write[u] = target
             if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
                 self.moved_at[u] = target
+        self._joined(n, target)
 
     def _tables(self) -> tuple[dict[int, int], ...]:
-        return (self.last_write, self.anchor, self.moved_at, self.settled)
+        return (self.last_write, self.anchor, self.moved_at, self.settled, self.tail)
 
     def _place(self, n: Node, at: int) -> None:
         self.out.insert(at, n)

@@ -184,6 +184,27 @@ def test_an_epilogue_in_place_leads_on_and_a_view_moves_with_its_reader(rng):
     _values_hold(g, rng)
 
 
+def test_placing_a_placed_order_again_leaves_it():
+    """Two chains hanging off one epilogue op (a loss's row max and its picked logit after the classifier
+    GEMM) keep their order, so a plan file's graph, placed again when it is read, gives the same kernels."""
+    from opgraph.graph.placement import place_epilogues
+
+    g = og.Graph("chains", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[1, 8, 6], name="x")
+    w = g.tensor(dim=[1, 6, 5], name="w")
+    onehot = g.tensor(dim=[1, 8, 5], name="onehot")
+    logits = g.add(g.matmul(x, w, name="mm"), 1.0, name="bias")
+    g.reduction(logits, mode=og.ReductionMode.MAX, name="max").set_dim([1, 8, 1]).set_output(True)
+    g.exp(g.tensor(dim=[3], name="other"), name="unrelated").set_output(True)
+    picked = g.mul(logits, onehot, name="pick")
+    g.reduction(picked, mode=og.ReductionMode.ADD, name="picked").set_dim([1, 8, 1]).set_output(True)
+    final = g.final
+    names = [n.name for n in final.nodes]
+    assert names.index("max") < names.index("pick"), names
+    again = place_epilogues(list(final.nodes), final.tensors)
+    assert [n.name for n in again] == names
+
+
 def test_a_widening_cast_does_not_move_after_an_epilogue_in_place():
     """A bf16 residual add next to its GEMM, the norm's statistics from its fp32 cast, then (after the
     statistics) a second fp32 cast of the residual for the normalising product: that cast stays with its
