@@ -16,7 +16,7 @@ from opgraph.core.piece import make_piece
 from opgraph.tools.samples import nhwc
 from opgraph.testing import compare, random_pack, reference_outputs
 
-from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter
+from ..helpers import assert_engine_matches, requires_cuda, requires_interpreter, run_at_shape
 from .hopper_compile import compile_for_hopper
 
 pytestmark = pytest.mark.interpreter
@@ -520,3 +520,20 @@ def test_a_view_the_piece_would_store_is_refused():
     final = g.final
     verdict = analyze(make_piece(final, 0, final.nodes))
     assert not verdict and "stores none" in verdict.reason, verdict
+
+
+@requires_interpreter
+def test_a_flatten_read_in_place_in_a_dynamic_plan(rng):
+    """The loss's row reductions over logits [batch, seq, classes] flattened to rows, batch and seq
+    dynamic: both reductions read the flatten in place at every shape (no copy step), against the
+    reference at the range's ends and between."""
+    B, S = og.Dim("batch", 1, 9), og.Dim("seq", 1, 37)
+    g = og.Graph("flat", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    flat = g.reshape(g.tensor(dim=[B, S, 24], name="x"), [-1, 24], name="flat")
+    m = g.reduction(flat, R.MAX, name="max").set_dim([B * S, 1])
+    shifted = g.exp(g.sub(flat, m, name="shift"), name="exp")
+    g.reduction(shifted, R.ADD, name="sum").set_dim([B * S, 1]).set_output(True).set_name("y")
+    plan = g.build(device="cpu", engines=["triton"])
+    for env in ({"batch": 1, "seq": 1}, {"batch": 3, "seq": 19}, {"batch": 9, "seq": 37}):
+        run_at_shape(plan, env, rng)
+        assert [s.config.knob("template") for s in plan.at(env).steps] == ["reduction", "reduction"]
