@@ -73,7 +73,7 @@ def free_attention_state(gm: Any) -> int:
 
     import torch
 
-    freed = 0
+    freed = dropped = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or getattr(node.target, "_schema", None) is None:
             continue
@@ -86,6 +86,7 @@ def free_attention_state(gm: Any) -> int:
             val = vals[user.args[1]] if isinstance(vals, (tuple, list)) else user.meta.get("val")
             if not user.users:
                 gm.graph.erase_node(user)
+                dropped += 1
                 continue
             if isinstance(val, bool) or not isinstance(val, (int, torch.Tensor)):
                 continue
@@ -105,8 +106,9 @@ def free_attention_state(gm: Any) -> int:
                 user.replace_all_uses_with(fresh)
             gm.graph.erase_node(user)
             freed += 1
-    gm.graph.lint()
-    gm.recompile()
+    if freed or dropped:
+        gm.graph.lint()
+        gm.recompile()
     return freed
 
 

@@ -61,9 +61,11 @@ def place_epilogues(nodes: list[Node], descs: Mapping[int, TensorDesc] | None = 
 
 
 class _EpiloguePlacer:
-    """place_epilogues' walk: `out` the order so far, and by tensor UID the positions in it of the last
-    write, of GEMM results (`anchor`), of moved epilogue ops' results (`moved_at`) and of epilogue ops
-    found in their place (`settled`)."""
+    """place_epilogues' walk: `out` the order so far; `last_write` the position in it of each tensor's
+    last write; `chain` the GEMM (by its result's UID) each GEMM result and joined epilogue op's result
+    belongs to, and `tail` the position of that epilogue's last op so far: an op joins after it, so that
+    ops keep their order and placing an order again leaves it as it is. `moved`: results of the ops moved
+    (the others in a chain were found in their place)."""
 
     def __init__(self, nodes: list[Node], descs: Mapping[int, TensorDesc] | None) -> None:
         self.nodes, self.descs = nodes, descs
@@ -73,13 +75,10 @@ class _EpiloguePlacer:
                 self.readers[u] = self.readers.get(u, 0) + 1
         self.out: list[Node] = []
         self.last_write: dict[int, int] = {}
-        self.anchor: dict[int, int] = {}
-        self.moved_at: dict[int, int] = {}
-        self.settled: dict[int, int] = {}
-        # each epilogue's GEMM (by its result's UID) and the position of its last op so far: an op joins
-        # after it, so that ops keep their order and placing an order again leaves it as it is
         self.chain: dict[int, int] = {}
         self.tail: dict[int, int] = {}
+        self.gemms: set[int] = set()
+        self.moved: set[int] = set()
 
     def run(self) -> list[Node]:
         for n in self.nodes:
@@ -90,11 +89,9 @@ class _EpiloguePlacer:
             for u in n.output_uids():
                 self.last_write[u] = len(self.out)
                 if n.kind in _GEMMS:
-                    self.anchor[u] = self.tail[u] = len(self.out)
-                    self.chain[u] = u
-                elif found is not None and n.kind == "pointwise":  # (in its place already)
-                    self.settled[u] = len(self.out)
-            if found is not None:
+                    self.gemms.add(u)
+                    self.chain[u], self.tail[u] = u, len(self.out)
+            if found is not None:  # (in its place already)
                 self._joined(n, len(self.out))
             self.out.append(n)
         return self.out
@@ -116,16 +113,13 @@ class _EpiloguePlacer:
         ins = n.input_uids()
         if n.kind not in _EPILOGUE or set(ins) & set(n.output_uids()):
             return None
-        heads = [u for u in ins if u in self.moved_at or u in self.settled or self._lone_gemm_result(u)]
-        if not heads or (all(u in self.settled for u in heads) and self._widens(n)):
+        # what leads it on: a joined epilogue op's result, or a GEMM's result that it alone reads
+        heads = [u for u in ins if u in self.chain and (u not in self.gemms or self.readers.get(u) == 1)]
+        if not heads or (not any(u in self.moved or u in self.gemms for u in heads) and self._widens(n)):
             return None
-        at = max(self.moved_at.get(u, self.settled.get(u, self.anchor.get(u, -1))) for u in heads) + 1
-        at = max([at, *(self.tail[c] + 1 for c in self._chains(n))])
+        at = max(self.tail[c] for c in self._chains(n)) + 1  # (after its heads: each is in a chain)
         views = self._carried(ins, at)
         return None if views is None else (at, views)
-
-    def _lone_gemm_result(self, u: int) -> bool:
-        return u in self.anchor and self.readers.get(u) == 1
 
     def _widens(self, n: Node) -> bool:
         if self.descs is None:
@@ -158,12 +152,11 @@ class _EpiloguePlacer:
         self._place(n, target)
         for u in n.output_uids():
             self.last_write[u] = target
-            if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
-                self.moved_at[u] = target
+            self.moved.add(u)
         self._joined(n, target)
 
     def _tables(self) -> tuple[dict[int, int], ...]:
-        return (self.last_write, self.anchor, self.moved_at, self.settled, self.tail)
+        return (self.last_write, self.tail)
 
     def _place(self, n: Node, at: int) -> None:
         self.out.insert(at, n)
