@@ -155,7 +155,14 @@ def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        fused, report = compile_graph(gm, kind, len(_REPORTS), engines=opts.engines, build_options=dict(opts.build))
+        fused, report = compile_graph(
+            gm,
+            kind,
+            len(_REPORTS),
+            engines=opts.engines,
+            build_options=dict(opts.build),
+            user_outputs=_user_outputs(kind),
+        )
     _REPORTS.append(report)
     log.info("opgraph: %s", report.summary())
 
@@ -167,6 +174,18 @@ def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[
     run._boxed_call = True  # type: ignore[attr-defined]
     run.reserve = lambda: reserve(fused)  # type: ignore[attr-defined]  # (dynamo_cudagraphs, before recording)
     return run
+
+
+def _user_outputs(kind: str) -> range | None:
+    """The positions of a training forward's results that its caller sees (mutated inputs, outputs,
+    RNG offsets; the rest are saved for the backward), from AOTAutograd's metadata; None (all) for the
+    other graphs or where the metadata is missing."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    count = getattr(meta, "num_forward", None)
+    return range(count) if kind == "forward" and isinstance(count, int) else None
 
 
 class _PerShape:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..core.errors import GraphError
 from .aot_attention import FREED, free_attention_state
 from .fx_graph import import_fx, translatable
 from .fx_linear import fold_linear_views
+from .fx_tidy import tidy
 from .torch_runtime import ImportedGraph
 
 log = logging.getLogger("opgraph.dynamo")
@@ -260,10 +261,18 @@ def _device(sub: Any) -> Any:
 
 
 def compile_graph(
-    gm: Any, kind: str, index: int, *, engines: Sequence[str] | None, build_options: Mapping[str, Any]
+    gm: Any,
+    kind: str,
+    index: int,
+    *,
+    engines: Sequence[str] | None,
+    build_options: Mapping[str, Any],
+    user_outputs: Collection[int] | None = None,
 ) -> tuple[Any, GraphReport]:
     """Partition `gm` (an AOTAutograd GraphModule; modified in place), build a plan per partition and
-    return the fused GraphModule, whose partitions are `PlanModule`s, with its report."""
+    return the fused GraphModule, whose partitions are `PlanModule`s, with its report. `user_outputs`: the
+    positions of the graph's results its caller sees (None: all; a training forward's others are saved
+    for the backward)."""
     from torch.fx.node import _get_qualified_name
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import create_op_support
@@ -271,6 +280,7 @@ def compile_graph(
 
     fold_linear_views(gm)  # (linear layers as one batched matmul each, as from_torch imports them)
     free_attention_state(gm)  # (a training forward's attention in its plan: its unused RNG state not saved)
+    tidy(gm, user_outputs)  # (AOTAutograd's duplicate casts merged, casts beside their sources, ...)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     position = {n.name: i for i, n in enumerate(calls)}
     shapes = tuple(
