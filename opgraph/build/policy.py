@@ -25,6 +25,7 @@ from ..core.dtypes import DataType
 from ..core.symbolic import free_symbols
 from ..engines.base import EngineFacts, PieceFact
 from ..engines.shared.conv_shapes import CONV_KINDS, FEW_CHANNELS, NARROW_GROUP, ConvShape, conv_shape
+from ..ops.layout import VIEW_KINDS
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -45,7 +46,8 @@ LEAD_ABOVE_US: Mapping[str, float] = MappingProxyType({"cudnn": 10.0, "library":
 class PieceFacts:
     """What the rules read of a piece's shape: its anchor (the op its kernel is built around: the
     first attention node, else the first convolution, else the first matmul, else the first node),
-    the anchor's convolution shape where it is one, the number of ops, and whether the piece is
+    the anchor's convolution shape where it is one, the number of ops (views not counted: they are read
+    in place or made by the kernel's library call), and whether the piece is
     planned for a dynamic plan's bucket whose shapes change the anchor's operands (`bucketed`)."""
 
     anchor: str
@@ -63,7 +65,8 @@ class PieceFacts:
             or nodes[0]
         )
         conv = conv_shape(piece, anchor) if anchor.kind in CONV_KINDS else None
-        return cls(anchor.kind, len(nodes), conv, _bucketed(piece, anchor))
+        ops = sum(n.kind not in VIEW_KINDS for n in nodes)
+        return cls(anchor.kind, ops, conv, _bucketed(piece, anchor))
 
 
 def _bucketed(piece: Piece, anchor: Node) -> bool:

@@ -88,7 +88,7 @@ def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | s
         return i
     graph = native_graph(piece) if precision == "native" else piece.graph
     assert graph is not None, "native precision asked of a piece where it does not apply"
-    if len(piece.nodes) == 1:  # a lone 16-bit GEMM: the library call alone, into the output buffer
+    if native_gemm(piece):  # a lone 16-bit GEMM: the library call alone (and its operands' views), into the output
         return [("main", make_piece(graph, piece.index, list(piece.nodes)))]
     prologue, views = _operand_views(piece, i)
     if not prologue and i + 1 == len(piece.nodes):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import opgraph as og
 from opgraph import DataType as DT
 from opgraph.build.policy import LEAD_ABOVE_US, POLICY, RULES, Match, PieceFacts, Policy, Rule
 from opgraph.core.device import CPU
@@ -154,7 +155,12 @@ def test_attention_in_a_bucket_of_several_shapes_is_the_generated_kernels():
     assert POLICY.leads(at((2048, 2048), (1, 64)), cudnn, H100)
 
 
-def lone_matmul(m, n, k, dt=DT.BFLOAT16, out=None, epilogue=False):
+def lone_matmul(m, n, k, dt=DT.BFLOAT16, out=None, epilogue=False, views=False):
+    if views:  # (as AOTAutograd's linear reads its operands: [B, S, K] merged into rows, W [N, K] transposed)
+        g = og.Graph("head", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        x, w = g.tensor(dim=[4, m // 4, k], name="x"), g.tensor(dim=[n, k], name="w")
+        g.matmul(g.reshape(x, [m, k]), g.transpose(w, [1, 0])).set_output(True)
+        return g
     g, _, _, c = mm_graph((m, k), (k, n), dt=dt, b_layout="col")
     if epilogue:
         c = g.relu(c, name="relu")
@@ -185,6 +191,7 @@ def test_cublas_leads_on_a_lone_16_bit_matmul_worth_its_launch():
     assert not library_leads(lone_matmul(8192, 32000, 1024, DT.FLOAT))
     assert PieceFact.NATIVE_GEMM not in library.facts(whole(head), CPU).facts
     assert not library_leads(head, CPU)
+    assert library_leads(lone_matmul(8192, 32000, 1024, views=True))  # (AOTAutograd's linear: views count no op)
 
 
 def test_nothing_leads_on_the_cpu_where_nothing_is_estimated():

@@ -322,3 +322,31 @@ def test_gpu_default_engines_offer_library_after_the_fused_kernel():
     assert any(c.engine == "library" for c in step.alternatives), plan.describe()
     order = [c.engine for c in (step.config, *step.alternatives)]
     assert order.index("triton") < order.index("library"), plan.describe()
+
+
+def head_with_views(dt=DT.BFLOAT16, m=8 * 1024, k=1024, n=2048):
+    g = og.Graph("head", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x, w = g.tensor(dim=[8, m // 8, k], name="x"), g.tensor(dim=[n, k], name="w")
+    g.matmul(g.reshape(x, [m, k], name="batch"), g.transpose(w, [1, 0], name="wt"), name="mm").set_output(True)
+    return g
+
+
+def test_a_lone_matmul_after_operand_views_is_the_library_call_alone():
+    """AOTAutograd's linear (a batch merged into rows, a transposed weight, the product): one part, the
+    torch engine's call with its views, where other views before a GEMM would be refused."""
+    from opgraph.engines.library import split
+
+    final = head_with_views().final
+    parts = split(make_piece(final, 0, final.nodes))
+    assert [(role, [n.name for n in p.nodes]) for role, p in parts] == [("main", ["batch", "wt", "mm"])]
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_a_lone_bf16_matmul_after_views_is_cublas_into_the_output(rng):
+    plan = head_with_views().build(device="cuda")
+    assert plan.steps[0].config.engine == "library" and roles(plan) == ["main"], plan.describe()
+    ((_, _, main),) = plan.steps[0].kernel.parts
+    assert main.direct
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))

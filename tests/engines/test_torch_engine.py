@@ -852,6 +852,69 @@ def test_the_direct_matmul_writes_into_a_workspace_view_but_not_over_its_operand
     assert torch.equal(a_view, x)  # (nothing written)
 
 
+def head_with_views(dt=FLOAT, m=2, s=24, k=40, n=56):
+    """An LM head as AOTAutograd's linear reaches a plan: the weight [N, K] transposed and the activations
+    [B, S, K] merged into rows, views of the piece's inputs before the matmul."""
+    g = graph(dt, "head")
+    x = g.tensor(dim=[m, s, k], name="X")
+    w = g.tensor(dim=[n, k], name="W")
+    rows = g.reshape(x, [m * s, k], name="batch")
+    wt = g.transpose(w, [1, 0], name="wt")
+    return g, x, w, g.matmul(rows, wt, name="mm").set_output(True)
+
+
+@pytest.mark.parametrize("out_layout", ["contiguous", "gapped"])
+def test_the_direct_matmul_path_makes_its_operands_views(out_layout, rng):
+    """The direct path with views before the matmul (a transposed weight, a batch merged into rows): the
+    views are made of the loaded inputs, the product written into the output buffer (CPU, float32)."""
+    g, _, _, c = head_with_views()
+    if out_layout == "gapped":
+        c.set_stride([64, 1])
+    plan = g.build(device="cpu", engines=["torch"])
+    (step,) = plan.steps
+    assert [n.name for n in step.piece.nodes] == ["batch", "wt", "mm"], plan.describe()
+    step.kernel.direct = True
+    calls = []
+    direct = step.kernel._direct
+    step.kernel._direct = lambda *args: calls.append(1) or direct(*args)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(str(m) for m in bad)
+    assert calls
+
+
+def test_native_gemm_takes_views_of_the_pieces_inputs_before_the_matmul():
+    from opgraph.engines.shared.native_gemm import native_gemm
+
+    g, _, _, _ = head_with_views(BF16)
+    final = g.final
+    assert [n.kind for n in final.nodes][-1] == "matmul" and len(final.nodes) == 3
+    assert native_gemm(make_piece(final, 0, final.nodes))
+    g, _, _, c = head_with_views(BF16)
+    g.relu(c).set_output(True)  # (an epilogue after the product)
+    final = g.final
+    assert not native_gemm(make_piece(final, 0, final.nodes))
+    g = graph(BF16, "head")  # a view that is also the piece's output
+    x, w = g.tensor(dim=[64, 32], name="X"), g.tensor(dim=[16, 32], name="W")
+    wt = g.transpose(w, [1, 0], name="wt").set_output(True)
+    g.matmul(x, wt).set_output(True)
+    final = g.final
+    assert not native_gemm(make_piece(final, 0, final.nodes))
+    g = graph(BF16, "head")  # a computed operand (a scaled input) before the product
+    x, w = g.tensor(dim=[64, 32], name="X"), g.tensor(dim=[32, 16], name="W")
+    g.matmul(g.relu(x), w).set_output(True)
+    final = g.final
+    assert not native_gemm(make_piece(final, 0, final.nodes))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("io", [HALF, BF16], ids=lambda d: d.name)
+def test_gpu_a_head_with_operand_views_writes_its_output_in_place(io, rng):
+    g, _, _, _ = head_with_views(io, m=2, s=128, k=256, n=384)
+    plan = assert_engine_matches(g, rng, engines=("torch",), device="cuda")
+    assert plan.steps[0].kernel.direct
+
+
 def test_native_gemm_is_a_lone_16_bit_matmul_of_one_type():
     from opgraph.engines.shared.native_gemm import native_gemm
 

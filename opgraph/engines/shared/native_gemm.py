@@ -1,25 +1,46 @@
-"""A lone 16-bit matmul: one matmul whose operands and result are one fp16 or bf16 type, computed in fp32.
-A vendor GEMM (cuBLAS) runs it as it is, accumulating in fp32 and writing the result into the output
-buffer: the torch engine's direct path runs it so, the library engine offers it as its vendor-library
-piece (PieceFact.NATIVE_GEMM), and the build's policy lets that lead (bench/results/constants.md#lone-matmuls)."""
+"""A lone 16-bit matmul: one matmul whose operands and result are one fp16 or bf16 type, computed in fp32,
+after nothing but views that shape its operands out of the piece's inputs (a transposed weight, a batch
+merged into rows, as AOTAutograd's linear layers read them). A vendor GEMM (cuBLAS) runs it as it is,
+accumulating in fp32 and writing the result into the output buffer: the torch engine's direct path runs
+it so (PyTorch makes the views, copying only where a reshape must), the library engine offers it as its
+vendor-library piece (PieceFact.NATIVE_GEMM), and the build's policy lets that lead
+(bench/results/constants.md#lone-matmuls)."""
 
 from __future__ import annotations
 
 from ...core.dtypes import DataType
 from ...core.piece import Piece
+from ...ops.layout import VIEW_KINDS
 
 NATIVE_16 = frozenset({DataType.HALF, DataType.BFLOAT16})  # 16-bit types cuBLAS/cuDNN run as they are
 
 
 def native_gemm(piece: Piece) -> bool:
     """Whether the piece is one matmul of two operands whose operands and result are one NATIVE_16 type,
-    computed in fp32."""
-    if len(piece.nodes) != 1 or piece.nodes[0].kind != "matmul":
+    computed in fp32, after views of the piece's inputs read by nothing else (`operand_views`)."""
+    node = piece.nodes[-1]
+    if node.kind != "matmul" or not operand_views(piece):
         return False
-    node = piece.nodes[0]
     ins, outs = node.input_uids(), node.output_uids()
     if len(ins) != 2 or len(outs) != 1 or outs[0] not in piece.outputs:
         return False
     tensors = piece.graph.tensors
     a, b = (tensors[u].data_type for u in ins)
     return a in NATIVE_16 and a is b is tensors[outs[0]].data_type and node.compute_data_type is DataType.FLOAT
+
+
+def operand_views(piece: Piece) -> bool:
+    """Whether every op before the piece's last is a view reading the piece's inputs or such views, whose
+    result only those views or the last op read (and is no output of the piece)."""
+    made = set()
+    readers: dict[int, int] = {}
+    for n in piece.nodes:
+        for u in n.input_uids():
+            readers[u] = readers.get(u, 0) + 1
+    for n in piece.nodes[:-1]:
+        if n.kind not in VIEW_KINDS or any(u not in piece.inputs and u not in made for u in n.input_uids()):
+            return False
+        if any(u in piece.outputs or readers.get(u, 0) != 1 for u in n.output_uids()):
+            return False
+        made.update(n.output_uids())
+    return True

@@ -179,10 +179,10 @@ class TorchKernel(Kernel):
         Bytes, not storages: a plan's intermediates are views of one workspace."""
         import torch
 
-        node = self.piece.nodes[0]
-        a_uid, b_uid = node.input_uids()
+        node = self.piece.nodes[-1]
+        values = self._operands(buffers, dev)
+        a, b = (values[u] for u in node.input_uids())
         c_uid = node.output_uids()[0]
-        a, b = self._load(a_uid, buffers, dev), self._load(b_uid, buffers, dev)
         dst = as_torch(buffers[c_uid], self.piece.tensor(c_uid), dev)
         if _meet(dst, a) or _meet(dst, b):
             return False
@@ -202,6 +202,22 @@ class TorchKernel(Kernel):
                     hint="build without the 'torch' engine for this graph, and report the graph (opgraph JSON)",
                 ) from err
         return True
+
+    def _operands(self, buffers: Mapping[int, Buffer], dev: Any) -> dict[int, Any]:
+        """The last node's operands: the piece's inputs loaded, and the views before it made of them."""
+        tensors = self.piece.graph.tensors
+        values: dict[int, Any] = {}
+        for node, impl in self.steps:
+            for uid in node.input_uids():
+                if uid not in values:
+                    values[uid] = self._load(uid, buffers, dev)
+            if node is self.piece.nodes[-1]:
+                break
+            results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
+            for out_uid, result in zip(node.outputs, results):
+                if out_uid is not None and result is not None:
+                    values[out_uid] = finish(result, tensors[out_uid], node)
+        return values
 
     def _call(self, node: Any, impl: Any, call: Call) -> Any:
         try:
