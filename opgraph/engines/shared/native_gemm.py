@@ -32,7 +32,7 @@ def native_gemm(piece: Piece) -> bool:
 def operand_views(piece: Piece) -> bool:
     """Whether every op before the piece's last is a view reading the piece's inputs or such views, whose
     result only those views or the last op read (and is no output of the piece)."""
-    made = set()
+    made: set[int] = set()
     readers: dict[int, int] = {}
     for n in piece.nodes:
         for u in n.input_uids():
