@@ -6,7 +6,9 @@ partition's plan: steps, inputs, outputs, and what its internal CUDA graph did (
     PYTHONPATH=$PWD python scripts/backend_train_host.py [--steps] > $OUT/backend_train_host.txt   # ~1 min
 
 With --steps, also where the device time goes: by kernel name over whole steps, and each partition's steps
-alone by engine and template.
+alone by engine and template (--all-steps: every step listed, not the slowest). With --inductor, the same
+step through torch.compile's default backend (Inductor, default mode) instead: its kernels by name, what
+the backend's are read against.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def main() -> None:
     x = torch.randint(0, 32000, (4, 1024), device="cuda")
     y = torch.randint(0, 32000, (4 * 1024,), device="cuda")
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True, capturable=True)
-    net = torch.compile(m, backend=og.torch_backend, dynamic=False)
+    inductor = "--inductor" in sys.argv
+    net = torch.compile(m, dynamic=False) if inductor else torch.compile(m, backend=og.torch_backend, dynamic=False)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -58,7 +61,7 @@ def main() -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    print(f"compiled in {time.time() - t0:.1f} s; {len(made)} partition(s)")
+    print(f"compiled in {time.time() - t0:.1f} s; {'inductor' if inductor else f'{len(made)} partition(s)'}")
     for n in (1, 5, 10):
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -119,7 +122,7 @@ def steps_profile(made: list, step: Any) -> None:
         reverse=True,
     )
     print(f"device per step (profiler): {sum(r[0] for r in rows):.0f} us")
-    for t, n, k in rows[:30]:
+    for t, n, k in rows[:60]:
         print(f"  {t:9.1f} x{n:4d}  {k[:110]}")
     packs: dict[int, dict] = {}
     for pm in made:
@@ -146,9 +149,10 @@ def steps_profile(made: list, step: Any) -> None:
         print(f"  {pm.name}: {len(found)} steps alone {sum(r.device_us for r in found):.0f} us")
         for key, t in tot.most_common():
             print(f"     {key:28s} x{cnt[key]:4d} {t:9.1f}")
-        for r in sorted(found, key=lambda r: -r.device_us)[:12]:
+        listed = found if "--all-steps" in sys.argv else sorted(found, key=lambda r: -r.device_us)[:12]
+        for r in listed:
             kinds = "+".join(n.name for n in pm.plan.steps[r.step].piece.nodes)
-            print(f"     {r.step:4d} {r.engine:8s} {r.template:12s} {r.device_us:8.1f}  {kinds[:120]}")
+            print(f"     {r.step:4d} {r.engine:8s} {r.template:12s} {r.device_us:8.1f}  {kinds[:160]}")
 
 
 if __name__ == "__main__":
