@@ -8,7 +8,8 @@ partition's plan: steps, inputs, outputs, and what its internal CUDA graph did (
 With --steps, also where the device time goes: by kernel name over whole steps, and each partition's steps
 alone by engine and template (--all-steps: every step listed, not the slowest). With --inductor, the same
 step through torch.compile's default backend (Inductor, default mode) instead: its kernels by name, what
-the backend's are read against.
+the backend's are read against. --mode M: torch.compile's mode (max-autotune-no-cudagraphs: opgraph's plans
+autotuned).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def main() -> None:
     y = torch.randint(0, 32000, (4 * 1024,), device="cuda")
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True, capturable=True)
     inductor = "--inductor" in sys.argv
-    net = torch.compile(m, dynamic=False) if inductor else torch.compile(m, backend=og.torch_backend, dynamic=False)
+    mode = sys.argv[sys.argv.index("--mode") + 1] if "--mode" in sys.argv else None
+    backend = "inductor" if inductor else og.torch_backend
+    net = torch.compile(m, backend=backend, mode=mode, dynamic=False)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
