@@ -30,28 +30,16 @@ from ..core.errors import GraphError
 from .aot_attention import FREED, free_attention_state
 from .fx_graph import import_fx, translatable
 from .fx_linear import fold_linear_views
-from .fx_tidy import tidy
+from .fx_tidy import VIEWS, tidy
 from .torch_runtime import ImportedGraph
 
 log = logging.getLogger("opgraph.dynamo")
 
 # ops PyTorch runs as views or no-ops: a partition of these alone is not worth a plan
-VIEW_OPS = frozenset(
+VIEW_OPS = VIEWS | frozenset(
     {
-        "view",
-        "_unsafe_view",
-        "reshape",
-        "t",
-        "transpose",
-        "permute",
-        "expand",
-        "alias",
         "detach",
         "clone",
-        "squeeze",
-        "unsqueeze",
-        "slice",
-        "select",
         "split",
         "split_with_sizes",
         "unbind",

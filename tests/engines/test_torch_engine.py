@@ -810,6 +810,18 @@ def test_gpu_lone_16_bit_matmul_writes_its_output_in_place(io, out_layout, rng):
     assert plan.steps[0].kernel.direct
 
 
+def check_through_the_direct_path(plan, step, rng):
+    """The plan checked against the reference with `step` taking TorchKernel's direct path (the GPU's, forced
+    here), which must have run."""
+    step.kernel.direct = True
+    calls = []
+    direct = step.kernel._direct
+    step.kernel._direct = lambda *args: calls.append(1) or direct(*args)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(str(m) for m in bad)
+    assert calls
+
+
 @pytest.mark.parametrize("out_layout", ["contiguous", "gapped"])
 def test_the_direct_matmul_path_on_the_cpu(out_layout, rng):
     """TorchKernel's direct path (torch.matmul out= into the output buffer), taken on the GPU for a lone
@@ -823,13 +835,7 @@ def test_the_direct_matmul_path_on_the_cpu(out_layout, rng):
         c.set_stride([24 * 64, 64, 1])
     plan = g.build(device="cpu", engines=["torch"])
     (step,) = plan.steps
-    step.kernel.direct = True
-    calls = []
-    direct = step.kernel._direct
-    step.kernel._direct = lambda *args: calls.append(1) or direct(*args)
-    bad = og.testing.check_plan(plan, rng)
-    assert not bad, "\n".join(str(m) for m in bad)
-    assert calls
+    check_through_the_direct_path(plan, step, rng)
 
 
 def test_the_direct_matmul_writes_into_a_workspace_view_but_not_over_its_operand():
@@ -873,13 +879,7 @@ def test_the_direct_matmul_path_makes_its_operands_views(out_layout, rng):
     plan = g.build(device="cpu", engines=["torch"])
     (step,) = plan.steps
     assert [n.name for n in step.piece.nodes] == ["batch", "wt", "mm"], plan.describe()
-    step.kernel.direct = True
-    calls = []
-    direct = step.kernel._direct
-    step.kernel._direct = lambda *args: calls.append(1) or direct(*args)
-    bad = og.testing.check_plan(plan, rng)
-    assert not bad, "\n".join(str(m) for m in bad)
-    assert calls
+    check_through_the_direct_path(plan, step, rng)
 
 
 def test_native_gemm_takes_views_of_the_pieces_inputs_before_the_matmul():
