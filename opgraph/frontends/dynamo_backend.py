@@ -179,12 +179,14 @@ def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[
 def _user_outputs(kind: str) -> range | None:
     """The positions of a training forward's results that its caller sees (mutated inputs, outputs,
     RNG offsets; the rest are saved for the backward), from AOTAutograd's metadata; None (all) for the
-    other graphs or where the metadata is missing."""
+    other graphs, where the metadata is missing, or where the graph returns effect tokens."""
     from torch._guards import TracingContext
 
     context = TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
     count = getattr(meta, "num_forward", None)
+    if getattr(meta, "tokens", None):  # (effect tokens come first among the results, uncounted: all the caller's)
+        return None
     return range(count) if kind == "forward" and isinstance(count, int) else None
 
 

@@ -95,9 +95,19 @@ def _empty_along(node: Any, dim: int) -> bool:
     return (len(shape) == 1 and shape[0] == 0) or (len(shape) > dim and shape[dim] == 0)
 
 
+def _promoted(nodes: list[Any]) -> Any:
+    import functools
+
+    import torch
+
+    return functools.reduce(torch.promote_types, (n.meta["val"].dtype for n in nodes))
+
+
 def drop_empty_concats(gm: Any, user_outputs: Collection[int] | None = None) -> int:
-    """A concatenation's inputs that are empty along its axis dropped; a concatenation of one input left
-    is that input (not for a result the caller sees, which must stay a tensor of its own)."""
+    """A concatenation's inputs that are empty along its axis dropped (where the others promote to the
+    result's type without them); a
+    concatenation of one input left is that input, where that input is laid out as the result was traced
+    (not for a result the caller sees, which must stay a tensor of its own, nor for a graph input)."""
     seen = _user_results(gm, user_outputs)
     changed = 0
     for node in list(gm.graph.nodes):
@@ -108,11 +118,19 @@ def drop_empty_concats(gm: Any, user_outputs: Collection[int] | None = None) -> 
         inputs = node.args[0]
         if not all(hasattr(x, "op") for x in inputs):
             continue
+        val = node.meta.get("val")
         kept = [x for x in inputs if not _empty_along(x, dim)]
-        if len(kept) == len(inputs) or not kept:
-            continue
-        val, only = node.meta.get("val"), kept[0].meta.get("val")
-        if len(kept) == 1 and id(node) not in seen and only.shape == val.shape and only.dtype == val.dtype:
+        if len(kept) == len(inputs) or not kept or _promoted(kept) != val.dtype:
+            continue  # (nothing empty, all of it, or an empty input that takes part in the type promotion)
+        only = kept[0].meta.get("val")
+        if (
+            len(kept) == 1
+            and id(node) not in seen
+            and kept[0].op != "placeholder"  # (a saved input would share the caller's version counter)
+            and only.shape == val.shape
+            and only.dtype == val.dtype
+            and only.stride() == val.stride()  # (later views were traced against the fresh result's layout)
+        ):
             node.replace_all_uses_with(kept[0])
             gm.graph.erase_node(node)
         else:
@@ -136,18 +154,34 @@ def _pure(node: Any) -> bool:
 
 
 def _frozen(value: Any) -> Any:
+    """`value` as a key that tells apart what compares equal across types (1, 1.0 and True; 0.0 and -0.0)."""
     if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
     if isinstance(value, dict):
         return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (bool, int, float, complex)):
+        return (type(value).__name__, repr(value))
     hash(value)  # (TypeError: not a key)
-    return value
+    return value if hasattr(value, "op") else (type(value).__name__, value)
+
+
+def _reaches(node: Any, results: set[int]) -> bool:
+    """Whether `node`, or a view of it (through views), is one of `results` (ids of nodes)."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in results:
+            return True
+        seen.add(id(n))
+        stack.extend(u for u in n.users if _name(u) in VIEWS and id(u) not in seen)
+    return False
 
 
 def merge_duplicates(gm: Any, user_outputs: Collection[int] | None = None) -> int:
     """Identical pure ops on the same inputs become one node (common subexpressions). A node the caller
-    sees as a result (`user_outputs`, None: every result) is neither dropped nor made to stand for
-    another result."""
+    sees as a result (`user_outputs`, None: every result), or views it through, is neither dropped nor
+    made to stand for another result (a saved tensor must not become a view of what the caller may
+    change in place)."""
     seen_as_result = _user_results(gm, user_outputs)
     returned = {id(n) for n in _results(gm)}
     first: dict[Any, Any] = {}
@@ -163,7 +197,7 @@ def merge_duplicates(gm: Any, user_outputs: Collection[int] | None = None) -> in
         if twin is None:
             first[key] = node
             continue
-        if id(node) in seen_as_result or (id(node) in returned and id(twin) in seen_as_result):
+        if _reaches(node, seen_as_result) or (_reaches(node, returned) and _reaches(twin, seen_as_result)):
             continue
         node.replace_all_uses_with(twin)
         gm.graph.erase_node(node)
@@ -248,7 +282,12 @@ def casts_after_sources(gm: Any) -> int:
 def _view_chain(node: Any) -> list[Any]:
     """`node` and the views it is made by, up to (not including) the first node that is no view."""
     chain = []
-    while _name(node) in VIEWS and node.args and hasattr(node.args[0], "op"):
+    while (
+        _name(node) in VIEWS
+        and getattr(node.target, "_overloadname", "") != "dtype"  # (a reinterpretation, not a view of the dims)
+        and node.args
+        and hasattr(node.args[0], "op")
+    ):
         chain.append(node)
         node = node.args[0]
     return chain

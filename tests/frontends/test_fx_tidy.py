@@ -199,3 +199,95 @@ def test_the_backend_llama_forward_casts_each_activation_once_beside_its_source(
     torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2, msg=name)
+
+
+# -- what a review found (each failed before its fix) ------------------------------------------------------
+
+
+def compiled(fn):
+    import opgraph as og
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=og.torch_backend, options={"engines": ["reference"]})
+
+
+def test_scalars_of_other_types_are_not_merged():
+    """1, 1.0 and True compare (and hash) equal: an int sum and a float sum of one tensor stay two ops."""
+    ids = torch.arange(6)
+    gm = traced(lambda ids: (ids + 1.0, ids + 1, ids * -0.0, ids * 0.0), ids)
+    assert fx_tidy.merge_duplicates(gm, user_outputs=range(0)) == 0
+
+    def f(x, ids):
+        a = (ids + 1.0) * 0.5
+        b = ids + 1
+        return x[:6] * a + torch.gather(x, 0, b)
+
+    x, ids = torch.randn(8), torch.arange(6).flip(0)
+    torch.testing.assert_close(compiled(f)(x, ids), f(x, ids))
+
+
+def test_a_saved_tensor_is_not_made_a_view_of_the_callers_result():
+    """Two casts of one input, the first returned to the caller, the second saved (transposed) for the
+    backward: merged, the saved tensor would be a view of the caller's result, whose in-place change
+    before the backward would break it."""
+
+    def f(x, w):
+        a = x.to(BF16)
+        b = x.to(BF16)
+        return a, w.to(BF16) @ b.t()
+
+    grads = []
+    for fn in (f, compiled(f)):
+        torch.manual_seed(0)
+        x, w = torch.randn(4, 8, requires_grad=True), torch.randn(5, 8, requires_grad=True)
+        a, y = fn(x, w)
+        with torch.no_grad():
+            a.mul_(0)
+        y.float().sum().backward()
+        grads.append(w.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_a_concatenation_keeps_its_layout_and_its_type_promotion():
+    """An empty cache concatenated with a transposed tensor: the result is contiguous, as the views after
+    it were traced; an empty fp32 input promotes bf16 inputs to fp32."""
+
+    class Cached(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(2, 2, 0, 4))
+
+        def forward(self, x):
+            k = (x * 2).view(2, 3, 2, 4).transpose(1, 2)
+            k = torch.cat([self.cache, k], -2)
+            return k.view(2, -1).sort().values
+
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(compiled(Cached())(x), Cached()(x))
+    empty, a = torch.zeros(0, 4), torch.randn(3, 4, dtype=BF16)
+    gm = traced(lambda e, a, b: torch.cat([e, a, b]), empty, a, a)
+    fx_tidy.drop_empty_concats(gm, user_outputs=None)
+    gm.recompile()
+    assert gm(empty, a, a).dtype == torch.float32
+
+
+def test_a_graph_with_effect_tokens_protects_every_result():
+    """A forward with an effectful op returns its effect tokens first, which AOTAutograd's count of the
+    caller's results leaves out: every result is then the caller's, and the one concatenated to an empty
+    buffer stays a tensor of its own (not the caller's input)."""
+
+    class Printing(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(0, 4))
+
+        def forward(self, x):
+            torch.ops.aten._print("opgraph test")
+            return (x * 2).sum(), torch.cat([self.cache, x], 0)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    _, c = compiled(Printing())(x)
+    assert c.data_ptr() != x.data_ptr()
+    with torch.no_grad():
+        c.mul_(0)
+    assert x.abs().sum() > 0
