@@ -370,6 +370,8 @@ def _relu6_shift(imp: Importer, x: Tensor) -> Tensor:
 )
 def _reshape(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
+    if getattr(node.target, "_overloadname", "") == "dtype" or _meta(node).dtype != x.dtype:
+        raise Untranslatable("a view as another dtype (the bytes reinterpreted)")
     shape = _shape(node)
     if og_dims(shape) == x.dims:
         return Value(shape, x.dtype, tensor=x.tensor, source=x.source, example=x.example) if x.shape != shape else x

@@ -291,3 +291,21 @@ def test_a_graph_with_effect_tokens_protects_every_result():
     with torch.no_grad():
         c.mul_(0)
     assert x.abs().sum() > 0
+
+
+def test_a_view_as_another_dtype_is_left_to_pytorch():
+    """`x.view(torch.int32)` reinterprets the bytes: the importer declines it (it ran as a reshape, giving
+    the float values as they were), and the tidy does not make it again as a view of the dims."""
+
+    def f(x):
+        v = (x * 2).view(torch.int32)
+        return v + 1, v
+
+    x = torch.randn(4, 4)
+    for got, want in zip(compiled(f)(x), f(x)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    gm = traced(f, x)
+    fx_tidy.views_outside(gm)  # (the alias after the reinterpretation, made again of it: no reshape)
+    gm.recompile()
+    for got, want in zip(gm(x), f(x)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
