@@ -515,6 +515,9 @@ def _unbind(imp: Importer, node: Any, a: Args) -> list[Any]:
 @op("cat", "concat", "concatenate")
 def _cat(imp: Importer, node: Any, a: Args) -> Any:
     parts = [v for v in a["tensors"] if not (isinstance(v, Value) and 0 in v.shape)]
+    if not parts or any(v.dtype != _meta(node).dtype for v in parts):
+        # (an empty input's type may take part in the result's: torch.cat promotes across all inputs)
+        raise Untranslatable("cat of no non-empty tensor, or promoting its inputs' types")
     if len(parts) == 1:
         return parts[0]
     rank = len(_shape(node))

@@ -309,3 +309,22 @@ def test_a_view_as_another_dtype_is_left_to_pytorch():
     gm.recompile()
     for got, want in zip(gm(x), f(x)):
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_concatenation_promoting_its_inputs_types_is_left_to_pytorch():
+    """An empty fp32 cache concatenated with bf16 values is fp32 (torch.cat promotes across every input,
+    empty ones too): the importer, which drops empty inputs, declines it rather than give bf16."""
+
+    class Promoting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(2, 0, 8))
+
+        def forward(self, x):
+            k = torch.cat([self.cache, torch.sort(x, -1)[0]], dim=1)
+            return torch.sort(k, -1)[0] * 1.001 + 1000
+
+    x = torch.randn(2, 3, 8).bfloat16()
+    got, want = compiled(Promoting())(x), Promoting()(x)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want)
