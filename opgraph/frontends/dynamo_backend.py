@@ -182,12 +182,12 @@ def _user_outputs(kind: str) -> range | None:
     other graphs, where the metadata is missing, or where the graph returns effect tokens."""
     from torch._guards import TracingContext
 
-    context = TracingContext.try_get()
-    meta = getattr(context, "fw_metadata", None)
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
     count = getattr(meta, "num_forward", None)
-    if getattr(meta, "tokens", None):  # (effect tokens come first among the results, uncounted: all the caller's)
+    # (effect tokens come first among the results, uncounted: then all are the caller's)
+    if kind != "forward" or not isinstance(count, int) or getattr(meta, "tokens", None):
         return None
-    return range(count) if kind == "forward" and isinstance(count, int) else None
+    return range(count)
 
 
 class _PerShape:

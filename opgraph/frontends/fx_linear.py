@@ -21,7 +21,8 @@ from typing import Any
 _RESHAPES = frozenset({"view", "_unsafe_view", "reshape"})
 
 
-def _name(node: Any) -> str:
+def aten_name(node: Any) -> str:
+    """The aten op a call node runs, without namespace or overload ('' for any other node)."""
     schema = getattr(node.target, "_schema", None)
     return schema.name.split("::")[-1] if node.op == "call_function" and schema is not None else ""
 
@@ -38,7 +39,7 @@ def _shape(node: Any) -> tuple[int, ...] | None:
 
 def _collapsed(view: Any) -> Any:
     """The tensor `view` collapses into rows ([*lead, K] -> [prod(lead), K], at least two lead axes), or None."""
-    if _name(view) not in _RESHAPES:
+    if aten_name(view) not in _RESHAPES:
         return None
     source = view.args[0]
     before, after = _shape(source), _shape(view)
@@ -56,7 +57,7 @@ def _expanded_users(mm: Any, lead: tuple[int, ...]) -> list[Any] | None:
         return None
     want = (*lead, shape[1])
     users = list(mm.users)
-    if all(_name(u) in _RESHAPES and u.args[0] is mm and _shape(u) == want for u in users):
+    if all(aten_name(u) in _RESHAPES and u.args[0] is mm and _shape(u) == want for u in users):
         return users
     return None
 

@@ -6,8 +6,9 @@ whole. `tidy(gm, user_outputs)` rewrites the FX graph, in place, so that the lay
 importer as `from_torch` imports it:
 
 - `drop_empty_concats`: a concatenation's empty inputs dropped, and one of a single input left is that
-  input. A Hugging Face model traced with its KV cache concatenates each layer's keys and values to the
-  cache's empty tensors: a copy of both.
+  input where nothing tells them apart (type, layout, a graph input's version counter). A Hugging Face
+  model traced with its KV cache concatenates each layer's keys and values to the cache's empty
+  tensors: a copy of both.
 - `merge_duplicates`: one node for identical pure ops on the same inputs. Autocast casts a linear
   layer's input once per layer reading it: a Llama block's q, k and v projections cast the same normed
   activations three times, three kernels each reading them in fp32.
@@ -29,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from .fx_linear import aten_name as _name
+
 VIEWS = frozenset(
     {
         "view",
@@ -46,11 +49,6 @@ VIEWS = frozenset(
     }
 )
 _RESHAPES = frozenset({"view", "_unsafe_view"})  # (made again as reshape: its input may be laid out otherwise)
-
-
-def _name(node: Any) -> str:
-    schema = getattr(node.target, "_schema", None)
-    return schema.name.split("::")[-1] if node.op == "call_function" and schema is not None else ""
 
 
 def _rank(node: Any) -> int | None:
@@ -105,9 +103,9 @@ def _promoted(nodes: list[Any]) -> Any:
 
 def drop_empty_concats(gm: Any, user_outputs: Collection[int] | None = None) -> int:
     """A concatenation's inputs that are empty along its axis dropped (where the others promote to the
-    result's type without them); a
-    concatenation of one input left is that input, where that input is laid out as the result was traced
-    (not for a result the caller sees, which must stay a tensor of its own, nor for a graph input)."""
+    result's type without them); a concatenation of one input left is that input, where that input is
+    laid out as the result was traced (not for a result the caller sees, which must stay a tensor of its
+    own, nor for a graph input)."""
     seen = _user_results(gm, user_outputs)
     changed = 0
     for node in list(gm.graph.nodes):
@@ -128,7 +126,6 @@ def drop_empty_concats(gm: Any, user_outputs: Collection[int] | None = None) -> 
             and id(node) not in seen
             and kept[0].op != "placeholder"  # (a saved input would share the caller's version counter)
             and only.shape == val.shape
-            and only.dtype == val.dtype
             and only.stride() == val.stride()  # (later views were traced against the fresh result's layout)
         ):
             node.replace_all_uses_with(kept[0])

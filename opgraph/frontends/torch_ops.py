@@ -370,7 +370,7 @@ def _relu6_shift(imp: Importer, x: Tensor) -> Tensor:
 )
 def _reshape(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
-    if getattr(node.target, "_overloadname", "") == "dtype" or _meta(node).dtype != x.dtype:
+    if _meta(node).dtype != x.dtype:  # (aten.view.dtype)
         raise Untranslatable("a view as another dtype (the bytes reinterpreted)")
     shape = _shape(node)
     if og_dims(shape) == x.dims:
@@ -517,14 +517,12 @@ def _cat(imp: Importer, node: Any, a: Args) -> Any:
     parts = [v for v in a["tensors"] if not (isinstance(v, Value) and 0 in v.shape)]
     if not parts or any(v.dtype != _meta(node).dtype for v in parts):
         # (an empty input's type may take part in the result's: torch.cat promotes across all inputs)
-        raise Untranslatable("cat of no non-empty tensor, or promoting its inputs' types")
+        raise Untranslatable("cat of no non-empty tensor, or of tensors of other dtypes than its result")
     if len(parts) == 1:
         return parts[0]
     rank = len(_shape(node))
     if any(v.rank != rank for v in parts):
         raise Untranslatable("cat of tensors of different ranks")
-    if len({v.dtype for v in parts}) > 1:
-        raise Untranslatable("cat of tensors of different dtypes")
     return imp.g.concatenate([imp.tensor(v) for v in parts], _axis(a["dim"], rank), name=imp.op_name())
 
 

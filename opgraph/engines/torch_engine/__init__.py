@@ -157,21 +157,25 @@ class TorchKernel(Kernel):
         return t
 
     def run(self, buffers: Mapping[int, Buffer], stream: Stream = None, scratch: Buffer = None) -> None:
-        tensors = self.piece.graph.tensors
         dev = _torch_device(self.device)
         if self.direct and self._direct(buffers, stream, dev):
             return
         with self._stream(stream), exact_math(self.device.is_cuda):
-            values: dict[int, Any] = {}
-            for node, impl in self.steps:
-                for uid in node.input_uids():
-                    if uid not in values:  # a piece input (an in-place one too: read before written)
-                        values[uid] = self._load(uid, buffers, dev)
-                results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
-                for out_uid, result in zip(node.outputs, results):
-                    if out_uid is not None and result is not None:
-                        values[out_uid] = finish(result, tensors[out_uid], node)
-            self._write(buffers, values, dev)
+            self._write(buffers, self._evaluate(self.steps, buffers, dev), dev)
+
+    def _evaluate(self, steps: list[tuple[Any, Any]], buffers: Mapping[int, Buffer], dev: Any) -> dict[int, Any]:
+        """`steps` run in order: every tensor they read or make (the piece's inputs loaded as first read)."""
+        tensors = self.piece.graph.tensors
+        values: dict[int, Any] = {}
+        for node, impl in steps:
+            for uid in node.input_uids():
+                if uid not in values:  # a piece input (an in-place one too: read before written)
+                    values[uid] = self._load(uid, buffers, dev)
+            results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
+            for out_uid, result in zip(node.outputs, results):
+                if out_uid is not None and result is not None:
+                    values[out_uid] = finish(result, tensors[out_uid], node)
+        return values
 
     def _direct(self, buffers: Mapping[int, Buffer], stream: Stream, dev: Any) -> bool:
         """The lone 16-bit matmul into its output buffer (torch.matmul's `out=`), or False where the
@@ -180,8 +184,11 @@ class TorchKernel(Kernel):
         import torch
 
         node = self.piece.nodes[-1]
-        values = self._operands(buffers, dev)
-        a, b = (values[u] for u in node.input_uids())
+        values: dict[int, Any] = {}
+        if len(self.steps) > 1:  # the operands' views (a reshape PyTorch must copy runs on the plan's stream)
+            with self._stream(stream):
+                values = self._evaluate(self.steps[:-1], buffers, dev)
+        a, b = (values[u] if u in values else self._load(u, buffers, dev) for u in node.input_uids())
         c_uid = node.output_uids()[0]
         dst = as_torch(buffers[c_uid], self.piece.tensor(c_uid), dev)
         if _meet(dst, a) or _meet(dst, b):
@@ -202,22 +209,6 @@ class TorchKernel(Kernel):
                     hint="build without the 'torch' engine for this graph, and report the graph (opgraph JSON)",
                 ) from err
         return True
-
-    def _operands(self, buffers: Mapping[int, Buffer], dev: Any) -> dict[int, Any]:
-        """The last node's operands: the piece's inputs loaded, and the views before it made of them."""
-        tensors = self.piece.graph.tensors
-        values: dict[int, Any] = {}
-        for node, impl in self.steps:
-            for uid in node.input_uids():
-                if uid not in values:
-                    values[uid] = self._load(uid, buffers, dev)
-            if node is self.piece.nodes[-1]:
-                break
-            results = self._call(node, impl, Call(node, tensors, values, dev, self.tensor_cores))
-            for out_uid, result in zip(node.outputs, results):
-                if out_uid is not None and result is not None:
-                    values[out_uid] = finish(result, tensors[out_uid], node)
-        return values
 
     def _call(self, node: Any, impl: Any, call: Call) -> Any:
         try:
