@@ -1,7 +1,8 @@
 """The weight gradients of the Llama zoo model's training step (batch 4 x 1024 tokens, bf16) as the
 torch.compile backend's plans hold them: dW = dY^T X (dY read transposed in place), cast to the fp32 of
 the weight, for the q/o (1024 x 1024), k/v (256 x 1024) and SwiGLU (2816 x 1024, 1024 x 2816) projections.
-Each planned by the heuristics and autotuned (`describe()` lists every candidate with its estimate and, tuned,
+Each planned by the heuristics, autotuned, and autotuned without the library's "wide" precision (the product
+unrounded: NumericalNote.WIDENED_INTERMEDIATE) (`describe()` lists every candidate with its estimate and, tuned,
 its time: the cost model's error on transposed-operand GEMMs with few output tiles, and whether split-K
 wins), against cuBLAS (`torch.mm`, then the cast; and `out_dtype=float32` where PyTorch has it). Outputs
 are checked against PyTorch in fp32 first; device µs per call from CUDA-graph replays of 10 calls.
@@ -39,7 +40,11 @@ def main() -> None:
         x = torch.randn(TOKENS, n, device="cuda").to(torch.bfloat16)
         want = dy.float().t() @ x.float()
         row = f"{name:8s} M {m} N {n} K {TOKENS}"
-        for label, opts in (("heur", {}), ("tuned", {"autotune": True})):
+        for label, opts in (
+            ("heur", {}),
+            ("tuned", {"autotune": True}),
+            ("tuned exact", {"autotune": True, "deselect_numeric_notes": ["widened_intermediate"]}),
+        ):
             g, dy_t, x_t, dw_t = graph(m, n)
             plan = g.build(**opts)
             out = torch.full((m, n), float("nan"), device="cuda")

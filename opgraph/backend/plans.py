@@ -153,7 +153,8 @@ def _knob_info(maximum: int) -> Descriptor:
 
 def _notes(candidate: Candidate, numerical: bool) -> list:
     if numerical:
-        return sorted((N.NUMERICAL_NOTES[n] for n in candidate.numerical_notes), key=lambda v: v.value)
+        notes = (N.NUMERICAL_NOTES[n] for n in candidate.numerical_notes if n in N.NUMERICAL_NOTES)
+        return sorted(notes, key=lambda v: v.value)
     return sorted((N.BEHAVIOR_NOTES[n] for n in candidate.behavior_notes), key=lambda v: v.value)
 
 

@@ -16,7 +16,7 @@ Each rule names the measurements it follows in bench/results/constants.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -99,8 +99,12 @@ class Match:
     filter_row_above: int | None = None  # taps on the filter's last spatial axis, more than
     fact: PieceFact | None = None
     bucketed: bool | None = None  # the piece is planned for a bucket of several shapes
+    # the engine's estimate times this is at most the estimate of the engine the build prefers (`rival`)
+    ahead_by: float | None = None
 
-    def holds(self, piece: PieceFacts, reported: EngineFacts) -> bool:
+    def holds(
+        self, piece: PieceFacts, reported: EngineFacts, rival: Callable[[], EngineFacts | None] | None = None
+    ) -> bool:
         if self.kinds is not None and piece.anchor not in self.kinds:
             return False
         if self.bucketed is not None and piece.bucketed != self.bucketed:
@@ -108,6 +112,8 @@ class Match:
         if self.max_ops is not None and piece.ops > self.max_ops:
             return False
         if self.fact is not None and self.fact not in reported.facts:
+            return False
+        if self.ahead_by is not None and not _ahead(reported, rival() if rival else None, self.ahead_by):
             return False
         conv = piece.conv
         checks = (self.depthwise, self.grouped, self.channels_per_group_below, self.image_types, self.filter_row_above)
@@ -124,6 +130,11 @@ class Match:
         )
 
 
+def _ahead(reported: EngineFacts, rival: EngineFacts | None, by: float) -> bool:
+    mine, theirs = reported.estimate_us, rival.estimate_us if rival else None
+    return mine is not None and theirs is not None and mine * by <= theirs
+
+
 @dataclass(frozen=True)
 class Rule:
     """For pieces `match` holds for, whether `engine` leads. `pads_to`: the generated kernel pads each
@@ -137,7 +148,11 @@ class Rule:
     pads_to: int | None = None
     evidence: str = ""
 
-    def stake(self, piece: PieceFacts, estimate_us: float) -> float:
+    def stake(self, piece: PieceFacts, estimate_us: float, rival_us: float | None = None) -> float:
+        """The device time the rule's choice is about: the engine's estimate (padded where the generated
+        kernel pads), or for an `ahead_by` rule the piece's time as the build's preferred engine runs it."""
+        if self.match.ahead_by is not None and rival_us is not None:
+            return rival_us
         if self.pads_to is None or piece.conv is None:
             return estimate_us
         return estimate_us * (self.pads_to / piece.conv.channels_per_group)
@@ -211,6 +226,14 @@ RULES: tuple[Rule, ...] = (
         "generated ones where worth its launch",
         evidence=f"{EVIDENCE}#lone-matmuls",
     ),
+    Rule(
+        "library",
+        Match(kinds=frozenset({"matmul"}), ahead_by=1.2, bucketed=False),
+        True,
+        "a matmul the cost model puts 20% faster as cuBLAS plus its epilogue than generated (a long K over "
+        "too few output tiles to fill the GPU: a weight gradient)",
+        evidence=f"{EVIDENCE}#hopper-small-tiles",
+    ),
 )
 
 
@@ -221,10 +244,19 @@ class Policy:
     rules: tuple[Rule, ...] = RULES
     lead_above_us: Mapping[str, float] = field(default_factory=lambda: LEAD_ABOVE_US)
 
-    def leads(self, piece: Piece, engine: Engine, device: Device, facts: PieceFacts | None = None) -> bool:
-        """Whether `engine`'s configs go before those of engines the build prefers to it."""
+    def leads(
+        self,
+        piece: Piece,
+        engine: Engine,
+        device: Device,
+        facts: PieceFacts | None = None,
+        preferred: Engine | None = None,
+    ) -> bool:
+        """Whether `engine`'s configs go before those of engines the build prefers to it (`preferred`: the
+        first of them, whose estimate `ahead_by` rules compare with)."""
         facts = facts or PieceFacts.of(piece)
-        found = self.decide(piece, facts, engine, device)
+        rival = _Rival(piece, preferred if preferred is not engine else None, device)
+        found = self.decide(piece, facts, engine, device, rival)
         if found is None:
             return False
         rule, reported = found
@@ -233,10 +265,18 @@ class Policy:
         bar = self.lead_above_us.get(engine.name)
         if bar is None:
             return True
-        return reported.estimate_us is not None and rule.stake(facts, reported.estimate_us) >= bar
+        theirs = rival() if rule.match.ahead_by is not None else None
+        return reported.estimate_us is not None and (
+            rule.stake(facts, reported.estimate_us, theirs.estimate_us if theirs else None) >= bar
+        )
 
     def decide(
-        self, piece: Piece, facts: PieceFacts, engine: Engine, device: Device
+        self,
+        piece: Piece,
+        facts: PieceFacts,
+        engine: Engine,
+        device: Device,
+        rival: Callable[[], EngineFacts | None] | None = None,
     ) -> tuple[Rule, EngineFacts] | None:
         """The engine's first rule that holds for the piece, with the engine's report (None: none holds)."""
         mine = [r for r in self.rules if r.engine == engine.name]
@@ -244,14 +284,30 @@ class Policy:
             return None
         reported = engine.facts(piece, device)
         for rule in mine:
-            if rule.match.holds(facts, reported):
+            if rule.match.holds(facts, reported, rival):
                 return rule, reported
         return None
 
     def order(self, piece: Piece, engines: Sequence[Engine], device: Device) -> list[Engine]:
         """`engines` with those that lead on the piece first, each group in the given order."""
         facts = PieceFacts.of(piece)
-        return sorted(engines, key=lambda e: not self.leads(piece, e, device, facts))
+        first = engines[0] if engines else None
+        return sorted(engines, key=lambda e: not self.leads(piece, e, device, facts, first))
+
+
+class _Rival:
+    """The preferred engine's report on the piece, asked once and only if a rule compares with it."""
+
+    def __init__(self, piece: Piece, engine: Engine | None, device: Device) -> None:
+        self.piece, self.engine, self.device = piece, engine, device
+        self.asked = False
+        self.reported: EngineFacts | None = None
+
+    def __call__(self) -> EngineFacts | None:
+        if not self.asked and self.engine is not None:
+            self.reported = self.engine.facts(self.piece, self.device)
+        self.asked = True
+        return self.reported
 
 
 POLICY = Policy()

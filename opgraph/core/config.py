@@ -59,6 +59,9 @@ class NumericalNote(enum.Enum):
     FP64_ACCUMULATION = "fp64_accumulation"
     # a wider intermediate (an fp32 conv output) stored in the operands' 16-bit type between kernels
     ROUNDED_INTERMEDIATE = "rounded_intermediate"
+    # a 16-bit intermediate the graph declares (a matmul's product before its cast to fp32) kept in fp32:
+    # the rounding the graph asks for skipped, the result closer to the exact one (cuDNN has no such note)
+    WIDENED_INTERMEDIATE = "widened_intermediate"
 
 
 class BehaviorNote(enum.Enum):

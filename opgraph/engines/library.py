@@ -17,7 +17,11 @@ one compiles the same kernels again (plan files, the tuning cache). Knob `precis
 bench/results/constants.md#library-precision); "native" (heuristic mode B, so autotuning weighs it)
 runs the conv in the operands' type, as eager PyTorch does, and says so with
 NumericalNote.ROUNDED_INTERMEDIATE: build(autotune=True, deselect_numeric_notes=["rounded_intermediate"])
-keeps every intermediate in its declared type. Each part runs its engine's first config for the mode.
+keeps every intermediate in its declared type. "wide" (mode B too) is the other way round: a 16-bit matmul
+whose product is only cast to fp32 (a weight gradient under autocast) has cuBLAS write the fp32 result as it
+accumulates (`wide_graph`; faster than the product and its cast: bench/results/constants.md#hopper-small-tiles),
+without the bf16 rounding the graph declares
+(NumericalNote.WIDENED_INTERMEDIATE). Each part runs its engine's first config for the mode.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..core.piece import Piece, make_piece
 from ..memory import workspace as wsp
 from ..memory.buffers import address_of
 from ..ops.layout import VIEW_KINDS
+from ..ops.pointwise import PointwiseMode
 from . import get_engine, register_engine
 from .base import Binding, Compiler, Engine, EngineFacts, Kernel, Launcher, PieceFact
 from .shared.native_gemm import native_gemm
@@ -80,23 +85,51 @@ def native_graph(piece: Piece) -> FinalGraph | None:
     return dataclasses.replace(piece.graph, tensors={**tensors, out: dataclasses.replace(y, data_type=a)})
 
 
+def wide_graph(piece: Piece) -> tuple[FinalGraph, dict[int, int]] | None:
+    """Where the piece ends in a 16-bit matmul whose product only an identity cast to fp32 reads (AOTAutograd's
+    weight gradient: `mm`, then `_to_copy` to the weight's fp32), the piece's graph with the product in the
+    cast's type and layout, and {product uid: the cast's output uid}: the library call writes the cast's
+    output itself, in fp32 (`torch_engine.gemm.widened`), the bf16 rounding the graph declares skipped. None
+    elsewhere."""
+    i = _main(piece)
+    if isinstance(i, str) or i + 2 != len(piece.nodes) or piece.nodes[i].kind != "matmul":
+        return None
+    node, cast = piece.nodes[i], piece.nodes[-1]
+    tensors = piece.graph.tensors
+    a, b = (tensors[u].data_type for u in node.input_uids()[:2])
+    product = node.output_uids()[0]
+    y = tensors[product]
+    if cast.kind != "pointwise" or getattr(cast.op, "mode", None) is not PointwiseMode.IDENTITY:
+        return None
+    if cast.input_uids() != (product,) or len(cast.output_uids()) != 1:
+        return None
+    z = tensors[cast.output_uids()[0]]
+    if a is not b or a not in _SIXTEEN_BIT or y.data_type is not a or z.data_type is not DataType.FLOAT:
+        return None
+    if not y.is_virtual or product in piece.outputs or z.dim != y.dim or node.compute_data_type is not DataType.FLOAT:
+        return None
+    widened = dataclasses.replace(z, uid=product, name=y.name, is_virtual=True)
+    return dataclasses.replace(piece.graph, tensors={**tensors, product: widened}), {product: z.uid}
+
+
 def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | str:
     """The piece as (role, sub-piece) parts in run order, or why it has no such split. "native"
-    precision: the parts of `native_graph`."""
+    precision: the parts of `native_graph`; "wide": those of `wide_graph` (no epilogue)."""
     i = _main(piece)
     if isinstance(i, str):
         return i
-    graph = native_graph(piece) if precision == "native" else piece.graph
-    assert graph is not None, "native precision asked of a piece where it does not apply"
+    wide = wide_graph(piece) if precision == "wide" else None
+    graph = native_graph(piece) if precision == "native" else wide[0] if wide else piece.graph
+    assert graph is not None and (wide or precision != "wide"), f"{precision} precision asked where it does not apply"
     if native_gemm(piece):  # a lone 16-bit GEMM: the library call alone (and its operands' views), into the output
         return [("main", make_piece(graph, piece.index, list(piece.nodes)))]
     prologue, views = _operand_views(piece, i)
-    if not prologue and i + 1 == len(piece.nodes):
+    if not wide and not prologue and i + 1 == len(piece.nodes):
         return "its ops around the convolution or matmul are views, which the torch engine runs with it"
     groups: list[tuple[str, Sequence[Node]]] = [
         ("prologue", prologue),
         ("main", [*views, piece.nodes[i]]),
-        ("epilogue", piece.nodes[i + 1 :]),
+        ("epilogue", () if wide else piece.nodes[i + 1 :]),  # (wide: the main op writes the cast's output)
     ]
     return [(role, make_piece(graph, piece.index, list(nodes))) for role, nodes in groups if nodes]
 
@@ -144,11 +177,19 @@ def _part_config(role: str, config: EngineConfig) -> EngineConfig:
 class LibraryKernel(Kernel):
     """Runs the parts' kernels in order, with the tensors between them in its scratch."""
 
-    def __init__(self, piece: Piece, config: EngineConfig, parts: list[tuple[str, Piece, Kernel]]) -> None:
+    def __init__(
+        self,
+        piece: Piece,
+        config: EngineConfig,
+        parts: list[tuple[str, Piece, Kernel]],
+        aliases: Mapping[int, int] | None = None,
+    ) -> None:
         super().__init__(piece, config)
         self.parts = parts
-        graph = parts[0][1].graph  # the piece's, or its native_graph
-        between = [[u for u in sub.outputs if u not in piece.outputs] for _, sub, _ in parts]
+        # a part's output that is one of the piece's outputs under another uid (wide_graph's product)
+        self.aliases = dict(aliases or {})
+        graph = parts[0][1].graph  # the piece's, or its native_graph / wide_graph
+        between = [[u for u in sub.outputs if u not in piece.outputs and u not in self.aliases] for _, sub, _ in parts]
         self.layout = wsp.plan_layout(graph, between, [k.scratch_bytes for _, _, k in parts])
         self.scratch_bytes = self.layout.size
 
@@ -159,16 +200,18 @@ class LibraryKernel(Kernel):
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
         views = self._tensor_views(scratch) if self.scratch_bytes else {}
         bound = {**buffers, **views} if views else buffers
+        if self.aliases:
+            bound = {**bound, **{u: buffers[to] for u, to in self.aliases.items()}}
         for i, (_, _, kernel) in enumerate(self.parts):
             kernel.run(bound, stream, wsp.scratch_view(scratch, self.layout, i))
 
     def bind(self, binding: Binding, scratch: Any) -> Launcher:
         """The parts bound in order; the tensors between them are views of this kernel's scratch,
-        made here once (a binding of its own that reads through to the plan's)."""
+        made here once (a binding of its own that reads through to the plan's, aliases included)."""
         views = self._tensor_views(scratch) if self.scratch_bytes else {}
         child = Binding(
-            ChainMap(views, binding.buffers),  # type: ignore[arg-type]
-            ChainMap({u: address_of(v) for u, v in views.items()}, binding.pointers),  # type: ignore[arg-type]
+            ChainMap(views, _Aliased(binding.buffers, self.aliases)),  # type: ignore[arg-type]
+            ChainMap({u: address_of(v) for u, v in views.items()}, _Aliased(binding.pointers, self.aliases)),  # type: ignore[arg-type]
             binding.stream,
             binding.preludes,
         )
@@ -176,7 +219,8 @@ class LibraryKernel(Kernel):
             [
                 kernel.bind(child, wsp.scratch_view(scratch, self.layout, i))
                 for i, (_, _, kernel) in enumerate(self.parts)
-            ]
+            ],
+            self.aliases,
         )
 
     def compile_specs(self) -> list[Any]:
@@ -190,15 +234,35 @@ class LibraryKernel(Kernel):
         return "\n\n".join(sources) or None
 
 
-class CompositeLauncher(Launcher):
-    """Launchers run one after the other (a composite kernel's parts)."""
+class _Aliased(Mapping[int, Any]):
+    """A binding's live mapping (buffers or pointers) that also answers each alias with its target's value."""
 
-    def __init__(self, parts: list[Launcher]) -> None:
+    def __init__(self, base: Mapping[int, Any], aliases: Mapping[int, int]) -> None:
+        self.base, self.aliases = base, aliases
+
+    def __getitem__(self, uid: int) -> Any:
+        return self.base[self.aliases.get(uid, uid)]
+
+    def __iter__(self) -> Any:
+        return iter(
+            {**dict.fromkeys(self.base), **dict.fromkeys(u for u, to in self.aliases.items() if to in self.base)}
+        )
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class CompositeLauncher(Launcher):
+    """Launchers run one after the other (a composite kernel's parts); a rebound uid rebinds its aliases."""
+
+    def __init__(self, parts: list[Launcher], aliases: Mapping[int, int] | None = None) -> None:
         super().__init__([c for p in parts for c in p.calls])
         self.parts = parts
+        self.aliases = aliases or {}
 
     def rebind(self, uids: Iterable[int]) -> bool:
         uids = list(uids)
+        uids += [u for u, to in self.aliases.items() if to in uids]
         changed = False
         for p in self.parts:
             changed |= bool(p.rebind(uids))
@@ -238,17 +302,20 @@ class LibraryEngine(Engine):
         return Support.yes()
 
     def facts(self, piece: Piece, device: Device) -> EngineFacts:
-        """Whether the piece is a lone 16-bit matmul, which the library call runs as it is
-        (PieceFact.NATIVE_GEMM), with the estimate of its config."""
-        if not (device.is_cuda and native_gemm(piece)):
+        """The estimate of its config for the piece, and whether the piece is a lone 16-bit matmul, which
+        the library call runs as it is (PieceFact.NATIVE_GEMM)."""
+        if not device.is_cuda or isinstance(_main(piece), str):
             return EngineFacts()
         config = self._config(piece, device, HeurMode.A, "exact")
-        return EngineFacts(None if config is None else config.estimate_us, frozenset({PieceFact.NATIVE_GEMM}))
+        native = frozenset({PieceFact.NATIVE_GEMM}) if native_gemm(piece) else frozenset()
+        return EngineFacts(None if config is None else config.estimate_us, native)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         precisions = ["exact"]
         if mode is HeurMode.B and native_graph(piece) is not None:
             precisions.append("native")
+        if mode is HeurMode.B and device.is_cuda and wide_graph(piece) is not None:
+            precisions.append("wide")
         configs = [self._config(piece, device, mode, p) for p in precisions]
         return [c for c in configs if c is not None]
 
@@ -265,6 +332,8 @@ class LibraryEngine(Engine):
         numerical = frozenset().union(*(c.numerical_notes for _, c in chosen))
         if precision == "native":
             numerical |= {NumericalNote.ROUNDED_INTERMEDIATE}
+        if precision == "wide":
+            numerical |= {NumericalNote.WIDENED_INTERMEDIATE}
         behavior = frozenset().union(*(c.behavior_notes for _, c in chosen))
         behavior -= {n for n in _ALL_PARTS if not all(n in c.behavior_notes for _, c in chosen)}
         estimates = [c.estimate_us for _, c in chosen]
@@ -291,7 +360,7 @@ class LibraryEngine(Engine):
         again for the part), `repointed` where every part is; the engine's default where a part's
         engine has no kernel for it there."""
         precision = kernel.config.knob("precision", "exact")
-        if isinstance(kernel, LibraryKernel) and (precision != "native" or native_graph(piece) is not None):
+        if isinstance(kernel, LibraryKernel) and _applies(precision, piece):
             parts = split(piece, precision)
             if not isinstance(parts, str) and [r for r, _ in parts] == [r for r, _, _ in kernel.parts]:
                 shaped = []
@@ -301,7 +370,7 @@ class LibraryEngine(Engine):
                         break
                     shaped.append((role, sub, at))
                 else:
-                    out = LibraryKernel(piece, kernel.config, shaped)
+                    out = LibraryKernel(piece, kernel.config, shaped, _aliases(precision, piece))
                     out.repointed = all(k.repointed for _, _, k in shaped)
                     return out
         return super().kernel_at(kernel, piece, device)
@@ -311,16 +380,20 @@ class LibraryEngine(Engine):
         for role, sub in self._checked_parts(piece, config):
             part = _part_config(role, config)
             compiled.append((role, sub, get_engine(part.engine).compile(sub, part, device)))
-        return LibraryKernel(piece, config, compiled)
+        return LibraryKernel(piece, config, compiled, _aliases(config.knob("precision", "exact"), piece))
 
     @staticmethod
     def _checked_parts(piece: Piece, config: EngineConfig) -> list[tuple[str, Piece]]:
         """The parts `config` runs; a typed error where it cannot run the piece (a damaged plan file)."""
         precision = config.knob("precision", "exact")
-        if precision not in ("exact", "native"):
-            problem = f"precision {precision!r} is neither 'exact' nor 'native'"
-        elif precision == "native" and native_graph(piece) is None:
-            problem = "precision 'native' applies to a 16-bit conv or matmul with a wider virtual output only"
+        if precision not in PRECISIONS:
+            problem = f"precision {precision!r} is none of {', '.join(map(repr, PRECISIONS))}"
+        elif not _applies(precision, piece):
+            problem = (
+                "precision 'native' applies to a 16-bit conv or matmul with a wider virtual output only"
+                if precision == "native"
+                else "precision 'wide' applies to a 16-bit matmul whose product only an identity cast to fp32 reads"
+            )
         else:
             parts = split(piece, precision)
             if isinstance(parts, str):
@@ -342,6 +415,22 @@ class LibraryEngine(Engine):
         )
 
 
+PRECISIONS = ("exact", "native", "wide")
+
+
+def _applies(precision: str, piece: Piece) -> bool:
+    if precision == "native":
+        return native_graph(piece) is not None
+    if precision == "wide":
+        return wide_graph(piece) is not None
+    return True
+
+
+def _aliases(precision: str, piece: Piece) -> dict[int, int]:
+    wide = wide_graph(piece) if precision == "wide" else None
+    return wide[1] if wide else {}
+
+
 class _HostAware(Protocol):
     """The torch engine, as the registry gives it: which of a piece's ops it has no mapping of."""
 
@@ -354,4 +443,4 @@ def role_has_host(parts: list[tuple[str, Piece]]) -> bool:
 
 
 register_engine(LibraryEngine())
-__all__ = ["LibraryEngine", "LibraryKernel", "split", "native_graph"]
+__all__ = ["LibraryEngine", "LibraryKernel", "split", "native_graph", "wide_graph"]

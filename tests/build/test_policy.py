@@ -308,6 +308,57 @@ def test_matches_on_kinds_ops_facts_and_conv_shapes(piece):
     assert wg.kind == "conv_wgrad" and wg.channels_per_group == 8 and wg.filter_row == 1
 
 
+def test_ahead_by_compares_with_the_preferred_engine_and_stakes_its_time(piece):
+    """An `ahead_by` rule holds where the engine's estimate times the factor is at most the estimate of the
+    engine the build prefers (the first of the order), asked only then; the launch threshold weighs the
+    preferred engine's time, the device time the choice is about. No estimate on either side: no lead."""
+    policy = Policy((Rule("lib", Match(ahead_by=1.2), True, "ahead"),), {"lib": 20.0})
+    gen, lib = Reporting("gen", estimate=24.5), Reporting("lib", estimate=19.8)
+    assert [e.name for e in policy.order(piece, [gen, lib], H100)] == ["lib", "gen"]
+    assert gen.asked == 1  # (once: for the rule and the threshold)
+    assert not policy.leads(piece, Reporting("lib", estimate=20.5), H100, preferred=gen)  # 24.6 > 24.5
+    assert not policy.leads(piece, lib, H100, preferred=Reporting("gen", estimate=19.9))  # (below the bar)
+    assert not policy.leads(piece, lib, H100, preferred=Reporting("gen"))
+    assert not policy.leads(piece, Reporting("lib"), H100, preferred=gen)
+    assert not policy.leads(piece, lib, H100)  # (no preferred engine: nothing to be ahead of)
+    assert policy.order(piece, [lib, gen], H100) == [lib, gen]  # (the preferred engine itself)
+    cold = Reporting("gen", estimate=24.5)
+    Policy((Rule("lib", Match(max_ops=1), True, "x"), Rule("lib", Match(ahead_by=2.0), True, "y")), {}).leads(
+        piece, Reporting("lib", estimate=1.0), H100, preferred=cold
+    )
+    assert cold.asked == 1
+    plain = Reporting("gen", estimate=24.5)
+    Policy((Rule("lib", Match(), True, "x"),), {"lib": 1.0}).leads(
+        piece, Reporting("lib", estimate=5.0), H100, preferred=plain
+    )
+    assert plain.asked == 0  # (no rule compares: the preferred engine is not asked)
+
+
+def test_cublas_leads_on_weight_gradients_the_generated_kernels_run_slowly():
+    """The Llama step's 1024 x 1024 weight gradients (dY^T X over 4096 tokens, the bf16 product cast to fp32):
+    cuBLAS plus the cast is estimated 20% ahead of the generated kernel, so the library engine leads; on
+    256 x 1024 (too short to be worth the library's launch) and 2816 x 1024 (cuBLAS not far enough ahead)
+    the generated kernels stay (bench/results/constants.md#hopper-small-tiles)."""
+    library, triton = get_engine("library"), get_engine("triton")
+
+    def wgrad(m, n):
+        g = og.Graph("wgrad", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+        dy, x = g.tensor(dim=[4096, m], name="dY"), g.tensor(dim=[4096, n], name="X")
+        product = g.matmul(g.transpose(dy, [1, 0], name="dYt"), x, name="mm")
+        product.set_data_type(DT.BFLOAT16)
+        g.identity(product, name="cast").set_output(True).set_data_type(DT.FLOAT)
+        return whole(g)
+
+    def library_leads(piece):
+        return POLICY.leads(piece, library, H200, preferred=triton)
+
+    square = wgrad(1024, 1024)
+    ours, theirs = library.facts(square, H200).estimate_us, triton.facts(square, H200).estimate_us
+    assert ours * 1.2 <= theirs and library_leads(square)
+    assert not library_leads(wgrad(256, 1024)) and not library_leads(wgrad(2816, 1024))
+    assert not POLICY.leads(square, library, CPU, preferred=triton)
+
+
 def test_order_is_stable_and_asks_each_engine_once(piece):
     engines = [Reporting("p"), Reporting("q", estimate=20.0), Reporting("r"), Reporting("s", estimate=20.0)]
     policy = Policy((Rule("s", Match(), True, "s"), Rule("q", Match(), True, "q")), {"q": 10.0, "s": 10.0})

@@ -350,3 +350,125 @@ def test_gpu_a_lone_bf16_matmul_after_views_is_cublas_into_the_output(rng):
     assert main.direct
     bad = og.testing.check_plan(plan, rng)
     assert not bad, "\n".join(map(str, bad))
+
+
+def weight_gradient(m=24, n=40, tokens=56, dt=DT.BFLOAT16, out_stride=None):
+    """AOTAutograd's weight gradient under autocast: dY^T X, the 16-bit product cast to the weight's fp32."""
+    g = og.Graph("wgrad", io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    dy, x = g.tensor(dim=[tokens, m], name="dY"), g.tensor(dim=[tokens, n], name="X")
+    product = g.matmul(g.transpose(dy, [1, 0], name="dYt"), x, name="mm")
+    product.set_data_type(dt)
+    dw = g.identity(product, name="cast").set_output(True).set_data_type(DT.FLOAT)
+    if out_stride is not None:
+        dw.set_stride(out_stride)
+    return g, dy, x, dw
+
+
+def test_wide_precision_is_offered_to_tuning_on_cuda_with_its_note():
+    """Mode B on a GPU adds "wide" where a 16-bit product is only cast to fp32: one part (the library call
+    writing the cast's output), no epilogue, noted WIDENED_INTERMEDIATE; not in mode A, not on the CPU, not
+    where the product is read otherwise or kept as it is."""
+    from opgraph.core.device import Device
+    from opgraph.engines.library import split, wide_graph
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    lib = get_engine("library")
+    final = weight_gradient()[0].final
+    piece = make_piece(final, 0, final.nodes)
+    graph, aliases = wide_graph(piece)
+    ((role, main),) = split(piece, "wide")
+    (product,) = aliases
+    assert role == "main" and [n.name for n in main.nodes] == ["dYt", "mm"] and main.outputs == (product,)
+    assert graph.tensors[product].data_type is DT.FLOAT and aliases[product] == piece.outputs[0]
+    b = lib.configs(piece, h200, HeurMode.B)
+    assert [c.knob("precision") for c in b] == ["exact", "wide"]
+    assert NumericalNote.WIDENED_INTERMEDIATE in b[1].numerical_notes
+    assert NumericalNote.DOWN_CONVERT_INPUTS not in b[1].numerical_notes  # (16-bit operands: nothing converted)
+    assert [c.knob("precision") for c in lib.configs(piece, h200, HeurMode.A)] == ["exact"]
+    assert [c.knob("precision") for c in lib.configs(piece, CPU, HeurMode.B)] == ["exact"]
+    g, dy, x, dw = weight_gradient()
+    g.relu(dw).set_output(True)  # (the cast read by another op: an epilogue the library must run)
+    final = g.final
+    assert wide_graph(make_piece(final, 0, final.nodes)) is None
+    g, dy, x, dw = weight_gradient(dt=DT.FLOAT)
+    final = g.final
+    assert wide_graph(make_piece(final, 0, final.nodes)) is None
+
+
+def test_wide_precision_writes_the_unrounded_product_into_the_cast_output(rng):
+    """The "wide" config, compiled for the CPU (PyTorch's fp32 product of the bf16 operands), writes the
+    cast's output (a column-major one) with the fp32 product: within fp32 rounding of float64's, where the
+    reference engine (the graph as declared) rounds it to bf16 first; bound, it follows the output to a new
+    buffer (the alias rebinds) and writes nothing else."""
+    import numpy as np
+
+    from opgraph.core.config import EngineConfig
+    from opgraph.engines.base import Binding
+    from opgraph.testing import reference_outputs
+
+    m, n = 24, 40
+    g, dy, x, dw = weight_gradient(m, n, out_stride=[1, m])
+    final = g.final
+    piece = make_piece(final, 0, final.nodes)
+    kernel = get_engine("library").compile(
+        piece, EngineConfig("library", (("main", "torch"), ("precision", "wide"))), CPU
+    )
+    assert kernel.scratch_bytes == 0
+    bf16 = DT.BFLOAT16.numpy
+    a = rng.standard_normal((56, m)).astype(bf16)
+    b = rng.standard_normal((56, n)).astype(bf16)
+    want = a.astype(np.float64).T @ b.astype(np.float64)
+    out = np.full(m * n, np.nan, np.float32)
+    view = np.lib.stride_tricks.as_strided(out, (m, n), (4, 4 * m))
+    kernel.run({dy.uid: a, x.uid: b, dw.uid: view})
+    np.testing.assert_allclose(view, want, rtol=1e-5, atol=1e-5)
+    rounded = reference_outputs(final, {dy.uid: a, x.uid: b, dw.uid: np.zeros((m, n), np.float32)})[dw.uid]
+    assert np.abs(rounded - want).max() > 1e-3  # (the declared rounding, which "wide" skips)
+    binding = Binding({dy.uid: a, x.uid: b, dw.uid: view})
+    launcher = kernel.bind(binding, None)
+    moved = np.full((m, n), np.nan, np.float32).T.copy().T  # (column-major too)
+    binding.buffers[dw.uid] = moved
+    out[:] = np.nan
+    launcher.rebind([dw.uid])
+    for fn, args in launcher.calls:
+        fn(*args)
+    np.testing.assert_allclose(moved, want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(out).all()  # (the first buffer untouched since)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_weight_gradients_tuned_wide_and_the_default_library_lead(rng):
+    """On the GPU: a lone bf16 matmul with an fp32 result runs as cuBLAS's fp32 output (the torch engine's
+    direct path); the Llama step's 1024 x 1024 weight gradient goes to the library engine by the default
+    policy (cuBLAS then the cast, exact), and tuning may pick "wide" (the product unrounded); each checked
+    against the reference (wide: within the bf16 rounding the graph declares)."""
+    import torch
+
+    g, _, _, c = mm_graph((8, 256, 512), (1, 512, 384), dt=DT.BFLOAT16, b_layout="col")
+    c.set_output(True).set_data_type(DT.FLOAT)
+    plan = g.build(device="cuda", engines=["torch"])
+    assert plan.steps[0].kernel.direct, plan.describe()
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+    g, _, _, c = mm_graph((4, 128, 256), (4, 256, 96), dt=DT.HALF)  # (batched: torch.bmm's fp32 output)
+    c.set_output(True).set_data_type(DT.FLOAT)
+    plan = g.build(device="cuda", engines=["torch"])
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+    g, dy, x, dw = weight_gradient(1024, 1024, 4096)
+    plan = g.build(device="cuda")
+    assert plan.steps[0].config.engine == "library" and roles(plan) == ["main", "epilogue"], plan.describe()
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
+    g, dy, x, dw = weight_gradient(1024, 1024, 4096)
+    plan = g.build(device="cuda", autotune=True, select_numeric_notes=["widened_intermediate"])
+    assert plan.steps[0].config.knob("precision") == "wide" and roles(plan) == ["main"], plan.describe()
+    bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)
+    assert not bad, "\n".join(map(str, bad))
+    a = torch.randn(4096, 1024, device="cuda").bfloat16()
+    b = torch.randn(4096, 1024, device="cuda").bfloat16()
+    out = torch.full((1024, 1024), float("nan"), device="cuda")
+    plan.execute({dy: a, x: b, dw: out})
+    want = a.double().t() @ b.double()
+    assert ((out.double() - want).norm() / want.norm()).item() < 1e-5  # (no bf16 rounding: ~2e-3 with it)

@@ -18,15 +18,28 @@ NATIVE_16 = frozenset({DataType.HALF, DataType.BFLOAT16})  # 16-bit types cuBLAS
 def native_gemm(piece: Piece) -> bool:
     """Whether the piece is one matmul of two operands whose operands and result are one NATIVE_16 type,
     computed in fp32, after views of the piece's inputs read by nothing else (`operand_views`)."""
+    return _lone_gemm_result(piece) == "native"
+
+
+def widening_gemm(piece: Piece) -> bool:
+    """Whether the piece is such a matmul (`native_gemm`) but for its fp32 result, which cuBLAS writes as
+    it accumulates (PyTorch's `out_dtype=torch.float32`): exact, without the operands' fp32 copies."""
+    return _lone_gemm_result(piece) == "fp32"
+
+
+def _lone_gemm_result(piece: Piece) -> str | None:
     node = piece.nodes[-1]
     if node.kind != "matmul" or not operand_views(piece):
-        return False
+        return None
     ins, outs = node.input_uids(), node.output_uids()
     if len(ins) != 2 or len(outs) != 1 or outs[0] not in piece.outputs:
-        return False
+        return None
     tensors = piece.graph.tensors
     a, b = (tensors[u].data_type for u in ins)
-    return a in NATIVE_16 and a is b is tensors[outs[0]].data_type and node.compute_data_type is DataType.FLOAT
+    if a not in NATIVE_16 or a is not b or node.compute_data_type is not DataType.FLOAT:
+        return None
+    out = tensors[outs[0]].data_type
+    return "native" if out is a else "fp32" if out is DataType.FLOAT else None
 
 
 def operand_views(piece: Piece) -> bool:

@@ -38,7 +38,7 @@ from ...core.types import Buffer, Stream
 from ...ops.custom import Custom
 from .. import register_engine
 from ..base import Engine, Kernel
-from ..shared.native_gemm import native_gemm
+from ..shared.native_gemm import NATIVE_16, native_gemm, widening_gemm
 from . import (  # noqa: F401  (register mappings)
     adalayernorm,
     attention,
@@ -91,6 +91,18 @@ def _tensor_core_ops(piece: Piece) -> bool:
     return False
 
 
+def _widened(node: Any, tensors: Mapping[int, Any]) -> bool:
+    """A matmul of fp16/bf16 operands of one type with an fp32 result: cuBLAS's fp32 output (gemm.widened), or
+    TF32 on values TF32 holds exactly; either way no input is down-converted."""
+    a, b = (tensors[u].data_type for u in node.input_uids()[:2])
+    return (
+        node.kind == "matmul"
+        and a in NATIVE_16
+        and a is b
+        and tensors[node.output_uids()[0]].data_type is DataType.FLOAT
+    )
+
+
 def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     fallback = host_ops(piece)
     numerical: set[NumericalNote] = set()
@@ -101,7 +113,9 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
     if tensor_cores:
         numerical.add(NumericalNote.TENSOR_CORE)
     if device.is_cuda and any(
-        n.kind in _GEMM and piece.graph.tensors[n.output_uids()[0]].data_type in (DataType.FLOAT, DataType.DOUBLE)
+        n.kind in _GEMM
+        and piece.graph.tensors[n.output_uids()[0]].data_type in (DataType.FLOAT, DataType.DOUBLE)
+        and not _widened(n, piece.graph.tensors)
         for n in piece.nodes
     ):
         # cuDNN/cuBLAS fp32 results carry TF32-level error even with PyTorch's TF32 flags pinned off
@@ -123,7 +137,7 @@ def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:
         (),
         frozenset(numerical),
         frozenset(behavior),
-        estimate_us=estimate_us(piece, device, tensor_cores, native=native_gemm(piece)),
+        estimate_us=estimate_us(piece, device, tensor_cores, native=native_gemm(piece) or widening_gemm(piece)),
         why=why,
     )
 
@@ -137,8 +151,9 @@ class TorchKernel(Kernel):
         self.tensor_cores = device.is_cuda
         # resolved at compile time, so that a mapping removed later does not change a built plan
         self.steps = [(n, IMPLS.get(n.kind, run_on_host)) for n in piece.nodes]
-        # a lone 16-bit matmul: cuBLAS writes the output buffer itself (no result tensor copied out)
-        self.direct = device.is_cuda and native_gemm(piece)
+        # a lone 16-bit matmul (its result 16-bit or fp32): cuBLAS writes the output buffer itself (no
+        # result tensor copied out)
+        self.direct = device.is_cuda and (native_gemm(piece) or widening_gemm(piece))
 
     def _stream(self, stream: Any) -> Any:
         if stream is None or not self.device.is_cuda:
@@ -178,9 +193,10 @@ class TorchKernel(Kernel):
         return values
 
     def _direct(self, buffers: Mapping[int, Buffer], stream: Stream, dev: Any) -> bool:
-        """The lone 16-bit matmul into its output buffer (torch.matmul's `out=`), or False where the
-        output's bytes meet an operand's (an in-place pack: the general path computes, then copies).
-        Bytes, not storages: a plan's intermediates are views of one workspace."""
+        """The lone 16-bit matmul into its output buffer (torch.matmul's `out=`; an fp32 result through
+        gemm.widened), or False where the output's bytes meet an operand's (an in-place pack: the general
+        path computes, then copies) or the shapes have no fp32-output call. Bytes, not storages: a plan's
+        intermediates are views of one workspace."""
         import torch
 
         node = self.piece.nodes[-1]
@@ -200,6 +216,8 @@ class TorchKernel(Kernel):
             b = b.reshape(b.shape[-2:])
         with self._stream(stream), exact_gemm16():
             try:
+                if dst.dtype != a.dtype:
+                    return gemm.widened(a, b, out=dst) is not None
                 torch.matmul(a, b, out=dst)
             except (RuntimeError, TypeError, ValueError) as err:
                 raise ExecutionError(

@@ -44,6 +44,34 @@ def plan(call: Call, a: TensorDesc, b: TensorDesc, out: TensorDesc, *, int_dtype
     return call.compute, False
 
 
+def widened(a: Any, b: Any, out: Any = None) -> Any:
+    """The fp32 product of fp16/bf16 CUDA tensors `a` @ `b` as cuBLAS writes it while it accumulates
+    (`out_dtype=torch.float32`: exact, no fp32 copies of the operands, the tensor cores' 16-bit rate), into
+    `out` where given; None where PyTorch has no such call for these shapes or this version (2-D, batched
+    3-D and a 2-D B under batch axes of A only), or where `out`'s batch axes do not merge into rows."""
+    import torch
+
+    f32 = torch.float32
+    try:
+        if a.dim() == 2 and b.dim() == 2:
+            return torch.mm(a, b, out_dtype=f32, out=out)
+        if a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]:
+            return torch.bmm(a, b, out_dtype=f32, out=out)
+        if a.dim() > 2 and b.dim() == 2:
+            rows = a.reshape(-1, a.shape[-1])
+            if out is None:
+                return torch.mm(rows, b, out_dtype=f32).reshape(*a.shape[:-1], b.shape[-1])
+            torch.mm(rows, b, out_dtype=f32, out=out.view(-1, out.shape[-1]))
+            return out
+    except (TypeError, NotImplementedError):
+        return None  # (a PyTorch without out_dtype, or a device without the call)
+    except RuntimeError as err:
+        if "view" in str(err):
+            return None  # (out's batch axes do not merge: the caller's general path)
+        raise
+    return None
+
+
 def uses_tensor_cores(a: DataType, b: DataType, out: DataType, wide: bool) -> bool:
     """Whether `plan` picks a tensor-core path (with `tensor_cores` on) for these types."""
     if wide or not a.is_floating:

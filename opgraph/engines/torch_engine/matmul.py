@@ -1,13 +1,16 @@
 """Matmul in torch: torch.matmul over the last two axes, batch axes broadcast (cuBLAS on CUDA), any
 operand strides. Types as in gemm.py; integer operands accumulate exactly, in int64 on the CPU
 (torch's CPU matmul takes integers) and in float64 on CUDA (exact while partial sums stay below
-2**53, as in the reference).
+2**53, as in the reference). On CUDA an fp32 result of fp16/bf16 operands is cuBLAS's fp32 output
+(gemm.widened) where PyTorch has the call for the shapes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...core.dtypes import DataType
+from ..shared.native_gemm import NATIVE_16
 from . import gemm
 from .common import Call, implements
 
@@ -18,6 +21,11 @@ def matmul(call: Call) -> list[Any]:
 
     a, b, c = call.desc("A"), call.desc("B"), call.out("C")
     assert a is not None and b is not None and c is not None
+    if call.device.type == "cuda" and call.tensor_cores and call.compute is torch.float32:
+        if a.data_type in NATIVE_16 and a.data_type is b.data_type and c.data_type is DataType.FLOAT:
+            product = gemm.widened(call.tensor("A", a.data_type.to_torch()), call.tensor("B", b.data_type.to_torch()))
+            if product is not None:
+                return [product]
     int_dtype = torch.float64 if call.device.type == "cuda" else torch.int64
     dtype, tf32 = gemm.plan(call, a, b, c, int_dtype=int_dtype)
     with gemm.math_mode(call, tf32):

@@ -25,7 +25,7 @@ from ...core.errors import AttributeValueError, ExecutionError
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
-from ..base import Binding, Compiler, Engine, Kernel
+from ..base import Binding, Compiler, Engine, EngineFacts, Kernel
 from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
 from . import compiler, tma_desc
@@ -393,6 +393,14 @@ class TritonEngine(Engine):
             return avail
         match, why = self.match(piece, device)
         return Support.yes() if match is not None else Support.no(why)
+
+    def facts(self, piece: Piece, device: Device) -> EngineFacts:
+        """The estimate of the heuristic's pick (mode A's first config), which the build's policy weighs
+        a vendor library's against."""
+        if not device.is_cuda:
+            return EngineFacts()
+        configs = self.configs(piece, device, HeurMode.A)
+        return EngineFacts(configs[0].estimate_us if configs else None)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         match, _ = self.match(piece, device)

@@ -25,6 +25,9 @@ _TILE_EFF = {
 }
 _PEAK = {1: 1.5e15, 2: 0.75e15, 4: 0.37e15}  # realistic dense rates by operand bytes (int8, 16-bit, tf32)
 BANDWIDTH = 3.0e12  # bytes/s an H100 streams (an H200 does ~4.2e12)
+# bytes/s the L2 cache feeds the multiprocessors: every program loads its (BM + BN) x K operand tiles
+# through it, which bounds small tiles with a long K (bench/results/constants.md#hopper-small-tiles)
+L2_BANDWIDTH = 11.0e12
 
 
 def _iters(k: int, k_step: int, bk: int) -> int:
@@ -46,7 +49,8 @@ def estimate_us(
 ) -> float:
     """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
     tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
-    outputs), plus split-K's partials and its extra launch."""
+    outputs) and by the operand tiles the programs load through the L2 cache, plus split-K's partials
+    and its extra launch."""
     assert knobs.BLOCK_K is not None
     bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
     split, stages = knobs.split_k, knobs.num_stages or 3
@@ -61,19 +65,26 @@ def estimate_us(
     chunk = k_step or k
     eff *= chunk / (-(-chunk // bk) * bk)  # lanes wasted on a ragged channel chunk
     peak = _PEAK.get(elem_bytes, _PEAK[2]) / sms
-    if knobs.tma:
+    # The Hopper path's gains were measured on tiles of 128 x 128 and more; on smaller ones (latency-bound
+    # at 4 warps) TMA and persistence gained nothing, and the persistent ones' gains need a second tile per
+    # program (bench/results/constants.md#hopper-small-tiles)
+    big = bm * bn >= 16384
+    if knobs.tma and big:
         eff *= 1.2  # TMA copies: no address math or masks in the loop (measured 590-643 vs 531 TFLOP/s)
-    if knobs.tma_host and knobs.persistent:
-        eff *= 1.08  # host descriptors, flattened loop, subtiled epilogue (bench/results/constants.md#hopper-host-descriptors)
     waves: float = -(-programs // (sms * ctas)) * ctas
     if knobs.persistent:
-        eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
         # the busiest program's tiles (64 tiles on 132 programs take one tile's time, not half of it), its
         # multiprocessor shared by persistent / sms programs
-        waves = -(-programs // knobs.persistent) * knobs.persistent / sms
+        busiest = -(-programs // knobs.persistent)
+        waves = busiest * knobs.persistent / sms
+        if big and busiest > 1:
+            eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
+            if knobs.tma_host:
+                eff *= 1.08  # host descriptors, flattened loop (bench/results/constants.md#hopper-host-descriptors)
     t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
     moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
-    t = max(t_math, moved / BANDWIDTH)
+    tiles_loaded = programs * (bm + bn) * bk * -(-iters // split) * elem_bytes
+    t = max(t_math, moved / BANDWIDTH, tiles_loaded / L2_BANDWIDTH)
     if split > 1:
         t += split * m * n * nprog * 8 / BANDWIDTH + 2e-6
     if knobs.tma and not knobs.tma_host:
