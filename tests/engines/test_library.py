@@ -460,7 +460,7 @@ def test_gpu_weight_gradients_tuned_wide_and_the_default_library_lead(rng):
     g, dy, x, dw = weight_gradient(1024, 1024, 4096)
     plan = g.build(device="cuda")
     assert plan.steps[0].config.engine == "library" and roles(plan) == ["main", "epilogue"], plan.describe()
-    bad = og.testing.check_plan(plan, rng)
+    bad = og.testing.check_plan(plan, rng, rtol=1e-2, atol=1e-2)  # (sums of 4096 in another order, rounded to bf16)
     assert not bad, "\n".join(map(str, bad))
     g, dy, x, dw = weight_gradient(1024, 1024, 4096)
     plan = g.build(device="cuda", autotune=True, select_numeric_notes=["widened_intermediate"])
