@@ -50,7 +50,9 @@ def time_device(fn: Callable[[], Any], *, warmup: int = 3, rounds: int = 5, burs
     """Device microseconds per call of `fn`: `burst` calls back to back between two CUDA events,
     enqueued while a spin kernel holds the device, so that none of their host time counts (median
     over `rounds`). What a call costs in a captured CUDA graph, or in any plan whose host work runs
-    ahead of the device; the benchmark suite's do_bench hides host time the same way."""
+    ahead of the device; the benchmark suite's do_bench hides host time the same way. A burst whose
+    enqueueing outlasted half the spin is timed again behind a spin twice its host time (`spin_for`): the
+    device may have waited for the host (a library call's Python, ~100 µs, ten times over)."""
     import torch
 
     for _ in range(warmup):
@@ -61,16 +63,49 @@ def time_device(fn: Callable[[], Any], *, warmup: int = 3, rounds: int = 5, burs
         for _ in range(burst):
             fn()
 
-    return statistics.median(_behind_spin(calls)[0] / burst for _ in range(rounds))
+    cycles = SPIN_CYCLES
+    samples = []
+    for _ in range(rounds):
+        device, host = _behind_spin(calls, cycles)
+        if host > spin_us(cycles) / 2:
+            cycles = spin_for(host)
+            device, host = _behind_spin(calls, cycles)
+        samples.append(device / burst)
+    return statistics.median(samples)
 
 
-def _behind_spin(fn: Callable[[], Any]) -> tuple[float, float]:
+_CYCLES_PER_US: list[float] = []  # the spin kernel's cycles a microsecond, measured once a process
+SPIN_LIMIT_US = 200_000.0  # the longest spin `spin_for` asks for
+
+
+def spin_us(cycles: int) -> float:
+    """About how long a spin of `cycles` holds the device (µs), from one timed spin of SPIN_CYCLES."""
+    if not _CYCLES_PER_US:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(SPIN_CYCLES)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_US.append(SPIN_CYCLES / max(start.elapsed_time(end) * 1e3, 1.0))
+    return cycles / _CYCLES_PER_US[0]
+
+
+def spin_for(host_us: float) -> int:
+    """Spin cycles that hold the device for twice `host_us` (SPIN_CYCLES at least, SPIN_LIMIT_US at most)."""
+    per_us = SPIN_CYCLES / spin_us(SPIN_CYCLES)
+    return max(SPIN_CYCLES, int(min(2 * host_us, SPIN_LIMIT_US) * per_us))
+
+
+def _behind_spin(fn: Callable[[], Any], cycles: int = SPIN_CYCLES) -> tuple[float, float]:
     """(device µs, host µs) of the work `fn` enqueues, timed with CUDA events while a spin kernel holds
-    the device: the work starts once it is all enqueued, so no host time counts in the device time."""
+    the device: the work starts once it is all enqueued, so no host time counts in the device time
+    (while the enqueueing takes less than the spin, `cycles`)."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(SPIN_CYCLES)
+    torch.cuda._sleep(cycles)
     start.record()
     t0 = time.perf_counter()
     fn()
