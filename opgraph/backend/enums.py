@@ -367,6 +367,7 @@ class cudnnBackendNumericalNote_t(CEnum):
     CUDNN_NUMERICAL_NOTE_STRICT_NAN_PROP = 9
     CUDNN_NUMERICAL_NOTE_FP64_ACCUMULATION = 10
     CUDNN_NUMERICAL_NOTE_ROUNDED_INTERMEDIATE = 11
+    CUDNN_NUMERICAL_NOTE_WIDENED_INTERMEDIATE = 12  # opgraph's (cuDNN has no such note)
 
 
 class cudnnPointwiseMode_t(CEnum):

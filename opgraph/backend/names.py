@@ -80,12 +80,7 @@ RESAMPLE_MODES = {
     cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_INCLUDE_PADDING: ResampleMode.AVG_INCLUDE_PADDING,
     cudnnResampleMode_t.CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING: ResampleMode.AVG_EXCLUDE_PADDING,
 }
-# (opgraph's notes cuDNN has no value for, such as WIDENED_INTERMEDIATE, are not reported through the backend API)
-NUMERICAL_NOTES = {
-    n: cudnnBackendNumericalNote_t["CUDNN_NUMERICAL_NOTE_" + n.name]
-    for n in NumericalNote
-    if "CUDNN_NUMERICAL_NOTE_" + n.name in cudnnBackendNumericalNote_t.__members__
-}
+NUMERICAL_NOTES = {n: cudnnBackendNumericalNote_t["CUDNN_NUMERICAL_NOTE_" + n.name] for n in NumericalNote}
 BEHAVIOR_NOTES = {n: cudnnBackendBehaviorNote_t["CUDNN_BEHAVIOR_NOTE_" + n.name] for n in BehaviorNote}
 
 ENUMS: tuple[type[CEnum], ...] = (DescriptorType, AttributeName, AttributeType, Status, *VALUE_ENUMS.values())

@@ -153,8 +153,7 @@ def _knob_info(maximum: int) -> Descriptor:
 
 def _notes(candidate: Candidate, numerical: bool) -> list:
     if numerical:
-        notes = (N.NUMERICAL_NOTES[n] for n in candidate.numerical_notes if n in N.NUMERICAL_NOTES)
-        return sorted(notes, key=lambda v: v.value)
+        return sorted((N.NUMERICAL_NOTES[n] for n in candidate.numerical_notes), key=lambda v: v.value)
     return sorted((N.BEHAVIOR_NOTES[n] for n in candidate.behavior_notes), key=lambda v: v.value)
 
 

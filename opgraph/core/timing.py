@@ -74,22 +74,25 @@ def time_device(fn: Callable[[], Any], *, warmup: int = 3, rounds: int = 5, burs
     return statistics.median(samples)
 
 
-_CYCLES_PER_US: list[float] = []  # the spin kernel's cycles a microsecond, measured once a process
+_CYCLES_PER_US: dict[int, float] = {}  # the spin kernel's cycles a microsecond, by device, measured once a process
 SPIN_LIMIT_US = 200_000.0  # the longest spin `spin_for` asks for
 
 
 def spin_us(cycles: int) -> float:
-    """About how long a spin of `cycles` holds the device (µs), from one timed spin of SPIN_CYCLES."""
-    if not _CYCLES_PER_US:
-        import torch
+    """About how long a spin of `cycles` holds the current device (µs), from a spin of SPIN_CYCLES timed after
+    another (the clocks up) once a process."""
+    import torch
 
+    device = torch.cuda.current_device()
+    if device not in _CYCLES_PER_US:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         torch.cuda._sleep(SPIN_CYCLES)
         end.record()
         end.synchronize()
-        _CYCLES_PER_US.append(SPIN_CYCLES / max(start.elapsed_time(end) * 1e3, 1.0))
-    return cycles / _CYCLES_PER_US[0]
+        _CYCLES_PER_US[device] = SPIN_CYCLES / max(start.elapsed_time(end) * 1e3, 1.0)
+    return cycles / _CYCLES_PER_US[device]
 
 
 def spin_for(host_us: float) -> int:

@@ -120,7 +120,7 @@ def split(piece: Piece, precision: str = "exact") -> list[tuple[str, Piece]] | s
         return i
     wide = wide_graph(piece) if precision == "wide" else None
     graph = native_graph(piece) if precision == "native" else wide[0] if wide else piece.graph
-    assert graph is not None and (wide or precision != "wide"), f"{precision} precision asked where it does not apply"
+    assert _applies(precision, piece) and graph is not None, f"{precision} precision asked where it does not apply"
     if native_gemm(piece):  # a lone 16-bit GEMM: the library call alone (and its operands' views), into the output
         return [("main", make_piece(graph, piece.index, list(piece.nodes)))]
     prologue, views = _operand_views(piece, i)
@@ -209,9 +209,12 @@ class LibraryKernel(Kernel):
         """The parts bound in order; the tensors between them are views of this kernel's scratch,
         made here once (a binding of its own that reads through to the plan's, aliases included)."""
         views = self._tensor_views(scratch) if self.scratch_bytes else {}
+        buffers, pointers = binding.buffers, binding.pointers
+        if self.aliases:
+            buffers, pointers = _Aliased(buffers, self.aliases), _Aliased(pointers, self.aliases)  # type: ignore[assignment]
         child = Binding(
-            ChainMap(views, _Aliased(binding.buffers, self.aliases)),  # type: ignore[arg-type]
-            ChainMap({u: address_of(v) for u, v in views.items()}, _Aliased(binding.pointers, self.aliases)),  # type: ignore[arg-type]
+            ChainMap(views, buffers),  # type: ignore[arg-type]
+            ChainMap({u: address_of(v) for u, v in views.items()}, pointers),  # type: ignore[arg-type]
             binding.stream,
             binding.preludes,
         )

@@ -41,5 +41,7 @@ def test_gpt2_plan_for_an_h100_reads_the_logits_twice_and_recomputes_no_attentio
     templates = [r["template"] for r in rows]
     assert templates.count("attention") == 1 and templates.count("attention_bwd") == 1, templates
     assert not [n for r in rows for n in r["names"] if "sdpa_recompute" in n]
-    gemms = [r for r in rows if r["template"] == "matmul"]
-    assert len(gemms) == 3 * 5 and all(r["engine"] == "triton" for r in gemms)
+    gemms = [r for r in rows if r["template"] == "matmul" or r["engine"] == "library"]
+    assert len(gemms) == 3 * 5 and all(r["engine"] == "triton" for r in gemms if r["engine"] != "library")
+    # (cuBLAS leads only on the LM head's data gradient: K = 50,304 over 48 output tiles of 128 x 128; policy.RULES)
+    assert [r["names"][1] for r in gemms if r["engine"] == "library"] == ["dlinear_4.matmul.dA.2"]

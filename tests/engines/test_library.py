@@ -473,3 +473,20 @@ def test_gpu_weight_gradients_tuned_wide_and_the_default_library_lead(rng):
     plan.execute({dy: a, x: b, dw: out})
     want = a.double().t() @ b.double()
     assert ((out.double() - want).norm() / want.norm()).item() < 1e-5  # (no bf16 rounding: ~2e-3 with it)
+
+
+def test_an_fp32_result_is_priced_as_cublas_only_for_shapes_it_writes():
+    """A lone 16-bit matmul with an fp32 result is a widening GEMM (one cuBLAS call, its estimate) only for the
+    operand shapes `torch_engine.gemm.widened` has a call for: not a batch broadcast of A, nor 4-D batches."""
+    from opgraph.engines.shared.native_gemm import widening_gemm, widens
+
+    def piece(a, b):
+        g, _, _, c = mm_graph(a, b, dt=DT.BFLOAT16)
+        c.set_output(True).set_data_type(DT.FLOAT)
+        final = g.final
+        return make_piece(final, 0, final.nodes)
+
+    assert widening_gemm(piece((2, 24, 40), (1, 40, 56))) and widening_gemm(piece((4, 24, 40), (4, 40, 56)))
+    assert not widening_gemm(piece((1, 24, 40), (8, 40, 56)))
+    assert widens((24, 40), (40, 56)) and widens((2, 3, 24, 40), (40, 56)) and widens((2, 3, 24, 40), (1, 1, 40, 56))
+    assert not widens((2, 3, 24, 40), (2, 3, 40, 56)) and not widens((24, 40), (1, 40, 56))

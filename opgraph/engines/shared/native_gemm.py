@@ -23,8 +23,22 @@ def native_gemm(piece: Piece) -> bool:
 
 def widening_gemm(piece: Piece) -> bool:
     """Whether the piece is such a matmul (`native_gemm`) but for its fp32 result, which cuBLAS writes as
-    it accumulates (PyTorch's `out_dtype=torch.float32`): exact, without the operands' fp32 copies."""
-    return _lone_gemm_result(piece) == "fp32"
+    it accumulates (PyTorch's `out_dtype=torch.float32`): exact, without the operands' fp32 copies. Only
+    for the operand shapes PyTorch has that call for (`widens`)."""
+    if _lone_gemm_result(piece) != "fp32":
+        return False
+    tensors = piece.graph.tensors
+    a, b = (tensors[u].dim for u in piece.nodes[-1].input_uids())
+    return widens(a, b)
+
+
+def widens(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether operands of dims `a` @ `b` have a PyTorch call that writes an fp32 product of 16-bit ones
+    (torch_engine.gemm.widened): a 2-D B under any batch axes of A (B's unit batch axes dropped where A has as
+    many), or 3-D operands of one batch."""
+    if len(b) == 2 or (len(b) <= len(a) and all(d == 1 for d in b[:-2])):
+        return len(a) >= 2
+    return len(a) == len(b) == 3 and a[0] == b[0]
 
 
 def _lone_gemm_result(piece: Piece) -> str | None:

@@ -52,6 +52,8 @@ def widened(a: Any, b: Any, out: Any = None) -> Any:
     import torch
 
     f32 = torch.float32
+    if 2 < b.dim() <= a.dim() and all(d == 1 for d in b.shape[:-2]):
+        b = b.reshape(b.shape[-2:])  # (a weight broadcast over A's batch)
     try:
         if a.dim() == 2 and b.dim() == 2:
             return torch.mm(a, b, out_dtype=f32, out=out)
@@ -61,15 +63,22 @@ def widened(a: Any, b: Any, out: Any = None) -> Any:
             rows = a.reshape(-1, a.shape[-1])
             if out is None:
                 return torch.mm(rows, b, out_dtype=f32).reshape(*a.shape[:-1], b.shape[-1])
-            torch.mm(rows, b, out_dtype=f32, out=out.view(-1, out.shape[-1]))
+            merged = _rows_view(out)
+            if merged is None:
+                return None  # (out's batch axes do not merge: the caller's general path)
+            torch.mm(rows, b, out_dtype=f32, out=merged)
             return out
     except (TypeError, NotImplementedError):
         return None  # (a PyTorch without out_dtype, or a device without the call)
-    except RuntimeError as err:
-        if "view" in str(err):
-            return None  # (out's batch axes do not merge: the caller's general path)
-        raise
     return None
+
+
+def _rows_view(out: Any) -> Any:
+    """`out` with its batch axes merged into rows, as a view of it; None where its strides do not allow."""
+    try:
+        return out.view(-1, out.shape[-1])
+    except RuntimeError:
+        return None
 
 
 def uses_tensor_cores(a: DataType, b: DataType, out: DataType, wide: bool) -> bool:

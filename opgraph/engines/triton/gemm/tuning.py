@@ -65,9 +65,9 @@ def estimate_us(
     chunk = k_step or k
     eff *= chunk / (-(-chunk // bk) * bk)  # lanes wasted on a ragged channel chunk
     peak = _PEAK.get(elem_bytes, _PEAK[2]) / sms
-    # The Hopper path's gains were measured on tiles of 128 x 128 and more; on smaller ones (latency-bound
-    # at 4 warps) TMA and persistence gained nothing, and the persistent ones' gains need a second tile per
-    # program (bench/results/constants.md#hopper-small-tiles)
+    # The Hopper path's gains were measured on tiles of 16K elements and more (128 x 128, 256 x 64 and up); on
+    # smaller ones (latency-bound at 4 warps) TMA and persistence gained nothing, and the persistent ones' gains
+    # need a second tile per program (bench/results/constants.md#hopper-small-tiles)
     big = bm * bn >= 16384
     if knobs.tma and big:
         eff *= 1.2  # TMA copies: no address math or masks in the loop (measured 590-643 vs 531 TFLOP/s)
