@@ -305,9 +305,11 @@ class LibraryEngine(Engine):
         return Support.yes()
 
     def facts(self, piece: Piece, device: Device) -> EngineFacts:
-        """The estimate of its config for the piece, and whether the piece is a lone 16-bit matmul, which
-        the library call runs as it is (PieceFact.NATIVE_GEMM)."""
-        if not device.is_cuda or isinstance(_main(piece), str):
+        """For a matmul piece (the policy's library rules are about matmuls), the estimate of its config,
+        and whether the piece is a lone 16-bit matmul, which the library call runs as it is
+        (PieceFact.NATIVE_GEMM)."""
+        main = _main(piece)
+        if not device.is_cuda or isinstance(main, str) or piece.nodes[main].kind != "matmul":
             return EngineFacts()
         config = self._config(piece, device, HeurMode.A, "exact")
         native = frozenset({PieceFact.NATIVE_GEMM}) if native_gemm(piece) else frozenset()
