@@ -79,8 +79,18 @@ SPIN_LIMIT_US = 200_000.0  # the longest spin `spin_for` asks for
 
 
 def spin_us(cycles: int) -> float:
-    """About how long a spin of `cycles` holds the current device (µs), from a spin of SPIN_CYCLES timed after
-    another (the clocks up) once a process."""
+    """About how long a spin of `cycles` holds the current device (µs)."""
+    return cycles / _cycles_per_us()
+
+
+def spin_for(host_us: float) -> int:
+    """Spin cycles that hold the device for twice `host_us` (SPIN_CYCLES at least, SPIN_LIMIT_US at most)."""
+    return max(SPIN_CYCLES, int(min(2 * host_us, SPIN_LIMIT_US) * _cycles_per_us()))
+
+
+def _cycles_per_us() -> float:
+    """The current device's spin rate, from a spin of SPIN_CYCLES timed after another (the clocks up), once a
+    process."""
     import torch
 
     device = torch.cuda.current_device()
@@ -92,13 +102,7 @@ def spin_us(cycles: int) -> float:
         end.record()
         end.synchronize()
         _CYCLES_PER_US[device] = SPIN_CYCLES / max(start.elapsed_time(end) * 1e3, 1.0)
-    return cycles / _CYCLES_PER_US[device]
-
-
-def spin_for(host_us: float) -> int:
-    """Spin cycles that hold the device for twice `host_us` (SPIN_CYCLES at least, SPIN_LIMIT_US at most)."""
-    per_us = SPIN_CYCLES / spin_us(SPIN_CYCLES)
-    return max(SPIN_CYCLES, int(min(2 * host_us, SPIN_LIMIT_US) * per_us))
+    return _CYCLES_PER_US[device]
 
 
 def _behind_spin(fn: Callable[[], Any], cycles: int = SPIN_CYCLES) -> tuple[float, float]:

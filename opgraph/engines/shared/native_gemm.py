@@ -41,6 +41,11 @@ def widens(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) == len(b) == 3 and a[0] == b[0]
 
 
+def widening_types(a: DataType, b: DataType, out: DataType) -> bool:
+    """Whether a product of `a` and `b` operands into an `out` result is 16-bit of one type into fp32."""
+    return a in NATIVE_16 and a is b and out is DataType.FLOAT
+
+
 def _lone_gemm_result(piece: Piece) -> str | None:
     node = piece.nodes[-1]
     if node.kind != "matmul" or not operand_views(piece):
@@ -53,7 +58,7 @@ def _lone_gemm_result(piece: Piece) -> str | None:
     if a not in NATIVE_16 or a is not b or node.compute_data_type is not DataType.FLOAT:
         return None
     out = tensors[outs[0]].data_type
-    return "native" if out is a else "fp32" if out is DataType.FLOAT else None
+    return "native" if out is a else "fp32" if widening_types(a, b, out) else None
 
 
 def operand_views(piece: Piece) -> bool:

@@ -38,7 +38,7 @@ from ...core.types import Buffer, Stream
 from ...ops.custom import Custom
 from .. import register_engine
 from ..base import Engine, Kernel
-from ..shared.native_gemm import NATIVE_16, native_gemm, widening_gemm
+from ..shared.native_gemm import native_gemm, widening_gemm, widening_types
 from . import (  # noqa: F401  (register mappings)
     adalayernorm,
     attention,
@@ -95,12 +95,7 @@ def _widened(node: Any, tensors: Mapping[int, Any]) -> bool:
     """A matmul of fp16/bf16 operands of one type with an fp32 result: cuBLAS's fp32 output (gemm.widened), or
     TF32 on values TF32 holds exactly; either way no input is down-converted."""
     a, b = (tensors[u].data_type for u in node.input_uids()[:2])
-    return (
-        node.kind == "matmul"
-        and a in NATIVE_16
-        and a is b
-        and tensors[node.output_uids()[0]].data_type is DataType.FLOAT
-    )
+    return node.kind == "matmul" and widening_types(a, b, tensors[node.output_uids()[0]].data_type)
 
 
 def make_config(piece: Piece, device: Device, mode: HeurMode) -> EngineConfig:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.dtypes import DataType
-from ..shared.native_gemm import NATIVE_16
+from ..shared.native_gemm import widening_types
 from . import gemm
 from .common import Call, implements
 
@@ -22,7 +21,7 @@ def matmul(call: Call) -> list[Any]:
     a, b, c = call.desc("A"), call.desc("B"), call.out("C")
     assert a is not None and b is not None and c is not None
     if call.device.type == "cuda" and call.tensor_cores and call.compute is torch.float32:
-        if a.data_type in NATIVE_16 and a.data_type is b.data_type and c.data_type is DataType.FLOAT:
+        if widening_types(a.data_type, b.data_type, c.data_type):
             product = gemm.widened(call.tensor("A", a.data_type.to_torch()), call.tensor("B", b.data_type.to_torch()))
             if product is not None:
                 return [product]
