@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from ..core.bucket import Bucket
 from ..core.config import EngineConfig, HeurMode
@@ -40,6 +41,7 @@ from .autotune import TuningCache
 from .compile import compile_steps
 from .heuristics import rank_configs
 from .options import BuildOptions
+from .partition import Cut
 from .planner import Schedule, Step, all_by_reference, choose_step, plan_steps, sessions, usable_engines
 
 log = logging.getLogger("opgraph.build")
@@ -120,8 +122,28 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
                 whole = plan_steps(graph, opts)
                 return dataclasses.replace(whole, stats={**whole.stats, "replanned": True})
         steps, stats["compile"] = compile_steps(steps, dev, opts.compile)
-    cuts = tuple(dataclasses.replace(c, node=shaped.nodes[i]) for c, i in zip(base.cuts, planned.cut_positions))
-    return Schedule(shaped, dev, tuple(steps), cuts, stats)
+    return Schedule(shaped, dev, tuple(steps), ShapedCuts(base.cuts, planned.cut_positions, shaped), stats)
+
+
+class ShapedCuts(Sequence[Cut]):
+    """The bucket's cuts over a shape's graph, each made when read (describe, plan files): a shape's
+    plan keeps no Cut objects of its own (a dynamic plan makes one per new shape, and every object it
+    keeps counts toward the garbage collector's full passes)."""
+
+    def __init__(self, cuts: Sequence[Cut], positions: Sequence[int], graph: FinalGraph) -> None:
+        self._cuts, self._positions, self._graph = cuts, positions, graph
+
+    def __len__(self) -> int:
+        return len(self._cuts)
+
+    @overload
+    def __getitem__(self, i: int) -> Cut: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Cut, ...]: ...
+    def __getitem__(self, i: int | slice) -> Cut | tuple[Cut, ...]:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        return dataclasses.replace(self._cuts[i], node=self._graph.nodes[self._positions[i]])
 
 
 def _rechoose(

@@ -47,7 +47,7 @@ class Schedule:
     graph: FinalGraph
     device: Device
     steps: tuple[Step, ...]
-    cuts: tuple[Cut, ...]
+    cuts: Sequence[Cut]  # (a dynamic plan's shape: its bucket's, made when read: bucket_plan.ShapedCuts)
     stats: dict[str, Any] = field(default_factory=dict, compare=False)  # where the build's time went
 
 

@@ -80,10 +80,12 @@ class BoundPlan:
         self.launchers: list[Launcher] = [
             step.kernel.bind(b, wsp.scratch_view(base, state.layout, step.index)) for step in state.steps
         ]
-        self.readers: dict[int, list[int]] = {}
+        readers: dict[int, list[int]] = {}
         for i, step in enumerate(state.steps):
             for uid in {*step.piece.inputs, *step.piece.outputs}:
-                self.readers.setdefault(uid, []).append(i)
+                readers.setdefault(uid, []).append(i)
+        # (tuples of ints, which the garbage collector stops tracking: a dynamic plan binds every new shape)
+        self.readers: dict[int, tuple[int, ...]] = {u: tuple(r) for u, r in readers.items()}
         self.torch_steps = any(step.kernel.needs_torch_stream for step in state.steps)
         # by-reference tensors that every launch reads through the table: moving them keeps a graph
         self.table_only = set(table.slots) - set(state.baked) if table else set()

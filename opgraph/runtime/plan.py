@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ class ExecutionPlan:
         graph: FinalGraph,
         device: Device,
         steps: tuple[Step, ...],
-        cuts: tuple[Cut, ...],
+        cuts: Sequence[Cut],
         stats: Mapping[str, Any] | None = None,
         kernels: artifacts.Scope | None = None,
     ) -> None:

@@ -340,18 +340,47 @@ def test_native_slots_of_a_descriptor(monkeypatch):
     monkeypatch.setattr(native, "_DRIVER", FakeDriver())
     types = ["*bf16", "tensordesc<bf16[128, 64]>", "fp32"]
     launch = native.NativeLaunch(1, (132, 1, 1), 8, 1024, types, ctypes.c_void_p(0))
-    assert launch.index == [0, 1, 6] and len(launch.params) == 7 + 2
-    tensor_map = launch.slots[1]
+    assert launch.index == (0, 1, 6) and len(launch.params) == 7 + 2
+    tensor_map = launch.maps[1]
     assert tensor_map.address % 64 == 0 and launch.params[1] == tensor_map.address
     arg = Arg(ArgKind.DESC, 5, 0, shape=(8192, 1024), strides=(1024, 1), block=(128, 64))
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [128, 64]}
     launch.set_descriptor(1, arg, 1 << 20, meta)
     assert calls[0][0] == tensor_map.address and calls[0][1][2] == 1 << 20
     assert tensor_map.raw() == bytes([7]) * 128
-    assert [s.value for s in launch.slots[2:6]] == [8192, 1024, 1024, 1]
+    # every parameter's address holds its value: the dims as int32, the strides as int64
+    assert [ctypes.c_int32.from_address(launch.params[k]).value for k in (2, 3)] == [8192, 1024]
+    assert [ctypes.c_int64.from_address(launch.params[k]).value for k in (4, 5)] == [1024, 1]
     launch.set(0, 1 << 21)
     launch.set(2, 0.5)
-    assert launch.slots[0].value == 1 << 21 and launch.slots[6].value == 0.5
+    assert ctypes.c_uint64.from_address(launch.params[0]).value == 1 << 21
+    assert ctypes.c_float.from_address(launch.params[6]).value == 0.5
+    launch.set(2, -3.25)
+    assert ctypes.c_float.from_address(launch.params[6]).value == -3.25
+
+
+def test_native_launch_scalar_slots_read_as_their_types(monkeypatch):
+    """Each scalar parameter's slot, read at its address as its parameter type, holds what was set:
+    negative int32, int64 and float64 values included; the scratch pointers follow the arguments."""
+    from opgraph.engines.triton import native
+
+    monkeypatch.setattr(native, "_DRIVER", type("FakeDriver", (), {"launch": None})())
+
+    types = ["*fp32", "i32", "i64", "fp64", "fp16", "bf16", "i1"]
+    launch = native.NativeLaunch(1, (4, 2, 1), 4, 0, types, ctypes.c_void_p(0), global_scratch=1 << 30)
+    values = [1 << 40, -7, -(1 << 40), -2.5, 1.5, 2.0, 1]
+    for i, v in enumerate(values):
+        launch.set(i, v)
+    at = launch.params
+    assert ctypes.c_uint64.from_address(at[0]).value == 1 << 40
+    assert ctypes.c_int32.from_address(at[1]).value == -7
+    assert ctypes.c_int64.from_address(at[2]).value == -(1 << 40)
+    assert ctypes.c_double.from_address(at[3]).value == -2.5
+    assert ctypes.c_uint16.from_address(at[4]).value == 0x3E00  # 1.5 in fp16
+    assert ctypes.c_uint16.from_address(at[5]).value == 0x4000  # 2.0 in bf16
+    assert ctypes.c_int8.from_address(at[6]).value == 1
+    assert len(at) == len(types) + 2 and ctypes.c_uint64.from_address(at[7]).value == 1 << 30
+    assert launch.args[1:4] == (4, 2, 1) and launch.args[4] == 128
 
 
 # -- Hopper compilation (Triton's NVIDIA backend, no GPU) and the GPU -------------------------------------------

@@ -6,7 +6,6 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.util
 import threading
@@ -84,6 +83,7 @@ def _as_torch(value: Any) -> Any:
 
 
 _THREAD = threading.local()
+_SET = object.__setattr__
 
 
 def _ensure_allocator() -> None:
@@ -144,10 +144,12 @@ class TritonKernel(Kernel):
         binaries; only the launches' grids and size arguments are that shape's."""
         if self._specs is None and not self.interpret and self.device is not None:
             self.spec(0)  # (made once, here: every shape's copy shares the bucket kernel's specs)
-        other = copy.copy(self)
+        other = object.__new__(TritonKernel)
+        for name, value in vars(self).items():  # (set one by one: no dict object of its own per shape)
+            if name != "launchers":  # (this shape's, made if asked)
+                _SET(other, name, value)
         other.piece = piece
         other.generated = self.generated.at(env)
-        other.__dict__.pop("launchers", None)  # (this shape's, made if asked)
         other.repointed = True
         return other
 

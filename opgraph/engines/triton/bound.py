@@ -52,13 +52,15 @@ class TritonLauncher(Launcher):
         self.scratch_ptr = int(scratch.data_ptr()) if scratch is not None else 0
         self.device_index = kernel.device_index
         binding.preludes[("cuda-context", self.device_index)] = (native.ensure_context, (self.device_index,))
-        self.users: dict[int, list[tuple[int, int]]] = {}
+        users: dict[int, list[tuple[int, int]]] = {}
         self._meta: dict[int, dict[int, Any]] = {}  # launch -> {descriptor argument: its tensordesc_meta entry}
         self._globals: dict[int, Any] = {}  # launch -> its global scratch
         for li, launch in enumerate(kernel.generated.launches):
             for ai, arg in enumerate(launch.args):
                 if arg.kind in ("buf", "scalar", "desc"):
-                    self.users.setdefault(arg.uid, []).append((li, ai))
+                    users.setdefault(arg.uid, []).append((li, ai))
+        # (tuples of ints, which the garbage collector stops tracking: a dynamic plan binds every new shape)
+        self.users = {u: tuple(v) for u, v in users.items()}
         self.launches = [self._make(li) for li in range(len(kernel.generated.launches))]
         self.calls = [x.call for x in self.launches]
 
@@ -123,7 +125,7 @@ class TritonLauncher(Launcher):
                 self.device_index,
                 int(binary.meta("num_warps", 4)),
             )
-            types = [ty for _, ty in spec.runtime]  # type: ignore[union-attr]
+            types = tuple(ty for _, ty in spec.runtime)  # type: ignore[union-attr]
             out = native.NativeLaunch(
                 function,
                 self.kernel.grid(li),
@@ -138,7 +140,8 @@ class TritonLauncher(Launcher):
                     out.set_descriptor(ai, launch.args[ai], v, meta[descs.index(ai)])
                 else:
                     out.set(ai, v)
-            self._meta[li] = {ai: meta[j] for j, ai in enumerate(descs)}
+            if descs:
+                self._meta[li] = {ai: meta[j] for j, ai in enumerate(descs)}
             return out
         return _JitLaunch(self.kernel.launchers[li], [self._object(li, ai) for ai in range(len(launch.args))])
 

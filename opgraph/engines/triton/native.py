@@ -206,25 +206,6 @@ def load(key: str, name: str, cubin: bytes, shared: int, device_index: int, num_
         return function.value or 0
 
 
-_SCALARS: dict[str, Any] = {
-    "i1": ctypes.c_int8,
-    "i8": ctypes.c_int8,
-    "i16": ctypes.c_int16,
-    "i32": ctypes.c_int32,
-    "i64": ctypes.c_int64,
-    "u1": ctypes.c_uint8,
-    "u8": ctypes.c_uint8,
-    "u16": ctypes.c_uint16,
-    "u32": ctypes.c_uint32,
-    "u64": ctypes.c_uint64,
-    "fp16": ctypes.c_uint16,
-    "bf16": ctypes.c_uint16,
-    "fp32": ctypes.c_float,
-    "f32": ctypes.c_float,
-    "fp64": ctypes.c_double,
-}
-
-
 def _pack(ty: str, value: Any) -> Any:
     if ty == "fp16":
         return struct.unpack("<H", struct.pack("<e", float(value)))[0]
@@ -233,10 +214,54 @@ def _pack(ty: str, value: Any) -> Any:
     return float(value) if ty.startswith("fp") or ty == "f32" else int(value)
 
 
+_WORD = (1 << 64) - 1
+
+
+def _bits(ty: str, value: Any) -> int:
+    """A runtime argument's value as the bits of its 8-byte word (little-endian: a narrower parameter
+    reads the low bytes)."""
+    if ty.startswith("*"):
+        return int(value) & _WORD
+    packed = _pack(ty, value)
+    if ty in ("fp32", "f32"):
+        return struct.unpack("<I", struct.pack("<f", packed))[0]
+    if ty == "fp64":
+        return struct.unpack("<Q", struct.pack("<d", packed))[0]
+    return packed & _WORD
+
+
+_LAYOUTS: dict[tuple[str, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+_FUNCTION_ARGS: dict[int, ctypes.c_void_p] = {}
+
+
+def _layout(types: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Where a signature's arguments sit (memoized per signature): per runtime argument its first
+    parameter, per parameter its 8-byte word (-1: a descriptor's map, a TensorMapSlot of its own), and
+    the words in all (the global and profile scratch pointers last)."""
+    found = _LAYOUTS.get(types)
+    if found is None:
+        index: list[int] = []
+        words: list[int] = []
+        for ty in types:
+            index.append(len(words))
+            rank = tma_desc.rank_of(ty)
+            if rank:
+                words.append(-1)
+            words += [sum(w >= 0 for w in words) + j for j in range(2 * rank if rank else 1)]
+        n = sum(w >= 0 for w in words)
+        words += [n, n + 1]
+        found = _LAYOUTS[types] = (tuple(index), tuple(words), n + 2)
+    return found
+
+
 class NativeLaunch:
     """One kernel launch with its argument slots. `set(i, value)` writes runtime argument i (a pointer
     as an int, a scalar as a number), `set_descriptor(i, ...)` encodes descriptor argument i; `call` is the
-    (function, args) pair an execute makes."""
+    (function, args) pair an execute makes.
+
+    The slots are the 8-byte words of one ctypes array (a descriptor's 128-byte map apart), and the
+    launch holds a handful of objects: a plan keeps a launch per kernel launch for each shape it runs,
+    and every object kept counts toward the garbage collector's full passes."""
 
     def __init__(
         self,
@@ -244,68 +269,50 @@ class NativeLaunch:
         grid: tuple[int, int, int],
         num_warps: int,
         shared: int,
-        types: list[str],
+        types: tuple[str, ...] | list[str],
         stream_c: ctypes.c_void_p,
         global_scratch: int = 0,
     ) -> None:
-        self.types = types
-        self.slots: list[Any] = []
-        self.index: list[int] = []  # the first slot of each runtime argument
-        addresses: list[int] = []
-        for ty in types:
-            self.index.append(len(self.slots))
-            rank = tma_desc.rank_of(ty)
-            extra: list[Any]
-            if rank:
-                tensor_map = tma_desc.TensorMapSlot()
-                self.slots.append(tensor_map)
-                addresses.append(tensor_map.address)
-                extra = [ctypes.c_int32() for _ in range(rank)] + [ctypes.c_int64() for _ in range(rank)]
-            else:
-                extra = [ctypes.c_uint64(0) if ty.startswith("*") else _SCALARS[ty]()]
-            for slot in extra:
-                self.slots.append(slot)
-                addresses.append(ctypes.addressof(slot))
-        for value in (global_scratch, 0):  # global and profile scratch
-            slot = ctypes.c_uint64(value)
-            self.slots.append(slot)
-            addresses.append(ctypes.addressof(slot))
+        self.types = types = tuple(types)
+        self.index, words, n = _layout(types)
+        self.words = words
+        self.memory = memory = (ctypes.c_uint64 * n)()
+        base = ctypes.addressof(memory)
+        self.maps = {i: tma_desc.TensorMapSlot() for i, ty in enumerate(types) if words[self.index[i]] < 0}
+        addresses = [base + 8 * w for w in words]
+        for i, slot in self.maps.items():
+            addresses[self.index[i]] = slot.address
+        memory[n - 2] = global_scratch  # (the profile scratch pointer stays 0)
         self.params = (ctypes.c_void_p * len(addresses))(*addresses)
         gx, gy, gz = grid
-        self.args = (
-            ctypes.c_void_p(function),
-            ctypes.c_uint(gx),
-            ctypes.c_uint(gy),
-            ctypes.c_uint(gz),
-            ctypes.c_uint(32 * num_warps),
-            ctypes.c_uint(1),
-            ctypes.c_uint(1),
-            ctypes.c_uint(shared),
-            stream_c,
-            self.params,
-            None,
-        )
+        fn = _FUNCTION_ARGS.get(function)
+        if fn is None:
+            fn = _FUNCTION_ARGS[function] = ctypes.c_void_p(function)
+        # (plain ints: cuLaunchKernel's unsigned sizes fit a C int)
+        self.args = (fn, gx, gy, gz, 32 * num_warps, 1, 1, shared, stream_c, self.params, None)
         self.empty = gx * gy * gz == 0
         self.call = (driver().launch, self.args) if not self.empty else (_nothing, ())
 
+    def value(self, parameter: int) -> int:
+        """The bits of a parameter's word (tests, diagnostics)."""
+        return int(self.memory[self.words[parameter]])
+
     def set(self, i: int, value: Any) -> None:
-        ty = self.types[i]
-        self.slots[self.index[i]].value = int(value) if ty.startswith("*") else _pack(ty, value)
+        self.memory[self.words[self.index[i]]] = _bits(self.types[i], value)
 
     def set_descriptor(self, i: int, arg: Any, global_address: int, meta: dict[str, Any]) -> None:
         """Encode descriptor argument i (a templates.base.Arg of kind DESC) at `global_address`, with the
         kernel's `tensordesc_meta` entry for it."""
         d = driver()
-        at = self.index[i]
-        slot = self.slots[at]
+        slot = self.maps[i]
         same = slot.holds(arg)  # (a moved buffer: the dims and strides after the map are as they were)
         slot.encode(d.encode(), d.check, arg, global_address, meta)
         if same:
             return
-        rank = len(arg.shape)
+        at, rank, words, memory = self.index[i], len(arg.shape), self.words, self.memory
         for j, (dim, stride) in enumerate(zip(arg.shape, arg.strides)):
-            self.slots[at + 1 + j].value = int(dim)
-            self.slots[at + 1 + rank + j].value = int(stride)
+            memory[words[at + 1 + j]] = int(dim) & _WORD
+            memory[words[at + 1 + rank + j]] = int(stride) & _WORD
 
 
 def _nothing() -> None:

@@ -49,14 +49,19 @@ def evolve(obj: D, **changes: Any) -> D:
     """A frozen dataclass instance with `changes`, as dataclasses.replace makes it but without its field
     walk and __init__: a dynamic plan re-points every launch at each new shape (~5 per kernel, ~2,500 for
     a 92-step plan), where replace's ~4.5 µs each was a fifth of a new shape's host time. Only for
-    dataclasses without __post_init__ or slots (their fields are the instance's __dict__)."""
-    assert changes.keys() <= obj.__dict__.keys(), f"not fields of {type(obj).__name__}: {changes.keys()}"
+    dataclasses without __post_init__ or slots. The fields are set one by one rather than through the
+    instance's `__dict__`, which would make each copy a dict object of its own: a dict holding
+    expressions stays tracked by the garbage collector, and every shape's copies would count toward its
+    full passes."""
+    fields = type(obj).__dataclass_fields__  # type: ignore[attr-defined]
+    assert changes.keys() <= fields.keys(), f"not fields of {type(obj).__name__}: {changes.keys()}"
     new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
+    for name in fields:
+        _SET(new, name, changes[name] if name in changes else getattr(obj, name))
     return new
 
 
+_SET = object.__setattr__
 _PARAM = re.compile(r"([ps])(\d+)")
 
 
