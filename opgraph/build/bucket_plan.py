@@ -109,8 +109,10 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
                 if config is not step.config:
                     stats["resplit"].append(step.index)
                 stats["rebuilt"] += not shaped_kernel.repointed
-                others = step.alternatives if config is step.config else (step.config, *step.alternatives)
-                alternatives = tuple(c for c in others if c is not config)
+                if config is step.config:
+                    alternatives = step.alternatives  # (the bucket's tuple: no object per shape)
+                else:
+                    alternatives = tuple(c for c in (step.config, *step.alternatives) if c is not config)
                 steps.append(Step(step.index, piece, config, shaped_kernel, alternatives))
                 continue
             stats["rechosen"] += 1

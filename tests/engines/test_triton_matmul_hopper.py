@@ -340,7 +340,7 @@ def test_native_slots_of_a_descriptor(monkeypatch):
     monkeypatch.setattr(native, "_DRIVER", FakeDriver())
     types = ["*bf16", "tensordesc<bf16[128, 64]>", "fp32"]
     launch = native.NativeLaunch(1, (132, 1, 1), 8, 1024, types, ctypes.c_void_p(0))
-    assert launch.index == (0, 1, 6) and len(launch.params) == 7 + 2
+    assert launch.index == (0, 1, 6) and len(launch.words) == 7 + 2
     tensor_map = launch.maps[1]
     assert tensor_map.address % 64 == 0 and launch.params[1] == tensor_map.address
     arg = Arg(ArgKind.DESC, 5, 0, shape=(8192, 1024), strides=(1024, 1), block=(128, 64))
@@ -379,7 +379,7 @@ def test_native_launch_scalar_slots_read_as_their_types(monkeypatch):
     assert ctypes.c_uint16.from_address(at[4]).value == 0x3E00  # 1.5 in fp16
     assert ctypes.c_uint16.from_address(at[5]).value == 0x4000  # 2.0 in bf16
     assert ctypes.c_int8.from_address(at[6]).value == 1
-    assert len(at) == len(types) + 2 and ctypes.c_uint64.from_address(at[7]).value == 1 << 30
+    assert len(launch.words) == len(types) + 2 and ctypes.c_uint64.from_address(at[7]).value == 1 << 30
     assert launch.args[1:4] == (4, 2, 1) and launch.args[4] == 128
 
 

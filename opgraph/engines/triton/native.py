@@ -274,16 +274,19 @@ class NativeLaunch:
         global_scratch: int = 0,
     ) -> None:
         self.types = types = tuple(types)
-        self.index, words, n = _layout(types)
-        self.words = words
-        self.memory = memory = (ctypes.c_uint64 * n)()
+        self.index, layout, n = _layout(types)
+        # one array: the parameters' addresses (the kernelParams cuLaunchKernel reads), then their words
+        count = len(layout)
+        self.words = words = tuple(count + w if w >= 0 else -1 for w in layout)
+        self.memory = memory = (ctypes.c_uint64 * (count + n))()
         base = ctypes.addressof(memory)
         self.maps = {i: tma_desc.TensorMapSlot() for i, ty in enumerate(types) if words[self.index[i]] < 0}
-        addresses = [base + 8 * w for w in words]
+        for k, w in enumerate(words):
+            memory[k] = base + 8 * w
         for i, slot in self.maps.items():
-            addresses[self.index[i]] = slot.address
-        memory[n - 2] = global_scratch  # (the profile scratch pointer stays 0)
-        self.params = (ctypes.c_void_p * len(addresses))(*addresses)
+            memory[self.index[i]] = slot.address
+        memory[count + n - 2] = global_scratch  # (the profile scratch pointer stays 0)
+        self.params = memory  # (passed as a pointer to its first element)
         gx, gy, gz = grid
         fn = _FUNCTION_ARGS.get(function)
         if fn is None:

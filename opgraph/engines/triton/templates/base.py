@@ -114,7 +114,13 @@ class Arg:
     def with_values(self, values: Sequence[int]) -> Arg:
         """This argument with the values of its `shape_exprs` at a shape."""
         if self.expr is not None:
-            return evolve(self, value=values[0])
+            key = (self.expr, self.dtype, values[0])
+            found = _SIZE_ARGS.get(key)
+            if found is None:
+                if len(_SIZE_ARGS) >= 4096:
+                    _SIZE_ARGS.clear()
+                found = _SIZE_ARGS[key] = evolve(self, value=values[0])
+            return found
         shape, strides, offset = self.desc_expr or (self.shape, self.strides, self.offset)
         n = len(shape)
         return evolve(
@@ -124,6 +130,11 @@ class Arg:
             offset=values[2 * n],
             desc_expr=(shape, strides, offset),
         )
+
+
+# a size argument at a value, shared by every launch and shape that passes it (frozen: a dynamic plan's
+# shapes pass a handful of distinct sizes in hundreds of launches)
+_SIZE_ARGS: dict[tuple[Any, str, int], Arg] = {}
 
 
 @dataclass(frozen=True)
