@@ -468,6 +468,23 @@ class Tensor:
         return f"<Tensor {self.label()} {dt}[{dims}] {kind}>"
 
 
+def _smaller(a: Any, b: Any) -> str | None:
+    """Which of two unequal products of dims to extend by the next dim ("a" or "b"): the smaller int;
+    over dynamic dims the one of lower degree (b vs b*s), None where that does not tell (b vs s). A
+    wrong guess cannot make a wrong view: the groups must end exactly equal."""
+    if isinstance(a, int) and isinstance(b, int):
+        return "a" if a < b else "b"
+    da, db = _degree(a), _degree(b)
+    return None if da == db else "a" if da < db else "b"
+
+
+def _degree(x: Any) -> int:
+    if isinstance(x, int):
+        return 0
+    terms = getattr(x, "terms", None)
+    return 1 if terms is None else max(len(mono) for mono, _ in terms)
+
+
 def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
     """Strides that show memory of dims `old` / `strides` as dims `new` (same elements, logical
     row-major order), or None where the axes merged or split are not one run in memory (numpy's
@@ -479,10 +496,13 @@ def reshape_strides(old: Sequence[int], strides: Sequence[int], new: Sequence[in
     while i < len(src) and j < len(axes):
         i_end, j_end, a, b = i, j, src[i][0], new[axes[j]]
         while a != b:
-            if a < b and i_end + 1 < len(src):
+            grow = _smaller(a, b)
+            if grow is None:
+                return None
+            if grow == "a" and i_end + 1 < len(src):
                 i_end += 1
                 a *= src[i_end][0]
-            elif b < a and j_end + 1 < len(axes):
+            elif grow == "b" and j_end + 1 < len(axes):
                 j_end += 1
                 b *= new[axes[j_end]]
             else:

@@ -452,7 +452,11 @@ def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
         torch.testing.assert_close(imported.unpack(pack), want, rtol=1e-4, atol=1e-5)
         steps = plan.at({"batch": b, "seq": s}).steps
         pointwise = [st for st in steps if st.config.knob("template") == "pointwise"]
-        assert len(pointwise) >= 39  # (the view copies, reshapes and concatenation among them)
+        assert len(pointwise) >= 10  # (reshapes of computed values and the concatenation among them)
+        # the heads' reshapes (no dims of their own: the output's dynamic ones) are read in place by
+        # their consumers, not copied alone as they were before
+        alone = [st.piece.label() for st in pointwise if {n.kind for n in st.piece.nodes} == {"reshape"}]
+        assert len(alone) <= 2, alone
         per_shape = [st.piece.label() for st in pointwise if not st.kernel.generated.sized]
         assert not per_shape, per_shape
         scans = [st for st in steps if st.config.knob("template") == "scan"]

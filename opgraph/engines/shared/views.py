@@ -17,6 +17,7 @@ from ...core.ir import Node
 from ...core.piece import Piece, make_piece
 from ...core.tensor import TensorDesc, reshape_strides
 from ...ops.layout import VIEW_KINDS, Reshape, Slice, Transpose
+from .symbolic import symbolic_piece
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,12 @@ class View:
     desc: TensorDesc
 
 
-def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> View | str:
-    """The view `node` makes of `src` (itself read from buffer `base` at `offset`), or why not."""
+def view_of(
+    node: Node, src: TensorDesc, base: int, offset: int, uid: int, out_dims: Sequence[Any] | None = None
+) -> View | str:
+    """The view `node` makes of `src` (itself read from buffer `base` at `offset`), or why not.
+    `out_dims`: the output's dims, which a reshape without dims of its own takes (a dynamic graph's
+    reshapes to dims of its dynamic dims)."""
     op = node.op
     if isinstance(op, Slice):
         bounds = op.bounds(None, src.dim)
@@ -41,9 +46,12 @@ def view_of(node: Node, src: TensorDesc, base: int, offset: int, uid: int) -> Vi
         perm = tuple(op.permutation)
         dims = tuple(src.dim[p] for p in perm)
         strides = tuple(src.stride[p] for p in perm)
-    elif isinstance(op, Reshape) and op.dim is not None:
-        known = math.prod(d for d in op.dim if d != -1)
-        dims = tuple(src.numel // known if d == -1 else d for d in op.dim)
+    elif isinstance(op, Reshape) and (op.dim is not None or out_dims is not None):
+        if op.dim is None:
+            dims = tuple(out_dims)  # type: ignore[arg-type]
+        else:
+            known = math.prod(d for d in op.dim if d != -1)
+            dims = tuple(src.numel // known if d == -1 else d for d in op.dim)
         reshaped = reshape_strides(src.dim, src.stride, dims)
         if reshaped is None:
             return f"{node.label()} regroups axes whose strides are not one run; it needs a copy"
@@ -61,6 +69,35 @@ def _length(start: Any, stop: Any, step: int) -> Any:
     return (stop - start + step - 1) // step
 
 
+def own_dims(piece: Piece, node: Node) -> tuple[Any, ...] | None:
+    """The dims a reshape without dims of its own (an imported graph's, over dynamic dims) is read in
+    place as: its output's, where the piece is static or the reshape is a view at every shape of the
+    piece's bucket too (its view chain analysed over the bucket's symbolic origin, as the bucket's
+    kernel is generated: the hint's decision must not make a kernel per shape); else None (a copy)."""
+    if not isinstance(node.op, Reshape) or node.op.dim is not None:
+        return None
+    if piece.graph.origin is not None and not _view_over_bucket(piece, node):
+        return None
+    return tuple(piece.tensor(node.output_uids()[0]).dim)
+
+
+def _view_over_bucket(piece: Piece, node: Node) -> bool:
+    symbolic = symbolic_piece(piece)
+    if symbolic is None:
+        return False
+    k = next(i for i, n in enumerate(piece.nodes) if n is node)
+    producers = {n.output_uids()[0]: n for n in symbolic.nodes[:k] if n.kind in VIEW_KINDS}
+    chain, u = [symbolic.nodes[k]], symbolic.nodes[k].input_uids()[0]
+    while u in producers:
+        chain.append(producers[u])
+        u = producers[u].input_uids()[0]
+    try:
+        found = memory_views(make_piece(symbolic.graph, piece.index, chain[::-1]))
+    except TypeError:  # decided by a dynamic size's value
+        return False
+    return not isinstance(found, Support)
+
+
 def memory_views(piece: Piece) -> dict[int, View] | Support:
     """The piece's slice/transpose nodes as views of tensors in memory (a chain of them composes),
     by output UID; Support.no where one reads a value the piece computes (that needs a copy)."""
@@ -71,7 +108,7 @@ def memory_views(piece: Piece) -> dict[int, View] | Support:
             continue
         src, out = node.input_uids()[0], node.output_uids()[0]
         if src in views:
-            v = view_of(node, views[src].desc, views[src].base, views[src].offset, out)
+            v = view_of(node, views[src].desc, views[src].base, views[src].offset, out, own_dims(piece, node))
         elif src in produced:
             return Support.no(
                 f"{node.label()} takes a computed value; a slice/transpose is read in place "
@@ -79,7 +116,7 @@ def memory_views(piece: Piece) -> dict[int, View] | Support:
                 node,
             )
         else:
-            v = view_of(node, piece.tensor(src), src, 0, out)
+            v = view_of(node, piece.tensor(src), src, 0, out, own_dims(piece, node))
         if isinstance(v, str):
             return Support.no(v, node)
         if piece.tensor(out).data_type is not v.desc.data_type:

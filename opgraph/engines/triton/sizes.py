@@ -12,17 +12,16 @@ shape of a bucket gets the same source and the same compiled binary (one spec ke
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ...core.config import Support
-from ...core.ir import Const, ShapeOrigin
+from ...core.ir import ShapeOrigin
 from ...core.piece import Piece
 from ...core.symbolic import Expr, SymInt, bounds, evaluate, known_divisor
-from ...core.symbolic_value import SizeValue
 from ...core.tensor import TensorDesc
+from ..shared.symbolic import symbolic_piece
 from .templates.base import INT32_LIMIT, Arg, ArgKind, Params
 
 SIZES_NAME = "_OG_SIZES"  # a generated module's tuple of size parameters (compile_worker: do_not_specialize)
@@ -132,19 +131,3 @@ def bucket_analysis(
     except TypeError:  # a decision by a dynamic size: generated at the shape
         return None
     return None if isinstance(analysis, Support) else (symbolic, analysis, origin)
-
-
-def symbolic_piece(piece: Piece) -> Piece | None:
-    """The piece over its graph's symbolic origin (the same UIDs; the origin's nodes, whose size
-    attributes, such as a reshape's dims, are expressions; the dynamic dims as expressions), where the
-    piece's graph has one; None otherwise. A template's analysis run on it decides over the bucket:
-    code that compares a dynamic size with an int raises TypeError, which a template takes as
-    "generate this piece at its shape"."""
-    origin = piece.graph.origin
-    if origin is None:
-        return None
-    at = {id(n): i for i, n in enumerate(piece.graph.nodes)}  # (FinalGraph.at keeps the nodes' order)
-    nodes = tuple(origin.graph.nodes[at[id(n)]] for n in piece.nodes)
-    if any(isinstance(v, Const) and isinstance(v.value, SizeValue) for n in nodes for v in n.inputs):
-        return None  # a ratio of sizes (a mean's 1/count) is no run-time scalar yet: generated at the shape
-    return dataclasses.replace(piece, nodes=nodes, graph=origin.graph, growth=None)

@@ -12,7 +12,7 @@ from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.reduction import GenStats, Reduction, ReductionMode, reduced_axes
-from ...shared.views import View, view_of
+from ...shared.views import View, own_dims, view_of
 from ..expr import elementwise
 from ..sizes import above_one
 from .constants import REDUCE_KINDS, VIEW_KINDS
@@ -310,7 +310,7 @@ def _in_place(node: Node, piece: Piece, views: Mapping[int, View], where: str) -
         base, off, src_desc = views[src].base, views[src].offset, views[src].desc
     else:
         base, off, src_desc = src, 0, piece.tensor(src)
-    view = view_of(node, src_desc, base, off, out)
+    view = view_of(node, src_desc, base, off, out, own_dims(piece, node))
     if not isinstance(view, str) and piece.tensor(out).data_type is not src_desc.data_type:
         return f"{node.label()} changes the data type; a view in a GEMM {where} only moves data"
     return view

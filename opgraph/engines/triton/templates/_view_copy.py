@@ -17,7 +17,7 @@ from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc, packed_strides
 from ....ops.layout import VIEW_KINDS, Reshape, Slice, Transpose
-from ...shared.views import view_of
+from ...shared.views import own_dims, view_of
 from ..sizes import above_one
 
 
@@ -62,7 +62,7 @@ def _strided(chain: tuple[Node, ...], piece: Piece) -> bool:
     src = chain[0].input_uids()[0]
     desc, offset = piece.tensor(src), 0
     for n in chain:
-        v = view_of(n, desc, src, offset, n.output_uids()[0])
+        v = view_of(n, desc, src, offset, n.output_uids()[0], own_dims(piece, n))
         if isinstance(v, str):
             return False
         desc, offset = v.desc, v.offset
