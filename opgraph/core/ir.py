@@ -135,6 +135,16 @@ class FinalGraph:
         return tuple(u for u, t in self.tensors.items() if not t.is_virtual and u in self._producer)
 
     @cached_property
+    def node_positions(self) -> dict[int, int]:
+        """Each node's index in `nodes`, by the node object's id (the graph holds its nodes)."""
+        return {id(n): i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Answers analyses of this graph keep, by keys of their own (a graph is immutable)."""
+        return {}
+
+    @cached_property
     def _consumers(self) -> dict[int, tuple[int, ...]]:
         out: dict[int, list[int]] = {}
         for i, n in enumerate(self.nodes):

@@ -19,7 +19,7 @@ def symbolic_piece(piece: Piece) -> Piece | None:
     origin = piece.graph.origin
     if origin is None:
         return None
-    at = {id(n): i for i, n in enumerate(piece.graph.nodes)}  # (FinalGraph.at keeps the nodes' order)
+    at = piece.graph.node_positions  # (FinalGraph.at keeps the nodes' order)
     nodes = tuple(origin.graph.nodes[at[id(n)]] for n in piece.nodes)
     if any(isinstance(v, Const) and isinstance(v.value, SizeValue) for n in nodes for v in n.inputs):
         return None  # a ratio of sizes (a mean's 1/count) is no run-time scalar yet: generated at the shape

@@ -82,20 +82,28 @@ def own_dims(piece: Piece, node: Node) -> tuple[Any, ...] | None:
 
 
 def _view_over_bucket(piece: Piece, node: Node) -> bool:
-    symbolic = symbolic_piece(piece)
-    if symbolic is None:
-        return False
+    """Whether the view chain of the piece's nodes that ends at `node` is a view of memory over the
+    piece's symbolic origin (memoized on the origin graph by the chain's node positions)."""
     k = next(i for i, n in enumerate(piece.nodes) if n is node)
-    producers = {n.output_uids()[0]: n for n in symbolic.nodes[:k] if n.kind in VIEW_KINDS}
-    chain, u = [symbolic.nodes[k]], symbolic.nodes[k].input_uids()[0]
+    producers = {n.output_uids()[0]: n for n in piece.nodes[:k] if n.kind in VIEW_KINDS}
+    chain, u = [node], node.input_uids()[0]
     while u in producers:
         chain.append(producers[u])
         u = producers[u].input_uids()[0]
-    try:
-        found = memory_views(make_piece(symbolic.graph, piece.index, chain[::-1]))
-    except TypeError:  # decided by a dynamic size's value
-        return False
-    return not isinstance(found, Support)
+    origin = piece.graph.origin
+    assert origin is not None
+    at = piece.graph.node_positions
+    key = ("view_over_bucket", tuple(at[id(n)] for n in reversed(chain)))
+    memo = origin.graph.memo
+    found = memo.get(key)
+    if found is None:
+        symbolic = symbolic_piece(make_piece(piece.graph, piece.index, chain[::-1]))
+        try:
+            views = None if symbolic is None else memory_views(symbolic)
+        except TypeError:  # decided by a dynamic size's value
+            views = None
+        found = memo[key] = views is not None and not isinstance(views, Support)
+    return found
 
 
 def memory_views(piece: Piece) -> dict[int, View] | Support:

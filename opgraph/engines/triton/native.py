@@ -296,10 +296,6 @@ class NativeLaunch:
         self.empty = gx * gy * gz == 0
         self.call = (driver().launch, self.args) if not self.empty else (_nothing, ())
 
-    def value(self, parameter: int) -> int:
-        """The bits of a parameter's word (tests, diagnostics)."""
-        return int(self.memory[self.words[parameter]])
-
     def set(self, i: int, value: Any) -> None:
         self.memory[self.words[self.index[i]]] = _bits(self.types[i], value)
 
