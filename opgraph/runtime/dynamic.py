@@ -50,6 +50,7 @@ from ..build.bucket_plan import BucketSchedule, plan_bucket, schedule_at
 from ..build.buckets import Buckets, choose
 from ..build.options import BuildOptions
 from ..core.errors import GraphError, UnsupportedGraphError, VariantPackError, printable
+from ..core.gc_pause import gc_paused
 from ..core.ir import FinalGraph
 from ..core.symbolic import Dim, Expr, evaluate
 from ..core.symbolic_solve import Observed, solve
@@ -263,7 +264,8 @@ class DynamicPlan(ExecutionPlan):
         with self._lock:
             plan = self._plans.get(values)
             if plan is None:
-                plan = self._build(values)
+                with gc_paused():
+                    plan = self._build(values)
         return plan
 
     def _build(self, values: tuple[int, ...]) -> ExecutionPlan:

@@ -16,6 +16,7 @@ from ..build.partition import Cut
 from ..build.planner import Schedule, Step, engine_configs, plan_steps
 from ..core.device import Device
 from ..core.errors import GraphError, printable
+from ..core.gc_pause import gc_paused
 from ..core.ir import FinalGraph
 from ..engines import artifacts
 from .autograph import default as autograph_default
@@ -44,11 +45,12 @@ def build_plan(graph: FinalGraph, options: BuildOptions | None = None, **keyword
     """Plan `graph` (opgraph.build.planner.plan_steps: partition, configs, tuning, compilation) and wrap the
     steps in an ExecutionPlan. `Graph.build` calls this with its BuildOptions. A graph with dynamic dims
     gets a DynamicPlan (opgraph.runtime.dynamic): one plan for every shape in the dims' ranges."""
-    if graph.is_dynamic:
-        from .dynamic import DynamicPlan
+    with gc_paused():
+        if graph.is_dynamic:
+            from .dynamic import DynamicPlan
 
-        return DynamicPlan(graph, BuildOptions.of(options, **keywords))
-    return ExecutionPlan.from_schedule(plan_steps(graph, options, **keywords))
+            return DynamicPlan(graph, BuildOptions.of(options, **keywords))
+        return ExecutionPlan.from_schedule(plan_steps(graph, options, **keywords))
 
 
 class ExecutionPlan:
