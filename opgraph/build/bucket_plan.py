@@ -138,6 +138,14 @@ class ShapedCuts(Sequence[Cut]):
     def __len__(self) -> int:
         return len(self._cuts)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
     @overload
     def __getitem__(self, i: int) -> Cut: ...
     @overload

@@ -63,3 +63,28 @@ def test_builds_run_with_the_collector_off(monkeypatch):
     out = np.zeros((3, 8), np.float32)
     plan.execute({"x": np.ones((3, 8), np.float32), "y": out})
     assert (out == 1).all()
+
+
+def test_overlapping_blocks_restore_it_when_the_last_ends():
+    """Two builds at once (threads): the first to end leaves it off while the other runs; the last
+    turns it back on."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    seen = []
+
+    def other():
+        with gc_paused():
+            started.set()
+            release.wait(5)
+            seen.append(gc.isenabled())
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait(5)
+    with gc_paused():
+        pass
+    seen.append(gc.isenabled())  # (the other block still runs)
+    release.set()
+    t.join(5)
+    assert seen == [False, False] and gc.isenabled()

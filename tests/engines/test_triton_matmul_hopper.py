@@ -381,6 +381,9 @@ def test_native_launch_scalar_slots_read_as_their_types(monkeypatch):
     assert ctypes.c_int8.from_address(at[6]).value == 1
     assert len(launch.words) == len(types) + 2 and ctypes.c_uint64.from_address(at[7]).value == 1 << 30
     assert launch.args[1:4] == (4, 2, 1) and launch.args[4] == 128
+    float_launch = native.NativeLaunch(1, (1, 1, 1), 4, 0, ["fp32"], ctypes.c_void_p(0))
+    float_launch.set(0, 1e39)  # beyond float32: inf, as a C cast makes it
+    assert ctypes.c_float.from_address(float_launch.params[0]).value == float("inf")
 
 
 # -- Hopper compilation (Triton's NVIDIA backend, no GPU) and the GPU -------------------------------------------

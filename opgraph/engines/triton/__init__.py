@@ -145,7 +145,7 @@ class TritonKernel(Kernel):
         if self._specs is None and not self.interpret and self.device is not None:
             self.spec(0)  # (made once, here: every shape's copy shares the bucket kernel's specs)
         other = object.__new__(TritonKernel)
-        for name, value in vars(self).items():  # (set one by one: no dict object of its own per shape)
+        for name, value in dict(vars(self)).items():  # (set one by one: no dict object of its own per shape)
             if name != "launchers":  # (this shape's, made if asked)
                 _SET(other, name, value)
         other.piece = piece

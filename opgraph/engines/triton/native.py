@@ -223,8 +223,8 @@ def _bits(ty: str, value: Any) -> int:
     if ty.startswith("*"):
         return int(value) & _WORD
     packed = _pack(ty, value)
-    if ty in ("fp32", "f32"):
-        return struct.unpack("<I", struct.pack("<f", packed))[0]
+    if ty in ("fp32", "f32"):  # (through a C float: beyond its range is inf, as a kernel's cast makes it)
+        return struct.unpack("<I", bytes(ctypes.c_float(packed)))[0]
     if ty == "fp64":
         return struct.unpack("<Q", struct.pack("<d", packed))[0]
     return packed & _WORD
@@ -297,7 +297,9 @@ class NativeLaunch:
         self.call = (driver().launch, self.args) if not self.empty else (_nothing, ())
 
     def set(self, i: int, value: Any) -> None:
-        self.memory[self.words[self.index[i]]] = _bits(self.types[i], value)
+        word = self.words[self.index[i]]
+        assert word >= 0, f"argument {i} is a descriptor: set_descriptor encodes it"
+        self.memory[word] = _bits(self.types[i], value)
 
     def set_descriptor(self, i: int, arg: Any, global_address: int, meta: dict[str, Any]) -> None:
         """Encode descriptor argument i (a templates.base.Arg of kind DESC) at `global_address`, with the

@@ -114,7 +114,7 @@ class Arg:
     def with_values(self, values: Sequence[int]) -> Arg:
         """This argument with the values of its `shape_exprs` at a shape."""
         if self.expr is not None:
-            key = (self.expr, self.dtype, values[0])
+            key = (self.expr, self.dtype, self.kind, self.uid, self.offset, values[0])
             found = _SIZE_ARGS.get(key)
             if found is None:
                 if len(_SIZE_ARGS) >= 4096:
@@ -134,7 +134,7 @@ class Arg:
 
 # a size argument at a value, shared by every launch and shape that passes it (frozen: a dynamic plan's
 # shapes pass a handful of distinct sizes in hundreds of launches)
-_SIZE_ARGS: dict[tuple[Any, str, int], Arg] = {}
+_SIZE_ARGS: dict[tuple[Any, ...], Arg] = {}
 
 
 @dataclass(frozen=True)
