@@ -265,3 +265,70 @@ def test_stride_order_leaves_broadcast_axes_in_their_logical_place(stride, order
     from opgraph.core.tensor import stride_order
 
     assert stride_order(stride) == order
+
+
+# -- reshape strides over dynamic dims (core.tensor.reshape_strides) ------------------------------------
+
+
+def _packed(dims):
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step = step * d
+    return tuple(reversed(strides))
+
+
+def test_reshape_strides_over_dynamic_dims_split_and_keep_the_dynamic_axes():
+    from opgraph.core.symbolic import Dim
+    from opgraph.core.tensor import reshape_strides
+
+    b, s = Dim("b", 1, 16), Dim("s", 1, 2048)
+    old = (b, s, 1024)
+    got = reshape_strides(old, _packed(old), (b, s, 16, 64))
+    assert got == (s * 1024, 1024, 64, 1)
+    merged = reshape_strides(old, _packed(old), (b * s, 1024))  # rows merged: one run in memory
+    assert merged == (1024, 1)
+    heads = (b, 16, s, 64)  # the heads transposed in front of the length: not one run
+    strides = (s * 1024, 64, 1024, 1)
+    assert reshape_strides(heads, strides, (b, 16 * s, 64)) is None
+    assert reshape_strides((b, s), (s, 1), (s, b)) is None  # (b vs s: undecided, so refused)
+
+
+def test_reshape_strides_over_dynamic_dims_agree_with_numpy_where_found():
+    """Random regroupings of random layouts: wherever strides are found over the dynamic dims, they
+    address the very elements NumPy's reshape of the same view does, at several values of the dims."""
+    from opgraph.core.symbolic import Dim, evaluate
+    from opgraph.core.tensor import reshape_strides
+
+    rng = np.random.default_rng(0)
+    b, s = Dim("b", 1, 8), Dim("s", 1, 8)
+    found = 0
+    for _ in range(300):
+        pool = [b, s, 2, 3, 4, 1]
+        dims = [pool[i] for i in rng.choice(len(pool), size=int(rng.integers(2, 5)), replace=False)]
+        perm = rng.permutation(len(dims)) if rng.random() < 0.3 else np.arange(len(dims))
+        base = _packed(dims)
+        old = tuple(dims[p] for p in perm)
+        strides = tuple(base[p] for p in perm)
+        cut = int(rng.integers(0, len(old)))
+        new = (*old[:cut], old[cut] * old[cut + 1], *old[cut + 2 :]) if cut + 1 < len(old) else old
+        if rng.random() < 0.5 and isinstance(old[-1], int) and old[-1] % 2 == 0:
+            new = (*old[:-1], 2, old[-1] // 2)
+        got = reshape_strides(old, strides, new)
+        if got is None:
+            continue
+        found += 1
+        for values in ({"b": 2, "s": 3}, {"b": 5, "s": 7}, {"b": 1, "s": 4}):
+            at = [evaluate(d, values) if not isinstance(d, int) else d for d in (*dims,)]
+            memory = np.arange(int(np.prod(at)))
+            view = np.lib.stride_tricks.as_strided(
+                memory,
+                [evaluate(d, values) if not isinstance(d, int) else d for d in old],
+                [8 * (evaluate(t, values) if not isinstance(t, int) else t) for t in strides],
+            )
+            want = view.reshape([evaluate(d, values) if not isinstance(d, int) else d for d in new])
+            mine = np.lib.stride_tricks.as_strided(
+                memory, want.shape, [8 * (evaluate(t, values) if not isinstance(t, int) else t) for t in got]
+            )
+            np.testing.assert_array_equal(mine, want)
+    assert found > 50
