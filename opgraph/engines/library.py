@@ -43,7 +43,7 @@ from ..ops.layout import VIEW_KINDS
 from ..ops.pointwise import PointwiseMode
 from . import get_engine, register_engine
 from .base import Binding, Compiler, Engine, EngineFacts, Kernel, Launcher, PieceFact
-from .shared.native_gemm import native_gemm
+from .shared.native_gemm import NATIVE_16, native_gemm, widening_types
 
 GEMM_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "matmul")
 ENGINE_OF = {"prologue": "triton", "main": "torch", "epilogue": "triton"}
@@ -53,9 +53,6 @@ _ALL_PARTS = {
     BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API,
     BehaviorNote.DEVICE_SCALARS,
 }
-
-
-_SIXTEEN_BIT = (DataType.HALF, DataType.BFLOAT16)
 
 
 def _main(piece: Piece) -> int | str:
@@ -80,7 +77,7 @@ def native_graph(piece: Piece) -> FinalGraph | None:
     a, b = (tensors[u].data_type for u in node.input_uids()[:2])
     out = node.output_uids()[0]
     y = tensors[out]
-    if a is not b or a not in _SIXTEEN_BIT or y.data_type is a or not y.is_virtual or out in piece.outputs:
+    if a is not b or a not in NATIVE_16 or y.data_type is a or not y.is_virtual or out in piece.outputs:
         return None
     return dataclasses.replace(piece.graph, tensors={**tensors, out: dataclasses.replace(y, data_type=a)})
 
@@ -104,7 +101,7 @@ def wide_graph(piece: Piece) -> tuple[FinalGraph, dict[int, int]] | None:
     if cast.input_uids() != (product,) or len(cast.output_uids()) != 1:
         return None
     z = tensors[cast.output_uids()[0]]
-    if a is not b or a not in _SIXTEEN_BIT or y.data_type is not a or z.data_type is not DataType.FLOAT:
+    if not widening_types(a, b, z.data_type) or y.data_type is not a:
         return None
     if not y.is_virtual or product in piece.outputs or z.dim != y.dim or node.compute_data_type is not DataType.FLOAT:
         return None
