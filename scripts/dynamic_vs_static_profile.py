@@ -60,6 +60,11 @@ with torch.no_grad():
     for d, k, a, b in diffs[:25]:
         print(f"{d:8.1f}  dyn {a.device_us:8.1f} {a.engine}:{a.template} {pd.steps[a.step].config.knobs}")
         print(f"          sta {b.device_us:8.1f} {b.engine}:{b.template} {ps.steps[b.step].config.knobs}   {k}")
+    for name, mine, theirs, plan in (("dynamic", ds, ss, pd), ("static", ss, ds, ps)):
+        alone = sorted((r for k, r in mine.items() if k not in theirs), key=lambda r: -r.device_us)
+        print(f"== {name} steps with no match ({len(alone)})")
+        for r in alone[:30]:
+            print(f"{r.device_us:8.1f}  {r.engine}:{r.template}  {key(plan, r.step)}")
     print(
         "unmatched dynamic",
         sum(ds[k].device_us for k in ds if k not in ss),

@@ -9,7 +9,9 @@ gives, as the build would run it): merged, A is read once, no intermediate betwe
 memory (SiLU(gate) is read by the up projection's epilogue in registers), and one launch is saved. They
 are merged where one engine goes first on the merged piece and on both apart (its cost model weighs both
 ways; another engine's first config may run only one of the products, or both as one graph it gets
-wrong: cudnn_frontend._side_by_side) and the merged piece's estimate is below the sum of the two.
+wrong: cudnn_frontend._side_by_side) and the merged piece's estimate is below the sum of the two. In a
+dynamic plan's bucket the estimates are the hint's, and the merged kernel takes its sizes at run time as
+the two would.
 
 `refine` is what the planners run after the partition: prologues apart (prologue_split.py), then this.
 """
@@ -44,10 +46,6 @@ def merge_siblings(
     """`pieces` with neighbours whose matmuls share A merged where that is estimated faster (re-indexed),
     and the cuts between merged pieces dropped."""
     if not weighs_pieces(device, modes):
-        return pieces, cuts
-    if pieces and pieces[0].graph.origin is not None:
-        # (a dynamic plan's bucket: the merged kernel takes no run-time sizes, and would be generated and
-        # compiled again at each of the bucket's shapes)
         return pieces, cuts
     groups: list[list[Piece]] = []
     i = 0

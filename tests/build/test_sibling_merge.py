@@ -68,19 +68,27 @@ def test_the_cpu_and_fallback_builds_are_left_alone(triton_on_h200):
     assert merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.FALLBACK]) == (pieces, cuts)
 
 
-def test_a_dynamic_plans_bucket_keeps_them_apart(triton_on_h200):
-    """A bucket's kernels take their sizes at run time; a merged one would be compiled at each shape, so
-    the pieces of a graph planned for a bucket (its `origin` set) stay apart."""
-    import dataclasses
+def test_a_dynamic_plans_bucket_merges_them_too(triton_on_h200):
+    """The SwiGLU of a graph planned for a bucket (batch 1-16, sequence 1-2048; its `origin` set) merges as
+    a static one does (the estimates the hint's), and the merged kernel takes its sizes at run time."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.device import Device
+    from opgraph.engines.triton.templates.matmul import TEMPLATE
 
-    from opgraph.core.ir import ShapeOrigin
-    from opgraph.core.piece import make_piece
-
-    graph = llama_mlp().final
-    pieces, cuts = partition(graph, triton_on_h200, H200)
-    planned = dataclasses.replace(graph, origin=ShapeOrigin(graph, (), None))
-    in_bucket = [make_piece(planned, p.index, list(p.nodes)) for p in pieces]
-    assert merge_siblings(in_bucket, cuts, triton_on_h200, H200, [HeurMode.A]) == (in_bucket, cuts)
+    batch, seq = og.Dim("batch", 1, 16), og.Dim("seq", 1, 2048)
+    g = og.Graph("mlp", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[batch, seq, 1024], name="x")
+    act = g.swish(g.matmul(x, _weight(g, 1024, 2816, "w_gate"), name="gate"), name="silu")
+    g.mul(act, g.matmul(x, _weight(g, 1024, 2816, "w_up"), name="up"), name="y").set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    pieces, cuts = partition(hint, triton_on_h200, H200)
+    merged, _ = merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in merged] == [["gate", "silu", "up", "y"]]
+    cpu = Device("cpu", 0, "cpu", (0, 0), 1)  # (generated for the interpreter: the sized source)
+    match = TEMPLATE.matched(merged[0], cpu)
+    assert match.generate(match.candidates()[0]).sized
 
 
 def test_products_led_by_different_engines_stay_apart(monkeypatch):

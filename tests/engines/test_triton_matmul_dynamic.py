@@ -403,6 +403,42 @@ def test_host_descriptors_take_every_shape_of_the_bucket(make, shapes, dt, monke
         assert "desc_c" in step.kernel.generated.source  # (the output's TMA stores)
 
 
+def swiglu(dt: og.DataType) -> og.Graph:
+    """SiLU(x @ Wg) * (x @ Wu) over a dynamic batch and sequence, the weights [N, K] (nn.Linear's): a Llama
+    block's two products of one A, computed side by side in one kernel (GemmPiece.siblings)."""
+    g = _graph(dt, "swiglu")
+    x = g.tensor(dim=[B, S, 32], name="x")
+    wg, wu = (g.tensor(dim=[1, 32, 40], stride=[32 * 40, 1, 32], name=n) for n in ("w_gate", "w_up"))
+    g.mul(g.swish(g.matmul(x, wg)), g.matmul(x, wu)).set_output(True).set_name("y")
+    return g
+
+
+def key_value(dt: og.DataType) -> og.Graph:
+    """x @ Wk and x @ Wv, both stored (a block's key and value projections) over a dynamic batch and sequence."""
+    g = _graph(dt, "key_value")
+    x = g.tensor(dim=[B, S, 32], name="x")
+    for name in ("k", "v"):
+        g.matmul(x, g.tensor(dim=[1, 32, 24], name=f"w{name}")).set_output(True).set_name(name)
+    return g
+
+
+@requires_interpreter
+@pytest.mark.parametrize("hopper", [False, True], ids=["pointer", "host_descriptors"])
+@pytest.mark.parametrize("make", [swiglu, key_value])
+def test_products_side_by_side_take_every_shape_of_the_bucket(make, hopper, monkeypatch):
+    """Siblings (one piece of two products of one A) in a bucket kernel: one source taking the sizes at run
+    time, on the pointer path and with host descriptors for A and both B operands; each shape against the
+    reference engine."""
+    if hopper:
+        real = MatmulMatch.candidates
+        monkeypatch.setattr(MatmulMatch, "candidates", lambda self: [real(self)[0].replace(**HOPPER)])
+    plan = make(DT.BFLOAT16).build(device="cpu", engines=["triton"], buckets="one", allow_partition=False)
+    check_one_sized_kernel(plan, BATCH_SEQ, np.random.default_rng(10), "matmul", run=run_at)
+    (step,) = matmul_steps(plan.at(BATCH_SEQ[0]))
+    assert len([n for n in step.piece.nodes if n.kind == "matmul"]) == 2
+    assert ("desc_B_s0.load" in step.kernel.generated.source) == hopper
+
+
 @requires_interpreter
 def test_host_descriptors_of_a_view_at_a_dynamic_offset_and_of_a_by_reference_output(monkeypatch):
     """A descriptor over a view whose offset a dynamic dim sets (the second batch entry of x [2, seq, 32]:

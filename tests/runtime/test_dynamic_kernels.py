@@ -40,6 +40,13 @@ def per_batch_scale(g):  # a value broadcast along the dynamic seq axis: coordin
     g.add(y, r).set_output(True).set_name("z")
 
 
+def per_row_scale(g):  # RMSNorm's scaling: a value per [batch, seq] row, rows packed as the space's
+    x = g.tensor(dim=[B, S, 12], name="x")
+    ms = g.tensor(dim=[B, S, 1], name="ms")
+    w = g.tensor(dim=[1, 1, 12], name="w")
+    g.mul(g.mul(x, g.rsqrt(ms)), w).set_output(True).set_name("y")
+
+
 def channels_last(g):  # dynamic strides: [8*seq, 1, 8]
     x = g.tensor(dim=[B, 8, S], stride=[8 * S, 1, 8], name="x")
     g.exp(x).set_output(True).set_name("y")
@@ -196,6 +203,7 @@ GRAPHS = {
     for f in (
         bias_relu,
         per_batch_scale,
+        per_row_scale,
         channels_last,
         scaled_half,
         residual_layernorm,
@@ -266,6 +274,16 @@ def test_one_kernel_per_bucket_serves_every_shape(name, monkeypatch):
     for b, s in shapes(seed=1):  # more shapes of the buckets already used: nothing new
         run_at(plan, env_of(b, s), rng)
     assert plan.stats["shape_kernels"] == 0 and len(set(loads)) == len(loads)
+
+
+def test_a_per_row_value_is_addressed_by_one_division():
+    """The rows [batch, seq] of a per-row value are packed as the space's: one coordinate (lin // 12) reads
+    it, not a division and a remainder by the run-time sizes per element; the per-batch scale's axis
+    stays apart (its stride along seq is 0)."""
+    source = graph_of(per_row_scale).build(device="cpu", engines=["triton"], buckets="one").at(env_of(3, 5)).source(0)
+    assert "r0_1 = (lin // 12)" in source and "% sz" not in source and "// sz" not in source
+    source = graph_of(per_batch_scale).build(device="cpu", engines=["triton"], buckets="one").at(env_of(3, 5)).source(0)
+    assert "r0_1" not in source and "c0 = (lin // sz" in source
 
 
 def test_a_bucket_compiles_at_its_first_shape_only():

@@ -190,8 +190,6 @@ class MatmulMatch(TileMatch):
         """The analysis of the piece's symbolic origin (sizes.symbolic_piece), whose kernels take the
         dynamic sizes at run time (the module docstring says which), and the origin, where the piece is
         of a dynamic plan's bucket and has a dynamic size and its K is static; else None."""
-        if self.gp.siblings:  # (products beside another are generated at each shape)
-            return None
         found = bucket_analysis(self.piece, lambda p: self.template.analyze(p)[0], dynamic_io=True)
         if found is None or found[1] is None or isinstance(found[1].operand("A").dim[-1], Expr):
             return None

@@ -81,12 +81,44 @@ class FlatIndexer:
         self.order = order
         self.packed = packed_strides(dims, order)
         self.needed: set[int] = set()
+        self.merged: dict[str, tuple[int, ...]] = {}  # name -> a run of axes addressed as one (_runs)
         self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def offset(self, desc: TensorDesc) -> str:
         if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
             return "lin"
-        return _coordinate_offset(desc, self.needed, self.text)
+        terms = []
+        for run in self._runs(desc):
+            inner = run[-1]
+            name = f"c{inner}" if len(run) == 1 else f"r{run[0]}_{inner}"
+            if len(run) == 1:
+                self.needed.add(inner)
+            else:
+                self.merged[name] = run
+            s = desc.stride[inner]
+            terms.append(name if s == 1 else f"{name} * {self.text(s)}")
+        return " + ".join(terms) or "0"
+
+    def _runs(self, desc: TensorDesc) -> list[tuple[int, ...]]:
+        """The walked axes `desc` is addressed along, in runs of neighbours (in the walk's order) over which
+        it is packed as the space is (stride of the outer = stride of the inner x its dim): a run is one
+        coordinate, `(lin // inner) % (their sizes' product)`, where each axis apart would take a division
+        and a remainder of its own (a per-row value over [batch, seq] rows: one division, not two by
+        run-time sizes)."""
+        runs: list[list[int]] = []
+        previous = None
+        for axis in self.order:
+            if not above_one(self.dims[axis]):
+                continue
+            if not above_one(desc.dim[axis]) or desc.stride[axis] == 0:
+                previous = None
+                continue
+            if previous is not None and desc.stride[previous] == desc.stride[axis] * self.dims[axis]:
+                runs[-1].append(axis)
+            else:
+                runs.append([axis])
+            previous = axis
+        return [tuple(r) for r in runs]
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
         offset = "0" if desc.numel == 1 else self.offset(desc)
@@ -115,6 +147,13 @@ class FlatIndexer:
             if not outermost:
                 expr = f"{expr} % {self.text(self.dims[axis])}"
             lines.append(f"c{axis} = {expr}")
+        walked = [a for a in self.order if above_one(self.dims[a])]
+        for name, run in self.merged.items():
+            inner = self.packed[run[-1]]
+            expr = "lin" if inner == 1 else f"(lin // {self.text(inner)})"
+            if run[0] != walked[0]:
+                expr = f"{expr} % {self.text(math.prod(self.dims[a] for a in run))}"
+            lines.append(f"{name} = {expr}")
         return lines
 
 
@@ -248,7 +287,7 @@ def row_axes(piece: Piece, views: dict[int, Any]) -> tuple[int, int] | None:
         return None
     flat = FlatIndexer(space, stride_order(first.stride))
     _emit(piece, flat, views)
-    needed = {a for a in flat.needed if space[a] > 1}
+    needed = {a for a in (*flat.needed, *(a for run in flat.merged.values() for a in run)) if space[a] > 1}
     i, j = order[-2], order[-1]
     if not needed or (needed == {j} and _is_pow2(space[j])):
         return None
