@@ -47,6 +47,14 @@ def per_row_scale(g):  # RMSNorm's scaling: a value per [batch, seq] row, rows p
     g.mul(g.mul(x, g.rsqrt(ms)), w).set_output(True).set_name("y")
 
 
+def wide_rows(g):  # the same in bf16 over rows of 64: every size a multiple of 16 (compiled as such)
+    x = g.tensor(dim=[B, S, 64], data_type=og.DataType.BFLOAT16, name="x")
+    ms = g.tensor(dim=[B, S, 1], name="ms")
+    w = g.tensor(dim=[1, 1, 64], data_type=og.DataType.BFLOAT16, name="w")
+    y = g.mul(g.mul(x, g.rsqrt(ms)), w).set_output(True).set_name("y")
+    y.set_data_type(og.DataType.BFLOAT16)
+
+
 def channels_last(g):  # dynamic strides: [8*seq, 1, 8]
     x = g.tensor(dim=[B, 8, S], stride=[8 * S, 1, 8], name="x")
     g.exp(x).set_output(True).set_name("y")
@@ -204,6 +212,7 @@ GRAPHS = {
         bias_relu,
         per_batch_scale,
         per_row_scale,
+        wide_rows,
         channels_last,
         scaled_half,
         residual_layernorm,
@@ -481,3 +490,28 @@ def test_the_tiny_llamas_pointwise_steps_take_their_sizes_at_run_time():
         assert scans and all(st.kernel.generated.sized for st in scans)  # (the position ids)
         attention = [st for st in steps if st.config.knob("template") == "attention"]
         assert len(attention) == 2 and all(st.kernel.generated.sized for st in attention)
+
+
+def test_sizes_that_are_multiples_of_16_are_compiled_as_such():
+    """A run-time size whose every value is a multiple of 16 (the element count of [batch, seq, 64]) is
+    specialised as one (tt.divisibility, as a pointer is): the masks and strides it spells let Triton
+    vectorise the accesses, as a literal size does; a size of no such divisor ([batch, seq, 12]'s) is not."""
+    from opgraph.core.device import Device
+    from opgraph.engines.triton import TritonKernel
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    found = set()
+    for width in (64, 12):
+        g = og.Graph("per_batch", io_data_type=og.DataType.BFLOAT16, compute_data_type=og.DataType.FLOAT)
+        x, s = g.tensor(dim=[B, S, width], name="x"), g.tensor(dim=[B, 1, 1], name="s")
+        g.mul(x, s).set_output(True).set_name("y")
+        kernel = g.build(device="cpu", engines=["triton"], buckets="one").at(env_of(3, 5)).steps[0].kernel
+        gpu = TritonKernel(kernel.piece, kernel.config, kernel.generated, interpret=False, device=h200)
+        (launch,) = gpu.generated.launches
+        spec = gpu.spec(0)
+        assert spec is not None
+        for i, a in enumerate(launch.args):
+            if a.kind == "size":
+                assert (i in spec.aligned) == (width == 64), (width, a)
+                found.add(i in spec.aligned)
+    assert found == {True, False}

@@ -35,6 +35,7 @@ from .knobs import Knobs
 from .launch import Launcher, grid3
 from .loader import load_module, module_file, module_name
 from .rewrite import fp8_fill, typed_scalars
+from .sizes import divides
 from .templates import discover
 from .templates.base import Arg, Generated, Match, Template, host_scalar
 
@@ -188,6 +189,11 @@ class TritonKernel(Kernel):
                     dict(l.meta),
                     target,
                     canonical,
+                    [
+                        i
+                        for i, a in enumerate(l.args)
+                        if a.kind == "size" and a.expr is not None and divides(16, a.expr)
+                    ],
                 )
                 for l in self.generated.launches
             ]

@@ -164,7 +164,10 @@ class KernelSpec:
     kernel: str
     signature: tuple[tuple[str, str], ...]  # (parameter, Triton type or "constexpr"), in order
     constexprs: tuple[tuple[int, Any], ...]
-    aligned: tuple[int, ...]  # pointer parameters specialised as 16-byte aligned
+    # parameters specialised as multiples of 16 (tt.divisibility): every pointer (16-byte aligned), and each
+    # run-time size whose every value is one (a dynamic size's known divisor: its masks and strides let
+    # Triton vectorise the accesses, as a literal size does)
+    aligned: tuple[int, ...]
     options: tuple[tuple[str, Any], ...]
     target: tuple[str, int, int]
     canonical: str = ""  # canonical_digest of the module
@@ -221,9 +224,11 @@ def make_spec(
     meta: Mapping[str, Any],
     target: tuple[str, int, int],
     canonical: str = "",
+    multiples_of_16: Sequence[int] = (),
 ) -> KernelSpec | None:
     """The spec of launching `fn` with runtime arguments of `arg_types` and `meta` (constexprs and
-    options); None when a constexpr has no value here (Triton's JIT then decides)."""
+    options); None when a constexpr has no value here (Triton's JIT then decides). `multiples_of_16`:
+    the indices of integer arguments that are multiples of 16 at every launch."""
     names = param_names(fn)
     n = len(arg_types)
     signature = [(name, arg_types[i] if i < n else "constexpr") for i, name in enumerate(names)]
@@ -238,7 +243,7 @@ def make_spec(
     options = tuple(sorted((k, v) for k, v in meta.items() if k not in names))
     if not all(v is None or isinstance(v, (bool, int, float, str)) for _, v in options):
         return None
-    aligned = tuple(i for i, ty in enumerate(arg_types) if ty.startswith("*"))
+    aligned = tuple(i for i, ty in enumerate(arg_types) if ty.startswith("*") or i in multiples_of_16)
     return KernelSpec(path, module, kernel, tuple(signature), tuple(constexprs), aligned, options, target, canonical)
 
 
